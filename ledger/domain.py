@@ -1,0 +1,885 @@
+"""The write side's domain: `decide(state, command, now, new_id) -> events` and `evolve`.
+
+Pure: no I/O, no clock, no random ids. `now` and `new_id` are parameters. `decide` never mutates
+the state; it validates the whole command first and raises a typed LedgerError, so a rejected
+command produces nothing. `evolve` folds one event into the state *in place* and returns it:
+copying a million-job state per event would make the fold O(n^2); callers that need the old state
+keep a `State.copy()`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import msgspec
+
+from schemas import commands as c
+from schemas import events as e
+from schemas.errors import (
+    ContractViolation,
+    InvalidCommand,
+    InvalidTransition,
+    LedgerError,
+    NotAuthorised,
+    UnknownEntity,
+)
+
+DEBUG_TIME_LIMIT_S = 15 * 60
+MAX_GPUS_PER_NODE = 64
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+JobStatus = Literal["pending", "placed", "running", "finished"]
+NodeState = Literal["active", "draining", "drained", "removed"]
+
+
+class Account(msgspec.Struct, frozen=True, kw_only=True):
+    path: str
+    parent: str | None
+    kind: e.AccountKind
+    shares: int = 0
+    open: bool = True
+
+
+class Node(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    cluster: str
+    gpu_type: str
+    gpus: int
+    state: NodeState = "active"
+    drain_reason: str = ""
+
+
+class Job(msgspec.Struct, frozen=True, kw_only=True):
+    spec: e.JobSubmitted
+    status: JobStatus = "pending"
+    slots: tuple[e.GpuSlot, ...] = ()
+    placed_at: float | None = None
+    started_at: float | None = None
+    checkpoint_at: float | None = None
+    outcome: e.FinishOutcome | None = None
+    exit_code: int | None = None
+    preemptions: int = 0
+
+    @property
+    def job_id(self) -> int:
+        return self.spec.job_id
+
+    @property
+    def funded(self) -> bool:
+        return self.spec.min_runtime_s > 0
+
+    @property
+    def active(self) -> bool:
+        return self.status != "finished"
+
+    def contract_ends_at(self) -> float | None:
+        """When the job becomes preemptible; None when it holds no GPUs."""
+        if self.placed_at is None:
+            return None
+        return self.placed_at + self.spec.min_runtime_s
+
+
+@dataclass
+class State:
+    """Everything `decide` needs to enforce the invariants. Built only by folding events."""
+
+    initialised: bool = False
+    cluster: str = "default"
+    min_runtime_cap_s: int = 8 * 3600
+    admins: set[str] = field(default_factory=set)
+    accounts: dict[str, Account] = field(default_factory=dict)
+    members: dict[str, set[str]] = field(default_factory=dict)
+    managers: dict[str, set[str]] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
+    holders: dict[tuple[str, int], int] = field(default_factory=dict)
+    node_jobs: dict[str, set[int]] = field(default_factory=dict)
+    jobs: dict[int, Job] = field(default_factory=dict)
+    next_job_id: int = 1
+    events: int = 0
+
+    def copy(self) -> State:
+        return State(
+            initialised=self.initialised,
+            cluster=self.cluster,
+            min_runtime_cap_s=self.min_runtime_cap_s,
+            admins=set(self.admins),
+            accounts=dict(self.accounts),
+            members={k: set(v) for k, v in self.members.items()},
+            managers={k: set(v) for k, v in self.managers.items()},
+            nodes=dict(self.nodes),
+            holders=dict(self.holders),
+            node_jobs={k: set(v) for k, v in self.node_jobs.items()},
+            jobs=dict(self.jobs),
+            next_job_id=self.next_job_id,
+            events=self.events,
+        )
+
+    # --- queries -------------------------------------------------------------------------------
+
+    def is_admin(self, actor: str) -> bool:
+        return actor in self.admins
+
+    def manages(self, actor: str, path: str) -> bool:
+        """Admins manage everything; a manager manages their account and everything below it."""
+        if self.is_admin(actor):
+            return True
+        return any(path == root or path.startswith(root + "/") for root in self.managers.get(actor, ()))
+
+    def open_account(self, path: str) -> Account:
+        acct = self.accounts.get(path)
+        if acct is None or not acct.open:
+            raise UnknownEntity(
+                f"unknown account {path!r}",
+                hint="see `gpuledger account tree` for the open accounts",
+                account=path,
+            )
+        return acct
+
+    def job(self, job_id: int) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise UnknownEntity(f"unknown job {job_id}", hint="see `gpuledger jobs`", job_id=job_id)
+        return job
+
+    def node(self, name: str) -> Node:
+        node = self.nodes.get(name)
+        if node is None or node.state == "removed":
+            raise UnknownEntity(f"unknown node {name!r}", hint="see `gpuledger node list`", node=name)
+        return node
+
+    def capacity(self, gpu_type: str | None, cluster: str | None) -> tuple[int, int]:
+        """(total GPUs, largest node) over registered nodes matching the constraints."""
+        total = largest = 0
+        for n in self.nodes.values():
+            if n.state == "removed":
+                continue
+            if gpu_type is not None and n.gpu_type != gpu_type:
+                continue
+            if cluster is not None and n.cluster != cluster:
+                continue
+            total += n.gpus
+            largest = max(largest, n.gpus)
+        return total, largest
+
+    def free_indices(self, node: str) -> list[int]:
+        n = self.nodes[node]
+        return [i for i in range(n.gpus) if (node, i) not in self.holders]
+
+
+def is_system(actor: str) -> bool:
+    """System actors (the dispatcher, executors, the simulator) start with '@'."""
+    return actor.startswith("@")
+
+
+# --- decide -------------------------------------------------------------------------------------
+
+
+NewId = Callable[[], str]
+
+
+def decide(state: State, cmd: c.AnyCommand, now: float, new_id: NewId) -> list[e.AnyEvent]:
+    """Pure: validate `cmd` against `state` and return the events it causes, or raise."""
+    if not isinstance(cmd, c.InitLedger) and not state.initialised:
+        raise InvalidCommand("the ledger is not initialised", hint="run `gpuledger init --admin USER`")
+    if not cmd.actor:
+        raise NotAuthorised("no actor given", hint="pass --as USER or set GPULEDGER_USER")
+    handler = _HANDLERS[type(cmd)]
+    return handler(state, cmd, _Stamp(now, cmd.actor, new_id))
+
+
+@dataclass(frozen=True)
+class _Stamp:
+    now: float
+    actor: str
+    new_id: NewId
+
+    def kw(self) -> dict[str, object]:
+        return {"event_id": self.new_id(), "at": self.now, "actor": self.actor}
+
+
+def _name(value: str, what: str) -> str:
+    if not _NAME.match(value):
+        raise InvalidCommand(
+            f"invalid {what} {value!r}",
+            hint="use letters, digits, '_', '.', '-' (at most 63 characters)",
+            value=value,
+        )
+    return value
+
+
+def _path(value: str) -> str:
+    parts = value.split("/")
+    for p in parts:
+        _name(p, "account name")
+    return value
+
+
+def _require(cond: bool, err: LedgerError) -> None:
+    if not cond:
+        raise err
+
+
+def _require_admin(state: State, actor: str, what: str) -> None:
+    _require(
+        state.is_admin(actor),
+        NotAuthorised(f"{actor!r} may not {what}: only admins may", actor=actor),
+    )
+
+
+def _require_manages(state: State, actor: str, path: str | None, what: str) -> None:
+    """Top-level (path None) needs an admin; otherwise a manager of `path`'s subtree."""
+    if path is None:
+        _require_admin(state, actor, what)
+        return
+    _require(
+        state.manages(actor, path),
+        NotAuthorised(
+            f"{actor!r} may not {what}: it needs a manager of {path!r} or an admin",
+            actor=actor,
+            account=path,
+        ),
+    )
+
+
+def _init(state: State, cmd: c.InitLedger, s: _Stamp) -> list[e.AnyEvent]:
+    _require(not state.initialised, InvalidTransition("the ledger is already initialised"))
+    _name(cmd.admin, "user name")
+    _name(cmd.cluster, "cluster name")
+    _require(cmd.min_runtime_cap_s > 0, InvalidCommand("the min runtime cap must be positive"))
+    return [
+        e.LedgerInitialised(
+            **s.kw(), admin=cmd.admin, min_runtime_cap_s=cmd.min_runtime_cap_s, cluster=cmd.cluster
+        )  # type: ignore[arg-type]
+    ]
+
+
+def _grant_admin(state: State, cmd: c.GrantAdmin, s: _Stamp) -> list[e.AnyEvent]:
+    _require_admin(state, s.actor, "grant admin")
+    _name(cmd.user, "user name")
+    _require(cmd.user not in state.admins, InvalidTransition(f"{cmd.user!r} is already an admin"))
+    return [e.AdminGranted(**s.kw(), user=cmd.user)]  # type: ignore[arg-type]
+
+
+def _revoke_admin(state: State, cmd: c.RevokeAdmin, s: _Stamp) -> list[e.AnyEvent]:
+    _require_admin(state, s.actor, "revoke admin")
+    _require(cmd.user in state.admins, InvalidTransition(f"{cmd.user!r} is not an admin"))
+    _require(len(state.admins) > 1, InvalidTransition("the last admin cannot be revoked"))
+    return [e.AdminRevoked(**s.kw(), user=cmd.user)]  # type: ignore[arg-type]
+
+
+_PARENT_KINDS: dict[str, tuple[str | None, ...]] = {
+    "program": (None, "program"),
+    "project": ("program", "project"),
+    "user": ("project",),
+}
+
+
+def _shares(value: int) -> int:
+    _require(value >= 0, InvalidCommand(f"shares must be >= 0, got {value}", shares=value))
+    return value
+
+
+def _open_account(state: State, cmd: c.OpenAccount, s: _Stamp) -> list[e.AnyEvent]:
+    path = _path(cmd.path)
+    parent = path.rsplit("/", 1)[0] if "/" in path else None
+    _require_manages(state, s.actor, parent, f"open {path!r}")
+    existing = state.accounts.get(path)
+    _require(
+        existing is None or not existing.open,
+        InvalidTransition(f"account {path!r} is already open", account=path),
+    )
+    parent_kind = state.open_account(parent).kind if parent is not None else None
+    allowed = _PARENT_KINDS[cmd.kind]
+    _require(
+        parent_kind in allowed,
+        InvalidCommand(
+            f"a {cmd.kind} cannot sit under {parent_kind or 'the root'}",
+            hint="programs hold projects, projects hold projects and users",
+            account=path,
+        ),
+    )
+    _shares(cmd.shares)
+    return [
+        e.AccountOpened(**s.kw(), path=path, parent=parent, kind=cmd.kind),  # type: ignore[arg-type]
+        e.SharesSet(**s.kw(), account=path, shares=cmd.shares, reason=cmd.reason or "opened"),  # type: ignore[arg-type]
+    ]
+
+
+def _active_jobs(state: State, pred: Callable[[Job], bool]) -> list[int]:
+    return [j.job_id for j in state.jobs.values() if j.active and pred(j)]
+
+
+def _close_account(state: State, cmd: c.CloseAccount, s: _Stamp) -> list[e.AnyEvent]:
+    acct = state.open_account(cmd.path)
+    _require_manages(state, s.actor, acct.parent, f"close {cmd.path!r}")
+    children = [a.path for a in state.accounts.values() if a.open and a.parent == cmd.path]
+    _require(
+        not children,
+        InvalidTransition(
+            f"account {cmd.path!r} still has open accounts below it: {', '.join(sorted(children))}",
+            hint="close them first",
+        ),
+    )
+    busy = _active_jobs(state, lambda j: j.spec.account == cmd.path)
+    _require(
+        not busy,
+        InvalidTransition(
+            f"account {cmd.path!r} has {len(busy)} unfinished jobs", hint="cancel them first"
+        ),
+    )
+    return [e.AccountClosed(**s.kw(), path=cmd.path, reason=cmd.reason)]  # type: ignore[arg-type]
+
+
+def _set_shares(state: State, cmd: c.SetShares, s: _Stamp) -> list[e.AnyEvent]:
+    acct = state.open_account(cmd.account)
+    _require_manages(state, s.actor, acct.parent, f"set the shares of {cmd.account!r}")
+    _shares(cmd.shares)
+    return [e.SharesSet(**s.kw(), account=cmd.account, shares=cmd.shares, reason=cmd.reason)]  # type: ignore[arg-type]
+
+
+def _project(state: State, path: str) -> Account:
+    acct = state.open_account(path)
+    _require(
+        acct.kind == "project",
+        InvalidCommand(f"{path!r} is a {acct.kind}, not a project", account=path),
+    )
+    return acct
+
+
+def _add_member(state: State, cmd: c.AddMember, s: _Stamp) -> list[e.AnyEvent]:
+    _project(state, cmd.project)
+    _name(cmd.user, "user name")
+    _require_manages(state, s.actor, cmd.project, f"add members to {cmd.project!r}")
+    _require(
+        cmd.user not in state.members.get(cmd.project, ()),
+        InvalidTransition(f"{cmd.user!r} is already a member of {cmd.project!r}"),
+    )
+    _shares(cmd.shares)
+    out: list[e.AnyEvent] = [e.MemberAdded(**s.kw(), user=cmd.user, project=cmd.project)]  # type: ignore[arg-type]
+    leaf = f"{cmd.project}/{cmd.user}"
+    existing = state.accounts.get(leaf)
+    if existing is None or not existing.open:
+        out.append(e.AccountOpened(**s.kw(), path=leaf, parent=cmd.project, kind="user"))  # type: ignore[arg-type]
+        out.append(e.SharesSet(**s.kw(), account=leaf, shares=cmd.shares, reason="member added"))  # type: ignore[arg-type]
+    return out
+
+
+def _remove_member(state: State, cmd: c.RemoveMember, s: _Stamp) -> list[e.AnyEvent]:
+    _project(state, cmd.project)
+    _require_manages(state, s.actor, cmd.project, f"remove members from {cmd.project!r}")
+    _require(
+        cmd.user in state.members.get(cmd.project, ()),
+        UnknownEntity(f"{cmd.user!r} is not a member of {cmd.project!r}"),
+    )
+    busy = _active_jobs(state, lambda j: j.spec.account == cmd.project and j.spec.user == cmd.user)
+    _require(
+        not busy,
+        InvalidTransition(
+            f"{cmd.user!r} has {len(busy)} unfinished jobs in {cmd.project!r}",
+            hint="cancel them first",
+        ),
+    )
+    out: list[e.AnyEvent] = [e.MemberRemoved(**s.kw(), user=cmd.user, project=cmd.project)]  # type: ignore[arg-type]
+    leaf = state.accounts.get(f"{cmd.project}/{cmd.user}")
+    if leaf is not None and leaf.open and leaf.kind == "user":
+        out.append(e.AccountClosed(**s.kw(), path=leaf.path, reason="member removed"))  # type: ignore[arg-type]
+    return out
+
+
+def _grant_manager(state: State, cmd: c.GrantManager, s: _Stamp) -> list[e.AnyEvent]:
+    _require_admin(state, s.actor, "grant managers")
+    state.open_account(cmd.account)
+    _name(cmd.user, "user name")
+    _require(
+        cmd.account not in state.managers.get(cmd.user, ()),
+        InvalidTransition(f"{cmd.user!r} already manages {cmd.account!r}"),
+    )
+    return [e.ManagerGranted(**s.kw(), user=cmd.user, account=cmd.account)]  # type: ignore[arg-type]
+
+
+def _revoke_manager(state: State, cmd: c.RevokeManager, s: _Stamp) -> list[e.AnyEvent]:
+    _require_admin(state, s.actor, "revoke managers")
+    _require(
+        cmd.account in state.managers.get(cmd.user, ()),
+        UnknownEntity(f"{cmd.user!r} does not manage {cmd.account!r}"),
+    )
+    return [e.ManagerRevoked(**s.kw(), user=cmd.user, account=cmd.account)]  # type: ignore[arg-type]
+
+
+def _register_node(state: State, cmd: c.RegisterNode, s: _Stamp) -> list[e.AnyEvent]:
+    _require_admin(state, s.actor, "register nodes")
+    _name(cmd.node, "node name")
+    _name(cmd.gpu_type, "GPU type")
+    cluster = _name(cmd.cluster or state.cluster, "cluster name")
+    existing = state.nodes.get(cmd.node)
+    _require(
+        existing is None or existing.state == "removed",
+        InvalidTransition(f"node {cmd.node!r} is already registered"),
+    )
+    _require(
+        1 <= cmd.gpus <= MAX_GPUS_PER_NODE,
+        InvalidCommand(f"a node has 1 to {MAX_GPUS_PER_NODE} GPUs, got {cmd.gpus}"),
+    )
+    return [
+        e.NodeRegistered(**s.kw(), cluster=cluster, node=cmd.node, gpu_type=cmd.gpu_type, gpus=cmd.gpus)  # type: ignore[arg-type]
+    ]
+
+
+def _drain_node(state: State, cmd: c.DrainNode, s: _Stamp) -> list[e.AnyEvent]:
+    _require_admin(state, s.actor, "drain nodes")
+    node = state.node(cmd.node)
+    _require(node.state == "active", InvalidTransition(f"node {cmd.node!r} is already {node.state}"))
+    _require(bool(cmd.reason.strip()), InvalidCommand("a drain needs a reason", hint="pass --reason"))
+    out: list[e.AnyEvent] = [e.NodeDrainRequested(**s.kw(), node=cmd.node, reason=cmd.reason)]  # type: ignore[arg-type]
+    if not state.node_jobs.get(cmd.node):
+        out.append(e.NodeDrained(**s.kw(), node=cmd.node))  # type: ignore[arg-type]
+    return out
+
+
+def _return_node(state: State, cmd: c.ReturnNode, s: _Stamp) -> list[e.AnyEvent]:
+    _require_admin(state, s.actor, "return nodes")
+    node = state.node(cmd.node)
+    _require(
+        node.state in ("draining", "drained"),
+        InvalidTransition(f"node {cmd.node!r} is {node.state}, not draining or drained"),
+    )
+    return [e.NodeReturned(**s.kw(), node=cmd.node)]  # type: ignore[arg-type]
+
+
+def _remove_node(state: State, cmd: c.RemoveNode, s: _Stamp) -> list[e.AnyEvent]:
+    _require_admin(state, s.actor, "remove nodes")
+    state.node(cmd.node)
+    busy = state.node_jobs.get(cmd.node)
+    _require(
+        not busy,
+        InvalidTransition(
+            f"node {cmd.node!r} still runs {len(busy or ())} jobs",
+            hint="drain it first: `gpuledger node drain`",
+        ),
+    )
+    return [e.NodeRemoved(**s.kw(), node=cmd.node, reason=cmd.reason)]  # type: ignore[arg-type]
+
+
+def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
+    user = _name(cmd.user, "user name") if cmd.user else s.actor
+    if cmd.user and cmd.user != s.actor:
+        _require(
+            is_system(s.actor) or state.manages(s.actor, cmd.account),
+            NotAuthorised(f"{s.actor!r} may not submit on behalf of {cmd.user!r}"),
+        )
+    _project(state, cmd.account)
+    _require(
+        user in state.members.get(cmd.account, ()),
+        NotAuthorised(
+            f"{user!r} is not a member of {cmd.account!r}",
+            hint="a manager adds members: `gpuledger member add`",
+        ),
+    )
+    _require(cmd.gpus >= 1, InvalidCommand(f"a job needs at least 1 GPU, got {cmd.gpus}"))
+    total, largest = state.capacity(cmd.gpu_type, cmd.cluster)
+    where = " ".join(x for x in (cmd.gpu_type, cmd.cluster and f"in cluster {cmd.cluster}") if x)
+    _require(
+        cmd.gpus <= total,
+        InvalidCommand(
+            f"{cmd.gpus} GPUs requested but the cluster has {total} {where} GPUs".replace("  ", " "),
+            gpus=cmd.gpus,
+            capacity=total,
+        ),
+    )
+    cap = state.min_runtime_cap_s
+    min_runtime = cap if cmd.min_runtime_s is None else cmd.min_runtime_s
+    _require(
+        0 <= min_runtime <= cap,
+        ContractViolation(
+            f"min runtime {min_runtime}s is outside 0..{cap}s (the contract cap)",
+            hint="ask for at most the cap; 0 runs unfunded",
+            min_runtime_s=min_runtime,
+        ),
+    )
+    if cmd.time_limit_s is not None:
+        _require(cmd.time_limit_s > 0, InvalidCommand("the time limit must be positive"))
+        min_runtime = min(min_runtime, cmd.time_limit_s)
+    _require(
+        cmd.duration_s is None or cmd.duration_s >= 0,
+        InvalidCommand("a duration must be >= 0"),
+    )
+    debug = cmd.time_limit_s is not None and cmd.time_limit_s <= DEBUG_TIME_LIMIT_S and cmd.gpus <= largest
+    return [
+        e.JobSubmitted(
+            **s.kw(),  # type: ignore[arg-type]
+            job_id=state.next_job_id,
+            account=cmd.account,
+            user=user,
+            gpus=cmd.gpus,
+            gpu_type=cmd.gpu_type,
+            cluster=cmd.cluster,
+            min_runtime_s=min_runtime,
+            resumable=cmd.resumable,
+            priority=cmd.priority,
+            time_limit_s=cmd.time_limit_s,
+            debug=debug,
+            command=cmd.command,
+            labels=cmd.labels,
+            duration_s=cmd.duration_s,
+        )
+    ]
+
+
+def _drained_after(state: State, freed_nodes: Iterable[str], leaving: set[int], s: _Stamp) -> list[e.AnyEvent]:
+    """NodeDrained for each draining node that the leaving jobs leave empty."""
+    out: list[e.AnyEvent] = []
+    for name in sorted(set(freed_nodes)):
+        node = state.nodes[name]
+        if node.state == "draining" and not (state.node_jobs.get(name, set()) - leaving):
+            out.append(e.NodeDrained(**s.kw(), node=name))  # type: ignore[arg-type]
+    return out
+
+
+def _cancel(state: State, cmd: c.CancelJob, s: _Stamp) -> list[e.AnyEvent]:
+    job = state.job(cmd.job_id)
+    _require(
+        s.actor == job.spec.user or state.manages(s.actor, job.spec.account) or is_system(s.actor),
+        NotAuthorised(
+            f"{s.actor!r} may not cancel job {cmd.job_id}: only its owner, a manager or an admin"
+        ),
+    )
+    _require(job.active, InvalidTransition(f"job {cmd.job_id} already {job.outcome}"))
+    out: list[e.AnyEvent] = [e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome="cancelled")]  # type: ignore[arg-type]
+    return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)
+
+
+def _require_system(state: State, actor: str, what: str) -> None:
+    _require(
+        is_system(actor) or state.is_admin(actor),
+        NotAuthorised(f"{actor!r} may not {what}: only the dispatcher, executors and admins may"),
+    )
+
+
+def _preemption_events(job: Job, p: c.Preemption, cycle_id: str | None, s: _Stamp) -> list[e.AnyEvent]:
+    out: list[e.AnyEvent] = [
+        e.JobPreempted(
+            **s.kw(), job_id=job.job_id, reason=p.reason, for_job=p.for_job, cycle_id=cycle_id, note=p.note  # type: ignore[arg-type]
+        )
+    ]
+    if job.spec.resumable:
+        out.append(e.JobRequeued(**s.kw(), job_id=job.job_id))  # type: ignore[arg-type]
+    else:
+        out.append(e.JobFinished(**s.kw(), job_id=job.job_id, outcome="preempted"))  # type: ignore[arg-type]
+    return out
+
+
+def _check_preemptible(job: Job, now: float) -> None:
+    _require(
+        job.status in ("placed", "running"),
+        InvalidTransition(f"job {job.job_id} is {job.status}, not running", job_id=job.job_id),
+    )
+    ends = job.contract_ends_at()
+    _require(
+        ends is None or now >= ends,
+        ContractViolation(
+            f"job {job.job_id} is inside its contract until t={ends}; only an admin preemption "
+            "with a reason may end it early",
+            job_id=job.job_id,
+        ),
+    )
+
+
+def _check_slots(state: State, job: Job, slots: tuple[e.GpuSlot, ...], taken: set[tuple[str, int]]) -> None:
+    _require(
+        sum(len(sl.gpu_indices) for sl in slots) == job.spec.gpus,
+        InvalidCommand(f"placement of job {job.job_id} does not give it {job.spec.gpus} GPUs"),
+    )
+    for sl in slots:
+        node = state.node(sl.node)
+        _require(node.state == "active", InvalidTransition(f"node {sl.node!r} is {node.state}"))
+        _require(
+            job.spec.gpu_type is None or node.gpu_type == job.spec.gpu_type,
+            InvalidCommand(f"node {sl.node!r} has {node.gpu_type}, job {job.job_id} needs {job.spec.gpu_type}"),
+        )
+        _require(
+            job.spec.cluster is None or node.cluster == job.spec.cluster,
+            InvalidCommand(f"node {sl.node!r} is not in cluster {job.spec.cluster}"),
+        )
+        for i in sl.gpu_indices:
+            _require(0 <= i < node.gpus, InvalidCommand(f"node {sl.node!r} has no GPU {i}"))
+            _require(
+                (sl.node, i) not in taken,
+                InvalidTransition(f"GPU {i} of node {sl.node!r} is already held", node=sl.node, gpu=i),
+            )
+            taken.add((sl.node, i))
+
+
+def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.AnyEvent]:
+    _require_system(state, s.actor, "apply dispatcher decisions")
+    out: list[e.AnyEvent] = [
+        e.CycleDecided(
+            **s.kw(),  # type: ignore[arg-type]
+            cycle_id=cmd.cycle_id,
+            based_on=cmd.based_on,
+            policy_version=cmd.policy_version,
+            placements=cmd.placements,
+            preemptions=cmd.preemptions,
+            considered=cmd.considered,
+            fragmentation_gpus=cmd.fragmentation_gpus,
+            config=cmd.config,
+        )
+    ]
+    # 1. preemptions free GPUs (validated against contracts)
+    taken = set(state.holders)
+    leaving: set[int] = set()
+    touched: list[str] = []
+    for p in cmd.preemptions:
+        job = state.job(p.job_id)
+        _require(p.job_id not in leaving, InvalidCommand(f"job {p.job_id} is preempted twice"))
+        _check_preemptible(job, s.now)
+        leaving.add(p.job_id)
+        for sl in job.slots:
+            touched.append(sl.node)
+            taken.difference_update((sl.node, i) for i in sl.gpu_indices)
+        out += _preemption_events(job, p, cmd.cycle_id, s)
+    # 2. placements claim free GPUs on active nodes
+    placed: set[int] = set()
+    for pl in cmd.placements:
+        job = state.job(pl.job_id)
+        _require(
+            job.status == "pending" and pl.job_id not in placed,
+            InvalidTransition(f"job {pl.job_id} is {job.status}, not pending", job_id=pl.job_id),
+        )
+        _check_slots(state, job, pl.slots, taken)
+        placed.add(pl.job_id)
+        out.append(
+            e.JobPlaced(**s.kw(), job_id=pl.job_id, slots=pl.slots, cycle_id=cmd.cycle_id, based_on=cmd.based_on)  # type: ignore[arg-type]
+        )
+    # 3. draining nodes the preemptions emptied report drained
+    return out + _drained_after(state, touched, leaving, s)
+
+
+def _preempt(state: State, cmd: c.PreemptJob, s: _Stamp) -> list[e.AnyEvent]:
+    _require_admin(state, s.actor, "preempt jobs by hand")
+    _require(bool(cmd.note.strip()), InvalidCommand("an admin preemption needs a reason", hint="pass --reason"))
+    job = state.job(cmd.job_id)
+    _require(
+        job.status in ("placed", "running"),
+        InvalidTransition(f"job {job.job_id} is {job.status}, not running"),
+    )
+    p = c.Preemption(job_id=job.job_id, reason=cmd.reason, note=cmd.note)
+    out = _preemption_events(job, p, None, s)
+    return out + _drained_after(state, (sl.node for sl in job.slots), {job.job_id}, s)
+
+
+def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
+    _require_system(state, s.actor, "start jobs")
+    job = state.job(cmd.job_id)
+    _require(job.status == "placed", InvalidTransition(f"job {cmd.job_id} is {job.status}, not placed"))
+    return [e.JobStarted(**s.kw(), job_id=cmd.job_id)]  # type: ignore[arg-type]
+
+
+def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
+    _require_system(state, s.actor, "finish jobs")
+    job = state.job(cmd.job_id)
+    _require(
+        job.status in ("placed", "running"),
+        InvalidTransition(f"job {cmd.job_id} is {job.status}, not running"),
+    )
+    outcome: e.FinishOutcome = "completed" if cmd.exit_code == 0 else "failed"
+    out: list[e.AnyEvent] = [
+        e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome=outcome, exit_code=cmd.exit_code)  # type: ignore[arg-type]
+    ]
+    return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)
+
+
+def _sample(state: State, cmd: c.SampleUtilisation, s: _Stamp) -> list[e.AnyEvent]:
+    _require_system(state, s.actor, "report utilisation")
+    job = state.job(cmd.job_id)
+    _require(job.status == "running", InvalidTransition(f"job {cmd.job_id} is {job.status}, not running"))
+    _require(
+        len(cmd.gpu_utilisation) == job.spec.gpus and all(0.0 <= u <= 100.0 for u in cmd.gpu_utilisation),
+        InvalidCommand(f"job {cmd.job_id} needs {job.spec.gpus} utilisation values in 0..100"),
+    )
+    return [e.UtilisationSampled(**s.kw(), job_id=cmd.job_id, gpu_utilisation=cmd.gpu_utilisation)]  # type: ignore[arg-type]
+
+
+def _checkpoint(state: State, cmd: c.ReportCheckpoint, s: _Stamp) -> list[e.AnyEvent]:
+    job = state.job(cmd.job_id)
+    _require(
+        is_system(s.actor) or s.actor == job.spec.user or state.is_admin(s.actor),
+        NotAuthorised(f"{s.actor!r} may not report checkpoints of job {cmd.job_id}"),
+    )
+    _require(job.status == "running", InvalidTransition(f"job {cmd.job_id} is {job.status}, not running"))
+    _require(job.spec.resumable, InvalidCommand(f"job {cmd.job_id} is not resumable"))
+    return [e.CheckpointReported(**s.kw(), job_id=cmd.job_id)]  # type: ignore[arg-type]
+
+
+_HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]] = {
+    c.InitLedger: _init,  # type: ignore[dict-item]
+    c.GrantAdmin: _grant_admin,  # type: ignore[dict-item]
+    c.RevokeAdmin: _revoke_admin,  # type: ignore[dict-item]
+    c.OpenAccount: _open_account,  # type: ignore[dict-item]
+    c.CloseAccount: _close_account,  # type: ignore[dict-item]
+    c.SetShares: _set_shares,  # type: ignore[dict-item]
+    c.AddMember: _add_member,  # type: ignore[dict-item]
+    c.RemoveMember: _remove_member,  # type: ignore[dict-item]
+    c.GrantManager: _grant_manager,  # type: ignore[dict-item]
+    c.RevokeManager: _revoke_manager,  # type: ignore[dict-item]
+    c.RegisterNode: _register_node,  # type: ignore[dict-item]
+    c.DrainNode: _drain_node,  # type: ignore[dict-item]
+    c.ReturnNode: _return_node,  # type: ignore[dict-item]
+    c.RemoveNode: _remove_node,  # type: ignore[dict-item]
+    c.SubmitJob: _submit,  # type: ignore[dict-item]
+    c.CancelJob: _cancel,  # type: ignore[dict-item]
+    c.ApplyDecision: _apply_decision,  # type: ignore[dict-item]
+    c.PreemptJob: _preempt,  # type: ignore[dict-item]
+    c.StartJob: _start,  # type: ignore[dict-item]
+    c.FinishJob: _finish,  # type: ignore[dict-item]
+    c.SampleUtilisation: _sample,  # type: ignore[dict-item]
+    c.ReportCheckpoint: _checkpoint,  # type: ignore[dict-item]
+}
+
+
+# --- evolve -------------------------------------------------------------------------------------
+
+
+def _release(state: State, job: Job) -> None:
+    for sl in job.slots:
+        for i in sl.gpu_indices:
+            state.holders.pop((sl.node, i), None)
+        state.node_jobs.get(sl.node, set()).discard(job.job_id)
+
+
+def evolve(state: State, event: e.AnyEvent) -> State:
+    """Fold one event into `state` (in place) and return it. Events are facts: never raises
+    for a valid history."""
+    state.events += 1
+    match event:
+        case e.LedgerInitialised():
+            state.initialised = True
+            state.admins.add(event.admin)
+            state.min_runtime_cap_s = event.min_runtime_cap_s
+            state.cluster = event.cluster
+        case e.AdminGranted():
+            state.admins.add(event.user)
+        case e.AdminRevoked():
+            state.admins.discard(event.user)
+        case e.AccountOpened():
+            state.accounts[event.path] = Account(path=event.path, parent=event.parent, kind=event.kind)
+        case e.AccountClosed():
+            acct = state.accounts[event.path]
+            state.accounts[event.path] = msgspec.structs.replace(acct, open=False)
+        case e.SharesSet():
+            acct = state.accounts[event.account]
+            state.accounts[event.account] = msgspec.structs.replace(acct, shares=event.shares)
+        case e.MemberAdded():
+            state.members.setdefault(event.project, set()).add(event.user)
+        case e.MemberRemoved():
+            state.members.get(event.project, set()).discard(event.user)
+        case e.ManagerGranted():
+            state.managers.setdefault(event.user, set()).add(event.account)
+        case e.ManagerRevoked():
+            state.managers.get(event.user, set()).discard(event.account)
+        case e.NodeRegistered():
+            state.nodes[event.node] = Node(
+                name=event.node, cluster=event.cluster, gpu_type=event.gpu_type, gpus=event.gpus
+            )
+            state.node_jobs[event.node] = set()
+        case e.NodeDrainRequested():
+            n = state.nodes[event.node]
+            state.nodes[event.node] = msgspec.structs.replace(n, state="draining", drain_reason=event.reason)
+        case e.NodeDrained():
+            state.nodes[event.node] = msgspec.structs.replace(state.nodes[event.node], state="drained")
+        case e.NodeReturned():
+            n = state.nodes[event.node]
+            state.nodes[event.node] = msgspec.structs.replace(n, state="active", drain_reason="")
+        case e.NodeRemoved():
+            state.nodes[event.node] = msgspec.structs.replace(state.nodes[event.node], state="removed")
+        case e.JobSubmitted():
+            state.jobs[event.job_id] = Job(spec=event)
+            state.next_job_id = max(state.next_job_id, event.job_id + 1)
+        case e.JobPlaced():
+            job = state.jobs[event.job_id]
+            for sl in event.slots:
+                for i in sl.gpu_indices:
+                    state.holders[(sl.node, i)] = event.job_id
+                state.node_jobs.setdefault(sl.node, set()).add(event.job_id)
+            state.jobs[event.job_id] = msgspec.structs.replace(
+                job, status="placed", slots=event.slots, placed_at=event.at, checkpoint_at=event.at
+            )
+        case e.JobStarted():
+            job = state.jobs[event.job_id]
+            state.jobs[event.job_id] = msgspec.structs.replace(job, status="running", started_at=event.at)
+        case e.JobPreempted():
+            job = state.jobs[event.job_id]
+            _release(state, job)
+            state.jobs[event.job_id] = msgspec.structs.replace(
+                job, slots=(), placed_at=None, started_at=None, preemptions=job.preemptions + 1
+            )
+        case e.JobRequeued():
+            state.jobs[event.job_id] = msgspec.structs.replace(state.jobs[event.job_id], status="pending")
+        case e.JobFinished():
+            job = state.jobs[event.job_id]
+            _release(state, job)
+            state.jobs[event.job_id] = msgspec.structs.replace(
+                job, status="finished", outcome=event.outcome, exit_code=event.exit_code, slots=()
+            )
+        case e.CheckpointReported():
+            job = state.jobs[event.job_id]
+            state.jobs[event.job_id] = msgspec.structs.replace(job, checkpoint_at=event.at)
+        case e.UtilisationSampled() | e.CycleDecided():
+            pass
+    return state
+
+
+def fold(events: Iterable[e.AnyEvent], state: State | None = None) -> State:
+    s = state if state is not None else State()
+    for ev in events:
+        evolve(s, ev)
+    return s
+
+
+# --- conflicts ----------------------------------------------------------------------------------
+
+
+def event_keys(event: e.AnyEvent) -> set[str]:
+    """What an event touches, for optimistic concurrency: `job:N`, `node:X`, `account:P`."""
+    keys: set[str] = set()
+    job_id = getattr(event, "job_id", None)
+    if isinstance(job_id, int):
+        keys.add(f"job:{job_id}")
+    node = getattr(event, "node", None)
+    if isinstance(node, str):
+        keys.add(f"node:{node}")
+    for sl in getattr(event, "slots", ()):
+        keys.add(f"node:{sl.node}")
+    for attr in ("path", "account", "project"):
+        v = getattr(event, attr, None)
+        if isinstance(v, str):
+            keys.add(f"account:{v}")
+    return keys
+
+
+def command_keys(state: State, cmd: c.AnyCommand) -> set[str]:
+    """What a command depends on; a change to any of these since its expected position conflicts."""
+    keys: set[str] = set()
+    if isinstance(cmd, c.ApplyDecision):
+        for p in cmd.preemptions:
+            keys.add(f"job:{p.job_id}")
+            job = state.jobs.get(p.job_id)
+            keys.update(f"node:{sl.node}" for sl in (job.slots if job else ()))
+        for pl in cmd.placements:
+            keys.add(f"job:{pl.job_id}")
+            keys.update(f"node:{sl.node}" for sl in pl.slots)
+        return keys
+    for attr in ("job_id",):
+        v = getattr(cmd, attr, None)
+        if isinstance(v, int):
+            keys.add(f"job:{v}")
+    v = getattr(cmd, "node", None)
+    if isinstance(v, str):
+        keys.add(f"node:{v}")
+    for attr in ("path", "account", "project"):
+        v = getattr(cmd, attr, None)
+        if isinstance(v, str):
+            keys.add(f"account:{v}")
+    return keys

@@ -1,0 +1,59 @@
+"""The one error root. Every error says what was wrong and what to do; callers assert on fields."""
+
+from __future__ import annotations
+
+
+class LedgerError(Exception):
+    """Root of every error the project raises on purpose.
+
+    `code` is a stable machine-readable word; `message` says what was wrong; `hint` what to do.
+    """
+
+    code = "error"
+
+    def __init__(self, message: str, *, hint: str = "", **fields: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.fields = fields
+
+    def line(self) -> str:
+        """One clear line for a terminal or an HTTP body."""
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class InvalidCommand(LedgerError):
+    code = "invalid"
+
+
+class UnknownEntity(LedgerError):
+    code = "unknown"
+
+
+class NotAuthorised(LedgerError):
+    code = "forbidden"
+
+
+class InvalidTransition(LedgerError):
+    code = "transition"
+
+
+class ContractViolation(LedgerError):
+    code = "contract"
+
+
+class Conflict(LedgerError):
+    """The log moved past the position a command expected, in a way that touches it."""
+
+    code = "conflict"
+
+
+class EventDecodeError(LedgerError):
+    """Bytes in the log that are not a valid event of this version (corrupt, or a newer tag)."""
+
+    code = "corrupt"
+
+    def __init__(self, message: str, *, tag: str | None, known: bool, **fields: object) -> None:
+        super().__init__(message, tag=tag, known=known, **fields)
+        self.tag = tag
+        self.known = known
