@@ -1,0 +1,117 @@
+"""Budgets as code: a TOML file describes accounts, shares, members and managers; `plan` diffs it
+against the ledger's state and returns the commands that make the ledger match.
+
+Pure: `parse` reads bytes, `plan` reads a State; neither touches files or the clock.
+
+```toml
+[accounts."ai2"]
+kind = "program"
+shares = 1
+managers = ["carol"]          # optional; when present, exactly these manage the subtree
+
+[accounts."ai2/olmo"]
+kind = "project"
+shares = 3
+members = ["alice", "bob"]    # optional; when present, exactly these are members
+member_shares = { alice = 2 } # optional; default 1
+```
+Accounts missing from the file are left alone unless `prune` is set, which closes them.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+
+import msgspec
+
+from ledger.domain import State
+from schemas import commands as c
+from schemas.errors import InvalidCommand
+from schemas.events import AccountKind
+
+
+class BudgetAccount(msgspec.Struct, forbid_unknown_fields=True):
+    kind: AccountKind
+    shares: int = 1
+    members: list[str] | None = None
+    member_shares: dict[str, int] = {}
+    managers: list[str] | None = None
+    reason: str = ""
+
+
+class BudgetFile(msgspec.Struct, forbid_unknown_fields=True):
+    accounts: dict[str, BudgetAccount] = {}
+
+
+@dataclass(frozen=True)
+class Change:
+    symbol: str  # + add, ~ change, - remove
+    text: str
+    command: c.AnyCommand
+
+
+def parse(data: bytes, name: str = "budget file") -> BudgetFile:
+    """Parse and validate a budget TOML document; errors name the file and the problem."""
+    try:
+        raw = tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise InvalidCommand(f"{name}: malformed TOML: {e}", hint="fix the file and retry") from e
+    try:
+        return msgspec.convert(raw, BudgetFile)
+    except msgspec.ValidationError as e:
+        raise InvalidCommand(f"{name}: {e}", hint="see `gpuledger budget apply --help`") from e
+
+
+def _depth(path: str) -> int:
+    return path.count("/")
+
+
+def plan(state: State, budget: BudgetFile, actor: str, *, prune: bool = False) -> list[Change]:
+    """Pure: the ordered changes that make `state` match `budget` (opens parents before children,
+    closes children before parents)."""
+    out: list[Change] = []
+    wanted = budget.accounts
+    for path in sorted(wanted, key=lambda p: (_depth(p), p)):
+        spec = wanted[path]
+        have = state.accounts.get(path)
+        if have is None or not have.open:
+            out.append(
+                Change("+", f"open {spec.kind} {path} shares={spec.shares}",
+                       c.OpenAccount(actor=actor, path=path, kind=spec.kind, shares=spec.shares, reason=spec.reason or "budget file"))
+            )
+        elif have.shares != spec.shares:
+            out.append(
+                Change("~", f"shares {path} {have.shares} -> {spec.shares}",
+                       c.SetShares(actor=actor, account=path, shares=spec.shares, reason=spec.reason or "budget file"))
+            )
+    for path in sorted(wanted):
+        spec = wanted[path]
+        current = set(state.members.get(path, ())) if (a := state.accounts.get(path)) and a.open else set()
+        if spec.members is not None:
+            for user in sorted(set(spec.members) - current):
+                shares = spec.member_shares.get(user, 1)
+                out.append(Change("+", f"member {user} -> {path} shares={shares}",
+                                  c.AddMember(actor=actor, user=user, project=path, shares=shares)))
+            for user in sorted(current - set(spec.members)):
+                out.append(Change("-", f"member {user} x {path}", c.RemoveMember(actor=actor, user=user, project=path)))
+        for user, shares in sorted(spec.member_shares.items()):
+            leaf = state.accounts.get(f"{path}/{user}")
+            if user in current and leaf is not None and leaf.open and leaf.shares != shares:
+                out.append(Change("~", f"shares {path}/{user} {leaf.shares} -> {shares}",
+                                  c.SetShares(actor=actor, account=f"{path}/{user}", shares=shares, reason="budget file")))
+        if spec.managers is not None:
+            have_managers = {u for u, roots in state.managers.items() if path in roots}
+            for user in sorted(set(spec.managers) - have_managers):
+                out.append(Change("+", f"manager {user} of {path}", c.GrantManager(actor=actor, user=user, account=path)))
+            for user in sorted(have_managers - set(spec.managers)):
+                out.append(Change("-", f"manager {user} x {path}", c.RevokeManager(actor=actor, user=user, account=path)))
+    if prune:
+        listed = set(wanted)
+        stale = [
+            a.path for a in state.accounts.values()
+            if a.open and a.kind != "user" and a.path not in listed
+        ]
+        for path in sorted(stale, key=lambda p: (-_depth(p), p)):
+            out.append(Change("-", f"close {path}", c.CloseAccount(actor=actor, path=path, reason="budget file")))
+    return out

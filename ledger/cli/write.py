@@ -1,0 +1,269 @@
+"""Commands that append: init, accounts, shares, members, managers, nodes, submit, cancel."""
+
+from __future__ import annotations
+
+import click
+
+from ledger.cli._common import Ctx, echo_json, fmt_duration, parse_duration, pass_ctx
+from schemas import commands as c
+from schemas.errors import InvalidCommand
+from schemas.events import JobSubmitted
+
+
+def _done(ctx: Ctx, what: str, cmd: c.AnyCommand) -> None:
+    appended = ctx.ledger().execute(cmd)
+    click.echo(f"{what} (position {appended.position})")
+
+
+@click.command()
+@click.option("--admin", required=True, help="The first admin's user name.")
+@click.option("--min-runtime-cap", default="8h", show_default=True, help="Longest contract a job may sign.")
+@click.option("--cluster", default="default", show_default=True, help="Name of the default cluster.")
+@pass_ctx
+def init(ctx: Ctx, admin: str, min_runtime_cap: str, cluster: str) -> None:
+    """Create the data directory and name the first admin."""
+    ledger = ctx.ledger(must_exist=False)
+    cmd = c.InitLedger(
+        actor=admin, admin=admin, min_runtime_cap_s=parse_duration(min_runtime_cap), cluster=cluster
+    )
+    appended = ledger.execute(cmd)
+    click.echo(f"initialised {ctx.home} with admin {admin!r} (position {appended.position})")
+
+
+@click.group()
+def account() -> None:
+    """Open, close and show accounts of the budget tree."""
+
+
+@account.command("open")
+@click.argument("path")
+@click.option("--kind", type=click.Choice(["program", "project", "user"]), required=True)
+@click.option("--shares", type=int, default=1, show_default=True)
+@click.option("--reason", default="")
+@pass_ctx
+def account_open(ctx: Ctx, path: str, kind: str, shares: int, reason: str) -> None:
+    """Open account PATH (e.g. ai2/olmo) under its parent."""
+    cmd = c.OpenAccount(actor=ctx.actor, path=path, kind=kind, shares=shares, reason=reason)  # type: ignore[arg-type]
+    _done(ctx, f"opened {kind} {path} with {shares} shares", cmd)
+
+
+@account.command("close")
+@click.argument("path")
+@click.option("--reason", default="")
+@pass_ctx
+def account_close(ctx: Ctx, path: str, reason: str) -> None:
+    """Close account PATH (it must have no open children and no unfinished jobs)."""
+    _done(ctx, f"closed {path}", c.CloseAccount(actor=ctx.actor, path=path, reason=reason))
+
+
+@click.group()
+def share() -> None:
+    """Set shares of the budget tree."""
+
+
+@share.command("set")
+@click.argument("account_path", metavar="ACCOUNT")
+@click.argument("shares", type=int)
+@click.option("--reason", default="")
+@pass_ctx
+def share_set(ctx: Ctx, account_path: str, shares: int, reason: str) -> None:
+    """Set ACCOUNT's shares of its parent's budget."""
+    cmd = c.SetShares(actor=ctx.actor, account=account_path, shares=shares, reason=reason)
+    _done(ctx, f"{account_path} now has {shares} shares", cmd)
+
+
+@click.group()
+def member() -> None:
+    """Add and remove members of projects."""
+
+
+@member.command("add")
+@click.argument("user")
+@click.argument("project")
+@click.option("--shares", type=int, default=1, show_default=True, help="The member's share of the project.")
+@pass_ctx
+def member_add(ctx: Ctx, user: str, project: str, shares: int) -> None:
+    """Make USER a member of PROJECT."""
+    _done(ctx, f"{user} joined {project}", c.AddMember(actor=ctx.actor, user=user, project=project, shares=shares))
+
+
+@member.command("remove")
+@click.argument("user")
+@click.argument("project")
+@pass_ctx
+def member_remove(ctx: Ctx, user: str, project: str) -> None:
+    """Remove USER from PROJECT."""
+    _done(ctx, f"{user} left {project}", c.RemoveMember(actor=ctx.actor, user=user, project=project))
+
+
+@click.group()
+def manager() -> None:
+    """Grant and revoke managers of subtrees (admins only)."""
+
+
+@manager.command("grant")
+@click.argument("user")
+@click.argument("account_path", metavar="ACCOUNT")
+@pass_ctx
+def manager_grant(ctx: Ctx, user: str, account_path: str) -> None:
+    """Let USER manage ACCOUNT and everything below it."""
+    _done(ctx, f"{user} manages {account_path}", c.GrantManager(actor=ctx.actor, user=user, account=account_path))
+
+
+@manager.command("revoke")
+@click.argument("user")
+@click.argument("account_path", metavar="ACCOUNT")
+@pass_ctx
+def manager_revoke(ctx: Ctx, user: str, account_path: str) -> None:
+    """Stop USER managing ACCOUNT."""
+    cmd = c.RevokeManager(actor=ctx.actor, user=user, account=account_path)
+    _done(ctx, f"{user} no longer manages {account_path}", cmd)
+
+
+@click.group()
+def node() -> None:
+    """Register, drain, return, remove and list nodes."""
+
+
+@node.command("add")
+@click.argument("name")
+@click.option("--gpus", type=int, required=True)
+@click.option("--gpu-type", required=True)
+@click.option("--cluster", default=None)
+@pass_ctx
+def node_add(ctx: Ctx, name: str, gpus: int, gpu_type: str, cluster: str | None) -> None:
+    """Register node NAME with its GPUs."""
+    cmd = c.RegisterNode(actor=ctx.actor, node=name, gpus=gpus, gpu_type=gpu_type, cluster=cluster)
+    _done(ctx, f"registered {name}: {gpus} x {gpu_type}", cmd)
+
+
+@node.command("drain")
+@click.argument("name")
+@click.option("--reason", required=True, help="Why (maintenance ticket, ...).")
+@pass_ctx
+def node_drain(ctx: Ctx, name: str, reason: str) -> None:
+    """Stop placements on NAME; its jobs leave as their contracts expire."""
+    appended = ctx.ledger().execute(c.DrainNode(actor=ctx.actor, node=name, reason=reason))
+    drained = any(type(ev).__name__ == "NodeDrained" for ev in appended.events)
+    state = "drained (it was empty)" if drained else "draining"
+    click.echo(f"{name} is {state} (position {appended.position})")
+
+
+@node.command("return")
+@click.argument("name")
+@pass_ctx
+def node_return(ctx: Ctx, name: str) -> None:
+    """Return a draining or drained node to service."""
+    _done(ctx, f"{name} is back in service", c.ReturnNode(actor=ctx.actor, node=name))
+
+
+@node.command("remove")
+@click.argument("name")
+@click.option("--reason", default="")
+@pass_ctx
+def node_remove(ctx: Ctx, name: str, reason: str) -> None:
+    """Remove an empty node from the cluster."""
+    _done(ctx, f"removed {name}", c.RemoveNode(actor=ctx.actor, node=name, reason=reason))
+
+
+def _labels(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            raise InvalidCommand(f"invalid label {p!r}", hint="use KEY=VALUE")
+        out[key] = value
+    return out
+
+
+@click.command(context_settings={"ignore_unknown_options": False})
+@click.option("--account", "-A", "account_path", required=True, help="The project to charge.")
+@click.option("--gpus", "-G", type=int, required=True)
+@click.option("--gpu-type", default=None)
+@click.option("--cluster", default=None)
+@click.option(
+    "--min-runtime",
+    default=None,
+    help="Contract: time it may not be preempted once placed (default: the cap; 0 = unfunded).",
+)
+@click.option("--resumable/--not-resumable", default=False, show_default=True)
+@click.option("--priority", type=int, default=0, show_default=True, help="Orders jobs inside one team only.")
+@click.option("--time-limit", "-t", default=None, help="Declared wall time; <= 15m makes a debug job.")
+@click.option("--label", "labels", multiple=True, help="KEY=VALUE (repeatable).")
+@click.option("--duration", default=None, help="Known run time (simulated execution only).")
+@click.option("--user", default=None, help="Submit on behalf of USER (managers and admins).")
+@click.option("--json", "as_json", is_flag=True)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@pass_ctx
+def submit(
+    ctx: Ctx,
+    account_path: str,
+    gpus: int,
+    gpu_type: str | None,
+    cluster: str | None,
+    min_runtime: str | None,
+    resumable: bool,
+    priority: int,
+    time_limit: str | None,
+    labels: tuple[str, ...],
+    duration: str | None,
+    user: str | None,
+    as_json: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Submit a job: `gpuledger submit -A ai2/olmo -G 8 --min-runtime 2h -- python train.py`."""
+    cmd = c.SubmitJob(
+        actor=ctx.actor,
+        account=account_path,
+        gpus=gpus,
+        gpu_type=gpu_type,
+        cluster=cluster,
+        min_runtime_s=None if min_runtime is None else parse_duration(min_runtime),
+        resumable=resumable,
+        priority=priority,
+        time_limit_s=None if time_limit is None else parse_duration(time_limit),
+        command=command,
+        labels=_labels(labels),
+        duration_s=None if duration is None else float(parse_duration(duration)),
+        user=user,
+    )
+    appended = ctx.ledger().execute(cmd)
+    job = next(ev for ev in appended.events if isinstance(ev, JobSubmitted))
+    if as_json:
+        echo_json(job)
+        return
+    funded = "unfunded" if job.min_runtime_s == 0 else f"contract {fmt_duration(job.min_runtime_s)}"
+    debug = ", debug class" if job.debug else ""
+    click.echo(f"submitted job {job.job_id} to {job.account}: {job.gpus} GPUs, {funded}{debug}")
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@pass_ctx
+def cancel(ctx: Ctx, job_id: int) -> None:
+    """Cancel JOB_ID (its owner, a manager of its account, or an admin)."""
+    _done(ctx, f"cancelled job {job_id}", c.CancelJob(actor=ctx.actor, job_id=job_id))
+
+
+@click.group()
+def admin() -> None:
+    """Grant and revoke admins."""
+
+
+@admin.command("grant")
+@click.argument("user")
+@pass_ctx
+def admin_grant(ctx: Ctx, user: str) -> None:
+    """Make USER an admin."""
+    _done(ctx, f"{user} is an admin", c.GrantAdmin(actor=ctx.actor, user=user))
+
+
+@admin.command("revoke")
+@click.argument("user")
+@pass_ctx
+def admin_revoke(ctx: Ctx, user: str) -> None:
+    """Revoke USER's admin rights (never the last admin's)."""
+    _done(ctx, f"{user} is no longer an admin", c.RevokeAdmin(actor=ctx.actor, user=user))
+
+
+COMMANDS = [init, account, share, member, manager, node, submit, cancel, admin]
