@@ -77,41 +77,102 @@ def plan(state: State, budget: BudgetFile, actor: str, *, prune: bool = False) -
         have = state.accounts.get(path)
         if have is None or not have.open:
             out.append(
-                Change("+", f"open {spec.kind} {path} shares={spec.shares}",
-                       c.OpenAccount(actor=actor, path=path, kind=spec.kind, shares=spec.shares, reason=spec.reason or "budget file"))
+                Change(
+                    "+",
+                    f"open {spec.kind} {path} shares={spec.shares}",
+                    c.OpenAccount(
+                        actor=actor,
+                        path=path,
+                        kind=spec.kind,
+                        shares=spec.shares,
+                        reason=spec.reason or "budget file",
+                    ),
+                )
             )
         elif have.shares != spec.shares:
             out.append(
-                Change("~", f"shares {path} {have.shares} -> {spec.shares}",
-                       c.SetShares(actor=actor, account=path, shares=spec.shares, reason=spec.reason or "budget file"))
+                Change(
+                    "~",
+                    f"shares {path} {have.shares} -> {spec.shares}",
+                    c.SetShares(
+                        actor=actor,
+                        account=path,
+                        shares=spec.shares,
+                        reason=spec.reason or "budget file",
+                    ),
+                )
             )
     for path in sorted(wanted):
         spec = wanted[path]
-        current = set(state.members.get(path, ())) if (a := state.accounts.get(path)) and a.open else set()
+        current = (
+            set(state.members.get(path, ()))
+            if (a := state.accounts.get(path)) and a.open
+            else set()
+        )
         if spec.members is not None:
             for user in sorted(set(spec.members) - current):
                 shares = spec.member_shares.get(user, 1)
-                out.append(Change("+", f"member {user} -> {path} shares={shares}",
-                                  c.AddMember(actor=actor, user=user, project=path, shares=shares)))
+                out.append(
+                    Change(
+                        "+",
+                        f"member {user} -> {path} shares={shares}",
+                        c.AddMember(actor=actor, user=user, project=path, shares=shares),
+                    )
+                )
             for user in sorted(current - set(spec.members)):
-                out.append(Change("-", f"member {user} x {path}", c.RemoveMember(actor=actor, user=user, project=path)))
+                out.append(
+                    Change(
+                        "-",
+                        f"member {user} x {path}",
+                        c.RemoveMember(actor=actor, user=user, project=path),
+                    )
+                )
         for user, shares in sorted(spec.member_shares.items()):
             leaf = state.accounts.get(f"{path}/{user}")
             if user in current and leaf is not None and leaf.open and leaf.shares != shares:
-                out.append(Change("~", f"shares {path}/{user} {leaf.shares} -> {shares}",
-                                  c.SetShares(actor=actor, account=f"{path}/{user}", shares=shares, reason="budget file")))
+                out.append(
+                    Change(
+                        "~",
+                        f"shares {path}/{user} {leaf.shares} -> {shares}",
+                        c.SetShares(
+                            actor=actor,
+                            account=f"{path}/{user}",
+                            shares=shares,
+                            reason="budget file",
+                        ),
+                    )
+                )
         if spec.managers is not None:
             have_managers = {u for u, roots in state.managers.items() if path in roots}
             for user in sorted(set(spec.managers) - have_managers):
-                out.append(Change("+", f"manager {user} of {path}", c.GrantManager(actor=actor, user=user, account=path)))
+                out.append(
+                    Change(
+                        "+",
+                        f"manager {user} of {path}",
+                        c.GrantManager(actor=actor, user=user, account=path),
+                    )
+                )
             for user in sorted(have_managers - set(spec.managers)):
-                out.append(Change("-", f"manager {user} x {path}", c.RevokeManager(actor=actor, user=user, account=path)))
+                out.append(
+                    Change(
+                        "-",
+                        f"manager {user} x {path}",
+                        c.RevokeManager(actor=actor, user=user, account=path),
+                    )
+                )
     if prune:
         listed = set(wanted)
         stale = [
-            a.path for a in state.accounts.values()
+            a.path
+            for a in state.accounts.values()
             if a.open and a.kind != "user" and a.path not in listed
         ]
         for path in sorted(stale, key=lambda p: (-_depth(p), p)):
-            out.append(Change("-", f"close {path}", c.CloseAccount(actor=actor, path=path, reason="budget file")))
+            out.append(
+                Change(
+                    "-",
+                    f"close {path}",
+                    c.CloseAccount(actor=actor, path=path, reason="budget file"),
+                )
+            )
     return out

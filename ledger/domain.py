@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypedDict
 
 import msgspec
 
@@ -126,7 +126,9 @@ class State:
         """Admins manage everything; a manager manages their account and everything below it."""
         if self.is_admin(actor):
             return True
-        return any(path == root or path.startswith(root + "/") for root in self.managers.get(actor, ()))
+        return any(
+            path == root or path.startswith(root + "/") for root in self.managers.get(actor, ())
+        )
 
     def open_account(self, path: str) -> Account:
         acct = self.accounts.get(path)
@@ -147,7 +149,9 @@ class State:
     def node(self, name: str) -> Node:
         node = self.nodes.get(name)
         if node is None or node.state == "removed":
-            raise UnknownEntity(f"unknown node {name!r}", hint="see `gpuledger node list`", node=name)
+            raise UnknownEntity(
+                f"unknown node {name!r}", hint="see `gpuledger node list`", node=name
+            )
         return node
 
     def capacity(self, gpu_type: str | None, cluster: str | None) -> tuple[int, int]:
@@ -183,11 +187,19 @@ NewId = Callable[[], str]
 def decide(state: State, cmd: c.AnyCommand, now: float, new_id: NewId) -> list[e.AnyEvent]:
     """Pure: validate `cmd` against `state` and return the events it causes, or raise."""
     if not isinstance(cmd, c.InitLedger) and not state.initialised:
-        raise InvalidCommand("the ledger is not initialised", hint="run `gpuledger init --admin USER`")
+        raise InvalidCommand(
+            "the ledger is not initialised", hint="run `gpuledger init --admin USER`"
+        )
     if not cmd.actor:
         raise NotAuthorised("no actor given", hint="pass --as USER or set GPULEDGER_USER")
     handler = _HANDLERS[type(cmd)]
     return handler(state, cmd, _Stamp(now, cmd.actor, new_id))
+
+
+class _Envelope(TypedDict):
+    event_id: str
+    at: float
+    actor: str
 
 
 @dataclass(frozen=True)
@@ -196,7 +208,7 @@ class _Stamp:
     actor: str
     new_id: NewId
 
-    def kw(self) -> dict[str, object]:
+    def kw(self) -> _Envelope:
         return {"event_id": self.new_id(), "at": self.now, "actor": self.actor}
 
 
@@ -252,7 +264,7 @@ def _init(state: State, cmd: c.InitLedger, s: _Stamp) -> list[e.AnyEvent]:
     return [
         e.LedgerInitialised(
             **s.kw(), admin=cmd.admin, min_runtime_cap_s=cmd.min_runtime_cap_s, cluster=cmd.cluster
-        )  # type: ignore[arg-type]
+        )
     ]
 
 
@@ -260,14 +272,14 @@ def _grant_admin(state: State, cmd: c.GrantAdmin, s: _Stamp) -> list[e.AnyEvent]
     _require_admin(state, s.actor, "grant admin")
     _name(cmd.user, "user name")
     _require(cmd.user not in state.admins, InvalidTransition(f"{cmd.user!r} is already an admin"))
-    return [e.AdminGranted(**s.kw(), user=cmd.user)]  # type: ignore[arg-type]
+    return [e.AdminGranted(**s.kw(), user=cmd.user)]
 
 
 def _revoke_admin(state: State, cmd: c.RevokeAdmin, s: _Stamp) -> list[e.AnyEvent]:
     _require_admin(state, s.actor, "revoke admin")
     _require(cmd.user in state.admins, InvalidTransition(f"{cmd.user!r} is not an admin"))
     _require(len(state.admins) > 1, InvalidTransition("the last admin cannot be revoked"))
-    return [e.AdminRevoked(**s.kw(), user=cmd.user)]  # type: ignore[arg-type]
+    return [e.AdminRevoked(**s.kw(), user=cmd.user)]
 
 
 _PARENT_KINDS: dict[str, tuple[str | None, ...]] = {
@@ -303,8 +315,8 @@ def _open_account(state: State, cmd: c.OpenAccount, s: _Stamp) -> list[e.AnyEven
     )
     _shares(cmd.shares)
     return [
-        e.AccountOpened(**s.kw(), path=path, parent=parent, kind=cmd.kind),  # type: ignore[arg-type]
-        e.SharesSet(**s.kw(), account=path, shares=cmd.shares, reason=cmd.reason or "opened"),  # type: ignore[arg-type]
+        e.AccountOpened(**s.kw(), path=path, parent=parent, kind=cmd.kind),
+        e.SharesSet(**s.kw(), account=path, shares=cmd.shares, reason=cmd.reason or "opened"),
     ]
 
 
@@ -330,14 +342,14 @@ def _close_account(state: State, cmd: c.CloseAccount, s: _Stamp) -> list[e.AnyEv
             f"account {cmd.path!r} has {len(busy)} unfinished jobs", hint="cancel them first"
         ),
     )
-    return [e.AccountClosed(**s.kw(), path=cmd.path, reason=cmd.reason)]  # type: ignore[arg-type]
+    return [e.AccountClosed(**s.kw(), path=cmd.path, reason=cmd.reason)]
 
 
 def _set_shares(state: State, cmd: c.SetShares, s: _Stamp) -> list[e.AnyEvent]:
     acct = state.open_account(cmd.account)
     _require_manages(state, s.actor, acct.parent, f"set the shares of {cmd.account!r}")
     _shares(cmd.shares)
-    return [e.SharesSet(**s.kw(), account=cmd.account, shares=cmd.shares, reason=cmd.reason)]  # type: ignore[arg-type]
+    return [e.SharesSet(**s.kw(), account=cmd.account, shares=cmd.shares, reason=cmd.reason)]
 
 
 def _project(state: State, path: str) -> Account:
@@ -358,12 +370,12 @@ def _add_member(state: State, cmd: c.AddMember, s: _Stamp) -> list[e.AnyEvent]:
         InvalidTransition(f"{cmd.user!r} is already a member of {cmd.project!r}"),
     )
     _shares(cmd.shares)
-    out: list[e.AnyEvent] = [e.MemberAdded(**s.kw(), user=cmd.user, project=cmd.project)]  # type: ignore[arg-type]
+    out: list[e.AnyEvent] = [e.MemberAdded(**s.kw(), user=cmd.user, project=cmd.project)]
     leaf = f"{cmd.project}/{cmd.user}"
     existing = state.accounts.get(leaf)
     if existing is None or not existing.open:
-        out.append(e.AccountOpened(**s.kw(), path=leaf, parent=cmd.project, kind="user"))  # type: ignore[arg-type]
-        out.append(e.SharesSet(**s.kw(), account=leaf, shares=cmd.shares, reason="member added"))  # type: ignore[arg-type]
+        out.append(e.AccountOpened(**s.kw(), path=leaf, parent=cmd.project, kind="user"))
+        out.append(e.SharesSet(**s.kw(), account=leaf, shares=cmd.shares, reason="member added"))
     return out
 
 
@@ -382,10 +394,10 @@ def _remove_member(state: State, cmd: c.RemoveMember, s: _Stamp) -> list[e.AnyEv
             hint="cancel them first",
         ),
     )
-    out: list[e.AnyEvent] = [e.MemberRemoved(**s.kw(), user=cmd.user, project=cmd.project)]  # type: ignore[arg-type]
+    out: list[e.AnyEvent] = [e.MemberRemoved(**s.kw(), user=cmd.user, project=cmd.project)]
     leaf = state.accounts.get(f"{cmd.project}/{cmd.user}")
     if leaf is not None and leaf.open and leaf.kind == "user":
-        out.append(e.AccountClosed(**s.kw(), path=leaf.path, reason="member removed"))  # type: ignore[arg-type]
+        out.append(e.AccountClosed(**s.kw(), path=leaf.path, reason="member removed"))
     return out
 
 
@@ -397,7 +409,7 @@ def _grant_manager(state: State, cmd: c.GrantManager, s: _Stamp) -> list[e.AnyEv
         cmd.account not in state.managers.get(cmd.user, ()),
         InvalidTransition(f"{cmd.user!r} already manages {cmd.account!r}"),
     )
-    return [e.ManagerGranted(**s.kw(), user=cmd.user, account=cmd.account)]  # type: ignore[arg-type]
+    return [e.ManagerGranted(**s.kw(), user=cmd.user, account=cmd.account)]
 
 
 def _revoke_manager(state: State, cmd: c.RevokeManager, s: _Stamp) -> list[e.AnyEvent]:
@@ -406,7 +418,7 @@ def _revoke_manager(state: State, cmd: c.RevokeManager, s: _Stamp) -> list[e.Any
         cmd.account in state.managers.get(cmd.user, ()),
         UnknownEntity(f"{cmd.user!r} does not manage {cmd.account!r}"),
     )
-    return [e.ManagerRevoked(**s.kw(), user=cmd.user, account=cmd.account)]  # type: ignore[arg-type]
+    return [e.ManagerRevoked(**s.kw(), user=cmd.user, account=cmd.account)]
 
 
 def _register_node(state: State, cmd: c.RegisterNode, s: _Stamp) -> list[e.AnyEvent]:
@@ -424,18 +436,24 @@ def _register_node(state: State, cmd: c.RegisterNode, s: _Stamp) -> list[e.AnyEv
         InvalidCommand(f"a node has 1 to {MAX_GPUS_PER_NODE} GPUs, got {cmd.gpus}"),
     )
     return [
-        e.NodeRegistered(**s.kw(), cluster=cluster, node=cmd.node, gpu_type=cmd.gpu_type, gpus=cmd.gpus)  # type: ignore[arg-type]
+        e.NodeRegistered(
+            **s.kw(), cluster=cluster, node=cmd.node, gpu_type=cmd.gpu_type, gpus=cmd.gpus
+        )
     ]
 
 
 def _drain_node(state: State, cmd: c.DrainNode, s: _Stamp) -> list[e.AnyEvent]:
     _require_admin(state, s.actor, "drain nodes")
     node = state.node(cmd.node)
-    _require(node.state == "active", InvalidTransition(f"node {cmd.node!r} is already {node.state}"))
-    _require(bool(cmd.reason.strip()), InvalidCommand("a drain needs a reason", hint="pass --reason"))
-    out: list[e.AnyEvent] = [e.NodeDrainRequested(**s.kw(), node=cmd.node, reason=cmd.reason)]  # type: ignore[arg-type]
+    _require(
+        node.state == "active", InvalidTransition(f"node {cmd.node!r} is already {node.state}")
+    )
+    _require(
+        bool(cmd.reason.strip()), InvalidCommand("a drain needs a reason", hint="pass --reason")
+    )
+    out: list[e.AnyEvent] = [e.NodeDrainRequested(**s.kw(), node=cmd.node, reason=cmd.reason)]
     if not state.node_jobs.get(cmd.node):
-        out.append(e.NodeDrained(**s.kw(), node=cmd.node))  # type: ignore[arg-type]
+        out.append(e.NodeDrained(**s.kw(), node=cmd.node))
     return out
 
 
@@ -446,7 +464,7 @@ def _return_node(state: State, cmd: c.ReturnNode, s: _Stamp) -> list[e.AnyEvent]
         node.state in ("draining", "drained"),
         InvalidTransition(f"node {cmd.node!r} is {node.state}, not draining or drained"),
     )
-    return [e.NodeReturned(**s.kw(), node=cmd.node)]  # type: ignore[arg-type]
+    return [e.NodeReturned(**s.kw(), node=cmd.node)]
 
 
 def _remove_node(state: State, cmd: c.RemoveNode, s: _Stamp) -> list[e.AnyEvent]:
@@ -460,7 +478,7 @@ def _remove_node(state: State, cmd: c.RemoveNode, s: _Stamp) -> list[e.AnyEvent]
             hint="drain it first: `gpuledger node drain`",
         ),
     )
-    return [e.NodeRemoved(**s.kw(), node=cmd.node, reason=cmd.reason)]  # type: ignore[arg-type]
+    return [e.NodeRemoved(**s.kw(), node=cmd.node, reason=cmd.reason)]
 
 
 def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
@@ -484,7 +502,9 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
     _require(
         cmd.gpus <= total,
         InvalidCommand(
-            f"{cmd.gpus} GPUs requested but the cluster has {total} {where} GPUs".replace("  ", " "),
+            f"{cmd.gpus} GPUs requested but the cluster has {total} {where} GPUs".replace(
+                "  ", " "
+            ),
             gpus=cmd.gpus,
             capacity=total,
         ),
@@ -506,10 +526,14 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
         cmd.duration_s is None or cmd.duration_s >= 0,
         InvalidCommand("a duration must be >= 0"),
     )
-    debug = cmd.time_limit_s is not None and cmd.time_limit_s <= DEBUG_TIME_LIMIT_S and cmd.gpus <= largest
+    debug = (
+        cmd.time_limit_s is not None
+        and cmd.time_limit_s <= DEBUG_TIME_LIMIT_S
+        and cmd.gpus <= largest
+    )
     return [
         e.JobSubmitted(
-            **s.kw(),  # type: ignore[arg-type]
+            **s.kw(),
             job_id=state.next_job_id,
             account=cmd.account,
             user=user,
@@ -528,13 +552,15 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
     ]
 
 
-def _drained_after(state: State, freed_nodes: Iterable[str], leaving: set[int], s: _Stamp) -> list[e.AnyEvent]:
+def _drained_after(
+    state: State, freed_nodes: Iterable[str], leaving: set[int], s: _Stamp
+) -> list[e.AnyEvent]:
     """NodeDrained for each draining node that the leaving jobs leave empty."""
     out: list[e.AnyEvent] = []
     for name in sorted(set(freed_nodes)):
         node = state.nodes[name]
         if node.state == "draining" and not (state.node_jobs.get(name, set()) - leaving):
-            out.append(e.NodeDrained(**s.kw(), node=name))  # type: ignore[arg-type]
+            out.append(e.NodeDrained(**s.kw(), node=name))
     return out
 
 
@@ -547,7 +573,7 @@ def _cancel(state: State, cmd: c.CancelJob, s: _Stamp) -> list[e.AnyEvent]:
         ),
     )
     _require(job.active, InvalidTransition(f"job {cmd.job_id} already {job.outcome}"))
-    out: list[e.AnyEvent] = [e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome="cancelled")]  # type: ignore[arg-type]
+    out: list[e.AnyEvent] = [e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome="cancelled")]
     return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)
 
 
@@ -558,16 +584,23 @@ def _require_system(state: State, actor: str, what: str) -> None:
     )
 
 
-def _preemption_events(job: Job, p: c.Preemption, cycle_id: str | None, s: _Stamp) -> list[e.AnyEvent]:
+def _preemption_events(
+    job: Job, p: c.Preemption, cycle_id: str | None, s: _Stamp
+) -> list[e.AnyEvent]:
     out: list[e.AnyEvent] = [
         e.JobPreempted(
-            **s.kw(), job_id=job.job_id, reason=p.reason, for_job=p.for_job, cycle_id=cycle_id, note=p.note  # type: ignore[arg-type]
+            **s.kw(),
+            job_id=job.job_id,
+            reason=p.reason,
+            for_job=p.for_job,
+            cycle_id=cycle_id,
+            note=p.note,
         )
     ]
     if job.spec.resumable:
-        out.append(e.JobRequeued(**s.kw(), job_id=job.job_id))  # type: ignore[arg-type]
+        out.append(e.JobRequeued(**s.kw(), job_id=job.job_id))
     else:
-        out.append(e.JobFinished(**s.kw(), job_id=job.job_id, outcome="preempted"))  # type: ignore[arg-type]
+        out.append(e.JobFinished(**s.kw(), job_id=job.job_id, outcome="preempted"))
     return out
 
 
@@ -587,7 +620,9 @@ def _check_preemptible(job: Job, now: float) -> None:
     )
 
 
-def _check_slots(state: State, job: Job, slots: tuple[e.GpuSlot, ...], taken: set[tuple[str, int]]) -> None:
+def _check_slots(
+    state: State, job: Job, slots: tuple[e.GpuSlot, ...], taken: set[tuple[str, int]]
+) -> None:
     _require(
         sum(len(sl.gpu_indices) for sl in slots) == job.spec.gpus,
         InvalidCommand(f"placement of job {job.job_id} does not give it {job.spec.gpus} GPUs"),
@@ -597,7 +632,9 @@ def _check_slots(state: State, job: Job, slots: tuple[e.GpuSlot, ...], taken: se
         _require(node.state == "active", InvalidTransition(f"node {sl.node!r} is {node.state}"))
         _require(
             job.spec.gpu_type is None or node.gpu_type == job.spec.gpu_type,
-            InvalidCommand(f"node {sl.node!r} has {node.gpu_type}, job {job.job_id} needs {job.spec.gpu_type}"),
+            InvalidCommand(
+                f"node {sl.node!r} has {node.gpu_type}, job {job.job_id} needs {job.spec.gpu_type}"
+            ),
         )
         _require(
             job.spec.cluster is None or node.cluster == job.spec.cluster,
@@ -607,7 +644,9 @@ def _check_slots(state: State, job: Job, slots: tuple[e.GpuSlot, ...], taken: se
             _require(0 <= i < node.gpus, InvalidCommand(f"node {sl.node!r} has no GPU {i}"))
             _require(
                 (sl.node, i) not in taken,
-                InvalidTransition(f"GPU {i} of node {sl.node!r} is already held", node=sl.node, gpu=i),
+                InvalidTransition(
+                    f"GPU {i} of node {sl.node!r} is already held", node=sl.node, gpu=i
+                ),
             )
             taken.add((sl.node, i))
 
@@ -616,7 +655,7 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
     _require_system(state, s.actor, "apply dispatcher decisions")
     out: list[e.AnyEvent] = [
         e.CycleDecided(
-            **s.kw(),  # type: ignore[arg-type]
+            **s.kw(),
             cycle_id=cmd.cycle_id,
             based_on=cmd.based_on,
             policy_version=cmd.policy_version,
@@ -651,7 +690,13 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
         _check_slots(state, job, pl.slots, taken)
         placed.add(pl.job_id)
         out.append(
-            e.JobPlaced(**s.kw(), job_id=pl.job_id, slots=pl.slots, cycle_id=cmd.cycle_id, based_on=cmd.based_on)  # type: ignore[arg-type]
+            e.JobPlaced(
+                **s.kw(),
+                job_id=pl.job_id,
+                slots=pl.slots,
+                cycle_id=cmd.cycle_id,
+                based_on=cmd.based_on,
+            )
         )
     # 3. draining nodes the preemptions emptied report drained
     return out + _drained_after(state, touched, leaving, s)
@@ -659,7 +704,10 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
 
 def _preempt(state: State, cmd: c.PreemptJob, s: _Stamp) -> list[e.AnyEvent]:
     _require_admin(state, s.actor, "preempt jobs by hand")
-    _require(bool(cmd.note.strip()), InvalidCommand("an admin preemption needs a reason", hint="pass --reason"))
+    _require(
+        bool(cmd.note.strip()),
+        InvalidCommand("an admin preemption needs a reason", hint="pass --reason"),
+    )
     job = state.job(cmd.job_id)
     _require(
         job.status in ("placed", "running"),
@@ -673,8 +721,10 @@ def _preempt(state: State, cmd: c.PreemptJob, s: _Stamp) -> list[e.AnyEvent]:
 def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
     _require_system(state, s.actor, "start jobs")
     job = state.job(cmd.job_id)
-    _require(job.status == "placed", InvalidTransition(f"job {cmd.job_id} is {job.status}, not placed"))
-    return [e.JobStarted(**s.kw(), job_id=cmd.job_id)]  # type: ignore[arg-type]
+    _require(
+        job.status == "placed", InvalidTransition(f"job {cmd.job_id} is {job.status}, not placed")
+    )
+    return [e.JobStarted(**s.kw(), job_id=cmd.job_id)]
 
 
 def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
@@ -686,7 +736,7 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
     )
     outcome: e.FinishOutcome = "completed" if cmd.exit_code == 0 else "failed"
     out: list[e.AnyEvent] = [
-        e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome=outcome, exit_code=cmd.exit_code)  # type: ignore[arg-type]
+        e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome=outcome, exit_code=cmd.exit_code)
     ]
     return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)
 
@@ -694,12 +744,15 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
 def _sample(state: State, cmd: c.SampleUtilisation, s: _Stamp) -> list[e.AnyEvent]:
     _require_system(state, s.actor, "report utilisation")
     job = state.job(cmd.job_id)
-    _require(job.status == "running", InvalidTransition(f"job {cmd.job_id} is {job.status}, not running"))
     _require(
-        len(cmd.gpu_utilisation) == job.spec.gpus and all(0.0 <= u <= 100.0 for u in cmd.gpu_utilisation),
+        job.status == "running", InvalidTransition(f"job {cmd.job_id} is {job.status}, not running")
+    )
+    _require(
+        len(cmd.gpu_utilisation) == job.spec.gpus
+        and all(0.0 <= u <= 100.0 for u in cmd.gpu_utilisation),
         InvalidCommand(f"job {cmd.job_id} needs {job.spec.gpus} utilisation values in 0..100"),
     )
-    return [e.UtilisationSampled(**s.kw(), job_id=cmd.job_id, gpu_utilisation=cmd.gpu_utilisation)]  # type: ignore[arg-type]
+    return [e.UtilisationSampled(**s.kw(), job_id=cmd.job_id, gpu_utilisation=cmd.gpu_utilisation)]
 
 
 def _checkpoint(state: State, cmd: c.ReportCheckpoint, s: _Stamp) -> list[e.AnyEvent]:
@@ -708,9 +761,11 @@ def _checkpoint(state: State, cmd: c.ReportCheckpoint, s: _Stamp) -> list[e.AnyE
         is_system(s.actor) or s.actor == job.spec.user or state.is_admin(s.actor),
         NotAuthorised(f"{s.actor!r} may not report checkpoints of job {cmd.job_id}"),
     )
-    _require(job.status == "running", InvalidTransition(f"job {cmd.job_id} is {job.status}, not running"))
+    _require(
+        job.status == "running", InvalidTransition(f"job {cmd.job_id} is {job.status}, not running")
+    )
     _require(job.spec.resumable, InvalidCommand(f"job {cmd.job_id} is not resumable"))
-    return [e.CheckpointReported(**s.kw(), job_id=cmd.job_id)]  # type: ignore[arg-type]
+    return [e.CheckpointReported(**s.kw(), job_id=cmd.job_id)]
 
 
 _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]] = {
@@ -764,7 +819,9 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.AdminRevoked():
             state.admins.discard(event.user)
         case e.AccountOpened():
-            state.accounts[event.path] = Account(path=event.path, parent=event.parent, kind=event.kind)
+            state.accounts[event.path] = Account(
+                path=event.path, parent=event.parent, kind=event.kind
+            )
         case e.AccountClosed():
             acct = state.accounts[event.path]
             state.accounts[event.path] = msgspec.structs.replace(acct, open=False)
@@ -786,14 +843,20 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             state.node_jobs[event.node] = set()
         case e.NodeDrainRequested():
             n = state.nodes[event.node]
-            state.nodes[event.node] = msgspec.structs.replace(n, state="draining", drain_reason=event.reason)
+            state.nodes[event.node] = msgspec.structs.replace(
+                n, state="draining", drain_reason=event.reason
+            )
         case e.NodeDrained():
-            state.nodes[event.node] = msgspec.structs.replace(state.nodes[event.node], state="drained")
+            state.nodes[event.node] = msgspec.structs.replace(
+                state.nodes[event.node], state="drained"
+            )
         case e.NodeReturned():
             n = state.nodes[event.node]
             state.nodes[event.node] = msgspec.structs.replace(n, state="active", drain_reason="")
         case e.NodeRemoved():
-            state.nodes[event.node] = msgspec.structs.replace(state.nodes[event.node], state="removed")
+            state.nodes[event.node] = msgspec.structs.replace(
+                state.nodes[event.node], state="removed"
+            )
         case e.JobSubmitted():
             state.jobs[event.job_id] = Job(spec=event)
             state.next_job_id = max(state.next_job_id, event.job_id + 1)
@@ -808,7 +871,9 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             )
         case e.JobStarted():
             job = state.jobs[event.job_id]
-            state.jobs[event.job_id] = msgspec.structs.replace(job, status="running", started_at=event.at)
+            state.jobs[event.job_id] = msgspec.structs.replace(
+                job, status="running", started_at=event.at
+            )
         case e.JobPreempted():
             job = state.jobs[event.job_id]
             _release(state, job)
@@ -816,7 +881,9 @@ def evolve(state: State, event: e.AnyEvent) -> State:
                 job, slots=(), placed_at=None, started_at=None, preemptions=job.preemptions + 1
             )
         case e.JobRequeued():
-            state.jobs[event.job_id] = msgspec.structs.replace(state.jobs[event.job_id], status="pending")
+            state.jobs[event.job_id] = msgspec.structs.replace(
+                state.jobs[event.job_id], status="pending"
+            )
         case e.JobFinished():
             job = state.jobs[event.job_id]
             _release(state, job)

@@ -1,1 +1,4 @@
-"""The shared language of writers and readers: events, commands, errors, codec. Imports nothing of ours."""
+"""The shared language of writers and readers: events, commands, errors, codec.
+
+Imports nothing of ours.
+"""

@@ -38,7 +38,9 @@ def decode(data: bytes) -> AnyEvent:
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         tag = peek_tag(data)
         known = tag in TAGS
-        what = f"event {tag!r} is invalid" if known else (
-            f"unknown event type {tag!r}" if tag else "bytes are not an event"
+        what = (
+            f"event {tag!r} is invalid"
+            if known
+            else (f"unknown event type {tag!r}" if tag else "bytes are not an event")
         )
         raise EventDecodeError(f"{what}: {e}", tag=tag, known=known) from e

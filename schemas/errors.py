@@ -53,7 +53,10 @@ class EventDecodeError(LedgerError):
 
     code = "corrupt"
 
-    def __init__(self, message: str, *, tag: str | None, known: bool, **fields: object) -> None:
-        super().__init__(message, tag=tag, known=known, **fields)
+    def __init__(
+        self, message: str, *, tag: str | None, known: bool, hint: str = "", **fields: object
+    ) -> None:
+        super().__init__(message, hint=hint, **fields)
+        self.fields.update(tag=tag, known=known)
         self.tag = tag
         self.known = known

@@ -254,7 +254,7 @@ AnyEvent = (
     | CycleDecided
 )
 
-EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
+EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__
 
 
 def tag_of(cls: type[Event]) -> str:

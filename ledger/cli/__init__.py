@@ -1,4 +1,7 @@
-"""`gpuledger`: the command line. An edge: it parses, builds commands, prints; the ledger decides."""
+"""`gpuledger`: the command line.
+
+An edge: it parses, builds commands and prints; the ledger decides.
+"""
 
 from __future__ import annotations
 

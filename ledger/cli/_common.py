@@ -37,7 +37,9 @@ def parse_time(text: str) -> float:
     try:
         dt = datetime.fromisoformat(text)
     except ValueError as e:
-        raise InvalidCommand(f"invalid time {text!r}", hint="use ISO 8601, e.g. 2026-11-29T12:00") from e
+        raise InvalidCommand(
+            f"invalid time {text!r}", hint="use ISO 8601, e.g. 2026-11-29T12:00"
+        ) from e
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
@@ -99,7 +101,7 @@ def echo_json(data: Any) -> None:
 
 
 class LedgerGroup(click.Group):
-    """At the boundary every LedgerError becomes one clear line and exit code 1, never a traceback."""
+    """At the boundary every LedgerError becomes one line and exit code 1, never a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -43,7 +43,10 @@ def budget_apply(ctx: Ctx, file: Path, dry_run: bool, prune: bool) -> None:
         click.echo(f"plan: {len(changes)} changes (dry run: nothing appended)")
         return
     appended = ledger.execute_all([ch.command for ch in changes])
-    click.echo(f"applied {len(changes)} changes as {len(appended.events)} events (position {appended.position})")
+    click.echo(
+        f"applied {len(changes)} changes as {len(appended.events)} events "
+        f"(position {appended.position})"
+    )
 
 
 COMMANDS = [budget_group]

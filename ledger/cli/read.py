@@ -76,7 +76,9 @@ def account_tree(ctx: Ctx, as_json: bool) -> None:
     for r in rows:
         name = r["path"].rsplit("/", 1)[-1]
         extra = f"  managers: {', '.join(r['managers'])}" if r["managers"] else ""
-        label = f"{name} [{r['kind']}] shares {r['shares']} ({r['norm_shares']:.0%} of parent){extra}"
+        label = (
+            f"{name} [{r['kind']}] shares {r['shares']} ({r['norm_shares']:.0%} of parent){extra}"
+        )
         at[r["depth"]] = at[r["depth"] - 1].add(label)
     _console().print(root)
 
@@ -115,7 +117,9 @@ def node_list(ctx: Ctx, as_json: bool) -> None:
     for r in rows:
         state = r["state"] + (f" ({r['drain_reason']})" if r["drain_reason"] else "")
         jobs = ",".join(map(str, r["jobs"])) or "-"
-        t.add_row(r["node"], r["cluster"], r["gpu_type"], str(r["gpus"]), str(r["free_gpus"]), state, jobs)
+        t.add_row(
+            r["node"], r["cluster"], r["gpu_type"], str(r["gpus"]), str(r["free_gpus"]), state, jobs
+        )
     _console().print(t)
 
 
@@ -143,19 +147,32 @@ def job_row(job: Job) -> dict[str, Any]:
 
 
 @click.command()
-@click.option("--status", type=click.Choice(["pending", "placed", "running", "finished", "active"]), default=None)
+@click.option(
+    "--status",
+    type=click.Choice(["pending", "placed", "running", "finished", "active"]),
+    default=None,
+)
 @click.option("--user", default=None)
-@click.option("--account", "account_path", default=None, help="This account and everything below it.")
+@click.option(
+    "--account", "account_path", default=None, help="This account and everything below it."
+)
 @click.option("--limit", type=int, default=200, show_default=True)
 @json_option
 @pass_ctx
 def jobs(
-    ctx: Ctx, status: str | None, user: str | None, account_path: str | None, limit: int, as_json: bool
+    ctx: Ctx,
+    status: str | None,
+    user: str | None,
+    account_path: str | None,
+    limit: int,
+    as_json: bool,
 ) -> None:
     """List jobs, newest first."""
     selected = []
     for job in sorted(ctx.ledger().state.jobs.values(), key=lambda j: -j.job_id):
-        if status == "active" and not job.active or status not in (None, "active") and job.status != status:
+        if (status == "active" and not job.active) or (
+            status not in (None, "active") and job.status != status
+        ):
             continue
         if user and job.spec.user != user:
             continue
@@ -167,15 +184,23 @@ def jobs(
     if as_json:
         echo_json(selected)
         return
-    t = Table("job", "account", "user", "gpus", "status", "contract", "submitted", "nodes", box=None)
+    t = Table(
+        "job", "account", "user", "gpus", "status", "contract", "submitted", "nodes", box=None
+    )
     for r in selected:
         contract = "unfunded" if not r["funded"] else fmt_duration(r["min_runtime_s"])
         contract += " resumable" if r["resumable"] else ""
         contract += " debug" if r["debug"] else ""
         status_text = r["outcome"] if r["status"] == "finished" else r["status"]
         t.add_row(
-            str(r["job_id"]), r["account"], r["user"], str(r["gpus"]), status_text, contract,
-            fmt_time(r["submitted_at"]), ",".join(r["nodes"]) or "-",
+            str(r["job_id"]),
+            r["account"],
+            r["user"],
+            str(r["gpus"]),
+            status_text,
+            contract,
+            fmt_time(r["submitted_at"]),
+            ",".join(r["nodes"]) or "-",
         )
     _console().print(t)
 
@@ -185,7 +210,9 @@ def _summary(ev: Any) -> str:
     for key in ("type", "event_id", "at", "actor", "considered"):
         data.pop(key, None)
     return " ".join(
-        f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in data.items() if v not in (None, "", [], {})
+        f"{k}={json.dumps(v, separators=(',', ':'))}"
+        for k, v in data.items()
+        if v not in (None, "", [], {})
     )
 
 
@@ -201,7 +228,9 @@ def log(ctx: Ctx, after: int, limit: int, as_json: bool) -> None:
         echo_json([{"position": pos, "event": ev} for pos, ev in records])
         return
     for pos, ev in records:
-        click.echo(f"{pos:>8}  {fmt_time(ev.at)}  {ev.actor:<12} {tag_of(type(ev)):<28} {_summary(ev)}")
+        click.echo(
+            f"{pos:>8}  {fmt_time(ev.at)}  {ev.actor:<12} {tag_of(type(ev)):<28} {_summary(ev)}"
+        )
 
 
 @click.group()

@@ -17,8 +17,12 @@ def _done(ctx: Ctx, what: str, cmd: c.AnyCommand) -> None:
 
 @click.command()
 @click.option("--admin", required=True, help="The first admin's user name.")
-@click.option("--min-runtime-cap", default="8h", show_default=True, help="Longest contract a job may sign.")
-@click.option("--cluster", default="default", show_default=True, help="Name of the default cluster.")
+@click.option(
+    "--min-runtime-cap", default="8h", show_default=True, help="Longest contract a job may sign."
+)
+@click.option(
+    "--cluster", default="default", show_default=True, help="Name of the default cluster."
+)
 @pass_ctx
 def init(ctx: Ctx, admin: str, min_runtime_cap: str, cluster: str) -> None:
     """Create the data directory and name the first admin."""
@@ -80,11 +84,17 @@ def member() -> None:
 @member.command("add")
 @click.argument("user")
 @click.argument("project")
-@click.option("--shares", type=int, default=1, show_default=True, help="The member's share of the project.")
+@click.option(
+    "--shares", type=int, default=1, show_default=True, help="The member's share of the project."
+)
 @pass_ctx
 def member_add(ctx: Ctx, user: str, project: str, shares: int) -> None:
     """Make USER a member of PROJECT."""
-    _done(ctx, f"{user} joined {project}", c.AddMember(actor=ctx.actor, user=user, project=project, shares=shares))
+    _done(
+        ctx,
+        f"{user} joined {project}",
+        c.AddMember(actor=ctx.actor, user=user, project=project, shares=shares),
+    )
 
 
 @member.command("remove")
@@ -93,7 +103,9 @@ def member_add(ctx: Ctx, user: str, project: str, shares: int) -> None:
 @pass_ctx
 def member_remove(ctx: Ctx, user: str, project: str) -> None:
     """Remove USER from PROJECT."""
-    _done(ctx, f"{user} left {project}", c.RemoveMember(actor=ctx.actor, user=user, project=project))
+    _done(
+        ctx, f"{user} left {project}", c.RemoveMember(actor=ctx.actor, user=user, project=project)
+    )
 
 
 @click.group()
@@ -107,7 +119,11 @@ def manager() -> None:
 @pass_ctx
 def manager_grant(ctx: Ctx, user: str, account_path: str) -> None:
     """Let USER manage ACCOUNT and everything below it."""
-    _done(ctx, f"{user} manages {account_path}", c.GrantManager(actor=ctx.actor, user=user, account=account_path))
+    _done(
+        ctx,
+        f"{user} manages {account_path}",
+        c.GrantManager(actor=ctx.actor, user=user, account=account_path),
+    )
 
 
 @manager.command("revoke")
@@ -187,8 +203,12 @@ def _labels(pairs: tuple[str, ...]) -> dict[str, str]:
     help="Contract: time it may not be preempted once placed (default: the cap; 0 = unfunded).",
 )
 @click.option("--resumable/--not-resumable", default=False, show_default=True)
-@click.option("--priority", type=int, default=0, show_default=True, help="Orders jobs inside one team only.")
-@click.option("--time-limit", "-t", default=None, help="Declared wall time; <= 15m makes a debug job.")
+@click.option(
+    "--priority", type=int, default=0, show_default=True, help="Orders jobs inside one team only."
+)
+@click.option(
+    "--time-limit", "-t", default=None, help="Declared wall time; <= 15m makes a debug job."
+)
 @click.option("--label", "labels", multiple=True, help="KEY=VALUE (repeatable).")
 @click.option("--duration", default=None, help="Known run time (simulated execution only).")
 @click.option("--user", default=None, help="Submit on behalf of USER (managers and admins).")

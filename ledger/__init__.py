@@ -1,0 +1,1 @@
+"""The write side: pure domain, the eventsourcing application, dispatcher, relay, executors, CLI."""

@@ -1,0 +1,1 @@
+"""The read side: DuckDB projections of the event log, window usage, fair share, audit views."""
