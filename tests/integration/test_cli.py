@@ -1,0 +1,266 @@
+"""The `gpuledger` console script, run as a real subprocess on a real data directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
+
+BUDGET = """
+[accounts."ai2"]
+kind = "program"
+shares = 1
+managers = ["carol"]
+
+[accounts."ai2/olmo"]
+kind = "project"
+shares = 3
+members = ["alice", "bob"]
+member_shares = { alice = 2 }
+
+[accounts."ai2/tulu"]
+kind = "project"
+shares = 1
+members = ["dan"]
+"""
+
+
+def run(
+    home: Path, *args: str, actor: str | None = "root", ok: bool = True
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+    env["GPULEDGER_HOME"] = str(home)
+    if actor is not None:
+        env["GPULEDGER_USER"] = actor
+    proc = subprocess.run([GPULEDGER, *args], env=env, capture_output=True, text=True, timeout=60)
+    if ok:
+        assert proc.returncode == 0, f"{args}: {proc.stderr}"
+    return proc
+
+
+def store_rows(home: Path) -> list[tuple[object, ...]]:
+    with closing(sqlite3.connect(home / "events.sqlite")) as db:
+        return db.execute("SELECT rowid, * FROM stored_events ORDER BY rowid").fetchall()
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    h = tmp_path / "ledger"
+    run(h, "init", "--admin", "root")
+    budget = tmp_path / "budget.toml"
+    budget.write_text(BUDGET)
+    run(h, "budget", "apply", str(budget))
+    run(h, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100")
+    run(h, "node", "add", "n2", "--gpus", "8", "--gpu-type", "h100")
+    return h
+
+
+def test_budget_apply_builds_the_tree_and_a_second_apply_changes_nothing(
+    home: Path, tmp_path: Path
+) -> None:
+    tree = json.loads(run(home, "account", "tree", "--json").stdout)
+    got = {r["path"]: (r["kind"], r["shares"]) for r in tree}
+    assert got == {
+        "ai2": ("program", 1),
+        "ai2/olmo": ("project", 3),
+        "ai2/olmo/alice": ("user", 2),
+        "ai2/olmo/bob": ("user", 1),
+        "ai2/tulu": ("project", 1),
+        "ai2/tulu/dan": ("user", 1),
+    }
+    olmo = next(r for r in tree if r["path"] == "ai2/olmo")
+    assert olmo["norm_shares"] == pytest.approx(0.75)
+    again = run(home, "budget", "apply", str(tmp_path / "budget.toml"))
+    assert "no changes" in again.stdout
+
+
+def test_budget_dry_run_prints_the_diff_and_appends_nothing(home: Path, tmp_path: Path) -> None:
+    changed = tmp_path / "changed.toml"
+    changed.write_text(
+        BUDGET.replace("shares = 3", "shares = 5").replace('["dan"]', '["dan", "erin"]')
+    )
+    before = store_rows(home)
+    out = run(home, "budget", "apply", str(changed), "--dry-run").stdout
+    assert "~ shares ai2/olmo 3 -> 5" in out
+    assert "+ member erin -> ai2/tulu" in out
+    assert store_rows(home) == before
+    run(home, "budget", "apply", str(changed))
+    tree = {
+        r["path"]: r["shares"] for r in json.loads(run(home, "account", "tree", "--json").stdout)
+    }
+    assert tree["ai2/olmo"] == 5 and tree["ai2/tulu/erin"] == 1
+
+
+def test_submit_and_list_jobs(home: Path) -> None:
+    out = run(
+        home,
+        "submit",
+        "-A",
+        "ai2/olmo",
+        "-G",
+        "4",
+        "--min-runtime",
+        "2h",
+        "--resumable",
+        "--",
+        "python",
+        "train.py",
+        actor="alice",
+    ).stdout
+    assert "submitted job 1 to ai2/olmo: 4 GPUs, contract 2h" in out
+    run(home, "submit", "-A", "ai2/olmo", "-G", "1", "-t", "10m", "--min-runtime", "0", actor="bob")
+    jobs = json.loads(run(home, "jobs", "--json").stdout)
+    assert [(j["job_id"], j["user"], j["funded"], j["debug"], j["status"]) for j in jobs] == [
+        (2, "bob", False, True, "pending"),
+        (1, "alice", True, False, "pending"),
+    ]
+    assert jobs[1]["command"] == ["python", "train.py"]
+    assert jobs[1]["min_runtime_s"] == 7200
+
+
+REJECTED = [
+    pytest.param(
+        ["submit", "-A", "ai2/olmo", "-G", "4"],
+        "dan",
+        "'dan' is not a member of 'ai2/olmo'",
+        id="non-member submits",
+    ),
+    pytest.param(
+        ["submit", "-A", "ai2/nope", "-G", "4"],
+        "alice",
+        "unknown account 'ai2/nope'",
+        id="unknown account",
+    ),
+    pytest.param(
+        ["submit", "-A", "ai2/olmo", "-G", "4", "--min-runtime", "9h"],
+        "alice",
+        "outside 0..28800s",
+        id="contract over the cap",
+    ),
+    pytest.param(
+        ["submit", "-A", "ai2/olmo", "-G", "17"],
+        "alice",
+        "17 GPUs requested but the cluster has 16",
+        id="more GPUs than the cluster",
+    ),
+    pytest.param(
+        ["submit", "-A", "ai2/olmo", "-G", "1", "--min-runtime", "soon"],
+        "alice",
+        "invalid duration 'soon'",
+        id="malformed duration",
+    ),
+    pytest.param(
+        ["node", "drain", "n1", "--reason", "x"], "alice", "only admins may", id="non-admin drains"
+    ),
+    pytest.param(
+        ["share", "set", "ai2/olmo", "9"],
+        "alice",
+        "needs a manager of 'ai2'",
+        id="user sets shares",
+    ),
+    pytest.param(
+        ["share", "set", "--", "ai2/olmo", "-1"], "root", "shares must be >= 0", id="negative shares"
+    ),
+    pytest.param(
+        ["account", "open", "ai2/olmo/x", "--kind", "program"],
+        "root",
+        "a program cannot sit under project",
+        id="program under project",
+    ),
+    pytest.param(
+        ["account", "close", "ai2"], "root", "still has open accounts below it", id="close a parent"
+    ),
+    pytest.param(["cancel", "99"], "alice", "unknown job 99", id="cancel unknown job"),
+    pytest.param(
+        ["manager", "grant", "alice", "ai2"],
+        "carol",
+        "only admins may",
+        id="manager grants managers",
+    ),
+    pytest.param(
+        ["submit", "-A", "ai2/olmo", "-G", "1"],
+        "@dispatcher",
+        "is a system actor",
+        id="person poses as system actor",
+    ),
+    pytest.param(["submit", "-A", "ai2/olmo", "-G", "1"], None, "no actor given", id="no actor"),
+]
+
+
+@pytest.mark.parametrize(("args", "actor", "want_error"), REJECTED)
+def test_rejected_commands_print_one_line_and_append_nothing(
+    home: Path, args: list[str], actor: str | None, want_error: str
+) -> None:
+    before = store_rows(home)
+    proc = run(home, *args, actor=actor, ok=False)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ")
+    assert want_error in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert store_rows(home) == before
+
+
+@pytest.mark.parametrize(
+    ("content", "want_error"),
+    [
+        pytest.param("x = [", "malformed TOML", id="malformed TOML"),
+        pytest.param(
+            '[accounts."ai2"]\nkind = "galaxy"\n', "Invalid enum value 'galaxy'", id="unknown kind"
+        ),
+        pytest.param(
+            '[accounts."ai2"]\nkind = "program"\ncolour = 1\n',
+            "unknown field `colour`",
+            id="unknown field",
+        ),
+        pytest.param(
+            '[accounts."x/y"]\nkind = "project"\n', "unknown account 'x'", id="parent missing"
+        ),
+    ],
+)
+def test_bad_budget_files_are_rejected_whole(
+    home: Path, tmp_path: Path, content: str, want_error: str
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(content)
+    before = store_rows(home)
+    proc = run(home, "budget", "apply", str(bad), ok=False)
+    assert proc.returncode == 1
+    assert want_error in proc.stderr
+    assert store_rows(home) == before
+
+
+def test_a_manager_edits_only_their_subtree(home: Path) -> None:
+    run(
+        home, "account", "open", "ai2/olmo/sub", "--kind", "project", "--shares", "2", actor="carol"
+    )
+    run(home, "share", "set", "ai2/tulu", "2", actor="carol")
+    proc = run(home, "account", "open", "other", "--kind", "program", actor="carol", ok=False)
+    assert "only admins may" in proc.stderr
+
+
+def test_drain_of_an_empty_node_reports_drained_and_log_shows_it(home: Path) -> None:
+    out = run(home, "node", "drain", "n2", "--reason", "kernel upgrade").stdout
+    assert "n2 is drained (it was empty)" in out
+    nodes = {n["node"]: n["state"] for n in json.loads(run(home, "node", "list", "--json").stdout)}
+    assert nodes == {"n1": "active", "n2": "drained"}
+    log = json.loads(run(home, "log", "--json", "--after", "0", "--limit", "1000").stdout)
+    tags = [r["event"]["type"] for r in log]
+    assert tags[-2:] == ["node.drain_requested.v1", "node.drained.v1"]
+    assert [r["position"] for r in log] == list(range(1, len(log) + 1))
+
+
+def test_commands_on_a_missing_ledger_say_how_to_start(tmp_path: Path) -> None:
+    proc = run(tmp_path / "none", "jobs", ok=False)
+    assert proc.returncode == 1
+    assert "no ledger in" in proc.stderr and "gpuledger init" in proc.stderr
