@@ -9,6 +9,7 @@ since then touches what it depends on, is rejected with `Conflict`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +18,13 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 
 from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, Mapper, StoredEvent, Transcoder
+from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteFactory
 
 from ledger.clock import Clock, IdSource, SystemClock, random_ids
 from ledger.domain import State, command_keys, decide, event_keys, evolve
 from schemas import codec
 from schemas.commands import AnyCommand
-from schemas.errors import Conflict, EventDecodeError
+from schemas.errors import Conflict, EventDecodeError, InvalidCommand, LedgerError
 from schemas.events import AnyEvent, tag_of
 
 STREAM_ID = uuid5(NAMESPACE_URL, "gpuledger:ledger")
@@ -70,6 +72,43 @@ class StructMapper(Mapper[UUID]):
         )
 
 
+class _DurabilityPool(SQLiteConnectionPool):
+    """eventsourcing's pool, plus the `synchronous` pragma on every connection it opens."""
+
+    def __init__(self, *, synchronous: str, **kwargs: Any) -> None:
+        self.synchronous = synchronous
+        super().__init__(**kwargs)
+
+    def _create_connection(self) -> SQLiteConnection:
+        conn = super()._create_connection()
+        conn._sqlite_conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        return conn
+
+
+class LedgerSQLiteFactory(SQLiteFactory):
+    """eventsourcing's SQLite factory with a durability setting (GPULEDGER_DURABILITY):
+
+    - `normal` (default): WAL with synchronous=NORMAL, SQLite's recommended WAL setting. Durable
+      against process crashes; a power loss or OS crash may roll back the last transactions
+      (never corrupt the store). The Kafka broker's default (no fsync per write) makes the
+      same trade.
+    - `full`: fsync on every commit; durable against power loss, at the disk's fsync rate.
+    """
+
+    def __init__(self, env: Any) -> None:
+        super().__init__(env)
+        mode = (self.env.get("GPULEDGER_DURABILITY") or "normal").lower()
+        if mode not in ("normal", "full"):
+            raise InvalidCommand(
+                f"invalid GPULEDGER_DURABILITY {mode!r}", hint="use 'normal' or 'full'"
+            )
+        old = self.datastore.pool
+        self.datastore.pool = _DurabilityPool(
+            synchronous=mode.upper(), db_name=old.db_name, lock_timeout=old.lock_timeout
+        )
+        old.close()
+
+
 @dataclass(frozen=True)
 class Appended:
     events: list[AnyEvent]
@@ -82,7 +121,7 @@ class Ledger(Application[UUID]):
 
     name = "gpuledger"
     env = {  # noqa: RUF012 (eventsourcing reads this class attribute)
-        "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+        "PERSISTENCE_MODULE": "ledger.application:LedgerSQLiteFactory",
         "MAPPER_TOPIC": "ledger.application:StructMapper",
         "TRANSCODER_TOPIC": "ledger.application:PassThroughTranscoder",
         "SQLITE_LOCK_TIMEOUT": "30",
@@ -92,7 +131,12 @@ class Ledger(Application[UUID]):
 
     def __init__(self, home: Path, clock: Clock | None = None, ids: IdSource | None = None) -> None:
         home.mkdir(parents=True, exist_ok=True)
-        super().__init__({"SQLITE_DBNAME": str(home / EVENTS_DB)})
+        super().__init__(
+            {
+                "SQLITE_DBNAME": str(home / EVENTS_DB),
+                "GPULEDGER_DURABILITY": os.environ.get("GPULEDGER_DURABILITY", "normal"),
+            }
+        )
         self.home = home
         self.clock = clock or SystemClock()
         self.ids = ids or random_ids()
@@ -112,7 +156,9 @@ class Ledger(Application[UUID]):
             except EventDecodeError as err:
                 raise EventDecodeError(
                     f"log position {n.id}: {err.message}",
-                    hint="upgrade gpu-ledger" if not err.known else "the store is corrupt",
+                    hint="upgrade gpu-ledger"
+                    if err.tag is not None and not err.known
+                    else "the store is corrupt",
                     tag=err.tag,
                     known=err.known,
                     position=n.id,
@@ -142,38 +188,68 @@ class Ledger(Application[UUID]):
         """Decide every command against the current state and append all events atomically.
 
         A rejected command raises a LedgerError and nothing is appended, for the whole batch.
+        Single-writer fast path: decide on the in-memory state without asking the store first;
+        the (stream, version) constraint catches another writer, and a rejection is confirmed
+        against the latest log before it is raised.
         """
         for _ in range(self.retries):
-            self.catch_up()
-            self._check_conflicts(cmds)
-            now = self.clock.now()
-            if len(cmds) == 1:
-                scratch, events = self.state, decide(self.state, cmds[0], now, self.ids)
-            else:
-                scratch, events = self.state.copy(), []
-                for cmd in cmds:
-                    decided = decide(scratch, cmd, now, self.ids)
-                    for ev in decided:
-                        evolve(scratch, ev)
-                    events += decided
+            try:
+                scratch, events = self._decide(cmds)
+            except LedgerError:
+                if self.position == self.catch_up():
+                    raise  # rejected by the latest state
+                continue  # another writer moved the log: decide again
             if not events:
                 return Appended(events=[], position=self.position)
-            envelopes = [
-                Recorded(STREAM_ID, self.version + i + 1, ev) for i, ev in enumerate(events)
-            ]
+            stored = self._stored(events)
             try:
-                recordings = self.save(*envelopes)
+                ids = self.recorder.insert_events(stored)
             except IntegrityError:
-                continue  # another writer appended first: catch up and decide again
+                self.catch_up()  # another writer appended first: catch up and decide again
+                continue
             if scratch is self.state:
                 for ev in events:
                     evolve(self.state, ev)
             else:
                 self.state = scratch
             self.version += len(events)
-            self.position = recordings[-1].notification.id
+            self.position = ids[-1] if ids else self.head()
             return Appended(events=events, position=self.position)
         raise Conflict("the log kept moving under this command", hint="retry it")
+
+    def _decide(self, cmds: Sequence[AnyCommand]) -> tuple[State, list[AnyEvent]]:
+        self._check_conflicts(cmds)
+        now = self.clock.now()
+        if len(cmds) == 1:
+            return self.state, decide(self.state, cmds[0], now, self.ids)
+        scratch, events = self.state.copy(), []
+        for cmd in cmds:
+            decided = decide(scratch, cmd, now, self.ids)
+            for ev in decided:
+                evolve(scratch, ev)
+            events += decided
+        return scratch, events
+
+    def _stored(self, events: list[AnyEvent]) -> list[StoredEvent]:
+        """Encode through the mapper once, and prove every event reads back as itself: what
+        the store cannot hold faithfully (inf, NaN, lone surrogates) is rejected, not appended."""
+        out = []
+        for i, ev in enumerate(events):
+            try:
+                se = self.mapper.to_stored_event(Recorded(STREAM_ID, self.version + i + 1, ev))
+                faithful = codec.decode(se.state) == ev
+            except (UnicodeEncodeError, EventDecodeError, ValueError) as err:
+                raise InvalidCommand(
+                    f"{tag_of(type(ev))} cannot be stored: {err}",
+                    hint="use finite numbers and valid UTF-8 text",
+                ) from err
+            if not faithful:
+                raise InvalidCommand(
+                    f"{tag_of(type(ev))} would not read back as written",
+                    hint="use finite numbers (no inf or NaN)",
+                )
+            out.append(se)
+        return out
 
     def _check_conflicts(self, cmds: Sequence[AnyCommand]) -> None:
         for cmd in cmds:

@@ -22,7 +22,6 @@ from schemas.errors import (
     ContractViolation,
     InvalidCommand,
     InvalidTransition,
-    LedgerError,
     NotAuthorised,
     UnknownEntity,
 )
@@ -99,6 +98,9 @@ class State:
     jobs: dict[int, Job] = field(default_factory=dict)
     next_job_id: int = 1
     events: int = 0
+    _capacity: dict[tuple[str | None, str | None], tuple[int, int]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def copy(self) -> State:
         return State(
@@ -155,7 +157,15 @@ class State:
         return node
 
     def capacity(self, gpu_type: str | None, cluster: str | None) -> tuple[int, int]:
-        """(total GPUs, largest node) over registered nodes matching the constraints."""
+        """(total GPUs, largest node) over registered nodes matching the constraints. Cached;
+        `evolve` drops the cache on every node event."""
+        key = (gpu_type, cluster)
+        hit = self._capacity.get(key)
+        if hit is None:
+            hit = self._capacity[key] = self._scan_capacity(gpu_type, cluster)
+        return hit
+
+    def _scan_capacity(self, gpu_type: str | None, cluster: str | None) -> tuple[int, int]:
         total = largest = 0
         for n in self.nodes.values():
             if n.state == "removed":
@@ -229,16 +239,9 @@ def _path(value: str) -> str:
     return value
 
 
-def _require(cond: bool, err: LedgerError) -> None:
-    if not cond:
-        raise err
-
-
 def _require_admin(state: State, actor: str, what: str) -> None:
-    _require(
-        state.is_admin(actor),
-        NotAuthorised(f"{actor!r} may not {what}: only admins may", actor=actor),
-    )
+    if not state.is_admin(actor):
+        raise NotAuthorised(f"{actor!r} may not {what}: only admins may", actor=actor)
 
 
 def _require_manages(state: State, actor: str, path: str | None, what: str) -> None:
@@ -246,21 +249,21 @@ def _require_manages(state: State, actor: str, path: str | None, what: str) -> N
     if path is None:
         _require_admin(state, actor, what)
         return
-    _require(
-        state.manages(actor, path),
-        NotAuthorised(
+    if not state.manages(actor, path):
+        raise NotAuthorised(
             f"{actor!r} may not {what}: it needs a manager of {path!r} or an admin",
             actor=actor,
             account=path,
-        ),
-    )
+        )
 
 
 def _init(state: State, cmd: c.InitLedger, s: _Stamp) -> list[e.AnyEvent]:
-    _require(not state.initialised, InvalidTransition("the ledger is already initialised"))
+    if state.initialised:
+        raise InvalidTransition("the ledger is already initialised")
     _name(cmd.admin, "user name")
     _name(cmd.cluster, "cluster name")
-    _require(cmd.min_runtime_cap_s > 0, InvalidCommand("the min runtime cap must be positive"))
+    if cmd.min_runtime_cap_s <= 0:
+        raise InvalidCommand("the min runtime cap must be positive")
     return [
         e.LedgerInitialised(
             **s.kw(), admin=cmd.admin, min_runtime_cap_s=cmd.min_runtime_cap_s, cluster=cmd.cluster
@@ -271,14 +274,17 @@ def _init(state: State, cmd: c.InitLedger, s: _Stamp) -> list[e.AnyEvent]:
 def _grant_admin(state: State, cmd: c.GrantAdmin, s: _Stamp) -> list[e.AnyEvent]:
     _require_admin(state, s.actor, "grant admin")
     _name(cmd.user, "user name")
-    _require(cmd.user not in state.admins, InvalidTransition(f"{cmd.user!r} is already an admin"))
+    if cmd.user in state.admins:
+        raise InvalidTransition(f"{cmd.user!r} is already an admin")
     return [e.AdminGranted(**s.kw(), user=cmd.user)]
 
 
 def _revoke_admin(state: State, cmd: c.RevokeAdmin, s: _Stamp) -> list[e.AnyEvent]:
     _require_admin(state, s.actor, "revoke admin")
-    _require(cmd.user in state.admins, InvalidTransition(f"{cmd.user!r} is not an admin"))
-    _require(len(state.admins) > 1, InvalidTransition("the last admin cannot be revoked"))
+    if cmd.user not in state.admins:
+        raise InvalidTransition(f"{cmd.user!r} is not an admin")
+    if len(state.admins) <= 1:
+        raise InvalidTransition("the last admin cannot be revoked")
     return [e.AdminRevoked(**s.kw(), user=cmd.user)]
 
 
@@ -290,7 +296,8 @@ _PARENT_KINDS: dict[str, tuple[str | None, ...]] = {
 
 
 def _shares(value: int) -> int:
-    _require(value >= 0, InvalidCommand(f"shares must be >= 0, got {value}", shares=value))
+    if value < 0:
+        raise InvalidCommand(f"shares must be >= 0, got {value}", shares=value)
     return value
 
 
@@ -299,20 +306,16 @@ def _open_account(state: State, cmd: c.OpenAccount, s: _Stamp) -> list[e.AnyEven
     parent = path.rsplit("/", 1)[0] if "/" in path else None
     _require_manages(state, s.actor, parent, f"open {path!r}")
     existing = state.accounts.get(path)
-    _require(
-        existing is None or not existing.open,
-        InvalidTransition(f"account {path!r} is already open", account=path),
-    )
+    if not (existing is None or not existing.open):
+        raise InvalidTransition(f"account {path!r} is already open", account=path)
     parent_kind = state.open_account(parent).kind if parent is not None else None
     allowed = _PARENT_KINDS[cmd.kind]
-    _require(
-        parent_kind in allowed,
-        InvalidCommand(
+    if parent_kind not in allowed:
+        raise InvalidCommand(
             f"a {cmd.kind} cannot sit under {parent_kind or 'the root'}",
-            hint="programs hold projects, projects hold projects and users",
+            hint="programs hold programs and projects; projects hold projects and users",
             account=path,
-        ),
-    )
+        )
     _shares(cmd.shares)
     return [
         e.AccountOpened(**s.kw(), path=path, parent=parent, kind=cmd.kind),
@@ -327,21 +330,23 @@ def _active_jobs(state: State, pred: Callable[[Job], bool]) -> list[int]:
 def _close_account(state: State, cmd: c.CloseAccount, s: _Stamp) -> list[e.AnyEvent]:
     acct = state.open_account(cmd.path)
     _require_manages(state, s.actor, acct.parent, f"close {cmd.path!r}")
+    user = cmd.path.rsplit("/", 1)[-1]
+    if acct.kind == "user" and acct.parent and user in state.members.get(acct.parent, ()):
+        raise InvalidTransition(
+            f"{cmd.path!r} is the account of member {user!r} of {acct.parent!r}",
+            hint="use `gpuledger member remove`",
+        )
     children = [a.path for a in state.accounts.values() if a.open and a.parent == cmd.path]
-    _require(
-        not children,
-        InvalidTransition(
+    if children:
+        raise InvalidTransition(
             f"account {cmd.path!r} still has open accounts below it: {', '.join(sorted(children))}",
             hint="close them first",
-        ),
-    )
+        )
     busy = _active_jobs(state, lambda j: j.spec.account == cmd.path)
-    _require(
-        not busy,
-        InvalidTransition(
+    if busy:
+        raise InvalidTransition(
             f"account {cmd.path!r} has {len(busy)} unfinished jobs", hint="cancel them first"
-        ),
-    )
+        )
     return [e.AccountClosed(**s.kw(), path=cmd.path, reason=cmd.reason)]
 
 
@@ -354,10 +359,8 @@ def _set_shares(state: State, cmd: c.SetShares, s: _Stamp) -> list[e.AnyEvent]:
 
 def _project(state: State, path: str) -> Account:
     acct = state.open_account(path)
-    _require(
-        acct.kind == "project",
-        InvalidCommand(f"{path!r} is a {acct.kind}, not a project", account=path),
-    )
+    if acct.kind != "project":
+        raise InvalidCommand(f"{path!r} is a {acct.kind}, not a project", account=path)
     return acct
 
 
@@ -365,14 +368,17 @@ def _add_member(state: State, cmd: c.AddMember, s: _Stamp) -> list[e.AnyEvent]:
     _project(state, cmd.project)
     _name(cmd.user, "user name")
     _require_manages(state, s.actor, cmd.project, f"add members to {cmd.project!r}")
-    _require(
-        cmd.user not in state.members.get(cmd.project, ()),
-        InvalidTransition(f"{cmd.user!r} is already a member of {cmd.project!r}"),
-    )
+    if cmd.user in state.members.get(cmd.project, ()):
+        raise InvalidTransition(f"{cmd.user!r} is already a member of {cmd.project!r}")
     _shares(cmd.shares)
     out: list[e.AnyEvent] = [e.MemberAdded(**s.kw(), user=cmd.user, project=cmd.project)]
     leaf = f"{cmd.project}/{cmd.user}"
     existing = state.accounts.get(leaf)
+    if existing is not None and existing.open and existing.kind != "user":
+        raise InvalidCommand(
+            f"{leaf!r} is an open {existing.kind}, so it cannot be {cmd.user!r}'s account",
+            hint="rename the account or the user",
+        )
     if existing is None or not existing.open:
         out.append(e.AccountOpened(**s.kw(), path=leaf, parent=cmd.project, kind="user"))
         out.append(e.SharesSet(**s.kw(), account=leaf, shares=cmd.shares, reason="member added"))
@@ -382,18 +388,14 @@ def _add_member(state: State, cmd: c.AddMember, s: _Stamp) -> list[e.AnyEvent]:
 def _remove_member(state: State, cmd: c.RemoveMember, s: _Stamp) -> list[e.AnyEvent]:
     _project(state, cmd.project)
     _require_manages(state, s.actor, cmd.project, f"remove members from {cmd.project!r}")
-    _require(
-        cmd.user in state.members.get(cmd.project, ()),
-        UnknownEntity(f"{cmd.user!r} is not a member of {cmd.project!r}"),
-    )
+    if cmd.user not in state.members.get(cmd.project, ()):
+        raise UnknownEntity(f"{cmd.user!r} is not a member of {cmd.project!r}")
     busy = _active_jobs(state, lambda j: j.spec.account == cmd.project and j.spec.user == cmd.user)
-    _require(
-        not busy,
-        InvalidTransition(
+    if busy:
+        raise InvalidTransition(
             f"{cmd.user!r} has {len(busy)} unfinished jobs in {cmd.project!r}",
             hint="cancel them first",
-        ),
-    )
+        )
     out: list[e.AnyEvent] = [e.MemberRemoved(**s.kw(), user=cmd.user, project=cmd.project)]
     leaf = state.accounts.get(f"{cmd.project}/{cmd.user}")
     if leaf is not None and leaf.open and leaf.kind == "user":
@@ -405,19 +407,15 @@ def _grant_manager(state: State, cmd: c.GrantManager, s: _Stamp) -> list[e.AnyEv
     _require_admin(state, s.actor, "grant managers")
     state.open_account(cmd.account)
     _name(cmd.user, "user name")
-    _require(
-        cmd.account not in state.managers.get(cmd.user, ()),
-        InvalidTransition(f"{cmd.user!r} already manages {cmd.account!r}"),
-    )
+    if cmd.account in state.managers.get(cmd.user, ()):
+        raise InvalidTransition(f"{cmd.user!r} already manages {cmd.account!r}")
     return [e.ManagerGranted(**s.kw(), user=cmd.user, account=cmd.account)]
 
 
 def _revoke_manager(state: State, cmd: c.RevokeManager, s: _Stamp) -> list[e.AnyEvent]:
     _require_admin(state, s.actor, "revoke managers")
-    _require(
-        cmd.account in state.managers.get(cmd.user, ()),
-        UnknownEntity(f"{cmd.user!r} does not manage {cmd.account!r}"),
-    )
+    if cmd.account not in state.managers.get(cmd.user, ()):
+        raise UnknownEntity(f"{cmd.user!r} does not manage {cmd.account!r}")
     return [e.ManagerRevoked(**s.kw(), user=cmd.user, account=cmd.account)]
 
 
@@ -427,14 +425,10 @@ def _register_node(state: State, cmd: c.RegisterNode, s: _Stamp) -> list[e.AnyEv
     _name(cmd.gpu_type, "GPU type")
     cluster = _name(cmd.cluster or state.cluster, "cluster name")
     existing = state.nodes.get(cmd.node)
-    _require(
-        existing is None or existing.state == "removed",
-        InvalidTransition(f"node {cmd.node!r} is already registered"),
-    )
-    _require(
-        1 <= cmd.gpus <= MAX_GPUS_PER_NODE,
-        InvalidCommand(f"a node has 1 to {MAX_GPUS_PER_NODE} GPUs, got {cmd.gpus}"),
-    )
+    if not (existing is None or existing.state == "removed"):
+        raise InvalidTransition(f"node {cmd.node!r} is already registered")
+    if not (1 <= cmd.gpus <= MAX_GPUS_PER_NODE):
+        raise InvalidCommand(f"a node has 1 to {MAX_GPUS_PER_NODE} GPUs, got {cmd.gpus}")
     return [
         e.NodeRegistered(
             **s.kw(), cluster=cluster, node=cmd.node, gpu_type=cmd.gpu_type, gpus=cmd.gpus
@@ -445,12 +439,10 @@ def _register_node(state: State, cmd: c.RegisterNode, s: _Stamp) -> list[e.AnyEv
 def _drain_node(state: State, cmd: c.DrainNode, s: _Stamp) -> list[e.AnyEvent]:
     _require_admin(state, s.actor, "drain nodes")
     node = state.node(cmd.node)
-    _require(
-        node.state == "active", InvalidTransition(f"node {cmd.node!r} is already {node.state}")
-    )
-    _require(
-        bool(cmd.reason.strip()), InvalidCommand("a drain needs a reason", hint="pass --reason")
-    )
+    if node.state != "active":
+        raise InvalidTransition(f"node {cmd.node!r} is already {node.state}")
+    if not bool(cmd.reason.strip()):
+        raise InvalidCommand("a drain needs a reason", hint="pass --reason")
     out: list[e.AnyEvent] = [e.NodeDrainRequested(**s.kw(), node=cmd.node, reason=cmd.reason)]
     if not state.node_jobs.get(cmd.node):
         out.append(e.NodeDrained(**s.kw(), node=cmd.node))
@@ -460,10 +452,8 @@ def _drain_node(state: State, cmd: c.DrainNode, s: _Stamp) -> list[e.AnyEvent]:
 def _return_node(state: State, cmd: c.ReturnNode, s: _Stamp) -> list[e.AnyEvent]:
     _require_admin(state, s.actor, "return nodes")
     node = state.node(cmd.node)
-    _require(
-        node.state in ("draining", "drained"),
-        InvalidTransition(f"node {cmd.node!r} is {node.state}, not draining or drained"),
-    )
+    if node.state not in ("draining", "drained"):
+        raise InvalidTransition(f"node {cmd.node!r} is {node.state}, not draining or drained")
     return [e.NodeReturned(**s.kw(), node=cmd.node)]
 
 
@@ -471,61 +461,53 @@ def _remove_node(state: State, cmd: c.RemoveNode, s: _Stamp) -> list[e.AnyEvent]
     _require_admin(state, s.actor, "remove nodes")
     state.node(cmd.node)
     busy = state.node_jobs.get(cmd.node)
-    _require(
-        not busy,
-        InvalidTransition(
+    if busy:
+        raise InvalidTransition(
             f"node {cmd.node!r} still runs {len(busy or ())} jobs",
             hint="drain it first: `gpuledger node drain`",
-        ),
-    )
+        )
     return [e.NodeRemoved(**s.kw(), node=cmd.node, reason=cmd.reason)]
 
 
 def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
     user = _name(cmd.user, "user name") if cmd.user else s.actor
-    if cmd.user and cmd.user != s.actor:
-        _require(
-            is_system(s.actor) or state.manages(s.actor, cmd.account),
-            NotAuthorised(f"{s.actor!r} may not submit on behalf of {cmd.user!r}"),
-        )
+    if (
+        cmd.user
+        and cmd.user != s.actor
+        and not (is_system(s.actor) or state.manages(s.actor, cmd.account))
+    ):
+        raise NotAuthorised(f"{s.actor!r} may not submit on behalf of {cmd.user!r}")
     _project(state, cmd.account)
-    _require(
-        user in state.members.get(cmd.account, ()),
-        NotAuthorised(
+    if user not in state.members.get(cmd.account, ()):
+        raise NotAuthorised(
             f"{user!r} is not a member of {cmd.account!r}",
             hint="a manager adds members: `gpuledger member add`",
-        ),
-    )
-    _require(cmd.gpus >= 1, InvalidCommand(f"a job needs at least 1 GPU, got {cmd.gpus}"))
+        )
+    if cmd.gpus < 1:
+        raise InvalidCommand(f"a job needs at least 1 GPU, got {cmd.gpus}")
     total, largest = state.capacity(cmd.gpu_type, cmd.cluster)
-    where = " ".join(x for x in (cmd.gpu_type, cmd.cluster and f"in cluster {cmd.cluster}") if x)
-    _require(
-        cmd.gpus <= total,
-        InvalidCommand(
-            f"{cmd.gpus} GPUs requested but the cluster has {total} {where} GPUs".replace(
-                "  ", " "
-            ),
+    if cmd.gpus > total:
+        kind = f"{cmd.gpu_type} GPUs" if cmd.gpu_type else "GPUs"
+        where = f"cluster {cmd.cluster!r}" if cmd.cluster else "the cluster"
+        raise InvalidCommand(
+            f"{cmd.gpus} GPUs requested but {where} has {total} {kind}",
             gpus=cmd.gpus,
             capacity=total,
-        ),
-    )
+        )
     cap = state.min_runtime_cap_s
     min_runtime = cap if cmd.min_runtime_s is None else cmd.min_runtime_s
-    _require(
-        0 <= min_runtime <= cap,
-        ContractViolation(
+    if not (0 <= min_runtime <= cap):
+        raise ContractViolation(
             f"min runtime {min_runtime}s is outside 0..{cap}s (the contract cap)",
             hint="ask for at most the cap; 0 runs unfunded",
             min_runtime_s=min_runtime,
-        ),
-    )
+        )
     if cmd.time_limit_s is not None:
-        _require(cmd.time_limit_s > 0, InvalidCommand("the time limit must be positive"))
+        if cmd.time_limit_s <= 0:
+            raise InvalidCommand("the time limit must be positive")
         min_runtime = min(min_runtime, cmd.time_limit_s)
-    _require(
-        cmd.duration_s is None or cmd.duration_s >= 0,
-        InvalidCommand("a duration must be >= 0"),
-    )
+    if not (cmd.duration_s is None or cmd.duration_s >= 0):
+        raise InvalidCommand("a duration must be >= 0")
     debug = (
         cmd.time_limit_s is not None
         and cmd.time_limit_s <= DEBUG_TIME_LIMIT_S
@@ -566,22 +548,23 @@ def _drained_after(
 
 def _cancel(state: State, cmd: c.CancelJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
-    _require(
-        s.actor == job.spec.user or state.manages(s.actor, job.spec.account) or is_system(s.actor),
-        NotAuthorised(
+    if not (
+        s.actor == job.spec.user or state.manages(s.actor, job.spec.account) or is_system(s.actor)
+    ):
+        raise NotAuthorised(
             f"{s.actor!r} may not cancel job {cmd.job_id}: only its owner, a manager or an admin"
-        ),
-    )
-    _require(job.active, InvalidTransition(f"job {cmd.job_id} already {job.outcome}"))
+        )
+    if not job.active:
+        raise InvalidTransition(f"job {cmd.job_id} already {job.outcome}")
     out: list[e.AnyEvent] = [e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome="cancelled")]
     return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)
 
 
 def _require_system(state: State, actor: str, what: str) -> None:
-    _require(
-        is_system(actor) or state.is_admin(actor),
-        NotAuthorised(f"{actor!r} may not {what}: only the dispatcher, executors and admins may"),
-    )
+    if not (is_system(actor) or state.is_admin(actor)):
+        raise NotAuthorised(
+            f"{actor!r} may not {what}: only the dispatcher, executors and admins may"
+        )
 
 
 def _preemption_events(
@@ -605,49 +588,39 @@ def _preemption_events(
 
 
 def _check_preemptible(job: Job, now: float) -> None:
-    _require(
-        job.status in ("placed", "running"),
-        InvalidTransition(f"job {job.job_id} is {job.status}, not running", job_id=job.job_id),
-    )
+    if job.status not in ("placed", "running"):
+        raise InvalidTransition(f"job {job.job_id} is {job.status}, not running", job_id=job.job_id)
     ends = job.contract_ends_at()
-    _require(
-        ends is None or now >= ends,
-        ContractViolation(
+    if not (ends is None or now >= ends):
+        raise ContractViolation(
             f"job {job.job_id} is inside its contract until t={ends}; only an admin preemption "
             "with a reason may end it early",
             job_id=job.job_id,
-        ),
-    )
+        )
 
 
 def _check_slots(
     state: State, job: Job, slots: tuple[e.GpuSlot, ...], taken: set[tuple[str, int]]
 ) -> None:
-    _require(
-        sum(len(sl.gpu_indices) for sl in slots) == job.spec.gpus,
-        InvalidCommand(f"placement of job {job.job_id} does not give it {job.spec.gpus} GPUs"),
-    )
+    if sum(len(sl.gpu_indices) for sl in slots) != job.spec.gpus:
+        raise InvalidCommand(f"placement of job {job.job_id} does not give it {job.spec.gpus} GPUs")
     for sl in slots:
         node = state.node(sl.node)
-        _require(node.state == "active", InvalidTransition(f"node {sl.node!r} is {node.state}"))
-        _require(
-            job.spec.gpu_type is None or node.gpu_type == job.spec.gpu_type,
-            InvalidCommand(
+        if node.state != "active":
+            raise InvalidTransition(f"node {sl.node!r} is {node.state}")
+        if not (job.spec.gpu_type is None or node.gpu_type == job.spec.gpu_type):
+            raise InvalidCommand(
                 f"node {sl.node!r} has {node.gpu_type}, job {job.job_id} needs {job.spec.gpu_type}"
-            ),
-        )
-        _require(
-            job.spec.cluster is None or node.cluster == job.spec.cluster,
-            InvalidCommand(f"node {sl.node!r} is not in cluster {job.spec.cluster}"),
-        )
-        for i in sl.gpu_indices:
-            _require(0 <= i < node.gpus, InvalidCommand(f"node {sl.node!r} has no GPU {i}"))
-            _require(
-                (sl.node, i) not in taken,
-                InvalidTransition(
-                    f"GPU {i} of node {sl.node!r} is already held", node=sl.node, gpu=i
-                ),
             )
+        if not (job.spec.cluster is None or node.cluster == job.spec.cluster):
+            raise InvalidCommand(f"node {sl.node!r} is not in cluster {job.spec.cluster}")
+        for i in sl.gpu_indices:
+            if not (0 <= i < node.gpus):
+                raise InvalidCommand(f"node {sl.node!r} has no GPU {i}")
+            if (sl.node, i) in taken:
+                raise InvalidTransition(
+                    f"GPU {i} of node {sl.node!r} is already held", node=sl.node, gpu=i
+                )
             taken.add((sl.node, i))
 
 
@@ -672,7 +645,8 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
     touched: list[str] = []
     for p in cmd.preemptions:
         job = state.job(p.job_id)
-        _require(p.job_id not in leaving, InvalidCommand(f"job {p.job_id} is preempted twice"))
+        if p.job_id in leaving:
+            raise InvalidCommand(f"job {p.job_id} is preempted twice")
         _check_preemptible(job, s.now)
         leaving.add(p.job_id)
         for sl in job.slots:
@@ -683,10 +657,13 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
     placed: set[int] = set()
     for pl in cmd.placements:
         job = state.job(pl.job_id)
-        _require(
-            job.status == "pending" and pl.job_id not in placed,
-            InvalidTransition(f"job {pl.job_id} is {job.status}, not pending", job_id=pl.job_id),
-        )
+        if not (job.status == "pending" and pl.job_id not in placed):
+            raise InvalidTransition(
+                f"job {pl.job_id} is placed twice"
+                if pl.job_id in placed
+                else f"job {pl.job_id} is {job.status}, not pending",
+                job_id=pl.job_id,
+            )
         _check_slots(state, job, pl.slots, taken)
         placed.add(pl.job_id)
         out.append(
@@ -704,15 +681,11 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
 
 def _preempt(state: State, cmd: c.PreemptJob, s: _Stamp) -> list[e.AnyEvent]:
     _require_admin(state, s.actor, "preempt jobs by hand")
-    _require(
-        bool(cmd.note.strip()),
-        InvalidCommand("an admin preemption needs a reason", hint="pass --reason"),
-    )
+    if not bool(cmd.note.strip()):
+        raise InvalidCommand("an admin preemption needs a reason", hint="pass --reason")
     job = state.job(cmd.job_id)
-    _require(
-        job.status in ("placed", "running"),
-        InvalidTransition(f"job {job.job_id} is {job.status}, not running"),
-    )
+    if job.status not in ("placed", "running"):
+        raise InvalidTransition(f"job {job.job_id} is {job.status}, not running")
     p = c.Preemption(job_id=job.job_id, reason=cmd.reason, note=cmd.note)
     out = _preemption_events(job, p, None, s)
     return out + _drained_after(state, (sl.node for sl in job.slots), {job.job_id}, s)
@@ -721,19 +694,16 @@ def _preempt(state: State, cmd: c.PreemptJob, s: _Stamp) -> list[e.AnyEvent]:
 def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
     _require_system(state, s.actor, "start jobs")
     job = state.job(cmd.job_id)
-    _require(
-        job.status == "placed", InvalidTransition(f"job {cmd.job_id} is {job.status}, not placed")
-    )
+    if job.status != "placed":
+        raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not placed")
     return [e.JobStarted(**s.kw(), job_id=cmd.job_id)]
 
 
 def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
     _require_system(state, s.actor, "finish jobs")
     job = state.job(cmd.job_id)
-    _require(
-        job.status in ("placed", "running"),
-        InvalidTransition(f"job {cmd.job_id} is {job.status}, not running"),
-    )
+    if job.status not in ("placed", "running"):
+        raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not running")
     outcome: e.FinishOutcome = "completed" if cmd.exit_code == 0 else "failed"
     out: list[e.AnyEvent] = [
         e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome=outcome, exit_code=cmd.exit_code)
@@ -744,27 +714,24 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
 def _sample(state: State, cmd: c.SampleUtilisation, s: _Stamp) -> list[e.AnyEvent]:
     _require_system(state, s.actor, "report utilisation")
     job = state.job(cmd.job_id)
-    _require(
-        job.status == "running", InvalidTransition(f"job {cmd.job_id} is {job.status}, not running")
-    )
-    _require(
+    if job.status != "running":
+        raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not running")
+    if not (
         len(cmd.gpu_utilisation) == job.spec.gpus
-        and all(0.0 <= u <= 100.0 for u in cmd.gpu_utilisation),
-        InvalidCommand(f"job {cmd.job_id} needs {job.spec.gpus} utilisation values in 0..100"),
-    )
+        and all(0.0 <= u <= 100.0 for u in cmd.gpu_utilisation)
+    ):
+        raise InvalidCommand(f"job {cmd.job_id} needs {job.spec.gpus} utilisation values in 0..100")
     return [e.UtilisationSampled(**s.kw(), job_id=cmd.job_id, gpu_utilisation=cmd.gpu_utilisation)]
 
 
 def _checkpoint(state: State, cmd: c.ReportCheckpoint, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
-    _require(
-        is_system(s.actor) or s.actor == job.spec.user or state.is_admin(s.actor),
-        NotAuthorised(f"{s.actor!r} may not report checkpoints of job {cmd.job_id}"),
-    )
-    _require(
-        job.status == "running", InvalidTransition(f"job {cmd.job_id} is {job.status}, not running")
-    )
-    _require(job.spec.resumable, InvalidCommand(f"job {cmd.job_id} is not resumable"))
+    if not (is_system(s.actor) or s.actor == job.spec.user or state.is_admin(s.actor)):
+        raise NotAuthorised(f"{s.actor!r} may not report checkpoints of job {cmd.job_id}")
+    if job.status != "running":
+        raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not running")
+    if not job.spec.resumable:
+        raise InvalidCommand(f"job {cmd.job_id} is not resumable")
     return [e.CheckpointReported(**s.kw(), job_id=cmd.job_id)]
 
 
@@ -804,10 +771,15 @@ def _release(state: State, job: Job) -> None:
         state.node_jobs.get(sl.node, set()).discard(job.job_id)
 
 
+_NODE_EVENTS = (e.NodeRegistered, e.NodeRemoved)
+
+
 def evolve(state: State, event: e.AnyEvent) -> State:
     """Fold one event into `state` (in place) and return it. Events are facts: never raises
     for a valid history."""
     state.events += 1
+    if isinstance(event, _NODE_EVENTS):
+        state._capacity.clear()
     match event:
         case e.LedgerInitialised():
             state.initialised = True

@@ -149,7 +149,7 @@ REJECTED = [
     pytest.param(
         ["submit", "-A", "ai2/olmo", "-G", "17"],
         "alice",
-        "17 GPUs requested but the cluster has 16",
+        "17 GPUs requested but the cluster has 16 GPUs",
         id="more GPUs than the cluster",
     ),
     pytest.param(

@@ -1,0 +1,96 @@
+"""Shared fixtures: a virtual clock, seeded ids, a small organisation, ledgers on tmp_path.
+
+The organisation (`org_commands`), used across unit and integration tests:
+
+    root            admin
+    ai2             program            managed by pm
+    ai2/olmo        project, shares 3  managed by mgr; members alice, bob
+    ai2/tulu        project, shares 1  member carol
+    n1, n2          8 x h100 each
+    a1              4 x a100
+    (20 GPUs in all: 16 h100, 4 a100; the contract cap is the default 8 h)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ledger.application import Ledger
+from ledger.clock import SimClock, seeded_ids
+from ledger.domain import State, decide, evolve
+from schemas import commands as c
+
+T0 = 1_000.0
+"""Where every test clock starts (seconds since the epoch)."""
+
+
+def _org_commands() -> list[c.AnyCommand]:
+    root = "root"
+    return [
+        c.InitLedger(actor=root, admin=root),
+        c.OpenAccount(actor=root, path="ai2", kind="program"),
+        c.OpenAccount(actor=root, path="ai2/olmo", kind="project", shares=3),
+        c.OpenAccount(actor=root, path="ai2/tulu", kind="project", shares=1),
+        c.AddMember(actor=root, user="alice", project="ai2/olmo"),
+        c.AddMember(actor=root, user="bob", project="ai2/olmo"),
+        c.AddMember(actor=root, user="carol", project="ai2/tulu"),
+        c.GrantManager(actor=root, user="mgr", account="ai2/olmo"),
+        c.GrantManager(actor=root, user="pm", account="ai2"),
+        c.RegisterNode(actor=root, node="n1", gpu_type="h100", gpus=8),
+        c.RegisterNode(actor=root, node="n2", gpu_type="h100", gpus=8),
+        c.RegisterNode(actor=root, node="a1", gpu_type="a100", gpus=4),
+    ]
+
+
+@pytest.fixture
+def org_commands() -> list[c.AnyCommand]:
+    """The commands that build the organisation above, `InitLedger` first."""
+    return _org_commands()
+
+
+@pytest.fixture
+def counter_ids() -> Callable[[], str]:
+    """Readable deterministic event ids for the pure domain: e1, e2, ..."""
+    n = itertools.count(1)
+    return lambda: f"e{next(n)}"
+
+
+@pytest.fixture
+def org_state(counter_ids: Callable[[], str]) -> State:
+    """The organisation folded through the pure domain (decide + evolve) at T0."""
+    state = State()
+    for cmd in _org_commands():
+        for ev in decide(state, cmd, T0, counter_ids):
+            evolve(state, ev)
+    return state
+
+
+@pytest.fixture
+def clock() -> SimClock:
+    return SimClock(T0)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A fresh ledger home (the directory holding events.sqlite)."""
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def ledger(home: Path, clock: SimClock) -> Iterator[Ledger]:
+    """An initialised, empty ledger (admin `root`) on the real SQLite store."""
+    led = Ledger(home, clock, seeded_ids(1))
+    led.execute(c.InitLedger(actor="root", admin="root"))
+    yield led
+    led.close()
+
+
+@pytest.fixture
+def org_ledger(ledger: Ledger) -> Ledger:
+    """`ledger` with the organisation above appended in one batch."""
+    ledger.execute_all(_org_commands()[1:])
+    return ledger
