@@ -1,0 +1,40 @@
+"""The dispatcher's pure core: `decide(snapshot, policy, now) -> Decision`.
+
+Imports only `schemas` and the standard library (plus msgspec): no clock, no I/O, no store. The
+cycle edge (snapshot reader, append, executors) lives elsewhere.
+"""
+
+from ledger.dispatch.engine import Decision, Unplaceable, WaitCode, decide
+from ledger.dispatch.ordering import SortKey, fairshare_key, fifo_key
+from ledger.dispatch.policy import FairShare, Fifo, Policy
+from ledger.dispatch.preemption import Victim
+from ledger.dispatch.snapshot import (
+    NodeView,
+    PendingJob,
+    RunningJob,
+    Snapshot,
+    SnapshotReader,
+    complete_ranks,
+    snapshot_from_state,
+)
+
+__all__ = [
+    "Decision",
+    "FairShare",
+    "Fifo",
+    "NodeView",
+    "PendingJob",
+    "Policy",
+    "RunningJob",
+    "Snapshot",
+    "SnapshotReader",
+    "SortKey",
+    "Unplaceable",
+    "Victim",
+    "WaitCode",
+    "complete_ranks",
+    "decide",
+    "fairshare_key",
+    "fifo_key",
+    "snapshot_from_state",
+]

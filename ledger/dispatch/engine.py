@@ -1,0 +1,386 @@
+"""One dispatcher cycle's decision: `decide(snapshot, policy, now) -> Decision`.
+
+Pure: no I/O, no clock, no ids; the same snapshot, policy and `now` give the same decision, byte
+for byte. The cycle edge takes the snapshot at log position P, calls `decide`, and appends
+`Decision.to_command(...)` with expected position P, so the ledger rejects a decision that the
+log has overtaken.
+
+Steps:
+
+1. Index the free GPUs of the active nodes (`placement.FreeIndex`).
+2. Maintenance: preempt every job on a draining node whose contract has ended (reason
+   `maintenance`); note when the next contract on a draining node ends (`wake_at`).
+3. Take the pending jobs in the policy's order. Each job is placed if it fits. If not, and the
+   policy lets it preempt, search for victims among the running jobs *past their contract*; when
+   the freed GPUs plus the free ones fit it by the placement rules, preempt them and place it on
+   the GPUs they free, in this same cycle. Otherwise record why it waits (`Unplaceable`).
+4. Record the fragmentation left for the jobs still waiting, and when to wake next.
+
+Backfill: there is no reservation. A job that cannot be placed reserves nothing, so a later job
+that fits in the remaining free GPUs is placed now. This never idles a GPU while work waits; the
+price is that a large job can be overtaken by smaller later ones. It does not starve for long under
+fair share: once the jobs that overtook it pass their contracts it may preempt them (when it
+outranks them by the margin), and until then the cycle reports `WAIT_CONTRACT` with the time room
+appears, which feeds `wake_at`.
+
+Victim searches cost O(running jobs) each, so a cycle runs at most `Policy.search_budget` of
+them (a search and, when it fails, the estimate behind `WAIT_CONTRACT` count one each; with no
+budget left for the estimate the job reads `WAIT_RESOURCES`). One
+policy answer serves every job of a victim group (`Policy.victim_group`) in the cycle, and a failed
+search makes later jobs of the same group and shape asking as many GPUs fail without searching,
+until a preemption frees GPUs.
+
+Why a job waits (`Unplaceable.code`):
+
+- `WAIT_PRIORITY`: it would have fitted in the GPUs free at the start of the cycle, but jobs
+  ahead of it in the order took them; or the cycle's victim searches (`Policy.search_budget`)
+  went to jobs ahead of it.
+- `WAIT_CONTRACT`: there is room for it once contracts of jobs it may preempt end (`until`).
+- `WAIT_RESOURCES`: not enough GPUs of its shape are free, and nothing it may preempt frees them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Iterator
+from typing import Literal
+
+import msgspec
+
+from ledger.dispatch.ordering import SortKey
+from ledger.dispatch.placement import FreeIndex, Pool, PoolKey, Shape, fragmentation
+from ledger.dispatch.policy import Policy
+from ledger.dispatch.preemption import Plan, Victim, plan_gang, plan_single, ready_key
+from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot, complete_ranks
+from schemas.commands import ApplyDecision
+from schemas.events import Considered, GpuSlot, Placement, Preemption, PreemptReason
+
+WaitCode = Literal["WAIT_RESOURCES", "WAIT_PRIORITY", "WAIT_CONTRACT"]
+
+
+class Unplaceable(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a pending job was not placed this cycle. A value, never an exception; jobs that wait
+    for the same reason share one value."""
+
+    code: WaitCode
+    reason: str
+    until: float | None = None
+    """For `WAIT_CONTRACT`: when the contracts in the way end."""
+
+    def text(self) -> str:
+        return f"{self.code}: {self.reason}"
+
+
+class Decision(msgspec.Struct, frozen=True, kw_only=True):
+    """The outcome of one cycle: what to preempt, what to place, and why the rest waits."""
+
+    based_on: int
+    policy_version: str
+    config: dict[str, str]
+    placements: tuple[Placement, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    considered: tuple[Considered, ...] = ()
+    """Every pending job in the order considered, with its sort key and, if not placed, why."""
+    waiting: dict[int, Unplaceable] = msgspec.field(default_factory=dict)
+    """Job id -> why it was not placed."""
+    fragmentation_gpus: int = 0
+    """See `placement.fragmentation`."""
+    wake_at: float | None = None
+    """The earliest later time the decision could change without a new event: the next contract
+    end on a draining node, or the time a `WAIT_CONTRACT` job gets room."""
+    budget_spent: bool = False
+    """Some job wanted a victim search (or its estimate) after the cycle's `search_budget` ran
+    out: another cycle right away may place more."""
+
+    def to_command(self, actor: str, cycle_id: str) -> ApplyDecision:
+        """The command that applies this decision, expecting the log still at `based_on`."""
+        return ApplyDecision(
+            actor=actor,
+            expected_position=self.based_on,
+            cycle_id=cycle_id,
+            based_on=self.based_on,
+            policy_version=self.policy_version,
+            placements=self.placements,
+            preemptions=self.preemptions,
+            considered=self.considered,
+            fragmentation_gpus=self.fragmentation_gpus,
+            config=self.config,
+        )
+
+
+_MemoKey = tuple[Hashable, str | None, str | None, bool]
+_GroupKey = tuple[Hashable, str | None, str | None, bool]
+
+_BUDGET_SPENT = Unplaceable(
+    code="WAIT_PRIORITY", reason="the cycle's victim searches went to jobs ahead of it in the order"
+)
+_TAKEN = Unplaceable(
+    code="WAIT_PRIORITY",
+    reason="jobs ahead of it in the order took the GPUs free at the start of the cycle",
+)
+
+
+class _Replay:
+    """An iterator read lazily once and replayed from memory after: a group's victims are
+    computed only as far as some search of the cycle needed them."""
+
+    def __init__(self, source: Iterator[Victim]) -> None:
+        self.source = source
+        self.seen: list[Victim] = []
+
+    def __iter__(self) -> Iterator[Victim]:
+        seen = self.seen
+        i = 0
+        while True:
+            if i < len(seen):
+                yield seen[i]
+            else:
+                nxt = next(self.source, None)
+                if nxt is None:
+                    return
+                seen.append(nxt)
+                yield nxt
+            i += 1
+
+
+class _Cycle:
+    """The scratch state of one `decide()` call."""
+
+    def __init__(self, snapshot: Snapshot, policy: Policy, now: float) -> None:
+        self.snapshot = snapshot
+        self.policy = policy
+        self.budget = policy.search_budget
+        self.now = now
+        self.index = FreeIndex(snapshot.nodes)
+        self.live: dict[int, RunningJob] = {}
+        self.in_pool: dict[tuple[PoolKey, bool], list[RunningJob]] = {}
+        """Running jobs by the pools of the active nodes they hold GPUs on, and whether they
+        are past their contract (victim candidates)."""
+        free, pool_of = self.index.free, self.index.pool_of
+        for r in snapshot.running:  # order does not matter: candidates are sorted by key
+            self.live[r.job_id] = r
+            past = now >= r.placed_at + r.min_runtime_s
+            keys = {pool_of[sl.node] for sl in r.slots if sl.node in free}
+            for key in keys if len(keys) < 2 else sorted(keys):
+                self.in_pool.setdefault((key, past), []).append(r)
+        self.placements: list[Placement] = []
+        self.preemptions: list[Preemption] = []
+        self.considered: list[Considered] = []
+        self.waiting: dict[int, Unplaceable] = {}
+        self.smallest: dict[Shape, int] = {}
+        """The fewest GPUs a waiting job of each shape asks for (for `fragmentation`)."""
+        self.wake: list[float] = []
+        self.searches = 0
+        self.budget_spent = False
+        self.failed: dict[_MemoKey, tuple[int, int, Unplaceable]] = {}
+        """A failed victim search: (GPUs asked, job id, why) per group and shape. While no
+        preemption frees GPUs, a job of the group and shape asking as many fails as well."""
+        self.victims: dict[_GroupKey, _Replay] = {}
+        """The policy's victims per victim group, constraints and contract mode: one answer
+        serves every job of the group this cycle (preempted jobs are skipped as they go)."""
+        self.ordered: dict[tuple[tuple[PoolKey, ...], bool], list[RunningJob]] = {}
+        self.shared: dict[tuple[str, str, float | None], Unplaceable] = {}
+
+    # --- 2. maintenance -------------------------------------------------------------------------
+
+    def drain(self) -> None:
+        draining = {n.name for n in self.snapshot.nodes if n.state == "draining"}
+        if not draining:
+            return
+        on_draining = [r for r in self.live.values() if any(s.node in draining for s in r.slots)]
+        for r in sorted(on_draining, key=lambda r: r.job_id):
+            if r.in_contract(self.now):
+                self.wake.append(r.contract_ends_at)
+            else:
+                on = ", ".join(sorted({sl.node for sl in r.slots} & draining))
+                self._preempt(r, "maintenance", None, f"node {on} is draining")
+
+    # --- 3. order, place, preempt ---------------------------------------------------------------
+
+    def consider(self, ordered: Iterable[tuple[SortKey, PendingJob]]) -> None:
+        """Place, preempt for, or explain each job in order (the hot loop of a cycle)."""
+        index, policy, snapshot = self.index, self.policy, self.snapshot
+        considered, waiting, smallest = self.considered, self.waiting, self.smallest
+        texts: dict[int, str] = {}
+        shapes: dict[tuple[str | None, str | None, int], tuple[bool, bool]] = {}
+        for key, job in ordered:
+            shape = (job.gpu_type, job.cluster, job.gpus)
+            known = shapes.get(shape)
+            if known is None:
+                gang = index.is_gang(job)
+                known = shapes[shape] = (gang, index.fitted_at_start(job, gang))
+            gang, fitted = known
+            slots = index.place(job, gang)
+            memo: _MemoKey | None = None
+            if slots is None and self.searches < self.budget and policy.may_preempt(job):
+                memo = (policy.victim_group(job, snapshot), job.gpu_type, job.cluster, gang)
+                slots = self._by_preemption(job, gang, memo)
+            if slots is not None:
+                self.placements.append(Placement(job_id=job.job_id, slots=slots))
+                considered.append(Considered(job_id=job.job_id, sort_key=key))
+                continue
+            wait = self._why(job, gang, fitted, memo)
+            if wait.until is not None:
+                self.wake.append(wait.until)
+            waiting[job.job_id] = wait
+            kind = (job.gpu_type, job.cluster, gang)
+            if job.gpus < smallest.get(kind, job.gpus + 1):
+                smallest[kind] = job.gpus
+            text = texts.get(id(wait))
+            if text is None:
+                text = texts[id(wait)] = wait.text()
+            considered.append(Considered(job_id=job.job_id, sort_key=key, reason=text))
+
+    def _by_preemption(
+        self, job: PendingJob, gang: bool, memo: _MemoKey
+    ) -> tuple[GpuSlot, ...] | None:
+        failed = self.failed.get(memo)
+        if failed is not None and job.gpus >= failed[0]:
+            return None
+        self.searches += 1
+        plan = self._plan(job, gang, ready=False)
+        if plan is None:
+            self.failed[memo] = (job.gpus, job.job_id, self._estimate(job, gang))
+            return None
+        for v in plan.victims:
+            self._preempt(v.job, v.reason, job.job_id, v.note)
+        if gang:
+            return self.index.take_whole(plan.nodes, job.gpus)
+        return (self.index.take(plan.nodes[0], job.gpus),)
+
+    def _plan(self, job: PendingJob, gang: bool, ready: bool) -> Plan | None:
+        """Victims that make `job` fit; `ready=True` also offers jobs inside their contracts and
+        plans by when the contracts end (an estimate, never applied)."""
+        index, now = self.index, self.now
+        pools = index.pools_for(job.gpu_type, job.cluster)
+        group = (self.policy.victim_group(job, self.snapshot), job.gpu_type, job.cluster, ready)
+        found = self.victims.get(group)
+        if found is None:
+            candidates = self._candidates(pools, ready)
+            found = self.victims[group] = _Replay(
+                self.policy.victims(job, candidates, self.snapshot, now)
+            )
+        live = self.live
+        victims = (v for v in found if v.job.job_id in live)
+        if gang:
+            return plan_gang(job.gpus, pools, index, victims, now)
+        return plan_single(job.gpus, pools, index, victims, now)
+
+    def _candidates(self, pools: list[Pool], ready: bool) -> Iterator[RunningJob]:
+        """Running jobs on the pools' active nodes, in the policy's victim order (`ready`: by
+        when their contracts end, then that order, including jobs inside their contracts),
+        skipping those already preempted. Sorted once per cycle per pool set."""
+        key = (tuple(p.key for p in pools), ready)
+        ordered = self.ordered.get(key)
+        if ordered is None:
+            now, victim_key = self.now, self.policy.victim_key
+            seen: dict[int, RunningJob] = {}
+            for p in pools:
+                for r in self.in_pool.get((p.key, True), ()):
+                    seen[r.job_id] = r
+                if ready:
+                    for r in self.in_pool.get((p.key, False), ()):
+                        seen[r.job_id] = r
+            # the job id last: the order is total whatever the policy's key
+            if ready:
+                ordered = sorted(
+                    seen.values(),
+                    key=lambda r: (ready_key(r, now), *victim_key(r, now), r.job_id),
+                )
+            else:
+                ordered = sorted(seen.values(), key=lambda r: (*victim_key(r, now), r.job_id))
+            self.ordered[key] = ordered
+        live = self.live
+        return (r for r in ordered if r.job_id in live)
+
+    def _preempt(
+        self, r: RunningJob, reason: PreemptReason, for_job: int | None, note: str
+    ) -> None:
+        assert not r.in_contract(self.now), f"job {r.job_id} is inside its contract"
+        del self.live[r.job_id]
+        self.index.release(r.slots)
+        self.failed.clear()  # freed GPUs beyond the preemptor's need may now fit others
+        self.preemptions.append(
+            Preemption(job_id=r.job_id, reason=reason, for_job=for_job, note=note)
+        )
+
+    # --- why a job waits ------------------------------------------------------------------------
+
+    def _wait(self, code: WaitCode, reason: str, until: float | None = None) -> Unplaceable:
+        """One shared value per distinct reason."""
+        key = (code, reason, until)
+        found = self.shared.get(key)
+        if found is None:
+            found = self.shared[key] = Unplaceable(code=code, reason=reason, until=until)
+        return found
+
+    def _estimate(self, job: PendingJob, gang: bool) -> Unplaceable:
+        """Why a job that may preempt found no victims: contracts in the way, or no room."""
+        if self.index.fitted_at_start(job, gang):
+            return _TAKEN
+        plan = None
+        if self.searches < self.budget:
+            self.searches += 1
+            plan = self._plan(job, gang, ready=True)
+        else:
+            self.budget_spent = True
+        if plan is not None and plan.until > self.now:
+            ids = ", ".join(str(v.job.job_id) for v in plan.victims)
+            until = plan.until
+            return self._wait(
+                "WAIT_CONTRACT", f"room at t={until:g} when the contracts of jobs {ids} end", until
+            )
+        return self._wait("WAIT_RESOURCES", self.index.shortfall(job, gang))
+
+    def _why(self, job: PendingJob, gang: bool, fitted: bool, memo: _MemoKey | None) -> Unplaceable:
+        """`fitted`: the job would have fitted in the GPUs free at the start of the cycle."""
+        index = self.index
+        if memo is not None:
+            size, first, wait = self.failed[memo]
+            if first == job.job_id:
+                return wait
+            if fitted:
+                return _TAKEN
+            if wait.code == "WAIT_CONTRACT":
+                reason = f"no room before t={wait.until:g} (as for job {first}, {size} GPUs)"
+                return self._wait("WAIT_CONTRACT", reason, wait.until)
+            return self._wait("WAIT_RESOURCES", index.shortfall(job, gang))
+        if fitted:
+            return _TAKEN
+        if self.policy.may_preempt(job):
+            self.budget_spent = True
+            return _BUDGET_SPENT
+        return self._wait("WAIT_RESOURCES", index.shortfall(job, gang))
+
+    # --- 4. record ------------------------------------------------------------------------------
+
+    def decision(self) -> Decision:
+        later = [t for t in self.wake if t > self.now]
+        return Decision(
+            based_on=self.snapshot.position,
+            policy_version=self.policy.version,
+            config=self.policy.config(),
+            placements=tuple(self.placements),
+            preemptions=tuple(self.preemptions),
+            considered=tuple(self.considered),
+            waiting=self.waiting,
+            fragmentation_gpus=fragmentation(self.index, self.smallest),
+            wake_at=min(later) if later else None,
+            budget_spent=self.budget_spent,
+        )
+
+
+def decide(snapshot: Snapshot, policy: Policy, now: float) -> Decision:
+    """Pure: the decision of one cycle over `snapshot` (see the module docstring for the steps).
+
+    Interior accounts missing from `snapshot.ranks` are ranked as their best leaf first
+    (`complete_ranks`), so a reader may hand over the leaf ranks alone.
+    """
+    snapshot = msgspec.structs.replace(snapshot, ranks=complete_ranks(snapshot.ranks))
+    # 1. index the free GPUs
+    cycle = _Cycle(snapshot, policy, now)
+    # 2. maintenance drains
+    cycle.drain()
+    # 3. pending jobs in the policy's order: place, preempt for, or explain
+    cycle.consider(policy.order(snapshot))
+    # 4. fragmentation and the next wake-up
+    return cycle.decision()

@@ -1,0 +1,88 @@
+"""The order in which a cycle considers pending jobs.
+
+Pure: functions of the job and the ranks. Every key is a tuple of primitives (it is recorded in
+`CycleDecided.considered` as `sort_key`) and ends in the job id, so the order is total and the same
+snapshot always gives the same order.
+
+The fair-share ladder (`fairshare_key`), compared left to right:
+
+1. funded before unfunded (`0` funded, `1` unfunded);
+2. the team's fair-share rank: the rank of the job's project, which sorts with its best user leaf
+   (see `snapshot.complete_ranks`), so teams come in fair-share order (a reader that gives only
+   leaf ranks gets the leaf's rank here, and priority then orders one user's jobs only);
+3. inside one team, declared priority, higher first (stored negated);
+4. then the rank of the job's user leaf `<project>/<user>` (the project's rank if the leaf is not
+   ranked), so a team's members share by fair share when priorities tie;
+5. submit time, earlier first;
+6. job id.
+
+Priority only orders jobs inside one team: it sits below the team rank, so no priority lets a team
+overtake a better-ranked one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from operator import itemgetter
+
+from ledger.dispatch.snapshot import UNRANKED, PendingJob
+
+SortKey = tuple[int | float | str, ...]
+KeyFn = Callable[[PendingJob], SortKey]
+
+
+def fairshare_key(job: PendingJob, ranks: Mapping[str, int]) -> SortKey:
+    """Pure: the fair-share sort key of `job` (see the module docstring for the ladder)."""
+    project = ranks.get(job.account)
+    leaf_rank = ranks.get(f"{job.account}/{job.user}", UNRANKED if project is None else project)
+    team_rank = leaf_rank if project is None else project
+    return (
+        0 if job.min_runtime_s > 0 else 1,
+        team_rank,
+        -job.priority,
+        leaf_rank,
+        job.submitted_at,
+        job.job_id,
+    )
+
+
+def fairshare_order(
+    jobs: Iterable[PendingJob], ranks: Mapping[str, int]
+) -> list[tuple[SortKey, PendingJob]]:
+    """Pure: `ordered(jobs, fairshare_key)`, with the rank look-ups done once per user."""
+    cache: dict[tuple[str, str], tuple[int, int]] = {}
+    keyed: list[tuple[SortKey, PendingJob]] = []
+    for j in jobs:
+        who = (j.account, j.user)
+        pair = cache.get(who)
+        if pair is None:
+            key = fairshare_key(j, ranks)
+            pair = cache[who] = (int(key[1]), int(key[3]))
+        team, leaf = pair
+        keyed.append(
+            (
+                (
+                    0 if j.min_runtime_s > 0 else 1,
+                    team,
+                    -j.priority,
+                    leaf,
+                    j.submitted_at,
+                    j.job_id,
+                ),
+                j,
+            )
+        )
+    keyed.sort(key=itemgetter(0))
+    return keyed
+
+
+def fifo_key(job: PendingJob) -> SortKey:
+    """Pure: first come, first served: submit time, then job id."""
+    return (job.submitted_at, job.job_id)
+
+
+def ordered(jobs: Iterable[PendingJob], key: KeyFn) -> list[tuple[SortKey, PendingJob]]:
+    """Pure: the jobs with their keys, in key order. Job ids are unique, so ties cannot happen."""
+    keyed = [(key(j), j) for j in jobs]
+    keyed.sort(key=itemgetter(0))
+    return keyed

@@ -1,0 +1,195 @@
+"""Policies: the pluggable part of a cycle (job order and victim choice).
+
+Pure: a policy is a config value; its methods are functions of their arguments.
+
+`decide()` owns what every policy shares: the placement rules, contracts (no policy can preempt a
+job inside its contract: the engine never offers one), maintenance drains and the decision record.
+A policy owns the order of pending jobs and which running jobs are eligible victims for a waiting
+job. `FairShare` is the scheme this project implements; `Fifo` is the simplest baseline (submit
+order, no preemption). Other baselines (Slurm-like, legacy caps) plug in the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Iterator
+from typing import Protocol
+
+import msgspec
+
+from ledger.dispatch.ordering import SortKey, fairshare_order, fifo_key, ordered
+from ledger.dispatch.preemption import (
+    CLASS_NOT_RESUMABLE,
+    CLASS_RESUMABLE,
+    CLASS_SQUATTING,
+    CLASS_UNFUNDED,
+    Victim,
+    outranks,
+    victim_cost,
+)
+from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot
+from schemas.events import PreemptReason
+
+
+class Policy(Protocol):
+    """What `decide()` asks of a scheduling policy."""
+
+    @property
+    def version(self) -> str:
+        """Recorded in every decision (`policy_version`)."""
+        ...
+
+    @property
+    def search_budget(self) -> int:
+        """At most this many victim searches per cycle (each costs O(running jobs))."""
+        ...
+
+    def config(self) -> dict[str, str]:
+        """The settings that shape decisions, recorded in every decision (`config`)."""
+        ...
+
+    def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
+        """Every pending job with its sort key, in the order the cycle considers them."""
+        ...
+
+    def may_preempt(self, job: PendingJob) -> bool:
+        """Whether `job` may ever cause a preemption (saves searching for those that may not)."""
+        ...
+
+    def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
+        """Jobs of one group get the same victims from the same candidates: `decide()` asks
+        `victims` once per group and constraint set in a cycle, and reuses the answer."""
+        ...
+
+    def victim_key(self, job: RunningJob, now: float) -> tuple[float, ...]:
+        """Where a running job stands in the victim order, cheapest first, whoever waits:
+        `decide()` sorts the candidates by it once per cycle."""
+        ...
+
+    def victims(
+        self, job: PendingJob, candidates: Iterable[RunningJob], snapshot: Snapshot, now: float
+    ) -> Iterator[Victim]:
+        """Lazily, in the order of `candidates` (by `victim_key`), those `job` may preempt, with
+        reason, note and `cost = victim_key(...)`. `decide()` reads only as far as it needs.
+        Contracts are not the policy's concern: `decide()` offers only jobs past their contract
+        (and asks about jobs inside it only to estimate when a waiting job could get room)."""
+        ...
+
+
+class FairShare(msgspec.Struct, frozen=True, kw_only=True):
+    """Hierarchical fair share with contracts, a preemption margin, squatting and a debug lane."""
+
+    version: str = "fairshare-1"
+    margin: float = 0.1
+    """Hysteresis: a fair-share preemption needs the waiting side's level fair share to exceed
+    the victim side's by the factor 1 + margin (see `preemption.outranks`)."""
+    min_rank_gap: int = 1
+    """The rank difference needed when level fair shares are missing."""
+    squat_after_s: float = 3600.0
+    """A job past its contract with low utilisation for this long is squatting."""
+    squat_util_pct: float = 10.0
+    """The utilisation below which a job counts as low; applied by the snapshot reader when it
+    computes `low_util_since`, recorded here so decisions can be replayed."""
+    debug_lane: bool = True
+    """Funded debug-class jobs may preempt any job past its contract, whatever the ranks."""
+    search_budget: int = 32
+
+    def config(self) -> dict[str, str]:
+        return {
+            "policy": "fairshare",
+            "margin": repr(self.margin),
+            "min_rank_gap": str(self.min_rank_gap),
+            "squat_after_s": repr(self.squat_after_s),
+            "squat_util_pct": repr(self.squat_util_pct),
+            "debug_lane": str(self.debug_lane).lower(),
+            "search_budget": str(self.search_budget),
+        }
+
+    def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
+        return fairshare_order(snapshot.pending, snapshot.ranks)
+
+    def may_preempt(self, job: PendingJob) -> bool:
+        return job.min_runtime_s > 0
+
+    def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
+        return (snapshot.rank_key(job.account, job.user), self.debug_lane and job.debug)
+
+    def victim_key(self, job: RunningJob, now: float) -> tuple[float, ...]:
+        """`preemption.victim_cost` with this policy's classes: unfunded, squatting (low
+        utilisation for `squat_after_s`), resumable, not resumable."""
+        low = job.low_util_since
+        if job.min_runtime_s <= 0:
+            klass = CLASS_UNFUNDED
+        elif low is not None and now - low >= self.squat_after_s:
+            klass = CLASS_SQUATTING
+        else:
+            klass = CLASS_RESUMABLE if job.resumable else CLASS_NOT_RESUMABLE
+        return victim_cost(job, klass, now)
+
+    def victims(
+        self, job: PendingJob, candidates: Iterable[RunningJob], snapshot: Snapshot, now: float
+    ) -> Iterator[Victim]:
+        """Eligible for a funded job: unfunded jobs, squatters, jobs of accounts it outranks
+        by the margin, and (for a debug-class job, when the lane is on) any job."""
+        if job.min_runtime_s <= 0:
+            return
+        lane = self.debug_lane and job.debug
+        waiting = snapshot.rank_key(job.account, job.user)
+        verdicts: dict[tuple[str, str], tuple[bool, str]] = {}
+        reason: PreemptReason
+        for r in candidates:
+            cost = self.victim_key(r, now)
+            klass = cost[0]
+            if klass == CLASS_UNFUNDED:
+                reason, note = "fairness", "unfunded"
+                low = r.low_util_since
+                if low is not None and now - low >= self.squat_after_s:
+                    reason = "squatting"
+            elif klass == CLASS_SQUATTING:
+                reason, note = "squatting", f"low utilisation since t={r.low_util_since:g}"
+            else:
+                pair = (r.account, r.user)
+                verdict = verdicts.get(pair)
+                if verdict is None:
+                    verdict = verdicts[pair] = outranks(
+                        waiting,
+                        snapshot.rank_key(*pair),
+                        snapshot.ranks,
+                        snapshot.level_fs,
+                        self.margin,
+                        self.min_rank_gap,
+                    )
+                ok, note = verdict
+                if ok:
+                    reason = "fairness"
+                elif lane:
+                    reason, note = "debug", "debug lane"
+                else:
+                    continue
+            yield Victim(r, reason, cost, note)
+
+
+class Fifo(msgspec.Struct, frozen=True, kw_only=True):
+    """First come, first served; never preempts. A baseline, and proof of the seam."""
+
+    version: str = "fifo-1"
+    search_budget: int = 0
+
+    def config(self) -> dict[str, str]:
+        return {"policy": "fifo"}
+
+    def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
+        return ordered(snapshot.pending, fifo_key)
+
+    def may_preempt(self, job: PendingJob) -> bool:
+        return False
+
+    def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
+        return None
+
+    def victim_key(self, job: RunningJob, now: float) -> tuple[float, ...]:
+        return (job.job_id,)
+
+    def victims(
+        self, job: PendingJob, candidates: Iterable[RunningJob], snapshot: Snapshot, now: float
+    ) -> Iterator[Victim]:
+        return iter(())

@@ -1,0 +1,214 @@
+"""Victims: which running jobs to preempt so a waiting job fits, and the preemption margin.
+
+Pure: functions of the snapshot, the free-capacity index and `now`.
+
+A policy says which running jobs are *eligible* victims for a waiting job, in its victim order
+(`Victim.cost`, the policy's `victim_key`); this module finds a set of them that makes the job fit
+by the placement rules (one node, or whole nodes of one pool for a gang job). The engine offers
+only jobs past their contract, so no plan ever ends a contract early.
+
+The fair-share victim order (`victim_cost`), compared left to right (lower is preempted first):
+
+1. class: 0 unfunded, 1 squatting (low utilisation for `squat_after_s`, past contract),
+   2 resumable, 3 not resumable (its whole run is lost);
+2. low utilisation first among equals;
+3. work lost: seconds since the last checkpoint (resumable) or since placement (not resumable);
+4. job id.
+
+Plans take victims in that order and stop at the first node (or, for a gang job, the first set of
+whole nodes) where the job fits: the most expensive victim of the plan is as cheap as it can be,
+so a plan needs a non-resumable victim only when nothing else frees the space. The search reads
+only the prefix of the victim list it needs. The estimate behind `WAIT_CONTRACT` offers victims
+by when their contracts end instead, so its plan's `until` is the earliest time room appears.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from ledger.dispatch.placement import FreeIndex, Pool, PoolKey
+from ledger.dispatch.snapshot import UNRANKED, RunningJob, fs_text
+from schemas.events import PreemptReason
+
+CLASS_UNFUNDED = 0
+CLASS_SQUATTING = 1
+CLASS_RESUMABLE = 2
+CLASS_NOT_RESUMABLE = 3
+
+
+class Victim(msgspec.Struct, frozen=True):
+    """A running job a policy would preempt for a waiting job, why, and at what cost."""
+
+    job: RunningJob
+    reason: PreemptReason
+    cost: tuple[float, ...]
+    """The policy's `victim_key`: victims are taken in this order."""
+    note: str = ""
+
+
+def victim_cost(job: RunningJob, klass: int, now: float) -> tuple[int, int, float, int]:
+    """Pure: the sort key of a victim (see the module docstring)."""
+    since = job.checkpoint_at if job.resumable and job.checkpoint_at is not None else job.placed_at
+    lost = now - since
+    return (
+        klass,
+        0 if job.low_util_since is not None else 1,
+        lost if lost > 0 else 0.0,
+        job.job_id,
+    )
+
+
+def divergence(a: str, b: str) -> tuple[str, str] | None:
+    """Pure: the sibling accounts where the paths `a` and `b` part, or None when one contains
+    the other (the same account, or an ancestor)."""
+    pa, pb = a.split("/"), b.split("/")
+    i = 0
+    while i < len(pa) and i < len(pb) and pa[i] == pb[i]:
+        i += 1
+    if i == len(pa) or i == len(pb):
+        return None
+    return "/".join(pa[: i + 1]), "/".join(pb[: i + 1])
+
+
+def outranks(
+    waiting: str,
+    victim: str,
+    ranks: Mapping[str, int],
+    level_fs: Mapping[str, float],
+    margin: float,
+    min_rank_gap: int,
+) -> tuple[bool, str]:
+    """Pure: whether account `waiting` may preempt account `victim` for fair share, and why.
+
+    The waiting account must rank better, and by a margin (hysteresis, after Kueue's
+    LessThanOrEqualToFinalShare): where the two paths part in the tree, the waiting side's level
+    fair share must exceed the victim side's by the factor `1 + margin`. Without level fair
+    shares for both sides the ranks must differ by at least `min_rank_gap`. Two accounts whose
+    shares are within the margin never preempt each other, so they cannot ping-pong.
+    """
+    rw, rv = ranks.get(waiting, UNRANKED), ranks.get(victim, UNRANKED)
+    if rw >= rv:
+        return False, f"{victim} ranks {rv}, not below {waiting} ({rw})"
+    parted = divergence(waiting, victim)
+    if parted is not None and parted[0] in level_fs and parted[1] in level_fs:
+        fw, fv = level_fs[parted[0]], level_fs[parted[1]]
+        factor = 1.0 + margin
+        ok = fw > fv * factor if not math.isinf(fv) else False
+        op = ">" if ok else "<="
+        left, right = f"{parted[0]} {fs_text(fw)}", f"{parted[1]} {fs_text(fv)}"
+        return ok, f"level fair share {left} {op} {right} x {factor:g}"
+    ok = rv - rw >= min_rank_gap
+    return ok, f"rank {waiting} {rw} vs {victim} {rv} (gap {rv - rw}, needed {min_rank_gap})"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Victims whose GPUs, with the free ones, fit the waiting job on `nodes`."""
+
+    victims: tuple[Victim, ...]
+    nodes: tuple[str, ...]
+    until: float
+    """When the last victim's contract ends (the plan's time for an estimate; else now)."""
+
+
+def ready_key(job: RunningJob, now: float) -> float:
+    """When a running job's contract lets it go (now, if it has ended)."""
+    end = job.placed_at + job.min_runtime_s
+    return end if end > now else now
+
+
+def _until(victims: Iterable[Victim], now: float) -> float:
+    """When the last of `victims` leaves its contract (`now` if all have)."""
+    return max((ready_key(v.job, now) for v in victims), default=now)
+
+
+def plan_single(
+    gpus: int,
+    pools: Sequence[Pool],
+    index: FreeIndex,
+    victims: Iterable[Victim],
+    now: float,
+) -> Plan | None:
+    """Pure: the first node where a one-node job of `gpus` GPUs fits when `victims` (in
+    victim order) are taken one by one, with the victims it takes, or None.
+    """
+    keys = {p.key for p in pools}
+    free, pool_of, size = index.free, index.pool_of, index.size
+    taken: dict[str, list[Victim]] = {}
+    room: dict[str, int] = {}
+    for v in victims:
+        for sl in v.job.slots:
+            node = sl.node
+            if node not in free or pool_of[node] not in keys or size[node] < gpus:
+                continue
+            have = room.get(node)
+            if have is None:
+                have = len(free[node])
+                taken[node] = []
+            taken[node].append(v)
+            have += len(sl.gpu_indices)
+            room[node] = have
+            if have >= gpus:
+                on = taken[node]
+                return Plan(victims=tuple(on), nodes=(node,), until=_until(on, now))
+    return None
+
+
+def plan_gang(
+    gpus: int,
+    pools: Sequence[Pool],
+    index: FreeIndex,
+    victims: Iterable[Victim],
+    now: float,
+) -> Plan | None:
+    """Pure: whole nodes of one pool for a gang job: its whole free nodes (largest first, then
+    by name) and then nodes cleared of victims, in the order `victims` (in victim order)
+    clear them, until the job fits; or None.
+
+    A partly held node is cleared when every GPU on it is free or held by a victim taken.
+    """
+    keys = {p.key: p for p in pools}
+    free, pool_of, size = index.free, index.pool_of, index.size
+    got = {p.key: p.whole_gpus for p in pools}
+    cleared: dict[PoolKey, list[str]] = {p.key: [] for p in pools}
+    on: dict[str, list[Victim]] = {}
+    room: dict[str, int] = {}
+    seen: dict[int, int] = {}
+    for v in victims:
+        seen[v.job.job_id] = len(seen)
+        for sl in v.job.slots:
+            node = sl.node
+            if node not in free or pool_of[node] not in keys:
+                continue
+            have = room.get(node)
+            if have is None:
+                have = len(free[node])
+                on[node] = []
+            on[node].append(v)
+            have += len(sl.gpu_indices)
+            room[node] = have
+            if have < size[node]:
+                continue
+            key = pool_of[node]
+            cleared[key].append(node)
+            got[key] += have
+            if got[key] < gpus:
+                continue
+            pool = keys[key]
+            nodes = sorted(pool.whole, key=lambda n: (-size[n], n)) + cleared[key]
+            total = 0
+            chosen: dict[int, Victim] = {}
+            for i, n in enumerate(nodes):
+                total += size[n]
+                for x in on.get(n, ()):
+                    chosen.setdefault(x.job.job_id, x)
+                if total >= gpus:
+                    picked = tuple(sorted(chosen.values(), key=lambda x: seen[x.job.job_id]))
+                    return Plan(
+                        victims=picked, nodes=tuple(nodes[: i + 1]), until=_until(picked, now)
+                    )
+    return None

@@ -1,0 +1,225 @@
+"""What one dispatcher cycle sees: a plain value taken at one log position.
+
+Pure: the snapshot is data; `snapshot_from_state` only reads the write-side `State` it is given.
+The dispatcher reads projections through `SnapshotReader`, declared here where it is consumed, so
+`decide()` can be fed a snapshot by a projection, a test, a simulator or a replay alike.
+
+Ranks: `ranks` maps account paths to the fair-share rank (0 = best). The fair-share projection
+ranks user leaves depth-first (Slurm Fair Tree); an interior account (a project or program) sorts
+with its best leaf, so its rank is the smallest rank below it. `complete_ranks` fills the interior
+ranks from the leaf ranks when a reader only gives leaves. `level_fs` maps account paths to their
+level fair share (budget share / window usage share among siblings; `inf` when unused): the
+preemption margin compares it and decision notes quote it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import msgspec
+
+from schemas.events import GpuSlot
+
+if TYPE_CHECKING:
+    from ledger.domain import State
+
+NodeState = Literal["active", "draining", "drained"]
+
+UNRANKED = 1_000_000_000
+"""The rank of an account the fair-share reader does not know yet (sorts after every ranked one)."""
+
+
+class NodeView(msgspec.Struct, frozen=True, kw_only=True):
+    """A node as the cycle sees it. Only `active` nodes take work."""
+
+    name: str
+    cluster: str
+    gpu_type: str
+    gpus: int
+    state: NodeState = "active"
+    free: tuple[int, ...] = ()
+    """Indices of the GPUs nobody holds, ascending."""
+
+
+class RunningJob(msgspec.Struct, frozen=True, kw_only=True):
+    """A job that holds GPUs (placed or running)."""
+
+    job_id: int
+    account: str
+    user: str
+    gpus: int
+    slots: tuple[GpuSlot, ...]
+    placed_at: float
+    min_runtime_s: int
+    """The contract: never preempted (by the dispatcher) before `placed_at + min_runtime_s`."""
+    resumable: bool = False
+    checkpoint_at: float | None = None
+    """The last checkpoint (a placement counts as one); work after it is lost on preemption."""
+    debug: bool = False
+    low_util_since: float | None = None
+    """Since when the job has used its GPUs below the squat threshold, or None."""
+
+    @property
+    def funded(self) -> bool:
+        return self.min_runtime_s > 0
+
+    @property
+    def contract_ends_at(self) -> float:
+        return self.placed_at + self.min_runtime_s
+
+    def in_contract(self, now: float) -> bool:
+        return now < self.placed_at + self.min_runtime_s
+
+    def work_lost_s(self, now: float) -> float:
+        """Seconds of work a preemption at `now` throws away."""
+        since = (
+            self.checkpoint_at
+            if self.resumable and self.checkpoint_at is not None
+            else self.placed_at
+        )
+        return max(0.0, now - since)
+
+
+class PendingJob(msgspec.Struct, frozen=True, kw_only=True):
+    """A job waiting for GPUs (submitted, or requeued after a preemption)."""
+
+    job_id: int
+    account: str
+    """The project the job runs in (its team)."""
+    user: str
+    gpus: int
+    min_runtime_s: int
+    submitted_at: float
+    gpu_type: str | None = None
+    cluster: str | None = None
+    resumable: bool = False
+    priority: int = 0
+    debug: bool = False
+    time_limit_s: int | None = None
+
+    @property
+    def funded(self) -> bool:
+        return self.min_runtime_s > 0
+
+    @property
+    def leaf(self) -> str:
+        return f"{self.account}/{self.user}"
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything `decide()` reads, taken at log position `position`."""
+
+    position: int
+    """The log position the snapshot reflects; the decision is based on it."""
+    taken_at: float = 0.0
+    nodes: tuple[NodeView, ...] = ()
+    running: tuple[RunningJob, ...] = ()
+    pending: tuple[PendingJob, ...] = ()
+    ranks: dict[str, int] = msgspec.field(default_factory=dict)
+    level_fs: dict[str, float] = msgspec.field(default_factory=dict)
+
+    def rank_key(self, account: str, user: str) -> str:
+        """The account whose rank orders a job: the user leaf if ranked, else the project."""
+        leaf = f"{account}/{user}"
+        return leaf if leaf in self.ranks else account
+
+
+class SnapshotReader(Protocol):
+    """Gives the dispatcher a snapshot (a projection, a replay, or a test fake)."""
+
+    def snapshot(self, now: float) -> Snapshot: ...
+
+
+def complete_ranks(leaf_ranks: Mapping[str, int]) -> dict[str, int]:
+    """Pure: add every ancestor of the ranked paths, ranked as its best descendant."""
+    out = dict(leaf_ranks)
+    for path, rank in leaf_ranks.items():
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            anc = "/".join(parts[:i])
+            if anc not in leaf_ranks:
+                out[anc] = min(out.get(anc, rank), rank)
+    return out
+
+
+def snapshot_from_state(
+    state: State,
+    ranks: Mapping[str, int],
+    now: float,
+    *,
+    level_fs: Mapping[str, float] | None = None,
+    low_util_since: Mapping[int, float] | None = None,
+    position: int | None = None,
+) -> Snapshot:
+    """Pure: the snapshot of the write-side `state` (tests, simulation, replay).
+
+    `position` defaults to the number of events folded into `state`, which is the log position of
+    a single-stream ledger. Interior ranks are completed from the leaf ranks (`complete_ranks`).
+    Utilisation is not part of the write-side state: pass `low_util_since` (job id -> time).
+    """
+    low = low_util_since or {}
+    nodes = tuple(
+        NodeView(
+            name=n.name,
+            cluster=n.cluster,
+            gpu_type=n.gpu_type,
+            gpus=n.gpus,
+            state=n.state,
+            free=tuple(state.free_indices(n.name)),
+        )
+        for n in sorted(state.nodes.values(), key=lambda n: n.name)
+        if n.state != "removed"
+    )
+    running: list[RunningJob] = []
+    pending: list[PendingJob] = []
+    for job in sorted(state.jobs.values(), key=lambda j: j.job_id):
+        spec = job.spec
+        if job.status in ("placed", "running") and job.placed_at is not None:
+            running.append(
+                RunningJob(
+                    job_id=spec.job_id,
+                    account=spec.account,
+                    user=spec.user,
+                    gpus=spec.gpus,
+                    slots=job.slots,
+                    placed_at=job.placed_at,
+                    min_runtime_s=spec.min_runtime_s,
+                    resumable=spec.resumable,
+                    checkpoint_at=job.checkpoint_at,
+                    debug=spec.debug,
+                    low_util_since=low.get(spec.job_id),
+                )
+            )
+        elif job.status == "pending":
+            pending.append(
+                PendingJob(
+                    job_id=spec.job_id,
+                    account=spec.account,
+                    user=spec.user,
+                    gpus=spec.gpus,
+                    gpu_type=spec.gpu_type,
+                    cluster=spec.cluster,
+                    min_runtime_s=spec.min_runtime_s,
+                    resumable=spec.resumable,
+                    priority=spec.priority,
+                    submitted_at=spec.at,
+                    debug=spec.debug,
+                    time_limit_s=spec.time_limit_s,
+                )
+            )
+    return Snapshot(
+        position=state.events if position is None else position,
+        taken_at=now,
+        nodes=nodes,
+        running=tuple(running),
+        pending=tuple(pending),
+        ranks=complete_ranks(ranks),
+        level_fs=dict(level_fs or {}),
+    )
+
+
+def fs_text(value: float) -> str:
+    """A level fair share for a note: `inf` for unused budgets, else 3 significant digits."""
+    return "inf" if math.isinf(value) else f"{value:.3g}"
