@@ -637,6 +637,7 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
             considered=cmd.considered,
             fragmentation_gpus=cmd.fragmentation_gpus,
             config=cmd.config,
+            wake_at=cmd.wake_at,
         )
     ]
     # 1. preemptions free GPUs (validated against contracts)

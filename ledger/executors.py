@@ -153,10 +153,12 @@ class LocalExecutor:
     def next_event_at(self) -> float | None:
         return None
 
-    def shutdown(self) -> None:
-        """Stop everything (service exit): TERM, then KILL what is left."""
+    def shutdown(self, now: float) -> list[Exit]:
+        """Stop everything (service exit): TERM, KILL what is left after the grace period, and
+        return the exits of the jobs that were still running, so the ledger records them."""
+        running = dict(self._procs)
         for job_id in list(self._procs):
-            self.stop(job_id, 0.0)
+            self.stop(job_id, now)
         for proc in self._stopping.values():
             try:
                 proc.popen.wait(timeout=self.grace_s)
@@ -164,3 +166,4 @@ class LocalExecutor:
                 self._signal(proc, signal.SIGKILL)
                 proc.popen.wait()
         self._stopping.clear()
+        return [Exit(job_id, p.popen.returncode, now) for job_id, p in sorted(running.items())]

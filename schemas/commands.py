@@ -122,6 +122,7 @@ class ApplyDecision(Command, frozen=True, kw_only=True, tag="decision.apply"):
     considered: tuple[Considered, ...] = ()
     fragmentation_gpus: int = 0
     config: dict[str, str] = {}
+    wake_at: float | None = None
 
 
 class PreemptJob(Command, frozen=True, kw_only=True, tag="preempt"):

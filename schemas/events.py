@@ -214,6 +214,8 @@ class Considered(msgspec.Struct, frozen=True, kw_only=True):
     job_id: int
     sort_key: tuple[float | int | str, ...]
     reason: str | None = None
+    code: str | None = None
+    """Why it waits, as a stable word (WAIT_RESOURCES, WAIT_PRIORITY, WAIT_CONTRACT)."""
 
 
 class CycleDecided(Event, frozen=True, kw_only=True, tag="cycle.decided.v1"):
@@ -225,6 +227,8 @@ class CycleDecided(Event, frozen=True, kw_only=True, tag="cycle.decided.v1"):
     considered: tuple[Considered, ...] = ()
     fragmentation_gpus: int = 0
     config: dict[str, str] = {}
+    wake_at: float | None = None
+    """When the decision could change without a new event (a contract ends)."""
 
 
 AnyEvent = (

@@ -34,9 +34,9 @@ def cli(ctx: click.Context, home: Path, actor: str | None) -> None:
 
 
 def _register() -> None:
-    from ledger.cli import budget, read, write
+    from ledger.cli import budget, read, serve, views, write
 
-    for module in (write, read, budget):
+    for module in (write, read, budget, views, serve):
         for command in module.COMMANDS:
             cli.add_command(command)
 

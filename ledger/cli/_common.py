@@ -109,6 +109,17 @@ class LedgerGroup(click.Group):
         except LedgerError as e:
             click.echo(f"error: {e.line()}", err=True)
             sys.exit(1)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except Exception as e:  # a bug: still one line, the traceback on request
+            if os.environ.get("GPULEDGER_DEBUG"):
+                raise
+            click.echo(
+                f"error: internal error: {type(e).__name__}: {e} "
+                "(rerun with GPULEDGER_DEBUG=1 for the traceback, and report it)",
+                err=True,
+            )
+            sys.exit(70)
 
 
 def default_home() -> Path:

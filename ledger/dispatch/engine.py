@@ -104,6 +104,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
             considered=self.considered,
             fragmentation_gpus=self.fragmentation_gpus,
             config=self.config,
+            wake_at=self.wake_at,
         )
 
 
@@ -228,7 +229,9 @@ class _Cycle:
             text = texts.get(id(wait))
             if text is None:
                 text = texts[id(wait)] = wait.text()
-            considered.append(Considered(job_id=job.job_id, sort_key=key, reason=text))
+            considered.append(
+                Considered(job_id=job.job_id, sort_key=key, reason=text, code=wait.code)
+            )
 
     def _by_preemption(
         self, job: PendingJob, gang: bool, memo: _MemoKey

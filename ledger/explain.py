@@ -1,0 +1,199 @@
+"""Plain-words answers to "why is my job pending / placed there / preempted?".
+
+Pure: takes the job's recorded history, the decisions that touched it and (for a pending job) a
+live decision with its snapshot; returns sentences. No I/O, no clock: `now` is a parameter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+
+from ledger.dispatch.engine import Decision
+from ledger.dispatch.snapshot import PendingJob, Snapshot
+from ledger.domain import Job
+from schemas import events as e
+
+
+def when(at: float | None) -> str:
+    if at is None:
+        return "-"
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def span(seconds: float) -> str:
+    s = int(max(0.0, seconds))
+    if s >= 86400:
+        return f"{s // 86400}d{(s % 86400) // 3600}h"
+    if s >= 3600:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def _fs(value: float | None) -> str:
+    if value is None:
+        return "unknown"
+    return "inf (no recent usage)" if math.isinf(value) else f"{value:.3g}"
+
+
+def contract_line(job: Job, now: float) -> str:
+    spec = job.spec
+    if not job.funded:
+        return "It is unfunded (min runtime 0): free, never charged, preemptible at any time."
+    ends = job.contract_ends_at()
+    if ends is None:
+        return f"Its contract: {span(spec.min_runtime_s)} without preemption once placed."
+    if now < ends:
+        return (
+            f"Its contract protects it until {when(ends)} (another {span(ends - now)}); "
+            "after that better-ranked work may preempt it."
+        )
+    return f"Its contract ended at {when(ends)}: better-ranked work may preempt it now."
+
+
+def explain_pending(job: Job, decision: Decision, snapshot: Snapshot, now: float) -> list[str]:
+    """Why a pending job waits, from a live decision on the current snapshot."""
+    spec = job.spec
+    order = [c.job_id for c in decision.considered]
+    out = [_headline(job) + " is pending."]
+    if spec.job_id not in order:
+        return [*out, "The dispatcher did not consider it (no such pending job in the snapshot)."]
+    i = order.index(spec.job_id)
+    considered = decision.considered[i]
+    out.append(
+        f"It is #{i + 1} of {len(order)} in the queue (sort key {list(considered.sort_key)})."
+    )
+    out.append(_rank_line(spec.account, spec.user, snapshot))
+    ahead = _pending_by_id(snapshot, order[:i])
+    if ahead:
+        by_team: dict[str, list[int]] = {}
+        for p in ahead:
+            by_team.setdefault(p.account, []).append(p.gpus)
+        teams = ", ".join(
+            f"{t}: {len(g)} jobs, {sum(g)} GPUs"
+            for t, g in sorted(by_team.items(), key=lambda kv: -sum(kv[1]))[:5]
+        )
+        out.append(
+            f"Ahead of it: {len(ahead)} jobs needing {sum(p.gpus for p in ahead)} GPUs ({teams})."
+        )
+    wait = decision.waiting.get(spec.job_id)
+    if wait is None:
+        out.append("It would be placed in the next cycle.")
+    else:
+        until = f" (room from {when(wait.until)})" if wait.until is not None else ""
+        out.append(f"It waits: {wait.code}: {wait.reason}{until}.")
+    if not job.funded:
+        out.append("Unfunded work goes after all funded work and may be preempted at any time.")
+    return out
+
+
+def _headline(job: Job) -> str:
+    s = job.spec
+    kind = "funded" if job.funded else "unfunded"
+    debug = ", debug class" if s.debug else ""
+    return f"Job {s.job_id} ({s.account}, {s.user}, {s.gpus} GPUs, {kind}{debug})"
+
+
+def _pending_by_id(snapshot: Snapshot, ids: Sequence[int]) -> list[PendingJob]:
+    by_id = {p.job_id: p for p in snapshot.pending}
+    return [by_id[i] for i in ids if i in by_id]
+
+
+def _rank_line(account: str, user: str, snapshot: Snapshot) -> str:
+    key = snapshot.rank_key(account, user)
+    rank = snapshot.ranks.get(key)
+    if rank is None:
+        return f"{key} has no fair-share rank yet."
+    depth = key.count("/")
+    ahead = sum(1 for k, r in snapshot.ranks.items() if k.count("/") == depth and r < rank)
+    line = (
+        f"Its fair-share rank: {rank + 1} ({key}), with {ahead} accounts ranked ahead; "
+        f"level fair share of {account}: {_fs(snapshot.level_fs.get(account))}"
+    )
+    siblings = _level_siblings(account, snapshot.level_fs)
+    if siblings:
+        leader = max(siblings.items(), key=lambda kv: (kv[1], kv[0]))
+        if leader[0] != account and leader[1] != snapshot.level_fs.get(account):
+            line += f"; the leading sibling {leader[0]} has {_fs(leader[1])}"
+    return line + "."
+
+
+def _level_siblings(account: str, level_fs: Mapping[str, float]) -> dict[str, float]:
+    parent = account.rsplit("/", 1)[0] if "/" in account else ""
+    out = {}
+    for path, value in level_fs.items():
+        p = path.rsplit("/", 1)[0] if "/" in path else ""
+        if p == parent and path.count("/") == account.count("/"):
+            out[path] = value
+    return out
+
+
+def explain_history(
+    job: Job,
+    history: Sequence[e.AnyEvent],
+    decisions: Mapping[str, e.CycleDecided],
+    now: float,
+) -> list[str]:
+    """What happened to a job and why, from its recorded events and the decisions behind them."""
+    out = [_headline(job) + f" is {job.outcome if job.status == 'finished' else job.status}."]
+    for ev in history:
+        match ev:
+            case e.JobSubmitted():
+                out.append(f"{when(ev.at)} submitted by {ev.actor} to {ev.account}.")
+            case e.JobPlaced():
+                where = "; ".join(
+                    f"{sl.node} GPUs {','.join(map(str, sl.gpu_indices))}" for sl in ev.slots
+                )
+                line = (
+                    f"{when(ev.at)} placed on {where} by {ev.cycle_id} "
+                    f"(based on position {ev.based_on})"
+                )
+                d = decisions.get(ev.cycle_id)
+                if d is not None:
+                    key = next((c.sort_key for c in d.considered if c.job_id == job.job_id), None)
+                    n = len(d.considered)
+                    line += f", policy {d.policy_version}"
+                    if key is not None:
+                        line += f", sort key {list(key)} among {n} considered"
+                    freed = [p for p in d.preemptions if p.for_job == job.job_id]
+                    if freed:
+                        line += f", after preempting {', '.join(str(p.job_id) for p in freed)}"
+                whole = len(ev.slots) > 1
+                line += (
+                    ": whole nodes for a multi-node job."
+                    if whole
+                    else ": best fit (the node with the fewest free GPUs that fit it)."
+                )
+                out.append(line)
+            case e.JobStarted():
+                out.append(f"{when(ev.at)} started.")
+            case e.CheckpointReported():
+                out.append(f"{when(ev.at)} reported a checkpoint.")
+            case e.JobPreempted():
+                who = f" to make room for job {ev.for_job}" if ev.for_job is not None else ""
+                note = f" ({ev.note})" if ev.note else ""
+                contract = _contract_at(job, history, ev)
+                out.append(f"{when(ev.at)} preempted for {ev.reason}{who}{note}; {contract}.")
+            case e.JobRequeued():
+                out.append(f"{when(ev.at)} requeued automatically (resumable), same job id.")
+            case e.JobFinished():
+                code = f" with exit code {ev.exit_code}" if ev.exit_code is not None else ""
+                out.append(f"{when(ev.at)} ended {ev.outcome}{code}.")
+    if job.status in ("placed", "running"):
+        out.append(contract_line(job, now))
+    return out
+
+
+def _contract_at(job: Job, history: Sequence[e.AnyEvent], preempted: e.JobPreempted) -> str:
+    placed = [ev for ev in history if isinstance(ev, e.JobPlaced) and ev.at <= preempted.at]
+    if not placed:
+        return "it held no contract"
+    if job.spec.min_runtime_s == 0:
+        return "it was unfunded (no contract)"
+    ends = placed[-1].at + job.spec.min_runtime_s
+    if preempted.at >= ends:
+        return f"its contract had expired at {when(ends)}"
+    return f"inside its contract (until {when(ends)}): an admin preemption"

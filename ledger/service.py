@@ -1,0 +1,220 @@
+"""The dispatcher cycle and the service loop: the edge around the pure `decide()`.
+
+One cycle, as numbered steps (Kueue's `schedule()` shape):
+  1. snapshot at position P: catch the ledger up, take fair-share ranks at `now`, build the
+     snapshot of pending/running jobs and nodes;
+  2. decide (pure);
+  3. append the decision expecting position P: a decision the log has overtaken in a way that
+     touches it is rejected by the ledger (`Conflict`) and simply retried next cycle;
+  4. hand preemptions and placements to the executor, report starts and exits back as commands;
+  5. return what happened (metrics, log line).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ledger.application import Ledger
+from ledger.dispatch.engine import Decision, decide
+from ledger.dispatch.policy import Policy
+from ledger.dispatch.snapshot import Snapshot, snapshot_from_state
+from ledger.executors import Executor, Launch
+from projections import queries
+from projections.fairshare import UsagePolicy
+from projections.projector import Projector
+from projections.store import Store
+from schemas import commands as c
+from schemas import events as e
+from schemas.errors import Conflict, LedgerError
+
+log = logging.getLogger("gpuledger.dispatcher")
+
+DISPATCHER = "@dispatcher"
+EXECUTOR = "@executor"
+
+
+class RankSource(Protocol):
+    """Fair-share ranks at a moment, read where the dispatcher consumes them."""
+
+    def ranks(self, now: float) -> tuple[Mapping[str, int], Mapping[str, float]]:
+        """(rank per account path, lower is better; level fair share per account path)."""
+        ...
+
+
+class StoreRanks:
+    """Ranks from a DuckDB projection as it stands."""
+
+    def __init__(self, store: Store, usage: UsagePolicy | None = None) -> None:
+        self.store = store
+        self.usage = usage or UsagePolicy()
+
+    def ranks(self, now: float) -> tuple[Mapping[str, int], Mapping[str, float]]:
+        tree = queries.fair_share(self.store, now, self.usage)
+        return tree.leaf_ranks(), tree.level_fs()
+
+
+class ProjectionRanks(StoreRanks):
+    """Ranks from the DuckDB projection, caught up with the log before each reading."""
+
+    def __init__(self, projector: Projector, usage: UsagePolicy | None = None) -> None:
+        super().__init__(projector.store, usage)
+        self.projector = projector
+
+    def ranks(self, now: float) -> tuple[Mapping[str, int], Mapping[str, float]]:
+        self.projector.catch_up()
+        return super().ranks(now)
+
+
+def preview(
+    ledger: Ledger,
+    ranks: RankSource,
+    policy: Policy,
+    now: float,
+    low_util_since: Mapping[int, float] | None = None,
+) -> tuple[Snapshot, Decision]:
+    """What the dispatcher would decide now, without appending anything (queue, explain)."""
+    position = ledger.catch_up()
+    leaf_ranks, level_fs = ranks.ranks(now)
+    snapshot = snapshot_from_state(
+        ledger.state,
+        leaf_ranks,
+        now,
+        level_fs=level_fs,
+        low_util_since=low_util_since,
+        position=position,
+    )
+    return snapshot, decide(snapshot, policy, now)
+
+
+@dataclass
+class UtilTracker:
+    """Since when each running job has stayed below the squat threshold (from its samples)."""
+
+    threshold_pct: float = 10.0
+    low_since: dict[int, float] = field(default_factory=dict)
+
+    def observe(self, event: e.AnyEvent) -> None:
+        if isinstance(event, e.UtilisationSampled):
+            mean = sum(event.gpu_utilisation) / max(1, len(event.gpu_utilisation))
+            if mean < self.threshold_pct:
+                self.low_since.setdefault(event.job_id, event.at)
+            else:
+                self.low_since.pop(event.job_id, None)
+        elif isinstance(event, e.JobPreempted | e.JobFinished | e.JobPlaced):
+            self.low_since.pop(event.job_id, None)
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    position: int
+    decision: Decision
+    appended: bool
+    conflict: str | None = None
+    started: int = 0
+    finished: int = 0
+
+
+class Dispatcher:
+    """Runs cycles against one ledger, one rank source and one executor."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        ranks: RankSource,
+        policy: Policy,
+        executor: Executor,
+        util: UtilTracker | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.rank_source = ranks
+        self.policy = policy
+        self.executor = executor
+        self.util = util or UtilTracker()
+        self._seen = ledger.position
+
+    def _observe_new_events(self) -> None:
+        while self._seen < self.ledger.position:
+            page = self.ledger.read(self._seen, 10_000)
+            if not page:
+                break
+            for pos, ev in page:
+                self.util.observe(ev)
+                self._seen = pos
+
+    def report_exits(self, now: float) -> int:
+        """Exits the executor saw become JobFinished (unless the ledger already ended the job)."""
+        done = 0
+        for ex in self.executor.poll(now):
+            job = self.ledger.state.jobs.get(ex.job_id)
+            if job is None or job.status not in ("placed", "running"):
+                continue
+            try:
+                self.ledger.execute(
+                    c.FinishJob(actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code)
+                )
+                done += 1
+            except LedgerError as err:  # the ledger moved on (cancel, preemption): keep going
+                log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
+        return done
+
+    def reconcile(self, now: float) -> None:
+        """Stop processes of jobs the ledger no longer runs (cancelled, preempted, removed)."""
+        for job_id in sorted(self.executor.running()):
+            job = self.ledger.state.jobs.get(job_id)
+            if job is None or job.status not in ("placed", "running"):
+                self.executor.stop(job_id, now)
+
+    def cycle(self, now: float) -> CycleResult:
+        # 0. exits first: GPUs they free are free for this cycle
+        finished = self.report_exits(now)
+        # 1. snapshot at position P
+        position = self.ledger.catch_up()
+        self._observe_new_events()
+        ranks, level_fs = self.rank_source.ranks(now)
+        snapshot = snapshot_from_state(
+            self.ledger.state,
+            ranks,
+            now,
+            level_fs=level_fs,
+            low_util_since=self.util.low_since,
+            position=position,
+        )
+        # 2. decide (pure)
+        decision = decide(snapshot, self.policy, now)
+        if not decision.placements and not decision.preemptions:
+            self.reconcile(now)
+            return CycleResult(position, decision, appended=False, finished=finished)
+        # 3. append expecting P
+        try:
+            self.ledger.execute(decision.to_command(DISPATCHER, f"cycle-{position}"))
+        except Conflict as err:
+            log.info("decision at position %s overtaken: %s", position, err.line())
+            return CycleResult(
+                position, decision, appended=False, conflict=err.line(), finished=finished
+            )
+        # 4. executor: stop the preempted, launch the placed, report starts
+        self.reconcile(now)
+        starts: list[c.AnyCommand] = []
+        for pl in decision.placements:
+            spec = self.ledger.state.jobs[pl.job_id].spec
+            launch = Launch(
+                pl.job_id, pl.slots, spec.command, spec.duration_s, spec.user, spec.account
+            )
+            self.executor.launch(launch, now)
+            starts.append(c.StartJob(actor=EXECUTOR, job_id=pl.job_id))
+        if starts:
+            self.ledger.execute_all(starts)
+        started = len(starts)
+        self._observe_new_events()
+        # 5. what happened
+        log.info(
+            "cycle at %s: %d placed, %d preempted, %d waiting",
+            position,
+            len(decision.placements),
+            len(decision.preemptions),
+            len(decision.waiting),
+        )
+        return CycleResult(position, decision, appended=True, started=started, finished=finished)
