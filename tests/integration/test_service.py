@@ -1,0 +1,276 @@
+"""The dispatcher cycle against the real store and projection, and the service with real
+subprocesses (LocalExecutor)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from ledger.application import Ledger
+from ledger.clock import SimClock, seeded_ids
+from ledger.dispatch.policy import FairShare
+from ledger.executors import SimExecutor
+from ledger.service import Dispatcher, ProjectionRanks, preview
+from projections.projector import Projector
+from projections.source import EmbeddedSource
+from projections.store import Store
+from schemas import commands as c
+from schemas import events as e
+from schemas.errors import Conflict
+
+GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
+
+
+def org(ledger: Ledger, nodes: int = 2, gpus: int = 8) -> None:
+    ledger.execute(c.InitLedger(actor="root", admin="root"))
+    cmds: list[c.AnyCommand] = [
+        c.OpenAccount(actor="root", path="ai2", kind="program"),
+        c.OpenAccount(actor="root", path="ai2/olmo", kind="project", shares=1),
+        c.OpenAccount(actor="root", path="ai2/tulu", kind="project", shares=1),
+        c.AddMember(actor="root", user="alice", project="ai2/olmo"),
+        c.AddMember(actor="root", user="dan", project="ai2/tulu"),
+    ]
+    cmds += [
+        c.RegisterNode(actor="root", node=f"n{i}", gpu_type="h100", gpus=gpus) for i in range(nodes)
+    ]
+    ledger.execute_all(cmds)
+
+
+def submit(user: str, account: str, gpus: int, **kw: object) -> c.SubmitJob:
+    return c.SubmitJob(actor=user, account=account, gpus=gpus, **kw)  # type: ignore[arg-type]
+
+
+def held_twice(events: list[e.AnyEvent]) -> list[tuple[str, int]]:
+    """Replays placements and releases independently of the domain: GPUs placed while held."""
+    holder: dict[tuple[str, int], int] = {}
+    slots: dict[int, list[tuple[str, int]]] = {}
+    clashes = []
+    for ev in events:
+        if isinstance(ev, e.JobPlaced):
+            gpus = [(sl.node, i) for sl in ev.slots for i in sl.gpu_indices]
+            clashes += [g for g in gpus if g in holder]
+            for g in gpus:
+                holder[g] = ev.job_id
+            slots[ev.job_id] = gpus
+        elif isinstance(ev, e.JobPreempted | e.JobFinished):
+            for g in slots.pop(ev.job_id, []):
+                holder.pop(g, None)
+    return clashes
+
+
+def test_a_cycle_places_by_fair_share_and_records_the_decision(tmp_path: Path) -> None:
+    clock = SimClock(1_000.0)
+    ledger = Ledger(tmp_path, clock, seeded_ids(1))
+    org(ledger, nodes=1)
+    # alice used the whole node for 10 h: dan's team now ranks first
+    ledger.execute(submit("alice", "ai2/olmo", 8, min_runtime_s=60, duration_s=36_000))
+    with Store.open(tmp_path) as store:
+        d = Dispatcher(
+            ledger,
+            ProjectionRanks(Projector(store, EmbeddedSource(tmp_path))),
+            FairShare(),
+            SimExecutor(),
+        )
+        assert [p.job_id for p in d.cycle(clock.now()).decision.placements] == [1]
+        clock.advance_to(1_000.0 + 36_000)
+        ledger.execute_all(
+            [
+                submit("alice", "ai2/olmo", 8, min_runtime_s=60),
+                submit("dan", "ai2/tulu", 8, min_runtime_s=60),
+            ]
+        )
+        result = d.cycle(clock.now())
+    assert result.appended and result.finished == 1
+    assert [p.job_id for p in result.decision.placements] == [3]
+    assert [cd.job_id for cd in result.decision.considered] == [3, 2]
+    decided = [ev for _, ev in ledger.read(0, 1000) if isinstance(ev, e.CycleDecided)]
+    assert decided[-1].based_on == result.position
+    assert decided[-1].considered[1].code == "WAIT_PRIORITY"  # job 3 took the free GPUs
+
+
+def test_two_dispatchers_deciding_on_the_same_position_never_double_book(tmp_path: Path) -> None:
+    clock = SimClock(1_000.0)
+    first = Ledger(tmp_path, clock, seeded_ids(1))
+    org(first, nodes=1)
+    first.execute(submit("alice", "ai2/olmo", 8, min_runtime_s=60))
+    second = Ledger(tmp_path, clock, seeded_ids(2))
+    with Store(":memory:") as store:
+        ranks = ProjectionRanks(Projector(store, EmbeddedSource(tmp_path)))
+        _, d1 = preview(first, ranks, FairShare(), clock.now())
+        _, d2 = preview(second, ranks, FairShare(), clock.now())
+    assert d1.placements and d1.placements == d2.placements
+    first.execute(d1.to_command("@dispatcher", "c1"))
+    with pytest.raises(Conflict) as err:
+        second.execute(d2.to_command("@dispatcher", "c2"))
+    assert err.value.fields["expected"] == d2.based_on
+    assert held_twice([ev for _, ev in second.read(0, 1000)]) == []
+
+
+def test_racing_dispatcher_threads_never_double_book(tmp_path: Path) -> None:
+    clock = SimClock(1_000.0)
+    setup = Ledger(tmp_path, clock, seeded_ids(1))
+    org(setup, nodes=2, gpus=4)
+    setup.execute_all(
+        [
+            submit(
+                "alice" if i % 2 else "dan",
+                "ai2/olmo" if i % 2 else "ai2/tulu",
+                1 + i % 3,
+                min_runtime_s=0,
+                duration_s=1.0,
+            )
+            for i in range(40)
+        ]
+    )
+    errors: list[BaseException] = []
+
+    def run(seed: int) -> None:
+        try:
+            ledger = Ledger(tmp_path, clock, seeded_ids(seed))
+            with Store(":memory:") as store:
+                d = Dispatcher(
+                    ledger,
+                    ProjectionRanks(Projector(store, EmbeddedSource(tmp_path))),
+                    FairShare(),
+                    SimExecutor(),
+                )
+                for _ in range(25):
+                    d.cycle(clock.now())
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in (2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    events = [ev for _, ev in Ledger(tmp_path, clock, seeded_ids(9)).read(0, 100_000)]
+    placed = [ev for ev in events if isinstance(ev, e.JobPlaced)]
+    assert placed, "the racing dispatchers placed nothing"
+    assert held_twice(events) == []
+
+
+def run_cli(
+    home: Path, *args: str, actor: str = "root", timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+    env |= {"GPULEDGER_HOME": str(home), "GPULEDGER_USER": actor}
+    proc = subprocess.run(
+        [GPULEDGER, *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, f"{args}: {proc.stderr}"
+    return proc
+
+
+def test_up_runs_real_processes_with_their_gpus_and_preempts_unfunded_work(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    run_cli(home, "init", "--admin", "root")
+    budget = tmp_path / "b.toml"
+    budget.write_text(
+        '[accounts."ai2"]\nkind = "program"\n'
+        '[accounts."ai2/olmo"]\nkind = "project"\nmembers = ["alice", "bob"]\n'
+    )
+    run_cli(home, "budget", "apply", str(budget))
+    run_cli(home, "node", "add", "local", "--gpus", "4", "--gpu-type", "sim")
+    # an unfunded job holds every GPU; `sleep` exits on SIGTERM
+    run_cli(
+        home,
+        "submit",
+        "-A",
+        "ai2/olmo",
+        "-G",
+        "4",
+        "--min-runtime",
+        "0",
+        "--",
+        "sleep",
+        "60",
+        actor="bob",
+    )
+    run_cli(home, "up", "--interval", "0.2s", "--for", "1s", "--log-level", "WARNING")
+    jobs = {j["job_id"]: j for j in json.loads(run_cli(home, "jobs", "--json").stdout)}
+    assert jobs[1]["outcome"] == "failed"  # the service stopped: its process was terminated
+    # now a funded job arrives while the unfunded one runs: it preempts it
+    run_cli(
+        home,
+        "submit",
+        "-A",
+        "ai2/olmo",
+        "-G",
+        "4",
+        "--min-runtime",
+        "0",
+        "--",
+        "sleep",
+        "60",
+        actor="bob",
+    )
+    script = 'echo "gpus=$CUDA_VISIBLE_DEVICES job=$GPULEDGER_JOB_ID"; exit 7'
+    proc = subprocess.Popen(
+        [
+            GPULEDGER,
+            "up",
+            "--interval",
+            "0.2s",
+            "--grace",
+            "1s",
+            "--until-idle",
+            "--for",
+            "60s",
+            "--log-level",
+            "WARNING",
+        ],
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")},
+            "GPULEDGER_HOME": str(home),
+            "GPULEDGER_USER": "root",
+        },
+    )
+    try:
+        import time
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # wait until the unfunded job runs
+            if (home / "jobs" / "job-2.log").exists():
+                break
+            time.sleep(0.1)
+        run_cli(
+            home,
+            "submit",
+            "-A",
+            "ai2/olmo",
+            "-G",
+            "2",
+            "--min-runtime",
+            "1h",
+            "--",
+            "sh",
+            "-c",
+            script,
+            actor="alice",
+        )
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    jobs = {j["job_id"]: j for j in json.loads(run_cli(home, "jobs", "--json").stdout)}
+    assert jobs[2]["outcome"] == "preempted"
+    assert jobs[3]["outcome"] == "failed"
+    log = (home / "jobs" / "job-3.log").read_text()
+    assert log.strip() in ("gpus=0,1 job=3", "gpus=2,3 job=3")
+    why = run_cli(home, "explain", "2").stdout
+    assert "preempted for fairness to make room for job 3" in why
+    assert "it was unfunded (no contract)" in why
+    finished = [
+        r["event"]
+        for r in json.loads(run_cli(home, "log", "--json", "--limit", "1000").stdout)
+        if r["event"]["type"] == "job.finished.v1"
+    ]
+    assert {(f["job_id"], f["outcome"], f.get("exit_code")) for f in finished} >= {(3, "failed", 7)}
