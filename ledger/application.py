@@ -9,6 +9,7 @@ since then touches what it depends on, is rejected with `Conflict`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from uuid import NAMESPACE_URL, UUID, uuid5
 
+import msgspec
 from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, Mapper, StoredEvent, Transcoder
 from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteFactory
@@ -28,6 +30,13 @@ from schemas.errors import Conflict, EventDecodeError, InvalidCommand, LedgerErr
 from schemas.events import AnyEvent, tag_of
 
 STREAM_ID = uuid5(NAMESPACE_URL, "gpuledger:ledger")
+
+
+def chain_hash(stored: bytes) -> str:
+    """The link to the next event: SHA-256 of an event's stored bytes, hex."""
+    return hashlib.sha256(stored).hexdigest()
+
+
 EVENTS_DB = "events.sqlite"
 
 
@@ -143,27 +152,32 @@ class Ledger(Application[UUID]):
         self.state = State()
         self.version = 0
         self.position = 0
+        self.last_hash = ""
         self.catch_up()
 
     # --- reading --------------------------------------------------------------------------------
 
     def read(self, after: int, limit: int) -> list[tuple[int, AnyEvent]]:
         """Decoded events after `after`, in log order, as (position, event)."""
-        out = []
-        for n in self.recorder.select_notifications(start=after + 1, limit=limit):
-            try:
-                out.append((n.id, codec.decode(n.state)))
-            except EventDecodeError as err:
-                raise EventDecodeError(
-                    f"log position {n.id}: {err.message}",
-                    hint="upgrade gpu-ledger"
-                    if err.tag is not None and not err.known
-                    else "the store is corrupt",
-                    tag=err.tag,
-                    known=err.known,
-                    position=n.id,
-                ) from err
-        return out
+        return [
+            (n.id, self._decode(n.id, n.state))
+            for n in self.recorder.select_notifications(start=after + 1, limit=limit)
+        ]
+
+    @staticmethod
+    def _decode(position: int, data: bytes) -> AnyEvent:
+        try:
+            return codec.decode(data)
+        except EventDecodeError as err:
+            raise EventDecodeError(
+                f"log position {position}: {err.message}",
+                hint="upgrade gpu-ledger"
+                if err.tag is not None and not err.known
+                else "the store is corrupt",
+                tag=err.tag,
+                known=err.known,
+                position=position,
+            ) from err
 
     def head(self) -> int:
         return self.recorder.max_notification_id() or 0
@@ -171,11 +185,13 @@ class Ledger(Application[UUID]):
     def catch_up(self) -> int:
         """Fold every event appended since our position (by us or another writer)."""
         while True:
-            page = self.read(self.position, self.page)
-            for pos, ev in page:
-                evolve(self.state, ev)
-                self.position = pos
+            page = self.recorder.select_notifications(start=self.position + 1, limit=self.page)
+            for n in page:
+                evolve(self.state, self._decode(n.id, n.state))
+                self.position = n.id
                 self.version += 1
+            if page:
+                self.last_hash = chain_hash(page[-1].state)
             if len(page) < self.page:
                 return self.position
 
@@ -201,19 +217,18 @@ class Ledger(Application[UUID]):
                 continue  # another writer moved the log: decide again
             if not events:
                 return Appended(events=[], position=self.position)
-            stored = self._stored(events)
+            stored, events = self._stored(events)
             try:
                 ids = self.recorder.insert_events(stored)
             except IntegrityError:
                 self.catch_up()  # another writer appended first: catch up and decide again
                 continue
-            if scratch is self.state:
-                for ev in events:
-                    evolve(self.state, ev)
-            else:
-                self.state = scratch
+            del scratch  # decided on; the state folds the chained events that were stored
+            for ev in events:
+                evolve(self.state, ev)
             self.version += len(events)
             self.position = ids[-1] if ids else self.head()
+            self.last_hash = chain_hash(stored[-1].state)
             return Appended(events=events, position=self.position)
         raise Conflict("the log kept moving under this command", hint="retry it")
 
@@ -230,11 +245,13 @@ class Ledger(Application[UUID]):
             events += decided
         return scratch, events
 
-    def _stored(self, events: list[AnyEvent]) -> list[StoredEvent]:
-        """Encode through the mapper once, and prove every event reads back as itself: what
-        the store cannot hold faithfully (inf, NaN, lone surrogates) is rejected, not appended."""
-        out = []
-        for i, ev in enumerate(events):
+    def _stored(self, decided: list[AnyEvent]) -> tuple[list[StoredEvent], list[AnyEvent]]:
+        """Chain, encode through the mapper once, and prove every event reads back as itself:
+        what the store cannot hold faithfully (inf, NaN, lone surrogates) is rejected."""
+        out, events, prev = [], [], self.last_hash
+        for i, unchained in enumerate(decided):
+            ev = msgspec.structs.replace(unchained, prev_hash=prev)
+            events.append(ev)
             try:
                 se = self.mapper.to_stored_event(Recorded(STREAM_ID, self.version + i + 1, ev))
                 faithful = codec.decode(se.state) == ev
@@ -249,7 +266,8 @@ class Ledger(Application[UUID]):
                     hint="use finite numbers (no inf or NaN)",
                 )
             out.append(se)
-        return out
+            prev = chain_hash(se.state)
+        return out, events
 
     def _check_conflicts(self, cmds: Sequence[AnyCommand]) -> None:
         for cmd in cmds:

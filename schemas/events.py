@@ -1,7 +1,7 @@
 """The v1 event vocabulary: frozen msgspec Structs, tagged, past tense.
 
 Every event carries `event_id`, `at` (seconds since the Unix epoch, from the ledger's clock, passed
-in) and `actor` (who caused it; system actors start with "@"). Schema evolution rules: new fields
+in), `actor` (who caused it; system actors start with "@") and `prev_hash` (the hash chain). Schema evolution rules: new fields
 get defaults; a field's type never changes; unknown fields are ignored on decode; a change that
 breaks these rules is a new tag (`.v2`).
 """
@@ -23,6 +23,9 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     event_id: str
     at: float
     actor: str
+    prev_hash: str = ""
+    """SHA-256 (hex) of the previous event's stored bytes: the log is a hash chain, so an edited
+    or removed event breaks the link after it. Empty for the first event. Set by the ledger."""
 
 
 # --- ledger -------------------------------------------------------------------------------------
