@@ -638,6 +638,7 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
             fragmentation_gpus=cmd.fragmentation_gpus,
             config=cmd.config,
             wake_at=cmd.wake_at,
+            decided_at=cmd.decided_at,
         )
     ]
     # 1. preemptions free GPUs (validated against contracts)

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import msgspec
+
 from ledger.application import Ledger
 from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.policy import Policy
@@ -39,8 +41,9 @@ EXECUTOR = "@executor"
 class RankSource(Protocol):
     """Fair-share ranks at a moment, read where the dispatcher consumes them."""
 
-    def ranks(self, now: float) -> tuple[Mapping[str, int], Mapping[str, float]]:
-        """(rank per account path, lower is better; level fair share per account path)."""
+    def ranks(self, now: float, position: int) -> tuple[Mapping[str, int], Mapping[str, float]]:
+        """(rank per account path, lower is better; level fair share per account path) at `now`
+        from the log up to `position`."""
         ...
 
 
@@ -51,7 +54,7 @@ class StoreRanks:
         self.store = store
         self.usage = usage or UsagePolicy()
 
-    def ranks(self, now: float) -> tuple[Mapping[str, int], Mapping[str, float]]:
+    def ranks(self, now: float, position: int) -> tuple[Mapping[str, int], Mapping[str, float]]:
         tree = queries.fair_share(self.store, now, self.usage)
         return tree.leaf_ranks(), tree.level_fs()
 
@@ -63,9 +66,11 @@ class ProjectionRanks(StoreRanks):
         super().__init__(projector.store, usage)
         self.projector = projector
 
-    def ranks(self, now: float) -> tuple[Mapping[str, int], Mapping[str, float]]:
-        self.projector.catch_up()
-        return super().ranks(now)
+    def ranks(self, now: float, position: int) -> tuple[Mapping[str, int], Mapping[str, float]]:
+        """Catch up to exactly `position`, the snapshot's, so a replay from the log alone sees
+        the same usage."""
+        self.projector.catch_up(until=position)
+        return super().ranks(now, position)
 
 
 def preview(
@@ -77,7 +82,7 @@ def preview(
 ) -> tuple[Snapshot, Decision]:
     """What the dispatcher would decide now, without appending anything (queue, explain)."""
     position = ledger.catch_up()
-    leaf_ranks, level_fs = ranks.ranks(now)
+    leaf_ranks, level_fs = ranks.ranks(now, position)
     snapshot = snapshot_from_state(
         ledger.state,
         leaf_ranks,
@@ -173,7 +178,7 @@ class Dispatcher:
         # 1. snapshot at position P
         position = self.ledger.catch_up()
         self._observe_new_events()
-        ranks, level_fs = self.rank_source.ranks(now)
+        ranks, level_fs = self.rank_source.ranks(now, position)
         snapshot = snapshot_from_state(
             self.ledger.state,
             ranks,
@@ -189,7 +194,8 @@ class Dispatcher:
             return CycleResult(position, decision, appended=False, finished=finished)
         # 3. append expecting P
         try:
-            self.ledger.execute(decision.to_command(DISPATCHER, f"cycle-{position}"))
+            command = decision.to_command(DISPATCHER, f"cycle-{position}")
+            self.ledger.execute(msgspec.structs.replace(command, decided_at=now))
         except Conflict as err:
             log.info("decision at position %s overtaken: %s", position, err.line())
             return CycleResult(

@@ -123,6 +123,7 @@ class ApplyDecision(Command, frozen=True, kw_only=True, tag="decision.apply"):
     fragmentation_gpus: int = 0
     config: dict[str, str] = {}
     wake_at: float | None = None
+    decided_at: float | None = None
 
 
 class PreemptJob(Command, frozen=True, kw_only=True, tag="preempt"):

@@ -232,6 +232,8 @@ class CycleDecided(Event, frozen=True, kw_only=True, tag="cycle.decided.v1"):
     config: dict[str, str] = {}
     wake_at: float | None = None
     """When the decision could change without a new event (a contract ends)."""
+    decided_at: float | None = None
+    """The `now` the pure decide() was given (replay re-runs it with the same value)."""
 
 
 AnyEvent = (
