@@ -1,0 +1,267 @@
+"""Benchmark: the relay's throughput against a raw kafka-python producer, in the same run.
+
+    python scripts/bench_relay.py                          # starts (and stops) its own broker
+    python scripts/bench_relay.py --bootstrap 127.0.0.1:19092
+    GPULEDGER_KAFKA=127.0.0.1:19092 python scripts/bench_relay.py --events 50000 --repeat 1
+
+A store of `--events` submissions is built first (not measured). Each round then publishes the
+whole store twice, each time to a fresh one-partition topic:
+
+- raw: a plain idempotent producer (acks=all, the relay's batching settings) sends the same
+  records (same key, value bytes and headers) read into memory beforehand, then flushes;
+- relay: `Relay.publish_pending()`: reads the store in batches and commits one Kafka
+  transaction per batch.
+
+Goal: relay >= 50% of raw. Prints events/s of both, the ratio per round and the median, and
+which CRC32C implementation kafka-python uses (the pure-Python fallback caps batching at
+~18k records/s; the `crc32c` C extension is installed with `kafka-python[crc32c]`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from importlib.metadata import version
+from pathlib import Path
+from typing import NamedTuple
+
+from kafka import KafkaAdminClient, KafkaProducer
+from kafka.record import util as record_util
+
+from ledger.application import Ledger
+from ledger.clock import SimClock, seeded_ids
+from ledger.relay import (
+    DEFAULT_BATCH,
+    RawRecord,
+    Relay,
+    ensure_topic,
+    last_published,
+    open_store,
+    read_raw,
+    record_headers,
+)
+from schemas import commands as c
+
+GOAL = 0.5
+KAFKA_SCRIPT = Path(__file__).resolve().parent / "kafka" / "kafka"
+
+
+def crc32c_implementation() -> str:
+    """Which CRC32C function kafka-python's record batches use (kafka.record.util)."""
+    impl = record_util._crc32c
+    if record_util.crc32c_c is not None and impl is record_util.crc32c_c:
+        return f"crc32c {version('crc32c')} (C extension, package `crc32c`)"
+    return "pure Python kafka.record._crc32c (slow: pip install 'kafka-python[crc32c]')"
+
+
+def machine() -> str:
+    mem = ""
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        kb = int(f.readline().split()[1])
+        mem = f", {kb / 1024**2:.0f} GB RAM"
+    return f"{os.cpu_count()} cores{mem}, {platform.platform()}, Python {platform.python_version()}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def broker(bootstrap: str | None) -> Iterator[str]:
+    """The given broker, or one of our own (private data dir, free ports), stopped at the end."""
+    if bootstrap:
+        yield bootstrap
+        return
+    with tempfile.TemporaryDirectory(prefix="gpuledger-bench-kafka-") as data:
+        env = dict(
+            os.environ,
+            GPULEDGER_KAFKA_DATA=data,
+            GPULEDGER_KAFKA_PORT=str(free_port()),
+            GPULEDGER_KAFKA_CONTROLLER_PORT=str(free_port()),
+        )
+        print("starting a private broker (scripts/kafka/kafka up) ...", flush=True)
+        up = subprocess.run([str(KAFKA_SCRIPT), "up"], env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            if up.returncode != 0:
+                sys.exit("error: the Kafka broker did not start (see above)")
+            yield up.stdout.strip()
+        finally:
+            subprocess.run([str(KAFKA_SCRIPT), "down"], env=env, stderr=subprocess.DEVNULL)
+
+
+def build_store(home: Path, events: int) -> int:
+    """A ledger where alice submits `events` jobs, appended in batches of 5,000."""
+    ledger = Ledger(home, SimClock(1_000.0), seeded_ids(1))
+    ledger.execute(c.InitLedger(actor="root", admin="root"))
+    ledger.execute_all(
+        [
+            c.OpenAccount(actor="root", path="ai2", kind="program"),
+            c.OpenAccount(actor="root", path="ai2/olmo", kind="project", shares=3),
+            c.AddMember(actor="root", user="alice", project="ai2/olmo"),
+            c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=8),
+        ]
+    )
+    job = c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, min_runtime_s=0, duration_s=60)
+    left = events - ledger.position
+    while left > 0:
+        ledger.execute_all([job] * min(left, 5_000))
+        left = events - ledger.position
+    ledger.close()
+    return ledger.position
+
+
+class Took(NamedTuple):
+    wall_s: float
+    cpu_s: float
+    """CPU seconds of this process, all threads (the caller and the producer's I/O thread):
+    steadier than wall time when other programs share the machine."""
+
+
+@contextlib.contextmanager
+def clock(out: list[Took]) -> Iterator[None]:
+    w0, c0 = time.perf_counter(), time.process_time()
+    yield
+    out.append(Took(time.perf_counter() - w0, time.process_time() - c0))
+
+
+def raw_round(bootstrap: str, topic: str, records: list[RawRecord]) -> Took:
+    """Time for a plain idempotent producer to send and flush `records`."""
+    ensure_topic(bootstrap, topic)
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        enable_idempotence=True,
+        acks="all",
+        linger_ms=5,
+        batch_size=1 << 20,
+        max_request_size=16 << 20,
+        client_id="gpuledger-bench-raw",
+    )
+    try:
+        producer.partitions_for(topic)  # metadata before the clock starts
+        took: list[Took] = []
+        send = producer.send
+        with clock(took):
+            for r in records:
+                send(topic, value=r.data, key=r.key, headers=record_headers(r), partition=0)
+            producer.flush()
+        return took[0]
+    finally:
+        producer.close()
+
+
+def relay_round(bootstrap: str, topic: str, home: Path, batch: int, want: int) -> Took:
+    """Time for `Relay.publish_pending()` to publish the whole store."""
+    relay = Relay(
+        open_store(home),
+        bootstrap,
+        topic=topic,
+        transactional_id=f"bench-{uuid.uuid4().hex[:12]}",
+        batch=batch,
+    )
+    took: list[Took] = []
+    try:
+        with clock(took):
+            published = relay.publish_pending()
+    finally:
+        relay.close()
+    if published != want:
+        sys.exit(f"error: the relay published {published} events, the store has {want}")
+    return took[0]
+
+
+def delete_topics(bootstrap: str, topics: list[str]) -> None:
+    with contextlib.suppress(Exception):
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="gpuledger-bench")
+        try:
+            admin.delete_topics(topics)
+        finally:
+            admin.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--events", type=int, default=200_000, help="events in the store")
+    ap.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="events per transaction")
+    ap.add_argument("--repeat", type=int, default=3, help="counted rounds of raw + relay")
+    ap.add_argument("--bootstrap", default=os.environ.get("GPULEDGER_KAFKA", "").strip() or None)
+    args = ap.parse_args()
+
+    print(f"machine: {machine()}")
+    print(f"kafka-python {version('kafka-python')}; CRC32C: {crc32c_implementation()}")
+    with (
+        tempfile.TemporaryDirectory(prefix="gpuledger-bench-relay-") as tmp,
+        broker(args.bootstrap) as bootstrap,
+    ):
+        home = Path(tmp)
+        t0 = time.perf_counter()
+        n = build_store(home, args.events)
+        records = read_raw(open_store(home), 0, n)
+        size = sum(len(r.data) for r in records) / n
+        print(
+            f"broker {bootstrap}; store: {n:,} events, {size:.0f} B mean value, "
+            f"built in {time.perf_counter() - t0:.1f} s (not measured); batch {args.batch:,}"
+        )
+
+        topics: list[str] = []
+        raw: list[Took] = []
+        relay: list[Took] = []
+        try:
+            # Round 0 warms up the broker's JIT and caches and is not counted; the order of raw
+            # and relay alternates so neither always runs on the hotter (or busier) broker.
+            for i in range(args.repeat + 1):
+                run = uuid.uuid4().hex[:8]
+                raw_topic, relay_topic = f"bench-raw-{run}", f"bench-relay-{run}"
+                topics += [raw_topic, relay_topic]
+                if i % 2:
+                    relay_took = relay_round(bootstrap, relay_topic, home, args.batch, n)
+                    raw_took = raw_round(bootstrap, raw_topic, records)
+                else:
+                    raw_took = raw_round(bootstrap, raw_topic, records)
+                    relay_took = relay_round(bootstrap, relay_topic, home, args.batch, n)
+                if last_published(bootstrap, relay_topic) != n:
+                    sys.exit("error: the relay topic does not end at the store's head")
+                print(
+                    f"{'warm-up' if i == 0 else f'round {i}':>7}: {line(n, raw_took, relay_took)}"
+                )
+                if i:
+                    raw.append(raw_took)
+                    relay.append(relay_took)
+        finally:
+            delete_topics(bootstrap, topics)
+
+    def median(runs: list[Took]) -> Took:
+        return Took(*(statistics.median(t[k] for t in runs) for k in range(2)))
+
+    mid_raw, mid_relay = median(raw), median(relay)
+    ratio = statistics.median(r.wall_s / s.wall_s for r, s in zip(raw, relay, strict=True))
+    print(f" median: {line(n, mid_raw, mid_relay)}")
+    print(
+        f"relay/raw throughput (median of the rounds' ratios) {ratio:.0%}: "
+        f"goal >= {GOAL:.0%} {'met' if ratio >= GOAL else 'NOT met'}"
+    )
+
+
+def line(n: int, raw: Took, relay: Took) -> str:
+    """Events/s (wall clock) and client CPU microseconds per event, raw then relay."""
+    return (
+        f"raw {n / raw.wall_s:>7,.0f} ev/s {raw.cpu_s / n * 1e6:5.1f} us cpu/ev   "
+        f"relay {n / relay.wall_s:>7,.0f} ev/s {relay.cpu_s / n * 1e6:5.1f} us cpu/ev   "
+        f"relay/raw {raw.wall_s / relay.wall_s:4.0%} (cpu {raw.cpu_s / relay.cpu_s:4.0%})"
+    )
+
+
+if __name__ == "__main__":
+    main()
