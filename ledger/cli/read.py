@@ -207,7 +207,7 @@ def jobs(
 
 def _summary(ev: Any) -> str:
     data = msgspec.to_builtins(ev)
-    for key in ("type", "event_id", "at", "actor", "considered"):
+    for key in ("type", "event_id", "at", "actor", "prev_hash", "considered"):
         data.pop(key, None)
     return " ".join(
         f"{k}={json.dumps(v, separators=(',', ':'))}"

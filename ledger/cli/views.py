@@ -111,7 +111,7 @@ def shares(ctx: Ctx, at: str | None, window: str, half_life: str | None, as_json
     for r in rows:
         table.add_row(
             "  " * r.depth + r.path.rsplit("/", 1)[-1], str(r.shares), _num(r.norm_shares),
-            f"{r.usage / 3600:,.1f}", _num(r.norm_usage), _num(r.effective_usage),
+            f"{r.usage / 3600:,.2f}", _num(r.norm_usage), _num(r.effective_usage),
             _num(r.level_fs), "-" if r.rank is None else str(r.rank), _num(r.factor),
         )  # fmt: skip
     _console().print(table)
