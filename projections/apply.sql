@@ -1,0 +1,186 @@
+-- How one batch of events changes the read models. The projector runs these statements in order,
+-- inside ONE transaction with the tracking update, after registering the batch as Arrow tables:
+--
+--   b_events     every record of the batch (typed columns extracted here from `raw`)
+--   b_accounts   AccountOpened / SharesSet / AccountClosed as account_history rows
+--   b_nodes      node events as node_history rows
+--   b_submitted  JobSubmitted as jobs rows (the contract)
+--   b_placed     JobPlaced: job_id, position, event_at, cycle_id, slots
+--   b_preempted  JobPreempted rows
+--   b_cycles     CycleDecided rows
+--
+-- and, read back from the batch's rows of `events` once they are inserted (temp tables below):
+--
+--   b_jobev      job lifecycle events: job_id, position, event_at, kind, outcome, exit_code
+--
+-- Each statement is set-based over the whole batch, so the result does not depend on where batch
+-- boundaries fall (a test checks batch size 1 against one big batch). A statement whose input
+-- table is empty is skipped. Sections start with `-- name:` and list their input in `-- needs:`;
+-- `always` sections run for every batch (and once when the projector starts, so that the views
+-- over their temp tables can be bound), `setup` sections only when the projector starts.
+-- Parameters: $first, $last (the batch's first and last positions), $events, $unknown.
+
+-- name: events
+-- needs: b_events
+INSERT INTO events
+SELECT position, tag, known, f."at", f.actor, f.event_id, f.job_id,
+       coalesce(f.path, f.account, f.project), f."user", f.node, raw
+FROM (
+    SELECT position, tag, known, raw,
+           json_transform(raw, '{"at": "DOUBLE", "actor": "VARCHAR", "event_id": "VARCHAR",
+               "job_id": "BIGINT", "path": "VARCHAR", "account": "VARCHAR",
+               "project": "VARCHAR", "user": "VARCHAR", "node": "VARCHAR"}') AS f
+    FROM b_events
+);
+
+-- name: account_history
+-- needs: b_accounts
+INSERT INTO account_history BY NAME SELECT * FROM b_accounts;
+
+-- name: node_history
+-- needs: b_nodes
+INSERT INTO node_history BY NAME SELECT * FROM b_nodes;
+
+-- name: b_jobev
+-- needs: always
+-- The batch's job lifecycle events, read back from the rows just inserted into `events` (zone
+-- maps on `position` keep the scan to the batch's row groups). A temp table, made once per batch
+-- (empty when the batch has none) and read by the statements below.
+CREATE OR REPLACE TEMP TABLE b_jobev AS
+SELECT job_id, position, occurred_at AS event_at,
+       CASE tag WHEN 'job.placed.v1'    THEN 'placed'
+                WHEN 'job.started.v1'   THEN 'started'
+                WHEN 'job.preempted.v1' THEN 'preempted'
+                WHEN 'job.requeued.v1'  THEN 'requeued'
+                WHEN 'job.finished.v1'  THEN 'finished'
+                ELSE 'checkpointed' END                                       AS kind,
+       CASE WHEN tag = 'job.finished.v1' THEN raw->>'$.outcome' END            AS outcome,
+       CASE WHEN tag = 'job.finished.v1' THEN (raw->>'$.exit_code')::INTEGER END AS exit_code
+FROM events
+WHERE position BETWEEN $first AND $last
+  AND tag IN ('job.placed.v1', 'job.started.v1', 'job.preempted.v1', 'job.requeued.v1',
+              'job.finished.v1', 'job.checkpointed.v1');
+
+-- name: b_job_changes
+-- needs: always
+-- Each job's events of the batch folded into the changes they make, mirroring evolve():
+--   placed: status placed, placed_at and checkpoint_at = its time  started: running, started_at
+--   preempted: placed_at, started_at cleared, preemptions + 1      requeued: pending
+--   finished: finished, outcome, exit_code                         checkpointed: checkpoint_at
+-- "The last of these events in the batch wins"; `touched_*` tells "no such event" from "cleared".
+CREATE OR REPLACE TEMP TABLE b_job_changes AS
+SELECT job_id,
+    arg_max(CASE kind WHEN 'placed' THEN 'placed' WHEN 'started' THEN 'running'
+                      WHEN 'requeued' THEN 'pending' ELSE 'finished' END, position)
+        FILTER (WHERE kind IN ('placed', 'started', 'requeued', 'finished'))   AS status,
+    bool_or(kind IN ('placed', 'preempted'))                                   AS touched_placed,
+    arg_max_null(CASE WHEN kind = 'placed' THEN event_at END, position)
+        FILTER (WHERE kind IN ('placed', 'preempted'))                         AS placed_at,
+    bool_or(kind IN ('started', 'preempted'))                                  AS touched_started,
+    arg_max_null(CASE WHEN kind = 'started' THEN event_at END, position)
+        FILTER (WHERE kind IN ('started', 'preempted'))                        AS started_at,
+    arg_max(event_at, position) FILTER (WHERE kind IN ('placed', 'checkpointed')) AS checkpoint_at,
+    arg_max(event_at, position) FILTER (WHERE kind = 'finished')               AS finished_at,
+    arg_max(outcome, position) FILTER (WHERE kind = 'finished')                AS outcome,
+    arg_max_null(exit_code, position) FILTER (WHERE kind = 'finished')         AS exit_code,
+    count(*) FILTER (WHERE kind = 'placed')::INTEGER                           AS placements,
+    count(*) FILTER (WHERE kind = 'preempted')::INTEGER                        AS preemptions,
+    max(position)                                                              AS last_position
+FROM b_jobev
+GROUP BY job_id;
+
+-- name: b_ends
+-- needs: setup
+-- The events that release a job's GPUs. (A non-resumable preemption is JobPreempted then
+-- JobFinished: the first one ends the interval.)
+CREATE OR REPLACE TEMP VIEW b_ends AS
+SELECT job_id, position, event_at,
+       CASE WHEN kind = 'preempted' THEN 'preempted' ELSE outcome END AS end_reason
+FROM b_jobev WHERE kind IN ('preempted', 'finished');
+
+-- name: jobs_submitted
+-- needs: b_submitted
+-- Jobs submitted in this batch arrive complete: the contract plus the batch's changes.
+INSERT INTO jobs BY NAME
+SELECT s.*,
+       s.account || '/' || s.user_name                        AS leaf,
+       s.min_runtime_s > 0                                     AS funded,
+       coalesce(c.status, 'pending')                           AS status,
+       CASE WHEN c.touched_placed THEN c.placed_at END         AS placed_at,
+       CASE WHEN c.touched_started THEN c.started_at END       AS started_at,
+       c.checkpoint_at, c.finished_at, c.outcome, c.exit_code,
+       coalesce(c.placements, 0)                               AS placements,
+       coalesce(c.preemptions, 0)                              AS preemptions,
+       greatest(s.submitted_position, coalesce(c.last_position, 0)) AS last_position
+FROM b_submitted s LEFT JOIN b_job_changes c USING (job_id);
+
+-- name: jobs_changed
+-- needs: b_jobev
+-- Jobs submitted in earlier batches are updated in place.
+UPDATE jobs SET
+    status        = coalesce(u.status, jobs.status),
+    placed_at     = CASE WHEN u.touched_placed THEN u.placed_at ELSE jobs.placed_at END,
+    started_at    = CASE WHEN u.touched_started THEN u.started_at ELSE jobs.started_at END,
+    checkpoint_at = coalesce(u.checkpoint_at, jobs.checkpoint_at),
+    finished_at   = coalesce(u.finished_at, jobs.finished_at),
+    outcome       = coalesce(u.outcome, jobs.outcome),
+    exit_code     = CASE WHEN u.finished_at IS NOT NULL THEN u.exit_code ELSE jobs.exit_code END,
+    placements    = jobs.placements + u.placements,
+    preemptions   = jobs.preemptions + u.preemptions,
+    last_position = u.last_position
+FROM (SELECT * FROM b_job_changes ANTI JOIN b_submitted USING (job_id)) u
+WHERE jobs.job_id = u.job_id;
+
+-- name: intervals_opened
+-- needs: b_placed
+-- A placement opens an interval charged to the job's user leaf; if the job's GPUs are released
+-- later in the same batch, the interval arrives closed. Its GPU type is that of the first slot's
+-- node as registered before the placement (the last registration at or before it).
+INSERT INTO job_intervals BY NAME
+SELECT p.job_id, p.position AS start_position, p.event_at AS start_at,
+       e.position AS end_position, e.event_at AS end_at, e.end_reason,
+       j.account, j.user_name, j.leaf, j.gpus, j.funded, n.gpu_type, p.cycle_id, p.slots
+FROM b_placed p
+JOIN jobs j USING (job_id)
+ASOF LEFT JOIN b_ends e ON e.job_id = p.job_id AND e.position > p.position
+ASOF LEFT JOIN (
+    SELECT node, position, gpu_type FROM node_history WHERE gpus IS NOT NULL
+) n ON n.node = p.slots[1].node AND p.position >= n.position;
+
+-- name: intervals_closed
+-- needs: b_jobev
+-- Intervals opened in earlier batches close at the first releasing event after their start.
+UPDATE job_intervals SET
+    end_position = c.position,
+    end_at       = c.event_at,
+    end_reason   = c.end_reason
+FROM (
+    SELECT i.start_position, e.position, e.event_at, e.end_reason
+    FROM (
+        SELECT job_id, start_position FROM job_intervals
+        WHERE end_position IS NULL AND start_position < (SELECT min(position) FROM b_events)
+    ) i
+    ASOF JOIN b_ends e ON e.job_id = i.job_id AND e.position > i.start_position
+) c
+WHERE job_intervals.start_position = c.start_position;
+
+-- name: preemptions
+-- needs: b_preempted
+INSERT INTO preemptions BY NAME
+SELECT p.*, j.account, j.user_name, j.leaf, j.gpus, j.funded, j.resumable, i.start_at AS placed_at
+FROM b_preempted p
+LEFT JOIN jobs j USING (job_id)
+LEFT JOIN job_intervals i ON i.job_id = p.job_id AND i.end_position = p.position;
+
+-- name: decisions
+-- needs: b_cycles
+INSERT INTO decisions BY NAME SELECT * FROM b_cycles;
+
+-- name: tracking
+-- needs: b_events
+-- $last: the batch's last position; $events, $unknown: its counts.
+UPDATE tracking SET
+    position       = $last,
+    events         = events + $events,
+    unknown_events = unknown_events + $unknown
+WHERE projection = 'ledger';

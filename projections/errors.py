@@ -1,0 +1,81 @@
+"""Errors of the read side. All are `LedgerError`s: one clear line, a hint, typed fields."""
+
+from __future__ import annotations
+
+from schemas.errors import EventDecodeError, LedgerError
+
+
+class ProjectionError(LedgerError):
+    """Something is wrong with a projection store or its source."""
+
+    code = "projection"
+
+
+class SourceUnavailable(ProjectionError):
+    """The event log cannot be opened or read."""
+
+    code = "unavailable"
+
+
+class ProjectionBusy(ProjectionError):
+    """Another process holds the projection file (DuckDB allows one read-write process)."""
+
+    code = "busy"
+
+
+class ProjectionMismatch(ProjectionError):
+    """The projection does not fit the log or this code (ahead of the log, older schema)."""
+
+    code = "mismatch"
+
+
+class CorruptEvent(EventDecodeError):
+    """A record of the log that this code cannot apply: the projector stops at it.
+
+    `position` names the record; nothing after it is applied and nothing is skipped.
+    """
+
+    def __init__(
+        self, message: str, *, position: int, tag: str | None, known: bool, hint: str = ""
+    ) -> None:
+        super().__init__(message, tag=tag, known=known, position=position, hint=hint)
+        self.position = position
+
+
+class PoisonRecord(EventDecodeError):
+    """A record of a Kafka topic that is not a well-formed log record: no value, no tag header,
+    a missing, garbled or out-of-order position header. Named by where it sits in the topic.
+
+    The source stops right before it (the records before it are handed out); nothing after it is
+    read. In quarantine mode the projector records it in `dead_letters` and steps past it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        topic: str,
+        partition: int,
+        offset: int,
+        position: int | None,
+        tag: str | None,
+        reason: str,
+        data: bytes | None,
+        hint: str = "",
+    ) -> None:
+        super().__init__(
+            message,
+            tag=tag,
+            known=False,
+            hint=hint,
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            position=position,
+        )
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.position = position
+        self.reason = reason
+        self.data = data

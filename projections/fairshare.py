@@ -1,0 +1,559 @@
+"""The fair-share math: window usage, half-life usage, Fair Tree ranks, owed and delivered.
+
+Pure: plain values in, plain values out; no I/O, no clock (`at` is a parameter). The SQL in
+`fairshare.sql` computes the same numbers inside DuckDB; `reference.py` feeds these functions from
+events folded in Python, and the tests check that both paths agree.
+
+Definitions (the glossary's words):
+
+- *usage* of an interval at time `at` over a window `W`: funded GPU-seconds inside `(at - W, at]`,
+  `gpus * weight(gpu_type) * overlap`; a running interval counts up to `at`; unfunded intervals
+  (min_runtime 0) are never charged. An account's usage is the sum over the user leaves below it.
+- *half-life usage* (Slurm's PriorityDecayHalfLife, continuous): each GPU-second at time `x`
+  counts `2 ** (-(at - x) / H)`; integrated over an interval `[s, e]`:
+  `gpus * weight * H / ln 2 * (2 ** (-(at - e) / H) - 2 ** (-(at - s) / H))`.
+- *norm shares* = shares / sum of the open siblings' shares (0 when that sum is 0);
+  *norm usage* = usage / sum of the open siblings' usage (0 when that sum is 0);
+  *level fair share* = norm shares / norm usage, `inf` when norm usage is 0, and 0 when norm
+  shares is 0 (so zero-share accounts rank after all others, as in Slurm).
+- *rank*: Slurm's Fair Tree. Siblings are sorted by level fair share, highest first (users before
+  accounts on equal values, then by path); the tree is walked depth-first in that order and user
+  leaves are ranked in the order they are met. Ties, as Slurm documents them: (1) sibling users
+  with equal level fair share share a rank; (2) sibling accounts with equal level fair share have
+  their children merged and sorted together; (3) a user tied with a sibling account gets the rank
+  of that account's best user. `rank` 1 is the best; the next distinct rank skips the tied places.
+  *factor* = (N - rank + 1) / N for N user leaves: 1.0 for the best, 1/N for the last.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import NamedTuple
+
+WEEK_S = 7 * 24 * 3600.0
+HOUR_S = 3600.0
+
+
+@dataclass(frozen=True)
+class UsagePolicy:
+    """How usage is counted: a sliding window (default 7 days) or an exponential half-life."""
+
+    window_s: float = WEEK_S
+    half_life_s: float | None = None
+    """When set, usage decays with this half-life instead of being cut at the window."""
+    weights: Mapping[str, float] = field(default_factory=dict)
+    """Billing weight per GPU type (default 1.0), e.g. {"h100": 2.0, "a100": 1.0}."""
+
+    def __post_init__(self) -> None:
+        if self.window_s <= 0:
+            raise ValueError("the usage window must be positive")
+        if self.half_life_s is not None and self.half_life_s <= 0:
+            raise ValueError("the half-life must be positive")
+
+    def weight(self, gpu_type: str | None) -> float:
+        return float(self.weights.get(gpu_type, 1.0)) if gpu_type is not None else 1.0
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A job's hold on GPUs, charged to a user leaf."""
+
+    leaf: str
+    user: str
+    gpus: int
+    funded: bool
+    start_at: float
+    end_at: float | None
+    """None while the job still holds its GPUs."""
+    gpu_type: str | None = None
+
+
+def interval_usage(iv: Interval, at: float, policy: UsagePolicy) -> float:
+    """Pure: the usage of one interval at time `at` (0 for unfunded intervals)."""
+    if not iv.funded or iv.start_at >= at:
+        return 0.0
+    end = min(iv.end_at if iv.end_at is not None else at, at)
+    wg = iv.gpus * policy.weight(iv.gpu_type)
+    h = policy.half_life_s
+    if h is None:
+        return wg * max(0.0, end - max(iv.start_at, at - policy.window_s))
+    decay: float = 2.0 ** (-(at - end) / h) - 2.0 ** (-(at - iv.start_at) / h)
+    return wg * h / math.log(2) * decay
+
+
+def leaf_usage(intervals: Iterable[Interval], at: float, policy: UsagePolicy) -> dict[str, float]:
+    """Pure: usage per user leaf (leaves with no usage are left out)."""
+    out: dict[str, float] = defaultdict(float)
+    for iv in intervals:
+        u = interval_usage(iv, at, policy)
+        if u > 0.0:
+            out[iv.leaf] += u
+    return dict(out)
+
+
+def user_usage(intervals: Iterable[Interval], at: float, policy: UsagePolicy) -> dict[str, float]:
+    """Pure: usage per user name, over every project they ran in."""
+    out: dict[str, float] = defaultdict(float)
+    for iv in intervals:
+        u = interval_usage(iv, at, policy)
+        if u > 0.0:
+            out[iv.user] += u
+    return dict(out)
+
+
+def ancestors(path: str) -> list[str]:
+    """Pure: `a/b/c` -> [`a`, `a/b`, `a/b/c`]."""
+    parts = path.split("/")
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def rollup(by_leaf: Mapping[str, float]) -> dict[str, float]:
+    """Pure: usage of every account: the sum over the leaves at or below it."""
+    out: dict[str, float] = defaultdict(float)
+    for leaf, u in by_leaf.items():
+        path = leaf
+        while True:
+            out[path] += u
+            cut = path.rfind("/")
+            if cut < 0:
+                break
+            path = path[:cut]
+    return dict(out)
+
+
+# --- Fair Tree --------------------------------------------------------------------------------
+
+
+class AccountUsage(NamedTuple):
+    """One open account of the budget tree with its usage (the input of `fair_tree`)."""
+
+    path: str
+    parent: str | None
+    kind: str
+    """program | project | user; only `user` accounts are ranked."""
+    shares: int
+    usage: float
+
+
+class FairShareRow(NamedTuple):
+    """One account of a fair-share table (sshare -l)."""
+
+    path: str
+    parent: str | None
+    kind: str
+    depth: int
+    shares: int
+    norm_shares: float
+    usage: float
+    """Raw usage: GPU-seconds (weighted) in the window, or decayed GPU-seconds."""
+    norm_usage: float
+    effective_usage: float
+    """The account's part of all usage in the tree (usage / total usage)."""
+    level_fs: float
+    rank: int | None
+    """User leaves only: 1 is the best."""
+    factor: float | None
+    """User leaves only: (N - rank + 1) / N."""
+
+
+@dataclass(frozen=True)
+class FairTree:
+    """A fair-share ranking: rows in display order (depth first, siblings in rank order)."""
+
+    rows: tuple[FairShareRow, ...]
+    users: int
+    """N, the number of ranked user leaves."""
+
+    def leaf_ranks(self) -> dict[str, int]:
+        """User leaf -> rank with 0 as the best (the dispatcher's `Snapshot.ranks`)."""
+        return {r.path: r.rank - 1 for r in self.rows if r.rank is not None}
+
+    def level_fs(self) -> dict[str, float]:
+        return {r.path: r.level_fs for r in self.rows}
+
+    def row(self, path: str) -> FairShareRow:
+        for r in self.rows:
+            if r.path == path:
+                return r
+        raise KeyError(path)
+
+
+def level_fair_share(norm_shares: float, norm_usage: float) -> float:
+    """Pure: 0 without shares, inf without usage, else their ratio."""
+    if norm_shares == 0.0:
+        return 0.0
+    if norm_usage == 0.0:
+        return math.inf
+    return norm_shares / norm_usage
+
+
+class _Node:
+    __slots__ = (
+        "acct",
+        "children",
+        "is_user",
+        "key",
+        "level_fs",
+        "norm_shares",
+        "norm_usage",
+        "rank",
+    )
+
+    def __init__(self, acct: AccountUsage) -> None:
+        self.acct = acct
+        self.is_user = acct.kind == "user"
+        self.children: list[_Node] = []
+        self.level_fs = 0.0
+        self.norm_shares = 0.0
+        self.norm_usage = 0.0
+        self.rank: int | None = None
+        self.key: tuple[float, bool, str] = (0.0, False, "")
+        """Rank order: highest level fair share first; users before accounts on ties; path."""
+
+
+_KEY = attrgetter("key")
+
+
+def fair_tree(accounts: Iterable[AccountUsage]) -> FairTree:
+    """Pure: level fair shares, ranks and factors of the open accounts given (Slurm Fair Tree).
+
+    An account whose parent is not among those given sits at the top level.
+    """
+    nodes = {a.path: _Node(a) for a in accounts}
+    tops: list[_Node] = []
+    for node in nodes.values():
+        parent = nodes.get(node.acct.parent) if node.acct.parent is not None else None
+        (parent.children if parent is not None else tops).append(node)
+    _set_level_fs(tops)
+    for node in nodes.values():
+        if node.children:
+            _set_level_fs(node.children)
+    tops.sort(key=_KEY)  # every sibling list in rank order from here on
+    users = sum(1 for n in nodes.values() if n.is_user)
+    _rank(tops, users)
+    total = sum(n.acct.usage for n in tops)
+    return FairTree(rows=tuple(_emit(tops, users, total)), users=users)
+
+
+class Account(NamedTuple):
+    """An open account as a snapshot holds it (no usage yet)."""
+
+    path: str
+    parent: str | None
+    kind: str
+    shares: int
+
+
+def fair_share_of(
+    accounts: Iterable[Account], intervals: Iterable[Interval], at: float, policy: UsagePolicy
+) -> FairTree:
+    """Pure: the Fair Tree of a snapshot, from the open accounts and the job intervals (a
+    dispatcher, a replay or a test can rank without a database). The same numbers as
+    `queries.fair_share` on a projection holding the same accounts and intervals."""
+    usage = rollup(leaf_usage(intervals, at, policy))
+    return fair_tree(
+        AccountUsage(a.path, a.parent, a.kind, a.shares, usage.get(a.path, 0.0)) for a in accounts
+    )
+
+
+def _set_level_fs(siblings: list[_Node]) -> None:
+    """Norm shares, norm usage and level fair share among siblings; then sort them."""
+    shares = sum(n.acct.shares for n in siblings)
+    usage = sum(n.acct.usage for n in siblings)
+    inf = math.inf
+    for n in siblings:
+        a = n.acct
+        ns = n.norm_shares = a.shares / shares if shares else 0.0
+        nu = n.norm_usage = a.usage / usage if usage else 0.0
+        lf = n.level_fs = 0.0 if ns == 0.0 else (inf if nu == 0.0 else ns / nu)
+        n.key = (-lf, not n.is_user, a.path)
+    siblings.sort(key=_KEY)
+
+
+def _rank(tops: list[_Node], users: int) -> None:
+    """Slurm's _calc_tree_fs: walk depth first in rank order, counting ranks down from N."""
+    state = [users, users]  # [rank, rank if no ties]
+
+    def visit(order: list[_Node], account_tied: bool) -> None:
+        prev: float | None = None
+        i = 0
+        while i < len(order):
+            node = order[i]
+            tied = account_tied if i == 0 else prev == node.level_fs
+            if node.is_user:
+                if not tied:
+                    state[0] = state[1]
+                node.rank = users - state[0] + 1
+                state[1] -= 1
+            else:
+                j = i + 1
+                while (
+                    j < len(order) and not order[j].is_user and order[j].level_fs == node.level_fs
+                ):
+                    j += 1
+                if j == i + 1:
+                    visit(node.children, tied)
+                else:  # tied sibling accounts: their children are ranked together
+                    merged = [c for n in order[i:j] for c in n.children]
+                    visit(sorted(merged, key=_KEY), tied)
+                i = j - 1
+            prev = node.level_fs
+            i += 1
+
+    visit(tops, False)
+
+
+def _emit(tops: list[_Node], users: int, total: float) -> list[FairShareRow]:
+    out: list[FairShareRow] = []
+    make = FairShareRow._make
+    stack = [(n, 1) for n in reversed(tops)]
+    while stack:
+        n, depth = stack.pop()
+        a = n.acct
+        rank = n.rank
+        out.append(
+            make(
+                (
+                    a.path,
+                    a.parent,
+                    a.kind,
+                    depth,
+                    a.shares,
+                    n.norm_shares,
+                    a.usage,
+                    n.norm_usage,
+                    a.usage / total if total else 0.0,
+                    n.level_fs,
+                    rank,
+                    (users - rank + 1) / users if rank is not None else None,
+                )
+            )
+        )
+        if n.children:
+            below = depth + 1
+            stack.extend([(c, below) for c in reversed(n.children)])
+    return out
+
+
+# --- owed and delivered -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TeamHour:
+    """One team in one hour: GPU-hours owed and delivered."""
+
+    team: str
+    hour: float
+    """Start of the hour (seconds since the epoch, a multiple of 3600)."""
+    capacity_gpu_h: float
+    allocation: float
+    """The team's fraction of the cluster: the product of its and its ancestors' norm shares."""
+    demand_gpu_h: float
+    owed_gpu_h: float
+    """min(allocation * capacity, demand)."""
+    delivered_gpu_h: float
+    """Funded GPU-hours its jobs got."""
+
+
+@dataclass(frozen=True)
+class TeamDelivery:
+    team: str
+    owed_gpu_h: float
+    delivered_gpu_h: float
+    met_gpu_h: float
+    """Sum over hours of min(delivered, owed)."""
+    by_period: float | None
+    """min(1, delivered / owed) over the whole span; None when nothing was owed."""
+    hour_by_hour: float | None
+    """met / owed; None when nothing was owed."""
+
+
+@dataclass(frozen=True)
+class DeliveredReport:
+    """Owed against delivered GPU-hours per team over a span of hours."""
+
+    start: float
+    end: float
+    teams: tuple[TeamDelivery, ...]
+    by_period: float | None
+    """Sum over teams of min(delivered, owed) / sum of owed."""
+    hour_by_hour: float | None
+    """Sum over teams and hours of min(delivered, owed) / sum of owed."""
+    teams_at_95: int
+    """Teams whose by-period measure is >= 95%."""
+    teams_owed: int
+    """Teams that were owed anything (the denominator of `teams_at_95`)."""
+    worst_team: str | None
+    worst: float | None
+
+
+def overlap(s: float, e: float, lo: float, hi: float) -> float:
+    """Pure: the length of [s, e) inside [lo, hi)."""
+    return max(0.0, min(e, hi) - max(s, lo))
+
+
+def hours(start: float, end: float) -> list[float]:
+    """Pure: the starts of the hours touching [start, end), aligned to multiples of 3600 s."""
+    if end <= start:
+        return []
+    first = math.floor(start / HOUR_S) * HOUR_S
+    return [first + i * HOUR_S for i in range(max(0, math.ceil((end - first) / HOUR_S)))]
+
+
+def team_of(path: str, team_depth: int) -> str | None:
+    """Pure: the account at `team_depth` above `path` (None if `path` is shallower)."""
+    parts = path.split("/")
+    return "/".join(parts[:team_depth]) if len(parts) >= team_depth else None
+
+
+def summarise(rows: Iterable[TeamHour], start: float, end: float) -> DeliveredReport:
+    """Pure: per-team and overall measures from team-hours (both measures, labelled)."""
+    acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for r in rows:
+        a = acc[r.team]
+        a[0] += r.owed_gpu_h
+        a[1] += r.delivered_gpu_h
+        a[2] += min(r.delivered_gpu_h, r.owed_gpu_h)
+    teams = []
+    for team in sorted(acc):
+        owed, delivered, met = acc[team]
+        teams.append(
+            TeamDelivery(
+                team=team,
+                owed_gpu_h=owed,
+                delivered_gpu_h=delivered,
+                met_gpu_h=met,
+                by_period=min(1.0, delivered / owed) if owed > 0 else None,
+                hour_by_hour=met / owed if owed > 0 else None,
+            )
+        )
+    owed_all = sum(t.owed_gpu_h for t in teams)
+    owed_teams = [t for t in teams if t.by_period is not None]
+    worst = min(owed_teams, key=lambda t: (t.by_period, t.team)) if owed_teams else None
+    return DeliveredReport(
+        start=start,
+        end=end,
+        teams=tuple(teams),
+        by_period=(
+            sum(min(t.delivered_gpu_h, t.owed_gpu_h) for t in teams) / owed_all
+            if owed_all > 0
+            else None
+        ),
+        hour_by_hour=sum(t.met_gpu_h for t in teams) / owed_all if owed_all > 0 else None,
+        teams_at_95=sum(1 for t in owed_teams if (t.by_period or 0.0) >= 0.95),
+        teams_owed=len(owed_teams),
+        worst_team=worst.team if worst else None,
+        worst=worst.by_period if worst else None,
+    )
+
+
+@dataclass(frozen=True)
+class AccountShare:
+    """An open account's shares at one moment (the input of `allocations`)."""
+
+    path: str
+    parent: str | None
+    shares: int
+
+
+def allocations(accounts: Iterable[AccountShare], team_depth: int) -> dict[str, float]:
+    """Pure: each team's fraction of the cluster: the product of the norm shares of the team and
+    its ancestors, among open siblings. Teams are the accounts at depth `team_depth`."""
+    accts = list(accounts)
+    sibling_shares: dict[str | None, int] = defaultdict(int)
+    for a in accts:
+        sibling_shares[a.parent] += a.shares
+    norm = {
+        a.path: (a.shares / sibling_shares[a.parent] if sibling_shares[a.parent] else 0.0)
+        for a in accts
+    }
+    out = {}
+    for a in accts:
+        chain = ancestors(a.path)
+        if len(chain) != team_depth:
+            continue
+        frac = 1.0
+        for p in chain:
+            frac *= norm.get(p, 0.0)
+        out[a.path] = frac
+    return out
+
+
+@dataclass(frozen=True)
+class Span:
+    """Something that lasts from `start_at` to `end_at` (None: still going) with a GPU count."""
+
+    key: str
+    """The leaf (intervals, jobs) or node (capacity) it belongs to."""
+    gpus: int
+    start_at: float
+    end_at: float | None
+
+
+def team_hours(
+    *,
+    start: float,
+    end: float,
+    team_depth: int,
+    teams: Iterable[str],
+    delivered: Iterable[Span],
+    demand: Iterable[Span],
+    capacity: Iterable[Span],
+    allocation_by_hour: Mapping[float, Mapping[str, float]],
+) -> list[TeamHour]:
+    """Pure: owed and delivered GPU-hours for every team and every hour of [start, end).
+
+    `delivered`: funded intervals by leaf; `demand`: funded jobs alive (pending or running) by
+    leaf; `capacity`: nodes while they can run work (active or draining); spans still going count
+    up to `end`. Hours are whole clock hours; the first and last are clipped to [start, end).
+    """
+    grid = hours(start, end)
+    team_list = sorted(set(teams))
+    cap = dict.fromkeys(grid, 0.0)
+    got: dict[tuple[str, float], float] = defaultdict(float)
+    want: dict[tuple[str, float], float] = defaultdict(float)
+    for s in capacity:
+        for h, gpu_h in _spread(s, start, end):
+            cap[h] += gpu_h
+    for target, spans in ((got, delivered), (want, demand)):
+        for s in spans:
+            team = team_of(s.key, team_depth)
+            if team is None:
+                continue
+            for h, gpu_h in _spread(s, start, end):
+                target[(team, h)] += gpu_h
+    out = []
+    for team in team_list:
+        for h in grid:
+            alloc = allocation_by_hour.get(h, {}).get(team, 0.0)
+            demand_h = want.get((team, h), 0.0)
+            out.append(
+                TeamHour(
+                    team=team,
+                    hour=h,
+                    capacity_gpu_h=cap[h],
+                    allocation=alloc,
+                    demand_gpu_h=demand_h,
+                    owed_gpu_h=min(alloc * cap[h], demand_h),
+                    delivered_gpu_h=got.get((team, h), 0.0),
+                )
+            )
+    return out
+
+
+def _spread(s: Span, start: float, end: float) -> list[tuple[float, float]]:
+    """A span's GPU-hours in each hour of [start, end) it overlaps."""
+    lo = max(s.start_at, start)
+    hi = min(s.end_at if s.end_at is not None else end, end)
+    if hi <= lo:
+        return []
+    out = []
+    for h in hours(lo, hi):
+        secs = overlap(lo, hi, h, h + HOUR_S)
+        if secs > 0:
+            out.append((h, s.gpus * secs / HOUR_S))
+    return out

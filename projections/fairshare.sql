@@ -1,0 +1,188 @@
+-- Window usage, fair share and owed/delivered, computed in DuckDB over the read models.
+-- The same math as `fairshare.py` (see its docstring for the definitions); `queries.py` runs these.
+-- Parameters: $at (seconds since the epoch), $from ($at - window), $half_life_s, the GPU type
+-- weights $gt<i> -> $gw<i> (default 1.0), $start, $end, $team_depth (owed/delivered).
+-- Sections start with `-- name:`; {interval_usage} and {account_usage} are filled in by
+-- `queries.py` with the usage section of the mode asked for.
+
+-- name: window_usage
+-- needs: query
+-- Funded usage of each interval at $at in the window ($from, $at] ($from = $at - window):
+-- GPU-seconds inside it times the GPU type's weight; a running interval counts up to $at.
+-- The filter keeps exactly the intervals that overlap the window (their overlap is > 0).
+-- {weight} is 1.0, or a CASE over the GPU types given weights ($gt0 -> $gw0, ...).
+SELECT leaf, user_name,
+       gpus * {weight} * (least(coalesce(end_at, $at::DOUBLE), $at::DOUBLE)
+                          - greatest(start_at, $from::DOUBLE)) AS usage
+FROM job_intervals
+WHERE funded AND start_at < $at::DOUBLE AND (end_at IS NULL OR end_at > $from::DOUBLE)
+
+-- name: half_life_usage
+-- needs: query
+-- Half-life mode: every GPU-second s counted 2^(-(at - s) / H), integrated in closed form over
+-- each funded interval up to $at: gpus * weight * H / ln 2 * (2^(-(at - e) / H) - 2^(-(at - s) / H)).
+SELECT leaf, user_name,
+       gpus * {weight} * $half_life_s::DOUBLE / ln(2)
+       * (pow(2.0, -($at::DOUBLE - least(coalesce(end_at, $at::DOUBLE), $at::DOUBLE))
+                   / $half_life_s::DOUBLE)
+          - pow(2.0, -($at::DOUBLE - start_at) / $half_life_s::DOUBLE)) AS usage
+FROM job_intervals
+WHERE funded AND start_at < $at::DOUBLE
+
+-- name: user_usage
+-- needs: query
+-- Usage per user name, across the projects they ran in.
+SELECT user_name AS name, sum(usage) AS usage
+FROM ({interval_usage}) GROUP BY user_name HAVING sum(usage) > 0 ORDER BY user_name
+
+-- name: leaf_usage
+-- needs: query
+-- Usage per user leaf (the accounts jobs are charged to).
+SELECT leaf AS name, sum(usage) AS usage
+FROM ({interval_usage}) GROUP BY leaf HAVING sum(usage) > 0
+
+-- name: open_accounts
+-- needs: query
+-- The open accounts at $at with their shares.
+SELECT path, parent, kind, shares FROM accounts_at($at::DOUBLE) WHERE open
+
+-- name: account_usage
+-- needs: query
+-- Usage per account: the sum over the user leaves at or below it (every ancestor of a leaf).
+WITH leaf AS (
+    SELECT leaf, sum(usage) AS usage FROM ({interval_usage}) GROUP BY leaf HAVING sum(usage) > 0
+), chain AS (
+    SELECT str_split(leaf, '/') AS parts, usage, unnest(range(1, len(str_split(leaf, '/')) + 1)) AS k
+    FROM leaf
+)
+SELECT array_to_string(parts[1:k], '/') AS name, sum(usage) AS usage
+FROM chain GROUP BY 1 ORDER BY 1
+
+-- name: fair_share
+-- needs: query
+-- The open accounts at $at with shares, usage and the level fair share among open siblings:
+-- norm shares = shares / siblings' shares, norm usage = usage / siblings' usage,
+-- level fs = 0 without shares, inf without usage, else norm shares / norm usage.
+WITH usage AS ({account_usage}),
+open_accounts AS (
+    SELECT a.path, a.parent, a.kind, a.shares, coalesce(u.usage, 0.0) AS usage
+    FROM accounts_at($at::DOUBLE) a LEFT JOIN usage u ON u.name = a.path
+    WHERE a.open
+),
+siblings AS (
+    SELECT *, sum(shares) OVER (PARTITION BY parent) AS sibling_shares,
+              sum(usage) OVER (PARTITION BY parent) AS sibling_usage
+    FROM open_accounts
+),
+normed AS (
+    SELECT *, CASE WHEN sibling_shares = 0 THEN 0.0 ELSE shares / sibling_shares END AS norm_shares,
+              CASE WHEN sibling_usage = 0 THEN 0.0 ELSE usage / sibling_usage END AS norm_usage
+    FROM siblings
+)
+SELECT path, parent, kind, shares, usage, norm_shares, norm_usage,
+       CASE WHEN norm_shares = 0 THEN 0.0
+            WHEN norm_usage = 0 THEN 'infinity'::DOUBLE
+            ELSE norm_shares / norm_usage END AS level_fs
+FROM normed
+
+-- name: team_hours
+-- needs: query
+-- Owed and delivered GPU-hours per team (accounts at depth $team_depth) and clock hour of
+-- [$start, $end): delivered = funded interval GPU-hours of the team's leaves; demand = GPUs of its
+-- funded jobs while pending or running; capacity = GPUs of nodes while active or draining;
+-- allocation = product of the norm shares of the team and its ancestors (open siblings, as of the
+-- hour's start); owed = min(allocation * capacity, demand). Spans still going count up to $end.
+WITH grid AS (
+    SELECT k * 3600.0 AS h
+    FROM range(floor($start::DOUBLE / 3600)::BIGINT, ceil($end::DOUBLE / 3600)::BIGINT) t(k)
+),
+teams AS (
+    SELECT DISTINCT account AS team FROM account_history
+    WHERE changed_at < $end::DOUBLE AND len(str_split(account, '/')) = $team_depth
+),
+-- account state after each distinct change time (last event at that time wins)
+changes AS (
+    SELECT account, changed_at,
+           last_value(shares IGNORE NULLS) OVER w AS shares,
+           last_value(open IGNORE NULLS) OVER w AS open,
+           row_number() OVER (PARTITION BY account, changed_at ORDER BY position DESC) AS nth
+    FROM account_history
+    WHERE len(str_split(account, '/')) <= $team_depth
+    WINDOW w AS (PARTITION BY account ORDER BY position
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+),
+state AS (
+    SELECT g.h, a.account, c.shares, c.open
+    FROM grid g
+    CROSS JOIN (SELECT DISTINCT account FROM changes) a
+    ASOF JOIN (SELECT * FROM changes WHERE nth = 1) c
+        ON c.account = a.account AND g.h >= c.changed_at
+),
+normed AS (
+    SELECT h, account,
+           coalesce(shares, 0) / nullif(sum(coalesce(shares, 0))
+               OVER (PARTITION BY h, array_to_string(str_split(account, '/')[1:-2], '/')), 0)
+               AS norm_shares
+    FROM state WHERE open
+),
+allocation AS (
+    SELECT n.h, t.team, product(coalesce(n.norm_shares, 0.0)) AS allocation,
+           count(*) AS levels
+    FROM teams t
+    CROSS JOIN unnest(range(1, $team_depth + 1)) AS d(k)
+    JOIN normed n ON n.account = array_to_string(str_split(t.team, '/')[1:k], '/')
+    GROUP BY n.h, t.team
+),
+spans AS (  -- (kind, key, gpus, lo, hi) clipped to [start, end)
+    SELECT 'delivered' AS kind, leaf AS key, gpus,
+           greatest(start_at, $start::DOUBLE) AS lo,
+           least(coalesce(end_at, $end::DOUBLE), $end::DOUBLE) AS hi
+    FROM job_intervals WHERE funded
+    UNION ALL
+    SELECT 'demand', leaf, gpus, greatest(submitted_at, $start::DOUBLE),
+           least(coalesce(finished_at, $end::DOUBLE), $end::DOUBLE)
+    FROM jobs WHERE funded
+    UNION ALL
+    SELECT 'capacity', node, gpus, greatest(changed_at, $start::DOUBLE),
+           least(coalesce(next_at, $end::DOUBLE), $end::DOUBLE)
+    FROM (
+        SELECT node, changed_at, state,
+               last_value(gpus IGNORE NULLS) OVER (PARTITION BY node ORDER BY position
+                   ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS gpus,
+               lead(changed_at) OVER (PARTITION BY node ORDER BY position) AS next_at
+        FROM node_history
+    ) WHERE state IN ('active', 'draining')
+),
+spread AS (
+    SELECT kind, key, k * 3600.0 AS h,
+           gpus * (least(hi, k * 3600.0 + 3600.0) - greatest(lo, k * 3600.0)) / 3600.0 AS gpu_h
+    FROM (
+        SELECT *, unnest(range(floor(lo / 3600)::BIGINT, ceil(hi / 3600)::BIGINT)) AS k
+        FROM spans WHERE hi > lo
+    )
+    WHERE least(hi, k * 3600.0 + 3600.0) > greatest(lo, k * 3600.0)
+),
+capacity AS (
+    SELECT h, sum(gpu_h) AS capacity_gpu_h FROM spread WHERE kind = 'capacity' GROUP BY h
+),
+team_spread AS (
+    SELECT kind, array_to_string(str_split(key, '/')[1:$team_depth], '/') AS team, h,
+           sum(gpu_h) AS gpu_h
+    FROM spread
+    WHERE kind <> 'capacity' AND len(str_split(key, '/')) >= $team_depth
+    GROUP BY ALL
+)
+SELECT t.team, g.h AS hour,
+       coalesce(c.capacity_gpu_h, 0.0) AS capacity_gpu_h,
+       CASE WHEN a.levels = $team_depth THEN coalesce(a.allocation, 0.0) ELSE 0.0 END AS allocation,
+       coalesce(dm.gpu_h, 0.0) AS demand_gpu_h,
+       least(CASE WHEN a.levels = $team_depth THEN coalesce(a.allocation, 0.0) ELSE 0.0 END
+             * coalesce(c.capacity_gpu_h, 0.0), coalesce(dm.gpu_h, 0.0)) AS owed_gpu_h,
+       coalesce(dl.gpu_h, 0.0) AS delivered_gpu_h
+FROM teams t
+CROSS JOIN grid g
+LEFT JOIN capacity c ON c.h = g.h
+LEFT JOIN allocation a ON a.team = t.team AND a.h = g.h
+LEFT JOIN team_spread dm ON dm.kind = 'demand' AND dm.team = t.team AND dm.h = g.h
+LEFT JOIN team_spread dl ON dl.kind = 'delivered' AND dl.team = t.team AND dl.h = g.h
+ORDER BY t.team, g.h

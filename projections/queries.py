@@ -1,0 +1,230 @@
+"""What the CLI and the dispatcher ask the projection: plain functions returning plain values.
+
+Every function takes an open `Store` (read-only is enough) and explicit times: nothing here reads
+the clock. Usage, level fair share and owed/delivered come from the SQL of `fairshare.sql`; ranks
+come from `fairshare.fair_tree` fed with the SQL's usage (the same code the reference uses).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Literal
+
+from projections import fairshare as fs
+from projections.batch import gc_paused
+from projections.projector import CatchUp, Progress, project, rebuild
+from projections.store import Status, Store, sql_sections
+
+__all__ = [
+    "CatchUp",
+    "Progress",
+    "UsageRow",
+    "delivered_report",
+    "fair_share",
+    "jobs",
+    "levels",
+    "nodes",
+    "project",
+    "rebuild",
+    "shares_table",
+    "status",
+    "team_hours",
+    "usage",
+]
+
+_PARAM = re.compile(r"\$(\w+)")
+
+
+@cache
+def _sections() -> dict[str, str]:
+    return {name: text for name, _needs, text in sql_sections("fairshare.sql")}
+
+
+@cache
+def _sql(name: str, half_life: bool = False, weights: int = 0) -> str:
+    """A query of fairshare.sql with its shared parts filled in for a usage mode."""
+    raw = _sections()
+    weight = "1.0"
+    if weights:
+        cases = " ".join(f"WHEN $gt{i} THEN $gw{i}::DOUBLE" for i in range(weights))
+        weight = f"(CASE gpu_type {cases} ELSE 1.0 END)"
+    iu = raw["half_life_usage" if half_life else "window_usage"].replace("{weight}", weight)
+    au = raw["account_usage"].replace("{interval_usage}", iu)
+    return {
+        "leaf_usage": raw["leaf_usage"].replace("{interval_usage}", iu),
+        "open_accounts": raw["open_accounts"],
+        "user_usage": raw["user_usage"].replace("{interval_usage}", iu),
+        "account_usage": au,
+        "fair_share": raw["fair_share"].replace("{account_usage}", au),
+        "team_hours": raw["team_hours"],
+    }[name]
+
+
+def _run(store: Store, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    used = set(_PARAM.findall(sql))
+    return store.con.execute(sql, {k: v for k, v in params.items() if k in used}).fetchall()
+
+
+def _usage_query(name: str, at: float, policy: fs.UsagePolicy) -> tuple[str, dict[str, Any]]:
+    types = sorted(policy.weights)
+    params: dict[str, Any] = {"at": float(at), "from": float(at) - policy.window_s}
+    if policy.half_life_s is not None:
+        params["half_life_s"] = float(policy.half_life_s)
+    for i, t in enumerate(types):
+        params[f"gt{i}"] = t
+        params[f"gw{i}"] = float(policy.weights[t])
+    return _sql(name, policy.half_life_s is not None, len(types)), params
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """Usage of one account (or user) at a time: weighted GPU-seconds, and the same in hours."""
+
+    name: str
+    gpu_seconds: float
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpu_seconds / 3600.0
+
+
+def usage(
+    store: Store,
+    at: float,
+    *,
+    by: Literal["account", "user"] = "account",
+    policy: fs.UsagePolicy | None = None,
+) -> list[UsageRow]:
+    """Usage at `at` per account (every account with usage, ancestors included) or per user."""
+    if by not in ("account", "user"):
+        raise ValueError(f"usage by {by!r}: use 'account' or 'user'")
+    rows = _run(store, *_usage_query(f"{by}_usage", at, policy or fs.UsagePolicy()))
+    return [UsageRow(name=str(n), gpu_seconds=float(u)) for n, u in rows]
+
+
+@dataclass(frozen=True)
+class LevelRow:
+    """One open account at a time, as the SQL computes it (before ranking)."""
+
+    path: str
+    parent: str | None
+    kind: str
+    shares: int
+    usage: float
+    norm_shares: float
+    norm_usage: float
+    level_fs: float
+
+
+def levels(store: Store, at: float, policy: fs.UsagePolicy | None = None) -> list[LevelRow]:
+    """Open accounts at `at` with usage and level fair share (SQL), ordered by path."""
+    rows = _run(store, *_usage_query("fair_share", at, policy or fs.UsagePolicy()))
+    rows.sort(key=lambda r: r[0])
+    return [
+        LevelRow(
+            path=r[0],
+            parent=r[1],
+            kind=r[2],
+            shares=int(r[3]),
+            usage=float(r[4]),
+            norm_shares=float(r[5]),
+            norm_usage=float(r[6]),
+            level_fs=float(r[7]),
+        )
+        for r in rows
+    ]
+
+
+def fair_share(store: Store, at: float, policy: fs.UsagePolicy | None = None) -> fs.FairTree:
+    """The Fair Tree at `at`: level fair shares, ranks and factors of every open account.
+
+    For the dispatcher: `fair_share(...).leaf_ranks()` (0 = best) and `.level_fs()`.
+    Fast path: SQL sums the intervals per leaf (the heavy part); the roll-up to ancestors and the
+    ranking run in Python on ~accounts rows (`fairshare.rollup`, `fairshare.fair_tree`). The
+    all-SQL level fair share (`levels`) gives the same numbers; the tests check both.
+    """
+    policy = policy or fs.UsagePolicy()
+    by_leaf = dict(_run(store, *_usage_query("leaf_usage", at, policy)))
+    accounts = _run(store, _sql("open_accounts"), {"at": float(at)})
+    with gc_paused():  # ~10 objects per account, no cycles: spare the collector's full scans
+        usage = fs.rollup(by_leaf)
+        return fs.fair_tree(
+            fs.AccountUsage(path, parent, kind, int(shares), usage.get(path, 0.0))
+            for path, parent, kind, shares in accounts
+        )
+
+
+def shares_table(
+    store: Store, at: float, policy: fs.UsagePolicy | None = None
+) -> list[fs.FairShareRow]:
+    """Rows like `sshare -l`: the tree depth first (siblings in rank order) with raw and norm
+    shares, usage, norm and effective usage, level fair share, rank and factor."""
+    return list(fair_share(store, at, policy).rows)
+
+
+def team_hours(store: Store, start: float, end: float, *, team_depth: int = 2) -> list[fs.TeamHour]:
+    """Owed and delivered GPU-hours per team and clock hour of [start, end) (see fairshare.sql)."""
+    if end <= start:
+        raise ValueError("the report needs end > start")
+    if team_depth < 1:
+        raise ValueError("team_depth must be >= 1")
+    rows = _run(
+        store,
+        _sql("team_hours"),
+        {"start": float(start), "end": float(end), "team_depth": team_depth},
+    )
+    return [
+        fs.TeamHour(
+            team=r[0],
+            hour=float(r[1]),
+            capacity_gpu_h=float(r[2]),
+            allocation=float(r[3]),
+            demand_gpu_h=float(r[4]),
+            owed_gpu_h=float(r[5]),
+            delivered_gpu_h=float(r[6]),
+        )
+        for r in rows
+    ]
+
+
+def delivered_report(
+    store: Store, start: float, end: float, *, team_depth: int = 2
+) -> fs.DeliveredReport:
+    """Owed vs delivered per team over [start, end): both measures, labelled (by period:
+    sum delivered / sum owed capped at 1; hour by hour: sum min(delivered, owed) / sum owed),
+    teams at >= 95% (by period) and the worst team. Teams default to depth 2 (the projects
+    directly under programs)."""
+    return fs.summarise(team_hours(store, start, end, team_depth=team_depth), start, end)
+
+
+def jobs(
+    store: Store, statuses: tuple[str, ...] = ("pending", "placed", "running")
+) -> list[dict[str, Any]]:
+    """Jobs in the given states, by job id: every `jobs` column, plus `slots` (the GPUs a placed
+    or running job holds, from its open interval; [] otherwise)."""
+    cur = store.con.execute(
+        "SELECT j.*, coalesce(i.slots, []) AS slots FROM jobs j "
+        "LEFT JOIN job_intervals i ON i.job_id = j.job_id AND i.end_position IS NULL "
+        "WHERE list_contains($statuses::VARCHAR[], j.status) ORDER BY j.job_id",
+        {"statuses": list(statuses)},
+    )
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def nodes(store: Store) -> list[dict[str, Any]]:
+    """Nodes now, by name: cluster, gpu_type, gpus, state, reason, held_gpus, free_gpus and
+    `free` (the indices nobody holds, ascending)."""
+    cur = store.con.execute(
+        "SELECT *, list_filter(range(gpus), lambda g: NOT list_contains(held_indices, g)) AS free "
+        "FROM nodes ORDER BY node"
+    )
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def status(store: Store) -> Status:
+    """Position, events applied, unknown events (with their tags)."""
+    return store.status()

@@ -1,0 +1,133 @@
+"""Where a projector reads events from: a small interface and the embedded notification log.
+
+A source hands out *log records*: the log position, the event tag and the raw bytes, in log order.
+The projector decodes the bytes itself (so a corrupt record can be named by its position). The
+embedded source reads the eventsourcing SQLite store `<home>/events.sqlite` read-only; a Kafka
+source will implement the same `EventSource` protocol (position = the notification id each record
+carries, tag = its key or header, data = its value).
+
+This module never imports `ledger`: it reads the store through its documented table.
+"""
+
+from __future__ import annotations
+
+import gc
+import sqlite3
+from pathlib import Path
+from typing import NamedTuple, Protocol
+
+from projections.errors import SourceUnavailable
+
+EVENTS_DB = "events.sqlite"
+"""The embedded event log inside a ledger home (the eventsourcing SQLite store)."""
+
+EVENTS_TABLE = "stored_events"
+"""eventsourcing's SQLite application recorder table: (originator_id, originator_version, topic,
+state); the notification id is the table's rowid. `topic` holds the event tag, `state` the
+msgspec JSON bytes."""
+
+
+class LogRecord(NamedTuple):
+    """One event as the log stores it."""
+
+    position: int
+    """Offset in the event log (the eventsourcing notification id, 1-based)."""
+    tag: str
+    """The event tag, e.g. `job.started.v1`."""
+    data: bytes
+    """The event's JSON bytes."""
+
+
+class EventSource(Protocol):
+    """An ordered event log a projector reads (the embedded store now, Kafka later)."""
+
+    def read(self, after: int, limit: int) -> list[LogRecord]:
+        """Up to `limit` records with position > `after`, in position order."""
+        ...
+
+    def head(self) -> int:
+        """The position of the last record in the log (0 when empty)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class EmbeddedSource:
+    """The eventsourcing SQLite store of a ledger home, opened read-only.
+
+    Reads `SELECT rowid, topic, state FROM stored_events WHERE rowid > ? ORDER BY rowid LIMIT ?`,
+    the same query eventsourcing's `select_notifications` runs, without building its objects.
+    """
+
+    def __init__(self, home: Path | str) -> None:
+        self.path = Path(home) / EVENTS_DB
+        if not self.path.exists():
+            raise SourceUnavailable(
+                f"no event log at {self.path}",
+                hint="initialise the ledger first (`gpuledger init`) or check GPULEDGER_HOME",
+                path=str(self.path),
+            )
+        try:
+            # check_same_thread off: the projector reads from its reader thread (one at a time).
+            self._con = sqlite3.connect(
+                f"file:{self.path}?mode=ro", uri=True, timeout=30, check_same_thread=False
+            )
+            self._con.execute("PRAGMA query_only = ON")
+        except sqlite3.Error as err:
+            raise SourceUnavailable(
+                f"cannot open the event log {self.path}: {err}", path=str(self.path)
+            ) from err
+
+    def read(self, after: int, limit: int) -> list[LogRecord]:
+        # The collector is paused: a page creates four objects per row and no cycles.
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            rows = self._con.execute(
+                f"SELECT rowid, topic, state FROM {EVENTS_TABLE} "
+                "WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                (after, limit),
+            ).fetchall()
+            return list(map(LogRecord._make, rows))
+        except sqlite3.OperationalError as err:
+            if "no such table" in str(err):
+                return []  # a ledger that has not recorded anything yet
+            raise SourceUnavailable(f"cannot read {self.path}: {err}", path=str(self.path)) from err
+        finally:
+            if was:
+                gc.enable()
+
+    def head(self) -> int:
+        try:
+            row = self._con.execute(f"SELECT max(rowid) FROM {EVENTS_TABLE}").fetchone()
+        except sqlite3.OperationalError as err:
+            if "no such table" in str(err):
+                return 0
+            raise SourceUnavailable(f"cannot read {self.path}: {err}", path=str(self.path)) from err
+        return int(row[0] or 0)
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> EmbeddedSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ListSource:
+    """An in-memory log (tests, replays of a slice): records given in position order."""
+
+    def __init__(self, records: list[LogRecord]) -> None:
+        self.records = records
+
+    def read(self, after: int, limit: int) -> list[LogRecord]:
+        out = [r for r in self.records if r.position > after]
+        return out[:limit]
+
+    def head(self) -> int:
+        return self.records[-1].position if self.records else 0
+
+    def close(self) -> None:
+        pass

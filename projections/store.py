@@ -1,0 +1,152 @@
+"""The DuckDB file that holds the read models, and its tracking position.
+
+One file per projection under `<home>/projections/`; the main projection `ledger.duckdb` holds
+every read model (see `schema.sql`). DuckDB lets one process open a file read-write: the
+projector's. Readers in other processes open it read-only while no writer holds it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from projections.errors import ProjectionBusy, ProjectionError, ProjectionMismatch
+
+PROJECTION = "ledger"
+SCHEMA_VERSION = "1"
+PROJECTIONS_DIR = "projections"
+
+
+def projection_path(home: Path | str, name: str = PROJECTION) -> Path:
+    """`<home>/projections/<name>.duckdb`."""
+    return Path(home) / PROJECTIONS_DIR / f"{name}.duckdb"
+
+
+def sql_text(name: str) -> str:
+    """The text of one of this package's .sql files."""
+    return (Path(__file__).parent / name).read_text(encoding="utf-8")
+
+
+_SECTION = re.compile(r"^-- name: (\w+)\n-- needs: (\w+)\n", re.MULTILINE)
+
+
+def sql_sections(name: str) -> list[tuple[str, str, str]]:
+    """The `-- name:` sections of a .sql file as (name, input table, statement), in file order."""
+    text = sql_text(name)
+    marks = list(_SECTION.finditer(text))
+    out = []
+    for i, m in enumerate(marks):
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
+        out.append((m.group(1), m.group(2), text[m.end() : end].strip()))
+    return out
+
+
+def scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list[object] | None = None) -> Any:
+    """The first column of the first row, or None (fetches the whole result: DuckDB wants every
+    result finished before the connection does other work)."""
+    rows = con.execute(sql, params or []).fetchall()
+    return rows[0][0] if rows else None
+
+
+@dataclass(frozen=True)
+class Status:
+    """Where a projection stands."""
+
+    position: int
+    events: int
+    unknown_events: int
+    unknown_tags: dict[str, int]
+    """Tags this code does not know, with how many events of each the projection kept."""
+
+
+class Store:
+    """An open projection file. `read_only` stores serve queries; the projector writes."""
+
+    def __init__(self, path: Path | str, *, read_only: bool = False) -> None:
+        self.path = Path(path)
+        self.read_only = read_only
+        if read_only and not self.path.exists():
+            raise ProjectionError(
+                f"no projection at {self.path}",
+                hint="run the projector first (it catches up from the event log)",
+                path=str(self.path),
+            )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.con = duckdb.connect(str(self.path), read_only=read_only)
+        except duckdb.IOException as err:
+            if "lock" in str(err).lower():
+                raise ProjectionBusy(
+                    f"the projection {self.path} is open in another process",
+                    hint="DuckDB allows one writer per file: stop the other projector, or query "
+                    "through the process that holds it",
+                    path=str(self.path),
+                ) from err
+            raise ProjectionError(f"cannot open {self.path}: {err}", path=str(self.path)) from err
+        if not read_only:
+            self._ensure_schema()
+        self._check_version()
+
+    @classmethod
+    def open(cls, home: Path | str, *, read_only: bool = False) -> Store:
+        return cls(projection_path(home), read_only=read_only)
+
+    def _ensure_schema(self) -> None:
+        exists = scalar(
+            self.con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'tracking'"
+        )
+        if exists:
+            return
+        self.con.execute("BEGIN")
+        self.con.execute(sql_text("schema.sql"))
+        self.con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
+        self.con.execute("INSERT INTO tracking VALUES (?, 0, 0, 0)", [PROJECTION])
+        self.con.execute("COMMIT")
+
+    def _check_version(self) -> None:
+        try:
+            version = scalar(self.con, "SELECT value FROM meta WHERE key = 'schema_version'")
+        except duckdb.CatalogException:
+            version = None
+        if version != SCHEMA_VERSION:
+            raise ProjectionMismatch(
+                f"the projection {self.path} has schema version "
+                f"{version or 'none'}, this code needs {SCHEMA_VERSION}",
+                hint="rebuild it from the event log (`gpuledger projection rebuild`)",
+                path=str(self.path),
+            )
+
+    def position(self) -> int:
+        return int(
+            scalar(self.con, "SELECT position FROM tracking WHERE projection = ?", [PROJECTION])
+            or 0
+        )
+
+    def status(self) -> Status:
+        rows = self.con.execute(
+            "SELECT position, events, unknown_events FROM tracking WHERE projection = ?",
+            [PROJECTION],
+        ).fetchall()
+        row = rows[0]
+        tags = self.con.execute(
+            "SELECT tag, count(*) FROM events WHERE NOT known GROUP BY tag ORDER BY tag"
+        ).fetchall()
+        return Status(
+            position=int(row[0]),
+            events=int(row[1]),
+            unknown_events=int(row[2]),
+            unknown_tags={str(t): int(n) for t, n in tags},
+        )
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

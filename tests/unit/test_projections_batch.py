@@ -1,0 +1,160 @@
+"""Decoding a batch of log records into the projector's Arrow inputs (pure, no database)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from projections.batch import build_batch
+from projections.errors import CorruptEvent
+from projections.source import ListSource, LogRecord
+from schemas import codec
+from schemas import events as e
+from schemas.events import GpuSlot, tag_of
+
+KW = {"actor": "root", "at": 1000.0}
+
+
+def rec(position: int, event: e.AnyEvent) -> LogRecord:
+    return LogRecord(position, tag_of(type(event)), codec.encode(event))
+
+
+def ev_id(n: int) -> dict[str, object]:
+    return {"event_id": f"e{n}", **KW}
+
+
+HISTORY = [
+    e.AccountOpened(**ev_id(1), path="ai2", parent=None, kind="program"),
+    e.SharesSet(**ev_id(2), account="ai2", shares=3, reason="opened"),
+    e.NodeRegistered(**ev_id(3), cluster="c", node="n1", gpu_type="h100", gpus=8),
+    e.JobSubmitted(**ev_id(4), job_id=1, account="ai2/p", user="ann", gpus=2, min_runtime_s=60),
+    e.JobPlaced(
+        **ev_id(5),
+        job_id=1,
+        slots=(GpuSlot(node="n1", gpu_indices=(0, 1)),),
+        cycle_id="c1",
+        based_on=4,
+    ),
+    e.JobStarted(**ev_id(6), job_id=1),
+    e.JobFinished(**ev_id(7), job_id=1, outcome="completed", exit_code=0),
+    e.NodeDrainRequested(**ev_id(8), node="n1", reason="fix"),
+]
+
+
+def records() -> list[LogRecord]:
+    return [rec(i + 1, ev) for i, ev in enumerate(HISTORY)]
+
+
+def test_every_record_becomes_an_events_row_in_log_order() -> None:
+    batch = build_batch(records())
+    rows = batch.tables["b_events"].to_pylist()
+    assert [(r["position"], r["tag"], r["known"]) for r in rows] == [
+        (i + 1, tag_of(type(ev)), True) for i, ev in enumerate(HISTORY)
+    ]
+    assert rows[3]["raw"] == codec.encode(HISTORY[3]).decode()
+    assert (batch.first, batch.last, batch.events, batch.unknown) == (1, 8, 8, 0)
+
+
+def test_inputs_per_read_model() -> None:
+    batch = build_batch(records())
+    t = batch.tables
+    assert t["b_accounts"].to_pylist() == [
+        {
+            "account": "ai2",
+            "position": 1,
+            "changed_at": 1000.0,
+            "tag": "account.opened.v1",
+            "parent": None,
+            "kind": "program",
+            "shares": None,
+            "open": True,
+            "reason": "",
+        },
+        {
+            "account": "ai2",
+            "position": 2,
+            "changed_at": 1000.0,
+            "tag": "account.shares_set.v1",
+            "parent": None,
+            "kind": None,
+            "shares": 3,
+            "open": None,
+            "reason": "opened",
+        },
+    ]
+    assert [(r["node"], r["state"], r["gpus"]) for r in t["b_nodes"].to_pylist()] == [
+        ("n1", "active", 8),
+        ("n1", "draining", None),
+    ]
+    submitted = t["b_submitted"].to_pylist()[0]
+    assert (submitted["job_id"], submitted["user_name"], submitted["resumable"]) == (
+        1,
+        "ann",
+        False,
+    )
+    assert t["b_placed"].to_pylist() == [
+        {
+            "job_id": 1,
+            "position": 5,
+            "event_at": 1000.0,
+            "cycle_id": "c1",
+            "slots": [{"node": "n1", "gpu_indices": [0, 1]}],
+        }
+    ]
+    assert batch.counts["b_jobev"] == 3  # placed, started, finished
+    assert batch.counts["b_cycles"] == 0 and batch.counts["b_preempted"] == 0
+
+
+def test_an_unknown_tag_is_kept_and_counted() -> None:
+    rs = [*records(), LogRecord(9, "job.teleported.v9", b'{"type":"job.teleported.v9","x":1}')]
+    batch = build_batch(rs)
+    last = batch.tables["b_events"].to_pylist()[-1]
+    assert (last["position"], last["known"], last["tag"]) == (9, False, "job.teleported.v9")
+    assert batch.unknown == 1
+
+
+CORRUPT = [
+    ("not JSON", "job.started.v1", b"\x00garbage"),
+    (
+        "wrong type",
+        "job.started.v1",
+        b'{"type":"job.started.v1","event_id":"x","at":1.0,"actor":"a","job_id":"one"}',
+    ),
+    (
+        "missing field",
+        "job.started.v1",
+        b'{"type":"job.started.v1","event_id":"x","at":1.0,"actor":"a"}',
+    ),
+    (
+        "bad literal",
+        "job.finished.v1",
+        b'{"type":"job.finished.v1","event_id":"x","at":1.0,"actor":"a","job_id":1,"outcome":"exploded"}',
+    ),
+    ("tag disagrees", "job.requeued.v1", codec.encode(e.JobStarted(**ev_id(9), job_id=1))),
+    (
+        "bytes that are not UTF-8 in a field the schema skips",
+        "job.started.v1",
+        b'{"type":"job.started.v1","event_id":"x","at":1.0,"actor":"a","job_id":1,"zz":"\xff"}',
+    ),
+    ("unknown tag, not an object", "x.v1", b'"just a string"'),
+    ("unknown tag, not JSON", "x.v1", b"{"),
+]
+
+
+@pytest.mark.parametrize(("tag", "data"), [c[1:] for c in CORRUPT], ids=[c[0] for c in CORRUPT])
+def test_a_corrupt_record_names_its_position(tag: str, data: bytes) -> None:
+    rs = [*records(), LogRecord(9, tag, data), rec(10, e.JobRequeued(**ev_id(10), job_id=1))]
+    with pytest.raises(CorruptEvent) as info:
+        build_batch(rs)
+    err = info.value
+    assert (err.position, err.tag, err.code) == (9, tag, "corrupt")
+    assert err.line().startswith("log position 9: ")
+    assert gc.isenabled()
+
+
+def test_list_source_reads_after_a_position() -> None:
+    src = ListSource(records())
+    assert [r.position for r in src.read(3, 2)] == [4, 5]
+    assert src.read(8, 10) == [] and src.head() == 8
+    assert ListSource([]).head() == 0
