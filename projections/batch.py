@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import gc
 import itertools
-from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import msgspec
@@ -32,6 +32,7 @@ from schemas.events import TAGS, tag_of
 _decoder = msgspec.json.Decoder(e.AnyEvent)
 _object_decoder = msgspec.json.Decoder(dict[str, Any])
 _TAG_OF: dict[type, str] = {cls: tag_of(cls) for cls in e.EVENT_TYPES}
+_CLASS_OF: dict[str, type] = {tag: cls for cls, tag in _TAG_OF.items()}
 
 _SLOTS = pa.list_(pa.struct([("node", pa.string()), ("gpu_indices", pa.list_(pa.int32()))]))
 
@@ -168,36 +169,40 @@ def decode_records(records: Sequence[LogRecord]) -> tuple[dict[type, Group], lis
     Raises CorruptEvent for the first record that is not a valid event of its (known) tag, or that
     has an unknown tag and is not a JSON object.
     """
-    groups: dict[type, Group] = defaultdict(Group)
+    groups: dict[type, Group] = {}
+    sinks: dict[str, tuple[type, Callable[[int], None], Callable[[Any], None]]] = {}
     unknown: list[int] = []
     decode = _decoder.decode
     with gc_paused():
         for rec in records:
-            if rec.tag in TAGS:
+            position, tag, data = rec
+            sink = sinks.get(tag)
+            if sink is None and tag in TAGS:
+                group = groups[_CLASS_OF[tag]] = Group()
+                sink = sinks[tag] = (_CLASS_OF[tag], group.positions.append, group.events.append)
+            if sink is not None:
                 try:
-                    ev = decode(rec.data)
+                    ev = decode(data)
                 except (msgspec.DecodeError, msgspec.ValidationError) as err:
-                    raise _corrupt(rec, f"event {rec.tag!r} is invalid: {err}", known=True) from err
-                cls = type(ev)
-                if _TAG_OF[cls] != rec.tag:
+                    raise _corrupt(rec, f"event {tag!r} is invalid: {err}", known=True) from err
+                if type(ev) is not sink[0]:
                     raise _corrupt(
                         rec,
-                        f"the log says {rec.tag!r} but the bytes hold {_TAG_OF[cls]!r}",
+                        f"the log says {tag!r} but the bytes hold {_TAG_OF[type(ev)]!r}",
                         known=True,
                     )
-                group = groups[cls]
-                group.positions.append(rec.position)
-                group.events.append(ev)
+                sink[1](position)
+                sink[2](ev)
             else:
                 try:
-                    _object_decoder.decode(rec.data)
+                    _object_decoder.decode(data)
                 except (msgspec.DecodeError, msgspec.ValidationError) as err:
                     raise _corrupt(
                         rec,
-                        f"unknown event type {rec.tag!r} is not a JSON object: {err}",
+                        f"unknown event type {tag!r} is not a JSON object: {err}",
                         known=False,
                     ) from err
-                unknown.append(rec.position)
+                unknown.append(position)
     return groups, unknown
 
 
@@ -255,10 +260,15 @@ def _raw(datas: Sequence[bytes]) -> pa.Array:
     return pa.Array.from_buffers(pa.large_string(), len(datas), [None, offsets.buffers()[1], data])
 
 
+_POSITION, _TAG, _DATA = itemgetter(0), itemgetter(1), itemgetter(2)
+
+
 def _events(records: Sequence[LogRecord], unknown: list[int]) -> pa.Table:
     """Every record as it is stored; `apply.sql` extracts the common fields from the JSON."""
     n = len(records)
-    positions, tags, datas = zip(*records, strict=True)
+    positions = list(map(_POSITION, records))
+    tags = list(map(_TAG, records))
+    datas = list(map(_DATA, records))
     if unknown:
         odd = set(unknown)
         known = pa.array([p not in odd for p in positions], pa.bool_())

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from operator import attrgetter
+from functools import partial
 from typing import NamedTuple
 
 WEEK_S = 7 * 24 * 3600.0
@@ -191,31 +191,87 @@ def level_fair_share(norm_shares: float, norm_usage: float) -> float:
     return norm_shares / norm_usage
 
 
-class _Node:
+class TreeShape:
+    """The budget tree of a set of open accounts, without usage: children lists, sibling groups
+    and norm shares, computed once and reused for every ranking of the same accounts.
+
+    Pure. Accounts are numbered in the order given (a path given twice keeps its first place and
+    its last values); an account whose parent is not among them sits at the top level.
+    """
+
     __slots__ = (
-        "acct",
+        "_chains",
         "children",
-        "is_user",
-        "key",
-        "level_fs",
+        "groups",
+        "index",
+        "kinds",
         "norm_shares",
-        "norm_usage",
-        "rank",
+        "not_user",
+        "parents",
+        "paths",
+        "shares",
+        "tops",
+        "users",
     )
 
-    def __init__(self, acct: AccountUsage) -> None:
-        self.acct = acct
-        self.is_user = acct.kind == "user"
-        self.children: list[_Node] = []
-        self.level_fs = 0.0
-        self.norm_shares = 0.0
-        self.norm_usage = 0.0
-        self.rank: int | None = None
-        self.key: tuple[float, bool, str] = (0.0, False, "")
-        """Rank order: highest level fair share first; users before accounts on ties; path."""
+    def __init__(self, accounts: Iterable[tuple[str, str | None, str, int] | AccountUsage]) -> None:
+        """`accounts`: (path, parent, kind, shares) tuples (an `AccountUsage` will do)."""
+        latest = {a[0]: a for a in accounts}
+        self.paths: list[str] = list(latest)
+        self.index: dict[str, int] = {p: i for i, p in enumerate(self.paths)}
+        rows = list(latest.values())
+        self.parents: list[str | None] = [a[1] for a in rows]
+        self.kinds: list[str] = [a[2] for a in rows]
+        self.shares: list[int] = [a[3] for a in rows]
+        self.not_user: list[bool] = [k != "user" for k in self.kinds]
+        self.users = len(rows) - sum(self.not_user)
+        index = self.index
+        self.children: list[list[int]] = [[] for _ in rows]
+        self.tops: list[int] = []
+        for i, parent in enumerate(self.parents):
+            p = index.get(parent) if parent is not None else None
+            (self.children[p] if p is not None else self.tops).append(i)
+        self.groups: list[list[int]] = [self.tops, *(c for c in self.children if c)]
+        """Sibling groups in the order given (sums over siblings are taken in this order)."""
+        norm = [0.0] * len(rows)
+        shares = self.shares
+        for group in self.groups:
+            total = sum([shares[i] for i in group])
+            for i in group:
+                norm[i] = shares[i] / total if total else 0.0
+        self.norm_shares = norm
+        self._chains: dict[str, tuple[int, ...]] = {}
 
+    def chain(self, leaf: str) -> tuple[int, ...]:
+        """The accounts at or above `leaf` (by number), leaf first; cached."""
+        ids = self._chains.get(leaf)
+        if ids is None:
+            found = []
+            path = leaf
+            while True:
+                i = self.index.get(path)
+                if i is not None:
+                    found.append(i)
+                cut = path.rfind("/")
+                if cut < 0:
+                    break
+                path = path[:cut]
+            ids = self._chains[leaf] = tuple(found)
+        return ids
 
-_KEY = attrgetter("key")
+    def usage_of(self, by_leaf: Mapping[str, float]) -> list[float]:
+        """Pure: the usage of every account (by number), summed over the leaves at or below it
+        in the order of `by_leaf` (the same sums as `rollup`)."""
+        usage = [0.0] * len(self.paths)
+        chain = self.chain
+        for leaf, u in by_leaf.items():
+            for i in chain(leaf):
+                usage[i] += u
+        return usage
+
+    def rank(self, usage: list[float]) -> FairTree:
+        """Pure: the Fair Tree of these accounts with `usage` (by number)."""
+        return _fair_tree(self, usage)
 
 
 def fair_tree(accounts: Iterable[AccountUsage]) -> FairTree:
@@ -223,20 +279,116 @@ def fair_tree(accounts: Iterable[AccountUsage]) -> FairTree:
 
     An account whose parent is not among those given sits at the top level.
     """
-    nodes = {a.path: _Node(a) for a in accounts}
-    tops: list[_Node] = []
-    for node in nodes.values():
-        parent = nodes.get(node.acct.parent) if node.acct.parent is not None else None
-        (parent.children if parent is not None else tops).append(node)
-    _set_level_fs(tops)
-    for node in nodes.values():
-        if node.children:
-            _set_level_fs(node.children)
-    tops.sort(key=_KEY)  # every sibling list in rank order from here on
-    users = sum(1 for n in nodes.values() if n.is_user)
-    _rank(tops, users)
-    total = sum(n.acct.usage for n in tops)
-    return FairTree(rows=tuple(_emit(tops, users, total)), users=users)
+    latest = {a.path: a for a in accounts}
+    shape = TreeShape(latest.values())
+    return _fair_tree(shape, [a.usage for a in latest.values()])
+
+
+def _fair_tree(shape: TreeShape, usage: list[float]) -> FairTree:
+    n = len(shape.paths)
+    norm_shares = shape.norm_shares
+    norm_usage = [0.0] * n
+    level = [0.0] * n
+    inf = math.inf
+    for group in shape.groups:  # norm usage and level fair share among siblings
+        total = sum([usage[i] for i in group])
+        for i in group:
+            ns = norm_shares[i]
+            nu = norm_usage[i] = usage[i] / total if total else 0.0
+            level[i] = 0.0 if ns == 0.0 else (inf if nu == 0.0 else ns / nu)
+    # rank order: highest level fair share first; users before accounts on ties; path
+    key = list(zip([-x for x in level], shape.not_user, shape.paths, strict=True)).__getitem__
+    children = [sorted(c, key=key) if c else c for c in shape.children]
+    tops = sorted(shape.tops, key=key)
+    users = shape.users
+    ranks = _rank(tops, children, level, shape.not_user, key, users)
+    total = sum([usage[i] for i in tops])
+    return FairTree(
+        rows=_emit(shape, tops, children, usage, norm_usage, level, ranks, total), users=users
+    )
+
+
+def _rank(
+    tops: list[int],
+    children: list[list[int]],
+    level: list[float],
+    not_user: list[bool],
+    key: Callable[[int], tuple[float, bool, str]],
+    users: int,
+) -> list[int | None]:
+    """Slurm's _calc_tree_fs: walk depth first in rank order, counting ranks down from N."""
+    ranks: list[int | None] = [None] * len(level)
+    state = [users, users]  # [rank, rank if no ties]
+
+    def visit(order: list[int], account_tied: bool) -> None:
+        prev: float | None = None
+        i = 0
+        size = len(order)
+        while i < size:
+            node = order[i]
+            lf = level[node]
+            tied = account_tied if i == 0 else prev == lf
+            if not not_user[node]:
+                if not tied:
+                    state[0] = state[1]
+                ranks[node] = users - state[0] + 1
+                state[1] -= 1
+            else:
+                j = i + 1
+                while j < size and not_user[order[j]] and level[order[j]] == lf:
+                    j += 1
+                if j == i + 1:
+                    visit(children[node], tied)
+                else:  # tied sibling accounts: their children are ranked together
+                    merged = [c for k in order[i:j] for c in children[k]]
+                    visit(sorted(merged, key=key), tied)
+                i = j - 1
+            prev = lf
+            i += 1
+
+    visit(tops, False)
+    return ranks
+
+
+def _emit(
+    shape: TreeShape,
+    tops: list[int],
+    children: list[list[int]],
+    usage: list[float],
+    norm_usage: list[float],
+    level: list[float],
+    ranks: list[int | None],
+    total: float,
+) -> tuple[FairShareRow, ...]:
+    """The rows depth first, siblings in rank order."""
+    order: list[int] = []
+    depths: list[int] = []
+    stack = [(i, 1) for i in reversed(tops)]
+    while stack:
+        i, depth = stack.pop()
+        order.append(i)
+        depths.append(depth)
+        below = children[i]
+        if below:
+            stack.extend([(c, depth + 1) for c in reversed(below)])
+    users = shape.users
+    u = [usage[i] for i in order]
+    r = [ranks[i] for i in order]
+    columns = (
+        [shape.paths[i] for i in order],
+        [shape.parents[i] for i in order],
+        [shape.kinds[i] for i in order],
+        depths,
+        [shape.shares[i] for i in order],
+        [shape.norm_shares[i] for i in order],
+        u,
+        [norm_usage[i] for i in order],
+        [x / total for x in u] if total else [0.0] * len(order),
+        [level[i] for i in order],
+        r,
+        [(users - k + 1) / users if k is not None else None for k in r],
+    )
+    return tuple(map(partial(tuple.__new__, FairShareRow), zip(*columns, strict=True)))
 
 
 class Account(NamedTuple):
@@ -258,85 +410,6 @@ def fair_share_of(
     return fair_tree(
         AccountUsage(a.path, a.parent, a.kind, a.shares, usage.get(a.path, 0.0)) for a in accounts
     )
-
-
-def _set_level_fs(siblings: list[_Node]) -> None:
-    """Norm shares, norm usage and level fair share among siblings; then sort them."""
-    shares = sum(n.acct.shares for n in siblings)
-    usage = sum(n.acct.usage for n in siblings)
-    inf = math.inf
-    for n in siblings:
-        a = n.acct
-        ns = n.norm_shares = a.shares / shares if shares else 0.0
-        nu = n.norm_usage = a.usage / usage if usage else 0.0
-        lf = n.level_fs = 0.0 if ns == 0.0 else (inf if nu == 0.0 else ns / nu)
-        n.key = (-lf, not n.is_user, a.path)
-    siblings.sort(key=_KEY)
-
-
-def _rank(tops: list[_Node], users: int) -> None:
-    """Slurm's _calc_tree_fs: walk depth first in rank order, counting ranks down from N."""
-    state = [users, users]  # [rank, rank if no ties]
-
-    def visit(order: list[_Node], account_tied: bool) -> None:
-        prev: float | None = None
-        i = 0
-        while i < len(order):
-            node = order[i]
-            tied = account_tied if i == 0 else prev == node.level_fs
-            if node.is_user:
-                if not tied:
-                    state[0] = state[1]
-                node.rank = users - state[0] + 1
-                state[1] -= 1
-            else:
-                j = i + 1
-                while (
-                    j < len(order) and not order[j].is_user and order[j].level_fs == node.level_fs
-                ):
-                    j += 1
-                if j == i + 1:
-                    visit(node.children, tied)
-                else:  # tied sibling accounts: their children are ranked together
-                    merged = [c for n in order[i:j] for c in n.children]
-                    visit(sorted(merged, key=_KEY), tied)
-                i = j - 1
-            prev = node.level_fs
-            i += 1
-
-    visit(tops, False)
-
-
-def _emit(tops: list[_Node], users: int, total: float) -> list[FairShareRow]:
-    out: list[FairShareRow] = []
-    make = FairShareRow._make
-    stack = [(n, 1) for n in reversed(tops)]
-    while stack:
-        n, depth = stack.pop()
-        a = n.acct
-        rank = n.rank
-        out.append(
-            make(
-                (
-                    a.path,
-                    a.parent,
-                    a.kind,
-                    depth,
-                    a.shares,
-                    n.norm_shares,
-                    a.usage,
-                    n.norm_usage,
-                    a.usage / total if total else 0.0,
-                    n.level_fs,
-                    rank,
-                    (users - rank + 1) / users if rank is not None else None,
-                )
-            )
-        )
-        if n.children:
-            below = depth + 1
-            stack.extend([(c, below) for c in reversed(n.children)])
-    return out
 
 
 # --- owed and delivered -----------------------------------------------------------------------

@@ -10,10 +10,13 @@
 -- Funded usage of each interval at $at in the window ($from, $at] ($from = $at - window):
 -- GPU-seconds inside it times the GPU type's weight; a running interval counts up to $at.
 -- The filter keeps exactly the intervals that overlap the window (their overlap is > 0).
--- {weight} is 1.0, or a CASE over the GPU types given weights ($gt0 -> $gw0, ...).
+-- {weight} is empty, or `* ` a CASE over the GPU types given weights ($gt0 -> $gw0, ...).
+-- (CASE rather than least/greatest and no DECIMAL `* 1.0`: the same values, computed faster.)
 SELECT leaf, user_name,
-       gpus * {weight} * (least(coalesce(end_at, $at::DOUBLE), $at::DOUBLE)
-                          - greatest(start_at, $from::DOUBLE)) AS usage
+       gpus {weight} * ((CASE WHEN end_at IS NULL OR end_at > $at::DOUBLE THEN $at::DOUBLE
+                               ELSE end_at END)
+                         - (CASE WHEN start_at > $from::DOUBLE THEN start_at
+                                 ELSE $from::DOUBLE END)) AS usage
 FROM job_intervals
 WHERE funded AND start_at < $at::DOUBLE AND (end_at IS NULL OR end_at > $from::DOUBLE)
 
@@ -22,7 +25,7 @@ WHERE funded AND start_at < $at::DOUBLE AND (end_at IS NULL OR end_at > $from::D
 -- Half-life mode: every GPU-second s counted 2^(-(at - s) / H), integrated in closed form over
 -- each funded interval up to $at: gpus * weight * H / ln 2 * (2^(-(at - e) / H) - 2^(-(at - s) / H)).
 SELECT leaf, user_name,
-       gpus * {weight} * $half_life_s::DOUBLE / ln(2)
+       gpus {weight} * $half_life_s::DOUBLE / ln(2)
        * (pow(2.0, -($at::DOUBLE - least(coalesce(end_at, $at::DOUBLE), $at::DOUBLE))
                    / $half_life_s::DOUBLE)
           - pow(2.0, -($at::DOUBLE - start_at) / $half_life_s::DOUBLE)) AS usage
@@ -43,8 +46,8 @@ FROM ({interval_usage}) GROUP BY leaf HAVING sum(usage) > 0
 
 -- name: open_accounts
 -- needs: query
--- The open accounts at $at with their shares.
-SELECT path, parent, kind, shares FROM accounts_at($at::DOUBLE) WHERE open
+-- The open accounts at $at with their shares, by path.
+SELECT path, parent, kind, shares FROM accounts_at($at::DOUBLE) WHERE open ORDER BY path
 
 -- name: account_usage
 -- needs: query

@@ -8,6 +8,7 @@ come from `fairshare.fair_tree` fed with the SQL's usage (the same code the refe
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
@@ -46,10 +47,10 @@ def _sections() -> dict[str, str]:
 def _sql(name: str, half_life: bool = False, weights: int = 0) -> str:
     """A query of fairshare.sql with its shared parts filled in for a usage mode."""
     raw = _sections()
-    weight = "1.0"
+    weight = ""
     if weights:
         cases = " ".join(f"WHEN $gt{i} THEN $gw{i}::DOUBLE" for i in range(weights))
-        weight = f"(CASE gpu_type {cases} ELSE 1.0 END)"
+        weight = f"* (CASE gpu_type {cases} ELSE 1.0 END)"
     iu = raw["half_life_usage" if half_life else "window_usage"].replace("{weight}", weight)
     au = raw["account_usage"].replace("{interval_usage}", iu)
     return {
@@ -142,18 +143,42 @@ def fair_share(store: Store, at: float, policy: fs.UsagePolicy | None = None) ->
 
     For the dispatcher: `fair_share(...).leaf_ranks()` (0 = best) and `.level_fs()`.
     Fast path: SQL sums the intervals per leaf (the heavy part); the roll-up to ancestors and the
-    ranking run in Python on ~accounts rows (`fairshare.rollup`, `fairshare.fair_tree`). The
-    all-SQL level fair share (`levels`) gives the same numbers; the tests check both.
+    ranking run in Python on ~accounts rows (`fairshare.TreeShape`, the code of
+    `fairshare.fair_tree`). The account tree is kept between calls while the account history is
+    unchanged (`_shape`). The all-SQL level fair share (`levels`) gives the same numbers; the
+    tests check both.
     """
     policy = policy or fs.UsagePolicy()
     by_leaf = dict(_run(store, *_usage_query("leaf_usage", at, policy)))
-    accounts = _run(store, _sql("open_accounts"), {"at": float(at)})
+    shape = _shape(store, float(at))
     with gc_paused():  # ~10 objects per account, no cycles: spare the collector's full scans
-        usage = fs.rollup(by_leaf)
-        return fs.fair_tree(
-            fs.AccountUsage(path, parent, kind, int(shares), usage.get(path, 0.0))
-            for path, parent, kind, shares in accounts
+        return shape.rank(shape.usage_of(by_leaf))
+
+
+_SHAPES: weakref.WeakKeyDictionary[Store, tuple[tuple[Any, ...], fs.TreeShape]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per open store: the last account tree built, with the key it was built for."""
+
+_HISTORY = "SELECT count(*), max(position), sum(position), max(changed_at) FROM account_history"
+
+
+def _shape(store: Store, at: float) -> fs.TreeShape:
+    """The open accounts at `at` as a `TreeShape`, reused while `account_history` is unchanged
+    (rows are only ever appended to it: its count and positions tell) and `at` is at or after its
+    last change (then the accounts at `at` are the accounts now), or `at` is the same."""
+    count, last, total, changed = store.con.execute(_HISTORY).fetchall()[0]
+    key = (count, last, total, changed, None if changed is not None and at >= changed else at)
+    cached = _SHAPES.get(store)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    accounts = _run(store, _sql("open_accounts"), {"at": at})
+    with gc_paused():
+        shape = fs.TreeShape(
+            (path, parent, kind, int(shares)) for path, parent, kind, shares in accounts
         )
+    _SHAPES[store] = (key, shape)
+    return shape
 
 
 def shares_table(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import sqlite3
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
@@ -36,6 +37,10 @@ class LogRecord(NamedTuple):
     """The event tag, e.g. `job.started.v1`."""
     data: bytes
     """The event's JSON bytes."""
+
+
+_RECORD = partial(tuple.__new__, LogRecord)
+"""A row (position, tag, data) as a LogRecord, without a Python-level call per row."""
 
 
 class EventSource(Protocol):
@@ -88,7 +93,7 @@ class EmbeddedSource:
                 "WHERE rowid > ? ORDER BY rowid LIMIT ?",
                 (after, limit),
             ).fetchall()
-            return list(map(LogRecord._make, rows))
+            return list(map(_RECORD, rows))
         except sqlite3.OperationalError as err:
             if "no such table" in str(err):
                 return []  # a ledger that has not recorded anything yet

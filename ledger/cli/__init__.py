@@ -11,8 +11,60 @@ import click
 
 from ledger.cli._common import Ctx, LedgerGroup, default_home
 
+# Which modules define (or extend) each top-level command. Commands load lazily, so
+# `gpuledger submit` does not import DuckDB, Arrow or Kafka; `--help` loads them all.
+_MODULES: dict[str, tuple[str, ...]] = {
+    "init": ("write",),
+    "account": ("write", "read"),
+    "share": ("write",),
+    "member": ("write",),
+    "manager": ("write",),
+    "node": ("write", "read"),
+    "submit": ("write",),
+    "cancel": ("write",),
+    "admin": ("write",),
+    "jobs": ("read",),
+    "log": ("read",),
+    "schemas": ("read",),
+    "budget": ("budget",),
+    "shares": ("views",),
+    "usage": ("views",),
+    "report": ("views",),
+    "projection": ("views", "kafka"),
+    "project": ("views", "kafka"),
+    "queue": ("views",),
+    "explain": ("views",),
+    "squatters": ("views",),
+    "preempt": ("views",),
+    "up": ("serve",),
+    "simulate": ("sim",),
+    "replay": ("audit",),
+    "whatif": ("audit",),
+    "audit": ("audit",),
+}
 
-@click.group(cls=LedgerGroup, context_settings={"help_option_names": ["-h", "--help"]})
+
+def _load(*modules: str) -> None:
+    import importlib
+
+    for name in modules:
+        module = importlib.import_module(f"ledger.cli.{name}")
+        for command in module.COMMANDS:
+            if command.name not in cli.commands:
+                cli.add_command(command)
+
+
+class _Lazy(LedgerGroup):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_MODULES)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in _MODULES:
+            _load(*_MODULES[cmd_name])
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_Lazy, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--home",
     type=click.Path(file_okay=False, path_type=Path),
@@ -31,17 +83,6 @@ from ledger.cli._common import Ctx, LedgerGroup, default_home
 def cli(ctx: click.Context, home: Path, actor: str | None) -> None:
     """gpu-ledger: budgets, fair share and scheduling contracts for shared GPU clusters."""
     ctx.obj = Ctx(home, actor)
-
-
-def _register() -> None:
-    from ledger.cli import budget, read, serve, views, write
-
-    for module in (write, read, budget, views, serve):
-        for command in module.COMMANDS:
-            cli.add_command(command)
-
-
-_register()
 
 
 def main() -> None:
