@@ -1,6 +1,8 @@
 """The read side: DuckDB projections of the event log, window usage and hierarchical fair share.
 
 - `source`: the `EventSource` protocol, `LogRecord`, the embedded SQLite log (`EmbeddedSource`).
+- `kafka_source`: the relay's Kafka topic as an `EventSource` (`KafkaSource`), `follow`.
+- `quarantine`: poison records named where they sit, or set aside in `dead_letters`.
 - `batch`: decode and validate a batch of records into Arrow tables (pure).
 - `store`: the DuckDB file `<home>/projections/ledger.duckdb`, its schema and tracking row.
 - `projector`: applies the log in batches, exactly once (`project`, `rebuild`, `Projector`).

@@ -4,10 +4,12 @@ LocalExecutor), or fed by Kafka with `--kafka`."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -16,11 +18,16 @@ from ledger.clock import SystemClock
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from ledger.executors import LocalExecutor
 from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
+from projections.errors import SourceUnavailable
 from projections.projector import Projector
-from projections.source import EmbeddedSource, EventSource
+from projections.source import EmbeddedSource, EventSource, LogRecord
 from projections.store import Store
 from schemas import commands as c
 from schemas.errors import InvalidCommand, LedgerError
+
+if TYPE_CHECKING:
+    from projections.kafka_source import KafkaSource
+    from projections.quarantine import Where
 
 
 def _node_spec(text: str) -> tuple[str, int, str]:
@@ -155,13 +162,17 @@ def _transport(
     home: Path, kafka: str | None, stop: threading.Event, log: logging.Logger
 ) -> tuple[threading.Thread | None, EventSource]:
     """Embedded: the projection reads the store. Kafka: a relay thread publishes the store and
-    the projection consumes the topic."""
+    the projection consumes the topic (GPULEDGER_KAFKA_TOPIC and GPULEDGER_KAFKA_TRANSACTIONAL_ID
+    override the topic and the relay's transactional id)."""
     if kafka is None:
         return None, EmbeddedSource(home)
-    from ledger.relay import Relay, open_store
+    from ledger.relay import DEFAULT_TRANSACTIONAL_ID, TOPIC, Relay, open_store
     from projections.kafka_source import KafkaSource
 
-    relay = Relay(open_store(home), kafka)
+    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.root.level))  # chatty at INFO
+    topic = os.environ.get("GPULEDGER_KAFKA_TOPIC") or TOPIC
+    txn_id = os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID") or DEFAULT_TRANSACTIONAL_ID
+    relay = Relay(open_store(home), kafka, topic=topic, transactional_id=txn_id)
 
     def run() -> None:
         try:
@@ -174,7 +185,60 @@ def _transport(
 
     thread = threading.Thread(target=run, name="relay", daemon=True)
     thread.start()
-    return thread, KafkaSource(kafka)
+    return thread, _Relayed(KafkaSource(kafka, topic), EmbeddedSource(home), log)
+
+
+class _Relayed:
+    """The topic as the projection's source in `up --kafka`. Its head waits (up to `wait_s`)
+    until the relay has published the store's head, so the dispatcher ranks at exactly its
+    snapshot's position, as on the embedded default. When Kafka lags longer or is away, it goes
+    on with the projection as far as the topic has it, and says so: placements stay safe (the
+    ledger checks them against its own state); only the fair-share order may lag behind."""
+
+    def __init__(
+        self, kafka: KafkaSource, store: EmbeddedSource, log: logging.Logger, wait_s: float = 10.0
+    ) -> None:
+        self.kafka = kafka
+        self.store = store
+        self.log = log
+        self.wait_s = wait_s
+        self._head: int | None = None
+
+    def read(self, after: int, limit: int) -> list[LogRecord]:
+        try:
+            return self.kafka.read(after, limit)
+        except SourceUnavailable as err:
+            self.log.warning("kafka: %s; ranking on the projection as it stands", err.line())
+            return []
+
+    def head(self) -> int:
+        target = self.store.head()
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                head = self._head = self.kafka.head()
+            except SourceUnavailable as err:
+                if self._head is None:
+                    raise
+                self.log.warning("kafka: %s; ranking on the projection as it stands", err.line())
+                return self._head
+            if head >= target:
+                return head
+            if time.monotonic() > deadline:
+                self.log.warning(
+                    "kafka: the topic is at position %d, the store at %d: ranking on the topic",
+                    head,
+                    target,
+                )
+                return head
+            time.sleep(0.005)
+
+    def where(self, position: int) -> Where | None:
+        return self.kafka.where(position)
+
+    def close(self) -> None:
+        self.kafka.close()
+        self.store.close()
 
 
 COMMANDS = [up]

@@ -1,0 +1,677 @@
+"""Audit: tamper evidence (the hash chain) and the invariant checker.
+
+Tamper evidence. Every stored event carries `prev_hash`, the SHA-256 of the previous event's
+stored bytes (`ledger.application.chain_hash`), the first event "". `verify_chain` recomputes the
+chain over records in position order and names what broke:
+
+- `edited`: an event's bytes no longer hash to what its successor recorded (the edited event's
+  position is reported; its successor is where the link breaks). When an event's own link is
+  broken too, that event is the edited one (its `prev_hash` was changed with it);
+- `deleted`: positions are missing (a gap), or a link points at bytes found nowhere in the log
+  right after an intact event whose version numbering jumps;
+- `reordered`: an event links to an event that is not its predecessor;
+- `corrupt`: bytes that are not an event (no readable `prev_hash`);
+- `mismatch` (copies): the Kafka copy's bytes differ from the store's at a position, or its
+  positions are not 1, 2, 3, ...
+
+The last event has no successor, so an edit of it is only visible against an anchor: the head
+hash the report prints (keep it elsewhere), or the Kafka copy (`verify_copy`).
+
+Invariants. `check_history(events)` scans a history for what must never happen: a GPU held by two
+jobs, a preemption inside a contract (admin preemptions with a reason are listed apart, as
+`noted`, not as violations), a placement on a node that is not active, a share, member, manager,
+admin, account or node change by someone not authorised at that moment (the rules of
+`ledger.domain`, replayed against the `State` folded up to the event). `check_charges(store)`
+checks the projection charges no usage to an unfunded job.
+
+Pure: `verify_chain`, `verify_copy`, `check`, `check_history`. Edges: `store_records`,
+`kafka_records`, `check_charges`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+import msgspec
+
+from ledger.domain import State, evolve, is_system
+from projections.source import EVENTS_DB, EVENTS_TABLE
+from projections.store import Store
+from schemas import events as e
+from schemas.errors import LedgerError
+
+# --- tamper evidence ---------------------------------------------------------------------------
+
+
+class AuditError(LedgerError):
+    """The audit cannot run (no log, Kafka unreachable, ...); not a finding."""
+
+    code = "audit"
+
+
+class ChainRecord(NamedTuple):
+    """One stored event as the chain sees it."""
+
+    position: int
+    data: bytes
+    version: int | None = None
+    """The store's stream version (position and version move together in a one-stream log)."""
+
+
+ProblemKind = Literal["edited", "deleted", "reordered", "corrupt", "mismatch", "extra"]
+
+
+class ChainProblem(msgspec.Struct, frozen=True, kw_only=True):
+    position: int
+    """The position the problem is about: the edited event, the first missing position, ..."""
+    kind: ProblemKind
+    detail: str
+
+    def text(self) -> str:
+        return f"position {self.position}: {self.kind}: {self.detail}"
+
+
+class ChainReport(msgspec.Struct, frozen=True, kw_only=True):
+    events: int
+    head: int
+    head_hash: str
+    """SHA-256 of the last event's bytes: an anchor to keep elsewhere (the chain cannot protect
+    the last event on its own)."""
+    problems: tuple[ChainProblem, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class _Link(msgspec.Struct):
+    prev_hash: str = ""
+
+
+_link_decoder = msgspec.json.Decoder(_Link)
+
+
+def _link(data: bytes) -> str | None:
+    try:
+        return _link_decoder.decode(data).prev_hash
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+class _Break(NamedTuple):
+    i: int
+    position: int
+    want: str
+
+
+def verify_chain(records: Iterable[ChainRecord], limit: int = 20) -> ChainReport:
+    """Pure: recompute the hash chain over `records` (in position order) and classify every
+    broken link (see the module docstring). Memory: 32 bytes per event for the digests, so a
+    broken link can be matched against any earlier or later event."""
+    digests = bytearray()
+    positions: list[int] = []
+    links_ok: list[bool] = []
+    problems: list[ChainProblem] = []
+    breaks: list[_Break] = []
+    gaps: set[int] = set()
+    prev_hash, prev_pos, prev_version = "", 0, None
+    for i, rec in enumerate(records):
+        digest = hashlib.sha256(rec.data).digest()
+        positions.append(rec.position)
+        link = _link(rec.data)
+        if rec.position != prev_pos + 1:
+            if rec.position > prev_pos + 1:
+                gaps.add(i)
+                last = rec.position - 1
+                span = f"position {prev_pos + 1}" + ("" if last == prev_pos + 1 else f" to {last}")
+                problems.append(
+                    ChainProblem(
+                        position=prev_pos + 1,
+                        kind="deleted",
+                        detail=f"{span} missing: the log jumps from {prev_pos} to {rec.position}",
+                    )
+                )
+            else:
+                problems.append(
+                    ChainProblem(
+                        position=rec.position,
+                        kind="reordered",
+                        detail=f"position {rec.position} comes after position {prev_pos}",
+                    )
+                )
+        if link is None:
+            problems.append(
+                ChainProblem(
+                    position=rec.position,
+                    kind="corrupt",
+                    detail="the stored bytes are not an event (no readable prev_hash)",
+                )
+            )
+            links_ok.append(False)
+        elif link != prev_hash:
+            breaks.append(_Break(i, rec.position, link))
+            links_ok.append(False)
+        else:
+            links_ok.append(True)
+        if (
+            rec.version is not None
+            and prev_version is not None
+            and rec.version != prev_version + 1
+            and i not in gaps
+        ):
+            gaps.add(i)
+            problems.append(
+                ChainProblem(
+                    position=rec.position,
+                    kind="deleted",
+                    detail=f"the stream version jumps from {prev_version} to {rec.version} "
+                    f"before position {rec.position}: events were removed and renumbered",
+                )
+            )
+        digests += digest
+        prev_hash, prev_pos, prev_version = digest.hex(), rec.position, rec.version
+    problems += _classify(breaks, digests, positions, links_ok, gaps)
+    problems.sort(key=lambda p: p.position)
+    return ChainReport(
+        events=len(positions),
+        head=prev_pos,
+        head_hash=prev_hash,
+        problems=tuple(problems[:limit]),
+    )
+
+
+def _find(digests: bytearray, want: bytes) -> int | None:
+    """The index of the record whose digest is `want`, or None."""
+    start = 0
+    while True:
+        at = digests.find(want, start)
+        if at < 0:
+            return None
+        if at % 32 == 0:
+            return at // 32
+        start = at + 1
+
+
+def _classify(
+    breaks: list[_Break],
+    digests: bytearray,
+    positions: list[int],
+    links_ok: list[bool],
+    gaps: set[int],
+) -> list[ChainProblem]:
+    out: list[ChainProblem] = []
+    broken = {b.i for b in breaks}
+    for b in breaks:
+        i = b.i
+        try:
+            want = bytes.fromhex(b.want)
+        except ValueError:
+            want = b""
+        found = _find(digests, want) if len(want) == 32 else None
+        if found is not None and found != i - 1:
+            out.append(
+                ChainProblem(
+                    position=b.position,
+                    kind="reordered",
+                    detail=f"it links to the event at position {positions[found]}, not to its "
+                    f"predecessor{'' if i == 0 else f' at {positions[i - 1]}'}: events were moved",
+                )
+            )
+        elif i in gaps:
+            continue  # the missing events explain the broken link
+        elif i == 0:
+            out.append(
+                ChainProblem(
+                    position=b.position,
+                    kind="edited",
+                    detail='the first event must link to nothing (prev_hash "")',
+                )
+            )
+        elif i + 1 in broken and found is None:
+            continue  # this event was edited with its own link: reported at the next break
+        elif (i - 1) in broken or not links_ok[i - 1]:
+            edited = positions[i - 1]
+            out.append(
+                ChainProblem(
+                    position=edited,
+                    kind="edited",
+                    detail=f"its bytes and its own link were changed: the link from position "
+                    f"{positions[i - 2] if i >= 2 else 0} and the link to position {b.position} "
+                    "both break",
+                )
+            )
+        else:
+            edited = positions[i - 1]
+            out.append(
+                ChainProblem(
+                    position=edited,
+                    kind="edited",
+                    detail=f"its bytes no longer hash to the prev_hash that position {b.position} "
+                    f"recorded ({b.want[:12]}...): position {edited} was changed after it was "
+                    "written (or events after it were removed and the rest renumbered)",
+                )
+            )
+    return out
+
+
+class CopyRecord(NamedTuple):
+    """One record of a copy of the log (the Kafka topic), in the copy's order."""
+
+    offset: int
+    position: int | None
+    """The log position its header carries (None: no header)."""
+    data: bytes
+
+
+class CopyReport(msgspec.Struct, frozen=True, kw_only=True):
+    records: int
+    last_position: int
+    store_head: int
+    chain: ChainReport
+    problems: tuple[ChainProblem, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and self.chain.ok
+
+    @property
+    def behind(self) -> int:
+        """Events the copy does not hold yet (a relay catching up): not a problem."""
+        return max(0, self.store_head - self.last_position)
+
+
+def verify_copy(
+    store: Iterable[ChainRecord], copy: Iterable[CopyRecord], limit: int = 20
+) -> CopyReport:
+    """Pure: a copy of the log must hold positions 1, 2, 3, ... in order, each with the store's
+    bytes at that position, and its own chain must be intact. The copy may end before the
+    store (its relay is behind); it may not go beyond."""
+    problems: list[ChainProblem] = []
+    stored = iter(store)
+    chain_input: list[ChainRecord] = []
+    expected = 1
+    n = 0
+    last = 0
+    head = 0
+    current: ChainRecord | None = next(stored, None)
+    for rec in copy:
+        n += 1
+        if rec.position is None:
+            problems.append(
+                ChainProblem(
+                    position=expected,
+                    kind="mismatch",
+                    detail=f"the copy's record at offset {rec.offset} has no position header",
+                )
+            )
+            continue
+        if rec.position != expected:
+            problems.append(
+                ChainProblem(
+                    position=expected,
+                    kind="reordered" if rec.position < expected else "deleted",
+                    detail=f"the copy's record at offset {rec.offset} carries position "
+                    f"{rec.position}, expected {expected}",
+                )
+            )
+        expected = rec.position + 1
+        last = max(last, rec.position)
+        chain_input.append(ChainRecord(rec.position, rec.data))
+        while current is not None and current.position < rec.position:
+            head = current.position
+            current = next(stored, None)
+        if current is None or current.position != rec.position:
+            problems.append(
+                ChainProblem(
+                    position=rec.position,
+                    kind="extra",
+                    detail=f"the copy holds position {rec.position}, the store does not",
+                )
+            )
+        elif current.data != rec.data:
+            problems.append(
+                ChainProblem(
+                    position=rec.position,
+                    kind="mismatch",
+                    detail=f"the copy's bytes (offset {rec.offset}) differ from the store's",
+                )
+            )
+        if len(problems) >= limit:
+            break
+    while current is not None:
+        head = current.position
+        current = next(stored, None)
+    return CopyReport(
+        records=n,
+        last_position=last,
+        store_head=head,
+        chain=verify_chain(chain_input, limit),
+        problems=tuple(problems[:limit]),
+    )
+
+
+def store_records(home: Path, page: int = 50_000) -> Iterator[ChainRecord]:
+    """Edge: the stored events of `home`'s log in position order: (rowid, state, version)."""
+    path = home / EVENTS_DB
+    if not path.exists():
+        raise AuditError(f"no event log at {path}", hint="pass --home, or run `gpuledger init`")
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        after = 0
+        while True:
+            try:
+                rows = con.execute(
+                    f"SELECT rowid, state, originator_version FROM {EVENTS_TABLE} "
+                    "WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                    (after, page),
+                ).fetchall()
+            except sqlite3.OperationalError as err:
+                if "no such table" in str(err):
+                    return
+                raise
+            if not rows:
+                return
+            for position, data, version in rows:
+                yield ChainRecord(int(position), bytes(data), int(version))
+            after = rows[-1][0]
+    finally:
+        con.close()
+
+
+def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterator[CopyRecord]:
+    """Edge: every committed record of the topic's one partition, from offset 0, in order."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import KafkaError
+
+    from ledger.relay import POSITION_HEADER, client_config
+
+    tp = TopicPartition(topic, 0)
+    try:
+        consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            client_id="gpuledger-audit",
+            max_partition_fetch_bytes=8 << 20,
+            fetch_max_bytes=32 << 20,
+            **client_config(),
+        )
+    except KafkaError as err:
+        raise AuditError(
+            f"Kafka at {bootstrap}: {type(err).__name__}: {err}", hint="is the broker up?"
+        ) from err
+    try:
+        if topic not in (consumer.topics() or set()):
+            raise AuditError(f"no topic {topic} at {bootstrap}", hint="is the relay running?")
+        consumer.assign([tp])
+        end = consumer.end_offsets([tp], timeout_ms=int(timeout_s * 1000))[tp]
+        consumer.seek(tp, 0)
+        deadline = time.monotonic() + timeout_s
+        while consumer.position(tp) < end:
+            batch = consumer.poll(timeout_ms=500).get(tp, [])
+            if batch:
+                deadline = time.monotonic() + timeout_s
+            elif time.monotonic() > deadline:
+                raise AuditError(f"reading {topic} stalled at offset {consumer.position(tp)}")
+            for rec in batch:
+                if rec.offset >= end:
+                    continue
+                position = None
+                for k, v in rec.headers or []:
+                    if k == POSITION_HEADER:
+                        position = int(v)
+                yield CopyRecord(rec.offset, position, bytes(rec.value))
+    except KafkaError as err:
+        raise AuditError(f"Kafka at {bootstrap}: {type(err).__name__}: {err}") from err
+    finally:
+        consumer.close()
+
+
+# --- invariants --------------------------------------------------------------------------------
+
+ViolationCode = Literal[
+    "GPU_HELD_TWICE",
+    "PREEMPTED_IN_CONTRACT",
+    "ADMIN_PREEMPTED_IN_CONTRACT",
+    "PLACED_ON_INACTIVE_NODE",
+    "UNFUNDED_CHARGED",
+    "NOT_AUTHORISED",
+    "INCONSISTENT",
+]
+
+
+class Violation(msgspec.Struct, frozen=True, kw_only=True):
+    """One thing that must never happen, found at a log position."""
+
+    position: int
+    at: float
+    code: ViolationCode
+    message: str
+    job_id: int | None = None
+
+    def line(self) -> str:
+        return f"position {self.position}: {self.code}: {self.message}"
+
+
+class CheckReport(msgspec.Struct, frozen=True, kw_only=True):
+    events: int
+    violations: tuple[Violation, ...] = ()
+    noted: tuple[Violation, ...] = ()
+    """Allowed exceptions, listed as such: admin preemptions inside a contract with a reason."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def _parent(path: str) -> str | None:
+    return path.rsplit("/", 1)[0] if "/" in path else None
+
+
+def _authorised(state: State, ev: e.AnyEvent) -> str | None:
+    """The rule an event's actor had to satisfy at that moment, if it failed (None: allowed or
+    no rule). Mirrors `ledger.domain.decide`: account changes need a manager of the parent's
+    subtree (an admin at the top), member changes a manager of the project, manager, admin and
+    node changes an admin."""
+    actor = ev.actor
+    match ev:
+        case e.AccountOpened() | e.AccountClosed() | e.SharesSet():
+            path = ev.account if isinstance(ev, e.SharesSet) else ev.path
+            parent = _parent(path)
+            if parent is None:
+                return None if state.is_admin(actor) else f"change top-level account {path!r}"
+            if state.manages(actor, parent):
+                return None
+            what = "set the shares of" if isinstance(ev, e.SharesSet) else "open or close"
+            return f"{what} {path!r} (it needs a manager of {parent!r} or an admin)"
+        case e.MemberAdded() | e.MemberRemoved():
+            if state.manages(actor, ev.project):
+                return None
+            return f"change the members of {ev.project!r} (it needs a manager of it or an admin)"
+        case (
+            e.ManagerGranted()
+            | e.ManagerRevoked()
+            | e.AdminGranted()
+            | e.AdminRevoked()
+            | e.NodeRegistered()
+            | e.NodeDrainRequested()
+            | e.NodeReturned()
+            | e.NodeRemoved()
+        ):
+            return None if state.is_admin(actor) else f"{e.tag_of(type(ev))} (admins only)"
+        case _:
+            return None
+
+
+class _Checker:
+    """The scan behind `check`: its own books of who holds which GPU and since when, plus the
+    domain's `State` folded event by event for authorisation and node states."""
+
+    def __init__(self) -> None:
+        self.state = State()
+        self.holder: dict[tuple[str, int], int] = {}
+        self.held: dict[int, list[tuple[str, int]]] = {}
+        self.placed_at: dict[int, float] = {}
+        self.violations: list[Violation] = []
+        self.noted: list[Violation] = []
+        self.n = 0
+        self.initialised = False
+
+    def flag(
+        self, pos: int, ev: e.AnyEvent, code: ViolationCode, msg: str, job: int | None = None
+    ) -> None:
+        self.violations.append(
+            Violation(position=pos, at=ev.at, code=code, message=msg, job_id=job)
+        )
+
+    def visit(self, pos: int, ev: e.AnyEvent) -> None:
+        self.n += 1
+        rule = _authorised(self.state, ev)
+        if rule is not None:
+            self.flag(pos, ev, "NOT_AUTHORISED", f"{ev.actor!r} may not {rule}")
+        if isinstance(ev, e.LedgerInitialised):
+            if self.initialised:
+                self.flag(pos, ev, "INCONSISTENT", "the ledger is initialised a second time")
+            self.initialised = True
+        elif isinstance(ev, e.JobPlaced):
+            self._placed(pos, ev)
+        elif isinstance(ev, e.JobPreempted):
+            self._preempted(pos, ev)
+            self._release(ev.job_id)
+        elif isinstance(ev, e.JobFinished):
+            self._release(ev.job_id)
+        try:
+            evolve(self.state, ev)
+        except (KeyError, AttributeError) as err:
+            self.flag(
+                pos,
+                ev,
+                "INCONSISTENT",
+                f"{e.tag_of(type(ev))} refers to unknown {err}",
+                getattr(ev, "job_id", None),
+            )
+
+    def _placed(self, pos: int, ev: e.JobPlaced) -> None:
+        job = ev.job_id
+        if job in self.held:
+            self.flag(
+                pos,
+                ev,
+                "GPU_HELD_TWICE",
+                f"job {job} is placed again while it still holds GPUs",
+                job,
+            )
+        for sl in ev.slots:
+            node = self.state.nodes.get(sl.node)
+            if node is None or node.state != "active":
+                now = "unknown" if node is None else node.state
+                self.flag(
+                    pos,
+                    ev,
+                    "PLACED_ON_INACTIVE_NODE",
+                    f"job {job} placed on node {sl.node!r}, which is {now}",
+                    job,
+                )
+            for i in sl.gpu_indices:
+                other = self.holder.get((sl.node, i))
+                if other is not None and other != job:
+                    self.flag(
+                        pos,
+                        ev,
+                        "GPU_HELD_TWICE",
+                        f"GPU {i} of node {sl.node!r} given to job {job} while job {other} "
+                        "holds it",
+                        job,
+                    )
+                self.holder[(sl.node, i)] = job
+            self.held.setdefault(job, []).extend((sl.node, i) for i in sl.gpu_indices)
+        self.placed_at[job] = ev.at
+
+    def _preempted(self, pos: int, ev: e.JobPreempted) -> None:
+        job = self.state.jobs.get(ev.job_id)
+        placed = self.placed_at.get(ev.job_id)
+        if job is None or placed is None:
+            return
+        ends = placed + job.spec.min_runtime_s
+        if ev.at >= ends:
+            return
+        left = ends - ev.at
+        what = (
+            f"job {ev.job_id} preempted ({ev.reason}) by {ev.actor!r} {left:g} s before its "
+            f"contract ends"
+        )
+        if self.state.is_admin(ev.actor) and not is_system(ev.actor) and ev.note.strip():
+            self.noted.append(
+                Violation(
+                    position=pos,
+                    at=ev.at,
+                    code="ADMIN_PREEMPTED_IN_CONTRACT",
+                    message=f"{what}: admin preemption, reason: {ev.note.strip()}",
+                    job_id=ev.job_id,
+                )
+            )
+        else:
+            self.flag(pos, ev, "PREEMPTED_IN_CONTRACT", what, ev.job_id)
+
+    def _release(self, job: int) -> None:
+        for gpu in self.held.pop(job, []):
+            if self.holder.get(gpu) == job:
+                del self.holder[gpu]
+        self.placed_at.pop(job, None)
+
+
+def check(events: Iterable[e.AnyEvent | tuple[int, e.AnyEvent]]) -> CheckReport:
+    """Pure: scan a history (events, or (position, event) pairs; bare events get positions 1,
+    2, ...) for violations of the ledger's invariants, and list the allowed exceptions."""
+    checker = _Checker()
+    for i, item in enumerate(events, start=1):
+        pos, ev = item if isinstance(item, tuple) else (i, item)
+        checker.visit(pos, ev)
+    return CheckReport(
+        events=checker.n, violations=tuple(checker.violations), noted=tuple(checker.noted)
+    )
+
+
+def check_history(events: Iterable[e.AnyEvent | tuple[int, e.AnyEvent]]) -> list[Violation]:
+    """Pure: the violations of a history (empty when it is clean). For simulation tests:
+    `assert check_history(ev for _, ev in ledger.read(0, ledger.position)) == []`."""
+    return list(check(events).violations)
+
+
+def check_charges(store: Store) -> list[Violation]:
+    """Edge: usage is charged from the projection's intervals flagged funded; none may belong
+    to an unfunded job (min runtime 0)."""
+    rows = store.con.execute(
+        "SELECT i.job_id, i.start_position, i.start_at, i.leaf FROM job_intervals i "
+        "JOIN jobs j USING (job_id) WHERE i.funded AND j.min_runtime_s <= 0 "
+        "ORDER BY i.start_position"
+    ).fetchall()
+    return [
+        Violation(
+            position=int(pos),
+            at=float(at),
+            code="UNFUNDED_CHARGED",
+            message=f"the interval of unfunded job {job} from position {pos} is charged to {leaf}",
+            job_id=int(job),
+        )
+        for job, pos, at, leaf in rows
+    ]
+
+
+Read = Callable[[int, int], list[tuple[int, e.AnyEvent]]]
+
+
+def read_all(read: Read, page: int = 10_000) -> Iterator[tuple[int, e.AnyEvent]]:
+    """Edge helper: every (position, event) of a reader like `Ledger.read`."""
+    after = 0
+    while True:
+        chunk = read(after, page)
+        if not chunk:
+            return
+        yield from chunk
+        after = chunk[-1][0]

@@ -1,0 +1,709 @@
+"""Replay, what-if and audit commands: `replay`, `whatif`, `audit sql|job|preemptions|
+budget-changes|verify|check`. An edge: parses, reads the log and the projection, prints."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+import duckdb
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from rich.console import Console
+from rich.table import Table
+
+from ledger import audit as au
+from ledger import budget as b
+from ledger import replay as rp
+from ledger import whatif as wi
+from ledger.cli._common import (
+    Ctx,
+    echo_json,
+    fmt_time,
+    json_option,
+    parse_duration,
+    parse_time,
+    pass_ctx,
+)
+from ledger.cli.views import projection
+from ledger.explain import span
+from projections.source import EmbeddedSource
+from projections.store import projection_path
+from schemas import codec
+from schemas import events as e
+from schemas.errors import InvalidCommand
+
+
+def _console() -> Console:
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def _time(text: str | None) -> float | None:
+    return None if text is None else parse_time(text)
+
+
+# --- replay ---------------------------------------------------------------------------------------
+
+
+@click.command()
+@click.option("--cycle", "cycle_id", help="The cycle id (e.g. cycle-812) of one decision.")
+@click.option(
+    "--job", "job_id", type=int, help="Every decision that considered, placed or preempted JOB."
+)
+@click.option("--all", "all_", is_flag=True, help="Every recorded decision.")
+@click.option("--from", "start", help="Only decisions made at or after this time (ISO 8601).")
+@click.option("--to", "end", help="Only decisions made at or before this time.")
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="Catch the rebuilt projection up to exactly each decision's position (slower; the "
+    "default for many decisions reads it as of that position: the same rows).",
+)
+@click.option(
+    "--show", type=int, default=20, show_default=True, help="Differences shown per decision."
+)
+@json_option
+@pass_ctx
+def replay(
+    ctx: Ctx,
+    cycle_id: str | None,
+    job_id: int | None,
+    all_: bool,
+    start: str | None,
+    end: str | None,
+    exact: bool,
+    show: int,
+    as_json: bool,
+) -> None:
+    """Rebuild what recorded decisions saw from the log alone, decide again, compare.
+
+    Prints `identical` per decision, or every difference (placements, preemptions, sort keys,
+    reasons, ...). Exits 1 when a decision differs or cannot be replayed."""
+    if not (cycle_id or job_id is not None or all_ or start or end):
+        raise InvalidCommand("which decisions?", hint="pass --cycle ID, --job JOB or --all")
+    selection = rp.Selection(cycle=cycle_id, job=job_id, start=_time(start), end=_time(end))
+    decisions = rp.find_decisions(ctx.home, selection)
+    if not decisions:
+        raise InvalidCommand(
+            "no recorded decision matches", hint="see `gpuledger audit sql` on the decisions view"
+        )
+    verbose = not all_ or len(decisions) == 1
+    started = time.perf_counter()
+    results: list[rp.CycleReplay] = []
+    with EmbeddedSource(ctx.home) as source:
+        for result in rp.replay_decisions(source, decisions, exact=exact or len(decisions) == 1):
+            results.append(result)
+            if not as_json and (verbose or not result.identical):
+                _print_replay(result, show)
+    elapsed = time.perf_counter() - started
+    same = sum(r.identical for r in results)
+    failed = sum(r.error is not None for r in results)
+    differ = len(results) - same - failed
+    if as_json:
+        echo_json(
+            {
+                "decisions": results,
+                "identical": same,
+                "differ": differ,
+                "cannot_replay": failed,
+                "seconds": elapsed,
+            }
+        )
+    else:
+        rate = len(results) / elapsed if elapsed > 0 else float("inf")
+        click.echo(
+            f"{len(results)} decisions replayed in {elapsed:.2f} s ({rate:.1f}/s): {same} "
+            f"identical, {differ} differ, {failed} cannot be replayed"
+        )
+    if same != len(results):
+        sys.exit(1)
+
+
+def _print_replay(result: rp.CycleReplay, show: int) -> None:
+    click.echo(f"{result.headline()} at {fmt_time(result.decided_at)}")
+    for d in result.differences[:show]:
+        click.echo(f"  {d.text()}")
+    if len(result.differences) > show:
+        click.echo(f"  ... and {len(result.differences) - show} more")
+
+
+# --- what-if --------------------------------------------------------------------------------------
+
+
+@click.command()
+@click.option(
+    "--budgets",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A budgets TOML applied on top of the organisation at --from.",
+)
+@click.option("--policy", type=click.Choice(wi.POLICIES), help="Another policy (its defaults).")
+@click.option("--window", help="Another usage window for fair share (e.g. 3d).")
+@click.option("--from", "start", required=True, help="Start of the period (ISO 8601).")
+@click.option("--to", "end", required=True, help="End of the period.")
+@click.option(
+    "--keep",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Keep the what-if ledger in this (new) directory, to replay or audit it.",
+)
+@click.option("--tick", default="10m", show_default=True, help="Cycle at least this often.")
+@json_option
+@pass_ctx
+def whatif(
+    ctx: Ctx,
+    budgets: Path | None,
+    policy: str | None,
+    window: str | None,
+    start: str,
+    end: str,
+    keep: Path | None,
+    tick: str,
+    as_json: bool,
+) -> None:
+    """Re-simulate the submissions recorded between --from and --to with other budgets,
+    window or policy, through a real ledger, and compare per team with what happened."""
+    t0, t1 = parse_time(start), parse_time(end)
+    budget = None if budgets is None else b.parse(budgets.read_bytes(), str(budgets))
+    window_s = None if window is None else float(parse_duration(window))
+    if keep is not None and keep.exists() and any(keep.iterdir()):
+        raise InvalidCommand(f"{keep} is not empty", hint="--keep needs a new directory")
+    with projection(ctx, quiet=True) as store:
+        report = wi.run_whatif(
+            ctx.home,
+            store,
+            t0,
+            t1,
+            budgets=budget,
+            policy=policy,
+            window_s=window_s,
+            keep=keep,
+            tick_s=parse_duration(tick),
+        )
+    if as_json:
+        echo_json(report)
+        return
+    _print_whatif(report)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _wait(x: float | None) -> str:
+    return "-" if x is None else span(x)
+
+
+def _pair(a: str, b_: str) -> str:
+    return a if a == b_ else f"{a} -> {b_}"
+
+
+def _print_whatif(r: wi.WhatIfReport) -> None:
+    click.echo(
+        f"what-if {fmt_time(r.start)} .. {fmt_time(r.end)}: {r.submissions} submissions "
+        f"(+{r.carried} active at the start), policy {r.policy_version} "
+        f"({', '.join(f'{k}={v}' for k, v in sorted(r.config.items()))}), {r.cycles} cycles"
+    )
+    table = Table(
+        "team",
+        "owed GPU-h",
+        "delivered GPU-h",
+        "by period",
+        "mean wait",
+        "p90 wait",
+        "never placed",
+        "preemptions",
+        box=None,
+        title="actual -> what-if",
+    )
+    for t in r.teams:
+        a, w = t.actual, t.whatif
+        table.add_row(
+            t.team,
+            _pair(f"{a.owed_gpu_h:,.1f}", f"{w.owed_gpu_h:,.1f}"),
+            _pair(f"{a.delivered_gpu_h:,.1f}", f"{w.delivered_gpu_h:,.1f}"),
+            _pair(_pct(a.by_period), _pct(w.by_period)),
+            _pair(_wait(a.mean_wait_s), _wait(w.mean_wait_s)),
+            _pair(_wait(a.p90_wait_s), _wait(w.p90_wait_s)),
+            _pair(str(a.never_placed), str(w.never_placed)),
+            _pair(str(a.preemptions), str(w.preemptions)),
+        )
+    _console().print(table)
+    for note in r.notes:
+        click.echo(f"note: {note}")
+    if r.home:
+        click.echo(f"the what-if ledger is in {r.home}")
+
+
+# --- audit: read-only SQL and reports ---------------------------------------------------------
+
+
+@click.group("audit")
+def audit_group() -> None:
+    """Read-only SQL, reports, tamper evidence and invariant checks over the ledger."""
+
+
+format_option = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json", "parquet"]),
+    default="table",
+    show_default=True,
+)
+output_option = click.option(
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the result to this file (required for parquet).",
+)
+
+
+def _lock_down(con: duckdb.DuckDBPyConnection) -> None:
+    """No file or network access and no changing settings back: a query reads the views only."""
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+@contextmanager
+def readonly(ctx: Ctx) -> Iterator[duckdb.DuckDBPyConnection]:
+    """The projection caught up with the log, then opened read-only (or, when a running service
+    holds the file, the private in-memory copy), locked down."""
+    path = projection_path(ctx.home)
+    with projection(ctx, quiet=True) as store:
+        if store.path != path:  # the service holds the file: our copy is private
+            _lock_down(store.con)
+            yield store.con
+            return
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.IOException:  # taken meanwhile: a private copy
+        with projection(ctx, quiet=True) as store:
+            _lock_down(store.con)
+            yield store.con
+            return
+    try:
+        _lock_down(con)
+        yield con
+    finally:
+        con.close()
+
+
+def check_select(sql: str) -> str:
+    """Pure-ish: `sql` if it is exactly one SELECT (or WITH ... SELECT) statement, else a clear
+    InvalidCommand. The projection is also opened read-only: this is the first line."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as err:
+        raise InvalidCommand(f"the SQL does not parse: {err}".split("\n")[0]) from err
+    if len(statements) != 1:
+        raise InvalidCommand(
+            f"audit sql runs one statement, got {len(statements)}",
+            hint="send one SELECT (or WITH ... SELECT) at a time",
+        )
+    kind = statements[0].type
+    if kind != duckdb.StatementType.SELECT:
+        raise InvalidCommand(
+            f"audit sql is read-only: {kind.name} statements are refused",
+            hint="use SELECT or WITH ... SELECT; the projection is rebuilt from the log and is "
+            "never edited by hand",
+        )
+    return sql
+
+
+def run_query(
+    con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any] | None = None
+) -> pa.Table:
+    try:
+        return con.sql(sql, params=params or None).to_arrow_table()
+    except duckdb.Error as err:
+        first = str(err).split("\n")[0]
+        if "read-only" in first or "read only" in first:
+            raise InvalidCommand(f"audit sql is read-only: {first}") from err
+        raise InvalidCommand(
+            f"the query failed: {first}", hint="see docs/replay-and-audit.md for the views"
+        ) from err
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe: non-finite floats as strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _flat(table: pa.Table) -> pa.Table:
+    """Nested columns (lists, structs, maps) as JSON text, for CSV."""
+    cols = []
+    for col in table.columns:
+        t = col.type
+        if pa.types.is_nested(t):
+            values = [json.dumps(_plain(v), default=str) for v in col.to_pylist()]
+            cols.append(pa.array(values, pa.string()))
+        else:
+            cols.append(col)
+    return pa.Table.from_arrays(cols, names=table.column_names)
+
+
+def _cell(name: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and (name.endswith("_at") or name == "at"):
+        return fmt_time(value)
+    if isinstance(value, float):
+        return "inf" if math.isinf(value) else f"{value:g}"
+    if isinstance(value, list | dict):
+        return json.dumps(_plain(value), default=str)
+    return str(value)
+
+
+def export(table: pa.Table, fmt: str, output: Path | None) -> None:
+    """Print or write a result as a table, CSV, JSON (an array of objects) or Parquet."""
+    if fmt == "parquet":
+        if output is None:
+            raise InvalidCommand("parquet needs --output FILE")
+        pq.write_table(table, output)
+        click.echo(f"{table.num_rows} rows written to {output}")
+        return
+    if fmt == "csv":
+        sink = pa.BufferOutputStream()
+        pacsv.write_csv(_flat(table), sink)
+        data = sink.getvalue().to_pybytes()
+    elif fmt == "json":
+        rows = [_plain(r) for r in table.to_pylist()]
+        data = (json.dumps(rows, indent=2, default=str) + "\n").encode()
+    else:
+        names = table.column_names
+        out = Table(*names, box=None)
+        for row in table.to_pylist():
+            out.add_row(*(_cell(n, row[n]) for n in names))
+        if output is None:
+            _console().print(out)
+            click.echo(f"({table.num_rows} rows)")
+            return
+        console = Console(record=True, width=200, file=open(output, "w", encoding="utf-8"))  # noqa: SIM115
+        console.print(out)
+        console.file.close()
+        click.echo(f"{table.num_rows} rows written to {output}")
+        return
+    if output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    else:
+        output.write_bytes(data)
+        click.echo(f"{table.num_rows} rows written to {output}")
+
+
+@audit_group.command("sql")
+@click.argument("query")
+@format_option
+@output_option
+@pass_ctx
+def audit_sql(ctx: Ctx, query: str, fmt: str, output: Path | None) -> None:
+    """Run one read-only SELECT over the views: events, jobs, job_intervals, account_history,
+    account_shares, accounts_at(t), node_history, nodes, preemptions, decisions."""
+    sql = check_select(query)
+    with readonly(ctx) as con:
+        table = run_query(con, sql)
+    export(table, fmt, output)
+
+
+_JOB_EVENTS = """
+SELECT position, occurred_at, tag, actor, raw FROM events
+WHERE job_id = $job AND known ORDER BY position
+"""
+
+_JOB_WAITS = """
+SELECT position, occurred_at, raw->>'$.cycle_id' AS cycle_id,
+       list_filter(from_json(raw->'$.considered',
+                   '[{"job_id": "BIGINT", "sort_key": "JSON", "reason": "VARCHAR",
+                      "code": "VARCHAR"}]'),
+                   lambda c: c.job_id = $job)[1] AS seen
+FROM events
+WHERE tag = 'cycle.decided.v1' AND position BETWEEN $first AND $last
+ORDER BY position
+"""
+
+
+def job_rows(con: duckdb.DuckDBPyConnection, job: int) -> list[dict[str, Any]]:
+    """The whole history of a job: its events with reasons (placements with the sort key the
+    cycle gave it), the recorded cycles it waited in (runs of cycles with the same reason in
+    one row), and its utilisation samples (runs of the same level in one row)."""
+    rows = con.execute(_JOB_EVENTS, {"job": job}).fetchall()
+    if not rows:
+        raise InvalidCommand(f"no events of job {job}", hint="see `gpuledger jobs`")
+    first, last = rows[0][0], rows[-1][0]
+    waits = con.execute(_JOB_WAITS, {"job": job, "first": first, "last": last}).fetchall()
+    keys = {cycle: seen["sort_key"] for _, _, cycle, seen in waits if seen is not None}
+    out: list[dict[str, Any]] = []
+    run: dict[str, Any] | None = None
+    for position, at, tag, actor, raw in rows:
+        ev = codec.decode(raw.encode() if isinstance(raw, str) else raw)
+        detail = _detail(ev)
+        if isinstance(ev, e.JobPlaced) and ev.cycle_id in keys:
+            detail += f"; sort key {keys[ev.cycle_id]}"
+        if isinstance(ev, e.UtilisationSampled):
+            if run is not None and run["detail"].startswith(detail):
+                run["samples"] += 1
+                run["until_at"] = at
+                run["detail"] = f"{detail} ({run['samples']} samples)"
+                continue
+            run = {"samples": 1}
+        else:
+            run = None
+        row = {
+            "position": position,
+            "occurred_at": at,
+            "event": tag.rsplit(".", 1)[0],
+            "actor": actor,
+            "detail": detail,
+            "until_at": None,
+        }
+        if run is not None:
+            run.update(row)
+            row = run
+        out.append(row)
+    out += _waiting_rows(waits)
+    out.sort(key=lambda r: r["position"])
+    for r in out:
+        r.pop("samples", None)
+    return out
+
+
+def _waiting_rows(waits: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    run: dict[str, Any] | None = None
+    for position, at, cycle_id, seen in waits:
+        if seen is None or seen["reason"] is None:
+            run = None
+            continue
+        text = f"{seen['code']}: {seen['reason']}" if seen["code"] else seen["reason"]
+        if run is not None and run["text"] == text:
+            run["cycles"] += 1
+            run["until_at"] = at
+            run["detail"] = f"waited in {run['cycles']} recorded cycles: {text}"
+            continue
+        run = {
+            "position": position,
+            "occurred_at": at,
+            "event": "cycle.waiting",
+            "actor": "@dispatcher",
+            "detail": f"waited in {cycle_id}: {text}",
+            "until_at": None,
+            "cycles": 1,
+            "text": text,
+        }
+        out.append(run)
+    for r in out:
+        r.pop("cycles", None)
+        r.pop("text", None)
+    return out
+
+
+def _detail(ev: e.AnyEvent) -> str:
+    match ev:
+        case e.JobSubmitted():
+            contract = f"min runtime {ev.min_runtime_s}s" if ev.min_runtime_s else "unfunded"
+            return (
+                f"{ev.gpus} GPUs in {ev.account} for {ev.user}; {contract}"
+                f"{', resumable' if ev.resumable else ''}{', debug' if ev.debug else ''}"
+                f"{f', priority {ev.priority}' if ev.priority else ''}"
+            )
+        case e.JobPlaced():
+            return f"placed by {ev.cycle_id} (based on {ev.based_on}) on {rp.slots_text(ev.slots)}"
+        case e.JobPreempted():
+            why = f"{ev.reason} for job {ev.for_job}" if ev.for_job is not None else ev.reason
+            note = f": {ev.note}" if ev.note else ""
+            return f"preempted ({why}{note}){f' by {ev.cycle_id}' if ev.cycle_id else ''}"
+        case e.JobFinished():
+            code = "" if ev.exit_code is None else f", exit code {ev.exit_code}"
+            return f"finished: {ev.outcome}{code}"
+        case e.JobRequeued():
+            return "requeued (resumable): pending again"
+        case e.UtilisationSampled():
+            mean = sum(ev.gpu_utilisation) / max(1, len(ev.gpu_utilisation))
+            return f"utilisation {mean:.0f}%"
+        case _:
+            return ""
+
+
+@audit_group.command("job")
+@click.argument("job_id", type=int)
+@format_option
+@output_option
+@pass_ctx
+def audit_job(ctx: Ctx, job_id: int, fmt: str, output: Path | None) -> None:
+    """JOB_ID's whole history with reasons: submission, every cycle it waited in (why), its
+    placements, preemptions (why, for whom), requeues and finish."""
+    with readonly(ctx) as con:
+        rows = job_rows(con, job_id)
+    export(pa.Table.from_pylist(rows), fmt, output)
+
+
+_PREEMPTIONS = """
+SELECT p.position, p.preempted_at, p.job_id, p.account, p.user_name, p.gpus, p.reason,
+       p.for_job, p.note, p.actor, p.cycle_id, p.funded, p.resumable, p.placed_at,
+       p.preempted_at - p.placed_at AS held_s, j.min_runtime_s,
+       coalesce(p.preempted_at < p.placed_at + j.min_runtime_s, false) AS inside_contract
+FROM preemptions p LEFT JOIN jobs j USING (job_id)
+WHERE ($account IS NULL OR p.account = $account OR p.account LIKE $account || '/%'
+       OR p.leaf = $account)
+  AND ($since IS NULL OR p.preempted_at >= $since)
+ORDER BY p.position
+"""
+
+
+@audit_group.command("preemptions")
+@click.option("--account", help="Only jobs in this account (or below it).")
+@click.option("--since", help="Only preemptions at or after this time (ISO 8601).")
+@format_option
+@output_option
+@pass_ctx
+def audit_preemptions(
+    ctx: Ctx, account: str | None, since: str | None, fmt: str, output: Path | None
+) -> None:
+    """Every preemption: whose job, why, for which job, by whom, and whether it was inside the
+    job's contract (only admin preemptions with a reason may be)."""
+    with readonly(ctx) as con:
+        table = run_query(con, _PREEMPTIONS, {"account": account, "since": _time(since)})
+    export(table, fmt, output)
+
+
+_BUDGET_CHANGES = """
+WITH changes AS (
+    SELECT position, occurred_at AS changed_at, actor AS who, split_part(tag, '.', 1) || ' ' ||
+           split_part(tag, '.', 2) AS change, account, user_name,
+           TRY_CAST(raw->>'$.shares' AS INTEGER) AS shares, raw->>'$.kind' AS kind,
+           coalesce(raw->>'$.reason', '') AS reason, tag
+    FROM events
+    WHERE tag IN ('account.opened.v1', 'account.closed.v1', 'account.shares_set.v1',
+                  'member.added.v1', 'member.removed.v1', 'manager.granted.v1',
+                  'manager.revoked.v1', 'admin.granted.v1', 'admin.revoked.v1')
+)
+SELECT position, changed_at, who, change, account, user_name, kind,
+       CASE WHEN tag = 'account.shares_set.v1' THEN lag(shares) OVER (
+           PARTITION BY account, tag = 'account.shares_set.v1' ORDER BY position) END
+           AS shares_before,
+       shares AS shares_after, reason
+FROM changes
+QUALIFY $since IS NULL OR changed_at >= $since
+ORDER BY position
+"""
+
+
+@audit_group.command("budget-changes")
+@click.option("--since", help="Only changes at or after this time (ISO 8601).")
+@format_option
+@output_option
+@pass_ctx
+def audit_budget_changes(ctx: Ctx, since: str | None, fmt: str, output: Path | None) -> None:
+    """Who changed what in the budget tree, and why: accounts opened and closed, shares (before
+    and after), members, managers and admins."""
+    with readonly(ctx) as con:
+        table = run_query(con, _BUDGET_CHANGES, {"since": _time(since)})
+    export(table, fmt, output)
+
+
+# --- audit: tamper evidence and invariants ----------------------------------------------------
+
+
+@audit_group.command("verify")
+@click.option("--kafka", "bootstrap", help="Also check the Kafka copy at HOST:PORT.")
+@click.option("--topic", default="gpuledger.events", show_default=True)
+@json_option
+@pass_ctx
+def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> None:
+    """Recompute the hash chain over the store (and the Kafka topic): report the first broken
+    link and what broke it (an edited, deleted or moved event). Exits 1 on any problem."""
+    report = au.verify_chain(au.store_records(ctx.home))
+    copy = None
+    if bootstrap:
+        copy = au.verify_copy(au.store_records(ctx.home), au.kafka_records(bootstrap, topic))
+    if as_json:
+        echo_json({"store": report, "kafka": copy})
+    else:
+        _print_chain("store", report)
+        if copy is not None:
+            _print_copy(topic, copy)
+    if not report.ok or (copy is not None and not copy.ok):
+        sys.exit(1)
+
+
+def _print_chain(what: str, report: au.ChainReport) -> None:
+    if report.ok:
+        click.echo(
+            f"{what}: chain intact over {report.events:,} events; head position {report.head:,}, "
+            f"head hash {report.head_hash} (keep it elsewhere: it anchors the last event)"
+        )
+        return
+    first = report.problems[0]
+    click.echo(
+        f"{what}: chain BROKEN over {report.events:,} events: first at position "
+        f"{first.position} ({first.kind})"
+    )
+    for p in report.problems:
+        click.echo(f"  {p.text()}")
+
+
+def _print_copy(topic: str, copy: au.CopyReport) -> None:
+    where = f"kafka topic {topic}"
+    if copy.ok:
+        behind = f", {copy.behind:,} events behind the store" if copy.behind else ""
+        click.echo(
+            f"{where}: {copy.records:,} records in order, byte-equal to the store, chain "
+            f"intact{behind}"
+        )
+        return
+    click.echo(f"{where}: DIFFERS from the store")
+    for p in [*copy.problems, *copy.chain.problems]:
+        click.echo(f"  {p.text()}")
+
+
+@audit_group.command("check")
+@json_option
+@pass_ctx
+def audit_check(ctx: Ctx, as_json: bool) -> None:
+    """Scan the whole history for violated invariants: a GPU held by two jobs, a preemption
+    inside a contract (admin ones with a reason are listed as such), a placement on a draining
+    node, usage charged to an unfunded job, a budget change by someone not authorised then.
+    One line per violation; exits 1 on any."""
+    with EmbeddedSource(ctx.home) as source:
+        report = au.check(_positioned(source))
+    with projection(ctx, quiet=True) as store:
+        charges = au.check_charges(store)
+    violations = sorted([*report.violations, *charges], key=lambda v: v.position)
+    if as_json:
+        echo_json({"events": report.events, "violations": violations, "noted": report.noted})
+    else:
+        for v in violations:
+            click.echo(v.line())
+        for n in report.noted:
+            click.echo(f"allowed: {n.line()}")
+        click.echo(
+            f"{report.events:,} events checked: {len(violations)} violations, "
+            f"{len(report.noted)} allowed exceptions"
+        )
+    if violations:
+        sys.exit(1)
+
+
+def _positioned(source: EmbeddedSource, page: int = 50_000) -> Iterator[tuple[int, Any]]:
+    after = 0
+    while True:
+        records = source.read(after, page)
+        if not records:
+            return
+        for rec in records:
+            yield rec.position, codec.decode(rec.data)
+        after = records[-1].position
+
+
+COMMANDS = [replay, whatif, audit_group]

@@ -1,0 +1,135 @@
+"""`gpuledger project follow --kafka HOST:PORT`: another reader of the log, in its own process.
+
+It follows the relay's topic into a projection of its own (`<home>/projections/ledger.duckdb`
+under its own data directory; no event store needed there), e.g. on another machine. Its position
+lives in that DuckDB file with the rows, so a restart, even after SIGKILL, resumes exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+
+import click
+
+from ledger.cli._common import Ctx, pass_ctx
+from ledger.cli.views import projection_group
+from projections.errors import ProjectionMismatch
+from projections.kafka_source import TOPIC, KafkaSource
+from projections.kafka_source import follow as follow_topic
+from projections.projector import DEFAULT_BATCH, Projector
+from projections.store import Store, scalar
+
+
+@click.command("follow")
+@click.option(
+    "--kafka",
+    envvar="GPULEDGER_KAFKA",
+    required=True,
+    metavar="HOST:PORT",
+    help="Kafka bootstrap servers (or $GPULEDGER_KAFKA).",
+)
+@click.option(
+    "--topic",
+    envvar="GPULEDGER_KAFKA_TOPIC",
+    default=TOPIC,
+    show_default=True,
+    help="The topic the relay writes (or $GPULEDGER_KAFKA_TOPIC).",
+)
+@click.option(
+    "--quarantine",
+    is_flag=True,
+    help="Record poison records in the dead_letters table and go on "
+    "(default: stop at the first one, naming its topic, partition and offset).",
+)
+@click.option(
+    "--home",
+    "home",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Data directory of this projection (default: the global --home).",
+)
+@click.option(
+    "--until", type=int, default=None, metavar="POSITION", help="Exit at this log position."
+)
+@click.option("--once", is_flag=True, help="Catch up with the topic as it is now, then exit.")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=DEFAULT_BATCH,
+    show_default=True,
+    help="Events per transaction at most.",
+)
+@click.option("--log-level", default="INFO", show_default=True)
+@pass_ctx
+def follow(
+    ctx: Ctx,
+    kafka: str,
+    topic: str,
+    quarantine: bool,
+    home: Path | None,
+    until: int | None,
+    once: bool,
+    batch_size: int,
+    log_level: str,
+) -> None:
+    """Follow the Kafka topic into a projection of its own, until SIGTERM or SIGINT.
+
+    Reads with read_committed, positions from the records' gpuledger.position header; at DEBUG
+    level it logs every committed batch."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.root.level))  # chatty at INFO
+    log = logging.getLogger("gpuledger.follow")
+    home = home or ctx.home
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def progress(position: int, head: int) -> None:
+        log.debug("applied through position %d (log head %d)", position, head)
+
+    with Store.open(home) as store, KafkaSource(kafka, topic) as source:
+        if quarantine:
+            _require_dead_letters(store)
+        projector = Projector(store, source, batch_size=batch_size, quarantine=quarantine)
+        log.info("following %s on %s into %s from %d", topic, kafka, home, store.position())
+        position = follow_topic(
+            projector,
+            stop,
+            until=until,
+            once=once,
+            progress=progress,
+            on_error=lambda err: log.warning("kafka: %s", err.line()),
+        )
+        status = store.status()
+        dead = _quarantined(store) or 0
+    click.echo(f"position {position:,}, {status.events:,} events, {dead} quarantined")
+
+
+def _quarantined(store: Store) -> int | None:
+    """Rows of dead_letters (None: a projection file made before the table existed)."""
+    if not scalar(
+        store.con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'dead_letters'"
+    ):
+        return None
+    return int(scalar(store.con, "SELECT count(*) FROM dead_letters"))
+
+
+def _require_dead_letters(store: Store) -> None:
+    """A projection file made before `dead_letters` existed cannot quarantine."""
+    if _quarantined(store) is None:
+        raise ProjectionMismatch(
+            f"the projection {store.path} has no dead_letters table (an older file)",
+            hint="delete it and follow again: it is rebuilt from the topic",
+            path=str(store.path),
+        )
+
+
+projection_group.add_command(follow)
+"""`follow` is a subcommand of `projection` (and of its alias `project`, which shares the
+group's commands): `gpuledger project follow`."""
+
+COMMANDS: list[click.Command] = []
+"""Nothing at the top level: `follow` is registered under `projection` above."""

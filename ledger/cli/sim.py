@@ -1,0 +1,346 @@
+"""`gpuledger simulate`: replay a workload through the real ledger, projections and dispatcher.
+
+    gpuledger --home sim simulate run --trace philly.csv.gz --nodes 50 --policy fairshare
+    gpuledger --home cmp simulate compare --trace philly.csv.gz --nodes 50
+    gpuledger simulate dump --synthetic out.csv.gz
+
+A run writes a normal ledger into `--home` (compare: `--home/<policy>` per policy), so every other
+command works on it afterwards. See docs/simulation.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ledger import budget as b
+from ledger.cli._common import Ctx, pass_ctx
+from ledger.sim import report
+from ledger.sim.runner import POLICIES, Cluster, Drain, RunResult, SimConfig
+from ledger.sim.runner import simulate as run_simulation
+from ledger.sim.workload import (
+    DEFAULT_MIN_RUNTIME,
+    Assumptions,
+    Synthetic,
+    Workload,
+    budget_toml,
+    dump_trace,
+    parse_distribution,
+    parse_duration,
+    parse_trace,
+    resolve,
+    synthetic,
+)
+from schemas.errors import InvalidCommand
+
+F = Callable[..., Any]
+
+
+def _workload_options(f: F) -> F:
+    opts = [
+        click.option(
+            "--trace",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="Job trace CSV (gzip or not) in the normalised trace format.",
+        ),
+        click.option(
+            "--synthetic", "synth", is_flag=True, help="Generate the seeded Ai2-shaped workload."
+        ),
+        click.option(
+            "--budgets",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="Budgets TOML (`budget apply` format): the budget tree and shares.",
+        ),
+        click.option("--seed", type=int, default=1, show_default=True, help="Seeds everything."),
+        click.option("--days", type=float, default=28.0, show_default=True),
+        click.option("--programs", type=int, default=3, show_default=True),
+        click.option("--teams", type=int, default=15, show_default=True),
+        click.option("--users", type=int, default=150, show_default=True),
+        click.option(
+            "--team-skew",
+            type=float,
+            default=0.8,
+            show_default=True,
+            help="Trace without groups: sigma of the lognormal factor on team demand weights.",
+        ),
+        click.option(
+            "--min-runtime",
+            "min_runtime",
+            default=DEFAULT_MIN_RUNTIME,
+            show_default=True,
+            help="Trace without min_runtime_s: VALUE:WEIGHT distribution of non-debug jobs "
+            "(0 = unfunded).",
+        ),
+        click.option(
+            "--resumable",
+            "resumable_p",
+            type=float,
+            default=0.7,
+            show_default=True,
+            help="Trace without resumable: probability a job is resumable.",
+        ),
+        click.option(
+            "--debug-limit/--no-debug-limit",
+            default=True,
+            show_default=True,
+            help="Trace without time_limit_s: jobs that ran <= 15 min declare 900 s (debug).",
+        ),
+        click.option(
+            "--load",
+            type=float,
+            default=1.0,
+            show_default=True,
+            help="Synthetic: offered GPU-hours of mid-size and multi-node jobs / capacity.",
+        ),
+        click.option(
+            "--unfunded",
+            "unfunded_p",
+            type=float,
+            default=0.3,
+            show_default=True,
+            help="Synthetic: probability a mid-size job is unfunded.",
+        ),
+        click.option("--nodes", type=int, default=50, show_default=True),
+        click.option("--gpus-per-node", type=int, default=8, show_default=True),
+        click.option("--gpu-type", default="h100", show_default=True),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _sim_options(f: F) -> F:
+    opts = [
+        click.option(
+            "--tick", default="10m", show_default=True, help="Periodic cycle (ranks drift)."
+        ),
+        click.option(
+            "--checkpoint-every",
+            default="1h",
+            show_default=True,
+            help="Running resumable jobs checkpoint this often.",
+        ),
+        click.option(
+            "--resubmit/--no-resubmit",
+            default=True,
+            show_default=True,
+            help="Resubmit non-resumable jobs that were preempted (a new job).",
+        ),
+        click.option(
+            "--ranks",
+            type=click.Choice(["incremental", "projection"]),
+            default="incremental",
+            show_default=True,
+            help="Where fair-share ranks come from (see docs/simulation.md).",
+        ),
+        click.option(
+            "--drain",
+            "drains",
+            multiple=True,
+            help="NODE@WHEN[+FOR]: drain NODE at WHEN after the start, return it FOR later "
+            "(e.g. n001@2d+6h). Repeatable.",
+        ),
+        click.option(
+            "--dump",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="Also write the workload as a trace CSV (.gz: gzip'd) with every column.",
+        ),
+        click.option(
+            "--report",
+            "report_dir",
+            type=click.Path(file_okay=False, path_type=Path),
+            help="Where to write report.json, report.md and plots (default: HOME/report).",
+        ),
+        click.option("--no-plots", is_flag=True, help="Skip the PNG plots."),
+        click.option("--json", "as_json", is_flag=True, help="Print the report JSON."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise InvalidCommand(f"cannot read {path}: {e.strerror}") from e
+
+
+def build_workload(kw: dict[str, Any]) -> Workload:
+    """The workload the options describe (a trace, or the synthetic generator)."""
+    trace, synth = kw["trace"], kw["synth"]
+    if bool(trace) == bool(synth):
+        raise InvalidCommand("give exactly one of --trace FILE and --synthetic")
+    budget = None
+    if kw["budgets"] is not None:
+        budget = b.parse(_read(kw["budgets"]), str(kw["budgets"]))
+    if synth:
+        g = Synthetic(
+            seed=kw["seed"],
+            programs=kw["programs"],
+            teams=kw["teams"],
+            users=kw["users"],
+            days=kw["days"],
+            capacity_gpus=kw["nodes"] * kw["gpus_per_node"],
+            gpus_per_node=kw["gpus_per_node"],
+            load=kw["load"],
+            unfunded_p=kw["unfunded_p"],
+        )
+        return synthetic(g, budget)
+    how = Assumptions(
+        seed=kw["seed"],
+        programs=kw["programs"],
+        teams=kw["teams"],
+        users=kw["users"],
+        team_skew=kw["team_skew"],
+        min_runtime=parse_distribution(kw["min_runtime"]),
+        resumable_p=kw["resumable_p"],
+        debug_time_limit=kw["debug_limit"],
+    )
+    return resolve(parse_trace(_read(trace), str(trace)), how, budget, name=trace.name)
+
+
+def parse_drain(text: str) -> Drain:
+    """'n001@2d+6h' -> Drain(node='n001', at_s=172800, back_after_s=21600)."""
+    node, sep, when = text.partition("@")
+    if not sep or not node:
+        raise InvalidCommand(
+            f"invalid --drain {text!r}", hint="write NODE@WHEN[+FOR], e.g. n001@2d+6h"
+        )
+    at, plus, back = when.partition("+")
+    return Drain(
+        node=node, at_s=parse_duration(at), back_after_s=parse_duration(back) if plus else None
+    )
+
+
+def _config(policy: str, kw: dict[str, Any]) -> SimConfig:
+    return SimConfig(
+        policy=policy,
+        cluster=Cluster(
+            nodes=kw["nodes"], gpus_per_node=kw["gpus_per_node"], gpu_type=kw["gpu_type"]
+        ),
+        days=kw["days"],
+        seed=kw["seed"],
+        tick_s=parse_duration(kw["tick"]),
+        checkpoint_every_s=parse_duration(kw["checkpoint_every"]),
+        resubmit=kw["resubmit"],
+        ranks=kw["ranks"],
+        drains=tuple(parse_drain(d) for d in kw["drains"]),
+    )
+
+
+def _dump(workload: Workload, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(dump_trace(workload.jobs, gzipped=path.name.endswith(".gz")))
+    toml = path.with_name(path.name.split(".")[0] + ".budgets.toml")
+    toml.write_text(budget_toml(workload.budget))
+    click.echo(f"wrote {len(workload.jobs)} jobs to {path} and the budget tree to {toml}", err=True)
+
+
+def _run_all(policies: list[str], kw: dict[str, Any], home: Path, compare: bool) -> list[RunResult]:
+    workload = build_workload(kw)
+    if kw["dump"] is not None:
+        _dump(workload, kw["dump"])
+    console = Console(stderr=True)
+    results = []
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("day {task.completed:.1f}/{task.total:.0f}"),
+        TextColumn("{task.fields[events]} events"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        for policy in policies:
+            task = bar.add_task(policy, total=kw["days"], events=0)
+
+            def progress(done: float, total: float, events: int, task: Any = task) -> None:
+                bar.update(task, completed=done / 86_400.0, events=events)
+
+            target = home / policy if compare else home
+            results.append(run_simulation(workload, _config(policy, kw), target, progress))
+    return results
+
+
+def _print(results: list[RunResult], out: dict[str, Path], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps([report.summary(r) for r in results], indent=2, sort_keys=True))
+        return
+    header = [h for _, h in report.COLUMNS]
+    cells = [[report.row(r)[k] for k, _ in report.COLUMNS] for r in results]
+    widths = [max(len(x) for x in col) for col in zip(header, *cells, strict=True)]
+    for line in (header, *cells):
+        click.echo("  ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)).rstrip())
+    for r in results:
+        m = r.metrics
+        click.echo(
+            f"{m.policy}: {m.days:g} simulated days in {m.wall_s:.1f} s = "
+            f"{m.days / m.wall_s:.2f} simulated days/s, {m.events:,} events = "
+            f"{m.events / m.wall_s:,.0f} events/s ({m.cycles:,} cycles); ledger in {r.home}"
+        )
+    click.echo(f"report: {out['markdown']} (json, plots beside it)")
+
+
+@click.group("simulate")
+def simulate_group() -> None:
+    """Replay a workload on a simulated cluster through the real ledger and dispatcher."""
+
+
+@simulate_group.command("run")
+@click.option("--policy", type=click.Choice(POLICIES), default="fairshare", show_default=True)
+@_workload_options
+@_sim_options
+@pass_ctx
+def run_cmd(ctx: Ctx, /, policy: str, **kw: Any) -> None:
+    """Simulate one policy; the ledger goes into --home."""
+    results = _run_all([policy], kw, ctx.home, compare=False)
+    out = report.write_report(
+        results, kw["report_dir"] or ctx.home / "report", f"Simulation: {policy}",
+        plots=not kw["no_plots"],
+    )  # fmt: skip
+    _print(results, out, kw["as_json"])
+
+
+@simulate_group.command("compare")
+@click.option(
+    "--policies",
+    default=",".join(POLICIES),
+    show_default=True,
+    help="Comma-separated policies, each run on the same workload into --home/POLICY.",
+)
+@_workload_options
+@_sim_options
+@pass_ctx
+def compare_cmd(ctx: Ctx, /, policies: str, **kw: Any) -> None:
+    """Simulate several policies on the same workload; print one row per policy."""
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    bad = [p for p in names if p not in POLICIES]
+    if bad or not names:
+        raise InvalidCommand(
+            f"unknown policies {', '.join(bad) or '(none)'}", hint=f"use {', '.join(POLICIES)}"
+        )
+    results = _run_all(names, kw, ctx.home, compare=True)
+    out = report.write_report(
+        results, kw["report_dir"] or ctx.home / "report", "Policy comparison",
+        plots=not kw["no_plots"],
+    )  # fmt: skip
+    _print(results, out, kw["as_json"])
+
+
+@simulate_group.command("dump")
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@_workload_options
+def dump_cmd(out: Path, **kw: Any) -> None:
+    """Write the workload as a trace CSV with every optional column (no simulation), and its
+    budget tree beside it as OUT-stem.budgets.toml."""
+    _dump(build_workload(kw), out)
+
+
+simulate = simulate_group
+COMMANDS = [simulate]

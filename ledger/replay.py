@@ -1,0 +1,738 @@
+"""Replay: every past decision rebuilt from the log alone, re-run, and compared with the record.
+
+A `CycleDecided` at log position Q says: based on position P, at `decided_at`, policy version V
+with config C, these placements, preemptions and considered jobs (sort keys, reasons). To check
+it, as numbered steps:
+
+1. the read side at P: a fresh in-memory DuckDB projection (`Store(":memory:")` + `Projector`)
+   caught up to exactly P; nothing is read from today's tables;
+2. the write side at P: `ledger.domain` `evolve` over the events 1..P (the fold the ledger keeps);
+3. utilisation at P: `ledger.service.UtilTracker` over the events 1..P, with the squat threshold
+   that C records (`squat_util_pct`, else the tracker's default);
+4. ranks at `decided_at` from the projection (usage counted as C says: `window_s`, `half_life_s`,
+   else the 7-day window), the snapshot (`snapshot_from_state`), and `decide()` with the policy
+   rebuilt from V and C (`policy_from_config`: a version whose code is gone is a clear error);
+5. compare with the record, field by field: `compare` names every difference.
+
+Replaying many cycles (`Replayer`) walks the log once, in order: one in-memory projection
+advancing monotonically and one state folded incrementally. The projection is either caught up to
+exactly each P (`exact=True`) or run ahead in large steps and read as of P through views that
+hide every row written after P (`AS_OF_SQL`; the default for many decisions, several times
+faster, and the same rows). Either way every step reads only log records up to P.
+
+The pure part (`compare`, `usage_from_config`, `replay_policy`, `WithSettings`) takes values; the
+`Replayer` and `find_decisions` are the edges that read a log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from ledger.dispatch.engine import Decision, decide
+from ledger.dispatch.ordering import SortKey
+from ledger.dispatch.policy import Policy, policy_from_config
+from ledger.dispatch.preemption import Victim
+from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot, snapshot_from_state
+from ledger.domain import State, evolve
+from ledger.service import UtilTracker
+from projections import queries
+from projections.batch import gc_paused
+from projections.fairshare import WEEK_S, UsagePolicy
+from projections.projector import Projector
+from projections.source import EVENTS_DB, EVENTS_TABLE, EmbeddedSource, EventSource
+from projections.store import Store
+from schemas import codec
+from schemas import events as e
+from schemas.errors import InvalidCommand, LedgerError, UnknownEntity
+
+DECIDED_TAG = e.tag_of(e.CycleDecided)
+DEFAULT_SQUAT_UTIL_PCT = UtilTracker().threshold_pct
+RANKLESS = frozenset({"fifo", "legacy"})
+"""Policies whose decisions never read fair-share ranks (their order and victims ignore them):
+replay skips the rank query for them."""
+USAGE_KEYS = ("window_s",)
+"""Config keys that describe how the rank source counts usage rather than the policy itself."""
+
+
+class ReplayError(LedgerError):
+    """A decision cannot be replayed: the log ends before its position, it goes backwards, ..."""
+
+    code = "replay"
+
+
+# --- pure: the policy and usage a decision recorded -------------------------------------------
+
+
+class WithSettings:
+    """A policy that records more (or other spellings of its) settings than its own `config()`.
+
+    Pure: delegates every decision to `inner`; only `config()` overlays `extra`. The what-if
+    uses it to record the usage window a decision was ranked with (`window_s`), so replay ranks
+    it the same way; replay uses it to record a config exactly as the decision wrote it.
+    """
+
+    def __init__(self, inner: Policy, extra: Mapping[str, str]) -> None:
+        self.inner = inner
+        self.extra = dict(extra)
+
+    @property
+    def version(self) -> str:
+        return self.inner.version
+
+    @property
+    def search_budget(self) -> int:
+        return self.inner.search_budget
+
+    def config(self) -> dict[str, str]:
+        return {**self.inner.config(), **self.extra}
+
+    def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
+        return self.inner.order(snapshot)
+
+    def may_preempt(self, job: PendingJob) -> bool:
+        return self.inner.may_preempt(job)
+
+    def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
+        return self.inner.victim_group(job, snapshot)
+
+    def victim_key(self, job: RunningJob, now: float) -> tuple[float, ...]:
+        return self.inner.victim_key(job, now)
+
+    def victims(
+        self, job: PendingJob, candidates: Iterable[RunningJob], snapshot: Snapshot, now: float
+    ) -> Iterator[Victim]:
+        return self.inner.victims(job, candidates, snapshot, now)
+
+
+def _seconds(config: Mapping[str, str], key: str) -> float:
+    try:
+        value = float(config[key])
+    except ValueError as err:
+        raise InvalidCommand(
+            f"the recorded config has {key}={config[key]!r}, not a number of seconds",
+            hint="the decision's config was edited",
+        ) from err
+    if not value > 0:
+        raise InvalidCommand(f"the recorded config has {key}={config[key]!r}: it must be > 0")
+    return value
+
+
+def usage_from_config(config: Mapping[str, str]) -> UsagePolicy:
+    """Pure: how the ranks of a decision counted usage: `window_s` (default 7 days) and
+    `half_life_s` (Slurm-style decay) when the config records them."""
+    window = _seconds(config, "window_s") if "window_s" in config else WEEK_S
+    half_life = _seconds(config, "half_life_s") if "half_life_s" in config else None
+    return UsagePolicy(window_s=window, half_life_s=half_life)
+
+
+def squat_threshold(config: Mapping[str, str]) -> float:
+    """Pure: the utilisation % below which a job counted as low for this decision."""
+    raw = config.get("squat_util_pct")
+    if raw is None:
+        return DEFAULT_SQUAT_UTIL_PCT
+    try:
+        return float(raw)
+    except ValueError as err:
+        raise InvalidCommand(f"the recorded config has squat_util_pct={raw!r}") from err
+
+
+def replay_policy(version: str, config: Mapping[str, str]) -> tuple[Policy, UsagePolicy]:
+    """Pure: the policy (`policy_from_config`) and the usage counting a decision recorded. The
+    policy records the config exactly as the decision did.
+
+    Raises UnknownEntity naming the version when this build lacks its code."""
+    own = {k: v for k, v in config.items() if k not in USAGE_KEYS}
+    policy = policy_from_config(version, own)
+    # the decision records the config as written ("3600" and "3600.0" are the same setting)
+    return WithSettings(policy, config), usage_from_config(config)
+
+
+# --- pure: comparing a record with a replay ---------------------------------------------------
+
+
+class Difference(msgspec.Struct, frozen=True, kw_only=True):
+    """One way a replayed decision differs from the recorded one."""
+
+    what: str
+    """placement | preemption | considered | order | fragmentation | wake_at | config | ..."""
+    job_id: int | None = None
+    recorded: str
+    replayed: str
+
+    def text(self) -> str:
+        who = f" of job {self.job_id}" if self.job_id is not None else ""
+        return f"{self.what}{who}: recorded {self.recorded}, replayed {self.replayed}"
+
+
+def slots_text(slots: Sequence[e.GpuSlot]) -> str:
+    """Pure: `n1[0,1,2,3]+n2[0,1]`."""
+    return "+".join(f"{s.node}[{','.join(map(str, s.gpu_indices))}]" for s in slots) or "-"
+
+
+def _preemption_text(p: e.Preemption) -> str:
+    why = f"{p.reason} for job {p.for_job}" if p.for_job is not None else p.reason
+    return f"{why} ({p.note})" if p.note else why
+
+
+def _key_text(key: Sequence[float | int | str]) -> str:
+    return "(" + ", ".join(repr(k) for k in key) + ")"
+
+
+def _considered_text(c: e.Considered) -> str:
+    return "placed" if c.reason is None else c.reason
+
+
+def _absent(what: str) -> str:
+    return f"no {what}"
+
+
+def compare(recorded: e.CycleDecided, replayed: Decision) -> list[Difference]:
+    """Pure: every difference between a recorded decision and its replay (empty: identical).
+
+    Placements and preemptions are compared per job and then in order; considered jobs by
+    order, sort key, reason and wait code; then fragmentation, the wake-up time, the policy
+    version and config."""
+    out: list[Difference] = []
+    # 1. placements
+    rec = {p.job_id: p.slots for p in recorded.placements}
+    rep = {p.job_id: p.slots for p in replayed.placements}
+    for job in sorted(set(rec) | set(rep)):
+        a, b = rec.get(job), rep.get(job)
+        if a != b:
+            out.append(
+                Difference(
+                    what="placement",
+                    job_id=job,
+                    recorded=_absent("placement") if a is None else slots_text(a),
+                    replayed=_absent("placement") if b is None else slots_text(b),
+                )
+            )
+    if not out and [p.job_id for p in recorded.placements] != [
+        p.job_id for p in replayed.placements
+    ]:
+        out.append(
+            Difference(
+                what="placement order",
+                recorded=str([p.job_id for p in recorded.placements]),
+                replayed=str([p.job_id for p in replayed.placements]),
+            )
+        )
+    # 2. preemptions
+    before = len(out)
+    prec = {p.job_id: p for p in recorded.preemptions}
+    prep = {p.job_id: p for p in replayed.preemptions}
+    for job in sorted(set(prec) | set(prep)):
+        x, y = prec.get(job), prep.get(job)
+        if x != y:
+            out.append(
+                Difference(
+                    what="preemption",
+                    job_id=job,
+                    recorded=_absent("preemption") if x is None else _preemption_text(x),
+                    replayed=_absent("preemption") if y is None else _preemption_text(y),
+                )
+            )
+    if len(out) == before and [p.job_id for p in recorded.preemptions] != [
+        p.job_id for p in replayed.preemptions
+    ]:
+        out.append(
+            Difference(
+                what="preemption order",
+                recorded=str([p.job_id for p in recorded.preemptions]),
+                replayed=str([p.job_id for p in replayed.preemptions]),
+            )
+        )
+    # 3. considered: order, sort keys, reasons
+    out += _compare_considered(recorded.considered, replayed.considered)
+    # 4. the rest of the record
+    if recorded.fragmentation_gpus != replayed.fragmentation_gpus:
+        out.append(
+            Difference(
+                what="fragmentation_gpus",
+                recorded=str(recorded.fragmentation_gpus),
+                replayed=str(replayed.fragmentation_gpus),
+            )
+        )
+    if recorded.wake_at != replayed.wake_at:
+        out.append(
+            Difference(
+                what="wake_at", recorded=repr(recorded.wake_at), replayed=repr(replayed.wake_at)
+            )
+        )
+    if recorded.policy_version != replayed.policy_version:
+        out.append(
+            Difference(
+                what="policy_version",
+                recorded=recorded.policy_version,
+                replayed=replayed.policy_version,
+            )
+        )
+    if recorded.config != replayed.config:
+        keys = sorted(
+            k
+            for k in set(recorded.config) | set(replayed.config)
+            if recorded.config.get(k) != replayed.config.get(k)
+        )
+        out.append(
+            Difference(
+                what="config",
+                recorded=", ".join(f"{k}={recorded.config.get(k)}" for k in keys),
+                replayed=", ".join(f"{k}={replayed.config.get(k)}" for k in keys),
+            )
+        )
+    return out
+
+
+def _compare_considered(
+    recorded: Sequence[e.Considered], replayed: Sequence[e.Considered]
+) -> list[Difference]:
+    out: list[Difference] = []
+    rec = {c.job_id: c for c in recorded}
+    rep = {c.job_id: c for c in replayed}
+    for job in sorted(set(rec) | set(rep)):
+        a, b = rec.get(job), rep.get(job)
+        if a is None or b is None:
+            out.append(
+                Difference(
+                    what="considered",
+                    job_id=job,
+                    recorded="not considered" if a is None else "considered",
+                    replayed="not considered" if b is None else "considered",
+                )
+            )
+            continue
+        if tuple(a.sort_key) != tuple(b.sort_key):
+            out.append(
+                Difference(
+                    what="sort key",
+                    job_id=job,
+                    recorded=_key_text(a.sort_key),
+                    replayed=_key_text(b.sort_key),
+                )
+            )
+        if (a.reason, a.code) != (b.reason, b.code):
+            out.append(
+                Difference(
+                    what="reason",
+                    job_id=job,
+                    recorded=_considered_text(a) + (f" [{a.code}]" if a.code else ""),
+                    replayed=_considered_text(b) + (f" [{b.code}]" if b.code else ""),
+                )
+            )
+    order_a = [c.job_id for c in recorded]
+    order_b = [c.job_id for c in replayed]
+    if order_a != order_b and set(order_a) == set(order_b):
+        i = next(i for i, (x, y) in enumerate(zip(order_a, order_b, strict=True)) if x != y)
+        out.append(
+            Difference(
+                what="order",
+                recorded=f"job {order_a[i]} at place {i + 1}",
+                replayed=f"job {order_b[i]} at place {i + 1}",
+            )
+        )
+    return out
+
+
+class CycleReplay(msgspec.Struct, frozen=True, kw_only=True):
+    """The replay of one recorded decision."""
+
+    position: int
+    """Where the `CycleDecided` sits in the log."""
+    cycle_id: str
+    based_on: int
+    policy_version: str
+    decided_at: float
+    placements: int
+    preemptions: int
+    considered: int
+    differences: tuple[Difference, ...] = ()
+    error: str | None = None
+    """Why it could not be replayed (e.g. the policy version's code is gone)."""
+
+    @property
+    def identical(self) -> bool:
+        return self.error is None and not self.differences
+
+    def headline(self) -> str:
+        what = (
+            f"{self.cycle_id} (position {self.position}, based on {self.based_on}, "
+            f"{self.policy_version})"
+        )
+        if self.error is not None:
+            return f"{what}: cannot replay: {self.error}"
+        if not self.differences:
+            return (
+                f"{what}: identical ({self.placements} placed, {self.preemptions} preempted, "
+                f"{self.considered} considered)"
+            )
+        return f"{what}: {len(self.differences)} differences"
+
+
+def decided_at(recorded: e.CycleDecided) -> float:
+    """Pure: the `now` the decision was made for (`decided_at`; older records: the event time)."""
+    return recorded.at if recorded.decided_at is None else recorded.decided_at
+
+
+def _result(
+    position: int,
+    recorded: e.CycleDecided,
+    differences: Sequence[Difference] = (),
+    error: str | None = None,
+) -> CycleReplay:
+    return CycleReplay(
+        position=position,
+        cycle_id=recorded.cycle_id,
+        based_on=recorded.based_on,
+        policy_version=recorded.policy_version,
+        decided_at=decided_at(recorded),
+        placements=len(recorded.placements),
+        preemptions=len(recorded.preemptions),
+        considered=len(recorded.considered),
+        differences=tuple(differences),
+        error=error,
+    )
+
+
+# --- edge: walking the log --------------------------------------------------------------------
+
+PAGE = 131_072
+READ_AHEAD = 100_000
+LARGE_CATCH_UP = 20_000
+"""As-of mode: how far past a decision's position the projection may run in one catch-up."""
+
+AS_OF_SCHEMA = "replay_at"
+AS_OF_SQL = f"""
+CREATE SCHEMA IF NOT EXISTS {AS_OF_SCHEMA};
+-- an interval as the projection at P has it: opened at or before P, open if it closed after P
+CREATE OR REPLACE VIEW {AS_OF_SCHEMA}.job_intervals AS
+SELECT * REPLACE (
+    CASE WHEN end_position <= getvariable('replay_position') THEN end_position END AS end_position,
+    CASE WHEN end_position <= getvariable('replay_position') THEN end_at END AS end_at,
+    CASE WHEN end_position <= getvariable('replay_position') THEN end_reason END AS end_reason)
+FROM main.job_intervals WHERE start_position <= getvariable('replay_position');
+CREATE OR REPLACE VIEW {AS_OF_SCHEMA}.account_history AS
+SELECT * FROM main.account_history WHERE position <= getvariable('replay_position');
+CREATE OR REPLACE VIEW {AS_OF_SCHEMA}.node_history AS
+SELECT * FROM main.node_history WHERE position <= getvariable('replay_position');
+CREATE OR REPLACE VIEW {AS_OF_SCHEMA}.events AS
+SELECT * FROM main.events WHERE position <= getvariable('replay_position');
+-- tables updated in place cannot be read as of a position: reading them is an error
+CREATE OR REPLACE VIEW {AS_OF_SCHEMA}.jobs AS
+SELECT j.* FROM main.jobs j, (SELECT error('jobs cannot be read as of a position')) x;
+CREATE OR REPLACE VIEW {AS_OF_SCHEMA}.tracking AS
+SELECT t.* FROM main.tracking t, (SELECT error('tracking cannot be read as of a position')) x;
+"""
+"""The projection *as of position P*, read from a projection that has run ahead of P.
+
+Every table fair share reads is append-only by position: `account_history` rows are written at
+their event's position and never change; a `job_intervals` row is written at its JobPlaced
+position and changes once, when the releasing event (at `end_position`) closes it. So the rows
+with position <= P, with intervals closed after P reopened, are exactly the rows the projector
+has after catching up to P. `jobs` and `tracking` change in place and are refused."""
+
+
+class _AsOf(Store):
+    """A connection (cursor) on the in-memory projection that resolves the read models to the
+    as-of views (`search_path`), positioned with `at(position)`. Read only by convention; one
+    per thread (DuckDB variables and settings belong to a connection)."""
+
+    def __init__(self, store: Store) -> None:  # no super().__init__: it opens a database
+        self.path = store.path
+        self.read_only = True
+        self.con = store.con.cursor()
+        self.con.execute(f"SET search_path = '{AS_OF_SCHEMA},main'")
+
+    def at(self, position: int) -> None:
+        self.con.execute(f"SET VARIABLE replay_position = {int(position)}")
+
+
+Ranks = tuple[dict[str, int], dict[str, float]]
+
+
+@dataclass
+class Timings:
+    """Where a replay spent its time (seconds)."""
+
+    fold_s: float = 0.0
+    project_s: float = 0.0
+    ranks_s: float = 0.0
+    decide_s: float = 0.0
+
+    def total(self) -> float:
+        return self.fold_s + self.project_s + self.ranks_s + self.decide_s
+
+
+@dataclass
+class Replayer:
+    """One in-memory projection and one folded state, advanced monotonically through a log.
+
+    `replay(position, recorded)` rebuilds what the decision saw at its `based_on` P (advancing
+    the fold to P), re-runs `decide()` and compares. Decisions must come in log order.
+
+    The projection is read at P in one of two ways, with the same result:
+
+    - `exact=True`: `Projector.catch_up(until=P)` before each rank query, then the tables;
+    - `exact=False` (as-of, the default): the projector catches up in large steps (up to
+      `READ_AHEAD` events past P) and ranks read the tables as of P through `AS_OF_SQL`. A
+      small catch-up costs a dozen DuckDB statements (tens of ms) whatever its size; reading
+      as of P costs nothing extra, so replaying every decision of a history is several times
+      faster. The tests check both ways give the same ranks on every decision.
+    """
+
+    source: EventSource
+    thresholds: Iterable[float] = (DEFAULT_SQUAT_UTIL_PCT,)
+    """The squat thresholds the decisions to replay record: one tracker each, fed from the start."""
+    exact: bool = False
+    page: int = PAGE
+    state: State = field(default_factory=State)
+    position: int = 0
+    timings: Timings = field(default_factory=Timings)
+
+    def __post_init__(self) -> None:
+        self.store = Store(":memory:")
+        self.projector = Projector(self.store, self.source, batch_size=self.page)
+        self.trackers = {float(t): UtilTracker(threshold_pct=float(t)) for t in self.thresholds}
+        self._projected = 0
+        self._threads(1)
+        self.as_of: _AsOf | None = None
+        if not self.exact:
+            self.store.con.execute(AS_OF_SQL)
+            self.as_of = _AsOf(self.store)
+
+    def close(self) -> None:
+        if self.as_of is not None:
+            self.as_of.con.close()
+        self.store.close()
+
+    def __enter__(self) -> Replayer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # 1-3. the write side and utilisation at P (the read side follows in `ranks`)
+    def advance(self, until: int) -> None:
+        """Fold the events after our position up to `until` into the state and the trackers."""
+        if until < self.position:
+            raise ReplayError(
+                f"cannot go back from position {self.position} to {until}",
+                hint="replay decisions in log order, or use a fresh Replayer",
+            )
+        started = time.perf_counter()
+        trackers = list(self.trackers.values())
+        state = self.state
+        decode = codec.decode
+        while self.position < until:
+            records = self.source.read(self.position, min(self.page, until - self.position))
+            if not records:
+                break
+            with gc_paused():
+                for rec in records:
+                    ev = decode(rec.data)
+                    evolve(state, ev)
+                    for tracker in trackers:
+                        tracker.observe(ev)
+            self.position = records[-1].position
+        self.timings.fold_s += time.perf_counter() - started
+        if self.position < until:
+            raise ReplayError(
+                f"the log ends at position {self.position}, before {until}",
+                hint="is this the ledger the decision was recorded in?",
+                position=self.position,
+            )
+
+    def ranks(self, at: float, usage: UsagePolicy) -> Ranks:
+        """Fair-share ranks at `at` from the in-memory projection as of our position."""
+        if self.exact:
+            started = time.perf_counter()
+            if self._projected != self.position:
+                self._catch_up(self.position)
+            mid = time.perf_counter()
+            tree = queries.fair_share(self.store, at, usage)
+            self.timings.project_s += mid - started
+            self.timings.ranks_s += time.perf_counter() - mid
+            return tree.leaf_ranks(), tree.level_fs()
+        assert self.as_of is not None
+        return self._ranks_as_of(self.as_of, self.position, at, usage)
+
+    def _ranks_as_of(self, reader: _AsOf, position: int, at: float, usage: UsagePolicy) -> Ranks:
+        """Ranks from the projection read as of `position`, catching it up past there first
+        (in one large step) when it is behind."""
+        started = time.perf_counter()
+        if self._projected < position:
+            self._catch_up(min(self.projector.source.head(), position + READ_AHEAD))
+            if self._projected < position:
+                raise ReplayError(
+                    f"the log ends at position {self._projected}, before {position}",
+                    hint="is this the ledger the decision was recorded in?",
+                )
+        mid = time.perf_counter()
+        reader.at(position)
+        tree = queries.fair_share(reader, at, usage)
+        out = tree.leaf_ranks(), tree.level_fs()
+        self.timings.project_s += mid - started
+        self.timings.ranks_s += time.perf_counter() - mid
+        return out
+
+    def _catch_up(self, target: int) -> None:
+        """`Projector.catch_up(until=target)`. DuckDB runs large catch-ups on every core; the
+        small queries of a replay (and small catch-ups) run faster on one thread, where no
+        per-statement thread start-up is paid."""
+        large = target - self._projected >= LARGE_CATCH_UP
+        if large:
+            self._threads(0)
+        self._projected = self.projector.catch_up(until=target).position
+        if large:
+            self._threads(1)
+
+    def _threads(self, n: int) -> None:
+        self.store.con.execute("RESET threads" if n == 0 else f"SET threads = {n}")
+
+    def snapshot(self, recorded: e.CycleDecided) -> tuple[Snapshot, Policy]:
+        """The snapshot and policy the recorded decision had (advances to its `based_on`)."""
+        policy, usage = replay_policy(recorded.policy_version, recorded.config)
+        now = decided_at(recorded)
+        self.advance(recorded.based_on)
+        if recorded.config.get("policy") in RANKLESS:
+            ranks: dict[str, int] = {}
+            level_fs: dict[str, float] = {}
+        else:
+            ranks, level_fs = self.ranks(now, usage)
+        threshold = squat_threshold(recorded.config)
+        tracker = self.trackers.get(threshold)
+        if tracker is None:
+            raise ReplayError(
+                f"no utilisation tracker for a squat threshold of {threshold:g}%",
+                hint="pass every threshold the decisions record to the Replayer",
+            )
+        snapshot = snapshot_from_state(
+            self.state,
+            ranks,
+            now,
+            level_fs=level_fs,
+            low_util_since=tracker.low_since,
+            position=recorded.based_on,
+        )
+        return snapshot, policy
+
+    def replay(self, position: int, recorded: e.CycleDecided) -> CycleReplay:
+        """4-5. Re-run the recorded decision and compare. A decision that cannot be replayed
+        (its policy version is gone, its config was edited) comes back with `error` set."""
+        try:
+            snapshot, policy = self.snapshot(recorded)
+        except (UnknownEntity, InvalidCommand) as err:
+            return _result(position, recorded, error=err.line())
+        started = time.perf_counter()
+        decision = decide(snapshot, policy, decided_at(recorded))
+        self.timings.decide_s += time.perf_counter() - started
+        return _result(position, recorded, compare(recorded, decision))
+
+
+# --- edge: which decisions ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which recorded decisions to replay (all given criteria must hold)."""
+
+    cycle: str | None = None
+    job: int | None = None
+    start: float | None = None
+    end: float | None = None
+
+    def wants(self, d: e.CycleDecided) -> bool:
+        if self.cycle is not None and d.cycle_id not in (self.cycle, f"cycle-{self.cycle}"):
+            return False
+        at = decided_at(d)
+        if self.start is not None and at < self.start:
+            return False
+        if self.end is not None and at > self.end:
+            return False
+        if self.job is not None:
+            j = self.job
+            return (
+                any(p.job_id == j for p in d.placements)
+                or any(p.job_id == j for p in d.preemptions)
+                or any(c.job_id == j for c in d.considered)
+            )
+        return True
+
+
+def find_decisions(
+    home: Path, selection: Selection | None = None
+) -> list[tuple[int, e.CycleDecided]]:
+    """The recorded decisions of the embedded log that `selection` wants, in log order.
+
+    Reads only `cycle.decided.v1` rows of the store (a scan of one column), then decodes them."""
+    path = home / EVENTS_DB
+    if not path.exists():
+        raise ReplayError(f"no event log at {path}", hint="pass --home, or run `gpuledger init`")
+    sel = selection or Selection()
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        rows = con.execute(
+            f"SELECT rowid, state FROM {EVENTS_TABLE} WHERE topic = ? ORDER BY rowid",
+            (DECIDED_TAG,),
+        )
+        out = []
+        for position, data in rows:
+            ev = codec.decode(data)
+            if isinstance(ev, e.CycleDecided) and sel.wants(ev):
+                out.append((int(position), ev))
+        return out
+    except sqlite3.OperationalError as err:
+        if "no such table" in str(err):
+            return []
+        raise
+    finally:
+        con.close()
+
+
+Progress = Callable[[int, int], None]
+"""Called after each replayed decision with (done, total)."""
+
+
+def thresholds_of(decisions: Sequence[tuple[int, e.CycleDecided]]) -> set[float]:
+    """Pure: the squat thresholds the decisions record (the default when none does)."""
+    out = set()
+    for _, d in decisions:
+        with contextlib.suppress(InvalidCommand):  # reported when that decision is replayed
+            out.add(squat_threshold(d.config))
+    return out or {DEFAULT_SQUAT_UTIL_PCT}
+
+
+def replay_decisions(
+    source: EventSource,
+    decisions: Sequence[tuple[int, e.CycleDecided]],
+    progress: Progress | None = None,
+    *,
+    exact: bool = False,
+) -> Iterator[CycleReplay]:
+    """Replay `decisions` (in log order) with one `Replayer` walking the log once."""
+    with Replayer(source, thresholds=thresholds_of(decisions), exact=exact) as replayer:
+        for i, (position, recorded) in enumerate(decisions, start=1):
+            yield replayer.replay(position, recorded)
+            if progress is not None:
+                progress(i, len(decisions))
+
+
+def replay_home(
+    home: Path,
+    selection: Selection | None = None,
+    progress: Progress | None = None,
+    *,
+    exact: bool | None = None,
+) -> Iterator[CycleReplay]:
+    """Replay the decisions `selection` wants from the embedded log of `home`: one decision
+    exactly (`catch_up(until=P)`), many as of their positions (unless `exact` says)."""
+    decisions = find_decisions(home, selection)
+    exact = len(decisions) <= 1 if exact is None else exact
+    with EmbeddedSource(home) as source:
+        yield from replay_decisions(source, decisions, progress, exact=exact)

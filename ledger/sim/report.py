@@ -1,0 +1,281 @@
+"""Reports of simulation runs: JSON, a Markdown table (one row per policy), PNG plots.
+
+`summary`, `rows` and `markdown` are pure (values in, text out); `write_plots` and `write_report`
+are the edge that writes files (matplotlib with the Agg backend: no display needed).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ledger.sim.runner import RunResult
+
+COLUMNS = (
+    ("policy", "policy"),
+    ("owed_period", "owed by period"),
+    ("owed_hourly", "owed hour by hour"),
+    ("teams_95", "teams >= 95%"),
+    ("worst", "worst team"),
+    ("jain", "Jain"),
+    ("occupancy", "occupancy"),
+    ("wait", "wait p50/p90/p99"),
+    ("debug_p90", "debug p90"),
+    ("preempt", "preemptions/job"),
+    ("lost", "GPU-h lost"),
+    ("frag", "fragmented"),
+    ("unfunded", "unfunded share"),
+    ("speed", "sim days/s"),
+)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _dur(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 120:
+        return f"{s:.0f}s"
+    if s < 7200:
+        return f"{s / 60:.0f}m"
+    if s < 2 * 86_400:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86_400:.1f}d"
+
+
+def summary(r: RunResult) -> dict[str, Any]:
+    """Pure: everything about one run as JSON-ready data."""
+    m = r.metrics
+    cfg = r.config
+    horizon_h = cfg.days * 24.0
+    return {
+        "policy": cfg.policy,
+        "config": {
+            "cluster": {
+                "nodes": cfg.cluster.nodes,
+                "gpus_per_node": cfg.cluster.gpus_per_node,
+                "gpu_type": cfg.cluster.gpu_type,
+                "gpus": cfg.cluster.gpus,
+            },
+            "days": cfg.days,
+            "seed": cfg.seed,
+            "tick_s": cfg.tick_s,
+            "checkpoint_every_s": cfg.checkpoint_every_s,
+            "resubmit": cfg.resubmit,
+            "min_runtime_cap_s": cfg.min_runtime_cap_s,
+            "ranks": cfg.ranks,
+            "drains": [msgspec.to_builtins(d.__dict__) for d in cfg.drains],
+            "start_at": cfg.start_at,
+        },
+        "home": str(r.home),
+        "workload": {
+            "name": r.workload.name,
+            "jobs": r.submitted,
+            "offered_gpu_h": r.offered_gpu_h,
+            "offered_load": r.offered_gpu_h / (cfg.cluster.gpus * horizon_h) if horizon_h else 0.0,
+            "dropped": r.dropped,
+            "notes": list(r.workload.notes),
+        },
+        "speed": {
+            "wall_s": m.wall_s,
+            "sim_days_per_s": m.days / m.wall_s if m.wall_s else None,
+            "events": m.events,
+            "events_per_s": m.events / m.wall_s if m.wall_s else None,
+            "cycles": m.cycles,
+        },
+        "metrics": msgspec.to_builtins(m),
+    }
+
+
+def row(r: RunResult) -> dict[str, str]:
+    """Pure: one table row of a run (the `COLUMNS`)."""
+    m = r.metrics
+    lost = f"{m.lost_gpu_h:,.0f} ({_pct(m.lost_share)})"
+    return {
+        "policy": m.policy,
+        "owed_period": _pct(m.owed_by_period),
+        "owed_hourly": _pct(m.owed_hour_by_hour),
+        "teams_95": f"{m.teams_at_95}/{m.teams}",
+        "worst": f"{_pct(m.worst_by_period)} {m.worst_team or ''}".strip(),
+        "jain": "-" if m.jain is None else f"{m.jain:.3f}",
+        "occupancy": _pct(m.occupancy),
+        "wait": "/".join(_dur(x) for x in (m.wait.p50_s, m.wait.p90_s, m.wait.p99_s)),
+        "debug_p90": _dur(m.wait_debug.p90_s),
+        "preempt": f"{m.preemptions_per_job:.2f}",
+        "lost": lost,
+        "frag": _pct(m.fragmentation_share),
+        "unfunded": _pct(m.unfunded_share),
+        "speed": f"{m.days / m.wall_s:.2f}" if m.wall_s else "-",
+    }
+
+
+def markdown(results: Sequence[RunResult], title: str = "Simulation") -> str:
+    """Pure: the comparison table (one row per policy), the run facts, and per-team tables."""
+    if not results:
+        return f"# {title}\n\nNo runs.\n"
+    first = results[0]
+    s = summary(first)
+    lines = [f"# {title}", ""]
+    cl = s["config"]["cluster"]
+    lines.append(
+        f"Workload `{s['workload']['name']}`: {s['workload']['jobs']} jobs, "
+        f"{s['workload']['offered_gpu_h']:,.0f} GPU-hours offered "
+        f"(load {s['workload']['offered_load']:.2f} of capacity) on {cl['nodes']} nodes x "
+        f"{cl['gpus_per_node']} {cl['gpu_type']} = {cl['gpus']} GPUs over "
+        f"{s['config']['days']:g} days; seed {s['config']['seed']}."
+    )
+    lines.append("")
+    for note in s["workload"]["notes"]:
+        lines.append(f"- {note}")
+    for d in s["workload"]["dropped"]:
+        lines.append(f"- dropped: {d}")
+    lines += ["", "| " + " | ".join(h for _, h in COLUMNS) + " |"]
+    lines.append("|" + "|".join("---" for _ in COLUMNS) + "|")
+    for r in results:
+        cells = row(r)
+        lines.append("| " + " | ".join(cells[k] for k, _ in COLUMNS) + " |")
+    lines += [
+        "",
+        "Owed (Ai2): allocated fraction of capacity capped hour by hour at the team's demand "
+        "(funded GPUs pending or running). *By period*: sum delivered / sum owed, capped at 1 "
+        "per team. *Hour by hour*: sum of min(delivered, owed) per hour / sum owed. Waits run "
+        "from submission to first placement (jobs never placed count with their wait so far). "
+        "GPU-h lost: work since the last checkpoint (resumable) or placement, per preemption, "
+        "as a share of all GPU-hours delivered.",
+        "",
+        "| policy | mean demand / supply | funded occupancy | debug jobs | never started | "
+        "preemptions (by reason) | lost funded GPU-h | events | events/s | wall |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        m = r.metrics
+        reasons = ", ".join(f"{k} {v}" for k, v in m.preemptions_by_reason.items()) or "-"
+        eps = f"{m.events / m.wall_s:,.0f}" if m.wall_s else "-"
+        lines.append(
+            f"| {m.policy} | {m.demand_ratio:.2f} | {_pct(m.funded_occupancy)} | "
+            f"{m.wait_debug.count} | {m.wait.never_started} | {m.preemptions} ({reasons}) | "
+            f"{m.lost_funded_gpu_h:,.0f} | {m.events:,} | {eps} | {m.wall_s:.1f}s |"
+        )
+    for r in results:
+        m = r.metrics
+        lines += [
+            "",
+            f"## {m.policy}: owed and delivered per team",
+            "",
+            "| team | allocation | owed GPU-h | delivered GPU-h | by period | hour by hour |",
+            "|---|---|---|---|---|---|",
+        ]
+        for t in m.team_rows:
+            lines.append(
+                f"| {t.team} | {_pct(t.allocation)} | {t.owed_gpu_h:,.0f} | "
+                f"{t.delivered_gpu_h:,.0f} | {_pct(t.by_period)} | {_pct(t.hour_by_hour)} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+# --- files --------------------------------------------------------------------------------------
+
+
+def write_plots(results: Sequence[RunResult], out: Path) -> list[Path]:
+    """PNG plots, policies side by side: per-team delivered/owed over time, final per-team
+    delivered/owed, convergence, and waits."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    n = len(results)
+    # 1. per team: delivered / owed so far, by day (the by-period measure as it accrues)
+    fig, axes = plt.subplots(1, n, figsize=(5 * n, 4), sharey=True, squeeze=False)
+    for ax, r in zip(axes[0], results, strict=True):
+        for team, pts in sorted(r.metrics.team_series.items()):
+            xs = [d for d, o, _ in pts if o > 0]
+            ys = [min(1.5, g / o) for _, o, g in pts if o > 0]
+            ax.plot(xs, ys, linewidth=1, label=team.rsplit("/", 1)[-1])
+        ax.axhline(0.95, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(f"{r.metrics.policy}: delivered / owed so far")
+        ax.set_xlabel("day")
+    axes[0][0].set_ylabel("delivered / owed (by period, per team)")
+    axes[0][-1].legend(fontsize=6, ncol=2, loc="lower right")
+    paths.append(_save(fig, out / "owed_delivered_over_time.png", plt))
+    # 2. final per-team by-period measure, grouped by team
+    fig, ax = plt.subplots(figsize=(max(8, len(results[0].metrics.team_rows) * 0.6), 4))
+    teams = [t.team for t in results[0].metrics.team_rows]
+    width = 0.8 / n
+    for k, r in enumerate(results):
+        by = {t.team: (t.by_period or 0.0) for t in r.metrics.team_rows}
+        ax.bar(
+            [i + k * width for i in range(len(teams))],
+            [by.get(t, 0.0) for t in teams],
+            width,
+            label=r.metrics.policy,
+        )
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(teams))])
+    ax.set_xticklabels([t.rsplit("/", 1)[-1] for t in teams], rotation=60, fontsize=7)
+    ax.axhline(0.95, color="grey", linestyle=":", linewidth=1)
+    ax.set_ylabel("delivered / owed (by period)")
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, out / "owed_delivered_by_team.png", plt))
+    # 3. convergence of delivered shares towards owed shares
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in results:
+        conv = r.metrics.convergence
+        ax.plot([d for d, _ in conv], [v for _, v in conv], label=r.metrics.policy)
+    ax.set_xlabel("day")
+    ax.set_ylabel("distance: delivered vs owed shares")
+    ax.legend()
+    paths.append(_save(fig, out / "convergence.png", plt))
+    # 4. waits
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = [r.metrics.policy for r in results]
+    series: list[tuple[str, list[float | None]]] = [
+        ("p50", [r.metrics.wait.p50_s for r in results]),
+        ("p90", [r.metrics.wait.p90_s for r in results]),
+        ("p99", [r.metrics.wait.p99_s for r in results]),
+        ("debug p90", [r.metrics.wait_debug.p90_s for r in results]),
+    ]
+    width = 0.8 / len(series)
+    for k, (name, values) in enumerate(series):
+        ax.bar(
+            [i + k * width for i in range(n)],
+            [max(1.0, v or 0.0) / 3600.0 for v in values],
+            width,
+            label=name,
+        )
+    ax.set_yscale("log")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(n)])
+    ax.set_xticklabels(labels)
+    ax.set_ylabel("wait (hours, log; 1 s floor)")
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, out / "waits.png", plt))
+    return paths
+
+
+def _save(fig: Any, path: Path, plt: Any) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(
+    results: Sequence[RunResult], out: Path, title: str = "Simulation", plots: bool = True
+) -> dict[str, Path]:
+    """Write `<out>/report.json`, `<out>/report.md` and the PNG plots; return their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    data = [summary(r) for r in results]
+    paths = {"json": out / "report.json", "markdown": out / "report.md"}
+    paths["json"].write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    paths["markdown"].write_text(markdown(results, title))
+    if plots:
+        for p in write_plots(results, out):
+            paths[p.stem] = p
+    return paths

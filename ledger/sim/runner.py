@@ -1,0 +1,504 @@
+"""The simulation loop: a workload replayed through the real ledger, projections and dispatcher.
+
+An edge: it owns a virtual clock (`SimClock`), seeded event ids, a data directory on disk, and
+drives `ledger.service.Dispatcher` with a simulated executor. Nothing here models scheduling:
+every submission, placement, preemption, checkpoint and exit is a command the real `Ledger`
+decides and appends, and every decision is the real `decide()` with the chosen policy.
+
+Time advances from event to event (numbered steps of one iteration):
+
+1. the next time anything can happen: the next submission, the next simulated exit
+   (`SimExecutor.next_event_at`), the decision's `wake_at`, the next contract end of a running job
+   while funded work waits, a drain or return, and a periodic tick (`tick_s`, default 10 min:
+   fair-share ranks drift with time, and resumable jobs checkpoint);
+2. append everything due at that time in ONE `Ledger.execute_all` batch: submissions,
+   resubmissions of preempted non-resumable jobs, drains, checkpoints;
+3. run a dispatcher cycle (exits, snapshot, decide, append, launch);
+4. fold the new events into the metrics and the loop's own view (running jobs, contracts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from ledger import budget as b
+from ledger.application import EVENTS_DB, Ledger
+from ledger.clock import SimClock, seeded_ids
+from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor
+from ledger.dispatch.policy import FairShare, Fifo, Policy
+from ledger.executors import Exit, Launch, SimExecutor
+from ledger.service import CycleResult, Dispatcher, RankSource
+from ledger.sim.metrics import JobFold, Metrics, compute
+from ledger.sim.ranks import IncrementalRanks, NoRanks, ProjectionRanks
+from ledger.sim.workload import SimJob, Workload, team_fractions
+from projections import fairshare as fs
+from projections import queries
+from projections.projector import Projector
+from projections.source import EmbeddedSource
+from projections.store import Store
+from schemas import commands as c
+from schemas import events as e
+from schemas.errors import InvalidCommand
+
+START_AT = 1_767_225_600.0
+"""Where simulated time starts: 2026-01-01T00:00:00Z (hour-aligned, so team hours are clock
+hours)."""
+SIM = "@sim"
+EXECUTOR = "@executor"
+ADMIN = "root"
+POLICIES = ("fairshare", "legacy", "slurm", "fifo")
+WEEK_S = 7 * 86_400.0
+DAY_S = 86_400.0
+
+Progress = Callable[[float, float, int], None]
+"""Called as the run goes: (simulated seconds done, seconds in all, events so far)."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: int = 50
+    gpus_per_node: int = 8
+    gpu_type: str = "h100"
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_names(self) -> list[str]:
+        width = max(3, len(str(self.nodes)))
+        return [f"n{i + 1:0{width}d}" for i in range(self.nodes)]
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Drain `node` at `at_s` (seconds after the start); return it `back_after_s` later."""
+
+    node: str
+    at_s: float
+    back_after_s: float | None = None
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    policy: str = "fairshare"
+    cluster: Cluster = field(default_factory=Cluster)
+    days: float = 28.0
+    seed: int = 1
+    tick_s: float = 600.0
+    checkpoint_every_s: float = 3600.0
+    """Running resumable jobs report a checkpoint at the first tick this long after the last."""
+    resubmit: bool = True
+    """A non-resumable job that is preempted is resubmitted at once by its user (a new job)."""
+    min_runtime_cap_s: int = 8 * 3600
+    ranks: str = "incremental"
+    """`incremental` (pure fair-share math on intervals kept in memory) or `projection`."""
+    drains: tuple[Drain, ...] = ()
+    start_at: float = START_AT
+
+    @property
+    def end_at(self) -> float:
+        return self.start_at + self.days * DAY_S
+
+
+@dataclass
+class RunResult:
+    metrics: Metrics
+    home: Path
+    config: SimConfig
+    workload: Workload
+    submitted: int
+    dropped: list[str]
+    offered_gpu_h: float
+
+
+def make_policy(
+    name: str, workload: Workload, cluster: Cluster
+) -> tuple[Policy, fs.UsagePolicy | None]:
+    """The policy called `name` and the usage its rank source counts (None: no ranks needed)."""
+    if name == "fairshare":
+        return FairShare(), fs.UsagePolicy()
+    if name == "fifo":
+        return Fifo(), None
+    if name == "slurm":
+        policy = SlurmMultifactor()
+        return policy, fs.UsagePolicy(half_life_s=policy.half_life_s)
+    if name == "legacy":
+        fractions = team_fractions(workload.budget)
+        caps = {t: math.floor(f * cluster.gpus) for t, f in fractions.items()}
+        return LegacyCaps(caps=caps), None
+    raise InvalidCommand(f"unknown policy {name!r}", hint=f"use one of {', '.join(POLICIES)}")
+
+
+class ResumingExecutor:
+    """`SimExecutor` with progress: a resumable job restarts with the work left after its last
+    checkpoint (the service launches every job with its full `duration_s`)."""
+
+    def __init__(self) -> None:
+        self.sim = SimExecutor()
+        self.saved: dict[int, float] = {}
+        """Seconds of work kept by a job's checkpoints (survives a preemption)."""
+        self._launched: dict[int, tuple[float, float]] = {}
+        """job -> (launched at, work saved at launch)."""
+
+    def launch(self, job: Launch, now: float) -> None:
+        saved = self.saved.get(job.job_id, 0.0)
+        left = None if job.duration_s is None else max(0.0, job.duration_s - saved)
+        self._launched[job.job_id] = (now, saved)
+        self.sim.launch(dataclasses.replace(job, duration_s=left), now)
+
+    def checkpoint(self, job_id: int, at: float) -> None:
+        launched = self._launched.get(job_id)
+        if launched is not None:
+            self.saved[job_id] = launched[1] + (at - launched[0])
+
+    def stop(self, job_id: int, now: float) -> None:
+        self._launched.pop(job_id, None)
+        self.sim.stop(job_id, now)
+
+    def poll(self, now: float) -> list[Exit]:
+        out = self.sim.poll(now)
+        for x in out:
+            self._launched.pop(x.job_id, None)
+            self.saved.pop(x.job_id, None)
+        return out
+
+    def running(self) -> set[int]:
+        return self.sim.running()
+
+    def next_event_at(self) -> float | None:
+        return self.sim.next_event_at()
+
+
+@dataclass
+class _Running:
+    placed_at: float
+    contract_end: float
+    resumable: bool
+    checkpoint_at: float
+
+
+class Simulation:
+    """One run of one policy over one workload into one data directory."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        config: SimConfig,
+        home: Path,
+        progress: Progress | None = None,
+    ) -> None:
+        if (home / EVENTS_DB).exists():
+            raise InvalidCommand(
+                f"{home} already holds a ledger",
+                hint="a simulation writes a fresh ledger: pass a new --home",
+            )
+        self.workload = workload
+        self.config = config
+        self.home = home
+        self.progress = progress
+        self.clock = SimClock(config.start_at)
+        self.ledger = Ledger(home, self.clock, seeded_ids(config.seed))
+        self.executor = ResumingExecutor()
+        self.policy, usage = make_policy(config.policy, workload, config.cluster)
+        self.rank_source: RankSource
+        self._projection: ProjectionRanks | None = None
+        if usage is None:
+            self.rank_source = NoRanks()
+        elif config.ranks == "projection":
+            self._projection = ProjectionRanks(home, usage)
+            self.rank_source = self._projection
+        elif config.ranks == "incremental":
+            self.rank_source = IncrementalRanks(self.ledger, usage)
+        else:
+            raise InvalidCommand(
+                f"unknown rank source {config.ranks!r}", hint="use incremental or projection"
+            )
+        self.dispatcher = Dispatcher(self.ledger, self.rank_source, self.policy, self.executor)
+        self.fold = JobFold()
+        self.fragmentation: list[tuple[float, int]] = []
+        self.cycles = 0
+        self._seen = 0
+        self._sim_jobs: dict[int, SimJob] = {}
+        self._running: dict[int, _Running] = {}
+        self._pending: dict[int, bool] = {}
+        """Pending job -> funded."""
+        self._contracts: list[tuple[float, int]] = []
+        self._resubmit: list[tuple[SimJob, int]] = []
+        self._draining = 0
+        self.dropped: list[str] = []
+
+    # --- setup ----------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.ledger.execute(
+            c.InitLedger(actor=ADMIN, admin=ADMIN, min_runtime_cap_s=cfg.min_runtime_cap_s)
+        )
+        changes = b.plan(self.ledger.state, self.workload.budget, ADMIN)
+        nodes: list[c.AnyCommand] = [
+            c.RegisterNode(
+                actor=ADMIN, node=n, gpu_type=cfg.cluster.gpu_type, gpus=cfg.cluster.gpus_per_node
+            )
+            for n in cfg.cluster.node_names()
+        ]
+        self.ledger.execute_all([ch.command for ch in changes] + nodes)
+        self._observe()
+
+    def _jobs(self) -> list[SimJob]:
+        """The workload's jobs inside the horizon that the cluster can hold."""
+        cfg = self.config
+        horizon = cfg.days * DAY_S
+        out = []
+        too_big = 0
+        for j in self.workload.jobs:
+            if j.submit_s >= horizon:
+                continue
+            if j.gpus > cfg.cluster.gpus:
+                too_big += 1
+                continue
+            out.append(j)
+        if too_big:
+            self.dropped.append(
+                f"{too_big} jobs asking more GPUs than the cluster's {cfg.cluster.gpus}"
+            )
+        return out
+
+    def _submit(self, j: SimJob, resubmit_of: int | None = None) -> c.SubmitJob:
+        labels = {"trace_id": j.key}
+        if resubmit_of is not None:
+            labels["resubmit_of"] = str(resubmit_of)
+        return c.SubmitJob(
+            actor=SIM,
+            user=j.user,
+            account=j.account,
+            gpus=j.gpus,
+            min_runtime_s=min(j.min_runtime_s, self.config.min_runtime_cap_s),
+            resumable=j.resumable,
+            priority=j.priority,
+            time_limit_s=j.time_limit_s,
+            duration_s=float(j.duration_s),
+            labels=labels,
+        )
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        cfg = self.config
+        wall = time.perf_counter()
+        self.setup()
+        jobs = self._jobs()
+        start, end = cfg.start_at, cfg.end_at
+        drains = self._drain_commands()
+        i = 0
+        next_tick = start + cfg.tick_s
+        wake: float | None = None
+        while True:
+            # 1. the next time anything can happen
+            now = self.clock.now()
+            cands = [next_tick] if (self._pending or self._running) else []
+            if i < len(jobs):
+                cands.append(start + jobs[i].submit_s)
+            if self._resubmit:
+                cands.append(now)
+            nxt = self.executor.next_event_at()
+            if nxt is not None:
+                cands.append(max(nxt, now))
+            if wake is not None and wake > now:
+                cands.append(wake)
+            if drains:
+                cands.append(drains[0][0])
+            contract = self._next_contract_end(now)
+            if contract is not None:
+                cands.append(contract)
+            if not cands:
+                break
+            t = min(cands)
+            if t >= end:
+                break
+            self.clock.advance_to(t)
+            # 2. everything due now, in one batch
+            cmds: list[c.AnyCommand] = []
+            due: list[SimJob] = []
+            while i < len(jobs) and start + jobs[i].submit_s <= t:
+                due.append(jobs[i])
+                cmds.append(self._submit(jobs[i]))
+                i += 1
+            for j, of in self._resubmit:
+                due.append(j)
+                cmds.append(self._submit(j, of))
+            self._resubmit.clear()
+            while drains and drains[0][0] <= t:
+                cmds.append(drains.pop(0)[1])
+            if t >= next_tick:
+                cmds += self._checkpoints(t)
+                next_tick = start + (math.floor((t - start) / cfg.tick_s) + 1) * cfg.tick_s
+            if cmds:
+                appended = self.ledger.execute_all(cmds)
+                subs = [ev for ev in appended.events if isinstance(ev, e.JobSubmitted)]
+                for ev, j in zip(subs, due, strict=True):
+                    self._sim_jobs[ev.job_id] = j
+            self._observe()
+            # 3. dispatcher cycles (again at once while the search budget ran out)
+            for _ in range(4):
+                if not self._needs_cycle(t):
+                    break
+                result = self.dispatcher.cycle(t)
+                self.cycles += 1
+                self.fragmentation.append((t, result.decision.fragmentation_gpus))
+                wake = result.decision.wake_at
+                self._observe()
+                if not (result.appended and _budget_spent(result)):
+                    break
+            if self.progress is not None:
+                self.progress(t - start, end - start, self.ledger.position)
+        self.clock.advance_to(max(self.clock.now(), end))
+        if self.progress is not None:
+            self.progress(end - start, end - start, self.ledger.position)
+        metrics = self._metrics(time.perf_counter() - wall)
+        return RunResult(
+            metrics=metrics,
+            home=self.home,
+            config=cfg,
+            workload=self.workload,
+            submitted=len(jobs),
+            dropped=self.dropped,
+            offered_gpu_h=sum(j.gpus * j.duration_s for j in jobs) / 3600.0,
+        )
+
+    def _needs_cycle(self, t: float) -> bool:
+        if self._pending or self._draining:
+            return True
+        nxt = self.executor.next_event_at()
+        return nxt is not None and nxt <= t
+
+    def _next_contract_end(self, now: float) -> float | None:
+        """The next contract end of a running job, while funded work waits."""
+        if not any(self._pending.values()):
+            return None
+        heap = self._contracts
+        while heap:
+            at, job_id = heap[0]
+            run = self._running.get(job_id)
+            if at > now and run is not None and run.contract_end == at:
+                return at
+            heapq.heappop(heap)
+        return None
+
+    def _checkpoints(self, t: float) -> list[c.AnyCommand]:
+        every = self.config.checkpoint_every_s
+        return [
+            c.ReportCheckpoint(actor=EXECUTOR, job_id=job_id)
+            for job_id, r in sorted(self._running.items())
+            if r.resumable and t - r.checkpoint_at >= every
+        ]
+
+    def _drain_commands(self) -> list[tuple[float, c.AnyCommand]]:
+        out: list[tuple[float, c.AnyCommand]] = []
+        for d in self.config.drains:
+            at = self.config.start_at + d.at_s
+            out.append((at, c.DrainNode(actor=ADMIN, node=d.node, reason="simulated maintenance")))
+            if d.back_after_s is not None:
+                out.append((at + d.back_after_s, c.ReturnNode(actor=ADMIN, node=d.node)))
+        out.sort(key=lambda x: x[0])
+        return out
+
+    # --- what happened --------------------------------------------------------------------------
+
+    def _observe(self) -> None:
+        """Fold the new events into the metrics and the loop's view."""
+        while self._seen < self.ledger.position:
+            page = self.ledger.read(self._seen, 10_000)
+            if not page:
+                break
+            for pos, ev in page:
+                self.fold.apply(ev)
+                self._track(ev)
+                self._seen = pos
+
+    def _track(self, ev: e.AnyEvent) -> None:
+        match ev:
+            case e.JobSubmitted():
+                self._pending[ev.job_id] = ev.min_runtime_s > 0
+            case e.JobPlaced():
+                spec = self.ledger.state.jobs[ev.job_id].spec
+                end = ev.at + spec.min_runtime_s
+                self._pending.pop(ev.job_id, None)
+                self._running[ev.job_id] = _Running(ev.at, end, spec.resumable, ev.at)
+                if spec.min_runtime_s > 0:
+                    heapq.heappush(self._contracts, (end, ev.job_id))
+            case e.CheckpointReported():
+                run = self._running.get(ev.job_id)
+                if run is not None:
+                    run.checkpoint_at = ev.at
+                self.executor.checkpoint(ev.job_id, ev.at)
+            case e.JobPreempted():
+                self._running.pop(ev.job_id, None)
+            case e.JobRequeued():
+                self._pending[ev.job_id] = self.ledger.state.jobs[ev.job_id].spec.min_runtime_s > 0
+            case e.JobFinished():
+                self._running.pop(ev.job_id, None)
+                self._pending.pop(ev.job_id, None)
+                j = self._sim_jobs.get(ev.job_id)
+                if ev.outcome == "preempted" and self.config.resubmit and j is not None:
+                    self._resubmit.append((j, ev.job_id))
+            case e.NodeDrainRequested() | e.NodeDrained() | e.NodeReturned():
+                nodes = self.ledger.state.nodes.values()
+                self._draining = sum(1 for n in nodes if n.state == "draining")
+            case _:
+                pass
+
+    def _metrics(self, wall_s: float) -> Metrics:
+        cfg = self.config
+        if self._projection is not None:
+            store = self._projection.store
+            Projector(store, self._projection.source).catch_up()
+            rows = queries.team_hours(store, cfg.start_at, cfg.end_at)
+            self._projection.close()
+        else:
+            with EmbeddedSource(self.home) as source, Store.open(self.home) as store:
+                Projector(store, source).catch_up()
+                rows = queries.team_hours(store, cfg.start_at, cfg.end_at)
+        m = compute(
+            cfg.policy,
+            self.fold,
+            rows,
+            self.fragmentation,
+            start=cfg.start_at,
+            end=cfg.end_at,
+            capacity_gpus=cfg.cluster.gpus,
+        )
+        return msgspec.structs.replace(
+            m, wall_s=wall_s, events=self.ledger.position, cycles=self.cycles
+        )
+
+    def close(self) -> None:
+        if self._projection is not None:
+            self._projection.close()
+        self.ledger.close()
+
+
+def _budget_spent(result: CycleResult) -> bool:
+    """Some job waited only because the cycle's victim searches ran out: cycle again now."""
+    return any(
+        w.code == "WAIT_PRIORITY" and "victim searches" in w.reason
+        for w in result.decision.waiting.values()
+    )
+
+
+def simulate(
+    workload: Workload, config: SimConfig, home: Path, progress: Progress | None = None
+) -> RunResult:
+    """Run one simulation into `home` (a fresh directory) and return its metrics."""
+    sim = Simulation(workload, config, home, progress)
+    try:
+        return sim.run()
+    finally:
+        sim.close()

@@ -1,0 +1,397 @@
+"""Audit against real stores: the hash chain finds an edited, a deleted and a reordered event at
+their positions; `audit sql` is read-only; the reports and exports; `audit check` over a store
+(with a seeded violation) and over a projection; the Kafka copy checked against the store."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from ledger.application import Ledger
+from ledger.audit import check_charges, store_records, verify_chain, verify_copy
+from ledger.cli import cli
+from ledger.clock import SimClock, seeded_ids
+from ledger.dispatch.policy import FairShare
+from ledger.executors import SimExecutor
+from ledger.service import Dispatcher, ProjectionRanks
+from projections.projector import Projector
+from projections.source import EmbeddedSource
+from projections.store import Store
+from projections.synthetic import append_raw
+from schemas import codec
+from schemas import commands as c
+from schemas import events as e
+
+T0 = 1_767_225_600.0
+
+
+def build(home: Path) -> None:
+    """An organisation, a few cycles with a fairness preemption, an admin preemption inside a
+    contract (with a reason), a share change by a manager, a finish."""
+    clock = SimClock(T0)
+    ledger = Ledger(home, clock, seeded_ids(3))
+    ledger.execute(c.InitLedger(actor="root", admin="root"))
+    ledger.execute_all(
+        [
+            c.OpenAccount(actor="root", path="ai2", kind="program"),
+            c.OpenAccount(actor="root", path="ai2/olmo", kind="project", shares=1),
+            c.OpenAccount(actor="root", path="ai2/tulu", kind="project", shares=1),
+            c.GrantManager(actor="root", user="pm", account="ai2"),
+            c.AddMember(actor="root", user="alice", project="ai2/olmo"),
+            c.AddMember(actor="root", user="dan", project="ai2/tulu"),
+            c.RegisterNode(actor="root", node="n0", gpu_type="h100", gpus=8),
+        ]
+    )
+    with Store(":memory:") as store, EmbeddedSource(home) as source:
+        d = Dispatcher(
+            ledger, ProjectionRanks(Projector(store, source)), FairShare(), SimExecutor()
+        )
+        ledger.execute(
+            c.SubmitJob(
+                actor="alice",
+                account="ai2/olmo",
+                gpus=8,
+                min_runtime_s=600,
+                resumable=True,
+                duration_s=9_000,
+            )
+        )
+        d.cycle(T0)
+        clock.advance_to(T0 + 1_000)
+        ledger.execute(
+            c.SubmitJob(
+                actor="dan", account="ai2/tulu", gpus=8, min_runtime_s=3_600, duration_s=5_000
+            )
+        )
+        d.cycle(T0 + 1_000)  # fairness: dan's team has no usage
+        clock.advance_to(T0 + 2_000)
+        ledger.execute(c.PreemptJob(actor="root", job_id=2, note="node n0 overheats"))
+        ledger.execute(c.SetShares(actor="pm", account="ai2/tulu", shares=2, reason="grant"))
+        d.cycle(T0 + 2_000)
+        clock.advance_to(T0 + 20_000)
+        d.cycle(T0 + 20_000)
+    ledger.close()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("audit") / "home"
+    build(home)
+    return home
+
+
+@pytest.fixture
+def home(built: Path, tmp_path: Path) -> Iterator[Path]:
+    """A private copy of the built ledger (tests tamper with it)."""
+    copy = tmp_path / "home"
+    shutil.copytree(built, copy, ignore=shutil.ignore_patterns("projections"))
+    yield copy
+
+
+def run(home: Path, *args: str) -> tuple[int, str]:
+    out = CliRunner().invoke(cli, ["--home", str(home), *args])
+    return out.exit_code, out.output
+
+
+def sql(db: Path, statement: str, params: tuple[object, ...] = ()) -> None:
+    con = sqlite3.connect(db / "events.sqlite")
+    with con:
+        con.execute(statement, params)
+    con.close()
+
+
+def state_at(home: Path, position: int) -> bytes:
+    con = sqlite3.connect(home / "events.sqlite")
+    try:
+        row = con.execute("SELECT state FROM stored_events WHERE rowid = ?", (position,)).fetchone()
+        return bytes(row[0])
+    finally:
+        con.close()
+
+
+def head(home: Path) -> int:
+    return max(r.position for r in store_records(home))
+
+
+# --- tamper evidence ---------------------------------------------------------------------------
+
+
+def test_an_intact_store_verifies_and_prints_its_head_hash(home: Path) -> None:
+    code, out = run(home, "audit", "verify")
+    assert code == 0, out
+    last = state_at(home, head(home))
+    assert f"head hash {hashlib.sha256(last).hexdigest()}" in out
+
+
+@pytest.mark.parametrize("position", [2, 9, 20])
+def test_an_edited_event_is_reported_at_its_position(home: Path, position: int) -> None:
+    data = state_at(home, position)
+    forged = data.replace(b'"actor":"root"', b'"actor":"mallory"')
+    forged = forged if forged != data else data.replace(b'"at":', b'"at": ')
+    assert forged != data
+    sql(home, "UPDATE stored_events SET state = ? WHERE rowid = ?", (forged, position))
+    report = verify_chain(store_records(home))
+    assert [(p.position, p.kind) for p in report.problems] == [(position, "edited")]
+    code, out = run(home, "audit", "verify")
+    assert code == 1
+    assert f"first at position {position} (edited)" in out
+    assert f"position {position + 1} recorded" in out
+
+
+def test_a_deleted_event_is_reported_as_a_gap(home: Path) -> None:
+    sql(home, "DELETE FROM stored_events WHERE rowid = 12")
+    report = verify_chain(store_records(home))
+    assert [(p.position, p.kind) for p in report.problems] == [(12, "deleted")]
+    code, out = run(home, "audit", "verify")
+    assert code == 1 and "first at position 12 (deleted)" in out
+
+
+def test_a_deleted_event_with_the_rest_renumbered_is_still_found(home: Path) -> None:
+    n = head(home)
+    con = sqlite3.connect(home / "events.sqlite")
+    with con:
+        con.execute("DELETE FROM stored_events WHERE rowid = 12")
+        for rowid in range(13, n + 1):  # close the gap in the rowids, keep the versions
+            con.execute("UPDATE stored_events SET rowid = ? WHERE rowid = ?", (rowid - 1, rowid))
+    con.close()
+    report = verify_chain(store_records(home))
+    assert report.problems and report.problems[0].position == 12
+    assert report.problems[0].kind == "deleted"
+
+
+def test_two_swapped_events_are_reported_as_reordered(home: Path) -> None:
+    a, b = state_at(home, 15), state_at(home, 16)
+    sql(home, "UPDATE stored_events SET state = ? WHERE rowid = 15", (b,))
+    sql(home, "UPDATE stored_events SET state = ? WHERE rowid = 16", (a,))
+    report = verify_chain(store_records(home))
+    assert report.problems[0].position == 15
+    assert {p.kind for p in report.problems} == {"reordered"}
+    code, out = run(home, "audit", "verify")
+    assert code == 1 and "first at position 15 (reordered)" in out
+
+
+# --- read-only SQL, reports, exports ------------------------------------------------------------
+
+
+def test_audit_sql_answers_a_select(home: Path) -> None:
+    code, out = run(
+        home,
+        "audit",
+        "sql",
+        "SELECT job_id, reason FROM preemptions ORDER BY position",
+        "--format",
+        "json",
+    )
+    assert code == 0, out
+    assert json.loads(out) == [
+        {"job_id": 1, "reason": "fairness"},
+        {"job_id": 2, "reason": "admin"},
+    ]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "INSERT INTO jobs SELECT * FROM jobs",
+        "DELETE FROM events",
+        "UPDATE jobs SET status = 'finished'",
+        "DROP TABLE events",
+        "CREATE TABLE x AS SELECT 1",
+        "COPY events TO '/tmp/events.csv'",
+        "SELECT 1; DELETE FROM events",
+        "ATTACH '/tmp/other.duckdb' AS other",
+        "PRAGMA enable_profiling",
+    ],
+    ids=[
+        "insert",
+        "delete",
+        "update",
+        "drop",
+        "create",
+        "copy",
+        "two statements",
+        "attach",
+        "pragma",
+    ],
+)
+def test_audit_sql_refuses_anything_but_one_select(home: Path, statement: str) -> None:
+    code, out = run(home, "audit", "sql", statement)
+    assert code == 1
+    assert out.startswith("error: audit sql")
+    assert "Traceback" not in out
+
+
+def test_audit_sql_cannot_read_files(home: Path) -> None:
+    code, out = run(home, "audit", "sql", "SELECT * FROM read_csv('/etc/hostname')")
+    assert code == 1
+    assert "the query failed" in out and "disabled" in out
+
+
+def test_audit_sql_opens_the_projection_read_only(home: Path) -> None:
+    run(home, "projection", "status")  # creates the projection file
+    code, out = run(home, "audit", "sql", "SELECT nextval('no_such_sequence')")
+    assert code == 1 and "Traceback" not in out
+
+
+def test_exports_as_csv_json_and_parquet(home: Path, tmp_path: Path) -> None:
+    query = "SELECT job_id, slots, funded FROM job_intervals ORDER BY start_position"
+    for fmt in ("csv", "json", "parquet"):
+        code, out = run(
+            home, "audit", "sql", query, "--format", fmt, "--output", str(tmp_path / f"out.{fmt}")
+        )
+        assert code == 0, out
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "out.csv").read_text())))
+    assert [r["job_id"] for r in rows] == ["1", "2", "1"]
+    assert json.loads(rows[0]["slots"])[0]["node"] == "n0"
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert data[0]["slots"][0]["gpu_indices"] == [0, 1, 2, 3, 4, 5, 6, 7]
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.column("job_id").to_pylist() == [1, 2, 1]
+    code, out = run(home, "audit", "sql", query, "--format", "parquet")
+    assert code == 1 and "parquet needs --output" in out
+
+
+def test_audit_job_tells_the_whole_history_with_reasons(home: Path) -> None:
+    code, out = run(home, "audit", "job", "1", "--format", "json")
+    assert code == 0, out
+    rows = json.loads(out)
+    events = [r["event"] for r in rows]
+    assert events[:3] == ["job.submitted", "job.placed", "job.started"]
+    preempted = next(r for r in rows if r["event"] == "job.preempted")
+    assert "fairness for job 2" in preempted["detail"]
+    assert "sort key" in next(r for r in rows if r["event"] == "job.placed")["detail"]
+
+
+def test_audit_preemptions_marks_the_admin_one_inside_its_contract(home: Path) -> None:
+    code, out = run(home, "audit", "preemptions", "--format", "json")
+    assert code == 0, out
+    rows = json.loads(out)
+    assert [(r["job_id"], r["reason"], r["inside_contract"]) for r in rows] == [
+        (1, "fairness", False),
+        (2, "admin", True),
+    ]
+    assert rows[1]["note"] == "node n0 overheats" and rows[1]["actor"] == "root"
+    code, out = run(home, "audit", "preemptions", "--account", "ai2/tulu", "--format", "json")
+    assert [r["job_id"] for r in json.loads(out)] == [2]
+
+
+def test_audit_budget_changes_says_who_changed_what_and_why(home: Path) -> None:
+    code, out = run(home, "audit", "budget-changes", "--since", str(T0 + 1), "--format", "json")
+    assert code == 0, out
+    (row,) = json.loads(out)
+    assert (row["who"], row["account"], row["shares_before"], row["shares_after"]) == (
+        "pm",
+        "ai2/tulu",
+        1,
+        2,
+    )
+    assert row["reason"] == "grant"
+
+
+# --- invariants over a store --------------------------------------------------------------------
+
+
+def test_audit_check_passes_a_clean_history_and_lists_the_admin_preemption(home: Path) -> None:
+    code, out = run(home, "audit", "check")
+    assert code == 0, out
+    assert "0 violations, 1 allowed exceptions" in out
+    assert "allowed: position" in out and "ADMIN_PREEMPTED_IN_CONTRACT" in out
+
+
+def test_audit_check_fails_on_a_forged_share_change(home: Path) -> None:
+    last = state_at(home, head(home))
+    forged = e.SharesSet(
+        event_id="x",
+        at=T0 + 30_000,
+        actor="mallory",
+        account="ai2/olmo",
+        shares=100,
+        prev_hash=hashlib.sha256(last).hexdigest(),
+    )
+    append_raw(home, [(e.tag_of(e.SharesSet), codec.encode(forged))])
+    code, out = run(home, "audit", "verify")
+    assert code == 0, out  # the chain is intact: only the invariants can tell
+    code, out = run(home, "audit", "check")
+    assert code == 1
+    lines = [line for line in out.splitlines() if "NOT_AUTHORISED" in line]
+    assert lines == [
+        f"position {head(home)}: NOT_AUTHORISED: 'mallory' may not set the shares of "
+        "'ai2/olmo' (it needs a manager of 'ai2' or an admin)"
+    ]
+
+
+def test_check_charges_finds_usage_charged_to_an_unfunded_job(home: Path) -> None:
+    with Store(":memory:") as store, EmbeddedSource(home) as source:
+        Projector(store, source).catch_up()
+        assert check_charges(store) == []
+        store.con.execute("UPDATE jobs SET min_runtime_s = 0, funded = false WHERE job_id = 1")
+        found = check_charges(store)
+    assert [(v.code, v.job_id) for v in found] == [("UNFUNDED_CHARGED", 1)] * 2  # two placements
+
+
+# --- the Kafka copy -----------------------------------------------------------------------------
+
+
+@pytest.mark.kafka
+def test_verify_checks_the_kafka_copy_byte_for_byte(
+    home: Path, kafka_bootstrap: str, kafka_topic: str, transactional_id: str
+) -> None:
+    from ledger.relay import Relay, open_store
+
+    relay = Relay(
+        open_store(home), kafka_bootstrap, topic=kafka_topic, transactional_id=transactional_id
+    )
+    try:
+        relay.publish_pending()
+    finally:
+        relay.close()
+    code, out = run(home, "audit", "verify", "--kafka", kafka_bootstrap, "--topic", kafka_topic)
+    assert code == 0, out
+    assert "byte-equal to the store, chain intact" in out
+    data = state_at(home, 10)
+    sql(
+        home,
+        "UPDATE stored_events SET state = ? WHERE rowid = 10",
+        (data.replace(b'"actor":"root"', b'"actor":"eve"'),),
+    )
+    code, out = run(home, "audit", "verify", "--kafka", kafka_bootstrap, "--topic", kafka_topic)
+    assert code == 1
+    assert "position 10: mismatch: the copy's bytes (offset 9) differ from the store's" in out
+
+
+def test_verify_copy_finds_gaps_reorders_and_extra_records() -> None:
+    from ledger.audit import ChainRecord, CopyRecord
+
+    chain, prev = [], ""
+    for i in range(1, 6):
+        ev = e.NodeRegistered(
+            event_id=str(i),
+            at=T0,
+            actor="root",
+            cluster="c",
+            node=f"n{i}",
+            gpu_type="h100",
+            gpus=8,
+            prev_hash=prev,
+        )
+        data = codec.encode(ev)
+        chain.append(ChainRecord(i, data))
+        prev = hashlib.sha256(data).hexdigest()
+    copy = [CopyRecord(i - 1, r.position, r.data) for i, r in enumerate(chain)]
+    assert verify_copy(chain, copy).ok
+    assert verify_copy(chain, copy[:3]).behind == 2
+    swapped = [copy[0], copy[2], copy[1], copy[3]]
+    kinds = {p.kind for p in verify_copy(chain, swapped).problems}
+    assert "deleted" in kinds or "reordered" in kinds
+    extra = [*copy, CopyRecord(5, 6, b"{}")]
+    assert [p.kind for p in verify_copy(chain, extra).problems] == ["extra"]

@@ -1,0 +1,299 @@
+"""Replay and what-if against real ledgers: a multi-cycle history with preemptions (fairness,
+squatting, maintenance, the debug lane), requeues, drains and utilisation is replayed from the
+log alone, decision by decision, and every decision is identical; a lying policy config, an
+unknown policy version and the what-if loop are checked end to end."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+from click.testing import CliRunner
+
+from ledger.application import Ledger
+from ledger.audit import check_history
+from ledger.cli import cli
+from ledger.clock import SimClock, seeded_ids
+from ledger.dispatch.policy import FairShare, Policy, policy_from_config
+from ledger.executors import SimExecutor
+from ledger.replay import (
+    Replayer,
+    Selection,
+    find_decisions,
+    replay_decisions,
+    replay_home,
+)
+from ledger.service import Dispatcher, ProjectionRanks
+from ledger.whatif import scenario, simulate
+from projections.projector import Projector
+from projections.source import EmbeddedSource
+from projections.store import Store
+from schemas import commands as c
+from schemas import events as e
+from schemas.errors import UnknownEntity
+
+T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+EXEC = "@executor"
+
+
+def org(ledger: Ledger) -> None:
+    ledger.execute(c.InitLedger(actor="root", admin="root"))
+    ledger.execute_all(
+        [
+            c.OpenAccount(actor="root", path="ai2", kind="program"),
+            c.OpenAccount(actor="root", path="ai2/olmo", kind="project", shares=1),
+            c.OpenAccount(actor="root", path="ai2/tulu", kind="project", shares=1),
+            c.AddMember(actor="root", user="alice", project="ai2/olmo"),
+            c.AddMember(actor="root", user="bob", project="ai2/olmo"),
+            c.AddMember(actor="root", user="dan", project="ai2/tulu"),
+            c.RegisterNode(actor="root", node="n0", gpu_type="h100", gpus=8),
+            c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=8),
+        ]
+    )
+
+
+def job(user: str, account: str, gpus: int, **kw: object) -> c.SubmitJob:
+    return c.SubmitJob(actor=user, account=account, gpus=gpus, **kw)  # type: ignore[arg-type]
+
+
+def build_history(home: Path, policy: Policy | None = None) -> Ledger:
+    """A day on two 8-GPU nodes: fair-share preemption and requeue, a squatter, a drain, the
+    debug lane, unfunded work, a cancel, a share change and executor exits."""
+    clock = SimClock(T0)
+    ledger = Ledger(home, clock, seeded_ids(7))
+    org(ledger)
+    steps: list[tuple[float, list[c.AnyCommand]]] = [
+        # alice fills the cluster with two resumable jobs
+        (
+            0,
+            [
+                job("alice", "ai2/olmo", 8, min_runtime_s=600, resumable=True, duration_s=30_000),
+                job("alice", "ai2/olmo", 8, min_runtime_s=600, duration_s=40_000),
+            ],
+        ),
+        # dan's team has no usage: it outranks olmo past the contracts (fairness + requeue)
+        (1_000, [job("dan", "ai2/tulu", 8, min_runtime_s=900, duration_s=3_000)]),
+        (1_200, [job("bob", "ai2/olmo", 4, min_runtime_s=0, duration_s=50_000)]),  # unfunded
+        (5_000, [job("bob", "ai2/olmo", 4, min_runtime_s=1_800, duration_s=20_000)]),
+        (9_000, [c.SetShares(actor="root", account="ai2/olmo", shares=3, reason="quarter")]),
+        (9_500, [c.DrainNode(actor="root", node="n1", reason="firmware")]),
+        (
+            11_000,
+            [job("dan", "ai2/tulu", 1, min_runtime_s=300, time_limit_s=600, duration_s=300)],
+        ),  # the debug class
+        (12_000, [c.ReturnNode(actor="root", node="n1")]),
+        (
+            12_500,
+            [
+                job("dan", "ai2/tulu", 8, min_runtime_s=3_600, duration_s=9_000),
+                job("alice", "ai2/olmo", 2, min_runtime_s=600, duration_s=100_000),
+            ],
+        ),
+        (13_000, [c.CancelJob(actor="alice", job_id=8)]),
+        # a debug job of alice's takes a GPU from her own job, past its contract: the lane
+        (
+            16_500,
+            [job("alice", "ai2/olmo", 1, min_runtime_s=300, time_limit_s=600, duration_s=300)],
+        ),
+        (20_000, [job("bob", "ai2/olmo", 8, min_runtime_s=600, resumable=True, duration_s=4_000)]),
+    ]
+    low = {2}  # job 2 idles on its GPUs (a squatter once past its contract for an hour)
+    with Store(":memory:") as store, EmbeddedSource(home) as source:
+        dispatcher = Dispatcher(
+            ledger,
+            ProjectionRanks(Projector(store, source)),
+            policy or FairShare(squat_after_s=3_600),
+            SimExecutor(),
+        )
+        t = 0.0
+        while t <= 30_000:
+            clock.advance_to(T0 + t)
+            while steps and steps[0][0] <= t:
+                ledger.execute_all(steps.pop(0)[1])
+            samples: list[c.AnyCommand] = [
+                c.SampleUtilisation(
+                    actor=EXEC,
+                    job_id=j.job_id,
+                    gpu_utilisation=tuple(
+                        3.0 if j.job_id in low else 80.0 for _ in range(j.spec.gpus)
+                    ),
+                )
+                for j in ledger.state.jobs.values()
+                if j.status == "running"
+            ]
+            if samples:
+                ledger.execute_all(samples)
+            dispatcher.cycle(T0 + t)
+            t += 500.0
+    return ledger
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    home = tmp_path_factory.mktemp("history")
+    build_history(home).close()
+    yield home
+
+
+def events_of(home: Path) -> list[e.AnyEvent]:
+    ledger = Ledger(home)
+    try:
+        return [ev for _, ev in ledger.read(0, ledger.position)]
+    finally:
+        ledger.close()
+
+
+def test_the_history_has_every_kind_of_decision(history: Path) -> None:
+    events = events_of(history)
+    reasons = Counter(ev.reason for ev in events if isinstance(ev, e.JobPreempted))
+    assert set(reasons) >= {"fairness", "squatting", "maintenance", "debug"}, reasons
+    assert any(isinstance(ev, e.JobRequeued) for ev in events)
+    assert any(isinstance(ev, e.NodeDrained) for ev in events)
+    assert sum(isinstance(ev, e.UtilisationSampled) for ev in events) > 50
+    assert check_history(events) == []
+
+
+def test_replaying_every_decision_gives_identical_decisions(history: Path) -> None:
+    results = list(replay_home(history))
+    assert len(results) >= 10
+    assert [r.headline() for r in results if not r.identical] == []
+    assert sum(r.preemptions for r in results) >= 4
+
+
+def test_exact_catch_up_and_as_of_reading_give_the_same_ranks(history: Path) -> None:
+    decisions = find_decisions(history)
+    with (
+        EmbeddedSource(history) as source,
+        Replayer(source, exact=True) as exact,
+        Replayer(source) as as_of,
+    ):
+        for _, d in decisions:
+            a, _ = exact.snapshot(d)
+            b, _ = as_of.snapshot(d)
+            assert (a.ranks, a.level_fs) == (b.ranks, b.level_fs), d.cycle_id
+            assert a == b
+
+
+def test_a_selection_picks_decisions_by_cycle_job_and_time(history: Path) -> None:
+    everything = find_decisions(history)
+    one = everything[3][1]
+    assert [d for _, d in find_decisions(history, Selection(cycle=one.cycle_id))] == [one]
+    placed = one.placements[0].job_id if one.placements else one.preemptions[0].job_id
+    for_job = find_decisions(history, Selection(job=placed))
+    assert one in [d for _, d in for_job]
+    late = find_decisions(history, Selection(start=T0 + 20_000))
+    assert late and all((d.decided_at or 0) >= T0 + 20_000 for _, d in late)
+
+
+class LyingFairShare(FairShare, frozen=True, kw_only=True):
+    """Decides with a huge preemption margin but records the default config: policy code that
+    changed behaviour without a new version."""
+
+    def config(self) -> dict[str, str]:
+        return FairShare(squat_after_s=self.squat_after_s).config()
+
+
+def test_a_policy_config_that_does_not_match_the_code_shows_as_differences(
+    tmp_path: Path,
+) -> None:
+    build_history(tmp_path, LyingFairShare(margin=1_000.0, squat_after_s=3_600)).close()
+    results = list(replay_home(tmp_path))
+    differing = [r for r in results if r.differences]
+    assert differing
+    first = differing[0]
+    kinds = {d.what for d in first.differences}
+    assert kinds & {"preemption", "placement", "reason"}, kinds
+    out = CliRunner().invoke(cli, ["--home", str(tmp_path), "replay", "--cycle", first.cycle_id])
+    assert out.exit_code == 1
+    assert f"{first.cycle_id} (position {first.position}" in out.output
+    assert first.differences[0].text() in out.output
+
+
+def test_an_unknown_policy_version_names_the_version_it_needs(tmp_path: Path) -> None:
+    with pytest.raises(UnknownEntity) as err:
+        policy_from_config("fairshare-0", FairShare().config())
+    assert "'fairshare-0'" in err.value.message and err.value.fields["version"] == "fairshare-0"
+    build_history(tmp_path, FairShare(version="fairshare-0", squat_after_s=3_600)).close()
+    results = list(replay_home(tmp_path))
+    assert results and all(r.error is not None for r in results)
+    assert "needs policy version 'fairshare-0'" in (results[0].error or "")
+    out = CliRunner().invoke(cli, ["--home", str(tmp_path), "replay", "--all"])
+    assert out.exit_code == 1
+    assert "cannot replay: this decision needs policy version 'fairshare-0'" in out.output
+
+
+def test_cli_replay_all_prints_a_summary_and_exits_zero(history: Path) -> None:
+    out = CliRunner().invoke(cli, ["--home", str(history), "replay", "--all"])
+    assert out.exit_code == 0, out.output
+    n = len(find_decisions(history))
+    assert f"{n} decisions replayed" in out.output
+    assert f"{n} identical, 0 differ, 0 cannot be replayed" in out.output
+
+
+def test_an_edited_decision_is_reported_with_its_exact_difference(tmp_path: Path) -> None:
+    home = tmp_path / "h"
+    build_history(home).close()
+    decisions = find_decisions(home)
+    position, d = next((p, d) for p, d in decisions if d.placements)
+    first = d.placements[0]
+    moved = msgspec.structs.replace(
+        first, slots=(e.GpuSlot(node="n9", gpu_indices=first.slots[0].gpu_indices),)
+    )
+    edited = msgspec.structs.replace(d, placements=(moved, *d.placements[1:]))
+    with EmbeddedSource(home) as source:
+        (result,) = list(replay_decisions(source, [(position, edited)]))
+    assert [x.what for x in result.differences] == ["placement"]
+    assert result.differences[0].job_id == first.job_id
+    assert result.differences[0].recorded.startswith("n9[")
+
+
+# --- what-if ------------------------------------------------------------------------------------
+
+
+def test_whatif_resimulates_the_period_through_a_real_ledger(history: Path, tmp_path: Path) -> None:
+    events = events_of(history)
+    scen = scenario(events, T0 + 500, T0 + 30_000)
+    submitted = [s for s in scen.submissions if not s.carried]
+    assert {s.original for s in submitted} == {
+        ev.job_id for ev in events if isinstance(ev, e.JobSubmitted) and ev.at >= T0 + 500
+    }
+    assert any(s.carried for s in scen.submissions)  # alice's jobs were running at T0 + 500
+    run = simulate(scen, tmp_path / "w", window_s=3 * 86_400.0)
+    assert run.cycles > 5
+    what = events_of(tmp_path / "w")
+    assert check_history(what) == []
+    subs = [ev for ev in what if isinstance(ev, e.JobSubmitted)]
+    assert len(subs) == len(scen.submissions)
+    decided = [ev for ev in what if isinstance(ev, e.CycleDecided)]
+    assert decided and all(d.config["window_s"] == "259200.0" for d in decided)
+    # the what-if ledger is a ledger like any other: its decisions replay identically
+    assert [r.headline() for r in replay_home(tmp_path / "w") if not r.identical] == []
+
+
+def test_cli_whatif_compares_teams_with_new_budgets(history: Path, tmp_path: Path) -> None:
+    budgets = tmp_path / "budgets.toml"
+    budgets.write_text('[accounts."ai2/tulu"]\nkind = "project"\nshares = 5\n')
+    args = [
+        "--home",
+        str(history),
+        "whatif",
+        "--budgets",
+        str(budgets),
+        "--window",
+        "2d",
+        "--from",
+        str(T0),
+        "--to",
+        str(T0 + 30_000),
+        "--json",
+    ]
+    out = CliRunner().invoke(cli, args)
+    assert out.exit_code == 0, out.output
+    report = msgspec.json.decode(out.output.encode())
+    teams = {t["team"]: t for t in report["teams"]}
+    assert set(teams) == {"ai2/olmo", "ai2/tulu"}
+    assert teams["ai2/tulu"]["whatif"]["owed_gpu_h"] != teams["ai2/tulu"]["actual"]["owed_gpu_h"]
+    assert report["submissions"] == sum(isinstance(ev, e.JobSubmitted) for ev in events_of(history))

@@ -1,0 +1,283 @@
+"""The invariant checker, pure: histories built as event lists, each with one seeded violation
+(or an allowed exception), and the exact line the checker reports."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger.audit import check, check_history
+from ledger.domain import State, decide, evolve
+from schemas import commands as c
+from schemas import events as e
+
+T0 = 1_000.0
+Slot = e.GpuSlot
+
+
+def ids() -> Callable[[], str]:
+    n = itertools.count(1)
+    return lambda: f"e{next(n)}"
+
+
+def history(cmds: list[tuple[float, c.AnyCommand]]) -> list[e.AnyEvent]:
+    """Events the real domain decides for `cmds` (a valid history to start from)."""
+    state, new_id, out = State(), ids(), []
+    for at, cmd in cmds:
+        for ev in decide(state, cmd, at, new_id):
+            evolve(state, ev)
+            out.append(ev)
+    return out
+
+
+ORG: list[tuple[float, c.AnyCommand]] = [
+    (T0, c.InitLedger(actor="root", admin="root")),
+    (T0, c.OpenAccount(actor="root", path="ai2", kind="program")),
+    (T0, c.OpenAccount(actor="root", path="ai2/olmo", kind="project", shares=3)),
+    (T0, c.OpenAccount(actor="root", path="ai2/tulu", kind="project", shares=1)),
+    (T0, c.AddMember(actor="root", user="alice", project="ai2/olmo")),
+    (T0, c.AddMember(actor="root", user="dan", project="ai2/tulu")),
+    (T0, c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=8)),
+    (T0, c.SubmitJob(actor="alice", account="ai2/olmo", gpus=4, min_runtime_s=3_600)),
+    (T0, c.SubmitJob(actor="dan", account="ai2/tulu", gpus=4, min_runtime_s=0)),
+]
+
+
+def base() -> list[e.AnyEvent]:
+    return history(ORG)
+
+
+def placed(job: int, gpus: tuple[int, ...], at: float = T0, node: str = "n1") -> e.JobPlaced:
+    return e.JobPlaced(
+        event_id=f"p{job}-{at}",
+        at=at,
+        actor="@dispatcher",
+        job_id=job,
+        slots=(Slot(node=node, gpu_indices=gpus),),
+        cycle_id="c",
+        based_on=1,
+    )
+
+
+def preempted(
+    job: int, at: float, actor: str = "@dispatcher", reason: str = "fairness", note: str = ""
+) -> e.JobPreempted:
+    return e.JobPreempted(
+        event_id=f"x{job}-{at}",
+        at=at,
+        actor=actor,
+        job_id=job,
+        reason=reason,  # type: ignore[arg-type]
+        note=note,
+    )
+
+
+def lines(events: list[e.AnyEvent]) -> list[str]:
+    return [v.line() for v in check_history(events)]
+
+
+def test_a_history_the_domain_decided_is_clean() -> None:
+    events = history(
+        [
+            *ORG,
+            (
+                T0,
+                c.ApplyDecision(
+                    actor="@dispatcher",
+                    cycle_id="c1",
+                    based_on=9,
+                    policy_version="x",
+                    placements=(
+                        e.Placement(job_id=1, slots=(Slot(node="n1", gpu_indices=(0, 1, 2, 3)),)),
+                        e.Placement(job_id=2, slots=(Slot(node="n1", gpu_indices=(4, 5, 6, 7)),)),
+                    ),
+                ),
+            ),
+            (T0 + 10, c.PreemptJob(actor="root", job_id=1, note="disk full")),
+            (
+                T0 + 4_000,
+                c.ApplyDecision(
+                    actor="@dispatcher",
+                    cycle_id="c2",
+                    based_on=20,
+                    policy_version="x",
+                    preemptions=(e.Preemption(job_id=2, reason="fairness"),),
+                ),
+            ),
+            (T0 + 4_000, c.SetShares(actor="root", account="ai2/tulu", shares=2)),
+        ]
+    )
+    report = check(events)
+    assert report.violations == ()
+    admin = next(i for i, ev in enumerate(events, 1) if isinstance(ev, e.JobPreempted))
+    assert [n.line() for n in report.noted] == [
+        f"position {admin}: ADMIN_PREEMPTED_IN_CONTRACT: job 1 preempted (admin) by 'root' 3590 s "
+        "before its contract ends: admin preemption, reason: disk full"
+    ]
+
+
+CASES: dict[str, tuple[list[e.AnyEvent], list[str]]] = {
+    "a GPU given to a second job": (
+        [placed(1, (0, 1, 2, 3)), placed(2, (3, 4, 5, 6))],
+        ["position {2}: GPU_HELD_TWICE: GPU 3 of node 'n1' given to job 2 while job 1 holds it"],
+    ),
+    "a job placed while it holds GPUs": (
+        [placed(1, (0, 1, 2, 3)), placed(1, (4, 5, 6, 7), T0 + 1)],
+        ["position {2}: GPU_HELD_TWICE: job 1 is placed again while it still holds GPUs"],
+    ),
+    "a GPU freed by a finish can be given again": (
+        [
+            placed(1, (0, 1, 2, 3)),
+            e.JobFinished(
+                event_id="f", at=T0 + 5, actor="@executor", job_id=1, outcome="completed"
+            ),
+            placed(2, (0, 1, 2, 3), T0 + 5),
+        ],
+        [],
+    ),
+    "a dispatcher preemption inside the contract": (
+        [placed(1, (0, 1, 2, 3)), preempted(1, T0 + 600)],
+        [
+            "position {2}: PREEMPTED_IN_CONTRACT: job 1 preempted (fairness) by '@dispatcher' "
+            "3000 s before its contract ends"
+        ],
+    ),
+    "a preemption at the contract's end": ([placed(1, (0, 1, 2, 3)), preempted(1, T0 + 3_600)], []),
+    "an unfunded job preempted at once": ([placed(2, (0, 1, 2, 3)), preempted(2, T0)], []),
+    "an admin preemption without a reason": (
+        [placed(1, (0, 1, 2, 3)), preempted(1, T0 + 1, actor="root", reason="admin")],
+        [
+            "position {2}: PREEMPTED_IN_CONTRACT: job 1 preempted (admin) by 'root' 3599 s before "
+            "its contract ends"
+        ],
+    ),
+    "a non-admin preemption with a reason": (
+        [placed(1, (0, 1, 2, 3)), preempted(1, T0 + 1, actor="alice", reason="admin", note="mine")],
+        [
+            "position {2}: PREEMPTED_IN_CONTRACT: job 1 preempted (admin) by 'alice' 3599 s before "
+            "its contract ends"
+        ],
+    ),
+    "a placement on a draining node": (
+        [
+            e.NodeDrainRequested(event_id="d", at=T0, actor="root", node="n1", reason="fw"),
+            placed(1, (0, 1, 2, 3)),
+        ],
+        ["position {2}: PLACED_ON_INACTIVE_NODE: job 1 placed on node 'n1', which is draining"],
+    ),
+    "a placement on an unknown node": (
+        [placed(1, (0,), node="n9")],
+        ["position {1}: PLACED_ON_INACTIVE_NODE: job 1 placed on node 'n9', which is unknown"],
+    ),
+    "shares set by a member": (
+        [e.SharesSet(event_id="s", at=T0, actor="alice", account="ai2/olmo", shares=9)],
+        [
+            "position {1}: NOT_AUTHORISED: 'alice' may not set the shares of 'ai2/olmo' "
+            "(it needs a manager of 'ai2' or an admin)"
+        ],
+    ),
+    "a member added by someone who manages another project": (
+        [
+            e.ManagerGranted(event_id="g", at=T0, actor="root", user="mgr", account="ai2/tulu"),
+            e.MemberAdded(event_id="m", at=T0, actor="mgr", user="eve", project="ai2/olmo"),
+        ],
+        [
+            "position {2}: NOT_AUTHORISED: 'mgr' may not change the members of 'ai2/olmo' "
+            "(it needs a manager of it or an admin)"
+        ],
+    ),
+    "a top-level account opened by a manager": (
+        [
+            e.ManagerGranted(event_id="g", at=T0, actor="root", user="pm", account="ai2"),
+            e.AccountOpened(event_id="o", at=T0, actor="pm", path="x", parent=None, kind="program"),
+        ],
+        ["position {2}: NOT_AUTHORISED: 'pm' may not change top-level account 'x'"],
+    ),
+    "a node registered by a member": (
+        [
+            e.NodeRegistered(
+                event_id="n",
+                at=T0,
+                actor="alice",
+                cluster="default",
+                node="n2",
+                gpu_type="h100",
+                gpus=8,
+            )
+        ],
+        ["position {1}: NOT_AUTHORISED: 'alice' may not node.registered.v1 (admins only)"],
+    ),
+    "a second initialisation": (
+        [e.LedgerInitialised(event_id="i", at=T0, actor="root", admin="root")],
+        ["position {1}: INCONSISTENT: the ledger is initialised a second time"],
+    ),
+    "an event about a job that does not exist": (
+        [e.JobStarted(event_id="s", at=T0, actor="@executor", job_id=99)],
+        ["position {1}: INCONSISTENT: job.started.v1 refers to unknown 99"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_seeded_violation_is_reported_in_one_line(case: str) -> None:
+    extra, want = CASES[case]
+    n = len(base())
+    assert lines([*base(), *extra]) == [
+        w.replace("{1}", str(n + 1)).replace("{2}", str(n + 2)) for w in want
+    ]
+
+
+def test_authority_is_judged_at_the_moment_of_the_change() -> None:
+    grant = e.ManagerGranted(event_id="g", at=T0, actor="root", user="mgr", account="ai2/olmo")
+    revoke = e.ManagerRevoked(event_id="r", at=T0, actor="root", user="mgr", account="ai2/olmo")
+
+    def add(n: int) -> e.MemberAdded:
+        return e.MemberAdded(event_id=f"m{n}", at=T0, actor="mgr", user=f"u{n}", project="ai2/olmo")
+
+    events = [*base(), add(1), grant, add(2), revoke, add(3)]
+    n = len(base())
+    assert [v.position for v in check_history(events)] == [n + 1, n + 5]
+
+
+def test_positions_can_be_given_with_the_events() -> None:
+    events = [*base(), e.SharesSet(event_id="s", at=T0, actor="eve", account="ai2", shares=2)]
+    pairs = [(100 + i, ev) for i, ev in enumerate(events)]
+    (v,) = check_history(pairs)
+    assert v.position == 100 + len(events) - 1 and v.code == "NOT_AUTHORISED"
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.sampled_from([(0, 1, 2, 3), (4, 5, 6, 7), (2, 3, 4, 5)]), min_size=1, max_size=6)
+)
+def test_double_booking_is_found_exactly_when_placements_overlap(
+    placements: list[tuple[int, ...]],
+) -> None:
+    """Placements of distinct jobs, never released: a violation iff two share a GPU."""
+    events = base()
+    for i, gpus in enumerate(placements):
+        job = 10 + i
+        events.append(
+            e.JobSubmitted(
+                event_id=f"s{job}",
+                at=T0,
+                actor="alice",
+                job_id=job,
+                account="ai2/olmo",
+                user="alice",
+                gpus=4,
+                min_runtime_s=60,
+            )
+        )
+        events.append(placed(job, gpus))
+    held: set[int] = set()
+    clash = False
+    for gpus in placements:
+        clash |= bool(held & set(gpus))
+        held |= set(gpus)
+    codes = {v.code for v in check_history(events)}
+    assert ("GPU_HELD_TWICE" in codes) == clash

@@ -1,0 +1,180 @@
+"""Replay's pure parts: rebuilding the recorded policy, the usage it ranked with, and comparing a
+recorded decision with its replay difference by difference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor
+from ledger.dispatch.engine import Decision
+from ledger.dispatch.policy import FairShare, Fifo, Policy, policy_from_config
+from ledger.replay import compare, replay_policy, squat_threshold, usage_from_config
+from projections.fairshare import WEEK_S
+from schemas import events as e
+from schemas.errors import InvalidCommand, UnknownEntity
+
+POLICIES: dict[str, Policy] = {
+    "fair share, defaults": FairShare(),
+    "fair share, tuned": FairShare(
+        margin=0.25,
+        min_rank_gap=2,
+        squat_after_s=1800.0,
+        squat_util_pct=5.0,
+        debug_lane=False,
+        search_budget=8,
+    ),
+    "fifo": Fifo(),
+    "slurm": SlurmMultifactor(weight_age=10.0, half_life_s=86_400.0),
+    "legacy caps": LegacyCaps(caps={"ai2/olmo": 12, "ai2/tulu": 4}, team_depth=2),
+}
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_a_recorded_policy_is_rebuilt_exactly(name: str) -> None:
+    policy = POLICIES[name]
+    assert policy_from_config(policy.version, policy.config()) == policy
+
+
+def test_integer_settings_read_back_as_the_same_setting() -> None:
+    config = {**FairShare().config(), "squat_after_s": "3600"}
+    assert policy_from_config("fairshare-1", config) == FairShare(squat_after_s=3600.0)
+
+
+@pytest.mark.parametrize(
+    ("version", "config", "error", "words"),
+    [
+        ("fairshare-0", FairShare().config(), UnknownEntity, "needs policy version 'fairshare-0'"),
+        (
+            "fairshare-1",
+            {**FairShare().config(), "margin": "wide"},
+            InvalidCommand,
+            "bad or missing setting",
+        ),
+        ("fairshare-1", {**FairShare().config(), "extra": "1"}, InvalidCommand, "differs in extra"),
+        ("fairshare-1", Fifo().config(), InvalidCommand, "bad or missing setting"),
+        ("fifo-1", FairShare().config(), InvalidCommand, "differs in"),
+    ],
+    ids=[
+        "unknown version",
+        "unreadable value",
+        "unknown key",
+        "another policy's config",
+        "settings the code does not write",
+    ],
+)
+def test_configs_that_no_code_wrote_are_refused_clearly(
+    version: str, config: dict[str, str], error: type[Exception], words: str
+) -> None:
+    with pytest.raises(error) as err:
+        policy_from_config(version, config)
+    assert words in str(err.value)
+
+
+def test_usage_and_threshold_come_from_the_config() -> None:
+    assert usage_from_config({}).window_s == WEEK_S
+    assert usage_from_config({"window_s": "259200.0"}).window_s == 259_200.0
+    assert usage_from_config(SlurmMultifactor().config()).half_life_s == WEEK_S
+    assert squat_threshold({}) == 10.0
+    assert squat_threshold({"squat_util_pct": "5.0"}) == 5.0
+    with pytest.raises(InvalidCommand):
+        usage_from_config({"window_s": "-1"})
+
+
+def test_the_replayed_policy_records_the_config_as_written() -> None:
+    config = {**FairShare().config(), "squat_after_s": "3600", "window_s": "86400"}
+    policy, usage = replay_policy("fairshare-1", config)
+    assert policy.config() == config and usage.window_s == 86_400.0
+
+
+SLOTS = (e.GpuSlot(node="n1", gpu_indices=(0, 1)),)
+RECORDED = e.CycleDecided(
+    event_id="x",
+    at=1.0,
+    actor="@dispatcher",
+    cycle_id="cycle-9",
+    based_on=9,
+    policy_version="fairshare-1",
+    config={"policy": "fairshare"},
+    placements=(e.Placement(job_id=1, slots=SLOTS), e.Placement(job_id=2, slots=SLOTS)),
+    preemptions=(e.Preemption(job_id=7, reason="fairness", for_job=1, note="fs"),),
+    considered=(
+        e.Considered(job_id=1, sort_key=(0, 1, 1.5, 1)),
+        e.Considered(job_id=2, sort_key=(0, 1, 2.5, 2)),
+        e.Considered(job_id=3, sort_key=(0, 2, 3.5, 3), reason="full", code="WAIT_RESOURCES"),
+    ),
+    fragmentation_gpus=2,
+    wake_at=50.0,
+    decided_at=1.0,
+)
+
+
+def replayed(**changes: object) -> Decision:
+    base = Decision(
+        based_on=RECORDED.based_on,
+        policy_version=RECORDED.policy_version,
+        config=dict(RECORDED.config),
+        placements=RECORDED.placements,
+        preemptions=RECORDED.preemptions,
+        considered=RECORDED.considered,
+        fragmentation_gpus=RECORDED.fragmentation_gpus,
+        wake_at=RECORDED.wake_at,
+    )
+    return msgspec.structs.replace(base, **changes)
+
+
+OTHER = (e.GpuSlot(node="n2", gpu_indices=(4, 5)),)
+C = RECORDED.considered
+
+DIFFS: dict[str, tuple[dict[str, Any], list[str]]] = {
+    "identical": ({}, []),
+    "placed elsewhere": (
+        {"placements": (e.Placement(job_id=1, slots=OTHER), RECORDED.placements[1])},
+        ["placement of job 1: recorded n1[0,1], replayed n2[4,5]"],
+    ),
+    "not placed": (
+        {"placements": RECORDED.placements[:1]},
+        ["placement of job 2: recorded n1[0,1], replayed no placement"],
+    ),
+    "placed in another order": (
+        {"placements": RECORDED.placements[::-1]},
+        ["placement order: recorded [1, 2], replayed [2, 1]"],
+    ),
+    "another victim": (
+        {"preemptions": (e.Preemption(job_id=8, reason="squatting", for_job=1),)},
+        [
+            "preemption of job 7: recorded fairness for job 1 (fs), replayed no preemption",
+            "preemption of job 8: recorded no preemption, replayed squatting for job 1",
+        ],
+    ),
+    "another sort key": (
+        {"considered": (C[0], msgspec.structs.replace(C[1], sort_key=(0, 0, 2.5, 2)), C[2])},
+        ["sort key of job 2: recorded (0, 1, 2.5, 2), replayed (0, 0, 2.5, 2)"],
+    ),
+    "another reason": (
+        {
+            "considered": (
+                C[0],
+                C[1],
+                msgspec.structs.replace(C[2], reason="later", code="WAIT_CONTRACT"),
+            )
+        },
+        ["reason of job 3: recorded full [WAIT_RESOURCES], replayed later [WAIT_CONTRACT]"],
+    ),
+    "considered in another order": (
+        {"considered": (C[1], C[0], C[2])},
+        ["order: recorded job 1 at place 1, replayed job 2 at place 1"],
+    ),
+    "fragmentation and wake-up": (
+        {"fragmentation_gpus": 0, "wake_at": None},
+        ["fragmentation_gpus: recorded 2, replayed 0", "wake_at: recorded 50.0, replayed None"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(DIFFS))
+def test_compare_names_every_difference(case: str) -> None:
+    changes, want = DIFFS[case]
+    assert [d.text() for d in compare(RECORDED, replayed(**changes))] == want

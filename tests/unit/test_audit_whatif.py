@@ -1,0 +1,138 @@
+"""What-if's pure parts: the scenario read from a history (durations, carried jobs, node changes)
+and the executor that resumes work after checkpoints."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+from ledger.domain import State, decide, evolve
+from ledger.executors import Launch
+from ledger.whatif import WhatIfExecutor, scenario, setup_commands, team_fractions
+from schemas import commands as c
+from schemas import events as e
+
+T0 = 1_000.0
+SLOT = (e.GpuSlot(node="n1", gpu_indices=(0, 1)),)
+
+
+def ids() -> Callable[[], str]:
+    n = itertools.count(1)
+    return lambda: f"e{next(n)}"
+
+
+class History:
+    """Commands decided by the real domain, at given times."""
+
+    def __init__(self) -> None:
+        self.state, self.new_id, self.events = State(), ids(), list[e.AnyEvent]()
+
+    def run(self, at: float, cmd: c.AnyCommand) -> None:
+        for ev in decide(self.state, cmd, at, self.new_id):
+            evolve(self.state, ev)
+            self.events.append(ev)
+
+    def place(self, at: float, job: int) -> None:
+        self.run(
+            at,
+            c.ApplyDecision(
+                actor="@dispatcher",
+                cycle_id=f"c{at}",
+                based_on=0,
+                policy_version="fairshare-1",
+                placements=(e.Placement(job_id=job, slots=SLOT),),
+            ),
+        )
+        self.run(at, c.StartJob(actor="@executor", job_id=job))
+
+
+def org(h: History) -> None:
+    cmds: list[c.AnyCommand] = [
+        c.InitLedger(actor="root", admin="root"),
+        c.OpenAccount(actor="root", path="ai2", kind="program"),
+        c.OpenAccount(actor="root", path="ai2/olmo", kind="project", shares=3),
+        c.OpenAccount(actor="root", path="ai2/tulu", kind="project", shares=1),
+        c.AddMember(actor="root", user="alice", project="ai2/olmo"),
+        c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=8),
+    ]
+    for cmd in cmds:
+        h.run(T0, cmd)
+
+
+def submit(duration: float | None = None, resumable: bool = True) -> c.SubmitJob:
+    return c.SubmitJob(
+        actor="alice",
+        account="ai2/olmo",
+        gpus=2,
+        min_runtime_s=60,
+        resumable=resumable,
+        duration_s=duration,
+    )
+
+
+def test_a_completed_job_runs_as_long_as_it_really_ran_with_its_saved_work() -> None:
+    h = History()
+    org(h)
+    h.run(T0 + 100, submit())  # no recorded duration: a real job
+    h.place(T0 + 100, 1)
+    h.run(T0 + 400, c.ReportCheckpoint(actor="@executor", job_id=1))  # 300 s saved
+    h.run(T0 + 500, c.PreemptJob(actor="root", job_id=1, note="move"))  # 100 s lost
+    h.place(T0 + 900, 1)
+    h.run(T0 + 1_900, c.FinishJob(actor="@executor", job_id=1, exit_code=0))
+    scen = scenario(h.events, T0 + 50, T0 + 5_000)
+    (s,) = scen.submissions
+    assert (s.original, s.carried, s.duration_s, s.at) == (1, False, 1_300.0, T0 + 100)
+
+
+def test_jobs_active_at_the_start_are_carried_with_the_work_left() -> None:
+    h = History()
+    org(h)
+    h.run(T0, submit(duration=1_000.0))
+    h.place(T0, 1)
+    h.run(T0, submit(duration=500.0))  # pending at the start
+    h.run(T0 + 700, c.CancelJob(actor="alice", job_id=2))
+    h.run(T0 + 800, c.DrainNode(actor="root", node="n1", reason="fw"))
+    scen = scenario(h.events, T0 + 300, T0 + 2_000)
+    got = [(s.original, s.carried, s.duration_s, s.at, s.cancel_at) for s in scen.submissions]
+    assert got == [(1, True, 700.0, T0 + 300, None), (2, True, 500.0, T0 + 300, T0 + 700)]
+    assert [type(n.command).__name__ for n in scen.node_changes] == ["DrainNode"]
+    assert scen.state.jobs[1].status == "running"
+
+
+def test_the_organisation_is_rebuilt_by_commands() -> None:
+    h = History()
+    org(h)
+    h.run(T0, c.GrantManager(actor="root", user="mgr", account="ai2/olmo"))
+    h.run(T0, c.DrainNode(actor="root", node="n1", reason="fw"))
+    rebuilt = History()
+    rebuilt.run(T0, c.InitLedger(actor="whatif-admin", admin="whatif-admin"))
+    for cmd in setup_commands(h.state):
+        rebuilt.run(T0, cmd)
+    a, b = h.state, rebuilt.state
+    assert a.accounts == b.accounts and a.members == b.members and a.managers == b.managers
+    assert {n: (x.gpus, x.state) for n, x in a.nodes.items()} == {
+        n: (x.gpus, x.state) for n, x in b.nodes.items()
+    }
+    assert team_fractions(a) == {"ai2/olmo": 0.75, "ai2/tulu": 0.25}
+
+
+def launch(job: int, work: float | None = None) -> Launch:
+    return Launch(job, SLOT, (), work, "alice", "ai2/olmo")
+
+
+def test_the_executor_resumes_after_the_last_checkpoint_and_forgets_stale_exits() -> None:
+    x = WhatIfExecutor({1: 1_000.0})
+    x.launch(launch(1), 0.0)
+    x.checkpoint(1, 400.0)
+    x.stop(1, 500.0)  # preempted: 400 s saved, 100 s lost
+    assert x.next_event_at() is None and x.poll(1_000.0) == []  # the old exit is forgotten
+    x.launch(launch(1), 2_000.0)
+    assert x.next_event_at() == 2_600.0
+    (done,) = x.poll(2_600.0)
+    assert (done.job_id, done.at) == (1, 2_600.0) and x.running() == set()
+
+
+def test_a_job_of_unknown_length_runs_until_stopped() -> None:
+    x = WhatIfExecutor({1: None})
+    x.launch(launch(1), 0.0)
+    assert x.next_event_at() is None and x.running() == {1}

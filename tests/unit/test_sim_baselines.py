@@ -1,0 +1,141 @@
+"""The baseline policies (`slurm`, `legacy`) on hand-made snapshots, through the real `decide()`."""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger.dispatch import NodeView, PendingJob, RunningJob, Snapshot, decide
+from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor, in_cap_usage, team_of
+from schemas.events import GpuSlot
+
+NOW = 1_000_000.0
+H = 3600.0
+
+
+def node(name: str, free: tuple[int, ...] = ()) -> NodeView:
+    return NodeView(name=name, cluster="c", gpu_type="h100", gpus=8, free=free)
+
+
+def pending(job_id: int, account: str, gpus: int, *, funded: bool = True, age: float = 0.0,
+            user: str = "u", priority: int = 0) -> PendingJob:  # fmt: skip
+    return PendingJob(
+        job_id=job_id,
+        account=account,
+        user=user,
+        gpus=gpus,
+        min_runtime_s=3600 if funded else 0,
+        submitted_at=NOW - age,
+        priority=priority,
+    )
+
+
+def running(job_id: int, account: str, gpus: int, node_name: str, first: int, *,
+            funded: bool = True, placed_h_ago: float = 2.0) -> RunningJob:  # fmt: skip
+    return RunningJob(
+        job_id=job_id,
+        account=account,
+        user="u",
+        gpus=gpus,
+        slots=(GpuSlot(node=node_name, gpu_indices=tuple(range(first, first + gpus))),),
+        placed_at=NOW - placed_h_ago * H,
+        min_runtime_s=3600 if funded else 0,
+        resumable=True,
+    )
+
+
+def test_slurm_orders_by_tier_then_fair_share_then_age() -> None:
+    ranks = {"lab/a/u": 0, "lab/b/u": 1, "lab/c/u": 2}
+    snap = Snapshot(
+        position=1,
+        taken_at=NOW,
+        nodes=(node("n1"),),
+        pending=(
+            pending(1, "lab/c", 1, age=7 * 86_400),  # worst share, a week old: +1000
+            pending(2, "lab/a", 1),  # best share
+            pending(3, "lab/b", 1),
+            pending(4, "lab/a", 1, funded=False),  # unfunded: lower tier, whatever its share
+        ),
+        ranks=ranks,
+    )
+    order = [j.job_id for _, j in SlurmMultifactor().order(snap)]
+    # factors: a 1.0, b 2/3, c 1/3 (+ age 1.0 * 1000 / 10000)
+    assert order == [2, 3, 1, 4]
+    p = SlurmMultifactor().priority(snap.pending[0], ranks, 3, NOW)
+    assert p == pytest.approx(10_000 / 3 + 1_000)
+
+
+def test_slurm_preempts_only_the_lower_tier() -> None:
+    snap = Snapshot(
+        position=1,
+        taken_at=NOW,
+        nodes=(node("n1"),),
+        running=(
+            running(10, "lab/b", 4, "n1", 0),  # funded, past its contract, worse share
+            running(11, "lab/b", 4, "n1", 4, funded=False),
+        ),
+        pending=(pending(1, "lab/a", 4), pending(2, "lab/a", 4)),
+        ranks={"lab/a/u": 0, "lab/b/u": 1},
+    )
+    d = decide(snap, SlurmMultifactor(), NOW)
+    assert [(p.job_id, p.for_job) for p in d.preemptions] == [(11, 1)]
+    assert [p.job_id for p in d.placements] == [1]
+    assert d.waiting[2].code == "WAIT_RESOURCES"
+
+
+@pytest.mark.parametrize(
+    ("case", "caps", "want_used", "want_overflow"),
+    [
+        ("all inside", {"lab/a": 8}, {"lab/a": 8}, set()),
+        ("the later placement overflows", {"lab/a": 4}, {"lab/a": 4}, {21}),
+        ("no cap: everything overflows", {}, {"lab/a": 0}, {20, 21}),
+    ],
+)
+def test_in_cap_usage(
+    case: str, caps: dict[str, int], want_used: dict[str, int], want_overflow: set[int]
+) -> None:
+    jobs = [
+        running(20, "lab/a/sub", 4, "n1", 0, placed_h_ago=3),
+        running(21, "lab/a", 4, "n1", 4, placed_h_ago=1),
+        running(22, "lab/b", 8, "n2", 0, funded=False),
+    ]
+    used, overflow = in_cap_usage(jobs, caps)
+    assert (used, overflow) == (want_used, want_overflow), case
+    assert team_of("lab/a/sub") == "lab/a"
+
+
+@pytest.mark.parametrize(
+    ("case", "gpus", "want_preempted"),
+    [
+        ("inside its cap: takes the overflow of another team", 4, [31]),
+        ("beyond its cap: only idle GPUs, preempts nothing", 8, []),
+    ],
+)
+def test_legacy_caps(case: str, gpus: int, want_preempted: list[int]) -> None:
+    caps = {"lab/a": 4, "lab/b": 4}
+    snap = Snapshot(
+        position=1,
+        taken_at=NOW,
+        nodes=(node("n1"),),
+        running=(
+            running(30, "lab/b", 4, "n1", 0, placed_h_ago=3),  # b inside its cap
+            running(31, "lab/b", 4, "n1", 4, placed_h_ago=2),  # b overflow
+        ),
+        pending=(pending(1, "lab/a", gpus),),
+    )
+    d = decide(snap, LegacyCaps(caps=caps), NOW)
+    assert [p.job_id for p in d.preemptions] == want_preempted, case
+    assert [p.job_id for p in d.placements] == ([1] if want_preempted else [])
+
+
+def test_legacy_orders_by_static_priority_across_teams() -> None:
+    snap = Snapshot(
+        position=1,
+        taken_at=NOW,
+        pending=(
+            pending(1, "lab/a", 1, age=100),
+            pending(2, "lab/b", 1, priority=2),
+            pending(3, "lab/a", 1, funded=False, priority=9),
+        ),
+    )
+    assert [j.job_id for _, j in LegacyCaps().order(snap)] == [2, 1, 3]
+    assert LegacyCaps(caps={"x": 1}).config()["caps"] == "x=1"
