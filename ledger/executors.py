@@ -55,23 +55,30 @@ class SimExecutor:
     """Virtual execution: a job ends `duration_s` after it starts (exit 0); none means it runs
     until stopped. Deterministic: exits come in (time, job id) order."""
 
-    _ends: list[tuple[float, int]] = field(default_factory=list)
-    _live: set[int] = field(default_factory=set)
+    _ends: list[tuple[float, int, int]] = field(default_factory=list)
+    """(end time, job id, launch number): a stopped and relaunched job's old end is stale."""
+    _live: dict[int, int] = field(default_factory=dict)
+    """Running job id -> its launch number."""
+    _launches: int = 0
 
     def launch(self, job: Launch, now: float) -> None:
-        self._live.add(job.job_id)
+        self._launches += 1
+        self._live[job.job_id] = self._launches
         if job.duration_s is not None:
-            heapq.heappush(self._ends, (now + job.duration_s, job.job_id))
+            heapq.heappush(self._ends, (now + job.duration_s, job.job_id, self._launches))
 
     def stop(self, job_id: int, now: float) -> None:
-        self._live.discard(job_id)
+        self._live.pop(job_id, None)
+
+    def _current(self, job_id: int, launch: int) -> bool:
+        return self._live.get(job_id) == launch
 
     def poll(self, now: float) -> list[Exit]:
         out = []
         while self._ends and self._ends[0][0] <= now:
-            at, job_id = heapq.heappop(self._ends)
-            if job_id in self._live:
-                self._live.discard(job_id)
+            at, job_id, launch = heapq.heappop(self._ends)
+            if self._current(job_id, launch):
+                del self._live[job_id]
                 out.append(Exit(job_id, 0, at))
         return out
 
@@ -79,7 +86,7 @@ class SimExecutor:
         return set(self._live)
 
     def next_event_at(self) -> float | None:
-        while self._ends and self._ends[0][1] not in self._live:
+        while self._ends and not self._current(self._ends[0][1], self._ends[0][2]):
             heapq.heappop(self._ends)
         return self._ends[0][0] if self._ends else None
 

@@ -137,8 +137,11 @@ class Dispatcher:
         self.rank_source = ranks
         self.policy = policy
         self.executor = executor
-        self.util = util or UtilTracker()
-        self._seen = ledger.position
+        # the squat threshold is the policy's, and utilisation is read from the whole log (not
+        # only from when this process started), so replay sees what the cycle saw
+        threshold = float(getattr(policy, "squat_util_pct", UtilTracker.threshold_pct))
+        self.util = util or UtilTracker(threshold_pct=threshold)
+        self._seen = 0
 
     def _observe_new_events(self) -> None:
         while self._seen < self.ledger.position:

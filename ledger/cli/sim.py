@@ -284,7 +284,13 @@ def _print(results: list[RunResult], out: dict[str, Path], as_json: bool) -> Non
             f"{m.days / m.wall_s:.2f} simulated days/s, {m.events:,} events = "
             f"{m.events / m.wall_s:,.0f} events/s ({m.cycles:,} cycles); ledger in {r.home}"
         )
-    click.echo(f"report: {out['markdown']} (json, plots beside it)")
+    plots = "waits" in out
+    click.echo(f"report: {out['markdown']} (json{', plots' if plots else ''} beside it)")
+
+
+def _plots_note(out: dict[str, Path], no_plots: bool) -> None:
+    if not no_plots and "waits" not in out:
+        click.echo("plots skipped: matplotlib is not installed (pip install matplotlib)", err=True)
 
 
 @click.group("simulate")
@@ -305,6 +311,7 @@ def run_cmd(ctx: Ctx, /, policy: str, **kw: Any) -> None:
         plots=not kw["no_plots"],
     )  # fmt: skip
     _print(results, out, kw["as_json"])
+    _plots_note(out, kw["no_plots"])
 
 
 @simulate_group.command("compare")
@@ -331,6 +338,7 @@ def compare_cmd(ctx: Ctx, /, policies: str, **kw: Any) -> None:
         plots=not kw["no_plots"],
     )  # fmt: skip
     _print(results, out, kw["as_json"])
+    _plots_note(out, kw["no_plots"])
 
 
 @simulate_group.command("dump")

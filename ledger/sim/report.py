@@ -275,7 +275,15 @@ def write_report(
     paths = {"json": out / "report.json", "markdown": out / "report.md"}
     paths["json"].write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     paths["markdown"].write_text(markdown(results, title))
-    if plots:
+    if plots and _have_matplotlib():
         for p in write_plots(results, out):
             paths[p.stem] = p
     return paths
+
+
+def _have_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
