@@ -1,0 +1,145 @@
+"""Benchmark: one whole dispatcher cycle on a real ledger and projection (goal <= 250 ms).
+
+World: 1,024 nodes x 8 GPUs, a busy cluster (the first cycle fills it), then 10,000 pending jobs.
+Before each timed cycle some running jobs finish (not timed), so every cycle really places work
+and appends its decision. A cycle = `Dispatcher.cycle(now)`: catch up the ledger, catch the DuckDB
+projection up to the snapshot position and compute fair-share ranks, build the snapshot, the pure
+`decide()`, append the decision expecting the snapshot position, launch on the SimExecutor and
+record the starts. The same run times `decide()` alone on the same snapshot: the raw baseline.
+
+    python scripts/bench_cycle.py                  # 1,024 nodes, 10,000 pending, 15 cycles
+    python scripts/bench_cycle.py --nodes 256 --pending 2000 --cycles 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from ledger.application import Ledger
+from ledger.clock import SimClock, seeded_ids
+from ledger.dispatch.engine import decide
+from ledger.dispatch.policy import FairShare
+from ledger.dispatch.snapshot import snapshot_from_state
+from ledger.executors import SimExecutor
+from ledger.service import Dispatcher, ProjectionRanks
+from projections.projector import Projector
+from projections.source import EmbeddedSource
+from projections.store import Store
+from schemas import commands as c
+
+GOAL_MS = 250.0
+
+
+def build(home: Path, nodes: int, clock: SimClock, rng: random.Random) -> Ledger:
+    ledger = Ledger(home, clock, seeded_ids(1))
+    ledger.execute(c.InitLedger(actor="root", admin="root"))
+    cmds: list[c.AnyCommand] = [c.OpenAccount(actor="root", path="org", kind="program")]
+    for p in range(12):
+        cmds.append(c.OpenAccount(actor="root", path=f"org/p{p}", kind="project", shares=1 + p % 4))
+        cmds += [c.AddMember(actor="root", user=f"u{p}x{u}", project=f"org/p{p}") for u in range(5)]
+    cmds += [
+        c.RegisterNode(actor="root", node=f"n{i:04d}", gpu_type="h100", gpus=8)
+        for i in range(nodes)
+    ]
+    ledger.execute_all(cmds)
+    return ledger
+
+
+def submissions(n: int, rng: random.Random) -> list[c.AnyCommand]:
+    out: list[c.AnyCommand] = []
+    for _ in range(n):
+        p = rng.randrange(12)
+        gpus = rng.choice([1, 1, 2, 4, 8, 8, 16, 32])
+        out.append(
+            c.SubmitJob(
+                actor=f"u{p}x{rng.randrange(5)}",
+                account=f"org/p{p}",
+                gpus=gpus,
+                min_runtime_s=rng.choice([0, 600, 3600, 8 * 3600]),
+                resumable=rng.random() < 0.6,
+                priority=rng.randrange(3),
+            )
+        )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--nodes", type=int, default=1024)
+    ap.add_argument("--pending", type=int, default=10_000)
+    ap.add_argument("--cycles", type=int, default=15)
+    ap.add_argument(
+        "--finish", type=int, default=40, help="running jobs that end before each cycle"
+    )
+    args = ap.parse_args()
+    rng = random.Random(7)
+    clock = SimClock(1_000_000.0)
+    with tempfile.TemporaryDirectory(prefix="bench-cycle-") as tmp:
+        home = Path(tmp)
+        ledger = build(home, args.nodes, clock, rng)
+        with Store.open(home) as store:
+            executor = SimExecutor()
+            d = Dispatcher(
+                ledger,
+                ProjectionRanks(Projector(store, EmbeddedSource(home))),
+                FairShare(),
+                executor,
+            )
+            # fill the cluster, then queue the pending work (not timed)
+            ledger.execute_all(submissions(args.nodes * 3, rng))
+            clock.advance_to(clock.now() + 60)
+            d.cycle(clock.now())
+            ledger.execute_all(submissions(args.pending, rng))
+            clock.advance_to(clock.now() + 60)
+            d.cycle(clock.now())
+            times, decides, placed = [], [], []
+            for _ in range(args.cycles):
+                running = sorted(
+                    j.job_id for j in ledger.state.jobs.values() if j.status == "running"
+                )
+                ending = rng.sample(running, min(args.finish, len(running)))
+                ledger.execute_all(
+                    [c.FinishJob(actor="@executor", job_id=j, exit_code=0) for j in ending]
+                )
+                for j in ending:
+                    executor.stop(j, clock.now())
+                clock.advance_to(clock.now() + 60)
+                t0 = time.perf_counter()
+                result = d.cycle(clock.now())
+                times.append((time.perf_counter() - t0) * 1000)
+                placed.append(len(result.decision.placements))
+                # raw baseline: decide() alone on the snapshot the cycle saw
+                ranks, level_fs = d.rank_source.ranks(clock.now(), ledger.position)
+                snap = snapshot_from_state(
+                    ledger.state, ranks, clock.now(), level_fs=level_fs, position=ledger.position
+                )
+                t1 = time.perf_counter()
+                decide(snap, d.policy, clock.now())
+                decides.append((time.perf_counter() - t1) * 1000)
+            pending = sum(1 for j in ledger.state.jobs.values() if j.status == "pending")
+            running_n = sum(1 for j in ledger.state.jobs.values() if j.status == "running")
+    p50 = statistics.median(times)
+    p99 = max(times) if len(times) < 100 else statistics.quantiles(times, n=100)[98]
+    print(
+        f"bench_cycle: {args.nodes} nodes x 8 GPUs, ~{pending:,} pending, {running_n:,} running, "
+        f"{args.cycles} cycles, load {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"whole cycle: p50 {p50:.1f} ms, max {p99:.1f} ms; goal <= {GOAL_MS:.0f} ms: ratio {p99 / GOAL_MS:.2f}"
+    )
+    print(
+        f"decide() alone (raw baseline, same snapshots): p50 {statistics.median(decides):.1f} ms; "
+        f"cycle / decide = {p50 / statistics.median(decides):.1f}x; placed per cycle p50 {statistics.median(placed):.0f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
