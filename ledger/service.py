@@ -28,12 +28,15 @@ from projections import queries
 from projections.fairshare import UsagePolicy
 from projections.projector import Projector
 from projections.store import Store
+from schemas import codec
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import Conflict, LedgerError
+from schemas.events import tag_of
 
 log = logging.getLogger("gpuledger.dispatcher")
 
+_UTIL_TAGS = [tag_of(t) for t in (e.UtilisationSampled, e.JobPlaced, e.JobPreempted, e.JobFinished)]
 DISPATCHER = "@dispatcher"
 EXECUTOR = "@executor"
 
@@ -144,13 +147,19 @@ class Dispatcher:
         self._seen = 0
 
     def _observe_new_events(self) -> None:
-        while self._seen < self.ledger.position:
-            page = self.ledger.read(self._seen, 10_000)
-            if not page:
-                break
-            for pos, ev in page:
-                self.util.observe(ev)
-                self._seen = pos
+        """Feed the utilisation tracker the events it looks at (the store filters by tag, so a
+        large decision record is never decoded here)."""
+        head = self.ledger.position
+        while self._seen < head:
+            page = self.ledger.recorder.select_notifications(
+                start=self._seen + 1, limit=10_000, stop=head, topics=_UTIL_TAGS
+            )
+            for n in page:
+                self.util.observe(codec.decode(n.state))
+            if len(page) < 10_000:
+                self._seen = head
+            else:
+                self._seen = page[-1].id
 
     def report_exits(self, now: float) -> int:
         """Exits the executor saw become JobFinished (unless the ledger already ended the job)."""
