@@ -22,10 +22,11 @@
   (poison written by another producer) misleads it, that final read does not find `after` and
   the topic is read in order from its first offset instead (slow, never wrong). No record at
   `after` on the topic means the projection belongs to another log: `ProjectionMismatch`.
-- **head()** is the largest position among the last committed records: known without a fetch
-  when the reading consumer has fetched up to the last stable offset (the usual case when
-  following), otherwise read backwards from there in growing windows; cached while the end
-  offset does not move.
+- **head()** is the largest position among the last committed records: when the reading
+  consumer is close behind the last stable offset (the usual case when following), it fetches
+  the few records it lacks (the next `read` hands them out) and takes the last one's position;
+  otherwise it reads backwards from the end in growing windows; cached while the end offset does
+  not move.
 - **Poison.** A record without a value, without a tag header, or with a missing, garbled or
   non-increasing position header cannot be handed out: `read` returns the records before it and
   the next `read` raises `PoisonRecord` naming topic, partition and offset (and the position when
@@ -69,6 +70,8 @@ TAG_HEADER = "gpuledger.tag"
 PARTITION = 0
 """The topic has exactly one partition: that is what keeps the log's order."""
 DEFAULT_TIMEOUT_S = 30.0
+_CLOSE = 5_000
+"""head() fetches with the reading consumer when it is at most this many offsets behind."""
 _SCAN = 64
 """The binary search stops when this few offsets are left, and reads from this far before them
 in order (a fetch or two)."""
@@ -234,6 +237,11 @@ class KafkaSource:
         if self._head is not None and self._head[0] == end:
             return self._head[1]
         position = self._known_head(end)
+        if position is None and self._close_behind(end):
+            # Fetch the few records left with the reading consumer: `read` hands them out next,
+            # so this costs no more than the probe fetch it saves.
+            self._fill_to(end)
+            position = self._known_head(end)
         if position is None:
             position = self._last_position(end)
         self._head = (end, position)
@@ -426,6 +434,22 @@ class KafkaSource:
                 previous = position
                 found = rec.offset + 1 if position == after else None
         return found
+
+    def _close_behind(self, end: int) -> bool:
+        return (
+            self._after is not None
+            and len(self._buffer) < self._max_poll_records
+            and end - self._consumer.position(self.tp) <= _CLOSE
+        )
+
+    def _fill_to(self, end: int) -> None:
+        """Poll the reading consumer until it has fetched up to `end` (bounded, like a read)."""
+        deadline = time.monotonic() + self.timeout_s
+        while self._consumer.position(self.tp) < end and len(self._buffer) < 2 * _CLOSE:
+            if self._fill(min(1.0, deadline - time.monotonic())):
+                deadline = time.monotonic() + self.timeout_s
+            else:
+                self._check_deadline(deadline, "reading")
 
     def _known_head(self, end: int) -> int | None:
         """The head from what the reading consumer holds, when it has fetched up to `end`:
