@@ -44,7 +44,7 @@ _RECORD = partial(tuple.__new__, LogRecord)
 
 
 class EventSource(Protocol):
-    """An ordered event log a projector reads (the embedded store now, Kafka later)."""
+    """An ordered event log a projector reads (the embedded store, or Kafka: `kafka_source.py`)."""
 
     def read(self, after: int, limit: int) -> list[LogRecord]:
         """Up to `limit` records with position > `after`, in position order."""
