@@ -1,9 +1,9 @@
 """The v1 event vocabulary: frozen msgspec Structs, tagged, past tense.
 
 Every event carries `event_id`, `at` (seconds since the Unix epoch, from the ledger's clock, passed
-in), `actor` (who caused it; system actors start with "@") and `prev_hash` (the hash chain). Schema evolution rules: new fields
-get defaults; a field's type never changes; unknown fields are ignored on decode; a change that
-breaks these rules is a new tag (`.v2`).
+in), `actor` (who caused it; system actors start with "@") and `prev_hash` (the hash chain).
+Schema evolution rules: new fields get defaults; a field's type never changes; unknown fields are
+ignored on decode; a change that breaks these rules is a new tag (`.v2`).
 """
 
 from __future__ import annotations

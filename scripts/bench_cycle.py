@@ -133,11 +133,13 @@ def main() -> None:
         f"{args.cycles} cycles, load {os.getloadavg()[0]:.2f}"
     )
     print(
-        f"whole cycle: p50 {p50:.1f} ms, max {p99:.1f} ms; goal <= {GOAL_MS:.0f} ms: ratio {p99 / GOAL_MS:.2f}"
+        f"whole cycle: p50 {p50:.1f} ms, max {p99:.1f} ms; "
+        f"goal <= {GOAL_MS:.0f} ms: ratio {p99 / GOAL_MS:.2f}"
     )
     print(
         f"decide() alone (raw baseline, same snapshots): p50 {statistics.median(decides):.1f} ms; "
-        f"cycle / decide = {p50 / statistics.median(decides):.1f}x; placed per cycle p50 {statistics.median(placed):.0f}"
+        f"cycle / decide = {p50 / statistics.median(decides):.1f}x; "
+        f"placed per cycle p50 {statistics.median(placed):.0f}"
     )
 
 

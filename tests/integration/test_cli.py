@@ -168,7 +168,10 @@ REJECTED = [
         id="user sets shares",
     ),
     pytest.param(
-        ["share", "set", "--", "ai2/olmo", "-1"], "root", "shares must be >= 0", id="negative shares"
+        ["share", "set", "--", "ai2/olmo", "-1"],
+        "root",
+        "shares must be >= 0",
+        id="negative shares",
     ),
     pytest.param(
         ["account", "open", "ai2/olmo/x", "--kind", "program"],
