@@ -28,9 +28,7 @@ import argparse
 import bisect
 import contextlib
 import os
-import platform
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +40,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from benchkit import broker, machine
+
 from ledger.application import Ledger
 from ledger.clock import SystemClock
 from ledger.relay import Relay, open_store
@@ -51,52 +51,13 @@ from projections.store import Store
 from schemas import commands as c
 
 GOAL_P99_S = 0.5
-KAFKA_SCRIPT = Path(__file__).resolve().parent / "kafka" / "kafka"
 GPULEDGER = Path(sys.executable).parent / "gpuledger"
 APPLIED = re.compile(r"applied through position (\d+)")
-
-
-def machine() -> str:
-    mem = ""
-    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
-        kb = int(f.readline().split()[1])
-        mem = f", {kb / 1024**2:.0f} GB RAM"
-    return f"{os.cpu_count()} cores{mem}, {platform.platform()}, Python {platform.python_version()}"
 
 
 def load() -> str:
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@contextlib.contextmanager
-def broker(bootstrap: str | None) -> Iterator[str]:
-    """The given broker, or one of our own (private data dir, free ports), stopped at the end."""
-    if bootstrap:
-        yield bootstrap
-        return
-    with tempfile.TemporaryDirectory(prefix="gpuledger-bench-kafka-") as data:
-        env = dict(
-            os.environ,
-            GPULEDGER_KAFKA_DATA=data,
-            GPULEDGER_KAFKA_PORT=str(free_port()),
-            GPULEDGER_KAFKA_CONTROLLER_PORT=str(free_port()),
-        )
-        print("starting a private broker (scripts/kafka/kafka up) ...", flush=True)
-        up = subprocess.run([str(KAFKA_SCRIPT), "up"], env=env, stdout=subprocess.PIPE, text=True)
-        try:
-            if up.returncode != 0:
-                sys.exit("error: the Kafka broker did not start (see above)")
-            yield up.stdout.strip()
-        finally:
-            subprocess.run([str(KAFKA_SCRIPT), "down"], env=env, stderr=subprocess.DEVNULL)
 
 
 def organisation(ledger: Ledger) -> None:
