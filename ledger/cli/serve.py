@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ledger.cli._common import Ctx, parse_duration, pass_ctx
+from ledger.cli._common import Ctx, log_level_option, parse_duration, pass_ctx, setup_logging
 from ledger.clock import SystemClock
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from ledger.executors import LocalExecutor
@@ -68,7 +68,7 @@ def _policy(name: str, margin: float, debug_lane: bool) -> Policy:
 )
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is pending or running.")
 @click.option("--for", "run_for", default=None, help="Exit after this long (e.g. 10m).")
-@click.option("--log-level", default="INFO", show_default=True)
+@log_level_option
 @pass_ctx
 def up(
     ctx: Ctx,
@@ -85,7 +85,7 @@ def up(
 ) -> None:
     """Run the service: every cycle snapshots, decides, appends, and runs placed jobs as local
     processes with CUDA_VISIBLE_DEVICES set to their GPUs."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    setup_logging(log_level)
     log = logging.getLogger("gpuledger.up")
     clock = SystemClock()
     ledger = ctx.ledger()
