@@ -24,7 +24,6 @@ job runs until the period ends or it is cancelled at the recorded time).
 
 from __future__ import annotations
 
-import heapq
 import math
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -40,9 +39,9 @@ from ledger.dispatch import registry
 from ledger.dispatch.baselines import team_of
 from ledger.dispatch.policy import Policy
 from ledger.domain import State, evolve
-from ledger.executors import Exit, Launch
 from ledger.replay import WithSettings, replay_policy, usage_from_config
 from ledger.service import Dispatcher, RankSource
+from ledger.sim.kernel import KernelExecutor
 from ledger.sim.ranks import IncrementalRanks
 from projections import queries
 from projections.fairshare import UsagePolicy
@@ -279,58 +278,6 @@ def setup_commands(state: State) -> list[c.AnyCommand]:
 # --- 2-3. the simulation --------------------------------------------------------------------------
 
 
-class WhatIfExecutor:
-    """Virtual execution with progress: a job ends when its work is done; a resumable job
-    resumes with the work left after its last checkpoint. A stopped job's pending exit is
-    forgotten (a relaunch gets a new one)."""
-
-    def __init__(self, work: Mapping[int, float | None]) -> None:
-        self.work = dict(work)
-        self.saved: dict[int, float] = {}
-        self._live: dict[int, tuple[int, float, float]] = {}
-        """job -> (generation, launched at, work saved at launch)."""
-        self._ends: list[tuple[float, int, int]] = []
-        self._gen = 0
-
-    def launch(self, job: Launch, now: float) -> None:
-        self._gen += 1
-        saved = self.saved.get(job.job_id, 0.0)
-        self._live[job.job_id] = (self._gen, now, saved)
-        total = self.work.get(job.job_id)
-        if total is not None:
-            heapq.heappush(self._ends, (now + max(0.0, total - saved), self._gen, job.job_id))
-
-    def checkpoint(self, job_id: int, at: float) -> None:
-        live = self._live.get(job_id)
-        if live is not None:
-            self.saved[job_id] = live[2] + (at - live[1])
-
-    def stop(self, job_id: int, now: float) -> None:
-        self._live.pop(job_id, None)
-
-    def poll(self, now: float) -> list[Exit]:
-        out = []
-        while self._ends and self._ends[0][0] <= now:
-            at, gen, job_id = heapq.heappop(self._ends)
-            live = self._live.get(job_id)
-            if live is not None and live[0] == gen:
-                del self._live[job_id]
-                out.append(Exit(job_id, 0, at))
-        return out
-
-    def running(self) -> set[int]:
-        return set(self._live)
-
-    def next_event_at(self) -> float | None:
-        while self._ends:
-            _, gen, job_id = self._ends[0]
-            live = self._live.get(job_id)
-            if live is not None and live[0] == gen:
-                return self._ends[0][0]
-            heapq.heappop(self._ends)
-        return None
-
-
 def choose_policy(
     scen: Scenario, name: str | None, window_s: float | None
 ) -> tuple[Policy, UsagePolicy]:
@@ -415,7 +362,7 @@ class _Sim:
         self.original_of: dict[int, int] = {}
         self.carried: set[int] = set()
         self.work: dict[int, float | None] = {}
-        self.executor = WhatIfExecutor({})
+        self.executor = KernelExecutor()
         self.pending: set[int] = set()
         self.running: dict[int, tuple[bool, float]] = {}
         """Running job -> (resumable, last checkpoint)."""

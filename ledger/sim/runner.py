@@ -19,11 +19,11 @@ Time advances from event to event (numbered steps of one iteration):
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,8 +34,8 @@ from ledger.application import EVENTS_DB, Ledger
 from ledger.clock import SimClock, seeded_ids
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
-from ledger.executors import Exit, Launch, SimExecutor
 from ledger.service import CycleResult, Dispatcher, RankSource
+from ledger.sim.kernel import KernelExecutor
 from ledger.sim.metrics import JobFold, Metrics, compute
 from ledger.sim.ranks import IncrementalRanks, NoRanks, ProjectionRanks
 from ledger.sim.workload import SimJob, Workload, team_fractions
@@ -97,6 +97,12 @@ class SimConfig:
     """Running resumable jobs report a checkpoint at the first tick this long after the last."""
     resubmit: bool = True
     """A non-resumable job that is preempted is resubmitted at once by its user (a new job)."""
+    knobs: tuple[tuple[str, str], ...] = ()
+    """Policy settings changed from the defaults (`registry.with_knobs`)."""
+    sigterm_checkpoint_p: float = 0.0
+    """The signal contract: the share of resumable jobs that checkpoint when stopped (SIGTERM),
+    so a preemption loses them at most `grace_s` (chosen per job, seeded)."""
+    grace_s: float = 30.0
     min_runtime_cap_s: int = 8 * 3600
     ranks: str = "incremental"
     """`incremental` (pure fair-share math on intervals kept in memory) or `projection`."""
@@ -120,57 +126,18 @@ class RunResult:
 
 
 def make_policy(
-    name: str, workload: Workload, cluster: Cluster
+    name: str, workload: Workload, cluster: Cluster, knobs: Mapping[str, str] | None = None
 ) -> tuple[Policy, fs.UsagePolicy | None]:
-    """The policy called `name` (a registered name or version, with its default settings) and
-    the usage its rank source counts (None: no ranks needed)."""
+    """The policy called `name` (a registered name or version, with its default settings and
+    `knobs` changed) and the usage its rank source counts (None: no ranks needed)."""
     config = registry.default_config(
         name, gpus=cluster.gpus, team_fractions=team_fractions(workload.budget)
     )
+    config = registry.with_knobs(config, knobs or {})
     usage = None
     if registry.ranked(config):
         usage = fs.UsagePolicy(half_life_s=registry.half_life_s(config))
     return registry.policy_from_config(config), usage
-
-
-class ResumingExecutor:
-    """`SimExecutor` with progress: a resumable job restarts with the work left after its last
-    checkpoint (the service launches every job with its full `duration_s`)."""
-
-    def __init__(self) -> None:
-        self.sim = SimExecutor()
-        self.saved: dict[int, float] = {}
-        """Seconds of work kept by a job's checkpoints (survives a preemption)."""
-        self._launched: dict[int, tuple[float, float]] = {}
-        """job -> (launched at, work saved at launch)."""
-
-    def launch(self, job: Launch, now: float) -> None:
-        saved = self.saved.get(job.job_id, 0.0)
-        left = None if job.duration_s is None else max(0.0, job.duration_s - saved)
-        self._launched[job.job_id] = (now, saved)
-        self.sim.launch(dataclasses.replace(job, duration_s=left), now)
-
-    def checkpoint(self, job_id: int, at: float) -> None:
-        launched = self._launched.get(job_id)
-        if launched is not None:
-            self.saved[job_id] = launched[1] + (at - launched[0])
-
-    def stop(self, job_id: int, now: float) -> None:
-        self._launched.pop(job_id, None)
-        self.sim.stop(job_id, now)
-
-    def poll(self, now: float) -> list[Exit]:
-        out = self.sim.poll(now)
-        for x in out:
-            self._launched.pop(x.job_id, None)
-            self.saved.pop(x.job_id, None)
-        return out
-
-    def running(self) -> set[int]:
-        return self.sim.running()
-
-    def next_event_at(self) -> float | None:
-        return self.sim.next_event_at()
 
 
 @dataclass
@@ -202,8 +169,12 @@ class Simulation:
         self.progress = progress
         self.clock = SimClock(config.start_at)
         self.ledger = Ledger(home, self.clock, seeded_ids(config.seed))
-        self.executor = ResumingExecutor()
-        self.policy, usage = make_policy(config.policy, workload, config.cluster)
+        self.on_sigterm: set[int] = set()
+        """Resumable jobs (ledger ids) that checkpoint on SIGTERM."""
+        self.executor = KernelExecutor(on_sigterm=self.on_sigterm.__contains__)
+        self.policy, usage = make_policy(
+            config.policy, workload, config.cluster, dict(config.knobs)
+        )
         self.rank_source: RankSource
         self._projection: ProjectionRanks | None = None
         if usage is None:
@@ -218,7 +189,7 @@ class Simulation:
                 f"unknown rank source {config.ranks!r}", hint="use incremental or projection"
             )
         self.dispatcher = Dispatcher(self.ledger, self.rank_source, self.policy, self.executor)
-        self.fold = JobFold()
+        self.fold = JobFold(on_sigterm=self.on_sigterm, grace_s=config.grace_s)
         self.fragmentation: list[tuple[float, int]] = []
         self.cycles = 0
         self._seen = 0
@@ -280,7 +251,10 @@ class Simulation:
             resumable=j.resumable,
             priority=j.priority,
             time_limit_s=j.time_limit_s,
-            duration_s=float(j.duration_s),
+            # a job ends at its time limit (debug jobs at their 15 minutes)
+            duration_s=float(
+                j.duration_s if j.time_limit_s is None else min(j.duration_s, j.time_limit_s)
+            ),
             labels=labels,
         )
 
@@ -341,6 +315,8 @@ class Simulation:
                 subs = [ev for ev in appended.events if isinstance(ev, e.JobSubmitted)]
                 for ev, j in zip(subs, due, strict=True):
                     self._sim_jobs[ev.job_id] = j
+                    if j.resumable and self._checkpoints_on_sigterm(j):
+                        self.on_sigterm.add(ev.job_id)
             self._observe()
             # 3. dispatcher cycles (again at once while the search budget ran out)
             for _ in range(4):
@@ -368,6 +344,14 @@ class Simulation:
             dropped=self.dropped,
             offered_gpu_h=sum(j.gpus * j.duration_s for j in jobs) / 3600.0,
         )
+
+    def _checkpoints_on_sigterm(self, j: SimJob) -> bool:
+        """Seeded per trace job: whether it is one of the `sigterm_checkpoint_p` that do."""
+        p = self.config.sigterm_checkpoint_p
+        if p <= 0:
+            return False
+        draw = zlib.crc32(f"{self.config.seed}:sigterm:{j.key}".encode()) / 2**32
+        return draw < p
 
     def _needs_cycle(self, t: float) -> bool:
         if self._pending or self._draining:
