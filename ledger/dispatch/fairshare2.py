@@ -40,6 +40,7 @@ offered to none as victims. Unfunded jobs borrow them while idle; a debug job pr
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
@@ -62,7 +63,11 @@ from schemas.events import PreemptReason
 RESERVE_MIN_NODES = 8
 """Pools smaller than this keep no debug reserve."""
 
+_RESERVED: dict[int, tuple[Snapshot, frozenset[str]]] = {}
+"""The reserved nodes of the last snapshot asked about (a cycle asks once per victim group)."""
 
+
+@functools.lru_cache(maxsize=4096)
 def team_of(account: str, depth: int) -> str:
     """Pure: the team of an account (its ancestor `depth` levels down, or itself)."""
     parts = account.split("/")
@@ -129,10 +134,11 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
         return self.debug_lane and job.debug and job.min_runtime_s > 0
 
     def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
-        ranks, depth = snapshot.ranks, self.team_depth
+        ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
         cache: dict[tuple[str, str], tuple[int, int]] = {}
         keyed: list[tuple[SortKey, PendingJob]] = []
         for j in snapshot.pending:
+            funded = j.min_runtime_s > 0
             who = (j.account, j.user)
             pair = cache.get(who)
             if pair is None:
@@ -142,8 +148,8 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
             keyed.append(
                 (
                     (
-                        0 if self.lane(j) else 1,
-                        0 if j.min_runtime_s > 0 else 1,
+                        0 if lane and funded and j.debug else 1,
+                        0 if funded else 1,
                         pair[0],
                         -j.priority,
                         pair[1],
@@ -173,6 +179,9 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
     def reserved(self, snapshot: Snapshot) -> frozenset[str]:
         if not self.debug_lane or self.debug_reserve_per <= 0:
             return frozenset()
+        last = _RESERVED.get(self.debug_reserve_per)
+        if last is not None and last[0] is snapshot:
+            return last[1]
         pools: dict[tuple[str, str], list[str]] = {}
         for n in snapshot.nodes:
             if n.state == "active":
@@ -182,7 +191,9 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
             if len(names) >= RESERVE_MIN_NODES:
                 names.sort()
                 keep += names[-math.ceil(len(names) / self.debug_reserve_per) :]
-        return frozenset(keep)
+        found = frozenset(keep)
+        _RESERVED[self.debug_reserve_per] = (snapshot, found)
+        return found
 
     def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
         return (team_of(job.account, self.team_depth), self.lane(job))
