@@ -1,6 +1,7 @@
-"""The simulation kernel's executor: virtual execution with progress, for `simulate` and `whatif`.
+"""The simulation kernel: one loop (`drive`) and one executor (`KernelExecutor`), for `simulate`
+and `whatif`.
 
-Pure apart from its own state: no clock (every call takes `now`), no I/O.
+The executor is pure apart from its own state: no clock (every call takes `now`), no I/O.
 
 - A job runs until its work is done: `work[job_id]` when given (the what-if knows each job's
   remaining work at the start of its period), else the launch's `duration_s`; None runs until
@@ -16,8 +17,13 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 from ledger.executors import Exit, Launch
+
+if TYPE_CHECKING:
+    from ledger.clock import SimClock
+    from ledger.service import CycleResult, Dispatcher
 
 
 def _never(job_id: int) -> bool:
@@ -83,3 +89,75 @@ class KernelExecutor:
                 return self._ends[0][0]
             heapq.heappop(self._ends)
         return None
+
+
+class Driven(Protocol):
+    """What the kernel loop asks of a simulation (`simulate`'s workload runs, the what-if)."""
+
+    def times(self, now: float) -> list[float]:
+        """The times at which something the simulation knows of is due next (submissions,
+        ticks, node changes, ...); the loop adds the executor's next exit and `wake_at`."""
+        ...
+
+    def due(self, t: float) -> None:
+        """Append everything due at `t` (in as few batches as it can)."""
+        ...
+
+    def needs_cycle(self, t: float) -> bool:
+        """Whether a dispatcher cycle at `t` could change anything."""
+        ...
+
+    def cycled(self, t: float, result: CycleResult) -> bool:
+        """Fold a cycle's events; True to cycle again at once (its victim searches ran out)."""
+        ...
+
+    def stepped(self, t: float) -> None:
+        """After each step (progress reports)."""
+        ...
+
+
+MAX_CYCLES_PER_STEP = 4
+"""Cycles at one moment while the victim-search budget keeps running out."""
+
+
+def drive(
+    sim: Driven, clock: SimClock, dispatcher: Dispatcher, executor: KernelExecutor, end: float
+) -> int:
+    """The one simulation loop; returns the number of dispatcher cycles. Each step:
+
+    1. the next time anything can happen: what `sim.times` says, the executor's next exit, the
+       last decision's `wake_at`; stop when nothing is left or it is `end` or later;
+    2. `sim.due(t)`: everything due then, appended in batches;
+    3. dispatcher cycles (exits, snapshot, decide, append, launch) while `sim.needs_cycle`, again
+       at once while `sim.cycled` says the searches ran out (at most `MAX_CYCLES_PER_STEP`).
+
+    The clock ends at `end`.
+    """
+    cycles = 0
+    wake: float | None = None
+    while True:
+        now = clock.now()
+        cands = sim.times(now)
+        nxt = executor.next_event_at()
+        if nxt is not None:
+            cands.append(max(nxt, now))
+        if wake is not None and wake > now:
+            cands.append(wake)
+        if not cands:
+            break
+        t = max(now, min(cands))
+        if t >= end:
+            break
+        clock.advance_to(t)
+        sim.due(t)
+        for _ in range(MAX_CYCLES_PER_STEP):
+            if not sim.needs_cycle(t):
+                break
+            result = dispatcher.cycle(t)
+            cycles += 1
+            wake = result.decision.wake_at
+            if not sim.cycled(t, result):
+                break
+        sim.stepped(t)
+    clock.advance_to(max(clock.now(), end))
+    return cycles

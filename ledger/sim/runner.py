@@ -1,15 +1,16 @@
-"""The simulation loop: a workload replayed through the real ledger, projections and dispatcher.
+"""`simulate`: a workload replayed through the real ledger, projections and dispatcher.
 
 An edge: it owns a virtual clock (`SimClock`), seeded event ids, a data directory on disk, and
 drives `ledger.service.Dispatcher` with a simulated executor. Nothing here models scheduling:
 every submission, placement, preemption, checkpoint and exit is a command the real `Ledger`
 decides and appends, and every decision is the real `decide()` with the chosen policy.
 
-Time advances from event to event (numbered steps of one iteration):
+Time advances from event to event in the kernel loop (`ledger.sim.kernel.drive`, shared with the
+what-if), numbered steps of one iteration:
 
 1. the next time anything can happen: the next submission, the next simulated exit
-   (`SimExecutor.next_event_at`), the decision's `wake_at`, the next contract end of a running job
-   while funded work waits, a drain or return, and a periodic tick (`tick_s`, default 10 min:
+   (`KernelExecutor.next_event_at`), the decision's `wake_at`, the next contract end of a running
+   job while funded work waits, a drain or return, and a periodic tick (`tick_s`, default 10 min:
    fair-share ranks drift with time, and resumable jobs checkpoint);
 2. append everything due at that time in ONE `Ledger.execute_all` batch: submissions,
    resubmissions of preempted non-resumable jobs, drains, checkpoints;
@@ -35,7 +36,7 @@ from ledger.clock import SimClock, seeded_ids
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
 from ledger.service import CycleResult, Dispatcher, RankSource
-from ledger.sim.kernel import KernelExecutor
+from ledger.sim.kernel import KernelExecutor, drive
 from ledger.sim.metrics import JobFold, Metrics, compute
 from ledger.sim.ranks import IncrementalRanks, NoRanks, ProjectionRanks
 from ledger.sim.workload import SimJob, Workload, team_fractions
@@ -199,6 +200,11 @@ class Simulation:
         """Pending job -> funded."""
         self._contracts: list[tuple[float, int]] = []
         self._resubmit: list[tuple[SimJob, int]] = []
+        self._queue: list[SimJob] = []
+        """The workload's jobs to submit, by submit time; `_next` is the next one."""
+        self._next = 0
+        self._drains: list[tuple[float, c.AnyCommand]] = []
+        self._next_tick = config.start_at + config.tick_s
         self._draining = 0
         self.dropped: list[str] = []
 
@@ -264,74 +270,11 @@ class Simulation:
         cfg = self.config
         wall = time.perf_counter()
         self.setup()
-        jobs = self._jobs()
+        jobs = self._queue = self._jobs()
+        self._drains = self._drain_commands()
+        self._next_tick = cfg.start_at + cfg.tick_s
+        self.cycles = drive(self, self.clock, self.dispatcher, self.executor, cfg.end_at)
         start, end = cfg.start_at, cfg.end_at
-        drains = self._drain_commands()
-        i = 0
-        next_tick = start + cfg.tick_s
-        wake: float | None = None
-        while True:
-            # 1. the next time anything can happen
-            now = self.clock.now()
-            cands = [next_tick] if (self._pending or self._running) else []
-            if i < len(jobs):
-                cands.append(start + jobs[i].submit_s)
-            if self._resubmit:
-                cands.append(now)
-            nxt = self.executor.next_event_at()
-            if nxt is not None:
-                cands.append(max(nxt, now))
-            if wake is not None and wake > now:
-                cands.append(wake)
-            if drains:
-                cands.append(drains[0][0])
-            contract = self._next_contract_end(now)
-            if contract is not None:
-                cands.append(contract)
-            if not cands:
-                break
-            t = min(cands)
-            if t >= end:
-                break
-            self.clock.advance_to(t)
-            # 2. everything due now, in one batch
-            cmds: list[c.AnyCommand] = []
-            due: list[SimJob] = []
-            while i < len(jobs) and start + jobs[i].submit_s <= t:
-                due.append(jobs[i])
-                cmds.append(self._submit(jobs[i]))
-                i += 1
-            for j, of in self._resubmit:
-                due.append(j)
-                cmds.append(self._submit(j, of))
-            self._resubmit.clear()
-            while drains and drains[0][0] <= t:
-                cmds.append(drains.pop(0)[1])
-            if t >= next_tick:
-                cmds += self._checkpoints(t)
-                next_tick = start + (math.floor((t - start) / cfg.tick_s) + 1) * cfg.tick_s
-            if cmds:
-                appended = self.ledger.execute_all(cmds)
-                subs = [ev for ev in appended.events if isinstance(ev, e.JobSubmitted)]
-                for ev, j in zip(subs, due, strict=True):
-                    self._sim_jobs[ev.job_id] = j
-                    if j.resumable and self._checkpoints_on_sigterm(j):
-                        self.on_sigterm.add(ev.job_id)
-            self._observe()
-            # 3. dispatcher cycles (again at once while the search budget ran out)
-            for _ in range(4):
-                if not self._needs_cycle(t):
-                    break
-                result = self.dispatcher.cycle(t)
-                self.cycles += 1
-                self.fragmentation.append((t, result.decision.fragmentation_gpus))
-                wake = result.decision.wake_at
-                self._observe()
-                if not (result.appended and _budget_spent(result)):
-                    break
-            if self.progress is not None:
-                self.progress(t - start, end - start, self.ledger.position)
-        self.clock.advance_to(max(self.clock.now(), end))
         if self.progress is not None:
             self.progress(end - start, end - start, self.ledger.position)
         metrics = self._metrics(time.perf_counter() - wall)
@@ -345,6 +288,62 @@ class Simulation:
             offered_gpu_h=sum(j.gpus * j.duration_s for j in jobs) / 3600.0,
         )
 
+    # --- the kernel loop's questions (`kernel.drive`) -------------------------------------------
+
+    def times(self, now: float) -> list[float]:
+        """1. the next submission, resubmission, drain, tick, or contract end while funded work
+        waits."""
+        start = self.config.start_at
+        cands = [self._next_tick] if (self._pending or self._running) else []
+        if self._next < len(self._queue):
+            cands.append(start + self._queue[self._next].submit_s)
+        if self._resubmit:
+            cands.append(now)
+        if self._drains:
+            cands.append(self._drains[0][0])
+        contract = self._next_contract_end(now)
+        if contract is not None:
+            cands.append(contract)
+        return cands
+
+    def due(self, t: float) -> None:
+        """2. everything due now, in one batch."""
+        cfg, jobs, start = self.config, self._queue, self.config.start_at
+        cmds: list[c.AnyCommand] = []
+        due: list[SimJob] = []
+        while self._next < len(jobs) and start + jobs[self._next].submit_s <= t:
+            due.append(jobs[self._next])
+            cmds.append(self._submit(jobs[self._next]))
+            self._next += 1
+        for j, of in self._resubmit:
+            due.append(j)
+            cmds.append(self._submit(j, of))
+        self._resubmit.clear()
+        while self._drains and self._drains[0][0] <= t:
+            cmds.append(self._drains.pop(0)[1])
+        if t >= self._next_tick:
+            cmds += self._checkpoints(t)
+            self._next_tick = start + (math.floor((t - start) / cfg.tick_s) + 1) * cfg.tick_s
+        if cmds:
+            appended = self.ledger.execute_all(cmds)
+            subs = [ev for ev in appended.events if isinstance(ev, e.JobSubmitted)]
+            for ev, j in zip(subs, due, strict=True):
+                self._sim_jobs[ev.job_id] = j
+                if j.resumable and self._checkpoints_on_sigterm(j):
+                    self.on_sigterm.add(ev.job_id)
+        self._observe()
+
+    def cycled(self, t: float, result: CycleResult) -> bool:
+        """3. fold a cycle; again at once while the victim searches ran out."""
+        self.fragmentation.append((t, result.decision.fragmentation_gpus))
+        self._observe()
+        return bool(result.appended) and _budget_spent(result)
+
+    def stepped(self, t: float) -> None:
+        if self.progress is not None:
+            start, end = self.config.start_at, self.config.end_at
+            self.progress(t - start, end - start, self.ledger.position)
+
     def _checkpoints_on_sigterm(self, j: SimJob) -> bool:
         """Seeded per trace job: whether it is one of the `sigterm_checkpoint_p` that do."""
         p = self.config.sigterm_checkpoint_p
@@ -353,7 +352,7 @@ class Simulation:
         draw = zlib.crc32(f"{self.config.seed}:sigterm:{j.key}".encode()) / 2**32
         return draw < p
 
-    def _needs_cycle(self, t: float) -> bool:
+    def needs_cycle(self, t: float) -> bool:
         if self._pending or self._draining:
             return True
         nxt = self.executor.next_event_at()
