@@ -38,6 +38,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "squatters": ("views",),
     "preempt": ("views",),
     "up": ("serve",),
+    "relay": ("kafka",),
     "simulate": ("sim",),
     "replay": ("audit",),
     "whatif": ("audit",),

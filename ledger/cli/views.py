@@ -26,7 +26,8 @@ from ledger.cli._common import (
     pass_ctx,
 )
 from ledger.clock import SystemClock
-from ledger.dispatch.policy import FairShare, Fifo, Policy
+from ledger.dispatch import registry
+from ledger.dispatch.policy import Policy
 from ledger.explain import plural, span, when
 from projections.errors import ProjectionBusy
 from projections.fairshare import UsagePolicy
@@ -251,11 +252,14 @@ project_alias = click.Group(
 
 
 def _policy(name: str) -> Policy:
-    return Fifo() if name == "fifo" else FairShare()
+    return registry.policy_from_config(registry.default_config(name))
 
 
 policy_option = click.option(
-    "--policy", type=click.Choice(["fairshare", "fifo"]), default="fairshare", show_default=True
+    "--policy",
+    type=click.Choice(["fairshare", "fifo"]),
+    default=registry.DEFAULT,
+    show_default=True,
 )
 
 
