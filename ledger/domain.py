@@ -666,6 +666,12 @@ def _check_slots(
 
 def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.AnyEvent]:
     _require_system(state, s.actor, "apply dispatcher decisions")
+    if cmd.based_on > state.events:
+        raise InvalidCommand(
+            f"a decision based on position {cmd.based_on} is ahead of the log "
+            f"(position {state.events})",
+            based_on=cmd.based_on,
+        )
     out: list[e.AnyEvent] = [
         e.CycleDecided(
             **s.kw(),
