@@ -71,6 +71,7 @@ DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
 """How long finding a broker may take before it counts as unreachable (the 30 s of kafka-python's
 default made an unreachable broker take half a minute to report)."""
+DEFAULT_FLUSH_S = 10.0
 HEALTH_FILE = "relay.json"
 
 log = logging.getLogger("gpuledger.relay")
@@ -190,15 +191,23 @@ def _patience(timeout_s: float) -> dict[str, int]:
 
 def connect_timeout() -> float:
     """GPULEDGER_KAFKA_CONNECT_TIMEOUT (seconds), default DEFAULT_CONNECT_TIMEOUT_S."""
-    text = os.environ.get("GPULEDGER_KAFKA_CONNECT_TIMEOUT", "")
+    return _seconds("GPULEDGER_KAFKA_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S)
+
+
+def flush_timeout() -> float:
+    """GPULEDGER_KAFKA_FLUSH_TIMEOUT (seconds): how long a stopping service may wait to publish
+    its last events; default DEFAULT_FLUSH_S."""
+    return _seconds("GPULEDGER_KAFKA_FLUSH_TIMEOUT", DEFAULT_FLUSH_S)
+
+
+def _seconds(name: str, default: float) -> float:
+    text = os.environ.get(name, "")
     try:
-        value = float(text) if text else DEFAULT_CONNECT_TIMEOUT_S
+        value = float(text) if text else default
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise RelayError(
-            f"invalid GPULEDGER_KAFKA_CONNECT_TIMEOUT {text!r}", hint="give seconds, e.g. 4"
-        )
+        raise RelayError(f"invalid {name} {text!r}", hint="give seconds, e.g. 3")
     return value
 
 
@@ -761,7 +770,7 @@ class RelayService:
         transactional_id: str = DEFAULT_TRANSACTIONAL_ID,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-        flush_s: float = 10.0,
+        flush_s: float = DEFAULT_FLUSH_S,
         interval_s: float = 0.05,
         keys: SigningKeys | None = None,
     ) -> None:

@@ -169,7 +169,13 @@ def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None
     broker outage shows as relay lag (`gpuledger relay status`), nothing more."""
     if kafka is None:
         return None
-    from ledger.relay import DEFAULT_TRANSACTIONAL_ID, TOPIC, RelayService, connect_timeout
+    from ledger.relay import (
+        DEFAULT_TRANSACTIONAL_ID,
+        TOPIC,
+        RelayService,
+        connect_timeout,
+        flush_timeout,
+    )
     from projections.kafka_source import quiet_kafka_logs
 
     quiet_kafka_logs(log_level)
@@ -180,6 +186,7 @@ def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None
         transactional_id=os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID")
         or DEFAULT_TRANSACTIONAL_ID,
         connect_timeout_s=connect_timeout(),
+        flush_s=flush_timeout(),
     ).start()
 
 

@@ -391,7 +391,7 @@ def test_up_with_an_unreachable_broker_schedules_and_says_so_in_one_line(tmp_pat
             "--log-level",
             "WARNING",
         ],
-        env=cli_env(GPULEDGER_USER="root"),
+        env=cli_env(GPULEDGER_USER="root", GPULEDGER_KAFKA_FLUSH_TIMEOUT="1"),
         capture_output=True,
         text=True,
         timeout=120,
