@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ledger.cli._common import Ctx, parse_duration, pass_ctx
+from ledger.cli._common import Ctx, log_level_option, parse_duration, pass_ctx, setup_logging
 from ledger.clock import SystemClock
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
@@ -71,7 +71,7 @@ def _policy(name: str, margin: float, debug_lane: bool) -> Policy:
 )
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is pending or running.")
 @click.option("--for", "run_for", default=None, help="Exit after this long (e.g. 10m).")
-@click.option("--log-level", default="INFO", show_default=True)
+@log_level_option
 @pass_ctx
 def up(
     ctx: Ctx,
@@ -88,7 +88,7 @@ def up(
 ) -> None:
     """Run the service: every cycle snapshots, decides, appends, and runs placed jobs as local
     processes with CUDA_VISIBLE_DEVICES set to their GPUs."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    setup_logging(log_level)
     log = logging.getLogger("gpuledger.up")
     clock = SystemClock()
     ledger = ctx.ledger()
