@@ -39,7 +39,7 @@ from ledger.clock import SimClock, seeded_ids
 from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor, team_of
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from ledger.domain import State, evolve
-from ledger.executors import Exit, Launch
+from ledger.executors import Exit, Launch, Start
 from ledger.replay import WithSettings, replay_policy, usage_from_config
 from ledger.service import Dispatcher, RankSource
 from ledger.sim.ranks import IncrementalRanks
@@ -283,6 +283,8 @@ class WhatIfExecutor:
     resumes with the work left after its last checkpoint. A stopped job's pending exit is
     forgotten (a relaunch gets a new one)."""
 
+    engine = ""
+
     def __init__(self, work: Mapping[int, float | None]) -> None:
         self.work = dict(work)
         self.saved: dict[int, float] = {}
@@ -290,9 +292,15 @@ class WhatIfExecutor:
         """job -> (generation, launched at, work saved at launch)."""
         self._ends: list[tuple[float, int, int]] = []
         self._gen = 0
+        self._new: list[int] = []
+
+    def starts(self, now: float) -> list[Start]:
+        out, self._new = [Start(j) for j in self._new], []
+        return out
 
     def launch(self, job: Launch, now: float) -> None:
         self._gen += 1
+        self._new.append(job.job_id)
         saved = self.saved.get(job.job_id, 0.0)
         self._live[job.job_id] = (self._gen, now, saved)
         total = self.work.get(job.job_id)

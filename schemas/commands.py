@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import msgspec
 
-from schemas.events import AccountKind, Considered, GpuSlot, Placement, Preemption, PreemptReason
+from schemas.events import (
+    AccountKind,
+    Considered,
+    EndReason,
+    GpuSlot,
+    Placement,
+    Preemption,
+    PreemptReason,
+)
 
 
 class Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
@@ -136,11 +144,20 @@ class PreemptJob(Command, frozen=True, kw_only=True, tag="preempt"):
 
 class StartJob(Command, frozen=True, kw_only=True, tag="job.start"):
     job_id: int
+    engine: str = ""
+    """Set by an execution engine that names its runs (Slurm): links the run to `engine_job_id`."""
+    engine_job_id: str = ""
+    run: int = 0
 
 
 class FinishJob(Command, frozen=True, kw_only=True, tag="job.finish"):
     job_id: int
     exit_code: int
+    engine: str = ""
+    """Set by an execution engine: records how it says the run ended (JobEngineEnded)."""
+    engine_job_id: str = ""
+    reason: EndReason = "exited"
+    engine_state: str = ""
 
 
 class SampleUtilisation(Command, frozen=True, kw_only=True, tag="job.sample"):

@@ -15,6 +15,9 @@ import msgspec
 AccountKind = Literal["program", "project", "user"]
 PreemptReason = Literal["fairness", "maintenance", "squatting", "admin", "debug"]
 FinishOutcome = Literal["completed", "failed", "cancelled", "preempted"]
+EndReason = Literal["exited", "time_limit", "node_failure", "cancelled", "out_of_memory", "lost"]
+"""Why an execution engine says a job's run ended: its own exit, the engine's time limit, a node
+failure, a cancel from outside the ledger, the memory limit, or no trace of it in the engine."""
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -185,6 +188,29 @@ class JobFinished(Event, frozen=True, kw_only=True, tag="job.finished.v1"):
     exit_code: int | None = None
 
 
+class JobEngineLinked(Event, frozen=True, kw_only=True, tag="job.engine_linked.v1"):
+    """A run of the job is the execution engine's job `engine_job_id` (e.g. a Slurm job id).
+    Recorded with the run's JobStarted; a requeued job's next run links a new engine job."""
+
+    job_id: int
+    engine: str
+    engine_job_id: str
+    run: int = 0
+    """Which placement of the job this is (0 first, 1 after the first preemption, ...)."""
+
+
+class JobEngineEnded(Event, frozen=True, kw_only=True, tag="job.engine_ended.v1"):
+    """How the execution engine says a run ended, recorded with the run's JobFinished."""
+
+    job_id: int
+    engine: str
+    engine_job_id: str
+    reason: EndReason
+    engine_state: str = ""
+    """The engine's own word for the ending (Slurm: COMPLETED, FAILED, TIMEOUT, NODE_FAIL, ...)."""
+    exit_code: int | None = None
+
+
 class UtilisationSampled(Event, frozen=True, kw_only=True, tag="job.utilisation_sampled.v1"):
     job_id: int
     gpu_utilisation: tuple[float, ...]
@@ -258,6 +284,8 @@ AnyEvent = (
     | JobPreempted
     | JobRequeued
     | JobFinished
+    | JobEngineLinked
+    | JobEngineEnded
     | UtilisationSampled
     | CheckpointReported
     | CycleDecided

@@ -37,6 +37,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "squatters": ("views",),
     "preempt": ("views",),
     "up": ("serve",),
+    "slurm": ("slurm",),
     "simulate": ("sim",),
     "replay": ("audit",),
     "whatif": ("audit",),

@@ -34,7 +34,7 @@ from ledger.application import EVENTS_DB, Ledger
 from ledger.clock import SimClock, seeded_ids
 from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor
 from ledger.dispatch.policy import FairShare, Fifo, Policy
-from ledger.executors import Exit, Launch, SimExecutor
+from ledger.executors import Exit, Launch, SimExecutor, Start
 from ledger.service import CycleResult, Dispatcher, RankSource
 from ledger.sim.metrics import JobFold, Metrics, compute
 from ledger.sim.ranks import IncrementalRanks, NoRanks, ProjectionRanks
@@ -141,6 +141,8 @@ class ResumingExecutor:
     """`SimExecutor` with progress: a resumable job restarts with the work left after its last
     checkpoint (the service launches every job with its full `duration_s`)."""
 
+    engine = ""
+
     def __init__(self) -> None:
         self.sim = SimExecutor()
         self.saved: dict[int, float] = {}
@@ -169,6 +171,9 @@ class ResumingExecutor:
             self._launched.pop(x.job_id, None)
             self.saved.pop(x.job_id, None)
         return out
+
+    def starts(self, now: float) -> list[Start]:
+        return self.sim.starts(now)
 
     def running(self) -> set[int]:
         return self.sim.running()
