@@ -709,6 +709,7 @@ def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
                 engine=cmd.engine,
                 engine_job_id=cmd.engine_job_id,
                 run=cmd.run,
+                gpus=cmd.gpus,
             )
         )
     return out

@@ -56,6 +56,8 @@ class Start:
     job_id: int
     engine_job_id: str = ""
     run: int = 0
+    gpus: tuple[GpuSlot, ...] = ()
+    """The GPUs the engine says the run got (engines that say)."""
 
 
 class Executor(Protocol):

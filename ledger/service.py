@@ -207,6 +207,7 @@ class Dispatcher:
                         engine=engine,
                         engine_job_id=st.engine_job_id,
                         run=st.run,
+                        gpus=st.gpus,
                     )
                 )
             else:

@@ -148,6 +148,7 @@ class StartJob(Command, frozen=True, kw_only=True, tag="job.start"):
     """Set by an execution engine that names its runs (Slurm): links the run to `engine_job_id`."""
     engine_job_id: str = ""
     run: int = 0
+    gpus: tuple[GpuSlot, ...] = ()
 
 
 class FinishJob(Command, frozen=True, kw_only=True, tag="job.finish"):

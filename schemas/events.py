@@ -197,6 +197,8 @@ class JobEngineLinked(Event, frozen=True, kw_only=True, tag="job.engine_linked.v
     engine_job_id: str
     run: int = 0
     """Which placement of the job this is (0 first, 1 after the first preemption, ...)."""
+    gpus: tuple[GpuSlot, ...] = ()
+    """The GPUs the engine says the run got, when it says (Slurm: `scontrol -d`)."""
 
 
 class JobEngineEnded(Event, frozen=True, kw_only=True, tag="job.engine_ended.v1"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,9 +31,9 @@ from schemas import commands as c
 from schemas import events as e
 from schemas.errors import InvalidCommand, NotAuthorised
 from schemas.events import GpuSlot
-from tests.conftest import T0
 
 LID = "0123abcd4567"
+T0 = 1_000.0  # the org_state fixture's clock
 
 RUNNING = (
     "JobId=3 JobName=gpuledger-3 UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901757"
@@ -245,11 +246,18 @@ def test_a_gang_with_a_smaller_last_node_is_one_heterogeneous_job() -> None:
     assert not any(a.startswith(("--uid", "--time")) for a in args)
 
 
-def test_the_batch_script_execs_the_command_so_it_gets_the_signals() -> None:
-    assert batch_script(("sh", "-c", "echo $X; exit 3")) == (
-        "#!/bin/bash\nexec sh -c 'echo $X; exit 3'\n"
-    )
-    assert batch_script(()) == "#!/bin/bash\nexec true\n"
+def test_the_batch_script_sets_the_ledgers_variables_and_execs_the_command() -> None:
+    job = launch(GpuSlot(node="n1", gpu_indices=(0,)), GpuSlot(node="n2", gpu_indices=(0,)))
+    job = dataclasses.replace(job, command=("sh", "-c", "echo $X; exit 3"))
+    assert batch_script(job).splitlines() == [
+        "#!/bin/bash",
+        "export GPULEDGER_JOB_ID=5",
+        "export GPULEDGER_RUN=2",
+        "export GPULEDGER_ACCOUNT=ai2/olmo",
+        "export GPULEDGER_NODES=n1,n2",
+        "exec sh -c 'echo $X; exit 3'",
+    ]
+    assert batch_script(dataclasses.replace(job, command=())).endswith("\nexec true\n")
 
 
 SACCTMGR = """\
