@@ -561,7 +561,8 @@ class SlurmExecutor:
         return held
 
     def _uid(self, user: str) -> str | None:
-        if os.geteuid() != 0:
+        """The user to pass as `--uid`: only when we run as root and it is another Unix user."""
+        if os.geteuid() != 0 or user == "root":
             return None
         try:
             pwd.getpwnam(user)
@@ -576,9 +577,9 @@ class SlurmExecutor:
         out = self.log_dir / f"job-{job.job_id}.log"
         if not self.log_dir.is_dir():
             self.log_dir.mkdir(parents=True)
-            if uid is not None:
+            if os.geteuid() == 0:
                 self.log_dir.chmod(0o1777)  # jobs run as their users open their own logs
-        if uid is not None and uid != "root":
+        if uid is not None:
             out.touch()
             os.chown(out, pwd.getpwnam(uid).pw_uid, -1)
         args = ["sbatch", *sbatch_args(job, self.partition, out, uid, self.ledger_id)]
