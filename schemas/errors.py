@@ -42,6 +42,13 @@ class ContractViolation(LedgerError):
     code = "contract"
 
 
+class EnvironmentProblem(LedgerError):
+    """Not the command's fault: a directory that cannot be written, a store that cannot be read,
+    a broker that cannot be reached. The message names the path or the address."""
+
+    code = "environment"
+
+
 class Conflict(LedgerError):
     """The log moved past the position a command expected, in a way that touches it."""
 

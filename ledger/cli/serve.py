@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ledger.cli._common import Ctx, parse_duration, pass_ctx
+from ledger.cli._common import Ctx, log_level_option, parse_duration, pass_ctx, setup_logging
 from ledger.clock import SystemClock
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
@@ -87,7 +87,7 @@ def _policy(name: str, margin: float, debug_lane: bool) -> Policy:
 )
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is pending or running.")
 @click.option("--for", "run_for", default=None, help="Exit after this long (e.g. 10m).")
-@click.option("--log-level", default="INFO", show_default=True)
+@log_level_option
 @pass_ctx
 def up(
     ctx: Ctx,
@@ -106,7 +106,7 @@ def up(
 ) -> None:
     """Run the service: every cycle snapshots, decides, appends, and runs placed jobs as local
     processes with CUDA_VISIBLE_DEVICES set to their GPUs (or as Slurm jobs)."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    setup_logging(log_level)
     log = logging.getLogger("gpuledger.up")
     clock = SystemClock()
     ledger = ctx.ledger()
@@ -226,7 +226,13 @@ def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None
     broker outage shows as relay lag (`gpuledger relay status`), nothing more."""
     if kafka is None:
         return None
-    from ledger.relay import DEFAULT_TRANSACTIONAL_ID, TOPIC, RelayService, connect_timeout
+    from ledger.relay import (
+        DEFAULT_TRANSACTIONAL_ID,
+        TOPIC,
+        RelayService,
+        connect_timeout,
+        flush_timeout,
+    )
     from projections.kafka_source import quiet_kafka_logs
 
     quiet_kafka_logs(log_level)
@@ -237,6 +243,7 @@ def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None
         transactional_id=os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID")
         or DEFAULT_TRANSACTIONAL_ID,
         connect_timeout_s=connect_timeout(),
+        flush_s=flush_timeout(),
     ).start()
 
 
