@@ -435,8 +435,9 @@ def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterat
     from kafka.errors import KafkaError
 
     from ledger.relay import client_config, connect_timeout
-    from projections.kafka_source import envelope, unreachable
+    from projections.kafka_source import envelope, quiet_kafka_logs, unreachable
 
+    quiet_kafka_logs("warning")  # kafka-python's retries and tracebacks stay off the terminal
     why = unreachable(bootstrap, connect_timeout())
     if why is not None:
         raise AuditError(f"Kafka at {bootstrap} is unreachable ({why})", hint="is the broker up?")

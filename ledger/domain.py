@@ -443,7 +443,8 @@ def _register_node(state: State, cmd: c.RegisterNode, s: _Stamp) -> list[e.AnyEv
 
 
 def _drain_node(state: State, cmd: c.DrainNode, s: _Stamp) -> list[e.AnyEvent]:
-    _require_admin(state, s.actor, "drain nodes")
+    if not is_system(s.actor):  # an execution engine that marks a node down drains it
+        _require_admin(state, s.actor, "drain nodes")
     node = state.node(cmd.node)
     if node.state != "active":
         raise InvalidTransition(f"node {cmd.node!r} is already {node.state}")
@@ -456,7 +457,8 @@ def _drain_node(state: State, cmd: c.DrainNode, s: _Stamp) -> list[e.AnyEvent]:
 
 
 def _return_node(state: State, cmd: c.ReturnNode, s: _Stamp) -> list[e.AnyEvent]:
-    _require_admin(state, s.actor, "return nodes")
+    if not is_system(s.actor):  # ... and returns it when the engine brings it back
+        _require_admin(state, s.actor, "return nodes")
     node = state.node(cmd.node)
     if node.state not in ("draining", "drained"):
         raise InvalidTransition(f"node {cmd.node!r} is {node.state}, not draining or drained")
@@ -746,7 +748,19 @@ def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
     if job.status != "placed":
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not placed")
-    return [e.JobStarted(**s.kw(), job_id=cmd.job_id)]
+    out: list[e.AnyEvent] = [e.JobStarted(**s.kw(), job_id=cmd.job_id)]
+    if cmd.engine:
+        out.append(
+            e.JobEngineLinked(
+                **s.kw(),
+                job_id=cmd.job_id,
+                engine=cmd.engine,
+                engine_job_id=cmd.engine_job_id,
+                run=cmd.run,
+                gpus=cmd.gpus,
+            )
+        )
+    return out
 
 
 def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
@@ -758,6 +772,18 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
     out: list[e.AnyEvent] = [
         e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome=outcome, exit_code=cmd.exit_code)
     ]
+    if cmd.engine:
+        out.append(
+            e.JobEngineEnded(
+                **s.kw(),
+                job_id=cmd.job_id,
+                engine=cmd.engine,
+                engine_job_id=cmd.engine_job_id,
+                reason=cmd.reason,
+                engine_state=cmd.engine_state,
+                exit_code=cmd.exit_code,
+            )
+        )
     return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)
 
 
@@ -922,7 +948,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.CheckpointReported():
             job = state.jobs[event.job_id]
             state.jobs[event.job_id] = msgspec.structs.replace(job, checkpoint_at=event.at)
-        case e.UtilisationSampled() | e.CycleDecided():
+        case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineLinked() | e.JobEngineEnded():
             pass
     return state
 

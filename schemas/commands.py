@@ -41,6 +41,7 @@ from schemas.events import (
     MANY,
     AccountKind,
     Considered,
+    EndReason,
     GpuSlot,
     Placement,
     Preemption,
@@ -195,11 +196,21 @@ class PreemptJob(Command, frozen=True, kw_only=True, tag="preempt"):
 
 class StartJob(Command, frozen=True, kw_only=True, tag="job.start"):
     job_id: JobId
+    engine: Name = ""
+    """Set by an execution engine that names its runs (Slurm): links the run to `engine_job_id`."""
+    engine_job_id: Name = ""
+    run: Count = 0
+    gpus: Annotated[tuple[GpuSlot, ...], MANY] = ()
 
 
 class FinishJob(Command, frozen=True, kw_only=True, tag="job.finish"):
     job_id: JobId
     exit_code: ExitCode
+    engine: Name = ""
+    """Set by an execution engine: records how it says the run ended (JobEngineEnded)."""
+    engine_job_id: Name = ""
+    reason: EndReason = "exited"
+    engine_state: Name = ""
 
 
 class SampleUtilisation(Command, frozen=True, kw_only=True, tag="job.sample"):

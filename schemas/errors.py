@@ -67,3 +67,10 @@ class EventDecodeError(LedgerError):
         self.fields.update(tag=tag, known=known)
         self.tag = tag
         self.known = known
+
+
+class EngineError(LedgerError):
+    """The execution engine (e.g. Slurm) cannot be reached or is set up in a way that would
+    overrule the ledger's decisions."""
+
+    code = "engine"

@@ -46,6 +46,9 @@ from schemas.bounds import (
 AccountKind = Literal["program", "project", "user"]
 PreemptReason = Literal["fairness", "maintenance", "squatting", "admin", "debug"]
 FinishOutcome = Literal["completed", "failed", "cancelled", "preempted"]
+EndReason = Literal["exited", "time_limit", "node_failure", "cancelled", "out_of_memory", "lost"]
+"""Why an execution engine says a job's run ended: its own exit, the engine's time limit, a node
+failure, a cancel from outside the ledger, the memory limit, or no trace of it in the engine."""
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -233,6 +236,31 @@ class JobFinished(Event, frozen=True, kw_only=True, tag="job.finished.v1"):
     exit_code: ExitCode | None = None
 
 
+class JobEngineLinked(Event, frozen=True, kw_only=True, tag="job.engine_linked.v1"):
+    """A run of the job is the execution engine's job `engine_job_id` (e.g. a Slurm job id).
+    Recorded with the run's JobStarted; a requeued job's next run links a new engine job."""
+
+    job_id: JobId
+    engine: Name
+    engine_job_id: Name
+    run: Count = 0
+    """Which placement of the job this is (0 first, 1 after the first preemption, ...)."""
+    gpus: Annotated[tuple[GpuSlot, ...], MANY] = ()
+    """The GPUs the engine says the run got, when it says (Slurm: `scontrol -d`)."""
+
+
+class JobEngineEnded(Event, frozen=True, kw_only=True, tag="job.engine_ended.v1"):
+    """How the execution engine says a run ended, recorded with the run's JobFinished."""
+
+    job_id: JobId
+    engine: Name
+    engine_job_id: Name
+    reason: EndReason
+    engine_state: Name = ""
+    """The engine's own word for the ending (Slurm: COMPLETED, FAILED, TIMEOUT, NODE_FAIL, ...)."""
+    exit_code: ExitCode | None = None
+
+
 class UtilisationSampled(Event, frozen=True, kw_only=True, tag="job.utilisation_sampled.v1"):
     job_id: JobId
     gpu_utilisation: Utilisation
@@ -308,6 +336,8 @@ AnyEvent = (
     | JobHeld
     | JobReleased
     | JobFinished
+    | JobEngineLinked
+    | JobEngineEnded
     | UtilisationSampled
     | CheckpointReported
     | CycleDecided

@@ -41,6 +41,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "squatters": ("views",),
     "preempt": ("views",),
     "up": ("serve",),
+    "slurm": ("slurm",),
     "relay": ("kafka",),
     "simulate": ("sim",),
     "replay": ("audit",),

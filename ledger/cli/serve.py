@@ -1,5 +1,6 @@
 """`gpuledger up`: the service (ledger, projector fed by the store, dispatcher loop,
-LocalExecutor), and with `--kafka` a relay thread that publishes the log for other readers."""
+LocalExecutor), and with `--kafka` a relay thread that publishes the log for other readers;
+`--executor slurm --partition P` runs the placed jobs on a Slurm partition (docs/slurm.md)."""
 
 from __future__ import annotations
 
@@ -23,17 +24,18 @@ from ledger.cli._common import (
 from ledger.clock import SystemClock
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
-from ledger.executors import LocalExecutor
+from ledger.executors import LocalExecutor, ServiceExecutor
 from ledger.explain import job_states, lifecycle_lines
 from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import commands as c
-from schemas.errors import InvalidCommand, LedgerError
+from schemas.errors import EngineError, InvalidCommand, LedgerError
 
 if TYPE_CHECKING:
     from ledger.relay import RelayService
+    from ledger.slurm import SlurmExecutor
 
 
 def _node_spec(text: str) -> tuple[str, int, str]:
@@ -77,6 +79,20 @@ def _policy(name: str, margin: float, debug_lane: bool) -> Policy:
     default=None,
     help="Bootstrap HOST:PORT: relay the log to Kafka for other readers (`relay status`).",
 )
+@click.option(
+    "--executor",
+    "executor_name",
+    type=click.Choice(["local", "slurm"]),
+    default="local",
+    show_default=True,
+    help="Run placed jobs as local processes, or as Slurm jobs on --partition.",
+)
+@click.option(
+    "--partition",
+    envvar="GPULEDGER_SLURM_PARTITION",
+    default=None,
+    help="The Slurm partition gpu-ledger owns (with --executor slurm).",
+)
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is pending or running.")
 @click.option("--for", "run_for", default=None, help="Exit after this long (e.g. 10m).")
 @log_level_option
@@ -90,18 +106,20 @@ def up(
     margin: float,
     debug_lane: bool,
     kafka: str | None,
+    executor_name: str,
+    partition: str | None,
     until_idle: bool,
     run_for: str | None,
     log_level: str,
 ) -> None:
     """Run the service: every cycle snapshots, decides, appends, and runs placed jobs as local
-    processes with CUDA_VISIBLE_DEVICES set to their GPUs."""
+    processes with CUDA_VISIBLE_DEVICES set to their GPUs (or as Slurm jobs)."""
     setup_logging(log_level)
     log = logging.getLogger("gpuledger.up")
     clock = SystemClock()
     ledger = ctx.ledger()
     _register_nodes(ctx, nodes)
-    executor = LocalExecutor(ctx.home / "jobs", grace_s=parse_duration(grace))
+    executor, engine = _executor(ctx, executor_name, partition, parse_duration(grace))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -115,14 +133,17 @@ def up(
             ProjectionRanks(Projector(store, source)),
             _policy(policy, margin, debug_lane),
             executor,
+            unavailable=None if engine is None else engine.foreign,
         )
-        _recover(ledger, executor, log)
+        dispatcher.recover(executor, clock.now())
         log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
         log.info("job output goes to %s/job-N.log", ctx.home / "jobs")
         seen = job_states(ledger.state.jobs)
         try:
             while not stop.is_set():
                 now = clock.now()
+                if engine is not None:
+                    _follow_slurm_nodes(ledger, engine, log)
                 result = dispatcher.cycle(now)
                 for line in lifecycle_lines(seen, ledger.state.jobs, str(ctx.home / "jobs")):
                     log.info("%s", line)
@@ -168,13 +189,49 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
         ledger.execute_all(cmds)
 
 
-def _recover(ledger: Any, executor: LocalExecutor, log: logging.Logger) -> None:
-    """Jobs the ledger says run here but no process runs (the service stopped uncleanly): they
-    ended when it stopped. Record that, so their GPUs are free again."""
-    lost = [j.job_id for j in ledger.state.jobs.values() if j.status in ("placed", "running")]
-    for job_id in sorted(set(lost) - executor.running()):
-        log.warning("job %s has no process after a restart: recording it as failed", job_id)
-        ledger.execute(c.FinishJob(actor=EXECUTOR, job_id=job_id, exit_code=-1))
+def _executor(
+    ctx: Ctx, name: str, partition: str | None, grace_s: float
+) -> tuple[ServiceExecutor, SlurmExecutor | None]:
+    """The executor, and the Slurm one again when it is Slurm (nodes and foreign jobs)."""
+    if name == "local":
+        return LocalExecutor(ctx.home / "jobs", grace_s=grace_s), None
+    from ledger.slurm import SlurmExecutor, ledger_id, register_commands
+
+    if not partition:
+        raise InvalidCommand(
+            "--executor slurm needs the partition gpu-ledger owns",
+            hint="pass --partition P (or set GPULEDGER_SLURM_PARTITION)",
+        )
+    ledger = ctx.ledger()
+    slurm = SlurmExecutor(partition, ledger_id(ledger), ctx.home / "jobs", grace_s=grace_s)
+    slurm.check()
+    found = slurm.nodes()
+    if not found:
+        raise EngineError(
+            f"Slurm partition {partition!r} has no nodes with GPUs (Gres=gpu:...)",
+            hint="see docs/slurm.md",
+        )
+    cmds = register_commands(found, ledger.state.nodes, ctx.actor)
+    if cmds:
+        ledger.execute_all(cmds)
+    return slurm, slurm
+
+
+def _follow_slurm_nodes(ledger: Any, slurm: SlurmExecutor, log: logging.Logger) -> None:
+    """Drain in the ledger what Slurm drains or marks down, and return what it takes back."""
+    from ledger.slurm import node_changes
+
+    try:
+        found = slurm.nodes()
+    except LedgerError as err:
+        log.warning("slurm nodes: %s", err.line())
+        return
+    for cmd in node_changes(found, ledger.state.nodes, EXECUTOR):
+        try:
+            ledger.execute(cmd)
+            log.info("node %s follows Slurm: %s", cmd.node, type(cmd).__name__)  # type: ignore[union-attr]
+        except LedgerError as err:
+            log.warning("node change not recorded: %s", err.line())
 
 
 def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None:
@@ -184,7 +241,13 @@ def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None
     broker outage shows as relay lag (`gpuledger relay status`), nothing more."""
     if kafka is None:
         return None
-    from ledger.relay import DEFAULT_TRANSACTIONAL_ID, TOPIC, RelayService, connect_timeout
+    from ledger.relay import (
+        DEFAULT_TRANSACTIONAL_ID,
+        TOPIC,
+        RelayService,
+        connect_timeout,
+        flush_timeout,
+    )
     from projections.kafka_source import quiet_kafka_logs
 
     quiet_kafka_logs(log_level)
@@ -195,6 +258,7 @@ def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None
         transactional_id=os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID")
         or DEFAULT_TRANSACTIONAL_ID,
         connect_timeout_s=connect_timeout(),
+        flush_s=flush_timeout(),
     ).start()
 
 

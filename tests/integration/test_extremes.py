@@ -67,7 +67,10 @@ def build(home: Path) -> None:
     ledger.execute_all([big, low, low])
     with Store(":memory:") as store, EmbeddedSource(home) as source:
         d = Dispatcher(
-            ledger, ProjectionRanks(Projector(store, source)), FairShare(), SimExecutor()
+            ledger,
+            ProjectionRanks(Projector(store, source)),
+            FairShare(),
+            SimExecutor(engine="e" * 63),
         )
         d.cycle(0.0)  # job 1 takes both whole nodes; 2 and 3 wait
         state = ledger.state
@@ -118,8 +121,11 @@ def build(home: Path) -> None:
                 ledger.execute(c.StartJob(actor="@executor", job_id=job.job_id))
             if job.status in ("placed", "running"):
                 ledger.execute(
-                    c.FinishJob(actor="@executor", job_id=job.job_id, exit_code=2**31 - 1)
-                )
+                    c.FinishJob(
+                        actor="@executor", job_id=job.job_id, exit_code=2**31 - 1,
+                        engine="e" * 63, engine_job_id="9" * 63, engine_state="S" * 63,
+                    )
+                )  # fmt: skip
         for job in list(ledger.state.jobs.values()):
             if job.active:
                 ledger.execute(c.CancelJob(actor=USER, job_id=job.job_id))
