@@ -246,7 +246,7 @@ def test_jobs_run_on_the_gpus_the_ledger_chose_and_their_endings_are_recorded(
     ledger: Ledger,
 ) -> None:
     ledger.up()
-    ledger.submit("alice", 2, SHOW + "sleep 1; exit 3")
+    ledger.submit("alice", 2, SHOW + "sleep 3; exit 3")
     ledger.submit("nobody", 1, SHOW + "exit 0")  # a Unix user: submitted with --uid
     ledger.submit("bob", 1, SHOW + "sleep 600", "-t", "1m")  # Slurm ends it at its limit
     ledger.wait(
@@ -322,31 +322,45 @@ def test_kill_9_of_the_service_of_slurmctld_and_of_slurmd_loses_and_double_books
     ledger: Ledger,
 ) -> None:
     cluster = ledger.cluster
+    flags = ledger.home.parent
+    until = "until [ -e {} ]; do sleep 0.2; done; exit {}"  # runs until the test says so
     ledger.up()
-    ledger.submit("alice", 2, SHOW + "sleep 30; exit 0")
-    ledger.submit("bob", 1, SHOW + "sleep 5; exit 5")
+    ledger.submit("alice", 2, SHOW + until.format(flags / "end-1", 0))
+    ledger.submit("bob", 1, SHOW + until.format(flags / "end-2", 5))
     ledger.submit("alice", 2, SHOW + "exit 0")  # waits for the second job's GPU
-    ledger.wait("two jobs to run", lambda: [status(ledger, j) for j in (1, 2)] == ["running"] * 2)
+
+    def running(*job_ids: int) -> bool:
+        jobs = ledger.jobs()
+        return all(jobs[j]["status"] == "running" for j in job_ids)
+
+    ledger.wait("two jobs to run", lambda: running(1, 2))
     # 1. the service dies; the second job ends while it is away
     ledger.kill9()
     slurm_ids = {ev["job_id"]: ev["engine_job_id"] for ev in ledger.of("job.engine_linked.v1")}
-    time.sleep(7)
+    (flags / "end-2").touch()
+    deadline = time.monotonic() + 60
+    while cluster.jobs()[slurm_ids[2]]["state"] != "FAILED":
+        assert time.monotonic() < deadline, cluster.jobs()
+        time.sleep(0.2)
+    assert running(1, 2)  # as the ledger last knew
     ledger.up()
     ledger.wait("the exit seen while away", lambda: ledger.jobs()[2]["outcome"] == "failed")
     assert ledger.of("job.engine_ended.v1", 2)[0]["exit_code"] == 5
     ledger.wait("the third job to run and end", lambda: ledger.jobs()[3]["outcome"] is not None)
-    assert status(ledger, 1) == "running"
+    assert running(1)
     # 2. slurmctld dies and comes back: the running job is neither lost nor run twice
     os.kill(cluster.daemon_pid("slurmctld"), signal.SIGKILL)
     time.sleep(3)
-    assert status(ledger, 1) == "running"
+    assert running(1)
     cluster.up()
     # 3. so does slurmd
     os.kill(cluster.daemon_pid("slurmd"), signal.SIGKILL)
     time.sleep(1)
     cluster.up()
-    assert status(ledger, 1) == "running"
+    time.sleep(2)
+    assert running(1)
     assert cluster.jobs()[slurm_ids[1]]["state"] == "RUNNING"
+    (flags / "end-1").touch()
     ledger.wait("the first job to complete", lambda: status(ledger, 1) == "finished", timeout=60)
     jobs = ledger.jobs()
     assert [jobs[j]["outcome"] for j in (1, 2, 3)] == ["completed", "failed", "completed"]
@@ -408,3 +422,17 @@ def test_a_foreign_slurm_jobs_gpus_are_never_given_to_a_ledger_job(ledger: Ledge
     )
     assert cuda_devices(ledger.log_of(1)) == [0, 1]
     assert held_twice(ledger.events()) == []
+
+
+def test_a_partition_gpu_ledger_cannot_own_is_refused_with_one_line(ledger: Ledger) -> None:
+    before = ledger.events()
+    done = subprocess.run(
+        [GPULEDGER, "up", "--executor", "slurm", "--partition", "nope", "--for", "1s"],
+        env=ledger.env("root"), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr == (
+        "error: Slurm partition 'nope' cannot be run by gpu-ledger: Slurm has no partition 'nope' "
+        "(see docs/slurm.md, 'Partition settings')\n"
+    )
+    assert ledger.events() == before  # nothing registered, nothing appended
