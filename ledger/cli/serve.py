@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import threading
 from pathlib import Path
@@ -118,7 +119,7 @@ def up(
     relay = _relay(ctx.home, kafka, log_level)
     source = EmbeddedSource(ctx.home)  # scheduling never waits on the broker
     deadline = None if run_for is None else clock.now() + parse_duration(run_for)
-    tick = parse_duration(interval) or 1
+    tick = _interval(interval)
     with Store.open(ctx.home) as store:
         dispatcher = Dispatcher(
             ledger,
@@ -156,6 +157,16 @@ def up(
             if relay is not None:
                 relay.stop()  # flushes: every event committed above is published (bounded)
             source.close()
+
+
+def _interval(text: str) -> float:
+    """The loop's period: a wall-clock setting, not a stored duration, so fractions are fine
+    (`0.2s`); 0 means 1 s."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s)?", text.strip())
+    if m is None:
+        raise InvalidCommand(f"invalid --interval {text!r}", hint="use e.g. 2s, 0.5s or 200ms")
+    seconds = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+    return seconds or 1.0
 
 
 def _idle(ledger: Any) -> bool:
