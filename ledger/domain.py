@@ -632,13 +632,15 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
             cycle_id=cmd.cycle_id,
             based_on=cmd.based_on,
             policy_version=cmd.policy_version,
-            placements=cmd.placements,
-            preemptions=cmd.preemptions,
-            considered=cmd.considered,
-            fragmentation_gpus=cmd.fragmentation_gpus,
             config=cmd.config,
-            wake_at=cmd.wake_at,
             decided_at=cmd.decided_at,
+            ranks=cmd.ranks,
+            placed=tuple(p.job_id for p in cmd.placements),
+            preempted=tuple(p.job_id for p in cmd.preemptions),
+            waiting=cmd.waiting,
+            fragmentation_gpus=cmd.fragmentation_gpus,
+            wake_at=cmd.wake_at,
+            skipped_cycles=cmd.skipped_cycles,
         )
     ]
     # 1. preemptions free GPUs (validated against contracts)

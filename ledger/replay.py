@@ -44,15 +44,17 @@ from ledger.domain import State, evolve
 from ledger.service import UtilTracker
 from projections import queries
 from projections.batch import gc_paused
-from projections.fairshare import WEEK_S, UsagePolicy
+from projections.fairshare import RANKING_VERSION, WEEK_S, UsagePolicy
 from projections.projector import Projector
 from projections.source import EVENTS_DB, EVENTS_TABLE, EmbeddedSource, EventSource
 from projections.store import Store
 from schemas import codec
 from schemas import events as e
+from schemas.digest import rank_digest, summarise
 from schemas.errors import InvalidCommand, LedgerError, UnknownEntity
 
-DECIDED_TAG = e.tag_of(e.CycleDecided)
+DECIDED_TAGS = (e.tag_of(e.CycleDecided), e.tag_of(e.CycleDecidedV1))
+"""Every stored version of the decision record."""
 DEFAULT_SQUAT_UTIL_PCT = UtilTracker().threshold_pct
 RANKLESS = frozenset({"fifo", "legacy"})
 """Policies whose decisions never read fair-share ranks (their order and victims ignore them):
@@ -124,6 +126,13 @@ def _seconds(config: Mapping[str, str], key: str) -> float:
     return value
 
 
+def usage_of(settings: e.UsageSettings) -> UsagePolicy:
+    """Pure: the usage counting a v2 record names."""
+    return UsagePolicy(
+        window_s=settings.window_s, half_life_s=settings.half_life_s, weights=settings.weights
+    )
+
+
 def usage_from_config(config: Mapping[str, str]) -> UsagePolicy:
     """Pure: how the ranks of a decision counted usage: `window_s` (default 7 days) and
     `half_life_s` (Slurm-style decay) when the config records them."""
@@ -181,27 +190,66 @@ def _preemption_text(p: e.Preemption) -> str:
     return f"{why} ({p.note})" if p.note else why
 
 
-def _key_text(key: Sequence[float | int | str]) -> str:
-    return "(" + ", ".join(repr(k) for k in key) + ")"
-
-
-def _considered_text(c: e.Considered) -> str:
-    return "placed" if c.reason is None else c.reason
-
-
 def _absent(what: str) -> str:
     return f"no {what}"
 
 
-def compare(recorded: e.CycleDecided, replayed: Decision) -> list[Difference]:
-    """Pure: every difference between a recorded decision and its replay (empty: identical).
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    """A recorded decision's placements and preemptions in full: the `JobPlaced` and
+    `JobPreempted` events of its cycle that follow the record (it holds them by reference)."""
 
-    Placements and preemptions are compared per job and then in order; considered jobs by
-    order, sort key, reason and wait code; then fragmentation, the wake-up time, the policy
-    version and config."""
+    placements: tuple[e.Placement, ...] = ()
+    preemptions: tuple[e.Preemption, ...] = ()
+
+
+def outcome_of(recorded: e.CycleDecided, following: Iterable[e.AnyEvent]) -> Outcome:
+    """Pure: the outcome of `recorded` from the events appended with it, in the record's order."""
+    placed: dict[int, e.Placement] = {}
+    preempted: dict[int, e.Preemption] = {}
+    for ev in following:
+        if isinstance(ev, e.JobPlaced) and ev.cycle_id == recorded.cycle_id:
+            placed[ev.job_id] = e.Placement(job_id=ev.job_id, slots=ev.slots)
+        elif isinstance(ev, e.JobPreempted) and ev.cycle_id == recorded.cycle_id:
+            preempted[ev.job_id] = e.Preemption(
+                job_id=ev.job_id, reason=ev.reason, for_job=ev.for_job, note=ev.note
+            )
+    return Outcome(
+        placements=tuple(placed[j] for j in recorded.placed if j in placed),
+        preemptions=tuple(preempted[j] for j in recorded.preempted if j in preempted),
+    )
+
+
+def following_events(recorded: e.CycleDecided) -> int:
+    """Pure: how many events after the record may belong to its append: a JobPlaced per
+    placement, a JobPreempted (and a JobRequeued) per preemption, a NodeDrained per node."""
+    return len(recorded.placed) + 2 * len(recorded.preempted) + 64
+
+
+def compare(
+    recorded: e.CycleDecided,
+    outcome: Outcome,
+    replayed: Decision,
+    ranks: str | None = None,
+) -> list[Difference]:
+    """Pure: every difference between a recorded decision (with its `outcome`) and its replay
+    (empty: identical). `ranks`: the digest of the ranks the replay used.
+
+    Placements and preemptions are compared per job and then in order; the waiting jobs by
+    count, per code, the first ones listed and the digest of the whole order (ids, sort keys,
+    reasons); then fragmentation, the wake-up time, the policy version and config, and the rank
+    inputs (a different rank digest says why the rest differs)."""
     out: list[Difference] = []
+    # 0. what both claim to have placed and preempted
+    if tuple(p.job_id for p in outcome.placements) != recorded.placed:
+        out.append(
+            Difference(
+                what="record",
+                recorded=f"placed {list(recorded.placed)}",
+                replayed=f"placement events for {[p.job_id for p in outcome.placements]}",
+            )
+        )
     # 1. placements
-    rec = {p.job_id: p.slots for p in recorded.placements}
+    rec = {p.job_id: p.slots for p in outcome.placements}
     rep = {p.job_id: p.slots for p in replayed.placements}
     for job in sorted(set(rec) | set(rep)):
         a, b = rec.get(job), rep.get(job)
@@ -214,19 +262,19 @@ def compare(recorded: e.CycleDecided, replayed: Decision) -> list[Difference]:
                     replayed=_absent("placement") if b is None else slots_text(b),
                 )
             )
-    if not out and [p.job_id for p in recorded.placements] != [
+    if not out and [p.job_id for p in outcome.placements] != [
         p.job_id for p in replayed.placements
     ]:
         out.append(
             Difference(
                 what="placement order",
-                recorded=str([p.job_id for p in recorded.placements]),
+                recorded=str([p.job_id for p in outcome.placements]),
                 replayed=str([p.job_id for p in replayed.placements]),
             )
         )
     # 2. preemptions
     before = len(out)
-    prec = {p.job_id: p for p in recorded.preemptions}
+    prec = {p.job_id: p for p in outcome.preemptions}
     prep = {p.job_id: p for p in replayed.preemptions}
     for job in sorted(set(prec) | set(prep)):
         x, y = prec.get(job), prep.get(job)
@@ -239,18 +287,18 @@ def compare(recorded: e.CycleDecided, replayed: Decision) -> list[Difference]:
                     replayed=_absent("preemption") if y is None else _preemption_text(y),
                 )
             )
-    if len(out) == before and [p.job_id for p in recorded.preemptions] != [
+    if len(out) == before and [p.job_id for p in outcome.preemptions] != [
         p.job_id for p in replayed.preemptions
     ]:
         out.append(
             Difference(
                 what="preemption order",
-                recorded=str([p.job_id for p in recorded.preemptions]),
+                recorded=str([p.job_id for p in outcome.preemptions]),
                 replayed=str([p.job_id for p in replayed.preemptions]),
             )
         )
-    # 3. considered: order, sort keys, reasons
-    out += _compare_considered(recorded.considered, replayed.considered)
+    # 3. the waiting jobs: counts, the first listed, the whole order by digest
+    out += _compare_waiting(recorded.waiting, summarise(replayed.considered))
     # 4. the rest of the record
     if recorded.fragmentation_gpus != replayed.fragmentation_gpus:
         out.append(
@@ -287,57 +335,88 @@ def compare(recorded: e.CycleDecided, replayed: Decision) -> list[Difference]:
                 replayed=", ".join(f"{k}={replayed.config.get(k)}" for k in keys),
             )
         )
+    out += _compare_ranks(recorded.ranks, ranks)
     return out
 
 
-def _compare_considered(
-    recorded: Sequence[e.Considered], replayed: Sequence[e.Considered]
-) -> list[Difference]:
-    out: list[Difference] = []
-    rec = {c.job_id: c for c in recorded}
-    rep = {c.job_id: c for c in replayed}
-    for job in sorted(set(rec) | set(rep)):
-        a, b = rec.get(job), rep.get(job)
-        if a is None or b is None:
-            out.append(
-                Difference(
-                    what="considered",
-                    job_id=job,
-                    recorded="not considered" if a is None else "considered",
-                    replayed="not considered" if b is None else "considered",
-                )
-            )
-            continue
-        if tuple(a.sort_key) != tuple(b.sort_key):
-            out.append(
-                Difference(
-                    what="sort key",
-                    job_id=job,
-                    recorded=_key_text(a.sort_key),
-                    replayed=_key_text(b.sort_key),
-                )
-            )
-        if (a.reason, a.code) != (b.reason, b.code):
-            out.append(
-                Difference(
-                    what="reason",
-                    job_id=job,
-                    recorded=_considered_text(a) + (f" [{a.code}]" if a.code else ""),
-                    replayed=_considered_text(b) + (f" [{b.code}]" if b.code else ""),
-                )
-            )
-    order_a = [c.job_id for c in recorded]
-    order_b = [c.job_id for c in replayed]
-    if order_a != order_b and set(order_a) == set(order_b):
-        i = next(i for i, (x, y) in enumerate(zip(order_a, order_b, strict=True)) if x != y)
+def _compare_ranks(recorded: e.RankInputs | None, digest: str | None) -> list[Difference]:
+    if recorded is None or digest is None:
+        return []
+    out = []
+    if recorded.ranking_version != RANKING_VERSION:
         out.append(
             Difference(
-                what="order",
-                recorded=f"job {order_a[i]} at place {i + 1}",
-                replayed=f"job {order_b[i]} at place {i + 1}",
+                what="ranking version", recorded=recorded.ranking_version, replayed=RANKING_VERSION
+            )
+        )
+    if recorded.digest != digest:
+        out.append(
+            Difference(
+                what="ranks",
+                recorded=f"digest {recorded.digest[:12]} at position {recorded.position}",
+                replayed=f"digest {digest[:12]}",
             )
         )
     return out
+
+
+def _compare_waiting(recorded: e.WaitSummary, replayed: e.WaitSummary) -> list[Difference]:
+    out: list[Difference] = []
+    if recorded.considered != replayed.considered:
+        out.append(
+            Difference(
+                what="considered",
+                recorded=f"{recorded.considered} jobs",
+                replayed=f"{replayed.considered} jobs",
+            )
+        )
+    if recorded.counts != replayed.counts:
+        out.append(
+            Difference(
+                what="waiting",
+                recorded=_counts_text(recorded.counts),
+                replayed=_counts_text(replayed.counts),
+            )
+        )
+    a = {w.job_id: w.code for w in recorded.first}
+    b = {w.job_id: w.code for w in replayed.first}
+    listed = 0
+    for job in sorted(set(a) & set(b)):
+        if a[job] != b[job]:
+            out.append(Difference(what="reason", job_id=job, recorded=a[job], replayed=b[job]))
+            listed += 1
+    order_a = [w.job_id for w in recorded.first]
+    order_b = [w.job_id for w in replayed.first]
+    if order_a != order_b:
+        i = next(
+            (i for i, (x, y) in enumerate(zip(order_a, order_b, strict=False)) if x != y),
+            min(len(order_a), len(order_b)),
+        )
+        out.append(
+            Difference(
+                what="waiting order",
+                recorded=_place_text(order_a, i),
+                replayed=_place_text(order_b, i),
+            )
+        )
+        listed += 1
+    if not out and recorded.order_digest != replayed.order_digest:
+        out.append(
+            Difference(
+                what="order",
+                recorded=f"digest {recorded.order_digest[:12]}",
+                replayed=f"digest {replayed.order_digest[:12]} (sort keys or reasons differ)",
+            )
+        )
+    return out
+
+
+def _counts_text(counts: Sequence[e.WaitCount]) -> str:
+    return ", ".join(f"{c.jobs} {c.code}" for c in counts) or "none"
+
+
+def _place_text(order: Sequence[int], i: int) -> str:
+    return f"job {order[i]} at place {i + 1}" if i < len(order) else f"nothing at place {i + 1}"
 
 
 class CycleReplay(msgspec.Struct, frozen=True, kw_only=True):
@@ -392,9 +471,9 @@ def _result(
         based_on=recorded.based_on,
         policy_version=recorded.policy_version,
         decided_at=decided_at(recorded),
-        placements=len(recorded.placements),
-        preemptions=len(recorded.preemptions),
-        considered=len(recorded.considered),
+        placements=len(recorded.placed),
+        preemptions=len(recorded.preempted),
+        considered=recorded.waiting.considered,
         differences=tuple(differences),
         error=error,
     )
@@ -548,19 +627,26 @@ class Replayer:
                 position=self.position,
             )
 
-    def ranks(self, at: float, usage: UsagePolicy) -> Ranks:
-        """Fair-share ranks at `at` from the in-memory projection as of our position."""
+    def ranks(self, at: float, usage: UsagePolicy, position: int | None = None) -> Ranks:
+        """Fair-share ranks at `at` from the in-memory projection as of `position` (default: our
+        position; never past it)."""
+        position = self.position if position is None else min(position, self.position)
         if self.exact:
             started = time.perf_counter()
-            if self._projected != self.position:
-                self._catch_up(self.position)
+            if self._projected != position:
+                if self._projected > position:
+                    raise ReplayError(
+                        f"the projection is at {self._projected}, past the ranks' {position}",
+                        hint="replay this decision alone (exact mode reads forward only)",
+                    )
+                self._catch_up(position)
             mid = time.perf_counter()
             tree = queries.fair_share(self.store, at, usage)
             self.timings.project_s += mid - started
             self.timings.ranks_s += time.perf_counter() - mid
             return tree.leaf_ranks(), tree.level_fs()
         assert self.as_of is not None
-        return self._ranks_as_of(self.as_of, self.position, at, usage)
+        return self._ranks_as_of(self.as_of, position, at, usage)
 
     def _ranks_as_of(self, reader: _AsOf, position: int, at: float, usage: UsagePolicy) -> Ranks:
         """Ranks from the projection read as of `position`, catching it up past there first
@@ -595,16 +681,22 @@ class Replayer:
     def _threads(self, n: int) -> None:
         self.store.con.execute("RESET threads" if n == 0 else f"SET threads = {n}")
 
-    def snapshot(self, recorded: e.CycleDecided) -> tuple[Snapshot, Policy]:
-        """The snapshot and policy the recorded decision had (advances to its `based_on`)."""
+    def snapshot(self, recorded: e.CycleDecided) -> tuple[Snapshot, Policy, str]:
+        """The snapshot and policy the recorded decision had (advances to its `based_on`), and
+        the digest of the ranks it was given. Ranks are read where the record says they were
+        (`ranks.position`, which trails `based_on` when the projection lagged), counting usage
+        as it says."""
         policy, usage = replay_policy(recorded.policy_version, recorded.config)
+        inputs = recorded.ranks
+        if inputs is not None:
+            usage = usage_of(inputs.usage)
         now = decided_at(recorded)
         self.advance(recorded.based_on)
         if recorded.config.get("policy") in RANKLESS:
             ranks: dict[str, int] = {}
             level_fs: dict[str, float] = {}
         else:
-            ranks, level_fs = self.ranks(now, usage)
+            ranks, level_fs = self.ranks(now, usage, None if inputs is None else inputs.position)
         threshold = squat_threshold(recorded.config)
         tracker = self.trackers.get(threshold)
         if tracker is None:
@@ -620,19 +712,27 @@ class Replayer:
             low_util_since=tracker.low_since,
             position=recorded.based_on,
         )
-        return snapshot, policy
+        return snapshot, policy, rank_digest(ranks, level_fs)
 
     def replay(self, position: int, recorded: e.CycleDecided) -> CycleReplay:
         """4-5. Re-run the recorded decision and compare. A decision that cannot be replayed
         (its policy version is gone, its config was edited) comes back with `error` set."""
         try:
-            snapshot, policy = self.snapshot(recorded)
+            snapshot, policy, digest = self.snapshot(recorded)
         except (UnknownEntity, InvalidCommand) as err:
             return _result(position, recorded, error=err.line())
         started = time.perf_counter()
         decision = decide(snapshot, policy, decided_at(recorded))
         self.timings.decide_s += time.perf_counter() - started
-        return _result(position, recorded, compare(recorded, decision))
+        outcome = self.outcome(position, recorded)
+        return _result(position, recorded, compare(recorded, outcome, decision, digest))
+
+    def outcome(self, position: int, recorded: e.CycleDecided) -> Outcome:
+        """The placements and preemptions of the record at `position`, from the events after it."""
+        if not recorded.placed and not recorded.preempted:
+            return Outcome()
+        records = self.source.read(position, following_events(recorded))
+        return outcome_of(recorded, (codec.decode(r.data) for r in records))
 
 
 # --- edge: which decisions ----------------------------------------------------------------------
@@ -657,11 +757,7 @@ class Selection:
             return False
         if self.job is not None:
             j = self.job
-            return (
-                any(p.job_id == j for p in d.placements)
-                or any(p.job_id == j for p in d.preemptions)
-                or any(c.job_id == j for c in d.considered)
-            )
+            return j in d.placed or j in d.preempted or any(w.job_id == j for w in d.waiting.first)
         return True
 
 
@@ -670,7 +766,8 @@ def find_decisions(
 ) -> list[tuple[int, e.CycleDecided]]:
     """The recorded decisions of the embedded log that `selection` wants, in log order.
 
-    Reads only `cycle.decided.v1` rows of the store (a scan of one column), then decodes them."""
+    Reads only the decision rows (every stored version) of the store (a scan of one column),
+    then decodes them (as the latest version)."""
     path = home / EVENTS_DB
     if not path.exists():
         raise ReplayError(f"no event log at {path}", hint="pass --home, or run `gpuledger init`")
@@ -678,8 +775,8 @@ def find_decisions(
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
     try:
         rows = con.execute(
-            f"SELECT rowid, state FROM {EVENTS_TABLE} WHERE topic = ? ORDER BY rowid",
-            (DECIDED_TAG,),
+            f"SELECT rowid, state FROM {EVENTS_TABLE} WHERE topic IN (?, ?) ORDER BY rowid",
+            DECIDED_TAGS,
         )
         out = []
         for position, data in rows:

@@ -17,20 +17,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import msgspec
-
 from ledger.application import Ledger
 from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.snapshot import Snapshot, snapshot_from_state
 from ledger.executors import Executor, Launch
 from projections import queries
-from projections.fairshare import UsagePolicy
+from projections.fairshare import RANKING_VERSION, UsagePolicy
 from projections.projector import Projector
 from projections.store import Store
 from schemas import codec
 from schemas import commands as c
 from schemas import events as e
+from schemas.digest import rank_digest
 from schemas.errors import Conflict, LedgerError
 from schemas.events import tag_of
 
@@ -39,6 +38,9 @@ log = logging.getLogger("gpuledger.dispatcher")
 _UTIL_TAGS = [tag_of(t) for t in (e.UtilisationSampled, e.JobPlaced, e.JobPreempted, e.JobFinished)]
 DISPATCHER = "@dispatcher"
 EXECUTOR = "@executor"
+IDLE_RECORD_S = 60.0
+"""A cycle that decides nothing while jobs wait is recorded at most this often (the record
+counts the empty cycles it stands for), so the log answers "why did nothing start"."""
 
 
 class RankSource(Protocol):
@@ -50,14 +52,45 @@ class RankSource(Protocol):
         ...
 
 
+def rank_inputs(
+    source: RankSource,
+    position: int,
+    ranks: Mapping[str, int],
+    level_fs: Mapping[str, float],
+) -> e.RankInputs | None:
+    """What a decision record says about its ranks: where they were read (the source's
+    `read_position` when it has one, else the snapshot's), their digest, the ranking code's
+    version and the usage settings (`usage_policy`). None for sources without usage settings
+    (policies that read no ranks)."""
+    usage: UsagePolicy | None = getattr(source, "usage_policy", None)
+    if usage is None:
+        return None
+    read_at: int | None = getattr(source, "read_position", None)
+    return e.RankInputs(
+        position=position if read_at is None else read_at,
+        digest=rank_digest(ranks, level_fs),
+        ranking_version=RANKING_VERSION,
+        usage=e.UsageSettings(
+            window_s=usage.window_s, half_life_s=usage.half_life_s, weights=dict(usage.weights)
+        ),
+    )
+
+
 class StoreRanks:
-    """Ranks from a DuckDB projection as it stands."""
+    """Ranks from a DuckDB projection as it stands (fed by Kafka, it may trail the ledger)."""
 
     def __init__(self, store: Store, usage: UsagePolicy | None = None) -> None:
         self.store = store
         self.usage = usage or UsagePolicy()
+        self.read_position: int | None = None
+        """The projection position of the last reading."""
+
+    @property
+    def usage_policy(self) -> UsagePolicy:
+        return self.usage
 
     def ranks(self, now: float, position: int) -> tuple[Mapping[str, int], Mapping[str, float]]:
+        self.read_position = self.store.position()
         tree = queries.fair_share(self.store, now, self.usage)
         return tree.leaf_ranks(), tree.level_fs()
 
@@ -135,7 +168,11 @@ class Dispatcher:
         policy: Policy,
         executor: Executor,
         util: UtilTracker | None = None,
+        *,
+        idle_record_s: float | None = IDLE_RECORD_S,
     ) -> None:
+        """`idle_record_s`: record a cycle that decides nothing while jobs wait at most this
+        often (None: never; the simulator's choice)."""
         self.ledger = ledger
         self.rank_source = ranks
         self.policy = policy
@@ -145,6 +182,10 @@ class Dispatcher:
         threshold = float(getattr(policy, "squat_util_pct", UtilTracker.threshold_pct))
         self.util = util or UtilTracker(threshold_pct=threshold)
         self._seen = 0
+        self.idle_record_s = idle_record_s
+        self._skipped = 0
+        """Cycles that decided nothing since the last record, not recorded on their own."""
+        self._recorded_at: float | None = None
 
     def _observe_new_events(self) -> None:
         """Feed the utilisation tracker the events it looks at (the store filters by tag, so a
@@ -184,6 +225,13 @@ class Dispatcher:
             if job is None or job.status not in ("placed", "running"):
                 self.executor.stop(job_id, now)
 
+    def _record_idle(self, decision: Decision, now: float) -> bool:
+        """Whether to record a cycle that decided nothing: jobs wait and the last record is at
+        least `idle_record_s` old."""
+        if self.idle_record_s is None or not decision.waiting:
+            return False
+        return self._recorded_at is not None and now - self._recorded_at >= self.idle_record_s
+
     def cycle(self, now: float) -> CycleResult:
         # 0. exits first: GPUs they free are free for this cycle
         finished = self.report_exits(now)
@@ -201,13 +249,27 @@ class Dispatcher:
         )
         # 2. decide (pure)
         decision = decide(snapshot, self.policy, now)
-        if not decision.placements and not decision.preemptions:
+        if self._recorded_at is None:
+            self._recorded_at = now
+        if (
+            not decision.placements
+            and not decision.preemptions
+            and not self._record_idle(decision, now)
+        ):
+            self._skipped += 1
             self.reconcile(now)
             return CycleResult(position, decision, appended=False, finished=finished)
         # 3. append expecting P
         try:
-            command = decision.to_command(DISPATCHER, f"cycle-{position}")
-            self.ledger.execute(msgspec.structs.replace(command, decided_at=now))
+            command = decision.to_command(
+                DISPATCHER,
+                f"cycle-{position}",
+                decided_at=now,
+                ranks=rank_inputs(self.rank_source, position, ranks, level_fs),
+                skipped_cycles=self._skipped,
+            )
+            self.ledger.execute(command)
+            self._skipped, self._recorded_at = 0, now
         except Conflict as err:
             log.info("decision at position %s overtaken: %s", position, err.line())
             return CycleResult(

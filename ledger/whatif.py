@@ -430,7 +430,7 @@ class _Sim:
         self.cycles = 0
         self._setup(budgets)
         ranks: RankSource = IncrementalRanks(self.ledger, usage)
-        self.dispatcher = Dispatcher(self.ledger, ranks, policy, self.executor)
+        self.dispatcher = Dispatcher(self.ledger, ranks, policy, self.executor, idle_record_s=None)
 
     def _setup(self, budgets: b.BudgetFile | None) -> None:
         st = self.scen.state

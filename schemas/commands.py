@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import msgspec
 
-from schemas.events import AccountKind, Considered, GpuSlot, Placement, Preemption, PreemptReason
+from schemas.events import (
+    AccountKind,
+    GpuSlot,
+    Placement,
+    Preemption,
+    PreemptReason,
+    RankInputs,
+    WaitSummary,
+)
 
 
 class Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
@@ -112,18 +120,21 @@ class CancelJob(Command, frozen=True, kw_only=True, tag="cancel"):
 
 
 class ApplyDecision(Command, frozen=True, kw_only=True, tag="decision.apply"):
-    """A dispatcher cycle's outcome: the decision record plus its placements and preemptions."""
+    """A dispatcher cycle's outcome: its placements and preemptions (which become events) and
+    the decision record's inputs and compact summary (`CycleDecided`)."""
 
     cycle_id: str
     based_on: int
     policy_version: str
     placements: tuple[Placement, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
-    considered: tuple[Considered, ...] = ()
+    waiting: WaitSummary = WaitSummary()
+    ranks: RankInputs | None = None
     fragmentation_gpus: int = 0
     config: dict[str, str] = {}
     wake_at: float | None = None
     decided_at: float | None = None
+    skipped_cycles: int = 0
 
 
 class PreemptJob(Command, frozen=True, kw_only=True, tag="preempt"):

@@ -1,4 +1,4 @@
-"""The v1 event vocabulary: frozen msgspec Structs, tagged, past tense.
+"""The event vocabulary: frozen msgspec Structs, tagged, past tense.
 
 Every event carries `event_id`, `at` (seconds since the Unix epoch, from the ledger's clock, passed
 in), `actor` (who caused it; system actors start with "@") and `prev_hash` (the hash chain).
@@ -221,7 +221,11 @@ class Considered(msgspec.Struct, frozen=True, kw_only=True):
     """Why it waits, as a stable word (WAIT_RESOURCES, WAIT_PRIORITY, WAIT_CONTRACT)."""
 
 
-class CycleDecided(Event, frozen=True, kw_only=True, tag="cycle.decided.v1"):
+class CycleDecidedV1(Event, frozen=True, kw_only=True, tag="cycle.decided.v1"):
+    """The first decision record: it copied every placement, preemption and considered job (sort
+    key and reason text), 1.9 MB at 10k pending. Still read: `schemas.codec` upcasts it to
+    `CycleDecided` (v2), so readers see only the latest version."""
+
     cycle_id: str
     based_on: int
     policy_version: str
@@ -231,9 +235,82 @@ class CycleDecided(Event, frozen=True, kw_only=True, tag="cycle.decided.v1"):
     fragmentation_gpus: int = 0
     config: dict[str, str] = {}
     wake_at: float | None = None
-    """When the decision could change without a new event (a contract ends)."""
+    decided_at: float | None = None
+
+
+class UsageSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How the ranks a decision used counted usage (`projections.fairshare.UsagePolicy`)."""
+
+    window_s: float
+    half_life_s: float | None = None
+    weights: dict[str, float] = {}
+
+
+class RankInputs(msgspec.Struct, frozen=True, kw_only=True):
+    """The fair-share ranks a decision ordered by, by reference: where they were read, a digest
+    of what was read, the ranking code's version and the usage settings. Replay ranks at
+    `position` (which trails `based_on` when a Kafka-fed projection lags) and names a digest
+    mismatch as such."""
+
+    position: int
+    digest: str
+    ranking_version: str
+    usage: UsageSettings
+
+
+class WaitingJob(msgspec.Struct, frozen=True, array_like=True):
+    """A pending job that was not placed, and why (`WAIT_RESOURCES`, `WAIT_PRIORITY`,
+    `WAIT_CONTRACT`): `[job_id, code]` on the wire."""
+
+    job_id: int
+    code: str
+
+
+class WaitCount(msgspec.Struct, frozen=True, array_like=True):
+    """How many jobs waited for one reason code: `[code, jobs]` on the wire."""
+
+    code: str
+    jobs: int
+
+
+class WaitSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """The pending jobs a cycle considered, compactly: the count, the first waiting jobs in
+    order with their codes, the count per code, and a digest of the whole order (job ids, sort
+    keys, codes and reason texts) that replay recomputes. Bounded whatever the queue's length."""
+
+    considered: int = 0
+    first: tuple[WaitingJob, ...] = ()
+    counts: tuple[WaitCount, ...] = ()
+    order_digest: str = ""
+
+    def waiting(self) -> int:
+        return sum(c.jobs for c in self.counts)
+
+
+class CycleDecided(Event, frozen=True, kw_only=True, tag="cycle.decided.v2"):
+    """One dispatcher cycle's decision: its inputs and its outcomes by reference.
+
+    Placements and preemptions are the `JobPlaced`/`JobPreempted` events with this `cycle_id`
+    that follow it in the same append; here only their job ids, in decision order. A cycle that
+    decided nothing is recorded at a bounded rate, and `skipped_cycles` counts the empty cycles
+    before this record that were not recorded on their own: together they answer "why did
+    nothing start between t1 and t2"."""
+
+    cycle_id: str
+    based_on: int
+    policy_version: str
+    config: dict[str, str] = {}
     decided_at: float | None = None
     """The `now` the pure decide() was given (replay re-runs it with the same value)."""
+    ranks: RankInputs | None = None
+    """None in records upcast from v1, which did not say."""
+    placed: tuple[int, ...] = ()
+    preempted: tuple[int, ...] = ()
+    waiting: WaitSummary = WaitSummary()
+    fragmentation_gpus: int = 0
+    wake_at: float | None = None
+    """When the decision could change without a new event (a contract ends)."""
+    skipped_cycles: int = 0
 
 
 AnyEvent = (
@@ -264,6 +341,12 @@ AnyEvent = (
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__
+"""The latest version of every event: what `schemas.codec.decode` returns."""
+
+StoredEvent = AnyEvent | CycleDecidedV1
+"""Every version that may be stored; `schemas.codec` upcasts the older ones."""
+
+OLDER_TYPES: tuple[type[Event], ...] = (CycleDecidedV1,)
 
 
 def tag_of(cls: type[Event]) -> str:
@@ -272,4 +355,4 @@ def tag_of(cls: type[Event]) -> str:
     return tag
 
 
-TAGS: frozenset[str] = frozenset(tag_of(t) for t in EVENT_TYPES)
+TAGS: frozenset[str] = frozenset(tag_of(t) for t in EVENT_TYPES + OLDER_TYPES)

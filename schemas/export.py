@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from schemas.events import EVENT_TYPES, Event, tag_of
+from schemas.events import EVENT_TYPES, OLDER_TYPES, Event, tag_of
 
 JSON_DIR = Path(__file__).parent / "json"
 """Where the committed schemas live (shipped as package data)."""
@@ -33,8 +33,9 @@ def render(cls: type[Event]) -> str:
 
 
 def expected_files() -> dict[str, str]:
-    """Pure: file name -> canonical text, for every event type, sorted by file name."""
-    files = {tag_of(cls) + SUFFIX: render(cls) for cls in EVENT_TYPES}
+    """Pure: file name -> canonical text, for every stored event type (older versions too: a
+    reader of the raw log meets them), sorted by file name."""
+    files = {tag_of(cls) + SUFFIX: render(cls) for cls in EVENT_TYPES + OLDER_TYPES}
     return dict(sorted(files.items()))
 
 

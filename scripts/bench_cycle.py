@@ -32,8 +32,19 @@ from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import commands as c
+from schemas.events import CycleDecided, tag_of
 
 GOAL_MS = 250.0
+RECORD_GOAL = 64 * 1024
+DECIDED = tag_of(CycleDecided)
+
+
+def record_bytes(ledger: Ledger, based_on: int) -> int:
+    """Stored size of the decision record appended after `based_on` (0: none)."""
+    found = ledger.recorder.select_notifications(
+        start=based_on + 1, limit=1, stop=ledger.position, topics=[DECIDED]
+    )
+    return len(found[0].state) if found else 0
 
 
 def build(home: Path, nodes: int, clock: SimClock, rng: random.Random) -> Ledger:
@@ -100,7 +111,7 @@ def main() -> None:
             ledger.execute_all(submissions(args.pending, rng))
             clock.advance_to(clock.now() + 60)
             d.cycle(clock.now())
-            times, decides, placed = [], [], []
+            times, decides, placed, sizes = [], [], [], []
             for _ in range(args.cycles):
                 running = sorted(
                     j.job_id for j in ledger.state.jobs.values() if j.status == "running"
@@ -116,6 +127,7 @@ def main() -> None:
                 result = d.cycle(clock.now())
                 times.append((time.perf_counter() - t0) * 1000)
                 placed.append(len(result.decision.placements))
+                sizes.append(record_bytes(ledger, result.position))
                 # raw baseline: decide() alone on the snapshot the cycle saw
                 ranks, level_fs = d.rank_source.ranks(clock.now(), ledger.position)
                 snap = snapshot_from_state(
@@ -140,6 +152,10 @@ def main() -> None:
         f"decide() alone (raw baseline, same snapshots): p50 {statistics.median(decides):.1f} ms; "
         f"cycle / decide = {p50 / statistics.median(decides):.1f}x; "
         f"placed per cycle p50 {statistics.median(placed):.0f}"
+    )
+    print(
+        f"decision record: max {max(sizes):,} bytes stored; goal <= {RECORD_GOAL:,}: "
+        f"ratio {max(sizes) / RECORD_GOAL:.3f}"
     )
 
 

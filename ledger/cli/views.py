@@ -362,7 +362,7 @@ def _decisions(ctx: Ctx, history: list[e.AnyEvent]) -> dict[str, e.CycleDecided]
         return {}
     with projection(ctx, quiet=True) as store:
         rows = store.con.execute(
-            "SELECT raw FROM events WHERE tag = 'cycle.decided.v1' AND position IN "
+            "SELECT raw FROM events WHERE tag LIKE 'cycle.decided.v%' AND position IN "
             "(SELECT position FROM decisions WHERE cycle_id IN (SELECT unnest($ids)))",
             {"ids": cycles},
         ).fetchall()

@@ -163,6 +163,10 @@ class IncrementalRanks:
             if a.open
         )
 
+    @property
+    def usage_policy(self) -> fs.UsagePolicy:
+        return self.policy
+
     def ranks(self, now: float, position: int) -> Ranks:
         """Ranks at `now` over the ledger's events (the dispatcher has just caught it up to
         `position`, which is therefore every event there is)."""
@@ -187,6 +191,14 @@ class ProjectionRanks:
         self.store = Store.open(home)
         self.projector = Projector(self.store, self.source)
         self.inner = service.ProjectionRanks(self.projector, policy or fs.UsagePolicy())
+
+    @property
+    def usage_policy(self) -> fs.UsagePolicy:
+        return self.inner.usage
+
+    @property
+    def read_position(self) -> int | None:
+        return self.inner.read_position
 
     def ranks(self, now: float, position: int) -> Ranks:
         return self.inner.ranks(now, position)

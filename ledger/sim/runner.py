@@ -221,7 +221,9 @@ class Simulation:
             raise InvalidCommand(
                 f"unknown rank source {config.ranks!r}", hint="use incremental or projection"
             )
-        self.dispatcher = Dispatcher(self.ledger, self.rank_source, self.policy, self.executor)
+        self.dispatcher = Dispatcher(
+            self.ledger, self.rank_source, self.policy, self.executor, idle_record_s=None
+        )
         self.fold = JobFold()
         self.fragmentation: list[tuple[float, int]] = []
         self.cycles = 0

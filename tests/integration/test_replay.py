@@ -171,17 +171,18 @@ def test_exact_catch_up_and_as_of_reading_give_the_same_ranks(history: Path) -> 
         Replayer(source) as as_of,
     ):
         for _, d in decisions:
-            a, _ = exact.snapshot(d)
-            b, _ = as_of.snapshot(d)
+            a, _, da = exact.snapshot(d)
+            b, _, db = as_of.snapshot(d)
             assert (a.ranks, a.level_fs) == (b.ranks, b.level_fs), d.cycle_id
-            assert a == b
+            assert a == b and da == db
+            assert d.ranks is not None and d.ranks.digest == da, d.cycle_id
 
 
 def test_a_selection_picks_decisions_by_cycle_job_and_time(history: Path) -> None:
     everything = find_decisions(history)
-    one = everything[3][1]
+    one = [d for _, d in everything if d.placed or d.preempted][3]
     assert [d for _, d in find_decisions(history, Selection(cycle=one.cycle_id))] == [one]
-    placed = one.placements[0].job_id if one.placements else one.preemptions[0].job_id
+    placed = one.placed[0] if one.placed else one.preempted[0]
     for_job = find_decisions(history, Selection(job=placed))
     assert one in [d for _, d in for_job]
     late = find_decisions(history, Selection(start=T0 + 20_000))
@@ -237,17 +238,23 @@ def test_an_edited_decision_is_reported_with_its_exact_difference(tmp_path: Path
     home = tmp_path / "h"
     build_history(home).close()
     decisions = find_decisions(home)
-    position, d = next((p, d) for p, d in decisions if d.placements)
-    first = d.placements[0]
-    moved = msgspec.structs.replace(
-        first, slots=(e.GpuSlot(node="n9", gpu_indices=first.slots[0].gpu_indices),)
+    position, d = next((p, d) for p, d in decisions if len(d.placed) > 1)
+    # the record lists its placements in another order than its JobPlaced events
+    reordered = msgspec.structs.replace(d, placed=d.placed[::-1])
+    # the record's order digest was changed
+    digest = msgspec.structs.replace(
+        d, waiting=msgspec.structs.replace(d.waiting, order_digest="0" * 64)
     )
-    edited = msgspec.structs.replace(d, placements=(moved, *d.placements[1:]))
     with EmbeddedSource(home) as source:
-        (result,) = list(replay_decisions(source, [(position, edited)]))
-    assert [x.what for x in result.differences] == ["placement"]
-    assert result.differences[0].job_id == first.job_id
-    assert result.differences[0].recorded.startswith("n9[")
+        (a,) = list(replay_decisions(source, [(position, reordered)]))
+    with EmbeddedSource(home) as source:
+        (b,) = list(replay_decisions(source, [(position, digest)]))
+    assert [x.what for x in a.differences] == ["placement order"]
+    assert a.differences[0].recorded == str(list(d.placed[::-1]))
+    assert [x.text() for x in b.differences] == [
+        f"order: recorded digest 000000000000, replayed digest {d.waiting.order_digest[:12]} "
+        "(sort keys or reasons differ)"
+    ]
 
 
 # --- what-if ------------------------------------------------------------------------------------
