@@ -98,6 +98,12 @@ class State:
     jobs: dict[int, Job] = field(default_factory=dict)
     next_job_id: int = 1
     events: int = 0
+    live_only: bool = False
+    """A live state: a finished job leaves `jobs` (decisions never need it again; history reads
+    come from the projection), so memory follows live work, not history. `next_job_id` says
+    which ids existed: a command on a job that left is refused as finished."""
+    finished: int = 0
+    """How many jobs have finished (counted in both modes)."""
     _capacity: dict[tuple[str | None, str | None], tuple[int, int]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -117,6 +123,8 @@ class State:
             jobs=dict(self.jobs),
             next_job_id=self.next_job_id,
             events=self.events,
+            live_only=self.live_only,
+            finished=self.finished,
         )
 
     # --- queries -------------------------------------------------------------------------------
@@ -144,6 +152,10 @@ class State:
 
     def job(self, job_id: int) -> Job:
         job = self.jobs.get(job_id)
+        if job is None and self.live_only and 0 < job_id < self.next_job_id:
+            raise InvalidTransition(
+                f"job {job_id} is finished", hint="see `gpuledger jobs`", job_id=job_id
+            )
         if job is None:
             raise UnknownEntity(f"unknown job {job_id}", hint="see `gpuledger jobs`", job_id=job_id)
         return job
@@ -863,12 +875,21 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.JobFinished():
             job = state.jobs[event.job_id]
             _release(state, job)
-            state.jobs[event.job_id] = msgspec.structs.replace(
-                job, status="finished", outcome=event.outcome, exit_code=event.exit_code, slots=()
-            )
+            state.finished += 1
+            if state.live_only:
+                del state.jobs[event.job_id]
+            else:
+                state.jobs[event.job_id] = msgspec.structs.replace(
+                    job,
+                    status="finished",
+                    outcome=event.outcome,
+                    exit_code=event.exit_code,
+                    slots=(),
+                )
         case e.CheckpointReported():
-            job = state.jobs[event.job_id]
-            state.jobs[event.job_id] = msgspec.structs.replace(job, checkpoint_at=event.at)
+            held = state.jobs.get(event.job_id)
+            if held is not None:  # a live state no longer holds a finished job
+                state.jobs[event.job_id] = msgspec.structs.replace(held, checkpoint_at=event.at)
         case e.UtilisationSampled() | e.CycleDecided():
             pass
     return state

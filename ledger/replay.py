@@ -570,7 +570,7 @@ class Replayer:
     """The squat thresholds the decisions to replay record: one tracker each, fed from the start."""
     exact: bool = False
     page: int = PAGE
-    state: State = field(default_factory=State)
+    state: State = field(default_factory=lambda: State(live_only=True))
     position: int = 0
     timings: Timings = field(default_factory=Timings)
 

@@ -88,7 +88,7 @@ def up(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     log = logging.getLogger("gpuledger.up")
     clock = SystemClock()
-    ledger = ctx.ledger()
+    ledger = ctx.ledger(live=True)
     _register_nodes(ctx, nodes)
     executor = LocalExecutor(ctx.home / "jobs", grace_s=parse_duration(grace))
     stop = threading.Event()
@@ -131,6 +131,7 @@ def up(
             if relay_thread is not None:
                 relay_thread.join(timeout=10)
             source.close()
+            ledger.snapshot_state()  # a clean stop: the next start folds no tail
 
 
 def _idle(ledger: Any) -> bool:
@@ -138,7 +139,7 @@ def _idle(ledger: Any) -> bool:
 
 
 def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
-    ledger = ctx.ledger()
+    ledger = ctx.ledger(live=True)
     cmds: list[c.AnyCommand] = []
     for text in nodes:
         name, gpus, gpu_type = _node_spec(text)

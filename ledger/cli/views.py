@@ -254,7 +254,7 @@ policy_option = click.option(
 
 
 def _live(ctx: Ctx, policy: str, now: float) -> tuple[Any, Any]:
-    ledger = ctx.ledger()
+    ledger = ctx.ledger(live=True)
     with projection(ctx, quiet=True) as store:
         util = _utilisation(store, ledger.state)
         return preview(ledger, StoreRanks(store), _policy(policy), now, util.low_since)

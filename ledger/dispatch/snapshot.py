@@ -14,6 +14,7 @@ preemption margin compares it and decision notes quote it.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -174,7 +175,12 @@ def snapshot_from_state(
     )
     running: list[RunningJob] = []
     pending: list[PendingJob] = []
-    for job in sorted(state.jobs.values(), key=lambda j: j.job_id):
+    # only live jobs, and sorted only when they are not already in id order (a dict keeps
+    # insertion order, which is submission order unless ids were given out of order)
+    live = [j for j in state.jobs.values() if j.status != "finished"]
+    if any(a.job_id > b.job_id for a, b in itertools.pairwise(live)):
+        live.sort(key=lambda j: j.job_id)
+    for job in live:
         spec = job.spec
         if job.status in ("placed", "running") and job.placed_at is not None:
             running.append(
