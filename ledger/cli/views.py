@@ -38,7 +38,7 @@ def _console() -> Console:
 def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
     """The projection caught up with the log. When a running service holds the file (DuckDB
     allows one writer), read a private in-memory copy built from the log instead."""
-    ctx.ledger()  # a clear error when there is no ledger
+    ctx.ledger(live=True)  # a clear error when there is no ledger (from a snapshot: cheap)
     try:
         store = Store.open(ctx.home)
     except ProjectionBusy:
@@ -211,7 +211,7 @@ def projection_group() -> None:
 @pass_ctx
 def projection_rebuild(ctx: Ctx) -> None:
     """Drop the projection and rebuild it from the log (with a progress bar)."""
-    ctx.ledger()
+    ctx.ledger(live=True)
     bar, update = _progress_bar()
     with bar:
         result = rebuild(ctx.home, progress=update)
