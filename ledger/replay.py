@@ -7,7 +7,7 @@ it, as numbered steps:
 1. the read side at P: a fresh in-memory DuckDB projection (`Store(":memory:")` + `Projector`)
    caught up to exactly P; nothing is read from today's tables;
 2. the write side at P: `ledger.domain` `evolve` over the events 1..P (the fold the ledger keeps);
-3. utilisation at P: `ledger.service.UtilTracker` over the events 1..P, with the squat threshold
+3. utilisation at P: `ledger.utilisation.UtilTracker` over the events 1..P, with the squat threshold
    that C records (`squat_util_pct`, else the tracker's default);
 4. ranks at `decided_at` from the projection (usage counted as C says: `window_s`, `half_life_s`,
    else the 7-day window), the snapshot (`snapshot_from_state`), and `decide()` with the policy
@@ -35,13 +35,14 @@ from pathlib import Path
 
 import msgspec
 
+from ledger.cycle_input import snapshot_from_state
 from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.ordering import SortKey
 from ledger.dispatch.policy import Policy, policy_from_config
 from ledger.dispatch.preemption import Victim
-from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot, snapshot_from_state
+from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot
 from ledger.domain import State, evolve
-from ledger.service import UtilTracker
+from ledger.utilisation import UtilTracker
 from projections import queries
 from projections.batch import gc_paused
 from projections.fairshare import RANKING_VERSION, WEEK_S, UsagePolicy

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from ledger.application import Ledger
+from ledger.cycle_input import snapshot_from_state
 from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.policy import Policy
-from ledger.dispatch.snapshot import Snapshot, snapshot_from_state
+from ledger.dispatch.snapshot import Snapshot
 from ledger.executors import Executor, Launch
+from ledger.utilisation import UtilTracker
 from projections import queries
 from projections.fairshare import RANKING_VERSION, UsagePolicy
 from projections.projector import Projector
@@ -128,24 +130,6 @@ def preview(
         position=position,
     )
     return snapshot, decide(snapshot, policy, now)
-
-
-@dataclass
-class UtilTracker:
-    """Since when each running job has stayed below the squat threshold (from its samples)."""
-
-    threshold_pct: float = 10.0
-    low_since: dict[int, float] = field(default_factory=dict)
-
-    def observe(self, event: e.AnyEvent) -> None:
-        if isinstance(event, e.UtilisationSampled):
-            mean = sum(event.gpu_utilisation) / max(1, len(event.gpu_utilisation))
-            if mean < self.threshold_pct:
-                self.low_since.setdefault(event.job_id, event.at)
-            else:
-                self.low_since.pop(event.job_id, None)
-        elif isinstance(event, e.JobPreempted | e.JobFinished | e.JobPlaced):
-            self.low_since.pop(event.job_id, None)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from ledger.clock import SystemClock
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from ledger.domain import State
 from ledger.explain import explain_history, explain_pending, span, when
-from ledger.service import StoreRanks, UtilTracker, preview
+from ledger.service import StoreRanks, preview
+from ledger.utilisation import UtilTracker
 from projections import queries
 from projections.errors import ProjectionBusy
 from projections.fairshare import UsagePolicy

@@ -10,7 +10,8 @@ import pytest
 
 from ledger.application import Ledger
 from ledger.clock import SimClock, seeded_ids
-from ledger.dispatch import Decision, FairShare, Policy, decide, snapshot_from_state
+from ledger.cycle_input import snapshot_from_state
+from ledger.dispatch import Decision, FairShare, Policy, decide
 from ledger.domain import State
 from schemas import commands as c
 from schemas import events as e
