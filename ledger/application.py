@@ -10,7 +10,6 @@ since then touches what it depends on, is rejected with `Conflict`.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 from collections.abc import Sequence
@@ -29,16 +28,12 @@ from ledger.clock import Clock, IdSource, SystemClock, random_ids
 from ledger.domain import State, command_keys, decide, event_keys, evolve
 from schemas import codec
 from schemas.commands import AnyCommand
+from schemas.digest import chain_hash
 from schemas.errors import Conflict, EventDecodeError, InvalidCommand, LedgerError
 from schemas.events import AnyEvent, tag_of
 
 STREAM_ID = uuid5(NAMESPACE_URL, "gpuledger:ledger")
 log = logging.getLogger("gpuledger.ledger")
-
-
-def chain_hash(stored: bytes) -> str:
-    """The link to the next event: SHA-256 of an event's stored bytes, hex."""
-    return hashlib.sha256(stored).hexdigest()
 
 
 EVENTS_DB = "events.sqlite"

@@ -27,6 +27,7 @@ The pure part (`compare`, `usage_from_config`, `replay_policy`, `WithSettings`) 
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
@@ -42,18 +43,20 @@ from ledger.dispatch.policy import Policy, policy_from_config
 from ledger.dispatch.preemption import Victim
 from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot
 from ledger.domain import State, evolve
+from ledger.snapshots import Folded, folded, unfolded
 from ledger.utilisation import UtilTracker
 from projections import queries
 from projections.batch import gc_paused
 from projections.fairshare import RANKING_VERSION, WEEK_S, UsagePolicy
 from projections.projector import Projector
 from projections.source import EVENTS_DB, EVENTS_TABLE, EmbeddedSource, EventSource
-from projections.store import Store
+from projections.store import Store, projection_path
 from schemas import codec
 from schemas import events as e
-from schemas.digest import rank_digest, summarise
+from schemas.digest import chain_hash, rank_digest, summarise
 from schemas.errors import InvalidCommand, LedgerError, UnknownEntity
 
+log = logging.getLogger("gpuledger.replay")
 DECIDED_TAGS = (e.tag_of(e.CycleDecided), e.tag_of(e.CycleDecidedV1))
 """Every stored version of the decision record."""
 DEFAULT_SQUAT_UTIL_PCT = UtilTracker().threshold_pct
@@ -533,6 +536,117 @@ class _AsOf(Store):
         self.con.execute(f"SET VARIABLE replay_position = {int(position)}")
 
 
+class _DiskAsOf(Store):
+    """The data directory's projection, opened read-only and read *as of* a position through
+    temporary views that shadow its tables (`_as_of_temp_sql`), anchored to the log: it is used
+    for position P only when it has caught up to P and its stored bytes at P are the log's."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, read_only=True)
+        self.caught_up = self.position()
+        (db,) = self.con.execute("SELECT current_database()").fetchone() or ("",)
+        self.db = str(db)
+        self.con.execute(_as_of_temp_sql(self.db))
+        self.anchored: dict[int, bool] = {}
+
+    def at(self, position: int) -> None:
+        self.con.execute(f"SET VARIABLE replay_position = {int(position)}")
+
+    def holds(self, position: int, data: bytes) -> bool:
+        """Whether the projection has caught up to `position` with exactly `data` there."""
+        if position > self.caught_up:
+            return False
+        known = self.anchored.get(position)
+        if known is None:
+            row = self.con.execute(
+                f"SELECT raw FROM {self.db}.main.events WHERE position = ?", [position]
+            ).fetchone()
+            raw = None if row is None else row[0]
+            stored = raw.encode() if isinstance(raw, str) else raw
+            known = self.anchored[position] = stored == data
+        return known
+
+
+def _as_of_temp_sql(db: str) -> str:
+    """`AS_OF_SQL` as temporary views over the catalog `db` (a read-only database cannot hold
+    a new schema; temporary views shadow its tables, also inside its macros)."""
+    return f"""
+CREATE OR REPLACE TEMP VIEW job_intervals AS
+SELECT * REPLACE (
+    CASE WHEN end_position <= getvariable('replay_position') THEN end_position END AS end_position,
+    CASE WHEN end_position <= getvariable('replay_position') THEN end_at END AS end_at,
+    CASE WHEN end_position <= getvariable('replay_position') THEN end_reason END AS end_reason)
+FROM {db}.main.job_intervals WHERE start_position <= getvariable('replay_position');
+CREATE OR REPLACE TEMP VIEW account_history AS
+SELECT * FROM {db}.main.account_history WHERE position <= getvariable('replay_position');
+CREATE OR REPLACE TEMP VIEW node_history AS
+SELECT * FROM {db}.main.node_history WHERE position <= getvariable('replay_position');
+CREATE OR REPLACE TEMP VIEW events AS
+SELECT * FROM {db}.main.events WHERE position <= getvariable('replay_position');
+CREATE OR REPLACE TEMP VIEW jobs AS
+SELECT j.* FROM {db}.main.jobs j, (SELECT error('jobs cannot be read as of a position')) x;
+"""
+
+
+CHECKPOINTS_DB = "replay-checkpoints.sqlite"
+"""Beside the store in the data directory: a cache (deleting it only makes replay slower)."""
+CHECKPOINT_EVERY = 50_000
+"""A replay walking the log stores a checkpoint once this many events past the last one."""
+
+
+class _Tracked(msgspec.Struct, frozen=True, array_like=True):
+    threshold_pct: float
+    low_since: list[tuple[int, float]]
+
+
+class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
+    """The write side of a replay at `position`: the live state and the utilisation trackers,
+    anchored to the log by `chain_hash` (of the stored bytes at `position`)."""
+
+    position: int
+    chain_hash: str
+    state: Folded
+    trackers: list[_Tracked]
+
+
+_checkpoint_encoder = msgspec.msgpack.Encoder()
+_checkpoint_decoder = msgspec.msgpack.Decoder(Checkpoint)
+
+
+class Checkpoints:
+    """Replay checkpoints in `<home>/replay-checkpoints.sqlite` (position, checkpoint bytes)."""
+
+    def __init__(self, path: Path) -> None:
+        self.con = sqlite3.connect(path, timeout=30, isolation_level=None)
+        self.con.execute(
+            "CREATE TABLE IF NOT EXISTS checkpoints (position INTEGER PRIMARY KEY, data BLOB)"
+        )
+
+    def put(self, checkpoint: Checkpoint) -> None:
+        self.con.execute(
+            "INSERT OR REPLACE INTO checkpoints VALUES (?, ?)",
+            (checkpoint.position, _checkpoint_encoder.encode(checkpoint)),
+        )
+
+    def before(self, position: int) -> Iterator[Checkpoint]:
+        """Checkpoints at or before `position`, newest first (unreadable ones skipped)."""
+        rows = self.con.execute(
+            "SELECT data FROM checkpoints WHERE position <= ? ORDER BY position DESC LIMIT 8",
+            (position,),
+        ).fetchall()
+        for (data,) in rows:
+            try:
+                yield _checkpoint_decoder.decode(data)
+            except (msgspec.DecodeError, msgspec.ValidationError) as err:
+                log.warning("replay checkpoint skipped: %s", err)
+
+    def positions(self) -> list[int]:
+        return [r[0] for r in self.con.execute("SELECT position FROM checkpoints ORDER BY 1")]
+
+    def close(self) -> None:
+        self.con.close()
+
+
 Ranks = tuple[dict[str, int], dict[str, float]]
 
 
@@ -574,6 +688,12 @@ class Replayer:
     state: State = field(default_factory=lambda: State(live_only=True))
     position: int = 0
     timings: Timings = field(default_factory=Timings)
+    checkpoints: Checkpoints | None = None
+    """Where to store checkpoints while walking, and to start from the nearest one (this needs
+    `projection`: the in-memory projection cannot start from one)."""
+    projection: Path | None = None
+    """The data directory's projection, read as of each position it is anchored at (not with
+    `exact`)."""
 
     def __post_init__(self) -> None:
         self.store = Store(":memory:")
@@ -585,11 +705,60 @@ class Replayer:
         if not self.exact:
             self.store.con.execute(AS_OF_SQL)
             self.as_of = _AsOf(self.store)
+        self.disk: _DiskAsOf | None = None
+        if self.projection is not None and not self.exact:
+            try:
+                self.disk = _DiskAsOf(self.projection)
+            except LedgerError as err:  # busy (a running service holds it) or missing
+                log.info("replay builds its own projection: %s", err.line())
+        self._checkpointed = 0
 
     def close(self) -> None:
         if self.as_of is not None:
             self.as_of.con.close()
+        if self.disk is not None:
+            self.disk.close()
         self.store.close()
+
+    # the nearest checkpoint, and new ones while walking
+    def _start_from_checkpoint(self, until: int) -> None:
+        """Jump the write side to the newest checkpoint at or before `until` that verifies
+        (its chain hash is the log's at its position) and holds every tracker we need."""
+        if self.checkpoints is None or self.disk is None:
+            return
+        for cp in self.checkpoints.before(until):
+            if cp.position <= self.position:
+                return
+            have = {t.threshold_pct: t for t in cp.trackers}
+            if not set(self.trackers) <= set(have):
+                continue
+            records = self.source.read(cp.position - 1, 1)
+            if not records or records[0].position != cp.position:
+                continue
+            if chain_hash(records[0].data) != cp.chain_hash:
+                log.warning("replay checkpoint at %d skipped: the chain hash differs", cp.position)
+                continue
+            self.state = unfolded(cp.state)
+            for threshold, tracker in self.trackers.items():
+                tracker.low_since = dict(have[threshold].low_since)
+            self.position = self._checkpointed = cp.position
+            return
+
+    def _checkpoint(self, data: bytes) -> None:
+        """Store a checkpoint at our position (`data`: the stored bytes there)."""
+        if self.checkpoints is None or self.position - self._checkpointed < CHECKPOINT_EVERY:
+            return
+        self.checkpoints.put(
+            Checkpoint(
+                position=self.position,
+                chain_hash=chain_hash(data),
+                state=folded(self.state),
+                trackers=[
+                    _Tracked(t, sorted(tr.low_since.items())) for t, tr in self.trackers.items()
+                ],
+            )
+        )
+        self._checkpointed = self.position
 
     def __enter__(self) -> Replayer:
         return self
@@ -606,6 +775,7 @@ class Replayer:
                 hint="replay decisions in log order, or use a fresh Replayer",
             )
         started = time.perf_counter()
+        self._start_from_checkpoint(until)
         trackers = list(self.trackers.values())
         state = self.state
         decode = codec.decode
@@ -620,6 +790,7 @@ class Replayer:
                     for tracker in trackers:
                         tracker.observe(ev)
             self.position = records[-1].position
+            self._checkpoint(records[-1].data)
         self.timings.fold_s += time.perf_counter() - started
         if self.position < until:
             raise ReplayError(
@@ -646,6 +817,14 @@ class Replayer:
             self.timings.project_s += mid - started
             self.timings.ranks_s += time.perf_counter() - mid
             return tree.leaf_ranks(), tree.level_fs()
+        if self.disk is not None:
+            records = self.source.read(position - 1, 1)
+            if records and self.disk.holds(position, records[0].data):
+                started = time.perf_counter()
+                self.disk.at(position)
+                tree = queries.fair_share(self.disk, at, usage)
+                self.timings.ranks_s += time.perf_counter() - started
+                return tree.leaf_ranks(), tree.level_fs()
         assert self.as_of is not None
         return self._ranks_as_of(self.as_of, position, at, usage)
 
@@ -793,6 +972,9 @@ def find_decisions(
         con.close()
 
 
+FEW = 8
+"""Up to this many decisions replay from checkpoints and the anchored projection."""
+
 Progress = Callable[[int, int], None]
 """Called after each replayed decision with (done, total)."""
 
@@ -812,9 +994,17 @@ def replay_decisions(
     progress: Progress | None = None,
     *,
     exact: bool = False,
+    checkpoints: Checkpoints | None = None,
+    projection: Path | None = None,
 ) -> Iterator[CycleReplay]:
     """Replay `decisions` (in log order) with one `Replayer` walking the log once."""
-    with Replayer(source, thresholds=thresholds_of(decisions), exact=exact) as replayer:
+    with Replayer(
+        source,
+        thresholds=thresholds_of(decisions),
+        exact=exact,
+        checkpoints=checkpoints,
+        projection=projection,
+    ) as replayer:
         for i, (position, recorded) in enumerate(decisions, start=1):
             yield replayer.replay(position, recorded)
             if progress is not None:
@@ -828,9 +1018,37 @@ def replay_home(
     *,
     exact: bool | None = None,
 ) -> Iterator[CycleReplay]:
-    """Replay the decisions `selection` wants from the embedded log of `home`: one decision
-    exactly (`catch_up(until=P)`), many as of their positions (unless `exact` says)."""
+    """Replay the decisions `selection` wants from the embedded log of `home`, as of their
+    positions (`exact`: a fresh projection caught up to exactly each P instead).
+
+    Many decisions: one walk with a fresh in-memory projection (independent of the data
+    directory's), storing replay checkpoints as it goes. A few (`FEW` or less): from the
+    nearest checkpoint, ranked from the data directory's projection read as of P where it is
+    anchored to the log (its stored bytes at P are the log's), else as for many."""
     decisions = find_decisions(home, selection)
-    exact = len(decisions) <= 1 if exact is None else exact
-    with EmbeddedSource(home) as source:
-        yield from replay_decisions(source, decisions, progress, exact=exact)
+    yield from replay_found(home, decisions, progress, exact=bool(exact))
+
+
+def replay_found(
+    home: Path,
+    decisions: Sequence[tuple[int, e.CycleDecided]],
+    progress: Progress | None = None,
+    *,
+    exact: bool = False,
+) -> Iterator[CycleReplay]:
+    """Replay `decisions` found in the embedded log of `home` (see `replay_home`)."""
+    few = len(decisions) <= FEW
+    checkpoints = Checkpoints(home / CHECKPOINTS_DB)
+    projection = projection_path(home)
+    try:
+        with EmbeddedSource(home) as source:
+            yield from replay_decisions(
+                source,
+                decisions,
+                progress,
+                exact=exact,
+                checkpoints=checkpoints,
+                projection=projection if few and projection.exists() else None,
+            )
+    finally:
+        checkpoints.close()

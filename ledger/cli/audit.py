@@ -98,11 +98,10 @@ def replay(
     verbose = not all_ or len(decisions) == 1
     started = time.perf_counter()
     results: list[rp.CycleReplay] = []
-    with EmbeddedSource(ctx.home) as source:
-        for result in rp.replay_decisions(source, decisions, exact=exact or len(decisions) == 1):
-            results.append(result)
-            if not as_json and (verbose or not result.identical):
-                _print_replay(result, show)
+    for result in rp.replay_found(ctx.home, decisions, exact=exact):
+        results.append(result)
+        if not as_json and (verbose or not result.identical):
+            _print_replay(result, show)
     elapsed = time.perf_counter() - started
     same = sum(r.identical for r in results)
     failed = sum(r.error is not None for r in results)

@@ -9,10 +9,12 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
 import msgspec
 import pytest
 from click.testing import CliRunner
 
+from ledger import replay
 from ledger.application import Ledger
 from ledger.audit import check_history
 from ledger.cli import cli
@@ -30,7 +32,7 @@ from ledger.service import Dispatcher, ProjectionRanks
 from ledger.whatif import scenario, simulate
 from projections.projector import Projector
 from projections.source import EmbeddedSource
-from projections.store import Store
+from projections.store import Store, projection_path
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import UnknownEntity
@@ -304,3 +306,69 @@ def test_cli_whatif_compares_teams_with_new_budgets(history: Path, tmp_path: Pat
     assert set(teams) == {"ai2/olmo", "ai2/tulu"}
     assert teams["ai2/tulu"]["whatif"]["owed_gpu_h"] != teams["ai2/tulu"]["actual"]["owed_gpu_h"]
     assert report["submissions"] == sum(isinstance(ev, e.JobSubmitted) for ev in events_of(history))
+
+
+# --- checkpoints and the anchored projection -----------------------------------------------------
+
+
+def project_home(home: Path) -> None:
+    """The data directory's projection, caught up with the log (as a service leaves it)."""
+    with Store.open(home) as store, EmbeddedSource(home) as source:
+        Projector(store, source).catch_up()
+
+
+def test_one_decision_replays_from_the_nearest_checkpoint_and_the_anchored_projection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    home = tmp_path / "h"
+    build_history(home).close()
+    project_home(home)
+    monkeypatch.setattr(replay, "CHECKPOINT_EVERY", 20)
+    # a walk over every decision stores checkpoints (and uses a projection of its own)
+    assert [r.headline() for r in replay_home(home) if not r.identical] == []
+    checkpoints = replay.Checkpoints(home / replay.CHECKPOINTS_DB)
+    stored = checkpoints.positions()
+    assert len(stored) >= 3
+    decisions = find_decisions(home)
+    position, last = decisions[-1]
+    with EmbeddedSource(home) as source:
+        with replay.Replayer(
+            source, checkpoints=checkpoints, projection=projection_path(home)
+        ) as rp:
+            result = rp.replay(position, last)
+            assert result.identical, result.headline()
+            start = max(p for p in stored if p <= last.based_on)
+            assert rp._checkpointed == start  # folded only the tail after the checkpoint
+            assert rp.disk is not None and rp.disk.anchored == {last.based_on: True}
+        # a checkpoint whose chain hash is not the log's is skipped with a warning
+        data = checkpoints.con.execute(
+            "SELECT data FROM checkpoints WHERE position = ?", (start,)
+        ).fetchone()[0]
+        cp = msgspec.msgpack.decode(data, type=replay.Checkpoint)
+        checkpoints.put(msgspec.structs.replace(cp, chain_hash="0" * 64))
+        monkeypatch.setattr(replay, "CHECKPOINT_EVERY", 10**9)  # store no new one
+        with replay.Replayer(
+            source, checkpoints=checkpoints, projection=projection_path(home)
+        ) as rp:
+            assert rp.replay(position, last).identical
+            assert rp._checkpointed < start
+    assert f"replay checkpoint at {start} skipped: the chain hash differs" in caplog.text
+    checkpoints.close()
+
+
+def test_a_projection_that_does_not_hold_the_logs_bytes_is_not_read(tmp_path: Path) -> None:
+    home = tmp_path / "h"
+    build_history(home).close()
+    project_home(home)
+    position, last = find_decisions(home)[-1]
+    con = duckdb.connect(str(projection_path(home)))
+    con.execute(
+        'UPDATE events SET raw = \'{"type": "edited"}\' WHERE position = ?', [last.based_on]
+    )
+    con.close()
+    with (
+        EmbeddedSource(home) as source,
+        replay.Replayer(source, projection=projection_path(home)) as rp,
+    ):
+        assert rp.replay(position, last).identical  # ranked from a projection of its own
+        assert rp.disk is not None and rp.disk.anchored == {last.based_on: False}
