@@ -645,6 +645,7 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
             based_on=cmd.based_on,
             policy_version=cmd.policy_version,
             config=cmd.config,
+            policy=cmd.policy,
             decided_at=cmd.decided_at,
             ranks=cmd.ranks,
             placed=tuple(p.job_id for p in cmd.placements),

@@ -21,6 +21,7 @@ from ledger.application import Ledger
 from ledger.cycle_input import snapshot_from_state
 from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.policy import Policy
+from ledger.dispatch.registry import config_of
 from ledger.dispatch.snapshot import Snapshot
 from ledger.executors import Executor, Launch
 from ledger.utilisation import UtilTracker
@@ -32,8 +33,9 @@ from schemas import codec
 from schemas import commands as c
 from schemas import events as e
 from schemas.digest import rank_digest
-from schemas.errors import Conflict, LedgerError
+from schemas.errors import Conflict, LedgerError, UnknownEntity
 from schemas.events import tag_of
+from schemas.policy import AnyPolicyConfig
 
 log = logging.getLogger("gpuledger.dispatcher")
 
@@ -76,6 +78,16 @@ def rank_inputs(
             window_s=usage.window_s, half_life_s=usage.half_life_s, weights=dict(usage.weights)
         ),
     )
+
+
+def typed_config(policy: Policy) -> AnyPolicyConfig | None:
+    """The typed config a decision record carries (`registry.config_of`; of the wrapped policy
+    for a wrapper that only records more settings); None for a policy no version registers."""
+    inner = getattr(policy, "inner", policy)
+    try:
+        return config_of(inner)
+    except (UnknownEntity, AttributeError):
+        return None
 
 
 class StoreRanks:
@@ -249,6 +261,7 @@ class Dispatcher:
                 DISPATCHER,
                 f"cycle-{position}",
                 decided_at=now,
+                policy=typed_config(self.policy),
                 ranks=rank_inputs(self.rank_source, position, ranks, level_fs),
                 skipped_cycles=self._skipped,
             )

@@ -17,6 +17,7 @@ from schemas.events import (
     RankInputs,
     WaitSummary,
 )
+from schemas.policy import AnyPolicyConfig
 
 
 class Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
@@ -129,6 +130,7 @@ class ApplyDecision(Command, frozen=True, kw_only=True, tag="decision.apply"):
     placements: tuple[Placement, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
     waiting: WaitSummary = WaitSummary()
+    policy: AnyPolicyConfig | None = None
     ranks: RankInputs | None = None
     fragmentation_gpus: int = 0
     config: dict[str, str] = {}
@@ -187,5 +189,7 @@ AnyCommand = (
     | SampleUtilisation
     | ReportCheckpoint
 )
+
+COMMAND_TYPES: tuple[type[Command], ...] = AnyCommand.__args__
 
 __all__ = ["AnyCommand", "GpuSlot", "Placement", "Preemption"]

@@ -12,6 +12,8 @@ from typing import Literal
 
 import msgspec
 
+from schemas.policy import AnyPolicyConfig
+
 AccountKind = Literal["program", "project", "user"]
 PreemptReason = Literal["fairness", "maintenance", "squatting", "admin", "debug"]
 FinishOutcome = Literal["completed", "failed", "cancelled", "preempted"]
@@ -300,6 +302,9 @@ class CycleDecided(Event, frozen=True, kw_only=True, tag="cycle.decided.v2"):
     based_on: int
     policy_version: str
     config: dict[str, str] = {}
+    policy: AnyPolicyConfig | None = None
+    """The policy's typed config (`schemas.policy`); None in records upcast from v1 (and for
+    policies this build does not register), whose `config` strings say it."""
     decided_at: float | None = None
     """The `now` the pure decide() was given (replay re-runs it with the same value)."""
     ranks: RankInputs | None = None

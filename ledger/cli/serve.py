@@ -15,7 +15,8 @@ import click
 
 from ledger.cli._common import Ctx, parse_duration, pass_ctx
 from ledger.clock import SystemClock
-from ledger.dispatch.policy import FairShare, Fifo, Policy
+from ledger.dispatch import registry
+from ledger.dispatch.policy import Policy
 from ledger.executors import LocalExecutor
 from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
 from projections.errors import SourceUnavailable
@@ -41,9 +42,11 @@ def _node_spec(text: str) -> tuple[str, int, str]:
 
 
 def _policy(name: str, margin: float, debug_lane: bool) -> Policy:
-    if name == "fifo":
-        return Fifo()
-    return FairShare(margin=margin, debug_lane=debug_lane)
+    """The named policy; `--margin` and `--debug-lane` set fair share's knobs."""
+    config = registry.default_config(name)
+    if registry.lookup(name).name == "fairshare":
+        config = registry.with_knobs(config, {"margin": margin, "debug_lane": debug_lane})
+    return registry.policy_from_config(config)
 
 
 @click.command()
@@ -55,7 +58,10 @@ def _policy(name: str, margin: float, debug_lane: bool) -> Policy:
     "--grace", default="30s", show_default=True, help="SIGTERM-to-SIGKILL grace on preemption."
 )
 @click.option(
-    "--policy", type=click.Choice(["fairshare", "fifo"]), default="fairshare", show_default=True
+    "--policy",
+    type=click.Choice(["fairshare", "fifo"]),
+    default=registry.DEFAULT,
+    show_default=True,
 )
 @click.option("--margin", type=float, default=0.1, show_default=True, help="Preemption hysteresis.")
 @click.option("--debug-lane/--no-debug-lane", default=True, show_default=True)

@@ -54,6 +54,7 @@ from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot, complete_
 from schemas.commands import ApplyDecision
 from schemas.digest import summarise
 from schemas.events import Considered, GpuSlot, Placement, Preemption, PreemptReason, RankInputs
+from schemas.policy import AnyPolicyConfig
 
 WaitCode = Literal["WAIT_RESOURCES", "WAIT_PRIORITY", "WAIT_CONTRACT"]
 
@@ -98,6 +99,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
         cycle_id: str,
         *,
         decided_at: float | None = None,
+        policy: AnyPolicyConfig | None = None,
         ranks: RankInputs | None = None,
         skipped_cycles: int = 0,
     ) -> ApplyDecision:
@@ -113,6 +115,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
             placements=self.placements,
             preemptions=self.preemptions,
             waiting=summarise(self.considered),
+            policy=policy,
             ranks=ranks,
             fragmentation_gpus=self.fragmentation_gpus,
             config=self.config,

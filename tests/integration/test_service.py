@@ -24,6 +24,7 @@ from projections.store import Store
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import Conflict
+from schemas.policy import FairShareConfig
 
 GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
 
@@ -98,6 +99,7 @@ def test_a_cycle_places_by_fair_share_and_records_the_decision(tmp_path: Path) -
     ranks = decided[-1].ranks
     assert ranks is not None and ranks.position == result.position
     assert ranks.usage == e.UsageSettings(window_s=7 * 24 * 3600.0)
+    assert decided[-1].policy == FairShareConfig()
 
 
 def test_cycles_that_decide_nothing_are_recorded_as_counts_at_a_bounded_rate(
@@ -301,7 +303,7 @@ def test_up_runs_real_processes_with_their_gpus_and_preempts_unfunded_work(tmp_p
     log = (home / "jobs" / "job-3.log").read_text()
     assert log.strip() in ("gpus=0,1 job=3", "gpus=2,3 job=3")
     why = run_cli(home, "explain", "2").stdout
-    assert "preempted for fairness to make room for job 3" in why
+    assert "preempted for fairness (unfunded) to make room for job 3" in why
     assert "it was unfunded (no contract)" in why
     finished = [
         r["event"]

@@ -525,10 +525,19 @@ def test_a_ledger_reloaded_from_its_store_equals_its_fold(
 def strategy_for(t: mi.Type) -> st.SearchStrategy[Any]:
     """Values of a msgspec type that JSON can carry (finite floats, 64-bit ints)."""
     match t:
-        case mi.IntType():
-            return st.integers(-(2**63), 2**63 - 1)
+        case mi.IntType():  # within the type's bounds (msgspec.Meta ge/gt/le/lt)
+            low = t.ge if t.ge is not None else (t.gt + 1 if t.gt is not None else -(2**63))
+            high = t.le if t.le is not None else (t.lt - 1 if t.lt is not None else 2**63 - 1)
+            return st.integers(low, high)
         case mi.FloatType():
-            return st.floats(allow_nan=False, allow_infinity=False)
+            return st.floats(
+                allow_nan=False,
+                allow_infinity=False,
+                min_value=t.ge if t.ge is not None else t.gt,
+                max_value=t.le if t.le is not None else t.lt,
+                exclude_min=t.gt is not None,
+                exclude_max=t.lt is not None,
+            )
         case mi.StrType():
             return st.text(max_size=12)
         case mi.BoolType():
