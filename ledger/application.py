@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -255,6 +255,30 @@ class Ledger(Application[UUID]):
             (n.id, self._decode(n.id, n.state))
             for n in self.recorder.select_notifications(start=after + 1, limit=limit)
         ]
+
+    def follow(
+        self,
+        after: int,
+        until: int | None = None,
+        *,
+        tags: Sequence[str] | None = None,
+        page: int = 10_000,
+    ) -> Iterator[tuple[int, AnyEvent]]:
+        """The events with `after` < position <= `until` (default: our position), decoded, in
+        log order; with `tags`, only those (the store filters by tag, so the others are never
+        read or decoded). The in-process form of `projections.source.follow`."""
+        stop = self.position if until is None else until
+        topics = list(tags) if tags is not None else None
+        start = after + 1
+        while start <= stop:
+            rows = self.recorder.select_notifications(
+                start=start, limit=page, stop=stop, topics=topics or ()
+            )
+            for n in rows:
+                yield n.id, self._decode(n.id, n.state)
+            if len(rows) < page:
+                return
+            start = rows[-1].id + 1
 
     @staticmethod
     def _decode(position: int, data: bytes) -> AnyEvent:

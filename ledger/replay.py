@@ -51,7 +51,7 @@ from projections import queries
 from projections.batch import gc_paused
 from projections.fairshare import RANKING_VERSION, WEEK_S, UsagePolicy
 from projections.projector import Projector
-from projections.source import EVENTS_DB, EVENTS_TABLE, EmbeddedSource, EventSource
+from projections.source import EVENTS_DB, EmbeddedSource, EventSource, follow
 from projections.store import Store, projection_path
 from schemas import codec
 from schemas import events as e
@@ -781,10 +781,7 @@ class Replayer:
         trackers = list(self.trackers.values())
         state = self.state
         decode = codec.decode
-        while self.position < until:
-            records = self.source.read(self.position, min(self.page, until - self.position))
-            if not records:
-                break
+        for records in follow(self.source, self.position, until, page=self.page):
             with gc_paused():
                 for rec in records:
                     ev = decode(rec.data)
@@ -966,24 +963,14 @@ def find_decisions(
     if not path.exists():
         raise ReplayError(f"no event log at {path}", hint="pass --home, or run `gpuledger init`")
     sel = selection or Selection()
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-    try:
-        rows = con.execute(
-            f"SELECT rowid, state FROM {EVENTS_TABLE} WHERE topic IN (?, ?) ORDER BY rowid",
-            DECIDED_TAGS,
-        )
-        out = []
-        for position, data in rows:
-            ev = codec.decode(data)
-            if isinstance(ev, e.CycleDecided) and sel.wants(ev):
-                out.append((int(position), ev))
-        return out
-    except sqlite3.OperationalError as err:
-        if "no such table" in str(err):
-            return []
-        raise
-    finally:
-        con.close()
+    out = []
+    with EmbeddedSource(home) as source:
+        for page in follow(source, tags=DECIDED_TAGS):
+            for rec in page:
+                ev = codec.decode(rec.data)
+                if isinstance(ev, e.CycleDecided) and sel.wants(ev):
+                    out.append((rec.position, ev))
+    return out
 
 
 FEW = 8

@@ -29,7 +29,6 @@ from projections import queries
 from projections.fairshare import RANKING_VERSION, UsagePolicy
 from projections.projector import Projector
 from projections.store import Store
-from schemas import codec
 from schemas import commands as c
 from schemas import events as e
 from schemas.digest import rank_digest
@@ -187,16 +186,9 @@ class Dispatcher:
         """Feed the utilisation tracker the events it looks at (the store filters by tag, so a
         large decision record is never decoded here)."""
         head = self.ledger.position
-        while self._seen < head:
-            page = self.ledger.recorder.select_notifications(
-                start=self._seen + 1, limit=10_000, stop=head, topics=_UTIL_TAGS
-            )
-            for n in page:
-                self.util.observe(codec.decode(n.state))
-            if len(page) < 10_000:
-                self._seen = head
-            else:
-                self._seen = page[-1].id
+        for _, event in self.ledger.follow(self._seen, head, tags=_UTIL_TAGS):
+            self.util.observe(event)
+        self._seen = head
 
     def report_exits(self, now: float) -> int:
         """Exits the executor saw become JobFinished (unless the ledger already ended the job)."""

@@ -37,7 +37,7 @@ from ledger.cli._common import (
 )
 from ledger.cli.views import projection
 from ledger.explain import span
-from projections.source import EmbeddedSource
+from projections.source import EmbeddedSource, follow
 from projections.store import projection_path
 from schemas import codec
 from schemas import events as e
@@ -732,14 +732,9 @@ def audit_check(ctx: Ctx, as_json: bool) -> None:
 
 
 def _positioned(source: EmbeddedSource, page: int = 50_000) -> Iterator[tuple[int, Any]]:
-    after = 0
-    while True:
-        records = source.read(after, page)
-        if not records:
-            return
+    for records in follow(source, page=page):
         for rec in records:
             yield rec.position, codec.decode(rec.data)
-        after = records[-1].position
 
 
 COMMANDS = [replay, whatif, audit_group]

@@ -60,13 +60,9 @@ class IncrementalRanks:
         self._cache: tuple[float, int, Ranks] | None = None
 
     def _observe(self) -> None:
-        while self._seen < self.ledger.position:
-            page = self.ledger.read(self._seen, 10_000)
-            if not page:
-                break
-            for pos, ev in page:
-                self._apply(ev)
-                self._seen = pos
+        for pos, ev in self.ledger.follow(self._seen):
+            self._apply(ev)
+            self._seen = pos
 
     def _apply(self, ev: e.AnyEvent) -> None:
         if isinstance(ev, e.NodeRegistered):

@@ -412,14 +412,10 @@ class Simulation:
 
     def _observe(self) -> None:
         """Fold the new events into the metrics and the loop's view."""
-        while self._seen < self.ledger.position:
-            page = self.ledger.read(self._seen, 10_000)
-            if not page:
-                break
-            for pos, ev in page:
-                self.fold.apply(ev)
-                self._track(ev)
-                self._seen = pos
+        for pos, ev in self.ledger.follow(self._seen):
+            self.fold.apply(ev)
+            self._track(ev)
+            self._seen = pos
 
     def _track(self, ev: e.AnyEvent) -> None:
         match ev:
