@@ -18,6 +18,7 @@ import msgspec
 
 from schemas import commands as c
 from schemas import events as e
+from schemas.bounds import NAME_PATTERN, describe, field_value, validate
 from schemas.errors import (
     ContractViolation,
     InvalidCommand,
@@ -27,8 +28,7 @@ from schemas.errors import (
 )
 
 DEBUG_TIME_LIMIT_S = 15 * 60
-MAX_GPUS_PER_NODE = 64
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_NAME = re.compile(NAME_PATTERN)
 
 JobStatus = Literal["pending", "placed", "running", "finished"]
 NodeState = Literal["active", "draining", "drained", "removed"]
@@ -208,6 +208,7 @@ NewId = Callable[[], str]
 
 def decide(state: State, cmd: c.AnyCommand, now: float, new_id: NewId) -> list[e.AnyEvent]:
     """Pure: validate `cmd` against `state` and return the events it causes, or raise."""
+    _bounded(cmd)
     if not isinstance(cmd, c.InitLedger) and not state.initialised:
         raise InvalidCommand(
             "the ledger is not initialised", hint="run `gpuledger init --admin USER`"
@@ -216,6 +217,22 @@ def decide(state: State, cmd: c.AnyCommand, now: float, new_id: NewId) -> list[e
         raise NotAuthorised("no actor given", hint="pass --as USER or set GPULEDGER_USER")
     handler = _HANDLERS[type(cmd)]
     return handler(state, cmd, _Stamp(now, cmd.actor, new_id))
+
+
+def _bounded(cmd: c.AnyCommand) -> None:
+    """Every field inside its type's bounds (`schemas.bounds`): the one check of them, whoever
+    built the command (a Struct built in Python skips its `Meta`)."""
+    try:
+        validate(cmd)
+    except msgspec.ValidationError as err:
+        op = type(cmd).__struct_config__.tag
+        data = msgspec.to_builtins(cmd)
+        field = str(err).rpartition("at `$.")[2].rstrip("`")
+        found, value = field_value(data, field)
+        fields = {field: value} if found and field.isidentifier() else {}
+        raise InvalidCommand(
+            f"invalid {op} command: {describe(err, data)}", op=op, **fields
+        ) from err
 
 
 class _Envelope(TypedDict):
@@ -274,8 +291,6 @@ def _init(state: State, cmd: c.InitLedger, s: _Stamp) -> list[e.AnyEvent]:
         raise InvalidTransition("the ledger is already initialised")
     _name(cmd.admin, "user name")
     _name(cmd.cluster, "cluster name")
-    if cmd.min_runtime_cap_s <= 0:
-        raise InvalidCommand("the min runtime cap must be positive")
     return [
         e.LedgerInitialised(
             **s.kw(), admin=cmd.admin, min_runtime_cap_s=cmd.min_runtime_cap_s, cluster=cmd.cluster
@@ -307,12 +322,6 @@ _PARENT_KINDS: dict[str, tuple[str | None, ...]] = {
 }
 
 
-def _shares(value: int) -> int:
-    if value < 0:
-        raise InvalidCommand(f"shares must be >= 0, got {value}", shares=value)
-    return value
-
-
 def _open_account(state: State, cmd: c.OpenAccount, s: _Stamp) -> list[e.AnyEvent]:
     path = _path(cmd.path)
     parent = path.rsplit("/", 1)[0] if "/" in path else None
@@ -328,7 +337,6 @@ def _open_account(state: State, cmd: c.OpenAccount, s: _Stamp) -> list[e.AnyEven
             hint="programs hold programs and projects; projects hold projects and users",
             account=path,
         )
-    _shares(cmd.shares)
     return [
         e.AccountOpened(**s.kw(), path=path, parent=parent, kind=cmd.kind),
         e.SharesSet(**s.kw(), account=path, shares=cmd.shares, reason=cmd.reason or "opened"),
@@ -365,7 +373,6 @@ def _close_account(state: State, cmd: c.CloseAccount, s: _Stamp) -> list[e.AnyEv
 def _set_shares(state: State, cmd: c.SetShares, s: _Stamp) -> list[e.AnyEvent]:
     acct = state.open_account(cmd.account)
     _require_manages(state, s.actor, acct.parent, f"set the shares of {cmd.account!r}")
-    _shares(cmd.shares)
     return [e.SharesSet(**s.kw(), account=cmd.account, shares=cmd.shares, reason=cmd.reason)]
 
 
@@ -382,7 +389,6 @@ def _add_member(state: State, cmd: c.AddMember, s: _Stamp) -> list[e.AnyEvent]:
     _require_manages(state, s.actor, cmd.project, f"add members to {cmd.project!r}")
     if cmd.user in state.members.get(cmd.project, ()):
         raise InvalidTransition(f"{cmd.user!r} is already a member of {cmd.project!r}")
-    _shares(cmd.shares)
     out: list[e.AnyEvent] = [e.MemberAdded(**s.kw(), user=cmd.user, project=cmd.project)]
     leaf = f"{cmd.project}/{cmd.user}"
     existing = state.accounts.get(leaf)
@@ -439,8 +445,6 @@ def _register_node(state: State, cmd: c.RegisterNode, s: _Stamp) -> list[e.AnyEv
     existing = state.nodes.get(cmd.node)
     if not (existing is None or existing.state == "removed"):
         raise InvalidTransition(f"node {cmd.node!r} is already registered")
-    if not (1 <= cmd.gpus <= MAX_GPUS_PER_NODE):
-        raise InvalidCommand(f"a node has 1 to {MAX_GPUS_PER_NODE} GPUs, got {cmd.gpus}")
     return [
         e.NodeRegistered(
             **s.kw(), cluster=cluster, node=cmd.node, gpu_type=cmd.gpu_type, gpus=cmd.gpus
@@ -449,7 +453,8 @@ def _register_node(state: State, cmd: c.RegisterNode, s: _Stamp) -> list[e.AnyEv
 
 
 def _drain_node(state: State, cmd: c.DrainNode, s: _Stamp) -> list[e.AnyEvent]:
-    _require_admin(state, s.actor, "drain nodes")
+    if not is_system(s.actor):  # an execution engine that marks a node down drains it
+        _require_admin(state, s.actor, "drain nodes")
     node = state.node(cmd.node)
     if node.state != "active":
         raise InvalidTransition(f"node {cmd.node!r} is already {node.state}")
@@ -462,7 +467,8 @@ def _drain_node(state: State, cmd: c.DrainNode, s: _Stamp) -> list[e.AnyEvent]:
 
 
 def _return_node(state: State, cmd: c.ReturnNode, s: _Stamp) -> list[e.AnyEvent]:
-    _require_admin(state, s.actor, "return nodes")
+    if not is_system(s.actor):  # ... and returns it when the engine brings it back
+        _require_admin(state, s.actor, "return nodes")
     node = state.node(cmd.node)
     if node.state not in ("draining", "drained"):
         raise InvalidTransition(f"node {cmd.node!r} is {node.state}, not draining or drained")
@@ -495,8 +501,6 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
             f"{user!r} is not a member of {cmd.account!r}",
             hint="a manager adds members: `gpuledger member add`",
         )
-    if cmd.gpus < 1:
-        raise InvalidCommand(f"a job needs at least 1 GPU, got {cmd.gpus}")
     total, largest = state.capacity(cmd.gpu_type, cmd.cluster)
     if cmd.gpus > total:
         kind = f"{cmd.gpu_type} GPUs" if cmd.gpu_type else "GPUs"
@@ -515,11 +519,7 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
             min_runtime_s=min_runtime,
         )
     if cmd.time_limit_s is not None:
-        if cmd.time_limit_s <= 0:
-            raise InvalidCommand("the time limit must be positive")
         min_runtime = min(min_runtime, cmd.time_limit_s)
-    if not (cmd.duration_s is None or cmd.duration_s >= 0):
-        raise InvalidCommand("a duration must be >= 0")
     debug = (
         cmd.time_limit_s is not None
         and cmd.time_limit_s <= DEBUG_TIME_LIMIT_S
@@ -713,7 +713,19 @@ def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
     if job.status != "placed":
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not placed")
-    return [e.JobStarted(**s.kw(), job_id=cmd.job_id)]
+    out: list[e.AnyEvent] = [e.JobStarted(**s.kw(), job_id=cmd.job_id)]
+    if cmd.engine:
+        out.append(
+            e.JobEngineLinked(
+                **s.kw(),
+                job_id=cmd.job_id,
+                engine=cmd.engine,
+                engine_job_id=cmd.engine_job_id,
+                run=cmd.run,
+                gpus=cmd.gpus,
+            )
+        )
+    return out
 
 
 def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
@@ -725,6 +737,18 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
     out: list[e.AnyEvent] = [
         e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome=outcome, exit_code=cmd.exit_code)
     ]
+    if cmd.engine:
+        out.append(
+            e.JobEngineEnded(
+                **s.kw(),
+                job_id=cmd.job_id,
+                engine=cmd.engine,
+                engine_job_id=cmd.engine_job_id,
+                reason=cmd.reason,
+                engine_state=cmd.engine_state,
+                exit_code=cmd.exit_code,
+            )
+        )
     return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)
 
 
@@ -891,7 +915,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             held = state.jobs.get(event.job_id)
             if held is not None:  # a live state no longer holds a finished job
                 state.jobs[event.job_id] = msgspec.structs.replace(held, checkpoint_at=event.at)
-        case e.UtilisationSampled() | e.CycleDecided():
+        case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineLinked() | e.JobEngineEnded():
             pass
     return state
 

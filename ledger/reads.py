@@ -30,6 +30,7 @@ from projections.store import Store
 from schemas import codec
 from schemas import events as e
 from schemas import views as v
+from schemas.bounds import TeamDepth, check
 from schemas.errors import InvalidCommand, UnknownEntity
 
 # --- budget tree and nodes ---------------------------------------------------------------------
@@ -223,8 +224,7 @@ def delivered(store: Store, start: float, end: float, team_depth: int) -> v.Deli
     """Owed against delivered GPU-hours per team over [start, end)."""
     if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
         raise InvalidCommand("the report needs a positive, finite window", start=start, end=end)
-    if team_depth < 1:
-        raise InvalidCommand(f"team depth must be >= 1, got {team_depth}", team_depth=team_depth)
+    team_depth = check(team_depth, TeamDepth, "team depth")
     rep = queries.delivered_report(store, start, end, team_depth=team_depth)
     return v.DeliveredView(
         start_at=rep.start,

@@ -24,10 +24,11 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from projections.chain import chain_hash
 from projections.errors import CorruptEvent
 from projections.source import LogRecord
 from schemas import events as e
-from schemas.codec import upcast
+from schemas.codec import clamp, upcast
 from schemas.events import TAGS, tag_of
 
 _decoder = msgspec.json.Decoder(e.StoredEvent)
@@ -141,6 +142,9 @@ class Batch:
     tables: dict[str, pa.Table]
     counts: dict[str, int]
     """Rows per input of `apply.sql`, including the views read back from `events`."""
+    chain: str | None = None
+    """The chain hash of the batch's last record (what the next record must link to); None
+    when the batch moves no record (only poison set aside)."""
 
 
 @contextmanager
@@ -195,7 +199,12 @@ def decode_records(records: Sequence[LogRecord]) -> tuple[dict[type, Group], lis
             if sink is not None:
                 try:
                     ev = decode(data)
-                except (msgspec.DecodeError, msgspec.ValidationError) as err:
+                except msgspec.ValidationError as err:
+                    clamped = clamp(data)  # stored before the bounds: clamped into them
+                    if clamped is None:
+                        raise _corrupt(rec, f"event {tag!r} is invalid: {err}", known=True) from err
+                    ev = clamped
+                except msgspec.DecodeError as err:
                     raise _corrupt(rec, f"event {tag!r} is invalid: {err}", known=True) from err
                 if type(ev) is not sink[0]:
                     raise _corrupt(
@@ -261,6 +270,7 @@ def _build(records: Sequence[LogRecord]) -> Batch:
         unknown=len(unknown),
         tables=tables,
         counts=counts,
+        chain=chain_hash(records[-1].data),
     )
 
 

@@ -1,12 +1,15 @@
 """One encoder and one decoder for the whole event vocabulary, built once at import.
 
 Upcasting lives here and only here: `decode` reads every stored version of an event and returns
-its latest version, so no reader handles old versions. An upcaster is a pure function from the
-older Struct to the newer one; the golden corpus under `tests/golden/` holds stored bytes of every
-older version that must keep decoding.
+its latest version (`upcast`), so no reader handles old versions; values stored before their
+fields had bounds are clamped into them (`clamp`). The golden corpus under `tests/golden/` holds
+stored bytes of every older version that must keep decoding.
 """
 
 from __future__ import annotations
+
+import re
+from typing import Any
 
 import msgspec
 
@@ -38,14 +41,68 @@ def peek_tag(data: bytes) -> str | None:
         return None
 
 
+_BOUND = re.compile(
+    r"^Expected `(?P<kind>int|float|str|array|object)`(?: of length)? (?P<op><=|>=)"
+    r" (?P<n>[-0-9.e+]+) - at `\$(?P<path>[^`]*)`$"
+)
+_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
+
+
+def clamp(data: bytes) -> StoredEvent | None:
+    """Pure: an event stored before its fields had bounds, with every value that is outside them
+    clamped into them (numbers to the nearest bound, text and lists cut to their longest), or
+    None when the bytes fail for another reason. The stored bytes (and the hash chain over them)
+    stay as they are; every reader sees the same clamped event."""
+    try:
+        obj: Any = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return None
+    for _ in range(1_000):
+        try:
+            event: StoredEvent = _decoder.decode(msgspec.json.encode(obj))
+            return event
+        except msgspec.ValidationError as e:
+            m = _BOUND.match(str(e))
+            if m is None:
+                return None
+            path = m["path"]
+            n = float(m["n"])
+            if "[...]" in path:  # a key or value of a mapping: cut every key and value to n
+                path, limit = path.split("[...]", 1)[0], int(n)
+                if m["kind"] != "str" or m["op"] != "<=":
+                    return None
+            else:
+                limit = None
+            steps = [(k, int(i)) if i else (k, None) for k, i in _STEP.findall(path)]
+            parent: Any = obj
+            for key, index in steps[:-1]:
+                parent = parent[key] if index is None else parent[index]
+            key, index = steps[-1]
+            slot: Any = key if index is None else index
+            if limit is not None:
+                parent[slot] = {
+                    str(k)[:limit]: v[:limit] if isinstance(v, str) else v
+                    for k, v in parent[slot].items()
+                }
+            elif m["kind"] in ("int", "float"):
+                parent[slot] = int(n) if m["kind"] == "int" else n
+            elif m["op"] == "<=" and m["kind"] == "object":
+                parent[slot] = dict(list(parent[slot].items())[: int(n)])
+            elif m["op"] == "<=":
+                parent[slot] = parent[slot][: int(n)]
+            else:
+                return None  # too short: nothing to clamp to
+    return None
+
+
 # --- upcasters: older version -> latest version (pure) ------------------------------------------
 
 
 def decided_v1_to_v2(ev: CycleDecidedV1) -> CycleDecided:
     """Pure: a v1 decision record as v2. Placements and preemptions become references (their
     `JobPlaced`/`JobPreempted` events follow the record in the log); the considered list becomes
-    the compact summary with the same order digest replay computes; the rank inputs, which v1 did
-    not record, are None."""
+    the compact summary with the same order digest replay computes; the rank inputs and typed
+    policy config, which v1 did not record, are None."""
     return CycleDecided(
         event_id=ev.event_id,
         at=ev.at,
@@ -72,17 +129,28 @@ def upcast(event: StoredEvent) -> AnyEvent:
 
 
 def decode(data: bytes) -> AnyEvent:
-    """Decode and validate one event, upcast to its latest version; raise EventDecodeError saying
-    whether the tag is known."""
+    """Decode and validate one event, as the latest version of its type (`upcast`); raise
+    EventDecodeError saying whether the tag is known.
+
+    An event outside its fields' bounds (stored before they existed) is clamped into them
+    (`clamp`)."""
     try:
-        event = _decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        tag = peek_tag(data)
-        known = tag in TAGS
-        what = (
-            f"event {tag!r} is invalid"
-            if known
-            else (f"unknown event type {tag!r}" if tag else "bytes are not an event")
-        )
-        raise EventDecodeError(f"{what}: {e}", tag=tag, known=known) from e
-    return upcast(event)
+        return upcast(_decoder.decode(data))
+    except msgspec.ValidationError as e:
+        event = clamp(data)
+        if event is not None:
+            return upcast(event)
+        raise _error(data, e) from e
+    except msgspec.DecodeError as e:
+        raise _error(data, e) from e
+
+
+def _error(data: bytes, e: Exception) -> EventDecodeError:
+    tag = peek_tag(data)
+    known = tag in TAGS
+    what = (
+        f"event {tag!r} is invalid"
+        if known
+        else (f"unknown event type {tag!r}" if tag else "bytes are not an event")
+    )
+    return EventDecodeError(f"{what}: {e}", tag=tag, known=known)

@@ -38,6 +38,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "squatters": ("views",),
     "preempt": ("views",),
     "up": ("serve",),
+    "slurm": ("slurm",),
+    "relay": ("kafka",),
     "simulate": ("sim",),
     "replay": ("audit",),
     "whatif": ("audit",),

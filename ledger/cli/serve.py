@@ -1,5 +1,6 @@
-"""`gpuledger up`: the service on the embedded default (ledger, projector, dispatcher loop,
-LocalExecutor), or fed by Kafka with `--kafka`."""
+"""`gpuledger up`: the service (ledger, projector fed by the store, dispatcher loop,
+LocalExecutor), and with `--kafka` a relay thread that publishes the log for other readers;
+`--executor slurm --partition P` runs the placed jobs on a Slurm partition (docs/slurm.md)."""
 
 from __future__ import annotations
 
@@ -7,28 +8,26 @@ import logging
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from ledger.cli._common import Ctx, parse_duration, pass_ctx
+from ledger.cli._common import Ctx, log_level_option, parse_duration, pass_ctx, setup_logging
 from ledger.clock import SystemClock
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
-from ledger.executors import LocalExecutor
+from ledger.executors import LocalExecutor, ServiceExecutor
 from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
-from projections.errors import SourceUnavailable
 from projections.projector import Projector
-from projections.source import EmbeddedSource, EventSource, LogRecord
+from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import commands as c
-from schemas.errors import InvalidCommand, LedgerError
+from schemas.errors import EngineError, InvalidCommand, LedgerError
 
 if TYPE_CHECKING:
-    from projections.kafka_source import KafkaSource
-    from projections.quarantine import Where
+    from ledger.relay import RelayService
+    from ledger.slurm import SlurmExecutor
 
 
 def _node_spec(text: str) -> tuple[str, int, str]:
@@ -70,11 +69,25 @@ def _policy(name: str, margin: float, debug_lane: bool) -> Policy:
     "kafka",
     envvar="GPULEDGER_KAFKA",
     default=None,
-    help="Bootstrap HOST:PORT: relay the log to Kafka and feed the projection from it.",
+    help="Bootstrap HOST:PORT: relay the log to Kafka for other readers (`relay status`).",
+)
+@click.option(
+    "--executor",
+    "executor_name",
+    type=click.Choice(["local", "slurm"]),
+    default="local",
+    show_default=True,
+    help="Run placed jobs as local processes, or as Slurm jobs on --partition.",
+)
+@click.option(
+    "--partition",
+    envvar="GPULEDGER_SLURM_PARTITION",
+    default=None,
+    help="The Slurm partition gpu-ledger owns (with --executor slurm).",
 )
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is pending or running.")
 @click.option("--for", "run_for", default=None, help="Exit after this long (e.g. 10m).")
-@click.option("--log-level", default="INFO", show_default=True)
+@log_level_option
 @pass_ctx
 def up(
     ctx: Ctx,
@@ -85,22 +98,25 @@ def up(
     margin: float,
     debug_lane: bool,
     kafka: str | None,
+    executor_name: str,
+    partition: str | None,
     until_idle: bool,
     run_for: str | None,
     log_level: str,
 ) -> None:
     """Run the service: every cycle snapshots, decides, appends, and runs placed jobs as local
-    processes with CUDA_VISIBLE_DEVICES set to their GPUs."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    processes with CUDA_VISIBLE_DEVICES set to their GPUs (or as Slurm jobs)."""
+    setup_logging(log_level)
     log = logging.getLogger("gpuledger.up")
     clock = SystemClock()
     ledger = ctx.ledger(live=True)
     _register_nodes(ctx, nodes)
-    executor = LocalExecutor(ctx.home / "jobs", grace_s=parse_duration(grace))
+    executor, engine = _executor(ctx, executor_name, partition, parse_duration(grace))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    relay_thread, source = _transport(ctx.home, kafka, stop, log)
+    relay = _relay(ctx.home, kafka, log_level)
+    source = EmbeddedSource(ctx.home)  # scheduling never waits on the broker
     deadline = None if run_for is None else clock.now() + parse_duration(run_for)
     tick = parse_duration(interval) or 1
     with Store.open(ctx.home) as store:
@@ -109,12 +125,15 @@ def up(
             ProjectionRanks(Projector(store, source)),
             _policy(policy, margin, debug_lane),
             executor,
+            unavailable=None if engine is None else engine.foreign,
         )
-        _recover(ledger, executor, log)
+        dispatcher.recover(executor, clock.now())
         log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
         try:
             while not stop.is_set():
                 now = clock.now()
+                if engine is not None:
+                    _follow_slurm_nodes(ledger, engine, log)
                 result = dispatcher.cycle(now)
                 if until_idle and _idle(ledger):
                     log.info("nothing pending or running: exiting")
@@ -134,8 +153,8 @@ def up(
                 except LedgerError as err:
                     log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
             stop.set()
-            if relay_thread is not None:
-                relay_thread.join(timeout=10)
+            if relay is not None:
+                relay.stop()  # flushes: every event committed above is published (bounded)
             source.close()
             ledger.snapshot_state()  # a clean stop: the next start folds no tail
 
@@ -156,96 +175,77 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
         ledger.execute_all(cmds)
 
 
-def _recover(ledger: Any, executor: LocalExecutor, log: logging.Logger) -> None:
-    """Jobs the ledger says run here but no process runs (the service stopped uncleanly): they
-    ended when it stopped. Record that, so their GPUs are free again."""
-    lost = [j.job_id for j in ledger.state.jobs.values() if j.status in ("placed", "running")]
-    for job_id in sorted(set(lost) - executor.running()):
-        log.warning("job %s has no process after a restart: recording it as failed", job_id)
-        ledger.execute(c.FinishJob(actor=EXECUTOR, job_id=job_id, exit_code=-1))
+def _executor(
+    ctx: Ctx, name: str, partition: str | None, grace_s: float
+) -> tuple[ServiceExecutor, SlurmExecutor | None]:
+    """The executor, and the Slurm one again when it is Slurm (nodes and foreign jobs)."""
+    if name == "local":
+        return LocalExecutor(ctx.home / "jobs", grace_s=grace_s), None
+    from ledger.slurm import SlurmExecutor, ledger_id, register_commands
+
+    if not partition:
+        raise InvalidCommand(
+            "--executor slurm needs the partition gpu-ledger owns",
+            hint="pass --partition P (or set GPULEDGER_SLURM_PARTITION)",
+        )
+    ledger = ctx.ledger()
+    slurm = SlurmExecutor(partition, ledger_id(ledger), ctx.home / "jobs", grace_s=grace_s)
+    slurm.check()
+    found = slurm.nodes()
+    if not found:
+        raise EngineError(
+            f"Slurm partition {partition!r} has no nodes with GPUs (Gres=gpu:...)",
+            hint="see docs/slurm.md",
+        )
+    cmds = register_commands(found, ledger.state.nodes, ctx.actor)
+    if cmds:
+        ledger.execute_all(cmds)
+    return slurm, slurm
 
 
-def _transport(
-    home: Path, kafka: str | None, stop: threading.Event, log: logging.Logger
-) -> tuple[threading.Thread | None, EventSource]:
-    """Embedded: the projection reads the store. Kafka: a relay thread publishes the store and
-    the projection consumes the topic (GPULEDGER_KAFKA_TOPIC and GPULEDGER_KAFKA_TRANSACTIONAL_ID
-    override the topic and the relay's transactional id)."""
-    if kafka is None:
-        return None, EmbeddedSource(home)
-    from ledger.relay import DEFAULT_TRANSACTIONAL_ID, TOPIC, Relay, open_store
-    from projections.kafka_source import KafkaSource
+def _follow_slurm_nodes(ledger: Any, slurm: SlurmExecutor, log: logging.Logger) -> None:
+    """Drain in the ledger what Slurm drains or marks down, and return what it takes back."""
+    from ledger.slurm import node_changes
 
-    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.root.level))  # chatty at INFO
-    topic = os.environ.get("GPULEDGER_KAFKA_TOPIC") or TOPIC
-    txn_id = os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID") or DEFAULT_TRANSACTIONAL_ID
-    relay = Relay(open_store(home), kafka, topic=topic, transactional_id=txn_id)
-
-    def run() -> None:
+    try:
+        found = slurm.nodes()
+    except LedgerError as err:
+        log.warning("slurm nodes: %s", err.line())
+        return
+    for cmd in node_changes(found, ledger.state.nodes, EXECUTOR):
         try:
-            relay.run(stop, on_error=lambda e: log.warning("relay: %s", e))
+            ledger.execute(cmd)
+            log.info("node %s follows Slurm: %s", cmd.node, type(cmd).__name__)  # type: ignore[union-attr]
         except LedgerError as err:
-            log.error("relay stopped: %s", err.line())
-            stop.set()
-        finally:
-            relay.close()
-
-    thread = threading.Thread(target=run, name="relay", daemon=True)
-    thread.start()
-    return thread, _Relayed(KafkaSource(kafka, topic), EmbeddedSource(home), log)
+            log.warning("node change not recorded: %s", err.line())
 
 
-class _Relayed:
-    """The topic as the projection's source in `up --kafka`. Its head waits (up to `wait_s`)
-    until the relay has published the store's head, so the dispatcher ranks at exactly its
-    snapshot's position, as on the embedded default. When Kafka lags longer or is away, it goes
-    on with the projection as far as the topic has it, and says so: placements stay safe (the
-    ledger checks them against its own state); only the fair-share order may lag behind."""
+def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None:
+    """With --kafka, a relay thread publishes the store to the topic for other readers
+    (GPULEDGER_KAFKA_TOPIC and GPULEDGER_KAFKA_TRANSACTIONAL_ID override the topic and the
+    relay's transactional id). The dispatcher's projection reads the store either way, so a
+    broker outage shows as relay lag (`gpuledger relay status`), nothing more."""
+    if kafka is None:
+        return None
+    from ledger.relay import (
+        DEFAULT_TRANSACTIONAL_ID,
+        TOPIC,
+        RelayService,
+        connect_timeout,
+        flush_timeout,
+    )
+    from projections.kafka_source import quiet_kafka_logs
 
-    def __init__(
-        self, kafka: KafkaSource, store: EmbeddedSource, log: logging.Logger, wait_s: float = 10.0
-    ) -> None:
-        self.kafka = kafka
-        self.store = store
-        self.log = log
-        self.wait_s = wait_s
-        self._head: int | None = None
-
-    def read(self, after: int, limit: int) -> list[LogRecord]:
-        try:
-            return self.kafka.read(after, limit)
-        except SourceUnavailable as err:
-            self.log.warning("kafka: %s; ranking on the projection as it stands", err.line())
-            return []
-
-    def head(self) -> int:
-        target = self.store.head()
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            try:
-                head = self._head = self.kafka.head()
-            except SourceUnavailable as err:
-                if self._head is None:
-                    raise
-                self.log.warning("kafka: %s; ranking on the projection as it stands", err.line())
-                return self._head
-            if head >= target:
-                return head
-            if time.monotonic() > deadline:
-                self.log.warning(
-                    "kafka: the topic is at position %d, the store at %d: ranking on the topic",
-                    head,
-                    target,
-                )
-                return head
-            time.sleep(0.005)
-
-    def where(self, position: int) -> Where | None:
-        return self.kafka.where(position)
-
-    def close(self) -> None:
-        self.kafka.close()
-        self.store.close()
+    quiet_kafka_logs(log_level)
+    return RelayService(
+        home,
+        kafka,
+        topic=os.environ.get("GPULEDGER_KAFKA_TOPIC") or TOPIC,
+        transactional_id=os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID")
+        or DEFAULT_TRANSACTIONAL_ID,
+        connect_timeout_s=connect_timeout(),
+        flush_s=flush_timeout(),
+    ).start()
 
 
 COMMANDS = [up]
