@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+import msgspec
 
 from ledger.cli._common import (
     Ctx,
@@ -32,6 +33,7 @@ from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import commands as c
 from schemas.errors import EngineError, InvalidCommand, LedgerError
+from schemas.events import JobFinished, tag_of
 
 if TYPE_CHECKING:
     from ledger.relay import RelayService
@@ -139,15 +141,18 @@ def up(
         log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
         log.info("job output goes to %s/job-N.log", ctx.home / "jobs")
         seen = job_states(ledger.state.jobs)
+        held, since = dict(ledger.state.jobs), ledger.position
         try:
             while not stop.is_set():
                 now = clock.now()
                 if engine is not None:
                     _follow_slurm_nodes(ledger, engine, log)
                 result = dispatcher.cycle(now)
-                for line in lifecycle_lines(seen, ledger.state.jobs, str(ctx.home / "jobs")):
+                jobs = _with_finished(ledger, held, since)
+                for line in lifecycle_lines(seen, jobs, str(ctx.home / "jobs")):
                     log.info("%s", line)
                 seen = job_states(ledger.state.jobs)
+                held, since = dict(ledger.state.jobs), ledger.position
                 if until_idle and _idle(ledger):
                     log.info("nothing pending or running: exiting")
                     break
@@ -165,13 +170,27 @@ def up(
                     )
                 except LedgerError as err:
                     log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
-            for line in lifecycle_lines(seen, ledger.state.jobs, str(ctx.home / "jobs")):
+            jobs = _with_finished(ledger, held, since)
+            for line in lifecycle_lines(seen, jobs, str(ctx.home / "jobs")):
                 log.info("%s", line)
             stop.set()
             if relay is not None:
                 relay.stop()  # flushes: every event committed above is published (bounded)
             source.close()
             ledger.snapshot_state()  # a clean stop: the next start folds no tail
+
+
+def _with_finished(ledger: Any, held: dict[int, Any], since: int) -> dict[int, Any]:
+    """The live jobs plus those of `held` that finished after `since`: a live ledger no longer
+    holds a finished job, and the lifecycle lines name its outcome."""
+    jobs = dict(ledger.state.jobs)
+    for _, ev in ledger.follow(since, tags=[tag_of(JobFinished)]):
+        old = held.get(ev.job_id)
+        if old is not None and ev.job_id not in jobs:
+            jobs[ev.job_id] = msgspec.structs.replace(
+                old, status="finished", outcome=ev.outcome, exit_code=ev.exit_code, slots=()
+            )
+    return jobs
 
 
 def _idle(ledger: Any) -> bool:
