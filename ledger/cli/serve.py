@@ -25,7 +25,7 @@ from ledger.clock import SystemClock
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
 from ledger.executors import LocalExecutor, ServiceExecutor
-from ledger.explain import job_states, lifecycle_lines
+from ledger.explain import lifecycle_lines
 from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
 from projections.projector import Projector
 from projections.source import EmbeddedSource
@@ -138,16 +138,15 @@ def up(
         dispatcher.recover(executor, clock.now())
         log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
         log.info("job output goes to %s/job-N.log", ctx.home / "jobs")
-        seen = job_states(ledger.state.jobs)
+        seen = ledger.head()
+        before: dict[int, Any] = dict(ledger.state.jobs)
         try:
             while not stop.is_set():
                 now = clock.now()
                 if engine is not None:
                     _follow_slurm_nodes(ledger, engine, log)
                 result = dispatcher.cycle(now)
-                for line in lifecycle_lines(seen, ledger.state.jobs, str(ctx.home / "jobs")):
-                    log.info("%s", line)
-                seen = job_states(ledger.state.jobs)
+                seen = _log_lifecycle(ledger, seen, before, ctx.home / "jobs", log)
                 if until_idle and _idle(ledger):
                     log.info("nothing pending or running: exiting")
                     break
@@ -165,13 +164,24 @@ def up(
                     )
                 except LedgerError as err:
                     log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
-            for line in lifecycle_lines(seen, ledger.state.jobs, str(ctx.home / "jobs")):
-                log.info("%s", line)
+            _log_lifecycle(ledger, seen, before, ctx.home / "jobs", log)
             stop.set()
             if relay is not None:
                 relay.stop()  # flushes: every event committed above is published (bounded)
             source.close()
             ledger.snapshot_state()  # a clean stop: the next start folds no tail
+
+
+def _log_lifecycle(
+    ledger: Any, after: int, jobs: dict[int, Any], output: Path, log: logging.Logger
+) -> int:
+    """Log each job start, finish, failure and preemption the log gained after `after` (jobs
+    that finished are gone from the live state: `jobs` keeps the ones seen); the new head."""
+    events = [ev for _, ev in ledger.read(after, 100_000)]
+    jobs.update(ledger.state.jobs)
+    for line in lifecycle_lines(events, jobs, str(output)):
+        log.info("%s", line)
+    return int(ledger.head())
 
 
 def _idle(ledger: Any) -> bool:
