@@ -487,6 +487,7 @@ ViolationCode = Literal[
     "GPU_HELD_TWICE",
     "PREEMPTED_IN_CONTRACT",
     "ADMIN_PREEMPTED_IN_CONTRACT",
+    "REQUEUED_IN_CONTRACT",
     "PLACED_ON_INACTIVE_NODE",
     "UNFUNDED_CHARGED",
     "NOT_AUTHORISED",
@@ -654,7 +655,18 @@ class _Checker:
             f"job {ev.job_id} preempted ({ev.reason}) by {ev.actor!r} {left:g} s before its "
             f"contract ends"
         )
-        if self.state.is_admin(ev.actor) and not is_system(ev.actor) and ev.note.strip():
+        owner = ev.actor == job.spec.user or self.state.manages(ev.actor, job.spec.account)
+        if owner and not is_system(ev.actor) and ev.note.startswith("requeued by "):
+            self.noted.append(
+                Violation(
+                    position=pos,
+                    at=ev.at,
+                    code="REQUEUED_IN_CONTRACT",
+                    message=f"{what}: {ev.note}",
+                    job_id=ev.job_id,
+                )
+            )
+        elif self.state.is_admin(ev.actor) and not is_system(ev.actor) and ev.note.strip():
             self.noted.append(
                 Violation(
                     position=pos,

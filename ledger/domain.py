@@ -61,6 +61,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     outcome: e.FinishOutcome | None = None
     exit_code: int | None = None
     preemptions: int = 0
+    held: bool = False
+    """A held pending job is not scheduled until released."""
 
     @property
     def job_id(self) -> int:
@@ -546,17 +548,57 @@ def _drained_after(
     return out
 
 
+def _require_owner(state: State, job: Job, actor: str, what: str) -> None:
+    """The job's owner, a manager of its account, an admin or a system actor (cancel's rule)."""
+    if not (actor == job.spec.user or state.manages(actor, job.spec.account) or is_system(actor)):
+        raise NotAuthorised(
+            f"{actor!r} may not {what} job {job.job_id}: only its owner, a manager or an admin"
+        )
+
+
 def _cancel(state: State, cmd: c.CancelJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
-    if not (
-        s.actor == job.spec.user or state.manages(s.actor, job.spec.account) or is_system(s.actor)
-    ):
-        raise NotAuthorised(
-            f"{s.actor!r} may not cancel job {cmd.job_id}: only its owner, a manager or an admin"
-        )
+    _require_owner(state, job, s.actor, "cancel")
     if not job.active:
         raise InvalidTransition(f"job {cmd.job_id} already {job.outcome}")
     out: list[e.AnyEvent] = [e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome="cancelled")]
+    return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)
+
+
+def _hold(state: State, cmd: c.HoldJob, s: _Stamp) -> list[e.AnyEvent]:
+    job = state.job(cmd.job_id)
+    _require_owner(state, job, s.actor, "hold")
+    if job.status != "pending":
+        raise InvalidTransition(
+            f"job {cmd.job_id} is {job.outcome or job.status}: only pending jobs can be held",
+            hint="`gpuledger requeue` puts a running job back in the queue",
+        )
+    if job.held:
+        raise InvalidTransition(f"job {cmd.job_id} is already held")
+    return [e.JobHeld(**s.kw(), job_id=cmd.job_id, reason=cmd.reason)]
+
+
+def _release_job(state: State, cmd: c.ReleaseJob, s: _Stamp) -> list[e.AnyEvent]:
+    job = state.job(cmd.job_id)
+    _require_owner(state, job, s.actor, "release")
+    if not job.held:
+        raise InvalidTransition(f"job {cmd.job_id} is not held")
+    return [e.JobReleased(**s.kw(), job_id=cmd.job_id)]
+
+
+def _requeue(state: State, cmd: c.RequeueJob, s: _Stamp) -> list[e.AnyEvent]:
+    job = state.job(cmd.job_id)
+    _require_owner(state, job, s.actor, "requeue")
+    if job.status not in ("placed", "running"):
+        raise InvalidTransition(
+            f"job {cmd.job_id} is {job.outcome or job.status}: only placed or running jobs can "
+            "be requeued"
+        )
+    note = f"requeued by {s.actor}" + (f": {cmd.reason}" if cmd.reason else "")
+    out: list[e.AnyEvent] = [
+        e.JobPreempted(**s.kw(), job_id=cmd.job_id, reason="admin", note=note[:1000]),
+        e.JobRequeued(**s.kw(), job_id=cmd.job_id),
+    ]
     return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)
 
 
@@ -626,6 +668,12 @@ def _check_slots(
 
 def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.AnyEvent]:
     _require_system(state, s.actor, "apply dispatcher decisions")
+    if cmd.based_on > state.events:
+        raise InvalidCommand(
+            f"a decision based on position {cmd.based_on} is ahead of the log "
+            f"(position {state.events})",
+            based_on=cmd.based_on,
+        )
     out: list[e.AnyEvent] = [
         e.CycleDecided(
             **s.kw(),
@@ -666,6 +714,8 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
                 else f"job {pl.job_id} is {job.status}, not pending",
                 job_id=pl.job_id,
             )
+        if job.held:
+            raise InvalidTransition(f"job {pl.job_id} is held", job_id=pl.job_id)
         _check_slots(state, job, pl.slots, taken)
         placed.add(pl.job_id)
         out.append(
@@ -778,6 +828,9 @@ _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]]
     c.RemoveNode: _remove_node,  # type: ignore[dict-item]
     c.SubmitJob: _submit,  # type: ignore[dict-item]
     c.CancelJob: _cancel,  # type: ignore[dict-item]
+    c.HoldJob: _hold,  # type: ignore[dict-item]
+    c.ReleaseJob: _release_job,  # type: ignore[dict-item]
+    c.RequeueJob: _requeue,  # type: ignore[dict-item]
     c.ApplyDecision: _apply_decision,  # type: ignore[dict-item]
     c.PreemptJob: _preempt,  # type: ignore[dict-item]
     c.StartJob: _start,  # type: ignore[dict-item]
@@ -878,6 +931,10 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             state.jobs[event.job_id] = msgspec.structs.replace(
                 job, slots=(), placed_at=None, started_at=None, preemptions=job.preemptions + 1
             )
+        case e.JobHeld():
+            state.jobs[event.job_id] = msgspec.structs.replace(state.jobs[event.job_id], held=True)
+        case e.JobReleased():
+            state.jobs[event.job_id] = msgspec.structs.replace(state.jobs[event.job_id], held=False)
         case e.JobRequeued():
             state.jobs[event.job_id] = msgspec.structs.replace(
                 state.jobs[event.job_id], status="pending"

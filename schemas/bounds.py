@@ -51,6 +51,8 @@ Priority = Annotated[int, msgspec.Meta(ge=-1_000_000_000, le=1_000_000_000)]
 Seconds = Annotated[int, msgspec.Meta(ge=0, le=TEN_YEARS_S)]
 """A whole number of seconds: a contract (`min_runtime_s`: 0 unfunded, else at least 1 s)."""
 PositiveSeconds = Annotated[int, msgspec.Meta(ge=1, le=TEN_YEARS_S)]
+PositiveInterval = Annotated[float, msgspec.Meta(ge=0.001, le=float(TEN_YEARS_S))]
+"""How often a loop runs (seconds, a fraction allowed)."""
 Duration = Annotated[float, msgspec.Meta(ge=0.0, le=float(TEN_YEARS_S))]
 Epoch = Annotated[float, msgspec.Meta(ge=0.0, le=YEAR_3000)]
 ExitCode = Annotated[int, msgspec.Meta(ge=-INT32_MAX - 1, le=INT32_MAX)]

@@ -150,6 +150,27 @@ class CancelJob(Command, frozen=True, kw_only=True, tag="cancel"):
     job_id: JobId
 
 
+class HoldJob(Command, frozen=True, kw_only=True, tag="hold"):
+    """Keep a pending job out of scheduling (like `scontrol hold`); who may cancel it may."""
+
+    job_id: JobId
+    reason: Text = ""
+
+
+class ReleaseJob(Command, frozen=True, kw_only=True, tag="release"):
+    """Let a held job be scheduled again (like `scontrol release`)."""
+
+    job_id: JobId
+
+
+class RequeueJob(Command, frozen=True, kw_only=True, tag="requeue"):
+    """Stop a placed or running job and put it back in the queue, same job id (like `scontrol
+    requeue`); who may cancel it may, inside its contract too (it is their own work)."""
+
+    job_id: JobId
+    reason: Text = ""
+
+
 class ApplyDecision(Command, frozen=True, kw_only=True, tag="decision.apply"):
     """A dispatcher cycle's outcome: the decision record plus its placements and preemptions."""
 
@@ -218,6 +239,9 @@ AnyCommand = (
     | RemoveNode
     | SubmitJob
     | CancelJob
+    | HoldJob
+    | ReleaseJob
+    | RequeueJob
     | ApplyDecision
     | PreemptJob
     | StartJob

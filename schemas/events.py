@@ -217,6 +217,19 @@ class JobRequeued(Event, frozen=True, kw_only=True, tag="job.requeued.v1"):
     job_id: JobId
 
 
+class JobHeld(Event, frozen=True, kw_only=True, tag="job.held.v1"):
+    """A pending job is held (like `scontrol hold`): the dispatcher skips it until released."""
+
+    job_id: JobId
+    reason: Text = ""
+
+
+class JobReleased(Event, frozen=True, kw_only=True, tag="job.released.v1"):
+    """A held job may be scheduled again."""
+
+    job_id: JobId
+
+
 class JobFinished(Event, frozen=True, kw_only=True, tag="job.finished.v1"):
     job_id: JobId
     outcome: FinishOutcome
@@ -320,6 +333,8 @@ AnyEvent = (
     | JobStarted
     | JobPreempted
     | JobRequeued
+    | JobHeld
+    | JobReleased
     | JobFinished
     | JobEngineLinked
     | JobEngineEnded

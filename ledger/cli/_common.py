@@ -16,7 +16,7 @@ import click
 import msgspec
 
 from ledger.application import EVENTS_DB, Ledger
-from schemas.bounds import Epoch, PositiveSeconds, check, describe
+from schemas.bounds import Epoch, PositiveInterval, PositiveSeconds, check, describe
 from schemas.errors import EnvironmentProblem, InvalidCommand, LedgerError
 
 T = TypeVar("T")
@@ -37,6 +37,15 @@ def parse_duration(text: str) -> int:
             hint="durations are whole seconds; 0 means none (an unfunded contract)",
         )
     return int(seconds)
+
+
+def parse_interval(text: str, option: str = "--interval") -> float:
+    """A positive, finite number of seconds that may have a fraction ('0.2s', '1.5m'): how
+    often a loop runs, not a contract."""
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise InvalidCommand(f"invalid {option} {text!r}", hint="use e.g. 0.5s, 10s, 1m")
+    return float(bounded(float(m.group(1)) * _UNITS[m.group(2)], PositiveInterval, option))
 
 
 def parse_window(text: str, option: str = "--window") -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import threading
 from pathlib import Path
@@ -14,11 +13,19 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ledger.cli._common import Ctx, log_level_option, parse_duration, pass_ctx, setup_logging
+from ledger.cli._common import (
+    Ctx,
+    log_level_option,
+    parse_duration,
+    parse_interval,
+    pass_ctx,
+    setup_logging,
+)
 from ledger.clock import SystemClock
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
 from ledger.executors import LocalExecutor, ServiceExecutor
+from ledger.explain import job_states, lifecycle_lines
 from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
 from projections.projector import Projector
 from projections.source import EmbeddedSource
@@ -119,7 +126,7 @@ def up(
     relay = _relay(ctx.home, kafka, log_level)
     source = EmbeddedSource(ctx.home)  # scheduling never waits on the broker
     deadline = None if run_for is None else clock.now() + parse_duration(run_for)
-    tick = _interval(interval)
+    tick = parse_interval(interval)
     with Store.open(ctx.home) as store:
         dispatcher = Dispatcher(
             ledger,
@@ -130,12 +137,17 @@ def up(
         )
         dispatcher.recover(executor, clock.now())
         log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
+        log.info("job output goes to %s/job-N.log", ctx.home / "jobs")
+        seen = job_states(ledger.state.jobs)
         try:
             while not stop.is_set():
                 now = clock.now()
                 if engine is not None:
                     _follow_slurm_nodes(ledger, engine, log)
                 result = dispatcher.cycle(now)
+                for line in lifecycle_lines(seen, ledger.state.jobs, str(ctx.home / "jobs")):
+                    log.info("%s", line)
+                seen = job_states(ledger.state.jobs)
                 if until_idle and _idle(ledger):
                     log.info("nothing pending or running: exiting")
                     break
@@ -153,20 +165,12 @@ def up(
                     )
                 except LedgerError as err:
                     log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
+            for line in lifecycle_lines(seen, ledger.state.jobs, str(ctx.home / "jobs")):
+                log.info("%s", line)
             stop.set()
             if relay is not None:
                 relay.stop()  # flushes: every event committed above is published (bounded)
             source.close()
-
-
-def _interval(text: str) -> float:
-    """The loop's period: a wall-clock setting, not a stored duration, so fractions are fine
-    (`0.2s`); 0 means 1 s."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s)?", text.strip())
-    if m is None:
-        raise InvalidCommand(f"invalid --interval {text!r}", hint="use e.g. 2s, 0.5s or 200ms")
-    seconds = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
-    return seconds or 1.0
 
 
 def _idle(ledger: Any) -> bool:

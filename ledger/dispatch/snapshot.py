@@ -196,7 +196,7 @@ def snapshot_from_state(
                     low_util_since=low.get(spec.job_id),
                 )
             )
-        elif job.status == "pending":
+        elif job.status == "pending" and not job.held:  # a held job is not scheduled
             pending.append(
                 PendingJob(
                     job_id=spec.job_id,

@@ -387,7 +387,7 @@ def test_up_with_an_unreachable_broker_schedules_and_says_so_in_one_line(tmp_pat
             "--for",
             "3s",
             "--interval",
-            "0.2s",
+            "1s",
             "--log-level",
             "WARNING",
         ],
@@ -496,7 +496,7 @@ def test_sigterm_publishes_every_committed_event_before_exit(
     ledger = Ledger(home)
     ledger.execute_all([job("sleep 60")] * 4)
     up = start_up(
-        home, kafka_bootstrap, kafka_topic, transactional_id, "--interval", "0.2s", "--grace", "1s"
+        home, kafka_bootstrap, kafka_topic, transactional_id, "--interval", "1s", "--grace", "1s"
     )
     try:
         ledger_jobs = lambda: [j.status for j in Ledger(home).state.jobs.values()]  # noqa: E731
