@@ -125,14 +125,16 @@ class Ctx:
             )
         return self._actor
 
-    def ledger(self, *, must_exist: bool = True) -> Ledger:
-        if self._ledger is None:
+    def ledger(self, *, must_exist: bool = True, live: bool = False) -> Ledger:
+        """The ledger; `live=True` for commands that need only live work (writes, the queue, the
+        service): it starts from the newest snapshot plus the tail and keeps no finished jobs."""
+        if self._ledger is None or (self._ledger.state.live_only and not live):
             if must_exist and not (self.home / EVENTS_DB).exists():
                 raise InvalidCommand(
                     f"no ledger in {self.home}",
                     hint="run `gpuledger init --admin USER` or pass --home",
                 )
-            self._ledger = Ledger(self.home)
+            self._ledger = Ledger(self.home, live=live)
         return self._ledger
 
 

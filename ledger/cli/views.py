@@ -48,7 +48,7 @@ def _console() -> Console:
 def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
     """The projection caught up with the log. When a running service holds the file (DuckDB
     allows one writer), read a private in-memory copy built from the log instead."""
-    ctx.ledger()  # a clear error when there is no ledger
+    ctx.ledger(live=True)  # a clear error when there is no ledger
     try:
         store = Store.open(ctx.home)
     except ProjectionBusy:
@@ -218,7 +218,7 @@ def projection_group() -> None:
 @pass_ctx
 def projection_rebuild(ctx: Ctx) -> None:
     """Drop the projection and rebuild it from the log (with a progress bar)."""
-    ctx.ledger()
+    ctx.ledger(live=True)
     bar, update = _progress_bar()
     with bar:
         result = rebuild(ctx.home, progress=update)
@@ -306,7 +306,7 @@ def queue(
     """Pending work in dispatch order: sort key, why it waits, estimated start (like squeue)."""
     f = build(QueueFilter, user=user, account=account_path, state=state, limit=limit)
     now = SystemClock().now()
-    ledger = ctx.ledger()
+    ledger = ctx.ledger(live=True)
     with projection(ctx, quiet=True) as store:
         rows = reads.queue(ledger, store, _policy(policy), now, f)
     if as_json:
@@ -355,7 +355,7 @@ def priority(
     """Each pending job's sort key, part by part (like sprio), in dispatch order."""
     f = build(QueueFilter, user=user, account=account_path, state=state, limit=limit)
     now = SystemClock().now()
-    ledger = ctx.ledger()
+    ledger = ctx.ledger(live=True)
     with projection(ctx, quiet=True) as store:
         rows = reads.priority(ledger, store, _policy(policy), now, f)
     if as_json:

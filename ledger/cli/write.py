@@ -11,7 +11,7 @@ from schemas.events import JobSubmitted
 
 
 def _done(ctx: Ctx, what: str, cmd: c.AnyCommand) -> None:
-    appended = ctx.ledger().execute(cmd)
+    appended = ctx.ledger(live=True).execute(cmd)
     click.echo(f"{what} (position {appended.position})")
 
 
