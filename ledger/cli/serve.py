@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-import msgspec
 
 from ledger.cli._common import (
     Ctx,
@@ -26,14 +25,13 @@ from ledger.clock import SystemClock
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
 from ledger.executors import LocalExecutor, ServiceExecutor
-from ledger.explain import job_states, lifecycle_lines
+from ledger.explain import lifecycle_lines
 from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import commands as c
 from schemas.errors import EngineError, InvalidCommand, LedgerError
-from schemas.events import JobFinished, tag_of
 
 if TYPE_CHECKING:
     from ledger.relay import RelayService
@@ -140,19 +138,15 @@ def up(
         dispatcher.recover(executor, clock.now())
         log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
         log.info("job output goes to %s/job-N.log", ctx.home / "jobs")
-        seen = job_states(ledger.state.jobs)
-        held, since = dict(ledger.state.jobs), ledger.position
+        seen = ledger.head()
+        before: dict[int, Any] = dict(ledger.state.jobs)
         try:
             while not stop.is_set():
                 now = clock.now()
                 if engine is not None:
                     _follow_slurm_nodes(ledger, engine, log)
                 result = dispatcher.cycle(now)
-                jobs = _with_finished(ledger, held, since)
-                for line in lifecycle_lines(seen, jobs, str(ctx.home / "jobs")):
-                    log.info("%s", line)
-                seen = job_states(ledger.state.jobs)
-                held, since = dict(ledger.state.jobs), ledger.position
+                seen = _log_lifecycle(ledger, seen, before, ctx.home / "jobs", log)
                 if until_idle and _idle(ledger):
                     log.info("nothing pending or running: exiting")
                     break
@@ -170,9 +164,7 @@ def up(
                     )
                 except LedgerError as err:
                     log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
-            jobs = _with_finished(ledger, held, since)
-            for line in lifecycle_lines(seen, jobs, str(ctx.home / "jobs")):
-                log.info("%s", line)
+            _log_lifecycle(ledger, seen, before, ctx.home / "jobs", log)
             stop.set()
             if relay is not None:
                 relay.stop()  # flushes: every event committed above is published (bounded)
@@ -180,17 +172,16 @@ def up(
             ledger.snapshot_state()  # a clean stop: the next start folds no tail
 
 
-def _with_finished(ledger: Any, held: dict[int, Any], since: int) -> dict[int, Any]:
-    """The live jobs plus those of `held` that finished after `since`: a live ledger no longer
-    holds a finished job, and the lifecycle lines name its outcome."""
-    jobs = dict(ledger.state.jobs)
-    for _, ev in ledger.follow(since, tags=[tag_of(JobFinished)]):
-        old = held.get(ev.job_id)
-        if old is not None and ev.job_id not in jobs:
-            jobs[ev.job_id] = msgspec.structs.replace(
-                old, status="finished", outcome=ev.outcome, exit_code=ev.exit_code, slots=()
-            )
-    return jobs
+def _log_lifecycle(
+    ledger: Any, after: int, jobs: dict[int, Any], output: Path, log: logging.Logger
+) -> int:
+    """Log each job start, finish, failure and preemption the log gained after `after` (jobs
+    that finished are gone from the live state: `jobs` keeps the ones seen); the new head."""
+    events = [ev for _, ev in ledger.read(after, 100_000)]
+    jobs.update(ledger.state.jobs)
+    for line in lifecycle_lines(events, jobs, str(output)):
+        log.info("%s", line)
+    return int(ledger.head())
 
 
 def _idle(ledger: Any) -> bool:
