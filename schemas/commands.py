@@ -8,12 +8,23 @@ from __future__ import annotations
 
 import msgspec
 
-from schemas.events import AccountKind, Considered, GpuSlot, Placement, Preemption, PreemptReason
+from schemas.events import (
+    AccountKind,
+    Considered,
+    GpuSlot,
+    Placement,
+    Preemption,
+    PreemptReason,
+    TokenScope,
+)
 
 
 class Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
     actor: str
     expected_position: int | None = None
+    real_actor: str | None = None
+    """Set by the edge that authenticated the caller when an admin acts as `actor`; never taken
+    from a caller."""
 
 
 class InitLedger(Command, frozen=True, kw_only=True, tag="init"):
@@ -152,6 +163,23 @@ class ReportCheckpoint(Command, frozen=True, kw_only=True, tag="job.checkpoint")
     job_id: int
 
 
+class IssueToken(Command, frozen=True, kw_only=True, tag="token.issue"):
+    """Record a token the edge made: its id and the SHA-256 of its secret (never the secret)."""
+
+    token_id: str
+    user: str
+    secret_sha256: str
+    name: str = ""
+    expires_at: float | None = None
+    scope: TokenScope = "user"
+    scope_node: str | None = None
+    scope_job: int | None = None
+
+
+class RevokeToken(Command, frozen=True, kw_only=True, tag="token.revoke"):
+    token_id: str
+
+
 AnyCommand = (
     InitLedger
     | GrantAdmin
@@ -175,6 +203,8 @@ AnyCommand = (
     | FinishJob
     | SampleUtilisation
     | ReportCheckpoint
+    | IssueToken
+    | RevokeToken
 )
 
 __all__ = ["AnyCommand", "GpuSlot", "Placement", "Preemption"]

@@ -60,3 +60,33 @@ class EventDecodeError(LedgerError):
         self.fields.update(tag=tag, known=known)
         self.tag = tag
         self.known = known
+
+
+class NotAuthenticated(LedgerError):
+    """The caller could not be identified: no token, a malformed, unknown, expired or revoked
+    one. Never says which, so a guesser learns nothing."""
+
+    code = "unauthenticated"
+
+
+class Unavailable(LedgerError):
+    """The server cannot take the request now (it is stopping); retry elsewhere or later."""
+
+    code = "unavailable"
+
+
+ERROR_CODES: dict[str, type[LedgerError]] = {
+    cls.code: cls
+    for cls in (
+        LedgerError,
+        InvalidCommand,
+        UnknownEntity,
+        NotAuthorised,
+        InvalidTransition,
+        ContractViolation,
+        Conflict,
+        NotAuthenticated,
+        Unavailable,
+    )
+}
+"""Error classes by `code`: an HTTP client raises the same class the server raised."""

@@ -26,6 +26,8 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     prev_hash: str = ""
     """SHA-256 (hex) of the previous event's stored bytes: the log is a hash chain, so an edited
     or removed event breaks the link after it. Empty for the first event. Set by the ledger."""
+    real_actor: str | None = None
+    """Who really called, when an admin acted as `actor` (`--as`); None when they are the same."""
 
 
 # --- ledger -------------------------------------------------------------------------------------
@@ -196,6 +198,31 @@ class CheckpointReported(Event, frozen=True, kw_only=True, tag="job.checkpointed
     job_id: int
 
 
+# --- identity -----------------------------------------------------------------------------------
+
+TokenScope = Literal["user", "node", "job"]
+
+
+class TokenIssued(Event, frozen=True, kw_only=True, tag="token.issued.v1"):
+    """A bearer token for `user`. Only the SHA-256 of its secret is kept, never the secret.
+
+    `scope` narrows it: "user" acts as `user` with all their roles; "node" only reports for
+    `node`; "job" only reports checkpoints of `job`."""
+
+    token_id: str
+    user: str
+    name: str = ""
+    secret_sha256: str
+    expires_at: float | None = None
+    scope: TokenScope = "user"
+    scope_node: str | None = None
+    scope_job: int | None = None
+
+
+class TokenRevoked(Event, frozen=True, kw_only=True, tag="token.revoked.v1"):
+    token_id: str
+
+
 # --- decisions ----------------------------------------------------------------------------------
 
 
@@ -261,6 +288,8 @@ AnyEvent = (
     | UtilisationSampled
     | CheckpointReported
     | CycleDecided
+    | TokenIssued
+    | TokenRevoked
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__

@@ -13,7 +13,8 @@ from typing import Any
 import click
 import msgspec
 
-from ledger.application import EVENTS_DB, Ledger
+from ledger.application import EVENTS_DB, Appended, Ledger
+from schemas.commands import AnyCommand, InitLedger
 from schemas.errors import InvalidCommand, LedgerError
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
@@ -62,25 +63,91 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{s}s"
 
 
-class Ctx:
-    """Lazily opens the ledger so read-only commands that do not need it stay cheap."""
+def os_user() -> str:
+    """The name of the OS user running this process (the actor when nobody says --as)."""
+    import pwd
 
-    def __init__(self, home: Path, actor: str | None) -> None:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+class Ctx:
+    """Where commands go: a server (client mode: `--url`/$GPULEDGER_URL, or the Unix socket of a
+    server running on the data directory) or the ledger itself (embedded mode). Opened lazily so
+    commands that need neither stay cheap."""
+
+    def __init__(self, home: Path, actor: str | None, url: str | None = None) -> None:
         self.home = home
         self._actor = actor
+        self._url = url
         self._ledger: Ledger | None = None
+        self._client: Any = None
 
     @property
     def actor(self) -> str:
-        if not self._actor:
-            raise InvalidCommand("no actor given", hint="pass --as USER or set GPULEDGER_USER")
-        if self._actor.startswith("@"):
+        """Who acts: --as (or $GPULEDGER_USER) when given, else the caller: the OS user here, the
+        authenticated identity at a server ("" tells the server to fill it in)."""
+        if self._actor and self._actor.startswith("@"):
             raise InvalidCommand(
                 f"{self._actor!r} is a system actor", hint="people act under their own names"
             )
-        return self._actor
+        if self._actor:
+            return self._actor
+        return "" if self.remote is not None else os_user()
+
+    @property
+    def remote(self) -> Any:
+        """The server's client, or None in embedded mode."""
+        if self._client is None:
+            from ledger.server.client import Client, load_token, local_socket
+
+            if self._url:
+                self._client = Client(self._url, load_token())
+            else:
+                sock = local_socket(self.home)
+                self._client = Client(f"unix:{sock}") if sock is not None else False
+        return self._client or None
+
+    def execute(self, cmd: AnyCommand) -> Appended:
+        """Append one command, here or at the server."""
+        if self.remote is not None:
+            result: Appended = self.remote.execute(cmd)
+            return result
+        return self.ledger().execute(self._embedded(cmd))
+
+    def execute_all(self, cmds: list[AnyCommand]) -> Appended:
+        if self.remote is not None:
+            result: Appended = self.remote.execute_all(cmds)
+            return result
+        return self.ledger().execute_all([self._embedded(cmd) for cmd in cmds])
+
+    def read(self, name: str, **query: Any) -> Any:
+        """A read of `ledger.server.reads`, as plain JSON data (identical in both modes)."""
+        from ledger.server.reads import READS
+
+        spec = READS[name]
+        if self.remote is not None:
+            return self.remote.get(spec.path, query)
+        args = spec.parse({k: v for k, v in query.items() if v is not None})
+        result = spec.run(_Handles(self.ledger()), self.actor, args)
+        return msgspec.json.decode(msgspec.json.encode(result))
+
+    def _embedded(self, cmd: AnyCommand) -> AnyCommand:
+        """Embedded mode: the OS user is the real actor; acting as someone else is `--as`, which
+        the domain allows admins only (and records)."""
+        me = os_user()
+        if isinstance(cmd, InitLedger) or cmd.actor == me:
+            return cmd
+        return msgspec.structs.replace(cmd, real_actor=me)
 
     def ledger(self, *, must_exist: bool = True) -> Ledger:
+        if self.remote is not None:
+            raise InvalidCommand(
+                "this command needs the data directory, and a server owns it",
+                hint="run it on the server's host with the server stopped, or use the API",
+            )
         if self._ledger is None:
             if must_exist and not (self.home / EVENTS_DB).exists():
                 raise InvalidCommand(
@@ -89,6 +156,11 @@ class Ctx:
                 )
             self._ledger = Ledger(self.home)
         return self._ledger
+
+
+class _Handles:
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
 
 
 pass_ctx = click.make_pass_decorator(Ctx)

@@ -15,6 +15,7 @@ from rich.tree import Tree
 from ledger.cli._common import Ctx, echo_json, fmt_duration, fmt_time, json_option, pass_ctx
 from ledger.cli.write import account, node
 from ledger.domain import Job, State
+from schemas import codec
 from schemas.events import tag_of
 
 
@@ -67,7 +68,7 @@ def tree_rows(state: State) -> list[dict[str, Any]]:
 @pass_ctx
 def account_tree(ctx: Ctx, as_json: bool) -> None:
     """Show the budget tree with shares and normalised shares."""
-    rows = tree_rows(ctx.ledger().state)
+    rows = ctx.read("accounts")
     if as_json:
         echo_json(rows)
         return
@@ -109,7 +110,7 @@ def node_rows(state: State) -> list[dict[str, Any]]:
 @pass_ctx
 def node_list(ctx: Ctx, as_json: bool) -> None:
     """List nodes with their state and free GPUs."""
-    rows = node_rows(ctx.ledger().state)
+    rows = ctx.read("nodes")
     if as_json:
         echo_json(rows)
         return
@@ -168,19 +169,7 @@ def jobs(
     as_json: bool,
 ) -> None:
     """List jobs, newest first."""
-    selected = []
-    for job in sorted(ctx.ledger().state.jobs.values(), key=lambda j: -j.job_id):
-        if (status == "active" and not job.active) or (
-            status not in (None, "active") and job.status != status
-        ):
-            continue
-        if user and job.spec.user != user:
-            continue
-        if account_path and not (job.spec.account + "/").startswith(account_path.rstrip("/") + "/"):
-            continue
-        selected.append(job_row(job))
-        if len(selected) >= limit:
-            break
+    selected = ctx.read("jobs", status=status, user=user, account=account_path, limit=limit)
     if as_json:
         echo_json(selected)
         return
@@ -223,11 +212,12 @@ def _summary(ev: Any) -> str:
 @pass_ctx
 def log(ctx: Ctx, after: int, limit: int, as_json: bool) -> None:
     """Print the event log from a position."""
-    records = ctx.ledger().read(after, limit)
+    rows = ctx.read("log", after=after, limit=limit)
     if as_json:
-        echo_json([{"position": pos, "event": ev} for pos, ev in records])
+        echo_json(rows)
         return
-    for pos, ev in records:
+    for row in rows:
+        pos, ev = row["position"], codec.decode(msgspec.json.encode(row["event"]))
         click.echo(
             f"{pos:>8}  {fmt_time(ev.at)}  {ev.actor:<12} {tag_of(type(ev)):<28} {_summary(ev)}"
         )

@@ -4,30 +4,19 @@ LocalExecutor), or fed by Kafka with `--kafka`."""
 from __future__ import annotations
 
 import logging
-import os
 import signal
+import sys
 import threading
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import click
 
-from ledger.cli._common import Ctx, parse_duration, pass_ctx
+from ledger.cli._common import Ctx, echo_json, fmt_time, parse_duration, pass_ctx
 from ledger.clock import SystemClock
-from ledger.dispatch.policy import FairShare, Fifo, Policy
 from ledger.executors import LocalExecutor
-from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
-from projections.errors import SourceUnavailable
-from projections.projector import Projector
-from projections.source import EmbeddedSource, EventSource, LogRecord
-from projections.store import Store
+from ledger.loop import ServiceLoop, make_policy, wait_time
 from schemas import commands as c
-from schemas.errors import InvalidCommand, LedgerError
-
-if TYPE_CHECKING:
-    from projections.kafka_source import KafkaSource
-    from projections.quarantine import Where
+from schemas.errors import InvalidCommand
 
 
 def _node_spec(text: str) -> tuple[str, int, str]:
@@ -38,12 +27,6 @@ def _node_spec(text: str) -> tuple[str, int, str]:
             f"invalid node {text!r}", hint="use NAME:GPUS[:TYPE], e.g. local:4:h100"
         )
     return name, int(gpus), gpu_type or "gpu"
-
-
-def _policy(name: str, margin: float, debug_lane: bool) -> Policy:
-    if name == "fifo":
-        return Fifo()
-    return FairShare(margin=margin, debug_lane=debug_lane)
 
 
 @click.command()
@@ -94,47 +77,26 @@ def up(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    relay_thread, source = _transport(ctx.home, kafka, stop, log)
     deadline = None if run_for is None else clock.now() + parse_duration(run_for)
     tick = parse_duration(interval) or 1
-    with Store.open(ctx.home) as store:
-        dispatcher = Dispatcher(
-            ledger,
-            ProjectionRanks(Projector(store, source)),
-            _policy(policy, margin, debug_lane),
-            executor,
-        )
-        _recover(ledger, executor, log)
-        log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
-        try:
-            while not stop.is_set():
-                now = clock.now()
-                result = dispatcher.cycle(now)
-                if until_idle and _idle(ledger):
-                    log.info("nothing pending or running: exiting")
-                    break
-                if deadline is not None and now >= deadline:
-                    break
-                wake = result.decision.wake_at
-                wait = tick if wake is None else max(0.05, min(tick, wake - clock.now()))
-                stop.wait(wait)
-        finally:
-            exits = executor.shutdown(clock.now())
-            for ex in exits:
-                try:
-                    ledger.execute(
-                        c.FinishJob(actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code)
-                    )
-                except LedgerError as err:
-                    log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
-            stop.set()
-            if relay_thread is not None:
-                relay_thread.join(timeout=10)
-            source.close()
-
-
-def _idle(ledger: Any) -> bool:
-    return not any(j.active for j in ledger.state.jobs.values())
+    loop = ServiceLoop(
+        ledger, executor, make_policy(policy, margin, debug_lane), kafka=kafka, log=log
+    )
+    loop.open()
+    log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
+    try:
+        while not stop.is_set():
+            now = clock.now()
+            result = loop.step(now)
+            if until_idle and loop.idle():
+                log.info("nothing pending or running: exiting")
+                break
+            if deadline is not None and now >= deadline:
+                break
+            stop.wait(wait_time(result, tick, clock.now()))
+    finally:
+        # `up` runs jobs as its own children: they stop with it and their exits are recorded
+        loop.close(stop_jobs=True)
 
 
 def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
@@ -149,96 +111,102 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
         ledger.execute_all(cmds)
 
 
-def _recover(ledger: Any, executor: LocalExecutor, log: logging.Logger) -> None:
-    """Jobs the ledger says run here but no process runs (the service stopped uncleanly): they
-    ended when it stopped. Record that, so their GPUs are free again."""
-    lost = [j.job_id for j in ledger.state.jobs.values() if j.status in ("placed", "running")]
-    for job_id in sorted(set(lost) - executor.running()):
-        log.warning("job %s has no process after a restart: recording it as failed", job_id)
-        ledger.execute(c.FinishJob(actor=EXECUTOR, job_id=job_id, exit_code=-1))
+@click.command()
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="GPULEDGER_CONFIG",
+    default=None,
+    help="TOML config file (every key: examples/serve.toml); flags override it.",
+)
+@click.option("--listen", default=None, help="HOST:PORT of the HTTP API [127.0.0.1:8470].")
+@click.option("--socket", "socket_path", default=None, help="Unix socket [<home>/gpuledger.sock].")
+@click.option("--tls-cert", default=None, help="PEM certificate: serve HTTPS.")
+@click.option("--tls-key", default=None, help="PEM private key of --tls-cert.")
+@click.option("--interval", default=None, help="Time between dispatcher cycles [2s].")
+@click.option("--policy", type=click.Choice(["fairshare", "fifo"]), default=None)
+@click.option("--margin", type=float, default=None, help="Preemption hysteresis [0.1].")
+@click.option("--debug-lane/--no-debug-lane", default=None)
+@click.option(
+    "--executor",
+    type=click.Choice(["none", "local"]),
+    default=None,
+    help="none: node agents run placements [default]; local: run them here, like `up`.",
+)
+@click.option("--kafka", default=None, help="Kafka bootstrap HOST:PORT for the relay.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
+@click.option("--log-level", default=None)
+@pass_ctx
+def serve(
+    ctx: Ctx,
+    config_file: Path | None,
+    listen: str | None,
+    socket_path: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    interval: str | None,
+    policy: str | None,
+    margin: float | None,
+    debug_lane: bool | None,
+    executor: str | None,
+    kafka: str | None,
+    log_format: str | None,
+    log_level: str | None,
+) -> None:
+    """The ledger server: the single writer of the data directory, with an authenticated HTTP
+    API (bearer tokens over TCP, OS users over its Unix socket) for every command and read."""
+    from ledger.server import config as cfg
+    from ledger.server.run import serve as run_server
+
+    config = cfg.merge(
+        cfg.load(config_file),
+        listen=listen,
+        socket=socket_path,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        interval=interval,
+        policy=policy,
+        margin=margin,
+        debug_lane=debug_lane,
+        executor=executor,
+        kafka=kafka,
+        log_format=log_format,
+        log_level=log_level,
+    )
+    sys.exit(run_server(ctx.home, config))
 
 
-def _transport(
-    home: Path, kafka: str | None, stop: threading.Event, log: logging.Logger
-) -> tuple[threading.Thread | None, EventSource]:
-    """Embedded: the projection reads the store. Kafka: a relay thread publishes the store and
-    the projection consumes the topic (GPULEDGER_KAFKA_TOPIC and GPULEDGER_KAFKA_TRANSACTIONAL_ID
-    override the topic and the relay's transactional id)."""
-    if kafka is None:
-        return None, EmbeddedSource(home)
-    from ledger.relay import DEFAULT_TRANSACTIONAL_ID, TOPIC, Relay, open_store
-    from projections.kafka_source import KafkaSource
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+def status(ctx: Ctx, as_json: bool) -> None:
+    """Is the server up? Version, last cycle, projection and relay lag, event count."""
+    from schemas.api import Health
 
-    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.root.level))  # chatty at INFO
-    topic = os.environ.get("GPULEDGER_KAFKA_TOPIC") or TOPIC
-    txn_id = os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID") or DEFAULT_TRANSACTIONAL_ID
-    relay = Relay(open_store(home), kafka, topic=topic, transactional_id=txn_id)
-
-    def run() -> None:
-        try:
-            relay.run(stop, on_error=lambda e: log.warning("relay: %s", e))
-        except LedgerError as err:
-            log.error("relay stopped: %s", err.line())
-            stop.set()
-        finally:
-            relay.close()
-
-    thread = threading.Thread(target=run, name="relay", daemon=True)
-    thread.start()
-    return thread, _Relayed(KafkaSource(kafka, topic), EmbeddedSource(home), log)
-
-
-class _Relayed:
-    """The topic as the projection's source in `up --kafka`. Its head waits (up to `wait_s`)
-    until the relay has published the store's head, so the dispatcher ranks at exactly its
-    snapshot's position, as on the embedded default. When Kafka lags longer or is away, it goes
-    on with the projection as far as the topic has it, and says so: placements stay safe (the
-    ledger checks them against its own state); only the fair-share order may lag behind."""
-
-    def __init__(
-        self, kafka: KafkaSource, store: EmbeddedSource, log: logging.Logger, wait_s: float = 10.0
-    ) -> None:
-        self.kafka = kafka
-        self.store = store
-        self.log = log
-        self.wait_s = wait_s
-        self._head: int | None = None
-
-    def read(self, after: int, limit: int) -> list[LogRecord]:
-        try:
-            return self.kafka.read(after, limit)
-        except SourceUnavailable as err:
-            self.log.warning("kafka: %s; ranking on the projection as it stands", err.line())
-            return []
-
-    def head(self) -> int:
-        target = self.store.head()
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            try:
-                head = self._head = self.kafka.head()
-            except SourceUnavailable as err:
-                if self._head is None:
-                    raise
-                self.log.warning("kafka: %s; ranking on the projection as it stands", err.line())
-                return self._head
-            if head >= target:
-                return head
-            if time.monotonic() > deadline:
-                self.log.warning(
-                    "kafka: the topic is at position %d, the store at %d: ranking on the topic",
-                    head,
-                    target,
-                )
-                return head
-            time.sleep(0.005)
-
-    def where(self, position: int) -> Where | None:
-        return self.kafka.where(position)
-
-    def close(self) -> None:
-        self.kafka.close()
-        self.store.close()
+    if ctx.remote is None:
+        if as_json:
+            echo_json({"status": "down", "home": str(ctx.home)})
+        else:
+            click.echo(f"down: no server answers on {ctx.home} (and GPULEDGER_URL is not set)")
+        sys.exit(3)
+    h = ctx.remote.get("health", type=Health)
+    if as_json:
+        echo_json(h)
+        return
+    last = (
+        "no cycle yet"
+        if h.last_cycle_at is None
+        else f"{fmt_time(h.last_cycle_at)} ({(h.last_cycle_s or 0) * 1000:.0f} ms)"
+    )
+    relay = "no Kafka" if h.relay_lag is None else f"{h.relay_lag} events"
+    click.echo(f"{h.status}: gpu-ledger {h.version} at {ctx.remote.url}")
+    click.echo(f"  events        {h.head}")
+    click.echo(f"  last cycle    {last}, {h.cycles} cycles")
+    click.echo(f"  projection    lag {h.projection_lag} events")
+    click.echo(f"  relay         lag {relay}")
+    if h.last_error:
+        click.echo(f"  last error    {h.last_error}")
 
 
-COMMANDS = [up]
+COMMANDS = [up, serve, status]

@@ -444,7 +444,7 @@ def squatters(ctx: Ctx, threshold: float, after: str, as_json: bool) -> None:
 @pass_ctx
 def preempt(ctx: Ctx, job_id: int, reason: str) -> None:
     """Admin preemption of JOB_ID, even inside its contract; resumable jobs are requeued."""
-    appended = ctx.ledger().execute(c.PreemptJob(actor=ctx.actor, job_id=job_id, note=reason))
+    appended = ctx.execute(c.PreemptJob(actor=ctx.actor, job_id=job_id, note=reason))
     requeued = any(isinstance(ev, e.JobRequeued) for ev in appended.events)
     click.echo(
         f"preempted job {job_id}{' (requeued)' if requeued else ''} (position {appended.position})"
