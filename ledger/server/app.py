@@ -246,8 +246,13 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
             name=f"read-{name}",
         )(handler)
 
+    @get("/v1/openapi.json", include_in_schema=False, media_type="application/json")
+    async def openapi(request: Request[Any, Any, Any]) -> Response[bytes]:
+        """This API's OpenAPI document (committed as schemas/openapi.json)."""
+        return Response(render_openapi(request.app), media_type="application/json")
+
     routes: list[Any] = [command_route(cls) for cls in SERVED_COMMANDS]
-    routes += [batch, health, whoami, tokens]
+    routes += [batch, health, whoami, tokens, openapi]
     routes += [read_route(name) for name in READS]
     return Litestar(
         route_handlers=routes,
@@ -260,6 +265,7 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
             title="gpu-ledger",
             version="1",
             path="/v1/openapi",
+            enabled_endpoints={"swagger", "openapi.json"},
             description="Budgets, fair share and scheduling contracts for shared GPU clusters.",
             components=Components(
                 security_schemes={
@@ -274,4 +280,13 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
 
 def openapi_document(app: Litestar) -> dict[str, Any]:
     """The OpenAPI document as the server serves it at /v1/openapi.json."""
-    return app.openapi_schema.to_schema()
+    doc: dict[str, Any] = app.openapi_schema.to_schema()
+    return doc
+
+
+def render_openapi(app: Litestar) -> bytes:
+    """Pure: the canonical bytes of the OpenAPI document (sorted keys, 2-space indent)."""
+    import json
+
+    text = json.dumps(openapi_document(app), indent=2, sort_keys=True, ensure_ascii=False)
+    return (text + "\n").encode()
