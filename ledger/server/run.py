@@ -185,7 +185,8 @@ def serve(home: Path, config: ServeConfig) -> int:
             scheme = "https" if config.tls_cert else "http"
             urls.insert(0, f"{scheme}://{host}:{port}")
         log.info("listening on %s (ledger %s, policy %s)", " and ".join(urls), home, config.policy)
-        print(f"gpuledger serve: listening on {' '.join(urls)}", file=sys.stderr, flush=True)
+        if config.log_format == "text":
+            print(f"gpuledger serve: listening on {' '.join(urls)}", file=sys.stderr, flush=True)
         asyncio.run(_serve_all(servers, worker))
     finally:
         worker.stop()  # finishes its queue and the current cycle
