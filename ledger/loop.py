@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ledger.application import Ledger
-from ledger.dispatch.policy import FairShare, Fifo, Policy
+from ledger.dispatch import registry
+from ledger.dispatch.policy import Policy
 from ledger.executors import Executor, Exit, Launch
 from ledger.service import EXECUTOR, CycleResult, Dispatcher, ProjectionRanks
 from projections.errors import SourceUnavailable
@@ -39,10 +40,11 @@ if TYPE_CHECKING:
 
 
 def make_policy(name: str, margin: float, debug_lane: bool) -> Policy:
-    """The dispatcher policy named on the command line or in the config file."""
-    if name == "fifo":
-        return Fifo()
-    return FairShare(margin=margin, debug_lane=debug_lane)
+    """The named policy; `margin` and `debug_lane` set fair share's knobs."""
+    config = registry.default_config(name)
+    if registry.lookup(name).name == "fairshare":
+        config = registry.with_knobs(config, {"margin": margin, "debug_lane": debug_lane})
+    return registry.policy_from_config(config)
 
 
 class NoExecutor:

@@ -13,6 +13,7 @@ import click
 
 from ledger.cli._common import Ctx, echo_json, fmt_time, parse_duration, pass_ctx
 from ledger.clock import SystemClock
+from ledger.dispatch import registry
 from ledger.executors import LocalExecutor
 from ledger.loop import ServiceLoop, make_policy, wait_time
 from schemas import commands as c
@@ -38,7 +39,10 @@ def _node_spec(text: str) -> tuple[str, int, str]:
     "--grace", default="30s", show_default=True, help="SIGTERM-to-SIGKILL grace on preemption."
 )
 @click.option(
-    "--policy", type=click.Choice(["fairshare", "fifo"]), default="fairshare", show_default=True
+    "--policy",
+    type=click.Choice(["fairshare", "fifo"]),
+    default=registry.DEFAULT,
+    show_default=True,
 )
 @click.option("--margin", type=float, default=0.1, show_default=True, help="Preemption hysteresis.")
 @click.option("--debug-lane/--no-debug-lane", default=True, show_default=True)

@@ -15,7 +15,8 @@ from rich.table import Table
 
 from ledger.cli._common import Ctx, echo_json, json_option, parse_duration, parse_time, pass_ctx
 from ledger.clock import SystemClock
-from ledger.dispatch.policy import FairShare, Fifo, Policy
+from ledger.dispatch import registry
+from ledger.dispatch.policy import Policy
 from ledger.domain import State
 from ledger.explain import explain_history, explain_pending, span, when
 from ledger.service import StoreRanks, UtilTracker, preview
@@ -245,11 +246,14 @@ project_alias = click.Group(
 
 
 def _policy(name: str) -> Policy:
-    return Fifo() if name == "fifo" else FairShare()
+    return registry.policy_from_config(registry.default_config(name))
 
 
 policy_option = click.option(
-    "--policy", type=click.Choice(["fairshare", "fifo"]), default="fairshare", show_default=True
+    "--policy",
+    type=click.Choice(["fairshare", "fifo"]),
+    default=registry.DEFAULT,
+    show_default=True,
 )
 
 
