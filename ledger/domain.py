@@ -121,6 +121,8 @@ class State:
     node_jobs: dict[str, set[int]] = field(default_factory=dict)
     jobs: dict[int, Job] = field(default_factory=dict)
     tokens: dict[str, Token] = field(default_factory=dict)
+    service: e.ServiceConfigured | None = None
+    """The settings the service last recorded (policy, interval, executor)."""
     next_job_id: int = 1
     events: int = 0
     _capacity: dict[tuple[str | None, str | None], tuple[int, int]] = field(
@@ -141,6 +143,7 @@ class State:
             node_jobs={k: set(v) for k, v in self.node_jobs.items()},
             jobs=dict(self.jobs),
             tokens=dict(self.tokens),
+            service=self.service,
             next_job_id=self.next_job_id,
             events=self.events,
         )
@@ -876,6 +879,20 @@ def _revoke_token(state: State, cmd: c.RevokeToken, s: _Stamp) -> list[e.AnyEven
     return [e.TokenRevoked(**s.kw(), token_id=cmd.token_id)]
 
 
+def _configure(state: State, cmd: c.ConfigureService, s: _Stamp) -> list[e.AnyEvent]:
+    if s.actor.startswith((NODE_ACTOR, JOB_ACTOR)) or not (
+        is_system(s.actor) or state.is_admin(s.actor)
+    ):
+        raise NotAuthorised(f"{s.actor!r} may not configure the service: only admins may")
+    if not (cmd.interval_s > 0):
+        raise InvalidCommand("the cycle interval must be positive")
+    return [
+        e.ServiceConfigured(
+            **s.kw(), policy=cmd.policy, interval_s=cmd.interval_s, executor=cmd.executor
+        )
+    ]
+
+
 def authorisation_failure(state: State, ev: e.AnyEvent) -> str | None:
     """Pure: the rule `ev`'s actor failed at the moment `state` stands for, as the handlers above
     enforce it (None: allowed, or no rule). The audit replays history through this, so the
@@ -952,6 +969,7 @@ _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]]
     c.ReportCheckpoint: _checkpoint,  # type: ignore[dict-item]
     c.IssueToken: _issue_token,  # type: ignore[dict-item]
     c.RevokeToken: _revoke_token,  # type: ignore[dict-item]
+    c.ConfigureService: _configure,  # type: ignore[dict-item]
 }
 
 
@@ -1074,6 +1092,8 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.TokenRevoked():
             token = state.tokens[event.token_id]
             state.tokens[event.token_id] = msgspec.structs.replace(token, revoked=True)
+        case e.ServiceConfigured():
+            state.service = event
         case e.UtilisationSampled() | e.CycleDecided():
             pass
     return state

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from projections.quarantine import Where
 
 
+SERVICE = "@service"
+
+
 def make_policy(name: str, margin: float, debug_lane: bool) -> Policy:
     """The named policy; `margin` and `debug_lane` set fair share's knobs."""
     config = registry.default_config(name)
@@ -130,6 +133,24 @@ class ServiceLoop:
             self.ledger, ProjectionRanks(self.projector), self.policy, self.executor
         )
         self._recover()
+
+    def record_settings(self, interval_s: float, executor: str) -> None:
+        """Append `service.configured.v1` when the service runs with other settings than the
+        ones last recorded (a restart with the same settings appends nothing)."""
+        config = registry.config_of(self.policy)
+        now = self.ledger.state.service
+        if now is not None and (now.policy, now.interval_s, now.executor) == (
+            config,
+            interval_s,
+            executor,
+        ):
+            return
+        self.ledger.execute(
+            c.ConfigureService(
+                actor=SERVICE, policy=config, interval_s=interval_s, executor=executor
+            )
+        )
+        self.log.info("recorded settings: %s every %gs, executor %s", config, interval_s, executor)
 
     def close(self, *, stop_jobs: bool = False) -> None:
         """Stop cleanly: optionally stop this process's own jobs (recording their exits), flush

@@ -17,6 +17,7 @@ from schemas.events import (
     PreemptReason,
     TokenScope,
 )
+from schemas.policy import AnyPolicyConfig
 
 
 class Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
@@ -180,6 +181,14 @@ class RevokeToken(Command, frozen=True, kw_only=True, tag="token.revoke"):
     token_id: str
 
 
+class ConfigureService(Command, frozen=True, kw_only=True, tag="service.configure"):
+    """Record the settings the service runs with (the service itself, or an admin)."""
+
+    policy: AnyPolicyConfig
+    interval_s: float
+    executor: str
+
+
 AnyCommand = (
     InitLedger
     | GrantAdmin
@@ -205,6 +214,7 @@ AnyCommand = (
     | ReportCheckpoint
     | IssueToken
     | RevokeToken
+    | ConfigureService
 )
 
 __all__ = ["AnyCommand", "GpuSlot", "Placement", "Preemption"]

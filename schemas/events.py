@@ -12,6 +12,8 @@ from typing import Literal
 
 import msgspec
 
+from schemas.policy import AnyPolicyConfig
+
 AccountKind = Literal["program", "project", "user"]
 PreemptReason = Literal["fairness", "maintenance", "squatting", "admin", "debug"]
 FinishOutcome = Literal["completed", "failed", "cancelled", "preempted"]
@@ -223,6 +225,16 @@ class TokenRevoked(Event, frozen=True, kw_only=True, tag="token.revoked.v1"):
     token_id: str
 
 
+class ServiceConfigured(Event, frozen=True, kw_only=True, tag="service.configured.v1"):
+    """What the service runs with, recorded when it starts with (or changes to) other settings:
+    the policy version and its settings, the cycle interval and the executor. `queue` and
+    `explain` preview with the recorded policy."""
+
+    policy: AnyPolicyConfig
+    interval_s: float
+    executor: str
+
+
 # --- decisions ----------------------------------------------------------------------------------
 
 
@@ -290,6 +302,7 @@ AnyEvent = (
     | CycleDecided
     | TokenIssued
     | TokenRevoked
+    | ServiceConfigured
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__

@@ -87,6 +87,7 @@ def up(
         ledger, executor, make_policy(policy, margin, debug_lane), kafka=kafka, log=log
     )
     loop.open()
+    loop.record_settings(float(tick), "local")
     log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
     try:
         while not stop.is_set():

@@ -245,23 +245,27 @@ project_alias = click.Group(
 )
 
 
-def _policy(name: str) -> Policy:
-    return registry.policy_from_config(registry.default_config(name))
+def _policy(name: str | None, state: State) -> Policy:
+    """The policy named, else the one the service recorded running with, else the default."""
+    if name is None and state.service is not None:
+        return registry.policy_from_config(state.service.policy)
+    return registry.policy_from_config(registry.default_config(name or registry.DEFAULT))
 
 
 policy_option = click.option(
     "--policy",
     type=click.Choice(["fairshare", "fifo"]),
-    default=registry.DEFAULT,
-    show_default=True,
+    default=None,
+    help="Preview with this policy's defaults instead of the settings the service recorded.",
 )
 
 
-def _live(ctx: Ctx, policy: str, now: float) -> tuple[Any, Any]:
+def _live(ctx: Ctx, policy: str | None, now: float) -> tuple[Any, Any]:
     ledger = ctx.ledger()
     with projection(ctx, quiet=True) as store:
         util = _utilisation(store, ledger.state)
-        return preview(ledger, StoreRanks(store), _policy(policy), now, util.low_since)
+        chosen = _policy(policy, ledger.state)
+        return preview(ledger, StoreRanks(store), chosen, now, util.low_since)
 
 
 def _utilisation(store: Store, state: State, threshold: float = 10.0) -> UtilTracker:
@@ -284,7 +288,7 @@ def _utilisation(store: Store, state: State, threshold: float = 10.0) -> UtilTra
 @click.option("--limit", type=int, default=50, show_default=True)
 @json_option
 @pass_ctx
-def queue(ctx: Ctx, policy: str, limit: int, as_json: bool) -> None:
+def queue(ctx: Ctx, policy: str | None, limit: int, as_json: bool) -> None:
     """Pending work in dispatch order, with its sort key and why it waits."""
     now = SystemClock().now()
     snapshot, decision = _live(ctx, policy, now)
@@ -323,7 +327,7 @@ def queue(ctx: Ctx, policy: str, limit: int, as_json: bool) -> None:
 @policy_option
 @json_option
 @pass_ctx
-def explain(ctx: Ctx, job_id: int, policy: str, as_json: bool) -> None:
+def explain(ctx: Ctx, job_id: int, policy: str | None, as_json: bool) -> None:
     """Why JOB_ID is pending, why it was placed where it was, or why it was preempted."""
     now = SystemClock().now()
     ledger = ctx.ledger()

@@ -163,6 +163,7 @@ def serve(home: Path, config: ServeConfig) -> int:
         reports_starts=config.executor == "local",
     )
     service.open()
+    service.record_settings(float(parse_duration(config.interval) or 1), config.executor)
     worker = Worker(
         service, tick_s=float(parse_duration(config.interval) or 1), max_batch=config.max_batch
     )

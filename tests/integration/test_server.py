@@ -62,6 +62,20 @@ def test_the_config_file_rejects_unknown_keys_and_flags_override_it(tmp_path: Pa
     records = [json.loads(line) for line in lines]  # --log-format json: every line is JSON
     assert any("policy fifo" in r["msg"] for r in records)
 
+    # what the service ran with is an event; a restart with the same settings adds none
+    def configured() -> list[dict[str, object]]:
+        log = json.loads(cli(home, "log", "--json").stdout)
+        return [r["event"] for r in log if r["event"]["type"] == "service.configured.v1"]
+
+    (first,) = configured()
+    assert first["policy"] == {"version": "fifo-1"} and first["executor"] == "none"
+    again = start_server(home, "--config", str(good), log_name="again.log")
+    assert again.stop() == 0
+    assert len(configured()) == 1
+    other = start_server(home, "--policy", "fairshare", "--margin", "0.3", log_name="o.log")
+    assert other.stop() == 0
+    assert configured()[-1]["policy"]["margin"] == 0.3  # type: ignore[index]
+
 
 def test_embedded_and_client_modes_print_byte_identical_json(tmp_path: Path) -> None:
     home = tmp_path / "ledger"

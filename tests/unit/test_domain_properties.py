@@ -525,10 +525,23 @@ def test_a_ledger_reloaded_from_its_store_equals_its_fold(
 def strategy_for(t: mi.Type) -> st.SearchStrategy[Any]:
     """Values of a msgspec type that JSON can carry (finite floats, 64-bit ints)."""
     match t:
-        case mi.IntType():
-            return st.integers(-(2**63), 2**63 - 1)
+        case mi.IntType():  # within the type's bounds (msgspec.Meta ge/le), if any
+            low = t.ge if t.ge is not None else (None if t.gt is None else t.gt + 1)
+            high = t.le if t.le is not None else (None if t.lt is None else t.lt - 1)
+            return st.integers(
+                -(2**63) if low is None else low, 2**63 - 1 if high is None else high
+            )
         case mi.FloatType():
-            return st.floats(allow_nan=False, allow_infinity=False)
+            low = t.ge if t.ge is not None else t.gt
+            high = t.le if t.le is not None else t.lt
+            return st.floats(
+                min_value=low,
+                max_value=high,
+                exclude_min=t.gt is not None,
+                exclude_max=t.lt is not None,
+                allow_nan=False,
+                allow_infinity=False,
+            )
         case mi.StrType():
             return st.text(max_size=12)
         case mi.BoolType():
