@@ -238,4 +238,18 @@ def schemas_export(directory: Path) -> None:
     click.echo(f"wrote {len(written)} schemas to {directory}")
 
 
+@schemas.command("openapi")
+@click.argument(
+    "path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path(__file__).resolve().parents[2] / "schemas" / "openapi.json",
+)
+def schemas_openapi(path: Path) -> None:
+    """Write the HTTP API's OpenAPI document to PATH (committed as schemas/openapi.json)."""
+    from ledger.server.app import offline_document
+
+    path.write_bytes(offline_document())
+    click.echo(f"wrote {path}")
+
+
 COMMANDS = [jobs, log, schemas]

@@ -23,7 +23,9 @@ from litestar import Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
+from litestar.params import JSONBody
 
 from ledger.server import identity as ident
 from ledger.server.reads import READS
@@ -142,7 +144,7 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
 
         handler.__annotations__ = {
             "request": Request,
-            "data": cls,
+            "data": JSONBody[cls],  # type: ignore[misc,valid-type]
             "return": api.CommandResult,
         }
         handler.__doc__ = (cls.__doc__ or f"The `{tag}` command.").strip().splitlines()[0]
@@ -156,7 +158,9 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
         )(handler)
 
     @post("/v1/batch", status_code=200, tags=["commands"], security=[{"bearer": []}])
-    async def batch(request: Request[Any, Any, Any], data: api.Batch) -> api.CommandResult:
+    async def batch(
+        request: Request[Any, Any, Any], data: JSONBody[api.Batch]
+    ) -> api.CommandResult:
         """Apply commands atomically: all are appended, or none."""
         caller = who(request)
         cmds = [ident.act(caller, cmd) for cmd in data.commands]
@@ -265,7 +269,7 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
             title="gpu-ledger",
             version="1",
             path="/v1/openapi",
-            enabled_endpoints={"swagger", "openapi.json"},
+            render_plugins=[SwaggerRenderPlugin()],
             description="Budgets, fair share and scheduling contracts for shared GPU clusters.",
             components=Components(
                 security_schemes={
@@ -282,6 +286,20 @@ def openapi_document(app: Litestar) -> dict[str, Any]:
     """The OpenAPI document as the server serves it at /v1/openapi.json."""
     doc: dict[str, Any] = app.openapi_schema.to_schema()
     return doc
+
+
+OPENAPI_FILE = "openapi.json"
+"""Committed beside the event schemas: schemas/openapi.json."""
+
+
+def offline_document() -> bytes:
+    """The OpenAPI document without a running server (for export and the drift test)."""
+
+    class _Offline:
+        class service:
+            ledger = None
+
+    return render_openapi(create_app(_Offline(), clock=lambda: 0.0))  # type: ignore[arg-type]
 
 
 def render_openapi(app: Litestar) -> bytes:

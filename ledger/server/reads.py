@@ -98,9 +98,14 @@ class ReadSpec:
 
     def signature(self) -> list[inspect.Parameter]:
         """The query parameters as keyword parameters (for the OpenAPI document)."""
+        from litestar.params import FromQuery  # only the server needs it
+
         return [
             inspect.Parameter(
-                f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type
+                f.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=f.default,
+                annotation=FromQuery[f.type],  # type: ignore[misc,name-defined]
             )
             for f in msgspec.structs.fields(self.args)
         ]

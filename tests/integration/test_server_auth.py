@@ -195,6 +195,12 @@ CASES: dict[str, Case] = {
         cmd(job_id=1, exit_code=0),
         frozenset({"node", "admin"}),
     ),
+    "service.configure": Case(
+        "POST",
+        "/v1/commands/service.configure",
+        cmd(policy={"version": "fairshare-1"}, interval_s=3600.0, executor="none"),
+        ADMIN,
+    ),
     "batch": Case(
         "POST",
         "/v1/batch",
