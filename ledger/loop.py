@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,17 +25,14 @@ from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
 from ledger.executors import Executor, Exit, Launch
 from ledger.service import EXECUTOR, CycleResult, Dispatcher, ProjectionRanks
-from projections.errors import SourceUnavailable
 from projections.projector import Projector
-from projections.source import EmbeddedSource, EventSource, LogRecord
+from projections.source import EmbeddedSource, EventSource
 from projections.store import Store
 from schemas import commands as c
 from schemas.errors import LedgerError
 
 if TYPE_CHECKING:
-    from ledger.relay import Relay
-    from projections.kafka_source import KafkaSource
-    from projections.quarantine import Where
+    from ledger.relay import RelayService
 
 
 SERVICE = "@service"
@@ -105,9 +101,7 @@ class ServiceLoop:
         self.kafka = kafka
         self.log = log or logging.getLogger("gpuledger.service")
         self.reports_starts = reports_starts
-        self.stop_relay = threading.Event()
-        self.relay: Relay | None = None
-        self._relay_thread: threading.Thread | None = None
+        self.relay: RelayService | None = None
         self.source: EventSource | None = None
         self.store: Store | None = None
         self.projector: Projector | None = None
@@ -160,10 +154,10 @@ class ServiceLoop:
             exits: list[Exit] = shutdown(self.clock.now()) if shutdown is not None else []
             for ex in exits:
                 self.record_exit(ex)
-        self.stop_relay.set()
-        if self._relay_thread is not None:
-            self._relay_thread.join(timeout=30)
-            self._relay_thread = None
+        if self.relay is not None:
+            health = self.relay.stop()  # flushes what the store holds (bounded)
+            self.log.info("%s", health.line())
+            self.relay = None
         if self.source is not None:
             self.source.close()
             self.source = None
@@ -208,7 +202,7 @@ class ServiceLoop:
         """The last position the relay published (None without Kafka)."""
         if self.relay is None:
             return None
-        return int(getattr(self.relay, "position", 0))
+        return self.relay.health.position
 
     # --- internals -----------------------------------------------------------------------------
 
@@ -225,87 +219,24 @@ class ServiceLoop:
             self.ledger.execute(c.FinishJob(actor=EXECUTOR, job_id=job_id, exit_code=-1))
 
     def _transport(self) -> EventSource:
-        """Embedded: the projection reads the store. Kafka: a relay thread publishes the store
-        and the projection consumes the topic (GPULEDGER_KAFKA_TOPIC and
-        GPULEDGER_KAFKA_TRANSACTIONAL_ID override the topic and the relay's transactional id)."""
-        if self.kafka is None:
-            return EmbeddedSource(self.home)
-        from ledger.relay import DEFAULT_TRANSACTIONAL_ID, TOPIC, Relay, open_store
-        from projections.kafka_source import KafkaSource
+        """The projection always reads the store (scheduling never waits on a broker); with
+        Kafka a relay thread publishes the log for other readers (GPULEDGER_KAFKA_TOPIC and
+        GPULEDGER_KAFKA_TRANSACTIONAL_ID override the topic and the relay's transactional id),
+        and a broker outage shows as relay lag."""
+        if self.kafka is not None:
+            from ledger.relay import DEFAULT_TRANSACTIONAL_ID, TOPIC, RelayService, connect_timeout
+            from projections.kafka_source import quiet_kafka_logs
 
-        logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.root.level))
-        topic = os.environ.get("GPULEDGER_KAFKA_TOPIC") or TOPIC
-        txn_id = os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID") or DEFAULT_TRANSACTIONAL_ID
-        relay = self.relay = Relay(
-            open_store(self.home), self.kafka, topic=topic, transactional_id=txn_id
-        )
-        log = self.log
-
-        def run() -> None:
-            try:
-                relay.run(self.stop_relay, on_error=lambda e: log.warning("relay: %s", e))
-                relay.publish_pending()  # flush: what the store holds reaches the topic
-            except LedgerError as err:
-                log.error("relay stopped: %s", err.line())
-            finally:
-                relay.close()
-
-        self._relay_thread = threading.Thread(target=run, name="relay", daemon=True)
-        self._relay_thread.start()
-        return _Relayed(KafkaSource(self.kafka, topic), EmbeddedSource(self.home), log)
-
-
-class _Relayed:
-    """The topic as the projection's source with Kafka. Its head waits (up to `wait_s`) until
-    the relay has published the store's head, so the dispatcher ranks at exactly its snapshot's
-    position, as on the embedded default. When Kafka lags longer or is away, it goes on with the
-    projection as far as the topic has it, and says so: placements stay safe (the ledger checks
-    them against its own state); only the fair-share order may lag behind."""
-
-    def __init__(
-        self, kafka: KafkaSource, store: EmbeddedSource, log: logging.Logger, wait_s: float = 10.0
-    ) -> None:
-        self.kafka = kafka
-        self.store = store
-        self.log = log
-        self.wait_s = wait_s
-        self._head: int | None = None
-
-    def read(self, after: int, limit: int) -> list[LogRecord]:
-        try:
-            return self.kafka.read(after, limit)
-        except SourceUnavailable as err:
-            self.log.warning("kafka: %s; ranking on the projection as it stands", err.line())
-            return []
-
-    def head(self) -> int:
-        target = self.store.head()
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            try:
-                head = self._head = self.kafka.head()
-            except SourceUnavailable as err:
-                if self._head is None:
-                    raise
-                self.log.warning("kafka: %s; ranking on the projection as it stands", err.line())
-                return self._head
-            if head >= target:
-                return head
-            if time.monotonic() > deadline:
-                self.log.warning(
-                    "kafka: the topic is at position %d, the store at %d: ranking on the topic",
-                    head,
-                    target,
-                )
-                return head
-            time.sleep(0.005)
-
-    def where(self, position: int) -> Where | None:
-        return self.kafka.where(position)
-
-    def close(self) -> None:
-        self.kafka.close()
-        self.store.close()
+            quiet_kafka_logs(logging.getLevelName(logging.root.level))
+            self.relay = RelayService(
+                self.home,
+                self.kafka,
+                topic=os.environ.get("GPULEDGER_KAFKA_TOPIC") or TOPIC,
+                transactional_id=os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID")
+                or DEFAULT_TRANSACTIONAL_ID,
+                connect_timeout_s=connect_timeout(),
+            ).start()
+        return EmbeddedSource(self.home)
 
 
 def wait_time(result: CycleResult, tick: float, now: float) -> float:

@@ -217,4 +217,6 @@ AnyCommand = (
     | ConfigureService
 )
 
+COMMAND_TYPES: tuple[type[Command], ...] = AnyCommand.__args__
+
 __all__ = ["AnyCommand", "GpuSlot", "Placement", "Preemption"]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import msgspec
@@ -16,6 +15,8 @@ import msgspec
 from ledger.application import EVENTS_DB, Appended, Ledger
 from schemas.commands import AnyCommand, InitLedger
 from schemas.errors import InvalidCommand, LedgerError
+
+T = TypeVar("T")
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -61,6 +62,21 @@ def fmt_duration(seconds: float | None) -> str:
     if s % 60 == 0 and s:
         return f"{s // 60}m"
     return f"{s}s"
+
+
+def build(cls: type[T], /, **fields: Any) -> T:
+    """A command or filter made through its msgspec type, so every bound the type declares is
+    checked here exactly as the HTTP API and the TOML loader check it; a violation is one
+    `InvalidCommand` line naming the field."""
+    try:
+        return msgspec.convert(fields, cls)
+    except msgspec.ValidationError as e:
+        raise InvalidCommand(f"invalid {_field_name(str(e))}: {e}") from e
+
+
+def _field_name(message: str) -> str:
+    m = re.search(r"at `\$\.([A-Za-z_]+)", message)
+    return f"--{m.group(1).replace('_', '-')}" if m else "input"
 
 
 def os_user() -> str:
@@ -123,16 +139,22 @@ class Ctx:
             return result
         return self.ledger().execute_all([self._embedded(cmd) for cmd in cmds])
 
-    def read(self, name: str, **query: Any) -> Any:
-        """A read of `ledger.server.reads`, as plain JSON data (identical in both modes)."""
+    def read(self, name: str, *, quiet: bool = True, **fields: Any) -> Any:
+        """A read of the read layer (`ledger.server.reads`), here or at the server; the same
+        view Structs either way."""
         from ledger.server.reads import READS
 
         spec = READS[name]
+        given = {k: x for k, x in fields.items() if x is not None}
+        try:
+            args = msgspec.convert(given, spec.args)
+        except msgspec.ValidationError as e:
+            raise InvalidCommand(f"invalid {_field_name(str(e))}: {e}") from e
         if self.remote is not None:
-            return self.remote.get(spec.path, query)
-        args = spec.parse({k: v for k, v in query.items() if v is not None})
-        result = spec.run(_Handles(self.ledger()), self.actor, args)
-        return msgspec.json.decode(msgspec.json.encode(result))
+            query = {k: x for k, x in msgspec.to_builtins(args).items() if k in given}
+            return self.remote.get(spec.path, query, type=spec.returns)
+        with _LocalHandles(self, quiet) as handles:
+            return spec.run(handles, args)
 
     def _embedded(self, cmd: AnyCommand) -> AnyCommand:
         """Embedded mode: the OS user is the real actor; acting as someone else is `--as`, which
@@ -158,9 +180,39 @@ class Ctx:
         return self._ledger
 
 
-class _Handles:
-    def __init__(self, ledger: Ledger) -> None:
-        self.ledger = ledger
+class _LocalHandles:
+    """The read layer's handles in embedded mode: the ledger, the projection opened (and caught
+    up) only when a read asks for it, the wall clock."""
+
+    def __init__(self, ctx: Ctx, quiet: bool) -> None:
+        import contextlib
+
+        self.ctx = ctx
+        self.quiet = quiet
+        self._stack = contextlib.ExitStack()
+        self._store: Any = None
+
+    def __enter__(self) -> _LocalHandles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.ctx.ledger()
+
+    def store(self) -> Any:
+        if self._store is None:
+            from ledger.cli.views import projection
+
+            self._store = self._stack.enter_context(projection(self.ctx, quiet=self.quiet))
+        return self._store
+
+    def now(self) -> float:
+        from ledger.clock import SystemClock
+
+        return SystemClock().now()
 
 
 pass_ctx = click.make_pass_decorator(Ctx)
@@ -169,7 +221,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON i
 
 
 def echo_json(data: Any) -> None:
-    click.echo(json.dumps(msgspec.to_builtins(data), indent=2, sort_keys=True))
+    """Strict JSON (keys sorted, two-space indent): a non-finite float is written as `null`,
+    never `Infinity` or `NaN`; views that can hold one say so with a flag."""
+    text = msgspec.json.format(msgspec.json.encode(data, order="sorted"), indent=2)
+    click.echo(text.decode())
 
 
 class LedgerGroup(click.Group):

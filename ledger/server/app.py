@@ -222,13 +222,16 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
         ]
         return sorted(rows, key=lambda r: (r.issued_at, r.token_id))
 
+    handles = ServiceHandles(worker.service)
+
     def read_route(name: str) -> HTTPRouteHandler:
         spec = READS[name]
 
         async def handler(request: Request[Any, Any, Any], **query: Any) -> Any:
-            caller = person(request)
-            args = spec.parse(query)
-            result = await worker.call(lambda: spec.run(worker.service, caller.actor, args))
+            person(request)  # reads are for people; the read layer filters nothing by caller
+            given = {k.removesuffix("_"): x for k, x in query.items() if x is not None}
+            args = spec.parse(given)
+            result = await worker.call(lambda: spec.run(handles, args))
             return Response(
                 msgspec.json.encode(result), media_type="application/json", status_code=200
             )
@@ -241,7 +244,8 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
         ]
         handler.__signature__ = inspect.Signature(params, return_annotation=spec.returns)  # type: ignore[attr-defined]
         handler.__annotations__ = {p.name: p.annotation for p in params} | {"return": spec.returns}
-        handler.__doc__ = spec.doc
+        handler.__doc__ = spec.doc or f"The `{name}` read."
+        handler.__name__ = f"read_{name}"
         return get(
             f"/v1/{spec.path}",
             operation_id=f"read_{name}",
@@ -280,6 +284,26 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
         debug=False,
         logging_config=None,
     )
+
+
+class ServiceHandles:
+    """The read layer's handles in the server: the service loop's ledger and projection (caught
+    up before each read), on the worker thread."""
+
+    def __init__(self, service: Any) -> None:
+        self.service = service
+
+    @property
+    def ledger(self) -> Any:
+        return self.service.ledger
+
+    def store(self) -> Any:
+        self.service.projector.catch_up()
+        return self.service.store
+
+    def now(self) -> float:
+        now: float = self.service.clock.now()
+        return now
 
 
 def openapi_document(app: Litestar) -> dict[str, Any]:

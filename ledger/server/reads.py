@@ -1,8 +1,10 @@
-"""The reads the API serves, one table for both faces: the CLI runs the same function locally
-(embedded) or asks the server for it (client), so `--json` is byte-identical either way.
+"""The reads the API serves: the read layer (`ledger.reads`) behind one table for both faces.
 
-Each read is a function `(handles, actor, args) -> result` with a typed `args` Struct (its query
-parameters) and a result the codec encodes.
+The CLI runs the same entry locally (embedded mode) or asks the server for it (client mode) and
+decodes the answer into the same view Structs, so `--json` is byte-identical either way. Each
+entry: a path under /v1, a typed arguments Struct (its query parameters, validated by msgspec in
+both modes), the function over the handles (ledger, caught-up projection, clock), and the view
+type it returns (for the OpenAPI document and the client's decoding).
 """
 
 from __future__ import annotations
@@ -10,112 +12,254 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
 
 from ledger.application import Ledger
+from ledger.dispatch import registry
+from ledger.dispatch.policy import Policy
+from ledger.domain import State
+from projections.fairshare import UsagePolicy
+from projections.store import Store
+from schemas import views as v
 from schemas.errors import InvalidCommand
+
+WEEK_S = 7 * 86400.0
 
 
 class Handles(Protocol):
-    """What a read may use: the ledger (folded state, the log)."""
+    """What a read may use."""
 
-    ledger: Ledger
+    @property
+    def ledger(self) -> Ledger: ...
 
+    def store(self) -> Store:
+        """The projection, caught up with the log."""
+        ...
 
-class JobsArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    status: Literal["pending", "placed", "running", "finished", "active"] | None = None
-    user: str | None = None
-    account: str | None = None
-    limit: int = msgspec.field(default=200)
-
-
-class LogArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    after: int = 0
-    limit: int = 100
+    def now(self) -> float: ...
 
 
-class NoArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+def policy_for(name: str | None, state: State) -> Policy:
+    """The policy named, else the one the service recorded running with, else the default."""
+    if name is None and state.service is not None:
+        return registry.policy_from_config(state.service.policy)
+    return registry.policy_from_config(registry.default_config(name or registry.DEFAULT))
+
+
+Seconds = Annotated[float, msgspec.Meta(gt=0, le=10 * 365 * 86400.0)]
+PolicyName = Literal["fairshare", "fifo"] | None
+
+
+class _Args(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     pass
 
 
-def _jobs(h: Handles, actor: str, a: JobsArgs) -> list[dict[str, Any]]:
-    from ledger.cli.read import job_row
-
-    if not (0 <= a.limit <= 100_000):
-        raise InvalidCommand("limit must be in 0..100000")
-    selected = []
-    for job in sorted(h.ledger.state.jobs.values(), key=lambda j: -j.job_id):
-        if (a.status == "active" and not job.active) or (
-            a.status not in (None, "active") and job.status != a.status
-        ):
-            continue
-        if a.user and job.spec.user != a.user:
-            continue
-        if a.account and not (job.spec.account + "/").startswith(a.account.rstrip("/") + "/"):
-            continue
-        selected.append(job_row(job))
-        if len(selected) >= a.limit:
-            break
-    return selected
+class NoArgs(_Args, frozen=True, kw_only=True):
+    pass
 
 
-def _nodes(h: Handles, actor: str, a: NoArgs) -> list[dict[str, Any]]:
-    from ledger.cli.read import node_rows
-
-    return node_rows(h.ledger.state)
-
-
-def _accounts(h: Handles, actor: str, a: NoArgs) -> list[dict[str, Any]]:
-    from ledger.cli.read import tree_rows
-
-    return tree_rows(h.ledger.state)
+class SharesArgs(_Args, frozen=True, kw_only=True):
+    at: v.Epoch | None = None
+    """The moment (default now)."""
+    window_s: Seconds = WEEK_S
+    half_life_s: Seconds | None = None
+    """Decay usage with this half-life instead of the window."""
 
 
-def _log(h: Handles, actor: str, a: LogArgs) -> list[dict[str, Any]]:
-    if not (0 <= a.limit <= 10_000) or a.after < 0:
-        raise InvalidCommand("after must be >= 0 and limit in 0..10000")
-    return [{"position": pos, "event": ev} for pos, ev in h.ledger.read(a.after, a.limit)]
+class UsageArgs(SharesArgs, frozen=True, kw_only=True):
+    by: Literal["account", "user"] = "account"
+
+
+class DeliveredArgs(_Args, frozen=True, kw_only=True):
+    start: v.Epoch
+    end: v.Epoch
+    team_depth: Annotated[int, msgspec.Meta(ge=1, le=64)] = 2
+
+
+class QueueArgs(_Args, frozen=True, kw_only=True):
+    policy: PolicyName = None
+    """Preview with this policy's defaults instead of the recorded settings."""
+    user: str | None = None
+    account: str | None = None
+    state: Literal["pending", "held", "all"] = "all"
+    limit: v.Limit = 50
+
+
+class ExplainArgs(_Args, frozen=True, kw_only=True):
+    job_id: Annotated[int, msgspec.Meta(ge=1, le=2**62)]
+    policy: PolicyName = None
+
+
+class SquattersArgs(_Args, frozen=True, kw_only=True):
+    threshold: Annotated[float, msgspec.Meta(ge=0, le=100)] = 10.0
+    idle_s: Annotated[float, msgspec.Meta(ge=0, le=10 * 365 * 86400.0)] = 3600.0
+
+
+class AuditArgs(_Args, frozen=True, kw_only=True):
+    account: str | None = None
+    since: v.Epoch | None = None
+
+
+def _usage(a: SharesArgs) -> UsagePolicy:
+    return UsagePolicy(window_s=a.window_s, half_life_s=a.half_life_s)
+
+
+def _queue_filter(a: QueueArgs) -> v.QueueFilter:
+    return v.QueueFilter(user=a.user, account=a.account, state=a.state, limit=a.limit)
+
+
+def _accounts(h: Handles, a: NoArgs) -> list[v.AccountNode]:
+    from ledger import reads
+
+    return reads.account_tree(h.ledger.state)
+
+
+def _nodes(h: Handles, a: NoArgs) -> list[v.NodeRow]:
+    from ledger import reads
+
+    return reads.node_list(h.ledger.state)
+
+
+def _jobs(h: Handles, a: v.JobFilter) -> list[v.JobRow]:
+    from ledger import reads
+
+    return reads.jobs(h.store(), a, h.now())
+
+
+def _log(h: Handles, a: v.LogFilter) -> list[v.LogEntry]:
+    from ledger import reads
+
+    return reads.log(h.store(), a)
+
+
+def _shares(h: Handles, a: SharesArgs) -> list[v.ShareRow]:
+    from ledger import reads
+
+    return reads.shares(h.store(), h.now() if a.at is None else a.at, _usage(a))
+
+
+def _usage_rows(h: Handles, a: UsageArgs) -> list[v.UsageRow]:
+    from ledger import reads
+
+    return reads.usage(h.store(), h.now() if a.at is None else a.at, a.by, _usage(a))
+
+
+def _delivered(h: Handles, a: DeliveredArgs) -> v.DeliveredView:
+    from ledger import reads
+
+    return reads.delivered(h.store(), a.start, a.end, a.team_depth)
+
+
+def _queue(h: Handles, a: QueueArgs) -> list[v.QueueRow]:
+    from ledger import reads
+
+    policy = policy_for(a.policy, h.ledger.state)
+    return reads.queue(h.ledger, h.store(), policy, h.now(), _queue_filter(a))
+
+
+def _priority(h: Handles, a: QueueArgs) -> list[v.PriorityRow]:
+    from ledger import reads
+
+    policy = policy_for(a.policy, h.ledger.state)
+    return reads.priority(h.ledger, h.store(), policy, h.now(), _queue_filter(a))
+
+
+def _explain(h: Handles, a: ExplainArgs) -> v.ExplainView:
+    from ledger import reads
+
+    policy = policy_for(a.policy, h.ledger.state)
+    return reads.explain(h.ledger, h.store(), a.job_id, policy, h.now())
+
+
+def _squatters(h: Handles, a: SquattersArgs) -> list[v.SquatterRow]:
+    from ledger import reads
+
+    return reads.squatters(h.ledger, h.store(), h.now(), a.threshold, a.idle_s)
+
+
+def _projection_status(h: Handles, a: NoArgs) -> v.ProjectionStatusView:
+    from ledger import reads
+
+    return reads.projection_status(h.store())
+
+
+def _audit_preemptions(h: Handles, a: AuditArgs) -> list[v.PreemptionRow]:
+    from ledger import reads
+
+    return reads.audit_preemptions(h.store().con, a.account, a.since)
+
+
+def _audit_budget_changes(h: Handles, a: AuditArgs) -> list[v.BudgetChangeRow]:
+    from ledger import reads
+
+    if a.account is not None:
+        raise InvalidCommand("budget changes take no account filter")
+    return reads.audit_budget_changes(h.store().con, a.since)
 
 
 @dataclass(frozen=True)
 class ReadSpec:
     path: str
     args: type[msgspec.Struct]
-    fn: Callable[[Any, str, Any], Any]
+    fn: Callable[[Any, Any], Any]
     returns: Any
     doc: str
 
     def parse(self, query: dict[str, Any]) -> Any:
+        """Arguments from query parameters (strings) or CLI values, validated by their type."""
         try:
             return msgspec.convert(query, self.args, strict=False)
         except msgspec.ValidationError as err:
             raise InvalidCommand(f"invalid query: {err}") from err
 
-    def run(self, handles: Any, actor: str, args: Any) -> Any:
-        return self.fn(handles, actor, args)
+    def run(self, handles: Handles, args: Any) -> Any:
+        return self.fn(handles, args)
 
     def signature(self) -> list[inspect.Parameter]:
-        """The query parameters as keyword parameters (for the OpenAPI document)."""
-        from litestar.params import FromQuery  # only the server needs it
+        """The query parameters as keyword parameters (for the OpenAPI document). Names the
+        framework reserves (`state`, ...) get a trailing "_" and the query name as alias."""
+        from litestar.params import QueryParameter  # only the server needs it
 
-        return [
-            inspect.Parameter(
-                f.name,
-                inspect.Parameter.KEYWORD_ONLY,
-                default=f.default,
-                annotation=FromQuery[f.type],  # type: ignore[misc,name-defined]
+        out = []
+        for f in msgspec.structs.fields(self.args):
+            kind = f.type if not f.required else f.type | None
+            out.append(
+                inspect.Parameter(
+                    f.name + "_" if f.name in RESERVED else f.name,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=None if f.required else f.default,
+                    annotation=Annotated[kind, QueryParameter(name=f.name)],
+                )
             )
-            for f in msgspec.structs.fields(self.args)
-        ]
+        return out
+
+
+RESERVED = frozenset({"state", "request", "data", "query", "headers", "cookies", "scope", "socket"})
+
+
+def _spec(path: str, args: type[msgspec.Struct], fn: Callable[..., Any], returns: Any) -> ReadSpec:
+    return ReadSpec(path, args, fn, returns, (fn.__doc__ or "").strip())
 
 
 READS: dict[str, ReadSpec] = {
-    "jobs": ReadSpec("jobs", JobsArgs, _jobs, list[dict[str, Any]], "Jobs, newest first."),
-    "nodes": ReadSpec("nodes", NoArgs, _nodes, list[dict[str, Any]], "Nodes and free GPUs."),
-    "accounts": ReadSpec(
-        "accounts", NoArgs, _accounts, list[dict[str, Any]], "The budget tree, depth first."
+    "accounts": _spec("accounts", NoArgs, _accounts, list[v.AccountNode]),
+    "nodes": _spec("nodes", NoArgs, _nodes, list[v.NodeRow]),
+    "jobs": _spec("jobs", v.JobFilter, _jobs, list[v.JobRow]),
+    "log": _spec("log", v.LogFilter, _log, list[v.LogEntry]),
+    "shares": _spec("shares", SharesArgs, _shares, list[v.ShareRow]),
+    "usage": _spec("usage", UsageArgs, _usage_rows, list[v.UsageRow]),
+    "delivered": _spec("report/delivered", DeliveredArgs, _delivered, v.DeliveredView),
+    "queue": _spec("queue", QueueArgs, _queue, list[v.QueueRow]),
+    "priority": _spec("priority", QueueArgs, _priority, list[v.PriorityRow]),
+    "explain": _spec("explain", ExplainArgs, _explain, v.ExplainView),
+    "squatters": _spec("squatters", SquattersArgs, _squatters, list[v.SquatterRow]),
+    "projection": _spec("projection", NoArgs, _projection_status, v.ProjectionStatusView),
+    "audit_preemptions": _spec(
+        "audit/preemptions", AuditArgs, _audit_preemptions, list[v.PreemptionRow]
     ),
-    "log": ReadSpec("log", LogArgs, _log, list[dict[str, Any]], "The event log from a position."),
+    "audit_budget_changes": _spec(
+        "audit/budget-changes", AuditArgs, _audit_budget_changes, list[v.BudgetChangeRow]
+    ),
 }

@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Coroutine, Generator
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,9 @@ def _executor(home: Path, config: ServeConfig) -> Executor:
 def serve(home: Path, config: ServeConfig) -> int:
     """Run until SIGINT/SIGTERM; returns the exit code (0 on a clean stop)."""
     setup_logging(config.log_format, config.log_level)
+    early = threading.Event()  # a signal before the listeners run still stops us cleanly
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: early.set())
     if bool(config.tls_cert) != bool(config.tls_key):
         raise InvalidCommand("TLS needs both --tls-cert and --tls-key")
     ledger = Ledger(home)
@@ -192,7 +196,7 @@ def serve(home: Path, config: ServeConfig) -> int:
         log.info("listening on %s (ledger %s, policy %s)", " and ".join(urls), home, config.policy)
         if config.log_format == "text":
             print(f"gpuledger serve: listening on {' '.join(urls)}", file=sys.stderr, flush=True)
-        _run_loop(_serve_all(servers, worker))
+        _run_loop(_serve_all(servers, worker, early))
     finally:
         worker.stop()  # finishes its queue and the current cycle
         service.close(stop_jobs=config.executor == "local")
@@ -212,7 +216,9 @@ def _run_loop(main: Coroutine[Any, Any, None]) -> None:
     uvloop.run(main)
 
 
-async def _serve_all(servers: list[tuple[_Server, socket.socket]], worker: Worker) -> None:
+async def _serve_all(
+    servers: list[tuple[_Server, socket.socket]], worker: Worker, early: threading.Event
+) -> None:
     loop = asyncio.get_running_loop()
 
     def stop() -> None:
@@ -223,4 +229,6 @@ async def _serve_all(servers: list[tuple[_Server, socket.socket]], worker: Worke
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop)
+    if early.is_set():
+        stop()
     await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))

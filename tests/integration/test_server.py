@@ -82,31 +82,42 @@ def test_embedded_and_client_modes_print_byte_identical_json(tmp_path: Path) -> 
     set_up_ledger(home, tmp_path)
     admin = make_token(home, "--user", "root", "--name", "ops")
     server = start_server(home, "--interval", "0.2s")
+    at = "2030-01-01T00:00:00"
     reads = [
         ["jobs", "--json"],
-        ["jobs", "--json", "--status", "running", "--limit", "5"],
+        ["jobs", "--json", "--status", "finished", "--limit", "5"],
         ["node", "list", "--json"],
         ["account", "tree", "--json"],
         ["log", "--json", "--after", "3", "--limit", "50"],
+        ["log", "--json", "--tail", "5"],
         ["token", "list", "--json"],
+        ["shares", "--json", "--at", at],
+        ["usage", "--json", "--at", at, "--by", "user"],
+        ["report", "delivered", "--json", "--at", at, "--window", "3650d"],
+        ["projection", "status", "--json"],
+        ["audit", "preemptions", "--json"],
+        ["audit", "budget-changes", "--json"],
     ]
     try:
         url = {"GPULEDGER_URL": server.url, "GPULEDGER_TOKEN": admin}
         cli(home, "submit", "-A", "ai2/olmo", "-G", "2", "--", "true", GPULEDGER_USER="bob", **url)
-        cli(home, "submit", "-A", "ai2/olmo", "-G", "64", ok=False, GPULEDGER_USER="bob", **url)
         deadline = time.monotonic() + 20
         while any(j["status"] != "running" for j in json.loads(cli(home, "jobs", "--json").stdout)):
             assert time.monotonic() < deadline
             time.sleep(0.1)
+        cli(home, "preempt", "2", "--reason", "maintenance", **url)
+        for job in ("1",):
+            cli(home, "cancel", job, **url)  # ended jobs: nothing depends on the clock
         time.sleep(0.5)  # a cycle with nothing to do appends nothing
         over_http = [cli(home, *r, **url).stdout for r in reads]
         over_socket = [cli(home, *r).stdout for r in reads]
     finally:
         assert server.stop() == 0
     embedded = [cli(home, *r).stdout for r in reads]
-    assert over_http == embedded
-    assert over_socket == embedded
-    assert all(out.strip() not in ("", "[]") for out in embedded)
+    for r, a, b, c in zip(reads, over_http, over_socket, embedded, strict=True):
+        assert a == c, r
+        assert b == c, r
+    assert all(out.strip() not in ("", "[]") for out in embedded[:8])  # the rest may be empty
 
 
 def test_errors_print_the_same_line_and_exit_code_in_both_modes(tmp_path: Path) -> None:

@@ -266,7 +266,7 @@ def test_up_runs_real_processes_with_their_gpus_and_preempts_unfunded_work(tmp_p
     log = (home / "jobs" / "job-3.log").read_text()
     assert log.strip() in ("gpus=0,1 job=3", "gpus=2,3 job=3")
     why = run_cli(home, "explain", "2").stdout
-    assert "preempted for fairness to make room for job 3" in why
+    assert "preempted for fairness (unfunded) to make room for job 3" in why
     assert "it was unfunded (no contract)" in why
     finished = [
         r["event"]
