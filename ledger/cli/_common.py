@@ -7,14 +7,18 @@ import re
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import msgspec
 
-from ledger.application import EVENTS_DB, Appended, Ledger
 from schemas.commands import AnyCommand, InitLedger
 from schemas.errors import InvalidCommand, LedgerError
+
+if TYPE_CHECKING:  # the store is imported only by commands that open it (client mode never)
+    from ledger.application import Appended, Ledger
+
+EVENTS_DB = "events.sqlite"
 
 T = TypeVar("T")
 
@@ -176,6 +180,8 @@ class Ctx:
                     f"no ledger in {self.home}",
                     hint="run `gpuledger init --admin USER` or pass --home",
                 )
+            from ledger.application import Ledger
+
             self._ledger = Ledger(self.home)
         return self._ledger
 

@@ -14,8 +14,6 @@ import click
 from ledger.cli._common import Ctx, echo_json, fmt_time, parse_duration, pass_ctx
 from ledger.clock import SystemClock
 from ledger.dispatch import registry
-from ledger.executors import LocalExecutor
-from ledger.loop import ServiceLoop, make_policy, wait_time
 from schemas import commands as c
 from schemas.errors import InvalidCommand
 
@@ -72,6 +70,9 @@ def up(
 ) -> None:
     """Run the service: every cycle snapshots, decides, appends, and runs placed jobs as local
     processes with CUDA_VISIBLE_DEVICES set to their GPUs."""
+    from ledger.executors import LocalExecutor
+    from ledger.loop import ServiceLoop, make_policy, wait_time
+
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     log = logging.getLogger("gpuledger.up")
     clock = SystemClock()

@@ -6,7 +6,7 @@ import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -23,11 +23,10 @@ from ledger.cli._common import (
 )
 from ledger.clock import SystemClock
 from ledger.explain import plural, span, when
-from projections.errors import ProjectionBusy
-from projections.fairshare import UsagePolicy
-from projections.projector import Projector, rebuild
-from projections.source import EmbeddedSource
-from projections.store import Store
+
+if TYPE_CHECKING:  # the projection is imported only where it is opened (client mode never)
+    from projections.fairshare import UsagePolicy
+    from projections.store import Store
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import InvalidCommand
@@ -41,6 +40,11 @@ def _console() -> Console:
 def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
     """The projection caught up with the log. When a running service holds the file (DuckDB
     allows one writer), read a private in-memory copy built from the log instead."""
+    from projections.errors import ProjectionBusy
+    from projections.projector import Projector
+    from projections.source import EmbeddedSource
+    from projections.store import Store
+
     ctx.ledger()  # a clear error when there is no ledger
     try:
         store = Store.open(ctx.home)
@@ -62,6 +66,8 @@ def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
 
 
 def _usage_policy(window: str, half_life: str | None) -> UsagePolicy:
+    from projections.fairshare import UsagePolicy
+
     return UsagePolicy(
         window_s=parse_duration(window),
         half_life_s=None if half_life is None else parse_duration(half_life),
@@ -211,6 +217,8 @@ def projection_group() -> None:
 @pass_ctx
 def projection_rebuild(ctx: Ctx) -> None:
     """Drop the projection and rebuild it from the log (with a progress bar)."""
+    from projections.projector import rebuild
+
     ctx.ledger()
     bar, update = _progress_bar()
     with bar:

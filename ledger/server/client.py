@@ -13,15 +13,17 @@ import socket
 import ssl
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
 import msgspec
 
-from ledger.application import Appended
 from schemas import api
 from schemas.commands import AnyCommand
 from schemas.errors import ERROR_CODES, InvalidCommand, LedgerError, Unavailable
+
+if TYPE_CHECKING:
+    from ledger.application import Appended
 
 TIMEOUT_S = 60.0
 
@@ -123,12 +125,16 @@ class Client:
         return data
 
     def execute(self, cmd: AnyCommand) -> Appended:
+        from ledger.application import Appended
+
         tag = type(cmd).__struct_config__.tag
         data = self.request("POST", f"/v1/commands/{tag}", msgspec.json.encode(cmd))
         result = msgspec.json.decode(data, type=api.CommandResult)
         return Appended(events=list(result.events), position=result.position)
 
     def execute_all(self, cmds: list[AnyCommand]) -> Appended:
+        from ledger.application import Appended
+
         data = self.request("POST", "/v1/batch", msgspec.json.encode(api.Batch(commands=cmds)))
         result = msgspec.json.decode(data, type=api.CommandResult)
         return Appended(events=list(result.events), position=result.position)

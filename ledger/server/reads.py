@@ -12,18 +12,19 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
 import msgspec
 
-from ledger.application import Ledger
-from ledger.dispatch import registry
-from ledger.dispatch.policy import Policy
-from ledger.domain import State
-from projections.fairshare import UsagePolicy
-from projections.store import Store
 from schemas import views as v
 from schemas.errors import InvalidCommand
+
+if TYPE_CHECKING:  # the CLI in client mode imports this table: keep it light
+    from ledger.application import Ledger
+    from ledger.dispatch.policy import Policy
+    from ledger.domain import State
+    from projections.fairshare import UsagePolicy
+    from projections.store import Store
 
 WEEK_S = 7 * 86400.0
 
@@ -43,6 +44,8 @@ class Handles(Protocol):
 
 def policy_for(name: str | None, state: State) -> Policy:
     """The policy named, else the one the service recorded running with, else the default."""
+    from ledger.dispatch import registry
+
     if name is None and state.service is not None:
         return registry.policy_from_config(state.service.policy)
     return registry.policy_from_config(registry.default_config(name or registry.DEFAULT))
@@ -103,6 +106,8 @@ class AuditArgs(_Args, frozen=True, kw_only=True):
 
 
 def _usage(a: SharesArgs) -> UsagePolicy:
+    from projections.fairshare import UsagePolicy
+
     return UsagePolicy(window_s=a.window_s, half_life_s=a.half_life_s)
 
 
