@@ -10,6 +10,7 @@ since then touches what it depends on, is rejected with `Conflict`.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from schemas.errors import Conflict, EventDecodeError, InvalidCommand, LedgerErr
 from schemas.events import AnyEvent, tag_of
 
 STREAM_ID = uuid5(NAMESPACE_URL, "gpuledger:ledger")
+log = logging.getLogger("gpuledger.ledger")
 
 
 def chain_hash(stored: bytes) -> str:
@@ -250,6 +252,10 @@ class Ledger(Application[UUID]):
                 except LedgerError as err:
                     outcomes.append(err)
                     continue
+                except Exception as err:  # a bug must not fail the neighbours: this one only
+                    log.exception("command %s failed", type(cmd).__name__)
+                    outcomes.append(LedgerError(f"internal error: {type(err).__name__}"))
+                    continue
                 for ev in chained:
                     evolve(scratch, ev)
                 if mine:
@@ -318,6 +324,8 @@ class Ledger(Application[UUID]):
     def _check_conflicts(self, cmds: Sequence[AnyCommand]) -> None:
         for cmd in cmds:
             expected = cmd.expected_position
+            if expected is not None and expected < 0:
+                raise InvalidCommand(f"expected_position must be >= 0, got {expected}")
             if expected is None or expected >= self.position:
                 continue
             wanted = command_keys(self.state, cmd)

@@ -308,8 +308,18 @@ class ServiceHandles:
 
 def openapi_document(app: Litestar) -> dict[str, Any]:
     """The OpenAPI document as the server serves it at /v1/openapi.json."""
-    doc: dict[str, Any] = app.openapi_schema.to_schema()
+    doc: dict[str, Any] = _any_of(app.openapi_schema.to_schema())
     return doc
+
+
+def _any_of(node: Any) -> Any:
+    """Unions as `anyOf`: a value of `float | int` is both a number and an integer, which
+    `oneOf` (exactly one) would reject. Tagged unions stay exact through their `type` consts."""
+    if isinstance(node, dict):
+        return {("anyOf" if k == "oneOf" else k): _any_of(x) for k, x in node.items()}
+    if isinstance(node, list):
+        return [_any_of(x) for x in node]
+    return node
 
 
 OPENAPI_FILE = "openapi.json"
