@@ -112,7 +112,7 @@ def start_server(home: Path, *args: str, log_name: str = "serve.log") -> Server:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         text = log_path.read_text(errors="replace")
-        m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", text)
+        m = re.search(r"listening on (https?://127\.0\.0\.1:\d+)", text)
         if m:
             return Server(home, proc, m.group(1), log_path)
         if proc.poll() is not None:

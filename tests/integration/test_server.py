@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import signal
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -187,3 +189,27 @@ def test_kill_9_under_8_concurrent_clients_loses_and_doubles_nothing(tmp_path: P
         assert again.head() >= len(submitted)
     finally:
         assert again.stop() == 0
+
+
+def test_tls_serves_https_and_the_cli_talks_to_it(tmp_path: Path) -> None:
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    token = make_token(home, "--user", "alice")
+    server = start_server(home, "--tls-cert", str(cert), "--tls-key", str(key))
+    try:
+        m = re.search(r"listening on (https://127\.0\.0\.1:\d+)", server.log_path.read_text())
+        assert m, server.log_path.read_text()
+        env = {"GPULEDGER_URL": m.group(1), "GPULEDGER_TOKEN": token}
+        out = cli(home, "jobs", "--json", GPULEDGER_CA_FILE=str(cert), **env)
+        assert json.loads(out.stdout)[0]["user"] == "alice"
+        untrusted = cli(home, "jobs", "--json", ok=False, **env)  # no CA: refused
+        assert untrusted.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr
+    finally:
+        assert server.stop() == 0
