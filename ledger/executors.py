@@ -1,8 +1,15 @@
 """Executors run what the dispatcher placed. An edge: processes, signals, a virtual clock.
 
-The ledger is the truth; an executor only reports what happened to the processes it runs
-(`poll` returns exits). The service reconciles: a job the ledger no longer counts as running
-(preempted, cancelled) is stopped here.
+The ledger is the truth; an executor only carries out its decisions and reports what really
+happened. One interface, three engines: `SimExecutor` (virtual time), `LocalExecutor` (processes
+on this host) and `ledger.slurm.SlurmExecutor` (a Slurm partition):
+
+- `launch` a placement with all its parts (every slot of a gang);
+- `stop` a run the ledger no longer counts as running (preempted, cancelled): signal, the grace,
+  then kill; its exit goes unreported;
+- `starts` and `poll` report the runs that began and the runs that ended (exit code and reason);
+- `running` lists what really runs in the engine for the ledger, and `adopt` (services) compares
+  the ledger with the engine after a restart: the service reconciles from facts, never guesses.
 """
 
 from __future__ import annotations
@@ -12,11 +19,12 @@ import heapq
 import os
 import signal
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from schemas.events import GpuSlot
+from schemas.events import EndReason, GpuSlot
 
 
 @dataclass(frozen=True)
@@ -27,6 +35,9 @@ class Launch:
     duration_s: float | None
     user: str
     account: str
+    run: int = 0
+    """Which placement of the job this is (its preemptions so far): names the engine's run."""
+    time_limit_s: int | None = None
 
 
 @dataclass(frozen=True)
@@ -34,20 +45,60 @@ class Exit:
     job_id: int
     exit_code: int
     at: float
+    reason: EndReason = "exited"
+    engine_job_id: str = ""
+    """The engine's id of the run (Slurm job id); empty for engines that do not name runs."""
+    engine_state: str = ""
+
+
+@dataclass(frozen=True)
+class Start:
+    job_id: int
+    engine_job_id: str = ""
+    run: int = 0
+    gpus: tuple[GpuSlot, ...] = ()
+    """The GPUs the engine says the run got (engines that say)."""
 
 
 class Executor(Protocol):
-    def launch(self, job: Launch, now: float) -> None: ...
+    engine: str
+    """The engine's name in JobEngineLinked/JobEngineEnded ("" records neither: sim, local)."""
+
+    def launch(self, job: Launch, now: float) -> None:
+        """Carry out a placement: every slot of it, on exactly the nodes and GPUs it names."""
 
     def stop(self, job_id: int, now: float) -> None:
-        """Stop a job the ledger no longer runs (preempted, cancelled); its exit goes unreported."""
+        """Stop a job the ledger no longer runs (preempted, cancelled): signal, then kill after
+        the grace; its exit goes unreported."""
 
-    def poll(self, now: float) -> list[Exit]: ...
+    def starts(self, now: float) -> list[Start]:
+        """Launched runs that began running since the last call, in launch order."""
 
-    def running(self) -> set[int]: ...
+    def poll(self, now: float) -> list[Exit]:
+        """Runs that ended since the last call, with exit code and reason."""
+
+    def running(self) -> set[int]:
+        """Jobs that really have a run in the engine (launched and not yet reported ended)."""
 
     def next_event_at(self) -> float | None:
         """When something will happen without outside input (a simulated job ending), if known."""
+
+
+class ServiceExecutor(Executor, Protocol):
+    """An executor a long-running service owns: it can be restarted under running work."""
+
+    relaunch_placed: bool
+    """After a restart, a job the ledger placed that the engine never received is launched
+    again (True: the engine keeps runs across our restarts, so "unknown" means "never sent"), or
+    recorded as lost (False: runs die with the service)."""
+
+    def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
+        """After a restart: `runs` maps each job the ledger holds GPUs for to its current run.
+        Take over the engine's runs that match, stop the engine's runs of ours that the ledger no
+        longer runs, and return the job ids the engine really has."""
+
+    def shutdown(self, now: float) -> list[Exit]:
+        """The service stops: the exits to record (runs this executor ends with the service)."""
 
 
 @dataclass
@@ -60,9 +111,12 @@ class SimExecutor:
     _live: dict[int, int] = field(default_factory=dict)
     """Running job id -> its launch number."""
     _launches: int = 0
+    _new: list[int] = field(default_factory=list)
+    engine: str = ""
 
     def launch(self, job: Launch, now: float) -> None:
         self._launches += 1
+        self._new.append(job.job_id)
         self._live[job.job_id] = self._launches
         if job.duration_s is not None:
             heapq.heappush(self._ends, (now + job.duration_s, job.job_id, self._launches))
@@ -72,6 +126,11 @@ class SimExecutor:
 
     def _current(self, job_id: int, launch: int) -> bool:
         return self._live.get(job_id) == launch
+
+    def starts(self, now: float) -> list[Start]:
+        """Every launch starts at once."""
+        out, self._new = [Start(j) for j in self._new], []
+        return out
 
     def poll(self, now: float) -> list[Exit]:
         out = []
@@ -100,13 +159,25 @@ class _Proc:
 class LocalExecutor:
     """Runs each job's command as a subprocess on this host with CUDA_VISIBLE_DEVICES set to its
     GPU indices. On stop: SIGTERM to the process group, SIGKILL after `grace_s`. Output goes to
-    `<log_dir>/job-<id>.log`."""
+    `<log_dir>/job-<id>.log`. Processes end with the service (`shutdown`), so after a restart
+    the ledger's runs here are lost, never adopted."""
+
+    engine = ""
+    relaunch_placed = False
 
     def __init__(self, log_dir: Path, grace_s: float = 30.0) -> None:
         self.log_dir = log_dir
         self.grace_s = grace_s
         self._procs: dict[int, _Proc] = {}
         self._stopping: dict[int, _Proc] = {}
+        self._new: list[int] = []
+
+    def starts(self, now: float) -> list[Start]:
+        out, self._new = [Start(j) for j in self._new], []
+        return out
+
+    def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
+        return set(self._procs) & set(runs)
 
     def launch(self, job: Launch, now: float) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -125,6 +196,7 @@ class LocalExecutor:
                 out.write(f"gpuledger: cannot start {command[0]!r}: {e.strerror}\n".encode())
                 popen = subprocess.Popen(["sh", "-c", "exit 127"], stdout=out, stderr=out)
         self._procs[job.job_id] = _Proc(popen)
+        self._new.append(job.job_id)
 
     def stop(self, job_id: int, now: float) -> None:
         proc = self._procs.pop(job_id, None)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from ledger.application import Ledger
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
-from ledger.executors import Executor, Exit, Launch
+from ledger.executors import Executor, Exit, Launch, Start
 from ledger.service import EXECUTOR, CycleResult, Dispatcher, ProjectionRanks
 from projections.projector import Projector
 from projections.source import EmbeddedSource, EventSource
@@ -47,14 +47,23 @@ def make_policy(name: str, margin: float, debug_lane: bool) -> Policy:
 
 
 class NoExecutor:
-    """`serve --executor none`: placements are recorded and handed to node agents, which report
-    starts and exits themselves; nothing runs in this process."""
+    """`serve --executor none`: placements are recorded for node agents; nothing runs in this
+    process. A placement counts as started once it is handed over (agents report exits)."""
+
+    engine = ""
+
+    def __init__(self) -> None:
+        self._handed: list[int] = []
 
     def launch(self, job: Launch, now: float) -> None:
-        return None
+        self._handed.append(job.job_id)
 
     def stop(self, job_id: int, now: float) -> None:
         return None
+
+    def starts(self, now: float) -> list[Start]:
+        out, self._handed = [Start(job_id=j) for j in self._handed], []
+        return out
 
     def poll(self, now: float) -> list[Exit]:
         return []
@@ -129,22 +138,7 @@ class ServiceLoop:
         self._recover()
 
     def record_settings(self, interval_s: float, executor: str) -> None:
-        """Append `service.configured.v1` when the service runs with other settings than the
-        ones last recorded (a restart with the same settings appends nothing)."""
-        config = registry.config_of(self.policy)
-        now = self.ledger.state.service
-        if now is not None and (now.policy, now.interval_s, now.executor) == (
-            config,
-            interval_s,
-            executor,
-        ):
-            return
-        self.ledger.execute(
-            c.ConfigureService(
-                actor=SERVICE, policy=config, interval_s=interval_s, executor=executor
-            )
-        )
-        self.log.info("recorded settings: %s every %gs, executor %s", config, interval_s, executor)
+        record_settings(self.ledger, self.policy, interval_s, executor, self.log)
 
     def close(self, *, stop_jobs: bool = False) -> None:
         """Stop cleanly: optionally stop this process's own jobs (recording their exits), flush
@@ -207,16 +201,12 @@ class ServiceLoop:
     # --- internals -----------------------------------------------------------------------------
 
     def _recover(self) -> None:
-        """Jobs the ledger says run here but no process runs (the service stopped uncleanly):
-        with an executor of our own they ended when it stopped; record that, so their GPUs are
-        free again. Agents report for themselves, so nothing is assumed without one."""
-        if not self.reports_starts:
+        """With an executor of our own, compare the ledger with it before any cycle (adopt, or
+        record as lost what died with the last process). Agents report for themselves, so
+        nothing is assumed without one."""
+        if not self.reports_starts or self.dispatcher is None:
             return
-        state = self.ledger.state
-        lost = [j.job_id for j in state.jobs.values() if j.status in ("placed", "running")]
-        for job_id in sorted(set(lost) - self.executor.running()):
-            self.log.warning("job %s has no process after a restart: recording it failed", job_id)
-            self.ledger.execute(c.FinishJob(actor=EXECUTOR, job_id=job_id, exit_code=-1))
+        self.dispatcher.recover(self.executor, self.clock.now())  # type: ignore[arg-type]
 
     def _transport(self) -> EventSource:
         """The projection always reads the store (scheduling never waits on a broker); with
@@ -237,6 +227,25 @@ class ServiceLoop:
                 connect_timeout_s=connect_timeout(),
             ).start()
         return EmbeddedSource(self.home)
+
+
+def record_settings(
+    ledger: Ledger, policy: Policy, interval_s: float, executor: str, log: logging.Logger
+) -> None:
+    """Append `service.configured.v1` when the service runs with other settings than the ones
+    last recorded (a restart with the same settings appends nothing)."""
+    config = registry.config_of(policy)
+    now = ledger.state.service
+    if now is not None and (now.policy, now.interval_s, now.executor) == (
+        config,
+        interval_s,
+        executor,
+    ):
+        return
+    ledger.execute(
+        c.ConfigureService(actor=SERVICE, policy=config, interval_s=interval_s, executor=executor)
+    )
+    log.info("recorded settings: %s every %gs, executor %s", config, interval_s, executor)
 
 
 def wait_time(result: CycleResult, tick: float, now: float) -> float:

@@ -1,21 +1,44 @@
-"""`gpuledger up`: the service on the embedded default (ledger, projector, dispatcher loop,
-LocalExecutor), or fed by Kafka with `--kafka`."""
+"""`gpuledger up`: the service (ledger, projector fed by the store, dispatcher loop,
+LocalExecutor), and with `--kafka` a relay thread that publishes the log for other readers;
+`--executor slurm --partition P` runs the placed jobs on a Slurm partition (docs/slurm.md)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ledger.cli._common import Ctx, echo_json, fmt_time, parse_duration, pass_ctx
+from ledger.cli._common import (
+    Ctx,
+    echo_json,
+    fmt_time,
+    log_level_option,
+    parse_duration,
+    parse_interval,
+    pass_ctx,
+    setup_logging,
+)
 from ledger.clock import SystemClock
 from ledger.dispatch import registry
+from ledger.dispatch.policy import Policy
+from ledger.executors import LocalExecutor, ServiceExecutor
+from ledger.explain import job_states, lifecycle_lines
+from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
+from projections.projector import Projector
+from projections.source import EmbeddedSource
+from projections.store import Store
 from schemas import commands as c
-from schemas.errors import InvalidCommand
+from schemas.errors import EngineError, InvalidCommand, LedgerError
+
+if TYPE_CHECKING:
+    from ledger.relay import RelayService
+    from ledger.slurm import SlurmExecutor
 
 
 def _node_spec(text: str) -> tuple[str, int, str]:
@@ -26,6 +49,14 @@ def _node_spec(text: str) -> tuple[str, int, str]:
             f"invalid node {text!r}", hint="use NAME:GPUS[:TYPE], e.g. local:4:h100"
         )
     return name, int(gpus), gpu_type or "gpu"
+
+
+def _policy(name: str, margin: float, debug_lane: bool) -> Policy:
+    """The named policy; `--margin` and `--debug-lane` set fair share's knobs."""
+    config = registry.default_config(name)
+    if registry.lookup(name).name == "fairshare":
+        config = registry.with_knobs(config, {"margin": margin, "debug_lane": debug_lane})
+    return registry.policy_from_config(config)
 
 
 @click.command()
@@ -49,11 +80,25 @@ def _node_spec(text: str) -> tuple[str, int, str]:
     "kafka",
     envvar="GPULEDGER_KAFKA",
     default=None,
-    help="Bootstrap HOST:PORT: relay the log to Kafka and feed the projection from it.",
+    help="Bootstrap HOST:PORT: relay the log to Kafka for other readers (`relay status`).",
+)
+@click.option(
+    "--executor",
+    "executor_name",
+    type=click.Choice(["local", "slurm"]),
+    default="local",
+    show_default=True,
+    help="Run placed jobs as local processes, or as Slurm jobs on --partition.",
+)
+@click.option(
+    "--partition",
+    envvar="GPULEDGER_SLURM_PARTITION",
+    default=None,
+    help="The Slurm partition gpu-ledger owns (with --executor slurm).",
 )
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is pending or running.")
 @click.option("--for", "run_for", default=None, help="Exit after this long (e.g. 10m).")
-@click.option("--log-level", default="INFO", show_default=True)
+@log_level_option
 @pass_ctx
 def up(
     ctx: Ctx,
@@ -64,45 +109,78 @@ def up(
     margin: float,
     debug_lane: bool,
     kafka: str | None,
+    executor_name: str,
+    partition: str | None,
     until_idle: bool,
     run_for: str | None,
     log_level: str,
 ) -> None:
     """Run the service: every cycle snapshots, decides, appends, and runs placed jobs as local
-    processes with CUDA_VISIBLE_DEVICES set to their GPUs."""
-    from ledger.executors import LocalExecutor
-    from ledger.loop import ServiceLoop, make_policy, wait_time
-
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    processes with CUDA_VISIBLE_DEVICES set to their GPUs (or as Slurm jobs)."""
+    setup_logging(log_level)
     log = logging.getLogger("gpuledger.up")
     clock = SystemClock()
     ledger = ctx.ledger()
     _register_nodes(ctx, nodes)
-    executor = LocalExecutor(ctx.home / "jobs", grace_s=parse_duration(grace))
+    executor, engine = _executor(ctx, executor_name, partition, parse_duration(grace))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    relay = _relay(ctx.home, kafka, log_level)
+    source = EmbeddedSource(ctx.home)  # scheduling never waits on the broker
     deadline = None if run_for is None else clock.now() + parse_duration(run_for)
-    tick = parse_duration(interval) or 1
-    loop = ServiceLoop(
-        ledger, executor, make_policy(policy, margin, debug_lane), kafka=kafka, log=log
-    )
-    loop.open()
-    loop.record_settings(float(tick), "local")
-    log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
-    try:
-        while not stop.is_set():
-            now = clock.now()
-            result = loop.step(now)
-            if until_idle and loop.idle():
-                log.info("nothing pending or running: exiting")
-                break
-            if deadline is not None and now >= deadline:
-                break
-            stop.wait(wait_time(result, tick, clock.now()))
-    finally:
-        # `up` runs jobs as its own children: they stop with it and their exits are recorded
-        loop.close(stop_jobs=True)
+    tick = parse_interval(interval)
+    with Store.open(ctx.home) as store:
+        dispatcher = Dispatcher(
+            ledger,
+            ProjectionRanks(Projector(store, source)),
+            _policy(policy, margin, debug_lane),
+            executor,
+            unavailable=None if engine is None else engine.foreign,
+        )
+        dispatcher.recover(executor, clock.now())
+        from ledger.loop import record_settings
+
+        record_settings(ledger, dispatcher.policy, float(tick), "local", log)
+        log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
+        log.info("job output goes to %s/job-N.log", ctx.home / "jobs")
+        seen = job_states(ledger.state.jobs)
+        try:
+            while not stop.is_set():
+                now = clock.now()
+                if engine is not None:
+                    _follow_slurm_nodes(ledger, engine, log)
+                result = dispatcher.cycle(now)
+                for line in lifecycle_lines(seen, ledger.state.jobs, str(ctx.home / "jobs")):
+                    log.info("%s", line)
+                seen = job_states(ledger.state.jobs)
+                if until_idle and _idle(ledger):
+                    log.info("nothing pending or running: exiting")
+                    break
+                if deadline is not None and now >= deadline:
+                    break
+                wake = result.decision.wake_at
+                wait = tick if wake is None else max(0.05, min(tick, wake - clock.now()))
+                stop.wait(wait)
+        finally:
+            exits = executor.shutdown(clock.now())
+            for ex in exits:
+                try:
+                    ledger.execute(
+                        c.FinishJob(actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code)
+                    )
+                except LedgerError as err:
+                    log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
+            for line in lifecycle_lines(seen, ledger.state.jobs, str(ctx.home / "jobs")):
+                log.info("%s", line)
+            stop.set()
+            if relay is not None:
+                relay.stop()  # flushes: every event committed above is published (bounded)
+            source.close()
+
+
+def _idle(ledger: Any) -> bool:
+    return not any(j.active for j in ledger.state.jobs.values())
 
 
 def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
@@ -115,6 +193,79 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
             cmds.append(c.RegisterNode(actor=ctx.actor, node=name, gpus=gpus, gpu_type=gpu_type))
     if cmds:
         ledger.execute_all(cmds)
+
+
+def _executor(
+    ctx: Ctx, name: str, partition: str | None, grace_s: float
+) -> tuple[ServiceExecutor, SlurmExecutor | None]:
+    """The executor, and the Slurm one again when it is Slurm (nodes and foreign jobs)."""
+    if name == "local":
+        return LocalExecutor(ctx.home / "jobs", grace_s=grace_s), None
+    from ledger.slurm import SlurmExecutor, ledger_id, register_commands
+
+    if not partition:
+        raise InvalidCommand(
+            "--executor slurm needs the partition gpu-ledger owns",
+            hint="pass --partition P (or set GPULEDGER_SLURM_PARTITION)",
+        )
+    ledger = ctx.ledger()
+    slurm = SlurmExecutor(partition, ledger_id(ledger), ctx.home / "jobs", grace_s=grace_s)
+    slurm.check()
+    found = slurm.nodes()
+    if not found:
+        raise EngineError(
+            f"Slurm partition {partition!r} has no nodes with GPUs (Gres=gpu:...)",
+            hint="see docs/slurm.md",
+        )
+    cmds = register_commands(found, ledger.state.nodes, ctx.actor)
+    if cmds:
+        ledger.execute_all(cmds)
+    return slurm, slurm
+
+
+def _follow_slurm_nodes(ledger: Any, slurm: SlurmExecutor, log: logging.Logger) -> None:
+    """Drain in the ledger what Slurm drains or marks down, and return what it takes back."""
+    from ledger.slurm import node_changes
+
+    try:
+        found = slurm.nodes()
+    except LedgerError as err:
+        log.warning("slurm nodes: %s", err.line())
+        return
+    for cmd in node_changes(found, ledger.state.nodes, EXECUTOR):
+        try:
+            ledger.execute(cmd)
+            log.info("node %s follows Slurm: %s", cmd.node, type(cmd).__name__)  # type: ignore[union-attr]
+        except LedgerError as err:
+            log.warning("node change not recorded: %s", err.line())
+
+
+def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None:
+    """With --kafka, a relay thread publishes the store to the topic for other readers
+    (GPULEDGER_KAFKA_TOPIC and GPULEDGER_KAFKA_TRANSACTIONAL_ID override the topic and the
+    relay's transactional id). The dispatcher's projection reads the store either way, so a
+    broker outage shows as relay lag (`gpuledger relay status`), nothing more."""
+    if kafka is None:
+        return None
+    from ledger.relay import (
+        DEFAULT_TRANSACTIONAL_ID,
+        TOPIC,
+        RelayService,
+        connect_timeout,
+        flush_timeout,
+    )
+    from projections.kafka_source import quiet_kafka_logs
+
+    quiet_kafka_logs(log_level)
+    return RelayService(
+        home,
+        kafka,
+        topic=os.environ.get("GPULEDGER_KAFKA_TOPIC") or TOPIC,
+        transactional_id=os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID")
+        or DEFAULT_TRANSACTIONAL_ID,
+        connect_timeout_s=connect_timeout(),
+        flush_s=flush_timeout(),
+    ).start()
 
 
 @click.command()

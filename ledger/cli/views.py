@@ -15,10 +15,12 @@ from rich.table import Table
 
 from ledger.cli._common import (
     Ctx,
+    bounded,
     echo_json,
     json_option,
     parse_duration,
     parse_time,
+    parse_window,
     pass_ctx,
 )
 from ledger.clock import SystemClock
@@ -29,7 +31,7 @@ if TYPE_CHECKING:  # the projection is imported only where it is opened (client 
     from projections.store import Store
 from schemas import commands as c
 from schemas import events as e
-from schemas.errors import InvalidCommand
+from schemas.bounds import Percent, TeamDepth
 
 
 def _console() -> Console:
@@ -69,8 +71,8 @@ def _usage_policy(window: str, half_life: str | None) -> UsagePolicy:
     from projections.fairshare import UsagePolicy
 
     return UsagePolicy(
-        window_s=parse_duration(window),
-        half_life_s=None if half_life is None else parse_duration(half_life),
+        window_s=parse_window(window),
+        half_life_s=None if half_life is None else parse_window(half_life, "--half-life"),
     )
 
 
@@ -168,8 +170,9 @@ def report() -> None:
 def report_delivered(ctx: Ctx, window: str, at: str | None, team_depth: int, as_json: bool) -> None:
     """Owed vs delivered GPU-hours per team (owed: allocation capped hour by hour at demand)."""
     end = _at(at)
-    start = end - parse_duration(window)
-    rep = ctx.read("delivered", quiet=False, start=start, end=end, team_depth=team_depth)
+    start = end - parse_window(window)
+    depth = bounded(team_depth, TeamDepth, "--team-depth")
+    rep = ctx.read("delivered", quiet=False, start=start, end=end, team_depth=depth)
     if as_json:
         echo_json(rep)
         return
@@ -399,8 +402,7 @@ def explain(ctx: Ctx, job_id: int, policy: str | None, as_json: bool) -> None:
 def squatters(ctx: Ctx, threshold: float, after: str, as_json: bool) -> None:
     """Running jobs whose GPUs sit idle, per manager: the first preemption candidates once past
     their contract."""
-    if not 0.0 <= threshold <= 100.0:
-        raise InvalidCommand(f"--threshold must be a percentage 0..100, got {threshold}")
+    threshold = bounded(threshold, Percent, "--threshold")
     rows = ctx.read("squatters", threshold=threshold, idle_s=parse_duration(after))
     if as_json:
         echo_json(rows)

@@ -126,6 +126,9 @@ class Client:
 
     def execute(self, cmd: AnyCommand) -> Appended:
         from ledger.application import Appended
+        from ledger.domain import _bounded
+
+        _bounded(cmd)  # out of bounds: the same line as embedded mode, before any request
 
         tag = type(cmd).__struct_config__.tag
         data = self.request("POST", f"/v1/commands/{tag}", msgspec.json.encode(cmd))
@@ -134,6 +137,10 @@ class Client:
 
     def execute_all(self, cmds: list[AnyCommand]) -> Appended:
         from ledger.application import Appended
+        from ledger.domain import _bounded
+
+        for cmd in cmds:
+            _bounded(cmd)
 
         data = self.request("POST", "/v1/batch", msgspec.json.encode(api.Batch(commands=cmds)))
         result = msgspec.json.decode(data, type=api.CommandResult)

@@ -27,7 +27,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ledger.application import Ledger
-from ledger.cli._common import parse_duration
+from ledger.cli._common import parse_duration, parse_interval
 from ledger.executors import Executor, LocalExecutor
 from ledger.loop import NoExecutor, ServiceLoop, make_policy
 from ledger.server import identity
@@ -171,10 +171,8 @@ def serve(home: Path, config: ServeConfig) -> int:
         reports_starts=config.executor == "local",
     )
     service.open()
-    service.record_settings(float(parse_duration(config.interval) or 1), config.executor)
-    worker = Worker(
-        service, tick_s=float(parse_duration(config.interval) or 1), max_batch=config.max_batch
-    )
+    service.record_settings(parse_interval(config.interval), config.executor)
+    worker = Worker(service, tick_s=parse_interval(config.interval), max_batch=config.max_batch)
     worker.start()
     app = create_app(worker, clock=ledger.clock.now)
     servers = []

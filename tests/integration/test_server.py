@@ -51,7 +51,8 @@ def test_the_config_file_rejects_unknown_keys_and_flags_override_it(tmp_path: Pa
     proc = cli(home, "serve", "--config", str(bad), ok=False)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        f"error: config {bad}: Object contains unknown field `policyy` (see examples/serve.toml)"
+        f"error: config {bad}: Object contains unknown field `policyy` "
+        "(see examples/serve.toml) [invalid]"
     ]
     good = tmp_path / "good.toml"
     good.write_text('listen = "127.0.0.1:1"\nlog_format = "json"\npolicy = "fifo"\n')

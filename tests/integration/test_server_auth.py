@@ -40,6 +40,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     # job 2 (alice, 8 GPUs) never fits beside jobs 1 and 3: it stays pending
     cli(home, "submit", "-A", "ai2/olmo", "-G", "8", GPULEDGER_USER="alice")
     cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "--resumable", GPULEDGER_USER="bob")
+    cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "--resumable", GPULEDGER_USER="bob")
     tokens: dict[str, str | None] = {
         "none": None,
         "user": make_token(home, "--user", "alice", "--name", "laptop"),
@@ -64,7 +65,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     time.sleep(1.2)  # the 1 s token has expired
     server = start_server(home, "--interval", "1h", "--log-level", "DEBUG")
     try:
-        _wait_running(server, tokens["admin"], {1, 3})
+        _wait_running(server, tokens["admin"], {1, 3, 4})
         yield World(server, tokens, secrets, [])
     finally:
         assert server.stop() == 0
@@ -143,6 +144,13 @@ CASES: dict[str, Case] = {
     "node.return": Case("POST", "/v1/commands/node.return", cmd(node="n2"), ADMIN),
     "node.drain again": Case("POST", "/v1/commands/node.drain", cmd(node="n2", reason="fw"), ADMIN),
     "node.remove": Case("POST", "/v1/commands/node.remove", cmd(node="n2"), ADMIN),
+    "hold": Case(
+        "POST", "/v1/commands/hold", cmd(job_id=2), frozenset({"user", "manager", "admin"})
+    ),
+    "release": Case(
+        "POST", "/v1/commands/release", cmd(job_id=2), frozenset({"user", "manager", "admin"})
+    ),
+    "requeue": Case("POST", "/v1/commands/requeue", cmd(job_id=4), frozenset({"manager", "admin"})),
     "cancel": Case(
         "POST", "/v1/commands/cancel", cmd(job_id=2), frozenset({"user", "manager", "admin"})
     ),
