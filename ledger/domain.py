@@ -127,6 +127,12 @@ class State:
     """The settings the service last recorded (policy, interval, executor)."""
     next_job_id: int = 1
     events: int = 0
+    live_only: bool = False
+    """A live state: a finished job leaves `jobs` (decisions never need it again; history reads
+    come from the projection), so memory follows live work, not history. `next_job_id` says
+    which ids existed: a command on a job that left is refused as finished."""
+    finished: int = 0
+    """How many jobs have finished (counted in both modes)."""
     _capacity: dict[tuple[str | None, str | None], tuple[int, int]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -148,6 +154,8 @@ class State:
             service=self.service,
             next_job_id=self.next_job_id,
             events=self.events,
+            live_only=self.live_only,
+            finished=self.finished,
         )
 
     # --- queries -------------------------------------------------------------------------------
@@ -175,6 +183,10 @@ class State:
 
     def job(self, job_id: int) -> Job:
         job = self.jobs.get(job_id)
+        if job is None and self.live_only and 0 < job_id < self.next_job_id:
+            raise InvalidTransition(
+                f"job {job_id} is finished", hint="see `gpuledger jobs`", job_id=job_id
+            )
         if job is None:
             raise UnknownEntity(f"unknown job {job_id}", hint="see `gpuledger jobs`", job_id=job_id)
         return job
@@ -761,13 +773,16 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
             cycle_id=cmd.cycle_id,
             based_on=cmd.based_on,
             policy_version=cmd.policy_version,
-            placements=cmd.placements,
-            preemptions=cmd.preemptions,
-            considered=cmd.considered,
-            fragmentation_gpus=cmd.fragmentation_gpus,
             config=cmd.config,
-            wake_at=cmd.wake_at,
+            policy=cmd.policy,
             decided_at=cmd.decided_at,
+            ranks=cmd.ranks,
+            placed=tuple(p.job_id for p in cmd.placements),
+            preempted=tuple(p.job_id for p in cmd.preemptions),
+            waiting=cmd.waiting,
+            fragmentation_gpus=cmd.fragmentation_gpus,
+            wake_at=cmd.wake_at,
+            skipped_cycles=cmd.skipped_cycles,
         )
     ]
     # 1. preemptions free GPUs (validated against contracts)
@@ -1152,12 +1167,21 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.JobFinished():
             job = state.jobs[event.job_id]
             _release(state, job)
-            state.jobs[event.job_id] = msgspec.structs.replace(
-                job, status="finished", outcome=event.outcome, exit_code=event.exit_code, slots=()
-            )
+            state.finished += 1
+            if state.live_only:
+                del state.jobs[event.job_id]
+            else:
+                state.jobs[event.job_id] = msgspec.structs.replace(
+                    job,
+                    status="finished",
+                    outcome=event.outcome,
+                    exit_code=event.exit_code,
+                    slots=(),
+                )
         case e.CheckpointReported():
-            job = state.jobs[event.job_id]
-            state.jobs[event.job_id] = msgspec.structs.replace(job, checkpoint_at=event.at)
+            held = state.jobs.get(event.job_id)
+            if held is not None:  # a live state no longer holds a finished job
+                state.jobs[event.job_id] = msgspec.structs.replace(held, checkpoint_at=event.at)
         case e.TokenIssued():
             state.tokens[event.token_id] = Token(
                 token_id=event.token_id,

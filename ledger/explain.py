@@ -166,14 +166,13 @@ def explain_history(
                 )
                 d = decisions.get(ev.cycle_id)
                 if d is not None:
-                    key = next((c.sort_key for c in d.considered if c.job_id == job.job_id), None)
-                    n = len(d.considered)
                     line += f", policy {d.policy_version}"
-                    if key is not None:
-                        line += f", sort key {list(key)} among {n} considered"
-                    freed = [p for p in d.preemptions if p.for_job == job.job_id]
-                    if freed:
-                        line += f", after preempting {', '.join(str(p.job_id) for p in freed)}"
+                    if job.job_id in d.placed:
+                        place = d.placed.index(job.job_id) + 1
+                        line += f", #{place} of {len(d.placed)} placed"
+                    line += f" among {d.waiting.considered} considered"
+                    if d.preempted:
+                        line += f", in a cycle that preempted {', '.join(map(str, d.preempted))}"
                 whole = len(ev.slots) > 1
                 line += (
                     ": whole nodes for a multi-node job."

@@ -40,13 +40,14 @@ from schemas.bounds import (
 from schemas.events import (
     MANY,
     AccountKind,
-    Considered,
     EndReason,
     GpuSlot,
     Placement,
     Preemption,
     PreemptReason,
+    RankInputs,
     TokenScope,
+    WaitSummary,
 )
 from schemas.policy import AnyPolicyConfig
 
@@ -177,18 +178,22 @@ class RequeueJob(Command, frozen=True, kw_only=True, tag="requeue"):
 
 
 class ApplyDecision(Command, frozen=True, kw_only=True, tag="decision.apply"):
-    """A dispatcher cycle's outcome: the decision record plus its placements and preemptions."""
+    """A dispatcher cycle's outcome: its placements and preemptions (which become events) and
+    the decision record's inputs and compact summary (`CycleDecided`)."""
 
     cycle_id: Token
     based_on: Position
     policy_version: Token
     placements: Annotated[tuple[Placement, ...], MANY] = ()
     preemptions: Annotated[tuple[Preemption, ...], MANY] = ()
-    considered: Annotated[tuple[Considered, ...], MANY] = ()
+    waiting: WaitSummary = WaitSummary()
+    policy: AnyPolicyConfig | None = None
+    ranks: RankInputs | None = None
     fragmentation_gpus: Count = 0
     config: Config = {}
     wake_at: Epoch | None = None
     decided_at: Epoch | None = None
+    skipped_cycles: Count = 0
 
 
 class PreemptJob(Command, frozen=True, kw_only=True, tag="preempt"):

@@ -164,13 +164,13 @@ class Ctx:
         if self.remote is not None:
             result: Appended = self.remote.execute(cmd)
             return result
-        return self.ledger().execute(self._embedded(cmd))
+        return self.ledger(live=True).execute(self._embedded(cmd))
 
     def execute_all(self, cmds: list[AnyCommand]) -> Appended:
         if self.remote is not None:
             result: Appended = self.remote.execute_all(cmds)
             return result
-        return self.ledger().execute_all([self._embedded(cmd) for cmd in cmds])
+        return self.ledger(live=True).execute_all([self._embedded(cmd) for cmd in cmds])
 
     def read(self, name: str, *, quiet: bool = True, **fields: Any) -> Any:
         """A read of the read layer (`ledger.server.reads`), here or at the server; the same
@@ -197,13 +197,15 @@ class Ctx:
             return cmd
         return msgspec.structs.replace(cmd, real_actor=me)
 
-    def ledger(self, *, must_exist: bool = True) -> Ledger:
+    def ledger(self, *, must_exist: bool = True, live: bool = False) -> Ledger:
+        """The ledger; `live=True` for commands that need only live work (writes, the queue, the
+        service): it starts from the newest snapshot plus the tail and keeps no finished jobs."""
         if self.remote is not None:
             raise InvalidCommand(
                 "this command needs the data directory, and a server owns it",
                 hint="run it on the server's host with the server stopped, or use the API",
             )
-        if self._ledger is None:
+        if self._ledger is None or (self._ledger.state.live_only and not live):
             if must_exist and not (self.home / EVENTS_DB).exists():
                 raise InvalidCommand(
                     f"no ledger in {self.home}",
@@ -211,7 +213,7 @@ class Ctx:
                 )
             from ledger.application import Ledger
 
-            self._ledger = Ledger(self.home)
+            self._ledger = Ledger(self.home, live=live)
         return self._ledger
 
 

@@ -120,7 +120,7 @@ def up(
     setup_logging(log_level)
     log = logging.getLogger("gpuledger.up")
     clock = SystemClock()
-    ledger = ctx.ledger()
+    ledger = ctx.ledger(live=True)
     _register_nodes(ctx, nodes)
     executor, engine = _executor(ctx, executor_name, partition, parse_duration(grace))
     stop = threading.Event()
@@ -177,6 +177,7 @@ def up(
             if relay is not None:
                 relay.stop()  # flushes: every event committed above is published (bounded)
             source.close()
+            ledger.snapshot_state()  # a clean stop: the next start folds no tail
 
 
 def _idle(ledger: Any) -> bool:
@@ -184,7 +185,7 @@ def _idle(ledger: Any) -> bool:
 
 
 def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
-    ledger = ctx.ledger()
+    ledger = ctx.ledger(live=True)
     cmds: list[c.AnyCommand] = []
     for text in nodes:
         name, gpus, gpu_type = _node_spec(text)

@@ -47,7 +47,7 @@ def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
     from projections.source import EmbeddedSource
     from projections.store import Store
 
-    ctx.ledger()  # a clear error when there is no ledger
+    ctx.ledger(live=True)  # a clear error when there is no ledger
     try:
         store = Store.open(ctx.home)
     except ProjectionBusy:
@@ -222,7 +222,7 @@ def projection_rebuild(ctx: Ctx) -> None:
     """Drop the projection and rebuild it from the log (with a progress bar)."""
     from projections.projector import rebuild
 
-    ctx.ledger()
+    ctx.ledger(live=True)
     bar, update = _progress_bar()
     with bar:
         result = rebuild(ctx.home, progress=update)

@@ -308,7 +308,7 @@ class ServiceHandles:
 
 def openapi_document(app: Litestar) -> dict[str, Any]:
     """The OpenAPI document as the server serves it at /v1/openapi.json."""
-    doc: dict[str, Any] = _any_of(app.openapi_schema.to_schema())
+    doc: dict[str, Any] = _any_of(msgspec.to_builtins(app.openapi_schema.to_schema()))
     return doc
 
 

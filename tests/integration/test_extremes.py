@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from ledger.application import Ledger
 from ledger.cli import cli
 from ledger.clock import SimClock, seeded_ids
+from ledger.cycle_input import snapshot_from_state
 from ledger.dispatch.policy import FairShare
-from ledger.dispatch.snapshot import snapshot_from_state
 from ledger.executors import SimExecutor
 from ledger.service import Dispatcher, ProjectionRanks
 from projections.projector import Projector

@@ -433,6 +433,6 @@ def test_a_partition_gpu_ledger_cannot_own_is_refused_with_one_line(ledger: Ledg
     assert done.returncode == 1
     assert done.stderr == (
         "error: Slurm partition 'nope' cannot be run by gpu-ledger: Slurm has no partition 'nope' "
-        "(see docs/slurm.md, 'Partition settings')\n"
+        "(see docs/slurm.md, 'Partition settings') [engine]\n"
     )
     assert ledger.events() == before  # nothing registered, nothing appended
