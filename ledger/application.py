@@ -350,6 +350,52 @@ class Ledger(Application[UUID]):
             return Appended(events=events, position=self.position)
         raise Conflict("the log kept moving under this command", hint="retry it")
 
+    def execute_each(self, cmds: Sequence[AnyCommand]) -> list[Appended | LedgerError]:
+        """Group commit: decide each command on its own, in order, each seeing the ones before it
+        that were accepted, and append all accepted events in ONE store transaction. A rejected
+        command gets its LedgerError in its slot and changes nothing; its neighbours go on."""
+        for _ in range(self.retries):
+            self.catch_up()
+            scratch, version, prev = self.state.copy(), self.version, self.last_hash
+            now = self.clock.now()
+            outcomes: list[tuple[int, list[AnyEvent]] | LedgerError] = []
+            stored: list[StoredEvent] = []
+            for cmd in cmds:
+                try:
+                    self._check_conflicts([cmd])
+                    decided = decide(scratch, cmd, now, self.ids)
+                    mine, chained = self._stored(decided, version=version, prev=prev)
+                except LedgerError as err:
+                    outcomes.append(err)
+                    continue
+                except Exception as err:  # a bug must not fail the neighbours: this one only
+                    log.exception("command %s failed", type(cmd).__name__)
+                    outcomes.append(LedgerError(f"internal error: {type(err).__name__}"))
+                    continue
+                for ev in chained:
+                    evolve(scratch, ev)
+                if mine:
+                    prev = chain_hash(mine[-1].state)
+                version += len(mine)
+                stored += mine
+                outcomes.append((len(stored), chained))
+            if not stored:
+                return [
+                    o if isinstance(o, LedgerError) else Appended(o[1], self.position)
+                    for o in outcomes
+                ]
+            try:
+                ids = self.recorder.insert_events(stored)
+            except IntegrityError:
+                continue  # another writer appended first: catch up and decide again
+            self.state, self.version, self.last_hash = scratch, version, prev
+            self.position = ids[-1] if ids else self.head()
+            first = self.position - len(stored)
+            return [
+                o if isinstance(o, LedgerError) else Appended(o[1], first + o[0]) for o in outcomes
+            ]
+        raise Conflict("the log kept moving under these commands", hint="retry them")
+
     def _decide(self, cmds: Sequence[AnyCommand]) -> tuple[State, list[AnyEvent]]:
         self._check_conflicts(cmds)
         now = self.clock.now()
@@ -363,15 +409,19 @@ class Ledger(Application[UUID]):
             events += decided
         return scratch, events
 
-    def _stored(self, decided: list[AnyEvent]) -> tuple[list[StoredEvent], list[AnyEvent]]:
+    def _stored(
+        self, decided: list[AnyEvent], *, version: int | None = None, prev: str | None = None
+    ) -> tuple[list[StoredEvent], list[AnyEvent]]:
         """Chain, encode through the mapper once, and prove every event reads back as itself:
         what the store cannot hold faithfully (inf, NaN, lone surrogates) is rejected."""
-        out, events, prev = [], [], self.last_hash
+        out, events = [], []
+        prev = self.last_hash if prev is None else prev
+        version = self.version if version is None else version
         for i, unchained in enumerate(decided):
             ev = msgspec.structs.replace(unchained, prev_hash=prev)
             events.append(ev)
             try:
-                se = self.mapper.to_stored_event(Recorded(STREAM_ID, self.version + i + 1, ev))
+                se = self.mapper.to_stored_event(Recorded(STREAM_ID, version + i + 1, ev))
                 faithful = codec.decode(se.state) == ev
             except (UnicodeEncodeError, EventDecodeError, ValueError) as err:
                 raise InvalidCommand(
@@ -390,6 +440,8 @@ class Ledger(Application[UUID]):
     def _check_conflicts(self, cmds: Sequence[AnyCommand]) -> None:
         for cmd in cmds:
             expected = cmd.expected_position
+            if expected is not None and expected < 0:
+                raise InvalidCommand(f"expected_position must be >= 0, got {expected}")
             if expected is None or expected >= self.position:
                 continue
             wanted = command_keys(self.state, cmd)

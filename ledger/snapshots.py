@@ -23,7 +23,8 @@ import logging
 
 import msgspec
 
-from ledger.domain import Account, Job, Node, State
+from ledger.domain import Account, Job, Node, State, Token
+from schemas import events as e
 from schemas.errors import LedgerError
 
 log = logging.getLogger("gpuledger.snapshots")
@@ -56,6 +57,10 @@ class Folded(msgspec.Struct, frozen=True, kw_only=True):
     next_job_id: int
     events: int
     finished: int
+    tokens: list[Token] = []
+    """Bearer tokens (their hashes) and the recorded service settings: identity and the queue's
+    policy need them after a start from a snapshot."""
+    service: e.ServiceConfigured | None = None
 
 
 class StateSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,6 +94,8 @@ def folded(state: State) -> Folded:
         next_job_id=state.next_job_id,
         events=state.events,
         finished=state.finished,
+        tokens=list(state.tokens.values()),
+        service=state.service,
     )
 
 
@@ -108,6 +115,8 @@ def unfolded(f: Folded) -> State:
         events=f.events,
         live_only=True,
         finished=f.finished,
+        tokens={t.token_id: t for t in f.tokens},
+        service=f.service,
     )
     state.node_jobs = {n: set() for n in state.nodes}
     for j in f.jobs:

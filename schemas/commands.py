@@ -46,6 +46,7 @@ from schemas.events import (
     Preemption,
     PreemptReason,
     RankInputs,
+    TokenScope,
     WaitSummary,
 )
 from schemas.policy import AnyPolicyConfig
@@ -54,6 +55,9 @@ from schemas.policy import AnyPolicyConfig
 class Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
     actor: Actor
     expected_position: Position | None = None
+    real_actor: Actor | None = None
+    """Set by the edge that authenticated the caller when an admin acts as `actor`; never taken
+    from a caller."""
 
 
 class InitLedger(Command, frozen=True, kw_only=True, tag="init"):
@@ -228,6 +232,31 @@ class ReportCheckpoint(Command, frozen=True, kw_only=True, tag="job.checkpoint")
     job_id: JobId
 
 
+class IssueToken(Command, frozen=True, kw_only=True, tag="token.issue"):
+    """Record a token the edge made: its id and the SHA-256 of its secret (never the secret)."""
+
+    token_id: str
+    user: str
+    secret_sha256: str
+    name: str = ""
+    expires_at: float | None = None
+    scope: TokenScope = "user"
+    scope_node: str | None = None
+    scope_job: int | None = None
+
+
+class RevokeToken(Command, frozen=True, kw_only=True, tag="token.revoke"):
+    token_id: str
+
+
+class ConfigureService(Command, frozen=True, kw_only=True, tag="service.configure"):
+    """Record the settings the service runs with (the service itself, or an admin)."""
+
+    policy: AnyPolicyConfig
+    interval_s: float
+    executor: str
+
+
 AnyCommand = (
     InitLedger
     | GrantAdmin
@@ -254,6 +283,9 @@ AnyCommand = (
     | FinishJob
     | SampleUtilisation
     | ReportCheckpoint
+    | IssueToken
+    | RevokeToken
+    | ConfigureService
 )
 
 COMMAND_TYPES: tuple[type[Command], ...] = AnyCommand.__args__

@@ -61,6 +61,8 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     prev_hash: Token = ""
     """SHA-256 (hex) of the previous event's stored bytes: the log is a hash chain, so an edited
     or removed event breaks the link after it. Empty for the first event. Set by the ledger."""
+    real_actor: str | None = None
+    """Who really called, when an admin acted as `actor` (`--as`); None when they are the same."""
 
 
 # --- ledger -------------------------------------------------------------------------------------
@@ -274,6 +276,41 @@ class CheckpointReported(Event, frozen=True, kw_only=True, tag="job.checkpointed
     job_id: JobId
 
 
+# --- identity -----------------------------------------------------------------------------------
+
+TokenScope = Literal["user", "node", "job"]
+
+
+class TokenIssued(Event, frozen=True, kw_only=True, tag="token.issued.v1"):
+    """A bearer token for `user`. Only the SHA-256 of its secret is kept, never the secret.
+
+    `scope` narrows it: "user" acts as `user` with all their roles; "node" only reports for
+    `node`; "job" only reports checkpoints of `job`."""
+
+    token_id: str
+    user: str
+    name: str = ""
+    secret_sha256: str
+    expires_at: float | None = None
+    scope: TokenScope = "user"
+    scope_node: str | None = None
+    scope_job: int | None = None
+
+
+class TokenRevoked(Event, frozen=True, kw_only=True, tag="token.revoked.v1"):
+    token_id: str
+
+
+class ServiceConfigured(Event, frozen=True, kw_only=True, tag="service.configured.v1"):
+    """What the service runs with, recorded when it starts with (or changes to) other settings:
+    the policy version and its settings, the cycle interval and the executor. `queue` and
+    `explain` preview with the recorded policy."""
+
+    policy: AnyPolicyConfig
+    interval_s: float
+    executor: str
+
+
 # --- decisions ----------------------------------------------------------------------------------
 
 
@@ -423,6 +460,9 @@ AnyEvent = (
     | UtilisationSampled
     | CheckpointReported
     | CycleDecided
+    | TokenIssued
+    | TokenRevoked
+    | ServiceConfigured
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__

@@ -615,8 +615,7 @@ def audit_preemptions(
     """Every preemption: whose job, why, for which job, by whom, and whether it was inside the
     job's contract (only admin preemptions with a reason may be)."""
     if as_json or fmt == "json":
-        with readonly(ctx) as con:
-            _view_json(reads.audit_preemptions(con, account, _time(since)), output)
+        _view_json(ctx.read("audit_preemptions", account=account, since=_time(since)), output)
         return
     with readonly(ctx) as con:
         table = run_query(con, reads.PREEMPTIONS_SQL, {"account": account, "since": _time(since)})
@@ -635,8 +634,7 @@ def audit_budget_changes(
     """Who changed what in the budget tree, and why: accounts opened and closed, shares (before
     and after), members, managers and admins."""
     if as_json or fmt == "json":
-        with readonly(ctx) as con:
-            _view_json(reads.audit_budget_changes(con, _time(since)), output)
+        _view_json(ctx.read("audit_budget_changes", since=_time(since)), output)
         return
     with readonly(ctx) as con:
         table = run_query(con, reads.BUDGET_CHANGES_SQL, {"since": _time(since)})

@@ -354,7 +354,7 @@ def test_audit_check_fails_on_a_forged_share_change(home: Path) -> None:
     lines = [line for line in out.splitlines() if "NOT_AUTHORISED" in line]
     assert lines == [
         f"position {head(home)}: NOT_AUTHORISED: 'mallory' may not set the shares of "
-        "'ai2/olmo' (it needs a manager of 'ai2' or an admin)"
+        "'ai2/olmo': it needs a manager of 'ai2' or an admin"
     ]
 
 

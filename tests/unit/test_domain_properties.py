@@ -527,18 +527,22 @@ def test_a_ledger_reloaded_from_its_store_equals_its_fold(
 def strategy_for(t: mi.Type) -> st.SearchStrategy[Any]:
     """Values of a msgspec type inside its bounds (`schemas.bounds`), the bounds included."""
     match t:
-        case mi.IntType():  # within the type's bounds (msgspec.Meta ge/gt/le/lt), bounds included
-            lo = t.ge if t.ge is not None else (t.gt + 1 if t.gt is not None else -(2**63))
-            hi = t.le if t.le is not None else (t.lt - 1 if t.lt is not None else 2**63 - 1)
-            return st.one_of(st.sampled_from([lo, hi]), st.integers(lo, hi))
+        case mi.IntType():  # within the type's bounds (msgspec.Meta ge/le), if any
+            low = t.ge if t.ge is not None else (None if t.gt is None else t.gt + 1)
+            high = t.le if t.le is not None else (None if t.lt is None else t.lt - 1)
+            return st.integers(
+                -(2**63) if low is None else low, 2**63 - 1 if high is None else high
+            )
         case mi.FloatType():
+            low = t.ge if t.ge is not None else t.gt
+            high = t.le if t.le is not None else t.lt
             return st.floats(
-                allow_nan=False,
-                allow_infinity=False,
-                min_value=t.ge if t.ge is not None else t.gt,
-                max_value=t.le if t.le is not None else t.lt,
+                min_value=low,
+                max_value=high,
                 exclude_min=t.gt is not None,
                 exclude_max=t.lt is not None,
+                allow_nan=False,
+                allow_infinity=False,
             )
         case mi.StrType():
             return st.text(min_size=t.min_length or 0, max_size=min(12, t.max_length or 12))
