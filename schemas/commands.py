@@ -29,12 +29,15 @@ from schemas.bounds import (
     Name,
     NodeGpus,
     Position,
+    PositiveInterval,
     PositiveSeconds,
     Priority,
     Seconds,
+    Sha256Hex,
     Shares,
     Text,
     Token,
+    TokenId,
     Utilisation,
 )
 from schemas.events import (
@@ -235,26 +238,26 @@ class ReportCheckpoint(Command, frozen=True, kw_only=True, tag="job.checkpoint")
 class IssueToken(Command, frozen=True, kw_only=True, tag="token.issue"):
     """Record a token the edge made: its id and the SHA-256 of its secret (never the secret)."""
 
-    token_id: str
-    user: str
-    secret_sha256: str
-    name: str = ""
-    expires_at: float | None = None
+    token_id: TokenId
+    user: Actor
+    secret_sha256: Sha256Hex
+    name: Name = ""
+    expires_at: Epoch | None = None
     scope: TokenScope = "user"
-    scope_node: str | None = None
-    scope_job: int | None = None
+    scope_node: Name | None = None
+    scope_job: JobId | None = None
 
 
 class RevokeToken(Command, frozen=True, kw_only=True, tag="token.revoke"):
-    token_id: str
+    token_id: TokenId
 
 
 class ConfigureService(Command, frozen=True, kw_only=True, tag="service.configure"):
     """Record the settings the service runs with (the service itself, or an admin)."""
 
     policy: AnyPolicyConfig
-    interval_s: float
-    executor: str
+    interval_s: PositiveInterval
+    executor: Name
 
 
 AnyCommand = (

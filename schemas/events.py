@@ -33,13 +33,16 @@ from schemas.bounds import (
     Name,
     NodeGpus,
     Position,
+    PositiveInterval,
     PositiveSeconds,
     Priority,
     Seconds,
+    Sha256Hex,
     Shares,
     SortKey,
     Text,
     Token,
+    TokenId,
     Utilisation,
 )
 from schemas.policy import AnyPolicyConfig
@@ -61,7 +64,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     prev_hash: Token = ""
     """SHA-256 (hex) of the previous event's stored bytes: the log is a hash chain, so an edited
     or removed event breaks the link after it. Empty for the first event. Set by the ledger."""
-    real_actor: str | None = None
+    real_actor: Actor | None = None
     """Who really called, when an admin acted as `actor` (`--as`); None when they are the same."""
 
 
@@ -287,18 +290,18 @@ class TokenIssued(Event, frozen=True, kw_only=True, tag="token.issued.v1"):
     `scope` narrows it: "user" acts as `user` with all their roles; "node" only reports for
     `node`; "job" only reports checkpoints of `job`."""
 
-    token_id: str
-    user: str
-    name: str = ""
-    secret_sha256: str
-    expires_at: float | None = None
+    token_id: TokenId
+    user: Actor
+    name: Name = ""
+    secret_sha256: Sha256Hex
+    expires_at: Epoch | None = None
     scope: TokenScope = "user"
-    scope_node: str | None = None
-    scope_job: int | None = None
+    scope_node: Name | None = None
+    scope_job: JobId | None = None
 
 
 class TokenRevoked(Event, frozen=True, kw_only=True, tag="token.revoked.v1"):
-    token_id: str
+    token_id: TokenId
 
 
 class ServiceConfigured(Event, frozen=True, kw_only=True, tag="service.configured.v1"):
@@ -307,8 +310,8 @@ class ServiceConfigured(Event, frozen=True, kw_only=True, tag="service.configure
     `explain` preview with the recorded policy."""
 
     policy: AnyPolicyConfig
-    interval_s: float
-    executor: str
+    interval_s: PositiveInterval
+    executor: Name
 
 
 # --- decisions ----------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from projections.store import Store
 from schemas import bounds as b
 from schemas import commands as c
 from schemas import events as e
+from schemas.policy import FairShareConfig
 
 NAME = "n" * 63
 ADMIN = "r" * 63
@@ -55,6 +56,29 @@ def build(home: Path) -> None:
             c.GrantManager(actor=ADMIN, user="g" * 63, account=PROJECT),
             c.RevokeManager(actor=ADMIN, user="g" * 63, account=PROJECT),
             *[c.RegisterNode(actor=ADMIN, node=n, gpu_type="h" * 63, gpus=64) for n in nodes],
+            c.IssueToken(
+                actor=ADMIN,
+                token_id="f" * 32,
+                user=USER,
+                secret_sha256="0" * 64,
+                name=NAME,
+                expires_at=float(b.TEN_YEARS_S - 1),
+            ),
+            c.IssueToken(
+                actor=ADMIN,
+                token_id="e" * 32,
+                user=ADMIN,
+                secret_sha256="f" * 64,
+                scope="node",
+                scope_node=NAME,
+            ),
+            c.RevokeToken(actor=ADMIN, token_id="f" * 32),
+            c.ConfigureService(
+                actor=ADMIN,
+                policy=FairShareConfig(margin=1e9, search_budget=b.INT32_MAX),
+                interval_s=float(b.TEN_YEARS_S),
+                executor="x" * 63,
+            ),
         ]
     )
     big = c.SubmitJob(

@@ -48,15 +48,25 @@ def from_schema(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
             return st.one_of([of(x) for x in s["anyOf"]])
         if "enum" in s:
             return st.sampled_from(s["enum"])
-        t = s.get("type", "string" if "maxLength" in s else None)
+        t = s.get("type", "string" if "maxLength" in s or "pattern" in s else None)
         if t == "integer":
             lo, hi = s.get("minimum", -(2**63)), s.get("maximum", 2**63 - 1)
             return st.one_of(st.sampled_from([lo, hi]), st.integers(lo, hi))
         if t == "number":
             lo, hi = s.get("minimum"), s.get("maximum")
             edges = [x for x in (lo, hi) if x is not None]
-            floats = st.floats(lo, hi, allow_nan=False, allow_infinity=False)
+            xlo, xhi = s.get("exclusiveMinimum"), s.get("exclusiveMaximum")
+            floats = st.floats(
+                lo if xlo is None else xlo,
+                hi if xhi is None else xhi,
+                allow_nan=False,
+                allow_infinity=False,
+                exclude_min=xlo is not None,
+                exclude_max=xhi is not None,
+            )
             return st.one_of(st.sampled_from(edges), floats) if edges else floats
+        if t == "string" and "pattern" in s:
+            return st.from_regex(s["pattern"], fullmatch=True)
         if t == "string":
             lo, hi = s.get("minLength", 0), s.get("maxLength", 20)
             return st.one_of(
