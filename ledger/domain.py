@@ -28,6 +28,7 @@ from schemas.errors import (
 
 DEBUG_TIME_LIMIT_S = 15 * 60
 MAX_GPUS_PER_NODE = 64
+MAX_GRACE_S = 3600
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 JobStatus = Literal["pending", "placed", "running", "finished"]
@@ -61,6 +62,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     outcome: e.FinishOutcome | None = None
     exit_code: int | None = None
     preemptions: int = 0
+    logs: tuple[str, ...] = ()
+    finish_reason: e.FinishReason = "exit"
 
     @property
     def job_id(self) -> int:
@@ -508,6 +511,8 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
         min_runtime = min(min_runtime, cmd.time_limit_s)
     if not (cmd.duration_s is None or cmd.duration_s >= 0):
         raise InvalidCommand("a duration must be >= 0")
+    if not (cmd.grace_s is None or 0 <= cmd.grace_s <= MAX_GRACE_S):
+        raise InvalidCommand(f"the grace period must be within 0..{MAX_GRACE_S}s")
     debug = (
         cmd.time_limit_s is not None
         and cmd.time_limit_s <= DEBUG_TIME_LIMIT_S
@@ -530,6 +535,7 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
             command=cmd.command,
             labels=cmd.labels,
             duration_s=cmd.duration_s,
+            grace_s=cmd.grace_s,
         )
     ]
 
@@ -698,7 +704,7 @@ def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
     if job.status != "placed":
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not placed")
-    return [e.JobStarted(**s.kw(), job_id=cmd.job_id)]
+    return [e.JobStarted(**s.kw(), job_id=cmd.job_id, logs=cmd.logs)]
 
 
 def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
@@ -708,7 +714,13 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not running")
     outcome: e.FinishOutcome = "completed" if cmd.exit_code == 0 else "failed"
     out: list[e.AnyEvent] = [
-        e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome=outcome, exit_code=cmd.exit_code)
+        e.JobFinished(
+            **s.kw(),
+            job_id=cmd.job_id,
+            outcome=outcome,
+            exit_code=cmd.exit_code,
+            reason=cmd.reason,
+        )
     ]
     return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)
 
@@ -846,7 +858,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.JobStarted():
             job = state.jobs[event.job_id]
             state.jobs[event.job_id] = msgspec.structs.replace(
-                job, status="running", started_at=event.at
+                job, status="running", started_at=event.at, logs=event.logs
             )
         case e.JobPreempted():
             job = state.jobs[event.job_id]
@@ -862,7 +874,12 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             job = state.jobs[event.job_id]
             _release(state, job)
             state.jobs[event.job_id] = msgspec.structs.replace(
-                job, status="finished", outcome=event.outcome, exit_code=event.exit_code, slots=()
+                job,
+                status="finished",
+                outcome=event.outcome,
+                exit_code=event.exit_code,
+                finish_reason=event.reason,
+                slots=(),
             )
         case e.CheckpointReported():
             job = state.jobs[event.job_id]

@@ -3,30 +3,40 @@
 The ledger is the truth; an executor only reports what happened to the processes it runs
 (`poll` returns exits). The service reconciles: a job the ledger no longer counts as running
 (preempted, cancelled) is stopped here.
+
+`SimExecutor` runs jobs on a virtual clock (simulation, what-if). Real processes run under
+`ledger.agent.executor.SupervisedExecutor` (`gpuledger up`, node agents).
 """
 
 from __future__ import annotations
 
-import contextlib
 import heapq
-import os
-import signal
-import subprocess
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from schemas.events import GpuSlot
+from schemas.events import FinishReason, GpuSlot
 
 
 @dataclass(frozen=True)
 class Launch:
+    """One placement to run: a part per slot (node), each with only that node's GPUs."""
+
     job_id: int
     slots: tuple[GpuSlot, ...]
     command: tuple[str, ...]
     duration_s: float | None
     user: str
     account: str
+    time_limit_s: float | None = None
+    """Stop the job this long after it started (SIGTERM, grace, SIGKILL); None: no limit."""
+    grace_s: float | None = None
+    """SIGTERM-to-SIGKILL grace of this job; None: the executor's default."""
+    launch: int = 1
+    """1 for the first run, +1 for every relaunch after a requeue."""
+    debug: bool = False
+
+
+ExitReason = FinishReason
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,28 @@ class Exit:
     job_id: int
     exit_code: int
     at: float
+    reason: ExitReason = "exit"
+    """`exit`: the job ended by itself; `time_limit`: stopped at its limit; `lost`: its process
+    vanished with no exit code recorded."""
+
+
+@dataclass(frozen=True)
+class Start:
+    """Every part of a job has started (the job is running); where its output goes."""
+
+    job_id: int
+    logs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reports:
+    """What an executor that runs real processes observed since it was last asked."""
+
+    starts: list[Start] = field(default_factory=list)
+    checkpoints: list[int] = field(default_factory=list)
+    """Jobs that reported a checkpoint."""
+    samples: list[tuple[int, tuple[float, ...]]] = field(default_factory=list)
+    """(job, GPU utilisation % per GPU of the job)."""
 
 
 class Executor(Protocol):
@@ -48,6 +80,14 @@ class Executor(Protocol):
 
     def next_event_at(self) -> float | None:
         """When something will happen without outside input (a simulated job ending), if known."""
+
+
+@runtime_checkable
+class Reporting(Protocol):
+    """An executor whose jobs start asynchronously (once the GPUs are really free) and that
+    reports checkpoints and utilisation. Executors without it start jobs at `launch`."""
+
+    def reports(self, now: float) -> Reports: ...
 
 
 @dataclass
@@ -89,88 +129,3 @@ class SimExecutor:
         while self._ends and not self._current(self._ends[0][1], self._ends[0][2]):
             heapq.heappop(self._ends)
         return self._ends[0][0] if self._ends else None
-
-
-@dataclass
-class _Proc:
-    popen: subprocess.Popen[bytes]
-    stop_requested_at: float | None = None
-
-
-class LocalExecutor:
-    """Runs each job's command as a subprocess on this host with CUDA_VISIBLE_DEVICES set to its
-    GPU indices. On stop: SIGTERM to the process group, SIGKILL after `grace_s`. Output goes to
-    `<log_dir>/job-<id>.log`."""
-
-    def __init__(self, log_dir: Path, grace_s: float = 30.0) -> None:
-        self.log_dir = log_dir
-        self.grace_s = grace_s
-        self._procs: dict[int, _Proc] = {}
-        self._stopping: dict[int, _Proc] = {}
-
-    def launch(self, job: Launch, now: float) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for sl in job.slots for i in sl.gpu_indices)
-        env["GPULEDGER_JOB_ID"] = str(job.job_id)
-        env["GPULEDGER_NODES"] = ",".join(sl.node for sl in job.slots)
-        env["GPULEDGER_ACCOUNT"] = job.account
-        command = list(job.command) or ["true"]
-        with open(self.log_dir / f"job-{job.job_id}.log", "ab") as out:
-            try:
-                popen = subprocess.Popen(
-                    command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-                )
-            except OSError as e:
-                out.write(f"gpuledger: cannot start {command[0]!r}: {e.strerror}\n".encode())
-                popen = subprocess.Popen(["sh", "-c", "exit 127"], stdout=out, stderr=out)
-        self._procs[job.job_id] = _Proc(popen)
-
-    def stop(self, job_id: int, now: float) -> None:
-        proc = self._procs.pop(job_id, None)
-        if proc is None:
-            return
-        proc.stop_requested_at = now
-        self._signal(proc, signal.SIGTERM)
-        self._stopping[job_id] = proc
-
-    def _signal(self, proc: _Proc, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.popen.pid, sig)
-
-    def poll(self, now: float) -> list[Exit]:
-        exits = []
-        for job_id, proc in list(self._procs.items()):
-            code = proc.popen.poll()
-            if code is not None:
-                del self._procs[job_id]
-                exits.append(Exit(job_id, code, now))
-        for job_id, proc in list(self._stopping.items()):
-            if proc.popen.poll() is not None:
-                del self._stopping[job_id]
-            elif (
-                proc.stop_requested_at is not None and now - proc.stop_requested_at >= self.grace_s
-            ):
-                self._signal(proc, signal.SIGKILL)
-        return sorted(exits, key=lambda x: x.job_id)
-
-    def running(self) -> set[int]:
-        return set(self._procs)
-
-    def next_event_at(self) -> float | None:
-        return None
-
-    def shutdown(self, now: float) -> list[Exit]:
-        """Stop everything (service exit): TERM, KILL what is left after the grace period, and
-        return the exits of the jobs that were still running, so the ledger records them."""
-        running = dict(self._procs)
-        for job_id in list(self._procs):
-            self.stop(job_id, now)
-        for proc in self._stopping.values():
-            try:
-                proc.popen.wait(timeout=self.grace_s)
-            except subprocess.TimeoutExpired:
-                self._signal(proc, signal.SIGKILL)
-                proc.popen.wait()
-        self._stopping.clear()
-        return [Exit(job_id, p.popen.returncode, now) for job_id, p in sorted(running.items())]

@@ -131,6 +131,12 @@ def _level_siblings(account: str, level_fs: Mapping[str, float]) -> dict[str, fl
     return out
 
 
+_FINISH_REASONS = {
+    "time_limit": ": stopped at its time limit",
+    "lost": ": its process vanished without an exit code",
+}
+
+
 def explain_history(
     job: Job,
     history: Sequence[e.AnyEvent],
@@ -169,7 +175,8 @@ def explain_history(
                 )
                 out.append(line)
             case e.JobStarted():
-                out.append(f"{when(ev.at)} started.")
+                logs = f" Output: {', '.join(ev.logs)}" if ev.logs else ""
+                out.append(f"{when(ev.at)} started.{logs}")
             case e.CheckpointReported():
                 out.append(f"{when(ev.at)} reported a checkpoint.")
             case e.JobPreempted():
@@ -181,7 +188,8 @@ def explain_history(
                 out.append(f"{when(ev.at)} requeued automatically (resumable), same job id.")
             case e.JobFinished():
                 code = f" with exit code {ev.exit_code}" if ev.exit_code is not None else ""
-                out.append(f"{when(ev.at)} ended {ev.outcome}{code}.")
+                why = _FINISH_REASONS.get(ev.reason, "")
+                out.append(f"{when(ev.at)} ended {ev.outcome}{code}{why}.")
     if job.status in ("placed", "running"):
         out.append(contract_line(job, now))
     return out

@@ -23,7 +23,8 @@ from ledger.application import Ledger
 from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.snapshot import Snapshot, snapshot_from_state
-from ledger.executors import Executor, Launch
+from ledger.domain import Job
+from ledger.executors import Executor, Launch, Reporting
 from projections import queries
 from projections.fairshare import UsagePolicy
 from projections.projector import Projector
@@ -170,12 +171,66 @@ class Dispatcher:
                 continue
             try:
                 self.ledger.execute(
-                    c.FinishJob(actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code)
+                    c.FinishJob(
+                        actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code, reason=ex.reason
+                    )
                 )
                 done += 1
             except LedgerError as err:  # the ledger moved on (cancel, preemption): keep going
                 log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
         return done
+
+    def report_progress(self, now: float) -> int:
+        """Starts, checkpoints and utilisation samples of an executor that reports them
+        (`Reporting`) become events; what the ledger has moved past is dropped. Returns the
+        number of jobs reported started."""
+        if not isinstance(self.executor, Reporting):
+            return 0
+        got = self.executor.reports(now)
+        jobs = self.ledger.state.jobs
+        starts: list[c.AnyCommand] = [
+            c.StartJob(actor=EXECUTOR, job_id=s.job_id, logs=s.logs)
+            for s in got.starts
+            if s.job_id in jobs and jobs[s.job_id].status == "placed"
+        ]
+        rest: list[c.AnyCommand] = [
+            c.ReportCheckpoint(actor=EXECUTOR, job_id=j)
+            for j in got.checkpoints
+            if j in jobs and jobs[j].status == "running" and jobs[j].spec.resumable
+        ]
+        rest += [
+            c.SampleUtilisation(actor=EXECUTOR, job_id=j, gpu_utilisation=u)
+            for j, u in got.samples
+            if j in jobs and jobs[j].status == "running" and len(u) == jobs[j].spec.gpus
+        ]
+        for batch in (starts, rest):
+            if not batch:
+                continue
+            try:
+                self.ledger.execute_all(batch)
+            except LedgerError:  # one stale report must not hide the others
+                for cmd in batch:
+                    try:
+                        self.ledger.execute(cmd)
+                    except LedgerError as err:
+                        log.info("report not recorded: %s", err.line())
+        return len(starts)
+
+    def launch_of(self, job: Job) -> Launch:
+        """What the executor runs for a placed job: its original command, every launch."""
+        spec = job.spec
+        return Launch(
+            job.job_id,
+            job.slots,
+            spec.command,
+            spec.duration_s,
+            spec.user,
+            spec.account,
+            time_limit_s=spec.time_limit_s,
+            grace_s=spec.grace_s,
+            launch=job.preemptions + 1,
+            debug=spec.debug,
+        )
 
     def reconcile(self, now: float) -> None:
         """Stop processes of jobs the ledger no longer runs (cancelled, preempted, removed)."""
@@ -185,8 +240,9 @@ class Dispatcher:
                 self.executor.stop(job_id, now)
 
     def cycle(self, now: float) -> CycleResult:
-        # 0. exits first: GPUs they free are free for this cycle
+        # 0. exits first: GPUs they free are free for this cycle; then starts and samples
         finished = self.report_exits(now)
+        self.report_progress(now)
         # 1. snapshot at position P
         position = self.ledger.catch_up()
         self._observe_new_events()
@@ -217,15 +273,14 @@ class Dispatcher:
         self.reconcile(now)
         starts: list[c.AnyCommand] = []
         for pl in decision.placements:
-            spec = self.ledger.state.jobs[pl.job_id].spec
-            launch = Launch(
-                pl.job_id, pl.slots, spec.command, spec.duration_s, spec.user, spec.account
-            )
-            self.executor.launch(launch, now)
+            self.executor.launch(self.launch_of(self.ledger.state.jobs[pl.job_id]), now)
             starts.append(c.StartJob(actor=EXECUTOR, job_id=pl.job_id))
-        if starts:
-            self.ledger.execute_all(starts)
-        started = len(starts)
+        if isinstance(self.executor, Reporting):
+            started = self.report_progress(now)  # jobs start once their GPUs are really free
+        else:
+            if starts:
+                self.ledger.execute_all(starts)
+            started = len(starts)
         self._observe_new_events()
         # 5. what happened
         log.info(

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import msgspec
 
-from schemas.events import AccountKind, Considered, GpuSlot, Placement, Preemption, PreemptReason
+from schemas.events import (
+    AccountKind,
+    Considered,
+    FinishReason,
+    GpuSlot,
+    Placement,
+    Preemption,
+    PreemptReason,
+)
 
 
 class Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
@@ -105,6 +113,8 @@ class SubmitJob(Command, frozen=True, kw_only=True, tag="submit"):
     duration_s: float | None = None
     user: str | None = None
     """Submit on behalf of `user` (admins and the simulator); defaults to the actor."""
+    grace_s: int | None = None
+    """SIGTERM-to-SIGKILL grace when the job is stopped; None: the executor's default."""
 
 
 class CancelJob(Command, frozen=True, kw_only=True, tag="cancel"):
@@ -136,11 +146,13 @@ class PreemptJob(Command, frozen=True, kw_only=True, tag="preempt"):
 
 class StartJob(Command, frozen=True, kw_only=True, tag="job.start"):
     job_id: int
+    logs: tuple[str, ...] = ()
 
 
 class FinishJob(Command, frozen=True, kw_only=True, tag="job.finish"):
     job_id: int
     exit_code: int
+    reason: FinishReason = "exit"
 
 
 class SampleUtilisation(Command, frozen=True, kw_only=True, tag="job.sample"):

@@ -15,6 +15,8 @@ import msgspec
 AccountKind = Literal["program", "project", "user"]
 PreemptReason = Literal["fairness", "maintenance", "squatting", "admin", "debug"]
 FinishOutcome = Literal["completed", "failed", "cancelled", "preempted"]
+FinishReason = Literal["exit", "time_limit", "lost"]
+"""Why a job's process ended: by itself, stopped at its time limit, or lost (no exit code)."""
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -154,6 +156,8 @@ class JobSubmitted(Event, frozen=True, kw_only=True, tag="job.submitted.v1"):
     labels: dict[str, str] = {}
     duration_s: float | None = None
     """Known run time for simulated execution; ignored by real executors."""
+    grace_s: int | None = None
+    """SIGTERM-to-SIGKILL grace when the job is stopped; None: the executor's default (30 s)."""
 
 
 class JobPlaced(Event, frozen=True, kw_only=True, tag="job.placed.v1"):
@@ -164,7 +168,11 @@ class JobPlaced(Event, frozen=True, kw_only=True, tag="job.placed.v1"):
 
 
 class JobStarted(Event, frozen=True, kw_only=True, tag="job.started.v1"):
+    """Every part of the job has started."""
+
     job_id: int
+    logs: tuple[str, ...] = ()
+    """Where its parts' output goes (one log per part, on the part's node)."""
 
 
 class JobPreempted(Event, frozen=True, kw_only=True, tag="job.preempted.v1"):
@@ -183,6 +191,7 @@ class JobFinished(Event, frozen=True, kw_only=True, tag="job.finished.v1"):
     job_id: int
     outcome: FinishOutcome
     exit_code: int | None = None
+    reason: FinishReason = "exit"
 
 
 class UtilisationSampled(Event, frozen=True, kw_only=True, tag="job.utilisation_sampled.v1"):

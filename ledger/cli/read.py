@@ -143,6 +143,8 @@ def job_row(job: Job) -> dict[str, Any]:
         "nodes": [sl.node for sl in job.slots],
         "preemptions": job.preemptions,
         "command": list(s.command),
+        "logs": list(job.logs),
+        "finish_reason": job.finish_reason if job.status == "finished" else None,
     }
 
 
@@ -185,13 +187,16 @@ def jobs(
         echo_json(selected)
         return
     t = Table(
-        "job", "account", "user", "gpus", "status", "contract", "submitted", "nodes", box=None
-    )
+        "job", "account", "user", "gpus", "status", "contract", "submitted", "nodes", "log",
+        box=None,
+    )  # fmt: skip
     for r in selected:
         contract = "unfunded" if not r["funded"] else fmt_duration(r["min_runtime_s"])
         contract += " resumable" if r["resumable"] else ""
         contract += " debug" if r["debug"] else ""
         status_text = r["outcome"] if r["status"] == "finished" else r["status"]
+        if r["finish_reason"] == "time_limit":
+            status_text += " (time limit)"
         t.add_row(
             str(r["job_id"]),
             r["account"],
@@ -201,6 +206,7 @@ def jobs(
             contract,
             fmt_time(r["submitted_at"]),
             ",".join(r["nodes"]) or "-",
+            r["logs"][0] if r["logs"] else "-",
         )
     _console().print(t)
 

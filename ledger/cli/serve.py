@@ -1,5 +1,8 @@
 """`gpuledger up`: the service on the embedded default (ledger, projector, dispatcher loop,
-LocalExecutor), or fed by Kafka with `--kafka`."""
+supervised executor), or fed by Kafka with `--kafka`.
+
+Stopping it (Ctrl-C, SIGTERM, or kill -9) leaves jobs running under their supervisors; the next
+`up` adopts them before its first cycle and records the exits that happened meanwhile."""
 
 from __future__ import annotations
 
@@ -13,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ledger.agent.executor import DEBUG_LIMIT_S, SupervisedExecutor
+from ledger.agent.utilisation import pick_source
 from ledger.cli._common import Ctx, parse_duration, pass_ctx
 from ledger.clock import SystemClock
 from ledger.dispatch.policy import FairShare, Fifo, Policy
-from ledger.executors import LocalExecutor
 from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
 from projections.errors import SourceUnavailable
 from projections.projector import Projector
@@ -40,10 +44,10 @@ def _node_spec(text: str) -> tuple[str, int, str]:
     return name, int(gpus), gpu_type or "gpu"
 
 
-def _policy(name: str, margin: float, debug_lane: bool) -> Policy:
+def _policy(name: str, margin: float, debug_lane: bool, squat_after_s: float) -> Policy:
     if name == "fifo":
         return Fifo()
-    return FairShare(margin=margin, debug_lane=debug_lane)
+    return FairShare(margin=margin, debug_lane=debug_lane, squat_after_s=squat_after_s)
 
 
 @click.command()
@@ -52,7 +56,38 @@ def _policy(name: str, margin: float, debug_lane: bool) -> Policy:
 )
 @click.option("--interval", default="2s", show_default=True, help="Time between dispatcher cycles.")
 @click.option(
-    "--grace", default="30s", show_default=True, help="SIGTERM-to-SIGKILL grace on preemption."
+    "--grace",
+    default="30s",
+    show_default=True,
+    help="SIGTERM-to-SIGKILL grace when a job is stopped (a job's own --grace wins).",
+)
+@click.option(
+    "--run-as",
+    type=click.Choice(["submitter", "service"]),
+    default="submitter",
+    show_default=True,
+    help="As root: run jobs as the submitting OS user, or as the service's own user.",
+)
+@click.option(
+    "--debug-limit",
+    default=f"{DEBUG_LIMIT_S}s",
+    show_default=True,
+    help="Debug-lane jobs are stopped after at most this long.",
+)
+@click.option(
+    "--sample-every", default="30s", show_default=True, help="GPU utilisation sampling period."
+)
+@click.option(
+    "--utilisation-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Test source of utilisation when NVML is absent (default: HOME/utilisation).",
+)
+@click.option(
+    "--squat-after",
+    default="1h",
+    show_default=True,
+    help="Past its contract, a job idle this long is squatting (a preemption victim).",
 )
 @click.option(
     "--policy", type=click.Choice(["fairshare", "fifo"]), default="fairshare", show_default=True
@@ -75,6 +110,11 @@ def up(
     nodes: tuple[str, ...],
     interval: str,
     grace: str,
+    run_as: str,
+    debug_limit: str,
+    sample_every: str,
+    utilisation_dir: Path | None,
+    squat_after: str,
     policy: str,
     margin: float,
     debug_lane: bool,
@@ -84,13 +124,24 @@ def up(
     log_level: str,
 ) -> None:
     """Run the service: every cycle snapshots, decides, appends, and runs placed jobs as local
-    processes with CUDA_VISIBLE_DEVICES set to their GPUs."""
+    processes with CUDA_VISIBLE_DEVICES set to their GPUs. Stopping it leaves jobs running."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     log = logging.getLogger("gpuledger.up")
     clock = SystemClock()
     ledger = ctx.ledger()
     _register_nodes(ctx, nodes)
-    executor = LocalExecutor(ctx.home / "jobs", grace_s=parse_duration(grace))
+    util = pick_source(utilisation_dir or ctx.home / "utilisation")
+    executor = SupervisedExecutor(
+        ctx.home / "agent",
+        ctx.home / "jobs",
+        grace_s=parse_duration(grace),
+        run_as="service" if run_as == "service" else "submitter",
+        debug_limit_s=parse_duration(debug_limit),
+        util=util,
+        sample_every_s=parse_duration(sample_every) or 1,
+        extra_env={"GPULEDGER_HOME": str(ctx.home.resolve())},
+    )
+    log.info("utilisation: %s", util.name)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -101,10 +152,10 @@ def up(
         dispatcher = Dispatcher(
             ledger,
             ProjectionRanks(Projector(store, source)),
-            _policy(policy, margin, debug_lane),
+            _policy(policy, margin, debug_lane, parse_duration(squat_after)),
             executor,
         )
-        _recover(ledger, executor, log)
+        _recover(ledger, dispatcher, executor, clock.now(), log)
         log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
         try:
             while not stop.is_set():
@@ -119,14 +170,11 @@ def up(
                 wait = tick if wake is None else max(0.05, min(tick, wake - clock.now()))
                 stop.wait(wait)
         finally:
-            exits = executor.shutdown(clock.now())
-            for ex in exits:
-                try:
-                    ledger.execute(
-                        c.FinishJob(actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code)
-                    )
-                except LedgerError as err:
-                    log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
+            # jobs keep running under their supervisors; the next `up` adopts them
+            running = len(executor.running())
+            executor.close()
+            if running:
+                log.info("stopped: %d job(s) keep running and will be adopted", running)
             stop.set()
             if relay_thread is not None:
                 relay_thread.join(timeout=10)
@@ -149,13 +197,36 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
         ledger.execute_all(cmds)
 
 
-def _recover(ledger: Any, executor: LocalExecutor, log: logging.Logger) -> None:
-    """Jobs the ledger says run here but no process runs (the service stopped uncleanly): they
-    ended when it stopped. Record that, so their GPUs are free again."""
-    lost = [j.job_id for j in ledger.state.jobs.values() if j.status in ("placed", "running")]
-    for job_id in sorted(set(lost) - executor.running()):
-        log.warning("job %s has no process after a restart: recording it as failed", job_id)
-        ledger.execute(c.FinishJob(actor=EXECUTOR, job_id=job_id, exit_code=-1))
+def _recover(
+    ledger: Any,
+    dispatcher: Dispatcher,
+    executor: SupervisedExecutor,
+    now: float,
+    log: logging.Logger,
+) -> None:
+    """Before the first cycle: the executor has adopted the jobs of its state file (their exits
+    meanwhile are reported by the first poll). Jobs the ledger runs that it has no handle of:
+    a placement the service stopped before launching is launched now; an exit a supervisor wrote
+    but the ledger never recorded is recorded; anything else is lost."""
+    mine = executor.running()
+    for job in sorted(ledger.state.jobs.values(), key=lambda j: j.job_id):
+        if job.status not in ("placed", "running") or job.job_id in mine:
+            continue
+        launch = dispatcher.launch_of(job)
+        code = executor.recorded_exit(job.job_id, launch.launch)
+        if code is not None:
+            cmd = c.FinishJob(actor=EXECUTOR, job_id=job.job_id, exit_code=code)
+        elif job.status == "placed":
+            log.info("job %s was placed but not launched: launching it", job.job_id)
+            executor.launch(launch, now)
+            continue
+        else:
+            log.warning("job %s has no process and no exit code: recording it as lost", job.job_id)
+            cmd = c.FinishJob(actor=EXECUTOR, job_id=job.job_id, exit_code=-1, reason="lost")
+        try:
+            ledger.execute(cmd)
+        except LedgerError as err:
+            log.info("exit of job %s not recorded: %s", job.job_id, err.line())
 
 
 def _transport(
