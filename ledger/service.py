@@ -193,6 +193,8 @@ class Dispatcher:
             for s in got.starts
             if s.job_id in jobs and jobs[s.job_id].status == "placed"
         ]
+        self._execute_reports(starts)
+        # after the starts: a job checkpoints or samples as soon as it runs
         rest: list[c.AnyCommand] = [
             c.ReportCheckpoint(actor=EXECUTOR, job_id=j)
             for j in got.checkpoints
@@ -203,18 +205,20 @@ class Dispatcher:
             for j, u in got.samples
             if j in jobs and jobs[j].status == "running" and len(u) == jobs[j].spec.gpus
         ]
-        for batch in (starts, rest):
-            if not batch:
-                continue
-            try:
-                self.ledger.execute_all(batch)
-            except LedgerError:  # one stale report must not hide the others
-                for cmd in batch:
-                    try:
-                        self.ledger.execute(cmd)
-                    except LedgerError as err:
-                        log.info("report not recorded: %s", err.line())
+        self._execute_reports(rest)
         return len(starts)
+
+    def _execute_reports(self, batch: list[c.AnyCommand]) -> None:
+        if not batch:
+            return
+        try:
+            self.ledger.execute_all(batch)
+        except LedgerError:  # one stale report must not hide the others
+            for cmd in batch:
+                try:
+                    self.ledger.execute(cmd)
+                except LedgerError as err:
+                    log.info("report not recorded: %s", err.line())
 
     def launch_of(self, job: Job) -> Launch:
         """What the executor runs for a placed job: its original command, every launch."""
@@ -240,9 +244,9 @@ class Dispatcher:
                 self.executor.stop(job_id, now)
 
     def cycle(self, now: float) -> CycleResult:
-        # 0. exits first: GPUs they free are free for this cycle; then starts and samples
-        finished = self.report_exits(now)
+        # 0. starts and samples, then exits: GPUs they free are free for this cycle
         self.report_progress(now)
+        finished = self.report_exits(now)
         # 1. snapshot at position P
         position = self.ledger.catch_up()
         self._observe_new_events()

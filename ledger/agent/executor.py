@@ -248,11 +248,13 @@ class SupervisedExecutor:
         out = Reports()
         changed = False
         for h in self.jobs.values():
-            if h.stop_reason is not None:
+            if h.stop_reason == "ledger":
                 continue
             if not h.start_reported and self._all_started(h):
                 h.start_reported = changed = True
                 out.starts.append(Start(h.job_id, tuple(p.log for p in h.parts)))
+            if h.stop_reason is not None:
+                continue
             mtime = self._checkpoint_mtime(h)
             if mtime > h.checkpoint_mtime:
                 h.checkpoint_mtime, changed = mtime, True
@@ -416,6 +418,8 @@ class SupervisedExecutor:
         if h.stop_at is not None and not h.killed and not h.done and now >= h.stop_at + h.grace_s:
             self._signal(h, signal.SIGKILL)
             h.killed = changed = True
+        if h.done and h.stop_reason != "ledger" and not h.start_reported:
+            return changed  # its start is reported first (next `reports`), then its exit
         if h.done:
             del self.jobs[h.job_id]
             if h.stop_reason != "ledger":
@@ -470,7 +474,10 @@ class SupervisedExecutor:
     def _all_started(h: Handle) -> bool:
         """Every part's process exists (or already ended): the job is running."""
         return all(
-            (Path(p.rundir) / "job").exists() or (Path(p.rundir) / "exit").exists() for p in h.parts
+            p.exit_code is not None
+            or (Path(p.rundir) / "job").exists()
+            or (Path(p.rundir) / "exit").exists()
+            for p in h.parts
         )
 
     def _checkpoint_mtime(self, h: Handle) -> float:

@@ -4,6 +4,7 @@ time limits, gang parts, checkpoints and the test utilisation source."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -67,6 +68,7 @@ def until(
     exits: list[Exit] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        ex.reports(time.time())  # as the service does: a job's start is reported before its exit
         exits += ex.poll(time.time())
         if done(exits):
             return exits
@@ -185,16 +187,15 @@ def test_a_reused_pid_is_not_mistaken_for_the_supervisor(dirs: tuple[Path, Path]
     # forge the handle: the supervisor's pid now names another process (this test), and its
     # exit file is gone, as if it never wrote one
     state = dirs[0] / "state.json"
-    text = state.read_text()
-    import json
-
-    data = json.loads(text)
+    data = json.loads(state.read_text())
     part = data["jobs"][0]["parts"][0]
-    part["pid"] = os.getpid()
-    (Path(part["rundir"]) / "exit").unlink()
-    (Path(part["rundir"]) / "job").unlink()
+    rundir = Path(part["rundir"])
+    _, started = (int(v) for v in (rundir / "supervisor").read_text().split())
+    part["pid"], part["pid_start"] = os.getpid(), started
+    (rundir / "exit").unlink()
+    (rundir / "job").unlink()
     state.write_text(json.dumps(data))
-    assert start_time(os.getpid()) != part["pid_start"]
+    assert start_time(os.getpid()) != started
     second = executor(dirs)
     [x] = until(second, lambda x: len(x) == 1)
     assert (x.job_id, x.exit_code, x.reason) == (1, -1, "lost")
