@@ -7,6 +7,7 @@ live decision with its snapshot; returns sentences. No I/O, no clock: `now` is a
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
@@ -15,11 +16,19 @@ from ledger.dispatch.snapshot import PendingJob, Snapshot
 from ledger.domain import Job
 from schemas import events as e
 
+_RAW_TIME = re.compile(r"\bt=\d+(?:\.\d+)?(?:e\+?\d+)?")
+"""A raw time in a dispatcher reason (`t=1.76723e+09`): six digits, so shown from `until`."""
+
 
 def when(at: float | None) -> str:
     if at is None:
         return "-"
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def plural(n: int, word: str) -> str:
+    """`1 GPU`, `2 GPUs`, `0 jobs`."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def span(seconds: float) -> str:
@@ -73,18 +82,22 @@ def explain_pending(job: Job, decision: Decision, snapshot: Snapshot, now: float
         for p in ahead:
             by_team.setdefault(p.account, []).append(p.gpus)
         teams = ", ".join(
-            f"{t}: {len(g)} jobs, {sum(g)} GPUs"
+            f"{t}: {plural(len(g), 'job')}, {plural(sum(g), 'GPU')}"
             for t, g in sorted(by_team.items(), key=lambda kv: -sum(kv[1]))[:5]
         )
         out.append(
-            f"Ahead of it: {len(ahead)} jobs needing {sum(p.gpus for p in ahead)} GPUs ({teams})."
+            f"Ahead of it: {plural(len(ahead), 'job')} needing "
+            f"{plural(sum(p.gpus for p in ahead), 'GPU')} ({teams})."
         )
     wait = decision.waiting.get(spec.job_id)
     if wait is None:
         out.append("It would be placed in the next cycle.")
     else:
         until = f" (room from {when(wait.until)})" if wait.until is not None else ""
-        out.append(f"It waits: {wait.code}: {wait.reason}{until}.")
+        reason = (
+            _RAW_TIME.sub(when(wait.until), wait.reason) if wait.until is not None else wait.reason
+        )
+        out.append(f"It waits: {wait.code}: {reason}{until}.")
     if not job.funded:
         out.append("Unfunded work goes after all funded work and may be preempted at any time.")
     return out
@@ -94,7 +107,7 @@ def _headline(job: Job) -> str:
     s = job.spec
     kind = "funded" if job.funded else "unfunded"
     debug = ", debug class" if s.debug else ""
-    return f"Job {s.job_id} ({s.account}, {s.user}, {s.gpus} GPUs, {kind}{debug})"
+    return f"Job {s.job_id} ({s.account}, {s.user}, {plural(s.gpus, 'GPU')}, {kind}{debug})"
 
 
 def _pending_by_id(snapshot: Snapshot, ids: Sequence[int]) -> list[PendingJob]:
@@ -180,10 +193,12 @@ def explain_history(
             case e.CheckpointReported():
                 out.append(f"{when(ev.at)} reported a checkpoint.")
             case e.JobPreempted():
-                who = f" to make room for job {ev.for_job}" if ev.for_job is not None else ""
+                # the note describes this job (e.g. "unfunded"): keep it next to the reason, so
+                # it never reads as describing the job it made room for
                 note = f" ({ev.note})" if ev.note else ""
+                who = f" to make room for job {ev.for_job}" if ev.for_job is not None else ""
                 contract = _contract_at(job, history, ev)
-                out.append(f"{when(ev.at)} preempted for {ev.reason}{who}{note}; {contract}.")
+                out.append(f"{when(ev.at)} preempted for {ev.reason}{note}{who}; {contract}.")
             case e.JobRequeued():
                 out.append(f"{when(ev.at)} requeued automatically (resumable), same job id.")
             case e.JobFinished():

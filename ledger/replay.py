@@ -11,7 +11,8 @@ it, as numbered steps:
    that C records (`squat_util_pct`, else the tracker's default);
 4. ranks at `decided_at` from the projection (usage counted as C says: `window_s`, `half_life_s`,
    else the 7-day window), the snapshot (`snapshot_from_state`), and `decide()` with the policy
-   rebuilt from V and C (`policy_from_config`: a version whose code is gone is a clear error);
+   rebuilt from V and C (`registry.config_from_record`: a version whose code is gone is a clear
+   error);
 5. compare with the record, field by field: `compare` names every difference.
 
 Replaying many cycles (`Replayer`) walks the log once, in order: one in-memory projection
@@ -37,8 +38,9 @@ import msgspec
 
 from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.ordering import SortKey
-from ledger.dispatch.policy import Policy, policy_from_config
+from ledger.dispatch.policy import Policy
 from ledger.dispatch.preemption import Victim
+from ledger.dispatch.registry import config_from_record, policy_from_config
 from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot, snapshot_from_state
 from ledger.domain import State, evolve
 from ledger.service import UtilTracker
@@ -144,12 +146,12 @@ def squat_threshold(config: Mapping[str, str]) -> float:
 
 
 def replay_policy(version: str, config: Mapping[str, str]) -> tuple[Policy, UsagePolicy]:
-    """Pure: the policy (`policy_from_config`) and the usage counting a decision recorded. The
-    policy records the config exactly as the decision did.
+    """Pure: the policy (`registry.config_from_record`) and the usage counting a decision
+    recorded. The policy records the config exactly as the decision did.
 
     Raises UnknownEntity naming the version when this build lacks its code."""
     own = {k: v for k, v in config.items() if k not in USAGE_KEYS}
-    policy = policy_from_config(version, own)
+    policy = policy_from_config(config_from_record(version, own))
     # the decision records the config as written ("3600" and "3600.0" are the same setting)
     return WithSettings(policy, config), usage_from_config(config)
 

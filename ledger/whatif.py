@@ -36,8 +36,9 @@ import msgspec
 from ledger import budget as b
 from ledger.application import Ledger
 from ledger.clock import SimClock, seeded_ids
-from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor, team_of
-from ledger.dispatch.policy import FairShare, Fifo, Policy
+from ledger.dispatch import registry
+from ledger.dispatch.baselines import team_of
+from ledger.dispatch.policy import Policy
 from ledger.domain import State, evolve
 from ledger.executors import Exit, Launch
 from ledger.replay import WithSettings, replay_policy, usage_from_config
@@ -55,7 +56,7 @@ from schemas.errors import InvalidCommand, LedgerError
 
 SIM = "@whatif"
 ADMIN = "whatif-admin"
-POLICIES = ("fairshare", "fifo", "slurm", "legacy")
+POLICIES = registry.NAMES
 
 
 # --- 1. the scenario, read from the log (pure) --------------------------------------------------
@@ -340,7 +341,7 @@ def choose_policy(
         if isinstance(policy, WithSettings):
             policy = policy.inner
     else:
-        policy = _named(name or "fairshare", scen)
+        policy = _named(name or registry.DEFAULT, scen)
         usage = usage_from_config(policy.config())
     if window_s is not None:
         usage = UsagePolicy(window_s=window_s, half_life_s=usage.half_life_s)
@@ -350,17 +351,10 @@ def choose_policy(
 
 
 def _named(name: str, scen: Scenario) -> Policy:
-    if name == "fairshare":
-        return FairShare()
-    if name == "fifo":
-        return Fifo()
-    if name == "slurm":
-        return SlurmMultifactor()
-    if name == "legacy":
-        gpus = sum(n.gpus for n in scen.state.nodes.values() if n.state != "removed")
-        fractions = team_fractions(scen.state)
-        return LegacyCaps(caps={t: math.floor(f * gpus) for t, f in fractions.items()})
-    raise InvalidCommand(f"unknown policy {name!r}", hint=f"use one of {', '.join(POLICIES)}")
+    """The policy called `name` with its default settings (legacy caps from the log's tree)."""
+    gpus = sum(n.gpus for n in scen.state.nodes.values() if n.state != "removed")
+    config = registry.default_config(name, gpus=gpus, team_fractions=team_fractions(scen.state))
+    return registry.policy_from_config(config)
 
 
 def team_fractions(state: State, depth: int = 2) -> dict[str, float]:

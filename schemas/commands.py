@@ -189,4 +189,6 @@ AnyCommand = (
     | ReportCheckpoint
 )
 
+COMMAND_TYPES: tuple[type[Command], ...] = AnyCommand.__args__
+
 __all__ = ["AnyCommand", "GpuSlot", "Placement", "Preemption"]

@@ -1,8 +1,11 @@
-"""JSON Schema files for the event vocabulary: one file per event type, named after its tag.
+"""JSON Schema files: one per event type (named after its tag), one per command
+(`commands/<op>.json`) and one per read view or filter (`views/<Name>.json`).
 
 The committed files under `schemas/json/` are generated: `export` writes them and `check` says
-which ones drift from the Structs in `schemas.events`. Output is deterministic (sorted keys, two
-space indent, trailing newline) so a regenerated file is byte-identical when nothing changed.
+which ones drift from the Structs in `schemas.events`, `schemas.commands` and `schemas.views`.
+The bounds the types declare (`Meta(ge=, le=, max_length=)`) are in the schemas. Output is
+deterministic (sorted keys, two space indent, trailing newline) so a regenerated file is
+byte-identical when nothing changed.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from typing import Any
 
 import msgspec
 
-from schemas.events import EVENT_TYPES, Event, tag_of
+from schemas.commands import COMMAND_TYPES
+from schemas.events import EVENT_TYPES, tag_of
+from schemas.views import VIEW_TYPES
 
 JSON_DIR = Path(__file__).parent / "json"
 """Where the committed schemas live (shipped as package data)."""
@@ -21,34 +26,46 @@ JSON_DIR = Path(__file__).parent / "json"
 SUFFIX = ".json"
 
 
-def schema_of(cls: type[Event]) -> dict[str, Any]:
-    """The JSON Schema of one event type, as msgspec generates it."""
+def schema_of(cls: type[msgspec.Struct]) -> dict[str, Any]:
+    """The JSON Schema of one Struct type, as msgspec generates it."""
     schema: dict[str, Any] = msgspec.json.schema(cls)
     return schema
 
 
-def render(cls: type[Event]) -> str:
+def render(cls: type[msgspec.Struct]) -> str:
     """Pure: the canonical text of one schema file."""
     return json.dumps(schema_of(cls), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def expected_files() -> dict[str, str]:
-    """Pure: file name -> canonical text, for every event type, sorted by file name."""
+    """Pure: relative file path -> canonical text, for every event type, command and view,
+    sorted by path."""
     files = {tag_of(cls) + SUFFIX: render(cls) for cls in EVENT_TYPES}
+    for cmd in COMMAND_TYPES:
+        op = cmd.__struct_config__.tag
+        files[f"commands/{op}{SUFFIX}"] = render(cmd)
+    for view in VIEW_TYPES:
+        files[f"views/{view.__name__}{SUFFIX}"] = render(view)
     return dict(sorted(files.items()))
 
 
+def _present(directory: Path) -> set[str]:
+    if not directory.is_dir():
+        return set()
+    return {p.relative_to(directory).as_posix() for p in directory.rglob("*" + SUFFIX)}
+
+
 def export(directory: Path) -> list[Path]:
-    """Write one schema per event type into `directory` (created if missing); remove stale
-    `*.json` files of event types that no longer exist. Returns the written paths, sorted."""
+    """Write every schema into `directory` (created if missing); remove stale `*.json` files of
+    types that no longer exist. Returns the written paths, sorted."""
     directory.mkdir(parents=True, exist_ok=True)
     want = expected_files()
-    for stale in sorted(directory.glob("*" + SUFFIX)):
-        if stale.name not in want:
-            stale.unlink()
+    for stale in sorted(_present(directory) - want.keys()):
+        (directory / stale).unlink()
     written = []
     for name, text in want.items():
         path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8", newline="\n")
         written.append(path)
     return written
@@ -60,7 +77,7 @@ def check(directory: Path) -> list[str]:
     An empty list means the committed schemas match `schemas.events`.
     """
     want = expected_files()
-    have = {p.name for p in directory.glob("*" + SUFFIX)} if directory.is_dir() else set()
+    have = _present(directory)
     drift = []
     for name in sorted(want.keys() | have):
         path = directory / name

@@ -35,6 +35,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "project": ("views", "kafka"),
     "queue": ("views",),
     "explain": ("views",),
+    "priority": ("views",),
     "squatters": ("views",),
     "preempt": ("views",),
     "up": ("serve",),

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import msgspec
 
 from ledger.application import EVENTS_DB, Ledger
 from schemas.errors import InvalidCommand, LedgerError
+
+T = TypeVar("T")
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -62,6 +63,21 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{s}s"
 
 
+def build(cls: type[T], /, **fields: Any) -> T:
+    """A command or filter made through its msgspec type, so every bound the type declares is
+    checked here exactly as the HTTP API and the TOML loader check it; a violation is one
+    `InvalidCommand` line naming the field."""
+    try:
+        return msgspec.convert(fields, cls)
+    except msgspec.ValidationError as e:
+        raise InvalidCommand(f"invalid {_field_name(str(e))}: {e}") from e
+
+
+def _field_name(message: str) -> str:
+    m = re.search(r"at `\$\.([A-Za-z_]+)", message)
+    return f"--{m.group(1).replace('_', '-')}" if m else "input"
+
+
 class Ctx:
     """Lazily opens the ledger so read-only commands that do not need it stay cheap."""
 
@@ -97,7 +113,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON i
 
 
 def echo_json(data: Any) -> None:
-    click.echo(json.dumps(msgspec.to_builtins(data), indent=2, sort_keys=True))
+    """Strict JSON (keys sorted, two-space indent): a non-finite float is written as `null`,
+    never `Infinity` or `NaN`; views that can hold one say so with a flag."""
+    text = msgspec.json.format(msgspec.json.encode(data, order="sorted"), indent=2)
+    click.echo(text.decode())
 
 
 class LedgerGroup(click.Group):

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 import duckdb
+import msgspec
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
@@ -22,6 +23,7 @@ from rich.table import Table
 
 from ledger import audit as au
 from ledger import budget as b
+from ledger import reads
 from ledger import replay as rp
 from ledger import whatif as wi
 from ledger.cli._common import (
@@ -39,6 +41,7 @@ from projections.source import EmbeddedSource
 from projections.store import projection_path
 from schemas import codec
 from schemas import events as e
+from schemas import views as v
 from schemas.errors import InvalidCommand
 
 
@@ -256,6 +259,9 @@ format_option = click.option(
     default="table",
     show_default=True,
 )
+as_json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON (the same as --format json)."
+)
 output_option = click.option(
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -405,11 +411,13 @@ def export(table: pa.Table, fmt: str, output: Path | None) -> None:
 @audit_group.command("sql")
 @click.argument("query")
 @format_option
+@as_json_option
 @output_option
 @pass_ctx
-def audit_sql(ctx: Ctx, query: str, fmt: str, output: Path | None) -> None:
+def audit_sql(ctx: Ctx, query: str, fmt: str, as_json: bool, output: Path | None) -> None:
     """Run one read-only SELECT over the views: events, jobs, job_intervals, account_history,
     account_shares, accounts_at(t), node_history, nodes, preemptions, decisions."""
+    fmt = "json" if as_json else fmt
     sql = check_select(query)
     with readonly(ctx) as con:
         table = run_query(con, sql)
@@ -538,77 +546,73 @@ def _detail(ev: e.AnyEvent) -> str:
 @audit_group.command("job")
 @click.argument("job_id", type=int)
 @format_option
+@as_json_option
 @output_option
 @pass_ctx
-def audit_job(ctx: Ctx, job_id: int, fmt: str, output: Path | None) -> None:
+def audit_job(ctx: Ctx, job_id: int, fmt: str, as_json: bool, output: Path | None) -> None:
     """JOB_ID's whole history with reasons: submission, every cycle it waited in (why), its
     placements, preemptions (why, for whom), requeues and finish."""
     with readonly(ctx) as con:
         rows = job_rows(con, job_id)
+    if as_json or fmt == "json":
+        _view_json([v.AuditJobRow(**r) for r in rows], output)
+        return
     export(pa.Table.from_pylist(rows), fmt, output)
 
 
-_PREEMPTIONS = """
-SELECT p.position, p.preempted_at, p.job_id, p.account, p.user_name, p.gpus, p.reason,
-       p.for_job, p.note, p.actor, p.cycle_id, p.funded, p.resumable, p.placed_at,
-       p.preempted_at - p.placed_at AS held_s, j.min_runtime_s,
-       coalesce(p.preempted_at < p.placed_at + j.min_runtime_s, false) AS inside_contract
-FROM preemptions p LEFT JOIN jobs j USING (job_id)
-WHERE ($account IS NULL OR p.account = $account OR p.account LIKE $account || '/%'
-       OR p.leaf = $account)
-  AND ($since IS NULL OR p.preempted_at >= $since)
-ORDER BY p.position
-"""
+def _view_json(rows: Any, output: Path | None) -> None:
+    """JSON of views: on stdout like every `--json`, or into `output`."""
+    if output is None:
+        echo_json(rows)
+        return
+    text = msgspec.json.format(msgspec.json.encode(rows, order="sorted"), indent=2)
+    output.write_bytes(text + b"\n")
+    click.echo(f"{len(rows)} rows written to {output}")
 
 
 @audit_group.command("preemptions")
 @click.option("--account", help="Only jobs in this account (or below it).")
 @click.option("--since", help="Only preemptions at or after this time (ISO 8601).")
 @format_option
+@as_json_option
 @output_option
 @pass_ctx
 def audit_preemptions(
-    ctx: Ctx, account: str | None, since: str | None, fmt: str, output: Path | None
+    ctx: Ctx,
+    account: str | None,
+    since: str | None,
+    fmt: str,
+    as_json: bool,
+    output: Path | None,
 ) -> None:
     """Every preemption: whose job, why, for which job, by whom, and whether it was inside the
     job's contract (only admin preemptions with a reason may be)."""
+    if as_json or fmt == "json":
+        with readonly(ctx) as con:
+            _view_json(reads.audit_preemptions(con, account, _time(since)), output)
+        return
     with readonly(ctx) as con:
-        table = run_query(con, _PREEMPTIONS, {"account": account, "since": _time(since)})
+        table = run_query(con, reads.PREEMPTIONS_SQL, {"account": account, "since": _time(since)})
     export(table, fmt, output)
-
-
-_BUDGET_CHANGES = """
-WITH changes AS (
-    SELECT position, occurred_at AS changed_at, actor AS who, split_part(tag, '.', 1) || ' ' ||
-           split_part(tag, '.', 2) AS change, account, user_name,
-           TRY_CAST(raw->>'$.shares' AS INTEGER) AS shares, raw->>'$.kind' AS kind,
-           coalesce(raw->>'$.reason', '') AS reason, tag
-    FROM events
-    WHERE tag IN ('account.opened.v1', 'account.closed.v1', 'account.shares_set.v1',
-                  'member.added.v1', 'member.removed.v1', 'manager.granted.v1',
-                  'manager.revoked.v1', 'admin.granted.v1', 'admin.revoked.v1')
-)
-SELECT position, changed_at, who, change, account, user_name, kind,
-       CASE WHEN tag = 'account.shares_set.v1' THEN lag(shares) OVER (
-           PARTITION BY account, tag = 'account.shares_set.v1' ORDER BY position) END
-           AS shares_before,
-       shares AS shares_after, reason
-FROM changes
-QUALIFY $since IS NULL OR changed_at >= $since
-ORDER BY position
-"""
 
 
 @audit_group.command("budget-changes")
 @click.option("--since", help="Only changes at or after this time (ISO 8601).")
 @format_option
+@as_json_option
 @output_option
 @pass_ctx
-def audit_budget_changes(ctx: Ctx, since: str | None, fmt: str, output: Path | None) -> None:
+def audit_budget_changes(
+    ctx: Ctx, since: str | None, fmt: str, as_json: bool, output: Path | None
+) -> None:
     """Who changed what in the budget tree, and why: accounts opened and closed, shares (before
     and after), members, managers and admins."""
+    if as_json or fmt == "json":
+        with readonly(ctx) as con:
+            _view_json(reads.audit_budget_changes(con, _time(since)), output)
+        return
     with readonly(ctx) as con:
-        table = run_query(con, _BUDGET_CHANGES, {"since": _time(since)})
+        table = run_query(con, reads.BUDGET_CHANGES_SQL, {"since": _time(since)})
     export(table, fmt, output)
 
 
@@ -680,12 +684,20 @@ def audit_check(ctx: Ctx, as_json: bool) -> None:
         report = au.check(_positioned(source))
     with projection(ctx, quiet=True) as store:
         charges = au.check_charges(store)
-    violations = sorted([*report.violations, *charges, *_live(ctx)], key=lambda v: v.position)
+    violations = sorted([*report.violations, *charges, *_live(ctx)], key=lambda x: x.position)
     if as_json:
-        echo_json({"events": report.events, "violations": violations, "noted": report.noted})
+        echo_json(
+            v.CheckView(
+                events=report.events,
+                violations=[
+                    msgspec.convert(x, v.CheckItem, from_attributes=True) for x in violations
+                ],
+                noted=[msgspec.convert(x, v.CheckItem, from_attributes=True) for x in report.noted],
+            )
+        )
     else:
-        for v in violations:
-            click.echo(v.line())
+        for x in violations:
+            click.echo(x.line())
         for n in report.noted:
             click.echo(f"allowed: {n.line()}")
         click.echo(

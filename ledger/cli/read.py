@@ -12,10 +12,21 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
-from ledger.cli._common import Ctx, echo_json, fmt_duration, fmt_time, json_option, pass_ctx
+from ledger.cli._common import (
+    Ctx,
+    build,
+    echo_json,
+    fmt_duration,
+    fmt_time,
+    json_option,
+    parse_time,
+    pass_ctx,
+)
 from ledger.cli.write import account, node
-from ledger.domain import Job, State
-from schemas.events import tag_of
+from ledger.clock import SystemClock
+from ledger.explain import span
+from schemas.errors import InvalidCommand
+from schemas.views import JobFilter, LogEntry, LogFilter
 
 
 def _console() -> Console:
@@ -25,83 +36,25 @@ def _console() -> Console:
     return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
-def _children(state: State) -> dict[str | None, list[str]]:
-    kids: dict[str | None, list[str]] = {}
-    for a in sorted(state.accounts.values(), key=lambda a: a.path):
-        if a.open:
-            kids.setdefault(a.parent, []).append(a.path)
-    return kids
-
-
-def tree_rows(state: State) -> list[dict[str, Any]]:
-    """Depth-first rows of the open budget tree with each account's normalised share."""
-    kids = _children(state)
-    rows: list[dict[str, Any]] = []
-
-    def walk(parent: str | None, depth: int) -> None:
-        siblings = kids.get(parent, [])
-        total = sum(state.accounts[p].shares for p in siblings)
-        for path in siblings:
-            a = state.accounts[path]
-            members = sorted(state.members.get(path, ())) if a.kind == "project" else []
-            managers = sorted(u for u, roots in state.managers.items() if path in roots)
-            rows.append(
-                {
-                    "path": path,
-                    "kind": a.kind,
-                    "depth": depth,
-                    "shares": a.shares,
-                    "norm_shares": a.shares / total if total else 0.0,
-                    "members": members,
-                    "managers": managers,
-                }
-            )
-            walk(path, depth + 1)
-
-    walk(None, 0)
-    return rows
-
-
 @account.command("tree")
 @json_option
 @pass_ctx
 def account_tree(ctx: Ctx, as_json: bool) -> None:
     """Show the budget tree with shares and normalised shares."""
-    rows = tree_rows(ctx.ledger().state)
+    from ledger import reads
+
+    rows = reads.account_tree(ctx.ledger().state)
     if as_json:
         echo_json(rows)
         return
     root = Tree("budget tree")
     at: dict[int, Tree] = {-1: root}
     for r in rows:
-        name = r["path"].rsplit("/", 1)[-1]
-        extra = f"  managers: {', '.join(r['managers'])}" if r["managers"] else ""
-        label = (
-            f"{name} [{r['kind']}] shares {r['shares']} ({r['norm_shares']:.0%} of parent){extra}"
-        )
-        at[r["depth"]] = at[r["depth"] - 1].add(label)
+        name = r.path.rsplit("/", 1)[-1]
+        extra = f"  managers: {', '.join(r.managers)}" if r.managers else ""
+        label = f"{name} [{r.kind}] shares {r.shares} ({r.norm_shares:.0%} of parent){extra}"
+        at[r.depth] = at[r.depth - 1].add(label)
     _console().print(root)
-
-
-def node_rows(state: State) -> list[dict[str, Any]]:
-    rows = []
-    for n in sorted(state.nodes.values(), key=lambda n: n.name):
-        if n.state == "removed":
-            continue
-        free = len(state.free_indices(n.name))
-        rows.append(
-            {
-                "node": n.name,
-                "cluster": n.cluster,
-                "gpu_type": n.gpu_type,
-                "gpus": n.gpus,
-                "free_gpus": free,
-                "state": n.state,
-                "jobs": sorted(state.node_jobs.get(n.name, ())),
-                "drain_reason": n.drain_reason,
-            }
-        )
-    return rows
 
 
 @node.command("list")
@@ -109,55 +62,32 @@ def node_rows(state: State) -> list[dict[str, Any]]:
 @pass_ctx
 def node_list(ctx: Ctx, as_json: bool) -> None:
     """List nodes with their state and free GPUs."""
-    rows = node_rows(ctx.ledger().state)
+    from ledger import reads
+
+    rows = reads.node_list(ctx.ledger().state)
     if as_json:
         echo_json(rows)
         return
     t = Table("node", "cluster", "type", "gpus", "free", "state", "jobs", box=None)
     for r in rows:
-        state = r["state"] + (f" ({r['drain_reason']})" if r["drain_reason"] else "")
-        jobs = ",".join(map(str, r["jobs"])) or "-"
-        t.add_row(
-            r["node"], r["cluster"], r["gpu_type"], str(r["gpus"]), str(r["free_gpus"]), state, jobs
-        )
+        state = r.state + (f" ({r.drain_reason})" if r.drain_reason else "")
+        jobs = ",".join(map(str, r.jobs)) or "-"
+        t.add_row(r.node, r.cluster, r.gpu_type, str(r.gpus), str(r.free_gpus), state, jobs)
     _console().print(t)
-
-
-def job_row(job: Job) -> dict[str, Any]:
-    s = job.spec
-    return {
-        "job_id": s.job_id,
-        "account": s.account,
-        "user": s.user,
-        "gpus": s.gpus,
-        "gpu_type": s.gpu_type,
-        "status": job.status,
-        "outcome": job.outcome,
-        "funded": job.funded,
-        "min_runtime_s": s.min_runtime_s,
-        "resumable": s.resumable,
-        "priority": s.priority,
-        "debug": s.debug,
-        "submitted_at": s.at,
-        "placed_at": job.placed_at,
-        "nodes": [sl.node for sl in job.slots],
-        "preemptions": job.preemptions,
-        "command": list(s.command),
-        "logs": list(job.logs),
-        "finish_reason": job.finish_reason if job.status == "finished" else None,
-    }
 
 
 @click.command()
 @click.option(
     "--status",
-    type=click.Choice(["pending", "placed", "running", "finished", "active"]),
+    type=click.Choice(["pending", "held", "placed", "running", "finished", "active"]),
     default=None,
 )
-@click.option("--user", default=None)
+@click.option("--user", "-u", default=None)
 @click.option(
-    "--account", "account_path", default=None, help="This account and everything below it."
+    "--account", "-A", "account_path", default=None, help="This account and everything below it."
 )
+@click.option("--since", "-S", default=None, help="Jobs alive at or after this time (ISO 8601).")
+@click.option("--until", "-E", default=None, help="Jobs submitted at or before this time.")
 @click.option("--limit", type=int, default=200, show_default=True)
 @json_option
 @pass_ctx
@@ -166,48 +96,47 @@ def jobs(
     status: str | None,
     user: str | None,
     account_path: str | None,
+    since: str | None,
+    until: str | None,
     limit: int,
     as_json: bool,
 ) -> None:
-    """List jobs, newest first."""
-    selected = []
-    for job in sorted(ctx.ledger().state.jobs.values(), key=lambda j: -j.job_id):
-        if (status == "active" and not job.active) or (
-            status not in (None, "active") and job.status != status
-        ):
-            continue
-        if user and job.spec.user != user:
-            continue
-        if account_path and not (job.spec.account + "/").startswith(account_path.rstrip("/") + "/"):
-            continue
-        selected.append(job_row(job))
-        if len(selected) >= limit:
-            break
+    """List jobs newest first, like sacct: start, end, elapsed, exit code."""
+    from ledger import reads
+    from ledger.cli.views import projection
+
+    f = build(
+        JobFilter,
+        status=status,
+        user=user,
+        account=account_path,
+        since=None if since is None else parse_time(since),
+        until=None if until is None else parse_time(until),
+        limit=limit,
+    )
+    now = SystemClock().now()
+    with projection(ctx) as store:
+        selected = reads.jobs(store, f, now)
     if as_json:
         echo_json(selected)
         return
     t = Table(
-        "job", "account", "user", "gpus", "status", "contract", "submitted", "nodes", "log",
-        box=None,
+        "job", "account", "user", "gpus", "state", "contract", "submitted", "start", "end",
+        "elapsed", "exit", "nodes", "log", box=None,
     )  # fmt: skip
     for r in selected:
-        contract = "unfunded" if not r["funded"] else fmt_duration(r["min_runtime_s"])
-        contract += " resumable" if r["resumable"] else ""
-        contract += " debug" if r["debug"] else ""
-        status_text = r["outcome"] if r["status"] == "finished" else r["status"]
-        if r["finish_reason"] == "time_limit":
-            status_text += " (time limit)"
+        contract = "unfunded" if not r.funded else fmt_duration(r.min_runtime_s)
+        contract += " resumable" if r.resumable else ""
+        contract += " debug" if r.debug else ""
+        state: str = r.outcome if r.status == "finished" and r.outcome else r.status
+        state += " (time limit)" if r.finish_reason == "time_limit" else ""
         t.add_row(
-            str(r["job_id"]),
-            r["account"],
-            r["user"],
-            str(r["gpus"]),
-            status_text,
-            contract,
-            fmt_time(r["submitted_at"]),
-            ",".join(r["nodes"]) or "-",
-            r["logs"][0] if r["logs"] else "-",
-        )
+            str(r.job_id), r.account, r.user, str(r.gpus), state, contract,
+            fmt_time(r.submitted_at), fmt_time(r.started_at), fmt_time(r.finished_at),
+            "-" if r.elapsed_s is None else span(r.elapsed_s),
+            "-" if r.exit_code is None else str(r.exit_code), ",".join(r.nodes) or "-",
+            r.logs[0] if r.logs else "-",
+        )  # fmt: skip
     _console().print(t)
 
 
@@ -222,21 +151,60 @@ def _summary(ev: Any) -> str:
     )
 
 
+def _log_line(r: LogEntry) -> str:
+    body = (
+        _summary(r.event) if r.event is not None else "(an event type this version does not know)"
+    )
+    return f"{r.position:>8}  {fmt_time(r.at)}  {r.actor or '-':<12} {r.tag:<28} {body}"
+
+
 @click.command()
 @click.option("--after", type=int, default=0, show_default=True, help="Start after this position.")
 @click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--tail", "-n", type=int, default=None, help="Only the last N events.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new events as they are appended.")
+@click.option(
+    "--interval",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="--follow: seconds between polls.",
+)
 @json_option
 @pass_ctx
-def log(ctx: Ctx, after: int, limit: int, as_json: bool) -> None:
-    """Print the event log from a position."""
-    records = ctx.ledger().read(after, limit)
-    if as_json:
-        echo_json([{"position": pos, "event": ev} for pos, ev in records])
+def log(
+    ctx: Ctx, after: int, limit: int, tail: int | None, follow: bool, interval: float, as_json: bool
+) -> None:
+    """Print the event log from a position (from the projection's copy of it). With --json and
+    --follow, one JSON object per line."""
+    import time
+
+    from ledger import reads
+    from ledger.cli.views import projection
+
+    f = build(LogFilter, after=after, limit=limit, tail=tail)
+    if not 0.01 <= interval <= 3600:
+        raise InvalidCommand(f"--interval must be 0.01..3600 seconds, got {interval}")
+    with projection(ctx, quiet=True) as store:
+        records = reads.log(store, f)
+    if as_json and not follow:
+        echo_json(records)
         return
-    for pos, ev in records:
-        click.echo(
-            f"{pos:>8}  {fmt_time(ev.at)}  {ev.actor:<12} {tag_of(type(ev)):<28} {_summary(ev)}"
-        )
+    for r in records:
+        click.echo(msgspec.json.encode(r).decode() if as_json else _log_line(r))
+    if not follow:
+        return
+    last = records[-1].position if records else after
+    if f.tail is not None and not records:
+        last = after
+    while True:
+        time.sleep(interval)
+        with projection(ctx, quiet=True) as store:
+            records = reads.log(store, build(LogFilter, after=last, limit=10_000))
+        for r in records:
+            click.echo(msgspec.json.encode(r).decode() if as_json else _log_line(r))
+        if records:
+            last = records[-1].position
 
 
 @click.group()

@@ -20,7 +20,8 @@ from ledger.agent.executor import DEBUG_LIMIT_S, SupervisedExecutor
 from ledger.agent.utilisation import pick_source
 from ledger.cli._common import Ctx, parse_duration, pass_ctx
 from ledger.clock import SystemClock
-from ledger.dispatch.policy import FairShare, Fifo, Policy
+from ledger.dispatch import registry
+from ledger.dispatch.policy import Policy
 from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
 from projections.errors import SourceUnavailable
 from projections.projector import Projector
@@ -45,9 +46,12 @@ def _node_spec(text: str) -> tuple[str, int, str]:
 
 
 def _policy(name: str, margin: float, debug_lane: bool, squat_after_s: float) -> Policy:
-    if name == "fifo":
-        return Fifo()
-    return FairShare(margin=margin, debug_lane=debug_lane, squat_after_s=squat_after_s)
+    """The named policy; `--margin`, `--debug-lane` and `--squat-after` set fair share's knobs."""
+    config = registry.default_config(name)
+    if registry.lookup(name).name == "fairshare":
+        knobs = {"margin": margin, "debug_lane": debug_lane, "squat_after_s": squat_after_s}
+        config = registry.with_knobs(config, knobs)
+    return registry.policy_from_config(config)
 
 
 @click.command()
@@ -90,7 +94,10 @@ def _policy(name: str, margin: float, debug_lane: bool, squat_after_s: float) ->
     help="Past its contract, a job idle this long is squatting (a preemption victim).",
 )
 @click.option(
-    "--policy", type=click.Choice(["fairshare", "fifo"]), default="fairshare", show_default=True
+    "--policy",
+    type=click.Choice(["fairshare", "fifo"]),
+    default=registry.DEFAULT,
+    show_default=True,
 )
 @click.option("--margin", type=float, default=0.1, show_default=True, help="Preemption hysteresis.")
 @click.option("--debug-lane/--no-debug-lane", default=True, show_default=True)

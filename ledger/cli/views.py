@@ -13,21 +13,29 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from rich.table import Table
 
-from ledger.cli._common import Ctx, echo_json, json_option, parse_duration, parse_time, pass_ctx
+from ledger import reads
+from ledger.cli._common import (
+    Ctx,
+    build,
+    echo_json,
+    json_option,
+    parse_duration,
+    parse_time,
+    pass_ctx,
+)
 from ledger.clock import SystemClock
-from ledger.dispatch.policy import FairShare, Fifo, Policy
-from ledger.domain import State
-from ledger.explain import explain_history, explain_pending, span, when
-from ledger.service import StoreRanks, UtilTracker, preview
-from projections import queries
+from ledger.dispatch import registry
+from ledger.dispatch.policy import Policy
+from ledger.explain import plural, span, when
 from projections.errors import ProjectionBusy
 from projections.fairshare import UsagePolicy
 from projections.projector import Projector, rebuild
 from projections.source import EmbeddedSource
 from projections.store import Store
-from schemas import codec
 from schemas import commands as c
 from schemas import events as e
+from schemas.errors import InvalidCommand
+from schemas.views import QueueFilter
 
 
 def _console() -> Console:
@@ -89,30 +97,26 @@ def _num(x: float | None, fmt: str = ".3f") -> str:
 @json_option
 @pass_ctx
 def shares(ctx: Ctx, at: str | None, window: str, half_life: str | None, as_json: bool) -> None:
-    """The fair-share tree, like `sshare -l`: shares, usage, level fair share, rank, factor."""
+    """The fair-share tree with Slurm's `sshare -l` columns (Fair Tree): RawShares, NormShares,
+    RawUsage (GPU-hours here), NormUsage (of the whole tree), EffectvUsage (of the parent),
+    LevelFS, Rank and FairShare."""
     t = _at(at)
+    policy = _usage_policy(window, half_life)
     with projection(ctx) as store:
-        rows = queries.shares_table(store, t, _usage_policy(window, half_life))
+        rows = reads.shares(store, t, policy)
     if as_json:
-        echo_json([r._asdict() for r in rows])
+        echo_json(rows)
         return
     table = Table(
-        "account",
-        "raw shares",
-        "norm shares",
-        "usage GPU-h",
-        "norm usage",
-        "effective",
-        "level FS",
-        "rank",
-        "factor",
-        box=None,
-    )
+        "Account", "RawShares", "NormShares", "RawUsage GPU-h", "NormUsage", "EffectvUsage",
+        "LevelFS", "Rank", "FairShare", box=None,
+    )  # fmt: skip
     for r in rows:
         table.add_row(
-            "  " * r.depth + r.path.rsplit("/", 1)[-1], str(r.shares), _num(r.norm_shares),
-            f"{r.usage / 3600:,.2f}", _num(r.norm_usage), _num(r.effective_usage),
-            _num(r.level_fs), "-" if r.rank is None else str(r.rank), _num(r.factor),
+            "  " * r.depth + r.account.rsplit("/", 1)[-1], str(r.raw_shares), _num(r.norm_shares),
+            f"{r.raw_usage_gpu_s / 3600:,.2f}", _num(r.norm_usage), _num(r.effectv_usage),
+            "inf" if r.level_fs_infinite else _num(r.level_fs),
+            "-" if r.rank is None else str(r.rank), _num(r.fair_share),
         )  # fmt: skip
     _console().print(table)
 
@@ -127,17 +131,17 @@ def shares(ctx: Ctx, at: str | None, window: str, half_life: str | None, as_json
 def usage(
     ctx: Ctx, by: str, at: str | None, window: str, half_life: str | None, as_json: bool
 ) -> None:
-    """Funded GPU usage in the window ending at --at, per account (with ancestors) or user."""
+    """Funded GPU-hours in the window ending at --at, per account (with ancestors) or user."""
     t = _at(at)
+    policy = _usage_policy(window, half_life)
     with projection(ctx) as store:
-        rows = queries.usage(store, t, by=by, policy=_usage_policy(window, half_life))  # type: ignore[arg-type]
-    rows.sort(key=lambda r: r.name)
+        rows = reads.usage(store, t, "user" if by == "user" else "account", policy)
     if as_json:
-        echo_json([{"name": r.name, "gpu_seconds": r.gpu_seconds} for r in rows])
+        echo_json(rows)
         return
     table = Table(by, "GPU-hours", box=None)
     for r in rows:
-        table.add_row(r.name, f"{r.gpu_hours:,.1f}")
+        table.add_row(r.name, f"{r.usage_gpu_hours:,.1f}")
     _console().print(table)
 
 
@@ -163,14 +167,14 @@ def report_delivered(ctx: Ctx, window: str, at: str | None, team_depth: int, as_
     end = _at(at)
     start = end - parse_duration(window)
     with projection(ctx) as store:
-        rep = queries.delivered_report(store, start, end, team_depth=team_depth)
+        rep = reads.delivered(store, start, end, team_depth)
     if as_json:
         echo_json(rep)
         return
     table = Table("team", "owed GPU-h", "delivered GPU-h", "by period", "hour by hour", box=None)
     for t in rep.teams:
         table.add_row(
-            t.team, f"{t.owed_gpu_h:,.1f}", f"{t.delivered_gpu_h:,.1f}",
+            t.team, f"{t.owed_gpu_hours:,.1f}", f"{t.delivered_gpu_hours:,.1f}",
             _pct(t.by_period), _pct(t.hour_by_hour),
         )  # fmt: skip
     _console().print(table)
@@ -229,7 +233,7 @@ def projection_rebuild(ctx: Ctx) -> None:
 def projection_status(ctx: Ctx, as_json: bool) -> None:
     """Where the projection stands in the log."""
     with projection(ctx, quiet=True) as store:
-        status = store.status()
+        status = reads.projection_status(store)
     if as_json:
         echo_json(status)
         return
@@ -245,73 +249,128 @@ project_alias = click.Group(
 
 
 def _policy(name: str) -> Policy:
-    return Fifo() if name == "fifo" else FairShare()
+    return registry.policy_from_config(registry.default_config(name))
 
 
 policy_option = click.option(
-    "--policy", type=click.Choice(["fairshare", "fifo"]), default="fairshare", show_default=True
+    "--policy",
+    type=click.Choice(["fairshare", "fifo"]),
+    default=registry.DEFAULT,
+    show_default=True,
 )
 
 
-def _live(ctx: Ctx, policy: str, now: float) -> tuple[Any, Any]:
-    ledger = ctx.ledger()
-    with projection(ctx, quiet=True) as store:
-        util = _utilisation(store, ledger.state)
-        return preview(ledger, StoreRanks(store), _policy(policy), now, util.low_since)
+queue_filters = [
+    click.option("--user", "-u", default=None, help="Only this user's jobs."),
+    click.option(
+        "--account", "-A", "account_path", default=None, help="Only this account (and below)."
+    ),
+    click.option(
+        "--state",
+        "-t",
+        type=click.Choice(["pending", "held", "all"]),
+        default="all",
+        show_default=True,
+    ),
+    click.option("--limit", type=int, default=50, show_default=True),
+]
 
 
-def _utilisation(store: Store, state: State, threshold: float = 10.0) -> UtilTracker:
-    running = [j.job_id for j in state.jobs.values() if j.status in ("placed", "running")]
-    tracker = UtilTracker(threshold_pct=threshold)
-    if not running:
-        return tracker
-    rows = store.con.execute(
-        "SELECT raw FROM events WHERE tag IN ('job.utilisation_sampled.v1', 'job.placed.v1') "
-        "AND job_id IN (SELECT unnest($ids)) ORDER BY position",
-        {"ids": running},
-    ).fetchall()
-    for (raw,) in rows:
-        tracker.observe(codec.decode(raw.encode() if isinstance(raw, str) else raw))
-    return tracker
+def _queue_filters(f: Any) -> Any:
+    for option in reversed(queue_filters):
+        f = option(f)
+    return f
+
+
+def _when(at: float | None) -> str:
+    return "unknown" if at is None else when(at)
 
 
 @click.command()
 @policy_option
-@click.option("--limit", type=int, default=50, show_default=True)
+@_queue_filters
 @json_option
 @pass_ctx
-def queue(ctx: Ctx, policy: str, limit: int, as_json: bool) -> None:
-    """Pending work in dispatch order, with its sort key and why it waits."""
+def queue(
+    ctx: Ctx,
+    policy: str,
+    user: str | None,
+    account_path: str | None,
+    state: str,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Pending work in dispatch order: sort key, why it waits, estimated start (like squeue)."""
+    f = build(QueueFilter, user=user, account=account_path, state=state, limit=limit)
     now = SystemClock().now()
-    snapshot, decision = _live(ctx, policy, now)
-    pending = {p.job_id: p for p in snapshot.pending}
-    rows = []
-    for i, cons in enumerate(decision.considered[:limit]):
-        p = pending[cons.job_id]
-        wait = decision.waiting.get(cons.job_id)
-        rows.append(
-            {
-                "order": i + 1, "job_id": p.job_id, "account": p.account, "user": p.user,
-                "gpus": p.gpus, "funded": p.funded, "debug": p.debug,
-                "sort_key": list(cons.sort_key),
-                "code": wait.code if wait else "NEXT_CYCLE", "reason": wait.reason if wait else "",
-                "waiting_s": now - p.submitted_at,
-            }
-        )  # fmt: skip
+    ledger = ctx.ledger()
+    with projection(ctx, quiet=True) as store:
+        rows = reads.queue(ledger, store, _policy(policy), now, f)
     if as_json:
         echo_json(rows)
         return
     table = Table(
-        "#", "job", "account", "user", "gpus", "sort key", "waiting", "code", "reason", box=None
-    )
+        "#", "job", "account", "user", "gpus", "sort key", "waiting", "est. start", "code",
+        "reason", box=None,
+    )  # fmt: skip
     for r in rows:
         table.add_row(
-            str(r["order"]), str(r["job_id"]), r["account"], r["user"], str(r["gpus"]),
-            str(r["sort_key"]), span(r["waiting_s"]), r["code"], r["reason"],
+            "-" if r.order is None else str(r.order), str(r.job_id), r.account, r.user,
+            str(r.gpus), _key_text(r.sort_key), span(r.waiting_s),
+            _when(r.estimated_start_at), r.code, r.reason,
         )  # fmt: skip
     _console().print(table)
-    if len(decision.considered) > limit:
-        click.echo(f"... and {len(decision.considered) - limit} more")
+
+
+def _key_text(key: list[float | int | str]) -> str:
+    """A sort key with times as UTC times and no scientific notation."""
+    parts = []
+    for x in key:
+        if isinstance(x, float) and x > 1e8:
+            parts.append(when(x))
+        elif isinstance(x, float):
+            parts.append(f"{x:g}" if abs(x) < 1e6 else f"{x:.0f}")
+        else:
+            parts.append(str(x))
+    return "(" + ", ".join(parts) + ")"
+
+
+@click.command()
+@policy_option
+@_queue_filters
+@json_option
+@pass_ctx
+def priority(
+    ctx: Ctx,
+    policy: str,
+    user: str | None,
+    account_path: str | None,
+    state: str,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Each pending job's sort key, part by part (like sprio), in dispatch order."""
+    f = build(QueueFilter, user=user, account=account_path, state=state, limit=limit)
+    now = SystemClock().now()
+    ledger = ctx.ledger()
+    with projection(ctx, quiet=True) as store:
+        rows = reads.priority(ledger, store, _policy(policy), now, f)
+    if as_json:
+        echo_json(rows)
+        return
+    names = [p.name for p in rows[0].parts] if rows else []
+    table = Table("#", "job", "account", "user", *names, box=None)
+    for r in rows:
+        cells = [
+            when(p.value) if p.name == "submitted_at" and isinstance(p.value, float) else
+            (f"{p.value:g}" if isinstance(p.value, float) else str(p.value))
+            for p in r.parts
+        ]  # fmt: skip
+        table.add_row(str(r.order), str(r.job_id), r.account, r.user, *cells)
+    _console().print(table)
+    if rows:
+        for p in rows[0].parts:
+            click.echo(f"{p.name}: {p.meaning}")
 
 
 @click.command()
@@ -323,55 +382,15 @@ def explain(ctx: Ctx, job_id: int, policy: str, as_json: bool) -> None:
     """Why JOB_ID is pending, why it was placed where it was, or why it was preempted."""
     now = SystemClock().now()
     ledger = ctx.ledger()
-    job = ledger.state.job(job_id)
-    lines: list[str]
-    if job.status == "pending":
-        snapshot, decision = _live(ctx, policy, now)
-        lines = explain_pending(job, decision, snapshot, now)
-        history = _history(ctx, job_id)
-        if any(isinstance(ev, e.JobPreempted) for ev in history):
-            earlier = explain_history(job, history, _decisions(ctx, history), now)[1:]
-            lines += ["Earlier:", *earlier]
-    else:
-        history = _history(ctx, job_id)
-        lines = explain_history(job, history, _decisions(ctx, history), now)
+    with projection(ctx, quiet=True) as store:
+        view = reads.explain(ledger, store, job_id, _policy(policy), now)
     if as_json:
-        echo_json({"job_id": job_id, "status": job.status, "explanation": lines})
+        echo_json(view)
         return
-    for line in lines:
+    for line in view.lines:
         click.echo(line)
-
-
-def _history(ctx: Ctx, job_id: int) -> list[e.AnyEvent]:
-    with projection(ctx, quiet=True) as store:
-        rows = store.con.execute(
-            "SELECT raw FROM events WHERE job_id = ? AND known ORDER BY position", [job_id]
-        ).fetchall()
-    return [codec.decode(r[0].encode() if isinstance(r[0], str) else r[0]) for r in rows]
-
-
-def _decisions(ctx: Ctx, history: list[e.AnyEvent]) -> dict[str, e.CycleDecided]:
-    cycles = sorted(
-        {
-            ev.cycle_id
-            for ev in history
-            if isinstance(ev, e.JobPlaced | e.JobPreempted) and ev.cycle_id
-        }
-    )
-    if not cycles:
-        return {}
-    with projection(ctx, quiet=True) as store:
-        rows = store.con.execute(
-            "SELECT raw FROM events WHERE tag = 'cycle.decided.v1' AND position IN "
-            "(SELECT position FROM decisions WHERE cycle_id IN (SELECT unnest($ids)))",
-            {"ids": cycles},
-        ).fetchall()
-    out = {}
-    for (raw,) in rows:
-        ev = codec.decode(raw.encode() if isinstance(raw, str) else raw)
-        if isinstance(ev, e.CycleDecided):
-            out[ev.cycle_id] = ev
-    return out
+    if view.status in ("pending", "held"):
+        click.echo(f"Estimated start: {_when(view.estimated_start_at)}.")
 
 
 @click.command()
@@ -388,53 +407,31 @@ def _decisions(ctx: Ctx, history: list[e.AnyEvent]) -> dict[str, e.CycleDecided]
 def squatters(ctx: Ctx, threshold: float, after: str, as_json: bool) -> None:
     """Running jobs whose GPUs sit idle, per manager: the first preemption candidates once past
     their contract."""
+    if not 0.0 <= threshold <= 100.0:
+        raise InvalidCommand(f"--threshold must be a percentage 0..100, got {threshold}")
     now = SystemClock().now()
     ledger = ctx.ledger()
-    state = ledger.state
     with projection(ctx, quiet=True) as store:
-        util = _utilisation(store, state, threshold)
-    idle_s = parse_duration(after)
-    rows: list[dict[str, Any]] = []
-    for job_id, since in sorted(util.low_since.items()):
-        job = state.jobs[job_id]
-        if job.status not in ("placed", "running") or now - since < idle_s:
-            continue
-        acct = job.spec.account
-        managers = sorted(
-            u
-            for u, roots in state.managers.items()
-            if any(acct == r or acct.startswith(r + "/") for r in roots)
-        )
-        ends = job.contract_ends_at()
-        row: dict[str, Any] = {
-            "job_id": job_id,
-            "account": acct,
-            "user": job.spec.user,
-            "gpus": job.spec.gpus,
-            "idle_since": since,
-            "past_contract": ends is not None and now >= ends,
-            "managers": managers,
-        }
-        rows.append(row)
+        rows = reads.squatters(ledger, store, now, threshold, parse_duration(after))
     if as_json:
         echo_json(rows)
         return
     if not rows:
         click.echo("no squatters")
         return
-    by_manager: dict[str, list[dict[str, Any]]] = {}
+    by_manager: dict[str, list[Any]] = {}
     for r in rows:
-        for m in r["managers"] or ["(no manager)"]:
+        for m in r.managers or ["(no manager)"]:
             by_manager.setdefault(m, []).append(r)
     for m, jobs in sorted(by_manager.items()):
         click.echo(f"{m}:")
         for r in jobs:
             state_word = (
-                "past its contract: preemptible" if r["past_contract"] else "inside its contract"
+                "past its contract: preemptible" if r.past_contract else "inside its contract"
             )
             click.echo(
-                f"  job {r['job_id']} {r['account']} {r['user']} {r['gpus']} GPUs idle since "
-                f"{when(r['idle_since'])} ({state_word})"
+                f"  job {r.job_id} {r.account} {r.user} {plural(r.gpus, 'GPU')} idle since "
+                f"{when(r.idle_since_at)} ({state_word})"
             )
 
 
@@ -458,6 +455,7 @@ COMMANDS = [
     projection_group,
     project_alias,
     queue,
+    priority,
     explain,
     squatters,
     preempt,

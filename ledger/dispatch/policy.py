@@ -11,7 +11,7 @@ order, no preemption). Other baselines (Slurm-like, legacy caps) plug in the sam
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Protocol
 
 import msgspec
@@ -27,7 +27,6 @@ from ledger.dispatch.preemption import (
     victim_cost,
 )
 from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot
-from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.events import PreemptReason
 
 
@@ -194,95 +193,3 @@ class Fifo(msgspec.Struct, frozen=True, kw_only=True):
         self, job: PendingJob, candidates: Iterable[RunningJob], snapshot: Snapshot, now: float
     ) -> Iterator[Victim]:
         return iter(())
-
-
-def policy_from_config(version: str, config: Mapping[str, str]) -> Policy:
-    """Pure: the policy a decision recorded (`policy_version`, `config`), rebuilt for replay.
-
-    Policy code that changes behaviour bumps its version, so a version names the code. A version
-    this build does not have raises `UnknownEntity` naming it; a config that the version's code
-    does not write back (the same keys, the same values) raises `InvalidCommand` naming the
-    settings that differ.
-    """
-    from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor
-
-    def fairshare(cfg: Mapping[str, str]) -> Policy:
-        return FairShare(
-            version=version,
-            margin=float(cfg["margin"]),
-            min_rank_gap=int(cfg["min_rank_gap"]),
-            squat_after_s=float(cfg["squat_after_s"]),
-            squat_util_pct=float(cfg["squat_util_pct"]),
-            debug_lane={"true": True, "false": False}[cfg["debug_lane"]],
-            search_budget=int(cfg["search_budget"]),
-        )
-
-    def slurm(cfg: Mapping[str, str]) -> Policy:
-        return SlurmMultifactor(
-            version=version,
-            weight_fairshare=float(cfg["weight_fairshare"]),
-            weight_age=float(cfg["weight_age"]),
-            max_age_s=float(cfg["max_age_s"]),
-            half_life_s=float(cfg["half_life_s"]),
-            search_budget=int(cfg["search_budget"]),
-        )
-
-    def legacy(cfg: Mapping[str, str]) -> Policy:
-        caps = {}
-        for item in filter(None, cfg["caps"].split(",")):
-            team, _, gpus = item.rpartition("=")
-            caps[team] = int(gpus)
-        return LegacyCaps(
-            version=version,
-            caps=caps,
-            team_depth=int(cfg["team_depth"]),
-            search_budget=int(cfg["search_budget"]),
-        )
-
-    builders: dict[str, Callable[[Mapping[str, str]], Policy]] = {
-        FairShare().version: fairshare,
-        Fifo().version: lambda cfg: Fifo(version=version),
-        SlurmMultifactor().version: slurm,
-        LegacyCaps().version: legacy,
-    }
-    build = builders.get(version)
-    if build is None:
-        raise UnknownEntity(
-            f"this decision needs policy version {version!r}, whose code this build of "
-            f"gpu-ledger does not have (it has {', '.join(sorted(builders))})",
-            hint=f"replay it with a gpu-ledger release that still ships {version!r}",
-            version=version,
-        )
-    try:
-        policy = build(config)
-    except (KeyError, ValueError) as err:
-        raise InvalidCommand(
-            f"the recorded config of policy {version!r} is not one its code wrote: bad or "
-            f"missing setting {err}",
-            hint="the decision's config was edited, or written by other code under this version",
-            version=version,
-        ) from err
-    rebuilt = policy.config()
-    keys = sorted(
-        k for k in set(rebuilt) | set(config) if not _same_setting(rebuilt.get(k), config.get(k))
-    )
-    if keys:
-        raise InvalidCommand(
-            f"the recorded config of policy {version!r} does not match what its code records "
-            f"(differs in {', '.join(keys)})",
-            hint="the decision's config was edited, or written by other code under this version",
-            version=version,
-        )
-    return policy
-
-
-def _same_setting(a: str | None, b: str | None) -> bool:
-    """Two recorded settings are the same value ("3600" and "3600.0" are)."""
-    if a == b:
-        return True
-    if a is None or b is None:
-        return False
-    try:
-        return float(a) == float(b)
-    except ValueError:
-        return False

@@ -32,8 +32,8 @@ import msgspec
 from ledger import budget as b
 from ledger.application import EVENTS_DB, Ledger
 from ledger.clock import SimClock, seeded_ids
-from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor
-from ledger.dispatch.policy import FairShare, Fifo, Policy
+from ledger.dispatch import registry
+from ledger.dispatch.policy import Policy
 from ledger.executors import Exit, Launch, SimExecutor
 from ledger.service import CycleResult, Dispatcher, RankSource
 from ledger.sim.metrics import JobFold, Metrics, compute
@@ -54,7 +54,7 @@ hours)."""
 SIM = "@sim"
 EXECUTOR = "@executor"
 ADMIN = "root"
-POLICIES = ("fairshare", "legacy", "slurm", "fifo")
+POLICIES = registry.NAMES
 WEEK_S = 7 * 86_400.0
 DAY_S = 86_400.0
 
@@ -122,19 +122,15 @@ class RunResult:
 def make_policy(
     name: str, workload: Workload, cluster: Cluster
 ) -> tuple[Policy, fs.UsagePolicy | None]:
-    """The policy called `name` and the usage its rank source counts (None: no ranks needed)."""
-    if name == "fairshare":
-        return FairShare(), fs.UsagePolicy()
-    if name == "fifo":
-        return Fifo(), None
-    if name == "slurm":
-        policy = SlurmMultifactor()
-        return policy, fs.UsagePolicy(half_life_s=policy.half_life_s)
-    if name == "legacy":
-        fractions = team_fractions(workload.budget)
-        caps = {t: math.floor(f * cluster.gpus) for t, f in fractions.items()}
-        return LegacyCaps(caps=caps), None
-    raise InvalidCommand(f"unknown policy {name!r}", hint=f"use one of {', '.join(POLICIES)}")
+    """The policy called `name` (a registered name or version, with its default settings) and
+    the usage its rank source counts (None: no ranks needed)."""
+    config = registry.default_config(
+        name, gpus=cluster.gpus, team_fractions=team_fractions(workload.budget)
+    )
+    usage = None
+    if registry.ranked(config):
+        usage = fs.UsagePolicy(half_life_s=registry.half_life_s(config))
+    return registry.policy_from_config(config), usage
 
 
 class ResumingExecutor:

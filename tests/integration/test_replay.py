@@ -17,7 +17,8 @@ from ledger.application import Ledger
 from ledger.audit import check_history
 from ledger.cli import cli
 from ledger.clock import SimClock, seeded_ids
-from ledger.dispatch.policy import FairShare, Policy, policy_from_config
+from ledger.dispatch.policy import FairShare, Policy
+from ledger.dispatch.registry import config_from_record
 from ledger.executors import SimExecutor
 from ledger.replay import (
     Replayer,
@@ -214,7 +215,7 @@ def test_a_policy_config_that_does_not_match_the_code_shows_as_differences(
 
 def test_an_unknown_policy_version_names_the_version_it_needs(tmp_path: Path) -> None:
     with pytest.raises(UnknownEntity) as err:
-        policy_from_config("fairshare-0", FairShare().config())
+        config_from_record("fairshare-0", FairShare().config())
     assert "'fairshare-0'" in err.value.message and err.value.fields["version"] == "fairshare-0"
     build_history(tmp_path, FairShare(version="fairshare-0", squat_after_s=3_600)).close()
     results = list(replay_home(tmp_path))

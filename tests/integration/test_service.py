@@ -241,7 +241,7 @@ def test_up_runs_real_processes_with_their_gpus_and_preempts_unfunded_work(tmp_p
     log = (home / "jobs" / "job-2.log").read_text()
     assert log.strip() in ("gpus=0,1 job=2", "gpus=2,3 job=2")
     why = run_cli(home, "explain", "1").stdout
-    assert "preempted for fairness to make room for job 2" in why
+    assert "preempted for fairness (unfunded) to make room for job 2" in why
     assert "it was unfunded (no contract)" in why
     finished = [
         r["event"]

@@ -46,7 +46,7 @@ def events(home: Path, tag: str) -> list[dict[str, Any]]:
     return [r["event"] for r in rows if r["event"]["type"] == tag]
 
 
-def wait_for(what: str, cond: Callable[[], bool], timeout: float = 40) -> None:
+def wait_for(what: str, cond: Callable[[], bool], timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
@@ -113,9 +113,9 @@ def test_sigterm_and_kill_9_of_up_leave_jobs_running_and_a_restart_adopts_them(
     home: Path, tmp_path: Path
 ) -> None:
     cli(home, "node", "add", "local", "--gpus", "4", "--gpu-type", "sim")
-    go1, go3 = tmp_path / "go1", tmp_path / "go3"
+    go1, go2, go3 = tmp_path / "go1", tmp_path / "go2", tmp_path / "go3"
     submit(home, "bob", 2, until_released(go1, 6), "--min-runtime", "1h", "--resumable")
-    submit(home, "alice", 2, "sleep 3; exit 3", "--min-runtime", "1h")
+    submit(home, "alice", 2, until_released(go2, 3), "--min-runtime", "1h")
     up = Service(home)
     wait_for("jobs 1 and 2 running", lambda: {1, 2} <= {
         j for j, r in jobs(home).items() if r["status"] == "running"})  # fmt: skip
@@ -126,6 +126,7 @@ def test_sigterm_and_kill_9_of_up_leave_jobs_running_and_a_restart_adopts_them(
     assert {p.job_id: p.pid for p in live_processes(home / "agent")} == pids
     # a job waits for the GPUs; job 2 ends (exit 3) while no service runs
     submit(home, "bob", 2, until_released(go3, 0), "--min-runtime", "1h")
+    go2.touch()
     wait_for("job 2 to end", lambda: 2 not in {p.job_id for p in live_processes(home / "agent")})
     # 2. restart: job 1 adopted (same process), job 2's exit recorded with its real code,
     # job 3 placed on job 2's GPUs only

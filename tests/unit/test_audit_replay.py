@@ -10,7 +10,8 @@ import pytest
 
 from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor
 from ledger.dispatch.engine import Decision
-from ledger.dispatch.policy import FairShare, Fifo, Policy, policy_from_config
+from ledger.dispatch.policy import FairShare, Fifo, Policy
+from ledger.dispatch.registry import config_from_record, policy_from_config
 from ledger.replay import compare, replay_policy, squat_threshold, usage_from_config
 from projections.fairshare import WEEK_S
 from schemas import events as e
@@ -35,12 +36,14 @@ POLICIES: dict[str, Policy] = {
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_a_recorded_policy_is_rebuilt_exactly(name: str) -> None:
     policy = POLICIES[name]
-    assert policy_from_config(policy.version, policy.config()) == policy
+    assert policy_from_config(config_from_record(policy.version, policy.config())) == policy
 
 
 def test_integer_settings_read_back_as_the_same_setting() -> None:
     config = {**FairShare().config(), "squat_after_s": "3600"}
-    assert policy_from_config("fairshare-1", config) == FairShare(squat_after_s=3600.0)
+    assert policy_from_config(config_from_record("fairshare-1", config)) == FairShare(
+        squat_after_s=3600.0
+    )
 
 
 @pytest.mark.parametrize(
@@ -69,7 +72,7 @@ def test_configs_that_no_code_wrote_are_refused_clearly(
     version: str, config: dict[str, str], error: type[Exception], words: str
 ) -> None:
     with pytest.raises(error) as err:
-        policy_from_config(version, config)
+        config_from_record(version, config)
     assert words in str(err.value)
 
 

@@ -21,7 +21,7 @@ def test_committed_schemas_match_the_code() -> None:
 
 
 def test_export_writes_one_file_per_event_type_named_by_tag(tmp_path: Path) -> None:
-    written = x.export(tmp_path)
+    written = [p for p in x.export(tmp_path) if p.parent == tmp_path]
     assert [p.name for p in written] == sorted(f"{t}.json" for t in TAGS)
     assert len(written) == len(EVENT_TYPES)
     for cls in EVENT_TYPES:
@@ -33,8 +33,8 @@ def test_export_writes_one_file_per_event_type_named_by_tag(tmp_path: Path) -> N
 
 
 def test_export_is_deterministic_sorted_and_ends_with_a_newline(tmp_path: Path) -> None:
-    first = {p.name: p.read_bytes() for p in x.export(tmp_path / "a")}
-    second = {p.name: p.read_bytes() for p in x.export(tmp_path / "b")}
+    first = {p.relative_to(tmp_path / "a"): p.read_bytes() for p in x.export(tmp_path / "a")}
+    second = {p.relative_to(tmp_path / "b"): p.read_bytes() for p in x.export(tmp_path / "b")}
     assert first == second
     for name, data in first.items():
         assert data.endswith(b"}\n") and not data.endswith(b"\n\n"), name
@@ -94,4 +94,15 @@ def test_check_names_the_drifting_file(
 
 
 def test_check_of_a_missing_directory_lists_every_file(tmp_path: Path) -> None:
-    assert x.check(tmp_path / "nowhere") == sorted(f"{t}.json" for t in TAGS)
+    assert x.check(tmp_path / "nowhere") == sorted(x.expected_files())
+    assert {f"{t}.json" for t in TAGS} <= set(x.check(tmp_path / "nowhere"))
+
+
+def test_views_and_commands_are_exported_beside_the_events(tmp_path: Path) -> None:
+    x.export(tmp_path)
+    share = json.loads((tmp_path / "views" / "ShareRow.json").read_text())
+    body = share["$defs"]["ShareRow"]
+    assert body["properties"]["level_fs"] == {"anyOf": [{"type": "number"}, {"type": "null"}]}
+    assert "level_fs_infinite" in body["required"]
+    submit = json.loads((tmp_path / "commands" / "submit.json").read_text())
+    assert submit["$defs"]["SubmitJob"]["properties"]["op"] == {"enum": ["submit"]}

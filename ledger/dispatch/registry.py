@@ -1,0 +1,247 @@
+"""The policy registry: every scheduling policy version this build has, by name and by version.
+
+Pure: lookups and conversions of values; no I/O.
+
+A policy *name* (`fairshare`, `fifo`, `slurm`, `legacy`) stands for its current version; a
+*version* (`fairshare-1`, ...) names one policy's code exactly, and its settings are a typed config
+from `schemas.policy` (tagged by the version). Everything that builds a policy goes through here:
+the service (`up`), `queue`/`explain`, `simulate`, the what-if and replay.
+
+- `default_config(name_or_version, ...)`: a version's default settings (legacy caps come from the
+  cluster's size and the teams' fractions of it);
+- `with_knobs(config, {"margin": "0.2"})`: the config with settings changed, checked;
+- `policy_from_config(config)`: the policy that decides with those settings;
+- `config_of(policy)`: back from a policy to its typed config;
+- `config_from_record(version, settings)`: the typed config of a decision recorded as the version
+  and its string settings (`cycle.decided.v1`), refused clearly when no code of this build wrote it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor
+from ledger.dispatch.policy import FairShare, Fifo, Policy
+from schemas.errors import InvalidCommand, UnknownEntity
+from schemas.policy import (
+    AnyPolicyConfig,
+    FairShareConfig,
+    FifoConfig,
+    LegacyConfig,
+    SlurmConfig,
+)
+
+
+@dataclass(frozen=True)
+class Registered:
+    """One policy version: its name, config type, and how to build the policy that decides."""
+
+    name: str
+    """The policy's family name (`fairshare`); the current version answers to it."""
+    config_type: type[AnyPolicyConfig]
+    build: Callable[[Any], Policy]
+    """config -> policy (the policy's fields are the config's plus `version`)."""
+    ranked: bool
+    """Whether its order reads fair-share ranks (a rank source must count usage)."""
+
+    @property
+    def version(self) -> str:
+        tag = self.config_type.__struct_config__.tag
+        assert isinstance(tag, str)
+        return tag
+
+
+def _fields(config: AnyPolicyConfig) -> dict[str, Any]:
+    return msgspec.structs.asdict(config)
+
+
+VERSIONS: dict[str, Registered] = {
+    r.version: r
+    for r in (
+        Registered(
+            "fairshare",
+            FairShareConfig,
+            lambda c: FairShare(version=c.version, **_fields(c)),
+            ranked=True,
+        ),
+        Registered("fifo", FifoConfig, lambda c: Fifo(version=c.version), ranked=False),
+        Registered(
+            "slurm",
+            SlurmConfig,
+            lambda c: SlurmMultifactor(version=c.version, **_fields(c)),
+            ranked=True,
+        ),
+        Registered(
+            "legacy",
+            LegacyConfig,
+            lambda c: LegacyCaps(version=c.version, **_fields(c)),
+            ranked=False,
+        ),
+    )
+}
+"""Every registered version -> its entry."""
+
+CURRENT: dict[str, str] = {
+    "fairshare": "fairshare-1",
+    "legacy": "legacy-1",
+    "slurm": "slurm-1",
+    "fifo": "fifo-1",
+}
+"""Policy name -> the version it stands for."""
+
+NAMES: tuple[str, ...] = tuple(CURRENT)
+"""The registered policy names (the default first)."""
+
+DEFAULT = NAMES[0]
+
+
+def lookup(name_or_version: str) -> Registered:
+    """The registered version a name or version stands for; UnknownEntity naming the choices."""
+    found = VERSIONS.get(CURRENT.get(name_or_version, name_or_version))
+    if found is None:
+        choices = ", ".join([*NAMES, *sorted(VERSIONS)])
+        raise UnknownEntity(
+            f"unknown policy {name_or_version!r}",
+            hint=f"use one of {choices}",
+            version=name_or_version,
+        )
+    return found
+
+
+def default_config(
+    name_or_version: str = DEFAULT,
+    *,
+    gpus: int = 0,
+    team_fractions: Mapping[str, float] | None = None,
+) -> AnyPolicyConfig:
+    """Pure: the default settings of a policy. `legacy` caps each team at its fraction of the
+    cluster's `gpus` (rounded down); the others ignore `gpus` and `team_fractions`."""
+    entry = lookup(name_or_version)
+    if entry.config_type is LegacyConfig:
+        fractions = team_fractions or {}
+        return LegacyConfig(caps={t: math.floor(f * gpus) for t, f in sorted(fractions.items())})
+    return entry.config_type()
+
+
+def with_knobs(config: AnyPolicyConfig, knobs: Mapping[str, object]) -> AnyPolicyConfig:
+    """Pure: `config` with the settings in `knobs` changed (values may be strings, as typed on a
+    command line). An unknown setting or a bad value raises InvalidCommand naming it."""
+    if not knobs:
+        return config
+    kind = type(config)
+    unknown = sorted(set(knobs) - set(kind.__struct_fields__))
+    if unknown:
+        have = ", ".join(kind.__struct_fields__) or "none"
+        raise InvalidCommand(
+            f"policy {config.version!r} has no setting {', '.join(unknown)}",
+            hint=f"its settings: {have}",
+            version=config.version,
+        )
+    merged = {**_fields(config), **knobs}
+    try:
+        return msgspec.convert(merged, kind, strict=False)
+    except msgspec.ValidationError as err:
+        raise InvalidCommand(
+            f"bad setting for policy {config.version!r}: {err}", version=config.version
+        ) from err
+
+
+def policy_from_config(config: AnyPolicyConfig) -> Policy:
+    """Pure: the policy that decides with `config` (its version's code)."""
+    return lookup(config.version).build(config)
+
+
+def config_of(policy: Policy) -> AnyPolicyConfig:
+    """Pure: the typed config of a registered policy (`policy_from_config` inverted).
+    UnknownEntity when its version is not registered."""
+    entry = VERSIONS.get(policy.version)
+    if entry is None:
+        lookup(policy.version)  # raises, naming the choices
+    assert entry is not None
+    fields = {k: getattr(policy, k) for k in entry.config_type.__struct_fields__}
+    return entry.config_type(**fields)
+
+
+def ranked(config: AnyPolicyConfig) -> bool:
+    """Pure: whether the policy's order reads fair-share ranks."""
+    return lookup(config.version).ranked
+
+
+def half_life_s(config: AnyPolicyConfig) -> float | None:
+    """Pure: the half-life with which the policy's rank source decays usage (None: a window)."""
+    return config.half_life_s if isinstance(config, SlurmConfig) else None
+
+
+def config_from_record(version: str, settings: Mapping[str, str]) -> AnyPolicyConfig:
+    """Pure: the typed config of a decision recorded as `version` and its string `settings`
+    (what `Policy.config()` wrote).
+
+    Policy code that changes behaviour bumps its version, so a version names the code. A version
+    this build does not have raises `UnknownEntity` naming it; settings that the version's code
+    does not write back (the same keys, the same values) raise `InvalidCommand` naming those that
+    differ.
+    """
+    entry = VERSIONS.get(version)
+    if entry is None:
+        raise UnknownEntity(
+            f"this decision needs policy version {version!r}, whose code this build of "
+            f"gpu-ledger does not have (it has {', '.join(sorted(VERSIONS))})",
+            hint=f"replay it with a gpu-ledger release that still ships {version!r}",
+            version=version,
+        )
+    fields = entry.config_type.__struct_fields__
+    raw: dict[str, object] = {k: settings[k] for k in fields if k in settings}
+    missing = [k for k in fields if k not in settings]
+    try:
+        if missing:
+            raise KeyError(missing[0])
+        if "caps" in raw:
+            raw["caps"] = _caps(settings["caps"])
+        config = msgspec.convert(raw, entry.config_type, strict=False)
+    except (KeyError, ValueError, msgspec.ValidationError) as err:
+        raise InvalidCommand(
+            f"the recorded config of policy {version!r} is not one its code wrote: bad or "
+            f"missing setting {err}",
+            hint="the decision's config was edited, or written by other code under this version",
+            version=version,
+        ) from err
+    rebuilt = entry.build(config).config()
+    keys = sorted(
+        k
+        for k in set(rebuilt) | set(settings)
+        if not _same_setting(rebuilt.get(k), settings.get(k))
+    )
+    if keys:
+        raise InvalidCommand(
+            f"the recorded config of policy {version!r} does not match what its code records "
+            f"(differs in {', '.join(keys)})",
+            hint="the decision's config was edited, or written by other code under this version",
+            version=version,
+        )
+    return config
+
+
+def _caps(text: str) -> dict[str, int]:
+    """`team=gpus,...` as `LegacyCaps.config()` writes it."""
+    caps = {}
+    for item in filter(None, text.split(",")):
+        team, _, gpus = item.rpartition("=")
+        caps[team] = int(gpus)
+    return caps
+
+
+def _same_setting(a: str | None, b: str | None) -> bool:
+    """Two recorded settings are the same value ("3600" and "3600.0" are)."""
+    if a == b:
+        return True
+    if a is None or b is None:
+        return False
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return False

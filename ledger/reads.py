@@ -1,0 +1,684 @@
+"""The one read layer: every read the CLI and the HTTP API offer, returning `schemas.views`.
+
+Each function takes the handles it reads (the `Ledger` for live state and previews, a caught-up
+projection `Store` for history, a DuckDB connection for audit reads), typed filters and an
+explicit `now`/`at`; it returns view Structs. No printing, no clock, no appends: transport-free
+and side-effect free (a `preview` decides without appending). History reads (`jobs`, `log`) come
+from the projection's read models, never from the folded write-side `State`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+import duckdb
+
+from ledger.application import Ledger
+from ledger.dispatch.engine import Decision
+from ledger.dispatch.policy import Policy
+from ledger.dispatch.snapshot import Snapshot
+from ledger.domain import State
+from ledger.explain import explain_history, explain_pending, when
+from ledger.service import StoreRanks, UtilTracker, preview
+from projections import queries
+from projections.fairshare import UsagePolicy
+from projections.store import Store
+from schemas import codec
+from schemas import events as e
+from schemas import views as v
+from schemas.errors import InvalidCommand, UnknownEntity
+
+# --- budget tree and nodes ---------------------------------------------------------------------
+
+
+def account_tree(state: State) -> list[v.AccountNode]:
+    """Depth-first rows of the open budget tree with each account's normalised share."""
+    kids: dict[str | None, list[str]] = {}
+    for a in sorted(state.accounts.values(), key=lambda a: a.path):
+        if a.open:
+            kids.setdefault(a.parent, []).append(a.path)
+    rows: list[v.AccountNode] = []
+
+    def walk(parent: str | None, depth: int) -> None:
+        siblings = kids.get(parent, [])
+        total = sum(state.accounts[p].shares for p in siblings)
+        for path in siblings:
+            a = state.accounts[path]
+            rows.append(
+                v.AccountNode(
+                    path=path,
+                    kind=a.kind,
+                    depth=depth,
+                    shares=a.shares,
+                    norm_shares=a.shares / total if total else 0.0,
+                    members=sorted(state.members.get(path, ())) if a.kind == "project" else [],
+                    managers=sorted(u for u, roots in state.managers.items() if path in roots),
+                )
+            )
+            walk(path, depth + 1)
+
+    walk(None, 0)
+    return rows
+
+
+def node_list(state: State) -> list[v.NodeRow]:
+    """Nodes in service (not removed), by name, with free GPUs and the jobs they hold."""
+    return [
+        v.NodeRow(
+            node=n.name,
+            cluster=n.cluster,
+            gpu_type=n.gpu_type,
+            gpus=n.gpus,
+            free_gpus=len(state.free_indices(n.name)),
+            state=n.state,
+            jobs=sorted(state.node_jobs.get(n.name, ())),
+            drain_reason=n.drain_reason,
+        )
+        for n in sorted(state.nodes.values(), key=lambda n: n.name)
+        if n.state != "removed"
+    ]
+
+
+# --- jobs and the log (history: the projection) ----------------------------------------------
+
+_JOBS = """
+SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster, j.status, j.outcome,
+       j.exit_code, j.funded, j.min_runtime_s, j.resumable, j.priority, j.debug, j.time_limit_s,
+       j.submitted_at, j.placed_at, j.started_at, j.finished_at, j.placements, j.preemptions,
+       coalesce((SELECT list(DISTINCT s.node ORDER BY s.node)
+                 FROM (SELECT unnest(i.slots) AS s FROM job_intervals i
+                       WHERE i.job_id = j.job_id AND i.end_position IS NULL)), []) AS nodes,
+       (SELECT max(i.start_at) FROM job_intervals i WHERE i.job_id = j.job_id) AS last_start_at,
+       (SELECT coalesce(from_json(ev.raw->'$.command', '["VARCHAR"]'), [])
+        FROM events ev WHERE ev.position = j.submitted_position) AS command,
+       (SELECT coalesce(from_json(ev.raw->'$.logs', '["VARCHAR"]'), [])
+        FROM events ev WHERE ev.job_id = j.job_id AND ev.tag = 'job.started.v1'
+        ORDER BY ev.position DESC LIMIT 1) AS logs,
+       (SELECT coalesce(ev.raw->>'$.reason', 'exit')
+        FROM events ev WHERE ev.job_id = j.job_id AND ev.tag = 'job.finished.v1'
+        ORDER BY ev.position DESC LIMIT 1) AS finish_reason
+FROM jobs j
+WHERE ($status IS NULL OR j.status = $status OR ($status = 'active' AND j.status <> 'finished'))
+  AND ($user IS NULL OR j.user_name = $user)
+  AND ($account IS NULL OR j.account = $account OR j.account LIKE $account || '/%')
+  AND ($since IS NULL OR j.finished_at IS NULL OR j.finished_at >= $since)
+  AND ($until IS NULL OR j.submitted_at <= $until)
+ORDER BY j.job_id DESC
+LIMIT $limit
+"""
+
+
+def jobs(store: Store, f: v.JobFilter, now: float) -> list[v.JobRow]:
+    """Jobs newest first, like sacct: start, end, elapsed, exit code. `since`/`until` select the
+    jobs alive at some moment of [since, until] (not ended before `since`, submitted by
+    `until`)."""
+    account = f.account.rstrip("/") if f.account else None
+    rows = store.con.execute(
+        _JOBS,
+        {
+            "status": f.status,
+            "user": f.user,
+            "account": account,
+            "since": f.since,
+            "until": f.until,
+            "limit": f.limit,
+        },
+    ).fetchall()
+    out = []
+    for r in rows:
+        (job_id, account_, user, gpus, gpu_type, cluster, status, outcome, exit_code, funded,
+         min_runtime_s, resumable, priority, debug, time_limit_s, submitted_at, placed_at,
+         started_at, finished_at, placements, preemptions, nodes, last_start,
+         command, logs, finish_reason) = r  # fmt: skip
+        began = started_at if started_at is not None else last_start
+        end = finished_at if status == "finished" else (now if status == "running" else None)
+        elapsed = None if began is None or end is None else max(0.0, end - began)
+        out.append(
+            v.JobRow(
+                job_id=job_id, account=account_, user=user, gpus=gpus, gpu_type=gpu_type,
+                cluster=cluster, status=status, outcome=outcome, exit_code=exit_code,
+                funded=funded, min_runtime_s=min_runtime_s, resumable=resumable,
+                priority=priority, debug=debug, time_limit_s=time_limit_s,
+                submitted_at=submitted_at, placed_at=placed_at, started_at=began,
+                finished_at=finished_at, elapsed_s=elapsed, nodes=list(nodes),
+                placements=placements, preemptions=preemptions, command=list(command or []),
+                logs=list(logs or []),
+                finish_reason=finish_reason if status == "finished" else None,
+            )
+        )  # fmt: skip
+    return out
+
+
+def _decode(raw: Any) -> e.AnyEvent:
+    return codec.decode(raw.encode() if isinstance(raw, str) else raw)
+
+
+def log(store: Store, f: v.LogFilter) -> list[v.LogEntry]:
+    """Events after `f.after` in log order (`f.limit` of them, or the last `f.tail`), from the
+    projection's `events` table; events of unknown types keep their tag and a null body."""
+    if f.tail is not None:
+        sql = (
+            "SELECT * FROM (SELECT position, tag, known, occurred_at, actor, raw FROM events "
+            "WHERE position > $after ORDER BY position DESC LIMIT $n) ORDER BY position"
+        )
+        n = f.tail
+    else:
+        sql = (
+            "SELECT position, tag, known, occurred_at, actor, raw FROM events "
+            "WHERE position > $after ORDER BY position LIMIT $n"
+        )
+        n = f.limit
+    rows = store.con.execute(sql, {"after": f.after, "n": n}).fetchall()
+    return [
+        v.LogEntry(
+            position=pos,
+            tag=tag,
+            at=at,
+            actor=actor,
+            event=_decode(raw) if known else None,
+        )
+        for pos, tag, known, at, actor, raw in rows
+    ]
+
+
+# --- fair share, usage, delivered --------------------------------------------------------------
+
+
+def _finite(x: float) -> float | None:
+    return None if math.isinf(x) or math.isnan(x) else x
+
+
+def shares(store: Store, at: float, policy: UsagePolicy) -> list[v.ShareRow]:
+    """The fair-share tree as Slurm's `sshare -l` (Fair Tree) names and computes it."""
+    return [
+        v.ShareRow(
+            account=r.path,
+            parent=r.parent,
+            kind=r.kind,
+            depth=r.depth,
+            raw_shares=r.shares,
+            norm_shares=r.norm_shares,
+            raw_usage_gpu_s=r.usage,
+            # the projection's norm_usage is usage / the siblings' (Slurm's EffectvUsage) and
+            # its effective_usage is usage / the whole tree's (Slurm's NormUsage)
+            norm_usage=r.effective_usage,
+            effectv_usage=r.norm_usage,
+            level_fs=_finite(r.level_fs),
+            level_fs_infinite=math.isinf(r.level_fs),
+            rank=r.rank,
+            fair_share=r.factor,
+        )
+        for r in queries.shares_table(store, at, policy)
+    ]
+
+
+def usage(
+    store: Store, at: float, by: Literal["account", "user"], policy: UsagePolicy
+) -> list[v.UsageRow]:
+    """Funded GPU-hours in the window ending at `at`, per account (with ancestors) or user."""
+    rows = queries.usage(store, at, by=by, policy=policy)
+    return sorted(
+        (v.UsageRow(name=r.name, usage_gpu_hours=r.gpu_hours) for r in rows),
+        key=lambda r: r.name,
+    )
+
+
+def delivered(store: Store, start: float, end: float, team_depth: int) -> v.DeliveredView:
+    """Owed against delivered GPU-hours per team over [start, end)."""
+    if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
+        raise InvalidCommand("the report needs a positive, finite window", start=start, end=end)
+    if team_depth < 1:
+        raise InvalidCommand(f"team depth must be >= 1, got {team_depth}", team_depth=team_depth)
+    rep = queries.delivered_report(store, start, end, team_depth=team_depth)
+    return v.DeliveredView(
+        start_at=rep.start,
+        end_at=rep.end,
+        team_depth=team_depth,
+        teams=[
+            v.TeamDelivered(
+                team=t.team,
+                owed_gpu_hours=t.owed_gpu_h,
+                delivered_gpu_hours=t.delivered_gpu_h,
+                by_period=t.by_period,
+                hour_by_hour=t.hour_by_hour,
+            )
+            for t in rep.teams
+        ],
+        by_period=rep.by_period,
+        hour_by_hour=rep.hour_by_hour,
+        teams_at_95=rep.teams_at_95,
+        teams_owed=rep.teams_owed,
+        worst_team=rep.worst_team,
+        worst=rep.worst,
+    )
+
+
+def projection_status(store: Store) -> v.ProjectionStatusView:
+    s = store.status()
+    return v.ProjectionStatusView(
+        position=s.position,
+        events=s.events,
+        unknown_events=s.unknown_events,
+        unknown_tags=dict(s.unknown_tags),
+    )
+
+
+# --- queue, priority, explain (live: a preview decision on the current state) ----------------
+
+
+def utilisation(store: Store, state: State, threshold: float = 10.0) -> UtilTracker:
+    """Since when each placed or running job has stayed below `threshold` % (from its samples)."""
+    running = [j.job_id for j in state.jobs.values() if j.status in ("placed", "running")]
+    tracker = UtilTracker(threshold_pct=threshold)
+    if not running:
+        return tracker
+    rows = store.con.execute(
+        "SELECT raw FROM events WHERE tag IN ('job.utilisation_sampled.v1', 'job.placed.v1') "
+        "AND job_id IN (SELECT unnest($ids)) ORDER BY position",
+        {"ids": running},
+    ).fetchall()
+    for (raw,) in rows:
+        tracker.observe(_decode(raw))
+    return tracker
+
+
+def live(ledger: Ledger, store: Store, policy: Policy, now: float) -> tuple[Snapshot, Decision]:
+    """What the dispatcher would decide at `now` (nothing is appended)."""
+    util = utilisation(store, ledger.state)
+    return preview(ledger, StoreRanks(store), policy, now, util.low_since)
+
+
+_RAW_TIME = re.compile(r"\bt=(\d+(?:\.\d+)?(?:e\+?\d+)?)")
+
+
+def readable(text: str, until: float | None = None) -> str:
+    """Pure: the dispatcher's reasons with their raw `t=1.76723e+09` times as UTC times (the
+    exact `until` when the wait has one: the raw text keeps only six digits).
+
+    Recorded decisions keep the dispatcher's text byte for byte (replay compares it); reads show
+    times people can read."""
+    return _RAW_TIME.sub(lambda m: when(until if until is not None else float(m.group(1))), text)
+
+
+def _under(account: str, root: str | None) -> bool:
+    return root is None or (account + "/").startswith(root.rstrip("/") + "/")
+
+
+def estimated_starts(
+    state: State, snapshot: Snapshot, decision: Decision, now: float
+) -> dict[int, float | None]:
+    """Pure: an estimated start for every pending job, or None when it cannot be known.
+
+    Jobs placed in the next cycle start `now`. For the others, in dispatch order: GPUs free up
+    when running jobs reach their time limit (a job without one holds its GPUs for an unknown
+    time), and each job ahead takes its GPUs from its estimated start until its own time limit;
+    a job waiting for contracts to end (WAIT_CONTRACT) may start when they end. Cluster-wide GPU
+    counts (a job's GPU type respected), node fit ignored: an estimate, not a promise.
+    """
+    placed = {p.job_id for p in decision.placements}
+    free: dict[str, int] = {}
+    for n in snapshot.nodes:
+        if n.state == "active":
+            free[n.gpu_type] = free.get(n.gpu_type, 0) + len(n.free)
+    # (time, gpu_type, gpus freed); time None = unknown
+    releases: list[tuple[float, str, int]] = []
+    node_type = {n.name: n.gpu_type for n in snapshot.nodes}
+    for r in snapshot.running:
+        job = state.jobs.get(r.job_id)
+        limit = job.spec.time_limit_s if job is not None else None
+        if limit is None:
+            continue
+        begun = job.started_at if job is not None and job.started_at is not None else r.placed_at
+        for sl in r.slots:
+            releases.append(
+                (max(now, begun + limit), node_type.get(sl.node, ""), len(sl.gpu_indices))
+            )
+    out: dict[int, float | None] = {}
+    pending = {p.job_id: p for p in snapshot.pending}
+    for cons in decision.considered:
+        p = pending.get(cons.job_id)
+        if p is None:
+            continue
+        if p.job_id in placed:
+            out[p.job_id] = now
+            continue
+        types = [t for t in free if p.gpu_type is None or t == p.gpu_type]
+        have = sum(free[t] for t in types)
+        start: float | None = None
+        if have >= p.gpus:
+            start = now
+        else:
+            for at, t, g in sorted(releases):
+                if t in types:
+                    have += g
+                    if have >= p.gpus:
+                        start = at
+                        break
+        wait = decision.waiting.get(p.job_id)
+        if wait is not None and wait.code == "WAIT_CONTRACT" and wait.until is not None:
+            # the dispatcher may preempt the jobs in the way once their contracts end
+            start = wait.until if start is None else min(start, max(now, wait.until))
+        out[p.job_id] = start
+        if start is None:
+            continue
+        # the job takes its GPUs from `start`: from the free pool, then from the releases
+        need = p.gpus
+        for t in types:
+            take = min(free[t], need)
+            free[t] -= take
+            need -= take
+        kept = []
+        for at, t, g in sorted(releases):
+            if need and t in types and at <= start:
+                take = min(g, need)
+                need -= take
+                if g - take:
+                    kept.append((at, t, g - take))
+            else:
+                kept.append((at, t, g))
+        releases = kept
+        if p.time_limit_s is not None:
+            releases.append((start + p.time_limit_s, types[0] if types else "", p.gpus))
+    return out
+
+
+def queue(
+    ledger: Ledger, store: Store, policy: Policy, now: float, f: v.QueueFilter
+) -> list[v.QueueRow]:
+    """Pending (and held) work in dispatch order with its sort key, why it waits and an
+    estimated start, filtered like squeue (-u, -A, --state)."""
+    snapshot, decision = live(ledger, store, policy, now)
+    state = ledger.state
+    starts = estimated_starts(state, snapshot, decision, now)
+    pending = {p.job_id: p for p in snapshot.pending}
+    rows: list[v.QueueRow] = []
+    if f.state in ("pending", "all"):
+        for i, cons in enumerate(decision.considered):
+            p = pending[cons.job_id]
+            if (f.user and p.user != f.user) or not _under(p.account, f.account):
+                continue
+            wait = decision.waiting.get(cons.job_id)
+            rows.append(
+                v.QueueRow(
+                    order=i + 1, job_id=p.job_id, account=p.account, user=p.user, gpus=p.gpus,
+                    funded=p.funded, debug=p.debug, state="pending", sort_key=list(cons.sort_key),
+                    code=wait.code if wait else "NEXT_CYCLE",
+                    reason=readable(wait.reason, wait.until) if wait else "",
+                    submitted_at=p.submitted_at, waiting_s=max(0.0, now - p.submitted_at),
+                    estimated_start_at=starts.get(p.job_id),
+                )
+            )  # fmt: skip
+    if f.state in ("held", "all"):
+        for job in sorted(state.jobs.values(), key=lambda j: j.job_id):
+            if not getattr(job, "held", False) or job.status != "pending":
+                continue
+            s = job.spec
+            if (f.user and s.user != f.user) or not _under(s.account, f.account):
+                continue
+            rows.append(
+                v.QueueRow(
+                    order=None, job_id=s.job_id, account=s.account, user=s.user, gpus=s.gpus,
+                    funded=job.funded, debug=s.debug, state="held", sort_key=[], code="HELD",
+                    reason="held: `gpuledger release` lets it be scheduled",
+                    submitted_at=s.at, waiting_s=max(0.0, now - s.at), estimated_start_at=None,
+                )
+            )  # fmt: skip
+    return rows[: f.limit]
+
+
+_KEY_PARTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "fairshare": (
+        ("funded_class", "0 funded, 1 unfunded (funded work goes first)"),
+        ("team_rank", "the team's fair-share rank, 0 the best"),
+        ("priority_neg", "declared priority, negated: orders jobs inside one team"),
+        ("user_rank", "the user leaf's fair-share rank inside the team"),
+        ("submitted_at", "submit time, earlier first"),
+        ("job_id", "the tie-break"),
+    ),
+    "fifo": (
+        ("submitted_at", "submit time, earlier first"),
+        ("job_id", "the tie-break"),
+    ),
+    "slurm": (
+        ("funded_class", "0 funded, 1 unfunded"),
+        ("multifactor_neg", "Slurm's multifactor priority, negated"),
+        ("priority_neg", "declared priority, negated"),
+        ("submitted_at", "submit time, earlier first"),
+        ("job_id", "the tie-break"),
+    ),
+    "legacy": (
+        ("funded_class", "0 funded, 1 unfunded"),
+        ("priority_neg", "declared priority, negated"),
+        ("submitted_at", "submit time, earlier first"),
+        ("job_id", "the tie-break"),
+    ),
+}
+
+
+def key_parts(policy_version: str, key: Sequence[float | int | str]) -> list[v.KeyPart]:
+    """Pure: the parts of a sort key with their names (unknown layouts get `part_N`)."""
+    names = _KEY_PARTS.get(policy_version.split("-", 1)[0], ())
+    if len(names) != len(key):
+        names = tuple((f"part_{i + 1}", "") for i in range(len(key)))
+    return [v.KeyPart(name=n, value=x, meaning=m) for (n, m), x in zip(names, key, strict=True)]
+
+
+def priority(
+    ledger: Ledger, store: Store, policy: Policy, now: float, f: v.QueueFilter
+) -> list[v.PriorityRow]:
+    """Every pending job's sort key with each part named, in dispatch order (like sprio)."""
+    _, decision = live(ledger, store, policy, now)
+    state = ledger.state
+    rows = []
+    for i, cons in enumerate(decision.considered):
+        spec = state.jobs[cons.job_id].spec
+        if (f.user and spec.user != f.user) or not _under(spec.account, f.account):
+            continue
+        rows.append(
+            v.PriorityRow(
+                order=i + 1,
+                job_id=cons.job_id,
+                account=spec.account,
+                user=spec.user,
+                policy=decision.policy_version,
+                parts=key_parts(decision.policy_version, cons.sort_key),
+            )
+        )
+    return rows[: f.limit]
+
+
+def _history(store: Store, job_id: int) -> list[e.AnyEvent]:
+    rows = store.con.execute(
+        "SELECT raw FROM events WHERE job_id = ? AND known ORDER BY position", [job_id]
+    ).fetchall()
+    return [_decode(r[0]) for r in rows]
+
+
+def _decisions(store: Store, history: Iterable[e.AnyEvent]) -> dict[str, e.CycleDecided]:
+    cycles = sorted(
+        {
+            ev.cycle_id
+            for ev in history
+            if isinstance(ev, e.JobPlaced | e.JobPreempted) and ev.cycle_id
+        }
+    )
+    if not cycles:
+        return {}
+    rows = store.con.execute(
+        "SELECT raw FROM events WHERE tag = 'cycle.decided.v1' AND position IN "
+        "(SELECT position FROM decisions WHERE cycle_id IN (SELECT unnest($ids)))",
+        {"ids": cycles},
+    ).fetchall()
+    out = {}
+    for (raw,) in rows:
+        ev = _decode(raw)
+        if isinstance(ev, e.CycleDecided):
+            out[ev.cycle_id] = ev
+    return out
+
+
+def _tag(ev: e.AnyEvent) -> str:
+    return e.tag_of(type(ev))
+
+
+def explain(ledger: Ledger, store: Store, job_id: int, policy: Policy, now: float) -> v.ExplainView:
+    """Why a job is pending, placed where it is, or was preempted: structured, and in words."""
+    state = ledger.state
+    if job_id not in state.jobs:
+        raise UnknownEntity(f"no job {job_id}", hint="see `gpuledger jobs`", job_id=job_id)
+    job = state.jobs[job_id]
+    history = _history(store, job_id)
+    decisions = _decisions(store, history)
+    told = explain_history(job, history, decisions, now)
+    events = [
+        v.ExplainEvent(at=ev.at, tag=_tag(ev), text=t) for ev, t in _history_texts(history, told)
+    ]
+    held = bool(getattr(job, "held", False))
+    status: v.JobStatusWord = "held" if held and job.status == "pending" else job.status
+    code = reason = sort_key = position = queue_length = start = None
+    blocking: list[int] = []
+    lines = told
+    if job.status == "pending" and held:
+        code, reason = "HELD", "held: `gpuledger release` lets it be scheduled"
+        lines = [*told, "It is held: the dispatcher skips it until it is released."]
+    elif job.status == "pending":
+        snapshot, decision = live(ledger, store, policy, now)
+        lines = [readable(x) for x in explain_pending(job, decision, snapshot, now)]
+        if any(isinstance(ev, e.JobPreempted) for ev in history):
+            lines += ["Earlier:", *told[1:]]
+        order = [c.job_id for c in decision.considered]
+        if job_id in order:
+            i = order.index(job_id)
+            position, queue_length = i + 1, len(order)
+            sort_key = list(decision.considered[i].sort_key)
+            wait = decision.waiting.get(job_id)
+            code = wait.code if wait else "NEXT_CYCLE"
+            reason = (
+                readable(wait.reason, wait.until)
+                if wait
+                else "it would be placed in the next cycle"
+            )
+            if wait is not None and wait.code == "WAIT_CONTRACT":
+                blocking = sorted(
+                    r.job_id for r in snapshot.running if r.placed_at + r.min_runtime_s > now
+                )[:50]
+            else:
+                blocking = order[max(0, i - 50) : i] if wait is not None else []
+            start = estimated_starts(state, snapshot, decision, now).get(job_id)
+    return v.ExplainView(
+        job_id=job_id,
+        status=status,
+        outcome=job.outcome,
+        code=code,
+        reason=reason,
+        position=position,
+        queue_length=queue_length,
+        blocking_jobs=blocking,
+        sort_key=sort_key,
+        estimated_start_at=start,
+        contract_ends_at=job.contract_ends_at(),
+        history=events,
+        lines=lines,
+    )
+
+
+def _history_texts(history: Sequence[e.AnyEvent], told: list[str]) -> list[tuple[e.AnyEvent, str]]:
+    """Pair the events `explain_history` tells about with their sentences (it writes one per
+    told event, in order, after its headline)."""
+    tellable = (
+        e.JobSubmitted, e.JobPlaced, e.JobStarted, e.CheckpointReported, e.JobPreempted,
+        e.JobRequeued, e.JobFinished,
+    )  # fmt: skip
+    shown = [ev for ev in history if isinstance(ev, tellable)]
+    return list(zip(shown, told[1 : 1 + len(shown)], strict=False))
+
+
+def squatters(
+    ledger: Ledger, store: Store, now: float, threshold: float, idle_s: float
+) -> list[v.SquatterRow]:
+    """Placed or running jobs whose GPUs sat below `threshold` % for at least `idle_s`."""
+    state = ledger.state
+    util = utilisation(store, state, threshold)
+    rows = []
+    for job_id, since in sorted(util.low_since.items()):
+        job = state.jobs[job_id]
+        if job.status not in ("placed", "running") or now - since < idle_s:
+            continue
+        acct = job.spec.account
+        ends = job.contract_ends_at()
+        rows.append(
+            v.SquatterRow(
+                job_id=job_id,
+                account=acct,
+                user=job.spec.user,
+                gpus=job.spec.gpus,
+                idle_since_at=since,
+                past_contract=ends is not None and now >= ends,
+                managers=sorted(
+                    u
+                    for u, roots in state.managers.items()
+                    if any(acct == r or acct.startswith(r + "/") for r in roots)
+                ),
+            )
+        )
+    return rows
+
+
+# --- audit reads (a read-only DuckDB connection over the projection) --------------------------
+
+PREEMPTIONS_SQL = """
+SELECT p.position, p.preempted_at, p.job_id, p.account, p.user_name, p.gpus, p.reason,
+       p.for_job, p.note, p.actor, p.cycle_id, p.funded, p.resumable, p.placed_at,
+       p.preempted_at - p.placed_at AS held_s, j.min_runtime_s,
+       coalesce(p.preempted_at < p.placed_at + j.min_runtime_s, false) AS inside_contract
+FROM preemptions p LEFT JOIN jobs j USING (job_id)
+WHERE ($account IS NULL OR p.account = $account OR p.account LIKE $account || '/%'
+       OR p.leaf = $account)
+  AND ($since IS NULL OR p.preempted_at >= $since)
+ORDER BY p.position
+"""
+
+BUDGET_CHANGES_SQL = """
+WITH changes AS (
+    SELECT position, occurred_at AS changed_at, actor AS who, split_part(tag, '.', 1) || ' ' ||
+           split_part(tag, '.', 2) AS change, account, user_name,
+           TRY_CAST(raw->>'$.shares' AS BIGINT) AS shares, raw->>'$.kind' AS kind,
+           coalesce(raw->>'$.reason', '') AS reason, tag
+    FROM events
+    WHERE tag IN ('account.opened.v1', 'account.closed.v1', 'account.shares_set.v1',
+                  'member.added.v1', 'member.removed.v1', 'manager.granted.v1',
+                  'manager.revoked.v1', 'admin.granted.v1', 'admin.revoked.v1')
+)
+SELECT position, changed_at, who, change, account, user_name, kind,
+       CASE WHEN tag = 'account.shares_set.v1' THEN lag(shares) OVER (
+           PARTITION BY account, tag = 'account.shares_set.v1' ORDER BY position) END
+           AS shares_before,
+       shares AS shares_after, reason
+FROM changes
+QUALIFY $since IS NULL OR changed_at >= $since
+ORDER BY position
+"""
+
+
+def _dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    names = [d[0] for d in cur.description or ()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def audit_preemptions(
+    con: duckdb.DuckDBPyConnection, account: str | None, since: float | None
+) -> list[v.PreemptionRow]:
+    """Every preemption: whose job, why, for which job, by whom, inside its contract or not."""
+    cur = con.execute(PREEMPTIONS_SQL, {"account": account, "since": since})
+    return [v.PreemptionRow(**r) for r in _dicts(cur)]
+
+
+def audit_budget_changes(
+    con: duckdb.DuckDBPyConnection, since: float | None
+) -> list[v.BudgetChangeRow]:
+    """Who changed what in the budget tree, and why."""
+    cur = con.execute(BUDGET_CHANGES_SQL, {"since": since})
+    return [v.BudgetChangeRow(**r) for r in _dicts(cur)]

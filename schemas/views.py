@@ -1,0 +1,380 @@
+"""The output contract: the shape of every read, as frozen msgspec Structs.
+
+`ledger/reads.py` returns these; the CLI prints them (`--json` encodes them, tables format them)
+and the HTTP API returns the same values. Rules every view follows:
+
+- strict JSON: no NaN or infinity anywhere. A level fair share that is infinite (no recent usage)
+  is `null` with `level_fs_infinite: true`;
+- units live in key names: `*_s` seconds, `*_at` seconds since the Unix epoch (UTC),
+  `*_gpu_hours` GPU-hours, `*_gpu_s` GPU-seconds;
+- a value that is not known is `null`, never a sentinel number.
+
+Filters (`JobFilter`, `QueueFilter`, ...) are Structs too, so the CLI and the HTTP API validate
+them through the same types. Exported as JSON Schema beside the events (`schemas/json/views/`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from schemas.events import AnyEvent
+
+JobStatusWord = Literal["pending", "held", "placed", "running", "finished"]
+Limit = Annotated[int, msgspec.Meta(ge=1, le=100_000)]
+Epoch = Annotated[float, msgspec.Meta(ge=0.0, le=32_503_680_000.0)]
+"""A time in seconds since the Unix epoch, before the year 3000."""
+
+
+class _View(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+# --- filters --------------------------------------------------------------------------------
+
+
+class JobFilter(_View, frozen=True, kw_only=True):
+    """Which jobs `jobs` lists: all filters combine; newest first."""
+
+    status: Literal["pending", "held", "placed", "running", "finished", "active"] | None = None
+    user: str | None = None
+    account: str | None = None
+    """This account and everything below it."""
+    since: Epoch | None = None
+    """Jobs that were submitted, or ended, at or after this time (sacct's -S)."""
+    until: Epoch | None = None
+    """Jobs submitted at or before this time (sacct's -E)."""
+    limit: Limit = 200
+
+
+class QueueFilter(_View, frozen=True, kw_only=True):
+    """Which pending jobs `queue` and `priority` show (like squeue's -u, -A, --state)."""
+
+    user: str | None = None
+    account: str | None = None
+    """This account and everything below it."""
+    state: Literal["pending", "held", "all"] = "all"
+    limit: Limit = 50
+
+
+class LogFilter(_View, frozen=True, kw_only=True):
+    after: Annotated[int, msgspec.Meta(ge=0, le=2**62)] = 0
+    """Events after this position."""
+    limit: Limit = 100
+    tail: Annotated[int, msgspec.Meta(ge=1, le=100_000)] | None = None
+    """Only the last `tail` events (after `after`)."""
+
+
+# --- budget tree and nodes (current state) ---------------------------------------------------
+
+
+class AccountNode(_View, frozen=True, kw_only=True):
+    """One open account of the budget tree, depth first."""
+
+    path: str
+    kind: Literal["program", "project", "user"]
+    depth: int
+    shares: int
+    norm_shares: float
+    """shares / the open siblings' shares (0 when they sum to 0)."""
+    members: list[str] = []
+    managers: list[str] = []
+
+
+class NodeRow(_View, frozen=True, kw_only=True):
+    node: str
+    cluster: str
+    gpu_type: str
+    gpus: int
+    free_gpus: int
+    state: Literal["active", "draining", "drained", "removed"]
+    jobs: list[int] = []
+    drain_reason: str = ""
+
+
+# --- jobs (history, from the projection) ------------------------------------------------------
+
+
+class JobRow(_View, frozen=True, kw_only=True):
+    """One job like sacct shows it."""
+
+    job_id: int
+    account: str
+    user: str
+    gpus: int
+    gpu_type: str | None
+    cluster: str | None
+    status: JobStatusWord
+    outcome: Literal["completed", "failed", "cancelled", "preempted"] | None
+    exit_code: int | None
+    funded: bool
+    min_runtime_s: int
+    resumable: bool
+    priority: int
+    debug: bool
+    time_limit_s: int | None
+    submitted_at: float
+    placed_at: float | None
+    """The current placement (null when it holds no GPUs)."""
+    started_at: float | None
+    """When it last started running."""
+    finished_at: float | None
+    elapsed_s: float | None
+    """Run time of its last run: from start (or placement) to its end, or to `now` if running."""
+    nodes: list[str]
+    placements: int
+    preemptions: int
+    command: list[str] = []
+    logs: list[str] = []
+    """Where its last run's output goes: one log per part, on the part's node."""
+    finish_reason: Literal["exit", "time_limit", "lost"] | None = None
+    """Why its process ended: by itself, stopped at its time limit, or lost."""
+
+
+# --- the log ------------------------------------------------------------------------------------
+
+
+class LogEntry(_View, frozen=True, kw_only=True):
+    position: int
+    tag: str
+    at: float | None
+    actor: str | None
+    event: AnyEvent | None
+    """The event; null for an event type this version does not know (`tag` still names it)."""
+
+
+# --- queue, priority, explain --------------------------------------------------------------------
+
+
+class KeyPart(_View, frozen=True, kw_only=True):
+    """One named part of a job's sort key (like a column of sprio)."""
+
+    name: str
+    value: float | int | str
+    meaning: str
+
+
+class QueueRow(_View, frozen=True, kw_only=True):
+    order: int | None
+    """1-based place in dispatch order; null for a held job (it is not considered)."""
+    job_id: int
+    account: str
+    user: str
+    gpus: int
+    funded: bool
+    debug: bool
+    state: Literal["pending", "held"]
+    sort_key: list[float | int | str]
+    code: str
+    """NEXT_CYCLE (placed in the next cycle), HELD, or the dispatcher's WAIT_* code."""
+    reason: str
+    submitted_at: float
+    waiting_s: float
+    estimated_start_at: float | None
+    """An estimate from the running jobs' contracts and time limits; null when unknown."""
+
+
+class PriorityRow(_View, frozen=True, kw_only=True):
+    """A pending job's sort key with each part named (like sprio)."""
+
+    order: int
+    job_id: int
+    account: str
+    user: str
+    policy: str
+    parts: list[KeyPart]
+
+
+class ExplainEvent(_View, frozen=True, kw_only=True):
+    at: float
+    tag: str
+    text: str
+
+
+class ExplainView(_View, frozen=True, kw_only=True):
+    """Why a job is where it is: structured fields plus the same in sentences (`lines`)."""
+
+    job_id: int
+    status: JobStatusWord
+    outcome: str | None
+    code: str | None
+    """Pending: NEXT_CYCLE, HELD or the WAIT_* code; otherwise null."""
+    reason: str | None
+    position: int | None
+    """1-based place in dispatch order (pending only)."""
+    queue_length: int | None
+    blocking_jobs: list[int]
+    """Pending jobs ahead of it in dispatch order (at most 50), or the running jobs whose
+    contracts it waits for."""
+    sort_key: list[float | int | str] | None
+    estimated_start_at: float | None
+    contract_ends_at: float | None
+    history: list[ExplainEvent]
+    lines: list[str]
+
+
+# --- fair share, usage, delivered ---------------------------------------------------------------
+
+
+class ShareRow(_View, frozen=True, kw_only=True):
+    """One account as Slurm's `sshare -l` shows it under Fair Tree (same names, same math)."""
+
+    account: str
+    parent: str | None
+    kind: str
+    depth: int
+    raw_shares: int
+    norm_shares: float
+    """NormShares: shares / the open siblings' shares."""
+    raw_usage_gpu_s: float
+    """RawUsage: funded (weighted) GPU-seconds in the window, or decayed GPU-seconds."""
+    norm_usage: float
+    """NormUsage: RawUsage / the whole tree's usage."""
+    effectv_usage: float
+    """EffectvUsage: RawUsage / the parent's usage (the open siblings' usage)."""
+    level_fs: float | None
+    """LevelFS: NormShares / EffectvUsage; null when infinite (see `level_fs_infinite`)."""
+    level_fs_infinite: bool
+    """True when LevelFS is infinite: no usage in the window, so it ranks first."""
+    rank: int | None
+    """User leaves: Fair Tree rank, 1 the best."""
+    fair_share: float | None
+    """FairShare: user leaves, (N - rank + 1) / N."""
+
+
+class UsageRow(_View, frozen=True, kw_only=True):
+    name: str
+    usage_gpu_hours: float
+
+
+class TeamDelivered(_View, frozen=True, kw_only=True):
+    team: str
+    owed_gpu_hours: float
+    delivered_gpu_hours: float
+    by_period: float | None
+    hour_by_hour: float | None
+
+
+class DeliveredView(_View, frozen=True, kw_only=True):
+    start_at: float
+    end_at: float
+    team_depth: int
+    teams: list[TeamDelivered]
+    by_period: float | None
+    """Sum over teams of min(delivered, owed) / sum of owed."""
+    hour_by_hour: float | None
+    """Sum over teams and hours of min(delivered, owed) / sum of owed."""
+    teams_at_95: int
+    teams_owed: int
+    worst_team: str | None
+    worst: float | None
+
+
+class SquatterRow(_View, frozen=True, kw_only=True):
+    job_id: int
+    account: str
+    user: str
+    gpus: int
+    idle_since_at: float
+    past_contract: bool
+    managers: list[str]
+
+
+class ProjectionStatusView(_View, frozen=True, kw_only=True):
+    position: int
+    events: int
+    unknown_events: int
+    unknown_tags: dict[str, int]
+
+
+# --- audit -----------------------------------------------------------------------------------
+
+
+class CheckItem(_View, frozen=True, kw_only=True):
+    position: int
+    at: float
+    code: str
+    message: str
+    job_id: int | None = None
+
+
+class CheckView(_View, frozen=True, kw_only=True):
+    """`audit check`: the invariants over the whole log."""
+
+    events: int
+    violations: list[CheckItem]
+    noted: list[CheckItem]
+    """Allowed exceptions: admin preemptions inside a contract, with a reason."""
+
+
+class AuditJobRow(_View, frozen=True, kw_only=True):
+    """One line of a job's history (`audit job`): an event, or a run of cycles it waited in."""
+
+    position: int
+    occurred_at: float
+    event: str
+    actor: str
+    detail: str
+    until_at: float | None = None
+
+
+class PreemptionRow(_View, frozen=True, kw_only=True):
+    position: int
+    preempted_at: float
+    job_id: int
+    account: str | None
+    user_name: str | None
+    gpus: int | None
+    reason: str
+    for_job: int | None
+    note: str | None
+    actor: str
+    cycle_id: str | None
+    funded: bool | None
+    resumable: bool | None
+    placed_at: float | None
+    held_s: float | None
+    min_runtime_s: int | None
+    inside_contract: bool
+
+
+class BudgetChangeRow(_View, frozen=True, kw_only=True):
+    position: int
+    changed_at: float
+    who: str
+    change: str
+    account: str | None
+    user_name: str | None
+    kind: str | None
+    shares_before: int | None
+    shares_after: int | None
+    reason: str
+
+
+VIEW_TYPES: tuple[type[msgspec.Struct], ...] = (
+    JobFilter,
+    QueueFilter,
+    LogFilter,
+    AccountNode,
+    NodeRow,
+    JobRow,
+    LogEntry,
+    KeyPart,
+    QueueRow,
+    PriorityRow,
+    ExplainEvent,
+    ExplainView,
+    ShareRow,
+    UsageRow,
+    TeamDelivered,
+    DeliveredView,
+    SquatterRow,
+    ProjectionStatusView,
+    CheckItem,
+    CheckView,
+    AuditJobRow,
+    PreemptionRow,
+    BudgetChangeRow,
+)
+"""Every view and filter, exported as `schemas/json/views/<Name>.json`."""

@@ -1,0 +1,313 @@
+"""The output contract: every read through `ledger.reads`, as the CLI prints it (`--json` decodes
+as its `schemas.views` type, strict JSON) and as the functions return it, on a real store with a
+real projection."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from ledger import reads
+from ledger.application import Ledger
+from ledger.clock import SimClock, seeded_ids
+from ledger.dispatch.policy import FairShare
+from ledger.executors import SimExecutor
+from ledger.explain import plural
+from ledger.service import Dispatcher, ProjectionRanks
+from projections.fairshare import UsagePolicy
+from projections.projector import Projector
+from projections.source import EmbeddedSource
+from projections.store import Store
+from schemas import commands as c
+from schemas import views as v
+
+T0 = 1_767_225_600.0
+GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
+
+
+def build(home: Path) -> None:
+    """Two teams on two nodes: job 1 (dan, 2 GPUs) completes; job 2 (alice, unfunded) is
+    preempted for job 3 (dan, 8 GPUs, 1 h contract, 2 h limit); jobs 4 (bob) and 5 (alice,
+    priority 5) wait for job 3's contract."""
+    clock = SimClock(T0)
+    ledger = Ledger(home, clock, seeded_ids(7))
+    ledger.execute(c.InitLedger(actor="root", admin="root"))
+    ledger.execute_all(
+        [
+            c.OpenAccount(actor="root", path="ai2", kind="program"),
+            c.OpenAccount(actor="root", path="ai2/olmo", kind="project", shares=1),
+            c.OpenAccount(actor="root", path="ai2/tulu", kind="project", shares=1),
+            c.AddMember(actor="root", user="alice", project="ai2/olmo"),
+            c.AddMember(actor="root", user="bob", project="ai2/olmo"),
+            c.AddMember(actor="root", user="dan", project="ai2/tulu"),
+            c.RegisterNode(actor="root", node="n0", gpu_type="h100", gpus=8),
+            c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=2),
+        ]
+    )
+    with Store(":memory:") as store, EmbeddedSource(home) as source:
+        d = Dispatcher(
+            ledger, ProjectionRanks(Projector(store, source)), FairShare(), SimExecutor()
+        )
+        ledger.execute(
+            c.SubmitJob(actor="dan", account="ai2/tulu", gpus=2, min_runtime_s=60, duration_s=50)
+        )
+        ledger.execute(
+            c.SubmitJob(
+                actor="alice", account="ai2/olmo", gpus=8, min_runtime_s=0, duration_s=100_000
+            )
+        )
+        d.cycle(T0)
+        clock.advance_to(T0 + 100)
+        d.cycle(T0 + 100)
+        ledger.execute(
+            c.SubmitJob(
+                actor="dan",
+                account="ai2/tulu",
+                gpus=8,
+                min_runtime_s=3600,
+                time_limit_s=7200,
+                duration_s=5000,
+            )
+        )
+        d.cycle(T0 + 100)
+        clock.advance_to(T0 + 200)
+        ledger.execute(c.SubmitJob(actor="bob", account="ai2/olmo", gpus=4, min_runtime_s=600))
+        ledger.execute(
+            c.SubmitJob(actor="alice", account="ai2/olmo", gpus=4, min_runtime_s=600, priority=5)
+        )
+        d.cycle(T0 + 300)
+    ledger.close()
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    h = tmp_path_factory.mktemp("reads") / "home"
+    build(h)
+    return h
+
+
+@pytest.fixture
+def handles(home: Path) -> Any:
+    ledger = Ledger(home)
+    with Store(":memory:") as store, EmbeddedSource(home) as source:
+        Projector(store, source).catch_up()
+        yield ledger, store
+    ledger.close()
+
+
+def cli(home: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {k: val for k, val in os.environ.items() if not k.startswith("GPULEDGER_")}
+    env.update(GPULEDGER_HOME=str(home), GPULEDGER_USER="root")
+    proc = subprocess.run([GPULEDGER, *args], env=env, capture_output=True, text=True, timeout=60)
+    if ok:
+        assert proc.returncode == 0, f"{args}: {proc.stderr}"
+    return proc
+
+
+def strict(text: str) -> Any:
+    """json.loads that refuses NaN and Infinity (what jq and browsers refuse)."""
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"not JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+AT = str(T0 + 300)
+READS: list[tuple[tuple[str, ...], Any]] = [
+    (("account", "tree"), list[v.AccountNode]),
+    (("node", "list"), list[v.NodeRow]),
+    (("jobs",), list[v.JobRow]),
+    (("log", "--limit", "1000"), list[v.LogEntry]),
+    (("shares", "--at", AT), list[v.ShareRow]),
+    (("usage", "--at", AT), list[v.UsageRow]),
+    (("usage", "--by", "user", "--at", AT), list[v.UsageRow]),
+    (("report", "delivered", "--at", AT, "--window", "1d"), v.DeliveredView),
+    (("queue",), list[v.QueueRow]),
+    (("priority",), list[v.PriorityRow]),
+    (("explain", "4"), v.ExplainView),
+    (("explain", "2"), v.ExplainView),
+    (("squatters",), list[v.SquatterRow]),
+    (("projection", "status"), v.ProjectionStatusView),
+    (("audit", "job", "2"), list[v.AuditJobRow]),
+    (("audit", "preemptions"), list[v.PreemptionRow]),
+    (("audit", "budget-changes"), list[v.BudgetChangeRow]),
+    (("audit", "check"), v.CheckView),
+]
+
+
+@pytest.mark.parametrize(("args", "view"), READS, ids=[" ".join(a[:2]) for a, _ in READS])
+def test_every_json_read_is_strict_json_of_its_view(
+    home: Path, args: tuple[str, ...], view: Any
+) -> None:
+    out = cli(home, *args, "--json").stdout
+    strict(out)
+    decoded = msgspec.json.decode(out, type=view)
+    assert decoded or (decoded == [] and args[0] in ("squatters", "queue", "priority"))
+
+
+def test_shares_are_named_and_computed_like_sshare_l(handles: Any) -> None:
+    _, store = handles
+    rows = {r.account: r for r in reads.shares(store, T0 + 300, UsagePolicy())}
+    total = rows["ai2"].raw_usage_gpu_s
+    tulu, olmo, dan = rows["ai2/tulu"], rows["ai2/olmo"], rows["ai2/tulu/dan"]
+    assert total == pytest.approx(2 * 100 + 8 * 200)  # job 1, then job 3 (job 2 is unfunded)
+    # NormUsage: of the whole tree; EffectvUsage: of the parent
+    assert dan.norm_usage == pytest.approx(dan.raw_usage_gpu_s / total)
+    assert tulu.effectv_usage == pytest.approx(tulu.raw_usage_gpu_s / rows["ai2"].raw_usage_gpu_s)
+    assert (olmo.level_fs, olmo.level_fs_infinite) == (None, True)
+    assert tulu.level_fs == pytest.approx(0.5) and not tulu.level_fs_infinite
+    assert rows["ai2/olmo/bob"].fair_share == 1.0
+
+
+def test_shares_table_uses_slurm_column_names(home: Path) -> None:
+    out = cli(home, "shares", "--at", AT).stdout
+    header = out.splitlines()[0].split()
+    assert header[:3] == ["Account", "RawShares", "NormShares"]
+    assert header[-5:] == ["NormUsage", "EffectvUsage", "LevelFS", "Rank", "FairShare"]
+
+
+def test_explain_is_structured_with_blocking_jobs_position_and_estimated_start(
+    handles: Any,
+) -> None:
+    ledger, store = handles
+    view = reads.explain(ledger, store, 4, FairShare(), T0 + 300)
+    assert (view.status, view.code, view.position, view.queue_length) == (
+        "pending",
+        "WAIT_CONTRACT",
+        2,
+        2,
+    )
+    assert view.blocking_jobs == [3]
+    assert view.estimated_start_at == T0 + 100 + 3600  # job 3's contract ends
+    assert "e+09" not in (view.reason or "") and "2026-01-01 01:01:40Z" in (view.reason or "")
+    assert "Ahead of it: 1 job needing 4 GPUs (ai2/olmo: 1 job, 4 GPUs)." in view.lines
+
+
+def test_explain_of_a_preempted_job_names_the_job_it_made_room_for(handles: Any) -> None:
+    ledger, store = handles
+    view = reads.explain(ledger, store, 2, FairShare(), T0 + 300)
+    text = "\n".join(view.lines)
+    # the note "unfunded" is job 2's, never the job it made room for
+    assert "job 3 (unfunded)" not in text
+    assert "preempted for fairness (unfunded) to make room for job 3" in text
+    assert [h.tag for h in view.history][-2:] == ["job.preempted.v1", "job.finished.v1"]
+    assert (view.status, view.outcome, view.code) == ("finished", "preempted", None)
+
+
+def test_queue_filters_like_squeue_and_estimates_starts(handles: Any) -> None:
+    ledger, store = handles
+    rows = reads.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter())
+    assert [(r.order, r.job_id) for r in rows] == [(1, 5), (2, 4)]
+    assert {r.estimated_start_at for r in rows} == {T0 + 3700}
+    assert [
+        r.job_id
+        for r in reads.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter(user="bob"))
+    ] == [4]
+    assert (
+        reads.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter(account="ai2/tulu")) == []
+    )
+    assert reads.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter(state="held")) == []
+
+
+def test_queue_prints_times_not_scientific_notation(home: Path) -> None:
+    out = cli(home, "queue", "-u", "bob").stdout
+    assert "e+09" not in out and "e+9" not in out
+    assert "2026-01-01 00:03:20Z" in out  # the submit time in the sort key
+    assert [line.split()[1] for line in out.splitlines()[1:]] == ["4"]
+    assert cli(home, "queue", "-A", "ai2/tulu", "--json").stdout.strip() == "[]"
+
+
+def test_priority_names_every_part_of_the_sort_key(handles: Any) -> None:
+    ledger, store = handles
+    rows = reads.priority(ledger, store, FairShare(), T0 + 300, v.QueueFilter())
+    parts = {p.name: p.value for p in rows[0].parts}
+    assert rows[0].job_id == 5
+    assert parts == {
+        "funded_class": 0,
+        "team_rank": 0,
+        "priority_neg": -5,
+        "user_rank": 0,
+        "submitted_at": T0 + 200,
+        "job_id": 5,
+    }
+
+
+def test_jobs_come_from_the_projection_with_start_end_elapsed_and_exit_code(
+    handles: Any, home: Path
+) -> None:
+    _, store = handles
+    rows = {r.job_id: r for r in reads.jobs(store, v.JobFilter(), T0 + 300)}
+    one = rows[1]
+    assert (one.outcome, one.exit_code, one.started_at) == ("completed", 0, T0)
+    assert one.finished_at is not None and one.elapsed_s == one.finished_at - T0
+    assert rows[3].status == "running" and rows[3].elapsed_s == 200.0
+    assert rows[3].nodes == ["n0"]
+    since = reads.jobs(store, v.JobFilter(since=T0 + 150), T0 + 300)
+    assert [r.job_id for r in since] == [5, 4, 3]
+    until = reads.jobs(store, v.JobFilter(until=T0 + 50), T0 + 300)
+    assert [r.job_id for r in until] == [2, 1]
+    table = cli(home, "jobs", "-S", "2026-01-01T00:00:00", "-E", "2026-01-01T00:00:10").stdout
+    assert table.splitlines()[0].split()[-5:] == ["start", "end", "elapsed", "exit", "nodes"]
+    assert [line.split()[0] for line in table.splitlines()[1:]] == ["2", "1"]
+
+
+def test_usage_json_is_in_gpu_hours_like_its_table(home: Path) -> None:
+    rows = {r["name"]: r for r in strict(cli(home, "usage", "--at", AT, "--json").stdout)}
+    assert rows["ai2/tulu"]["usage_gpu_hours"] == pytest.approx(1800 / 3600)
+    assert "0.5" in cli(home, "usage", "--at", AT).stdout
+
+
+def test_audit_reads_take_json_like_every_read(home: Path) -> None:
+    by_flag = strict(cli(home, "audit", "preemptions", "--json").stdout)
+    by_format = strict(cli(home, "audit", "preemptions", "--format", "json").stdout)
+    assert by_flag == by_format
+    assert [(r["job_id"], r["for_job"], r["reason"]) for r in by_flag] == [(2, 3, "fairness")]
+
+
+def test_log_tail_gives_the_last_events(home: Path, handles: Any) -> None:
+    _, store = handles
+    head = store.status().position
+    out = strict(cli(home, "log", "--tail", "3", "--json").stdout)
+    assert [r["position"] for r in out] == [head - 2, head - 1, head]
+    lines = cli(home, "log", "-n", "2").stdout.splitlines()
+    assert [int(line.split()[0]) for line in lines] == [head - 1, head]
+
+
+def test_log_follow_prints_new_events_as_they_are_appended(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    cli(home, "init", "--admin", "root")
+    env = {k: val for k, val in os.environ.items() if not k.startswith("GPULEDGER_")}
+    env.update(GPULEDGER_HOME=str(home), GPULEDGER_USER="root")
+    with subprocess.Popen(
+        [GPULEDGER, "log", "--follow", "--json", "--interval", "0.1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            first = json.loads(proc.stdout.readline())
+            assert first["tag"] == "ledger.initialised.v1"
+            time.sleep(0.3)
+            cli(home, "admin", "grant", "carol")
+            second = json.loads(proc.stdout.readline())
+            assert (second["position"], second["tag"]) == (2, "admin.granted.v1")
+            assert second["event"]["user"] == "carol"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def test_plural_says_one_gpu() -> None:
+    assert [plural(n, "GPU") for n in (0, 1, 2)] == ["0 GPUs", "1 GPU", "2 GPUs"]

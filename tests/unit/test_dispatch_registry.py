@@ -1,0 +1,80 @@
+"""The policy registry: names and versions, typed configs on the wire, knobs, and the policy a
+config builds."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from ledger.dispatch import registry
+from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor
+from ledger.dispatch.policy import FairShare, Fifo
+from schemas.errors import InvalidCommand, UnknownEntity
+from schemas.policy import (
+    POLICY_CONFIG_TYPES,
+    AnyPolicyConfig,
+    FairShareConfig,
+    FifoConfig,
+    LegacyConfig,
+    SlurmConfig,
+)
+
+CONFIGS: list[AnyPolicyConfig] = [
+    FairShareConfig(),
+    FairShareConfig(margin=0.25, min_rank_gap=2, debug_lane=False, search_budget=8),
+    FifoConfig(),
+    SlurmConfig(weight_age=10.0, half_life_s=86_400.0),
+    LegacyConfig(caps={"ai2/olmo": 12, "ai2/tulu": 4}, team_depth=2),
+]
+
+
+def test_every_config_type_is_registered_under_its_tag() -> None:
+    assert sorted(registry.VERSIONS) == sorted(t().version for t in POLICY_CONFIG_TYPES)
+    for name, version in registry.CURRENT.items():
+        assert registry.lookup(name) is registry.VERSIONS[version]
+        assert registry.lookup(version).name == name
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.version)
+def test_a_config_survives_the_wire_and_builds_its_policy_and_back(
+    config: AnyPolicyConfig,
+) -> None:
+    data = msgspec.json.encode(config)
+    assert msgspec.json.decode(data, type=AnyPolicyConfig) == config
+    assert msgspec.json.decode(data)["version"] == config.version
+    policy = registry.policy_from_config(config)
+    assert policy.version == config.version
+    assert registry.config_of(policy) == config
+    assert registry.config_from_record(policy.version, policy.config()) == config
+
+
+def test_the_built_policies_are_the_ones_the_names_stood_for() -> None:
+    assert registry.policy_from_config(registry.default_config()) == FairShare()
+    assert registry.policy_from_config(registry.default_config("fifo")) == Fifo()
+    assert registry.policy_from_config(registry.default_config("slurm-1")) == SlurmMultifactor()
+    legacy = registry.default_config("legacy", gpus=400, team_fractions={"a/x": 0.75, "a/y": 0.25})
+    assert registry.policy_from_config(legacy) == LegacyCaps(caps={"a/x": 300, "a/y": 100})
+    assert registry.ranked(FairShareConfig()) and not registry.ranked(FifoConfig())
+    assert registry.half_life_s(SlurmConfig()) == SlurmConfig().half_life_s
+    assert registry.half_life_s(FairShareConfig()) is None
+
+
+def test_knobs_change_settings_and_refuse_unknown_ones_and_bad_values() -> None:
+    tuned = registry.with_knobs(FairShareConfig(), {"margin": "0.3", "debug_lane": "false"})
+    assert tuned == FairShareConfig(margin=0.3, debug_lane=False)
+    with pytest.raises(InvalidCommand, match="has no setting wiggle"):
+        registry.with_knobs(FairShareConfig(), {"wiggle": "1"})
+    with pytest.raises(InvalidCommand, match="bad setting"):
+        registry.with_knobs(FairShareConfig(), {"margin": "-1"})
+    with pytest.raises(InvalidCommand, match="has no setting margin"):
+        registry.with_knobs(FifoConfig(), {"margin": "0.1"})
+
+
+def test_unknown_names_and_wire_configs_are_refused_clearly() -> None:
+    with pytest.raises(UnknownEntity, match="unknown policy 'lottery'") as err:
+        registry.default_config("lottery")
+    assert "fairshare" in (err.value.hint or "")
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(b'{"version": "fairshare-0"}', type=AnyPolicyConfig)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(b'{"version": "fairshare-1", "wiggle": 1}', type=AnyPolicyConfig)
