@@ -23,7 +23,7 @@ from ledger.clock import SystemClock
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
 from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
-from projections.errors import SourceUnavailable
+from projections.errors import ProjectionBusy, SourceUnavailable
 from projections.projector import Projector
 from projections.source import EmbeddedSource, EventSource, LogRecord
 from projections.store import Store
@@ -155,7 +155,7 @@ def up(
     relay_thread, source = _transport(ctx.home, kafka, stop, log)
     deadline = None if run_for is None else clock.now() + parse_duration(run_for)
     tick = parse_duration(interval) or 1
-    with Store.open(ctx.home) as store:
+    with _open_projection(ctx.home) as store:
         dispatcher = Dispatcher(
             ledger,
             ProjectionRanks(Projector(store, source)),
@@ -186,6 +186,19 @@ def up(
             if relay_thread is not None:
                 relay_thread.join(timeout=10)
             source.close()
+
+
+def _open_projection(home: Path, wait_s: float = 15.0) -> Store:
+    """The projection file, for writing. A read command may hold it for a moment (DuckDB allows
+    one writer per file; readers open it only when no service does): retry until `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return Store.open(home)
+        except ProjectionBusy:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _idle(ledger: Any) -> bool:

@@ -46,13 +46,19 @@ def events(home: Path, tag: str) -> list[dict[str, Any]]:
     return [r["event"] for r in rows if r["event"]["type"] == tag]
 
 
-def wait_for(what: str, cond: Callable[[], bool], timeout: float = 90) -> None:
+def wait_for(
+    what: str, cond: Callable[[], bool], timeout: float = 90, home: Path | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
             return
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    seen = ""
+    if home is not None:  # what the service said and the log's tail, to see why
+        seen = "".join(p.read_text()[-3000:] for p in sorted(home.glob("up-*.log")))
+        seen += cli(home, "log", "--tail", "15", ok=False).stdout
+    raise AssertionError(f"timed out waiting for {what}\n{seen}")
 
 
 class Service:
@@ -62,6 +68,10 @@ class Service:
             self.proc = subprocess.Popen(
                 [GPULEDGER, *UP, *extra], env=env_for(home), stdout=out, stderr=out
             )
+        # read commands open the projection themselves until a service holds it: start them
+        # once this one does (it also retries while a reader holds the file)
+        wait_for("the service to start", lambda: self.proc.poll() is not None
+                 or " up: " in self.log.read_text())  # fmt: skip
 
     def signal(self, sig: signal.Signals) -> int:
         self.proc.send_signal(sig)
@@ -232,22 +242,30 @@ def test_an_idle_job_is_listed_by_squatters_and_preempted_after_its_contract(
     cli(home, "node", "add", "local", "--gpus", "2", "--gpu-type", "sim")
     util = home / "utilisation"
     util.mkdir()
-    submit(home, "bob", 2, "exec sleep 60", "--min-runtime", "2s", "--resumable")
+    submit(home, "bob", 2, 'echo "launch $GPULEDGER_LAUNCH"; exec sleep 60', "--min-runtime",
+           "2s", "--resumable")  # fmt: skip
     (util / "1").write_text("0")  # the test source: job 1's GPUs sit idle
     up = Service(home, "--sample-every", "0.3s", "--squat-after", "3s")
     try:
         wait_for("job 1 listed as a squatter", lambda: [
             r["job_id"] for r in json.loads(
-                cli(home, "squatters", "--after", "1s", "--json").stdout)] == [1])  # fmt: skip
+                cli(home, "squatters", "--after", "1s", "--json").stdout)] == [1],
+            home=home)  # fmt: skip
         out = cli(home, "squatters", "--after", "1s").stdout
         assert "job 1 ai2/olmo bob 2 GPUs idle since" in out
         submit(home, "dan", 2, "exec sleep 60", "--min-runtime", "1h", account="ai2/tulu")
         wait_for("job 2 running", lambda: jobs(home)[2]["status"] == "running")
+        [pre] = events(home, "job.preempted.v1")
+        assert (pre["job_id"], pre["reason"], pre["for_job"]) == (1, "squatting", 2)
+        assert jobs(home)[1]["status"] == "pending"  # resumable: requeued
+        # once the GPUs are free again it is relaunched with its original command
+        cli(home, "cancel", "2", actor="dan")
+        wait_for("job 1 running again", lambda: jobs(home)[1]["status"] == "running")
+        log = Path(jobs(home)[1]["logs"][0])
+        wait_for("its second launch", lambda: "launch 2" in log.read_text())
     finally:
         up.signal(signal.SIGTERM)
-    [pre] = events(home, "job.preempted.v1")
-    assert (pre["job_id"], pre["reason"], pre["for_job"]) == (1, "squatting", 2)
-    assert jobs(home)[1]["status"] == "pending"  # resumable: requeued
+    assert log.read_text().split("\n")[:2] == ["launch 1", "launch 2"]
     samples = events(home, "job.utilisation_sampled.v1")
     assert samples and all(s["gpu_utilisation"] == [0.0, 0.0] for s in samples)
 
