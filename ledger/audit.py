@@ -7,10 +7,14 @@ chain over records in position order and names what broke:
 - `edited`: an event's bytes no longer hash to what its successor recorded (the edited event's
   position is reported; its successor is where the link breaks). When an event's own link is
   broken too, that event is the edited one (its `prev_hash` was changed with it);
+- `broken-link`: the last event's `prev_hash` does not match its predecessor. Nothing after it
+  tells whether the predecessor was edited or the last event's link was changed, so the break
+  is named as what it is, at the last event;
 - `deleted`: positions are missing (a gap), or a link points at bytes found nowhere in the log
   right after an intact event whose version numbering jumps;
 - `reordered`: an event links to an event that is not its predecessor;
-- `corrupt`: bytes that are not an event (no readable `prev_hash`);
+- `corrupt`: bytes that are not an event (no readable `prev_hash`), or a row whose value is not
+  stored as bytes (rewritten outside the ledger, e.g. as TEXT: checked as its UTF-8 bytes);
 - `mismatch` (copies): the Kafka copy's bytes differ from the store's at a position, or its
   positions are not 1, 2, 3, ...
 
@@ -61,9 +65,13 @@ class ChainRecord(NamedTuple):
     data: bytes
     version: int | None = None
     """The store's stream version (position and version move together in a one-stream log)."""
+    stored_as: str = "blob"
+    """The SQLite type the value was stored as (the ledger writes blobs)."""
 
 
-ProblemKind = Literal["edited", "deleted", "reordered", "corrupt", "mismatch", "extra"]
+ProblemKind = Literal[
+    "edited", "broken-link", "deleted", "reordered", "corrupt", "mismatch", "extra"
+]
 
 
 class ChainProblem(msgspec.Struct, frozen=True, kw_only=True):
@@ -144,6 +152,15 @@ def verify_chain(records: Iterable[ChainRecord], limit: int = 20) -> ChainReport
                         detail=f"position {rec.position} comes after position {prev_pos}",
                     )
                 )
+        if rec.stored_as != "blob":
+            problems.append(
+                ChainProblem(
+                    position=rec.position,
+                    kind="corrupt",
+                    detail=f"stored as {rec.stored_as}, not as bytes: the row was rewritten "
+                    "outside the ledger (checked as its UTF-8 bytes)",
+                )
+            )
         if link is None:
             problems.append(
                 ChainProblem(
@@ -243,6 +260,17 @@ def _classify(
                     detail=f"its bytes and its own link were changed: the link from position "
                     f"{positions[i - 2] if i >= 2 else 0} and the link to position {b.position} "
                     "both break",
+                )
+            )
+        elif i == len(positions) - 1:
+            out.append(
+                ChainProblem(
+                    position=b.position,
+                    kind="broken-link",
+                    detail=f"its prev_hash ({b.want[:12]}...) does not match the bytes of "
+                    f"position {positions[i - 1]}: either position {positions[i - 1]} was "
+                    f"changed after it was written or this event's prev_hash was (nothing after "
+                    "it tells which; compare with a head hash kept elsewhere, or the Kafka copy)",
                 )
             )
         else:
@@ -366,7 +394,7 @@ def store_records(home: Path, page: int = 50_000) -> Iterator[ChainRecord]:
         while True:
             try:
                 rows = con.execute(
-                    f"SELECT rowid, state, originator_version FROM {EVENTS_TABLE} "
+                    f"SELECT rowid, state, originator_version, typeof(state) FROM {EVENTS_TABLE} "
                     "WHERE rowid > ? ORDER BY rowid LIMIT ?",
                     (after, page),
                 ).fetchall()
@@ -376,11 +404,29 @@ def store_records(home: Path, page: int = 50_000) -> Iterator[ChainRecord]:
                 raise
             if not rows:
                 return
-            for position, data, version in rows:
-                yield ChainRecord(int(position), bytes(data), int(version))
+            for position, data, version, kind in rows:
+                yield ChainRecord(int(position), _as_bytes(data), _as_int(version), kind)
             after = rows[-1][0]
     finally:
         con.close()
+
+
+def _as_bytes(value: object) -> bytes:
+    """A stored value as bytes, whatever type a hand-made row gave it."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    return b"" if value is None else str(value).encode()
+
+
+def _as_int(value: object) -> int | None:
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
 
 
 def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterator[CopyRecord]:
@@ -388,8 +434,12 @@ def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterat
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import KafkaError
 
-    from ledger.relay import POSITION_HEADER, client_config
+    from ledger.relay import client_config, connect_timeout
+    from projections.kafka_source import envelope, unreachable
 
+    why = unreachable(bootstrap, connect_timeout())
+    if why is not None:
+        raise AuditError(f"Kafka at {bootstrap} is unreachable ({why})", hint="is the broker up?")
     tp = TopicPartition(topic, 0)
     try:
         consumer = KafkaConsumer(
@@ -397,6 +447,7 @@ def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterat
             enable_auto_commit=False,
             isolation_level="read_committed",
             client_id="gpuledger-audit",
+            bootstrap_timeout_ms=int(connect_timeout() * 1000),
             max_partition_fetch_bytes=8 << 20,
             fetch_max_bytes=32 << 20,
             **client_config(),
@@ -421,11 +472,8 @@ def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterat
             for rec in batch:
                 if rec.offset >= end:
                     continue
-                position = None
-                for k, v in rec.headers or []:
-                    if k == POSITION_HEADER:
-                        position = int(v)
-                yield CopyRecord(rec.offset, position, bytes(rec.value))
+                position, _tag, _problem = envelope(rec.headers, rec.value, None)
+                yield CopyRecord(rec.offset, position, bytes(rec.value or b""))
     except KafkaError as err:
         raise AuditError(f"Kafka at {bootstrap}: {type(err).__name__}: {err}") from err
     finally:

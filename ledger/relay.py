@@ -23,20 +23,26 @@ hour in the future, and simulations run far ahead); the event time stays in the 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
+import msgspec
 from eventsourcing.persistence import ApplicationRecorder, InfrastructureFactory
 from eventsourcing.sqlite import SQLiteApplicationRecorder
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError, TopicAlreadyExistsError
 
+from ledger.clock import SystemClock
+from projections.chain import SigningKeys, chain_hash, prev_hash, signing_keys
+from projections.kafka_source import envelope, unreachable
 from schemas.errors import LedgerError
 
 TOPIC = "gpuledger.events"
@@ -56,6 +62,12 @@ REQUIRED_CONFIG = ("retention.ms", "retention.bytes", "cleanup.policy")
 DEFAULT_TRANSACTIONAL_ID = "gpuledger-relay"
 DEFAULT_BATCH = 5_000
 DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_CONNECT_TIMEOUT_S = 3.0
+"""How long finding a broker may take before it counts as unreachable (the 30 s of kafka-python's
+default made an unreachable broker take half a minute to report)."""
+HEALTH_FILE = "relay.json"
+
+log = logging.getLogger("gpuledger.relay")
 
 
 class RelayError(LedgerError):
@@ -130,9 +142,13 @@ def _read_raw_sqlite(
     return out
 
 
-def record_headers(record: RawRecord) -> list[tuple[str, bytes]]:
-    """The Kafka headers of a published event: its log position and its event tag."""
-    return [(POSITION_HEADER, str(record.position).encode()), (TAG_HEADER, record.tag.encode())]
+def record_headers(record: RawRecord, keys: SigningKeys | None = None) -> list[tuple[str, bytes]]:
+    """The Kafka headers of a published event: its log position and its event tag, and with
+    signing keys its key id and HMAC (`projections.chain`)."""
+    headers = [(POSITION_HEADER, str(record.position).encode()), (TAG_HEADER, record.tag.encode())]
+    if keys is not None:
+        headers += keys.sign(record.data)
+    return headers
 
 
 def client_config(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -166,18 +182,41 @@ def _patience(timeout_s: float) -> dict[str, int]:
     return {"bootstrap_timeout_ms": int(timeout_s * 1000), "reconnect_backoff_max_ms": 1_000}
 
 
+def connect_timeout() -> float:
+    """GPULEDGER_KAFKA_CONNECT_TIMEOUT (seconds), default DEFAULT_CONNECT_TIMEOUT_S."""
+    text = os.environ.get("GPULEDGER_KAFKA_CONNECT_TIMEOUT", "")
+    try:
+        value = float(text) if text else DEFAULT_CONNECT_TIMEOUT_S
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise RelayError(
+            f"invalid GPULEDGER_KAFKA_CONNECT_TIMEOUT {text!r}", hint="give seconds, e.g. 4"
+        )
+    return value
+
+
 def ensure_topic(
-    bootstrap: str, topic: str = TOPIC, config: Mapping[str, Any] | None = None
+    bootstrap: str,
+    topic: str = TOPIC,
+    config: Mapping[str, Any] | None = None,
+    connect_timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Create the topic explicitly: one partition, unlimited retention. Idempotent.
 
     An existing topic must have one partition and the settings in REQUIRED_CONFIG; otherwise
     this raises RelayError rather than publish into a topic that reorders or forgets events.
     """
+    why = unreachable(bootstrap, connect_timeout_s)
+    if why is not None:
+        raise RelayUnavailable(
+            f"Kafka at {bootstrap} is unreachable ({why})",
+            hint="is the broker up? (`scripts/kafka/kafka status`)",
+        )
     admin = KafkaAdminClient(
         bootstrap_servers=bootstrap,
         client_id="gpuledger-admin",
-        **_patience(DEFAULT_TIMEOUT_S),
+        **_patience(connect_timeout_s),
         **client_config(config),
     )
     try:
@@ -227,19 +266,18 @@ class Published:
     data: bytes
 
 
-def last_committed(
+def tail_windows(
     bootstrap: str,
     topic: str = TOPIC,
     config: Mapping[str, Any] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> Published:
-    """The last committed record on the topic (position 0, no bytes, when there is none).
-
-    Reads backwards in growing windows from the end: the last record is almost always in the
-    last few offsets (only a commit marker follows it), but aborted batches can sit in between.
-    read_committed skips aborted records and markers, and its end offset stops before any open
-    transaction. Raises RelayUnavailable when the broker does not answer within `timeout_s`.
-    """
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+) -> Iterator[tuple[bool, list[Any]]]:
+    """The last committed records of the topic in growing windows (16, 256, ... offsets from the
+    end), each as (reaches the first offset, records in offset order): the caller stops when it
+    has seen enough. read_committed skips aborted records and markers, and its end offset stops
+    before any open transaction. Raises RelayUnavailable when the broker does not answer within
+    `timeout_s`."""
     tp = TopicPartition(topic, 0)
     deadline = time.monotonic() + timeout_s
     try:
@@ -248,19 +286,21 @@ def last_committed(
             enable_auto_commit=False,
             isolation_level="read_committed",
             client_id="gpuledger-relay-probe",
-            **_patience(timeout_s),
+            **_patience(connect_timeout_s),
             **client_config(config),
         )
     except KafkaError as e:
         raise _unavailable(bootstrap, e) from e
     try:
         consumer.assign([tp])
-        end = consumer.end_offsets([tp], timeout_ms=int(timeout_s * 1000))[tp]
+        ms = int(timeout_s * 1000)
+        end = consumer.end_offsets([tp], timeout_ms=ms)[tp]
+        begin = consumer.beginning_offsets([tp], timeout_ms=ms)[tp]
         back = 16
         while True:
-            start = max(0, end - back)
+            start = max(begin, end - back)
             consumer.seek(tp, start)
-            last = Published(0, b"")
+            window: list[Any] = []
             # The position only moves forward, past aborted data and markers too, so this
             # loop ends at `end`; an empty poll means "not yet", never "nothing left".
             while consumer.position(tp) < end:
@@ -269,16 +309,31 @@ def last_committed(
                         f"reading the end of {topic} took over {timeout_s:g} s",
                         hint="is the broker overloaded or restarting?",
                     )
-                for rec in consumer.poll(timeout_ms=500).get(tp, []):
-                    if rec.offset < end:
-                        last = Published(_position(topic, rec.headers), rec.value)
-            if last.position or start == 0:
-                return last
+                window += [r for r in consumer.poll(timeout_ms=500).get(tp, []) if r.offset < end]
+            yield start == begin, window
+            if start == begin:
+                return
             back *= 16
     except KafkaError as e:
         raise _unavailable(bootstrap, e) from e
     finally:
         consumer.close()
+
+
+def last_committed(
+    bootstrap: str,
+    topic: str = TOPIC,
+    config: Mapping[str, Any] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Published:
+    """The last committed record that carries a readable position (position 0, no bytes, when
+    there is none)."""
+    for _whole, window in tail_windows(bootstrap, topic, config, timeout_s):
+        for rec in reversed(window):
+            position = _position(rec)
+            if position is not None:
+                return Published(position, rec.value or b"")
+    return Published(0, b"")
 
 
 def last_published(
@@ -288,14 +343,10 @@ def last_published(
     return last_committed(bootstrap, topic, config).position
 
 
-def _position(topic: str, headers: list[tuple[str, bytes]] | None) -> int:
-    for k, v in headers or []:
-        if k == POSITION_HEADER:
-            return int(v)
-    raise RelayError(
-        f"a record on {topic} has no {POSITION_HEADER} header",
-        hint="is another producer writing to the topic? only the relay may write to it",
-    )
+def _position(rec: Any) -> int | None:
+    """The position a record's header carries (None: none readable). Never raises."""
+    position, _tag, _problem = envelope(rec.headers, rec.value, None)
+    return position
 
 
 def _unavailable(bootstrap: str, e: BaseException) -> RelayUnavailable:
@@ -322,7 +373,9 @@ class Relay:
         transactional_id: str = DEFAULT_TRANSACTIONAL_ID,
         batch: int = DEFAULT_BATCH,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         config: Mapping[str, Any] | None = None,
+        keys: SigningKeys | None = None,
     ) -> None:
         self.recorder = recorder
         self.bootstrap = bootstrap
@@ -332,13 +385,19 @@ class Relay:
         self.timeout_s = timeout_s
         """How long one batch (send + commit) or one reconnect step may take before it counts
         as an error."""
+        self.connect_timeout_s = connect_timeout_s
+        """How long finding the broker may take before it counts as unreachable."""
         self.config = dict(config or {})
+        self.keys = keys if keys is not None else signing_keys()
+        """Signing keys: when set, every record is signed with the first one."""
         self.position = 0
         """The log position of the last event known to be committed on the topic."""
+        self.skipped: tuple[int, ...] = ()
+        """Offsets of foreign records found after our last record when we last connected."""
         self._stale = False
         self._fenced_by: RelayFenced | None = None
         try:
-            ensure_topic(bootstrap, topic, self.config)
+            ensure_topic(bootstrap, topic, self.config, connect_timeout_s)
         except KafkaError as e:
             raise _unavailable(bootstrap, e) from e
         self.producer = self._connect()
@@ -365,40 +424,112 @@ class Relay:
                 request_timeout_ms=min(ms, 30_000),
                 delivery_timeout_ms=max(ms, 30_000) + 5_000,  # > linger + request timeout
                 client_id="gpuledger-relay",
-                **_patience(self.timeout_s),
+                **_patience(self.connect_timeout_s),
                 **client_config(self.config),
             )
         except KafkaError as e:
             raise _unavailable(self.bootstrap, e) from e
         try:
             producer.init_transactions()
-            last = last_committed(self.bootstrap, self.topic, self.config, self.timeout_s)
-            self._check_resume(last)
+            last, foreign = self._bookmark()
         except BaseException as e:
             _discard(producer)
             if isinstance(e, KafkaError):
                 raise _unavailable(self.bootstrap, e) from e
             raise
+        if foreign:
+            log.warning(
+                "relay: %d foreign record(s) after position %d on %s skipped (offsets %s): "
+                "the store is the source of truth; only the relay may write to the topic",
+                len(foreign),
+                last.position,
+                self.topic,
+                _offsets(foreign),
+            )
         self.position = last.position
+        self.skipped = tuple(foreign)
         return producer
 
-    def _check_resume(self, last: Published) -> None:
-        """The topic's last record must be the store's event at that position, byte for byte."""
-        if last.position == 0:
-            return
-        stored = read_raw(self.recorder, last.position - 1, 1)
-        if not stored or stored[0].position != last.position:
-            raise RelayError(
-                f"topic {self.topic} is ahead of the store: it has position {last.position}, "
-                f"the store ends at {self.recorder.max_notification_id() or 0}",
+    def _bookmark(self) -> tuple[Published, list[int]]:
+        """Our last committed record on the topic, and the offsets of the foreign records after
+        it (written by another producer: skipped, the store being the source of truth).
+
+        Reads back from the end in growing windows. Our last record is the one with the highest
+        readable position whose bytes equal the store's at that position (an older record
+        copied to the tail is foreign). A record right after it that continues the chain from it
+        (the next position, linking to its bytes, signed when signing is on) is not foreign: the
+        topic holds events the store lacks (another ledger's topic, or a replaced store), and
+        the relay refuses the topic. So it does when a window without our records holds two
+        records that chain, or the topic's first record starts a chain of its own.
+        """
+        for whole, window in tail_windows(
+            self.bootstrap, self.topic, self.config, self.timeout_s, self.connect_timeout_s
+        ):
+            parsed = [(rec, _position(rec)) for rec in window]
+            stored = self._stored({p for _rec, p in parsed if p is not None})
+            best: int | None = None
+            for i, (rec, position) in enumerate(parsed):
+                if position is None or stored.get(position) != rec.value:
+                    continue
+                if best is None or position > (parsed[best][1] or 0):
+                    best = i
+            formed = [(rec, p) for rec, p in parsed if p is not None and rec.value is not None]
+            if best is not None:
+                mine, position = parsed[best]
+                assert position is not None
+                after = parsed[best + 1 :]
+                following = next(((r, p) for r, p in after if p is not None and r.value), None)
+                if following is not None and self._continues(following[0], position, mine.value):
+                    raise self._refusal(window)
+                return Published(position, mine.value), [r.offset for r, _p in after]
+            for (a, pa), (b, _pb) in itertools.pairwise(formed):
+                if pa is not None and self._continues(b, pa, a.value, signed=False):
+                    raise self._refusal(window)
+            if whole:
+                if formed and self._continues(formed[0][0], 0, None, signed=False):
+                    raise self._refusal(window)
+                return Published(0, b""), [r.offset for r, _p in parsed]
+        return Published(0, b""), []  # not reached: the last window is the whole topic
+
+    def _stored(self, positions: set[int]) -> dict[int, bytes]:
+        """The store's bytes at `positions` (those it has)."""
+        if not positions:
+            return {}
+        lo, hi = min(positions), min(max(positions), self.recorder.max_notification_id() or 0)
+        if hi < lo:
+            return {}
+        if hi - lo < 200_000:
+            return {r.position: r.data for r in read_raw(self.recorder, lo - 1, hi - lo + 1)}
+        out = {}
+        for p in positions:
+            got = read_raw(self.recorder, p - 1, 1)
+            if got and got[0].position == p:
+                out[p] = got[0].data
+        return out
+
+    def _continues(self, rec: Any, position: int, data: bytes | None, signed: bool = True) -> bool:
+        """Whether `rec` is the event after `data` at `position` in a log (None: the start)."""
+        if _position(rec) != position + 1:
+            return False
+        if signed and self.keys is not None and self.keys.problem(rec.headers, rec.value):
+            return False
+        return prev_hash(rec.value) == ("" if data is None else chain_hash(data))
+
+    def _refusal(self, window: Sequence[Any]) -> RelayError:
+        """The topic holds another log: say where it disagrees with the store."""
+        position = next((p for p in map(_position, reversed(window)) if p is not None), 0)
+        head = self.recorder.max_notification_id() or 0
+        if position > head:
+            return RelayError(
+                f"topic {self.topic} is ahead of the store: it has position {position}, "
+                f"the store ends at {head}",
                 hint="the topic belongs to another ledger, or the store was replaced; "
                 "publish to a new topic",
             )
-        if stored[0].data != last.data:
-            raise RelayError(
-                f"topic {self.topic} differs from the store at position {last.position}",
-                hint="the topic belongs to another ledger; publish to a new topic",
-            )
+        return RelayError(
+            f"topic {self.topic} differs from the store at position {position}",
+            hint="the topic belongs to another ledger; publish to a new topic",
+        )
 
     # --- publishing -----------------------------------------------------------------------------
 
@@ -428,8 +559,9 @@ class Relay:
 
     def _send(self, records: list[RawRecord]) -> None:
         send, topic = self.producer.send, self.topic
+        keys = self.keys
         for r in records:
-            send(topic, value=r.data, key=r.key, headers=record_headers(r), partition=0)
+            send(topic, value=r.data, key=r.key, headers=record_headers(r, keys), partition=0)
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -472,18 +604,25 @@ class Relay:
     ) -> None:
         """Publish until `stop` is set, polling the store every `interval_s`.
 
-        Broker errors are reported to `on_error` and retried with a fresh producer, backing off
-        from 0.2 s to 2 s between attempts. Fencing and wrong topics are raised.
+        Broker errors (and any unexpected error, as RelayUnavailable) are reported to
+        `on_error` and retried with a fresh producer, backing off from 0.2 s to 2 s between
+        attempts. Fencing and wrong topics are raised.
         """
         delay = 0.2
         while not stop.is_set():
             try:
                 published = self.publish_pending()
-            except RelayFenced:
-                raise
             except RelayUnavailable as e:
                 if on_error is not None:
                     on_error(e)
+                stop.wait(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            except RelayError:
+                raise
+            except Exception as e:  # a failure we did not foresee: report it, start afresh
+                if on_error is not None:
+                    on_error(self.failed(e))
                 stop.wait(delay)
                 delay = min(delay * 2, 2.0)
                 continue
@@ -491,8 +630,26 @@ class Relay:
             if not published:
                 stop.wait(interval_s)
 
+    def failed(self, e: BaseException) -> RelayUnavailable:
+        """After an unexpected error: the next publish starts with a fresh producer (its
+        init_transactions aborts whatever this one left open). Returns the error to report."""
+        log.debug("relay: unexpected error", exc_info=e)
+        self._stale = True
+        return RelayUnavailable(
+            f"relay failed after position {self.position}: {type(e).__name__}: {e}",
+            hint="retried with a fresh producer; run with --log-level debug for the traceback",
+        )
+
+    def store_head(self) -> int:
+        return int(self.recorder.max_notification_id() or 0)
+
     def close(self) -> None:
         _discard(self.producer)
+
+
+def _offsets(offsets: Sequence[int]) -> str:
+    shown = ", ".join(map(str, offsets[:10]))
+    return shown + (f", ... ({len(offsets) - 10} more)" if len(offsets) > 10 else "")
 
 
 def _fenced(producer: Any, e: BaseException) -> bool:
@@ -519,3 +676,253 @@ def _discard(producer: Any) -> None:
             with contextlib.suppress(Exception):
                 sender.force_close()
                 sender.join(5)
+
+
+# --- the relay as a service runs it ---------------------------------------------------------------
+
+RelayState = Literal["connecting", "publishing", "unavailable", "stopped"]
+
+
+class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
+    """What the relay of a running service is doing: `<home>/relay.json`, rewritten when its
+    state changes and about once a second while it publishes."""
+
+    state: RelayState
+    bootstrap: str
+    topic: str
+    position: int = 0
+    """The last log position committed on the topic."""
+    store_head: int = 0
+    """The store's head when this was written."""
+    error: str = ""
+    """Why publishing stopped (state `unavailable`: retried; `stopped`: not retried)."""
+    skipped: tuple[int, ...] = ()
+    """Offsets of foreign records found after the relay's last record (skipped)."""
+    since: float = 0.0
+    """Wall-clock time the state began."""
+    updated: float = 0.0
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.store_head - self.position)
+
+    def line(self) -> str:
+        text = (
+            f"relay {self.state}: {self.topic} at {self.bootstrap}, position {self.position:,}, "
+            f"{self.lag:,} behind the store"
+        )
+        if self.skipped:
+            shown = _offsets(self.skipped)
+            text += f", {len(self.skipped)} foreign record(s) skipped (offsets {shown})"
+        return text + (f": {self.error}" if self.error else "")
+
+
+def health_path(home: Path) -> Path:
+    return home / HEALTH_FILE
+
+
+def read_health(home: Path) -> RelayHealth | None:
+    """The health the service's relay last wrote (None: no relay ran in this home)."""
+    try:
+        return msgspec.json.decode(health_path(home).read_bytes(), type=RelayHealth)
+    except FileNotFoundError:
+        return None
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise RelayError(
+            f"cannot read {health_path(home)}: {e}", hint="the service rewrites it; try again"
+        ) from e
+
+
+class RelayService:
+    """The relay in its own thread, as `gpuledger up --kafka` runs it next to the dispatcher.
+
+    It never blocks the caller and never dies silently: connecting (which can take
+    `connect_timeout_s` when the broker is away) and publishing happen in the thread; a broker
+    error is logged once per outage (warning) and retried; a failure that retrying cannot fix
+    (fenced, a topic of another ledger) stops publishing with an error. Either way the state is
+    in `health` and in `<home>/relay.json`, and scheduling goes on from the store.
+
+    `stop()` flushes: every event committed before it is published before it returns, or the
+    `flush_s` bound passes (then the next relay publishes them, and it says so).
+    """
+
+    def __init__(
+        self,
+        home: Path,
+        bootstrap: str,
+        *,
+        topic: str = TOPIC,
+        transactional_id: str = DEFAULT_TRANSACTIONAL_ID,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        flush_s: float = 10.0,
+        interval_s: float = 0.05,
+        keys: SigningKeys | None = None,
+    ) -> None:
+        self.home = home
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.transactional_id = transactional_id
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.flush_s = flush_s
+        self.interval_s = interval_s
+        self.keys = keys if keys is not None else signing_keys()
+        self.relay: Relay | None = None
+        self.clock = SystemClock()
+        now = self.clock.now()
+        self.health = RelayHealth(
+            state="connecting", bootstrap=bootstrap, topic=topic, since=now, updated=now
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="relay", daemon=True)
+        self._written = 0.0
+
+    def start(self) -> RelayService:
+        self._write()
+        self._thread.start()
+        return self
+
+    def stop(self) -> RelayHealth:
+        """Stop publishing after a flush (bounded by `flush_s`); the health at the end."""
+        self._stop.set()
+        self._thread.join(self.flush_s + self.connect_timeout_s + 5)
+        return self.health
+
+    # --- the thread -------------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            self._publish_until_stopped()
+            if self.health.state != "stopped":
+                self._flush()
+        except BaseException as e:  # never die silently
+            log.exception("relay: stopped by an unexpected error")
+            self._set("stopped", error=f"{type(e).__name__}: {e}")
+        finally:
+            if self.relay is not None:
+                self.relay.close()
+
+    def _publish_until_stopped(self) -> None:
+        delay = 0.2
+        while not self._stop.is_set():
+            try:
+                published = self._publish()
+            except RelayUnavailable as e:
+                self._unavailable(e)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            except RelayError as e:  # fenced, another ledger's topic, no store: not retried
+                log.error("relay stopped: %s", e.line())
+                self._set("stopped", error=e.line())
+                return
+            delay = 0.2
+            if not published:
+                self._stop.wait(self.interval_s)
+
+    def _publish(self) -> int:
+        """One round: connect if needed, publish what is pending; unexpected errors become
+        RelayUnavailable (retried with a fresh producer)."""
+        try:
+            if self.relay is None:
+                self.relay = Relay(
+                    open_store(self.home),
+                    self.bootstrap,
+                    topic=self.topic,
+                    transactional_id=self.transactional_id,
+                    timeout_s=self.timeout_s,
+                    connect_timeout_s=self.connect_timeout_s,
+                    keys=self.keys,
+                )
+            published = self.relay.publish_pending()
+        except RelayError:
+            raise
+        except Exception as e:
+            if self.relay is None:
+                log.debug("relay: unexpected error", exc_info=e)
+                raise RelayUnavailable(
+                    f"relay failed to start: {type(e).__name__}: {e}",
+                    hint="retried; run with --log-level debug for the traceback",
+                ) from e
+            raise self.relay.failed(e) from e
+        if self.health.state != "publishing":
+            if self.health.state == "unavailable":
+                log.warning("relay: publishing again, topic at position %d", self.relay.position)
+            self._set("publishing")
+        elif published or time.monotonic() - self._written > 1.0:
+            self._set("publishing")
+        return published
+
+    def _unavailable(self, e: RelayError) -> None:
+        if self.health.state != "unavailable":
+            log.warning(
+                "relay: %s; publishing paused and retried, scheduling goes on from the store",
+                e.line(),
+            )
+        else:
+            log.debug("relay: %s", e.line())
+        self._set("unavailable", error=e.line())
+
+    def _flush(self) -> None:
+        """Publish what was committed before stop(), within `flush_s`."""
+        deadline = time.monotonic() + self.flush_s
+        while True:
+            try:
+                self._publish()
+                relay = self.relay
+                assert relay is not None
+                if relay.position >= relay.store_head():
+                    log.info("relay: flushed, topic at position %d", relay.position)
+                    return
+            except RelayUnavailable as e:
+                self._unavailable(e)
+            except RelayError as e:
+                log.error("relay stopped: %s", e.line())
+                self._set("stopped", error=e.line())
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        head = self.relay.store_head() if self.relay is not None else self.health.store_head
+        log.error(
+            "relay: %d event(s) not published at exit (topic at position %d, store at %d): the "
+            "next relay publishes them",
+            head - self.health.position,
+            self.health.position,
+            head,
+        )
+
+    def _set(self, state: RelayState, error: str = "") -> None:
+        now = self.clock.now()
+        relay = self.relay
+        old = self.health
+        self.health = RelayHealth(
+            state=state,
+            bootstrap=self.bootstrap,
+            topic=self.topic,
+            position=relay.position if relay is not None else old.position,
+            store_head=_quiet_head(relay) if relay is not None else old.store_head,
+            error=error,
+            skipped=relay.skipped if relay is not None else old.skipped,
+            since=old.since if state == old.state else now,
+            updated=now,
+        )
+        self._write()
+
+    def _write(self) -> None:
+        self._written = time.monotonic()
+        path = health_path(self.home)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            tmp.write_bytes(msgspec.json.encode(self.health))
+            os.replace(tmp, path)
+        except OSError as e:  # the health file is a report: never stop publishing over it
+            log.debug("relay: cannot write %s: %s", path, e)
+
+
+def _quiet_head(relay: Relay) -> int:
+    try:
+        return relay.store_head()
+    except Exception:
+        return 0

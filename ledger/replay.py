@@ -112,6 +112,21 @@ class WithSettings:
     ) -> Iterator[Victim]:
         return self.inner.victims(job, candidates, snapshot, now)
 
+    @property
+    def least_loss(self) -> bool:
+        return self.inner.least_loss
+
+    def budget_of(self, job: PendingJob) -> tuple[str, int]:
+        return self.inner.budget_of(job)
+
+    def reserved(self, snapshot: Snapshot) -> frozenset[str]:
+        return self.inner.reserved(snapshot)
+
+    def weigh(
+        self, job: PendingJob, victims: Sequence[Victim], snapshot: Snapshot, now: float
+    ) -> str | None:
+        return self.inner.weigh(job, victims, snapshot, now)
+
 
 def _seconds(config: Mapping[str, str], key: str) -> float:
     try:

@@ -24,7 +24,6 @@ job runs until the period ends or it is cancelled at the recorded time).
 
 from __future__ import annotations
 
-import heapq
 import math
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -40,9 +39,9 @@ from ledger.dispatch import registry
 from ledger.dispatch.baselines import team_of
 from ledger.dispatch.policy import Policy
 from ledger.domain import State, evolve
-from ledger.executors import Exit, Launch
 from ledger.replay import WithSettings, replay_policy, usage_from_config
-from ledger.service import Dispatcher, RankSource
+from ledger.service import CycleResult, Dispatcher, RankSource
+from ledger.sim.kernel import KernelExecutor, drive
 from ledger.sim.ranks import IncrementalRanks
 from projections import queries
 from projections.fairshare import UsagePolicy
@@ -279,58 +278,6 @@ def setup_commands(state: State) -> list[c.AnyCommand]:
 # --- 2-3. the simulation --------------------------------------------------------------------------
 
 
-class WhatIfExecutor:
-    """Virtual execution with progress: a job ends when its work is done; a resumable job
-    resumes with the work left after its last checkpoint. A stopped job's pending exit is
-    forgotten (a relaunch gets a new one)."""
-
-    def __init__(self, work: Mapping[int, float | None]) -> None:
-        self.work = dict(work)
-        self.saved: dict[int, float] = {}
-        self._live: dict[int, tuple[int, float, float]] = {}
-        """job -> (generation, launched at, work saved at launch)."""
-        self._ends: list[tuple[float, int, int]] = []
-        self._gen = 0
-
-    def launch(self, job: Launch, now: float) -> None:
-        self._gen += 1
-        saved = self.saved.get(job.job_id, 0.0)
-        self._live[job.job_id] = (self._gen, now, saved)
-        total = self.work.get(job.job_id)
-        if total is not None:
-            heapq.heappush(self._ends, (now + max(0.0, total - saved), self._gen, job.job_id))
-
-    def checkpoint(self, job_id: int, at: float) -> None:
-        live = self._live.get(job_id)
-        if live is not None:
-            self.saved[job_id] = live[2] + (at - live[1])
-
-    def stop(self, job_id: int, now: float) -> None:
-        self._live.pop(job_id, None)
-
-    def poll(self, now: float) -> list[Exit]:
-        out = []
-        while self._ends and self._ends[0][0] <= now:
-            at, gen, job_id = heapq.heappop(self._ends)
-            live = self._live.get(job_id)
-            if live is not None and live[0] == gen:
-                del self._live[job_id]
-                out.append(Exit(job_id, 0, at))
-        return out
-
-    def running(self) -> set[int]:
-        return set(self._live)
-
-    def next_event_at(self) -> float | None:
-        while self._ends:
-            _, gen, job_id = self._ends[0]
-            live = self._live.get(job_id)
-            if live is not None and live[0] == gen:
-                return self._ends[0][0]
-            heapq.heappop(self._ends)
-        return None
-
-
 def choose_policy(
     scen: Scenario, name: str | None, window_s: float | None
 ) -> tuple[Policy, UsagePolicy]:
@@ -415,13 +362,18 @@ class _Sim:
         self.original_of: dict[int, int] = {}
         self.carried: set[int] = set()
         self.work: dict[int, float | None] = {}
-        self.executor = WhatIfExecutor({})
+        self.executor = KernelExecutor()
         self.pending: set[int] = set()
         self.running: dict[int, tuple[bool, float]] = {}
         """Running job -> (resumable, last checkpoint)."""
         self.draining = 0
         self._seen = 0
         self.cycles = 0
+        self._subs: list[Submission] = []
+        self._cancels: list[tuple[float, int]] = []
+        self._nodes: list[NodeChange] = []
+        self._i = self._ci = self._ni = 0
+        self._next_tick = scen.start
         self._setup(budgets)
         ranks: RankSource = IncrementalRanks(self.ledger, usage)
         self.dispatcher = Dispatcher(self.ledger, ranks, policy, self.executor)
@@ -531,69 +483,56 @@ class _Sim:
 
     def run(self) -> None:
         scen = self.scen
-        start, end = scen.start, scen.end
-        subs = sorted(scen.submissions, key=lambda s: (s.at, s.original))
-        cancels = sorted(
+        self._subs = sorted(scen.submissions, key=lambda s: (s.at, s.original))
+        self._cancels = sorted(
             (s.cancel_at, s.original) for s in scen.submissions if s.cancel_at is not None
         )
-        nodes = sorted(scen.node_changes, key=lambda n: n.at)
-        i = ci = ni = 0
-        next_tick = start
-        wake: float | None = None
-        while True:
-            # 1. the next moment anything can happen
-            now = self.clock.now()
-            cands = []
-            if self.pending or self.running:
-                cands.append(next_tick)
-            if i < len(subs):
-                cands.append(subs[i].at)
-            if ci < len(cancels):
-                cands.append(cancels[ci][0])
-            if ni < len(nodes):
-                cands.append(nodes[ni].at)
-            nxt = self.executor.next_event_at()
-            if nxt is not None:
-                cands.append(max(nxt, now))
-            if wake is not None and wake > now:
-                cands.append(wake)
-            if not cands:
-                break
-            t = max(now, min(cands))
-            if t >= end:
-                break
-            self.clock.advance_to(t)
-            # 2. what is due now, in one batch
-            due: list[Submission] = []
-            while i < len(subs) and subs[i].at <= t:
-                due.append(subs[i])
-                i += 1
-            cmds: list[c.AnyCommand] = [self._submit(s) for s in due]
-            while ni < len(nodes) and nodes[ni].at <= t:
-                cmds.append(nodes[ni].command)
-                ni += 1
-            self._execute(cmds, due)
-            self._observe()
-            cancel_cmds: list[c.AnyCommand] = []
-            while ci < len(cancels) and cancels[ci][0] <= t:
-                cancel_cmds += self._cancel(cancels[ci][1])
-                ci += 1
-            if t >= next_tick:
-                cancel_cmds += self._checkpoints(t)
-                next_tick = start + (math.floor((t - start) / self.tick_s) + 1) * self.tick_s
-            self._execute(cancel_cmds, ())
-            self._observe()
-            # 3. dispatcher cycles (again at once while the victim-search budget ran out)
-            for _ in range(4):
-                if not self._needs_cycle(t):
-                    break
-                result = self.dispatcher.cycle(t)
-                self.cycles += 1
-                wake = result.decision.wake_at
-                self._observe()
-                if not (result.appended and result.decision.budget_spent):
-                    break
-        self.clock.advance_to(max(self.clock.now(), end))
+        self._nodes = sorted(scen.node_changes, key=lambda n: n.at)
+        self._next_tick = scen.start
+        self.cycles += drive(self, self.clock, self.dispatcher, self.executor, scen.end)
+
+    # --- the kernel loop's questions (`kernel.drive`) -------------------------------------------
+
+    def times(self, now: float) -> list[float]:
+        cands = []
+        if self.pending or self.running:
+            cands.append(self._next_tick)
+        if self._i < len(self._subs):
+            cands.append(self._subs[self._i].at)
+        if self._ci < len(self._cancels):
+            cands.append(self._cancels[self._ci][0])
+        if self._ni < len(self._nodes):
+            cands.append(self._nodes[self._ni].at)
+        return cands
+
+    def due(self, t: float) -> None:
+        due: list[Submission] = []
+        while self._i < len(self._subs) and self._subs[self._i].at <= t:
+            due.append(self._subs[self._i])
+            self._i += 1
+        cmds: list[c.AnyCommand] = [self._submit(s) for s in due]
+        while self._ni < len(self._nodes) and self._nodes[self._ni].at <= t:
+            cmds.append(self._nodes[self._ni].command)
+            self._ni += 1
+        self._execute(cmds, due)
+        self._observe()
+        cancel_cmds: list[c.AnyCommand] = []
+        while self._ci < len(self._cancels) and self._cancels[self._ci][0] <= t:
+            cancel_cmds += self._cancel(self._cancels[self._ci][1])
+            self._ci += 1
+        if t >= self._next_tick:
+            cancel_cmds += self._checkpoints(t)
+            start = self.scen.start
+            self._next_tick = start + (math.floor((t - start) / self.tick_s) + 1) * self.tick_s
+        self._execute(cancel_cmds, ())
+        self._observe()
+
+    def cycled(self, t: float, result: CycleResult) -> bool:
+        self._observe()
+        return bool(result.appended) and result.decision.budget_spent
+
+    def stepped(self, t: float) -> None:
+        pass
 
     def _cancel(self, original: int) -> list[c.AnyCommand]:
         for job_id, orig in self.original_of.items():
@@ -610,7 +549,7 @@ class _Sim:
             if resumable and t - last >= self.checkpoint_every_s
         ]
 
-    def _needs_cycle(self, t: float) -> bool:
+    def needs_cycle(self, t: float) -> bool:
         if self.pending or self.draining:
             return True
         nxt = self.executor.next_event_at()

@@ -24,6 +24,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from projections.chain import chain_hash
 from projections.errors import CorruptEvent
 from projections.source import LogRecord
 from schemas import events as e
@@ -138,6 +139,9 @@ class Batch:
     tables: dict[str, pa.Table]
     counts: dict[str, int]
     """Rows per input of `apply.sql`, including the views read back from `events`."""
+    chain: str | None = None
+    """The chain hash of the batch's last record (what the next record must link to); None
+    when the batch moves no record (only poison set aside)."""
 
 
 @contextmanager
@@ -249,6 +253,7 @@ def _build(records: Sequence[LogRecord]) -> Batch:
         unknown=len(unknown),
         tables=tables,
         counts=counts,
+        chain=chain_hash(records[-1].data),
     )
 
 

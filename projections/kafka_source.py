@@ -46,6 +46,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -54,6 +55,7 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
+from projections.chain import SigningKeys, broken_link, chain_hash, signing_keys
 from projections.errors import (
     PoisonRecord,
     ProjectionMismatch,
@@ -104,11 +106,39 @@ def client_config(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return cfg
 
 
+def unreachable(bootstrap: str, timeout_s: float) -> str | None:
+    """None when some `host:port` of `bootstrap` accepts a TCP connection within `timeout_s`,
+    else why none does. A refused connection answers at once, where kafka-python would retry
+    until its bootstrap timeout."""
+    problems = []
+    servers = [s.strip() for s in bootstrap.split(",") if s.strip()]
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        try:
+            with socket.create_connection(
+                (host.strip("[]"), int(port)), timeout=timeout_s / max(1, len(servers))
+            ):
+                return None
+        except (OSError, ValueError) as exc:
+            problems.append(
+                f"{server}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}"
+            )
+    return "; ".join(problems) or "no host:port given"
+
+
+def quiet_kafka_logs(level: str) -> None:
+    """kafka-python logs every failed reconnect, with tracebacks, while a broker is away: keep
+    its logger out of the terminal unless the level is DEBUG (our own lines say what failed)."""
+    quiet = level.upper() != "DEBUG"
+    logging.getLogger("kafka").setLevel(logging.CRITICAL + 1 if quiet else logging.DEBUG)
+
+
 def envelope(
-    headers: Iterable[tuple[str, bytes | None]] | None, value: bytes | None, previous: int
+    headers: Iterable[tuple[str, bytes | None]] | None, value: bytes | None, previous: int | None
 ) -> tuple[int | None, str | None, str | None]:
     """Pure: (position, tag, problem) of a record's headers and value; `problem` is None when the
-    record is a well-formed log record whose position follows `previous`."""
+    record is a well-formed log record whose position is `previous + 1` (any position when
+    `previous` is None). Never raises, whatever the headers hold."""
     positions: list[bytes | None] = []
     tags: list[bytes | None] = []
     for k, v in headers or ():
@@ -129,7 +159,7 @@ def envelope(
     if not (raw.isdigit() and raw[:1] != b"0"):
         return None, tag, f"garbled {POSITION_HEADER} header {raw!r}"
     position = int(raw)
-    if position <= previous:
+    if previous is not None and position != previous + 1:
         return position, tag, f"position {position} does not follow position {previous}"
     if tag is None:
         problem = f"no {TAG_HEADER} header" if not tags else f"garbled {TAG_HEADER} header"
@@ -153,12 +183,16 @@ class KafkaSource:
         topic: str = TOPIC,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        connect_timeout_s: float | None = None,
         max_poll_records: int = 10_000,
+        keys: SigningKeys | None = None,
         **config: Any,
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.timeout_s = timeout_s
+        self.connect_timeout_s = timeout_s if connect_timeout_s is None else connect_timeout_s
+        """How long finding the broker may take before it counts as unreachable."""
         self.tp = TopicPartition(topic, PARTITION)
         self._config = client_config(config)
         self._max_poll_records = max_poll_records
@@ -175,8 +209,14 @@ class KafkaSource:
         """A second consumer for head() and the binary search, so that the reading consumer
         keeps its position and its prefetched records."""
         self._exists = False
+        self.keys = keys if keys is not None else signing_keys()
+        """Signing keys: when set, only records signed with one of them are accepted."""
         self._after: int | None = None
         """The position the reading consumer continues after (None: not positioned yet)."""
+        self._hash = ""
+        """The chain hash of the record at `_after` (what the next record must link to)."""
+        self._anchor: tuple[int, str] | None = None
+        """(position, chain hash) of the last record the projection applied (`anchor`)."""
         self._buffer: collections.deque[Any] = collections.deque()
         """Records polled but not handed out yet (the next ones after `_after`)."""
         self._offsets: dict[int, int] = {}
@@ -198,7 +238,7 @@ class KafkaSource:
         self._seek_after(after)
         out: list[LogRecord] = []
         offsets: dict[int, int] = {}
-        previous = after
+        previous, previous_hash = after, self._hash
         end, self._end_hint = self._end_hint, None
         deadline = time.monotonic() + self.timeout_s
         buffer = self._buffer
@@ -215,6 +255,8 @@ class KafkaSource:
                 continue
             rec = buffer[0]
             position, tag, problem = envelope(rec.headers, rec.value, previous)
+            if problem is None:
+                problem = self._foreign(rec, previous, previous_hash)
             if problem is not None:
                 if out:
                     break
@@ -223,28 +265,34 @@ class KafkaSource:
             assert position is not None and tag is not None
             out.append(LogRecord(position, tag, rec.value))
             offsets[position] = rec.offset
-            previous = position
+            previous, previous_hash = position, chain_hash(rec.value)
         self._offsets = offsets
         if out:
-            self._after = previous
+            self._after, self._hash = previous, previous_hash
         return out
 
     def head(self) -> int:
-        """The position of the last committed record (0 when the topic is empty or absent)."""
+        """The position of the last committed record (0 when the topic is empty or absent).
+
+        When the reading consumer holds a record after its position that carries no readable
+        position (poison at the tail), the head is at least one past it, so that a reader meets
+        that record (and stops at it, or sets it aside) instead of waiting for it forever."""
         if not self._ready():
             return 0
         end = self._end_hint = self._end()
         if self._head is not None and self._head[0] == end:
-            return self._head[1]
-        position = self._known_head(end)
-        if position is None and self._close_behind(end):
-            # Fetch the few records left with the reading consumer: `read` hands them out next,
-            # so this costs no more than the probe fetch it saves.
-            self._fill_to(end)
-            position = self._known_head(end)
-        if position is None:
-            position = self._last_position(end)
-        self._head = (end, position)
+            position = self._head[1]
+        else:
+            found = self._known_head(end)
+            if found is None and self._close_behind(end):
+                # Fetch the few records left with the reading consumer: `read` hands them out
+                # next, so this costs no more than the probe fetch it saves.
+                self._fill_to(end)
+                found = self._known_head(end)
+            position = self._last_position(end) if found is None else found
+            self._head = (end, position)
+        if self._buffer and self._after is not None and position <= self._after:
+            return self._after + 1
         return position
 
     def close(self) -> None:
@@ -265,6 +313,14 @@ class KafkaSource:
         offset = self._offsets.get(position)
         return None if offset is None else Where(self.topic, PARTITION, offset)
 
+    def anchor(self, position: int, chain: str | None) -> None:
+        """The last record the projection applied: its position and chain hash (None: unknown,
+        e.g. a projection file older than the chain table). The next record read after
+        `position` must link to it; seeking to `position` looks for that very record."""
+        self._anchor = None if chain is None else (position, chain)
+        if chain is not None and self._after == position and self._hash != chain:
+            self._after = None  # positioned after another record of that position: seek again
+
     def skip(self, poison: PoisonRecord) -> None:
         """Step past the poison record the last `read` raised (the caller recorded it)."""
         if not self._buffer or self._buffer[0].offset != poison.offset:
@@ -283,6 +339,13 @@ class KafkaSource:
     # --- internals --------------------------------------------------------------------------------
 
     def _new_consumer(self, client_id: str, **extra: Any) -> Any:
+        why = unreachable(self.bootstrap, self.connect_timeout_s)
+        if why is not None:
+            raise SourceUnavailable(
+                f"Kafka at {self.bootstrap} is unreachable ({why})",
+                hint="is the broker up? (`scripts/kafka/kafka status`)",
+                topic=self.topic,
+            )
         try:
             return KafkaConsumer(
                 bootstrap_servers=self.bootstrap,
@@ -292,7 +355,7 @@ class KafkaSource:
                 isolation_level="read_committed",
                 allow_auto_create_topics=False,  # the relay creates it, with unlimited retention
                 auto_offset_reset="earliest",
-                bootstrap_timeout_ms=int(self.timeout_s * 1000),
+                bootstrap_timeout_ms=int(self.connect_timeout_s * 1000),
                 reconnect_backoff_max_ms=1_000,
                 **extra,
                 **self._config,
@@ -350,13 +413,23 @@ class KafkaSource:
         """Put the reading consumer right after the record at position `after`."""
         if after == self._after:
             return
-        offset = self._offset_after(after)
+        offset, self._hash = self._offset_after(after)
         self._consumer.seek(self.tp, offset)
         self._buffer.clear()
         self._after = after
 
-    def _offset_after(self, after: int) -> int:
-        """The offset right after the record at position `after` (see the module docstring)."""
+    def _foreign(self, rec: Any, previous: int, previous_hash: str) -> str | None:
+        """Why a well-formed record is not the log's next one: not signed by our keys, or it
+        does not link to the record at `previous` (None: it continues the log)."""
+        if self.keys is not None:
+            problem = self.keys.problem(rec.headers, rec.value)
+            if problem is not None:
+                return problem
+        return broken_link(rec.value, previous, previous_hash)
+
+    def _offset_after(self, after: int) -> tuple[int, str]:
+        """The offset right after the record at position `after` (see the module docstring),
+        and that record's chain hash."""
         probe = self._probe_consumer()
         try:
             begin = int(
@@ -365,7 +438,7 @@ class KafkaSource:
         except KafkaError as e:
             raise self._unavailable(e) from e
         if after == 0:
-            return begin
+            return begin, ""
         end = self._end()
         # 1. binary search: the answer (smallest offset whose first positioned record is past
         #    `after`) stays in [lo, hi]
@@ -415,24 +488,38 @@ class KafkaSource:
         """(offset, position) of the first committed record at or after `offset` that carries a
         readable position header; None when there is none before `end`."""
         for rec in self._scan(offset, end, 64):
-            position, _tag, _problem = envelope(rec.headers, b"", 0)
+            position, _tag, _problem = envelope(rec.headers, b"", None)
             if position is not None:
                 return rec.offset, position
         return None
 
-    def _locate_in(self, start: int, end: int, after: int) -> int | None:
-        """Read from `start` accepting records as `read` does (a well-formed record whose
-        position follows the last accepted one): the offset right after the accepted record at
-        position `after`, or None when there is none before the first one past it."""
-        previous = 0
+    def _locate_in(self, start: int, end: int, after: int) -> tuple[int, str] | None:
+        """Read from `start` accepting records as `read` does (a well-formed record that
+        continues the last accepted one; the first one is taken as it is): the offset right after
+        the accepted record at position `after`, with its chain hash, or None when there is none
+        before the first one past it. With an anchor at `after`, the record at `after` must be
+        the one the projection applied (the same chain hash)."""
+        want = self._anchor[1] if self._anchor and self._anchor[0] == after else None
+        previous: int | None = None
+        previous_hash = ""
         found = None
         for rec in self._scan(start, end, 5_000):
             position, _tag, problem = envelope(rec.headers, rec.value, previous)
+            if problem is None and previous is not None:
+                problem = self._foreign(rec, previous, previous_hash)
+            elif problem is None and self.keys is not None:
+                problem = self.keys.problem(rec.headers, rec.value)
+            if want is not None:
+                if position == after and rec.value is not None and chain_hash(rec.value) == want:
+                    return rec.offset + 1, want
+                if position is not None and position > after and problem is None:
+                    break
+                continue
             if problem is None and position is not None:
                 if position > after:
                     break
-                previous = position
-                found = rec.offset + 1 if position == after else None
+                previous, previous_hash = position, chain_hash(rec.value)
+                found = (rec.offset + 1, previous_hash) if position == after else None
         return found
 
     def _close_behind(self, end: int) -> bool:
@@ -456,11 +543,7 @@ class KafkaSource:
         every committed record before `end` is then either at or before `_after` or buffered."""
         if self._after is None or self._consumer.position(self.tp) < end:
             return None
-        for rec in reversed(self._buffer):
-            position, _tag, _problem = envelope(rec.headers, b"", 0)
-            if position is not None:
-                return max(position, self._after)
-        return self._after
+        return _head_of(self._buffer, self._after)
 
     def _last_position(self, end: int) -> int:
         """The largest position among the last committed records before `end` (0: none)."""
@@ -474,13 +557,12 @@ class KafkaSource:
             while True:
                 start = max(begin, end - back)
                 probe.seek(self.tp, start)
-                best = 0
+                window: list[Any] = []
                 while probe.position(self.tp) < end:
-                    for rec in probe.poll(timeout_ms=500).get(self.tp, []):
-                        if rec.offset < end:
-                            position, _tag, _problem = envelope(rec.headers, b"", 0)
-                            best = max(best, position or 0)
+                    got = probe.poll(timeout_ms=500).get(self.tp, [])
+                    window += [rec for rec in got if rec.offset < end]
                     self._check_deadline(deadline, "reading the end of")
+                best = _head_of(window, 0)
                 if best or start == begin:
                     return best
                 back *= 16
@@ -531,6 +613,19 @@ class KafkaSource:
         )
 
 
+def _head_of(records: Iterable[Any], after: int) -> int:
+    """Pure: the head of a log whose records up to position `after` are followed by `records`:
+    the largest position they carry, or one past it when the last record is not the one that
+    carries it (poison at the tail: a reader reading up to the head then meets it)."""
+    best = after
+    last: int | None = after
+    for rec in records:
+        last, _tag, _problem = envelope(rec.headers, b"", None)
+        if last is not None and last > best:
+            best = last
+    return best if last == best else best + 1
+
+
 # --- following a topic ----------------------------------------------------------------------------
 
 
@@ -550,21 +645,34 @@ def follow(
     `until`: return once the projection reaches that position. `once`: return after catching up
     with the log as it is now. Between catch-ups it blocks in the source's long poll (`wait`),
     so a new event is applied as soon as the broker hands it out. A broker that is away is
-    reported to `on_error` and retried (backing off 0.2 s to 2 s); poison stops the loop with
-    its error, unless the projector quarantines it.
+    reported to `on_error` once per outage and retried (backing off 0.2 s to 2 s; the retries are
+    logged at DEBUG level); poison stops the loop with its error, unless the projector
+    quarantines it.
     """
     source = projector.source
     delay = 0.2
     position = projector.store.position()
+    failing = False
+
+    def failed(err: SourceUnavailable) -> None:
+        nonlocal failing
+        if not failing and on_error is not None:
+            on_error(err)
+        else:
+            log.debug("still unavailable: %s", err.line())
+        failing = True
+
     while not stop.is_set():
         try:
             result: CatchUp = projector.catch_up(until=until, progress=progress)
         except SourceUnavailable as err:  # poison and mismatches end the loop
-            if on_error is not None:
-                on_error(err)
+            failed(err)
             stop.wait(delay)
             delay = min(delay * 2, 2.0)
             continue
+        if failing:
+            log.warning("kafka: reachable again, at position %d", result.position)
+            failing = False
         delay = 0.2
         position = result.position
         if (until is not None and position >= until) or once:
@@ -577,7 +685,6 @@ def follow(
                 else:
                     waiter(position, wait_s)
             except SourceUnavailable as err:
-                if on_error is not None:
-                    on_error(err)
+                failed(err)
                 stop.wait(delay)
     return position

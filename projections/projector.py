@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import duckdb
 import pyarrow as pa
@@ -23,7 +24,7 @@ from projections import quarantine
 from projections.batch import Batch, build_batch, empty_tables
 from projections.errors import CorruptEvent, ProjectionBusy, ProjectionMismatch
 from projections.source import EmbeddedSource, EventSource, LogRecord
-from projections.store import Store, projection_path, sql_sections
+from projections.store import PROJECTION, Store, projection_path, sql_sections
 
 DEFAULT_BATCH = 131_072
 """Events per transaction: more than one DuckDB row group (122,880 rows), so a batch's events are
@@ -31,6 +32,16 @@ written straight to the database file instead of through the WAL, and per-statem
 small enough to bound memory (about 1 KB per event in flight, two batches at a time)."""
 
 _EMPTY = empty_tables()
+
+
+@runtime_checkable
+class Anchored(Protocol):
+    """A source that checks each record against the last one applied (Kafka)."""
+
+    def anchor(self, position: int, chain: str | None) -> None:
+        """The position and chain hash of the last record the projection applied."""
+        ...
+
 
 Progress = Callable[[int, int], None]
 """Called after each batch with (position applied, log head)."""
@@ -111,6 +122,11 @@ class Projector:
                     if needs == "always" or batch.counts.get(needs):
                         con.execute(statement, _params(statement, batch))
                 quarantine.record(con, batch)  # a no-op unless the batch met poison records
+                if batch.chain is not None:
+                    con.execute(
+                        "INSERT OR REPLACE INTO chain VALUES (?, ?, ?)",
+                        [PROJECTION, batch.last, batch.chain],
+                    )
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
@@ -134,6 +150,8 @@ class Projector:
                 head=head,
             )
         stop = head if until is None else min(until, head)
+        if isinstance(self.source, Anchored):
+            self.source.anchor(position, self.store.chain())
         applied = unknown = 0
         batches: queue.Queue[Batch | BaseException | None] = queue.Queue(maxsize=1)
         halt = threading.Event()

@@ -18,6 +18,7 @@ found by the source). An unknown tag whose bytes are a JSON object is not poison
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -28,9 +29,12 @@ import duckdb
 import pyarrow as pa
 
 from projections.batch import SCHEMAS, Batch, build_batch, decode_records, empty_tables
+from projections.chain import chain_hash
 from projections.errors import CorruptEvent, PoisonRecord
 from projections.source import EventSource, LogRecord
 from projections.store import PROJECTION
+
+log = logging.getLogger("gpuledger.quarantine")
 
 
 class Where(NamedTuple):
@@ -74,6 +78,16 @@ class DeadLetter(NamedTuple):
     tag: str | None
     reason: str
     data: bytes | None
+
+    def text(self) -> str:
+        """One line naming the record (where it sits, the position it carried) and why."""
+        where = (
+            ""
+            if self.topic is None
+            else f"{Where(self.topic, self.kafka_partition or 0, self.kafka_offset or 0)}, "
+        )
+        at = "" if self.position is None else f"log position {self.position}: "
+        return f"{where}{at}{self.reason}"
 
 
 DEAD_LETTERS = pa.schema(
@@ -187,13 +201,16 @@ def quarantine_batch(
         )
     first = records[0].position if records else after + 1
     last = records[-1].position if records else after
+    # the chain moves past every record the source handed out (they continue the log, even
+    # those that do not validate), never past poison the source set aside
+    chain = chain_hash(records[-1].data) if records else None
     if good:
         b = build_batch(good)
         return QuarantineBatch(
-            first, last, b.events, b.unknown, b.tables, b.counts, dead=tuple(dead)
+            first, last, b.events, b.unknown, b.tables, b.counts, chain, dead=tuple(dead)
         )
     counts = {name: 0 for name in SCHEMAS} | {"b_jobev": 0}
-    return QuarantineBatch(first, last, 0, 0, empty_tables(), counts, dead=tuple(dead))
+    return QuarantineBatch(first, last, 0, 0, empty_tables(), counts, chain, dead=tuple(dead))
 
 
 def read_ahead(
@@ -222,6 +239,8 @@ def read_ahead(
             if not records and not poison:
                 break
             batch = quarantine_batch(records, poison, position, where)
+            for letter in batch.dead:
+                log.warning("dead letter: %s", letter.text())
             out.put(batch)
             position = batch.last
         out.put(None)

@@ -21,6 +21,18 @@ SCHEMA_VERSION = "1"
 PROJECTIONS_DIR = "projections"
 
 
+CHAIN_TABLE = """
+CREATE TABLE IF NOT EXISTS chain (
+    projection VARCHAR PRIMARY KEY,
+    position   BIGINT  NOT NULL,  -- the tracked position when it was written
+    hash       VARCHAR NOT NULL   -- SHA-256 of the stored bytes of the event at `position`
+)
+"""
+"""Where the projection stands in the hash chain, written with `tracking`: a reader of a copy of
+the log (Kafka) checks that the next record links to it. Not a read model: the audit dumps leave
+it out."""
+
+
 def projection_path(home: Path | str, name: str = PROJECTION) -> Path:
     """`<home>/projections/<name>.duckdb`."""
     return Path(home) / PROJECTIONS_DIR / f"{name}.duckdb"
@@ -100,9 +112,11 @@ class Store:
             self.con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'tracking'"
         )
         if exists:
+            self.con.execute(CHAIN_TABLE)  # files made before it existed get it empty
             return
         self.con.execute("BEGIN")
         self.con.execute(sql_text("schema.sql"))
+        self.con.execute(CHAIN_TABLE)
         self.con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
         self.con.execute("INSERT INTO tracking VALUES (?, 0, 0, 0)", [PROJECTION])
         self.con.execute("COMMIT")
@@ -125,6 +139,22 @@ class Store:
             scalar(self.con, "SELECT position FROM tracking WHERE projection = ?", [PROJECTION])
             or 0
         )
+
+    def chain(self) -> str | None:
+        """The chain hash of the last record applied (what the next record must link to): ""
+        at position 0; None when unknown (a file made before the chain table existed)."""
+        position = self.position()
+        if position == 0:
+            return ""
+        try:
+            found = scalar(
+                self.con,
+                "SELECT hash FROM chain WHERE projection = ? AND position = ?",
+                [PROJECTION, position],
+            )
+        except duckdb.CatalogException:
+            return None
+        return None if found is None else str(found)
 
     def status(self) -> Status:
         rows = self.con.execute(

@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 from uuid import NAMESPACE_URL, uuid5
 
+import msgspec
+
+from projections.chain import chain_hash
 from schemas import codec
 from schemas import events as e
 from schemas.events import tag_of
@@ -293,7 +296,8 @@ def append_to_store(home: Path | str, events: Iterator[e.AnyEvent], *, chunk: in
     """Append events to `<home>/events.sqlite` as the ledger stores them; return the new head.
 
     Same table, same stream id, versions continuing the stream, topic = tag, state = canonical
-    JSON, so the ledger application and the projector read the result like any other log.
+    JSON, `prev_hash` chaining each event to the one before, so the ledger application, the
+    projector, readers of a Kafka copy and the audit read the result like any other log.
     """
     path = Path(home) / "events.sqlite"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -306,10 +310,14 @@ def append_to_store(home: Path | str, events: Iterator[e.AnyEvent], *, chunk: in
             "SELECT max(originator_version) FROM stored_events WHERE originator_id = ?", (stream,)
         ).fetchone()
         version = int(row[0] or 0)
+        last = con.execute("SELECT state FROM stored_events ORDER BY rowid DESC LIMIT 1").fetchone()
+        prev = chain_hash(bytes(last[0])) if last else ""
         rows: list[tuple[str, int, str, bytes]] = []
         for ev in events:
             version += 1
-            rows.append((stream, version, tag_of(type(ev)), codec.encode(ev)))
+            data = codec.encode(msgspec.structs.replace(ev, prev_hash=prev))  # chained, as stored
+            prev = chain_hash(data)
+            rows.append((stream, version, tag_of(type(ev)), data))
             if len(rows) >= chunk:
                 _insert(con, rows)
                 rows = []

@@ -2,7 +2,9 @@
 
 One frozen Struct per policy version, tagged by the version string (`version` on the wire), so a
 config names the code that reads it: `FairShareConfig` is "fairshare-1", `FifoConfig` "fifo-1",
-`SlurmConfig` "slurm-1", `LegacyConfig` "legacy-1". `AnyPolicyConfig` is their union: decode one
+`SlurmConfig` "slurm-1", `LegacyConfig` "legacy-1", and the current versions `FairShare2Config`
+"fairshare-2", `Slurm2Config` "slurm-2", `Legacy2Config` "legacy-2". `AnyPolicyConfig` is their
+union: decode one
 with `msgspec.json.decode(data, type=AnyPolicyConfig)`. A policy whose behaviour changes gets a
 new version and a new Struct here; an old one stays as long as its decisions must replay.
 
@@ -78,12 +80,85 @@ class LegacyConfig(PolicyConfig, frozen=True, kw_only=True, tag="legacy-1"):
     search_budget: Searches = 32
 
 
-AnyPolicyConfig = FairShareConfig | FifoConfig | SlurmConfig | LegacyConfig
+class FairShare2Config(PolicyConfig, frozen=True, kw_only=True, tag="fairshare-2"):
+    """Fair share between teams without churn (see `ledger.dispatch.fairshare2` for the cost
+    model): fairness preemption only between teams, victims by least GPU-seconds lost, a debug
+    lane ahead of the fair-share order with its own searches, and reserved debug capacity."""
+
+    team_depth: Annotated[int, msgspec.Meta(ge=1)] = 2
+    """The tree level whose accounts are teams (2: program/project)."""
+    margin: NonNegative = 0.1
+    """Hysteresis: the waiting team's level fair share must exceed the victim team's by the
+    factor 1 + margin."""
+    min_rank_gap: Annotated[int, msgspec.Meta(ge=1)] = 1
+    """The team rank difference needed when level fair shares are missing."""
+    gain_horizon_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0
+    """What a fairness preemption gains: the waiting job's GPUs x this many seconds of work its
+    team gets now rather than later. A plan whose funded work lost (GPU-seconds) exceeds it is
+    not taken."""
+    spare_ratio: Annotated[float, msgspec.Meta(ge=1)] = 5.0
+    """The wide margin: a funded non-resumable job past its contract is preempted for fairness
+    only when the waiting team's level fair share is at least this many times the victim
+    team's."""
+    squat_after_s: NonNegative = 3600.0
+    """A job past its contract with low utilisation for this long is squatting."""
+    squat_util_pct: Annotated[float, msgspec.Meta(ge=0, le=100)] = 10.0
+    """The utilisation below which a job counts as low."""
+    search_budget: Searches = 32
+    """Victim searches per cycle for non-debug jobs."""
+    debug_lane: bool = True
+    """Debug-class jobs come first, with their own searches, and may preempt unfunded or
+    resumable jobs past their contracts, of any team."""
+    debug_search_budget: Searches = 32
+    """Victim searches per cycle for debug-class jobs."""
+    debug_victim_ratio: Annotated[float, msgspec.Meta(ge=1)] = 2.0
+    """A debug job never preempts a job holding more than this many times its GPUs."""
+    debug_reserve_per: Annotated[int, msgspec.Meta(ge=0)] = 128
+    """Keep one node in this many of each pool (at least one) for debug jobs: funded non-debug
+    jobs are not placed there; unfunded jobs borrow it while it is idle. 0: no reserve."""
+
+
+class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
+    """Slurm's multifactor priority as configured by default: no preemption unless
+    `preempt_unfunded` (PreemptType=preempt/partition_prio with a scavenger partition)."""
+
+    weight_fairshare: NonNegative = 10_000.0
+    weight_age: NonNegative = 1_000.0
+    max_age_s: Annotated[float, msgspec.Meta(gt=0)] = WEEK_S
+    half_life_s: Annotated[float, msgspec.Meta(gt=0)] = WEEK_S
+    """PriorityDecayHalfLife: the rank source decays usage with it."""
+    preempt_unfunded: bool = False
+    """Funded jobs may preempt unfunded ones (a lower partition tier)."""
+    search_budget: Searches = 32
+
+
+class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
+    """Static priority levels and per-team caps, with one victim search per team and cycle and
+    none by jobs beyond their team's cap."""
+
+    caps: dict[str, Annotated[int, msgspec.Meta(ge=0)]] = msgspec.field(default_factory=dict)
+    """Team path -> GPUs it may hold non-preemptibly."""
+    team_depth: Annotated[int, msgspec.Meta(ge=1)] = 2
+    search_budget: Searches = 32
+
+
+AnyPolicyConfig = (
+    FairShare2Config
+    | FairShareConfig
+    | FifoConfig
+    | Slurm2Config
+    | SlurmConfig
+    | Legacy2Config
+    | LegacyConfig
+)
 """Any registered policy version's config (tagged by `version`)."""
 
 POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
+    FairShare2Config,
     FairShareConfig,
     FifoConfig,
+    Slurm2Config,
     SlurmConfig,
+    Legacy2Config,
     LegacyConfig,
 )

@@ -21,7 +21,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from ledger.dispatch import FairShare, NodeView, PendingJob, RunningJob, Snapshot, decide
+from ledger.dispatch import NodeView, PendingJob, Policy, RunningJob, Snapshot, decide, registry
 from ledger.dispatch.ordering import fairshare_key
 from ledger.dispatch.snapshot import NodeState
 from schemas.events import GpuSlot
@@ -178,7 +178,7 @@ def row(
     pending: int,
     nodes: int,
     runs: int,
-    policy: FairShare,
+    policy: Policy,
     clock: Callable[[], float],
     busy: float = 0.9,
 ) -> tuple[list[float], Snapshot]:
@@ -191,10 +191,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument(
+        "--policy",
+        default=registry.DEFAULT,
+        help="a registered policy name or version (default: the current fair share)",
+    )
+    ap.add_argument(
         "--budget",
         type=int,
-        default=FairShare().search_budget,
-        help="victim searches per cycle (FairShare.search_budget)",
+        default=None,
+        help="victim searches per cycle (the policy's search_budget; default its own)",
     )
     ap.add_argument("--quick", action="store_true", help="headline only")
     ap.add_argument(
@@ -205,7 +210,11 @@ def main() -> None:
     )
     args = ap.parse_args()
     clock = time.perf_counter if args.clock == "wall" else time.process_time
-    policy = FairShare(search_budget=args.budget)
+    config = registry.default_config(args.policy)
+    if args.budget is not None:
+        config = registry.with_knobs(config, {"search_budget": args.budget})
+    policy = registry.policy_from_config(config)
+    budget = getattr(config, "search_budget", 0)
     today = time.strftime("%Y-%m-%d")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"python {platform.python_version()}, {os.cpu_count()} cpus, load {load}, {today}")
@@ -228,7 +237,7 @@ def main() -> None:
     print(
         f"decision: {len(d.placements)} placed, {len(d.preemptions)} preempted, "
         f"{len(d.waiting)} waiting, fragmentation {d.fragmentation_gpus} GPUs "
-        f"(search budget {args.budget})"
+        f"({policy.version}, search budget {budget})"
     )
     print(
         f"decide() 10k pending x 1,024 nodes ({args.clock} clock): p50 {ms(p50)}  "

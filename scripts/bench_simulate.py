@@ -3,12 +3,15 @@
     python scripts/bench_simulate.py                      # fairshare, 50 nodes x 8 = 400 GPUs
     python scripts/bench_simulate.py --policy slurm --nodes 32
     python scripts/bench_simulate.py --days 7             # shorter
+    python scripts/bench_simulate.py --no-fifo            # skip the fifo run
 
-Goal: 28 simulated days in <= 60 s of wall-clock time, every submission, placement, preemption,
-checkpoint and exit going through the real ledger (SQLite event store), the real `decide()` and the
-DuckDB projection for the report. Prints the wall time, simulated days per second, events per
-second, where the time went, and as a same-run raw baseline the time to read, decode and fold the
-run's own event log through the pure domain (the least any simulation on this ledger does).
+Goal: 28 simulated days in <= 30 s of wall-clock time per policy, every submission, placement,
+preemption, checkpoint and exit going through the real ledger (SQLite event store), the real
+`decide()` and the DuckDB projection for the report. Prints the wall time, simulated days per
+second, events per second, and two same-run baselines: the time to read, decode and fold the run's
+own event log through the pure domain (the least any simulation on this ledger does), and the
+same workload under `fifo` (the cheapest policy: no ranks, no preemption), so the ratio to it says
+what the policy costs whatever the machine's load.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from ledger.domain import State, evolve
 from ledger.sim.runner import START_AT, Cluster, SimConfig, simulate
 from ledger.sim.workload import Assumptions, parse_trace, resolve
 
-GOAL_S = 60.0
+GOAL_S = 30.0
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "philly-4plusgpu-sample.csv.gz"
 
 
@@ -37,6 +40,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=50)
     ap.add_argument("--days", type=float, default=28.0)
     ap.add_argument("--ranks", default="incremental", choices=["incremental", "projection"])
+    ap.add_argument("--no-fifo", action="store_true", help="skip the same-run fifo baseline")
     args = ap.parse_args()
     trace = args.trace if args.trace.exists() else Path("/work/shared/traces") / TRACE.name
     workload = resolve(parse_trace(trace.read_bytes(), str(trace)), Assumptions())
@@ -79,6 +83,19 @@ def main() -> None:
     print(
         f"  owed by period {m.owed_by_period or 0:.1%}, occupancy {m.occupancy:.1%}, "
         f"{m.preemptions} preemptions"
+    )
+    if args.no_fifo or args.policy == "fifo":
+        return
+    fifo = SimConfig(
+        policy="fifo", cluster=Cluster(nodes=args.nodes), days=args.days, ranks=args.ranks
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        t2 = time.perf_counter()
+        simulate(workload, fifo, Path(tmp) / "fifo")
+        base = time.perf_counter() - t2
+    print(
+        f"  same-run baseline: fifo {base:.1f} s wall ({base / GOAL_S:.2f}x the goal); "
+        f"{args.policy} / fifo = {wall / base:.2f}"
     )
 
 

@@ -39,6 +39,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "squatters": ("views",),
     "preempt": ("views",),
     "up": ("serve",),
+    "relay": ("kafka",),
     "simulate": ("sim",),
     "replay": ("audit",),
     "whatif": ("audit",),

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 from pathlib import Path
 
 import click
+import msgspec
 
 from ledger.cli._common import Ctx, pass_ctx
 from ledger.cli.views import projection_group
+from ledger.relay import RelayError, connect_timeout, read_health
 from projections.errors import ProjectionMismatch
-from projections.kafka_source import TOPIC, KafkaSource
+from projections.kafka_source import TOPIC, KafkaSource, quiet_kafka_logs
 from projections.kafka_source import follow as follow_topic
 from projections.projector import DEFAULT_BATCH, Projector
 from projections.store import Store, scalar
@@ -80,7 +83,7 @@ def follow(
     Reads with read_committed, positions from the records' gpuledger.position header; at DEBUG
     level it logs every committed batch."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.root.level))  # chatty at INFO
+    quiet_kafka_logs(log_level)
     log = logging.getLogger("gpuledger.follow")
     home = home or ctx.home
     stop = threading.Event()
@@ -90,7 +93,10 @@ def follow(
     def progress(position: int, head: int) -> None:
         log.debug("applied through position %d (log head %d)", position, head)
 
-    with Store.open(home) as store, KafkaSource(kafka, topic) as source:
+    with (
+        Store.open(home) as store,
+        KafkaSource(kafka, topic, connect_timeout_s=connect_timeout()) as source,
+    ):
         if quarantine:
             _require_dead_letters(store)
         projector = Projector(store, source, batch_size=batch_size, quarantine=quarantine)
@@ -131,5 +137,32 @@ projection_group.add_command(follow)
 """`follow` is a subcommand of `projection` (and of its alias `project`, which shares the
 group's commands): `gpuledger project follow`."""
 
-COMMANDS: list[click.Command] = []
-"""Nothing at the top level: `follow` is registered under `projection` above."""
+
+@click.group("relay")
+def relay_group() -> None:
+    """The relay that publishes the log to Kafka (run by `gpuledger up --kafka`)."""
+
+
+@relay_group.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print the health record as JSON.")
+@pass_ctx
+def relay_status(ctx: Ctx, as_json: bool) -> None:
+    """What the service's relay is doing: publishing, unavailable (retried) or stopped, its
+    position on the topic, how far behind the store, and the error that stopped it. Exits 1
+    unless it is publishing."""
+    health = read_health(ctx.home)
+    if health is None:
+        raise RelayError(
+            f"no relay has run in {ctx.home}",
+            hint="start the service with `gpuledger up --kafka HOST:PORT`",
+        )
+    if as_json:
+        click.echo(msgspec.json.encode(health).decode())
+    else:
+        click.echo(health.line())
+    if health.state != "publishing":
+        sys.exit(1)
+
+
+COMMANDS: list[click.Command] = [relay_group]
+"""`relay` at the top level; `follow` is registered under `projection` above."""

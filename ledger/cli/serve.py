@@ -1,5 +1,5 @@
-"""`gpuledger up`: the service on the embedded default (ledger, projector, dispatcher loop,
-supervised executor), or fed by Kafka with `--kafka`.
+"""`gpuledger up`: the service (ledger, projector fed by the store, dispatcher loop,
+supervised executor), and with `--kafka` a relay thread that publishes the log for other readers.
 
 Stopping it (Ctrl-C, SIGTERM, or kill -9) leaves jobs running under their supervisors; the next
 `up` adopts them before its first cycle and records the exits that happened meanwhile."""
@@ -23,16 +23,15 @@ from ledger.clock import SystemClock
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
 from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
-from projections.errors import ProjectionBusy, SourceUnavailable
+from projections.errors import ProjectionBusy
 from projections.projector import Projector
-from projections.source import EmbeddedSource, EventSource, LogRecord
+from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import commands as c
 from schemas.errors import InvalidCommand, LedgerError
 
 if TYPE_CHECKING:
-    from projections.kafka_source import KafkaSource
-    from projections.quarantine import Where
+    from ledger.relay import RelayService
 
 
 def _node_spec(text: str) -> tuple[str, int, str]:
@@ -106,7 +105,7 @@ def _policy(name: str, margin: float, debug_lane: bool, squat_after_s: float) ->
     "kafka",
     envvar="GPULEDGER_KAFKA",
     default=None,
-    help="Bootstrap HOST:PORT: relay the log to Kafka and feed the projection from it.",
+    help="Bootstrap HOST:PORT: relay the log to Kafka for other readers (`relay status`).",
 )
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is pending or running.")
 @click.option("--for", "run_for", default=None, help="Exit after this long (e.g. 10m).")
@@ -152,7 +151,8 @@ def up(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    relay_thread, source = _transport(ctx.home, kafka, stop, log)
+    relay = _relay(ctx.home, kafka, log_level)
+    source = EmbeddedSource(ctx.home)  # scheduling never waits on the broker
     deadline = None if run_for is None else clock.now() + parse_duration(run_for)
     tick = parse_duration(interval) or 1
     with _open_projection(ctx.home) as store:
@@ -183,8 +183,8 @@ def up(
             if running:
                 log.info("stopped: %d job(s) keep running and will be adopted", running)
             stop.set()
-            if relay_thread is not None:
-                relay_thread.join(timeout=10)
+            if relay is not None:
+                relay.stop()  # flushes: every event committed above is published (bounded)
             source.close()
 
 
@@ -249,87 +249,25 @@ def _recover(
             log.info("exit of job %s not recorded: %s", job.job_id, err.line())
 
 
-def _transport(
-    home: Path, kafka: str | None, stop: threading.Event, log: logging.Logger
-) -> tuple[threading.Thread | None, EventSource]:
-    """Embedded: the projection reads the store. Kafka: a relay thread publishes the store and
-    the projection consumes the topic (GPULEDGER_KAFKA_TOPIC and GPULEDGER_KAFKA_TRANSACTIONAL_ID
-    override the topic and the relay's transactional id)."""
+def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None:
+    """With --kafka, a relay thread publishes the store to the topic for other readers
+    (GPULEDGER_KAFKA_TOPIC and GPULEDGER_KAFKA_TRANSACTIONAL_ID override the topic and the
+    relay's transactional id). The dispatcher's projection reads the store either way, so a
+    broker outage shows as relay lag (`gpuledger relay status`), nothing more."""
     if kafka is None:
-        return None, EmbeddedSource(home)
-    from ledger.relay import DEFAULT_TRANSACTIONAL_ID, TOPIC, Relay, open_store
-    from projections.kafka_source import KafkaSource
+        return None
+    from ledger.relay import DEFAULT_TRANSACTIONAL_ID, TOPIC, RelayService, connect_timeout
+    from projections.kafka_source import quiet_kafka_logs
 
-    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.root.level))  # chatty at INFO
-    topic = os.environ.get("GPULEDGER_KAFKA_TOPIC") or TOPIC
-    txn_id = os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID") or DEFAULT_TRANSACTIONAL_ID
-    relay = Relay(open_store(home), kafka, topic=topic, transactional_id=txn_id)
-
-    def run() -> None:
-        try:
-            relay.run(stop, on_error=lambda e: log.warning("relay: %s", e))
-        except LedgerError as err:
-            log.error("relay stopped: %s", err.line())
-            stop.set()
-        finally:
-            relay.close()
-
-    thread = threading.Thread(target=run, name="relay", daemon=True)
-    thread.start()
-    return thread, _Relayed(KafkaSource(kafka, topic), EmbeddedSource(home), log)
-
-
-class _Relayed:
-    """The topic as the projection's source in `up --kafka`. Its head waits (up to `wait_s`)
-    until the relay has published the store's head, so the dispatcher ranks at exactly its
-    snapshot's position, as on the embedded default. When Kafka lags longer or is away, it goes
-    on with the projection as far as the topic has it, and says so: placements stay safe (the
-    ledger checks them against its own state); only the fair-share order may lag behind."""
-
-    def __init__(
-        self, kafka: KafkaSource, store: EmbeddedSource, log: logging.Logger, wait_s: float = 10.0
-    ) -> None:
-        self.kafka = kafka
-        self.store = store
-        self.log = log
-        self.wait_s = wait_s
-        self._head: int | None = None
-
-    def read(self, after: int, limit: int) -> list[LogRecord]:
-        try:
-            return self.kafka.read(after, limit)
-        except SourceUnavailable as err:
-            self.log.warning("kafka: %s; ranking on the projection as it stands", err.line())
-            return []
-
-    def head(self) -> int:
-        target = self.store.head()
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            try:
-                head = self._head = self.kafka.head()
-            except SourceUnavailable as err:
-                if self._head is None:
-                    raise
-                self.log.warning("kafka: %s; ranking on the projection as it stands", err.line())
-                return self._head
-            if head >= target:
-                return head
-            if time.monotonic() > deadline:
-                self.log.warning(
-                    "kafka: the topic is at position %d, the store at %d: ranking on the topic",
-                    head,
-                    target,
-                )
-                return head
-            time.sleep(0.005)
-
-    def where(self, position: int) -> Where | None:
-        return self.kafka.where(position)
-
-    def close(self) -> None:
-        self.kafka.close()
-        self.store.close()
+    quiet_kafka_logs(log_level)
+    return RelayService(
+        home,
+        kafka,
+        topic=os.environ.get("GPULEDGER_KAFKA_TOPIC") or TOPIC,
+        transactional_id=os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID")
+        or DEFAULT_TRANSACTIONAL_ID,
+        connect_timeout_s=connect_timeout(),
+    ).start()
 
 
 COMMANDS = [up]

@@ -21,6 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ledger import budget as b
 from ledger.cli._common import Ctx, pass_ctx
+from ledger.dispatch import registry
 from ledger.sim import report
 from ledger.sim.runner import POLICIES, Cluster, Drain, RunResult, SimConfig
 from ledger.sim.runner import simulate as run_simulation
@@ -133,6 +134,28 @@ def _sim_options(f: F) -> F:
             help="Resubmit non-resumable jobs that were preempted (a new job).",
         ),
         click.option(
+            "--set",
+            "knobs",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="A policy setting (e.g. margin=0.2, search_budget=64, debug_lane=false, "
+            "spare_ratio=3), for every policy of the run that has it. Repeatable.",
+        ),
+        click.option(
+            "--sigterm-checkpoint",
+            "sigterm_p",
+            type=click.FloatRange(0.0, 1.0),
+            default=0.0,
+            show_default=True,
+            help="Share of resumable jobs that checkpoint on SIGTERM (lose only the grace).",
+        ),
+        click.option(
+            "--grace",
+            default="30s",
+            show_default=True,
+            help="SIGTERM-to-SIGKILL grace: what a job that checkpoints on SIGTERM loses.",
+        ),
+        click.option(
             "--ranks",
             type=click.Choice(["incremental", "projection"]),
             default="incremental",
@@ -219,9 +242,39 @@ def parse_drain(text: str) -> Drain:
     )
 
 
-def _config(policy: str, kw: dict[str, Any]) -> SimConfig:
+def parse_knobs(texts: tuple[str, ...], policies: list[str]) -> dict[str, dict[str, str]]:
+    """`KEY=VALUE` settings -> policy -> the settings it has. A setting no policy of the run
+    has, or a bad value, is refused naming it."""
+    knobs: dict[str, str] = {}
+    for text in texts:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise InvalidCommand(f"invalid --set {text!r}", hint="write KEY=VALUE, e.g. margin=0.2")
+        knobs[key.strip()] = value.strip()
+    out: dict[str, dict[str, str]] = {}
+    used: set[str] = set()
+    for name in policies:
+        config = registry.default_config(name)
+        fields = type(config).__struct_fields__
+        mine = {k: v for k, v in knobs.items() if k in fields}
+        registry.with_knobs(config, mine)  # bad values fail here, before any run
+        used |= set(mine)
+        out[name] = mine
+    unused = sorted(set(knobs) - used)
+    if unused:
+        raise InvalidCommand(
+            f"no policy of this run has the setting {', '.join(unused)}",
+            hint="see schemas/policy.py for each policy's settings",
+        )
+    return out
+
+
+def _config(policy: str, kw: dict[str, Any], knobs: dict[str, str] | None = None) -> SimConfig:
     return SimConfig(
         policy=policy,
+        knobs=tuple(sorted((knobs or {}).items())),
+        sigterm_checkpoint_p=kw["sigterm_p"],
+        grace_s=parse_duration(kw["grace"]),
         cluster=Cluster(
             nodes=kw["nodes"], gpus_per_node=kw["gpus_per_node"], gpu_type=kw["gpu_type"]
         ),
@@ -244,6 +297,7 @@ def _dump(workload: Workload, path: Path) -> None:
 
 
 def _run_all(policies: list[str], kw: dict[str, Any], home: Path, compare: bool) -> list[RunResult]:
+    knobs = parse_knobs(kw["knobs"], policies)
     workload = build_workload(kw)
     if kw["dump"] is not None:
         _dump(workload, kw["dump"])
@@ -264,7 +318,8 @@ def _run_all(policies: list[str], kw: dict[str, Any], home: Path, compare: bool)
                 bar.update(task, completed=done / 86_400.0, events=events)
 
             target = home / policy if compare else home
-            results.append(run_simulation(workload, _config(policy, kw), target, progress))
+            config = _config(policy, kw, knobs[policy])
+            results.append(run_simulation(workload, config, target, progress))
     return results
 
 
@@ -299,7 +354,13 @@ def simulate_group() -> None:
 
 
 @simulate_group.command("run")
-@click.option("--policy", type=click.Choice(POLICIES), default="fairshare", show_default=True)
+@click.option(
+    "--policy",
+    type=click.Choice([*POLICIES, *sorted(registry.VERSIONS)]),
+    default=registry.DEFAULT,
+    show_default=True,
+    help="A policy name (its current version) or a version, e.g. fairshare-1.",
+)
 @_workload_options
 @_sim_options
 @pass_ctx
@@ -319,7 +380,8 @@ def run_cmd(ctx: Ctx, /, policy: str, **kw: Any) -> None:
     "--policies",
     default=",".join(POLICIES),
     show_default=True,
-    help="Comma-separated policies, each run on the same workload into --home/POLICY.",
+    help="Comma-separated policies (names or versions), each run on the same workload into "
+    "--home/POLICY.",
 )
 @_workload_options
 @_sim_options
@@ -327,10 +389,12 @@ def run_cmd(ctx: Ctx, /, policy: str, **kw: Any) -> None:
 def compare_cmd(ctx: Ctx, /, policies: str, **kw: Any) -> None:
     """Simulate several policies on the same workload; print one row per policy."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
-    bad = [p for p in names if p not in POLICIES]
+    known = {*POLICIES, *registry.VERSIONS}
+    bad = [p for p in names if p not in known]
     if bad or not names:
         raise InvalidCommand(
-            f"unknown policies {', '.join(bad) or '(none)'}", hint=f"use {', '.join(POLICIES)}"
+            f"unknown policies {', '.join(bad) or '(none)'}",
+            hint=f"use {', '.join([*POLICIES, *sorted(registry.VERSIONS)])}",
         )
     results = _run_all(names, kw, ctx.home, compare=True)
     out = report.write_report(

@@ -32,6 +32,7 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping
 import msgspec
 
 from ledger.dispatch.ordering import SortKey
+from ledger.dispatch.policy import Simple
 from ledger.dispatch.preemption import (
     CLASS_NOT_RESUMABLE,
     CLASS_RESUMABLE,
@@ -50,7 +51,7 @@ def _class(job: RunningJob) -> int:
     return CLASS_RESUMABLE if job.resumable else CLASS_NOT_RESUMABLE
 
 
-class SlurmMultifactor(msgspec.Struct, frozen=True, kw_only=True):
+class SlurmMultifactor(Simple, msgspec.Struct, frozen=True, kw_only=True):
     """Slurm-like multifactor priority over half-life-decayed Fair Tree ranks; preemption by
     partition tier only (funded over unfunded)."""
 
@@ -151,7 +152,7 @@ def in_cap_usage(
     return used, overflow
 
 
-class LegacyCaps(msgspec.Struct, frozen=True, kw_only=True):
+class LegacyCaps(Simple, msgspec.Struct, frozen=True, kw_only=True):
     """Static priority levels, per-team caps on non-preemptible GPUs, preemptible overflow on idle
     GPUs (see the module docstring)."""
 
@@ -197,6 +198,60 @@ class LegacyCaps(msgspec.Struct, frozen=True, kw_only=True):
         used, overflow = in_cap_usage(snapshot.running, self.caps, self.team_depth)
         if used.get(team, 0) + job.gpus > self.caps.get(team, 0):
             return  # beyond its cap: it may only use idle GPUs
+        for r in candidates:
+            if r.min_runtime_s <= 0:
+                yield Victim(r, "fairness", self.victim_key(r, now), "preemptible level")
+            elif r.job_id in overflow and team_of(r.account, self.team_depth) != team:
+                yield Victim(r, "fairness", self.victim_key(r, now), "overflow beyond team cap")
+
+
+class SlurmMultifactor2(SlurmMultifactor, frozen=True, kw_only=True):
+    """`SlurmMultifactor` as Slurm runs by default (PreemptType=none): no preemption, unless
+    `preempt_unfunded` (funded jobs preempt unfunded ones, a scavenger partition tier)."""
+
+    version: str = "slurm-2"
+    preempt_unfunded: bool = False
+
+    def config(self) -> dict[str, str]:
+        return {**super().config(), "preempt_unfunded": str(self.preempt_unfunded).lower()}
+
+    def may_preempt(self, job: PendingJob) -> bool:
+        return self.preempt_unfunded and job.min_runtime_s > 0
+
+
+_USAGE: dict[int, tuple[Snapshot, dict[str, int], set[int]]] = {}
+"""`in_cap_usage` of the last snapshot a `LegacyCaps2` looked at (its cycle asks once per job)."""
+
+
+class LegacyCaps2(LegacyCaps, frozen=True, kw_only=True):
+    """`LegacyCaps` with one victim search per team and cycle (in-cap jobs of a team share
+    their victims: other teams' overflow and unfunded jobs) and none by jobs beyond their
+    team's cap, which only ever use idle GPUs."""
+
+    version: str = "legacy-2"
+
+    def _usage(self, snapshot: Snapshot) -> tuple[dict[str, int], set[int]]:
+        found = _USAGE.get(self.team_depth)
+        if found is None or found[0] is not snapshot:
+            used, overflow = in_cap_usage(snapshot.running, self.caps, self.team_depth)
+            found = _USAGE[self.team_depth] = (snapshot, used, overflow)
+        return found[1], found[2]
+
+    def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
+        """The team, for a job that fits inside its team's cap; None (no search) for others."""
+        team = team_of(job.account, self.team_depth)
+        used, _ = self._usage(snapshot)
+        if used.get(team, 0) + job.gpus > self.caps.get(team, 0):
+            return None
+        return team
+
+    def victims(
+        self, job: PendingJob, candidates: Iterable[RunningJob], snapshot: Snapshot, now: float
+    ) -> Iterator[Victim]:
+        if job.min_runtime_s <= 0:
+            return
+        team = team_of(job.account, self.team_depth)
+        _, overflow = self._usage(snapshot)
         for r in candidates:
             if r.min_runtime_s <= 0:
                 yield Victim(r, "fairness", self.victim_key(r, now), "preemptible level")

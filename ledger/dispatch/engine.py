@@ -49,7 +49,14 @@ import msgspec
 from ledger.dispatch.ordering import SortKey
 from ledger.dispatch.placement import FreeIndex, Pool, PoolKey, Shape, fragmentation
 from ledger.dispatch.policy import Policy
-from ledger.dispatch.preemption import Plan, Victim, plan_gang, plan_single, ready_key
+from ledger.dispatch.preemption import (
+    Plan,
+    Victim,
+    plan_gang,
+    plan_single,
+    plan_single_least,
+    ready_key,
+)
 from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot, complete_ranks
 from schemas.commands import ApplyDecision
 from schemas.events import Considered, GpuSlot, Placement, Preemption, PreemptReason
@@ -149,9 +156,15 @@ class _Cycle:
     def __init__(self, snapshot: Snapshot, policy: Policy, now: float) -> None:
         self.snapshot = snapshot
         self.policy = policy
-        self.budget = policy.search_budget
         self.now = now
         self.index = FreeIndex(snapshot.nodes)
+        self.spent: dict[str, int] = {}
+        """Victim searches spent per budget (`Policy.budget_of`)."""
+        self.reserved = sorted(n for n in policy.reserved(snapshot) if n in self.index.free)
+        """Active nodes kept for debug jobs (`Policy.reserved`)."""
+        self.hidden: list[GpuSlot] | None = None
+        """The reserved nodes' free GPUs, taken out of the index while funded non-debug jobs
+        are considered."""
         self.live: dict[int, RunningJob] = {}
         self.in_pool: dict[tuple[PoolKey, bool], list[RunningJob]] = {}
         """Running jobs by the pools of the active nodes they hold GPUs on, and whether they
@@ -170,7 +183,6 @@ class _Cycle:
         self.smallest: dict[Shape, int] = {}
         """The fewest GPUs a waiting job of each shape asks for (for `fragmentation`)."""
         self.wake: list[float] = []
-        self.searches = 0
         self.budget_spent = False
         self.failed: dict[_MemoKey, tuple[int, int, Unplaceable]] = {}
         """A failed victim search: (GPUs asked, job id, why) per group and shape. While no
@@ -203,7 +215,10 @@ class _Cycle:
         considered, waiting, smallest = self.considered, self.waiting, self.smallest
         texts: dict[int, str] = {}
         shapes: dict[tuple[str | None, str | None, int], tuple[bool, bool]] = {}
+        reserved = self.reserved
         for key, job in ordered:
+            if reserved:
+                self._reserve(job.min_runtime_s > 0 and not job.debug)
             shape = (job.gpu_type, job.cluster, job.gpus)
             known = shapes.get(shape)
             if known is None:
@@ -212,14 +227,18 @@ class _Cycle:
             gang, fitted = known
             slots = index.place(job, gang)
             memo: _MemoKey | None = None
-            if slots is None and self.searches < self.budget and policy.may_preempt(job):
-                memo = (policy.victim_group(job, snapshot), job.gpu_type, job.cluster, gang)
-                slots = self._by_preemption(job, gang, memo)
+            searches = False
+            if slots is None and policy.may_preempt(job):
+                group = policy.victim_group(job, snapshot)
+                searches = group is not None
+                if searches and self._left(job):
+                    memo = (group, job.gpu_type, job.cluster, gang)
+                    slots = self._by_preemption(job, gang, memo)
             if slots is not None:
                 self.placements.append(Placement(job_id=job.job_id, slots=slots))
                 considered.append(Considered(job_id=job.job_id, sort_key=key))
                 continue
-            wait = self._why(job, gang, fitted, memo)
+            wait = self._why(job, gang, fitted, memo, searches)
             if wait.until is not None:
                 self.wake.append(wait.until)
             waiting[job.job_id] = wait
@@ -239,10 +258,14 @@ class _Cycle:
         failed = self.failed.get(memo)
         if failed is not None and job.gpus >= failed[0]:
             return None
-        self.searches += 1
+        self._spend(job)
         plan = self._plan(job, gang, ready=False)
         if plan is None:
             self.failed[memo] = (job.gpus, job.job_id, self._estimate(job, gang))
+            return None
+        refused = self.policy.weigh(job, plan.victims, self.snapshot, self.now)
+        if refused is not None:
+            self.failed[memo] = (job.gpus, job.job_id, self._wait("WAIT_RESOURCES", refused))
             return None
         for v in plan.victims:
             self._preempt(v.job, v.reason, job.job_id, v.note)
@@ -266,6 +289,8 @@ class _Cycle:
         victims = (v for v in found if v.job.job_id in live)
         if gang:
             return plan_gang(job.gpus, pools, index, victims, now)
+        if self.policy.least_loss and not ready:
+            return plan_single_least(job.gpus, pools, index, victims, now)
         return plan_single(job.gpus, pools, index, victims, now)
 
     def _candidates(self, pools: list[Pool], ready: bool) -> Iterator[RunningJob]:
@@ -321,8 +346,8 @@ class _Cycle:
         if self.index.fitted_at_start(job, gang):
             return _TAKEN
         plan = None
-        if self.searches < self.budget:
-            self.searches += 1
+        if self._left(job):
+            self._spend(job)
             plan = self._plan(job, gang, ready=True)
         else:
             self.budget_spent = True
@@ -334,8 +359,11 @@ class _Cycle:
             )
         return self._wait("WAIT_RESOURCES", self.index.shortfall(job, gang))
 
-    def _why(self, job: PendingJob, gang: bool, fitted: bool, memo: _MemoKey | None) -> Unplaceable:
-        """`fitted`: the job would have fitted in the GPUs free at the start of the cycle."""
+    def _why(
+        self, job: PendingJob, gang: bool, fitted: bool, memo: _MemoKey | None, searches: bool
+    ) -> Unplaceable:
+        """`fitted`: the job would have fitted in the GPUs free at the start of the cycle;
+        `searches`: it may search for victims (its policy gives it a victim group)."""
         index = self.index
         if memo is not None:
             size, first, wait = self.failed[memo]
@@ -349,14 +377,39 @@ class _Cycle:
             return self._wait("WAIT_RESOURCES", index.shortfall(job, gang))
         if fitted:
             return _TAKEN
-        if self.policy.may_preempt(job):
+        if searches:
             self.budget_spent = True
             return _BUDGET_SPENT
         return self._wait("WAIT_RESOURCES", index.shortfall(job, gang))
 
+    # --- budgets and the debug reserve -----------------------------------------------------------
+
+    def _left(self, job: PendingJob) -> bool:
+        """Whether the budget `job` draws on has a search left this cycle."""
+        name, budget = self.policy.budget_of(job)
+        return self.spent.get(name, 0) < budget
+
+    def _spend(self, job: PendingJob) -> None:
+        name = self.policy.budget_of(job)[0]
+        self.spent[name] = self.spent.get(name, 0) + 1
+
+    def _reserve(self, hide: bool) -> None:
+        """Take the reserved nodes' free GPUs out of the index (`hide`) or give them back."""
+        if hide == (self.hidden is not None):
+            return
+        if hide:
+            free = self.index.free
+            self.hidden = [self.index.take(n, len(free[n])) for n in self.reserved if free[n]]
+        else:
+            assert self.hidden is not None
+            self.index.release(self.hidden)
+            self.hidden = None
+            self.failed.clear()
+
     # --- 4. record ------------------------------------------------------------------------------
 
     def decision(self) -> Decision:
+        self._reserve(False)
         later = [t for t in self.wake if t > self.now]
         return Decision(
             based_on=self.snapshot.position,

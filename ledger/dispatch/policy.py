@@ -11,7 +11,7 @@ order, no preemption). Other baselines (Slurm-like, legacy caps) plug in the sam
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Protocol
 
 import msgspec
@@ -74,8 +74,52 @@ class Policy(Protocol):
         (and asks about jobs inside it only to estimate when a waiting job could get room)."""
         ...
 
+    @property
+    def least_loss(self) -> bool:
+        """One-node victim plans: False takes the first node where the job fits (victims in
+        victim order); True the node whose plan costs least (`preemption.plan_single_least`:
+        `victim_key` must then start with (class, GPU-seconds lost))."""
+        ...
 
-class FairShare(msgspec.Struct, frozen=True, kw_only=True):
+    def budget_of(self, job: PendingJob) -> tuple[str, int]:
+        """The victim-search budget `job` draws on: (its name, searches per cycle)."""
+        ...
+
+    def reserved(self, snapshot: Snapshot) -> frozenset[str]:
+        """Nodes kept for debug jobs: `decide()` places no funded non-debug job there (and the
+        policy offers no victim there to one)."""
+        ...
+
+    def weigh(
+        self, job: PendingJob, victims: Sequence[Victim], snapshot: Snapshot, now: float
+    ) -> str | None:
+        """None to take the plan `victims` for `job`; else why not (the job waits with it)."""
+        ...
+
+
+class Simple:
+    """The defaults of the later `Policy` hooks, for policies that predate them: first-fit
+    plans, one search budget, no reserve, every plan taken."""
+
+    search_budget: int
+
+    @property
+    def least_loss(self) -> bool:
+        return False
+
+    def budget_of(self, job: PendingJob) -> tuple[str, int]:
+        return ("all", self.search_budget)
+
+    def reserved(self, snapshot: Snapshot) -> frozenset[str]:
+        return frozenset()
+
+    def weigh(
+        self, job: PendingJob, victims: Sequence[Victim], snapshot: Snapshot, now: float
+    ) -> str | None:
+        return None
+
+
+class FairShare(Simple, msgspec.Struct, frozen=True, kw_only=True):
     """Hierarchical fair share with contracts, a preemption margin, squatting and a debug lane."""
 
     version: str = "fairshare-1"
@@ -168,7 +212,7 @@ class FairShare(msgspec.Struct, frozen=True, kw_only=True):
             yield Victim(r, reason, cost, note)
 
 
-class Fifo(msgspec.Struct, frozen=True, kw_only=True):
+class Fifo(Simple, msgspec.Struct, frozen=True, kw_only=True):
     """First come, first served; never preempts. A baseline, and proof of the seam."""
 
     version: str = "fifo-1"

@@ -158,6 +158,69 @@ def plan_single(
     return None
 
 
+def plan_single_least(
+    gpus: int,
+    pools: Sequence[Pool],
+    index: FreeIndex,
+    victims: Iterable[Victim],
+    now: float,
+) -> Plan | None:
+    """Pure: the one-node plan of least cost for a job of `gpus` GPUs, or None.
+
+    `victims` come in victim order, `cost = (class, GPU-seconds lost, ...)`; a plan's cost is
+    (its highest class, the GPU-seconds its victims lose in all). On each node the victims are
+    taken cheapest first until the job fits, then any whose GPUs are not needed are put back
+    (most expensive first); the node whose plan costs least wins (ties: the plan found first).
+    The victims are read only as long as one could still be part of a cheaper plan: reading
+    stops at the first whose own cost is not below the best plan's.
+    """
+    keys = {p.key for p in pools}
+    free, pool_of, size = index.free, index.pool_of, index.size
+    taken: dict[str, list[Victim]] = {}
+    room: dict[str, int] = {}
+    done: set[str] = set()
+    best: tuple[float, float] | None = None
+    best_plan: tuple[str, list[Victim]] | None = None
+    for v in victims:
+        klass, lost = v.cost[0], v.cost[1]
+        if best is not None and (klass > best[0] or (klass == best[0] and lost >= best[1])):
+            break
+        for sl in v.job.slots:
+            node = sl.node
+            if node in done or node not in free or pool_of[node] not in keys or size[node] < gpus:
+                continue
+            have = room.get(node)
+            if have is None:
+                have = len(free[node])
+                taken[node] = []
+            taken[node].append(v)
+            have += len(sl.gpu_indices)
+            room[node] = have
+            if have < gpus:
+                continue
+            done.add(node)
+            on = _trim(taken[node], node, have, gpus)
+            cost = (max(x.cost[0] for x in on), sum(x.cost[1] for x in on))
+            if best is None or cost < best:
+                best, best_plan = cost, (node, on)
+    if best_plan is None:
+        return None
+    node, on = best_plan
+    return Plan(victims=tuple(on), nodes=(node,), until=_until(on, now))
+
+
+def _trim(on: list[Victim], node: str, have: int, gpus: int) -> list[Victim]:
+    """The victims of `on` still needed for `gpus` GPUs on `node` (`have` free with all of them
+    taken), putting back the most expensive unneeded ones first."""
+    keep = list(on)
+    for v in sorted(on, key=lambda x: x.cost, reverse=True):
+        held = sum(len(sl.gpu_indices) for sl in v.job.slots if sl.node == node)
+        if have - held >= gpus:
+            have -= held
+            keep.remove(v)
+    return keep
+
+
 def plan_gang(
     gpus: int,
     pools: Sequence[Pool],

@@ -25,14 +25,23 @@ from typing import Any
 
 import msgspec
 
-from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor
+from ledger.dispatch.baselines import (
+    LegacyCaps,
+    LegacyCaps2,
+    SlurmMultifactor,
+    SlurmMultifactor2,
+)
+from ledger.dispatch.fairshare2 import FairShare2
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.policy import (
     AnyPolicyConfig,
+    FairShare2Config,
     FairShareConfig,
     FifoConfig,
+    Legacy2Config,
     LegacyConfig,
+    Slurm2Config,
     SlurmConfig,
 )
 
@@ -65,6 +74,12 @@ VERSIONS: dict[str, Registered] = {
     for r in (
         Registered(
             "fairshare",
+            FairShare2Config,
+            lambda c: FairShare2(version=c.version, **_fields(c)),
+            ranked=True,
+        ),
+        Registered(
+            "fairshare",
             FairShareConfig,
             lambda c: FairShare(version=c.version, **_fields(c)),
             ranked=True,
@@ -77,6 +92,18 @@ VERSIONS: dict[str, Registered] = {
             ranked=True,
         ),
         Registered(
+            "slurm",
+            Slurm2Config,
+            lambda c: SlurmMultifactor2(version=c.version, **_fields(c)),
+            ranked=True,
+        ),
+        Registered(
+            "legacy",
+            Legacy2Config,
+            lambda c: LegacyCaps2(version=c.version, **_fields(c)),
+            ranked=False,
+        ),
+        Registered(
             "legacy",
             LegacyConfig,
             lambda c: LegacyCaps(version=c.version, **_fields(c)),
@@ -87,9 +114,9 @@ VERSIONS: dict[str, Registered] = {
 """Every registered version -> its entry."""
 
 CURRENT: dict[str, str] = {
-    "fairshare": "fairshare-1",
-    "legacy": "legacy-1",
-    "slurm": "slurm-1",
+    "fairshare": "fairshare-2",
+    "legacy": "legacy-2",
+    "slurm": "slurm-2",
     "fifo": "fifo-1",
 }
 """Policy name -> the version it stands for."""
@@ -122,9 +149,10 @@ def default_config(
     """Pure: the default settings of a policy. `legacy` caps each team at its fraction of the
     cluster's `gpus` (rounded down); the others ignore `gpus` and `team_fractions`."""
     entry = lookup(name_or_version)
-    if entry.config_type is LegacyConfig:
+    if entry.config_type in (LegacyConfig, Legacy2Config):
         fractions = team_fractions or {}
-        return LegacyConfig(caps={t: math.floor(f * gpus) for t, f in sorted(fractions.items())})
+        caps = {t: math.floor(f * gpus) for t, f in sorted(fractions.items())}
+        return entry.config_type(caps=caps)
     return entry.config_type()
 
 
@@ -174,7 +202,7 @@ def ranked(config: AnyPolicyConfig) -> bool:
 
 def half_life_s(config: AnyPolicyConfig) -> float | None:
     """Pure: the half-life with which the policy's rank source decays usage (None: a window)."""
-    return config.half_life_s if isinstance(config, SlurmConfig) else None
+    return config.half_life_s if isinstance(config, (SlurmConfig, Slurm2Config)) else None
 
 
 def config_from_record(version: str, settings: Mapping[str, str]) -> AnyPolicyConfig:

@@ -58,6 +58,9 @@ class JobRow:
     resubmit_of: int | None = None
 
 
+LOSS_KINDS = ("unfunded", "non-resumable", "periodic checkpoints", "checkpoints on SIGTERM")
+
+
 @dataclass
 class JobFold:
     """Jobs, held GPU-time and preemptions folded from the event log."""
@@ -65,8 +68,11 @@ class JobFold:
     jobs: dict[int, JobRow] = field(default_factory=dict)
     held: list[tuple[float, float, int, bool]] = field(default_factory=list)
     """Closed holds: (start, end, gpus, funded)."""
-    preemptions: list[tuple[float, int, int, float, str, bool]] = field(default_factory=list)
-    """(at, job id, gpus, seconds of work lost, reason, funded)."""
+    preemptions: list[tuple[float, int, int, float, str, bool, str]] = field(default_factory=list)
+    """(at, job id, gpus, seconds of work lost, reason, funded, kind: `LOSS_KINDS`)."""
+    on_sigterm: set[int] = field(default_factory=set)
+    """Resumable jobs that checkpoint on SIGTERM: a preemption loses them at most `grace_s`."""
+    grace_s: float = 30.0
     capacity: list[tuple[float, str, int, bool]] = field(default_factory=list)
     """Node capacity changes: (at, node, gpus, delivering)."""
     node_gpus: dict[str, int] = field(default_factory=dict)
@@ -104,8 +110,17 @@ class JobFold:
                 j = self.jobs[ev.job_id]
                 if j.placed_at is not None:
                     since = j.checkpoint_at if j.resumable and j.checkpoint_at else j.placed_at
+                    lost = max(0.0, ev.at - since)
+                    if not j.funded:
+                        kind = "unfunded"
+                    elif not j.resumable:
+                        kind = "non-resumable"
+                    elif j.job_id in self.on_sigterm:
+                        kind, lost = "checkpoints on SIGTERM", min(lost, self.grace_s)
+                    else:
+                        kind = "periodic checkpoints"
                     self.preemptions.append(
-                        (ev.at, j.job_id, j.gpus, max(0.0, ev.at - since), ev.reason, j.funded)
+                        (ev.at, j.job_id, j.gpus, lost, ev.reason, j.funded, kind)
                     )
                     self.held.append((j.placed_at, ev.at, j.gpus, j.funded))
                 j.preemptions += 1
@@ -173,6 +188,12 @@ class Metrics(msgspec.Struct, frozen=True, kw_only=True):
     """GPU-hours lost to preemption / GPU-hours delivered (all)."""
     lost_funded_gpu_h: float
     """Of `lost_gpu_h`, work of funded jobs (the rest: unfunded jobs)."""
+    lost_funded_share: float = 0.0
+    """Funded GPU-hours lost / GPU-hours delivered (all): the loss target's measure."""
+    lost_by_kind: dict[str, float] = msgspec.field(default_factory=dict)
+    """GPU-hours lost by kind of job (`LOSS_KINDS`): unfunded; funded non-resumable; funded
+    resumable with periodic checkpoints only; funded resumable that checkpoint on SIGTERM
+    (losing at most the grace period)."""
     preemptions_by_reason: dict[str, int]
     fragmentation_gpus: float
     fragmentation_share: float
@@ -325,7 +346,9 @@ def compute(
         preempted_jobs=len({p[1] for p in pre}),
         lost_gpu_h=lost_s / 3600.0,
         lost_share=lost_s / all_s if all_s else 0.0,
+        lost_funded_share=sum(p[2] * p[3] for p in pre if p[5]) / all_s if all_s else 0.0,
         lost_funded_gpu_h=sum(p[2] * p[3] for p in pre if p[5]) / 3600.0,
+        lost_by_kind={k: sum(p[2] * p[3] for p in pre if p[6] == k) / 3600.0 for k in LOSS_KINDS},
         preemptions_by_reason={
             r: sum(1 for p in pre if p[4] == r) for r in sorted({p[4] for p in pre})
         },

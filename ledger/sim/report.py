@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from ledger.sim.metrics import LOSS_KINDS
 from ledger.sim.runner import RunResult
 
 COLUMNS = (
@@ -68,6 +69,9 @@ def summary(r: RunResult) -> dict[str, Any]:
             "tick_s": cfg.tick_s,
             "checkpoint_every_s": cfg.checkpoint_every_s,
             "resubmit": cfg.resubmit,
+            "policy_settings": dict(cfg.knobs),
+            "sigterm_checkpoint_p": cfg.sigterm_checkpoint_p,
+            "grace_s": cfg.grace_s,
             "min_runtime_cap_s": cfg.min_runtime_cap_s,
             "ranks": cfg.ranks,
             "drains": [msgspec.to_builtins(d.__dict__) for d in cfg.drains],
@@ -96,7 +100,7 @@ def summary(r: RunResult) -> dict[str, Any]:
 def row(r: RunResult) -> dict[str, str]:
     """Pure: one table row of a run (the `COLUMNS`)."""
     m = r.metrics
-    lost = f"{m.lost_gpu_h:,.0f} ({_pct(m.lost_share)})"
+    lost = f"{m.lost_gpu_h:,.0f} ({_pct(m.lost_share)}; funded {_pct(m.lost_funded_share)})"
     return {
         "policy": m.policy,
         "owed_period": _pct(m.owed_by_period),
@@ -147,20 +151,24 @@ def markdown(results: Sequence[RunResult], title: str = "Simulation") -> str:
         "per team. *Hour by hour*: sum of min(delivered, owed) per hour / sum owed. Waits run "
         "from submission to first placement (jobs never placed count with their wait so far). "
         "GPU-h lost: work since the last checkpoint (resumable) or placement, per preemption, "
-        "as a share of all GPU-hours delivered.",
+        "as a share of all GPU-hours delivered (funded: funded jobs' loss alone). Lost by kind: "
+        "unfunded / funded non-resumable / resumable with periodic checkpoints / resumable "
+        "that checkpoint on SIGTERM (at most the grace period each).",
         "",
         "| policy | mean demand / supply | funded occupancy | debug jobs | never started | "
-        "preemptions (by reason) | lost funded GPU-h | events | events/s | wall |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "preemptions (by reason) | lost funded GPU-h | lost GPU-h by kind | events | events/s "
+        "| wall |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         m = r.metrics
         reasons = ", ".join(f"{k} {v}" for k, v in m.preemptions_by_reason.items()) or "-"
         eps = f"{m.events / m.wall_s:,.0f}" if m.wall_s else "-"
+        kinds = " / ".join(f"{m.lost_by_kind.get(k, 0.0):,.0f}" for k in LOSS_KINDS)
         lines.append(
             f"| {m.policy} | {m.demand_ratio:.2f} | {_pct(m.funded_occupancy)} | "
             f"{m.wait_debug.count} | {m.wait.never_started} | {m.preemptions} ({reasons}) | "
-            f"{m.lost_funded_gpu_h:,.0f} | {m.events:,} | {eps} | {m.wall_s:.1f}s |"
+            f"{m.lost_funded_gpu_h:,.0f} | {kinds} | {m.events:,} | {eps} | {m.wall_s:.1f}s |"
         )
     for r in results:
         m = r.metrics

@@ -1,15 +1,16 @@
-"""The simulation loop: a workload replayed through the real ledger, projections and dispatcher.
+"""`simulate`: a workload replayed through the real ledger, projections and dispatcher.
 
 An edge: it owns a virtual clock (`SimClock`), seeded event ids, a data directory on disk, and
 drives `ledger.service.Dispatcher` with a simulated executor. Nothing here models scheduling:
 every submission, placement, preemption, checkpoint and exit is a command the real `Ledger`
 decides and appends, and every decision is the real `decide()` with the chosen policy.
 
-Time advances from event to event (numbered steps of one iteration):
+Time advances from event to event in the kernel loop (`ledger.sim.kernel.drive`, shared with the
+what-if), numbered steps of one iteration:
 
 1. the next time anything can happen: the next submission, the next simulated exit
-   (`SimExecutor.next_event_at`), the decision's `wake_at`, the next contract end of a running job
-   while funded work waits, a drain or return, and a periodic tick (`tick_s`, default 10 min:
+   (`KernelExecutor.next_event_at`), the decision's `wake_at`, the next contract end of a running
+   job while funded work waits, a drain or return, and a periodic tick (`tick_s`, default 10 min:
    fair-share ranks drift with time, and resumable jobs checkpoint);
 2. append everything due at that time in ONE `Ledger.execute_all` batch: submissions,
    resubmissions of preempted non-resumable jobs, drains, checkpoints;
@@ -19,11 +20,11 @@ Time advances from event to event (numbered steps of one iteration):
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,8 +35,8 @@ from ledger.application import EVENTS_DB, Ledger
 from ledger.clock import SimClock, seeded_ids
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
-from ledger.executors import Exit, Launch, SimExecutor
 from ledger.service import CycleResult, Dispatcher, RankSource
+from ledger.sim.kernel import KernelExecutor, drive
 from ledger.sim.metrics import JobFold, Metrics, compute
 from ledger.sim.ranks import IncrementalRanks, NoRanks, ProjectionRanks
 from ledger.sim.workload import SimJob, Workload, team_fractions
@@ -97,6 +98,12 @@ class SimConfig:
     """Running resumable jobs report a checkpoint at the first tick this long after the last."""
     resubmit: bool = True
     """A non-resumable job that is preempted is resubmitted at once by its user (a new job)."""
+    knobs: tuple[tuple[str, str], ...] = ()
+    """Policy settings changed from the defaults (`registry.with_knobs`)."""
+    sigterm_checkpoint_p: float = 0.0
+    """The signal contract: the share of resumable jobs that checkpoint when stopped (SIGTERM),
+    so a preemption loses them at most `grace_s` (chosen per job, seeded)."""
+    grace_s: float = 30.0
     min_runtime_cap_s: int = 8 * 3600
     ranks: str = "incremental"
     """`incremental` (pure fair-share math on intervals kept in memory) or `projection`."""
@@ -120,57 +127,18 @@ class RunResult:
 
 
 def make_policy(
-    name: str, workload: Workload, cluster: Cluster
+    name: str, workload: Workload, cluster: Cluster, knobs: Mapping[str, str] | None = None
 ) -> tuple[Policy, fs.UsagePolicy | None]:
-    """The policy called `name` (a registered name or version, with its default settings) and
-    the usage its rank source counts (None: no ranks needed)."""
+    """The policy called `name` (a registered name or version, with its default settings and
+    `knobs` changed) and the usage its rank source counts (None: no ranks needed)."""
     config = registry.default_config(
         name, gpus=cluster.gpus, team_fractions=team_fractions(workload.budget)
     )
+    config = registry.with_knobs(config, knobs or {})
     usage = None
     if registry.ranked(config):
         usage = fs.UsagePolicy(half_life_s=registry.half_life_s(config))
     return registry.policy_from_config(config), usage
-
-
-class ResumingExecutor:
-    """`SimExecutor` with progress: a resumable job restarts with the work left after its last
-    checkpoint (the service launches every job with its full `duration_s`)."""
-
-    def __init__(self) -> None:
-        self.sim = SimExecutor()
-        self.saved: dict[int, float] = {}
-        """Seconds of work kept by a job's checkpoints (survives a preemption)."""
-        self._launched: dict[int, tuple[float, float]] = {}
-        """job -> (launched at, work saved at launch)."""
-
-    def launch(self, job: Launch, now: float) -> None:
-        saved = self.saved.get(job.job_id, 0.0)
-        left = None if job.duration_s is None else max(0.0, job.duration_s - saved)
-        self._launched[job.job_id] = (now, saved)
-        self.sim.launch(dataclasses.replace(job, duration_s=left), now)
-
-    def checkpoint(self, job_id: int, at: float) -> None:
-        launched = self._launched.get(job_id)
-        if launched is not None:
-            self.saved[job_id] = launched[1] + (at - launched[0])
-
-    def stop(self, job_id: int, now: float) -> None:
-        self._launched.pop(job_id, None)
-        self.sim.stop(job_id, now)
-
-    def poll(self, now: float) -> list[Exit]:
-        out = self.sim.poll(now)
-        for x in out:
-            self._launched.pop(x.job_id, None)
-            self.saved.pop(x.job_id, None)
-        return out
-
-    def running(self) -> set[int]:
-        return self.sim.running()
-
-    def next_event_at(self) -> float | None:
-        return self.sim.next_event_at()
 
 
 @dataclass
@@ -202,8 +170,12 @@ class Simulation:
         self.progress = progress
         self.clock = SimClock(config.start_at)
         self.ledger = Ledger(home, self.clock, seeded_ids(config.seed))
-        self.executor = ResumingExecutor()
-        self.policy, usage = make_policy(config.policy, workload, config.cluster)
+        self.on_sigterm: set[int] = set()
+        """Resumable jobs (ledger ids) that checkpoint on SIGTERM."""
+        self.executor = KernelExecutor(on_sigterm=self.on_sigterm.__contains__)
+        self.policy, usage = make_policy(
+            config.policy, workload, config.cluster, dict(config.knobs)
+        )
         self.rank_source: RankSource
         self._projection: ProjectionRanks | None = None
         if usage is None:
@@ -218,7 +190,7 @@ class Simulation:
                 f"unknown rank source {config.ranks!r}", hint="use incremental or projection"
             )
         self.dispatcher = Dispatcher(self.ledger, self.rank_source, self.policy, self.executor)
-        self.fold = JobFold()
+        self.fold = JobFold(on_sigterm=self.on_sigterm, grace_s=config.grace_s)
         self.fragmentation: list[tuple[float, int]] = []
         self.cycles = 0
         self._seen = 0
@@ -228,6 +200,11 @@ class Simulation:
         """Pending job -> funded."""
         self._contracts: list[tuple[float, int]] = []
         self._resubmit: list[tuple[SimJob, int]] = []
+        self._queue: list[SimJob] = []
+        """The workload's jobs to submit, by submit time; `_next` is the next one."""
+        self._next = 0
+        self._drains: list[tuple[float, c.AnyCommand]] = []
+        self._next_tick = config.start_at + config.tick_s
         self._draining = 0
         self.dropped: list[str] = []
 
@@ -280,7 +257,10 @@ class Simulation:
             resumable=j.resumable,
             priority=j.priority,
             time_limit_s=j.time_limit_s,
-            duration_s=float(j.duration_s),
+            # a job ends at its time limit (debug jobs at their 15 minutes)
+            duration_s=float(
+                j.duration_s if j.time_limit_s is None else min(j.duration_s, j.time_limit_s)
+            ),
             labels=labels,
         )
 
@@ -290,72 +270,11 @@ class Simulation:
         cfg = self.config
         wall = time.perf_counter()
         self.setup()
-        jobs = self._jobs()
+        jobs = self._queue = self._jobs()
+        self._drains = self._drain_commands()
+        self._next_tick = cfg.start_at + cfg.tick_s
+        self.cycles = drive(self, self.clock, self.dispatcher, self.executor, cfg.end_at)
         start, end = cfg.start_at, cfg.end_at
-        drains = self._drain_commands()
-        i = 0
-        next_tick = start + cfg.tick_s
-        wake: float | None = None
-        while True:
-            # 1. the next time anything can happen
-            now = self.clock.now()
-            cands = [next_tick] if (self._pending or self._running) else []
-            if i < len(jobs):
-                cands.append(start + jobs[i].submit_s)
-            if self._resubmit:
-                cands.append(now)
-            nxt = self.executor.next_event_at()
-            if nxt is not None:
-                cands.append(max(nxt, now))
-            if wake is not None and wake > now:
-                cands.append(wake)
-            if drains:
-                cands.append(drains[0][0])
-            contract = self._next_contract_end(now)
-            if contract is not None:
-                cands.append(contract)
-            if not cands:
-                break
-            t = min(cands)
-            if t >= end:
-                break
-            self.clock.advance_to(t)
-            # 2. everything due now, in one batch
-            cmds: list[c.AnyCommand] = []
-            due: list[SimJob] = []
-            while i < len(jobs) and start + jobs[i].submit_s <= t:
-                due.append(jobs[i])
-                cmds.append(self._submit(jobs[i]))
-                i += 1
-            for j, of in self._resubmit:
-                due.append(j)
-                cmds.append(self._submit(j, of))
-            self._resubmit.clear()
-            while drains and drains[0][0] <= t:
-                cmds.append(drains.pop(0)[1])
-            if t >= next_tick:
-                cmds += self._checkpoints(t)
-                next_tick = start + (math.floor((t - start) / cfg.tick_s) + 1) * cfg.tick_s
-            if cmds:
-                appended = self.ledger.execute_all(cmds)
-                subs = [ev for ev in appended.events if isinstance(ev, e.JobSubmitted)]
-                for ev, j in zip(subs, due, strict=True):
-                    self._sim_jobs[ev.job_id] = j
-            self._observe()
-            # 3. dispatcher cycles (again at once while the search budget ran out)
-            for _ in range(4):
-                if not self._needs_cycle(t):
-                    break
-                result = self.dispatcher.cycle(t)
-                self.cycles += 1
-                self.fragmentation.append((t, result.decision.fragmentation_gpus))
-                wake = result.decision.wake_at
-                self._observe()
-                if not (result.appended and _budget_spent(result)):
-                    break
-            if self.progress is not None:
-                self.progress(t - start, end - start, self.ledger.position)
-        self.clock.advance_to(max(self.clock.now(), end))
         if self.progress is not None:
             self.progress(end - start, end - start, self.ledger.position)
         metrics = self._metrics(time.perf_counter() - wall)
@@ -369,7 +288,71 @@ class Simulation:
             offered_gpu_h=sum(j.gpus * j.duration_s for j in jobs) / 3600.0,
         )
 
-    def _needs_cycle(self, t: float) -> bool:
+    # --- the kernel loop's questions (`kernel.drive`) -------------------------------------------
+
+    def times(self, now: float) -> list[float]:
+        """1. the next submission, resubmission, drain, tick, or contract end while funded work
+        waits."""
+        start = self.config.start_at
+        cands = [self._next_tick] if (self._pending or self._running) else []
+        if self._next < len(self._queue):
+            cands.append(start + self._queue[self._next].submit_s)
+        if self._resubmit:
+            cands.append(now)
+        if self._drains:
+            cands.append(self._drains[0][0])
+        contract = self._next_contract_end(now)
+        if contract is not None:
+            cands.append(contract)
+        return cands
+
+    def due(self, t: float) -> None:
+        """2. everything due now, in one batch."""
+        cfg, jobs, start = self.config, self._queue, self.config.start_at
+        cmds: list[c.AnyCommand] = []
+        due: list[SimJob] = []
+        while self._next < len(jobs) and start + jobs[self._next].submit_s <= t:
+            due.append(jobs[self._next])
+            cmds.append(self._submit(jobs[self._next]))
+            self._next += 1
+        for j, of in self._resubmit:
+            due.append(j)
+            cmds.append(self._submit(j, of))
+        self._resubmit.clear()
+        while self._drains and self._drains[0][0] <= t:
+            cmds.append(self._drains.pop(0)[1])
+        if t >= self._next_tick:
+            cmds += self._checkpoints(t)
+            self._next_tick = start + (math.floor((t - start) / cfg.tick_s) + 1) * cfg.tick_s
+        if cmds:
+            appended = self.ledger.execute_all(cmds)
+            subs = [ev for ev in appended.events if isinstance(ev, e.JobSubmitted)]
+            for ev, j in zip(subs, due, strict=True):
+                self._sim_jobs[ev.job_id] = j
+                if j.resumable and self._checkpoints_on_sigterm(j):
+                    self.on_sigterm.add(ev.job_id)
+        self._observe()
+
+    def cycled(self, t: float, result: CycleResult) -> bool:
+        """3. fold a cycle; again at once while the victim searches ran out."""
+        self.fragmentation.append((t, result.decision.fragmentation_gpus))
+        self._observe()
+        return bool(result.appended) and _budget_spent(result)
+
+    def stepped(self, t: float) -> None:
+        if self.progress is not None:
+            start, end = self.config.start_at, self.config.end_at
+            self.progress(t - start, end - start, self.ledger.position)
+
+    def _checkpoints_on_sigterm(self, j: SimJob) -> bool:
+        """Seeded per trace job: whether it is one of the `sigterm_checkpoint_p` that do."""
+        p = self.config.sigterm_checkpoint_p
+        if p <= 0:
+            return False
+        draw = zlib.crc32(f"{self.config.seed}:sigterm:{j.key}".encode()) / 2**32
+        return draw < p
+
+    def needs_cycle(self, t: float) -> bool:
         if self._pending or self._draining:
             return True
         nxt = self.executor.next_event_at()

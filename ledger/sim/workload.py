@@ -19,7 +19,8 @@ values are used as given; what a trace lacks is filled in by `resolve`, seeded a
   it is a debug job) and others declare none.
 - min runtime: when absent, debug jobs sign their time limit; others draw from the stated
   distribution (`DEFAULT_MIN_RUNTIME`: 18% unfunded as at Ai2, the rest 1-8 h).
-- resumable: when absent, true with probability `resumable_p`; priority: when absent, 0.
+- resumable: when absent, true with probability `resumable_p`; priority: a number or HIGH,
+  NORMAL, LOW (1, 0, -1), when absent 0.
 """
 
 from __future__ import annotations
@@ -151,6 +152,23 @@ def _bool(text: str, where: str) -> bool:
     raise InvalidCommand(f"{where}: resumable must be true or false, got {text!r}")
 
 
+PRIORITY_NAMES = {"HIGH": 1, "NORMAL": 0, "LOW": -1}
+"""Priority as a word (any case): the levels higher first."""
+
+
+def _priority(text: str, where: str) -> int:
+    """A number, or HIGH / NORMAL / LOW (1 / 0 / -1)."""
+    named = PRIORITY_NAMES.get(text.upper())
+    if named is not None:
+        return named
+    try:
+        return int(float(text))
+    except ValueError as e:
+        raise InvalidCommand(
+            f"{where}: priority must be a number or HIGH, NORMAL or LOW, got {text!r}"
+        ) from e
+
+
 def _int(text: str, where: str, column: str) -> int:
     try:
         return int(float(text))
@@ -202,7 +220,7 @@ def parse_trace(data: bytes, name: str = "trace") -> Trace:
             if opt["min_runtime_s"]
             else None,
             resumable=_bool(opt["resumable"], where) if opt["resumable"] else None,
-            priority=_int(opt["priority"], where, "priority") if opt["priority"] else None,
+            priority=_priority(opt["priority"], where) if opt["priority"] else None,
             time_limit_s=_int(opt["time_limit_s"], where, "time_limit_s")
             if opt["time_limit_s"]
             else None,

@@ -148,6 +148,32 @@ def test_an_edited_event_is_reported_at_its_position(home: Path, position: int) 
     assert f"position {position + 1} recorded" in out
 
 
+def test_a_row_rewritten_as_text_is_named_not_a_crash(home: Path) -> None:
+    sql(home, "UPDATE stored_events SET state = CAST(state AS TEXT) WHERE rowid = 7")
+    report = verify_chain(store_records(home))
+    assert [(p.position, p.kind) for p in report.problems] == [(7, "corrupt")]
+    code, out = run(home, "audit", "verify")
+    assert code == 1
+    assert "position 7: corrupt: stored as text, not as bytes" in out
+
+
+def test_a_wrong_prev_hash_on_the_last_event_is_named_a_broken_link(home: Path) -> None:
+    n = head(home)
+    data = state_at(home, n)
+    link = hashlib.sha256(state_at(home, n - 1)).hexdigest()
+    assert link.encode() in data
+    sql(
+        home,
+        "UPDATE stored_events SET state = ? WHERE rowid = ?",
+        (data.replace(link.encode(), b"0" * 64), n),
+    )
+    code, out = run(home, "audit", "verify")
+    assert code == 1
+    assert f"first at position {n} (broken-link)" in out
+    assert f"does not match the bytes of position {n - 1}" in out
+    assert "edited" not in out
+
+
 def test_a_deleted_event_is_reported_as_a_gap(home: Path) -> None:
     sql(home, "DELETE FROM stored_events WHERE rowid = 12")
     report = verify_chain(store_records(home))

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -38,7 +39,7 @@ from projections.errors import CorruptEvent, PoisonRecord
 from projections.kafka_source import KafkaSource, envelope
 from projections.projector import Projector
 from projections.source import EmbeddedSource, ListSource, LogRecord
-from projections.store import Store, projection_path
+from projections.store import Store, projection_path, scalar
 from projections.synthetic import Shape, append_to_store, synthetic_events
 from schemas import commands as c
 
@@ -245,68 +246,109 @@ def with_position(rec: LogRecord, position: bytes) -> list[tuple[str, bytes]]:
     return [(POSITION_HEADER, position), (TAG_HEADER, rec.tag.encode())]
 
 
-NOT_JSON = (
-    "event 'job.submitted.v1' is invalid: JSON is malformed: object keys must be strings (byte 1)"
-)
 WRONG_TYPE = "event 'job.submitted.v1' is invalid: Expected `int`, got `str` - at `$.gpus`"
+NO_LINK = "no readable prev_hash in the value"
 
-# (case id, position K where the poison sits: the records before it are 1..K-1,
-#  replaces the event at K?, how to make the poison from the event at K, the error after the
-#  topic/partition/offset prefix)
-POISON = [
+
+def chained(records: list[LogRecord], event: dict[str, Any]) -> bytes:
+    """`event` as bytes that link to the last of `records` (as the writer would chain it)."""
+    prev = hashlib.sha256(records[-1].data).hexdigest() if records else ""
+    return json.dumps(event | {"prev_hash": prev}, separators=(",", ":")).encode()
+
+
+def forged(rec: LogRecord, link: str = "0" * 64) -> bytes:
+    """A submission by `mallory` shaped like `rec`, with its own `prev_hash`."""
+    event = json.loads(rec.data) | {"actor": "mallory", "user": "mallory", "prev_hash": link}
+    return json.dumps(event, separators=(",", ":")).encode()
+
+
+def teleported(link: str = "feed") -> bytes:
+    return json.dumps(
+        {"type": "job.teleported.v9", "event_id": "x1", "at": 1.0, "actor": "x", "prev_hash": link}
+    ).encode()
+
+
+def no_match(records: list[LogRecord], position: int, link: str) -> str:
+    """The reader's reason for a record at `position` whose prev_hash is `link`."""
+    want = hashlib.sha256(records[position - 2].data).hexdigest()
+    shown = f'"{link[:16]}..."' if len(link) > 16 else f'"{link}"'
+    return f'prev_hash {shown} does not match position {position - 1} (hash "{want[:16]}...")'
+
+
+# (case id, position K: the records before it are 1..K-1; how to make the poison from the
+#  stored records; the error after the topic/partition/offset prefix). Foreign records are
+#  inserted right before the real event K (which follows them on the topic); a record that
+#  continues the chain but does not validate is appended after the last event (K = 70).
+POISON: list[tuple[str, int, Any, Any]] = [
     (
-        "bytes that are not JSON",
+        "bytes that are not JSON claiming the next position",
         20,
-        True,
-        lambda r: (b"{not json", relay_like(r)[1]),
-        ", log position 20: " + NOT_JSON,
+        lambda rs: (b"{not json", relay_like(rs[19])[1]),
+        lambda rs: ", log position 20: " + NO_LINK,
     ),
     (
-        "a known tag with fields of the wrong type",
+        "a forged submission with a wrong prev_hash claiming the next position",
         20,
-        True,
-        lambda r: (wrong_types(r), relay_like(r)[1]),
-        ", log position 20: " + WRONG_TYPE,
+        lambda rs: (forged(rs[19]), relay_like(rs[19])[1]),
+        lambda rs: ", log position 20: " + no_match(rs, 20, "0" * 64),
+    ),
+    (
+        "a record of an unknown tag claiming the next position",
+        20,
+        lambda rs: (teleported(), [(POSITION_HEADER, b"20"), (TAG_HEADER, b"job.teleported.v9")]),
+        lambda rs: ", log position 20: " + no_match(rs, 20, "feed"),
     ),
     (
         "no position header",
         20,
-        False,
-        lambda r: (r.data, tag_only(r)),
-        ": no gpuledger.position header",
+        lambda rs: (rs[19].data, tag_only(rs[19])),
+        lambda rs: ": no gpuledger.position header",
     ),
     (
         "a garbled position header",
         20,
-        False,
-        lambda r: (r.data, with_position(r, b"2O")),
-        ": garbled gpuledger.position header b'2O'",
+        lambda rs: (rs[19].data, with_position(rs[19], b"2O")),
+        lambda rs: ": garbled gpuledger.position header b'2O'",
     ),
     (
         "a position that goes backwards",
         20,
-        False,
-        lambda r: (r.data, with_position(r, b"3")),
-        ", log position 3: position 3 does not follow position 19",
+        lambda rs: relay_like(rs[2]),
+        lambda rs: ", log position 3: position 3 does not follow position 19",
+    ),
+    (
+        "a position that skips ahead",
+        20,
+        lambda rs: relay_like(rs[24]),
+        lambda rs: ", log position 25: position 25 does not follow position 19",
+    ),
+    (
+        "a garbled position header at the tail",
+        70,
+        lambda rs: (rs[0].data, with_position(rs[0], b"\xff7")),
+        lambda rs: ": garbled gpuledger.position header b'\\xff7'",
+    ),
+    (
+        "a chained known tag with fields of the wrong type at the tail",
+        70,
+        lambda rs: (
+            chained(rs, json.loads(wrong_types(rs[19]))),
+            [(POSITION_HEADER, b"70"), (TAG_HEADER, b"job.submitted.v1")],
+        ),
+        lambda rs: ", log position 70: " + WRONG_TYPE,
     ),
 ]
 
 
-def poisoned_topic(
-    bootstrap: str, topic: str, records: list[LogRecord], k: int, replaces: bool, make: Any
-) -> int:
-    """Publish `records` relay-style with the poison at K; the poison's offset."""
+def poisoned_topic(bootstrap: str, topic: str, records: list[LogRecord], k: int, make: Any) -> int:
+    """Publish `records` relay-style with the poison right before K (or after all); its offset."""
     out = [relay_like(r) for r in records]
-    poison = make(records[k - 1])
-    if replaces:
-        out[k - 1] = poison
-    else:
-        out.insert(k - 1, poison)
+    out.insert(k - 1, make(records))
     return produce(bootstrap, topic, out)[k - 1]
 
 
 @pytest.mark.parametrize(
-    ("k", "replaces", "make", "error"), [p[1:] for p in POISON], ids=[p[0] for p in POISON]
+    ("k", "make", "error"), [p[1:] for p in POISON], ids=[p[0] for p in POISON]
 )
 def test_poison_stops_the_projector_right_before_it_naming_where_it_sits(
     tmp_path: Path,
@@ -314,31 +356,49 @@ def test_poison_stops_the_projector_right_before_it_naming_where_it_sits(
     kafka_bootstrap: str,
     kafka_topic: str,
     k: int,
-    replaces: bool,
     make: Any,
-    error: str,
+    error: Any,
 ) -> None:
     records = stored(store_home)
-    assert records[k - 1].tag == "job.submitted.v1"
-    offset = poisoned_topic(kafka_bootstrap, kafka_topic, records, k, replaces, make)
+    assert len(records) == 69 and records[19].tag == "job.submitted.v1"
+    offset = poisoned_topic(kafka_bootstrap, kafka_topic, records, k, make)
     where = f"topic {kafka_topic}, partition 0, offset {offset}"
     path = tmp_path / "p.duckdb"
     for _run in range(2):  # a rerun stops at the same place
         with Store(path) as store, KafkaSource(kafka_bootstrap, kafka_topic) as src:
             with pytest.raises((CorruptEvent, PoisonRecord)) as err:
                 Projector(store, src, batch_size=8).catch_up()
-            assert err.value.message == where + error
+            assert err.value.message == where + error(records)
             assert err.value.fields["offset"] == offset
             assert "--quarantine" in err.value.hint
             assert store.position() == k - 1
     clean = clean_build(store_home, tmp_path / "clean.duckdb", until=k - 1)
     assert audit.compare_files(path, clean) == SAME
+    with Store(path) as store:  # nothing foreign was applied
+        assert scalar(store.con, "SELECT count(*) FROM events WHERE actor = 'mallory'") == 0
+
+
+def follow_cli(home: Path, bootstrap: str, topic: str, *args: str) -> list[str]:
+    return [
+        GPULEDGER,
+        "--home",
+        str(home),
+        "project",
+        "follow",
+        "--kafka",
+        bootstrap,
+        "--topic",
+        topic,
+        "--log-level",
+        "WARNING",
+        *args,
+    ]
 
 
 @pytest.mark.parametrize(
-    ("k", "replaces", "make", "error"),
-    [POISON[0][1:], POISON[2][1:]],
-    ids=[POISON[0][0], POISON[2][0]],
+    ("k", "make", "error", "once"),
+    [(*POISON[1][1:], True), (*POISON[3][1:], True), (*POISON[7][1:], False)],
+    ids=[f"{POISON[1][0]}, --once", f"{POISON[3][0]}, --once", f"{POISON[7][0]}, following"],
 )
 def test_follow_stops_at_poison_with_one_line_naming_it(
     tmp_path: Path,
@@ -346,27 +406,17 @@ def test_follow_stops_at_poison_with_one_line_naming_it(
     kafka_bootstrap: str,
     kafka_topic: str,
     k: int,
-    replaces: bool,
     make: Any,
-    error: str,
+    error: Any,
+    once: bool,
 ) -> None:
+    """With or without --once (then it must not wait for the poison to go away): exit 1 with
+    one line."""
     records = stored(store_home)
-    offset = poisoned_topic(kafka_bootstrap, kafka_topic, records, k, replaces, make)
+    offset = poisoned_topic(kafka_bootstrap, kafka_topic, records, k, make)
+    args = ("--once",) if once else ()
     proc = subprocess.run(
-        [
-            GPULEDGER,
-            "--home",
-            str(tmp_path / "other"),
-            "project",
-            "follow",
-            "--once",
-            "--kafka",
-            kafka_bootstrap,
-            "--topic",
-            kafka_topic,
-            "--log-level",
-            "WARNING",
-        ],
+        follow_cli(tmp_path / "other", kafka_bootstrap, kafka_topic, *args),
         env=cli_env(),
         capture_output=True,
         text=True,
@@ -376,38 +426,55 @@ def test_follow_stops_at_poison_with_one_line_naming_it(
     assert proc.stdout == ""
     line = proc.stderr.strip()
     assert "\n" not in line
-    assert line.startswith(f"error: topic {kafka_topic}, partition 0, offset {offset}{error} (")
+    assert line.startswith(
+        f"error: topic {kafka_topic}, partition 0, offset {offset}{error(records)} ("
+    )
+    with Store.open(tmp_path / "other") as store:
+        assert store.position() == k - 1
 
 
 def quarantine_topic(
     bootstrap: str, topic: str, records: list[LogRecord]
-) -> tuple[list[LogRecord], list[tuple[Any, ...]]]:
-    """Every kind of poison in one topic; the valid records and the dead letters expected."""
+) -> tuple[list[tuple[bytes | None, Any]], list[tuple[Any, ...]]]:
+    """Every kind of poison in one topic, each foreign record before the real event whose
+    position it claims (or where it would sit); the records and the dead letters expected."""
     by = {r.position: r for r in records}
     out: list[tuple[bytes | None, Any]] = []
     dead: list[tuple[Any, ...]] = []  # (index in `out`, position, tag, reason, data)
+
+    def foreign(position: int | None, tag: str | None, why: str, rec: tuple[bytes, Any]) -> None:
+        dead.append((len(out), position, tag, why, rec[0]))
+        out.append(rec)
+
     for r in records:
-        if r.position == 10:
-            dead.append((len(out), None, r.tag, "no gpuledger.position header", r.data))
-            out.append((r.data, tag_only(r)))
-        if r.position == 20:
-            dead.append((len(out), None, r.tag, "garbled gpuledger.position header b'2O'", r.data))
-            out.append((r.data, with_position(r, b"2O")))
-        if r.position == 30:
-            why = "position 3 does not follow position 29"
-            dead.append((len(out), 3, by[3].tag, why, by[3].data))
-            out.append(relay_like(by[3]))
-        if r.position == 12:
-            dead.append((len(out), 12, r.tag, NOT_JSON, b"{not json"))
-            out.append((b"{not json", relay_like(r)[1]))
-        elif r.position == 25:
-            dead.append((len(out), 25, r.tag, WRONG_TYPE, wrong_types(r)))
-            out.append((wrong_types(r), relay_like(r)[1]))
-        else:
-            out.append(relay_like(r))
+        p, tag = r.position, r.tag
+        if p == 10:
+            foreign(None, tag, "no gpuledger.position header", (r.data, tag_only(r)))
+        if p == 20:
+            why = "garbled gpuledger.position header b'2O'"
+            foreign(None, tag, why, (r.data, with_position(r, b"2O")))
+        if p == 30:
+            foreign(3, by[3].tag, "position 3 does not follow position 29", relay_like(by[3]))
+        if p == 12:
+            foreign(12, tag, NO_LINK, (b"{not json", relay_like(r)[1]))
+        if p == 25:
+            foreign(25, tag, no_match(records, 25, "0" * 64), (forged(r), relay_like(r)[1]))
+        if p == 40:
+            headers = [(POSITION_HEADER, b"40"), (TAG_HEADER, b"job.teleported.v9")]
+            foreign(40, "job.teleported.v9", no_match(records, 40, "feed"), (teleported(), headers))
+        if p == 50:
+            why = "position 55 does not follow position 49"
+            foreign(55, by[55].tag, why, relay_like(by[55]))
+        out.append(relay_like(r))
+    # the tail: an event that continues the chain but does not validate, then a garbled header
+    tail = chained(records, json.loads(wrong_types(by[20])))
+    dead.append((len(out), 70, "job.submitted.v1", WRONG_TYPE, tail))
+    out.append((tail, [(POSITION_HEADER, b"70"), (TAG_HEADER, b"job.submitted.v1")]))
+    dead.append((len(out), None, by[1].tag, "garbled gpuledger.position header b'7 1'", by[1].data))
+    out.append((by[1].data, with_position(by[1], b"7 1")))
     offsets = produce(bootstrap, topic, out)
     letters = [(topic, 0, offsets[i], p, t, why, data) for i, p, t, why, data in dead]
-    return [r for r in records if r.position not in (12, 25)], letters
+    return out, letters
 
 
 def dead_letters(store: Store) -> list[tuple[Any, ...]]:
@@ -417,58 +484,77 @@ def dead_letters(store: Store) -> list[tuple[Any, ...]]:
     ]
 
 
+READ_MODELS = tuple(t for t in audit.TABLES if t != "tracking")
+
+
 @pytest.mark.parametrize("batch", [1, 8, 1_000])
-def test_quarantine_records_every_poison_record_and_applies_everything_else(
+def test_quarantine_sets_foreign_records_aside_and_applies_every_real_event(
     tmp_path: Path, store_home: Path, kafka_bootstrap: str, kafka_topic: str, batch: int
 ) -> None:
     records = stored(store_home)
-    valid, letters = quarantine_topic(kafka_bootstrap, kafka_topic, records)
+    _out, letters = quarantine_topic(kafka_bootstrap, kafka_topic, records)
     path = tmp_path / "q.duckdb"
     with Store(path) as store, KafkaSource(kafka_bootstrap, kafka_topic) as src:
         result = Projector(store, src, batch_size=batch, quarantine=True).catch_up()
-        assert (result.position, result.applied) == (len(records), len(valid))
+        assert (result.position, result.applied) == (70, 69)
         assert dead_letters(store) == letters
     with Store(path) as store, KafkaSource(kafka_bootstrap, kafka_topic) as src:  # a restart
         assert Projector(store, src, quarantine=True).catch_up().applied == 0
         assert dead_letters(store) == letters
         with Store(":memory:") as reference:
-            Projector(reference, ListSource(valid)).catch_up()
-            assert audit.dump(store) == audit.dump(reference)
+            Projector(reference, ListSource(records)).catch_up()
+            assert audit.dump(store, READ_MODELS) == audit.dump(reference, READ_MODELS)
 
 
-def test_follow_with_quarantine_goes_on_past_poison(
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_follow_with_quarantine_waits_past_a_foreign_tail_and_applies_the_real_event(
     tmp_path: Path, store_home: Path, kafka_bootstrap: str, kafka_topic: str
 ) -> None:
+    """Without --once: poison at the tail is reported and set aside, the follower waits without
+    spinning, and the real event that comes later is applied."""
     records = stored(store_home)
-    valid, letters = quarantine_topic(kafka_bootstrap, kafka_topic, records)
+    out, letters = quarantine_topic(kafka_bootstrap, kafka_topic, records)
     other = tmp_path / "other"
-    proc = subprocess.run(
-        [
-            GPULEDGER,
-            "project",
-            "follow",
-            "--quarantine",
-            "--once",
-            "--home",
-            str(other),
-            "--kafka",
-            kafka_bootstrap,
-            "--topic",
-            kafka_topic,
-            "--log-level",
-            "WARNING",
-        ],
+    proc = subprocess.Popen(
+        follow_cli(other, kafka_bootstrap, kafka_topic, "--quarantine", "--until", "71"),
         env=cli_env(),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=120,
     )
-    assert (proc.returncode, proc.stderr) == (0, "")
-    assert proc.stdout == f"position {len(records)}, {len(valid)} events, 5 quarantined\n"
-    with Store.open(other) as store, Store(":memory:") as reference:
+    try:
+        lines: list[str] = []
+        assert proc.stderr is not None
+        while len(lines) < len(letters):  # one warning per dead letter
+            line = proc.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        assert all("dead letter: topic" in line for line in lines), lines
+        assert "offset" in lines[-1] and "garbled gpuledger.position header b'7 1'" in lines[-1]
+        time.sleep(1.0)
+        before = cpu_seconds(proc.pid)
+        time.sleep(3.0)
+        assert cpu_seconds(proc.pid) - before < 1.0, "the follower spins at the tail"
+        # the real event 71 comes: it links to event 70 (which did not validate)
+        event = {"type": "job.finished.v1", "event_id": "e71", "at": 1_001.0, "actor": "alice"}
+        real = chained([LogRecord(70, "", out[-2][0] or b"")], event | {"job_id": 1})
+        real = real.replace(b'"job_id":1', b'"job_id":1,"outcome":"cancelled"')
+        headers = [(POSITION_HEADER, b"71"), (TAG_HEADER, b"job.finished.v1")]
+        produce(kafka_bootstrap, kafka_topic, [(real, headers)])
+        stdout, stderr = proc.communicate(timeout=60)  # --until 71: it ends there by itself
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr
+    assert stdout == f"position 71, 70 events, {len(letters)} quarantined\n"
+    with Store.open(other) as store:
         assert dead_letters(store) == letters
-        Projector(reference, ListSource(valid)).catch_up()
-        assert audit.dump(store) == audit.dump(reference)
+        assert scalar(store.con, "SELECT tag FROM events WHERE position = 71") == "job.finished.v1"
 
 
 def test_an_unknown_tag_with_a_json_object_is_kept_not_poison(
@@ -478,7 +564,16 @@ def test_an_unknown_tag_with_a_json_object_is_kept_not_poison(
     newer = LogRecord(
         len(records) + 1,
         "job.teleported.v9",
-        b'{"type":"job.teleported.v9","event_id":"e1","at":1000.0,"actor":"x","job_id":3}',
+        chained(
+            records,
+            {
+                "type": "job.teleported.v9",
+                "event_id": "e1",
+                "at": 1000.0,
+                "actor": "x",
+                "job_id": 3,
+            },
+        ),
     )
     produce(kafka_bootstrap, kafka_topic, [relay_like(r) for r in [*records, newer]])
     with (
@@ -525,6 +620,12 @@ STARTED = b"job.started.v1"
             b"{}",
             (6, "job.started.v1", "position 6 does not follow position 6"),
             id="position not past the previous one",
+        ),
+        pytest.param(
+            [(P, b"8"), (T, STARTED)],
+            b"{}",
+            (8, "job.started.v1", "position 8 does not follow position 6"),
+            id="position past the next one",
         ),
         pytest.param([(P, b"7")], b"{}", (7, None, f"no {T} header"), id="no tag"),
         pytest.param(

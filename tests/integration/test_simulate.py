@@ -140,8 +140,10 @@ def test_drain_preempts_when_the_contract_ends_and_the_job_comes_back(tmp_path: 
     ("policy", "want_funded_placed_h", "want_lost_gpu_h"),
     [
         ("fairshare", 1.0, 8.0),
-        ("slurm", 1.0, 8.0),
+        ("slurm", 10.0, 0.0),  # Slurm's default: no preemption
+        ("slurm-1", 1.0, 8.0),  # funded over unfunded (a scavenger tier)
         ("legacy", 1.0, 8.0),
+        ("legacy-1", 1.0, 8.0),
         ("fifo", 10.0, 0.0),
     ],
 )

@@ -112,3 +112,25 @@ def test_a_second_run_into_the_same_home_is_refused(tmp_path: Path) -> None:
         f"error: {tmp_path / 'h'} already holds a ledger "
         "(a simulation writes a fresh ledger: pass a new --home)"
     )
+
+
+def test_policy_versions_settings_and_the_signal_contract_reach_the_runs(tmp_path: Path) -> None:
+    home = tmp_path / "knobs"
+    out = cli(
+        home,
+        "simulate", "compare", "--synthetic", "--days", "1", "--nodes", "8", "--no-plots",
+        "--policies", "fairshare-1,fairshare", "--set", "spare_ratio=2",
+        "--sigterm-checkpoint", "0.5",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    report = json.loads((home / "report" / "report.json").read_text())
+    assert [r["policy"] for r in report] == ["fairshare-1", "fairshare"]
+    assert [r["config"]["policy_settings"] for r in report] == [{}, {"spare_ratio": "2"}]
+    assert all(r["config"]["sigterm_checkpoint_p"] == 0.5 for r in report)
+    kinds = report[1]["metrics"]["lost_by_kind"]
+    assert set(kinds) == {"unfunded", "non-resumable", "periodic checkpoints",
+                          "checkpoints on SIGTERM"}  # fmt: skip
+    assert sum(kinds.values()) == pytest.approx(report[1]["metrics"]["lost_gpu_h"])
+    bad = cli(tmp_path / "bad", "simulate", "run", "--synthetic", "--set", "wiggle=1")
+    assert bad.returncode != 0
+    assert "no policy of this run has the setting wiggle" in bad.stderr

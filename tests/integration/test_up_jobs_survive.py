@@ -66,7 +66,11 @@ class Service:
         self.log = home / f"up-{time.monotonic_ns()}.log"
         with self.log.open("wb") as out:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
-                [GPULEDGER, *UP, *extra], env=env_for(home), stdout=out, stderr=out
+                [GPULEDGER, *UP, *extra],
+                env=env_for(home),
+                stdout=out,
+                stderr=out,
+                start_new_session=True,  # its own process group, as a terminal's foreground job
             )
         # read commands open the projection themselves until a service holds it: start them
         # once this one does (it also retries while a reader holds the file)
@@ -172,6 +176,20 @@ def test_sigterm_and_kill_9_of_up_leave_jobs_running_and_a_restart_adopts_them(
     assert cli(home, "audit", "check").returncode == 0
 
 
+def test_ctrl_c_on_up_leaves_its_jobs_running(home: Path) -> None:
+    """A terminal's Ctrl-C is SIGINT to the whole foreground process group of `up`."""
+    cli(home, "node", "add", "local", "--gpus", "1", "--gpu-type", "sim")
+    submit(home, "bob", 1, "exec sleep 60", "--min-runtime", "0", "--resumable")
+    up = Service(home)
+    wait_for("job 1 running", lambda: jobs(home)[1]["status"] == "running")
+    [before] = live_processes(home / "agent")
+    os.killpg(up.proc.pid, signal.SIGINT)
+    assert up.proc.wait(timeout=30) == 0
+    assert jobs(home)[1]["status"] == "running"  # not failed, not requeued: still running
+    assert live_processes(home / "agent") == [before]
+    assert events(home, "job.finished.v1") == [] and events(home, "job.requeued.v1") == []
+
+
 def test_audit_check_catches_a_gpu_held_by_a_live_process_the_ledger_lost(
     home: Path, tmp_path: Path
 ) -> None:
@@ -210,7 +228,8 @@ def test_time_limits_and_the_debug_limit_stop_jobs_and_say_why(home: Path) -> No
     assert 2 <= finished[1]["at"] - started[1]["at"] < 6
     assert 3 <= finished[2]["at"] - started[2]["at"] < 7
     assert "got SIGTERM" in Path(got[1]["logs"][0]).read_text()
-    assert "stopped at its time limit" in cli(home, "explain", "1").stdout
+    why = cli(home, "explain", "1").stdout
+    assert "stopped at its time limit" in why and f"Output: {got[1]['logs'][0]}" in why
 
 
 def test_checkpoints_by_file_and_by_cli_from_inside_a_job(home: Path, tmp_path: Path) -> None:

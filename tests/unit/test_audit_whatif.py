@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 from ledger.domain import State, decide, evolve
 from ledger.executors import Launch
-from ledger.whatif import WhatIfExecutor, scenario, setup_commands, team_fractions
+from ledger.sim.kernel import KernelExecutor
+from ledger.whatif import scenario, setup_commands, team_fractions
 from schemas import commands as c
 from schemas import events as e
 
@@ -121,7 +122,7 @@ def launch(job: int, work: float | None = None) -> Launch:
 
 
 def test_the_executor_resumes_after_the_last_checkpoint_and_forgets_stale_exits() -> None:
-    x = WhatIfExecutor({1: 1_000.0})
+    x = KernelExecutor({1: 1_000.0})
     x.launch(launch(1), 0.0)
     x.checkpoint(1, 400.0)
     x.stop(1, 500.0)  # preempted: 400 s saved, 100 s lost
@@ -132,7 +133,17 @@ def test_the_executor_resumes_after_the_last_checkpoint_and_forgets_stale_exits(
     assert (done.job_id, done.at) == (1, 2_600.0) and x.running() == set()
 
 
+def test_a_job_that_checkpoints_on_sigterm_loses_no_work_when_stopped() -> None:
+    x = KernelExecutor(on_sigterm=lambda job_id: job_id == 1)
+    for job in (1, 2):
+        x.launch(launch(job, 1_000.0), 0.0)
+        x.checkpoint(job, 400.0)
+        x.stop(job, 500.0)
+        x.launch(launch(job, 1_000.0), 2_000.0)
+    assert sorted((e.job_id, e.at) for e in x.poll(10_000.0)) == [(1, 2_500.0), (2, 2_600.0)]
+
+
 def test_a_job_of_unknown_length_runs_until_stopped() -> None:
-    x = WhatIfExecutor({1: None})
+    x = KernelExecutor({1: None})
     x.launch(launch(1), 0.0)
     assert x.next_event_at() is None and x.running() == {1}

@@ -22,6 +22,7 @@ from ledger.dispatch import (
     complete_ranks,
     decide,
 )
+from ledger.dispatch.fairshare2 import FairShare2
 from ledger.dispatch.snapshot import NodeState
 from schemas.events import GpuSlot
 
@@ -150,7 +151,16 @@ fairshare = st.builds(
     debug_lane=st.sampled_from([True, False]),
     search_budget=st.sampled_from([32, 1, 0]),
 )
-policies = st.one_of(st.just(FairShare()), fairshare, st.just(Fifo()))
+fairshare2 = st.builds(
+    FairShare2,
+    margin=st.sampled_from([0.1, 0.0]),
+    debug_lane=st.sampled_from([True, False]),
+    search_budget=st.sampled_from([32, 1, 0]),
+    debug_reserve_per=st.sampled_from([128, 2, 0]),
+    gain_horizon_s=st.sampled_from([3600.0, 1e9]),
+    spare_ratio=st.sampled_from([5.0, 1.0]),
+)
+policies = st.one_of(st.just(FairShare()), fairshare, st.just(Fifo()), fairshare2)
 
 
 def gpus_of(slots: Iterable[GpuSlot]) -> set[tuple[str, int]]:
@@ -173,10 +183,18 @@ def check(snap: Snapshot, d: Decision, policy: Policy) -> None:
             assert {s.node for s in r.slots} & draining
             assert p.for_job is None
         else:
-            assert isinstance(policy, FairShare)
+            assert isinstance(policy, FairShare | FairShare2)
             assert p.for_job in {pl.job_id for pl in d.placements}, "preempted for nothing"
             if p.reason == "debug":
                 assert pending[p.for_job].debug
+
+    # fairshare-2: funded non-debug work never goes to (nor preempts on) the debug reserve
+    if isinstance(policy, FairShare2):
+        reserved = policy.reserved(snap)
+        for pl in d.placements:
+            job = pending[pl.job_id]
+            if job.min_runtime_s > 0 and not job.debug:
+                assert not {s.node for s in pl.slots} & reserved, "funded job on the reserve"
 
     # placements: GPUs that were free or freed, each once, on active nodes, matching the job
     usable = {(n.name, i) for n in snap.nodes for i in n.free}

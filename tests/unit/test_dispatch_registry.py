@@ -7,19 +7,27 @@ import msgspec
 import pytest
 
 from ledger.dispatch import registry
-from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor
+from ledger.dispatch.baselines import LegacyCaps, LegacyCaps2, SlurmMultifactor, SlurmMultifactor2
+from ledger.dispatch.fairshare2 import FairShare2
 from ledger.dispatch.policy import FairShare, Fifo
 from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.policy import (
     POLICY_CONFIG_TYPES,
     AnyPolicyConfig,
+    FairShare2Config,
     FairShareConfig,
     FifoConfig,
+    Legacy2Config,
     LegacyConfig,
+    Slurm2Config,
     SlurmConfig,
 )
 
 CONFIGS: list[AnyPolicyConfig] = [
+    FairShare2Config(),
+    FairShare2Config(team_depth=1, spare_ratio=2.0, debug_reserve_per=0, debug_lane=False),
+    Slurm2Config(preempt_unfunded=True),
+    Legacy2Config(caps={"ai2/olmo": 12}),
     FairShareConfig(),
     FairShareConfig(margin=0.25, min_rank_gap=2, debug_lane=False, search_budget=8),
     FifoConfig(),
@@ -49,11 +57,16 @@ def test_a_config_survives_the_wire_and_builds_its_policy_and_back(
 
 
 def test_the_built_policies_are_the_ones_the_names_stood_for() -> None:
-    assert registry.policy_from_config(registry.default_config()) == FairShare()
+    assert registry.policy_from_config(registry.default_config()) == FairShare2()
+    assert registry.policy_from_config(registry.default_config("fairshare-1")) == FairShare()
     assert registry.policy_from_config(registry.default_config("fifo")) == Fifo()
     assert registry.policy_from_config(registry.default_config("slurm-1")) == SlurmMultifactor()
-    legacy = registry.default_config("legacy", gpus=400, team_fractions={"a/x": 0.75, "a/y": 0.25})
+    assert registry.policy_from_config(registry.default_config("slurm")) == SlurmMultifactor2()
+    fractions = {"a/x": 0.75, "a/y": 0.25}
+    legacy = registry.default_config("legacy-1", gpus=400, team_fractions=fractions)
     assert registry.policy_from_config(legacy) == LegacyCaps(caps={"a/x": 300, "a/y": 100})
+    legacy = registry.default_config("legacy", gpus=400, team_fractions=fractions)
+    assert registry.policy_from_config(legacy) == LegacyCaps2(caps={"a/x": 300, "a/y": 100})
     assert registry.ranked(FairShareConfig()) and not registry.ranked(FifoConfig())
     assert registry.half_life_s(SlurmConfig()) == SlurmConfig().half_life_s
     assert registry.half_life_s(FairShareConfig()) is None

@@ -59,7 +59,11 @@ def test_fold_and_metrics_by_hand() -> None:
     fold = JobFold()
     for ev in history():
         fold.apply(ev)
-    assert fold.preemptions == [(4 * H, 1, 8, 1 * H, "debug", True)]
+    assert fold.preemptions == [(4 * H, 1, 8, 1 * H, "debug", True, "periodic checkpoints")]
+    sigterm = JobFold(on_sigterm={1}, grace_s=30.0)
+    for ev in history():
+        sigterm.apply(ev)
+    assert sigterm.preemptions == [(4 * H, 1, 8, 30.0, "debug", True, "checkpoints on SIGTERM")]
     assert capacity_gpu_s(fold, 0, 10 * H) == 8 * 10 * H
     rows = [
         fs.TeamHour("lab/a", h * H, 8, 0.5, 8, 4, 8 if h not in (4,) else 0)
@@ -71,7 +75,11 @@ def test_fold_and_metrics_by_hand() -> None:
     assert m.unfunded_share == 0.0
     assert m.lost_gpu_h == 8.0  # one hour since the checkpoint, on 8 GPUs
     assert m.lost_share == pytest.approx(8 / 80)
-    assert m.lost_funded_gpu_h == 8.0
+    assert m.lost_funded_gpu_h == 8.0 and m.lost_funded_share == pytest.approx(8 / 80)
+    assert m.lost_by_kind == {
+        "unfunded": 0.0, "non-resumable": 0.0, "periodic checkpoints": 8.0,
+        "checkpoints on SIGTERM": 0.0,
+    }  # fmt: skip
     assert m.preemptions == 1 and m.preempted_jobs == 1
     assert m.preemptions_by_reason == {"debug": 1}
     assert (m.wait_debug.count, m.wait_debug.p90_s) == (1, 0.0)

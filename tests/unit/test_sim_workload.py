@@ -61,6 +61,9 @@ def test_trace_gzip_and_optional_columns_as_given() -> None:
         f"{HEADER},min_runtime_s,resumable,priority\n"
         "1,alice,lab/a,5,100,2,completed,0,true,3\n"
         "2,bob,lab/b,6,100,2,completed,3600,false,-1\n"
+        "3,carol,lab/b,7,100,2,completed,3600,false,HIGH\n"
+        "4,dave,lab/b,8,100,2,completed,3600,false,low\n"
+        "5,erin,lab/b,9,100,2,completed,3600,false,Normal\n"
     )
     trace = parse_trace(gzip.compress(text.encode()))
     assert trace.columns == frozenset({"min_runtime_s", "resumable", "priority"})
@@ -68,6 +71,9 @@ def test_trace_gzip_and_optional_columns_as_given() -> None:
     assert [(j.account, j.user, j.min_runtime_s, j.resumable, j.priority) for j in wl.jobs] == [
         ("lab/a", "alice", 0, True, 3),
         ("lab/b", "bob", 3600, False, -1),
+        ("lab/b", "carol", 3600, False, 1),
+        ("lab/b", "dave", 3600, False, -1),
+        ("lab/b", "erin", 3600, False, 0),
     ]
     assert wl.budget.accounts["lab"].kind == "program"
     assert wl.budget.accounts["lab/a"].members == ["alice"]
@@ -84,6 +90,11 @@ def test_trace_gzip_and_optional_columns_as_given() -> None:
         ),
         ("zero gpus", f"{HEADER}\n1,,,0,1,0,unknown\n", "line 2: gpus >= 1"),
         ("bad resumable", f"{HEADER},resumable\n1,,,0,1,1,unknown,maybe\n", "resumable must be"),
+        (
+            "bad priority",
+            f"{HEADER},priority\n1,,,0,1,1,unknown,urgent\n",
+            "priority must be a number or HIGH, NORMAL or LOW, got 'urgent'",
+        ),
     ],
 )
 def test_trace_errors_name_the_line(case: str, text: str, want: str) -> None:

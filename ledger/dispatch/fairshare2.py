@@ -1,0 +1,292 @@
+"""`FairShare2` ("fairshare-2"): fair share between teams without churn.
+
+Pure: a policy is a config value (`schemas.policy.FairShare2Config` plus its version); its methods
+are functions of their arguments.
+
+**Teams.** A team is the account `team_depth` levels down the tree (default 2: the project,
+`program/project`). Fairness is settled between teams by their budgets; inside a team jobs go by
+declared priority, then the person's fair-share rank, then submit time, and never preempt each
+other for fairness.
+
+**Order** (`SortKey`, compared left to right): the debug lane (0: a funded debug-class job, when
+the lane is on; 1: any other), funded before unfunded, the team's rank, priority (higher first),
+the user leaf's rank, submit time, job id.
+
+**Victims** (`victim_key`): class (unfunded, squatting, resumable, not resumable), then the
+GPU-seconds a preemption loses (GPUs x work since the last checkpoint; a non-resumable job's whole
+run so far). One-node plans take, over all nodes, the set of least cost (`least_loss`:
+`preemption.plan_single_least`); gang plans clear whole nodes cheapest victim first.
+
+**The cost model** (`weigh`, figures in every note and refusal, so `explain` shows them):
+
+- A funded non-debug job may preempt, for fairness, a job of *another* team that its team
+  outranks by the margin (the waiting team's level fair share > the victim team's x (1 + margin)
+  where the two parted in the tree), unfunded jobs, and squatters.
+- A funded non-resumable job past its contract is offered for fairness only when the waiting
+  team's level fair share is at least `spare_ratio` times the victim team's (the wide margin).
+- The plan is taken only when its gain outweighs the work lost: the funded GPU-seconds its
+  fairness victims lose (squatters and unfunded jobs cost nothing here) must not exceed the gain,
+  `job GPUs x gain_horizon_s` (the work the waiting team gets now instead of later).
+
+**The debug lane** (`debug_lane`): funded debug-class jobs come before the fair-share order and
+draw on their own search budget (`debug_search_budget`). Their victims are only unfunded or
+resumable jobs past their contracts, of any team, never holding more than `debug_victim_ratio`
+times the debug job's GPUs; no cost check (a debug job runs at most its time limit).
+
+**The debug reserve** (`debug_reserve_per`): in every pool of at least 8 active nodes, the last
+`ceil(nodes / debug_reserve_per)` nodes by name take no funded non-debug job (`reserved`), and are
+offered to none as victims. Unfunded jobs borrow them while idle; a debug job preempts them there.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from operator import itemgetter
+
+import msgspec
+
+from ledger.dispatch.ordering import SortKey
+from ledger.dispatch.preemption import (
+    CLASS_NOT_RESUMABLE,
+    CLASS_RESUMABLE,
+    CLASS_SQUATTING,
+    CLASS_UNFUNDED,
+    Victim,
+    divergence,
+    outranks,
+)
+from ledger.dispatch.snapshot import UNRANKED, PendingJob, RunningJob, Snapshot
+from schemas.events import PreemptReason
+
+RESERVE_MIN_NODES = 8
+"""Pools smaller than this keep no debug reserve."""
+
+_RESERVED: dict[int, tuple[Snapshot, frozenset[str]]] = {}
+"""The reserved nodes of the last snapshot asked about (a cycle asks once per victim group)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def team_of(account: str, depth: int) -> str:
+    """Pure: the team of an account (its ancestor `depth` levels down, or itself)."""
+    parts = account.split("/")
+    return "/".join(parts[:depth]) if len(parts) > depth else account
+
+
+def fs_ratio(waiting: str, victim: str, level_fs: Mapping[str, float]) -> float | None:
+    """Pure: the waiting side's level fair share over the victim side's, where the two teams
+    part in the tree (inf when the victim side is unused and the waiting side is not; None when
+    either is unknown or one team contains the other)."""
+    parted = divergence(waiting, victim)
+    if parted is None or parted[0] not in level_fs or parted[1] not in level_fs:
+        return None
+    fw, fv = level_fs[parted[0]], level_fs[parted[1]]
+    if math.isinf(fv):
+        return 0.0
+    if fv <= 0:
+        return math.inf
+    return fw / fv
+
+
+def _gpu_h(gpu_s: float) -> str:
+    return f"{gpu_s / 3600:.2f} GPU-h"
+
+
+class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
+    """Fair share between teams without churn (see the module docstring)."""
+
+    version: str = "fairshare-2"
+    team_depth: int = 2
+    margin: float = 0.1
+    min_rank_gap: int = 1
+    gain_horizon_s: float = 3600.0
+    spare_ratio: float = 5.0
+    squat_after_s: float = 3600.0
+    squat_util_pct: float = 10.0
+    search_budget: int = 32
+    debug_lane: bool = True
+    debug_search_budget: int = 32
+    debug_victim_ratio: float = 2.0
+    debug_reserve_per: int = 128
+
+    def config(self) -> dict[str, str]:
+        return {
+            "policy": "fairshare",
+            "team_depth": str(self.team_depth),
+            "margin": repr(self.margin),
+            "min_rank_gap": str(self.min_rank_gap),
+            "gain_horizon_s": repr(self.gain_horizon_s),
+            "spare_ratio": repr(self.spare_ratio),
+            "squat_after_s": repr(self.squat_after_s),
+            "squat_util_pct": repr(self.squat_util_pct),
+            "search_budget": str(self.search_budget),
+            "debug_lane": str(self.debug_lane).lower(),
+            "debug_search_budget": str(self.debug_search_budget),
+            "debug_victim_ratio": repr(self.debug_victim_ratio),
+            "debug_reserve_per": str(self.debug_reserve_per),
+        }
+
+    # --- order ------------------------------------------------------------------------------
+
+    def lane(self, job: PendingJob) -> bool:
+        """Whether `job` goes in the debug lane."""
+        return self.debug_lane and job.debug and job.min_runtime_s > 0
+
+    def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
+        ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
+        cache: dict[tuple[str, str], tuple[int, int]] = {}
+        keyed: list[tuple[SortKey, PendingJob]] = []
+        for j in snapshot.pending:
+            funded = j.min_runtime_s > 0
+            who = (j.account, j.user)
+            pair = cache.get(who)
+            if pair is None:
+                team = ranks.get(team_of(j.account, depth), ranks.get(j.account, UNRANKED))
+                leaf = ranks.get(f"{j.account}/{j.user}", team)
+                pair = cache[who] = (team, leaf)
+            keyed.append(
+                (
+                    (
+                        0 if lane and funded and j.debug else 1,
+                        0 if funded else 1,
+                        pair[0],
+                        -j.priority,
+                        pair[1],
+                        j.submitted_at,
+                        j.job_id,
+                    ),
+                    j,
+                )
+            )
+        keyed.sort(key=itemgetter(0))
+        return keyed
+
+    # --- preemption -------------------------------------------------------------------------
+
+    @property
+    def least_loss(self) -> bool:
+        return True
+
+    def may_preempt(self, job: PendingJob) -> bool:
+        return job.min_runtime_s > 0
+
+    def budget_of(self, job: PendingJob) -> tuple[str, int]:
+        if self.lane(job):
+            return ("debug", self.debug_search_budget)
+        return ("all", self.search_budget)
+
+    def reserved(self, snapshot: Snapshot) -> frozenset[str]:
+        if not self.debug_lane or self.debug_reserve_per <= 0:
+            return frozenset()
+        last = _RESERVED.get(self.debug_reserve_per)
+        if last is not None and last[0] is snapshot:
+            return last[1]
+        pools: dict[tuple[str, str], list[str]] = {}
+        for n in snapshot.nodes:
+            if n.state == "active":
+                pools.setdefault((n.cluster, n.gpu_type), []).append(n.name)
+        keep: list[str] = []
+        for names in pools.values():
+            if len(names) >= RESERVE_MIN_NODES:
+                names.sort()
+                keep += names[-math.ceil(len(names) / self.debug_reserve_per) :]
+        found = frozenset(keep)
+        _RESERVED[self.debug_reserve_per] = (snapshot, found)
+        return found
+
+    def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
+        return (team_of(job.account, self.team_depth), self.lane(job))
+
+    def _class(self, job: RunningJob, now: float) -> int:
+        low = job.low_util_since
+        if job.min_runtime_s <= 0:
+            return CLASS_UNFUNDED
+        if low is not None and now - low >= self.squat_after_s:
+            return CLASS_SQUATTING
+        return CLASS_RESUMABLE if job.resumable else CLASS_NOT_RESUMABLE
+
+    def victim_key(self, job: RunningJob, now: float) -> tuple[float, ...]:
+        """(class, GPU-seconds lost): cheapest first."""
+        return (self._class(job, now), job.gpus * job.work_lost_s(now))
+
+    def victims(
+        self, job: PendingJob, candidates: Iterable[RunningJob], snapshot: Snapshot, now: float
+    ) -> Iterator[Victim]:
+        if job.min_runtime_s <= 0:
+            return
+        if self.lane(job):
+            yield from self._debug_victims(job, candidates, now)
+            return
+        reserved = self.reserved(snapshot)
+        waiting = team_of(job.account, self.team_depth)
+        verdicts: dict[str, tuple[bool, str, float | None]] = {}
+        reason: PreemptReason
+        for r in candidates:
+            if reserved and any(sl.node in reserved for sl in r.slots):
+                continue
+            cost = self.victim_key(r, now)
+            klass = cost[0]
+            if klass == CLASS_UNFUNDED:
+                low = r.low_util_since
+                squat = low is not None and now - low >= self.squat_after_s
+                reason, note = ("squatting" if squat else "fairness"), "unfunded"
+            elif klass == CLASS_SQUATTING:
+                reason, note = "squatting", f"low utilisation since t={r.low_util_since:g}"
+            else:
+                team = team_of(r.account, self.team_depth)
+                if team == waiting:
+                    continue  # no fairness preemption inside a team
+                verdict = verdicts.get(team)
+                if verdict is None:
+                    ok, why = outranks(
+                        waiting,
+                        team,
+                        snapshot.ranks,
+                        snapshot.level_fs,
+                        self.margin,
+                        self.min_rank_gap,
+                    )
+                    verdict = verdicts[team] = (
+                        ok,
+                        why,
+                        fs_ratio(waiting, team, snapshot.level_fs),
+                    )
+                ok, why, ratio = verdict
+                if not ok:
+                    continue
+                if klass == CLASS_NOT_RESUMABLE:
+                    if ratio is None or ratio < self.spare_ratio:
+                        continue
+                    why += f"; not resumable: ratio {ratio:.3g} >= {self.spare_ratio:g}"
+                reason, note = "fairness", f"{why}; loses {_gpu_h(cost[1])}"
+            yield Victim(r, reason, cost, note)
+
+    def _debug_victims(
+        self, job: PendingJob, candidates: Iterable[RunningJob], now: float
+    ) -> Iterator[Victim]:
+        most = self.debug_victim_ratio * job.gpus
+        for r in candidates:
+            if r.min_runtime_s > 0 and not r.resumable:
+                continue
+            if r.gpus > most:
+                continue
+            cost = self.victim_key(r, now)
+            kind = "unfunded" if r.min_runtime_s <= 0 else "resumable"
+            note = f"debug lane: {kind}, {r.gpus} GPUs, loses {_gpu_h(cost[1])}"
+            yield Victim(r, "debug", cost, note)
+
+    def weigh(
+        self, job: PendingJob, victims: Sequence[Victim], snapshot: Snapshot, now: float
+    ) -> str | None:
+        if self.lane(job):
+            return None
+        lost = sum(v.cost[1] for v in victims if v.reason == "fairness" and v.job.min_runtime_s > 0)
+        gain = job.gpus * self.gain_horizon_s
+        if lost <= gain:
+            return None
+        ids = ", ".join(str(v.job.job_id) for v in victims)
+        return (
+            f"preempting jobs {ids} would lose {_gpu_h(lost)} of funded work, more than the "
+            f"{_gpu_h(gain)} gained ({job.gpus} GPUs x {self.gain_horizon_s:g} s)"
+        )

@@ -1,0 +1,163 @@
+"""The simulation kernel: one loop (`drive`) and one executor (`KernelExecutor`), for `simulate`
+and `whatif`.
+
+The executor is pure apart from its own state: no clock (every call takes `now`), no I/O.
+
+- A job runs until its work is done: `work[job_id]` when given (the what-if knows each job's
+  remaining work at the start of its period), else the launch's `duration_s`; None runs until
+  stopped. Exits come in (time, job id) order.
+- Checkpoints keep work: a resumable job relaunched after a preemption runs only the work left
+  after its last checkpoint (`checkpoint`); a non-resumable one starts over (the ledger ends it;
+  the loop may resubmit it as a new job).
+- The signal contract: a job for which `on_sigterm(job_id)` is true checkpoints when it is
+  stopped (SIGTERM, within the grace period), so a preemption costs it no work.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Protocol
+
+from ledger.executors import Exit, Launch
+
+if TYPE_CHECKING:
+    from ledger.clock import SimClock
+    from ledger.service import CycleResult, Dispatcher
+
+
+def _never(job_id: int) -> bool:
+    return False
+
+
+class KernelExecutor:
+    """The one simulated executor (see the module docstring)."""
+
+    def __init__(
+        self,
+        work: Mapping[int, float | None] | None = None,
+        on_sigterm: Callable[[int], bool] = _never,
+    ) -> None:
+        self.work: dict[int, float | None] = dict(work or {})
+        """Job -> its total work in seconds, where the launch's duration is not it."""
+        self.on_sigterm = on_sigterm
+        self.saved: dict[int, float] = {}
+        """Seconds of work kept by a job's checkpoints (survives a preemption)."""
+        self._live: dict[int, tuple[int, float, float]] = {}
+        """Running job -> (launch number, launched at, work saved at launch)."""
+        self._ends: list[tuple[float, int, int]] = []
+        """(end time, job id, launch number): a stopped job's old end is stale."""
+        self._launches = 0
+
+    def launch(self, job: Launch, now: float) -> None:
+        self._launches += 1
+        saved = self.saved.get(job.job_id, 0.0)
+        self._live[job.job_id] = (self._launches, now, saved)
+        total = self.work.get(job.job_id, job.duration_s)
+        if total is not None:
+            heapq.heappush(self._ends, (now + max(0.0, total - saved), job.job_id, self._launches))
+
+    def checkpoint(self, job_id: int, at: float) -> None:
+        live = self._live.get(job_id)
+        if live is not None:
+            self.saved[job_id] = live[2] + (at - live[1])
+
+    def stop(self, job_id: int, now: float) -> None:
+        if self.on_sigterm(job_id):
+            self.checkpoint(job_id, now)
+        self._live.pop(job_id, None)
+
+    def poll(self, now: float) -> list[Exit]:
+        out = []
+        while self._ends and self._ends[0][0] <= now:
+            at, job_id, launch = heapq.heappop(self._ends)
+            live = self._live.get(job_id)
+            if live is not None and live[0] == launch:
+                del self._live[job_id]
+                self.saved.pop(job_id, None)
+                out.append(Exit(job_id, 0, at))
+        return out
+
+    def running(self) -> set[int]:
+        return set(self._live)
+
+    def next_event_at(self) -> float | None:
+        while self._ends:
+            _, job_id, launch = self._ends[0]
+            live = self._live.get(job_id)
+            if live is not None and live[0] == launch:
+                return self._ends[0][0]
+            heapq.heappop(self._ends)
+        return None
+
+
+class Driven(Protocol):
+    """What the kernel loop asks of a simulation (`simulate`'s workload runs, the what-if)."""
+
+    def times(self, now: float) -> list[float]:
+        """The times at which something the simulation knows of is due next (submissions,
+        ticks, node changes, ...); the loop adds the executor's next exit and `wake_at`."""
+        ...
+
+    def due(self, t: float) -> None:
+        """Append everything due at `t` (in as few batches as it can)."""
+        ...
+
+    def needs_cycle(self, t: float) -> bool:
+        """Whether a dispatcher cycle at `t` could change anything."""
+        ...
+
+    def cycled(self, t: float, result: CycleResult) -> bool:
+        """Fold a cycle's events; True to cycle again at once (its victim searches ran out)."""
+        ...
+
+    def stepped(self, t: float) -> None:
+        """After each step (progress reports)."""
+        ...
+
+
+MAX_CYCLES_PER_STEP = 4
+"""Cycles at one moment while the victim-search budget keeps running out."""
+
+
+def drive(
+    sim: Driven, clock: SimClock, dispatcher: Dispatcher, executor: KernelExecutor, end: float
+) -> int:
+    """The one simulation loop; returns the number of dispatcher cycles. Each step:
+
+    1. the next time anything can happen: what `sim.times` says, the executor's next exit, the
+       last decision's `wake_at`; stop when nothing is left or it is `end` or later;
+    2. `sim.due(t)`: everything due then, appended in batches;
+    3. dispatcher cycles (exits, snapshot, decide, append, launch) while `sim.needs_cycle`, again
+       at once while `sim.cycled` says the searches ran out (at most `MAX_CYCLES_PER_STEP`).
+
+    The clock ends at `end`.
+    """
+    cycles = 0
+    wake: float | None = None
+    while True:
+        now = clock.now()
+        cands = sim.times(now)
+        nxt = executor.next_event_at()
+        if nxt is not None:
+            cands.append(max(nxt, now))
+        if wake is not None and wake > now:
+            cands.append(wake)
+        if not cands:
+            break
+        t = max(now, min(cands))
+        if t >= end:
+            break
+        clock.advance_to(t)
+        sim.due(t)
+        for _ in range(MAX_CYCLES_PER_STEP):
+            if not sim.needs_cycle(t):
+                break
+            result = dispatcher.cycle(t)
+            cycles += 1
+            wake = result.decision.wake_at
+            if not sim.cycled(t, result):
+                break
+        sim.stepped(t)
+    clock.advance_to(max(clock.now(), end))
+    return cycles

@@ -1,0 +1,179 @@
+"""fairshare-2: fairness between teams only, least GPU-seconds lost, the cost model, the debug
+lane with its own searches, and the debug reserve."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import msgspec
+
+from ledger.dispatch import FairShare, NodeView, PendingJob, RunningJob, Snapshot, decide
+from ledger.dispatch.fairshare2 import FairShare2, fs_ratio, team_of
+from ledger.dispatch.snapshot import complete_ranks
+from schemas.events import GpuSlot
+
+NOW = 100_000.0
+H = 3600.0
+RANKS = complete_ranks({"lab/a/u": 0, "lab/a/v": 1, "lab/b/u": 2, "lab/c/u": 3})
+LEVEL_FS = {"lab/a": 4.0, "lab/b": 1.0, "lab/c": 0.5, "lab/a/u": 2.0, "lab/a/v": 1.0}
+
+
+def node(name: str, gpus: int = 8) -> NodeView:
+    return NodeView(name=name, cluster="c1", gpu_type="h100", gpus=gpus)
+
+
+def run(
+    job_id: int,
+    where: Mapping[str, Sequence[int]],
+    account: str = "lab/b",
+    *,
+    user: str = "u",
+    lost_s: float = 0.5 * H,
+    min_runtime_s: int = 3600,
+    resumable: bool = True,
+    placed_ago_s: float = 2 * H,
+) -> RunningJob:
+    """A running job placed `placed_ago_s` ago (past a 1 h contract) whose last checkpoint was
+    `lost_s` ago (non-resumable: `lost_s` is ignored, it loses its whole run)."""
+    slots = tuple(GpuSlot(node=n, gpu_indices=tuple(ix)) for n, ix in where.items())
+    placed = NOW - max(placed_ago_s, lost_s)
+    return RunningJob(
+        job_id=job_id,
+        account=account,
+        user=user,
+        gpus=sum(len(s.gpu_indices) for s in slots),
+        slots=slots,
+        placed_at=placed,
+        min_runtime_s=min_runtime_s,
+        resumable=resumable,
+        checkpoint_at=NOW - lost_s,
+    )
+
+
+def pend(
+    job_id: int,
+    gpus: int,
+    account: str = "lab/a",
+    *,
+    user: str = "u",
+    debug: bool = False,
+    funded: bool = True,
+) -> PendingJob:
+    return PendingJob(
+        job_id=job_id,
+        account=account,
+        user=user,
+        gpus=gpus,
+        min_runtime_s=(600 if debug else 3600) if funded else 0,
+        submitted_at=float(job_id),
+        debug=debug,
+        time_limit_s=600 if debug else None,
+    )
+
+
+def world(
+    nodes: Sequence[NodeView], running: Sequence[RunningJob], pending: Sequence[PendingJob]
+) -> Snapshot:
+    taken = {(sl.node, i) for r in running for sl in r.slots for i in sl.gpu_indices}
+    views = tuple(
+        msgspec.structs.replace(n, free=tuple(i for i in range(n.gpus) if (n.name, i) not in taken))
+        for n in nodes
+    )
+    return Snapshot(
+        position=7,
+        taken_at=NOW,
+        nodes=views,
+        running=tuple(running),
+        pending=tuple(pending),
+        ranks=dict(RANKS),
+        level_fs=dict(LEVEL_FS),
+    )
+
+
+def preempted(snap: Snapshot, policy: object) -> list[int]:
+    d = decide(snap, policy, NOW)  # type: ignore[arg-type]
+    return [p.job_id for p in d.preemptions]
+
+
+def test_teams_are_the_configured_level_and_ratios_are_taken_where_teams_part() -> None:
+    assert team_of("lab/a/x", 2) == "lab/a" and team_of("lab/a", 2) == "lab/a"
+    assert team_of("lab/a/x", 1) == "lab"
+    assert fs_ratio("lab/a", "lab/b", LEVEL_FS) == 4.0
+    assert fs_ratio("lab/a", "lab/a", LEVEL_FS) is None
+
+
+def test_no_fairness_preemption_inside_a_team() -> None:
+    # user u of lab/a outranks teammate v by far more than the margin: v1 preempts, v2 does not
+    snap = world([node("n1")], [run(10, {"n1": range(8)}, "lab/a", user="v")], [pend(1, 8)])
+    assert preempted(snap, FairShare()) == [10]
+    assert preempted(snap, FairShare2()) == []
+    # another team that lab/a outranks by the margin is preempted
+    other = world([node("n1")], [run(10, {"n1": range(8)}, "lab/b")], [pend(1, 8)])
+    assert preempted(other, FairShare2()) == [10]
+
+
+def test_victims_minimise_gpu_seconds_not_seconds() -> None:
+    # n1: an 8-GPU job checkpointed 10 min ago (1.33 GPU-h); n2: a 2-GPU job checkpointed 30 min
+    # ago (1 GPU-h) beside a job inside its contract. v1 takes the fewest seconds, v2 GPU-seconds.
+    running = [
+        run(10, {"n1": range(8)}, lost_s=600),
+        run(11, {"n2": range(2)}, lost_s=1800),
+        run(12, {"n2": range(2, 8)}, placed_ago_s=60, lost_s=60),
+    ]
+    snap = world([node("n1"), node("n2")], running, [pend(1, 2)])
+    assert preempted(snap, FairShare()) == [10]
+    assert preempted(snap, FairShare2()) == [11]
+
+
+def test_a_plan_losing_more_than_it_gains_is_not_taken_and_says_why() -> None:
+    snap = world([node("n1")], [run(10, {"n1": range(8)}, lost_s=3 * H)], [pend(1, 8)])
+    d = decide(snap, FairShare2(), NOW)
+    assert not d.preemptions
+    assert "lose 24.00 GPU-h of funded work, more than the 8.00 GPU-h gained" in d.waiting[1].reason
+    longer = FairShare2(gain_horizon_s=4 * H)
+    (p,) = decide(snap, longer, NOW).preemptions
+    assert p.job_id == 10 and "loses 24.00 GPU-h" in p.note and "level fair share" in p.note
+
+
+def test_funded_non_resumable_jobs_are_spared_unless_by_the_wide_margin() -> None:
+    running = [run(10, {"n1": range(8)}, resumable=False, placed_ago_s=1.5 * H)]
+    snap = world([node("n1")], running, [pend(1, 8)])
+    generous = FairShare2(gain_horizon_s=10 * H)
+    assert preempted(snap, generous) == []  # lab/a over lab/b is 4x, below the 5x wide margin
+    wide = msgspec.structs.replace(generous, spare_ratio=3.0)
+    d = decide(snap, wide, NOW)
+    assert [p.job_id for p in d.preemptions] == [10]
+    assert "not resumable: ratio 4 >= 3" in d.preemptions[0].note
+
+
+def test_debug_jobs_first_own_searches_small_unfunded_or_resumable_victims() -> None:
+    running = [
+        run(10, {"n1": range(4)}, "lab/a", resumable=False),  # funded non-resumable: never
+        run(11, {"n1": range(4, 8)}, "lab/a", lost_s=600),  # resumable, 4 GPUs: a victim
+        run(12, {"n2": range(8)}, "lab/a", min_runtime_s=0),  # unfunded but 8 GPUs: too big
+    ]
+    pending = [pend(1, 4, "lab/a"), pend(2, 2, "lab/c", debug=True)]
+    policy = FairShare2(search_budget=0)
+    d = decide(world([node("n1"), node("n2")], running, pending), policy, NOW)
+    assert d.considered[0].job_id == 2  # worst team, first in the order
+    assert [(p.job_id, p.reason, p.for_job) for p in d.preemptions] == [(11, "debug", 2)]
+    assert "debug lane: resumable, 4 GPUs" in d.preemptions[0].note
+    assert d.waiting[1].code == "WAIT_PRIORITY"  # the fair-share budget is 0
+
+
+def test_the_debug_reserve_is_kept_from_funded_work_and_lent_to_unfunded_work() -> None:
+    nodes = [node(f"n{i}") for i in range(1, 9)]
+    busy = [run(10 + i, {f"n{i}": range(8)}, "lab/a") for i in range(1, 8)]
+    policy = FairShare2()
+    assert policy.reserved(world(nodes, [], [])) == frozenset({"n8"})
+    assert FairShare2(debug_reserve_per=0).reserved(world(nodes, [], [])) == frozenset()
+    assert policy.reserved(world(nodes[:7], [], [])) == frozenset()  # too small a pool
+    # a funded job waits although n8 is free; an unfunded one borrows it
+    d = decide(world(nodes, busy, [pend(1, 8), pend(2, 8, funded=False)]), policy, NOW)
+    assert 1 in d.waiting and [p.job_id for p in d.placements] == [2]
+    assert {s.node for p in d.placements for s in p.slots} == {"n8"}
+    # a debug job takes the reserve back from unfunded work; funded jobs never pick victims there
+    lent = [*busy, run(30, {"n8": range(8)}, "lab/c", min_runtime_s=0)]
+    d = decide(world(nodes, lent, [pend(1, 8, "lab/c"), pend(3, 4, debug=True)]), policy, NOW)
+    assert [(p.job_id, p.for_job) for p in d.preemptions] == [(30, 3)]
+    assert [p.job_id for p in d.placements] == [3] and 1 in d.waiting
