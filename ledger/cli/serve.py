@@ -68,6 +68,7 @@ def _policy(name: str, margin: float, debug_lane: bool, squat_after_s: float) ->
     "--run-as",
     type=click.Choice(["submitter", "service"]),
     default="submitter",
+    envvar="GPULEDGER_RUN_AS",
     show_default=True,
     help="As root: run jobs as the submitting OS user, or as the service's own user.",
 )
