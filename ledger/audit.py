@@ -435,8 +435,9 @@ def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterat
     from kafka.errors import KafkaError
 
     from ledger.relay import client_config, connect_timeout
-    from projections.kafka_source import envelope, unreachable
+    from projections.kafka_source import envelope, quiet_kafka_logs, unreachable
 
+    quiet_kafka_logs("warning")  # kafka-python's retries and tracebacks stay off the terminal
     why = unreachable(bootstrap, connect_timeout())
     if why is not None:
         raise AuditError(f"Kafka at {bootstrap} is unreachable ({why})", hint="is the broker up?")
@@ -487,6 +488,7 @@ ViolationCode = Literal[
     "LIVE_GPU_HELD_TWICE",
     "PREEMPTED_IN_CONTRACT",
     "ADMIN_PREEMPTED_IN_CONTRACT",
+    "REQUEUED_IN_CONTRACT",
     "PLACED_ON_INACTIVE_NODE",
     "UNFUNDED_CHARGED",
     "NOT_AUTHORISED",
@@ -654,7 +656,18 @@ class _Checker:
             f"job {ev.job_id} preempted ({ev.reason}) by {ev.actor!r} {left:g} s before its "
             f"contract ends"
         )
-        if self.state.is_admin(ev.actor) and not is_system(ev.actor) and ev.note.strip():
+        owner = ev.actor == job.spec.user or self.state.manages(ev.actor, job.spec.account)
+        if owner and not is_system(ev.actor) and ev.note.startswith("requeued by "):
+            self.noted.append(
+                Violation(
+                    position=pos,
+                    at=ev.at,
+                    code="REQUEUED_IN_CONTRACT",
+                    message=f"{what}: {ev.note}",
+                    job_id=ev.job_id,
+                )
+            )
+        elif self.state.is_admin(ev.actor) and not is_system(ev.actor) and ev.note.strip():
             self.noted.append(
                 Violation(
                     position=pos,

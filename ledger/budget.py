@@ -27,21 +27,24 @@ import msgspec
 
 from ledger.domain import State
 from schemas import commands as c
+from schemas.bounds import AccountPath, Name, Shares, Text, describe
 from schemas.errors import InvalidCommand
 from schemas.events import AccountKind
 
 
 class BudgetAccount(msgspec.Struct, forbid_unknown_fields=True):
+    """One account of a budget file; its values have the bounds of the commands they become."""
+
     kind: AccountKind
-    shares: int = 1
-    members: list[str] | None = None
-    member_shares: dict[str, int] = {}
-    managers: list[str] | None = None
-    reason: str = ""
+    shares: Shares = 1
+    members: list[Name] | None = None
+    member_shares: dict[Name, Shares] = {}
+    managers: list[Name] | None = None
+    reason: Text = ""
 
 
 class BudgetFile(msgspec.Struct, forbid_unknown_fields=True):
-    accounts: dict[str, BudgetAccount] = {}
+    accounts: dict[AccountPath, BudgetAccount] = {}
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,35 @@ def parse(data: bytes, name: str = "budget file") -> BudgetFile:
         raw = tomllib.loads(data.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise InvalidCommand(f"{name}: malformed TOML: {e}", hint="fix the file and retry") from e
+    accounts = raw.get("accounts")
+    for path, spec in accounts.items() if isinstance(accounts, dict) else ():
+        try:
+            msgspec.convert(spec, BudgetAccount)
+        except msgspec.ValidationError as e:
+            raise InvalidCommand(
+                f"{name}: account {path!r}: {describe(e, spec)}",
+                hint="see `gpuledger budget apply --help`",
+            ) from e
     try:
-        return msgspec.convert(raw, BudgetFile)
+        budget = msgspec.convert(raw, BudgetFile)
     except msgspec.ValidationError as e:
-        raise InvalidCommand(f"{name}: {e}", hint="see `gpuledger budget apply --help`") from e
+        raise InvalidCommand(
+            f"{name}: {describe(e, raw)}", hint="see `gpuledger budget apply --help`"
+        ) from e
+    for path, spec in budget.accounts.items():
+        strangers = sorted(set(spec.member_shares) - set(spec.members or ()))
+        if spec.members is not None and strangers:
+            raise InvalidCommand(
+                f"{name}: account {path!r} gives member_shares to {', '.join(strangers)}, "
+                "who are not in its members",
+                hint="add them to `members` or remove their member_shares",
+            )
+        if spec.members is None and spec.member_shares:
+            raise InvalidCommand(
+                f"{name}: account {path!r} has member_shares but no members list",
+                hint="list the members the shares are for",
+            )
+    return budget
 
 
 def _depth(path: str) -> int:
@@ -75,6 +103,13 @@ def plan(state: State, budget: BudgetFile, actor: str, *, prune: bool = False) -
     for path in sorted(wanted, key=lambda p: (_depth(p), p)):
         spec = wanted[path]
         have = state.accounts.get(path)
+        if have is not None and have.open and have.kind != spec.kind:
+            raise InvalidCommand(
+                f"account {path!r} is a {have.kind} in the ledger but a {spec.kind} in the file",
+                hint="an account's kind never changes: fix the file, or close the account and "
+                "open a new one",
+                account=path,
+            )
         if have is None or not have.open:
             out.append(
                 Change(

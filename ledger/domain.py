@@ -18,6 +18,7 @@ import msgspec
 
 from schemas import commands as c
 from schemas import events as e
+from schemas.bounds import NAME_PATTERN, describe, field_value, validate
 from schemas.errors import (
     ContractViolation,
     InvalidCommand,
@@ -27,9 +28,7 @@ from schemas.errors import (
 )
 
 DEBUG_TIME_LIMIT_S = 15 * 60
-MAX_GPUS_PER_NODE = 64
-MAX_GRACE_S = 3600
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_NAME = re.compile(NAME_PATTERN)
 
 JobStatus = Literal["pending", "placed", "running", "finished"]
 NodeState = Literal["active", "draining", "drained", "removed"]
@@ -63,7 +62,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     exit_code: int | None = None
     preemptions: int = 0
     logs: tuple[str, ...] = ()
-    finish_reason: e.FinishReason = "exit"
+    held: bool = False
+    """A held pending job is not scheduled until released."""
 
     @property
     def job_id(self) -> int:
@@ -199,6 +199,7 @@ NewId = Callable[[], str]
 
 def decide(state: State, cmd: c.AnyCommand, now: float, new_id: NewId) -> list[e.AnyEvent]:
     """Pure: validate `cmd` against `state` and return the events it causes, or raise."""
+    _bounded(cmd)
     if not isinstance(cmd, c.InitLedger) and not state.initialised:
         raise InvalidCommand(
             "the ledger is not initialised", hint="run `gpuledger init --admin USER`"
@@ -207,6 +208,22 @@ def decide(state: State, cmd: c.AnyCommand, now: float, new_id: NewId) -> list[e
         raise NotAuthorised("no actor given", hint="pass --as USER or set GPULEDGER_USER")
     handler = _HANDLERS[type(cmd)]
     return handler(state, cmd, _Stamp(now, cmd.actor, new_id))
+
+
+def _bounded(cmd: c.AnyCommand) -> None:
+    """Every field inside its type's bounds (`schemas.bounds`): the one check of them, whoever
+    built the command (a Struct built in Python skips its `Meta`)."""
+    try:
+        validate(cmd)
+    except msgspec.ValidationError as err:
+        op = type(cmd).__struct_config__.tag
+        data = msgspec.to_builtins(cmd)
+        field = str(err).rpartition("at `$.")[2].rstrip("`")
+        found, value = field_value(data, field)
+        fields = {field: value} if found and field.isidentifier() else {}
+        raise InvalidCommand(
+            f"invalid {op} command: {describe(err, data)}", op=op, **fields
+        ) from err
 
 
 class _Envelope(TypedDict):
@@ -265,8 +282,6 @@ def _init(state: State, cmd: c.InitLedger, s: _Stamp) -> list[e.AnyEvent]:
         raise InvalidTransition("the ledger is already initialised")
     _name(cmd.admin, "user name")
     _name(cmd.cluster, "cluster name")
-    if cmd.min_runtime_cap_s <= 0:
-        raise InvalidCommand("the min runtime cap must be positive")
     return [
         e.LedgerInitialised(
             **s.kw(), admin=cmd.admin, min_runtime_cap_s=cmd.min_runtime_cap_s, cluster=cmd.cluster
@@ -298,12 +313,6 @@ _PARENT_KINDS: dict[str, tuple[str | None, ...]] = {
 }
 
 
-def _shares(value: int) -> int:
-    if value < 0:
-        raise InvalidCommand(f"shares must be >= 0, got {value}", shares=value)
-    return value
-
-
 def _open_account(state: State, cmd: c.OpenAccount, s: _Stamp) -> list[e.AnyEvent]:
     path = _path(cmd.path)
     parent = path.rsplit("/", 1)[0] if "/" in path else None
@@ -319,7 +328,6 @@ def _open_account(state: State, cmd: c.OpenAccount, s: _Stamp) -> list[e.AnyEven
             hint="programs hold programs and projects; projects hold projects and users",
             account=path,
         )
-    _shares(cmd.shares)
     return [
         e.AccountOpened(**s.kw(), path=path, parent=parent, kind=cmd.kind),
         e.SharesSet(**s.kw(), account=path, shares=cmd.shares, reason=cmd.reason or "opened"),
@@ -356,7 +364,6 @@ def _close_account(state: State, cmd: c.CloseAccount, s: _Stamp) -> list[e.AnyEv
 def _set_shares(state: State, cmd: c.SetShares, s: _Stamp) -> list[e.AnyEvent]:
     acct = state.open_account(cmd.account)
     _require_manages(state, s.actor, acct.parent, f"set the shares of {cmd.account!r}")
-    _shares(cmd.shares)
     return [e.SharesSet(**s.kw(), account=cmd.account, shares=cmd.shares, reason=cmd.reason)]
 
 
@@ -373,7 +380,6 @@ def _add_member(state: State, cmd: c.AddMember, s: _Stamp) -> list[e.AnyEvent]:
     _require_manages(state, s.actor, cmd.project, f"add members to {cmd.project!r}")
     if cmd.user in state.members.get(cmd.project, ()):
         raise InvalidTransition(f"{cmd.user!r} is already a member of {cmd.project!r}")
-    _shares(cmd.shares)
     out: list[e.AnyEvent] = [e.MemberAdded(**s.kw(), user=cmd.user, project=cmd.project)]
     leaf = f"{cmd.project}/{cmd.user}"
     existing = state.accounts.get(leaf)
@@ -430,8 +436,6 @@ def _register_node(state: State, cmd: c.RegisterNode, s: _Stamp) -> list[e.AnyEv
     existing = state.nodes.get(cmd.node)
     if not (existing is None or existing.state == "removed"):
         raise InvalidTransition(f"node {cmd.node!r} is already registered")
-    if not (1 <= cmd.gpus <= MAX_GPUS_PER_NODE):
-        raise InvalidCommand(f"a node has 1 to {MAX_GPUS_PER_NODE} GPUs, got {cmd.gpus}")
     return [
         e.NodeRegistered(
             **s.kw(), cluster=cluster, node=cmd.node, gpu_type=cmd.gpu_type, gpus=cmd.gpus
@@ -440,7 +444,8 @@ def _register_node(state: State, cmd: c.RegisterNode, s: _Stamp) -> list[e.AnyEv
 
 
 def _drain_node(state: State, cmd: c.DrainNode, s: _Stamp) -> list[e.AnyEvent]:
-    _require_admin(state, s.actor, "drain nodes")
+    if not is_system(s.actor):  # an execution engine that marks a node down drains it
+        _require_admin(state, s.actor, "drain nodes")
     node = state.node(cmd.node)
     if node.state != "active":
         raise InvalidTransition(f"node {cmd.node!r} is already {node.state}")
@@ -453,7 +458,8 @@ def _drain_node(state: State, cmd: c.DrainNode, s: _Stamp) -> list[e.AnyEvent]:
 
 
 def _return_node(state: State, cmd: c.ReturnNode, s: _Stamp) -> list[e.AnyEvent]:
-    _require_admin(state, s.actor, "return nodes")
+    if not is_system(s.actor):  # ... and returns it when the engine brings it back
+        _require_admin(state, s.actor, "return nodes")
     node = state.node(cmd.node)
     if node.state not in ("draining", "drained"):
         raise InvalidTransition(f"node {cmd.node!r} is {node.state}, not draining or drained")
@@ -486,8 +492,6 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
             f"{user!r} is not a member of {cmd.account!r}",
             hint="a manager adds members: `gpuledger member add`",
         )
-    if cmd.gpus < 1:
-        raise InvalidCommand(f"a job needs at least 1 GPU, got {cmd.gpus}")
     total, largest = state.capacity(cmd.gpu_type, cmd.cluster)
     if cmd.gpus > total:
         kind = f"{cmd.gpu_type} GPUs" if cmd.gpu_type else "GPUs"
@@ -506,13 +510,7 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
             min_runtime_s=min_runtime,
         )
     if cmd.time_limit_s is not None:
-        if cmd.time_limit_s <= 0:
-            raise InvalidCommand("the time limit must be positive")
         min_runtime = min(min_runtime, cmd.time_limit_s)
-    if not (cmd.duration_s is None or cmd.duration_s >= 0):
-        raise InvalidCommand("a duration must be >= 0")
-    if not (cmd.grace_s is None or 0 <= cmd.grace_s <= MAX_GRACE_S):
-        raise InvalidCommand(f"the grace period must be within 0..{MAX_GRACE_S}s")
     debug = (
         cmd.time_limit_s is not None
         and cmd.time_limit_s <= DEBUG_TIME_LIMIT_S
@@ -552,17 +550,57 @@ def _drained_after(
     return out
 
 
+def _require_owner(state: State, job: Job, actor: str, what: str) -> None:
+    """The job's owner, a manager of its account, an admin or a system actor (cancel's rule)."""
+    if not (actor == job.spec.user or state.manages(actor, job.spec.account) or is_system(actor)):
+        raise NotAuthorised(
+            f"{actor!r} may not {what} job {job.job_id}: only its owner, a manager or an admin"
+        )
+
+
 def _cancel(state: State, cmd: c.CancelJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
-    if not (
-        s.actor == job.spec.user or state.manages(s.actor, job.spec.account) or is_system(s.actor)
-    ):
-        raise NotAuthorised(
-            f"{s.actor!r} may not cancel job {cmd.job_id}: only its owner, a manager or an admin"
-        )
+    _require_owner(state, job, s.actor, "cancel")
     if not job.active:
         raise InvalidTransition(f"job {cmd.job_id} already {job.outcome}")
     out: list[e.AnyEvent] = [e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome="cancelled")]
+    return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)
+
+
+def _hold(state: State, cmd: c.HoldJob, s: _Stamp) -> list[e.AnyEvent]:
+    job = state.job(cmd.job_id)
+    _require_owner(state, job, s.actor, "hold")
+    if job.status != "pending":
+        raise InvalidTransition(
+            f"job {cmd.job_id} is {job.outcome or job.status}: only pending jobs can be held",
+            hint="`gpuledger requeue` puts a running job back in the queue",
+        )
+    if job.held:
+        raise InvalidTransition(f"job {cmd.job_id} is already held")
+    return [e.JobHeld(**s.kw(), job_id=cmd.job_id, reason=cmd.reason)]
+
+
+def _release_job(state: State, cmd: c.ReleaseJob, s: _Stamp) -> list[e.AnyEvent]:
+    job = state.job(cmd.job_id)
+    _require_owner(state, job, s.actor, "release")
+    if not job.held:
+        raise InvalidTransition(f"job {cmd.job_id} is not held")
+    return [e.JobReleased(**s.kw(), job_id=cmd.job_id)]
+
+
+def _requeue(state: State, cmd: c.RequeueJob, s: _Stamp) -> list[e.AnyEvent]:
+    job = state.job(cmd.job_id)
+    _require_owner(state, job, s.actor, "requeue")
+    if job.status not in ("placed", "running"):
+        raise InvalidTransition(
+            f"job {cmd.job_id} is {job.outcome or job.status}: only placed or running jobs can "
+            "be requeued"
+        )
+    note = f"requeued by {s.actor}" + (f": {cmd.reason}" if cmd.reason else "")
+    out: list[e.AnyEvent] = [
+        e.JobPreempted(**s.kw(), job_id=cmd.job_id, reason="admin", note=note[:1000]),
+        e.JobRequeued(**s.kw(), job_id=cmd.job_id),
+    ]
     return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)
 
 
@@ -632,6 +670,12 @@ def _check_slots(
 
 def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.AnyEvent]:
     _require_system(state, s.actor, "apply dispatcher decisions")
+    if cmd.based_on > state.events:
+        raise InvalidCommand(
+            f"a decision based on position {cmd.based_on} is ahead of the log "
+            f"(position {state.events})",
+            based_on=cmd.based_on,
+        )
     out: list[e.AnyEvent] = [
         e.CycleDecided(
             **s.kw(),
@@ -672,6 +716,8 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
                 else f"job {pl.job_id} is {job.status}, not pending",
                 job_id=pl.job_id,
             )
+        if job.held:
+            raise InvalidTransition(f"job {pl.job_id} is held", job_id=pl.job_id)
         _check_slots(state, job, pl.slots, taken)
         placed.add(pl.job_id)
         out.append(
@@ -704,7 +750,19 @@ def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
     if job.status != "placed":
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not placed")
-    return [e.JobStarted(**s.kw(), job_id=cmd.job_id, logs=cmd.logs)]
+    out: list[e.AnyEvent] = [e.JobStarted(**s.kw(), job_id=cmd.job_id, logs=cmd.logs)]
+    if cmd.engine:
+        out.append(
+            e.JobEngineLinked(
+                **s.kw(),
+                job_id=cmd.job_id,
+                engine=cmd.engine,
+                engine_job_id=cmd.engine_job_id,
+                run=cmd.run,
+                gpus=cmd.gpus,
+            )
+        )
+    return out
 
 
 def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
@@ -714,14 +772,20 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not running")
     outcome: e.FinishOutcome = "completed" if cmd.exit_code == 0 else "failed"
     out: list[e.AnyEvent] = [
-        e.JobFinished(
-            **s.kw(),
-            job_id=cmd.job_id,
-            outcome=outcome,
-            exit_code=cmd.exit_code,
-            reason=cmd.reason,
-        )
+        e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome=outcome, exit_code=cmd.exit_code)
     ]
+    if cmd.engine:
+        out.append(
+            e.JobEngineEnded(
+                **s.kw(),
+                job_id=cmd.job_id,
+                engine=cmd.engine,
+                engine_job_id=cmd.engine_job_id,
+                reason=cmd.reason,
+                engine_state=cmd.engine_state,
+                exit_code=cmd.exit_code,
+            )
+        )
     return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)
 
 
@@ -766,6 +830,9 @@ _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]]
     c.RemoveNode: _remove_node,  # type: ignore[dict-item]
     c.SubmitJob: _submit,  # type: ignore[dict-item]
     c.CancelJob: _cancel,  # type: ignore[dict-item]
+    c.HoldJob: _hold,  # type: ignore[dict-item]
+    c.ReleaseJob: _release_job,  # type: ignore[dict-item]
+    c.RequeueJob: _requeue,  # type: ignore[dict-item]
     c.ApplyDecision: _apply_decision,  # type: ignore[dict-item]
     c.PreemptJob: _preempt,  # type: ignore[dict-item]
     c.StartJob: _start,  # type: ignore[dict-item]
@@ -866,6 +933,10 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             state.jobs[event.job_id] = msgspec.structs.replace(
                 job, slots=(), placed_at=None, started_at=None, preemptions=job.preemptions + 1
             )
+        case e.JobHeld():
+            state.jobs[event.job_id] = msgspec.structs.replace(state.jobs[event.job_id], held=True)
+        case e.JobReleased():
+            state.jobs[event.job_id] = msgspec.structs.replace(state.jobs[event.job_id], held=False)
         case e.JobRequeued():
             state.jobs[event.job_id] = msgspec.structs.replace(
                 state.jobs[event.job_id], status="pending"
@@ -874,17 +945,12 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             job = state.jobs[event.job_id]
             _release(state, job)
             state.jobs[event.job_id] = msgspec.structs.replace(
-                job,
-                status="finished",
-                outcome=event.outcome,
-                exit_code=event.exit_code,
-                finish_reason=event.reason,
-                slots=(),
+                job, status="finished", outcome=event.outcome, exit_code=event.exit_code, slots=()
             )
         case e.CheckpointReported():
             job = state.jobs[event.job_id]
             state.jobs[event.job_id] = msgspec.structs.replace(job, checkpoint_at=event.at)
-        case e.UtilisationSampled() | e.CycleDecided():
+        case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineLinked() | e.JobEngineEnded():
             pass
     return state
 

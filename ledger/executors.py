@@ -1,20 +1,28 @@
 """Executors run what the dispatcher placed. An edge: processes, signals, a virtual clock.
 
-The ledger is the truth; an executor only reports what happened to the processes it runs
-(`poll` returns exits). The service reconciles: a job the ledger no longer counts as running
-(preempted, cancelled) is stopped here.
+The ledger is the truth; an executor only carries out its decisions and reports what really
+happened. One interface, three engines: `SimExecutor` (virtual time),
+`ledger.agent.executor.SupervisedExecutor` (processes on this host that outlive the service:
+`gpuledger up`, node agents) and `ledger.slurm.SlurmExecutor` (a Slurm partition):
 
-`SimExecutor` runs jobs on a virtual clock (simulation, what-if). Real processes run under
-`ledger.agent.executor.SupervisedExecutor` (`gpuledger up`, node agents).
+- `launch` a placement with all its parts (every slot of a gang);
+- `stop` a run the ledger no longer counts as running (preempted, cancelled): signal, the grace,
+  then kill; its exit goes unreported;
+- `starts` and `poll` report the runs that began and the runs that ended (exit code and reason);
+- `running` lists what really runs in the engine for the ledger, and `adopt` (services) compares
+  the ledger with the engine after a restart: the service reconciles from facts, never guesses.
+
+An executor that is also `Reporting` reports checkpoints and GPU utilisation samples.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from schemas.events import FinishReason, GpuSlot
+from schemas.events import EndReason, GpuSlot
 
 
 @dataclass(frozen=True)
@@ -27,16 +35,13 @@ class Launch:
     duration_s: float | None
     user: str
     account: str
-    time_limit_s: float | None = None
+    run: int = 0
+    """Which placement of the job this is (its preemptions so far): names the engine's run."""
+    time_limit_s: int | None = None
     """Stop the job this long after it started (SIGTERM, grace, SIGKILL); None: no limit."""
     grace_s: float | None = None
     """SIGTERM-to-SIGKILL grace of this job; None: the executor's default."""
-    launch: int = 1
-    """1 for the first run, +1 for every relaunch after a requeue."""
     debug: bool = False
-
-
-ExitReason = FinishReason
 
 
 @dataclass(frozen=True)
@@ -44,24 +49,31 @@ class Exit:
     job_id: int
     exit_code: int
     at: float
-    reason: ExitReason = "exit"
-    """`exit`: the job ended by itself; `time_limit`: stopped at its limit; `lost`: its process
-    vanished with no exit code recorded."""
+    reason: EndReason = "exited"
+    """`exited`: the job ended by itself; `time_limit`: stopped at its limit; `lost`: its
+    process vanished with no exit code recorded; others as the engine says (Slurm)."""
+    engine_job_id: str = ""
+    """The engine's id of the run (Slurm job id); empty for engines that do not name runs."""
+    engine_state: str = ""
 
 
 @dataclass(frozen=True)
 class Start:
-    """Every part of a job has started (the job is running); where its output goes."""
+    """A run began (every part of it has started)."""
 
     job_id: int
+    engine_job_id: str = ""
+    run: int = 0
+    gpus: tuple[GpuSlot, ...] = ()
+    """The GPUs the engine says the run got (engines that say)."""
     logs: tuple[str, ...] = ()
+    """Where its parts' output goes (engines that know)."""
 
 
 @dataclass(frozen=True)
 class Reports:
     """What an executor that runs real processes observed since it was last asked."""
 
-    starts: list[Start] = field(default_factory=list)
     checkpoints: list[int] = field(default_factory=list)
     """Jobs that reported a checkpoint."""
     samples: list[tuple[int, tuple[float, ...]]] = field(default_factory=list)
@@ -69,23 +81,49 @@ class Reports:
 
 
 class Executor(Protocol):
-    def launch(self, job: Launch, now: float) -> None: ...
+    engine: str
+    """The engine's name in JobEngineLinked/JobEngineEnded ("" records neither: sim, local)."""
+
+    def launch(self, job: Launch, now: float) -> None:
+        """Carry out a placement: every slot of it, on exactly the nodes and GPUs it names."""
 
     def stop(self, job_id: int, now: float) -> None:
-        """Stop a job the ledger no longer runs (preempted, cancelled); its exit goes unreported."""
+        """Stop a job the ledger no longer runs (preempted, cancelled): signal, then kill after
+        the grace; its exit goes unreported."""
 
-    def poll(self, now: float) -> list[Exit]: ...
+    def starts(self, now: float) -> list[Start]:
+        """Launched runs that began running since the last call, in launch order."""
 
-    def running(self) -> set[int]: ...
+    def poll(self, now: float) -> list[Exit]:
+        """Runs that ended since the last call, with exit code and reason."""
+
+    def running(self) -> set[int]:
+        """Jobs that really have a run in the engine (launched and not yet reported ended)."""
 
     def next_event_at(self) -> float | None:
         """When something will happen without outside input (a simulated job ending), if known."""
 
 
+class ServiceExecutor(Executor, Protocol):
+    """An executor a long-running service owns: it can be restarted under running work."""
+
+    relaunch_placed: bool
+    """After a restart, a job the ledger placed that the engine never received is launched
+    again (True: the engine keeps runs across our restarts, so "unknown" means "never sent"), or
+    recorded as lost (False: runs die with the service)."""
+
+    def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
+        """After a restart: `runs` maps each job the ledger holds GPUs for to its current run.
+        Take over the engine's runs that match, stop the engine's runs of ours that the ledger no
+        longer runs, and return the job ids the engine really has."""
+
+    def shutdown(self, now: float) -> list[Exit]:
+        """The service stops: the exits to record (runs this executor ends with the service)."""
+
+
 @runtime_checkable
 class Reporting(Protocol):
-    """An executor whose jobs start asynchronously (once the GPUs are really free) and that
-    reports checkpoints and utilisation. Executors without it start jobs at `launch`."""
+    """An executor that reports checkpoints and utilisation of the jobs it runs."""
 
     def reports(self, now: float) -> Reports: ...
 
@@ -100,9 +138,12 @@ class SimExecutor:
     _live: dict[int, int] = field(default_factory=dict)
     """Running job id -> its launch number."""
     _launches: int = 0
+    _new: list[int] = field(default_factory=list)
+    engine: str = ""
 
     def launch(self, job: Launch, now: float) -> None:
         self._launches += 1
+        self._new.append(job.job_id)
         self._live[job.job_id] = self._launches
         if job.duration_s is not None:
             heapq.heappush(self._ends, (now + job.duration_s, job.job_id, self._launches))
@@ -112,6 +153,11 @@ class SimExecutor:
 
     def _current(self, job_id: int, launch: int) -> bool:
         return self._live.get(job_id) == launch
+
+    def starts(self, now: float) -> list[Start]:
+        """Every launch starts at once."""
+        out, self._new = [Start(j) for j in self._new], []
+        return out
 
     def poll(self, now: float) -> list[Exit]:
         out = []

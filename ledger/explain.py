@@ -144,8 +144,11 @@ def _level_siblings(account: str, level_fs: Mapping[str, float]) -> dict[str, fl
     return out
 
 
-_FINISH_REASONS = {
+_END_REASONS = {
     "time_limit": ": stopped at its time limit",
+    "node_failure": ": its node failed",
+    "cancelled": ": cancelled outside the ledger",
+    "out_of_memory": ": out of memory",
     "lost": ": its process vanished without an exit code",
 }
 
@@ -200,10 +203,30 @@ def explain_history(
                 contract = _contract_at(job, history, ev)
                 out.append(f"{when(ev.at)} preempted for {ev.reason}{note}{who}; {contract}.")
             case e.JobRequeued():
-                out.append(f"{when(ev.at)} requeued automatically (resumable), same job id.")
+                asked = any(
+                    isinstance(p, e.JobPreempted)
+                    and p.at == ev.at
+                    and p.job_id == ev.job_id
+                    and p.note.startswith("requeued by ")
+                    for p in history
+                )
+                how = "on request" if asked else "automatically (resumable)"
+                out.append(f"{when(ev.at)} requeued {how}, same job id.")
+            case e.JobHeld():
+                why = f" ({ev.reason})" if ev.reason else ""
+                out.append(f"{when(ev.at)} held by {ev.actor}{why}.")
+            case e.JobReleased():
+                out.append(f"{when(ev.at)} released by {ev.actor}.")
             case e.JobFinished():
                 code = f" with exit code {ev.exit_code}" if ev.exit_code is not None else ""
-                why = _FINISH_REASONS.get(ev.reason, "")
+                why = next(
+                    (
+                        _END_REASONS.get(x.reason, "")
+                        for x in history
+                        if isinstance(x, e.JobEngineEnded) and x.at == ev.at
+                    ),
+                    "",
+                )
                 out.append(f"{when(ev.at)} ended {ev.outcome}{code}{why}.")
     if job.status in ("placed", "running"):
         out.append(contract_line(job, now))
@@ -220,3 +243,39 @@ def _contract_at(job: Job, history: Sequence[e.AnyEvent], preempted: e.JobPreemp
     if preempted.at >= ends:
         return f"its contract had expired at {when(ends)}"
     return f"inside its contract (until {when(ends)}): an admin preemption"
+
+
+JobStates = Mapping[int, tuple[str, str | None, int | None]]
+"""job id -> (status, outcome, exit code)."""
+
+
+def job_states(jobs: Mapping[int, Job]) -> dict[int, tuple[str, str | None, int | None]]:
+    """Pure: what `lifecycle_lines` compares."""
+    return {i: (j.status, j.outcome, j.exit_code) for i, j in jobs.items()}
+
+
+def lifecycle_lines(before: JobStates, jobs: Mapping[int, Job], output_dir: str) -> list[str]:
+    """Pure: one line per job that started, finished, failed or went back to the queue between
+    two states, naming where a started job's output goes (`<output_dir>/job-N.log`)."""
+    out = []
+    for job_id in sorted(jobs):
+        job = jobs[job_id]
+        was = before.get(job_id, ("new", None, None))[0]
+        now = job.status
+        if now == was:
+            continue
+        s = job.spec
+        who = f"job {job_id} ({s.account}, {s.user}, {plural(s.gpus, 'GPU')})"
+        if now in ("placed", "running") and was not in ("placed", "running"):
+            where = "; ".join(
+                f"{sl.node} GPUs {','.join(map(str, sl.gpu_indices))}" for sl in job.slots
+            )
+            out.append(f"{who} started on {where}; output: {output_dir}/job-{job_id}.log")
+        elif now == "finished" and job.outcome in ("completed", "failed"):
+            code = "" if job.exit_code is None else f" (exit code {job.exit_code})"
+            out.append(f"{who} {job.outcome}{code}; output: {output_dir}/job-{job_id}.log")
+        elif now == "finished":
+            out.append(f"{who} {job.outcome}")
+        elif now == "pending" and was in ("placed", "running"):
+            out.append(f"{who} preempted and requeued")
+    return out

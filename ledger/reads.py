@@ -29,6 +29,7 @@ from projections.store import Store
 from schemas import codec
 from schemas import events as e
 from schemas import views as v
+from schemas.bounds import TeamDepth, check
 from schemas.errors import InvalidCommand, UnknownEntity
 
 # --- budget tree and nodes ---------------------------------------------------------------------
@@ -85,7 +86,15 @@ def node_list(state: State) -> list[v.NodeRow]:
 # --- jobs and the log (history: the projection) ----------------------------------------------
 
 _JOBS = """
-SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster, j.status, j.outcome,
+WITH held AS (
+    SELECT job_id, arg_max(tag, position) = 'job.held.v1' AS held FROM events
+    WHERE tag IN ('job.held.v1', 'job.released.v1') GROUP BY job_id
+), j AS (
+    SELECT j.*, CASE WHEN j.status = 'pending' AND coalesce(h.held, false) THEN 'held'
+                     ELSE j.status END AS state
+    FROM jobs j LEFT JOIN held h USING (job_id)
+)
+SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster, j.state, j.outcome,
        j.exit_code, j.funded, j.min_runtime_s, j.resumable, j.priority, j.debug, j.time_limit_s,
        j.submitted_at, j.placed_at, j.started_at, j.finished_at, j.placements, j.preemptions,
        coalesce((SELECT list(DISTINCT s.node ORDER BY s.node)
@@ -97,11 +106,11 @@ SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster, j.status
        (SELECT coalesce(from_json(ev.raw->'$.logs', '["VARCHAR"]'), [])
         FROM events ev WHERE ev.job_id = j.job_id AND ev.tag = 'job.started.v1'
         ORDER BY ev.position DESC LIMIT 1) AS logs,
-       (SELECT coalesce(ev.raw->>'$.reason', 'exit')
-        FROM events ev WHERE ev.job_id = j.job_id AND ev.tag = 'job.finished.v1'
+       (SELECT ev.raw->>'$.reason'
+        FROM events ev WHERE ev.job_id = j.job_id AND ev.tag = 'job.engine_ended.v1'
         ORDER BY ev.position DESC LIMIT 1) AS finish_reason
-FROM jobs j
-WHERE ($status IS NULL OR j.status = $status OR ($status = 'active' AND j.status <> 'finished'))
+FROM j
+WHERE ($status IS NULL OR j.state = $status OR ($status = 'active' AND j.state <> 'finished'))
   AND ($user IS NULL OR j.user_name = $user)
   AND ($account IS NULL OR j.account = $account OR j.account LIKE $account || '/%')
   AND ($since IS NULL OR j.finished_at IS NULL OR j.finished_at >= $since)
@@ -134,6 +143,8 @@ def jobs(store: Store, f: v.JobFilter, now: float) -> list[v.JobRow]:
          started_at, finished_at, placements, preemptions, nodes, last_start,
          command, logs, finish_reason) = r  # fmt: skip
         began = started_at if started_at is not None else last_start
+        if status in ("pending", "held"):
+            began = None  # requeued: its last run is over
         end = finished_at if status == "finished" else (now if status == "running" else None)
         elapsed = None if began is None or end is None else max(0.0, end - began)
         out.append(
@@ -146,7 +157,7 @@ def jobs(store: Store, f: v.JobFilter, now: float) -> list[v.JobRow]:
                 finished_at=finished_at, elapsed_s=elapsed, nodes=list(nodes),
                 placements=placements, preemptions=preemptions, command=list(command or []),
                 logs=list(logs or []),
-                finish_reason=finish_reason if status == "finished" else None,
+                finish_reason=(finish_reason or "exited") if status == "finished" else None,
             )
         )  # fmt: skip
     return out
@@ -230,8 +241,7 @@ def delivered(store: Store, start: float, end: float, team_depth: int) -> v.Deli
     """Owed against delivered GPU-hours per team over [start, end)."""
     if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
         raise InvalidCommand("the report needs a positive, finite window", start=start, end=end)
-    if team_depth < 1:
-        raise InvalidCommand(f"team depth must be >= 1, got {team_depth}", team_depth=team_depth)
+    team_depth = check(team_depth, TeamDepth, "team depth")
     rep = queries.delivered_report(store, start, end, team_depth=team_depth)
     return v.DeliveredView(
         start_at=rep.start,
@@ -413,7 +423,7 @@ def queue(
             )  # fmt: skip
     if f.state in ("held", "all"):
         for job in sorted(state.jobs.values(), key=lambda j: j.job_id):
-            if not getattr(job, "held", False) or job.status != "pending":
+            if not job.held or job.status != "pending":
                 continue
             s = job.spec
             if (f.user and s.user != f.user) or not _under(s.account, f.account):
@@ -429,7 +439,17 @@ def queue(
     return rows[: f.limit]
 
 
+_DEBUG_LANE = ("debug_lane", "0: a funded debug-class job in the debug lane, 1: any other")
 _KEY_PARTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "fairshare-2": (
+        _DEBUG_LANE,
+        ("funded_class", "0 funded, 1 unfunded (funded work goes first)"),
+        ("team_rank", "the team's fair-share rank, 0 the best"),
+        ("priority_neg", "declared priority, negated: orders jobs inside one team"),
+        ("user_rank", "the user leaf's fair-share rank inside the team"),
+        ("submitted_at", "submit time, earlier first"),
+        ("job_id", "the tie-break"),
+    ),
     "fairshare": (
         ("funded_class", "0 funded, 1 unfunded (funded work goes first)"),
         ("team_rank", "the team's fair-share rank, 0 the best"),
@@ -460,7 +480,7 @@ _KEY_PARTS: dict[str, tuple[tuple[str, str], ...]] = {
 
 def key_parts(policy_version: str, key: Sequence[float | int | str]) -> list[v.KeyPart]:
     """Pure: the parts of a sort key with their names (unknown layouts get `part_N`)."""
-    names = _KEY_PARTS.get(policy_version.split("-", 1)[0], ())
+    names = _KEY_PARTS.get(policy_version) or _KEY_PARTS.get(policy_version.split("-", 1)[0], ())
     if len(names) != len(key):
         names = tuple((f"part_{i + 1}", "") for i in range(len(key)))
     return [v.KeyPart(name=n, value=x, meaning=m) for (n, m), x in zip(names, key, strict=True)]
@@ -536,7 +556,7 @@ def explain(ledger: Ledger, store: Store, job_id: int, policy: Policy, now: floa
     events = [
         v.ExplainEvent(at=ev.at, tag=_tag(ev), text=t) for ev, t in _history_texts(history, told)
     ]
-    held = bool(getattr(job, "held", False))
+    held = job.held
     status: v.JobStatusWord = "held" if held and job.status == "pending" else job.status
     code = reason = sort_key = position = queue_length = start = None
     blocking: list[int] = []
@@ -590,7 +610,7 @@ def _history_texts(history: Sequence[e.AnyEvent], told: list[str]) -> list[tuple
     told event, in order, after its headline)."""
     tellable = (
         e.JobSubmitted, e.JobPlaced, e.JobStarted, e.CheckpointReported, e.JobPreempted,
-        e.JobRequeued, e.JobFinished,
+        e.JobRequeued, e.JobHeld, e.JobReleased, e.JobFinished,
     )  # fmt: skip
     shown = [ev for ev in history if isinstance(ev, tellable)]
     return list(zip(shown, told[1 : 1 + len(shown)], strict=False))

@@ -13,8 +13,14 @@ An edge (network, files). Guarantees, with the reasons (docs/kafka.md has the lo
   the first one's next transaction fails with ProducerFencedError and it raises `RelayFenced`.
 - *The right topic.* The topic is created explicitly (one partition, unlimited retention,
   delete policy: every record has the same key, so compaction would keep only the last one);
-  an existing topic with another shape is refused, and so is a topic whose last record is not
-  byte-equal to the store's event at that position (another ledger's topic).
+  an existing topic with another shape is refused, and so is a topic that carries another log
+  (a record that continues the chain without being the store's event: another ledger's topic).
+- *Foreign records are skipped, not obeyed.* The bookmark is the relay's last record (byte-equal
+  to the store's event at its position); records another producer wrote after it are skipped
+  with a warning naming their offsets: the store is the source of truth.
+- *Never silent.* `RelayService` runs the relay in its own thread for the service: every error is
+  logged (once per outage) and kept in its health (`<home>/relay.json`, `gpuledger relay
+  status`); scheduling never waits on it; `stop()` flushes every committed event (bounded).
 
 Record timestamps are the wall clock at publish time (Kafka 4 rejects timestamps more than an
 hour in the future, and simulations run far ahead); the event time stays in the payload.
@@ -65,6 +71,7 @@ DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
 """How long finding a broker may take before it counts as unreachable (the 30 s of kafka-python's
 default made an unreachable broker take half a minute to report)."""
+DEFAULT_FLUSH_S = 10.0
 HEALTH_FILE = "relay.json"
 
 log = logging.getLogger("gpuledger.relay")
@@ -184,15 +191,23 @@ def _patience(timeout_s: float) -> dict[str, int]:
 
 def connect_timeout() -> float:
     """GPULEDGER_KAFKA_CONNECT_TIMEOUT (seconds), default DEFAULT_CONNECT_TIMEOUT_S."""
-    text = os.environ.get("GPULEDGER_KAFKA_CONNECT_TIMEOUT", "")
+    return _seconds("GPULEDGER_KAFKA_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S)
+
+
+def flush_timeout() -> float:
+    """GPULEDGER_KAFKA_FLUSH_TIMEOUT (seconds): how long a stopping service may wait to publish
+    its last events; default DEFAULT_FLUSH_S."""
+    return _seconds("GPULEDGER_KAFKA_FLUSH_TIMEOUT", DEFAULT_FLUSH_S)
+
+
+def _seconds(name: str, default: float) -> float:
+    text = os.environ.get(name, "")
     try:
-        value = float(text) if text else DEFAULT_CONNECT_TIMEOUT_S
+        value = float(text) if text else default
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise RelayError(
-            f"invalid GPULEDGER_KAFKA_CONNECT_TIMEOUT {text!r}", hint="give seconds, e.g. 4"
-        )
+        raise RelayError(f"invalid {name} {text!r}", hint="give seconds, e.g. 3")
     return value
 
 
@@ -755,7 +770,7 @@ class RelayService:
         transactional_id: str = DEFAULT_TRANSACTIONAL_ID,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-        flush_s: float = 10.0,
+        flush_s: float = DEFAULT_FLUSH_S,
         interval_s: float = 0.05,
         keys: SigningKeys | None = None,
     ) -> None:
@@ -769,6 +784,7 @@ class RelayService:
         self.interval_s = interval_s
         self.keys = keys if keys is not None else signing_keys()
         self.relay: Relay | None = None
+        self._recorder: ApplicationRecorder | None = None
         self.clock = SystemClock()
         now = self.clock.now()
         self.health = RelayHealth(
@@ -827,7 +843,7 @@ class RelayService:
         try:
             if self.relay is None:
                 self.relay = Relay(
-                    open_store(self.home),
+                    self._store(),
                     self.bootstrap,
                     topic=self.topic,
                     transactional_id=self.transactional_id,
@@ -884,7 +900,9 @@ class RelayService:
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.2)
-        head = self.relay.store_head() if self.relay is not None else self.health.store_head
+        head = self._store_head()
+        if head <= self.health.position:
+            return
         log.error(
             "relay: %d event(s) not published at exit (topic at position %d, store at %d): the "
             "next relay publishes them",
@@ -892,6 +910,20 @@ class RelayService:
             self.health.position,
             head,
         )
+
+    def _store_head(self) -> int:
+        if self.relay is not None:
+            return self.relay.store_head()
+        try:
+            return int(self._store().max_notification_id() or 0)
+        except Exception:
+            return self.health.store_head
+
+    def _store(self) -> ApplicationRecorder:
+        """The store's recorder, opened once (a relay that cannot connect is made again)."""
+        if self._recorder is None:
+            self._recorder = open_store(self.home)
+        return self._recorder
 
     def _set(self, state: RelayState, error: str = "") -> None:
         now = self.clock.now()
@@ -902,7 +934,7 @@ class RelayService:
             bootstrap=self.bootstrap,
             topic=self.topic,
             position=relay.position if relay is not None else old.position,
-            store_head=_quiet_head(relay) if relay is not None else old.store_head,
+            store_head=_quiet_head(relay) if relay is not None else self._store_head(),
             error=error,
             skipped=relay.skipped if relay is not None else old.skipped,
             since=old.since if state == old.state else now,

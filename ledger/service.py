@@ -13,7 +13,7 @@ One cycle, as numbered steps (Kueue's `schedule()` shape):
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,8 +23,7 @@ from ledger.application import Ledger
 from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.snapshot import Snapshot, snapshot_from_state
-from ledger.domain import Job
-from ledger.executors import Executor, Launch, Reporting
+from ledger.executors import Executor, Launch, Reporting, ServiceExecutor
 from projections import queries
 from projections.fairshare import UsagePolicy
 from projections.projector import Projector
@@ -136,11 +135,15 @@ class Dispatcher:
         policy: Policy,
         executor: Executor,
         util: UtilTracker | None = None,
+        unavailable: Callable[[], Mapping[str, frozenset[int]]] | None = None,
     ) -> None:
         self.ledger = ledger
         self.rank_source = ranks
         self.policy = policy
         self.executor = executor
+        self.unavailable = unavailable
+        """GPUs the engine says are busy with work the ledger does not own (foreign Slurm jobs):
+        never placed on."""
         # the squat threshold is the policy's, and utilisation is read from the whole log (not
         # only from when this process started), so replay sees what the cycle saw
         threshold = float(getattr(policy, "squat_util_pct", UtilTracker.threshold_pct))
@@ -165,48 +168,47 @@ class Dispatcher:
     def report_exits(self, now: float) -> int:
         """Exits the executor saw become JobFinished (unless the ledger already ended the job)."""
         done = 0
-        for ex in self.executor.poll(now):
+        engine = self.executor.engine
+        exits = self.executor.poll(now)
+        self.report_starts(now)  # a run that began and ended since the last look started first
+        for ex in exits:
             job = self.ledger.state.jobs.get(ex.job_id)
             if job is None or job.status not in ("placed", "running"):
                 continue
-            try:
-                self.ledger.execute(
-                    c.FinishJob(
-                        actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code, reason=ex.reason
-                    )
+            cmd = c.FinishJob(actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code)
+            if engine:
+                cmd = msgspec.structs.replace(
+                    cmd,
+                    engine=engine,
+                    engine_job_id=ex.engine_job_id,
+                    reason=ex.reason,
+                    engine_state=ex.engine_state,
                 )
+            try:
+                self.ledger.execute(cmd)
                 done += 1
             except LedgerError as err:  # the ledger moved on (cancel, preemption): keep going
                 log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
         return done
 
-    def report_progress(self, now: float) -> int:
-        """Starts, checkpoints and utilisation samples of an executor that reports them
-        (`Reporting`) become events; what the ledger has moved past is dropped. Returns the
-        number of jobs reported started."""
+    def report_progress(self, now: float) -> None:
+        """Checkpoints and utilisation samples of an executor that reports them (`Reporting`)
+        become events; what the ledger has moved past is dropped."""
         if not isinstance(self.executor, Reporting):
-            return 0
+            return
         got = self.executor.reports(now)
         jobs = self.ledger.state.jobs
-        starts: list[c.AnyCommand] = [
-            c.StartJob(actor=EXECUTOR, job_id=s.job_id, logs=s.logs)
-            for s in got.starts
-            if s.job_id in jobs and jobs[s.job_id].status == "placed"
-        ]
-        self._execute_reports(starts)
-        # after the starts: a job checkpoints or samples as soon as it runs
-        rest: list[c.AnyCommand] = [
+        batch: list[c.AnyCommand] = [
             c.ReportCheckpoint(actor=EXECUTOR, job_id=j)
             for j in got.checkpoints
             if j in jobs and jobs[j].status == "running" and jobs[j].spec.resumable
         ]
-        rest += [
+        batch += [
             c.SampleUtilisation(actor=EXECUTOR, job_id=j, gpu_utilisation=u)
             for j, u in got.samples
             if j in jobs and jobs[j].status == "running" and len(u) == jobs[j].spec.gpus
         ]
-        self._execute_reports(rest)
-        return len(starts)
+        self._execute_reports(batch)
 
     def _execute_reports(self, batch: list[c.AnyCommand]) -> None:
         if not batch:
@@ -220,19 +222,74 @@ class Dispatcher:
                 except LedgerError as err:
                     log.info("report not recorded: %s", err.line())
 
-    def launch_of(self, job: Job) -> Launch:
-        """What the executor runs for a placed job: its original command, every launch."""
+    def report_starts(self, now: float) -> int:
+        """Runs the executor saw begin become JobStarted (with the engine's run id, if any)."""
+        engine = self.executor.engine
+        starts: list[c.AnyCommand] = []
+        for st in self.executor.starts(now):
+            job = self.ledger.state.jobs.get(st.job_id)
+            if job is None or job.status != "placed":
+                continue
+            if engine:
+                starts.append(
+                    c.StartJob(
+                        actor=EXECUTOR,
+                        job_id=st.job_id,
+                        engine=engine,
+                        engine_job_id=st.engine_job_id,
+                        run=st.run,
+                        gpus=st.gpus,
+                        logs=st.logs,
+                    )
+                )
+            else:
+                starts.append(c.StartJob(actor=EXECUTOR, job_id=st.job_id, logs=st.logs))
+        if starts:
+            self.ledger.execute_all(starts)
+        return len(starts)
+
+    def recover(self, executor: ServiceExecutor, now: float) -> None:
+        """After a (re)start, before any cycle: compare the ledger with the engine.
+
+        1. the engine adopts its runs that the ledger still holds GPUs for and stops the runs of
+           ours the ledger no longer runs;
+        2. a placed job the engine never received is launched again (engines that keep runs
+           across our restarts) or, like a run the engine has no trace of, recorded as lost.
+        """
+        self.ledger.catch_up()
+        held = {
+            j.job_id: j
+            for j in self.ledger.state.jobs.values()
+            if j.status in ("placed", "running")
+        }
+        known = executor.adopt({jid: j.preemptions for jid, j in held.items()}, now)
+        for job_id in sorted(set(held) - known):
+            job = held[job_id]
+            if job.status == "placed" and executor.relaunch_placed:
+                log.warning("job %s was placed but never reached the engine: launching it", job_id)
+                executor.launch(self._launch(job_id), now)
+                continue
+            log.warning(
+                "job %s has no run in the engine after a restart: recording it lost", job_id
+            )
+            cmd = c.FinishJob(actor=EXECUTOR, job_id=job_id, exit_code=-1)
+            if executor.engine:
+                cmd = msgspec.structs.replace(cmd, engine=executor.engine, reason="lost")
+            self.ledger.execute(cmd)
+
+    def _launch(self, job_id: int) -> Launch:
+        job = self.ledger.state.jobs[job_id]
         spec = job.spec
         return Launch(
-            job.job_id,
+            job_id,
             job.slots,
             spec.command,
             spec.duration_s,
             spec.user,
             spec.account,
+            run=job.preemptions,
             time_limit_s=spec.time_limit_s,
             grace_s=spec.grace_s,
-            launch=job.preemptions + 1,
             debug=spec.debug,
         )
 
@@ -244,7 +301,8 @@ class Dispatcher:
                 self.executor.stop(job_id, now)
 
     def cycle(self, now: float) -> CycleResult:
-        # 0. starts and samples, then exits: GPUs they free are free for this cycle
+        # 0. starts, checkpoints and samples, then exits: GPUs they free are free for this cycle
+        self.report_starts(now)
         self.report_progress(now)
         finished = self.report_exits(now)
         # 1. snapshot at position P
@@ -258,6 +316,7 @@ class Dispatcher:
             level_fs=level_fs,
             low_util_since=self.util.low_since,
             position=position,
+            unavailable=None if self.unavailable is None else self.unavailable(),
         )
         # 2. decide (pure)
         decision = decide(snapshot, self.policy, now)
@@ -275,16 +334,9 @@ class Dispatcher:
             )
         # 4. executor: stop the preempted, launch the placed, report starts
         self.reconcile(now)
-        starts: list[c.AnyCommand] = []
         for pl in decision.placements:
-            self.executor.launch(self.launch_of(self.ledger.state.jobs[pl.job_id]), now)
-            starts.append(c.StartJob(actor=EXECUTOR, job_id=pl.job_id))
-        if isinstance(self.executor, Reporting):
-            started = self.report_progress(now)  # jobs start once their GPUs are really free
-        else:
-            if starts:
-                self.ledger.execute_all(starts)
-            started = len(starts)
+            self.executor.launch(self._launch(pl.job_id), now)
+        started = self.report_starts(now)
         self._observe_new_events()
         # 5. what happened
         log.info(

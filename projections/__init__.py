@@ -2,6 +2,7 @@
 
 - `source`: the `EventSource` protocol, `LogRecord`, the embedded SQLite log (`EmbeddedSource`).
 - `kafka_source`: the relay's Kafka topic as an `EventSource` (`KafkaSource`), `follow`.
+- `chain`: what a reader checks before applying a record: the hash chain, optional signatures.
 - `quarantine`: poison records named where they sit, or set aside in `dead_letters`.
 - `batch`: decode and validate a batch of records into Arrow tables (pure).
 - `store`: the DuckDB file `<home>/projections/ledger.duckdb`, its schema and tracking row.

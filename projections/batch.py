@@ -28,6 +28,7 @@ from projections.chain import chain_hash
 from projections.errors import CorruptEvent
 from projections.source import LogRecord
 from schemas import events as e
+from schemas.codec import upcast
 from schemas.events import TAGS, tag_of
 
 _decoder = msgspec.json.Decoder(e.AnyEvent)
@@ -187,7 +188,12 @@ def decode_records(records: Sequence[LogRecord]) -> tuple[dict[type, Group], lis
             if sink is not None:
                 try:
                     ev = decode(data)
-                except (msgspec.DecodeError, msgspec.ValidationError) as err:
+                except msgspec.ValidationError as err:
+                    clamped = upcast(data)  # stored before the bounds: clamped into them
+                    if clamped is None:
+                        raise _corrupt(rec, f"event {tag!r} is invalid: {err}", known=True) from err
+                    ev = clamped
+                except msgspec.DecodeError as err:
                     raise _corrupt(rec, f"event {tag!r} is invalid: {err}", known=True) from err
                 if type(ev) is not sink[0]:
                     raise _corrupt(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import msgspec
 
 from schemas.errors import EventDecodeError
@@ -31,16 +34,81 @@ def peek_tag(data: bytes) -> str | None:
         return None
 
 
+_BOUND = re.compile(
+    r"^Expected `(?P<kind>int|float|str|array|object)`(?: of length)? (?P<op><=|>=)"
+    r" (?P<n>[-0-9.e+]+) - at `\$(?P<path>[^`]*)`$"
+)
+_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
+
+
+def upcast(data: bytes) -> AnyEvent | None:
+    """Pure: an event stored before its fields had bounds, with every value that is outside them
+    clamped into them (numbers to the nearest bound, text and lists cut to their longest), or
+    None when the bytes fail for another reason. The stored bytes (and the hash chain over them)
+    stay as they are; every reader sees the same clamped event."""
+    try:
+        obj: Any = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return None
+    for _ in range(1_000):
+        try:
+            return _decoder.decode(msgspec.json.encode(obj))
+        except msgspec.ValidationError as e:
+            m = _BOUND.match(str(e))
+            if m is None:
+                return None
+            path = m["path"]
+            n = float(m["n"])
+            if "[...]" in path:  # a key or value of a mapping: cut every key and value to n
+                path, limit = path.split("[...]", 1)[0], int(n)
+                if m["kind"] != "str" or m["op"] != "<=":
+                    return None
+            else:
+                limit = None
+            steps = [(k, int(i)) if i else (k, None) for k, i in _STEP.findall(path)]
+            parent: Any = obj
+            for key, index in steps[:-1]:
+                parent = parent[key] if index is None else parent[index]
+            key, index = steps[-1]
+            slot: Any = key if index is None else index
+            if limit is not None:
+                parent[slot] = {
+                    str(k)[:limit]: v[:limit] if isinstance(v, str) else v
+                    for k, v in parent[slot].items()
+                }
+            elif m["kind"] in ("int", "float"):
+                parent[slot] = int(n) if m["kind"] == "int" else n
+            elif m["op"] == "<=" and m["kind"] == "object":
+                parent[slot] = dict(list(parent[slot].items())[: int(n)])
+            elif m["op"] == "<=":
+                parent[slot] = parent[slot][: int(n)]
+            else:
+                return None  # too short: nothing to clamp to
+    return None
+
+
 def decode(data: bytes) -> AnyEvent:
-    """Decode and validate one event; raise EventDecodeError saying whether the tag is known."""
+    """Decode and validate one event; raise EventDecodeError saying whether the tag is known.
+
+    An event outside its fields' bounds (stored before they existed) is clamped into them
+    (`upcast`)."""
     try:
         return _decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        tag = peek_tag(data)
-        known = tag in TAGS
-        what = (
-            f"event {tag!r} is invalid"
-            if known
-            else (f"unknown event type {tag!r}" if tag else "bytes are not an event")
-        )
-        raise EventDecodeError(f"{what}: {e}", tag=tag, known=known) from e
+    except msgspec.ValidationError as e:
+        event = upcast(data)
+        if event is not None:
+            return event
+        raise _error(data, e) from e
+    except msgspec.DecodeError as e:
+        raise _error(data, e) from e
+
+
+def _error(data: bytes, e: Exception) -> EventDecodeError:
+    tag = peek_tag(data)
+    known = tag in TAGS
+    what = (
+        f"event {tag!r} is invalid"
+        if known
+        else (f"unknown event type {tag!r}" if tag else "bytes are not an event")
+    )
+    return EventDecodeError(f"{what}: {e}", tag=tag, known=known)

@@ -2,16 +2,48 @@
 
 `expected_position`, when set, is the log position the caller based the command on; the ledger
 rejects the command if a change since then touches the same jobs, nodes or accounts.
+
+Every field is bounded (`schemas.bounds`): build commands from outside data with
+`msgspec.convert` (the CLI, the TOML loader) or decode them (the HTTP API); the domain re-checks
+each command it executes, so a value outside its bounds is one `InvalidCommand`, never stored.
 """
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
+from schemas.bounds import (
+    AccountPath,
+    Actor,
+    CommandLine,
+    Config,
+    Count,
+    Duration,
+    Epoch,
+    ExitCode,
+    GraceSeconds,
+    JobGpus,
+    JobId,
+    Labels,
+    LogPaths,
+    Name,
+    NodeGpus,
+    Position,
+    PositiveSeconds,
+    Priority,
+    Seconds,
+    Shares,
+    Text,
+    Token,
+    Utilisation,
+)
 from schemas.events import (
+    MANY,
     AccountKind,
     Considered,
-    FinishReason,
+    EndReason,
     GpuSlot,
     Placement,
     Preemption,
@@ -20,148 +52,179 @@ from schemas.events import (
 
 
 class Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
-    actor: str
-    expected_position: int | None = None
+    actor: Actor
+    expected_position: Position | None = None
 
 
 class InitLedger(Command, frozen=True, kw_only=True, tag="init"):
-    admin: str
-    min_runtime_cap_s: int = 8 * 3600
-    cluster: str = "default"
+    admin: Name
+    min_runtime_cap_s: PositiveSeconds = 8 * 3600
+    cluster: Name = "default"
 
 
 class GrantAdmin(Command, frozen=True, kw_only=True, tag="admin.grant"):
-    user: str
+    user: Name
 
 
 class RevokeAdmin(Command, frozen=True, kw_only=True, tag="admin.revoke"):
-    user: str
+    user: Name
 
 
 class OpenAccount(Command, frozen=True, kw_only=True, tag="account.open"):
-    path: str
+    path: AccountPath
     kind: AccountKind
-    shares: int = 1
-    reason: str = ""
+    shares: Shares = 1
+    reason: Text = ""
 
 
 class CloseAccount(Command, frozen=True, kw_only=True, tag="account.close"):
-    path: str
-    reason: str = ""
+    path: AccountPath
+    reason: Text = ""
 
 
 class SetShares(Command, frozen=True, kw_only=True, tag="share.set"):
-    account: str
-    shares: int
-    reason: str = ""
+    account: AccountPath
+    shares: Shares
+    reason: Text = ""
 
 
 class AddMember(Command, frozen=True, kw_only=True, tag="member.add"):
-    user: str
-    project: str
-    shares: int = 1
+    user: Name
+    project: AccountPath
+    shares: Shares = 1
 
 
 class RemoveMember(Command, frozen=True, kw_only=True, tag="member.remove"):
-    user: str
-    project: str
+    user: Name
+    project: AccountPath
 
 
 class GrantManager(Command, frozen=True, kw_only=True, tag="manager.grant"):
-    user: str
-    account: str
+    user: Name
+    account: AccountPath
 
 
 class RevokeManager(Command, frozen=True, kw_only=True, tag="manager.revoke"):
-    user: str
-    account: str
+    user: Name
+    account: AccountPath
 
 
 class RegisterNode(Command, frozen=True, kw_only=True, tag="node.add"):
-    node: str
-    gpu_type: str
-    gpus: int
-    cluster: str | None = None
+    node: Name
+    gpu_type: Name
+    gpus: NodeGpus
+    cluster: Name | None = None
 
 
 class DrainNode(Command, frozen=True, kw_only=True, tag="node.drain"):
-    node: str
-    reason: str
+    node: Name
+    reason: Text
 
 
 class ReturnNode(Command, frozen=True, kw_only=True, tag="node.return"):
-    node: str
+    node: Name
 
 
 class RemoveNode(Command, frozen=True, kw_only=True, tag="node.remove"):
-    node: str
-    reason: str = ""
+    node: Name
+    reason: Text = ""
 
 
 class SubmitJob(Command, frozen=True, kw_only=True, tag="submit"):
-    account: str
-    gpus: int
-    min_runtime_s: int | None = None
-    """None takes the cap (the default contract); 0 is unfunded."""
+    account: AccountPath
+    gpus: JobGpus
+    min_runtime_s: Seconds | None = None
+    """None takes the cap (the default contract); 0 is unfunded; whole seconds, so any other
+    contract is at least 1 s."""
     resumable: bool = False
-    priority: int = 0
-    gpu_type: str | None = None
-    cluster: str | None = None
-    time_limit_s: int | None = None
-    command: tuple[str, ...] = ()
-    labels: dict[str, str] = {}
-    duration_s: float | None = None
-    user: str | None = None
+    priority: Priority = 0
+    gpu_type: Name | None = None
+    cluster: Name | None = None
+    time_limit_s: PositiveSeconds | None = None
+    command: CommandLine = ()
+    labels: Labels = {}
+    duration_s: Duration | None = None
+    user: Name | None = None
     """Submit on behalf of `user` (admins and the simulator); defaults to the actor."""
-    grace_s: int | None = None
+    grace_s: GraceSeconds | None = None
     """SIGTERM-to-SIGKILL grace when the job is stopped; None: the executor's default."""
 
 
 class CancelJob(Command, frozen=True, kw_only=True, tag="cancel"):
-    job_id: int
+    job_id: JobId
+
+
+class HoldJob(Command, frozen=True, kw_only=True, tag="hold"):
+    """Keep a pending job out of scheduling (like `scontrol hold`); who may cancel it may."""
+
+    job_id: JobId
+    reason: Text = ""
+
+
+class ReleaseJob(Command, frozen=True, kw_only=True, tag="release"):
+    """Let a held job be scheduled again (like `scontrol release`)."""
+
+    job_id: JobId
+
+
+class RequeueJob(Command, frozen=True, kw_only=True, tag="requeue"):
+    """Stop a placed or running job and put it back in the queue, same job id (like `scontrol
+    requeue`); who may cancel it may, inside its contract too (it is their own work)."""
+
+    job_id: JobId
+    reason: Text = ""
 
 
 class ApplyDecision(Command, frozen=True, kw_only=True, tag="decision.apply"):
     """A dispatcher cycle's outcome: the decision record plus its placements and preemptions."""
 
-    cycle_id: str
-    based_on: int
-    policy_version: str
-    placements: tuple[Placement, ...] = ()
-    preemptions: tuple[Preemption, ...] = ()
-    considered: tuple[Considered, ...] = ()
-    fragmentation_gpus: int = 0
-    config: dict[str, str] = {}
-    wake_at: float | None = None
-    decided_at: float | None = None
+    cycle_id: Token
+    based_on: Position
+    policy_version: Token
+    placements: Annotated[tuple[Placement, ...], MANY] = ()
+    preemptions: Annotated[tuple[Preemption, ...], MANY] = ()
+    considered: Annotated[tuple[Considered, ...], MANY] = ()
+    fragmentation_gpus: Count = 0
+    config: Config = {}
+    wake_at: Epoch | None = None
+    decided_at: Epoch | None = None
 
 
 class PreemptJob(Command, frozen=True, kw_only=True, tag="preempt"):
     """An admin preemption; the only way to preempt inside a contract, and it needs a reason."""
 
-    job_id: int
+    job_id: JobId
     reason: PreemptReason = "admin"
-    note: str
+    note: Text
 
 
 class StartJob(Command, frozen=True, kw_only=True, tag="job.start"):
-    job_id: int
-    logs: tuple[str, ...] = ()
+    job_id: JobId
+    logs: LogPaths = ()
+    engine: Name = ""
+    """Set by an execution engine that names its runs (Slurm): links the run to `engine_job_id`."""
+    engine_job_id: Name = ""
+    run: Count = 0
+    gpus: Annotated[tuple[GpuSlot, ...], MANY] = ()
 
 
 class FinishJob(Command, frozen=True, kw_only=True, tag="job.finish"):
-    job_id: int
-    exit_code: int
-    reason: FinishReason = "exit"
+    job_id: JobId
+    exit_code: ExitCode
+    engine: Name = ""
+    """Set by an execution engine: records how it says the run ended (JobEngineEnded)."""
+    engine_job_id: Name = ""
+    reason: EndReason = "exited"
+    engine_state: Name = ""
 
 
 class SampleUtilisation(Command, frozen=True, kw_only=True, tag="job.sample"):
-    job_id: int
-    gpu_utilisation: tuple[float, ...]
+    job_id: JobId
+    gpu_utilisation: Utilisation
 
 
 class ReportCheckpoint(Command, frozen=True, kw_only=True, tag="job.checkpoint"):
-    job_id: int
+    job_id: JobId
 
 
 AnyCommand = (
@@ -181,6 +244,9 @@ AnyCommand = (
     | RemoveNode
     | SubmitJob
     | CancelJob
+    | HoldJob
+    | ReleaseJob
+    | RequeueJob
     | ApplyDecision
     | PreemptJob
     | StartJob

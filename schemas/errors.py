@@ -42,6 +42,13 @@ class ContractViolation(LedgerError):
     code = "contract"
 
 
+class EnvironmentProblem(LedgerError):
+    """Not the command's fault: a directory that cannot be written, a store that cannot be read,
+    a broker that cannot be reached. The message names the path or the address."""
+
+    code = "environment"
+
+
 class Conflict(LedgerError):
     """The log moved past the position a command expected, in a way that touches it."""
 
@@ -60,3 +67,10 @@ class EventDecodeError(LedgerError):
         self.fields.update(tag=tag, known=known)
         self.tag = tag
         self.known = known
+
+
+class EngineError(LedgerError):
+    """The execution engine (e.g. Slurm) cannot be reached or is set up in a way that would
+    overrule the ledger's decisions."""
+
+    code = "engine"

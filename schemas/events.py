@@ -4,28 +4,62 @@ Every event carries `event_id`, `at` (seconds since the Unix epoch, from the led
 in), `actor` (who caused it; system actors start with "@") and `prev_hash` (the hash chain).
 Schema evolution rules: new fields get defaults; a field's type never changes; unknown fields are
 ignored on decode; a change that breaks these rules is a new tag (`.v2`).
+
+Every field is bounded (`schemas.bounds`); the bounds are the commands' bounds, so every event the
+ledger writes is inside them. An event stored before the bounds existed and outside them still
+decodes: `codec.decode` clamps it into them (see `codec.upcast`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+
+from schemas.bounds import (
+    AccountPath,
+    Actor,
+    CommandLine,
+    Config,
+    Count,
+    Duration,
+    Epoch,
+    ExitCode,
+    GpuIndices,
+    GraceSeconds,
+    JobGpus,
+    JobId,
+    Labels,
+    LogPaths,
+    LongText,
+    Name,
+    NodeGpus,
+    Position,
+    PositiveSeconds,
+    Priority,
+    Seconds,
+    Shares,
+    SortKey,
+    Text,
+    Token,
+    Utilisation,
+)
 
 AccountKind = Literal["program", "project", "user"]
 PreemptReason = Literal["fairness", "maintenance", "squatting", "admin", "debug"]
 FinishOutcome = Literal["completed", "failed", "cancelled", "preempted"]
-FinishReason = Literal["exit", "time_limit", "lost"]
-"""Why a job's process ended: by itself, stopped at its time limit, or lost (no exit code)."""
+EndReason = Literal["exited", "time_limit", "node_failure", "cancelled", "out_of_memory", "lost"]
+"""Why an execution engine says a job's run ended: its own exit, the engine's time limit, a node
+failure, a cancel from outside the ledger, the memory limit, or no trace of it in the engine."""
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of every event. Not an event itself: it has no tag."""
 
-    event_id: str
-    at: float
-    actor: str
-    prev_hash: str = ""
+    event_id: Token
+    at: Epoch
+    actor: Actor
+    prev_hash: Token = ""
     """SHA-256 (hex) of the previous event's stored bytes: the log is a hash chain, so an edited
     or removed event breaks the link after it. Empty for the first event. Set by the ledger."""
 
@@ -36,17 +70,17 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 class LedgerInitialised(Event, frozen=True, kw_only=True, tag="ledger.initialised.v1"):
     """The first event of every ledger: names the first admin and the contract cap."""
 
-    admin: str
-    min_runtime_cap_s: int = 8 * 3600
-    cluster: str = "default"
+    admin: Name
+    min_runtime_cap_s: PositiveSeconds = 8 * 3600
+    cluster: Name = "default"
 
 
 class AdminGranted(Event, frozen=True, kw_only=True, tag="admin.granted.v1"):
-    user: str
+    user: Name
 
 
 class AdminRevoked(Event, frozen=True, kw_only=True, tag="admin.revoked.v1"):
-    user: str
+    user: Name
 
 
 # --- accounts and budgets -----------------------------------------------------------------------
@@ -55,72 +89,72 @@ class AdminRevoked(Event, frozen=True, kw_only=True, tag="admin.revoked.v1"):
 class AccountOpened(Event, frozen=True, kw_only=True, tag="account.opened.v1"):
     """A node of the budget tree. `path` is `parent/name`; programs may have no parent."""
 
-    path: str
-    parent: str | None
+    path: AccountPath
+    parent: AccountPath | None
     kind: AccountKind
 
 
 class AccountClosed(Event, frozen=True, kw_only=True, tag="account.closed.v1"):
-    path: str
-    reason: str = ""
+    path: AccountPath
+    reason: Text = ""
 
 
 class SharesSet(Event, frozen=True, kw_only=True, tag="account.shares_set.v1"):
     """An account's share of its parent's budget (relative to its open siblings)."""
 
-    account: str
-    shares: int
-    reason: str = ""
+    account: AccountPath
+    shares: Shares
+    reason: Text = ""
 
 
 class MemberAdded(Event, frozen=True, kw_only=True, tag="member.added.v1"):
-    user: str
-    project: str
+    user: Name
+    project: AccountPath
 
 
 class MemberRemoved(Event, frozen=True, kw_only=True, tag="member.removed.v1"):
-    user: str
-    project: str
+    user: Name
+    project: AccountPath
 
 
 class ManagerGranted(Event, frozen=True, kw_only=True, tag="manager.granted.v1"):
     """`user` may manage the subtree rooted at `account`."""
 
-    user: str
-    account: str
+    user: Name
+    account: AccountPath
 
 
 class ManagerRevoked(Event, frozen=True, kw_only=True, tag="manager.revoked.v1"):
-    user: str
-    account: str
+    user: Name
+    account: AccountPath
 
 
 # --- cluster ------------------------------------------------------------------------------------
 
 
 class NodeRegistered(Event, frozen=True, kw_only=True, tag="node.registered.v1"):
-    cluster: str
-    node: str
-    gpu_type: str
-    gpus: int
+    cluster: Name
+    node: Name
+    gpu_type: Name
+    gpus: NodeGpus
 
 
 class NodeDrainRequested(Event, frozen=True, kw_only=True, tag="node.drain_requested.v1"):
-    node: str
-    reason: str
+    node: Name
+    reason: Text
 
 
 class NodeDrained(Event, frozen=True, kw_only=True, tag="node.drained.v1"):
-    node: str
+    node: Name
 
 
 class NodeReturned(Event, frozen=True, kw_only=True, tag="node.returned.v1"):
-    node: str
+    node: Name
 
 
 class NodeRemoved(Event, frozen=True, kw_only=True, tag="node.removed.v1"):
-    node: str
-    reason: str = ""
+    node: Name
+    reason: Text = ""
 
 
 # --- jobs ---------------------------------------------------------------------------------------
@@ -129,8 +163,12 @@ class NodeRemoved(Event, frozen=True, kw_only=True, tag="node.removed.v1"):
 class GpuSlot(msgspec.Struct, frozen=True, kw_only=True):
     """The GPUs of one node that a placement holds."""
 
-    node: str
-    gpu_indices: tuple[int, ...]
+    node: Name
+    gpu_indices: GpuIndices
+
+
+MANY = msgspec.Meta(max_length=10_000_000)
+Slots = Annotated[tuple[GpuSlot, ...], msgspec.Meta(max_length=100_000)]
 
 
 class JobSubmitted(Event, frozen=True, kw_only=True, tag="job.submitted.v1"):
@@ -141,107 +179,144 @@ class JobSubmitted(Event, frozen=True, kw_only=True, tag="job.submitted.v1"):
     fits on one node is the debug class (`debug`).
     """
 
-    job_id: int
-    account: str
-    user: str
-    gpus: int
-    gpu_type: str | None = None
-    cluster: str | None = None
-    min_runtime_s: int
+    job_id: JobId
+    account: AccountPath
+    user: Name
+    gpus: JobGpus
+    gpu_type: Name | None = None
+    cluster: Name | None = None
+    min_runtime_s: Seconds
     resumable: bool = False
-    priority: int = 0
-    time_limit_s: int | None = None
+    priority: Priority = 0
+    time_limit_s: PositiveSeconds | None = None
     debug: bool = False
-    command: tuple[str, ...] = ()
-    labels: dict[str, str] = {}
-    duration_s: float | None = None
+    command: CommandLine = ()
+    labels: Labels = {}
+    duration_s: Duration | None = None
     """Known run time for simulated execution; ignored by real executors."""
-    grace_s: int | None = None
+    grace_s: GraceSeconds | None = None
     """SIGTERM-to-SIGKILL grace when the job is stopped; None: the executor's default (30 s)."""
 
 
 class JobPlaced(Event, frozen=True, kw_only=True, tag="job.placed.v1"):
-    job_id: int
-    slots: tuple[GpuSlot, ...]
-    cycle_id: str
-    based_on: int
+    job_id: JobId
+    slots: Slots
+    cycle_id: Token
+    based_on: Position
 
 
 class JobStarted(Event, frozen=True, kw_only=True, tag="job.started.v1"):
     """Every part of the job has started."""
 
-    job_id: int
-    logs: tuple[str, ...] = ()
+    job_id: JobId
+    logs: LogPaths = ()
     """Where its parts' output goes (one log per part, on the part's node)."""
 
 
 class JobPreempted(Event, frozen=True, kw_only=True, tag="job.preempted.v1"):
-    job_id: int
+    job_id: JobId
     reason: PreemptReason
-    for_job: int | None = None
-    cycle_id: str | None = None
-    note: str = ""
+    for_job: JobId | None = None
+    cycle_id: Token | None = None
+    note: Text = ""
 
 
 class JobRequeued(Event, frozen=True, kw_only=True, tag="job.requeued.v1"):
-    job_id: int
+    job_id: JobId
+
+
+class JobHeld(Event, frozen=True, kw_only=True, tag="job.held.v1"):
+    """A pending job is held (like `scontrol hold`): the dispatcher skips it until released."""
+
+    job_id: JobId
+    reason: Text = ""
+
+
+class JobReleased(Event, frozen=True, kw_only=True, tag="job.released.v1"):
+    """A held job may be scheduled again."""
+
+    job_id: JobId
 
 
 class JobFinished(Event, frozen=True, kw_only=True, tag="job.finished.v1"):
-    job_id: int
+    job_id: JobId
     outcome: FinishOutcome
-    exit_code: int | None = None
-    reason: FinishReason = "exit"
+    exit_code: ExitCode | None = None
+
+
+class JobEngineLinked(Event, frozen=True, kw_only=True, tag="job.engine_linked.v1"):
+    """A run of the job is the execution engine's job `engine_job_id` (e.g. a Slurm job id).
+    Recorded with the run's JobStarted; a requeued job's next run links a new engine job."""
+
+    job_id: JobId
+    engine: Name
+    engine_job_id: Name
+    run: Count = 0
+    """Which placement of the job this is (0 first, 1 after the first preemption, ...)."""
+    gpus: Annotated[tuple[GpuSlot, ...], MANY] = ()
+    """The GPUs the engine says the run got, when it says (Slurm: `scontrol -d`)."""
+
+
+class JobEngineEnded(Event, frozen=True, kw_only=True, tag="job.engine_ended.v1"):
+    """How the execution engine says a run ended, recorded with the run's JobFinished."""
+
+    job_id: JobId
+    engine: Name
+    engine_job_id: Name
+    reason: EndReason
+    engine_state: Name = ""
+    """The engine's own word for the ending (Slurm: COMPLETED, FAILED, TIMEOUT, NODE_FAIL, ...)."""
+    exit_code: ExitCode | None = None
 
 
 class UtilisationSampled(Event, frozen=True, kw_only=True, tag="job.utilisation_sampled.v1"):
-    job_id: int
-    gpu_utilisation: tuple[float, ...]
+    job_id: JobId
+    gpu_utilisation: Utilisation
 
 
 class CheckpointReported(Event, frozen=True, kw_only=True, tag="job.checkpointed.v1"):
     """A resumable job saved its progress: work before `at` survives a preemption."""
 
-    job_id: int
+    job_id: JobId
 
 
 # --- decisions ----------------------------------------------------------------------------------
 
 
 class Placement(msgspec.Struct, frozen=True, kw_only=True):
-    job_id: int
-    slots: tuple[GpuSlot, ...]
+    job_id: JobId
+    slots: Slots
 
 
 class Preemption(msgspec.Struct, frozen=True, kw_only=True):
-    job_id: int
+    job_id: JobId
     reason: PreemptReason
-    for_job: int | None = None
-    note: str = ""
+    for_job: JobId | None = None
+    note: Text = ""
 
 
 class Considered(msgspec.Struct, frozen=True, kw_only=True):
     """One pending job as the cycle saw it: its sort key and, if not placed, why."""
 
-    job_id: int
-    sort_key: tuple[float | int | str, ...]
-    reason: str | None = None
-    code: str | None = None
+    job_id: JobId
+    sort_key: SortKey
+    reason: LongText | None = None
+    code: Token | None = None
     """Why it waits, as a stable word (WAIT_RESOURCES, WAIT_PRIORITY, WAIT_CONTRACT)."""
 
 
 class CycleDecided(Event, frozen=True, kw_only=True, tag="cycle.decided.v1"):
-    cycle_id: str
-    based_on: int
-    policy_version: str
-    placements: tuple[Placement, ...] = ()
-    preemptions: tuple[Preemption, ...] = ()
-    considered: tuple[Considered, ...] = ()
-    fragmentation_gpus: int = 0
-    config: dict[str, str] = {}
-    wake_at: float | None = None
+    cycle_id: Token
+    based_on: Position
+    policy_version: Token
+    placements: Annotated[tuple[Placement, ...], MANY] = ()
+    preemptions: Annotated[tuple[Preemption, ...], MANY] = ()
+    considered: Annotated[tuple[Considered, ...], MANY] = ()
+    fragmentation_gpus: Count = 0
+    config: Config = {}
+    wake_at: Epoch | None = None
     """When the decision could change without a new event (a contract ends)."""
-    decided_at: float | None = None
+    decided_at: Epoch | None = None
     """The `now` the pure decide() was given (replay re-runs it with the same value)."""
 
 
@@ -266,7 +341,11 @@ AnyEvent = (
     | JobStarted
     | JobPreempted
     | JobRequeued
+    | JobHeld
+    | JobReleased
     | JobFinished
+    | JobEngineLinked
+    | JobEngineEnded
     | UtilisationSampled
     | CheckpointReported
     | CycleDecided

@@ -4,8 +4,8 @@
     python scripts/bench_agent.py --jobs 64 --window 60
 
 For each size N, a fresh agent process (a bare Python process running `SupervisedExecutor` the
-way a node agent does: `reports` and `poll` every second, utilisation sampled every second from
-the test file source, every job with a checkpoint file watched) launches N one-GPU jobs
+way a node agent does: `starts`, `reports` and `poll` every second, utilisation sampled every
+second from the test file source, every job with a checkpoint file watched) launches N one-GPU jobs
 (`sleep`), waits until all have started, and then for `--window` seconds measures:
 
 - agent CPU: user+system time of the agent process over the window, per running job, in % of
@@ -79,8 +79,8 @@ def agent_loop(state: Path, jobs: int, ready: Path) -> None:
         ex.launch(Launch(j, (slot,), ("sleep", "3600"), None, "bench", "b/x"), time.time())
     started = 0
     while True:
-        got = ex.reports(time.time())
-        started += len(got.starts)
+        started += len(ex.starts(time.time()))
+        ex.reports(time.time())
         ex.poll(time.time())
         if started == jobs and not ready.exists():
             ready.write_text(json.dumps([p.pid for h in ex.jobs.values() for p in h.parts]))

@@ -36,7 +36,7 @@ def job_env(
         CUDA_VISIBLE_DEVICES=",".join(str(i) for i in slot.gpu_indices),
         GPULEDGER_JOB_ID=str(job.job_id),
         GPULEDGER_USER=job.user,
-        GPULEDGER_LAUNCH=str(job.launch),
+        GPULEDGER_LAUNCH=str(job.run + 1),
         GPULEDGER_ACCOUNT=job.account,
         GPULEDGER_CHECKPOINT_FILE=checkpoint_file,
         GPULEDGER_NODE=slot.node,

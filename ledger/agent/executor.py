@@ -13,13 +13,13 @@ restarted service adopt them before doing anything else (Nomad's client does the
 
 Stopping a job is SIGTERM to each part's process group, then SIGKILL after its grace. The
 executor stops a job by itself for two reasons only, and reports them: its time limit
-(`Exit.reason == "time_limit"`), and a failed part of a gang job (the others are stopped; the
-job's exit code is the failed part's). A job the ledger stopped (preempted, cancelled) is stopped
-without reporting its exit.
+(`Exit.reason == "time_limit"`, recorded as JobEngineEnded of engine `local`), and a failed part
+of a gang job (the others are stopped; the job's exit code is the failed part's). A job the
+ledger stopped (preempted, cancelled) is stopped without reporting its exit.
 
 A placement's GPUs may still be held by a job in its grace period: its launch waits until those
 processes are gone, so two live jobs never hold one GPU. The job is reported started when every
-part has started.
+part has started. A run is named `<job>.<launch>` (launch = the ledger's run + 1).
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ import msgspec
 from ledger.agent.env import job_env
 from ledger.agent.proc import alive, write_atomic
 from ledger.agent.utilisation import UtilSource
-from ledger.executors import Exit, ExitReason, Launch, Reports, Start
+from ledger.executors import Exit, Launch, Reports, Start
 from schemas.errors import InvalidCommand
+from schemas.events import EndReason
 
 log = logging.getLogger("gpuledger.agent")
 
@@ -116,6 +117,11 @@ def _read_exit(rundir: Path) -> int | None:
         return None
 
 
+def run_name(job_id: int, launch: int) -> str:
+    """Pure: the engine's id of a run, as JobEngineLinked/JobEngineEnded record it."""
+    return f"{job_id}.{launch}"
+
+
 class SupervisedExecutor:
     """Runs each part of a placement under a supervisor on this host (see the module doc).
 
@@ -137,6 +143,9 @@ class SupervisedExecutor:
         address_of: Callable[[str], str] = lambda node: "127.0.0.1",
         extra_env: Mapping[str, str] | None = None,
     ) -> None:
+        self.engine = "local"
+        self.relaunch_placed = True
+        """Runs outlive the service: a placed job with no handle was never launched."""
         self.state_dir = state_dir
         self.log_dir = log_dir
         self.grace_s = grace_s
@@ -151,6 +160,7 @@ class SupervisedExecutor:
         """Starters of supervisors (they fork the supervisor off and exit), by run directory."""
         self._pending: dict[int, Launch] = {}
         self._exits: list[Exit] = []
+        self._starts: list[Start] = []
         state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = self._take_lock()
         self.jobs: dict[int, Handle] = {}
@@ -172,6 +182,15 @@ class SupervisedExecutor:
             raise
         return f
 
+    def shutdown(self, now: float) -> list[Exit]:
+        """The service stops: jobs keep running under their supervisors (no exits to record);
+        the next executor on this state directory adopts them."""
+        running = len(self.running())
+        self.close()
+        if running:
+            log.info("stopped: %d job(s) keep running and will be adopted", running)
+        return []
+
     def close(self) -> None:
         """Release the state directory. Jobs keep running; a new executor adopts them."""
         for starter in self._starting.values():
@@ -186,7 +205,8 @@ class SupervisedExecutor:
 
     def _adopt(self) -> list[Handle]:
         """Load the handles and re-attach: a part whose supervisor is gone is checked for an
-        exit code; one that left none and whose job process is gone too is lost."""
+        exit code; one that left none and whose job process is gone too is lost. Starts are
+        reported again (the ledger drops those it has)."""
         try:
             raw = (self.state_dir / "state.json").read_bytes()
         except FileNotFoundError:
@@ -194,6 +214,7 @@ class SupervisedExecutor:
         state = msgspec.json.decode(raw, type=AgentState)
         for h in state.jobs:
             self.jobs[h.job_id] = h
+            h.start_reported = False
             for p in h.parts:
                 if p.exit_code is None:
                     self._refresh_part(p)
@@ -210,6 +231,32 @@ class SupervisedExecutor:
         return list(self.jobs.values())
 
     # --- the executor interface ----------------------------------------------------------------
+
+    def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
+        """After a restart: `runs` maps each job the ledger holds GPUs for to its run. Handles
+        of runs the ledger no longer has are stopped (their exits unreported); a run with no
+        handle whose supervisors all wrote an exit code (the service stopped before recording
+        it) is reported by the next `starts`/`poll`. Returns the jobs with a run here."""
+        known: set[int] = set()
+        for h in list(self.jobs.values()):
+            if runs.get(h.job_id, -1) + 1 == h.launch:
+                known.add(h.job_id)
+            elif h.stop_reason != "ledger":
+                log.info(
+                    "job %s (launch %s) is not run by the ledger: stopping it", h.job_id, h.launch
+                )
+                self._terminate(h, now, "ledger")
+        for job_id, run in sorted(runs.items()):
+            if job_id in known:
+                continue
+            code = self.recorded_exit(job_id, run + 1)
+            if code is not None:
+                name = run_name(job_id, run + 1)
+                self._starts.append(Start(job_id, engine_job_id=name, run=run))
+                self._exits.append(Exit(job_id, code, now, engine_job_id=name))
+                known.add(job_id)
+        self._save()
+        return known
 
     def launch(self, job: Launch, now: float) -> None:
         if job.job_id in self.jobs or job.job_id in self._pending:
@@ -244,16 +291,34 @@ class SupervisedExecutor:
     def next_event_at(self) -> float | None:
         return None
 
+    def starts(self, now: float) -> list[Start]:
+        """Jobs every part of which has started since the last call."""
+        changed = False
+        for h in sorted(self.jobs.values(), key=lambda h: h.launched_at):
+            if h.stop_reason != "ledger" and not h.start_reported and self._all_started(h):
+                self._report_start(h)
+                changed = True
+        if changed:
+            self._save()
+        out, self._starts = self._starts, []
+        return out
+
+    def _report_start(self, h: Handle) -> None:
+        h.start_reported = True
+        self._starts.append(
+            Start(
+                h.job_id,
+                engine_job_id=run_name(h.job_id, h.launch),
+                run=h.launch - 1,
+                logs=tuple(p.log for p in h.parts),
+            )
+        )
+
     def reports(self, now: float) -> Reports:
         out = Reports()
         changed = False
         for h in self.jobs.values():
-            if h.stop_reason == "ledger":
-                continue
-            if not h.start_reported and self._all_started(h):
-                h.start_reported = changed = True
-                out.starts.append(Start(h.job_id, tuple(p.log for p in h.parts)))
-            if h.stop_reason is not None:
+            if h.stop_reason is not None or not h.start_reported:
                 continue
             mtime = self._checkpoint_mtime(h)
             if mtime > h.checkpoint_mtime:
@@ -292,13 +357,14 @@ class SupervisedExecutor:
         return job.time_limit_s
 
     def _spawn(self, job: Launch, now: float) -> Handle:
-        runs = self.state_dir / "runs" / f"{job.job_id}.{job.launch}"
+        launch = job.run + 1
+        runs = self.state_dir / "runs" / run_name(job.job_id, launch)
         shutil.rmtree(runs, ignore_errors=True)  # a stale attempt of this very launch
         self.log_dir.mkdir(parents=True, exist_ok=True)
         user = self._user(job)
         h = Handle(
             job_id=job.job_id,
-            launch=job.launch,
+            launch=launch,
             launched_at=now,
             time_limit_s=self._limit(job),
             grace_s=self.grace_s if job.grace_s is None else job.grace_s,
@@ -350,7 +416,7 @@ class SupervisedExecutor:
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        log.info("launched job %s (launch %s): %d part(s)", job.job_id, job.launch, len(h.parts))
+        log.info("launched job %s (launch %s): %d part(s)", job.job_id, launch, len(h.parts))
         return h
 
     def _give(self, user: str, *paths: Path) -> None:
@@ -419,7 +485,7 @@ class SupervisedExecutor:
             self._signal(h, signal.SIGKILL)
             h.killed = changed = True
         if h.done and h.stop_reason != "ledger" and not h.start_reported:
-            return changed  # its start is reported first (next `reports`), then its exit
+            self._report_start(h)  # a run that ended before it was seen running started first
         if h.done:
             del self.jobs[h.job_id]
             if h.stop_reason != "ledger":
@@ -432,12 +498,12 @@ class SupervisedExecutor:
         code = h.failed_code
         if code is None:
             code = next((c for c in codes if c), 0)
-        reason: ExitReason = "exit"
+        reason: EndReason = "exited"
         if h.stop_reason == "time_limit":
             reason = "time_limit"
         elif any(p.lost for p in h.parts):
             reason = "lost"
-        return Exit(h.job_id, int(code or 0), now, reason)
+        return Exit(h.job_id, int(code or 0), now, reason, run_name(h.job_id, h.launch))
 
     def _terminate(self, h: Handle, now: float, why: StopReason) -> None:
         if h.stop_reason is None or why == "ledger":
@@ -508,7 +574,7 @@ class SupervisedExecutor:
     def recorded_exit(self, job_id: int, launch: int) -> int | None:
         """The exit code a supervisor wrote for a launch no handle remembers (the service
         stopped between reading it and recording it), if any."""
-        runs = self.state_dir / "runs" / f"{job_id}.{launch}"
+        runs = self.state_dir / "runs" / run_name(job_id, launch)
         codes = [_read_exit(d) for d in sorted(runs.glob("*")) if d.is_dir()]
         if not codes or any(c is None for c in codes):
             return None

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import re
+import sqlite3
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,7 +16,8 @@ import click
 import msgspec
 
 from ledger.application import EVENTS_DB, Ledger
-from schemas.errors import InvalidCommand, LedgerError
+from schemas.bounds import Epoch, PositiveInterval, PositiveSeconds, check, describe
+from schemas.errors import EnvironmentProblem, InvalidCommand, LedgerError
 
 T = TypeVar("T")
 
@@ -22,28 +26,53 @@ _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_duration(text: str) -> int:
-    """'90', '90s', '15m', '8h', '7d', '1w' -> seconds."""
+    """'90', '90s', '15m', '1.5h', '7d', '1w' -> whole seconds ('0.4' is refused, never 0)."""
     m = _DURATION.match(text.strip())
     if not m:
         raise InvalidCommand(f"invalid duration {text!r}", hint="use e.g. 30s, 15m, 8h, 7d")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
-
-
-def parse_time(text: str) -> float:
-    """An ISO-8601 time (UTC when no zone is given) or seconds since the epoch."""
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        dt = datetime.fromisoformat(text)
-    except ValueError as e:
+    seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if seconds != int(seconds):
         raise InvalidCommand(
-            f"invalid time {text!r}", hint="use ISO 8601, e.g. 2026-11-29T12:00"
-        ) from e
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
+            f"invalid duration {text!r}: {seconds:g} s is not a whole number of seconds",
+            hint="durations are whole seconds; 0 means none (an unfunded contract)",
+        )
+    return int(seconds)
+
+
+def parse_interval(text: str, option: str = "--interval") -> float:
+    """A positive, finite number of seconds that may have a fraction ('0.2s', '1.5m'): how
+    often a loop runs, not a contract."""
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise InvalidCommand(f"invalid {option} {text!r}", hint="use e.g. 0.5s, 10s, 1m")
+    return float(bounded(float(m.group(1)) * _UNITS[m.group(2)], PositiveInterval, option))
+
+
+def parse_window(text: str, option: str = "--window") -> int:
+    """A positive duration (a usage window, a half-life): bounded like every other value."""
+    return int(bounded(parse_duration(text), PositiveSeconds, option))
+
+
+def parse_time(text: str, option: str = "--at") -> float:
+    """An ISO-8601 time (UTC when no zone is given) or seconds since the epoch; finite and
+    inside the bounds of an event time."""
+    try:
+        at = float(text)
+    except ValueError:
+        try:
+            dt = datetime.fromisoformat(text)
+        except ValueError as e:
+            raise InvalidCommand(
+                f"invalid time {text!r}", hint="use ISO 8601, e.g. 2026-11-29T12:00"
+            ) from e
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        at = dt.timestamp()
+    return float(bounded(at, Epoch, option))
+
+
+bounded = check
+"""`value` inside the bounds of a `schemas.bounds` type, else one InvalidCommand line."""
 
 
 def fmt_time(at: float | None) -> str:
@@ -70,7 +99,7 @@ def build(cls: type[T], /, **fields: Any) -> T:
     try:
         return msgspec.convert(fields, cls)
     except msgspec.ValidationError as e:
-        raise InvalidCommand(f"invalid {_field_name(str(e))}: {e}") from e
+        raise InvalidCommand(f"invalid {_field_name(str(e))}: {describe(e, fields)}") from e
 
 
 def _field_name(message: str) -> str:
@@ -119,26 +148,118 @@ def echo_json(data: Any) -> None:
     click.echo(text.decode())
 
 
+EXIT_REJECTED = 1
+"""A rejected command, bad usage or an environment problem."""
+EXIT_BUG = 70
+"""A genuine bug (sysexits' EX_SOFTWARE): the only failure that is not the caller's to fix."""
+
+
+def fail(message: str, code: str, exit_code: int = EXIT_REJECTED) -> None:
+    """The error contract: one line on stderr, `error: <message> [<code>]`, and the exit code.
+    `code` is a stable word (a LedgerError's `code`, `usage`, `environment`, `internal`)."""
+    first = " ".join(message.split())
+    try:
+        click.echo(f"error: {first} [{code}]", err=True)
+    finally:
+        sys.exit(exit_code)
+
+
+def _environment(e: BaseException, home: Path | None) -> str | None:
+    """The words for an environment problem (a file, a directory, a database, a broker), or
+    None when `e` is not one."""
+    if isinstance(e, sqlite3.DatabaseError):
+        where = f" {home / EVENTS_DB}" if home is not None else ""
+        return f"the event store{where} is unreadable ({e}): restore it from a copy"
+    if isinstance(e, OSError):
+        where = f": {e.filename}" if e.filename else ""
+        return f"{e.strerror or e}{where}"
+    if type(e).__module__.startswith("duckdb") and type(e).__name__ in (
+        "IOException",
+        "PermissionException",
+        "SerializationException",
+    ):
+        return f"the projection file is unusable ({str(e).splitlines()[0]})"
+    return None
+
+
 class LedgerGroup(click.Group):
-    """At the boundary every LedgerError becomes one line and exit code 1, never a traceback."""
+    """The error contract at the boundary: every failure is one line on stderr with a stable
+    code. Exit 1 for a rejected command, bad usage (click's included) and an environment
+    problem (named with its path or address); 70 only for a bug. Output piped into a reader
+    that stops early (`| head`) ends quietly."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        base: Any = super().main
+        if not standalone_mode:
+            return base(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = base(*args, standalone_mode=False, **kwargs)
+        except click.ClickException as e:
+            name = e.ctx.command_path if isinstance(e, click.UsageError) and e.ctx else ""
+            hint = f" (see `{name} --help`)" if name else ""
+            fail(e.format_message() + hint, "usage")
+        except click.Abort:
+            fail("aborted", "usage")
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _quiet_pipe()
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except LedgerError as e:
-            click.echo(f"error: {e.line()}", err=True)
-            sys.exit(1)
+            fail(e.line(), e.code)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
-        except Exception as e:  # a bug: still one line, the traceback on request
+        except BrokenPipeError:
+            _quiet_pipe()
+        except Exception as e:  # an environment problem, or a bug
+            if isinstance(e, OSError) and e.errno == errno.EPIPE:
+                _quiet_pipe()
+            where = _environment(e, ctx.obj.home if isinstance(ctx.obj, Ctx) else None)
+            if where is not None and not os.environ.get("GPULEDGER_DEBUG"):
+                fail(where, EnvironmentProblem.code)
             if os.environ.get("GPULEDGER_DEBUG"):
                 raise
-            click.echo(
-                f"error: internal error: {type(e).__name__}: {e} "
+            fail(
+                f"internal error: {type(e).__name__}: {e} "
                 "(rerun with GPULEDGER_DEBUG=1 for the traceback, and report it)",
-                err=True,
+                "internal",
+                EXIT_BUG,
             )
-            sys.exit(70)
+
+
+def _quiet_pipe() -> None:
+    """The reader went away (`gpuledger log | head`): stop writing, say nothing, exit 0."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except OSError:
+        pass
+    sys.exit(0)
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+log_level_option = click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="gpu-ledger's own log level; libraries (Kafka client, ...) log only at debug.",
+)
+
+
+def setup_logging(level: str) -> None:
+    """Log gpu-ledger's own records at `level`; records of libraries only at debug (a broker
+    that cannot be reached is one error line, not pages of client retries)."""
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if level.lower() == "debug":
+        return
+    for handler in logging.root.handlers:
+        handler.addFilter(lambda r: r.name.startswith("gpuledger"))
 
 
 def default_home() -> Path:

@@ -94,6 +94,9 @@ def replay(
         raise InvalidCommand("which decisions?", hint="pass --cycle ID, --job JOB or --all")
     selection = rp.Selection(cycle=cycle_id, job=job_id, start=_time(start), end=_time(end))
     decisions = rp.find_decisions(ctx.home, selection)
+    if not decisions and all_ and not (cycle_id or job_id is not None or start or end):
+        click.echo("no decisions recorded yet: nothing to replay")  # an empty history is intact
+        return
     if not decisions:
         raise InvalidCommand(
             "no recorded decision matches", hint="see `gpuledger audit sql` on the decisions view"

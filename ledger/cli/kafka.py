@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 import msgspec
 
-from ledger.cli._common import Ctx, pass_ctx
+from ledger.cli._common import Ctx, log_level_option, pass_ctx, setup_logging
 from ledger.cli.views import projection_group
 from ledger.relay import RelayError, connect_timeout, read_health
 from projections.errors import ProjectionMismatch
@@ -65,7 +65,7 @@ from projections.store import Store, scalar
     show_default=True,
     help="Events per transaction at most.",
 )
-@click.option("--log-level", default="INFO", show_default=True)
+@log_level_option
 @pass_ctx
 def follow(
     ctx: Ctx,
@@ -82,7 +82,7 @@ def follow(
 
     Reads with read_committed, positions from the records' gpuledger.position header; at DEBUG
     level it logs every committed batch."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    setup_logging(log_level)
     quiet_kafka_logs(log_level)
     log = logging.getLogger("gpuledger.follow")
     home = home or ctx.home

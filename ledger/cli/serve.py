@@ -1,5 +1,6 @@
 """`gpuledger up`: the service (ledger, projector fed by the store, dispatcher loop,
-supervised executor), and with `--kafka` a relay thread that publishes the log for other readers.
+supervised executor), and with `--kafka` a relay thread that publishes the log for other readers;
+`--executor slurm --partition P` runs the placed jobs on a Slurm partition (docs/slurm.md).
 
 Stopping it (Ctrl-C, SIGTERM, or kill -9) leaves jobs running under their supervisors; the next
 `up` adopts them before its first cycle and records the exits that happened meanwhile."""
@@ -18,20 +19,30 @@ import click
 
 from ledger.agent.executor import DEBUG_LIMIT_S, SupervisedExecutor
 from ledger.agent.utilisation import pick_source
-from ledger.cli._common import Ctx, parse_duration, pass_ctx
+from ledger.cli._common import (
+    Ctx,
+    log_level_option,
+    parse_duration,
+    parse_interval,
+    pass_ctx,
+    setup_logging,
+)
 from ledger.clock import SystemClock
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
+from ledger.executors import ServiceExecutor
+from ledger.explain import job_states, lifecycle_lines
 from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
 from projections.errors import ProjectionBusy
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import commands as c
-from schemas.errors import InvalidCommand, LedgerError
+from schemas.errors import EngineError, InvalidCommand, LedgerError
 
 if TYPE_CHECKING:
     from ledger.relay import RelayService
+    from ledger.slurm import SlurmExecutor
 
 
 def _node_spec(text: str) -> tuple[str, int, str]:
@@ -108,9 +119,23 @@ def _policy(name: str, margin: float, debug_lane: bool, squat_after_s: float) ->
     default=None,
     help="Bootstrap HOST:PORT: relay the log to Kafka for other readers (`relay status`).",
 )
+@click.option(
+    "--executor",
+    "executor_name",
+    type=click.Choice(["local", "slurm"]),
+    default="local",
+    show_default=True,
+    help="Run placed jobs as local processes, or as Slurm jobs on --partition.",
+)
+@click.option(
+    "--partition",
+    envvar="GPULEDGER_SLURM_PARTITION",
+    default=None,
+    help="The Slurm partition gpu-ledger owns (with --executor slurm).",
+)
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is pending or running.")
 @click.option("--for", "run_for", default=None, help="Exit after this long (e.g. 10m).")
-@click.option("--log-level", default="INFO", show_default=True)
+@log_level_option
 @pass_ctx
 def up(
     ctx: Ctx,
@@ -126,49 +151,65 @@ def up(
     margin: float,
     debug_lane: bool,
     kafka: str | None,
+    executor_name: str,
+    partition: str | None,
     until_idle: bool,
     run_for: str | None,
     log_level: str,
 ) -> None:
     """Run the service: every cycle snapshots, decides, appends, and runs placed jobs as local
-    processes with CUDA_VISIBLE_DEVICES set to their GPUs. Stopping it leaves jobs running."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    processes with CUDA_VISIBLE_DEVICES set to their GPUs (or as Slurm jobs). Stopping it
+    leaves jobs running."""
+    setup_logging(log_level)
     log = logging.getLogger("gpuledger.up")
     clock = SystemClock()
     ledger = ctx.ledger()
     _register_nodes(ctx, nodes)
-    util = pick_source(utilisation_dir or ctx.home / "utilisation")
-    executor = SupervisedExecutor(
-        ctx.home / "agent",
-        ctx.home / "jobs",
-        grace_s=parse_duration(grace),
-        run_as="service" if run_as == "service" else "submitter",
-        debug_limit_s=parse_duration(debug_limit),
-        util=util,
-        sample_every_s=parse_duration(sample_every) or 1,
-        extra_env={"GPULEDGER_HOME": str(ctx.home.resolve())},
-    )
-    log.info("utilisation: %s", util.name)
+    executor: ServiceExecutor
+    engine: SlurmExecutor | None = None
+    if executor_name == "local":
+        util = pick_source(utilisation_dir or ctx.home / "utilisation")
+        executor = SupervisedExecutor(
+            ctx.home / "agent",
+            ctx.home / "jobs",
+            grace_s=parse_duration(grace),
+            run_as="service" if run_as == "service" else "submitter",
+            debug_limit_s=parse_duration(debug_limit),
+            util=util,
+            sample_every_s=parse_interval(sample_every, "--sample-every"),
+            extra_env={"GPULEDGER_HOME": str(ctx.home.resolve())},
+        )
+        log.info("utilisation: %s", util.name)
+    else:
+        executor = engine = _slurm_executor(ctx, partition, parse_duration(grace))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     relay = _relay(ctx.home, kafka, log_level)
     source = EmbeddedSource(ctx.home)  # scheduling never waits on the broker
     deadline = None if run_for is None else clock.now() + parse_duration(run_for)
-    tick = parse_duration(interval) or 1
+    tick = parse_interval(interval)
     with _open_projection(ctx.home) as store:
         dispatcher = Dispatcher(
             ledger,
             ProjectionRanks(Projector(store, source)),
             _policy(policy, margin, debug_lane, parse_duration(squat_after)),
             executor,
+            unavailable=None if engine is None else engine.foreign,
         )
-        _recover(ledger, dispatcher, executor, clock.now(), log)
+        dispatcher.recover(executor, clock.now())
         log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
+        log.info("job output goes to %s/job-N.log", ctx.home / "jobs")
+        seen = job_states(ledger.state.jobs)
         try:
             while not stop.is_set():
                 now = clock.now()
+                if engine is not None:
+                    _follow_slurm_nodes(ledger, engine, log)
                 result = dispatcher.cycle(now)
+                for line in lifecycle_lines(seen, ledger.state.jobs, str(ctx.home / "jobs")):
+                    log.info("%s", line)
+                seen = job_states(ledger.state.jobs)
                 if until_idle and _idle(ledger):
                     log.info("nothing pending or running: exiting")
                     break
@@ -178,11 +219,17 @@ def up(
                 wait = tick if wake is None else max(0.05, min(tick, wake - clock.now()))
                 stop.wait(wait)
         finally:
-            # jobs keep running under their supervisors; the next `up` adopts them
-            running = len(executor.running())
-            executor.close()
-            if running:
-                log.info("stopped: %d job(s) keep running and will be adopted", running)
+            # supervised jobs keep running (the next `up` adopts them); Slurm's run on
+            exits = executor.shutdown(clock.now())
+            for ex in exits:
+                try:
+                    ledger.execute(
+                        c.FinishJob(actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code)
+                    )
+                except LedgerError as err:
+                    log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
+            for line in lifecycle_lines(seen, ledger.state.jobs, str(ctx.home / "jobs")):
+                log.info("%s", line)
             stop.set()
             if relay is not None:
                 relay.stop()  # flushes: every event committed above is published (bounded)
@@ -218,36 +265,45 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
         ledger.execute_all(cmds)
 
 
-def _recover(
-    ledger: Any,
-    dispatcher: Dispatcher,
-    executor: SupervisedExecutor,
-    now: float,
-    log: logging.Logger,
-) -> None:
-    """Before the first cycle: the executor has adopted the jobs of its state file (their exits
-    meanwhile are reported by the first poll). Jobs the ledger runs that it has no handle of:
-    a placement the service stopped before launching is launched now; an exit a supervisor wrote
-    but the ledger never recorded is recorded; anything else is lost."""
-    mine = executor.running()
-    for job in sorted(ledger.state.jobs.values(), key=lambda j: j.job_id):
-        if job.status not in ("placed", "running") or job.job_id in mine:
-            continue
-        launch = dispatcher.launch_of(job)
-        code = executor.recorded_exit(job.job_id, launch.launch)
-        if code is not None:
-            cmd = c.FinishJob(actor=EXECUTOR, job_id=job.job_id, exit_code=code)
-        elif job.status == "placed":
-            log.info("job %s was placed but not launched: launching it", job.job_id)
-            executor.launch(launch, now)
-            continue
-        else:
-            log.warning("job %s has no process and no exit code: recording it as lost", job.job_id)
-            cmd = c.FinishJob(actor=EXECUTOR, job_id=job.job_id, exit_code=-1, reason="lost")
+def _slurm_executor(ctx: Ctx, partition: str | None, grace_s: float) -> SlurmExecutor:
+    """The Slurm executor on `partition`, its nodes registered in the ledger."""
+    from ledger.slurm import SlurmExecutor, ledger_id, register_commands
+
+    if not partition:
+        raise InvalidCommand(
+            "--executor slurm needs the partition gpu-ledger owns",
+            hint="pass --partition P (or set GPULEDGER_SLURM_PARTITION)",
+        )
+    ledger = ctx.ledger()
+    slurm = SlurmExecutor(partition, ledger_id(ledger), ctx.home / "jobs", grace_s=grace_s)
+    slurm.check()
+    found = slurm.nodes()
+    if not found:
+        raise EngineError(
+            f"Slurm partition {partition!r} has no nodes with GPUs (Gres=gpu:...)",
+            hint="see docs/slurm.md",
+        )
+    cmds = register_commands(found, ledger.state.nodes, ctx.actor)
+    if cmds:
+        ledger.execute_all(cmds)
+    return slurm
+
+
+def _follow_slurm_nodes(ledger: Any, slurm: SlurmExecutor, log: logging.Logger) -> None:
+    """Drain in the ledger what Slurm drains or marks down, and return what it takes back."""
+    from ledger.slurm import node_changes
+
+    try:
+        found = slurm.nodes()
+    except LedgerError as err:
+        log.warning("slurm nodes: %s", err.line())
+        return
+    for cmd in node_changes(found, ledger.state.nodes, EXECUTOR):
         try:
             ledger.execute(cmd)
+            log.info("node %s follows Slurm: %s", cmd.node, type(cmd).__name__)  # type: ignore[union-attr]
         except LedgerError as err:
-            log.info("exit of job %s not recorded: %s", job.job_id, err.line())
+            log.warning("node change not recorded: %s", err.line())
 
 
 def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None:
@@ -257,7 +313,13 @@ def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None
     broker outage shows as relay lag (`gpuledger relay status`), nothing more."""
     if kafka is None:
         return None
-    from ledger.relay import DEFAULT_TRANSACTIONAL_ID, TOPIC, RelayService, connect_timeout
+    from ledger.relay import (
+        DEFAULT_TRANSACTIONAL_ID,
+        TOPIC,
+        RelayService,
+        connect_timeout,
+        flush_timeout,
+    )
     from projections.kafka_source import quiet_kafka_logs
 
     quiet_kafka_logs(log_level)
@@ -268,6 +330,7 @@ def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None
         transactional_id=os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID")
         or DEFAULT_TRANSACTIONAL_ID,
         connect_timeout_s=connect_timeout(),
+        flush_s=flush_timeout(),
     ).start()
 
 

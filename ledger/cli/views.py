@@ -16,11 +16,13 @@ from rich.table import Table
 from ledger import reads
 from ledger.cli._common import (
     Ctx,
+    bounded,
     build,
     echo_json,
     json_option,
     parse_duration,
     parse_time,
+    parse_window,
     pass_ctx,
 )
 from ledger.clock import SystemClock
@@ -34,7 +36,7 @@ from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import commands as c
 from schemas import events as e
-from schemas.errors import InvalidCommand
+from schemas.bounds import Percent, TeamDepth
 from schemas.views import QueueFilter
 
 
@@ -68,8 +70,8 @@ def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
 
 def _usage_policy(window: str, half_life: str | None) -> UsagePolicy:
     return UsagePolicy(
-        window_s=parse_duration(window),
-        half_life_s=None if half_life is None else parse_duration(half_life),
+        window_s=parse_window(window),
+        half_life_s=None if half_life is None else parse_window(half_life, "--half-life"),
     )
 
 
@@ -165,9 +167,10 @@ def report() -> None:
 def report_delivered(ctx: Ctx, window: str, at: str | None, team_depth: int, as_json: bool) -> None:
     """Owed vs delivered GPU-hours per team (owed: allocation capped hour by hour at demand)."""
     end = _at(at)
-    start = end - parse_duration(window)
+    start = end - parse_window(window)
+    depth = bounded(team_depth, TeamDepth, "--team-depth")
     with projection(ctx) as store:
-        rep = reads.delivered(store, start, end, team_depth)
+        rep = reads.delivered(store, start, end, depth)
     if as_json:
         echo_json(rep)
         return
@@ -407,8 +410,7 @@ def explain(ctx: Ctx, job_id: int, policy: str, as_json: bool) -> None:
 def squatters(ctx: Ctx, threshold: float, after: str, as_json: bool) -> None:
     """Running jobs whose GPUs sit idle, per manager: the first preemption candidates once past
     their contract."""
-    if not 0.0 <= threshold <= 100.0:
-        raise InvalidCommand(f"--threshold must be a percentage 0..100, got {threshold}")
+    threshold = bounded(threshold, Percent, "--threshold")
     now = SystemClock().now()
     ledger = ctx.ledger()
     with projection(ctx, quiet=True) as store:

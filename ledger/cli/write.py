@@ -278,6 +278,33 @@ def checkpoint(ctx: Ctx, job_id: int) -> None:
     _done(ctx, f"checkpoint of job {job_id}", c.ReportCheckpoint(actor=ctx.actor, job_id=job_id))
 
 
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("--reason", default="", help="Why (recorded).")
+@pass_ctx
+def hold(ctx: Ctx, job_id: int, reason: str) -> None:
+    """Hold pending JOB_ID: it is not scheduled until released (like `scontrol hold`)."""
+    _done(ctx, f"held job {job_id}", c.HoldJob(actor=ctx.actor, job_id=job_id, reason=reason))
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@pass_ctx
+def release(ctx: Ctx, job_id: int) -> None:
+    """Release held JOB_ID: it is scheduled again (like `scontrol release`)."""
+    _done(ctx, f"released job {job_id}", c.ReleaseJob(actor=ctx.actor, job_id=job_id))
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("--reason", default="", help="Why (recorded).")
+@pass_ctx
+def requeue(ctx: Ctx, job_id: int, reason: str) -> None:
+    """Stop placed or running JOB_ID and queue it again, same job id (like `scontrol requeue`)."""
+    cmd = c.RequeueJob(actor=ctx.actor, job_id=job_id, reason=reason)
+    _done(ctx, f"requeued job {job_id}", cmd)
+
+
 @click.group()
 def admin() -> None:
     """Grant and revoke admins."""
@@ -299,4 +326,7 @@ def admin_revoke(ctx: Ctx, user: str) -> None:
     _done(ctx, f"{user} is no longer an admin", c.RevokeAdmin(actor=ctx.actor, user=user))
 
 
-COMMANDS = [init, account, share, member, manager, node, submit, cancel, checkpoint, admin]
+COMMANDS = [
+    init, account, share, member, manager, node, submit, cancel, checkpoint, hold, release,
+    requeue, admin,
+]  # fmt: skip

@@ -152,14 +152,18 @@ def snapshot_from_state(
     level_fs: Mapping[str, float] | None = None,
     low_util_since: Mapping[int, float] | None = None,
     position: int | None = None,
+    unavailable: Mapping[str, frozenset[int]] | None = None,
 ) -> Snapshot:
     """Pure: the snapshot of the write-side `state` (tests, simulation, replay).
 
     `position` defaults to the number of events folded into `state`, which is the log position of
     a single-stream ledger. Interior ranks are completed from the leaf ranks (`complete_ranks`).
     Utilisation is not part of the write-side state: pass `low_util_since` (job id -> time).
+    `unavailable` (node -> GPU indices) are busy with work outside the ledger (an engine's
+    foreign jobs): never free.
     """
     low = low_util_since or {}
+    busy = unavailable or {}
     nodes = tuple(
         NodeView(
             name=n.name,
@@ -167,7 +171,7 @@ def snapshot_from_state(
             gpu_type=n.gpu_type,
             gpus=n.gpus,
             state=n.state,
-            free=tuple(state.free_indices(n.name)),
+            free=tuple(i for i in state.free_indices(n.name) if i not in busy.get(n.name, ())),
         )
         for n in sorted(state.nodes.values(), key=lambda n: n.name)
         if n.state != "removed"
@@ -192,7 +196,7 @@ def snapshot_from_state(
                     low_util_since=low.get(spec.job_id),
                 )
             )
-        elif job.status == "pending":
+        elif job.status == "pending" and not job.held:  # a held job is not scheduled
             pending.append(
                 PendingJob(
                     job_id=spec.job_id,

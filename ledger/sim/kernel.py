@@ -19,7 +19,7 @@ import heapq
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from ledger.executors import Exit, Launch
+from ledger.executors import Exit, Launch, Start
 
 if TYPE_CHECKING:
     from ledger.clock import SimClock
@@ -32,6 +32,8 @@ def _never(job_id: int) -> bool:
 
 class KernelExecutor:
     """The one simulated executor (see the module docstring)."""
+
+    engine = ""
 
     def __init__(
         self,
@@ -48,9 +50,16 @@ class KernelExecutor:
         self._ends: list[tuple[float, int, int]] = []
         """(end time, job id, launch number): a stopped job's old end is stale."""
         self._launches = 0
+        self._new: list[int] = []
+
+    def starts(self, now: float) -> list[Start]:
+        """Every launch starts at once."""
+        out, self._new = [Start(j) for j in self._new], []
+        return out
 
     def launch(self, job: Launch, now: float) -> None:
         self._launches += 1
+        self._new.append(job.job_id)
         saved = self.saved.get(job.job_id, 0.0)
         self._live[job.job_id] = (self._launches, now, saved)
         total = self.work.get(job.job_id, job.duration_s)

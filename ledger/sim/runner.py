@@ -278,6 +278,7 @@ class Simulation:
         if self.progress is not None:
             self.progress(end - start, end - start, self.ledger.position)
         metrics = self._metrics(time.perf_counter() - wall)
+        self._close()
         return RunResult(
             metrics=metrics,
             home=self.home,
@@ -287,6 +288,18 @@ class Simulation:
             dropped=self.dropped,
             offered_gpu_h=sum(j.gpus * j.duration_s for j in jobs) / 3600.0,
         )
+
+    def _close(self) -> None:
+        """The simulated period is over: jobs still holding GPUs are cancelled at its end (by
+        `@sim`), so a ledger kept after the run charges no usage after its period; nothing
+        runs them any more."""
+        cmds = [
+            c.CancelJob(actor=SIM, job_id=j.job_id)
+            for j in self.ledger.state.jobs.values()
+            if j.status in ("placed", "running")
+        ]
+        if cmds:
+            self.ledger.execute_all(cmds)
 
     # --- the kernel loop's questions (`kernel.drive`) -------------------------------------------
 

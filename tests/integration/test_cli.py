@@ -170,7 +170,7 @@ REJECTED = [
     pytest.param(
         ["share", "set", "--", "ai2/olmo", "-1"],
         "root",
-        "shares must be >= 0",
+        "`shares` must be int >= 0, got -1",
         id="negative shares",
     ),
     pytest.param(

@@ -706,7 +706,7 @@ def test_up_with_kafka_and_a_follower_elsewhere_build_identical_tables(
             "--kafka",
             kafka_bootstrap,
             "--interval",
-            "0.2s",
+            "1s",
             "--until-idle",
             "--for",
             "90s",

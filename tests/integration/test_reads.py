@@ -18,6 +18,7 @@ import pytest
 
 from ledger import reads
 from ledger.application import Ledger
+from ledger.audit import check
 from ledger.clock import SimClock, seeded_ids
 from ledger.dispatch.policy import FairShare
 from ledger.executors import SimExecutor
@@ -28,7 +29,9 @@ from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import commands as c
+from schemas import events as e
 from schemas import views as v
+from schemas.errors import NotAuthorised
 
 T0 = 1_767_225_600.0
 GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
@@ -311,3 +314,94 @@ def test_log_follow_prints_new_events_as_they_are_appended(tmp_path: Path) -> No
 
 def test_plural_says_one_gpu() -> None:
     assert [plural(n, "GPU") for n in (0, 1, 2)] == ["0 GPUs", "1 GPU", "2 GPUs"]
+
+
+# --- hold, release, requeue (like scontrol) --------------------------------------------------
+
+
+@pytest.fixture
+def own(home: Path, tmp_path: Path) -> Path:
+    """A private copy of the built ledger (these tests append)."""
+    copy = tmp_path / "home"
+    shutil.copytree(home, copy, ignore=shutil.ignore_patterns("projections"))
+    return copy
+
+
+def test_a_held_job_is_skipped_until_released(own: Path) -> None:
+    cli(own, "--as", "bob", "hold", "4", "--reason", "waiting for data")
+    ledger = Ledger(own)
+    try:
+        with Store(":memory:") as store, EmbeddedSource(own) as source:
+            Projector(store, source).catch_up()
+            rows = reads.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter())
+            _, decision = reads.live(ledger, store, FairShare(), T0 + 4000)
+            held = reads.jobs(store, v.JobFilter(status="held"), T0 + 300)
+    finally:
+        ledger.close()
+    assert [(r.order, r.job_id, r.state, r.code) for r in rows] == [
+        (1, 5, "pending", "WAIT_CONTRACT"),
+        (None, 4, "held", "HELD"),
+    ]
+    assert 4 not in {c.job_id for c in decision.considered}
+    assert [j.job_id for j in held] == [4] and held[0].status == "held"
+    assert "held by bob (waiting for data)" in cli(own, "explain", "4").stdout
+    out = cli(own, "--as", "dan", "release", "4", ok=False)
+    assert out.returncode == 1 and "'dan' may not release job 4" in out.stderr
+    cli(own, "--as", "bob", "release", "4")
+    assert [r["job_id"] for r in json.loads(cli(own, "queue", "--json").stdout)] == [5, 4]
+
+
+def test_requeue_puts_a_running_job_back_same_id_without_an_audit_violation(own: Path) -> None:
+    out = cli(own, "--as", "dan", "requeue", "3", "--reason", "bad node")
+    assert "requeued job 3" in out.stdout
+    jobs = {j["job_id"]: j for j in json.loads(cli(own, "jobs", "--json").stdout)}
+    assert (jobs[3]["status"], jobs[3]["nodes"], jobs[3]["started_at"]) == ("pending", [], None)
+    nodes = {
+        n["node"]: n["free_gpus"] for n in json.loads(cli(own, "node", "list", "--json").stdout)
+    }
+    assert nodes["n0"] == 8
+    check = json.loads(cli(own, "audit", "check", "--json").stdout)
+    assert check["violations"] == []
+    assert check["noted"] == []  # its contract ended long ago
+    assert "requeued on request, same job id" in cli(own, "explain", "3").stdout
+    again = cli(own, "--as", "dan", "requeue", "3", ok=False)
+    assert again.returncode == 1 and "[transition]" in again.stderr
+    assert "only pending jobs can be held" in cli(own, "hold", "1", ok=False).stderr
+
+
+def test_a_requeue_inside_the_contract_by_its_owner_is_an_allowed_exception(
+    tmp_path: Path,
+) -> None:
+    clock = SimClock(T0)
+    ledger = Ledger(tmp_path / "h", clock, seeded_ids(1))
+    ledger.execute(c.InitLedger(actor="root", admin="root"))
+    ledger.execute_all(
+        [
+            c.OpenAccount(actor="root", path="ai2", kind="program"),
+            c.OpenAccount(actor="root", path="ai2/olmo", kind="project"),
+            c.AddMember(actor="root", user="alice", project="ai2/olmo"),
+            c.RegisterNode(actor="root", node="n0", gpu_type="h100", gpus=8),
+        ]
+    )
+    ledger.execute(c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, min_runtime_s=3600))
+    slot = e.GpuSlot(node="n0", gpu_indices=(0,))
+    ledger.execute(
+        c.ApplyDecision(
+            actor="@dispatcher",
+            cycle_id="cycle-1",
+            based_on=ledger.head(),
+            policy_version="fairshare-1",
+            placements=(e.Placement(job_id=1, slots=(slot,)),),
+        )
+    )
+    clock.advance_to(T0 + 60)
+    with pytest.raises(NotAuthorised):
+        ledger.execute(c.RequeueJob(actor="bob", job_id=1))
+    ledger.execute(c.RequeueJob(actor="alice", job_id=1, reason="wrong data"))
+    assert ledger.state.jobs[1].status == "pending" and not ledger.state.holders
+    history = [ev for _, ev in ledger.read(0, 1000)]
+    ledger.close()
+    report = check(history)
+    assert report.violations == ()
+    assert [(n.code, n.job_id) for n in report.noted] == [("REQUEUED_IN_CONTRACT", 1)]
+    assert "requeued by alice: wrong data" in report.noted[0].message

@@ -201,13 +201,15 @@ def test_up_runs_real_processes_with_their_gpus_and_preempts_unfunded_work(tmp_p
     assert jobs[1]["status"] == "running"  # the service stopped; its job did not
     # the next service adopts it; a funded job arrives while it runs and preempts it
     script = 'echo "gpus=$CUDA_VISIBLE_DEVICES job=$GPULEDGER_JOB_ID"; exit 7'
+    up_log = (tmp_path / "up.log").open("w")
     proc = subprocess.Popen(
-        [GPULEDGER, *up, "--grace", "1s", "--until-idle", "--for", "60s"],
+        [GPULEDGER, *up, "--grace", "1s", "--until-idle", "--for", "60s", "--log-level", "info"],
         env={
             **{k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")},
             "GPULEDGER_HOME": str(home),
             "GPULEDGER_USER": "root",
         },
+        stderr=up_log,
     )
     try:
         import time
@@ -235,9 +237,18 @@ def test_up_runs_real_processes_with_their_gpus_and_preempts_unfunded_work(tmp_p
         assert proc.wait(timeout=60) == 0
     finally:
         proc.kill()
+        up_log.close()
     jobs = {j["job_id"]: j for j in json.loads(run_cli(home, "jobs", "--json").stdout)}
     assert jobs[1]["outcome"] == "preempted"
     assert jobs[2]["outcome"] == "failed"
+    said = (tmp_path / "up.log").read_text()
+    jobs_dir = home / "jobs"
+    assert f"job output goes to {jobs_dir}/job-N.log" in said
+    assert (
+        f"job 2 (ai2/olmo, alice, 2 GPUs) failed (exit code 7); output: {jobs_dir}/job-2.log"
+        in said
+    )
+    assert "job 1 (ai2/olmo, bob, 4 GPUs) preempted" in said
     log = (home / "jobs" / "job-2.log").read_text()
     assert log.strip() in ("gpus=0,1 job=2", "gpus=2,3 job=2")
     why = run_cli(home, "explain", "1").stdout

@@ -15,7 +15,11 @@ from ledger.sim.ranks import IncrementalRanks
 from ledger.sim.runner import START_AT, Cluster, Drain, RunResult, SimConfig, simulate
 from ledger.sim.workload import SimJob, Synthetic, Workload, synthetic
 from projections import fairshare as fs
-from projections import reference
+from projections import queries, reference
+from projections.fairshare import UsagePolicy
+from projections.projector import Projector
+from projections.source import EmbeddedSource
+from projections.store import Store
 from schemas import events as e
 
 H = 3600
@@ -223,3 +227,20 @@ def test_incremental_usage_equals_the_reference_math(
                 assert got[leaf] == pytest.approx(u, rel=1e-9), (case, hours, leaf)
     finally:
         ledger.close()
+
+
+def test_jobs_running_when_the_simulation_ends_stop_being_charged(tmp_path: Path) -> None:
+    # a's job would run for 20 h, past the 12 h simulated period
+    result, events = run(tmp_path, [job("a1", "lab/a", 0.0, 8, 20.0, 1.0)])
+    end = START_AT + 12 * H
+    finished = [ev for ev in events if isinstance(ev, e.JobFinished)]
+    assert [(ev.outcome, ev.at, ev.actor) for ev in finished] == [("cancelled", end, "@sim")]
+    with Store(":memory:") as store, EmbeddedSource(tmp_path / "home") as source:
+        Projector(store, source).catch_up()
+        week = UsagePolicy(window_s=7 * 24 * H)
+        at_end = {r.name: r.gpu_seconds for r in queries.usage(store, end, policy=week)}
+        a_day_later = {
+            r.name: r.gpu_seconds for r in queries.usage(store, end + 24 * H, policy=week)
+        }
+    assert at_end["lab/a"] == a_day_later["lab/a"] == 8 * 12 * H
+    assert result.metrics is not None

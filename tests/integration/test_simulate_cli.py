@@ -110,7 +110,7 @@ def test_a_second_run_into_the_same_home_is_refused(tmp_path: Path) -> None:
     assert again.returncode == 1
     assert again.stderr.strip().splitlines()[-1] == (
         f"error: {tmp_path / 'h'} already holds a ledger "
-        "(a simulation writes a fresh ledger: pass a new --home)"
+        "(a simulation writes a fresh ledger: pass a new --home) [invalid]"
     )
 
 

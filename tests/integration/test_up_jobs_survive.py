@@ -162,13 +162,17 @@ def test_sigterm_and_kill_9_of_up_leave_jobs_running_and_a_restart_adopts_them(
     up = Service(home, "--until-idle")
     assert up.proc.wait(timeout=60) == 0
     finished = {
-        ev["job_id"]: (ev["outcome"], ev["exit_code"], ev["reason"])
-        for ev in events(home, "job.finished.v1")
+        ev["job_id"]: (ev["outcome"], ev["exit_code"]) for ev in events(home, "job.finished.v1")
     }
-    assert finished == {
-        1: ("failed", 6, "exit"),
-        2: ("failed", 3, "exit"),
-        3: ("completed", 0, "exit"),
+    assert finished == {1: ("failed", 6), 2: ("failed", 3), 3: ("completed", 0)}
+    ended = {
+        ev["job_id"]: (ev["engine"], ev["engine_job_id"], ev["reason"], ev["exit_code"])
+        for ev in events(home, "job.engine_ended.v1")
+    }
+    assert ended == {
+        1: ("local", "1.1", "exited", 6),
+        2: ("local", "2.1", "exited", 3),
+        3: ("local", "3.1", "exited", 0),
     }
     assert sorted(ev["job_id"] for ev in events(home, "job.started.v1")) == [1, 2, 3]
     log = json.loads(cli(home, "log", "--json", "--limit", "100000").stdout)

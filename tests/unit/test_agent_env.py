@@ -16,7 +16,7 @@ GANG = Launch(
     None,
     "alice",
     "ai2/olmo",
-    launch=3,
+    run=2,  # its third launch
 )
 
 

@@ -177,3 +177,16 @@ def test_the_debug_reserve_is_kept_from_funded_work_and_lent_to_unfunded_work() 
     d = decide(world(nodes, lent, [pend(1, 8, "lab/c"), pend(3, 4, debug=True)]), policy, NOW)
     assert [(p.job_id, p.for_job) for p in d.preemptions] == [(30, 3)]
     assert [p.job_id for p in d.placements] == [3] and 1 in d.waiting
+
+
+def test_a_least_loss_plan_puts_back_victims_it_does_not_need() -> None:
+    # n1: a 1-GPU job (0.5 GPU-h) and a 4-GPU job (2 GPU-h) hold 5 of 8 GPUs, 3 more are held
+    # inside a contract; a 4-GPU job needs only the 4-GPU victim, not the cheaper 1-GPU one too
+    running = [
+        run(10, {"n1": [0]}, lost_s=1800),
+        run(11, {"n1": range(1, 5)}, lost_s=1800),
+        run(12, {"n1": range(5, 8)}, placed_ago_s=60, lost_s=60),
+    ]
+    d = decide(world([node("n1")], running, [pend(1, 4)]), FairShare2(), NOW)
+    assert [p.job_id for p in d.preemptions] == [11]
+    assert d.placements[0].slots[0].gpu_indices == (1, 2, 3, 4)

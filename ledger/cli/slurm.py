@@ -1,0 +1,113 @@
+"""`gpuledger slurm ...`: Slurm as the execution engine (docs/slurm.md).
+
+`import-shares` turns Slurm associations' shares into a budget file; `jobs` shows every job on
+the partition, gpu-ledger's runs with their ledger job and the others as foreign.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ledger.cli._common import Ctx, echo_json, json_option, pass_ctx
+from schemas.errors import EngineError
+
+
+@click.group()
+def slurm() -> None:
+    """Slurm as the execution engine: migrate shares, inspect the partition."""
+
+
+@slurm.command("import-shares")
+@click.option(
+    "--from",
+    "source",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Saved output of `sacctmgr -nP show associations format=Account,ParentName,User,Share` "
+    "(default: run sacctmgr now; needs Slurm accounting).",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the budget file here (default: stdout).",
+)
+def import_shares(source: Path | None, output: Path | None) -> None:
+    """Slurm association shares as a budget file for `gpuledger budget apply`."""
+    from ledger.slurm import SACCTMGR_ARGS, parse_sacctmgr_shares, shares_toml
+
+    if source is not None:
+        text = source.read_text()
+    else:
+        try:
+            done = subprocess.run(
+                SACCTMGR_ARGS, capture_output=True, text=True, timeout=60, check=False
+            )
+        except OSError as err:
+            raise EngineError(
+                f"sacctmgr cannot run: {err.strerror}",
+                hint="run it on a Slurm host, or pass --from",
+            ) from err
+        if done.returncode != 0:
+            raise EngineError(
+                f"sacctmgr failed: {done.stderr.strip() or done.returncode}",
+                hint="import-shares needs Slurm accounting (slurmdbd); or pass --from FILE",
+            )
+        text = done.stdout
+    rows, parents = parse_sacctmgr_shares(text)
+    toml = shares_toml(rows, parents)
+    if output is None:
+        click.echo(toml, nl=False)
+    else:
+        output.write_text(toml)
+        click.echo(f"wrote {output}: {len({r[0] for r in rows} - {'root'})} accounts", err=True)
+
+
+@slurm.command("jobs")
+@click.option("--partition", envvar="GPULEDGER_SLURM_PARTITION", required=True)
+@json_option
+@pass_ctx
+def slurm_jobs(ctx: Ctx, partition: str, as_json: bool) -> None:
+    """Every Slurm job on the partition: gpu-ledger's runs, and foreign jobs (never touched;
+    their GPUs count as busy)."""
+    from ledger.slurm import SlurmExecutor, ledger_id
+
+    lid = ledger_id(ctx.ledger())
+    executor = SlurmExecutor(partition, lid, ctx.home / "jobs", env=os.environ)
+    if not executor.refresh():
+        raise EngineError("Slurm cannot be read", hint="is slurmctld up? see docs/slurm.md")
+    rows: list[dict[str, Any]] = []
+    for j in sorted(executor.view.values(), key=lambda j: j.slurm_id):
+        if j.partition != partition:
+            continue
+        tag = j.tag(lid)
+        rows.append(
+            {
+                "slurm_job_id": j.slurm_id,
+                "job_id": None if tag is None else tag[0],
+                "run": None if tag is None else tag[1],
+                "foreign": tag is None,
+                "state": j.state,
+                "gpus": {n: list(i) for n, i in j.gpus.items() if i},
+            }
+        )
+    if as_json:
+        echo_json(rows)
+        return
+    t = Table("slurm job", "ledger job", "state", "gpus", box=None)
+    for r in rows:
+        who = "foreign" if r["foreign"] else f"{r['job_id']} (run {r['run']})"
+        gpus = " ".join(f"{n}:{','.join(map(str, i))}" for n, i in r["gpus"].items()) or "-"
+        t.add_row(r["slurm_job_id"], who, r["state"], gpus)
+    Console().print(t)
+
+
+COMMANDS = [slurm]

@@ -1,0 +1,137 @@
+"""The bounds of every value a command or an event carries: one named type per kind of value.
+
+Commands and events declare their fields with these types, so the limits live in the schema
+(`msgspec.Meta`), travel into the exported JSON Schemas, and are checked wherever a command is
+built from outside data: the CLI and the budget TOML loader build commands with
+`msgspec.convert`, the HTTP API decodes them, and the domain re-checks every command it is handed
+(`validate`), so a Struct built in Python with a bad value is refused too. A bounded float is
+finite: NaN and infinity fail `ge`/`le`.
+
+Integers fit the columns that store them exactly (SQLite INTEGER, DuckDB INTEGER/BIGINT); times
+are seconds since the epoch before the year 3000; durations are whole seconds up to ten years.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+
+from schemas.errors import InvalidCommand
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+"""A user, node or account-path part: letters, digits, '_', '.', '-', at most 63 characters."""
+
+INT32_MAX = 2**31 - 1
+TEN_YEARS_S = 10 * 365 * 86_400
+YEAR_3000 = 32_503_680_000.0
+MAX_GPUS_PER_NODE = 64
+
+Name = Annotated[str, msgspec.Meta(max_length=63)]
+"""A user, node, GPU type or cluster name (the domain checks the characters: NAME_PATTERN).
+Lengths only: what else a name must be, the domain says (one copy of each rule)."""
+AccountPath = Annotated[str, msgspec.Meta(max_length=255)]
+Actor = Annotated[str, msgspec.Meta(max_length=64)]
+Text = Annotated[str, msgspec.Meta(max_length=1_000)]
+"""Reasons and notes people write."""
+LongText = Annotated[str, msgspec.Meta(max_length=65_536)]
+"""Text the dispatcher writes (a wait reason may list many jobs)."""
+Token = Annotated[str, msgspec.Meta(max_length=128)]
+"""Ids, hashes, cycle ids, policy versions."""
+
+JobId = Annotated[int, msgspec.Meta(ge=1, le=2**53)]
+Position = Annotated[int, msgspec.Meta(ge=0, le=2**62)]
+JobGpus = Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]
+NodeGpus = Annotated[int, msgspec.Meta(ge=1, le=MAX_GPUS_PER_NODE)]
+GpuIndex = Annotated[int, msgspec.Meta(ge=0, le=MAX_GPUS_PER_NODE - 1)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
+Shares = Annotated[int, msgspec.Meta(ge=0, le=1_000_000_000)]
+Priority = Annotated[int, msgspec.Meta(ge=-1_000_000_000, le=1_000_000_000)]
+Seconds = Annotated[int, msgspec.Meta(ge=0, le=TEN_YEARS_S)]
+"""A whole number of seconds: a contract (`min_runtime_s`: 0 unfunded, else at least 1 s)."""
+PositiveSeconds = Annotated[int, msgspec.Meta(ge=1, le=TEN_YEARS_S)]
+MAX_GRACE_S = 3600
+GraceSeconds = Annotated[int, msgspec.Meta(ge=0, le=MAX_GRACE_S)]
+"""SIGTERM-to-SIGKILL grace of a job being stopped: whole seconds, at most an hour."""
+PositiveInterval = Annotated[float, msgspec.Meta(ge=0.001, le=float(TEN_YEARS_S))]
+"""How often a loop runs (seconds, a fraction allowed)."""
+Duration = Annotated[float, msgspec.Meta(ge=0.0, le=float(TEN_YEARS_S))]
+Epoch = Annotated[float, msgspec.Meta(ge=0.0, le=YEAR_3000)]
+ExitCode = Annotated[int, msgspec.Meta(ge=-INT32_MAX - 1, le=INT32_MAX)]
+Percent = Annotated[float, msgspec.Meta(ge=0.0, le=100.0)]
+TeamDepth = Annotated[int, msgspec.Meta(ge=1, le=64)]
+"""How deep a team sits in the budget tree (1 = programs, 2 = projects under programs)."""
+
+Arg = Annotated[str, msgspec.Meta(max_length=4_096)]
+CommandLine = Annotated[tuple[Arg, ...], msgspec.Meta(max_length=1_024)]
+LogPaths = Annotated[tuple[Arg, ...], msgspec.Meta(max_length=1_000_000)]
+"""Where a job's parts write their output: one path per part (at most one part per GPU)."""
+LabelKey = Annotated[str, msgspec.Meta(max_length=63)]
+Labels = Annotated[dict[LabelKey, Text], msgspec.Meta(max_length=64)]
+Config = Annotated[dict[LabelKey, Text], msgspec.Meta(max_length=64)]
+GpuIndices = Annotated[tuple[GpuIndex, ...], msgspec.Meta(max_length=MAX_GPUS_PER_NODE)]
+Utilisation = Annotated[tuple[Percent, ...], msgspec.Meta(max_length=1_000_000)]
+KeyValue = (
+    Annotated[int, msgspec.Meta(ge=-(2**62), le=2**62)]
+    | Annotated[float, msgspec.Meta(ge=-1e18, le=1e18)]
+    | Annotated[str, msgspec.Meta(max_length=255)]
+)
+SortKey = Annotated[tuple[KeyValue, ...], msgspec.Meta(max_length=32)]
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+def validate(value: S) -> S:
+    """`value` if every field is inside its type's bounds, else `msgspec.ValidationError`.
+
+    Structs built in Python skip their `Meta` checks; a round trip through builtins applies them
+    (not through JSON, which would turn NaN and infinity into null)."""
+    checked: S = msgspec.convert(msgspec.to_builtins(value), type(value))
+    return checked
+
+
+_EXPECTED = re.compile(r"^Expected `(?P<what>[^`]+)`(?P<rest>.*?)(?: - at `\$\.?(?P<at>[^`]*)`)?$")
+
+
+def describe(err: msgspec.ValidationError, data: Any = None) -> str:
+    """One readable clause from msgspec's message, with the offending value when `data` (the
+    builtins that failed) is given: "`priority` must be int <= 1000000000, got 10**20"."""
+    m = _EXPECTED.match(str(err))
+    if m is None:
+        return str(err)
+    at = f"`{m['at']}` " if m["at"] else ""
+    rest = m["rest"].strip()
+    rest = rest.replace("got `", "not `") if rest.startswith("got") else rest
+    text = f"{at}must be {m['what']} {rest}".rstrip().replace(" ,", ",")
+    found, value = field_value(data, m["at"] or "")
+    if found and not isinstance(value, dict | list):
+        shown = repr(value)
+        text += f", got {shown if len(shown) <= 40 else shown[:37] + '...'}"
+    return text
+
+
+_STEP = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
+
+
+def field_value(data: Any, path: str) -> tuple[bool, Any]:
+    """Pure: (True, the value at a msgspec error path like `slots[0].node`) in `data`, or
+    (False, None) when the path does not lead to one."""
+    if data is None:
+        return False, None
+    value = data
+    try:
+        for name, index in _STEP.findall(path):
+            value = value[name] if name else value[int(index)]
+    except (KeyError, IndexError, TypeError):
+        return False, None
+    return True, value
+
+
+def check(value: Any, typ: Any, what: str) -> Any:
+    """`value` converted to `typ` (a bounded type above), else one `InvalidCommand` naming
+    `what` (an option, a field)."""
+    try:
+        return msgspec.convert(value, typ)
+    except msgspec.ValidationError as e:
+        raise InvalidCommand(f"invalid {what}: {describe(e, value)}") from e

@@ -1,0 +1,438 @@
+"""Slurm as the execution engine: a real Slurm cluster (Debian's slurm-wlm, started by
+scripts/slurm/slurm), fake GPU devices, real jobs, `gpuledger up --executor slurm` as a process.
+
+Every test owns the partition while it runs: it cancels what is left and resumes the node before
+and after itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SLURM_SCRIPT = ROOT / "scripts" / "slurm" / "slurm"
+GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
+BUDGET = (
+    '[accounts."ai2"]\nkind = "program"\n'
+    '[accounts."ai2/olmo"]\nkind = "project"\nmembers = ["alice", "bob", "nobody"]\n'
+)
+
+
+@dataclass
+class Cluster:
+    conf: str
+    partition: str
+    node: str
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": self.conf}
+
+    def run(self, *args: str, check: bool = True) -> str:
+        done = subprocess.run(args, env=self.env(), capture_output=True, text=True, timeout=60)
+        if check and done.returncode != 0:
+            raise AssertionError(f"{args}: {done.stderr}")
+        return done.stdout
+
+    def daemon_pid(self, name: str) -> int:
+        data = Path(self.conf).parent
+        return int((data / f"{name}.pid").read_text().split()[0])
+
+    def up(self) -> None:
+        """(Re)start whichever Slurm daemon is not running."""
+        env = {**os.environ, "GPULEDGER_SLURM_DATA": str(Path(self.conf).parent)}
+        done = subprocess.run(
+            [str(SLURM_SCRIPT), "up"], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+
+    def jobs(self) -> dict[str, dict[str, str]]:
+        """Slurm's own view: job id -> name, state, comment."""
+        out = self.run("squeue", "-h", "-t", "all", "-p", self.partition, "-o", "%i|%j|%T|%k")
+        rows = (line.split("|", 3) for line in out.splitlines() if line.strip())
+        return {r[0]: {"name": r[1], "state": r[2], "comment": r[3]} for r in rows}
+
+    def clean(self) -> None:
+        self.run("scancel", "-p", self.partition, check=False)
+        self.run("scontrol", "update", f"nodename={self.node}", "state=resume", check=False)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            live = [j for j in self.jobs().values() if j["state"] in ("RUNNING", "COMPLETING")]
+            if not live and "idle" in self.run("sinfo", "-h", "-N", "-o", "%T", check=False):
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"the partition did not empty: {self.jobs()}")
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Cluster:
+    """The Slurm cluster scripts/test started ($SLURM_CONF); the test fails if there is none."""
+    conf = os.environ.get("SLURM_CONF", "")
+    if not conf or not Path(conf).is_file():
+        pytest.fail(
+            "SLURM_CONF is not set to a slurm.conf; run the suite with scripts/test, or "
+            "`export SLURM_CONF=$(scripts/slurm/slurm up)`",
+            pytrace=False,
+        )
+    partition = os.environ.get("GPULEDGER_SLURM_PARTITION", "gpuledger")
+    env = {**os.environ, "SLURM_CONF": conf}
+    done = subprocess.run(
+        ["sinfo", "-h", "-N", "-p", partition, "-o", "%N"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if done.returncode != 0 or not done.stdout.strip():
+        pytest.fail(f"Slurm at {conf} does not answer: {done.stderr.strip()}", pytrace=False)
+    return Cluster(conf, partition, done.stdout.split()[0])
+
+
+@pytest.fixture
+def slurm(cluster: Cluster) -> Iterator[Cluster]:
+    cluster.up()
+    cluster.clean()
+    yield cluster
+    cluster.up()
+    cluster.clean()
+
+
+class Ledger:
+    """A ledger home driven through the CLI, and its `gpuledger up --executor slurm` process."""
+
+    def __init__(self, home: Path, cluster: Cluster) -> None:
+        self.home = home
+        self.cluster = cluster
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self._logs: list[Any] = []
+
+    def env(self, actor: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+        return env | {
+            "GPULEDGER_HOME": str(self.home),
+            "GPULEDGER_USER": actor,
+            "SLURM_CONF": self.cluster.conf,
+        }
+
+    def cli(self, *args: str, actor: str = "root") -> str:
+        done = subprocess.run(
+            [GPULEDGER, *args], env=self.env(actor), capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, f"{args}: {done.stderr}"
+        return done.stdout
+
+    def submit(self, actor: str, gpus: int, script: str, *opts: str) -> None:
+        self.cli("submit", "-A", "ai2/olmo", "-G", str(gpus), *opts, "--", "bash", "-c", script,
+                 actor=actor)  # fmt: skip
+
+    def up(self) -> None:
+        self.starts += 1
+        log = open(self.home.parent / f"up-{self.starts}.log", "wb")  # noqa: SIM115
+        self._logs.append(log)
+        self.proc = subprocess.Popen(
+            [GPULEDGER, "up", "--executor", "slurm", "--partition", self.cluster.partition,
+             "--interval", "0.2s", "--grace", "2s", "--log-level", "INFO"],
+            env=self.env("root"), stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self.wait(
+            "the partition's nodes", lambda: bool(json.loads(self.cli("node", "list", "--json")))
+        )
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        for log in self._logs:
+            log.close()
+
+    def service_log(self) -> str:
+        return "".join(p.read_text() for p in sorted(self.home.parent.glob("up-*.log")))
+
+    def events(self) -> list[dict[str, Any]]:
+        rows = json.loads(self.cli("log", "--json", "--limit", "100000"))
+        return [r["event"] for r in rows]
+
+    def of(self, kind: str, job_id: int | None = None) -> list[dict[str, Any]]:
+        return [
+            ev
+            for ev in self.events()
+            if ev["type"] == kind and (job_id is None or ev.get("job_id") == job_id)
+        ]
+
+    def jobs(self) -> dict[int, dict[str, Any]]:
+        return {j["job_id"]: j for j in json.loads(self.cli("jobs", "--json"))}
+
+    def log_of(self, job_id: int) -> str:
+        path = self.home / "jobs" / f"job-{job_id}.log"
+        return path.read_text() if path.exists() else ""
+
+    def wait(self, what: str, pred: Callable[[], bool], timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"`gpuledger up` exited while waiting for {what}")
+            if pred():
+                return
+            time.sleep(0.3)
+        raise AssertionError(
+            f"timed out waiting for {what}; jobs: {self.jobs()}\n{self.service_log()[-3000:]}"
+        )
+
+
+@pytest.fixture
+def ledger(slurm: Cluster) -> Iterator[Ledger]:
+    # job users (--uid) open their logs themselves: the home must be reachable by them
+    tmp_path = Path(tempfile.mkdtemp(prefix="gpuledger-slurm-"))
+    tmp_path.chmod(0o755)
+    led = Ledger(tmp_path / "home", slurm)
+    led.cli("init", "--admin", "root")
+    (tmp_path / "budget.toml").write_text(BUDGET)
+    led.cli("budget", "apply", str(tmp_path / "budget.toml"))
+    try:
+        yield led
+    finally:
+        led.stop()
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def held_twice(events: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    """GPUs placed while another job of the ledger held them (read from the log alone)."""
+    holder: dict[tuple[str, int], int] = {}
+    slots: dict[int, list[tuple[str, int]]] = {}
+    clashes = []
+    for ev in events:
+        if ev["type"] == "job.placed.v1":
+            gpus = [(sl["node"], i) for sl in ev["slots"] for i in sl["gpu_indices"]]
+            clashes += [g for g in gpus if g in holder]
+            holder.update(dict.fromkeys(gpus, ev["job_id"]))
+            slots[ev["job_id"]] = gpus
+        elif ev["type"] in ("job.preempted.v1", "job.finished.v1"):
+            for g in slots.pop(ev["job_id"], []):
+                holder.pop(g, None)
+    return clashes
+
+
+def cuda_devices(log: str) -> list[int]:
+    line = next(ln for ln in log.splitlines() if ln.startswith("CVD="))
+    return [int(i) for i in line.removeprefix("CVD=").split(",")]
+
+
+def status(led: Ledger, job_id: int) -> str:
+    return str(led.jobs()[job_id]["status"])
+
+
+SHOW = 'echo "CVD=$CUDA_VISIBLE_DEVICES"; echo "user=$(id -un) run=$GPULEDGER_RUN"; '
+
+
+def test_jobs_run_on_the_gpus_the_ledger_chose_and_their_endings_are_recorded(
+    ledger: Ledger,
+) -> None:
+    ledger.up()
+    ledger.submit("alice", 2, SHOW + "sleep 3; exit 3")
+    ledger.submit("nobody", 1, SHOW + "exit 0")  # a Unix user: submitted with --uid
+    ledger.submit("bob", 1, SHOW + "sleep 600", "-t", "1m")  # Slurm ends it at its limit
+    ledger.wait(
+        "every job to end",
+        lambda: all(j["outcome"] for j in ledger.jobs().values()),
+        timeout=240,
+    )
+    events = ledger.events()
+    placed = {ev["job_id"]: ev["slots"] for ev in events if ev["type"] == "job.placed.v1"}
+    for job_id in (1, 2, 3):
+        (slot,) = placed[job_id]
+        assert cuda_devices(ledger.log_of(job_id)) == slot["gpu_indices"], ledger.service_log()
+    assert "user=nobody" in ledger.log_of(2)
+    ended = {ev["job_id"]: ev for ev in events if ev["type"] == "job.engine_ended.v1"}
+    assert {j: (ev["exit_code"], ev["reason"], ev["engine_state"]) for j, ev in ended.items()} == {
+        1: (3, "exited", "FAILED"),
+        2: (0, "exited", "COMPLETED"),
+        3: (ended[3]["exit_code"], "time_limit", "TIMEOUT"),
+    }
+    jobs = ledger.jobs()
+    assert [jobs[j]["outcome"] for j in (1, 2, 3)] == ["failed", "completed", "failed"]
+    links = {ev["job_id"]: ev for ev in events if ev["type"] == "job.engine_linked.v1"}
+    # Slurm says it gave the chosen GPUs (it stops saying once a run ended: job 2 is too short)
+    said = {j: ev["gpus"] for j, ev in links.items() if ev["gpus"]}
+    assert said == {j: placed[j] for j in said} and {1, 3} <= set(said)
+    linked = {j: ev["engine_job_id"] for j, ev in links.items()}
+    assert sorted(linked) == [1, 2, 3] and len(set(linked.values())) == 3
+    slurm_jobs = ledger.cluster.jobs()
+    assert all(slurm_jobs[linked[j]]["name"] == f"gpuledger-{j}" for j in (1, 2, 3))
+    assert held_twice(events) == []
+
+
+def test_a_funded_job_preempts_an_unfunded_resumable_one_which_runs_again_under_a_new_slurm_job(
+    ledger: Ledger,
+) -> None:
+    victim = (
+        SHOW + "trap 'echo \"TERM in run $GPULEDGER_RUN\"; exit 0' TERM; "
+        "while true; do sleep 0.2; done"
+    )
+    ledger.up()
+    ledger.submit("bob", 4, victim, "--min-runtime", "0", "--resumable")
+    ledger.wait("the unfunded job to run", lambda: status(ledger, 1) == "running")
+    ledger.submit("alice", 4, SHOW + "sleep 2; exit 0", "--min-runtime", "1h")
+    ledger.wait(
+        "the victim to run again",
+        lambda: len(ledger.of("job.engine_linked.v1", 1)) == 2 and status(ledger, 1) == "running",
+        timeout=90,
+    )
+    preempted = ledger.of("job.preempted.v1", 1)
+    assert [(p["reason"], p["for_job"]) for p in preempted] == [("fairness", 2)]
+    assert len(ledger.of("job.requeued.v1", 1)) == 1
+    runs = ledger.of("job.engine_linked.v1", 1)
+    assert [r["run"] for r in runs] == [0, 1]
+    assert runs[0]["engine_job_id"] != runs[1]["engine_job_id"]  # a new Slurm job, linked
+    log = ledger.log_of(1)
+    assert "TERM in run 0" in log and "run=1" in log
+    assert ledger.jobs()[2]["outcome"] == "completed"
+    assert cuda_devices(ledger.log_of(2)) == [0, 1, 2, 3]
+    # the first run ended before the funded job's Slurm job started: never both on the GPUs
+    first, funded = runs[0]["engine_job_id"], ledger.of("job.engine_linked.v1", 2)[0]
+    assert ledger.cluster.jobs()[first]["state"] in ("COMPLETED", "CANCELLED")
+    assert held_twice(ledger.events()) == []
+    # a cancel in the ledger stops the Slurm job
+    ledger.cli("cancel", "1")
+    ledger.wait(
+        "the cancelled run to leave Slurm",
+        lambda: ledger.cluster.jobs()[runs[1]["engine_job_id"]]["state"] not in ("RUNNING",),
+    )
+    assert funded["engine_job_id"] not in (first, runs[1]["engine_job_id"])
+
+
+def test_kill_9_of_the_service_of_slurmctld_and_of_slurmd_loses_and_double_books_nothing(
+    ledger: Ledger,
+) -> None:
+    cluster = ledger.cluster
+    flags = ledger.home.parent
+    until = "until [ -e {} ]; do sleep 0.2; done; exit {}"  # runs until the test says so
+    ledger.up()
+    ledger.submit("alice", 2, SHOW + until.format(flags / "end-1", 0))
+    ledger.submit("bob", 1, SHOW + until.format(flags / "end-2", 5))
+    ledger.submit("alice", 2, SHOW + "exit 0")  # waits for the second job's GPU
+
+    def running(*job_ids: int) -> bool:
+        jobs = ledger.jobs()
+        return all(jobs[j]["status"] == "running" for j in job_ids)
+
+    ledger.wait("two jobs to run", lambda: running(1, 2))
+    # 1. the service dies; the second job ends while it is away
+    ledger.kill9()
+    slurm_ids = {ev["job_id"]: ev["engine_job_id"] for ev in ledger.of("job.engine_linked.v1")}
+    (flags / "end-2").touch()
+    deadline = time.monotonic() + 60
+    while cluster.jobs()[slurm_ids[2]]["state"] != "FAILED":
+        assert time.monotonic() < deadline, cluster.jobs()
+        time.sleep(0.2)
+    assert running(1, 2)  # as the ledger last knew
+    ledger.up()
+    ledger.wait("the exit seen while away", lambda: ledger.jobs()[2]["outcome"] == "failed")
+    assert ledger.of("job.engine_ended.v1", 2)[0]["exit_code"] == 5
+    ledger.wait("the third job to run and end", lambda: ledger.jobs()[3]["outcome"] is not None)
+    assert running(1)
+    # 2. slurmctld dies and comes back: the running job is neither lost nor run twice
+    os.kill(cluster.daemon_pid("slurmctld"), signal.SIGKILL)
+    time.sleep(3)
+    assert running(1)
+    cluster.up()
+    # 3. so does slurmd
+    os.kill(cluster.daemon_pid("slurmd"), signal.SIGKILL)
+    time.sleep(1)
+    cluster.up()
+    time.sleep(2)
+    assert running(1)
+    assert cluster.jobs()[slurm_ids[1]]["state"] == "RUNNING"
+    (flags / "end-1").touch()
+    ledger.wait("the first job to complete", lambda: status(ledger, 1) == "finished", timeout=60)
+    jobs = ledger.jobs()
+    assert [jobs[j]["outcome"] for j in (1, 2, 3)] == ["completed", "failed", "completed"]
+    events = ledger.events()
+    assert held_twice(events) == []
+    assert [
+        ev for ev in events if ev["type"] == "job.engine_ended.v1" and ev["reason"] == "lost"
+    ] == []
+    linked = [ev["job_id"] for ev in events if ev["type"] == "job.engine_linked.v1"]
+    assert sorted(linked) == [1, 2, 3]  # every job ran exactly once
+    assert ledger.of("job.engine_linked.v1", 1)[0]["engine_job_id"] == slurm_ids[1]
+
+
+def test_a_node_slurm_drains_is_drained_in_the_ledger_and_returns_with_it(ledger: Ledger) -> None:
+    cluster = ledger.cluster
+    ledger.up()
+    ledger.wait(
+        "the node to be registered", lambda: bool(json.loads(ledger.cli("node", "list", "--json")))
+    )
+
+    def node() -> dict[str, Any]:
+        (n,) = json.loads(ledger.cli("node", "list", "--json"))
+        return dict(n)
+
+    cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=drain", "reason=fan swap")
+    ledger.wait("the ledger to drain the node", lambda: node()["state"] == "drained")
+    assert node()["drain_reason"].startswith("slurm: ") and "fan swap" in node()["drain_reason"]
+    ledger.submit("alice", 1, SHOW + "exit 0")
+    time.sleep(2)
+    assert status(ledger, 1) == "pending"
+    cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume")
+    ledger.wait("the node to return", lambda: node()["state"] == "active")
+    ledger.wait("the job to run once the node is back", lambda: status(ledger, 1) == "finished")
+
+
+def test_a_foreign_slurm_jobs_gpus_are_never_given_to_a_ledger_job(ledger: Ledger) -> None:
+    cluster = ledger.cluster
+    foreign = cluster.run(
+        "sbatch", "--parsable", "-p", cluster.partition, "--gres=gpu:3", "-J", "train",
+        "-o", "/dev/null", "--wrap", "sleep 120",
+    ).strip()  # fmt: skip
+    deadline = time.monotonic() + 30
+    while cluster.jobs()[foreign]["state"] != "RUNNING":
+        assert time.monotonic() < deadline, cluster.jobs()
+        time.sleep(0.2)
+    ledger.up()
+    ledger.submit("alice", 2, SHOW + "exit 0")
+    ledger.submit("bob", 1, SHOW + "exit 0")
+    ledger.wait("the 1-GPU job to run on the free GPU", lambda: status(ledger, 2) == "finished")
+    assert cuda_devices(ledger.log_of(2)) == [3]
+    time.sleep(2)
+    assert status(ledger, 1) == "pending"  # only one GPU is not the foreign job's
+    assert cluster.jobs()[foreign]["state"] == "RUNNING"  # never touched
+    shown = json.loads(ledger.cli("slurm", "jobs", "--partition", cluster.partition, "--json"))
+    assert {(r["slurm_job_id"], r["foreign"]) for r in shown} >= {(foreign, True)}
+    cluster.run("scancel", foreign)
+    ledger.wait(
+        "the 2-GPU job to run once the foreign job ends", lambda: status(ledger, 1) == "finished"
+    )
+    assert cuda_devices(ledger.log_of(1)) == [0, 1]
+    assert held_twice(ledger.events()) == []
+
+
+def test_a_partition_gpu_ledger_cannot_own_is_refused_with_one_line(ledger: Ledger) -> None:
+    before = ledger.events()
+    done = subprocess.run(
+        [GPULEDGER, "up", "--executor", "slurm", "--partition", "nope", "--for", "1s"],
+        env=ledger.env("root"), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr == (
+        "error: Slurm partition 'nope' cannot be run by gpu-ledger: Slurm has no partition 'nope' "
+        "(see docs/slurm.md, 'Partition settings') [engine]\n"
+    )
+    assert ledger.events() == before  # nothing registered, nothing appended

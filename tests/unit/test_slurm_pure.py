@@ -1,0 +1,393 @@
+"""The pure half of the Slurm executor: reading Slurm's words and writing sbatch arguments."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ledger import budget
+from ledger.domain import Node, State, decide, evolve
+from ledger.executors import Launch
+from ledger.slurm import (
+    batch_script,
+    check_config,
+    end_reason,
+    exit_code,
+    expand_hostlist,
+    gpus_of,
+    gres_indices,
+    node_changes,
+    parse_jobs,
+    parse_nodes,
+    parse_sacctmgr_shares,
+    register_commands,
+    sbatch_args,
+    shares_toml,
+)
+from schemas import commands as c
+from schemas import events as e
+from schemas.errors import InvalidCommand, NotAuthorised
+from schemas.events import GpuSlot
+
+LID = "0123abcd4567"
+T0 = 1_000.0  # the org_state fixture's clock
+
+RUNNING = (
+    "JobId=3 JobName=gpuledger-3 UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901757"
+    " Nice=0 Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) Requeue=0"
+    " Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0 DerivedExitCode=0:0 RunTime=00:00:01"
+    " TimeLimit=UNLIMITED TimeMin=N/A SubmitTime=2026-11-30T18:36:36"
+    " StartTime=2026-11-30T18:36:36 EndTime=Unknown Partition=gpuledger NodeList=vm BatchHost=vm"
+    " NumNodes=1 JOB_GRES=gpu:fake:2   Nodes=vm CPU_IDs=0 Mem=0 GRES=gpu:fake:2(IDX:0-1)"
+    f" MinCPUsNode=1 Features=(null) Comment=gpuledger:{LID}:job=3:run=1  StdErr=/dev/null"
+    " StdOut=/tmp/job-3.log Power= TresPerNode=gres:gpu:2"
+)
+TIMEOUT = (
+    "JobId=9 JobName=gpuledger-4 UserId=alice(1000) JobState=TIMEOUT Reason=TimeLimit"
+    " ExitCode=0:15 StartTime=2026-11-30T18:36:36 Partition=gpuledger NodeList=vm"
+    f" Comment=gpuledger:{LID}:job=4:run=0 StdOut=/tmp/x"
+)
+FOREIGN = (
+    "JobId=12 JobName=train UserId=bob(1001) JobState=PENDING Reason=Resources ExitCode=0:0"
+    " StartTime=Unknown Partition=gpuledger NodeList= Comment=my run with spaces StdOut=/tmp/y"
+)
+
+
+def test_a_running_run_of_this_ledger_is_read_with_its_gpus() -> None:
+    jobs = parse_jobs("\n".join([RUNNING, TIMEOUT, FOREIGN]))
+    run, timed_out, foreign = jobs
+    assert (run.slurm_id, run.state, run.started, run.holding) == ("3", "RUNNING", True, True)
+    assert run.tag(LID) == (3, 1)
+    assert run.tag("ffffffffffff") is None  # another ledger's run is foreign here
+    assert dict(run.gpus) == {"vm": (0, 1)}
+    assert (timed_out.ended, timed_out.exit_code, timed_out.tag(LID)) == (True, 143, (4, 0))
+    assert end_reason(timed_out.state) == "time_limit"
+    assert foreign.tag(LID) is None
+    assert foreign.comment == "my run with spaces"
+    assert (foreign.started, foreign.holding) == (False, False)
+
+
+def test_a_name_that_does_not_match_the_comment_is_not_ours() -> None:
+    (job,) = parse_jobs(RUNNING.replace("JobName=gpuledger-3", "JobName=gpuledger-7"))
+    assert job.tag(LID) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("vm", ["vm"]),
+        ("n[1-3],gpu07", ["n1", "n2", "n3", "gpu07"]),
+        ("n[08-10,12]", ["n08", "n09", "n10", "n12"]),
+        ("(null)", []),
+    ],
+)
+def test_hostlists_expand(text: str, want: list[str]) -> None:
+    assert expand_hostlist(text) == want
+
+
+@pytest.mark.parametrize(
+    ("gres", "want"),
+    [
+        ("gpu:fake:2(IDX:0-1)", (0, 1)),
+        ("gpu:h100:3(IDX:0,2-3)", (0, 2, 3)),
+        ("gpu:1(IDX:5)", (5,)),
+        ("gpu:fake:2", ()),
+    ],
+)
+def test_gres_indices(gres: str, want: tuple[int, ...]) -> None:
+    assert gres_indices(gres) == want
+
+
+@pytest.mark.parametrize(
+    ("gres", "want"),
+    [
+        ("gpu:h100:8(S:0-1)", (8, "h100")),
+        ("gpu:4", (4, "gpu")),
+        ("gpu:a100:2,gpu:a100:2", (4, "a100")),
+        ("(null)", (0, "gpu")),
+    ],
+)
+def test_node_gpus_from_gres(gres: str, want: tuple[int, str]) -> None:
+    assert gpus_of(gres) == want
+
+
+@pytest.mark.parametrize(
+    ("text", "want"), [("0:0", 0), ("3:0", 3), ("0:9", 137), ("1:15", 1), ("x", 0)]
+)
+def test_exit_codes(text: str, want: int) -> None:
+    assert exit_code(text) == want
+
+
+@pytest.mark.parametrize(
+    ("state", "want"),
+    [
+        ("COMPLETED", "exited"),
+        ("FAILED", "exited"),
+        ("TIMEOUT", "time_limit"),
+        ("NODE_FAIL", "node_failure"),
+        ("CANCELLED", "cancelled"),
+        ("CANCELLED+", "cancelled"),
+        ("OUT_OF_MEMORY", "out_of_memory"),
+    ],
+)
+def test_end_reasons(state: str, want: str) -> None:
+    assert end_reason(state) == want
+
+
+NODES = "\n".join(
+    [
+        "NodeName=vm Arch=x86_64 CoresPerSocket=1 Gres=gpu:fake:4 NodeAddr=127.0.0.1"
+        " State=IDLE+DRAIN Partitions=gpuledger Reason=disk swap [root@2026-11-30T18:00:00]",
+        "NodeName=g2 Gres=gpu:h100:8(S:0-1) State=MIXED Partitions=other,gpuledger",
+        "NodeName=cpu1 Gres=(null) State=IDLE Partitions=gpuledger",
+        "NodeName=g3 Gres=gpu:h100:8 State=DOWN* Partitions=other",
+    ]
+)
+
+
+def test_nodes_of_the_partition_with_gpus() -> None:
+    nodes = parse_nodes(NODES, "gpuledger")
+    assert [(n.name, n.gpus, n.gpu_type, n.unavailable) for n in nodes] == [
+        ("g2", 8, "h100", False),
+        ("vm", 4, "fake", True),
+    ]
+    assert nodes[1].reason == "disk swap [root@2026-11-30T18:00:00]"
+
+
+def node(name: str, state: str = "active", reason: str = "") -> Node:
+    return Node(name=name, cluster="c", gpu_type="h100", gpus=8, state=state, drain_reason=reason)  # type: ignore[arg-type]
+
+
+def test_slurm_drains_and_returns_follow_into_the_ledger() -> None:
+    slurm = parse_nodes(NODES, "gpuledger")
+    ledger = {"vm": node("vm"), "g2": node("g2", "drained", "slurm: DOWN")}
+    cmds = node_changes(slurm, ledger, "@executor")
+    assert cmds == [
+        c.ReturnNode(actor="@executor", node="g2"),
+        c.DrainNode(
+            actor="@executor",
+            node="vm",
+            reason="slurm: IDLE+DRAIN (disk swap [root@2026-11-30T18:00:00])",
+        ),
+    ]
+    # a drain an admin made in the ledger is not Slurm's to undo
+    assert node_changes(slurm, {"g2": node("g2", "draining", "maintenance")}, "@x") == []
+
+
+def test_unknown_partition_nodes_are_registered_once() -> None:
+    slurm = parse_nodes(NODES, "gpuledger")
+    assert register_commands(slurm, {"vm": node("vm")}, "root") == [
+        c.RegisterNode(actor="root", node="g2", gpus=8, gpu_type="h100")
+    ]
+
+
+GOOD = "PriorityType            = priority/basic\nPreemptType             = preempt/none\n"
+PART = "PartitionName=gpuledger AllowGroups=ALL State=UP PreemptMode=OFF Nodes=vm"
+
+
+@pytest.mark.parametrize(
+    ("config", "want"),
+    [
+        (GOOD + PART, []),
+        (GOOD, ["Slurm has no partition 'gpuledger'"]),
+        (GOOD + PART.replace("State=UP", "State=DOWN"), ["partition 'gpuledger' is DOWN"]),
+        (
+            GOOD.replace("priority/basic", "priority/multifactor") + PART,
+            ["PriorityType is priority/multifactor"],
+        ),
+        (
+            GOOD.replace("preempt/none", "preempt/partition_prio")
+            + PART.replace("PreemptMode=OFF", "PreemptMode=REQUEUE"),
+            ["PreemptType is preempt/partition_prio"],
+        ),
+        (GOOD.replace("preempt/none", "preempt/qos") + PART, []),
+    ],
+)
+def test_partition_settings_that_would_overrule_the_ledger(config: str, want: list[str]) -> None:
+    problems = check_config(config, "gpuledger")
+    assert len(problems) == len(want)
+    for p, w in zip(problems, want, strict=True):
+        assert p.startswith(w)
+
+
+def launch(*slots: GpuSlot, time_limit_s: int | None = None) -> Launch:
+    return Launch(5, slots, ("python", "train.py"), None, "alice", "ai2/olmo", 2, time_limit_s)
+
+
+def test_sbatch_names_the_nodes_the_gpus_per_node_the_time_and_the_user() -> None:
+    job = launch(
+        GpuSlot(node="n1", gpu_indices=(0, 1, 2, 3)),
+        GpuSlot(node="n2", gpu_indices=(0, 1, 2, 3)),
+        time_limit_s=90,
+    )
+    args = sbatch_args(job, "gpu", Path("/logs/job-5.log"), "alice", LID)
+    assert args[:5] == [
+        "--job-name=gpuledger-5",
+        f"--comment=gpuledger:{LID}:job=5:run=2",
+        "--output=/logs/job-5.log",
+        "--open-mode=append",
+        "--no-requeue",
+    ]
+    assert "--time=2" in args  # Slurm counts whole minutes: rounded up
+    assert "--uid=alice" in args
+    assert args[-4:] == ["--partition=gpu", "--nodes=2", "--nodelist=n1,n2", "--gres=gpu:4"]
+    assert ":" not in args
+
+
+def test_a_gang_with_a_smaller_last_node_is_one_heterogeneous_job() -> None:
+    job = launch(GpuSlot(node="n1", gpu_indices=(0, 1, 2, 3)), GpuSlot(node="n2", gpu_indices=(0,)))
+    args = sbatch_args(job, "gpu", Path("/l"), None, LID)
+    split = args.index(":")
+    assert args[split - 2 :] == ["--nodelist=n1", "--gres=gpu:4", ":", "--partition=gpu",
+                                 "--nodes=1", "--nodelist=n2", "--gres=gpu:1"]  # fmt: skip
+    assert not any(a.startswith(("--uid", "--time")) for a in args)
+
+
+def test_the_batch_script_sets_the_ledgers_variables_and_execs_the_command() -> None:
+    job = launch(GpuSlot(node="n1", gpu_indices=(0,)), GpuSlot(node="n2", gpu_indices=(0,)))
+    job = dataclasses.replace(job, command=("sh", "-c", "echo $X; exit 3"))
+    assert batch_script(job).splitlines() == [
+        "#!/bin/bash",
+        "export GPULEDGER_JOB_ID=5",
+        "export GPULEDGER_RUN=2",
+        "export GPULEDGER_ACCOUNT=ai2/olmo",
+        "export GPULEDGER_NODES=n1,n2",
+        "exec sh -c 'echo $X; exit 3'",
+    ]
+    assert batch_script(dataclasses.replace(job, command=())).endswith("\nexec true\n")
+
+
+SACCTMGR = """\
+root|||1
+root||root|1
+ai2|root||100
+olmo|ai2||60
+olmo||alice|2
+olmo||bob|1
+tulu|ai2||parent
+tulu||dan|1
+"""
+
+
+def test_sacctmgr_shares_parse_and_become_a_budget_file() -> None:
+    rows, parents = parse_sacctmgr_shares(SACCTMGR)
+    assert rows == [
+        ("root", "", 1),
+        ("ai2", "", 100),
+        ("olmo", "", 60),
+        ("olmo", "alice", 2),
+        ("olmo", "bob", 1),
+        ("tulu", "dan", 1),
+    ]
+    assert parents == {"ai2": "root", "olmo": "ai2", "tulu": "ai2"}
+    toml = shares_toml(rows, parents)
+    plan = budget.parse(toml.encode())
+    assert {
+        p: (a.kind, a.shares, a.members, a.member_shares) for p, a in plan.accounts.items()
+    } == {
+        "ai2": ("program", 100, None, {}),
+        "ai2/olmo": ("project", 60, ["alice", "bob"], {"alice": 2}),
+        "ai2/tulu": ("project", 1, ["dan"], {}),
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a|b\n", "sacctmgr line 1 has 2 fields, not 4: 'a|b'"),
+        ("acct|root||lots\n", "sacctmgr line 1: share 'lots' is not a whole number"),
+    ],
+)
+def test_bad_sacctmgr_output_is_one_clear_error(text: str, message: str) -> None:
+    with pytest.raises(InvalidCommand) as err:
+        parse_sacctmgr_shares(text)
+    assert err.value.message == message
+
+
+def run(state: State, cmd: c.AnyCommand, ids: Callable[[], str]) -> list[e.AnyEvent]:
+    events = decide(state, cmd, T0, ids)
+    for ev in events:
+        evolve(state, ev)
+    return events
+
+
+def test_an_engine_run_is_linked_at_its_start_and_its_ending_recorded(
+    org_state: State, counter_ids: Callable[[], str]
+) -> None:
+    run(
+        org_state,
+        c.SubmitJob(actor="alice", account="ai2/olmo", gpus=2, min_runtime_s=60),
+        counter_ids,
+    )
+    slots = (GpuSlot(node="n1", gpu_indices=(0, 1)),)
+    placement = c.Placement(job_id=1, slots=slots)
+    decision = c.ApplyDecision(
+        actor="@dispatcher", cycle_id="c1", based_on=0, policy_version="fifo-1",
+        placements=(placement,),
+    )  # fmt: skip
+    run(org_state, decision, counter_ids)
+    started = run(
+        org_state,
+        c.StartJob(actor="@executor", job_id=1, engine="slurm", engine_job_id="41", run=0),
+        counter_ids,
+    )
+    assert [type(ev) for ev in started] == [e.JobStarted, e.JobEngineLinked]
+    assert started[1] == e.JobEngineLinked(
+        event_id=started[1].event_id,
+        at=T0,
+        actor="@executor",
+        job_id=1,
+        engine="slurm",
+        engine_job_id="41",
+    )
+    ended = run(
+        org_state,
+        c.FinishJob(actor="@executor", job_id=1, exit_code=143, engine="slurm",
+                    engine_job_id="41", reason="time_limit", engine_state="TIMEOUT"),
+        counter_ids,
+    )  # fmt: skip
+    assert [type(ev) for ev in ended] == [e.JobFinished, e.JobEngineEnded]
+    assert isinstance(ended[1], e.JobEngineEnded)
+    assert (ended[1].reason, ended[1].engine_state, ended[1].exit_code) == (
+        "time_limit",
+        "TIMEOUT",
+        143,
+    )
+    assert org_state.jobs[1].outcome == "failed" and not org_state.holders
+
+
+def test_engines_without_run_ids_record_only_the_start_and_the_finish(
+    org_state: State, counter_ids: Callable[[], str]
+) -> None:
+    run(
+        org_state,
+        c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, min_runtime_s=60),
+        counter_ids,
+    )
+    placement = c.Placement(job_id=1, slots=(GpuSlot(node="n1", gpu_indices=(0,)),))
+    decision = c.ApplyDecision(
+        actor="@dispatcher", cycle_id="c1", based_on=0, policy_version="fifo-1",
+        placements=(placement,),
+    )  # fmt: skip
+    run(org_state, decision, counter_ids)
+    assert [
+        type(ev) for ev in run(org_state, c.StartJob(actor="@executor", job_id=1), counter_ids)
+    ] == [e.JobStarted]
+    done = run(org_state, c.FinishJob(actor="@executor", job_id=1, exit_code=0), counter_ids)
+    assert [type(ev) for ev in done] == [e.JobFinished]
+
+
+def test_an_engine_may_drain_and_return_a_node_but_a_user_may_not(
+    org_state: State, counter_ids: Callable[[], str]
+) -> None:
+    drained = run(
+        org_state, c.DrainNode(actor="@executor", node="a1", reason="slurm: DOWN"), counter_ids
+    )
+    assert [type(ev) for ev in drained] == [e.NodeDrainRequested, e.NodeDrained]
+    run(org_state, c.ReturnNode(actor="@executor", node="a1"), counter_ids)
+    assert org_state.nodes["a1"].state == "active"
+    with pytest.raises(NotAuthorised):
+        decide(org_state, c.DrainNode(actor="alice", node="a1", reason="x"), T0, counter_ids)
