@@ -9,9 +9,10 @@ since then touches what it depends on, is rejected with `Conflict`.
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,19 +23,17 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, Mapper, StoredEvent, Transcoder
 from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteFactory
 
+from ledger import snapshots
 from ledger.clock import Clock, IdSource, SystemClock, random_ids
 from ledger.domain import State, command_keys, decide, event_keys, evolve
 from schemas import codec
 from schemas.commands import AnyCommand
+from schemas.digest import chain_hash
 from schemas.errors import Conflict, EventDecodeError, InvalidCommand, LedgerError
 from schemas.events import AnyEvent, tag_of
 
 STREAM_ID = uuid5(NAMESPACE_URL, "gpuledger:ledger")
-
-
-def chain_hash(stored: bytes) -> str:
-    """The link to the next event: SHA-256 of an event's stored bytes, hex."""
-    return hashlib.sha256(stored).hexdigest()
+log = logging.getLogger("gpuledger.ledger")
 
 
 EVENTS_DB = "events.sqlite"
@@ -126,7 +125,14 @@ class Appended:
 
 
 class Ledger(Application[UUID]):
-    """The one writer of the event log. Keeps the folded `State` in memory."""
+    """The one writer of the event log. Keeps the folded `State` in memory.
+
+    `live=True` keeps a live state (`State.live_only`: finished jobs leave memory) and starts
+    from the newest snapshot that verifies plus the tail (`ledger.snapshots`), taking a new one
+    every `snapshot_every` events and on `close()`. The full state (`live=False`, for what-if
+    and tools that read finished jobs from the fold) always folds the whole log."""
+
+    is_snapshotting_enabled = True
 
     name = "gpuledger"
     env = {  # noqa: RUF012 (eventsourcing reads this class attribute)
@@ -138,7 +144,15 @@ class Ledger(Application[UUID]):
     page = 10_000
     retries = 20
 
-    def __init__(self, home: Path, clock: Clock | None = None, ids: IdSource | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        clock: Clock | None = None,
+        ids: IdSource | None = None,
+        *,
+        live: bool = False,
+        snapshot_every: int = snapshots.SNAPSHOT_EVERY,
+    ) -> None:
         home.mkdir(parents=True, exist_ok=True)
         super().__init__(
             {
@@ -149,11 +163,89 @@ class Ledger(Application[UUID]):
         self.home = home
         self.clock = clock or SystemClock()
         self.ids = ids or random_ids()
-        self.state = State()
+        self.state = State(live_only=live)
         self.version = 0
         self.position = 0
         self.last_hash = ""
+        self.snapshot_every = snapshot_every
+        self.snapshot_position = 0
+        if live:
+            self._restore()
         self.catch_up()
+
+    # --- snapshots ------------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        """Start from the newest snapshot that verifies; skip (with a warning) any that does not."""
+        assert self.snapshots is not None
+        found = self.snapshots.recorder.select_events(STREAM_ID, desc=True, limit=snapshots.KEEP)
+        for stored in found:
+            try:
+                snap, state = snapshots.decode(stored.state)
+                self._verify(snap)
+            except snapshots.SnapshotError as err:
+                log.warning("snapshot skipped: %s", err.line())
+                continue
+            self.state, self.position, self.version = state, snap.position, snap.version
+            self.last_hash = snap.chain_hash
+            self.snapshot_position = snap.position
+            return
+
+    def _verify(self, snap: snapshots.StateSnapshot) -> None:
+        """The log still holds, at the snapshot's position, the bytes whose hash it names."""
+        rows = self.recorder.select_notifications(start=snap.position, limit=1)
+        if not rows or rows[0].id != snap.position:
+            raise snapshots.SnapshotError(
+                f"snapshot at position {snap.position}: the log has no event there"
+            )
+        if chain_hash(rows[0].state) != snap.chain_hash:
+            raise snapshots.SnapshotError(
+                f"snapshot at position {snap.position}: the chain hash differs from the log's"
+            )
+
+    def snapshot_state(self) -> bool:
+        """Store a snapshot of the live state at our position (False: nothing new to store)."""
+        if not self.state.live_only or self.position in (0, self.snapshot_position):
+            return False
+        assert self.snapshots is not None
+        data = snapshots.encode(self.state, self.position, self.version, self.last_hash)
+        stored = StoredEvent(
+            originator_id=STREAM_ID,
+            originator_version=self.position,
+            topic=snapshots.SNAPSHOT_TOPIC,
+            state=data,
+        )
+        with contextlib.suppress(IntegrityError):  # another process stored this position's
+            self.snapshots.recorder.insert_events([stored])
+        self.snapshot_position = self.position
+        self._prune_snapshots()
+        return True
+
+    def _prune_snapshots(self) -> None:
+        """Keep the `snapshots.KEEP` newest snapshots."""
+        assert self.snapshots is not None
+        recorder: Any = self.snapshots.recorder
+        with recorder.datastore.transaction(commit=True) as cursor:
+            cursor.execute(
+                f"DELETE FROM {recorder.events_table_name} WHERE originator_id = ? AND "
+                f"originator_version < (SELECT min(originator_version) FROM (SELECT "
+                f"originator_version FROM {recorder.events_table_name} WHERE originator_id = ? "
+                f"ORDER BY originator_version DESC LIMIT {snapshots.KEEP}))",
+                (STREAM_ID.hex, STREAM_ID.hex),
+            )
+
+    def _maybe_snapshot(self) -> None:
+        if self.state.live_only and self.position - self.snapshot_position >= self.snapshot_every:
+            self.snapshot_state()
+
+    def close(self) -> None:
+        """A clean stop: a live ledger snapshots what it folded since the last snapshot."""
+        if self.state.live_only:
+            try:
+                self.snapshot_state()
+            except Exception as err:  # a failed snapshot must not turn a stop into a crash
+                log.warning("no snapshot at close: %s", err)
+        super().close()
 
     # --- reading --------------------------------------------------------------------------------
 
@@ -163,6 +255,30 @@ class Ledger(Application[UUID]):
             (n.id, self._decode(n.id, n.state))
             for n in self.recorder.select_notifications(start=after + 1, limit=limit)
         ]
+
+    def follow(
+        self,
+        after: int,
+        until: int | None = None,
+        *,
+        tags: Sequence[str] | None = None,
+        page: int = 10_000,
+    ) -> Iterator[tuple[int, AnyEvent]]:
+        """The events with `after` < position <= `until` (default: our position), decoded, in
+        log order; with `tags`, only those (the store filters by tag, so the others are never
+        read or decoded). The in-process form of `projections.source.follow`."""
+        stop = self.position if until is None else until
+        topics = list(tags) if tags is not None else None
+        start = after + 1
+        while start <= stop:
+            rows = self.recorder.select_notifications(
+                start=start, limit=page, stop=stop, topics=topics or ()
+            )
+            for n in rows:
+                yield n.id, self._decode(n.id, n.state)
+            if len(rows) < page:
+                return
+            start = rows[-1].id + 1
 
     @staticmethod
     def _decode(position: int, data: bytes) -> AnyEvent:
@@ -193,6 +309,7 @@ class Ledger(Application[UUID]):
             if page:
                 self.last_hash = chain_hash(page[-1].state)
             if len(page) < self.page:
+                self._maybe_snapshot()
                 return self.position
 
     # --- writing --------------------------------------------------------------------------------
@@ -229,8 +346,55 @@ class Ledger(Application[UUID]):
             self.version += len(events)
             self.position = ids[-1] if ids else self.head()
             self.last_hash = chain_hash(stored[-1].state)
+            self._maybe_snapshot()
             return Appended(events=events, position=self.position)
         raise Conflict("the log kept moving under this command", hint="retry it")
+
+    def execute_each(self, cmds: Sequence[AnyCommand]) -> list[Appended | LedgerError]:
+        """Group commit: decide each command on its own, in order, each seeing the ones before it
+        that were accepted, and append all accepted events in ONE store transaction. A rejected
+        command gets its LedgerError in its slot and changes nothing; its neighbours go on."""
+        for _ in range(self.retries):
+            self.catch_up()
+            scratch, version, prev = self.state.copy(), self.version, self.last_hash
+            now = self.clock.now()
+            outcomes: list[tuple[int, list[AnyEvent]] | LedgerError] = []
+            stored: list[StoredEvent] = []
+            for cmd in cmds:
+                try:
+                    self._check_conflicts([cmd])
+                    decided = decide(scratch, cmd, now, self.ids)
+                    mine, chained = self._stored(decided, version=version, prev=prev)
+                except LedgerError as err:
+                    outcomes.append(err)
+                    continue
+                except Exception as err:  # a bug must not fail the neighbours: this one only
+                    log.exception("command %s failed", type(cmd).__name__)
+                    outcomes.append(LedgerError(f"internal error: {type(err).__name__}"))
+                    continue
+                for ev in chained:
+                    evolve(scratch, ev)
+                if mine:
+                    prev = chain_hash(mine[-1].state)
+                version += len(mine)
+                stored += mine
+                outcomes.append((len(stored), chained))
+            if not stored:
+                return [
+                    o if isinstance(o, LedgerError) else Appended(o[1], self.position)
+                    for o in outcomes
+                ]
+            try:
+                ids = self.recorder.insert_events(stored)
+            except IntegrityError:
+                continue  # another writer appended first: catch up and decide again
+            self.state, self.version, self.last_hash = scratch, version, prev
+            self.position = ids[-1] if ids else self.head()
+            first = self.position - len(stored)
+            return [
+                o if isinstance(o, LedgerError) else Appended(o[1], first + o[0]) for o in outcomes
+            ]
+        raise Conflict("the log kept moving under these commands", hint="retry them")
 
     def _decide(self, cmds: Sequence[AnyCommand]) -> tuple[State, list[AnyEvent]]:
         self._check_conflicts(cmds)
@@ -245,15 +409,19 @@ class Ledger(Application[UUID]):
             events += decided
         return scratch, events
 
-    def _stored(self, decided: list[AnyEvent]) -> tuple[list[StoredEvent], list[AnyEvent]]:
+    def _stored(
+        self, decided: list[AnyEvent], *, version: int | None = None, prev: str | None = None
+    ) -> tuple[list[StoredEvent], list[AnyEvent]]:
         """Chain, encode through the mapper once, and prove every event reads back as itself:
         what the store cannot hold faithfully (inf, NaN, lone surrogates) is rejected."""
-        out, events, prev = [], [], self.last_hash
+        out, events = [], []
+        prev = self.last_hash if prev is None else prev
+        version = self.version if version is None else version
         for i, unchained in enumerate(decided):
             ev = msgspec.structs.replace(unchained, prev_hash=prev)
             events.append(ev)
             try:
-                se = self.mapper.to_stored_event(Recorded(STREAM_ID, self.version + i + 1, ev))
+                se = self.mapper.to_stored_event(Recorded(STREAM_ID, version + i + 1, ev))
                 faithful = codec.decode(se.state) == ev
             except (UnicodeEncodeError, EventDecodeError, ValueError) as err:
                 raise InvalidCommand(
@@ -272,6 +440,8 @@ class Ledger(Application[UUID]):
     def _check_conflicts(self, cmds: Sequence[AnyCommand]) -> None:
         for cmd in cmds:
             expected = cmd.expected_position
+            if expected is not None and expected < 0:
+                raise InvalidCommand(f"expected_position must be >= 0, got {expected}")
             if expected is None or expected >= self.position:
                 continue
             wanted = command_keys(self.state, cmd)

@@ -24,8 +24,9 @@ hash the report prints (keep it elsewhere), or the Kafka copy (`verify_copy`).
 Invariants. `check_history(events)` scans a history for what must never happen: a GPU held by two
 jobs, a preemption inside a contract (admin preemptions with a reason are listed apart, as
 `noted`, not as violations), a placement on a node that is not active, a share, member, manager,
-admin, account or node change by someone not authorised at that moment (the rules of
-`ledger.domain`, replayed against the `State` folded up to the event). `check_charges(store)`
+admin, account, node or token change by someone not authorised at that moment (the rules of
+`ledger.domain.authorisation_failure`, the domain's own, replayed against the `State` folded up
+to the event). `check_charges(store)`
 checks the projection charges no usage to an unfunded job.
 
 Pure: `verify_chain`, `verify_copy`, `check`, `check_history`. Edges: `store_records`,
@@ -43,7 +44,7 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
-from ledger.domain import State, evolve, is_system
+from ledger.domain import State, authorisation_failure, evolve, is_system
 from projections.source import EVENTS_DB, EVENTS_TABLE
 from projections.store import Store
 from schemas import events as e
@@ -520,45 +521,6 @@ class CheckReport(msgspec.Struct, frozen=True, kw_only=True):
         return not self.violations
 
 
-def _parent(path: str) -> str | None:
-    return path.rsplit("/", 1)[0] if "/" in path else None
-
-
-def _authorised(state: State, ev: e.AnyEvent) -> str | None:
-    """The rule an event's actor had to satisfy at that moment, if it failed (None: allowed or
-    no rule). Mirrors `ledger.domain.decide`: account changes need a manager of the parent's
-    subtree (an admin at the top), member changes a manager of the project, manager, admin and
-    node changes an admin."""
-    actor = ev.actor
-    match ev:
-        case e.AccountOpened() | e.AccountClosed() | e.SharesSet():
-            path = ev.account if isinstance(ev, e.SharesSet) else ev.path
-            parent = _parent(path)
-            if parent is None:
-                return None if state.is_admin(actor) else f"change top-level account {path!r}"
-            if state.manages(actor, parent):
-                return None
-            what = "set the shares of" if isinstance(ev, e.SharesSet) else "open or close"
-            return f"{what} {path!r} (it needs a manager of {parent!r} or an admin)"
-        case e.MemberAdded() | e.MemberRemoved():
-            if state.manages(actor, ev.project):
-                return None
-            return f"change the members of {ev.project!r} (it needs a manager of it or an admin)"
-        case (
-            e.ManagerGranted()
-            | e.ManagerRevoked()
-            | e.AdminGranted()
-            | e.AdminRevoked()
-            | e.NodeRegistered()
-            | e.NodeDrainRequested()
-            | e.NodeReturned()
-            | e.NodeRemoved()
-        ):
-            return None if state.is_admin(actor) else f"{e.tag_of(type(ev))} (admins only)"
-        case _:
-            return None
-
-
 class _Checker:
     """The scan behind `check`: its own books of who holds which GPU and since when, plus the
     domain's `State` folded event by event for authorisation and node states."""
@@ -582,9 +544,9 @@ class _Checker:
 
     def visit(self, pos: int, ev: e.AnyEvent) -> None:
         self.n += 1
-        rule = _authorised(self.state, ev)
-        if rule is not None:
-            self.flag(pos, ev, "NOT_AUTHORISED", f"{ev.actor!r} may not {rule}")
+        failed = authorisation_failure(self.state, ev)
+        if failed is not None:
+            self.flag(pos, ev, "NOT_AUTHORISED", failed)
         if isinstance(ev, e.LedgerInitialised):
             if self.initialised:
                 self.flag(pos, ev, "INCONSISTENT", "the ledger is initialised a second time")

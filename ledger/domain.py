@@ -84,6 +84,30 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
         return self.placed_at + self.spec.min_runtime_s
 
 
+class Token(msgspec.Struct, frozen=True, kw_only=True):
+    """A bearer token as the ledger knows it: never the secret, only its SHA-256."""
+
+    token_id: str
+    user: str
+    name: str
+    secret_sha256: str
+    issued_at: float
+    expires_at: float | None = None
+    scope: e.TokenScope = "user"
+    scope_node: str | None = None
+    scope_job: int | None = None
+    revoked: bool = False
+
+    @property
+    def acts_as(self) -> str:
+        """The actor its calls act as: the user, or a narrow system actor for node/job scope."""
+        if self.scope == "node":
+            return f"{NODE_ACTOR}{self.scope_node}"
+        if self.scope == "job":
+            return f"{JOB_ACTOR}{self.scope_job}"
+        return self.user
+
+
 @dataclass
 class State:
     """Everything `decide` needs to enforce the invariants. Built only by folding events."""
@@ -99,8 +123,17 @@ class State:
     holders: dict[tuple[str, int], int] = field(default_factory=dict)
     node_jobs: dict[str, set[int]] = field(default_factory=dict)
     jobs: dict[int, Job] = field(default_factory=dict)
+    tokens: dict[str, Token] = field(default_factory=dict)
+    service: e.ServiceConfigured | None = None
+    """The settings the service last recorded (policy, interval, executor)."""
     next_job_id: int = 1
     events: int = 0
+    live_only: bool = False
+    """A live state: a finished job leaves `jobs` (decisions never need it again; history reads
+    come from the projection), so memory follows live work, not history. `next_job_id` says
+    which ids existed: a command on a job that left is refused as finished."""
+    finished: int = 0
+    """How many jobs have finished (counted in both modes)."""
     _capacity: dict[tuple[str | None, str | None], tuple[int, int]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -118,8 +151,12 @@ class State:
             holders=dict(self.holders),
             node_jobs={k: set(v) for k, v in self.node_jobs.items()},
             jobs=dict(self.jobs),
+            tokens=dict(self.tokens),
+            service=self.service,
             next_job_id=self.next_job_id,
             events=self.events,
+            live_only=self.live_only,
+            finished=self.finished,
         )
 
     # --- queries -------------------------------------------------------------------------------
@@ -147,6 +184,10 @@ class State:
 
     def job(self, job_id: int) -> Job:
         job = self.jobs.get(job_id)
+        if job is None and self.live_only and 0 < job_id < self.next_job_id:
+            raise InvalidTransition(
+                f"job {job_id} is finished", hint="see `gpuledger jobs`", job_id=job_id
+            )
         if job is None:
             raise UnknownEntity(f"unknown job {job_id}", hint="see `gpuledger jobs`", job_id=job_id)
         return job
@@ -191,6 +232,47 @@ def is_system(actor: str) -> bool:
     return actor.startswith("@")
 
 
+NODE_ACTOR = "@node:"
+"""A node token acts as `@node:NAME`: it reports starts, exits and samples of jobs on NAME only."""
+JOB_ACTOR = "@job:"
+"""A job token acts as `@job:ID`: it reports checkpoints of job ID only."""
+_NODE_COMMANDS = (c.StartJob, c.FinishJob, c.SampleUtilisation, c.ReportCheckpoint)
+
+
+def _check_narrow(state: State, cmd: c.AnyCommand, actor: str) -> None:
+    """Node and job actors are system actors confined to their node or job."""
+    if actor.startswith(NODE_ACTOR):
+        node = actor[len(NODE_ACTOR) :]
+        if isinstance(cmd, _NODE_COMMANDS):
+            job = state.job(cmd.job_id)
+            if any(sl.node == node for sl in job.slots):
+                return
+            raise NotAuthorised(
+                f"{actor!r} may not report for job {cmd.job_id}: it does not run on {node!r}",
+                actor=actor,
+            )
+        raise NotAuthorised(f"{actor!r} may only report for its node", actor=actor)
+    if actor.startswith(JOB_ACTOR):
+        if isinstance(cmd, c.ReportCheckpoint) and actor == f"{JOB_ACTOR}{cmd.job_id}":
+            return
+        raise NotAuthorised(f"{actor!r} may only report checkpoints of its job", actor=actor)
+
+
+def check_act_as(state: State, real: str, actor: str) -> None:
+    """Pure: `real` may act as `actor` (`--as`) only when they are the same or `real` is an
+    admin, and nobody acts as a system actor."""
+    if real == actor:
+        return
+    if is_system(actor):
+        raise NotAuthorised(
+            f"{real!r} may not act as {actor!r}: system actors cannot be taken on", actor=real
+        )
+    if not state.is_admin(real):
+        raise NotAuthorised(
+            f"{real!r} may not act as {actor!r}: only admins may use --as", actor=real
+        )
+
+
 # --- decide -------------------------------------------------------------------------------------
 
 
@@ -206,8 +288,12 @@ def decide(state: State, cmd: c.AnyCommand, now: float, new_id: NewId) -> list[e
         )
     if not cmd.actor:
         raise NotAuthorised("no actor given", hint="pass --as USER or set GPULEDGER_USER")
+    if cmd.real_actor is not None:
+        check_act_as(state, cmd.real_actor, cmd.actor)
+    _check_narrow(state, cmd, cmd.actor)
     handler = _HANDLERS[type(cmd)]
-    return handler(state, cmd, _Stamp(now, cmd.actor, new_id))
+    real = cmd.real_actor if cmd.real_actor != cmd.actor else None
+    return handler(state, cmd, _Stamp(now, cmd.actor, new_id, real))
 
 
 def _bounded(cmd: c.AnyCommand) -> None:
@@ -230,6 +316,7 @@ class _Envelope(TypedDict):
     event_id: str
     at: float
     actor: str
+    real_actor: str | None
 
 
 @dataclass(frozen=True)
@@ -237,9 +324,15 @@ class _Stamp:
     now: float
     actor: str
     new_id: NewId
+    real_actor: str | None = None
 
     def kw(self) -> _Envelope:
-        return {"event_id": self.new_id(), "at": self.now, "actor": self.actor}
+        return {
+            "event_id": self.new_id(),
+            "at": self.now,
+            "actor": self.actor,
+            "real_actor": self.real_actor,
+        }
 
 
 def _name(value: str, what: str) -> str:
@@ -682,13 +775,16 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
             cycle_id=cmd.cycle_id,
             based_on=cmd.based_on,
             policy_version=cmd.policy_version,
-            placements=cmd.placements,
-            preemptions=cmd.preemptions,
-            considered=cmd.considered,
-            fragmentation_gpus=cmd.fragmentation_gpus,
             config=cmd.config,
-            wake_at=cmd.wake_at,
+            policy=cmd.policy,
             decided_at=cmd.decided_at,
+            ranks=cmd.ranks,
+            placed=tuple(p.job_id for p in cmd.placements),
+            preempted=tuple(p.job_id for p in cmd.preemptions),
+            waiting=cmd.waiting,
+            fragmentation_gpus=cmd.fragmentation_gpus,
+            wake_at=cmd.wake_at,
+            skipped_cycles=cmd.skipped_cycles,
         )
     ]
     # 1. preemptions free GPUs (validated against contracts)
@@ -813,6 +909,132 @@ def _checkpoint(state: State, cmd: c.ReportCheckpoint, s: _Stamp) -> list[e.AnyE
     return [e.CheckpointReported(**s.kw(), job_id=cmd.job_id)]
 
 
+_HEX = re.compile(r"^[0-9a-f]+$")
+
+
+def _issue_token(state: State, cmd: c.IssueToken, s: _Stamp) -> list[e.AnyEvent]:
+    if not (8 <= len(cmd.token_id) <= 32 and _HEX.match(cmd.token_id)):
+        raise InvalidCommand("a token id is 8 to 32 lowercase hex digits")
+    if not (len(cmd.secret_sha256) == 64 and _HEX.match(cmd.secret_sha256)):
+        raise InvalidCommand("secret_sha256 must be a SHA-256 in lowercase hex")
+    if cmd.token_id in state.tokens:
+        raise InvalidTransition(f"token {cmd.token_id} already exists")
+    if len(cmd.name) > 200:
+        raise InvalidCommand("a token name has at most 200 characters")
+    if cmd.expires_at is not None and not (s.now < cmd.expires_at < s.now + 10 * 365 * 86400):
+        raise InvalidCommand("a token expires in the future, within 10 years")
+    if cmd.scope == "user":
+        _name(cmd.user, "user name")
+        if cmd.user != s.actor:
+            _require_admin(state, s.actor, f"create tokens for {cmd.user!r}")
+        if cmd.scope_node is not None or cmd.scope_job is not None:
+            raise InvalidCommand("a user token names no node or job")
+    elif cmd.scope == "node":
+        if cmd.scope_node is None or cmd.scope_job is not None:
+            raise InvalidCommand("a node token names its node (and no job)")
+        state.node(cmd.scope_node)
+        _require_admin(state, s.actor, "create node tokens")
+    else:
+        if cmd.scope_job is None or cmd.scope_node is not None:
+            raise InvalidCommand("a job token names its job (and no node)")
+        job = state.job(cmd.scope_job)
+        if not (
+            s.actor == job.spec.user
+            or state.manages(s.actor, job.spec.account)
+            or (is_system(s.actor) and not s.actor.startswith((NODE_ACTOR, JOB_ACTOR)))
+        ):
+            raise NotAuthorised(f"{s.actor!r} may not create tokens for job {job.job_id}")
+    return [
+        e.TokenIssued(
+            **s.kw(),
+            token_id=cmd.token_id,
+            user=cmd.user,
+            name=cmd.name,
+            secret_sha256=cmd.secret_sha256,
+            expires_at=cmd.expires_at,
+            scope=cmd.scope,
+            scope_node=cmd.scope_node,
+            scope_job=cmd.scope_job,
+        )
+    ]
+
+
+def _revoke_token(state: State, cmd: c.RevokeToken, s: _Stamp) -> list[e.AnyEvent]:
+    token = state.tokens.get(cmd.token_id)
+    if token is None:
+        raise UnknownEntity(f"unknown token {cmd.token_id!r}", hint="see `gpuledger token list`")
+    if not (s.actor == token.user or state.is_admin(s.actor)):
+        raise NotAuthorised(f"{s.actor!r} may not revoke token {cmd.token_id}: not theirs")
+    if token.revoked:
+        raise InvalidTransition(f"token {cmd.token_id} is already revoked")
+    return [e.TokenRevoked(**s.kw(), token_id=cmd.token_id)]
+
+
+def _configure(state: State, cmd: c.ConfigureService, s: _Stamp) -> list[e.AnyEvent]:
+    if s.actor.startswith((NODE_ACTOR, JOB_ACTOR)) or not (
+        is_system(s.actor) or state.is_admin(s.actor)
+    ):
+        raise NotAuthorised(f"{s.actor!r} may not configure the service: only admins may")
+    if not (cmd.interval_s > 0):
+        raise InvalidCommand("the cycle interval must be positive")
+    return [
+        e.ServiceConfigured(
+            **s.kw(), policy=cmd.policy, interval_s=cmd.interval_s, executor=cmd.executor
+        )
+    ]
+
+
+def authorisation_failure(state: State, ev: e.AnyEvent) -> str | None:
+    """Pure: the rule `ev`'s actor failed at the moment `state` stands for, as the handlers above
+    enforce it (None: allowed, or no rule). The audit replays history through this, so the
+    domain's rules are its only copy."""
+    try:
+        _authorise_event(state, ev)
+    except NotAuthorised as err:
+        return err.message
+    return None
+
+
+def _authorise_event(state: State, ev: e.AnyEvent) -> None:
+    actor = ev.actor
+    if ev.real_actor is not None:
+        check_act_as(state, ev.real_actor, actor)
+    match ev:
+        case e.AccountOpened() | e.AccountClosed():
+            parent = ev.path.rsplit("/", 1)[0] if "/" in ev.path else None
+            verb = "open" if isinstance(ev, e.AccountOpened) else "close"
+            _require_manages(state, actor, parent, f"{verb} {ev.path!r}")
+        case e.SharesSet():
+            parent = ev.account.rsplit("/", 1)[0] if "/" in ev.account else None
+            _require_manages(state, actor, parent, f"set the shares of {ev.account!r}")
+        case e.MemberAdded():
+            _require_manages(state, actor, ev.project, f"add members to {ev.project!r}")
+        case e.MemberRemoved():
+            _require_manages(state, actor, ev.project, f"remove members from {ev.project!r}")
+        case e.ManagerGranted():
+            _require_admin(state, actor, "grant managers")
+        case e.ManagerRevoked():
+            _require_admin(state, actor, "revoke managers")
+        case e.AdminGranted():
+            _require_admin(state, actor, "grant admin")
+        case e.AdminRevoked():
+            _require_admin(state, actor, "revoke admin")
+        case e.NodeRegistered():
+            _require_admin(state, actor, "register nodes")
+        case e.NodeDrainRequested():
+            _require_admin(state, actor, "drain nodes")
+        case e.NodeReturned():
+            _require_admin(state, actor, "return nodes")
+        case e.NodeRemoved():
+            _require_admin(state, actor, "remove nodes")
+        case e.TokenIssued() if ev.scope == "user" and ev.user != actor:
+            _require_admin(state, actor, f"create tokens for {ev.user!r}")
+        case e.TokenIssued() if ev.scope == "node":
+            _require_admin(state, actor, "create node tokens")
+        case _:
+            pass
+
+
 _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]] = {
     c.InitLedger: _init,  # type: ignore[dict-item]
     c.GrantAdmin: _grant_admin,  # type: ignore[dict-item]
@@ -839,6 +1061,9 @@ _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]]
     c.FinishJob: _finish,  # type: ignore[dict-item]
     c.SampleUtilisation: _sample,  # type: ignore[dict-item]
     c.ReportCheckpoint: _checkpoint,  # type: ignore[dict-item]
+    c.IssueToken: _issue_token,  # type: ignore[dict-item]
+    c.RevokeToken: _revoke_token,  # type: ignore[dict-item]
+    c.ConfigureService: _configure,  # type: ignore[dict-item]
 }
 
 
@@ -944,12 +1169,38 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.JobFinished():
             job = state.jobs[event.job_id]
             _release(state, job)
-            state.jobs[event.job_id] = msgspec.structs.replace(
-                job, status="finished", outcome=event.outcome, exit_code=event.exit_code, slots=()
-            )
+            state.finished += 1
+            if state.live_only:
+                del state.jobs[event.job_id]
+            else:
+                state.jobs[event.job_id] = msgspec.structs.replace(
+                    job,
+                    status="finished",
+                    outcome=event.outcome,
+                    exit_code=event.exit_code,
+                    slots=(),
+                )
         case e.CheckpointReported():
-            job = state.jobs[event.job_id]
-            state.jobs[event.job_id] = msgspec.structs.replace(job, checkpoint_at=event.at)
+            held = state.jobs.get(event.job_id)
+            if held is not None:  # a live state no longer holds a finished job
+                state.jobs[event.job_id] = msgspec.structs.replace(held, checkpoint_at=event.at)
+        case e.TokenIssued():
+            state.tokens[event.token_id] = Token(
+                token_id=event.token_id,
+                user=event.user,
+                name=event.name,
+                secret_sha256=event.secret_sha256,
+                issued_at=event.at,
+                expires_at=event.expires_at,
+                scope=event.scope,
+                scope_node=event.scope_node,
+                scope_job=event.scope_job,
+            )
+        case e.TokenRevoked():
+            token = state.tokens[event.token_id]
+            state.tokens[event.token_id] = msgspec.structs.replace(token, revoked=True)
+        case e.ServiceConfigured():
+            state.service = event
         case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineLinked() | e.JobEngineEnded():
             pass
     return state

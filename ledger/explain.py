@@ -175,14 +175,13 @@ def explain_history(
                 )
                 d = decisions.get(ev.cycle_id)
                 if d is not None:
-                    key = next((c.sort_key for c in d.considered if c.job_id == job.job_id), None)
-                    n = len(d.considered)
                     line += f", policy {d.policy_version}"
-                    if key is not None:
-                        line += f", sort key {list(key)} among {n} considered"
-                    freed = [p for p in d.preemptions if p.for_job == job.job_id]
-                    if freed:
-                        line += f", after preempting {', '.join(str(p.job_id) for p in freed)}"
+                    if job.job_id in d.placed:
+                        place = d.placed.index(job.job_id) + 1
+                        line += f", #{place} of {len(d.placed)} placed"
+                    line += f" among {d.waiting.considered} considered"
+                    if d.preempted:
+                        line += f", in a cycle that preempted {', '.join(map(str, d.preempted))}"
                 whole = len(ev.slots) > 1
                 line += (
                     ": whole nodes for a multi-node job."
@@ -245,37 +244,31 @@ def _contract_at(job: Job, history: Sequence[e.AnyEvent], preempted: e.JobPreemp
     return f"inside its contract (until {when(ends)}): an admin preemption"
 
 
-JobStates = Mapping[int, tuple[str, str | None, int | None]]
-"""job id -> (status, outcome, exit code)."""
-
-
-def job_states(jobs: Mapping[int, Job]) -> dict[int, tuple[str, str | None, int | None]]:
-    """Pure: what `lifecycle_lines` compares."""
-    return {i: (j.status, j.outcome, j.exit_code) for i, j in jobs.items()}
-
-
-def lifecycle_lines(before: JobStates, jobs: Mapping[int, Job], output_dir: str) -> list[str]:
-    """Pure: one line per job that started, finished, failed or went back to the queue between
-    two states, naming where a started job's output goes (`<output_dir>/job-N.log`)."""
+def lifecycle_lines(
+    events: Sequence[e.AnyEvent], jobs: Mapping[int, Job], output_dir: str
+) -> list[str]:
+    """Pure: one line per job that started, finished, failed or was preempted in `events` (what
+    the log gained), naming where a job's output goes (`<output_dir>/job-N.log`)."""
     out = []
-    for job_id in sorted(jobs):
-        job = jobs[job_id]
-        was = before.get(job_id, ("new", None, None))[0]
-        now = job.status
-        if now == was:
-            continue
-        s = job.spec
-        who = f"job {job_id} ({s.account}, {s.user}, {plural(s.gpus, 'GPU')})"
-        if now in ("placed", "running") and was not in ("placed", "running"):
-            where = "; ".join(
-                f"{sl.node} GPUs {','.join(map(str, sl.gpu_indices))}" for sl in job.slots
-            )
-            out.append(f"{who} started on {where}; output: {output_dir}/job-{job_id}.log")
-        elif now == "finished" and job.outcome in ("completed", "failed"):
-            code = "" if job.exit_code is None else f" (exit code {job.exit_code})"
-            out.append(f"{who} {job.outcome}{code}; output: {output_dir}/job-{job_id}.log")
-        elif now == "finished":
-            out.append(f"{who} {job.outcome}")
-        elif now == "pending" and was in ("placed", "running"):
-            out.append(f"{who} preempted and requeued")
+    for ev in events:
+        job = jobs.get(ev.job_id) if isinstance(ev, e.JobStarted | e.JobFinished) else None
+        who = f"job {getattr(ev, 'job_id', '?')}"
+        if job is not None:
+            s = job.spec
+            who += f" ({s.account}, {s.user}, {plural(s.gpus, 'GPU')})"
+        log = f"output: {output_dir}/job-{getattr(ev, 'job_id', '?')}.log"
+        match ev:
+            case e.JobStarted():
+                where = "; ".join(
+                    f"{sl.node} GPUs {','.join(map(str, sl.gpu_indices))}"
+                    for sl in (job.slots if job is not None else ())
+                )
+                out.append(f"{who} started{' on ' + where if where else ''}; {log}")
+            case e.JobFinished() if ev.outcome in ("completed", "failed"):
+                code = "" if ev.exit_code is None else f" (exit code {ev.exit_code})"
+                out.append(f"{who} {ev.outcome}{code}; {log}")
+            case e.JobFinished():
+                out.append(f"{who} {ev.outcome}")
+            case e.JobPreempted():
+                out.append(f"job {ev.job_id} preempted ({ev.reason})")
     return out

@@ -22,7 +22,8 @@ from ledger.dispatch.policy import Policy
 from ledger.dispatch.snapshot import Snapshot
 from ledger.domain import State
 from ledger.explain import explain_history, explain_pending, when
-from ledger.service import StoreRanks, UtilTracker, preview
+from ledger.service import StoreRanks, preview
+from ledger.utilisation import UtilTracker
 from projections import queries
 from projections.fairshare import UsagePolicy
 from projections.store import Store
@@ -528,7 +529,7 @@ def _decisions(store: Store, history: Iterable[e.AnyEvent]) -> dict[str, e.Cycle
     if not cycles:
         return {}
     rows = store.con.execute(
-        "SELECT raw FROM events WHERE tag = 'cycle.decided.v1' AND position IN "
+        "SELECT raw FROM events WHERE tag LIKE 'cycle.decided.v%' AND position IN "
         "(SELECT position FROM decisions WHERE cycle_id IN (SELECT unnest($ids)))",
         {"ids": cycles},
     ).fetchall()

@@ -7,7 +7,7 @@ it, as numbered steps:
 1. the read side at P: a fresh in-memory DuckDB projection (`Store(":memory:")` + `Projector`)
    caught up to exactly P; nothing is read from today's tables;
 2. the write side at P: `ledger.domain` `evolve` over the events 1..P (the fold the ledger keeps);
-3. utilisation at P: `ledger.service.UtilTracker` over the events 1..P, with the squat threshold
+3. utilisation at P: `ledger.utilisation.UtilTracker` over the events 1..P, with the squat threshold
    that C records (`squat_util_pct`, else the tracker's default);
 4. ranks at `decided_at` from the projection (usage counted as C says: `window_s`, `half_life_s`,
    else the 7-day window), the snapshot (`snapshot_from_state`), and `decide()` with the policy
@@ -28,6 +28,7 @@ The pure part (`compare`, `usage_from_config`, `replay_policy`, `WithSettings`) 
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
@@ -36,25 +37,30 @@ from pathlib import Path
 
 import msgspec
 
+from ledger.cycle_input import snapshot_from_state
 from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.ordering import SortKey
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.preemption import Victim
 from ledger.dispatch.registry import config_from_record, policy_from_config
-from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot, snapshot_from_state
+from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot
 from ledger.domain import State, evolve
-from ledger.service import UtilTracker
+from ledger.snapshots import Folded, folded, unfolded
+from ledger.utilisation import UtilTracker
 from projections import queries
 from projections.batch import gc_paused
-from projections.fairshare import WEEK_S, UsagePolicy
+from projections.fairshare import RANKING_VERSION, WEEK_S, UsagePolicy
 from projections.projector import Projector
-from projections.source import EVENTS_DB, EVENTS_TABLE, EmbeddedSource, EventSource
-from projections.store import Store
+from projections.source import EVENTS_DB, EmbeddedSource, EventSource, follow
+from projections.store import Store, projection_path
 from schemas import codec
 from schemas import events as e
+from schemas.digest import chain_hash, rank_digest, summarise
 from schemas.errors import InvalidCommand, LedgerError, UnknownEntity
 
-DECIDED_TAG = e.tag_of(e.CycleDecided)
+log = logging.getLogger("gpuledger.replay")
+DECIDED_TAGS = (e.tag_of(e.CycleDecided), e.tag_of(e.CycleDecidedV1))
+"""Every stored version of the decision record."""
 DEFAULT_SQUAT_UTIL_PCT = UtilTracker().threshold_pct
 RANKLESS = frozenset({"fifo", "legacy"})
 """Policies whose decisions never read fair-share ranks (their order and victims ignore them):
@@ -141,6 +147,13 @@ def _seconds(config: Mapping[str, str], key: str) -> float:
     return value
 
 
+def usage_of(settings: e.UsageSettings) -> UsagePolicy:
+    """Pure: the usage counting a v2 record names."""
+    return UsagePolicy(
+        window_s=settings.window_s, half_life_s=settings.half_life_s, weights=settings.weights
+    )
+
+
 def usage_from_config(config: Mapping[str, str]) -> UsagePolicy:
     """Pure: how the ranks of a decision counted usage: `window_s` (default 7 days) and
     `half_life_s` (Slurm-style decay) when the config records them."""
@@ -198,27 +211,66 @@ def _preemption_text(p: e.Preemption) -> str:
     return f"{why} ({p.note})" if p.note else why
 
 
-def _key_text(key: Sequence[float | int | str]) -> str:
-    return "(" + ", ".join(repr(k) for k in key) + ")"
-
-
-def _considered_text(c: e.Considered) -> str:
-    return "placed" if c.reason is None else c.reason
-
-
 def _absent(what: str) -> str:
     return f"no {what}"
 
 
-def compare(recorded: e.CycleDecided, replayed: Decision) -> list[Difference]:
-    """Pure: every difference between a recorded decision and its replay (empty: identical).
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    """A recorded decision's placements and preemptions in full: the `JobPlaced` and
+    `JobPreempted` events of its cycle that follow the record (it holds them by reference)."""
 
-    Placements and preemptions are compared per job and then in order; considered jobs by
-    order, sort key, reason and wait code; then fragmentation, the wake-up time, the policy
-    version and config."""
+    placements: tuple[e.Placement, ...] = ()
+    preemptions: tuple[e.Preemption, ...] = ()
+
+
+def outcome_of(recorded: e.CycleDecided, following: Iterable[e.AnyEvent]) -> Outcome:
+    """Pure: the outcome of `recorded` from the events appended with it, in the record's order."""
+    placed: dict[int, e.Placement] = {}
+    preempted: dict[int, e.Preemption] = {}
+    for ev in following:
+        if isinstance(ev, e.JobPlaced) and ev.cycle_id == recorded.cycle_id:
+            placed[ev.job_id] = e.Placement(job_id=ev.job_id, slots=ev.slots)
+        elif isinstance(ev, e.JobPreempted) and ev.cycle_id == recorded.cycle_id:
+            preempted[ev.job_id] = e.Preemption(
+                job_id=ev.job_id, reason=ev.reason, for_job=ev.for_job, note=ev.note
+            )
+    return Outcome(
+        placements=tuple(placed[j] for j in recorded.placed if j in placed),
+        preemptions=tuple(preempted[j] for j in recorded.preempted if j in preempted),
+    )
+
+
+def following_events(recorded: e.CycleDecided) -> int:
+    """Pure: how many events after the record may belong to its append: a JobPlaced per
+    placement, a JobPreempted (and a JobRequeued) per preemption, a NodeDrained per node."""
+    return len(recorded.placed) + 2 * len(recorded.preempted) + 64
+
+
+def compare(
+    recorded: e.CycleDecided,
+    outcome: Outcome,
+    replayed: Decision,
+    ranks: str | None = None,
+) -> list[Difference]:
+    """Pure: every difference between a recorded decision (with its `outcome`) and its replay
+    (empty: identical). `ranks`: the digest of the ranks the replay used.
+
+    Placements and preemptions are compared per job and then in order; the waiting jobs by
+    count, per code, the first ones listed and the digest of the whole order (ids, sort keys,
+    reasons); then fragmentation, the wake-up time, the policy version and config, and the rank
+    inputs (a different rank digest says why the rest differs)."""
     out: list[Difference] = []
+    # 0. what both claim to have placed and preempted
+    if tuple(p.job_id for p in outcome.placements) != recorded.placed:
+        out.append(
+            Difference(
+                what="record",
+                recorded=f"placed {list(recorded.placed)}",
+                replayed=f"placement events for {[p.job_id for p in outcome.placements]}",
+            )
+        )
     # 1. placements
-    rec = {p.job_id: p.slots for p in recorded.placements}
+    rec = {p.job_id: p.slots for p in outcome.placements}
     rep = {p.job_id: p.slots for p in replayed.placements}
     for job in sorted(set(rec) | set(rep)):
         a, b = rec.get(job), rep.get(job)
@@ -231,19 +283,19 @@ def compare(recorded: e.CycleDecided, replayed: Decision) -> list[Difference]:
                     replayed=_absent("placement") if b is None else slots_text(b),
                 )
             )
-    if not out and [p.job_id for p in recorded.placements] != [
+    if not out and [p.job_id for p in outcome.placements] != [
         p.job_id for p in replayed.placements
     ]:
         out.append(
             Difference(
                 what="placement order",
-                recorded=str([p.job_id for p in recorded.placements]),
+                recorded=str([p.job_id for p in outcome.placements]),
                 replayed=str([p.job_id for p in replayed.placements]),
             )
         )
     # 2. preemptions
     before = len(out)
-    prec = {p.job_id: p for p in recorded.preemptions}
+    prec = {p.job_id: p for p in outcome.preemptions}
     prep = {p.job_id: p for p in replayed.preemptions}
     for job in sorted(set(prec) | set(prep)):
         x, y = prec.get(job), prep.get(job)
@@ -256,18 +308,18 @@ def compare(recorded: e.CycleDecided, replayed: Decision) -> list[Difference]:
                     replayed=_absent("preemption") if y is None else _preemption_text(y),
                 )
             )
-    if len(out) == before and [p.job_id for p in recorded.preemptions] != [
+    if len(out) == before and [p.job_id for p in outcome.preemptions] != [
         p.job_id for p in replayed.preemptions
     ]:
         out.append(
             Difference(
                 what="preemption order",
-                recorded=str([p.job_id for p in recorded.preemptions]),
+                recorded=str([p.job_id for p in outcome.preemptions]),
                 replayed=str([p.job_id for p in replayed.preemptions]),
             )
         )
-    # 3. considered: order, sort keys, reasons
-    out += _compare_considered(recorded.considered, replayed.considered)
+    # 3. the waiting jobs: counts, the first listed, the whole order by digest
+    out += _compare_waiting(recorded.waiting, summarise(replayed.considered))
     # 4. the rest of the record
     if recorded.fragmentation_gpus != replayed.fragmentation_gpus:
         out.append(
@@ -304,57 +356,88 @@ def compare(recorded: e.CycleDecided, replayed: Decision) -> list[Difference]:
                 replayed=", ".join(f"{k}={replayed.config.get(k)}" for k in keys),
             )
         )
+    out += _compare_ranks(recorded.ranks, ranks)
     return out
 
 
-def _compare_considered(
-    recorded: Sequence[e.Considered], replayed: Sequence[e.Considered]
-) -> list[Difference]:
-    out: list[Difference] = []
-    rec = {c.job_id: c for c in recorded}
-    rep = {c.job_id: c for c in replayed}
-    for job in sorted(set(rec) | set(rep)):
-        a, b = rec.get(job), rep.get(job)
-        if a is None or b is None:
-            out.append(
-                Difference(
-                    what="considered",
-                    job_id=job,
-                    recorded="not considered" if a is None else "considered",
-                    replayed="not considered" if b is None else "considered",
-                )
-            )
-            continue
-        if tuple(a.sort_key) != tuple(b.sort_key):
-            out.append(
-                Difference(
-                    what="sort key",
-                    job_id=job,
-                    recorded=_key_text(a.sort_key),
-                    replayed=_key_text(b.sort_key),
-                )
-            )
-        if (a.reason, a.code) != (b.reason, b.code):
-            out.append(
-                Difference(
-                    what="reason",
-                    job_id=job,
-                    recorded=_considered_text(a) + (f" [{a.code}]" if a.code else ""),
-                    replayed=_considered_text(b) + (f" [{b.code}]" if b.code else ""),
-                )
-            )
-    order_a = [c.job_id for c in recorded]
-    order_b = [c.job_id for c in replayed]
-    if order_a != order_b and set(order_a) == set(order_b):
-        i = next(i for i, (x, y) in enumerate(zip(order_a, order_b, strict=True)) if x != y)
+def _compare_ranks(recorded: e.RankInputs | None, digest: str | None) -> list[Difference]:
+    if recorded is None or digest is None:
+        return []
+    out = []
+    if recorded.ranking_version != RANKING_VERSION:
         out.append(
             Difference(
-                what="order",
-                recorded=f"job {order_a[i]} at place {i + 1}",
-                replayed=f"job {order_b[i]} at place {i + 1}",
+                what="ranking version", recorded=recorded.ranking_version, replayed=RANKING_VERSION
+            )
+        )
+    if recorded.digest != digest:
+        out.append(
+            Difference(
+                what="ranks",
+                recorded=f"digest {recorded.digest[:12]} at position {recorded.position}",
+                replayed=f"digest {digest[:12]}",
             )
         )
     return out
+
+
+def _compare_waiting(recorded: e.WaitSummary, replayed: e.WaitSummary) -> list[Difference]:
+    out: list[Difference] = []
+    if recorded.considered != replayed.considered:
+        out.append(
+            Difference(
+                what="considered",
+                recorded=f"{recorded.considered} jobs",
+                replayed=f"{replayed.considered} jobs",
+            )
+        )
+    if recorded.counts != replayed.counts:
+        out.append(
+            Difference(
+                what="waiting",
+                recorded=_counts_text(recorded.counts),
+                replayed=_counts_text(replayed.counts),
+            )
+        )
+    a = {w.job_id: w.code for w in recorded.first}
+    b = {w.job_id: w.code for w in replayed.first}
+    listed = 0
+    for job in sorted(set(a) & set(b)):
+        if a[job] != b[job]:
+            out.append(Difference(what="reason", job_id=job, recorded=a[job], replayed=b[job]))
+            listed += 1
+    order_a = [w.job_id for w in recorded.first]
+    order_b = [w.job_id for w in replayed.first]
+    if order_a != order_b:
+        i = next(
+            (i for i, (x, y) in enumerate(zip(order_a, order_b, strict=False)) if x != y),
+            min(len(order_a), len(order_b)),
+        )
+        out.append(
+            Difference(
+                what="waiting order",
+                recorded=_place_text(order_a, i),
+                replayed=_place_text(order_b, i),
+            )
+        )
+        listed += 1
+    if not out and recorded.order_digest != replayed.order_digest:
+        out.append(
+            Difference(
+                what="order",
+                recorded=f"digest {recorded.order_digest[:12]}",
+                replayed=f"digest {replayed.order_digest[:12]} (sort keys or reasons differ)",
+            )
+        )
+    return out
+
+
+def _counts_text(counts: Sequence[e.WaitCount]) -> str:
+    return ", ".join(f"{c.jobs} {c.code}" for c in counts) or "none"
+
+
+def _place_text(order: Sequence[int], i: int) -> str:
+    return f"job {order[i]} at place {i + 1}" if i < len(order) else f"nothing at place {i + 1}"
 
 
 class CycleReplay(msgspec.Struct, frozen=True, kw_only=True):
@@ -409,9 +492,9 @@ def _result(
         based_on=recorded.based_on,
         policy_version=recorded.policy_version,
         decided_at=decided_at(recorded),
-        placements=len(recorded.placements),
-        preemptions=len(recorded.preemptions),
-        considered=len(recorded.considered),
+        placements=len(recorded.placed),
+        preemptions=len(recorded.preempted),
+        considered=recorded.waiting.considered,
         differences=tuple(differences),
         error=error,
     )
@@ -470,6 +553,117 @@ class _AsOf(Store):
         self.con.execute(f"SET VARIABLE replay_position = {int(position)}")
 
 
+class _DiskAsOf(Store):
+    """The data directory's projection, opened read-only and read *as of* a position through
+    temporary views that shadow its tables (`_as_of_temp_sql`), anchored to the log: it is used
+    for position P only when it has caught up to P and its stored bytes at P are the log's."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, read_only=True)
+        self.caught_up = self.position()
+        (db,) = self.con.execute("SELECT current_database()").fetchone() or ("",)
+        self.db = str(db)
+        self.con.execute(_as_of_temp_sql(self.db))
+        self.anchored: dict[int, bool] = {}
+
+    def at(self, position: int) -> None:
+        self.con.execute(f"SET VARIABLE replay_position = {int(position)}")
+
+    def holds(self, position: int, data: bytes) -> bool:
+        """Whether the projection has caught up to `position` with exactly `data` there."""
+        if position > self.caught_up:
+            return False
+        known = self.anchored.get(position)
+        if known is None:
+            row = self.con.execute(
+                f"SELECT raw FROM {self.db}.main.events WHERE position = ?", [position]
+            ).fetchone()
+            raw = None if row is None else row[0]
+            stored = raw.encode() if isinstance(raw, str) else raw
+            known = self.anchored[position] = stored == data
+        return known
+
+
+def _as_of_temp_sql(db: str) -> str:
+    """`AS_OF_SQL` as temporary views over the catalog `db` (a read-only database cannot hold
+    a new schema; temporary views shadow its tables, also inside its macros)."""
+    return f"""
+CREATE OR REPLACE TEMP VIEW job_intervals AS
+SELECT * REPLACE (
+    CASE WHEN end_position <= getvariable('replay_position') THEN end_position END AS end_position,
+    CASE WHEN end_position <= getvariable('replay_position') THEN end_at END AS end_at,
+    CASE WHEN end_position <= getvariable('replay_position') THEN end_reason END AS end_reason)
+FROM {db}.main.job_intervals WHERE start_position <= getvariable('replay_position');
+CREATE OR REPLACE TEMP VIEW account_history AS
+SELECT * FROM {db}.main.account_history WHERE position <= getvariable('replay_position');
+CREATE OR REPLACE TEMP VIEW node_history AS
+SELECT * FROM {db}.main.node_history WHERE position <= getvariable('replay_position');
+CREATE OR REPLACE TEMP VIEW events AS
+SELECT * FROM {db}.main.events WHERE position <= getvariable('replay_position');
+CREATE OR REPLACE TEMP VIEW jobs AS
+SELECT j.* FROM {db}.main.jobs j, (SELECT error('jobs cannot be read as of a position')) x;
+"""
+
+
+CHECKPOINTS_DB = "replay-checkpoints.sqlite"
+"""Beside the store in the data directory: a cache (deleting it only makes replay slower)."""
+CHECKPOINT_EVERY = 50_000
+"""A replay walking the log stores a checkpoint once this many events past the last one."""
+
+
+class _Tracked(msgspec.Struct, frozen=True, array_like=True):
+    threshold_pct: float
+    low_since: list[tuple[int, float]]
+
+
+class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
+    """The write side of a replay at `position`: the live state and the utilisation trackers,
+    anchored to the log by `chain_hash` (of the stored bytes at `position`)."""
+
+    position: int
+    chain_hash: str
+    state: Folded
+    trackers: list[_Tracked]
+
+
+_checkpoint_encoder = msgspec.msgpack.Encoder()
+_checkpoint_decoder = msgspec.msgpack.Decoder(Checkpoint)
+
+
+class Checkpoints:
+    """Replay checkpoints in `<home>/replay-checkpoints.sqlite` (position, checkpoint bytes)."""
+
+    def __init__(self, path: Path) -> None:
+        self.con = sqlite3.connect(path, timeout=30, isolation_level=None)
+        self.con.execute(
+            "CREATE TABLE IF NOT EXISTS checkpoints (position INTEGER PRIMARY KEY, data BLOB)"
+        )
+
+    def put(self, checkpoint: Checkpoint) -> None:
+        self.con.execute(
+            "INSERT OR REPLACE INTO checkpoints VALUES (?, ?)",
+            (checkpoint.position, _checkpoint_encoder.encode(checkpoint)),
+        )
+
+    def before(self, position: int) -> Iterator[Checkpoint]:
+        """Checkpoints at or before `position`, newest first (unreadable ones skipped)."""
+        rows = self.con.execute(
+            "SELECT data FROM checkpoints WHERE position <= ? ORDER BY position DESC LIMIT 8",
+            (position,),
+        ).fetchall()
+        for (data,) in rows:
+            try:
+                yield _checkpoint_decoder.decode(data)
+            except (msgspec.DecodeError, msgspec.ValidationError) as err:
+                log.warning("replay checkpoint skipped: %s", err)
+
+    def positions(self) -> list[int]:
+        return [r[0] for r in self.con.execute("SELECT position FROM checkpoints ORDER BY 1")]
+
+    def close(self) -> None:
+        self.con.close()
+
+
 Ranks = tuple[dict[str, int], dict[str, float]]
 
 
@@ -508,9 +702,15 @@ class Replayer:
     """The squat thresholds the decisions to replay record: one tracker each, fed from the start."""
     exact: bool = False
     page: int = PAGE
-    state: State = field(default_factory=State)
+    state: State = field(default_factory=lambda: State(live_only=True))
     position: int = 0
     timings: Timings = field(default_factory=Timings)
+    checkpoints: Checkpoints | None = None
+    """Where to store checkpoints while walking, and to start from the nearest one (this needs
+    `projection`: the in-memory projection cannot start from one)."""
+    projection: Path | None = None
+    """The data directory's projection, read as of each position it is anchored at (not with
+    `exact`)."""
 
     def __post_init__(self) -> None:
         self.store = Store(":memory:")
@@ -522,11 +722,60 @@ class Replayer:
         if not self.exact:
             self.store.con.execute(AS_OF_SQL)
             self.as_of = _AsOf(self.store)
+        self.disk: _DiskAsOf | None = None
+        if self.projection is not None and not self.exact:
+            try:
+                self.disk = _DiskAsOf(self.projection)
+            except LedgerError as err:  # busy (a running service holds it) or missing
+                log.info("replay builds its own projection: %s", err.line())
+        self._checkpointed = 0
 
     def close(self) -> None:
         if self.as_of is not None:
             self.as_of.con.close()
+        if self.disk is not None:
+            self.disk.close()
         self.store.close()
+
+    # the nearest checkpoint, and new ones while walking
+    def _start_from_checkpoint(self, until: int) -> None:
+        """Jump the write side to the newest checkpoint at or before `until` that verifies
+        (its chain hash is the log's at its position) and holds every tracker we need."""
+        if self.checkpoints is None or self.disk is None:
+            return
+        for cp in self.checkpoints.before(until):
+            if cp.position <= self.position:
+                return
+            have = {t.threshold_pct: t for t in cp.trackers}
+            if not set(self.trackers) <= set(have):
+                continue
+            records = self.source.read(cp.position - 1, 1)
+            if not records or records[0].position != cp.position:
+                continue
+            if chain_hash(records[0].data) != cp.chain_hash:
+                log.warning("replay checkpoint at %d skipped: the chain hash differs", cp.position)
+                continue
+            self.state = unfolded(cp.state)
+            for threshold, tracker in self.trackers.items():
+                tracker.low_since = dict(have[threshold].low_since)
+            self.position = self._checkpointed = cp.position
+            return
+
+    def _checkpoint(self, data: bytes) -> None:
+        """Store a checkpoint at our position (`data`: the stored bytes there)."""
+        if self.checkpoints is None or self.position - self._checkpointed < CHECKPOINT_EVERY:
+            return
+        self.checkpoints.put(
+            Checkpoint(
+                position=self.position,
+                chain_hash=chain_hash(data),
+                state=folded(self.state),
+                trackers=[
+                    _Tracked(t, sorted(tr.low_since.items())) for t, tr in self.trackers.items()
+                ],
+            )
+        )
+        self._checkpointed = self.position
 
     def __enter__(self) -> Replayer:
         return self
@@ -543,13 +792,11 @@ class Replayer:
                 hint="replay decisions in log order, or use a fresh Replayer",
             )
         started = time.perf_counter()
+        self._start_from_checkpoint(until)
         trackers = list(self.trackers.values())
         state = self.state
         decode = codec.decode
-        while self.position < until:
-            records = self.source.read(self.position, min(self.page, until - self.position))
-            if not records:
-                break
+        for records in follow(self.source, self.position, until, page=self.page):
             with gc_paused():
                 for rec in records:
                     ev = decode(rec.data)
@@ -557,6 +804,7 @@ class Replayer:
                     for tracker in trackers:
                         tracker.observe(ev)
             self.position = records[-1].position
+            self._checkpoint(records[-1].data)
         self.timings.fold_s += time.perf_counter() - started
         if self.position < until:
             raise ReplayError(
@@ -565,19 +813,34 @@ class Replayer:
                 position=self.position,
             )
 
-    def ranks(self, at: float, usage: UsagePolicy) -> Ranks:
-        """Fair-share ranks at `at` from the in-memory projection as of our position."""
+    def ranks(self, at: float, usage: UsagePolicy, position: int | None = None) -> Ranks:
+        """Fair-share ranks at `at` from the in-memory projection as of `position` (default: our
+        position; never past it)."""
+        position = self.position if position is None else min(position, self.position)
         if self.exact:
             started = time.perf_counter()
-            if self._projected != self.position:
-                self._catch_up(self.position)
+            if self._projected != position:
+                if self._projected > position:
+                    raise ReplayError(
+                        f"the projection is at {self._projected}, past the ranks' {position}",
+                        hint="replay this decision alone (exact mode reads forward only)",
+                    )
+                self._catch_up(position)
             mid = time.perf_counter()
             tree = queries.fair_share(self.store, at, usage)
             self.timings.project_s += mid - started
             self.timings.ranks_s += time.perf_counter() - mid
             return tree.leaf_ranks(), tree.level_fs()
+        if self.disk is not None:
+            records = self.source.read(position - 1, 1)
+            if records and self.disk.holds(position, records[0].data):
+                started = time.perf_counter()
+                self.disk.at(position)
+                tree = queries.fair_share(self.disk, at, usage)
+                self.timings.ranks_s += time.perf_counter() - started
+                return tree.leaf_ranks(), tree.level_fs()
         assert self.as_of is not None
-        return self._ranks_as_of(self.as_of, self.position, at, usage)
+        return self._ranks_as_of(self.as_of, position, at, usage)
 
     def _ranks_as_of(self, reader: _AsOf, position: int, at: float, usage: UsagePolicy) -> Ranks:
         """Ranks from the projection read as of `position`, catching it up past there first
@@ -612,16 +875,34 @@ class Replayer:
     def _threads(self, n: int) -> None:
         self.store.con.execute("RESET threads" if n == 0 else f"SET threads = {n}")
 
-    def snapshot(self, recorded: e.CycleDecided) -> tuple[Snapshot, Policy]:
-        """The snapshot and policy the recorded decision had (advances to its `based_on`)."""
+    def snapshot(self, recorded: e.CycleDecided) -> tuple[Snapshot, Policy, str]:
+        """The snapshot and policy the recorded decision had (advances to its `based_on`), and
+        the digest of the ranks it was given. Ranks are read where the record says they were
+        (`ranks.position`, which trails `based_on` when the projection lagged), counting usage
+        as it says."""
         policy, usage = replay_policy(recorded.policy_version, recorded.config)
+        if recorded.policy is not None:
+            # the typed config is the record's authority; its settings as strings must match
+            # the strings recorded beside it (a `config` difference says they do not)
+            own = {k: v for k, v in recorded.config.items() if k not in USAGE_KEYS}
+            usage_keys = {k: v for k, v in recorded.config.items() if k in USAGE_KEYS}
+            try:
+                same = config_from_record(recorded.policy_version, own) == recorded.policy
+            except (UnknownEntity, InvalidCommand):
+                same = False
+            policy = WithSettings(
+                policy_from_config(recorded.policy), recorded.config if same else usage_keys
+            )
+        inputs = recorded.ranks
+        if inputs is not None:
+            usage = usage_of(inputs.usage)
         now = decided_at(recorded)
         self.advance(recorded.based_on)
         if recorded.config.get("policy") in RANKLESS:
             ranks: dict[str, int] = {}
             level_fs: dict[str, float] = {}
         else:
-            ranks, level_fs = self.ranks(now, usage)
+            ranks, level_fs = self.ranks(now, usage, None if inputs is None else inputs.position)
         threshold = squat_threshold(recorded.config)
         tracker = self.trackers.get(threshold)
         if tracker is None:
@@ -637,19 +918,27 @@ class Replayer:
             low_util_since=tracker.low_since,
             position=recorded.based_on,
         )
-        return snapshot, policy
+        return snapshot, policy, rank_digest(ranks, level_fs)
 
     def replay(self, position: int, recorded: e.CycleDecided) -> CycleReplay:
         """4-5. Re-run the recorded decision and compare. A decision that cannot be replayed
         (its policy version is gone, its config was edited) comes back with `error` set."""
         try:
-            snapshot, policy = self.snapshot(recorded)
+            snapshot, policy, digest = self.snapshot(recorded)
         except (UnknownEntity, InvalidCommand) as err:
             return _result(position, recorded, error=err.line())
         started = time.perf_counter()
         decision = decide(snapshot, policy, decided_at(recorded))
         self.timings.decide_s += time.perf_counter() - started
-        return _result(position, recorded, compare(recorded, decision))
+        outcome = self.outcome(position, recorded)
+        return _result(position, recorded, compare(recorded, outcome, decision, digest))
+
+    def outcome(self, position: int, recorded: e.CycleDecided) -> Outcome:
+        """The placements and preemptions of the record at `position`, from the events after it."""
+        if not recorded.placed and not recorded.preempted:
+            return Outcome()
+        records = self.source.read(position, following_events(recorded))
+        return outcome_of(recorded, (codec.decode(r.data) for r in records))
 
 
 # --- edge: which decisions ----------------------------------------------------------------------
@@ -674,11 +963,7 @@ class Selection:
             return False
         if self.job is not None:
             j = self.job
-            return (
-                any(p.job_id == j for p in d.placements)
-                or any(p.job_id == j for p in d.preemptions)
-                or any(c.job_id == j for c in d.considered)
-            )
+            return j in d.placed or j in d.preempted or any(w.job_id == j for w in d.waiting.first)
         return True
 
 
@@ -687,30 +972,24 @@ def find_decisions(
 ) -> list[tuple[int, e.CycleDecided]]:
     """The recorded decisions of the embedded log that `selection` wants, in log order.
 
-    Reads only `cycle.decided.v1` rows of the store (a scan of one column), then decodes them."""
+    Reads only the decision rows (every stored version) of the store (a scan of one column),
+    then decodes them (as the latest version)."""
     path = home / EVENTS_DB
     if not path.exists():
         raise ReplayError(f"no event log at {path}", hint="pass --home, or run `gpuledger init`")
     sel = selection or Selection()
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-    try:
-        rows = con.execute(
-            f"SELECT rowid, state FROM {EVENTS_TABLE} WHERE topic = ? ORDER BY rowid",
-            (DECIDED_TAG,),
-        )
-        out = []
-        for position, data in rows:
-            ev = codec.decode(data)
-            if isinstance(ev, e.CycleDecided) and sel.wants(ev):
-                out.append((int(position), ev))
-        return out
-    except sqlite3.OperationalError as err:
-        if "no such table" in str(err):
-            return []
-        raise
-    finally:
-        con.close()
+    out = []
+    with EmbeddedSource(home) as source:
+        for page in follow(source, tags=DECIDED_TAGS):
+            for rec in page:
+                ev = codec.decode(rec.data)
+                if isinstance(ev, e.CycleDecided) and sel.wants(ev):
+                    out.append((rec.position, ev))
+    return out
 
+
+FEW = 8
+"""Up to this many decisions replay from checkpoints and the anchored projection."""
 
 Progress = Callable[[int, int], None]
 """Called after each replayed decision with (done, total)."""
@@ -731,9 +1010,17 @@ def replay_decisions(
     progress: Progress | None = None,
     *,
     exact: bool = False,
+    checkpoints: Checkpoints | None = None,
+    projection: Path | None = None,
 ) -> Iterator[CycleReplay]:
     """Replay `decisions` (in log order) with one `Replayer` walking the log once."""
-    with Replayer(source, thresholds=thresholds_of(decisions), exact=exact) as replayer:
+    with Replayer(
+        source,
+        thresholds=thresholds_of(decisions),
+        exact=exact,
+        checkpoints=checkpoints,
+        projection=projection,
+    ) as replayer:
         for i, (position, recorded) in enumerate(decisions, start=1):
             yield replayer.replay(position, recorded)
             if progress is not None:
@@ -747,9 +1034,37 @@ def replay_home(
     *,
     exact: bool | None = None,
 ) -> Iterator[CycleReplay]:
-    """Replay the decisions `selection` wants from the embedded log of `home`: one decision
-    exactly (`catch_up(until=P)`), many as of their positions (unless `exact` says)."""
+    """Replay the decisions `selection` wants from the embedded log of `home`, as of their
+    positions (`exact`: a fresh projection caught up to exactly each P instead).
+
+    Many decisions: one walk with a fresh in-memory projection (independent of the data
+    directory's), storing replay checkpoints as it goes. A few (`FEW` or less): from the
+    nearest checkpoint, ranked from the data directory's projection read as of P where it is
+    anchored to the log (its stored bytes at P are the log's), else as for many."""
     decisions = find_decisions(home, selection)
-    exact = len(decisions) <= 1 if exact is None else exact
-    with EmbeddedSource(home) as source:
-        yield from replay_decisions(source, decisions, progress, exact=exact)
+    yield from replay_found(home, decisions, progress, exact=bool(exact))
+
+
+def replay_found(
+    home: Path,
+    decisions: Sequence[tuple[int, e.CycleDecided]],
+    progress: Progress | None = None,
+    *,
+    exact: bool = False,
+) -> Iterator[CycleReplay]:
+    """Replay `decisions` found in the embedded log of `home` (see `replay_home`)."""
+    few = len(decisions) <= FEW
+    checkpoints = Checkpoints(home / CHECKPOINTS_DB)
+    projection = projection_path(home)
+    try:
+        with EmbeddedSource(home) as source:
+            yield from replay_decisions(
+                source,
+                decisions,
+                progress,
+                exact=exact,
+                checkpoints=checkpoints,
+                projection=projection if few and projection.exists() else None,
+            )
+    finally:
+        checkpoints.close()

@@ -14,31 +14,38 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
 
 from ledger.application import Ledger
+from ledger.cycle_input import snapshot_from_state
 from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.policy import Policy
-from ledger.dispatch.snapshot import Snapshot, snapshot_from_state
+from ledger.dispatch.registry import config_of
+from ledger.dispatch.snapshot import Snapshot
 from ledger.executors import Executor, Launch, Reporting, ServiceExecutor
+from ledger.utilisation import UtilTracker
 from projections import queries
-from projections.fairshare import UsagePolicy
+from projections.fairshare import RANKING_VERSION, UsagePolicy
 from projections.projector import Projector
 from projections.store import Store
-from schemas import codec
 from schemas import commands as c
 from schemas import events as e
-from schemas.errors import Conflict, LedgerError
+from schemas.digest import rank_digest
+from schemas.errors import Conflict, LedgerError, UnknownEntity
 from schemas.events import tag_of
+from schemas.policy import AnyPolicyConfig
 
 log = logging.getLogger("gpuledger.dispatcher")
 
 _UTIL_TAGS = [tag_of(t) for t in (e.UtilisationSampled, e.JobPlaced, e.JobPreempted, e.JobFinished)]
 DISPATCHER = "@dispatcher"
 EXECUTOR = "@executor"
+IDLE_RECORD_S = 60.0
+"""A cycle that decides nothing while jobs wait is recorded at most this often (the record
+counts the empty cycles it stands for), so the log answers "why did nothing start"."""
 
 
 class RankSource(Protocol):
@@ -50,14 +57,55 @@ class RankSource(Protocol):
         ...
 
 
+def rank_inputs(
+    source: RankSource,
+    position: int,
+    ranks: Mapping[str, int],
+    level_fs: Mapping[str, float],
+) -> e.RankInputs | None:
+    """What a decision record says about its ranks: where they were read (the source's
+    `read_position` when it has one, else the snapshot's), their digest, the ranking code's
+    version and the usage settings (`usage_policy`). None for sources without usage settings
+    (policies that read no ranks)."""
+    usage: UsagePolicy | None = getattr(source, "usage_policy", None)
+    if usage is None:
+        return None
+    read_at: int | None = getattr(source, "read_position", None)
+    return e.RankInputs(
+        position=position if read_at is None else read_at,
+        digest=rank_digest(ranks, level_fs),
+        ranking_version=RANKING_VERSION,
+        usage=e.UsageSettings(
+            window_s=usage.window_s, half_life_s=usage.half_life_s, weights=dict(usage.weights)
+        ),
+    )
+
+
+def typed_config(policy: Policy) -> AnyPolicyConfig | None:
+    """The typed config a decision record carries (`registry.config_of`; of the wrapped policy
+    for a wrapper that only records more settings); None for a policy no version registers."""
+    inner = getattr(policy, "inner", policy)
+    try:
+        return config_of(inner)
+    except (UnknownEntity, AttributeError):
+        return None
+
+
 class StoreRanks:
-    """Ranks from a DuckDB projection as it stands."""
+    """Ranks from a DuckDB projection as it stands (fed by Kafka, it may trail the ledger)."""
 
     def __init__(self, store: Store, usage: UsagePolicy | None = None) -> None:
         self.store = store
         self.usage = usage or UsagePolicy()
+        self.read_position: int | None = None
+        """The projection position of the last reading."""
+
+    @property
+    def usage_policy(self) -> UsagePolicy:
+        return self.usage
 
     def ranks(self, now: float, position: int) -> tuple[Mapping[str, int], Mapping[str, float]]:
+        self.read_position = self.store.position()
         tree = queries.fair_share(self.store, now, self.usage)
         return tree.leaf_ranks(), tree.level_fs()
 
@@ -97,24 +145,6 @@ def preview(
     return snapshot, decide(snapshot, policy, now)
 
 
-@dataclass
-class UtilTracker:
-    """Since when each running job has stayed below the squat threshold (from its samples)."""
-
-    threshold_pct: float = 10.0
-    low_since: dict[int, float] = field(default_factory=dict)
-
-    def observe(self, event: e.AnyEvent) -> None:
-        if isinstance(event, e.UtilisationSampled):
-            mean = sum(event.gpu_utilisation) / max(1, len(event.gpu_utilisation))
-            if mean < self.threshold_pct:
-                self.low_since.setdefault(event.job_id, event.at)
-            else:
-                self.low_since.pop(event.job_id, None)
-        elif isinstance(event, e.JobPreempted | e.JobFinished | e.JobPlaced):
-            self.low_since.pop(event.job_id, None)
-
-
 @dataclass(frozen=True)
 class CycleResult:
     position: int
@@ -136,7 +166,11 @@ class Dispatcher:
         executor: Executor,
         util: UtilTracker | None = None,
         unavailable: Callable[[], Mapping[str, frozenset[int]]] | None = None,
+        *,
+        idle_record_s: float | None = IDLE_RECORD_S,
     ) -> None:
+        """`idle_record_s`: record a cycle that decides nothing while jobs wait at most this
+        often (None: never; the simulator's choice)."""
         self.ledger = ledger
         self.rank_source = ranks
         self.policy = policy
@@ -149,21 +183,18 @@ class Dispatcher:
         threshold = float(getattr(policy, "squat_util_pct", UtilTracker.threshold_pct))
         self.util = util or UtilTracker(threshold_pct=threshold)
         self._seen = 0
+        self.idle_record_s = idle_record_s
+        self._skipped = 0
+        """Cycles that decided nothing since the last record, not recorded on their own."""
+        self._recorded_at: float | None = None
 
     def _observe_new_events(self) -> None:
         """Feed the utilisation tracker the events it looks at (the store filters by tag, so a
         large decision record is never decoded here)."""
         head = self.ledger.position
-        while self._seen < head:
-            page = self.ledger.recorder.select_notifications(
-                start=self._seen + 1, limit=10_000, stop=head, topics=_UTIL_TAGS
-            )
-            for n in page:
-                self.util.observe(codec.decode(n.state))
-            if len(page) < 10_000:
-                self._seen = head
-            else:
-                self._seen = page[-1].id
+        for _, event in self.ledger.follow(self._seen, head, tags=_UTIL_TAGS):
+            self.util.observe(event)
+        self._seen = head
 
     def report_exits(self, now: float) -> int:
         """Exits the executor saw become JobFinished (unless the ledger already ended the job)."""
@@ -300,6 +331,13 @@ class Dispatcher:
             if job is None or job.status not in ("placed", "running"):
                 self.executor.stop(job_id, now)
 
+    def _record_idle(self, decision: Decision, now: float) -> bool:
+        """Whether to record a cycle that decided nothing: jobs wait and the last record is at
+        least `idle_record_s` old."""
+        if self.idle_record_s is None or not decision.waiting:
+            return False
+        return self._recorded_at is not None and now - self._recorded_at >= self.idle_record_s
+
     def cycle(self, now: float) -> CycleResult:
         # 0. starts, checkpoints and samples, then exits: GPUs they free are free for this cycle
         self.report_starts(now)
@@ -320,13 +358,28 @@ class Dispatcher:
         )
         # 2. decide (pure)
         decision = decide(snapshot, self.policy, now)
-        if not decision.placements and not decision.preemptions:
+        if self._recorded_at is None:
+            self._recorded_at = now
+        if (
+            not decision.placements
+            and not decision.preemptions
+            and not self._record_idle(decision, now)
+        ):
+            self._skipped += 1
             self.reconcile(now)
             return CycleResult(position, decision, appended=False, finished=finished)
         # 3. append expecting P
         try:
-            command = decision.to_command(DISPATCHER, f"cycle-{position}")
-            self.ledger.execute(msgspec.structs.replace(command, decided_at=now))
+            command = decision.to_command(
+                DISPATCHER,
+                f"cycle-{position}",
+                decided_at=now,
+                policy=typed_config(self.policy),
+                ranks=rank_inputs(self.rank_source, position, ranks, level_fs),
+                skipped_cycles=self._skipped,
+            )
+            self.ledger.execute(command)
+            self._skipped, self._recorded_at = 0, now
         except Conflict as err:
             log.info("decision at position %s overtaken: %s", position, err.line())
             return CycleResult(

@@ -46,7 +46,7 @@ from ledger.sim.ranks import IncrementalRanks
 from projections import queries
 from projections.fairshare import UsagePolicy
 from projections.projector import Projector
-from projections.source import EmbeddedSource, EventSource
+from projections.source import EmbeddedSource, EventSource, follow
 from projections.store import Store
 from schemas import codec
 from schemas import commands as c
@@ -376,7 +376,7 @@ class _Sim:
         self._next_tick = scen.start
         self._setup(budgets)
         ranks: RankSource = IncrementalRanks(self.ledger, usage)
-        self.dispatcher = Dispatcher(self.ledger, ranks, policy, self.executor)
+        self.dispatcher = Dispatcher(self.ledger, ranks, policy, self.executor, idle_record_s=None)
 
     def _setup(self, budgets: b.BudgetFile | None) -> None:
         st = self.scen.state
@@ -453,33 +453,29 @@ class _Sim:
                     self.carried.add(ev.job_id)
 
     def _observe(self) -> None:
-        while self._seen < self.ledger.position:
-            page = self.ledger.read(self._seen, 10_000)
-            if not page:
-                break
-            for pos, ev in page:
-                self._seen = pos
-                match ev:
-                    case e.JobSubmitted() | e.JobRequeued():
-                        self.pending.add(ev.job_id)
-                    case e.JobPlaced():
-                        self.pending.discard(ev.job_id)
-                        spec = self.ledger.state.jobs[ev.job_id].spec
-                        self.running[ev.job_id] = (spec.resumable, ev.at)
-                    case e.CheckpointReported():
-                        if ev.job_id in self.running:
-                            self.running[ev.job_id] = (True, ev.at)
-                        self.executor.checkpoint(ev.job_id, ev.at)
-                    case e.JobPreempted():
-                        self.running.pop(ev.job_id, None)
-                    case e.JobFinished():
-                        self.running.pop(ev.job_id, None)
-                        self.pending.discard(ev.job_id)
-                    case e.NodeDrainRequested() | e.NodeDrained() | e.NodeReturned():
-                        nodes = self.ledger.state.nodes.values()
-                        self.draining = sum(1 for n in nodes if n.state == "draining")
-                    case _:
-                        pass
+        for pos, ev in self.ledger.follow(self._seen):
+            self._seen = pos
+            match ev:
+                case e.JobSubmitted() | e.JobRequeued():
+                    self.pending.add(ev.job_id)
+                case e.JobPlaced():
+                    self.pending.discard(ev.job_id)
+                    spec = self.ledger.state.jobs[ev.job_id].spec
+                    self.running[ev.job_id] = (spec.resumable, ev.at)
+                case e.CheckpointReported():
+                    if ev.job_id in self.running:
+                        self.running[ev.job_id] = (True, ev.at)
+                    self.executor.checkpoint(ev.job_id, ev.at)
+                case e.JobPreempted():
+                    self.running.pop(ev.job_id, None)
+                case e.JobFinished():
+                    self.running.pop(ev.job_id, None)
+                    self.pending.discard(ev.job_id)
+                case e.NodeDrainRequested() | e.NodeDrained() | e.NodeReturned():
+                    nodes = self.ledger.state.nodes.values()
+                    self.draining = sum(1 for n in nodes if n.state == "draining")
+                case _:
+                    pass
 
     def run(self) -> None:
         scen = self.scen
@@ -750,11 +746,6 @@ def run_whatif(
 
 def log_events(source: EventSource, page: int = 10_000) -> Iterator[e.AnyEvent]:
     """Every event of a log, decoded, in order."""
-    after = 0
-    while True:
-        records = source.read(after, page)
-        if not records:
-            return
+    for records in follow(source, page=page):
         for rec in records:
             yield codec.decode(rec.data)
-        after = records[-1].position

@@ -28,13 +28,15 @@ from projections.chain import chain_hash
 from projections.errors import CorruptEvent
 from projections.source import LogRecord
 from schemas import events as e
-from schemas.codec import upcast
+from schemas.codec import clamp, upcast
 from schemas.events import TAGS, tag_of
 
-_decoder = msgspec.json.Decoder(e.AnyEvent)
+_decoder = msgspec.json.Decoder(e.StoredEvent)
 _object_decoder = msgspec.json.Decoder(dict[str, Any])
-_TAG_OF: dict[type, str] = {cls: tag_of(cls) for cls in e.EVENT_TYPES}
+_TAG_OF: dict[type, str] = {cls: tag_of(cls) for cls in e.EVENT_TYPES + e.OLDER_TYPES}
 _CLASS_OF: dict[str, type] = {tag: cls for cls, tag in _TAG_OF.items()}
+_LATEST: dict[type, type] = {e.CycleDecidedV1: e.CycleDecided}
+"""Older event type -> the type `codec.upcast` makes of it (the group it joins)."""
 
 _SLOTS = pa.list_(pa.struct([("node", pa.string()), ("gpu_indices", pa.list_(pa.int32()))]))
 
@@ -167,6 +169,10 @@ class Group:
         self.events: list[Any] = []
 
 
+def _upcasting(append: Callable[[Any], None]) -> Callable[[Any], None]:
+    return lambda ev: append(upcast(ev))
+
+
 def decode_records(records: Sequence[LogRecord]) -> tuple[dict[type, Group], list[int]]:
     """Pure: validate every record and group the events by type; also return the positions of
     the records whose tag this code does not know.
@@ -183,13 +189,18 @@ def decode_records(records: Sequence[LogRecord]) -> tuple[dict[type, Group], lis
             position, tag, data = rec
             sink = sinks.get(tag)
             if sink is None and tag in TAGS:
-                group = groups[_CLASS_OF[tag]] = Group()
-                sink = sinks[tag] = (_CLASS_OF[tag], group.positions.append, group.events.append)
+                cls = _CLASS_OF[tag]
+                latest = _LATEST.get(cls, cls)
+                group = groups.get(latest) or groups.setdefault(latest, Group())
+                append = group.events.append
+                if latest is not cls:  # upcast on the way in: readers see the latest version
+                    append = _upcasting(append)
+                sink = sinks[tag] = (cls, group.positions.append, append)
             if sink is not None:
                 try:
                     ev = decode(data)
                 except msgspec.ValidationError as err:
-                    clamped = upcast(data)  # stored before the bounds: clamped into them
+                    clamped = clamp(data)  # stored before the bounds: clamped into them
                     if clamped is None:
                         raise _corrupt(rec, f"event {tag!r} is invalid: {err}", known=True) from err
                     ev = clamped
@@ -455,9 +466,9 @@ def _cycles(groups: dict[type, Group]) -> pa.Table:
             "cycle_id": [ev.cycle_id for ev in evs],
             "based_on": [ev.based_on for ev in evs],
             "policy_version": [ev.policy_version for ev in evs],
-            "placed_jobs": [[p.job_id for p in ev.placements] for ev in evs],
-            "preempted_jobs": [[p.job_id for p in ev.preemptions] for ev in evs],
-            "considered": [len(ev.considered) for ev in evs],
+            "placed_jobs": [list(ev.placed) for ev in evs],
+            "preempted_jobs": [list(ev.preempted) for ev in evs],
+            "considered": [ev.waiting.considered for ev in evs],
             "fragmentation_gpus": [ev.fragmentation_gpus for ev in evs],
             "config": [msgspec.json.encode(ev.config).decode() for ev in evs],
         },

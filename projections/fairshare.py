@@ -35,6 +35,9 @@ from functools import partial
 from typing import NamedTuple
 
 WEEK_S = 7 * 24 * 3600.0
+RANKING_VERSION = "fairtree-1"
+"""The version of the ranking code (usage SQL + Fair Tree) that decision records name: bump it
+when a change here would rank the same log differently."""
 HOUR_S = 3600.0
 
 

@@ -281,9 +281,9 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
                     "cycle_id": ev.cycle_id,
                     "based_on": ev.based_on,
                     "policy_version": ev.policy_version,
-                    "placed_jobs": [p.job_id for p in ev.placements],
-                    "preempted_jobs": [p.job_id for p in ev.preemptions],
-                    "considered": len(ev.considered),
+                    "placed_jobs": list(ev.placed),
+                    "preempted_jobs": list(ev.preempted),
+                    "considered": ev.waiting.considered,
                     "fragmentation_gpus": ev.fragmentation_gpus,
                     "config": dict(ev.config),
                 }

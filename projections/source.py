@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import sqlite3
+from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -102,6 +103,22 @@ class EmbeddedSource:
             if was:
                 gc.enable()
 
+    def read_tagged(self, after: int, limit: int, tags: Sequence[str]) -> list[LogRecord]:
+        """Up to `limit` records with position > `after` and one of `tags` (a scan of one
+        column: the other records are never read)."""
+        marks = ", ".join("?" * len(tags))
+        try:
+            rows = self._con.execute(
+                f"SELECT rowid, topic, state FROM {EVENTS_TABLE} "
+                f"WHERE rowid > ? AND topic IN ({marks}) ORDER BY rowid LIMIT ?",
+                (after, *tags, limit),
+            ).fetchall()
+        except sqlite3.OperationalError as err:
+            if "no such table" in str(err):
+                return []
+            raise SourceUnavailable(f"cannot read {self.path}: {err}", path=str(self.path)) from err
+        return list(map(_RECORD, rows))
+
     def head(self) -> int:
         try:
             row = self._con.execute(f"SELECT max(rowid) FROM {EVENTS_TABLE}").fetchone()
@@ -121,6 +138,41 @@ class EmbeddedSource:
         self.close()
 
 
+FOLLOW_PAGE = 131_072
+
+
+def follow(
+    source: EventSource,
+    after: int = 0,
+    until: int | None = None,
+    *,
+    tags: Sequence[str] | None = None,
+    page: int = FOLLOW_PAGE,
+) -> Iterator[list[LogRecord]]:
+    """The one way to walk a log: pages of records with `after` < position <= `until` (default:
+    the head when the walk starts), in order; with `tags`, only records of those tags (read by
+    tag where the source can, else filtered)."""
+    stop = source.head() if until is None else until
+    tagged = getattr(source, "read_tagged", None) if tags is not None else None
+    wanted = frozenset(tags) if tags is not None else None
+    position = after
+    while position < stop:
+        if tagged is not None:
+            records = tagged(position, page, tags)
+            records = [r for r in records if r.position <= stop]
+        else:
+            records = source.read(position, min(page, stop - position))
+        if not records:
+            return
+        position = records[-1].position
+        if wanted is not None and tagged is None:
+            records = [r for r in records if r.tag in wanted]
+        if records:
+            yield records
+        if tagged is not None and len(records) < page:
+            return
+
+
 class ListSource:
     """An in-memory log (tests, replays of a slice): records given in position order."""
 
@@ -130,6 +182,9 @@ class ListSource:
     def read(self, after: int, limit: int) -> list[LogRecord]:
         out = [r for r in self.records if r.position > after]
         return out[:limit]
+
+    def read_tagged(self, after: int, limit: int, tags: Sequence[str]) -> list[LogRecord]:
+        return [r for r in self.records if r.position > after and r.tag in tags][:limit]
 
     def head(self) -> int:
         return self.records[-1].position if self.records else 0

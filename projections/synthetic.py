@@ -12,6 +12,7 @@ Deterministic: the same arguments give the same events, byte for byte.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import random  # noqa: TID251 (a seeded generator made here from the `seed` argument)
 import sqlite3
@@ -182,7 +183,22 @@ class _Sim:
             cycle_id=cycle_id,
             based_on=0,
             policy_version="synthetic-1",
-            placements=tuple(e.Placement(job_id=j.spec.job_id, slots=sl) for j, sl in placed),
+            decided_at=self.now,
+            ranks=e.RankInputs(
+                position=0,
+                digest=_digest(self.cycle),
+                ranking_version="fairtree-1",
+                usage=e.UsageSettings(window_s=7 * 24 * 3600.0),
+            ),
+            placed=tuple(j.spec.job_id for j, _ in placed),
+            waiting=e.WaitSummary(
+                considered=len(placed) + len(self.pending),
+                first=tuple(
+                    e.WaitingJob(j.spec.job_id, "WAIT_RESOURCES") for j in self.pending[:64]
+                ),
+                counts=(e.WaitCount("WAIT_RESOURCES", len(self.pending)),),
+                order_digest=_digest(-self.cycle),
+            ),
         )
         for job, slots in placed:
             yield e.JobPlaced(
@@ -351,3 +367,8 @@ def append_raw(home: Path | str, records: list[tuple[str, bytes]]) -> int:
         return int(head[0] or 0)
     finally:
         con.close()
+
+
+def _digest(n: int) -> str:
+    """A stand-in SHA-256 hex digest (the synthetic log has no real ranks or order)."""
+    return hashlib.sha256(str(n).encode()).hexdigest()

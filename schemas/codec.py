@@ -1,4 +1,10 @@
-"""One encoder and one decoder for the whole event vocabulary, built once at import."""
+"""One encoder and one decoder for the whole event vocabulary, built once at import.
+
+Upcasting lives here and only here: `decode` reads every stored version of an event and returns
+its latest version (`upcast`), so no reader handles old versions; values stored before their
+fields had bounds are clamped into them (`clamp`). The golden corpus under `tests/golden/` holds
+stored bytes of every older version that must keep decoding.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +13,12 @@ from typing import Any
 
 import msgspec
 
+from schemas.digest import summarise
 from schemas.errors import EventDecodeError
-from schemas.events import TAGS, AnyEvent
+from schemas.events import TAGS, AnyEvent, CycleDecided, CycleDecidedV1, StoredEvent
 
 _encoder = msgspec.json.Encoder(order="deterministic")
-_decoder = msgspec.json.Decoder(AnyEvent)
+_decoder = msgspec.json.Decoder(StoredEvent)
 
 
 class _TagOnly(msgspec.Struct):
@@ -41,7 +48,7 @@ _BOUND = re.compile(
 _STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
 
 
-def upcast(data: bytes) -> AnyEvent | None:
+def clamp(data: bytes) -> StoredEvent | None:
     """Pure: an event stored before its fields had bounds, with every value that is outside them
     clamped into them (numbers to the nearest bound, text and lists cut to their longest), or
     None when the bytes fail for another reason. The stored bytes (and the hash chain over them)
@@ -52,7 +59,8 @@ def upcast(data: bytes) -> AnyEvent | None:
         return None
     for _ in range(1_000):
         try:
-            return _decoder.decode(msgspec.json.encode(obj))
+            event: StoredEvent = _decoder.decode(msgspec.json.encode(obj))
+            return event
         except msgspec.ValidationError as e:
             m = _BOUND.match(str(e))
             if m is None:
@@ -87,17 +95,51 @@ def upcast(data: bytes) -> AnyEvent | None:
     return None
 
 
+# --- upcasters: older version -> latest version (pure) ------------------------------------------
+
+
+def decided_v1_to_v2(ev: CycleDecidedV1) -> CycleDecided:
+    """Pure: a v1 decision record as v2. Placements and preemptions become references (their
+    `JobPlaced`/`JobPreempted` events follow the record in the log); the considered list becomes
+    the compact summary with the same order digest replay computes; the rank inputs and typed
+    policy config, which v1 did not record, are None."""
+    return CycleDecided(
+        event_id=ev.event_id,
+        at=ev.at,
+        actor=ev.actor,
+        prev_hash=ev.prev_hash,
+        cycle_id=ev.cycle_id,
+        based_on=ev.based_on,
+        policy_version=ev.policy_version,
+        config=ev.config,
+        decided_at=ev.decided_at,
+        placed=tuple(p.job_id for p in ev.placements),
+        preempted=tuple(p.job_id for p in ev.preemptions),
+        waiting=summarise(ev.considered),
+        fragmentation_gpus=ev.fragmentation_gpus,
+        wake_at=ev.wake_at,
+    )
+
+
+def upcast(event: StoredEvent) -> AnyEvent:
+    """Pure: the latest version of a decoded event (the event itself when it is the latest)."""
+    if isinstance(event, CycleDecidedV1):
+        return decided_v1_to_v2(event)
+    return event
+
+
 def decode(data: bytes) -> AnyEvent:
-    """Decode and validate one event; raise EventDecodeError saying whether the tag is known.
+    """Decode and validate one event, as the latest version of its type (`upcast`); raise
+    EventDecodeError saying whether the tag is known.
 
     An event outside its fields' bounds (stored before they existed) is clamped into them
-    (`upcast`)."""
+    (`clamp`)."""
     try:
-        return _decoder.decode(data)
+        return upcast(_decoder.decode(data))
     except msgspec.ValidationError as e:
-        event = upcast(data)
+        event = clamp(data)
         if event is not None:
-            return event
+            return upcast(event)
         raise _error(data, e) from e
     except msgspec.DecodeError as e:
         raise _error(data, e) from e

@@ -42,18 +42,24 @@ from schemas.bounds import (
 from schemas.events import (
     MANY,
     AccountKind,
-    Considered,
     EndReason,
     GpuSlot,
     Placement,
     Preemption,
     PreemptReason,
+    RankInputs,
+    TokenScope,
+    WaitSummary,
 )
+from schemas.policy import AnyPolicyConfig
 
 
 class Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
     actor: Actor
     expected_position: Position | None = None
+    real_actor: Actor | None = None
+    """Set by the edge that authenticated the caller when an admin acts as `actor`; never taken
+    from a caller."""
 
 
 class InitLedger(Command, frozen=True, kw_only=True, tag="init"):
@@ -176,18 +182,22 @@ class RequeueJob(Command, frozen=True, kw_only=True, tag="requeue"):
 
 
 class ApplyDecision(Command, frozen=True, kw_only=True, tag="decision.apply"):
-    """A dispatcher cycle's outcome: the decision record plus its placements and preemptions."""
+    """A dispatcher cycle's outcome: its placements and preemptions (which become events) and
+    the decision record's inputs and compact summary (`CycleDecided`)."""
 
     cycle_id: Token
     based_on: Position
     policy_version: Token
     placements: Annotated[tuple[Placement, ...], MANY] = ()
     preemptions: Annotated[tuple[Preemption, ...], MANY] = ()
-    considered: Annotated[tuple[Considered, ...], MANY] = ()
+    waiting: WaitSummary = WaitSummary()
+    policy: AnyPolicyConfig | None = None
+    ranks: RankInputs | None = None
     fragmentation_gpus: Count = 0
     config: Config = {}
     wake_at: Epoch | None = None
     decided_at: Epoch | None = None
+    skipped_cycles: Count = 0
 
 
 class PreemptJob(Command, frozen=True, kw_only=True, tag="preempt"):
@@ -227,6 +237,31 @@ class ReportCheckpoint(Command, frozen=True, kw_only=True, tag="job.checkpoint")
     job_id: JobId
 
 
+class IssueToken(Command, frozen=True, kw_only=True, tag="token.issue"):
+    """Record a token the edge made: its id and the SHA-256 of its secret (never the secret)."""
+
+    token_id: str
+    user: str
+    secret_sha256: str
+    name: str = ""
+    expires_at: float | None = None
+    scope: TokenScope = "user"
+    scope_node: str | None = None
+    scope_job: int | None = None
+
+
+class RevokeToken(Command, frozen=True, kw_only=True, tag="token.revoke"):
+    token_id: str
+
+
+class ConfigureService(Command, frozen=True, kw_only=True, tag="service.configure"):
+    """Record the settings the service runs with (the service itself, or an admin)."""
+
+    policy: AnyPolicyConfig
+    interval_s: float
+    executor: str
+
+
 AnyCommand = (
     InitLedger
     | GrantAdmin
@@ -253,6 +288,9 @@ AnyCommand = (
     | FinishJob
     | SampleUtilisation
     | ReportCheckpoint
+    | IssueToken
+    | RevokeToken
+    | ConfigureService
 )
 
 COMMAND_TYPES: tuple[type[Command], ...] = AnyCommand.__args__

@@ -74,3 +74,34 @@ class EngineError(LedgerError):
     overrule the ledger's decisions."""
 
     code = "engine"
+
+
+class NotAuthenticated(LedgerError):
+    """The caller could not be identified: no token, a malformed, unknown, expired or revoked
+    one. Never says which, so a guesser learns nothing."""
+
+    code = "unauthenticated"
+
+
+class Unavailable(LedgerError):
+    """The server cannot take the request now (it is stopping); retry elsewhere or later."""
+
+    code = "unavailable"
+
+
+ERROR_CODES: dict[str, type[LedgerError]] = {
+    cls.code: cls
+    for cls in (
+        LedgerError,
+        InvalidCommand,
+        UnknownEntity,
+        NotAuthorised,
+        InvalidTransition,
+        ContractViolation,
+        Conflict,
+        NotAuthenticated,
+        Unavailable,
+        EngineError,
+    )
+}
+"""Error classes by `code`: an HTTP client raises the same class the server raised."""

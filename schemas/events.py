@@ -1,4 +1,4 @@
-"""The v1 event vocabulary: frozen msgspec Structs, tagged, past tense.
+"""The event vocabulary: frozen msgspec Structs, tagged, past tense.
 
 Every event carries `event_id`, `at` (seconds since the Unix epoch, from the ledger's clock, passed
 in), `actor` (who caused it; system actors start with "@") and `prev_hash` (the hash chain).
@@ -7,7 +7,7 @@ ignored on decode; a change that breaks these rules is a new tag (`.v2`).
 
 Every field is bounded (`schemas.bounds`); the bounds are the commands' bounds, so every event the
 ledger writes is inside them. An event stored before the bounds existed and outside them still
-decodes: `codec.decode` clamps it into them (see `codec.upcast`).
+decodes: `codec.decode` clamps it into them (see `codec.clamp`).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from schemas.bounds import (
     Token,
     Utilisation,
 )
+from schemas.policy import AnyPolicyConfig
 
 AccountKind = Literal["program", "project", "user"]
 PreemptReason = Literal["fairness", "maintenance", "squatting", "admin", "debug"]
@@ -62,6 +63,8 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     prev_hash: Token = ""
     """SHA-256 (hex) of the previous event's stored bytes: the log is a hash chain, so an edited
     or removed event breaks the link after it. Empty for the first event. Set by the ledger."""
+    real_actor: str | None = None
+    """Who really called, when an admin acted as `actor` (`--as`); None when they are the same."""
 
 
 # --- ledger -------------------------------------------------------------------------------------
@@ -168,6 +171,7 @@ class GpuSlot(msgspec.Struct, frozen=True, kw_only=True):
 
 
 MANY = msgspec.Meta(max_length=10_000_000)
+LISTED = msgspec.Meta(max_length=1_024)
 Slots = Annotated[tuple[GpuSlot, ...], msgspec.Meta(max_length=100_000)]
 
 
@@ -280,6 +284,41 @@ class CheckpointReported(Event, frozen=True, kw_only=True, tag="job.checkpointed
     job_id: JobId
 
 
+# --- identity -----------------------------------------------------------------------------------
+
+TokenScope = Literal["user", "node", "job"]
+
+
+class TokenIssued(Event, frozen=True, kw_only=True, tag="token.issued.v1"):
+    """A bearer token for `user`. Only the SHA-256 of its secret is kept, never the secret.
+
+    `scope` narrows it: "user" acts as `user` with all their roles; "node" only reports for
+    `node`; "job" only reports checkpoints of `job`."""
+
+    token_id: str
+    user: str
+    name: str = ""
+    secret_sha256: str
+    expires_at: float | None = None
+    scope: TokenScope = "user"
+    scope_node: str | None = None
+    scope_job: int | None = None
+
+
+class TokenRevoked(Event, frozen=True, kw_only=True, tag="token.revoked.v1"):
+    token_id: str
+
+
+class ServiceConfigured(Event, frozen=True, kw_only=True, tag="service.configured.v1"):
+    """What the service runs with, recorded when it starts with (or changes to) other settings:
+    the policy version and its settings, the cycle interval and the executor. `queue` and
+    `explain` preview with the recorded policy."""
+
+    policy: AnyPolicyConfig
+    interval_s: float
+    executor: str
+
+
 # --- decisions ----------------------------------------------------------------------------------
 
 
@@ -305,7 +344,11 @@ class Considered(msgspec.Struct, frozen=True, kw_only=True):
     """Why it waits, as a stable word (WAIT_RESOURCES, WAIT_PRIORITY, WAIT_CONTRACT)."""
 
 
-class CycleDecided(Event, frozen=True, kw_only=True, tag="cycle.decided.v1"):
+class CycleDecidedV1(Event, frozen=True, kw_only=True, tag="cycle.decided.v1"):
+    """The first decision record: it copied every placement, preemption and considered job (sort
+    key and reason text), 1.9 MB at 10k pending. Still read: `schemas.codec` upcasts it to
+    `CycleDecided` (v2), so readers see only the latest version."""
+
     cycle_id: Token
     based_on: Position
     policy_version: Token
@@ -315,9 +358,85 @@ class CycleDecided(Event, frozen=True, kw_only=True, tag="cycle.decided.v1"):
     fragmentation_gpus: Count = 0
     config: Config = {}
     wake_at: Epoch | None = None
-    """When the decision could change without a new event (a contract ends)."""
+    decided_at: Epoch | None = None
+
+
+class UsageSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How the ranks a decision used counted usage (`projections.fairshare.UsagePolicy`)."""
+
+    window_s: Duration
+    half_life_s: Duration | None = None
+    weights: Annotated[dict[Name, Annotated[float, msgspec.Meta(ge=0, le=1e9)]], LISTED] = {}
+
+
+class RankInputs(msgspec.Struct, frozen=True, kw_only=True):
+    """The fair-share ranks a decision ordered by, by reference: where they were read, a digest
+    of what was read, the ranking code's version and the usage settings. Replay ranks at
+    `position` (which trails `based_on` when a Kafka-fed projection lags) and names a digest
+    mismatch as such."""
+
+    position: Position
+    digest: Token
+    ranking_version: Token
+    usage: UsageSettings
+
+
+class WaitingJob(msgspec.Struct, frozen=True, array_like=True):
+    """A pending job that was not placed, and why (`WAIT_RESOURCES`, `WAIT_PRIORITY`,
+    `WAIT_CONTRACT`): `[job_id, code]` on the wire."""
+
+    job_id: JobId
+    code: Token
+
+
+class WaitCount(msgspec.Struct, frozen=True, array_like=True):
+    """How many jobs waited for one reason code: `[code, jobs]` on the wire."""
+
+    code: Token
+    jobs: Count
+
+
+class WaitSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """The pending jobs a cycle considered, compactly: the count, the first waiting jobs in
+    order with their codes, the count per code, and a digest of the whole order (job ids, sort
+    keys, codes and reason texts) that replay recomputes. Bounded whatever the queue's length."""
+
+    considered: Count = 0
+    first: Annotated[tuple[WaitingJob, ...], LISTED] = ()
+    counts: Annotated[tuple[WaitCount, ...], LISTED] = ()
+    order_digest: Token = ""
+
+    def waiting(self) -> int:
+        return sum(c.jobs for c in self.counts)
+
+
+class CycleDecided(Event, frozen=True, kw_only=True, tag="cycle.decided.v2"):
+    """One dispatcher cycle's decision: its inputs and its outcomes by reference.
+
+    Placements and preemptions are the `JobPlaced`/`JobPreempted` events with this `cycle_id`
+    that follow it in the same append; here only their job ids, in decision order. A cycle that
+    decided nothing is recorded at a bounded rate, and `skipped_cycles` counts the empty cycles
+    before this record that were not recorded on their own: together they answer "why did
+    nothing start between t1 and t2"."""
+
+    cycle_id: Token
+    based_on: Position
+    policy_version: Token
+    config: Config = {}
+    policy: AnyPolicyConfig | None = None
+    """The policy's typed config (`schemas.policy`); None in records upcast from v1 (and for
+    policies this build does not register), whose `config` strings say it."""
     decided_at: Epoch | None = None
     """The `now` the pure decide() was given (replay re-runs it with the same value)."""
+    ranks: RankInputs | None = None
+    """None in records upcast from v1, which did not say."""
+    placed: Annotated[tuple[JobId, ...], MANY] = ()
+    preempted: Annotated[tuple[JobId, ...], MANY] = ()
+    waiting: WaitSummary = WaitSummary()
+    fragmentation_gpus: Count = 0
+    wake_at: Epoch | None = None
+    """When the decision could change without a new event (a contract ends)."""
+    skipped_cycles: Count = 0
 
 
 AnyEvent = (
@@ -349,9 +468,18 @@ AnyEvent = (
     | UtilisationSampled
     | CheckpointReported
     | CycleDecided
+    | TokenIssued
+    | TokenRevoked
+    | ServiceConfigured
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__
+"""The latest version of every event: what `schemas.codec.decode` returns."""
+
+StoredEvent = AnyEvent | CycleDecidedV1
+"""Every version that may be stored; `schemas.codec` upcasts the older ones."""
+
+OLDER_TYPES: tuple[type[Event], ...] = (CycleDecidedV1,)
 
 
 def tag_of(cls: type[Event]) -> str:
@@ -360,4 +488,4 @@ def tag_of(cls: type[Event]) -> str:
     return tag
 
 
-TAGS: frozenset[str] = frozenset(tag_of(t) for t in EVENT_TYPES)
+TAGS: frozenset[str] = frozenset(tag_of(t) for t in EVENT_TYPES + OLDER_TYPES)

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from schemas.commands import COMMAND_TYPES
-from schemas.events import EVENT_TYPES, tag_of
+from schemas.events import EVENT_TYPES, OLDER_TYPES, tag_of
 from schemas.views import VIEW_TYPES
 
 JSON_DIR = Path(__file__).parent / "json"
@@ -38,9 +38,9 @@ def render(cls: type[msgspec.Struct]) -> str:
 
 
 def expected_files() -> dict[str, str]:
-    """Pure: relative file path -> canonical text, for every event type, command and view,
-    sorted by path."""
-    files = {tag_of(cls) + SUFFIX: render(cls) for cls in EVENT_TYPES}
+    """Pure: relative file path -> canonical text, for every stored event type (older versions
+    too: a reader of the raw log meets them), command and view, sorted by path."""
+    files = {tag_of(cls) + SUFFIX: render(cls) for cls in EVENT_TYPES + OLDER_TYPES}
     for cmd in COMMAND_TYPES:
         op = cmd.__struct_config__.tag
         files[f"commands/{op}{SUFFIX}"] = render(cmd)

@@ -9,6 +9,12 @@ record the starts. The same run times `decide()` alone on the same snapshot: the
 
     python scripts/bench_cycle.py                  # 1,024 nodes, 10,000 pending, 15 cycles
     python scripts/bench_cycle.py --nodes 256 --pending 2000 --cycles 5
+    python scripts/bench_cycle.py --history /tmp/gpuledger-history/5000000   # on 5M events
+
+With --history DIR the cycles run on a copy of the log in DIR (`scripts/bench_history.py` makes
+them: 1,024 x 8 GPUs and N events of history) with a live ledger started from its snapshot and
+its projection, instead of an empty ledger: the same 10,000 pending jobs, the same cycles, so the
+p99 can be compared across history sizes (goal: within 20% between 10k and 5M events).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -23,32 +30,59 @@ from pathlib import Path
 
 from ledger.application import Ledger
 from ledger.clock import SimClock, seeded_ids
+from ledger.cycle_input import snapshot_from_state
 from ledger.dispatch.engine import decide
 from ledger.dispatch.policy import FairShare
-from ledger.dispatch.snapshot import snapshot_from_state
 from ledger.executors import SimExecutor
 from ledger.service import Dispatcher, ProjectionRanks
 from projections.projector import Projector
 from projections.source import EmbeddedSource
-from projections.store import Store
+from projections.store import PROJECTIONS_DIR, Store
 from schemas import commands as c
+from schemas.events import CycleDecided, tag_of
 
 GOAL_MS = 250.0
+RECORD_GOAL = 64 * 1024
+DECIDED = tag_of(CycleDecided)
 
 
-def build(home: Path, nodes: int, clock: SimClock, rng: random.Random) -> Ledger:
-    ledger = Ledger(home, clock, seeded_ids(1))
-    ledger.execute(c.InitLedger(actor="root", admin="root"))
+def record_bytes(ledger: Ledger, based_on: int) -> int:
+    """Stored size of the decision record appended after `based_on` (0: none)."""
+    found = ledger.recorder.select_notifications(
+        start=based_on + 1, limit=1, stop=ledger.position, topics=[DECIDED]
+    )
+    return len(found[0].state) if found else 0
+
+
+def build(
+    home: Path, nodes: int, clock: SimClock, rng: random.Random, history: Path | None = None
+) -> Ledger:
+    if history is not None:
+        for f in history.glob("events.sqlite*"):
+            shutil.copy(f, home / f.name)
+        if (history / PROJECTIONS_DIR).is_dir():
+            shutil.copytree(history / PROJECTIONS_DIR, home / PROJECTIONS_DIR)
+    ledger = Ledger(home, clock, seeded_ids(1), live=history is not None)
+    if history is None:
+        ledger.execute(c.InitLedger(actor="root", admin="root"))
+    else:
+        clock.advance_to(max(clock.now(), last_event_at(ledger) + 60))
     cmds: list[c.AnyCommand] = [c.OpenAccount(actor="root", path="org", kind="program")]
     for p in range(12):
         cmds.append(c.OpenAccount(actor="root", path=f"org/p{p}", kind="project", shares=1 + p % 4))
         cmds += [c.AddMember(actor="root", user=f"u{p}x{u}", project=f"org/p{p}") for u in range(5)]
-    cmds += [
-        c.RegisterNode(actor="root", node=f"n{i:04d}", gpu_type="h100", gpus=8)
-        for i in range(nodes)
-    ]
+    if history is None:  # a history brings its own 1,024 nodes
+        cmds += [
+            c.RegisterNode(actor="root", node=f"n{i:04d}", gpu_type="h100", gpus=8)
+            for i in range(nodes)
+        ]
     ledger.execute_all(cmds)
     return ledger
+
+
+def last_event_at(ledger: Ledger) -> float:
+    ((_, last),) = ledger.read(ledger.position - 1, 1)
+    return last.at
 
 
 def submissions(n: int, rng: random.Random) -> list[c.AnyCommand]:
@@ -79,12 +113,13 @@ def main() -> None:
     ap.add_argument(
         "--finish", type=int, default=40, help="running jobs that end before each cycle"
     )
+    ap.add_argument("--history", type=Path, default=None, help="run on a copy of this log")
     args = ap.parse_args()
     rng = random.Random(7)
     clock = SimClock(1_000_000.0)
     with tempfile.TemporaryDirectory(prefix="bench-cycle-") as tmp:
         home = Path(tmp)
-        ledger = build(home, args.nodes, clock, rng)
+        ledger = build(home, args.nodes, clock, rng, args.history)
         with Store.open(home) as store:
             executor = SimExecutor()
             d = Dispatcher(
@@ -100,7 +135,7 @@ def main() -> None:
             ledger.execute_all(submissions(args.pending, rng))
             clock.advance_to(clock.now() + 60)
             d.cycle(clock.now())
-            times, decides, placed = [], [], []
+            times, decides, placed, sizes = [], [], [], []
             for _ in range(args.cycles):
                 running = sorted(
                     j.job_id for j in ledger.state.jobs.values() if j.status == "running"
@@ -116,6 +151,7 @@ def main() -> None:
                 result = d.cycle(clock.now())
                 times.append((time.perf_counter() - t0) * 1000)
                 placed.append(len(result.decision.placements))
+                sizes.append(record_bytes(ledger, result.position))
                 # raw baseline: decide() alone on the snapshot the cycle saw
                 ranks, level_fs = d.rank_source.ranks(clock.now(), ledger.position)
                 snap = snapshot_from_state(
@@ -124,13 +160,14 @@ def main() -> None:
                 t1 = time.perf_counter()
                 decide(snap, d.policy, clock.now())
                 decides.append((time.perf_counter() - t1) * 1000)
+            history = ledger.position
             pending = sum(1 for j in ledger.state.jobs.values() if j.status == "pending")
             running_n = sum(1 for j in ledger.state.jobs.values() if j.status == "running")
     p50 = statistics.median(times)
     p99 = max(times) if len(times) < 100 else statistics.quantiles(times, n=100)[98]
     print(
         f"bench_cycle: {args.nodes} nodes x 8 GPUs, ~{pending:,} pending, {running_n:,} running, "
-        f"{args.cycles} cycles, load {os.getloadavg()[0]:.2f}"
+        f"{args.cycles} cycles, history {history:,} events, load {os.getloadavg()[0]:.2f}"
     )
     print(
         f"whole cycle: p50 {p50:.1f} ms, max {p99:.1f} ms; "
@@ -140,6 +177,10 @@ def main() -> None:
         f"decide() alone (raw baseline, same snapshots): p50 {statistics.median(decides):.1f} ms; "
         f"cycle / decide = {p50 / statistics.median(decides):.1f}x; "
         f"placed per cycle p50 {statistics.median(placed):.0f}"
+    )
+    print(
+        f"decision record: max {max(sizes):,} bytes stored; goal <= {RECORD_GOAL:,}: "
+        f"ratio {max(sizes) / RECORD_GOAL:.3f}"
     )
 
 

@@ -121,12 +121,13 @@ def bench_all(home: Path, exact_sample: int) -> None:
         identical = 0
         snapshots = []
         with Replayer(source, thresholds=thresholds) as rp:
-            for _, recorded in decisions:
-                snapshot, policy = rp.snapshot(recorded)
+            for position, recorded in decisions:
+                snapshot, policy, digest = rp.snapshot(recorded)
                 t = time.perf_counter()
                 decision = decide(snapshot, policy, decided_at(recorded))
                 rp.timings.decide_s += time.perf_counter() - t
-                identical += not compare(recorded, decision)
+                outcome = rp.outcome(position, recorded)
+                identical += not compare(recorded, outcome, decision, digest)
                 snapshots.append((snapshot, policy, decided_at(recorded)))
             timings = rp.timings
         elapsed = time.perf_counter() - started

@@ -42,6 +42,9 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "squatters": ("views",),
     "preempt": ("views",),
     "up": ("serve",),
+    "serve": ("serve",),
+    "status": ("serve",),
+    "token": ("token",),
     "slurm": ("slurm",),
     "relay": ("kafka",),
     "simulate": ("sim",),
@@ -85,11 +88,18 @@ class _Lazy(LedgerGroup):
     envvar="GPULEDGER_USER",
     help="Who is acting (or $GPULEDGER_USER).",
 )
+@click.option(
+    "--url",
+    envvar="GPULEDGER_URL",
+    default=None,
+    help="Server to use: http(s)://HOST:PORT or unix:/PATH (or $GPULEDGER_URL). Default: the "
+    "server running on --home if any, else the data directory itself.",
+)
 @click.version_option(package_name="gpu-ledger")
 @click.pass_context
-def cli(ctx: click.Context, home: Path, actor: str | None) -> None:
+def cli(ctx: click.Context, home: Path, actor: str | None, url: str | None) -> None:
     """gpu-ledger: budgets, fair share and scheduling contracts for shared GPU clusters."""
-    ctx.obj = Ctx(home, actor)
+    ctx.obj = Ctx(home, actor, url)
 
 
 def main() -> None:

@@ -10,14 +10,19 @@ import sqlite3
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import msgspec
 
-from ledger.application import EVENTS_DB, Ledger
 from schemas.bounds import Epoch, PositiveInterval, PositiveSeconds, check, describe
+from schemas.commands import AnyCommand, InitLedger
 from schemas.errors import EnvironmentProblem, InvalidCommand, LedgerError
+
+if TYPE_CHECKING:  # the store is imported only by commands that open it (client mode never)
+    from ledger.application import Appended, Ledger
+
+EVENTS_DB = "events.sqlite"
 
 T = TypeVar("T")
 
@@ -107,33 +112,144 @@ def _field_name(message: str) -> str:
     return f"--{m.group(1).replace('_', '-')}" if m else "input"
 
 
-class Ctx:
-    """Lazily opens the ledger so read-only commands that do not need it stay cheap."""
+def os_user() -> str:
+    """The name of the OS user running this process (the actor when nobody says --as)."""
+    import pwd
 
-    def __init__(self, home: Path, actor: str | None) -> None:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+class Ctx:
+    """Where commands go: a server (client mode: `--url`/$GPULEDGER_URL, or the Unix socket of a
+    server running on the data directory) or the ledger itself (embedded mode). Opened lazily so
+    commands that need neither stay cheap."""
+
+    def __init__(self, home: Path, actor: str | None, url: str | None = None) -> None:
         self.home = home
         self._actor = actor
+        self._url = url
         self._ledger: Ledger | None = None
+        self._client: Any = None
 
     @property
     def actor(self) -> str:
-        if not self._actor:
-            raise InvalidCommand("no actor given", hint="pass --as USER or set GPULEDGER_USER")
-        if self._actor.startswith("@"):
+        """Who acts: --as (or $GPULEDGER_USER) when given, else the caller: the OS user here, the
+        authenticated identity at a server ("" tells the server to fill it in)."""
+        if self._actor and self._actor.startswith("@"):
             raise InvalidCommand(
                 f"{self._actor!r} is a system actor", hint="people act under their own names"
             )
-        return self._actor
+        if self._actor:
+            return self._actor
+        return "" if self.remote is not None else os_user()
 
-    def ledger(self, *, must_exist: bool = True) -> Ledger:
-        if self._ledger is None:
+    @property
+    def remote(self) -> Any:
+        """The server's client, or None in embedded mode."""
+        if self._client is None:
+            from ledger.server.client import Client, load_token, local_socket
+
+            if self._url:
+                self._client = Client(self._url, load_token())
+            else:
+                sock = local_socket(self.home)
+                self._client = Client(f"unix:{sock}") if sock is not None else False
+        return self._client or None
+
+    def execute(self, cmd: AnyCommand) -> Appended:
+        """Append one command, here or at the server."""
+        if self.remote is not None:
+            result: Appended = self.remote.execute(cmd)
+            return result
+        return self.ledger(live=True).execute(self._embedded(cmd))
+
+    def execute_all(self, cmds: list[AnyCommand]) -> Appended:
+        if self.remote is not None:
+            result: Appended = self.remote.execute_all(cmds)
+            return result
+        return self.ledger(live=True).execute_all([self._embedded(cmd) for cmd in cmds])
+
+    def read(self, name: str, *, quiet: bool = True, **fields: Any) -> Any:
+        """A read of the read layer (`ledger.server.reads`), here or at the server; the same
+        view Structs either way."""
+        from ledger.server.reads import READS
+
+        spec = READS[name]
+        given = {k: x for k, x in fields.items() if x is not None}
+        try:
+            args = msgspec.convert(given, spec.args)
+        except msgspec.ValidationError as e:
+            raise InvalidCommand(f"invalid {_field_name(str(e))}: {e}") from e
+        if self.remote is not None:
+            query = {k: x for k, x in msgspec.to_builtins(args).items() if k in given}
+            return self.remote.get(spec.path, query, type=spec.returns)
+        with _LocalHandles(self, quiet) as handles:
+            return spec.run(handles, args)
+
+    def _embedded(self, cmd: AnyCommand) -> AnyCommand:
+        """Embedded mode: the OS user is the real actor; acting as someone else is `--as`, which
+        the domain allows admins only (and records)."""
+        me = os_user()
+        if isinstance(cmd, InitLedger) or cmd.actor == me:
+            return cmd
+        return msgspec.structs.replace(cmd, real_actor=me)
+
+    def ledger(self, *, must_exist: bool = True, live: bool = False) -> Ledger:
+        """The ledger; `live=True` for commands that need only live work (writes, the queue, the
+        service): it starts from the newest snapshot plus the tail and keeps no finished jobs."""
+        if self.remote is not None:
+            raise InvalidCommand(
+                "this command needs the data directory, and a server owns it",
+                hint="run it on the server's host with the server stopped, or use the API",
+            )
+        if self._ledger is None or (self._ledger.state.live_only and not live):
             if must_exist and not (self.home / EVENTS_DB).exists():
                 raise InvalidCommand(
                     f"no ledger in {self.home}",
                     hint="run `gpuledger init --admin USER` or pass --home",
                 )
-            self._ledger = Ledger(self.home)
+            from ledger.application import Ledger
+
+            self._ledger = Ledger(self.home, live=live)
         return self._ledger
+
+
+class _LocalHandles:
+    """The read layer's handles in embedded mode: the ledger, the projection opened (and caught
+    up) only when a read asks for it, the wall clock."""
+
+    def __init__(self, ctx: Ctx, quiet: bool) -> None:
+        import contextlib
+
+        self.ctx = ctx
+        self.quiet = quiet
+        self._stack = contextlib.ExitStack()
+        self._store: Any = None
+
+    def __enter__(self) -> _LocalHandles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.ctx.ledger()
+
+    def store(self) -> Any:
+        if self._store is None:
+            from ledger.cli.views import projection
+
+            self._store = self._stack.enter_context(projection(self.ctx, quiet=self.quiet))
+        return self._store
+
+    def now(self) -> float:
+        from ledger.clock import SystemClock
+
+        return SystemClock().now()
 
 
 pass_ctx = click.make_pass_decorator(Ctx)

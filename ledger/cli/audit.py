@@ -37,7 +37,7 @@ from ledger.cli._common import (
 )
 from ledger.cli.views import projection
 from ledger.explain import span
-from projections.source import EmbeddedSource
+from projections.source import EmbeddedSource, follow
 from projections.store import projection_path
 from schemas import codec
 from schemas import events as e
@@ -104,11 +104,10 @@ def replay(
     verbose = not all_ or len(decisions) == 1
     started = time.perf_counter()
     results: list[rp.CycleReplay] = []
-    with EmbeddedSource(ctx.home) as source:
-        for result in rp.replay_decisions(source, decisions, exact=exact or len(decisions) == 1):
-            results.append(result)
-            if not as_json and (verbose or not result.identical):
-                _print_replay(result, show)
+    for result in rp.replay_found(ctx.home, decisions, exact=exact):
+        results.append(result)
+        if not as_json and (verbose or not result.identical):
+            _print_replay(result, show)
     elapsed = time.perf_counter() - started
     same = sum(r.identical for r in results)
     failed = sum(r.error is not None for r in results)
@@ -440,7 +439,22 @@ SELECT position, occurred_at, raw->>'$.cycle_id' AS cycle_id,
                    lambda c: c.job_id = $job)[1] AS seen
 FROM events
 WHERE tag = 'cycle.decided.v1' AND position BETWEEN $first AND $last
+UNION ALL
+SELECT position, occurred_at, raw->>'$.cycle_id' AS cycle_id,
+       (SELECT {'job_id': $job, 'sort_key': NULL::JSON, 'reason': NULL::VARCHAR,
+                'code': w->>1}
+        FROM (SELECT unnest(CAST(raw->'$.waiting.first' AS JSON[])) AS w)
+        WHERE CAST(w->>0 AS BIGINT) = $job LIMIT 1) AS seen
+FROM events
+WHERE tag = 'cycle.decided.v2' AND position BETWEEN $first AND $last
 ORDER BY position
+"""
+"""The recorded cycles a job waited in: v1 records list every considered job with its reason;
+v2 records list the first waiting jobs with their codes (`WaitSummary.first`)."""
+
+_JOB_PLACED_BY = """
+SELECT cycle_id, list_position(placed_jobs, $job), len(placed_jobs), considered
+FROM decisions WHERE list_contains(placed_jobs, $job)
 """
 
 
@@ -454,13 +468,19 @@ def job_rows(con: duckdb.DuckDBPyConnection, job: int) -> list[dict[str, Any]]:
     first, last = rows[0][0], rows[-1][0]
     waits = con.execute(_JOB_WAITS, {"job": job, "first": first, "last": last}).fetchall()
     keys = {cycle: seen["sort_key"] for _, _, cycle, seen in waits if seen is not None}
+    places = {
+        cycle: f"#{k} of {n} placed, {considered} considered"
+        for cycle, k, n, considered in con.execute(_JOB_PLACED_BY, {"job": job}).fetchall()
+    }
     out: list[dict[str, Any]] = []
     run: dict[str, Any] | None = None
     for position, at, tag, actor, raw in rows:
         ev = codec.decode(raw.encode() if isinstance(raw, str) else raw)
         detail = _detail(ev)
-        if isinstance(ev, e.JobPlaced) and ev.cycle_id in keys:
+        if isinstance(ev, e.JobPlaced) and keys.get(ev.cycle_id) is not None:
             detail += f"; sort key {keys[ev.cycle_id]}"
+        elif isinstance(ev, e.JobPlaced) and ev.cycle_id in places:
+            detail += f"; {places[ev.cycle_id]}"
         if isinstance(ev, e.UtilisationSampled):
             if run is not None and run["detail"].startswith(detail):
                 run["samples"] += 1
@@ -493,10 +513,14 @@ def _waiting_rows(waits: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     run: dict[str, Any] | None = None
     for position, at, cycle_id, seen in waits:
-        if seen is None or seen["reason"] is None:
+        if seen is None or (seen["reason"] is None and seen["code"] is None):
             run = None
             continue
-        text = f"{seen['code']}: {seen['reason']}" if seen["code"] else seen["reason"]
+        text = (
+            seen["code"]
+            if seen["reason"] is None
+            else (f"{seen['code']}: {seen['reason']}" if seen["code"] else seen["reason"])
+        )
         if run is not None and run["text"] == text:
             run["cycles"] += 1
             run["until_at"] = at
@@ -591,8 +615,7 @@ def audit_preemptions(
     """Every preemption: whose job, why, for which job, by whom, and whether it was inside the
     job's contract (only admin preemptions with a reason may be)."""
     if as_json or fmt == "json":
-        with readonly(ctx) as con:
-            _view_json(reads.audit_preemptions(con, account, _time(since)), output)
+        _view_json(ctx.read("audit_preemptions", account=account, since=_time(since)), output)
         return
     with readonly(ctx) as con:
         table = run_query(con, reads.PREEMPTIONS_SQL, {"account": account, "since": _time(since)})
@@ -611,8 +634,7 @@ def audit_budget_changes(
     """Who changed what in the budget tree, and why: accounts opened and closed, shares (before
     and after), members, managers and admins."""
     if as_json or fmt == "json":
-        with readonly(ctx) as con:
-            _view_json(reads.audit_budget_changes(con, _time(since)), output)
+        _view_json(ctx.read("audit_budget_changes", since=_time(since)), output)
         return
     with readonly(ctx) as con:
         table = run_query(con, reads.BUDGET_CHANGES_SQL, {"since": _time(since)})
@@ -726,14 +748,9 @@ def _live(ctx: Ctx) -> list[au.Violation]:
 
 
 def _positioned(source: EmbeddedSource, page: int = 50_000) -> Iterator[tuple[int, Any]]:
-    after = 0
-    while True:
-        records = source.read(after, page)
-        if not records:
-            return
+    for records in follow(source, page=page):
         for rec in records:
             yield rec.position, codec.decode(rec.data)
-        after = records[-1].position
 
 
 COMMANDS = [replay, whatif, audit_group]

@@ -23,10 +23,9 @@ from ledger.cli._common import (
     pass_ctx,
 )
 from ledger.cli.write import account, node
-from ledger.clock import SystemClock
 from ledger.explain import span
 from schemas.errors import InvalidCommand
-from schemas.views import JobFilter, LogEntry, LogFilter
+from schemas.views import LogEntry, LogFilter
 
 
 def _console() -> Console:
@@ -41,9 +40,7 @@ def _console() -> Console:
 @pass_ctx
 def account_tree(ctx: Ctx, as_json: bool) -> None:
     """Show the budget tree with shares and normalised shares."""
-    from ledger import reads
-
-    rows = reads.account_tree(ctx.ledger().state)
+    rows = ctx.read("accounts")
     if as_json:
         echo_json(rows)
         return
@@ -62,9 +59,7 @@ def account_tree(ctx: Ctx, as_json: bool) -> None:
 @pass_ctx
 def node_list(ctx: Ctx, as_json: bool) -> None:
     """List nodes with their state and free GPUs."""
-    from ledger import reads
-
-    rows = reads.node_list(ctx.ledger().state)
+    rows = ctx.read("nodes")
     if as_json:
         echo_json(rows)
         return
@@ -102,11 +97,9 @@ def jobs(
     as_json: bool,
 ) -> None:
     """List jobs newest first, like sacct: start, end, elapsed, exit code."""
-    from ledger import reads
-    from ledger.cli.views import projection
-
-    f = build(
-        JobFilter,
+    selected = ctx.read(
+        "jobs",
+        quiet=False,
         status=status,
         user=user,
         account=account_path,
@@ -114,9 +107,6 @@ def jobs(
         until=None if until is None else parse_time(until),
         limit=limit,
     )
-    now = SystemClock().now()
-    with projection(ctx) as store:
-        selected = reads.jobs(store, f, now)
     if as_json:
         echo_json(selected)
         return
@@ -179,14 +169,10 @@ def log(
     --follow, one JSON object per line."""
     import time
 
-    from ledger import reads
-    from ledger.cli.views import projection
-
     f = build(LogFilter, after=after, limit=limit, tail=tail)
     if not 0.01 <= interval <= 3600:
         raise InvalidCommand(f"--interval must be 0.01..3600 seconds, got {interval}")
-    with projection(ctx, quiet=True) as store:
-        records = reads.log(store, f)
+    records = ctx.read("log", after=f.after, limit=f.limit, tail=f.tail)
     if as_json and not follow:
         echo_json(records)
         return
@@ -199,8 +185,7 @@ def log(
         last = after
     while True:
         time.sleep(interval)
-        with projection(ctx, quiet=True) as store:
-            records = reads.log(store, build(LogFilter, after=last, limit=10_000))
+        records = ctx.read("log", after=last, limit=10_000)
         for r in records:
             click.echo(msgspec.json.encode(r).decode() if as_json else _log_line(r))
         if records:
@@ -220,6 +205,20 @@ def schemas_export(directory: Path) -> None:
 
     written = export(directory)
     click.echo(f"wrote {len(written)} schemas to {directory}")
+
+
+@schemas.command("openapi")
+@click.argument(
+    "path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path(__file__).resolve().parents[2] / "schemas" / "openapi.json",
+)
+def schemas_openapi(path: Path) -> None:
+    """Write the HTTP API's OpenAPI document to PATH (committed as schemas/openapi.json)."""
+    from ledger.server.app import offline_document
+
+    path.write_bytes(offline_document())
+    click.echo(f"wrote {path}")
 
 
 COMMANDS = [jobs, log, schemas]

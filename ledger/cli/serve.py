@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,6 +22,8 @@ from ledger.agent.executor import DEBUG_LIMIT_S, SupervisedExecutor
 from ledger.agent.utilisation import pick_source
 from ledger.cli._common import (
     Ctx,
+    echo_json,
+    fmt_time,
     log_level_option,
     parse_duration,
     parse_interval,
@@ -31,7 +34,7 @@ from ledger.clock import SystemClock
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
 from ledger.executors import ServiceExecutor
-from ledger.explain import job_states, lifecycle_lines
+from ledger.explain import lifecycle_lines
 from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
 from projections.errors import ProjectionBusy
 from projections.projector import Projector
@@ -163,7 +166,7 @@ def up(
     setup_logging(log_level)
     log = logging.getLogger("gpuledger.up")
     clock = SystemClock()
-    ledger = ctx.ledger()
+    ledger = ctx.ledger(live=True)
     _register_nodes(ctx, nodes)
     executor: ServiceExecutor
     engine: SlurmExecutor | None = None
@@ -198,18 +201,20 @@ def up(
             unavailable=None if engine is None else engine.foreign,
         )
         dispatcher.recover(executor, clock.now())
+        from ledger.loop import record_settings
+
+        record_settings(ledger, dispatcher.policy, float(tick), "local", log)
         log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
         log.info("job output goes to %s/job-N.log", ctx.home / "jobs")
-        seen = job_states(ledger.state.jobs)
+        seen = ledger.head()
+        before: dict[int, Any] = dict(ledger.state.jobs)
         try:
             while not stop.is_set():
                 now = clock.now()
                 if engine is not None:
                     _follow_slurm_nodes(ledger, engine, log)
                 result = dispatcher.cycle(now)
-                for line in lifecycle_lines(seen, ledger.state.jobs, str(ctx.home / "jobs")):
-                    log.info("%s", line)
-                seen = job_states(ledger.state.jobs)
+                seen = _log_lifecycle(ledger, seen, before, ctx.home / "jobs", log)
                 if until_idle and _idle(ledger):
                     log.info("nothing pending or running: exiting")
                     break
@@ -228,12 +233,24 @@ def up(
                     )
                 except LedgerError as err:
                     log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
-            for line in lifecycle_lines(seen, ledger.state.jobs, str(ctx.home / "jobs")):
-                log.info("%s", line)
+            _log_lifecycle(ledger, seen, before, ctx.home / "jobs", log)
             stop.set()
             if relay is not None:
                 relay.stop()  # flushes: every event committed above is published (bounded)
             source.close()
+            ledger.snapshot_state()  # a clean stop: the next start folds no tail
+
+
+def _log_lifecycle(
+    ledger: Any, after: int, jobs: dict[int, Any], output: Path, log: logging.Logger
+) -> int:
+    """Log each job start, finish, failure and preemption the log gained after `after` (jobs
+    that finished are gone from the live state: `jobs` keeps the ones seen); the new head."""
+    events = [ev for _, ev in ledger.read(after, 100_000)]
+    jobs.update(ledger.state.jobs)
+    for line in lifecycle_lines(events, jobs, str(output)):
+        log.info("%s", line)
+    return int(ledger.head())
 
 
 def _open_projection(home: Path, wait_s: float = 15.0) -> Store:
@@ -254,7 +271,7 @@ def _idle(ledger: Any) -> bool:
 
 
 def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
-    ledger = ctx.ledger()
+    ledger = ctx.ledger(live=True)
     cmds: list[c.AnyCommand] = []
     for text in nodes:
         name, gpus, gpu_type = _node_spec(text)
@@ -334,4 +351,102 @@ def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None
     ).start()
 
 
-COMMANDS = [up]
+@click.command()
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="GPULEDGER_CONFIG",
+    default=None,
+    help="TOML config file (every key: examples/serve.toml); flags override it.",
+)
+@click.option("--listen", default=None, help="HOST:PORT of the HTTP API [127.0.0.1:8470].")
+@click.option("--socket", "socket_path", default=None, help="Unix socket [<home>/gpuledger.sock].")
+@click.option("--tls-cert", default=None, help="PEM certificate: serve HTTPS.")
+@click.option("--tls-key", default=None, help="PEM private key of --tls-cert.")
+@click.option("--interval", default=None, help="Time between dispatcher cycles [2s].")
+@click.option("--policy", type=click.Choice(["fairshare", "fifo"]), default=None)
+@click.option("--margin", type=float, default=None, help="Preemption hysteresis [0.1].")
+@click.option("--debug-lane/--no-debug-lane", default=None)
+@click.option(
+    "--executor",
+    type=click.Choice(["none", "local"]),
+    default=None,
+    help="none: node agents run placements [default]; local: run them here, like `up`.",
+)
+@click.option("--kafka", default=None, help="Kafka bootstrap HOST:PORT for the relay.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
+@click.option("--log-level", default=None)
+@pass_ctx
+def serve(
+    ctx: Ctx,
+    config_file: Path | None,
+    listen: str | None,
+    socket_path: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    interval: str | None,
+    policy: str | None,
+    margin: float | None,
+    debug_lane: bool | None,
+    executor: str | None,
+    kafka: str | None,
+    log_format: str | None,
+    log_level: str | None,
+) -> None:
+    """The ledger server: the single writer of the data directory, with an authenticated HTTP
+    API (bearer tokens over TCP, OS users over its Unix socket) for every command and read."""
+    from ledger.server import config as cfg
+    from ledger.server.run import serve as run_server
+
+    config = cfg.merge(
+        cfg.load(config_file),
+        listen=listen,
+        socket=socket_path,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        interval=interval,
+        policy=policy,
+        margin=margin,
+        debug_lane=debug_lane,
+        executor=executor,
+        kafka=kafka,
+        log_format=log_format,
+        log_level=log_level,
+    )
+    sys.exit(run_server(ctx.home, config))
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+def status(ctx: Ctx, as_json: bool) -> None:
+    """Is the server up? Version, last cycle, projection and relay lag, event count."""
+    from schemas.api import Health
+
+    if ctx.remote is None:
+        if as_json:
+            echo_json({"status": "down", "home": str(ctx.home)})
+        else:
+            click.echo(f"down: no server answers on {ctx.home} (and GPULEDGER_URL is not set)")
+        sys.exit(3)
+    h = ctx.remote.get("health", type=Health)
+    if as_json:
+        echo_json(h)
+        return
+    last = (
+        "no cycle yet"
+        if h.last_cycle_at is None
+        else f"{fmt_time(h.last_cycle_at)} ({(h.last_cycle_s or 0) * 1000:.0f} ms)"
+    )
+    relay = "no Kafka" if h.relay_lag is None else f"{h.relay_lag} events"
+    click.echo(f"{h.status}: gpu-ledger {h.version} at {ctx.remote.url}")
+    click.echo(f"  events        {h.head}")
+    click.echo(f"  last cycle    {last}, {h.cycles} cycles")
+    click.echo(f"  projection    lag {h.projection_lag} events")
+    click.echo(f"  relay         lag {relay}")
+    if h.last_error:
+        click.echo(f"  last error    {h.last_error}")
+
+
+COMMANDS = [up, serve, status]

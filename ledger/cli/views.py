@@ -6,18 +6,16 @@ import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from rich.table import Table
 
-from ledger import reads
 from ledger.cli._common import (
     Ctx,
     bounded,
-    build,
     echo_json,
     json_option,
     parse_duration,
@@ -26,18 +24,14 @@ from ledger.cli._common import (
     pass_ctx,
 )
 from ledger.clock import SystemClock
-from ledger.dispatch import registry
-from ledger.dispatch.policy import Policy
 from ledger.explain import plural, span, when
-from projections.errors import ProjectionBusy
-from projections.fairshare import UsagePolicy
-from projections.projector import Projector, rebuild
-from projections.source import EmbeddedSource
-from projections.store import Store
+
+if TYPE_CHECKING:  # the projection is imported only where it is opened (client mode never)
+    from projections.fairshare import UsagePolicy
+    from projections.store import Store
 from schemas import commands as c
 from schemas import events as e
 from schemas.bounds import Percent, TeamDepth
-from schemas.views import QueueFilter
 
 
 def _console() -> Console:
@@ -48,7 +42,12 @@ def _console() -> Console:
 def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
     """The projection caught up with the log. When a running service holds the file (DuckDB
     allows one writer), read a private in-memory copy built from the log instead."""
-    ctx.ledger()  # a clear error when there is no ledger
+    from projections.errors import ProjectionBusy
+    from projections.projector import Projector
+    from projections.source import EmbeddedSource
+    from projections.store import Store
+
+    ctx.ledger(live=True)  # a clear error when there is no ledger
     try:
         store = Store.open(ctx.home)
     except ProjectionBusy:
@@ -69,10 +68,20 @@ def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
 
 
 def _usage_policy(window: str, half_life: str | None) -> UsagePolicy:
+    from projections.fairshare import UsagePolicy
+
     return UsagePolicy(
         window_s=parse_window(window),
         half_life_s=None if half_life is None else parse_window(half_life, "--half-life"),
     )
+
+
+def _window_args(at: str | None, window: str, half_life: str | None) -> dict[str, Any]:
+    return {
+        "at": None if at is None else parse_time(at),
+        "window_s": parse_duration(window),
+        "half_life_s": None if half_life is None else parse_duration(half_life),
+    }
 
 
 def _at(at: str | None) -> float:
@@ -102,10 +111,7 @@ def shares(ctx: Ctx, at: str | None, window: str, half_life: str | None, as_json
     """The fair-share tree with Slurm's `sshare -l` columns (Fair Tree): RawShares, NormShares,
     RawUsage (GPU-hours here), NormUsage (of the whole tree), EffectvUsage (of the parent),
     LevelFS, Rank and FairShare."""
-    t = _at(at)
-    policy = _usage_policy(window, half_life)
-    with projection(ctx) as store:
-        rows = reads.shares(store, t, policy)
+    rows = ctx.read("shares", quiet=False, **_window_args(at, window, half_life))
     if as_json:
         echo_json(rows)
         return
@@ -134,10 +140,7 @@ def usage(
     ctx: Ctx, by: str, at: str | None, window: str, half_life: str | None, as_json: bool
 ) -> None:
     """Funded GPU-hours in the window ending at --at, per account (with ancestors) or user."""
-    t = _at(at)
-    policy = _usage_policy(window, half_life)
-    with projection(ctx) as store:
-        rows = reads.usage(store, t, "user" if by == "user" else "account", policy)
+    rows = ctx.read("usage", quiet=False, by=by, **_window_args(at, window, half_life))
     if as_json:
         echo_json(rows)
         return
@@ -169,8 +172,7 @@ def report_delivered(ctx: Ctx, window: str, at: str | None, team_depth: int, as_
     end = _at(at)
     start = end - parse_window(window)
     depth = bounded(team_depth, TeamDepth, "--team-depth")
-    with projection(ctx) as store:
-        rep = reads.delivered(store, start, end, depth)
+    rep = ctx.read("delivered", quiet=False, start=start, end=end, team_depth=depth)
     if as_json:
         echo_json(rep)
         return
@@ -218,7 +220,9 @@ def projection_group() -> None:
 @pass_ctx
 def projection_rebuild(ctx: Ctx) -> None:
     """Drop the projection and rebuild it from the log (with a progress bar)."""
-    ctx.ledger()
+    from projections.projector import rebuild
+
+    ctx.ledger(live=True)
     bar, update = _progress_bar()
     with bar:
         result = rebuild(ctx.home, progress=update)
@@ -235,8 +239,7 @@ def projection_rebuild(ctx: Ctx) -> None:
 @pass_ctx
 def projection_status(ctx: Ctx, as_json: bool) -> None:
     """Where the projection stands in the log."""
-    with projection(ctx, quiet=True) as store:
-        status = reads.projection_status(store)
+    status = ctx.read("projection")
     if as_json:
         echo_json(status)
         return
@@ -251,15 +254,11 @@ project_alias = click.Group(
 )
 
 
-def _policy(name: str) -> Policy:
-    return registry.policy_from_config(registry.default_config(name))
-
-
 policy_option = click.option(
     "--policy",
     type=click.Choice(["fairshare", "fifo"]),
-    default=registry.DEFAULT,
-    show_default=True,
+    default=None,
+    help="Preview with this policy's defaults instead of the settings the service recorded.",
 )
 
 
@@ -296,7 +295,7 @@ def _when(at: float | None) -> str:
 @pass_ctx
 def queue(
     ctx: Ctx,
-    policy: str,
+    policy: str | None,
     user: str | None,
     account_path: str | None,
     state: str,
@@ -304,11 +303,9 @@ def queue(
     as_json: bool,
 ) -> None:
     """Pending work in dispatch order: sort key, why it waits, estimated start (like squeue)."""
-    f = build(QueueFilter, user=user, account=account_path, state=state, limit=limit)
-    now = SystemClock().now()
-    ledger = ctx.ledger()
-    with projection(ctx, quiet=True) as store:
-        rows = reads.queue(ledger, store, _policy(policy), now, f)
+    rows = ctx.read(
+        "queue", policy=policy, user=user, account=account_path, state=state, limit=limit
+    )
     if as_json:
         echo_json(rows)
         return
@@ -345,7 +342,7 @@ def _key_text(key: list[float | int | str]) -> str:
 @pass_ctx
 def priority(
     ctx: Ctx,
-    policy: str,
+    policy: str | None,
     user: str | None,
     account_path: str | None,
     state: str,
@@ -353,11 +350,9 @@ def priority(
     as_json: bool,
 ) -> None:
     """Each pending job's sort key, part by part (like sprio), in dispatch order."""
-    f = build(QueueFilter, user=user, account=account_path, state=state, limit=limit)
-    now = SystemClock().now()
-    ledger = ctx.ledger()
-    with projection(ctx, quiet=True) as store:
-        rows = reads.priority(ledger, store, _policy(policy), now, f)
+    rows = ctx.read(
+        "priority", policy=policy, user=user, account=account_path, state=state, limit=limit
+    )
     if as_json:
         echo_json(rows)
         return
@@ -381,12 +376,9 @@ def priority(
 @policy_option
 @json_option
 @pass_ctx
-def explain(ctx: Ctx, job_id: int, policy: str, as_json: bool) -> None:
+def explain(ctx: Ctx, job_id: int, policy: str | None, as_json: bool) -> None:
     """Why JOB_ID is pending, why it was placed where it was, or why it was preempted."""
-    now = SystemClock().now()
-    ledger = ctx.ledger()
-    with projection(ctx, quiet=True) as store:
-        view = reads.explain(ledger, store, job_id, _policy(policy), now)
+    view = ctx.read("explain", job_id=job_id, policy=policy)
     if as_json:
         echo_json(view)
         return
@@ -411,10 +403,7 @@ def squatters(ctx: Ctx, threshold: float, after: str, as_json: bool) -> None:
     """Running jobs whose GPUs sit idle, per manager: the first preemption candidates once past
     their contract."""
     threshold = bounded(threshold, Percent, "--threshold")
-    now = SystemClock().now()
-    ledger = ctx.ledger()
-    with projection(ctx, quiet=True) as store:
-        rows = reads.squatters(ledger, store, now, threshold, parse_duration(after))
+    rows = ctx.read("squatters", threshold=threshold, idle_s=parse_duration(after))
     if as_json:
         echo_json(rows)
         return
@@ -443,7 +432,7 @@ def squatters(ctx: Ctx, threshold: float, after: str, as_json: bool) -> None:
 @pass_ctx
 def preempt(ctx: Ctx, job_id: int, reason: str) -> None:
     """Admin preemption of JOB_ID, even inside its contract; resumable jobs are requeued."""
-    appended = ctx.ledger().execute(c.PreemptJob(actor=ctx.actor, job_id=job_id, note=reason))
+    appended = ctx.execute(c.PreemptJob(actor=ctx.actor, job_id=job_id, note=reason))
     requeued = any(isinstance(ev, e.JobRequeued) for ev in appended.events)
     click.echo(
         f"preempted job {job_id}{' (requeued)' if requeued else ''} (position {appended.position})"

@@ -11,7 +11,7 @@ from schemas.events import JobSubmitted
 
 
 def _done(ctx: Ctx, what: str, cmd: c.AnyCommand) -> None:
-    appended = ctx.ledger().execute(cmd)
+    appended = ctx.execute(cmd)
     click.echo(f"{what} (position {appended.position})")
 
 
@@ -159,7 +159,7 @@ def node_add(ctx: Ctx, name: str, gpus: int, gpu_type: str, cluster: str | None)
 @pass_ctx
 def node_drain(ctx: Ctx, name: str, reason: str) -> None:
     """Stop placements on NAME; its jobs leave as their contracts expire."""
-    appended = ctx.ledger().execute(c.DrainNode(actor=ctx.actor, node=name, reason=reason))
+    appended = ctx.execute(c.DrainNode(actor=ctx.actor, node=name, reason=reason))
     drained = any(type(ev).__name__ == "NodeDrained" for ev in appended.events)
     state = "drained (it was empty)" if drained else "draining"
     click.echo(f"{name} is {state} (position {appended.position})")
@@ -250,7 +250,7 @@ def submit(
         user=user,
         grace_s=None if grace is None else parse_duration(grace),
     )
-    appended = ctx.ledger().execute(cmd)
+    appended = ctx.execute(cmd)
     job = next(ev for ev in appended.events if isinstance(ev, JobSubmitted))
     if as_json:
         echo_json(job)

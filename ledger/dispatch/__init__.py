@@ -15,7 +15,6 @@ from ledger.dispatch.snapshot import (
     Snapshot,
     SnapshotReader,
     complete_ranks,
-    snapshot_from_state,
 )
 
 __all__ = [
@@ -36,5 +35,4 @@ __all__ = [
     "decide",
     "fairshare_key",
     "fifo_key",
-    "snapshot_from_state",
 ]

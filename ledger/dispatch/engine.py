@@ -59,7 +59,9 @@ from ledger.dispatch.preemption import (
 )
 from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot, complete_ranks
 from schemas.commands import ApplyDecision
-from schemas.events import Considered, GpuSlot, Placement, Preemption, PreemptReason
+from schemas.digest import summarise
+from schemas.events import Considered, GpuSlot, Placement, Preemption, PreemptReason, RankInputs
+from schemas.policy import AnyPolicyConfig
 
 WaitCode = Literal["WAIT_RESOURCES", "WAIT_PRIORITY", "WAIT_CONTRACT"]
 
@@ -98,8 +100,19 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     """Some job wanted a victim search (or its estimate) after the cycle's `search_budget` ran
     out: another cycle right away may place more."""
 
-    def to_command(self, actor: str, cycle_id: str) -> ApplyDecision:
-        """The command that applies this decision, expecting the log still at `based_on`."""
+    def to_command(
+        self,
+        actor: str,
+        cycle_id: str,
+        *,
+        decided_at: float | None = None,
+        policy: AnyPolicyConfig | None = None,
+        ranks: RankInputs | None = None,
+        skipped_cycles: int = 0,
+    ) -> ApplyDecision:
+        """The command that applies this decision, expecting the log still at `based_on`. The
+        record it makes keeps the inputs (`ranks`, `decided_at`) and, of the considered jobs,
+        only the compact summary (`schemas.digest.summarise`)."""
         return ApplyDecision(
             actor=actor,
             expected_position=self.based_on,
@@ -108,10 +121,14 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
             policy_version=self.policy_version,
             placements=self.placements,
             preemptions=self.preemptions,
-            considered=self.considered,
+            waiting=summarise(self.considered),
+            policy=policy,
+            ranks=ranks,
             fragmentation_gpus=self.fragmentation_gpus,
             config=self.config,
             wake_at=self.wake_at,
+            decided_at=decided_at,
+            skipped_cycles=skipped_cycles,
         )
 
 

@@ -1,6 +1,7 @@
 """What one dispatcher cycle sees: a plain value taken at one log position.
 
-Pure: the snapshot is data; `snapshot_from_state` only reads the write-side `State` it is given.
+Pure: the snapshot is data. `ledger.cycle_input.snapshot_from_state` builds it from the write side's
+`State`; this core never sees the State.
 The dispatcher reads projections through `SnapshotReader`, declared here where it is consumed, so
 `decide()` can be fed a snapshot by a projection, a test, a simulator or a replay alike.
 
@@ -16,14 +17,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 import msgspec
 
 from schemas.events import GpuSlot
-
-if TYPE_CHECKING:
-    from ledger.domain import State
 
 NodeState = Literal["active", "draining", "drained"]
 
@@ -142,86 +140,6 @@ def complete_ranks(leaf_ranks: Mapping[str, int]) -> dict[str, int]:
             if anc not in leaf_ranks:
                 out[anc] = min(out.get(anc, rank), rank)
     return out
-
-
-def snapshot_from_state(
-    state: State,
-    ranks: Mapping[str, int],
-    now: float,
-    *,
-    level_fs: Mapping[str, float] | None = None,
-    low_util_since: Mapping[int, float] | None = None,
-    position: int | None = None,
-    unavailable: Mapping[str, frozenset[int]] | None = None,
-) -> Snapshot:
-    """Pure: the snapshot of the write-side `state` (tests, simulation, replay).
-
-    `position` defaults to the number of events folded into `state`, which is the log position of
-    a single-stream ledger. Interior ranks are completed from the leaf ranks (`complete_ranks`).
-    Utilisation is not part of the write-side state: pass `low_util_since` (job id -> time).
-    `unavailable` (node -> GPU indices) are busy with work outside the ledger (an engine's
-    foreign jobs): never free.
-    """
-    low = low_util_since or {}
-    busy = unavailable or {}
-    nodes = tuple(
-        NodeView(
-            name=n.name,
-            cluster=n.cluster,
-            gpu_type=n.gpu_type,
-            gpus=n.gpus,
-            state=n.state,
-            free=tuple(i for i in state.free_indices(n.name) if i not in busy.get(n.name, ())),
-        )
-        for n in sorted(state.nodes.values(), key=lambda n: n.name)
-        if n.state != "removed"
-    )
-    running: list[RunningJob] = []
-    pending: list[PendingJob] = []
-    for job in sorted(state.jobs.values(), key=lambda j: j.job_id):
-        spec = job.spec
-        if job.status in ("placed", "running") and job.placed_at is not None:
-            running.append(
-                RunningJob(
-                    job_id=spec.job_id,
-                    account=spec.account,
-                    user=spec.user,
-                    gpus=spec.gpus,
-                    slots=job.slots,
-                    placed_at=job.placed_at,
-                    min_runtime_s=spec.min_runtime_s,
-                    resumable=spec.resumable,
-                    checkpoint_at=job.checkpoint_at,
-                    debug=spec.debug,
-                    low_util_since=low.get(spec.job_id),
-                )
-            )
-        elif job.status == "pending" and not job.held:  # a held job is not scheduled
-            pending.append(
-                PendingJob(
-                    job_id=spec.job_id,
-                    account=spec.account,
-                    user=spec.user,
-                    gpus=spec.gpus,
-                    gpu_type=spec.gpu_type,
-                    cluster=spec.cluster,
-                    min_runtime_s=spec.min_runtime_s,
-                    resumable=spec.resumable,
-                    priority=spec.priority,
-                    submitted_at=spec.at,
-                    debug=spec.debug,
-                    time_limit_s=spec.time_limit_s,
-                )
-            )
-    return Snapshot(
-        position=state.events if position is None else position,
-        taken_at=now,
-        nodes=nodes,
-        running=tuple(running),
-        pending=tuple(pending),
-        ranks=complete_ranks(ranks),
-        level_fs=dict(level_fs or {}),
-    )
 
 
 def fs_text(value: float) -> str:

@@ -60,13 +60,9 @@ class IncrementalRanks:
         self._cache: tuple[float, int, Ranks] | None = None
 
     def _observe(self) -> None:
-        while self._seen < self.ledger.position:
-            page = self.ledger.read(self._seen, 10_000)
-            if not page:
-                break
-            for pos, ev in page:
-                self._apply(ev)
-                self._seen = pos
+        for pos, ev in self.ledger.follow(self._seen):
+            self._apply(ev)
+            self._seen = pos
 
     def _apply(self, ev: e.AnyEvent) -> None:
         if isinstance(ev, e.NodeRegistered):
@@ -163,6 +159,10 @@ class IncrementalRanks:
             if a.open
         )
 
+    @property
+    def usage_policy(self) -> fs.UsagePolicy:
+        return self.policy
+
     def ranks(self, now: float, position: int) -> Ranks:
         """Ranks at `now` over the ledger's events (the dispatcher has just caught it up to
         `position`, which is therefore every event there is)."""
@@ -187,6 +187,14 @@ class ProjectionRanks:
         self.store = Store.open(home)
         self.projector = Projector(self.store, self.source)
         self.inner = service.ProjectionRanks(self.projector, policy or fs.UsagePolicy())
+
+    @property
+    def usage_policy(self) -> fs.UsagePolicy:
+        return self.inner.usage
+
+    @property
+    def read_position(self) -> int | None:
+        return self.inner.read_position
 
     def ranks(self, now: float, position: int) -> Ranks:
         return self.inner.ranks(now, position)

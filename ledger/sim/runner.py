@@ -189,7 +189,9 @@ class Simulation:
             raise InvalidCommand(
                 f"unknown rank source {config.ranks!r}", hint="use incremental or projection"
             )
-        self.dispatcher = Dispatcher(self.ledger, self.rank_source, self.policy, self.executor)
+        self.dispatcher = Dispatcher(
+            self.ledger, self.rank_source, self.policy, self.executor, idle_record_s=None
+        )
         self.fold = JobFold(on_sigterm=self.on_sigterm, grace_s=config.grace_s)
         self.fragmentation: list[tuple[float, int]] = []
         self.cycles = 0
@@ -406,14 +408,10 @@ class Simulation:
 
     def _observe(self) -> None:
         """Fold the new events into the metrics and the loop's view."""
-        while self._seen < self.ledger.position:
-            page = self.ledger.read(self._seen, 10_000)
-            if not page:
-                break
-            for pos, ev in page:
-                self.fold.apply(ev)
-                self._track(ev)
-                self._seen = pos
+        for pos, ev in self.ledger.follow(self._seen):
+            self.fold.apply(ev)
+            self._track(ev)
+            self._seen = pos
 
     def _track(self, ev: e.AnyEvent) -> None:
         match ev:

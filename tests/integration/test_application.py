@@ -205,16 +205,15 @@ def test_reading_pages_through_the_whole_log(busy: Ledger, home: Path, clock: Si
 
 # --- what is appended must reload as it was ------------------------------------------------------
 
-INF_KEY = (e.Considered(job_id=2, sort_key=(math.inf, 0, "bob")),)
-
 
 @pytest.mark.parametrize(
     "cmd",
     [
         pytest.param(
             c.ApplyDecision(actor="@dispatcher", cycle_id="c", based_on=0, policy_version="t",
-                            considered=INF_KEY),
-            id="a decision whose sort key holds inf (level fair share with no usage)",
+                            ranks=e.RankInputs(position=0, digest="d", ranking_version="r",
+                                               usage=e.UsageSettings(window_s=math.inf))),
+            id="a decision whose usage window is inf",
         ),
         pytest.param(submit("alice", duration_s=math.inf), id="an infinite duration"),
         pytest.param(submit("alice", labels={"team": "\udcff"}),

@@ -195,7 +195,12 @@ REJECTED = [
         "is a system actor",
         id="person poses as system actor",
     ),
-    pytest.param(["submit", "-A", "ai2/olmo", "-G", "1"], None, "no actor given", id="no actor"),
+    pytest.param(
+        ["submit", "-A", "ai2/olmo", "-G", "1"],
+        None,
+        "'root' is not a member of 'ai2/olmo'",
+        id="no --as: the OS user acts",
+    ),
 ]
 
 

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from ledger.application import Ledger
 from ledger.cli import cli
 from ledger.clock import SimClock, seeded_ids
+from ledger.cycle_input import snapshot_from_state
 from ledger.dispatch.policy import FairShare
-from ledger.dispatch.snapshot import snapshot_from_state
 from ledger.executors import SimExecutor
 from ledger.service import Dispatcher, ProjectionRanks
 from projections.projector import Projector
@@ -85,9 +85,11 @@ def build(home: Path) -> None:
                 c.ApplyDecision(
                     actor="@dispatcher", cycle_id="k" * 128, based_on=ledger.head(),
                     policy_version="fairshare-1", fragmentation_gpus=b.INT32_MAX,
-                    considered=(
-                        e.Considered(job_id=2, sort_key=(2**62, -(2**62), 1e18, -1e18, "s" * 255),
-                                     reason="w" * 65_536, code="T" * 128),
+                    waiting=e.WaitSummary(
+                        considered=b.INT32_MAX,
+                        first=(e.WaitingJob(job_id=2, code="T" * 128),),
+                        counts=(e.WaitCount(code="T" * 128, jobs=b.INT32_MAX),),
+                        order_digest="d" * 128,
                     ),
                     config=FairShare().config(),  # the only config fairshare-1 writes
                     wake_at=b.YEAR_3000, decided_at=0.0,

@@ -475,7 +475,7 @@ def cycle_times(home: Path) -> list[float]:
     """When each appended dispatcher decision was made (wall clock), in log order."""
     out = []
     for _p, tag, data in stored(home):
-        if tag == "cycle.decided.v1":
+        if tag.startswith("cycle.decided."):  # every stored version
             out.append(float(json.loads(data)["at"]))
     return out
 

@@ -366,7 +366,8 @@ def test_requeue_puts_a_running_job_back_same_id_without_an_audit_violation(own:
     assert "requeued on request, same job id" in cli(own, "explain", "3").stdout
     again = cli(own, "--as", "dan", "requeue", "3", ok=False)
     assert again.returncode == 1 and "[transition]" in again.stderr
-    assert "only pending jobs can be held" in cli(own, "hold", "1", ok=False).stderr
+    finished = cli(own, "hold", "1", ok=False).stderr
+    assert "job 1 is finished" in finished and finished.strip().endswith("[transition]")
 
 
 def test_a_requeue_inside_the_contract_by_its_owner_is_an_allowed_exception(

@@ -9,10 +9,12 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
 import msgspec
 import pytest
 from click.testing import CliRunner
 
+from ledger import replay
 from ledger.application import Ledger
 from ledger.audit import check_history
 from ledger.cli import cli
@@ -31,7 +33,7 @@ from ledger.service import Dispatcher, ProjectionRanks
 from ledger.whatif import scenario, simulate
 from projections.projector import Projector
 from projections.source import EmbeddedSource
-from projections.store import Store
+from projections.store import Store, projection_path
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import UnknownEntity
@@ -172,17 +174,18 @@ def test_exact_catch_up_and_as_of_reading_give_the_same_ranks(history: Path) -> 
         Replayer(source) as as_of,
     ):
         for _, d in decisions:
-            a, _ = exact.snapshot(d)
-            b, _ = as_of.snapshot(d)
+            a, _, da = exact.snapshot(d)
+            b, _, db = as_of.snapshot(d)
             assert (a.ranks, a.level_fs) == (b.ranks, b.level_fs), d.cycle_id
-            assert a == b
+            assert a == b and da == db
+            assert d.ranks is not None and d.ranks.digest == da, d.cycle_id
 
 
 def test_a_selection_picks_decisions_by_cycle_job_and_time(history: Path) -> None:
     everything = find_decisions(history)
-    one = everything[3][1]
+    one = [d for _, d in everything if d.placed or d.preempted][3]
     assert [d for _, d in find_decisions(history, Selection(cycle=one.cycle_id))] == [one]
-    placed = one.placements[0].job_id if one.placements else one.preemptions[0].job_id
+    placed = one.placed[0] if one.placed else one.preempted[0]
     for_job = find_decisions(history, Selection(job=placed))
     assert one in [d for _, d in for_job]
     late = find_decisions(history, Selection(start=T0 + 20_000))
@@ -206,7 +209,10 @@ def test_a_policy_config_that_does_not_match_the_code_shows_as_differences(
     assert differing
     first = differing[0]
     kinds = {d.what for d in first.differences}
-    assert kinds & {"preemption", "placement", "reason"}, kinds
+    # the record's typed policy config holds the settings it decided with (margin 1000): the
+    # config strings written beside it do not match them
+    assert "config" in kinds, kinds
+    assert first.differences[-1].text().startswith("config: recorded margin=")
     out = CliRunner().invoke(cli, ["--home", str(tmp_path), "replay", "--cycle", first.cycle_id])
     assert out.exit_code == 1
     assert f"{first.cycle_id} (position {first.position}" in out.output
@@ -238,17 +244,23 @@ def test_an_edited_decision_is_reported_with_its_exact_difference(tmp_path: Path
     home = tmp_path / "h"
     build_history(home).close()
     decisions = find_decisions(home)
-    position, d = next((p, d) for p, d in decisions if d.placements)
-    first = d.placements[0]
-    moved = msgspec.structs.replace(
-        first, slots=(e.GpuSlot(node="n9", gpu_indices=first.slots[0].gpu_indices),)
+    position, d = next((p, d) for p, d in decisions if len(d.placed) > 1)
+    # the record lists its placements in another order than its JobPlaced events
+    reordered = msgspec.structs.replace(d, placed=d.placed[::-1])
+    # the record's order digest was changed
+    digest = msgspec.structs.replace(
+        d, waiting=msgspec.structs.replace(d.waiting, order_digest="0" * 64)
     )
-    edited = msgspec.structs.replace(d, placements=(moved, *d.placements[1:]))
     with EmbeddedSource(home) as source:
-        (result,) = list(replay_decisions(source, [(position, edited)]))
-    assert [x.what for x in result.differences] == ["placement"]
-    assert result.differences[0].job_id == first.job_id
-    assert result.differences[0].recorded.startswith("n9[")
+        (a,) = list(replay_decisions(source, [(position, reordered)]))
+    with EmbeddedSource(home) as source:
+        (b,) = list(replay_decisions(source, [(position, digest)]))
+    assert [x.what for x in a.differences] == ["placement order"]
+    assert a.differences[0].recorded == str(list(d.placed[::-1]))
+    assert [x.text() for x in b.differences] == [
+        f"order: recorded digest 000000000000, replayed digest {d.waiting.order_digest[:12]} "
+        "(sort keys or reasons differ)"
+    ]
 
 
 # --- what-if ------------------------------------------------------------------------------------
@@ -298,3 +310,69 @@ def test_cli_whatif_compares_teams_with_new_budgets(history: Path, tmp_path: Pat
     assert set(teams) == {"ai2/olmo", "ai2/tulu"}
     assert teams["ai2/tulu"]["whatif"]["owed_gpu_h"] != teams["ai2/tulu"]["actual"]["owed_gpu_h"]
     assert report["submissions"] == sum(isinstance(ev, e.JobSubmitted) for ev in events_of(history))
+
+
+# --- checkpoints and the anchored projection -----------------------------------------------------
+
+
+def project_home(home: Path) -> None:
+    """The data directory's projection, caught up with the log (as a service leaves it)."""
+    with Store.open(home) as store, EmbeddedSource(home) as source:
+        Projector(store, source).catch_up()
+
+
+def test_one_decision_replays_from_the_nearest_checkpoint_and_the_anchored_projection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    home = tmp_path / "h"
+    build_history(home).close()
+    project_home(home)
+    monkeypatch.setattr(replay, "CHECKPOINT_EVERY", 20)
+    # a walk over every decision stores checkpoints (and uses a projection of its own)
+    assert [r.headline() for r in replay_home(home) if not r.identical] == []
+    checkpoints = replay.Checkpoints(home / replay.CHECKPOINTS_DB)
+    stored = checkpoints.positions()
+    assert len(stored) >= 3
+    decisions = find_decisions(home)
+    position, last = decisions[-1]
+    with EmbeddedSource(home) as source:
+        with replay.Replayer(
+            source, checkpoints=checkpoints, projection=projection_path(home)
+        ) as rp:
+            result = rp.replay(position, last)
+            assert result.identical, result.headline()
+            start = max(p for p in stored if p <= last.based_on)
+            assert rp._checkpointed == start  # folded only the tail after the checkpoint
+            assert rp.disk is not None and rp.disk.anchored == {last.based_on: True}
+        # a checkpoint whose chain hash is not the log's is skipped with a warning
+        data = checkpoints.con.execute(
+            "SELECT data FROM checkpoints WHERE position = ?", (start,)
+        ).fetchone()[0]
+        cp = msgspec.msgpack.decode(data, type=replay.Checkpoint)
+        checkpoints.put(msgspec.structs.replace(cp, chain_hash="0" * 64))
+        monkeypatch.setattr(replay, "CHECKPOINT_EVERY", 10**9)  # store no new one
+        with replay.Replayer(
+            source, checkpoints=checkpoints, projection=projection_path(home)
+        ) as rp:
+            assert rp.replay(position, last).identical
+            assert rp._checkpointed < start
+    assert f"replay checkpoint at {start} skipped: the chain hash differs" in caplog.text
+    checkpoints.close()
+
+
+def test_a_projection_that_does_not_hold_the_logs_bytes_is_not_read(tmp_path: Path) -> None:
+    home = tmp_path / "h"
+    build_history(home).close()
+    project_home(home)
+    position, last = find_decisions(home)[-1]
+    con = duckdb.connect(str(projection_path(home)))
+    con.execute(
+        'UPDATE events SET raw = \'{"type": "edited"}\' WHERE position = ?', [last.based_on]
+    )
+    con.close()
+    with (
+        EmbeddedSource(home) as source,
+        replay.Replayer(source, projection=projection_path(home)) as rp,
+    ):
+        assert rp.replay(position, last).identical  # ranked from a projection of its own
+        assert rp.disk is not None and rp.disk.anchored == {last.based_on: False}

@@ -24,6 +24,7 @@ from projections.store import Store
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import Conflict
+from schemas.policy import FairShareConfig
 
 GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
 
@@ -91,8 +92,44 @@ def test_a_cycle_places_by_fair_share_and_records_the_decision(tmp_path: Path) -
     assert [p.job_id for p in result.decision.placements] == [3]
     assert [cd.job_id for cd in result.decision.considered] == [3, 2]
     decided = [ev for _, ev in ledger.read(0, 1000) if isinstance(ev, e.CycleDecided)]
-    assert decided[-1].based_on == result.position
-    assert decided[-1].considered[1].code == "WAIT_PRIORITY"  # job 3 took the free GPUs
+    assert decided[-1].based_on == result.position and decided[-1].placed == (3,)
+    # job 3 took the free GPUs
+    assert decided[-1].waiting.first == (e.WaitingJob(2, "WAIT_PRIORITY"),)
+    assert decided[-1].waiting.considered == 2
+    ranks = decided[-1].ranks
+    assert ranks is not None and ranks.position == result.position
+    assert ranks.usage == e.UsageSettings(window_s=7 * 24 * 3600.0)
+    assert decided[-1].policy == FairShareConfig()
+
+
+def test_cycles_that_decide_nothing_are_recorded_as_counts_at_a_bounded_rate(
+    tmp_path: Path,
+) -> None:
+    clock = SimClock(1_000.0)
+    ledger = Ledger(tmp_path, clock, seeded_ids(1))
+    org(ledger, nodes=1)
+    ledger.execute(submit("alice", "ai2/olmo", 8, min_runtime_s=28_800))
+    with Store.open(tmp_path) as store:
+        d = Dispatcher(
+            ledger,
+            ProjectionRanks(Projector(store, EmbeddedSource(tmp_path))),
+            FairShare(),
+            SimExecutor(),
+            idle_record_s=60.0,
+        )
+        assert d.cycle(clock.now()).appended  # job 1 holds the node inside its contract
+        ledger.execute(submit("dan", "ai2/tulu", 8, min_runtime_s=60))
+        appended = []
+        for t in range(10, 200, 10):  # 19 cycles, 10 s apart, that cannot place job 2
+            clock.advance_to(1_000.0 + t)
+            appended.append(d.cycle(clock.now()).appended)
+    decided = [ev for _, ev in ledger.read(0, 1000) if isinstance(ev, e.CycleDecided)]
+    assert appended.count(True) == len(decided) - 1 == 3  # at t = 60, 120, 180
+    idle = decided[1:]
+    assert [ev.decided_at for ev in idle] == [1_060.0, 1_120.0, 1_180.0]
+    assert [ev.skipped_cycles for ev in idle] == [5, 5, 5]
+    assert all(ev.placed == () and ev.preempted == () for ev in idle)
+    assert all(ev.waiting.first == (e.WaitingJob(2, "WAIT_CONTRACT"),) for ev in idle)
 
 
 def test_two_dispatchers_deciding_on_the_same_position_never_double_book(tmp_path: Path) -> None:
@@ -248,7 +285,7 @@ def test_up_runs_real_processes_with_their_gpus_and_preempts_unfunded_work(tmp_p
         f"job 2 (ai2/olmo, alice, 2 GPUs) failed (exit code 7); output: {jobs_dir}/job-2.log"
         in said
     )
-    assert "job 1 (ai2/olmo, bob, 4 GPUs) preempted" in said
+    assert "job 1 preempted (fairness)" in said
     log = (home / "jobs" / "job-2.log").read_text()
     assert log.strip() in ("gpus=0,1 job=2", "gpus=2,3 job=2")
     why = run_cli(home, "explain", "1").stdout

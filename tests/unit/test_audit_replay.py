@@ -3,6 +3,7 @@ recorded decision with its replay difference by difference."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -12,9 +13,18 @@ from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor
 from ledger.dispatch.engine import Decision
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from ledger.dispatch.registry import config_from_record, policy_from_config
-from ledger.replay import compare, replay_policy, squat_threshold, usage_from_config
-from projections.fairshare import WEEK_S
+from ledger.replay import (
+    Outcome,
+    compare,
+    outcome_of,
+    replay_policy,
+    squat_threshold,
+    usage_from_config,
+)
+from projections.fairshare import RANKING_VERSION, WEEK_S
+from schemas import codec
 from schemas import events as e
+from schemas.digest import order_digest, rank_digest
 from schemas.errors import InvalidCommand, UnknownEntity
 
 POLICIES: dict[str, Policy] = {
@@ -93,7 +103,7 @@ def test_the_replayed_policy_records_the_config_as_written() -> None:
 
 
 SLOTS = (e.GpuSlot(node="n1", gpu_indices=(0, 1)),)
-RECORDED = e.CycleDecided(
+STORED_V1 = e.CycleDecidedV1(
     event_id="x",
     at=1.0,
     actor="@dispatcher",
@@ -112,6 +122,17 @@ RECORDED = e.CycleDecided(
     wake_at=50.0,
     decided_at=1.0,
 )
+RANKS = rank_digest({"a/u": 0}, {"a/u": math.inf})
+RECORDED = msgspec.structs.replace(
+    codec.decided_v1_to_v2(STORED_V1),
+    ranks=e.RankInputs(
+        position=9,
+        digest=RANKS,
+        ranking_version=RANKING_VERSION,
+        usage=e.UsageSettings(window_s=WEEK_S),
+    ),
+)
+OUTCOME = Outcome(placements=STORED_V1.placements, preemptions=STORED_V1.preemptions)
 
 
 def replayed(**changes: object) -> Decision:
@@ -119,9 +140,9 @@ def replayed(**changes: object) -> Decision:
         based_on=RECORDED.based_on,
         policy_version=RECORDED.policy_version,
         config=dict(RECORDED.config),
-        placements=RECORDED.placements,
-        preemptions=RECORDED.preemptions,
-        considered=RECORDED.considered,
+        placements=STORED_V1.placements,
+        preemptions=STORED_V1.preemptions,
+        considered=STORED_V1.considered,
         fragmentation_gpus=RECORDED.fragmentation_gpus,
         wake_at=RECORDED.wake_at,
     )
@@ -129,20 +150,31 @@ def replayed(**changes: object) -> Decision:
 
 
 OTHER = (e.GpuSlot(node="n2", gpu_indices=(4, 5)),)
-C = RECORDED.considered
+C = STORED_V1.considered
+DIGEST = RECORDED.waiting.order_digest[:12]
+
+
+def _order(considered: tuple[e.Considered, ...]) -> str:
+    return (
+        f"order: recorded digest {DIGEST}, replayed digest "
+        f"{order_digest(considered)[:12]} (sort keys or reasons differ)"
+    )
+
+
+KEYED = (C[0], msgspec.structs.replace(C[1], sort_key=(0, 0, 2.5, 2)), C[2])
 
 DIFFS: dict[str, tuple[dict[str, Any], list[str]]] = {
     "identical": ({}, []),
     "placed elsewhere": (
-        {"placements": (e.Placement(job_id=1, slots=OTHER), RECORDED.placements[1])},
+        {"placements": (e.Placement(job_id=1, slots=OTHER), STORED_V1.placements[1])},
         ["placement of job 1: recorded n1[0,1], replayed n2[4,5]"],
     ),
     "not placed": (
-        {"placements": RECORDED.placements[:1]},
+        {"placements": STORED_V1.placements[:1]},
         ["placement of job 2: recorded n1[0,1], replayed no placement"],
     ),
     "placed in another order": (
-        {"placements": RECORDED.placements[::-1]},
+        {"placements": STORED_V1.placements[::-1]},
         ["placement order: recorded [1, 2], replayed [2, 1]"],
     ),
     "another victim": (
@@ -152,10 +184,7 @@ DIFFS: dict[str, tuple[dict[str, Any], list[str]]] = {
             "preemption of job 8: recorded no preemption, replayed squatting for job 1",
         ],
     ),
-    "another sort key": (
-        {"considered": (C[0], msgspec.structs.replace(C[1], sort_key=(0, 0, 2.5, 2)), C[2])},
-        ["sort key of job 2: recorded (0, 1, 2.5, 2), replayed (0, 0, 2.5, 2)"],
-    ),
+    "another sort key (beyond what the record lists)": ({"considered": KEYED}, [_order(KEYED)]),
     "another reason": (
         {
             "considered": (
@@ -164,11 +193,27 @@ DIFFS: dict[str, tuple[dict[str, Any], list[str]]] = {
                 msgspec.structs.replace(C[2], reason="later", code="WAIT_CONTRACT"),
             )
         },
-        ["reason of job 3: recorded full [WAIT_RESOURCES], replayed later [WAIT_CONTRACT]"],
+        [
+            "waiting: recorded 1 WAIT_RESOURCES, replayed 1 WAIT_CONTRACT",
+            "reason of job 3: recorded WAIT_RESOURCES, replayed WAIT_CONTRACT",
+        ],
     ),
     "considered in another order": (
         {"considered": (C[1], C[0], C[2])},
-        ["order: recorded job 1 at place 1, replayed job 2 at place 1"],
+        [_order((C[1], C[0], C[2]))],
+    ),
+    "one more job considered": (
+        {
+            "considered": (
+                *C,
+                e.Considered(job_id=4, sort_key=(1,), reason="x", code="WAIT_PRIORITY"),
+            )
+        },
+        [
+            "considered: recorded 3 jobs, replayed 4 jobs",
+            "waiting: recorded 1 WAIT_RESOURCES, replayed 1 WAIT_PRIORITY, 1 WAIT_RESOURCES",
+            "waiting order: recorded nothing at place 2, replayed job 4 at place 2",
+        ],
     ),
     "fragmentation and wake-up": (
         {"fragmentation_gpus": 0, "wake_at": None},
@@ -180,4 +225,28 @@ DIFFS: dict[str, tuple[dict[str, Any], list[str]]] = {
 @pytest.mark.parametrize("case", list(DIFFS))
 def test_compare_names_every_difference(case: str) -> None:
     changes, want = DIFFS[case]
-    assert [d.text() for d in compare(RECORDED, replayed(**changes))] == want
+    assert [d.text() for d in compare(RECORDED, OUTCOME, replayed(**changes), RANKS)] == want
+
+
+def test_other_ranks_are_named_as_the_cause() -> None:
+    other = rank_digest({"a/u": 1}, {"a/u": math.inf})
+    assert [d.text() for d in compare(RECORDED, OUTCOME, replayed(), other)] == [
+        f"ranks: recorded digest {RANKS[:12]} at position 9, replayed digest {other[:12]}"
+    ]
+
+
+def test_the_outcome_comes_from_the_events_of_the_cycle_in_record_order() -> None:
+    kw = {"at": 1.0, "actor": "@dispatcher"}
+    following = [
+        e.JobPreempted(event_id="p", **kw, job_id=7, reason="fairness", for_job=1, note="fs",
+                       cycle_id="cycle-9"),
+        e.JobRequeued(event_id="r", **kw, job_id=7),
+        e.JobPlaced(event_id="b", **kw, job_id=2, slots=SLOTS, cycle_id="cycle-9", based_on=9),
+        e.JobPlaced(event_id="a", **kw, job_id=1, slots=SLOTS, cycle_id="cycle-9", based_on=9),
+        e.JobPlaced(event_id="z", **kw, job_id=5, slots=OTHER, cycle_id="cycle-10", based_on=9),
+    ]  # fmt: skip
+    assert outcome_of(RECORDED, following) == OUTCOME
+    assert [d.what for d in compare(RECORDED, outcome_of(RECORDED, following[:3]), replayed())] == [
+        "record",
+        "placement",
+    ]

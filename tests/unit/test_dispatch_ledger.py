@@ -10,10 +10,12 @@ import pytest
 
 from ledger.application import Ledger
 from ledger.clock import SimClock, seeded_ids
-from ledger.dispatch import Decision, FairShare, Policy, decide, snapshot_from_state
+from ledger.cycle_input import snapshot_from_state
+from ledger.dispatch import Decision, FairShare, Policy, decide
 from ledger.domain import State
 from schemas import commands as c
 from schemas import events as e
+from schemas.digest import summarise
 from schemas.errors import Conflict
 
 SHARES = {"lab/a": 3, "lab/b": 2, "lab/c": 1}
@@ -70,7 +72,8 @@ def cycle(
     appended = ledger.execute(d.to_command("@dispatcher", f"c{n}"))
     decided = appended.events[0]
     assert isinstance(decided, e.CycleDecided)
-    assert decided.considered == d.considered and decided.based_on == snap.position
+    assert decided.waiting == summarise(d.considered) and decided.based_on == snap.position
+    assert decided.placed == tuple(p.job_id for p in d.placements)
     return d
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from ledger.dispatch import Fifo, NodeView, PendingJob, RunningJob, Snapshot, decide
 from ledger.dispatch.snapshot import NodeState
+from schemas.digest import summarise
 from schemas.events import GpuSlot
 
 NOW = 100_000.0
@@ -272,4 +273,4 @@ def test_decision_carries_position_policy_and_config() -> None:
         42,
         42,
     )
-    assert cmd.placements == d.placements and cmd.considered == d.considered
+    assert cmd.placements == d.placements and cmd.waiting == summarise(d.considered)

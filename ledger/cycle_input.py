@@ -1,0 +1,104 @@
+"""The dispatcher's input taken from the write side: `snapshot_from_state`.
+
+The adapter between the two pure cores: it reads the write side's `State` (`ledger.domain`) and
+builds the dispatcher's `Snapshot` (`ledger.dispatch`), so neither core imports the other.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+
+from ledger.dispatch.snapshot import (
+    NodeView,
+    PendingJob,
+    RunningJob,
+    Snapshot,
+    complete_ranks,
+)
+from ledger.domain import State
+
+
+def snapshot_from_state(
+    state: State,
+    ranks: Mapping[str, int],
+    now: float,
+    *,
+    level_fs: Mapping[str, float] | None = None,
+    low_util_since: Mapping[int, float] | None = None,
+    position: int | None = None,
+    unavailable: Mapping[str, frozenset[int]] | None = None,
+) -> Snapshot:
+    """Pure: the snapshot of the write-side `state` (tests, simulation, replay).
+
+    `position` defaults to the number of events folded into `state`, which is the log position of
+    a single-stream ledger. Interior ranks are completed from the leaf ranks (`complete_ranks`).
+    Utilisation is not part of the write-side state: pass `low_util_since` (job id -> time).
+    `unavailable` (node -> GPU indices) are busy with work outside the ledger (an engine's
+    foreign jobs): never free.
+    """
+    low = low_util_since or {}
+    busy = unavailable or {}
+    nodes = tuple(
+        NodeView(
+            name=n.name,
+            cluster=n.cluster,
+            gpu_type=n.gpu_type,
+            gpus=n.gpus,
+            state=n.state,
+            free=tuple(i for i in state.free_indices(n.name) if i not in busy.get(n.name, ())),
+        )
+        for n in sorted(state.nodes.values(), key=lambda n: n.name)
+        if n.state != "removed"
+    )
+    running: list[RunningJob] = []
+    pending: list[PendingJob] = []
+    # only live jobs, and sorted only when they are not already in id order (a dict keeps
+    # insertion order, which is submission order unless ids were given out of order)
+    live = [j for j in state.jobs.values() if j.status != "finished"]
+    if any(a.job_id > b.job_id for a, b in itertools.pairwise(live)):
+        live.sort(key=lambda j: j.job_id)
+    for job in live:
+        spec = job.spec
+        if job.status in ("placed", "running") and job.placed_at is not None:
+            running.append(
+                RunningJob(
+                    job_id=spec.job_id,
+                    account=spec.account,
+                    user=spec.user,
+                    gpus=spec.gpus,
+                    slots=job.slots,
+                    placed_at=job.placed_at,
+                    min_runtime_s=spec.min_runtime_s,
+                    resumable=spec.resumable,
+                    checkpoint_at=job.checkpoint_at,
+                    debug=spec.debug,
+                    low_util_since=low.get(spec.job_id),
+                )
+            )
+        elif job.status == "pending" and not job.held:  # a held job is not scheduled
+            pending.append(
+                PendingJob(
+                    job_id=spec.job_id,
+                    account=spec.account,
+                    user=spec.user,
+                    gpus=spec.gpus,
+                    gpu_type=spec.gpu_type,
+                    cluster=spec.cluster,
+                    min_runtime_s=spec.min_runtime_s,
+                    resumable=spec.resumable,
+                    priority=spec.priority,
+                    submitted_at=spec.at,
+                    debug=spec.debug,
+                    time_limit_s=spec.time_limit_s,
+                )
+            )
+    return Snapshot(
+        position=state.events if position is None else position,
+        taken_at=now,
+        nodes=nodes,
+        running=tuple(running),
+        pending=tuple(pending),
+        ranks=complete_ranks(ranks),
+        level_fs=dict(level_fs or {}),
+    )

@@ -1,0 +1,254 @@
+"""The service loop: the one body both `gpuledger up` and `gpuledger serve` run.
+
+It owns, in one process, everything that writes: the ledger (the eventsourcing store), the DuckDB
+projection that feeds the dispatcher its ranks, the relay to Kafka (when configured) and the
+dispatcher cycle with its executor. `up` drives it from its main thread; `serve` drives it from
+one worker thread that also runs the HTTP API's commands (group commit) and reads, so exactly
+one thread ever touches the ledger, the projection and the executor.
+
+Stopping (SIGINT/SIGTERM) never harms work: the current cycle finishes, the relay publishes what
+the store holds, and running jobs are left alone unless the executor is this process's own
+(the supervised executor of `up` and `serve` leaves its jobs running: the next start adopts them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ledger.application import Ledger
+from ledger.dispatch import registry
+from ledger.dispatch.policy import Policy
+from ledger.executors import Executor, Exit, Launch, Start
+from ledger.service import EXECUTOR, CycleResult, Dispatcher, ProjectionRanks
+from projections.projector import Projector
+from projections.source import EmbeddedSource, EventSource
+from projections.store import Store
+from schemas import commands as c
+from schemas.errors import LedgerError
+
+if TYPE_CHECKING:
+    from ledger.relay import RelayService
+
+
+SERVICE = "@service"
+
+
+def make_policy(name: str, margin: float, debug_lane: bool) -> Policy:
+    """The named policy; `margin` and `debug_lane` set fair share's knobs."""
+    config = registry.default_config(name)
+    if registry.lookup(name).name == "fairshare":
+        config = registry.with_knobs(config, {"margin": margin, "debug_lane": debug_lane})
+    return registry.policy_from_config(config)
+
+
+class NoExecutor:
+    """`serve --executor none`: placements are recorded for node agents; nothing runs in this
+    process. A placement counts as started once it is handed over (agents report exits)."""
+
+    engine = ""
+
+    def __init__(self) -> None:
+        self._handed: list[int] = []
+
+    def launch(self, job: Launch, now: float) -> None:
+        self._handed.append(job.job_id)
+
+    def stop(self, job_id: int, now: float) -> None:
+        return None
+
+    def starts(self, now: float) -> list[Start]:
+        out, self._handed = [Start(job_id=j) for j in self._handed], []
+        return out
+
+    def poll(self, now: float) -> list[Exit]:
+        return []
+
+    def running(self) -> set[int]:
+        return set()
+
+    def next_event_at(self) -> float | None:
+        return None
+
+
+@dataclass
+class LoopStats:
+    """What `status` and `/v1/health` report about the loop."""
+
+    started_at: float
+    cycles: int = 0
+    last_cycle_at: float | None = None
+    last_cycle_s: float | None = None
+    last_error: str | None = None
+    projection_position: int = 0
+
+
+class ServiceLoop:
+    """Store + projection + relay + dispatcher + executor, opened together, stepped by a caller.
+
+    Use as a context manager: `with ServiceLoop(...) as loop: loop.step(now)`.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        executor: Executor,
+        policy: Policy,
+        *,
+        kafka: str | None = None,
+        log: logging.Logger | None = None,
+        reports_starts: bool = True,
+    ) -> None:
+        self.ledger = ledger
+        self.home: Path = ledger.home
+        self.executor = executor
+        self.policy = policy
+        self.kafka = kafka
+        self.log = log or logging.getLogger("gpuledger.service")
+        self.reports_starts = reports_starts
+        self.relay: RelayService | None = None
+        self.source: EventSource | None = None
+        self.store: Store | None = None
+        self.projector: Projector | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.clock = ledger.clock
+        self.stats = LoopStats(started_at=self.clock.now())
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def __enter__(self) -> ServiceLoop:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def open(self) -> None:
+        """1 transport (embedded or relay + topic)  2 projection  3 dispatcher  4 recovery."""
+        self.source = self._transport()
+        self.store = Store.open(self.home)
+        self.projector = Projector(self.store, self.source)
+        self.dispatcher = Dispatcher(
+            self.ledger, ProjectionRanks(self.projector), self.policy, self.executor
+        )
+        self._recover()
+
+    def record_settings(self, interval_s: float, executor: str) -> None:
+        record_settings(self.ledger, self.policy, interval_s, executor, self.log)
+
+    def close(self, *, stop_jobs: bool = False) -> None:
+        """Stop cleanly: optionally stop this process's own jobs (recording their exits), flush
+        the relay, close the projection. Never raises for a clean stop."""
+        if stop_jobs:
+            shutdown = getattr(self.executor, "shutdown", None)
+            exits: list[Exit] = shutdown(self.clock.now()) if shutdown is not None else []
+            for ex in exits:
+                self.record_exit(ex)
+        if self.relay is not None:
+            health = self.relay.stop()  # flushes what the store holds (bounded)
+            self.log.info("%s", health.line())
+            self.relay = None
+        if self.source is not None:
+            self.source.close()
+            self.source = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def step(self, now: float) -> CycleResult:
+        """One dispatcher cycle, timed for `status`."""
+        assert self.dispatcher is not None, "open() first"
+        t0 = time.perf_counter()
+        try:
+            result = self.dispatcher.cycle(now)
+            self.stats.last_error = None
+        except LedgerError as err:
+            self.stats.last_error = err.line()
+            raise
+        finally:
+            self.stats.cycles += 1
+            self.stats.last_cycle_at = now
+            self.stats.last_cycle_s = time.perf_counter() - t0
+            if self.store is not None:
+                self.stats.projection_position = self.store.position()
+        return result
+
+    def idle(self) -> bool:
+        return not any(j.active for j in self.ledger.state.jobs.values())
+
+    def record_exit(self, ex: Exit) -> None:
+        try:
+            self.ledger.execute(
+                c.FinishJob(actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code)
+            )
+        except LedgerError as err:
+            self.log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
+
+    # --- status --------------------------------------------------------------------------------
+
+    def relay_position(self) -> int | None:
+        """The last position the relay published (None without Kafka)."""
+        if self.relay is None:
+            return None
+        return self.relay.health.position
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """With an executor of our own, compare the ledger with it before any cycle (adopt, or
+        record as lost what died with the last process). Agents report for themselves, so
+        nothing is assumed without one."""
+        if not self.reports_starts or self.dispatcher is None:
+            return
+        self.dispatcher.recover(self.executor, self.clock.now())  # type: ignore[arg-type]
+
+    def _transport(self) -> EventSource:
+        """The projection always reads the store (scheduling never waits on a broker); with
+        Kafka a relay thread publishes the log for other readers (GPULEDGER_KAFKA_TOPIC and
+        GPULEDGER_KAFKA_TRANSACTIONAL_ID override the topic and the relay's transactional id),
+        and a broker outage shows as relay lag."""
+        if self.kafka is not None:
+            from ledger.relay import DEFAULT_TRANSACTIONAL_ID, TOPIC, RelayService, connect_timeout
+            from projections.kafka_source import quiet_kafka_logs
+
+            quiet_kafka_logs(logging.getLevelName(logging.root.level))
+            self.relay = RelayService(
+                self.home,
+                self.kafka,
+                topic=os.environ.get("GPULEDGER_KAFKA_TOPIC") or TOPIC,
+                transactional_id=os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID")
+                or DEFAULT_TRANSACTIONAL_ID,
+                connect_timeout_s=connect_timeout(),
+            ).start()
+        return EmbeddedSource(self.home)
+
+
+def record_settings(
+    ledger: Ledger, policy: Policy, interval_s: float, executor: str, log: logging.Logger
+) -> None:
+    """Append `service.configured.v1` when the service runs with other settings than the ones
+    last recorded (a restart with the same settings appends nothing)."""
+    config = registry.config_of(policy)
+    now = ledger.state.service
+    if now is not None and (now.policy, now.interval_s, now.executor) == (
+        config,
+        interval_s,
+        executor,
+    ):
+        return
+    ledger.execute(
+        c.ConfigureService(actor=SERVICE, policy=config, interval_s=interval_s, executor=executor)
+    )
+    log.info("recorded settings: %s every %gs, executor %s", config, interval_s, executor)
+
+
+def wait_time(result: CycleResult, tick: float, now: float) -> float:
+    """How long to sleep before the next cycle: the interval, or sooner when a contract ends."""
+    wake = result.decision.wake_at
+    return tick if wake is None else max(0.05, min(tick, wake - now))

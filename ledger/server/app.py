@@ -1,0 +1,344 @@
+"""The HTTP API under /v1 (Litestar: msgspec Structs in and out, OpenAPI generated).
+
+- `POST /v1/commands/<op>`: one route per command Struct of `schemas.commands` (body = the
+  Struct; `actor` may be "" for "the caller"). Answers `CommandResult`.
+- `POST /v1/batch`: commands applied atomically (budgets as code).
+- `GET /v1/health` (no identity needed), `GET /v1/whoami`, `GET /v1/tokens`, and the reads.
+- Errors: application/problem+json (`schemas.api.Problem`) with the LedgerError code.
+
+Identity comes first on every route but health and the OpenAPI document: the Unix socket's peer
+uid, or a bearer token (`ledger.server.identity`). What the identity may do is decided by the
+domain alone.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from importlib.metadata import version
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Request, Response, get, post
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.handlers import HTTPRouteHandler
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.openapi.spec import Components, SecurityScheme
+from litestar.params import JSONBody
+
+from ledger.server import identity as ident
+from ledger.server.reads import READS
+from ledger.server.worker import Worker
+from schemas import api
+from schemas import commands as c
+from schemas.commands import AnyCommand
+from schemas.errors import (
+    Conflict,
+    ContractViolation,
+    InvalidCommand,
+    InvalidTransition,
+    LedgerError,
+    NotAuthenticated,
+    NotAuthorised,
+    Unavailable,
+    UnknownEntity,
+)
+
+PEER_UID = "gpuledger.peer_uid"
+"""Scope key the Unix-socket protocol sets from SO_PEERCRED (never from anything the client
+sends)."""
+
+STATUS: dict[type[LedgerError], int] = {
+    InvalidCommand: 400,
+    NotAuthenticated: 401,
+    NotAuthorised: 403,
+    UnknownEntity: 404,
+    InvalidTransition: 409,
+    ContractViolation: 409,
+    Conflict: 409,
+    Unavailable: 503,
+}
+
+# InitLedger creates a ledger: that is `gpuledger init` on the data directory, before a server.
+SERVED_COMMANDS: tuple[type[c.Command], ...] = tuple(
+    t for t in AnyCommand.__args__ if t is not c.InitLedger
+)
+
+
+def status_of(err: LedgerError) -> int:
+    for cls in type(err).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 400
+
+
+def problem(err: LedgerError) -> Response[api.Problem]:
+    status = status_of(err)
+    body = api.Problem(
+        title=err.code,
+        status=status,
+        detail=err.line(),
+        code=err.code,
+        message=err.message,
+        hint=err.hint,
+    )
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return Response(
+        body, status_code=status, media_type="application/problem+json", headers=headers
+    )
+
+
+def _ledger_error(_: Request[Any, Any, Any], err: LedgerError) -> Response[api.Problem]:
+    return problem(err)
+
+
+def _http_error(_: Request[Any, Any, Any], err: HTTPException) -> Response[api.Problem]:
+    code = "invalid" if isinstance(err, ValidationException) else "http"
+    detail = str(err.detail)
+    extra = getattr(err, "extra", None)
+    if isinstance(extra, list) and extra:
+        detail += ": " + "; ".join(
+            f"{x.get('key', '')} {x.get('message', '')}".strip()
+            for x in extra
+            if isinstance(x, dict)
+        )
+    body = api.Problem(title=code, status=err.status_code, detail=detail, code=code)
+    return Response(body, status_code=err.status_code, media_type="application/problem+json")
+
+
+def _internal(_: Request[Any, Any, Any], err: Exception) -> Response[api.Problem]:
+    body = api.Problem(
+        title="internal",
+        status=500,
+        detail=f"internal error: {type(err).__name__}",
+        code="internal",
+    )
+    return Response(body, status_code=500, media_type="application/problem+json")
+
+
+def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
+    """The Litestar application serving `worker`'s ledger."""
+    ledger = worker.service.ledger
+
+    def who(request: Request[Any, Any, Any]) -> ident.Identity:
+        uid = request.scope.get(PEER_UID)
+        if isinstance(uid, int):
+            return ident.from_peer(uid)
+        return ident.from_bearer(ledger.state, request.headers.get("authorization"), clock())
+
+    def person(request: Request[Any, Any, Any]) -> ident.Identity:
+        """Reads are for people (users, managers, admins), not node or job tokens."""
+        caller = who(request)
+        if caller.actor.startswith("@"):
+            raise NotAuthorised(f"{caller.actor!r} may not read the ledger", actor=caller.actor)
+        return caller
+
+    def command_route(cls: type[c.Command]) -> HTTPRouteHandler:
+        tag = cls.__struct_config__.tag
+
+        async def handler(request: Request[Any, Any, Any], data: Any) -> api.CommandResult:
+            cmd = ident.act(who(request), data)
+            appended = await worker.execute(cmd)
+            return api.CommandResult(position=appended.position, events=appended.events)
+
+        handler.__annotations__ = {
+            "request": Request,
+            "data": JSONBody[cls],  # type: ignore[misc,valid-type]
+            "return": api.CommandResult,
+        }
+        handler.__doc__ = (cls.__doc__ or f"The `{tag}` command.").strip().splitlines()[0]
+        return post(
+            f"/v1/commands/{tag}",
+            operation_id=f"command_{str(tag).replace('.', '_')}",
+            status_code=200,
+            tags=["commands"],
+            security=[{"bearer": []}],
+            name=f"command-{tag}",
+        )(handler)
+
+    @post("/v1/batch", status_code=200, tags=["commands"], security=[{"bearer": []}])
+    async def batch(
+        request: Request[Any, Any, Any], data: JSONBody[api.Batch]
+    ) -> api.CommandResult:
+        """Apply commands atomically: all are appended, or none."""
+        caller = who(request)
+        cmds = [ident.act(caller, cmd) for cmd in data.commands]
+        if any(isinstance(cmd, c.InitLedger) for cmd in cmds):
+            raise InvalidCommand("init is not served", hint="run `gpuledger init` before serve")
+        appended = await worker.call(lambda: ledger.execute_all(cmds), write=True)
+        return api.CommandResult(position=appended.position, events=appended.events)
+
+    @get("/v1/health", tags=["service"])
+    async def health() -> api.Health:
+        """Up or not, version, last cycle, projection and relay lag, event count (no identity
+        needed)."""
+        svc = worker.service
+        head = ledger.position
+        relay = svc.relay_position()
+        st = svc.stats
+        return api.Health(
+            status="up" if worker.accepting else "stopping",
+            version=version("gpu-ledger"),
+            started_at=st.started_at,
+            head=head,
+            cycles=st.cycles,
+            last_cycle_at=st.last_cycle_at,
+            last_cycle_s=st.last_cycle_s,
+            projection_position=st.projection_position,
+            projection_lag=max(0, head - st.projection_position),
+            relay_position=relay,
+            relay_lag=None if relay is None else max(0, head - relay),
+            last_error=st.last_error,
+        )
+
+    @get("/v1/whoami", tags=["identity"], security=[{"bearer": []}])
+    async def whoami(request: Request[Any, Any, Any]) -> api.WhoAmI:
+        """Who the server takes the caller to be."""
+        caller = who(request)
+        return api.WhoAmI(
+            actor=caller.actor, via=caller.via, admin=ledger.state.is_admin(caller.actor)
+        )
+
+    @get("/v1/tokens", tags=["identity"], security=[{"bearer": []}])
+    async def tokens(request: Request[Any, Any, Any]) -> list[api.TokenRow]:
+        """The caller's tokens (an admin's: everyone's); never secrets or their hashes."""
+        caller = person(request)
+        admin = ledger.state.is_admin(caller.actor)
+        rows = [
+            api.TokenRow(
+                token_id=t.token_id,
+                user=t.user,
+                name=t.name,
+                issued_at=t.issued_at,
+                expires_at=t.expires_at,
+                scope=t.scope,
+                scope_node=t.scope_node,
+                scope_job=t.scope_job,
+                revoked=t.revoked,
+            )
+            for t in list(ledger.state.tokens.values())
+            if admin or t.user == caller.actor
+        ]
+        return sorted(rows, key=lambda r: (r.issued_at, r.token_id))
+
+    handles = ServiceHandles(worker.service)
+
+    def read_route(name: str) -> HTTPRouteHandler:
+        spec = READS[name]
+
+        async def handler(request: Request[Any, Any, Any], **query: Any) -> Any:
+            person(request)  # reads are for people; the read layer filters nothing by caller
+            given = {k.removesuffix("_"): x for k, x in query.items() if x is not None}
+            args = spec.parse(given)
+            result = await worker.call(lambda: spec.run(handles, args))
+            return Response(
+                msgspec.json.encode(result), media_type="application/json", status_code=200
+            )
+
+        params = [
+            inspect.Parameter(
+                "request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request
+            ),
+            *spec.signature(),
+        ]
+        handler.__signature__ = inspect.Signature(params, return_annotation=spec.returns)  # type: ignore[attr-defined]
+        handler.__annotations__ = {p.name: p.annotation for p in params} | {"return": spec.returns}
+        handler.__doc__ = spec.doc or f"The `{name}` read."
+        handler.__name__ = f"read_{name}"
+        return get(
+            f"/v1/{spec.path}",
+            operation_id=f"read_{name}",
+            tags=["reads"],
+            security=[{"bearer": []}],
+            name=f"read-{name}",
+        )(handler)
+
+    @get("/v1/openapi.json", include_in_schema=False, media_type="application/json")
+    async def openapi(request: Request[Any, Any, Any]) -> Response[bytes]:
+        """This API's OpenAPI document (committed as schemas/openapi.json)."""
+        return Response(render_openapi(request.app), media_type="application/json")
+
+    routes: list[Any] = [command_route(cls) for cls in SERVED_COMMANDS]
+    routes += [batch, health, whoami, tokens, openapi]
+    routes += [read_route(name) for name in READS]
+    return Litestar(
+        route_handlers=routes,
+        exception_handlers={
+            LedgerError: _ledger_error,
+            HTTPException: _http_error,
+            Exception: _internal,
+        },
+        openapi_config=OpenAPIConfig(
+            title="gpu-ledger",
+            version="1",
+            path="/v1/openapi",
+            render_plugins=[SwaggerRenderPlugin()],
+            description="Budgets, fair share and scheduling contracts for shared GPU clusters.",
+            components=Components(
+                security_schemes={
+                    "bearer": SecurityScheme(type="http", scheme="bearer", bearer_format="glt_…")
+                }
+            ),
+        ),
+        debug=False,
+        logging_config=None,
+    )
+
+
+class ServiceHandles:
+    """The read layer's handles in the server: the service loop's ledger and projection (caught
+    up before each read), on the worker thread."""
+
+    def __init__(self, service: Any) -> None:
+        self.service = service
+
+    @property
+    def ledger(self) -> Any:
+        return self.service.ledger
+
+    def store(self) -> Any:
+        self.service.projector.catch_up()
+        return self.service.store
+
+    def now(self) -> float:
+        now: float = self.service.clock.now()
+        return now
+
+
+def openapi_document(app: Litestar) -> dict[str, Any]:
+    """The OpenAPI document as the server serves it at /v1/openapi.json."""
+    doc: dict[str, Any] = _any_of(msgspec.to_builtins(app.openapi_schema.to_schema()))
+    return doc
+
+
+def _any_of(node: Any) -> Any:
+    """Unions as `anyOf`: a value of `float | int` is both a number and an integer, which
+    `oneOf` (exactly one) would reject. Tagged unions stay exact through their `type` consts."""
+    if isinstance(node, dict):
+        return {("anyOf" if k == "oneOf" else k): _any_of(x) for k, x in node.items()}
+    if isinstance(node, list):
+        return [_any_of(x) for x in node]
+    return node
+
+
+OPENAPI_FILE = "openapi.json"
+"""Committed beside the event schemas: schemas/openapi.json."""
+
+
+def offline_document() -> bytes:
+    """The OpenAPI document without a running server (for export and the drift test)."""
+
+    class _Offline:
+        class service:
+            ledger = None
+
+    return render_openapi(create_app(_Offline(), clock=lambda: 0.0))  # type: ignore[arg-type]
+
+
+def render_openapi(app: Litestar) -> bytes:
+    """Pure: the canonical bytes of the OpenAPI document (sorted keys, 2-space indent)."""
+    import json
+
+    text = json.dumps(openapi_document(app), indent=2, sort_keys=True, ensure_ascii=False)
+    return (text + "\n").encode()

@@ -1,0 +1,89 @@
+"""`gpuledger serve`'s configuration: one TOML file, every key below, flags override it.
+
+Unknown keys are rejected (a typo must not silently fall back to a default). The documented
+example is `examples/serve.toml`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from schemas.errors import InvalidCommand
+
+
+class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Every key of the config file (all optional)."""
+
+    listen: str = "127.0.0.1:8470"
+    """HOST:PORT of the HTTP API (port 0 picks a free one); "" serves the Unix socket only."""
+    socket: str = ""
+    """Path of the Unix socket for local callers; default `<home>/gpuledger.sock`."""
+    tls_cert: str = ""
+    """PEM certificate: serve HTTPS on `listen` (needs `tls_key`)."""
+    tls_key: str = ""
+    """PEM private key of `tls_cert`."""
+    interval: str = "2s"
+    """Time between dispatcher cycles."""
+    policy: Literal["fairshare", "fifo"] = "fairshare"
+    """The dispatcher policy."""
+    margin: float = 0.1
+    """Preemption hysteresis of the fair-share policy."""
+    debug_lane: bool = True
+    """Let small debug jobs preempt jobs past their contract."""
+    executor: Literal["none", "local"] = "none"
+    """"none": placements go to node agents; "local": run jobs here as processes, like `up`."""
+    grace: str = "30s"
+    """SIGTERM-to-SIGKILL grace when the local executor preempts a job."""
+    kafka: str = ""
+    """Kafka bootstrap HOST:PORT: relay the log and feed the projection from the topic."""
+    log_format: Literal["text", "json"] = "text"
+    """Log lines as text or as one JSON object per line."""
+    log_level: str = "INFO"
+    """Python log level name."""
+    max_batch: int = msgspec.field(default=256)
+    """Most commands committed in one store transaction (group commit)."""
+
+
+def load(path: Path | None) -> ServeConfig:
+    """The config file as a ServeConfig (defaults when `path` is None); one clear error line."""
+    if path is None:
+        return ServeConfig()
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise InvalidCommand(f"cannot read config {path}: {err.strerror}") from err
+    try:
+        return msgspec.toml.decode(data, type=ServeConfig)
+    except msgspec.ValidationError as err:
+        raise InvalidCommand(f"config {path}: {err}", hint="see examples/serve.toml") from err
+    except msgspec.DecodeError as err:
+        raise InvalidCommand(f"config {path} is not valid TOML: {err}") from err
+
+
+def merge(config: ServeConfig, **flags: object) -> ServeConfig:
+    """Flags given on the command line (not None) override the file."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    return msgspec.structs.replace(config, **given)
+
+
+def keys() -> dict[str, str]:
+    """Key -> its documentation, for `serve --help-config` and the docs drift test."""
+    import ast
+    import inspect
+    import itertools
+
+    tree = ast.parse(inspect.getsource(ServeConfig))
+    out: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, nxt in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+        ):
+            out[node.target.id] = str(nxt.value.value)
+    return out

@@ -1,0 +1,270 @@
+"""The reads the API serves: the read layer (`ledger.reads`) behind one table for both faces.
+
+The CLI runs the same entry locally (embedded mode) or asks the server for it (client mode) and
+decodes the answer into the same view Structs, so `--json` is byte-identical either way. Each
+entry: a path under /v1, a typed arguments Struct (its query parameters, validated by msgspec in
+both modes), the function over the handles (ledger, caught-up projection, clock), and the view
+type it returns (for the OpenAPI document and the client's decoding).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
+
+import msgspec
+
+from schemas import views as v
+from schemas.errors import InvalidCommand
+
+if TYPE_CHECKING:  # the CLI in client mode imports this table: keep it light
+    from ledger.application import Ledger
+    from ledger.dispatch.policy import Policy
+    from ledger.domain import State
+    from projections.fairshare import UsagePolicy
+    from projections.store import Store
+
+WEEK_S = 7 * 86400.0
+
+
+class Handles(Protocol):
+    """What a read may use."""
+
+    @property
+    def ledger(self) -> Ledger: ...
+
+    def store(self) -> Store:
+        """The projection, caught up with the log."""
+        ...
+
+    def now(self) -> float: ...
+
+
+def policy_for(name: str | None, state: State) -> Policy:
+    """The policy named, else the one the service recorded running with, else the default."""
+    from ledger.dispatch import registry
+
+    if name is None and state.service is not None:
+        return registry.policy_from_config(state.service.policy)
+    return registry.policy_from_config(registry.default_config(name or registry.DEFAULT))
+
+
+Seconds = Annotated[float, msgspec.Meta(gt=0, le=10 * 365 * 86400.0)]
+PolicyName = Literal["fairshare", "fifo"] | None
+
+
+class _Args(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class NoArgs(_Args, frozen=True, kw_only=True):
+    pass
+
+
+class SharesArgs(_Args, frozen=True, kw_only=True):
+    at: v.Epoch | None = None
+    """The moment (default now)."""
+    window_s: Seconds = WEEK_S
+    half_life_s: Seconds | None = None
+    """Decay usage with this half-life instead of the window."""
+
+
+class UsageArgs(SharesArgs, frozen=True, kw_only=True):
+    by: Literal["account", "user"] = "account"
+
+
+class DeliveredArgs(_Args, frozen=True, kw_only=True):
+    start: v.Epoch
+    end: v.Epoch
+    team_depth: Annotated[int, msgspec.Meta(ge=1, le=64)] = 2
+
+
+class QueueArgs(_Args, frozen=True, kw_only=True):
+    policy: PolicyName = None
+    """Preview with this policy's defaults instead of the recorded settings."""
+    user: str | None = None
+    account: str | None = None
+    state: Literal["pending", "held", "all"] = "all"
+    limit: v.Limit = 50
+
+
+class ExplainArgs(_Args, frozen=True, kw_only=True):
+    job_id: Annotated[int, msgspec.Meta(ge=1, le=2**62)]
+    policy: PolicyName = None
+
+
+class SquattersArgs(_Args, frozen=True, kw_only=True):
+    threshold: Annotated[float, msgspec.Meta(ge=0, le=100)] = 10.0
+    idle_s: Annotated[float, msgspec.Meta(ge=0, le=10 * 365 * 86400.0)] = 3600.0
+
+
+class AuditArgs(_Args, frozen=True, kw_only=True):
+    account: str | None = None
+    since: v.Epoch | None = None
+
+
+def _usage(a: SharesArgs) -> UsagePolicy:
+    from projections.fairshare import UsagePolicy
+
+    return UsagePolicy(window_s=a.window_s, half_life_s=a.half_life_s)
+
+
+def _queue_filter(a: QueueArgs) -> v.QueueFilter:
+    return v.QueueFilter(user=a.user, account=a.account, state=a.state, limit=a.limit)
+
+
+def _accounts(h: Handles, a: NoArgs) -> list[v.AccountNode]:
+    from ledger import reads
+
+    return reads.account_tree(h.ledger.state)
+
+
+def _nodes(h: Handles, a: NoArgs) -> list[v.NodeRow]:
+    from ledger import reads
+
+    return reads.node_list(h.ledger.state)
+
+
+def _jobs(h: Handles, a: v.JobFilter) -> list[v.JobRow]:
+    from ledger import reads
+
+    return reads.jobs(h.store(), a, h.now())
+
+
+def _log(h: Handles, a: v.LogFilter) -> list[v.LogEntry]:
+    from ledger import reads
+
+    return reads.log(h.store(), a)
+
+
+def _shares(h: Handles, a: SharesArgs) -> list[v.ShareRow]:
+    from ledger import reads
+
+    return reads.shares(h.store(), h.now() if a.at is None else a.at, _usage(a))
+
+
+def _usage_rows(h: Handles, a: UsageArgs) -> list[v.UsageRow]:
+    from ledger import reads
+
+    return reads.usage(h.store(), h.now() if a.at is None else a.at, a.by, _usage(a))
+
+
+def _delivered(h: Handles, a: DeliveredArgs) -> v.DeliveredView:
+    from ledger import reads
+
+    return reads.delivered(h.store(), a.start, a.end, a.team_depth)
+
+
+def _queue(h: Handles, a: QueueArgs) -> list[v.QueueRow]:
+    from ledger import reads
+
+    policy = policy_for(a.policy, h.ledger.state)
+    return reads.queue(h.ledger, h.store(), policy, h.now(), _queue_filter(a))
+
+
+def _priority(h: Handles, a: QueueArgs) -> list[v.PriorityRow]:
+    from ledger import reads
+
+    policy = policy_for(a.policy, h.ledger.state)
+    return reads.priority(h.ledger, h.store(), policy, h.now(), _queue_filter(a))
+
+
+def _explain(h: Handles, a: ExplainArgs) -> v.ExplainView:
+    from ledger import reads
+
+    policy = policy_for(a.policy, h.ledger.state)
+    return reads.explain(h.ledger, h.store(), a.job_id, policy, h.now())
+
+
+def _squatters(h: Handles, a: SquattersArgs) -> list[v.SquatterRow]:
+    from ledger import reads
+
+    return reads.squatters(h.ledger, h.store(), h.now(), a.threshold, a.idle_s)
+
+
+def _projection_status(h: Handles, a: NoArgs) -> v.ProjectionStatusView:
+    from ledger import reads
+
+    return reads.projection_status(h.store())
+
+
+def _audit_preemptions(h: Handles, a: AuditArgs) -> list[v.PreemptionRow]:
+    from ledger import reads
+
+    return reads.audit_preemptions(h.store().con, a.account, a.since)
+
+
+def _audit_budget_changes(h: Handles, a: AuditArgs) -> list[v.BudgetChangeRow]:
+    from ledger import reads
+
+    if a.account is not None:
+        raise InvalidCommand("budget changes take no account filter")
+    return reads.audit_budget_changes(h.store().con, a.since)
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    path: str
+    args: type[msgspec.Struct]
+    fn: Callable[[Any, Any], Any]
+    returns: Any
+    doc: str
+
+    def parse(self, query: dict[str, Any]) -> Any:
+        """Arguments from query parameters (strings) or CLI values, validated by their type."""
+        try:
+            return msgspec.convert(query, self.args, strict=False)
+        except msgspec.ValidationError as err:
+            raise InvalidCommand(f"invalid query: {err}") from err
+
+    def run(self, handles: Handles, args: Any) -> Any:
+        return self.fn(handles, args)
+
+    def signature(self) -> list[inspect.Parameter]:
+        """The query parameters as keyword parameters (for the OpenAPI document). Names the
+        framework reserves (`state`, ...) get a trailing "_" and the query name as alias."""
+        from litestar.params import QueryParameter  # only the server needs it
+
+        out = []
+        for f in msgspec.structs.fields(self.args):
+            kind = f.type if not f.required else f.type | None
+            out.append(
+                inspect.Parameter(
+                    f.name + "_" if f.name in RESERVED else f.name,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=None if f.required else f.default,
+                    annotation=Annotated[kind, QueryParameter(name=f.name)],
+                )
+            )
+        return out
+
+
+RESERVED = frozenset({"state", "request", "data", "query", "headers", "cookies", "scope", "socket"})
+
+
+def _spec(path: str, args: type[msgspec.Struct], fn: Callable[..., Any], returns: Any) -> ReadSpec:
+    return ReadSpec(path, args, fn, returns, (fn.__doc__ or "").strip())
+
+
+READS: dict[str, ReadSpec] = {
+    "accounts": _spec("accounts", NoArgs, _accounts, list[v.AccountNode]),
+    "nodes": _spec("nodes", NoArgs, _nodes, list[v.NodeRow]),
+    "jobs": _spec("jobs", v.JobFilter, _jobs, list[v.JobRow]),
+    "log": _spec("log", v.LogFilter, _log, list[v.LogEntry]),
+    "shares": _spec("shares", SharesArgs, _shares, list[v.ShareRow]),
+    "usage": _spec("usage", UsageArgs, _usage_rows, list[v.UsageRow]),
+    "delivered": _spec("report/delivered", DeliveredArgs, _delivered, v.DeliveredView),
+    "queue": _spec("queue", QueueArgs, _queue, list[v.QueueRow]),
+    "priority": _spec("priority", QueueArgs, _priority, list[v.PriorityRow]),
+    "explain": _spec("explain", ExplainArgs, _explain, v.ExplainView),
+    "squatters": _spec("squatters", SquattersArgs, _squatters, list[v.SquatterRow]),
+    "projection": _spec("projection", NoArgs, _projection_status, v.ProjectionStatusView),
+    "audit_preemptions": _spec(
+        "audit/preemptions", AuditArgs, _audit_preemptions, list[v.PreemptionRow]
+    ),
+    "audit_budget_changes": _spec(
+        "audit/budget-changes", AuditArgs, _audit_budget_changes, list[v.BudgetChangeRow]
+    ),
+}

@@ -1,0 +1,239 @@
+"""`gpuledger serve`: the service loop, its worker thread, and uvicorn on TCP and a Unix socket.
+
+Start: 1 open the ledger and the service loop  2 start the worker  3 bind the TCP listener
+(TLS when configured) and the Unix socket in the data directory  4 serve both with one app.
+
+Stop (SIGINT/SIGTERM): refuse new writes (503), let uvicorn finish the requests in flight, let
+the worker finish its queue and the current cycle, flush the relay, leave running jobs running
+(an agent's jobs are not ours to stop; the local executor's keep running under their supervisors
+and the next start adopts them, as in `up`), exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Coroutine, Generator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from ledger.agent.executor import SupervisedExecutor
+from ledger.application import Ledger
+from ledger.cli._common import parse_duration, parse_interval
+from ledger.executors import Executor
+from ledger.loop import NoExecutor, ServiceLoop, make_policy
+from ledger.server import identity
+from ledger.server.app import PEER_UID, create_app
+from ledger.server.config import ServeConfig
+from ledger.server.worker import Worker
+from schemas.errors import InvalidCommand
+
+SOCKET_NAME = "gpuledger.sock"
+log = logging.getLogger("gpuledger.server")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (and the exception, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
+def setup_logging(fmt: str, level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True
+    logging.getLogger("uvicorn.access").disabled = True
+    logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
+
+
+class PeerCredProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP protocol, plus the caller's uid from the kernel on Unix sockets."""
+
+    peer: int | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        sock = transport.get_extra_info("socket")
+        self.peer = None
+        if sock is not None and sock.family == socket.AF_UNIX:
+            self.peer = identity.peer_uid(sock)
+        elif sock is not None:
+            # headers and body leave in two writes: without this, Nagle holds the body until
+            # the client's delayed ACK (~40 ms per request)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().connection_made(transport)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self.peer is not None:
+            self.scope[PEER_UID] = self.peer  # type: ignore[literal-required]
+
+
+class _Server(uvicorn.Server):
+    """Signals are ours (one handler stops both listeners and the worker, in order)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def socket_path(home: Path, config: ServeConfig) -> Path:
+    return Path(config.socket) if config.socket else home / SOCKET_NAME
+
+
+def _bind_unix(path: Path) -> socket.socket:
+    if path.exists():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # stale: the last server did not clean up
+        else:
+            raise InvalidCommand(
+                f"a server already runs on {path}", hint="stop it first, or use its API"
+            )
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    os.chmod(path, 0o666)  # anyone local may connect: SO_PEERCRED says who they are
+    sock.listen(1024)
+    return sock
+
+
+def _bind_tcp(listen: str) -> socket.socket:
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise InvalidCommand(f"invalid listen address {listen!r}", hint="use HOST:PORT")
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), int(port)))
+    except OSError as err:
+        sock.close()
+        raise InvalidCommand(f"cannot listen on {listen}: {err.strerror}") from err
+    sock.listen(1024)
+    return sock
+
+
+def _executor(home: Path, config: ServeConfig) -> Executor:
+    if config.executor == "local":
+        return SupervisedExecutor(
+            home / "agent",
+            home / "jobs",
+            grace_s=parse_duration(config.grace),
+            extra_env={"GPULEDGER_HOME": str(home.resolve())},
+        )
+    return NoExecutor()
+
+
+def serve(home: Path, config: ServeConfig) -> int:
+    """Run until SIGINT/SIGTERM; returns the exit code (0 on a clean stop)."""
+    setup_logging(config.log_format, config.log_level)
+    early = threading.Event()  # a signal before the listeners run still stops us cleanly
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: early.set())
+    if bool(config.tls_cert) != bool(config.tls_key):
+        raise InvalidCommand("TLS needs both --tls-cert and --tls-key")
+    ledger = Ledger(home)
+    if not ledger.state.initialised:
+        raise InvalidCommand(f"no ledger in {home}", hint="run `gpuledger init --admin USER` first")
+    unix_path = socket_path(home, config)
+    unix_sock = _bind_unix(unix_path)
+    tcp_sock = _bind_tcp(config.listen) if config.listen else None
+    executor = _executor(home, config)
+    service = ServiceLoop(
+        ledger,
+        executor,
+        make_policy(config.policy, config.margin, config.debug_lane),
+        kafka=config.kafka or None,
+        log=logging.getLogger("gpuledger.service"),
+        reports_starts=config.executor == "local",
+    )
+    service.open()
+    service.record_settings(parse_interval(config.interval), config.executor)
+    worker = Worker(service, tick_s=parse_interval(config.interval), max_batch=config.max_batch)
+    worker.start()
+    app = create_app(worker, clock=ledger.clock.now)
+    servers = []
+    try:
+        common: dict[str, Any] = dict(
+            app=app, http=PeerCredProtocol, lifespan="off", log_config=None, access_log=False
+        )
+        unix_server = _Server(uvicorn.Config(**common, uds=str(unix_path)))
+        servers.append((unix_server, unix_sock))
+        urls = [f"unix:{unix_path}"]
+        if tcp_sock is not None:
+            tls: dict[str, Any] = {}
+            if config.tls_cert:
+                tls = dict(ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key)
+            servers.append((_Server(uvicorn.Config(**common, **tls)), tcp_sock))
+            host, port = tcp_sock.getsockname()[:2]
+            scheme = "https" if config.tls_cert else "http"
+            urls.insert(0, f"{scheme}://{host}:{port}")
+        log.info("listening on %s (ledger %s, policy %s)", " and ".join(urls), home, config.policy)
+        if config.log_format == "text":
+            print(f"gpuledger serve: listening on {' '.join(urls)}", file=sys.stderr, flush=True)
+        _run_loop(_serve_all(servers, worker, early))
+    finally:
+        worker.stop()  # finishes its queue and the current cycle
+        service.close(stop_jobs=config.executor == "local")
+        with contextlib.suppress(OSError):
+            unix_path.unlink()
+        log.info("stopped cleanly at position %d", ledger.position)
+    return 0
+
+
+def _run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """uvloop when it is installed (uvicorn[standard] brings it): cheaper socket I/O."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
+
+
+async def _serve_all(
+    servers: list[tuple[_Server, socket.socket]], worker: Worker, early: threading.Event
+) -> None:
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        log.info("stopping: no more writes; finishing requests in flight and the current cycle")
+        worker.accepting = False
+        for server, _ in servers:
+            server.should_exit = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
+    if early.is_set():
+        stop()
+    await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))

@@ -1,0 +1,157 @@
+"""Snapshots of the folded write-side state: start from the newest one that verifies plus the tail.
+
+Stored with eventsourcing's snapshot store (`Application.snapshots`: its `snapshots` table in the
+same SQLite file, written in its own transaction) as one stored record per snapshot: originator
+= the ledger's stream, version = the log position the snapshot folds, topic = `SNAPSHOT_TOPIC`,
+state = the encoded snapshot. eventsourcing's `Snapshot` class is not used: it snapshots an
+`Aggregate` object by its `__dict__` and topic, and the ledger's state is a plain folded value
+(`ledger.domain.State`) over one stream, not an eventsourcing aggregate.
+
+A snapshot names the position and the chain hash it folds (`chain_hash` of the stored bytes at
+that position, the link the next event carries) and a digest of its own payload. It verifies when
+the payload digest matches and the store still holds those bytes at that position; one that does
+not verify is skipped with a warning, and the next older one is tried.
+
+Only live states are snapshotted (`State.live_only`): finished jobs have left, so a snapshot's
+size follows live work, not history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import msgspec
+
+from ledger.domain import Account, Job, Node, State, Token
+from schemas import events as e
+from schemas.errors import LedgerError
+
+log = logging.getLogger("gpuledger.snapshots")
+
+SNAPSHOT_TOPIC = "ledger.snapshot.v1"
+SNAPSHOT_EVERY = 10_000
+"""A live ledger snapshots once this many events have been folded since the last snapshot."""
+KEEP = 3
+"""How many of the newest snapshots a start tries before folding from the beginning."""
+
+
+class SnapshotError(LedgerError):
+    """A stored snapshot does not verify."""
+
+    code = "snapshot"
+
+
+class Folded(msgspec.Struct, frozen=True, kw_only=True):
+    """A live `State` as data (holders and per-node job sets are rebuilt from the jobs' slots)."""
+
+    initialised: bool
+    cluster: str
+    min_runtime_cap_s: int
+    admins: list[str]
+    accounts: list[Account]
+    members: dict[str, list[str]]
+    managers: dict[str, list[str]]
+    nodes: list[Node]
+    jobs: list[Job]
+    next_job_id: int
+    events: int
+    finished: int
+    tokens: list[Token] = []
+    """Bearer tokens (their hashes) and the recorded service settings: identity and the queue's
+    policy need them after a start from a snapshot."""
+    service: e.ServiceConfigured | None = None
+
+
+class StateSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    position: int
+    version: int
+    chain_hash: str
+    """`chain_hash` of the stored event at `position`."""
+    digest: str
+    """SHA-256 of `payload`."""
+    payload: bytes
+    """The msgpack bytes of a `Folded`."""
+
+
+_encoder = msgspec.msgpack.Encoder()
+_folded = msgspec.msgpack.Decoder(Folded)
+_snapshot = msgspec.msgpack.Decoder(StateSnapshot)
+
+
+def folded(state: State) -> Folded:
+    """Pure: the data of a live state."""
+    return Folded(
+        initialised=state.initialised,
+        cluster=state.cluster,
+        min_runtime_cap_s=state.min_runtime_cap_s,
+        admins=sorted(state.admins),
+        accounts=list(state.accounts.values()),
+        members={k: sorted(v) for k, v in state.members.items()},
+        managers={k: sorted(v) for k, v in state.managers.items()},
+        nodes=list(state.nodes.values()),
+        jobs=list(state.jobs.values()),
+        next_job_id=state.next_job_id,
+        events=state.events,
+        finished=state.finished,
+        tokens=list(state.tokens.values()),
+        service=state.service,
+    )
+
+
+def unfolded(f: Folded) -> State:
+    """Pure: the live state a `Folded` holds, with its derived indexes rebuilt."""
+    state = State(
+        initialised=f.initialised,
+        cluster=f.cluster,
+        min_runtime_cap_s=f.min_runtime_cap_s,
+        admins=set(f.admins),
+        accounts={a.path: a for a in f.accounts},
+        members={k: set(v) for k, v in f.members.items()},
+        managers={k: set(v) for k, v in f.managers.items()},
+        nodes={n.name: n for n in f.nodes},
+        jobs={j.job_id: j for j in f.jobs},
+        next_job_id=f.next_job_id,
+        events=f.events,
+        live_only=True,
+        finished=f.finished,
+        tokens={t.token_id: t for t in f.tokens},
+        service=f.service,
+    )
+    state.node_jobs = {n: set() for n in state.nodes}
+    for j in f.jobs:
+        for sl in j.slots:
+            state.node_jobs.setdefault(sl.node, set()).add(j.job_id)
+            for i in sl.gpu_indices:
+                state.holders[(sl.node, i)] = j.job_id
+    return state
+
+
+def encode(state: State, position: int, version: int, chain_hash: str) -> bytes:
+    """Pure: the stored bytes of a snapshot of a live `state` folded up to `position`."""
+    if not state.live_only:
+        raise ValueError("only live states are snapshotted")
+    payload = _encoder.encode(folded(state))
+    return _encoder.encode(
+        StateSnapshot(
+            position=position,
+            version=version,
+            chain_hash=chain_hash,
+            digest=hashlib.sha256(payload).hexdigest(),
+            payload=payload,
+        )
+    )
+
+
+def decode(data: bytes) -> tuple[StateSnapshot, State]:
+    """The snapshot and its state; SnapshotError when the bytes or the payload digest are bad."""
+    try:
+        snap = _snapshot.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as err:
+        raise SnapshotError(f"unreadable snapshot: {err}") from err
+    if hashlib.sha256(snap.payload).hexdigest() != snap.digest:
+        raise SnapshotError(f"snapshot at position {snap.position}: its payload digest differs")
+    try:
+        return snap, unfolded(_folded.decode(snap.payload))
+    except (msgspec.DecodeError, msgspec.ValidationError) as err:
+        raise SnapshotError(f"snapshot at position {snap.position}: {err}") from err

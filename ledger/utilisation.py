@@ -1,0 +1,29 @@
+"""Since when each running job has stayed below the squat threshold: a fold of its samples.
+
+Pure: `observe` folds one event; no clock, no I/O. The dispatcher cycle feeds it the log's new
+events; replay feeds it the events up to a decision's position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schemas import events as e
+
+
+@dataclass
+class UtilTracker:
+    """Since when each running job has stayed below the squat threshold (from its samples)."""
+
+    threshold_pct: float = 10.0
+    low_since: dict[int, float] = field(default_factory=dict)
+
+    def observe(self, event: e.AnyEvent) -> None:
+        if isinstance(event, e.UtilisationSampled):
+            mean = sum(event.gpu_utilisation) / max(1, len(event.gpu_utilisation))
+            if mean < self.threshold_pct:
+                self.low_since.setdefault(event.job_id, event.at)
+            else:
+                self.low_since.pop(event.job_id, None)
+        elif isinstance(event, e.JobPreempted | e.JobFinished | e.JobPlaced):
+            self.low_since.pop(event.job_id, None)

@@ -1,0 +1,79 @@
+"""Request and response shapes of the HTTP API that are not commands or events.
+
+Commands (`schemas.commands`) are the request bodies of `/v1/commands/*` as they are; events
+(`schemas.events`) come back in `CommandResult`. Errors are RFC 9457 problem details carrying the
+`LedgerError` code, so a client raises the same error class the server raised.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from schemas.commands import AnyCommand
+from schemas.events import AnyEvent, TokenScope
+
+
+class CommandResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What one accepted command appended, and the log position after it."""
+
+    position: int
+    events: list[AnyEvent]
+
+
+class Batch(msgspec.Struct, frozen=True, kw_only=True):
+    """Commands applied atomically: all are appended, or none (budgets as code)."""
+
+    commands: list[AnyCommand]
+
+
+class Problem(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """An error (application/problem+json): `code` is the LedgerError code, `detail` the one
+    line the CLI prints."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    code: str
+    message: str = ""
+    hint: str = ""
+
+
+class Health(msgspec.Struct, frozen=True, kw_only=True):
+    """`GET /v1/health` and `gpuledger status`."""
+
+    status: str
+    """"up", or "stopping" once a signal arrived (writes are refused)."""
+    version: str
+    started_at: float
+    head: int
+    """Position of the newest event in the store: the event count."""
+    cycles: int
+    last_cycle_at: float | None
+    last_cycle_s: float | None
+    projection_position: int
+    projection_lag: int
+    relay_position: int | None
+    """Position the relay last published to Kafka (None without Kafka)."""
+    relay_lag: int | None
+    last_error: str | None = None
+
+
+class WhoAmI(msgspec.Struct, frozen=True, kw_only=True):
+    actor: str
+    via: str
+    admin: bool
+
+
+class TokenRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A token as `token list` shows it: never its secret or hash."""
+
+    token_id: str
+    user: str
+    name: str
+    issued_at: float
+    expires_at: float | None
+    scope: TokenScope
+    scope_node: str | None
+    scope_job: int | None
+    revoked: bool

@@ -1,0 +1,175 @@
+"""Benchmark: what grows with history. For each log size N (10k, 100k, 1M, 5M events of a realistic
+mix, `projections.synthetic` on 1,024 x 8 GPUs, with real `cycle.decided.v2` records), made once
+and cached in --dir (never commit it):
+
+  bytes/event   the store (`events.sqlite`) and the DuckDB projection, on disk, per event
+  cold start    a live `Ledger` with no snapshot: the whole log folded once (then snapshotted)
+  start         the service's start in a fresh process: the live ledger from its newest
+                snapshot plus the tail, the projection opened and caught up, one preview of the
+                cycle (snapshot, ranks, decide) (goal <= 5 s at 5M)
+  RSS           that process's peak resident memory (goal: at 5M <= 1.5x at 100k)
+  CLI           `gpuledger queue`, `jobs`, `shares` wall time, best of 3 (goal <= 300 ms)
+
+    python scripts/bench_history.py                         # 10k, 100k, 1M, 5M in /tmp
+    python scripts/bench_history.py --sizes 10000,100000 --dir /tmp/gpuledger-history
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ledger.application import EVENTS_DB, Ledger
+from projections.projector import Projector
+from projections.source import EmbeddedSource
+from projections.store import Store, projection_path
+from projections.synthetic import Shape, append_to_store, synthetic_events
+
+SEED = 1
+START_GOAL_S = 5.0
+CLI_GOAL_MS = 300.0
+RSS_GOAL = 1.5
+CLI_TIMEOUT_S = 120.0
+
+_START = """
+import json, resource, sys, time
+t0 = time.perf_counter()
+from pathlib import Path
+from ledger.application import Ledger
+from ledger.dispatch.policy import FairShare
+from ledger.service import StoreRanks, preview
+from projections.projector import Projector
+from projections.source import EmbeddedSource
+from projections.store import Store
+home = Path(sys.argv[1])
+t1 = time.perf_counter()
+ledger = Ledger(home, live=True)
+tail = ledger.position - ledger.snapshot_position
+with Store.open(home) as store, EmbeddedSource(home) as source:
+    Projector(store, source).catch_up()
+    snap, decision = preview(ledger, StoreRanks(store), FairShare(), ledger.clock.now())
+t2 = time.perf_counter()
+print(json.dumps({"start_s": t2 - t1, "imports_s": t1 - t0, "tail": tail,
+                  "live_jobs": len(ledger.state.jobs), "pending": len(snap.pending),
+                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def ensure_log(home: Path, events: int) -> dict[str, float]:
+    """Make (or reuse) the synthetic log of `events` events; return the cached facts."""
+    marker = home / "history.json"
+    if marker.exists():
+        info: dict[str, float] = json.loads(marker.read_text())
+        return info
+    t0 = time.perf_counter()
+    head = append_to_store(home, synthetic_events(events, seed=SEED, shape=Shape(nodes=1024)))
+    info = {"events": head, "write_s": time.perf_counter() - t0}
+    marker.write_text(json.dumps(info))
+    return info
+
+
+def prepare(home: Path, info: dict[str, float]) -> dict[str, float]:
+    """Cold start (whole fold, then a snapshot) and the projection, once per log."""
+    if "cold_start_s" not in info:
+        t0 = time.perf_counter()
+        ledger = Ledger(home, live=True)
+        info["cold_start_s"] = time.perf_counter() - t0
+        ledger.snapshot_state()
+        ledger.close()
+    if "catch_up_s" not in info:
+        t0 = time.perf_counter()
+        with Store.open(home) as store, EmbeddedSource(home) as source:
+            Projector(store, source).catch_up()
+        info["catch_up_s"] = time.perf_counter() - t0
+    (home / "history.json").write_text(json.dumps(info))
+    return info
+
+
+def cli_ms(home: Path, *args: str) -> float:
+    exe = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        try:
+            subprocess.run(
+                [exe, "--home", str(home), *args],
+                check=True,
+                capture_output=True,
+                timeout=CLI_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            return float("inf")
+        best = min(best, (time.perf_counter() - t0) * 1000)
+    return best
+
+
+def start(home: Path) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", _START, str(home)], check=True, capture_output=True, text=True
+    )
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def size_of(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--sizes", default="10000,100000,1000000,5000000")
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/gpuledger-history"))
+    ap.add_argument("--no-cli", action="store_true", help="skip the CLI timings")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    print(f"{os.cpu_count()} cores, {mem:.0f} GiB, Python {platform.python_version()}; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")  # fmt: skip
+    print(
+        f"{'events':>10} {'store B/ev':>10} {'proj B/ev':>9} {'cold s':>7} {'start s':>7} "
+        f"{'tail':>6} {'live':>6} {'RSS MB':>7} {'queue ms':>8} {'jobs ms':>8} {'shares ms':>9} "
+        f"{'load':>5}"
+    )
+    rss: dict[int, float] = {}
+    starts: dict[int, float] = {}
+    cli: list[float] = []
+    for n in sizes:
+        home = args.dir / str(n)
+        info = prepare(home, ensure_log(home, n))
+        s = start(home)
+        rss[n], starts[n] = s["rss_mb"], s["start_s"]
+        times = [float("nan")] * 3
+        if not args.no_cli:
+            times = [cli_ms(home, "queue"), cli_ms(home, "jobs"), cli_ms(home, "shares")]
+            cli += times
+        print(
+            f"{n:>10,} {size_of(home / EVENTS_DB) / n:>10.0f} "
+            f"{size_of(projection_path(home)) / n:>9.0f} {info['cold_start_s']:>7.1f} "
+            f"{s['start_s']:>7.2f} {s['tail']:>6,.0f} {s['live_jobs']:>6,.0f} {s['rss_mb']:>7.0f} "
+            f"{times[0]:>8.0f} {times[1]:>8.0f} {times[2]:>9.0f} {os.getloadavg()[0]:>5.1f}",
+            flush=True,
+        )
+    top = max(sizes)
+    print(f"start at {top:,}: {starts[top]:.2f} s; goal <= {START_GOAL_S:g} s: "
+          f"ratio {starts[top] / START_GOAL_S:.2f}")  # fmt: skip
+    if 100_000 in rss:
+        ratio = rss[top] / rss[100_000]
+        print(f"RSS at {top:,} / RSS at 100,000: {ratio:.2f}; goal <= {RSS_GOAL}: "
+              f"ratio {ratio / RSS_GOAL:.2f}")  # fmt: skip
+    if cli:
+        worst = max(cli)
+        print(f"CLI worst: {worst:.0f} ms; goal <= {CLI_GOAL_MS:.0f} ms: "
+              f"ratio {worst / CLI_GOAL_MS:.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

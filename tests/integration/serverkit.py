@@ -1,0 +1,136 @@
+"""A real `gpuledger serve` process on 127.0.0.1 (random port) for integration tests, plus a
+ledger set up with people in every role and a token for each."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
+
+BUDGET = """
+[accounts."ai2"]
+kind = "program"
+
+[accounts."ai2/olmo"]
+kind = "project"
+members = ["alice", "bob"]
+managers = ["mgr"]
+
+[accounts."ai2/tulu"]
+kind = "project"
+members = ["carol"]
+managers = ["othermgr"]
+"""
+
+
+def env_for(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+    env["GPULEDGER_HOME"] = str(home)
+    env.update(extra)
+    return env
+
+
+def cli(
+    home: Path, *args: str, ok: bool = True, timeout: float = 60, **env: str
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [GPULEDGER, *args], env=env_for(home, **env), capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    if ok:
+        assert proc.returncode == 0, f"{args}: {proc.stderr}"
+    return proc
+
+
+def make_token(home: Path, *args: str, actor: str = "root") -> str:
+    out = cli(home, "token", "create", *args, GPULEDGER_USER=actor)
+    return out.stdout.strip()
+
+
+@dataclass
+class Server:
+    home: Path
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def request(
+        self, method: str, path: str, body: Any = None, token: str | None = None
+    ) -> tuple[int, Any]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = token if token.startswith("Bearer") else f"Bearer {token}"
+        data = None if body is None else json.dumps(body).encode()
+        try:
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+        finally:
+            conn.close()
+        try:
+            return resp.status, json.loads(raw) if raw else None
+        except ValueError:
+            return resp.status, raw
+
+    def head(self) -> int:
+        status, body = self.request("GET", "/v1/health")
+        assert status == 200, body
+        return int(body["head"])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+
+def start_server(home: Path, *args: str, log_name: str = "serve.log") -> Server:
+    log_path = home.parent / log_name
+    with open(log_path, "ab") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            [GPULEDGER, "serve", "--listen", "127.0.0.1:0", *args],
+            env=env_for(home),
+            stdout=out,
+            stderr=out,
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        text = log_path.read_text(errors="replace")
+        m = re.search(r"listening on (https?://127\.0\.0\.1:\d+)", text)
+        if m:
+            return Server(home, proc, m.group(1), log_path)
+        if proc.poll() is not None:
+            raise AssertionError(f"serve exited with {proc.returncode}:\n{text}")
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"serve did not start:\n{log_path.read_text()}")
+
+
+def set_up_ledger(home: Path, tmp: Path) -> None:
+    """root admin; ai2/olmo (alice, bob; manager mgr), ai2/tulu (carol; manager othermgr);
+    node n1 with 8 GPUs; job 1 by alice, resumable."""
+    cli(home, "init", "--admin", "root")
+    budget = tmp / "budget.toml"
+    budget.write_text(BUDGET)
+    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
+    cli(home, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100", GPULEDGER_USER="root")
+    cli(
+        home, "submit", "-A", "ai2/olmo", "-G", "1", "--resumable", "--min-runtime", "1h",
+        GPULEDGER_USER="alice",
+    )  # fmt: skip

@@ -1,0 +1,58 @@
+"""Group commit (`Ledger.execute_each`): one store transaction, each command decided on its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ledger.application import Appended, Ledger
+from ledger.clock import SimClock, seeded_ids
+from schemas import commands as c
+from schemas.errors import InvalidCommand, LedgerError, NotAuthorised
+
+
+def ledger(tmp_path: Path) -> Ledger:
+    led = Ledger(tmp_path, SimClock(1_000.0), seeded_ids(3))
+    led.execute(c.InitLedger(actor="root", admin="root"))
+    led.execute_all(
+        [
+            c.OpenAccount(actor="root", path="ai2", kind="program"),
+            c.OpenAccount(actor="root", path="ai2/olmo", kind="project"),
+            c.AddMember(actor="root", user="alice", project="ai2/olmo"),
+            c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=8),
+        ]
+    )
+    return led
+
+
+def test_a_bad_command_never_fails_its_neighbours(tmp_path: Path) -> None:
+    led = ledger(tmp_path)
+    head = led.position
+    submit = c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1)
+    out = led.execute_each(
+        [
+            submit,
+            c.SubmitJob(actor="mallory", account="ai2/olmo", gpus=1),  # not a member
+            c.CancelJob(actor="alice", job_id=1, expected_position=-5),  # invalid
+            submit,
+            c.CancelJob(actor="alice", job_id=1),  # sees job 1 from the same batch
+        ]
+    )
+    assert isinstance(out[1], NotAuthorised) and isinstance(out[2], InvalidCommand)
+    ok = [o for o in out if isinstance(o, Appended)]
+    assert [o.position for o in ok] == [head + 1, head + 2, head + 3]
+    assert [e.job_id for o in ok for e in o.events] == [1, 2, 1]  # type: ignore[union-attr]
+    # all of it is in the store, in order, chained, and reads back the same after a restart
+    again = Ledger(tmp_path)
+    assert again.position == head + 3
+    assert [ev for _, ev in again.read(head, 10)] == [e for o in ok for e in o.events]
+    assert again.state.jobs[1].status == "finished" and again.state.jobs[2].status == "pending"
+
+
+def test_a_batch_of_only_rejections_appends_nothing(tmp_path: Path) -> None:
+    led = ledger(tmp_path)
+    head = led.position
+    out = led.execute_each(
+        [c.CancelJob(actor="alice", job_id=9), c.GrantAdmin(actor="x", user="y")]
+    )
+    assert all(isinstance(o, LedgerError) for o in out)
+    assert Ledger(tmp_path).position == head

@@ -1,0 +1,85 @@
+"""The golden corpus: stored v1 bytes that every later version of the code must keep reading
+(see tests/golden/README.md)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from ledger.domain import State, evolve
+from ledger.replay import find_decisions, replay_decisions
+from projections.batch import decode_records
+from projections.source import ListSource, LogRecord
+from schemas import codec
+from schemas import events as e
+
+GOLDEN = Path(__file__).parent.parent / "golden"
+V1 = (GOLDEN / "events-v1.jsonl").read_bytes().splitlines()
+LATEST = (GOLDEN / "events-v1.latest.jsonl").read_bytes().splitlines()
+
+
+def records() -> list[LogRecord]:
+    return [LogRecord(i, codec.peek_tag(raw) or "", raw) for i, raw in enumerate(V1, start=1)]
+
+
+def test_the_corpus_is_the_stored_bytes_unchanged() -> None:
+    """Each line links to the SHA-256 of the line before: the bytes are exactly as stored."""
+    prev = ""
+    for i, raw in enumerate(V1, start=1):
+        assert codec.decode(raw).prev_hash == prev, f"line {i}"
+        prev = hashlib.sha256(raw).hexdigest()
+
+
+WRITTEN_WITH = 24
+"""The v1 event types there were when the corpus was written: all of them are in it."""
+
+
+def test_the_corpus_holds_every_v1_event_type_of_its_time() -> None:
+    tags = {codec.peek_tag(raw) for raw in V1}
+    assert len(tags) == WRITTEN_WITH and "cycle.decided.v1" in tags
+    assert tags <= e.TAGS
+
+
+@pytest.mark.parametrize("line", range(len(V1)), ids=lambda i: f"line {i + 1}")
+def test_every_stored_event_decodes_to_its_latest_version_as_recorded(line: int) -> None:
+    event = codec.decode(V1[line])
+    assert type(event) in e.EVENT_TYPES
+    assert codec.encode(event) == LATEST[line]
+
+
+def test_v1_decisions_upcast_with_their_outcomes_by_reference() -> None:
+    decided = [ev for ev in map(codec.decode, V1) if isinstance(ev, e.CycleDecided)]
+    assert [d.cycle_id for d in decided] == ["cycle-26", "cycle-38", "cycle-59"]
+    assert all(d.ranks is None and len(d.waiting.order_digest) == 64 for d in decided)
+    assert decided[1].preempted and decided[1].placed == (4, 6)
+    assert decided[1].waiting.counts and decided[1].waiting.considered == 3
+
+
+def test_the_projection_reads_the_corpus_as_the_codec_does() -> None:
+    groups, unknown = decode_records(records())
+    assert unknown == []
+    assert groups[e.CycleDecided].events == [
+        ev for ev in map(codec.decode, V1) if isinstance(ev, e.CycleDecided)
+    ]
+    assert e.CycleDecidedV1 not in groups
+
+
+def test_the_corpus_folds_and_its_v1_decisions_replay_identically() -> None:
+    state = State()
+    for raw in V1:
+        evolve(state, codec.decode(raw))
+    assert {j.job_id: j.status for j in state.jobs.values()} == {
+        1: "running", 2: "running", 3: "finished", 4: "finished", 5: "finished", 6: "finished"
+    }  # fmt: skip
+    source = ListSource(records())
+    decisions = [
+        (r.position, ev)
+        for r in source.records
+        if isinstance(ev := codec.decode(r.data), e.CycleDecided)
+    ]
+    results = list(replay_decisions(source, decisions))
+    assert [r.headline() for r in results if not r.identical] == []
+    assert [r.placements for r in results] == [3, 2, 1]
+    assert find_decisions  # the embedded path reads both versions: tests/integration/test_replay.py
