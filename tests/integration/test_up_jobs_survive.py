@@ -269,10 +269,10 @@ def test_an_idle_job_is_listed_by_squatters_and_preempted_after_its_contract(
            "2s", "--resumable")  # fmt: skip
     (util / "1").write_text("0")  # the test source: job 1's GPUs sit idle
     up = Service(home, "--sample-every", "0.3s", "--squat-after", "3s")
-    try:
+    try:  # idle for as long as --squat-after: the next arrival preempts it for squatting
         wait_for("job 1 listed as a squatter", lambda: [
             r["job_id"] for r in json.loads(
-                cli(home, "squatters", "--after", "1s", "--json").stdout)] == [1],
+                cli(home, "squatters", "--after", "3s", "--json").stdout)] == [1],
             home=home)  # fmt: skip
         out = cli(home, "squatters", "--after", "1s").stdout
         assert "job 1 ai2/olmo bob 2 GPUs idle since" in out
