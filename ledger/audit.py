@@ -38,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -486,6 +486,7 @@ def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterat
 
 ViolationCode = Literal[
     "GPU_HELD_TWICE",
+    "LIVE_GPU_HELD_TWICE",
     "PREEMPTED_IN_CONTRACT",
     "ADMIN_PREEMPTED_IN_CONTRACT",
     "REQUEUED_IN_CONTRACT",
@@ -683,6 +684,35 @@ def check_charges(store: Store) -> list[Violation]:
             job_id=int(job),
         )
         for job, pos, at, leaf in rows
+    ]
+
+
+def check_live(
+    holders: Mapping[tuple[str, int], int],
+    live: Iterable[tuple[int, str, int]],
+    position: int,
+    at: float,
+) -> list[Violation]:
+    """Pure: GPUs held by two jobs at once, counting processes really alive. `holders` is the
+    ledger's (node, GPU) -> job at `position`; `live` the (job, node, GPU) of every live job
+    process. A process of a job the ledger has ended, on a GPU the ledger gave to another job,
+    is the double booking a lost process causes."""
+    jobs: dict[tuple[str, int], set[int]] = {}
+    for gpu, job in holders.items():
+        jobs.setdefault(gpu, set()).add(job)
+    for job, node, index in live:
+        jobs.setdefault((node, index), set()).add(job)
+    return [
+        Violation(
+            position=position,
+            at=at,
+            code="LIVE_GPU_HELD_TWICE",
+            message=f"GPU {index} of node {node!r} is held by jobs "
+            f"{', '.join(str(j) for j in sorted(held))} at once (ledger and live processes)",
+            job_id=min(held),
+        )
+        for (node, index), held in sorted(jobs.items())
+        if len(held) > 1
     ]
 
 

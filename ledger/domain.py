@@ -61,6 +61,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     outcome: e.FinishOutcome | None = None
     exit_code: int | None = None
     preemptions: int = 0
+    logs: tuple[str, ...] = ()
     held: bool = False
     """A held pending job is not scheduled until released."""
 
@@ -625,6 +626,7 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
             command=cmd.command,
             labels=cmd.labels,
             duration_s=cmd.duration_s,
+            grace_s=cmd.grace_s,
         )
     ]
 
@@ -844,7 +846,7 @@ def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
     if job.status != "placed":
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not placed")
-    out: list[e.AnyEvent] = [e.JobStarted(**s.kw(), job_id=cmd.job_id)]
+    out: list[e.AnyEvent] = [e.JobStarted(**s.kw(), job_id=cmd.job_id, logs=cmd.logs)]
     if cmd.engine:
         out.append(
             e.JobEngineLinked(
@@ -1139,7 +1141,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.JobStarted():
             job = state.jobs[event.job_id]
             state.jobs[event.job_id] = msgspec.structs.replace(
-                job, status="running", started_at=event.at
+                job, status="running", started_at=event.at, logs=event.logs
             )
         case e.JobPreempted():
             job = state.jobs[event.job_id]

@@ -1,8 +1,9 @@
 """Executors run what the dispatcher placed. An edge: processes, signals, a virtual clock.
 
 The ledger is the truth; an executor only carries out its decisions and reports what really
-happened. One interface, three engines: `SimExecutor` (virtual time), `LocalExecutor` (processes
-on this host) and `ledger.slurm.SlurmExecutor` (a Slurm partition):
+happened. One interface, three engines: `SimExecutor` (virtual time),
+`ledger.agent.executor.SupervisedExecutor` (processes on this host that outlive the service:
+`gpuledger up`, node agents) and `ledger.slurm.SlurmExecutor` (a Slurm partition):
 
 - `launch` a placement with all its parts (every slot of a gang);
 - `stop` a run the ledger no longer counts as running (preempted, cancelled): signal, the grace,
@@ -10,25 +11,24 @@ on this host) and `ledger.slurm.SlurmExecutor` (a Slurm partition):
 - `starts` and `poll` report the runs that began and the runs that ended (exit code and reason);
 - `running` lists what really runs in the engine for the ledger, and `adopt` (services) compares
   the ledger with the engine after a restart: the service reconciles from facts, never guesses.
+
+An executor that is also `Reporting` reports checkpoints and GPU utilisation samples.
 """
 
 from __future__ import annotations
 
-import contextlib
 import heapq
-import os
-import signal
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from schemas.events import EndReason, GpuSlot
 
 
 @dataclass(frozen=True)
 class Launch:
+    """One placement to run: a part per slot (node), each with only that node's GPUs."""
+
     job_id: int
     slots: tuple[GpuSlot, ...]
     command: tuple[str, ...]
@@ -38,6 +38,10 @@ class Launch:
     run: int = 0
     """Which placement of the job this is (its preemptions so far): names the engine's run."""
     time_limit_s: int | None = None
+    """Stop the job this long after it started (SIGTERM, grace, SIGKILL); None: no limit."""
+    grace_s: float | None = None
+    """SIGTERM-to-SIGKILL grace of this job; None: the executor's default."""
+    debug: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ class Exit:
     exit_code: int
     at: float
     reason: EndReason = "exited"
+    """`exited`: the job ended by itself; `time_limit`: stopped at its limit; `lost`: its
+    process vanished with no exit code recorded; others as the engine says (Slurm)."""
     engine_job_id: str = ""
     """The engine's id of the run (Slurm job id); empty for engines that do not name runs."""
     engine_state: str = ""
@@ -53,11 +59,25 @@ class Exit:
 
 @dataclass(frozen=True)
 class Start:
+    """A run began (every part of it has started)."""
+
     job_id: int
     engine_job_id: str = ""
     run: int = 0
     gpus: tuple[GpuSlot, ...] = ()
     """The GPUs the engine says the run got (engines that say)."""
+    logs: tuple[str, ...] = ()
+    """Where its parts' output goes (engines that know)."""
+
+
+@dataclass(frozen=True)
+class Reports:
+    """What an executor that runs real processes observed since it was last asked."""
+
+    checkpoints: list[int] = field(default_factory=list)
+    """Jobs that reported a checkpoint."""
+    samples: list[tuple[int, tuple[float, ...]]] = field(default_factory=list)
+    """(job, GPU utilisation % per GPU of the job)."""
 
 
 class Executor(Protocol):
@@ -99,6 +119,13 @@ class ServiceExecutor(Executor, Protocol):
 
     def shutdown(self, now: float) -> list[Exit]:
         """The service stops: the exits to record (runs this executor ends with the service)."""
+
+
+@runtime_checkable
+class Reporting(Protocol):
+    """An executor that reports checkpoints and utilisation of the jobs it runs."""
+
+    def reports(self, now: float) -> Reports: ...
 
 
 @dataclass
@@ -148,101 +175,3 @@ class SimExecutor:
         while self._ends and not self._current(self._ends[0][1], self._ends[0][2]):
             heapq.heappop(self._ends)
         return self._ends[0][0] if self._ends else None
-
-
-@dataclass
-class _Proc:
-    popen: subprocess.Popen[bytes]
-    stop_requested_at: float | None = None
-
-
-class LocalExecutor:
-    """Runs each job's command as a subprocess on this host with CUDA_VISIBLE_DEVICES set to its
-    GPU indices. On stop: SIGTERM to the process group, SIGKILL after `grace_s`. Output goes to
-    `<log_dir>/job-<id>.log`. Processes end with the service (`shutdown`), so after a restart
-    the ledger's runs here are lost, never adopted."""
-
-    engine = ""
-    relaunch_placed = False
-
-    def __init__(self, log_dir: Path, grace_s: float = 30.0) -> None:
-        self.log_dir = log_dir
-        self.grace_s = grace_s
-        self._procs: dict[int, _Proc] = {}
-        self._stopping: dict[int, _Proc] = {}
-        self._new: list[int] = []
-
-    def starts(self, now: float) -> list[Start]:
-        out, self._new = [Start(j) for j in self._new], []
-        return out
-
-    def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
-        return set(self._procs) & set(runs)
-
-    def launch(self, job: Launch, now: float) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for sl in job.slots for i in sl.gpu_indices)
-        env["GPULEDGER_JOB_ID"] = str(job.job_id)
-        env["GPULEDGER_NODES"] = ",".join(sl.node for sl in job.slots)
-        env["GPULEDGER_ACCOUNT"] = job.account
-        command = list(job.command) or ["true"]
-        with open(self.log_dir / f"job-{job.job_id}.log", "ab") as out:
-            try:
-                popen = subprocess.Popen(
-                    command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-                )
-            except OSError as e:
-                out.write(f"gpuledger: cannot start {command[0]!r}: {e.strerror}\n".encode())
-                popen = subprocess.Popen(["sh", "-c", "exit 127"], stdout=out, stderr=out)
-        self._procs[job.job_id] = _Proc(popen)
-        self._new.append(job.job_id)
-
-    def stop(self, job_id: int, now: float) -> None:
-        proc = self._procs.pop(job_id, None)
-        if proc is None:
-            return
-        proc.stop_requested_at = now
-        self._signal(proc, signal.SIGTERM)
-        self._stopping[job_id] = proc
-
-    def _signal(self, proc: _Proc, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.popen.pid, sig)
-
-    def poll(self, now: float) -> list[Exit]:
-        exits = []
-        for job_id, proc in list(self._procs.items()):
-            code = proc.popen.poll()
-            if code is not None:
-                del self._procs[job_id]
-                exits.append(Exit(job_id, code, now))
-        for job_id, proc in list(self._stopping.items()):
-            if proc.popen.poll() is not None:
-                del self._stopping[job_id]
-            elif (
-                proc.stop_requested_at is not None and now - proc.stop_requested_at >= self.grace_s
-            ):
-                self._signal(proc, signal.SIGKILL)
-        return sorted(exits, key=lambda x: x.job_id)
-
-    def running(self) -> set[int]:
-        return set(self._procs)
-
-    def next_event_at(self) -> float | None:
-        return None
-
-    def shutdown(self, now: float) -> list[Exit]:
-        """Stop everything (service exit): TERM, KILL what is left after the grace period, and
-        return the exits of the jobs that were still running, so the ledger records them."""
-        running = dict(self._procs)
-        for job_id in list(self._procs):
-            self.stop(job_id, now)
-        for proc in self._stopping.values():
-            try:
-                proc.popen.wait(timeout=self.grace_s)
-            except subprocess.TimeoutExpired:
-                self._signal(proc, signal.SIGKILL)
-                proc.popen.wait()
-        self._stopping.clear()
-        return [Exit(job_id, p.popen.returncode, now) for job_id, p in sorted(running.items())]

@@ -144,6 +144,15 @@ def _level_siblings(account: str, level_fs: Mapping[str, float]) -> dict[str, fl
     return out
 
 
+_END_REASONS = {
+    "time_limit": ": stopped at its time limit",
+    "node_failure": ": its node failed",
+    "cancelled": ": cancelled outside the ledger",
+    "out_of_memory": ": out of memory",
+    "lost": ": its process vanished without an exit code",
+}
+
+
 def explain_history(
     job: Job,
     history: Sequence[e.AnyEvent],
@@ -181,7 +190,8 @@ def explain_history(
                 )
                 out.append(line)
             case e.JobStarted():
-                out.append(f"{when(ev.at)} started.")
+                logs = f" Output: {', '.join(ev.logs)}" if ev.logs else ""
+                out.append(f"{when(ev.at)} started.{logs}")
             case e.CheckpointReported():
                 out.append(f"{when(ev.at)} reported a checkpoint.")
             case e.JobPreempted():
@@ -208,7 +218,15 @@ def explain_history(
                 out.append(f"{when(ev.at)} released by {ev.actor}.")
             case e.JobFinished():
                 code = f" with exit code {ev.exit_code}" if ev.exit_code is not None else ""
-                out.append(f"{when(ev.at)} ended {ev.outcome}{code}.")
+                why = next(
+                    (
+                        _END_REASONS.get(x.reason, "")
+                        for x in history
+                        if isinstance(x, e.JobEngineEnded) and x.at == ev.at
+                    ),
+                    "",
+                )
+                out.append(f"{when(ev.at)} ended {ev.outcome}{code}{why}.")
     if job.status in ("placed", "running"):
         out.append(contract_line(job, now))
     return out

@@ -8,7 +8,7 @@ one thread ever touches the ledger, the projection and the executor.
 
 Stopping (SIGINT/SIGTERM) never harms work: the current cycle finishes, the relay publishes what
 the store holds, and running jobs are left alone unless the executor is this process's own
-(`up`'s LocalExecutor stops its children and records their exits, as before).
+(the supervised executor of `up` and `serve` leaves its jobs running: the next start adopts them).
 """
 
 from __future__ import annotations

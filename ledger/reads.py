@@ -103,7 +103,13 @@ SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster, j.state,
                        WHERE i.job_id = j.job_id AND i.end_position IS NULL)), []) AS nodes,
        (SELECT max(i.start_at) FROM job_intervals i WHERE i.job_id = j.job_id) AS last_start_at,
        (SELECT coalesce(from_json(ev.raw->'$.command', '["VARCHAR"]'), [])
-        FROM events ev WHERE ev.position = j.submitted_position) AS command
+        FROM events ev WHERE ev.position = j.submitted_position) AS command,
+       (SELECT coalesce(from_json(ev.raw->'$.logs', '["VARCHAR"]'), [])
+        FROM events ev WHERE ev.job_id = j.job_id AND ev.tag = 'job.started.v1'
+        ORDER BY ev.position DESC LIMIT 1) AS logs,
+       (SELECT ev.raw->>'$.reason'
+        FROM events ev WHERE ev.job_id = j.job_id AND ev.tag = 'job.engine_ended.v1'
+        ORDER BY ev.position DESC LIMIT 1) AS finish_reason
 FROM j
 WHERE ($status IS NULL OR j.state = $status OR ($status = 'active' AND j.state <> 'finished'))
   AND ($user IS NULL OR j.user_name = $user)
@@ -136,7 +142,7 @@ def jobs(store: Store, f: v.JobFilter, now: float) -> list[v.JobRow]:
         (job_id, account_, user, gpus, gpu_type, cluster, status, outcome, exit_code, funded,
          min_runtime_s, resumable, priority, debug, time_limit_s, submitted_at, placed_at,
          started_at, finished_at, placements, preemptions, nodes, last_start,
-         command) = r  # fmt: skip
+         command, logs, finish_reason) = r  # fmt: skip
         began = started_at if started_at is not None else last_start
         if status in ("pending", "held"):
             began = None  # requeued: its last run is over
@@ -151,6 +157,8 @@ def jobs(store: Store, f: v.JobFilter, now: float) -> list[v.JobRow]:
                 submitted_at=submitted_at, placed_at=placed_at, started_at=began,
                 finished_at=finished_at, elapsed_s=elapsed, nodes=list(nodes),
                 placements=placements, preemptions=preemptions, command=list(command or []),
+                logs=list(logs or []),
+                finish_reason=(finish_reason or "exited") if status == "finished" else None,
             )
         )  # fmt: skip
     return out

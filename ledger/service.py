@@ -25,7 +25,7 @@ from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.registry import config_of
 from ledger.dispatch.snapshot import Snapshot
-from ledger.executors import Executor, Launch, ServiceExecutor
+from ledger.executors import Executor, Launch, Reporting, ServiceExecutor
 from ledger.utilisation import UtilTracker
 from projections import queries
 from projections.fairshare import RANKING_VERSION, UsagePolicy
@@ -222,6 +222,37 @@ class Dispatcher:
                 log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
         return done
 
+    def report_progress(self, now: float) -> None:
+        """Checkpoints and utilisation samples of an executor that reports them (`Reporting`)
+        become events; what the ledger has moved past is dropped."""
+        if not isinstance(self.executor, Reporting):
+            return
+        got = self.executor.reports(now)
+        jobs = self.ledger.state.jobs
+        batch: list[c.AnyCommand] = [
+            c.ReportCheckpoint(actor=EXECUTOR, job_id=j)
+            for j in got.checkpoints
+            if j in jobs and jobs[j].status == "running" and jobs[j].spec.resumable
+        ]
+        batch += [
+            c.SampleUtilisation(actor=EXECUTOR, job_id=j, gpu_utilisation=u)
+            for j, u in got.samples
+            if j in jobs and jobs[j].status == "running" and len(u) == jobs[j].spec.gpus
+        ]
+        self._execute_reports(batch)
+
+    def _execute_reports(self, batch: list[c.AnyCommand]) -> None:
+        if not batch:
+            return
+        try:
+            self.ledger.execute_all(batch)
+        except LedgerError:  # one stale report must not hide the others
+            for cmd in batch:
+                try:
+                    self.ledger.execute(cmd)
+                except LedgerError as err:
+                    log.info("report not recorded: %s", err.line())
+
     def report_starts(self, now: float) -> int:
         """Runs the executor saw begin become JobStarted (with the engine's run id, if any)."""
         engine = self.executor.engine
@@ -239,10 +270,11 @@ class Dispatcher:
                         engine_job_id=st.engine_job_id,
                         run=st.run,
                         gpus=st.gpus,
+                        logs=st.logs,
                     )
                 )
             else:
-                starts.append(c.StartJob(actor=EXECUTOR, job_id=st.job_id))
+                starts.append(c.StartJob(actor=EXECUTOR, job_id=st.job_id, logs=st.logs))
         if starts:
             self.ledger.execute_all(starts)
         return len(starts)
@@ -288,6 +320,8 @@ class Dispatcher:
             spec.account,
             run=job.preemptions,
             time_limit_s=spec.time_limit_s,
+            grace_s=spec.grace_s,
+            debug=spec.debug,
         )
 
     def reconcile(self, now: float) -> None:
@@ -305,7 +339,9 @@ class Dispatcher:
         return self._recorded_at is not None and now - self._recorded_at >= self.idle_record_s
 
     def cycle(self, now: float) -> CycleResult:
-        # 0. exits first: GPUs they free are free for this cycle
+        # 0. starts, checkpoints and samples, then exits: GPUs they free are free for this cycle
+        self.report_starts(now)
+        self.report_progress(now)
         finished = self.report_exits(now)
         # 1. snapshot at position P
         position = self.ledger.catch_up()

@@ -55,6 +55,9 @@ Priority = Annotated[int, msgspec.Meta(ge=-1_000_000_000, le=1_000_000_000)]
 Seconds = Annotated[int, msgspec.Meta(ge=0, le=TEN_YEARS_S)]
 """A whole number of seconds: a contract (`min_runtime_s`: 0 unfunded, else at least 1 s)."""
 PositiveSeconds = Annotated[int, msgspec.Meta(ge=1, le=TEN_YEARS_S)]
+MAX_GRACE_S = 3600
+GraceSeconds = Annotated[int, msgspec.Meta(ge=0, le=MAX_GRACE_S)]
+"""SIGTERM-to-SIGKILL grace of a job being stopped: whole seconds, at most an hour."""
 PositiveInterval = Annotated[float, msgspec.Meta(ge=0.001, le=float(TEN_YEARS_S))]
 """How often a loop runs (seconds, a fraction allowed)."""
 Duration = Annotated[float, msgspec.Meta(ge=0.0, le=float(TEN_YEARS_S))]
@@ -66,6 +69,8 @@ TeamDepth = Annotated[int, msgspec.Meta(ge=1, le=64)]
 
 Arg = Annotated[str, msgspec.Meta(max_length=4_096)]
 CommandLine = Annotated[tuple[Arg, ...], msgspec.Meta(max_length=1_024)]
+LogPaths = Annotated[tuple[Arg, ...], msgspec.Meta(max_length=1_000_000)]
+"""Where a job's parts write their output: one path per part (at most one part per GPU)."""
 LabelKey = Annotated[str, msgspec.Meta(max_length=63)]
 Labels = Annotated[dict[LabelKey, Text], msgspec.Meta(max_length=64)]
 Config = Annotated[dict[LabelKey, Text], msgspec.Meta(max_length=64)]

@@ -23,9 +23,11 @@ from schemas.bounds import (
     Duration,
     Epoch,
     ExitCode,
+    GraceSeconds,
     JobGpus,
     JobId,
     Labels,
+    LogPaths,
     Name,
     NodeGpus,
     Position,
@@ -153,6 +155,8 @@ class SubmitJob(Command, frozen=True, kw_only=True, tag="submit"):
     duration_s: Duration | None = None
     user: Name | None = None
     """Submit on behalf of `user` (admins and the simulator); defaults to the actor."""
+    grace_s: GraceSeconds | None = None
+    """SIGTERM-to-SIGKILL grace when the job is stopped; None: the executor's default."""
 
 
 class CancelJob(Command, frozen=True, kw_only=True, tag="cancel"):
@@ -209,6 +213,7 @@ class PreemptJob(Command, frozen=True, kw_only=True, tag="preempt"):
 
 class StartJob(Command, frozen=True, kw_only=True, tag="job.start"):
     job_id: JobId
+    logs: LogPaths = ()
     engine: Name = ""
     """Set by an execution engine that names its runs (Slurm): links the run to `engine_job_id`."""
     engine_job_id: Name = ""

@@ -26,9 +26,11 @@ from schemas.bounds import (
     Epoch,
     ExitCode,
     GpuIndices,
+    GraceSeconds,
     JobGpus,
     JobId,
     Labels,
+    LogPaths,
     LongText,
     Name,
     NodeGpus,
@@ -199,6 +201,8 @@ class JobSubmitted(Event, frozen=True, kw_only=True, tag="job.submitted.v1"):
     labels: Labels = {}
     duration_s: Duration | None = None
     """Known run time for simulated execution; ignored by real executors."""
+    grace_s: GraceSeconds | None = None
+    """SIGTERM-to-SIGKILL grace when the job is stopped; None: the executor's default (30 s)."""
 
 
 class JobPlaced(Event, frozen=True, kw_only=True, tag="job.placed.v1"):
@@ -209,7 +213,11 @@ class JobPlaced(Event, frozen=True, kw_only=True, tag="job.placed.v1"):
 
 
 class JobStarted(Event, frozen=True, kw_only=True, tag="job.started.v1"):
+    """Every part of the job has started."""
+
     job_id: JobId
+    logs: LogPaths = ()
+    """Where its parts' output goes (one log per part, on the part's node)."""
 
 
 class JobPreempted(Event, frozen=True, kw_only=True, tag="job.preempted.v1"):

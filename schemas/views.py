@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from schemas.events import AnyEvent
+from schemas.events import AnyEvent, EndReason
 
 JobStatusWord = Literal["pending", "held", "placed", "running", "finished"]
 Limit = Annotated[int, msgspec.Meta(ge=1, le=100_000)]
@@ -126,6 +126,10 @@ class JobRow(_View, frozen=True, kw_only=True):
     placements: int
     preemptions: int
     command: list[str] = []
+    logs: list[str] = []
+    """Where its last run's output goes: one log per part, on the part's node."""
+    finish_reason: EndReason | None = None
+    """Why its last run ended, as its execution engine says (`exited`: by itself)."""
 
 
 # --- the log ------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "node": ("write", "read"),
     "submit": ("write",),
     "cancel": ("write",),
+    "checkpoint": ("write",),
     "hold": ("write",),
     "release": ("write",),
     "requeue": ("write",),

@@ -702,13 +702,14 @@ def _print_copy(topic: str, copy: au.CopyReport) -> None:
 def audit_check(ctx: Ctx, as_json: bool) -> None:
     """Scan the whole history for violated invariants: a GPU held by two jobs, a preemption
     inside a contract (admin ones with a reason are listed as such), a placement on a draining
-    node, usage charged to an unfunded job, a budget change by someone not authorised then.
+    node, usage charged to an unfunded job, a budget change by someone not authorised then;
+    and now, a GPU held by two jobs counting the job processes really alive on this host.
     One line per violation; exits 1 on any."""
     with EmbeddedSource(ctx.home) as source:
         report = au.check(_positioned(source))
     with projection(ctx, quiet=True) as store:
         charges = au.check_charges(store)
-    violations = sorted([*report.violations, *charges], key=lambda x: x.position)
+    violations = sorted([*report.violations, *charges, *_live(ctx)], key=lambda x: x.position)
     if as_json:
         echo_json(
             v.CheckView(
@@ -730,6 +731,20 @@ def audit_check(ctx: Ctx, as_json: bool) -> None:
         )
     if violations:
         sys.exit(1)
+
+
+def _live(ctx: Ctx) -> list[au.Violation]:
+    """The ledger's holders now against the live processes of the local executor."""
+    from ledger.agent.executor import live_processes
+    from ledger.clock import SystemClock
+
+    procs = live_processes(ctx.home / "agent")
+    if not procs:
+        return []
+    ledger = ctx.ledger()
+    position = ledger.catch_up()
+    live = [(p.job_id, p.node, i) for p in procs for i in p.gpu_indices]
+    return au.check_live(ledger.state.holders, live, position, SystemClock().now())
 
 
 def _positioned(source: EmbeddedSource, page: int = 50_000) -> Iterator[tuple[int, Any]]:

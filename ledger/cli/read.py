@@ -112,18 +112,20 @@ def jobs(
         return
     t = Table(
         "job", "account", "user", "gpus", "state", "contract", "submitted", "start", "end",
-        "elapsed", "exit", "nodes", box=None,
+        "elapsed", "exit", "nodes", "log", box=None,
     )  # fmt: skip
     for r in selected:
         contract = "unfunded" if not r.funded else fmt_duration(r.min_runtime_s)
         contract += " resumable" if r.resumable else ""
         contract += " debug" if r.debug else ""
+        state: str = r.outcome if r.status == "finished" and r.outcome else r.status
+        state += " (time limit)" if r.finish_reason == "time_limit" else ""
         t.add_row(
-            str(r.job_id), r.account, r.user, str(r.gpus),
-            r.outcome if r.status == "finished" and r.outcome else r.status, contract,
+            str(r.job_id), r.account, r.user, str(r.gpus), state, contract,
             fmt_time(r.submitted_at), fmt_time(r.started_at), fmt_time(r.finished_at),
             "-" if r.elapsed_s is None else span(r.elapsed_s),
             "-" if r.exit_code is None else str(r.exit_code), ",".join(r.nodes) or "-",
+            r.logs[0] if r.logs else "-",
         )  # fmt: skip
     _console().print(t)
 

@@ -1,6 +1,9 @@
 """`gpuledger up`: the service (ledger, projector fed by the store, dispatcher loop,
-LocalExecutor), and with `--kafka` a relay thread that publishes the log for other readers;
-`--executor slurm --partition P` runs the placed jobs on a Slurm partition (docs/slurm.md)."""
+supervised executor), and with `--kafka` a relay thread that publishes the log for other readers;
+`--executor slurm --partition P` runs the placed jobs on a Slurm partition (docs/slurm.md).
+
+Stopping it (Ctrl-C, SIGTERM, or kill -9) leaves jobs running under their supervisors; the next
+`up` adopts them before its first cycle and records the exits that happened meanwhile."""
 
 from __future__ import annotations
 
@@ -9,11 +12,14 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from ledger.agent.executor import DEBUG_LIMIT_S, SupervisedExecutor
+from ledger.agent.utilisation import pick_source
 from ledger.cli._common import (
     Ctx,
     echo_json,
@@ -27,9 +33,10 @@ from ledger.cli._common import (
 from ledger.clock import SystemClock
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
-from ledger.executors import LocalExecutor, ServiceExecutor
+from ledger.executors import ServiceExecutor
 from ledger.explain import lifecycle_lines
 from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
+from projections.errors import ProjectionBusy
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store
@@ -51,11 +58,12 @@ def _node_spec(text: str) -> tuple[str, int, str]:
     return name, int(gpus), gpu_type or "gpu"
 
 
-def _policy(name: str, margin: float, debug_lane: bool) -> Policy:
-    """The named policy; `--margin` and `--debug-lane` set fair share's knobs."""
+def _policy(name: str, margin: float, debug_lane: bool, squat_after_s: float) -> Policy:
+    """The named policy; `--margin`, `--debug-lane` and `--squat-after` set fair share's knobs."""
     config = registry.default_config(name)
     if registry.lookup(name).name == "fairshare":
-        config = registry.with_knobs(config, {"margin": margin, "debug_lane": debug_lane})
+        knobs = {"margin": margin, "debug_lane": debug_lane, "squat_after_s": squat_after_s}
+        config = registry.with_knobs(config, knobs)
     return registry.policy_from_config(config)
 
 
@@ -65,7 +73,39 @@ def _policy(name: str, margin: float, debug_lane: bool) -> Policy:
 )
 @click.option("--interval", default="2s", show_default=True, help="Time between dispatcher cycles.")
 @click.option(
-    "--grace", default="30s", show_default=True, help="SIGTERM-to-SIGKILL grace on preemption."
+    "--grace",
+    default="30s",
+    show_default=True,
+    help="SIGTERM-to-SIGKILL grace when a job is stopped (a job's own --grace wins).",
+)
+@click.option(
+    "--run-as",
+    type=click.Choice(["submitter", "service"]),
+    default="submitter",
+    envvar="GPULEDGER_RUN_AS",
+    show_default=True,
+    help="As root: run jobs as the submitting OS user, or as the service's own user.",
+)
+@click.option(
+    "--debug-limit",
+    default=f"{DEBUG_LIMIT_S}s",
+    show_default=True,
+    help="Debug-lane jobs are stopped after at most this long.",
+)
+@click.option(
+    "--sample-every", default="30s", show_default=True, help="GPU utilisation sampling period."
+)
+@click.option(
+    "--utilisation-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Test source of utilisation when NVML is absent (default: HOME/utilisation).",
+)
+@click.option(
+    "--squat-after",
+    default="1h",
+    show_default=True,
+    help="Past its contract, a job idle this long is squatting (a preemption victim).",
 )
 @click.option(
     "--policy",
@@ -105,6 +145,11 @@ def up(
     nodes: tuple[str, ...],
     interval: str,
     grace: str,
+    run_as: str,
+    debug_limit: str,
+    sample_every: str,
+    utilisation_dir: Path | None,
+    squat_after: str,
     policy: str,
     margin: float,
     debug_lane: bool,
@@ -116,13 +161,30 @@ def up(
     log_level: str,
 ) -> None:
     """Run the service: every cycle snapshots, decides, appends, and runs placed jobs as local
-    processes with CUDA_VISIBLE_DEVICES set to their GPUs (or as Slurm jobs)."""
+    processes with CUDA_VISIBLE_DEVICES set to their GPUs (or as Slurm jobs). Stopping it
+    leaves jobs running."""
     setup_logging(log_level)
     log = logging.getLogger("gpuledger.up")
     clock = SystemClock()
     ledger = ctx.ledger(live=True)
     _register_nodes(ctx, nodes)
-    executor, engine = _executor(ctx, executor_name, partition, parse_duration(grace))
+    executor: ServiceExecutor
+    engine: SlurmExecutor | None = None
+    if executor_name == "local":
+        util = pick_source(utilisation_dir or ctx.home / "utilisation")
+        executor = SupervisedExecutor(
+            ctx.home / "agent",
+            ctx.home / "jobs",
+            grace_s=parse_duration(grace),
+            run_as="service" if run_as == "service" else "submitter",
+            debug_limit_s=parse_duration(debug_limit),
+            util=util,
+            sample_every_s=parse_interval(sample_every, "--sample-every"),
+            extra_env={"GPULEDGER_HOME": str(ctx.home.resolve())},
+        )
+        log.info("utilisation: %s", util.name)
+    else:
+        executor = engine = _slurm_executor(ctx, partition, parse_duration(grace))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -130,11 +192,11 @@ def up(
     source = EmbeddedSource(ctx.home)  # scheduling never waits on the broker
     deadline = None if run_for is None else clock.now() + parse_duration(run_for)
     tick = parse_interval(interval)
-    with Store.open(ctx.home) as store:
+    with _open_projection(ctx.home) as store:
         dispatcher = Dispatcher(
             ledger,
             ProjectionRanks(Projector(store, source)),
-            _policy(policy, margin, debug_lane),
+            _policy(policy, margin, debug_lane, parse_duration(squat_after)),
             executor,
             unavailable=None if engine is None else engine.foreign,
         )
@@ -162,6 +224,7 @@ def up(
                 wait = tick if wake is None else max(0.05, min(tick, wake - clock.now()))
                 stop.wait(wait)
         finally:
+            # supervised jobs keep running (the next `up` adopts them); Slurm's run on
             exits = executor.shutdown(clock.now())
             for ex in exits:
                 try:
@@ -190,6 +253,19 @@ def _log_lifecycle(
     return int(ledger.head())
 
 
+def _open_projection(home: Path, wait_s: float = 15.0) -> Store:
+    """The projection file, for writing. A read command may hold it for a moment (DuckDB allows
+    one writer per file; readers open it only when no service does): retry until `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return Store.open(home)
+        except ProjectionBusy:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _idle(ledger: Any) -> bool:
     return not any(j.active for j in ledger.state.jobs.values())
 
@@ -206,12 +282,8 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
         ledger.execute_all(cmds)
 
 
-def _executor(
-    ctx: Ctx, name: str, partition: str | None, grace_s: float
-) -> tuple[ServiceExecutor, SlurmExecutor | None]:
-    """The executor, and the Slurm one again when it is Slurm (nodes and foreign jobs)."""
-    if name == "local":
-        return LocalExecutor(ctx.home / "jobs", grace_s=grace_s), None
+def _slurm_executor(ctx: Ctx, partition: str | None, grace_s: float) -> SlurmExecutor:
+    """The Slurm executor on `partition`, its nodes registered in the ledger."""
     from ledger.slurm import SlurmExecutor, ledger_id, register_commands
 
     if not partition:
@@ -231,7 +303,7 @@ def _executor(
     cmds = register_commands(found, ledger.state.nodes, ctx.actor)
     if cmds:
         ledger.execute_all(cmds)
-    return slurm, slurm
+    return slurm
 
 
 def _follow_slurm_nodes(ledger: Any, slurm: SlurmExecutor, log: logging.Logger) -> None:

@@ -209,6 +209,7 @@ def _labels(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option(
     "--time-limit", "-t", default=None, help="Declared wall time; <= 15m makes a debug job."
 )
+@click.option("--grace", default=None, help="SIGTERM-to-SIGKILL grace when stopped (default 30s).")
 @click.option("--label", "labels", multiple=True, help="KEY=VALUE (repeatable).")
 @click.option("--duration", default=None, help="Known run time (simulated execution only).")
 @click.option("--user", default=None, help="Submit on behalf of USER (managers and admins).")
@@ -225,6 +226,7 @@ def submit(
     resumable: bool,
     priority: int,
     time_limit: str | None,
+    grace: str | None,
     labels: tuple[str, ...],
     duration: str | None,
     user: str | None,
@@ -246,6 +248,7 @@ def submit(
         labels=_labels(labels),
         duration_s=None if duration is None else float(parse_duration(duration)),
         user=user,
+        grace_s=None if grace is None else parse_duration(grace),
     )
     appended = ctx.execute(cmd)
     job = next(ev for ev in appended.events if isinstance(ev, JobSubmitted))
@@ -263,6 +266,16 @@ def submit(
 def cancel(ctx: Ctx, job_id: int) -> None:
     """Cancel JOB_ID (its owner, a manager of its account, or an admin)."""
     _done(ctx, f"cancelled job {job_id}", c.CancelJob(actor=ctx.actor, job_id=job_id))
+
+
+@click.command()
+@click.argument("job_id", type=int, envvar="GPULEDGER_JOB_ID")
+@pass_ctx
+def checkpoint(ctx: Ctx, job_id: int) -> None:
+    """Report that JOB_ID (default: $GPULEDGER_JOB_ID, set inside a job) saved its progress:
+    a preemption then loses only the work after now. Touching $GPULEDGER_CHECKPOINT_FILE does
+    the same from inside the job."""
+    _done(ctx, f"checkpoint of job {job_id}", c.ReportCheckpoint(actor=ctx.actor, job_id=job_id))
 
 
 @click.command()
@@ -314,5 +327,6 @@ def admin_revoke(ctx: Ctx, user: str) -> None:
 
 
 COMMANDS = [
-    init, account, share, member, manager, node, submit, cancel, hold, release, requeue, admin,
+    init, account, share, member, manager, node, submit, cancel, checkpoint, hold, release,
+    requeue, admin,
 ]  # fmt: skip

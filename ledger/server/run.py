@@ -5,7 +5,8 @@ Start: 1 open the ledger and the service loop  2 start the worker  3 bind the TC
 
 Stop (SIGINT/SIGTERM): refuse new writes (503), let uvicorn finish the requests in flight, let
 the worker finish its queue and the current cycle, flush the relay, leave running jobs running
-(an agent's jobs are not ours to stop; the local executor's stop with us, as in `up`), exit 0.
+(an agent's jobs are not ours to stop; the local executor's keep running under their supervisors
+and the next start adopts them, as in `up`), exit 0.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from ledger.agent.executor import SupervisedExecutor
 from ledger.application import Ledger
 from ledger.cli._common import parse_duration, parse_interval
-from ledger.executors import Executor, LocalExecutor
+from ledger.executors import Executor
 from ledger.loop import NoExecutor, ServiceLoop, make_policy
 from ledger.server import identity
 from ledger.server.app import PEER_UID, create_app
@@ -143,7 +145,12 @@ def _bind_tcp(listen: str) -> socket.socket:
 
 def _executor(home: Path, config: ServeConfig) -> Executor:
     if config.executor == "local":
-        return LocalExecutor(home / "jobs", grace_s=parse_duration(config.grace))
+        return SupervisedExecutor(
+            home / "agent",
+            home / "jobs",
+            grace_s=parse_duration(config.grace),
+            extra_env={"GPULEDGER_HOME": str(home.resolve())},
+        )
     return NoExecutor()
 
 

@@ -17,6 +17,7 @@ lost, and scheduling never waits on the broker.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -33,6 +34,7 @@ from typing import Any
 import pytest
 from kafka import KafkaProducer
 
+from ledger.agent.executor import live_processes
 from ledger.application import Ledger
 from ledger.relay import (
     POSITION_HEADER,
@@ -441,6 +443,8 @@ def start_up(home: Path, bootstrap: str, topic: str, tid: str, *args: str) -> su
             "--home",
             str(home),
             "up",
+            "--run-as",
+            "service",  # the ledger's users are not OS accounts here
             "--kafka",
             bootstrap,
             "--log-level",
@@ -490,8 +494,9 @@ def test_sigterm_publishes_every_committed_event_before_exit(
     transactional_id: str,
     read_topic: ReadTopic,
 ) -> None:
-    """Jobs still run at SIGTERM: the service stops them and records their ends after the
-    signal; those last events are on the topic when the process has exited."""
+    """Jobs still run at SIGTERM and keep running under their supervisors (the service records
+    no end for them); every event committed up to the signal is on the topic when the process
+    has exited."""
     home = service_home(tmp_path, gpus=4)
     ledger = Ledger(home)
     ledger.execute_all([job("sleep 60")] * 4)
@@ -507,9 +512,14 @@ def test_sigterm_publishes_every_committed_event_before_exit(
         if up.poll() is None:
             up.kill()
             up.communicate()
+        survivors = live_processes(home / "agent")
+        for p in survivors:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
     assert up.returncode == 0, err
-    ends = [t for _p, t, _d in stored(home) if t == "job.finished.v1"]
-    assert len(ends) == 4  # appended after the signal
+    assert len(survivors) == 4 and ledger_jobs() == ["running"] * 4
+    tags = [t for _p, t, _d in stored(home)]
+    assert tags.count("job.started.v1") == 4 and "job.finished.v1" not in tags
     assert_records_equal_store(read_topic(kafka_topic), home)
     health = read_health(home)
     assert health is not None and (health.position, health.lag) == (len(stored(home)), 0)

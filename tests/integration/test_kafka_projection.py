@@ -701,6 +701,8 @@ def test_up_with_kafka_and_a_follower_elsewhere_build_identical_tables(
         run_cli(
             home,
             "up",
+            "--run-as",
+            "service",  # the ledger's users are not OS accounts here
             "--kafka",
             kafka_bootstrap,
             "--interval",

@@ -260,7 +260,7 @@ def test_jobs_come_from_the_projection_with_start_end_elapsed_and_exit_code(
     until = reads.jobs(store, v.JobFilter(until=T0 + 50), T0 + 300)
     assert [r.job_id for r in until] == [2, 1]
     table = cli(home, "jobs", "-S", "2026-01-01T00:00:00", "-E", "2026-01-01T00:00:10").stdout
-    assert table.splitlines()[0].split()[-5:] == ["start", "end", "elapsed", "exit", "nodes"]
+    assert table.splitlines()[0].split()[-6:] == ["start", "end", "elapsed", "exit", "nodes", "log"]
     assert [line.split()[0] for line in table.splitlines()[1:]] == ["2", "1"]
 
 

@@ -1,5 +1,5 @@
 """The dispatcher cycle against the real store and projection, and the service with real
-subprocesses (LocalExecutor)."""
+subprocesses (the supervised executor)."""
 
 from __future__ import annotations
 
@@ -232,40 +232,15 @@ def test_up_runs_real_processes_with_their_gpus_and_preempts_unfunded_work(tmp_p
         "60",
         actor="bob",
     )
-    run_cli(home, "up", "--interval", "0.2s", "--for", "1s", "--log-level", "WARNING")
+    up = ("up", "--run-as", "service", "--interval", "0.2s", "--log-level", "WARNING")
+    run_cli(home, *up, "--for", "1s")
     jobs = {j["job_id"]: j for j in json.loads(run_cli(home, "jobs", "--json").stdout)}
-    assert jobs[1]["outcome"] == "failed"  # the service stopped: its process was terminated
-    # now a funded job arrives while the unfunded one runs: it preempts it
-    run_cli(
-        home,
-        "submit",
-        "-A",
-        "ai2/olmo",
-        "-G",
-        "4",
-        "--min-runtime",
-        "0",
-        "--",
-        "sleep",
-        "60",
-        actor="bob",
-    )
+    assert jobs[1]["status"] == "running"  # the service stopped; its job did not
+    # the next service adopts it; a funded job arrives while it runs and preempts it
     script = 'echo "gpus=$CUDA_VISIBLE_DEVICES job=$GPULEDGER_JOB_ID"; exit 7'
     up_log = (tmp_path / "up.log").open("w")
     proc = subprocess.Popen(
-        [
-            GPULEDGER,
-            "up",
-            "--interval",
-            "0.2s",
-            "--grace",
-            "1s",
-            "--until-idle",
-            "--for",
-            "60s",
-            "--log-level",
-            "info",
-        ],
+        [GPULEDGER, *up, "--grace", "1s", "--until-idle", "--for", "60s", "--log-level", "info"],
         env={
             **{k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")},
             "GPULEDGER_HOME": str(home),
@@ -278,7 +253,7 @@ def test_up_runs_real_processes_with_their_gpus_and_preempts_unfunded_work(tmp_p
 
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # wait until the unfunded job runs
-            if (home / "jobs" / "job-2.log").exists():
+            if (home / "jobs" / "job-1.log").exists():
                 break
             time.sleep(0.1)
         run_cli(
@@ -301,25 +276,24 @@ def test_up_runs_real_processes_with_their_gpus_and_preempts_unfunded_work(tmp_p
         proc.kill()
         up_log.close()
     jobs = {j["job_id"]: j for j in json.loads(run_cli(home, "jobs", "--json").stdout)}
-    assert jobs[2]["outcome"] == "preempted"
-    assert jobs[3]["outcome"] == "failed"
+    assert jobs[1]["outcome"] == "preempted"
+    assert jobs[2]["outcome"] == "failed"
     said = (tmp_path / "up.log").read_text()
     jobs_dir = home / "jobs"
     assert f"job output goes to {jobs_dir}/job-N.log" in said
-    assert "job 2 (ai2/olmo, bob, 4 GPUs) started on " in said
     assert (
-        f"job 3 (ai2/olmo, alice, 2 GPUs) failed (exit code 7); output: {jobs_dir}/job-3.log"
+        f"job 2 (ai2/olmo, alice, 2 GPUs) failed (exit code 7); output: {jobs_dir}/job-2.log"
         in said
     )
-    assert "job 2 preempted (fairness)" in said
-    log = (home / "jobs" / "job-3.log").read_text()
-    assert log.strip() in ("gpus=0,1 job=3", "gpus=2,3 job=3")
-    why = run_cli(home, "explain", "2").stdout
-    assert "preempted for fairness (unfunded) to make room for job 3" in why
+    assert "job 1 preempted (fairness)" in said
+    log = (home / "jobs" / "job-2.log").read_text()
+    assert log.strip() in ("gpus=0,1 job=2", "gpus=2,3 job=2")
+    why = run_cli(home, "explain", "1").stdout
+    assert "preempted for fairness (unfunded) to make room for job 2" in why
     assert "it was unfunded (no contract)" in why
     finished = [
         r["event"]
         for r in json.loads(run_cli(home, "log", "--json", "--limit", "1000").stdout)
         if r["event"]["type"] == "job.finished.v1"
     ]
-    assert {(f["job_id"], f["outcome"], f.get("exit_code")) for f in finished} >= {(3, "failed", 7)}
+    assert {(f["job_id"], f["outcome"], f.get("exit_code")) for f in finished} >= {(2, "failed", 7)}

@@ -1,0 +1,616 @@
+"""The supervised executor: real processes that outlive the service. An edge.
+
+Each part of a job (one per node of its placement) runs under its own supervisor
+(`ledger.agent.supervise`), the job's parent, in a session of its own: stopping or killing the
+service leaves jobs running. A state file of handles, written atomically on every change, lets a
+restarted service adopt them before doing anything else (Nomad's client does the same):
+
+    <state_dir>/state.json            the handles: job, launch number, per part the supervisor's
+                                      pid and /proc start time, the job's limit, grace, stop state
+    <state_dir>/runs/<job>.<launch>/<rank>/   spec.json, supervisor, job, exit (see supervise.py),
+                                      work/checkpoint (the job's GPULEDGER_CHECKPOINT_FILE)
+    <state_dir>/lock                  held while a service runs these jobs (one at a time)
+
+Stopping a job is SIGTERM to each part's process group, then SIGKILL after its grace. The
+executor stops a job by itself for two reasons only, and reports them: its time limit
+(`Exit.reason == "time_limit"`, recorded as JobEngineEnded of engine `local`), and a failed part
+of a gang job (the others are stopped; the job's exit code is the failed part's). A job the
+ledger stopped (preempted, cancelled) is stopped without reporting its exit.
+
+A placement's GPUs may still be held by a job in its grace period: its launch waits until those
+processes are gone, so two live jobs never hold one GPU. The job is reported started when every
+part has started. A run is named `<job>.<launch>` (launch = the ledger's run + 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO, Literal
+
+import msgspec
+
+from ledger.agent.env import job_env
+from ledger.agent.proc import alive, write_atomic
+from ledger.agent.utilisation import UtilSource
+from ledger.executors import Exit, Launch, Reports, Start
+from schemas.errors import InvalidCommand
+from schemas.events import EndReason
+
+log = logging.getLogger("gpuledger.agent")
+
+DEBUG_LIMIT_S = 15 * 60
+STATE_VERSION = 1
+RunAs = Literal["submitter", "service"]
+StopReason = Literal["ledger", "time_limit", "part_failed"]
+
+
+class Part(msgspec.Struct, kw_only=True):
+    """One process of a job: its node's GPUs, its supervisor, and its end once known."""
+
+    rank: int
+    node: str
+    gpu_indices: tuple[int, ...]
+    rundir: str
+    log: str
+    pid: int | None = None
+    """The supervisor's pid (the job's pid and process group are in `rundir/job`)."""
+    pid_start: int | None = None
+    """The supervisor's start time in /proc (clock ticks since boot): pid reuse is detected."""
+    exit_code: int | None = None
+    lost: bool = False
+    signalled: bool = False
+    """SIGTERM reached it (its process group, or its supervisor, which passes it on)."""
+
+
+class Handle(msgspec.Struct, kw_only=True):
+    job_id: int
+    launch: int
+    launched_at: float
+    time_limit_s: float | None
+    grace_s: float
+    parts: list[Part]
+    stop_at: float | None = None
+    stop_reason: StopReason | None = None
+    killed: bool = False
+    failed_code: int | None = None
+    start_reported: bool = False
+    checkpoint_mtime: float = 0.0
+
+    @property
+    def gpus(self) -> set[tuple[str, int]]:
+        return {(p.node, i) for p in self.parts for i in p.gpu_indices}
+
+    @property
+    def done(self) -> bool:
+        return all(p.exit_code is not None for p in self.parts)
+
+
+class AgentState(msgspec.Struct, kw_only=True):
+    version: int = STATE_VERSION
+    jobs: list[Handle] = []
+
+
+def _read_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        pid, started = path.read_text().split()
+        return int(pid), int(started)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _read_exit(rundir: Path) -> int | None:
+    try:
+        return int((rundir / "exit").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def run_name(job_id: int, launch: int) -> str:
+    """Pure: the engine's id of a run, as JobEngineLinked/JobEngineEnded record it."""
+    return f"{job_id}.{launch}"
+
+
+class SupervisedExecutor:
+    """Runs each part of a placement under a supervisor on this host (see the module doc).
+
+    `address_of` names the host of a node for MASTER_ADDR (every node is this host for `up`);
+    `extra_env` is added to every job's environment (`up` names its data directory there, so
+    `gpuledger checkpoint` works inside a job).
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        log_dir: Path,
+        *,
+        grace_s: float = 30.0,
+        run_as: RunAs = "submitter",
+        debug_limit_s: float = DEBUG_LIMIT_S,
+        util: UtilSource | None = None,
+        sample_every_s: float = 30.0,
+        address_of: Callable[[str], str] = lambda node: "127.0.0.1",
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.engine = "local"
+        self.relaunch_placed = True
+        """Runs outlive the service: a placed job with no handle was never launched."""
+        self.state_dir = state_dir
+        self.log_dir = log_dir
+        self.grace_s = grace_s
+        self.run_as = run_as
+        self.debug_limit_s = debug_limit_s
+        self.util = util
+        self.sample_every_s = sample_every_s
+        self.address_of = address_of
+        self.base_env = {**os.environ, **(extra_env or {})}
+        self._next_sample_at: float | None = None
+        self._starting: dict[str, subprocess.Popen[bytes]] = {}
+        """Starters of supervisors (they fork the supervisor off and exit), by run directory."""
+        self._pending: dict[int, Launch] = {}
+        self._exits: list[Exit] = []
+        self._starts: list[Start] = []
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = self._take_lock()
+        self.jobs: dict[int, Handle] = {}
+        self.adopted = self._adopt()
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def _take_lock(self) -> IO[bytes]:
+        f = open(self.state_dir / "lock", "ab")  # noqa: SIM115 (held for the executor's life)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            f.close()
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                raise InvalidCommand(
+                    f"another service runs the jobs of {self.state_dir}",
+                    hint="stop it first; one service per data directory",
+                ) from e
+            raise
+        return f
+
+    def shutdown(self, now: float) -> list[Exit]:
+        """The service stops: jobs keep running under their supervisors (no exits to record);
+        the next executor on this state directory adopts them."""
+        running = len(self.running())
+        self.close()
+        if running:
+            log.info("stopped: %d job(s) keep running and will be adopted", running)
+        return []
+
+    def close(self) -> None:
+        """Release the state directory. Jobs keep running; a new executor adopts them."""
+        for starter in self._starting.values():
+            starter.wait()  # a starter exits as soon as its supervisor is forked off
+        self._starting.clear()
+        self._save()
+        self._lock.close()
+
+    def _save(self) -> None:
+        state = AgentState(jobs=sorted(self.jobs.values(), key=lambda h: h.job_id))
+        write_atomic(self.state_dir / "state.json", msgspec.json.encode(state))
+
+    def _adopt(self) -> list[Handle]:
+        """Load the handles and re-attach: a part whose supervisor is gone is checked for an
+        exit code; one that left none and whose job process is gone too is lost. Starts are
+        reported again (the ledger drops those it has)."""
+        try:
+            raw = (self.state_dir / "state.json").read_bytes()
+        except FileNotFoundError:
+            return []
+        state = msgspec.json.decode(raw, type=AgentState)
+        for h in state.jobs:
+            self.jobs[h.job_id] = h
+            h.start_reported = False
+            for p in h.parts:
+                if p.exit_code is None:
+                    self._refresh_part(p)
+            ended = [p.exit_code for p in h.parts if p.exit_code is not None]
+            log.info(
+                "adopted job %s (launch %s): %d of %d parts running%s",
+                h.job_id,
+                h.launch,
+                len(h.parts) - len(ended),
+                len(h.parts),
+                f", ended with {ended}" if ended else "",
+            )
+        self._save()
+        return list(self.jobs.values())
+
+    # --- the executor interface ----------------------------------------------------------------
+
+    def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
+        """After a restart: `runs` maps each job the ledger holds GPUs for to its run. Handles
+        of runs the ledger no longer has are stopped (their exits unreported); a run with no
+        handle whose supervisors all wrote an exit code (the service stopped before recording
+        it) is reported by the next `starts`/`poll`. Returns the jobs with a run here."""
+        known: set[int] = set()
+        for h in list(self.jobs.values()):
+            if runs.get(h.job_id, -1) + 1 == h.launch:
+                known.add(h.job_id)
+            elif h.stop_reason != "ledger":
+                log.info(
+                    "job %s (launch %s) is not run by the ledger: stopping it", h.job_id, h.launch
+                )
+                self._terminate(h, now, "ledger")
+        for job_id, run in sorted(runs.items()):
+            if job_id in known:
+                continue
+            code = self.recorded_exit(job_id, run + 1)
+            if code is not None:
+                name = run_name(job_id, run + 1)
+                self._starts.append(Start(job_id, engine_job_id=name, run=run))
+                self._exits.append(Exit(job_id, code, now, engine_job_id=name))
+                known.add(job_id)
+        self._save()
+        return known
+
+    def launch(self, job: Launch, now: float) -> None:
+        if job.job_id in self.jobs or job.job_id in self._pending:
+            return
+        self._pending[job.job_id] = job
+        self._start_pending(now)
+
+    def stop(self, job_id: int, now: float) -> None:
+        """The ledger no longer runs `job_id`: SIGTERM now, SIGKILL after its grace; its exit
+        goes unreported."""
+        self._pending.pop(job_id, None)
+        h = self.jobs.get(job_id)
+        if h is not None and h.stop_reason != "ledger":
+            self._terminate(h, now, "ledger")
+            self._save()
+
+    def poll(self, now: float) -> list[Exit]:
+        changed = False
+        for h in list(self.jobs.values()):
+            changed |= self._watch(h, now)
+        self._reap_starters()
+        self._start_pending(now)
+        if changed:
+            self._save()
+        exits, self._exits = self._exits, []
+        return sorted(exits, key=lambda x: x.job_id)
+
+    def running(self) -> set[int]:
+        """Jobs with a live process here, or waiting to start on GPUs still being freed."""
+        return set(self.jobs) | set(self._pending)
+
+    def next_event_at(self) -> float | None:
+        return None
+
+    def starts(self, now: float) -> list[Start]:
+        """Jobs every part of which has started since the last call."""
+        changed = False
+        for h in sorted(self.jobs.values(), key=lambda h: h.launched_at):
+            if h.stop_reason != "ledger" and not h.start_reported and self._all_started(h):
+                self._report_start(h)
+                changed = True
+        if changed:
+            self._save()
+        out, self._starts = self._starts, []
+        return out
+
+    def _report_start(self, h: Handle) -> None:
+        h.start_reported = True
+        self._starts.append(
+            Start(
+                h.job_id,
+                engine_job_id=run_name(h.job_id, h.launch),
+                run=h.launch - 1,
+                logs=tuple(p.log for p in h.parts),
+            )
+        )
+
+    def reports(self, now: float) -> Reports:
+        out = Reports()
+        changed = False
+        for h in self.jobs.values():
+            if h.stop_reason is not None or not h.start_reported:
+                continue
+            mtime = self._checkpoint_mtime(h)
+            if mtime > h.checkpoint_mtime:
+                h.checkpoint_mtime, changed = mtime, True
+                out.checkpoints.append(h.job_id)
+        if self.util is not None and (self._next_sample_at is None or now >= self._next_sample_at):
+            self._next_sample_at = now + self.sample_every_s
+            out.samples.extend(self._samples())
+        if changed:
+            self._save()
+        return out
+
+    # --- launching -----------------------------------------------------------------------------
+
+    def _busy_gpus(self) -> set[tuple[str, int]]:
+        return {g for h in self.jobs.values() for g in h.gpus}
+
+    def _start_pending(self, now: float) -> None:
+        busy = self._busy_gpus()
+        for job_id, job in list(self._pending.items()):
+            wanted = {(sl.node, i) for sl in job.slots for i in sl.gpu_indices}
+            if wanted & busy:
+                continue  # a stopped job still holds some of these GPUs: start once it is gone
+            del self._pending[job_id]
+            h = self._spawn(job, now)
+            busy |= h.gpus
+
+    def _user(self, job: Launch) -> str | None:
+        if self.run_as == "submitter" and os.geteuid() == 0:
+            return job.user
+        return None
+
+    def _limit(self, job: Launch) -> float | None:
+        if job.debug:
+            return min(job.time_limit_s or self.debug_limit_s, self.debug_limit_s)
+        return job.time_limit_s
+
+    def _spawn(self, job: Launch, now: float) -> Handle:
+        launch = job.run + 1
+        runs = self.state_dir / "runs" / run_name(job.job_id, launch)
+        shutil.rmtree(runs, ignore_errors=True)  # a stale attempt of this very launch
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        user = self._user(job)
+        h = Handle(
+            job_id=job.job_id,
+            launch=launch,
+            launched_at=now,
+            time_limit_s=self._limit(job),
+            grace_s=self.grace_s if job.grace_s is None else job.grace_s,
+            parts=[],
+        )
+        master = self.address_of(job.slots[0].node)
+        for rank, slot in enumerate(job.slots):
+            rundir = runs / str(rank)
+            work = rundir / "work"
+            work.mkdir(parents=True)
+            name = f"job-{job.job_id}.log" if rank == 0 else f"job-{job.job_id}.{rank}.log"
+            logfile = self.log_dir / name
+            logfile.touch()
+            if user is not None:
+                self._give(user, work, logfile)
+            env = job_env(
+                self.base_env,
+                job,
+                rank,
+                checkpoint_file=str(work / "checkpoint"),
+                master_addr=master,
+            )
+            spec = {
+                "command": list(job.command) or ["true"],
+                "env": env,
+                "user": user,
+                "log": str(logfile),
+                "cwd": str(work) if user is not None else None,
+            }
+            write_atomic(rundir / "spec.json", json.dumps(spec).encode())
+            h.parts.append(
+                Part(
+                    rank=rank,
+                    node=slot.node,
+                    gpu_indices=slot.gpu_indices,
+                    rundir=str(rundir),
+                    log=str(logfile),
+                )
+            )
+        # the handle is saved before any process exists; each supervisor's identity is read
+        # from the file its starter writes (a crash in between loses nothing)
+        self.jobs[job.job_id] = h
+        self._save()
+        for p in h.parts:
+            self._starting[p.rundir] = subprocess.Popen(
+                [sys.executable, "-I", "-m", "ledger.agent.supervise", p.rundir],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        log.info("launched job %s (launch %s): %d part(s)", job.job_id, launch, len(h.parts))
+        return h
+
+    def _give(self, user: str, *paths: Path) -> None:
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            return  # the supervisor says so in the job's log and fails the launch
+        for path in paths:
+            os.chown(path, pw.pw_uid, pw.pw_gid)
+
+    # --- watching ------------------------------------------------------------------------------
+
+    def _refresh_part(self, p: Part) -> bool:
+        """Read the part's exit code if it ended; True when that changed."""
+        rundir = Path(p.rundir)
+        code = _read_exit(rundir)
+        if code is not None:
+            p.exit_code = code
+            return True
+        if p.pid is None:
+            starter = self._starting.get(p.rundir)
+            starting = starter is not None and starter.poll() is None  # asked before the read
+            ident = _read_identity(rundir / "supervisor")
+            if ident is not None:
+                p.pid, p.pid_start = ident
+            elif starting:
+                return False
+        if alive(p.pid, p.pid_start):
+            return False
+        code = _read_exit(rundir)  # it may have ended between the two reads
+        if code is not None:
+            p.exit_code = code
+            return True
+        job = _read_identity(rundir / "job")
+        if job is not None and alive(*job):
+            return False  # the supervisor died, its job lives on: watch the job itself
+        p.exit_code, p.lost = -1, True
+        log.warning("part %s of %s has no process and no exit code: lost", p.rank, rundir.parent)
+        return True
+
+    def _watch(self, h: Handle, now: float) -> bool:
+        changed = False
+        for p in h.parts:
+            if p.exit_code is None:
+                changed |= self._refresh_part(p)
+        failed = next((p.exit_code for p in h.parts if p.exit_code not in (None, 0)), None)
+        # a gang job: a failed part stops the others
+        if failed is not None and h.stop_reason is None and not h.done:
+            h.failed_code = failed
+            self._terminate(h, now, "part_failed")
+            changed = True
+        # the time limit
+        if (
+            h.stop_reason is None
+            and h.time_limit_s is not None
+            and now >= h.launched_at + h.time_limit_s
+        ):
+            log.info("job %s reached its time limit (%gs): stopping it", h.job_id, h.time_limit_s)
+            self._terminate(h, now, "time_limit")
+            changed = True
+        # a part not yet reached by the stop (still starting) gets it now
+        if h.stop_at is not None and not h.killed and any(not p.signalled for p in h.parts):
+            self._signal(h, signal.SIGTERM)
+        # the grace period ends
+        if h.stop_at is not None and not h.killed and not h.done and now >= h.stop_at + h.grace_s:
+            self._signal(h, signal.SIGKILL)
+            h.killed = changed = True
+        if h.done and h.stop_reason != "ledger" and not h.start_reported:
+            self._report_start(h)  # a run that ended before it was seen running started first
+        if h.done:
+            del self.jobs[h.job_id]
+            if h.stop_reason != "ledger":
+                self._exits.append(self._exit_of(h, now))
+            changed = True
+        return changed
+
+    def _exit_of(self, h: Handle, now: float) -> Exit:
+        codes = [p.exit_code for p in sorted(h.parts, key=lambda p: p.rank)]
+        code = h.failed_code
+        if code is None:
+            code = next((c for c in codes if c), 0)
+        reason: EndReason = "exited"
+        if h.stop_reason == "time_limit":
+            reason = "time_limit"
+        elif any(p.lost for p in h.parts):
+            reason = "lost"
+        return Exit(h.job_id, int(code or 0), now, reason, run_name(h.job_id, h.launch))
+
+    def _terminate(self, h: Handle, now: float, why: StopReason) -> None:
+        if h.stop_reason is None or why == "ledger":
+            h.stop_reason = why
+        if h.stop_at is None:
+            h.stop_at = now
+            self._signal(h, signal.SIGTERM)
+
+    def _signal(self, h: Handle, sig: signal.Signals) -> None:
+        for p in h.parts:
+            if p.exit_code is not None or (sig == signal.SIGTERM and p.signalled):
+                continue
+            job = _read_identity(Path(p.rundir) / "job")
+            if job is None:
+                # not started yet: the supervisor passes the signal on once the job exists
+                if p.pid is not None and alive(p.pid, p.pid_start):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p.pid, signal.SIGTERM)
+                        p.signalled = True
+                continue
+            pid, started = job
+            if sig == signal.SIGKILL or alive(pid, started):
+                # the group outlives its leader: SIGKILL goes to the group whatever
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, sig)
+            p.signalled = True
+
+    def _reap_starters(self) -> None:
+        for rundir, starter in list(self._starting.items()):
+            if starter.poll() is not None:
+                del self._starting[rundir]
+
+    @staticmethod
+    def _all_started(h: Handle) -> bool:
+        """Every part's process exists (or already ended): the job is running."""
+        return all(
+            p.exit_code is not None
+            or (Path(p.rundir) / "job").exists()
+            or (Path(p.rundir) / "exit").exists()
+            for p in h.parts
+        )
+
+    def _checkpoint_mtime(self, h: Handle) -> float:
+        best = 0.0
+        for p in h.parts:
+            with contextlib.suppress(FileNotFoundError):
+                best = max(best, (Path(p.rundir) / "work" / "checkpoint").stat().st_mtime)
+        return best
+
+    def _samples(self) -> list[tuple[int, tuple[float, ...]]]:
+        assert self.util is not None
+        out = []
+        for h in self.jobs.values():
+            if h.stop_reason is not None or not h.start_reported:
+                continue
+            values: list[float] = []
+            for p in sorted(h.parts, key=lambda p: p.rank):
+                got = self.util.sample(h.job_id, p.gpu_indices)
+                if got is None:
+                    break
+                values.extend(got)
+            else:
+                out.append((h.job_id, tuple(values)))
+        return out
+
+    # --- recovery helpers ----------------------------------------------------------------------
+
+    def recorded_exit(self, job_id: int, launch: int) -> int | None:
+        """The exit code a supervisor wrote for a launch no handle remembers (the service
+        stopped between reading it and recording it), if any."""
+        runs = self.state_dir / "runs" / run_name(job_id, launch)
+        codes = [_read_exit(d) for d in sorted(runs.glob("*")) if d.is_dir()]
+        if not codes or any(c is None for c in codes):
+            return None
+        return next((c for c in codes if c), 0)
+
+
+class LiveProcess(msgspec.Struct, frozen=True, kw_only=True):
+    """A job process really alive on this host, and the GPUs it was given."""
+
+    job_id: int
+    launch: int
+    node: str
+    gpu_indices: tuple[int, ...]
+    pid: int
+
+
+def live_processes(state_dir: Path) -> list[LiveProcess]:
+    """Every job process alive under `state_dir/runs`, found from the supervisors' own files
+    (not from the state file), so a process the handles forgot is counted too."""
+    out = []
+    for rundir in sorted((state_dir / "runs").glob("*/*")):
+        ident = _read_identity(rundir / "job")
+        if ident is None or not alive(*ident) or _read_exit(rundir) is not None:
+            continue
+        try:
+            env = json.loads((rundir / "spec.json").read_bytes())["env"]
+            gpus = env.get("CUDA_VISIBLE_DEVICES", "")
+            out.append(
+                LiveProcess(
+                    job_id=int(env["GPULEDGER_JOB_ID"]),
+                    launch=int(env.get("GPULEDGER_LAUNCH", 1)),
+                    node=env["GPULEDGER_NODE"],
+                    gpu_indices=tuple(int(i) for i in gpus.split(",") if i),
+                    pid=ident[0],
+                )
+            )
+        except (FileNotFoundError, KeyError, ValueError):
+            continue
+    return out

@@ -1,0 +1,40 @@
+"""Process identity from /proc, and atomic file writes. An edge: reads the OS.
+
+A pid alone is not an identity (pids are reused); a pid plus its start time (clock ticks since
+boot, field 22 of /proc/PID/stat) is.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def start_time(pid: int) -> int | None:
+    """The start time of live process `pid`, or None when it is gone or a zombie."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # the command name (field 2) may hold spaces and ')': fields are counted after the last ')'
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+def alive(pid: int | None, started: int | None) -> bool:
+    """True when `pid` runs and is the same process that started at `started`."""
+    if pid is None or started is None:
+        return False
+    return start_time(pid) == started
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` so readers see the old content or the new, never a part (rename is atomic)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,307 @@
+"""The supervised executor with real processes: supervisors, the state file, adoption, stops,
+time limits, gang parts, checkpoints and the test utilisation source."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ledger.agent.executor import SupervisedExecutor, live_processes
+from ledger.agent.proc import start_time
+from ledger.agent.utilisation import FileSource
+from ledger.executors import Exit, Launch, Start
+from schemas.errors import InvalidCommand
+from schemas.events import GpuSlot
+
+
+def kill_leftovers(state_dir: Path) -> None:
+    """Tests end with no job process of theirs alive."""
+    for p in live_processes(state_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+_OPEN: list[SupervisedExecutor] = []
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    yield tmp_path / "agent", tmp_path / "jobs"
+    while _OPEN:
+        ex = _OPEN.pop()
+        with contextlib.suppress(ValueError):  # closed by the test
+            ex.close()
+    kill_leftovers(tmp_path / "agent")
+
+
+def job(
+    job_id: int,
+    script: str,
+    slots: tuple[tuple[str, tuple[int, ...]], ...] = (("n0", (0,)),),
+    **kw: object,
+) -> Launch:
+    return Launch(
+        job_id,
+        tuple(GpuSlot(node=n, gpu_indices=g) for n, g in slots),
+        ("sh", "-c", script),
+        None,
+        "root",
+        "ai2/olmo",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def until(
+    ex: SupervisedExecutor, done: Callable[[list[Exit]], bool], timeout: float = 20
+) -> list[Exit]:
+    """Poll like the service does until `done(all exits so far)`."""
+    exits: list[Exit] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ex.starts(time.time())  # as the service does
+        ex.reports(time.time())
+        exits += ex.poll(time.time())
+        if done(exits):
+            return exits
+        time.sleep(0.05)
+    raise AssertionError(f"timed out; exits so far: {exits}")
+
+
+def wait_starts(ex: SupervisedExecutor, timeout: float = 10) -> list[Start]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if starts := ex.starts(time.time()):
+            return starts
+        time.sleep(0.02)
+    raise AssertionError("no job started")
+
+
+def executor(dirs: tuple[Path, Path], **kw: object) -> SupervisedExecutor:
+    ex = SupervisedExecutor(dirs[0], dirs[1], run_as="service", **kw)  # type: ignore[arg-type]
+    _OPEN.append(ex)
+    return ex
+
+
+def env_of(log: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in log.read_text().splitlines() if "=" in line)
+
+
+def test_a_gang_job_runs_one_process_per_node_with_that_nodes_gpus_and_rendezvous_env(
+    dirs: tuple[Path, Path],
+) -> None:
+    ex = executor(dirs)
+    show = "env | grep -E '^(CUDA_VISIBLE_DEVICES|MASTER_|WORLD_SIZE|NNODES|NODE_RANK|GPULEDGER_)'"
+    ex.launch(job(7, show, (("a", (0, 1)), ("b", (2, 3)))), time.time())
+    started = wait_starts(ex)
+    assert [s.job_id for s in started] == [7] and len(started[0].logs) == 2
+    [x] = until(ex, lambda x: len(x) == 1)
+    assert (x.job_id, x.exit_code, x.reason, x.engine_job_id) == (7, 0, "exited", "7.1")
+    a, b = (env_of(Path(log)) for log in started[0].logs)
+    assert (a["CUDA_VISIBLE_DEVICES"], b["CUDA_VISIBLE_DEVICES"]) == ("0,1", "2,3")
+    assert (a["NODE_RANK"], b["NODE_RANK"]) == ("0", "1")
+    for env in (a, b):
+        assert env["WORLD_SIZE"] == env["NNODES"] == "2"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == a["MASTER_PORT"]
+        assert env["GPULEDGER_NODELIST"] == "a,b" and env["GPULEDGER_JOB_ID"] == "7"
+        assert env["GPULEDGER_CHECKPOINT_FILE"].endswith("/work/checkpoint")
+    assert a["GPULEDGER_CHECKPOINT_FILE"] != b["GPULEDGER_CHECKPOINT_FILE"]
+
+
+def test_a_failed_part_stops_the_others_and_the_job_ends_with_its_code(
+    dirs: tuple[Path, Path],
+) -> None:
+    ex = executor(dirs, grace_s=5)
+    ex.launch(
+        job(3, 'if [ "$NODE_RANK" = 1 ]; then sleep 0.5; exit 5; fi; exec sleep 60',
+            (("a", (0,)), ("b", (0,)), ("c", (0,)))),
+        time.time(),
+    )  # fmt: skip
+    t0 = time.monotonic()
+    [ex3] = until(ex, lambda x: len(x) == 1)
+    assert (ex3.job_id, ex3.exit_code, ex3.reason) == (3, 5, "exited")
+    assert time.monotonic() - t0 < 5  # the others ended on SIGTERM, not at the grace's end
+    codes = sorted(int(p.read_text()) for p in (dirs[0] / "runs" / "3.1").glob("*/exit"))
+    assert codes == [-signal.SIGTERM, -signal.SIGTERM, 5]
+    assert live_processes(dirs[0]) == []
+
+
+def test_the_time_limit_is_sigterm_then_sigkill_after_the_jobs_grace(
+    dirs: tuple[Path, Path],
+) -> None:
+    ex = executor(dirs, grace_s=30)
+    ex.launch(job(1, "exec sleep 60", time_limit_s=1), time.time())
+    # job 2 ignores SIGTERM: it is killed when its own grace (1 s, not the default 30 s) ends
+    ex.launch(
+        job(2, "trap '' TERM; sleep 60 & wait; sleep 60", (("n0", (1,)),), time_limit_s=1,
+            grace_s=1),
+        time.time(),
+    )  # fmt: skip
+    t0 = time.monotonic()
+    exits = {x.job_id: x for x in until(ex, lambda x: len(x) == 2)}
+    assert (exits[1].exit_code, exits[1].reason) == (-signal.SIGTERM, "time_limit")
+    assert (exits[2].exit_code, exits[2].reason) == (-signal.SIGKILL, "time_limit")
+    assert 2 <= time.monotonic() - t0 < 10
+
+
+def test_debug_jobs_end_at_the_debug_limit_even_when_they_declare_more(
+    dirs: tuple[Path, Path],
+) -> None:
+    ex = executor(dirs, debug_limit_s=1)
+    ex.launch(job(4, "exec sleep 60", time_limit_s=900, debug=True), time.time())
+    [x] = until(ex, lambda x: len(x) == 1)
+    assert (x.exit_code, x.reason) == (-signal.SIGTERM, "time_limit")
+
+
+def test_a_new_executor_adopts_live_jobs_and_reports_exits_that_happened_meanwhile(
+    dirs: tuple[Path, Path],
+) -> None:
+    first = executor(dirs)
+    first.launch(job(1, "exec sleep 60"), time.time())
+    first.launch(job(2, "sleep 1; exit 4", (("n0", (1,)),)), time.time())
+    first.close()  # the service goes away; its jobs do not
+    sup = {p.job_id: p.pid for p in live_processes(dirs[0])}
+    assert set(sup) == {1, 2}
+    time.sleep(1.5)  # job 2 ends while no executor watches it
+    second = executor(dirs)
+    assert second.running() == {1, 2}
+    [x] = until(second, lambda x: len(x) == 1)
+    assert (x.job_id, x.exit_code, x.reason, x.engine_job_id) == (2, 4, "exited", "2.1")
+    assert second.running() == {1}
+    assert {p.job_id for p in live_processes(dirs[0])} == {1}
+    second.stop(1, time.time())
+    assert until(second, lambda x: not second.running()) == []  # a stop is not an exit
+
+
+def test_adopt_stops_runs_the_ledger_no_longer_has_and_reports_exits_no_handle_remembers(
+    dirs: tuple[Path, Path],
+) -> None:
+    first = executor(dirs)
+    first.launch(job(1, "exec sleep 60"), time.time())
+    first.launch(job(2, "exec sleep 60", (("n0", (1,)),)), time.time())
+    first.launch(job(3, "exit 5", (("n0", (2,)),)), time.time())
+    # the exit of job 3 is read, then the service dies before recording it
+    assert [x.job_id for x in until(first, lambda x: len(x) == 1)] == [3]
+    first.close()
+    second = executor(dirs)
+    # the ledger still runs jobs 1 and 3 (first placements); job 2 was cancelled meanwhile
+    assert second.adopt({1: 0, 3: 0}, time.time()) == {1, 3}
+    assert 3 in {s.job_id for s in second.starts(time.time())}
+    [x] = until(second, lambda x: len(x) == 1)
+    assert (x.job_id, x.exit_code, x.engine_job_id) == (3, 5, "3.1")
+    deadline = time.monotonic() + 10
+    while {p.job_id for p in live_processes(dirs[0])} != {1}:
+        second.poll(time.time())
+        assert time.monotonic() < deadline, "job 2 was not stopped"
+        time.sleep(0.05)
+    assert second.running() == {1}
+    # a later placement of job 1 than the one running here: the old run is stopped
+    assert second.adopt({1: 1}, time.time()) == set()
+
+
+def test_a_reused_pid_is_not_mistaken_for_the_supervisor(dirs: tuple[Path, Path]) -> None:
+    first = executor(dirs)
+    first.launch(job(1, "sleep 0.2; exit 0"), time.time())
+    first.close()
+    time.sleep(0.8)
+    # forge the handle: the supervisor's pid now names another process (this test), and its
+    # exit file is gone, as if it never wrote one
+    state = dirs[0] / "state.json"
+    data = json.loads(state.read_text())
+    part = data["jobs"][0]["parts"][0]
+    rundir = Path(part["rundir"])
+    _, started = (int(v) for v in (rundir / "supervisor").read_text().split())
+    part["pid"], part["pid_start"] = os.getpid(), started
+    (rundir / "exit").unlink()
+    (rundir / "job").unlink()
+    state.write_text(json.dumps(data))
+    assert start_time(os.getpid()) != started
+    second = executor(dirs)
+    [x] = until(second, lambda x: len(x) == 1)
+    assert (x.job_id, x.exit_code, x.reason) == (1, -1, "lost")
+
+
+def test_a_launch_waits_until_a_stopped_job_has_really_left_its_gpus(
+    dirs: tuple[Path, Path],
+) -> None:
+    ex = executor(dirs, grace_s=1.5)
+    ex.launch(job(1, "trap '' TERM; sleep 60 & wait; sleep 60", (("n0", (0, 1)),)), time.time())
+    time.sleep(0.3)
+    ex.stop(1, time.time())
+    ex.launch(job(2, "exec sleep 60", (("n0", (1,)),)), time.time())
+    assert ex.starts(time.time()) == []  # GPU 1 is still held by job 1's process
+    t0 = time.monotonic()
+    while not (starts := ex.starts(time.time())):
+        ex.poll(time.time())
+        time.sleep(0.05)
+        assert time.monotonic() - t0 < 10
+    assert [s.job_id for s in starts] == [2]
+    assert time.monotonic() - t0 >= 1.0
+    assert {p.job_id for p in live_processes(dirs[0])} == {2}
+
+
+def test_checkpoint_file_and_utilisation_files_are_reported(
+    dirs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    util = tmp_path / "util"
+    util.mkdir()
+    ex = executor(dirs, util=FileSource(util), sample_every_s=0.2)
+    ex.launch(job(5, 'sleep 0.3; touch "$GPULEDGER_CHECKPOINT_FILE"; exec sleep 60',
+                  (("n0", (0, 1)),)), time.time())  # fmt: skip
+    assert wait_starts(ex)
+    first = ex.reports(time.time())
+    assert first.samples == [] and first.checkpoints == []  # no file yet
+    (util / "5").write_text("3, 97")
+    deadline = time.monotonic() + 10
+    checkpoints: list[int] = []
+    samples: list[tuple[int, tuple[float, ...]]] = []
+    while time.monotonic() < deadline and not (checkpoints and samples):
+        got = ex.reports(time.time())
+        checkpoints += got.checkpoints
+        samples += got.samples
+        time.sleep(0.1)
+    assert checkpoints == [5]
+    assert samples[0] == (5, (3.0, 97.0))
+
+
+def test_one_executor_per_state_directory(dirs: tuple[Path, Path]) -> None:
+    first = executor(dirs)
+    with pytest.raises(InvalidCommand, match="another service runs the jobs"):
+        executor(dirs)
+    first.close()
+    executor(dirs).close()
+
+
+def test_as_root_a_job_runs_as_its_submitting_user() -> None:
+    assert os.geteuid() == 0, "this machine runs the suite as root"
+    # the user must reach its checkpoint file: pytest's own tmp dirs are private to root
+    top = Path(tempfile.mkdtemp(prefix="gpuledger-agent-"))
+    top.chmod(0o755)
+    dirs = (top / "agent", top / "jobs")
+    ex = SupervisedExecutor(dirs[0], dirs[1], run_as="submitter")
+    try:
+        _run_as_nobody(ex, dirs)
+    finally:
+        ex.close()
+        kill_leftovers(dirs[0])
+        shutil.rmtree(top)
+
+
+def _run_as_nobody(ex: SupervisedExecutor, dirs: tuple[Path, Path]) -> None:
+    launch = job(9, 'id -u; touch "$GPULEDGER_CHECKPOINT_FILE" && echo can-checkpoint')
+    ex.launch(Launch(**{**launch.__dict__, "user": "nobody"}), time.time())
+    ex.launch(Launch(**{**launch.__dict__, "job_id": 10, "user": "no-such-user-x"}), time.time())
+    exits = {x.job_id: x for x in until(ex, lambda x: len(x) == 2)}
+    assert exits[9].exit_code == 0 and exits[10].exit_code == 127
+    out = (dirs[1] / "job-9.log").read_text().split()
+    assert out == [str(pwd.getpwnam("nobody").pw_uid), "can-checkpoint"]
+    assert "cannot start" in (dirs[1] / "job-10.log").read_text()
