@@ -109,7 +109,10 @@ def build(cls: type[T], /, **fields: Any) -> T:
 
 def _field_name(message: str) -> str:
     m = re.search(r"at `\$\.([A-Za-z_]+)", message)
-    return f"--{m.group(1).replace('_', '-')}" if m else "input"
+    if m is None:
+        return "input"
+    name = m.group(1).removesuffix("_s")  # options leave the unit out: window_s is --window
+    return f"--{name.replace('_', '-')}"
 
 
 def os_user() -> str:
@@ -179,10 +182,7 @@ class Ctx:
 
         spec = READS[name]
         given = {k: x for k, x in fields.items() if x is not None}
-        try:
-            args = msgspec.convert(given, spec.args)
-        except msgspec.ValidationError as e:
-            raise InvalidCommand(f"invalid {_field_name(str(e))}: {e}") from e
+        args = build(spec.args, **given)
         if self.remote is not None:
             query = {k: x for k, x in msgspec.to_builtins(args).items() if k in given}
             return self.remote.get(spec.path, query, type=spec.returns)

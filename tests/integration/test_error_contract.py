@@ -126,7 +126,12 @@ REJECTED = [
         "invalid duration",
         id="an infinite duration",
     ),
-    pytest.param(["shares", "--window", "0"], "invalid", "must be int >= 1", id="a zero window"),
+    pytest.param(
+        ["shares", "--window", "0"],
+        "invalid",
+        "--window: `window_s` must be float > 0.0",
+        id="a zero window",
+    ),
     pytest.param(["usage", "--window", "-1d"], "invalid", "invalid duration", id="negative window"),
     pytest.param(
         ["report", "delivered", "--window", "0s"], "invalid", "must be int >= 1", id="zero span"
