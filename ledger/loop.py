@@ -198,6 +198,14 @@ class ServiceLoop:
             return None
         return self.relay.health.position
 
+    def relay_state(self) -> tuple[str | None, str | None]:
+        """(state, error) of the relay: a relay that cannot publish says so in health and
+        status, never silently (None, None without Kafka)."""
+        if self.relay is None:
+            return None, None
+        health = self.relay.health
+        return health.state, health.error or None
+
     # --- internals -----------------------------------------------------------------------------
 
     def _recover(self) -> None:

@@ -57,6 +57,10 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     """Position the relay last published to Kafka (None without Kafka)."""
     relay_lag: int | None
     last_error: str | None = None
+    relay_state: str | None = None
+    """The relay's state ("publishing", "unavailable", "stopped", ...; None without Kafka)."""
+    relay_error: str | None = None
+    """Why the relay is not publishing, when it is not (one line)."""
 
 
 class WhoAmI(msgspec.Struct, frozen=True, kw_only=True):

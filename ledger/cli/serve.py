@@ -439,7 +439,9 @@ def status(ctx: Ctx, as_json: bool) -> None:
         if h.last_cycle_at is None
         else f"{fmt_time(h.last_cycle_at)} ({(h.last_cycle_s or 0) * 1000:.0f} ms)"
     )
-    relay = "no Kafka" if h.relay_lag is None else f"{h.relay_lag} events"
+    relay = "no Kafka" if h.relay_lag is None else f"{h.relay_lag} events, {h.relay_state}"
+    if h.relay_error:
+        relay += f": {h.relay_error}"
     click.echo(f"{h.status}: gpu-ledger {h.version} at {ctx.remote.url}")
     click.echo(f"  events        {h.head}")
     click.echo(f"  last cycle    {last}, {h.cycles} cycles")

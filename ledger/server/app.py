@@ -176,6 +176,7 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
         svc = worker.service
         head = ledger.position
         relay = svc.relay_position()
+        relay_state, relay_error = svc.relay_state()
         st = svc.stats
         return api.Health(
             status="up" if worker.accepting else "stopping",
@@ -190,6 +191,8 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
             relay_position=relay,
             relay_lag=None if relay is None else max(0, head - relay),
             last_error=st.last_error,
+            relay_state=relay_state,
+            relay_error=relay_error,
         )
 
     @get("/v1/whoami", tags=["identity"], security=[{"bearer": []}])

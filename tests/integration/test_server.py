@@ -214,3 +214,37 @@ def test_tls_serves_https_and_the_cli_talks_to_it(tmp_path: Path) -> None:
         assert untrusted.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr
     finally:
         assert server.stop() == 0
+
+
+def test_status_names_a_relay_that_cannot_publish_while_scheduling_goes_on(
+    tmp_path: Path,
+) -> None:
+    """A relay that cannot reach its broker never dies silently: health and `status` carry its
+    state and the reason, while the server keeps taking commands and running cycles."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        bootstrap = f"127.0.0.1:{s.getsockname()[1]}"
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    server = start_server(home, "--interval", "0.2s", "--kafka", bootstrap)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            health = json.loads(cli(home, "status", "--json").stdout)
+            if health["relay_state"] == "unavailable":
+                break
+            assert time.monotonic() < deadline, health
+            time.sleep(0.2)
+        assert bootstrap in health["relay_error"], health
+        assert health["relay_lag"] >= 1
+        assert "unavailable: " in cli(home, "status").stdout
+        cycles = health["cycles"]
+        cli(home, "--as", "alice", "submit", "-A", "ai2/olmo", "-G", "1", "--", "true")
+        while json.loads(cli(home, "status", "--json").stdout)["cycles"] <= cycles:
+            assert time.monotonic() < deadline + 30, "no cycle while the broker is away"
+            time.sleep(0.2)
+    finally:
+        code = server.stop(signal.SIGTERM)
+    assert code == 0, server.log_path.read_text()
