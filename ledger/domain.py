@@ -909,7 +909,14 @@ def _checkpoint(state: State, cmd: c.ReportCheckpoint, s: _Stamp) -> list[e.AnyE
     return [e.CheckpointReported(**s.kw(), job_id=cmd.job_id)]
 
 
+_HEX = re.compile(r"^[0-9a-f]+$")
+
+
 def _issue_token(state: State, cmd: c.IssueToken, s: _Stamp) -> list[e.AnyEvent]:
+    if not (8 <= len(cmd.token_id) <= 32 and _HEX.match(cmd.token_id)):
+        raise InvalidCommand("a token id is 8 to 32 lowercase hex digits")
+    if not (len(cmd.secret_sha256) == 64 and _HEX.match(cmd.secret_sha256)):
+        raise InvalidCommand("secret_sha256 must be a SHA-256 in lowercase hex")
     if cmd.token_id in state.tokens:
         raise InvalidTransition(f"token {cmd.token_id} already exists")
     if cmd.expires_at is not None and not (s.now < cmd.expires_at < s.now + 10 * 365 * 86400):

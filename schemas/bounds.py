@@ -39,10 +39,10 @@ LongText = Annotated[str, msgspec.Meta(max_length=65_536)]
 """Text the dispatcher writes (a wait reason may list many jobs)."""
 Token = Annotated[str, msgspec.Meta(max_length=128)]
 """Ids, hashes, cycle ids, policy versions."""
-TokenId = Annotated[str, msgspec.Meta(min_length=8, max_length=32, pattern="^[0-9a-f]{8,32}$")]
-"""A bearer token's public id: 8 to 32 lowercase hex digits."""
-Sha256Hex = Annotated[str, msgspec.Meta(min_length=64, max_length=64, pattern="^[0-9a-f]{64}$")]
-"""A SHA-256 digest in lowercase hex."""
+TokenId = Annotated[str, msgspec.Meta(max_length=32)]
+"""A bearer token's public id (the domain checks its form: 8 to 32 lowercase hex digits)."""
+Sha256Hex = Annotated[str, msgspec.Meta(max_length=64)]
+"""A SHA-256 digest (the domain checks its form: lowercase hex)."""
 
 JobId = Annotated[int, msgspec.Meta(ge=1, le=2**53)]
 Position = Annotated[int, msgspec.Meta(ge=0, le=2**62)]

@@ -17,10 +17,18 @@ from typing import Annotated
 
 import msgspec
 
+from schemas.bounds import INT32_MAX, TEN_YEARS_S, Name, TeamDepth
+
 WEEK_S = 7 * 24 * 3600.0
 
-NonNegative = Annotated[float, msgspec.Meta(ge=0)]
-Searches = Annotated[int, msgspec.Meta(ge=0)]
+NonNegative = Annotated[float, msgspec.Meta(ge=0, le=1e9)]
+Searches = Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
+AtLeastOne = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
+Factor = Annotated[float, msgspec.Meta(ge=1, le=1e9)]
+Span = Annotated[float, msgspec.Meta(gt=0, le=float(TEN_YEARS_S))]
+Caps = Annotated[
+    dict[Name, Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]], msgspec.Meta(max_length=100_000)
+]
 
 
 class PolicyConfig(
@@ -43,7 +51,7 @@ class FairShareConfig(PolicyConfig, frozen=True, kw_only=True, tag="fairshare-1"
     margin: NonNegative = 0.1
     """Hysteresis: a fair-share preemption needs the waiting side's level fair share to exceed
     the victim side's by the factor 1 + margin."""
-    min_rank_gap: Annotated[int, msgspec.Meta(ge=1)] = 1
+    min_rank_gap: AtLeastOne = 1
     """The rank difference needed when level fair shares are missing."""
     squat_after_s: NonNegative = 3600.0
     """A job past its contract with low utilisation for this long is squatting."""
@@ -65,8 +73,8 @@ class SlurmConfig(PolicyConfig, frozen=True, kw_only=True, tag="slurm-1"):
 
     weight_fairshare: NonNegative = 10_000.0
     weight_age: NonNegative = 1_000.0
-    max_age_s: Annotated[float, msgspec.Meta(gt=0)] = WEEK_S
-    half_life_s: Annotated[float, msgspec.Meta(gt=0)] = WEEK_S
+    max_age_s: Span = WEEK_S
+    half_life_s: Span = WEEK_S
     """PriorityDecayHalfLife: the rank source decays usage with it."""
     search_budget: Searches = 32
 
@@ -74,9 +82,9 @@ class SlurmConfig(PolicyConfig, frozen=True, kw_only=True, tag="slurm-1"):
 class LegacyConfig(PolicyConfig, frozen=True, kw_only=True, tag="legacy-1"):
     """Static priority levels, per-team caps on non-preemptible GPUs, preemptible overflow."""
 
-    caps: dict[str, Annotated[int, msgspec.Meta(ge=0)]] = msgspec.field(default_factory=dict)
+    caps: Caps = msgspec.field(default_factory=dict)
     """Team path -> GPUs it may hold non-preemptibly."""
-    team_depth: Annotated[int, msgspec.Meta(ge=1)] = 2
+    team_depth: TeamDepth = 2
     search_budget: Searches = 32
 
 
@@ -85,18 +93,18 @@ class FairShare2Config(PolicyConfig, frozen=True, kw_only=True, tag="fairshare-2
     model): fairness preemption only between teams, victims by least GPU-seconds lost, a debug
     lane ahead of the fair-share order with its own searches, and reserved debug capacity."""
 
-    team_depth: Annotated[int, msgspec.Meta(ge=1)] = 2
+    team_depth: TeamDepth = 2
     """The tree level whose accounts are teams (2: program/project)."""
     margin: NonNegative = 0.1
     """Hysteresis: the waiting team's level fair share must exceed the victim team's by the
     factor 1 + margin."""
-    min_rank_gap: Annotated[int, msgspec.Meta(ge=1)] = 1
+    min_rank_gap: AtLeastOne = 1
     """The team rank difference needed when level fair shares are missing."""
-    gain_horizon_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0
+    gain_horizon_s: Span = 3600.0
     """What a fairness preemption gains: the waiting job's GPUs x this many seconds of work its
     team gets now rather than later. A plan whose funded work lost (GPU-seconds) exceeds it is
     not taken."""
-    spare_ratio: Annotated[float, msgspec.Meta(ge=1)] = 5.0
+    spare_ratio: Factor = 5.0
     """The wide margin: a funded non-resumable job past its contract is preempted for fairness
     only when the waiting team's level fair share is at least this many times the victim
     team's."""
@@ -111,9 +119,9 @@ class FairShare2Config(PolicyConfig, frozen=True, kw_only=True, tag="fairshare-2
     resumable jobs past their contracts, of any team."""
     debug_search_budget: Searches = 32
     """Victim searches per cycle for debug-class jobs."""
-    debug_victim_ratio: Annotated[float, msgspec.Meta(ge=1)] = 2.0
+    debug_victim_ratio: Factor = 2.0
     """A debug job never preempts a job holding more than this many times its GPUs."""
-    debug_reserve_per: Annotated[int, msgspec.Meta(ge=0)] = 128
+    debug_reserve_per: Searches = 128
     """Keep one node in this many of each pool (at least one) for debug jobs: funded non-debug
     jobs are not placed there; unfunded jobs borrow it while it is idle. 0: no reserve."""
 
@@ -124,8 +132,8 @@ class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
 
     weight_fairshare: NonNegative = 10_000.0
     weight_age: NonNegative = 1_000.0
-    max_age_s: Annotated[float, msgspec.Meta(gt=0)] = WEEK_S
-    half_life_s: Annotated[float, msgspec.Meta(gt=0)] = WEEK_S
+    max_age_s: Span = WEEK_S
+    half_life_s: Span = WEEK_S
     """PriorityDecayHalfLife: the rank source decays usage with it."""
     preempt_unfunded: bool = False
     """Funded jobs may preempt unfunded ones (a lower partition tier)."""
@@ -136,9 +144,9 @@ class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
     """Static priority levels and per-team caps, with one victim search per team and cycle and
     none by jobs beyond their team's cap."""
 
-    caps: dict[str, Annotated[int, msgspec.Meta(ge=0)]] = msgspec.field(default_factory=dict)
+    caps: Caps = msgspec.field(default_factory=dict)
     """Team path -> GPUs it may hold non-preemptibly."""
-    team_depth: Annotated[int, msgspec.Meta(ge=1)] = 2
+    team_depth: TeamDepth = 2
     search_budget: Searches = 32
 
 
