@@ -203,7 +203,7 @@ def up(
         dispatcher.recover(executor, clock.now())
         from ledger.loop import record_settings
 
-        record_settings(ledger, dispatcher.policy, float(tick), "local", log)
+        record_settings(ledger, dispatcher.policy, float(tick), executor_name, log)
         log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
         log.info("job output goes to %s/job-N.log", ctx.home / "jobs")
         seen = ledger.head()

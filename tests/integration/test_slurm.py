@@ -277,6 +277,8 @@ def test_jobs_run_on_the_gpus_the_ledger_chose_and_their_endings_are_recorded(
     slurm_jobs = ledger.cluster.jobs()
     assert all(slurm_jobs[linked[j]]["name"] == f"gpuledger-{j}" for j in (1, 2, 3))
     assert held_twice(events) == []
+    configured = [ev for ev in events if ev["type"] == "service.configured.v1"]
+    assert configured and configured[-1]["executor"] == "slurm", configured
 
 
 def test_a_funded_job_preempts_an_unfunded_resumable_one_which_runs_again_under_a_new_slurm_job(
