@@ -48,10 +48,9 @@ DECIDED = tag_of(CycleDecided)
 
 def record_bytes(ledger: Ledger, based_on: int) -> int:
     """Stored size of the decision record appended after `based_on` (0: none)."""
-    found = ledger.recorder.select_notifications(
-        start=based_on + 1, limit=1, stop=ledger.position, topics=[DECIDED]
-    )
-    return len(found[0].state) if found else 0
+    for _position, raw in ledger.follow_raw(based_on, tags=[DECIDED], page=1):
+        return len(raw)
+    return 0
 
 
 def build(

@@ -45,7 +45,7 @@ import duckdb
 from projections import audit, queries
 from projections.batch import build_batch
 from projections.projector import DEFAULT_BATCH, Projector, project
-from projections.source import EmbeddedSource
+from projections.source import EmbeddedSource, follow
 from projections.store import Store, projection_path
 from projections.synthetic import Shape, append_to_store, synthetic_events
 
@@ -98,10 +98,8 @@ def raw_insert(home: Path, out: Path, n: int, batch: int) -> float:
         "node VARCHAR, raw JSON)"
     )
     spent = 0.0
-    position = 0
     with EmbeddedSource(home) as src:
-        while position < n:
-            records = src.read(position, min(batch, n - position))
+        for records in follow(src, 0, n, page=batch):
             rows = build_batch(records).tables["b_events"]
             # the typed columns as the projector writes them, computed before the clock starts
             con.register("b_raw", rows)
@@ -121,7 +119,6 @@ def raw_insert(home: Path, out: Path, n: int, batch: int) -> float:
             con.execute("COMMIT")
             spent += time.perf_counter() - t0
             con.unregister("b_rows")
-            position = records[-1].position
     con.close()
     return spent
 
