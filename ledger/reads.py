@@ -79,6 +79,7 @@ def node_list(state: State) -> list[v.NodeRow]:
             state=n.state,
             jobs=sorted(state.node_jobs.get(n.name, ())),
             drain_reason=n.drain_reason,
+            lost_reason=n.lost_reason,
         )
         for n in sorted(state.nodes.values(), key=lambda n: n.name)
         if n.state != "removed"

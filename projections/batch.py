@@ -328,6 +328,7 @@ _NODE_STATE: dict[type, str] = {
     e.NodeDrained: "drained",
     e.NodeReturned: "active",
     e.NodeRemoved: "removed",
+    e.NodeLost: "lost",
 }
 
 
