@@ -20,6 +20,7 @@ p99 can be compared across history sizes (goal: within 20% between 10k and 5M ev
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
 import random
 import shutil
@@ -113,7 +114,9 @@ def main() -> None:
         "--finish", type=int, default=40, help="running jobs that end before each cycle"
     )
     ap.add_argument("--history", type=Path, default=None, help="run on a copy of this log")
+    ap.add_argument("--profile", type=Path, default=None, help="cProfile the timed cycles here")
     args = ap.parse_args()
+    profiler = cProfile.Profile() if args.profile else None
     rng = random.Random(7)
     clock = SimClock(1_000_000.0)
     with tempfile.TemporaryDirectory(prefix="bench-cycle-") as tmp:
@@ -134,7 +137,7 @@ def main() -> None:
             ledger.execute_all(submissions(args.pending, rng))
             clock.advance_to(clock.now() + 60)
             d.cycle(clock.now())
-            times, decides, placed, sizes = [], [], [], []
+            times, cpus, decides, placed, sizes = [], [], [], [], []
             for _ in range(args.cycles):
                 running = sorted(
                     j.job_id for j in ledger.state.jobs.values() if j.status == "running"
@@ -146,9 +149,14 @@ def main() -> None:
                 for j in ending:
                     executor.stop(j, clock.now())
                 clock.advance_to(clock.now() + 60)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
+                if profiler is not None:
+                    profiler.enable()
                 result = d.cycle(clock.now())
+                if profiler is not None:
+                    profiler.disable()
                 times.append((time.perf_counter() - t0) * 1000)
+                cpus.append((time.process_time() - c0) * 1000)
                 placed.append(len(result.decision.placements))
                 sizes.append(record_bytes(ledger, result.position))
                 # raw baseline: decide() alone on the snapshot the cycle saw
@@ -162,8 +170,11 @@ def main() -> None:
             history = ledger.position
             pending = sum(1 for j in ledger.state.jobs.values() if j.status == "pending")
             running_n = sum(1 for j in ledger.state.jobs.values() if j.status == "running")
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
     p50 = statistics.median(times)
     p99 = max(times) if len(times) < 100 else statistics.quantiles(times, n=100)[98]
+    cpu_p99 = max(cpus) if len(cpus) < 100 else statistics.quantiles(cpus, n=100)[98]
     print(
         f"bench_cycle: {args.nodes} nodes x 8 GPUs, ~{pending:,} pending, {running_n:,} running, "
         f"{args.cycles} cycles, history {history:,} events, load {os.getloadavg()[0]:.2f}"
@@ -171,6 +182,10 @@ def main() -> None:
     print(
         f"whole cycle: p50 {p50:.1f} ms, max {p99:.1f} ms; "
         f"goal <= {GOAL_MS:.0f} ms: ratio {p99 / GOAL_MS:.2f}"
+    )
+    print(
+        f"whole cycle CPU time (all threads of the process): p50 {statistics.median(cpus):.1f} "
+        f"ms, max {cpu_p99:.1f} ms; goal <= {GOAL_MS:.0f} ms: ratio {cpu_p99 / GOAL_MS:.2f}"
     )
     print(
         f"decide() alone (raw baseline, same snapshots): p50 {statistics.median(decides):.1f} ms; "
