@@ -53,6 +53,7 @@ from ledger.dispatch.preemption import (
     Plan,
     Victim,
     plan_gang,
+    plan_gang_least,
     plan_single,
     plan_single_least,
     ready_key,
@@ -304,9 +305,10 @@ class _Cycle:
             )
         live = self.live
         victims = (v for v in found if v.job.job_id in live)
+        least = self.policy.least_loss and not ready
         if gang:
-            return plan_gang(job.gpus, pools, index, victims, now)
-        if self.policy.least_loss and not ready:
+            return (plan_gang_least if least else plan_gang)(job.gpus, pools, index, victims, now)
+        if least:
             return plan_single_least(job.gpus, pools, index, victims, now)
         return plan_single(job.gpus, pools, index, victims, now)
 

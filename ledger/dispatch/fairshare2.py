@@ -14,8 +14,9 @@ the user leaf's rank, submit time, job id.
 
 **Victims** (`victim_key`): class (unfunded, squatting, resumable, not resumable), then the
 GPU-seconds a preemption loses (GPUs x work since the last checkpoint; a non-resumable job's whole
-run so far). One-node plans take, over all nodes, the set of least cost (`least_loss`:
-`preemption.plan_single_least`); gang plans clear whole nodes cheapest victim first.
+run so far). Plans take the set of least cost (`least_loss`): one-node plans over all nodes
+(`preemption.plan_single_least`), gang plans over the whole nodes that can be cleared
+(`preemption.plan_gang_least`, a bounded search).
 
 **The cost model** (`weigh`, figures in every note and refusal, so `explain` shows them):
 

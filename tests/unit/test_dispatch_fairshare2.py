@@ -9,6 +9,8 @@ import msgspec
 
 from ledger.dispatch import FairShare, NodeView, PendingJob, RunningJob, Snapshot, decide
 from ledger.dispatch.fairshare2 import FairShare2, fs_ratio, team_of
+from ledger.dispatch.placement import FreeIndex
+from ledger.dispatch.preemption import plan_gang, plan_gang_least
 from ledger.dispatch.snapshot import complete_ranks
 from schemas.events import GpuSlot
 
@@ -190,3 +192,49 @@ def test_a_least_loss_plan_puts_back_victims_it_does_not_need() -> None:
     d = decide(world([node("n1")], running, [pend(1, 4)]), FairShare2(), NOW)
     assert [p.job_id for p in d.preemptions] == [11]
     assert d.placements[0].slots[0].gpu_indices == (1, 2, 3, 4)
+
+
+def test_gang_victims_minimise_gpu_seconds_where_greedy_would_not() -> None:
+    # a 16-GPU gang job needs n3 (free) and one cleared node: n1 holds four 2-GPU jobs, each
+    # losing 1 GPU-h (4 GPU-h to clear it), n2 one 8-GPU job losing 1.33 GPU-h. The victims in
+    # victim order (cheapest first) clear n1 first, so a greedy plan takes n1; the least-cost
+    # plan takes n2.
+    running = [
+        *(run(10 + i, {"n1": (2 * i, 2 * i + 1)}, lost_s=1800) for i in range(4)),
+        run(20, {"n2": range(8)}, lost_s=600),
+    ]
+    snap = world([node("n1"), node("n2"), node("n3")], running, [pend(1, 16)])
+    greedy = msgspec.structs.replace(FairShare2(), debug_reserve_per=0)
+    d = decide(snap, greedy, NOW)
+    assert [p.job_id for p in d.preemptions] == [20]
+    assert {sl.node for sl in d.placements[0].slots} == {"n2", "n3"}
+    # the same victims through the greedy search clear n1, losing three times as much
+    pools = FreeIndex(snap.nodes)
+    victims = sorted(greedy.victims(pend(1, 16), snap.running, snap, NOW), key=lambda v: v.cost)
+    first = plan_gang(16, pools.pools_for(None, None), pools, victims, NOW)
+    least = plan_gang_least(16, pools.pools_for(None, None), pools, victims, NOW)
+    assert first is not None and least is not None
+    assert sorted(v.job.job_id for v in first.victims) == [10, 11, 12, 13]
+    assert sum(v.cost[1] for v in first.victims) == 4 * 2 * 1800
+    assert [v.job.job_id for v in least.victims] == [20] and least.victims[0].cost[1] == 8 * 600
+    assert set(least.nodes) == {"n2", "n3"}
+
+
+def test_gang_least_cost_prefers_a_lower_class_then_fewer_gpu_seconds() -> None:
+    # n1: an unfunded job (class 0) losing a lot; n2, n3: resumable funded jobs (class 2)
+    # losing little. One node to clear: the unfunded one, whatever it loses. Two: a resumable
+    # job must go either way (the highest class is 2), so the two that lose least, n2 and n3.
+    running = [
+        run(10, {"n1": range(8)}, lost_s=4 * H, min_runtime_s=0),
+        run(11, {"n2": range(8)}, lost_s=600),
+        run(12, {"n3": range(8)}, lost_s=300),
+    ]
+    snap = world([node("n1"), node("n2"), node("n3")], running, [])
+    policy = msgspec.structs.replace(FairShare2(), debug_reserve_per=0)
+    idx = FreeIndex(snap.nodes)
+    victims = sorted(policy.victims(pend(1, 8), snap.running, snap, NOW), key=lambda v: v.cost)
+    one = plan_gang_least(8, idx.pools_for(None, None), idx, victims, NOW)
+    two = plan_gang_least(16, idx.pools_for(None, None), idx, victims, NOW)
+    assert one is not None and [v.job.job_id for v in one.victims] == [10]
+    assert two is not None and sorted(v.job.job_id for v in two.victims) == [11, 12]
+    assert plan_gang_least(32, idx.pools_for(None, None), idx, victims, NOW) is None
