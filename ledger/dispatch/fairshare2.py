@@ -197,7 +197,11 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
         return found
 
     def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
-        return (team_of(job.account, self.team_depth), self.lane(job))
+        """A team's jobs share their victims; debug-lane jobs of one size share theirs whatever
+        the team (`_debug_victims` reads only the size)."""
+        if self.lane(job):
+            return ("debug lane", job.gpus)
+        return team_of(job.account, self.team_depth)
 
     def _class(self, job: RunningJob, now: float) -> int:
         low = job.low_util_since

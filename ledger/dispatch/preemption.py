@@ -303,7 +303,11 @@ def plan_gang_least(
     free, pool_of, size = index.free, index.pool_of, index.size
     on: dict[str, list[Victim]] = {}
     room: dict[str, int] = {}
+    cost_of: dict[str, tuple[float, float]] = {}
+    """Per node: (the highest class, the GPU-seconds) of its victims read so far."""
     cleared: dict[PoolKey, list[tuple[tuple[float, float], str]]] = {p.key: [] for p in pools}
+    have_gpus = {p.key: p.whole_gpus for p in pools}
+    """Per pool: GPUs on its whole free nodes and on the nodes cleared so far."""
     seen: dict[int, int] = {}
     best: tuple[float, float] | None = None
     top: tuple[float, float] = (math.inf, math.inf)
@@ -318,23 +322,30 @@ def plan_gang_least(
         changed: list[PoolKey] = []
         for sl in v.job.slots:
             node = sl.node
-            if node not in free or pool_of[node] not in keys:
+            if node not in free:
+                continue
+            key = pool_of[node]
+            if key not in keys:
                 continue
             have = room.get(node)
             if have is None:
                 have = len(free[node])
-                on[node] = []
-            on[node].append(v)
+                on[node] = [v]
+                cost = cost_of[node] = (klass, lost)
+            else:
+                on[node].append(v)
+                was = cost_of[node]
+                cost = cost_of[node] = (klass if klass > was[0] else was[0], was[1] + lost)
             have += len(sl.gpu_indices)
             room[node] = have
             if have < size[node]:
                 continue
-            here = on[node]
-            cost = (max(x.cost[0] for x in here), sum(x.cost[1] for x in here))
             if cost[0] > top[0] or (cost[0] == top[0] and cost[1] >= top[1]):
                 continue  # cannot improve the best plan
-            cleared[pool_of[node]].append((cost, node))
-            changed.append(pool_of[node])
+            cleared[key].append((cost, node))
+            have_gpus[key] += size[node]
+            if have_gpus[key] >= gpus:
+                changed.append(key)
         for key in changed:
             found = _cheapest_nodes(keys[key], cleared[key], gpus, size)
             if found is None:
