@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from ledger.dispatch import FairShare, NodeView, PendingJob, RunningJob, Snapshot, decide
-from ledger.dispatch.fairshare2 import FairShare2, fs_ratio, team_of
+from ledger.dispatch.fairshare2 import FairShare2, fs_ratio, team_fs, team_of
 from ledger.dispatch.placement import FreeIndex
 from ledger.dispatch.preemption import plan_gang, plan_gang_least
 from ledger.dispatch.snapshot import complete_ranks
@@ -238,3 +238,27 @@ def test_gang_least_cost_prefers_a_lower_class_then_fewer_gpu_seconds() -> None:
     assert one is not None and [v.job.job_id for v in one.victims] == [10]
     assert two is not None and sorted(v.job.job_id for v in two.victims) == [11, 12]
     assert plan_gang_least(32, idx.pools_for(None, None), idx, victims, NOW) is None
+
+
+def test_a_team_under_its_share_is_no_fairness_victim_whatever_its_program() -> None:
+    # prog q as a whole uses far more than prog p (p outranks q), but team q/small uses less
+    # than its share of the tree (2 x 0.6 = 1.2 > 1): p's job may take q/big's GPUs, not q/small's
+    ranks = complete_ranks({"p/x/u": 0, "q/small/u": 1, "q/big/u": 2})
+    level_fs = {"p": 3.0, "q": 0.6, "p/x": 1.0, "q/small": 2.0, "q/big": 0.5}
+    running = [
+        run(10, {"n1": range(8)}, "q/small", lost_s=60),
+        run(11, {"n2": range(8)}, "q/big", lost_s=1800),
+    ]
+    snap = msgspec.structs.replace(
+        world([node("n1"), node("n2")], running, [pend(1, 8, "p/x")]),
+        ranks=ranks,
+        level_fs=level_fs,
+    )
+    policy = msgspec.structs.replace(FairShare2(), debug_reserve_per=0)
+    assert team_fs("q/small", level_fs) == 2.0 * 0.6 and team_fs("q/big", level_fs) == 0.3
+    d = decide(snap, policy, NOW)
+    assert [p.job_id for p in d.preemptions] == [11]  # not 10, though it loses less
+    assert "q/big over its share (0.3)" in d.preemptions[0].note
+    # with q/small alone in the way, the job waits
+    alone = msgspec.structs.replace(snap, running=(running[0],), nodes=snap.nodes[:1])
+    assert decide(alone, policy, NOW).preemptions == ()
