@@ -28,6 +28,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import JSONBody
 
 from ledger.server import identity as ident
+from ledger.server.agent_api import agent_routes
 from ledger.server.reads import READS
 from ledger.server.worker import Worker
 from schemas import api
@@ -265,6 +266,7 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
     routes: list[Any] = [command_route(cls) for cls in SERVED_COMMANDS]
     routes += [batch, health, whoami, tokens, openapi]
     routes += [read_route(name) for name in READS]
+    routes += agent_routes(worker, who, clock)
     return Litestar(
         route_handlers=routes,
         exception_handlers={
