@@ -44,7 +44,7 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
-from ledger.domain import State, authorisation_failure, evolve, is_system
+from ledger.domain import Job, State, authorisation_failure, evolve, is_system
 from projections.source import EVENTS_DB, EVENTS_TABLE
 from projections.store import Store
 from schemas import events as e
@@ -611,7 +611,7 @@ class _Checker:
         if job is None or placed is None:
             return
         ends = placed + job.spec.min_runtime_s
-        if ev.at >= ends:
+        if ev.at >= ends or self._lost_with_node(job, ev):
             return
         left = ends - ev.at
         what = (
@@ -641,6 +641,14 @@ class _Checker:
             )
         else:
             self.flag(pos, ev, "PREEMPTED_IN_CONTRACT", what, ev.job_id)
+
+    def _lost_with_node(self, job: Job, ev: e.JobPreempted) -> bool:
+        """A contract cannot outlive its node: a requeue because a node it runs on is lost
+        (`NodeLost`, folded just before) breaks no contract."""
+        return ev.reason == "node_failure" and any(
+            (n := self.state.nodes.get(sl.node)) is not None and n.state == "lost"
+            for sl in job.slots
+        )
 
     def _release(self, job: int) -> None:
         for gpu in self.held.pop(job, []):

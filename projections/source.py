@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import sqlite3
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -191,3 +192,15 @@ class ListSource:
 
     def close(self) -> None:
         pass
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector (reference counting still frees everything)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

@@ -88,9 +88,10 @@ class NodeRow(_View, frozen=True, kw_only=True):
     gpu_type: str
     gpus: int
     free_gpus: int
-    state: Literal["active", "draining", "drained", "removed"]
+    state: Literal["active", "draining", "drained", "removed", "lost"]
     jobs: list[int] = []
     drain_reason: str = ""
+    lost_reason: str = ""
 
 
 # --- jobs (history, from the projection) ------------------------------------------------------

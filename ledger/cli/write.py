@@ -138,7 +138,7 @@ def manager_revoke(ctx: Ctx, user: str, account_path: str) -> None:
 
 @click.group()
 def node() -> None:
-    """Register, drain, return, remove and list nodes."""
+    """Register, drain, return, mark lost, remove and list nodes."""
 
 
 @node.command("add")
@@ -169,8 +169,22 @@ def node_drain(ctx: Ctx, name: str, reason: str) -> None:
 @click.argument("name")
 @pass_ctx
 def node_return(ctx: Ctx, name: str) -> None:
-    """Return a draining or drained node to service."""
+    """Return a draining, drained or lost node to service."""
     _done(ctx, f"{name} is back in service", c.ReturnNode(actor=ctx.actor, node=name))
+
+
+@node.command("lost")
+@click.argument("name")
+@click.option("--reason", required=True, help="What happened (power, network, ...).")
+@pass_ctx
+def node_lost(ctx: Ctx, name: str, reason: str) -> None:
+    """Record that NAME is gone: its jobs end now (resumable ones are requeued)."""
+    appended = ctx.execute(c.MarkNodeLost(actor=ctx.actor, node=name, reason=reason))
+    requeued = sum(type(ev).__name__ == "JobRequeued" for ev in appended.events)
+    failed = sum(type(ev).__name__ == "JobFinished" for ev in appended.events)
+    click.echo(
+        f"{name} is lost: {requeued} jobs requeued, {failed} failed (position {appended.position})"
+    )
 
 
 @node.command("remove")
