@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -117,6 +118,8 @@ class ServiceLoop:
         self.dispatcher: Dispatcher | None = None
         self.clock = ledger.clock
         self.stats = LoopStats(started_at=self.clock.now())
+        self.on_cycle: list[Callable[[float], None]] = []
+        """Called with each cycle's duration in seconds (the server's metrics)."""
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -176,6 +179,8 @@ class ServiceLoop:
             self.stats.cycles += 1
             self.stats.last_cycle_at = now
             self.stats.last_cycle_s = time.perf_counter() - t0
+            for observe in self.on_cycle:
+                observe(self.stats.last_cycle_s)
             if self.store is not None:
                 self.stats.projection_position = self.store.position()
         return result
