@@ -21,6 +21,7 @@ p99 can be compared across history sizes (goal: within 20% between 10k and 5M ev
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
 import random
 import shutil
@@ -49,10 +50,9 @@ DECIDED = tag_of(CycleDecided)
 
 def record_bytes(ledger: Ledger, based_on: int) -> int:
     """Stored size of the decision record appended after `based_on` (0: none)."""
-    found = ledger.recorder.select_notifications(
-        start=based_on + 1, limit=1, stop=ledger.position, topics=[DECIDED]
-    )
-    return len(found[0].state) if found else 0
+    for _position, raw in ledger.follow_raw(based_on, tags=[DECIDED], page=1):
+        return len(raw)
+    return 0
 
 
 def build(
@@ -115,7 +115,9 @@ def main() -> None:
         "--finish", type=int, default=40, help="running jobs that end before each cycle"
     )
     ap.add_argument("--history", type=Path, default=None, help="run on a copy of this log")
+    ap.add_argument("--profile", type=Path, default=None, help="cProfile the timed cycles here")
     args = ap.parse_args()
+    profiler = cProfile.Profile() if args.profile else None
     rng = random.Random(7)
     clock = SimClock(1_000_000.0)
     with tempfile.TemporaryDirectory(prefix="bench-cycle-") as tmp:
@@ -136,7 +138,7 @@ def main() -> None:
             ledger.execute_all(submissions(args.pending, rng))
             clock.advance_to(clock.now() + 60)
             d.cycle(clock.now())
-            times, decides, placed, sizes = [], [], [], []
+            times, cpus, decides, placed, sizes = [], [], [], [], []
             for _ in range(args.cycles):
                 running = sorted(
                     j.job_id for j in ledger.state.jobs.values() if j.status == "running"
@@ -148,9 +150,14 @@ def main() -> None:
                 for j in ending:
                     executor.stop(j, clock.now())
                 clock.advance_to(clock.now() + 60)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
+                if profiler is not None:
+                    profiler.enable()
                 result = d.cycle(clock.now())
+                if profiler is not None:
+                    profiler.disable()
                 times.append((time.perf_counter() - t0) * 1000)
+                cpus.append((time.process_time() - c0) * 1000)
                 placed.append(len(result.decision.placements))
                 sizes.append(record_bytes(ledger, result.position))
                 # raw baseline: decide() alone on the snapshot the cycle saw
@@ -164,8 +171,11 @@ def main() -> None:
             history = ledger.position
             pending = sum(1 for j in ledger.state.jobs.values() if j.status == "pending")
             running_n = sum(1 for j in ledger.state.jobs.values() if j.status == "running")
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
     p50 = statistics.median(times)
     p99 = max(times) if len(times) < 100 else statistics.quantiles(times, n=100)[98]
+    cpu_p99 = max(cpus) if len(cpus) < 100 else statistics.quantiles(cpus, n=100)[98]
     print(
         f"bench_cycle: {args.nodes} nodes x 8 GPUs, ~{pending:,} pending, {running_n:,} running, "
         f"{args.cycles} cycles, history {history:,} events, load {os.getloadavg()[0]:.2f}"
@@ -173,6 +183,10 @@ def main() -> None:
     print(
         f"whole cycle: p50 {p50:.1f} ms, max {p99:.1f} ms; "
         f"goal <= {GOAL_MS:.0f} ms: ratio {p99 / GOAL_MS:.2f}"
+    )
+    print(
+        f"whole cycle CPU time (all threads of the process): p50 {statistics.median(cpus):.1f} "
+        f"ms, max {cpu_p99:.1f} ms; goal <= {GOAL_MS:.0f} ms: ratio {cpu_p99 / GOAL_MS:.2f}"
     )
     print(
         f"decide() alone (raw baseline, same snapshots): p50 {statistics.median(decides):.1f} ms; "

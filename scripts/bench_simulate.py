@@ -62,11 +62,8 @@ def main() -> None:
         t1 = time.perf_counter()
         ledger = Ledger(home, SimClock(START_AT))
         state = State()
-        position = 0
-        while page := ledger.read(position, 50_000):
-            for _, ev in page:
-                evolve(state, ev)
-            position = page[-1][0]
+        for _, ev in ledger.follow(0):
+            evolve(state, ev)
         raw = time.perf_counter() - t1
         ledger.close()
     print(

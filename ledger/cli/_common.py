@@ -197,6 +197,13 @@ class Ctx:
             return cmd
         return msgspec.structs.replace(cmd, real_actor=me)
 
+    def require(self) -> None:
+        """A clear error when the data directory holds no ledger (without opening it)."""
+        if self.remote is None and self._ledger is None and not (self.home / EVENTS_DB).exists():
+            raise InvalidCommand(
+                f"no ledger in {self.home}", hint="run `gpuledger init --admin USER` or pass --home"
+            )
+
     def ledger(self, *, must_exist: bool = True, live: bool = False) -> Ledger:
         """The ledger; `live=True` for commands that need only live work (writes, the queue, the
         service): it starts from the newest snapshot plus the tail and keeps no finished jobs."""
@@ -237,7 +244,9 @@ class _LocalHandles:
 
     @property
     def ledger(self) -> Ledger:
-        return self.ctx.ledger()
+        # live work only: the newest snapshot plus the tail, never the whole history (reads of
+        # finished jobs come from the projection)
+        return self.ctx.ledger(live=True)
 
     def store(self) -> Any:
         if self._store is None:

@@ -23,7 +23,7 @@ import msgspec
 
 from schemas.events import GpuSlot
 
-NodeState = Literal["active", "draining", "drained"]
+NodeState = Literal["active", "draining", "drained", "lost"]
 
 UNRANKED = 1_000_000_000
 """The rank of an account the fair-share reader does not know yet (sorts after every ranked one)."""
