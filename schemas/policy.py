@@ -117,7 +117,7 @@ class FairShare2Config(PolicyConfig, frozen=True, kw_only=True, tag="fairshare-2
     debug_lane: bool = True
     """Debug-class jobs come first, with their own searches, and may preempt unfunded or
     resumable jobs past their contracts, of any team."""
-    debug_search_budget: Searches = 32
+    debug_search_budget: Searches = 8
     """Victim searches per cycle for debug-class jobs."""
     debug_victim_ratio: Factor = 2.0
     """A debug job never preempts a job holding more than this many times its GPUs."""

@@ -159,7 +159,7 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
     squat_util_pct: float = 10.0
     search_budget: int = 32
     debug_lane: bool = True
-    debug_search_budget: int = 32
+    debug_search_budget: int = 8
     debug_victim_ratio: float = 2.0
     debug_reserve_per: int = 128
 
