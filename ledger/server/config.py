@@ -33,10 +33,13 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Preemption hysteresis of the fair-share policy."""
     debug_lane: bool = True
     """Let small debug jobs preempt jobs past their contract."""
-    executor: Literal["none", "local"] = "none"
-    """"none": placements go to node agents; "local": run jobs here as processes, like `up`."""
+    executor: Literal["none", "local", "slurm"] = "none"
+    """"none": placements go to node agents; "local": run jobs here as processes, like `up`;
+    "slurm": run them as Slurm jobs on `partition` (docs/slurm.md)."""
+    partition: str = ""
+    """The Slurm partition gpu-ledger owns (executor "slurm"); checked at start."""
     grace: str = "30s"
-    """SIGTERM-to-SIGKILL grace when the local executor preempts a job."""
+    """SIGTERM-to-SIGKILL grace when the executor preempts a job."""
     kafka: str = ""
     """Kafka bootstrap HOST:PORT: relay the log and feed the projection from the topic."""
     log_format: Literal["text", "json"] = "text"

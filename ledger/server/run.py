@@ -143,7 +143,17 @@ def _bind_tcp(listen: str) -> socket.socket:
     return sock
 
 
-def _executor(home: Path, config: ServeConfig) -> Executor:
+def _executor(ledger: Ledger, config: ServeConfig, actor: str) -> Executor:
+    """The executor `config` names. Slurm's is checked first (the partition exists and Slurm
+    will neither reorder nor preempt on it; one clear error otherwise), and the partition's GPU
+    nodes are registered by `actor`, the admin starting the server."""
+    home = ledger.home
+    if config.executor == "slurm":
+        from ledger.slurm import open_executor
+
+        return open_executor(
+            ledger, config.partition, home / "jobs", parse_duration(config.grace), actor
+        )
     if config.executor == "local":
         return SupervisedExecutor(
             home / "agent",
@@ -154,7 +164,7 @@ def _executor(home: Path, config: ServeConfig) -> Executor:
     return NoExecutor()
 
 
-def serve(home: Path, config: ServeConfig) -> int:
+def serve(home: Path, config: ServeConfig, actor: str = "") -> int:
     """Run until SIGINT/SIGTERM; returns the exit code (0 on a clean stop)."""
     setup_logging(config.log_format, config.log_level)
     early = threading.Event()  # a signal before the listeners run still stops us cleanly
@@ -165,17 +175,17 @@ def serve(home: Path, config: ServeConfig) -> int:
     ledger = Ledger(home)
     if not ledger.state.initialised:
         raise InvalidCommand(f"no ledger in {home}", hint="run `gpuledger init --admin USER` first")
+    executor = _executor(ledger, config, actor)
     unix_path = socket_path(home, config)
     unix_sock = _bind_unix(unix_path)
     tcp_sock = _bind_tcp(config.listen) if config.listen else None
-    executor = _executor(home, config)
     service = ServiceLoop(
         ledger,
         executor,
         make_policy(config.policy, config.margin, config.debug_lane),
         kafka=config.kafka or None,
         log=logging.getLogger("gpuledger.service"),
-        reports_starts=config.executor == "local",
+        reports_starts=config.executor != "none",
     )
     service.open()
     service.record_settings(parse_interval(config.interval), config.executor)
