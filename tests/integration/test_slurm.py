@@ -252,6 +252,10 @@ def test_jobs_run_on_the_gpus_the_ledger_chose_and_their_endings_are_recorded(
     ledger.submit("alice", 2, SHOW + "sleep 3; exit 3")
     ledger.submit("nobody", 1, SHOW + "exit 0")  # a Unix user: submitted with --uid
     ledger.submit("bob", 1, SHOW + "sleep 600", "-t", "1m")  # Slurm ends it at its limit
+    ledger.submit("alice", 1, SHOW + "sleep 600")  # cancelled in Slurm, outside the ledger
+    ledger.wait("the fourth job to run", lambda: status(ledger, 4) == "running", timeout=120)
+    (run4,) = ledger.of("job.engine_linked.v1", 4)
+    ledger.cluster.run("scancel", run4["engine_job_id"])
     ledger.wait(
         "every job to end",
         lambda: all(j["outcome"] for j in ledger.jobs().values()),
@@ -268,17 +272,18 @@ def test_jobs_run_on_the_gpus_the_ledger_chose_and_their_endings_are_recorded(
         1: (3, "exited", "FAILED"),
         2: (0, "exited", "COMPLETED"),
         3: (ended[3]["exit_code"], "time_limit", "TIMEOUT"),
+        4: (ended[4]["exit_code"], "cancelled", "CANCELLED"),
     }
     jobs = ledger.jobs()
-    assert [jobs[j]["outcome"] for j in (1, 2, 3)] == ["failed", "completed", "failed"]
+    assert [jobs[j]["outcome"] for j in (1, 2, 3, 4)] == ["failed", "completed", "failed", "failed"]
     links = {ev["job_id"]: ev for ev in events if ev["type"] == "job.engine_linked.v1"}
     # Slurm says it gave the chosen GPUs (it stops saying once a run ended: job 2 is too short)
     said = {j: ev["gpus"] for j, ev in links.items() if ev["gpus"]}
     assert said == {j: placed[j] for j in said} and {1, 3} <= set(said)
     linked = {j: ev["engine_job_id"] for j, ev in links.items()}
-    assert sorted(linked) == [1, 2, 3] and len(set(linked.values())) == 3
+    assert sorted(linked) == [1, 2, 3, 4] and len(set(linked.values())) == 4
     slurm_jobs = ledger.cluster.jobs()
-    assert all(slurm_jobs[linked[j]]["name"] == f"gpuledger-{j}" for j in (1, 2, 3))
+    assert all(slurm_jobs[linked[j]]["name"] == f"gpuledger-{j}" for j in (1, 2, 3, 4))
     assert held_twice(events) == []
     configured = [ev for ev in events if ev["type"] == "service.configured.v1"]
     assert configured and configured[-1]["executor"] == "slurm", configured
@@ -551,8 +556,41 @@ def test_serve_runs_http_submissions_under_slurm_and_a_kill_9_of_it_loses_nothin
         assert sorted(ev["job_id"] for ev in runs) == [failing, long]  # each ran exactly once
         assert held_twice(history) == []
         assert "adopted Slurm job" in (home.parent / "serve2.log").read_text()
+        configured = [ev for ev in history if ev["type"] == "service.configured.v1"]
+        assert [ev["executor"] for ev in configured] == ["slurm"]  # once: same settings again
     finally:
         assert server.stop() == 0
+
+
+SACCTMGR = """root||root|1
+ai2|root||100
+olmo|ai2||60
+olmo|ai2|alice|2
+olmo|ai2|bob|1
+tulu|ai2|dan|parent
+"""
+
+
+def test_slurm_shares_become_a_budget_the_ledger_applies(tmp_path: Path, cluster: Cluster) -> None:
+    """`slurm import-shares` from saved sacctmgr output, then `budget apply`; without Slurm
+    accounting (the test cluster has none) asking sacctmgr is one clear error line."""
+    led = Ledger(tmp_path / "home", cluster)
+    led.cli("init", "--admin", "root")
+    saved, budget = tmp_path / "assoc.txt", tmp_path / "budget.toml"
+    saved.write_text(SACCTMGR)
+    led.cli("slurm", "import-shares", "--from", str(saved), "-o", str(budget))
+    led.cli("budget", "apply", str(budget))
+    tree = {a["path"]: a for a in json.loads(led.cli("account", "tree", "--json"))}
+    assert (tree["ai2"]["kind"], tree["ai2"]["shares"]) == ("program", 100)
+    assert (tree["ai2/olmo"]["kind"], tree["ai2/olmo"]["shares"]) == ("project", 60)
+    assert tree["ai2/olmo"]["members"] == ["alice", "bob"]
+    assert tree["ai2/olmo/alice"]["shares"] == 2
+    done = subprocess.run(
+        [GPULEDGER, "slurm", "import-shares"], env=led.env("root"), capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("error: sacctmgr failed: ") and done.stdout == ""
 
 
 def test_a_partition_gpu_ledger_cannot_own_is_refused_with_one_line(ledger: Ledger) -> None:
