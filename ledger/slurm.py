@@ -51,7 +51,7 @@ _REASONS: dict[str, EndReason] = {
     "OUT_OF_MEMORY": "out_of_memory",
 }
 ENDED = frozenset(_REASONS)
-_NODE_BAD = ("DRAIN", "DOWN", "FAIL", "MAINT", "INVALID", "REBOOT", "POWER", "NOT_RESPONDING", "*")
+_NODE_BAD = ("DRAIN", "DOWN", "FAIL", "MAINT", "INVALID", "REBOOT", "POWER")
 DRAIN_PREFIX = "slurm:"
 """Drain and lost reasons the executor writes start with this; it returns only nodes it took out
 of service itself."""
@@ -150,8 +150,9 @@ def node_unavailable(state: str) -> bool:
 def node_down(state: str) -> bool:
     """Pure: whether Slurm has given a node up (`DOWN`, `DOWN*`, `DOWN+DRAIN`): Slurm ends the
     jobs on it (NODE_FAIL), so the ledger records the node lost. A node that only stops
-    responding (`IDLE*`, `MIXED+NOT_RESPONDING`) or that an admin marks FAIL keeps its jobs
-    running: it is drained, so a `slurmd` restart never ends work the ledger runs."""
+    responding (`IDLE*`, `MIXED+NOT_RESPONDING`) keeps its jobs and is left as it is until Slurm
+    gives it up (`SlurmdTimeout`), so a `slurmd` restart neither ends nor drains anything; one an
+    admin marks FAIL keeps its jobs running and is drained."""
     return state.upper().split("+")[0].rstrip("*~#!%$@^-") == "DOWN"
 
 
@@ -255,7 +256,7 @@ def node_changes(
 ) -> list[c.AnyCommand]:
     """Pure: the node changes that make the ledger's nodes follow Slurm's, with reasons starting
     "slurm:": a node Slurm marks DOWN is lost in the ledger (its jobs end there and then); a node
-    that takes no new work otherwise (DRAIN, FAIL, not responding, ...) is drained; a node Slurm
+    that takes no new work otherwise (DRAIN, FAIL, MAINT, ...) is drained; a node Slurm
     takes back is returned if the ledger took it out of service for Slurm (a drain an admin made
     in the ledger is not Slurm's to undo). A node the ledger lost for Slurm that Slurm now drains
     is returned first and drained on the next look. Nodes the ledger does not know are left to

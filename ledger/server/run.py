@@ -6,7 +6,7 @@ Start: 1 open the ledger and the service loop  2 start the worker  3 bind the TC
 Stop (SIGINT/SIGTERM): refuse new writes (503), let uvicorn finish the requests in flight, let
 the worker finish its queue and the current cycle, flush the relay, leave running jobs running
 (an agent's jobs are not ours to stop; the local executor's keep running under their supervisors
-and the next start adopts them, as in `up`), exit 0.
+and Slurm's under Slurm, and the next start adopts them, as in `up`), exit 0.
 """
 
 from __future__ import annotations

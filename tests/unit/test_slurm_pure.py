@@ -196,7 +196,7 @@ def test_slurm_drains_and_returns_follow_into_the_ledger() -> None:
 )
 def test_only_a_node_slurm_gave_up_is_down(state: str, want: bool) -> None:
     assert node_down(state) is want
-    assert node_unavailable(state) is (state != "IDLE")
+    assert node_unavailable(state) is (state not in ("IDLE", "IDLE*", "MIXED+NOT_RESPONDING"))
 
 
 def lost(name: str, reason: str) -> Node:
@@ -229,8 +229,9 @@ def follow(slurm_states: dict[str, str], ledger: dict[str, Node]) -> list[c.AnyC
         ("IDLE", lost("g", "slurm: DOWN (psu)"), [c.ReturnNode(actor="@x", node="g")]),
         ("IDLE+DRAIN", lost("g", "slurm: DOWN (psu)"), [c.ReturnNode(actor="@x", node="g")]),
         ("IDLE", lost("g", "power cut"), []),
-        ("IDLE*", node("g"), [c.DrainNode(actor="@x", node="g", reason="slurm: IDLE* (psu)")]),
-        ("MIXED", node("g", "drained", "slurm: IDLE* (psu)"), [c.ReturnNode(actor="@x", node="g")]),
+        ("IDLE*", node("g"), []),
+        ("FAIL", node("g"), [c.DrainNode(actor="@x", node="g", reason="slurm: FAIL (psu)")]),
+        ("MIXED", node("g", "drained", "slurm: FAIL (psu)"), [c.ReturnNode(actor="@x", node="g")]),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
