@@ -30,6 +30,7 @@ from ledger.utilisation import UtilTracker
 from projections import queries
 from projections.fairshare import RANKING_VERSION, UsagePolicy
 from projections.projector import Projector
+from projections.source import gc_paused
 from projections.store import Store
 from schemas import commands as c
 from schemas import events as e
@@ -356,6 +357,13 @@ class Dispatcher:
                 log.warning("node change not recorded: %s", err.line())
 
     def cycle(self, now: float) -> CycleResult:
+        """One dispatcher cycle. The cyclic garbage collector waits until it ends: a cycle makes
+        ~100k short-lived objects that reference counting frees, and the full collections they
+        would set off (40-50 ms over the live state) run between cycles instead of inside one."""
+        with gc_paused():
+            return self._cycle(now)
+
+    def _cycle(self, now: float) -> CycleResult:
         # 0. the engine's node changes; starts, checkpoints and samples, then exits: GPUs they
         #    free are free for this cycle
         self.follow_nodes()

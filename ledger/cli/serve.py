@@ -328,15 +328,20 @@ def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None
 @click.option("--debug-lane/--no-debug-lane", default=None)
 @click.option(
     "--executor",
-    type=click.Choice(["none", "local", "slurm"]),
+    type=click.Choice(["none", "local", "agents", "slurm"]),
     default=None,
-    help="none: node agents run placements [default]; local: run them here, like `up`; "
-    "slurm: run them as Slurm jobs on --partition.",
+    help="agents: node agents run placements; local: run them here, like `up`; "
+    "slurm: run them as Slurm jobs on --partition; none: only record them [default].",
 )
 @click.option(
     "--partition",
     default=None,
     help="The Slurm partition gpu-ledger owns (with --executor slurm).",
+)
+@click.option(
+    "--node-lost-after",
+    default=None,
+    help="With agents: mark a node lost after its agent is silent this long [60s].",
 )
 @click.option("--kafka", default=None, help="Kafka bootstrap HOST:PORT for the relay.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
@@ -355,6 +360,7 @@ def serve(
     debug_lane: bool | None,
     executor: str | None,
     partition: str | None,
+    node_lost_after: str | None,
     kafka: str | None,
     log_format: str | None,
     log_level: str | None,
@@ -376,6 +382,7 @@ def serve(
         debug_lane=debug_lane,
         executor=executor,
         partition=partition,
+        node_lost_after=node_lost_after,
         kafka=kafka,
         log_format=log_format,
         log_level=log_level,

@@ -154,6 +154,10 @@ def _executor(ledger: Ledger, config: ServeConfig, actor: str) -> Executor:
         return open_executor(
             ledger, config.partition, home / "jobs", parse_duration(config.grace), actor
         )
+    if config.executor == "agents":
+        from ledger.server.agents import AgentExecutor
+
+        return AgentExecutor(ledger, node_lost_after_s=parse_duration(config.node_lost_after))
     if config.executor == "local":
         return SupervisedExecutor(
             home / "agent",
@@ -185,7 +189,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "") -> int:
         make_policy(config.policy, config.margin, config.debug_lane),
         kafka=config.kafka or None,
         log=logging.getLogger("gpuledger.service"),
-        reports_starts=config.executor != "none",
+        reports_starts=config.executor in ("local", "agents", "slurm"),
     )
     service.open()
     service.record_settings(parse_interval(config.interval), config.executor)
