@@ -41,11 +41,10 @@ from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import commands as c
-from schemas.errors import EngineError, InvalidCommand, LedgerError
+from schemas.errors import InvalidCommand, LedgerError
 
 if TYPE_CHECKING:
     from ledger.relay import RelayService
-    from ledger.slurm import SlurmExecutor
 
 
 def _node_spec(text: str) -> tuple[str, int, str]:
@@ -169,7 +168,6 @@ def up(
     ledger = ctx.ledger(live=True)
     _register_nodes(ctx, nodes)
     executor: ServiceExecutor
-    engine: SlurmExecutor | None = None
     if executor_name == "local":
         util = pick_source(utilisation_dir or ctx.home / "utilisation")
         executor = SupervisedExecutor(
@@ -184,7 +182,11 @@ def up(
         )
         log.info("utilisation: %s", util.name)
     else:
-        executor = engine = _slurm_executor(ctx, partition, parse_duration(grace))
+        from ledger.slurm import open_executor
+
+        executor = open_executor(
+            ctx.ledger(), partition, ctx.home / "jobs", parse_duration(grace), ctx.actor
+        )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -198,7 +200,6 @@ def up(
             ProjectionRanks(Projector(store, source)),
             _policy(policy, margin, debug_lane, parse_duration(squat_after)),
             executor,
-            unavailable=None if engine is None else engine.foreign,
         )
         dispatcher.recover(executor, clock.now())
         from ledger.loop import record_settings
@@ -211,8 +212,6 @@ def up(
         try:
             while not stop.is_set():
                 now = clock.now()
-                if engine is not None:
-                    _follow_slurm_nodes(ledger, engine, log)
                 result = dispatcher.cycle(now)
                 seen = _log_lifecycle(ledger, seen, before, ctx.home / "jobs", log)
                 if until_idle and _idle(ledger):
@@ -282,47 +281,6 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
         ledger.execute_all(cmds)
 
 
-def _slurm_executor(ctx: Ctx, partition: str | None, grace_s: float) -> SlurmExecutor:
-    """The Slurm executor on `partition`, its nodes registered in the ledger."""
-    from ledger.slurm import SlurmExecutor, ledger_id, register_commands
-
-    if not partition:
-        raise InvalidCommand(
-            "--executor slurm needs the partition gpu-ledger owns",
-            hint="pass --partition P (or set GPULEDGER_SLURM_PARTITION)",
-        )
-    ledger = ctx.ledger()
-    slurm = SlurmExecutor(partition, ledger_id(ledger), ctx.home / "jobs", grace_s=grace_s)
-    slurm.check()
-    found = slurm.nodes()
-    if not found:
-        raise EngineError(
-            f"Slurm partition {partition!r} has no nodes with GPUs (Gres=gpu:...)",
-            hint="see docs/slurm.md",
-        )
-    cmds = register_commands(found, ledger.state.nodes, ctx.actor)
-    if cmds:
-        ledger.execute_all(cmds)
-    return slurm
-
-
-def _follow_slurm_nodes(ledger: Any, slurm: SlurmExecutor, log: logging.Logger) -> None:
-    """Drain in the ledger what Slurm drains or marks down, and return what it takes back."""
-    from ledger.slurm import node_changes
-
-    try:
-        found = slurm.nodes()
-    except LedgerError as err:
-        log.warning("slurm nodes: %s", err.line())
-        return
-    for cmd in node_changes(found, ledger.state.nodes, EXECUTOR):
-        try:
-            ledger.execute(cmd)
-            log.info("node %s follows Slurm: %s", cmd.node, type(cmd).__name__)  # type: ignore[union-attr]
-        except LedgerError as err:
-            log.warning("node change not recorded: %s", err.line())
-
-
 def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None:
     """With --kafka, a relay thread publishes the store to the topic for other readers
     (GPULEDGER_KAFKA_TOPIC and GPULEDGER_KAFKA_TRANSACTIONAL_ID override the topic and the
@@ -370,10 +328,15 @@ def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None
 @click.option("--debug-lane/--no-debug-lane", default=None)
 @click.option(
     "--executor",
-    type=click.Choice(["none", "local", "agents"]),
+    type=click.Choice(["none", "local", "agents", "slurm"]),
     default=None,
     help="agents: node agents run placements; local: run them here, like `up`; "
-    "none: only record them [default].",
+    "slurm: run them as Slurm jobs on --partition; none: only record them [default].",
+)
+@click.option(
+    "--partition",
+    default=None,
+    help="The Slurm partition gpu-ledger owns (with --executor slurm).",
 )
 @click.option(
     "--node-lost-after",
@@ -396,6 +359,7 @@ def serve(
     margin: float | None,
     debug_lane: bool | None,
     executor: str | None,
+    partition: str | None,
     node_lost_after: str | None,
     kafka: str | None,
     log_format: str | None,
@@ -417,12 +381,13 @@ def serve(
         margin=margin,
         debug_lane=debug_lane,
         executor=executor,
+        partition=partition,
         node_lost_after=node_lost_after,
         kafka=kafka,
         log_format=log_format,
         log_level=log_level,
     )
-    sys.exit(run_server(ctx.home, config))
+    sys.exit(run_server(ctx.home, config, actor=ctx.actor))
 
 
 @click.command()
