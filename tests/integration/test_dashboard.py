@@ -242,6 +242,8 @@ def test_the_figures_shown_equal_the_cli_json(served: Served, browser: Browser) 
         assert held == set(n["jobs"]), n
         assert card.locator("a.gpu").count() == n["gpus"] - n["free_gpus"]
         assert n["state"] in card.locator("h3").inner_text()
+    states = {n["state"] for n in cli_json(s, "node", "list")}
+    assert {"active", "drained", "lost"} <= states
     assert errors == []
     ctx.close()
 
