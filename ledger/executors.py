@@ -42,6 +42,10 @@ class Launch:
     grace_s: float | None = None
     """SIGTERM-to-SIGKILL grace of this job; None: the executor's default."""
     debug: bool = False
+    master_addr: str = ""
+    """Host of rank 0's node for the rendezvous variables; "" lets the executor say."""
+    job_token: str = ""
+    """The job's own token (`GPULEDGER_JOB_TOKEN`), when a server minted one."""
 
 
 @dataclass(frozen=True)

@@ -165,10 +165,11 @@ class ServiceLoop:
     # --- the loop ------------------------------------------------------------------------------
 
     def step(self, now: float) -> CycleResult:
-        """One dispatcher cycle, timed for `status`."""
+        """One dispatcher cycle, timed for `status` (after marking silent nodes lost)."""
         assert self.dispatcher is not None, "open() first"
         t0 = time.perf_counter()
         try:
+            self.mark_lost(now)
             result = self.dispatcher.cycle(now)
             self.stats.last_error = None
         except LedgerError as err:
@@ -183,6 +184,37 @@ class ServiceLoop:
             if self.store is not None:
                 self.stats.projection_position = self.store.position()
         return result
+
+    def take_reports(self, now: float) -> None:
+        """Record what the executor reported outside a cycle (a node agent's report): starts,
+        checkpoints and samples, exits; then stop what the ledger no longer runs (the other
+        parts of a gang job one of whose parts failed)."""
+        assert self.dispatcher is not None, "open() first"
+        self.dispatcher.report_starts(now)
+        self.dispatcher.report_progress(now)
+        self.dispatcher.report_exits(now)
+        self.dispatcher.reconcile(now)
+
+    def mark_lost(self, now: float) -> None:
+        """The node-lost timeout: a node whose agent has been silent past the executor's limit
+        is marked lost (`MarkNodeLost`: its jobs are requeued or ended). Before that, its GPUs
+        stay held: a silent node is never placed on twice."""
+        silent = getattr(self.executor, "silent_nodes", None)
+        if silent is None:
+            return
+        for node, quiet_s in silent(now):
+            try:
+                self.ledger.execute(
+                    c.MarkNodeLost(
+                        actor=EXECUTOR,
+                        node=node,
+                        reason=f"no word from its agent for {quiet_s:.0f}s",
+                    )
+                )
+                self.log.warning("node %s is lost: no word from its agent for %.0fs", node, quiet_s)
+            except LedgerError as err:
+                self.log.warning("node %s not marked lost: %s", node, err.line())
+            self.executor.forget(node)  # type: ignore[attr-defined]
 
     def idle(self) -> bool:
         return not any(j.active for j in self.ledger.state.jobs.values())

@@ -30,6 +30,7 @@ from ledger.utilisation import UtilTracker
 from projections import queries
 from projections.fairshare import RANKING_VERSION, UsagePolicy
 from projections.projector import Projector
+from projections.source import gc_paused
 from projections.store import Store
 from schemas import commands as c
 from schemas import events as e
@@ -339,6 +340,13 @@ class Dispatcher:
         return self._recorded_at is not None and now - self._recorded_at >= self.idle_record_s
 
     def cycle(self, now: float) -> CycleResult:
+        """One dispatcher cycle. The cyclic garbage collector waits until it ends: a cycle makes
+        ~100k short-lived objects that reference counting frees, and the full collections they
+        would set off (40-50 ms over the live state) run between cycles instead of inside one."""
+        with gc_paused():
+            return self._cycle(now)
+
+    def _cycle(self, now: float) -> CycleResult:
         # 0. starts, checkpoints and samples, then exits: GPUs they free are free for this cycle
         self.report_starts(now)
         self.report_progress(now)

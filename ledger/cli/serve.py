@@ -370,9 +370,15 @@ def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None
 @click.option("--debug-lane/--no-debug-lane", default=None)
 @click.option(
     "--executor",
-    type=click.Choice(["none", "local"]),
+    type=click.Choice(["none", "local", "agents"]),
     default=None,
-    help="none: node agents run placements [default]; local: run them here, like `up`.",
+    help="agents: node agents run placements; local: run them here, like `up`; "
+    "none: only record them [default].",
+)
+@click.option(
+    "--node-lost-after",
+    default=None,
+    help="With agents: mark a node lost after its agent is silent this long [60s].",
 )
 @click.option("--kafka", default=None, help="Kafka bootstrap HOST:PORT for the relay.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
@@ -390,6 +396,7 @@ def serve(
     margin: float | None,
     debug_lane: bool | None,
     executor: str | None,
+    node_lost_after: str | None,
     kafka: str | None,
     log_format: str | None,
     log_level: str | None,
@@ -410,6 +417,7 @@ def serve(
         margin=margin,
         debug_lane=debug_lane,
         executor=executor,
+        node_lost_after=node_lost_after,
         kafka=kafka,
         log_format=log_format,
         log_level=log_level,

@@ -14,14 +14,19 @@ the user leaf's rank, submit time, job id.
 
 **Victims** (`victim_key`): class (unfunded, squatting, resumable, not resumable), then the
 GPU-seconds a preemption loses (GPUs x work since the last checkpoint; a non-resumable job's whole
-run so far). One-node plans take, over all nodes, the set of least cost (`least_loss`:
-`preemption.plan_single_least`); gang plans clear whole nodes cheapest victim first.
+run so far). Plans take the set of least cost (`least_loss`): one-node plans over all nodes
+(`preemption.plan_single_least`), gang plans over the whole nodes that can be cleared
+(`preemption.plan_gang_least`, a bounded search).
 
 **The cost model** (`weigh`, figures in every note and refusal, so `explain` shows them):
 
 - A funded non-debug job may preempt, for fairness, a job of *another* team that its team
   outranks by the margin (the waiting team's level fair share > the victim team's x (1 + margin)
   where the two parted in the tree), unfunded jobs, and squatters.
+- A team that uses less than its share of the whole tree (`team_fs` > 1: the product of the
+  level fair shares on its path, i.e. its allocated fraction over its fraction of the usage) is
+  never a fairness victim, however its program stands: Fair Tree may rank it behind a team of
+  another program whose program uses less, but its own entitlement is not the excess.
 - A funded non-resumable job past its contract is offered for fairness only when the waiting
   team's level fair share is at least `spare_ratio` times the victim team's (the wide margin).
 - The plan is taken only when its gain outweighs the work lost: the funded GPU-seconds its
@@ -57,7 +62,7 @@ from ledger.dispatch.preemption import (
     divergence,
     outranks,
 )
-from ledger.dispatch.snapshot import UNRANKED, PendingJob, RunningJob, Snapshot
+from ledger.dispatch.snapshot import UNRANKED, PendingJob, RunningJob, Snapshot, fs_text
 from schemas.events import PreemptReason
 
 RESERVE_MIN_NODES = 8
@@ -87,6 +92,23 @@ def fs_ratio(waiting: str, victim: str, level_fs: Mapping[str, float]) -> float 
     if fv <= 0:
         return math.inf
     return fw / fv
+
+
+def team_fs(team: str, level_fs: Mapping[str, float]) -> float | None:
+    """Pure: a team's fair share of the whole tree: the product of the level fair shares on its
+    path (its allocated fraction of all shares over its fraction of all usage); above 1 it uses
+    less than its share. None when a level is unknown; 0 when a level has no shares."""
+    out = 1.0
+    cut = 0
+    while cut >= 0:
+        cut = team.find("/", cut + 1)
+        level = level_fs.get(team if cut < 0 else team[:cut])
+        if level is None:
+            return None
+        if level <= 0.0:
+            return 0.0
+        out *= level
+    return out
 
 
 def _gpu_h(gpu_s: float) -> str:
@@ -196,7 +218,11 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
         return found
 
     def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
-        return (team_of(job.account, self.team_depth), self.lane(job))
+        """A team's jobs share their victims; debug-lane jobs of one size share theirs whatever
+        the team (`_debug_victims` reads only the size)."""
+        if self.lane(job):
+            return ("debug lane", job.gpus)
+        return team_of(job.account, self.team_depth)
 
     def _class(self, job: RunningJob, now: float) -> int:
         low = job.low_util_since
@@ -247,6 +273,11 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
                         self.margin,
                         self.min_rank_gap,
                     )
+                    share = team_fs(team, snapshot.level_fs)
+                    if ok and share is not None and share > 1.0:
+                        ok, why = False, f"{team} uses less than its share ({fs_text(share)})"
+                    elif ok and share is not None:
+                        why += f"; {team} over its share ({fs_text(share)})"
                     verdict = verdicts[team] = (
                         ok,
                         why,

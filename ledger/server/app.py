@@ -30,6 +30,7 @@ from litestar.params import JSONBody
 from ledger.server import identity as ident
 from ledger.server import metrics as m
 from ledger.server import pages
+from ledger.server.agent_api import agent_routes
 from ledger.server.reads import READS
 from ledger.server.worker import Worker
 from schemas import api
@@ -274,6 +275,7 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
     routes: list[Any] = [command_route(cls) for cls in SERVED_COMMANDS]
     routes += [batch, health, whoami, tokens, openapi]
     routes += [read_route(name) for name in READS]
+    routes += agent_routes(worker, who, clock)
     metrics = m.Metrics(status_of_any)
     getattr(worker.service, "on_cycle", []).append(metrics.observe_cycle)
     routes += [m.route(metrics, worker, handles, person)]

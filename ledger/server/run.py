@@ -143,7 +143,11 @@ def _bind_tcp(listen: str) -> socket.socket:
     return sock
 
 
-def _executor(home: Path, config: ServeConfig) -> Executor:
+def _executor(home: Path, config: ServeConfig, ledger: Ledger) -> Executor:
+    if config.executor == "agents":
+        from ledger.server.agents import AgentExecutor
+
+        return AgentExecutor(ledger, node_lost_after_s=parse_duration(config.node_lost_after))
     if config.executor == "local":
         return SupervisedExecutor(
             home / "agent",
@@ -168,14 +172,14 @@ def serve(home: Path, config: ServeConfig) -> int:
     unix_path = socket_path(home, config)
     unix_sock = _bind_unix(unix_path)
     tcp_sock = _bind_tcp(config.listen) if config.listen else None
-    executor = _executor(home, config)
+    executor = _executor(home, config, ledger)
     service = ServiceLoop(
         ledger,
         executor,
         make_policy(config.policy, config.margin, config.debug_lane),
         kafka=config.kafka or None,
         log=logging.getLogger("gpuledger.service"),
-        reports_starts=config.executor == "local",
+        reports_starts=config.executor in ("local", "agents"),
     )
     service.open()
     service.record_settings(parse_interval(config.interval), config.executor)
