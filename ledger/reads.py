@@ -9,6 +9,7 @@ from the projection's read models, never from the folded write-side `State`.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -801,22 +802,32 @@ def delivered_series(
 
 def gpu_map(ledger: Ledger, store: Store) -> list[v.GpuRow]:
     """Every GPU of the nodes in service, by node and index, with the job holding it and that
-    job's last utilisation sample."""
+    GPU's value in the job's last utilisation sample (one value per GPU in slot order; the
+    job's mean when the sample does not have one per GPU)."""
     state = ledger.state
     holders: dict[tuple[str, int], int] = {}
+    order: dict[int, list[tuple[str, int]]] = {}
     for j in state.jobs.values():
         for slot in j.slots:
             for g in slot.gpu_indices:
                 holders[(slot.node, g)] = j.job_id
-    util: dict[int, float] = {}
+                order.setdefault(j.job_id, []).append((slot.node, g))
+    util: dict[tuple[str, int], float] = {}
     if holders:
         rows = store.con.execute(
             "SELECT job_id, arg_max(raw->>'$.gpu_utilisation', position) FROM events "
             "WHERE tag = 'job.utilisation_sampled.v1' AND job_id IN (SELECT unnest($ids)) "
             "GROUP BY job_id",
-            {"ids": sorted(set(holders.values()))},
+            {"ids": sorted(order)},
         ).fetchall()
-        util = {int(j): float(u) for j, u in rows if u is not None}
+        for job_id, text in rows:
+            values = [float(x) for x in json.loads(text or "[]")]
+            gpus = order[int(job_id)]
+            if not values:
+                continue
+            if len(values) != len(gpus):
+                values = [sum(values) / len(values)] * len(gpus)
+            util.update(zip(gpus, values, strict=True))
     out = []
     for n in sorted(state.nodes.values(), key=lambda n: n.name):
         if n.state == "removed":
@@ -832,7 +843,7 @@ def gpu_map(ledger: Ledger, store: Store) -> list[v.GpuRow]:
                     job_id=jid,
                     user=None if spec is None else spec.user,
                     account=None if spec is None else spec.account,
-                    utilisation_pct=None if jid is None else util.get(jid),
+                    utilisation_pct=util.get((n.name, g)),
                 )
             )
     return out
