@@ -5,11 +5,11 @@ at 100 placements/s).
     python scripts/bench_agent_latency.py --rate 50 --seconds 20
 
 A fresh ledger, a real `gpuledger serve --executor agents` (cycle every 0.1 s) on 127.0.0.1 and
-three real `gpuledger agent` processes (node-a/b/c, 64 GPUs each). Jobs of one GPU running `sleep 0.5`
-are submitted over the server's Unix socket at `--rate` per second (a batch every 0.1 s). For
-each job, latency = the moment its process started (the start time the supervisor recorded,
-`/proc` clock ticks, 10 ms resolution) minus the moment it was placed (`job.placed.v1`'s `at`).
-It prints p50/p90/p99/max, the placement rate reached, and the ratio of p99 to the 1 s limit.
+three real `gpuledger agent` processes (node-a/b/c, 64 GPUs each). Jobs of one GPU running `sleep
+0.5` are submitted over the server's Unix socket at `--rate` per second (a batch every 0.1 s). For
+each job, latency = the moment its process started (the start time the supervisor recorded, `/proc`
+clock ticks, 10 ms resolution) minus the moment it was placed (`job.placed.v1`'s `at`). It prints
+p50/p90/p99/max, the placement rate reached, and the ratio of p99 to the 1 s limit.
 """
 
 from __future__ import annotations
