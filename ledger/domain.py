@@ -31,7 +31,8 @@ DEBUG_TIME_LIMIT_S = 15 * 60
 _NAME = re.compile(NAME_PATTERN)
 
 JobStatus = Literal["pending", "placed", "running", "finished"]
-NodeState = Literal["active", "draining", "drained", "removed"]
+NodeState = Literal["active", "draining", "drained", "removed", "lost"]
+"""`lost`: it stopped answering (`NodeLost`); no work is placed on it until it is returned."""
 
 
 class Account(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,6 +50,7 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     gpus: int
     state: NodeState = "active"
     drain_reason: str = ""
+    lost_reason: str = ""
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,6 +66,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     logs: tuple[str, ...] = ()
     held: bool = False
     """A held pending job is not scheduled until released."""
+    engine: str = ""
+    engine_job_id: str = ""
+    """The engine's run of the current placement (`JobEngineLinked`), "" while none is known."""
 
     @property
     def job_id(self) -> int:
@@ -554,9 +559,46 @@ def _return_node(state: State, cmd: c.ReturnNode, s: _Stamp) -> list[e.AnyEvent]
     if not is_system(s.actor):  # ... and returns it when the engine brings it back
         _require_admin(state, s.actor, "return nodes")
     node = state.node(cmd.node)
-    if node.state not in ("draining", "drained"):
-        raise InvalidTransition(f"node {cmd.node!r} is {node.state}, not draining or drained")
+    if node.state not in ("draining", "drained", "lost"):
+        raise InvalidTransition(f"node {cmd.node!r} is {node.state}, not draining, drained or lost")
     return [e.NodeReturned(**s.kw(), node=cmd.node)]
+
+
+def _mark_node_lost(state: State, cmd: c.MarkNodeLost, s: _Stamp) -> list[e.AnyEvent]:
+    """The node is gone, and so are the runs on it: every job it holds ends in the same command
+    (resumable ones requeued, same id; the others failed, with the engine's `node_failure`
+    ending where an engine runs them). Other nodes of a gang are freed with it."""
+    _require_system(state, s.actor, "mark nodes lost")
+    node = state.node(cmd.node)
+    if node.state == "lost":
+        raise InvalidTransition(f"node {cmd.node!r} is already lost", node=cmd.node)
+    if not bool(cmd.reason.strip()):
+        raise InvalidCommand("a lost node needs a reason", hint="pass --reason")
+    out: list[e.AnyEvent] = [e.NodeLost(**s.kw(), node=cmd.node, reason=cmd.reason)]
+    leaving = set(state.node_jobs.get(cmd.node, ()))
+    others: list[str] = []
+    note = f"node {cmd.node} lost: {cmd.reason}"[:1000]
+    for job_id in sorted(leaving):
+        job = state.jobs[job_id]
+        others += [sl.node for sl in job.slots if sl.node != cmd.node]
+        if job.spec.resumable:
+            out += [
+                e.JobPreempted(**s.kw(), job_id=job_id, reason="node_failure", note=note),
+                e.JobRequeued(**s.kw(), job_id=job_id),
+            ]
+            continue
+        out.append(e.JobFinished(**s.kw(), job_id=job_id, outcome="failed"))
+        if job.engine:
+            out.append(
+                e.JobEngineEnded(
+                    **s.kw(),
+                    job_id=job_id,
+                    engine=job.engine,
+                    engine_job_id=job.engine_job_id,
+                    reason="node_failure",
+                )
+            )
+    return out + _drained_after(state, others, leaving, s)
 
 
 def _remove_node(state: State, cmd: c.RemoveNode, s: _Stamp) -> list[e.AnyEvent]:
@@ -831,6 +873,11 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
 
 def _preempt(state: State, cmd: c.PreemptJob, s: _Stamp) -> list[e.AnyEvent]:
     _require_admin(state, s.actor, "preempt jobs by hand")
+    if cmd.reason == "node_failure":
+        raise InvalidCommand(
+            "a node failure is recorded on the node, not on a job",
+            hint="`gpuledger node lost NODE --reason ...` ends its jobs",
+        )
     if not bool(cmd.note.strip()):
         raise InvalidCommand("an admin preemption needs a reason", hint="pass --reason")
     job = state.job(cmd.job_id)
@@ -866,10 +913,18 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
     if job.status not in ("placed", "running"):
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not running")
-    outcome: e.FinishOutcome = "completed" if cmd.exit_code == 0 else "failed"
+    # a run the engine ended (time limit, node failure, ...) did not complete, whatever its code
+    ok = cmd.exit_code == 0 and cmd.reason == "exited"
+    outcome: e.FinishOutcome = "completed" if ok else "failed"
     out: list[e.AnyEvent] = [
         e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome=outcome, exit_code=cmd.exit_code)
     ]
+    if cmd.reason == "node_failure" and job.spec.resumable:  # as when the ledger loses the node
+        note = f"its run ended with its node ({cmd.engine_state or 'node failure'})"
+        out = [
+            e.JobPreempted(**s.kw(), job_id=cmd.job_id, reason="node_failure", note=note),
+            e.JobRequeued(**s.kw(), job_id=cmd.job_id),
+        ]
     if cmd.engine:
         out.append(
             e.JobEngineEnded(
@@ -1019,10 +1074,12 @@ def _authorise_event(state: State, ev: e.AnyEvent) -> None:
             _require_admin(state, actor, "revoke admin")
         case e.NodeRegistered():
             _require_admin(state, actor, "register nodes")
-        case e.NodeDrainRequested():
+        case e.NodeDrainRequested() if not is_system(actor):
             _require_admin(state, actor, "drain nodes")
-        case e.NodeReturned():
+        case e.NodeReturned() if not is_system(actor):
             _require_admin(state, actor, "return nodes")
+        case e.NodeLost():
+            _require_system(state, actor, "mark nodes lost")
         case e.NodeRemoved():
             _require_admin(state, actor, "remove nodes")
         case e.TokenIssued() if ev.scope == "user" and ev.user != actor:
@@ -1048,6 +1105,7 @@ _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]]
     c.DrainNode: _drain_node,  # type: ignore[dict-item]
     c.ReturnNode: _return_node,  # type: ignore[dict-item]
     c.RemoveNode: _remove_node,  # type: ignore[dict-item]
+    c.MarkNodeLost: _mark_node_lost,  # type: ignore[dict-item]
     c.SubmitJob: _submit,  # type: ignore[dict-item]
     c.CancelJob: _cancel,  # type: ignore[dict-item]
     c.HoldJob: _hold,  # type: ignore[dict-item]
@@ -1128,7 +1186,14 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             )
         case e.NodeReturned():
             n = state.nodes[event.node]
-            state.nodes[event.node] = msgspec.structs.replace(n, state="active", drain_reason="")
+            state.nodes[event.node] = msgspec.structs.replace(
+                n, state="active", drain_reason="", lost_reason=""
+            )
+        case e.NodeLost():
+            n = state.nodes[event.node]
+            state.nodes[event.node] = msgspec.structs.replace(
+                n, state="lost", lost_reason=event.reason
+            )
         case e.NodeRemoved():
             state.nodes[event.node] = msgspec.structs.replace(
                 state.nodes[event.node], state="removed"
@@ -1154,7 +1219,13 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             job = state.jobs[event.job_id]
             _release(state, job)
             state.jobs[event.job_id] = msgspec.structs.replace(
-                job, slots=(), placed_at=None, started_at=None, preemptions=job.preemptions + 1
+                job,
+                slots=(),
+                placed_at=None,
+                started_at=None,
+                preemptions=job.preemptions + 1,
+                engine="",
+                engine_job_id="",
             )
         case e.JobHeld():
             state.jobs[event.job_id] = msgspec.structs.replace(state.jobs[event.job_id], held=True)
@@ -1199,7 +1270,13 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             state.tokens[event.token_id] = msgspec.structs.replace(token, revoked=True)
         case e.ServiceConfigured():
             state.service = event
-        case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineLinked() | e.JobEngineEnded():
+        case e.JobEngineLinked():
+            linked = state.jobs.get(event.job_id)
+            if linked is not None and linked.active:
+                state.jobs[event.job_id] = msgspec.structs.replace(
+                    linked, engine=event.engine, engine_job_id=event.engine_job_id
+                )
+        case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineEnded():
             pass
     return state
 

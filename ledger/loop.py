@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -111,14 +111,10 @@ class ServiceLoop:
         kafka: str | None = None,
         log: logging.Logger | None = None,
         reports_starts: bool = True,
-        unavailable: Callable[[], Mapping[str, frozenset[int]]] | None = None,
-        before_cycle: Callable[[], None] | None = None,
         lifecycle_dir: Path | None = None,
     ) -> None:
-        """`unavailable`: GPUs an engine says are busy with work the ledger does not own (never
-        placed on); `before_cycle`: called before each cycle (an engine's node changes);
-        `lifecycle_dir`: log each job start, finish and preemption the cycles append, naming
-        the job's output file in this directory."""
+        """`lifecycle_dir`: log each job start, finish and preemption the cycles append, naming
+        the job's output file in this directory (`up`)."""
         self.ledger = ledger
         self.home: Path = ledger.home
         self.executor = executor
@@ -131,13 +127,13 @@ class ServiceLoop:
         self.store: Store | None = None
         self.projector: Projector | None = None
         self.dispatcher: Dispatcher | None = None
-        self.unavailable = unavailable
-        self.before_cycle = before_cycle
         self.lifecycle_dir = lifecycle_dir
         self._seen = 0
         self._jobs: dict[int, Any] = {}
         self.clock = ledger.clock
         self.stats = LoopStats(started_at=self.clock.now())
+        self.on_cycle: list[Callable[[float], None]] = []
+        """Called with each cycle's duration in seconds (the server's metrics)."""
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -154,11 +150,7 @@ class ServiceLoop:
         self.store = _open_projection(self.home)
         self.projector = Projector(self.store, self.source)
         self.dispatcher = Dispatcher(
-            self.ledger,
-            ProjectionRanks(self.projector),
-            self.policy,
-            self.executor,
-            unavailable=self.unavailable,
+            self.ledger, ProjectionRanks(self.projector), self.policy, self.executor
         )
         self._recover()
         self._seen = self.ledger.head()
@@ -194,12 +186,11 @@ class ServiceLoop:
     # --- the loop ------------------------------------------------------------------------------
 
     def step(self, now: float) -> CycleResult:
-        """One dispatcher cycle, timed for `status`."""
+        """One dispatcher cycle, timed for `status` (after marking silent nodes lost)."""
         assert self.dispatcher is not None, "open() first"
         t0 = time.perf_counter()
         try:
-            if self.before_cycle is not None:
-                self.before_cycle()
+            self.mark_lost(now)
             result = self.dispatcher.cycle(now)
             self._log_lifecycles()
             self.stats.last_error = None
@@ -210,6 +201,8 @@ class ServiceLoop:
             self.stats.cycles += 1
             self.stats.last_cycle_at = now
             self.stats.last_cycle_s = time.perf_counter() - t0
+            for observe in self.on_cycle:
+                observe(self.stats.last_cycle_s)
             if self.store is not None:
                 self.stats.projection_position = self.store.position()
         return result
@@ -234,6 +227,37 @@ class ServiceLoop:
             if deadline is not None and now >= deadline:
                 return
             stop.wait(wait_time(result, tick, self.clock.now()))
+
+    def take_reports(self, now: float) -> None:
+        """Record what the executor reported outside a cycle (a node agent's report): starts,
+        checkpoints and samples, exits; then stop what the ledger no longer runs (the other
+        parts of a gang job one of whose parts failed)."""
+        assert self.dispatcher is not None, "open() first"
+        self.dispatcher.report_starts(now)
+        self.dispatcher.report_progress(now)
+        self.dispatcher.report_exits(now)
+        self.dispatcher.reconcile(now)
+
+    def mark_lost(self, now: float) -> None:
+        """The node-lost timeout: a node whose agent has been silent past the executor's limit
+        is marked lost (`MarkNodeLost`: its jobs are requeued or ended). Before that, its GPUs
+        stay held: a silent node is never placed on twice."""
+        silent = getattr(self.executor, "silent_nodes", None)
+        if silent is None:
+            return
+        for node, quiet_s in silent(now):
+            try:
+                self.ledger.execute(
+                    c.MarkNodeLost(
+                        actor=EXECUTOR,
+                        node=node,
+                        reason=f"no word from its agent for {quiet_s:.0f}s",
+                    )
+                )
+                self.log.warning("node %s is lost: no word from its agent for %.0fs", node, quiet_s)
+            except LedgerError as err:
+                self.log.warning("node %s not marked lost: %s", node, err.line())
+            self.executor.forget(node)  # type: ignore[attr-defined]
 
     def idle(self) -> bool:
         return not any(j.active for j in self.ledger.state.jobs.values())

@@ -144,7 +144,13 @@ def _track(runs: dict[int, _Run], ev: e.AnyEvent) -> None:
             pass
 
 
-_NODE_COMMANDS = (e.NodeRegistered, e.NodeDrainRequested, e.NodeReturned, e.NodeRemoved)
+_NODE_COMMANDS = (
+    e.NodeRegistered,
+    e.NodeDrainRequested,
+    e.NodeReturned,
+    e.NodeRemoved,
+    e.NodeLost,
+)
 
 
 def _node_command(ev: e.AnyEvent) -> c.AnyCommand | None:
@@ -159,6 +165,8 @@ def _node_command(ev: e.AnyEvent) -> c.AnyCommand | None:
             return c.ReturnNode(actor=ADMIN, node=ev.node)
         case e.NodeRemoved():
             return c.RemoveNode(actor=ADMIN, node=ev.node, reason=ev.reason)
+        case e.NodeLost():
+            return c.MarkNodeLost(actor=ADMIN, node=ev.node, reason=ev.reason or "lost")
         case _:
             return None
 
@@ -272,6 +280,8 @@ def setup_commands(state: State) -> list[c.AnyCommand]:
         )
         if n.state in ("draining", "drained"):
             cmds.append(c.DrainNode(actor=ADMIN, node=n.name, reason=n.drain_reason or "drained"))
+        elif n.state == "lost":
+            cmds.append(c.MarkNodeLost(actor=ADMIN, node=n.name, reason=n.lost_reason or "lost"))
     return cmds
 
 
@@ -471,7 +481,7 @@ class _Sim:
                 case e.JobFinished():
                     self.running.pop(ev.job_id, None)
                     self.pending.discard(ev.job_id)
-                case e.NodeDrainRequested() | e.NodeDrained() | e.NodeReturned():
+                case e.NodeDrainRequested() | e.NodeDrained() | e.NodeReturned() | e.NodeLost():
                     nodes = self.ledger.state.nodes.values()
                     self.draining = sum(1 for n in nodes if n.state == "draining")
                 case _:

@@ -24,6 +24,7 @@ _STATE_OF_NODE_EVENT: dict[type, str] = {
     e.NodeDrained: "drained",
     e.NodeReturned: "active",
     e.NodeRemoved: "removed",
+    e.NodeLost: "lost",
 }
 _DELIVERING = ("active", "draining")
 """Node states in which a node's GPUs count as capacity."""
@@ -181,7 +182,13 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
                     gpus=ev.gpus,
                 )
             )
-        case e.NodeDrainRequested() | e.NodeDrained() | e.NodeReturned() | e.NodeRemoved():
+        case (
+            e.NodeDrainRequested()
+            | e.NodeDrained()
+            | e.NodeReturned()
+            | e.NodeRemoved()
+            | e.NodeLost()
+        ):
             reason = getattr(ev, "reason", "")
             s.node_history.append(
                 _node(ev.node, pos, ev, _STATE_OF_NODE_EVENT[type(ev)], reason=reason)

@@ -61,7 +61,7 @@ CREATE TABLE node_history (
     cluster    VARCHAR,            -- registered rows only
     gpu_type   VARCHAR,            -- registered rows only
     gpus       INTEGER,            -- registered rows only
-    state      VARCHAR NOT NULL,   -- active | draining | drained | removed
+    state      VARCHAR NOT NULL,   -- active | draining | drained | removed | lost
     reason     VARCHAR
 );
 
@@ -119,7 +119,7 @@ CREATE TABLE preemptions (
     position     BIGINT  NOT NULL,
     preempted_at DOUBLE  NOT NULL,
     job_id       BIGINT  NOT NULL,
-    reason       VARCHAR NOT NULL,   -- fairness | maintenance | squatting | admin | debug
+    reason       VARCHAR NOT NULL,   -- fairness | maintenance | squatting | admin | debug | node_failure
     for_job      BIGINT,
     cycle_id     VARCHAR,
     note         VARCHAR,

@@ -139,6 +139,14 @@ class RemoveNode(Command, frozen=True, kw_only=True, tag="node.remove"):
     reason: Text = ""
 
 
+class MarkNodeLost(Command, frozen=True, kw_only=True, tag="node.lost"):
+    """Record that a node is lost (the execution engine or the node-lost timeout; admins too):
+    its jobs end at once, resumable ones requeued, the others failed (`node_failure`)."""
+
+    node: Name
+    reason: Text
+
+
 class SubmitJob(Command, frozen=True, kw_only=True, tag="submit"):
     account: AccountPath
     gpus: JobGpus
@@ -280,6 +288,7 @@ AnyCommand = (
     | DrainNode
     | ReturnNode
     | RemoveNode
+    | MarkNodeLost
     | SubmitJob
     | CancelJob
     | HoldJob

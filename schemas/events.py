@@ -50,7 +50,8 @@ from schemas.bounds import (
 from schemas.policy import AnyPolicyConfig
 
 AccountKind = Literal["program", "project", "user"]
-PreemptReason = Literal["fairness", "maintenance", "squatting", "admin", "debug"]
+PreemptReason = Literal["fairness", "maintenance", "squatting", "admin", "debug", "node_failure"]
+"""`node_failure`: the job's node was lost (`NodeLost`); a resumable job is requeued."""
 FinishOutcome = Literal["completed", "failed", "cancelled", "preempted"]
 EndReason = Literal["exited", "time_limit", "node_failure", "cancelled", "out_of_memory", "lost"]
 """Why an execution engine says a job's run ended: its own exit, the engine's time limit, a node
@@ -161,6 +162,15 @@ class NodeReturned(Event, frozen=True, kw_only=True, tag="node.returned.v1"):
 class NodeRemoved(Event, frozen=True, kw_only=True, tag="node.removed.v1"):
     node: Name
     reason: Text = ""
+
+
+class NodeLost(Event, frozen=True, kw_only=True, tag="node.lost.v1"):
+    """The node stopped answering (an engine marks it down, or its heartbeats stopped): it takes
+    no work until returned. Recorded with the endings of the jobs it held: resumable ones are
+    requeued, the others fail."""
+
+    node: Name
+    reason: Text
 
 
 # --- jobs ---------------------------------------------------------------------------------------
@@ -458,6 +468,7 @@ AnyEvent = (
     | NodeDrained
     | NodeReturned
     | NodeRemoved
+    | NodeLost
     | JobSubmitted
     | JobPlaced
     | JobStarted

@@ -53,7 +53,7 @@ log = logging.getLogger("gpuledger.agent")
 DEBUG_LIMIT_S = 15 * 60
 STATE_VERSION = 1
 RunAs = Literal["submitter", "service"]
-StopReason = Literal["ledger", "time_limit", "part_failed"]
+StopReason = Literal["ledger", "time_limit", "part_failed", "drain"]
 
 
 class Part(msgspec.Struct, kw_only=True):
@@ -142,6 +142,7 @@ class SupervisedExecutor:
         sample_every_s: float = 30.0,
         address_of: Callable[[str], str] = lambda node: "127.0.0.1",
         extra_env: Mapping[str, str] | None = None,
+        local_node: str | None = None,
     ) -> None:
         self.engine = "local"
         self.relaunch_placed = True
@@ -155,6 +156,9 @@ class SupervisedExecutor:
         self.sample_every_s = sample_every_s
         self.address_of = address_of
         self.base_env = {**os.environ, **(extra_env or {})}
+        self.base_env.pop("GPULEDGER_TOKEN", None)  # the service's own token is not the job's
+        self.local_node = local_node
+        """A node agent runs only its node's part of each placement (None: every part, `up`)."""
         self._next_sample_at: float | None = None
         self._starting: dict[str, subprocess.Popen[bytes]] = {}
         """Starters of supervisors (they fork the supervisor off and exit), by run directory."""
@@ -273,6 +277,28 @@ class SupervisedExecutor:
             self._terminate(h, now, "ledger")
             self._save()
 
+    def drain(self, job_id: int, now: float) -> None:
+        """Stop `job_id` because its node is drained by hand (`gpuledger agent --drain`): SIGTERM
+        now, SIGKILL after its grace; its exit is reported."""
+        self._pending.pop(job_id, None)
+        h = self.jobs.get(job_id)
+        if h is not None and h.stop_reason is None:
+            self._terminate(h, now, "drain")
+            self._save()
+
+    def launch_of(self, job_id: int) -> int | None:
+        """The launch number of the run of `job_id` here (running or waiting to start)."""
+        h = self.jobs.get(job_id)
+        if h is not None:
+            return h.launch
+        job = self._pending.get(job_id)
+        return None if job is None else job.run + 1
+
+    def stopping(self, job_id: int) -> bool:
+        """The ledger stopped `job_id` here and its processes are on their way out."""
+        h = self.jobs.get(job_id)
+        return h is not None and h.stop_reason == "ledger"
+
     def poll(self, now: float) -> list[Exit]:
         changed = False
         for h in list(self.jobs.values()):
@@ -370,8 +396,10 @@ class SupervisedExecutor:
             grace_s=self.grace_s if job.grace_s is None else job.grace_s,
             parts=[],
         )
-        master = self.address_of(job.slots[0].node)
+        master = job.master_addr or self.address_of(job.slots[0].node)
         for rank, slot in enumerate(job.slots):
+            if self.local_node is not None and slot.node != self.local_node:
+                continue  # another node's agent runs that part
             rundir = runs / str(rank)
             work = rundir / "work"
             work.mkdir(parents=True)
@@ -386,6 +414,7 @@ class SupervisedExecutor:
                 rank,
                 checkpoint_file=str(work / "checkpoint"),
                 master_addr=master,
+                job_token=job.job_token or None,
             )
             spec = {
                 "command": list(job.command) or ["true"],

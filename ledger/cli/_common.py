@@ -197,6 +197,13 @@ class Ctx:
             return cmd
         return msgspec.structs.replace(cmd, real_actor=me)
 
+    def require(self) -> None:
+        """A clear error when the data directory holds no ledger (without opening it)."""
+        if self.remote is None and self._ledger is None and not (self.home / EVENTS_DB).exists():
+            raise InvalidCommand(
+                f"no ledger in {self.home}", hint="run `gpuledger init --admin USER` or pass --home"
+            )
+
     def local_only(self) -> None:
         """Commands that read the data directory itself (the store, the projection file) are
         refused beside a running server, before they open anything: the server owns it."""
@@ -242,7 +249,9 @@ class _LocalHandles:
 
     @property
     def ledger(self) -> Ledger:
-        return self.ctx.ledger()
+        # live work only: the newest snapshot plus the tail, never the whole history (reads of
+        # finished jobs come from the projection)
+        return self.ctx.ledger(live=True)
 
     def store(self) -> Any:
         if self._store is None:

@@ -65,7 +65,8 @@ def node_list(ctx: Ctx, as_json: bool) -> None:
         return
     t = Table("node", "cluster", "type", "gpus", "free", "state", "jobs", box=None)
     for r in rows:
-        state = r.state + (f" ({r.drain_reason})" if r.drain_reason else "")
+        why = r.lost_reason if r.state == "lost" else r.drain_reason
+        state = r.state + (f" ({why})" if why else "")
         jobs = ",".join(map(str, r.jobs)) or "-"
         t.add_row(r.node, r.cluster, r.gpu_type, str(r.gpus), str(r.free_gpus), state, jobs)
     _console().print(t)

@@ -12,7 +12,6 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -32,12 +31,8 @@ from ledger.clock import SystemClock
 from ledger.dispatch import registry
 from ledger.executors import ServiceExecutor
 from ledger.loop import ServiceLoop, make_policy
-from ledger.service import EXECUTOR
 from schemas import commands as c
-from schemas.errors import EngineError, InvalidCommand, LedgerError
-
-if TYPE_CHECKING:
-    from ledger.slurm import SlurmExecutor
+from schemas.errors import InvalidCommand
 
 
 def _node_spec(text: str) -> tuple[str, int, str]:
@@ -152,7 +147,6 @@ def up(
     ledger = ctx.ledger(live=True)
     _register_nodes(ctx, nodes)
     executor: ServiceExecutor
-    engine: SlurmExecutor | None = None
     if executor_name == "local":
         util = pick_source(utilisation_dir or ctx.home / "utilisation")
         executor = SupervisedExecutor(
@@ -167,7 +161,11 @@ def up(
         )
         log.info("utilisation: %s", util.name)
     else:
-        executor = engine = _slurm_executor(ctx, partition, parse_duration(grace))
+        from ledger.slurm import open_executor
+
+        executor = open_executor(
+            ctx.ledger(), partition, ctx.home / "jobs", parse_duration(grace), ctx.actor
+        )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -179,8 +177,6 @@ def up(
         make_policy(policy, margin, debug_lane, parse_duration(squat_after)),
         kafka=kafka,
         log=log,
-        unavailable=None if engine is None else engine.foreign,
-        before_cycle=None if engine is None else lambda: _follow_slurm_nodes(ledger, engine, log),
         lifecycle_dir=ctx.home / "jobs",
     )
     loop.open()  # scheduling reads the store; with --kafka a relay publishes it
@@ -207,47 +203,6 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
         ledger.execute_all(cmds)
 
 
-def _slurm_executor(ctx: Ctx, partition: str | None, grace_s: float) -> SlurmExecutor:
-    """The Slurm executor on `partition`, its nodes registered in the ledger."""
-    from ledger.slurm import SlurmExecutor, ledger_id, register_commands
-
-    if not partition:
-        raise InvalidCommand(
-            "--executor slurm needs the partition gpu-ledger owns",
-            hint="pass --partition P (or set GPULEDGER_SLURM_PARTITION)",
-        )
-    ledger = ctx.ledger()
-    slurm = SlurmExecutor(partition, ledger_id(ledger), ctx.home / "jobs", grace_s=grace_s)
-    slurm.check()
-    found = slurm.nodes()
-    if not found:
-        raise EngineError(
-            f"Slurm partition {partition!r} has no nodes with GPUs (Gres=gpu:...)",
-            hint="see docs/slurm.md",
-        )
-    cmds = register_commands(found, ledger.state.nodes, ctx.actor)
-    if cmds:
-        ledger.execute_all(cmds)
-    return slurm
-
-
-def _follow_slurm_nodes(ledger: Any, slurm: SlurmExecutor, log: logging.Logger) -> None:
-    """Drain in the ledger what Slurm drains or marks down, and return what it takes back."""
-    from ledger.slurm import node_changes
-
-    try:
-        found = slurm.nodes()
-    except LedgerError as err:
-        log.warning("slurm nodes: %s", err.line())
-        return
-    for cmd in node_changes(found, ledger.state.nodes, EXECUTOR):
-        try:
-            ledger.execute(cmd)
-            log.info("node %s follows Slurm: %s", cmd.node, type(cmd).__name__)  # type: ignore[union-attr]
-        except LedgerError as err:
-            log.warning("node change not recorded: %s", err.line())
-
-
 @click.command()
 @click.option(
     "--config",
@@ -267,9 +222,20 @@ def _follow_slurm_nodes(ledger: Any, slurm: SlurmExecutor, log: logging.Logger) 
 @click.option("--debug-lane/--no-debug-lane", default=None)
 @click.option(
     "--executor",
-    type=click.Choice(["none", "local"]),
+    type=click.Choice(["none", "local", "agents", "slurm"]),
     default=None,
-    help="none: node agents run placements [default]; local: run them here, like `up`.",
+    help="agents: node agents run placements; local: run them here, like `up`; "
+    "slurm: run them as Slurm jobs on --partition; none: only record them [default].",
+)
+@click.option(
+    "--partition",
+    default=None,
+    help="The Slurm partition gpu-ledger owns (with --executor slurm).",
+)
+@click.option(
+    "--node-lost-after",
+    default=None,
+    help="With agents: mark a node lost after its agent is silent this long [60s].",
 )
 @click.option("--kafka", default=None, help="Kafka bootstrap HOST:PORT for the relay.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
@@ -287,6 +253,8 @@ def serve(
     margin: float | None,
     debug_lane: bool | None,
     executor: str | None,
+    partition: str | None,
+    node_lost_after: str | None,
     kafka: str | None,
     log_format: str | None,
     log_level: str | None,
@@ -307,11 +275,13 @@ def serve(
         margin=margin,
         debug_lane=debug_lane,
         executor=executor,
+        partition=partition,
+        node_lost_after=node_lost_after,
         kafka=kafka,
         log_format=log_format,
         log_level=log_level,
     )
-    sys.exit(run_server(ctx.home, config))
+    sys.exit(run_server(ctx.home, config, actor=ctx.actor))
 
 
 @click.command()

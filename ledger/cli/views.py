@@ -75,7 +75,7 @@ def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
     from projections.source import EmbeddedSource
     from projections.store import Store
 
-    ctx.ledger(live=True)  # a clear error when there is no ledger
+    ctx.require()
     try:
         store = Store.open(ctx.home)
     except ProjectionBusy:
@@ -83,7 +83,8 @@ def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
             click.echo("note: the service holds the projection; reading a private copy", err=True)
         store = Store(":memory:")
     with store, EmbeddedSource(ctx.home) as source:
-        Projector(store, source).catch_up()
+        if store.position() != source.head():  # a caught-up projection is read as it is
+            Projector(store, source).catch_up()
         status = store.status()
         if status.unknown_events and not quiet:
             tags = ", ".join(f"{t} ({n})" for t, n in sorted(status.unknown_tags.items()))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from ledger.cli._common import Ctx, echo_json, fmt_duration, parse_duration, pass_ctx
@@ -138,7 +140,7 @@ def manager_revoke(ctx: Ctx, user: str, account_path: str) -> None:
 
 @click.group()
 def node() -> None:
-    """Register, drain, return, remove and list nodes."""
+    """Register, drain, return, mark lost, remove and list nodes."""
 
 
 @node.command("add")
@@ -169,8 +171,22 @@ def node_drain(ctx: Ctx, name: str, reason: str) -> None:
 @click.argument("name")
 @pass_ctx
 def node_return(ctx: Ctx, name: str) -> None:
-    """Return a draining or drained node to service."""
+    """Return a draining, drained or lost node to service."""
     _done(ctx, f"{name} is back in service", c.ReturnNode(actor=ctx.actor, node=name))
+
+
+@node.command("lost")
+@click.argument("name")
+@click.option("--reason", required=True, help="What happened (power, network, ...).")
+@pass_ctx
+def node_lost(ctx: Ctx, name: str, reason: str) -> None:
+    """Record that NAME is gone: its jobs end now (resumable ones are requeued)."""
+    appended = ctx.execute(c.MarkNodeLost(actor=ctx.actor, node=name, reason=reason))
+    requeued = sum(type(ev).__name__ == "JobRequeued" for ev in appended.events)
+    failed = sum(type(ev).__name__ == "JobFinished" for ev in appended.events)
+    click.echo(
+        f"{name} is lost: {requeued} jobs requeued, {failed} failed (position {appended.position})"
+    )
 
 
 @node.command("remove")
@@ -275,7 +291,10 @@ def checkpoint(ctx: Ctx, job_id: int) -> None:
     """Report that JOB_ID (default: $GPULEDGER_JOB_ID, set inside a job) saved its progress:
     a preemption then loses only the work after now. Touching $GPULEDGER_CHECKPOINT_FILE does
     the same from inside the job."""
-    _done(ctx, f"checkpoint of job {job_id}", c.ReportCheckpoint(actor=ctx.actor, job_id=job_id))
+    # inside a job run by a node agent, the job's token is the caller: the server names it
+    as_job = bool(os.environ.get("GPULEDGER_JOB_TOKEN")) and ctx.remote is not None
+    actor = "" if as_job else ctx.actor
+    _done(ctx, f"checkpoint of job {job_id}", c.ReportCheckpoint(actor=actor, job_id=job_id))
 
 
 @click.command()

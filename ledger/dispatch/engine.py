@@ -41,7 +41,7 @@ Why a job waits (`Unplaceable.code`):
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import Literal
 
 import msgspec
@@ -53,6 +53,7 @@ from ledger.dispatch.preemption import (
     Plan,
     Victim,
     plan_gang,
+    plan_gang_least,
     plan_single,
     plan_single_least,
     ready_key,
@@ -153,18 +154,18 @@ class _Replay:
         self.seen: list[Victim] = []
 
     def __iter__(self) -> Iterator[Victim]:
+        return self.live(None)
+
+    def live(self, live: Mapping[int, object] | None) -> Iterator[Victim]:
+        """The victims whose job is in `live` (all when None), in order."""
         seen = self.seen
-        i = 0
-        while True:
-            if i < len(seen):
-                yield seen[i]
-            else:
-                nxt = next(self.source, None)
-                if nxt is None:
-                    return
-                seen.append(nxt)
-                yield nxt
-            i += 1
+        for v in seen:
+            if live is None or v.job.job_id in live:
+                yield v
+        for v in self.source:
+            seen.append(v)
+            if live is None or v.job.job_id in live:
+                yield v
 
 
 class _Cycle:
@@ -303,10 +304,11 @@ class _Cycle:
                 self.policy.victims(job, candidates, self.snapshot, now)
             )
         live = self.live
-        victims = (v for v in found if v.job.job_id in live)
+        victims = found.live(live)
+        least = self.policy.least_loss and not ready
         if gang:
-            return plan_gang(job.gpus, pools, index, victims, now)
-        if self.policy.least_loss and not ready:
+            return (plan_gang_least if least else plan_gang)(job.gpus, pools, index, victims, now)
+        if least:
             return plan_single_least(job.gpus, pools, index, victims, now)
         return plan_single(job.gpus, pools, index, victims, now)
 

@@ -28,7 +28,9 @@ from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import JSONBody
 
 from ledger.server import identity as ident
-from ledger.server import tables
+from ledger.server import metrics as m
+from ledger.server import pages, tables
+from ledger.server.agent_api import agent_routes
 from ledger.server.cache import ReadCache
 from ledger.server.reads import READS
 from ledger.server.worker import Worker
@@ -73,6 +75,13 @@ def status_of(err: LedgerError) -> int:
         if cls in STATUS:
             return STATUS[cls]
     return 400
+
+
+def status_of_any(err: BaseException) -> int:
+    """The HTTP status an exception escaping a handler is answered with."""
+    if isinstance(err, LedgerError):
+        return status_of(err)
+    return err.status_code if isinstance(err, HTTPException) else 500
 
 
 def problem(err: LedgerError) -> Response[api.Problem]:
@@ -266,8 +275,14 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
     routes += [batch, health, whoami, tokens, openapi]
     routes += [read_route(name) for name in READS]
     routes += tables.routes(worker, person)
+    routes += agent_routes(worker, who, clock)
+    metrics = m.Metrics(status_of_any)
+    getattr(worker.service, "on_cycle", []).append(metrics.observe_cycle)
+    routes += [m.route(metrics, worker, handles, person)]
+    routes += pages.routes(worker, handles, person)
     return Litestar(
         route_handlers=routes,
+        middleware=[metrics.middleware],
         exception_handlers={
             LedgerError: _ledger_error,
             HTTPException: _http_error,

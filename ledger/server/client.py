@@ -46,8 +46,9 @@ def token_file() -> Path:
 
 
 def load_token() -> str | None:
-    """$GPULEDGER_TOKEN, else the token file (refused unless only its owner can read it)."""
-    env = os.environ.get("GPULEDGER_TOKEN")
+    """$GPULEDGER_TOKEN, else a job's own $GPULEDGER_JOB_TOKEN (set inside jobs that node agents
+    run), else the token file (refused unless only its owner can read it)."""
+    env = os.environ.get("GPULEDGER_TOKEN") or os.environ.get("GPULEDGER_JOB_TOKEN")
     if env:
         return env.strip()
     path = token_file()

@@ -82,7 +82,7 @@ class JobFold:
             case e.NodeRegistered():
                 self.node_gpus[ev.node] = ev.gpus
                 self.capacity.append((ev.at, ev.node, ev.gpus, True))
-            case e.NodeDrained() | e.NodeRemoved():
+            case e.NodeDrained() | e.NodeRemoved() | e.NodeLost():
                 self.capacity.append((ev.at, ev.node, self.node_gpus.get(ev.node, 0), False))
             case e.NodeReturned():
                 self.capacity.append((ev.at, ev.node, self.node_gpus.get(ev.node, 0), True))

@@ -439,7 +439,7 @@ class Simulation:
                 j = self._sim_jobs.get(ev.job_id)
                 if ev.outcome == "preempted" and self.config.resubmit and j is not None:
                     self._resubmit.append((j, ev.job_id))
-            case e.NodeDrainRequested() | e.NodeDrained() | e.NodeReturned():
+            case e.NodeDrainRequested() | e.NodeDrained() | e.NodeReturned() | e.NodeLost():
                 nodes = self.ledger.state.nodes.values()
                 self._draining = sum(1 for n in nodes if n.state == "draining")
             case _:

@@ -207,6 +207,29 @@ def test_explain_of_a_preempted_job_names_the_job_it_made_room_for(handles: Any)
     assert (view.status, view.outcome, view.code) == ("finished", "preempted", None)
 
 
+@pytest.mark.parametrize("job_id", [1, 2, 3, 4])
+def test_explain_from_a_live_ledger_equals_the_full_fold(handles: Any, job_id: int) -> None:
+    """Finished jobs have left a live state: explain rebuilds them from their own events."""
+    ledger, store = handles
+    live = Ledger(ledger.home, live=True)
+    try:
+        assert 1 not in live.state.jobs and 2 not in live.state.jobs  # both finished
+        want = reads.explain(ledger, store, job_id, FairShare(), T0 + 300)
+        assert reads.explain(live, store, job_id, FairShare(), T0 + 300) == want
+    finally:
+        live.close()
+
+
+def test_job_from_history_is_the_folded_job(handles: Any) -> None:
+    ledger, store = handles
+    for job_id in (1, 2, 3):
+        assert (
+            reads.job_from_history(job_id, reads._history(store, job_id))
+            == (ledger.state.jobs[job_id])
+        )
+    assert reads.job_from_history(99, []) is None
+
+
 def test_queue_filters_like_squeue_and_estimates_starts(handles: Any) -> None:
     ledger, store = handles
     rows = reads.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter())
@@ -406,3 +429,37 @@ def test_a_requeue_inside_the_contract_by_its_owner_is_an_allowed_exception(
     assert report.violations == ()
     assert [(n.code, n.job_id) for n in report.noted] == [("REQUEUED_IN_CONTRACT", 1)]
     assert "requeued by alice: wrong data" in report.noted[0].message
+
+
+def test_a_lost_node_shows_in_every_read_and_the_audit_holds(own: Path) -> None:
+    """Job 3 (8 GPUs on n0, not resumable) fails when n0 is lost;
+    the node list, the jobs, explain and the projection's node history say so; n0 returns."""
+    out = cli(own, "node", "lost", "n0", "--reason", "power supply")
+    assert "n0 is lost: 0 jobs requeued, 1 failed" in out.stdout
+    nodes = {n["node"]: n for n in json.loads(cli(own, "node", "list", "--json").stdout)}
+    assert (nodes["n0"]["state"], nodes["n0"]["lost_reason"], nodes["n0"]["jobs"]) == (
+        "lost",
+        "power supply",
+        [],
+    )
+    assert "lost (power supply)" in cli(own, "node", "list").stdout
+    jobs = {j["job_id"]: j for j in json.loads(cli(own, "jobs", "--json").stdout)}
+    assert (jobs[3]["status"], jobs[3]["outcome"], jobs[3]["exit_code"]) == (
+        "finished",
+        "failed",
+        None,
+    )
+    assert "ended failed." in cli(own, "explain", "3").stdout
+    again = cli(own, "node", "lost", "n0", "--reason", "x", ok=False)
+    assert again.returncode == 1 and "node 'n0' is already lost" in again.stderr
+    refused = cli(own, "--as", "dan", "node", "lost", "n1", "--reason", "x", ok=False)
+    assert refused.returncode == 1 and "'dan' may not mark nodes lost" in refused.stderr
+    cli(own, "node", "return", "n0")
+    check = json.loads(cli(own, "audit", "check", "--json").stdout)
+    assert check["violations"] == []
+    with Store(":memory:") as store, EmbeddedSource(own) as source:
+        Projector(store, source).catch_up()
+        states = store.con.execute(
+            "SELECT state, reason FROM node_history WHERE node = 'n0' ORDER BY position"
+        ).fetchall()
+    assert states[-2:] == [("lost", "power supply"), ("active", "")]

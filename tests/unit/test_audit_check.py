@@ -120,6 +120,55 @@ def test_a_history_the_domain_decided_is_clean() -> None:
     ]
 
 
+def test_a_node_lost_inside_contracts_is_clean() -> None:
+    """A node lost under a funded resumable job inside its contract and an unfunded one: the
+    requeue and the failure break no contract, the GPUs are free again, and the node returns."""
+    events = history(
+        [
+            *ORG,
+            (T0, c.SubmitJob(actor="alice", account="ai2/olmo", gpus=4, resumable=True)),
+            (
+                T0,
+                c.ApplyDecision(
+                    actor="@dispatcher",
+                    cycle_id="c1",
+                    based_on=9,
+                    policy_version="x",
+                    placements=(
+                        e.Placement(job_id=3, slots=(Slot(node="n1", gpu_indices=(0, 1, 2, 3)),)),
+                        e.Placement(job_id=2, slots=(Slot(node="n1", gpu_indices=(4, 5, 6, 7)),)),
+                    ),
+                ),
+            ),
+            (T0 + 5, c.StartJob(actor="@slurm", job_id=2, engine="slurm", engine_job_id="7")),
+            (T0 + 10, c.MarkNodeLost(actor="@slurm", node="n1", reason="slurm: DOWN")),
+            (T0 + 20, c.ReturnNode(actor="@slurm", node="n1")),
+            (
+                T0 + 20,
+                c.ApplyDecision(
+                    actor="@dispatcher",
+                    cycle_id="c2",
+                    based_on=20,
+                    policy_version="x",
+                    placements=(
+                        e.Placement(job_id=3, slots=(Slot(node="n1", gpu_indices=(4, 5, 6, 7)),)),
+                        e.Placement(job_id=1, slots=(Slot(node="n1", gpu_indices=(0, 1, 2, 3)),)),
+                    ),
+                ),
+            ),
+        ]
+    )
+    assert [type(ev) for ev in events if ev.at == T0 + 10] == [
+        e.NodeLost,
+        e.JobFinished,
+        e.JobEngineEnded,
+        e.JobPreempted,
+        e.JobRequeued,
+    ]
+    report = check(events)
+    assert report.violations == () and report.noted == ()
+
+
 CASES: dict[str, tuple[list[e.AnyEvent], list[str]]] = {
     "a GPU given to a second job": (
         [placed(1, (0, 1, 2, 3)), placed(2, (3, 4, 5, 6))],
@@ -210,6 +259,31 @@ CASES: dict[str, tuple[list[e.AnyEvent], list[str]]] = {
             )
         ],
         ["position {1}: NOT_AUTHORISED: 'alice' may not register nodes: only admins may"],
+    ),
+    "a node-failure preemption by a person on a node that is not lost": (
+        [placed(1, (0, 1, 2, 3)), preempted(1, T0 + 1, actor="alice", reason="node_failure")],
+        [
+            "position {2}: PREEMPTED_IN_CONTRACT: job 1 preempted (node_failure) by 'alice' "
+            "3599 s before its contract ends"
+        ],
+    ),
+    "a requeue because the engine says the run ended with its node": (
+        [placed(1, (0, 1, 2, 3)), preempted(1, T0 + 1, actor="@slurm", reason="node_failure")],
+        [],
+    ),
+    "a node marked lost by a member": (
+        [e.NodeLost(event_id="l", at=T0, actor="alice", node="n1", reason="gone")],
+        [
+            "position {1}: NOT_AUTHORISED: 'alice' may not mark nodes lost: only the dispatcher, "
+            "executors and admins may"
+        ],
+    ),
+    "a drain and a return by an execution engine": (
+        [
+            e.NodeDrainRequested(event_id="d", at=T0, actor="@slurm", node="n1", reason="x"),
+            e.NodeReturned(event_id="r", at=T0, actor="@slurm", node="n1"),
+        ],
+        [],
     ),
     "a second initialisation": (
         [e.LedgerInitialised(event_id="i", at=T0, actor="root", admin="root")],

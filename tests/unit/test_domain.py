@@ -562,7 +562,7 @@ DRAINS = [
     ok("a draining node returns to service", c.ReturnNode(actor="root", node="n1"),
        e.NodeReturned, setup=(S1, P1, drain("n1")), want_nodes={"n1": "active"}),
     err("an active node cannot return", c.ReturnNode(actor="root", node="n1"), InvalidTransition,
-        "node 'n1' is active, not draining or drained"),
+        "node 'n1' is active, not draining, drained or lost"),
     err("a busy node cannot be removed", c.RemoveNode(actor="root", node="n1"), InvalidTransition,
         "node 'n1' still runs 1 jobs", setup=(S1, P1)),
     ok("an empty node is removed", c.RemoveNode(actor="root", node="n2"), e.NodeRemoved,
@@ -583,9 +583,86 @@ DRAINS = [
         "`gpus` must be int <= 64, got 65"),
 ]
 
+def lost(node: str, actor: str = "@slurm", reason: str = "slurm: DOWN") -> c.MarkNodeLost:
+    return c.MarkNodeLost(actor=actor, node=node, reason=reason)
+
+
+LINK1 = c.StartJob(actor="@slurm", job_id=1, engine="slurm", engine_job_id="42")
+S2R = submit("bob", resumable=True)  # job 2: bob, 4 GPUs, resumable
+P2_N2 = place(2, slot("n2", 0, 1, 2, 3))
+Lost, Preempted, Requeued, Finished, Ended = (
+    e.NodeLost, e.JobPreempted, e.JobRequeued, e.JobFinished, e.JobEngineEnded
+)
+
+NODE_LOST = [
+    ok("an engine marks an empty node lost", lost("n1"), Lost, want_nodes={"n1": "lost"},
+       want_attrs={Lost: {"node": "n1", "reason": "slurm: DOWN"}}),
+    ok("an admin marks a node lost", lost("n1", actor="root"), Lost, want_nodes={"n1": "lost"}),
+    err("a manager may not mark a node lost", lost("n1", actor="pm"), NotAuthorised,
+        "'pm' may not mark nodes lost: only the dispatcher, executors and admins may"),
+    err("a node token may not mark its node lost", lost("n1", actor="@node:n1"), NotAuthorised,
+        "may only report for its node"),
+    err("a lost node needs a reason", lost("n1", reason=" "), InvalidCommand,
+        "a lost node needs a reason"),
+    err("a lost node cannot be lost again", lost("n1"), InvalidTransition,
+        "node 'n1' is already lost", setup=(lost("n1"),), want_fields={"node": "n1"}),
+    err("an unknown node cannot be lost", lost("n9"), UnknownEntity, "unknown node 'n9'"),
+    ok("a running job without an engine fails", lost("n1"), Lost, Finished, setup=(S1, P1, START1),
+       want_attrs={Finished: {"job_id": 1, "outcome": "failed", "exit_code": None}},
+       want_nodes={"n1": "lost"}, want_held=0),
+    ok("a Slurm run fails with the engine's node_failure ending", lost("n1"), Lost, Finished,
+       Ended, setup=(S1, P1, LINK1), want_held=0,
+       want_attrs={Ended: {"job_id": 1, "engine": "slurm", "engine_job_id": "42",
+                           "reason": "node_failure", "exit_code": None}}),
+    ok("a resumable job is requeued, same id, inside its contract too", lost("n1"), Lost,
+       Preempted, Requeued, setup=(S1R, P1, START1), at=T0 + 1, want_held=0,
+       want_attrs={Preempted: {"job_id": 1, "reason": "node_failure",
+                               "note": "node n1 lost: slurm: DOWN"}, Requeued: {"job_id": 1}}),
+    ok("a placed job not yet started ends too", lost("n1"), Lost, Finished, setup=(S1, P1),
+       want_held=0),
+    ok("every job on the node ends, in id order", lost("n1"), Lost, Finished, Preempted,
+       Requeued, setup=(S1, S2R, P1, P2_HIGH), want_held=0),
+    ok("jobs on other nodes keep running", lost("n1"), Lost, Finished,
+       setup=(S1, S2, P1, P2_N2), want_held=4, want_nodes={"n1": "lost", "n2": "active"}),
+    ok("a gang spanning the node frees its other node", lost("n1"), Lost, Finished,
+       setup=(S12, P12), want_held=0, want_nodes={"n1": "lost", "n2": "active"}),
+    ok("a gang leaving a draining node drains it", lost("n1"), Lost, Finished, e.NodeDrained,
+       setup=(S12, P12, drain("n2")), want_nodes={"n1": "lost", "n2": "drained"}),
+    ok("a draining node is lost", lost("n1"), Lost, Finished, setup=(S1, P1, drain("n1")),
+       want_nodes={"n1": "lost"}),
+    ok("a drained node is lost", lost("n1"), Lost, setup=(drain("n1"),),
+       want_nodes={"n1": "lost"}),
+    err("a lost node takes no work", P1, InvalidTransition, "node 'n1' is lost",
+        setup=(S1, lost("n1"))),
+    err("a lost node cannot drain", drain("n1"), InvalidTransition, "node 'n1' is already lost",
+        setup=(lost("n1"),)),
+    ok("a lost node returns to service", c.ReturnNode(actor="@slurm", node="n1"),
+       e.NodeReturned, setup=(S1, P1, lost("n1")), want_nodes={"n1": "active"}),
+    ok("a lost node is removed", c.RemoveNode(actor="root", node="n1"), e.NodeRemoved,
+       setup=(S1, P1, lost("n1")), want_nodes={"n1": "removed"}),
+    ok("a requeued job is placed again elsewhere", place(1, slot("n2", 0, 1, 2, 3)), e.CycleDecided,
+       e.JobPlaced, setup=(S1R, P1, lost("n1")), want_held=4),
+    ok("an engine ending other than an exit fails even with code 0",
+       c.FinishJob(actor="@slurm", job_id=1, exit_code=0, engine="slurm", engine_job_id="42",
+                   reason="node_failure", engine_state="NODE_FAIL"), Finished, Ended,
+       setup=(S1, P1, LINK1), want_attrs={Finished: {"outcome": "failed", "exit_code": 0}}),
+    ok("a resumable run the engine ended with its node is requeued",
+       c.FinishJob(actor="@slurm", job_id=1, exit_code=0, engine="slurm", engine_job_id="42",
+                   reason="node_failure", engine_state="NODE_FAIL"), Preempted, Requeued, Ended,
+       setup=(S1R, P1, LINK1), want_held=0,
+       want_attrs={Preempted: {"reason": "node_failure",
+                               "note": "its run ended with its node (NODE_FAIL)"}}),
+    ok("a run the engine ended at its time limit fails",
+       c.FinishJob(actor="@slurm", job_id=1, exit_code=0, engine="slurm", reason="time_limit"),
+       Finished, Ended, setup=(S1R, P1, LINK1), want_attrs={Finished: {"outcome": "failed"}}),
+    err("an admin preemption cannot claim a node failure",
+        c.PreemptJob(actor="root", job_id=1, reason="node_failure", note="x"), InvalidCommand,
+        "a node failure is recorded on the node", setup=(S1, P1)),
+]
+
 ALL_CASES = [
     *ACCOUNT_TREE, *SHARES, *SUBMISSION, *GPU_COUNT, *CONTRACT_CAP, *LIFECYCLE, *GPU_HOLDING,
-    *CONTRACTS, *AUTHORISATION, *DRAINS,
+    *CONTRACTS, *AUTHORISATION, *DRAINS, *NODE_LOST,
 ]
 # fmt: on
 
