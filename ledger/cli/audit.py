@@ -722,9 +722,17 @@ def _print_copy(topic: str, copy: au.CopyReport) -> None:
 
 
 @audit_group.command("check")
+@click.option(
+    "--agent-state",
+    "agent_states",
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also count the live job processes of a node agent with this state directory "
+    "(repeatable; on its node).",
+)
 @json_option
 @pass_ctx
-def audit_check(ctx: Ctx, as_json: bool) -> None:
+def audit_check(ctx: Ctx, agent_states: tuple[Path, ...], as_json: bool) -> None:
     """Scan the whole history for violated invariants: a GPU held by two jobs, a preemption
     inside a contract (admin ones with a reason are listed as such), a placement on a draining
     node, usage charged to an unfunded job, a budget change by someone not authorised then;
@@ -735,7 +743,8 @@ def audit_check(ctx: Ctx, as_json: bool) -> None:
         report = au.check(_positioned(source))
     with projection(ctx, quiet=True) as store:
         charges = au.check_charges(store)
-    violations = sorted([*report.violations, *charges, *_live(ctx)], key=lambda x: x.position)
+    live = _live(ctx, agent_states)
+    violations = sorted([*report.violations, *charges, *live], key=lambda x: x.position)
     if as_json:
         echo_json(
             v.CheckView(
@@ -759,12 +768,13 @@ def audit_check(ctx: Ctx, as_json: bool) -> None:
         sys.exit(1)
 
 
-def _live(ctx: Ctx) -> list[au.Violation]:
-    """The ledger's holders now against the live processes of the local executor."""
+def _live(ctx: Ctx, agent_states: tuple[Path, ...] = ()) -> list[au.Violation]:
+    """The ledger's holders now against the live processes of the local executor and of the
+    node agents whose state directories are named."""
     from ledger.agent.executor import live_processes
     from ledger.clock import SystemClock
 
-    procs = live_processes(ctx.home / "agent")
+    procs = [p for d in (ctx.home / "agent", *agent_states) for p in live_processes(d)]
     if not procs:
         return []
     ledger = ctx.ledger()
