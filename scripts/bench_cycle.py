@@ -4,8 +4,9 @@ World: 1,024 nodes x 8 GPUs, a busy cluster (the first cycle fills it), then 10,
 Before each timed cycle some running jobs finish (not timed), so every cycle really places work
 and appends its decision. A cycle = `Dispatcher.cycle(now)`: catch up the ledger, catch the DuckDB
 projection up to the snapshot position and compute fair-share ranks, build the snapshot, the pure
-`decide()`, append the decision expecting the snapshot position, launch on the SimExecutor and
-record the starts. The same run times `decide()` alone on the same snapshot: the raw baseline.
+`decide()` (the default policy), append the decision expecting the snapshot position, launch on
+the simulation kernel's executor (`ledger.sim.kernel.KernelExecutor`) and record the starts. The
+same run times `decide()` alone on the same snapshot: the raw baseline.
 
     python scripts/bench_cycle.py                  # 1,024 nodes, 10,000 pending, 15 cycles
     python scripts/bench_cycle.py --nodes 256 --pending 2000 --cycles 5
@@ -32,10 +33,10 @@ from pathlib import Path
 from ledger.application import Ledger
 from ledger.clock import SimClock, seeded_ids
 from ledger.cycle_input import snapshot_from_state
+from ledger.dispatch import registry
 from ledger.dispatch.engine import decide
-from ledger.dispatch.policy import FairShare
-from ledger.executors import SimExecutor
 from ledger.service import Dispatcher, ProjectionRanks
+from ledger.sim.kernel import KernelExecutor
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import PROJECTIONS_DIR, Store
@@ -123,11 +124,11 @@ def main() -> None:
         home = Path(tmp)
         ledger = build(home, args.nodes, clock, rng, args.history)
         with Store.open(home) as store:
-            executor = SimExecutor()
+            executor = KernelExecutor()
             d = Dispatcher(
                 ledger,
                 ProjectionRanks(Projector(store, EmbeddedSource(home))),
-                FairShare(),
+                registry.policy_from_config(registry.default_config()),
                 executor,
             )
             # fill the cluster, then queue the pending work (not timed)

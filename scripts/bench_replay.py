@@ -39,11 +39,11 @@ import msgspec
 from ledger.application import Ledger
 from ledger.audit import store_records, verify_chain
 from ledger.clock import SimClock, seeded_ids
+from ledger.dispatch import registry
 from ledger.dispatch.engine import decide
-from ledger.dispatch.policy import FairShare
-from ledger.executors import SimExecutor
 from ledger.replay import Replayer, compare, decided_at, find_decisions, squat_threshold
 from ledger.service import Dispatcher, ProjectionRanks
+from ledger.sim.kernel import KernelExecutor
 from projections.projector import Projector
 from projections.source import EmbeddedSource, follow
 from projections.store import Store
@@ -216,7 +216,10 @@ def make_padded(home: Path, events: int) -> None:
     )
     with Store(":memory:") as store, EmbeddedSource(home) as source:
         dispatcher = Dispatcher(
-            ledger, ProjectionRanks(Projector(store, source)), FairShare(), SimExecutor()
+            ledger,
+            ProjectionRanks(Projector(store, source)),
+            registry.policy_from_config(registry.default_config()),
+            KernelExecutor(),
         )
         result = dispatcher.cycle(clock.now())
     ledger.close()

@@ -43,6 +43,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "preempt": ("views",),
     "up": ("serve",),
     "serve": ("serve",),
+    "agent": ("agent",),
     "status": ("serve",),
     "token": ("token",),
     "slurm": ("slurm",),

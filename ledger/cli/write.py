@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from ledger.cli._common import Ctx, echo_json, fmt_duration, parse_duration, pass_ctx
@@ -289,7 +291,10 @@ def checkpoint(ctx: Ctx, job_id: int) -> None:
     """Report that JOB_ID (default: $GPULEDGER_JOB_ID, set inside a job) saved its progress:
     a preemption then loses only the work after now. Touching $GPULEDGER_CHECKPOINT_FILE does
     the same from inside the job."""
-    _done(ctx, f"checkpoint of job {job_id}", c.ReportCheckpoint(actor=ctx.actor, job_id=job_id))
+    # inside a job run by a node agent, the job's token is the caller: the server names it
+    as_job = bool(os.environ.get("GPULEDGER_JOB_TOKEN")) and ctx.remote is not None
+    actor = "" if as_job else ctx.actor
+    _done(ctx, f"checkpoint of job {job_id}", c.ReportCheckpoint(actor=actor, job_id=job_id))
 
 
 @click.command()

@@ -7,11 +7,13 @@ example is `examples/serve.toml`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import msgspec
 
 from schemas.errors import InvalidCommand
+
+C = TypeVar("C", bound=msgspec.Struct)
 
 
 class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -33,10 +35,17 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Preemption hysteresis of the fair-share policy."""
     debug_lane: bool = True
     """Let small debug jobs preempt jobs past their contract."""
-    executor: Literal["none", "local"] = "none"
-    """"none": placements go to node agents; "local": run jobs here as processes, like `up`."""
+    executor: Literal["none", "local", "agents", "slurm"] = "none"
+    """"agents": node agents (`gpuledger agent`) run placements; "local": run jobs here as
+    processes, like `up`; "slurm": run them as Slurm jobs on `partition` (docs/slurm.md);
+    "none": placements are only recorded (they count as started)."""
+    partition: str = ""
+    """The Slurm partition gpu-ledger owns (executor "slurm"); checked at start."""
+    node_lost_after: str = "60s"
+    """With node agents: a node whose agent is silent this long is marked lost (its resumable
+    jobs are requeued, the others end); its GPUs are never placed on again before that."""
     grace: str = "30s"
-    """SIGTERM-to-SIGKILL grace when the local executor preempts a job."""
+    """SIGTERM-to-SIGKILL grace when the executor preempts a job."""
     kafka: str = ""
     """Kafka bootstrap HOST:PORT: relay the log and feed the projection from the topic."""
     log_format: Literal["text", "json"] = "text"
@@ -49,33 +58,39 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 def load(path: Path | None) -> ServeConfig:
     """The config file as a ServeConfig (defaults when `path` is None); one clear error line."""
+    return load_as(ServeConfig, path, "examples/serve.toml")
+
+
+def load_as(cls: type[C], path: Path | None, example: str) -> C:
+    """The TOML file at `path` as `cls` (defaults when `path` is None): unknown keys and bad
+    values are one clear error line pointing at the documented `example`."""
     if path is None:
-        return ServeConfig()
+        return cls()
     try:
         data = path.read_bytes()
     except OSError as err:
         raise InvalidCommand(f"cannot read config {path}: {err.strerror}") from err
     try:
-        return msgspec.toml.decode(data, type=ServeConfig)
+        return msgspec.toml.decode(data, type=cls)
     except msgspec.ValidationError as err:
-        raise InvalidCommand(f"config {path}: {err}", hint="see examples/serve.toml") from err
+        raise InvalidCommand(f"config {path}: {err}", hint=f"see {example}") from err
     except msgspec.DecodeError as err:
         raise InvalidCommand(f"config {path} is not valid TOML: {err}") from err
 
 
-def merge(config: ServeConfig, **flags: object) -> ServeConfig:
+def merge(config: C, **flags: object) -> C:
     """Flags given on the command line (not None) override the file."""
     given = {k: v for k, v in flags.items() if v is not None}
     return msgspec.structs.replace(config, **given)
 
 
-def keys() -> dict[str, str]:
-    """Key -> its documentation, for `serve --help-config` and the docs drift test."""
+def keys(cls: type[msgspec.Struct] = ServeConfig) -> dict[str, str]:
+    """Key -> its documentation (of `cls`'s docstrings), for the docs drift tests."""
     import ast
     import inspect
     import itertools
 
-    tree = ast.parse(inspect.getsource(ServeConfig))
+    tree = ast.parse(inspect.getsource(cls))
     out: dict[str, str] = {}
     body = tree.body[0].body  # type: ignore[attr-defined]
     for node, nxt in itertools.pairwise(body):

@@ -1,0 +1,416 @@
+"""`gpuledger agent`: one per GPU node, a process apart from the server. An edge.
+
+It runs its node's parts of the ledger's placements through the supervised executor
+(`ledger.agent.executor`: one supervisor per part, a state file of handles written atomically,
+adoption after restarts) and talks to the server's agent API only (`/v1/agent/*`, node token).
+
+Start, as numbered steps (Nomad's client restores its handles before anything else):
+  1. adopt: load the state file and re-attach to the parts still alive (pid + start time); the
+     ones that ended meanwhile are reported with the exit codes their supervisors wrote;
+  2. ask the server what the ledger runs here, and stop every part it no longer runs here (the
+     orphans of a node that was marked lost: their jobs were requeued elsewhere), waiting until
+     they are gone;
+  3. register the node (idempotent; a lost node returns), then take work.
+
+Then: a thread long-polls the server for the node's list of parts (a placement arrives without
+polling delay); the main loop launches what is listed and not running, stops what runs and is
+not listed, watches its processes every `check_every`, and reports starts, exits, samples and
+checkpoints (a heartbeat when there is nothing to say). Reports the server did not take are kept
+and sent again. A node the server says is lost (or that lost contact for longer than the
+server's node-lost timeout) goes through steps 2-3 again.
+
+Stopping the agent (SIGTERM, SIGINT, kill -9) leaves every job running; the next agent on the
+state directory adopts them. `--drain` is the way to stop them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ledger.agent.executor import SupervisedExecutor
+from ledger.agent.proc import write_atomic
+from ledger.agent.utilisation import UtilSource
+from ledger.clock import SystemClock
+from ledger.executors import Exit, Launch, Start
+from schemas import agent as a
+from schemas.errors import LedgerError, NotAuthenticated, NotAuthorised, Unavailable
+
+log = logging.getLogger("gpuledger.agent")
+
+_now = SystemClock().now
+
+STATUS_FILE = "agent.json"
+
+
+class AgentStatus(msgspec.Struct, kw_only=True):
+    """`<state_dir>/agent.json`, what `gpuledger agent status` shows (written atomically)."""
+
+    node: str
+    url: str
+    pid: int
+    started_at: float
+    last_contact_at: float | None = None
+    last_error: str = ""
+    registered: bool = False
+    jobs: list[int] = []
+    utilisation: str = ""
+    gpus: int = 0
+    gpu_type: str = ""
+    gpu_source: str = ""
+
+
+@dataclass
+class Settings:
+    node: str
+    url: str
+    token: str
+    gpus: int
+    gpu_type: str
+    gpu_source: str
+    address: str
+    heartbeat_s: float
+    poll_wait_s: float
+    check_every_s: float
+
+
+@dataclass
+class Outbox:
+    """Reports not yet taken by the server (kept across failures, sent with the next report)."""
+
+    started: list[a.PartStarted] = field(default_factory=list)
+    exited: list[a.PartExited] = field(default_factory=list)
+    samples: list[a.PartSample] = field(default_factory=list)
+    checkpoints: list[a.PartCheckpoint] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (self.started or self.exited or self.samples or self.checkpoints)
+
+    def report(self, node: str) -> a.Report:
+        return a.Report(
+            node=node,
+            started=tuple(self.started),
+            exited=tuple(self.exited),
+            samples=tuple(self.samples),
+            checkpoints=tuple(self.checkpoints),
+        )
+
+
+def _run_of(engine_job_id: str) -> int:
+    """Pure: the ledger's run of a supervised run named `<job>.<launch>`."""
+    return int(engine_job_id.rsplit(".", 1)[1]) - 1
+
+
+class AgentClient:
+    """The agent API over the project's HTTP client (one per thread)."""
+
+    def __init__(self, url: str, token: str, timeout: float) -> None:
+        from ledger.server.client import Client
+
+        self.client = Client(url, token, timeout=timeout)
+
+    def call(self, method: str, path: str, body: Any, type: Any) -> Any:
+        data = None if body is None else msgspec.json.encode(body)
+        return msgspec.json.decode(self.client.request(method, path, data), type=type)
+
+    def poll(self, node: str, since: str, wait_s: float) -> a.Assignment:
+        from urllib.parse import urlencode
+
+        q = urlencode({"node": node, "since": since, "wait": wait_s})
+        got: a.Assignment = self.call("GET", f"/v1/agent/poll?{q}", None, a.Assignment)
+        return got
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        settings: Settings,
+        executor: SupervisedExecutor,
+        status_path: Path,
+        util: UtilSource | None,
+    ) -> None:
+        self.s = settings
+        self.ex = executor
+        self.status_path = status_path
+        self.client = AgentClient(settings.url, settings.token, timeout=30.0)
+        self.stop_event = threading.Event()
+        self.wake = threading.Event()
+        self._latest: a.Assignment | None = None
+        self._lock = threading.Lock()
+        self.parts: dict[int, a.Part] = {}
+        self.version = ""
+        self.outbox = Outbox()
+        self.finished: set[tuple[int, int]] = set()
+        """(job, run) whose exit this agent saw: never launched again while still listed."""
+        self.lost_after_s = 60.0
+        self._status_written = b""
+        self.status = AgentStatus(
+            node=settings.node,
+            url=settings.url,
+            pid=os.getpid(),
+            started_at=_now(),
+            utilisation="" if util is None else util.name,
+            gpus=settings.gpus,
+            gpu_type=settings.gpu_type,
+            gpu_source=settings.gpu_source,
+        )
+
+    # --- start ---------------------------------------------------------------------------------
+
+    def join(self) -> None:
+        """Steps 2 and 3 of the module doc: stop the orphans, then register."""
+        asg = self._retry("ask what runs here", lambda: self.client.poll(self.s.node, "", 0))
+        if asg is None:
+            return
+        self._take(asg)
+        orphans = self._apply(_now())
+        deadline = time.monotonic() + self.ex.grace_s + 10.0
+        while orphans & self.ex.running() and time.monotonic() < deadline:
+            if self.stop_event.wait(self.s.check_every_s):
+                return
+            self._watch(_now())
+        if orphans:
+            log.info("stopped %d part(s) the ledger no longer runs here", len(orphans))
+        req = a.Register(
+            node=self.s.node,
+            gpus=self.s.gpus,
+            gpu_type=self.s.gpu_type,
+            address=self.s.address,
+            gpu_source=self.s.gpu_source,
+        )
+        got = self._retry(
+            "register",
+            lambda: self.client.call("POST", "/v1/agent/register", req, a.Registered),
+        )
+        if got is None:
+            return
+        self.lost_after_s = got.node_lost_after_s
+        self.status.registered = True
+        log.info(
+            "registered node %s (%d GPUs, %s; node %s%s)", self.s.node, self.s.gpus,
+            self.s.gpu_type, got.state, ", back from lost" if got.returned else "",
+        )  # fmt: skip
+
+    def _retry(self, what: str, fn: Any) -> Any:
+        """Call `fn` until the server answers; errors of the request itself are fatal."""
+        warned = False
+        while not self.stop_event.is_set():
+            try:
+                result = fn()
+                self._contact()
+                return result
+            except Unavailable as err:
+                self._error(err)
+                if not warned:
+                    log.warning("%s: %s (retrying)", what, err.line())
+                    warned = True
+            self.stop_event.wait(1.0)
+        return None
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Until `stop_event`: the poller thread and the main loop (module doc)."""
+        self.join()
+        poller = threading.Thread(target=self._poller, name="agent-poll", daemon=True)
+        poller.start()
+        next_beat = 0.0
+        while not self.stop_event.is_set():
+            now = _now()
+            with self._lock:
+                asg, self._latest = self._latest, None
+            if asg is not None:
+                self._take(asg)
+            self._apply(now)
+            self._watch(now)
+            if not self.outbox.empty() or time.monotonic() >= next_beat:
+                if self._send():
+                    next_beat = time.monotonic() + self.s.heartbeat_s
+                else:
+                    next_beat = time.monotonic() + 1.0
+            self._write_status()
+            self.wake.wait(self.s.check_every_s)
+            self.wake.clear()
+        self._write_status()
+
+    def _poller(self) -> None:
+        client = AgentClient(self.s.url, self.s.token, timeout=self.s.poll_wait_s + 30.0)
+        version = ""
+        while not self.stop_event.is_set():
+            try:
+                asg = client.poll(self.s.node, version, self.s.poll_wait_s)
+            except LedgerError as err:
+                self._error(err)
+                self.stop_event.wait(1.0)
+                continue
+            self._contact()
+            version = asg.version
+            log.debug("poll: version %s, %d part(s)", version, len(asg.parts))
+            with self._lock:
+                self._latest = asg
+            self.wake.set()
+
+    def _take(self, asg: a.Assignment) -> None:
+        self.version = asg.version
+        self.parts = {p.job_id: p for p in asg.parts}
+        self.finished &= {(p.job_id, p.run) for p in asg.parts}
+
+    def _apply(self, now: float) -> set[int]:
+        """Stop what runs here and is not listed (or is an older run); launch what is listed
+        and not running. Returns the jobs stopped."""
+        stopped = set()
+        for job_id in sorted(self.ex.running()):
+            p = self.parts.get(job_id)
+            if p is None or self.ex.launch_of(job_id) != p.run + 1:
+                if not self.ex.stopping(job_id):
+                    log.info("stopping job %s: the ledger no longer runs it here", job_id)
+                    self.ex.stop(job_id, now)
+                stopped.add(job_id)
+        launches = []
+        running = self.ex.running()
+        for job_id, p in sorted(self.parts.items()):
+            if (job_id, p.run) in self.finished or job_id in running:
+                continue
+            code = self.ex.recorded_exit(job_id, p.run + 1)
+            if code is not None:  # it ended while nobody watched: report, never relaunch
+                self.finished.add((job_id, p.run))
+                self.outbox.started.append(a.PartStarted(job_id=job_id, run=p.run))
+                self.outbox.exited.append(a.PartExited(job_id=job_id, run=p.run, exit_code=code))
+                continue
+            launches.append(self._launch(p))
+        if launches:
+            self.ex.launch_all(launches, now)
+        return stopped
+
+    @staticmethod
+    def _launch(p: a.Part) -> Launch:
+        return Launch(
+            p.job_id, p.slots, p.command, p.duration_s, p.user, p.account, run=p.run,
+            time_limit_s=p.time_limit_s, grace_s=p.grace_s, debug=p.debug,
+            master_addr=p.master_addr, job_token=p.job_token,
+        )  # fmt: skip
+
+    def _watch(self, now: float) -> None:
+        exits: list[Exit] = self.ex.poll(now)
+        starts: list[Start] = self.ex.starts(now)
+        for st in starts:
+            log_path = st.logs[0] if st.logs else ""
+            self.outbox.started.append(a.PartStarted(job_id=st.job_id, run=st.run, log=log_path))
+        for ex in exits:
+            run = _run_of(ex.engine_job_id)
+            self.finished.add((ex.job_id, run))
+            self.outbox.exited.append(
+                a.PartExited(job_id=ex.job_id, run=run, exit_code=ex.exit_code, reason=ex.reason)
+            )
+            log.info("job %s (run %s) exited with %s (%s)", ex.job_id, run, ex.exit_code, ex.reason)
+        got = self.ex.reports(now)
+        for job_id in got.checkpoints:
+            current = self._current_run(job_id)
+            if current is not None:
+                self.outbox.checkpoints.append(a.PartCheckpoint(job_id=job_id, run=current))
+        for job_id, values in got.samples:
+            current = self._current_run(job_id)
+            if current is not None:
+                self.outbox.samples.append(
+                    a.PartSample(job_id=job_id, run=current, gpu_utilisation=values)
+                )
+
+    def _current_run(self, job_id: int) -> int | None:
+        launch = self.ex.launch_of(job_id)
+        return None if launch is None else launch - 1
+
+    def _send(self) -> bool:
+        """Send the outbox (or a heartbeat); False when the server could not be reached."""
+        report = self.outbox.report(self.s.node)
+        try:
+            ack: a.Ack = self.client.call("POST", "/v1/agent/report", report, a.Ack)
+        except (NotAuthenticated, NotAuthorised) as err:
+            self._error(err)
+            log.error("the server refused this agent: %s", err.line())
+            return False
+        except LedgerError as err:
+            self._error(err)
+            return False
+        self.outbox = Outbox()
+        silent = self._contact()
+        if ack.node_state == "lost" or silent > self.lost_after_s:
+            log.warning("this node was out of contact (%s): joining again", ack.node_state or "")
+            self.join()
+        return True
+
+    def _contact(self) -> float:
+        """Record a successful contact; returns how long the agent had been out of contact."""
+        now = _now()
+        last = self.status.last_contact_at
+        self.status.last_contact_at = now
+        self.status.last_error = ""
+        return 0.0 if last is None else now - last
+
+    def _error(self, err: LedgerError) -> None:
+        self.status.last_error = err.line()
+
+    def _write_status(self) -> None:
+        """When it changed; informative only, so not synced (`agent status` reads it)."""
+        self.status.jobs = sorted(self.ex.running())
+        data = msgspec.json.encode(self.status)
+        if data != self._status_written:
+            write_atomic(self.status_path, data, sync=False)
+            self._status_written = data
+
+    # --- drain ---------------------------------------------------------------------------------
+
+    def drain(self) -> int:
+        """Stop every job here (SIGTERM, grace, SIGKILL), report their exits, and return how many
+        were stopped."""
+        now = _now()
+        running = sorted(self.ex.running())
+        for job_id in running:
+            self.ex.drain(job_id, now)
+        deadline = time.monotonic() + self.ex.grace_s + 10.0
+        while self.ex.running() and time.monotonic() < deadline:
+            time.sleep(self.s.check_every_s)
+            self._watch(_now())
+        self._watch(_now())
+        if not self.outbox.empty():
+            try:
+                self.client.call("POST", "/v1/agent/report", self.outbox.report(self.s.node), a.Ack)
+            except LedgerError as err:
+                log.warning("exits not reported: %s", err.line())
+        self._write_status()
+        return len(running)
+
+
+def read_status(state_dir: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads((state_dir / STATUS_FILE).read_bytes())
+    except (FileNotFoundError, ValueError):
+        return None
+    return data
+
+
+def short_hostname() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+def gpus_from_nvml() -> tuple[int, str] | None:
+    """(count, name of GPU 0) from NVML, or None where it is absent."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = int(pynvml.nvmlDeviceGetCount())
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0)) if count else ""
+    except Exception:  # no library, no driver, no GPU: all mean "no NVML here"
+        return None
+    if isinstance(name, bytes):
+        name = name.decode()
+    return count, str(name).replace(" ", "-")[:63]

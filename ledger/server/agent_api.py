@@ -1,0 +1,110 @@
+"""The node agents' API: `/v1/agent/*`, for node tokens only, each for its own node.
+
+- `POST /v1/agent/register`: the node's GPUs as its agent found them (idempotent; a lost node
+  returns).
+- `GET /v1/agent/poll?node=N&since=V&wait=S`: every part the ledger runs on N; with the version
+  the agent has, the answer waits (up to `wait`, at most 30 s) until the list changes, so a
+  placement reaches its agent without polling delay.
+- `POST /v1/agent/report`: parts started and exited (exit codes), utilisation samples and
+  checkpoints; recorded at once, on the worker thread.
+- `POST /v1/agent/heartbeat`: the agent is alive.
+
+Every call counts as contact for the node-lost timeout (`ledger.server.agents`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from litestar import Request, get, post
+from litestar.handlers import HTTPRouteHandler
+from litestar.params import JSONBody, QueryParameter
+
+from ledger.domain import NODE_ACTOR
+from ledger.server.agents import AgentExecutor
+from ledger.server.identity import Identity
+from ledger.server.worker import Worker
+from schemas import agent as a
+from schemas.errors import InvalidTransition, NotAuthorised
+
+MAX_WAIT_S = 30.0
+SLICE_S = 1.0
+"""A long-poll checks this often whether the server is stopping (so a stop never waits on it)."""
+
+
+def agent_routes(
+    worker: Worker, who: Callable[[Request[Any, Any, Any]], Identity], clock: Callable[[], float]
+) -> list[HTTPRouteHandler]:
+    """The routes, for `create_app`."""
+
+    def executor_for(request: Request[Any, Any, Any], node: str) -> AgentExecutor:
+        caller = who(request)
+        if caller.actor != f"{NODE_ACTOR}{node}":
+            raise NotAuthorised(
+                f"{caller.actor!r} may not act for node {node!r}: only that node's token may",
+                actor=caller.actor,
+            )
+        executor = worker.service.executor
+        if not isinstance(executor, AgentExecutor):
+            raise InvalidTransition(
+                "this server runs no node agents", hint="start it with `serve --executor agents`"
+            )
+        return executor
+
+    @post("/v1/agent/register", status_code=200, tags=["agent"], security=[{"bearer": []}])
+    async def register(request: Request[Any, Any, Any], data: JSONBody[a.Register]) -> a.Registered:
+        """A node agent says what its node has (idempotent; a lost node returns)."""
+        ex = executor_for(request, data.node)
+        peer = request.client.host if request.client is not None else ""
+        result: a.Registered = await worker.call(
+            lambda: ex.register(data, peer, clock()), write=True
+        )
+        return result
+
+    @get("/v1/agent/poll", tags=["agent"], security=[{"bearer": []}])
+    async def poll(
+        request: Request[Any, Any, Any],
+        node: Annotated[str, QueryParameter(name="node")],
+        since: Annotated[str, QueryParameter(name="since")] = "",
+        wait: Annotated[float, QueryParameter(name="wait")] = 0.0,
+    ) -> a.Assignment:
+        """Every part the ledger runs on `node`; waits up to `wait` s while it equals `since`."""
+        ex = executor_for(request, node)
+        ex.touch(node, clock())
+        deadline = time.monotonic() + max(0.0, min(wait, MAX_WAIT_S))
+        version, parts = ex.board.current(node)
+        while version == since and worker.accepting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            version, parts = await ex.board.wait(node, since, min(left, SLICE_S))
+        ex.touch(node, clock())
+        return a.Assignment(node=node, version=version, parts=parts, server_time=clock())
+
+    @post("/v1/agent/report", status_code=200, tags=["agent"], security=[{"bearer": []}])
+    async def report(request: Request[Any, Any, Any], data: JSONBody[a.Report]) -> a.Ack:
+        """Parts started and exited, utilisation samples and checkpoints: recorded at once."""
+        ex = executor_for(request, data.node)
+
+        def apply() -> None:
+            now = clock()
+            if ex.receive(data, now):
+                worker.service.take_reports(now)
+
+        await worker.call(apply, write=True)
+        return a.Ack(server_time=clock(), node_state=_state(worker, data.node))
+
+    @post("/v1/agent/heartbeat", status_code=200, tags=["agent"], security=[{"bearer": []}])
+    async def heartbeat(request: Request[Any, Any, Any], data: JSONBody[a.Heartbeat]) -> a.Ack:
+        """The node's agent is alive."""
+        executor_for(request, data.node).touch(data.node, clock())
+        return a.Ack(server_time=clock(), node_state=_state(worker, data.node))
+
+    return [register, poll, report, heartbeat]
+
+
+def _state(worker: Worker, node: str) -> str:
+    n = worker.service.ledger.state.nodes.get(node)
+    return "" if n is None else str(n.state)

@@ -1,0 +1,366 @@
+"""The executor of `serve --executor agents`: node agents run the placements. An edge.
+
+It implements the executor interface (`ledger.executors`) for the dispatcher, on the server's
+worker thread, and keeps what each node's agent should run as a published list (`Board`) the
+agent API serves to long-polls from the HTTP threads:
+
+- `launch` adds one part per node of the placement (its slots, command, limits, the rank-0
+  node's address for the rendezvous, and a job token minted now, scoped to the job) and wakes
+  the polls of those nodes; `stop` removes the parts (the agents then stop them: SIGTERM, grace,
+  SIGKILL).
+- An agent's report (`receive`) says which parts started, ended (exit code, reason), their GPU
+  utilisation and checkpoints. The job is started when every part has; it ends when a part fails
+  (the ledger ends it, and its other parts are stopped) or when every part has exited 0.
+  Utilisation of a gang job is recorded once every part has sent a sample.
+- Contact (register, poll, report, heartbeat) is timed per node: `silent_nodes` names the
+  nodes whose agent has been silent past `node_lost_after_s`, which the service loop marks lost.
+  The ledger keeps a silent node's GPUs held until then: nothing is placed on them twice.
+
+After a server restart, `adopt` rebuilds every node's list from the ledger (the agents kept
+running their jobs), and counts each node with work as heard from at that moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledger.executors import Exit, Launch, Reports, Start
+from ledger.server import identity
+from schemas import agent as a
+from schemas import commands as c
+from schemas.errors import InvalidCommand, InvalidTransition
+from schemas.events import EndReason
+
+log = logging.getLogger("gpuledger.agents")
+
+ENGINE = "agent"
+SYSTEM = "@executor"
+
+
+class Board:
+    """What each node's agent should run, published by the worker thread and read by the HTTP
+    threads: a version per node that changes with the list, and long-polls woken on change."""
+
+    def __init__(self) -> None:
+        self.epoch = secrets.token_hex(4)
+        """Versions of another server process never match ours."""
+        self._lock = threading.Lock()
+        self._lists: dict[str, tuple[int, tuple[a.Part, ...]]] = {}
+        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
+
+    def version(self, node: str) -> str:
+        with self._lock:
+            return f"{self.epoch}.{self._lists.get(node, (0, ()))[0]}"
+
+    def publish(self, node: str, parts: tuple[a.Part, ...]) -> None:
+        with self._lock:
+            n = self._lists.get(node, (0, ()))[0] + 1
+            self._lists[node] = (n, parts)
+            waiters = self._waiters.pop(node, [])
+        for loop, fut in waiters:
+            loop.call_soon_threadsafe(_settle, fut)
+
+    def current(self, node: str) -> tuple[str, tuple[a.Part, ...]]:
+        with self._lock:
+            n, parts = self._lists.get(node, (0, ()))
+            return f"{self.epoch}.{n}", parts
+
+    async def wait(self, node: str, since: str, timeout_s: float) -> tuple[str, tuple[a.Part, ...]]:
+        """The node's list once its version differs from `since`, or after `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            n, parts = self._lists.get(node, (0, ()))
+            if f"{self.epoch}.{n}" != since or timeout_s <= 0:
+                return f"{self.epoch}.{n}", parts
+            self._waiters.setdefault(node, []).append((loop, fut))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(fut, timeout_s)
+        with self._lock:
+            waiting = self._waiters.get(node, [])
+            if (loop, fut) in waiting:
+                waiting.remove((loop, fut))
+        return self.current(node)
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+@dataclass
+class _Run:
+    """A placement handed to agents, and what they said about it."""
+
+    job_id: int
+    run: int
+    nodes: tuple[str, ...]
+    started: dict[str, str] = field(default_factory=dict)
+    exits: dict[str, tuple[int, EndReason]] = field(default_factory=dict)
+    samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    start_reported: bool = False
+    exit_reported: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.job_id}.{self.run + 1}"
+
+
+class AgentExecutor:
+    """Placements to node agents over the API (see the module doc)."""
+
+    engine = ENGINE
+    relaunch_placed = True
+    """Agents keep their runs across our restarts: a placed job is still on its node's list."""
+
+    def __init__(self, ledger: Any, *, node_lost_after_s: float) -> None:
+        self.ledger = ledger
+        self.node_lost_after_s = node_lost_after_s
+        self.board = Board()
+        self.addresses: dict[str, str] = {}
+        self.last_seen: dict[str, float] = {}
+        """Node -> when its agent last reached us (written by HTTP threads and the worker)."""
+        self._runs: dict[int, _Run] = {}
+        self._parts: dict[str, dict[int, a.Part]] = {}
+        self._starts: list[Start] = []
+        self._exits: list[Exit] = []
+        self._checkpoints: list[int] = []
+        self._samples: list[tuple[int, tuple[float, ...]]] = []
+        self._tokens: list[c.AnyCommand] = []
+        self._unpublished: set[str] = set()
+
+    # --- the executor interface (worker thread) --------------------------------------------------
+
+    def launch(self, job: Launch, now: float) -> None:
+        old = self._runs.get(job.job_id)
+        if old is not None and old.run == job.run:
+            return
+        if old is not None:  # requeued (a lost node) and placed again in one cycle
+            self.stop(job.job_id, now)
+        self._add(job, self._mint(job.job_id, job.user), publish=False)
+
+    def stop(self, job_id: int, now: float) -> None:
+        r = self._runs.pop(job_id, None)
+        if r is None:
+            return
+        for node in r.nodes:
+            self._parts.get(node, {}).pop(job_id, None)
+            self._publish(node)
+
+    def starts(self, now: float) -> list[Start]:
+        self.flush()  # the cycle asks right after its launches
+        out, self._starts = self._starts, []
+        return out
+
+    def flush(self) -> None:
+        """Record the job tokens of the launches so far in one transaction, then hand their
+        parts to the agents (a part never reaches its node before its token is valid)."""
+        if self._tokens:
+            cmds, self._tokens = self._tokens, []
+            self.ledger.execute_all(cmds)
+        for node in sorted(self._unpublished):
+            self._publish(node)
+        self._unpublished.clear()
+
+    def poll(self, now: float) -> list[Exit]:
+        out, self._exits = self._exits, []
+        return out
+
+    def running(self) -> set[int]:
+        return set(self._runs)
+
+    def next_event_at(self) -> float | None:
+        return None
+
+    def reports(self, now: float) -> Reports:
+        out = Reports(checkpoints=self._checkpoints, samples=self._samples)
+        self._checkpoints, self._samples = [], []
+        return out
+
+    def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
+        """After a restart: every job the ledger holds GPUs for is on its nodes' lists again
+        (the agents kept them running); placed ones get a fresh job token, since only a part
+        not launched yet needs one."""
+        jobs = self.ledger.state.jobs
+        for job_id in sorted(runs):
+            job = jobs[job_id]
+            spec = job.spec
+            launch = Launch(
+                job_id, job.slots, spec.command, spec.duration_s, spec.user, spec.account,
+                run=job.preemptions, time_limit_s=spec.time_limit_s, grace_s=spec.grace_s,
+                debug=spec.debug,
+            )  # fmt: skip
+            token = self._mint(job_id, spec.user) if job.status == "placed" else ""
+            self._add(launch, token, started=job.status == "running", publish=False)
+            for sl in job.slots:
+                self.last_seen.setdefault(sl.node, now)
+        self.flush()
+        return set(runs)
+
+    def shutdown(self, now: float) -> list[Exit]:
+        """The server stops: the agents keep running their jobs."""
+        return []
+
+    # --- agents (worker thread, through the API) -------------------------------------------------
+
+    def register(self, req: a.Register, peer: str, now: float) -> a.Registered:
+        """Idempotent: the node must exist with the GPUs the agent found; a lost node returns."""
+        state = self.ledger.state
+        node = state.nodes.get(req.node)
+        if node is None or node.state == "removed":
+            raise InvalidTransition(
+                f"node {req.node!r} is not registered in the ledger",
+                hint=f"an admin adds it: gpuledger node add {req.node} --gpus {req.gpus}",
+            )
+        if node.gpus != req.gpus:
+            raise InvalidCommand(
+                f"node {req.node!r} has {node.gpus} GPUs in the ledger; its agent found "
+                f"{req.gpus} ({req.gpu_source or 'given'})",
+                hint="fix the agent's gpus setting, or remove and add the node again",
+            )
+        if node.gpu_type != req.gpu_type:
+            log.warning(
+                "node %s: the ledger says %s GPUs, its agent found %s",
+                req.node, node.gpu_type, req.gpu_type,
+            )  # fmt: skip
+        self.addresses[req.node] = req.address or peer
+        self.touch(req.node, now)
+        returned = False
+        if node.state == "lost":
+            self.ledger.execute(c.ReturnNode(actor=SYSTEM, node=req.node))
+            returned = True
+            log.info("node %s is back: its agent registered", req.node)
+        self._publish(req.node, bump=False)
+        return a.Registered(
+            node=req.node,
+            state=str(self.ledger.state.nodes[req.node].state),
+            returned=returned,
+            node_lost_after_s=self.node_lost_after_s,
+        )
+
+    def touch(self, node: str, now: float) -> None:
+        self.last_seen[node] = now
+
+    def receive(self, rep: a.Report, now: float) -> bool:
+        """Take in an agent's report; True when it holds anything for the ledger."""
+        self.touch(rep.node, now)
+        for s in rep.started:
+            r = self._run_of(s.job_id, s.run, rep.node)
+            if r is not None:
+                r.started[rep.node] = s.log
+                self._maybe_started(r)
+        for x in rep.exited:
+            r = self._run_of(x.job_id, x.run, rep.node)
+            if r is not None:
+                r.started.setdefault(rep.node, "")
+                r.exits[rep.node] = (x.exit_code, x.reason)
+                self._maybe_exited(r, now)
+        for u in rep.samples:
+            r = self._run_of(u.job_id, u.run, rep.node)
+            if r is not None and r.start_reported and not r.exit_reported:
+                r.samples[rep.node] = u.gpu_utilisation
+                if len(r.samples) == len(r.nodes):
+                    values = tuple(v for n in r.nodes for v in r.samples[n])
+                    self._samples.append((r.job_id, values))
+                    r.samples.clear()
+        for cp in rep.checkpoints:
+            r = self._run_of(cp.job_id, cp.run, rep.node)
+            if r is not None and r.job_id not in self._checkpoints:
+                self._checkpoints.append(r.job_id)
+        return bool(rep.started or rep.exited or rep.samples or rep.checkpoints)
+
+    def silent_nodes(self, now: float) -> list[tuple[str, float]]:
+        """(node, seconds silent) of nodes the ledger still counts as up whose agent has not
+        reached us within `node_lost_after_s`."""
+        nodes = self.ledger.state.nodes
+        out = []
+        for node, seen in sorted(self.last_seen.items()):
+            n = nodes.get(node)
+            if n is None or n.state in ("lost", "removed"):
+                continue
+            if now - seen > self.node_lost_after_s:
+                out.append((node, now - seen))
+        return out
+
+    def forget(self, node: str) -> None:
+        """The node was marked lost: it counts again once its agent returns."""
+        self.last_seen.pop(node, None)
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _mint(self, job_id: int, user: str) -> str:
+        """A token scoped to the job (it may report the job's checkpoints, nothing else),
+        recorded at the next `flush`."""
+        secret, cmd = identity.new_token(
+            SYSTEM, user, name=f"job {job_id}", scope="job", scope_job=job_id
+        )
+        self._tokens.append(cmd)
+        return secret
+
+    def _add(self, job: Launch, token: str, *, started: bool = False, publish: bool = True) -> None:
+        nodes = tuple(sl.node for sl in job.slots)
+        r = _Run(job.job_id, job.run, nodes, start_reported=started)
+        self._runs[job.job_id] = r
+        part = a.Part(
+            job_id=job.job_id,
+            run=job.run,
+            slots=job.slots,
+            command=job.command,
+            user=job.user,
+            account=job.account,
+            duration_s=job.duration_s,
+            time_limit_s=None if job.time_limit_s is None else int(job.time_limit_s),
+            grace_s=None if job.grace_s is None else int(job.grace_s),
+            debug=job.debug,
+            master_addr=self.addresses.get(nodes[0], ""),
+            job_token=token,
+        )
+        for node in dict.fromkeys(nodes):
+            self._parts.setdefault(node, {})[job.job_id] = part
+            if publish:
+                self._publish(node)
+            else:
+                self._unpublished.add(node)
+
+    def _publish(self, node: str, *, bump: bool = True) -> None:
+        parts = tuple(p for _, p in sorted(self._parts.get(node, {}).items()))
+        if bump or self.board.current(node)[1] != parts:
+            self.board.publish(node, parts)
+
+    def _run_of(self, job_id: int, run: int, node: str) -> _Run | None:
+        """The run a report is about, if it is the current one and has a part on `node`."""
+        r = self._runs.get(job_id)
+        if r is None or r.run != run or node not in r.nodes:
+            return None
+        return r
+
+    def _maybe_started(self, r: _Run) -> None:
+        if r.start_reported or len(r.started) < len(r.nodes):
+            return
+        r.start_reported = True
+        logs = tuple(f"{n}:{r.started[n]}" for n in r.nodes if r.started[n])
+        self._starts.append(Start(r.job_id, engine_job_id=r.name, run=r.run, logs=logs))
+
+    def _maybe_exited(self, r: _Run, now: float) -> None:
+        if r.exit_reported:
+            return
+        failed = [
+            (n, code, why) for n, (code, why) in r.exits.items() if code != 0 or why != "exited"
+        ]
+        if not failed and len(r.exits) < len(r.nodes):
+            return  # a gang job ends when every part has, unless one fails
+        if not r.start_reported:
+            r.started.update({n: "" for n in r.nodes if n not in r.started})
+            self._maybe_started(r)
+        r.exit_reported = True
+        node, code, why = failed[0] if failed else (r.nodes[0], 0, "exited")
+        if failed:
+            log.info("job %s: its part on %s ended with %s (%s)", r.job_id, node, code, why)
+        self._exits.append(Exit(r.job_id, code, now, why, engine_job_id=r.name))

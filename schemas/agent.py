@@ -1,0 +1,138 @@
+"""Request and response shapes of the node agents' API (`/v1/agent/*`, node tokens only).
+
+The server tells each agent the whole truth about its node, not a stream of orders: a poll
+answers every job part the ledger runs there (`Assignment`). An agent launches what it does not
+run yet and stops what it runs that is not listed, so a lost message, a restarted agent or a
+restarted server changes nothing: the next answer says it all again. `version` changes whenever
+the list does; a poll that names the version it has waits until it changes (long-poll).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from schemas.bounds import (
+    Arg,
+    CommandLine,
+    Count,
+    Duration,
+    Epoch,
+    ExitCode,
+    GraceSeconds,
+    JobId,
+    Name,
+    NodeGpus,
+    PositiveSeconds,
+    Text,
+    Token,
+    Utilisation,
+)
+from schemas.events import EndReason, GpuSlot
+
+MANY = msgspec.Meta(max_length=100_000)
+
+
+class Register(msgspec.Struct, frozen=True, kw_only=True):
+    """`POST /v1/agent/register`: the agent says what its node has (idempotent)."""
+
+    node: Name
+    gpus: NodeGpus
+    gpu_type: Name
+    address: Text = ""
+    """Where other nodes reach this one (MASTER_ADDR of jobs whose rank 0 runs here); "" lets
+    the server take the address the request came from."""
+    gpu_source: Text = ""
+    """Where the GPU count and type came from ("NVML", "flags"): logged by the server."""
+
+
+class Registered(msgspec.Struct, frozen=True, kw_only=True):
+    node: Name
+    state: str
+    """The node's state in the ledger after registering ("active", "draining", ...)."""
+    returned: bool = False
+    """The node had been marked lost and is back."""
+    node_lost_after_s: float
+    """How long the server waits for a silent node before it marks it lost: heartbeat well
+    inside it."""
+
+
+class Part(msgspec.Struct, frozen=True, kw_only=True):
+    """One part of a job that runs on the polling node."""
+
+    job_id: JobId
+    run: Count
+    """Which placement of the job this is (its preemptions so far)."""
+    slots: tuple[GpuSlot, ...]
+    """Every slot of the placement in rank order (this node's part is the one naming it)."""
+    command: CommandLine
+    user: Name
+    account: Text
+    duration_s: Duration | None = None
+    time_limit_s: PositiveSeconds | None = None
+    grace_s: GraceSeconds | None = None
+    debug: bool = False
+    master_addr: Text = ""
+    """Host of rank 0's node (rendezvous)."""
+    job_token: Token = ""
+    """The job's own token (`GPULEDGER_JOB_TOKEN`), minted at placement; "" when the server
+    no longer holds it (a restart: the part was launched before)."""
+
+
+class Assignment(msgspec.Struct, frozen=True, kw_only=True):
+    """`GET /v1/agent/poll`: every part the ledger runs on the node."""
+
+    node: Name
+    version: str
+    parts: Annotated[tuple[Part, ...], MANY]
+    server_time: Epoch
+
+
+class PartStarted(msgspec.Struct, frozen=True, kw_only=True):
+    job_id: JobId
+    run: Count
+    log: Arg = ""
+    """Where the part's output goes on its node."""
+
+
+class PartExited(msgspec.Struct, frozen=True, kw_only=True):
+    job_id: JobId
+    run: Count
+    exit_code: ExitCode
+    reason: EndReason = "exited"
+
+
+class PartSample(msgspec.Struct, frozen=True, kw_only=True):
+    job_id: JobId
+    run: Count
+    gpu_utilisation: Utilisation
+    """% per GPU of the part, in the slot's GPU order."""
+
+
+class PartCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
+    job_id: JobId
+    run: Count
+
+
+class Report(msgspec.Struct, frozen=True, kw_only=True):
+    """`POST /v1/agent/report`: what happened on the node since the last report. An empty
+    report is a heartbeat."""
+
+    node: Name
+    started: Annotated[tuple[PartStarted, ...], MANY] = ()
+    exited: Annotated[tuple[PartExited, ...], MANY] = ()
+    samples: Annotated[tuple[PartSample, ...], MANY] = ()
+    checkpoints: Annotated[tuple[PartCheckpoint, ...], MANY] = ()
+
+
+class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
+    """`POST /v1/agent/heartbeat`."""
+
+    node: Name
+
+
+class Ack(msgspec.Struct, frozen=True, kw_only=True):
+    server_time: Epoch
+    node_state: str = ""
+    """The node's state in the ledger ("lost": the agent joins again, stopping its orphans)."""

@@ -1,0 +1,369 @@
+"""Node agents for real: one `gpuledger serve --executor agents` on 127.0.0.1 (random port) and
+three `gpuledger agent` processes, node-a/b/c, each with its own state directory, running real
+shell jobs. Killing or stopping any of them never kills or double-books a job."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger.agent.executor import live_processes
+from ledger.agent.proc import start_time
+from tests.integration.serverkit import GPULEDGER, Server, cli, env_for, make_token, start_server
+
+NODES = ("node-a", "node-b", "node-c")
+GPUS = 2
+SERVE = ("--executor", "agents", "--interval", "0.2s", "--node-lost-after", "3s")
+BUDGET = """
+[accounts."ai2"]
+kind = "program"
+
+[accounts."ai2/olmo"]
+kind = "project"
+members = ["alice", "bob"]
+"""
+
+
+def wait_for(what: str, cond: Callable[[], Any], timeout: float = 60, why: Callable[[], str] = str
+             ) -> Any:  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}\n{why()}")
+
+
+@dataclass
+class Agent:
+    node: str
+    state: Path
+    token: str
+    url: str
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, *extra: str) -> Agent:
+        before = len(self.text())
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [GPULEDGER, "agent", "--node", self.node, "--url", self.url, "--gpus", str(GPUS),
+                 "--gpu-type", "sim", "--state-dir", str(self.state), "--grace", "1s",
+                 "--heartbeat", "0.5s", "--run-as", "service", "--sample-every", "0.5s",
+                 "--check-every", "0.1s", *extra],
+                env=env_for(self.state, GPULEDGER_NODE_TOKEN=self.token),
+                stdout=out, stderr=out,
+            )  # fmt: skip
+        wait_for(f"{self.node} to register", lambda: "registered node" in self.text()[before:],
+                 why=self.text)  # fmt: skip
+        return self
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            self.proc.wait(timeout=30)
+
+
+@dataclass
+class Cluster:
+    home: Path
+    server: Server
+    agents: dict[str, Agent] = field(default_factory=dict)
+
+    def cli(self, *args: str, user: str = "root", ok: bool = True) -> Any:
+        return cli(self.home, *args, ok=ok, GPULEDGER_USER=user)
+
+    def submit(self, gpus: int, script: str, *opts: str, user: str = "bob") -> int:
+        out = self.cli("submit", "-A", "ai2/olmo", "-G", str(gpus), "--min-runtime", "1h", *opts,
+                       "--", "sh", "-c", script, user=user)  # fmt: skip
+        return int(out.stdout.split()[2].rstrip(":"))
+
+    def jobs(self) -> dict[int, dict[str, Any]]:
+        return {j["job_id"]: j for j in json.loads(self.cli("jobs", "--json").stdout)}
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return self.jobs()[job_id]
+
+    def events(self, tag: str) -> list[dict[str, Any]]:
+        rows = json.loads(self.cli("log", "--json", "--limit", "100000").stdout)
+        return [r["event"] for r in rows if r["event"]["type"] == tag]
+
+    def nodes(self) -> dict[str, str]:
+        rows = json.loads(self.cli("node", "list", "--json").stdout)
+        return {n["node"]: n["state"] for n in rows}
+
+    def restart_server(self, *extra: str) -> None:
+        """On the same port: the agents keep their URL."""
+        self.server = start_server(self.home, *SERVE, "--listen", f"127.0.0.1:{self.server.port}",
+                                   *extra, log_name=f"serve-{time.monotonic_ns()}.log")  # fmt: skip
+
+    def why(self) -> str:
+        out = self.server.log_path.read_text(errors="replace")[-3000:]
+        for ag in self.agents.values():
+            out += f"\n--- {ag.node}\n" + ag.text()[-2000:]
+        return out + self.cli("log", "--tail", "20", ok=False).stdout
+
+    def wait_status(self, job_id: int, *status: str, timeout: float = 60) -> dict[str, Any]:
+        return wait_for(  # type: ignore[no-any-return]
+            f"job {job_id} to be {status}",
+            lambda: (j := self.job(job_id)) and j["status"] in status and j,
+            timeout, self.why,
+        )  # fmt: skip
+
+
+def part_log(entry: str) -> Path:
+    """A job's log as `jobs` shows it: `NODE:PATH`."""
+    return Path(entry.split(":", 1)[1])
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A ledger with budgets, three 2-GPU nodes and a node token each (made once)."""
+    home = tmp_path_factory.mktemp("template") / "home"
+    cli(home, "init", "--admin", "root")
+    budget = home.parent / "budget.toml"
+    budget.write_text(BUDGET)
+    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
+    tokens = {}
+    for node in NODES:
+        cli(home, "node", "add", node, "--gpus", str(GPUS), "--gpu-type", "sim",
+            GPULEDGER_USER="root")  # fmt: skip
+        tokens[node] = make_token(home, "--node", node, "--name", node)
+    return home, tokens
+
+
+@pytest.fixture
+def cluster(template: tuple[Path, dict[str, str]], tmp_path: Path) -> Iterator[Cluster]:
+    src, tokens = template
+    home = tmp_path / "home"
+    shutil.copytree(src, home)
+    with socket.socket() as s:  # a fixed port, so a restarted server has the same URL
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    c = Cluster(home, start_server(home, *SERVE, "--listen", f"127.0.0.1:{port}"))
+    for node in NODES:
+        c.agents[node] = Agent(node, tmp_path / node, tokens[node], c.server.url,
+                               tmp_path / f"{node}.log").start()  # fmt: skip
+    try:
+        yield c
+    finally:
+        for ag in c.agents.values():
+            if ag.proc is not None and ag.proc.poll() is None:
+                ag.proc.send_signal(signal.SIGCONT)
+                ag.kill(signal.SIGKILL)
+        c.server.stop(signal.SIGKILL)
+        for ag in c.agents.values():  # no job of a test outlives it
+            for p in live_processes(ag.state):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    return start_time(pid) is not None  # gone, or a zombie: not alive
+
+
+def held_twice(events: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    holder: dict[tuple[str, int], int] = {}
+    clashes = []
+    for ev in events:
+        if ev["type"] == "job.placed.v1":
+            gpus = [(s["node"], i) for s in ev["slots"] for i in s["gpu_indices"]]
+            clashes += [g for g in gpus if g in holder]
+            holder.update(dict.fromkeys(gpus, ev["job_id"]))
+        elif ev["type"] in ("job.finished.v1", "job.preempted.v1"):
+            holder = {g: j for g, j in holder.items() if j != ev["job_id"]}
+    return clashes
+
+
+def all_events(c: Cluster) -> list[dict[str, Any]]:
+    rows = json.loads(c.cli("log", "--json", "--limit", "100000").stdout)
+    return [r["event"] for r in rows]
+
+
+def test_placements_run_on_their_nodes_and_report_exit_codes_and_the_job_token_is_scoped(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    c = cluster
+    show = 'echo "$GPULEDGER_NODE $CUDA_VISIBLE_DEVICES $GPULEDGER_JOB_ID"'
+    ok = c.submit(1, show)
+    bad = c.submit(1, "exit 3")
+    # a resumable job reports a checkpoint of its own with its token, then tries another job's
+    other = c.submit(1, "exec sleep 30", "--resumable")
+    c.wait_status(other, "running")
+    probe = (
+        f"{GPULEDGER} checkpoint && echo own=ok; "
+        f"{GPULEDGER} checkpoint {other}; echo other=$?; "
+        f'curl -s -o /dev/null -w "%{{http_code}}" -X POST '
+        f'-H "Authorization: Bearer $GPULEDGER_JOB_TOKEN" '
+        f'-H "Content-Type: application/json" -d "{{\\"actor\\": \\"\\", \\"job_id\\": {other}}}" '
+        f'"$GPULEDGER_URL/v1/commands/job.checkpoint" > {tmp_path}/status'
+    )
+    mine = c.submit(1, probe, "--resumable")
+    for j in (ok, bad, mine):
+        c.wait_status(j, "finished")
+    got = c.jobs()
+    assert (got[ok]["outcome"], got[ok]["exit_code"]) == ("completed", 0)
+    assert (got[bad]["outcome"], got[bad]["exit_code"]) == ("failed", 3)
+    node, visible, job_id = part_log(got[ok]["logs"][0]).read_text().split()
+    assert got[ok]["logs"][0].startswith(f"{node}:") and node in NODES
+    assert visible in ("0", "1") and job_id == str(ok)
+    log = part_log(got[mine]["logs"][0]).read_text()
+    assert "own=ok" in log and "other=1" in log, log
+    assert "may only report checkpoints of its job" in log
+    assert (tmp_path / "status").read_text() == "403"
+    checkpoints = c.events("job.checkpointed.v1")
+    assert [e["job_id"] for e in checkpoints] == [mine]  # nothing appended for `other`
+    assert checkpoints[0]["actor"] == f"@job:{mine}"
+    engine = {e["job_id"]: e for e in c.events("job.engine_ended.v1")}
+    assert engine[bad]["engine"] == "agent" and engine[bad]["exit_code"] == 3
+    assert held_twice(all_events(c)) == []
+
+
+def test_a_gang_job_runs_one_part_per_node_and_a_failed_part_stops_the_others(
+    cluster: Cluster,
+) -> None:
+    c = cluster
+    show = 'echo "$GPULEDGER_NODE $CUDA_VISIBLE_DEVICES $NODE_RANK $WORLD_SIZE $GPULEDGER_NODELIST"'
+    gang = c.submit(4, show)
+    j = c.wait_status(gang, "finished")
+    lines = sorted(part_log(p).read_text().split() for p in j["logs"])
+    assert len(lines) == 2 and {ln[0] for ln in lines} <= set(NODES) and lines[0][0] != lines[1][0]
+    assert [ln[1:4] for ln in lines] in ([["0,1", "0", "2"], ["0,1", "1", "2"]],
+                                         [["0,1", "1", "2"], ["0,1", "0", "2"]])  # fmt: skip
+    assert j["outcome"] == "completed"
+    fail = 'if [ "$NODE_RANK" = 1 ]; then sleep 1; exit 9; fi; echo $$; exec sleep 60'
+    failing = c.submit(4, fail)
+    j = c.wait_status(failing, "finished")
+    assert (j["outcome"], j["exit_code"]) == ("failed", 9)
+    rank0 = next(p for p in j["logs"] if not part_log(p).name.count(".") > 1)
+    pid = int(part_log(rank0).read_text().split()[0])
+    wait_for("rank 0 to be stopped", lambda: not alive(pid), 15, c.why)
+
+
+def test_kill_9_of_an_agent_then_a_restart_adopts_its_job(cluster: Cluster) -> None:
+    c = cluster
+    job = c.submit(2, "echo $$; sleep 4; exit 7")
+    j = c.wait_status(job, "running")
+    node = j["logs"][0].split(":", 1)[0]
+    pid = int(wait_for("the job's pid", lambda: part_log(j["logs"][0]).read_text().split())[0])
+    ag = c.agents[node]
+    ag.kill(signal.SIGKILL)
+    assert alive(pid)
+    ag.start()
+    assert "adopted 1 running job(s): " + str(job) in ag.text()
+    j = c.wait_status(job, "finished")
+    assert (j["outcome"], j["exit_code"]) == ("failed", 7)
+    assert len(c.events("job.placed.v1")) == 1  # launched once, never again
+    assert held_twice(all_events(c)) == []
+
+
+def test_kill_9_of_serve_then_a_restart_keeps_jobs_running(cluster: Cluster) -> None:
+    c = cluster
+    go = c.home.parent / "go"
+    job = c.submit(1, f"while [ ! -e {go} ]; do sleep 0.1; done; exit 0")
+    c.wait_status(job, "running")
+    c.server.stop(signal.SIGKILL)
+    # with the server gone, the ledger's GPU holders agree with the processes really alive
+    states = [a for ag in c.agents.values() for a in ("--agent-state", str(ag.state))]
+    check = c.cli("audit", "check", *states)
+    assert ": 0 violations" in check.stdout
+    c.restart_server()
+    assert c.job(job)["status"] == "running"
+    second = c.submit(2, "sleep 1")
+    go.touch()
+    for j in (job, second):
+        assert c.wait_status(j, "finished")["outcome"] == "completed"
+    assert held_twice(all_events(c)) == []
+    assert len(c.events("job.placed.v1")) == 2
+
+
+def test_a_silent_node_is_lost_after_the_timeout_its_job_runs_elsewhere_and_the_orphan_dies(
+    cluster: Cluster,
+) -> None:
+    c = cluster
+    job = c.submit(2, "echo $$; exec sleep 60", "--resumable")
+    j = c.wait_status(job, "running")
+    node = j["logs"][0].split(":", 1)[0]
+    pid = int(wait_for("the job's pid", lambda: part_log(j["logs"][0]).read_text().split())[0])
+    ag = c.agents[node]
+    ag.kill(signal.SIGSTOP)
+    t0 = time.monotonic()
+    wait_for(f"{node} to be lost", lambda: c.nodes()[node] == "lost", 30, c.why)
+    assert time.monotonic() - t0 >= 2.5  # not before the 3 s node-lost timeout
+    j = wait_for(
+        "the job to run on another node",
+        lambda: (x := c.job(job))["status"] == "running" and x["logs"]
+        and not x["logs"][0].startswith(node) and x,
+        30, c.why,
+    )  # fmt: skip
+    assert alive(pid)  # the silent node's process is an orphan now
+    ag.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+    wait_for("the orphan to be killed", lambda: not alive(pid), 30, c.why)
+    wait_for(f"{node} to return", lambda: c.nodes()[node] == "active", 30, c.why)
+    assert held_twice(all_events(c)) == []
+
+
+def test_samples_checkpoints_status_and_drain(cluster: Cluster) -> None:
+    c = cluster
+    c.server.stop()
+    c.restart_server("--node-lost-after", "60s")  # the agent is away while it drains
+    script = 'echo $$; sleep 0.5; touch "$GPULEDGER_CHECKPOINT_FILE"; exec sleep 60'
+    job = c.submit(2, script, "--resumable")
+    for ag in c.agents.values():  # the documented test source: a file per job
+        (ag.state / "utilisation").mkdir(exist_ok=True)
+        (ag.state / "utilisation" / str(job)).write_text("7")
+    j = c.wait_status(job, "running")
+    node = j["logs"][0].split(":", 1)[0]
+    pid = int(wait_for("the job's pid", lambda: part_log(j["logs"][0]).read_text().split())[0])
+    wait_for("a checkpoint", lambda: c.events("job.checkpointed.v1"), 30, c.why)
+    samples = wait_for("a sample", lambda: c.events("job.utilisation_sampled.v1"), 30, c.why)
+    assert samples[0]["job_id"] == job and samples[0]["gpu_utilisation"] == [7.0, 7.0]
+    ag = c.agents[node]
+    status = cli(ag.state, "agent", "status", "--state-dir", str(ag.state)).stdout
+    assert f"node {node}: agent running" in status and f"{job} (pid {pid}, GPUs 0,1)" in status
+    assert "last contact" in status and "ago" in status
+    ag.kill(signal.SIGTERM)  # stopping the agent leaves the job running
+    assert alive(pid)
+    status = cli(ag.state, "agent", "status", "--state-dir", str(ag.state)).stdout
+    assert "agent not running" in status and f"{job} (pid {pid}" in status
+    drain = cli(ag.state, "agent", "--node", node, "--url", c.server.url, "--gpus", str(GPUS),
+                "--state-dir", str(ag.state), "--grace", "1s", "--drain",
+                GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
+    assert f"drained node {node}: stopped 1 job(s)" in drain.stdout
+    assert not alive(pid)
+    j = c.wait_status(job, "finished")
+    assert (j["outcome"], j["exit_code"]) == ("failed", -15)  # SIGTERM ended it
+
+
+def test_an_agent_that_finds_other_gpus_than_the_ledger_is_one_clear_error(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    ag = cluster.agents["node-c"]
+    got = cli(tmp_path, "agent", "--node", "node-c", "--url", cluster.server.url, "--gpus", "4",
+              "--state-dir", str(tmp_path / "other"), ok=False,
+              GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
+    assert got.returncode == 1
+    lines = got.stderr.strip().splitlines()
+    assert "Traceback" not in got.stderr and lines[-1].startswith("error: ")
+    assert "has 2 GPUs in the ledger; its agent found 4 (flags)" in lines[-1]
+    wrong = cli(tmp_path, "agent", "--node", "node-b", "--url", cluster.server.url, "--gpus", "2",
+                "--state-dir", str(tmp_path / "other"), ok=False,
+                GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
+    assert wrong.returncode == 1 and "may not act for node 'node-b'" in wrong.stderr
