@@ -26,6 +26,7 @@ from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteF
 from ledger import snapshots
 from ledger.clock import Clock, IdSource, SystemClock, random_ids
 from ledger.domain import State, command_keys, decide, event_keys, evolve
+from projections.source import LogRecord, follow
 from schemas import codec
 from schemas.commands import AnyCommand
 from schemas.digest import chain_hash
@@ -115,6 +116,31 @@ class LedgerSQLiteFactory(SQLiteFactory):
             synchronous=mode.upper(), db_name=old.db_name, lock_timeout=old.lock_timeout
         )
         old.close()
+
+
+class StoreSource:
+    """The store's notifications as log records: what `projections.source.follow` walks. The
+    one place that reads eventsourcing's notification log (the relay reads raw bytes)."""
+
+    def __init__(self, recorder: Any) -> None:
+        self.recorder = recorder
+
+    def read(self, after: int, limit: int) -> list[LogRecord]:
+        return [
+            LogRecord(n.id, n.topic, n.state)
+            for n in self.recorder.select_notifications(start=after + 1, limit=limit)
+        ]
+
+    def read_tagged(self, after: int, limit: int, tags: Sequence[str]) -> list[LogRecord]:
+        return [
+            LogRecord(n.id, n.topic, n.state)
+            for n in self.recorder.select_notifications(
+                start=after + 1, limit=limit, topics=list(tags)
+            )
+        ]
+
+    def head(self) -> int:
+        return int(self.recorder.max_notification_id() or 0)
 
 
 @dataclass(frozen=True)
@@ -268,17 +294,23 @@ class Ledger(Application[UUID]):
         log order; with `tags`, only those (the store filters by tag, so the others are never
         read or decoded). The in-process form of `projections.source.follow`."""
         stop = self.position if until is None else until
-        topics = list(tags) if tags is not None else None
-        start = after + 1
-        while start <= stop:
-            rows = self.recorder.select_notifications(
-                start=start, limit=page, stop=stop, topics=topics or ()
-            )
-            for n in rows:
-                yield n.id, self._decode(n.id, n.state)
-            if len(rows) < page:
-                return
-            start = rows[-1].id + 1
+        for records in follow(StoreSource(self.recorder), after, stop, tags=tags, page=page):
+            for r in records:
+                yield r.position, self._decode(r.position, r.data)
+
+    def follow_raw(
+        self,
+        after: int,
+        until: int | None = None,
+        *,
+        tags: Sequence[str] | None = None,
+        page: int = 10_000,
+    ) -> Iterator[tuple[int, bytes]]:
+        """`follow` without decoding: (position, stored bytes)."""
+        stop = self.position if until is None else until
+        for records in follow(StoreSource(self.recorder), after, stop, tags=tags, page=page):
+            for r in records:
+                yield r.position, r.data
 
     @staticmethod
     def _decode(position: int, data: bytes) -> AnyEvent:
@@ -300,17 +332,14 @@ class Ledger(Application[UUID]):
 
     def catch_up(self) -> int:
         """Fold every event appended since our position (by us or another writer)."""
-        while True:
-            page = self.recorder.select_notifications(start=self.position + 1, limit=self.page)
-            for n in page:
-                evolve(self.state, self._decode(n.id, n.state))
-                self.position = n.id
+        for records in follow(StoreSource(self.recorder), self.position, page=self.page):
+            for r in records:
+                evolve(self.state, self._decode(r.position, r.data))
+                self.position = r.position
                 self.version += 1
-            if page:
-                self.last_hash = chain_hash(page[-1].state)
-            if len(page) < self.page:
-                self._maybe_snapshot()
-                return self.position
+            self.last_hash = chain_hash(records[-1].data)
+        self._maybe_snapshot()
+        return self.position
 
     # --- writing --------------------------------------------------------------------------------
 

@@ -36,7 +36,6 @@ Pure: `verify_chain`, `verify_copy`, `check`, `check_history`. Edges: `store_rec
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -45,7 +44,7 @@ from typing import Literal, NamedTuple
 import msgspec
 
 from ledger.domain import Job, State, authorisation_failure, evolve, is_system
-from projections.source import EVENTS_DB, EVENTS_TABLE
+from projections.source import EVENTS_DB, EmbeddedSource, StoredRows, follow
 from projections.store import Store
 from schemas import events as e
 from schemas.errors import LedgerError
@@ -389,27 +388,10 @@ def store_records(home: Path, page: int = 50_000) -> Iterator[ChainRecord]:
     path = home / EVENTS_DB
     if not path.exists():
         raise AuditError(f"no event log at {path}", hint="pass --home, or run `gpuledger init`")
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-    try:
-        after = 0
-        while True:
-            try:
-                rows = con.execute(
-                    f"SELECT rowid, state, originator_version, typeof(state) FROM {EVENTS_TABLE} "
-                    "WHERE rowid > ? ORDER BY rowid LIMIT ?",
-                    (after, page),
-                ).fetchall()
-            except sqlite3.OperationalError as err:
-                if "no such table" in str(err):
-                    return
-                raise
-            if not rows:
-                return
-            for position, data, version, kind in rows:
-                yield ChainRecord(int(position), _as_bytes(data), _as_int(version), kind)
-            after = rows[-1][0]
-    finally:
-        con.close()
+    with EmbeddedSource(home) as source:
+        for rows in follow(StoredRows(source), page=page):
+            for r in rows:
+                yield ChainRecord(r.position, _as_bytes(r.data), _as_int(r.version), r.stored_as)
 
 
 def _as_bytes(value: object) -> bytes:
@@ -644,8 +626,11 @@ class _Checker:
 
     def _lost_with_node(self, job: Job, ev: e.JobPreempted) -> bool:
         """A contract cannot outlive its node: a requeue because a node it runs on is lost
-        (`NodeLost`, folded just before) breaks no contract."""
-        return ev.reason == "node_failure" and any(
+        (`NodeLost`, folded just before) or because the engine says the run ended with its
+        node (an executor's report) breaks no contract."""
+        if ev.reason != "node_failure":
+            return False
+        return is_system(ev.actor) or any(
             (n := self.state.nodes.get(sl.node)) is not None and n.state == "lost"
             for sl in job.slots
         )

@@ -10,11 +10,14 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from ledger.dispatch.engine import Decision
-from ledger.dispatch.snapshot import PendingJob, Snapshot
-from ledger.domain import Job
 from schemas import events as e
+
+if TYPE_CHECKING:  # annotations only: `explain`'s time words load without the dispatcher
+    from ledger.dispatch.engine import Decision
+    from ledger.dispatch.snapshot import PendingJob, Snapshot
+    from ledger.domain import Job
 
 _RAW_TIME = re.compile(r"\bt=\d+(?:\.\d+)?(?:e\+?\d+)?")
 """A raw time in a dispatcher reason (`t=1.76723e+09`): six digits, so shown from `until`."""

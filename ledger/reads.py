@@ -9,29 +9,31 @@ from the projection's read models, never from the folded write-side `State`.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import duckdb
-
-from ledger.application import Ledger
-from ledger.dispatch.engine import Decision
-from ledger.dispatch.policy import Policy
-from ledger.dispatch.snapshot import Snapshot
-from ledger.domain import State
 from ledger.explain import explain_history, explain_pending, when
-from ledger.service import StoreRanks, preview
 from ledger.utilisation import UtilTracker
 from projections import queries
-from projections.fairshare import UsagePolicy
-from projections.store import Store
 from schemas import codec
 from schemas import events as e
 from schemas import views as v
 from schemas.bounds import TeamDepth, check
 from schemas.errors import InvalidCommand, UnknownEntity
+
+if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load the dispatcher
+    import duckdb
+
+    from ledger.application import Ledger
+    from ledger.dispatch.engine import Decision
+    from ledger.dispatch.policy import Policy
+    from ledger.dispatch.snapshot import Snapshot
+    from ledger.domain import Job, State
+    from projections.fairshare import DeliveredReport, UsagePolicy
+    from projections.store import Store
 
 # --- budget tree and nodes ---------------------------------------------------------------------
 
@@ -88,37 +90,57 @@ def node_list(state: State) -> list[v.NodeRow]:
 # --- jobs and the log (history: the projection) ----------------------------------------------
 
 _JOBS = """
-WITH held AS (
+WITH held AS (  -- only pending jobs can be held: the scan reads the few live ids' events
     SELECT job_id, arg_max(tag, position) = 'job.held.v1' AS held FROM events
-    WHERE tag IN ('job.held.v1', 'job.released.v1') GROUP BY job_id
-), j AS (
-    SELECT j.*, CASE WHEN j.status = 'pending' AND coalesce(h.held, false) THEN 'held'
-                     ELSE j.status END AS state
+    WHERE tag IN ('job.held.v1', 'job.released.v1')
+      AND job_id IN (SELECT job_id FROM jobs WHERE status = 'pending')
+    GROUP BY job_id
+), state AS (
+    SELECT j.job_id, CASE WHEN j.status = 'pending' AND coalesce(h.held, false) THEN 'held'
+                          ELSE j.status END AS state
     FROM jobs j LEFT JOIN held h USING (job_id)
+), page AS (  -- the page first (newest first, over the filter columns only) ...
+    SELECT j.job_id FROM jobs j JOIN state s USING (job_id)
+    WHERE ($user IS NULL OR j.user_name = $user)
+      AND ($account IS NULL OR j.account = $account OR j.account LIKE $account || '/%')
+      AND ($since IS NULL OR j.finished_at IS NULL OR j.finished_at >= $since)
+      AND ($until IS NULL OR j.submitted_at <= $until)
+      AND ($status IS NULL OR s.state = $status OR ($status = 'active' AND s.state <> 'finished'))
+      AND ($job_id IS NULL OR j.job_id = $job_id)
+    ORDER BY j.job_id DESC
+    LIMIT $limit
+), top AS (  -- ... then only its jobs' rows and details
+    SELECT j.*, s.state FROM jobs j JOIN state s USING (job_id)
+    WHERE j.job_id >= (SELECT min(job_id) FROM page) AND j.job_id IN (SELECT job_id FROM page)
+), ev AS (  -- the page's events, read by position range first (zone maps skip the rest)
+    SELECT e.job_id, e.position, e.tag, e.raw FROM events e
+    WHERE e.position >= (SELECT min(submitted_position) FROM top)
+      AND e.job_id IN (SELECT job_id FROM top)
+      AND e.tag IN ('job.submitted.v1', 'job.started.v1', 'job.engine_ended.v1')
+), iv AS (
+    SELECT job_id, max(start_at) AS last_start_at,
+           list_sort(list_distinct(flatten(
+               list([sl.node FOR sl IN slots]) FILTER (WHERE end_position IS NULL)
+           ))) AS nodes
+    FROM job_intervals
+    WHERE job_id IN (SELECT job_id FROM top)
+    GROUP BY job_id
+), x AS (
+    SELECT job_id,
+           arg_max(raw, position) FILTER (WHERE tag = 'job.submitted.v1') AS submitted,
+           arg_max(raw, position) FILTER (WHERE tag = 'job.started.v1') AS started,
+           arg_max(raw, position) FILTER (WHERE tag = 'job.engine_ended.v1') AS ended
+    FROM ev GROUP BY job_id
 )
 SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster, j.state, j.outcome,
        j.exit_code, j.funded, j.min_runtime_s, j.resumable, j.priority, j.debug, j.time_limit_s,
        j.submitted_at, j.placed_at, j.started_at, j.finished_at, j.placements, j.preemptions,
-       coalesce((SELECT list(DISTINCT s.node ORDER BY s.node)
-                 FROM (SELECT unnest(i.slots) AS s FROM job_intervals i
-                       WHERE i.job_id = j.job_id AND i.end_position IS NULL)), []) AS nodes,
-       (SELECT max(i.start_at) FROM job_intervals i WHERE i.job_id = j.job_id) AS last_start_at,
-       (SELECT coalesce(from_json(ev.raw->'$.command', '["VARCHAR"]'), [])
-        FROM events ev WHERE ev.position = j.submitted_position) AS command,
-       (SELECT coalesce(from_json(ev.raw->'$.logs', '["VARCHAR"]'), [])
-        FROM events ev WHERE ev.job_id = j.job_id AND ev.tag = 'job.started.v1'
-        ORDER BY ev.position DESC LIMIT 1) AS logs,
-       (SELECT ev.raw->>'$.reason'
-        FROM events ev WHERE ev.job_id = j.job_id AND ev.tag = 'job.engine_ended.v1'
-        ORDER BY ev.position DESC LIMIT 1) AS finish_reason
-FROM j
-WHERE ($status IS NULL OR j.state = $status OR ($status = 'active' AND j.state <> 'finished'))
-  AND ($user IS NULL OR j.user_name = $user)
-  AND ($account IS NULL OR j.account = $account OR j.account LIKE $account || '/%')
-  AND ($since IS NULL OR j.finished_at IS NULL OR j.finished_at >= $since)
-  AND ($until IS NULL OR j.submitted_at <= $until)
+       coalesce(iv.nodes, []) AS nodes, iv.last_start_at,
+       coalesce(from_json(x.submitted->'$.command', '["VARCHAR"]'), []) AS command,
+       coalesce(from_json(x.started->'$.logs', '["VARCHAR"]'), []) AS logs,
+       x.ended->>'$.reason' AS finish_reason
+FROM top j LEFT JOIN iv USING (job_id) LEFT JOIN x USING (job_id)
 ORDER BY j.job_id DESC
-LIMIT $limit
 """
 
 
@@ -136,8 +158,13 @@ def jobs(store: Store, f: v.JobFilter, now: float) -> list[v.JobRow]:
             "since": f.since,
             "until": f.until,
             "limit": f.limit,
+            "job_id": None,
         },
     ).fetchall()
+    return _job_rows(rows, now)
+
+
+def _job_rows(rows: list[tuple[Any, ...]], now: float) -> list[v.JobRow]:
     out = []
     for r in rows:
         (job_id, account_, user, gpus, gpu_type, cluster, status, outcome, exit_code, funded,
@@ -245,6 +272,10 @@ def delivered(store: Store, start: float, end: float, team_depth: int) -> v.Deli
         raise InvalidCommand("the report needs a positive, finite window", start=start, end=end)
     team_depth = check(team_depth, TeamDepth, "team depth")
     rep = queries.delivered_report(store, start, end, team_depth=team_depth)
+    return _delivered_view(rep, team_depth)
+
+
+def _delivered_view(rep: DeliveredReport, team_depth: int) -> v.DeliveredView:
     return v.DeliveredView(
         start_at=rep.start,
         end_at=rep.end,
@@ -299,6 +330,8 @@ def utilisation(store: Store, state: State, threshold: float = 10.0) -> UtilTrac
 
 def live(ledger: Ledger, store: Store, policy: Policy, now: float) -> tuple[Snapshot, Decision]:
     """What the dispatcher would decide at `now` (nothing is appended)."""
+    from ledger.service import StoreRanks, preview
+
     util = utilisation(store, ledger.state)
     return preview(ledger, StoreRanks(store), policy, now, util.low_since)
 
@@ -519,6 +552,26 @@ def _history(store: Store, job_id: int) -> list[e.AnyEvent]:
     return [_decode(r[0]) for r in rows]
 
 
+_JOB_EVENTS = (
+    e.JobSubmitted, e.JobPlaced, e.JobStarted, e.JobPreempted, e.JobHeld, e.JobReleased,
+    e.JobRequeued, e.JobFinished, e.CheckpointReported,
+)  # fmt: skip
+
+
+def job_from_history(job_id: int, history: Iterable[e.AnyEvent]) -> Job | None:
+    """Pure: a job as the full fold holds it, from its own events alone (a live state keeps no
+    finished jobs; their history is in the projection); None when it was never submitted."""
+    from ledger.domain import State, evolve
+
+    scratch = State()
+    for ev in history:
+        if isinstance(ev, _JOB_EVENTS) and ev.job_id == job_id:
+            if not isinstance(ev, e.JobSubmitted) and job_id not in scratch.jobs:
+                continue
+            evolve(scratch, ev)
+    return scratch.jobs.get(job_id)
+
+
 def _decisions(store: Store, history: Iterable[e.AnyEvent]) -> dict[str, e.CycleDecided]:
     cycles = sorted(
         {
@@ -549,10 +602,10 @@ def _tag(ev: e.AnyEvent) -> str:
 def explain(ledger: Ledger, store: Store, job_id: int, policy: Policy, now: float) -> v.ExplainView:
     """Why a job is pending, placed where it is, or was preempted: structured, and in words."""
     state = ledger.state
-    if job_id not in state.jobs:
-        raise UnknownEntity(f"no job {job_id}", hint="see `gpuledger jobs`", job_id=job_id)
-    job = state.jobs[job_id]
     history = _history(store, job_id)
+    job = state.jobs.get(job_id) or job_from_history(job_id, history)
+    if job is None:
+        raise UnknownEntity(f"no job {job_id}", hint="see `gpuledger jobs`", job_id=job_id)
     decisions = _decisions(store, history)
     told = explain_history(job, history, decisions, now)
     events = [
@@ -704,3 +757,164 @@ def audit_budget_changes(
     """Who changed what in the budget tree, and why."""
     cur = con.execute(BUDGET_CHANGES_SQL, {"since": since})
     return [v.BudgetChangeRow(**r) for r in _dicts(cur)]
+
+
+# --- dashboard: series, GPU map, decisions, counts ---------------------------------------------
+
+
+def job(store: Store, job_id: int, now: float) -> v.JobRow:
+    """One job as `jobs` shows it (UnknownEntity when the log has none with this id)."""
+    params = dict.fromkeys(("status", "user", "account", "since", "until"))
+    rows = store.con.execute(_JOBS, {**params, "limit": 1, "job_id": job_id}).fetchall()
+    if not rows:
+        raise UnknownEntity(f"no job {job_id}", job_id=job_id)
+    return _job_rows(rows, now)[0]
+
+
+def delivered_series(
+    store: Store, start: float, end: float, team_depth: int, bucket_s: float
+) -> tuple[v.DeliveredView, v.DeliveredSeriesView]:
+    """Owed against delivered over [start, end) as `delivered` gives it, and per team in
+    buckets of `bucket_s` (a whole number of hours), from one reading of the team hours."""
+    if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
+        raise InvalidCommand("the series needs a positive, finite window", start=start, end=end)
+    if bucket_s < 3600 or bucket_s % 3600:
+        raise InvalidCommand("the bucket is a whole number of hours", bucket_s=bucket_s)
+    from projections.fairshare import summarise
+
+    team_depth = check(team_depth, TeamDepth, "team depth")
+    hours = queries.team_hours(store, start, end, team_depth=team_depth)
+    sums: dict[str, dict[float, list[float]]] = {}
+    for th in hours:
+        at = start + ((th.hour - start) // bucket_s) * bucket_s
+        cell = sums.setdefault(th.team, {}).setdefault(at, [0.0, 0.0])
+        cell[0] += th.owed_gpu_h
+        cell[1] += th.delivered_gpu_h
+    series = v.DeliveredSeriesView(
+        start_at=start,
+        end_at=end,
+        bucket_s=bucket_s,
+        teams=[
+            v.TeamSeries(
+                team=team,
+                points=[
+                    v.TeamPoint(at=at, owed_gpu_hours=o, delivered_gpu_hours=d)
+                    for at, (o, d) in sorted(cells.items())
+                ],
+            )
+            for team, cells in sorted(sums.items())
+        ],
+    )
+    return _delivered_view(summarise(hours, start, end), team_depth), series
+
+
+def gpu_map(ledger: Ledger, store: Store) -> list[v.GpuRow]:
+    """Every GPU of the nodes in service, by node and index, with the job holding it and that
+    GPU's value in the job's last utilisation sample (one value per GPU in slot order; the
+    job's mean when the sample does not have one per GPU)."""
+    state = ledger.state
+    holders: dict[tuple[str, int], int] = {}
+    order: dict[int, list[tuple[str, int]]] = {}
+    for j in state.jobs.values():
+        for slot in j.slots:
+            for g in slot.gpu_indices:
+                holders[(slot.node, g)] = j.job_id
+                order.setdefault(j.job_id, []).append((slot.node, g))
+    util: dict[tuple[str, int], float] = {}
+    if holders:
+        rows = store.con.execute(
+            "SELECT job_id, arg_max(raw->>'$.gpu_utilisation', position) FROM events "
+            "WHERE tag = 'job.utilisation_sampled.v1' AND job_id IN (SELECT unnest($ids)) "
+            "GROUP BY job_id",
+            {"ids": sorted(order)},
+        ).fetchall()
+        for job_id, text in rows:
+            values = [float(x) for x in json.loads(text or "[]")]
+            gpus = order[int(job_id)]
+            if not values:
+                continue
+            if len(values) != len(gpus):
+                values = [sum(values) / len(values)] * len(gpus)
+            util.update(zip(gpus, values, strict=True))
+    out = []
+    for n in sorted(state.nodes.values(), key=lambda n: n.name):
+        if n.state == "removed":
+            continue
+        for g in range(n.gpus):
+            jid = holders.get((n.name, g))
+            spec = state.jobs[jid].spec if jid is not None else None
+            out.append(
+                v.GpuRow(
+                    node=n.name,
+                    gpu=g,
+                    node_state=n.state,
+                    job_id=jid,
+                    user=None if spec is None else spec.user,
+                    account=None if spec is None else spec.account,
+                    utilisation_pct=util.get((n.name, g)),
+                )
+            )
+    return out
+
+
+def decisions(
+    store: Store,
+    since: float | None = None,
+    until: float | None = None,
+    limit: int = 500,
+    *,
+    job_id: int | None = None,
+    position: int | None = None,
+) -> list[v.DecisionRow]:
+    """Recorded dispatcher cycles, newest first (at most `limit`), with their counts: in
+    [since, until], that placed or preempted `job_id`, or the one at `position`."""
+    rows = store.con.execute(
+        "SELECT position, cycle_id, decided_at, based_on, policy_version, placed_jobs, "
+        "preempted_jobs, considered, fragmentation_gpus FROM decisions "
+        "WHERE ($since IS NULL OR decided_at >= $since) "
+        "AND ($until IS NULL OR decided_at <= $until) "
+        "AND ($job IS NULL OR list_contains(placed_jobs, $job) "
+        "OR list_contains(preempted_jobs, $job)) "
+        "AND ($pos IS NULL OR position = $pos) "
+        "ORDER BY position DESC LIMIT $limit",
+        {"since": since, "until": until, "limit": limit, "job": job_id, "pos": position},
+    ).fetchall()
+    return [
+        v.DecisionRow(
+            position=p,
+            cycle_id=c,
+            decided_at=at,
+            based_on=b,
+            policy_version=pv,
+            placed=list(pl),
+            preempted=list(pr),
+            considered=n,
+            fragmentation_gpus=f,
+        )
+        for p, c, at, b, pv, pl, pr, n, f in rows
+    ]
+
+
+def decision_at(ledger: Ledger, position: int) -> e.CycleDecided:
+    """The recorded decision at `position` of the log (its inputs by reference and outcome)."""
+    got = ledger.read(position - 1, 1) if position >= 1 else []
+    if not got or got[0][0] != position or not isinstance(got[0][1], e.CycleDecided):
+        raise UnknownEntity(f"no recorded decision at position {position}", position=position)
+    return got[0][1]
+
+
+def preemption_counts(store: Store) -> list[v.CountRow]:
+    """Preemptions over the whole log, per reason."""
+    rows = store.con.execute(
+        "SELECT reason, count(*) FROM preemptions GROUP BY reason ORDER BY reason"
+    ).fetchall()
+    return [v.CountRow(name=r, count=n) for r, n in rows]
+
+
+def placement_counts(store: Store) -> list[v.CountRow]:
+    """Placements over the whole log, funded or not."""
+    rows = store.con.execute(
+        "SELECT CASE WHEN funded THEN 'funded' ELSE 'unfunded' END AS kind, count(*) "
+        "FROM job_intervals GROUP BY kind ORDER BY kind"
+    ).fetchall()
+    return [v.CountRow(name=k, count=n) for k, n in rows]

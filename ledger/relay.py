@@ -49,6 +49,7 @@ from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError, Top
 from ledger.clock import SystemClock
 from projections.chain import SigningKeys, chain_hash, prev_hash, signing_keys
 from projections.kafka_source import envelope, unreachable
+from projections.source import follow
 from schemas.errors import LedgerError
 
 TOPIC = "gpuledger.events"
@@ -115,6 +116,19 @@ def open_store(home: Path) -> ApplicationRecorder:
         {"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": str(db)}
     )
     return factory.application_recorder()
+
+
+class RawSource:
+    """The store's records as the relay publishes them, for `projections.source.follow`."""
+
+    def __init__(self, recorder: ApplicationRecorder) -> None:
+        self.recorder = recorder
+
+    def read(self, after: int, limit: int) -> list[RawRecord]:
+        return read_raw(self.recorder, after, limit)
+
+    def head(self) -> int:
+        return int(self.recorder.max_notification_id() or 0)
 
 
 def read_raw(recorder: ApplicationRecorder, after: int, limit: int) -> list[RawRecord]:
@@ -513,14 +527,20 @@ class Relay:
         lo, hi = min(positions), min(max(positions), self.recorder.max_notification_id() or 0)
         if hi < lo:
             return {}
+        source = RawSource(self.recorder)
         if hi - lo < 200_000:
-            return {r.position: r.data for r in read_raw(self.recorder, lo - 1, hi - lo + 1)}
-        out = {}
-        for p in positions:
-            got = read_raw(self.recorder, p - 1, 1)
-            if got and got[0].position == p:
-                out[p] = got[0].data
-        return out
+            return {
+                r.position: r.data
+                for page in follow(source, lo - 1, hi, page=hi - lo + 1)
+                for r in page
+            }
+        return {
+            r.position: r.data
+            for p in positions
+            for page in follow(source, p - 1, p, page=1)
+            for r in page
+            if r.position == p
+        }
 
     def _continues(self, rec: Any, position: int, data: bytes | None, signed: bool = True) -> bool:
         """Whether `rec` is the event after `data` at `position` in a log (None: the start)."""
@@ -561,12 +581,13 @@ class Relay:
         if self._stale:
             self._reopen()
         total = 0
-        records = read_raw(self.recorder, self.position, self.batch)
+        pages = follow(RawSource(self.recorder), self.position, page=self.batch)
+        records = next(pages, [])
         while records:
             with self._transaction():
                 self._send(records)
                 # Read the next batch while the producer's thread ships this one.
-                following = read_raw(self.recorder, records[-1].position, self.batch)
+                following = next(pages, [])
             self.position = records[-1].position
             total += len(records)
             records = following

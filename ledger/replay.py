@@ -48,10 +48,9 @@ from ledger.domain import State, evolve
 from ledger.snapshots import Folded, folded, unfolded
 from ledger.utilisation import UtilTracker
 from projections import queries
-from projections.batch import gc_paused
 from projections.fairshare import RANKING_VERSION, WEEK_S, UsagePolicy
 from projections.projector import Projector
-from projections.source import EVENTS_DB, EmbeddedSource, EventSource, follow
+from projections.source import EVENTS_DB, EmbeddedSource, EventSource, follow, gc_paused
 from projections.store import Store, projection_path
 from schemas import codec
 from schemas import events as e

@@ -12,10 +12,8 @@ hold no cycles and die with the batch).
 
 from __future__ import annotations
 
-import gc
 import itertools
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -26,7 +24,7 @@ import pyarrow.compute as pc
 
 from projections.chain import chain_hash
 from projections.errors import CorruptEvent
-from projections.source import LogRecord
+from projections.source import LogRecord, gc_paused
 from schemas import events as e
 from schemas.codec import clamp, upcast
 from schemas.events import TAGS, tag_of
@@ -145,18 +143,6 @@ class Batch:
     chain: str | None = None
     """The chain hash of the batch's last record (what the next record must link to); None
     when the batch moves no record (only poison set aside)."""
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector (reference counting still frees everything)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 class Group:

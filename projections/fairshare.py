@@ -276,6 +276,15 @@ class TreeShape:
         """Pure: the Fair Tree of these accounts with `usage` (by number)."""
         return _fair_tree(self, usage)
 
+    def ranks_levels(self, usage: list[float]) -> tuple[dict[str, int], dict[str, float]]:
+        """Pure: what a dispatcher reads of `rank(usage)`, without building its rows: user
+        leaf -> rank (0 the best; `FairTree.leaf_ranks`) and account -> level fair share
+        (`FairTree.level_fs`)."""
+        level, _, ranks, _, _ = _solve(self, usage)
+        paths = self.paths
+        leaf = {paths[i]: r - 1 for i, r in enumerate(ranks) if r is not None}
+        return leaf, dict(zip(paths, level, strict=True))
+
 
 def fair_tree(accounts: Iterable[AccountUsage]) -> FairTree:
     """Pure: level fair shares, ranks and factors of the open accounts given (Slurm Fair Tree).
@@ -288,6 +297,18 @@ def fair_tree(accounts: Iterable[AccountUsage]) -> FairTree:
 
 
 def _fair_tree(shape: TreeShape, usage: list[float]) -> FairTree:
+    level, norm_usage, ranks, tops, children = _solve(shape, usage)
+    total = sum([usage[i] for i in tops])
+    return FairTree(
+        rows=_emit(shape, tops, children, usage, norm_usage, level, ranks, total),
+        users=shape.users,
+    )
+
+
+def _solve(
+    shape: TreeShape, usage: list[float]
+) -> tuple[list[float], list[float], list[int | None], list[int], list[list[int]]]:
+    """Level fair shares, norm usage, ranks, and the top accounts and children in rank order."""
     n = len(shape.paths)
     norm_shares = shape.norm_shares
     norm_usage = [0.0] * n
@@ -305,10 +326,7 @@ def _fair_tree(shape: TreeShape, usage: list[float]) -> FairTree:
     tops = sorted(shape.tops, key=key)
     users = shape.users
     ranks = _rank(tops, children, level, shape.not_user, key, users)
-    total = sum([usage[i] for i in tops])
-    return FairTree(
-        rows=_emit(shape, tops, children, usage, norm_usage, level, ranks, total), users=users
-    )
+    return level, norm_usage, ranks, tops, children
 
 
 def _rank(

@@ -15,23 +15,35 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import duckdb
-import pyarrow as pa
 
-from projections import quarantine
-from projections.batch import Batch, build_batch, empty_tables
 from projections.errors import CorruptEvent, ProjectionBusy, ProjectionMismatch
 from projections.source import EmbeddedSource, EventSource, LogRecord
 from projections.store import PROJECTION, Store, projection_path, sql_sections
+
+if TYPE_CHECKING:  # Arrow and the decoder load with the first Projector: reads that find the
+    # projection caught up never pay for them
+    import pyarrow as pa
+
+    from projections.batch import Batch
 
 DEFAULT_BATCH = 131_072
 """Events per transaction: more than one DuckDB row group (122,880 rows), so a batch's events are
 written straight to the database file instead of through the WAL, and per-statement costs vanish;
 small enough to bound memory (about 1 KB per event in flight, two batches at a time)."""
 
-_EMPTY = empty_tables()
+_EMPTY: dict[str, Any] = {}
+
+
+def _empty() -> dict[str, pa.Table]:
+    """Empty inputs of every batch table (made once)."""
+    if not _EMPTY:
+        from projections.batch import empty_tables
+
+        _EMPTY.update(empty_tables())
+    return _EMPTY
 
 
 @runtime_checkable
@@ -84,7 +96,7 @@ class Projector:
         self._statements = [(n, needs, sql) for n, needs, sql in sections if needs != "setup"]
         # Bind the temp tables and views the statements read: empty inputs, then the `always`
         # sections over them (empty), then the `setup` views.
-        self._register(empty_tables())
+        self._register(dict(_empty()))
         nothing = {"first": 0, "last": 0, "events": 0, "unknown": 0}
         for _name, needs, sql in sections:
             if needs == "always":
@@ -99,12 +111,16 @@ class Projector:
 
     def apply(self, records: Sequence[LogRecord]) -> Batch:
         """Apply records (the next ones after the tracked position) in one transaction."""
+        from projections.batch import build_batch
+
         batch = build_batch(records)
         self.apply_batch(batch)
         return batch
 
     def apply_batch(self, batch: Batch) -> None:
         """Apply a decoded batch and move the tracking position, in one transaction."""
+        from projections import quarantine
+
         con = self.store.con
         filled = {name: t for name, t in batch.tables.items() if t.num_rows}
         self._register(filled)
@@ -132,7 +148,7 @@ class Projector:
                 con.execute("ROLLBACK")
                 raise
         finally:  # drop the batch's memory now; empty inputs keep the views bound
-            self._register({name: _EMPTY[name] for name in filled})
+            self._register({name: _empty()[name] for name in filled})
 
     def catch_up(self, *, until: int | None = None, progress: Progress | None = None) -> CatchUp:
         """Apply every record after the tracked position (up to `until`), batch by batch.
@@ -189,6 +205,9 @@ class Projector:
     ) -> None:
         """Reader thread: read and decode batches until `stop`; a corrupt record ends the run
         after the records before it (so the projection stops right before it)."""
+        from projections import quarantine
+        from projections.batch import build_batch
+
         if self.quarantine:
             quarantine.read_ahead(self.source, position, stop, self.batch_size, out, halt)
             return

@@ -14,8 +14,8 @@ from functools import cache
 from typing import Any, Literal
 
 from projections import fairshare as fs
-from projections.batch import gc_paused
 from projections.projector import CatchUp, Progress, project, rebuild
+from projections.source import gc_paused
 from projections.store import Status, Store, sql_sections
 
 __all__ = [

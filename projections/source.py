@@ -14,9 +14,10 @@ from __future__ import annotations
 import gc
 import sqlite3
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, TypeVar
 
 from projections.errors import SourceUnavailable
 
@@ -141,14 +142,40 @@ class EmbeddedSource:
 FOLLOW_PAGE = 131_072
 
 
+class Positioned(Protocol):
+    """What the follower needs of a record: its log position and its event tag."""
+
+    @property
+    def position(self) -> int: ...
+
+    @property
+    def tag(self) -> str: ...
+
+
+R = TypeVar("R", bound=Positioned, covariant=True)
+
+
+class Pages(Protocol[R]):
+    """Anything that hands out a log's records in pages: an `EventSource`, the store's own
+    recorder (`ledger.application`), the relay's raw reader, the audit's stored rows."""
+
+    def read(self, after: int, limit: int) -> Sequence[R]:
+        """Up to `limit` records with position > `after`, in position order."""
+        ...
+
+    def head(self) -> int:
+        """The position of the last record in the log (0 when empty)."""
+        ...
+
+
 def follow(
-    source: EventSource,
+    source: Pages[R],
     after: int = 0,
     until: int | None = None,
     *,
     tags: Sequence[str] | None = None,
     page: int = FOLLOW_PAGE,
-) -> Iterator[list[LogRecord]]:
+) -> Iterator[list[R]]:
     """The one way to walk a log: pages of records with `after` < position <= `until` (default:
     the head when the walk starts), in order; with `tags`, only records of those tags (read by
     tag where the source can, else filtered)."""
@@ -158,10 +185,10 @@ def follow(
     position = after
     while position < stop:
         if tagged is not None:
-            records = tagged(position, page, tags)
-            records = [r for r in records if r.position <= stop]
+            got: Sequence[R] = tagged(position, page, tags)
+            records = [r for r in got if r.position <= stop]
         else:
-            records = source.read(position, min(page, stop - position))
+            records = list(source.read(position, min(page, stop - position)))
         if not records:
             return
         position = records[-1].position
@@ -169,8 +196,46 @@ def follow(
             records = [r for r in records if r.tag in wanted]
         if records:
             yield records
-        if tagged is not None and len(records) < page:
+        if tagged is not None and len(got) < page:
             return
+
+
+class StoredRecord(NamedTuple):
+    """A stored row exactly as the store holds it (what an audit of the store checks)."""
+
+    position: int
+    tag: str
+    data: object
+    """The stored value as SQLite returns it (the ledger writes bytes)."""
+    version: object
+    """The stream version column (position and version move together in a one-stream log)."""
+    stored_as: str
+    """SQLite's type of the value: `blob` for everything the ledger wrote."""
+
+
+class StoredRows:
+    """The embedded store's rows with their stream version and stored type, for `follow`."""
+
+    def __init__(self, source: EmbeddedSource) -> None:
+        self.source = source
+
+    def read(self, after: int, limit: int) -> list[StoredRecord]:
+        try:
+            rows = self.source._con.execute(
+                f"SELECT rowid, topic, state, originator_version, typeof(state) "
+                f"FROM {EVENTS_TABLE} WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                (after, limit),
+            ).fetchall()
+        except sqlite3.OperationalError as err:
+            if "no such table" in str(err):
+                return []
+            raise SourceUnavailable(
+                f"cannot read {self.source.path}: {err}", path=str(self.source.path)
+            ) from err
+        return [StoredRecord(*row) for row in rows]
+
+    def head(self) -> int:
+        return self.source.head()
 
 
 class ListSource:
@@ -191,3 +256,15 @@ class ListSource:
 
     def close(self) -> None:
         pass
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector (reference counting still frees everything)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

@@ -162,9 +162,11 @@ class Store:
             [PROJECTION],
         ).fetchall()
         row = rows[0]
-        tags = self.con.execute(
-            "SELECT tag, count(*) FROM events WHERE NOT known GROUP BY tag ORDER BY tag"
-        ).fetchall()
+        tags = []
+        if row[2]:  # only a projection that kept unknown events scans for their tags
+            tags = self.con.execute(
+                "SELECT tag, count(*) FROM events WHERE NOT known GROUP BY tag ORDER BY tag"
+            ).fetchall()
         return Status(
             position=int(row[0]),
             events=int(row[1]),

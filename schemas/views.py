@@ -46,6 +46,8 @@ class JobFilter(_View, frozen=True, kw_only=True):
     until: Epoch | None = None
     """Jobs submitted at or before this time (sacct's -E)."""
     limit: Limit = 200
+    at: Epoch | None = None
+    """The moment running jobs' elapsed time is measured at (default now)."""
 
 
 class QueueFilter(_View, frozen=True, kw_only=True):
@@ -353,6 +355,63 @@ class BudgetChangeRow(_View, frozen=True, kw_only=True):
     reason: str
 
 
+# --- dashboard (series and maps the web pages draw) -------------------------------------------
+
+
+class TeamPoint(_View, frozen=True, kw_only=True):
+    at: float
+    """Start of the bucket."""
+    owed_gpu_hours: float
+    delivered_gpu_hours: float
+
+
+class TeamSeries(_View, frozen=True, kw_only=True):
+    team: str
+    points: list[TeamPoint]
+
+
+class DeliveredSeriesView(_View, frozen=True, kw_only=True):
+    """Owed against delivered GPU-hours per team, bucket by bucket (burst: delivered above
+    owed)."""
+
+    start_at: float
+    end_at: float
+    bucket_s: float
+    teams: list[TeamSeries]
+
+
+class GpuRow(_View, frozen=True, kw_only=True):
+    """One GPU of a node in service and the job holding it (null: free)."""
+
+    node: str
+    gpu: int
+    node_state: str
+    job_id: int | None = None
+    user: str | None = None
+    account: str | None = None
+    utilisation_pct: float | None = None
+    """The holding job's last utilisation sample (null: none reported)."""
+
+
+class DecisionRow(_View, frozen=True, kw_only=True):
+    """One recorded dispatcher cycle with its counts."""
+
+    position: int
+    cycle_id: str
+    decided_at: float
+    based_on: int
+    policy_version: str
+    placed: list[int]
+    preempted: list[int]
+    considered: int
+    fragmentation_gpus: int
+
+
+class CountRow(_View, frozen=True, kw_only=True):
+    name: str
+    count: int
+
+
 VIEW_TYPES: tuple[type[msgspec.Struct], ...] = (
     JobFilter,
     QueueFilter,
@@ -377,5 +436,11 @@ VIEW_TYPES: tuple[type[msgspec.Struct], ...] = (
     AuditJobRow,
     PreemptionRow,
     BudgetChangeRow,
+    TeamPoint,
+    TeamSeries,
+    DeliveredSeriesView,
+    GpuRow,
+    DecisionRow,
+    CountRow,
 )
 """Every view and filter, exported as `schemas/json/views/<Name>.json`."""

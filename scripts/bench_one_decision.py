@@ -20,9 +20,9 @@ from pathlib import Path
 from ledger import replay
 from ledger.application import Ledger
 from ledger.clock import SimClock, seeded_ids
-from ledger.dispatch.policy import FairShare
-from ledger.executors import SimExecutor
+from ledger.dispatch import registry
 from ledger.service import Dispatcher, ProjectionRanks
+from ledger.sim.kernel import KernelExecutor
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import PROJECTIONS_DIR, Store
@@ -46,7 +46,12 @@ def main() -> None:
         ledger.execute_all([submit] * 50)
         with Store.open(tmp) as store:
             ranks = ProjectionRanks(Projector(store, EmbeddedSource(tmp)))
-            Dispatcher(ledger, ranks, FairShare(), SimExecutor()).cycle(clock.now())
+            Dispatcher(
+                ledger,
+                ranks,
+                registry.policy_from_config(registry.default_config()),
+                KernelExecutor(),
+            ).cycle(clock.now())
         ledger.close()
         decisions = [d for d in replay.find_decisions(tmp) if d[1].policy_version == "fairshare-1"]
         position, rec = decisions[-1]

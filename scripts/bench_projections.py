@@ -42,10 +42,10 @@ from typing import Any
 
 import duckdb
 
-from projections import audit, queries
+from projections import audit, quarantine, queries  # noqa: F401 (loaded before timing)
 from projections.batch import build_batch
 from projections.projector import DEFAULT_BATCH, Projector, project
-from projections.source import EmbeddedSource
+from projections.source import EmbeddedSource, follow
 from projections.store import Store, projection_path
 from projections.synthetic import Shape, append_to_store, synthetic_events
 
@@ -87,8 +87,9 @@ def catch_up(home: Path, out: Path, n: int, batch: int) -> tuple[float, float]:
     return secs, cpu
 
 
-def raw_insert(home: Path, out: Path, n: int, batch: int) -> float:
-    """Seconds spent in INSERTs of the same events rows, prebuilt as Arrow (build not timed)."""
+def raw_insert(home: Path, out: Path, n: int, batch: int) -> tuple[float, float]:
+    """(wall, process CPU) seconds spent in INSERTs of the same events rows, prebuilt as Arrow
+    (build not timed)."""
     for f in (out, out.with_name(out.name + ".wal")):
         f.unlink(missing_ok=True)
     con = duckdb.connect(str(out))
@@ -97,11 +98,9 @@ def raw_insert(home: Path, out: Path, n: int, batch: int) -> float:
         "actor VARCHAR, event_id VARCHAR, job_id BIGINT, account VARCHAR, user_name VARCHAR, "
         "node VARCHAR, raw JSON)"
     )
-    spent = 0.0
-    position = 0
+    spent = spent_cpu = 0.0
     with EmbeddedSource(home) as src:
-        while position < n:
-            records = src.read(position, min(batch, n - position))
+        for records in follow(src, 0, n, page=batch):
             rows = build_batch(records).tables["b_events"]
             # the typed columns as the projector writes them, computed before the clock starts
             con.register("b_raw", rows)
@@ -115,15 +114,15 @@ def raw_insert(home: Path, out: Path, n: int, batch: int) -> float:
             ).to_arrow_table()
             con.unregister("b_raw")
             con.register("b_rows", typed)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), cpu_s()
             con.execute("BEGIN")
             con.execute("INSERT INTO events SELECT * FROM b_rows")
             con.execute("COMMIT")
             spent += time.perf_counter() - t0
+            spent_cpu += cpu_s() - c0
             con.unregister("b_rows")
-            position = records[-1].position
     con.close()
-    return spent
+    return spent, spent_cpu
 
 
 def fair_share_ms(path: Path) -> tuple[float, int, int, float]:
@@ -158,19 +157,20 @@ def bench_sizes(work: Path, sizes: list[int], batch: int) -> None:
     print(machine())
     print(f"batch {batch:,} events per transaction")
     print(
-        f"{'events':>11} {'catch-up/s':>11} {'cpu us/ev':>9} {'raw/s':>11} {'ratio':>6} "
-        f"{'fair share':>10} {'accounts':>8} {'intervals':>9} {'load':>5}"
+        f"{'events':>11} {'catch-up/s':>11} {'cpu us/ev':>9} {'ev/cpu-s':>9} {'raw/s':>11} "
+        f"{'ratio':>6} {'raw cpu us':>10} {'cpu ratio':>9} {'fair share':>10} {'accounts':>8} "
+        f"{'intervals':>9} {'load':>5}"
     )
     for n in sizes:
         out = work / f"p{n}.duckdb"
         secs, cpu = catch_up(home, out, n, batch)
-        raw = raw_insert(home, work / "raw.duckdb", n, batch)
+        raw, raw_cpu = raw_insert(home, work / "raw.duckdb", n, batch)
         ms, accounts, window, _ = fair_share_ms(out)
         rate, raw_rate = n / secs, n / raw
         print(
-            f"{n:>11,} {rate:>11,.0f} {cpu / n * 1e6:>9.1f} {raw_rate:>11,.0f} "
-            f"{rate / raw_rate:>6.0%} {ms:>8.1f} ms {accounts:>8,} {window:>9,} "
-            f"{os.getloadavg()[0]:>5.1f}",
+            f"{n:>11,} {rate:>11,.0f} {cpu / n * 1e6:>9.1f} {n / cpu:>9,.0f} {raw_rate:>11,.0f} "
+            f"{rate / raw_rate:>6.0%} {raw_cpu / n * 1e6:>10.1f} {raw_cpu / cpu:>9.0%} "
+            f"{ms:>8.1f} ms {accounts:>8,} {window:>9,} {os.getloadavg()[0]:>5.1f}",
             flush=True,
         )
         for f in (out, out.with_name(out.name + ".wal")):

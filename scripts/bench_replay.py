@@ -39,13 +39,13 @@ import msgspec
 from ledger.application import Ledger
 from ledger.audit import store_records, verify_chain
 from ledger.clock import SimClock, seeded_ids
+from ledger.dispatch import registry
 from ledger.dispatch.engine import decide
-from ledger.dispatch.policy import FairShare
-from ledger.executors import SimExecutor
 from ledger.replay import Replayer, compare, decided_at, find_decisions, squat_threshold
 from ledger.service import Dispatcher, ProjectionRanks
+from ledger.sim.kernel import KernelExecutor
 from projections.projector import Projector
-from projections.source import EmbeddedSource
+from projections.source import EmbeddedSource, follow
 from projections.store import Store
 from projections.synthetic import STREAM_ID, synthetic_events
 from schemas import codec
@@ -211,7 +211,10 @@ def make_padded(home: Path, events: int) -> None:
     )
     with Store(":memory:") as store, EmbeddedSource(home) as source:
         dispatcher = Dispatcher(
-            ledger, ProjectionRanks(Projector(store, source)), FairShare(), SimExecutor()
+            ledger,
+            ProjectionRanks(Projector(store, source)),
+            registry.policy_from_config(registry.default_config()),
+            KernelExecutor(),
         )
         result = dispatcher.cycle(clock.now())
     ledger.close()
@@ -228,13 +231,7 @@ def bench_single(home: Path, repeat: int) -> None:
     with EmbeddedSource(home) as source:
         # raw baseline: read every stored record up to the decision, nothing else
         t = time.perf_counter()
-        after, n = 0, 0
-        while after < recorded.based_on:
-            page = source.read(after, min(131_072, recorded.based_on - after))
-            if not page:
-                break
-            n += len(page)
-            after = page[-1].position
+        n = sum(len(page) for page in follow(source, 0, recorded.based_on))
         raw = time.perf_counter() - t
         runs = []
         for _ in range(repeat):

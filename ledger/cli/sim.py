@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -296,11 +297,15 @@ def _dump(workload: Workload, path: Path) -> None:
     click.echo(f"wrote {len(workload.jobs)} jobs to {path} and the budget tree to {toml}", err=True)
 
 
-def _run_all(policies: list[str], kw: dict[str, Any], home: Path, compare: bool) -> list[RunResult]:
+def _run_all(
+    policies: list[str], kw: dict[str, Any], home: Path, compare: bool, parallel: int = 1
+) -> list[RunResult]:
     knobs = parse_knobs(kw["knobs"], policies)
     workload = build_workload(kw)
     if kw["dump"] is not None:
         _dump(workload, kw["dump"])
+    if parallel > 1 and len(policies) > 1:
+        return _run_parallel(policies, kw, knobs, workload, home, parallel)
     console = Console(stderr=True)
     results = []
     with Progress(
@@ -321,6 +326,31 @@ def _run_all(policies: list[str], kw: dict[str, Any], home: Path, compare: bool)
             config = _config(policy, kw, knobs[policy])
             results.append(run_simulation(workload, config, target, progress))
     return results
+
+
+def _run_parallel(
+    policies: list[str],
+    kw: dict[str, Any],
+    knobs: dict[str, dict[str, str]],
+    workload: Workload,
+    home: Path,
+    parallel: int,
+) -> list[RunResult]:
+    """The policies of a compare in up to `parallel` processes at once (each run is its own
+    ledger in `home/<policy>`, seeded, so the results are those of one run after another);
+    a line on stderr as each ends, results in the order asked."""
+    with ProcessPoolExecutor(max_workers=min(parallel, len(policies))) as pool:
+        futures = {
+            pool.submit(run_simulation, workload, _config(p, kw, knobs[p]), home / p): p
+            for p in policies
+        }
+        done: dict[str, RunResult] = {}
+        for future in as_completed(futures):
+            result = future.result()
+            done[futures[future]] = result
+            m = result.metrics
+            click.echo(f"{futures[future]}: done ({m.wall_s:.1f} s, {m.events:,} events)", err=True)
+    return [done[p] for p in policies]
 
 
 def _print(results: list[RunResult], out: dict[str, Path], as_json: bool) -> None:
@@ -383,10 +413,17 @@ def run_cmd(ctx: Ctx, /, policy: str, **kw: Any) -> None:
     help="Comma-separated policies (names or versions), each run on the same workload into "
     "--home/POLICY.",
 )
+@click.option(
+    "--parallel",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Run up to this many policies at once, each in its own process.",
+)
 @_workload_options
 @_sim_options
 @pass_ctx
-def compare_cmd(ctx: Ctx, /, policies: str, **kw: Any) -> None:
+def compare_cmd(ctx: Ctx, /, policies: str, parallel: int, **kw: Any) -> None:
     """Simulate several policies on the same workload; print one row per policy."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
     known = {*POLICIES, *registry.VERSIONS}
@@ -396,7 +433,7 @@ def compare_cmd(ctx: Ctx, /, policies: str, **kw: Any) -> None:
             f"unknown policies {', '.join(bad) or '(none)'}",
             hint=f"use {', '.join([*POLICIES, *sorted(registry.VERSIONS)])}",
         )
-    results = _run_all(names, kw, ctx.home, compare=True)
+    results = _run_all(names, kw, ctx.home, compare=True, parallel=parallel)
     out = report.write_report(
         results, kw["report_dir"] or ctx.home / "report", "Policy comparison",
         plots=not kw["no_plots"],

@@ -41,7 +41,7 @@ Why a job waits (`Unplaceable.code`):
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import Literal
 
 import msgspec
@@ -53,6 +53,7 @@ from ledger.dispatch.preemption import (
     Plan,
     Victim,
     plan_gang,
+    plan_gang_least,
     plan_single,
     plan_single_least,
     ready_key,
@@ -153,18 +154,18 @@ class _Replay:
         self.seen: list[Victim] = []
 
     def __iter__(self) -> Iterator[Victim]:
+        return self.live(None)
+
+    def live(self, live: Mapping[int, object] | None) -> Iterator[Victim]:
+        """The victims whose job is in `live` (all when None), in order."""
         seen = self.seen
-        i = 0
-        while True:
-            if i < len(seen):
-                yield seen[i]
-            else:
-                nxt = next(self.source, None)
-                if nxt is None:
-                    return
-                seen.append(nxt)
-                yield nxt
-            i += 1
+        for v in seen:
+            if live is None or v.job.job_id in live:
+                yield v
+        for v in self.source:
+            seen.append(v)
+            if live is None or v.job.job_id in live:
+                yield v
 
 
 class _Cycle:
@@ -233,9 +234,11 @@ class _Cycle:
         texts: dict[int, str] = {}
         shapes: dict[tuple[str | None, str | None, int], tuple[bool, bool]] = {}
         reserved = self.reserved
+        spent, budget_of = self.spent, policy.budget_of
+        may_preempt, victim_group = policy.may_preempt, policy.victim_group
         for key, job in ordered:
-            if reserved:
-                self._reserve(job.min_runtime_s > 0 and not job.debug)
+            if reserved and (job.min_runtime_s > 0 and not job.debug) != (self.hidden is not None):
+                self._reserve(self.hidden is None)
             shape = (job.gpu_type, job.cluster, job.gpus)
             known = shapes.get(shape)
             if known is None:
@@ -245,10 +248,11 @@ class _Cycle:
             slots = index.place(job, gang)
             memo: _MemoKey | None = None
             searches = False
-            if slots is None and policy.may_preempt(job):
-                group = policy.victim_group(job, snapshot)
+            if slots is None and may_preempt(job):
+                group = victim_group(job, snapshot)
                 searches = group is not None
-                if searches and self._left(job):
+                name, budget = budget_of(job)
+                if searches and spent.get(name, 0) < budget:  # a search left (`_left`)
                     memo = (group, job.gpu_type, job.cluster, gang)
                     slots = self._by_preemption(job, gang, memo)
             if slots is not None:
@@ -303,10 +307,11 @@ class _Cycle:
                 self.policy.victims(job, candidates, self.snapshot, now)
             )
         live = self.live
-        victims = (v for v in found if v.job.job_id in live)
+        victims = found.live(live)
+        least = self.policy.least_loss and not ready
         if gang:
-            return plan_gang(job.gpus, pools, index, victims, now)
-        if self.policy.least_loss and not ready:
+            return (plan_gang_least if least else plan_gang)(job.gpus, pools, index, victims, now)
+        if least:
             return plan_single_least(job.gpus, pools, index, victims, now)
         return plan_single(job.gpus, pools, index, victims, now)
 

@@ -6,24 +6,33 @@ are functions of their arguments.
 **Teams.** A team is the account `team_depth` levels down the tree (default 2: the project,
 `program/project`). Fairness is settled between teams by their budgets; inside a team jobs go by
 declared priority, then the person's fair-share rank, then submit time, and never preempt each
-other for fairness.
+other for fairness. A team's standing is its share of the whole tree (`team_fs`: the product of
+the level fair shares on its path, i.e. its allocated fraction of the cluster over its fraction
+of the usage; above 1 it uses less than its share). Fair Tree ranks a team behind every team of
+a program that uses less than its own program, even while the team itself uses less than its
+share; its share of the whole tree does not, and that is what a team is owed.
 
 **Order** (`SortKey`, compared left to right): the debug lane (0: a funded debug-class job, when
-the lane is on; 1: any other), funded before unfunded, the team's rank, priority (higher first),
-the user leaf's rank, submit time, job id.
+the lane is on; 1: any other), funded before unfunded, the team's place (`team_places`: by its
+share of the whole tree, highest first; Fair Tree's team rank when a share is unknown), priority
+(higher first), the user leaf's rank, submit time, job id.
 
 **Victims** (`victim_key`): class (unfunded, squatting, resumable, not resumable), then the
 GPU-seconds a preemption loses (GPUs x work since the last checkpoint; a non-resumable job's whole
-run so far). One-node plans take, over all nodes, the set of least cost (`least_loss`:
-`preemption.plan_single_least`); gang plans clear whole nodes cheapest victim first.
+run so far). Plans take the set of least cost (`least_loss`): one-node plans over all nodes
+(`preemption.plan_single_least`), gang plans over the whole nodes that can be cleared
+(`preemption.plan_gang_least`, a bounded search).
 
 **The cost model** (`weigh`, figures in every note and refusal, so `explain` shows them):
 
-- A funded non-debug job may preempt, for fairness, a job of *another* team that its team
-  outranks by the margin (the waiting team's level fair share > the victim team's x (1 + margin)
-  where the two parted in the tree), unfunded jobs, and squatters.
+- A funded non-debug job may preempt, for fairness, a job of *another* team that uses more
+  than its share of the whole tree (`team_fs` < 1) and that its team outranks by the margin (the
+  waiting team's share > the victim team's x (1 + margin); `_fairness`), unfunded jobs, and
+  squatters. A team that uses no more than its share is never a fairness victim, however its
+  program stands. (Without both shares, e.g. a snapshot that lacks a level: Fair Tree's level
+  fair shares where the two teams part, `outranks`.)
 - A funded non-resumable job past its contract is offered for fairness only when the waiting
-  team's level fair share is at least `spare_ratio` times the victim team's (the wide margin).
+  team's share is at least `spare_ratio` times the victim team's (the wide margin).
 - The plan is taken only when its gain outweighs the work lost: the funded GPU-seconds its
   fairness victims lose (squatters and unfunded jobs cost nothing here) must not exceed the gain,
   `job GPUs x gain_horizon_s` (the work the waiting team gets now instead of later).
@@ -57,7 +66,7 @@ from ledger.dispatch.preemption import (
     divergence,
     outranks,
 )
-from ledger.dispatch.snapshot import UNRANKED, PendingJob, RunningJob, Snapshot
+from ledger.dispatch.snapshot import UNRANKED, PendingJob, RunningJob, Snapshot, fs_text
 from schemas.events import PreemptReason
 
 RESERVE_MIN_NODES = 8
@@ -89,6 +98,50 @@ def fs_ratio(waiting: str, victim: str, level_fs: Mapping[str, float]) -> float 
     return fw / fv
 
 
+def team_fs(team: str, level_fs: Mapping[str, float]) -> float | None:
+    """Pure: a team's fair share of the whole tree: the product of the level fair shares on its
+    path (its allocated fraction of all shares over its fraction of all usage); above 1 it uses
+    less than its share. None when a level is unknown; 0 when a level has no shares."""
+    out = 1.0
+    cut = 0
+    while cut >= 0:
+        cut = team.find("/", cut + 1)
+        level = level_fs.get(team if cut < 0 else team[:cut])
+        if level is None:
+            return None
+        if level <= 0.0:
+            return 0.0
+        out *= level
+    return out
+
+
+def team_places(snapshot: Snapshot, depth: int) -> dict[str, int]:
+    """Pure: the teams (the accounts `depth` levels down) in order of their share of the whole
+    tree (`team_fs`, highest first; ties: Fair Tree rank, then name), as places 0, 1, ...;
+    empty when a team's share is unknown (the order then falls back to Fair Tree ranks)."""
+    last = _PLACES.get(depth)
+    if last is not None and last[0] is snapshot:
+        return last[1]
+    level_fs, ranks = snapshot.level_fs, snapshot.ranks
+    keyed: list[tuple[float, int, str]] = []
+    for path in level_fs:
+        if path.count("/") != depth - 1:
+            continue
+        share = team_fs(path, level_fs)
+        if share is None:
+            keyed = []
+            break
+        keyed.append((-share, ranks.get(path, UNRANKED), path))
+    keyed.sort()
+    found = {path: i for i, (_, _, path) in enumerate(keyed)}
+    _PLACES[depth] = (snapshot, found)
+    return found
+
+
+_PLACES: dict[int, tuple[Snapshot, dict[str, int]]] = {}
+"""The team places of the last snapshot asked about, per depth."""
+
+
 def _gpu_h(gpu_s: float) -> str:
     return f"{gpu_s / 3600:.2f} GPU-h"
 
@@ -106,7 +159,7 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
     squat_util_pct: float = 10.0
     search_budget: int = 32
     debug_lane: bool = True
-    debug_search_budget: int = 32
+    debug_search_budget: int = 8
     debug_victim_ratio: float = 2.0
     debug_reserve_per: int = 128
 
@@ -135,6 +188,7 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
 
     def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
         ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
+        places = team_places(snapshot, depth)
         cache: dict[tuple[str, str], tuple[int, int]] = {}
         keyed: list[tuple[SortKey, PendingJob]] = []
         for j in snapshot.pending:
@@ -142,8 +196,10 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
             who = (j.account, j.user)
             pair = cache.get(who)
             if pair is None:
-                team = ranks.get(team_of(j.account, depth), ranks.get(j.account, UNRANKED))
-                leaf = ranks.get(f"{j.account}/{j.user}", team)
+                name = team_of(j.account, depth)
+                rank = ranks.get(name, ranks.get(j.account, UNRANKED))
+                team = places.get(name, len(places) + rank) if places else rank
+                leaf = ranks.get(f"{j.account}/{j.user}", rank)
                 pair = cache[who] = (team, leaf)
             keyed.append(
                 (
@@ -196,7 +252,11 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
         return found
 
     def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
-        return (team_of(job.account, self.team_depth), self.lane(job))
+        """A team's jobs share their victims; debug-lane jobs of one size share theirs whatever
+        the team (`_debug_victims` reads only the size)."""
+        if self.lane(job):
+            return ("debug lane", job.gpus)
+        return team_of(job.account, self.team_depth)
 
     def _class(self, job: RunningJob, now: float) -> int:
         low = job.low_util_since
@@ -239,19 +299,7 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
                     continue  # no fairness preemption inside a team
                 verdict = verdicts.get(team)
                 if verdict is None:
-                    ok, why = outranks(
-                        waiting,
-                        team,
-                        snapshot.ranks,
-                        snapshot.level_fs,
-                        self.margin,
-                        self.min_rank_gap,
-                    )
-                    verdict = verdicts[team] = (
-                        ok,
-                        why,
-                        fs_ratio(waiting, team, snapshot.level_fs),
-                    )
+                    verdict = verdicts[team] = self._fairness(waiting, team, snapshot)
                 ok, why, ratio = verdict
                 if not ok:
                     continue
@@ -261,6 +309,29 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
                     why += f"; not resumable: ratio {ratio:.3g} >= {self.spare_ratio:g}"
                 reason, note = "fairness", f"{why}; loses {_gpu_h(cost[1])}"
             yield Victim(r, reason, cost, note)
+
+    def _fairness(
+        self, waiting: str, team: str, snapshot: Snapshot
+    ) -> tuple[bool, str, float | None]:
+        """Whether team `waiting` may take GPUs of team `team` for fairness, why, and the ratio
+        of their shares. With both teams' shares of the whole tree known (`team_fs`): the
+        waiting team's must exceed the other's by the margin, and the other team must use more
+        than its share; else Fair Tree's level fair shares where the teams part (`outranks`)."""
+        level_fs = snapshot.level_fs
+        fw, fv = team_fs(waiting, level_fs), team_fs(team, level_fs)
+        if fw is None or fv is None:
+            ok, why = outranks(
+                waiting, team, snapshot.ranks, level_fs, self.margin, self.min_rank_gap
+            )
+            return ok, why, fs_ratio(waiting, team, level_fs)
+        factor = 1.0 + self.margin
+        if fv >= 1.0:
+            return False, f"{team} uses no more than its share ({fs_text(fv)})", None
+        ok = fw > fv * factor
+        op = ">" if ok else "<="
+        why = f"team share {waiting} {fs_text(fw)} {op} {team} {fs_text(fv)} x {factor:g}"
+        ratio = math.inf if fv <= 0.0 else fw / fv
+        return ok, why, ratio
 
     def _debug_victims(
         self, job: PendingJob, candidates: Iterable[RunningJob], now: float

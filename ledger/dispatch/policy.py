@@ -76,9 +76,10 @@ class Policy(Protocol):
 
     @property
     def least_loss(self) -> bool:
-        """One-node victim plans: False takes the first node where the job fits (victims in
-        victim order); True the node whose plan costs least (`preemption.plan_single_least`:
-        `victim_key` must then start with (class, GPU-seconds lost))."""
+        """Victim plans: False takes the first node (for a gang, the first set of whole nodes)
+        where the job fits, victims in victim order; True the plan that costs least
+        (`preemption.plan_single_least`, `preemption.plan_gang_least`: `victim_key` must then
+        start with (class, GPU-seconds lost))."""
         ...
 
     def budget_of(self, job: PendingJob) -> tuple[str, int]:

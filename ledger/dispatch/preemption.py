@@ -275,3 +275,146 @@ def plan_gang(
                         victims=picked, nodes=tuple(nodes[: i + 1]), until=_until(picked, now)
                     )
     return None
+
+
+def plan_gang_least(
+    gpus: int,
+    pools: Sequence[Pool],
+    index: FreeIndex,
+    victims: Iterable[Victim],
+    now: float,
+) -> Plan | None:
+    """Pure: whole nodes of one pool for a gang job, clearing the nodes that lose least; or None.
+
+    `victims` come in victim order, `cost = (class, GPU-seconds lost, ...)`. A node can be
+    cleared when every GPU on it is free or held by a victim; clearing it costs (the highest
+    class of its victims, the GPU-seconds they lose in all). A plan takes the pool's whole free
+    nodes (largest first, then by name) and then the cleared nodes that make the job fit at the
+    least cost: the lowest highest class that suffices, and among the nodes of at most that class
+    the fewest GPU-seconds (by node, then name); a plan's cost counts a victim on several of its
+    nodes once. The plans of all pools are compared by that cost; ties: the plan found first.
+
+    Bounded: victims are read only while one could still clear a node cheaper than the dearest
+    node of the best plan (a node not yet cleared needs a victim not yet read, which costs at
+    least as much as the last one read), and, once a plan is found, for at most as many victims
+    again as it took to find the first (`GANG_READ_FACTOR`). Nodes of different sizes in one
+    pool make the choice a knapsack; the search then takes the cheapest nodes until the job
+    fits, not the optimum.
+    """
+    keys = {p.key: p for p in pools}
+    free, pool_of, size = index.free, index.pool_of, index.size
+    on: dict[str, list[Victim]] = {}
+    room: dict[str, int] = {}
+    cost_of: dict[str, tuple[float, float]] = {}
+    """Per node: (the highest class, the GPU-seconds) of its victims read so far."""
+    cleared: dict[PoolKey, list[tuple[tuple[float, float], str]]] = {p.key: [] for p in pools}
+    have_gpus = {p.key: p.whole_gpus for p in pools}
+    """Per pool: GPUs on its whole free nodes and on the nodes cleared so far."""
+    seen: dict[int, int] = {}
+    best: tuple[float, float] | None = None
+    top: tuple[float, float] = (math.inf, math.inf)
+    """The best plan's highest class, and the most GPU-seconds one of its cleared nodes loses:
+    a node of that class losing as much or more, or of a higher class, cannot improve it."""
+    best_plan: Plan | None = None
+    whole = {key: sorted(p.whole, key=lambda n: (-size[n], n)) for key, p in keys.items()}
+    read = 0
+    until = math.inf
+    for v in victims:
+        klass, lost = v.cost[0], v.cost[1]
+        if klass > top[0] or (klass == top[0] and lost >= top[1]) or read >= until:
+            break
+        read += 1
+        seen.setdefault(v.job.job_id, len(seen))
+        changed: list[PoolKey] = []
+        for sl in v.job.slots:
+            node = sl.node
+            if node not in free:
+                continue
+            key = pool_of[node]
+            if key not in keys:
+                continue
+            have = room.get(node)
+            if have is None:
+                have = len(free[node])
+                on[node] = [v]
+                cost = cost_of[node] = (klass, lost)
+            else:
+                on[node].append(v)
+                was = cost_of[node]
+                cost = cost_of[node] = (klass if klass > was[0] else was[0], was[1] + lost)
+            have += len(sl.gpu_indices)
+            room[node] = have
+            if have < size[node]:
+                continue
+            if cost[0] > top[0] or (cost[0] == top[0] and cost[1] >= top[1]):
+                continue  # cannot improve the best plan
+            cleared[key].append((cost, node))
+            have_gpus[key] += size[node]
+            if have_gpus[key] >= gpus:
+                changed.append(key)
+        for key in changed:
+            found = _cheapest_nodes(whole[key], cleared[key], gpus, size)
+            if found is None:
+                continue
+            nodes, bound = found
+            chosen: dict[int, Victim] = {}
+            for n in nodes:
+                for x in on.get(n, ()):
+                    chosen.setdefault(x.job.job_id, x)
+            picked = tuple(sorted(chosen.values(), key=lambda x: seen[x.job.job_id]))
+            cost = (max((x.cost[0] for x in picked), default=0), sum(x.cost[1] for x in picked))
+            if best is None:
+                until = GANG_READ_FACTOR * read
+            if best is None or cost < best:
+                best, top = cost, bound
+                best_plan = Plan(victims=picked, nodes=nodes, until=_until(picked, now))
+    return best_plan
+
+
+GANG_READ_FACTOR = 2
+"""A gang search reads at most this many times the victims it read to find its first plan."""
+
+
+def _cheapest_nodes(
+    whole: list[str],
+    cleared: list[tuple[tuple[float, float], str]],
+    gpus: int,
+    size: Mapping[str, int],
+) -> tuple[tuple[str, ...], tuple[float, float]] | None:
+    """The pool's `whole` free nodes (in the order to take them) and the cheapest `cleared`
+    nodes ((class, GPU-seconds), name) that hold `gpus` GPUs, with (the highest class, the most
+    GPU-seconds) of the cleared nodes taken; None if they cannot."""
+    need = gpus - sum(size[n] for n in whole)
+    if need > sum(size[n] for _, n in cleared):
+        return None
+    # the lowest highest class that suffices ...
+    top_class = 0.0
+    got = 0
+    for (klass, _), n in sorted(cleared):
+        if got >= need:
+            break
+        got += size[n]
+        top_class = klass
+    # ... and, of the nodes of at most that class, the fewest GPU-seconds
+    taken: list[str] = []
+    most = 0.0
+    got = 0
+    for (klass, lost), n in sorted(cleared, key=lambda c: (c[0][1], c[1])):
+        if got >= need:
+            break
+        if klass > top_class:
+            continue
+        taken.append(n)
+        got += size[n]
+        most = max(most, lost)
+    if got < need:
+        return None
+    # only as many whole free nodes as the job needs beside the cleared ones
+    nodes: list[str] = []
+    total = got
+    for n in whole:
+        if total >= gpus:
+            break
+        nodes.append(n)
+        total += size[n]
+    return (*nodes, *taken), (top_class, most)

@@ -134,11 +134,14 @@ def complete_ranks(leaf_ranks: Mapping[str, int]) -> dict[str, int]:
     """Pure: add every ancestor of the ranked paths, ranked as its best descendant."""
     out = dict(leaf_ranks)
     for path, rank in leaf_ranks.items():
-        parts = path.split("/")
-        for i in range(1, len(parts)):
-            anc = "/".join(parts[:i])
+        cut = path.find("/")
+        while cut >= 0:  # the ancestors, top down
+            anc = path[:cut]
             if anc not in leaf_ranks:
-                out[anc] = min(out.get(anc, rank), rank)
+                have = out.get(anc)
+                if have is None or rank < have:
+                    out[anc] = rank
+            cut = path.find("/", cut + 1)
     return out
 
 

@@ -28,7 +28,10 @@ from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import JSONBody
 
 from ledger.server import identity as ident
+from ledger.server import metrics as m
+from ledger.server import pages, tables
 from ledger.server.agent_api import agent_routes
+from ledger.server.cache import ReadCache
 from ledger.server.reads import READS
 from ledger.server.worker import Worker
 from schemas import api
@@ -72,6 +75,13 @@ def status_of(err: LedgerError) -> int:
         if cls in STATUS:
             return STATUS[cls]
     return 400
+
+
+def status_of_any(err: BaseException) -> int:
+    """The HTTP status an exception escaping a handler is answered with."""
+    if isinstance(err, LedgerError):
+        return status_of(err)
+    return err.status_code if isinstance(err, HTTPException) else 500
 
 
 def problem(err: LedgerError) -> Response[api.Problem]:
@@ -235,10 +245,8 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
             person(request)  # reads are for people; the read layer filters nothing by caller
             given = {k.removesuffix("_"): x for k, x in query.items() if x is not None}
             args = spec.parse(given)
-            result = await worker.call(lambda: spec.run(handles, args))
-            return Response(
-                msgspec.json.encode(result), media_type="application/json", status_code=200
-            )
+            data = await worker.call(lambda: handles.answer(name, spec, args))
+            return Response(data, media_type="application/json", status_code=200)
 
         params = [
             inspect.Parameter(
@@ -266,9 +274,15 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
     routes: list[Any] = [command_route(cls) for cls in SERVED_COMMANDS]
     routes += [batch, health, whoami, tokens, openapi]
     routes += [read_route(name) for name in READS]
+    routes += tables.routes(worker, person)
     routes += agent_routes(worker, who, clock)
+    metrics = m.Metrics(status_of_any)
+    getattr(worker.service, "on_cycle", []).append(metrics.observe_cycle)
+    routes += [m.route(metrics, worker, handles, person)]
+    routes += pages.routes(worker, handles, person)
     return Litestar(
         route_handlers=routes,
+        middleware=[metrics.middleware],
         exception_handlers={
             LedgerError: _ledger_error,
             HTTPException: _http_error,
@@ -293,10 +307,18 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
 
 class ServiceHandles:
     """The read layer's handles in the server: the service loop's ledger and projection (caught
-    up before each read), on the worker thread."""
+    up before each read), on the worker thread, and the answers kept per log position."""
 
     def __init__(self, service: Any) -> None:
         self.service = service
+        self.cache = ReadCache()
+
+    def answer(self, name: str, spec: Any, args: Any) -> bytes:
+        """The encoded answer of a read, computed once per log position (`ReadCache`)."""
+        position: int = self.service.ledger.position
+        return self.cache.answer(
+            name, args, position, self.now(), lambda: msgspec.json.encode(spec.run(self, args))
+        )
 
     @property
     def ledger(self) -> Any:

@@ -58,6 +58,7 @@ class IncrementalRanks:
         """Half-life mode: leaf -> (decayed usage of its closed intervals, as of time)."""
         self._node_type: dict[str, str] = {}
         self._cache: tuple[float, int, Ranks] | None = None
+        self._shape: tuple[tuple[tuple[str, str | None, str, int], ...], fs.TreeShape] | None = None
 
     def _observe(self) -> None:
         for pos, ev in self.ledger.follow(self._seen):
@@ -163,14 +164,26 @@ class IncrementalRanks:
     def usage_policy(self) -> fs.UsagePolicy:
         return self.policy
 
+    def shape(self) -> fs.TreeShape:
+        """The open accounts' tree (`fs.TreeShape`), rebuilt only when they change."""
+        accounts = tuple(
+            (a.path, a.parent, a.kind, a.shares)
+            for a in self.ledger.state.accounts.values()
+            if a.open
+        )
+        if self._shape is None or self._shape[0] != accounts:
+            self._shape = (accounts, fs.TreeShape(accounts))
+        return self._shape[1]
+
     def ranks(self, now: float, position: int) -> Ranks:
         """Ranks at `now` over the ledger's events (the dispatcher has just caught it up to
-        `position`, which is therefore every event there is)."""
+        `position`, which is therefore every event there is): the numbers of `tree(now)`,
+        computed on the cached tree shape without building the table's rows."""
         self._observe()
         if self._cache is not None and self._cache[:2] == (now, self._seen):
             return self._cache[2]
-        tree = self.tree(now)
-        out = (tree.leaf_ranks(), tree.level_fs())
+        shape = self.shape()
+        out = shape.ranks_levels(shape.usage_of(self.usage(now)))
         self._cache = (now, self._seen, out)
         return out
 

@@ -207,6 +207,29 @@ def test_explain_of_a_preempted_job_names_the_job_it_made_room_for(handles: Any)
     assert (view.status, view.outcome, view.code) == ("finished", "preempted", None)
 
 
+@pytest.mark.parametrize("job_id", [1, 2, 3, 4])
+def test_explain_from_a_live_ledger_equals_the_full_fold(handles: Any, job_id: int) -> None:
+    """Finished jobs have left a live state: explain rebuilds them from their own events."""
+    ledger, store = handles
+    live = Ledger(ledger.home, live=True)
+    try:
+        assert 1 not in live.state.jobs and 2 not in live.state.jobs  # both finished
+        want = reads.explain(ledger, store, job_id, FairShare(), T0 + 300)
+        assert reads.explain(live, store, job_id, FairShare(), T0 + 300) == want
+    finally:
+        live.close()
+
+
+def test_job_from_history_is_the_folded_job(handles: Any) -> None:
+    ledger, store = handles
+    for job_id in (1, 2, 3):
+        assert (
+            reads.job_from_history(job_id, reads._history(store, job_id))
+            == (ledger.state.jobs[job_id])
+        )
+    assert reads.job_from_history(99, []) is None
+
+
 def test_queue_filters_like_squeue_and_estimates_starts(handles: Any) -> None:
     ledger, store = handles
     rows = reads.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter())

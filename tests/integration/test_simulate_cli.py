@@ -120,11 +120,13 @@ def test_policy_versions_settings_and_the_signal_contract_reach_the_runs(tmp_pat
         home,
         "simulate", "compare", "--synthetic", "--days", "1", "--nodes", "8", "--no-plots",
         "--policies", "fairshare-1,fairshare", "--set", "spare_ratio=2",
-        "--sigterm-checkpoint", "0.5",
+        "--sigterm-checkpoint", "0.5", "--parallel", "2",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     report = json.loads((home / "report" / "report.json").read_text())
+    # run in two processes at once, reported in the order asked
     assert [r["policy"] for r in report] == ["fairshare-1", "fairshare"]
+    assert (home / "fairshare-1" / "events.sqlite").exists()
     assert [r["config"]["policy_settings"] for r in report] == [{}, {"spare_ratio": "2"}]
     assert all(r["config"]["sigterm_checkpoint_p"] == 0.5 for r in report)
     kinds = report[1]["metrics"]["lost_by_kind"]

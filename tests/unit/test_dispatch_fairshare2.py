@@ -8,7 +8,9 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from ledger.dispatch import FairShare, NodeView, PendingJob, RunningJob, Snapshot, decide
-from ledger.dispatch.fairshare2 import FairShare2, fs_ratio, team_of
+from ledger.dispatch.fairshare2 import FairShare2, fs_ratio, team_fs, team_of
+from ledger.dispatch.placement import FreeIndex
+from ledger.dispatch.preemption import plan_gang, plan_gang_least
 from ledger.dispatch.snapshot import complete_ranks
 from schemas.events import GpuSlot
 
@@ -190,3 +192,73 @@ def test_a_least_loss_plan_puts_back_victims_it_does_not_need() -> None:
     d = decide(world([node("n1")], running, [pend(1, 4)]), FairShare2(), NOW)
     assert [p.job_id for p in d.preemptions] == [11]
     assert d.placements[0].slots[0].gpu_indices == (1, 2, 3, 4)
+
+
+def test_gang_victims_minimise_gpu_seconds_where_greedy_would_not() -> None:
+    # a 16-GPU gang job needs n3 (free) and one cleared node: n1 holds four 2-GPU jobs, each
+    # losing 1 GPU-h (4 GPU-h to clear it), n2 one 8-GPU job losing 1.33 GPU-h. The victims in
+    # victim order (cheapest first) clear n1 first, so a greedy plan takes n1; the least-cost
+    # plan takes n2.
+    running = [
+        *(run(10 + i, {"n1": (2 * i, 2 * i + 1)}, lost_s=1800) for i in range(4)),
+        run(20, {"n2": range(8)}, lost_s=600),
+    ]
+    snap = world([node("n1"), node("n2"), node("n3")], running, [pend(1, 16)])
+    greedy = msgspec.structs.replace(FairShare2(), debug_reserve_per=0)
+    d = decide(snap, greedy, NOW)
+    assert [p.job_id for p in d.preemptions] == [20]
+    assert {sl.node for sl in d.placements[0].slots} == {"n2", "n3"}
+    # the same victims through the greedy search clear n1, losing three times as much
+    pools = FreeIndex(snap.nodes)
+    victims = sorted(greedy.victims(pend(1, 16), snap.running, snap, NOW), key=lambda v: v.cost)
+    first = plan_gang(16, pools.pools_for(None, None), pools, victims, NOW)
+    least = plan_gang_least(16, pools.pools_for(None, None), pools, victims, NOW)
+    assert first is not None and least is not None
+    assert sorted(v.job.job_id for v in first.victims) == [10, 11, 12, 13]
+    assert sum(v.cost[1] for v in first.victims) == 4 * 2 * 1800
+    assert [v.job.job_id for v in least.victims] == [20] and least.victims[0].cost[1] == 8 * 600
+    assert set(least.nodes) == {"n2", "n3"}
+
+
+def test_gang_least_cost_prefers_a_lower_class_then_fewer_gpu_seconds() -> None:
+    # n1: an unfunded job (class 0) losing a lot; n2, n3: resumable funded jobs (class 2)
+    # losing little. One node to clear: the unfunded one, whatever it loses. Two: a resumable
+    # job must go either way (the highest class is 2), so the two that lose least, n2 and n3.
+    running = [
+        run(10, {"n1": range(8)}, lost_s=4 * H, min_runtime_s=0),
+        run(11, {"n2": range(8)}, lost_s=600),
+        run(12, {"n3": range(8)}, lost_s=300),
+    ]
+    snap = world([node("n1"), node("n2"), node("n3")], running, [])
+    policy = msgspec.structs.replace(FairShare2(), debug_reserve_per=0)
+    idx = FreeIndex(snap.nodes)
+    victims = sorted(policy.victims(pend(1, 8), snap.running, snap, NOW), key=lambda v: v.cost)
+    one = plan_gang_least(8, idx.pools_for(None, None), idx, victims, NOW)
+    two = plan_gang_least(16, idx.pools_for(None, None), idx, victims, NOW)
+    assert one is not None and [v.job.job_id for v in one.victims] == [10]
+    assert two is not None and sorted(v.job.job_id for v in two.victims) == [11, 12]
+    assert plan_gang_least(32, idx.pools_for(None, None), idx, victims, NOW) is None
+
+
+def test_a_team_under_its_share_is_no_fairness_victim_whatever_its_program() -> None:
+    # prog q as a whole uses far more than prog p (p outranks q), but team q/small uses less
+    # than its share of the tree (2 x 0.6 = 1.2 > 1): p's job may take q/big's GPUs, not q/small's
+    ranks = complete_ranks({"p/x/u": 0, "q/small/u": 1, "q/big/u": 2})
+    level_fs = {"p": 3.0, "q": 0.6, "p/x": 1.0, "q/small": 2.0, "q/big": 0.5}
+    running = [
+        run(10, {"n1": range(8)}, "q/small", lost_s=60),
+        run(11, {"n2": range(8)}, "q/big", lost_s=1800),
+    ]
+    snap = msgspec.structs.replace(
+        world([node("n1"), node("n2")], running, [pend(1, 8, "p/x")]),
+        ranks=ranks,
+        level_fs=level_fs,
+    )
+    policy = msgspec.structs.replace(FairShare2(), debug_reserve_per=0)
+    assert team_fs("q/small", level_fs) == 2.0 * 0.6 and team_fs("q/big", level_fs) == 0.3
+    d = decide(snap, policy, NOW)
+    assert [p.job_id for p in d.preemptions] == [11]  # not 10, though it loses less
+    assert d.preemptions[0].note.startswith("team share p/x 3 > q/big 0.3 x 1.1")
+    # with q/small alone in the way, the job waits
+    alone = msgspec.structs.replace(snap, running=(running[0],), nodes=snap.nodes[:1])
+    assert decide(alone, policy, NOW).preemptions == ()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from projections.source import ListSource, LogRecord, follow
@@ -50,3 +53,20 @@ def test_follow_walks_the_range_in_pages(
     assert flat == [p for pg in want for p in pg]
     if tags is None:
         assert got == want
+
+
+READERS = {"ledger/application.py", "ledger/relay.py", "projections/source.py"}
+"""The store adapters: the only modules that read the event log's table themselves."""
+WRITERS = {"projections/synthetic.py", "scripts/bench_append.py", "scripts/bench_replay.py"}
+"""Bulk writers of generated logs and raw baselines (they insert; they never walk the log)."""
+
+
+def test_only_the_store_adapters_read_the_log_table_every_walk_uses_follow() -> None:
+    root = Path(__file__).resolve().parents[2]
+    found = set()
+    for folder in ("ledger", "projections", "scripts"):
+        for path in (root / folder).rglob("*.py"):
+            text = path.read_text()
+            if re.search(r"select_notifications|stored_events|EVENTS_TABLE", text):
+                found.add(str(path.relative_to(root)))
+    assert found <= READERS | WRITERS, found - READERS - WRITERS

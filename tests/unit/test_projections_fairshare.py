@@ -310,6 +310,28 @@ def test_fair_tree_properties(
                     assert max(xs) < min(ys)
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    leaves=paths,
+    shares=st.lists(st.integers(0, 4), min_size=40, max_size=40),
+    usage=st.lists(st.sampled_from([0.0, 1.0, 2.0, 3.0, 10.0]), min_size=40, max_size=40),
+)
+def test_ranks_levels_are_the_trees_leaf_ranks_and_level_fair_shares(
+    leaves: list[tuple[int, int, int]], shares: list[int], usage: list[float]
+) -> None:
+    """The dispatcher's shortcut (no rows) gives exactly what the full table gives."""
+    leaf_paths = sorted({f"g{a}/p{b}/u{c}" for a, b, c in leaves})
+    by_leaf = {p: usage[i] for i, p in enumerate(leaf_paths)}
+    rolled = fs.rollup(by_leaf)
+    paths_all = sorted({q for p in leaf_paths for q in fs.ancestors(p)})
+    accounts = [acct(p, shares[i], rolled.get(p, 0.0)) for i, p in enumerate(paths_all)]
+    tree = fs.fair_tree(accounts)
+    shape = fs.TreeShape(accounts)
+    leaf, level = shape.ranks_levels(shape.usage_of(by_leaf))
+    assert leaf == tree.leaf_ranks()
+    assert level == tree.level_fs()
+
+
 def test_fair_share_of_a_snapshot_ranks_from_intervals() -> None:
     accounts = [
         fs.Account("a", None, "program", 1),

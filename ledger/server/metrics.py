@@ -1,0 +1,323 @@
+"""`GET /metrics`: the Prometheus exposition of the server (prometheus_client).
+
+One registry per application. Two kinds of figures:
+
+- observed as they happen: the dispatcher cycle's latency (a histogram fed by the service loop's
+  `on_cycle` hooks) and the API's latency by route, method and status (an ASGI middleware);
+- read at scrape time, on the worker thread, from the read layer (`ledger.reads`): queue depth
+  by wait code and by team, placements and preemptions over the whole log, per-team usage, owed,
+  delivered and LevelFS, projection lag (events and seconds), relay lag, and the age of each
+  node's last heartbeat (the node agents' executor's `last_seen` under `serve --executor
+  agents`, and anything recorded through `note_heartbeat`).
+
+Who may scrape: the same identities as the reads (a person's bearer token, or the Unix socket's
+peer); see docs/server.md.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, get
+from litestar.enums import ScopeType
+from litestar.handlers import HTTPRouteHandler
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+WEEK_S = 7 * 86400.0
+TEAM_DEPTH = 2
+"""Teams are the accounts two levels down (program/project), as in `report delivered`."""
+
+CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+API_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class TeamFigures(msgspec.Struct, frozen=True, kw_only=True):
+    team: str
+    usage_gpu_hours: float = 0.0
+    owed_gpu_hours: float = 0.0
+    delivered_gpu_hours: float = 0.0
+    level_fs: float | None = None
+    """None: infinite (no usage in the window)."""
+
+
+class Figures(msgspec.Struct, frozen=True, kw_only=True):
+    """What a scrape reports from the ledger, read at one moment."""
+
+    now: float
+    head: int
+    cycles: int
+    projection_position: int
+    projection_lag_s: float
+    relay_lag: int | None
+    queue_by_code: dict[str, int]
+    queue_by_team: dict[str, int]
+    placements: dict[str, int]
+    preemptions: dict[str, int]
+    teams: list[TeamFigures]
+    heartbeat_ages: dict[str, float]
+    """Node -> seconds since it was last heard from."""
+
+
+def team_of(account: str, depth: int = TEAM_DEPTH) -> str:
+    """Pure: the team an account belongs to (its first `depth` path parts)."""
+    return "/".join(account.split("/")[:depth])
+
+
+def families(f: Figures) -> list[Metric]:
+    """Pure: the metric families of one reading."""
+    out: list[Metric] = []
+
+    def gauge(name: str, doc: str, labels: list[str], rows: list[tuple[list[str], float]]) -> None:
+        g = GaugeMetricFamily(name, doc, labels=labels)
+        for values, x in rows:
+            g.add_metric(values, x)
+        out.append(g)
+
+    def counter(name: str, doc: str, label: str, counts: dict[str, int]) -> None:
+        c = CounterMetricFamily(name, doc, labels=[label])
+        for k, n in sorted(counts.items()):
+            c.add_metric([k], n)
+        out.append(c)
+
+    gauge("gpuledger_log_head", "Position of the last event in the log.", [], [([], f.head)])
+    gauge(
+        "gpuledger_read_at_seconds",
+        "The moment the ledger figures of this scrape are read at (whole seconds).",
+        [],
+        [([], f.now)],
+    )
+    out.append(CounterMetricFamily("gpuledger_cycles", "Dispatcher cycles run.", value=f.cycles))
+    gauge(
+        "gpuledger_queue_jobs",
+        "Pending jobs by wait code (NEXT_CYCLE, HELD, WAIT_*).",
+        ["code"],
+        [([k], n) for k, n in sorted(f.queue_by_code.items())],
+    )
+    gauge(
+        "gpuledger_queue_jobs_by_team",
+        "Pending jobs by team.",
+        ["team"],
+        [([k], n) for k, n in sorted(f.queue_by_team.items())],
+    )
+    counter(
+        "gpuledger_placements", "Placements in the whole log, funded or not.", "kind", f.placements
+    )
+    counter(
+        "gpuledger_preemptions", "Preemptions in the whole log, by reason.", "reason", f.preemptions
+    )
+    teams = sorted(f.teams, key=lambda t: t.team)
+    gauge(
+        "gpuledger_team_usage_gpu_hours",
+        "Funded GPU-hours in the fair-share window, per team.",
+        ["team"],
+        [([t.team], t.usage_gpu_hours) for t in teams],
+    )
+    gauge(
+        "gpuledger_team_owed_gpu_hours",
+        "GPU-hours owed over the last 7 days, per team.",
+        ["team"],
+        [([t.team], t.owed_gpu_hours) for t in teams],
+    )
+    gauge(
+        "gpuledger_team_delivered_gpu_hours",
+        "GPU-hours delivered over the last 7 days, per team.",
+        ["team"],
+        [([t.team], t.delivered_gpu_hours) for t in teams],
+    )
+    gauge(
+        "gpuledger_team_level_fs",
+        "LevelFS per team (+Inf: no usage in the window).",
+        ["team"],
+        [([t.team], float("inf") if t.level_fs is None else t.level_fs) for t in teams],
+    )
+    gauge(
+        "gpuledger_projection_lag_events",
+        "Events in the log not yet in the projection.",
+        [],
+        [([], max(0, f.head - f.projection_position))],
+    )
+    gauge(
+        "gpuledger_projection_lag_seconds",
+        "Age of the oldest event not yet in the projection (0: caught up).",
+        [],
+        [([], f.projection_lag_s)],
+    )
+    if f.relay_lag is not None:
+        gauge(
+            "gpuledger_relay_lag_events",
+            "Events in the log not yet published to Kafka.",
+            [],
+            [([], f.relay_lag)],
+        )
+    gauge(
+        "gpuledger_node_heartbeat_age_seconds",
+        "Seconds since each node was last heard from.",
+        ["node"],
+        [([n], age) for n, age in sorted(f.heartbeat_ages.items())],
+    )
+    return out
+
+
+def read_figures(handles: Any, service: Any, heartbeats: dict[str, float]) -> Figures:
+    """The ledger's figures now (on the worker thread), all from the read layer."""
+    from ledger import reads
+    from ledger.server.reads import policy_for
+    from projections.fairshare import UsagePolicy
+    from schemas import views as v
+
+    ledger = handles.ledger
+    store = handles.store()
+    clock = handles.now()
+    now = float(math.floor(clock))  # whole seconds: the CLI's `--at` can name it
+    head = ledger.position
+    projected = store.position()
+    lag_s = 0.0
+    if projected < head:
+        first = ledger.read(projected, 1)
+        if first:
+            lag_s = max(0.0, now - first[0][1].at)
+    policy = policy_for(None, ledger.state)
+    queue = reads.queue(ledger, store, policy, now, v.QueueFilter(limit=100_000))
+    by_code: dict[str, int] = {}
+    by_team: dict[str, int] = {}
+    for q in queue:
+        by_code[q.code] = by_code.get(q.code, 0) + 1
+        by_team[team_of(q.account)] = by_team.get(team_of(q.account), 0) + 1
+    usage = UsagePolicy(window_s=WEEK_S)  # as `gpuledger shares` and `usage` by default
+    used = {r.name: r.usage_gpu_hours for r in reads.usage(store, now, "account", usage)}
+    level = {r.account: r for r in reads.shares(store, now, usage)}
+    owed = {t.team: t for t in reads.delivered(store, now - WEEK_S, now, TEAM_DEPTH).teams}
+    names = {a for a in level if a.count("/") == TEAM_DEPTH - 1} | set(owed)
+    teams = [
+        TeamFigures(
+            team=name,
+            usage_gpu_hours=used.get(name, 0.0),
+            owed_gpu_hours=owed[name].owed_gpu_hours if name in owed else 0.0,
+            delivered_gpu_hours=owed[name].delivered_gpu_hours if name in owed else 0.0,
+            level_fs=level[name].level_fs if name in level else None,
+        )
+        for name in sorted(names)
+    ]
+    relay = service.relay_position()
+    return Figures(
+        now=now,
+        head=head,
+        cycles=service.stats.cycles,
+        projection_position=projected,
+        projection_lag_s=lag_s,
+        relay_lag=None if relay is None else max(0, head - relay),
+        queue_by_code=by_code,
+        queue_by_team=by_team,
+        placements={r.name: r.count for r in reads.placement_counts(store)},
+        preemptions={r.name: r.count for r in reads.preemption_counts(store)},
+        teams=teams,
+        heartbeat_ages={
+            node: max(0.0, clock - at)
+            for node, at in {**heartbeats, **getattr(service.executor, "last_seen", {})}.items()
+        },
+    )
+
+
+class _Reading(Collector):
+    """Yields the families of the reading the scrape handler just took."""
+
+    def __init__(self) -> None:
+        self.figures: Figures | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        if self.figures is not None:
+            yield from families(self.figures)
+
+
+class Metrics:
+    """The registry of one application: histograms fed as things happen, and the reading."""
+
+    def __init__(self, status_of: Callable[[BaseException], int]) -> None:
+        # no `_created` series: the counters here are totals of the whole log
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.cycle = Histogram(
+            "gpuledger_cycle_seconds",
+            "Dispatcher cycle latency.",
+            buckets=CYCLE_BUCKETS,
+            registry=self.registry,
+        )
+        self.api = Histogram(
+            "gpuledger_api_request_seconds",
+            "API latency by route, method and status.",
+            ["route", "method", "status"],
+            buckets=API_BUCKETS,
+            registry=self.registry,
+        )
+        self.reading = _Reading()
+        self.registry.register(self.reading)
+        self.heartbeats: dict[str, float] = {}
+        self.status_of = status_of
+
+    def observe_cycle(self, seconds: float) -> None:
+        self.cycle.observe(seconds)
+
+    def note_heartbeat(self, node: str, at: float) -> None:
+        """Record that `node` was heard from at `at` (the node agent's heartbeat)."""
+        self.heartbeats[node] = max(at, self.heartbeats.get(node, at))
+
+    def render(self, figures: Figures) -> bytes:
+        self.reading.figures = figures
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self.reading.figures = None
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def middleware(self, app: ASGIApp) -> ASGIApp:
+        """ASGI middleware timing every routed HTTP request (route template, not the path)."""
+
+        async def timed(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != ScopeType.HTTP:
+                await app(scope, receive, send)
+                return
+            status = [500]
+
+            async def sending(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    status[0] = int(message["status"])
+                await send(message)
+
+            t0 = time.perf_counter()
+            try:
+                await app(scope, receive, sending)
+            except BaseException as err:
+                status[0] = self.status_of(err)
+                raise
+            finally:
+                route = str(scope.get("path_template") or "unmatched")
+                self.api.labels(route, str(scope.get("method", "")), str(status[0])).observe(
+                    time.perf_counter() - t0
+                )
+
+        return timed
+
+
+def route(
+    metrics: Metrics, worker: Any, handles: Any, person: Callable[[Any], Any]
+) -> HTTPRouteHandler:
+    """`GET /metrics` for the callers the reads accept."""
+
+    @get("/metrics", include_in_schema=False)
+    async def scrape(request: Request[Any, Any, Any]) -> Response[bytes]:
+        person(request)
+        figures = await worker.call(
+            lambda: read_figures(handles, worker.service, metrics.heartbeats)
+        )
+        return Response(metrics.render(figures), media_type=metrics.content_type)
+
+    return scrape

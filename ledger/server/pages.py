@@ -1,0 +1,259 @@
+"""The dashboard: read-only pages under /ui and the JSON they call under /ui/api.
+
+The pages are static files of this package (`ledger/server/web/`: HTML, hand-written JS and
+CSS; no build step, nothing from a CDN). A page holds no data: its script asks /ui/api/* with the
+bearer token the login page kept in the browser's storage, so the same identity rules as the
+API hold, enforced here, not in the page:
+
+- every signed-in person (not node or job tokens) sees the queue, the teams, nodes, decisions
+  and a job's timeline;
+- a job's command, labels and logs only its owner, the managers of an account above it and
+  admins (`may_see_private`).
+
+Every figure comes from the read layer (`ledger.reads`), as the CLI's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from importlib import resources
+from typing import Annotated, Any, Literal
+
+import msgspec
+from litestar import Request, Response, get
+from litestar.handlers import HTTPRouteHandler
+from litestar.params import FromPath, FromQuery, QueryParameter
+from litestar.response import Redirect
+from litestar.static_files import create_static_files_router
+
+from schemas import views as v
+from schemas.errors import Unavailable
+
+PAGES = ("login", "teams", "queue", "job", "nodes", "decisions")
+WEEK_S = 7 * 86400.0
+REPLAY_LAST = 8
+"""The job page replays at most this many of the job's latest decisions."""
+
+
+def may_see_private(state: Any, actor: str, user: str, account: str) -> bool:
+    """Pure: whether `actor` may see the command, labels and logs of `user`'s job in
+    `account`: its owner, a manager of the account or one above it, an admin."""
+    return actor == user or state.is_admin(actor) or state.manages(actor, account)
+
+
+def redact(row: v.JobRow) -> v.JobRow:
+    """Pure: the job without what only its owner, managers and admins see."""
+    return msgspec.structs.replace(row, command=[], logs=[])
+
+
+class TeamsView(msgspec.Struct, frozen=True, kw_only=True):
+    window: Literal["7d", "all"]
+    at: float
+    """The moment read (whole seconds): the shares as of it, delivered up to it."""
+    shares: list[v.ShareRow]
+    delivered: v.DeliveredView
+    series: v.DeliveredSeriesView
+
+
+class QueueEntry(msgspec.Struct, frozen=True, kw_only=True):
+    row: v.QueueRow
+    parts: list[v.KeyPart]
+
+
+class JobView(msgspec.Struct, frozen=True, kw_only=True):
+    job: v.JobRow
+    private: bool
+    """True: the command and logs are shown; false: the caller may not see them."""
+    labels: dict[str, str]
+    explain: v.ExplainView
+    decisions: list[v.DecisionRow]
+
+
+class NodesView(msgspec.Struct, frozen=True, kw_only=True):
+    nodes: list[v.NodeRow]
+    gpus: list[v.GpuRow]
+    squatters: list[v.SquatterRow]
+
+
+class DecisionView(msgspec.Struct, frozen=True, kw_only=True):
+    row: v.DecisionRow
+    record: Any
+    """The `CycleDecided` event: its inputs by reference and its outcome."""
+
+
+def bucket_for(span_s: float, points: int = 48) -> float:
+    """Pure: a bucket of whole hours giving about `points` buckets over `span_s`."""
+    return max(1, math.ceil(span_s / points / 3600)) * 3600.0
+
+
+def _json(value: Any) -> Response[bytes]:
+    return Response(msgspec.json.encode(value), media_type="application/json")
+
+
+def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]:
+    """The page routes, the static files and the JSON endpoints of the dashboard."""
+    from ledger import reads
+    from ledger.server.reads import policy_for
+
+    web_dir = resources.files("ledger.server") / "web"
+    shell = (web_dir / "page.html").read_text(encoding="utf-8")
+
+    @get("/", include_in_schema=False)
+    async def root() -> Redirect:
+        return Redirect(path="/ui/teams")
+
+    @get("/ui/{page:str}", include_in_schema=False)
+    async def page(page: FromPath[str]) -> Response[str]:
+        if page not in PAGES:
+            return Response("no such page\n", status_code=404, media_type="text/plain")
+        return Response(shell.replace("{{page}}", page), media_type="text/html")
+
+    static = create_static_files_router(
+        path="/ui/static",
+        directories=[str(web_dir)],
+        include_in_schema=False,
+        name="ui-static",
+    )
+
+    async def on_worker(fn: Callable[[], Any]) -> Response[bytes]:
+        return _json(await worker.call(fn))
+
+    @get("/ui/api/teams", include_in_schema=False)
+    async def teams(
+        request: Request[Any, Any, Any], window: FromQuery[Literal["7d", "all"]] = "7d"
+    ) -> Response[bytes]:
+        person(request)
+
+        def read() -> TeamsView:
+            from projections.fairshare import UsagePolicy
+
+            store = handles.store()
+            at = float(math.floor(handles.now()))  # whole seconds: `--at` of the CLI says it
+            start = at - WEEK_S
+            if window == "all":
+                first = handles.ledger.read(0, 1)
+                start = min(math.floor(first[0][1].at / 3600) * 3600, start) if first else start
+            delivered, series = reads.delivered_series(store, start, at, 2, bucket_for(at - start))
+            return TeamsView(
+                window=window,
+                at=at,
+                shares=reads.shares(store, at, UsagePolicy(window_s=WEEK_S)),
+                delivered=delivered,
+                series=series,
+            )
+
+        return await on_worker(read)
+
+    @get("/ui/api/queue", include_in_schema=False)
+    async def queue(
+        request: Request[Any, Any, Any],
+        user: FromQuery[str | None] = None,
+        account: FromQuery[str | None] = None,
+        job_state: Annotated[
+            Literal["pending", "held", "all"], QueryParameter(name="state")
+        ] = "all",
+        limit: Annotated[int, QueryParameter(ge=1, le=100_000)] = 500,
+    ) -> Response[bytes]:
+        person(request)
+        filt = v.QueueFilter(user=user or None, account=account or None, state=job_state,
+                             limit=limit)  # fmt: skip
+
+        def read() -> list[QueueEntry]:
+            ledger = handles.ledger
+            policy = policy_for(None, ledger.state)
+            rows = reads.queue(ledger, handles.store(), policy, handles.now(), filt)
+            return [
+                QueueEntry(row=r, parts=reads.key_parts(policy.version, r.sort_key)) for r in rows
+            ]
+
+        return await on_worker(read)
+
+    @get("/ui/api/job/{job_id:int}", include_in_schema=False)
+    async def job(request: Request[Any, Any, Any], job_id: FromPath[int]) -> Response[bytes]:
+        caller = person(request)
+
+        def read() -> JobView:
+            ledger = handles.ledger
+            store = handles.store()
+            now = handles.now()
+            row = reads.job(store, job_id, now)
+            private = may_see_private(ledger.state, caller.actor, row.user, row.account)
+            known = ledger.state.jobs.get(job_id)
+            labels = dict(known.spec.labels) if known is not None and private else {}
+            explain = reads.explain(ledger, store, job_id, policy_for(None, ledger.state), now)
+            return JobView(
+                job=row if private else redact(row),
+                private=private,
+                labels=labels,
+                explain=explain,
+                decisions=reads.decisions(store, limit=200, job_id=job_id),
+            )
+
+        return await on_worker(read)
+
+    replaying = asyncio.Semaphore(1)
+
+    @get("/ui/api/job/{job_id:int}/replay", include_in_schema=False)
+    async def job_replay(request: Request[Any, Any, Any], job_id: FromPath[int]) -> Response[bytes]:
+        """The job's latest recorded decisions replayed from the log alone: off the worker
+        thread (a walk of the log in memory), one replay at a time."""
+        person(request)
+        home = handles.ledger.home
+
+        def run() -> list[dict[str, Any]]:
+            from ledger import replay as rp
+            from projections.source import EmbeddedSource
+
+            found = rp.find_decisions(home, rp.Selection(job=job_id))[-REPLAY_LAST:]
+            with EmbeddedSource(home) as source:
+                return [
+                    {"position": r.position, "identical": r.identical, "replay": r}
+                    for r in rp.replay_decisions(source, found)
+                ]
+
+        async with replaying:
+            return _json(await asyncio.to_thread(run))
+
+    @get("/ui/api/nodes", include_in_schema=False)
+    async def nodes(request: Request[Any, Any, Any]) -> Response[bytes]:
+        person(request)
+
+        def read() -> NodesView:
+            ledger = handles.ledger
+            store = handles.store()
+            return NodesView(
+                nodes=reads.node_list(ledger.state),
+                gpus=reads.gpu_map(ledger, store),
+                squatters=reads.squatters(ledger, store, handles.now(), 10.0, 3600.0),
+            )
+
+        return await on_worker(read)
+
+    @get("/ui/api/decisions", include_in_schema=False)
+    async def decisions(
+        request: Request[Any, Any, Any],
+        since: FromQuery[float | None] = None,
+        until: FromQuery[float | None] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=100_000)] = 500,
+    ) -> Response[bytes]:
+        person(request)
+        return await on_worker(lambda: reads.decisions(handles.store(), since, until, limit))
+
+    @get("/ui/api/decision/{position:int}", include_in_schema=False)
+    async def decision(request: Request[Any, Any, Any], position: FromPath[int]) -> Response[bytes]:
+        person(request)
+
+        def read() -> DecisionView:
+            store = handles.store()
+            record = reads.decision_at(handles.ledger, position)  # UnknownEntity if none
+            rows = reads.decisions(store, limit=1, position=position)
+            if not rows:
+                raise Unavailable("the projection has not reached this decision yet")
+            return DecisionView(row=rows[0], record=record)
+
+        return await on_worker(read)
+
+    handlers: list[HTTPRouteHandler] = [root, page, teams, queue, job, job_replay, nodes]
+    return [*handlers, decisions, decision, static]

@@ -1,0 +1,411 @@
+// gpu-ledger dashboard: hand-written, no dependencies. Each page asks /ui/api/* with the bearer
+// token kept in localStorage and redraws every few seconds. Times in the viewer's time zone.
+"use strict";
+
+const TOKEN_KEY = "gpuledger.token";
+const PAGE = document.body.dataset.page;
+const POLL_MS = { teams: 30000, queue: 5000, job: 5000, nodes: 5000, decisions: 5000 };
+const SVGNS = "http://www.w3.org/2000/svg";
+
+// --- small helpers --------------------------------------------------------------------------
+
+function el(tag, attrs, ...kids) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "on") for (const [ev, fn] of Object.entries(v)) node.addEventListener(ev, fn);
+    else if (k === "class") node.className = v;
+    else node.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const kid of kids.flat()) {
+    if (kid === null || kid === undefined || kid === false) continue;
+    node.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+  }
+  return node;
+}
+
+function svg(tag, attrs, ...kids) {
+  const node = document.createElementNS(SVGNS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+  for (const kid of kids.flat()) {
+    if (kid === null || kid === undefined) continue;
+    node.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+  }
+  return node;
+}
+
+function when(at) {
+  return at === null || at === undefined ? "—" : new Date(at * 1000).toLocaleString();
+}
+
+function dur(s) {
+  if (s === null || s === undefined) return "—";
+  if (s < 60) return `${Math.round(s)}s`;
+  if (s < 3600) return `${Math.round(s / 60)}m`;
+  if (s < 86400) return `${(s / 3600).toFixed(1)}h`;
+  return `${(s / 86400).toFixed(1)}d`;
+}
+
+function num(x, digits) {
+  if (x === null || x === undefined) return "—";
+  return Number(x).toFixed(digits === undefined ? 2 : digits);
+}
+
+function pct(x) {
+  return x === null || x === undefined ? "—" : `${(100 * x).toFixed(1)}%`;
+}
+
+function colour(key) {
+  let h = 0;
+  for (const c of String(key)) h = (h * 31 + c.charCodeAt(0)) % 997;
+  return `hsl(${Math.round(h * 137.508) % 360}, 55%, 42%)`;
+}
+
+function table(head, rows, attrs) {
+  return el("table", attrs || {},
+    el("thead", {}, el("tr", {}, head.map((h) =>
+      el("th", { class: /^[#]|GPU|Shares|Usage|LevelFS|FairShare|owed|delivered|burst|by |count|placed|preempted|considered/i.test(h) ? "num" : null }, h)))),
+    el("tbody", {}, rows));
+}
+
+function td(value, attrs) {
+  return el("td", attrs || {}, value);
+}
+
+function status(text, bad) {
+  const s = document.getElementById("status");
+  s.textContent = text;
+  s.className = bad ? "err" : "";
+}
+
+// --- the token and the API ------------------------------------------------------------------
+
+function token() {
+  return localStorage.getItem(TOKEN_KEY);
+}
+
+async function api(path) {
+  const resp = await fetch(path, { headers: { Authorization: `Bearer ${token()}` } });
+  if (resp.status === 401) {
+    localStorage.removeItem(TOKEN_KEY);
+    location.assign(`/ui/login?next=${encodeURIComponent(location.pathname + location.search)}`);
+    throw new Error("signed out");
+  }
+  const body = await resp.json();
+  if (!resp.ok) throw new Error(body.detail || `${resp.status}`);
+  return body;
+}
+
+function main(...kids) {
+  const m = document.getElementById("main");
+  m.replaceChildren(...kids);
+}
+
+// --- login ----------------------------------------------------------------------------------
+
+function loginPage() {
+  const area = el("textarea", { id: "token", placeholder: "glt_…", autocomplete: "off" });
+  const err = el("p", { class: "err", id: "login-error" });
+  const form = el("form", { class: "login", on: { submit: async (ev) => {
+    ev.preventDefault();
+    const secret = area.value.trim();
+    const resp = await fetch("/v1/whoami", { headers: { Authorization: `Bearer ${secret}` } });
+    if (!resp.ok) {
+      err.textContent = "This token is not accepted (expired, revoked or mistyped).";
+      return;
+    }
+    localStorage.setItem(TOKEN_KEY, secret);
+    const next = new URLSearchParams(location.search).get("next") || "/ui/teams";
+    location.assign(next.startsWith("/ui/") ? next : "/ui/teams");
+  } } },
+  el("h1", {}, "Sign in"),
+  el("p", {}, "Paste a token (", el("code", {}, "gpuledger token create"), "). It stays in this browser until you sign out."),
+  area, el("p", {}, el("button", { type: "submit", id: "signin" }, "Sign in")), err);
+  main(form);
+}
+
+// --- teams ----------------------------------------------------------------------------------
+
+function teamChart(series, start, end) {
+  const W = 300, H = 110, L = 34, B = 16;
+  const pts = series.points;
+  const top = Math.max(1e-9, ...pts.map((p) => Math.max(p.owed_gpu_hours, p.delivered_gpu_hours)));
+  const x = (t) => L + ((t - start) / Math.max(1, end - start)) * (W - L - 4);
+  const y = (v) => H - B - (v / top) * (H - B - 6);
+  const line = (key) => pts.map((p, i) => `${i ? "L" : "M"}${x(p.at).toFixed(1)},${y(p[key]).toFixed(1)}`).join("");
+  const burst = pts.filter((p) => p.delivered_gpu_hours > p.owed_gpu_hours).map((p) =>
+    svg("rect", { x: x(p.at), y: y(p.delivered_gpu_hours), width: Math.max(1, x(p.at + 3600) - x(p.at)),
+                  height: Math.max(0.5, y(p.owed_gpu_hours) - y(p.delivered_gpu_hours)),
+                  fill: "var(--burst)", opacity: 0.6 }));
+  return svg("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", role: "img", "data-team": series.team },
+    svg("line", { x1: L, y1: H - B, x2: W, y2: H - B, stroke: "#ccd" }),
+    svg("text", { x: 2, y: 10 }, num(top, 1)),
+    svg("text", { x: 2, y: H - B }, "0"),
+    svg("text", { x: L, y: H - 3 }, new Date(start * 1000).toLocaleDateString()),
+    svg("text", { x: W - 60, y: H - 3 }, new Date(end * 1000).toLocaleDateString()),
+    burst,
+    svg("path", { d: line("owed_gpu_hours"), fill: "none", stroke: "var(--owed)", "stroke-dasharray": "4 3", "stroke-width": 1.5 }),
+    svg("path", { d: line("delivered_gpu_hours"), fill: "none", stroke: "var(--delivered)", "stroke-width": 1.8 }));
+}
+
+const teamsState = { window: "7d" };
+
+async function teamsPage() {
+  const data = await api(`/ui/api/teams?window=${teamsState.window}`);
+  const d = data.delivered;
+  const toggle = el("div", { class: "filters" },
+    ["7d", "all"].map((w) => el("button", { type: "button", id: `window-${w}`, disabled: w === data.window,
+      on: { click: () => { teamsState.window = w; refresh(); } } }, w === "7d" ? "Last 7 days" : "Whole period")),
+    el("span", { class: "muted" }, `${when(d.start_at)} – ${when(d.end_at)}`));
+  const legend = el("p", { class: "legend" },
+    el("span", {}, el("i", { class: "sw", style: "background:var(--owed)" }), "owed (allocation × capacity, capped by demand)"),
+    el("span", {}, el("i", { class: "sw", style: "background:var(--delivered)" }), "delivered"),
+    el("span", {}, el("i", { class: "sw", style: "background:var(--burst);height:8px" }), "burst (delivered above owed)"));
+  const charts = el("div", { class: "grid", id: "team-charts" }, data.series.teams.map((s) =>
+    el("div", { class: "card" }, el("h3", {}, s.team), teamChart(s, data.series.start_at, data.series.end_at))));
+  const summary = table(["team", "owed GPU-h", "delivered GPU-h", "burst GPU-h", "by period", "hour by hour"],
+    d.teams.map((t) => el("tr", { "data-team": t.team },
+      td(t.team), td(num(t.owed_gpu_hours, 1), { class: "num", "data-col": "owed" }),
+      td(num(t.delivered_gpu_hours, 1), { class: "num", "data-col": "delivered" }),
+      td(num(Math.max(0, t.delivered_gpu_hours - t.owed_gpu_hours), 1), { class: "num" }),
+      td(pct(t.by_period), { class: "num" }), td(pct(t.hour_by_hour), { class: "num" }))),
+    { id: "delivered", "data-start": d.start_at, "data-end": d.end_at });
+  const tree = table(["account", "kind", "RawShares", "NormShares", "RawUsage GPU-h", "EffectvUsage", "LevelFS", "FairShare"],
+    data.shares.map((r) => el("tr", { "data-account": r.account },
+      td(`${"\u00a0\u00a0".repeat(r.depth)}${r.account.split("/").pop()}`, { title: r.account }),
+      td(r.kind), td(r.raw_shares, { class: "num" }),
+      td(num(r.norm_shares, 4), { class: "num", "data-col": "norm_shares" }),
+      td(num(r.raw_usage_gpu_s / 3600, 1), { class: "num", "data-col": "usage" }),
+      td(num(r.effectv_usage, 4), { class: "num" }),
+      td(r.level_fs_infinite ? "∞" : num(r.level_fs, 4), { class: "num", "data-col": "level_fs" }),
+      td(num(r.fair_share, 4), { class: "num", "data-col": "fair_share" }))),
+    { id: "shares", "data-at": data.at });
+  main(el("h1", {}, "Teams: owed against delivered"), toggle, legend, charts,
+    el("h2", {}, `Totals: ${pct(d.by_period)} by period, ${pct(d.hour_by_hour)} hour by hour; ${d.teams_at_95}/${d.teams_owed} teams at ≥ 95%`),
+    summary, el("h2", {}, "Budget tree (fair share over the last 7 days)"), tree);
+}
+
+// --- queue ----------------------------------------------------------------------------------
+
+const queueState = { user: "", account: "", state: "all", mine: false };
+
+function queueFilters() {
+  const input = (name, ph) => el("input", { id: `f-${name}`, placeholder: ph, value: queueState[name],
+    on: { change: (ev) => { queueState[name] = ev.target.value.trim(); refresh(); } } });
+  const sel = el("select", { id: "f-state", on: { change: (ev) => { queueState.state = ev.target.value; refresh(); } } },
+    ["all", "pending", "held"].map((s) => el("option", { value: s, selected: s === queueState.state }, s)));
+  const mine = el("input", { type: "checkbox", id: "f-mine", checked: queueState.mine,
+    on: { change: (ev) => { queueState.mine = ev.target.checked; refresh(); } } });
+  return el("div", { class: "filters" }, input("user", "user"), input("account", "account (and below)"), sel,
+    el("label", {}, mine, " my jobs"));
+}
+
+async function queuePage(first) {
+  if (first) document.getElementById("main").replaceChildren(el("h1", {}, "Queue in dispatch order"), queueFilters(), el("div", { id: "queue-body" }));
+  const q = new URLSearchParams({ state: queueState.state });
+  const user = queueState.mine ? ME.actor : queueState.user;
+  if (user) q.set("user", user);
+  if (queueState.account) q.set("account", queueState.account);
+  const rows = await api(`/ui/api/queue?${q}`);
+  const body = table(["#", "job", "user", "account", "GPUs", "state", "code", "reason", "sort key", "submitted", "waiting", "estimated start"],
+    rows.map(({ row: r, parts }) => el("tr", { "data-job": r.job_id },
+      td(r.order === null ? "—" : r.order, { class: "num", "data-col": "order" }),
+      td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.user), td(r.account),
+      td(r.gpus, { class: "num" }), td(r.state), td(r.code, { "data-col": "code" }), td(r.reason),
+      td(parts.map((p) => el("span", { title: p.meaning }, `${p.name}=${typeof p.value === "number" ? +p.value.toFixed(4) : p.value} `))),
+      td(when(r.submitted_at)), td(dur(r.waiting_s)), td(when(r.estimated_start_at)))),
+    { id: "queue" });
+  document.getElementById("queue-body").replaceChildren(
+    el("p", { class: "muted" }, `${rows.length} jobs`), body);
+}
+
+// --- job ------------------------------------------------------------------------------------
+
+function timeline(history) {
+  if (!history.length) return el("p", { class: "muted" }, "no events");
+  const W = 900, H = 50, t0 = history[0].at, t1 = Math.max(t0 + 1, history[history.length - 1].at);
+  const x = (t) => 10 + ((t - t0) / (t1 - t0)) * (W - 20);
+  return svg("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", id: "timeline" },
+    svg("line", { x1: 10, y1: 20, x2: W - 10, y2: 20, stroke: "#ccd" }),
+    history.map((h, i) => svg("g", {},
+      svg("circle", { cx: x(h.at), cy: 20, r: 5, fill: colour(h.tag) }, svg("title", {}, `${when(h.at)} ${h.tag}: ${h.text}`)),
+      svg("text", { x: x(h.at), y: 34 + 10 * (i % 2),
+        "text-anchor": x(h.at) < 60 ? "start" : x(h.at) > W - 60 ? "end" : "middle" }, h.tag.split(".")[1] || h.tag))));
+}
+
+let replayed = null;
+
+async function jobPage() {
+  const id = new URLSearchParams(location.search).get("id");
+  if (!id || !/^\d+$/.test(id)) {
+    main(el("h1", {}, "Job"), el("p", {}, "Open a job from the queue."));
+    return;
+  }
+  const data = await api(`/ui/api/job/${id}`);
+  const j = data.job, x = data.explain;
+  const facts = table(["field", "value"], [
+    ["status", j.status + (j.outcome ? ` (${j.outcome})` : "")], ["user", j.user], ["account", j.account],
+    ["GPUs", `${j.gpus}${j.gpu_type ? " × " + j.gpu_type : ""}`], ["nodes", j.nodes.join(", ") || "—"],
+    ["funded", j.funded], ["resumable", j.resumable], ["min runtime", dur(j.min_runtime_s)],
+    ["submitted", when(j.submitted_at)], ["started", when(j.started_at)], ["finished", when(j.finished_at)],
+    ["placements / preemptions", `${j.placements} / ${j.preemptions}`],
+  ].map(([k, v]) => el("tr", {}, td(k), td(String(v)))), { id: "job-facts" });
+  const priv = data.private
+    ? el("div", { id: "job-private" }, el("h2", {}, "Command"), el("pre", { id: "job-command" }, j.command.join(" ") || "(none)"),
+      el("h2", {}, "Labels"), el("pre", {}, JSON.stringify(data.labels, null, 1)),
+      el("h2", {}, "Logs"), el("pre", { id: "job-logs" }, j.logs.join("\n") || "(none yet)"))
+    : el("p", { id: "job-private", class: "muted" }, "Command, labels and logs: only the owner, the managers above its account and admins see them.");
+  const decisions = table(["cycle", "decided", "placed", "preempted", "considered", "replay"],
+    data.decisions.map((d) => el("tr", { "data-position": d.position },
+      td(el("a", { href: `/ui/decisions?position=${d.position}` }, d.cycle_id)), td(when(d.decided_at)),
+      td(d.placed.includes(j.job_id) ? "this job" : d.placed.length, { class: "num" }),
+      td(d.preempted.includes(j.job_id) ? "this job" : d.preempted.length, { class: "num" }),
+      td(d.considered, { class: "num" }),
+      td(replayed === null ? "…" : replayText(replayed.get(d.position)), { "data-col": "replay" }))),
+    { id: "job-decisions" });
+  main(el("h1", {}, `Job ${j.job_id}`), facts, priv,
+    el("h2", {}, "Timeline"), timeline(x.history),
+    table(["at", "event", "what"], x.history.map((h) => el("tr", {}, td(when(h.at)), td(h.tag), td(h.text))), { id: "job-history" }),
+    el("h2", {}, "Explain"), el("pre", { id: "explain" }, x.lines.join("\n")),
+    el("h2", {}, "Decisions about it, beside their replay"), decisions);
+  if (replayed === null) {
+    replayed = new Map();
+    const got = await api(`/ui/api/job/${id}/replay`);
+    for (const r of got) replayed.set(r.position, r);
+    refresh();
+  }
+}
+
+function replayText(r) {
+  if (!r) return "not replayed (older)";
+  if (r.identical) return "identical";
+  if (r.replay.error) return `cannot replay: ${r.replay.error}`;
+  return `${r.replay.differences.length} differences`;
+}
+
+// --- nodes ----------------------------------------------------------------------------------
+
+async function nodesPage() {
+  const data = await api("/ui/api/nodes");
+  const byNode = new Map();
+  for (const g of data.gpus) {
+    if (!byNode.has(g.node)) byNode.set(g.node, []);
+    byNode.get(g.node).push(g);
+  }
+  const squat = new Set(data.squatters.map((s) => s.job_id));
+  const cards = data.nodes.map((n) => {
+    const gpus = byNode.get(n.node) || [];
+    const held = gpus.filter((g) => g.job_id !== null).length;
+    return el("div", { class: "card", "data-node": n.node },
+      el("h3", {}, `${n.node} `, el("span", { class: `state-${n.state}` }, n.state), n.drain_reason ? el("span", { class: "muted" }, ` (${n.drain_reason})`) : null),
+      el("div", { class: "muted" }, `${n.gpus} × ${n.gpu_type} · ${n.cluster} · ${held}/${n.gpus} allocated (${pct(held / Math.max(1, n.gpus))})`),
+      el("div", { class: "gpus" }, gpus.map((g) => g.job_id === null
+        ? el("div", { class: "gpu free", title: `GPU ${g.gpu}: free` }, g.gpu)
+        : el("a", { class: "gpu", href: `/ui/job?id=${g.job_id}`, "data-gpu": `${g.node}:${g.gpu}`,
+          style: `background:${colour(g.job_id)}${squat.has(g.job_id) ? ";outline:3px solid var(--bad)" : ""}`,
+          title: `GPU ${g.gpu}: job ${g.job_id} (${g.user}, ${g.account}) utilisation ${g.utilisation_pct === null ? "unknown" : g.utilisation_pct + "%"}` },
+          `${g.job_id}${g.utilisation_pct === null ? "" : " " + Math.round(g.utilisation_pct) + "%"}`))));
+  });
+  const total = data.gpus.length, used = data.gpus.filter((g) => g.job_id !== null).length;
+  main(el("h1", {}, "Nodes and GPUs"),
+    el("p", {}, `${used}/${total} GPUs allocated (${pct(used / Math.max(1, total))}); `,
+      `${data.nodes.filter((n) => n.state !== "active").length} nodes not active; squatters outlined in red.`),
+    el("div", { class: "grid", id: "nodes" }, cards),
+    el("h2", {}, "Squatters (idle GPUs held)"),
+    table(["job", "user", "account", "GPUs", "idle since", "past contract", "managers"],
+      data.squatters.map((s) => el("tr", {}, td(el("a", { href: `/ui/job?id=${s.job_id}` }, s.job_id)), td(s.user), td(s.account),
+        td(s.gpus, { class: "num" }), td(when(s.idle_since_at)), td(s.past_contract), td(s.managers.join(", ")))),
+      { id: "squatters" }));
+}
+
+// --- decisions ------------------------------------------------------------------------------
+
+function cyclesChart(rows) {
+  const W = 900, H = 140, B = 16;
+  if (!rows.length) return el("p", { class: "muted" }, "no recorded decisions");
+  const t0 = rows[rows.length - 1].decided_at, t1 = Math.max(t0 + 1, rows[0].decided_at);
+  const top = Math.max(1, ...rows.map((r) => r.placed.length + r.preempted.length));
+  const x = (t) => 30 + ((t - t0) / (t1 - t0)) * (W - 40);
+  const y = (v) => H - B - (v / top) * (H - B - 8);
+  return svg("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", id: "cycles-chart" },
+    svg("line", { x1: 30, y1: H - B, x2: W, y2: H - B, stroke: "#ccd" }),
+    svg("text", { x: 2, y: 12 }, top), svg("text", { x: 2, y: H - B }, 0),
+    svg("text", { x: 30, y: H - 3 }, when(t0)), svg("text", { x: W - 150, y: H - 3 }, when(t1)),
+    rows.map((r) => svg("g", {},
+      svg("line", { x1: x(r.decided_at), x2: x(r.decided_at), y1: H - B, y2: y(r.placed.length), stroke: "var(--delivered)", "stroke-width": 2 }),
+      svg("line", { x1: x(r.decided_at) + 2, x2: x(r.decided_at) + 2, y1: H - B, y2: y(r.preempted.length), stroke: "var(--bad)", "stroke-width": 2 }))));
+}
+
+async function decisionsPage() {
+  const rows = await api("/ui/api/decisions?limit=500");
+  const chosen = new URLSearchParams(location.search).get("position");
+  const list = table(["cycle", "decided", "placed", "preempted", "considered", "fragmented GPUs", "policy"],
+    rows.map((r) => el("tr", { "data-position": r.position },
+      td(el("a", { href: `/ui/decisions?position=${r.position}` }, r.cycle_id)), td(when(r.decided_at)),
+      td(r.placed.length, { class: "num" }), td(r.preempted.length, { class: "num" }),
+      td(r.considered, { class: "num" }), td(r.fragmentation_gpus, { class: "num" }), td(r.policy_version))),
+    { id: "decisions" });
+  let detail = null;
+  if (chosen && /^\d+$/.test(chosen)) {
+    const d = await api(`/ui/api/decision/${chosen}`);
+    const rec = d.record;
+    detail = el("div", { id: "decision" },
+      el("h2", {}, `Cycle ${rec.cycle_id}`),
+      table(["", ""], [
+        ["decided", when(d.row.decided_at)], ["based on position", rec.based_on],
+        ["policy", `${rec.policy_version} ${JSON.stringify(rec.config)}`],
+        ["ranks read at", rec.ranks ? `${rec.ranks.position} (digest ${rec.ranks.digest})` : "—"],
+        ["placed", rec.placed.join(", ") || "none"], ["preempted", rec.preempted.join(", ") || "none"],
+        ["considered", rec.waiting.considered],
+        ["waiting by code", rec.waiting.counts.map(([c, n]) => `${c}: ${n}`).join(", ") || "—"],
+        ["wake at", when(rec.wake_at)], ["skipped empty cycles before", rec.skipped_cycles],
+      ].map(([k, v]) => el("tr", {}, td(k), td(v)))),
+      el("h2", {}, "The record"), el("pre", {}, JSON.stringify(rec, null, 1)));
+  }
+  main(el("h1", {}, "Decisions"), el("p", { class: "legend" },
+    el("span", {}, el("i", { class: "sw", style: "background:var(--delivered)" }), "placed"),
+    el("span", {}, el("i", { class: "sw", style: "background:var(--bad)" }), "preempted"),
+    `${rows.length} latest cycles`), cyclesChart(rows), detail, el("h2", {}, "Cycles"), list);
+}
+
+// --- the loop -------------------------------------------------------------------------------
+
+const PAGES = { teams: teamsPage, queue: queuePage, job: jobPage, nodes: nodesPage, decisions: decisionsPage };
+let ME = null;
+let timer = null;
+let started = false;
+
+async function refresh() {
+  clearTimeout(timer);
+  try {
+    await PAGES[PAGE](!started);
+    started = true;
+    status(`updated ${new Date().toLocaleTimeString()}`);
+  } catch (err) {
+    status(`could not update: ${err.message}`, true);
+  }
+  timer = setTimeout(refresh, POLL_MS[PAGE]);
+}
+
+async function start() {
+  document.getElementById("tz").textContent = Intl.DateTimeFormat().resolvedOptions().timeZone;
+  for (const a of document.querySelectorAll("[data-nav]")) if (a.dataset.nav === PAGE) a.className = "on";
+  document.getElementById("signout").addEventListener("click", () => {
+    localStorage.removeItem(TOKEN_KEY);
+    location.assign("/ui/login");
+  });
+  if (PAGE === "login") {
+    document.getElementById("signout").hidden = true;
+    loginPage();
+    return;
+  }
+  if (!token()) {
+    location.assign(`/ui/login?next=${encodeURIComponent(location.pathname + location.search)}`);
+    return;
+  }
+  ME = await api("/v1/whoami");
+  document.getElementById("who").textContent = `${ME.actor}${ME.admin ? " (admin)" : ""}`;
+  await refresh();
+}
+
+start();

@@ -1,0 +1,392 @@
+"""The dashboard in a real browser (Debian's chromium driven by Playwright) against a real
+`gpuledger serve` process holding a simulated history: every page loads without a console
+error, the figures shown equal the CLI's `--json` on the same ledger, and a plain user never
+sees another team's job command. Screenshots go to $GPULEDGER_SCREENSHOTS (docs/img for the
+README) or a temporary directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
+
+from tests.integration.dashkit import SECRET, Dashboard, build
+from tests.integration.serverkit import Server, cli, make_token, start_server
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+TIMEZONE = "Asia/Tokyo"
+SAMPLE = [11.0, 22.0, 33.0, 44.0, 55.0, 66.0, 77.0, 88.0]
+READY = {
+    "teams": "#shares tbody tr",
+    "queue": "#queue tbody tr",
+    "nodes": "#nodes .card",
+    "decisions": "#decisions tbody tr",
+}
+
+
+@dataclass
+class Served:
+    dash: Dashboard
+    server: Server
+    tokens: dict[str, str]
+    shots: Path
+    sampled: int
+    """A running job with a utilisation sample (SAMPLE, one value per GPU)."""
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("dash")
+    dash = build(tmp / "ledger")
+    home = dash.home
+    cli(home, "manager", "grant", "boss", dash.project_b.split("/")[0], GPULEDGER_USER="root")
+    tokens = {
+        who: make_token(home, "--user", who) for who in ("root", dash.user_a, dash.user_b, "boss")
+    }
+    server = start_server(home, "--interval", "1s")
+    try:
+        deadline = time.monotonic() + 30
+        while server.request("GET", "/v1/health")[1]["cycles"] < 2:
+            assert time.monotonic() < deadline, server.log_path.read_text()
+            time.sleep(0.1)
+        running = [j for j in json.loads(cli(home, "jobs", "--json").stdout) if j["nodes"]]
+        sampled = running[0]["job_id"]
+        status, body = server.request(
+            "POST",
+            "/v1/commands/job.sample",
+            {"actor": "", "job_id": sampled, "gpu_utilisation": SAMPLE},
+            token=tokens["root"],
+        )
+        assert status == 200, body
+        shots = Path(os.environ.get("GPULEDGER_SCREENSHOTS") or tmp / "shots")
+        shots.mkdir(parents=True, exist_ok=True)
+        yield Served(dash, server, tokens, shots, sampled)
+    finally:
+        assert server.stop() == 0, server.log_path.read_text()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(
+            f"chromium is not installed ({CHROMIUM}); scripts/test installs it", pytrace=False
+        )
+    args = ["--no-sandbox"] if os.geteuid() == 0 else []
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=args)
+        yield b
+        b.close()
+
+
+def signed_in(browser: Browser, token: str) -> BrowserContext:
+    ctx = browser.new_context(viewport={"width": 1280, "height": 860}, timezone_id=TIMEZONE)
+    ctx.add_init_script(f"localStorage.setItem('gpuledger.token', {json.dumps(token)})")
+    return ctx
+
+
+def watched(ctx: BrowserContext) -> tuple[Page, list[str]]:
+    page = ctx.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    return page, errors
+
+
+def iso(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def cli_json(s: Served, *args: str) -> Any:
+    return json.loads(cli(s.dash.home, *args, "--json", GPULEDGER_USER="root").stdout)
+
+
+def test_every_page_loads_without_a_console_error(served: Served, browser: Browser) -> None:
+    s = served
+    ctx = signed_in(browser, s.tokens["root"])
+    page, errors = watched(ctx)
+    base = s.server.url
+    status, latest = s.server.request("GET", "/ui/api/decisions?limit=1", token=s.tokens["root"])
+    assert status == 200 and latest, latest
+    position = latest[0]["position"]
+    visits = [
+        ("teams", "/ui/teams", READY["teams"]),
+        ("teams-whole-period", "/ui/teams", "#window-all"),
+        ("queue", "/ui/queue", READY["queue"]),
+        ("job", f"/ui/job?id={s.dash.job_b}", "#job-decisions"),
+        ("nodes", "/ui/nodes", READY["nodes"]),
+        ("decisions", f"/ui/decisions?position={position}", "#decision"),
+    ]
+    for name, path, ready in visits:
+        page.goto(base + path)
+        page.wait_for_selector(ready)
+        if name == "teams-whole-period":
+            page.click("#window-all")
+            page.wait_for_selector("#window-all[disabled]")
+            page.wait_for_selector(READY["teams"])
+        if name == "job":
+            page.wait_for_function(
+                "[...document.querySelectorAll('[data-col=replay]')].every("
+                "c => c.textContent !== '…')"
+            )
+        assert page.locator("#status").inner_text().startswith("updated"), name
+        assert page.locator("#tz").inner_text() == TIMEZONE
+        page.screenshot(path=str(s.shots / f"{name}.png"))
+    assert errors == []
+    # the job page shows its timeline and each decision about it beside its replay: identical
+    page.goto(f"{base}/ui/job?id={s.dash.job_b}")
+    page.wait_for_selector("#job-history tbody tr")
+    history = page.locator("#job-history").inner_text()
+    assert "job.submitted.v1" in history and "job.placed.v1" in history
+    page.wait_for_function(
+        "[...document.querySelectorAll('[data-col=replay]')].every(c => c.textContent !== '…')"
+    )
+    replays = [c.inner_text() for c in page.locator("[data-col=replay]").all()]
+    assert replays and set(replays) == {"identical"}, replays
+    ctx.close()
+
+
+def test_the_login_page_keeps_a_good_token_and_refuses_a_bad_one(
+    served: Served, browser: Browser
+) -> None:
+    ctx = browser.new_context()
+    page, errors = watched(ctx)
+    page.goto(served.server.url + "/ui/queue")
+    page.wait_for_url("**/ui/login?next=*")
+    page.fill("#token", "glt_nothing_like_a_token")
+    page.click("#signin")
+    page.wait_for_selector("#login-error:not(:empty)")
+    page.fill("#token", served.tokens[served.dash.user_a])
+    page.click("#signin")
+    page.wait_for_url("**/ui/queue")
+    page.wait_for_selector(READY["queue"])
+    assert page.locator("#who").inner_text() == served.dash.user_a
+    page.click("#signout")
+    page.wait_for_url("**/ui/login")
+    # the one failed whoami is the browser's own "401" line; nothing else
+    assert [e for e in errors if "401" not in e] == []
+    ctx.close()
+
+
+def test_the_figures_shown_equal_the_cli_json(served: Served, browser: Browser) -> None:
+    s = served
+    ctx = signed_in(browser, s.tokens[s.dash.user_a])
+    page, errors = watched(ctx)
+    # teams: the tree as of the page's moment, and delivered over the page's window
+    page.goto(s.server.url + "/ui/teams")
+    page.wait_for_selector(READY["teams"])
+    at = float(page.locator("#shares").get_attribute("data-at") or "nan")
+    shown = {
+        r.get_attribute("data-account"): [
+            r.locator(f"[data-col={c}]").inner_text()
+            for c in ("norm_shares", "usage", "level_fs", "fair_share")
+        ]
+        for r in page.locator("#shares tbody tr").all()
+    }
+    want = {
+        r["account"]: [
+            f"{r['norm_shares']:.4f}",
+            f"{r['raw_usage_gpu_s'] / 3600:.1f}",
+            "∞" if r["level_fs_infinite"] else f"{r['level_fs']:.4f}",
+            "—" if r["fair_share"] is None else f"{r['fair_share']:.4f}",
+        ]
+        for r in cli_json(s, "shares", "--at", iso(at))
+    }
+    assert shown == want
+    assert any(v[1] != "0.0" for v in shown.values())  # the history shows up as usage
+    for window in ("7d", "all"):
+        if window == "all":
+            page.click("#window-all")
+            page.wait_for_selector("#window-all[disabled]")
+        table = page.locator("#delivered")
+        start = float(table.get_attribute("data-start") or "nan")
+        end = float(table.get_attribute("data-end") or "nan")
+        shown_d = {
+            r.get_attribute("data-team"): (
+                r.locator("[data-col=owed]").inner_text(),
+                r.locator("[data-col=delivered]").inner_text(),
+            )
+            for r in table.locator("tbody tr").all()
+        }
+        rep = cli_json(
+            s, "report", "delivered", "--at", iso(end), "--window", f"{round(end - start)}s"
+        )
+        want_d = {
+            t["team"]: (f"{t['owed_gpu_hours']:.1f}", f"{t['delivered_gpu_hours']:.1f}")
+            for t in rep["teams"]
+        }
+        assert shown_d == want_d and len(want_d) == 4
+    assert any(float(d) > 0 for _, d in shown_d.values())
+    # queue: the same jobs in the same order with the same codes as `gpuledger queue --json`
+    for _ in range(5):
+        before = [(q["job_id"], q["code"]) for q in cli_json(s, "queue")]
+        page.goto(s.server.url + "/ui/queue")
+        page.wait_for_selector(READY["queue"])
+        rows = page.locator("#queue tbody tr").all()
+        shown_q = [
+            (int(r.get_attribute("data-job") or 0), r.locator("[data-col=code]").inner_text())
+            for r in rows
+        ]
+        after = [(q["job_id"], q["code"]) for q in cli_json(s, "queue")]
+        if before == after:  # nothing moved while the page read it
+            assert shown_q == after and after
+            break
+    else:
+        raise AssertionError("the queue kept changing under five reads")
+    # filters: my jobs, then an account
+    page.check("#f-mine")
+    page.wait_for_function(
+        "[...document.querySelectorAll('#queue tbody tr')].every("
+        f"r => r.children[2].textContent === {json.dumps(s.dash.user_a)})"
+    )
+    mine = [q["job_id"] for q in cli_json(s, "queue", "--user", s.dash.user_a)]
+    assert [
+        int(r.get_attribute("data-job") or 0) for r in page.locator("#queue tbody tr").all()
+    ] == mine
+    # nodes: the GPU map holds the jobs the node list says, the drained node is marked
+    page.goto(s.server.url + "/ui/nodes")
+    page.wait_for_selector(READY["nodes"])
+    for n in cli_json(s, "node", "list"):
+        card = page.locator(f"[data-node={n['node']}]")
+        held = {int(x.inner_text().split()[0]) for x in card.locator("a.gpu").all()}
+        assert held == set(n["jobs"]), n
+        assert card.locator("a.gpu").count() == n["gpus"] - n["free_gpus"]
+        assert n["state"] in card.locator("h3").inner_text()
+    tiles = page.locator("a.gpu").all()
+    shown_util = [
+        t.inner_text().split()[1] for t in tiles if t.inner_text().split()[0] == str(s.sampled)
+    ]
+    assert shown_util == [f"{round(x)}%" for x in SAMPLE]  # one value per GPU, in slot order
+    states = {n["state"] for n in cli_json(s, "node", "list")}
+    assert {"active", "drained", "lost"} <= states
+    assert errors == []
+    ctx.close()
+
+
+def test_a_plain_user_never_sees_another_teams_job_command(
+    served: Served, browser: Browser
+) -> None:
+    s = served
+    job = s.dash.job_b
+    seen = {}
+    for who in ("root", s.dash.user_a, s.dash.user_b, "boss"):
+        status, body = s.server.request("GET", f"/ui/api/job/{job}", token=s.tokens[who])
+        assert status == 200, body
+        seen[who] = (body["private"], SECRET in json.dumps(body))
+    assert seen == {
+        "root": (True, True),  # admin
+        s.dash.user_a: (False, False),  # another team's member
+        s.dash.user_b: (True, True),  # its owner
+        "boss": (True, True),  # a manager above its account
+    }
+    ctx = signed_in(browser, s.tokens[s.dash.user_a])
+    page, errors = watched(ctx)
+    page.goto(f"{s.server.url}/ui/job?id={job}")
+    page.wait_for_selector("#job-private")
+    assert "only the owner" in page.locator("#job-private").inner_text()
+    assert SECRET not in page.content()
+    ctx.close()
+    ctx = signed_in(browser, s.tokens[s.dash.user_b])
+    page, more = watched(ctx)
+    page.goto(f"{s.server.url}/ui/job?id={job}")
+    page.wait_for_selector("#job-command")
+    assert SECRET in page.locator("#job-command").inner_text()
+    assert errors == more == []
+    ctx.close()
+
+
+def test_pages_answer_only_signed_in_people(served: Served) -> None:
+    s = served
+    for path in (
+        "/ui/api/teams",
+        "/ui/api/queue",
+        "/ui/api/nodes",
+        "/ui/api/decisions",
+        "/metrics",
+    ):
+        assert s.server.request("GET", path)[0] == 401, path
+        assert s.server.request("GET", path, token="glt_bad_secret")[0] == 401, path
+    node_token = make_token(s.dash.home, "--user", "root", "--node", "n001")
+    assert s.server.request("GET", "/ui/api/queue", token=node_token)[0] == 403
+    assert s.server.request("GET", "/ui/job")[0] == 200  # the page itself holds no data
+    assert s.server.request("GET", "/ui/nothing")[0] == 404
+    assert s.server.request("GET", "/ui/api/job/999999", token=s.tokens["root"])[0] == 404
+
+
+def test_metrics_match_the_cli_and_time_the_api(served: Served) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    s = served
+    root = s.tokens["root"]
+    assert s.server.request("GET", "/ui/api/queue", token=root)[0] == 200
+    assert s.server.request("GET", "/ui/api/job/999999", token=root)[0] == 404
+    assert s.server.request("GET", "/metrics")[0] == 401
+    node_token = make_token(s.dash.home, "--user", "root", "--node", "n002")
+    assert s.server.request("GET", "/ui/api/queue", token=node_token)[0] == 403
+
+    def scrape() -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+        status, text = s.server.request("GET", "/metrics", token=root)
+        assert status == 200
+        raw = text.decode() if isinstance(text, bytes) else str(text)
+        out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+        for fam in text_string_to_metric_families(raw):
+            for x in fam.samples:
+                out.setdefault(x.name, {})[tuple(sorted(x.labels.items()))] = x.value
+        return out
+
+    for _ in range(5):
+        before = cli_json(s, "queue")
+        got = scrape()
+        after = cli_json(s, "queue")
+        if [q["job_id"] for q in before] == [q["job_id"] for q in after]:
+            break
+    else:
+        raise AssertionError("the queue kept changing under five reads")
+    codes: dict[str, int] = {}
+    teams: dict[str, int] = {}
+    for q in after:
+        codes[q["code"]] = codes.get(q["code"], 0) + 1
+        team = "/".join(q["account"].split("/")[:2])
+        teams[team] = teams.get(team, 0) + 1
+    assert {k[0][1]: n for k, n in got["gpuledger_queue_jobs"].items()} == codes and codes
+    assert {k[0][1]: n for k, n in got["gpuledger_queue_jobs_by_team"].items()} == teams
+    preempted: dict[str, int] = {}
+    for p in cli_json(s, "audit", "preemptions"):
+        preempted[p["reason"]] = preempted.get(p["reason"], 0) + 1
+    shown = {k[0][1]: n for k, n in got.get("gpuledger_preemptions_total", {}).items()}
+    assert shown == preempted
+    placed = got["gpuledger_placements_total"]
+    jobs = cli_json(s, "jobs", "--limit", "100000")
+    assert sum(placed.values()) == sum(j["placements"] for j in jobs) > 0
+    at = iso(got["gpuledger_read_at_seconds"][()])
+    shares = {r["account"]: r for r in cli_json(s, "shares", "--at", at)}
+    usage = {r["name"]: r["usage_gpu_hours"] for r in cli_json(s, "usage", "--at", at)}
+    delivered = {
+        t["team"]: t
+        for t in cli_json(s, "report", "delivered", "--at", at, "--window", "7d")["teams"]
+    }
+    for (label,), level in got["gpuledger_team_level_fs"].items():
+        row = shares[label[1]]
+        assert level == (float("inf") if row["level_fs_infinite"] else row["level_fs"])
+    for (label,), hours in got["gpuledger_team_usage_gpu_hours"].items():
+        assert hours == usage.get(label[1], 0.0)
+    for (label,), hours in got["gpuledger_team_delivered_gpu_hours"].items():
+        assert hours == delivered[label[1]]["delivered_gpu_hours"]
+    for (label,), hours in got["gpuledger_team_owed_gpu_hours"].items():
+        assert hours == delivered[label[1]]["owed_gpu_hours"]
+    assert len(got["gpuledger_team_level_fs"]) == 4
+    assert any(h > 0 for h in got["gpuledger_team_delivered_gpu_hours"].values())
+    assert got["gpuledger_projection_lag_events"][()] == 0
+    assert got["gpuledger_cycle_seconds_count"][()] >= 2
+    api = got["gpuledger_api_request_seconds_count"]
+    seen = {(dict(k)["route"], dict(k)["status"]) for k, n in api.items() if n > 0}
+    assert {("/ui/api/queue", "200"), ("/ui/api/queue", "403"), ("/metrics", "401")} <= seen
+    assert ("/ui/api/job/{job_id}", "404") in seen  # the template, not the path
