@@ -476,6 +476,15 @@ def queue(
 
 _DEBUG_LANE = ("debug_lane", "0: a funded debug-class job in the debug lane, 1: any other")
 _KEY_PARTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "fairshare-3": (
+        _DEBUG_LANE,
+        ("funded_class", "0 funded, 1 unfunded (funded work goes first)"),
+        ("team_place", "the team's place by its share of the whole tree, 0 the best"),
+        ("priority_neg", "declared priority, negated: orders jobs inside one team"),
+        ("user_rank", "the user leaf's fair-share rank inside the team"),
+        ("submitted_at", "submit time, earlier first"),
+        ("job_id", "the tie-break"),
+    ),
     "fairshare-2": (
         _DEBUG_LANE,
         ("funded_class", "0 funded, 1 unfunded (funded work goes first)"),

@@ -123,6 +123,10 @@ class WithSettings:
     def least_loss(self) -> bool:
         return self.inner.least_loss
 
+    @property
+    def least_loss_gangs(self) -> bool:
+        return self.inner.least_loss_gangs
+
     def budget_of(self, job: PendingJob) -> tuple[str, int]:
         return self.inner.budget_of(job)
 
