@@ -9,6 +9,7 @@ from the projection's read models, never from the folded write-side `State`.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -31,7 +32,7 @@ if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load t
     from ledger.dispatch.policy import Policy
     from ledger.dispatch.snapshot import Snapshot
     from ledger.domain import Job, State
-    from projections.fairshare import UsagePolicy
+    from projections.fairshare import DeliveredReport, UsagePolicy
     from projections.store import Store
 
 # --- budget tree and nodes ---------------------------------------------------------------------
@@ -271,6 +272,10 @@ def delivered(store: Store, start: float, end: float, team_depth: int) -> v.Deli
         raise InvalidCommand("the report needs a positive, finite window", start=start, end=end)
     team_depth = check(team_depth, TeamDepth, "team depth")
     rep = queries.delivered_report(store, start, end, team_depth=team_depth)
+    return _delivered_view(rep, team_depth)
+
+
+def _delivered_view(rep: DeliveredReport, team_depth: int) -> v.DeliveredView:
     return v.DeliveredView(
         start_at=rep.start,
         end_at=rep.end,
@@ -768,21 +773,24 @@ def job(store: Store, job_id: int, now: float) -> v.JobRow:
 
 def delivered_series(
     store: Store, start: float, end: float, team_depth: int, bucket_s: float
-) -> v.DeliveredSeriesView:
-    """Owed and delivered GPU-hours per team in buckets of `bucket_s` (a multiple of an hour)
-    over [start, end), from the same team hours as `delivered`."""
+) -> tuple[v.DeliveredView, v.DeliveredSeriesView]:
+    """Owed against delivered over [start, end) as `delivered` gives it, and per team in
+    buckets of `bucket_s` (a whole number of hours), from one reading of the team hours."""
     if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
         raise InvalidCommand("the series needs a positive, finite window", start=start, end=end)
     if bucket_s < 3600 or bucket_s % 3600:
         raise InvalidCommand("the bucket is a whole number of hours", bucket_s=bucket_s)
+    from projections.fairshare import summarise
+
     team_depth = check(team_depth, TeamDepth, "team depth")
+    hours = queries.team_hours(store, start, end, team_depth=team_depth)
     sums: dict[str, dict[float, list[float]]] = {}
-    for th in queries.team_hours(store, start, end, team_depth=team_depth):
+    for th in hours:
         at = start + ((th.hour - start) // bucket_s) * bucket_s
         cell = sums.setdefault(th.team, {}).setdefault(at, [0.0, 0.0])
         cell[0] += th.owed_gpu_h
         cell[1] += th.delivered_gpu_h
-    return v.DeliveredSeriesView(
+    series = v.DeliveredSeriesView(
         start_at=start,
         end_at=end,
         bucket_s=bucket_s,
@@ -797,26 +805,37 @@ def delivered_series(
             for team, cells in sorted(sums.items())
         ],
     )
+    return _delivered_view(summarise(hours, start, end), team_depth), series
 
 
 def gpu_map(ledger: Ledger, store: Store) -> list[v.GpuRow]:
     """Every GPU of the nodes in service, by node and index, with the job holding it and that
-    job's last utilisation sample."""
+    GPU's value in the job's last utilisation sample (one value per GPU in slot order; the
+    job's mean when the sample does not have one per GPU)."""
     state = ledger.state
     holders: dict[tuple[str, int], int] = {}
+    order: dict[int, list[tuple[str, int]]] = {}
     for j in state.jobs.values():
         for slot in j.slots:
             for g in slot.gpu_indices:
                 holders[(slot.node, g)] = j.job_id
-    util: dict[int, float] = {}
+                order.setdefault(j.job_id, []).append((slot.node, g))
+    util: dict[tuple[str, int], float] = {}
     if holders:
         rows = store.con.execute(
             "SELECT job_id, arg_max(raw->>'$.gpu_utilisation', position) FROM events "
             "WHERE tag = 'job.utilisation_sampled.v1' AND job_id IN (SELECT unnest($ids)) "
             "GROUP BY job_id",
-            {"ids": sorted(set(holders.values()))},
+            {"ids": sorted(order)},
         ).fetchall()
-        util = {int(j): float(u) for j, u in rows if u is not None}
+        for job_id, text in rows:
+            values = [float(x) for x in json.loads(text or "[]")]
+            gpus = order[int(job_id)]
+            if not values:
+                continue
+            if len(values) != len(gpus):
+                values = [sum(values) / len(values)] * len(gpus)
+            util.update(zip(gpus, values, strict=True))
     out = []
     for n in sorted(state.nodes.values(), key=lambda n: n.name):
         if n.state == "removed":
@@ -832,7 +851,7 @@ def gpu_map(ledger: Ledger, store: Store) -> list[v.GpuRow]:
                     job_id=jid,
                     user=None if spec is None else spec.user,
                     account=None if spec is None else spec.account,
-                    utilisation_pct=None if jid is None else util.get(jid),
+                    utilisation_pct=util.get((n.name, g)),
                 )
             )
     return out

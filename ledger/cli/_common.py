@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # the store is imported only by commands that open it (client
     from ledger.application import Appended, Ledger
 
 EVENTS_DB = "events.sqlite"
+SERVER_SOCKET = "gpuledger.sock"
+"""Where a server running on the data directory listens (`ledger.server.client.local_socket`)."""
 
 T = TypeVar("T")
 
@@ -153,6 +155,9 @@ class Ctx:
     def remote(self) -> Any:
         """The server's client, or None in embedded mode."""
         if self._client is None:
+            if not self._url and not (self.home / SERVER_SOCKET).exists():
+                self._client = False  # embedded: the HTTP client is never imported
+                return None
             from ledger.server.client import Client, load_token, local_socket
 
             if self._url:
@@ -204,14 +209,19 @@ class Ctx:
                 f"no ledger in {self.home}", hint="run `gpuledger init --admin USER` or pass --home"
             )
 
-    def ledger(self, *, must_exist: bool = True, live: bool = False) -> Ledger:
-        """The ledger; `live=True` for commands that need only live work (writes, the queue, the
-        service): it starts from the newest snapshot plus the tail and keeps no finished jobs."""
+    def local_only(self) -> None:
+        """Commands that read the data directory itself (the store, the projection file) are
+        refused beside a running server, before they open anything: the server owns it."""
         if self.remote is not None:
             raise InvalidCommand(
                 "this command needs the data directory, and a server owns it",
                 hint="run it on the server's host with the server stopped, or use the API",
             )
+
+    def ledger(self, *, must_exist: bool = True, live: bool = False) -> Ledger:
+        """The ledger; `live=True` for commands that need only live work (writes, the queue, the
+        service): it starts from the newest snapshot plus the tail and keeps no finished jobs."""
+        self.local_only()
         if self._ledger is None or (self._ledger.state.live_only and not live):
             if must_exist and not (self.home / EVENTS_DB).exists():
                 raise InvalidCommand(

@@ -8,13 +8,10 @@ Stopping it (Ctrl-C, SIGTERM, or kill -9) leaves jobs running under their superv
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -32,19 +29,10 @@ from ledger.cli._common import (
 )
 from ledger.clock import SystemClock
 from ledger.dispatch import registry
-from ledger.dispatch.policy import Policy
 from ledger.executors import ServiceExecutor
-from ledger.explain import lifecycle_lines
-from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
-from projections.errors import ProjectionBusy
-from projections.projector import Projector
-from projections.source import EmbeddedSource
-from projections.store import Store
+from ledger.loop import ServiceLoop, make_policy
 from schemas import commands as c
-from schemas.errors import InvalidCommand, LedgerError
-
-if TYPE_CHECKING:
-    from ledger.relay import RelayService
+from schemas.errors import InvalidCommand
 
 
 def _node_spec(text: str) -> tuple[str, int, str]:
@@ -55,15 +43,6 @@ def _node_spec(text: str) -> tuple[str, int, str]:
             f"invalid node {text!r}", hint="use NAME:GPUS[:TYPE], e.g. local:4:h100"
         )
     return name, int(gpus), gpu_type or "gpu"
-
-
-def _policy(name: str, margin: float, debug_lane: bool, squat_after_s: float) -> Policy:
-    """The named policy; `--margin`, `--debug-lane` and `--squat-after` set fair share's knobs."""
-    config = registry.default_config(name)
-    if registry.lookup(name).name == "fairshare":
-        knobs = {"margin": margin, "debug_lane": debug_lane, "squat_after_s": squat_after_s}
-        config = registry.with_knobs(config, knobs)
-    return registry.policy_from_config(config)
 
 
 @click.command()
@@ -185,88 +164,31 @@ def up(
         from ledger.slurm import open_executor
 
         executor = open_executor(
-            ctx.ledger(), partition, ctx.home / "jobs", parse_duration(grace), ctx.actor
+            ledger, partition, ctx.home / "jobs", parse_duration(grace), ctx.actor
         )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    relay = _relay(ctx.home, kafka, log_level)
-    source = EmbeddedSource(ctx.home)  # scheduling never waits on the broker
     deadline = None if run_for is None else clock.now() + parse_duration(run_for)
     tick = parse_interval(interval)
-    with _open_projection(ctx.home) as store:
-        dispatcher = Dispatcher(
-            ledger,
-            ProjectionRanks(Projector(store, source)),
-            _policy(policy, margin, debug_lane, parse_duration(squat_after)),
-            executor,
-        )
-        dispatcher.recover(executor, clock.now())
-        from ledger.loop import record_settings
-
-        record_settings(ledger, dispatcher.policy, float(tick), executor_name, log)
+    loop = ServiceLoop(
+        ledger,
+        executor,
+        make_policy(policy, margin, debug_lane, parse_duration(squat_after)),
+        kafka=kafka,
+        log=log,
+        lifecycle_dir=ctx.home / "jobs",
+    )
+    loop.open()  # scheduling reads the store; with --kafka a relay publishes it
+    try:
+        loop.record_settings(float(tick), executor_name)
         log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
         log.info("job output goes to %s/job-N.log", ctx.home / "jobs")
-        seen = ledger.head()
-        before: dict[int, Any] = dict(ledger.state.jobs)
-        try:
-            while not stop.is_set():
-                now = clock.now()
-                result = dispatcher.cycle(now)
-                seen = _log_lifecycle(ledger, seen, before, ctx.home / "jobs", log)
-                if until_idle and _idle(ledger):
-                    log.info("nothing pending or running: exiting")
-                    break
-                if deadline is not None and now >= deadline:
-                    break
-                wake = result.decision.wake_at
-                wait = tick if wake is None else max(0.05, min(tick, wake - clock.now()))
-                stop.wait(wait)
-        finally:
-            # supervised jobs keep running (the next `up` adopts them); Slurm's run on
-            exits = executor.shutdown(clock.now())
-            for ex in exits:
-                try:
-                    ledger.execute(
-                        c.FinishJob(actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code)
-                    )
-                except LedgerError as err:
-                    log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
-            _log_lifecycle(ledger, seen, before, ctx.home / "jobs", log)
-            stop.set()
-            if relay is not None:
-                relay.stop()  # flushes: every event committed above is published (bounded)
-            source.close()
-            ledger.snapshot_state()  # a clean stop: the next start folds no tail
-
-
-def _log_lifecycle(
-    ledger: Any, after: int, jobs: dict[int, Any], output: Path, log: logging.Logger
-) -> int:
-    """Log each job start, finish, failure and preemption the log gained after `after` (jobs
-    that finished are gone from the live state: `jobs` keeps the ones seen); the new head."""
-    events = [ev for _, ev in ledger.read(after, 100_000)]
-    jobs.update(ledger.state.jobs)
-    for line in lifecycle_lines(events, jobs, str(output)):
-        log.info("%s", line)
-    return int(ledger.head())
-
-
-def _open_projection(home: Path, wait_s: float = 15.0) -> Store:
-    """The projection file, for writing. A read command may hold it for a moment (DuckDB allows
-    one writer per file; readers open it only when no service does): retry until `wait_s`."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            return Store.open(home)
-        except ProjectionBusy:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
-def _idle(ledger: Any) -> bool:
-    return not any(j.active for j in ledger.state.jobs.values())
+        loop.run(stop, tick, until_idle=until_idle, deadline=deadline)
+    finally:
+        # supervised jobs keep running (the next `up` adopts them); Slurm's run on
+        stop.set()
+        loop.close(stop_jobs=True)
 
 
 def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
@@ -279,34 +201,6 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
             cmds.append(c.RegisterNode(actor=ctx.actor, node=name, gpus=gpus, gpu_type=gpu_type))
     if cmds:
         ledger.execute_all(cmds)
-
-
-def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None:
-    """With --kafka, a relay thread publishes the store to the topic for other readers
-    (GPULEDGER_KAFKA_TOPIC and GPULEDGER_KAFKA_TRANSACTIONAL_ID override the topic and the
-    relay's transactional id). The dispatcher's projection reads the store either way, so a
-    broker outage shows as relay lag (`gpuledger relay status`), nothing more."""
-    if kafka is None:
-        return None
-    from ledger.relay import (
-        DEFAULT_TRANSACTIONAL_ID,
-        TOPIC,
-        RelayService,
-        connect_timeout,
-        flush_timeout,
-    )
-    from projections.kafka_source import quiet_kafka_logs
-
-    quiet_kafka_logs(log_level)
-    return RelayService(
-        home,
-        kafka,
-        topic=os.environ.get("GPULEDGER_KAFKA_TOPIC") or TOPIC,
-        transactional_id=os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID")
-        or DEFAULT_TRANSACTIONAL_ID,
-        connect_timeout_s=connect_timeout(),
-        flush_s=flush_timeout(),
-    ).start()
 
 
 @click.command()

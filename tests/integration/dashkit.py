@@ -1,6 +1,6 @@
 """A ledger holding a simulated history that ends shortly before now, plus live work on top of
-it (pending jobs with commands, a drained node), for the dashboard and metrics tests and the
-page benchmark."""
+it (pending jobs with commands, a drained node, a lost one), for the dashboard and metrics
+tests."""
 
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ def build(home: Path, *, days: float = 3.0, seed: int = 3) -> Dashboard:
     (project_a, users_a), (project_b, users_b) = sorted(members.items())[:2]
     user_a, user_b = users_a[0], users_b[0]
     cli(home, "node", "drain", f"n{NODES:03d}", "--reason", "maintenance", GPULEDGER_USER="root")
+    cli(home, "node", "lost", f"n{NODES - 1:03d}", "--reason", "power", GPULEDGER_USER="root")
     job_b = 0
     for i in range(8):  # more than the active nodes hold: some stay pending
         user, project = (user_b, project_b) if i % 2 else (user_a, project_a)

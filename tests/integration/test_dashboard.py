@@ -24,6 +24,7 @@ from tests.integration.serverkit import Server, cli, make_token, start_server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 TIMEZONE = "Asia/Tokyo"
+SAMPLE = [11.0, 22.0, 33.0, 44.0, 55.0, 66.0, 77.0, 88.0]
 READY = {
     "teams": "#shares tbody tr",
     "queue": "#queue tbody tr",
@@ -38,6 +39,8 @@ class Served:
     server: Server
     tokens: dict[str, str]
     shots: Path
+    sampled: int
+    """A running job with a utilisation sample (SAMPLE, one value per GPU)."""
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +58,18 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         while server.request("GET", "/v1/health")[1]["cycles"] < 2:
             assert time.monotonic() < deadline, server.log_path.read_text()
             time.sleep(0.1)
+        running = [j for j in json.loads(cli(home, "jobs", "--json").stdout) if j["nodes"]]
+        sampled = running[0]["job_id"]
+        status, body = server.request(
+            "POST",
+            "/v1/commands/job.sample",
+            {"actor": "", "job_id": sampled, "gpu_utilisation": SAMPLE},
+            token=tokens["root"],
+        )
+        assert status == 200, body
         shots = Path(os.environ.get("GPULEDGER_SCREENSHOTS") or tmp / "shots")
         shots.mkdir(parents=True, exist_ok=True)
-        yield Served(dash, server, tokens, shots)
+        yield Served(dash, server, tokens, shots, sampled)
     finally:
         assert server.stop() == 0, server.log_path.read_text()
 
@@ -129,10 +141,16 @@ def test_every_page_loads_without_a_console_error(served: Served, browser: Brows
         assert page.locator("#tz").inner_text() == TIMEZONE
         page.screenshot(path=str(s.shots / f"{name}.png"))
     assert errors == []
-    # the job page shows its timeline and replays each decision about it: identical
+    # the job page shows its timeline and each decision about it beside its replay: identical
     page.goto(f"{base}/ui/job?id={s.dash.job_b}")
     page.wait_for_selector("#job-history tbody tr")
-    assert "job.submitted.v1" in page.locator("#job-history").inner_text()
+    history = page.locator("#job-history").inner_text()
+    assert "job.submitted.v1" in history and "job.placed.v1" in history
+    page.wait_for_function(
+        "[...document.querySelectorAll('[data-col=replay]')].every(c => c.textContent !== '…')"
+    )
+    replays = [c.inner_text() for c in page.locator("[data-col=replay]").all()]
+    assert replays and set(replays) == {"identical"}, replays
     ctx.close()
 
 
@@ -242,6 +260,13 @@ def test_the_figures_shown_equal_the_cli_json(served: Served, browser: Browser) 
         assert held == set(n["jobs"]), n
         assert card.locator("a.gpu").count() == n["gpus"] - n["free_gpus"]
         assert n["state"] in card.locator("h3").inner_text()
+    tiles = page.locator("a.gpu").all()
+    shown_util = [
+        t.inner_text().split()[1] for t in tiles if t.inner_text().split()[0] == str(s.sampled)
+    ]
+    assert shown_util == [f"{round(x)}%" for x in SAMPLE]  # one value per GPU, in slot order
+    states = {n["state"] for n in cli_json(s, "node", "list")}
+    assert {"active", "drained", "lost"} <= states
     assert errors == []
     ctx.close()
 

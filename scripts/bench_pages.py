@@ -1,0 +1,212 @@
+"""Benchmark: each dashboard page's server time (the JSON endpoints its script calls when it
+loads, timed over HTTP on 127.0.0.1 against a real `gpuledger serve`), at 10k pending jobs on top
+of histories of growing size (goal: each page <= 300 ms at 10k pending and 1M events).
+
+For each log size N (the synthetic mix of `projections.synthetic` on 1,024 x 8 GPUs, made once
+and cached in --dir by `bench_history`'s builder; never commit it), it appends --pending
+submissions of 8 GPUs spread over every project's members (more than the free GPUs hold, so
+about that many stay pending after the server's first cycle), starts `gpuledger serve`, waits for
+its first cycle and times every endpoint --repeat times (median and max). A page's time is the
+sum of its endpoints' medians.
+
+The job page's replay of the job's decisions (`/ui/api/job/{id}/replay`, loaded after the page,
+off the worker thread) is timed once per size and shown apart: it walks the log in memory.
+
+    python scripts/bench_pages.py                                 # 10k, 100k, 1M events
+    python scripts/bench_pages.py --sizes 10000 --pending 10000 --dir /tmp/gpuledger-pages
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_history import ensure_log, prepare
+from benchkit import machine
+
+from ledger.application import Ledger
+from ledger.server.identity import new_token
+from schemas import commands as c
+
+GOAL_MS = 300.0
+GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
+
+
+def add_pending(home: Path, pending: int) -> dict[str, object]:
+    """Submit `pending` 8-GPU jobs round-robin over the members (once per home); a token."""
+    marker = home / "pages.json"
+    if marker.exists():
+        info: dict[str, object] = json.loads(marker.read_text())
+        if info.get("pending") == pending:
+            return info
+        raise SystemExit(f"error: {home} holds another --pending; use a fresh --dir")
+    ledger = Ledger(home, live=True)
+    try:
+        members = sorted((u, p) for p, us in ledger.state.members.items() for u in us)
+        secret, token_cmd = new_token("root", "root", name="bench-pages")
+        ledger.execute(token_cmd)
+        t0 = time.perf_counter()
+        for start in range(0, pending, 1_000):
+            ledger.execute_all(
+                [
+                    c.SubmitJob(
+                        actor=members[i % len(members)][0],
+                        account=members[i % len(members)][1],
+                        gpus=8,
+                        min_runtime_s=3_600,
+                        command=("python", "train.py", f"--run={i}"),
+                    )
+                    for i in range(start, min(pending, start + 1_000))
+                ]
+            )
+        submit_s = time.perf_counter() - t0
+        ledger.snapshot_state()
+    finally:
+        ledger.close()
+    info = {"pending": pending, "token": secret, "submit_s": submit_s}
+    marker.write_text(json.dumps(info))
+    return info
+
+
+class Serve:
+    def __init__(self, home: Path, log: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+        env["GPULEDGER_HOME"] = str(home)
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [GPULEDGER, "serve", "--listen", "127.0.0.1:0"], env=env, stdout=out, stderr=out
+            )
+        deadline = time.monotonic() + 600
+        while True:
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", log.read_text())
+            if m:
+                self.port = int(m.group(1))
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"error: serve did not start:\n{log.read_text()}")
+            time.sleep(0.2)
+
+    def get(self, path: str, token: str | None, timeout: float = 600) -> tuple[int, bytes, float]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        t0 = time.perf_counter()
+        try:
+            conn.request("GET", path, headers=headers)
+            resp = conn.getresponse()
+            body = resp.read()
+        finally:
+            conn.close()
+        return resp.status, body, (time.perf_counter() - t0) * 1000
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=120)
+
+
+def pages(job: int, position: int) -> dict[str, list[str]]:
+    return {
+        "teams (7 days)": ["/v1/whoami", "/ui/api/teams?window=7d"],
+        "teams (whole period)": ["/v1/whoami", "/ui/api/teams?window=all"],
+        "queue": ["/v1/whoami", "/ui/api/queue?state=all"],
+        "job": ["/v1/whoami", f"/ui/api/job/{job}"],
+        "nodes": ["/v1/whoami", "/ui/api/nodes"],
+        "decisions": ["/v1/whoami", "/ui/api/decisions?limit=500", f"/ui/api/decision/{position}"],
+        "/metrics (a scrape)": ["/metrics"],
+    }
+
+
+def measure(home: Path, pending: int, repeat: int) -> dict[str, Any]:
+    info = add_pending(home, pending)
+    token = str(info["token"])
+    server = Serve(home, home.parent / f"serve-{home.name}.log")
+    try:
+        deadline = time.monotonic() + 600
+        while json.loads(server.get("/v1/health", None)[1])["cycles"] < 1:
+            if time.monotonic() > deadline:
+                raise SystemExit("error: no cycle in 600 s")
+            time.sleep(0.5)
+        status, body, _ = server.get("/ui/api/queue?state=all&limit=100000", token)
+        assert status == 200, body
+        queue = json.loads(body)
+        status, body, _ = server.get("/ui/api/decisions?limit=1", token)
+        position = json.loads(body)[0]["position"]
+        job = queue[-1]["row"]["job_id"]
+        health = json.loads(server.get("/v1/health", None)[1])
+        times: dict[str, tuple[float, float]] = {}
+        for endpoints in pages(job, position).values():
+            for path in endpoints:
+                if path in times:
+                    continue
+                runs = []
+                for _ in range(repeat):
+                    status, body, ms = server.get(path, token)
+                    assert status == 200, (path, status, body[:300])
+                    runs.append(ms)
+                times[path] = (statistics.median(runs), max(runs))
+        status, body, replay_ms = server.get(f"/ui/api/job/{job}/replay", token)
+        replay = {"status": status, "ms": replay_ms, "decisions": len(json.loads(body or b"[]"))}
+    finally:
+        server.stop()
+    return {
+        "events": health["head"],
+        "pending": len(queue),
+        "times": times,
+        "pages": {
+            name: sum(times[p][0] for p in endpoints)
+            for name, endpoints in pages(job, position).items()
+        },
+        "replay": replay,
+        "load": os.getloadavg()[0],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--sizes", default="10000,100000,1000000")
+    ap.add_argument("--pending", type=int, default=10_000)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument(
+        "--dir", type=Path, default=None, help="cache of the logs (default: a temp dir)"
+    )
+    args = ap.parse_args()
+    root = args.dir or Path(tempfile.mkdtemp(prefix="gpuledger-pages-"))
+    print(f"machine: {machine()}; logs in {root}", flush=True)
+    results = []
+    for n in (int(x) for x in args.sizes.split(",")):
+        home = root / str(n)
+        t0 = time.perf_counter()
+        prepare(home, ensure_log(home, n))
+        print(f"{n:,} events: log ready in {time.perf_counter() - t0:.1f} s", flush=True)
+        r = measure(home, args.pending, args.repeat)
+        results.append(r)
+        print(f"  {r['events']:,} events, {r['pending']:,} pending, load {r['load']:.1f}")
+        for path, (med, worst) in r["times"].items():
+            print(f"    {path:<40} median {med:8.1f} ms  max {worst:8.1f} ms")
+        for name, ms in r["pages"].items():
+            ratio = ms / GOAL_MS
+            print(f"  page {name:<22} {ms:8.1f} ms; goal <= {GOAL_MS:.0f} ms: ratio {ratio:.2f}")
+        rep = r["replay"]
+        print(f"  job replay (apart): {rep['ms']:.0f} ms for {rep['decisions']} decisions")
+    names = list(results[0]["pages"])
+    print("\npage                      " + "".join(f"{r['events']:>14,}" for r in results))
+    for name in names:
+        row = "".join(f"{r['pages'][name]:>11.0f} ms" for r in results)
+        print(f"{name:<26}{row}")
+    worst = max(ms for r in results for ms in r["pages"].values())
+    print(f"worst page: {worst:.0f} ms; goal <= {GOAL_MS:.0f} ms: ratio {worst / GOAL_MS:.2f}")
+
+
+if __name__ == "__main__":
+    main()
