@@ -626,8 +626,11 @@ class _Checker:
 
     def _lost_with_node(self, job: Job, ev: e.JobPreempted) -> bool:
         """A contract cannot outlive its node: a requeue because a node it runs on is lost
-        (`NodeLost`, folded just before) breaks no contract."""
-        return ev.reason == "node_failure" and any(
+        (`NodeLost`, folded just before) or because the engine says the run ended with its
+        node (an executor's report) breaks no contract."""
+        if ev.reason != "node_failure":
+            return False
+        return is_system(ev.actor) or any(
             (n := self.state.nodes.get(sl.node)) is not None and n.state == "lost"
             for sl in job.slots
         )

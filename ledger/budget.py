@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ledger.domain import State
+from ledger.domain import NewId, State, decide, evolve
 from schemas import commands as c
 from schemas.bounds import AccountPath, Name, Shares, Text, describe
 from schemas.errors import InvalidCommand
@@ -211,3 +211,12 @@ def plan(state: State, budget: BudgetFile, actor: str, *, prune: bool = False) -
                 )
             )
     return out
+
+
+def check(state: State, commands: list[c.AnyCommand], now: float, new_id: NewId) -> None:
+    """Pure: apply `commands` one after another to a copy of `state` (the dry run), raising the
+    first rejection; `state` is left as it was."""
+    scratch = state.copy()
+    for cmd in commands:
+        for ev in decide(scratch, cmd, now, new_id):
+            evolve(scratch, ev)

@@ -596,7 +596,6 @@ def _mark_node_lost(state: State, cmd: c.MarkNodeLost, s: _Stamp) -> list[e.AnyE
                     engine=job.engine,
                     engine_job_id=job.engine_job_id,
                     reason="node_failure",
-                    engine_state="NODE_LOST",
                 )
             )
     return out + _drained_after(state, others, leaving, s)
@@ -914,10 +913,18 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
     if job.status not in ("placed", "running"):
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not running")
-    outcome: e.FinishOutcome = "completed" if cmd.exit_code == 0 else "failed"
+    # a run the engine ended (time limit, node failure, ...) did not complete, whatever its code
+    ok = cmd.exit_code == 0 and cmd.reason == "exited"
+    outcome: e.FinishOutcome = "completed" if ok else "failed"
     out: list[e.AnyEvent] = [
         e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome=outcome, exit_code=cmd.exit_code)
     ]
+    if cmd.reason == "node_failure" and job.spec.resumable:  # as when the ledger loses the node
+        note = f"its run ended with its node ({cmd.engine_state or 'node failure'})"
+        out = [
+            e.JobPreempted(**s.kw(), job_id=cmd.job_id, reason="node_failure", note=note),
+            e.JobRequeued(**s.kw(), job_id=cmd.job_id),
+        ]
     if cmd.engine:
         out.append(
             e.JobEngineEnded(

@@ -12,7 +12,9 @@ happened. One interface, three engines: `SimExecutor` (virtual time),
 - `running` lists what really runs in the engine for the ledger, and `adopt` (services) compares
   the ledger with the engine after a restart: the service reconciles from facts, never guesses.
 
-An executor that is also `Reporting` reports checkpoints and GPU utilisation samples.
+An executor that is also `Reporting` reports checkpoints and GPU utilisation samples; one that
+is also `OwnsNodes` (Slurm) says which nodes are out of service or lost and which GPUs work
+outside the ledger holds.
 """
 
 from __future__ import annotations
@@ -20,9 +22,13 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from schemas.events import EndReason, GpuSlot
+
+if TYPE_CHECKING:
+    from ledger.domain import Node
+    from schemas.commands import AnyCommand
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,18 @@ class Reporting(Protocol):
     """An executor that reports checkpoints and utilisation of the jobs it runs."""
 
     def reports(self, now: float) -> Reports: ...
+
+
+@runtime_checkable
+class OwnsNodes(Protocol):
+    """An engine that owns node health and may run work the ledger does not own (Slurm)."""
+
+    def node_changes(self, nodes: Mapping[str, Node]) -> list[AnyCommand]:
+        """The commands (drain, lost, return) that make the ledger's `nodes` follow the
+        engine's; [] when the engine cannot be read now."""
+
+    def foreign(self) -> Mapping[str, frozenset[int]]:
+        """GPUs (node -> indices) busy with work outside the ledger: never placed on."""
 
 
 @dataclass

@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ledger.application import Ledger
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
 from ledger.executors import Executor, Exit, Launch, Start
 from ledger.service import EXECUTOR, CycleResult, Dispatcher, ProjectionRanks
+from projections.errors import ProjectionBusy
 from projections.projector import Projector
 from projections.source import EmbeddedSource, EventSource
 from projections.store import Store
@@ -39,11 +41,16 @@ if TYPE_CHECKING:
 SERVICE = "@service"
 
 
-def make_policy(name: str, margin: float, debug_lane: bool) -> Policy:
-    """The named policy; `margin` and `debug_lane` set fair share's knobs."""
+def make_policy(
+    name: str, margin: float, debug_lane: bool, squat_after_s: float | None = None
+) -> Policy:
+    """The named policy; `margin`, `debug_lane` (and `squat_after_s`) set fair share's knobs."""
     config = registry.default_config(name)
     if registry.lookup(name).name == "fairshare":
-        config = registry.with_knobs(config, {"margin": margin, "debug_lane": debug_lane})
+        knobs: dict[str, Any] = {"margin": margin, "debug_lane": debug_lane}
+        if squat_after_s is not None:
+            knobs["squat_after_s"] = squat_after_s
+        config = registry.with_knobs(config, knobs)
     return registry.policy_from_config(config)
 
 
@@ -89,7 +96,8 @@ class LoopStats:
 
 
 class ServiceLoop:
-    """Store + projection + relay + dispatcher + executor, opened together, stepped by a caller.
+    """Store + projection + relay + dispatcher + executor, opened together, stepped by a caller:
+    `serve`'s worker thread between HTTP tasks, `up`'s main thread through `run()`.
 
     Use as a context manager: `with ServiceLoop(...) as loop: loop.step(now)`.
     """
@@ -103,7 +111,10 @@ class ServiceLoop:
         kafka: str | None = None,
         log: logging.Logger | None = None,
         reports_starts: bool = True,
+        lifecycle_dir: Path | None = None,
     ) -> None:
+        """`lifecycle_dir`: log each job start, finish and preemption the cycles append, naming
+        the job's output file in this directory (`up`)."""
         self.ledger = ledger
         self.home: Path = ledger.home
         self.executor = executor
@@ -116,6 +127,9 @@ class ServiceLoop:
         self.store: Store | None = None
         self.projector: Projector | None = None
         self.dispatcher: Dispatcher | None = None
+        self.lifecycle_dir = lifecycle_dir
+        self._seen = 0
+        self._jobs: dict[int, Any] = {}
         self.clock = ledger.clock
         self.stats = LoopStats(started_at=self.clock.now())
         self.on_cycle: list[Callable[[float], None]] = []
@@ -133,24 +147,29 @@ class ServiceLoop:
     def open(self) -> None:
         """1 transport (embedded or relay + topic)  2 projection  3 dispatcher  4 recovery."""
         self.source = self._transport()
-        self.store = Store.open(self.home)
+        self.store = _open_projection(self.home)
         self.projector = Projector(self.store, self.source)
         self.dispatcher = Dispatcher(
             self.ledger, ProjectionRanks(self.projector), self.policy, self.executor
         )
         self._recover()
+        self._seen = self.ledger.head()
+        self._jobs = dict(self.ledger.state.jobs)
 
     def record_settings(self, interval_s: float, executor: str) -> None:
         record_settings(self.ledger, self.policy, interval_s, executor, self.log)
 
     def close(self, *, stop_jobs: bool = False) -> None:
-        """Stop cleanly: optionally stop this process's own jobs (recording their exits), flush
-        the relay, close the projection. Never raises for a clean stop."""
+        """Stop cleanly: optionally shut this process's own executor down (recording the exits
+        of runs that end with it; supervised jobs keep running), flush the relay, close the
+        projection, snapshot the live state (the next start folds no tail). Never raises for a
+        clean stop."""
         if stop_jobs:
             shutdown = getattr(self.executor, "shutdown", None)
             exits: list[Exit] = shutdown(self.clock.now()) if shutdown is not None else []
             for ex in exits:
                 self.record_exit(ex)
+        self._log_lifecycles()
         if self.relay is not None:
             health = self.relay.stop()  # flushes what the store holds (bounded)
             self.log.info("%s", health.line())
@@ -161,6 +180,8 @@ class ServiceLoop:
         if self.store is not None:
             self.store.close()
             self.store = None
+        if self.ledger.state.live_only:
+            self.ledger.snapshot_state()
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -171,6 +192,7 @@ class ServiceLoop:
         try:
             self.mark_lost(now)
             result = self.dispatcher.cycle(now)
+            self._log_lifecycles()
             self.stats.last_error = None
         except LedgerError as err:
             self.stats.last_error = err.line()
@@ -184,6 +206,27 @@ class ServiceLoop:
             if self.store is not None:
                 self.stats.projection_position = self.store.position()
         return result
+
+    def run(
+        self,
+        stop: threading.Event,
+        tick: float,
+        *,
+        until_idle: bool = False,
+        deadline: float | None = None,
+    ) -> None:
+        """Cycle until `stop` is set (`up`'s driver): every `tick`, or sooner when a contract
+        ends; with `until_idle`, until nothing is pending or running; with `deadline`, until
+        then."""
+        while not stop.is_set():
+            now = self.clock.now()
+            result = self.step(now)
+            if until_idle and self.idle():
+                self.log.info("nothing pending or running: exiting")
+                return
+            if deadline is not None and now >= deadline:
+                return
+            stop.wait(wait_time(result, tick, self.clock.now()))
 
     def take_reports(self, now: float) -> None:
         """Record what the executor reported outside a cycle (a node agent's report): starts,
@@ -245,6 +288,19 @@ class ServiceLoop:
 
     # --- internals -----------------------------------------------------------------------------
 
+    def _log_lifecycles(self) -> None:
+        """Log each job start, finish, failure and preemption the log gained since the last
+        look (finished jobs leave the live state: the ones seen are kept for their names)."""
+        if self.lifecycle_dir is None:
+            return
+        from ledger.explain import lifecycle_lines
+
+        events = [ev for _, ev in self.ledger.read(self._seen, 100_000)]
+        self._jobs.update(self.ledger.state.jobs)
+        for line in lifecycle_lines(events, self._jobs, str(self.lifecycle_dir)):
+            self.log.info("%s", line)
+        self._seen = self.ledger.head()
+
     def _recover(self) -> None:
         """With an executor of our own, compare the ledger with it before any cycle (adopt, or
         record as lost what died with the last process). Agents report for themselves, so
@@ -259,7 +315,13 @@ class ServiceLoop:
         GPULEDGER_KAFKA_TRANSACTIONAL_ID override the topic and the relay's transactional id),
         and a broker outage shows as relay lag."""
         if self.kafka is not None:
-            from ledger.relay import DEFAULT_TRANSACTIONAL_ID, TOPIC, RelayService, connect_timeout
+            from ledger.relay import (
+                DEFAULT_TRANSACTIONAL_ID,
+                TOPIC,
+                RelayService,
+                connect_timeout,
+                flush_timeout,
+            )
             from projections.kafka_source import quiet_kafka_logs
 
             quiet_kafka_logs(logging.getLevelName(logging.root.level))
@@ -270,8 +332,22 @@ class ServiceLoop:
                 transactional_id=os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID")
                 or DEFAULT_TRANSACTIONAL_ID,
                 connect_timeout_s=connect_timeout(),
+                flush_s=flush_timeout(),
             ).start()
         return EmbeddedSource(self.home)
+
+
+def _open_projection(home: Path, wait_s: float = 15.0) -> Store:
+    """The projection file, for writing. A read command may hold it for a moment (DuckDB allows
+    one writer per file; readers open it only when no service does): retry until `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return Store.open(home)
+        except ProjectionBusy:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def record_settings(

@@ -25,7 +25,7 @@ from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.registry import config_of
 from ledger.dispatch.snapshot import Snapshot
-from ledger.executors import Executor, Launch, Reporting, ServiceExecutor
+from ledger.executors import Executor, Launch, OwnsNodes, Reporting, ServiceExecutor
 from ledger.utilisation import UtilTracker
 from projections import queries
 from projections.fairshare import RANKING_VERSION, UsagePolicy
@@ -176,6 +176,8 @@ class Dispatcher:
         self.rank_source = ranks
         self.policy = policy
         self.executor = executor
+        if unavailable is None and isinstance(executor, OwnsNodes):
+            unavailable = executor.foreign
         self.unavailable = unavailable
         """GPUs the engine says are busy with work the ledger does not own (foreign Slurm jobs):
         never placed on."""
@@ -203,6 +205,8 @@ class Dispatcher:
         engine = self.executor.engine
         exits = self.executor.poll(now)
         self.report_starts(now)  # a run that began and ended since the last look started first
+        if any(ex.reason == "node_failure" for ex in exits):
+            self.follow_nodes()  # the node went down since the cycle looked: lose it first
         for ex in exits:
             job = self.ledger.state.jobs.get(ex.job_id)
             if job is None or job.status not in ("placed", "running"):
@@ -339,6 +343,19 @@ class Dispatcher:
             return False
         return self._recorded_at is not None and now - self._recorded_at >= self.idle_record_s
 
+    def follow_nodes(self) -> None:
+        """Nodes follow an engine that owns node health (`OwnsNodes`): drains, losses (their
+        jobs end in the same command) and returns, before the runs' exits are read, so a run
+        that ended with its node is requeued (resumable) rather than failed."""
+        if not isinstance(self.executor, OwnsNodes):
+            return
+        for cmd in self.executor.node_changes(self.ledger.state.nodes):
+            try:
+                self.ledger.execute(cmd)
+                log.info("node %s follows the engine: %s", getattr(cmd, "node", "?"), cmd)
+            except LedgerError as err:
+                log.warning("node change not recorded: %s", err.line())
+
     def cycle(self, now: float) -> CycleResult:
         """One dispatcher cycle. The cyclic garbage collector waits until it ends: a cycle makes
         ~100k short-lived objects that reference counting frees, and the full collections they
@@ -347,7 +364,9 @@ class Dispatcher:
             return self._cycle(now)
 
     def _cycle(self, now: float) -> CycleResult:
-        # 0. starts, checkpoints and samples, then exits: GPUs they free are free for this cycle
+        # 0. the engine's node changes; starts, checkpoints and samples, then exits: GPUs they
+        #    free are free for this cycle
+        self.follow_nodes()
         self.report_starts(now)
         self.report_progress(now)
         finished = self.report_exits(now)

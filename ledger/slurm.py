@@ -27,6 +27,7 @@ from pathlib import Path
 from ledger.application import Ledger
 from ledger.domain import Node
 from ledger.executors import Exit, Launch, Start
+from ledger.service import EXECUTOR
 from schemas import commands as c
 from schemas.errors import EngineError, InvalidCommand
 from schemas.events import EndReason, GpuSlot
@@ -52,7 +53,8 @@ _REASONS: dict[str, EndReason] = {
 ENDED = frozenset(_REASONS)
 _NODE_BAD = ("DRAIN", "DOWN", "FAIL", "MAINT", "INVALID", "REBOOT", "POWER")
 DRAIN_PREFIX = "slurm:"
-"""Drain reasons the executor writes start with this; it returns only nodes it drained itself."""
+"""Drain and lost reasons the executor writes start with this; it returns only nodes it took out
+of service itself."""
 
 
 # --- reading Slurm (pure) ----------------------------------------------------------------------
@@ -145,6 +147,15 @@ def node_unavailable(state: str) -> bool:
     return any(flag in state.upper() for flag in _NODE_BAD)
 
 
+def node_down(state: str) -> bool:
+    """Pure: whether Slurm has given a node up (`DOWN`, `DOWN*`, `DOWN+DRAIN`): Slurm ends the
+    jobs on it (NODE_FAIL), so the ledger records the node lost. A node that only stops
+    responding (`IDLE*`, `MIXED+NOT_RESPONDING`) keeps its jobs and is left as it is until Slurm
+    gives it up (`SlurmdTimeout`), so a `slurmd` restart neither ends nor drains anything; one an
+    admin marks FAIL keeps its jobs running and is drained."""
+    return state.upper().split("+")[0].rstrip("*~#!%$@^-") == "DOWN"
+
+
 @dataclass(frozen=True)
 class SlurmJob:
     """One Slurm job as `scontrol -d -o show job` shows it."""
@@ -211,6 +222,10 @@ class SlurmNode:
     def unavailable(self) -> bool:
         return node_unavailable(self.state)
 
+    @property
+    def down(self) -> bool:
+        return node_down(self.state)
+
 
 def parse_nodes(text: str, partition: str) -> list[SlurmNode]:
     """Pure: the GPU nodes of `partition` in `scontrol -o show node` output."""
@@ -239,22 +254,30 @@ def parse_nodes(text: str, partition: str) -> list[SlurmNode]:
 def node_changes(
     slurm: Iterable[SlurmNode], ledger: Mapping[str, Node], actor: str
 ) -> list[c.AnyCommand]:
-    """Pure: the drains and returns that make the ledger's nodes follow Slurm's: a node Slurm
-    marks DRAIN or DOWN (or any state that takes no work) is drained in the ledger with a reason
-    starting "slurm:"; a node Slurm takes back is returned if the ledger drained it for Slurm.
-    Nodes the ledger does not know are left to `register_commands`."""
+    """Pure: the node changes that make the ledger's nodes follow Slurm's, with reasons starting
+    "slurm:": a node Slurm marks DOWN is lost in the ledger (its jobs end there and then); a node
+    that takes no new work otherwise (DRAIN, FAIL, MAINT, ...) is drained; a node Slurm
+    takes back is returned if the ledger took it out of service for Slurm (a drain an admin made
+    in the ledger is not Slurm's to undo). A node the ledger lost for Slurm that Slurm now drains
+    is returned first and drained on the next look. Nodes the ledger does not know are left to
+    `register_commands`."""
     out: list[c.AnyCommand] = []
     for n in slurm:
         have = ledger.get(n.name)
         if have is None or have.state == "removed":
             continue
-        if n.unavailable and have.state == "active":
-            why = f"{DRAIN_PREFIX} {n.state}" + (f" ({n.reason})" if n.reason else "")
+        why = f"{DRAIN_PREFIX} {n.state}" + (f" ({n.reason})" if n.reason else "")
+        ours = (have.lost_reason if have.state == "lost" else have.drain_reason).startswith(
+            DRAIN_PREFIX
+        )
+        if n.down and have.state != "lost":
+            out.append(c.MarkNodeLost(actor=actor, node=n.name, reason=why))
+        elif n.down:
+            continue
+        elif n.unavailable and have.state == "active":
             out.append(c.DrainNode(actor=actor, node=n.name, reason=why))
-        elif (
-            not n.unavailable
-            and have.state in ("draining", "drained")
-            and have.drain_reason.startswith(DRAIN_PREFIX)
+        elif ours and (
+            have.state == "lost" or (not n.unavailable and have.state in ("draining", "drained"))
         ):
             out.append(c.ReturnNode(actor=actor, node=n.name))
     return out
@@ -443,6 +466,31 @@ def ledger_id(ledger: Ledger) -> str:
     return re.sub(r"[^0-9a-f]", "", first[0][1].event_id.lower())[:12] or "0"
 
 
+def open_executor(
+    ledger: Ledger, partition: str | None, log_dir: Path, grace_s: float, actor: str
+) -> SlurmExecutor:
+    """The executor of `partition`, after checking Slurm lets gpu-ledger own it, with the
+    partition's GPU nodes registered in the ledger by `actor` (an admin). One clear error when
+    the partition is missing, cannot be owned or has no GPU node; nothing appended then."""
+    if not partition:
+        raise InvalidCommand(
+            "the Slurm executor needs the partition gpu-ledger owns",
+            hint="pass --partition P (serve: `partition` in the config file)",
+        )
+    slurm = SlurmExecutor(partition, ledger_id(ledger), log_dir, grace_s=grace_s)
+    slurm.check()
+    found = slurm.nodes()
+    if not found:
+        raise EngineError(
+            f"Slurm partition {partition!r} has no nodes with GPUs (Gres=gpu:...)",
+            hint="see docs/slurm.md",
+        )
+    cmds = register_commands(found, ledger.state.nodes, actor)
+    if cmds:
+        ledger.execute_all(cmds)
+    return slurm
+
+
 @dataclass
 class _Run:
     job_id: int
@@ -531,6 +579,15 @@ class SlurmExecutor:
 
     def nodes(self) -> list[SlurmNode]:
         return parse_nodes(self._run(["scontrol", "-o", "show", "node"]), self.partition)
+
+    def node_changes(self, nodes: Mapping[str, Node]) -> list[c.AnyCommand]:
+        """The ledger's nodes follow Slurm's (`node_changes`); [] while Slurm cannot be read."""
+        try:
+            found = self.nodes()
+        except EngineError as err:
+            log.warning("slurm nodes: %s; keeping the nodes as they are", err.line())
+            return []
+        return node_changes(found, nodes, EXECUTOR)
 
     @property
     def view(self) -> Mapping[str, SlurmJob]:

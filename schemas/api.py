@@ -7,8 +7,11 @@ Commands (`schemas.commands`) are the request bodies of `/v1/commands/*` as they
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import msgspec
 
+from schemas.bounds import AccountPath, Epoch, Name
 from schemas.commands import AnyCommand
 from schemas.events import AnyEvent, TokenScope
 
@@ -81,3 +84,52 @@ class TokenRow(msgspec.Struct, frozen=True, kw_only=True):
     scope_node: str | None
     scope_job: int | None
     revoked: bool
+
+
+BUDGET_FILE_MAX = 1 << 20
+"""The largest budget file the server takes (bytes of TOML)."""
+AUDIT_SQL_MAX = 64 << 10
+
+
+class BudgetPlanRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`budget apply` through the server: the file's TOML (named as the CLI names it, so errors
+    read the same), planned against the ledger as the caller (or `actor`, for admins)."""
+
+    name: Annotated[str, msgspec.Meta(max_length=4096)] = "budget file"
+    toml: Annotated[str, msgspec.Meta(max_length=BUDGET_FILE_MAX)]
+    prune: bool = False
+    check: bool = False
+    """Also check every change as it would be applied (the dry run); nothing is appended."""
+    actor: Name = ""
+
+
+class BudgetChange(msgspec.Struct, frozen=True, kw_only=True):
+    symbol: str
+    """+ add, ~ change, - remove"""
+    text: str
+    command: AnyCommand
+
+
+class BudgetPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """The changes that make the ledger match a budget file (apply them with /v1/batch)."""
+
+    changes: list[BudgetChange]
+
+
+class AuditQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An audit table through the server: one read-only SELECT (`sql`), a job's history
+    (`job`), the preemptions or the budget changes."""
+
+    kind: Literal["sql", "job", "preemptions", "budget-changes"]
+    sql: Annotated[str, msgspec.Meta(max_length=AUDIT_SQL_MAX)] = ""
+    job_id: Annotated[int, msgspec.Meta(ge=1, le=2**62)] | None = None
+    account: AccountPath | None = None
+    since: Epoch | None = None
+
+
+class AuditTable(msgspec.Struct, frozen=True, kw_only=True):
+    """The result as an Arrow IPC stream (the exact table, so CSV, Parquet and the table print
+    the same bytes as in embedded mode)."""
+
+    rows: int
+    arrow: bytes

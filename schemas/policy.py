@@ -96,8 +96,8 @@ class FairShare2Config(PolicyConfig, frozen=True, kw_only=True, tag="fairshare-2
     team_depth: TeamDepth = 2
     """The tree level whose accounts are teams (2: program/project)."""
     margin: NonNegative = 0.1
-    """Hysteresis: the waiting team's level fair share must exceed the victim team's by the
-    factor 1 + margin."""
+    """Hysteresis: the waiting team's share of the whole tree must exceed the victim team's by
+    the factor 1 + margin (Fair Tree's level fair shares where a share is unknown)."""
     min_rank_gap: AtLeastOne = 1
     """The team rank difference needed when level fair shares are missing."""
     gain_horizon_s: Span = 3600.0
@@ -106,7 +106,7 @@ class FairShare2Config(PolicyConfig, frozen=True, kw_only=True, tag="fairshare-2
     not taken."""
     spare_ratio: Factor = 5.0
     """The wide margin: a funded non-resumable job past its contract is preempted for fairness
-    only when the waiting team's level fair share is at least this many times the victim
+    only when the waiting team's share of the whole tree is at least this many times the victim
     team's."""
     squat_after_s: NonNegative = 3600.0
     """A job past its contract with low utilisation for this long is squatting."""
@@ -117,7 +117,7 @@ class FairShare2Config(PolicyConfig, frozen=True, kw_only=True, tag="fairshare-2
     debug_lane: bool = True
     """Debug-class jobs come first, with their own searches, and may preempt unfunded or
     resumable jobs past their contracts, of any team."""
-    debug_search_budget: Searches = 32
+    debug_search_budget: Searches = 8
     """Victim searches per cycle for debug-class jobs."""
     debug_victim_ratio: Factor = 2.0
     """A debug job never preempts a job holding more than this many times its GPUs."""

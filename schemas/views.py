@@ -46,6 +46,8 @@ class JobFilter(_View, frozen=True, kw_only=True):
     until: Epoch | None = None
     """Jobs submitted at or before this time (sacct's -E)."""
     limit: Limit = 200
+    at: Epoch | None = None
+    """The moment running jobs' elapsed time is measured at (default now)."""
 
 
 class QueueFilter(_View, frozen=True, kw_only=True):

@@ -152,6 +152,7 @@ class NodeAgent:
         self.finished: set[tuple[int, int]] = set()
         """(job, run) whose exit this agent saw: never launched again while still listed."""
         self.lost_after_s = 60.0
+        self._status_written = b""
         self.status = AgentStatus(
             node=settings.node,
             url=settings.url,
@@ -253,6 +254,7 @@ class NodeAgent:
                 continue
             self._contact()
             version = asg.version
+            log.debug("poll: version %s, %d part(s)", version, len(asg.parts))
             with self._lock:
                 self._latest = asg
             self.wake.set()
@@ -273,8 +275,10 @@ class NodeAgent:
                     log.info("stopping job %s: the ledger no longer runs it here", job_id)
                     self.ex.stop(job_id, now)
                 stopped.add(job_id)
+        launches = []
+        running = self.ex.running()
         for job_id, p in sorted(self.parts.items()):
-            if (job_id, p.run) in self.finished or job_id in self.ex.running():
+            if (job_id, p.run) in self.finished or job_id in running:
                 continue
             code = self.ex.recorded_exit(job_id, p.run + 1)
             if code is not None:  # it ended while nobody watched: report, never relaunch
@@ -282,7 +286,9 @@ class NodeAgent:
                 self.outbox.started.append(a.PartStarted(job_id=job_id, run=p.run))
                 self.outbox.exited.append(a.PartExited(job_id=job_id, run=p.run, exit_code=code))
                 continue
-            self.ex.launch(self._launch(p), now)
+            launches.append(self._launch(p))
+        if launches:
+            self.ex.launch_all(launches, now)
         return stopped
 
     @staticmethod
@@ -353,8 +359,12 @@ class NodeAgent:
         self.status.last_error = err.line()
 
     def _write_status(self) -> None:
+        """When it changed; informative only, so not synced (`agent status` reads it)."""
         self.status.jobs = sorted(self.ex.running())
-        write_atomic(self.status_path, msgspec.json.encode(self.status))
+        data = msgspec.json.encode(self.status)
+        if data != self._status_written:
+            write_atomic(self.status_path, data, sync=False)
+            self._status_written = data
 
     # --- drain ---------------------------------------------------------------------------------
 

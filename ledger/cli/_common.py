@@ -204,14 +204,19 @@ class Ctx:
                 f"no ledger in {self.home}", hint="run `gpuledger init --admin USER` or pass --home"
             )
 
-    def ledger(self, *, must_exist: bool = True, live: bool = False) -> Ledger:
-        """The ledger; `live=True` for commands that need only live work (writes, the queue, the
-        service): it starts from the newest snapshot plus the tail and keeps no finished jobs."""
+    def local_only(self) -> None:
+        """Commands that read the data directory itself (the store, the projection file) are
+        refused beside a running server, before they open anything: the server owns it."""
         if self.remote is not None:
             raise InvalidCommand(
                 "this command needs the data directory, and a server owns it",
                 hint="run it on the server's host with the server stopped, or use the API",
             )
+
+    def ledger(self, *, must_exist: bool = True, live: bool = False) -> Ledger:
+        """The ledger; `live=True` for commands that need only live work (writes, the queue, the
+        service): it starts from the newest snapshot plus the tail and keeps no finished jobs."""
+        self.local_only()
         if self._ledger is None or (self._ledger.state.live_only and not live):
             if must_exist and not (self.home / EVENTS_DB).exists():
                 raise InvalidCommand(

@@ -82,6 +82,7 @@ def _run(config: cfg.AgentConfig, drain: bool) -> int:
         sample_every_s=parse_interval(config.sample_every, "sample_every"),
         extra_env={"GPULEDGER_URL": config.url},
         local_node=node,
+        fork_supervisors=True,
     )
     settings = Settings(
         node=node,
@@ -179,15 +180,16 @@ def agent(
 
 
 @agent.command("status")
+@click.option("--state-dir", default=None, help="The agent's state directory [from its config].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def agent_status(cctx: click.Context, as_json: bool) -> None:
+def agent_status(cctx: click.Context, state_dir: str | None, as_json: bool) -> None:
     """What the agent of this state directory runs and when it last reached the server."""
     from ledger.agent.executor import live_processes
     from ledger.agent.node import read_status
 
     config: cfg.AgentConfig = cctx.meta["agent_config"]
-    state = Path(config.state_dir)
+    state = Path(state_dir or config.state_dir)
     st = read_status(state)
     if st is None:
         raise InvalidCommand(f"no agent state in {state}", hint="pass --state-dir (or --config)")

@@ -7,7 +7,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ from ledger.cli.views import projection
 from ledger.explain import span
 from projections.source import EmbeddedSource, follow
 from projections.store import projection_path
-from schemas import codec
+from schemas import api, codec
 from schemas import events as e
 from schemas import views as v
 from schemas.errors import InvalidCommand
@@ -92,6 +92,7 @@ def replay(
     reasons, ...). Exits 1 when a decision differs or cannot be replayed."""
     if not (cycle_id or job_id is not None or all_ or start or end):
         raise InvalidCommand("which decisions?", hint="pass --cycle ID, --job JOB or --all")
+    ctx.local_only()
     selection = rp.Selection(cycle=cycle_id, job=job_id, start=_time(start), end=_time(end))
     decisions = rp.find_decisions(ctx.home, selection)
     if not decisions and all_ and not (cycle_id or job_id is not None or start or end):
@@ -175,6 +176,7 @@ def whatif(
     """Re-simulate the submissions recorded between --from and --to with other budgets,
     window or policy, through a real ledger, and compare per team with what happened."""
     t0, t1 = parse_time(start), parse_time(end)
+    ctx.local_only()
     budget = None if budgets is None else b.parse(budgets.read_bytes(), str(budgets))
     window_s = None if window is None else float(parse_duration(window))
     if keep is not None and keep.exists() and any(keep.iterdir()):
@@ -421,9 +423,20 @@ def audit_sql(ctx: Ctx, query: str, fmt: str, as_json: bool, output: Path | None
     account_shares, accounts_at(t), node_history, nodes, preemptions, decisions."""
     fmt = "json" if as_json else fmt
     sql = check_select(query)
-    with readonly(ctx) as con:
-        table = run_query(con, sql)
+    table = _table(ctx, api.AuditQuery(kind="sql", sql=sql), lambda con: run_query(con, sql))
     export(table, fmt, output)
+
+
+def _table(
+    ctx: Ctx, query: api.AuditQuery, local: Callable[[duckdb.DuckDBPyConnection], pa.Table]
+) -> pa.Table:
+    """The audit table: from the server beside a running one (`POST /v1/audit/table`, the exact
+    Arrow table), else from the projection opened read-only."""
+    if ctx.remote is not None:
+        got: api.AuditTable = ctx.remote.post("audit/table", query, type=api.AuditTable)
+        return pa.ipc.open_stream(got.arrow).read_all()
+    with readonly(ctx) as con:
+        return local(con)
 
 
 _JOB_EVENTS = """
@@ -579,12 +592,16 @@ def _detail(ev: e.AnyEvent) -> str:
 def audit_job(ctx: Ctx, job_id: int, fmt: str, as_json: bool, output: Path | None) -> None:
     """JOB_ID's whole history with reasons: submission, every cycle it waited in (why), its
     placements, preemptions (why, for whom), requeues and finish."""
-    with readonly(ctx) as con:
-        rows = job_rows(con, job_id)
+    table = _table(
+        ctx,
+        api.AuditQuery(kind="job", job_id=job_id),
+        lambda con: pa.Table.from_pylist(job_rows(con, job_id)),
+    )
+    rows = table.to_pylist()
     if as_json or fmt == "json":
         _view_json([v.AuditJobRow(**r) for r in rows], output)
         return
-    export(pa.Table.from_pylist(rows), fmt, output)
+    export(table, fmt, output)
 
 
 def _view_json(rows: Any, output: Path | None) -> None:
@@ -617,8 +634,12 @@ def audit_preemptions(
     if as_json or fmt == "json":
         _view_json(ctx.read("audit_preemptions", account=account, since=_time(since)), output)
         return
-    with readonly(ctx) as con:
-        table = run_query(con, reads.PREEMPTIONS_SQL, {"account": account, "since": _time(since)})
+    params = {"account": account, "since": _time(since)}
+    table = _table(
+        ctx,
+        api.AuditQuery(kind="preemptions", account=account, since=_time(since)),
+        lambda con: run_query(con, reads.PREEMPTIONS_SQL, params),
+    )
     export(table, fmt, output)
 
 
@@ -636,8 +657,11 @@ def audit_budget_changes(
     if as_json or fmt == "json":
         _view_json(ctx.read("audit_budget_changes", since=_time(since)), output)
         return
-    with readonly(ctx) as con:
-        table = run_query(con, reads.BUDGET_CHANGES_SQL, {"since": _time(since)})
+    table = _table(
+        ctx,
+        api.AuditQuery(kind="budget-changes", since=_time(since)),
+        lambda con: run_query(con, reads.BUDGET_CHANGES_SQL, {"since": _time(since)}),
+    )
     export(table, fmt, output)
 
 
@@ -652,6 +676,7 @@ def audit_budget_changes(
 def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> None:
     """Recompute the hash chain over the store (and the Kafka topic): report the first broken
     link and what broke it (an edited, deleted or moved event). Exits 1 on any problem."""
+    ctx.local_only()
     report = au.verify_chain(au.store_records(ctx.home))
     copy = None
     if bootstrap:
@@ -697,19 +722,29 @@ def _print_copy(topic: str, copy: au.CopyReport) -> None:
 
 
 @audit_group.command("check")
+@click.option(
+    "--agent-state",
+    "agent_states",
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also count the live job processes of a node agent with this state directory "
+    "(repeatable; on its node).",
+)
 @json_option
 @pass_ctx
-def audit_check(ctx: Ctx, as_json: bool) -> None:
+def audit_check(ctx: Ctx, agent_states: tuple[Path, ...], as_json: bool) -> None:
     """Scan the whole history for violated invariants: a GPU held by two jobs, a preemption
     inside a contract (admin ones with a reason are listed as such), a placement on a draining
     node, usage charged to an unfunded job, a budget change by someone not authorised then;
     and now, a GPU held by two jobs counting the job processes really alive on this host.
     One line per violation; exits 1 on any."""
+    ctx.local_only()
     with EmbeddedSource(ctx.home) as source:
         report = au.check(_positioned(source))
     with projection(ctx, quiet=True) as store:
         charges = au.check_charges(store)
-    violations = sorted([*report.violations, *charges, *_live(ctx)], key=lambda x: x.position)
+    live = _live(ctx, agent_states)
+    violations = sorted([*report.violations, *charges, *live], key=lambda x: x.position)
     if as_json:
         echo_json(
             v.CheckView(
@@ -733,12 +768,13 @@ def audit_check(ctx: Ctx, as_json: bool) -> None:
         sys.exit(1)
 
 
-def _live(ctx: Ctx) -> list[au.Violation]:
-    """The ledger's holders now against the live processes of the local executor."""
+def _live(ctx: Ctx, agent_states: tuple[Path, ...] = ()) -> list[au.Violation]:
+    """The ledger's holders now against the live processes of the local executor and of the
+    node agents whose state directories are named."""
     from ledger.agent.executor import live_processes
     from ledger.clock import SystemClock
 
-    procs = live_processes(ctx.home / "agent")
+    procs = [p for d in (ctx.home / "agent", *agent_states) for p in live_processes(d)]
     if not procs:
         return []
     ledger = ctx.ledger()

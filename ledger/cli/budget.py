@@ -1,4 +1,6 @@
-"""`gpuledger budget apply FILE.toml [--dry-run]`: budgets as code."""
+"""`gpuledger budget apply FILE.toml [--dry-run]`: budgets as code. Beside a running server the
+plan is made by the server (`POST /v1/budget/plan`) and applied through `/v1/batch`: the same
+lines, the same errors."""
 
 from __future__ import annotations
 
@@ -6,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from ledger import budget as b
 from ledger.cli._common import Ctx, pass_ctx
-from ledger.domain import decide, evolve
+from schemas import api
+from schemas.commands import AnyCommand
 from schemas.errors import InvalidCommand
 
 
@@ -28,25 +30,56 @@ def budget_apply(ctx: Ctx, file: Path, dry_run: bool, prune: bool) -> None:
         data = file.read_bytes()
     except OSError as e:
         raise InvalidCommand(f"cannot read {file}: {e.strerror}") from e
-    ledger = ctx.ledger()
-    changes = b.plan(ledger.state, b.parse(data, str(file)), ctx.actor, prune=prune)
+    changes = _plan(ctx, data, str(file), prune)
     if not changes:
         click.echo("no changes: the ledger matches the budget file")
         return
     for ch in changes:
         click.echo(f"  {ch.symbol} {ch.text}")
+    commands = [ch.command for ch in changes]
     if dry_run:
-        scratch = ledger.state.copy()  # check every change as it would be applied
-        for ch in changes:
-            for ev in decide(scratch, ch.command, ledger.clock.now(), ledger.ids):
-                evolve(scratch, ev)
+        _check(ctx, data, str(file), prune, commands)
         click.echo(f"plan: {len(changes)} changes (dry run: nothing appended)")
         return
-    appended = ledger.execute_all([ch.command for ch in changes])
+    appended = ctx.execute_all(commands)
     click.echo(
         f"applied {len(changes)} changes as {len(appended.events)} events "
         f"(position {appended.position})"
     )
+
+
+def _request(ctx: Ctx, data: bytes, name: str, prune: bool, check: bool) -> api.BudgetPlan:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        from ledger import budget as b
+
+        b.parse(data, name)  # the same malformed-TOML line as embedded mode
+        raise
+    body = api.BudgetPlanRequest(name=name, toml=text, prune=prune, check=check, actor=ctx.actor)
+    plan: api.BudgetPlan = ctx.remote.post("budget/plan", body, type=api.BudgetPlan)
+    return plan
+
+
+def _plan(ctx: Ctx, data: bytes, name: str, prune: bool) -> list[api.BudgetChange]:
+    if ctx.remote is not None:
+        return _request(ctx, data, name, prune, check=False).changes
+    from ledger import budget as b
+
+    ledger = ctx.ledger()
+    changes = b.plan(ledger.state, b.parse(data, name), ctx.actor, prune=prune)
+    return [api.BudgetChange(symbol=ch.symbol, text=ch.text, command=ch.command) for ch in changes]
+
+
+def _check(ctx: Ctx, data: bytes, name: str, prune: bool, commands: list[AnyCommand]) -> None:
+    """Every change checked as it would be applied (the dry run): raises the first rejection."""
+    if ctx.remote is not None:
+        _request(ctx, data, name, prune, check=True)
+        return
+    from ledger import budget as b
+
+    ledger = ctx.ledger()
+    b.check(ledger.state, commands, ledger.clock.now(), ledger.ids)
 
 
 COMMANDS = [budget_group]

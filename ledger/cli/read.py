@@ -85,6 +85,9 @@ def node_list(ctx: Ctx, as_json: bool) -> None:
 @click.option("--since", "-S", default=None, help="Jobs alive at or after this time (ISO 8601).")
 @click.option("--until", "-E", default=None, help="Jobs submitted at or before this time.")
 @click.option("--limit", type=int, default=200, show_default=True)
+@click.option(
+    "--at", default=None, help="Measure running jobs' elapsed time at this moment (default now)."
+)
 @json_option
 @pass_ctx
 def jobs(
@@ -95,6 +98,7 @@ def jobs(
     since: str | None,
     until: str | None,
     limit: int,
+    at: str | None,
     as_json: bool,
 ) -> None:
     """List jobs newest first, like sacct: start, end, elapsed, exit code."""
@@ -107,6 +111,7 @@ def jobs(
         since=None if since is None else parse_time(since),
         until=None if until is None else parse_time(until),
         limit=limit,
+        at=None if at is None else parse_time(at),
     )
     if as_json:
         echo_json(selected)

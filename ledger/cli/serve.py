@@ -8,13 +8,10 @@ Stopping it (Ctrl-C, SIGTERM, or kill -9) leaves jobs running under their superv
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -32,20 +29,10 @@ from ledger.cli._common import (
 )
 from ledger.clock import SystemClock
 from ledger.dispatch import registry
-from ledger.dispatch.policy import Policy
 from ledger.executors import ServiceExecutor
-from ledger.explain import lifecycle_lines
-from ledger.service import EXECUTOR, Dispatcher, ProjectionRanks
-from projections.errors import ProjectionBusy
-from projections.projector import Projector
-from projections.source import EmbeddedSource
-from projections.store import Store
+from ledger.loop import ServiceLoop, make_policy
 from schemas import commands as c
-from schemas.errors import EngineError, InvalidCommand, LedgerError
-
-if TYPE_CHECKING:
-    from ledger.relay import RelayService
-    from ledger.slurm import SlurmExecutor
+from schemas.errors import InvalidCommand
 
 
 def _node_spec(text: str) -> tuple[str, int, str]:
@@ -56,15 +43,6 @@ def _node_spec(text: str) -> tuple[str, int, str]:
             f"invalid node {text!r}", hint="use NAME:GPUS[:TYPE], e.g. local:4:h100"
         )
     return name, int(gpus), gpu_type or "gpu"
-
-
-def _policy(name: str, margin: float, debug_lane: bool, squat_after_s: float) -> Policy:
-    """The named policy; `--margin`, `--debug-lane` and `--squat-after` set fair share's knobs."""
-    config = registry.default_config(name)
-    if registry.lookup(name).name == "fairshare":
-        knobs = {"margin": margin, "debug_lane": debug_lane, "squat_after_s": squat_after_s}
-        config = registry.with_knobs(config, knobs)
-    return registry.policy_from_config(config)
 
 
 @click.command()
@@ -169,7 +147,6 @@ def up(
     ledger = ctx.ledger(live=True)
     _register_nodes(ctx, nodes)
     executor: ServiceExecutor
-    engine: SlurmExecutor | None = None
     if executor_name == "local":
         util = pick_source(utilisation_dir or ctx.home / "utilisation")
         executor = SupervisedExecutor(
@@ -184,90 +161,34 @@ def up(
         )
         log.info("utilisation: %s", util.name)
     else:
-        executor = engine = _slurm_executor(ctx, partition, parse_duration(grace))
+        from ledger.slurm import open_executor
+
+        executor = open_executor(
+            ctx.ledger(), partition, ctx.home / "jobs", parse_duration(grace), ctx.actor
+        )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    relay = _relay(ctx.home, kafka, log_level)
-    source = EmbeddedSource(ctx.home)  # scheduling never waits on the broker
     deadline = None if run_for is None else clock.now() + parse_duration(run_for)
     tick = parse_interval(interval)
-    with _open_projection(ctx.home) as store:
-        dispatcher = Dispatcher(
-            ledger,
-            ProjectionRanks(Projector(store, source)),
-            _policy(policy, margin, debug_lane, parse_duration(squat_after)),
-            executor,
-            unavailable=None if engine is None else engine.foreign,
-        )
-        dispatcher.recover(executor, clock.now())
-        from ledger.loop import record_settings
-
-        record_settings(ledger, dispatcher.policy, float(tick), executor_name, log)
+    loop = ServiceLoop(
+        ledger,
+        executor,
+        make_policy(policy, margin, debug_lane, parse_duration(squat_after)),
+        kafka=kafka,
+        log=log,
+        lifecycle_dir=ctx.home / "jobs",
+    )
+    loop.open()  # scheduling reads the store; with --kafka a relay publishes it
+    try:
+        loop.record_settings(float(tick), executor_name)
         log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
         log.info("job output goes to %s/job-N.log", ctx.home / "jobs")
-        seen = ledger.head()
-        before: dict[int, Any] = dict(ledger.state.jobs)
-        try:
-            while not stop.is_set():
-                now = clock.now()
-                if engine is not None:
-                    _follow_slurm_nodes(ledger, engine, log)
-                result = dispatcher.cycle(now)
-                seen = _log_lifecycle(ledger, seen, before, ctx.home / "jobs", log)
-                if until_idle and _idle(ledger):
-                    log.info("nothing pending or running: exiting")
-                    break
-                if deadline is not None and now >= deadline:
-                    break
-                wake = result.decision.wake_at
-                wait = tick if wake is None else max(0.05, min(tick, wake - clock.now()))
-                stop.wait(wait)
-        finally:
-            # supervised jobs keep running (the next `up` adopts them); Slurm's run on
-            exits = executor.shutdown(clock.now())
-            for ex in exits:
-                try:
-                    ledger.execute(
-                        c.FinishJob(actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code)
-                    )
-                except LedgerError as err:
-                    log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
-            _log_lifecycle(ledger, seen, before, ctx.home / "jobs", log)
-            stop.set()
-            if relay is not None:
-                relay.stop()  # flushes: every event committed above is published (bounded)
-            source.close()
-            ledger.snapshot_state()  # a clean stop: the next start folds no tail
-
-
-def _log_lifecycle(
-    ledger: Any, after: int, jobs: dict[int, Any], output: Path, log: logging.Logger
-) -> int:
-    """Log each job start, finish, failure and preemption the log gained after `after` (jobs
-    that finished are gone from the live state: `jobs` keeps the ones seen); the new head."""
-    events = [ev for _, ev in ledger.read(after, 100_000)]
-    jobs.update(ledger.state.jobs)
-    for line in lifecycle_lines(events, jobs, str(output)):
-        log.info("%s", line)
-    return int(ledger.head())
-
-
-def _open_projection(home: Path, wait_s: float = 15.0) -> Store:
-    """The projection file, for writing. A read command may hold it for a moment (DuckDB allows
-    one writer per file; readers open it only when no service does): retry until `wait_s`."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            return Store.open(home)
-        except ProjectionBusy:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
-def _idle(ledger: Any) -> bool:
-    return not any(j.active for j in ledger.state.jobs.values())
+        loop.run(stop, tick, until_idle=until_idle, deadline=deadline)
+    finally:
+        # supervised jobs keep running (the next `up` adopts them); Slurm's run on
+        stop.set()
+        loop.close(stop_jobs=True)
 
 
 def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
@@ -280,75 +201,6 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
             cmds.append(c.RegisterNode(actor=ctx.actor, node=name, gpus=gpus, gpu_type=gpu_type))
     if cmds:
         ledger.execute_all(cmds)
-
-
-def _slurm_executor(ctx: Ctx, partition: str | None, grace_s: float) -> SlurmExecutor:
-    """The Slurm executor on `partition`, its nodes registered in the ledger."""
-    from ledger.slurm import SlurmExecutor, ledger_id, register_commands
-
-    if not partition:
-        raise InvalidCommand(
-            "--executor slurm needs the partition gpu-ledger owns",
-            hint="pass --partition P (or set GPULEDGER_SLURM_PARTITION)",
-        )
-    ledger = ctx.ledger()
-    slurm = SlurmExecutor(partition, ledger_id(ledger), ctx.home / "jobs", grace_s=grace_s)
-    slurm.check()
-    found = slurm.nodes()
-    if not found:
-        raise EngineError(
-            f"Slurm partition {partition!r} has no nodes with GPUs (Gres=gpu:...)",
-            hint="see docs/slurm.md",
-        )
-    cmds = register_commands(found, ledger.state.nodes, ctx.actor)
-    if cmds:
-        ledger.execute_all(cmds)
-    return slurm
-
-
-def _follow_slurm_nodes(ledger: Any, slurm: SlurmExecutor, log: logging.Logger) -> None:
-    """Drain in the ledger what Slurm drains or marks down, and return what it takes back."""
-    from ledger.slurm import node_changes
-
-    try:
-        found = slurm.nodes()
-    except LedgerError as err:
-        log.warning("slurm nodes: %s", err.line())
-        return
-    for cmd in node_changes(found, ledger.state.nodes, EXECUTOR):
-        try:
-            ledger.execute(cmd)
-            log.info("node %s follows Slurm: %s", cmd.node, type(cmd).__name__)  # type: ignore[union-attr]
-        except LedgerError as err:
-            log.warning("node change not recorded: %s", err.line())
-
-
-def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None:
-    """With --kafka, a relay thread publishes the store to the topic for other readers
-    (GPULEDGER_KAFKA_TOPIC and GPULEDGER_KAFKA_TRANSACTIONAL_ID override the topic and the
-    relay's transactional id). The dispatcher's projection reads the store either way, so a
-    broker outage shows as relay lag (`gpuledger relay status`), nothing more."""
-    if kafka is None:
-        return None
-    from ledger.relay import (
-        DEFAULT_TRANSACTIONAL_ID,
-        TOPIC,
-        RelayService,
-        connect_timeout,
-        flush_timeout,
-    )
-    from projections.kafka_source import quiet_kafka_logs
-
-    quiet_kafka_logs(log_level)
-    return RelayService(
-        home,
-        kafka,
-        topic=os.environ.get("GPULEDGER_KAFKA_TOPIC") or TOPIC,
-        transactional_id=os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID")
-        or DEFAULT_TRANSACTIONAL_ID,
-        connect_timeout_s=connect_timeout(),
-        flush_s=flush_timeout(),
-    ).start()
 
 
 @click.command()
@@ -370,10 +222,15 @@ def _relay(home: Path, kafka: str | None, log_level: str) -> RelayService | None
 @click.option("--debug-lane/--no-debug-lane", default=None)
 @click.option(
     "--executor",
-    type=click.Choice(["none", "local", "agents"]),
+    type=click.Choice(["none", "local", "agents", "slurm"]),
     default=None,
     help="agents: node agents run placements; local: run them here, like `up`; "
-    "none: only record them [default].",
+    "slurm: run them as Slurm jobs on --partition; none: only record them [default].",
+)
+@click.option(
+    "--partition",
+    default=None,
+    help="The Slurm partition gpu-ledger owns (with --executor slurm).",
 )
 @click.option(
     "--node-lost-after",
@@ -396,6 +253,7 @@ def serve(
     margin: float | None,
     debug_lane: bool | None,
     executor: str | None,
+    partition: str | None,
     node_lost_after: str | None,
     kafka: str | None,
     log_format: str | None,
@@ -417,12 +275,13 @@ def serve(
         margin=margin,
         debug_lane=debug_lane,
         executor=executor,
+        partition=partition,
         node_lost_after=node_lost_after,
         kafka=kafka,
         log_format=log_format,
         log_level=log_level,
     )
-    sys.exit(run_server(ctx.home, config))
+    sys.exit(run_server(ctx.home, config, actor=ctx.actor))
 
 
 @click.command()

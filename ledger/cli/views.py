@@ -9,9 +9,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-from rich.table import Table
 
 from ledger.cli._common import (
     Ctx,
@@ -23,19 +20,50 @@ from ledger.cli._common import (
     parse_window,
     pass_ctx,
 )
-from ledger.clock import SystemClock
-from ledger.explain import plural, span, when
 
 if TYPE_CHECKING:  # the projection is imported only where it is opened (client mode never)
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
     from projections.fairshare import UsagePolicy
     from projections.store import Store
 from schemas import commands as c
 from schemas import events as e
 from schemas.bounds import Percent, TeamDepth
 
+# Tables and time words are imported when a command prints them: `--json` through a server
+# imports neither rich nor the dispatcher (the client entry stays light).
+
 
 def _console() -> Console:
+    from rich.console import Console
+
     return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def _table(*columns: str, **kw: Any) -> Table:
+    from rich.table import Table
+
+    return Table(*columns, **kw)
+
+
+def when(at: float | None) -> str:
+    from ledger.explain import when
+
+    return when(at)
+
+
+def span(seconds: float) -> str:
+    from ledger.explain import span
+
+    return span(seconds)
+
+
+def plural(n: int, word: str) -> str:
+    from ledger.explain import plural
+
+    return plural(n, word)
 
 
 @contextmanager
@@ -86,6 +114,8 @@ def _window_args(at: str | None, window: str, half_life: str | None) -> dict[str
 
 
 def _at(at: str | None) -> float:
+    from ledger.clock import SystemClock
+
     return SystemClock().now() if at is None else parse_time(at)
 
 
@@ -116,7 +146,7 @@ def shares(ctx: Ctx, at: str | None, window: str, half_life: str | None, as_json
     if as_json:
         echo_json(rows)
         return
-    table = Table(
+    table = _table(
         "Account", "RawShares", "NormShares", "RawUsage GPU-h", "NormUsage", "EffectvUsage",
         "LevelFS", "Rank", "FairShare", box=None,
     )  # fmt: skip
@@ -145,7 +175,7 @@ def usage(
     if as_json:
         echo_json(rows)
         return
-    table = Table(by, "GPU-hours", box=None)
+    table = _table(by, "GPU-hours", box=None)
     for r in rows:
         table.add_row(r.name, f"{r.usage_gpu_hours:,.1f}")
     _console().print(table)
@@ -177,7 +207,7 @@ def report_delivered(ctx: Ctx, window: str, at: str | None, team_depth: int, as_
     if as_json:
         echo_json(rep)
         return
-    table = Table("team", "owed GPU-h", "delivered GPU-h", "by period", "hour by hour", box=None)
+    table = _table("team", "owed GPU-h", "delivered GPU-h", "by period", "hour by hour", box=None)
     for t in rep.teams:
         table.add_row(
             t.team, f"{t.owed_gpu_hours:,.1f}", f"{t.delivered_gpu_hours:,.1f}",
@@ -200,6 +230,8 @@ def _pct(x: float | None) -> str:
 
 
 def _progress_bar() -> tuple[Progress, Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
     bar = Progress(
         "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
         TimeRemainingColumn(), transient=True,
@@ -285,6 +317,11 @@ def _queue_filters(f: Any) -> Any:
     return f
 
 
+def _moment(at: str | None) -> float | None:
+    """`--at` as a time, or None for now (the read layer takes the clock)."""
+    return None if at is None else parse_time(at)
+
+
 def _when(at: float | None) -> str:
     return "unknown" if at is None else when(at)
 
@@ -292,6 +329,7 @@ def _when(at: float | None) -> str:
 @click.command()
 @policy_option
 @_queue_filters
+@at_option
 @json_option
 @pass_ctx
 def queue(
@@ -301,16 +339,18 @@ def queue(
     account_path: str | None,
     state: str,
     limit: int,
+    at: str | None,
     as_json: bool,
 ) -> None:
     """Pending work in dispatch order: sort key, why it waits, estimated start (like squeue)."""
     rows = ctx.read(
-        "queue", policy=policy, user=user, account=account_path, state=state, limit=limit
-    )
+        "queue", policy=policy, user=user, account=account_path, state=state, limit=limit,
+        at=_moment(at),
+    )  # fmt: skip
     if as_json:
         echo_json(rows)
         return
-    table = Table(
+    table = _table(
         "#", "job", "account", "user", "gpus", "sort key", "waiting", "est. start", "code",
         "reason", box=None,
     )  # fmt: skip
@@ -339,6 +379,7 @@ def _key_text(key: list[float | int | str]) -> str:
 @click.command()
 @policy_option
 @_queue_filters
+@at_option
 @json_option
 @pass_ctx
 def priority(
@@ -348,17 +389,19 @@ def priority(
     account_path: str | None,
     state: str,
     limit: int,
+    at: str | None,
     as_json: bool,
 ) -> None:
     """Each pending job's sort key, part by part (like sprio), in dispatch order."""
     rows = ctx.read(
-        "priority", policy=policy, user=user, account=account_path, state=state, limit=limit
-    )
+        "priority", policy=policy, user=user, account=account_path, state=state, limit=limit,
+        at=_moment(at),
+    )  # fmt: skip
     if as_json:
         echo_json(rows)
         return
     names = [p.name for p in rows[0].parts] if rows else []
-    table = Table("#", "job", "account", "user", *names, box=None)
+    table = _table("#", "job", "account", "user", *names, box=None)
     for r in rows:
         cells = [
             when(p.value) if p.name == "submitted_at" and isinstance(p.value, float) else
@@ -375,11 +418,12 @@ def priority(
 @click.command()
 @click.argument("job_id", type=int)
 @policy_option
+@at_option
 @json_option
 @pass_ctx
-def explain(ctx: Ctx, job_id: int, policy: str | None, as_json: bool) -> None:
+def explain(ctx: Ctx, job_id: int, policy: str | None, at: str | None, as_json: bool) -> None:
     """Why JOB_ID is pending, why it was placed where it was, or why it was preempted."""
-    view = ctx.read("explain", job_id=job_id, policy=policy)
+    view = ctx.read("explain", job_id=job_id, policy=policy, at=_moment(at))
     if as_json:
         echo_json(view)
         return
@@ -398,13 +442,14 @@ def explain(ctx: Ctx, job_id: int, policy: str | None, as_json: bool) -> None:
     help="Utilisation % below which a job counts as idle.",
 )
 @click.option("--after", default="1h", show_default=True, help="How long it must have been idle.")
+@at_option
 @json_option
 @pass_ctx
-def squatters(ctx: Ctx, threshold: float, after: str, as_json: bool) -> None:
+def squatters(ctx: Ctx, threshold: float, after: str, at: str | None, as_json: bool) -> None:
     """Running jobs whose GPUs sit idle, per manager: the first preemption candidates once past
     their contract."""
     threshold = bounded(threshold, Percent, "--threshold")
-    rows = ctx.read("squatters", threshold=threshold, idle_s=parse_duration(after))
+    rows = ctx.read("squatters", threshold=threshold, idle_s=parse_duration(after), at=_moment(at))
     if as_json:
         echo_json(rows)
         return

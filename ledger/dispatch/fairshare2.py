@@ -6,11 +6,16 @@ are functions of their arguments.
 **Teams.** A team is the account `team_depth` levels down the tree (default 2: the project,
 `program/project`). Fairness is settled between teams by their budgets; inside a team jobs go by
 declared priority, then the person's fair-share rank, then submit time, and never preempt each
-other for fairness.
+other for fairness. A team's standing is its share of the whole tree (`team_fs`: the product of
+the level fair shares on its path, i.e. its allocated fraction of the cluster over its fraction
+of the usage; above 1 it uses less than its share). Fair Tree ranks a team behind every team of
+a program that uses less than its own program, even while the team itself uses less than its
+share; its share of the whole tree does not, and that is what a team is owed.
 
 **Order** (`SortKey`, compared left to right): the debug lane (0: a funded debug-class job, when
-the lane is on; 1: any other), funded before unfunded, the team's rank, priority (higher first),
-the user leaf's rank, submit time, job id.
+the lane is on; 1: any other), funded before unfunded, the team's place (`team_places`: by its
+share of the whole tree, highest first; Fair Tree's team rank when a share is unknown), priority
+(higher first), the user leaf's rank, submit time, job id.
 
 **Victims** (`victim_key`): class (unfunded, squatting, resumable, not resumable), then the
 GPU-seconds a preemption loses (GPUs x work since the last checkpoint; a non-resumable job's whole
@@ -20,15 +25,14 @@ run so far). Plans take the set of least cost (`least_loss`): one-node plans ove
 
 **The cost model** (`weigh`, figures in every note and refusal, so `explain` shows them):
 
-- A funded non-debug job may preempt, for fairness, a job of *another* team that its team
-  outranks by the margin (the waiting team's level fair share > the victim team's x (1 + margin)
-  where the two parted in the tree), unfunded jobs, and squatters.
-- A team that uses less than its share of the whole tree (`team_fs` > 1: the product of the
-  level fair shares on its path, i.e. its allocated fraction over its fraction of the usage) is
-  never a fairness victim, however its program stands: Fair Tree may rank it behind a team of
-  another program whose program uses less, but its own entitlement is not the excess.
+- A funded non-debug job may preempt, for fairness, a job of *another* team that uses more
+  than its share of the whole tree (`team_fs` < 1) and that its team outranks by the margin (the
+  waiting team's share > the victim team's x (1 + margin); `_fairness`), unfunded jobs, and
+  squatters. A team that uses no more than its share is never a fairness victim, however its
+  program stands. (Without both shares, e.g. a snapshot that lacks a level: Fair Tree's level
+  fair shares where the two teams part, `outranks`.)
 - A funded non-resumable job past its contract is offered for fairness only when the waiting
-  team's level fair share is at least `spare_ratio` times the victim team's (the wide margin).
+  team's share is at least `spare_ratio` times the victim team's (the wide margin).
 - The plan is taken only when its gain outweighs the work lost: the funded GPU-seconds its
   fairness victims lose (squatters and unfunded jobs cost nothing here) must not exceed the gain,
   `job GPUs x gain_horizon_s` (the work the waiting team gets now instead of later).
@@ -111,6 +115,33 @@ def team_fs(team: str, level_fs: Mapping[str, float]) -> float | None:
     return out
 
 
+def team_places(snapshot: Snapshot, depth: int) -> dict[str, int]:
+    """Pure: the teams (the accounts `depth` levels down) in order of their share of the whole
+    tree (`team_fs`, highest first; ties: Fair Tree rank, then name), as places 0, 1, ...;
+    empty when a team's share is unknown (the order then falls back to Fair Tree ranks)."""
+    last = _PLACES.get(depth)
+    if last is not None and last[0] is snapshot:
+        return last[1]
+    level_fs, ranks = snapshot.level_fs, snapshot.ranks
+    keyed: list[tuple[float, int, str]] = []
+    for path in level_fs:
+        if path.count("/") != depth - 1:
+            continue
+        share = team_fs(path, level_fs)
+        if share is None:
+            keyed = []
+            break
+        keyed.append((-share, ranks.get(path, UNRANKED), path))
+    keyed.sort()
+    found = {path: i for i, (_, _, path) in enumerate(keyed)}
+    _PLACES[depth] = (snapshot, found)
+    return found
+
+
+_PLACES: dict[int, tuple[Snapshot, dict[str, int]]] = {}
+"""The team places of the last snapshot asked about, per depth."""
+
+
 def _gpu_h(gpu_s: float) -> str:
     return f"{gpu_s / 3600:.2f} GPU-h"
 
@@ -128,7 +159,7 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
     squat_util_pct: float = 10.0
     search_budget: int = 32
     debug_lane: bool = True
-    debug_search_budget: int = 32
+    debug_search_budget: int = 8
     debug_victim_ratio: float = 2.0
     debug_reserve_per: int = 128
 
@@ -157,6 +188,7 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
 
     def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
         ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
+        places = team_places(snapshot, depth)
         cache: dict[tuple[str, str], tuple[int, int]] = {}
         keyed: list[tuple[SortKey, PendingJob]] = []
         for j in snapshot.pending:
@@ -164,8 +196,10 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
             who = (j.account, j.user)
             pair = cache.get(who)
             if pair is None:
-                team = ranks.get(team_of(j.account, depth), ranks.get(j.account, UNRANKED))
-                leaf = ranks.get(f"{j.account}/{j.user}", team)
+                name = team_of(j.account, depth)
+                rank = ranks.get(name, ranks.get(j.account, UNRANKED))
+                team = places.get(name, len(places) + rank) if places else rank
+                leaf = ranks.get(f"{j.account}/{j.user}", rank)
                 pair = cache[who] = (team, leaf)
             keyed.append(
                 (
@@ -265,24 +299,7 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
                     continue  # no fairness preemption inside a team
                 verdict = verdicts.get(team)
                 if verdict is None:
-                    ok, why = outranks(
-                        waiting,
-                        team,
-                        snapshot.ranks,
-                        snapshot.level_fs,
-                        self.margin,
-                        self.min_rank_gap,
-                    )
-                    share = team_fs(team, snapshot.level_fs)
-                    if ok and share is not None and share > 1.0:
-                        ok, why = False, f"{team} uses less than its share ({fs_text(share)})"
-                    elif ok and share is not None:
-                        why += f"; {team} over its share ({fs_text(share)})"
-                    verdict = verdicts[team] = (
-                        ok,
-                        why,
-                        fs_ratio(waiting, team, snapshot.level_fs),
-                    )
+                    verdict = verdicts[team] = self._fairness(waiting, team, snapshot)
                 ok, why, ratio = verdict
                 if not ok:
                     continue
@@ -292,6 +309,29 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
                     why += f"; not resumable: ratio {ratio:.3g} >= {self.spare_ratio:g}"
                 reason, note = "fairness", f"{why}; loses {_gpu_h(cost[1])}"
             yield Victim(r, reason, cost, note)
+
+    def _fairness(
+        self, waiting: str, team: str, snapshot: Snapshot
+    ) -> tuple[bool, str, float | None]:
+        """Whether team `waiting` may take GPUs of team `team` for fairness, why, and the ratio
+        of their shares. With both teams' shares of the whole tree known (`team_fs`): the
+        waiting team's must exceed the other's by the margin, and the other team must use more
+        than its share; else Fair Tree's level fair shares where the teams part (`outranks`)."""
+        level_fs = snapshot.level_fs
+        fw, fv = team_fs(waiting, level_fs), team_fs(team, level_fs)
+        if fw is None or fv is None:
+            ok, why = outranks(
+                waiting, team, snapshot.ranks, level_fs, self.margin, self.min_rank_gap
+            )
+            return ok, why, fs_ratio(waiting, team, level_fs)
+        factor = 1.0 + self.margin
+        if fv >= 1.0:
+            return False, f"{team} uses no more than its share ({fs_text(fv)})", None
+        ok = fw > fv * factor
+        op = ">" if ok else "<="
+        why = f"team share {waiting} {fs_text(fw)} {op} {team} {fs_text(fv)} x {factor:g}"
+        ratio = math.inf if fv <= 0.0 else fw / fv
+        return ok, why, ratio
 
     def _debug_victims(
         self, job: PendingJob, candidates: Iterable[RunningJob], now: float

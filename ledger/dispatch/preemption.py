@@ -296,8 +296,10 @@ def plan_gang_least(
 
     Bounded: victims are read only while one could still clear a node cheaper than the dearest
     node of the best plan (a node not yet cleared needs a victim not yet read, which costs at
-    least as much as the last one read). Nodes of different sizes in one pool make the choice a
-    knapsack; the search then takes the cheapest nodes until the job fits, not the optimum.
+    least as much as the last one read), and, once a plan is found, for at most as many victims
+    again as it took to find the first (`GANG_READ_FACTOR`). Nodes of different sizes in one
+    pool make the choice a knapsack; the search then takes the cheapest nodes until the job
+    fits, not the optimum.
     """
     keys = {p.key: p for p in pools}
     free, pool_of, size = index.free, index.pool_of, index.size
@@ -314,10 +316,14 @@ def plan_gang_least(
     """The best plan's highest class, and the most GPU-seconds one of its cleared nodes loses:
     a node of that class losing as much or more, or of a higher class, cannot improve it."""
     best_plan: Plan | None = None
+    whole = {key: sorted(p.whole, key=lambda n: (-size[n], n)) for key, p in keys.items()}
+    read = 0
+    until = math.inf
     for v in victims:
         klass, lost = v.cost[0], v.cost[1]
-        if klass > top[0] or (klass == top[0] and lost >= top[1]):
+        if klass > top[0] or (klass == top[0] and lost >= top[1]) or read >= until:
             break
+        read += 1
         seen.setdefault(v.job.job_id, len(seen))
         changed: list[PoolKey] = []
         for sl in v.job.slots:
@@ -347,7 +353,7 @@ def plan_gang_least(
             if have_gpus[key] >= gpus:
                 changed.append(key)
         for key in changed:
-            found = _cheapest_nodes(keys[key], cleared[key], gpus, size)
+            found = _cheapest_nodes(whole[key], cleared[key], gpus, size)
             if found is None:
                 continue
             nodes, bound = found
@@ -357,19 +363,27 @@ def plan_gang_least(
                     chosen.setdefault(x.job.job_id, x)
             picked = tuple(sorted(chosen.values(), key=lambda x: seen[x.job.job_id]))
             cost = (max((x.cost[0] for x in picked), default=0), sum(x.cost[1] for x in picked))
+            if best is None:
+                until = GANG_READ_FACTOR * read
             if best is None or cost < best:
                 best, top = cost, bound
                 best_plan = Plan(victims=picked, nodes=nodes, until=_until(picked, now))
     return best_plan
 
 
+GANG_READ_FACTOR = 2
+"""A gang search reads at most this many times the victims it read to find its first plan."""
+
+
 def _cheapest_nodes(
-    pool: Pool, cleared: list[tuple[tuple[float, float], str]], gpus: int, size: Mapping[str, int]
+    whole: list[str],
+    cleared: list[tuple[tuple[float, float], str]],
+    gpus: int,
+    size: Mapping[str, int],
 ) -> tuple[tuple[str, ...], tuple[float, float]] | None:
-    """The pool's whole free nodes and the cheapest `cleared` nodes ((class, GPU-seconds),
-    name) that hold `gpus` GPUs, with (the highest class, the most GPU-seconds) of the cleared
-    nodes taken; None if they cannot."""
-    whole = sorted(pool.whole, key=lambda n: (-size[n], n))
+    """The pool's `whole` free nodes (in the order to take them) and the cheapest `cleared`
+    nodes ((class, GPU-seconds), name) that hold `gpus` GPUs, with (the highest class, the most
+    GPU-seconds) of the cleared nodes taken; None if they cannot."""
     need = gpus - sum(size[n] for n in whole)
     if need > sum(size[n] for _, n in cleared):
         return None

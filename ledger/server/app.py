@@ -29,8 +29,9 @@ from litestar.params import JSONBody
 
 from ledger.server import identity as ident
 from ledger.server import metrics as m
-from ledger.server import pages
+from ledger.server import pages, tables
 from ledger.server.agent_api import agent_routes
+from ledger.server.cache import ReadCache
 from ledger.server.reads import READS
 from ledger.server.worker import Worker
 from schemas import api
@@ -244,10 +245,8 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
             person(request)  # reads are for people; the read layer filters nothing by caller
             given = {k.removesuffix("_"): x for k, x in query.items() if x is not None}
             args = spec.parse(given)
-            result = await worker.call(lambda: spec.run(handles, args))
-            return Response(
-                msgspec.json.encode(result), media_type="application/json", status_code=200
-            )
+            data = await worker.call(lambda: handles.answer(name, spec, args))
+            return Response(data, media_type="application/json", status_code=200)
 
         params = [
             inspect.Parameter(
@@ -275,6 +274,7 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
     routes: list[Any] = [command_route(cls) for cls in SERVED_COMMANDS]
     routes += [batch, health, whoami, tokens, openapi]
     routes += [read_route(name) for name in READS]
+    routes += tables.routes(worker, person)
     routes += agent_routes(worker, who, clock)
     metrics = m.Metrics(status_of_any)
     getattr(worker.service, "on_cycle", []).append(metrics.observe_cycle)
@@ -307,10 +307,18 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
 
 class ServiceHandles:
     """The read layer's handles in the server: the service loop's ledger and projection (caught
-    up before each read), on the worker thread."""
+    up before each read), on the worker thread, and the answers kept per log position."""
 
     def __init__(self, service: Any) -> None:
         self.service = service
+        self.cache = ReadCache()
+
+    def answer(self, name: str, spec: Any, args: Any) -> bytes:
+        """The encoded answer of a read, computed once per log position (`ReadCache`)."""
+        position: int = self.service.ledger.position
+        return self.cache.answer(
+            name, args, position, self.now(), lambda: msgspec.json.encode(spec.run(self, args))
+        )
 
     @property
     def ledger(self) -> Any:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.client
 import os
 import socket
-import ssl
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,6 +87,8 @@ class Client:
             if self._unix is not None:
                 self._conn = _UnixConnection(self._unix, self.timeout)
             elif self._parts.scheme == "https":
+                import ssl  # only for https: a plain or Unix-socket client starts faster
+
                 ctx = ssl.create_default_context(cafile=os.environ.get("GPULEDGER_CA_FILE"))
                 self._conn = http.client.HTTPSConnection(
                     self._parts.hostname or "", self._parts.port or 443, timeout=self.timeout,
@@ -150,6 +151,11 @@ class Client:
     def get(self, path: str, query: dict[str, Any] | None = None, type: Any = Any) -> Any:
         q = {k: v for k, v in (query or {}).items() if v is not None}
         data = self.request("GET", f"/v1/{path}" + (f"?{urlencode(q)}" if q else ""))
+        return msgspec.json.decode(data, type=type)
+
+    def post(self, path: str, body: Any, type: Any = Any) -> Any:
+        """POST a request Struct to /v1/`path` and decode the answer as `type`."""
+        data = self.request("POST", f"/v1/{path}", msgspec.json.encode(body))
         return msgspec.json.decode(data, type=type)
 
     def close(self) -> None:

@@ -35,14 +35,17 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Preemption hysteresis of the fair-share policy."""
     debug_lane: bool = True
     """Let small debug jobs preempt jobs past their contract."""
-    executor: Literal["none", "local", "agents"] = "none"
+    executor: Literal["none", "local", "agents", "slurm"] = "none"
     """"agents": node agents (`gpuledger agent`) run placements; "local": run jobs here as
-    processes, like `up`; "none": placements are only recorded (they count as started)."""
+    processes, like `up`; "slurm": run them as Slurm jobs on `partition` (docs/slurm.md);
+    "none": placements are only recorded (they count as started)."""
+    partition: str = ""
+    """The Slurm partition gpu-ledger owns (executor "slurm"); checked at start."""
     node_lost_after: str = "60s"
     """With node agents: a node whose agent is silent this long is marked lost (its resumable
     jobs are requeued, the others end); its GPUs are never placed on again before that."""
     grace: str = "30s"
-    """SIGTERM-to-SIGKILL grace when the local executor preempts a job."""
+    """SIGTERM-to-SIGKILL grace when the executor preempts a job."""
     kafka: str = ""
     """Kafka bootstrap HOST:PORT: relay the log and feed the projection from the topic."""
     log_format: Literal["text", "json"] = "text"

@@ -82,6 +82,8 @@ class DeliveredArgs(_Args, frozen=True, kw_only=True):
 
 
 class QueueArgs(_Args, frozen=True, kw_only=True):
+    at: v.Epoch | None = None
+    """The moment of the preview (default now), over the log as it stands."""
     policy: PolicyName = None
     """Preview with this policy's defaults instead of the recorded settings."""
     user: str | None = None
@@ -93,16 +95,25 @@ class QueueArgs(_Args, frozen=True, kw_only=True):
 class ExplainArgs(_Args, frozen=True, kw_only=True):
     job_id: Annotated[int, msgspec.Meta(ge=1, le=2**62)]
     policy: PolicyName = None
+    at: v.Epoch | None = None
+    """The moment of the explanation (default now)."""
 
 
 class SquattersArgs(_Args, frozen=True, kw_only=True):
     threshold: Annotated[float, msgspec.Meta(ge=0, le=100)] = 10.0
     idle_s: Annotated[float, msgspec.Meta(ge=0, le=10 * 365 * 86400.0)] = 3600.0
+    at: v.Epoch | None = None
+    """The moment idleness is measured at (default now)."""
 
 
 class AuditArgs(_Args, frozen=True, kw_only=True):
     account: str | None = None
     since: v.Epoch | None = None
+
+
+def _at(h: Handles, at: float | None) -> float:
+    """The moment a read is evaluated at: the one asked for (`--at`), else now."""
+    return h.now() if at is None else at
 
 
 def _usage(a: SharesArgs) -> UsagePolicy:
@@ -130,7 +141,7 @@ def _nodes(h: Handles, a: NoArgs) -> list[v.NodeRow]:
 def _jobs(h: Handles, a: v.JobFilter) -> list[v.JobRow]:
     from ledger import reads
 
-    return reads.jobs(h.store(), a, h.now())
+    return reads.jobs(h.store(), a, _at(h, a.at))
 
 
 def _log(h: Handles, a: v.LogFilter) -> list[v.LogEntry]:
@@ -142,13 +153,13 @@ def _log(h: Handles, a: v.LogFilter) -> list[v.LogEntry]:
 def _shares(h: Handles, a: SharesArgs) -> list[v.ShareRow]:
     from ledger import reads
 
-    return reads.shares(h.store(), h.now() if a.at is None else a.at, _usage(a))
+    return reads.shares(h.store(), _at(h, a.at), _usage(a))
 
 
 def _usage_rows(h: Handles, a: UsageArgs) -> list[v.UsageRow]:
     from ledger import reads
 
-    return reads.usage(h.store(), h.now() if a.at is None else a.at, a.by, _usage(a))
+    return reads.usage(h.store(), _at(h, a.at), a.by, _usage(a))
 
 
 def _delivered(h: Handles, a: DeliveredArgs) -> v.DeliveredView:
@@ -161,27 +172,27 @@ def _queue(h: Handles, a: QueueArgs) -> list[v.QueueRow]:
     from ledger import reads
 
     policy = policy_for(a.policy, h.ledger.state)
-    return reads.queue(h.ledger, h.store(), policy, h.now(), _queue_filter(a))
+    return reads.queue(h.ledger, h.store(), policy, _at(h, a.at), _queue_filter(a))
 
 
 def _priority(h: Handles, a: QueueArgs) -> list[v.PriorityRow]:
     from ledger import reads
 
     policy = policy_for(a.policy, h.ledger.state)
-    return reads.priority(h.ledger, h.store(), policy, h.now(), _queue_filter(a))
+    return reads.priority(h.ledger, h.store(), policy, _at(h, a.at), _queue_filter(a))
 
 
 def _explain(h: Handles, a: ExplainArgs) -> v.ExplainView:
     from ledger import reads
 
     policy = policy_for(a.policy, h.ledger.state)
-    return reads.explain(h.ledger, h.store(), a.job_id, policy, h.now())
+    return reads.explain(h.ledger, h.store(), a.job_id, policy, _at(h, a.at))
 
 
 def _squatters(h: Handles, a: SquattersArgs) -> list[v.SquatterRow]:
     from ledger import reads
 
-    return reads.squatters(h.ledger, h.store(), h.now(), a.threshold, a.idle_s)
+    return reads.squatters(h.ledger, h.store(), _at(h, a.at), a.threshold, a.idle_s)
 
 
 def _projection_status(h: Handles, a: NoArgs) -> v.ProjectionStatusView:

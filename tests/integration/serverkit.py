@@ -42,11 +42,16 @@ def env_for(home: Path, **extra: str) -> dict[str, str]:
 
 
 def cli(
-    home: Path, *args: str, ok: bool = True, timeout: float = 60, **env: str
+    home: Path,
+    *args: str,
+    ok: bool = True,
+    timeout: float = 60,
+    cwd: Path | None = None,
+    **env: str,
 ) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [GPULEDGER, *args], env=env_for(home, **env), capture_output=True, text=True,
-        timeout=timeout,
+        timeout=timeout, cwd=cwd,
     )  # fmt: skip
     if ok:
         assert proc.returncode == 0, f"{args}: {proc.stderr}"

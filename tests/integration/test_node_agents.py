@@ -109,10 +109,10 @@ class Cluster:
         rows = json.loads(self.cli("node", "list", "--json").stdout)
         return {n["node"]: n["state"] for n in rows}
 
-    def restart_server(self) -> None:
+    def restart_server(self, *extra: str) -> None:
         """On the same port: the agents keep their URL."""
         self.server = start_server(self.home, *SERVE, "--listen", f"127.0.0.1:{self.server.port}",
-                                   log_name=f"serve-{time.monotonic_ns()}.log")  # fmt: skip
+                                   *extra, log_name=f"serve-{time.monotonic_ns()}.log")  # fmt: skip
 
     def why(self) -> str:
         out = self.server.log_path.read_text(errors="replace")[-3000:]
@@ -280,7 +280,10 @@ def test_kill_9_of_serve_then_a_restart_keeps_jobs_running(cluster: Cluster) -> 
     job = c.submit(1, f"while [ ! -e {go} ]; do sleep 0.1; done; exit 0")
     c.wait_status(job, "running")
     c.server.stop(signal.SIGKILL)
-    time.sleep(1.0)
+    # with the server gone, the ledger's GPU holders agree with the processes really alive
+    states = [a for ag in c.agents.values() for a in ("--agent-state", str(ag.state))]
+    check = c.cli("audit", "check", *states)
+    assert ": 0 violations" in check.stdout
     c.restart_server()
     assert c.job(job)["status"] == "running"
     second = c.submit(2, "sleep 1")
@@ -315,3 +318,52 @@ def test_a_silent_node_is_lost_after_the_timeout_its_job_runs_elsewhere_and_the_
     wait_for("the orphan to be killed", lambda: not alive(pid), 30, c.why)
     wait_for(f"{node} to return", lambda: c.nodes()[node] == "active", 30, c.why)
     assert held_twice(all_events(c)) == []
+
+
+def test_samples_checkpoints_status_and_drain(cluster: Cluster) -> None:
+    c = cluster
+    c.server.stop()
+    c.restart_server("--node-lost-after", "60s")  # the agent is away while it drains
+    script = 'echo $$; sleep 0.5; touch "$GPULEDGER_CHECKPOINT_FILE"; exec sleep 60'
+    job = c.submit(2, script, "--resumable")
+    for ag in c.agents.values():  # the documented test source: a file per job
+        (ag.state / "utilisation").mkdir(exist_ok=True)
+        (ag.state / "utilisation" / str(job)).write_text("7")
+    j = c.wait_status(job, "running")
+    node = j["logs"][0].split(":", 1)[0]
+    pid = int(wait_for("the job's pid", lambda: part_log(j["logs"][0]).read_text().split())[0])
+    wait_for("a checkpoint", lambda: c.events("job.checkpointed.v1"), 30, c.why)
+    samples = wait_for("a sample", lambda: c.events("job.utilisation_sampled.v1"), 30, c.why)
+    assert samples[0]["job_id"] == job and samples[0]["gpu_utilisation"] == [7.0, 7.0]
+    ag = c.agents[node]
+    status = cli(ag.state, "agent", "status", "--state-dir", str(ag.state)).stdout
+    assert f"node {node}: agent running" in status and f"{job} (pid {pid}, GPUs 0,1)" in status
+    assert "last contact" in status and "ago" in status
+    ag.kill(signal.SIGTERM)  # stopping the agent leaves the job running
+    assert alive(pid)
+    status = cli(ag.state, "agent", "status", "--state-dir", str(ag.state)).stdout
+    assert "agent not running" in status and f"{job} (pid {pid}" in status
+    drain = cli(ag.state, "agent", "--node", node, "--url", c.server.url, "--gpus", str(GPUS),
+                "--state-dir", str(ag.state), "--grace", "1s", "--drain",
+                GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
+    assert f"drained node {node}: stopped 1 job(s)" in drain.stdout
+    assert not alive(pid)
+    j = c.wait_status(job, "finished")
+    assert (j["outcome"], j["exit_code"]) == ("failed", -15)  # SIGTERM ended it
+
+
+def test_an_agent_that_finds_other_gpus_than_the_ledger_is_one_clear_error(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    ag = cluster.agents["node-c"]
+    got = cli(tmp_path, "agent", "--node", "node-c", "--url", cluster.server.url, "--gpus", "4",
+              "--state-dir", str(tmp_path / "other"), ok=False,
+              GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
+    assert got.returncode == 1
+    lines = got.stderr.strip().splitlines()
+    assert "Traceback" not in got.stderr and lines[-1].startswith("error: ")
+    assert "has 2 GPUs in the ledger; its agent found 4 (flags)" in lines[-1]
+    wrong = cli(tmp_path, "agent", "--node", "node-b", "--url", cluster.server.url, "--gpus", "2",
+                "--state-dir", str(tmp_path / "other"), ok=False,
+                GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
+    assert wrong.returncode == 1 and "may not act for node 'node-b'" in wrong.stderr

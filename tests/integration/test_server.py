@@ -14,7 +14,14 @@ from pathlib import Path
 
 from ledger.application import Ledger
 from schemas import events as e
-from tests.integration.serverkit import cli, make_token, set_up_ledger, start_server
+from tests.integration.serverkit import (
+    BUDGET,
+    Server,
+    cli,
+    make_token,
+    set_up_ledger,
+    start_server,
+)
 
 
 def test_sigterm_stops_cleanly_with_exit_0_and_status_tells_up_from_down(tmp_path: Path) -> None:
@@ -80,47 +87,184 @@ def test_the_config_file_rejects_unknown_keys_and_flags_override_it(tmp_path: Pa
     assert configured()[-1]["policy"]["margin"] == 0.3  # type: ignore[index]
 
 
-def test_embedded_and_client_modes_print_byte_identical_json(tmp_path: Path) -> None:
+AT = "2030-01-01T00:00:00"
+"""Every read that depends on the clock is asked at this moment in both modes."""
+
+READ_COMMANDS: dict[str, list[str]] = {
+    "accounts": ["account", "tree", "--json"],
+    "nodes": ["node", "list", "--json"],
+    "jobs": ["jobs", "--json", "--at", AT],
+    "log": ["log", "--json", "--after", "3", "--limit", "50"],
+    "shares": ["shares", "--json", "--at", AT],
+    "usage": ["usage", "--json", "--at", AT, "--by", "user"],
+    "delivered": ["report", "delivered", "--json", "--at", AT, "--window", "3650d"],
+    "queue": ["queue", "--json", "--at", AT],
+    "priority": ["priority", "--json", "--at", AT],
+    "explain": ["explain", "4", "--json", "--at", AT],
+    "squatters": ["squatters", "--json", "--at", AT, "--threshold", "100", "--after", "0s"],
+    "projection": ["projection", "status", "--json"],
+    "audit_preemptions": ["audit", "preemptions", "--json"],
+    "audit_budget_changes": ["audit", "budget-changes", "--json"],
+}
+"""One CLI command per read the API serves (the test checks none is missing)."""
+
+MORE = [
+    ["jobs", "--json", "--status", "finished", "--limit", "5"],
+    ["log", "--json", "--tail", "5"],
+    ["token", "list", "--json"],
+    ["explain", "1", "--json", "--at", AT],
+    ["explain", "2", "--json", "--at", AT],
+    ["queue", "--json", "--at", AT, "--policy", "fifo", "--state", "pending"],
+    # the audit tables in every format (POST /v1/audit/table beside a server)
+    ["audit", "sql", "SELECT tag, count(*) AS n FROM events GROUP BY tag ORDER BY tag"],
+    ["audit", "sql", "SELECT * FROM events ORDER BY position", "--format", "csv"],
+    ["audit", "sql", "SELECT position, tag FROM events ORDER BY position", "--json"],
+    ["audit", "job", "2", "--format", "csv"],
+    ["audit", "job", "2", "--json"],
+    ["audit", "job", "1"],
+    ["audit", "preemptions", "--format", "csv"],
+    ["audit", "budget-changes", "--format", "csv"],
+    ["audit", "budget-changes"],
+    ["budget", "apply", "budget2.toml", "--dry-run"],
+    ["budget", "apply", "budget2.toml", "--dry-run", "--prune"],
+]
+
+
+def test_embedded_and_client_modes_print_byte_identical_output(tmp_path: Path) -> None:
+    """Every read (and every audit export, and the budget plan) prints the same bytes
+    embedded, over HTTP and over the Unix socket; time-dependent reads are asked `--at` one
+    moment. The HTTP client runs with a data directory that does not exist: it never opens
+    the store or the projection."""
+    from ledger.server.reads import READS
+
+    assert set(READS) == set(READ_COMMANDS), "a read the API serves is missing here"
     home = tmp_path / "ledger"
     set_up_ledger(home, tmp_path)
+    (tmp_path / "budget2.toml").write_text(
+        BUDGET.replace('members = ["carol"]', 'members = ["carol", "dave"]')
+    )
     admin = make_token(home, "--user", "root", "--name", "ops")
+    url = {"GPULEDGER_URL": "", "GPULEDGER_TOKEN": admin}
     server = start_server(home, "--interval", "0.2s")
-    at = "2030-01-01T00:00:00"
-    reads = [
-        ["jobs", "--json"],
-        ["jobs", "--json", "--status", "finished", "--limit", "5"],
-        ["node", "list", "--json"],
-        ["account", "tree", "--json"],
-        ["log", "--json", "--after", "3", "--limit", "50"],
-        ["log", "--json", "--tail", "5"],
-        ["token", "list", "--json"],
-        ["shares", "--json", "--at", at],
-        ["usage", "--json", "--at", at, "--by", "user"],
-        ["report", "delivered", "--json", "--at", at, "--window", "3650d"],
-        ["projection", "status", "--json"],
-        ["audit", "preemptions", "--json"],
-        ["audit", "budget-changes", "--json"],
-    ]
     try:
-        url = {"GPULEDGER_URL": server.url, "GPULEDGER_TOKEN": admin}
+        url["GPULEDGER_URL"] = server.url
         cli(home, "submit", "-A", "ai2/olmo", "-G", "2", "--", "true", GPULEDGER_USER="bob", **url)
         deadline = time.monotonic() + 20
         while any(j["status"] != "running" for j in json.loads(cli(home, "jobs", "--json").stdout)):
             assert time.monotonic() < deadline
             time.sleep(0.1)
         cli(home, "preempt", "2", "--reason", "maintenance", **url)
-        for job in ("1",):
-            cli(home, "cancel", job, **url)  # ended jobs: nothing depends on the clock
-        time.sleep(0.5)  # a cycle with nothing to do appends nothing
-        over_http = [cli(home, *r, **url).stdout for r in reads]
-        over_socket = [cli(home, *r).stdout for r in reads]
+        # job 4 stays pending (job 1 holds a GPU inside its contract); job 1 keeps running
+        cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "--", "true", GPULEDGER_USER="bob", **url)
+        cli(home, "cancel", "3", **url)
+        cli(home, "submit", "-A", "ai2/tulu", "-G", "8", GPULEDGER_USER="carol", **url)
     finally:
         assert server.stop() == 0
-    embedded = [cli(home, *r).stdout for r in reads]
+    # servers that run one cycle at start and none after (the first records its settings, the
+    # second has nothing to record): nothing moves under the reads
+    server = start_server(home, "--interval", "1h", log_name="serve2.log")
+    _one_cycle(server)
+    assert server.stop() == 0
+    reads = [*READ_COMMANDS.values(), *MORE]
+    embedded = [cli(home, *r, cwd=tmp_path).stdout for r in reads]
+    server = start_server(home, "--interval", "1h", log_name="serve3.log")
+    nowhere = tmp_path / "no-such-home"
+    try:
+        url["GPULEDGER_URL"] = server.url
+        _one_cycle(server)
+        head = server.head()
+        over_http = [cli(nowhere, *r, cwd=tmp_path, **url).stdout for r in reads]
+        over_socket = [cli(home, *r, cwd=tmp_path).stdout for r in reads]
+        assert server.head() == head, "the log moved under the reads"
+    finally:
+        assert server.stop() == 0
+    assert not nowhere.exists()
     for r, a, b, c in zip(reads, over_http, over_socket, embedded, strict=True):
         assert a == c, r
         assert b == c, r
-    assert all(out.strip() not in ("", "[]") for out in embedded[:8])  # the rest may be empty
+    by_name = dict(zip(READ_COMMANDS, embedded, strict=False))
+    for name in ("accounts", "nodes", "jobs", "log", "shares", "usage", "queue", "priority"):
+        assert by_name[name].strip() not in ("", "[]"), name  # the others may be empty
+    assert json.loads(by_name["explain"])["status"] == "pending"
+    assert json.loads(by_name["queue"])[0]["job_id"] == 4
+    assert "+ member dave" in embedded[-2] or "dave" in embedded[-2]
+
+
+def test_budget_apply_and_audit_exports_go_through_a_running_server(tmp_path: Path) -> None:
+    """`budget apply` and the audit exports work beside a running server (they used to be
+    refused): the plan is the server's, the apply one atomic batch as the caller, errors are
+    the embedded lines, a Parquet export is the same file, and an audit SELECT cannot read the
+    server's files."""
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    (tmp_path / "budget2.toml").write_text(
+        BUDGET.replace('members = ["carol"]', 'members = ["carol", "dave"]')
+    )
+    (tmp_path / "bad.toml").write_text('[accounts."ai2"]\nkind = "galaxy"\n')
+    embedded_bad = cli(home, "budget", "apply", "bad.toml", ok=False, cwd=tmp_path)
+    embedded_denied = cli(
+        home, "budget", "apply", "budget2.toml", ok=False, cwd=tmp_path, GPULEDGER_USER="alice"
+    )
+    server = start_server(home, "--interval", "1h")
+    try:
+        bad = cli(home, "budget", "apply", "bad.toml", ok=False, cwd=tmp_path)
+        denied = cli(
+            home, "budget", "apply", "budget2.toml", ok=False, cwd=tmp_path, GPULEDGER_USER="alice"
+        )
+        head = server.head()
+        sql = f"SELECT * FROM events WHERE position <= {head} ORDER BY position"
+        cli(home, "audit", "sql", sql, "--format", "parquet", "--output",
+            str(tmp_path / "served.parquet"))  # fmt: skip
+        snoop = cli(home, "audit", "sql", "SELECT * FROM read_text('/etc/passwd')", ok=False)
+        applied = cli(home, "budget", "apply", "budget2.toml", cwd=tmp_path, GPULEDGER_USER="root")
+        tree = json.loads(cli(home, "account", "tree", "--json").stdout)
+        again = cli(home, "budget", "apply", "budget2.toml", cwd=tmp_path, GPULEDGER_USER="root")
+        after = server.head()
+    finally:
+        assert server.stop() == 0
+    cli(home, "audit", "sql", sql, "--format", "parquet", "--output",
+        str(tmp_path / "embedded.parquet"))  # fmt: skip
+    assert (bad.returncode, bad.stderr) == (embedded_bad.returncode, embedded_bad.stderr)
+    assert bad.stderr.startswith("error: bad.toml: ") and bad.stderr.count("\n") == 1
+    assert (denied.returncode, denied.stderr, denied.stdout) == (
+        embedded_denied.returncode, embedded_denied.stderr, embedded_denied.stdout,
+    )  # fmt: skip
+    assert denied.returncode == 1 and "[forbidden]" in denied.stderr
+    assert (tmp_path / "served.parquet").read_bytes() == (
+        tmp_path / "embedded.parquet"
+    ).read_bytes()
+    assert snoop.returncode == 1 and "root:" not in snoop.stdout + snoop.stderr
+    assert snoop.stderr.startswith("error: ") and snoop.stderr.count("\n") == 1
+    m = re.fullmatch(
+        r"  \+ member dave -> ai2/tulu shares=1\n"
+        r"applied 1 changes as (\d+) events \(position (\d+)\)\n",
+        applied.stdout,
+    )
+    assert m is not None, applied.stdout
+    tulu = next(a for a in _walk(tree) if a["path"] == "ai2/tulu")
+    assert "dave" in str(tulu)
+    assert again.stdout == "no changes: the ledger matches the budget file\n"
+    assert after == head + int(m.group(1)) == int(m.group(2))
+    events = [ev for _, ev in Ledger(home).read(head, 10)]
+    added = [ev for ev in events if isinstance(ev, e.MemberAdded)]
+    assert [(ev.user, ev.project, ev.actor, ev.real_actor) for ev in added] == [
+        ("dave", "ai2/tulu", "root", None)
+    ]
+
+
+def _one_cycle(server: Server) -> None:
+    deadline = time.monotonic() + 30
+    while server.request("GET", "/v1/health")[1]["cycles"] < 1:
+        assert time.monotonic() < deadline, "no cycle ran"
+        time.sleep(0.1)
+
+
+def _walk(nodes: list[dict[str, object]]) -> list[dict[str, object]]:
+    out = []
+    for n in nodes:
+        out.append(n)
+        out += _walk(n.get("children", []))  # type: ignore[arg-type]
+    return out
 
 
 def test_errors_print_the_same_line_and_exit_code_in_both_modes(tmp_path: Path) -> None:

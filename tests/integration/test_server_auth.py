@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 
-from tests.integration.serverkit import Server, cli, make_token, set_up_ledger, start_server
+from tests.integration.serverkit import (
+    BUDGET,
+    Server,
+    cli,
+    make_token,
+    set_up_ledger,
+    start_server,
+)
 
 UNAUTHENTICATED = ["none", "malformed", "wrong", "expired", "revoked"]
 PEOPLE = ["other_member", "other_manager", "user", "manager", "admin"]
@@ -233,6 +240,12 @@ CASES: dict[str, Case] = {
     "audit preemptions": Case("GET", "/v1/audit/preemptions", lambda w: None, READERS),
     "audit budget changes": Case("GET", "/v1/audit/budget-changes", lambda w: None, READERS),
     "whoami": Case("GET", "/v1/whoami", lambda w: None, frozenset(PEOPLE + NARROW)),
+    "budget plan": Case("POST", "/v1/budget/plan", lambda w: {"toml": BUDGET}, READERS),
+    # the batch above set ai2's shares to 3: the file's 1 is a change only admins may make
+    "budget check": Case(
+        "POST", "/v1/budget/plan", lambda w: {"toml": BUDGET, "check": True}, ADMIN
+    ),
+    "audit table": Case("POST", "/v1/audit/table", lambda w: {"kind": "preemptions"}, READERS),
 }
 
 

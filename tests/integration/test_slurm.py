@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests.integration.serverkit import Server, make_token, start_server
+
 ROOT = Path(__file__).resolve().parents[2]
 SLURM_SCRIPT = ROOT / "scripts" / "slurm" / "slurm"
 GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
@@ -51,7 +53,8 @@ class Cluster:
         return int((data / f"{name}.pid").read_text().split()[0])
 
     def up(self) -> None:
-        """(Re)start whichever Slurm daemon is not running."""
+        """(Re)start whichever Slurm daemon is not running (a node a test left DOWN or drained
+        is resumed by `slurm up`)."""
         env = {**os.environ, "GPULEDGER_SLURM_DATA": str(Path(self.conf).parent)}
         done = subprocess.run(
             [str(SLURM_SCRIPT), "up"], env=env, capture_output=True, text=True, timeout=120
@@ -249,6 +252,10 @@ def test_jobs_run_on_the_gpus_the_ledger_chose_and_their_endings_are_recorded(
     ledger.submit("alice", 2, SHOW + "sleep 3; exit 3")
     ledger.submit("nobody", 1, SHOW + "exit 0")  # a Unix user: submitted with --uid
     ledger.submit("bob", 1, SHOW + "sleep 600", "-t", "1m")  # Slurm ends it at its limit
+    ledger.submit("alice", 1, SHOW + "sleep 600")  # cancelled in Slurm, outside the ledger
+    ledger.wait("the fourth job to run", lambda: status(ledger, 4) == "running", timeout=120)
+    (run4,) = ledger.of("job.engine_linked.v1", 4)
+    ledger.cluster.run("scancel", run4["engine_job_id"])
     ledger.wait(
         "every job to end",
         lambda: all(j["outcome"] for j in ledger.jobs().values()),
@@ -265,17 +272,18 @@ def test_jobs_run_on_the_gpus_the_ledger_chose_and_their_endings_are_recorded(
         1: (3, "exited", "FAILED"),
         2: (0, "exited", "COMPLETED"),
         3: (ended[3]["exit_code"], "time_limit", "TIMEOUT"),
+        4: (ended[4]["exit_code"], "cancelled", "CANCELLED"),
     }
     jobs = ledger.jobs()
-    assert [jobs[j]["outcome"] for j in (1, 2, 3)] == ["failed", "completed", "failed"]
+    assert [jobs[j]["outcome"] for j in (1, 2, 3, 4)] == ["failed", "completed", "failed", "failed"]
     links = {ev["job_id"]: ev for ev in events if ev["type"] == "job.engine_linked.v1"}
     # Slurm says it gave the chosen GPUs (it stops saying once a run ended: job 2 is too short)
     said = {j: ev["gpus"] for j, ev in links.items() if ev["gpus"]}
     assert said == {j: placed[j] for j in said} and {1, 3} <= set(said)
     linked = {j: ev["engine_job_id"] for j, ev in links.items()}
-    assert sorted(linked) == [1, 2, 3] and len(set(linked.values())) == 3
+    assert sorted(linked) == [1, 2, 3, 4] and len(set(linked.values())) == 4
     slurm_jobs = ledger.cluster.jobs()
-    assert all(slurm_jobs[linked[j]]["name"] == f"gpuledger-{j}" for j in (1, 2, 3))
+    assert all(slurm_jobs[linked[j]]["name"] == f"gpuledger-{j}" for j in (1, 2, 3, 4))
     assert held_twice(events) == []
     configured = [ev for ev in events if ev["type"] == "service.configured.v1"]
     assert configured and configured[-1]["executor"] == "slurm", configured
@@ -396,6 +404,60 @@ def test_a_node_slurm_drains_is_drained_in_the_ledger_and_returns_with_it(ledger
     cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume")
     ledger.wait("the node to return", lambda: node()["state"] == "active")
     ledger.wait("the job to run once the node is back", lambda: status(ledger, 1) == "finished")
+    check = json.loads(ledger.cli("audit", "check", "--json"))
+    assert check["violations"] == []  # an engine may drain and return nodes
+
+
+def test_a_node_slurm_marks_down_is_lost_its_jobs_end_or_requeue_and_it_returns(
+    ledger: Ledger,
+) -> None:
+    cluster = ledger.cluster
+    forever = "while true; do sleep 0.2; done"
+    ledger.up()
+    ledger.submit("alice", 2, SHOW + forever, "--min-runtime", "1h", "--resumable")
+    ledger.submit("bob", 1, SHOW + forever, "--min-runtime", "1h")
+    ledger.wait("both jobs to run", lambda: status(ledger, 1) == status(ledger, 2) == "running")
+    first = {ev["job_id"]: ev["engine_job_id"] for ev in ledger.of("job.engine_linked.v1")}
+
+    def node() -> dict[str, Any]:
+        (n,) = json.loads(ledger.cli("node", "list", "--json"))
+        return dict(n)
+
+    cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=down", "reason=psu")
+    ledger.wait("the ledger to lose the node", lambda: node()["state"] == "lost")
+    why = node()["lost_reason"]  # Slurm adds who and when: "psu [root@2026-...]"
+    assert why.startswith("slurm: DOWN (psu") and node()["jobs"] == []
+    jobs = ledger.jobs()
+    assert (jobs[1]["status"], jobs[2]["status"], jobs[2]["outcome"]) == (
+        "pending",
+        "finished",
+        "failed",
+    )
+    # the resumable job is requeued inside its contract, the other fails with the node: the
+    # ledger loses the node before it records the runs' NODE_FAIL exits (a NODE_FAIL exit makes
+    # it look at the nodes again first), and places nothing on it meanwhile
+    assert [(p["reason"], p["note"]) for p in ledger.of("job.preempted.v1", 1)] == [
+        ("node_failure", f"node {cluster.node} lost: {why}")
+    ]
+    assert len(ledger.of("job.requeued.v1", 1)) == 1
+    (ended,) = ledger.of("job.engine_ended.v1", 2)
+    assert (ended["reason"], ended["engine_job_id"]) == ("node_failure", first[2])
+    assert [cluster.jobs()[first[j]]["state"] for j in (1, 2)] == ["NODE_FAIL", "NODE_FAIL"]
+    time.sleep(1)
+    assert status(ledger, 1) == "pending"  # nothing is placed on a lost node
+    cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume")
+    ledger.wait("the node to return", lambda: node()["state"] == "active")
+    ledger.wait(
+        "the requeued job to run again",
+        lambda: len(ledger.of("job.engine_linked.v1", 1)) == 2 and status(ledger, 1) == "running",
+    )
+    runs = ledger.of("job.engine_linked.v1", 1)
+    assert [r["run"] for r in runs] == [0, 1] and runs[1]["engine_job_id"] != first[1]
+    assert "run=1" in ledger.log_of(1)
+    assert held_twice(ledger.events()) == []
+    check = json.loads(ledger.cli("audit", "check", "--json"))
+    assert check["violations"] == [] and check["noted"] == []
+    ledger.cli("cancel", "1")
 
 
 def test_a_foreign_slurm_jobs_gpus_are_never_given_to_a_ledger_job(ledger: Ledger) -> None:
@@ -426,6 +488,113 @@ def test_a_foreign_slurm_jobs_gpus_are_never_given_to_a_ledger_job(ledger: Ledge
     assert held_twice(ledger.events()) == []
 
 
+def test_serve_runs_http_submissions_under_slurm_and_a_kill_9_of_it_loses_nothing(
+    ledger: Ledger,
+) -> None:
+    """The server (`serve --executor slurm`, HTTP and bearer tokens) runs what people submit as
+    Slurm jobs with their exit codes; killed with -9 mid-run and started again, it adopts the
+    run Slurm kept: the job is still running in both, once, and no GPU is held twice."""
+    cluster, home, flag = ledger.cluster, ledger.home, ledger.home.parent / "end"
+    alice = make_token(home, "--user", "alice")
+    root = make_token(home, "--user", "root")
+    args = ("--executor", "slurm", "--partition", cluster.partition, "--interval", "0.2s")
+
+    def submit(server: Server, gpus: int, script: str) -> int:
+        body = {"actor": "", "account": "ai2/olmo", "gpus": gpus,
+                "command": ["bash", "-c", SHOW + script]}  # fmt: skip
+        code, answer = server.request("POST", "/v1/commands/submit", body, alice)
+        assert code == 200, answer
+        return int(answer["events"][0]["job_id"])
+
+    def jobs(server: Server) -> dict[int, dict[str, Any]]:
+        code, rows = server.request("GET", "/v1/jobs", token=alice)
+        assert code == 200, rows
+        return {r["job_id"]: r for r in rows}
+
+    def events(server: Server) -> list[dict[str, Any]]:
+        code, rows = server.request("GET", "/v1/log?limit=100000", token=root)
+        assert code == 200, rows
+        return [r["event"] for r in rows]
+
+    def wait(server: Server, what: str, pred: Callable[[], bool], timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not pred():
+            assert server.proc.poll() is None, server.log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"{what}: {server.log_path.read_text()[-3000:]}"
+            time.sleep(0.3)
+
+    server = start_server(home, *args)
+    try:
+        failing = submit(server, 2, "sleep 1; exit 7")
+        long = submit(server, 1, f"until [ -e {flag} ]; do sleep 0.2; done; exit 0")
+        wait(server, "the first job to end", lambda: jobs(server)[failing]["outcome"] is not None)
+        wait(server, "the second job to run", lambda: jobs(server)[long]["status"] == "running")
+        row = jobs(server)[failing]
+        assert (row["outcome"], row["exit_code"]) == ("failed", 7)
+        history = events(server)
+        ended = [ev for ev in history if ev["type"] == "job.engine_ended.v1"]
+        assert [(ev["job_id"], ev["exit_code"], ev["engine_state"]) for ev in ended] == [
+            (failing, 7, "FAILED")
+        ]
+        placed = {ev["job_id"]: ev["slots"] for ev in history if ev["type"] == "job.placed.v1"}
+        assert cuda_devices(ledger.log_of(failing)) == placed[failing][0]["gpu_indices"]
+        linked = {ev["job_id"]: ev["engine_job_id"] for ev in history
+                  if ev["type"] == "job.engine_linked.v1"}  # fmt: skip
+        # the server dies mid-run: Slurm keeps the job
+        server.stop(signal.SIGKILL)
+        assert cluster.jobs()[linked[long]]["state"] == "RUNNING"
+        server = start_server(home, *args, log_name="serve2.log")
+        time.sleep(1.5)  # a few cycles after the restart
+        assert jobs(server)[long]["status"] == "running"
+        assert cluster.jobs()[linked[long]]["state"] == "RUNNING"
+        flag.touch()
+        wait(
+            server, "the adopted job to complete", lambda: jobs(server)[long]["outcome"] is not None
+        )
+        row = jobs(server)[long]
+        assert (row["outcome"], row["exit_code"]) == ("completed", 0)
+        history = events(server)
+        runs = [ev for ev in history if ev["type"] == "job.engine_linked.v1"]
+        assert sorted(ev["job_id"] for ev in runs) == [failing, long]  # each ran exactly once
+        assert held_twice(history) == []
+        assert "adopted Slurm job" in (home.parent / "serve2.log").read_text()
+        configured = [ev for ev in history if ev["type"] == "service.configured.v1"]
+        assert [ev["executor"] for ev in configured] == ["slurm"]  # once: same settings again
+    finally:
+        assert server.stop() == 0
+
+
+SACCTMGR = """root||root|1
+ai2|root||100
+olmo|ai2||60
+olmo|ai2|alice|2
+olmo|ai2|bob|1
+tulu|ai2|dan|parent
+"""
+
+
+def test_slurm_shares_become_a_budget_the_ledger_applies(tmp_path: Path, cluster: Cluster) -> None:
+    """`slurm import-shares` from saved sacctmgr output, then `budget apply`; without Slurm
+    accounting (the test cluster has none) asking sacctmgr is one clear error line."""
+    led = Ledger(tmp_path / "home", cluster)
+    led.cli("init", "--admin", "root")
+    saved, budget = tmp_path / "assoc.txt", tmp_path / "budget.toml"
+    saved.write_text(SACCTMGR)
+    led.cli("slurm", "import-shares", "--from", str(saved), "-o", str(budget))
+    led.cli("budget", "apply", str(budget))
+    tree = {a["path"]: a for a in json.loads(led.cli("account", "tree", "--json"))}
+    assert (tree["ai2"]["kind"], tree["ai2"]["shares"]) == ("program", 100)
+    assert (tree["ai2/olmo"]["kind"], tree["ai2/olmo"]["shares"]) == ("project", 60)
+    assert tree["ai2/olmo"]["members"] == ["alice", "bob"]
+    assert tree["ai2/olmo/alice"]["shares"] == 2
+    done = subprocess.run(
+        [GPULEDGER, "slurm", "import-shares"], env=led.env("root"), capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("error: sacctmgr failed: ") and done.stdout == ""
+
+
 def test_a_partition_gpu_ledger_cannot_own_is_refused_with_one_line(ledger: Ledger) -> None:
     before = ledger.events()
     done = subprocess.run(
@@ -438,3 +607,13 @@ def test_a_partition_gpu_ledger_cannot_own_is_refused_with_one_line(ledger: Ledg
         "(see docs/slurm.md, 'Partition settings') [engine]\n"
     )
     assert ledger.events() == before  # nothing registered, nothing appended
+    served = subprocess.run(
+        [GPULEDGER, "serve", "--executor", "slurm", "--partition", "nope", "--listen",
+         "127.0.0.1:0"],
+        env=ledger.env("root"), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert served.returncode == 1
+    assert served.stderr.splitlines()[-1:] == done.stderr.splitlines()
+    assert "listening" not in served.stderr
+    assert not (ledger.home / "gpuledger.sock").exists()
+    assert ledger.events() == before

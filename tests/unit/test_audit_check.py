@@ -260,12 +260,16 @@ CASES: dict[str, tuple[list[e.AnyEvent], list[str]]] = {
         ],
         ["position {1}: NOT_AUTHORISED: 'alice' may not register nodes: only admins may"],
     ),
-    "a node-failure preemption on a node that is not lost": (
-        [placed(1, (0, 1, 2, 3)), preempted(1, T0 + 1, actor="@slurm", reason="node_failure")],
+    "a node-failure preemption by a person on a node that is not lost": (
+        [placed(1, (0, 1, 2, 3)), preempted(1, T0 + 1, actor="alice", reason="node_failure")],
         [
-            "position {2}: PREEMPTED_IN_CONTRACT: job 1 preempted (node_failure) by '@slurm' "
+            "position {2}: PREEMPTED_IN_CONTRACT: job 1 preempted (node_failure) by 'alice' "
             "3599 s before its contract ends"
         ],
+    ),
+    "a requeue because the engine says the run ended with its node": (
+        [placed(1, (0, 1, 2, 3)), preempted(1, T0 + 1, actor="@slurm", reason="node_failure")],
+        [],
     ),
     "a node marked lost by a member": (
         [e.NodeLost(event_id="l", at=T0, actor="alice", node="n1", reason="gone")],

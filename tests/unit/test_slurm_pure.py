@@ -20,6 +20,8 @@ from ledger.slurm import (
     gpus_of,
     gres_indices,
     node_changes,
+    node_down,
+    node_unavailable,
     parse_jobs,
     parse_nodes,
     parse_sacctmgr_shares,
@@ -175,6 +177,68 @@ def test_slurm_drains_and_returns_follow_into_the_ledger() -> None:
     ]
     # a drain an admin made in the ledger is not Slurm's to undo
     assert node_changes(slurm, {"g2": node("g2", "draining", "maintenance")}, "@x") == []
+
+
+@pytest.mark.parametrize(
+    ("state", "want"),
+    [
+        ("DOWN", True),
+        ("DOWN*", True),
+        ("DOWN+DRAIN", True),
+        ("DOWN+NOT_RESPONDING", True),
+        ("IDLE", False),
+        ("IDLE*", False),
+        ("MIXED+NOT_RESPONDING", False),
+        ("IDLE+DRAIN", False),
+        ("FAIL", False),
+        ("ALLOCATED+FAIL", False),
+    ],
+)
+def test_only_a_node_slurm_gave_up_is_down(state: str, want: bool) -> None:
+    assert node_down(state) is want
+    assert node_unavailable(state) is (state not in ("IDLE", "IDLE*", "MIXED+NOT_RESPONDING"))
+
+
+def lost(name: str, reason: str) -> Node:
+    return Node(name=name, cluster="c", gpu_type="h100", gpus=8, state="lost", lost_reason=reason)
+
+
+def follow(slurm_states: dict[str, str], ledger: dict[str, Node]) -> list[c.AnyCommand]:
+    text = "\n".join(
+        f"NodeName={n} Gres=gpu:h100:8 State={st} Partitions=p Reason=psu"
+        for n, st in slurm_states.items()
+    )
+    return node_changes(parse_nodes(text, "p"), ledger, "@x")
+
+
+@pytest.mark.parametrize(
+    ("slurm_state", "have", "want"),
+    [
+        ("DOWN", node("g"), [c.MarkNodeLost(actor="@x", node="g", reason="slurm: DOWN (psu)")]),
+        (
+            "DOWN*",
+            node("g", "drained", "slurm: IDLE* (psu)"),
+            [c.MarkNodeLost(actor="@x", node="g", reason="slurm: DOWN* (psu)")],
+        ),
+        (
+            "DOWN",
+            node("g", "draining", "maintenance"),
+            [c.MarkNodeLost(actor="@x", node="g", reason="slurm: DOWN (psu)")],
+        ),
+        ("DOWN", lost("g", "slurm: DOWN (psu)"), []),
+        ("IDLE", lost("g", "slurm: DOWN (psu)"), [c.ReturnNode(actor="@x", node="g")]),
+        ("IDLE+DRAIN", lost("g", "slurm: DOWN (psu)"), [c.ReturnNode(actor="@x", node="g")]),
+        ("IDLE", lost("g", "power cut"), []),
+        ("IDLE*", node("g"), []),
+        ("FAIL", node("g"), [c.DrainNode(actor="@x", node="g", reason="slurm: FAIL (psu)")]),
+        ("MIXED", node("g", "drained", "slurm: FAIL (psu)"), [c.ReturnNode(actor="@x", node="g")]),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_a_node_slurm_marks_down_is_lost_in_the_ledger_and_returns_with_it(
+    slurm_state: str, have: Node, want: list[c.AnyCommand]
+) -> None:
+    assert follow({"g": slurm_state}, {"g": have}) == want
 
 
 def test_unknown_partition_nodes_are_registered_once() -> None:

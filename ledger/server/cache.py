@@ -1,0 +1,54 @@
+"""Answers of reads, kept per log position on the server (the worker thread's only).
+
+A read's answer depends on the log up to a position and, for the reads that look at the clock
+(the queue preview, explain, shares, ...), on the moment. Many callers asking between two
+appends get one computation:
+- a read at an explicit moment (`at`), or one that never looks at the clock, is the same answer
+  for as long as the log stays at the position it was computed at;
+- a read "now" is answered from an answer computed at the same position at most `fresh_s`
+  earlier (it says the state as of then: a queue preview at 10k pending costs ~0.3 s, the
+  dispatcher's cycle is 2 s by default).
+Any append moves the position and so retires every entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+CLOCKED = frozenset({"jobs", "shares", "usage", "queue", "priority", "explain", "squatters"})
+"""Reads whose answer depends on the moment unless `at` names it."""
+FRESH_S = 2.0
+MAX_ENTRIES = 256
+
+
+@dataclass
+class ReadCache:
+    fresh_s: float = FRESH_S
+    max_entries: int = MAX_ENTRIES
+    hits: int = 0
+    misses: int = 0
+    _entries: dict[tuple[str, Any], tuple[int, float, bytes]] = field(default_factory=dict)
+
+    def answer(
+        self, name: str, args: Any, position: int, now: float, compute: Callable[[], bytes]
+    ) -> bytes:
+        """The encoded answer of read `name` with `args` at `position` (`now` for reads that
+        look at the clock without `at`): from the cache when still valid, else computed."""
+        key = (name, args)
+        got = self._entries.get(key)
+        clocked = name in CLOCKED and getattr(args, "at", None) is None
+        if got is not None:
+            at_position, computed_at, data = got
+            if at_position == position and (not clocked or 0 <= now - computed_at <= self.fresh_s):
+                self.hits += 1
+                return data
+        self.misses += 1
+        data = compute()
+        if len(self._entries) >= self.max_entries:
+            self._entries = {k: x for k, x in self._entries.items() if x[0] == position}
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()
+        self._entries[key] = (position, now, data)
+        return data

@@ -1,0 +1,103 @@
+"""Budgets as code and audit tables through the server: `POST /v1/budget/plan` and
+`POST /v1/audit/table`, so `budget apply` and every audit export (table, CSV, JSON, Parquet)
+work beside a running server without opening the data directory.
+
+The plan is made from the server's state as the caller (the CLI prints it, then applies it
+through `/v1/batch`, atomically); an audit table is the exact Arrow table embedded mode builds,
+sent as an Arrow IPC stream, so every format prints the same bytes in both modes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from litestar import Request, post
+from litestar.handlers import HTTPRouteHandler
+from litestar.params import JSONBody
+
+from ledger.server import identity as ident
+from ledger.server.worker import Worker
+from schemas import api
+
+
+def routes(
+    worker: Worker, person: Callable[[Request[Any, Any, Any]], ident.Identity]
+) -> list[HTTPRouteHandler]:
+    """The two routes, for people only (like every read)."""
+
+    @post("/v1/budget/plan", status_code=200, tags=["commands"], security=[{"bearer": []}])
+    async def budget_plan(
+        request: Request[Any, Any, Any], data: JSONBody[api.BudgetPlanRequest]
+    ) -> api.BudgetPlan:
+        """The changes that make the ledger match a budget file, as the caller (checked as they
+        would be applied with `check`; nothing is appended: apply them with /v1/batch)."""
+        caller = person(request)
+        return await worker.call(lambda: plan(worker, caller, data))  # type: ignore[no-any-return]
+
+    @post("/v1/audit/table", status_code=200, tags=["reads"], security=[{"bearer": []}])
+    async def audit_table(
+        request: Request[Any, Any, Any], data: JSONBody[api.AuditQuery]
+    ) -> api.AuditTable:
+        """An audit table (one read-only SELECT, a job's history, the preemptions or the
+        budget changes) as an Arrow IPC stream."""
+        person(request)
+        return await worker.call(lambda: table(worker, data))  # type: ignore[no-any-return]
+
+    return [budget_plan, audit_table]
+
+
+def plan(worker: Worker, caller: ident.Identity, req: api.BudgetPlanRequest) -> api.BudgetPlan:
+    """On the worker thread: parse, plan against the live state as the caller (or `req.actor`),
+    and with `check` try every change on a copy of the state."""
+    from ledger import budget as b
+
+    ledger = worker.service.ledger
+    actor = req.actor or caller.actor
+    changes = b.plan(ledger.state, b.parse(req.toml.encode(), req.name), actor, prune=req.prune)
+    if req.check:
+        cmds = [ident.act(caller, ch.command) for ch in changes]
+        b.check(ledger.state, cmds, ledger.clock.now(), ledger.ids)
+    return api.BudgetPlan(
+        changes=[
+            api.BudgetChange(symbol=ch.symbol, text=ch.text, command=ch.command) for ch in changes
+        ]
+    )
+
+
+def table(worker: Worker, q: api.AuditQuery) -> api.AuditTable:
+    """On the worker thread: the table from the service's projection, caught up with the log.
+    The connection is the service's own: queries run with external access off (no file or
+    network reads), and only single SELECT statements pass `check_select`."""
+    import pyarrow as pa
+
+    from ledger import reads
+    from ledger.cli.audit import check_select, job_rows, run_query
+
+    service = worker.service
+    assert service.projector is not None and service.store is not None
+    service.projector.catch_up()
+    con = service.store.con
+    _lock_down(con)
+    if q.kind == "sql":
+        result = run_query(con, check_select(q.sql))
+    elif q.kind == "job":
+        if q.job_id is None:
+            from schemas.errors import InvalidCommand
+
+            raise InvalidCommand("an audit job table needs job_id")
+        result = pa.Table.from_pylist(job_rows(con, q.job_id))
+    elif q.kind == "preemptions":
+        result = run_query(con, reads.PREEMPTIONS_SQL, {"account": q.account, "since": q.since})
+    else:
+        result = run_query(con, reads.BUDGET_CHANGES_SQL, {"since": q.since})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, result.schema) as writer:
+        writer.write_table(result)
+    return api.AuditTable(rows=result.num_rows, arrow=sink.getvalue().to_pybytes())
+
+
+def _lock_down(con: Any) -> None:
+    """External access off for the service's database: an audit SELECT reads the projection's
+    views only, never the server's files (the projection itself needs no external access)."""
+    con.execute("SET enable_external_access = false")

@@ -1,0 +1,60 @@
+"""The server's read cache: one computation per log position (and per moment, for reads that
+look at the clock), never an answer from another position."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from ledger.server.cache import ReadCache
+from ledger.server.reads import READS
+
+
+def _counting() -> tuple[list[int], Callable[[], bytes]]:
+    calls: list[int] = []
+
+    def compute() -> bytes:
+        calls.append(1)
+        return f"answer {len(calls)}".encode()
+
+    return calls, compute
+
+
+@pytest.mark.parametrize(
+    ("case", "name", "args", "asks", "want_calls"),
+    [
+        ("same position, same args: computed once", "nodes", {}, [(5, 0.0), (5, 99.0)], 1),
+        ("an append retires the answer", "nodes", {}, [(5, 0.0), (6, 0.0), (6, 1.0)], 2),
+        ("a clocked read now is fresh for 2 s", "queue", {}, [(5, 0.0), (5, 1.9)], 1),
+        ("a clocked read now goes stale after 2 s", "queue", {}, [(5, 0.0), (5, 2.1)], 2),
+        ("a clocked read at a moment stays", "queue", {"at": 1e9}, [(5, 0.0), (5, 500.0)], 1),
+        ("a clock that went back recomputes", "explain", {"job_id": 1}, [(5, 10.0), (5, 9.0)], 2),
+    ],
+)
+def test_one_computation_per_position_and_moment(
+    case: str, name: str, args: dict[str, object], asks: list[tuple[int, float]], want_calls: int
+) -> None:
+    cache = ReadCache()
+    parsed = READS[name].parse(args)
+    calls, compute = _counting()
+    answers = [cache.answer(name, parsed, pos, now, compute) for pos, now in asks]
+    assert len(calls) == want_calls, case
+    assert answers[-1] == f"answer {want_calls}".encode()
+    assert (cache.hits, cache.misses) == (len(asks) - want_calls, want_calls)
+
+
+def test_different_arguments_are_different_answers() -> None:
+    cache = ReadCache()
+    calls, compute = _counting()
+    a = cache.answer("queue", READS["queue"].parse({"limit": 5}), 1, 0.0, compute)
+    b = cache.answer("queue", READS["queue"].parse({"limit": 6}), 1, 0.0, compute)
+    assert (a, b, len(calls)) == (b"answer 1", b"answer 2", 2)
+
+
+def test_the_cache_stays_bounded() -> None:
+    cache = ReadCache(max_entries=4)
+    _, compute = _counting()
+    for i in range(10):
+        cache.answer("queue", READS["queue"].parse({"limit": i + 1}), 1, 0.0, compute)
+    assert len(cache._entries) <= 4
