@@ -326,14 +326,11 @@ class SupervisedExecutor:
         return None
 
     def starts(self, now: float) -> list[Start]:
-        """Jobs every part of which has started since the last call."""
-        changed = False
+        """Jobs every part of which has started since the last call. (Not saved at once: a
+        restart before the next save reports a start again, which the ledger drops.)"""
         for h in sorted(self.jobs.values(), key=lambda h: h.launched_at):
             if h.stop_reason != "ledger" and not h.start_reported and self._all_started(h):
                 self._report_start(h)
-                changed = True
-        if changed:
-            self._save()
         out, self._starts = self._starts, []
         return out
 

@@ -259,7 +259,9 @@ def test_a_gang_job_runs_one_part_per_node_and_a_failed_part_stops_the_others(
 
 def test_kill_9_of_an_agent_then_a_restart_adopts_its_job(cluster: Cluster) -> None:
     c = cluster
-    job = c.submit(2, "echo $$; sleep 4; exit 7")
+    c.server.stop()
+    c.restart_server("--node-lost-after", "60s")  # the agent returns within the timeout
+    job = c.submit(2, "echo $$; sleep 5; exit 7")
     j = c.wait_status(job, "running")
     node = j["logs"][0].split(":", 1)[0]
     pid = int(wait_for("the job's pid", lambda: part_log(j["logs"][0]).read_text().split())[0])
