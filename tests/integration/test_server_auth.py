@@ -117,6 +117,7 @@ def _spare_id(w: World) -> str:
 ADMIN = frozenset({"admin"})
 MANAGERS = frozenset({"manager", "admin"})
 READERS = frozenset(PEOPLE)
+NODE = frozenset({"node"})
 
 CASES: dict[str, Case] = {
     "submit": Case(
@@ -247,6 +248,21 @@ CASES: dict[str, Case] = {
         "POST", "/v1/budget/plan", lambda w: {"toml": BUDGET, "check": True}, ADMIN
     ),
     "audit table": Case("POST", "/v1/audit/table", lambda w: {"kind": "preemptions"}, READERS),
+    # node n1's token only; this server runs no node agents, so even it gets a clear 409
+    "agent register": Case(
+        "POST",
+        "/v1/agent/register",
+        lambda w: {"node": "n1", "gpus": 8, "gpu_type": "h100"},
+        NODE,
+        succeeds=False,
+    ),
+    "agent poll": Case("GET", "/v1/agent/poll?node=n1", lambda w: None, NODE, succeeds=False),
+    "agent report": Case(
+        "POST", "/v1/agent/report", lambda w: {"node": "n1"}, NODE, succeeds=False
+    ),
+    "agent heartbeat": Case(
+        "POST", "/v1/agent/heartbeat", lambda w: {"node": "n1"}, NODE, succeeds=False
+    ),
 }
 
 
