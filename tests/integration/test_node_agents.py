@@ -25,7 +25,7 @@ from tests.integration.serverkit import GPULEDGER, Server, cli, env_for, make_to
 
 NODES = ("node-a", "node-b", "node-c")
 GPUS = 2
-SERVE = ("--executor", "agents", "--interval", "0.2s", "--node-lost-after", "3s")
+SERVE = ("--executor", "agents", "--interval", "0.2s", "--node-lost-after", "5s")
 BUDGET = """
 [accounts."ai2"]
 kind = "program"
@@ -311,7 +311,7 @@ def test_a_silent_node_is_lost_after_the_timeout_its_job_runs_elsewhere_and_the_
     ag.kill(signal.SIGSTOP)
     t0 = time.monotonic()
     wait_for(f"{node} to be lost", lambda: c.nodes()[node] == "lost", 30, c.why)
-    assert time.monotonic() - t0 >= 2.5  # not before the 3 s node-lost timeout
+    assert time.monotonic() - t0 >= 4.5  # not before the 5 s node-lost timeout
     j = wait_for(
         "the job to run on another node",
         lambda: (x := c.job(job))["status"] == "running" and x["logs"]
