@@ -431,11 +431,17 @@ def estimated_starts(
 
 
 def queue(
-    ledger: Ledger, store: Store, policy: Policy, now: float, f: v.QueueFilter
+    ledger: Ledger,
+    store: Store,
+    policy: Policy,
+    now: float,
+    f: v.QueueFilter,
+    preview: tuple[Snapshot, Decision] | None = None,
 ) -> list[v.QueueRow]:
     """Pending (and held) work in dispatch order with its sort key, why it waits and an
-    estimated start, filtered like squeue (-u, -A, --state)."""
-    snapshot, decision = live(ledger, store, policy, now)
+    estimated start, filtered like squeue (-u, -A, --state). `preview`: `live(...)` at `now`
+    when the caller already holds it."""
+    snapshot, decision = preview or live(ledger, store, policy, now)
     state = ledger.state
     starts = estimated_starts(state, snapshot, decision, now)
     pending = {p.job_id: p for p in snapshot.pending}
@@ -608,8 +614,16 @@ def _tag(ev: e.AnyEvent) -> str:
     return e.tag_of(type(ev))
 
 
-def explain(ledger: Ledger, store: Store, job_id: int, policy: Policy, now: float) -> v.ExplainView:
-    """Why a job is pending, placed where it is, or was preempted: structured, and in words."""
+def explain(
+    ledger: Ledger,
+    store: Store,
+    job_id: int,
+    policy: Policy,
+    now: float,
+    preview: tuple[Snapshot, Decision] | None = None,
+) -> v.ExplainView:
+    """Why a job is pending, placed where it is, or was preempted: structured, and in words.
+    `preview`: `live(...)` at `now` when the caller already holds it."""
     state = ledger.state
     history = _history(store, job_id)
     job = state.jobs.get(job_id) or job_from_history(job_id, history)
@@ -629,7 +643,7 @@ def explain(ledger: Ledger, store: Store, job_id: int, policy: Policy, now: floa
         code, reason = "HELD", "held: `gpuledger release` lets it be scheduled"
         lines = [*told, "It is held: the dispatcher skips it until it is released."]
     elif job.status == "pending":
-        snapshot, decision = live(ledger, store, policy, now)
+        snapshot, decision = preview or live(ledger, store, policy, now)
         lines = [readable(x) for x in explain_pending(job, decision, snapshot, now)]
         if any(isinstance(ev, e.JobPreempted) for ev in history):
             lines += ["Earlier:", *told[1:]]

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 CLOCKED = frozenset({"jobs", "shares", "usage", "queue", "priority", "explain", "squatters"})
 """Reads whose answer depends on the moment unless `at` names it."""
@@ -30,6 +32,7 @@ class ReadCache:
     hits: int = 0
     misses: int = 0
     _entries: dict[tuple[str, Any], tuple[int, float, bytes]] = field(default_factory=dict)
+    _shared: dict[str, tuple[int, float, Any]] = field(default_factory=dict)
 
     def answer(
         self, name: str, args: Any, position: int, now: float, compute: Callable[[], bytes]
@@ -52,3 +55,17 @@ class ReadCache:
                 self._entries.clear()
         self._entries[key] = (position, now, data)
         return data
+
+    def shared(self, name: str, position: int, now: float, compute: Callable[[], T]) -> T:
+        """A value several reads build on (the queue preview the queue, job, nodes pages and
+        /metrics share), kept like a read "now": one per name, reused at the same position
+        for at most `fresh_s`."""
+        got = self._shared.get(name)
+        if got is not None and got[0] == position and 0 <= now - got[1] <= self.fresh_s:
+            self.hits += 1
+            value: T = got[2]
+            return value
+        self.misses += 1
+        value = compute()
+        self._shared[name] = (position, now, value)
+        return value

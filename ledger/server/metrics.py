@@ -169,9 +169,8 @@ def families(f: Figures) -> list[Metric]:
 def read_figures(handles: Any, service: Any, heartbeats: dict[str, float]) -> Figures:
     """The ledger's figures now (on the worker thread), all from the read layer."""
     from ledger import reads
-    from ledger.server.reads import policy_for
+    from ledger.server.pages import queue_preview
     from projections.fairshare import UsagePolicy
-    from schemas import views as v
 
     ledger = handles.ledger
     store = handles.store()
@@ -184,8 +183,7 @@ def read_figures(handles: Any, service: Any, heartbeats: dict[str, float]) -> Fi
         first = ledger.read(projected, 1)
         if first:
             lag_s = max(0.0, now - first[0][1].at)
-    policy = policy_for(None, ledger.state)
-    queue = reads.queue(ledger, store, policy, now, v.QueueFilter(limit=100_000))
+    queue = queue_preview(handles).rows  # shared with the pages, kept per log position
     by_code: dict[str, int] = {}
     by_team: dict[str, int] = {}
     for q in queue:

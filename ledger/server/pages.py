@@ -19,7 +19,7 @@ import asyncio
 import math
 from collections.abc import Callable
 from importlib import resources
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
 from litestar import Request, Response, get
@@ -83,6 +83,53 @@ class DecisionView(msgspec.Struct, frozen=True, kw_only=True):
     """The `CycleDecided` event: its inputs by reference and its outcome."""
 
 
+class QueuePreview(NamedTuple):
+    """The dispatcher's preview at one log position and moment, shared by the queue, job and
+    nodes pages and /metrics (computed once per position, reused for `ReadCache.fresh_s`)."""
+
+    policy_version: str
+    live: Any
+    """`reads.live(...)`: the snapshot and the decision."""
+    rows: list[v.QueueRow]
+    """Every pending and held job as `reads.queue` lists them (no filter)."""
+    now: float
+    """The moment it was computed at."""
+
+
+ALL = v.QueueFilter(limit=100_000)
+
+
+def queue_preview(handles: Any) -> QueuePreview:
+    """The shared preview "now" (on the worker thread)."""
+    from ledger import reads
+    from ledger.server.reads import policy_for
+
+    ledger = handles.ledger
+    store = handles.store()  # caught up
+    now = handles.now()
+
+    def compute() -> QueuePreview:
+        policy = policy_for(None, ledger.state)
+        live = reads.live(ledger, store, policy, now)
+        rows = reads.queue(ledger, store, policy, now, ALL, preview=live)
+        return QueuePreview(policy.version, live, rows, now)
+
+    preview: QueuePreview = handles.cache.shared("queue-preview", ledger.position, now, compute)
+    return preview
+
+
+def pick(rows: list[v.QueueRow], f: v.QueueFilter) -> list[v.QueueRow]:
+    """Pure: the rows `reads.queue` gives for filter `f`, from its unfiltered rows."""
+    under = None if f.account is None else f.account.rstrip("/") + "/"
+    return [
+        r
+        for r in rows
+        if (f.state == "all" or r.state == f.state)
+        and (not f.user or r.user == f.user)
+        and (under is None or (r.account + "/").startswith(under))
+    ][: f.limit]
+
+
 def bucket_for(span_s: float, points: int = 48) -> float:
     """Pure: a bucket of whole hours giving about `points` buckets over `span_s`."""
     return max(1, math.ceil(span_s / points / 3600)) * 3600.0
@@ -120,6 +167,19 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
     async def on_worker(fn: Callable[[], Any]) -> Response[bytes]:
         return _json(await worker.call(fn))
 
+    async def kept(name: str, key: Any, fn: Callable[[], Any]) -> Response[bytes]:
+        """`fn`'s answer encoded, kept per log position like the /v1 reads (`ReadCache`;
+        `name` is the read whose freshness rule it follows)."""
+
+        def answer() -> bytes:
+            position = handles.ledger.position
+            now = handles.now()
+            return bytes(
+                handles.cache.answer(name, key, position, now, lambda: msgspec.json.encode(fn()))
+            )
+
+        return Response(await worker.call(answer), media_type="application/json")
+
     past = reads.PastHours()  # the whole period's ended hours, read once
 
     @get("/ui/api/teams", include_in_schema=False)
@@ -148,7 +208,7 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
                 series=series,
             )
 
-        return await on_worker(read)
+        return await kept("shares", ("ui.teams", window), read)
 
     @get("/ui/api/queue", include_in_schema=False)
     async def queue(
@@ -165,14 +225,13 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
                              limit=limit)  # fmt: skip
 
         def read() -> list[QueueEntry]:
-            ledger = handles.ledger
-            policy = policy_for(None, ledger.state)
-            rows = reads.queue(ledger, handles.store(), policy, handles.now(), filt)
+            preview = queue_preview(handles)
             return [
-                QueueEntry(row=r, parts=reads.key_parts(policy.version, r.sort_key)) for r in rows
+                QueueEntry(row=r, parts=reads.key_parts(preview.policy_version, r.sort_key))
+                for r in pick(preview.rows, filt)
             ]
 
-        return await on_worker(read)
+        return await kept("queue", ("ui.queue", filt), read)
 
     @get("/ui/api/job/{job_id:int}", include_in_schema=False)
     async def job(request: Request[Any, Any, Any], job_id: FromPath[int]) -> Response[bytes]:
@@ -181,12 +240,20 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
         def read() -> JobView:
             ledger = handles.ledger
             store = handles.store()
-            now = handles.now()
+            known = ledger.state.jobs.get(job_id)
+            # only a pending job's explanation looks at the queue: the shared preview then
+            preview = None
+            if known is not None and known.status == "pending" and not known.held:
+                preview = queue_preview(handles)
+            now = handles.now() if preview is None else preview.now
             row = reads.job(store, job_id, now)
             private = may_see_private(ledger.state, caller.actor, row.user, row.account)
-            known = ledger.state.jobs.get(job_id)
             labels = dict(known.spec.labels) if known is not None and private else {}
-            explain = reads.explain(ledger, store, job_id, policy_for(None, ledger.state), now)
+            preview = queue_preview(handles)
+            explain = reads.explain(
+                ledger, store, job_id, policy_for(None, ledger.state), now,
+                None if preview is None else preview.live,
+            )  # fmt: skip
             return JobView(
                 job=row if private else redact(row),
                 private=private,
@@ -195,7 +262,7 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
                 decisions=reads.decisions(store, limit=200, job_id=job_id),
             )
 
-        return await on_worker(read)
+        return await kept("explain", ("ui.job", job_id, caller.actor), read)
 
     replaying = asyncio.Semaphore(1)
 
@@ -233,7 +300,7 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
                 squatters=reads.squatters(ledger, store, handles.now(), 10.0, 3600.0),
             )
 
-        return await on_worker(read)
+        return await kept("squatters", ("ui.nodes",), read)
 
     @get("/ui/api/decisions", include_in_schema=False)
     async def decisions(
