@@ -159,7 +159,7 @@ def measure(home: Path, pending: int, repeat: int) -> dict[str, Any]:
         def bump() -> None:
             """Move the log: hold and release the last pending job."""
             for tag in ("hold", "release"):
-                body = b'{"job_id": ' + held + b"}"
+                body = b'{"actor": "root", "job_id": ' + held + b"}"
                 status, out, _ = server.get(f"/v1/commands/{tag}", token, body=body)
                 assert status == 200, (tag, status, out[:300])
 

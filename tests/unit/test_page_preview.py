@@ -25,8 +25,11 @@ ROWS = [
 ]
 
 
+def ids(f: v.QueueFilter) -> list[int]:
+    return [r.job_id for r in pick(ROWS, f)]
+
+
 def test_pick_filters_like_squeue() -> None:
-    ids = lambda f: [r.job_id for r in pick(ROWS, f)]  # noqa: E731
     assert ids(v.QueueFilter(limit=100)) == [1, 2, 3, 4]
     assert ids(v.QueueFilter(user="ann", limit=100)) == [1, 3]
     assert ids(v.QueueFilter(account="phys/astro", limit=100)) == [1, 4]  # not phys/astrology
