@@ -480,6 +480,20 @@ def queue(
     return rows[: f.limit]
 
 
+def queue_codes(state: State, snapshot: Snapshot, decision: Decision) -> list[tuple[str, str]]:
+    """Pure: each queued job's account and code as `queue` gives them (pending in dispatch
+    order, then held), without the rest of its row (the counts of /metrics)."""
+    accounts = {p.job_id: p.account for p in snapshot.pending}
+    out = []
+    for cons in decision.considered:
+        wait = decision.waiting.get(cons.job_id)
+        out.append((accounts[cons.job_id], wait.code if wait else "NEXT_CYCLE"))
+    held = sorted(
+        (j.job_id, j.spec.account) for j in state.jobs.values() if j.held and j.status == "pending"
+    )
+    return out + [(account, "HELD") for _, account in held]
+
+
 _DEBUG_LANE = ("debug_lane", "0: a funded debug-class job in the debug lane, 1: any other")
 _KEY_PARTS: dict[str, tuple[tuple[str, str], ...]] = {
     "fairshare-3": (

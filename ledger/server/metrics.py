@@ -169,7 +169,7 @@ def families(f: Figures) -> list[Metric]:
 def read_figures(handles: Any, service: Any, heartbeats: dict[str, float]) -> Figures:
     """The ledger's figures now (on the worker thread), all from the read layer."""
     from ledger import reads
-    from ledger.server.pages import queue_preview
+    from ledger.server.pages import live_preview
     from projections.fairshare import UsagePolicy
 
     ledger = handles.ledger
@@ -183,12 +183,13 @@ def read_figures(handles: Any, service: Any, heartbeats: dict[str, float]) -> Fi
         first = ledger.read(projected, 1)
         if first:
             lag_s = max(0.0, now - first[0][1].at)
-    queue = queue_preview(handles).rows  # shared with the pages, kept per log position
+    # the dispatcher's preview shared with the pages, kept per log position
+    snapshot, decision = live_preview(handles).live
     by_code: dict[str, int] = {}
     by_team: dict[str, int] = {}
-    for q in queue:
-        by_code[q.code] = by_code.get(q.code, 0) + 1
-        by_team[team_of(q.account)] = by_team.get(team_of(q.account), 0) + 1
+    for account, code in reads.queue_codes(ledger.state, snapshot, decision)[:100_000]:
+        by_code[code] = by_code.get(code, 0) + 1
+        by_team[team_of(account)] = by_team.get(team_of(account), 0) + 1
     usage = UsagePolicy(window_s=WEEK_S)  # as `gpuledger shares` and `usage` by default
     used = {r.name: r.usage_gpu_hours for r in reads.usage(store, now, "account", usage)}
     level = {r.account: r for r in reads.shares(store, now, usage)}

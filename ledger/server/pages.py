@@ -83,23 +83,28 @@ class DecisionView(msgspec.Struct, frozen=True, kw_only=True):
     """The `CycleDecided` event: its inputs by reference and its outcome."""
 
 
-class QueuePreview(NamedTuple):
-    """The dispatcher's preview at one log position and moment, shared by the queue, job and
-    nodes pages and /metrics (computed once per position, reused for `ReadCache.fresh_s`)."""
+class LivePreview(NamedTuple):
+    """The dispatcher's preview at one log position and moment, shared by the queue and job
+    pages and /metrics (computed once per position, reused for `ReadCache.fresh_s`)."""
 
     policy_version: str
     live: Any
     """`reads.live(...)`: the snapshot and the decision."""
-    rows: list[v.QueueRow]
-    """Every pending and held job as `reads.queue` lists them (no filter)."""
     now: float
     """The moment it was computed at."""
+
+
+class QueuePreview(NamedTuple):
+    policy_version: str
+    rows: list[v.QueueRow]
+    """Every pending and held job as `reads.queue` lists them (no filter), from the shared
+    `LivePreview`."""
 
 
 ALL = v.QueueFilter(limit=100_000)
 
 
-def queue_preview(handles: Any) -> QueuePreview:
+def live_preview(handles: Any) -> LivePreview:
     """The shared preview "now" (on the worker thread)."""
     from ledger import reads
     from ledger.server.reads import policy_for
@@ -108,13 +113,30 @@ def queue_preview(handles: Any) -> QueuePreview:
     store = handles.store()  # caught up
     now = handles.now()
 
+    def compute() -> LivePreview:
+        policy = policy_for(None, ledger.state)
+        return LivePreview(policy.version, reads.live(ledger, store, policy, now), now)
+
+    preview: LivePreview = handles.cache.shared("live-preview", ledger.position, now, compute)
+    return preview
+
+
+def queue_preview(handles: Any) -> QueuePreview:
+    """Every queued job's row from the shared preview (on the worker thread)."""
+    from ledger import reads
+    from ledger.server.reads import policy_for
+
+    got = live_preview(handles)
+    ledger = handles.ledger
+
     def compute() -> QueuePreview:
         policy = policy_for(None, ledger.state)
-        live = reads.live(ledger, store, policy, now)
-        rows = reads.queue(ledger, store, policy, now, ALL, preview=live)
-        return QueuePreview(policy.version, live, rows, now)
+        store = handles.store()
+        rows = reads.queue(ledger, store, policy, got.now, ALL, preview=got.live)
+        return QueuePreview(got.policy_version, rows)
 
-    preview: QueuePreview = handles.cache.shared("queue-preview", ledger.position, now, compute)
+    # kept as long as the preview it is built from (same position, same moment)
+    preview: QueuePreview = handles.cache.shared("queue-rows", ledger.position, got.now, compute)
     return preview
 
 
@@ -244,12 +266,11 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
             # only a pending job's explanation looks at the queue: the shared preview then
             preview = None
             if known is not None and known.status == "pending" and not known.held:
-                preview = queue_preview(handles)
+                preview = live_preview(handles)
             now = handles.now() if preview is None else preview.now
             row = reads.job(store, job_id, now)
             private = may_see_private(ledger.state, caller.actor, row.user, row.account)
             labels = dict(known.spec.labels) if known is not None and private else {}
-            preview = queue_preview(handles)
             explain = reads.explain(
                 ledger, store, job_id, policy_for(None, ledger.state), now,
                 None if preview is None else preview.live,
