@@ -125,6 +125,10 @@ MORE = [
     ["audit", "preemptions", "--format", "csv"],
     ["audit", "budget-changes", "--format", "csv"],
     ["audit", "budget-changes"],
+    ["audit", "verify"],
+    ["audit", "verify", "--json"],
+    ["audit", "check"],
+    ["audit", "check", "--json"],
     ["budget", "apply", "budget2.toml", "--dry-run"],
     ["budget", "apply", "budget2.toml", "--dry-run", "--prune"],
 ]

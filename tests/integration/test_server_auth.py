@@ -246,6 +246,31 @@ CASES: dict[str, Case] = {
         "POST", "/v1/budget/plan", lambda w: {"toml": BUDGET, "check": True}, ADMIN
     ),
     "audit table": Case("POST", "/v1/audit/table", lambda w: {"kind": "preemptions"}, READERS),
+    # n2 was removed above: marking it lost is refused by the state, after authorisation
+    "node.lost": Case(
+        "POST",
+        "/v1/commands/node.lost",
+        cmd(node="n2", reason="silent"),
+        ADMIN,
+        succeeds=False,
+    ),
+    # this server runs no node agents: the node's own token passes authorisation, then 409
+    "agent register": Case(
+        "POST",
+        "/v1/agent/register",
+        lambda w: {"node": "n1", "gpus": 8, "gpu_type": "h100"},
+        frozenset({"node"}),
+        succeeds=False,
+    ),
+    "agent poll": Case("GET", "/v1/agent/poll?node=n1", lambda w: None, frozenset({"node"}), False),
+    "agent report": Case(
+        "POST", "/v1/agent/report", lambda w: {"node": "n1"}, frozenset({"node"}), False
+    ),
+    "agent heartbeat": Case(
+        "POST", "/v1/agent/heartbeat", lambda w: {"node": "n1"}, frozenset({"node"}), False
+    ),
+    "audit verify": Case("GET", "/v1/audit/verify", lambda w: None, READERS),
+    "audit check": Case("GET", "/v1/audit/check", lambda w: None, READERS),
 }
 
 
