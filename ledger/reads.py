@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load t
     from ledger.dispatch.policy import Policy
     from ledger.dispatch.snapshot import Snapshot
     from ledger.domain import Job, State
-    from projections.fairshare import UsagePolicy
+    from projections.fairshare import DeliveredReport, UsagePolicy
     from projections.store import Store
 
 # --- budget tree and nodes ---------------------------------------------------------------------
@@ -272,6 +272,10 @@ def delivered(store: Store, start: float, end: float, team_depth: int) -> v.Deli
         raise InvalidCommand("the report needs a positive, finite window", start=start, end=end)
     team_depth = check(team_depth, TeamDepth, "team depth")
     rep = queries.delivered_report(store, start, end, team_depth=team_depth)
+    return _delivered_view(rep, team_depth)
+
+
+def _delivered_view(rep: DeliveredReport, team_depth: int) -> v.DeliveredView:
     return v.DeliveredView(
         start_at=rep.start,
         end_at=rep.end,
@@ -769,21 +773,24 @@ def job(store: Store, job_id: int, now: float) -> v.JobRow:
 
 def delivered_series(
     store: Store, start: float, end: float, team_depth: int, bucket_s: float
-) -> v.DeliveredSeriesView:
-    """Owed and delivered GPU-hours per team in buckets of `bucket_s` (a multiple of an hour)
-    over [start, end), from the same team hours as `delivered`."""
+) -> tuple[v.DeliveredView, v.DeliveredSeriesView]:
+    """Owed against delivered over [start, end) as `delivered` gives it, and per team in
+    buckets of `bucket_s` (a whole number of hours), from one reading of the team hours."""
     if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
         raise InvalidCommand("the series needs a positive, finite window", start=start, end=end)
     if bucket_s < 3600 or bucket_s % 3600:
         raise InvalidCommand("the bucket is a whole number of hours", bucket_s=bucket_s)
+    from projections.fairshare import summarise
+
     team_depth = check(team_depth, TeamDepth, "team depth")
+    hours = queries.team_hours(store, start, end, team_depth=team_depth)
     sums: dict[str, dict[float, list[float]]] = {}
-    for th in queries.team_hours(store, start, end, team_depth=team_depth):
+    for th in hours:
         at = start + ((th.hour - start) // bucket_s) * bucket_s
         cell = sums.setdefault(th.team, {}).setdefault(at, [0.0, 0.0])
         cell[0] += th.owed_gpu_h
         cell[1] += th.delivered_gpu_h
-    return v.DeliveredSeriesView(
+    series = v.DeliveredSeriesView(
         start_at=start,
         end_at=end,
         bucket_s=bucket_s,
@@ -798,6 +805,7 @@ def delivered_series(
             for team, cells in sorted(sums.items())
         ],
     )
+    return _delivered_view(summarise(hours, start, end), team_depth), series
 
 
 def gpu_map(ledger: Ledger, store: Store) -> list[v.GpuRow]:

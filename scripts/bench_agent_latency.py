@@ -5,11 +5,12 @@ at 100 placements/s).
     python scripts/bench_agent_latency.py --rate 50 --seconds 20
 
 A fresh ledger, a real `gpuledger serve --executor agents` (cycle every 0.1 s) on 127.0.0.1 and
-three real `gpuledger agent` processes (node-a/b/c, 64 GPUs each). Jobs of one GPU running `sleep
-0.5` are submitted over the server's Unix socket at `--rate` per second (a batch every 0.1 s). For
-each job, latency = the moment its process started (the start time the supervisor recorded, `/proc`
-clock ticks, 10 ms resolution) minus the moment it was placed (`job.placed.v1`'s `at`). It prints
-p50/p90/p99/max, the placement rate reached, and the ratio of p99 to the 1 s limit.
+three real `gpuledger agent` processes (node-a/b/c, 64 GPUs each). Jobs of one GPU running
+`sleep 0.5` are submitted over the server's Unix socket at `--rate` per second (a batch every
+0.1 s). For each job, latency = the moment its process started (the start time the supervisor
+recorded, `/proc` clock ticks, 10 ms resolution) minus the moment it was placed (the `at` of
+`job.placed.v1`).
+It prints p50/p90/p99/max, the placement rate reached, and the ratio of p99 to the 1 s limit.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def cli(home: Path, *args: str) -> str:
     if out.returncode != 0:
         raise SystemExit(f"gpuledger {' '.join(args)}: {out.stderr}")
     return out.stdout
+
+
+def cpu_s(pid: int) -> float:
+    raw = Path(f"/proc/{pid}/stat").read_bytes()
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def boot_time() -> float:
@@ -103,7 +110,8 @@ def run(rate: float, seconds: float) -> None:
                 procs.append(subprocess.Popen(
                     [GPULEDGER, "agent", "--node", node, "--url", f"http://127.0.0.1:{port}",
                      "--gpus", str(GPUS), "--gpu-type", "sim", "--state-dir", str(tmp / node),
-                     "--run-as", "service", "--check-every", "0.1s"],
+                     "--run-as", "service", "--check-every", "0.1s",
+                     "--log-level", os.environ.get("BENCH_AGENT_LOG", "INFO")],
                     env=env | {"GPULEDGER_NODE_TOKEN": tokens[node]}, stdout=out, stderr=out,
                 ))  # fmt: skip
             wait(lambda log=log: "registered node" in log.read_text(), node, log)  # type: ignore[misc]
@@ -134,6 +142,10 @@ def run(rate: float, seconds: float) -> None:
                 lat.append(max(0.0, start - at))
         span = max(placed.values()) - min(placed.values())
         report(sorted(lat), len(placed), span, rate)
+        cpu = ", ".join(
+            f"{name} {cpu_s(p.pid):.1f} s" for name, p in zip(("serve", *NODES), procs, strict=True)
+        )
+        print(f"CPU time used (user+system): {cpu}")
     finally:
         for p in reversed(procs):
             p.send_signal(signal.SIGTERM)
@@ -142,7 +154,10 @@ def run(rate: float, seconds: float) -> None:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if os.environ.get("BENCH_KEEP"):
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def events(home: Path) -> list[dict[str, object]]:

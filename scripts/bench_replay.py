@@ -117,7 +117,7 @@ def bench_all(home: Path, exact_sample: int) -> None:
     thresholds = {squat_threshold(d.config) for _, d in decisions}
     with EmbeddedSource(home) as source:
         head = source.head()
-        started = time.perf_counter()
+        started, cpu0 = time.perf_counter(), time.process_time()
         identical = 0
         snapshots = []
         with Replayer(source, thresholds=thresholds) as rp:
@@ -131,6 +131,7 @@ def bench_all(home: Path, exact_sample: int) -> None:
                 snapshots.append((snapshot, policy, decided_at(recorded)))
             timings = rp.timings
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu0
         # the raw baseline: the same decide() calls on snapshots already in hand
         t = time.perf_counter()
         for snapshot, policy, now in snapshots:
@@ -141,6 +142,10 @@ def bench_all(home: Path, exact_sample: int) -> None:
             f"replay --all: {n:,} decisions over {head:,} events in {elapsed:.2f} s = "
             f"{n / elapsed:.1f} decisions verified/s; identical {identical:,} of {n:,} "
             f"({100 * identical / n:.1f}%) (load {load()})"
+        )
+        print(
+            f"  CPU time (all threads): {cpu:.2f} s = {n / cpu:.1f} decisions per CPU-second; "
+            f"goal >= 100/s: ratio {n / cpu / 100:.2f}"
         )
         print(
             f"  time: fold {timings.fold_s:.2f} s, projection catch-up {timings.project_s:.2f} s"

@@ -152,6 +152,10 @@ class NodeAgent:
         self.finished: set[tuple[int, int]] = set()
         """(job, run) whose exit this agent saw: never launched again while still listed."""
         self.lost_after_s = 60.0
+        self.report_wake = threading.Event()
+        self._out_lock = threading.Lock()
+        self._rejoin = False
+        self._status_written = b""
         self.status = AgentStatus(
             node=settings.node,
             url=settings.url,
@@ -218,28 +222,37 @@ class NodeAgent:
     # --- the loop ------------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Until `stop_event`: the poller thread and the main loop (module doc)."""
+        """Until `stop_event`: the poller and reporter threads and the main loop (module doc).
+        The main loop never waits on the server: it only launches, stops and watches."""
         self.join()
-        poller = threading.Thread(target=self._poller, name="agent-poll", daemon=True)
-        poller.start()
-        next_beat = 0.0
+        for target, name in ((self._poller, "agent-poll"), (self._reporter, "agent-report")):
+            threading.Thread(target=target, name=name, daemon=True).start()
         while not self.stop_event.is_set():
             now = _now()
+            if self._rejoin:
+                self._rejoin = False
+                log.warning("this node was out of contact or marked lost: joining again")
+                self.join()
             with self._lock:
                 asg, self._latest = self._latest, None
             if asg is not None:
                 self._take(asg)
             self._apply(now)
             self._watch(now)
-            if not self.outbox.empty() or time.monotonic() >= next_beat:
-                if self._send():
-                    next_beat = time.monotonic() + self.s.heartbeat_s
-                else:
-                    next_beat = time.monotonic() + 1.0
+            if not self.outbox.empty():
+                self.report_wake.set()
             self._write_status()
             self.wake.wait(self.s.check_every_s)
             self.wake.clear()
         self._write_status()
+
+    def _reporter(self) -> None:
+        """Send the outbox as soon as it holds something, a heartbeat otherwise."""
+        client = AgentClient(self.s.url, self.s.token, timeout=30.0)
+        while not self.stop_event.is_set():
+            ok = self._send(client)
+            self.report_wake.wait(self.s.heartbeat_s if ok else 1.0)
+            self.report_wake.clear()
 
     def _poller(self) -> None:
         client = AgentClient(self.s.url, self.s.token, timeout=self.s.poll_wait_s + 30.0)
@@ -253,6 +266,7 @@ class NodeAgent:
                 continue
             self._contact()
             version = asg.version
+            log.debug("poll: version %s, %d part(s)", version, len(asg.parts))
             with self._lock:
                 self._latest = asg
             self.wake.set()
@@ -273,16 +287,23 @@ class NodeAgent:
                     log.info("stopping job %s: the ledger no longer runs it here", job_id)
                     self.ex.stop(job_id, now)
                 stopped.add(job_id)
+        launches = []
+        running = self.ex.running()
         for job_id, p in sorted(self.parts.items()):
-            if (job_id, p.run) in self.finished or job_id in self.ex.running():
+            if (job_id, p.run) in self.finished or job_id in running:
                 continue
             code = self.ex.recorded_exit(job_id, p.run + 1)
             if code is not None:  # it ended while nobody watched: report, never relaunch
                 self.finished.add((job_id, p.run))
-                self.outbox.started.append(a.PartStarted(job_id=job_id, run=p.run))
-                self.outbox.exited.append(a.PartExited(job_id=job_id, run=p.run, exit_code=code))
+                with self._out_lock:
+                    self.outbox.started.append(a.PartStarted(job_id=job_id, run=p.run))
+                    self.outbox.exited.append(
+                        a.PartExited(job_id=job_id, run=p.run, exit_code=code)
+                    )
                 continue
-            self.ex.launch(self._launch(p), now)
+            launches.append(self._launch(p))
+        if launches:
+            self.ex.launch_all(launches, now)
         return stopped
 
     @staticmethod
@@ -296,6 +317,10 @@ class NodeAgent:
     def _watch(self, now: float) -> None:
         exits: list[Exit] = self.ex.poll(now)
         starts: list[Start] = self.ex.starts(now)
+        with self._out_lock:
+            self._queue(now, exits, starts)
+
+    def _queue(self, now: float, exits: list[Exit], starts: list[Start]) -> None:
         for st in starts:
             log_path = st.logs[0] if st.logs else ""
             self.outbox.started.append(a.PartStarted(job_id=st.job_id, run=st.run, log=log_path))
@@ -322,23 +347,28 @@ class NodeAgent:
         launch = self.ex.launch_of(job_id)
         return None if launch is None else launch - 1
 
-    def _send(self) -> bool:
-        """Send the outbox (or a heartbeat); False when the server could not be reached."""
-        report = self.outbox.report(self.s.node)
+    def _send(self, client: AgentClient) -> bool:
+        """Send the outbox (or a heartbeat); False when the server did not take it (the outbox
+        is kept and sent again)."""
+        with self._out_lock:
+            out, self.outbox = self.outbox, Outbox()
         try:
-            ack: a.Ack = self.client.call("POST", "/v1/agent/report", report, a.Ack)
-        except (NotAuthenticated, NotAuthorised) as err:
-            self._error(err)
-            log.error("the server refused this agent: %s", err.line())
-            return False
+            ack: a.Ack = client.call("POST", "/v1/agent/report", out.report(self.s.node), a.Ack)
         except LedgerError as err:
             self._error(err)
+            if isinstance(err, (NotAuthenticated, NotAuthorised)):
+                log.error("the server refused this agent: %s", err.line())
+            with self._out_lock:  # kept, in order, before what came since
+                self.outbox = Outbox(
+                    started=out.started + self.outbox.started,
+                    exited=out.exited + self.outbox.exited,
+                    samples=out.samples + self.outbox.samples,
+                    checkpoints=out.checkpoints + self.outbox.checkpoints,
+                )
             return False
-        self.outbox = Outbox()
-        silent = self._contact()
-        if ack.node_state == "lost" or silent > self.lost_after_s:
-            log.warning("this node was out of contact (%s): joining again", ack.node_state or "")
-            self.join()
+        self._contact()
+        if ack.node_state == "lost":
+            self._rejoin = True
         return True
 
     def _contact(self) -> float:
@@ -347,14 +377,21 @@ class NodeAgent:
         last = self.status.last_contact_at
         self.status.last_contact_at = now
         self.status.last_error = ""
-        return 0.0 if last is None else now - last
+        silent = 0.0 if last is None else now - last
+        if self.status.registered and silent > self.lost_after_s:
+            self._rejoin = True  # the server may have marked this node lost meanwhile
+        return silent
 
     def _error(self, err: LedgerError) -> None:
         self.status.last_error = err.line()
 
     def _write_status(self) -> None:
+        """When it changed; informative only, so not synced (`agent status` reads it)."""
         self.status.jobs = sorted(self.ex.running())
-        write_atomic(self.status_path, msgspec.json.encode(self.status))
+        data = msgspec.json.encode(self.status)
+        if data != self._status_written:
+            write_atomic(self.status_path, data, sync=False)
+            self._status_written = data
 
     # --- drain ---------------------------------------------------------------------------------
 
@@ -370,11 +407,8 @@ class NodeAgent:
             time.sleep(self.s.check_every_s)
             self._watch(_now())
         self._watch(_now())
-        if not self.outbox.empty():
-            try:
-                self.client.call("POST", "/v1/agent/report", self.outbox.report(self.s.node), a.Ack)
-            except LedgerError as err:
-                log.warning("exits not reported: %s", err.line())
+        if not self.outbox.empty() and not self._send(self.client):
+            log.warning("exits not reported: %s", self.status.last_error)
         self._write_status()
         return len(running)
 

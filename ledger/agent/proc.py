@@ -30,11 +30,13 @@ def alive(pid: int | None, started: int | None) -> bool:
     return start_time(pid) == started
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` so readers see the old content or the new, never a part (rename is atomic)."""
+def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> None:
+    """Write `data` so readers see the old content or the new, never a part (rename is atomic);
+    `sync`: on disk before the rename (fsync), so a crash of the machine keeps it too."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)

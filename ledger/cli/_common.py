@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # the store is imported only by commands that open it (client
     from ledger.application import Appended, Ledger
 
 EVENTS_DB = "events.sqlite"
+SERVER_SOCKET = "gpuledger.sock"
+"""Where a server running on the data directory listens (`ledger.server.client.local_socket`)."""
 
 T = TypeVar("T")
 
@@ -153,6 +155,9 @@ class Ctx:
     def remote(self) -> Any:
         """The server's client, or None in embedded mode."""
         if self._client is None:
+            if not self._url and not (self.home / SERVER_SOCKET).exists():
+                self._client = False  # embedded: the HTTP client is never imported
+                return None
             from ledger.server.client import Client, load_token, local_socket
 
             if self._url:

@@ -82,6 +82,7 @@ def _run(config: cfg.AgentConfig, drain: bool) -> int:
         sample_every_s=parse_interval(config.sample_every, "sample_every"),
         extra_env={"GPULEDGER_URL": config.url},
         local_node=node,
+        fork_supervisors=True,
     )
     settings = Settings(
         node=node,

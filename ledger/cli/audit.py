@@ -725,19 +725,28 @@ def _print_copy(topic: str, copy: au.CopyReport) -> None:
 
 
 @audit_group.command("check")
+@click.option(
+    "--agent-state",
+    "agent_states",
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also count the live job processes of a node agent with this state directory "
+    "(repeatable; on its node).",
+)
 @json_option
 @pass_ctx
-def audit_check(ctx: Ctx, as_json: bool) -> None:
+def audit_check(ctx: Ctx, agent_states: tuple[Path, ...], as_json: bool) -> None:
     """Scan the whole history for violated invariants: a GPU held by two jobs, a preemption
     inside a contract (admin ones with a reason are listed as such), a placement on a draining
     node, usage charged to an unfunded job, a budget change by someone not authorised then;
     and now, a GPU held by two jobs counting the job processes really alive on this host.
     One line per violation; exits 1 on any."""
-    if ctx.remote is not None:
+    if ctx.remote is not None and not agent_states:  # the server checks its own host
         view: v.CheckView = ctx.remote.get("audit/check", type=v.CheckView)
     else:
+        ctx.local_only()  # --agent-state names directories of this host, not the server's
         report = scan_history(ctx.home)
-        live = live_violations(ctx.home, lambda: ctx.ledger(live=True))
+        live = live_violations(ctx.home, lambda: ctx.ledger(live=True), agent_states)
         with projection(ctx, quiet=True) as store:
             view = check_view(report, store, live)
     if as_json:
@@ -777,13 +786,16 @@ def check_view(report: au.CheckReport, store: Store, live: list[au.Violation]) -
     )
 
 
-def live_violations(home: Path, ledger: Callable[[], Any]) -> list[au.Violation]:
+def live_violations(
+    home: Path, ledger: Callable[[], Any], agent_states: tuple[Path, ...] = ()
+) -> list[au.Violation]:
     """The ledger's holders now against the live processes of the local executor on this host
-    (`home/agent`); the ledger is opened only when some are alive."""
+    (`home/agent`) and of the node agents whose state directories are named; the ledger is
+    opened only when some are alive."""
     from ledger.agent.executor import live_processes
     from ledger.clock import SystemClock
 
-    procs = live_processes(home / "agent")
+    procs = [p for d in (home / "agent", *agent_states) for p in live_processes(d)]
     if not procs:
         return []
     led = ledger()

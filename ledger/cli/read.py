@@ -32,7 +32,11 @@ def _console() -> Console:
     import sys
 
     # a pipe gets full-width lines, not a table squeezed to 80 columns
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    return Console(highlight=False, width=None if sys.stdout.isatty() else _PIPE_WIDTH)
+
+
+_PIPE_WIDTH = 200
+"""A pipe gets full-width lines up to this many columns."""
 
 
 @account.command("tree")
@@ -116,23 +120,43 @@ def jobs(
     if as_json:
         echo_json(selected)
         return
-    t = Table(
+    header = (
         "job", "account", "user", "gpus", "state", "contract", "submitted", "start", "end",
-        "elapsed", "exit", "nodes", "log", box=None,
+        "elapsed", "exit", "nodes", "log",
     )  # fmt: skip
+    rows: list[tuple[str, ...]] = []
     for r in selected:
         contract = "unfunded" if not r.funded else fmt_duration(r.min_runtime_s)
         contract += " resumable" if r.resumable else ""
         contract += " debug" if r.debug else ""
         state: str = r.outcome if r.status == "finished" and r.outcome else r.status
         state += " (time limit)" if r.finish_reason == "time_limit" else ""
-        t.add_row(
+        rows.append((
             str(r.job_id), r.account, r.user, str(r.gpus), state, contract,
             fmt_time(r.submitted_at), fmt_time(r.started_at), fmt_time(r.finished_at),
             "-" if r.elapsed_s is None else span(r.elapsed_s),
             "-" if r.exit_code is None else str(r.exit_code), ",".join(r.nodes) or "-",
             r.logs[0] if r.logs else "-",
-        )  # fmt: skip
+        ))  # fmt: skip
+    print_table(header, rows)
+
+
+def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """A table without borders, as rich prints one (`box=None`). A plain ASCII table that fits
+    a pipe's 200 columns is written directly, byte for byte what rich would print and ~10x
+    cheaper (rich lays out every cell: ~0.2 s for 200 jobs); anything else goes through rich."""
+    import sys
+
+    widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
+    fits = sum(widths) + 2 * len(widths) <= _PIPE_WIDTH
+    cells = (c for row in rows for c in row)
+    if not sys.stdout.isatty() and fits and all(c.isascii() and c.isprintable() for c in cells):
+        for row in (header, *rows):
+            click.echo(" " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " ")
+        return
+    t = Table(*header, box=None)
+    for row in rows:
+        t.add_row(*row)
     _console().print(t)
 
 

@@ -164,7 +164,7 @@ def up(
         from ledger.slurm import open_executor
 
         executor = open_executor(
-            ctx.ledger(), partition, ctx.home / "jobs", parse_duration(grace), ctx.actor
+            ledger, partition, ctx.home / "jobs", parse_duration(grace), ctx.actor
         )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -234,9 +234,11 @@ class _Cycle:
         texts: dict[int, str] = {}
         shapes: dict[tuple[str | None, str | None, int], tuple[bool, bool]] = {}
         reserved = self.reserved
+        spent, budget_of = self.spent, policy.budget_of
+        may_preempt, victim_group = policy.may_preempt, policy.victim_group
         for key, job in ordered:
-            if reserved:
-                self._reserve(job.min_runtime_s > 0 and not job.debug)
+            if reserved and (job.min_runtime_s > 0 and not job.debug) != (self.hidden is not None):
+                self._reserve(self.hidden is None)
             shape = (job.gpu_type, job.cluster, job.gpus)
             known = shapes.get(shape)
             if known is None:
@@ -246,10 +248,11 @@ class _Cycle:
             slots = index.place(job, gang)
             memo: _MemoKey | None = None
             searches = False
-            if slots is None and policy.may_preempt(job):
-                group = policy.victim_group(job, snapshot)
+            if slots is None and may_preempt(job):
+                group = victim_group(job, snapshot)
                 searches = group is not None
-                if searches and self._left(job):
+                name, budget = budget_of(job)
+                if searches and spent.get(name, 0) < budget:  # a search left (`_left`)
                     memo = (group, job.gpu_type, job.cluster, gang)
                     slots = self._by_preemption(job, gang, memo)
             if slots is not None:

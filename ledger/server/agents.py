@@ -133,6 +133,8 @@ class AgentExecutor:
         self._exits: list[Exit] = []
         self._checkpoints: list[int] = []
         self._samples: list[tuple[int, tuple[float, ...]]] = []
+        self._tokens: list[c.AnyCommand] = []
+        self._unpublished: set[str] = set()
 
     # --- the executor interface (worker thread) --------------------------------------------------
 
@@ -142,7 +144,7 @@ class AgentExecutor:
             return
         if old is not None:  # requeued (a lost node) and placed again in one cycle
             self.stop(job.job_id, now)
-        self._add(job, self._mint(job.job_id, job.user))
+        self._add(job, self._mint(job.job_id, job.user), publish=False)
 
     def stop(self, job_id: int, now: float) -> None:
         r = self._runs.pop(job_id, None)
@@ -153,8 +155,19 @@ class AgentExecutor:
             self._publish(node)
 
     def starts(self, now: float) -> list[Start]:
+        self.flush()  # the cycle asks right after its launches
         out, self._starts = self._starts, []
         return out
+
+    def flush(self) -> None:
+        """Record the job tokens of the launches so far in one transaction, then hand their
+        parts to the agents (a part never reaches its node before its token is valid)."""
+        if self._tokens:
+            cmds, self._tokens = self._tokens, []
+            self.ledger.execute_all(cmds)
+        for node in sorted(self._unpublished):
+            self._publish(node)
+        self._unpublished.clear()
 
     def poll(self, now: float) -> list[Exit]:
         out, self._exits = self._exits, []
@@ -185,9 +198,10 @@ class AgentExecutor:
                 debug=spec.debug,
             )  # fmt: skip
             token = self._mint(job_id, spec.user) if job.status == "placed" else ""
-            self._add(launch, token, started=job.status == "running")
+            self._add(launch, token, started=job.status == "running", publish=False)
             for sl in job.slots:
                 self.last_seen.setdefault(sl.node, now)
+        self.flush()
         return set(runs)
 
     def shutdown(self, now: float) -> list[Exit]:
@@ -282,14 +296,15 @@ class AgentExecutor:
     # --- internals -------------------------------------------------------------------------------
 
     def _mint(self, job_id: int, user: str) -> str:
-        """A token scoped to the job (it may report the job's checkpoints, nothing else)."""
+        """A token scoped to the job (it may report the job's checkpoints, nothing else),
+        recorded at the next `flush`."""
         secret, cmd = identity.new_token(
             SYSTEM, user, name=f"job {job_id}", scope="job", scope_job=job_id
         )
-        self.ledger.execute(cmd)
+        self._tokens.append(cmd)
         return secret
 
-    def _add(self, job: Launch, token: str, *, started: bool = False) -> None:
+    def _add(self, job: Launch, token: str, *, started: bool = False, publish: bool = True) -> None:
         nodes = tuple(sl.node for sl in job.slots)
         r = _Run(job.job_id, job.run, nodes, start_reported=started)
         self._runs[job.job_id] = r
@@ -309,7 +324,10 @@ class AgentExecutor:
         )
         for node in dict.fromkeys(nodes):
             self._parts.setdefault(node, {})[job.job_id] = part
-            self._publish(node)
+            if publish:
+                self._publish(node)
+            else:
+                self._unpublished.add(node)
 
     def _publish(self, node: str, *, bump: bool = True) -> None:
         parts = tuple(p for _, p in sorted(self._parts.get(node, {}).items()))

@@ -7,7 +7,8 @@ One registry per application. Two kinds of figures:
 - read at scrape time, on the worker thread, from the read layer (`ledger.reads`): queue depth
   by wait code and by team, placements and preemptions over the whole log, per-team usage, owed,
   delivered and LevelFS, projection lag (events and seconds), relay lag, and the age of each
-  node's last heartbeat as recorded through `note_heartbeat`.
+  node's last heartbeat (the node agents' executor's `last_seen` under `serve --executor
+  agents`, and anything recorded through `note_heartbeat`).
 
 Who may scrape: the same identities as the reads (a person's bearer token, or the Unix socket's
 peer); see docs/server.md.
@@ -61,8 +62,8 @@ class Figures(msgspec.Struct, frozen=True, kw_only=True):
     placements: dict[str, int]
     preemptions: dict[str, int]
     teams: list[TeamFigures]
-    heartbeats: dict[str, float]
-    """Node -> when it was last heard from."""
+    heartbeat_ages: dict[str, float]
+    """Node -> seconds since it was last heard from."""
 
 
 def team_of(account: str, depth: int = TEAM_DEPTH) -> str:
@@ -160,7 +161,7 @@ def families(f: Figures) -> list[Metric]:
         "gpuledger_node_heartbeat_age_seconds",
         "Seconds since each node was last heard from.",
         ["node"],
-        [([n], max(0.0, f.now - at)) for n, at in sorted(f.heartbeats.items())],
+        [([n], age) for n, age in sorted(f.heartbeat_ages.items())],
     )
     return out
 
@@ -174,7 +175,8 @@ def read_figures(handles: Any, service: Any, heartbeats: dict[str, float]) -> Fi
 
     ledger = handles.ledger
     store = handles.store()
-    now = float(math.floor(handles.now()))  # whole seconds: the CLI's `--at` can name it
+    clock = handles.now()
+    now = float(math.floor(clock))  # whole seconds: the CLI's `--at` can name it
     head = ledger.position
     projected = store.position()
     lag_s = 0.0
@@ -217,7 +219,10 @@ def read_figures(handles: Any, service: Any, heartbeats: dict[str, float]) -> Fi
         placements={r.name: r.count for r in reads.placement_counts(store)},
         preemptions={r.name: r.count for r in reads.preemption_counts(store)},
         teams=teams,
-        heartbeats=dict(heartbeats),
+        heartbeat_ages={
+            node: max(0.0, clock - at)
+            for node, at in {**heartbeats, **getattr(service.executor, "last_seen", {})}.items()
+        },
     )
 
 

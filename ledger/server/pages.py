@@ -135,12 +135,13 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
             if window == "all":
                 first = handles.ledger.read(0, 1)
                 start = min(math.floor(first[0][1].at / 3600) * 3600, start) if first else start
+            delivered, series = reads.delivered_series(store, start, at, 2, bucket_for(at - start))
             return TeamsView(
                 window=window,
                 at=at,
                 shares=reads.shares(store, at, UsagePolicy(window_s=WEEK_S)),
-                delivered=reads.delivered(store, start, at, 2),
-                series=reads.delivered_series(store, start, at, 2, bucket_for(at - start)),
+                delivered=delivered,
+                series=series,
             )
 
         return await on_worker(read)

@@ -141,10 +141,16 @@ def test_every_page_loads_without_a_console_error(served: Served, browser: Brows
         assert page.locator("#tz").inner_text() == TIMEZONE
         page.screenshot(path=str(s.shots / f"{name}.png"))
     assert errors == []
-    # the job page shows its timeline and replays each decision about it: identical
+    # the job page shows its timeline and each decision about it beside its replay: identical
     page.goto(f"{base}/ui/job?id={s.dash.job_b}")
     page.wait_for_selector("#job-history tbody tr")
-    assert "job.submitted.v1" in page.locator("#job-history").inner_text()
+    history = page.locator("#job-history").inner_text()
+    assert "job.submitted.v1" in history and "job.placed.v1" in history
+    page.wait_for_function(
+        "[...document.querySelectorAll('[data-col=replay]')].every(c => c.textContent !== '…')"
+    )
+    replays = [c.inner_text() for c in page.locator("[data-col=replay]").all()]
+    assert replays and set(replays) == {"identical"}, replays
     ctx.close()
 
 

@@ -158,6 +158,7 @@ def build(home: Path) -> None:
         ledger.execute(c.RemoveMember(actor=ADMIN, user=USER, project=ZERO))
         ledger.execute(c.CloseAccount(actor=ADMIN, path=ZERO, reason=TEXT))
         ledger.execute(c.RemoveMember(actor=ADMIN, user=USER, project=PROJECT))
+        ledger.execute(c.MarkNodeLost(actor=ADMIN, node="m" * 63, reason=TEXT))
         ledger.execute(c.RemoveNode(actor=ADMIN, node="m" * 63, reason=TEXT))
     seen = {type(ev) for _, ev in ledger.read(0, 10_000)}
     ledger.close()

@@ -34,7 +34,7 @@ FIGURES = m.Figures(
         ),
         m.TeamFigures(team="ai2/tulu", level_fs=None),
     ],
-    heartbeats={"n1": 990.0},
+    heartbeat_ages={"n1": 10.0},
 )
 
 
