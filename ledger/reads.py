@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load t
     from ledger.dispatch.policy import Policy
     from ledger.dispatch.snapshot import Snapshot
     from ledger.domain import Job, State
-    from projections.fairshare import DeliveredReport, UsagePolicy
+    from projections.fairshare import DeliveredReport, TeamHour, UsagePolicy
     from projections.store import Store
 
 # --- budget tree and nodes ---------------------------------------------------------------------
@@ -476,6 +476,15 @@ def queue(
 
 _DEBUG_LANE = ("debug_lane", "0: a funded debug-class job in the debug lane, 1: any other")
 _KEY_PARTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "fairshare-3": (
+        _DEBUG_LANE,
+        ("funded_class", "0 funded, 1 unfunded (funded work goes first)"),
+        ("team_place", "the team's place by its share of the whole tree, 0 the best"),
+        ("priority_neg", "declared priority, negated: orders jobs inside one team"),
+        ("user_rank", "the user leaf's fair-share rank inside the team"),
+        ("submitted_at", "submit time, earlier first"),
+        ("job_id", "the tie-break"),
+    ),
     "fairshare-2": (
         _DEBUG_LANE,
         ("funded_class", "0 funded, 1 unfunded (funded work goes first)"),
@@ -771,11 +780,41 @@ def job(store: Store, job_id: int, now: float) -> v.JobRow:
     return _job_rows(rows, now)[0]
 
 
+class PastHours:
+    """Team hours of whole hours already over, kept between reads (a server keeps one): an hour
+    that has ended never changes (events are appended at their own time, and each hour's owed
+    and delivered depend on that hour alone), so only the hours since the last read are read."""
+
+    def __init__(self) -> None:
+        self.key: tuple[float, int] | None = None
+        self.until = 0.0
+        self.hours: list[TeamHour] = []
+
+    def read(self, store: Store, start: float, end: float, team_depth: int) -> list[TeamHour]:
+        """The team hours of [start, end), as `queries.team_hours` gives them."""
+        cut = math.floor(end / 3600) * 3600
+        if start % 3600 or cut <= start:
+            return queries.team_hours(store, start, end, team_depth=team_depth)
+        if self.key != (start, team_depth) or self.until > cut:
+            self.key, self.until, self.hours = (start, team_depth), start, []
+        if self.until < cut:
+            self.hours += queries.team_hours(store, self.until, cut, team_depth=team_depth)
+            self.until = cut
+        tail = queries.team_hours(store, cut, end, team_depth=team_depth) if end > cut else []
+        return self.hours + tail
+
+
 def delivered_series(
-    store: Store, start: float, end: float, team_depth: int, bucket_s: float
+    store: Store,
+    start: float,
+    end: float,
+    team_depth: int,
+    bucket_s: float,
+    past: PastHours | None = None,
 ) -> tuple[v.DeliveredView, v.DeliveredSeriesView]:
     """Owed against delivered over [start, end) as `delivered` gives it, and per team in
-    buckets of `bucket_s` (a whole number of hours), from one reading of the team hours."""
+    buckets of `bucket_s` (a whole number of hours), from one reading of the team hours (whole
+    past hours from `past` when given)."""
     if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
         raise InvalidCommand("the series needs a positive, finite window", start=start, end=end)
     if bucket_s < 3600 or bucket_s % 3600:
@@ -783,7 +822,10 @@ def delivered_series(
     from projections.fairshare import summarise
 
     team_depth = check(team_depth, TeamDepth, "team depth")
-    hours = queries.team_hours(store, start, end, team_depth=team_depth)
+    if past is None:
+        hours = queries.team_hours(store, start, end, team_depth=team_depth)
+    else:
+        hours = past.read(store, start, end, team_depth)
     sums: dict[str, dict[float, list[float]]] = {}
     for th in hours:
         at = start + ((th.hour - start) // bucket_s) * bucket_s

@@ -27,7 +27,9 @@ The pure part (`compare`, `usage_from_config`, `replay_policy`, `WithSettings`) 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import logging
 import sqlite3
 import time
@@ -120,6 +122,10 @@ class WithSettings:
     @property
     def least_loss(self) -> bool:
         return self.inner.least_loss
+
+    @property
+    def least_loss_gangs(self) -> bool:
+        return self.inner.least_loss_gangs
 
     def budget_of(self, job: PendingJob) -> tuple[str, int]:
         return self.inner.budget_of(job)
@@ -716,6 +722,7 @@ class Replayer:
         self.projector = Projector(self.store, self.source, batch_size=self.page)
         self.trackers = {float(t): UtilTracker(threshold_pct=float(t)) for t in self.thresholds}
         self._projected = 0
+        self._history: tuple[list[int], list[int], list[float]] | None = None
         self._threads(1)
         self.as_of: _AsOf | None = None
         if not self.exact:
@@ -854,7 +861,7 @@ class Replayer:
                 )
         mid = time.perf_counter()
         reader.at(position)
-        tree = queries.fair_share(reader, at, usage)
+        tree = queries.fair_share(reader, at, usage, history=self._history_at(position))
         out = tree.leaf_ranks(), tree.level_fs()
         self.timings.project_s += mid - started
         self.timings.ranks_s += time.perf_counter() - mid
@@ -870,6 +877,24 @@ class Replayer:
         self._projected = self.projector.catch_up(until=target).position
         if large:
             self._threads(1)
+        self._history = None
+
+    def _history_at(self, position: int) -> queries.HistoryKey:
+        """What `account_history` holds as of `position` (the key `queries.fair_share` would
+        read with one more statement), from its rows read once per catch-up."""
+        if self._history is None:
+            rows = self.store.con.execute(
+                "SELECT position, changed_at FROM main.account_history ORDER BY position"
+            ).fetchall()
+            positions = [int(p) for p, _ in rows]
+            totals = list(itertools.accumulate(positions))
+            latest = list(itertools.accumulate((c for _, c in rows), max))
+            self._history = (positions, totals, latest)
+        positions, totals, latest = self._history
+        k = bisect.bisect_right(positions, position)
+        if k == 0:
+            return (0, None, None, None)
+        return (k, positions[k - 1], totals[k - 1], latest[k - 1])
 
     def _threads(self, n: int) -> None:
         self.store.con.execute("RESET threads" if n == 0 else f"SET threads = {n}")

@@ -138,7 +138,18 @@ def levels(store: Store, at: float, policy: fs.UsagePolicy | None = None) -> lis
     ]
 
 
-def fair_share(store: Store, at: float, policy: fs.UsagePolicy | None = None) -> fs.FairTree:
+HistoryKey = tuple[Any, Any, Any, Any]
+"""What `account_history` holds, as `_HISTORY` reads it: (count, max position, sum of positions,
+max changed_at); rows are only appended, so equal keys mean the same rows."""
+
+
+def fair_share(
+    store: Store,
+    at: float,
+    policy: fs.UsagePolicy | None = None,
+    *,
+    history: HistoryKey | None = None,
+) -> fs.FairTree:
     """The Fair Tree at `at`: level fair shares, ranks and factors of every open account.
 
     For the dispatcher: `fair_share(...).leaf_ranks()` (0 = best) and `.level_fs()`.
@@ -146,11 +157,12 @@ def fair_share(store: Store, at: float, policy: fs.UsagePolicy | None = None) ->
     ranking run in Python on ~accounts rows (`fairshare.TreeShape`, the code of
     `fairshare.fair_tree`). The account tree is kept between calls while the account history is
     unchanged (`_shape`). The all-SQL level fair share (`levels`) gives the same numbers; the
-    tests check both.
+    tests check both. `history`: the account history's key when the caller knows it (a replay
+    reading as of a position), which spares the query that reads it.
     """
     policy = policy or fs.UsagePolicy()
     by_leaf = dict(_run(store, *_usage_query("leaf_usage", at, policy)))
-    shape = _shape(store, float(at))
+    shape = _shape(store, float(at), history)
     with gc_paused():  # ~10 objects per account, no cycles: spare the collector's full scans
         return shape.rank(shape.usage_of(by_leaf))
 
@@ -163,11 +175,13 @@ _SHAPES: weakref.WeakKeyDictionary[Store, tuple[tuple[Any, ...], fs.TreeShape]] 
 _HISTORY = "SELECT count(*), max(position), sum(position), max(changed_at) FROM account_history"
 
 
-def _shape(store: Store, at: float) -> fs.TreeShape:
+def _shape(store: Store, at: float, history: HistoryKey | None = None) -> fs.TreeShape:
     """The open accounts at `at` as a `TreeShape`, reused while `account_history` is unchanged
     (rows are only ever appended to it: its count and positions tell) and `at` is at or after its
     last change (then the accounts at `at` are the accounts now), or `at` is the same."""
-    count, last, total, changed = store.con.execute(_HISTORY).fetchall()[0]
+    if history is None:
+        history = store.con.execute(_HISTORY).fetchall()[0]
+    count, last, total, changed = history
     key = (count, last, total, changed, None if changed is not None and at >= changed else at)
     cached = _SHAPES.get(store)
     if cached is not None and cached[0] == key:

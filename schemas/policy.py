@@ -2,10 +2,10 @@
 
 One frozen Struct per policy version, tagged by the version string (`version` on the wire), so a
 config names the code that reads it: `FairShareConfig` is "fairshare-1", `FifoConfig` "fifo-1",
-`SlurmConfig` "slurm-1", `LegacyConfig` "legacy-1", and the current versions `FairShare2Config`
-"fairshare-2", `Slurm2Config` "slurm-2", `Legacy2Config` "legacy-2". `AnyPolicyConfig` is their
-union: decode one
-with `msgspec.json.decode(data, type=AnyPolicyConfig)`. A policy whose behaviour changes gets a
+`SlurmConfig` "slurm-1", `LegacyConfig` "legacy-1", `FairShare2Config` "fairshare-2", and the
+current versions `FairShare3Config` "fairshare-3", `Slurm2Config` "slurm-2", `Legacy2Config`
+"legacy-2". `AnyPolicyConfig` is their union: decode one with
+`msgspec.json.decode(data, type=AnyPolicyConfig)`. A policy whose behaviour changes gets a
 new version and a new Struct here; an old one stays as long as its decisions must replay.
 
 `ledger.dispatch.registry` builds the policy of a config (`policy_from_config`).
@@ -96,8 +96,8 @@ class FairShare2Config(PolicyConfig, frozen=True, kw_only=True, tag="fairshare-2
     team_depth: TeamDepth = 2
     """The tree level whose accounts are teams (2: program/project)."""
     margin: NonNegative = 0.1
-    """Hysteresis: the waiting team's share of the whole tree must exceed the victim team's by
-    the factor 1 + margin (Fair Tree's level fair shares where a share is unknown)."""
+    """Hysteresis: the waiting team's level fair share must exceed the victim team's by the
+    factor 1 + margin."""
     min_rank_gap: AtLeastOne = 1
     """The team rank difference needed when level fair shares are missing."""
     gain_horizon_s: Span = 3600.0
@@ -106,7 +106,7 @@ class FairShare2Config(PolicyConfig, frozen=True, kw_only=True, tag="fairshare-2
     not taken."""
     spare_ratio: Factor = 5.0
     """The wide margin: a funded non-resumable job past its contract is preempted for fairness
-    only when the waiting team's share of the whole tree is at least this many times the victim
+    only when the waiting team's level fair share is at least this many times the victim
     team's."""
     squat_after_s: NonNegative = 3600.0
     """A job past its contract with low utilisation for this long is squatting."""
@@ -117,13 +117,31 @@ class FairShare2Config(PolicyConfig, frozen=True, kw_only=True, tag="fairshare-2
     debug_lane: bool = True
     """Debug-class jobs come first, with their own searches, and may preempt unfunded or
     resumable jobs past their contracts, of any team."""
-    debug_search_budget: Searches = 8
+    debug_search_budget: Searches = 32
     """Victim searches per cycle for debug-class jobs."""
     debug_victim_ratio: Factor = 2.0
     """A debug job never preempts a job holding more than this many times its GPUs."""
     debug_reserve_per: Searches = 128
     """Keep one node in this many of each pool (at least one) for debug jobs: funded non-debug
     jobs are not placed there; unfunded jobs borrow it while it is idle. 0: no reserve."""
+
+
+class FairShare3Config(FairShare2Config, frozen=True, kw_only=True, tag="fairshare-3"):
+    """`fairshare-2`'s settings, for the version that settles fairness by each team's share of
+    the whole tree (not Fair Tree's level fair shares where two teams part): a team that uses no
+    more than its share is never a fairness victim; gang plans of least GPU-seconds lost;
+    debug-lane jobs of one size share their victim searches."""
+
+    margin: NonNegative = 0.1
+    """Hysteresis: the waiting team's share of the whole tree must exceed the victim team's by
+    the factor 1 + margin (Fair Tree's level fair shares where a share is unknown)."""
+    spare_ratio: Factor = 5.0
+    """The wide margin: a funded non-resumable job past its contract is preempted for fairness
+    only when the waiting team's share of the whole tree is at least this many times the victim
+    team's."""
+    debug_search_budget: Searches = 8
+    """Victim searches per cycle for debug-class jobs (the reserved node places most of them
+    without a search)."""
 
 
 class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
@@ -151,7 +169,8 @@ class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
 
 
 AnyPolicyConfig = (
-    FairShare2Config
+    FairShare3Config
+    | FairShare2Config
     | FairShareConfig
     | FifoConfig
     | Slurm2Config
@@ -162,6 +181,7 @@ AnyPolicyConfig = (
 """Any registered policy version's config (tagged by `version`)."""
 
 POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
+    FairShare3Config,
     FairShare2Config,
     FairShareConfig,
     FifoConfig,

@@ -310,7 +310,10 @@ class _Cycle:
         victims = found.live(live)
         least = self.policy.least_loss and not ready
         if gang:
-            return (plan_gang_least if least else plan_gang)(job.gpus, pools, index, victims, now)
+            gang_least = least and self.policy.least_loss_gangs
+            return (plan_gang_least if gang_least else plan_gang)(
+                job.gpus, pools, index, victims, now
+            )
         if least:
             return plan_single_least(job.gpus, pools, index, victims, now)
         return plan_single(job.gpus, pools, index, victims, now)

@@ -1,7 +1,10 @@
-"""`FairShare2` ("fairshare-2"): fair share between teams without churn.
+"""`FairShare2` ("fairshare-3", the default, and "fairshare-2"): fair share between teams without
+churn.
 
-Pure: a policy is a config value (`schemas.policy.FairShare2Config` plus its version); its methods
-are functions of their arguments.
+Pure: a policy is a config value (`schemas.policy.FairShare3Config` or `FairShare2Config` plus its
+version); its methods are functions of their arguments. What follows is "fairshare-3"; the
+recorded "fairshare-2" differs where `FairShare2.whole_tree` says (teams by Fair Tree's level fair
+shares, first-fit gang plans, debug victims grouped by team), so its decisions replay exactly.
 
 **Teams.** A team is the account `team_depth` levels down the tree (default 2: the project,
 `program/project`). Fairness is settled between teams by their budgets; inside a team jobs go by
@@ -149,7 +152,7 @@ def _gpu_h(gpu_s: float) -> str:
 class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
     """Fair share between teams without churn (see the module docstring)."""
 
-    version: str = "fairshare-2"
+    version: str = "fairshare-3"
     team_depth: int = 2
     margin: float = 0.1
     min_rank_gap: int = 1
@@ -188,7 +191,7 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
 
     def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
         ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
-        places = team_places(snapshot, depth)
+        places = team_places(snapshot, depth) if self.whole_tree else {}
         cache: dict[tuple[str, str], tuple[int, int]] = {}
         keyed: list[tuple[SortKey, PendingJob]] = []
         for j in snapshot.pending:
@@ -221,8 +224,19 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
     # --- preemption -------------------------------------------------------------------------
 
     @property
+    def whole_tree(self) -> bool:
+        """Whether teams stand by their share of the whole tree (`fairshare-3`); `fairshare-2`
+        compares Fair Tree's level fair shares where two teams part, orders teams by Fair Tree
+        rank, groups debug victims by team and clears gang nodes first-fit."""
+        return self.version != "fairshare-2"
+
+    @property
     def least_loss(self) -> bool:
         return True
+
+    @property
+    def least_loss_gangs(self) -> bool:
+        return self.whole_tree
 
     def may_preempt(self, job: PendingJob) -> bool:
         return job.min_runtime_s > 0
@@ -254,6 +268,8 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
     def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
         """A team's jobs share their victims; debug-lane jobs of one size share theirs whatever
         the team (`_debug_victims` reads only the size)."""
+        if not self.whole_tree:
+            return (team_of(job.account, self.team_depth), self.lane(job))
         if self.lane(job):
             return ("debug lane", job.gpus)
         return team_of(job.account, self.team_depth)
@@ -318,7 +334,9 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
         waiting team's must exceed the other's by the margin, and the other team must use more
         than its share; else Fair Tree's level fair shares where the teams part (`outranks`)."""
         level_fs = snapshot.level_fs
-        fw, fv = team_fs(waiting, level_fs), team_fs(team, level_fs)
+        whole = self.whole_tree
+        fw = team_fs(waiting, level_fs) if whole else None
+        fv = team_fs(team, level_fs) if whole else None
         if fw is None or fv is None:
             ok, why = outranks(
                 waiting, team, snapshot.ranks, level_fs, self.margin, self.min_rank_gap

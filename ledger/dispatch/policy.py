@@ -76,10 +76,15 @@ class Policy(Protocol):
 
     @property
     def least_loss(self) -> bool:
-        """Victim plans: False takes the first node (for a gang, the first set of whole nodes)
-        where the job fits, victims in victim order; True the plan that costs least
-        (`preemption.plan_single_least`, `preemption.plan_gang_least`: `victim_key` must then
-        start with (class, GPU-seconds lost))."""
+        """One-node victim plans: False takes the first node where the job fits, victims in
+        victim order; True the node whose plan costs least (`preemption.plan_single_least`:
+        `victim_key` must then start with (class, GPU-seconds lost))."""
+        ...
+
+    @property
+    def least_loss_gangs(self) -> bool:
+        """Gang victim plans (with `least_loss`): False clears the first whole nodes cheapest
+        victim first; True searches the set of least cost (`preemption.plan_gang_least`)."""
         ...
 
     def budget_of(self, job: PendingJob) -> tuple[str, int]:
@@ -106,6 +111,10 @@ class Simple:
 
     @property
     def least_loss(self) -> bool:
+        return False
+
+    @property
+    def least_loss_gangs(self) -> bool:
         return False
 
     def budget_of(self, job: PendingJob) -> tuple[str, int]:

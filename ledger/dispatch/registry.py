@@ -37,6 +37,7 @@ from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.policy import (
     AnyPolicyConfig,
     FairShare2Config,
+    FairShare3Config,
     FairShareConfig,
     FifoConfig,
     Legacy2Config,
@@ -72,6 +73,12 @@ def _fields(config: AnyPolicyConfig) -> dict[str, Any]:
 VERSIONS: dict[str, Registered] = {
     r.version: r
     for r in (
+        Registered(
+            "fairshare",
+            FairShare3Config,
+            lambda c: FairShare2(version=c.version, **_fields(c)),
+            ranked=True,
+        ),
         Registered(
             "fairshare",
             FairShare2Config,
@@ -114,7 +121,7 @@ VERSIONS: dict[str, Registered] = {
 """Every registered version -> its entry."""
 
 CURRENT: dict[str, str] = {
-    "fairshare": "fairshare-2",
+    "fairshare": "fairshare-3",
     "legacy": "legacy-2",
     "slurm": "slurm-2",
     "fifo": "fifo-1",

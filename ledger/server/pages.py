@@ -120,6 +120,8 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
     async def on_worker(fn: Callable[[], Any]) -> Response[bytes]:
         return _json(await worker.call(fn))
 
+    past = reads.PastHours()  # the whole period's ended hours, read once
+
     @get("/ui/api/teams", include_in_schema=False)
     async def teams(
         request: Request[Any, Any, Any], window: FromQuery[Literal["7d", "all"]] = "7d"
@@ -135,7 +137,9 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
             if window == "all":
                 first = handles.ledger.read(0, 1)
                 start = min(math.floor(first[0][1].at / 3600) * 3600, start) if first else start
-            delivered, series = reads.delivered_series(store, start, at, 2, bucket_for(at - start))
+            delivered, series = reads.delivered_series(
+                store, start, at, 2, bucket_for(at - start), past if window == "all" else None
+            )
             return TeamsView(
                 window=window,
                 at=at,

@@ -137,7 +137,8 @@ def build(home: Path) -> None:
                 ledger.execute(
                     c.FinishJob(actor="@executor", job_id=job.job_id, exit_code=-(2**31))
                 )
-        ledger.execute(c.ReturnNode(actor=ADMIN, node=NAME))
+        ledger.execute(c.MarkNodeLost(actor=ADMIN, node=NAME, reason=TEXT))
+        ledger.execute(c.ReturnNode(actor=ADMIN, node=NAME))  # a lost node comes back
         ledger.execute(
             c.SubmitJob(actor=USER, account=PROJECT, gpus=64, min_runtime_s=1, time_limit_s=1)
         )

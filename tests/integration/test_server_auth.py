@@ -117,6 +117,7 @@ def _spare_id(w: World) -> str:
 ADMIN = frozenset({"admin"})
 MANAGERS = frozenset({"manager", "admin"})
 READERS = frozenset(PEOPLE)
+NODE = frozenset({"node"})
 
 CASES: dict[str, Case] = {
     "submit": Case(
@@ -150,6 +151,7 @@ CASES: dict[str, Case] = {
     "node.drain": Case("POST", "/v1/commands/node.drain", cmd(node="n2", reason="fw"), ADMIN),
     "node.return": Case("POST", "/v1/commands/node.return", cmd(node="n2"), ADMIN),
     "node.drain again": Case("POST", "/v1/commands/node.drain", cmd(node="n2", reason="fw"), ADMIN),
+    "node.lost": Case("POST", "/v1/commands/node.lost", cmd(node="n2", reason="psu"), ADMIN),
     "node.remove": Case("POST", "/v1/commands/node.remove", cmd(node="n2"), ADMIN),
     "hold": Case(
         "POST", "/v1/commands/hold", cmd(job_id=2), frozenset({"user", "manager", "admin"})
@@ -246,28 +248,20 @@ CASES: dict[str, Case] = {
         "POST", "/v1/budget/plan", lambda w: {"toml": BUDGET, "check": True}, ADMIN
     ),
     "audit table": Case("POST", "/v1/audit/table", lambda w: {"kind": "preemptions"}, READERS),
-    # n2 was removed above: marking it lost is refused by the state, after authorisation
-    "node.lost": Case(
-        "POST",
-        "/v1/commands/node.lost",
-        cmd(node="n2", reason="silent"),
-        ADMIN,
-        succeeds=False,
-    ),
-    # this server runs no node agents: the node's own token passes authorisation, then 409
+    # node n1's token only; this server runs no node agents, so even it gets a clear 409
     "agent register": Case(
         "POST",
         "/v1/agent/register",
         lambda w: {"node": "n1", "gpus": 8, "gpu_type": "h100"},
-        frozenset({"node"}),
+        NODE,
         succeeds=False,
     ),
-    "agent poll": Case("GET", "/v1/agent/poll?node=n1", lambda w: None, frozenset({"node"}), False),
+    "agent poll": Case("GET", "/v1/agent/poll?node=n1", lambda w: None, NODE, succeeds=False),
     "agent report": Case(
-        "POST", "/v1/agent/report", lambda w: {"node": "n1"}, frozenset({"node"}), False
+        "POST", "/v1/agent/report", lambda w: {"node": "n1"}, NODE, succeeds=False
     ),
     "agent heartbeat": Case(
-        "POST", "/v1/agent/heartbeat", lambda w: {"node": "n1"}, frozenset({"node"}), False
+        "POST", "/v1/agent/heartbeat", lambda w: {"node": "n1"}, NODE, succeeds=False
     ),
     "audit verify": Case("GET", "/v1/audit/verify", lambda w: None, READERS),
     "audit check": Case("GET", "/v1/audit/check", lambda w: None, READERS),

@@ -250,7 +250,10 @@ def test_jobs_run_on_the_gpus_the_ledger_chose_and_their_endings_are_recorded(
 ) -> None:
     ledger.up()
     ledger.submit("alice", 2, SHOW + "sleep 3; exit 3")
-    ledger.submit("nobody", 1, SHOW + "exit 0")  # a Unix user: submitted with --uid
+    # a Unix user: submitted with --uid. It outlives the cycle's other sbatch calls: Slurm 22.05
+    # cannot be asked for a GPU index, so a run ending before the next sbatch of the same cycle
+    # frees its GPU to that job (the executor records the GPUs Slurm then reports)
+    ledger.submit("nobody", 1, SHOW + "sleep 5; exit 0")
     ledger.submit("bob", 1, SHOW + "sleep 600", "-t", "1m")  # Slurm ends it at its limit
     ledger.submit("alice", 1, SHOW + "sleep 600")  # cancelled in Slurm, outside the ledger
     ledger.wait("the fourth job to run", lambda: status(ledger, 4) == "running", timeout=120)

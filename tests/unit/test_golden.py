@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from ledger.domain import State, evolve
@@ -14,6 +15,7 @@ from projections.batch import decode_records
 from projections.source import ListSource, LogRecord
 from schemas import codec
 from schemas import events as e
+from schemas.policy import AnyPolicyConfig
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 V1 = (GOLDEN / "events-v1.jsonl").read_bytes().splitlines()
@@ -83,3 +85,38 @@ def test_the_corpus_folds_and_its_v1_decisions_replay_identically() -> None:
     assert [r.headline() for r in results if not r.identical] == []
     assert [r.placements for r in results] == [3, 2, 1]
     assert find_decisions  # the embedded path reads both versions: tests/integration/test_replay.py
+
+
+FAIRSHARE_2 = (GOLDEN / "fairshare-2.jsonl").read_bytes().splitlines()
+
+
+def _fairshare_2_decisions(
+    as_version: str | None = None,
+) -> tuple[ListSource, list[tuple[int, e.CycleDecided]]]:
+    source = ListSource(
+        [LogRecord(i, codec.peek_tag(raw) or "", raw) for i, raw in enumerate(FAIRSHARE_2, 1)]
+    )
+    decisions: list[tuple[int, e.CycleDecided]] = []
+    for r in source.records:
+        ev = codec.decode(r.data)
+        if isinstance(ev, e.CycleDecided):
+            assert ev.policy_version == "fairshare-2" and ev.policy is not None
+            if as_version is not None:  # the same settings, read by another version's code
+                config = msgspec.convert(
+                    {**msgspec.structs.asdict(ev.policy), "version": as_version},
+                    AnyPolicyConfig,
+                )
+                ev = msgspec.structs.replace(ev, policy_version=as_version, policy=config)
+            decisions.append((r.position, ev))
+    return source, decisions
+
+
+def test_recorded_fairshare_2_decisions_replay_identically_under_later_versions() -> None:
+    """A policy whose behaviour changes is a new version: fairshare-2's code still decides
+    exactly as it recorded, while fairshare-3 (the same settings) decides each differently."""
+    source, decisions = _fairshare_2_decisions()
+    assert len(decisions) == 36
+    results = list(replay_decisions(source, decisions))
+    assert [r.headline() for r in results if not r.identical] == []
+    source, as_v3 = _fairshare_2_decisions("fairshare-3")
+    assert not any(r.identical for r in replay_decisions(source, as_v3))
