@@ -38,7 +38,7 @@ from ledger.cli._common import (
 from ledger.cli.views import projection
 from ledger.explain import span
 from projections.source import EmbeddedSource, follow
-from projections.store import projection_path
+from projections.store import Store, projection_path
 from schemas import api, codec
 from schemas import events as e
 from schemas import views as v
@@ -676,8 +676,11 @@ def audit_budget_changes(
 def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> None:
     """Recompute the hash chain over the store (and the Kafka topic): report the first broken
     link and what broke it (an edited, deleted or moved event). Exits 1 on any problem."""
-    ctx.local_only()
-    report = au.verify_chain(au.store_records(ctx.home))
+    if ctx.remote is not None and not bootstrap:  # the server reads its own store
+        report: au.ChainReport = ctx.remote.get("audit/verify", type=au.ChainReport)
+    else:
+        ctx.local_only()
+        report = au.verify_chain(au.store_records(ctx.home))
     copy = None
     if bootstrap:
         copy = au.verify_copy(au.store_records(ctx.home), au.kafka_records(bootstrap, topic))
@@ -738,49 +741,67 @@ def audit_check(ctx: Ctx, agent_states: tuple[Path, ...], as_json: bool) -> None
     node, usage charged to an unfunded job, a budget change by someone not authorised then;
     and now, a GPU held by two jobs counting the job processes really alive on this host.
     One line per violation; exits 1 on any."""
-    ctx.local_only()
-    with EmbeddedSource(ctx.home) as source:
-        report = au.check(_positioned(source))
-    with projection(ctx, quiet=True) as store:
-        charges = au.check_charges(store)
-    live = _live(ctx, agent_states)
-    violations = sorted([*report.violations, *charges, *live], key=lambda x: x.position)
-    if as_json:
-        echo_json(
-            v.CheckView(
-                events=report.events,
-                violations=[
-                    msgspec.convert(x, v.CheckItem, from_attributes=True) for x in violations
-                ],
-                noted=[msgspec.convert(x, v.CheckItem, from_attributes=True) for x in report.noted],
-            )
-        )
+    if ctx.remote is not None and not agent_states:  # the server checks its own host
+        view: v.CheckView = ctx.remote.get("audit/check", type=v.CheckView)
     else:
-        for x in violations:
-            click.echo(x.line())
-        for n in report.noted:
-            click.echo(f"allowed: {n.line()}")
+        ctx.local_only()  # --agent-state names directories of this host, not the server's
+        report = scan_history(ctx.home)
+        live = live_violations(ctx.home, lambda: ctx.ledger(live=True), agent_states)
+        with projection(ctx, quiet=True) as store:
+            view = check_view(report, store, live)
+    if as_json:
+        echo_json(view)
+    else:
+        for x in view.violations:
+            click.echo(_violation(x).line())
+        for n in view.noted:
+            click.echo(f"allowed: {_violation(n).line()}")
         click.echo(
-            f"{report.events:,} events checked: {len(violations)} violations, "
-            f"{len(report.noted)} allowed exceptions"
+            f"{view.events:,} events checked: {len(view.violations)} violations, "
+            f"{len(view.noted)} allowed exceptions"
         )
-    if violations:
+    if view.violations:
         sys.exit(1)
 
 
-def _live(ctx: Ctx, agent_states: tuple[Path, ...] = ()) -> list[au.Violation]:
-    """The ledger's holders now against the live processes of the local executor and of the
-    node agents whose state directories are named."""
+def _violation(item: v.CheckItem) -> au.Violation:
+    return msgspec.convert(item, au.Violation, from_attributes=True)
+
+
+def scan_history(home: Path) -> au.CheckReport:
+    """The invariants over the whole log, read from the store (its own connection)."""
+    with EmbeddedSource(home) as source:
+        return au.check(_positioned(source))
+
+
+def check_view(report: au.CheckReport, store: Store, live: list[au.Violation]) -> v.CheckView:
+    """`audit check`'s answer: the history's violations, usage charged to unfunded jobs (from
+    the projection `store`) and GPUs held twice by live processes, in log order."""
+    charges = au.check_charges(store)
+    violations = sorted([*report.violations, *charges, *live], key=lambda x: x.position)
+    return v.CheckView(
+        events=report.events,
+        violations=[msgspec.convert(x, v.CheckItem, from_attributes=True) for x in violations],
+        noted=[msgspec.convert(x, v.CheckItem, from_attributes=True) for x in report.noted],
+    )
+
+
+def live_violations(
+    home: Path, ledger: Callable[[], Any], agent_states: tuple[Path, ...] = ()
+) -> list[au.Violation]:
+    """The ledger's holders now against the live processes of the local executor on this host
+    (`home/agent`) and of the node agents whose state directories are named; the ledger is
+    opened only when some are alive."""
     from ledger.agent.executor import live_processes
     from ledger.clock import SystemClock
 
-    procs = [p for d in (ctx.home / "agent", *agent_states) for p in live_processes(d)]
+    procs = [p for d in (home / "agent", *agent_states) for p in live_processes(d)]
     if not procs:
         return []
-    ledger = ctx.ledger()
-    position = ledger.catch_up()
+    led = ledger()
+    position = led.catch_up()
     live = [(p.job_id, p.node, i) for p in procs for i in p.gpu_indices]
-    return au.check_live(ledger.state.holders, live, position, SystemClock().now())
+    return au.check_live(led.state.holders, live, position, SystemClock().now())
 
 
 def _positioned(source: EmbeddedSource, page: int = 50_000) -> Iterator[tuple[int, Any]]:

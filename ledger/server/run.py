@@ -84,43 +84,15 @@ class PeerCredProtocol(HttpToolsProtocol):
         if sock is not None and sock.family == socket.AF_UNIX:
             self.peer = identity.peer_uid(sock)
         elif sock is not None:
-            # without this, Nagle holds a response until the client's delayed ACK (~40 ms)
+            # headers and body leave in two writes: without this, Nagle holds the body until
+            # the client's delayed ACK (~40 ms per request)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        super().connection_made(_Coalescing(transport))  # type: ignore[arg-type]
+        super().connection_made(transport)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if self.peer is not None:
             self.scope[PEER_UID] = self.peer  # type: ignore[literal-required]
-
-
-class _Coalescing:
-    """The connection's transport, sending what is written in one turn of the event loop in
-    one write: a response's head and body (two writes in uvicorn) leave as one segment, so the
-    client wakes once per response instead of twice (the busiest cost of a request under
-    load). Everything else is the transport's own."""
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._chunks: list[bytes] = []
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self._chunks:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._chunks.append(bytes(data))
-
-    def _flush(self) -> None:
-        if self._chunks:
-            data, self._chunks = b"".join(self._chunks), []
-            if not self._transport.is_closing():
-                self._transport.write(data)
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
 
 
 class _Server(uvicorn.Server):

@@ -1,6 +1,7 @@
-"""Budgets as code and audit tables through the server: `POST /v1/budget/plan` and
-`POST /v1/audit/table`, so `budget apply` and every audit export (table, CSV, JSON, Parquet)
-work beside a running server without opening the data directory.
+"""Budgets as code and the audit through the server: `POST /v1/budget/plan`,
+`POST /v1/audit/table`, `GET /v1/audit/verify` and `GET /v1/audit/check`, so `budget apply`,
+every audit export (table, CSV, JSON, Parquet), `audit verify` and `audit check` work beside a
+running server without opening the data directory.
 
 The plan is made from the server's state as the caller (the CLI prints it, then applies it
 through `/v1/batch`, atomically); an audit table is the exact Arrow table embedded mode builds,
@@ -9,16 +10,19 @@ sent as an Arrow IPC stream, so every format prints the same bytes in both modes
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from litestar import Request, post
+from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import JSONBody
 
+from ledger.audit import ChainReport
 from ledger.server import identity as ident
 from ledger.server.worker import Worker
 from schemas import api
+from schemas import views as v
 
 
 def routes(
@@ -44,7 +48,36 @@ def routes(
         person(request)
         return await worker.call(lambda: table(worker, data))  # type: ignore[no-any-return]
 
-    return [budget_plan, audit_table]
+    @get("/v1/audit/verify", tags=["reads"], security=[{"bearer": []}])
+    async def audit_verify(request: Request[Any, Any, Any]) -> ChainReport:
+        """The hash chain recomputed over the store: the first broken link and what broke it.
+        Read from the store through its own connection, beside the worker (no write waits)."""
+        from ledger import audit as au
+
+        person(request)
+        home = worker.service.home
+        return await asyncio.to_thread(lambda: au.verify_chain(au.store_records(home)))
+
+    @get("/v1/audit/check", tags=["reads"], security=[{"bearer": []}])
+    async def audit_check(request: Request[Any, Any, Any]) -> v.CheckView:
+        """The ledger's invariants over the whole log, usage charged to unfunded jobs, and GPUs
+        held twice by processes alive on the server's host. The history is scanned beside the
+        worker; the projection and the live state are read on it."""
+        from ledger.cli.audit import check_view, live_violations, scan_history
+
+        person(request)
+        service = worker.service
+        report = await asyncio.to_thread(scan_history, service.home)
+
+        def rest() -> v.CheckView:
+            assert service.projector is not None and service.store is not None
+            service.projector.catch_up()
+            live = live_violations(service.home, lambda: service.ledger)
+            return check_view(report, service.store, live)
+
+        return await worker.call(rest)  # type: ignore[no-any-return]
+
+    return [budget_plan, audit_table, audit_verify, audit_check]
 
 
 def plan(worker: Worker, caller: ident.Identity, req: api.BudgetPlanRequest) -> api.BudgetPlan:

@@ -4,11 +4,6 @@ HTTP handlers hand it tasks and await the answer. It batches every write that is
 one store transaction (group commit: `Ledger.execute_each`, each command still decided and
 rejected on its own), runs reads in order, and runs a dispatcher cycle whenever one is due.
 Nothing is acknowledged before its transaction has committed.
-
-Crossing threads costs more than deciding a command (a wake-up each way, and the GIL handed
-over), so both directions are batched too: the tasks handlers create in one turn of the event
-loop reach the worker as one item, and the answers of one batch go back to each event loop in
-one call.
 """
 
 from __future__ import annotations
@@ -44,11 +39,9 @@ class Worker:
     tick_s: float = 2.0
     max_batch: int = 256
     accepting: bool = True
-    _queue: queue.SimpleQueue[list[_Task] | None] = field(default_factory=queue.SimpleQueue)
+    _queue: queue.SimpleQueue[_Task | None] = field(default_factory=queue.SimpleQueue)
     _thread: threading.Thread | None = None
     _next_cycle: float = 0.0
-    _outbox: dict[asyncio.AbstractEventLoop, list[_Task]] = field(default_factory=dict)
-    """Tasks of this turn of each event loop, handed over together at its end."""
 
     # --- the HTTP side ---------------------------------------------------------------------------
 
@@ -69,19 +62,8 @@ class Worker:
         return loop, loop.create_future()
 
     async def _submit(self, task: _Task) -> Any:
-        waiting = self._outbox.get(task.loop)
-        if waiting is None:
-            self._outbox[task.loop] = [task]
-            task.loop.call_soon(self._hand_over, task.loop)
-        else:
-            waiting.append(task)
+        self._queue.put(task)
         return await task.future
-
-    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
-        """On the event loop, after the handlers of this turn: one item for the worker."""
-        tasks = self._outbox.pop(loop, None)
-        if tasks:
-            self._queue.put(tasks)
 
     # --- the thread ------------------------------------------------------------------------------
 
@@ -105,11 +87,12 @@ class Worker:
             try:
                 first = self._queue.get(timeout=timeout)
             except queue.Empty:
-                first = []
-            if first is None:
+                first = None
+                timeout = -1.0
+            if first is None and timeout >= 0:
                 stopping = True
-            else:
-                tasks.extend(first)
+            elif first is not None:
+                tasks.append(first)
             while len(tasks) < self.max_batch:
                 try:
                     more = self._queue.get_nowait()
@@ -118,13 +101,12 @@ class Worker:
                 if more is None:
                     stopping = True
                     continue
-                tasks.extend(more)
+                tasks.append(more)
             self._handle(tasks)
             if time.monotonic() >= self._next_cycle or stopping:
                 self._cycle()
 
     def _handle(self, tasks: list[_Task]) -> None:
-        done: list[tuple[_Task, Any]] = []
         writes = [t for t in tasks if t.command is not None]
         if writes:
             try:
@@ -134,9 +116,8 @@ class Worker:
             except Exception as err:  # the store failed: nobody is acknowledged
                 log.exception("group commit failed")
                 results = [err] * len(writes)
-            done += zip(writes, results, strict=True)
-        _resolve(done)  # writers hear back before the reads of the batch run
-        done = []
+            for t, r in zip(writes, results, strict=True):
+                _resolve(t, r)
         for t in tasks:
             if t.call is not None:
                 try:
@@ -145,8 +126,7 @@ class Worker:
                     if not isinstance(err, LedgerError):
                         log.exception("read failed")
                     result = err
-                done.append((t, result))
-        _resolve(done)
+                _resolve(t, result)
 
     def _cycle(self) -> None:
         clock = self.service.clock
@@ -163,20 +143,13 @@ class Worker:
         self._next_cycle = time.monotonic() + wait_time(result, self.tick_s, clock.now())
 
 
-def _resolve(done: list[tuple[_Task, Any]]) -> None:
-    """Settle the futures of `done` with one call per event loop."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Task, Any]]] = {}
-    for task, result in done:
-        by_loop.setdefault(task.loop, []).append((task, result))
-    for loop, settled in by_loop.items():
-        loop.call_soon_threadsafe(_settle, settled)
-
-
-def _settle(settled: list[tuple[_Task, Any]]) -> None:
-    for task, result in settled:
+def _resolve(task: _Task, result: Any) -> None:
+    def settle() -> None:
         if task.future.done():
-            continue
+            return
         if isinstance(result, BaseException):
             task.future.set_exception(result)
         else:
             task.future.set_result(result)
+
+    task.loop.call_soon_threadsafe(settle)

@@ -199,11 +199,12 @@ def test_adopt_stops_runs_the_ledger_no_longer_has_and_reports_exits_no_handle_r
     [x] = until(second, lambda x: len(x) == 1)
     assert (x.job_id, x.exit_code, x.engine_job_id) == (3, 5, "3.1")
     deadline = time.monotonic() + 10
-    while {p.job_id for p in live_processes(dirs[0])} != {1}:
+    # a poll after job 2's processes are gone lets go of its handle
+    while {p.job_id for p in live_processes(dirs[0])} != {1} or second.running() != {1}:
         second.poll(time.time())
         assert time.monotonic() < deadline, "job 2 was not stopped"
         time.sleep(0.05)
-    assert second.running() == {1}
+    assert {p.job_id for p in live_processes(dirs[0])} == {1}
     # a later placement of job 1 than the one running here: the old run is stopped
     assert second.adopt({1: 1}, time.time()) == set()
 

@@ -125,6 +125,10 @@ MORE = [
     ["audit", "preemptions", "--format", "csv"],
     ["audit", "budget-changes", "--format", "csv"],
     ["audit", "budget-changes"],
+    ["audit", "verify"],
+    ["audit", "verify", "--json"],
+    ["audit", "check"],
+    ["audit", "check", "--json"],
     ["budget", "apply", "budget2.toml", "--dry-run"],
     ["budget", "apply", "budget2.toml", "--dry-run", "--prune"],
 ]
@@ -219,6 +223,10 @@ def test_budget_apply_and_audit_exports_go_through_a_running_server(tmp_path: Pa
         applied = cli(home, "budget", "apply", "budget2.toml", cwd=tmp_path, GPULEDGER_USER="root")
         tree = json.loads(cli(home, "account", "tree", "--json").stdout)
         again = cli(home, "budget", "apply", "budget2.toml", cwd=tmp_path, GPULEDGER_USER="root")
+        refused = [
+            cli(home, *args, ok=False, cwd=tmp_path)
+            for args in (["replay", "--all"], ["projection", "rebuild"], ["up", "--for", "1s"])
+        ]
         after = server.head()
     finally:
         assert server.stop() == 0
@@ -244,6 +252,11 @@ def test_budget_apply_and_audit_exports_go_through_a_running_server(tmp_path: Pa
     tulu = next(a for a in _walk(tree) if a["path"] == "ai2/tulu")
     assert "dave" in str(tulu)
     assert again.stdout == "no changes: the ledger matches the budget file\n"
+    for r in refused:  # commands that work on the data directory itself refuse beside a server
+        assert r.returncode == 1 and r.stderr == (
+            "error: this command needs the data directory, and a server owns it (run it on the "
+            "server's host with the server stopped, or use the API) [invalid]\n"
+        ), r.stderr
     assert after == head + int(m.group(1)) == int(m.group(2))
     events = [ev for _, ev in Ledger(home).read(head, 10)]
     added = [ev for ev in events if isinstance(ev, e.MemberAdded)]

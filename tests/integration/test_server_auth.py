@@ -263,6 +263,8 @@ CASES: dict[str, Case] = {
     "agent heartbeat": Case(
         "POST", "/v1/agent/heartbeat", lambda w: {"node": "n1"}, NODE, succeeds=False
     ),
+    "audit verify": Case("GET", "/v1/audit/verify", lambda w: None, READERS),
+    "audit check": Case("GET", "/v1/audit/check", lambda w: None, READERS),
 }
 
 
