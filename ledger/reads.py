@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ledger.explain import explain_history, explain_pending, when
 from ledger.utilisation import UtilTracker
 from projections import queries
-from schemas import codec
+from schemas import api, codec
 from schemas import events as e
 from schemas import views as v
 from schemas.bounds import TeamDepth, check
@@ -34,6 +34,31 @@ if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load t
     from ledger.domain import Job, State
     from projections.fairshare import DeliveredReport, TeamHour, UsagePolicy
     from projections.store import Store
+
+# --- identity ----------------------------------------------------------------------------------
+
+
+def tokens(state: State, actor: str) -> list[api.TokenRow]:
+    """Pure: the tokens `actor` may list (an admin: everyone's), oldest first; never secrets or
+    their hashes."""
+    admin = state.is_admin(actor)
+    rows = [
+        api.TokenRow(
+            token_id=t.token_id,
+            user=t.user,
+            name=t.name,
+            issued_at=t.issued_at,
+            expires_at=t.expires_at,
+            scope=t.scope,
+            scope_node=t.scope_node,
+            scope_job=t.scope_job,
+            revoked=t.revoked,
+        )
+        for t in list(state.tokens.values())
+        if admin or t.user == actor
+    ]
+    return sorted(rows, key=lambda r: (r.issued_at, r.token_id))
+
 
 # --- budget tree and nodes ---------------------------------------------------------------------
 

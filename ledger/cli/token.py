@@ -85,25 +85,9 @@ def token_list(ctx: Ctx, as_json: bool) -> None:
     if ctx.remote is not None:
         rows = ctx.remote.get("tokens", type=list[TokenRow])
     else:
-        state = ctx.ledger().state
-        me = ctx.actor
-        admin = state.is_admin(me)
-        rows = [
-            TokenRow(
-                token_id=t.token_id,
-                user=t.user,
-                name=t.name,
-                issued_at=t.issued_at,
-                expires_at=t.expires_at,
-                scope=t.scope,
-                scope_node=t.scope_node,
-                scope_job=t.scope_job,
-                revoked=t.revoked,
-            )
-            for t in state.tokens.values()
-            if admin or t.user == me
-        ]
-        rows.sort(key=lambda r: (r.issued_at, r.token_id))
+        from ledger import reads
+
+        rows = reads.tokens(ctx.ledger().state, ctx.actor)
     if as_json:
         echo_json(rows)
         return

@@ -27,6 +27,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import JSONBody
 
+from ledger import reads
 from ledger.server import identity as ident
 from ledger.server import metrics as m
 from ledger.server import pages, tables
@@ -217,24 +218,7 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
     @get("/v1/tokens", tags=["identity"], security=[{"bearer": []}])
     async def tokens(request: Request[Any, Any, Any]) -> list[api.TokenRow]:
         """The caller's tokens (an admin's: everyone's); never secrets or their hashes."""
-        caller = person(request)
-        admin = ledger.state.is_admin(caller.actor)
-        rows = [
-            api.TokenRow(
-                token_id=t.token_id,
-                user=t.user,
-                name=t.name,
-                issued_at=t.issued_at,
-                expires_at=t.expires_at,
-                scope=t.scope,
-                scope_node=t.scope_node,
-                scope_job=t.scope_job,
-                revoked=t.revoked,
-            )
-            for t in list(ledger.state.tokens.values())
-            if admin or t.user == caller.actor
-        ]
-        return sorted(rows, key=lambda r: (r.issued_at, r.token_id))
+        return reads.tokens(ledger.state, person(request).actor)
 
     handles = ServiceHandles(worker.service)
 
