@@ -499,6 +499,8 @@ class _Run:
     slurm_id: str | None = None
     """None while the launch waits for its GPUs to be free in Slurm (a victim still stopping)."""
     started: bool = False
+    missing_since: float | None = None
+    """When a read of Slurm first lacked this run (None while Slurm lists it)."""
 
 
 @dataclass
@@ -522,12 +524,16 @@ class SlurmExecutor:
         grace_s: float = 30.0,
         timeout_s: float = 20.0,
         env: Mapping[str, str] | None = None,
+        vanish_after_s: float = 30.0,
     ) -> None:
         self.partition = partition
         self.ledger_id = ledger_id
         self.log_dir = log_dir
         self.grace_s = grace_s
         self.timeout_s = timeout_s
+        self.vanish_after_s = vanish_after_s
+        """How long a submitted run may be missing from every read before it counts as gone: a
+        controller that has just restarted may answer before it lists every job."""
         self.env = dict(env if env is not None else os.environ)
         self._runs: dict[int, _Run] = {}
         self._stopping: dict[str, _Stopping] = {}
@@ -713,8 +719,12 @@ class SlurmExecutor:
                 continue
             j = self._view.get(r.slurm_id)
             if j is None:
-                self._vanished(r, now)
+                if r.missing_since is None:
+                    r.missing_since = now
+                if now - r.missing_since >= self.vanish_after_s:
+                    self._vanished(r, now)
                 continue
+            r.missing_since = None
             if j.started and not r.started and (j.holding or j.ended):
                 r.started = True
                 gpus = tuple(GpuSlot(node=n, gpu_indices=i) for n, i in sorted(j.gpus.items()) if i)

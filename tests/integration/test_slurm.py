@@ -346,6 +346,14 @@ def test_kill_9_of_the_service_of_slurmctld_and_of_slurmd_loses_and_double_books
         jobs = ledger.jobs()
         return all(jobs[j]["status"] == "running" for j in job_ids)
 
+    def seen() -> str:  # what a failure shows: the ledger's, Slurm's and the service's view
+        slurmctld = Path(cluster.conf).parent / "log" / "slurmctld.log"
+        return (
+            f"ledger: {ledger.jobs()}\nslurm: {cluster.jobs()}\n"
+            f"nodes: {cluster.run('sinfo', '-h', '-N', '-o', '%N %T', check=False)}\n"
+            f"service: {ledger.service_log()[-3000:]}\nslurmctld: {slurmctld.read_text()[-3000:]}"
+        )
+
     ledger.wait("two jobs to run", lambda: running(1, 2))
     # 1. the service dies; the second job ends while it is away
     ledger.kill9()
@@ -355,24 +363,24 @@ def test_kill_9_of_the_service_of_slurmctld_and_of_slurmd_loses_and_double_books
     while cluster.jobs()[slurm_ids[2]]["state"] != "FAILED":
         assert time.monotonic() < deadline, cluster.jobs()
         time.sleep(0.2)
-    assert running(1, 2)  # as the ledger last knew
+    assert running(1, 2), seen()  # as the ledger last knew
     ledger.up()
     ledger.wait("the exit seen while away", lambda: ledger.jobs()[2]["outcome"] == "failed")
     assert ledger.of("job.engine_ended.v1", 2)[0]["exit_code"] == 5
     ledger.wait("the third job to run and end", lambda: ledger.jobs()[3]["outcome"] is not None)
-    assert running(1)
+    assert running(1), seen()
     # 2. slurmctld dies and comes back: the running job is neither lost nor run twice
     os.kill(cluster.daemon_pid("slurmctld"), signal.SIGKILL)
     time.sleep(3)
-    assert running(1)
+    assert running(1), seen()
     cluster.up()
     # 3. so does slurmd
     os.kill(cluster.daemon_pid("slurmd"), signal.SIGKILL)
     time.sleep(1)
     cluster.up()
     time.sleep(2)
-    assert running(1)
-    assert cluster.jobs()[slurm_ids[1]]["state"] == "RUNNING"
+    assert running(1), seen()
+    assert cluster.jobs()[slurm_ids[1]]["state"] == "RUNNING", seen()
     (flags / "end-1").touch()
     ledger.wait("the first job to complete", lambda: status(ledger, 1) == "finished", timeout=60)
     jobs = ledger.jobs()

@@ -22,10 +22,11 @@ from ledger.slurm import (
     node_changes,
     node_down,
     node_unavailable,
-    parse_jobs,
     parse_nodes,
     parse_sacctmgr_shares,
     register_commands,
+    SlurmExecutor,
+    parse_jobs,
     sbatch_args,
     shares_toml,
 )
@@ -455,3 +456,30 @@ def test_an_engine_may_drain_and_return_a_node_but_a_user_may_not(
     assert org_state.nodes["a1"].state == "active"
     with pytest.raises(NotAuthorised):
         decide(org_state, c.DrainNode(actor="alice", node="a1", reason="x"), T0, counter_ids)
+
+
+class _Reads(SlurmExecutor):
+    """The executor over a scripted sequence of `scontrol show job` answers (no Slurm)."""
+
+    def __init__(self, answers: list[str]) -> None:
+        super().__init__("gpuledger", LID, Path("/nonexistent"), vanish_after_s=30.0)
+        self._accounting = False
+        self.answers = answers
+
+    def refresh(self) -> bool:
+        self._view = {j.slurm_id: j for j in parse_jobs(self.answers.pop(0))}
+        return True
+
+
+def test_a_run_missing_from_a_few_reads_is_kept_and_only_a_lasting_absence_is_lost() -> None:
+    """A controller that has just restarted may answer before it lists every job: the run is
+    declared lost only once it has been missing from every read for `vanish_after_s`."""
+    slurm = _Reads([RUNNING, "", "", RUNNING, "", "", ""])
+    assert slurm.adopt({3: 1}, now=0.0) == {3}
+    assert slurm.poll(now=1.0) == [] and slurm.poll(now=20.0) == []  # missing for 19 s
+    assert slurm.poll(now=25.0) == []  # listed again: the clock restarts
+    assert slurm.poll(now=26.0) == [] and slurm.poll(now=55.0) == []
+    assert slurm.running() == {3}
+    (gone,) = slurm.poll(now=56.0)  # missing from every read for 30 s
+    assert (gone.job_id, gone.reason, gone.exit_code) == (3, "lost", -1)
+    assert slurm.running() == set()
