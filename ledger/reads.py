@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load t
     from ledger.application import Ledger
     from ledger.dispatch.engine import Decision
     from ledger.dispatch.policy import Policy
-    from ledger.dispatch.snapshot import Snapshot
+    from ledger.dispatch.snapshot import PendingJob, Snapshot
     from ledger.domain import Job, State
     from projections.fairshare import DeliveredReport, TeamHour, UsagePolicy
     from projections.store import Store
@@ -378,9 +378,11 @@ def _under(account: str, root: str | None) -> bool:
 
 
 def estimated_starts(
-    state: State, snapshot: Snapshot, decision: Decision, now: float
+    state: State, snapshot: Snapshot, decision: Decision, now: float, through: int | None = None
 ) -> dict[int, float | None]:
-    """Pure: an estimated start for every pending job, or None when it cannot be known.
+    """Pure: an estimated start for every pending job, or None when it cannot be known; with
+    `through`, only for the jobs up to that one in dispatch order (a job's estimate depends on
+    the jobs ahead of it alone, so those are the same as in the full answer).
 
     Jobs placed in the next cycle start `now`. For the others, in dispatch order: GPUs free up
     when running jobs reach their time limit (a job without one holds its GPUs for an unknown
@@ -414,6 +416,8 @@ def estimated_starts(
             continue
         if p.job_id in placed:
             out[p.job_id] = now
+            if p.job_id == through:
+                break
             continue
         types = [t for t in free if p.gpu_type is None or t == p.gpu_type]
         have = sum(free[t] for t in types)
@@ -433,6 +437,8 @@ def estimated_starts(
             start = wait.until if start is None else min(start, max(now, wait.until))
         out[p.job_id] = start
         if start is None:
+            if p.job_id == through:
+                break
             continue
         # the job takes its GPUs from `start`: from the free pool, then from the releases
         need = p.gpus
@@ -452,6 +458,8 @@ def estimated_starts(
         releases = kept
         if p.time_limit_s is not None:
             releases.append((start + p.time_limit_s, types[0] if types else "", p.gpus))
+        if p.job_id == through:
+            break
     return out
 
 
@@ -464,18 +472,27 @@ def queue(
     preview: tuple[Snapshot, Decision] | None = None,
 ) -> list[v.QueueRow]:
     """Pending (and held) work in dispatch order with its sort key, why it waits and an
-    estimated start, filtered like squeue (-u, -A, --state). `preview`: `live(...)` at `now`
-    when the caller already holds it."""
+    estimated start, filtered like squeue (-u, -A, --state), the first `f.limit` rows. `preview`:
+    `live(...)` at `now` when the caller already holds it.
+
+    Only the rows shown are built (their reason text, their estimated start, which needs the
+    jobs ahead of them alone): at 10k pending a page of 50 costs what 50 rows cost."""
     snapshot, decision = preview or live(ledger, store, policy, now)
     state = ledger.state
-    starts = estimated_starts(state, snapshot, decision, now)
-    pending = {p.job_id: p for p in snapshot.pending}
     rows: list[v.QueueRow] = []
     if f.state in ("pending", "all"):
+        pending = {p.job_id: p for p in snapshot.pending}
+        shown: list[tuple[int, e.Considered, PendingJob]] = []
         for i, cons in enumerate(decision.considered):
+            if len(shown) >= f.limit:
+                break
             p = pending[cons.job_id]
             if (f.user and p.user != f.user) or not _under(p.account, f.account):
                 continue
+            shown.append((i, cons, p))
+        through = shown[-1][2].job_id if shown else None
+        starts = estimated_starts(state, snapshot, decision, now, through) if shown else {}
+        for i, cons, p in shown:
             wait = decision.waiting.get(cons.job_id)
             rows.append(
                 v.QueueRow(
@@ -487,8 +504,10 @@ def queue(
                     estimated_start_at=starts.get(p.job_id),
                 )
             )  # fmt: skip
-    if f.state in ("held", "all"):
+    if f.state in ("held", "all") and len(rows) < f.limit:
         for job in sorted(state.jobs.values(), key=lambda j: j.job_id):
+            if len(rows) >= f.limit:
+                break
             if not job.held or job.status != "pending":
                 continue
             s = job.spec
@@ -576,16 +595,24 @@ def key_parts(policy_version: str, key: Sequence[float | int | str]) -> list[v.K
 
 
 def priority(
-    ledger: Ledger, store: Store, policy: Policy, now: float, f: v.QueueFilter
+    ledger: Ledger,
+    store: Store,
+    policy: Policy,
+    now: float,
+    f: v.QueueFilter,
+    preview: tuple[Snapshot, Decision] | None = None,
 ) -> list[v.PriorityRow]:
-    """Every pending job's sort key with each part named, in dispatch order (like sprio)."""
-    _, decision = live(ledger, store, policy, now)
+    """Every pending job's sort key with each part named, in dispatch order (like sprio).
+    `preview`: `live(...)` at `now` when the caller already holds it."""
+    _, decision = preview or live(ledger, store, policy, now)
     state = ledger.state
-    rows = []
+    rows: list[v.PriorityRow] = []
     for i, cons in enumerate(decision.considered):
         spec = state.jobs[cons.job_id].spec
         if (f.user and spec.user != f.user) or not _under(spec.account, f.account):
             continue
+        if len(rows) >= f.limit:
+            break
         rows.append(
             v.PriorityRow(
                 order=i + 1,
@@ -842,6 +869,23 @@ class PastHours:
         self.key: tuple[float, int] | None = None
         self.until = 0.0
         self.hours: list[TeamHour] = []
+
+    def advance(
+        self, store: Store, start: float, end: float, team_depth: int, step_s: float
+    ) -> bool:
+        """Read at most `step_s` more of the ended hours of [start, end) ahead of `read`, so a
+        long history is read in short steps (a server's idle moments after it starts); True
+        while some remain."""
+        cut = math.floor(end / 3600) * 3600
+        if start % 3600 or cut <= start:
+            return False
+        if self.key != (start, team_depth) or self.until > cut:
+            self.key, self.until, self.hours = (start, team_depth), start, []
+        if self.until < cut:
+            to = min(cut, self.until + max(3600.0, math.floor(step_s / 3600) * 3600))
+            self.hours += queries.team_hours(store, self.until, to, team_depth=team_depth)
+            self.until = to
+        return self.until < cut
 
     def read(self, store: Store, start: float, end: float, team_depth: int) -> list[TeamHour]:
         """The team hours of [start, end), as `queries.team_hours` gives them."""

@@ -168,25 +168,39 @@ def _delivered(h: Handles, a: DeliveredArgs) -> v.DeliveredView:
     return reads.delivered(h.store(), a.start, a.end, a.team_depth)
 
 
+def _preview(h: Handles, a: QueueArgs | ExplainArgs) -> tuple[float, Any]:
+    """The moment of a preview read and the preview itself when the handles keep one: a read
+    "now" under the recorded policy is the server's shared preview (`ServiceHandles`), as of
+    the moment it was computed; otherwise (None) the read decides its own."""
+    shared = getattr(h, "live_preview", None)
+    if a.at is None and a.policy is None and shared is not None:
+        got = shared()
+        return got.now, got.live
+    return _at(h, a.at), None
+
+
 def _queue(h: Handles, a: QueueArgs) -> list[v.QueueRow]:
     from ledger import reads
 
     policy = policy_for(a.policy, h.ledger.state)
-    return reads.queue(h.ledger, h.store(), policy, _at(h, a.at), _queue_filter(a))
+    now, preview = _preview(h, a)
+    return reads.queue(h.ledger, h.store(), policy, now, _queue_filter(a), preview)
 
 
 def _priority(h: Handles, a: QueueArgs) -> list[v.PriorityRow]:
     from ledger import reads
 
     policy = policy_for(a.policy, h.ledger.state)
-    return reads.priority(h.ledger, h.store(), policy, _at(h, a.at), _queue_filter(a))
+    now, preview = _preview(h, a)
+    return reads.priority(h.ledger, h.store(), policy, now, _queue_filter(a), preview)
 
 
 def _explain(h: Handles, a: ExplainArgs) -> v.ExplainView:
     from ledger import reads
 
     policy = policy_for(a.policy, h.ledger.state)
-    return reads.explain(h.ledger, h.store(), a.job_id, policy, _at(h, a.at))
+    now, preview = _preview(h, a)
+    return reads.explain(h.ledger, h.store(), a.job_id, policy, now, preview)
 
 
 def _squatters(h: Handles, a: SquattersArgs) -> list[v.SquatterRow]:

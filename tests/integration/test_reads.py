@@ -245,6 +245,53 @@ def test_queue_filters_like_squeue_and_estimates_starts(handles: Any) -> None:
     assert reads.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter(state="held")) == []
 
 
+@pytest.mark.parametrize("user", [None, "alice", "bob"])
+def test_a_short_page_of_the_queue_is_the_head_of_the_whole_queue(
+    handles: Any, user: str | None
+) -> None:
+    """Only the rows shown are built: each page of `limit` rows is the head of the full list,
+    estimated starts and reasons included, and `priority` likewise."""
+    ledger, store = handles
+    preview = reads.live(ledger, store, FairShare(), T0 + 300)
+    whole = reads.queue(
+        ledger, store, FairShare(), T0 + 300, v.QueueFilter(user=user, limit=1000), preview
+    )
+    full_keys = reads.priority(
+        ledger, store, FairShare(), T0 + 300, v.QueueFilter(user=user, limit=1000), preview
+    )
+    assert whole and len(whole) == len(full_keys)
+    for limit in range(1, len(whole) + 1):
+        f = v.QueueFilter(user=user, limit=limit)
+        assert reads.queue(ledger, store, FairShare(), T0 + 300, f, preview) == whole[:limit]
+        assert (
+            reads.priority(ledger, store, FairShare(), T0 + 300, f, preview) == (full_keys[:limit])
+        )
+    snapshot, decision = preview
+    starts = reads.estimated_starts(ledger.state, snapshot, decision, T0 + 300)
+    for job_id in [cons.job_id for cons in decision.considered]:
+        head = reads.estimated_starts(ledger.state, snapshot, decision, T0 + 300, job_id)
+        assert list(head) == list(starts)[: list(starts).index(job_id) + 1]
+        assert head == {k: starts[k] for k in head}
+
+
+def test_past_hours_read_ahead_in_steps_equal_one_reading(handles: Any) -> None:
+    _, store = handles
+    start, end = T0 - 3 * 3600, T0 + 5 * 3600 + 1234
+    whole = reads.PastHours().read(store, start, end, 2)
+    past = reads.PastHours()
+    steps = 0
+    while past.advance(store, start, end, 2, 2 * 3600):
+        steps += 1
+    assert steps == 3  # 8 ended hours, 2 a step: 3 steps leave more, the 4th reads the last
+    assert past.until == T0 + 5 * 3600
+
+    def busy(hours: list[Any]) -> list[Any]:  # a team's hours before it existed are all zero
+        return sorted((h for h in hours if h.capacity_gpu_h or h.demand_gpu_h), key=str)
+
+    assert busy(past.read(store, start, end, 2)) == busy(whole) != []
+    assert not past.advance(store, start, end, 2, 3600)  # nothing left: no more reading
+
+
 def test_queue_prints_times_not_scientific_notation(home: Path) -> None:
     out = cli(home, "queue", "-u", "bob").stdout
     assert "e+09" not in out and "e+9" not in out
