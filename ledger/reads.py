@@ -13,7 +13,9 @@ import json
 import math
 import re
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+import msgspec
 
 from ledger.explain import explain_history, explain_pending, when
 from ledger.utilisation import UtilTracker
@@ -112,6 +114,41 @@ def node_list(state: State) -> list[v.NodeRow]:
     ]
 
 
+# --- who sees what -------------------------------------------------------------------------------
+
+
+def may_see_private(state: State, actor: str, user: str, account: str) -> bool:
+    """Pure: whether `actor` may see the command, labels and logs of `user`'s job in
+    `account`: its owner, a manager of the account or one above it, an admin. The one rule:
+    the pages, `jobs` and `log` (both faces) all ask it."""
+    return actor == user or state.is_admin(actor) or state.manages(actor, account)
+
+
+class Viewer(NamedTuple):
+    """Who reads, and the live state that says whom they manage."""
+
+    actor: str
+    state: State
+
+    def sees(self, user: str, account: str) -> bool:
+        return may_see_private(self.state, self.actor, user, account)
+
+
+def redact(row: v.JobRow) -> v.JobRow:
+    """Pure: the job without what only its owner, managers and admins see."""
+    return msgspec.structs.replace(row, command=[], logs=[], redacted=True)
+
+
+def redact_event(ev: e.AnyEvent) -> e.AnyEvent:
+    """Pure: the event without a job's command, labels or logs (others are returned as they
+    are)."""
+    if isinstance(ev, e.JobSubmitted):
+        return msgspec.structs.replace(ev, command=(), labels={})
+    if isinstance(ev, e.JobStarted):
+        return msgspec.structs.replace(ev, logs=())
+    return ev
+
+
 # --- jobs and the log (history: the projection) ----------------------------------------------
 
 _JOBS = """
@@ -169,10 +206,10 @@ ORDER BY j.job_id DESC
 """
 
 
-def jobs(store: Store, f: v.JobFilter, now: float) -> list[v.JobRow]:
+def jobs(store: Store, f: v.JobFilter, now: float, viewer: Viewer | None) -> list[v.JobRow]:
     """Jobs newest first, like sacct: start, end, elapsed, exit code. `since`/`until` select the
     jobs alive at some moment of [since, until] (not ended before `since`, submitted by
-    `until`)."""
+    `until`). A job whose command `viewer` may not see comes `redact`ed (None: nothing is)."""
     account = f.account.rstrip("/") if f.account else None
     rows = store.con.execute(
         _JOBS,
@@ -186,7 +223,13 @@ def jobs(store: Store, f: v.JobFilter, now: float) -> list[v.JobRow]:
             "job_id": None,
         },
     ).fetchall()
-    return _job_rows(rows, now)
+    return _seen(_job_rows(rows, now), viewer)
+
+
+def _seen(rows: list[v.JobRow], viewer: Viewer | None) -> list[v.JobRow]:
+    if viewer is None:
+        return rows
+    return [r if viewer.sees(r.user, r.account) else redact(r) for r in rows]
 
 
 def _job_rows(rows: list[tuple[Any, ...]], now: float) -> list[v.JobRow]:
@@ -221,9 +264,11 @@ def _decode(raw: Any) -> e.AnyEvent:
     return codec.decode(raw.encode() if isinstance(raw, str) else raw)
 
 
-def log(store: Store, f: v.LogFilter) -> list[v.LogEntry]:
+def log(store: Store, f: v.LogFilter, viewer: Viewer | None) -> list[v.LogEntry]:
     """Events after `f.after` in log order (`f.limit` of them, or the last `f.tail`), from the
-    projection's `events` table; events of unknown types keep their tag and a null body."""
+    projection's `events` table; events of unknown types keep their tag and a null body. The
+    events of a job whose command `viewer` may not see come `redact_event`ed and marked (None:
+    nothing is)."""
     if f.tail is not None:
         sql = (
             "SELECT * FROM (SELECT position, tag, known, occurred_at, actor, raw FROM events "
@@ -237,7 +282,7 @@ def log(store: Store, f: v.LogFilter) -> list[v.LogEntry]:
         )
         n = f.limit
     rows = store.con.execute(sql, {"after": f.after, "n": n}).fetchall()
-    return [
+    out = [
         v.LogEntry(
             position=pos,
             tag=tag,
@@ -246,6 +291,30 @@ def log(store: Store, f: v.LogFilter) -> list[v.LogEntry]:
             event=_decode(raw) if known else None,
         )
         for pos, tag, known, at, actor, raw in rows
+    ]
+    if viewer is None:
+        return out
+    owners = {x.event.job_id: ("", "") for x in out if isinstance(x.event, e.JobStarted)}
+    owners.update(
+        {
+            x.event.job_id: (x.event.user, x.event.account)
+            for x in out
+            if isinstance(x.event, e.JobSubmitted)
+        }
+    )
+    unknown = sorted(job_id for job_id, who in owners.items() if who == ("", ""))
+    if unknown:
+        got = store.con.execute(
+            "SELECT job_id, user_name, account FROM jobs WHERE job_id IN (SELECT unnest($ids))",
+            {"ids": unknown},
+        ).fetchall()
+        owners.update({job_id: (user, account) for job_id, user, account in got})
+    hidden = {job_id for job_id, (u, a) in owners.items() if not viewer.sees(u, a)}
+    return [
+        msgspec.structs.replace(x, event=redact_event(x.event), redacted=True)
+        if isinstance(x.event, e.JobSubmitted | e.JobStarted) and x.event.job_id in hidden
+        else x
+        for x in out
     ]
 
 
@@ -851,13 +920,14 @@ def audit_budget_changes(
 # --- dashboard: series, GPU map, decisions, counts ---------------------------------------------
 
 
-def job(store: Store, job_id: int, now: float) -> v.JobRow:
-    """One job as `jobs` shows it (UnknownEntity when the log has none with this id)."""
+def job(store: Store, job_id: int, now: float, viewer: Viewer | None) -> v.JobRow:
+    """One job as `jobs` shows it to `viewer` (UnknownEntity when the log has none with this
+    id)."""
     params = dict.fromkeys(("status", "user", "account", "since", "until"))
     rows = store.con.execute(_JOBS, {**params, "limit": 1, "job_id": job_id}).fetchall()
     if not rows:
         raise UnknownEntity(f"no job {job_id}", job_id=job_id)
-    return _job_rows(rows, now)[0]
+    return _seen(_job_rows(rows, now), viewer)[0]
 
 
 class PastHours:

@@ -13,6 +13,7 @@ domain alone.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import time
 from collections.abc import Callable
@@ -229,10 +230,10 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
         spec = READS[name]
 
         async def handler(request: Request[Any, Any, Any], **query: Any) -> Any:
-            person(request)  # reads are for people; the read layer filters nothing by caller
+            caller = person(request)  # reads are for people
             given = {k.removesuffix("_"): x for k, x in query.items() if x is not None}
             args = spec.parse(given)
-            data = await worker.call(lambda: handles.answer(name, spec, args))
+            data = await worker.call(lambda: handles.answer(name, spec, args, caller.actor))
             return Response(data, media_type="application/json", status_code=200)
 
         params = [
@@ -336,11 +337,22 @@ class ServiceHandles:
         if not self.cache.holds("live-preview", self.ledger.position):  # the log moved
             self.live_preview(ahead=True)
 
-    def answer(self, name: str, spec: Any, args: Any) -> bytes:
-        """The encoded answer of a read, computed once per log position (`ReadCache`)."""
+    viewer = ""
+    """Who reads (set on the copy `answer` reads through for a `personal` read)."""
+
+    def answer(self, name: str, spec: Any, args: Any, viewer: str) -> bytes:
+        """The encoded answer of a read for `viewer`, computed once per log position
+        (`ReadCache`; per viewer too for the reads whose answer depends on who asks)."""
         position: int = self.service.ledger.position
+        handles = copy.copy(self)
+        handles.viewer = viewer
         return self.cache.answer(
-            name, args, position, self.now(), lambda: msgspec.json.encode(spec.run(self, args))
+            name,
+            args,
+            position,
+            self.now(),
+            lambda: msgspec.json.encode(spec.run(handles, args)),
+            viewer if spec.personal else "",
         )
 
     @property

@@ -8,7 +8,7 @@ API hold, enforced here, not in the page:
 - every signed-in person (not node or job tokens) sees the queue, the teams, nodes, decisions
   and a job's timeline;
 - a job's command, labels and logs only its owner, the managers of an account above it and
-  admins (`may_see_private`).
+  admins (`reads.may_see_private`, the one rule `jobs` and `log` follow too).
 
 Every figure comes from the read layer (`ledger.reads`), as the CLI's.
 """
@@ -38,17 +38,6 @@ PAGES = ("login", "teams", "queue", "job", "nodes", "decisions")
 WEEK_S = 7 * 86400.0
 REPLAY_LAST = 8
 """The job page replays at most this many of the job's latest decisions."""
-
-
-def may_see_private(state: Any, actor: str, user: str, account: str) -> bool:
-    """Pure: whether `actor` may see the command, labels and logs of `user`'s job in
-    `account`: its owner, a manager of the account or one above it, an admin."""
-    return actor == user or state.is_admin(actor) or state.manages(actor, account)
-
-
-def redact(row: v.JobRow) -> v.JobRow:
-    """Pure: the job without what only its owner, managers and admins see."""
-    return msgspec.structs.replace(row, command=[], logs=[])
 
 
 class TeamsView(msgspec.Struct, frozen=True, kw_only=True):
@@ -242,15 +231,15 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
             if known is not None and known.status == "pending" and not known.held:
                 preview = live_preview(handles)
             now = handles.now() if preview is None else preview.now
-            row = reads.job(store, job_id, now)
-            private = may_see_private(ledger.state, caller.actor, row.user, row.account)
+            row = reads.job(store, job_id, now, reads.Viewer(caller.actor, ledger.state))
+            private = not row.redacted
             labels = dict(known.spec.labels) if known is not None and private else {}
             explain = reads.explain(
                 ledger, store, job_id, policy_for(None, ledger.state), now,
                 None if preview is None else preview.live,
             )  # fmt: skip
             return JobView(
-                job=row if private else redact(row),
+                job=row,
                 private=private,
                 labels=labels,
                 explain=explain,

@@ -319,15 +319,15 @@ def test_jobs_come_from_the_projection_with_start_end_elapsed_and_exit_code(
     handles: Any, home: Path
 ) -> None:
     _, store = handles
-    rows = {r.job_id: r for r in reads.jobs(store, v.JobFilter(), T0 + 300)}
+    rows = {r.job_id: r for r in reads.jobs(store, v.JobFilter(), T0 + 300, None)}
     one = rows[1]
     assert (one.outcome, one.exit_code, one.started_at) == ("completed", 0, T0)
     assert one.finished_at is not None and one.elapsed_s == one.finished_at - T0
     assert rows[3].status == "running" and rows[3].elapsed_s == 200.0
     assert rows[3].nodes == ["n0"]
-    since = reads.jobs(store, v.JobFilter(since=T0 + 150), T0 + 300)
+    since = reads.jobs(store, v.JobFilter(since=T0 + 150), T0 + 300, None)
     assert [r.job_id for r in since] == [5, 4, 3]
-    until = reads.jobs(store, v.JobFilter(until=T0 + 50), T0 + 300)
+    until = reads.jobs(store, v.JobFilter(until=T0 + 50), T0 + 300, None)
     assert [r.job_id for r in until] == [2, 1]
     table = cli(home, "jobs", "-S", "2026-01-01T00:00:00", "-E", "2026-01-01T00:00:10").stdout
     assert table.splitlines()[0].split()[-6:] == ["start", "end", "elapsed", "exit", "nodes", "log"]
@@ -405,7 +405,7 @@ def test_a_held_job_is_skipped_until_released(own: Path) -> None:
             Projector(store, source).catch_up()
             rows = reads.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter())
             _, decision = reads.live(ledger, store, FairShare(), T0 + 4000)
-            held = reads.jobs(store, v.JobFilter(status="held"), T0 + 300)
+            held = reads.jobs(store, v.JobFilter(status="held"), T0 + 300, None)
     finally:
         ledger.close()
     assert [(r.order, r.job_id, r.state, r.code) for r in rows] == [
