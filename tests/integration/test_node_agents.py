@@ -85,6 +85,9 @@ class Agent:
 class Cluster:
     home: Path
     server: Server
+    serve_args: tuple[str, ...] = ()
+    """The test's own `serve` flags (`pytest.mark.parametrize("cluster", [...], indirect=True)`),
+    kept across restarts."""
     agents: dict[str, Agent] = field(default_factory=dict)
 
     def cli(self, *args: str, user: str = "root", ok: bool = True) -> Any:
@@ -112,7 +115,8 @@ class Cluster:
     def restart_server(self, *extra: str) -> None:
         """On the same port: the agents keep their URL."""
         self.server = start_server(self.home, *SERVE, "--listen", f"127.0.0.1:{self.server.port}",
-                                   *extra, log_name=f"serve-{time.monotonic_ns()}.log")  # fmt: skip
+                                   *self.serve_args, *extra,
+                                   log_name=f"serve-{time.monotonic_ns()}.log")  # fmt: skip
 
     def why(self) -> str:
         out = self.server.log_path.read_text(errors="replace")[-3000:]
@@ -150,14 +154,17 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
 
 
 @pytest.fixture
-def cluster(template: tuple[Path, dict[str, str]], tmp_path: Path) -> Iterator[Cluster]:
+def cluster(
+    template: tuple[Path, dict[str, str]], tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Cluster]:
     src, tokens = template
     home = tmp_path / "home"
     shutil.copytree(src, home)
     with socket.socket() as s:  # a fixed port, so a restarted server has the same URL
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    c = Cluster(home, start_server(home, *SERVE, "--listen", f"127.0.0.1:{port}"))
+    extra: tuple[str, ...] = getattr(request, "param", ())
+    c = Cluster(home, start_server(home, *SERVE, "--listen", f"127.0.0.1:{port}", *extra), extra)
     for node in NODES:
         c.agents[node] = Agent(node, tmp_path / node, tokens[node], c.server.url,
                                tmp_path / f"{node}.log").start()  # fmt: skip
@@ -260,10 +267,9 @@ def test_a_gang_job_runs_one_part_per_node_and_a_failed_part_stops_the_others(
     wait_for("rank 0 to be stopped", lambda: not alive(pid), 15, c.why)
 
 
+@pytest.mark.parametrize("cluster", [("--node-lost-after", "60s")], indirect=True)
 def test_kill_9_of_an_agent_then_a_restart_adopts_its_job(cluster: Cluster) -> None:
-    c = cluster
-    c.server.stop()
-    c.restart_server("--node-lost-after", "60s")  # the agent returns within the timeout
+    c = cluster  # the agent returns within the node-lost timeout
     job = c.submit(2, "echo $$; sleep 5; exit 7")
     j = c.wait_status(job, "running")
     node = j["logs"][0].split(":", 1)[0]
@@ -325,10 +331,9 @@ def test_a_silent_node_is_lost_after_the_timeout_its_job_runs_elsewhere_and_the_
     assert held_twice(all_events(c)) == []
 
 
+@pytest.mark.parametrize("cluster", [("--node-lost-after", "60s")], indirect=True)
 def test_samples_checkpoints_status_and_drain(cluster: Cluster) -> None:
-    c = cluster
-    c.server.stop()
-    c.restart_server("--node-lost-after", "60s")  # the agent is away while it drains
+    c = cluster  # the agent is away while it drains: within the node-lost timeout
     script = 'echo $$; sleep 0.5; touch "$GPULEDGER_CHECKPOINT_FILE"; exec sleep 60'
     job = c.submit(2, script, "--resumable")
     for ag in c.agents.values():  # the documented test source: a file per job
@@ -372,3 +377,42 @@ def test_an_agent_that_finds_other_gpus_than_the_ledger_is_one_clear_error(
                 "--state-dir", str(tmp_path / "other"), ok=False,
                 GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
     assert wrong.returncode == 1 and "may not act for node 'node-b'" in wrong.stderr
+
+
+@pytest.mark.parametrize("cluster", [("--squat-after", "2s")], indirect=True)
+def test_an_idle_job_is_listed_by_squatters_and_preempted_after_its_contract_for_a_waiting_job(
+    cluster: Cluster,
+) -> None:
+    """The agents' test source says 0%: the job squats (listed by `squatters`), and once its
+    2 s contract is over it is the victim of a job that waits for its GPUs."""
+    c = cluster
+    idle = c.submit(2, "exec sleep 60", "--resumable", "--min-runtime", "2s")
+    for ag in c.agents.values():  # the documented test source: a file per job, on every node
+        (ag.state / "utilisation").mkdir(exist_ok=True)
+        (ag.state / "utilisation" / str(idle)).write_text("0")
+    # the other nodes are taken by jobs inside their contracts (no file: unknown, not idle)
+    busy = [c.submit(2, "exec sleep 60", user="alice") for _ in range(2)]
+    for j in (idle, *busy):
+        c.wait_status(j, "running")
+    node = c.job(idle)["logs"][0].split(":", 1)[0]
+    [pid] = [p.pid for p in live_processes(c.agents[node].state) if p.job_id == idle]
+
+    def listed() -> list[dict[str, Any]]:
+        return json.loads(c.cli("squatters", "--after", "2s", "--json").stdout)
+
+    [row] = wait_for("the idle job to be listed as a squatter", listed, 30, c.why)
+    assert (row["job_id"], row["user"], row["gpus"]) == (idle, "bob", 2)
+    text = c.cli("squatters", "--after", "2s").stdout
+    assert f"job {idle} ai2/olmo bob 2 GPUs idle since" in text
+    waiting = c.submit(2, "exec sleep 60", user="alice")
+    j = c.wait_status(waiting, "running")
+    assert j["logs"][0].startswith(f"{node}:")  # on the squatter's GPUs
+    [pre] = c.events("job.preempted.v1")
+    assert (pre["job_id"], pre["reason"], pre["for_job"]) == (idle, "squatting", waiting)
+    [placed] = [e for e in c.events("job.placed.v1") if e["job_id"] == idle]
+    assert pre["at"] >= placed["at"] + 2  # never inside its contract
+    wait_for("the squatter's process to be stopped", lambda: not alive(pid), 15, c.why)
+    assert c.job(idle)["status"] == "pending"  # resumable: requeued
+    samples = [e for e in c.events("job.utilisation_sampled.v1") if e["job_id"] == idle]
+    assert samples and all(s["gpu_utilisation"] == [0.0, 0.0] for s in samples)
+    assert held_twice(all_events(c)) == []
