@@ -512,7 +512,7 @@ def test_sigterm_publishes_every_committed_event_before_exit(
         if up.poll() is None:
             up.kill()
             up.communicate()
-        survivors = live_processes(home / "agent")
+        survivors = live_processes(home / "agents" / "local")  # up's agent of node local
         for p in survivors:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
