@@ -186,7 +186,9 @@ def serve(home: Path, config: ServeConfig, actor: str = "") -> int:
     service = ServiceLoop(
         ledger,
         executor,
-        make_policy(config.policy, config.margin, config.debug_lane),
+        make_policy(
+            config.policy, config.margin, config.debug_lane, parse_duration(config.squat_after)
+        ),
         kafka=config.kafka or None,
         log=logging.getLogger("gpuledger.service"),
         reports_starts=config.executor in ("local", "agents", "slurm"),
