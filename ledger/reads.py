@@ -565,6 +565,7 @@ _KEY_PARTS: dict[str, tuple[tuple[str, str], ...]] = {
         ("job_id", "the tie-break"),
     ),
 }
+_KEY_PARTS["fairshare-4"] = _KEY_PARTS["fairshare-3"]  # the same order, another gain
 
 
 def key_parts(policy_version: str, key: Sequence[float | int | str]) -> list[v.KeyPart]:

@@ -1,10 +1,12 @@
-"""`FairShare2` ("fairshare-3", the default, and "fairshare-2"): fair share between teams without
-churn.
+"""`FairShare2` ("fairshare-4", the default, "fairshare-3" and "fairshare-2"): fair share between
+teams without churn.
 
-Pure: a policy is a config value (`schemas.policy.FairShare3Config` or `FairShare2Config` plus its
-version); its methods are functions of their arguments. What follows is "fairshare-3"; the
-recorded "fairshare-2" differs where `FairShare2.whole_tree` says (teams by Fair Tree's level fair
-shares, first-fit gang plans, debug victims grouped by team), so its decisions replay exactly.
+Pure: a policy is a config value (`schemas.policy.FairShare4Config`, `FairShare3Config` or
+`FairShare2Config` plus its version); its methods are functions of their arguments. What follows
+is "fairshare-3" and "fairshare-4" (the same code; fairshare-4 credits a fairness preemption with
+half the gain, `gain_horizon_s` 1800 s against 3600 s); the recorded "fairshare-2" differs
+where `FairShare2.whole_tree` says (teams by Fair Tree's level fair shares, first-fit gang plans,
+debug victims grouped by team), so its decisions replay exactly.
 
 **Teams.** A team is the account `team_depth` levels down the tree (default 2: the project,
 `program/project`). Fairness is settled between teams by their budgets; inside a team jobs go by
