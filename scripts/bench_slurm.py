@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from benchkit import free_port, machine  # noqa: E402
+from benchkit import machine, private_service  # noqa: E402
 
 from ledger.executors import Launch  # noqa: E402
 from ledger.slurm import SlurmExecutor, parse_nodes  # noqa: E402
@@ -44,25 +44,18 @@ JOB = ("bash", "-c", "date +%s.%N")
 
 @contextlib.contextmanager
 def cluster() -> Iterator[str]:
+    """The cluster at $SLURM_CONF, or a private one stopped at the end; yields its config path."""
     conf = os.environ.get("SLURM_CONF")
     if conf:
         yield conf
         return
-    with tempfile.TemporaryDirectory(prefix="gpuledger-bench-slurm-") as data:
-        env = dict(
-            os.environ,
-            GPULEDGER_SLURM_DATA=data,
-            GPULEDGER_SLURMCTLD_PORT=str(free_port()),
-            GPULEDGER_SLURMD_PORT=str(free_port()),
-        )
-        print("starting a private Slurm cluster (scripts/slurm/slurm up) ...", flush=True)
-        up = subprocess.run([str(SLURM_SCRIPT), "up"], env=env, stdout=subprocess.PIPE, text=True)
-        try:
-            if up.returncode != 0:
-                sys.exit("error: Slurm did not start (see above)")
-            yield up.stdout.strip()
-        finally:
-            subprocess.run([str(SLURM_SCRIPT), "down"], env=env, stderr=subprocess.DEVNULL)
+    with private_service(
+        "a private Slurm cluster",
+        SLURM_SCRIPT,
+        "GPULEDGER_SLURM_DATA",
+        ("GPULEDGER_SLURMCTLD_PORT", "GPULEDGER_SLURMD_PORT"),
+    ) as private_conf:
+        yield private_conf
 
 
 def started_at(log: Path, timeout_s: float = 120) -> float:

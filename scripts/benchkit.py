@@ -1,4 +1,4 @@
-"""What the Kafka benchmarks share: the machine line, free ports, and a private broker."""
+"""What the benchmarks share: the machine line, free ports, and private services (Kafka, Slurm)."""
 
 from __future__ import annotations
 
@@ -31,23 +31,33 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
+def private_service(
+    what: str, script: Path, data_var: str, port_vars: tuple[str, ...]
+) -> Iterator[str]:
+    """Start one of the repository's service scripts (`script up`) on a private data directory
+    and free ports, yield what `up` prints, and stop it (`script down`) at the end."""
+    with tempfile.TemporaryDirectory(prefix=f"gpuledger-bench-{script.name}-") as data:
+        env = dict(os.environ, **{data_var: data}, **{v: str(free_port()) for v in port_vars})
+        print(f"starting {what} ({script.relative_to(script.parents[2])} up) ...", flush=True)
+        up = subprocess.run([str(script), "up"], env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            if up.returncode != 0:
+                sys.exit(f"error: {what} did not start (see above)")
+            yield up.stdout.strip()
+        finally:
+            subprocess.run([str(script), "down"], env=env, stderr=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
 def broker(bootstrap: str | None) -> Iterator[str]:
     """The given broker, or one of our own (private data dir, free ports), stopped at the end."""
     if bootstrap:
         yield bootstrap
         return
-    with tempfile.TemporaryDirectory(prefix="gpuledger-bench-kafka-") as data:
-        env = dict(
-            os.environ,
-            GPULEDGER_KAFKA_DATA=data,
-            GPULEDGER_KAFKA_PORT=str(free_port()),
-            GPULEDGER_KAFKA_CONTROLLER_PORT=str(free_port()),
-        )
-        print("starting a private broker (scripts/kafka/kafka up) ...", flush=True)
-        up = subprocess.run([str(KAFKA_SCRIPT), "up"], env=env, stdout=subprocess.PIPE, text=True)
-        try:
-            if up.returncode != 0:
-                sys.exit("error: the Kafka broker did not start (see above)")
-            yield up.stdout.strip()
-        finally:
-            subprocess.run([str(KAFKA_SCRIPT), "down"], env=env, stderr=subprocess.DEVNULL)
+    with private_service(
+        "a private Kafka broker",
+        KAFKA_SCRIPT,
+        "GPULEDGER_KAFKA_DATA",
+        ("GPULEDGER_KAFKA_PORT", "GPULEDGER_KAFKA_CONTROLLER_PORT"),
+    ) as bootstrap_servers:
+        yield bootstrap_servers

@@ -221,6 +221,9 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
 @click.option("--margin", type=float, default=None, help="Preemption hysteresis [0.1].")
 @click.option("--debug-lane/--no-debug-lane", default=None)
 @click.option(
+    "--squat-after", default=None, help="Past its contract, a job idle this long squats [1h]."
+)
+@click.option(
     "--executor",
     type=click.Choice(["none", "local", "agents", "slurm"]),
     default=None,
@@ -252,6 +255,7 @@ def serve(
     policy: str | None,
     margin: float | None,
     debug_lane: bool | None,
+    squat_after: str | None,
     executor: str | None,
     partition: str | None,
     node_lost_after: str | None,
@@ -274,6 +278,7 @@ def serve(
         policy=policy,
         margin=margin,
         debug_lane=debug_lane,
+        squat_after=squat_after,
         executor=executor,
         partition=partition,
         node_lost_after=node_lost_after,
