@@ -3,10 +3,11 @@
 One frozen Struct per policy version, tagged by the version string (`version` on the wire), so a
 config names the code that reads it: `FairShareConfig` is "fairshare-1", `FifoConfig` "fifo-1",
 `SlurmConfig` "slurm-1", `LegacyConfig` "legacy-1", `FairShare2Config` "fairshare-2",
-`FairShare3Config` "fairshare-3", and the current versions `FairShare4Config` "fairshare-4",
-`Slurm2Config` "slurm-2", `Legacy2Config` "legacy-2". `AnyPolicyConfig` is their union: decode
-one with `msgspec.json.decode(data, type=AnyPolicyConfig)`. A policy whose behaviour changes gets a
-new version and a new Struct here; an old one stays as long as its decisions must replay.
+`FairShare3Config` "fairshare-3", `FairShare4Config` "fairshare-4", and the current versions
+`FairShare5Config` "fairshare-5", `Slurm2Config` "slurm-2", `Legacy2Config` "legacy-2".
+`AnyPolicyConfig` is their union: decode one with
+`msgspec.json.decode(data, type=AnyPolicyConfig)`. A policy whose behaviour changes gets a new
+version and a new Struct here; an old one stays as long as its decisions must replay.
 
 `ledger.dispatch.registry` builds the policy of a config (`policy_from_config`).
 """
@@ -155,6 +156,12 @@ class FairShare4Config(FairShare3Config, frozen=True, kw_only=True, tag="fairsha
     not taken."""
 
 
+class FairShare5Config(FairShare4Config, frozen=True, kw_only=True, tag="fairshare-5"):
+    """`fairshare-4`'s settings, for the version that orders unfunded work so that jobs that
+    never ran go before jobs that ran and were preempted (every unfunded job gets a turn before
+    any gets a second one)."""
+
+
 class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
     """Slurm's multifactor priority as configured by default: no preemption unless
     `preempt_unfunded` (PreemptType=preempt/partition_prio with a scavenger partition)."""
@@ -180,7 +187,8 @@ class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
 
 
 AnyPolicyConfig = (
-    FairShare4Config
+    FairShare5Config
+    | FairShare4Config
     | FairShare3Config
     | FairShare2Config
     | FairShareConfig
@@ -193,6 +201,7 @@ AnyPolicyConfig = (
 """Any registered policy version's config (tagged by `version`)."""
 
 POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
+    FairShare5Config,
     FairShare4Config,
     FairShare3Config,
     FairShare2Config,

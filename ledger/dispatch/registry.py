@@ -39,6 +39,7 @@ from schemas.policy import (
     FairShare2Config,
     FairShare3Config,
     FairShare4Config,
+    FairShare5Config,
     FairShareConfig,
     FifoConfig,
     Legacy2Config,
@@ -74,6 +75,12 @@ def _fields(config: AnyPolicyConfig) -> dict[str, Any]:
 VERSIONS: dict[str, Registered] = {
     r.version: r
     for r in (
+        Registered(
+            "fairshare",
+            FairShare5Config,
+            lambda c: FairShare2(version=c.version, **_fields(c)),
+            ranked=True,
+        ),
         Registered(
             "fairshare",
             FairShare4Config,

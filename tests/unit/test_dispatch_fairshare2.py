@@ -150,6 +150,21 @@ def test_fairshare_4_credits_half_the_gain_of_fairshare_3() -> None:
     assert "(8 GPUs x 1800 s)" in d.waiting[1].reason
 
 
+def test_fairshare_5_gives_unfunded_jobs_that_never_ran_a_turn_first() -> None:
+    # one free node; unfunded job 1 (the better team, ran before) and unfunded job 2 (a worse
+    # team, never ran) wait: fairshare-4 places 1 (team order), fairshare-5 places 2
+    ran = msgspec.structs.replace(pend(1, 8, "lab/a", funded=False), runs=1)
+    fresh = pend(2, 8, "lab/c", funded=False)
+    funded = pend(3, 8, "lab/b")
+    snap = world([node("n1"), node("n2")], [], [ran, fresh, funded])
+    v4 = policy_from_config(default_config("fairshare-4"))
+    v5 = policy_from_config(default_config("fairshare-5"))
+    assert [j.job_id for _, j in v4.order(snap)] == [3, 1, 2]
+    assert [j.job_id for _, j in v5.order(snap)] == [3, 2, 1]  # funded work still goes first
+    assert {p.job_id for p in decide(snap, v5, NOW).placements} == {3, 2}
+    assert {p.job_id for p in decide(snap, v4, NOW).placements} == {3, 1}
+
+
 def test_funded_non_resumable_jobs_are_spared_unless_by_the_wide_margin() -> None:
     running = [run(10, {"n1": range(8)}, resumable=False, placed_ago_s=1.5 * H)]
     snap = world([node("n1")], running, [pend(1, 8)])

@@ -17,6 +17,7 @@ from schemas.policy import (
     FairShare2Config,
     FairShare3Config,
     FairShare4Config,
+    FairShare5Config,
     FairShareConfig,
     FifoConfig,
     Legacy2Config,
@@ -26,6 +27,7 @@ from schemas.policy import (
 )
 
 CONFIGS: list[AnyPolicyConfig] = [
+    FairShare5Config(),
     FairShare4Config(),
     FairShare4Config(gain_horizon_s=3600.0, margin=0.2),
     FairShare3Config(),
