@@ -88,6 +88,7 @@ def snapshot_from_state(
                     submitted_at=spec.at,
                     debug=spec.debug,
                     time_limit_s=spec.time_limit_s,
+                    runs=job.preemptions,
                 )
             )
     return Snapshot(

@@ -16,8 +16,8 @@ import pytest
 from ledger.application import Ledger
 from ledger.clock import SimClock, seeded_ids
 from ledger.dispatch.policy import FairShare
-from ledger.executors import SimExecutor
 from ledger.service import Dispatcher, ProjectionRanks, preview
+from ledger.sim.kernel import KernelExecutor
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store
@@ -77,7 +77,7 @@ def test_a_cycle_places_by_fair_share_and_records_the_decision(tmp_path: Path) -
             ledger,
             ProjectionRanks(Projector(store, EmbeddedSource(tmp_path))),
             FairShare(),
-            SimExecutor(),
+            KernelExecutor(),
         )
         assert [p.job_id for p in d.cycle(clock.now()).decision.placements] == [1]
         clock.advance_to(1_000.0 + 36_000)
@@ -114,7 +114,7 @@ def test_cycles_that_decide_nothing_are_recorded_as_counts_at_a_bounded_rate(
             ledger,
             ProjectionRanks(Projector(store, EmbeddedSource(tmp_path))),
             FairShare(),
-            SimExecutor(),
+            KernelExecutor(),
             idle_record_s=60.0,
         )
         assert d.cycle(clock.now()).appended  # job 1 holds the node inside its contract
@@ -176,7 +176,7 @@ def test_racing_dispatcher_threads_never_double_book(tmp_path: Path) -> None:
                     ledger,
                     ProjectionRanks(Projector(store, EmbeddedSource(tmp_path))),
                     FairShare(),
-                    SimExecutor(),
+                    KernelExecutor(),
                 )
                 for _ in range(25):
                     d.cycle(clock.now())
