@@ -52,6 +52,7 @@ from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import commands as c
+from tests.integration.waits import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -478,13 +479,6 @@ def cycle_times(home: Path) -> list[float]:
         if tag.startswith("cycle.decided."):  # every stored version
             out.append(float(json.loads(data)["at"]))
     return out
-
-
-def wait_for(what: str, cond: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def test_sigterm_publishes_every_committed_event_before_exit(
