@@ -195,6 +195,8 @@ class Ledger(Application[UUID]):
         self.last_hash = ""
         self.snapshot_every = snapshot_every
         self.snapshot_position = 0
+        self.restored_from = 0
+        """The position of the snapshot this ledger started from (0: folded from the start)."""
         if live:
             self._restore()
         self.catch_up()
@@ -214,7 +216,7 @@ class Ledger(Application[UUID]):
                 continue
             self.state, self.position, self.version = state, snap.position, snap.version
             self.last_hash = snap.chain_hash
-            self.snapshot_position = snap.position
+            self.snapshot_position = self.restored_from = snap.position
             return
 
     def _verify(self, snap: snapshots.StateSnapshot) -> None:

@@ -6,7 +6,6 @@ builds the dispatcher's `Snapshot` (`ledger.dispatch`), so neither core imports 
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 
 from ledger.dispatch.snapshot import (
@@ -53,12 +52,10 @@ def snapshot_from_state(
     )
     running: list[RunningJob] = []
     pending: list[PendingJob] = []
-    # only live jobs, and sorted only when they are not already in id order (a dict keeps
-    # insertion order, which is submission order unless ids were given out of order)
-    live = [j for j in state.jobs.values() if j.status != "finished"]
-    if any(a.job_id > b.job_id for a, b in itertools.pairwise(live)):
-        live.sort(key=lambda j: j.job_id)
-    for job in live:
+    # only the live jobs (`state.active`), in id order: the cost follows live work, not the
+    # finished jobs a full state keeps
+    jobs = state.jobs
+    for job in [jobs[i] for i in sorted(state.active)]:
         spec = job.spec
         if job.status in ("placed", "running") and job.placed_at is not None:
             running.append(
@@ -91,6 +88,7 @@ def snapshot_from_state(
                     submitted_at=spec.at,
                     debug=spec.debug,
                     time_limit_s=spec.time_limit_s,
+                    runs=job.preemptions,
                 )
             )
     return Snapshot(

@@ -139,6 +139,9 @@ class State:
     which ids existed: a command on a job that left is refused as finished."""
     finished: int = 0
     """How many jobs have finished (counted in both modes)."""
+    active: set[int] = field(default_factory=set)
+    """The ids of the jobs not finished (pending, placed, running): what the dispatcher's
+    snapshot reads, so its cost follows live work even when `jobs` keeps finished ones."""
     _capacity: dict[tuple[str | None, str | None], tuple[int, int]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -162,6 +165,7 @@ class State:
             events=self.events,
             live_only=self.live_only,
             finished=self.finished,
+            active=set(self.active),
         )
 
     # --- queries -------------------------------------------------------------------------------
@@ -1200,6 +1204,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             )
         case e.JobSubmitted():
             state.jobs[event.job_id] = Job(spec=event)
+            state.active.add(event.job_id)
             state.next_job_id = max(state.next_job_id, event.job_id + 1)
         case e.JobPlaced():
             job = state.jobs[event.job_id]
@@ -1239,6 +1244,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             job = state.jobs[event.job_id]
             _release(state, job)
             state.finished += 1
+            state.active.discard(event.job_id)
             if state.live_only:
                 del state.jobs[event.job_id]
             else:

@@ -1,9 +1,10 @@
 """Executors run what the dispatcher placed. An edge: processes, signals, a virtual clock.
 
 The ledger is the truth; an executor only carries out its decisions and reports what really
-happened. One interface, three engines: `SimExecutor` (virtual time),
-`ledger.agent.executor.SupervisedExecutor` (processes on this host that outlive the service:
-`gpuledger up`, node agents) and `ledger.slurm.SlurmExecutor` (a Slurm partition):
+happened. One interface, three engines: `ledger.sim.kernel.KernelExecutor` (virtual time: the
+simulator's, the what-if's and the tests'), `ledger.agent.executor.SupervisedExecutor`
+(processes on this host that outlive the service: `gpuledger up`, node agents) and
+`ledger.slurm.SlurmExecutor` (a Slurm partition):
 
 - `launch` a placement with all its parts (every slot of a gang);
 - `stop` a run the ledger no longer counts as running (preempted, cancelled): signal, the grace,
@@ -19,7 +20,6 @@ outside the ledger holds.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -148,52 +148,3 @@ class OwnsNodes(Protocol):
 
     def foreign(self) -> Mapping[str, frozenset[int]]:
         """GPUs (node -> indices) busy with work outside the ledger: never placed on."""
-
-
-@dataclass
-class SimExecutor:
-    """Virtual execution: a job ends `duration_s` after it starts (exit 0); none means it runs
-    until stopped. Deterministic: exits come in (time, job id) order."""
-
-    _ends: list[tuple[float, int, int]] = field(default_factory=list)
-    """(end time, job id, launch number): a stopped and relaunched job's old end is stale."""
-    _live: dict[int, int] = field(default_factory=dict)
-    """Running job id -> its launch number."""
-    _launches: int = 0
-    _new: list[int] = field(default_factory=list)
-    engine: str = ""
-
-    def launch(self, job: Launch, now: float) -> None:
-        self._launches += 1
-        self._new.append(job.job_id)
-        self._live[job.job_id] = self._launches
-        if job.duration_s is not None:
-            heapq.heappush(self._ends, (now + job.duration_s, job.job_id, self._launches))
-
-    def stop(self, job_id: int, now: float) -> None:
-        self._live.pop(job_id, None)
-
-    def _current(self, job_id: int, launch: int) -> bool:
-        return self._live.get(job_id) == launch
-
-    def starts(self, now: float) -> list[Start]:
-        """Every launch starts at once."""
-        out, self._new = [Start(j) for j in self._new], []
-        return out
-
-    def poll(self, now: float) -> list[Exit]:
-        out = []
-        while self._ends and self._ends[0][0] <= now:
-            at, job_id, launch = heapq.heappop(self._ends)
-            if self._current(job_id, launch):
-                del self._live[job_id]
-                out.append(Exit(job_id, 0, at))
-        return out
-
-    def running(self) -> set[int]:
-        return set(self._live)
-
-    def next_event_at(self) -> float | None:
-        while self._ends and not self._current(self._ends[0][1], self._ends[0][2]):
-            heapq.heappop(self._ends)
-        return self._ends[0][0] if self._ends else None

@@ -653,6 +653,12 @@ _KEY_PARTS: dict[str, tuple[tuple[str, str], ...]] = {
         ("job_id", "the tie-break"),
     ),
 }
+_KEY_PARTS["fairshare-4"] = _KEY_PARTS["fairshare-3"]  # the same order, another gain
+_KEY_PARTS["fairshare-5"] = (
+    *_KEY_PARTS["fairshare-3"][:2],
+    ("unfunded_ran", "1: an unfunded job that ran and was preempted (jobs that never ran first)"),
+    *_KEY_PARTS["fairshare-3"][2:],
+)
 
 
 def key_parts(policy_version: str, key: Sequence[float | int | str]) -> list[v.KeyPart]:

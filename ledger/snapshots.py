@@ -117,6 +117,7 @@ def unfolded(f: Folded) -> State:
         finished=f.finished,
         tokens={t.token_id: t for t in f.tokens},
         service=f.service,
+        active={j.job_id for j in f.jobs},  # a live state holds no finished job
     )
     state.node_jobs = {n: set() for n in state.nodes}
     for j in f.jobs:

@@ -1,10 +1,14 @@
-"""`FairShare2` ("fairshare-3", the default, and "fairshare-2"): fair share between teams without
-churn.
+"""`FairShare2` ("fairshare-5", "fairshare-4", "fairshare-3" and "fairshare-2"): fair share
+between teams without churn.
 
-Pure: a policy is a config value (`schemas.policy.FairShare3Config` or `FairShare2Config` plus its
-version); its methods are functions of their arguments. What follows is "fairshare-3"; the
-recorded "fairshare-2" differs where `FairShare2.whole_tree` says (teams by Fair Tree's level fair
-shares, first-fit gang plans, debug victims grouped by team), so its decisions replay exactly.
+Pure: a policy is a config value (`schemas.policy.FairShare5Config`, `FairShare4Config`,
+`FairShare3Config` or `FairShare2Config` plus its version); its methods are functions of their
+arguments. What follows is "fairshare-3" and "fairshare-4" (the same code; fairshare-4 credits a
+fairness preemption with half the gain, `gain_horizon_s` 1800 s against 3600 s); "fairshare-5"
+is fairshare-4 with one more step in the order (`fresh_first`: an unfunded job that never ran
+goes before one that ran and was preempted); the recorded "fairshare-2" differs
+where `FairShare2.whole_tree` says (teams by Fair Tree's level fair shares, first-fit gang plans,
+debug victims grouped by team), so its decisions replay exactly.
 
 **Teams.** A team is the account `team_depth` levels down the tree (default 2: the project,
 `program/project`). Fairness is settled between teams by their budgets; inside a team jobs go by
@@ -16,7 +20,8 @@ a program that uses less than its own program, even while the team itself uses l
 share; its share of the whole tree does not, and that is what a team is owed.
 
 **Order** (`SortKey`, compared left to right): the debug lane (0: a funded debug-class job, when
-the lane is on; 1: any other), funded before unfunded, the team's place (`team_places`: by its
+the lane is on; 1: any other), funded before unfunded, (fairshare-5) unfunded jobs that never ran
+before those that ran and were preempted, the team's place (`team_places`: by its
 share of the whole tree, highest first; Fair Tree's team rank when a share is unknown), priority
 (higher first), the user leaf's rank, submit time, job id.
 
@@ -192,6 +197,8 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
     def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
         ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
         places = team_places(snapshot, depth) if self.whole_tree else {}
+        if self.fresh_first:
+            return self._order_fresh_first(snapshot, places)
         cache: dict[tuple[str, str], tuple[int, int]] = {}
         keyed: list[tuple[SortKey, PendingJob]] = []
         for j in snapshot.pending:
@@ -209,6 +216,48 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
                     (
                         0 if lane and funded and j.debug else 1,
                         0 if funded else 1,
+                        pair[0],
+                        -j.priority,
+                        pair[1],
+                        j.submitted_at,
+                        j.job_id,
+                    ),
+                    j,
+                )
+            )
+        keyed.sort(key=itemgetter(0))
+        return keyed
+
+    @property
+    def fresh_first(self) -> bool:
+        """Whether unfunded jobs that never ran go before unfunded jobs that ran and were
+        preempted (`fairshare-5`)."""
+        return self.version not in ("fairshare-2", "fairshare-3", "fairshare-4")
+
+    def _order_fresh_first(
+        self, snapshot: Snapshot, places: Mapping[str, int]
+    ) -> list[tuple[SortKey, PendingJob]]:
+        """`fairshare-5`'s order: `order`'s key with, after funded-before-unfunded, 1 for an
+        unfunded job that ran before (0 for every other job)."""
+        ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
+        cache: dict[tuple[str, str], tuple[int, int]] = {}
+        keyed: list[tuple[SortKey, PendingJob]] = []
+        for j in snapshot.pending:
+            funded = j.min_runtime_s > 0
+            who = (j.account, j.user)
+            pair = cache.get(who)
+            if pair is None:
+                name = team_of(j.account, depth)
+                rank = ranks.get(name, ranks.get(j.account, UNRANKED))
+                team = places.get(name, len(places) + rank) if places else rank
+                leaf = ranks.get(f"{j.account}/{j.user}", rank)
+                pair = cache[who] = (team, leaf)
+            keyed.append(
+                (
+                    (
+                        0 if lane and funded and j.debug else 1,
+                        0 if funded else 1,
+                        0 if funded or j.runs == 0 else 1,
                         pair[0],
                         -j.priority,
                         pair[1],

@@ -38,6 +38,8 @@ from schemas.policy import (
     AnyPolicyConfig,
     FairShare2Config,
     FairShare3Config,
+    FairShare4Config,
+    FairShare5Config,
     FairShareConfig,
     FifoConfig,
     Legacy2Config,
@@ -73,6 +75,18 @@ def _fields(config: AnyPolicyConfig) -> dict[str, Any]:
 VERSIONS: dict[str, Registered] = {
     r.version: r
     for r in (
+        Registered(
+            "fairshare",
+            FairShare5Config,
+            lambda c: FairShare2(version=c.version, **_fields(c)),
+            ranked=True,
+        ),
+        Registered(
+            "fairshare",
+            FairShare4Config,
+            lambda c: FairShare2(version=c.version, **_fields(c)),
+            ranked=True,
+        ),
         Registered(
             "fairshare",
             FairShare3Config,
@@ -121,7 +135,7 @@ VERSIONS: dict[str, Registered] = {
 """Every registered version -> its entry."""
 
 CURRENT: dict[str, str] = {
-    "fairshare": "fairshare-3",
+    "fairshare": "fairshare-4",
     "legacy": "legacy-2",
     "slurm": "slurm-2",
     "fifo": "fifo-1",

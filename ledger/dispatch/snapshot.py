@@ -96,6 +96,8 @@ class PendingJob(msgspec.Struct, frozen=True, kw_only=True):
     priority: int = 0
     debug: bool = False
     time_limit_s: int | None = None
+    runs: int = 0
+    """How many times the job was placed and preempted before (0: it never ran)."""
 
     @property
     def funded(self) -> bool:

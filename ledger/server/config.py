@@ -35,6 +35,9 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Preemption hysteresis of the fair-share policy."""
     debug_lane: bool = True
     """Let small debug jobs preempt jobs past their contract."""
+    squat_after: str = "1h"
+    """Past its contract, a job whose GPUs sit below the squat threshold (10%) this long is
+    squatting: listed by `squatters` and a preferred preemption victim."""
     executor: Literal["none", "local", "agents", "slurm"] = "none"
     """"agents": node agents (`gpuledger agent`) run placements; "local": run jobs here as
     processes, like `up`; "slurm": run them as Slurm jobs on `partition` (docs/slurm.md);

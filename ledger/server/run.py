@@ -20,7 +20,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from pathlib import Path
 from typing import Any
 
@@ -199,17 +199,38 @@ def _executor(ledger: Ledger, config: ServeConfig, actor: str) -> Executor:
     return NoExecutor()
 
 
-def serve(home: Path, config: ServeConfig, actor: str = "") -> int:
-    """Run until SIGINT/SIGTERM; returns the exit code (0 on a clean stop)."""
+Companion = Callable[[Worker, list[str], Callable[[], None]], Callable[[], None]]
+"""Started once the server listens, with its worker, its URLs and a thread-safe `stop()` that
+stops the server as SIGTERM does; returns what to call when the server stops (`up` runs its
+local node agents so)."""
+
+
+def serve(
+    home: Path,
+    config: ServeConfig,
+    actor: str = "",
+    *,
+    companion: Companion | None = None,
+    lifecycle_dir: Path | None = None,
+) -> int:
+    """Run until SIGINT/SIGTERM (or a companion's `stop()`); returns the exit code (0 on a clean
+    stop). `lifecycle_dir`: log each job's start and end, naming its output there (`up`)."""
     setup_logging(config.log_format, config.log_level)
     early = threading.Event()  # a signal before the listeners run still stops us cleanly
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: early.set())
     if bool(config.tls_cert) != bool(config.tls_key):
         raise InvalidCommand("TLS needs both --tls-cert and --tls-key")
-    ledger = Ledger(home)
+    # live work only: the newest verified snapshot plus the tail (a whole-log fold took 687 s at
+    # 5M events); finished jobs are read from the projection
+    ledger = Ledger(home, live=True)
     if not ledger.state.initialised:
         raise InvalidCommand(f"no ledger in {home}", hint="run `gpuledger init --admin USER` first")
+    log.info(
+        "state: the snapshot at position %d and %d events after it",
+        ledger.restored_from,
+        ledger.position - ledger.restored_from,
+    )
     executor = _executor(ledger, config, actor)
     unix_path = socket_path(home, config)
     unix_sock = _bind_unix(unix_path)
@@ -217,10 +238,13 @@ def serve(home: Path, config: ServeConfig, actor: str = "") -> int:
     service = ServiceLoop(
         ledger,
         executor,
-        make_policy(config.policy, config.margin, config.debug_lane),
+        make_policy(
+            config.policy, config.margin, config.debug_lane, parse_duration(config.squat_after)
+        ),
         kafka=config.kafka or None,
         log=logging.getLogger("gpuledger.service"),
         reports_starts=config.executor in ("local", "agents", "slurm"),
+        lifecycle_dir=lifecycle_dir,
     )
     service.open()
     service.record_settings(parse_interval(config.interval), config.executor)
@@ -228,6 +252,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "") -> int:
     worker.start()
     app = create_app(worker, clock=ledger.clock.now)
     servers = []
+    close_companion: Callable[[], None] | None = None
     try:
         common: dict[str, Any] = dict(
             app=app, http=PeerCredProtocol, lifespan="off", log_config=None, access_log=False
@@ -244,10 +269,14 @@ def serve(home: Path, config: ServeConfig, actor: str = "") -> int:
             scheme = "https" if config.tls_cert else "http"
             urls.insert(0, f"{scheme}://{host}:{port}")
         log.info("listening on %s (ledger %s, policy %s)", " and ".join(urls), home, config.policy)
-        if config.log_format == "text":
+        if config.log_format == "text" and companion is None:
             print(f"gpuledger serve: listening on {' '.join(urls)}", file=sys.stderr, flush=True)
-        _run_loop(_serve_all(servers, worker, early))
+        if companion is not None:
+            close_companion = companion(worker, urls, early.set)
+        _run_loop(_serve_all(servers, worker, early, watch=companion is not None))
     finally:
+        if close_companion is not None:
+            close_companion()
         worker.stop()  # finishes its queue and the current cycle
         service.close(stop_jobs=config.executor == "local")
         with contextlib.suppress(OSError):
@@ -267,8 +296,13 @@ def _run_loop(main: Coroutine[Any, Any, None]) -> None:
 
 
 async def _serve_all(
-    servers: list[tuple[_Server, socket.socket]], worker: Worker, early: threading.Event
+    servers: list[tuple[_Server, socket.socket]],
+    worker: Worker,
+    early: threading.Event,
+    *,
+    watch: bool = False,
 ) -> None:
+    """Serve until SIGINT/SIGTERM; with `watch`, also until `early` is set from another thread."""
     loop = asyncio.get_running_loop()
 
     def stop() -> None:
@@ -281,4 +315,13 @@ async def _serve_all(
         loop.add_signal_handler(sig, stop)
     if early.is_set():
         stop()
+
+    async def watcher() -> None:  # a stop asked for from another thread (a companion's)
+        while not early.is_set():
+            await asyncio.sleep(0.1)
+        stop()
+
+    watching = asyncio.ensure_future(watcher()) if watch and not early.is_set() else None
     await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
+    if watching is not None:
+        watching.cancel()

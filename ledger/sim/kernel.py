@@ -1,5 +1,5 @@
-"""The simulation kernel: one loop (`drive`) and one executor (`KernelExecutor`), for `simulate`
-and `whatif`.
+"""The simulation kernel: one loop (`drive`) and one executor (`KernelExecutor`), for `simulate`,
+`whatif`, the benchmarks and the tests that run the dispatcher on a virtual clock.
 
 The executor is pure apart from its own state: no clock (every call takes `now`), no I/O.
 
@@ -33,13 +33,14 @@ def _never(job_id: int) -> bool:
 class KernelExecutor:
     """The one simulated executor (see the module docstring)."""
 
-    engine = ""
-
     def __init__(
         self,
         work: Mapping[int, float | None] | None = None,
         on_sigterm: Callable[[int], bool] = _never,
+        engine: str = "",
     ) -> None:
+        self.engine = engine
+        """The engine's name in JobEngineLinked/JobEngineEnded ("": neither is recorded)."""
         self.work: dict[int, float | None] = dict(work or {})
         """Job -> its total work in seconds, where the launch's duration is not it."""
         self.on_sigterm = on_sigterm

@@ -180,6 +180,9 @@ class Metrics(msgspec.Struct, frozen=True, kw_only=True):
     wait: Quantiles
     wait_debug: Quantiles
     wait_funded: Quantiles
+    wait_unfunded: Quantiles | None = None
+    """Waits of unfunded jobs (min runtime 0), apart from the funded ones' (None: a report
+    written before it was measured)."""
     preemptions: int
     preemptions_per_job: float
     preempted_jobs: int
@@ -299,13 +302,14 @@ def compute(
     all_s = sum(g * _clip(s, t, start, end) for s, t, g, _ in held)
     funded_s = sum(g * _clip(s, t, start, end) for s, t, g, f in held if f)
     # 3. waits (first placement)
-    waits: dict[str, list[float]] = {"all": [], "debug": [], "funded": []}
-    never: dict[str, int] = {"all": 0, "debug": 0, "funded": 0}
+    waits: dict[str, list[float]] = {"all": [], "debug": [], "funded": [], "unfunded": []}
+    never: dict[str, int] = {"all": 0, "debug": 0, "funded": 0, "unfunded": 0}
     for j in fold.jobs.values():
         if j.resubmit_of is not None or j.submitted_at >= end:
             continue
         w = (j.first_placed_at if j.first_placed_at is not None else end) - j.submitted_at
-        for k, on in (("all", True), ("debug", j.debug), ("funded", j.funded)):
+        kinds = ("all", True), ("debug", j.debug), ("funded", j.funded), ("unfunded", not j.funded)
+        for k, on in kinds:
             if on:
                 waits[k].append(w)
                 never[k] += j.first_placed_at is None
@@ -341,6 +345,7 @@ def compute(
         wait=quantiles(waits["all"], never["all"]),
         wait_debug=quantiles(waits["debug"], never["debug"]),
         wait_funded=quantiles(waits["funded"], never["funded"]),
+        wait_unfunded=quantiles(waits["unfunded"], never["unfunded"]),
         preemptions=len(pre),
         preemptions_per_job=len(pre) / len(originals) if originals else 0.0,
         preempted_jobs=len({p[1] for p in pre}),

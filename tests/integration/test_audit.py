@@ -23,8 +23,8 @@ from ledger.audit import check_charges, store_records, verify_chain, verify_copy
 from ledger.cli import cli
 from ledger.clock import SimClock, seeded_ids
 from ledger.dispatch.policy import FairShare
-from ledger.executors import SimExecutor
 from ledger.service import Dispatcher, ProjectionRanks
+from ledger.sim.kernel import KernelExecutor
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store
@@ -55,7 +55,7 @@ def build(home: Path) -> None:
     )
     with Store(":memory:") as store, EmbeddedSource(home) as source:
         d = Dispatcher(
-            ledger, ProjectionRanks(Projector(store, source)), FairShare(), SimExecutor()
+            ledger, ProjectionRanks(Projector(store, source)), FairShare(), KernelExecutor()
         )
         ledger.execute(
             c.SubmitJob(

@@ -16,8 +16,8 @@ from ledger.cli import cli
 from ledger.clock import SimClock, seeded_ids
 from ledger.cycle_input import snapshot_from_state
 from ledger.dispatch.policy import FairShare
-from ledger.executors import SimExecutor
 from ledger.service import Dispatcher, ProjectionRanks
+from ledger.sim.kernel import KernelExecutor
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store
@@ -94,7 +94,7 @@ def build(home: Path) -> None:
             ledger,
             ProjectionRanks(Projector(store, source)),
             FairShare(),
-            SimExecutor(engine="e" * 63),
+            KernelExecutor(engine="e" * 63),
         )
         d.cycle(0.0)  # job 1 takes both whole nodes; 2 and 3 wait
         state = ledger.state

@@ -21,8 +21,8 @@ from ledger.application import Ledger
 from ledger.cli import cli
 from ledger.clock import SimClock, seeded_ids
 from ledger.dispatch.policy import FairShare
-from ledger.executors import SimExecutor
 from ledger.service import Dispatcher, ProjectionRanks
+from ledger.sim.kernel import KernelExecutor
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store
@@ -181,7 +181,7 @@ def test_generated_command_sequences_never_break_the_ledger(
                 assert ledger.head() == head, "a refused command appends nothing"
         with Store(":memory:") as store, EmbeddedSource(home) as source:
             Dispatcher(
-                ledger, ProjectionRanks(Projector(store, source)), FairShare(), SimExecutor()
+                ledger, ProjectionRanks(Projector(store, source)), FairShare(), KernelExecutor()
             ).cycle(clock.now())
     finally:
         ledger.close()

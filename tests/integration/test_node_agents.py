@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -54,6 +55,8 @@ class Agent:
     token: str
     url: str
     log: Path
+    args: tuple[str, ...] = ()
+    """The test's own agent flags, kept across restarts."""
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self, *extra: str) -> Agent:
@@ -63,7 +66,7 @@ class Agent:
                 [GPULEDGER, "agent", "--node", self.node, "--url", self.url, "--gpus", str(GPUS),
                  "--gpu-type", "sim", "--state-dir", str(self.state), "--grace", "1s",
                  "--heartbeat", "0.5s", "--run-as", "service", "--sample-every", "0.5s",
-                 "--check-every", "0.1s", *extra],
+                 "--check-every", "0.1s", *self.args, *extra],
                 env=env_for(self.state, GPULEDGER_NODE_TOKEN=self.token),
                 stdout=out, stderr=out,
             )  # fmt: skip
@@ -85,6 +88,8 @@ class Agent:
 class Cluster:
     home: Path
     server: Server
+    serve_args: tuple[str, ...] = ()
+    """The test's own `serve` flags, kept across restarts (see `setup`)."""
     agents: dict[str, Agent] = field(default_factory=dict)
 
     def cli(self, *args: str, user: str = "root", ok: bool = True) -> Any:
@@ -112,7 +117,8 @@ class Cluster:
     def restart_server(self, *extra: str) -> None:
         """On the same port: the agents keep their URL."""
         self.server = start_server(self.home, *SERVE, "--listen", f"127.0.0.1:{self.server.port}",
-                                   *extra, log_name=f"serve-{time.monotonic_ns()}.log")  # fmt: skip
+                                   *self.serve_args, *extra,
+                                   log_name=f"serve-{time.monotonic_ns()}.log")  # fmt: skip
 
     def why(self) -> str:
         out = self.server.log_path.read_text(errors="replace")[-3000:]
@@ -150,17 +156,20 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
 
 
 @pytest.fixture
-def cluster(template: tuple[Path, dict[str, str]], tmp_path: Path) -> Iterator[Cluster]:
+def cluster(
+    template: tuple[Path, dict[str, str]], tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Cluster]:
     src, tokens = template
     home = tmp_path / "home"
     shutil.copytree(src, home)
     with socket.socket() as s:  # a fixed port, so a restarted server has the same URL
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    c = Cluster(home, start_server(home, *SERVE, "--listen", f"127.0.0.1:{port}"))
+    serve, agent = getattr(request, "param", ((), ()))
+    c = Cluster(home, start_server(home, *SERVE, "--listen", f"127.0.0.1:{port}", *serve), serve)
     for node in NODES:
         c.agents[node] = Agent(node, tmp_path / node, tokens[node], c.server.url,
-                               tmp_path / f"{node}.log").start()  # fmt: skip
+                               tmp_path / f"{node}.log", agent).start()  # fmt: skip
     try:
         yield c
     finally:
@@ -173,6 +182,11 @@ def cluster(template: tuple[Path, dict[str, str]], tmp_path: Path) -> Iterator[C
             for p in live_processes(ag.state):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
+
+
+def with_flags(serve: tuple[str, ...] = (), agent: tuple[str, ...] = ()) -> pytest.MarkDecorator:
+    """A test's own `serve` and `agent` flags for its cluster."""
+    return pytest.mark.parametrize("cluster", [(serve, agent)], indirect=True, ids=[""])
 
 
 def alive(pid: int) -> bool:
@@ -260,37 +274,70 @@ def test_a_gang_job_runs_one_part_per_node_and_a_failed_part_stops_the_others(
     wait_for("rank 0 to be stopped", lambda: not alive(pid), 15, c.why)
 
 
-def test_kill_9_of_an_agent_then_a_restart_adopts_its_job(cluster: Cluster) -> None:
-    c = cluster
-    c.server.stop()
-    c.restart_server("--node-lost-after", "60s")  # the agent returns within the timeout
-    job = c.submit(2, "echo $$; sleep 5; exit 7")
+def until(trigger: Path, code: int) -> str:
+    """A job that says its pid, runs until the test creates `trigger`, then exits with `code`."""
+    return f"echo $$; while [ ! -e {trigger} ]; do sleep 0.1; done; exit {code}"
+
+
+def running_pid(c: Cluster, job: int) -> tuple[str, int]:
+    """(node, pid) of a running one-node job, from its log."""
     j = c.wait_status(job, "running")
-    node = j["logs"][0].split(":", 1)[0]
-    pid = int(wait_for("the job's pid", lambda: part_log(j["logs"][0]).read_text().split())[0])
-    ag = c.agents[node]
-    ag.kill(signal.SIGKILL)
-    assert alive(pid)
-    ag.start()
-    assert "adopted 1 running job(s): " + str(job) in ag.text()
-    j = c.wait_status(job, "finished")
+    log = part_log(j["logs"][0])
+    pid = int(wait_for(f"job {job}'s pid", lambda: log.read_text().split(), 30, c.why)[0])
+    return j["logs"][0].split(":", 1)[0], pid
+
+
+@with_flags(serve=("--node-lost-after", "60s"))
+def test_kill_9_of_agents_adopts_their_jobs_and_reports_exits_that_happened_meanwhile(
+    cluster: Cluster,
+) -> None:
+    """Both agents return within the node-lost timeout: the job that exited while its agent was
+    dead is reported with its real exit code, the other one is adopted (same process)."""
+    c = cluster
+    go_a, go_b = c.home.parent / "go-a", c.home.parent / "go-b"
+    a, b = c.submit(2, until(go_a, 7)), c.submit(2, until(go_b, 0))  # a whole node each
+    (node_a, pid_a), (node_b, pid_b) = running_pid(c, a), running_pid(c, b)
+    assert node_a != node_b
+    for node in (node_a, node_b):
+        c.agents[node].kill(signal.SIGKILL)
+    assert alive(pid_a) and alive(pid_b)
+    go_a.touch()  # job a ends while no agent watches it
+    wait_for("job a to exit", lambda: not alive(pid_a), 15, c.why)
+    assert c.job(a)["status"] == "running"  # nobody has said otherwise yet
+    for node in (node_a, node_b):
+        c.agents[node].start()
+    assert f"adopted 1 running job(s): {a}" in c.agents[node_a].text()
+    assert f"adopted 1 running job(s): {b}" in c.agents[node_b].text()
+    j = c.wait_status(a, "finished")
     assert (j["outcome"], j["exit_code"]) == ("failed", 7)
-    assert len(c.events("job.placed.v1")) == 1  # launched once, never again
+    [ended] = [e for e in c.events("job.engine_ended.v1") if e["job_id"] == a]
+    assert (ended["engine"], ended["reason"], ended["exit_code"]) == ("agent", "exited", 7)
+    assert c.job(b)["status"] == "running" and alive(pid_b)  # adopted, not relaunched
+    go_b.touch()
+    j = c.wait_status(b, "finished")
+    assert (j["outcome"], j["exit_code"]) == ("completed", 0)
+    assert len(c.events("job.placed.v1")) == 2  # each launched once, never again
     assert held_twice(all_events(c)) == []
 
 
-def test_kill_9_of_serve_then_a_restart_keeps_jobs_running(cluster: Cluster) -> None:
+def audit_check(c: Cluster) -> str:
+    """`audit check` over the ledger and every agent's live processes (the server stopped)."""
+    states = [a for ag in c.agents.values() for a in ("--agent-state", str(ag.state))]
+    return str(c.cli("audit", "check", *states).stdout)
+
+
+def test_sigterm_and_kill_9_of_serve_then_a_restart_keep_jobs_running(cluster: Cluster) -> None:
     c = cluster
     go = c.home.parent / "go"
-    job = c.submit(1, f"while [ ! -e {go} ]; do sleep 0.1; done; exit 0")
-    c.wait_status(job, "running")
-    c.server.stop(signal.SIGKILL)
-    # with the server gone, the ledger's GPU holders agree with the processes really alive
-    states = [a for ag in c.agents.values() for a in ("--agent-state", str(ag.state))]
-    check = c.cli("audit", "check", *states)
-    assert ": 0 violations" in check.stdout
-    c.restart_server()
-    assert c.job(job)["status"] == "running"
+    job = c.submit(1, until(go, 0))
+    _, pid = running_pid(c, job)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        assert c.server.stop(sig) == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
+        assert alive(pid)
+        # with the server gone, the ledger's GPU holders agree with the processes really alive
+        assert ": 0 violations" in audit_check(c)
+        c.restart_server()
+        assert c.job(job)["status"] == "running" and alive(pid)
     second = c.submit(2, "sleep 1")
     go.touch()
     for j in (job, second):
@@ -299,36 +346,49 @@ def test_kill_9_of_serve_then_a_restart_keeps_jobs_running(cluster: Cluster) -> 
     assert len(c.events("job.placed.v1")) == 2
 
 
-def test_a_silent_node_is_lost_after_the_timeout_its_job_runs_elsewhere_and_the_orphan_dies(
+def test_a_silent_node_is_lost_after_the_timeout_its_jobs_end_or_run_elsewhere_and_orphans_die(
     cluster: Cluster,
 ) -> None:
+    """Two nodes fall silent: the resumable job on one is requeued and placed on the third, the
+    non-resumable one on the other ends failed with the node-lost reason; the returning agents
+    kill both orphans before taking work."""
     c = cluster
-    job = c.submit(2, "echo $$; exec sleep 60", "--resumable")
-    j = c.wait_status(job, "running")
-    node = j["logs"][0].split(":", 1)[0]
-    pid = int(wait_for("the job's pid", lambda: part_log(j["logs"][0]).read_text().split())[0])
-    ag = c.agents[node]
-    ag.kill(signal.SIGSTOP)
+    resumable = c.submit(2, "echo $$; exec sleep 60", "--resumable")
+    fixed = c.submit(2, "echo $$; exec sleep 60")
+    (node_r, pid_r), (node_f, pid_f) = running_pid(c, resumable), running_pid(c, fixed)
+    for node in (node_r, node_f):
+        c.agents[node].kill(signal.SIGSTOP)
     t0 = time.monotonic()
-    wait_for(f"{node} to be lost", lambda: c.nodes()[node] == "lost", 30, c.why)
+    wait_for("both nodes to be lost",
+             lambda: {c.nodes()[n] for n in (node_r, node_f)} == {"lost"}, 30, c.why)  # fmt: skip
     assert time.monotonic() - t0 >= 4.5  # not before the 5 s node-lost timeout
-    j = wait_for(
-        "the job to run on another node",
-        lambda: (x := c.job(job))["status"] == "running" and x["logs"]
-        and not x["logs"][0].startswith(node) and x,
+    wait_for(
+        "the resumable job to run on the third node",
+        lambda: (x := c.job(resumable))["status"] == "running" and x["logs"]
+        and x["logs"][0].split(":", 1)[0] not in (node_r, node_f) and x,
         30, c.why,
     )  # fmt: skip
-    assert alive(pid)  # the silent node's process is an orphan now
-    ag.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
-    wait_for("the orphan to be killed", lambda: not alive(pid), 30, c.why)
-    wait_for(f"{node} to return", lambda: c.nodes()[node] == "active", 30, c.why)
+    f = c.wait_status(fixed, "finished")
+    assert (f["outcome"], f["finish_reason"]) == ("failed", "node_failure")
+    [lost] = [e for e in c.events("node.lost.v1") if e["node"] == node_f]
+    assert lost["reason"].startswith("no word from its agent for")
+    [pre] = c.events("job.preempted.v1")
+    assert (pre["job_id"], pre["reason"]) == (resumable, "node_failure")
+    assert f"node {node_r} lost: no word from its agent" in pre["note"]
+    assert alive(pid_r) and alive(pid_f)  # the silent nodes' processes are orphans now
+    for node in (node_r, node_f):
+        c.agents[node].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+    for pid in (pid_r, pid_f):
+        wait_for("the orphans to be killed", lambda: not alive(pid), 30, c.why)  # noqa: B023
+    wait_for("the nodes to return",
+             lambda: {c.nodes()[n] for n in (node_r, node_f)} == {"active"}, 30, c.why)  # fmt: skip
+    assert c.job(resumable)["status"] == "running"  # untouched by the returns
     assert held_twice(all_events(c)) == []
 
 
+@with_flags(serve=("--node-lost-after", "60s"))
 def test_samples_checkpoints_status_and_drain(cluster: Cluster) -> None:
-    c = cluster
-    c.server.stop()
-    c.restart_server("--node-lost-after", "60s")  # the agent is away while it drains
+    c = cluster  # the agent is away while it drains: within the node-lost timeout
     script = 'echo $$; sleep 0.5; touch "$GPULEDGER_CHECKPOINT_FILE"; exec sleep 60'
     job = c.submit(2, script, "--resumable")
     for ag in c.agents.values():  # the documented test source: a file per job
@@ -372,3 +432,83 @@ def test_an_agent_that_finds_other_gpus_than_the_ledger_is_one_clear_error(
                 "--state-dir", str(tmp_path / "other"), ok=False,
                 GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
     assert wrong.returncode == 1 and "may not act for node 'node-b'" in wrong.stderr
+
+
+@with_flags(serve=("--squat-after", "2s"))
+def test_an_idle_job_is_listed_by_squatters_and_preempted_after_its_contract_for_a_waiting_job(
+    cluster: Cluster,
+) -> None:
+    """The agents' test source says 0%: the job squats (listed by `squatters`), and once its
+    2 s contract is over it is the victim of a job that waits for its GPUs."""
+    c = cluster
+    idle = c.submit(2, "exec sleep 60", "--resumable", "--min-runtime", "2s")
+    for ag in c.agents.values():  # the documented test source: a file per job, on every node
+        (ag.state / "utilisation").mkdir(exist_ok=True)
+        (ag.state / "utilisation" / str(idle)).write_text("0")
+    # the other nodes are taken by jobs inside their contracts (no file: unknown, not idle)
+    busy = [c.submit(2, "exec sleep 60", user="alice") for _ in range(2)]
+    for j in (idle, *busy):
+        c.wait_status(j, "running")
+    node = c.job(idle)["logs"][0].split(":", 1)[0]
+    [pid] = [p.pid for p in live_processes(c.agents[node].state) if p.job_id == idle]
+
+    def listed() -> list[dict[str, Any]]:
+        return json.loads(c.cli("squatters", "--after", "2s", "--json").stdout)
+
+    [row] = wait_for("the idle job to be listed as a squatter", listed, 30, c.why)
+    assert (row["job_id"], row["user"], row["gpus"]) == (idle, "bob", 2)
+    text = c.cli("squatters", "--after", "2s").stdout
+    assert f"job {idle} ai2/olmo bob 2 GPUs idle since" in text
+    waiting = c.submit(2, "exec sleep 60", user="alice")
+    j = c.wait_status(waiting, "running")
+    assert j["logs"][0].startswith(f"{node}:")  # on the squatter's GPUs
+    [pre] = c.events("job.preempted.v1")
+    assert (pre["job_id"], pre["reason"], pre["for_job"]) == (idle, "squatting", waiting)
+    [placed] = [e for e in c.events("job.placed.v1") if e["job_id"] == idle]
+    assert pre["at"] >= placed["at"] + 2  # never inside its contract
+    wait_for("the squatter's process to be stopped", lambda: not alive(pid), 15, c.why)
+    assert c.job(idle)["status"] == "pending"  # resumable: requeued
+    samples = [e for e in c.events("job.utilisation_sampled.v1") if e["job_id"] == idle]
+    assert samples and all(s["gpu_utilisation"] == [0.0, 0.0] for s in samples)
+    assert held_twice(all_events(c)) == []
+
+
+RUNNER = "glrunner"
+"""An OS account that submits in the run-as test (made by the test when missing)."""
+
+
+def os_user(name: str) -> pwd.struct_passwd:
+    """The OS account `name`, made with useradd when it does not exist (the test runs as root:
+    it fails, never skips, when the account cannot be made)."""
+    with contextlib.suppress(KeyError):
+        return pwd.getpwnam(name)
+    made = subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    try:
+        return pwd.getpwnam(name)  # another run may have made it meanwhile
+    except KeyError:
+        raise AssertionError(
+            f"cannot make the OS user {name!r} this test launches jobs as "
+            f"(useradd exited {made.returncode}: {made.stderr.strip()}); run the suite as root"
+        ) from None
+
+
+@with_flags(agent=("--run-as", "submitter"))
+def test_an_agent_running_as_root_launches_each_job_as_its_submitter(cluster: Cluster) -> None:
+    c = cluster
+    assert os.geteuid() == 0, "the agents must run as root for this test"
+    runner = os_user(RUNNER)
+    c.cli("member", "add", RUNNER, "ai2/olmo")
+    job = c.submit(1, 'echo $$ "$(id -u) $(id -g) $USER"; exec sleep 60', user=RUNNER)
+    _, pid = running_pid(c, job)
+    with open(f"/proc/{pid}/status") as f:  # the live process itself, not only what it said
+        uids = next(line.split()[1:] for line in f if line.startswith("Uid:"))
+    assert uids == [str(runner.pw_uid)] * 4
+    log = part_log(c.job(job)["logs"][0])
+    assert log.read_text().split()[:4] == [str(pid), str(runner.pw_uid), str(runner.pw_gid),
+                                           RUNNER]  # fmt: skip
+    assert log.stat().st_uid == runner.pw_uid  # its output is its own
+    c.cli("cancel", str(job), user=RUNNER)
+    wait_for("the job to be stopped", lambda: not alive(pid), 15, c.why)

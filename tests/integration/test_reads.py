@@ -21,9 +21,9 @@ from ledger.application import Ledger
 from ledger.audit import check
 from ledger.clock import SimClock, seeded_ids
 from ledger.dispatch.policy import FairShare
-from ledger.executors import SimExecutor
 from ledger.explain import plural
 from ledger.service import Dispatcher, ProjectionRanks
+from ledger.sim.kernel import KernelExecutor
 from projections.fairshare import UsagePolicy
 from projections.projector import Projector
 from projections.source import EmbeddedSource
@@ -58,7 +58,7 @@ def build(home: Path) -> None:
     )
     with Store(":memory:") as store, EmbeddedSource(home) as source:
         d = Dispatcher(
-            ledger, ProjectionRanks(Projector(store, source)), FairShare(), SimExecutor()
+            ledger, ProjectionRanks(Projector(store, source)), FairShare(), KernelExecutor()
         )
         ledger.execute(
             c.SubmitJob(actor="dan", account="ai2/tulu", gpus=2, min_runtime_s=60, duration_s=50)

@@ -21,7 +21,6 @@ from ledger.cli import cli
 from ledger.clock import SimClock, seeded_ids
 from ledger.dispatch.policy import FairShare, Policy
 from ledger.dispatch.registry import config_from_record
-from ledger.executors import SimExecutor
 from ledger.replay import (
     Replayer,
     Selection,
@@ -30,6 +29,7 @@ from ledger.replay import (
     replay_home,
 )
 from ledger.service import Dispatcher, ProjectionRanks
+from ledger.sim.kernel import KernelExecutor
 from ledger.whatif import scenario, simulate
 from projections.projector import Projector
 from projections.source import EmbeddedSource
@@ -109,7 +109,7 @@ def build_history(home: Path, policy: Policy | None = None) -> Ledger:
             ledger,
             ProjectionRanks(Projector(store, source)),
             policy or FairShare(squat_after_s=3_600),
-            SimExecutor(),
+            KernelExecutor(),
         )
         t = 0.0
         while t <= 30_000:

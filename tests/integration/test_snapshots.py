@@ -3,6 +3,7 @@ verifies plus the tail; one that does not verify is skipped with a warning."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 from pathlib import Path
@@ -138,3 +139,24 @@ def test_a_damaged_snapshot_payload_is_skipped(
     assert caplog.text.count("snapshot skipped: unreadable snapshot") == snapshots.KEEP
     assert again.snapshot_position == 0 and again.position == 24  # folded from the start
     assert again.state == live_part(Ledger(tmp_path, SimClock(2_000.0)).state)
+
+
+def test_serve_starts_from_the_snapshot_its_clean_stop_left(tmp_path: Path) -> None:
+    """`serve` keeps the live state: a clean stop snapshots its position, and the next start
+    folds only what came after that snapshot (never the whole log)."""
+    from tests.integration.serverkit import cli, set_up_ledger, start_server
+
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    first = start_server(home, "--interval", "1h", log_name="first.log")
+    assert first.stop() == 0, first.log_path.read_text()
+    stopped_at = json.loads(cli(home, "log", "--json", "--tail", "1").stdout)[-1]["position"]
+    tail = Ledger(home)  # the full state takes no snapshot: this event stays a tail
+    tail.execute(c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, min_runtime_s=60))
+    tail.close()
+    again = start_server(home, "--interval", "1h", log_name="again.log")
+    try:
+        text = again.log_path.read_text()
+        assert f"state: the snapshot at position {stopped_at} and 1 events after it" in text, text
+    finally:
+        assert again.stop() == 0

@@ -11,6 +11,7 @@ from ledger.dispatch import FairShare, NodeView, PendingJob, RunningJob, Snapsho
 from ledger.dispatch.fairshare2 import FairShare2, fs_ratio, team_fs, team_of
 from ledger.dispatch.placement import FreeIndex
 from ledger.dispatch.preemption import plan_gang, plan_gang_least
+from ledger.dispatch.registry import default_config, policy_from_config
 from ledger.dispatch.snapshot import complete_ranks
 from schemas.events import GpuSlot
 
@@ -135,6 +136,33 @@ def test_a_plan_losing_more_than_it_gains_is_not_taken_and_says_why() -> None:
     longer = FairShare2(gain_horizon_s=4 * H)
     (p,) = decide(snap, longer, NOW).preemptions
     assert p.job_id == 10 and "loses 24.00 GPU-h" in p.note and "level fair share" in p.note
+
+
+def test_fairshare_4_credits_half_the_gain_of_fairshare_3() -> None:
+    # an 8-GPU victim that loses 6 GPU-h: below fairshare-3's 8 GPU-h gain, above fairshare-4's 4
+    snap = world([node("n1")], [run(10, {"n1": range(8)}, lost_s=0.75 * H)], [pend(1, 8)])
+    v3 = policy_from_config(default_config("fairshare-3"))
+    v4 = policy_from_config(default_config("fairshare-4"))
+    assert preempted(snap, v3) == [10]
+    d = decide(snap, v4, NOW)
+    assert not d.preemptions
+    assert "lose 6.00 GPU-h of funded work, more than the 4.00 GPU-h gained" in d.waiting[1].reason
+    assert "(8 GPUs x 1800 s)" in d.waiting[1].reason
+
+
+def test_fairshare_5_gives_unfunded_jobs_that_never_ran_a_turn_first() -> None:
+    # one free node; unfunded job 1 (the better team, ran before) and unfunded job 2 (a worse
+    # team, never ran) wait: fairshare-4 places 1 (team order), fairshare-5 places 2
+    ran = msgspec.structs.replace(pend(1, 8, "lab/a", funded=False), runs=1)
+    fresh = pend(2, 8, "lab/c", funded=False)
+    funded = pend(3, 8, "lab/b")
+    snap = world([node("n1"), node("n2")], [], [ran, fresh, funded])
+    v4 = policy_from_config(default_config("fairshare-4"))
+    v5 = policy_from_config(default_config("fairshare-5"))
+    assert [j.job_id for _, j in v4.order(snap)] == [3, 1, 2]
+    assert [j.job_id for _, j in v5.order(snap)] == [3, 2, 1]  # funded work still goes first
+    assert {p.job_id for p in decide(snap, v5, NOW).placements} == {3, 2}
+    assert {p.job_id for p in decide(snap, v4, NOW).placements} == {3, 1}
 
 
 def test_funded_non_resumable_jobs_are_spared_unless_by_the_wide_margin() -> None:

@@ -105,6 +105,10 @@ def test_a_fair_share_preemption_is_applied_and_requeues_the_victim(tmp_path: Pa
     for p in d.preemptions:
         assert state.jobs[p.job_id].status == "pending"  # resumable: requeued
         assert state.jobs[p.job_id].preemptions == 1
+    # the next snapshot says the requeued victims ran before (fairshare-5 orders by it)
+    snap = snapshot_from_state(state, {}, clock.now())
+    runs = {j.job_id: j.runs for j in snap.pending}
+    assert runs == {p.job_id: 1 for p in d.preemptions}
 
 
 def test_a_draining_node_is_emptied_as_contracts_end(tmp_path: Path) -> None:

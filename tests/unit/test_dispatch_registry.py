@@ -15,6 +15,9 @@ from schemas.policy import (
     POLICY_CONFIG_TYPES,
     AnyPolicyConfig,
     FairShare2Config,
+    FairShare3Config,
+    FairShare4Config,
+    FairShare5Config,
     FairShareConfig,
     FifoConfig,
     Legacy2Config,
@@ -24,6 +27,10 @@ from schemas.policy import (
 )
 
 CONFIGS: list[AnyPolicyConfig] = [
+    FairShare5Config(),
+    FairShare4Config(),
+    FairShare4Config(gain_horizon_s=3600.0, margin=0.2),
+    FairShare3Config(),
     FairShare2Config(),
     FairShare2Config(team_depth=1, spare_ratio=2.0, debug_reserve_per=0, debug_lane=False),
     Slurm2Config(preempt_unfunded=True),
@@ -57,7 +64,10 @@ def test_a_config_survives_the_wire_and_builds_its_policy_and_back(
 
 
 def test_the_built_policies_are_the_ones_the_names_stood_for() -> None:
-    assert registry.policy_from_config(registry.default_config()) == FairShare2()
+    assert registry.policy_from_config(registry.default_config()) == FairShare2(
+        version="fairshare-4", gain_horizon_s=1800.0
+    )
+    assert registry.policy_from_config(registry.default_config("fairshare-3")) == FairShare2()
     assert registry.policy_from_config(registry.default_config("fairshare-1")) == FairShare()
     assert registry.policy_from_config(registry.default_config("fifo")) == Fifo()
     assert registry.policy_from_config(registry.default_config("slurm-1")) == SlurmMultifactor()

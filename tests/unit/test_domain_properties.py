@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from ledger.application import Ledger
 from ledger.clock import SimClock, seeded_ids
+from ledger.cycle_input import snapshot_from_state
 from ledger.domain import State, decide, evolve, fold, is_system
 from schemas import codec
 from schemas import commands as c
@@ -288,6 +289,8 @@ def manages(state: State, actor: str, path: str) -> bool:
 def check_invariants(s: State) -> None:
     """What must hold in every state a valid history can reach, derived from scratch."""
     assert s.initialised and s.admins, "a ledger always has an admin"
+    # 0. `active` names exactly the jobs not finished (the dispatcher's snapshot reads only these)
+    assert s.active == {i for i, j in s.jobs.items() if j.status != "finished"}
     # 1. GPUs: held by at most one job; `holders` mirrors the slots of placed/running jobs
     held: dict[tuple[str, int], int] = {}
     for job in s.jobs.values():
@@ -449,6 +452,17 @@ def test_folding_one_by_one_equals_folding_in_a_batch(
     for ev in run.events:
         one_by_one = evolve(one_by_one, ev)
     assert one_by_one == run.state
+
+
+@settings(max_examples=50, deadline=None)
+@given(steps)
+def test_the_snapshot_of_a_full_state_equals_that_of_the_live_state(script: list[Step]) -> None:
+    """The dispatcher sees the same snapshot whether finished jobs stay in memory or leave it."""
+    run = run_pure(script)
+    live = fold(run.events, State(live_only=True))
+    assert live.active == set(live.jobs) == run.state.active
+    ranks = {"ai2/olmo": 0}
+    assert snapshot_from_state(live, ranks, T0) == snapshot_from_state(run.state, ranks, T0)
 
 
 def test_the_generator_reaches_the_interesting_states() -> None:

@@ -87,20 +87,19 @@ def test_the_corpus_folds_and_its_v1_decisions_replay_identically() -> None:
     assert find_decisions  # the embedded path reads both versions: tests/integration/test_replay.py
 
 
-FAIRSHARE_2 = (GOLDEN / "fairshare-2.jsonl").read_bytes().splitlines()
-
-
-def _fairshare_2_decisions(
-    as_version: str | None = None,
+def _recorded_decisions(
+    version: str, as_version: str | None = None
 ) -> tuple[ListSource, list[tuple[int, e.CycleDecided]]]:
+    """The golden log of `version`'s decisions, optionally read as another version's."""
+    lines = (GOLDEN / f"{version}.jsonl").read_bytes().splitlines()
     source = ListSource(
-        [LogRecord(i, codec.peek_tag(raw) or "", raw) for i, raw in enumerate(FAIRSHARE_2, 1)]
+        [LogRecord(i, codec.peek_tag(raw) or "", raw) for i, raw in enumerate(lines, 1)]
     )
     decisions: list[tuple[int, e.CycleDecided]] = []
     for r in source.records:
         ev = codec.decode(r.data)
         if isinstance(ev, e.CycleDecided):
-            assert ev.policy_version == "fairshare-2" and ev.policy is not None
+            assert ev.policy_version == version and ev.policy is not None
             if as_version is not None:  # the same settings, read by another version's code
                 config = msgspec.convert(
                     {**msgspec.structs.asdict(ev.policy), "version": as_version},
@@ -114,9 +113,20 @@ def _fairshare_2_decisions(
 def test_recorded_fairshare_2_decisions_replay_identically_under_later_versions() -> None:
     """A policy whose behaviour changes is a new version: fairshare-2's code still decides
     exactly as it recorded, while fairshare-3 (the same settings) decides each differently."""
-    source, decisions = _fairshare_2_decisions()
+    source, decisions = _recorded_decisions("fairshare-2")
     assert len(decisions) == 36
     results = list(replay_decisions(source, decisions))
     assert [r.headline() for r in results if not r.identical] == []
-    source, as_v3 = _fairshare_2_decisions("fairshare-3")
+    source, as_v3 = _recorded_decisions("fairshare-2", "fairshare-3")
     assert not any(r.identical for r in replay_decisions(source, as_v3))
+
+
+def test_recorded_fairshare_3_decisions_replay_identically() -> None:
+    """fairshare-3's code still decides exactly as it recorded, preemptions included."""
+    source, decisions = _recorded_decisions("fairshare-3")
+    assert len(decisions) == 36
+    assert sum(len(d.preempted) for _, d in decisions) > 0
+    results = list(replay_decisions(source, decisions))
+    assert [r.headline() for r in results if not r.identical] == []
+    source, as_v2 = _recorded_decisions("fairshare-3", "fairshare-2")
+    assert not any(r.identical for r in replay_decisions(source, as_v2))  # so this can fail

@@ -88,6 +88,8 @@ def test_fold_and_metrics_by_hand() -> None:
     assert m.wait.count == 3
     assert m.wait.p50_s == 0.0
     assert m.wait_funded.count == 2
+    assert m.wait_unfunded is not None and m.wait_unfunded.count == 1
+    assert (m.wait_unfunded.never_started, m.wait_unfunded.p90_s) == (1, 6.5 * H)  # job 3
     assert m.fragmentation_gpus == pytest.approx(8 * 5 / 10)
     assert m.owed_by_period == 1.0  # a delivered 72 of 36 owed, b 8 of 4
     assert m.teams_at_95 == 2 and m.jain == 1.0

@@ -12,6 +12,7 @@ from ledger import budget
 from ledger.domain import Node, State, decide, evolve
 from ledger.executors import Launch
 from ledger.slurm import (
+    SlurmExecutor,
     batch_script,
     check_config,
     end_reason,
@@ -22,11 +23,10 @@ from ledger.slurm import (
     node_changes,
     node_down,
     node_unavailable,
+    parse_jobs,
     parse_nodes,
     parse_sacctmgr_shares,
     register_commands,
-    SlurmExecutor,
-    parse_jobs,
     sbatch_args,
     shares_toml,
 )
