@@ -98,9 +98,12 @@ class LocalAgents:
         self.tokens = tokens
         self.s = s
         self.agents: list[tuple[NodeAgent, SupervisedExecutor, threading.Thread]] = []
+        self.socket = ""
 
-    def start(self, url: str) -> None:
-        """One agent per node, each adopting its jobs before it takes work (`NodeAgent.run`)."""
+    def start(self, url: str, socket: str) -> None:
+        """One agent per node, each adopting its jobs before it takes work (`NodeAgent.run`);
+        `url` is the server's loopback URL, `socket` its Unix socket (the jobs' way in)."""
+        self.socket = socket
         for node, (gpus, gpu_type) in sorted(self.nodes.items()):
             state = state_dir(self.home, node)
             executor = SupervisedExecutor(
@@ -111,8 +114,12 @@ class LocalAgents:
                 debug_limit_s=self.s.debug_limit_s,
                 util=self.s.util,
                 sample_every_s=self.s.sample_every_s,
-                # `gpuledger checkpoint` inside a job reaches this server on its socket
-                extra_env={"GPULEDGER_HOME": str(self.home.resolve())},
+                # `gpuledger checkpoint` inside a job reaches this server on its socket, as
+                # the job (its token)
+                extra_env={
+                    "GPULEDGER_HOME": str(self.home.resolve()),
+                    "GPULEDGER_URL": f"unix:{self.socket}",
+                },
                 local_node=node,
             )
             if executor.adopted:
@@ -161,7 +168,7 @@ def companion(
 
     def start(worker: Any, urls: list[str], stop: Callable[[], None]) -> Callable[[], None]:
         url = next(u for u in urls if u.startswith("http"))
-        agents.start(url)
+        agents.start(url, next(u for u in urls if u.startswith("unix:"))[len("unix:") :])
         if until is not None:
             service = worker.service
 

@@ -1,9 +1,12 @@
-"""`gpuledger up`: the service (ledger, projector fed by the store, dispatcher loop,
-supervised executor), and with `--kafka` a relay thread that publishes the log for other readers;
-`--executor slurm --partition P` runs the placed jobs on a Slurm partition (docs/slurm.md).
+"""`gpuledger up`: one machine, one command. By default the server (`serve --executor agents`: the
+service loop behind the HTTP API, on the data directory's Unix socket and a loopback port) and a
+local node agent per node in this process (`ledger.agent.local`), so a laptop runs what a cluster
+runs; `--executor local` runs the service loop with the supervised executor inside it (no API);
+`--executor slurm --partition P` runs the placed jobs on a Slurm partition (docs/slurm.md). With
+`--kafka` a relay thread publishes the log for other readers.
 
 Stopping it (Ctrl-C, SIGTERM, or kill -9) leaves jobs running under their supervisors; the next
-`up` adopts them before its first cycle and records the exits that happened meanwhile."""
+`up` adopts them before taking work and records the exits that happened meanwhile."""
 
 from __future__ import annotations
 
@@ -106,7 +109,7 @@ def _node_spec(text: str) -> tuple[str, int, str]:
     "--executor",
     "executor_name",
     type=click.Choice(["local", "agent", "slurm"]),
-    default="local",
+    default="agent",
     show_default=True,
     help="Run placed jobs as local processes; or serve the API and run them through a local "
     "node agent per node (agent); or as Slurm jobs on --partition.",
@@ -141,14 +144,16 @@ def up(
     run_for: str | None,
     log_level: str,
 ) -> None:
-    """Run the service: every cycle snapshots, decides, appends, and runs placed jobs as local
-    processes with CUDA_VISIBLE_DEVICES set to their GPUs (or as Slurm jobs). Stopping it
-    leaves jobs running."""
+    """Run the service on this machine: the server and a local node agent per node (every cycle
+    snapshots, decides, appends; the agents run placed jobs with CUDA_VISIBLE_DEVICES set to
+    their GPUs), or the loop alone with local processes or Slurm jobs. Stopping it leaves jobs
+    running."""
     setup_logging(log_level)
     log = logging.getLogger("gpuledger.up")
     clock = SystemClock()
     ledger = ctx.ledger(live=True)
     _register_nodes(ctx, nodes)
+    _check_other_mode(ctx.home, executor_name)
     deadline = None if run_for is None else clock.now() + parse_duration(run_for)
     if executor_name == "agent":
         _up_with_agents(
@@ -198,6 +203,24 @@ def up(
         # supervised jobs keep running (the next `up` adopts them); Slurm's run on
         stop.set()
         loop.close(stop_jobs=True)
+
+
+def _check_other_mode(home: Path, executor: str) -> None:
+    """`up`'s local agents (HOME/agents/NODE) and its local executor (HOME/agent) keep their
+    runs apart: one may not start while the other's runs are unfinished (it would not know them,
+    and would launch them again or call them lost)."""
+    from ledger.agent.executor import handled_jobs
+
+    if executor == "slurm":
+        return
+    others = [home / "agent"] if executor == "agent" else sorted((home / "agents").glob("*"))
+    held = sorted({j for d in others for j in handled_jobs(d)})
+    if held:
+        other = "local" if executor == "agent" else "agent"
+        raise InvalidCommand(
+            f"jobs {', '.join(map(str, held))} run under `up --executor {other}`",
+            hint=f"keep using `gpuledger up --executor {other}` until they end",
+        )
 
 
 def _up_with_agents(

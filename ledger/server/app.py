@@ -135,9 +135,10 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
 
     def who(request: Request[Any, Any, Any]) -> ident.Identity:
         uid = request.scope.get(PEER_UID)
-        if isinstance(uid, int):
+        bearer = request.headers.get("authorization")
+        if isinstance(uid, int) and not bearer:  # a token sent on the socket is the caller
             return ident.from_peer(uid)
-        return ident.from_bearer(ledger.state, request.headers.get("authorization"), clock())
+        return ident.from_bearer(ledger.state, bearer, clock())
 
     def person(request: Request[Any, Any, Any]) -> ident.Identity:
         """Reads are for people (users, managers, admins), not node or job tokens."""

@@ -116,8 +116,7 @@ class Worker:
             except Exception as err:  # the store failed: nobody is acknowledged
                 log.exception("group commit failed")
                 results = [err] * len(writes)
-            for t, r in zip(writes, results, strict=True):
-                _resolve(t, r)
+            _resolve_all(list(zip(writes, results, strict=True)))
         for t in tasks:
             if t.call is not None:
                 try:
@@ -126,7 +125,7 @@ class Worker:
                     if not isinstance(err, LedgerError):
                         log.exception("read failed")
                     result = err
-                _resolve(t, result)
+                _resolve_all([(t, result)])
 
     def _cycle(self) -> None:
         clock = self.service.clock
@@ -143,13 +142,21 @@ class Worker:
         self._next_cycle = time.monotonic() + wait_time(result, self.tick_s, clock.now())
 
 
-def _resolve(task: _Task, result: Any) -> None:
-    def settle() -> None:
+def _resolve_all(done: list[tuple[_Task, Any]]) -> None:
+    """Hand the results to the HTTP side: one wake-up of each event loop for the whole batch
+    (a group commit of 8 answers 8 requests with one call, not 8)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Task, Any]]] = {}
+    for task, result in done:
+        by_loop.setdefault(task.loop, []).append((task, result))
+    for loop, settled in by_loop.items():
+        loop.call_soon_threadsafe(_settle, settled)
+
+
+def _settle(settled: list[tuple[_Task, Any]]) -> None:
+    for task, result in settled:
         if task.future.done():
-            return
+            continue
         if isinstance(result, BaseException):
             task.future.set_exception(result)
         else:
             task.future.set_result(result)
-
-    task.loop.call_soon_threadsafe(settle)
