@@ -233,7 +233,27 @@ def test_up_runs_real_processes_with_their_gpus_and_preempts_unfunded_work(tmp_p
         actor="bob",
     )
     up = ("up", "--run-as", "service", "--interval", "0.2s", "--log-level", "WARNING")
-    run_cli(home, *up, "--for", "1s")
+    first = subprocess.Popen(
+        [GPULEDGER, *up],
+        env={k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+        | {"GPULEDGER_HOME": str(home), "GPULEDGER_USER": "root"},
+        stderr=subprocess.DEVNULL,
+    )
+    try:  # once the job runs, the service is stopped (SIGTERM) and the job is not
+        import time
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (home / "gpuledger.sock").exists():
+            time.sleep(0.1)
+        while time.monotonic() < deadline:
+            listed = json.loads(run_cli(home, "jobs", "--json").stdout)
+            if listed and listed[0]["status"] == "running":
+                break
+            time.sleep(0.2)
+        first.terminate()
+        assert first.wait(timeout=60) == 0
+    finally:
+        first.kill()
     jobs = {j["job_id"]: j for j in json.loads(run_cli(home, "jobs", "--json").stdout)}
     assert jobs[1]["status"] == "running"  # the service stopped; its job did not
     # the next service adopts it; a funded job arrives while it runs and preempts it
