@@ -384,9 +384,14 @@ class Ledger(Application[UUID]):
     def execute_each(self, cmds: Sequence[AnyCommand]) -> list[Appended | LedgerError]:
         """Group commit: decide each command on its own, in order, each seeing the ones before it
         that were accepted, and append all accepted events in ONE store transaction. A rejected
-        command gets its LedgerError in its slot and changes nothing; its neighbours go on."""
-        for _ in range(self.retries):
-            self.catch_up()
+        command gets its LedgerError in its slot and changes nothing; its neighbours go on.
+
+        Single-writer fast path, as `execute_all`: decide on the in-memory state without asking
+        the store first; the (stream, version) constraint catches another writer, and rejections
+        are confirmed against the latest log before they are answered."""
+        for attempt in range(self.retries):
+            if attempt:
+                self.catch_up()
             scratch, version, prev = self.state.copy(), self.version, self.last_hash
             now = self.clock.now()
             outcomes: list[tuple[int, list[AnyEvent]] | LedgerError] = []
@@ -410,6 +415,8 @@ class Ledger(Application[UUID]):
                 version += len(mine)
                 stored += mine
                 outcomes.append((len(stored), chained))
+            if any(isinstance(o, LedgerError) for o in outcomes) and self.head() != self.position:
+                continue  # rejected on a state another writer has moved since: decide again
             if not stored:
                 return [
                     o if isinstance(o, LedgerError) else Appended(o[1], self.position)
@@ -421,6 +428,7 @@ class Ledger(Application[UUID]):
                 continue  # another writer appended first: catch up and decide again
             self.state, self.version, self.last_hash = scratch, version, prev
             self.position = ids[-1] if ids else self.head()
+            self._maybe_snapshot()
             first = self.position - len(stored)
             return [
                 o if isinstance(o, LedgerError) else Appended(o[1], first + o[0]) for o in outcomes

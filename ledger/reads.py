@@ -13,7 +13,9 @@ import json
 import math
 import re
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+import msgspec
 
 from ledger.explain import explain_history, explain_pending, when
 from ledger.utilisation import UtilTracker
@@ -30,7 +32,7 @@ if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load t
     from ledger.application import Ledger
     from ledger.dispatch.engine import Decision
     from ledger.dispatch.policy import Policy
-    from ledger.dispatch.snapshot import Snapshot
+    from ledger.dispatch.snapshot import PendingJob, Snapshot
     from ledger.domain import Job, State
     from projections.fairshare import DeliveredReport, TeamHour, UsagePolicy
     from projections.store import Store
@@ -112,6 +114,41 @@ def node_list(state: State) -> list[v.NodeRow]:
     ]
 
 
+# --- who sees what -------------------------------------------------------------------------------
+
+
+def may_see_private(state: State, actor: str, user: str, account: str) -> bool:
+    """Pure: whether `actor` may see the command, labels and logs of `user`'s job in
+    `account`: its owner, a manager of the account or one above it, an admin. The one rule:
+    the pages, `jobs` and `log` (both faces) all ask it."""
+    return actor == user or state.is_admin(actor) or state.manages(actor, account)
+
+
+class Viewer(NamedTuple):
+    """Who reads, and the live state that says whom they manage."""
+
+    actor: str
+    state: State
+
+    def sees(self, user: str, account: str) -> bool:
+        return may_see_private(self.state, self.actor, user, account)
+
+
+def redact(row: v.JobRow) -> v.JobRow:
+    """Pure: the job without what only its owner, managers and admins see."""
+    return msgspec.structs.replace(row, command=[], logs=[], redacted=True)
+
+
+def redact_event(ev: e.AnyEvent) -> e.AnyEvent:
+    """Pure: the event without a job's command, labels or logs (others are returned as they
+    are)."""
+    if isinstance(ev, e.JobSubmitted):
+        return msgspec.structs.replace(ev, command=(), labels={})
+    if isinstance(ev, e.JobStarted):
+        return msgspec.structs.replace(ev, logs=())
+    return ev
+
+
 # --- jobs and the log (history: the projection) ----------------------------------------------
 
 _JOBS = """
@@ -169,10 +206,10 @@ ORDER BY j.job_id DESC
 """
 
 
-def jobs(store: Store, f: v.JobFilter, now: float) -> list[v.JobRow]:
+def jobs(store: Store, f: v.JobFilter, now: float, viewer: Viewer | None) -> list[v.JobRow]:
     """Jobs newest first, like sacct: start, end, elapsed, exit code. `since`/`until` select the
     jobs alive at some moment of [since, until] (not ended before `since`, submitted by
-    `until`)."""
+    `until`). A job whose command `viewer` may not see comes `redact`ed (None: nothing is)."""
     account = f.account.rstrip("/") if f.account else None
     rows = store.con.execute(
         _JOBS,
@@ -186,7 +223,13 @@ def jobs(store: Store, f: v.JobFilter, now: float) -> list[v.JobRow]:
             "job_id": None,
         },
     ).fetchall()
-    return _job_rows(rows, now)
+    return _seen(_job_rows(rows, now), viewer)
+
+
+def _seen(rows: list[v.JobRow], viewer: Viewer | None) -> list[v.JobRow]:
+    if viewer is None:
+        return rows
+    return [r if viewer.sees(r.user, r.account) else redact(r) for r in rows]
 
 
 def _job_rows(rows: list[tuple[Any, ...]], now: float) -> list[v.JobRow]:
@@ -221,9 +264,11 @@ def _decode(raw: Any) -> e.AnyEvent:
     return codec.decode(raw.encode() if isinstance(raw, str) else raw)
 
 
-def log(store: Store, f: v.LogFilter) -> list[v.LogEntry]:
+def log(store: Store, f: v.LogFilter, viewer: Viewer | None) -> list[v.LogEntry]:
     """Events after `f.after` in log order (`f.limit` of them, or the last `f.tail`), from the
-    projection's `events` table; events of unknown types keep their tag and a null body."""
+    projection's `events` table; events of unknown types keep their tag and a null body. The
+    events of a job whose command `viewer` may not see come `redact_event`ed and marked (None:
+    nothing is)."""
     if f.tail is not None:
         sql = (
             "SELECT * FROM (SELECT position, tag, known, occurred_at, actor, raw FROM events "
@@ -237,7 +282,7 @@ def log(store: Store, f: v.LogFilter) -> list[v.LogEntry]:
         )
         n = f.limit
     rows = store.con.execute(sql, {"after": f.after, "n": n}).fetchall()
-    return [
+    out = [
         v.LogEntry(
             position=pos,
             tag=tag,
@@ -246,6 +291,30 @@ def log(store: Store, f: v.LogFilter) -> list[v.LogEntry]:
             event=_decode(raw) if known else None,
         )
         for pos, tag, known, at, actor, raw in rows
+    ]
+    if viewer is None:
+        return out
+    owners = {x.event.job_id: ("", "") for x in out if isinstance(x.event, e.JobStarted)}
+    owners.update(
+        {
+            x.event.job_id: (x.event.user, x.event.account)
+            for x in out
+            if isinstance(x.event, e.JobSubmitted)
+        }
+    )
+    unknown = sorted(job_id for job_id, who in owners.items() if who == ("", ""))
+    if unknown:
+        got = store.con.execute(
+            "SELECT job_id, user_name, account FROM jobs WHERE job_id IN (SELECT unnest($ids))",
+            {"ids": unknown},
+        ).fetchall()
+        owners.update({job_id: (user, account) for job_id, user, account in got})
+    hidden = {job_id for job_id, (u, a) in owners.items() if not viewer.sees(u, a)}
+    return [
+        msgspec.structs.replace(x, event=redact_event(x.event), redacted=True)
+        if isinstance(x.event, e.JobSubmitted | e.JobStarted) and x.event.job_id in hidden
+        else x
+        for x in out
     ]
 
 
@@ -378,9 +447,11 @@ def _under(account: str, root: str | None) -> bool:
 
 
 def estimated_starts(
-    state: State, snapshot: Snapshot, decision: Decision, now: float
+    state: State, snapshot: Snapshot, decision: Decision, now: float, through: int | None = None
 ) -> dict[int, float | None]:
-    """Pure: an estimated start for every pending job, or None when it cannot be known.
+    """Pure: an estimated start for every pending job, or None when it cannot be known; with
+    `through`, only for the jobs up to that one in dispatch order (a job's estimate depends on
+    the jobs ahead of it alone, so those are the same as in the full answer).
 
     Jobs placed in the next cycle start `now`. For the others, in dispatch order: GPUs free up
     when running jobs reach their time limit (a job without one holds its GPUs for an unknown
@@ -414,6 +485,8 @@ def estimated_starts(
             continue
         if p.job_id in placed:
             out[p.job_id] = now
+            if p.job_id == through:
+                break
             continue
         types = [t for t in free if p.gpu_type is None or t == p.gpu_type]
         have = sum(free[t] for t in types)
@@ -433,6 +506,8 @@ def estimated_starts(
             start = wait.until if start is None else min(start, max(now, wait.until))
         out[p.job_id] = start
         if start is None:
+            if p.job_id == through:
+                break
             continue
         # the job takes its GPUs from `start`: from the free pool, then from the releases
         need = p.gpus
@@ -452,6 +527,8 @@ def estimated_starts(
         releases = kept
         if p.time_limit_s is not None:
             releases.append((start + p.time_limit_s, types[0] if types else "", p.gpus))
+        if p.job_id == through:
+            break
     return out
 
 
@@ -464,18 +541,27 @@ def queue(
     preview: tuple[Snapshot, Decision] | None = None,
 ) -> list[v.QueueRow]:
     """Pending (and held) work in dispatch order with its sort key, why it waits and an
-    estimated start, filtered like squeue (-u, -A, --state). `preview`: `live(...)` at `now`
-    when the caller already holds it."""
+    estimated start, filtered like squeue (-u, -A, --state), the first `f.limit` rows. `preview`:
+    `live(...)` at `now` when the caller already holds it.
+
+    Only the rows shown are built (their reason text, their estimated start, which needs the
+    jobs ahead of them alone): at 10k pending a page of 50 costs what 50 rows cost."""
     snapshot, decision = preview or live(ledger, store, policy, now)
     state = ledger.state
-    starts = estimated_starts(state, snapshot, decision, now)
-    pending = {p.job_id: p for p in snapshot.pending}
     rows: list[v.QueueRow] = []
     if f.state in ("pending", "all"):
+        pending = {p.job_id: p for p in snapshot.pending}
+        shown: list[tuple[int, e.Considered, PendingJob]] = []
         for i, cons in enumerate(decision.considered):
+            if len(shown) >= f.limit:
+                break
             p = pending[cons.job_id]
             if (f.user and p.user != f.user) or not _under(p.account, f.account):
                 continue
+            shown.append((i, cons, p))
+        through = shown[-1][2].job_id if shown else None
+        starts = estimated_starts(state, snapshot, decision, now, through) if shown else {}
+        for i, cons, p in shown:
             wait = decision.waiting.get(cons.job_id)
             rows.append(
                 v.QueueRow(
@@ -487,8 +573,10 @@ def queue(
                     estimated_start_at=starts.get(p.job_id),
                 )
             )  # fmt: skip
-    if f.state in ("held", "all"):
+    if f.state in ("held", "all") and len(rows) < f.limit:
         for job in sorted(state.jobs.values(), key=lambda j: j.job_id):
+            if len(rows) >= f.limit:
+                break
             if not job.held or job.status != "pending":
                 continue
             s = job.spec
@@ -582,16 +670,24 @@ def key_parts(policy_version: str, key: Sequence[float | int | str]) -> list[v.K
 
 
 def priority(
-    ledger: Ledger, store: Store, policy: Policy, now: float, f: v.QueueFilter
+    ledger: Ledger,
+    store: Store,
+    policy: Policy,
+    now: float,
+    f: v.QueueFilter,
+    preview: tuple[Snapshot, Decision] | None = None,
 ) -> list[v.PriorityRow]:
-    """Every pending job's sort key with each part named, in dispatch order (like sprio)."""
-    _, decision = live(ledger, store, policy, now)
+    """Every pending job's sort key with each part named, in dispatch order (like sprio).
+    `preview`: `live(...)` at `now` when the caller already holds it."""
+    _, decision = preview or live(ledger, store, policy, now)
     state = ledger.state
-    rows = []
+    rows: list[v.PriorityRow] = []
     for i, cons in enumerate(decision.considered):
         spec = state.jobs[cons.job_id].spec
         if (f.user and spec.user != f.user) or not _under(spec.account, f.account):
             continue
+        if len(rows) >= f.limit:
+            break
         rows.append(
             v.PriorityRow(
                 order=i + 1,
@@ -830,13 +926,14 @@ def audit_budget_changes(
 # --- dashboard: series, GPU map, decisions, counts ---------------------------------------------
 
 
-def job(store: Store, job_id: int, now: float) -> v.JobRow:
-    """One job as `jobs` shows it (UnknownEntity when the log has none with this id)."""
+def job(store: Store, job_id: int, now: float, viewer: Viewer | None) -> v.JobRow:
+    """One job as `jobs` shows it to `viewer` (UnknownEntity when the log has none with this
+    id)."""
     params = dict.fromkeys(("status", "user", "account", "since", "until"))
     rows = store.con.execute(_JOBS, {**params, "limit": 1, "job_id": job_id}).fetchall()
     if not rows:
         raise UnknownEntity(f"no job {job_id}", job_id=job_id)
-    return _job_rows(rows, now)[0]
+    return _seen(_job_rows(rows, now), viewer)[0]
 
 
 class PastHours:
@@ -848,6 +945,23 @@ class PastHours:
         self.key: tuple[float, int] | None = None
         self.until = 0.0
         self.hours: list[TeamHour] = []
+
+    def advance(
+        self, store: Store, start: float, end: float, team_depth: int, step_s: float
+    ) -> bool:
+        """Read at most `step_s` more of the ended hours of [start, end) ahead of `read`, so a
+        long history is read in short steps (a server's idle moments after it starts); True
+        while some remain."""
+        cut = math.floor(end / 3600) * 3600
+        if start % 3600 or cut <= start:
+            return False
+        if self.key != (start, team_depth) or self.until > cut:
+            self.key, self.until, self.hours = (start, team_depth), start, []
+        if self.until < cut:
+            to = min(cut, self.until + max(3600.0, math.floor(step_s / 3600) * 3600))
+            self.hours += queries.team_hours(store, self.until, to, team_depth=team_depth)
+            self.until = to
+        return self.until < cut
 
     def read(self, store: Store, start: float, end: float, team_depth: int) -> list[TeamHour]:
         """The team hours of [start, end), as `queries.team_hours` gives them."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
@@ -29,7 +29,6 @@ from ledger.executors import Executor, Launch, OwnsNodes, Reporting, ServiceExec
 from ledger.utilisation import UtilTracker
 from projections import queries
 from projections.fairshare import RANKING_VERSION, UsagePolicy
-from projections.projector import Projector
 from projections.source import gc_paused
 from projections.store import Store
 from schemas import commands as c
@@ -38,6 +37,10 @@ from schemas.digest import rank_digest
 from schemas.errors import Conflict, LedgerError, UnknownEntity
 from schemas.events import tag_of
 from schemas.policy import AnyPolicyConfig
+
+if TYPE_CHECKING:  # the projector brings DuckDB's Python API; a read that needs no catch-up
+    # (the CLI's `queue`) never loads it
+    from projections.projector import Projector
 
 log = logging.getLogger("gpuledger.dispatcher")
 

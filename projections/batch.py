@@ -146,7 +146,10 @@ class Batch:
 
 
 class Group:
-    """The events of one type in a batch: positions and decoded events, in log order."""
+    """The events of one type in a batch: positions and decoded events, in log order. Only the
+    types a table is built from (`KEPT`) keep their events; the others are validated and
+    dropped at once, keeping only their positions (holding every decoded event of a batch
+    alive cost three times the decoding itself)."""
 
     __slots__ = ("events", "positions")
 
@@ -155,13 +158,38 @@ class Group:
         self.events: list[Any] = []
 
 
+KEPT: frozenset[type] = frozenset(
+    {
+        e.AccountOpened,
+        e.SharesSet,
+        e.AccountClosed,
+        e.NodeRegistered,
+        e.NodeDrainRequested,
+        e.NodeDrained,
+        e.NodeReturned,
+        e.NodeRemoved,
+        e.NodeLost,
+        e.JobSubmitted,
+        e.JobPlaced,
+        e.JobPreempted,
+        e.CycleDecided,
+    }
+)
+"""The event types whose fields the batch tables read (`apply.sql` takes the rest from `raw`)."""
+
+
+def _drop(_: Any) -> None:
+    return None
+
+
 def _upcasting(append: Callable[[Any], None]) -> Callable[[Any], None]:
     return lambda ev: append(upcast(ev))
 
 
 def decode_records(records: Sequence[LogRecord]) -> tuple[dict[type, Group], list[int]]:
-    """Pure: validate every record and group the events by type; also return the positions of
-    the records whose tag this code does not know.
+    """Pure: validate every record and group the events by type (only the types of `KEPT`
+    keep their events); also return the positions of the records whose tag this code does not
+    know.
 
     Raises CorruptEvent for the first record that is not a valid event of its (known) tag, or that
     has an unknown tag and is not a JSON object.
@@ -178,8 +206,9 @@ def decode_records(records: Sequence[LogRecord]) -> tuple[dict[type, Group], lis
                 cls = _CLASS_OF[tag]
                 latest = _LATEST.get(cls, cls)
                 group = groups.get(latest) or groups.setdefault(latest, Group())
-                append = group.events.append
-                if latest is not cls:  # upcast on the way in: readers see the latest version
+                append = group.events.append if latest in KEPT else _drop
+                # upcast on the way in: readers see the latest version
+                if latest is not cls and latest in KEPT:
                     append = _upcasting(append)
                 sink = sinks[tag] = (cls, group.positions.append, append)
             if sink is not None:
@@ -247,7 +276,7 @@ def _build(records: Sequence[LogRecord]) -> Batch:
         "b_cycles": _cycles(groups),
     }
     counts = {name: t.num_rows for name, t in tables.items()}
-    counts["b_jobev"] = sum(len(groups[c].events) for c in _LIFECYCLE if c in groups)
+    counts["b_jobev"] = sum(len(groups[c].positions) for c in _LIFECYCLE if c in groups)
     del groups  # free the decoded events while the collector is paused
     return Batch(
         first=records[0].position,

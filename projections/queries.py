@@ -14,21 +14,16 @@ from functools import cache
 from typing import Any, Literal
 
 from projections import fairshare as fs
-from projections.projector import CatchUp, Progress, project, rebuild
 from projections.source import gc_paused
 from projections.store import Status, Store, sql_sections
 
 __all__ = [
-    "CatchUp",
-    "Progress",
     "UsageRow",
     "delivered_report",
     "fair_share",
     "jobs",
     "levels",
     "nodes",
-    "project",
-    "rebuild",
     "shares_table",
     "status",
     "team_hours",

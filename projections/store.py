@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import duckdb
+# The engine itself, not the `duckdb` package around it: the package adds ~80 ms of imports (its
+# relation API, a version lookup in the installed metadata) that opening and querying a
+# projection never use, and every CLI read pays them. The projector imports the package, which
+# also lets the engine scan the Arrow tables it registers.
+import _duckdb as duckdb
 
 from projections.errors import ProjectionBusy, ProjectionError, ProjectionMismatch
 

@@ -133,6 +133,14 @@ class JobRow(_View, frozen=True, kw_only=True):
     """Where its last run's output goes: one log per part, on the part's node."""
     finish_reason: EndReason | None = None
     """Why its last run ended, as its execution engine says (`exited`: by itself)."""
+    redacted: Annotated[
+        bool,
+        msgspec.Meta(
+            description="True: this viewer may not see the job's command and logs (only its "
+            "owner, the managers of its account or of one above it, and admins may); `command` "
+            "and `logs` are then empty."
+        ),
+    ] = False
 
 
 # --- the log ------------------------------------------------------------------------------------
@@ -145,6 +153,15 @@ class LogEntry(_View, frozen=True, kw_only=True):
     actor: str | None
     event: AnyEvent | None
     """The event; null for an event type this version does not know (`tag` still names it)."""
+    redacted: Annotated[
+        bool,
+        msgspec.Meta(
+            description="True: the event belongs to a job whose command, labels and logs this "
+            "viewer may not see (only its owner, the managers of its account or of one above "
+            "it, and admins may): in `event` they are empty (`command` and `labels` of "
+            "`job.submitted.v1`, `logs` of `job.started.v1`)."
+        ),
+    ] = False
 
 
 # --- queue, priority, explain --------------------------------------------------------------------

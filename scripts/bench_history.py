@@ -10,7 +10,8 @@ and cached in --dir (never commit it):
   RSS           that process's peak resident memory (goal: at 5M <= 1.5x at 100k)
   serve start   `gpuledger serve` itself, from its launch until it prints that it listens:
                 wall and CPU seconds (goal <= 5 s at 5M); stopped with SIGTERM
-  CLI           `gpuledger queue`, `jobs`, `shares` wall time, best of 3 (goal <= 300 ms)
+  CLI           `gpuledger queue`, `jobs`, `shares` wall and CPU time, best of 3 after a run not
+                timed, bytecode cached as an install has it (goal <= 300 ms)
 
     python scripts/bench_history.py                         # 10k, 100k, 1M, 5M in /tmp
     python scripts/bench_history.py --sizes 10000,100000 --dir /tmp/gpuledger-history
@@ -102,10 +103,14 @@ def _children_cpu() -> float:
 
 
 def cli_ms(home: Path, *args: str) -> tuple[float, float]:
-    """(wall ms, CPU ms of the process: user + system), each the best of 3."""
+    """(wall ms, CPU ms of the process: user + system), each the best of 3 after one run not
+    timed. The CLI runs with its bytecode cached, as an installed package has it (pip compiles
+    it at install): with PYTHONDONTWRITEBYTECODE set, every run would compile our modules again
+    (~100 ms)."""
     exe = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     best = best_cpu = float("inf")
-    for _ in range(3):
+    for attempt in range(4):
         t0, c0 = time.perf_counter(), _children_cpu()
         try:
             subprocess.run(
@@ -113,9 +118,12 @@ def cli_ms(home: Path, *args: str) -> tuple[float, float]:
                 check=True,
                 capture_output=True,
                 timeout=CLI_TIMEOUT_S,
+                env=env,
             )
         except subprocess.TimeoutExpired:
             return float("inf"), float("inf")
+        if attempt == 0:
+            continue  # writes the bytecode cache, and warms the page cache
         best = min(best, (time.perf_counter() - t0) * 1000)
         best_cpu = min(best_cpu, (_children_cpu() - c0) * 1000)
     return best, best_cpu
@@ -132,7 +140,11 @@ def start(home: Path) -> dict[str, float]:
 def serve_start(home: Path) -> tuple[float, float]:
     """(wall s, CPU s) of `gpuledger serve` from its launch until it prints that it listens."""
     exe = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("GPULEDGER_") and k != "PYTHONDONTWRITEBYTECODE"
+    }
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         [exe, "--home", str(home), "serve", "--listen", "127.0.0.1:0", "--interval", "1h"],

@@ -620,6 +620,12 @@ class SupervisedExecutor:
 
     # --- recovery helpers ----------------------------------------------------------------------
 
+    def launched_before(self, job_id: int, launch: int) -> bool:
+        """A supervisor of this launch was started here once (its identity file exists): a run
+        with no handle is then one whose handles were lost, never one to launch again."""
+        runs = self.state_dir / "runs" / run_name(job_id, launch)
+        return any((d / "supervisor").exists() or (d / "job").exists() for d in runs.glob("*"))
+
     def recorded_exit(self, job_id: int, launch: int) -> int | None:
         """The exit code a supervisor wrote for a launch no handle remembers (the service
         stopped between reading it and recording it), if any."""
@@ -668,6 +674,16 @@ class _Forked:
             _, status = os.waitpid(self.pid, 0)
             self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
+
+
+def handled_jobs(state_dir: Path) -> list[int]:
+    """The jobs whose runs the state file of `state_dir` still holds (running, or ended and not
+    yet recorded): work that only an executor on this state directory can finish."""
+    try:
+        state = msgspec.json.decode((state_dir / "state.json").read_bytes(), type=AgentState)
+    except (FileNotFoundError, msgspec.DecodeError):
+        return []
+    return sorted(h.job_id for h in state.jobs)
 
 
 class LiveProcess(msgspec.Struct, frozen=True, kw_only=True):

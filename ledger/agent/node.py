@@ -293,12 +293,22 @@ class NodeAgent:
             if (job_id, p.run) in self.finished or job_id in running:
                 continue
             code = self.ex.recorded_exit(job_id, p.run + 1)
-            if code is not None:  # it ended while nobody watched: report, never relaunch
+            lost = code is None and self.ex.launched_before(job_id, p.run + 1)
+            if code is not None or lost:
+                # it ended while nobody watched, or it ran here and its handle is gone (the
+                # state file was lost): report it, never launch it twice
+                if lost:
+                    log.warning("job %s (run %s) ran here and its handle is lost", job_id, p.run)
                 self.finished.add((job_id, p.run))
                 with self._out_lock:
                     self.outbox.started.append(a.PartStarted(job_id=job_id, run=p.run))
                     self.outbox.exited.append(
-                        a.PartExited(job_id=job_id, run=p.run, exit_code=code)
+                        a.PartExited(
+                            job_id=job_id,
+                            run=p.run,
+                            exit_code=-1 if code is None else code,
+                            reason="lost" if code is None else "exited",
+                        )
                     )
                 continue
             launches.append(self._launch(p))

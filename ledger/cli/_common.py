@@ -270,6 +270,14 @@ class _LocalHandles:
 
         return SystemClock().now()
 
+    @property
+    def viewer(self) -> str:
+        """Who reads: the actor, as at a server; `--as` someone else is an admin's alone (as for
+        commands), anyone else reads as the OS user."""
+        me = os_user()
+        actor = self.ctx.actor
+        return actor if actor == me or self.ledger.state.is_admin(me) else me
+
 
 pass_ctx = click.make_pass_decorator(Ctx)
 

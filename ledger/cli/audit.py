@@ -790,12 +790,13 @@ def live_violations(
     home: Path, ledger: Callable[[], Any], agent_states: tuple[Path, ...] = ()
 ) -> list[au.Violation]:
     """The ledger's holders now against the live processes of the local executor on this host
-    (`home/agent`) and of the node agents whose state directories are named; the ledger is
-    opened only when some are alive."""
+    (`home/agent`), of `up`'s local node agents (`home/agents/NODE`) and of the node agents
+    whose state directories are named; the ledger is opened only when some are alive."""
     from ledger.agent.executor import live_processes
     from ledger.clock import SystemClock
 
-    procs = [p for d in (home / "agent", *agent_states) for p in live_processes(d)]
+    local = sorted(d for d in (home / "agents").glob("*") if d.is_dir())
+    procs = [p for d in (home / "agent", *local, *agent_states) for p in live_processes(d)]
     if not procs:
         return []
     led = ledger()

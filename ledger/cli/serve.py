@@ -1,9 +1,12 @@
-"""`gpuledger up`: the service (ledger, projector fed by the store, dispatcher loop,
-supervised executor), and with `--kafka` a relay thread that publishes the log for other readers;
-`--executor slurm --partition P` runs the placed jobs on a Slurm partition (docs/slurm.md).
+"""`gpuledger up`: one machine, one command. By default the server (`serve --executor agents`: the
+service loop behind the HTTP API, on the data directory's Unix socket and a loopback port) and a
+local node agent per node in this process (`ledger.agent.local`), so a laptop runs what a cluster
+runs; `--executor local` runs the service loop with the supervised executor inside it (no API);
+`--executor slurm --partition P` runs the placed jobs on a Slurm partition (docs/slurm.md). With
+`--kafka` a relay thread publishes the log for other readers.
 
 Stopping it (Ctrl-C, SIGTERM, or kill -9) leaves jobs running under their supervisors; the next
-`up` adopts them before its first cycle and records the exits that happened meanwhile."""
+`up` adopts them before taking work and records the exits that happened meanwhile."""
 
 from __future__ import annotations
 
@@ -11,7 +14,9 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -103,10 +108,11 @@ def _node_spec(text: str) -> tuple[str, int, str]:
 @click.option(
     "--executor",
     "executor_name",
-    type=click.Choice(["local", "slurm"]),
-    default="local",
+    type=click.Choice(["local", "agent", "slurm"]),
+    default="agent",
     show_default=True,
-    help="Run placed jobs as local processes, or as Slurm jobs on --partition.",
+    help="Run placed jobs as local processes; or serve the API and run them through a local "
+    "node agent per node (agent); or as Slurm jobs on --partition.",
 )
 @click.option(
     "--partition",
@@ -138,14 +144,23 @@ def up(
     run_for: str | None,
     log_level: str,
 ) -> None:
-    """Run the service: every cycle snapshots, decides, appends, and runs placed jobs as local
-    processes with CUDA_VISIBLE_DEVICES set to their GPUs (or as Slurm jobs). Stopping it
-    leaves jobs running."""
+    """Run the service on this machine: the server and a local node agent per node (every cycle
+    snapshots, decides, appends; the agents run placed jobs with CUDA_VISIBLE_DEVICES set to
+    their GPUs), or the loop alone with local processes or Slurm jobs. Stopping it leaves jobs
+    running."""
     setup_logging(log_level)
     log = logging.getLogger("gpuledger.up")
     clock = SystemClock()
     ledger = ctx.ledger(live=True)
     _register_nodes(ctx, nodes)
+    _check_other_mode(ctx.home, executor_name)
+    deadline = None if run_for is None else clock.now() + parse_duration(run_for)
+    if executor_name == "agent":
+        _up_with_agents(
+            ctx, interval, grace, run_as, debug_limit, sample_every, utilisation_dir,
+            squat_after, policy, margin, debug_lane, kafka, until_idle, deadline, log_level,
+        )  # fmt: skip
+        return
     executor: ServiceExecutor
     if executor_name == "local":
         util = pick_source(utilisation_dir or ctx.home / "utilisation")
@@ -169,7 +184,6 @@ def up(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    deadline = None if run_for is None else clock.now() + parse_duration(run_for)
     tick = parse_interval(interval)
     loop = ServiceLoop(
         ledger,
@@ -189,6 +203,105 @@ def up(
         # supervised jobs keep running (the next `up` adopts them); Slurm's run on
         stop.set()
         loop.close(stop_jobs=True)
+
+
+def _check_other_mode(home: Path, executor: str) -> None:
+    """`up`'s local agents (HOME/agents/NODE) and its local executor (HOME/agent) keep their
+    runs apart: one may not start while the other's runs are unfinished (it would not know them,
+    and would launch them again or call them lost)."""
+    from ledger.agent.executor import handled_jobs
+
+    if executor == "slurm":
+        return
+    others = [home / "agent"] if executor == "agent" else sorted((home / "agents").glob("*"))
+    held = sorted({j for d in others for j in handled_jobs(d)})
+    if held:
+        other = "local" if executor == "agent" else "agent"
+        raise InvalidCommand(
+            f"jobs {', '.join(map(str, held))} run under `up --executor {other}`",
+            hint=f"keep using `gpuledger up --executor {other}` until they end",
+        )
+
+
+def _up_with_agents(
+    ctx: Ctx,
+    interval: str,
+    grace: str,
+    run_as: str,
+    debug_limit: str,
+    sample_every: str,
+    utilisation_dir: Path | None,
+    squat_after: str,
+    policy: str,
+    margin: float,
+    debug_lane: bool,
+    kafka: str | None,
+    until_idle: bool,
+    deadline: float | None,
+    log_level: str,
+) -> None:
+    """`up --executor agent`: the server (Unix socket and a loopback port) and one node agent
+    per node in this process (`ledger.agent.local`); exits as `serve` does."""
+    from ledger.agent import local
+    from ledger.server import config as cfg
+    from ledger.server.run import serve as run_server
+
+    clock = SystemClock()
+    ledger = ctx.ledger(live=True)
+    nodes = {
+        name: (n.gpus, n.gpu_type) for name, n in ledger.state.nodes.items() if n.state != "removed"
+    }
+    tokens = {name: local.node_token(ledger, name, ctx.actor, clock.now()) for name in nodes}
+    util = pick_source(utilisation_dir or ctx.home / "utilisation")
+    agents = local.LocalAgents(
+        ctx.home,
+        nodes,
+        tokens,
+        local.LocalSettings(
+            grace_s=parse_duration(grace),
+            run_as=run_as,
+            debug_limit_s=parse_duration(debug_limit),
+            sample_every_s=parse_interval(sample_every, "--sample-every"),
+            util=util,
+        ),
+    )
+
+    said: list[bool] = []
+
+    def done(service: ServiceLoop) -> bool:
+        if until_idle and service.idle():
+            if not said:
+                logging.getLogger("gpuledger.up").info("nothing pending or running: exiting")
+                said.append(True)
+            return True
+        return deadline is not None and clock.now() >= deadline
+
+    config = cfg.merge(
+        cfg.ServeConfig(),
+        listen="127.0.0.1:0",
+        interval=interval,
+        policy=policy,
+        margin=margin,
+        debug_lane=debug_lane,
+        squat_after=squat_after,
+        executor="agents",
+        kafka=kafka or "",
+        log_level=log_level.upper(),
+    )
+    start = local.companion(agents, done if until_idle or deadline is not None else None)
+
+    def begin(worker: Any, urls: list[str], stop: Callable[[], None]) -> Callable[[], None]:
+        if log_level.lower() != "debug":  # as `up` always did: its own records, not uvicorn's
+            for handler in logging.root.handlers:
+                handler.addFilter(lambda r: r.name.startswith("gpuledger"))
+        log = logging.getLogger("gpuledger.up")
+        log.info("up: %s, %d nodes, policy %s, local agents", ctx.home, len(nodes), policy)
+        log.info("job output goes to %s/job-N.log", ctx.home / "jobs")
+        return start(worker, urls, stop)
+
+    sys.exit(
+        run_server(ctx.home, config, ctx.actor, companion=begin, lifecycle_dir=ctx.home / "jobs")
+    )
 
 
 def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:

@@ -71,7 +71,6 @@ def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
     """The projection caught up with the log. When a running service holds the file (DuckDB
     allows one writer), read a private in-memory copy built from the log instead."""
     from projections.errors import ProjectionBusy
-    from projections.projector import Projector
     from projections.source import EmbeddedSource
     from projections.store import Store
 
@@ -84,6 +83,8 @@ def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
         store = Store(":memory:")
     with store, EmbeddedSource(ctx.home) as source:
         if store.position() != source.head():  # a caught-up projection is read as it is
+            from projections.projector import Projector  # (and DuckDB's Python API with it)
+
             Projector(store, source).catch_up()
         status = store.status()
         if status.unknown_events and not quiet:

@@ -13,7 +13,9 @@ domain alone.
 
 from __future__ import annotations
 
+import copy
 import inspect
+import time
 from collections.abc import Callable
 from importlib.metadata import version
 from typing import Any
@@ -33,6 +35,7 @@ from ledger.server import metrics as m
 from ledger.server import pages, tables
 from ledger.server.agent_api import agent_routes
 from ledger.server.cache import ReadCache
+from ledger.server.pages import LivePreview
 from ledger.server.reads import READS
 from ledger.server.worker import Worker
 from schemas import api
@@ -135,9 +138,10 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
 
     def who(request: Request[Any, Any, Any]) -> ident.Identity:
         uid = request.scope.get(PEER_UID)
-        if isinstance(uid, int):
+        bearer = request.headers.get("authorization")
+        if isinstance(uid, int) and not bearer:  # a token sent on the socket is the caller
             return ident.from_peer(uid)
-        return ident.from_bearer(ledger.state, request.headers.get("authorization"), clock())
+        return ident.from_bearer(ledger.state, bearer, clock())
 
     def person(request: Request[Any, Any, Any]) -> ident.Identity:
         """Reads are for people (users, managers, admins), not node or job tokens."""
@@ -221,15 +225,16 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
         return reads.tokens(ledger.state, person(request).actor)
 
     handles = ServiceHandles(worker.service)
+    getattr(worker, "idle", []).append(handles.warm)
 
     def read_route(name: str) -> HTTPRouteHandler:
         spec = READS[name]
 
         async def handler(request: Request[Any, Any, Any], **query: Any) -> Any:
-            person(request)  # reads are for people; the read layer filters nothing by caller
+            caller = person(request)  # reads are for people
             given = {k.removesuffix("_"): x for k, x in query.items() if x is not None}
             args = spec.parse(given)
-            data = await worker.call(lambda: handles.answer(name, spec, args))
+            data = await worker.call(lambda: handles.answer(name, spec, args, caller.actor))
             return Response(data, media_type="application/json", status_code=200)
 
         params = [
@@ -263,6 +268,7 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
     metrics = m.Metrics(status_of_any)
     getattr(worker.service, "on_cycle", []).append(metrics.observe_cycle)
     routes += [m.route(metrics, worker, handles, person)]
+    getattr(worker, "idle", []).append(lambda: metrics.warm(handles))
     routes += pages.routes(worker, handles, person)
     return Litestar(
         route_handlers=routes,
@@ -291,17 +297,63 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
 
 class ServiceHandles:
     """The read layer's handles in the server: the service loop's ledger and projection (caught
-    up before each read), on the worker thread, and the answers kept per log position."""
+    up before each read), on the worker thread, and the answers kept per log position.
+
+    The dispatcher's preview "now" (what `queue`, `priority`, `explain`, the pages and /metrics
+    build on) is computed once per log position and kept for `ReadCache.fresh_s`; `warm` computes
+    it ahead, when the worker is idle, so the first read after an append finds it ready (while
+    someone asked for one in the last `WARM_FOR_S`: a ledger nobody reads costs nothing)."""
+
+    WARM_FOR_S = 600.0
 
     def __init__(self, service: Any) -> None:
         self.service = service
         self.cache = ReadCache()
+        self.asked_at: float | None = None
 
-    def answer(self, name: str, spec: Any, args: Any) -> bytes:
-        """The encoded answer of a read, computed once per log position (`ReadCache`)."""
+    def live_preview(self, *, ahead: bool = False) -> LivePreview:
+        """The shared preview at the log's position (on the worker thread); `ahead`: computed
+        before anyone asks."""
+        from ledger.server.reads import policy_for
+
+        if not ahead:
+            self.asked_at = time.monotonic()
+        ledger = self.ledger
+        store = self.store()  # caught up
+        now = self.now()
+
+        def compute() -> LivePreview:
+            policy = policy_for(None, ledger.state)
+            return LivePreview(policy.version, reads.live(ledger, store, policy, now), now)
+
+        preview: LivePreview = self.cache.shared("live-preview", ledger.position, now, compute)
+        return preview
+
+    def warm(self) -> None:
+        """Compute ahead what the next reads will ask first (the worker calls it when idle)."""
+        if self.ledger is None or not self.ledger.state.initialised:
+            return
+        if self.asked_at is None or time.monotonic() - self.asked_at > self.WARM_FOR_S:
+            return
+        if not self.cache.holds("live-preview", self.ledger.position):  # the log moved
+            self.live_preview(ahead=True)
+
+    viewer = ""
+    """Who reads (set on the copy `answer` reads through for a `personal` read)."""
+
+    def answer(self, name: str, spec: Any, args: Any, viewer: str) -> bytes:
+        """The encoded answer of a read for `viewer`, computed once per log position
+        (`ReadCache`; per viewer too for the reads whose answer depends on who asks)."""
         position: int = self.service.ledger.position
+        handles = copy.copy(self)
+        handles.viewer = viewer
         return self.cache.answer(
-            name, args, position, self.now(), lambda: msgspec.json.encode(spec.run(self, args))
+            name,
+            args,
+            position,
+            self.now(),
+            lambda: msgspec.json.encode(spec.run(handles, args)),
+            viewer if spec.personal else "",
         )
 
     @property

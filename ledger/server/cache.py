@@ -31,15 +31,22 @@ class ReadCache:
     max_entries: int = MAX_ENTRIES
     hits: int = 0
     misses: int = 0
-    _entries: dict[tuple[str, Any], tuple[int, float, bytes]] = field(default_factory=dict)
+    _entries: dict[tuple[str, Any, str], tuple[int, float, bytes]] = field(default_factory=dict)
     _shared: dict[str, tuple[int, float, Any]] = field(default_factory=dict)
 
     def answer(
-        self, name: str, args: Any, position: int, now: float, compute: Callable[[], bytes]
+        self,
+        name: str,
+        args: Any,
+        position: int,
+        now: float,
+        compute: Callable[[], bytes],
+        viewer: str = "",
     ) -> bytes:
         """The encoded answer of read `name` with `args` at `position` (`now` for reads that
-        look at the clock without `at`): from the cache when still valid, else computed."""
-        key = (name, args)
+        look at the clock without `at`) for `viewer` (reads whose answer depends on who asks;
+        "" for the others): from the cache when still valid, else computed."""
+        key = (name, args, viewer)
         got = self._entries.get(key)
         clocked = name in CLOCKED and getattr(args, "at", None) is None
         if got is not None:
@@ -56,14 +63,35 @@ class ReadCache:
         self._entries[key] = (position, now, data)
         return data
 
+    def recent(self, name: str, position: int, now: float, compute: Callable[[], T]) -> T:
+        """A value of the moment rather than of the log (sums over a window, as /metrics
+        shows them), computed at `position`: reused for `fresh_s` wherever the log moved
+        meanwhile."""
+        got = self._shared.get(name)
+        if got is not None and 0 <= now - got[1] <= self.fresh_s:
+            self.hits += 1
+            value: T = got[2]
+            return value
+        self.misses += 1
+        value = compute()
+        self._shared[name] = (position, now, value)
+        return value
+
+    def holds(self, name: str, position: int, now: float | None = None) -> bool:
+        """Whether `shared(name, position, now, ...)` would be answered without computing
+        (`now` None: whether one was computed at `position`, however old)."""
+        got = self._shared.get(name)
+        if got is None or got[0] != position:
+            return False
+        return now is None or 0 <= now - got[1] <= self.fresh_s
+
     def shared(self, name: str, position: int, now: float, compute: Callable[[], T]) -> T:
         """A value several reads build on (the queue preview the queue, job, nodes pages and
         /metrics share), kept like a read "now": one per name, reused at the same position
         for at most `fresh_s`."""
-        got = self._shared.get(name)
-        if got is not None and got[0] == position and 0 <= now - got[1] <= self.fresh_s:
+        if self.holds(name, position, now):
             self.hits += 1
-            value: T = got[2]
+            value: T = self._shared[name][2]
             return value
         self.misses += 1
         value = compute()

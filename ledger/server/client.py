@@ -104,7 +104,7 @@ class Client:
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/json"
-        if self.token and self._unix is None:
+        if self.token:  # on the Unix socket too: a token given is the caller (a job's own)
             headers["Authorization"] = f"Bearer {self.token}"
         for attempt in (0, 1):
             conn = self._connection()

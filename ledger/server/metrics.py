@@ -166,48 +166,73 @@ def families(f: Figures) -> list[Metric]:
     return out
 
 
+class LedgerFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """The window figures of a scrape, read at one moment: what costs (fair share, usage, the
+    7-day report), computed once and reused by the scrapes of the next `ReadCache.fresh_s`."""
+
+    now: float
+    teams: list[TeamFigures]
+
+
+def ledger_figures(handles: Any) -> LedgerFigures:
+    """Per-team usage, owed, delivered and LevelFS now (on the worker thread), from the read
+    layer: kept and reused for `ReadCache.fresh_s`, however the log moved meanwhile (gauges of
+    sums over a 7-day window; `gpuledger_read_at_seconds` names the moment they are of)."""
+    from ledger import reads
+    from projections.fairshare import UsagePolicy
+
+    clock = handles.now()
+
+    def compute() -> LedgerFigures:
+        store = handles.store()
+        now = float(math.floor(clock))  # whole seconds: the CLI's `--at` can name it
+        usage = UsagePolicy(window_s=WEEK_S)  # as `gpuledger shares` and `usage` by default
+        used = {r.name: r.usage_gpu_hours for r in reads.usage(store, now, "account", usage)}
+        level = {r.account: r for r in reads.shares(store, now, usage)}
+        owed = {t.team: t for t in reads.delivered(store, now - WEEK_S, now, TEAM_DEPTH).teams}
+        names = {a for a in level if a.count("/") == TEAM_DEPTH - 1} | set(owed)
+        teams = [
+            TeamFigures(
+                team=name,
+                usage_gpu_hours=used.get(name, 0.0),
+                owed_gpu_hours=owed[name].owed_gpu_hours if name in owed else 0.0,
+                delivered_gpu_hours=owed[name].delivered_gpu_hours if name in owed else 0.0,
+                level_fs=level[name].level_fs if name in level else None,
+            )
+            for name in sorted(names)
+        ]
+        return LedgerFigures(now=now, teams=teams)
+
+    position = handles.ledger.position
+    got: LedgerFigures = handles.cache.recent("metrics-ledger", position, clock, compute)
+    return got
+
+
 def read_figures(handles: Any, service: Any, heartbeats: dict[str, float]) -> Figures:
     """The ledger's figures now (on the worker thread), all from the read layer."""
     from ledger import reads
-    from ledger.server.pages import live_preview
-    from projections.fairshare import UsagePolicy
 
     ledger = handles.ledger
     store = handles.store()
     clock = handles.now()
-    now = float(math.floor(clock))  # whole seconds: the CLI's `--at` can name it
     head = ledger.position
     projected = store.position()
+    window = ledger_figures(handles)
     lag_s = 0.0
     if projected < head:
         first = ledger.read(projected, 1)
         if first:
-            lag_s = max(0.0, now - first[0][1].at)
+            lag_s = max(0.0, clock - first[0][1].at)
     # the dispatcher's preview shared with the pages, kept per log position
-    snapshot, decision = live_preview(handles).live
+    snapshot, decision = handles.live_preview().live
     by_code: dict[str, int] = {}
     by_team: dict[str, int] = {}
-    for account, code in reads.queue_codes(ledger.state, snapshot, decision)[:100_000]:
+    for account, code in reads.queue_codes(ledger.state, snapshot, decision):
         by_code[code] = by_code.get(code, 0) + 1
         by_team[team_of(account)] = by_team.get(team_of(account), 0) + 1
-    usage = UsagePolicy(window_s=WEEK_S)  # as `gpuledger shares` and `usage` by default
-    used = {r.name: r.usage_gpu_hours for r in reads.usage(store, now, "account", usage)}
-    level = {r.account: r for r in reads.shares(store, now, usage)}
-    owed = {t.team: t for t in reads.delivered(store, now - WEEK_S, now, TEAM_DEPTH).teams}
-    names = {a for a in level if a.count("/") == TEAM_DEPTH - 1} | set(owed)
-    teams = [
-        TeamFigures(
-            team=name,
-            usage_gpu_hours=used.get(name, 0.0),
-            owed_gpu_hours=owed[name].owed_gpu_hours if name in owed else 0.0,
-            delivered_gpu_hours=owed[name].delivered_gpu_hours if name in owed else 0.0,
-            level_fs=level[name].level_fs if name in level else None,
-        )
-        for name in sorted(names)
-    ]
     relay = service.relay_position()
     return Figures(
-        now=now,
+        now=window.now,
         head=head,
         cycles=service.stats.cycles,
         projection_position=projected,
@@ -217,7 +242,7 @@ def read_figures(handles: Any, service: Any, heartbeats: dict[str, float]) -> Fi
         queue_by_team=by_team,
         placements={r.name: r.count for r in reads.placement_counts(store)},
         preemptions={r.name: r.count for r in reads.preemption_counts(store)},
-        teams=teams,
+        teams=window.teams,
         heartbeat_ages={
             node: max(0.0, clock - at)
             for node, at in {**heartbeats, **getattr(service.executor, "last_seen", {})}.items()
@@ -260,6 +285,17 @@ class Metrics:
         self.registry.register(self.reading)
         self.heartbeats: dict[str, float] = {}
         self.status_of = status_of
+        self.scraped_at: float | None = None
+        """When the last scrape came: only while something scrapes are the window figures
+        computed ahead."""
+
+    def warm(self, handles: Any) -> None:
+        """Compute the window figures ahead of the next scrape (the worker calls it when idle),
+        while something scrapes (one in the last 10 minutes)."""
+        if self.scraped_at is None or time.monotonic() - self.scraped_at > 600:
+            return
+        if not handles.cache.holds("metrics-ledger", handles.ledger.position):  # the log moved
+            ledger_figures(handles)
 
     def observe_cycle(self, seconds: float) -> None:
         self.cycle.observe(seconds)
@@ -314,6 +350,7 @@ def route(
     @get("/metrics", include_in_schema=False)
     async def scrape(request: Request[Any, Any, Any]) -> Response[bytes]:
         person(request)
+        metrics.scraped_at = time.monotonic()
         figures = await worker.call(
             lambda: read_figures(handles, worker.service, metrics.heartbeats)
         )

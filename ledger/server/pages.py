@@ -8,7 +8,7 @@ API hold, enforced here, not in the page:
 - every signed-in person (not node or job tokens) sees the queue, the teams, nodes, decisions
   and a job's timeline;
 - a job's command, labels and logs only its owner, the managers of an account above it and
-  admins (`may_see_private`).
+  admins (`reads.may_see_private`, the one rule `jobs` and `log` follow too).
 
 Every figure comes from the read layer (`ledger.reads`), as the CLI's.
 """
@@ -16,7 +16,9 @@ Every figure comes from the read layer (`ledger.reads`), as the CLI's.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+import time
 from collections.abc import Callable
 from importlib import resources
 from typing import Annotated, Any, Literal, NamedTuple
@@ -31,21 +33,11 @@ from litestar.static_files import create_static_files_router
 from schemas import views as v
 from schemas.errors import Unavailable
 
+log = logging.getLogger("gpuledger.server")
 PAGES = ("login", "teams", "queue", "job", "nodes", "decisions")
 WEEK_S = 7 * 86400.0
 REPLAY_LAST = 8
 """The job page replays at most this many of the job's latest decisions."""
-
-
-def may_see_private(state: Any, actor: str, user: str, account: str) -> bool:
-    """Pure: whether `actor` may see the command, labels and logs of `user`'s job in
-    `account`: its owner, a manager of the account or one above it, an admin."""
-    return actor == user or state.is_admin(actor) or state.manages(actor, account)
-
-
-def redact(row: v.JobRow) -> v.JobRow:
-    """Pure: the job without what only its owner, managers and admins see."""
-    return msgspec.structs.replace(row, command=[], logs=[])
 
 
 class TeamsView(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,62 +86,10 @@ class LivePreview(NamedTuple):
     """The moment it was computed at."""
 
 
-class QueuePreview(NamedTuple):
-    policy_version: str
-    rows: list[v.QueueRow]
-    """Every pending and held job as `reads.queue` lists them (no filter), from the shared
-    `LivePreview`."""
-
-
-ALL = v.QueueFilter(limit=100_000)
-
-
 def live_preview(handles: Any) -> LivePreview:
     """The shared preview "now" (on the worker thread)."""
-    from ledger import reads
-    from ledger.server.reads import policy_for
-
-    ledger = handles.ledger
-    store = handles.store()  # caught up
-    now = handles.now()
-
-    def compute() -> LivePreview:
-        policy = policy_for(None, ledger.state)
-        return LivePreview(policy.version, reads.live(ledger, store, policy, now), now)
-
-    preview: LivePreview = handles.cache.shared("live-preview", ledger.position, now, compute)
+    preview: LivePreview = handles.live_preview()
     return preview
-
-
-def queue_preview(handles: Any) -> QueuePreview:
-    """Every queued job's row from the shared preview (on the worker thread)."""
-    from ledger import reads
-    from ledger.server.reads import policy_for
-
-    got = live_preview(handles)
-    ledger = handles.ledger
-
-    def compute() -> QueuePreview:
-        policy = policy_for(None, ledger.state)
-        store = handles.store()
-        rows = reads.queue(ledger, store, policy, got.now, ALL, preview=got.live)
-        return QueuePreview(got.policy_version, rows)
-
-    # kept as long as the preview it is built from (same position, same moment)
-    preview: QueuePreview = handles.cache.shared("queue-rows", ledger.position, got.now, compute)
-    return preview
-
-
-def pick(rows: list[v.QueueRow], f: v.QueueFilter) -> list[v.QueueRow]:
-    """Pure: the rows `reads.queue` gives for filter `f`, from its unfiltered rows."""
-    under = None if f.account is None else f.account.rstrip("/") + "/"
-    return [
-        r
-        for r in rows
-        if (f.state == "all" or r.state == f.state)
-        and (not f.user or r.user == f.user)
-        and (under is None or (r.account + "/").startswith(under))
-    ][: f.limit]
 
 
 def bucket_for(span_s: float, points: int = 48) -> float:
@@ -204,6 +144,30 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
 
     past = reads.PastHours()  # the whole period's ended hours, read once
 
+    def whole_period(at: float) -> float:
+        """Where the whole period starts: the hour of the first event (at least 7 days)."""
+        first = handles.ledger.read(0, 1)
+        start = at - WEEK_S
+        return min(math.floor(first[0][1].at / 3600) * 3600, start) if first else start
+
+    began: list[float] = []
+
+    def warm_past() -> bool:
+        """Read the whole period's ended hours ahead, two weeks per idle moment (over a long
+        history at 1M events, reading them all at once takes seconds)."""
+        if handles.ledger is None or not handles.ledger.state.initialised:
+            return False
+        at = float(math.floor(handles.now()))
+        if not began:
+            began.append(time.monotonic())
+        more = past.advance(handles.store(), whole_period(at), at, 2, 2 * WEEK_S)
+        if not more and len(began) == 1:
+            began.append(time.monotonic())
+            log.info("read the whole period's team hours ahead in %.1f s", began[1] - began[0])
+        return more
+
+    getattr(worker, "idle", []).append(warm_past)
+
     @get("/ui/api/teams", include_in_schema=False)
     async def teams(
         request: Request[Any, Any, Any], window: FromQuery[Literal["7d", "all"]] = "7d"
@@ -215,10 +179,7 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
 
             store = handles.store()
             at = float(math.floor(handles.now()))  # whole seconds: `--at` of the CLI says it
-            start = at - WEEK_S
-            if window == "all":
-                first = handles.ledger.read(0, 1)
-                start = min(math.floor(first[0][1].at / 3600) * 3600, start) if first else start
+            start = whole_period(at) if window == "all" else at - WEEK_S
             delivered, series = reads.delivered_series(
                 store, start, at, 2, bucket_for(at - start), past if window == "all" else None
             )
@@ -247,10 +208,12 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
                              limit=limit)  # fmt: skip
 
         def read() -> list[QueueEntry]:
-            preview = queue_preview(handles)
+            got = live_preview(handles)
+            policy = policy_for(None, handles.ledger.state)
+            rows = reads.queue(handles.ledger, handles.store(), policy, got.now, filt, got.live)
             return [
-                QueueEntry(row=r, parts=reads.key_parts(preview.policy_version, r.sort_key))
-                for r in pick(preview.rows, filt)
+                QueueEntry(row=r, parts=reads.key_parts(got.policy_version, r.sort_key))
+                for r in rows
             ]
 
         return await kept("queue", ("ui.queue", filt), read)
@@ -268,15 +231,15 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
             if known is not None and known.status == "pending" and not known.held:
                 preview = live_preview(handles)
             now = handles.now() if preview is None else preview.now
-            row = reads.job(store, job_id, now)
-            private = may_see_private(ledger.state, caller.actor, row.user, row.account)
+            row = reads.job(store, job_id, now, reads.Viewer(caller.actor, ledger.state))
+            private = not row.redacted
             labels = dict(known.spec.labels) if known is not None and private else {}
             explain = reads.explain(
                 ledger, store, job_id, policy_for(None, ledger.state), now,
                 None if preview is None else preview.live,
             )  # fmt: skip
             return JobView(
-                job=row if private else redact(row),
+                job=row,
                 private=private,
                 labels=labels,
                 explain=explain,

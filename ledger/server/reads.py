@@ -41,6 +41,11 @@ class Handles(Protocol):
 
     def now(self) -> float: ...
 
+    @property
+    def viewer(self) -> str:
+        """Who reads: what the reads marked `personal` show depends on it."""
+        ...
+
 
 def policy_for(name: str | None, state: State) -> Policy:
     """The policy named, else the one the service recorded running with, else the default."""
@@ -139,15 +144,20 @@ def _nodes(h: Handles, a: NoArgs) -> list[v.NodeRow]:
 
 
 def _jobs(h: Handles, a: v.JobFilter) -> list[v.JobRow]:
+    """Jobs newest first; a job's command and logs only to its owner, the managers above its
+    account and admins (the others get it with `redacted` true and both empty)."""
     from ledger import reads
 
-    return reads.jobs(h.store(), a, _at(h, a.at))
+    return reads.jobs(h.store(), a, _at(h, a.at), reads.Viewer(h.viewer, h.ledger.state))
 
 
 def _log(h: Handles, a: v.LogFilter) -> list[v.LogEntry]:
+    """Events in log order; a job's command, labels and logs only to its owner, the managers
+    above its account and admins (the others get its events with `redacted` true and those
+    fields empty)."""
     from ledger import reads
 
-    return reads.log(h.store(), a)
+    return reads.log(h.store(), a, reads.Viewer(h.viewer, h.ledger.state))
 
 
 def _shares(h: Handles, a: SharesArgs) -> list[v.ShareRow]:
@@ -168,25 +178,39 @@ def _delivered(h: Handles, a: DeliveredArgs) -> v.DeliveredView:
     return reads.delivered(h.store(), a.start, a.end, a.team_depth)
 
 
+def _preview(h: Handles, a: QueueArgs | ExplainArgs) -> tuple[float, Any]:
+    """The moment of a preview read and the preview itself when the handles keep one: a read
+    "now" under the recorded policy is the server's shared preview (`ServiceHandles`), as of
+    the moment it was computed; otherwise (None) the read decides its own."""
+    shared = getattr(h, "live_preview", None)
+    if a.at is None and a.policy is None and shared is not None:
+        got = shared()
+        return got.now, got.live
+    return _at(h, a.at), None
+
+
 def _queue(h: Handles, a: QueueArgs) -> list[v.QueueRow]:
     from ledger import reads
 
     policy = policy_for(a.policy, h.ledger.state)
-    return reads.queue(h.ledger, h.store(), policy, _at(h, a.at), _queue_filter(a))
+    now, preview = _preview(h, a)
+    return reads.queue(h.ledger, h.store(), policy, now, _queue_filter(a), preview)
 
 
 def _priority(h: Handles, a: QueueArgs) -> list[v.PriorityRow]:
     from ledger import reads
 
     policy = policy_for(a.policy, h.ledger.state)
-    return reads.priority(h.ledger, h.store(), policy, _at(h, a.at), _queue_filter(a))
+    now, preview = _preview(h, a)
+    return reads.priority(h.ledger, h.store(), policy, now, _queue_filter(a), preview)
 
 
 def _explain(h: Handles, a: ExplainArgs) -> v.ExplainView:
     from ledger import reads
 
     policy = policy_for(a.policy, h.ledger.state)
-    return reads.explain(h.ledger, h.store(), a.job_id, policy, _at(h, a.at))
+    now, preview = _preview(h, a)
+    return reads.explain(h.ledger, h.store(), a.job_id, policy, now, preview)
 
 
 def _squatters(h: Handles, a: SquattersArgs) -> list[v.SquatterRow]:
@@ -222,6 +246,8 @@ class ReadSpec:
     fn: Callable[[Any, Any], Any]
     returns: Any
     doc: str
+    personal: bool = False
+    """The answer depends on who reads (`Handles.viewer`), not only on the log."""
 
     def parse(self, query: dict[str, Any]) -> Any:
         """Arguments from query parameters (strings) or CLI values, validated by their type."""
@@ -255,15 +281,22 @@ class ReadSpec:
 RESERVED = frozenset({"state", "request", "data", "query", "headers", "cookies", "scope", "socket"})
 
 
-def _spec(path: str, args: type[msgspec.Struct], fn: Callable[..., Any], returns: Any) -> ReadSpec:
-    return ReadSpec(path, args, fn, returns, (fn.__doc__ or "").strip())
+def _spec(
+    path: str,
+    args: type[msgspec.Struct],
+    fn: Callable[..., Any],
+    returns: Any,
+    *,
+    personal: bool = False,
+) -> ReadSpec:
+    return ReadSpec(path, args, fn, returns, (fn.__doc__ or "").strip(), personal)
 
 
 READS: dict[str, ReadSpec] = {
     "accounts": _spec("accounts", NoArgs, _accounts, list[v.AccountNode]),
     "nodes": _spec("nodes", NoArgs, _nodes, list[v.NodeRow]),
-    "jobs": _spec("jobs", v.JobFilter, _jobs, list[v.JobRow]),
-    "log": _spec("log", v.LogFilter, _log, list[v.LogEntry]),
+    "jobs": _spec("jobs", v.JobFilter, _jobs, list[v.JobRow], personal=True),
+    "log": _spec("log", v.LogFilter, _log, list[v.LogEntry], personal=True),
     "shares": _spec("shares", SharesArgs, _shares, list[v.ShareRow]),
     "usage": _spec("usage", UsageArgs, _usage_rows, list[v.UsageRow]),
     "delivered": _spec("report/delivered", DeliveredArgs, _delivered, v.DeliveredView),

@@ -20,7 +20,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from pathlib import Path
 from typing import Any
 
@@ -84,15 +84,46 @@ class PeerCredProtocol(HttpToolsProtocol):
         if sock is not None and sock.family == socket.AF_UNIX:
             self.peer = identity.peer_uid(sock)
         elif sock is not None:
-            # headers and body leave in two writes: without this, Nagle holds the body until
-            # the client's delayed ACK (~40 ms per request)
+            # a response whose parts are written apart must not wait for the client's delayed
+            # ACK (Nagle: ~40 ms per request)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        super().connection_made(transport)
+        super().connection_made(_Coalescing(transport))  # type: ignore[arg-type]
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if self.peer is not None:
             self.scope[PEER_UID] = self.peer  # type: ignore[literal-required]
+
+
+class _Coalescing:
+    """A transport whose writes made in one turn of the event loop leave in one `send`.
+
+    uvicorn writes a response's status line and headers, then its body: two sends, and the
+    client wakes up twice (on a loaded machine the woken client may take the core from the
+    server in between). Joined, each small answer is one segment and one wake-up."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._parts:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._parts.append(bytes(data))
+
+    def _flush(self) -> None:
+        if self._parts:
+            data = b"".join(self._parts)
+            self._parts.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class _Server(uvicorn.Server):
@@ -168,8 +199,22 @@ def _executor(ledger: Ledger, config: ServeConfig, actor: str) -> Executor:
     return NoExecutor()
 
 
-def serve(home: Path, config: ServeConfig, actor: str = "") -> int:
-    """Run until SIGINT/SIGTERM; returns the exit code (0 on a clean stop)."""
+Companion = Callable[[Worker, list[str], Callable[[], None]], Callable[[], None]]
+"""Started once the server listens, with its worker, its URLs and a thread-safe `stop()` that
+stops the server as SIGTERM does; returns what to call when the server stops (`up` runs its
+local node agents so)."""
+
+
+def serve(
+    home: Path,
+    config: ServeConfig,
+    actor: str = "",
+    *,
+    companion: Companion | None = None,
+    lifecycle_dir: Path | None = None,
+) -> int:
+    """Run until SIGINT/SIGTERM (or a companion's `stop()`); returns the exit code (0 on a clean
+    stop). `lifecycle_dir`: log each job's start and end, naming its output there (`up`)."""
     setup_logging(config.log_format, config.log_level)
     early = threading.Event()  # a signal before the listeners run still stops us cleanly
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -199,6 +244,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "") -> int:
         kafka=config.kafka or None,
         log=logging.getLogger("gpuledger.service"),
         reports_starts=config.executor in ("local", "agents", "slurm"),
+        lifecycle_dir=lifecycle_dir,
     )
     service.open()
     service.record_settings(parse_interval(config.interval), config.executor)
@@ -206,6 +252,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "") -> int:
     worker.start()
     app = create_app(worker, clock=ledger.clock.now)
     servers = []
+    close_companion: Callable[[], None] | None = None
     try:
         common: dict[str, Any] = dict(
             app=app, http=PeerCredProtocol, lifespan="off", log_config=None, access_log=False
@@ -222,10 +269,14 @@ def serve(home: Path, config: ServeConfig, actor: str = "") -> int:
             scheme = "https" if config.tls_cert else "http"
             urls.insert(0, f"{scheme}://{host}:{port}")
         log.info("listening on %s (ledger %s, policy %s)", " and ".join(urls), home, config.policy)
-        if config.log_format == "text":
+        if config.log_format == "text" and companion is None:
             print(f"gpuledger serve: listening on {' '.join(urls)}", file=sys.stderr, flush=True)
-        _run_loop(_serve_all(servers, worker, early))
+        if companion is not None:
+            close_companion = companion(worker, urls, early.set)
+        _run_loop(_serve_all(servers, worker, early, watch=companion is not None))
     finally:
+        if close_companion is not None:
+            close_companion()
         worker.stop()  # finishes its queue and the current cycle
         service.close(stop_jobs=config.executor == "local")
         with contextlib.suppress(OSError):
@@ -245,8 +296,13 @@ def _run_loop(main: Coroutine[Any, Any, None]) -> None:
 
 
 async def _serve_all(
-    servers: list[tuple[_Server, socket.socket]], worker: Worker, early: threading.Event
+    servers: list[tuple[_Server, socket.socket]],
+    worker: Worker,
+    early: threading.Event,
+    *,
+    watch: bool = False,
 ) -> None:
+    """Serve until SIGINT/SIGTERM; with `watch`, also until `early` is set from another thread."""
     loop = asyncio.get_running_loop()
 
     def stop() -> None:
@@ -259,4 +315,13 @@ async def _serve_all(
         loop.add_signal_handler(sig, stop)
     if early.is_set():
         stop()
+
+    async def watcher() -> None:  # a stop asked for from another thread (a companion's)
+        while not early.is_set():
+            await asyncio.sleep(0.1)
+        stop()
+
+    watching = asyncio.ensure_future(watcher()) if watch and not early.is_set() else None
     await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
+    if watching is not None:
+        watching.cancel()

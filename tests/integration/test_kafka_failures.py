@@ -52,6 +52,7 @@ from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import commands as c
+from tests.integration.waits import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -480,13 +481,6 @@ def cycle_times(home: Path) -> list[float]:
     return out
 
 
-def wait_for(what: str, cond: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def test_sigterm_publishes_every_committed_event_before_exit(
     tmp_path: Path,
     kafka_bootstrap: str,
@@ -512,7 +506,7 @@ def test_sigterm_publishes_every_committed_event_before_exit(
         if up.poll() is None:
             up.kill()
             up.communicate()
-        survivors = live_processes(home / "agent")
+        survivors = live_processes(home / "agents" / "local")  # up's agent of node local
         for p in survivors:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)

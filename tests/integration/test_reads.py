@@ -245,6 +245,53 @@ def test_queue_filters_like_squeue_and_estimates_starts(handles: Any) -> None:
     assert reads.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter(state="held")) == []
 
 
+@pytest.mark.parametrize("user", [None, "alice", "bob"])
+def test_a_short_page_of_the_queue_is_the_head_of_the_whole_queue(
+    handles: Any, user: str | None
+) -> None:
+    """Only the rows shown are built: each page of `limit` rows is the head of the full list,
+    estimated starts and reasons included, and `priority` likewise."""
+    ledger, store = handles
+    preview = reads.live(ledger, store, FairShare(), T0 + 300)
+    whole = reads.queue(
+        ledger, store, FairShare(), T0 + 300, v.QueueFilter(user=user, limit=1000), preview
+    )
+    full_keys = reads.priority(
+        ledger, store, FairShare(), T0 + 300, v.QueueFilter(user=user, limit=1000), preview
+    )
+    assert whole and len(whole) == len(full_keys)
+    for limit in range(1, len(whole) + 1):
+        f = v.QueueFilter(user=user, limit=limit)
+        assert reads.queue(ledger, store, FairShare(), T0 + 300, f, preview) == whole[:limit]
+        assert (
+            reads.priority(ledger, store, FairShare(), T0 + 300, f, preview) == (full_keys[:limit])
+        )
+    snapshot, decision = preview
+    starts = reads.estimated_starts(ledger.state, snapshot, decision, T0 + 300)
+    for job_id in [cons.job_id for cons in decision.considered]:
+        head = reads.estimated_starts(ledger.state, snapshot, decision, T0 + 300, job_id)
+        assert list(head) == list(starts)[: list(starts).index(job_id) + 1]
+        assert head == {k: starts[k] for k in head}
+
+
+def test_past_hours_read_ahead_in_steps_equal_one_reading(handles: Any) -> None:
+    _, store = handles
+    start, end = T0 - 3 * 3600, T0 + 5 * 3600 + 1234
+    whole = reads.PastHours().read(store, start, end, 2)
+    past = reads.PastHours()
+    steps = 0
+    while past.advance(store, start, end, 2, 2 * 3600):
+        steps += 1
+    assert steps == 3  # 8 ended hours, 2 a step: 3 steps leave more, the 4th reads the last
+    assert past.until == T0 + 5 * 3600
+
+    def busy(hours: list[Any]) -> list[Any]:  # a team's hours before it existed are all zero
+        return sorted((h for h in hours if h.capacity_gpu_h or h.demand_gpu_h), key=str)
+
+    assert busy(past.read(store, start, end, 2)) == busy(whole) != []
+    assert not past.advance(store, start, end, 2, 3600)  # nothing left: no more reading
+
+
 def test_queue_prints_times_not_scientific_notation(home: Path) -> None:
     out = cli(home, "queue", "-u", "bob").stdout
     assert "e+09" not in out and "e+9" not in out
@@ -272,15 +319,15 @@ def test_jobs_come_from_the_projection_with_start_end_elapsed_and_exit_code(
     handles: Any, home: Path
 ) -> None:
     _, store = handles
-    rows = {r.job_id: r for r in reads.jobs(store, v.JobFilter(), T0 + 300)}
+    rows = {r.job_id: r for r in reads.jobs(store, v.JobFilter(), T0 + 300, None)}
     one = rows[1]
     assert (one.outcome, one.exit_code, one.started_at) == ("completed", 0, T0)
     assert one.finished_at is not None and one.elapsed_s == one.finished_at - T0
     assert rows[3].status == "running" and rows[3].elapsed_s == 200.0
     assert rows[3].nodes == ["n0"]
-    since = reads.jobs(store, v.JobFilter(since=T0 + 150), T0 + 300)
+    since = reads.jobs(store, v.JobFilter(since=T0 + 150), T0 + 300, None)
     assert [r.job_id for r in since] == [5, 4, 3]
-    until = reads.jobs(store, v.JobFilter(until=T0 + 50), T0 + 300)
+    until = reads.jobs(store, v.JobFilter(until=T0 + 50), T0 + 300, None)
     assert [r.job_id for r in until] == [2, 1]
     table = cli(home, "jobs", "-S", "2026-01-01T00:00:00", "-E", "2026-01-01T00:00:10").stdout
     assert table.splitlines()[0].split()[-6:] == ["start", "end", "elapsed", "exit", "nodes", "log"]
@@ -358,7 +405,7 @@ def test_a_held_job_is_skipped_until_released(own: Path) -> None:
             Projector(store, source).catch_up()
             rows = reads.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter())
             _, decision = reads.live(ledger, store, FairShare(), T0 + 4000)
-            held = reads.jobs(store, v.JobFilter(status="held"), T0 + 300)
+            held = reads.jobs(store, v.JobFilter(status="held"), T0 + 300, None)
     finally:
         ledger.close()
     assert [(r.order, r.job_id, r.state, r.code) for r in rows] == [

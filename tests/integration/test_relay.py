@@ -40,6 +40,7 @@ from ledger.relay import (
     open_store,
 )
 from schemas import commands as c
+from tests.integration.waits import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -112,14 +113,6 @@ class Worker(threading.Thread):
         self.join(timeout)
         assert not self.is_alive(), "worker thread did not stop"
         return self.error
-
-
-def wait_until(what: str, cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def make_ledger(home: Path, *, seed: int, t0: float, jobs: int) -> Ledger:
@@ -430,7 +423,7 @@ def test_a_relay_killed_at_any_moment_is_completed_by_the_next(
     child = start_child(backlog, kafka_bootstrap, kafka_topic, transactional_id, batch, 0)
     try:
         assert child.stdout.readline() == "publishing 0\n"
-        wait_until("a first commit", lambda: last_published(kafka_bootstrap, kafka_topic) > 0)
+        wait_for("a first commit", lambda: last_published(kafka_bootstrap, kafka_topic) > 0)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(10)
@@ -497,18 +490,18 @@ def restart_under_load(broker: Any, topic: str, tid: str, ledger: Ledger) -> tup
     loop.start()
     try:
         try:
-            wait_until("a first publish", lambda: relay.position > 100)
+            wait_for("a first publish", lambda: relay.position > 100)
             store_at_down = ledger.position
             broker.down()  # SIGTERM: a clean stop, so it restarts in a few seconds
             relay_at_down = relay.position  # nothing can commit from here until `up`
             time.sleep(1)
             store_at_up = ledger.position
             broker.up()
-            wait_until("publishing after the restart", lambda: relay.position > store_at_up)
+            wait_for("publishing after the restart", lambda: relay.position > store_at_up)
         finally:
             stop_writing.set()
             assert writer.result() is None
-        wait_until("the relay catching up", lambda: relay.position == ledger.position)
+        wait_for("the relay catching up", lambda: relay.position == ledger.position)
     finally:
         stop_relay.set()
         assert loop.result() is None

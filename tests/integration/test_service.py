@@ -25,6 +25,7 @@ from schemas import commands as c
 from schemas import events as e
 from schemas.errors import Conflict
 from schemas.policy import FairShareConfig
+from tests.integration.waits import wait_for
 
 GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
 
@@ -233,7 +234,14 @@ def test_up_runs_real_processes_with_their_gpus_and_preempts_unfunded_work(tmp_p
         actor="bob",
     )
     up = ("up", "--run-as", "service", "--interval", "0.2s", "--log-level", "WARNING")
-    run_cli(home, *up, "--for", "1s")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+    env |= {"GPULEDGER_HOME": str(home), "GPULEDGER_USER": "root"}
+    first = subprocess.Popen([GPULEDGER, *up], env=env, stderr=subprocess.DEVNULL)
+    try:  # the service runs until its job has started, then is stopped (SIGTERM)
+        wait_for("job 1 to run", lambda: '"running"' in run_cli(home, "jobs", "--json").stdout)
+    finally:
+        first.terminate()
+        assert first.wait(timeout=60) == 0
     jobs = {j["job_id"]: j for j in json.loads(run_cli(home, "jobs", "--json").stdout)}
     assert jobs[1]["status"] == "running"  # the service stopped; its job did not
     # the next service adopts it; a funded job arrives while it runs and preempts it
@@ -241,11 +249,7 @@ def test_up_runs_real_processes_with_their_gpus_and_preempts_unfunded_work(tmp_p
     up_log = (tmp_path / "up.log").open("w")
     proc = subprocess.Popen(
         [GPULEDGER, *up, "--grace", "1s", "--until-idle", "--for", "60s", "--log-level", "info"],
-        env={
-            **{k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")},
-            "GPULEDGER_HOME": str(home),
-            "GPULEDGER_USER": "root",
-        },
+        env=env,
         stderr=up_log,
     )
     try:

@@ -1,5 +1,6 @@
-"""`gpuledger up` with real shell jobs under supervisors: stopping or killing the service never
-kills or double-books a job; limits, checkpoints, utilisation and gang jobs work live."""
+"""`gpuledger up` with real shell jobs under supervisors, run by its local node agent (one per
+node, `HOME/agents/NODE`): stopping or killing the service never kills or double-books a job;
+limits, checkpoints, utilisation and gang jobs work live."""
 
 from __future__ import annotations
 
@@ -35,6 +36,16 @@ def cli(home: Path, *args: str, actor: str = "root", ok: bool = True) -> Any:
     if ok:
         assert proc.returncode == 0, f"{args}: {proc.stderr}"
     return proc
+
+
+def procs(home: Path) -> list[Any]:
+    """The job processes alive under `up`'s local agents (every node's state directory)."""
+    return [p for d in sorted((home / "agents").glob("*")) for p in live_processes(d)]
+
+
+def output(entry: str) -> Path:
+    """A job's output file from its `jobs` entry (`NODE:PATH`)."""
+    return Path(entry.split(":", 1)[1])
 
 
 def jobs(home: Path) -> dict[int, dict[str, Any]]:
@@ -94,7 +105,7 @@ def home(tmp_path: Path) -> Iterator[Path]:
     )
     cli(home, "budget", "apply", str(budget))
     yield home
-    for p in live_processes(home / "agent"):  # no job of a test outlives it
+    for p in procs(home):  # no job of a test outlives it
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
 
@@ -133,29 +144,29 @@ def test_sigterm_and_kill_9_of_up_leave_jobs_running_and_a_restart_adopts_them(
     up = Service(home)
     wait_for("jobs 1 and 2 running", lambda: {1, 2} <= {
         j for j, r in jobs(home).items() if r["status"] == "running"})  # fmt: skip
-    pids = {p.job_id: p.pid for p in live_processes(home / "agent")}
+    pids = {p.job_id: p.pid for p in procs(home)}
     # 1. SIGTERM (as Ctrl-C would): the service exits, the jobs do not, nothing is recorded
     assert up.signal(signal.SIGTERM) == 0
     assert {j: r["status"] for j, r in jobs(home).items()} == {1: "running", 2: "running"}
-    assert {p.job_id: p.pid for p in live_processes(home / "agent")} == pids
+    assert {p.job_id: p.pid for p in procs(home)} == pids
     # a job waits for the GPUs; job 2 ends (exit 3) while no service runs
     submit(home, "bob", 2, until_released(go3, 0), "--min-runtime", "1h")
     go2.touch()
-    wait_for("job 2 to end", lambda: 2 not in {p.job_id for p in live_processes(home / "agent")})
+    wait_for("job 2 to end", lambda: 2 not in {p.job_id for p in procs(home)})
     # 2. restart: job 1 adopted (same process), job 2's exit recorded with its real code,
     # job 3 placed on job 2's GPUs only
     up = Service(home)
     wait_for("job 3 running", lambda: jobs(home)[3]["status"] == "running")
     assert jobs(home)[2]["outcome"] == "failed"
-    live = {p.job_id: p.pid for p in live_processes(home / "agent")}
+    live = {p.job_id: p.pid for p in procs(home)}
     assert live[1] == pids[1] and set(live) == {1, 3}
     assert cli(home, "audit", "check").returncode == 0  # live processes agree with the ledger
     # 3. kill -9: the jobs live on; both end while the service is dead
     assert up.signal(signal.SIGKILL) == -signal.SIGKILL
-    assert {p.job_id for p in live_processes(home / "agent")} == {1, 3}
+    assert {p.job_id for p in procs(home)} == {1, 3}
     go1.touch()
     go3.touch()
-    wait_for("jobs 1 and 3 to end", lambda: not live_processes(home / "agent"))
+    wait_for("jobs 1 and 3 to end", lambda: not procs(home))
     assert {j: r["status"] for j, r in jobs(home).items() if r["status"] != "finished"} == {
         1: "running", 3: "running"}  # fmt: skip
     # 4. restart once more: their exits are recorded with their real codes; nothing is lost
@@ -170,9 +181,9 @@ def test_sigterm_and_kill_9_of_up_leave_jobs_running_and_a_restart_adopts_them(
         for ev in events(home, "job.engine_ended.v1")
     }
     assert ended == {
-        1: ("local", "1.1", "exited", 6),
-        2: ("local", "2.1", "exited", 3),
-        3: ("local", "3.1", "exited", 0),
+        1: ("agent", "1.1", "exited", 6),
+        2: ("agent", "2.1", "exited", 3),
+        3: ("agent", "3.1", "exited", 0),
     }
     assert sorted(ev["job_id"] for ev in events(home, "job.started.v1")) == [1, 2, 3]
     log = json.loads(cli(home, "log", "--json", "--limit", "100000").stdout)
@@ -186,11 +197,11 @@ def test_ctrl_c_on_up_leaves_its_jobs_running(home: Path) -> None:
     submit(home, "bob", 1, "exec sleep 60", "--min-runtime", "0", "--resumable")
     up = Service(home)
     wait_for("job 1 running", lambda: jobs(home)[1]["status"] == "running")
-    [before] = live_processes(home / "agent")
+    [before] = procs(home)
     os.killpg(up.proc.pid, signal.SIGINT)
     assert up.proc.wait(timeout=30) == 0
     assert jobs(home)[1]["status"] == "running"  # not failed, not requeued: still running
-    assert live_processes(home / "agent") == [before]
+    assert procs(home) == [before]
     assert events(home, "job.finished.v1") == [] and events(home, "job.requeued.v1") == []
 
 
@@ -204,7 +215,7 @@ def test_audit_check_catches_a_gpu_held_by_a_live_process_the_ledger_lost(
     up = Service(home)
     wait_for("job 1 running", lambda: jobs(home)[1]["status"] == "running")
     up.signal(signal.SIGKILL)
-    (home / "agent" / "state.json").unlink()  # the handles are gone
+    (home / "agents" / "local" / "state.json").unlink()  # the handles are gone
     submit(home, "alice", 2, "exec sleep 60", "--min-runtime", "1h")
     up = Service(home)
     wait_for("job 2 running", lambda: jobs(home)[2]["status"] == "running")
@@ -233,7 +244,7 @@ def test_time_limits_and_the_debug_limit_stop_jobs_and_say_why(home: Path) -> No
     # a limit counts from the launch, which lies between the placement and the recorded start
     assert finished[1]["at"] - placed[1]["at"] >= 2 and finished[1]["at"] - started[1]["at"] < 6
     assert finished[2]["at"] - placed[2]["at"] >= 3 and finished[2]["at"] - started[2]["at"] < 7
-    assert "got SIGTERM" in Path(got[1]["logs"][0]).read_text()
+    assert "got SIGTERM" in output(got[1]["logs"][0]).read_text()
     why = cli(home, "explain", "1").stdout
     assert "stopped at its time limit" in why and f"Output: {got[1]['logs'][0]}" in why
 
@@ -257,8 +268,8 @@ def test_checkpoints_by_file_and_by_cli_from_inside_a_job(home: Path, tmp_path: 
     finally:
         up.signal(signal.SIGTERM)
     actors = [ev["actor"] for ev in events(home, "job.checkpointed.v1")]
-    assert actors == ["@executor", "alice"]
-    assert "reported" in Path(jobs(home)[1]["logs"][0]).read_text()
+    assert actors == ["@executor", "@job:1"]  # the file, then the job's own token
+    assert "reported" in output(jobs(home)[1]["logs"][0]).read_text()
 
 
 def test_an_idle_job_is_listed_by_squatters_and_preempted_after_its_contract(
@@ -286,7 +297,7 @@ def test_an_idle_job_is_listed_by_squatters_and_preempted_after_its_contract(
         # once the GPUs are free again it is relaunched with its original command
         cli(home, "cancel", "2", actor="dan")
         wait_for("job 1 running again", lambda: jobs(home)[1]["status"] == "running")
-        log = Path(jobs(home)[1]["logs"][0])
+        log = output(jobs(home)[1]["logs"][0])
         wait_for("its second launch", lambda: "launch 2" in log.read_text())
     finally:
         up.signal(signal.SIGTERM)
@@ -307,11 +318,11 @@ def test_a_gang_job_over_two_nodes_gets_disjoint_gpus_and_ranks_and_a_failed_par
     up = Service(home, "--until-idle")
     assert up.proc.wait(timeout=60) == 0
     got = jobs(home)
-    lines = sorted(Path(log).read_text().strip() for log in got[1]["logs"])
+    lines = sorted(output(log).read_text().strip() for log in got[1]["logs"])
     assert lines == ["a 0,1 0 2 127.0.0.1", "b 0,1 1 2 127.0.0.1"]
     assert (got[1]["outcome"], got[2]["outcome"]) == ("completed", "failed")
     finished = {ev["job_id"]: ev for ev in events(home, "job.finished.v1")}
     assert finished[2]["exit_code"] == 9
     started = {ev["job_id"]: ev for ev in events(home, "job.started.v1")}
     assert finished[2]["at"] - started[2]["at"] < 10  # rank 0 did not run its 60 s
-    assert live_processes(home / "agent") == []
+    assert procs(home) == []

@@ -8,8 +8,9 @@ import itertools
 from prometheus_client.parser import text_string_to_metric_families
 
 from ledger.domain import State, decide, evolve
+from ledger.reads import may_see_private, redact
 from ledger.server import metrics as m
-from ledger.server.pages import bucket_for, may_see_private, redact
+from ledger.server.pages import bucket_for
 from schemas import commands as c
 from schemas import views as v
 
@@ -130,7 +131,7 @@ def test_redact_drops_the_command_and_logs_only() -> None:
         placements=1, preemptions=0, command=["python", "secret.py"], logs=["/logs/1.out"],
     )  # fmt: skip
     hidden = redact(row)
-    assert hidden.command == [] and hidden.logs == []
+    assert hidden.command == [] and hidden.logs == [] and hidden.redacted
     assert (hidden.job_id, hidden.user, hidden.nodes, hidden.status) == (
         1,
         "alice",

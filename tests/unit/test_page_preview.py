@@ -1,41 +1,9 @@
-"""The dashboard's shared queue preview: kept per log position, filtered like `reads.queue`."""
+"""The server's shared values: the queue preview kept per log position, the window figures of
+/metrics kept for a while wherever the log moved."""
 
 from __future__ import annotations
 
 from ledger.server.cache import ReadCache
-from ledger.server.pages import pick
-from schemas import views as v
-
-
-def _row(job_id: int, user: str, account: str, state: str = "pending") -> v.QueueRow:
-    held = state == "held"
-    return v.QueueRow(
-        order=None if held else job_id, job_id=job_id, account=account, user=user, gpus=8,
-        funded=True, debug=False, state="held" if held else "pending",
-        sort_key=[] if held else [job_id], code="HELD" if held else "WAIT_GPUS", reason="",
-        submitted_at=0.0, waiting_s=0.0, estimated_start_at=None,
-    )  # fmt: skip
-
-
-ROWS = [
-    _row(1, "ann", "phys/astro"),
-    _row(2, "bob", "phys/astrology"),
-    _row(3, "ann", "chem"),
-    _row(4, "bob", "phys/astro/deep", "held"),
-]
-
-
-def ids(f: v.QueueFilter) -> list[int]:
-    return [r.job_id for r in pick(ROWS, f)]
-
-
-def test_pick_filters_like_squeue() -> None:
-    assert ids(v.QueueFilter(limit=100)) == [1, 2, 3, 4]
-    assert ids(v.QueueFilter(user="ann", limit=100)) == [1, 3]
-    assert ids(v.QueueFilter(account="phys/astro", limit=100)) == [1, 4]  # not phys/astrology
-    assert ids(v.QueueFilter(account="phys/astro/", limit=100)) == [1, 4]
-    assert ids(v.QueueFilter(state="held", limit=100)) == [4]
-    assert ids(v.QueueFilter(state="pending", limit=2)) == [1, 2]
 
 
 def test_shared_value_is_kept_per_position_and_freshness() -> None:
@@ -52,3 +20,30 @@ def test_shared_value_is_kept_per_position_and_freshness() -> None:
     assert cache.shared("p", 11, 102.6, make) == 3  # the log moved
     assert cache.shared("q", 11, 102.6, make) == 4  # another name
     assert (cache.hits, cache.misses) == (1, 4)
+
+
+def test_holds_says_whether_shared_would_compute() -> None:
+    cache = ReadCache(fresh_s=2.0)
+    assert not cache.holds("p", 10)
+    cache.shared("p", 10, 100.0, lambda: 1)
+    assert cache.holds("p", 10) and cache.holds("p", 10, 101.0)
+    assert not cache.holds("p", 10, 102.5)  # too old for a read now ...
+    assert cache.holds("p", 10)  # ... but computed at this position
+    assert not cache.holds("p", 11)
+
+
+def test_recent_values_are_reused_across_positions_for_fresh_s() -> None:
+    cache = ReadCache(fresh_s=2.0)
+    made: list[float] = []
+
+    def make(at: float) -> float:
+        made.append(at)
+        return at
+
+    assert cache.recent("m", 1, 100.0, lambda: make(100.0)) == 100.0
+    assert cache.recent("m", 2, 101.9, lambda: make(101.9)) == 100.0  # the log moved: kept
+    assert not cache.holds("m", 2) and cache.holds("m", 1)
+    assert cache.recent("m", 2, 102.1, lambda: make(102.1)) == 102.1
+    assert cache.holds("m", 2)
+    assert cache.recent("m", 2, 101.0, lambda: make(101.0)) == 101.0  # the clock went back
+    assert made == [100.0, 102.1, 101.0]

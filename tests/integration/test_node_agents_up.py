@@ -1,0 +1,134 @@
+"""`gpuledger up` (its default, `--executor agent`): one command runs the server and a local node
+agent for the node, and jobs run through that agent (its node token made by `up`). Stopping or
+killing `up` never kills a job; the next `up` adopts them through its agent."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ledger.agent.executor import live_processes
+from tests.integration.test_up_jobs_survive import (
+    Service,
+    cli,
+    events,
+    held_twice,
+    jobs,
+    submit,
+    until_released,
+    wait_for,
+)
+
+
+def state(home: Path, node: str = "local") -> Path:
+    return home / "agents" / node
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[Path]:
+    home = tmp_path / "home"
+    cli(home, "init", "--admin", "root")
+    budget = tmp_path / "b.toml"
+    budget.write_text(
+        '[accounts."ai2"]\nkind = "program"\n'
+        '[accounts."ai2/olmo"]\nkind = "project"\nmembers = ["alice", "bob"]\n'
+    )
+    cli(home, "budget", "apply", str(budget))
+    cli(home, "node", "add", "local", "--gpus", "2", "--gpu-type", "sim")
+    yield home
+    for d in (home / "agents").glob("*"):  # no job of a test outlives it
+        for p in live_processes(d):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+def test_up_runs_a_job_through_its_local_agent(home: Path) -> None:
+    show = 'echo "$GPULEDGER_NODE $CUDA_VISIBLE_DEVICES $GPULEDGER_JOB_ID"; exit 3'
+    submit(home, "bob", 1, show, "--min-runtime", "1h")
+    up = Service(home, "--until-idle")
+    assert up.proc.wait(timeout=60) == 0, up.log.read_text()
+    said = up.log.read_text()
+    assert "registered node local (2 GPUs, sim; node active)" in said  # the agent's own words
+    [job] = jobs(home).values()
+    assert (job["outcome"], job["exit_code"]) == ("failed", 3)
+    [entry] = job["logs"]
+    assert entry == f"local:{home / 'jobs' / 'job-1.log'}"  # NODE:PATH, as an agent reports it
+    assert Path(entry.split(":", 1)[1]).read_text().split() == ["local", "0", "1"]
+    assert entry in cli(home, "explain", "1").stdout
+    [ended] = events(home, "job.engine_ended.v1")
+    assert (ended["engine"], ended["engine_job_id"], ended["exit_code"]) == ("agent", "1.1", 3)
+    [token] = [t for t in events(home, "token.issued.v1") if t["scope"] == "node"]
+    assert (token["scope_node"], token["name"]) == ("local", "local agent of local")
+    assert (state(home) / "token").stat().st_mode & 0o777 == 0o600
+    assert (
+        f"job 1 (ai2/olmo, bob, 1 GPU) failed (exit code 3); output: {home}/jobs/job-1.log" in said
+    )
+
+
+def test_sigterm_and_kill_9_of_up_leave_jobs_running_and_the_next_up_adopts_them(
+    home: Path, tmp_path: Path
+) -> None:
+    go1, go2 = tmp_path / "go1", tmp_path / "go2"
+    submit(home, "bob", 1, until_released(go1, 6), "--min-runtime", "1h")
+    submit(home, "alice", 1, until_released(go2, 0), "--min-runtime", "1h")
+    up = Service(home)
+    wait_for("both jobs running", lambda: {r["status"] for r in jobs(home).values()} == {"running"},
+             home=home)  # fmt: skip
+    pids = {p.job_id: p.pid for p in live_processes(state(home))}
+    assert set(pids) == {1, 2}
+    assert up.signal(signal.SIGTERM) == 0
+    assert {p.job_id: p.pid for p in live_processes(state(home))} == pids
+    assert {r["status"] for r in jobs(home).values()} == {"running"}
+    assert cli(home, "audit", "check").returncode == 0  # its live processes agree with the ledger
+    up = Service(home)
+    wait_for("the agent to take work again", lambda: up.log.read_text().count("registered") == 1)
+    assert "node local: adopted 2 job(s): 1, 2" in up.log.read_text()
+    assert up.signal(signal.SIGKILL) == -signal.SIGKILL
+    go1.touch()  # job 1 ends (exit 6) while nothing watches it
+    wait_for("job 1 to end", lambda: 1 not in {p.job_id for p in live_processes(state(home))})
+    up = Service(home, "--until-idle")
+    wait_for("job 1's exit", lambda: jobs(home)[1]["status"] == "finished", home=home)
+    assert {p.job_id: p.pid for p in live_processes(state(home))} == {2: pids[2]}  # adopted
+    go2.touch()
+    assert up.proc.wait(timeout=60) == 0
+    finished = {
+        e["job_id"]: (e["outcome"], e["exit_code"]) for e in events(home, "job.finished.v1")
+    }
+    assert finished == {1: ("failed", 6), 2: ("completed", 0)}
+    assert len(events(home, "job.placed.v1")) == 2  # each launched once
+    assert len([t for t in events(home, "token.issued.v1") if t["scope"] == "node"]) == 1
+    log = json.loads(cli(home, "log", "--json", "--limit", "100000").stdout)
+    assert held_twice([r["event"] for r in log]) == []
+
+
+def test_up_refuses_to_start_while_the_other_executor_has_unfinished_runs(
+    home: Path, tmp_path: Path
+) -> None:
+    """The local executor (`--executor local`, HOME/agent) and the local agents keep their runs
+    apart: switching while a run is unfinished is one clear error, and nothing is launched."""
+    go = tmp_path / "go"
+    submit(home, "bob", 1, until_released(go, 0), "--min-runtime", "1h")
+    up = Service(home, "--executor", "local")
+    wait_for("job 1 running", lambda: jobs(home)[1]["status"] == "running", home=home)
+    assert up.signal(signal.SIGTERM) == 0
+    refused = cli(home, "up", "--for", "1s", ok=False)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines() == [
+        "error: jobs 1 run under `up --executor local` (keep using `gpuledger up --executor "
+        "local` until they end) [invalid]"
+    ]
+    assert procs_of(state(home)) == [] and not (home / "agents").exists()
+    go.touch()
+    assert Service(home, "--executor", "local", "--until-idle").proc.wait(timeout=60) == 0
+    assert jobs(home)[1]["outcome"] == "completed"
+    assert Service(home, "--until-idle").proc.wait(timeout=60) == 0  # nothing left: it starts
+
+
+def procs_of(d: Path) -> list[int]:
+    return [p.job_id for p in live_processes(d)]
