@@ -952,9 +952,9 @@ class PastHours:
         """Read at most `step_s` more of the ended hours of [start, end) ahead of `read`, so a
         long history is read in short steps (a server's idle moments after it starts); True
         while some remain."""
-        cut = math.floor(end / 3600) * 3600
-        if start % 3600 or cut <= start:
+        if not self.behind(start, end, team_depth):
             return False
+        cut = math.floor(end / 3600) * 3600
         if self.key != (start, team_depth) or self.until > cut:
             self.key, self.until, self.hours = (start, team_depth), start, []
         if self.until < cut:
@@ -962,6 +962,13 @@ class PastHours:
             self.hours += queries.team_hours(store, self.until, to, team_depth=team_depth)
             self.until = to
         return self.until < cut
+
+    def behind(self, start: float, end: float, team_depth: int) -> bool:
+        """Whether some ended hour of [start, end) is not read yet (without reading)."""
+        cut = math.floor(end / 3600) * 3600
+        if start % 3600 or cut <= start:
+            return False
+        return self.key != (start, team_depth) or self.until != cut
 
     def read(self, store: Store, start: float, end: float, team_depth: int) -> list[TeamHour]:
         """The team hours of [start, end), as `queries.team_hours` gives them."""

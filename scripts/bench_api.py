@@ -50,7 +50,9 @@ GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or 
 
 
 def set_up(home: Path, clock: SimClock | None = None) -> tuple[Ledger, str]:
-    led = Ledger(home, clock or SimClock(1_000.0), seeded_ids(1))
+    # events of today, as a server's own appends will be (not of 1970: the dashboard would
+    # read ~500k hours of "whole period" ahead)
+    led = Ledger(home, clock or SimClock(float(int(time.time()) - 3_600)), seeded_ids(1))
     led.execute(c.InitLedger(actor="root", admin="root"))
     led.execute_all(
         [
@@ -87,7 +89,8 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def client(port: int, token: str, n: int, start: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def client(port: int, token: str, n: int, start: float, out: mp.Queue, floor: bool = False) -> None:  # type: ignore[type-arg]
+    """`n` submits (`floor`: `GET /v1/whoami`, the HTTP path without the ledger's work)."""
     body = json.dumps({"actor": "", "account": "ai2/olmo", "gpus": 1}).encode()
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -98,7 +101,10 @@ def client(port: int, token: str, n: int, start: float, out: mp.Queue) -> None: 
     c0 = time.process_time()
     for _ in range(n):
         t0 = time.perf_counter()
-        conn.request("POST", "/v1/commands/submit", body=body, headers=headers)
+        if floor:
+            conn.request("GET", "/v1/whoami", headers=headers)
+        else:
+            conn.request("POST", "/v1/commands/submit", body=body, headers=headers)
         resp = conn.getresponse()
         resp.read()
         lat.append(time.perf_counter() - t0)
@@ -137,7 +143,7 @@ class Http(NamedTuple):
     """The client processes' CPU seconds per submit."""
 
 
-def over_http(clients: int, per_client: int) -> Http:
+def over_http(clients: int, per_client: int, floor: bool = False) -> Http:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "ledger"
         led, token = set_up(home)
@@ -147,7 +153,7 @@ def over_http(clients: int, per_client: int) -> Http:
             out: mp.Queue = mp.Queue()  # type: ignore[type-arg]
             start = time.time() + 1.0
             procs = [
-                mp.Process(target=client, args=(port, token, per_client, start, out))
+                mp.Process(target=client, args=(port, token, per_client, start, out, floor))
                 for _ in range(clients)
             ]
             for p in procs:
@@ -195,16 +201,19 @@ class QueueTimes(NamedTuple):
     """End to end, again at the same position."""
     cli_cpu_ms: float
     """The CLI process's CPU (median)."""
+    server_cpu_first_ms: float
+    """The server's CPU from the append to the first read's answer (median)."""
+    server_cpu_again_ms: float
 
 
 def queue_through_server(pending: int, runs: int) -> QueueTimes | None:
     """`gpuledger queue --json --limit 50` through the server at `pending` jobs, end to end (the
-    CLI process included), `runs` times: right after an append (a hold or a release of job 1
-    over HTTP, then the CLI started at once), and again at the same position."""
+    CLI process included), `runs` times: right after an append (a hold or a release of the last
+    job over HTTP, then the CLI started at once), and again at the same position."""
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "ledger"
         led, token = set_up(home)
-        big = c.SubmitJob(actor="alice", account="ai2/olmo", gpus=100)  # never fits: pending
+        big = c.SubmitJob(actor="alice", account="ai2/olmo", gpus=100)  # one at a time fits
         for at in range(0, pending, 5_000):
             led.execute_all([big] * min(5_000, pending - at))
         led.close()
@@ -225,15 +234,26 @@ def queue_through_server(pending: int, runs: int) -> QueueTimes | None:
 
         try:
             run()  # the server's first read after its start
-            first, again, cpu = [], [], []
+            first, again, cpu, server_first, server_again = [], [], [], [], []
             for i in range(runs):
                 tag = "release" if i % 2 else "hold"
-                post(port, token, f"/v1/commands/{tag}", b'{"actor": "", "job_id": 1}')
+                body = b'{"actor": "", "job_id": %d}' % pending  # the last: pending
+                c0 = process_cpu(proc.pid)
+                post(port, token, f"/v1/commands/{tag}", body)
                 ms, cpu_ms = run()
+                c1 = process_cpu(proc.pid)
                 first.append(ms)
                 cpu.append(cpu_ms)
                 again.append(run()[0])
-            return QueueTimes(first, again, statistics.median(cpu))
+                server_first.append((c1 - c0) * 1000)
+                server_again.append((process_cpu(proc.pid) - c1) * 1000)
+            return QueueTimes(
+                first,
+                again,
+                statistics.median(cpu),
+                statistics.median(server_first),
+                statistics.median(server_again),
+            )
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
@@ -286,6 +306,13 @@ def main() -> None:
         f"{base_cpu * 1e6:.0f} us embedded / {server_cpu * 1e6:.0f} us server = "
         f"{cpu_ratio:.0%} ({'met' if cpu_ratio >= GOAL_RATIO else 'not met'})"
     )
+    floor = over_http(args.clients, args.per_client, floor=True)
+    print(
+        f"the HTTP path alone (GET /v1/whoami, same clients): {floor.rate:,.0f} requests/s, "
+        f"server {floor.server_cpu * 1e6:.0f} us CPU per request: a submit's own share is "
+        f"{(server_cpu - floor.server_cpu) * 1e6:.0f} us; {load()}",
+        flush=True,
+    )
     for pending in (int(x) for x in args.pending.split(",")):
         q = queue_through_server(pending, args.queue_runs)
         if q is None:
@@ -296,7 +323,9 @@ def main() -> None:
             f"read after an append median {first:.0f} ms, max {max(q.first_ms):.0f} ms "
             f"({first / GOAL_QUEUE_MS:.2f}x / {max(q.first_ms) / GOAL_QUEUE_MS:.2f}x the "
             f"{GOAL_QUEUE_MS:.0f} ms limit); again at the same position median {again:.0f} ms "
-            f"({again / GOAL_QUEUE_MS:.2f}x); CLI CPU {q.cli_cpu_ms:.0f} ms; {load()}",
+            f"({again / GOAL_QUEUE_MS:.2f}x); CPU: CLI {q.cli_cpu_ms:.0f} ms, server "
+            f"{q.server_cpu_first_ms:.0f} ms (append and first read) and "
+            f"{q.server_cpu_again_ms:.0f} ms (again); {load()}",
             flush=True,
         )
 

@@ -308,8 +308,10 @@ class ServiceHandles:
 
     def __init__(self, service: Any) -> None:
         self.service = service
-        self.cache = ReadCache()
-        self.asked_at: float | None = None
+        self.cache = ReadCache(clock=self.now)
+        self.asked: dict[str, float] = {}
+        """When each shared value was last asked for by a read (shared by the per-read copies
+        `answer` makes)."""
 
     def live_preview(self, *, ahead: bool = False) -> LivePreview:
         """The shared preview at the log's position (on the worker thread); `ahead`: computed
@@ -317,7 +319,7 @@ class ServiceHandles:
         from ledger.server.reads import policy_for
 
         if not ahead:
-            self.asked_at = time.monotonic()
+            self.asked["live-preview"] = time.monotonic()
         ledger = self.ledger
         store = self.store()  # caught up
         now = self.now()
@@ -333,7 +335,8 @@ class ServiceHandles:
         """Compute ahead what the next reads will ask first (the worker calls it when idle)."""
         if self.ledger is None or not self.ledger.state.initialised:
             return
-        if self.asked_at is None or time.monotonic() - self.asked_at > self.WARM_FOR_S:
+        asked = self.asked.get("live-preview")
+        if asked is None or time.monotonic() - asked > self.WARM_FOR_S:
             return
         if not self.cache.holds("live-preview", self.ledger.position):  # the log moved
             self.live_preview(ahead=True)

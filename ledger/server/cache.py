@@ -5,9 +5,10 @@ A read's answer depends on the log up to a position and, for the reads that look
 appends get one computation:
 - a read at an explicit moment (`at`), or one that never looks at the clock, is the same answer
   for as long as the log stays at the position it was computed at;
-- a read "now" is answered from an answer computed at the same position at most `fresh_s`
-  earlier (it says the state as of then: a queue preview at 10k pending costs ~0.3 s, the
-  dispatcher's cycle is 2 s by default).
+- a read "now" is answered from an answer computed at the same position that became ready at
+  most `fresh_s` earlier (it says the state as of then: a queue preview at 10k pending costs
+  ~0.3 s, the dispatcher's cycle is 2 s by default). Ready, not begun: on a loaded machine a
+  preview may take longer than `fresh_s`, and the read that waited for it takes it.
 Any append moves the position and so retires every entry.
 """
 
@@ -29,6 +30,8 @@ MAX_ENTRIES = 256
 class ReadCache:
     fresh_s: float = FRESH_S
     max_entries: int = MAX_ENTRIES
+    clock: Callable[[], float] | None = None
+    """When an answer became ready (None: the moment it was asked at)."""
     hits: int = 0
     misses: int = 0
     _entries: dict[tuple[str, Any, str], tuple[int, float, bytes]] = field(default_factory=dict)
@@ -56,6 +59,7 @@ class ReadCache:
                 return data
         self.misses += 1
         data = compute()
+        now = self._ready(now)
         if len(self._entries) >= self.max_entries:
             self._entries = {k: x for k, x in self._entries.items() if x[0] == position}
             if len(self._entries) >= self.max_entries:
@@ -74,8 +78,11 @@ class ReadCache:
             return value
         self.misses += 1
         value = compute()
-        self._shared[name] = (position, now, value)
+        self._shared[name] = (position, self._ready(now), value)
         return value
+
+    def _ready(self, asked: float) -> float:
+        return asked if self.clock is None else max(asked, self.clock())
 
     def holds(self, name: str, position: int, now: float | None = None) -> bool:
         """Whether `shared(name, position, now, ...)` would be answered without computing
@@ -95,5 +102,5 @@ class ReadCache:
             return value
         self.misses += 1
         value = compute()
-        self._shared[name] = (position, now, value)
+        self._shared[name] = (position, self._ready(now), value)
         return value

@@ -144,11 +144,15 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
 
     past = reads.PastHours()  # the whole period's ended hours, read once
 
+    first_hour: list[float] = []  # the hour of the log's first event (it never changes)
+
     def whole_period(at: float) -> float:
         """Where the whole period starts: the hour of the first event (at least 7 days)."""
-        first = handles.ledger.read(0, 1)
-        start = at - WEEK_S
-        return min(math.floor(first[0][1].at / 3600) * 3600, start) if first else start
+        if not first_hour:
+            first = handles.ledger.read(0, 1)
+            if first:
+                first_hour.append(math.floor(first[0][1].at / 3600) * 3600)
+        return min(first_hour[0], at - WEEK_S) if first_hour else at - WEEK_S
 
     began: list[float] = []
 
@@ -158,9 +162,11 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
         if handles.ledger is None or not handles.ledger.state.initialised:
             return False
         at = float(math.floor(handles.now()))
+        start = whole_period(at)
         if not began:
             began.append(time.monotonic())
-        more = past.advance(handles.store(), whole_period(at), at, 2, 2 * WEEK_S)
+        # the projection only when some ended hour is not read yet
+        more = past.behind(start, at, 2) and past.advance(handles.store(), start, at, 2, 2 * WEEK_S)
         if not more and len(began) == 1:
             began.append(time.monotonic())
             log.info("read the whole period's team hours ahead in %.1f s", began[1] - began[0])

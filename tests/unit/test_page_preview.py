@@ -47,3 +47,21 @@ def test_recent_values_are_reused_across_positions_for_fresh_s() -> None:
     assert cache.holds("m", 2)
     assert cache.recent("m", 2, 101.0, lambda: make(101.0)) == 101.0  # the clock went back
     assert made == [100.0, 102.1, 101.0]
+
+
+def test_freshness_counts_from_when_an_answer_became_ready() -> None:
+    """A preview that took longer than `fresh_s` to compute (a loaded machine) still serves the
+    read that waited for it and the ones right after."""
+    t = [100.0]
+    cache = ReadCache(fresh_s=2.0, clock=lambda: t[0])
+
+    def slow() -> int:
+        t[0] += 3.0  # computing took 3 s
+        return 7
+
+    assert cache.shared("p", 10, 100.0, slow) == 7
+    assert cache.holds("p", 10, 103.5)  # ready at 103, asked 0.5 s later
+    assert not cache.holds("p", 10, 105.5)
+    assert cache.answer("queue", "args", 10, 103.0, lambda: (t.__setitem__(0, 106.0), b"x")[1])
+    assert cache.answer("queue", "args", 10, 107.5, lambda: b"y") == b"x"  # ready at 106
+    assert cache.answer("queue", "args", 10, 108.5, lambda: b"z") == b"z"
