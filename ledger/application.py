@@ -388,11 +388,15 @@ class Ledger(Application[UUID]):
 
         Single-writer fast path, as `execute_all`: decide on the in-memory state without asking
         the store first; the (stream, version) constraint catches another writer, and rejections
-        are confirmed against the latest log before they are answered."""
+        are confirmed against the latest log before they are answered. One command alone is
+        decided on the state itself (deciding changes nothing; its events are folded once they
+        are stored), not on a copy of it (~0.1 ms at 8k live jobs)."""
+        alone = len(cmds) == 1
         for attempt in range(self.retries):
             if attempt:
                 self.catch_up()
-            scratch, version, prev = self.state.copy(), self.version, self.last_hash
+            scratch = self.state if alone else self.state.copy()
+            version, prev = self.version, self.last_hash
             now = self.clock.now()
             outcomes: list[tuple[int, list[AnyEvent]] | LedgerError] = []
             stored: list[StoredEvent] = []
@@ -408,8 +412,9 @@ class Ledger(Application[UUID]):
                     log.exception("command %s failed", type(cmd).__name__)
                     outcomes.append(LedgerError(f"internal error: {type(err).__name__}"))
                     continue
-                for ev in chained:
-                    evolve(scratch, ev)
+                if not alone:  # the next command sees this one
+                    for ev in chained:
+                        evolve(scratch, ev)
                 if mine:
                     prev = chain_hash(mine[-1].state)
                 version += len(mine)
@@ -426,6 +431,10 @@ class Ledger(Application[UUID]):
                 ids = self.recorder.insert_events(stored)
             except IntegrityError:
                 continue  # another writer appended first: catch up and decide again
+            if alone:
+                for o in outcomes:
+                    for ev in o[1] if not isinstance(o, LedgerError) else ():
+                        evolve(scratch, ev)
             self.state, self.version, self.last_hash = scratch, version, prev
             self.position = ids[-1] if ids else self.head()
             self._maybe_snapshot()

@@ -56,3 +56,19 @@ def test_a_batch_of_only_rejections_appends_nothing(tmp_path: Path) -> None:
     )
     assert all(isinstance(o, LedgerError) for o in out)
     assert Ledger(tmp_path).position == head
+
+
+def test_one_command_alone_is_folded_once_and_a_rejection_changes_nothing(tmp_path: Path) -> None:
+    """A batch of one is decided on the live state itself (no copy): its events are folded once
+    they are stored, and a rejected one leaves the state as it was."""
+    led = ledger(tmp_path)
+    head, version = led.position, led.version
+    (out,) = led.execute_each([c.SubmitJob(actor="alice", account="ai2/olmo", gpus=2)])
+    assert isinstance(out, Appended) and out.position == head + 1 == led.position
+    assert led.version == version + 1 and list(led.state.jobs) == [1]
+    assert led.state.jobs[1].spec.gpus == 2 and led.state.next_job_id == 2
+    (bad,) = led.execute_each([c.SubmitJob(actor="mallory", account="ai2/olmo", gpus=1)])
+    assert isinstance(bad, NotAuthorised)
+    assert (led.position, led.version, list(led.state.jobs)) == (head + 1, version + 1, [1])
+    again = Ledger(tmp_path)  # what was stored folds to the same state
+    assert again.state.jobs == led.state.jobs and again.last_hash == led.last_hash
