@@ -290,7 +290,8 @@ class ServiceLoop:
 
     def _log_lifecycles(self) -> None:
         """Log each job start, finish, failure and preemption the log gained since the last
-        look (finished jobs leave the live state: the ones seen are kept for their names)."""
+        look (finished jobs leave the live state: the ones live at the last look are kept until
+        their endings are logged, for their names)."""
         if self.lifecycle_dir is None:
             return
         from ledger.explain import lifecycle_lines
@@ -300,6 +301,7 @@ class ServiceLoop:
         for line in lifecycle_lines(events, self._jobs, str(self.lifecycle_dir)):
             self.log.info("%s", line)
         self._seen = self.ledger.head()
+        self._jobs = dict(self.ledger.state.jobs)  # only live jobs are kept: memory stays bounded
 
     def _recover(self) -> None:
         """With an executor of our own, compare the ledger with it before any cycle (adopt, or

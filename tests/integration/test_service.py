@@ -237,11 +237,13 @@ def test_up_runs_real_processes_with_their_gpus_and_preempts_unfunded_work(tmp_p
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
     env |= {"GPULEDGER_HOME": str(home), "GPULEDGER_USER": "root"}
     first = subprocess.Popen([GPULEDGER, *up], env=env, stderr=subprocess.DEVNULL)
-    try:  # the service runs until its job has started, then is stopped (SIGTERM)
+    try:  # once the job runs (the CLI asks the service on its socket), the service is stopped
+        wait_for("the service's socket", (home / "gpuledger.sock").exists)
         wait_for("job 1 to run", lambda: '"running"' in run_cli(home, "jobs", "--json").stdout)
-    finally:
         first.terminate()
         assert first.wait(timeout=60) == 0
+    finally:
+        first.kill()
     jobs = {j["job_id"]: j for j in json.loads(run_cli(home, "jobs", "--json").stdout)}
     assert jobs[1]["status"] == "running"  # the service stopped; its job did not
     # the next service adopts it; a funded job arrives while it runs and preempts it
