@@ -267,8 +267,8 @@ def _decode(raw: Any) -> e.AnyEvent:
 def log(store: Store, f: v.LogFilter, viewer: Viewer | None) -> list[v.LogEntry]:
     """Events after `f.after` in log order (`f.limit` of them, or the last `f.tail`), from the
     projection's `events` table; events of unknown types keep their tag and a null body. The
-    events of a job whose command `viewer` may not see come `redact_event`ed and marked (None:
-    nothing is)."""
+    events of a job whose command `viewer` may not see come `redact_event`ed and marked, and so do
+    token issues (their secret's hash withheld) for every viewer (None: nothing is)."""
     if f.tail is not None:
         sql = (
             "SELECT * FROM (SELECT position, tag, known, occurred_at, actor, raw FROM events "
@@ -294,6 +294,14 @@ def log(store: Store, f: v.LogFilter, viewer: Viewer | None) -> list[v.LogEntry]
     ]
     if viewer is None:
         return out
+    out = [  # a token's hash is the server's to check, never a reader's to see
+        msgspec.structs.replace(
+            x, event=msgspec.structs.replace(x.event, secret_sha256=""), redacted=True
+        )
+        if isinstance(x.event, e.TokenIssued)
+        else x
+        for x in out
+    ]
     owners = {x.event.job_id: ("", "") for x in out if isinstance(x.event, e.JobStarted)}
     owners.update(
         {

@@ -101,6 +101,19 @@ def test_only_the_owner_managers_above_and_admins_see_a_jobs_command_over_http(
         assert SECRET not in raw and "olmo-7" not in raw
 
 
+def test_no_reader_of_the_log_sees_a_tokens_secret_hash(world: World) -> None:
+    """Tokens are kept as hashes; the log shows who was issued one, never the hash."""
+    for who in ("root", "bob"):
+        status, rows = world.server.request("GET", "/v1/log?limit=10000", token=world.tokens[who])
+        assert status == 200, rows
+        issued = [r for r in rows if r["tag"] == "token.issued.v1"]
+        assert len(issued) >= len(SEES), who
+        assert all(r["event"]["secret_sha256"] == "" and r["redacted"] for r in issued), who
+    embedded = json.loads(cli(world.home, "log", "--json", "--limit", "10000").stdout)
+    assert [r for r in embedded if r["tag"] == "token.issued.v1"]
+    assert all(r["event"]["secret_sha256"] == "" for r in embedded if r["tag"] == "token.issued.v1")
+
+
 def test_the_cli_shows_the_same_through_the_server_and_embedded(world: World) -> None:
     """The CLI as client prints what the API answers that caller; embedded (the server
     stopped), the same actor (`--as`, an admin's on this host) sees the same."""
