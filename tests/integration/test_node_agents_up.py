@@ -20,6 +20,7 @@ from tests.integration.test_up_jobs_survive import (
     events,
     held_twice,
     jobs,
+    stop_started,
     submit,
     until_released,
     wait_for,
@@ -42,7 +43,8 @@ def home(tmp_path: Path) -> Iterator[Path]:
     cli(home, "budget", "apply", str(budget))
     cli(home, "node", "add", "local", "--gpus", "2", "--gpu-type", "sim")
     yield home
-    for d in (home / "agents").glob("*"):  # no job of a test outlives it
+    stop_started()
+    for d in (home / "agents").glob("*"):  # nor any of its jobs
         for p in live_processes(d):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from ledger.agent.executor import live_processes
+from tests.integration import waits
 
 GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
 UP = ("up", "--run-as", "service", "--interval", "0.2s", "--grace", "2s", "--log-level", "INFO")
@@ -60,16 +61,26 @@ def events(home: Path, tag: str) -> list[dict[str, Any]]:
 def wait_for(
     what: str, cond: Callable[[], bool], timeout: float = 90, home: Path | None = None
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    seen = ""
-    if home is not None:  # what the service said and the log's tail, to see why
-        seen = "".join(p.read_text()[-3000:] for p in sorted(home.glob("up-*.log")))
-        seen += cli(home, "log", "--tail", "15", ok=False).stdout
-    raise AssertionError(f"timed out waiting for {what}\n{seen}")
+    def seen() -> str:  # what the service said and the log's tail, to see why
+        if home is None:
+            return ""
+        said = "".join(p.read_text()[-3000:] for p in sorted(home.glob("up-*.log")))
+        return said + cli(home, "log", "--tail", "15", ok=False).stdout
+
+    waits.wait_for(what, cond, timeout, seen)
+
+
+STARTED: list[subprocess.Popen[bytes]] = []
+"""Every `up` a test started: the fixture kills those a failed test left running."""
+
+
+def stop_started() -> None:
+    """No service of a test outlives it, even a failed test's."""
+    while STARTED:
+        up = STARTED.pop()
+        if up.poll() is None:
+            up.kill()
+            up.wait(timeout=30)
 
 
 class Service:
@@ -83,6 +94,7 @@ class Service:
                 stderr=out,
                 start_new_session=True,  # its own process group, as a terminal's foreground job
             )
+        STARTED.append(self.proc)
         # read commands open the projection themselves until a service holds it: start them
         # once this one does (it also retries while a reader holds the file)
         wait_for("the service to start", lambda: self.proc.poll() is not None
@@ -105,7 +117,8 @@ def home(tmp_path: Path) -> Iterator[Path]:
     )
     cli(home, "budget", "apply", str(budget))
     yield home
-    for p in procs(home):  # no job of a test outlives it
+    stop_started()
+    for p in procs(home):  # nor any of its jobs
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
 
