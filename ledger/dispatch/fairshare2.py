@@ -197,8 +197,7 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
     def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
         ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
         places = team_places(snapshot, depth) if self.whole_tree else {}
-        if self.fresh_first:
-            return self._order_fresh_first(snapshot, places)
+        fresh_first = self.fresh_first
         cache: dict[tuple[str, str], tuple[int, int]] = {}
         keyed: list[tuple[SortKey, PendingJob]] = []
         for j in snapshot.pending:
@@ -211,20 +210,18 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
                 team = places.get(name, len(places) + rank) if places else rank
                 leaf = ranks.get(f"{j.account}/{j.user}", rank)
                 pair = cache[who] = (team, leaf)
-            keyed.append(
-                (
-                    (
-                        0 if lane and funded and j.debug else 1,
-                        0 if funded else 1,
-                        pair[0],
-                        -j.priority,
-                        pair[1],
-                        j.submitted_at,
-                        j.job_id,
-                    ),
-                    j,
-                )
+            key: SortKey = (
+                0 if lane and funded and j.debug else 1,
+                0 if funded else 1,
+                pair[0],
+                -j.priority,
+                pair[1],
+                j.submitted_at,
+                j.job_id,
             )
+            if fresh_first:  # after funded-before-unfunded: 1 for an unfunded job that ran
+                key = (*key[:2], 0 if funded or j.runs == 0 else 1, *key[2:])
+            keyed.append((key, j))
         keyed.sort(key=itemgetter(0))
         return keyed
 
@@ -233,42 +230,6 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
         """Whether unfunded jobs that never ran go before unfunded jobs that ran and were
         preempted (`fairshare-5`)."""
         return self.version not in ("fairshare-2", "fairshare-3", "fairshare-4")
-
-    def _order_fresh_first(
-        self, snapshot: Snapshot, places: Mapping[str, int]
-    ) -> list[tuple[SortKey, PendingJob]]:
-        """`fairshare-5`'s order: `order`'s key with, after funded-before-unfunded, 1 for an
-        unfunded job that ran before (0 for every other job)."""
-        ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
-        cache: dict[tuple[str, str], tuple[int, int]] = {}
-        keyed: list[tuple[SortKey, PendingJob]] = []
-        for j in snapshot.pending:
-            funded = j.min_runtime_s > 0
-            who = (j.account, j.user)
-            pair = cache.get(who)
-            if pair is None:
-                name = team_of(j.account, depth)
-                rank = ranks.get(name, ranks.get(j.account, UNRANKED))
-                team = places.get(name, len(places) + rank) if places else rank
-                leaf = ranks.get(f"{j.account}/{j.user}", rank)
-                pair = cache[who] = (team, leaf)
-            keyed.append(
-                (
-                    (
-                        0 if lane and funded and j.debug else 1,
-                        0 if funded else 1,
-                        0 if funded or j.runs == 0 else 1,
-                        pair[0],
-                        -j.priority,
-                        pair[1],
-                        j.submitted_at,
-                        j.job_id,
-                    ),
-                    j,
-                )
-            )
-        keyed.sort(key=itemgetter(0))
-        return keyed
 
     # --- preemption -------------------------------------------------------------------------
 

@@ -75,29 +75,14 @@ def _fields(config: AnyPolicyConfig) -> dict[str, Any]:
 VERSIONS: dict[str, Registered] = {
     r.version: r
     for r in (
-        Registered(
-            "fairshare",
-            FairShare5Config,
-            lambda c: FairShare2(version=c.version, **_fields(c)),
-            ranked=True,
-        ),
-        Registered(
-            "fairshare",
-            FairShare4Config,
-            lambda c: FairShare2(version=c.version, **_fields(c)),
-            ranked=True,
-        ),
-        Registered(
-            "fairshare",
-            FairShare3Config,
-            lambda c: FairShare2(version=c.version, **_fields(c)),
-            ranked=True,
-        ),
-        Registered(
-            "fairshare",
-            FairShare2Config,
-            lambda c: FairShare2(version=c.version, **_fields(c)),
-            ranked=True,
+        *(
+            Registered(
+                "fairshare",
+                config,
+                lambda c: FairShare2(version=c.version, **_fields(c)),
+                ranked=True,
+            )
+            for config in (FairShare5Config, FairShare4Config, FairShare3Config, FairShare2Config)
         ),
         Registered(
             "fairshare",
