@@ -7,6 +7,7 @@
 --   b_submitted  JobSubmitted as jobs rows (the contract)
 --   b_placed     JobPlaced: job_id, position, event_at, cycle_id, slots
 --   b_preempted  JobPreempted rows
+--   b_finished   JobFinished: position, outcome, exit_code
 --   b_cycles     CycleDecided rows
 --
 -- and, read back from the batch's rows of `events` once they are inserted (temp tables below):
@@ -44,8 +45,10 @@ INSERT INTO node_history BY NAME SELECT * FROM b_nodes;
 -- name: b_jobev
 -- needs: always
 -- The batch's job lifecycle events, read back from the rows just inserted into `events` (zone
--- maps on `position` keep the scan to the batch's row groups). A temp table, made once per batch
--- (empty when the batch has none) and read by the statements below.
+-- maps on `position` keep the scan to the batch's row groups), with the outcome and exit code of
+-- JobFinished from `b_finished` (decoded already: reading them out of `raw` would decompress the
+-- whole batch's JSON). A temp table, made once per batch (empty when the batch has none) and
+-- read by the statements below.
 CREATE OR REPLACE TEMP TABLE b_jobev AS
 SELECT job_id, position, occurred_at AS event_at,
        CASE tag WHEN 'job.placed.v1'    THEN 'placed'
@@ -54,9 +57,8 @@ SELECT job_id, position, occurred_at AS event_at,
                 WHEN 'job.requeued.v1'  THEN 'requeued'
                 WHEN 'job.finished.v1'  THEN 'finished'
                 ELSE 'checkpointed' END                                       AS kind,
-       CASE WHEN tag = 'job.finished.v1' THEN raw->>'$.outcome' END            AS outcome,
-       CASE WHEN tag = 'job.finished.v1' THEN (raw->>'$.exit_code')::INTEGER END AS exit_code
-FROM events
+       f.outcome, f.exit_code
+FROM events LEFT JOIN b_finished f USING (position)
 WHERE position BETWEEN $first AND $last
   AND tag IN ('job.placed.v1', 'job.started.v1', 'job.preempted.v1', 'job.requeued.v1',
               'job.finished.v1', 'job.checkpointed.v1');
