@@ -137,7 +137,9 @@ WHERE jobs.job_id = u.job_id;
 -- needs: b_placed
 -- A placement opens an interval charged to the job's user leaf; if the job's GPUs are released
 -- later in the same batch, the interval arrives closed. Its GPU type is that of the first slot's
--- node as registered before the placement (the last registration at or before it).
+-- node as registered before the placement (the last registration at or before it: a hash join
+-- on the node and the newest match per placement, the same rows as an ASOF join and cheaper,
+-- as a node has few registrations).
 INSERT INTO job_intervals BY NAME
 SELECT p.job_id, p.position AS start_position, p.event_at AS start_at,
        e.position AS end_position, e.event_at AS end_at, e.end_reason,
@@ -145,9 +147,13 @@ SELECT p.job_id, p.position AS start_position, p.event_at AS start_at,
 FROM b_placed p
 JOIN jobs j USING (job_id)
 ASOF LEFT JOIN b_ends e ON e.job_id = p.job_id AND e.position > p.position
-ASOF LEFT JOIN (
-    SELECT node, position, gpu_type FROM node_history WHERE gpus IS NOT NULL
-) n ON n.node = p.slots[1].node AND p.position >= n.position;
+LEFT JOIN (
+    SELECT q.position, arg_max_null(r.gpu_type, r.position) AS gpu_type
+    FROM b_placed q
+    JOIN node_history r ON r.node = q.slots[1].node AND r.position <= q.position
+    WHERE r.gpus IS NOT NULL
+    GROUP BY q.position
+) n ON n.position = p.position;
 
 -- name: intervals_closed
 -- needs: b_jobev

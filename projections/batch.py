@@ -35,6 +35,10 @@ _CLASS_OF: dict[str, type] = {tag: cls for cls, tag in _TAG_OF.items()}
 _LATEST: dict[type, type] = {e.CycleDecidedV1: e.CycleDecided}
 """Older event type -> the type `codec.upcast` makes of it (the group it joins)."""
 
+_JSON = pa.json_(pa.large_string())
+"""`raw` as Arrow's JSON type: DuckDB takes it as its JSON type without parsing every value to
+check it (the decoder has parsed them all)."""
+
 _SLOTS = pa.list_(pa.struct([("node", pa.string()), ("gpu_indices", pa.list_(pa.int32()))]))
 
 SCHEMAS: dict[str, pa.Schema] = {
@@ -43,7 +47,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("position", pa.int64()),
             ("tag", pa.string()),
             ("known", pa.bool_()),
-            ("raw", pa.large_string()),
+            ("raw", _JSON),
         ]
     ),
     "b_accounts": pa.schema(
@@ -404,7 +408,7 @@ def _events(
                 ) from err
         raise
     return pa.Table.from_arrays(
-        [pa.array(positions, pa.int64()), tags, known, raw],
+        [pa.array(positions, pa.int64()), tags, known, pa.ExtensionArray.from_storage(_JSON, raw)],
         schema=SCHEMAS["b_events"],
     )
 
