@@ -712,6 +712,7 @@ _KEY_PARTS["fairshare-5"] = (
     ("unfunded_ran", "1: an unfunded job that ran and was preempted (jobs that never ran first)"),
     *_KEY_PARTS["fairshare-3"][2:],
 )
+_KEY_PARTS["fairshare-6"] = _KEY_PARTS["fairshare-5"]  # the same order, a larger debug reserve
 
 
 def key_parts(policy_version: str, key: Sequence[float | int | str]) -> list[v.KeyPart]:
