@@ -283,6 +283,9 @@ class _LocalHandles:
             from ledger.cli.views import projection
 
             self._store = self._stack.enter_context(projection(self.ctx, quiet=self.quiet))
+            # one engine thread: a read's statements are small, and a second thread costs more
+            # CPU than it saves time (the audit's and what-if's long queries keep both)
+            self._store.con.execute("SET threads = 1")
         return self._store
 
     def now(self) -> float:

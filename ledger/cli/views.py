@@ -74,9 +74,8 @@ def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
 
 
 def _caught_up(ctx: Ctx, source: EmbeddedSource, quiet: bool) -> Store:
-    """The projection file opened read-only when it is caught up with the log: read as it is,
-    with one engine thread (a read's statements are small: a second thread costs more CPU than
-    it saves time); else opened read-write and caught up first."""
+    """The projection file opened read-only when it is caught up with the log, read as it is;
+    else opened read-write and caught up first."""
     from projections.errors import ProjectionBusy
     from projections.store import Store, projection_path
 
@@ -84,7 +83,6 @@ def _caught_up(ctx: Ctx, source: EmbeddedSource, quiet: bool) -> Store:
         if projection_path(ctx.home).exists():
             store = Store.open(ctx.home, read_only=True)
             if store.position() == source.head():
-                store.con.execute("SET threads = 1")
                 return store
             store.close()
         store = Store.open(ctx.home)
