@@ -1,9 +1,16 @@
-"""The one thread that touches the ledger, the projection and the executor in `serve`.
+"""Who touches the ledger, the projection and the executor in `serve`: one at a time, under one
+lock.
 
-HTTP handlers hand it tasks and await the answer. It batches every write that is waiting into
-one store transaction (group commit: `Ledger.execute_each`, each command still decided and
-rejected on its own), runs reads in order, and runs a dispatcher cycle whenever one is due.
-Nothing is acknowledged before its transaction has committed.
+Commands are group-committed: every command the event loop has received in one turn is decided
+and appended in one store transaction (`Ledger.execute_each`, each command still decided and
+rejected on its own), right on the event loop when the worker thread does not hold the ledger,
+else handed to the worker as one task. Nothing is acknowledged before its transaction has
+committed. (On the event loop, a burst of submits costs no thread hand-off: no wake-up of another
+thread, no GIL passed back and forth, no wake-up of the loop from outside; the loop is the one
+that waited anyway.)
+
+The worker thread runs reads and calls in order, a dispatcher cycle whenever one is due, and the
+ahead-of-time work of the read cache once the log has stayed still.
 """
 
 from __future__ import annotations
@@ -27,10 +34,14 @@ log = logging.getLogger("gpuledger.server")
 
 @dataclass
 class _Task:
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop | None
+    future: asyncio.Future[Any] | None
     command: AnyCommand | None = None
     call: Callable[[], Any] | None = None
+
+
+_WAKE = _Task(None, None)
+"""Tells the worker thread the log moved (its idle work waits for the next quiet moment)."""
 
 
 @dataclass
@@ -49,14 +60,44 @@ class Worker:
     _thread: threading.Thread | None = None
     _next_cycle: float = 0.0
     _moved_at: float | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held by whoever touches the ledger: the worker thread, or the event loop committing."""
+    _pending: dict[asyncio.AbstractEventLoop, list[_Task]] = field(default_factory=dict)
+    """Commands received in this turn of each event loop, committed at its end."""
 
     # --- the HTTP side ---------------------------------------------------------------------------
 
     async def execute(self, command: AnyCommand) -> Appended:
-        """Append one command (group-committed with whatever else is waiting)."""
+        """Append one command (group-committed with the others of this turn of the loop)."""
         if not self.accepting:
             raise Unavailable("the server is stopping and takes no more writes", hint="retry")
-        return await self._submit(_Task(*self._future(), command=command))  # type: ignore[no-any-return]
+        loop, future = self._future()
+        pending = self._pending.get(loop)
+        if pending is None:
+            pending = self._pending[loop] = []
+            loop.call_soon(self._commit, loop)
+        pending.append(_Task(loop, future, command=command))
+        return await future  # type: ignore[no-any-return]
+
+    def _commit(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The end of a turn of `loop`: commit its commands here when the ledger is free, else
+        hand them to the worker thread (busy with a cycle or a read) as they are."""
+        tasks = self._pending.pop(loop, [])
+        if not self._lock.acquire(blocking=False):
+            for task in tasks:
+                self._queue.put(task)
+            return
+        try:
+            wake = self._moved_at is None
+            for at in range(0, len(tasks), self.max_batch):
+                done = self._execute_each(tasks[at : at + self.max_batch])
+                for task, result in done:
+                    _settle_one(task, result)
+            self._moved_at = time.monotonic()
+        finally:
+            self._lock.release()
+        if wake:  # the worker sleeps until its next cycle: its idle work now waits for quiet
+            self._queue.put(_WAKE)
 
     async def call(self, fn: Callable[[], Any], *, write: bool = False) -> Any:
         """Run `fn` on the worker thread (reads, and atomic batches when `write`)."""
@@ -69,6 +110,7 @@ class Worker:
         return loop, loop.create_future()
 
     async def _submit(self, task: _Task) -> Any:
+        assert task.future is not None
         self._queue.put(task)
         return await task.future
 
@@ -88,24 +130,27 @@ class Worker:
 
     def _run(self) -> None:
         self._next_cycle = time.monotonic()
+        with self._lock:
+            self._loop()
+
+    def _loop(self) -> None:
+        """The worker's loop: it holds the ledger's lock but while it waits for work."""
         stopping = False
         while not stopping:
             wake = self._next_cycle
             if self._moved_at is not None:
                 wake = min(wake, self._moved_at + self.quiet_s)
-            timeout = max(0.0, wake - time.monotonic())
             tasks: list[_Task] = []
             try:
-                first = self._queue.get(timeout=timeout)
+                first = self._next(max(0.0, wake - time.monotonic()))
             except queue.Empty:
-                first = None
-                timeout = -1.0
-            if first is None and timeout >= 0:
-                stopping = True
-            elif first is not None:
-                tasks.append(first)
-            elif self._moved_at is not None and time.monotonic() >= self._moved_at + self.quiet_s:
-                self._when_idle()
+                if self._moved_at is not None and time.monotonic() >= self._moved_at + self.quiet_s:
+                    self._when_idle()
+            else:
+                if first is None:
+                    stopping = True
+                elif first is not _WAKE:
+                    tasks.append(first)
             while len(tasks) < self.max_batch:
                 try:
                     more = self._queue.get_nowait()
@@ -113,11 +158,24 @@ class Worker:
                     break
                 if more is None:
                     stopping = True
-                    continue
-                tasks.append(more)
+                elif more is not _WAKE:
+                    tasks.append(more)
             self._handle(tasks)
             if time.monotonic() >= self._next_cycle or stopping:
                 self._cycle()
+
+    def _next(self, timeout: float) -> _Task | None:
+        """The next item of the queue (None: stop), waiting at most `timeout` without the lock;
+        raises queue.Empty."""
+        try:
+            return self._queue.get_nowait()
+        except queue.Empty:
+            pass
+        self._lock.release()
+        try:
+            return self._queue.get(timeout=timeout)
+        finally:
+            self._lock.acquire()
 
     def _when_idle(self) -> None:
         self._moved_at = None
@@ -138,14 +196,7 @@ class Worker:
         if tasks:  # writes, and calls that may write (batches, agents' reports)
             self._moved_at = time.monotonic()
         if writes:
-            try:
-                results: list[Any] = list(
-                    self.service.ledger.execute_each([t.command for t in writes])  # type: ignore[misc]
-                )
-            except Exception as err:  # the store failed: nobody is acknowledged
-                log.exception("group commit failed")
-                results = [err] * len(writes)
-            _resolve_all(list(zip(writes, results, strict=True)))
+            _resolve_all(self._execute_each(writes))
         for t in tasks:
             if t.call is not None:
                 try:
@@ -155,6 +206,17 @@ class Worker:
                         log.exception("read failed")
                     result = err
                 _resolve_all([(t, result)])
+
+    def _execute_each(self, writes: list[_Task]) -> list[tuple[_Task, Any]]:
+        """One group commit (the caller holds the lock): each task's result or error."""
+        try:
+            results: list[Any] = list(
+                self.service.ledger.execute_each([t.command for t in writes])  # type: ignore[misc]
+            )
+        except Exception as err:  # the store failed: nobody is acknowledged
+            log.exception("group commit failed")
+            results = [err] * len(writes)
+        return list(zip(writes, results, strict=True))
 
     def _cycle(self) -> None:
         self._moved_at = time.monotonic()
@@ -177,16 +239,22 @@ def _resolve_all(done: list[tuple[_Task, Any]]) -> None:
     (a group commit of 8 answers 8 requests with one call, not 8)."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Task, Any]]] = {}
     for task, result in done:
-        by_loop.setdefault(task.loop, []).append((task, result))
+        if task.loop is not None:
+            by_loop.setdefault(task.loop, []).append((task, result))
     for loop, settled in by_loop.items():
         loop.call_soon_threadsafe(_settle, settled)
 
 
 def _settle(settled: list[tuple[_Task, Any]]) -> None:
     for task, result in settled:
-        if task.future.done():
-            continue
-        if isinstance(result, BaseException):
-            task.future.set_exception(result)
-        else:
-            task.future.set_result(result)
+        _settle_one(task, result)
+
+
+def _settle_one(task: _Task, result: Any) -> None:
+    """On the task's event loop: answer its request (unless its client has gone)."""
+    if task.future is None or task.future.done():
+        return
+    if isinstance(result, BaseException):
+        task.future.set_exception(result)
+    else:
+        task.future.set_result(result)
