@@ -281,6 +281,7 @@ class Metrics:
             buckets=API_BUCKETS,
             registry=self.registry,
         )
+        self._api_children: dict[tuple[str, str, int], Any] = {}
         self.reading = _Reading()
         self.registry.register(self.reading)
         self.heartbeats: dict[str, float] = {}
@@ -343,7 +344,11 @@ class Metrics:
 
     def observe_api(self, route: str, method: str, status: int, seconds: float) -> None:
         """One request's latency, by route template, method and status."""
-        self.api.labels(route, method, str(status)).observe(seconds)
+        key = (route, method, status)
+        child = self._api_children.get(key)
+        if child is None:  # the labelled child, looked up once (a few us a request)
+            child = self._api_children[key] = self.api.labels(route, method, str(status))
+        child.observe(seconds)
 
 
 def route(

@@ -1,13 +1,13 @@
 """Who touches the ledger, the projection and the executor in `serve`: one at a time, under one
 lock.
 
-Commands are group-committed: every command the event loop has received in one turn is decided
-and appended in one store transaction (`Ledger.execute_each`, each command still decided and
-rejected on its own), right on the event loop when the worker thread does not hold the ledger,
-else handed to the worker as one task. Nothing is acknowledged before its transaction has
-committed. (On the event loop, a burst of submits costs no thread hand-off: no wake-up of another
-thread, no GIL passed back and forth, no wake-up of the loop from outside; the loop is the one
-that waited anyway.)
+Commands are group-committed: the commands the event loop receives until a turn of it brings no
+more (a few turns at most; `_gather`) are decided and appended in one store transaction
+(`Ledger.execute_each`, each command still decided and rejected on its own), right on the event
+loop when the worker thread does not hold the ledger, else handed to the worker thread. Nothing
+is acknowledged before its transaction has committed. (On the event loop, a burst of submits
+costs no thread hand-off: no wake-up of another thread, no GIL passed back and forth, no wake-up
+of the loop from outside; the loop is the one that waited anyway.)
 
 The worker thread runs reads and calls in order, a dispatcher cycle whenever one is due, and the
 ahead-of-time work of the read cache once the log has stayed still.
@@ -64,20 +64,36 @@ class Worker:
     """Held by whoever touches the ledger: the worker thread, or the event loop committing."""
     _pending: dict[asyncio.AbstractEventLoop, list[_Task]] = field(default_factory=dict)
     """Commands received in this turn of each event loop, committed at its end."""
+    gather_turns: int = 6
+    """How many turns of the event loop a group commit may wait for more commands."""
+    commits: int = 0
+    """Group commits (store transactions of commands) so far, and the commands in them:"""
+    committed: int = 0
 
     # --- the HTTP side ---------------------------------------------------------------------------
 
     async def execute(self, command: AnyCommand) -> Appended:
-        """Append one command (group-committed with the others of this turn of the loop)."""
+        """Append one command (group-committed with the others arriving meanwhile)."""
         if not self.accepting:
             raise Unavailable("the server is stopping and takes no more writes", hint="retry")
         loop, future = self._future()
         pending = self._pending.get(loop)
         if pending is None:
             pending = self._pending[loop] = []
-            loop.call_soon(self._commit, loop)
+            loop.call_soon(self._gather, loop, 0, 0)
         pending.append(_Task(loop, future, command=command))
         return await future  # type: ignore[no-any-return]
+
+    def _gather(self, loop: asyncio.AbstractEventLoop, seen: int, turns: int) -> None:
+        """Commit once a turn of `loop` brings no more commands (at most `gather_turns` turns):
+        a turn polls the sockets without waiting, so this costs no latency when nothing else
+        is arriving, and under a burst it makes the batches larger (fewer transactions)."""
+        waiting = len(self._pending.get(loop, ()))
+        more = seen < waiting or turns < 2
+        if more and waiting < self.max_batch and turns < self.gather_turns:
+            loop.call_soon(self._gather, loop, waiting, turns + 1)
+        else:
+            self._commit(loop)
 
     def _commit(self, loop: asyncio.AbstractEventLoop) -> None:
         """The end of a turn of `loop`: commit its commands here when the ledger is free, else
@@ -127,55 +143,54 @@ class Worker:
         self._queue.put(None)
         if self._thread is not None:
             self._thread.join()
+        if self.commits:
+            log.info("group commit: %d commands in %d transactions", self.committed, self.commits)
 
     def _run(self) -> None:
         self._next_cycle = time.monotonic()
-        with self._lock:
-            self._loop()
-
-    def _loop(self) -> None:
-        """The worker's loop: it holds the ledger's lock but while it waits for work."""
         stopping = False
         while not stopping:
+            first = self._wait()
+            with self._lock:
+                stopping = self._turn(first)
+
+    def _wait(self) -> _Task | None:
+        """Without the lock: the next item of the queue (None: stop), or `_WAKE` once something
+        is due (a cycle, or idle work after the log has stayed still for `quiet_s`)."""
+        while True:
             wake = self._next_cycle
             if self._moved_at is not None:
                 wake = min(wake, self._moved_at + self.quiet_s)
-            tasks: list[_Task] = []
             try:
-                first = self._next(max(0.0, wake - time.monotonic()))
+                item = self._queue.get(timeout=max(0.0, wake - time.monotonic()))
             except queue.Empty:
-                if self._moved_at is not None and time.monotonic() >= self._moved_at + self.quiet_s:
-                    self._when_idle()
-            else:
-                if first is None:
-                    stopping = True
-                elif first is not _WAKE:
-                    tasks.append(first)
-            while len(tasks) < self.max_batch:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    stopping = True
-                elif more is not _WAKE:
-                    tasks.append(more)
-            self._handle(tasks)
-            if time.monotonic() >= self._next_cycle or stopping:
-                self._cycle()
+                now, moved = time.monotonic(), self._moved_at
+                if now >= self._next_cycle or (moved is not None and now >= moved + self.quiet_s):
+                    return _WAKE
+                continue  # the log moved meanwhile (commits on the event loop): not quiet yet
+            if item is not _WAKE:  # _WAKE in the queue: the log moved, the wait is recomputed
+                return item
 
-    def _next(self, timeout: float) -> _Task | None:
-        """The next item of the queue (None: stop), waiting at most `timeout` without the lock;
-        raises queue.Empty."""
-        try:
-            return self._queue.get_nowait()
-        except queue.Empty:
-            pass
-        self._lock.release()
-        try:
-            return self._queue.get(timeout=timeout)
-        finally:
-            self._lock.acquire()
+    def _turn(self, first: _Task | None) -> bool:
+        """With the lock: what is queued, then what is due; True once told to stop."""
+        stopping = first is None
+        tasks: list[_Task] = [] if first is None or first is _WAKE else [first]
+        while len(tasks) < self.max_batch:
+            try:
+                more = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if more is None:
+                stopping = True
+            elif more is not _WAKE:
+                tasks.append(more)
+        self._handle(tasks)
+        now = time.monotonic()
+        if not tasks and self._moved_at is not None and now >= self._moved_at + self.quiet_s:
+            self._when_idle()
+        if time.monotonic() >= self._next_cycle or stopping:
+            self._cycle()
+        return stopping
 
     def _when_idle(self) -> None:
         self._moved_at = None
@@ -209,6 +224,8 @@ class Worker:
 
     def _execute_each(self, writes: list[_Task]) -> list[tuple[_Task, Any]]:
         """One group commit (the caller holds the lock): each task's result or error."""
+        self.commits += 1
+        self.committed += len(writes)
         try:
             results: list[Any] = list(
                 self.service.ledger.execute_each([t.command for t in writes])  # type: ignore[misc]
