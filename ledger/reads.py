@@ -151,30 +151,38 @@ def redact_event(ev: e.AnyEvent) -> e.AnyEvent:
 
 # --- jobs and the log (history: the projection) ----------------------------------------------
 
-_JOBS = """
-WITH held AS (  -- only pending jobs can be held: the scan reads the few live ids' events
+_HELD = """held AS (  -- held only replaces pending: the scan reads those few jobs' events
     SELECT job_id, arg_max(tag, position) = 'job.held.v1' AS held FROM events
     WHERE tag IN ('job.held.v1', 'job.released.v1')
-      AND job_id IN (SELECT job_id FROM jobs WHERE status = 'pending')
+      AND position >= (SELECT min(submitted_position) FROM {jobs} WHERE status = 'pending')
+      AND job_id IN (SELECT job_id FROM {jobs} WHERE status = 'pending')
     GROUP BY job_id
-), state AS (
-    SELECT j.job_id, CASE WHEN j.status = 'pending' AND coalesce(h.held, false) THEN 'held'
-                          ELSE j.status END AS state
-    FROM jobs j LEFT JOIN held h USING (job_id)
-), page AS (  -- the page first (newest first, over the filter columns only) ...
-    SELECT j.job_id FROM jobs j JOIN state s USING (job_id)
-    WHERE ($user IS NULL OR j.user_name = $user)
-      AND ($account IS NULL OR j.account = $account OR j.account LIKE $account || '/%')
-      AND ($since IS NULL OR j.finished_at IS NULL OR j.finished_at >= $since)
-      AND ($until IS NULL OR j.submitted_at <= $until)
-      AND ($status IS NULL OR s.state = $status OR ($status = 'active' AND s.state <> 'finished'))
-      AND ($job_id IS NULL OR j.job_id = $job_id)
-    ORDER BY j.job_id DESC
-    LIMIT $limit
-), top AS (  -- ... then only its jobs' rows and details
-    SELECT j.*, s.state FROM jobs j JOIN state s USING (job_id)
+)"""
+
+_JOB_STATUS = {
+    "active": "j.status <> 'finished'",  # pending and held jobs are active too
+    "pending": "j.status = 'pending' AND NOT coalesce(h.held, false)",
+    "held": "j.status = 'pending' AND coalesce(h.held, false)",
+}
+"""The `status` filters that are not one stored status (held is a state of a pending job)."""
+
+_JOB_FILTERS = (
+    ("user", "j.user_name = $user"),
+    ("account", "(j.account = $account OR j.account LIKE $account || '/%')"),
+    ("since", "(j.finished_at IS NULL OR j.finished_at >= $since)"),
+    ("until", "j.submitted_at <= $until"),
+    ("job_id", "j.job_id = $job_id"),
+)
+
+_JOB_PAGE = """page AS (  -- the page first: newest first, over the given filters' columns only
+    SELECT j.job_id FROM jobs j{join}{where}
+    ORDER BY j.job_id DESC LIMIT $limit
+), top AS (  -- then only the page's rows
+    SELECT j.* FROM jobs j
     WHERE j.job_id >= (SELECT min(job_id) FROM page) AND j.job_id IN (SELECT job_id FROM page)
-), ev AS (  -- the page's events, read by position range first (zone maps skip the rest)
+)"""
+
+_JOB_DETAILS = """ev AS (  -- the page's events, by position range first (zone maps skip the rest)
     SELECT e.job_id, e.position, e.tag, e.raw FROM events e
     WHERE e.position >= (SELECT min(submitted_position) FROM top)
       AND e.job_id IN (SELECT job_id FROM top)
@@ -194,16 +202,45 @@ WITH held AS (  -- only pending jobs can be held: the scan reads the few live id
            arg_max(raw, position) FILTER (WHERE tag = 'job.engine_ended.v1') AS ended
     FROM ev GROUP BY job_id
 )
-SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster, j.state, j.outcome,
-       j.exit_code, j.funded, j.min_runtime_s, j.resumable, j.priority, j.debug, j.time_limit_s,
-       j.submitted_at, j.placed_at, j.started_at, j.finished_at, j.placements, j.preemptions,
-       coalesce(iv.nodes, []) AS nodes, iv.last_start_at,
+SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster,
+       CASE WHEN j.status = 'pending' AND coalesce(h.held, false) THEN 'held'
+            ELSE j.status END AS state,
+       j.outcome, j.exit_code, j.funded, j.min_runtime_s, j.resumable, j.priority, j.debug,
+       j.time_limit_s, j.submitted_at, j.placed_at, j.started_at, j.finished_at, j.placements,
+       j.preemptions, coalesce(iv.nodes, []) AS nodes, iv.last_start_at,
        coalesce(from_json(x.submitted->'$.command', '["VARCHAR"]'), []) AS command,
        coalesce(from_json(x.started->'$.logs', '["VARCHAR"]'), []) AS logs,
        x.ended->>'$.reason' AS finish_reason
-FROM top j LEFT JOIN iv USING (job_id) LEFT JOIN x USING (job_id)
+FROM top j LEFT JOIN held h USING (job_id) LEFT JOIN iv USING (job_id) LEFT JOIN x USING (job_id)
 ORDER BY j.job_id DESC
 """
+
+
+def _jobs_query(params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The `jobs` statement for these filters (a None value: not filtered on) and its parameters.
+
+    The page is cut first, on the jobs table alone: a filter not given is left out of the
+    statement, so the engine reads no column for it and the page without filters is a top-N
+    over one column, whatever the history; only then do the page's rows get their state,
+    nodes and details. Whether a pending job is held is read from its events: for the page's
+    pending jobs, or for every pending job (live work, not history) when the filter is
+    `pending` or `held` itself."""
+    status = params["status"]
+    where = [sql for name, sql in _JOB_FILTERS if params[name] is not None]
+    used = {name: params[name] for name, _ in _JOB_FILTERS if params[name] is not None}
+    if status in _JOB_STATUS:
+        where.append(_JOB_STATUS[status])
+    elif status is not None:
+        where.append("j.status = $status")
+        used["status"] = status
+    by_held = status in ("pending", "held")
+    page = _JOB_PAGE.format(
+        join=" LEFT JOIN held h USING (job_id)" if by_held else "",
+        where=f"\n    WHERE {' AND '.join(where)}" if where else "",
+    )
+    held = _HELD.format(jobs="jobs" if by_held else "top")
+    ctes = [held, page] if by_held else [page, held]
+    return "WITH " + ",\n".join([*ctes, _JOB_DETAILS]), {**used, "limit": params["limit"]}
 
 
 def jobs(store: Store, f: v.JobFilter, now: float, viewer: Viewer | None) -> list[v.JobRow]:
@@ -211,8 +248,7 @@ def jobs(store: Store, f: v.JobFilter, now: float, viewer: Viewer | None) -> lis
     jobs alive at some moment of [since, until] (not ended before `since`, submitted by
     `until`). A job whose command `viewer` may not see comes `redact`ed (None: nothing is)."""
     account = f.account.rstrip("/") if f.account else None
-    rows = store.con.execute(
-        _JOBS,
+    sql, params = _jobs_query(
         {
             "status": f.status,
             "user": f.user,
@@ -221,8 +257,9 @@ def jobs(store: Store, f: v.JobFilter, now: float, viewer: Viewer | None) -> lis
             "until": f.until,
             "limit": f.limit,
             "job_id": None,
-        },
-    ).fetchall()
+        }
+    )
+    rows = store.con.execute(sql, params).fetchall()
     return _seen(_job_rows(rows, now), viewer)
 
 
@@ -667,6 +704,7 @@ _KEY_PARTS["fairshare-5"] = (
     ("unfunded_ran", "1: an unfunded job that ran and was preempted (jobs that never ran first)"),
     *_KEY_PARTS["fairshare-3"][2:],
 )
+_KEY_PARTS["fairshare-6"] = _KEY_PARTS["fairshare-5"]  # the same order, a larger debug reserve
 
 
 def key_parts(policy_version: str, key: Sequence[float | int | str]) -> list[v.KeyPart]:
@@ -938,7 +976,8 @@ def job(store: Store, job_id: int, now: float, viewer: Viewer | None) -> v.JobRo
     """One job as `jobs` shows it to `viewer` (UnknownEntity when the log has none with this
     id)."""
     params = dict.fromkeys(("status", "user", "account", "since", "until"))
-    rows = store.con.execute(_JOBS, {**params, "limit": 1, "job_id": job_id}).fetchall()
+    sql, used = _jobs_query({**params, "limit": 1, "job_id": job_id})
+    rows = store.con.execute(sql, used).fetchall()
     if not rows:
         raise UnknownEntity(f"no job {job_id}", job_id=job_id)
     return _seen(_job_rows(rows, now), viewer)[0]

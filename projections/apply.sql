@@ -7,6 +7,7 @@
 --   b_submitted  JobSubmitted as jobs rows (the contract)
 --   b_placed     JobPlaced: job_id, position, event_at, cycle_id, slots
 --   b_preempted  JobPreempted rows
+--   b_finished   JobFinished: position, outcome, exit_code
 --   b_cycles     CycleDecided rows
 --
 -- and, read back from the batch's rows of `events` once they are inserted (temp tables below):
@@ -44,8 +45,10 @@ INSERT INTO node_history BY NAME SELECT * FROM b_nodes;
 -- name: b_jobev
 -- needs: always
 -- The batch's job lifecycle events, read back from the rows just inserted into `events` (zone
--- maps on `position` keep the scan to the batch's row groups). A temp table, made once per batch
--- (empty when the batch has none) and read by the statements below.
+-- maps on `position` keep the scan to the batch's row groups), with the outcome and exit code of
+-- JobFinished from `b_finished` (decoded already: reading them out of `raw` would decompress the
+-- whole batch's JSON). A temp table, made once per batch (empty when the batch has none) and
+-- read by the statements below.
 CREATE OR REPLACE TEMP TABLE b_jobev AS
 SELECT job_id, position, occurred_at AS event_at,
        CASE tag WHEN 'job.placed.v1'    THEN 'placed'
@@ -54,9 +57,8 @@ SELECT job_id, position, occurred_at AS event_at,
                 WHEN 'job.requeued.v1'  THEN 'requeued'
                 WHEN 'job.finished.v1'  THEN 'finished'
                 ELSE 'checkpointed' END                                       AS kind,
-       CASE WHEN tag = 'job.finished.v1' THEN raw->>'$.outcome' END            AS outcome,
-       CASE WHEN tag = 'job.finished.v1' THEN (raw->>'$.exit_code')::INTEGER END AS exit_code
-FROM events
+       f.outcome, f.exit_code
+FROM events LEFT JOIN b_finished f USING (position)
 WHERE position BETWEEN $first AND $last
   AND tag IN ('job.placed.v1', 'job.started.v1', 'job.preempted.v1', 'job.requeued.v1',
               'job.finished.v1', 'job.checkpointed.v1');
@@ -135,7 +137,9 @@ WHERE jobs.job_id = u.job_id;
 -- needs: b_placed
 -- A placement opens an interval charged to the job's user leaf; if the job's GPUs are released
 -- later in the same batch, the interval arrives closed. Its GPU type is that of the first slot's
--- node as registered before the placement (the last registration at or before it).
+-- node as registered before the placement (the last registration at or before it: a hash join
+-- on the node and the newest match per placement, the same rows as an ASOF join and cheaper,
+-- as a node has few registrations).
 INSERT INTO job_intervals BY NAME
 SELECT p.job_id, p.position AS start_position, p.event_at AS start_at,
        e.position AS end_position, e.event_at AS end_at, e.end_reason,
@@ -143,9 +147,13 @@ SELECT p.job_id, p.position AS start_position, p.event_at AS start_at,
 FROM b_placed p
 JOIN jobs j USING (job_id)
 ASOF LEFT JOIN b_ends e ON e.job_id = p.job_id AND e.position > p.position
-ASOF LEFT JOIN (
-    SELECT node, position, gpu_type FROM node_history WHERE gpus IS NOT NULL
-) n ON n.node = p.slots[1].node AND p.position >= n.position;
+LEFT JOIN (
+    SELECT q.position, arg_max_null(r.gpu_type, r.position) AS gpu_type
+    FROM b_placed q
+    JOIN node_history r ON r.node = q.slots[1].node AND r.position <= q.position
+    WHERE r.gpus IS NOT NULL
+    GROUP BY q.position
+) n ON n.position = p.position;
 
 -- name: intervals_closed
 -- needs: b_jobev

@@ -12,7 +12,6 @@ hold no cycles and die with the batch).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -36,6 +35,10 @@ _CLASS_OF: dict[str, type] = {tag: cls for cls, tag in _TAG_OF.items()}
 _LATEST: dict[type, type] = {e.CycleDecidedV1: e.CycleDecided}
 """Older event type -> the type `codec.upcast` makes of it (the group it joins)."""
 
+_JSON = pa.json_(pa.large_string())
+"""`raw` as Arrow's JSON type: DuckDB takes it as its JSON type without parsing every value to
+check it (the decoder has parsed them all)."""
+
 _SLOTS = pa.list_(pa.struct([("node", pa.string()), ("gpu_indices", pa.list_(pa.int32()))]))
 
 SCHEMAS: dict[str, pa.Schema] = {
@@ -44,7 +47,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("position", pa.int64()),
             ("tag", pa.string()),
             ("known", pa.bool_()),
-            ("raw", pa.large_string()),
+            ("raw", _JSON),
         ]
     ),
     "b_accounts": pa.schema(
@@ -112,6 +115,13 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("actor", pa.string()),
         ]
     ),
+    "b_finished": pa.schema(
+        [
+            ("position", pa.int64()),
+            ("outcome", pa.string()),
+            ("exit_code", pa.int32()),
+        ]
+    ),
     "b_cycles": pa.schema(
         [
             ("position", pa.int64()),
@@ -172,6 +182,7 @@ KEPT: frozenset[type] = frozenset(
         e.JobSubmitted,
         e.JobPlaced,
         e.JobPreempted,
+        e.JobFinished,
         e.CycleDecided,
     }
 )
@@ -242,6 +253,60 @@ def decode_records(records: Sequence[LogRecord]) -> tuple[dict[type, Group], lis
     return groups, unknown
 
 
+def _pick(seq: Sequence[Any], idx: list[int]) -> list[Any]:
+    """seq[i] for i in idx, as a list (one C call, not a Python loop)."""
+    if len(idx) == 1:
+        return [seq[idx[0]]]
+    return list(itemgetter(*idx)(seq))
+
+
+def _decode_grouped(
+    positions: list[int], tags: pa.Array, datas: list[bytes]
+) -> tuple[dict[type, Group], list[int]] | None:
+    """Pure: what `decode_records` returns, found tag by tag without a Python step per record:
+    the records are grouped by tag (Arrow), each group is decoded by C-level `map`s with the one
+    decoder, the events of types no table reads freed at once, and the group checked to hold
+    only its tag's type. None when any record is not a plain valid event of its tag (invalid,
+    clamped, another type than its tag, an unknown tag that is not a JSON object) or a group
+    mixes versions: `decode_records` then handles the batch record by record, with its errors."""
+    encoded = tags.dictionary_encode()
+    order = pc.array_sort_indices(encoded.indices).to_pylist()  # stable: log order per tag
+    runs = pc.run_end_encode(encoded.indices.take(order))
+    names = encoded.dictionary.to_pylist()
+    decode = _decoder.decode
+    groups: dict[type, Group] = {}
+    unknown: list[int] = []
+    start = 0
+    try:
+        for code, end in zip(runs.values.to_pylist(), runs.run_ends.to_pylist(), strict=True):
+            idx = order[start:end]
+            start = end
+            tag = names[code]
+            cls = _CLASS_OF.get(tag) if tag in TAGS else None
+            if cls is None:  # a tag this code does not know: kept if it is a JSON object
+                if set(map(type, map(_object_decoder.decode, _pick(datas, idx)))) != {dict}:
+                    return None
+                unknown.extend(_pick(positions, idx))
+                continue
+            latest = _LATEST.get(cls, cls)
+            if latest in groups:  # two versions of one type: merged in log order below
+                return None
+            group = groups[latest] = Group()
+            group.positions = _pick(positions, idx)
+            if latest in KEPT:
+                group.events = list(map(decode, _pick(datas, idx)))
+                if set(map(type, group.events)) != {cls}:
+                    return None
+                if latest is not cls:
+                    group.events = list(map(upcast, group.events))
+            elif set(map(type, map(decode, _pick(datas, idx)))) != {cls}:
+                return None
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    unknown.sort()
+    return groups, unknown
+
+
 def _corrupt(rec: LogRecord, what: str, *, known: bool) -> CorruptEvent:
     return CorruptEvent(
         f"log position {rec.position}: {what}",
@@ -253,10 +318,20 @@ def _corrupt(rec: LogRecord, what: str, *, known: bool) -> CorruptEvent:
     )
 
 
-def build_batch(records: Sequence[LogRecord]) -> Batch:
-    """Pure: decode `records` (in log order) into the Arrow inputs of `apply.sql`."""
+def build_batch(records: Sequence[LogRecord], rows: pa.Table | None = None) -> Batch:
+    """Pure: decode `records` (in log order) into the Arrow inputs of `apply.sql`; `rows`: their
+    `events` input if `events_rows` made it already."""
     with gc_paused():
-        return _build(records)
+        return _build(records, rows)
+
+
+def events_rows(records: Sequence[LogRecord]) -> pa.Table:
+    """Pure: the `events` input of a batch alone, made before its records are decoded (so that
+    DuckDB can insert them while the rest decodes). Raises CorruptEvent for bytes that are not
+    UTF-8; a record that does not decode is found by `build_batch`."""
+    with gc_paused():
+        positions, tags, datas = _columns(records)
+        return _events(records, positions, tags, datas)
 
 
 def empty_tables() -> dict[str, pa.Table]:
@@ -264,15 +339,25 @@ def empty_tables() -> dict[str, pa.Table]:
     return {name: schema.empty_table() for name, schema in SCHEMAS.items()}
 
 
-def _build(records: Sequence[LogRecord]) -> Batch:
-    groups, unknown = decode_records(records)
+def _columns(records: Sequence[LogRecord]) -> tuple[list[int], pa.Array, list[bytes]]:
+    """The records' positions, tags (Arrow) and bytes."""
+    positions = list(map(_POSITION, records))
+    tags = pa.array(map(_TAG, records), pa.string(), size=len(records))
+    return positions, tags, list(map(_DATA, records))
+
+
+def _build(records: Sequence[LogRecord], rows: pa.Table | None) -> Batch:
+    positions, tags, datas = _columns(records)
+    found = _decode_grouped(positions, tags, datas)
+    groups, unknown = decode_records(records) if found is None else found
     tables = {
-        "b_events": _events(records, unknown),
+        "b_events": _events(records, positions, tags, datas) if rows is None else rows,
         "b_accounts": _accounts(groups),
         "b_nodes": _nodes(groups),
         "b_submitted": _submitted(groups),
         "b_placed": _placed(groups),
         "b_preempted": _preempted(groups),
+        "b_finished": _finished(groups),
         "b_cycles": _cycles(groups),
     }
     counts = {name: t.num_rows for name, t in tables.items()}
@@ -298,19 +383,18 @@ def _raw(datas: Sequence[bytes]) -> pa.Array:
 
 
 _POSITION, _TAG, _DATA = itemgetter(0), itemgetter(1), itemgetter(2)
+_KNOWN_TAGS = pa.array(sorted(TAGS), pa.string())
 
 
-def _events(records: Sequence[LogRecord], unknown: list[int]) -> pa.Table:
-    """Every record as it is stored; `apply.sql` extracts the common fields from the JSON."""
-    n = len(records)
-    positions = list(map(_POSITION, records))
-    tags = list(map(_TAG, records))
-    datas = list(map(_DATA, records))
-    if unknown:
-        odd = set(unknown)
-        known = pa.array([p not in odd for p in positions], pa.bool_())
-    else:
-        known = pa.array(itertools.repeat(True, n), pa.bool_(), size=n)
+def _events(
+    records: Sequence[LogRecord],
+    positions: list[int],
+    tags: pa.Array,
+    datas: list[bytes],
+) -> pa.Table:
+    """Every record as it is stored; `apply.sql` extracts the common fields from the JSON.
+    `known`: the tag is one this code decodes (the others are the batch's unknown records)."""
+    known = pc.is_in(tags, value_set=_KNOWN_TAGS)
     raw = _raw(datas)
     try:
         raw.validate(full=True)  # UTF-8: msgspec does not check the fields it skips
@@ -324,7 +408,7 @@ def _events(records: Sequence[LogRecord], unknown: list[int]) -> pa.Table:
                 ) from err
         raise
     return pa.Table.from_arrays(
-        [pa.array(positions, pa.int64()), pa.array(tags, pa.string()), known, raw],
+        [pa.array(positions, pa.int64()), tags, known, pa.ExtensionArray.from_storage(_JSON, raw)],
         schema=SCHEMAS["b_events"],
     )
 
@@ -467,6 +551,21 @@ def _preempted(groups: dict[type, Group]) -> pa.Table:
             "cycle_id": [ev.cycle_id for ev in evs],
             "note": [ev.note for ev in evs],
             "actor": [ev.actor for ev in evs],
+        },
+    )
+
+
+def _finished(groups: dict[type, Group]) -> pa.Table:
+    """JobFinished's outcome and exit code (what `b_jobev` would otherwise read back out of the
+    stored JSON: decompressing every `raw` of the batch)."""
+    g = groups.get(e.JobFinished, _EMPTY_GROUP)
+    evs = g.events
+    return _table(
+        "b_finished",
+        {
+            "position": g.positions,
+            "outcome": [ev.outcome for ev in evs],
+            "exit_code": [ev.exit_code for ev in evs],
         },
     )
 

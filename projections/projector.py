@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import duckdb
 
@@ -101,6 +101,7 @@ class Projector:
         self.quarantine = quarantine
         sections = sql_sections("apply.sql")
         self._statements = [(n, needs, sql) for n, needs, sql in sections if needs != "setup"]
+        self._events_statement = next(sql for n, _needs, sql in sections if n == _EVENTS)
         # Bind the temp tables and views the statements read: empty inputs, then the `always`
         # sections over them (empty), then the `setup` views.
         self._register(dict(_empty()))
@@ -126,42 +127,73 @@ class Projector:
 
     def apply_batch(self, batch: Batch) -> None:
         """Apply a decoded batch and move the tracking position, in one transaction."""
+        con = self.store.con
+        con.execute("BEGIN")
+        try:
+            self._apply_open(batch, rows_in=False)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+    def _insert_rows(self, rows: _Rows) -> bool:
+        """Open the batch's transaction and insert its `events` rows (the batch's other tables
+        follow in `_apply_open`). False, with nothing open, when DuckDB refuses them (bytes that
+        are not JSON): the batch then goes in whole, where its decoding names the bad record."""
+        con = self.store.con
+        con.execute("BEGIN")
+        try:
+            self._check_after(rows.first)
+            self._register({"b_events": rows.table})
+            con.execute(self._events_statement, _used(self._events_statement, _EMPTY_PARAMS))
+        except duckdb.Error:
+            con.execute("ROLLBACK")
+            return False
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        return True
+
+    def _check_after(self, first: int) -> None:
+        tracked = self.store.position()
+        if first <= tracked:
+            raise ProjectionMismatch(
+                f"records from position {first} are already applied "
+                f"(the projection is at {tracked})",
+                hint="a source must hand out records after the tracked position",
+            )
+
+    def _apply_open(self, batch: Batch, *, rows_in: bool) -> None:
+        """Apply a decoded batch and move the tracking position inside the open transaction;
+        `rows_in`: its `events` rows are inserted already (`_insert_rows`)."""
         from projections import quarantine
 
         con = self.store.con
         filled = {name: t for name, t in batch.tables.items() if t.num_rows}
         self._register(filled)
         try:
-            con.execute("BEGIN")
-            try:
-                tracked = self.store.position()
-                if batch.first <= tracked:
-                    raise ProjectionMismatch(
-                        f"records from position {batch.first} are already applied "
-                        f"(the projection is at {tracked})",
-                        hint="a source must hand out records after the tracked position",
-                    )
-                for _name, needs, statement in self._statements:
-                    if needs == "always" or batch.counts.get(needs):
-                        con.execute(statement, _params(statement, batch))
-                quarantine.record(con, batch)  # a no-op unless the batch met poison records
-                if batch.chain is not None:
-                    con.execute(
-                        "INSERT OR REPLACE INTO chain VALUES (?, ?, ?)",
-                        [PROJECTION, batch.last, batch.chain],
-                    )
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
+            self._check_after(batch.first)
+            for name, needs, statement in self._statements:
+                if rows_in and name == _EVENTS:
+                    continue
+                if needs == "always" or batch.counts.get(needs):
+                    con.execute(statement, _params(statement, batch))
+            quarantine.record(con, batch)  # a no-op unless the batch met poison records
+            if batch.chain is not None:
+                con.execute(
+                    "INSERT OR REPLACE INTO chain VALUES (?, ?, ?)",
+                    [PROJECTION, batch.last, batch.chain],
+                )
         finally:  # drop the batch's memory now; empty inputs keep the views bound
             self._register({name: _empty()[name] for name in filled})
 
     def catch_up(self, *, until: int | None = None, progress: Progress | None = None) -> CatchUp:
         """Apply every record after the tracked position (up to `until`), batch by batch.
 
-        Reading and decoding the next batch (Python) overlaps with DuckDB applying the current
-        one (DuckDB releases the GIL): a reader thread feeds a queue of one batch.
+        Reading and decoding (Python) overlaps with DuckDB applying (DuckDB releases the GIL): a
+        reader thread hands each batch over in two parts, its `events` rows as soon as they are
+        read (DuckDB inserts them, the largest statement, while the records decode) and then
+        the decoded rest, which is applied and committed in the same transaction.
         """
         position = self.store.position()
         head = self.source.head()
@@ -182,26 +214,48 @@ class Projector:
         deferred = stop - position > self.batch_size
         if deferred:
             self.store.con.execute(f"SET checkpoint_threshold = '{DEFERRED_CHECKPOINT}'")
-        batches: queue.Queue[Batch | BaseException | None] = queue.Queue(maxsize=1)
+        # A batch comes in two parts, its `events` rows and then the rest: up to one batch ahead
+        batches: queue.Queue[_Item] = queue.Queue(maxsize=2)
         halt = threading.Event()
         reader = threading.Thread(
             target=self._read_ahead, args=(position, stop, batches, halt), daemon=True
         )
         reader.start()
+        con = self.store.con
+        rows_in = False  # a batch's transaction is open with its `events` rows inserted
         try:
             while True:
                 item = batches.get()
+                if isinstance(item, _Rows):
+                    rows_in = self._insert_rows(item)
+                    continue
+                if isinstance(item, _Retract):  # the batch did not decode: its rows go
+                    if rows_in:
+                        con.execute("ROLLBACK")
+                    rows_in = False
+                    continue
                 if item is None:
                     break
                 if isinstance(item, BaseException):
                     raise item
-                self.apply_batch(item)
+                if not rows_in:
+                    con.execute("BEGIN")
+                try:
+                    self._apply_open(item, rows_in=rows_in)
+                    rows_in = False
+                    con.execute("COMMIT")
+                except BaseException:
+                    rows_in = False
+                    con.execute("ROLLBACK")
+                    raise
                 applied += item.events
                 unknown += item.unknown
                 position = item.last
                 if progress is not None:
                     progress(position, stop)
         finally:
+            if rows_in:  # stopped between a batch's two parts: nothing of it stays
+                con.execute("ROLLBACK")
             halt.set()
             while reader.is_alive():  # unblock a reader waiting on a full queue
                 with contextlib.suppress(queue.Empty):
@@ -217,25 +271,34 @@ class Projector:
         self,
         position: int,
         stop: int,
-        out: queue.Queue[Batch | BaseException | None],
+        out: queue.Queue[_Item],
         halt: threading.Event,
     ) -> None:
-        """Reader thread: read and decode batches until `stop`; a corrupt record ends the run
-        after the records before it (so the projection stops right before it)."""
+        """Reader thread: read and decode batches until `stop`, each as its `events` rows (which
+        DuckDB inserts while the records decode) and then the rest; a corrupt record ends the
+        run after the records before it (so the projection stops right before it)."""
         from projections import quarantine
-        from projections.batch import build_batch
+        from projections.batch import build_batch, events_rows
 
         if self.quarantine:
-            quarantine.read_ahead(self.source, position, stop, self.batch_size, out, halt)
+            plain = cast("queue.Queue[Batch | BaseException | None]", out)  # whole batches only
+            quarantine.read_ahead(self.source, position, stop, self.batch_size, plain, halt)
             return
         try:
             while position < stop and not halt.is_set():
                 records = self.source.read(position, min(self.batch_size, stop - position))
                 if not records:
                     break
+                rows = None
+                with contextlib.suppress(CorruptEvent):  # found again by build_batch
+                    rows = events_rows(records)
+                if rows is not None:
+                    out.put(_Rows(rows, records[0].position))
                 try:
-                    batch = build_batch(records)
+                    batch = build_batch(records, rows)
                 except CorruptEvent as err:
+                    if rows is not None:
+                        out.put(_RETRACT)
                     good = [r for r in records if r.position < err.position]
                     if good:
                         out.put(build_batch(good))
@@ -246,6 +309,26 @@ class Projector:
             out.put(None)
         except BaseException as err:  # handed to the applying thread, which raises it
             out.put(err)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The `events` rows of the batch that comes next, ahead of its decoded tables."""
+
+    table: pa.Table
+    first: int
+
+
+class _Retract:
+    """The batch whose `events` rows came ahead did not decode: roll them back."""
+
+
+_RETRACT = _Retract()
+if TYPE_CHECKING:
+    _Item = Batch | _Rows | _Retract | BaseException | None
+_EVENTS = "events"
+"""The `apply.sql` section that inserts a batch's `events` rows."""
+_EMPTY_PARAMS: dict[str, int] = {}
 
 
 def _params(statement: str, batch: Batch) -> dict[str, int] | None:

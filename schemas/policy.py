@@ -3,8 +3,9 @@
 One frozen Struct per policy version, tagged by the version string (`version` on the wire), so a
 config names the code that reads it: `FairShareConfig` is "fairshare-1", `FifoConfig` "fifo-1",
 `SlurmConfig` "slurm-1", `LegacyConfig` "legacy-1", `FairShare2Config` "fairshare-2",
-`FairShare3Config` "fairshare-3", `FairShare4Config` "fairshare-4", and the current versions
-`FairShare5Config` "fairshare-5", `Slurm2Config` "slurm-2", `Legacy2Config` "legacy-2".
+`FairShare3Config` "fairshare-3", `FairShare4Config` "fairshare-4", `FairShare5Config`
+"fairshare-5", and the current versions `FairShare6Config` "fairshare-6", `Slurm2Config`
+"slurm-2", `Legacy2Config` "legacy-2".
 `AnyPolicyConfig` is their union: decode one with
 `msgspec.json.decode(data, type=AnyPolicyConfig)`. A policy whose behaviour changes gets a new
 version and a new Struct here; an old one stays as long as its decisions must replay.
@@ -162,6 +163,17 @@ class FairShare5Config(FairShare4Config, frozen=True, kw_only=True, tag="fairsha
     any gets a second one)."""
 
 
+class FairShare6Config(FairShare5Config, frozen=True, kw_only=True, tag="fairshare-6"):
+    """`fairshare-5`'s code with a larger debug reserve: one node in 16 of each pool (lent to
+    unfunded work while no debug job needs it). On the synthetic workload's 7-day burst at 1,024
+    GPUs it takes the overall wait p90 from 11.0 h to 2.4 h (under `slurm`'s 2.7 h) with owed
+    100% by period and funded loss 0.84%."""
+
+    debug_reserve_per: Searches = 16
+    """Keep one node in this many of each pool (at least one) for debug jobs: funded non-debug
+    jobs are not placed there; unfunded jobs borrow it while it is idle. 0: no reserve."""
+
+
 class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
     """Slurm's multifactor priority as configured by default: no preemption unless
     `preempt_unfunded` (PreemptType=preempt/partition_prio with a scavenger partition)."""
@@ -187,7 +199,8 @@ class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
 
 
 AnyPolicyConfig = (
-    FairShare5Config
+    FairShare6Config
+    | FairShare5Config
     | FairShare4Config
     | FairShare3Config
     | FairShare2Config
@@ -201,6 +214,7 @@ AnyPolicyConfig = (
 """Any registered policy version's config (tagged by `version`)."""
 
 POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
+    FairShare6Config,
     FairShare5Config,
     FairShare4Config,
     FairShare3Config,

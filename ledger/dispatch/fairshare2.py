@@ -1,14 +1,15 @@
-"""`FairShare2` ("fairshare-5", "fairshare-4", "fairshare-3" and "fairshare-2"): fair share
-between teams without churn.
+"""`FairShare2` ("fairshare-6" down to "fairshare-2"): fair share between teams without churn.
 
-Pure: a policy is a config value (`schemas.policy.FairShare5Config`, `FairShare4Config`,
-`FairShare3Config` or `FairShare2Config` plus its version); its methods are functions of their
-arguments. What follows is "fairshare-3" and "fairshare-4" (the same code; fairshare-4 credits a
-fairness preemption with half the gain, `gain_horizon_s` 1800 s against 3600 s); "fairshare-5"
-is fairshare-4 with one more step in the order (`fresh_first`: an unfunded job that never ran
-goes before one that ran and was preempted); the recorded "fairshare-2" differs
-where `FairShare2.whole_tree` says (teams by Fair Tree's level fair shares, first-fit gang plans,
-debug victims grouped by team), so its decisions replay exactly.
+Pure: a policy is a config value (`schemas.policy.FairShare6Config`, `FairShare5Config`,
+`FairShare4Config`, `FairShare3Config` or `FairShare2Config` plus its version); its methods are
+functions of their arguments. What follows is "fairshare-3" and "fairshare-4" (the same code;
+fairshare-4 credits a fairness preemption with half the gain, `gain_horizon_s` 1800 s against
+3600 s); "fairshare-5" is fairshare-4 with one more step in the order (`fresh_first`: an
+unfunded job that never ran goes before one that ran and was preempted); "fairshare-6", the
+default, is fairshare-5 with a larger debug reserve by default (`debug_reserve_per` 16 against
+128); the recorded "fairshare-2" differs where `FairShare2.whole_tree` says (teams by Fair Tree's
+level fair shares, first-fit gang plans, debug victims grouped by team), so its decisions replay
+exactly.
 
 **Teams.** A team is the account `team_depth` levels down the tree (default 2: the project,
 `program/project`). Fairness is settled between teams by their budgets; inside a team jobs go by

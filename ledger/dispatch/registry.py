@@ -40,6 +40,7 @@ from schemas.policy import (
     FairShare3Config,
     FairShare4Config,
     FairShare5Config,
+    FairShare6Config,
     FairShareConfig,
     FifoConfig,
     Legacy2Config,
@@ -82,7 +83,13 @@ VERSIONS: dict[str, Registered] = {
                 lambda c: FairShare2(version=c.version, **_fields(c)),
                 ranked=True,
             )
-            for config in (FairShare5Config, FairShare4Config, FairShare3Config, FairShare2Config)
+            for config in (
+                FairShare6Config,
+                FairShare5Config,
+                FairShare4Config,
+                FairShare3Config,
+                FairShare2Config,
+            )
         ),
         Registered(
             "fairshare",
@@ -120,7 +127,7 @@ VERSIONS: dict[str, Registered] = {
 """Every registered version -> its entry."""
 
 CURRENT: dict[str, str] = {
-    "fairshare": "fairshare-4",
+    "fairshare": "fairshare-6",
     "legacy": "legacy-2",
     "slurm": "slurm-2",
     "fifo": "fifo-1",

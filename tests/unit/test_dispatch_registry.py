@@ -18,6 +18,7 @@ from schemas.policy import (
     FairShare3Config,
     FairShare4Config,
     FairShare5Config,
+    FairShare6Config,
     FairShareConfig,
     FifoConfig,
     Legacy2Config,
@@ -27,6 +28,8 @@ from schemas.policy import (
 )
 
 CONFIGS: list[AnyPolicyConfig] = [
+    FairShare6Config(),
+    FairShare6Config(debug_reserve_per=128),
     FairShare5Config(),
     FairShare4Config(),
     FairShare4Config(gain_horizon_s=3600.0, margin=0.2),
@@ -65,6 +68,9 @@ def test_a_config_survives_the_wire_and_builds_its_policy_and_back(
 
 def test_the_built_policies_are_the_ones_the_names_stood_for() -> None:
     assert registry.policy_from_config(registry.default_config()) == FairShare2(
+        version="fairshare-6", gain_horizon_s=1800.0, debug_reserve_per=16
+    )
+    assert registry.policy_from_config(registry.default_config("fairshare-4")) == FairShare2(
         version="fairshare-4", gain_horizon_s=1800.0
     )
     assert registry.policy_from_config(registry.default_config("fairshare-3")) == FairShare2()
