@@ -33,7 +33,7 @@ from ledger.cli._common import parse_duration, parse_interval
 from ledger.executors import Executor
 from ledger.loop import NoExecutor, ServiceLoop, make_policy
 from ledger.server import identity
-from ledger.server.app import PEER_UID, create_app
+from ledger.server.app import PEER_UID, create_asgi
 from ledger.server.config import ServeConfig
 from ledger.server.worker import Worker
 from schemas.errors import InvalidCommand
@@ -250,7 +250,7 @@ def serve(
     service.record_settings(parse_interval(config.interval), config.executor)
     worker = Worker(service, tick_s=parse_interval(config.interval), max_batch=config.max_batch)
     worker.start()
-    app = create_app(worker, clock=ledger.clock.now)
+    app = create_asgi(worker, clock=ledger.clock.now)
     servers = []
     close_companion: Callable[[], None] | None = None
     try:
