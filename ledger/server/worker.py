@@ -63,7 +63,7 @@ class Worker:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     """Held by whoever touches the ledger: the worker thread, or the event loop committing."""
     _pending: dict[asyncio.AbstractEventLoop, list[_Task]] = field(default_factory=dict)
-    """Commands received in this turn of each event loop, committed at its end."""
+    """The commands each event loop is gathering for its next group commit."""
     gather_turns: int = 6
     """How many turns of the event loop a group commit may wait for more commands."""
     commits: int = 0
@@ -96,8 +96,8 @@ class Worker:
             self._commit(loop)
 
     def _commit(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The end of a turn of `loop`: commit its commands here when the ledger is free, else
-        hand them to the worker thread (busy with a cycle or a read) as they are."""
+        """Commit what `loop` gathered, here when the ledger is free, else hand it to the worker
+        thread (busy with a cycle or a read)."""
         tasks = self._pending.pop(loop, [])
         if not self._lock.acquire(blocking=False):
             for task in tasks:

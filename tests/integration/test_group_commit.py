@@ -109,3 +109,23 @@ def test_a_batch_the_store_failed_leaves_the_state_as_the_log(tmp_path: Path) ->
     assert led.position == head and led.state.jobs == jobs and led.state.next_job_id == 1
     (out,) = led.execute_each([c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1)])
     assert isinstance(out, Appended) and [e.job_id for e in out.events] == [1]  # type: ignore[attr-defined]
+
+
+def test_a_quiet_server_snapshots_ahead_of_the_commit_that_would(tmp_path: Path) -> None:
+    """`serve`'s idle work stores the live state's snapshot once half the interval has passed,
+    so the commit crossing the interval does not have to; before that it stores nothing."""
+    from ledger.server.run import snapshot_ahead
+
+    ledger(tmp_path).close()
+    live = Ledger(tmp_path, SimClock(2_000.0), seeded_ids(4), live=True, snapshot_every=10)
+    assert live.snapshot_state()  # the interval counts from here
+    start = live.snapshot_position
+    submit = c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1)
+    live.execute_each([submit] * 4)
+    snapshot_ahead(live)
+    assert live.snapshot_position == start  # 4 of 10: not yet
+    live.execute_each([submit])
+    snapshot_ahead(live)
+    assert live.snapshot_position == live.position == start + 5
+    again = Ledger(tmp_path, live=True)
+    assert again.restored_from == start + 5 and again.state.jobs == live.state.jobs
