@@ -35,6 +35,7 @@ from ledger.server import metrics as m
 from ledger.server import pages, tables
 from ledger.server.agent_api import agent_routes
 from ledger.server.cache import ReadCache
+from ledger.server.commands import CommandPath
 from ledger.server.pages import LivePreview
 from ledger.server.reads import READS
 from ledger.server.worker import Worker
@@ -53,9 +54,7 @@ from schemas.errors import (
     UnknownEntity,
 )
 
-PEER_UID = "gpuledger.peer_uid"
-"""Scope key the Unix-socket protocol sets from SO_PEERCRED (never from anything the client
-sends)."""
+PEER_UID = ident.PEER_UID
 
 STATUS: dict[type[LedgerError], int] = {
     InvalidCommand: 400,
@@ -132,16 +131,33 @@ def _internal(_: Request[Any, Any, Any], err: Exception) -> Response[api.Problem
     return Response(body, status_code=500, media_type="application/problem+json")
 
 
+def error_response(err: Exception) -> Response[api.Problem]:
+    """An exception escaping a command route, as the app's exception handlers answer it."""
+    if isinstance(err, LedgerError):
+        return problem(err)
+    return _internal(None, err)  # type: ignore[arg-type]
+
+
+def create_asgi(worker: Worker, *, clock: Callable[[], float]) -> CommandPath:
+    """What `serve` serves: the Litestar app behind the command routes' hot path."""
+    return _build(worker, clock)[1]
+
+
 def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
     """The Litestar application serving `worker`'s ledger."""
+    return _build(worker, clock)[0]
+
+
+def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, CommandPath]:
     ledger = worker.service.ledger
 
-    def who(request: Request[Any, Any, Any]) -> ident.Identity:
-        uid = request.scope.get(PEER_UID)
-        bearer = request.headers.get("authorization")
+    def identify(uid: Any, bearer: str | None) -> ident.Identity:
         if isinstance(uid, int) and not bearer:  # a token sent on the socket is the caller
             return ident.from_peer(uid)
         return ident.from_bearer(ledger.state, bearer, clock())
+
+    def who(request: Request[Any, Any, Any]) -> ident.Identity:
+        return identify(request.scope.get(PEER_UID), request.headers.get("authorization"))
 
     def person(request: Request[Any, Any, Any]) -> ident.Identity:
         """Reads are for people (users, managers, admins), not node or job tokens."""
@@ -270,7 +286,7 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
     routes += [m.route(metrics, worker, handles, person)]
     getattr(worker, "idle", []).append(lambda: metrics.warm(handles))
     routes += pages.routes(worker, handles, person)
-    return Litestar(
+    app = Litestar(
         route_handlers=routes,
         middleware=[metrics.middleware],
         exception_handlers={
@@ -292,6 +308,9 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
         ),
         debug=False,
         logging_config=None,
+    )
+    return app, CommandPath(
+        app, worker, identify, SERVED_COMMANDS, metrics.observe_api, error_response
     )
 
 

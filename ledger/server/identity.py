@@ -25,6 +25,9 @@ from ledger.domain import State, Token
 from schemas import commands as c
 from schemas.errors import NotAuthenticated
 
+PEER_UID = "gpuledger.peer_uid"
+"""Scope key the Unix-socket protocol sets from SO_PEERCRED (never from anything the client
+sends)."""
 PREFIX = "glt_"
 _TOKEN = re.compile(r"^glt_([0-9a-f]{16})_[A-Za-z0-9_-]{43}$")
 

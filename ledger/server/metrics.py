@@ -281,6 +281,7 @@ class Metrics:
             buckets=API_BUCKETS,
             registry=self.registry,
         )
+        self._api_children: dict[tuple[str, str, int], Any] = {}
         self.reading = _Reading()
         self.registry.register(self.reading)
         self.heartbeats: dict[str, float] = {}
@@ -335,11 +336,19 @@ class Metrics:
                 raise
             finally:
                 route = str(scope.get("path_template") or "unmatched")
-                self.api.labels(route, str(scope.get("method", "")), str(status[0])).observe(
-                    time.perf_counter() - t0
+                self.observe_api(
+                    route, str(scope.get("method", "")), status[0], time.perf_counter() - t0
                 )
 
         return timed
+
+    def observe_api(self, route: str, method: str, status: int, seconds: float) -> None:
+        """One request's latency, by route template, method and status."""
+        key = (route, method, status)
+        child = self._api_children.get(key)
+        if child is None:  # the labelled child, looked up once (a few us a request)
+            child = self._api_children[key] = self.api.labels(route, method, str(status))
+        child.observe(seconds)
 
 
 def route(

@@ -33,7 +33,7 @@ from ledger.cli._common import parse_duration, parse_interval
 from ledger.executors import Executor
 from ledger.loop import NoExecutor, ServiceLoop, make_policy
 from ledger.server import identity
-from ledger.server.app import PEER_UID, create_app
+from ledger.server.app import PEER_UID, create_asgi
 from ledger.server.config import ServeConfig
 from ledger.server.worker import Worker
 from schemas.errors import InvalidCommand
@@ -250,7 +250,8 @@ def serve(
     service.record_settings(parse_interval(config.interval), config.executor)
     worker = Worker(service, tick_s=parse_interval(config.interval), max_batch=config.max_batch)
     worker.start()
-    app = create_app(worker, clock=ledger.clock.now)
+    app = create_asgi(worker, clock=ledger.clock.now)
+    worker.idle.append(lambda: snapshot_ahead(ledger))  # after what the reads want first
     servers = []
     close_companion: Callable[[], None] | None = None
     try:
@@ -283,6 +284,16 @@ def serve(
             unix_path.unlink()
         log.info("stopped cleanly at position %d", ledger.position)
     return 0
+
+
+def snapshot_ahead(ledger: Ledger) -> None:
+    """Idle work: a live ledger's snapshot once half its interval has passed, so that the group
+    commit crossing the interval (which encodes the whole live state, ~0.2 s at 10k live jobs,
+    while the event loop waits) rarely has to."""
+    if ledger.state.live_only and ledger.position - ledger.snapshot_position >= max(
+        1, ledger.snapshot_every // 2
+    ):
+        ledger.snapshot_state()
 
 
 def _run_loop(main: Coroutine[Any, Any, None]) -> None:

@@ -1,9 +1,16 @@
-"""The one thread that touches the ledger, the projection and the executor in `serve`.
+"""Who touches the ledger, the projection and the executor in `serve`: one at a time, under one
+lock.
 
-HTTP handlers hand it tasks and await the answer. It batches every write that is waiting into
-one store transaction (group commit: `Ledger.execute_each`, each command still decided and
-rejected on its own), runs reads in order, and runs a dispatcher cycle whenever one is due.
-Nothing is acknowledged before its transaction has committed.
+Commands are group-committed: the commands the event loop receives until a turn of it brings no
+more (a few turns at most; `_gather`) are decided and appended in one store transaction
+(`Ledger.execute_each`, each command still decided and rejected on its own), right on the event
+loop when the worker thread does not hold the ledger, else handed to the worker thread. Nothing
+is acknowledged before its transaction has committed. (On the event loop, a burst of submits
+costs no thread hand-off: no wake-up of another thread, no GIL passed back and forth, no wake-up
+of the loop from outside; the loop is the one that waited anyway.)
+
+The worker thread runs reads and calls in order, a dispatcher cycle whenever one is due, and the
+ahead-of-time work of the read cache once the log has stayed still.
 """
 
 from __future__ import annotations
@@ -27,10 +34,14 @@ log = logging.getLogger("gpuledger.server")
 
 @dataclass
 class _Task:
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop | None
+    future: asyncio.Future[Any] | None
     command: AnyCommand | None = None
     call: Callable[[], Any] | None = None
+
+
+_WAKE = _Task(None, None)
+"""Tells the worker thread the log moved (its idle work waits for the next quiet moment)."""
 
 
 @dataclass
@@ -49,14 +60,60 @@ class Worker:
     _thread: threading.Thread | None = None
     _next_cycle: float = 0.0
     _moved_at: float | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held by whoever touches the ledger: the worker thread, or the event loop committing."""
+    _pending: dict[asyncio.AbstractEventLoop, list[_Task]] = field(default_factory=dict)
+    """The commands each event loop is gathering for its next group commit."""
+    gather_turns: int = 6
+    """How many turns of the event loop a group commit may wait for more commands."""
+    commits: int = 0
+    """Group commits (store transactions of commands) so far, and the commands in them:"""
+    committed: int = 0
 
     # --- the HTTP side ---------------------------------------------------------------------------
 
     async def execute(self, command: AnyCommand) -> Appended:
-        """Append one command (group-committed with whatever else is waiting)."""
+        """Append one command (group-committed with the others arriving meanwhile)."""
         if not self.accepting:
             raise Unavailable("the server is stopping and takes no more writes", hint="retry")
-        return await self._submit(_Task(*self._future(), command=command))  # type: ignore[no-any-return]
+        loop, future = self._future()
+        pending = self._pending.get(loop)
+        if pending is None:
+            pending = self._pending[loop] = []
+            loop.call_soon(self._gather, loop, 0, 0)
+        pending.append(_Task(loop, future, command=command))
+        return await future  # type: ignore[no-any-return]
+
+    def _gather(self, loop: asyncio.AbstractEventLoop, seen: int, turns: int) -> None:
+        """Commit once a turn of `loop` brings no more commands (at most `gather_turns` turns):
+        a turn polls the sockets without waiting, so this costs no latency when nothing else
+        is arriving, and under a burst it makes the batches larger (fewer transactions)."""
+        waiting = len(self._pending.get(loop, ()))
+        more = seen < waiting or turns < 2
+        if more and waiting < self.max_batch and turns < self.gather_turns:
+            loop.call_soon(self._gather, loop, waiting, turns + 1)
+        else:
+            self._commit(loop)
+
+    def _commit(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Commit what `loop` gathered, here when the ledger is free, else hand it to the worker
+        thread (busy with a cycle or a read)."""
+        tasks = self._pending.pop(loop, [])
+        if not self._lock.acquire(blocking=False):
+            for task in tasks:
+                self._queue.put(task)
+            return
+        try:
+            wake = self._moved_at is None
+            for at in range(0, len(tasks), self.max_batch):
+                done = self._execute_each(tasks[at : at + self.max_batch])
+                for task, result in done:
+                    _settle_one(task, result)
+            self._moved_at = time.monotonic()
+        finally:
+            self._lock.release()
+        if wake:  # the worker sleeps until its next cycle: its idle work now waits for quiet
+            self._queue.put(_WAKE)
 
     async def call(self, fn: Callable[[], Any], *, write: bool = False) -> Any:
         """Run `fn` on the worker thread (reads, and atomic batches when `write`)."""
@@ -69,6 +126,7 @@ class Worker:
         return loop, loop.create_future()
 
     async def _submit(self, task: _Task) -> Any:
+        assert task.future is not None
         self._queue.put(task)
         return await task.future
 
@@ -85,39 +143,54 @@ class Worker:
         self._queue.put(None)
         if self._thread is not None:
             self._thread.join()
+        if self.commits:
+            log.info("group commit: %d commands in %d transactions", self.committed, self.commits)
 
     def _run(self) -> None:
         self._next_cycle = time.monotonic()
         stopping = False
         while not stopping:
+            first = self._wait()
+            with self._lock:
+                stopping = self._turn(first)
+
+    def _wait(self) -> _Task | None:
+        """Without the lock: the next item of the queue (None: stop), or `_WAKE` once something
+        is due (a cycle, or idle work after the log has stayed still for `quiet_s`)."""
+        while True:
             wake = self._next_cycle
             if self._moved_at is not None:
                 wake = min(wake, self._moved_at + self.quiet_s)
-            timeout = max(0.0, wake - time.monotonic())
-            tasks: list[_Task] = []
             try:
-                first = self._queue.get(timeout=timeout)
+                item = self._queue.get(timeout=max(0.0, wake - time.monotonic()))
             except queue.Empty:
-                first = None
-                timeout = -1.0
-            if first is None and timeout >= 0:
+                now, moved = time.monotonic(), self._moved_at
+                if now >= self._next_cycle or (moved is not None and now >= moved + self.quiet_s):
+                    return _WAKE
+                continue  # the log moved meanwhile (commits on the event loop): not quiet yet
+            if item is not _WAKE:  # _WAKE in the queue: the log moved, the wait is recomputed
+                return item
+
+    def _turn(self, first: _Task | None) -> bool:
+        """With the lock: what is queued, then what is due; True once told to stop."""
+        stopping = first is None
+        tasks: list[_Task] = [] if first is None or first is _WAKE else [first]
+        while len(tasks) < self.max_batch:
+            try:
+                more = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if more is None:
                 stopping = True
-            elif first is not None:
-                tasks.append(first)
-            elif self._moved_at is not None and time.monotonic() >= self._moved_at + self.quiet_s:
-                self._when_idle()
-            while len(tasks) < self.max_batch:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    stopping = True
-                    continue
+            elif more is not _WAKE:
                 tasks.append(more)
-            self._handle(tasks)
-            if time.monotonic() >= self._next_cycle or stopping:
-                self._cycle()
+        self._handle(tasks)
+        now = time.monotonic()
+        if not tasks and self._moved_at is not None and now >= self._moved_at + self.quiet_s:
+            self._when_idle()
+        if time.monotonic() >= self._next_cycle or stopping:
+            self._cycle()
+        return stopping
 
     def _when_idle(self) -> None:
         self._moved_at = None
@@ -138,14 +211,7 @@ class Worker:
         if tasks:  # writes, and calls that may write (batches, agents' reports)
             self._moved_at = time.monotonic()
         if writes:
-            try:
-                results: list[Any] = list(
-                    self.service.ledger.execute_each([t.command for t in writes])  # type: ignore[misc]
-                )
-            except Exception as err:  # the store failed: nobody is acknowledged
-                log.exception("group commit failed")
-                results = [err] * len(writes)
-            _resolve_all(list(zip(writes, results, strict=True)))
+            _resolve_all(self._execute_each(writes))
         for t in tasks:
             if t.call is not None:
                 try:
@@ -155,6 +221,19 @@ class Worker:
                         log.exception("read failed")
                     result = err
                 _resolve_all([(t, result)])
+
+    def _execute_each(self, writes: list[_Task]) -> list[tuple[_Task, Any]]:
+        """One group commit (the caller holds the lock): each task's result or error."""
+        self.commits += 1
+        self.committed += len(writes)
+        try:
+            results: list[Any] = list(
+                self.service.ledger.execute_each([t.command for t in writes])  # type: ignore[misc]
+            )
+        except Exception as err:  # the store failed: nobody is acknowledged
+            log.exception("group commit failed")
+            results = [err] * len(writes)
+        return list(zip(writes, results, strict=True))
 
     def _cycle(self) -> None:
         self._moved_at = time.monotonic()
@@ -177,16 +256,22 @@ def _resolve_all(done: list[tuple[_Task, Any]]) -> None:
     (a group commit of 8 answers 8 requests with one call, not 8)."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Task, Any]]] = {}
     for task, result in done:
-        by_loop.setdefault(task.loop, []).append((task, result))
+        if task.loop is not None:
+            by_loop.setdefault(task.loop, []).append((task, result))
     for loop, settled in by_loop.items():
         loop.call_soon_threadsafe(_settle, settled)
 
 
 def _settle(settled: list[tuple[_Task, Any]]) -> None:
     for task, result in settled:
-        if task.future.done():
-            continue
-        if isinstance(result, BaseException):
-            task.future.set_exception(result)
-        else:
-            task.future.set_result(result)
+        _settle_one(task, result)
+
+
+def _settle_one(task: _Task, result: Any) -> None:
+    """On the task's event loop: answer its request (unless its client has gone)."""
+    if task.future is None or task.future.done():
+        return
+    if isinstance(result, BaseException):
+        task.future.set_exception(result)
+    else:
+        task.future.set_result(result)

@@ -59,8 +59,8 @@ def test_a_batch_of_only_rejections_appends_nothing(tmp_path: Path) -> None:
 
 
 def test_one_command_alone_is_folded_once_and_a_rejection_changes_nothing(tmp_path: Path) -> None:
-    """A batch of one is decided on the live state itself (no copy): its events are folded once
-    they are stored, and a rejected one leaves the state as it was."""
+    """A batch is decided on the live state itself (no copy): its events are folded once, and a
+    rejected command leaves the state as it was."""
     led = ledger(tmp_path)
     head, version = led.position, led.version
     (out,) = led.execute_each([c.SubmitJob(actor="alice", account="ai2/olmo", gpus=2)])
@@ -72,3 +72,60 @@ def test_one_command_alone_is_folded_once_and_a_rejection_changes_nothing(tmp_pa
     assert (led.position, led.version, list(led.state.jobs)) == (head + 1, version + 1, [1])
     again = Ledger(tmp_path)  # what was stored folds to the same state
     assert again.state.jobs == led.state.jobs and again.last_hash == led.last_hash
+
+
+def test_a_batch_another_writer_beat_is_decided_again_on_the_log(tmp_path: Path) -> None:
+    """The batch folds into the live state as it is decided; when another writer appended first,
+    the state is read back from the log and the batch decided again on top of it."""
+    led = ledger(tmp_path)
+    other = Ledger(tmp_path, SimClock(1_000.0), seeded_ids(9))
+    other.execute(c.SubmitJob(actor="alice", account="ai2/olmo", gpus=3))  # job 1, unseen by led
+    submit = c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1)
+    out = led.execute_each([submit, submit])
+    assert [e.job_id for o in out for e in o.events] == [2, 3]  # type: ignore[union-attr]
+    fresh = Ledger(tmp_path)
+    assert led.position == fresh.position and led.last_hash == fresh.last_hash
+    assert led.state.jobs == fresh.state.jobs and led.state.next_job_id == 4
+
+
+def test_a_batch_the_store_failed_leaves_the_state_as_the_log(tmp_path: Path) -> None:
+    """A store error acknowledges nobody and leaves no trace of the batch in the state."""
+    led = ledger(tmp_path)
+    head, jobs = led.position, dict(led.state.jobs)
+
+    def broken(*_: object, **__: object) -> None:
+        raise OSError("disk full")
+
+    real = led.recorder.insert_events
+    led.recorder.insert_events = broken  # type: ignore[assignment,method-assign]
+    try:
+        led.execute_each([c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1)] * 2)
+    except OSError:
+        pass
+    else:
+        raise AssertionError("the store error was swallowed")
+    finally:
+        led.recorder.insert_events = real  # type: ignore[method-assign]
+    assert led.position == head and led.state.jobs == jobs and led.state.next_job_id == 1
+    (out,) = led.execute_each([c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1)])
+    assert isinstance(out, Appended) and [e.job_id for e in out.events] == [1]  # type: ignore[attr-defined]
+
+
+def test_a_quiet_server_snapshots_ahead_of_the_commit_that_would(tmp_path: Path) -> None:
+    """`serve`'s idle work stores the live state's snapshot once half the interval has passed,
+    so the commit crossing the interval does not have to; before that it stores nothing."""
+    from ledger.server.run import snapshot_ahead
+
+    ledger(tmp_path).close()
+    live = Ledger(tmp_path, SimClock(2_000.0), seeded_ids(4), live=True, snapshot_every=10)
+    assert live.snapshot_state()  # the interval counts from here
+    start = live.snapshot_position
+    submit = c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1)
+    live.execute_each([submit] * 4)
+    snapshot_ahead(live)
+    assert live.snapshot_position == start  # 4 of 10: not yet
+    live.execute_each([submit])
+    snapshot_ahead(live)
+    assert live.snapshot_position == live.position == start + 5
+    again = Ledger(tmp_path, live=True)
+    assert again.restored_from == start + 5 and again.state.jobs == live.state.jobs

@@ -11,6 +11,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from ledger.application import Ledger
 from schemas import events as e
@@ -405,3 +406,70 @@ def test_status_names_a_relay_that_cannot_publish_while_scheduling_goes_on(
     finally:
         code = server.stop(signal.SIGTERM)
     assert code == 0, server.log_path.read_text()
+
+
+def _post_raw(server: Server, path: str, body: bytes, token: str | None) -> tuple[int, str, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        conn.request("POST", path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.getheader("content-type") or "", json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_the_command_routes_answer_every_body_and_caller_as_the_framework_does(
+    tmp_path: Path,
+) -> None:
+    """The command routes' hot path (`ledger.server.commands`) answers strict bodies itself and
+    leaves the rest to the framework: lenient values still convert, malformed JSON and missing or
+    revoked tokens get the framework's problem+json, rejections their LedgerError code, and every
+    request is timed in the API histogram."""
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    alice, root = make_token(home, "--user", "alice"), make_token(home, "--user", "root")
+    server = start_server(home, "--interval", "1h")
+    path = "/v1/commands/submit"
+    try:
+        ok = _post_raw(server, path, b'{"actor":"","account":"ai2/olmo","gpus":1}', alice)
+        assert ok[:2] == (200, "application/json")
+        assert [(ev["type"], ev["actor"], ev["gpus"]) for ev in ok[2]["events"]] == [
+            ("job.submitted.v1", "alice", 1)
+        ] and ok[2]["position"] == server.head()
+        lenient = _post_raw(server, path, b'{"actor":"","account":"ai2/olmo","gpus":"2"}', alice)
+        assert lenient[0] == 200 and lenient[2]["events"][0]["gpus"] == 2
+        head = server.head()
+        cases = [
+            (b'{"actor":"","account":', alice, 400, "http"),
+            (b'{"actor":"","account":"ai2/olmo","gpus":1}', None, 401, "unauthenticated"),
+            (b'{"actor":"","account":"ai2/tulu","gpus":1}', alice, 403, "forbidden"),
+            (b'{"actor":"","account":"ai2/olmo","gpus":1000}', alice, 400, "invalid"),
+        ]
+        for body, token, status, code in cases:
+            got = _post_raw(server, path, body, token)
+            assert got[:2] == (status, "application/problem+json"), (body, got)
+            assert got[2]["status"] == status and got[2]["code"] == code, (body, got)
+        revoke = {"actor": "", "token_id": alice.split("_")[1]}
+        assert server.request("POST", "/v1/commands/token.revoke", revoke, root)[0] == 200
+        after = server.head()
+        assert after == head + 1  # the rejections appended nothing
+        denied = _post_raw(server, path, b'{"actor":"","account":"ai2/olmo","gpus":1}', alice)
+        assert denied[0] == 401 and server.head() == after  # revoked: refused at once
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {root}"})
+        scrape = conn.getresponse().read().decode()
+        conn.close()
+        counts = {
+            m.group(1): float(m.group(2))
+            for m in re.finditer(
+                r'gpuledger_api_request_seconds_count\{method="POST",route="/v1/commands/submit",'
+                r'status="(\d+)"\} (\S+)',
+                scrape,
+            )
+        }
+        assert counts == {"200": 2.0, "400": 2.0, "401": 2.0, "403": 1.0}, counts
+    finally:
+        assert server.stop() == 0
