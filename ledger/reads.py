@@ -598,11 +598,13 @@ def queue(
     `live(...)` at `now` when the caller already holds it.
 
     Only the rows shown are built (their reason text, their estimated start, which needs the
-    jobs ahead of them alone): at 10k pending a page of 50 costs what 50 rows cost."""
-    snapshot, decision = preview or live(ledger, store, policy, now)
+    jobs ahead of them alone): at 10k pending a page of 50 costs what 50 rows cost. No preview
+    is decided when no schedulable pending job passes the filter (`--state held`, an empty
+    queue): its rows would be none."""
     state = ledger.state
     rows: list[v.QueueRow] = []
-    if f.state in ("pending", "all"):
+    if f.state in ("pending", "all") and (preview is not None or _any_pending(state, f)):
+        snapshot, decision = preview or live(ledger, store, policy, now)
         pending = {p.job_id: p for p in snapshot.pending}
         shown: list[tuple[int, e.Considered, PendingJob]] = []
         for i, cons in enumerate(decision.considered):
@@ -644,6 +646,17 @@ def queue(
                 )
             )  # fmt: skip
     return rows[: f.limit]
+
+
+def _any_pending(state: State, f: v.QueueFilter) -> bool:
+    """Pure: whether some pending job the dispatcher would consider (not held) passes `f`."""
+    return any(
+        job.status == "pending"
+        and not job.held
+        and not (f.user and job.spec.user != f.user)
+        and _under(job.spec.account, f.account)
+        for job in state.jobs.values()
+    )
 
 
 def queue_codes(state: State, snapshot: Snapshot, decision: Decision) -> list[tuple[str, str]]:

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,8 +25,8 @@ try:
     main()
 except SystemExit as done:
     code = done.code
-print(json.dumps({"code": code, "modules": sorted({m.split(".")[0] for m in sys.modules})}),
-      file=sys.stderr)
+print(json.dumps({"code": code, "modules": sorted({m.split(".")[0] for m in sys.modules}),
+                  "loaded": sorted(sys.modules)}), file=sys.stderr)
 """
 
 
@@ -38,17 +39,30 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
-@pytest.mark.parametrize("command", ["jobs", "shares", "queue"])
-def test_a_read_loads_no_heavy_package(home: Path, command: str) -> None:
+def _probe(home: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     proc = subprocess.run(
-        [sys.executable, "-c", _PROBE, command],
+        [sys.executable, "-c", _PROBE, *args],
         env=env_for(home, GPULEDGER_USER="root"),
         capture_output=True,
         text=True,
         timeout=60,
     )
-    probe = json.loads(proc.stderr.strip().splitlines()[-1])
+    probe: dict[str, Any] = json.loads(proc.stderr.strip().splitlines()[-1])
     assert probe["code"] in (0, None), proc.stderr
+    return proc, probe
+
+
+@pytest.mark.parametrize("command", ["jobs", "shares", "queue"])
+def test_a_read_loads_no_heavy_package(home: Path, command: str) -> None:
+    proc, probe = _probe(home, command)
     assert "olmo" in proc.stdout  # job 1 of ai2/olmo, or its team, is in the answer
     assert "_duckdb" in probe["modules"]  # it did read the projection
     assert [m for m in HEAVY if m in probe["modules"]] == []
+
+
+def test_a_queue_with_nothing_schedulable_to_show_decides_no_preview(home: Path) -> None:
+    proc, probe = _probe(home, "queue", "--state", "held", "--json")
+    assert proc.stdout.strip() == "[]"  # job 1 is pending, not held
+    assert "ledger.service" not in probe["loaded"]  # where the preview is decided
+    _, probe = _probe(home, "queue", "--json")  # job 1 waits: the preview orders it
+    assert "ledger.service" in probe["loaded"]
