@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from uuid import NAMESPACE_URL, UUID, uuid5
+from uuid import UUID
 
 import msgspec
 from eventsourcing.application import Application
@@ -26,6 +26,7 @@ from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteF
 from ledger import snapshots
 from ledger.clock import Clock, IdSource, SystemClock, random_ids
 from ledger.domain import State, command_keys, decide, event_keys, evolve
+from ledger.live import decode_at
 from projections.source import LogRecord, follow
 from schemas import codec
 from schemas.commands import AnyCommand
@@ -33,7 +34,7 @@ from schemas.digest import chain_hash
 from schemas.errors import Conflict, EventDecodeError, InvalidCommand, LedgerError
 from schemas.events import AnyEvent, tag_of
 
-STREAM_ID = uuid5(NAMESPACE_URL, "gpuledger:ledger")
+STREAM_ID = snapshots.STREAM_ID
 log = logging.getLogger("gpuledger.ledger")
 
 
@@ -207,29 +208,18 @@ class Ledger(Application[UUID]):
         """Start from the newest snapshot that verifies; skip (with a warning) any that does not."""
         assert self.snapshots is not None
         found = self.snapshots.recorder.select_events(STREAM_ID, desc=True, limit=snapshots.KEEP)
-        for stored in found:
-            try:
-                snap, state = snapshots.decode(stored.state)
-                self._verify(snap)
-            except snapshots.SnapshotError as err:
-                log.warning("snapshot skipped: %s", err.line())
-                continue
-            self.state, self.position, self.version = state, snap.position, snap.version
-            self.last_hash = snap.chain_hash
-            self.snapshot_position = self.restored_from = snap.position
+        got = snapshots.newest((stored.state for stored in found), self._stored_at)
+        if got is None:
             return
+        snap, state = got
+        self.state, self.position, self.version = state, snap.position, snap.version
+        self.last_hash = snap.chain_hash
+        self.snapshot_position = self.restored_from = snap.position
 
-    def _verify(self, snap: snapshots.StateSnapshot) -> None:
-        """The log still holds, at the snapshot's position, the bytes whose hash it names."""
-        rows = self.recorder.select_notifications(start=snap.position, limit=1)
-        if not rows or rows[0].id != snap.position:
-            raise snapshots.SnapshotError(
-                f"snapshot at position {snap.position}: the log has no event there"
-            )
-        if chain_hash(rows[0].state) != snap.chain_hash:
-            raise snapshots.SnapshotError(
-                f"snapshot at position {snap.position}: the chain hash differs from the log's"
-            )
+    def _stored_at(self, position: int) -> bytes | None:
+        """The stored bytes of the event at `position` (None: the log has none there)."""
+        rows = self.recorder.select_notifications(start=position, limit=1)
+        return rows[0].state if rows and rows[0].id == position else None
 
     def snapshot_state(self) -> bool:
         """Store a snapshot of the live state at our position (False: nothing new to store)."""
@@ -316,18 +306,7 @@ class Ledger(Application[UUID]):
 
     @staticmethod
     def _decode(position: int, data: bytes) -> AnyEvent:
-        try:
-            return codec.decode(data)
-        except EventDecodeError as err:
-            raise EventDecodeError(
-                f"log position {position}: {err.message}",
-                hint="upgrade gpu-ledger"
-                if err.tag is not None and not err.known
-                else "the store is corrupt",
-                tag=err.tag,
-                known=err.known,
-                position=position,
-            ) from err
+        return decode_at(position, data)
 
     def head(self) -> int:
         return self.recorder.max_notification_id() or 0

@@ -19,14 +19,14 @@ import msgspec
 
 from ledger.explain import explain_history, explain_pending, when
 from ledger.utilisation import UtilTracker
-from projections import queries
-from schemas import api, codec
+from schemas import api
 from schemas import events as e
 from schemas import views as v
 from schemas.bounds import TeamDepth, check
 from schemas.errors import InvalidCommand, UnknownEntity
 
-if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load the dispatcher
+if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load the dispatcher,
+    # `jobs` neither the fair-share queries nor the event decoders
     import duckdb
 
     from ledger.application import Ledger
@@ -298,6 +298,8 @@ def _job_rows(rows: list[tuple[Any, ...]], now: float) -> list[v.JobRow]:
 
 
 def _decode(raw: Any) -> e.AnyEvent:
+    from schemas import codec
+
     return codec.decode(raw.encode() if isinstance(raw, str) else raw)
 
 
@@ -372,6 +374,8 @@ def _finite(x: float) -> float | None:
 
 def shares(store: Store, at: float, policy: UsagePolicy) -> list[v.ShareRow]:
     """The fair-share tree as Slurm's `sshare -l` (Fair Tree) names and computes it."""
+    from projections import queries
+
     return [
         v.ShareRow(
             account=r.path,
@@ -398,6 +402,8 @@ def usage(
     store: Store, at: float, by: Literal["account", "user"], policy: UsagePolicy
 ) -> list[v.UsageRow]:
     """Funded GPU-hours in the window ending at `at`, per account (with ancestors) or user."""
+    from projections import queries
+
     rows = queries.usage(store, at, by=by, policy=policy)
     return sorted(
         (v.UsageRow(name=r.name, usage_gpu_hours=r.gpu_hours) for r in rows),
@@ -410,6 +416,8 @@ def delivered(store: Store, start: float, end: float, team_depth: int) -> v.Deli
     if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
         raise InvalidCommand("the report needs a positive, finite window", start=start, end=end)
     team_depth = check(team_depth, TeamDepth, "team depth")
+    from projections import queries
+
     rep = queries.delivered_report(store, start, end, team_depth=team_depth)
     return _delivered_view(rep, team_depth)
 
@@ -1005,6 +1013,8 @@ class PastHours:
         if self.key != (start, team_depth) or self.until > cut:
             self.key, self.until, self.hours = (start, team_depth), start, []
         if self.until < cut:
+            from projections import queries
+
             to = min(cut, self.until + max(3600.0, math.floor(step_s / 3600) * 3600))
             self.hours += queries.team_hours(store, self.until, to, team_depth=team_depth)
             self.until = to
@@ -1019,6 +1029,8 @@ class PastHours:
 
     def read(self, store: Store, start: float, end: float, team_depth: int) -> list[TeamHour]:
         """The team hours of [start, end), as `queries.team_hours` gives them."""
+        from projections import queries
+
         cut = math.floor(end / 3600) * 3600
         if start % 3600 or cut <= start:
             return queries.team_hours(store, start, end, team_depth=team_depth)
@@ -1046,6 +1058,7 @@ def delivered_series(
         raise InvalidCommand("the series needs a positive, finite window", start=start, end=end)
     if bucket_s < 3600 or bucket_s % 3600:
         raise InvalidCommand("the bucket is a whole number of hours", bucket_s=bucket_s)
+    from projections import queries
     from projections.fairshare import summarise
 
     team_depth = check(team_depth, TeamDepth, "team depth")

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
-from ledger.application import Ledger
 from ledger.cycle_input import snapshot_from_state
 from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.policy import Policy
@@ -38,8 +37,9 @@ from schemas.errors import Conflict, LedgerError, UnknownEntity
 from schemas.events import tag_of
 from schemas.policy import AnyPolicyConfig
 
-if TYPE_CHECKING:  # the projector brings DuckDB's Python API; a read that needs no catch-up
-    # (the CLI's `queue`) never loads it
+if TYPE_CHECKING:  # the projector brings DuckDB's Python API, the application eventsourcing; a
+    # read that needs neither a catch-up nor an append (the CLI's `queue`) loads neither
+    from ledger.application import Ledger
     from projections.projector import Projector
 
 log = logging.getLogger("gpuledger.dispatcher")

@@ -20,14 +20,20 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable, Iterable
+from uuid import NAMESPACE_URL, uuid5
 
 import msgspec
 
 from ledger.domain import Account, Job, Node, State, Token
 from schemas import events as e
+from schemas.digest import chain_hash
 from schemas.errors import LedgerError
 
 log = logging.getLogger("gpuledger.snapshots")
+
+STREAM_ID = uuid5(NAMESPACE_URL, "gpuledger:ledger")
+"""The ledger's one stream: the originator of every event and of every snapshot."""
 
 SNAPSHOT_TOPIC = "ledger.snapshot.v1"
 SNAPSHOT_EVERY = 10_000
@@ -156,3 +162,30 @@ def decode(data: bytes) -> tuple[StateSnapshot, State]:
         return snap, unfolded(_folded.decode(snap.payload))
     except (msgspec.DecodeError, msgspec.ValidationError) as err:
         raise SnapshotError(f"snapshot at position {snap.position}: {err}") from err
+
+
+def newest(
+    candidates: Iterable[bytes], stored_at: Callable[[int], bytes | None]
+) -> tuple[StateSnapshot, State] | None:
+    """The first of `candidates` (stored snapshots, newest first) that verifies, and its state:
+    its bytes and payload digest are good, and the log still holds, at its position, the bytes
+    whose chain hash it names (`stored_at(position)`: the stored bytes there, None when the log
+    has no event there). One that does not verify is skipped with a warning; None when none
+    does (the fold starts from the beginning)."""
+    for data in candidates:
+        try:
+            snap, state = decode(data)
+            found = stored_at(snap.position)
+            if found is None:
+                raise SnapshotError(
+                    f"snapshot at position {snap.position}: the log has no event there"
+                )
+            if chain_hash(found) != snap.chain_hash:
+                raise SnapshotError(
+                    f"snapshot at position {snap.position}: the chain hash differs from the log's"
+                )
+        except SnapshotError as err:
+            log.warning("snapshot skipped: %s", err.line())
+            continue
+        return snap, state
+    return None

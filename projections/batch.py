@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from projections.chain import chain_hash
 from projections.errors import CorruptEvent
-from projections.source import LogRecord, gc_paused
+from projections.source import LogRecord, Row, gc_paused
 from schemas import events as e
 from schemas.codec import clamp, upcast
 from schemas.events import TAGS, tag_of
@@ -197,7 +197,7 @@ def _upcasting(append: Callable[[Any], None]) -> Callable[[Any], None]:
     return lambda ev: append(upcast(ev))
 
 
-def decode_records(records: Sequence[LogRecord]) -> tuple[dict[type, Group], list[int]]:
+def decode_records(records: Sequence[Row]) -> tuple[dict[type, Group], list[int]]:
     """Pure: validate every record and group the events by type (only the types of `KEPT`
     keep their events); also return the positions of the records whose tag this code does not
     know.
@@ -307,7 +307,8 @@ def _decode_grouped(
     return groups, unknown
 
 
-def _corrupt(rec: LogRecord, what: str, *, known: bool) -> CorruptEvent:
+def _corrupt(row: Row, what: str, *, known: bool) -> CorruptEvent:
+    rec = LogRecord(*row)
     return CorruptEvent(
         f"log position {rec.position}: {what}",
         hint="the event log is damaged at that position; restore it from a copy (the projector "
@@ -318,14 +319,14 @@ def _corrupt(rec: LogRecord, what: str, *, known: bool) -> CorruptEvent:
     )
 
 
-def build_batch(records: Sequence[LogRecord], rows: pa.Table | None = None) -> Batch:
+def build_batch(records: Sequence[Row], rows: pa.Table | None = None) -> Batch:
     """Pure: decode `records` (in log order) into the Arrow inputs of `apply.sql`; `rows`: their
     `events` input if `events_rows` made it already."""
     with gc_paused():
         return _build(records, rows)
 
 
-def events_rows(records: Sequence[LogRecord]) -> pa.Table:
+def events_rows(records: Sequence[Row]) -> pa.Table:
     """Pure: the `events` input of a batch alone, made before its records are decoded (so that
     DuckDB can insert them while the rest decodes). Raises CorruptEvent for bytes that are not
     UTF-8; a record that does not decode is found by `build_batch`."""
@@ -339,14 +340,14 @@ def empty_tables() -> dict[str, pa.Table]:
     return {name: schema.empty_table() for name, schema in SCHEMAS.items()}
 
 
-def _columns(records: Sequence[LogRecord]) -> tuple[list[int], pa.Array, list[bytes]]:
+def _columns(records: Sequence[Row]) -> tuple[list[int], pa.Array, list[bytes]]:
     """The records' positions, tags (Arrow) and bytes."""
     positions = list(map(_POSITION, records))
     tags = pa.array(map(_TAG, records), pa.string(), size=len(records))
     return positions, tags, list(map(_DATA, records))
 
 
-def _build(records: Sequence[LogRecord], rows: pa.Table | None) -> Batch:
+def _build(records: Sequence[Row], rows: pa.Table | None) -> Batch:
     positions, tags, datas = _columns(records)
     found = _decode_grouped(positions, tags, datas)
     groups, unknown = decode_records(records) if found is None else found
@@ -364,13 +365,13 @@ def _build(records: Sequence[LogRecord], rows: pa.Table | None) -> Batch:
     counts["b_jobev"] = sum(len(groups[c].positions) for c in _LIFECYCLE if c in groups)
     del groups  # free the decoded events while the collector is paused
     return Batch(
-        first=records[0].position,
-        last=records[-1].position,
+        first=records[0][0],
+        last=records[-1][0],
         events=len(records),
         unknown=len(unknown),
         tables=tables,
         counts=counts,
-        chain=chain_hash(records[-1].data),
+        chain=chain_hash(records[-1][2]),
     )
 
 
@@ -387,7 +388,7 @@ _KNOWN_TAGS = pa.array(sorted(TAGS), pa.string())
 
 
 def _events(
-    records: Sequence[LogRecord],
+    records: Sequence[Row],
     positions: list[int],
     tags: pa.Array,
     datas: list[bytes],
@@ -401,10 +402,10 @@ def _events(
     except pa.ArrowInvalid:
         for rec in records:
             try:
-                rec.data.decode("utf-8")
+                rec[2].decode("utf-8")
             except UnicodeDecodeError as err:
                 raise _corrupt(
-                    rec, f"the bytes are not UTF-8: {err}", known=rec.tag in TAGS
+                    rec, f"the bytes are not UTF-8: {err}", known=rec[1] in TAGS
                 ) from err
         raise
     return pa.Table.from_arrays(

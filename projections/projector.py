@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 import duckdb
 
 from projections.errors import CorruptEvent, ProjectionBusy, ProjectionMismatch
-from projections.source import EmbeddedSource, EventSource, LogRecord
+from projections.source import EmbeddedSource, EventSource, LogRecord, Row
 from projections.store import PROJECTION, Store, projection_path, sql_sections
 
 if TYPE_CHECKING:  # Arrow and the decoder load with the first Projector: reads that find the
@@ -284,22 +284,25 @@ class Projector:
             plain = cast("queue.Queue[Batch | BaseException | None]", out)  # whole batches only
             quarantine.read_ahead(self.source, position, stop, self.batch_size, plain, halt)
             return
+        read: Callable[[int, int], Sequence[Row]] = getattr(
+            self.source, "read_rows", self.source.read
+        )  # plain tuples where the source has them
         try:
             while position < stop and not halt.is_set():
-                records = self.source.read(position, min(self.batch_size, stop - position))
+                records = read(position, min(self.batch_size, stop - position))
                 if not records:
                     break
                 rows = None
                 with contextlib.suppress(CorruptEvent):  # found again by build_batch
                     rows = events_rows(records)
                 if rows is not None:
-                    out.put(_Rows(rows, records[0].position))
+                    out.put(_Rows(rows, records[0][0]))
                 try:
                     batch = build_batch(records, rows)
                 except CorruptEvent as err:
                     if rows is not None:
                         out.put(_RETRACT)
-                    good = [r for r in records if r.position < err.position]
+                    good = [r for r in records if r[0] < err.position]
                     if good:
                         out.put(build_batch(good))
                     out.put(quarantine.located(self.source, err))

@@ -41,6 +41,9 @@ class LogRecord(NamedTuple):
     """The event's JSON bytes."""
 
 
+Row = tuple[int, str, bytes]
+"""A record as a plain tuple (position, tag, data): what a `LogRecord` is without its names."""
+
 _RECORD = partial(tuple.__new__, LogRecord)
 """A row (position, tag, data) as a LogRecord, without a Python-level call per row."""
 
@@ -86,16 +89,22 @@ class EmbeddedSource:
             ) from err
 
     def read(self, after: int, limit: int) -> list[LogRecord]:
+        return list(map(_RECORD, self.read_rows(after, limit)))
+
+    def read_rows(self, after: int, limit: int) -> list[Row]:
+        """What `read` returns, as the plain (position, tag, data) tuples SQLite hands out: the
+        projector's reader takes columns from them, so it skips making a LogRecord per row
+        (a quarter of the read)."""
         # The collector is paused: a page creates four objects per row and no cycles.
         was = gc.isenabled()
         gc.disable()
         try:
-            rows = self._con.execute(
+            rows: list[Row] = self._con.execute(
                 f"SELECT rowid, topic, state FROM {EVENTS_TABLE} "
                 "WHERE rowid > ? ORDER BY rowid LIMIT ?",
                 (after, limit),
             ).fetchall()
-            return list(map(_RECORD, rows))
+            return rows
         except sqlite3.OperationalError as err:
             if "no such table" in str(err):
                 return []  # a ledger that has not recorded anything yet

@@ -8,6 +8,7 @@ and cached in --dir (never commit it):
                 snapshot plus the tail, the projection opened and caught up, one preview of the
                 cycle (snapshot, ranks, decide) (goal <= 5 s at 5M)
   RSS           that process's peak resident memory (goal: at 5M <= 1.5x at 100k)
+  pend          the jobs pending at the end of the log (what `queue` shows and its preview orders)
   serve start   `gpuledger serve` itself, from its launch until it prints that it listens:
                 wall and CPU seconds (goal <= 5 s at 5M); stopped with SIGTERM
   CLI           `gpuledger queue`, `jobs`, `shares` wall and CPU time, best of 3 after a run not
@@ -185,7 +186,8 @@ def main() -> None:
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")  # fmt: skip
     print(
         f"{'events':>10} {'store B/ev':>10} {'proj B/ev':>9} {'cold s':>7} {'start s':>7} "
-        f"{'tail':>6} {'live':>6} {'RSS MB':>7} {'queue ms':>8} {'jobs ms':>8} {'shares ms':>9} "
+        f"{'tail':>6} {'live':>6} {'pend':>6} {'RSS MB':>7} {'queue ms':>8} {'jobs ms':>8} "
+        f"{'shares ms':>9} "
         f"{'(CPU ms: queue':>14} {'jobs':>5} {'shares)':>7} {'serve s':>7} {'(CPU s)':>7} "
         f"{'load':>5}"
     )
@@ -209,7 +211,8 @@ def main() -> None:
         print(
             f"{n:>10,} {size_of(home / EVENTS_DB) / n:>10.0f} "
             f"{size_of(projection_path(home)) / n:>9.0f} {info['cold_start_s']:>7.1f} "
-            f"{s['start_s']:>7.2f} {s['tail']:>6,.0f} {s['live_jobs']:>6,.0f} {s['rss_mb']:>7.0f} "
+            f"{s['start_s']:>7.2f} {s['tail']:>6,.0f} {s['live_jobs']:>6,.0f} "
+            f"{s['pending']:>6,.0f} {s['rss_mb']:>7.0f} "
             f"{times[0]:>8.0f} {times[1]:>8.0f} {times[2]:>9.0f} {cpus[0]:>14.0f} {cpus[1]:>5.0f} "
             f"{cpus[2]:>7.0f} {serves[n][0]:>7.2f} {serves[n][1]:>7.2f} "
             f"{os.getloadavg()[0]:>5.1f}",

@@ -8,9 +8,10 @@ import os
 import re
 import sqlite3
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 import msgspec
@@ -20,7 +21,10 @@ from schemas.commands import AnyCommand, InitLedger
 from schemas.errors import EnvironmentProblem, InvalidCommand, LedgerError
 
 if TYPE_CHECKING:  # the store is imported only by commands that open it (client mode never)
+    from rich.console import Console
+
     from ledger.application import Appended, Ledger
+    from ledger.live import LiveView
 
 EVENTS_DB = "events.sqlite"
 SERVER_SOCKET = "gpuledger.sock"
@@ -137,6 +141,7 @@ class Ctx:
         self._actor = actor
         self._url = url
         self._ledger: Ledger | None = None
+        self._view: LiveView | None = None
         self._client: Any = None
 
     @property
@@ -233,6 +238,21 @@ class Ctx:
             self._ledger = Ledger(self.home, live=live)
         return self._ledger
 
+    def reader(self) -> Ledger:
+        """The live state for a read of the read layer, which asks a ledger for its `state` and
+        `catch_up()` only: a read-only `LiveView` when one can start (no eventsourcing loaded,
+        nothing written), else the live ledger (which stores the snapshot a long tail calls
+        for)."""
+        self.local_only()
+        if self._ledger is None and self._view is None:
+            self.require()
+            from ledger.live import LiveView
+
+            self._view = LiveView.open(self.home)
+        if self._ledger is None and self._view is not None:
+            return cast("Ledger", self._view)
+        return self.ledger(live=True)
+
 
 class _LocalHandles:
     """The read layer's handles in embedded mode: the ledger, the projection opened (and caught
@@ -256,7 +276,7 @@ class _LocalHandles:
     def ledger(self) -> Ledger:
         # live work only: the newest snapshot plus the tail, never the whole history (reads of
         # finished jobs come from the projection)
-        return self.ctx.ledger(live=True)
+        return self.ctx.reader()
 
     def store(self) -> Any:
         if self._store is None:
@@ -289,6 +309,40 @@ def echo_json(data: Any) -> None:
     never `Infinity` or `NaN`; views that can hold one say so with a flag."""
     text = msgspec.json.format(msgspec.json.encode(data, order="sorted"), indent=2)
     click.echo(text.decode())
+
+
+PIPE_WIDTH = 200
+"""A pipe gets full-width lines up to this many columns, not a table squeezed to 80."""
+
+
+def console() -> Console:
+    """rich's console for this output: the terminal's width, or `PIPE_WIDTH` for a pipe."""
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
+
+
+def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A table without borders, as rich prints one (`box=None`). A plain ASCII table that fits
+    a pipe's `PIPE_WIDTH` columns is written directly, byte for byte what rich would print and
+    ~10x cheaper (rich lays out every cell: ~0.2 s for 200 jobs, and ~40 ms to import);
+    anything else (a terminal, wide or non-ASCII cells) goes through rich."""
+    widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
+    fits = sum(widths) + 2 * len(widths) <= PIPE_WIDTH
+    cells = (c for row in (header, *rows) for c in row)
+    if not sys.stdout.isatty() and fits and all(c.isascii() and c.isprintable() for c in cells):
+        lines = (
+            " " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " "
+            for row in (header, *rows)
+        )
+        click.echo("\n".join(lines))
+        return
+    from rich.table import Table
+
+    t = Table(*header, box=None)
+    for row in rows:
+        t.add_row(*row)
+    console().print(t)
 
 
 EXIT_REJECTED = 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -19,33 +18,22 @@ from ledger.cli._common import (
     parse_time,
     parse_window,
     pass_ctx,
+    print_table,
 )
 
 if TYPE_CHECKING:  # the projection is imported only where it is opened (client mode never)
-    from rich.console import Console
     from rich.progress import Progress
-    from rich.table import Table
 
     from projections.fairshare import UsagePolicy
+    from projections.source import EmbeddedSource
     from projections.store import Store
 from schemas import commands as c
 from schemas import events as e
 from schemas.bounds import Percent, TeamDepth
 
-# Tables and time words are imported when a command prints them: `--json` through a server
-# imports neither rich nor the dispatcher (the client entry stays light).
-
-
-def _console() -> Console:
-    from rich.console import Console
-
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-
-
-def _table(*columns: str, **kw: Any) -> Table:
-    from rich.table import Table
-
-    return Table(*columns, **kw)
+# Time words are imported when a command prints them, and tables are rich's only when they do
+# not fit a pipe as plain text (`print_table`): `--json` through a server imports neither rich
+# nor the dispatcher (the client entry stays light).
 
 
 def when(at: float | None) -> str:
@@ -70,22 +58,10 @@ def plural(n: int, word: str) -> str:
 def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
     """The projection caught up with the log. When a running service holds the file (DuckDB
     allows one writer), read a private in-memory copy built from the log instead."""
-    from projections.errors import ProjectionBusy
     from projections.source import EmbeddedSource
-    from projections.store import Store
 
     ctx.require()
-    try:
-        store = Store.open(ctx.home)
-    except ProjectionBusy:
-        if not quiet:
-            click.echo("note: the service holds the projection; reading a private copy", err=True)
-        store = Store(":memory:")
-    with store, EmbeddedSource(ctx.home) as source:
-        if store.position() != source.head():  # a caught-up projection is read as it is
-            from projections.projector import Projector  # (and DuckDB's Python API with it)
-
-            Projector(store, source).catch_up()
+    with EmbeddedSource(ctx.home) as source, _caught_up(ctx, source, quiet) as store:
         status = store.status()
         if status.unknown_events and not quiet:
             tags = ", ".join(f"{t} ({n})" for t, n in sorted(status.unknown_tags.items()))
@@ -95,6 +71,36 @@ def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
                 err=True,
             )
         yield store
+
+
+def _caught_up(ctx: Ctx, source: EmbeddedSource, quiet: bool) -> Store:
+    """The projection file opened read-only when it is caught up with the log: read as it is,
+    with one engine thread (a read's statements are small: a second thread costs more CPU than
+    it saves time); else opened read-write and caught up first."""
+    from projections.errors import ProjectionBusy
+    from projections.store import Store, projection_path
+
+    try:
+        if projection_path(ctx.home).exists():
+            store = Store.open(ctx.home, read_only=True)
+            if store.position() == source.head():
+                store.con.execute("SET threads = 1")
+                return store
+            store.close()
+        store = Store.open(ctx.home)
+    except ProjectionBusy:
+        if not quiet:
+            click.echo("note: the service holds the projection; reading a private copy", err=True)
+        store = Store(":memory:")
+    try:
+        if store.position() != source.head():
+            from projections.projector import Projector  # (and DuckDB's Python API with it)
+
+            Projector(store, source).catch_up()
+    except BaseException:
+        store.close()
+        raise
+    return store
 
 
 def _usage_policy(window: str, half_life: str | None) -> UsagePolicy:
@@ -147,18 +153,19 @@ def shares(ctx: Ctx, at: str | None, window: str, half_life: str | None, as_json
     if as_json:
         echo_json(rows)
         return
-    table = _table(
+    header = (
         "Account", "RawShares", "NormShares", "RawUsage GPU-h", "NormUsage", "EffectvUsage",
-        "LevelFS", "Rank", "FairShare", box=None,
+        "LevelFS", "Rank", "FairShare",
     )  # fmt: skip
+    table = []
     for r in rows:
-        table.add_row(
+        table.append((
             "  " * r.depth + r.account.rsplit("/", 1)[-1], str(r.raw_shares), _num(r.norm_shares),
             f"{r.raw_usage_gpu_s / 3600:,.2f}", _num(r.norm_usage), _num(r.effectv_usage),
             "inf" if r.level_fs_infinite else _num(r.level_fs),
             "-" if r.rank is None else str(r.rank), _num(r.fair_share),
-        )  # fmt: skip
-    _console().print(table)
+        ))  # fmt: skip
+    print_table(header, table)
 
 
 @click.command()
@@ -176,10 +183,7 @@ def usage(
     if as_json:
         echo_json(rows)
         return
-    table = _table(by, "GPU-hours", box=None)
-    for r in rows:
-        table.add_row(r.name, f"{r.usage_gpu_hours:,.1f}")
-    _console().print(table)
+    print_table((by, "GPU-hours"), [(r.name, f"{r.usage_gpu_hours:,.1f}") for r in rows])
 
 
 @click.group()
@@ -208,13 +212,14 @@ def report_delivered(ctx: Ctx, window: str, at: str | None, team_depth: int, as_
     if as_json:
         echo_json(rep)
         return
-    table = _table("team", "owed GPU-h", "delivered GPU-h", "by period", "hour by hour", box=None)
+    header = ("team", "owed GPU-h", "delivered GPU-h", "by period", "hour by hour")
+    table = []
     for t in rep.teams:
-        table.add_row(
+        table.append((
             t.team, f"{t.owed_gpu_hours:,.1f}", f"{t.delivered_gpu_hours:,.1f}",
             _pct(t.by_period), _pct(t.hour_by_hour),
-        )  # fmt: skip
-    _console().print(table)
+        ))  # fmt: skip
+    print_table(header, table)
     click.echo(
         "owed delivered, by period (sum delivered / sum owed, capped at 1): "
         f"{_pct(rep.by_period)}; "
@@ -351,17 +356,18 @@ def queue(
     if as_json:
         echo_json(rows)
         return
-    table = _table(
+    header = (
         "#", "job", "account", "user", "gpus", "sort key", "waiting", "est. start", "code",
-        "reason", box=None,
+        "reason",
     )  # fmt: skip
+    table = []
     for r in rows:
-        table.add_row(
+        table.append((
             "-" if r.order is None else str(r.order), str(r.job_id), r.account, r.user,
             str(r.gpus), _key_text(r.sort_key), span(r.waiting_s),
             _when(r.estimated_start_at), r.code, r.reason,
-        )  # fmt: skip
-    _console().print(table)
+        ))  # fmt: skip
+    print_table(header, table)
 
 
 def _key_text(key: list[float | int | str]) -> str:
@@ -402,15 +408,15 @@ def priority(
         echo_json(rows)
         return
     names = [p.name for p in rows[0].parts] if rows else []
-    table = _table("#", "job", "account", "user", *names, box=None)
+    table = []
     for r in rows:
         cells = [
             when(p.value) if p.name == "submitted_at" and isinstance(p.value, float) else
             (f"{p.value:g}" if isinstance(p.value, float) else str(p.value))
             for p in r.parts
         ]  # fmt: skip
-        table.add_row(str(r.order), str(r.job_id), r.account, r.user, *cells)
-    _console().print(table)
+        table.append((str(r.order), str(r.job_id), r.account, r.user, *cells))
+    print_table(("#", "job", "account", "user", *names), table)
     if rows:
         for p in rows[0].parts:
             click.echo(f"{p.name}: {p.meaning}")

@@ -1,6 +1,7 @@
 """What a read from the CLI loads: `jobs`, `shares` and `queue` on a caught-up projection use
-DuckDB's engine only, never its Python API, Arrow, the HTTP server or Kafka (each costs tens of
-milliseconds per command)."""
+DuckDB's engine only, never its Python API, Arrow, the HTTP server or Kafka, and read the live
+state without eventsourcing; a plain table that fits a pipe is printed without rich (each of
+them costs tens of milliseconds per command)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from tests.integration.serverkit import cli, env_for, set_up_ledger
 
-HEAVY = ("duckdb", "pyarrow", "litestar", "uvicorn", "kafka")
+HEAVY = ("duckdb", "pyarrow", "litestar", "uvicorn", "kafka", "eventsourcing", "rich")
 
 _PROBE = """
 import json, sys

@@ -14,6 +14,7 @@ from ledger import snapshots
 from ledger.application import STREAM_ID, Ledger
 from ledger.clock import SimClock, seeded_ids
 from ledger.domain import State, evolve
+from ledger.live import LiveView
 from schemas import codec
 from schemas import commands as c
 from schemas.errors import InvalidTransition
@@ -160,3 +161,49 @@ def test_serve_starts_from_the_snapshot_its_clean_stop_left(tmp_path: Path) -> N
         assert f"state: the snapshot at position {stopped_at} and 1 events after it" in text, text
     finally:
         assert again.stop() == 0
+
+
+# --- the read-only live view the CLI's reads start -------------------------------------------
+
+
+def test_a_read_starts_from_the_same_snapshot_and_tail_as_the_live_ledger(tmp_path: Path) -> None:
+    busy_ledger(tmp_path, live=True).close()  # snapshots at its stop
+    writer = Ledger(tmp_path, SimClock(2_000.0), live=True)
+    writer.execute(c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, min_runtime_s=60))
+    writer.execute(c.CancelJob(actor="alice", job_id=5))  # a tail after the newest snapshot
+    view = LiveView.open(tmp_path)
+    assert view is not None
+    assert (view.position, view.state) == (writer.position, writer.state)
+    assert stored_snapshots(tmp_path)[-1] < view.position  # it stored nothing
+    writer.execute(c.CancelJob(actor="alice", job_id=6))
+    assert view.catch_up() == writer.position and view.state == writer.state
+    assert 6 not in view.state.jobs and view.state.finished == writer.state.finished == 5
+
+
+def test_a_read_skips_a_snapshot_that_does_not_verify(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    busy_ledger(tmp_path, live=True, every=5).close()
+    newest = stored_snapshots(tmp_path)[-1]
+    con = sqlite3.connect(tmp_path / "events.sqlite")
+    con.execute(
+        "UPDATE stored_snapshots SET state = x'00ff' WHERE originator_version = ?", (newest,)
+    )
+    con.commit()
+    con.close()
+    with caplog.at_level(logging.WARNING):
+        view = LiveView.open(tmp_path)
+    assert caplog.text.count("snapshot skipped: unreadable snapshot") == 1
+    assert view is not None and view.state == Ledger(tmp_path, live=True).state
+
+
+def test_a_read_folds_a_log_without_snapshots_and_leaves_a_long_tail_to_the_ledger(
+    tmp_path: Path,
+) -> None:
+    full = busy_ledger(tmp_path, live=False)  # a full ledger stores no snapshot
+    assert stored_snapshots(tmp_path) == []
+    view = LiveView.open(tmp_path)
+    assert view is not None and view.position == full.position == 24
+    assert view.state == live_part(full.state)
+    assert LiveView.open(tmp_path, max_tail=23) is None  # a live ledger would snapshot this
+    assert stored_snapshots(tmp_path) == []
