@@ -94,16 +94,19 @@ class CommandPath:
             await self.app(scope, _replay(body, more, receive), send)
             return
         # 3 decided and appended in the group commit; answered once committed
-        status = 200
+        status = 500  # what the API histogram says of a request that ends in an exception
         try:
-            appended = await self.worker.execute(ident.act(caller, cmd))
-            data = _encoder.encode(
-                api.CommandResult(position=appended.position, events=appended.events)
-            )
+            try:
+                appended = await self.worker.execute(ident.act(caller, cmd))
+                data = _encoder.encode(
+                    api.CommandResult(position=appended.position, events=appended.events)
+                )
+            except Exception as err:
+                status = await self._error(scope, receive, send, err)
+                return
             await send({"type": "http.response.start", "status": 200, "headers": _sized(data)})
             await send({"type": "http.response.body", "body": data})
-        except Exception as err:
-            status = await self._error(scope, receive, send, err)
+            status = 200
         finally:
             self.observe(scope["path"], "POST", status, time.perf_counter() - t0)
 
