@@ -203,6 +203,28 @@ def _patience(timeout_s: float) -> dict[str, int]:
     return {"bootstrap_timeout_ms": int(timeout_s * 1000), "reconnect_backoff_max_ms": 1_000}
 
 
+def _commit(producer: Any, timeout_s: float) -> None:
+    """Commit the producer's open transaction, waiting at most `timeout_s` for the broker.
+
+    kafka-python's `commit_transaction()` waits for the EndTxn answer without a bound, so a broker
+    lost between the flush and the commit would hold the relay (and the health it reports) until
+    the broker returned. A commit that is not answered in time raises KafkaTimeoutError: the
+    relay reopens, and the next producer's `init_transactions` completes or aborts the
+    transaction before the position is read back from the topic, so nothing is lost or doubled.
+    """
+    manager, sender = (
+        getattr(producer, "_transaction_manager", None),
+        getattr(producer, "_sender", None),
+    )
+    if manager is None or sender is None:  # another client version: its own commit
+        producer.commit_transaction()
+        return
+    result = manager.begin_commit()
+    sender.wakeup()
+    if not result.wait(timeout_ms=int(timeout_s * 1000)):
+        raise KafkaTimeoutError(f"the broker did not answer the commit in {timeout_s:g} s")
+
+
 def connect_timeout() -> float:
     """GPULEDGER_KAFKA_CONNECT_TIMEOUT (seconds), default DEFAULT_CONNECT_TIMEOUT_S."""
     return _seconds("GPULEDGER_KAFKA_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S)
@@ -608,10 +630,8 @@ class Relay:
         try:
             producer.begin_transaction()
             yield
-            # flush has a timeout, commit_transaction has none: flushing first bounds the wait
-            # to the small EndTxn round trip.
             producer.flush(timeout=self.timeout_s)
-            producer.commit_transaction()
+            _commit(producer, self.timeout_s)
         except KafkaError as e:
             if _fenced(producer, e):
                 self._fenced_by = RelayFenced(
