@@ -2,18 +2,17 @@
 
 The embedded CLI's reads (`jobs`, `queue`, `explain`, ...) need the live state (who may see
 whose commands, the live jobs a preview decides on) and never append: `LiveView` reads the
-store file with `sqlite3` itself (eventsourcing's snapshot table and its notification log,
-through `projections.source.EmbeddedSource`), so a read loads neither eventsourcing nor the
-application (~20-25 ms of CPU per command). It starts exactly as `Ledger(live=True)` does:
-the same rule picks the snapshot (`snapshots.newest`), the same fold (`ledger.domain.evolve`)
-folds the tail. A tail so long that a live ledger would store a new snapshot after folding it
+store file read-only through `projections.source.EmbeddedSource` (eventsourcing's snapshot
+table and its notification log, the one reader of the store's tables besides the store
+adapter), so a read loads neither eventsourcing nor the application (~20-25 ms of CPU per
+command). It starts exactly as `Ledger(live=True)` does: the same rule picks the snapshot
+(`snapshots.newest`), the same fold (`ledger.domain.evolve`) folds the tail. A tail so long that a live ledger would store a new snapshot after folding it
 is left to `Ledger` (`LiveView.open` gives None), which stores that snapshot for every later
 reader.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,10 +24,6 @@ from schemas.errors import EventDecodeError
 
 if TYPE_CHECKING:
     from schemas.events import AnyEvent
-
-SNAPSHOTS_TABLE = "stored_snapshots"
-"""eventsourcing's SQLite snapshot table (originator_id, originator_version, topic, state): the
-ledger's snapshots (`ledger.snapshots`), one row per snapshot, version = its log position."""
 
 
 def decode_at(position: int, data: bytes) -> AnyEvent:
@@ -66,7 +61,10 @@ class LiveView:
         stores it."""
         source = EmbeddedSource(home)
         try:
-            got = snapshots.newest(_stored_snapshots(source.path), partial(_stored_at, source))
+            got = snapshots.newest(
+                source.snapshots(snapshots.STREAM_ID.hex, snapshots.KEEP),
+                partial(_stored_at, source),
+            )
             state, position = State(live_only=True), 0
             if got is not None:
                 state, position = got[1], got[0].position
@@ -90,24 +88,6 @@ class LiveView:
 
     def close(self) -> None:
         self.source.close()
-
-
-def _stored_snapshots(path: Path) -> list[bytes]:
-    """The stored bytes of the ledger's newest `snapshots.KEEP` snapshots, newest first."""
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-    try:
-        rows = con.execute(
-            f"SELECT state FROM {SNAPSHOTS_TABLE} WHERE originator_id = ? "
-            "ORDER BY originator_version DESC LIMIT ?",
-            (snapshots.STREAM_ID.hex, snapshots.KEEP),
-        ).fetchall()
-    except sqlite3.OperationalError as err:
-        if "no such table" in str(err):
-            return []  # a ledger that has stored no snapshot yet
-        raise
-    finally:
-        con.close()
-    return [bytes(state) for (state,) in rows]
 
 
 def _stored_at(source: EmbeddedSource, position: int) -> bytes | None:

@@ -30,6 +30,11 @@ state); the notification id is the table's rowid. `topic` holds the event tag, `
 msgspec JSON bytes."""
 
 
+SNAPSHOTS_TABLE = "stored_snapshots"
+"""eventsourcing's SQLite snapshot table (originator_id, originator_version, topic, state): the
+ledger's snapshots of its folded state, one row per snapshot, version = its log position."""
+
+
 class LogRecord(NamedTuple):
     """One event as the log stores it."""
 
@@ -137,6 +142,21 @@ class EmbeddedSource:
                 return 0
             raise SourceUnavailable(f"cannot read {self.path}: {err}", path=str(self.path)) from err
         return int(row[0] or 0)
+
+    def snapshots(self, stream: str, limit: int) -> list[bytes]:
+        """The stored bytes of the newest `limit` snapshots of `stream` (its originator id),
+        newest first; none when the store has stored no snapshot yet."""
+        try:
+            rows = self._con.execute(
+                f"SELECT state FROM {SNAPSHOTS_TABLE} WHERE originator_id = ? "
+                "ORDER BY originator_version DESC LIMIT ?",
+                (stream, limit),
+            ).fetchall()
+        except sqlite3.OperationalError as err:
+            if "no such table" in str(err):
+                return []
+            raise SourceUnavailable(f"cannot read {self.path}: {err}", path=str(self.path)) from err
+        return [bytes(state) for (state,) in rows]
 
     def close(self) -> None:
         self._con.close()
