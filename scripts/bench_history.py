@@ -8,7 +8,9 @@ and cached in --dir (never commit it):
                 snapshot plus the tail, the projection opened and caught up, one preview of the
                 cycle (snapshot, ranks, decide) (goal <= 5 s at 5M)
   RSS           that process's peak resident memory (goal: at 5M <= 1.5x at 100k)
-  pend          the jobs pending at the end of the log (what `queue` shows and its preview orders)
+  pend          the jobs pending at the end of the log (what `queue` shows and its preview orders;
+                the synthetic logs end with none: `--pending N` submits jobs until N wait, in
+                place, so give it a --dir of its own)
   serve start   `gpuledger serve` itself, from its launch until it prints that it listens:
                 wall and CPU seconds (goal <= 5 s at 5M); stopped with SIGTERM
   CLI           `gpuledger queue`, `jobs`, `shares` wall and CPU time, best of 3 after a run not
@@ -16,6 +18,7 @@ and cached in --dir (never commit it):
 
     python scripts/bench_history.py                         # 10k, 100k, 1M, 5M in /tmp
     python scripts/bench_history.py --sizes 10000,100000 --dir /tmp/gpuledger-history
+    python scripts/bench_history.py --pending 2000 --dir /tmp/gpuledger-history-pending
 """
 
 from __future__ import annotations
@@ -172,6 +175,26 @@ def size_of(path: Path) -> int:
     return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
 
 
+def add_pending(home: Path, want: int) -> None:
+    """Submit 1-GPU jobs of one hour, round robin over the tree's members, until `want` jobs
+    wait (each member submits to its own project), so `queue` previews a real queue."""
+    from schemas.commands import SubmitJob
+
+    ledger = Ledger(home, live=True)
+    try:
+        have = sum(1 for j in ledger.state.jobs.values() if j.status == "pending")
+        members = sorted((user, project) for project, users in ledger.state.members.items()
+                         for user in users)  # fmt: skip
+        cmds = [
+            SubmitJob(actor=user, account=project, gpus=1, duration_s=3600, command=("true",))
+            for user, project in (members[i % len(members)] for i in range(max(0, want - have)))
+        ]
+        for i in range(0, len(cmds), 500):
+            ledger.execute_all(cmds[i : i + 500])
+    finally:
+        ledger.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -179,6 +202,9 @@ def main() -> None:
     ap.add_argument("--sizes", default="10000,100000,1000000,5000000")
     ap.add_argument("--dir", type=Path, default=Path("/tmp/gpuledger-history"))
     ap.add_argument("--no-cli", action="store_true", help="skip the CLI timings")
+    ap.add_argument(
+        "--pending", type=int, default=0, help="submit jobs until this many wait (in place)"
+    )
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -199,6 +225,8 @@ def main() -> None:
     for n in sizes:
         home = args.dir / str(n)
         info = prepare(home, ensure_log(home, n))
+        if args.pending:
+            add_pending(home, args.pending)
         s = start(home)
         rss[n], starts[n] = s["rss_mb"], s["start_s"]
         serves[n] = serve_start(home)
