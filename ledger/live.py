@@ -6,9 +6,9 @@ store file read-only through `projections.source.EmbeddedSource` (eventsourcing'
 table and its notification log, the one reader of the store's tables besides the store
 adapter), so a read loads neither eventsourcing nor the application (~20-25 ms of CPU per
 command). It starts exactly as `Ledger(live=True)` does: the same rule picks the snapshot
-(`snapshots.newest`), the same fold (`ledger.domain.evolve`) folds the tail. A tail so long that a live ledger would store a new snapshot after folding it
-is left to `Ledger` (`LiveView.open` gives None), which stores that snapshot for every later
-reader.
+(`snapshots.newest`), the same fold (`ledger.domain.evolve`) folds the tail. A tail so long
+that a live ledger would store a new snapshot after folding it is left to `Ledger`
+(`LiveView.open` gives None), which stores that snapshot for every later reader.
 """
 
 from __future__ import annotations

@@ -45,16 +45,13 @@ def main() -> None:
         clock.advance_to(last.at + 60)
         submit = c.SubmitJob(actor="user0_0_0", account="prog0/proj0", gpus=1, min_runtime_s=600)
         ledger.execute_all([submit] * 50)
+        policy = registry.policy_from_config(registry.default_config())
         with Store.open(tmp) as store:
             ranks = ProjectionRanks(Projector(store, EmbeddedSource(tmp)))
-            Dispatcher(
-                ledger,
-                ranks,
-                registry.policy_from_config(registry.default_config()),
-                KernelExecutor(),
-            ).cycle(clock.now())
+            Dispatcher(ledger, ranks, policy, KernelExecutor()).cycle(clock.now())
         ledger.close()
-        decisions = [d for d in replay.find_decisions(tmp) if d[1].policy_version == "fairshare-1"]
+        # the decision just made (the synthetic history's own records name another version)
+        decisions = [d for d in replay.find_decisions(tmp) if d[1].policy_version == policy.version]
         position, rec = decisions[-1]
         checkpoints = replay.Checkpoints(tmp / replay.CHECKPOINTS_DB)
         t0 = time.perf_counter()

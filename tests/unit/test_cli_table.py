@@ -1,5 +1,5 @@
-"""`print_table` writes a plain table that fits a pipe itself: byte for byte what rich prints
-for the same table (`box=None`, the pipe's width), which it replaces only to save its cost."""
+"""`print_table` writes a plain table on a pipe itself: byte for byte what rich prints for the
+same table (`box=None`, the pipe's width) when it fits, one line per row when it is wider."""
 
 from __future__ import annotations
 
@@ -57,7 +57,6 @@ def test_a_plain_table_is_what_rich_prints(
     [
         (("job", "account"), []),  # a header alone
         (("Account", "Rank"), [("prog2", "-"), ("  proj0", "1"), ("    user_0", "12")]),
-        (("#", "reason"), [("1", "waiting: " + "x" * 190)]),  # wider than a pipe: rich wraps
         (("node", "state"), [("n1", "drained (déjà vu)")]),  # not ASCII: rich measures it
     ],
 )
@@ -65,3 +64,13 @@ def test_indents_wide_and_non_ascii_tables(
     header: tuple[str, ...], rows: list[tuple[str, ...]]
 ) -> None:
     assert _ours(header, rows) == _rich(header, rows)
+
+
+def test_a_table_wider_than_a_pipe_keeps_one_line_per_row() -> None:
+    """Where rich would wrap the wide cell onto several lines, a pipe gets whole rows."""
+    header, rows = ("#", "reason"), [("1", "waiting: " + "x" * 190), ("22", "short")]
+    lines = _ours(header, rows).splitlines()
+    wide = len(rows[0][1])  # 199 columns: wider than the pipe with the first column
+    assert lines == [" #   " + "reason".ljust(wide) + " ", " 1   " + rows[0][1] + " ",
+                     " 22  " + "short".ljust(wide) + " "]  # fmt: skip
+    assert len(_rich(header, rows).splitlines()) > len(lines)  # rich wraps it
