@@ -121,30 +121,26 @@ def test_recorded_fairshare_2_decisions_replay_identically_under_later_versions(
     assert not any(r.identical for r in replay_decisions(source, as_v3))
 
 
-def test_recorded_fairshare_3_decisions_replay_identically() -> None:
-    """fairshare-3's code still decides exactly as it recorded, preemptions included."""
-    source, decisions = _recorded_decisions("fairshare-3")
-    assert len(decisions) == 36
-    assert sum(len(d.preempted) for _, d in decisions) > 0
-    results = list(replay_decisions(source, decisions))
-    assert [r.headline() for r in results if not r.identical] == []
-    source, as_v2 = _recorded_decisions("fairshare-3", "fairshare-2")
-    assert not any(r.identical for r in replay_decisions(source, as_v2))  # so this can fail
-
-
-def test_recorded_fairshare_6_decisions_replay_identically() -> None:
-    """fairshare-6 (the default) still decides exactly as it recorded; read as fairshare-4, the
-    same settings decide every one differently (fairshare-6 orders unfunded work that never ran
-    first)."""
-    lines = (GOLDEN / "fairshare-6.jsonl").read_bytes().splitlines()
+@pytest.mark.parametrize(
+    ("version", "read_as"),
+    [("fairshare-3", "fairshare-2"), ("fairshare-6", "fairshare-4")],
+)
+def test_recorded_decisions_replay_identically_and_differ_under_an_older_version(
+    version: str, read_as: str
+) -> None:
+    """fairshare-3 and fairshare-6 (the default) still decide exactly as they recorded,
+    preemptions included; read as an older version with the same settings, every decision
+    differs (fairshare-3 ranks teams by their share of the whole tree, fairshare-6 orders
+    unfunded work that never ran first), so the test can fail."""
+    lines = (GOLDEN / f"{version}.jsonl").read_bytes().splitlines()
     prev = ""
     for raw in lines:  # the stored bytes, unedited: each line links to the one before
         assert codec.decode(raw).prev_hash == prev
         prev = hashlib.sha256(raw).hexdigest()
-    source, decisions = _recorded_decisions("fairshare-6")
+    source, decisions = _recorded_decisions(version)
     assert len(decisions) == 36
     assert sum(len(d.preempted) for _, d in decisions) > 0
     results = list(replay_decisions(source, decisions))
     assert [r.headline() for r in results if not r.identical] == []
-    source, as_v4 = _recorded_decisions("fairshare-6", "fairshare-4")
-    assert not any(r.identical for r in replay_decisions(source, as_v4))  # so this can fail
+    source, as_older = _recorded_decisions(version, read_as)
+    assert not any(r.identical for r in replay_decisions(source, as_older))
