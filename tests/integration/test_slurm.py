@@ -380,7 +380,12 @@ def test_kill_9_of_the_service_of_slurmctld_and_of_slurmd_loses_and_double_books
     cluster.up()
     time.sleep(2)
     assert running(1), seen()
-    assert cluster.jobs()[slurm_ids[1]]["state"] == "RUNNING", seen()
+    # a controller that has just restarted may answer before it lists every job again
+    ledger.wait(
+        "Slurm to list the first job running again",
+        lambda: cluster.jobs().get(slurm_ids[1], {}).get("state") == "RUNNING",
+    )
+    assert running(1), seen()
     (flags / "end-1").touch()
     ledger.wait("the first job to complete", lambda: status(ledger, 1) == "finished", timeout=60)
     jobs = ledger.jobs()
