@@ -1,6 +1,6 @@
 """The one read layer: every read the CLI and the HTTP API offer, returning `schemas.views`.
 
-Each function takes the handles it reads (the `Ledger` for live state and previews, a caught-up
+Each function takes the handles it reads (a `LiveState` for live state and previews, a caught-up
 projection `Store` for history, a DuckDB connection for audit reads), typed filters and an
 explicit `now`/`at`; it returns view Structs. No printing, no clock, no appends: transport-free
 and side-effect free (a `preview` decides without appending). History reads (`jobs`, `log`) come
@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load t
     from ledger.dispatch.policy import Policy
     from ledger.dispatch.snapshot import PendingJob, Snapshot
     from ledger.domain import Job, State
+    from ledger.service import LiveState
     from projections.fairshare import DeliveredReport, TeamHour, UsagePolicy
     from projections.store import Store
 
@@ -475,7 +476,7 @@ def utilisation(store: Store, state: State, threshold: float = 10.0) -> UtilTrac
     return tracker
 
 
-def live(ledger: Ledger, store: Store, policy: Policy, now: float) -> tuple[Snapshot, Decision]:
+def live(ledger: LiveState, store: Store, policy: Policy, now: float) -> tuple[Snapshot, Decision]:
     """What the dispatcher would decide at `now` (nothing is appended)."""
     from ledger.service import StoreRanks, preview
 
@@ -586,7 +587,7 @@ def estimated_starts(
 
 
 def queue(
-    ledger: Ledger,
+    ledger: LiveState,
     store: Store,
     policy: Policy,
     now: float,
@@ -737,7 +738,7 @@ def key_parts(policy_version: str, key: Sequence[float | int | str]) -> list[v.K
 
 
 def priority(
-    ledger: Ledger,
+    ledger: LiveState,
     store: Store,
     policy: Policy,
     now: float,
@@ -823,7 +824,7 @@ def _tag(ev: e.AnyEvent) -> str:
 
 
 def explain(
-    ledger: Ledger,
+    ledger: LiveState,
     store: Store,
     job_id: int,
     policy: Policy,
@@ -903,7 +904,7 @@ def _history_texts(history: Sequence[e.AnyEvent], told: list[str]) -> list[tuple
 
 
 def squatters(
-    ledger: Ledger, store: Store, now: float, threshold: float, idle_s: float
+    ledger: LiveState, store: Store, now: float, threshold: float, idle_s: float
 ) -> list[v.SquatterRow]:
     """Placed or running jobs whose GPUs sat below `threshold` % for at least `idle_s`."""
     state = ledger.state
@@ -1103,7 +1104,7 @@ def delivered_series(
     return _delivered_view(summarise(hours, start, end), team_depth), series
 
 
-def gpu_map(ledger: Ledger, store: Store) -> list[v.GpuRow]:
+def gpu_map(ledger: LiveState, store: Store) -> list[v.GpuRow]:
     """Every GPU of the nodes in service, by node and index, with the job holding it and that
     GPU's value in the job's last utilisation sample (one value per GPU in slot order; the
     job's mean when the sample does not have one per GPU)."""

@@ -40,6 +40,7 @@ from schemas.policy import AnyPolicyConfig
 if TYPE_CHECKING:  # the projector brings DuckDB's Python API, the application eventsourcing; a
     # read that needs neither a catch-up nor an append (the CLI's `queue`) loads neither
     from ledger.application import Ledger
+    from ledger.domain import State
     from projections.projector import Projector
 
 log = logging.getLogger("gpuledger.dispatcher")
@@ -50,6 +51,18 @@ EXECUTOR = "@executor"
 IDLE_RECORD_S = 60.0
 """A cycle that decides nothing while jobs wait is recorded at most this often (the record
 counts the empty cycles it stands for), so the log answers "why did nothing start"."""
+
+
+class LiveState(Protocol):
+    """A live state the read side previews from: the service's `Ledger` (which also appends)
+    or a CLI read's `ledger.live.LiveView` (read-only, no eventsourcing)."""
+
+    @property
+    def state(self) -> State: ...
+
+    def catch_up(self) -> int:
+        """Fold what was appended since; the position folded."""
+        ...
 
 
 class RankSource(Protocol):
@@ -129,7 +142,7 @@ class ProjectionRanks(StoreRanks):
 
 
 def preview(
-    ledger: Ledger,
+    ledger: LiveState,
     ranks: RankSource,
     policy: Policy,
     now: float,

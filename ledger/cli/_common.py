@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import msgspec
@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the store is imported only by commands that open it (client
 
     from ledger.application import Appended, Ledger
     from ledger.live import LiveView
+    from ledger.service import LiveState
 
 EVENTS_DB = "events.sqlite"
 SERVER_SOCKET = "gpuledger.sock"
@@ -238,7 +239,7 @@ class Ctx:
             self._ledger = Ledger(self.home, live=live)
         return self._ledger
 
-    def reader(self) -> Ledger:
+    def reader(self) -> LiveState:
         """The live state for a read of the read layer, which asks a ledger for its `state` and
         `catch_up()` only: a read-only `LiveView` when one can start (no eventsourcing loaded,
         nothing written), else the live ledger (which stores the snapshot a long tail calls
@@ -250,7 +251,7 @@ class Ctx:
 
             self._view = LiveView.open(self.home)
         if self._ledger is None and self._view is not None:
-            return cast("Ledger", self._view)
+            return self._view
         return self.ledger(live=True)
 
 
@@ -273,7 +274,7 @@ class _LocalHandles:
         self._stack.close()
 
     @property
-    def ledger(self) -> Ledger:
+    def ledger(self) -> LiveState:
         # live work only: the newest snapshot plus the tail, never the whole history (reads of
         # finished jobs come from the projection)
         return self.ctx.reader()

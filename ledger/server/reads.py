@@ -20,9 +20,9 @@ from schemas import views as v
 from schemas.errors import InvalidCommand
 
 if TYPE_CHECKING:  # the CLI in client mode imports this table: keep it light
-    from ledger.application import Ledger
     from ledger.dispatch.policy import Policy
     from ledger.domain import State
+    from ledger.service import LiveState
     from projections.fairshare import UsagePolicy
     from projections.store import Store
 
@@ -33,7 +33,9 @@ class Handles(Protocol):
     """What a read may use."""
 
     @property
-    def ledger(self) -> Ledger: ...
+    def ledger(self) -> LiveState:
+        """The live state: the service's ledger, or a CLI read's read-only view."""
+        ...
 
     def store(self) -> Store:
         """The projection, caught up with the log."""
