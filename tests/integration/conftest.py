@@ -29,6 +29,24 @@ KAFKA_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kafka" / "kafk
 TIMEOUT_S = 60.0
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A socket to the shared broker left for the garbage collector is kafka-python's (every
+    client the code and these tests make is closed, in a `finally` or a teardown, and the
+    reachability probes close theirs); its ResourceWarning would fail whichever test the
+    collector happens to run in, far from the test that made it. Seen once under load (a
+    connected socket to the broker, collected in the dashboard's fixture; not reproduced in 25
+    rounds of the audit's Kafka test with the collector paused). Only that warning, only for the
+    broker's port: every other warning stays an error (pyproject's `filterwarnings`)."""
+    bootstrap = os.environ.get("GPULEDGER_KAFKA", "")
+    for server in (s.strip() for s in bootstrap.split(",") if s.strip()):
+        port = server.rpartition(":")[2]
+        if port.isdigit():
+            config.addinivalue_line(
+                "filterwarnings",
+                rf"ignore:unclosed <socket\.socket .*raddr=\('[^']*', {port}\)>:ResourceWarning",
+            )
+
+
 def check_reachable(bootstrap: str) -> str | None:
     """None when some `host:port` of `bootstrap` accepts a TCP connection, else the reasons."""
     problems = []
