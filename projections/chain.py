@@ -37,7 +37,7 @@ KEYS_ENV = "GPULEDGER_KAFKA_SIGNING_KEYS"
 
 def chain_hash(stored: bytes) -> str:
     """The link to the next event: SHA-256 of an event's stored bytes, hex (as the writer's
-    `ledger.application.chain_hash`)."""
+    `ledger.store.application.chain_hash`)."""
     return hashlib.sha256(stored).hexdigest()
 
 

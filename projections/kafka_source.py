@@ -1,7 +1,7 @@
 """Kafka as an event source: the relay's topic (`gpuledger.events`) read back in log order.
 
 `KafkaSource(bootstrap, topic)` implements `EventSource` over partition 0 of the topic the relay
-(`ledger/relay.py`) writes: one record per event, value = the stored event bytes, headers
+(`ledger/store/relay.py`) writes: one record per event, value = the stored event bytes, headers
 `gpuledger.position` (the log position, ASCII decimal) and `gpuledger.tag` (the event tag).
 
 - **read_committed, manual assignment, no group.** The relay publishes in transactions; only
@@ -66,7 +66,7 @@ from projections.quarantine import KAFKA_HINT, Where
 from projections.source import LogRecord
 
 TOPIC = "gpuledger.events"
-"""The topic the relay publishes (`ledger.relay.TOPIC`)."""
+"""The topic the relay publishes (`ledger.store.relay.TOPIC`)."""
 POSITION_HEADER = "gpuledger.position"
 TAG_HEADER = "gpuledger.tag"
 PARTITION = 0

@@ -186,7 +186,7 @@ R = TypeVar("R", bound=Positioned, covariant=True)
 
 class Pages(Protocol[R]):
     """Anything that hands out a log's records in pages: an `EventSource`, the store's own
-    recorder (`ledger.application`), the relay's raw reader, the audit's stored rows."""
+    recorder (`ledger.store.application`), the relay's raw reader, the audit's stored rows."""
 
     def read(self, after: int, limit: int) -> Sequence[R]:
         """Up to `limit` records with position > `after`, in position order."""

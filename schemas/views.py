@@ -1,7 +1,7 @@
 """The output contract: the shape of every read, as frozen msgspec Structs.
 
-`ledger/reads.py` returns these; the CLI prints them (`--json` encodes them, tables format them)
-and the HTTP API returns the same values. Rules every view follows:
+`ledger/reads/layer.py` returns these; the CLI prints them (`--json` encodes them, tables format
+them) and the HTTP API returns the same values. Rules every view follows:
 
 - strict JSON: no NaN or infinity anywhere. A level fair share that is infinite (no recent usage)
   is `null` with `level_fs_infinite: true`;

@@ -62,9 +62,9 @@ def pss_kb(pid: int) -> int:
 
 def agent_loop(state: Path, jobs: int, ready: Path) -> None:
     """The measured process: an agent's executor with `jobs` running jobs."""
-    from ledger.agent.executor import SupervisedExecutor
-    from ledger.agent.utilisation import FileSource
-    from ledger.executors import Launch
+    from ledger.cycle.executor import Launch
+    from ledger.engines.gpu_util import FileSource
+    from ledger.engines.supervised import SupervisedExecutor
     from schemas.events import GpuSlot
 
     util = state / "util"

@@ -77,7 +77,7 @@ def started_at(state: Path, job_id: int, btime: float, tick: int) -> float | Non
 
 
 def run(rate: float, seconds: float) -> None:
-    from ledger.server.client import Client
+    from ledger.wire.client import Client
     from schemas import commands as c
 
     tmp = Path(tempfile.mkdtemp(prefix="gpuledger-bench-agents-"))

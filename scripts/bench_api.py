@@ -43,9 +43,9 @@ from typing import NamedTuple
 
 from benchkit import machine
 
-from ledger.application import Ledger
-from ledger.clock import SimClock, seeded_ids
 from ledger.server.identity import new_token
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from schemas import commands as c
 
 GOAL_PER_S = 1_000

@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ledger.application import EVENTS_DB, Ledger
-from ledger.clock import SimClock, seeded_ids
+from ledger.store.application import EVENTS_DB, Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from schemas import commands as c
 
 GOAL_ONE_PER_S = 2_000

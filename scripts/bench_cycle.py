@@ -30,13 +30,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from ledger.application import Ledger
-from ledger.clock import SimClock, seeded_ids
-from ledger.cycle_input import snapshot_from_state
+from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
+from ledger.cycle.inputs import snapshot_from_state
 from ledger.dispatch import registry
 from ledger.dispatch.engine import decide
-from ledger.service import Dispatcher, ProjectionRanks
 from ledger.sim.kernel import KernelExecutor
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import PROJECTIONS_DIR, Store

@@ -1,6 +1,6 @@
 """Benchmark: what grows with history. For each log size N (10k, 100k, 1M, 5M events of a realistic
-mix, `projections.synthetic` on 1,024 x 8 GPUs, with real `cycle.decided.v2` records), made once
-and cached in --dir (never commit it):
+mix, `projections.testing.synthetic` on 1,024 x 8 GPUs, with real `cycle.decided.v2` records), made
+once and cached in --dir (never commit it):
 
   bytes/event   the store (`events.sqlite`) and the DuckDB projection, on disk, per event
   cold start    a live `Ledger` with no snapshot: the whole log folded once (then snapshotted)
@@ -36,11 +36,11 @@ import sys
 import time
 from pathlib import Path
 
-from ledger.application import EVENTS_DB, Ledger
+from ledger.store.application import EVENTS_DB, Ledger
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store, projection_path
-from projections.synthetic import Shape, append_to_store, synthetic_events
+from projections.testing.synthetic import Shape, append_to_store, synthetic_events
 
 SEED = 1
 START_GOAL_S = 5.0
@@ -52,9 +52,9 @@ _START = """
 import json, resource, sys, time
 t0 = time.perf_counter()
 from pathlib import Path
-from ledger.application import Ledger
+from ledger.store.application import Ledger
 from ledger.dispatch.policy import FairShare
-from ledger.service import StoreRanks, preview
+from ledger.cycle.dispatcher import StoreRanks, preview
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store

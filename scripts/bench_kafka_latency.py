@@ -42,9 +42,9 @@ from typing import Any
 
 from benchkit import broker, machine
 
-from ledger.application import Ledger
-from ledger.clock import SystemClock
-from ledger.relay import Relay, open_store
+from ledger.store.application import Ledger
+from ledger.store.clock import SystemClock
+from ledger.store.relay import Relay, open_store
 from projections.kafka_source import KafkaSource, follow
 from projections.projector import Projector
 from projections.store import Store

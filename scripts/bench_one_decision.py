@@ -2,7 +2,8 @@
 
 On a copy of a history made by `scripts/bench_history.py` (its store and caught-up projection):
 a live ledger appends one real fair-share decision (50 one-GPU jobs); a walk over the log stores
-replay checkpoints (`ledger.replay.CHECKPOINT_EVERY`); then that decision is replayed three times
+replay checkpoints (`ledger.history.replay.CHECKPOINT_EVERY`); then that decision is replayed three
+times
 as `gpuledger replay --cycle` does it: from the nearest checkpoint that verifies, ranked from the
 data directory's projection read as of its position. Prints the tail folded and the times.
 
@@ -18,12 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from ledger import replay
-from ledger.application import Ledger
-from ledger.clock import SimClock, seeded_ids
+from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch import registry
-from ledger.service import Dispatcher, ProjectionRanks
+from ledger.history import replay
 from ledger.sim.kernel import KernelExecutor
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import PROJECTIONS_DIR, Store

@@ -2,8 +2,8 @@
 loads, timed over HTTP on 127.0.0.1 against a real `gpuledger serve`), at 10k pending jobs on top
 of histories of growing size (goal: each page <= 300 ms at 10k pending and 1M events).
 
-For each log size N (the synthetic mix of `projections.synthetic` on 1,024 x 8 GPUs, made once
-and cached in --dir by `bench_history`'s builder; never commit it), it appends --pending
+For each log size N (the synthetic mix of `projections.testing.synthetic` on 1,024 x 8 GPUs, made
+once and cached in --dir by `bench_history`'s builder; never commit it), it appends --pending
 submissions of 8 GPUs spread over every project's members (more than the free GPUs hold, so
 about that many stay pending after the server's first cycle), starts `gpuledger serve`, waits for
 its first cycle and times every page --repeat times, two ways:
@@ -41,8 +41,8 @@ from typing import Any
 from bench_history import ensure_log, prepare
 from benchkit import machine
 
-from ledger.application import Ledger
 from ledger.server.identity import new_token
+from ledger.store.application import Ledger
 from schemas import commands as c
 
 GOAL_MS = 300.0

@@ -1,6 +1,7 @@
 """Benchmark: catch-up from the embedded log into DuckDB against a raw Arrow insert of the rows.
 
-A synthetic log (`projections.synthetic`: a simulated cluster's events, written straight into the
+A synthetic log (`projections.testing.synthetic`: a simulated cluster's events, written straight
+into the
 eventsourcing SQLite table, ~50x faster than through the ledger) of the largest size asked for is
 made once (kept with --dir). For each size N, on the first N events, in the same run:
 
@@ -49,12 +50,13 @@ from typing import Any
 
 import duckdb
 
-from projections import audit, quarantine, queries  # noqa: F401 (loaded before timing)
+from projections import quarantine, queries  # noqa: F401 (loaded before timing)
 from projections.batch import build_batch
 from projections.projector import DEFAULT_BATCH, Projector, project
 from projections.source import EmbeddedSource, follow
 from projections.store import Store, projection_path
-from projections.synthetic import Shape, append_to_store, synthetic_events
+from projections.testing import compare as audit
+from projections.testing.synthetic import Shape, append_to_store, synthetic_events
 
 GOAL_EVENTS_PER_S = 200_000
 GOAL_RATIO = 0.40

@@ -36,9 +36,9 @@ from benchkit import broker, machine
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.record import util as record_util
 
-from ledger.application import Ledger
-from ledger.clock import SimClock, seeded_ids
-from ledger.relay import (
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.relay import (
     DEFAULT_BATCH,
     RawRecord,
     Relay,

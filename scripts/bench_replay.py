@@ -9,7 +9,8 @@
    `--exact-sample N` also times the first N decisions with the projection caught up to exactly
    each position (the literal method), for comparison.
 2. One decision replayed with 1,000,000 events before it: DIR/pad1m holds 1M synthetic events of
-   a busy 128-node cluster (`projections.synthetic`, chained like the ledger's) and then one real
+   a busy 128-node cluster (`projections.testing.synthetic`, chained like the ledger's) and then
+   one real
    dispatcher decision. A fresh replay rebuilds the projection (in-memory DuckDB, caught up to
    the decision's position) and the write-side state (fold of 1M events) and decides again.
    Prints the time (best and median of --repeat runs), the breakdown, and the ratio to the raw
@@ -36,18 +37,18 @@ from pathlib import Path
 
 import msgspec
 
-from ledger.application import Ledger
-from ledger.audit import store_records, verify_chain
-from ledger.clock import SimClock, seeded_ids
+from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch import registry
 from ledger.dispatch.engine import decide
-from ledger.replay import Replayer, compare, decided_at, find_decisions, squat_threshold
-from ledger.service import Dispatcher, ProjectionRanks
+from ledger.history.audit import store_records, verify_chain
+from ledger.history.replay import Replayer, compare, decided_at, find_decisions, squat_threshold
 from ledger.sim.kernel import KernelExecutor
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from projections.projector import Projector
 from projections.source import EmbeddedSource, follow
 from projections.store import Store
-from projections.synthetic import STREAM_ID, synthetic_events
+from projections.testing.synthetic import STREAM_ID, synthetic_events
 from schemas import codec
 from schemas import commands as c
 from schemas.events import tag_of

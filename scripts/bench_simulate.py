@@ -24,11 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from ledger.application import Ledger
-from ledger.clock import SimClock
-from ledger.domain import State, evolve
+from ledger.core.domain import State, evolve
 from ledger.sim.runner import START_AT, Cluster, SimConfig, simulate
 from ledger.sim.workload import Assumptions, parse_trace, resolve
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock
 
 GOAL_S = 30.0
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "philly-4plusgpu-sample.csv.gz"

@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from benchkit import machine, private_service  # noqa: E402
 
-from ledger.executors import Launch  # noqa: E402
-from ledger.slurm import SlurmExecutor, parse_nodes  # noqa: E402
+from ledger.cycle.executor import Launch  # noqa: E402
+from ledger.engines.slurm import SlurmExecutor, parse_nodes  # noqa: E402
 from schemas.events import GpuSlot  # noqa: E402
 
 SLURM_SCRIPT = ROOT / "scripts" / "slurm" / "slurm"

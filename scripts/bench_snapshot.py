@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchkit import machine
 
-from ledger.cycle_input import snapshot_from_state
-from ledger.domain import Job, State
+from ledger.core.domain import Job, State
+from ledger.cycle.inputs import snapshot_from_state
 from schemas import events as e
 
 PENDING = 10_000

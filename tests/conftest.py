@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from ledger.application import Ledger
-from ledger.clock import SimClock, seeded_ids
-from ledger.domain import State, decide, evolve
+from ledger.core.domain import State, decide, evolve
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from schemas import commands as c
 
 T0 = 1_000.0

@@ -1,6 +1,6 @@
 """`gpuledger agent`'s configuration: one TOML file, every key below, flags override it.
 
-Unknown keys are rejected, as in serve's config (`ledger.server.config`, which loads both).
+Unknown keys are rejected, as in serve's config (`ledger.wire.config`, which loads both).
 The documented example is `examples/agent.toml`.
 """
 
@@ -11,7 +11,7 @@ from typing import Literal
 
 import msgspec
 
-from ledger.server import config as serve_config
+from ledger.wire import config as serve_config
 
 EXAMPLE = "examples/agent.toml"
 

@@ -9,7 +9,7 @@ node's own token, so a laptop runs exactly what a cluster runs:
     <home>/agents/<node>/token        the node token up made for its agent (0600; made once, by
                                       the admin who runs `up`, and reused while it is valid)
     <home>/agents/<node>/             the agent's state directory (state file, run directories,
-                                      lock; see `ledger.agent.executor`)
+                                      lock; see `ledger.engines.supervised`)
     <home>/jobs/job-<id>.log          job output, as with the local executor
 
 Stopping `up` (Ctrl-C, SIGTERM, kill -9) stops its agents with it; the jobs keep running under
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ledger.agent.executor import SupervisedExecutor
 from ledger.agent.node import STATUS_FILE, NodeAgent, Settings
-from ledger.agent.utilisation import UtilSource
-from ledger.application import Ledger
+from ledger.engines.gpu_util import UtilSource
+from ledger.engines.supervised import SupervisedExecutor
 from ledger.server import identity
+from ledger.store.application import Ledger
 
 log = logging.getLogger("gpuledger.up")
 

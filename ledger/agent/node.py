@@ -1,7 +1,7 @@
 """`gpuledger agent`: one per GPU node, a process apart from the server. An edge.
 
 It runs its node's parts of the ledger's placements through the supervised executor
-(`ledger.agent.executor`: one supervisor per part, a state file of handles written atomically,
+(`ledger.engines.supervised`: one supervisor per part, a state file of handles written atomically,
 adoption after restarts) and talks to the server's agent API only (`/v1/agent/*`, node token).
 
 Start, as numbered steps (Nomad's client restores its handles before anything else):
@@ -37,11 +37,11 @@ from typing import Any
 
 import msgspec
 
-from ledger.agent.executor import SupervisedExecutor
-from ledger.agent.proc import write_atomic
-from ledger.agent.utilisation import UtilSource
-from ledger.clock import SystemClock
-from ledger.executors import Exit, Launch, Start
+from ledger.cycle.executor import Exit, Launch, Start
+from ledger.engines.gpu_util import UtilSource
+from ledger.engines.proc import write_atomic
+from ledger.engines.supervised import SupervisedExecutor
+from ledger.store.clock import SystemClock
 from schemas import agent as a
 from schemas.errors import LedgerError, NotAuthenticated, NotAuthorised, Unavailable
 
@@ -114,7 +114,7 @@ class AgentClient:
     """The agent API over the project's HTTP client (one per thread)."""
 
     def __init__(self, url: str, token: str, timeout: float) -> None:
-        from ledger.server.client import Client
+        from ledger.wire.client import Client
 
         self.client = Client(url, token, timeout=timeout)
 

@@ -23,13 +23,13 @@ from schemas.errors import EnvironmentProblem, InvalidCommand, LedgerError
 if TYPE_CHECKING:  # the store is imported only by commands that open it (client mode never)
     from rich.console import Console
 
-    from ledger.application import Appended, Ledger
-    from ledger.live import LiveView
-    from ledger.service import LiveState
+    from ledger.cycle.dispatcher import LiveState
+    from ledger.store.application import Appended, Ledger
+    from ledger.store.live import LiveView
 
 EVENTS_DB = "events.sqlite"
 SERVER_SOCKET = "gpuledger.sock"
-"""Where a server running on the data directory listens (`ledger.server.client.local_socket`)."""
+"""Where a server running on the data directory listens (`ledger.wire.client.local_socket`)."""
 
 T = TypeVar("T")
 
@@ -164,7 +164,7 @@ class Ctx:
             if not self._url and not (self.home / SERVER_SOCKET).exists():
                 self._client = False  # embedded: the HTTP client is never imported
                 return None
-            from ledger.server.client import Client, load_token, local_socket
+            from ledger.wire.client import Client, load_token, local_socket
 
             if self._url:
                 self._client = Client(self._url, load_token())
@@ -187,9 +187,9 @@ class Ctx:
         return self.ledger(live=True).execute_all([self._embedded(cmd) for cmd in cmds])
 
     def read(self, name: str, *, quiet: bool = True, **fields: Any) -> Any:
-        """A read of the read layer (`ledger.server.reads`), here or at the server; the same
+        """A read of the read layer (`ledger.reads.table`), here or at the server; the same
         view Structs either way."""
-        from ledger.server.reads import READS
+        from ledger.reads.table import READS
 
         spec = READS[name]
         given = {k: x for k, x in fields.items() if x is not None}
@@ -234,7 +234,7 @@ class Ctx:
                     f"no ledger in {self.home}",
                     hint="run `gpuledger init --admin USER` or pass --home",
                 )
-            from ledger.application import Ledger
+            from ledger.store.application import Ledger
 
             self._ledger = Ledger(self.home, live=live)
         return self._ledger
@@ -247,7 +247,7 @@ class Ctx:
         self.local_only()
         if self._ledger is None and self._view is None:
             self.require()
-            from ledger.live import LiveView
+            from ledger.store.live import LiveView
 
             self._view = LiveView.open(self.home)
         if self._ledger is None and self._view is not None:
@@ -290,7 +290,7 @@ class _LocalHandles:
         return self._store
 
     def now(self) -> float:
-        from ledger.clock import SystemClock
+        from ledger.store.clock import SystemClock
 
         return SystemClock().now()
 

@@ -13,7 +13,7 @@ import click
 
 from ledger.agent import config as cfg
 from ledger.cli._common import echo_json, fmt_time, parse_duration, parse_interval
-from ledger.clock import SystemClock
+from ledger.store.clock import SystemClock
 from schemas.errors import InvalidCommand
 
 _now = SystemClock().now
@@ -55,9 +55,9 @@ def _gpus(config: cfg.AgentConfig) -> tuple[int, str, str]:
 
 
 def _run(config: cfg.AgentConfig, drain: bool) -> int:
-    from ledger.agent.executor import SupervisedExecutor
     from ledger.agent.node import STATUS_FILE, NodeAgent, Settings, short_hostname
-    from ledger.agent.utilisation import pick_source
+    from ledger.engines.gpu_util import pick_source
+    from ledger.engines.supervised import SupervisedExecutor
     from ledger.server.run import setup_logging
 
     setup_logging(config.log_format, config.log_level)
@@ -185,8 +185,8 @@ def agent(
 @click.pass_context
 def agent_status(cctx: click.Context, state_dir: str | None, as_json: bool) -> None:
     """What the agent of this state directory runs and when it last reached the server."""
-    from ledger.agent.executor import live_processes
     from ledger.agent.node import read_status
+    from ledger.engines.supervised import live_processes
 
     config: cfg.AgentConfig = cctx.meta["agent_config"]
     state = Path(state_dir or config.state_dir)

@@ -21,11 +21,6 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
-from ledger import audit as au
-from ledger import budget as b
-from ledger import reads
-from ledger import replay as rp
-from ledger import whatif as wi
 from ledger.cli._common import (
     Ctx,
     echo_json,
@@ -36,7 +31,12 @@ from ledger.cli._common import (
     pass_ctx,
 )
 from ledger.cli.views import projection
-from ledger.explain import span
+from ledger.core import budget as b
+from ledger.history import audit as au
+from ledger.history import replay as rp
+from ledger.reads import layer as reads
+from ledger.reads.explain import span
+from ledger.sim import whatif as wi
 from projections.source import EmbeddedSource, follow
 from projections.store import Store, projection_path
 from schemas import api, codec
@@ -792,8 +792,8 @@ def live_violations(
     """The ledger's holders now against the live processes of the local executor on this host
     (`home/agent`), of `up`'s local node agents (`home/agents/NODE`) and of the node agents
     whose state directories are named; the ledger is opened only when some are alive."""
-    from ledger.agent.executor import live_processes
-    from ledger.clock import SystemClock
+    from ledger.engines.supervised import live_processes
+    from ledger.store.clock import SystemClock
 
     local = sorted(d for d in (home / "agents").glob("*") if d.is_dir())
     procs = [p for d in (home / "agent", *local, *agent_states) for p in live_processes(d)]

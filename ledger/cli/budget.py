@@ -52,7 +52,7 @@ def _request(ctx: Ctx, data: bytes, name: str, prune: bool, check: bool) -> api.
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        from ledger import budget as b
+        from ledger.core import budget as b
 
         b.parse(data, name)  # the same malformed-TOML line as embedded mode
         raise
@@ -64,7 +64,7 @@ def _request(ctx: Ctx, data: bytes, name: str, prune: bool, check: bool) -> api.
 def _plan(ctx: Ctx, data: bytes, name: str, prune: bool) -> list[api.BudgetChange]:
     if ctx.remote is not None:
         return _request(ctx, data, name, prune, check=False).changes
-    from ledger import budget as b
+    from ledger.core import budget as b
 
     ledger = ctx.ledger()
     changes = b.plan(ledger.state, b.parse(data, name), ctx.actor, prune=prune)
@@ -76,7 +76,7 @@ def _check(ctx: Ctx, data: bytes, name: str, prune: bool, commands: list[AnyComm
     if ctx.remote is not None:
         _request(ctx, data, name, prune, check=True)
         return
-    from ledger import budget as b
+    from ledger.core import budget as b
 
     ledger = ctx.ledger()
     b.check(ledger.state, commands, ledger.clock.now(), ledger.ids)

@@ -18,7 +18,7 @@ import msgspec
 
 from ledger.cli._common import Ctx, log_level_option, pass_ctx, setup_logging
 from ledger.cli.views import projection_group
-from ledger.relay import RelayError, connect_timeout, read_health
+from ledger.store.relay import RelayError, connect_timeout, read_health
 from projections.errors import ProjectionMismatch
 from projections.kafka_source import TOPIC, KafkaSource, quiet_kafka_logs
 from projections.kafka_source import follow as follow_topic

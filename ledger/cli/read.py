@@ -22,7 +22,7 @@ from ledger.cli._common import (
     print_table,
 )
 from ledger.cli.write import account, node
-from ledger.explain import span
+from ledger.reads.explain import span
 from schemas.errors import InvalidCommand
 from schemas.views import LogEntry, LogFilter
 

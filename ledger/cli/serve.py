@@ -20,8 +20,6 @@ from typing import Any
 
 import click
 
-from ledger.agent.executor import DEBUG_LIMIT_S, SupervisedExecutor
-from ledger.agent.utilisation import pick_source
 from ledger.cli._common import (
     Ctx,
     echo_json,
@@ -32,10 +30,12 @@ from ledger.cli._common import (
     pass_ctx,
     setup_logging,
 )
-from ledger.clock import SystemClock
+from ledger.cycle.executor import ServiceExecutor
+from ledger.cycle.loop import ServiceLoop, make_policy
 from ledger.dispatch import registry
-from ledger.executors import ServiceExecutor
-from ledger.loop import ServiceLoop, make_policy
+from ledger.engines.gpu_util import pick_source
+from ledger.engines.supervised import DEBUG_LIMIT_S, SupervisedExecutor
+from ledger.store.clock import SystemClock
 from schemas import commands as c
 from schemas.errors import InvalidCommand
 
@@ -176,7 +176,7 @@ def up(
         )
         log.info("utilisation: %s", util.name)
     else:
-        from ledger.slurm import open_executor
+        from ledger.engines.slurm import open_executor
 
         executor = open_executor(
             ledger, partition, ctx.home / "jobs", parse_duration(grace), ctx.actor
@@ -209,7 +209,7 @@ def _check_other_mode(home: Path, executor: str) -> None:
     """`up`'s local agents (HOME/agents/NODE) and its local executor (HOME/agent) keep their
     runs apart: one may not start while the other's runs are unfinished (it would not know them,
     and would launch them again or call them lost)."""
-    from ledger.agent.executor import handled_jobs
+    from ledger.engines.supervised import handled_jobs
 
     if executor == "slurm":
         return
@@ -243,8 +243,8 @@ def _up_with_agents(
     """`up --executor agent`: the server (Unix socket and a loopback port) and one node agent
     per node in this process (`ledger.agent.local`); exits as `serve` does."""
     from ledger.agent import local
-    from ledger.server import config as cfg
     from ledger.server.run import serve as run_server
+    from ledger.wire import config as cfg
 
     clock = SystemClock()
     ledger = ctx.ledger(live=True)
@@ -378,8 +378,8 @@ def serve(
 ) -> None:
     """The ledger server: the single writer of the data directory, with an authenticated HTTP
     API (bearer tokens over TCP, OS users over its Unix socket) for every command and read."""
-    from ledger.server import config as cfg
     from ledger.server.run import serve as run_server
+    from ledger.wire import config as cfg
 
     config = cfg.merge(
         cfg.load(config_file),

@@ -20,8 +20,8 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ledger import budget as b
 from ledger.cli._common import Ctx, pass_ctx
+from ledger.core import budget as b
 from ledger.dispatch import registry
 from ledger.sim import report
 from ledger.sim.runner import POLICIES, Cluster, Drain, RunResult, SimConfig

@@ -42,7 +42,7 @@ def slurm() -> None:
 )
 def import_shares(source: Path | None, output: Path | None) -> None:
     """Slurm association shares as a budget file for `gpuledger budget apply`."""
-    from ledger.slurm import SACCTMGR_ARGS, parse_sacctmgr_shares, shares_toml
+    from ledger.engines.slurm import SACCTMGR_ARGS, parse_sacctmgr_shares, shares_toml
 
     if source is not None:
         text = source.read_text()
@@ -78,7 +78,7 @@ def import_shares(source: Path | None, output: Path | None) -> None:
 def slurm_jobs(ctx: Ctx, partition: str, as_json: bool) -> None:
     """Every Slurm job on the partition: gpu-ledger's runs, and foreign jobs (never touched;
     their GPUs count as busy)."""
-    from ledger.slurm import SlurmExecutor, ledger_id
+    from ledger.engines.slurm import SlurmExecutor, ledger_id
 
     lid = ledger_id(ctx.ledger())
     executor = SlurmExecutor(partition, lid, ctx.home / "jobs", env=os.environ)

@@ -7,9 +7,9 @@ import os
 import click
 
 from ledger.cli._common import Ctx, echo_json, fmt_time, json_option, parse_duration, pass_ctx
-from ledger.clock import SystemClock
 from ledger.server import identity
-from ledger.server.client import token_file
+from ledger.store.clock import SystemClock
+from ledger.wire.client import token_file
 from schemas import commands as c
 from schemas.api import TokenRow
 
@@ -85,7 +85,7 @@ def token_list(ctx: Ctx, as_json: bool) -> None:
     if ctx.remote is not None:
         rows = ctx.remote.get("tokens", type=list[TokenRow])
     else:
-        from ledger import reads
+        from ledger.reads import layer as reads
 
         rows = reads.tokens(ctx.ledger().state, ctx.actor)
     if as_json:

@@ -37,19 +37,19 @@ from schemas.bounds import Percent, TeamDepth
 
 
 def when(at: float | None) -> str:
-    from ledger.explain import when
+    from ledger.reads.explain import when
 
     return when(at)
 
 
 def span(seconds: float) -> str:
-    from ledger.explain import span
+    from ledger.reads.explain import span
 
     return span(seconds)
 
 
 def plural(n: int, word: str) -> str:
-    from ledger.explain import plural
+    from ledger.reads.explain import plural
 
     return plural(n, word)
 
@@ -119,7 +119,7 @@ def _window_args(at: str | None, window: str, half_life: str | None) -> dict[str
 
 
 def _at(at: str | None) -> float:
-    from ledger.clock import SystemClock
+    from ledger.store.clock import SystemClock
 
     return SystemClock().now() if at is None else parse_time(at)
 

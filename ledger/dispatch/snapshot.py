@@ -1,7 +1,7 @@
 """What one dispatcher cycle sees: a plain value taken at one log position.
 
-Pure: the snapshot is data. `ledger.cycle_input.snapshot_from_state` builds it from the write side's
-`State`; this core never sees the State.
+Pure: the snapshot is data. `ledger.cycle.inputs.snapshot_from_state` builds it from the write
+side's `State`; this core never sees the State.
 The dispatcher reads projections through `SnapshotReader`, declared here where it is consumed, so
 `decide()` can be fed a snapshot by a projection, a test, a simulator or a replay alike.
 

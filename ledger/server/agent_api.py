@@ -9,7 +9,7 @@
   checkpoints; recorded at once, on the worker thread.
 - `POST /v1/agent/heartbeat`: the agent is alive.
 
-Every call counts as contact for the node-lost timeout (`ledger.server.agents`).
+Every call counts as contact for the node-lost timeout (`ledger.engines.agents`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import JSONBody, QueryParameter
 
-from ledger.domain import NODE_ACTOR
-from ledger.server.agents import AgentExecutor
+from ledger.core.domain import NODE_ACTOR
+from ledger.engines.agents import AgentExecutor
 from ledger.server.identity import Identity
 from ledger.server.worker import Worker
 from schemas import agent as a

@@ -29,7 +29,8 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import JSONBody
 
-from ledger import reads
+from ledger.reads import layer as reads
+from ledger.reads.table import READS
 from ledger.server import identity as ident
 from ledger.server import metrics as m
 from ledger.server import pages, tables
@@ -37,7 +38,6 @@ from ledger.server.agent_api import agent_routes
 from ledger.server.cache import ReadCache
 from ledger.server.commands import CommandPath
 from ledger.server.pages import LivePreview
-from ledger.server.reads import READS
 from ledger.server.worker import Worker
 from schemas import api
 from schemas import commands as c
@@ -335,7 +335,7 @@ class ServiceHandles:
     def live_preview(self, *, ahead: bool = False) -> LivePreview:
         """The shared preview at the log's position (on the worker thread); `ahead`: computed
         before anyone asks."""
-        from ledger.server.reads import policy_for
+        from ledger.reads.table import policy_for
 
         if not ahead:
             self.asked["live-preview"] = time.monotonic()

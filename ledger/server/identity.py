@@ -5,7 +5,7 @@ the whole string (a `token.issued.v1` event); the secret is printed once and nev
 logged or sent back. The secret is 256 random bits, so a plain SHA-256 is enough (no password
 stretching is needed for a value nobody chose), and comparison is constant-time.
 
-The authorisation rules themselves live in `ledger.domain`: this module only says who the actor
+The authorisation rules themselves live in `ledger.core.domain`: this module only says who the actor
 is. Node and job tokens act as the narrow system actors `@node:NAME` and `@job:ID`, which the
 domain confines to their node or job.
 """
@@ -21,7 +21,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from ledger.domain import State, Token
+from ledger.core.domain import State, Token
 from schemas import commands as c
 from schemas.errors import NotAuthenticated
 

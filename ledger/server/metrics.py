@@ -4,7 +4,7 @@ One registry per application. Two kinds of figures:
 
 - observed as they happen: the dispatcher cycle's latency (a histogram fed by the service loop's
   `on_cycle` hooks) and the API's latency by route, method and status (an ASGI middleware);
-- read at scrape time, on the worker thread, from the read layer (`ledger.reads`): queue depth
+- read at scrape time, on the worker thread, from the read layer (`ledger.reads.layer`): queue depth
   by wait code and by team, placements and preemptions over the whole log, per-team usage, owed,
   delivered and LevelFS, projection lag (events and seconds), relay lag, and the age of each
   node's last heartbeat (the node agents' executor's `last_seen` under `serve --executor
@@ -178,7 +178,7 @@ def ledger_figures(handles: Any) -> LedgerFigures:
     """Per-team usage, owed, delivered and LevelFS now (on the worker thread), from the read
     layer: kept and reused for `ReadCache.fresh_s`, however the log moved meanwhile (gauges of
     sums over a 7-day window; `gpuledger_read_at_seconds` names the moment they are of)."""
-    from ledger import reads
+    from ledger.reads import layer as reads
     from projections.fairshare import UsagePolicy
 
     clock = handles.now()
@@ -210,7 +210,7 @@ def ledger_figures(handles: Any) -> LedgerFigures:
 
 def read_figures(handles: Any, service: Any, heartbeats: dict[str, float]) -> Figures:
     """The ledger's figures now (on the worker thread), all from the read layer."""
-    from ledger import reads
+    from ledger.reads import layer as reads
 
     ledger = handles.ledger
     store = handles.store()

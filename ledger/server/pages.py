@@ -10,7 +10,7 @@ API hold, enforced here, not in the page:
 - a job's command, labels and logs only its owner, the managers of an account above it and
   admins (`reads.may_see_private`, the one rule `jobs` and `log` follow too).
 
-Every figure comes from the read layer (`ledger.reads`), as the CLI's.
+Every figure comes from the read layer (`ledger.reads.layer`), as the CLI's.
 """
 
 from __future__ import annotations
@@ -103,8 +103,8 @@ def _json(value: Any) -> Response[bytes]:
 
 def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]:
     """The page routes, the static files and the JSON endpoints of the dashboard."""
-    from ledger import reads
-    from ledger.server.reads import policy_for
+    from ledger.reads import layer as reads
+    from ledger.reads.table import policy_for
 
     web_dir = resources.files("ledger.server") / "web"
     shell = (web_dir / "page.html").read_text(encoding="utf-8")
@@ -264,7 +264,7 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
         home = handles.ledger.home
 
         def run() -> list[dict[str, Any]]:
-            from ledger import replay as rp
+            from ledger.history import replay as rp
             from projections.source import EmbeddedSource
 
             found = rp.find_decisions(home, rp.Selection(job=job_id))[-REPLAY_LAST:]

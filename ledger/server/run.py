@@ -27,15 +27,15 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from ledger.agent.executor import SupervisedExecutor
-from ledger.application import Ledger
 from ledger.cli._common import parse_duration, parse_interval
-from ledger.executors import Executor
-from ledger.loop import NoExecutor, ServiceLoop, make_policy
+from ledger.cycle.executor import Executor
+from ledger.cycle.loop import NoExecutor, ServiceLoop, make_policy
+from ledger.engines.supervised import SupervisedExecutor
 from ledger.server import identity
 from ledger.server.app import PEER_UID, create_asgi
-from ledger.server.config import ServeConfig
 from ledger.server.worker import Worker
+from ledger.store.application import Ledger
+from ledger.wire.config import ServeConfig
 from schemas.errors import InvalidCommand
 
 SOCKET_NAME = "gpuledger.sock"
@@ -180,13 +180,13 @@ def _executor(ledger: Ledger, config: ServeConfig, actor: str) -> Executor:
     nodes are registered by `actor`, the admin starting the server."""
     home = ledger.home
     if config.executor == "slurm":
-        from ledger.slurm import open_executor
+        from ledger.engines.slurm import open_executor
 
         return open_executor(
             ledger, config.partition, home / "jobs", parse_duration(config.grace), actor
         )
     if config.executor == "agents":
-        from ledger.server.agents import AgentExecutor
+        from ledger.engines.agents import AgentExecutor
 
         return AgentExecutor(ledger, node_lost_after_s=parse_duration(config.node_lost_after))
     if config.executor == "local":

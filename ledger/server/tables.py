@@ -18,7 +18,7 @@ from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import JSONBody
 
-from ledger.audit import ChainReport
+from ledger.history.audit import ChainReport
 from ledger.server import identity as ident
 from ledger.server.worker import Worker
 from schemas import api
@@ -52,7 +52,7 @@ def routes(
     async def audit_verify(request: Request[Any, Any, Any]) -> ChainReport:
         """The hash chain recomputed over the store: the first broken link and what broke it.
         Read from the store through its own connection, beside the worker (no write waits)."""
-        from ledger import audit as au
+        from ledger.history import audit as au
 
         person(request)
         home = worker.service.home
@@ -83,7 +83,7 @@ def routes(
 def plan(worker: Worker, caller: ident.Identity, req: api.BudgetPlanRequest) -> api.BudgetPlan:
     """On the worker thread: parse, plan against the live state as the caller (or `req.actor`),
     and with `check` try every change on a copy of the state."""
-    from ledger import budget as b
+    from ledger.core import budget as b
 
     ledger = worker.service.ledger
     actor = req.actor or caller.actor
@@ -104,8 +104,8 @@ def table(worker: Worker, q: api.AuditQuery) -> api.AuditTable:
     network reads), and only single SELECT statements pass `check_select`."""
     import pyarrow as pa
 
-    from ledger import reads
     from ledger.cli.audit import check_select, job_rows, run_query
+    from ledger.reads import layer as reads
 
     service = worker.service
     assert service.projector is not None and service.store is not None

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.application import Appended
-from ledger.loop import ServiceLoop, wait_time
+from ledger.cycle.loop import ServiceLoop, wait_time
+from ledger.store.application import Appended
 from schemas.commands import AnyCommand
 from schemas.errors import LedgerError, Unavailable
 

@@ -19,11 +19,11 @@ import heapq
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from ledger.executors import Exit, Launch, Start
+from ledger.cycle.executor import Exit, Launch, Start
 
 if TYPE_CHECKING:
-    from ledger.clock import SimClock
-    from ledger.service import CycleResult, Dispatcher
+    from ledger.cycle.dispatcher import CycleResult, Dispatcher
+    from ledger.store.clock import SimClock
 
 
 def _never(job_id: int) -> bool:

@@ -1,14 +1,15 @@
 """Rank sources for the simulator: fair-share ranks at a moment, two ways.
 
-- `ProjectionRanks`: the real read side (`ledger.service.ProjectionRanks`): catches the DuckDB
+- `ProjectionRanks`: the real read side (`ledger.cycle.dispatcher.ProjectionRanks`): catches the
+  DuckDB
   projection up to the snapshot's position and asks `projections.queries.fair_share` (SQL usage
   + Fair Tree).
 - `IncrementalRanks`: the same math (`projections.fairshare`) on usage intervals kept in memory
   and updated from new events only: closed intervals older than the window are dropped; in
   half-life mode closed intervals fold into one decayed number per leaf.
 
-Both implement `ledger.service.RankSource`. docs/simulation.md gives the measured cost of each
-and which one the simulator uses by default; tests check that both give the same ranks.
+Both implement `ledger.cycle.dispatcher.RankSource`. docs/simulation.md gives the measured cost of
+each and which one the simulator uses by default; tests check that both give the same ranks.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import heapq
 from collections.abc import Mapping
 from pathlib import Path
 
-from ledger import service
-from ledger.application import Ledger
+from ledger.cycle import dispatcher as service
+from ledger.store.application import Ledger
 from projections import fairshare as fs
 from projections.projector import Projector
 from projections.source import EmbeddedSource
@@ -193,7 +194,7 @@ def _decay(dt: float, half_life_s: float) -> float:
 
 
 class ProjectionRanks:
-    """`ledger.service.ProjectionRanks` over the projection of `home`, owning its files."""
+    """`ledger.cycle.dispatcher.ProjectionRanks` over the projection of `home`, owning its files."""
 
     def __init__(self, home: Path, policy: fs.UsagePolicy | None = None) -> None:
         self.source = EmbeddedSource(home)

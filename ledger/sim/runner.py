@@ -1,7 +1,8 @@
 """`simulate`: a workload replayed through the real ledger, projections and dispatcher.
 
 An edge: it owns a virtual clock (`SimClock`), seeded event ids, a data directory on disk, and
-drives `ledger.service.Dispatcher` with a simulated executor. Nothing here models scheduling:
+drives `ledger.cycle.dispatcher.Dispatcher` with a simulated executor. Nothing here models
+scheduling:
 every submission, placement, preemption, checkpoint and exit is a command the real `Ledger`
 decides and appends, and every decision is the real `decide()` with the chosen policy.
 
@@ -30,16 +31,16 @@ from pathlib import Path
 
 import msgspec
 
-from ledger import budget as b
-from ledger.application import EVENTS_DB, Ledger
-from ledger.clock import SimClock, seeded_ids
+from ledger.core import budget as b
+from ledger.cycle.dispatcher import CycleResult, Dispatcher, RankSource
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
-from ledger.service import CycleResult, Dispatcher, RankSource
 from ledger.sim.kernel import KernelExecutor, drive
 from ledger.sim.metrics import JobFold, Metrics, compute
 from ledger.sim.ranks import IncrementalRanks, NoRanks, ProjectionRanks
 from ledger.sim.workload import SimJob, Workload, team_fractions
+from ledger.store.application import EVENTS_DB, Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from projections import fairshare as fs
 from projections import queries
 from projections.projector import Projector

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from ledger.budget import BudgetAccount, BudgetFile
+from ledger.core.budget import BudgetAccount, BudgetFile
 from ledger.sim.rng import Rng
 from schemas.errors import InvalidCommand
 
@@ -258,7 +258,7 @@ def dump_trace(jobs: Iterable[SimJob], *, gzipped: bool = False) -> bytes:
 
 
 def budget_toml(budget: BudgetFile) -> str:
-    """Pure: a budget tree as the TOML `ledger.budget.parse` reads (accounts by path)."""
+    """Pure: a budget tree as the TOML `ledger.core.budget.parse` reads (accounts by path)."""
     lines = []
     for path in sorted(budget.accounts, key=lambda p: (p.count("/"), p)):
         a = budget.accounts[path]

@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledger.application import Ledger
 from ledger.sim.runner import Cluster, SimConfig, simulate
 from ledger.sim.workload import Synthetic, synthetic
+from ledger.store.application import Ledger
 from tests.integration.serverkit import cli
 
 NODES = 6

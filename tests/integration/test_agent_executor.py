@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from ledger.agent.executor import SupervisedExecutor, live_processes
-from ledger.agent.proc import start_time
-from ledger.agent.utilisation import FileSource
-from ledger.executors import Exit, Launch, Start
+from ledger.cycle.executor import Exit, Launch, Start
+from ledger.engines.gpu_util import FileSource
+from ledger.engines.proc import start_time
+from ledger.engines.supervised import SupervisedExecutor, live_processes
 from schemas.errors import InvalidCommand
 from schemas.events import GpuSlot
 

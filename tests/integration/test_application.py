@@ -17,9 +17,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from ledger.application import EVENTS_DB, Ledger
-from ledger.clock import SimClock, seeded_ids
-from ledger.domain import State, fold
+from ledger.core.domain import State, fold
+from ledger.store.application import EVENTS_DB, Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from schemas import codec
 from schemas import commands as c
 from schemas import events as e

@@ -18,17 +18,17 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from ledger.application import Ledger
-from ledger.audit import check_charges, store_records, verify_chain, verify_copy
 from ledger.cli import cli
-from ledger.clock import SimClock, seeded_ids
+from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch.policy import FairShare
-from ledger.service import Dispatcher, ProjectionRanks
+from ledger.history.audit import check_charges, store_records, verify_chain, verify_copy
 from ledger.sim.kernel import KernelExecutor
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store
-from projections.synthetic import append_raw
+from projections.testing.synthetic import append_raw
 from schemas import codec
 from schemas import commands as c
 from schemas import events as e
@@ -374,7 +374,7 @@ def test_check_charges_finds_usage_charged_to_an_unfunded_job(home: Path) -> Non
 def test_verify_checks_the_kafka_copy_byte_for_byte(
     home: Path, kafka_bootstrap: str, kafka_topic: str, transactional_id: str
 ) -> None:
-    from ledger.relay import Relay, open_store
+    from ledger.store.relay import Relay, open_store
 
     relay = Relay(
         open_store(home), kafka_bootstrap, topic=kafka_topic, transactional_id=transactional_id
@@ -398,7 +398,7 @@ def test_verify_checks_the_kafka_copy_byte_for_byte(
 
 
 def test_verify_copy_finds_gaps_reorders_and_extra_records() -> None:
-    from ledger.audit import ChainRecord, CopyRecord
+    from ledger.history.audit import ChainRecord, CopyRecord
 
     chain, prev = [], ""
     for i in range(1, 6):

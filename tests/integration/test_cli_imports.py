@@ -63,6 +63,6 @@ def test_a_read_loads_no_heavy_package(home: Path, command: str) -> None:
 def test_a_queue_with_nothing_schedulable_to_show_decides_no_preview(home: Path) -> None:
     proc, probe = _probe(home, "queue", "--state", "held", "--json")
     assert proc.stdout.strip() == "[]"  # job 1 is pending, not held
-    assert "ledger.service" not in probe["loaded"]  # where the preview is decided
+    assert "ledger.cycle.dispatcher" not in probe["loaded"]  # where the preview is decided
     _, probe = _probe(home, "queue", "--json")  # job 1 waits: the preview orders it
-    assert "ledger.service" in probe["loaded"]
+    assert "ledger.cycle.dispatcher" in probe["loaded"]

@@ -19,8 +19,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ledger.application import Ledger
-from projections.synthetic import append_raw
+from ledger.store.application import Ledger
+from projections.testing.synthetic import append_raw
 from schemas import codec
 from schemas import commands as c
 from schemas import events as e

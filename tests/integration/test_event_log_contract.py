@@ -26,14 +26,14 @@ from typing import Any
 import pytest
 from kafka import KafkaProducer
 
-from ledger.application import Ledger
-from ledger.clock import SimClock, seeded_ids
-from ledger.relay import Relay, open_store
-from projections import audit
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.relay import Relay, open_store
 from projections.kafka_source import KafkaSource
 from projections.projector import Projector
 from projections.source import EmbeddedSource, EventSource, LogRecord
 from projections.store import Store
+from projections.testing import compare as audit
 from schemas import commands as c
 
 SEED = 20261130

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ledger.application import Ledger
 from ledger.cli import cli
-from ledger.clock import SimClock, seeded_ids
-from ledger.cycle_input import snapshot_from_state
+from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
+from ledger.cycle.inputs import snapshot_from_state
 from ledger.dispatch.policy import FairShare
-from ledger.service import Dispatcher, ProjectionRanks
 from ledger.sim.kernel import KernelExecutor
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store

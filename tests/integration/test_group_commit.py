@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ledger.application import Appended, Ledger
-from ledger.clock import SimClock, seeded_ids
+from ledger.store.application import Appended, Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from schemas import commands as c
 from schemas.errors import InvalidCommand, LedgerError, NotAuthorised
 

@@ -34,9 +34,9 @@ from typing import Any
 import pytest
 from kafka import KafkaProducer
 
-from ledger.agent.executor import live_processes
-from ledger.application import Ledger
-from ledger.relay import (
+from ledger.engines.supervised import live_processes
+from ledger.store.application import Ledger
+from ledger.store.relay import (
     POSITION_HEADER,
     TAG_HEADER,
     Relay,
@@ -325,7 +325,7 @@ def test_signed_records_a_reader_rejects_what_the_relay_did_not_sign_and_keys_ro
         ]
     with Store(":memory:") as reference, Store(tmp_path / "q.duckdb") as store:
         Projector(reference, EmbeddedSource(ledger.home)).catch_up()
-        from projections import audit
+        from projections.testing import compare as audit
 
         assert audit.dump(store) == audit.dump(reference)
     # a reader with only the old key sets aside every record signed with the new one

@@ -31,16 +31,16 @@ from typing import Any
 import pytest
 from kafka import KafkaProducer
 
-from ledger.application import Ledger
-from ledger.clock import SimClock, seeded_ids
-from ledger.relay import POSITION_HEADER, TAG_HEADER, Relay, ensure_topic, open_store
-from projections import audit
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.relay import POSITION_HEADER, TAG_HEADER, Relay, ensure_topic, open_store
 from projections.errors import CorruptEvent, PoisonRecord
 from projections.kafka_source import KafkaSource, envelope
 from projections.projector import Projector
 from projections.source import EmbeddedSource, ListSource, LogRecord
 from projections.store import Store, projection_path, scalar
-from projections.synthetic import Shape, append_to_store, synthetic_events
+from projections.testing import compare as audit
+from projections.testing.synthetic import Shape, append_to_store, synthetic_events
 from schemas import commands as c
 
 pytestmark = pytest.mark.kafka

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from ledger.agent.executor import live_processes
-from ledger.agent.proc import start_time
+from ledger.engines.proc import start_time
+from ledger.engines.supervised import live_processes
 from tests.integration.serverkit import GPULEDGER, Server, cli, env_for, make_token, start_server
 
 NODES = ("node-a", "node-b", "node-c")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.agent.executor import live_processes
+from ledger.engines.supervised import live_processes
 from tests.integration.test_up_jobs_survive import (
     Service,
     cli,

@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from projections import audit
 from projections.projector import Projector, project
 from projections.source import EmbeddedSource
 from projections.store import Store, projection_path
-from projections.synthetic import Shape, append_to_store, synthetic_events
+from projections.testing import compare as audit
+from projections.testing.synthetic import Shape, append_to_store, synthetic_events
 
 KILLS = 20
 EVENTS = 50_000

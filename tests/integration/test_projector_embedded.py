@@ -11,16 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from ledger.application import Ledger
-from ledger.clock import SimClock
-from projections import audit, queries
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock
 from projections import fairshare as fs
+from projections import queries
 from projections.errors import CorruptEvent, ProjectionBusy, ProjectionMismatch, SourceUnavailable
 from projections.projector import Projector, project, rebuild
-from projections.reference import fold
 from projections.source import EmbeddedSource
 from projections.store import Store, projection_path
-from projections.synthetic import append_raw
+from projections.testing import compare as audit
+from projections.testing.reference import fold
+from projections.testing.synthetic import append_raw
 from schemas import codec
 from schemas import commands as c
 from schemas.events import GpuSlot, NodeRegistered, Placement, Preemption

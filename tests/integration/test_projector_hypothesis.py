@@ -20,14 +20,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.application import Ledger
-from ledger.clock import SimClock, seeded_ids
-from projections import audit, queries
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from projections import fairshare as fs
+from projections import queries
 from projections.projector import Projector
-from projections.reference import RefState, fold
 from projections.source import EmbeddedSource
 from projections.store import Store
+from projections.testing import compare as audit
+from projections.testing.reference import RefState, fold
 from schemas import commands as c
 from schemas.errors import LedgerError
 from schemas.events import GpuSlot, Placement, Preemption

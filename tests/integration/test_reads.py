@@ -1,4 +1,5 @@
-"""The output contract: every read through `ledger.reads`, as the CLI prints it (`--json` decodes
+"""The output contract: every read through `ledger.reads.layer`, as the CLI prints it (`--json`
+decodes
 as its `schemas.views` type, strict JSON) and as the functions return it, on a real store with a
 real projection."""
 
@@ -16,14 +17,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from ledger import reads
-from ledger.application import Ledger
-from ledger.audit import check
-from ledger.clock import SimClock, seeded_ids
+from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch.policy import FairShare
-from ledger.explain import plural
-from ledger.service import Dispatcher, ProjectionRanks
+from ledger.history.audit import check
+from ledger.reads import layer as reads
+from ledger.reads.explain import plural
 from ledger.sim.kernel import KernelExecutor
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from projections.fairshare import UsagePolicy
 from projections.projector import Projector
 from projections.source import EmbeddedSource

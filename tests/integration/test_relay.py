@@ -27,9 +27,9 @@ import pytest
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from ledger.application import STREAM_ID, Ledger
-from ledger.clock import SimClock, seeded_ids
-from ledger.relay import (
+from ledger.store.application import STREAM_ID, Ledger
+from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.relay import (
     POSITION_HEADER,
     TAG_HEADER,
     Relay,
@@ -347,7 +347,7 @@ def test_a_second_relay_fences_the_first(
 CHILD = """
 import sys, time
 from pathlib import Path
-from ledger.relay import Relay, open_store
+from ledger.store.relay import Relay, open_store
 
 home, bootstrap, topic, tid, batch, hold_at = sys.argv[1:]
 store = open_store(Path(home))

@@ -14,23 +14,23 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from ledger import replay
-from ledger.application import Ledger
-from ledger.audit import check_history
 from ledger.cli import cli
-from ledger.clock import SimClock, seeded_ids
+from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch.policy import FairShare, Policy
 from ledger.dispatch.registry import config_from_record
-from ledger.replay import (
+from ledger.history import replay
+from ledger.history.audit import check_history
+from ledger.history.replay import (
     Replayer,
     Selection,
     find_decisions,
     replay_decisions,
     replay_home,
 )
-from ledger.service import Dispatcher, ProjectionRanks
 from ledger.sim.kernel import KernelExecutor
-from ledger.whatif import scenario, simulate
+from ledger.sim.whatif import scenario, simulate
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store, projection_path

@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ledger.application import Ledger
+from ledger.store.application import Ledger
 from schemas import events as e
 from tests.integration.serverkit import (
     BUDGET,
@@ -140,7 +140,7 @@ def test_embedded_and_client_modes_print_byte_identical_output(tmp_path: Path) -
     embedded, over HTTP and over the Unix socket; time-dependent reads are asked `--at` one
     moment. The HTTP client runs with a data directory that does not exist: it never opens
     the store or the projection."""
-    from ledger.server.reads import READS
+    from ledger.reads.table import READS
 
     assert set(READS) == set(READ_COMMANDS), "a read the API serves is missing here"
     home = tmp_path / "ledger"

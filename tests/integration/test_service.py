@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from ledger.application import Ledger
-from ledger.clock import SimClock, seeded_ids
+from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks, preview
 from ledger.dispatch.policy import FairShare
-from ledger.service import Dispatcher, ProjectionRanks, preview
 from ledger.sim.kernel import KernelExecutor
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store

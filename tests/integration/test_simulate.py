@@ -8,18 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from ledger.application import Ledger
-from ledger.budget import BudgetAccount, BudgetFile
-from ledger.clock import SimClock
+from ledger.core.budget import BudgetAccount, BudgetFile
 from ledger.sim.ranks import IncrementalRanks
 from ledger.sim.runner import START_AT, Cluster, Drain, RunResult, SimConfig, simulate
 from ledger.sim.workload import SimJob, Synthetic, Workload, synthetic
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock
 from projections import fairshare as fs
-from projections import queries, reference
+from projections import queries
 from projections.fairshare import UsagePolicy
 from projections.projector import Projector
 from projections.source import EmbeddedSource
 from projections.store import Store
+from projections.testing import reference
 from schemas import events as e
 
 H = 3600

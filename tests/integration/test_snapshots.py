@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from ledger import snapshots
-from ledger.application import STREAM_ID, Ledger
-from ledger.clock import SimClock, seeded_ids
-from ledger.domain import State, evolve
-from ledger.live import LiveView
+from ledger.core.domain import State, evolve
+from ledger.store import snapshots
+from ledger.store.application import STREAM_ID, Ledger
+from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.live import LiveView
 from schemas import codec
 from schemas import commands as c
 from schemas.errors import InvalidTransition

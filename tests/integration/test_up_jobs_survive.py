@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ledger.agent.executor import live_processes
+from ledger.engines.supervised import live_processes
 from tests.integration import waits
 
 GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.agent.env import job_env, master_port
-from ledger.audit import check_live
-from ledger.executors import Launch
+from ledger.cycle.executor import Launch
+from ledger.engines.env import job_env, master_port
+from ledger.history.audit import check_live
 from schemas.events import GpuSlot
 
 GANG = Launch(

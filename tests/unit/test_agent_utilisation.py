@@ -1,4 +1,4 @@
-"""Where utilisation samples come from (`ledger.agent.utilisation`).
+"""Where utilisation samples come from (`ledger.engines.gpu_util`).
 
 This machine has no GPU and no NVIDIA driver: `pick_source` falls back to the test source here,
 which is what CI and the live tests use. The NVML source's own mapping (GPU index -> handle ->
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ledger.agent.node import gpus_from_nvml
-from ledger.agent.utilisation import FileSource, NvmlSource, pick_source
+from ledger.engines.gpu_util import FileSource, NvmlSource, pick_source
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.audit import ChainRecord, verify_chain
+from ledger.history.audit import ChainRecord, verify_chain
 from schemas import codec
 from schemas import events as e
 

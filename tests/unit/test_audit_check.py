@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.audit import check, check_history
-from ledger.domain import State, decide, evolve
+from ledger.core.domain import State, decide, evolve
+from ledger.history.audit import check, check_history
 from schemas import commands as c
 from schemas import events as e
 

@@ -13,7 +13,7 @@ from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor
 from ledger.dispatch.engine import Decision
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from ledger.dispatch.registry import config_from_record, policy_from_config
-from ledger.replay import (
+from ledger.history.replay import (
     Outcome,
     compare,
     outcome_of,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from ledger.domain import State, decide, evolve
-from ledger.executors import Launch
+from ledger.core.domain import State, decide, evolve
+from ledger.cycle.executor import Launch
 from ledger.sim.kernel import KernelExecutor
-from ledger.whatif import scenario, setup_commands, team_fractions
+from ledger.sim.whatif import scenario, setup_commands, team_fractions
 from schemas import commands as c
 from schemas import events as e
 

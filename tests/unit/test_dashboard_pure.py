@@ -7,8 +7,8 @@ import itertools
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ledger.domain import State, decide, evolve
-from ledger.reads import may_see_private, redact
+from ledger.core.domain import State, decide, evolve
+from ledger.reads.layer import may_see_private, redact
 from ledger.server import metrics as m
 from ledger.server.pages import bucket_for
 from schemas import commands as c

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from ledger.application import Ledger
-from ledger.clock import SimClock, seeded_ids
-from ledger.cycle_input import snapshot_from_state
+from ledger.core.domain import State
+from ledger.cycle.inputs import snapshot_from_state
 from ledger.dispatch import Decision, FairShare, Policy, decide
-from ledger.domain import State
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from schemas import commands as c
 from schemas import events as e
 from schemas.digest import summarise

@@ -1,4 +1,4 @@
-"""Table tests for the invariants that `ledger.domain.decide` enforces and `evolve` keeps.
+"""Table tests for the invariants that `ledger.core.domain.decide` enforces and `evolve` keeps.
 
 Every case starts from the `org_state` fixture (see tests/conftest.py): root is admin; ai2 is a
 program managed by pm; ai2/olmo a project managed by mgr with members alice and bob; ai2/tulu a
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ledger.domain import State, decide, evolve
+from ledger.core.domain import State, decide, evolve
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import (
@@ -785,7 +785,7 @@ def test_a_ledger_initialises_once(org_state: State, counter_ids: Callable[[], s
 def test_a_batch_fold_equals_folding_one_by_one(
     org_state: State, counter_ids: Callable[[], str]
 ) -> None:
-    from ledger.domain import fold
+    from ledger.core.domain import fold
 
     events: list[e.AnyEvent] = []
     state = State()

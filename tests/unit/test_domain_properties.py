@@ -22,10 +22,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.application import Ledger
-from ledger.clock import SimClock, seeded_ids
-from ledger.cycle_input import snapshot_from_state
-from ledger.domain import State, decide, evolve, fold, is_system
+from ledger.core.domain import State, decide, evolve, fold, is_system
+from ledger.cycle.inputs import snapshot_from_state
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from schemas import codec
 from schemas import commands as c
 from schemas import events as e

@@ -55,9 +55,9 @@ def test_follow_walks_the_range_in_pages(
         assert got == want
 
 
-READERS = {"ledger/application.py", "ledger/relay.py", "projections/source.py"}
+READERS = {"ledger/store/application.py", "ledger/store/relay.py", "projections/source.py"}
 """The store adapters: the only modules that read the event log's table themselves."""
-WRITERS = {"projections/synthetic.py", "scripts/bench_append.py", "scripts/bench_replay.py"}
+WRITERS = {"projections/testing/synthetic.py", "scripts/bench_append.py", "scripts/bench_replay.py"}
 """Bulk writers of generated logs and raw baselines (they insert; they never walk the log)."""
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ledger.domain import State, evolve
-from ledger.replay import find_decisions, replay_decisions
+from ledger.core.domain import State, evolve
+from ledger.history.replay import find_decisions, replay_decisions
 from projections.batch import decode_records
 from projections.source import ListSource, LogRecord
 from schemas import codec

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
+from ledger.reads.table import READS
 from ledger.server.cache import ReadCache
-from ledger.server.reads import READS
 
 
 def _counting() -> tuple[list[int], Callable[[], bytes]]:

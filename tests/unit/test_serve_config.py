@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.server import config
+from ledger.wire import config
 from schemas.errors import InvalidCommand
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "serve.toml"

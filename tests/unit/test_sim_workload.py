@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.budget import BudgetAccount, BudgetFile, parse
+from ledger.core.budget import BudgetAccount, BudgetFile, parse
 from ledger.sim.rng import Rng
 from ledger.sim.workload import (
     Assumptions,

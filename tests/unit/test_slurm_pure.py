@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ledger import budget
-from ledger.domain import Node, State, decide, evolve
-from ledger.executors import Launch
-from ledger.slurm import (
+from ledger.core import budget
+from ledger.core.domain import Node, State, decide, evolve
+from ledger.cycle.executor import Launch
+from ledger.engines.slurm import (
     SlurmExecutor,
     batch_script,
     check_config,

@@ -30,7 +30,7 @@ from schemas import events as e
 from schemas.events import tag_of
 
 STREAM_ID = uuid5(NAMESPACE_URL, "gpuledger:ledger")
-"""The ledger's one stream (the same value as `ledger.application.STREAM_ID`)."""
+"""The ledger's one stream (the same value as `ledger.store.application.STREAM_ID`)."""
 
 T0 = 1_750_000_000.0
 

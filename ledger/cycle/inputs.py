@@ -1,6 +1,6 @@
 """The dispatcher's input taken from the write side: `snapshot_from_state`.
 
-The adapter between the two pure cores: it reads the write side's `State` (`ledger.domain`) and
+The adapter between the two pure cores: it reads the write side's `State` (`ledger.core.domain`) and
 builds the dispatcher's `Snapshot` (`ledger.dispatch`), so neither core imports the other.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ledger.core.domain import State
 from ledger.dispatch.snapshot import (
     NodeView,
     PendingJob,
@@ -15,7 +16,6 @@ from ledger.dispatch.snapshot import (
     Snapshot,
     complete_ranks,
 )
-from ledger.domain import State
 
 
 def snapshot_from_state(

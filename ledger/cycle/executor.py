@@ -2,9 +2,9 @@
 
 The ledger is the truth; an executor only carries out its decisions and reports what really
 happened. One interface, three engines: `ledger.sim.kernel.KernelExecutor` (virtual time: the
-simulator's, the what-if's and the tests'), `ledger.agent.executor.SupervisedExecutor`
+simulator's, the what-if's and the tests'), `ledger.engines.supervised.SupervisedExecutor`
 (processes on this host that outlive the service: `gpuledger up`, node agents) and
-`ledger.slurm.SlurmExecutor` (a Slurm partition):
+`ledger.engines.slurm.SlurmExecutor` (a Slurm partition):
 
 - `launch` a placement with all its parts (every slot of a gang);
 - `stop` a run the ledger no longer counts as running (preempted, cancelled): signal, the grace,
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from schemas.events import EndReason, GpuSlot
 
 if TYPE_CHECKING:
-    from ledger.domain import Node
+    from ledger.core.domain import Node
     from schemas.commands import AnyCommand
 
 

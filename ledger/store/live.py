@@ -6,7 +6,7 @@ store file read-only through `projections.source.EmbeddedSource` (eventsourcing'
 table and its notification log, the one reader of the store's tables besides the store
 adapter), so a read loads neither eventsourcing nor the application (~20-25 ms of CPU per
 command). It starts exactly as `Ledger(live=True)` does: the same rule picks the snapshot
-(`snapshots.newest`), the same fold (`ledger.domain.evolve`) folds the tail. A tail so long
+(`snapshots.newest`), the same fold (`ledger.core.domain.evolve`) folds the tail. A tail so long
 that a live ledger would store a new snapshot after folding it is left to `Ledger`
 (`LiveView.open` gives None), which stores that snapshot for every later reader.
 """
@@ -17,8 +17,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ledger import snapshots
-from ledger.domain import State, evolve
+from ledger.core.domain import State, evolve
+from ledger.store import snapshots
 from projections.source import EmbeddedSource, follow
 from schemas.errors import EventDecodeError
 
@@ -46,7 +46,7 @@ def decode_at(position: int, data: bytes) -> AnyEvent:
 
 class LiveView:
     """A live state folded up to `position`, for reads: `state` and `catch_up()`, what the read
-    layer asks of a ledger (`ledger.server.reads`); it never writes."""
+    layer asks of a ledger (`ledger.reads.table`); it never writes."""
 
     def __init__(self, source: EmbeddedSource, state: State, position: int) -> None:
         self.source = source

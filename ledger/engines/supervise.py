@@ -1,4 +1,4 @@
-"""The per-job supervisor: `python -m ledger.agent.supervise RUNDIR`.
+"""The per-job supervisor: `python -m ledger.engines.supervise RUNDIR`.
 
 Like slurmstepd, one small process per job part is the job's parent, so the service (or a node
 agent) can stop, crash or restart without touching the job. It detaches (a new session, then a
@@ -12,7 +12,7 @@ negative = killed by that signal). Files it writes:
     RUNDIR/exit         the job's exit code
 
 SIGTERM, SIGINT and SIGHUP sent to the supervisor are passed on to the job's process group.
-It imports only the standard library and `ledger.agent.proc`: it is started once per job part.
+It imports only the standard library and `ledger.engines.proc`: it is started once per job part.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ledger.agent.proc import start_time, write_atomic
+from ledger.engines.proc import start_time, write_atomic
 
 CANNOT_START = 127
 

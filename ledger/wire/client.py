@@ -22,7 +22,7 @@ from schemas.commands import AnyCommand
 from schemas.errors import ERROR_CODES, InvalidCommand, LedgerError, Unavailable
 
 if TYPE_CHECKING:
-    from ledger.application import Appended
+    from ledger.store.application import Appended
 
 TIMEOUT_S = 60.0
 
@@ -127,8 +127,8 @@ class Client:
         return data
 
     def execute(self, cmd: AnyCommand) -> Appended:
-        from ledger.application import Appended
-        from ledger.domain import _bounded
+        from ledger.core.domain import _bounded
+        from ledger.store.application import Appended
 
         _bounded(cmd)  # out of bounds: the same line as embedded mode, before any request
 
@@ -138,8 +138,8 @@ class Client:
         return Appended(events=list(result.events), position=result.position)
 
     def execute_all(self, cmds: list[AnyCommand]) -> Appended:
-        from ledger.application import Appended
-        from ledger.domain import _bounded
+        from ledger.core.domain import _bounded
+        from ledger.store.application import Appended
 
         for cmd in cmds:
             _bounded(cmd)

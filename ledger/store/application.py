@@ -23,10 +23,10 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, Mapper, StoredEvent, Transcoder
 from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteFactory
 
-from ledger import snapshots
-from ledger.clock import Clock, IdSource, SystemClock, random_ids
-from ledger.domain import State, command_keys, decide, event_keys, evolve
-from ledger.live import decode_at
+from ledger.core.domain import State, command_keys, decide, event_keys, evolve
+from ledger.store import snapshots
+from ledger.store.clock import Clock, IdSource, SystemClock, random_ids
+from ledger.store.live import decode_at
 from projections.source import LogRecord, follow
 from schemas import codec
 from schemas.commands import AnyCommand
@@ -155,17 +155,17 @@ class Ledger(Application[UUID]):
     """The one writer of the event log. Keeps the folded `State` in memory.
 
     `live=True` keeps a live state (`State.live_only`: finished jobs leave memory) and starts
-    from the newest snapshot that verifies plus the tail (`ledger.snapshots`), taking a new one
-    every `snapshot_every` events and on `close()`. The full state (`live=False`, for what-if
+    from the newest snapshot that verifies plus the tail (`ledger.store.snapshots`), taking a new
+    one every `snapshot_every` events and on `close()`. The full state (`live=False`, for what-if
     and tools that read finished jobs from the fold) always folds the whole log."""
 
     is_snapshotting_enabled = True
 
     name = "gpuledger"
     env = {  # noqa: RUF012 (eventsourcing reads this class attribute)
-        "PERSISTENCE_MODULE": "ledger.application:LedgerSQLiteFactory",
-        "MAPPER_TOPIC": "ledger.application:StructMapper",
-        "TRANSCODER_TOPIC": "ledger.application:PassThroughTranscoder",
+        "PERSISTENCE_MODULE": "ledger.store.application:LedgerSQLiteFactory",
+        "MAPPER_TOPIC": "ledger.store.application:StructMapper",
+        "TRANSCODER_TOPIC": "ledger.store.application:PassThroughTranscoder",
         "SQLITE_LOCK_TIMEOUT": "30",
     }
     page = 10_000

@@ -1,6 +1,6 @@
 """The executor of `serve --executor agents`: node agents run the placements. An edge.
 
-It implements the executor interface (`ledger.executors`) for the dispatcher, on the server's
+It implements the executor interface (`ledger.cycle.executor`) for the dispatcher, on the server's
 worker thread, and keeps what each node's agent should run as a published list (`Board`) the
 agent API serves to long-polls from the HTTP threads:
 
@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.executors import Exit, Launch, Reports, Start
+from ledger.cycle.executor import Exit, Launch, Reports, Start
 from ledger.server import identity
 from schemas import agent as a
 from schemas import commands as c

@@ -46,7 +46,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError, TopicAlreadyExistsError
 
-from ledger.clock import SystemClock
+from ledger.store.clock import SystemClock
 from projections.chain import SigningKeys, chain_hash, prev_hash, signing_keys
 from projections.kafka_source import envelope, unreachable
 from projections.source import follow

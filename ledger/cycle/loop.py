@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ledger.application import Ledger
+from ledger.cycle.dispatcher import EXECUTOR, CycleResult, Dispatcher, ProjectionRanks
+from ledger.cycle.executor import Executor, Exit, Launch, Start
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
-from ledger.executors import Executor, Exit, Launch, Start
-from ledger.service import EXECUTOR, CycleResult, Dispatcher, ProjectionRanks
+from ledger.store.application import Ledger
 from projections.errors import ProjectionBusy
 from projections.projector import Projector
 from projections.source import EmbeddedSource, EventSource
@@ -35,7 +35,7 @@ from schemas import commands as c
 from schemas.errors import LedgerError
 
 if TYPE_CHECKING:
-    from ledger.relay import RelayService
+    from ledger.store.relay import RelayService
 
 
 SERVICE = "@service"
@@ -294,7 +294,7 @@ class ServiceLoop:
         their endings are logged, for their names)."""
         if self.lifecycle_dir is None:
             return
-        from ledger.explain import lifecycle_lines
+        from ledger.reads.explain import lifecycle_lines
 
         events = [ev for _, ev in self.ledger.read(self._seen, 100_000)]
         self._jobs.update(self.ledger.state.jobs)
@@ -317,7 +317,7 @@ class ServiceLoop:
         GPULEDGER_KAFKA_TRANSACTIONAL_ID override the topic and the relay's transactional id),
         and a broker outage shows as relay lag."""
         if self.kafka is not None:
-            from ledger.relay import (
+            from ledger.store.relay import (
                 DEFAULT_TRANSACTIONAL_ID,
                 TOPIC,
                 RelayService,

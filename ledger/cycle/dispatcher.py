@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
-from ledger.cycle_input import snapshot_from_state
+from ledger.core.utilisation import UtilTracker
+from ledger.cycle.executor import Executor, Launch, OwnsNodes, Reporting, ServiceExecutor
+from ledger.cycle.inputs import snapshot_from_state
 from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.registry import config_of
 from ledger.dispatch.snapshot import Snapshot
-from ledger.executors import Executor, Launch, OwnsNodes, Reporting, ServiceExecutor
-from ledger.utilisation import UtilTracker
 from projections import queries
 from projections.fairshare import RANKING_VERSION, UsagePolicy
 from projections.source import gc_paused
@@ -39,8 +39,8 @@ from schemas.policy import AnyPolicyConfig
 
 if TYPE_CHECKING:  # the projector brings DuckDB's Python API, the application eventsourcing; a
     # read that needs neither a catch-up nor an append (the CLI's `queue`) loads neither
-    from ledger.application import Ledger
-    from ledger.domain import State
+    from ledger.core.domain import State
+    from ledger.store.application import Ledger
     from projections.projector import Projector
 
 log = logging.getLogger("gpuledger.dispatcher")
@@ -55,7 +55,7 @@ counts the empty cycles it stands for), so the log answers "why did nothing star
 
 class LiveState(Protocol):
     """A live state the read side previews from: the service's `Ledger` (which also appends)
-    or a CLI read's `ledger.live.LiveView` (read-only, no eventsourcing)."""
+    or a CLI read's `ledger.store.live.LiveView` (read-only, no eventsourcing)."""
 
     @property
     def state(self) -> State: ...

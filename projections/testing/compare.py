@@ -14,8 +14,8 @@ from typing import Any
 
 import duckdb
 
-from projections.reference import RefState
 from projections.store import Store
+from projections.testing.reference import RefState
 
 Row = dict[str, Any]
 

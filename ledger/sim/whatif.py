@@ -7,7 +7,7 @@ Steps (`run_whatif`):
    running one with the work it had left), the submissions of [T1, T2) with their durations,
    the cancellations and node changes of the period;
 2. a fresh ledger in a temporary data directory, on a `SimClock` starting at T1: that
-   organisation, then the new budgets (budgets as code: `ledger.budget.plan`), the nodes;
+   organisation, then the new budgets (budgets as code: `ledger.core.budget.plan`), the nodes;
 3. the loop: at each moment something can happen (a submission, a simulated exit, a
    cancellation, a node change, the decision's `wake_at`, a periodic tick) append what is due
    and run the real `Dispatcher` cycle (policy as recorded unless changed, fair-share ranks
@@ -32,17 +32,17 @@ from pathlib import Path
 
 import msgspec
 
-from ledger import budget as b
-from ledger.application import Ledger
-from ledger.clock import SimClock, seeded_ids
+from ledger.core import budget as b
+from ledger.core.domain import State, evolve
+from ledger.cycle.dispatcher import CycleResult, Dispatcher, RankSource
 from ledger.dispatch import registry
 from ledger.dispatch.baselines import team_of
 from ledger.dispatch.policy import Policy
-from ledger.domain import State, evolve
-from ledger.replay import WithSettings, replay_policy, usage_from_config
-from ledger.service import CycleResult, Dispatcher, RankSource
+from ledger.history.replay import WithSettings, replay_policy, usage_from_config
 from ledger.sim.kernel import KernelExecutor, drive
 from ledger.sim.ranks import IncrementalRanks
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from projections import queries
 from projections.fairshare import UsagePolicy
 from projections.projector import Projector

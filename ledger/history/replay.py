@@ -6,9 +6,10 @@ it, as numbered steps:
 
 1. the read side at P: a fresh in-memory DuckDB projection (`Store(":memory:")` + `Projector`)
    caught up to exactly P; nothing is read from today's tables;
-2. the write side at P: `ledger.domain` `evolve` over the events 1..P (the fold the ledger keeps);
-3. utilisation at P: `ledger.utilisation.UtilTracker` over the events 1..P, with the squat threshold
-   that C records (`squat_util_pct`, else the tracker's default);
+2. the write side at P: `ledger.core.domain` `evolve` over the events 1..P (the fold the ledger
+   keeps);
+3. utilisation at P: `ledger.core.utilisation.UtilTracker` over the events 1..P, with the squat
+   threshold that C records (`squat_util_pct`, else the tracker's default);
 4. ranks at `decided_at` from the projection (usage counted as C says: `window_s`, `half_life_s`,
    else the 7-day window), the snapshot (`snapshot_from_state`), and `decide()` with the policy
    rebuilt from V and C (`registry.config_from_record`: a version whose code is gone is a clear
@@ -39,16 +40,16 @@ from pathlib import Path
 
 import msgspec
 
-from ledger.cycle_input import snapshot_from_state
+from ledger.core.domain import State, evolve
+from ledger.core.utilisation import UtilTracker
+from ledger.cycle.inputs import snapshot_from_state
 from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.ordering import SortKey
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.preemption import Victim
 from ledger.dispatch.registry import config_from_record, policy_from_config
 from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot
-from ledger.domain import State, evolve
-from ledger.snapshots import Folded, folded, unfolded
-from ledger.utilisation import UtilTracker
+from ledger.store.snapshots import Folded, folded, unfolded
 from projections import queries
 from projections.fairshare import RANKING_VERSION, WEEK_S, UsagePolicy
 from projections.projector import Projector

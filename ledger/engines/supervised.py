@@ -1,7 +1,7 @@
 """The supervised executor: real processes that outlive the service. An edge.
 
 Each part of a job (one per node of its placement) runs under its own supervisor
-(`ledger.agent.supervise`), the job's parent, in a session of its own: stopping or killing the
+(`ledger.engines.supervise`), the job's parent, in a session of its own: stopping or killing the
 service leaves jobs running. A state file of handles, written atomically on every change, lets a
 restarted service adopt them before doing anything else (Nomad's client does the same):
 
@@ -41,10 +41,10 @@ from typing import IO, Literal
 
 import msgspec
 
-from ledger.agent.env import job_env
-from ledger.agent.proc import alive, write_atomic
-from ledger.agent.utilisation import UtilSource
-from ledger.executors import Exit, Launch, Reports, Start
+from ledger.cycle.executor import Exit, Launch, Reports, Start
+from ledger.engines.env import job_env
+from ledger.engines.gpu_util import UtilSource
+from ledger.engines.proc import alive, write_atomic
 from schemas.errors import InvalidCommand
 from schemas.events import EndReason
 
@@ -460,7 +460,7 @@ class SupervisedExecutor:
                 self._starting[p.rundir] = _Forked.start(Path(p.rundir))
                 continue
             self._starting[p.rundir] = subprocess.Popen(
-                [sys.executable, "-I", "-m", "ledger.agent.supervise", p.rundir],
+                [sys.executable, "-I", "-m", "ledger.engines.supervise", p.rundir],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -639,7 +639,7 @@ class SupervisedExecutor:
 class _Forked:
     """A supervisor's starter made by forking this process: the child closes every inherited
     descriptor (the state directory's lock above all, so it never outlives us), then detaches
-    the supervisor exactly as `python -m ledger.agent.supervise` does, and exits."""
+    the supervisor exactly as `python -m ledger.engines.supervise` does, and exits."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -647,7 +647,7 @@ class _Forked:
 
     @classmethod
     def start(cls, rundir: Path) -> _Forked:
-        from ledger.agent import supervise
+        from ledger.engines import supervise
 
         pid = os.fork()
         if pid == 0:  # the starter: never returns into the caller's code

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 from schemas import events as e
 
 if TYPE_CHECKING:  # annotations only: `explain`'s time words load without the dispatcher
+    from ledger.core.domain import Job
     from ledger.dispatch.engine import Decision
     from ledger.dispatch.snapshot import PendingJob, Snapshot
-    from ledger.domain import Job
 
 _RAW_TIME = re.compile(r"\bt=\d+(?:\.\d+)?(?:e\+?\d+)?")
 """A raw time in a dispatcher reason (`t=1.76723e+09`): six digits, so shown from `until`."""

@@ -1,4 +1,4 @@
-"""The reads the API serves: the read layer (`ledger.reads`) behind one table for both faces.
+"""The reads the API serves: the read layer (`ledger.reads.layer`) behind one table for both faces.
 
 The CLI runs the same entry locally (embedded mode) or asks the server for it (client mode) and
 decodes the answer into the same view Structs, so `--json` is byte-identical either way. Each
@@ -20,9 +20,9 @@ from schemas import views as v
 from schemas.errors import InvalidCommand
 
 if TYPE_CHECKING:  # the CLI in client mode imports this table: keep it light
+    from ledger.core.domain import State
+    from ledger.cycle.dispatcher import LiveState
     from ledger.dispatch.policy import Policy
-    from ledger.domain import State
-    from ledger.service import LiveState
     from projections.fairshare import UsagePolicy
     from projections.store import Store
 
@@ -134,13 +134,13 @@ def _queue_filter(a: QueueArgs) -> v.QueueFilter:
 
 
 def _accounts(h: Handles, a: NoArgs) -> list[v.AccountNode]:
-    from ledger import reads
+    from ledger.reads import layer as reads
 
     return reads.account_tree(h.ledger.state)
 
 
 def _nodes(h: Handles, a: NoArgs) -> list[v.NodeRow]:
-    from ledger import reads
+    from ledger.reads import layer as reads
 
     return reads.node_list(h.ledger.state)
 
@@ -148,7 +148,7 @@ def _nodes(h: Handles, a: NoArgs) -> list[v.NodeRow]:
 def _jobs(h: Handles, a: v.JobFilter) -> list[v.JobRow]:
     """Jobs newest first; a job's command and logs only to its owner, the managers above its
     account and admins (the others get it with `redacted` true and both empty)."""
-    from ledger import reads
+    from ledger.reads import layer as reads
 
     return reads.jobs(h.store(), a, _at(h, a.at), reads.Viewer(h.viewer, h.ledger.state))
 
@@ -157,25 +157,25 @@ def _log(h: Handles, a: v.LogFilter) -> list[v.LogEntry]:
     """Events in log order; a job's command, labels and logs only to its owner, the managers
     above its account and admins (the others get its events with `redacted` true and those
     fields empty)."""
-    from ledger import reads
+    from ledger.reads import layer as reads
 
     return reads.log(h.store(), a, reads.Viewer(h.viewer, h.ledger.state))
 
 
 def _shares(h: Handles, a: SharesArgs) -> list[v.ShareRow]:
-    from ledger import reads
+    from ledger.reads import layer as reads
 
     return reads.shares(h.store(), _at(h, a.at), _usage(a))
 
 
 def _usage_rows(h: Handles, a: UsageArgs) -> list[v.UsageRow]:
-    from ledger import reads
+    from ledger.reads import layer as reads
 
     return reads.usage(h.store(), _at(h, a.at), a.by, _usage(a))
 
 
 def _delivered(h: Handles, a: DeliveredArgs) -> v.DeliveredView:
-    from ledger import reads
+    from ledger.reads import layer as reads
 
     return reads.delivered(h.store(), a.start, a.end, a.team_depth)
 
@@ -192,7 +192,7 @@ def _preview(h: Handles, a: QueueArgs | ExplainArgs) -> tuple[float, Any]:
 
 
 def _queue(h: Handles, a: QueueArgs) -> list[v.QueueRow]:
-    from ledger import reads
+    from ledger.reads import layer as reads
 
     policy = policy_for(a.policy, h.ledger.state)
     now, preview = _preview(h, a)
@@ -200,7 +200,7 @@ def _queue(h: Handles, a: QueueArgs) -> list[v.QueueRow]:
 
 
 def _priority(h: Handles, a: QueueArgs) -> list[v.PriorityRow]:
-    from ledger import reads
+    from ledger.reads import layer as reads
 
     policy = policy_for(a.policy, h.ledger.state)
     now, preview = _preview(h, a)
@@ -208,7 +208,7 @@ def _priority(h: Handles, a: QueueArgs) -> list[v.PriorityRow]:
 
 
 def _explain(h: Handles, a: ExplainArgs) -> v.ExplainView:
-    from ledger import reads
+    from ledger.reads import layer as reads
 
     policy = policy_for(a.policy, h.ledger.state)
     now, preview = _preview(h, a)
@@ -216,25 +216,25 @@ def _explain(h: Handles, a: ExplainArgs) -> v.ExplainView:
 
 
 def _squatters(h: Handles, a: SquattersArgs) -> list[v.SquatterRow]:
-    from ledger import reads
+    from ledger.reads import layer as reads
 
     return reads.squatters(h.ledger, h.store(), _at(h, a.at), a.threshold, a.idle_s)
 
 
 def _projection_status(h: Handles, a: NoArgs) -> v.ProjectionStatusView:
-    from ledger import reads
+    from ledger.reads import layer as reads
 
     return reads.projection_status(h.store())
 
 
 def _audit_preemptions(h: Handles, a: AuditArgs) -> list[v.PreemptionRow]:
-    from ledger import reads
+    from ledger.reads import layer as reads
 
     return reads.audit_preemptions(h.store().con, a.account, a.since)
 
 
 def _audit_budget_changes(h: Handles, a: AuditArgs) -> list[v.BudgetChangeRow]:
-    from ledger import reads
+    from ledger.reads import layer as reads
 
     if a.account is not None:
         raise InvalidCommand("budget changes take no account filter")

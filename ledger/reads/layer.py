@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import msgspec
 
-from ledger.explain import explain_history, explain_pending, when
-from ledger.utilisation import UtilTracker
+from ledger.core.utilisation import UtilTracker
+from ledger.reads.explain import explain_history, explain_pending, when
 from schemas import api
 from schemas import events as e
 from schemas import views as v
@@ -29,12 +29,12 @@ if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load t
     # `jobs` neither the fair-share queries nor the event decoders
     import duckdb
 
-    from ledger.application import Ledger
+    from ledger.core.domain import Job, State
+    from ledger.cycle.dispatcher import LiveState
     from ledger.dispatch.engine import Decision
     from ledger.dispatch.policy import Policy
     from ledger.dispatch.snapshot import PendingJob, Snapshot
-    from ledger.domain import Job, State
-    from ledger.service import LiveState
+    from ledger.store.application import Ledger
     from projections.fairshare import DeliveredReport, TeamHour, UsagePolicy
     from projections.store import Store
 
@@ -478,7 +478,7 @@ def utilisation(store: Store, state: State, threshold: float = 10.0) -> UtilTrac
 
 def live(ledger: LiveState, store: Store, policy: Policy, now: float) -> tuple[Snapshot, Decision]:
     """What the dispatcher would decide at `now` (nothing is appended)."""
-    from ledger.service import StoreRanks, preview
+    from ledger.cycle.dispatcher import StoreRanks, preview
 
     util = utilisation(store, ledger.state)
     return preview(ledger, StoreRanks(store), policy, now, util.low_since)
@@ -785,7 +785,7 @@ _JOB_EVENTS = (
 def job_from_history(job_id: int, history: Iterable[e.AnyEvent]) -> Job | None:
     """Pure: a job as the full fold holds it, from its own events alone (a live state keeps no
     finished jobs; their history is in the projection); None when it was never submitted."""
-    from ledger.domain import State, evolve
+    from ledger.core.domain import State, evolve
 
     scratch = State()
     for ev in history:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ledger.domain import NewId, State, decide, evolve
+from ledger.core.domain import NewId, State, decide, evolve
 from schemas import commands as c
 from schemas.bounds import AccountPath, Name, Shares, Text, describe
 from schemas.errors import InvalidCommand

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ledger.executors import Launch
+from ledger.cycle.executor import Launch
 
 MASTER_PORT_BASE = 20_000
 

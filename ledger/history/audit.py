@@ -1,8 +1,8 @@
 """Audit: tamper evidence (the hash chain) and the invariant checker.
 
 Tamper evidence. Every stored event carries `prev_hash`, the SHA-256 of the previous event's
-stored bytes (`ledger.application.chain_hash`), the first event "". `verify_chain` recomputes the
-chain over records in position order and names what broke:
+stored bytes (`ledger.store.application.chain_hash`), the first event "". `verify_chain` recomputes
+the chain over records in position order and names what broke:
 
 - `edited`: an event's bytes no longer hash to what its successor recorded (the edited event's
   position is reported; its successor is where the link breaks). When an event's own link is
@@ -25,7 +25,7 @@ Invariants. `check_history(events)` scans a history for what must never happen: 
 jobs, a preemption inside a contract (admin preemptions with a reason are listed apart, as
 `noted`, not as violations), a placement on a node that is not active, a share, member, manager,
 admin, account, node or token change by someone not authorised at that moment (the rules of
-`ledger.domain.authorisation_failure`, the domain's own, replayed against the `State` folded up
+`ledger.core.domain.authorisation_failure`, the domain's own, replayed against the `State` folded up
 to the event). `check_charges(store)`
 checks the projection charges no usage to an unfunded job.
 
@@ -43,7 +43,7 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
-from ledger.domain import Job, State, authorisation_failure, evolve, is_system
+from ledger.core.domain import Job, State, authorisation_failure, evolve, is_system
 from projections.source import EVENTS_DB, EmbeddedSource, StoredRows, follow
 from projections.store import Store
 from schemas import events as e
@@ -417,7 +417,7 @@ def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterat
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import KafkaError
 
-    from ledger.relay import client_config, connect_timeout
+    from ledger.store.relay import client_config, connect_timeout
     from projections.kafka_source import envelope, quiet_kafka_logs, unreachable
 
     quiet_kafka_logs("warning")  # kafka-python's retries and tracebacks stay off the terminal

@@ -24,10 +24,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ledger.application import Ledger
-from ledger.domain import Node
-from ledger.executors import Exit, Launch, Start
-from ledger.service import EXECUTOR
+from ledger.core.domain import Node
+from ledger.cycle.dispatcher import EXECUTOR
+from ledger.cycle.executor import Exit, Launch, Start
+from ledger.store.application import Ledger
 from schemas import commands as c
 from schemas.errors import EngineError, InvalidCommand
 from schemas.events import EndReason, GpuSlot
