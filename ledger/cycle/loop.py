@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ledger.cycle.dispatcher import EXECUTOR, CycleResult, Dispatcher, ProjectionRanks
 from ledger.cycle.executor import Executor, Exit, Launch, Start
+from ledger.cycle.lifecycle import lifecycle_lines
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
 from ledger.store.application import Ledger
@@ -294,8 +295,6 @@ class ServiceLoop:
         their endings are logged, for their names)."""
         if self.lifecycle_dir is None:
             return
-        from ledger.reads.explain import lifecycle_lines
-
         events = [ev for _, ev in self.ledger.read(self._seen, 100_000)]
         self._jobs.update(self.ledger.state.jobs)
         for line in lifecycle_lines(events, self._jobs, str(self.lifecycle_dir)):
