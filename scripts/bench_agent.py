@@ -4,7 +4,7 @@
     python scripts/bench_agent.py --jobs 64 --window 60
 
 For each size N, a fresh agent process (a bare Python process running `SupervisedExecutor` the
-way a node agent does: `starts`, `reports` and `poll` every second, utilisation sampled every
+way a node agent does: `observe` every second, utilisation sampled every
 second from the test file source, every job with a checkpoint file watched) launches N one-GPU jobs
 (`sleep`), waits until all have started, and then for `--window` seconds measures:
 
@@ -62,7 +62,7 @@ def pss_kb(pid: int) -> int:
 
 def agent_loop(state: Path, jobs: int, ready: Path) -> None:
     """The measured process: an agent's executor with `jobs` running jobs."""
-    from ledger.cycle.executor import Launch
+    from ledger.cycle.executor import Launch, Orders
     from ledger.engines.gpu_util import FileSource
     from ledger.engines.supervised import SupervisedExecutor
     from schemas.events import GpuSlot
@@ -73,15 +73,14 @@ def agent_loop(state: Path, jobs: int, ready: Path) -> None:
         state / "agent", state / "jobs", run_as="service", util=FileSource(util),
         sample_every_s=1.0,
     )  # fmt: skip
+    launches = []
     for j in range(1, jobs + 1):
         (util / str(j)).write_text("50")
         slot = GpuSlot(node=f"n{(j - 1) // 8}", gpu_indices=((j - 1) % 8,))
-        ex.launch(Launch(j, (slot,), ("sleep", "3600"), None, "bench", "b/x"), time.time())
-    started = 0
+        launches.append(Launch(j, (slot,), ("sleep", "3600"), None, "bench", "b/x"))
+    started = len(ex.carry_out(Orders(launches=tuple(launches)), time.time()))
     while True:
-        started += len(ex.starts(time.time()))
-        ex.reports(time.time())
-        ex.poll(time.time())
+        started += len(ex.observe(time.time(), {}).starts)
         if started == jobs and not ready.exists():
             ready.write_text(json.dumps([p.pid for h in ex.jobs.values() for p in h.parts]))
         time.sleep(1.0)

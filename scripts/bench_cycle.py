@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
+from ledger.cycle.executor import Orders
 from ledger.cycle.inputs import snapshot_from_state
 from ledger.dispatch import registry
 from ledger.dispatch.engine import decide
@@ -147,8 +148,7 @@ def main() -> None:
                 ledger.execute_all(
                     [c.FinishJob(actor="@executor", job_id=j, exit_code=0) for j in ending]
                 )
-                for j in ending:
-                    executor.stop(j, clock.now())
+                executor.carry_out(Orders(stops=tuple(ending)), clock.now())
                 clock.advance_to(clock.now() + 60)
                 t0, c0 = time.perf_counter(), time.process_time()
                 if profiler is not None:

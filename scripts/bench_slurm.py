@@ -6,7 +6,7 @@ Uses the cluster at $SLURM_CONF, or starts a private one (scripts/slurm/slurm up
 directory and free ports) and stops it at the end. Each round places one 1-GPU job on every GPU
 of the node; the two arms alternate round by round, so both see the same machine:
 
-- ledger: `SlurmExecutor.launch` of the placement, as the service does right after the decision
+- ledger: `SlurmExecutor.carry_out` of the placement, as the service does right after the decision
   is appended (its `sbatch` with the exact node, GPUs, name, comment and log), then the service's
   polling until the exits are seen;
 - bare: `sbatch --gres=gpu:1` of the same script, waiting with `squeue`.
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from benchkit import machine, private_service  # noqa: E402
 
-from ledger.cycle.executor import Launch  # noqa: E402
+from ledger.cycle.executor import Launch, Orders  # noqa: E402
 from ledger.engines.slurm import SlurmExecutor, parse_nodes  # noqa: E402
 from schemas.events import GpuSlot  # noqa: E402
 
@@ -73,12 +73,12 @@ def ledger_round(ex: SlurmExecutor, node: str, gpus: int, first_id: int) -> list
         job_id = first_id + i
         slot = GpuSlot(node=node, gpu_indices=(i,))
         handed[job_id] = time.time()
-        ex.launch(Launch(job_id, (slot,), JOB, None, "root", "bench"), handed[job_id])
+        launch = Launch(job_id, (slot,), JOB, None, "root", "bench")
+        ex.carry_out(Orders(launches=(launch,)), handed[job_id])
     left = set(handed)
-    while left:  # the service's polling, until it has seen every exit
-        for x in ex.poll(time.time()):
+    while left:  # the service's observing, until it has seen every exit
+        for x in ex.observe(time.time(), {}).exits:
             left.discard(x.job_id)
-        ex.starts(time.time())
         time.sleep(0.05)
     return [started_at(ex.log_dir / f"job-{j}.log") - t for j, t in handed.items()]
 
@@ -127,7 +127,7 @@ def main() -> None:
             args.partition,
         )  # fmt: skip
         node = nodes[0]
-        ex.poll(time.time())
+        ex.observe(time.time(), {})
         ledger: list[float] = []
         bare: list[float] = []
         n = 0

@@ -37,7 +37,7 @@ from typing import Any
 
 import msgspec
 
-from ledger.cycle.executor import Exit, Launch, Start
+from ledger.cycle.executor import Launch, Observed, Orders
 from ledger.engines.gpu_util import UtilSource
 from ledger.engines.proc import write_atomic
 from ledger.engines.supervised import SupervisedExecutor
@@ -279,15 +279,18 @@ class NodeAgent:
     def _apply(self, now: float) -> set[int]:
         """Stop what runs here and is not listed (or is an older run); launch what is listed
         and not running. Returns the jobs stopped."""
-        stopped = set()
+        stopped: set[int] = set()
+        stops: list[int] = []
         for job_id in sorted(self.ex.running()):
             p = self.parts.get(job_id)
             if p is None or self.ex.launch_of(job_id) != p.run + 1:
                 if not self.ex.stopping(job_id):
                     log.info("stopping job %s: the ledger no longer runs it here", job_id)
-                    self.ex.stop(job_id, now)
+                    stops.append(job_id)
                 stopped.add(job_id)
-        launches = []
+        if stops:  # before the launches: a stopped run waiting for its GPUs is gone at once
+            self._carry_out(Orders(stops=tuple(stops)), now)
+        launches: list[Launch] = []
         running = self.ex.running()
         for job_id, p in sorted(self.parts.items()):
             if (job_id, p.run) in self.finished or job_id in running:
@@ -313,8 +316,13 @@ class NodeAgent:
                 continue
             launches.append(self._launch(p))
         if launches:
-            self.ex.launch_all(launches, now)
+            self._carry_out(Orders(launches=tuple(launches)), now)
         return stopped
+
+    def _carry_out(self, orders: Orders, now: float) -> None:
+        began = self.ex.carry_out(orders, now)
+        with self._out_lock:
+            self._queue(Observed(starts=began))
 
     @staticmethod
     def _launch(p: a.Part) -> Launch:
@@ -325,32 +333,34 @@ class NodeAgent:
         )  # fmt: skip
 
     def _watch(self, now: float) -> None:
-        exits: list[Exit] = self.ex.poll(now)
-        starts: list[Start] = self.ex.starts(now)
+        seen = self.ex.observe(now, {})
         with self._out_lock:
-            self._queue(now, exits, starts)
+            self._queue(seen)
 
-    def _queue(self, now: float, exits: list[Exit], starts: list[Start]) -> None:
-        for st in starts:
+    def _queue(self, seen: Observed) -> None:
+        """What the executor saw, as parts of the next report (checkpoints and samples of the
+        job's current run here)."""
+        for st in seen.starts:
             log_path = st.logs[0] if st.logs else ""
             self.outbox.started.append(a.PartStarted(job_id=st.job_id, run=st.run, log=log_path))
-        for ex in exits:
+        for ex in seen.exits:
             run = _run_of(ex.engine_job_id)
             self.finished.add((ex.job_id, run))
             self.outbox.exited.append(
                 a.PartExited(job_id=ex.job_id, run=run, exit_code=ex.exit_code, reason=ex.reason)
             )
             log.info("job %s (run %s) exited with %s (%s)", ex.job_id, run, ex.exit_code, ex.reason)
-        got = self.ex.reports(now)
-        for job_id in got.checkpoints:
+        for job_id in seen.checkpoints:
             current = self._current_run(job_id)
             if current is not None:
                 self.outbox.checkpoints.append(a.PartCheckpoint(job_id=job_id, run=current))
-        for job_id, values in got.samples:
-            current = self._current_run(job_id)
+        for sample in seen.samples:
+            current = self._current_run(sample.job_id)
             if current is not None:
                 self.outbox.samples.append(
-                    a.PartSample(job_id=job_id, run=current, gpu_utilisation=values)
+                    a.PartSample(
+                        job_id=sample.job_id, run=current, gpu_utilisation=sample.gpu_utilisation
+                    )
                 )
 
     def _current_run(self, job_id: int) -> int | None:

@@ -30,7 +30,7 @@ from ledger.cli._common import (
     pass_ctx,
     setup_logging,
 )
-from ledger.cycle.executor import ServiceExecutor
+from ledger.cycle.executor import Executor
 from ledger.cycle.loop import ServiceLoop, make_policy
 from ledger.dispatch import registry
 from ledger.engines.gpu_util import pick_source
@@ -161,7 +161,7 @@ def up(
             squat_after, policy, margin, debug_lane, kafka, until_idle, deadline, log_level,
         )  # fmt: skip
         return
-    executor: ServiceExecutor
+    executor: Executor
     if executor_name == "local":
         util = pick_source(utilisation_dir or ctx.home / "utilisation")
         executor = SupervisedExecutor(

@@ -1,27 +1,30 @@
 """The dispatcher cycle and the service loop: the edge around the pure `decide()`.
 
-One cycle, as numbered steps (Kueue's `schedule()` shape):
+One cycle, as numbered steps (Kueue's `schedule()` shape), talking to the executor once each
+way (`ledger.cycle.executor`):
+  0. observe: ask the engine once what it saw, and record it (`ledger.cycle.record`: node
+     changes, starts, checkpoints and samples, exits): GPUs they free are free for this cycle;
   1. snapshot at position P: catch the ledger up, take fair-share ranks at `now`, build the
-     snapshot of pending/running jobs and nodes;
+     snapshot of pending/running jobs and nodes (less the GPUs foreign work holds);
   2. decide (pure);
   3. append the decision expecting position P: a decision the log has overtaken in a way that
      touches it is rejected by the ledger (`Conflict`) and simply retried next cycle;
-  4. hand preemptions and placements to the executor, report starts and exits back as commands;
+  4. carry out: stop what the ledger no longer runs, launch the placements; record the runs
+     that began at once;
   5. return what happened (metrics, log line).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-import msgspec
-
 from ledger.core.utilisation import UtilTracker
-from ledger.cycle.executor import Executor, Launch, OwnsNodes, Reporting, ServiceExecutor
+from ledger.cycle.executor import Executor, Exit, Launch, Observed, Orders
 from ledger.cycle.inputs import snapshot_from_state
+from ledger.cycle.record import Recorded, record
 from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.registry import config_of
@@ -30,10 +33,9 @@ from projections import queries
 from projections.fairshare import RANKING_VERSION, UsagePolicy
 from projections.source import gc_paused
 from projections.store import Store
-from schemas import commands as c
 from schemas import events as e
 from schemas.digest import rank_digest
-from schemas.errors import Conflict, LedgerError, UnknownEntity
+from schemas.errors import Conflict, UnknownEntity
 from schemas.events import tag_of
 from schemas.policy import AnyPolicyConfig
 
@@ -47,7 +49,6 @@ log = logging.getLogger("gpuledger.dispatcher")
 
 _UTIL_TAGS = [tag_of(t) for t in (e.UtilisationSampled, e.JobPlaced, e.JobPreempted, e.JobFinished)]
 DISPATCHER = "@dispatcher"
-EXECUTOR = "@executor"
 IDLE_RECORD_S = 60.0
 """A cycle that decides nothing while jobs wait is recorded at most this often (the record
 counts the empty cycles it stands for), so the log answers "why did nothing start"."""
@@ -182,7 +183,6 @@ class Dispatcher:
         policy: Policy,
         executor: Executor,
         util: UtilTracker | None = None,
-        unavailable: Callable[[], Mapping[str, frozenset[int]]] | None = None,
         *,
         idle_record_s: float | None = IDLE_RECORD_S,
     ) -> None:
@@ -192,11 +192,6 @@ class Dispatcher:
         self.rank_source = ranks
         self.policy = policy
         self.executor = executor
-        if unavailable is None and isinstance(executor, OwnsNodes):
-            unavailable = executor.foreign
-        self.unavailable = unavailable
-        """GPUs the engine says are busy with work the ledger does not own (foreign Slurm jobs):
-        never placed on."""
         # the squat threshold is the policy's, and utilisation is read from the whole log (not
         # only from when this process started), so replay sees what the cycle saw
         threshold = float(getattr(policy, "squat_util_pct", UtilTracker.threshold_pct))
@@ -215,92 +210,33 @@ class Dispatcher:
             self.util.observe(event)
         self._seen = head
 
-    def report_exits(self, now: float) -> int:
-        """Exits the executor saw become JobFinished (unless the ledger already ended the job)."""
-        done = 0
-        engine = self.executor.engine
-        exits = self.executor.poll(now)
-        self.report_starts(now)  # a run that began and ended since the last look started first
-        if any(ex.reason == "node_failure" for ex in exits):
-            self.follow_nodes()  # the node went down since the cycle looked: lose it first
-        for ex in exits:
-            job = self.ledger.state.jobs.get(ex.job_id)
-            if job is None or job.status not in ("placed", "running"):
-                continue
-            cmd = c.FinishJob(actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code)
-            if engine:
-                cmd = msgspec.structs.replace(
-                    cmd,
-                    engine=engine,
-                    engine_job_id=ex.engine_job_id,
-                    reason=ex.reason,
-                    engine_state=ex.engine_state,
-                )
-            try:
-                self.ledger.execute(cmd)
-                done += 1
-            except LedgerError as err:  # the ledger moved on (cancel, preemption): keep going
-                log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
-        return done
+    def observe(self, now: float) -> tuple[Observed, Recorded]:
+        """Ask the engine once what it saw, and record it (`ledger.cycle.record`)."""
+        seen = self.executor.observe(now, self.ledger.state.nodes)
+        return seen, record(self.ledger, seen, self.executor.engine)
 
-    def report_progress(self, now: float) -> None:
-        """Checkpoints and utilisation samples of an executor that reports them (`Reporting`)
-        become events; what the ledger has moved past is dropped."""
-        if not isinstance(self.executor, Reporting):
-            return
-        got = self.executor.reports(now)
+    def reconcile(self, now: float) -> Recorded:
+        """Between cycles (a node agent's report): record what the engine saw, then stop what
+        the ledger no longer runs (the other parts of a gang job one of whose parts failed)."""
+        seen, recorded = self.observe(now)
+        self.carry_out(Orders(stops=self.stops(seen.running)), now)
+        return recorded
+
+    def stops(self, running: Set[int]) -> tuple[int, ...]:
+        """The runs the engine has that the ledger no longer runs (cancelled, preempted,
+        removed), in job order."""
         jobs = self.ledger.state.jobs
-        batch: list[c.AnyCommand] = [
-            c.ReportCheckpoint(actor=EXECUTOR, job_id=j)
-            for j in got.checkpoints
-            if j in jobs and jobs[j].status == "running" and jobs[j].spec.resumable
-        ]
-        batch += [
-            c.SampleUtilisation(actor=EXECUTOR, job_id=j, gpu_utilisation=u)
-            for j, u in got.samples
-            if j in jobs and jobs[j].status == "running" and len(u) == jobs[j].spec.gpus
-        ]
-        self._execute_reports(batch)
+        held = ("placed", "running")
+        return tuple(j for j in sorted(running) if j not in jobs or jobs[j].status not in held)
 
-    def _execute_reports(self, batch: list[c.AnyCommand]) -> None:
-        if not batch:
-            return
-        try:
-            self.ledger.execute_all(batch)
-        except LedgerError:  # one stale report must not hide the others
-            for cmd in batch:
-                try:
-                    self.ledger.execute(cmd)
-                except LedgerError as err:
-                    log.info("report not recorded: %s", err.line())
+    def carry_out(self, orders: Orders, now: float) -> Recorded:
+        """Hand the orders to the engine; record the runs that began at once."""
+        if not orders.stops and not orders.launches:
+            return Recorded()
+        began = self.executor.carry_out(orders, now)
+        return record(self.ledger, Observed(starts=began), self.executor.engine)
 
-    def report_starts(self, now: float) -> int:
-        """Runs the executor saw begin become JobStarted (with the engine's run id, if any)."""
-        engine = self.executor.engine
-        starts: list[c.AnyCommand] = []
-        for st in self.executor.starts(now):
-            job = self.ledger.state.jobs.get(st.job_id)
-            if job is None or job.status != "placed":
-                continue
-            if engine:
-                starts.append(
-                    c.StartJob(
-                        actor=EXECUTOR,
-                        job_id=st.job_id,
-                        engine=engine,
-                        engine_job_id=st.engine_job_id,
-                        run=st.run,
-                        gpus=st.gpus,
-                        logs=st.logs,
-                    )
-                )
-            else:
-                starts.append(c.StartJob(actor=EXECUTOR, job_id=st.job_id, logs=st.logs))
-        if starts:
-            self.ledger.execute_all(starts)
-        return len(starts)
-
-    def recover(self, executor: ServiceExecutor, now: float) -> None:
+    def recover(self, now: float) -> None:
         """After a (re)start, before any cycle: compare the ledger with the engine.
 
         1. the engine adopts its runs that the ledger still holds GPUs for and stops the runs of
@@ -314,20 +250,20 @@ class Dispatcher:
             for j in self.ledger.state.jobs.values()
             if j.status in ("placed", "running")
         }
-        known = executor.adopt({jid: j.preemptions for jid, j in held.items()}, now)
+        known = self.executor.adopt({jid: j.preemptions for jid, j in held.items()}, now)
+        relaunch: list[Launch] = []
+        lost: list[Exit] = []
         for job_id in sorted(set(held) - known):
-            job = held[job_id]
-            if job.status == "placed" and executor.relaunch_placed:
+            if held[job_id].status == "placed" and self.executor.relaunch_placed:
                 log.warning("job %s was placed but never reached the engine: launching it", job_id)
-                executor.launch(self._launch(job_id), now)
+                relaunch.append(self._launch(job_id))
                 continue
             log.warning(
                 "job %s has no run in the engine after a restart: recording it lost", job_id
             )
-            cmd = c.FinishJob(actor=EXECUTOR, job_id=job_id, exit_code=-1)
-            if executor.engine:
-                cmd = msgspec.structs.replace(cmd, engine=executor.engine, reason="lost")
-            self.ledger.execute(cmd)
+            lost.append(Exit(job_id, -1, now, "lost"))
+        record(self.ledger, Observed(exits=tuple(lost)), self.executor.engine)
+        self.carry_out(Orders(launches=tuple(relaunch)), now)
 
     def _launch(self, job_id: int) -> Launch:
         job = self.ledger.state.jobs[job_id]
@@ -345,32 +281,12 @@ class Dispatcher:
             debug=spec.debug,
         )
 
-    def reconcile(self, now: float) -> None:
-        """Stop processes of jobs the ledger no longer runs (cancelled, preempted, removed)."""
-        for job_id in sorted(self.executor.running()):
-            job = self.ledger.state.jobs.get(job_id)
-            if job is None or job.status not in ("placed", "running"):
-                self.executor.stop(job_id, now)
-
     def _record_idle(self, decision: Decision, now: float) -> bool:
         """Whether to record a cycle that decided nothing: jobs wait and the last record is at
         least `idle_record_s` old."""
         if self.idle_record_s is None or not decision.waiting:
             return False
         return self._recorded_at is not None and now - self._recorded_at >= self.idle_record_s
-
-    def follow_nodes(self) -> None:
-        """Nodes follow an engine that owns node health (`OwnsNodes`): drains, losses (their
-        jobs end in the same command) and returns, before the runs' exits are read, so a run
-        that ended with its node is requeued (resumable) rather than failed."""
-        if not isinstance(self.executor, OwnsNodes):
-            return
-        for cmd in self.executor.node_changes(self.ledger.state.nodes):
-            try:
-                self.ledger.execute(cmd)
-                log.info("node %s follows the engine: %s", getattr(cmd, "node", "?"), cmd)
-            except LedgerError as err:
-                log.warning("node change not recorded: %s", err.line())
 
     def cycle(self, now: float) -> CycleResult:
         """One dispatcher cycle. The cyclic garbage collector waits until it ends: a cycle makes
@@ -380,12 +296,9 @@ class Dispatcher:
             return self._cycle(now)
 
     def _cycle(self, now: float) -> CycleResult:
-        # 0. the engine's node changes; starts, checkpoints and samples, then exits: GPUs they
-        #    free are free for this cycle
-        self.follow_nodes()
-        self.report_starts(now)
-        self.report_progress(now)
-        finished = self.report_exits(now)
+        # 0. observe once and record it: node changes, starts, checkpoints and samples, exits
+        seen, recorded = self.observe(now)
+        finished = recorded.finished
         # 1. snapshot at position P
         position = self.ledger.catch_up()
         self._observe_new_events()
@@ -397,7 +310,7 @@ class Dispatcher:
             level_fs=level_fs,
             low_util_since=self.util.low_since,
             position=position,
-            unavailable=None if self.unavailable is None else self.unavailable(),
+            unavailable=seen.foreign,
         )
         # 2. decide (pure)
         decision = decide(snapshot, self.policy, now)
@@ -409,7 +322,7 @@ class Dispatcher:
             and not self._record_idle(decision, now)
         ):
             self._skipped += 1
-            self.reconcile(now)
+            self.carry_out(Orders(stops=self.stops(seen.running)), now)
             return CycleResult(position, decision, appended=False, finished=finished)
         # 3. append expecting P
         try:
@@ -428,11 +341,13 @@ class Dispatcher:
             return CycleResult(
                 position, decision, appended=False, conflict=err.line(), finished=finished
             )
-        # 4. executor: stop the preempted, launch the placed, report starts
-        self.reconcile(now)
-        for pl in decision.placements:
-            self.executor.launch(self._launch(pl.job_id), now)
-        started = self.report_starts(now)
+        # 4. carry out: stop the preempted (and whatever else the ledger no longer runs), launch
+        #    the placed; record the runs that began at once
+        orders = Orders(
+            stops=self.stops(seen.running),
+            launches=tuple(self._launch(pl.job_id) for pl in decision.placements),
+        )
+        started = self.carry_out(orders, now).started
         self._observe_new_events()
         # 5. what happened
         log.info(

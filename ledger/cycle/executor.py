@@ -1,34 +1,40 @@
-"""Executors run what the dispatcher placed. An edge: processes, signals, a virtual clock.
+"""The executor protocol: what the dispatcher says to an engine, once per cycle each way.
 
 The ledger is the truth; an executor only carries out its decisions and reports what really
-happened. One interface, three engines: `ledger.sim.kernel.KernelExecutor` (virtual time: the
+happened. One protocol, every engine: `ledger.sim.kernel.KernelExecutor` (virtual time: the
 simulator's, the what-if's and the tests'), `ledger.engines.supervised.SupervisedExecutor`
-(processes on this host that outlive the service: `gpuledger up`, node agents) and
-`ledger.engines.slurm.SlurmExecutor` (a Slurm partition):
+(processes on this host that outlive the service: `gpuledger up --executor local`, node agents),
+`ledger.engines.agents.AgentExecutor` (node agents over the API), `ledger.engines.slurm`'s
+`SlurmExecutor` (a Slurm partition) and `ledger.engines.none.NoExecutor` (placements only
+recorded).
 
-- `launch` a placement with all its parts (every slot of a gang);
-- `stop` a run the ledger no longer counts as running (preempted, cancelled): signal, the grace,
-  then kill; its exit goes unreported;
-- `starts` and `poll` report the runs that began and the runs that ended (exit code and reason);
-- `running` lists what really runs in the engine for the ledger, and `adopt` (services) compares
-  the ledger with the engine after a restart: the service reconciles from facts, never guesses.
+A cycle talks to its executor twice, Kueue's and Nomad's shape (observe, decide, act):
 
-An executor that is also `Reporting` reports checkpoints and GPU utilisation samples; one that
-is also `OwnsNodes` (Slurm) says which nodes are out of service or lost and which GPUs work
-outside the ledger holds.
+- `observe(now, nodes) -> Observed`: everything the engine saw since it was last asked, in one
+  value: node changes (a node Slurm marked DOWN, or whose agent has been silent past the
+  node-lost timeout, is `lost`), runs that began, checkpoints, utilisation samples, runs that
+  ended, the GPUs work outside the ledger holds, and the jobs that really have a run in the
+  engine. `nodes` is the ledger's view, which engines that own node health compare theirs with.
+- `carry_out(orders, now) -> starts`: stop the runs the ledger no longer runs (signal, the grace,
+  then kill; their exits go unreported), then launch the placements, each with all its parts;
+  returns the runs that began at once (engines whose launches start at once say so here).
+
+A service also needs, around the cycles: `adopt` (after a restart, compare the ledger with the
+engine: the service reconciles from facts, never guesses), `shutdown` and, for a virtual clock,
+`next_event_at`. The ledger side of all this, the one path from an `Observed` to commands, is
+`ledger.cycle.record`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from schemas.events import EndReason, GpuSlot
 
 if TYPE_CHECKING:
     from ledger.core.domain import Node
-    from schemas.commands import AnyCommand
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,16 @@ class Launch:
     """Host of rank 0's node for the rendezvous variables; "" lets the executor say."""
     job_token: str = ""
     """The job's own token (`GPULEDGER_JOB_TOKEN`), when a server minted one."""
+
+
+@dataclass(frozen=True)
+class Orders:
+    """What one cycle asks of the engine, carried out in this order."""
+
+    stops: tuple[int, ...] = ()
+    """Jobs the ledger no longer runs (preempted, cancelled, ended elsewhere)."""
+    launches: tuple[Launch, ...] = ()
+    """Placements to run."""
 
 
 @dataclass(frozen=True)
@@ -81,70 +97,76 @@ class Start:
 
 
 @dataclass(frozen=True)
-class Reports:
-    """What an executor that runs real processes observed since it was last asked."""
+class Sample:
+    """A job's GPU utilisation, % per GPU of the job, in its slots' order."""
 
-    checkpoints: list[int] = field(default_factory=list)
+    job_id: int
+    gpu_utilisation: tuple[float, ...]
+
+
+NodeChangeKind = Literal["lost", "drain", "return"]
+
+
+@dataclass(frozen=True)
+class NodeChange:
+    """The engine says a node's state in the ledger should change: `lost` (gone with its jobs:
+    Slurm marked it DOWN, or its agent has been silent past the node-lost timeout), `drain` (it
+    takes no new work in the engine) or `return` (back in service). The engine decides when; the
+    ledger records it (`ledger.cycle.record`)."""
+
+    node: str
+    change: NodeChangeKind
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What an engine saw since it was last asked, recorded in this order (node changes first:
+    a run that ended with its node is requeued rather than failed; starts before exits: a run
+    that began and ended since the last look started first)."""
+
+    nodes: tuple[NodeChange, ...] = ()
+    starts: tuple[Start, ...] = ()
+    checkpoints: tuple[int, ...] = ()
     """Jobs that reported a checkpoint."""
-    samples: list[tuple[int, tuple[float, ...]]] = field(default_factory=list)
-    """(job, GPU utilisation % per GPU of the job)."""
+    samples: tuple[Sample, ...] = ()
+    exits: tuple[Exit, ...] = ()
+    foreign: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    """GPUs (node -> indices) busy with work outside the ledger: never placed on."""
+    running: frozenset[int] = frozenset()
+    """Jobs that really have a run in the engine now (launched, not yet reported ended)."""
 
 
 class Executor(Protocol):
+    """An engine, as the dispatcher cycle and the service around it see it (module doc)."""
+
     engine: str
     """The engine's name in JobEngineLinked/JobEngineEnded ("" records neither: sim, local)."""
-
-    def launch(self, job: Launch, now: float) -> None:
-        """Carry out a placement: every slot of it, on exactly the nodes and GPUs it names."""
-
-    def stop(self, job_id: int, now: float) -> None:
-        """Stop a job the ledger no longer runs (preempted, cancelled): signal, then kill after
-        the grace; its exit goes unreported."""
-
-    def starts(self, now: float) -> list[Start]:
-        """Launched runs that began running since the last call, in launch order."""
-
-    def poll(self, now: float) -> list[Exit]:
-        """Runs that ended since the last call, with exit code and reason."""
-
-    def running(self) -> set[int]:
-        """Jobs that really have a run in the engine (launched and not yet reported ended)."""
-
-    def next_event_at(self) -> float | None:
-        """When something will happen without outside input (a simulated job ending), if known."""
-
-
-class ServiceExecutor(Executor, Protocol):
-    """An executor a long-running service owns: it can be restarted under running work."""
 
     relaunch_placed: bool
     """After a restart, a job the ledger placed that the engine never received is launched
     again (True: the engine keeps runs across our restarts, so "unknown" means "never sent"), or
-    recorded as lost (False: runs die with the service)."""
+    recorded as lost (False)."""
+
+    def observe(self, now: float, nodes: Mapping[str, Node]) -> Observed:
+        """Everything seen since the last call; `nodes` is the ledger's view of the nodes."""
+        ...
+
+    def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:
+        """Stop, then launch (every slot of a placement, on exactly the nodes and GPUs it
+        names); the runs that began at once."""
+        ...
 
     def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
         """After a restart: `runs` maps each job the ledger holds GPUs for to its current run.
         Take over the engine's runs that match, stop the engine's runs of ours that the ledger no
         longer runs, and return the job ids the engine really has."""
+        ...
 
     def shutdown(self, now: float) -> list[Exit]:
         """The service stops: the exits to record (runs this executor ends with the service)."""
+        ...
 
-
-@runtime_checkable
-class Reporting(Protocol):
-    """An executor that reports checkpoints and utilisation of the jobs it runs."""
-
-    def reports(self, now: float) -> Reports: ...
-
-
-@runtime_checkable
-class OwnsNodes(Protocol):
-    """An engine that owns node health and may run work the ledger does not own (Slurm)."""
-
-    def node_changes(self, nodes: Mapping[str, Node]) -> list[AnyCommand]:
-        """The commands (drain, lost, return) that make the ledger's `nodes` follow the
-        engine's; [] when the engine cannot be read now."""
-
-    def foreign(self) -> Mapping[str, frozenset[int]]:
-        """GPUs (node -> indices) busy with work outside the ledger: never placed on."""
+    def next_event_at(self) -> float | None:
+        """When something will happen without outside input (a simulated job ending), if known."""
+        ...

@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ledger.cycle.dispatcher import EXECUTOR, CycleResult, Dispatcher, ProjectionRanks
-from ledger.cycle.executor import Executor, Exit, Launch, Start
+from ledger.cycle.dispatcher import CycleResult, Dispatcher, ProjectionRanks
+from ledger.cycle.executor import Executor, Observed
+from ledger.cycle.lifecycle import lifecycle_lines
+from ledger.cycle.record import record
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
 from ledger.store.application import Ledger
@@ -52,35 +54,6 @@ def make_policy(
             knobs["squat_after_s"] = squat_after_s
         config = registry.with_knobs(config, knobs)
     return registry.policy_from_config(config)
-
-
-class NoExecutor:
-    """`serve --executor none`: placements are recorded for node agents; nothing runs in this
-    process. A placement counts as started once it is handed over (agents report exits)."""
-
-    engine = ""
-
-    def __init__(self) -> None:
-        self._handed: list[int] = []
-
-    def launch(self, job: Launch, now: float) -> None:
-        self._handed.append(job.job_id)
-
-    def stop(self, job_id: int, now: float) -> None:
-        return None
-
-    def starts(self, now: float) -> list[Start]:
-        out, self._handed = [Start(job_id=j) for j in self._handed], []
-        return out
-
-    def poll(self, now: float) -> list[Exit]:
-        return []
-
-    def running(self) -> set[int]:
-        return set()
-
-    def next_event_at(self) -> float | None:
-        return None
 
 
 @dataclass
@@ -165,10 +138,8 @@ class ServiceLoop:
         projection, snapshot the live state (the next start folds no tail). Never raises for a
         clean stop."""
         if stop_jobs:
-            shutdown = getattr(self.executor, "shutdown", None)
-            exits: list[Exit] = shutdown(self.clock.now()) if shutdown is not None else []
-            for ex in exits:
-                self.record_exit(ex)
+            exits = self.executor.shutdown(self.clock.now())
+            record(self.ledger, Observed(exits=tuple(exits)), self.executor.engine)
         self._log_lifecycles()
         if self.relay is not None:
             health = self.relay.stop()  # flushes what the store holds (bounded)
@@ -186,11 +157,10 @@ class ServiceLoop:
     # --- the loop ------------------------------------------------------------------------------
 
     def step(self, now: float) -> CycleResult:
-        """One dispatcher cycle, timed for `status` (after marking silent nodes lost)."""
+        """One dispatcher cycle, timed for `status`."""
         assert self.dispatcher is not None, "open() first"
         t0 = time.perf_counter()
         try:
-            self.mark_lost(now)
             result = self.dispatcher.cycle(now)
             self._log_lifecycles()
             self.stats.last_error = None
@@ -229,46 +199,14 @@ class ServiceLoop:
             stop.wait(wait_time(result, tick, self.clock.now()))
 
     def take_reports(self, now: float) -> None:
-        """Record what the executor reported outside a cycle (a node agent's report): starts,
-        checkpoints and samples, exits; then stop what the ledger no longer runs (the other
+        """Record what the executor saw outside a cycle (a node agent's report), the way a cycle
+        records it (`Dispatcher.observe`); then stop what the ledger no longer runs (the other
         parts of a gang job one of whose parts failed)."""
         assert self.dispatcher is not None, "open() first"
-        self.dispatcher.report_starts(now)
-        self.dispatcher.report_progress(now)
-        self.dispatcher.report_exits(now)
         self.dispatcher.reconcile(now)
-
-    def mark_lost(self, now: float) -> None:
-        """The node-lost timeout: a node whose agent has been silent past the executor's limit
-        is marked lost (`MarkNodeLost`: its jobs are requeued or ended). Before that, its GPUs
-        stay held: a silent node is never placed on twice."""
-        silent = getattr(self.executor, "silent_nodes", None)
-        if silent is None:
-            return
-        for node, quiet_s in silent(now):
-            try:
-                self.ledger.execute(
-                    c.MarkNodeLost(
-                        actor=EXECUTOR,
-                        node=node,
-                        reason=f"no word from its agent for {quiet_s:.0f}s",
-                    )
-                )
-                self.log.warning("node %s is lost: no word from its agent for %.0fs", node, quiet_s)
-            except LedgerError as err:
-                self.log.warning("node %s not marked lost: %s", node, err.line())
-            self.executor.forget(node)  # type: ignore[attr-defined]
 
     def idle(self) -> bool:
         return not any(j.active for j in self.ledger.state.jobs.values())
-
-    def record_exit(self, ex: Exit) -> None:
-        try:
-            self.ledger.execute(
-                c.FinishJob(actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code)
-            )
-        except LedgerError as err:
-            self.log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
 
     # --- status --------------------------------------------------------------------------------
 
@@ -294,8 +232,6 @@ class ServiceLoop:
         their endings are logged, for their names)."""
         if self.lifecycle_dir is None:
             return
-        from ledger.reads.explain import lifecycle_lines
-
         events = [ev for _, ev in self.ledger.read(self._seen, 100_000)]
         self._jobs.update(self.ledger.state.jobs)
         for line in lifecycle_lines(events, self._jobs, str(self.lifecycle_dir)):
@@ -309,7 +245,7 @@ class ServiceLoop:
         nothing is assumed without one."""
         if not self.reports_starts or self.dispatcher is None:
             return
-        self.dispatcher.recover(self.executor, self.clock.now())  # type: ignore[arg-type]
+        self.dispatcher.recover(self.clock.now())
 
     def _transport(self) -> EventSource:
         """The projection always reads the store (scheduling never waits on a broker); with

@@ -1,20 +1,22 @@
 """The executor of `serve --executor agents`: node agents run the placements. An edge.
 
-It implements the executor interface (`ledger.cycle.executor`) for the dispatcher, on the server's
+It implements the executor protocol (`ledger.cycle.executor`) for the dispatcher, on the server's
 worker thread, and keeps what each node's agent should run as a published list (`Board`) the
 agent API serves to long-polls from the HTTP threads:
 
-- `launch` adds one part per node of the placement (its slots, command, limits, the rank-0
-  node's address for the rendezvous, and a job token minted now, scoped to the job) and wakes
-  the polls of those nodes; `stop` removes the parts (the agents then stop them: SIGTERM, grace,
-  SIGKILL).
+- `carry_out` removes the parts of the stopped jobs (the agents then stop them: SIGTERM, grace,
+  SIGKILL) and adds one part per node of each placement (its slots, command, limits, the rank-0
+  node's address for the rendezvous, and a job token minted now, scoped to the job), records the
+  tokens, then wakes the polls of those nodes.
 - An agent's report (`receive`) says which parts started, ended (exit code, reason), their GPU
   utilisation and checkpoints. The job is started when every part has; it ends when a part fails
   (the ledger ends it, and its other parts are stopped) or when every part has exited 0.
-  Utilisation of a gang job is recorded once every part has sent a sample.
-- Contact (register, poll, report, heartbeat) is timed per node: `silent_nodes` names the
-  nodes whose agent has been silent past `node_lost_after_s`, which the service loop marks lost.
-  The ledger keeps a silent node's GPUs held until then: nothing is placed on them twice.
+  Utilisation of a gang job is recorded once every part has sent a sample. `observe` hands all
+  of it to the ledger (the server records it at once, between cycles).
+- Contact (register, poll, report, heartbeat) is timed per node: a node whose agent has been
+  silent past `node_lost_after_s` is observed `lost` (a node change, as Slurm's DOWN is), once;
+  the ledger keeps a silent node's GPUs held until then: nothing is placed on them twice. A lost
+  node whose agent registers again is observed returning.
 
 After a server restart, `adopt` rebuilds every node's list from the ledger (the agents kept
 running their jobs), and counts each node with work as heard from at that moment.
@@ -29,14 +31,17 @@ import secrets
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ledger.cycle.executor import Exit, Launch, Reports, Start
+from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Sample, Start
 from ledger.server import identity
 from schemas import agent as a
 from schemas import commands as c
 from schemas.errors import InvalidCommand, InvalidTransition
 from schemas.events import EndReason
+
+if TYPE_CHECKING:
+    from ledger.core.domain import Node
 
 log = logging.getLogger("gpuledger.agents")
 
@@ -132,32 +137,49 @@ class AgentExecutor:
         self._starts: list[Start] = []
         self._exits: list[Exit] = []
         self._checkpoints: list[int] = []
-        self._samples: list[tuple[int, tuple[float, ...]]] = []
+        self._samples: list[Sample] = []
+        self._returns: list[str] = []
+        """Lost nodes whose agent registered again, not yet observed."""
         self._tokens: list[c.AnyCommand] = []
         self._unpublished: set[str] = set()
 
-    # --- the executor interface (worker thread) --------------------------------------------------
+    # --- the executor protocol (worker thread) --------------------------------------------------
 
-    def launch(self, job: Launch, now: float) -> None:
-        old = self._runs.get(job.job_id)
-        if old is not None and old.run == job.run:
-            return
-        if old is not None:  # requeued (a lost node) and placed again in one cycle
-            self.stop(job.job_id, now)
-        self._add(job, self._mint(job.job_id, job.user), publish=False)
-
-    def stop(self, job_id: int, now: float) -> None:
-        r = self._runs.pop(job_id, None)
-        if r is None:
-            return
-        for node in r.nodes:
-            self._parts.get(node, {}).pop(job_id, None)
-            self._publish(node)
-
-    def starts(self, now: float) -> list[Start]:
-        self.flush()  # the cycle asks right after its launches
-        out, self._starts = self._starts, []
+    def observe(self, now: float, nodes: Mapping[str, Node]) -> Observed:
+        """What the agents reported since the last call, the nodes gone silent past the
+        node-lost timeout (each once: it counts again when its agent returns) and the lost
+        nodes whose agent registered again."""
+        changes = [NodeChange(n, "return") for n in self._returns]
+        for node, quiet_s in self._silent(now, nodes):
+            changes.append(NodeChange(node, "lost", f"no word from its agent for {quiet_s:.0f}s"))
+            self.last_seen.pop(node, None)  # it counts again once its agent returns
+        out = Observed(
+            nodes=tuple(changes),
+            starts=tuple(self._starts),
+            checkpoints=tuple(self._checkpoints),
+            samples=tuple(self._samples),
+            exits=tuple(self._exits),
+            running=frozenset(self._runs),
+        )
+        self._returns, self._starts, self._exits = [], [], []
+        self._checkpoints, self._samples = [], []
         return out
+
+    def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:
+        """Take the stopped jobs' parts off their nodes' lists, add the launches', record their
+        job tokens, then publish (a part never reaches its node before its token is valid).
+        Starts come from the agents' reports."""
+        for job_id in orders.stops:
+            self._stop(job_id)
+        for job in orders.launches:
+            old = self._runs.get(job.job_id)
+            if old is not None and old.run == job.run:
+                continue
+            if old is not None:  # requeued (a lost node) and placed again in one cycle
+                self._stop(job.job_id)
+            self._add(job, self._mint(job.job_id, job.user), publish=False)
+        self.flush()
+        return ()
 
     def flush(self) -> None:
         """Record the job tokens of the launches so far in one transaction, then hand their
@@ -169,20 +191,8 @@ class AgentExecutor:
             self._publish(node)
         self._unpublished.clear()
 
-    def poll(self, now: float) -> list[Exit]:
-        out, self._exits = self._exits, []
-        return out
-
-    def running(self) -> set[int]:
-        return set(self._runs)
-
     def next_event_at(self) -> float | None:
         return None
-
-    def reports(self, now: float) -> Reports:
-        out = Reports(checkpoints=self._checkpoints, samples=self._samples)
-        self._checkpoints, self._samples = [], []
-        return out
 
     def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
         """After a restart: every job the ledger holds GPUs for is on its nodes' lists again
@@ -210,8 +220,9 @@ class AgentExecutor:
 
     # --- agents (worker thread, through the API) -------------------------------------------------
 
-    def register(self, req: a.Register, peer: str, now: float) -> a.Registered:
-        """Idempotent: the node must exist with the GPUs the agent found; a lost node returns."""
+    def register(self, req: a.Register, peer: str, now: float) -> bool:
+        """Idempotent: the node must exist with the GPUs the agent found; True when it is lost
+        (its return is observed: the caller records it, then answers with `registered`)."""
         state = self.ledger.state
         node = state.nodes.get(req.node)
         if node is None or node.state == "removed":
@@ -232,16 +243,21 @@ class AgentExecutor:
             )  # fmt: skip
         self.addresses[req.node] = req.address or peer
         self.touch(req.node, now)
-        returned = False
-        if node.state == "lost":
-            self.ledger.execute(c.ReturnNode(actor=SYSTEM, node=req.node))
-            returned = True
-            log.info("node %s is back: its agent registered", req.node)
         self._publish(req.node, bump=False)
+        if node.state != "lost":
+            return False
+        log.info("node %s is back: its agent registered", req.node)
+        if req.node not in self._returns:
+            self._returns.append(req.node)
+        return True
+
+    def registered(self, node: str, returning: bool) -> a.Registered:
+        """The answer to a registration, once what it observed is recorded."""
+        state = str(self.ledger.state.nodes[node].state)
         return a.Registered(
-            node=req.node,
-            state=str(self.ledger.state.nodes[req.node].state),
-            returned=returned,
+            node=node,
+            state=state,
+            returned=returning and state != "lost",
             node_lost_after_s=self.node_lost_after_s,
         )
 
@@ -268,7 +284,7 @@ class AgentExecutor:
                 r.samples[rep.node] = u.gpu_utilisation
                 if len(r.samples) == len(r.nodes):
                     values = tuple(v for n in r.nodes for v in r.samples[n])
-                    self._samples.append((r.job_id, values))
+                    self._samples.append(Sample(r.job_id, values))
                     r.samples.clear()
         for cp in rep.checkpoints:
             r = self._run_of(cp.job_id, cp.run, rep.node)
@@ -276,10 +292,9 @@ class AgentExecutor:
                 self._checkpoints.append(r.job_id)
         return bool(rep.started or rep.exited or rep.samples or rep.checkpoints)
 
-    def silent_nodes(self, now: float) -> list[tuple[str, float]]:
+    def _silent(self, now: float, nodes: Mapping[str, Node]) -> list[tuple[str, float]]:
         """(node, seconds silent) of nodes the ledger still counts as up whose agent has not
         reached us within `node_lost_after_s`."""
-        nodes = self.ledger.state.nodes
         out = []
         for node, seen in sorted(self.last_seen.items()):
             n = nodes.get(node)
@@ -288,10 +303,6 @@ class AgentExecutor:
             if now - seen > self.node_lost_after_s:
                 out.append((node, now - seen))
         return out
-
-    def forget(self, node: str) -> None:
-        """The node was marked lost: it counts again once its agent returns."""
-        self.last_seen.pop(node, None)
 
     # --- internals -------------------------------------------------------------------------------
 
@@ -303,6 +314,14 @@ class AgentExecutor:
         )
         self._tokens.append(cmd)
         return secret
+
+    def _stop(self, job_id: int) -> None:
+        r = self._runs.pop(job_id, None)
+        if r is None:
+            return
+        for node in r.nodes:
+            self._parts.get(node, {}).pop(job_id, None)
+            self._publish(node)
 
     def _add(self, job: Launch, token: str, *, started: bool = False, publish: bool = True) -> None:
         nodes = tuple(sl.node for sl in job.slots)

@@ -37,16 +37,19 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, TYPE_CHECKING, Literal
 
 import msgspec
 
-from ledger.cycle.executor import Exit, Launch, Reports, Start
+from ledger.cycle.executor import Exit, Launch, Observed, Orders, Sample, Start
 from ledger.engines.env import job_env
 from ledger.engines.gpu_util import UtilSource
 from ledger.engines.proc import alive, write_atomic
 from schemas.errors import InvalidCommand
 from schemas.events import EndReason
+
+if TYPE_CHECKING:
+    from ledger.core.domain import Node
 
 log = logging.getLogger("gpuledger.agent")
 
@@ -238,13 +241,38 @@ class SupervisedExecutor:
         self._save()
         return list(self.jobs.values())
 
-    # --- the executor interface ----------------------------------------------------------------
+    # --- the executor protocol -----------------------------------------------------------------
+
+    def observe(self, now: float, nodes: Mapping[str, Node]) -> Observed:
+        """Runs that started, checkpoints and samples, runs that ended (a run that ended before
+        it was seen running started first) and the jobs with a run here. (Starts are not saved
+        at once: a restart before the next save reports a start again, which the ledger drops.)"""
+        starts = self._take_starts()
+        checkpoints, samples = self._progress(now)
+        exits = self._poll(now)
+        starts += self._take_starts()
+        return Observed(
+            starts=tuple(starts),
+            checkpoints=tuple(checkpoints),
+            samples=tuple(samples),
+            exits=tuple(exits),
+            running=frozenset(self.running()),
+        )
+
+    def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:
+        """Stop (SIGTERM now, SIGKILL after the grace; the exits go unreported), then launch
+        (one save of the state file for every launch); the runs whose every part has started."""
+        for job_id in orders.stops:
+            self._stop(job_id, now)
+        if orders.launches:
+            self._launch_all(orders.launches, now)
+        return tuple(self._take_starts())
 
     def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
         """After a restart: `runs` maps each job the ledger holds GPUs for to its run. Handles
         of runs the ledger no longer has are stopped (their exits unreported); a run with no
         handle whose supervisors all wrote an exit code (the service stopped before recording
-        it) is reported by the next `starts`/`poll`. Returns the jobs with a run here."""
+        it) is reported by the next `observe`. Returns the jobs with a run here."""
         known: set[int] = set()
         for h in list(self.jobs.values()):
             if runs.get(h.job_id, -1) + 1 == h.launch:
@@ -266,24 +294,14 @@ class SupervisedExecutor:
         self._save()
         return known
 
-    def launch(self, job: Launch, now: float) -> None:
-        self.launch_all([job], now)
+    def next_event_at(self) -> float | None:
+        return None
 
-    def launch_all(self, jobs: list[Launch], now: float) -> None:
-        """Launch several placements at once: one save of the state file for all of them."""
-        for job in jobs:
-            if job.job_id not in self.jobs and job.job_id not in self._pending:
-                self._pending[job.job_id] = job
-        self._start_pending(now)
+    # --- for the node agent ----------------------------------------------------------------------
 
-    def stop(self, job_id: int, now: float) -> None:
-        """The ledger no longer runs `job_id`: SIGTERM now, SIGKILL after its grace; its exit
-        goes unreported."""
-        self._pending.pop(job_id, None)
-        h = self.jobs.get(job_id)
-        if h is not None and h.stop_reason != "ledger":
-            self._terminate(h, now, "ledger")
-            self._save()
+    def running(self) -> set[int]:
+        """Jobs with a live process here, or waiting to start on GPUs still being freed."""
+        return set(self.jobs) | set(self._pending)
 
     def drain(self, job_id: int, now: float) -> None:
         """Stop `job_id` because its node is drained by hand (`gpuledger agent --drain`): SIGTERM
@@ -307,7 +325,9 @@ class SupervisedExecutor:
         h = self.jobs.get(job_id)
         return h is not None and h.stop_reason == "ledger"
 
-    def poll(self, now: float) -> list[Exit]:
+    # --- observing -----------------------------------------------------------------------------
+
+    def _poll(self, now: float) -> list[Exit]:
         changed = False
         for h in list(self.jobs.values()):
             changed |= self._watch(h, now)
@@ -318,16 +338,8 @@ class SupervisedExecutor:
         exits, self._exits = self._exits, []
         return sorted(exits, key=lambda x: x.job_id)
 
-    def running(self) -> set[int]:
-        """Jobs with a live process here, or waiting to start on GPUs still being freed."""
-        return set(self.jobs) | set(self._pending)
-
-    def next_event_at(self) -> float | None:
-        return None
-
-    def starts(self, now: float) -> list[Start]:
-        """Jobs every part of which has started since the last call. (Not saved at once: a
-        restart before the next save reports a start again, which the ledger drops.)"""
+    def _take_starts(self) -> list[Start]:
+        """Jobs every part of which has started since the last call."""
         for h in sorted(self.jobs.values(), key=lambda h: h.launched_at):
             if h.stop_reason != "ledger" and not h.start_reported and self._all_started(h):
                 self._report_start(h)
@@ -345,8 +357,10 @@ class SupervisedExecutor:
             )
         )
 
-    def reports(self, now: float) -> Reports:
-        out = Reports()
+    def _progress(self, now: float) -> tuple[list[int], list[Sample]]:
+        """(jobs with a new checkpoint, utilisation samples when one is due) of started jobs."""
+        checkpoints: list[int] = []
+        samples: list[Sample] = []
         changed = False
         for h in self.jobs.values():
             if h.stop_reason is not None or not h.start_reported:
@@ -354,15 +368,30 @@ class SupervisedExecutor:
             mtime = self._checkpoint_mtime(h)
             if mtime > h.checkpoint_mtime:
                 h.checkpoint_mtime, changed = mtime, True
-                out.checkpoints.append(h.job_id)
+                checkpoints.append(h.job_id)
         if self.util is not None and (self._next_sample_at is None or now >= self._next_sample_at):
             self._next_sample_at = now + self.sample_every_s
-            out.samples.extend(self._samples())
+            samples.extend(self._samples())
         if changed:
             self._save()
-        return out
+        return checkpoints, samples
 
     # --- launching -----------------------------------------------------------------------------
+
+    def _launch_all(self, jobs: tuple[Launch, ...], now: float) -> None:
+        for job in jobs:
+            if job.job_id not in self.jobs and job.job_id not in self._pending:
+                self._pending[job.job_id] = job
+        self._start_pending(now)
+
+    def _stop(self, job_id: int, now: float) -> None:
+        """The ledger no longer runs `job_id`: SIGTERM now, SIGKILL after its grace; its exit
+        goes unreported."""
+        self._pending.pop(job_id, None)
+        h = self.jobs.get(job_id)
+        if h is not None and h.stop_reason != "ledger":
+            self._terminate(h, now, "ledger")
+            self._save()
 
     def _busy_gpus(self) -> set[tuple[str, int]]:
         return {g for h in self.jobs.values() for g in h.gpus}
@@ -602,7 +631,7 @@ class SupervisedExecutor:
                 best = max(best, (Path(p.rundir) / "work" / "checkpoint").stat().st_mtime)
         return best
 
-    def _samples(self) -> list[tuple[int, tuple[float, ...]]]:
+    def _samples(self) -> list[Sample]:
         assert self.util is not None
         out = []
         for h in self.jobs.values():
@@ -615,7 +644,7 @@ class SupervisedExecutor:
                     break
                 values.extend(got)
             else:
-                out.append((h.job_id, tuple(values)))
+                out.append(Sample(h.job_id, tuple(values)))
         return out
 
     # --- recovery helpers ----------------------------------------------------------------------

@@ -245,33 +245,3 @@ def _contract_at(job: Job, history: Sequence[e.AnyEvent], preempted: e.JobPreemp
     if preempted.at >= ends:
         return f"its contract had expired at {when(ends)}"
     return f"inside its contract (until {when(ends)}): an admin preemption"
-
-
-def lifecycle_lines(
-    events: Sequence[e.AnyEvent], jobs: Mapping[int, Job], output_dir: str
-) -> list[str]:
-    """Pure: one line per job that started, finished, failed or was preempted in `events` (what
-    the log gained), naming where a job's output goes (`<output_dir>/job-N.log`)."""
-    out = []
-    for ev in events:
-        job = jobs.get(ev.job_id) if isinstance(ev, e.JobStarted | e.JobFinished) else None
-        who = f"job {getattr(ev, 'job_id', '?')}"
-        if job is not None:
-            s = job.spec
-            who += f" ({s.account}, {s.user}, {plural(s.gpus, 'GPU')})"
-        log = f"output: {output_dir}/job-{getattr(ev, 'job_id', '?')}.log"
-        match ev:
-            case e.JobStarted():
-                where = "; ".join(
-                    f"{sl.node} GPUs {','.join(map(str, sl.gpu_indices))}"
-                    for sl in (job.slots if job is not None else ())
-                )
-                out.append(f"{who} started{' on ' + where if where else ''}; {log}")
-            case e.JobFinished() if ev.outcome in ("completed", "failed"):
-                code = "" if ev.exit_code is None else f" (exit code {ev.exit_code})"
-                out.append(f"{who} {ev.outcome}{code}; {log}")
-            case e.JobFinished():
-                out.append(f"{who} {ev.outcome}")
-            case e.JobPreempted():
-                out.append(f"job {ev.job_id} preempted ({ev.reason})")
-    return out

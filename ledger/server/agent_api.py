@@ -58,9 +58,15 @@ def agent_routes(
         """A node agent says what its node has (idempotent; a lost node returns)."""
         ex = executor_for(request, data.node)
         peer = request.client.host if request.client is not None else ""
-        result: a.Registered = await worker.call(
-            lambda: ex.register(data, peer, clock()), write=True
-        )
+
+        def apply() -> a.Registered:
+            now = clock()
+            returning = ex.register(data, peer, now)
+            if returning:  # the node's return is an observation: recorded as a cycle records
+                worker.service.take_reports(now)
+            return ex.registered(data.node, returning)
+
+        result: a.Registered = await worker.call(apply, write=True)
         return result
 
     @get("/v1/agent/poll", tags=["agent"], security=[{"bearer": []}])

@@ -29,7 +29,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ledger.cli._common import parse_duration, parse_interval
 from ledger.cycle.executor import Executor
-from ledger.cycle.loop import NoExecutor, ServiceLoop, make_policy
+from ledger.cycle.loop import ServiceLoop, make_policy
+from ledger.engines.none import NoExecutor
 from ledger.engines.supervised import SupervisedExecutor
 from ledger.server import identity
 from ledger.server.app import PEER_UID, create_asgi

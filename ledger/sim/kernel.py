@@ -3,9 +3,10 @@
 
 The executor is pure apart from its own state: no clock (every call takes `now`), no I/O.
 
-- A job runs until its work is done: `work[job_id]` when given (the what-if knows each job's
-  remaining work at the start of its period), else the launch's `duration_s`; None runs until
-  stopped. Exits come in (time, job id) order.
+- Every launch starts at once (`carry_out` says so). A job runs until its work is done:
+  `work[job_id]` when given (the what-if knows each job's remaining work at the start of its
+  period), else the launch's `duration_s`; None runs until stopped. Exits come in (time, job id)
+  order (`observe`).
 - Checkpoints keep work: a resumable job relaunched after a preemption runs only the work left
   after its last checkpoint (`checkpoint`); a non-resumable one starts over (the ledger ends it;
   the loop may resubmit it as a new job).
@@ -19,9 +20,10 @@ import heapq
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from ledger.cycle.executor import Exit, Launch, Start
+from ledger.cycle.executor import Exit, Launch, Observed, Orders, Start
 
 if TYPE_CHECKING:
+    from ledger.core.domain import Node
     from ledger.cycle.dispatcher import CycleResult, Dispatcher
     from ledger.store.clock import SimClock
 
@@ -32,6 +34,8 @@ def _never(job_id: int) -> bool:
 
 class KernelExecutor:
     """The one simulated executor (see the module docstring)."""
+
+    relaunch_placed = False
 
     def __init__(
         self,
@@ -51,45 +55,28 @@ class KernelExecutor:
         self._ends: list[tuple[float, int, int]] = []
         """(end time, job id, launch number): a stopped job's old end is stale."""
         self._launches = 0
-        self._new: list[int] = []
 
-    def starts(self, now: float) -> list[Start]:
-        """Every launch starts at once."""
-        out, self._new = [Start(j) for j in self._new], []
-        return out
+    # --- the executor protocol -----------------------------------------------------------------
 
-    def launch(self, job: Launch, now: float) -> None:
-        self._launches += 1
-        self._new.append(job.job_id)
-        saved = self.saved.get(job.job_id, 0.0)
-        self._live[job.job_id] = (self._launches, now, saved)
-        total = self.work.get(job.job_id, job.duration_s)
-        if total is not None:
-            heapq.heappush(self._ends, (now + max(0.0, total - saved), job.job_id, self._launches))
+    def observe(self, now: float, nodes: Mapping[str, Node]) -> Observed:
+        """The jobs whose work is done by `now` exit (in (time, job id) order)."""
+        exits = self._ended(now)
+        return Observed(exits=tuple(exits), running=frozenset(self._live))
 
-    def checkpoint(self, job_id: int, at: float) -> None:
-        live = self._live.get(job_id)
-        if live is not None:
-            self.saved[job_id] = live[2] + (at - live[1])
+    def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:
+        """Stop (a job that keeps the signal contract checkpoints first), then launch: every
+        launch starts at once."""
+        for job_id in orders.stops:
+            self._stop(job_id, now)
+        for job in orders.launches:
+            self._launch(job, now)
+        return tuple(Start(job.job_id) for job in orders.launches)
 
-    def stop(self, job_id: int, now: float) -> None:
-        if self.on_sigterm(job_id):
-            self.checkpoint(job_id, now)
-        self._live.pop(job_id, None)
+    def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
+        return {job_id for job_id in runs if job_id in self._live}
 
-    def poll(self, now: float) -> list[Exit]:
-        out = []
-        while self._ends and self._ends[0][0] <= now:
-            at, job_id, launch = heapq.heappop(self._ends)
-            live = self._live.get(job_id)
-            if live is not None and live[0] == launch:
-                del self._live[job_id]
-                self.saved.pop(job_id, None)
-                out.append(Exit(job_id, 0, at))
-        return out
-
-    def running(self) -> set[int]:
-        return set(self._live)
+    def shutdown(self, now: float) -> list[Exit]:
+        return []
 
     def next_event_at(self) -> float | None:
         while self._ends:
@@ -99,6 +86,39 @@ class KernelExecutor:
                 return self._ends[0][0]
             heapq.heappop(self._ends)
         return None
+
+    # --- what the simulation tells it ----------------------------------------------------------
+
+    def checkpoint(self, job_id: int, at: float) -> None:
+        live = self._live.get(job_id)
+        if live is not None:
+            self.saved[job_id] = live[2] + (at - live[1])
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _launch(self, job: Launch, now: float) -> None:
+        self._launches += 1
+        saved = self.saved.get(job.job_id, 0.0)
+        self._live[job.job_id] = (self._launches, now, saved)
+        total = self.work.get(job.job_id, job.duration_s)
+        if total is not None:
+            heapq.heappush(self._ends, (now + max(0.0, total - saved), job.job_id, self._launches))
+
+    def _stop(self, job_id: int, now: float) -> None:
+        if self.on_sigterm(job_id):
+            self.checkpoint(job_id, now)
+        self._live.pop(job_id, None)
+
+    def _ended(self, now: float) -> list[Exit]:
+        out = []
+        while self._ends and self._ends[0][0] <= now:
+            at, job_id, launch = heapq.heappop(self._ends)
+            live = self._live.get(job_id)
+            if live is not None and live[0] == launch:
+                del self._live[job_id]
+                self.saved.pop(job_id, None)
+                out.append(Exit(job_id, 0, at))
+        return out
 
 
 class Driven(Protocol):
@@ -138,8 +158,9 @@ def drive(
     1. the next time anything can happen: what `sim.times` says, the executor's next exit, the
        last decision's `wake_at`; stop when nothing is left or it is `end` or later;
     2. `sim.due(t)`: everything due then, appended in batches;
-    3. dispatcher cycles (exits, snapshot, decide, append, launch) while `sim.needs_cycle`, again
-       at once while `sim.cycled` says the searches ran out (at most `MAX_CYCLES_PER_STEP`).
+    3. dispatcher cycles (observe, snapshot, decide, append, carry out) while `sim.needs_cycle`,
+       again at once while `sim.cycled` says the searches ran out (at most
+       `MAX_CYCLES_PER_STEP`).
 
     The clock ends at `end`.
     """

@@ -4,6 +4,7 @@ time limits, gang parts, checkpoints and the test utilisation source."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import pwd
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.cycle.executor import Exit, Launch, Start
+from ledger.cycle.executor import Exit, Launch, Observed, Orders, Sample, Start
 from ledger.engines.gpu_util import FileSource
 from ledger.engines.proc import start_time
 from ledger.engines.supervised import SupervisedExecutor, live_processes
@@ -61,16 +62,34 @@ def job(
     )
 
 
+_BEGAN: dict[int, list[Start]] = {}
+"""Runs that began at once, per executor, kept for the next `observe` (as the service records)."""
+_ENDED: dict[int, list[Exit]] = {}
+"""Exits `wait_starts` saw, per executor, kept for `until`."""
+
+
+def launch(ex: SupervisedExecutor, *jobs: Launch) -> None:
+    _BEGAN.setdefault(id(ex), []).extend(ex.carry_out(Orders(launches=jobs), time.time()))
+
+
+def stop(ex: SupervisedExecutor, job_id: int) -> None:
+    _BEGAN.setdefault(id(ex), []).extend(ex.carry_out(Orders(stops=(job_id,)), time.time()))
+
+
+def observe(ex: SupervisedExecutor) -> Observed:
+    seen = ex.observe(time.time(), {})
+    began = _BEGAN.pop(id(ex), [])
+    return dataclasses.replace(seen, starts=(*began, *seen.starts)) if began else seen
+
+
 def until(
     ex: SupervisedExecutor, done: Callable[[list[Exit]], bool], timeout: float = 20
 ) -> list[Exit]:
-    """Poll like the service does until `done(all exits so far)`."""
-    exits: list[Exit] = []
+    """Observe like the service does until `done(all exits so far)`."""
+    exits: list[Exit] = _ENDED.pop(id(ex), [])
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ex.starts(time.time())  # as the service does
-        ex.reports(time.time())
-        exits += ex.poll(time.time())
+        exits += observe(ex).exits
         if done(exits):
             return exits
         time.sleep(0.05)
@@ -80,8 +99,10 @@ def until(
 def wait_starts(ex: SupervisedExecutor, timeout: float = 10) -> list[Start]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if starts := ex.starts(time.time()):
-            return starts
+        seen = observe(ex)
+        _ENDED.setdefault(id(ex), []).extend(seen.exits)  # a short job may end at once
+        if seen.starts:
+            return list(seen.starts)
         time.sleep(0.02)
     raise AssertionError("no job started")
 
@@ -101,7 +122,7 @@ def test_a_gang_job_runs_one_process_per_node_with_that_nodes_gpus_and_rendezvou
 ) -> None:
     ex = executor(dirs)
     show = "env | grep -E '^(CUDA_VISIBLE_DEVICES|MASTER_|WORLD_SIZE|NNODES|NODE_RANK|GPULEDGER_)'"
-    ex.launch(job(7, show, (("a", (0, 1)), ("b", (2, 3)))), time.time())
+    launch(ex, job(7, show, (("a", (0, 1)), ("b", (2, 3)))))
     started = wait_starts(ex)
     assert [s.job_id for s in started] == [7] and len(started[0].logs) == 2
     [x] = until(ex, lambda x: len(x) == 1)
@@ -121,10 +142,10 @@ def test_a_failed_part_stops_the_others_and_the_job_ends_with_its_code(
     dirs: tuple[Path, Path],
 ) -> None:
     ex = executor(dirs, grace_s=5)
-    ex.launch(
+    launch(
+        ex,
         job(3, 'if [ "$NODE_RANK" = 1 ]; then sleep 0.5; exit 5; fi; exec sleep 60',
             (("a", (0,)), ("b", (0,)), ("c", (0,)))),
-        time.time(),
     )  # fmt: skip
     t0 = time.monotonic()
     [ex3] = until(ex, lambda x: len(x) == 1)
@@ -139,12 +160,12 @@ def test_the_time_limit_is_sigterm_then_sigkill_after_the_jobs_grace(
     dirs: tuple[Path, Path],
 ) -> None:
     ex = executor(dirs, grace_s=30)
-    ex.launch(job(1, "exec sleep 60", time_limit_s=1), time.time())
+    launch(ex, job(1, "exec sleep 60", time_limit_s=1))
     # job 2 ignores SIGTERM: it is killed when its own grace (1 s, not the default 30 s) ends
-    ex.launch(
+    launch(
+        ex,
         job(2, "trap '' TERM; sleep 60 & wait; sleep 60", (("n0", (1,)),), time_limit_s=1,
             grace_s=1),
-        time.time(),
     )  # fmt: skip
     t0 = time.monotonic()
     exits = {x.job_id: x for x in until(ex, lambda x: len(x) == 2)}
@@ -157,7 +178,7 @@ def test_debug_jobs_end_at_the_debug_limit_even_when_they_declare_more(
     dirs: tuple[Path, Path],
 ) -> None:
     ex = executor(dirs, debug_limit_s=1)
-    ex.launch(job(4, "exec sleep 60", time_limit_s=900, debug=True), time.time())
+    launch(ex, job(4, "exec sleep 60", time_limit_s=900, debug=True))
     [x] = until(ex, lambda x: len(x) == 1)
     assert (x.exit_code, x.reason) == (-signal.SIGTERM, "time_limit")
 
@@ -166,8 +187,7 @@ def test_a_new_executor_adopts_live_jobs_and_reports_exits_that_happened_meanwhi
     dirs: tuple[Path, Path],
 ) -> None:
     first = executor(dirs)
-    first.launch(job(1, "exec sleep 60"), time.time())
-    first.launch(job(2, "sleep 1; exit 4", (("n0", (1,)),)), time.time())
+    launch(first, job(1, "exec sleep 60"), job(2, "sleep 1; exit 4", (("n0", (1,)),)))
     first.close()  # the service goes away; its jobs do not
     sup = {p.job_id: p.pid for p in live_processes(dirs[0])}
     assert set(sup) == {1, 2}
@@ -178,7 +198,7 @@ def test_a_new_executor_adopts_live_jobs_and_reports_exits_that_happened_meanwhi
     assert (x.job_id, x.exit_code, x.reason, x.engine_job_id) == (2, 4, "exited", "2.1")
     assert second.running() == {1}
     assert {p.job_id for p in live_processes(dirs[0])} == {1}
-    second.stop(1, time.time())
+    stop(second, 1)
     assert until(second, lambda x: not second.running()) == []  # a stop is not an exit
 
 
@@ -186,22 +206,26 @@ def test_adopt_stops_runs_the_ledger_no_longer_has_and_reports_exits_no_handle_r
     dirs: tuple[Path, Path],
 ) -> None:
     first = executor(dirs)
-    first.launch(job(1, "exec sleep 60"), time.time())
-    first.launch(job(2, "exec sleep 60", (("n0", (1,)),)), time.time())
-    first.launch(job(3, "exit 5", (("n0", (2,)),)), time.time())
+    launch(
+        first,
+        job(1, "exec sleep 60"),
+        job(2, "exec sleep 60", (("n0", (1,)),)),
+        job(3, "exit 5", (("n0", (2,)),)),
+    )
     # the exit of job 3 is read, then the service dies before recording it
     assert [x.job_id for x in until(first, lambda x: len(x) == 1)] == [3]
     first.close()
     second = executor(dirs)
     # the ledger still runs jobs 1 and 3 (first placements); job 2 was cancelled meanwhile
     assert second.adopt({1: 0, 3: 0}, time.time()) == {1, 3}
-    assert 3 in {s.job_id for s in second.starts(time.time())}
-    [x] = until(second, lambda x: len(x) == 1)
+    seen = observe(second)
+    assert 3 in {s.job_id for s in seen.starts}
+    [x] = seen.exits
     assert (x.job_id, x.exit_code, x.engine_job_id) == (3, 5, "3.1")
     deadline = time.monotonic() + 10
     # a poll after job 2's processes are gone lets go of its handle
     while {p.job_id for p in live_processes(dirs[0])} != {1} or second.running() != {1}:
-        second.poll(time.time())
+        observe(second)
         assert time.monotonic() < deadline, "job 2 was not stopped"
         time.sleep(0.05)
     assert {p.job_id for p in live_processes(dirs[0])} == {1}
@@ -211,7 +235,7 @@ def test_adopt_stops_runs_the_ledger_no_longer_has_and_reports_exits_no_handle_r
 
 def test_a_reused_pid_is_not_mistaken_for_the_supervisor(dirs: tuple[Path, Path]) -> None:
     first = executor(dirs)
-    first.launch(job(1, "sleep 0.2; exit 0"), time.time())
+    launch(first, job(1, "sleep 0.2; exit 0"))
     first.close()
     time.sleep(0.8)
     # forge the handle: the supervisor's pid now names another process (this test), and its
@@ -235,14 +259,13 @@ def test_a_launch_waits_until_a_stopped_job_has_really_left_its_gpus(
     dirs: tuple[Path, Path],
 ) -> None:
     ex = executor(dirs, grace_s=1.5)
-    ex.launch(job(1, "trap '' TERM; sleep 60 & wait; sleep 60", (("n0", (0, 1)),)), time.time())
+    launch(ex, job(1, "trap '' TERM; sleep 60 & wait; sleep 60", (("n0", (0, 1)),)))
     time.sleep(0.3)
-    ex.stop(1, time.time())
-    ex.launch(job(2, "exec sleep 60", (("n0", (1,)),)), time.time())
-    assert ex.starts(time.time()) == []  # GPU 1 is still held by job 1's process
+    stop(ex, 1)
+    launch(ex, job(2, "exec sleep 60", (("n0", (1,)),)))
+    assert observe(ex).starts == ()  # GPU 1 is still held by job 1's process
     t0 = time.monotonic()
-    while not (starts := ex.starts(time.time())):
-        ex.poll(time.time())
+    while not (starts := observe(ex).starts):
         time.sleep(0.05)
         assert time.monotonic() - t0 < 10
     assert [s.job_id for s in starts] == [2]
@@ -256,22 +279,22 @@ def test_checkpoint_file_and_utilisation_files_are_reported(
     util = tmp_path / "util"
     util.mkdir()
     ex = executor(dirs, util=FileSource(util), sample_every_s=0.2)
-    ex.launch(job(5, 'sleep 0.3; touch "$GPULEDGER_CHECKPOINT_FILE"; exec sleep 60',
-                  (("n0", (0, 1)),)), time.time())  # fmt: skip
+    launch(ex, job(5, 'sleep 0.3; touch "$GPULEDGER_CHECKPOINT_FILE"; exec sleep 60',
+                   (("n0", (0, 1)),)))  # fmt: skip
     assert wait_starts(ex)
-    first = ex.reports(time.time())
-    assert first.samples == [] and first.checkpoints == []  # no file yet
+    first = observe(ex)
+    assert first.samples == () and first.checkpoints == ()  # no file yet
     (util / "5").write_text("3, 97")
     deadline = time.monotonic() + 10
     checkpoints: list[int] = []
-    samples: list[tuple[int, tuple[float, ...]]] = []
+    samples: list[Sample] = []
     while time.monotonic() < deadline and not (checkpoints and samples):
-        got = ex.reports(time.time())
+        got = observe(ex)
         checkpoints += got.checkpoints
         samples += got.samples
         time.sleep(0.1)
     assert checkpoints == [5]
-    assert samples[0] == (5, (3.0, 97.0))
+    assert samples[0] == Sample(5, (3.0, 97.0))
 
 
 def test_one_executor_per_state_directory(dirs: tuple[Path, Path]) -> None:
@@ -298,9 +321,9 @@ def test_as_root_a_job_runs_as_its_submitting_user() -> None:
 
 
 def _run_as_nobody(ex: SupervisedExecutor, dirs: tuple[Path, Path]) -> None:
-    launch = job(9, 'id -u; touch "$GPULEDGER_CHECKPOINT_FILE" && echo can-checkpoint')
-    ex.launch(Launch(**{**launch.__dict__, "user": "nobody"}), time.time())
-    ex.launch(Launch(**{**launch.__dict__, "job_id": 10, "user": "no-such-user-x"}), time.time())
+    nine = job(9, 'id -u; touch "$GPULEDGER_CHECKPOINT_FILE" && echo can-checkpoint')
+    as_nobody = Launch(**{**nine.__dict__, "user": "nobody"})
+    launch(ex, as_nobody, Launch(**{**nine.__dict__, "job_id": 10, "user": "no-such-user-x"}))
     exits = {x.job_id: x for x in until(ex, lambda x: len(x) == 2)}
     assert exits[9].exit_code == 0 and exits[10].exit_code == 127
     out = (dirs[1] / "job-9.log").read_text().split()

@@ -3,17 +3,21 @@ subprocesses (the supervised executor)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
+from ledger.core.domain import Node
 from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks, preview
+from ledger.cycle.executor import NodeChange, Observed, Orders, Start
 from ledger.dispatch.policy import FairShare
 from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger
@@ -131,6 +135,58 @@ def test_cycles_that_decide_nothing_are_recorded_as_counts_at_a_bounded_rate(
     assert [ev.skipped_cycles for ev in idle] == [5, 5, 5]
     assert all(ev.placed == () and ev.preempted == () for ev in idle)
     assert all(ev.waiting.first == (e.WaitingJob(2, "WAIT_CONTRACT"),) for ev in idle)
+
+
+class Scripted(KernelExecutor):
+    """The kernel's executor, counting the cycle's calls, with node changes and foreign GPUs
+    said by the test (what Slurm or the agents' timeout would say)."""
+
+    def __init__(self) -> None:
+        super().__init__({1: None, 2: None})
+        self.calls: list[str] = []
+        self.nodes: tuple[NodeChange, ...] = ()
+        self.foreign: dict[str, frozenset[int]] = {}
+
+    def observe(self, now: float, nodes: Mapping[str, Node]) -> Observed:
+        self.calls.append("observe")
+        seen = super().observe(now, nodes)
+        changes, self.nodes = self.nodes, ()
+        return dataclasses.replace(seen, nodes=changes, foreign=self.foreign)
+
+    def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:
+        self.calls.append("carry_out")
+        return super().carry_out(orders, now)
+
+
+def test_a_cycle_observes_once_and_carries_out_once_and_a_lost_node_is_an_observation(
+    tmp_path: Path,
+) -> None:
+    clock = SimClock(1_000.0)
+    ledger = Ledger(tmp_path, clock, seeded_ids(1))
+    org(ledger, nodes=2)
+    ledger.execute(submit("alice", "ai2/olmo", 8, min_runtime_s=60, resumable=True))
+    ex = Scripted()
+    ex.foreign = {"n0": frozenset({0})}  # work outside the ledger holds a GPU of n0
+    with Store.open(tmp_path) as store:
+        d = Dispatcher(
+            ledger, ProjectionRanks(Projector(store, EmbeddedSource(tmp_path))), FairShare(), ex
+        )
+        result = d.cycle(clock.now())
+        assert ex.calls == ["observe", "carry_out"]
+        (placed,) = result.decision.placements
+        assert [sl.node for sl in placed.slots] == ["n1"] and result.started == 1
+        # the engine says n1 is lost: recorded before anything else, the job is requeued and
+        # (n0 still holding a foreign GPU) waits
+        ex.calls.clear()
+        ex.nodes = (NodeChange("n1", "lost", "no word from its agent for 61s"),)
+        clock.advance_to(1_100.0)
+        result = d.cycle(clock.now())
+        assert ex.calls == ["observe", "carry_out"]  # the lost run is stopped
+        assert ledger.state.nodes["n1"].state == "lost"
+        assert ledger.state.jobs[1].status == "pending" and not result.decision.placements
+        assert ex.observe(clock.now(), {}).running == set()
+    lost = [ev for _, ev in ledger.read(0, 1000) if isinstance(ev, e.NodeLost)]
+    assert [(ev.node, ev.reason) for ev in lost] == [("n1", "no word from its agent for 61s")]
 
 
 def test_two_dispatchers_deciding_on_the_same_position_never_double_book(tmp_path: Path) -> None:

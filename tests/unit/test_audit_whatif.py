@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Callable
 
 from ledger.core.domain import State, decide, evolve
-from ledger.cycle.executor import Launch
+from ledger.cycle.executor import Launch, Orders, Start
 from ledger.sim.kernel import KernelExecutor
 from ledger.sim.whatif import scenario, setup_commands, team_fractions
 from schemas import commands as c
@@ -121,29 +121,39 @@ def launch(job: int, work: float | None = None) -> Launch:
     return Launch(job, SLOT, (), work, "alice", "ai2/olmo")
 
 
+def start(x: KernelExecutor, job: Launch, now: float) -> None:
+    assert x.carry_out(Orders(launches=(job,)), now) == (Start(job.job_id),)  # at once
+
+
+def stop(x: KernelExecutor, job_id: int, now: float) -> None:
+    x.carry_out(Orders(stops=(job_id,)), now)
+
+
 def test_the_executor_resumes_after_the_last_checkpoint_and_forgets_stale_exits() -> None:
     x = KernelExecutor({1: 1_000.0})
-    x.launch(launch(1), 0.0)
+    start(x, launch(1), 0.0)
     x.checkpoint(1, 400.0)
-    x.stop(1, 500.0)  # preempted: 400 s saved, 100 s lost
-    assert x.next_event_at() is None and x.poll(1_000.0) == []  # the old exit is forgotten
-    x.launch(launch(1), 2_000.0)
+    stop(x, 1, 500.0)  # preempted: 400 s saved, 100 s lost
+    assert x.next_event_at() is None and x.observe(1_000.0, {}).exits == ()  # forgotten
+    start(x, launch(1), 2_000.0)
     assert x.next_event_at() == 2_600.0
-    (done,) = x.poll(2_600.0)
-    assert (done.job_id, done.at) == (1, 2_600.0) and x.running() == set()
+    seen = x.observe(2_600.0, {})
+    (done,) = seen.exits
+    assert (done.job_id, done.at) == (1, 2_600.0) and seen.running == set()
 
 
 def test_a_job_that_checkpoints_on_sigterm_loses_no_work_when_stopped() -> None:
     x = KernelExecutor(on_sigterm=lambda job_id: job_id == 1)
     for job in (1, 2):
-        x.launch(launch(job, 1_000.0), 0.0)
+        start(x, launch(job, 1_000.0), 0.0)
         x.checkpoint(job, 400.0)
-        x.stop(job, 500.0)
-        x.launch(launch(job, 1_000.0), 2_000.0)
-    assert sorted((e.job_id, e.at) for e in x.poll(10_000.0)) == [(1, 2_500.0), (2, 2_600.0)]
+        stop(x, job, 500.0)
+        start(x, launch(job, 1_000.0), 2_000.0)
+    exits = x.observe(10_000.0, {}).exits
+    assert sorted((e.job_id, e.at) for e in exits) == [(1, 2_500.0), (2, 2_600.0)]
 
 
 def test_a_job_of_unknown_length_runs_until_stopped() -> None:
     x = KernelExecutor({1: None})
-    x.launch(launch(1), 0.0)
-    assert x.next_event_at() is None and x.running() == {1}
+    start(x, launch(1), 0.0)
+    assert x.next_event_at() is None and x.observe(0.0, {}).running == {1}

@@ -10,9 +10,11 @@ import pytest
 
 from ledger.core import budget
 from ledger.core.domain import Node, State, decide, evolve
-from ledger.cycle.executor import Launch
+from ledger.cycle.executor import Exit, Launch
+from ledger.cycle.record import node_command
 from ledger.engines.slurm import (
     SlurmExecutor,
+    SlurmNode,
     batch_script,
     check_config,
     end_reason,
@@ -167,7 +169,7 @@ def node(name: str, state: str = "active", reason: str = "") -> Node:
 def test_slurm_drains_and_returns_follow_into_the_ledger() -> None:
     slurm = parse_nodes(NODES, "gpuledger")
     ledger = {"vm": node("vm"), "g2": node("g2", "drained", "slurm: DOWN")}
-    cmds = node_changes(slurm, ledger, "@executor")
+    cmds = [node_command(ch, "@executor") for ch in node_changes(slurm, ledger)]
     assert cmds == [
         c.ReturnNode(actor="@executor", node="g2"),
         c.DrainNode(
@@ -177,7 +179,7 @@ def test_slurm_drains_and_returns_follow_into_the_ledger() -> None:
         ),
     ]
     # a drain an admin made in the ledger is not Slurm's to undo
-    assert node_changes(slurm, {"g2": node("g2", "draining", "maintenance")}, "@x") == []
+    assert node_changes(slurm, {"g2": node("g2", "draining", "maintenance")}) == []
 
 
 @pytest.mark.parametrize(
@@ -209,7 +211,7 @@ def follow(slurm_states: dict[str, str], ledger: dict[str, Node]) -> list[c.AnyC
         f"NodeName={n} Gres=gpu:h100:8 State={st} Partitions=p Reason=psu"
         for n, st in slurm_states.items()
     )
-    return node_changes(parse_nodes(text, "p"), ledger, "@x")
+    return [node_command(ch, "@x") for ch in node_changes(parse_nodes(text, "p"), ledger)]
 
 
 @pytest.mark.parametrize(
@@ -470,16 +472,24 @@ class _Reads(SlurmExecutor):
         self._view = {j.slurm_id: j for j in parse_jobs(self.answers.pop(0))}
         return True
 
+    def nodes(self) -> list[SlurmNode]:
+        return []
+
 
 def test_a_run_missing_from_a_few_reads_is_kept_and_only_a_lasting_absence_is_lost() -> None:
     """A controller that has just restarted may answer before it lists every job: the run is
     declared lost only once it has been missing from every read for `vanish_after_s`."""
     slurm = _Reads([RUNNING, "", "", RUNNING, "", "", ""])
+
+    def exits(now: float) -> tuple[Exit, ...]:
+        return slurm.observe(now, {}).exits
+
     assert slurm.adopt({3: 1}, now=0.0) == {3}
-    assert slurm.poll(now=1.0) == [] and slurm.poll(now=20.0) == []  # missing for 19 s
-    assert slurm.poll(now=25.0) == []  # listed again: the clock restarts
-    assert slurm.poll(now=26.0) == [] and slurm.poll(now=55.0) == []
-    assert slurm.running() == {3}
-    (gone,) = slurm.poll(now=56.0)  # missing from every read for 30 s
+    assert exits(now=1.0) == () and exits(now=20.0) == ()  # missing for 19 s
+    assert exits(now=25.0) == ()  # listed again: the clock restarts
+    assert exits(now=26.0) == ()
+    assert slurm.observe(now=55.0, nodes={}).running == {3}
+    seen = slurm.observe(now=56.0, nodes={})  # missing from every read for 30 s
+    (gone,) = seen.exits
     assert (gone.job_id, gone.reason, gone.exit_code) == (3, "lost", -1)
-    assert slurm.running() == set()
+    assert seen.running == set()

@@ -1,0 +1,175 @@
+"""Recording what an engine observed: the one path from an `Observed` to ledger commands.
+
+The dispatcher cycle's step 0, the service loop's agent reports outside a cycle, recovery after a
+restart and a stopping service all record here, in this order:
+
+1. node changes, one command each (`MarkNodeLost`, `DrainNode`, `ReturnNode`): the one lost-node
+   rule, whatever told the engine (Slurm's DOWN, an agent silent past its timeout). A node lost
+   with its jobs is recorded before their exits, so a run that ended with its node is requeued
+   (resumable) rather than failed;
+2. starts, in one batch (a run that began and ended since the last look started first);
+3. checkpoints and utilisation samples, in one batch (each on its own if the batch fails);
+4. exits, one command each.
+
+Each step reads the ledger as the steps before it left it: what the ledger has moved past (a
+cancel, a preemption, a lost node) is dropped, never an error. The functions that turn
+observations into commands are pure; `record` is the edge that executes them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ledger.cycle.executor import Exit, NodeChange, Observed, Sample, Start
+from schemas import commands as c
+from schemas.errors import LedgerError
+
+if TYPE_CHECKING:
+    from ledger.core.domain import Job, State
+
+log = logging.getLogger("gpuledger.dispatcher")
+
+EXECUTOR = "@executor"
+"""The actor of everything an engine reports."""
+
+
+class Recorder(Protocol):
+    """The ledger as recording needs it: its live state and its two ways to append."""
+
+    @property
+    def state(self) -> State: ...
+
+    def execute(self, cmd: c.AnyCommand) -> Any: ...
+
+    def execute_all(self, cmds: Sequence[c.AnyCommand]) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Recorded:
+    started: int = 0
+    finished: int = 0
+
+
+def node_command(change: NodeChange, actor: str = EXECUTOR) -> c.AnyCommand:
+    """Pure: the ledger command of a node change."""
+    if change.change == "lost":
+        return c.MarkNodeLost(actor=actor, node=change.node, reason=change.reason)
+    if change.change == "drain":
+        return c.DrainNode(actor=actor, node=change.node, reason=change.reason)
+    return c.ReturnNode(actor=actor, node=change.node)
+
+
+def start_commands(
+    starts: Sequence[Start], jobs: Mapping[int, Job], engine: str
+) -> list[c.AnyCommand]:
+    """Pure: `StartJob` for each start of a job the ledger has placed (with the engine's run id,
+    run and GPUs when the engine is named)."""
+    out: list[c.AnyCommand] = []
+    for st in starts:
+        job = jobs.get(st.job_id)
+        if job is None or job.status != "placed":
+            continue
+        if engine:
+            out.append(
+                c.StartJob(
+                    actor=EXECUTOR,
+                    job_id=st.job_id,
+                    engine=engine,
+                    engine_job_id=st.engine_job_id,
+                    run=st.run,
+                    gpus=st.gpus,
+                    logs=st.logs,
+                )
+            )
+        else:
+            out.append(c.StartJob(actor=EXECUTOR, job_id=st.job_id, logs=st.logs))
+    return out
+
+
+def progress_commands(
+    checkpoints: Sequence[int], samples: Sequence[Sample], jobs: Mapping[int, Job]
+) -> list[c.AnyCommand]:
+    """Pure: checkpoints of running resumable jobs, then samples of running jobs with one value
+    per GPU of the job."""
+    out: list[c.AnyCommand] = [
+        c.ReportCheckpoint(actor=EXECUTOR, job_id=j)
+        for j in checkpoints
+        if j in jobs and jobs[j].status == "running" and jobs[j].spec.resumable
+    ]
+    out += [
+        c.SampleUtilisation(actor=EXECUTOR, job_id=s.job_id, gpu_utilisation=s.gpu_utilisation)
+        for s in samples
+        if s.job_id in jobs
+        and jobs[s.job_id].status == "running"
+        and len(s.gpu_utilisation) == jobs[s.job_id].spec.gpus
+    ]
+    return out
+
+
+def exit_command(ex: Exit, jobs: Mapping[int, Job], engine: str) -> c.FinishJob | None:
+    """Pure: `FinishJob` for the exit of a job the ledger still runs (with the engine's word when
+    the engine is named); None when the ledger has moved past it."""
+    job = jobs.get(ex.job_id)
+    if job is None or job.status not in ("placed", "running"):
+        return None
+    if not engine:
+        return c.FinishJob(actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code)
+    return c.FinishJob(
+        actor=EXECUTOR,
+        job_id=ex.job_id,
+        exit_code=ex.exit_code,
+        engine=engine,
+        engine_job_id=ex.engine_job_id,
+        reason=ex.reason,
+        engine_state=ex.engine_state,
+    )
+
+
+def record(ledger: Recorder, seen: Observed, engine: str) -> Recorded:
+    """Record an observation (module doc); how many starts and exits the ledger took."""
+    for change in seen.nodes:
+        _record_node(ledger, change)
+    starts = start_commands(seen.starts, ledger.state.jobs, engine)
+    if starts:
+        ledger.execute_all(starts)
+    _record_batch(ledger, progress_commands(seen.checkpoints, seen.samples, ledger.state.jobs))
+    finished = 0
+    for ex in seen.exits:
+        cmd = exit_command(ex, ledger.state.jobs, engine)
+        if cmd is None:
+            continue
+        try:
+            ledger.execute(cmd)
+            finished += 1
+        except LedgerError as err:  # the ledger moved on (cancel, preemption): keep going
+            log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
+    return Recorded(started=len(starts), finished=finished)
+
+
+def _record_node(ledger: Recorder, change: NodeChange) -> None:
+    try:
+        ledger.execute(node_command(change))
+    except LedgerError as err:
+        log.warning("node %s not marked %s: %s", change.node, change.change, err.line())
+        return
+    why = f": {change.reason}" if change.reason else ""
+    if change.change == "lost":
+        log.warning("node %s is lost%s", change.node, why)
+    else:
+        log.info("node %s: %s%s", change.node, change.change, why)
+
+
+def _record_batch(ledger: Recorder, batch: list[c.AnyCommand]) -> None:
+    if not batch:
+        return
+    try:
+        ledger.execute_all(batch)
+    except LedgerError:  # one stale report must not hide the others
+        for cmd in batch:
+            try:
+                ledger.execute(cmd)
+            except LedgerError as err:
+                log.info("report not recorded: %s", err.line())

@@ -1,0 +1,55 @@
+"""Slurm as the execution engine: gpu-ledger decides, a Slurm partition runs the processes.
+
+`words` reads and writes Slurm's words (pure), `executor` is the edge that runs the commands
+(`SlurmExecutor`, `open_executor`), `shares` turns Slurm's association shares into a budget file.
+What the ledger owns and what Slurm owns is in docs/slurm.md.
+"""
+
+from ledger.engines.slurm.executor import ENGINE, SlurmExecutor, ledger_id, open_executor
+from ledger.engines.slurm.shares import SACCTMGR_ARGS, parse_sacctmgr_shares, shares_toml
+from ledger.engines.slurm.words import (
+    DRAIN_PREFIX,
+    SlurmJob,
+    SlurmNode,
+    batch_script,
+    check_config,
+    end_reason,
+    exit_code,
+    expand_hostlist,
+    gpus_of,
+    gres_indices,
+    node_changes,
+    node_down,
+    node_unavailable,
+    parse_jobs,
+    parse_nodes,
+    register_commands,
+    sbatch_args,
+)
+
+__all__ = [
+    "DRAIN_PREFIX",
+    "ENGINE",
+    "SACCTMGR_ARGS",
+    "SlurmExecutor",
+    "SlurmJob",
+    "SlurmNode",
+    "batch_script",
+    "check_config",
+    "end_reason",
+    "exit_code",
+    "expand_hostlist",
+    "gpus_of",
+    "gres_indices",
+    "ledger_id",
+    "node_changes",
+    "node_down",
+    "node_unavailable",
+    "open_executor",
+    "parse_jobs",
+    "parse_nodes",
+    "parse_sacctmgr_shares",
+    "register_commands",
+    "sbatch_args",
+    "shares_toml",
+]

@@ -1,0 +1,375 @@
+"""Slurm's words, read and written: `scontrol -o` records, hostlists, GRES strings, job and
+node states, `scontrol show config`; `sbatch` arguments and the batch script.
+
+Pure: text in, values out (the executor in `ledger.engines.slurm.executor` runs the commands).
+
+How a run is named: job name `gpuledger-<job id>`, comment `gpuledger:<ledger>:job=<job id>:run=<n>`
+(`ledger` = the first 12 hex digits of the ledger's first event id, so two ledgers never take each
+other's runs; n = the job's placement number, its preemptions so far). After any restart the
+executor finds its runs by that name in Slurm, never from memory.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ledger.cycle.executor import Launch, NodeChange
+from schemas import commands as c
+from schemas.events import EndReason
+
+if TYPE_CHECKING:
+    from ledger.core.domain import Node
+
+_TAG = re.compile(r"^gpuledger:(\w+):job=(\d+):run=(\d+)$")
+HOLDING = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING"})
+"""Job states in which a Slurm job holds its GPUs."""
+WAITING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
+_REASONS: dict[str, EndReason] = {
+    "COMPLETED": "exited",
+    "FAILED": "exited",
+    "TIMEOUT": "time_limit",
+    "DEADLINE": "time_limit",
+    "NODE_FAIL": "node_failure",
+    "BOOT_FAIL": "node_failure",
+    "CANCELLED": "cancelled",
+    "PREEMPTED": "cancelled",
+    "OUT_OF_MEMORY": "out_of_memory",
+}
+ENDED = frozenset(_REASONS)
+_NODE_BAD = ("DRAIN", "DOWN", "FAIL", "MAINT", "INVALID", "REBOOT", "POWER")
+DRAIN_PREFIX = "slurm:"
+"""Drain and lost reasons the executor writes start with this; it returns only nodes it took out
+of service itself."""
+
+
+# --- reading Slurm ------------------------------------------------------------------------------
+
+
+def parse_record(line: str) -> dict[str, str]:
+    """Pure: one `scontrol -o show ...` line as key -> value. A token without `=` continues the
+    previous value (values such as Reason or Comment may hold spaces). Repeated keys (the
+    per-node `Nodes=... GRES=...` pairs of `-d`) keep the first value; `node_gres` reads those."""
+    out: dict[str, str] = {}
+    key = ""
+    for token in line.split(" "):
+        k, eq, v = token.partition("=")
+        if eq and k and k.replace("/", "").replace(":", "").replace("_", "").isalnum():
+            key = k
+            if key not in out:
+                out[key] = v
+            continue
+        if key and token and key in out:
+            out[key] += " " + token
+    return out
+
+
+def node_gres(line: str) -> dict[str, tuple[int, ...]]:
+    """Pure: the GPU indices per node of a `scontrol -d -o show job` line
+    (`Nodes=n[1-2] CPU_IDs=0 Mem=0 GRES=gpu:fake:2(IDX:0-1)`)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for m in re.finditer(r"(?:^| )Nodes=(\S+) .*?GRES=(\S*)", line):
+        indices = gres_indices(m.group(2))
+        for node in expand_hostlist(m.group(1)):
+            out[node] = indices
+    return out
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Pure: Slurm's hostlist syntax (`a[1-3,5],b`) as names."""
+    names: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", text):
+        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if m is None:
+            if part and part != "(null)":
+                names.append(part)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for r in ranges.split(","):
+            lo, _, hi = r.partition("-")
+            for i in range(int(lo), int(hi or lo) + 1):
+                names.append(f"{prefix}{str(i).zfill(len(lo))}{suffix}")
+    return names
+
+
+def gres_indices(gres: str) -> tuple[int, ...]:
+    """Pure: the GPU indices of a GRES string (`gpu:fake:2(IDX:0,2-3)` -> (0, 2, 3))."""
+    out: list[int] = []
+    for m in re.finditer(r"gpu[^(,]*\(IDX:([0-9,\-]*)\)", gres):
+        for r in m.group(1).split(","):
+            if not r:
+                continue
+            lo, _, hi = r.partition("-")
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(sorted(set(out)))
+
+
+def gpus_of(gres: str) -> tuple[int, str]:
+    """Pure: (GPU count, GPU type) of a node's Gres (`gpu:h100:8(S:0-1)`, `gpu:4`); type "gpu"
+    when Slurm names none. Several GPU kinds on one node: the count is their sum, the type the
+    first one's."""
+    count, kind = 0, ""
+    for m in re.finditer(r"(?:^|,)gpu(?::([A-Za-z][\w.-]*))?:(\d+)", gres):
+        count += int(m.group(2))
+        kind = kind or (m.group(1) or "gpu")
+    return count, kind or "gpu"
+
+
+def exit_code(text: str) -> int:
+    """Pure: Slurm's `ExitCode=status:signal` as one code (128 + signal when killed by one)."""
+    status, _, sig = text.partition(":")
+    st = int(status) if status.isdigit() else 0
+    sg = int(sig) if sig.isdigit() else 0
+    return st if st or not sg else 128 + sg
+
+
+def end_reason(state: str) -> EndReason:
+    """Pure: why a Slurm job state ended a run."""
+    return _REASONS.get(state.split()[0].rstrip("+"), "exited")
+
+
+def node_unavailable(state: str) -> bool:
+    """Pure: whether a Slurm node state (`IDLE+DRAIN`, `DOWN*`, `MIXED`) takes no new work."""
+    return any(flag in state.upper() for flag in _NODE_BAD)
+
+
+def node_down(state: str) -> bool:
+    """Pure: whether Slurm has given a node up (`DOWN`, `DOWN*`, `DOWN+DRAIN`): Slurm ends the
+    jobs on it (NODE_FAIL), so the ledger records the node lost. A node that only stops
+    responding (`IDLE*`, `MIXED+NOT_RESPONDING`) keeps its jobs and is left as it is until Slurm
+    gives it up (`SlurmdTimeout`), so a `slurmd` restart neither ends nor drains anything; one an
+    admin marks FAIL keeps its jobs running and is drained."""
+    return state.upper().split("+")[0].rstrip("*~#!%$@^-") == "DOWN"
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One Slurm job as `scontrol -d -o show job` shows it."""
+
+    slurm_id: str
+    name: str
+    state: str
+    partition: str
+    comment: str = ""
+    exit_code: int = 0
+    reason: str = ""
+    started: bool = False
+    gpus: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def tag(self, ledger_id: str) -> tuple[int, int] | None:
+        """(job id, run) for a run this ledger submitted; None for a foreign job."""
+        m = _TAG.match(self.comment)
+        if m is None or m.group(1) != ledger_id or self.name != f"gpuledger-{m.group(2)}":
+            return None
+        return int(m.group(2)), int(m.group(3))
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+    @property
+    def holding(self) -> bool:
+        return self.state in HOLDING
+
+
+def parse_jobs(text: str) -> list[SlurmJob]:
+    """Pure: the jobs of `scontrol -d -o show job` output."""
+    jobs = []
+    for line in text.splitlines():
+        if not line.startswith("JobId="):
+            continue
+        rec = parse_record(line)
+        jobs.append(
+            SlurmJob(
+                slurm_id=rec["JobId"],
+                name=rec.get("JobName", ""),
+                state=rec.get("JobState", "").split()[0] if rec.get("JobState") else "",
+                partition=rec.get("Partition", ""),
+                comment=(rec.get("Comment") or "").strip(),
+                exit_code=exit_code(rec.get("ExitCode", "0:0")),
+                reason=rec.get("Reason", ""),
+                started=rec.get("StartTime", "Unknown") not in ("Unknown", "None", "")
+                and rec.get("JobState") not in WAITING,
+                gpus=node_gres(line),
+            )
+        )
+    return jobs
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    gpus: int
+    gpu_type: str
+    state: str
+    reason: str = ""
+
+    @property
+    def unavailable(self) -> bool:
+        return node_unavailable(self.state)
+
+    @property
+    def down(self) -> bool:
+        return node_down(self.state)
+
+
+def parse_nodes(text: str, partition: str) -> list[SlurmNode]:
+    """Pure: the GPU nodes of `partition` in `scontrol -o show node` output."""
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("NodeName="):
+            continue
+        rec = parse_record(line)
+        if partition not in rec.get("Partitions", "").split(","):
+            continue
+        gpus, kind = gpus_of(rec.get("Gres", ""))
+        if gpus == 0:
+            continue
+        out.append(
+            SlurmNode(
+                name=rec["NodeName"],
+                gpus=gpus,
+                gpu_type=kind,
+                state=rec.get("State", ""),
+                reason=(rec.get("Reason") or "").strip(),
+            )
+        )
+    return sorted(out, key=lambda n: n.name)
+
+
+def node_changes(slurm: Iterable[SlurmNode], ledger: Mapping[str, Node]) -> list[NodeChange]:
+    """Pure: the node changes that make the ledger's nodes follow Slurm's, with reasons starting
+    "slurm:": a node Slurm marks DOWN is lost in the ledger (its jobs end there and then); a node
+    that takes no new work otherwise (DRAIN, FAIL, MAINT, ...) is drained; a node Slurm
+    takes back is returned if the ledger took it out of service for Slurm (a drain an admin made
+    in the ledger is not Slurm's to undo). A node the ledger lost for Slurm that Slurm now drains
+    is returned first and drained on the next look. Nodes the ledger does not know are left to
+    `register_commands`."""
+    out: list[NodeChange] = []
+    for n in slurm:
+        have = ledger.get(n.name)
+        if have is None or have.state == "removed":
+            continue
+        why = f"{DRAIN_PREFIX} {n.state}" + (f" ({n.reason})" if n.reason else "")
+        ours = (have.lost_reason if have.state == "lost" else have.drain_reason).startswith(
+            DRAIN_PREFIX
+        )
+        if n.down and have.state != "lost":
+            out.append(NodeChange(n.name, "lost", why))
+        elif n.down:
+            continue
+        elif n.unavailable and have.state == "active":
+            out.append(NodeChange(n.name, "drain", why))
+        elif ours and (
+            have.state == "lost" or (not n.unavailable and have.state in ("draining", "drained"))
+        ):
+            out.append(NodeChange(n.name, "return"))
+    return out
+
+
+def register_commands(
+    slurm: Iterable[SlurmNode], ledger: Mapping[str, Node], actor: str
+) -> list[c.AnyCommand]:
+    """Pure: RegisterNode for each GPU node of the partition the ledger does not have."""
+    return [
+        c.RegisterNode(actor=actor, node=n.name, gpus=n.gpus, gpu_type=n.gpu_type)
+        for n in slurm
+        if (have := ledger.get(n.name)) is None or have.state == "removed"
+    ]
+
+
+def check_config(config: str, partition: str) -> list[str]:
+    """Pure: why Slurm's settings (`scontrol show config` and `scontrol -o show partition P`
+    output, concatenated) would let Slurm reorder or preempt gpu-ledger's decisions; [] if none."""
+    values: dict[str, str] = {}
+    for line in config.splitlines():
+        k, eq, v = line.partition("=")
+        if eq and not line.startswith("PartitionName="):
+            values[k.strip()] = v.strip()
+    part = next(
+        (parse_record(ln) for ln in config.splitlines() if ln.startswith("PartitionName=")), None
+    )
+    problems = []
+    if part is None or part.get("PartitionName") != partition:
+        problems.append(f"Slurm has no partition {partition!r}")
+    elif part.get("State", "UP") != "UP":
+        problems.append(f"partition {partition!r} is {part.get('State')}, not UP")
+    priority = values.get("PriorityType", "")
+    if priority != "priority/basic":
+        problems.append(
+            f"PriorityType is {priority or 'unset'}: Slurm would reorder the jobs gpu-ledger "
+            "placed; set PriorityType=priority/basic"
+        )
+    preempt = values.get("PreemptType", "preempt/none")
+    mode = (part or {}).get("PreemptMode", "OFF")
+    if preempt != "preempt/none" and mode.upper() != "OFF":
+        problems.append(
+            f"PreemptType is {preempt} and partition {partition!r} has PreemptMode={mode}: "
+            "Slurm would preempt on its own; set PreemptType=preempt/none or PreemptMode=OFF"
+        )
+    return problems
+
+
+def sbatch_args(
+    job: Launch, partition: str, log_path: Path, uid: str | None, ledger_id: str
+) -> list[str]:
+    """Pure: `sbatch` arguments that carry out exactly this placement: its nodes, its GPU count
+    per node (a heterogeneous job when a gang's nodes get different counts), its time limit, its
+    user, its name and log. The script comes on stdin."""
+    common = [
+        f"--job-name=gpuledger-{job.job_id}",
+        f"--comment=gpuledger:{ledger_id}:job={job.job_id}:run={job.run}",
+        f"--output={log_path}",
+        "--open-mode=append",
+        "--no-requeue",
+        "--parsable",
+    ]
+    if job.time_limit_s is not None:
+        common.append(f"--time={max(1, math.ceil(job.time_limit_s / 60))}")
+    if uid is not None:
+        common.append(f"--uid={uid}")
+    counts = {len(sl.gpu_indices) for sl in job.slots}
+    groups: list[list[str]] = []
+    if len(counts) == 1:
+        groups.append(
+            [
+                f"--partition={partition}",
+                f"--nodes={len(job.slots)}",
+                f"--nodelist={','.join(sl.node for sl in job.slots)}",
+                f"--gres=gpu:{counts.pop()}",
+            ]
+        )
+    else:  # a gang whose last node gets fewer GPUs: one component per node
+        for sl in job.slots:
+            groups.append(
+                [
+                    f"--partition={partition}",
+                    "--nodes=1",
+                    f"--nodelist={sl.node}",
+                    f"--gres=gpu:{len(sl.gpu_indices)}",
+                ]
+            )
+    args = [*common, *groups[0]]
+    for g in groups[1:]:
+        args += [":", *g]
+    return args
+
+
+def batch_script(job: Launch) -> str:
+    """Pure: the batch script: the ledger's variables, then the job's command replaces the shell,
+    so it gets the signals. (The variables sit in the script: `sbatch --export=ALL,VAR=...` makes
+    Slurm start a job about 1.5 s later.)"""
+    env = {
+        "GPULEDGER_JOB_ID": str(job.job_id),
+        "GPULEDGER_RUN": str(job.run),
+        "GPULEDGER_ACCOUNT": job.account,
+        "GPULEDGER_NODES": ",".join(sl.node for sl in job.slots),
+    }
+    lines = ["#!/bin/bash", *(f"export {k}={shlex.quote(v)}" for k, v in env.items())]
+    lines.append("exec " + (shlex.join(job.command) if job.command else "true"))
+    return "\n".join(lines) + "\n"
