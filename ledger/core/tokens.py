@@ -19,7 +19,7 @@ import hashlib
 import hmac
 import re
 
-from ledger.core.domain import State, Token
+from ledger.core.state import State, Token
 from schemas import commands as c
 from schemas import events as e
 

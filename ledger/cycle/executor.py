@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from schemas.events import EndReason, GpuSlot
 
 if TYPE_CHECKING:
-    from ledger.core.domain import Node
+    from ledger.core.state import Node
     from schemas.commands import AnyCommand
 
 

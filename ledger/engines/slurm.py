@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ledger.core.domain import Node
+from ledger.core.state import Node
 from ledger.cycle.dispatcher import EXECUTOR
 from ledger.cycle.executor import Exit, Launch, Start
 from ledger.store.application import Ledger

@@ -6,7 +6,7 @@ it, as numbered steps:
 
 1. the read side at P: a fresh in-memory DuckDB projection (`Store(":memory:")` + `Projector`)
    caught up to exactly P; nothing is read from today's tables;
-2. the write side at P: `ledger.core.domain` `evolve` over the events 1..P (the fold the ledger
+2. the write side at P: `ledger.core.evolve` `evolve` over the events 1..P (the fold the ledger
    keeps);
 3. utilisation at P: `ledger.core.utilisation.UtilTracker` over the events 1..P, with the squat
    threshold that C records (`squat_util_pct`, else the tracker's default);
@@ -40,7 +40,8 @@ from pathlib import Path
 
 import msgspec
 
-from ledger.core.domain import State, evolve
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from ledger.core.utilisation import UtilTracker
 from ledger.cycle.inputs import snapshot_from_state
 from ledger.dispatch.engine import Decision, decide

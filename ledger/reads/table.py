@@ -20,7 +20,7 @@ from schemas import views as v
 from schemas.errors import InvalidCommand
 
 if TYPE_CHECKING:  # the CLI in client mode imports this table: keep it light
-    from ledger.core.domain import State
+    from ledger.core.state import State
     from ledger.cycle.dispatcher import LiveState
     from ledger.dispatch.policy import Policy
     from projections.fairshare import UsagePolicy

@@ -3,7 +3,7 @@
 A bearer token is valid when `ledger.core.tokens.valid` says so (its format, hash, expiry and
 revocation are checked there and only there); this module reads the header and the socket.
 
-The authorisation rules themselves live in `ledger.core.domain`: this module only says who the actor
+The authorisation rules themselves live in `ledger.core.authz`: this module only says who the actor
 is. Node and job tokens act as the narrow system actors `@node:NAME` and `@job:ID`, which the
 domain confines to their node or job.
 """
@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass
 
 from ledger.core import tokens
-from ledger.core.domain import State
+from ledger.core.state import State
 from schemas import commands as c
 from schemas.errors import NotAuthenticated
 

@@ -33,7 +33,8 @@ from pathlib import Path
 import msgspec
 
 from ledger.core import budget as b
-from ledger.core.domain import State, evolve
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from ledger.cycle.dispatcher import CycleResult, Dispatcher, RankSource
 from ledger.dispatch import registry
 from ledger.dispatch.baselines import team_of

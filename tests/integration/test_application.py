@@ -17,7 +17,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from ledger.core.domain import State, fold
+from ledger.core.evolve import fold
+from ledger.core.state import State
 from ledger.store.application import EVENTS_DB, Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from schemas import codec

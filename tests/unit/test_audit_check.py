@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.core.domain import State, decide, evolve
+from ledger.core.decide import decide
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from ledger.history.audit import check, check_history
 from schemas import commands as c
 from schemas import events as e

@@ -6,7 +6,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from ledger.core.domain import State, decide, evolve
+from ledger.core.decide import decide
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from ledger.cycle.executor import Launch
 from ledger.sim.kernel import KernelExecutor
 from ledger.sim.whatif import scenario, setup_commands, team_fractions

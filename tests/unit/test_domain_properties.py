@@ -22,7 +22,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.core.domain import State, decide, evolve, fold, is_system
+from ledger.core.authz import authorisation_failure
+from ledger.core.decide import decide
+from ledger.core.evolve import evolve, fold
+from ledger.core.state import State, is_system
 from ledger.cycle.inputs import snapshot_from_state
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
@@ -426,6 +429,8 @@ def run_pure(script: list[Step]) -> Run:
         assert state == before, f"decide({cmd}) changed the state"
         check_accepted(before, cmd, new, now)
         for ev in new:
+            # the audit judges each event by the rules decide judged the command by
+            assert authorisation_failure(state, ev) is None, (cmd, ev)
             evolve(state, ev)
         check_invariants(state)
         run.events += new

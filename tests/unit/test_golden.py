@@ -9,7 +9,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ledger.core.domain import State, evolve
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from ledger.history.replay import find_decisions, replay_decisions
 from projections.batch import decode_records
 from projections.source import ListSource, LogRecord

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from ledger.core import budget
-from ledger.core.domain import Node, State, decide, evolve
+from ledger.core.decide import decide
+from ledger.core.evolve import evolve
+from ledger.core.state import Node, State
 from ledger.cycle.executor import Launch
 from ledger.engines.slurm import (
     SlurmExecutor,

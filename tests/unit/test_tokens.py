@@ -9,7 +9,9 @@ import msgspec
 import pytest
 
 from ledger.core import tokens
-from ledger.core.domain import State, decide, evolve
+from ledger.core.decide import decide
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from ledger.store.clock import new_token_secret
 from schemas import commands as c
 
