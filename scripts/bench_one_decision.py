@@ -46,7 +46,7 @@ def main() -> None:
         clock.advance_to(last.at + 60)
         submit = c.SubmitJob(actor="user0_0_0", account="prog0/proj0", gpus=1, min_runtime_s=600)
         ledger.execute_all([submit] * 50)
-        policy = registry.policy_from_config(registry.default_config())
+        policy = registry.build()
         with Store.open(tmp) as store:
             ranks = ProjectionRanks(Projector(store, EmbeddedSource(tmp)))
             Dispatcher(ledger, ranks, policy, KernelExecutor()).cycle(clock.now())

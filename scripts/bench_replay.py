@@ -219,7 +219,7 @@ def make_padded(home: Path, events: int) -> None:
         dispatcher = Dispatcher(
             ledger,
             ProjectionRanks(Projector(store, source)),
-            registry.policy_from_config(registry.default_config()),
+            registry.build(),
             KernelExecutor(),
         )
         result = dispatcher.cycle(clock.now())

@@ -16,6 +16,7 @@ import msgspec
 
 from schemas import events as e
 from schemas.errors import InvalidTransition, UnknownEntity
+from schemas.policy import AnyPolicyConfig
 
 JobStatus = Literal["pending", "placed", "running", "finished"]
 NodeState = Literal["active", "draining", "drained", "removed", "lost"]
@@ -132,6 +133,11 @@ class State:
     _capacity: dict[tuple[str | None, str | None], tuple[int, int]] = field(
         default_factory=dict, compare=False, repr=False
     )
+
+    @property
+    def policy(self) -> AnyPolicyConfig | None:
+        """The policy settings the service last recorded running with (None: it never ran)."""
+        return None if self.service is None else self.service.policy
 
     def copy(self) -> State:
         return State(

@@ -4,13 +4,14 @@ Pure: lookups and conversions of values; no I/O.
 
 A policy *name* (`fairshare`, `fifo`, `slurm`, `legacy`) stands for its current version; a
 *version* (`fairshare-1`, ...) names one policy's code exactly, and its settings are a typed config
-from `schemas.policy` (tagged by the version). Everything that builds a policy goes through here:
-the service (`up`), `queue`/`explain`, `simulate`, the what-if and replay.
+from `schemas.policy` (tagged by the version).
 
+- `build(name_or_config, knobs)`: the one way to build the policy that decides: the service's,
+  the read layer's (`queue`, `explain`), the simulator's, the what-if's and replay's;
 - `default_config(name_or_version, ...)`: a version's default settings (legacy caps come from the
   cluster's size and the teams' fractions of it);
 - `with_knobs(config, {"margin": "0.2"})`: the config with settings changed, checked;
-- `policy_from_config(config)`: the policy that decides with those settings;
+- `policy_from_config(config)`: the policy of exactly those settings (what `build` ends with);
 - `config_of(policy)`: back from a policy to its typed config;
 - `config_from_record(version, settings)`: the typed config of a decision recorded as the version
   and its string settings (`cycle.decided.v1`), refused clearly when no code of this build wrote it.
@@ -190,6 +191,29 @@ def with_knobs(config: AnyPolicyConfig, knobs: Mapping[str, object]) -> AnyPolic
         raise InvalidCommand(
             f"bad setting for policy {config.version!r}: {err}", version=config.version
         ) from err
+
+
+def build(
+    policy: str | AnyPolicyConfig | None = None,
+    knobs: Mapping[str, object] | None = None,
+    *,
+    known_only: bool = False,
+    gpus: int = 0,
+    team_fractions: Mapping[str, float] | None = None,
+) -> Policy:
+    """Pure: the policy that decides: `policy` is a name or version (its default settings;
+    `legacy` caps from `gpus` and `team_fractions`, see `default_config`), a typed config (those
+    settings), or None (the default policy); then the settings in `knobs` changed
+    (`with_knobs`). A knob the policy has no setting for is refused, unless `known_only`: then it
+    is left out (the service's `--margin`, `--debug-lane` and `--squat-after` set fair share's
+    settings and mean nothing to the other policies)."""
+    if policy is None or isinstance(policy, str):
+        config = default_config(policy or DEFAULT, gpus=gpus, team_fractions=team_fractions)
+    else:
+        config = policy
+    if knobs and known_only:
+        knobs = {k: v for k, v in knobs.items() if k in type(config).__struct_fields__}
+    return policy_from_config(with_knobs(config, knobs or {}))
 
 
 def policy_from_config(config: AnyPolicyConfig) -> Policy:

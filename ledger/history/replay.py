@@ -44,11 +44,12 @@ from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.core.utilisation import UtilTracker
 from ledger.cycle.inputs import snapshot_from_state
+from ledger.dispatch import registry
 from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.ordering import SortKey
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.preemption import Victim
-from ledger.dispatch.registry import config_from_record, policy_from_config
+from ledger.dispatch.registry import config_from_record
 from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot
 from ledger.store.snapshots import Folded, folded, unfolded
 from projections import queries
@@ -186,7 +187,7 @@ def replay_policy(version: str, config: Mapping[str, str]) -> tuple[Policy, Usag
 
     Raises UnknownEntity naming the version when this build lacks its code."""
     own = {k: v for k, v in config.items() if k not in USAGE_KEYS}
-    policy = policy_from_config(config_from_record(version, own))
+    policy = registry.build(config_from_record(version, own))
     # the decision records the config as written ("3600" and "3600.0" are the same setting)
     return WithSettings(policy, config), usage_from_config(config)
 
@@ -917,7 +918,7 @@ class Replayer:
             except (UnknownEntity, InvalidCommand):
                 same = False
             policy = WithSettings(
-                policy_from_config(recorded.policy), recorded.config if same else usage_keys
+                registry.build(recorded.policy), recorded.config if same else usage_keys
             )
         inputs = recorded.ranks
         if inputs is not None:

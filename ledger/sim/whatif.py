@@ -299,20 +299,15 @@ def choose_policy(
         if isinstance(policy, WithSettings):
             policy = policy.inner
     else:
-        policy = _named(name or registry.DEFAULT, scen)
+        gpus = sum(n.gpus for n in scen.state.nodes.values() if n.state != "removed")
+        fractions = team_fractions(scen.state)  # legacy caps from the log's tree
+        policy = registry.build(name, gpus=gpus, team_fractions=fractions)
         usage = usage_from_config(policy.config())
     if window_s is not None:
         usage = UsagePolicy(window_s=window_s, half_life_s=usage.half_life_s)
     if usage.window_s != UsagePolicy().window_s:
         policy = WithSettings(policy, {"window_s": repr(float(usage.window_s))})
     return policy, usage
-
-
-def _named(name: str, scen: Scenario) -> Policy:
-    """The policy called `name` with its default settings (legacy caps from the log's tree)."""
-    gpus = sum(n.gpus for n in scen.state.nodes.values() if n.state != "removed")
-    config = registry.default_config(name, gpus=gpus, team_fractions=team_fractions(scen.state))
-    return registry.policy_from_config(config)
 
 
 def team_fractions(state: State, depth: int = 2) -> dict[str, float]:

@@ -107,3 +107,41 @@ def test_unknown_names_and_wire_configs_are_refused_clearly() -> None:
         msgspec.json.decode(b'{"version": "fairshare-0"}', type=AnyPolicyConfig)
     with pytest.raises(msgspec.ValidationError):
         msgspec.json.decode(b'{"version": "fairshare-1", "wiggle": 1}', type=AnyPolicyConfig)
+
+
+SERVICE_KNOBS = {"margin": 0.2, "debug_lane": False, "squat_after_s": 600.0}
+
+
+@pytest.mark.parametrize(
+    ("given", "knobs", "known_only", "want"),
+    [
+        pytest.param(None, {}, False, registry.build("fairshare-6"), id="nothing: the default"),
+        pytest.param("fifo", {}, False, Fifo(), id="a name: its defaults"),
+        pytest.param(FairShareConfig(margin=0.5), {}, False, FairShare(margin=0.5), id="a config"),
+        pytest.param(
+            "fairshare-1", {"margin": "0.3"}, False, FairShare(margin=0.3), id="knobs as text"
+        ),
+        pytest.param(
+            "fairshare-1",
+            SERVICE_KNOBS,
+            True,
+            FairShare(margin=0.2, debug_lane=False, squat_after_s=600.0),
+            id="the service's knobs set fair share",
+        ),
+        pytest.param("slurm", SERVICE_KNOBS, True, SlurmMultifactor2(), id="and mean nothing else"),
+    ],
+)
+def test_build_is_the_one_way_to_a_policy(
+    given: str | AnyPolicyConfig | None,
+    knobs: dict[str, object],
+    known_only: bool,
+    want: object,
+) -> None:
+    assert registry.build(given, knobs, known_only=known_only) == want
+
+
+def test_build_refuses_knobs_a_policy_lacks_unless_told_and_caps_legacy_teams() -> None:
+    with pytest.raises(InvalidCommand, match="has no setting debug_lane, margin, squat_after_s"):
+        registry.build("slurm", SERVICE_KNOBS)
+    built = registry.build("legacy", gpus=10, team_fractions={"a/x": 0.75, "a/y": 0.25})
+    assert built == LegacyCaps2(caps={"a/x": 7, "a/y": 2})
