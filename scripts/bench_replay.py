@@ -115,7 +115,7 @@ def make_sim(home: Path, trace: Path) -> None:
 
 def bench_all(home: Path, exact_sample: int) -> None:
     decisions = find_decisions(home)
-    thresholds = {squat_threshold(d.config) for _, d in decisions}
+    thresholds = {squat_threshold(d) for _, d in decisions}
     with EmbeddedSource(home) as source:
         head = source.head()
         started, cpu0 = time.perf_counter(), time.process_time()
@@ -242,7 +242,7 @@ def bench_single(home: Path, repeat: int) -> None:
         runs = []
         for _ in range(repeat):
             t = time.perf_counter()
-            with Replayer(source, thresholds={squat_threshold(recorded.config)}, exact=True) as rp:
+            with Replayer(source, thresholds={squat_threshold(recorded)}, exact=True) as rp:
                 result = rp.replay(position, recorded)
                 timings = rp.timings
             runs.append(time.perf_counter() - t)

@@ -459,11 +459,11 @@ SELECT position, occurred_at, raw->>'$.cycle_id' AS cycle_id,
         FROM (SELECT unnest(CAST(raw->'$.waiting.first' AS JSON[])) AS w)
         WHERE CAST(w->>0 AS BIGINT) = $job LIMIT 1) AS seen
 FROM events
-WHERE tag = 'cycle.decided.v2' AND position BETWEEN $first AND $last
+WHERE tag IN ('cycle.decided.v2', 'cycle.decided.v3') AND position BETWEEN $first AND $last
 ORDER BY position
 """
 """The recorded cycles a job waited in: v1 records list every considered job with its reason;
-v2 records list the first waiting jobs with their codes (`WaitSummary.first`)."""
+v2 and v3 records list the first waiting jobs with their codes (`WaitSummary.first`)."""
 
 _JOB_PLACED_BY = """
 SELECT cycle_id, list_position(placed_jobs, $job), len(placed_jobs), considered

@@ -488,36 +488,33 @@ def _check_slots(
             taken.add((sl.node, i))
 
 
+_RECORDED = tuple(
+    f for f in c.DecisionBody.__struct_fields__ if f not in ("placements", "preemptions")
+)
+"""The fields of a decision that its record keeps as they are (the outcomes, by reference)."""
+
+
 def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.AnyEvent]:
-    if cmd.based_on > state.events:
+    d = cmd.decision
+    if d.based_on > state.events:
         raise InvalidCommand(
-            f"a decision based on position {cmd.based_on} is ahead of the log "
+            f"a decision based on position {d.based_on} is ahead of the log "
             f"(position {state.events})",
-            based_on=cmd.based_on,
+            based_on=d.based_on,
         )
     out: list[e.AnyEvent] = [
         e.CycleDecided(
             **s.kw(),
-            cycle_id=cmd.cycle_id,
-            based_on=cmd.based_on,
-            policy_version=cmd.policy_version,
-            config=cmd.config,
-            policy=cmd.policy,
-            decided_at=cmd.decided_at,
-            ranks=cmd.ranks,
-            placed=tuple(p.job_id for p in cmd.placements),
-            preempted=tuple(p.job_id for p in cmd.preemptions),
-            waiting=cmd.waiting,
-            fragmentation_gpus=cmd.fragmentation_gpus,
-            wake_at=cmd.wake_at,
-            skipped_cycles=cmd.skipped_cycles,
+            **{f: getattr(d, f) for f in _RECORDED},
+            placed=tuple(p.job_id for p in d.placements),
+            preempted=tuple(p.job_id for p in d.preemptions),
         )
     ]
     # 1. preemptions free GPUs (validated against contracts)
     taken = set(state.holders)
     leaving: set[int] = set()
     touched: list[str] = []
-    for p in cmd.preemptions:
+    for p in d.preemptions:
         job = state.job(p.job_id)
         if p.job_id in leaving:
             raise InvalidCommand(f"job {p.job_id} is preempted twice")
@@ -526,10 +523,10 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
         for sl in job.slots:
             touched.append(sl.node)
             taken.difference_update((sl.node, i) for i in sl.gpu_indices)
-        out += _preemption_events(job, p, cmd.cycle_id, s)
+        out += _preemption_events(job, p, d.cycle_id, s)
     # 2. placements claim free GPUs on active nodes
     placed: set[int] = set()
-    for pl in cmd.placements:
+    for pl in d.placements:
         job = state.job(pl.job_id)
         if not (job.status == "pending" and pl.job_id not in placed):
             raise InvalidTransition(
@@ -547,8 +544,8 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
                 **s.kw(),
                 job_id=pl.job_id,
                 slots=pl.slots,
-                cycle_id=cmd.cycle_id,
-                based_on=cmd.based_on,
+                cycle_id=d.cycle_id,
+                based_on=d.based_on,
             )
         )
     # 3. draining nodes the preemptions emptied report drained
@@ -758,11 +755,11 @@ def command_keys(state: State, cmd: c.AnyCommand) -> set[str]:
     """What a command depends on; a change to any of these since its expected position conflicts."""
     keys: set[str] = set()
     if isinstance(cmd, c.ApplyDecision):
-        for p in cmd.preemptions:
+        for p in cmd.decision.preemptions:
             keys.add(f"job:{p.job_id}")
             job = state.jobs.get(p.job_id)
             keys.update(f"node:{sl.node}" for sl in (job.slots if job else ()))
-        for pl in cmd.placements:
+        for pl in cmd.decision.placements:
             keys.add(f"job:{pl.job_id}")
             keys.update(f"node:{sl.node}" for sl in pl.slots)
         return keys

@@ -12,9 +12,7 @@ from `schemas.policy` (tagged by the version).
   cluster's size and the teams' fractions of it);
 - `with_knobs(config, {"margin": "0.2"})`: the config with settings changed, checked;
 - `policy_from_config(config)`: the policy of exactly those settings (what `build` ends with);
-- `config_of(policy)`: back from a policy to its typed config;
-- `config_from_record(version, settings)`: the typed config of a decision recorded as the version
-  and its string settings (`cycle.decided.v1`), refused clearly when no code of this build wrote it.
+- `config_of(policy)`: back from a policy to its typed config (what a decision records).
 """
 
 from __future__ import annotations
@@ -240,73 +238,3 @@ def ranked(config: AnyPolicyConfig) -> bool:
 def half_life_s(config: AnyPolicyConfig) -> float | None:
     """Pure: the half-life with which the policy's rank source decays usage (None: a window)."""
     return config.half_life_s if isinstance(config, (SlurmConfig, Slurm2Config)) else None
-
-
-def config_from_record(version: str, settings: Mapping[str, str]) -> AnyPolicyConfig:
-    """Pure: the typed config of a decision recorded as `version` and its string `settings`
-    (what `Policy.config()` wrote).
-
-    Policy code that changes behaviour bumps its version, so a version names the code. A version
-    this build does not have raises `UnknownEntity` naming it; settings that the version's code
-    does not write back (the same keys, the same values) raise `InvalidCommand` naming those that
-    differ.
-    """
-    entry = VERSIONS.get(version)
-    if entry is None:
-        raise UnknownEntity(
-            f"this decision needs policy version {version!r}, whose code this build of "
-            f"gpu-ledger does not have (it has {', '.join(sorted(VERSIONS))})",
-            hint=f"replay it with a gpu-ledger release that still ships {version!r}",
-            version=version,
-        )
-    fields = entry.config_type.__struct_fields__
-    raw: dict[str, object] = {k: settings[k] for k in fields if k in settings}
-    missing = [k for k in fields if k not in settings]
-    try:
-        if missing:
-            raise KeyError(missing[0])
-        if "caps" in raw:
-            raw["caps"] = _caps(settings["caps"])
-        config = msgspec.convert(raw, entry.config_type, strict=False)
-    except (KeyError, ValueError, msgspec.ValidationError) as err:
-        raise InvalidCommand(
-            f"the recorded config of policy {version!r} is not one its code wrote: bad or "
-            f"missing setting {err}",
-            hint="the decision's config was edited, or written by other code under this version",
-            version=version,
-        ) from err
-    rebuilt = entry.build(config).config()
-    keys = sorted(
-        k
-        for k in set(rebuilt) | set(settings)
-        if not _same_setting(rebuilt.get(k), settings.get(k))
-    )
-    if keys:
-        raise InvalidCommand(
-            f"the recorded config of policy {version!r} does not match what its code records "
-            f"(differs in {', '.join(keys)})",
-            hint="the decision's config was edited, or written by other code under this version",
-            version=version,
-        )
-    return config
-
-
-def _caps(text: str) -> dict[str, int]:
-    """`team=gpus,...` as `LegacyCaps.config()` writes it."""
-    caps = {}
-    for item in filter(None, text.split(",")):
-        team, _, gpus = item.rpartition("=")
-        caps[team] = int(gpus)
-    return caps
-
-
-def _same_setting(a: str | None, b: str | None) -> bool:
-    """Two recorded settings are the same value ("3600" and "3600.0" are)."""
-    if a == b:
-        return True
-    if a is None or b is None:
-        return False
-    try:
-        return float(a) == float(b)
-    except ValueError:
-        return False

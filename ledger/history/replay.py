@@ -1,8 +1,8 @@
 """Replay: every past decision rebuilt from the log alone, re-run, and compared with the record.
 
 A `CycleDecided` at log position Q says: based on position P, at `decided_at`, policy version V
-with config C, these placements, preemptions and considered jobs (sort keys, reasons). To check
-it, as numbered steps:
+with settings C, these placements, preemptions and considered jobs (by reference and digest). To
+check it, as numbered steps:
 
 1. the read side at P: a fresh in-memory DuckDB projection (`Store(":memory:")` + `Projector`)
    caught up to exactly P; nothing is read from today's tables;
@@ -10,10 +10,10 @@ it, as numbered steps:
    keeps);
 3. utilisation at P: `ledger.core.utilisation.UtilTracker` over the events 1..P, with the squat
    threshold that C records (`squat_util_pct`, else the tracker's default);
-4. ranks at `decided_at` from the projection (usage counted as C says: `window_s`, `half_life_s`,
+4. ranks at `decided_at` from the projection (usage counted as the record's rank inputs say,
    else the 7-day window), the snapshot (`snapshot_from_state`), and `decide()` with the policy
-   rebuilt from V and C (`registry.config_from_record`: a version whose code is gone is a clear
-   error);
+   rebuilt from C (`registry.build`; a record without C, whose version's code is gone or whose
+   old string settings no code wrote, is a clear error);
 5. compare with the record, field by field: `compare` names every difference.
 
 Replaying many cycles (`Replayer`) walks the log once, in order: one in-memory projection
@@ -22,19 +22,18 @@ exactly each P (`exact=True`) or run ahead in large steps and read as of P throu
 hide every row written after P (`AS_OF_SQL`; the default for many decisions, several times
 faster, and the same rows). Either way every step reads only log records up to P.
 
-The pure part (`compare`, `usage_from_config`, `replay_policy`, `WithSettings`) takes values; the
-`Replayer` and `find_decisions` are the edges that read a log.
+The pure part (`compare`, `recorded_policy`, `recorded_usage`, `squat_threshold`) takes values;
+the `Replayer` and `find_decisions` are the edges that read a log.
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
 import itertools
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,11 +45,8 @@ from ledger.core.utilisation import UtilTracker
 from ledger.cycle.inputs import snapshot_from_state
 from ledger.dispatch import registry
 from ledger.dispatch.engine import Decision, decide
-from ledger.dispatch.ordering import SortKey
 from ledger.dispatch.policy import Policy
-from ledger.dispatch.preemption import Victim
-from ledger.dispatch.registry import config_from_record
-from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot
+from ledger.dispatch.snapshot import Snapshot
 from ledger.store.snapshots import Folded, folded, unfolded
 from projections import queries
 from projections.fairshare import RANKING_VERSION, WEEK_S, UsagePolicy
@@ -61,16 +57,12 @@ from schemas import codec
 from schemas import events as e
 from schemas.digest import chain_hash, rank_digest, summarise
 from schemas.errors import InvalidCommand, LedgerError, UnknownEntity
+from schemas.policy import AnyPolicyConfig, unknown_version
 
 log = logging.getLogger("gpuledger.replay")
-DECIDED_TAGS = (e.tag_of(e.CycleDecided), e.tag_of(e.CycleDecidedV1))
+DECIDED_TAGS = (e.tag_of(e.CycleDecided), *map(e.tag_of, e.OLDER_TYPES))
 """Every stored version of the decision record."""
 DEFAULT_SQUAT_UTIL_PCT = UtilTracker().threshold_pct
-RANKLESS = frozenset({"fifo", "legacy"})
-"""Policies whose decisions never read fair-share ranks (their order and victims ignore them):
-replay skips the rank query for them."""
-USAGE_KEYS = ("window_s",)
-"""Config keys that describe how the rank source counts usage rather than the policy itself."""
 
 
 class ReplayError(LedgerError):
@@ -82,79 +74,6 @@ class ReplayError(LedgerError):
 # --- pure: the policy and usage a decision recorded -------------------------------------------
 
 
-class WithSettings:
-    """A policy that records more (or other spellings of its) settings than its own `config()`.
-
-    Pure: delegates every decision to `inner`; only `config()` overlays `extra`. The what-if
-    uses it to record the usage window a decision was ranked with (`window_s`), so replay ranks
-    it the same way; replay uses it to record a config exactly as the decision wrote it.
-    """
-
-    def __init__(self, inner: Policy, extra: Mapping[str, str]) -> None:
-        self.inner = inner
-        self.extra = dict(extra)
-
-    @property
-    def version(self) -> str:
-        return self.inner.version
-
-    @property
-    def search_budget(self) -> int:
-        return self.inner.search_budget
-
-    def config(self) -> dict[str, str]:
-        return {**self.inner.config(), **self.extra}
-
-    def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
-        return self.inner.order(snapshot)
-
-    def may_preempt(self, job: PendingJob) -> bool:
-        return self.inner.may_preempt(job)
-
-    def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
-        return self.inner.victim_group(job, snapshot)
-
-    def victim_key(self, job: RunningJob, now: float) -> tuple[float, ...]:
-        return self.inner.victim_key(job, now)
-
-    def victims(
-        self, job: PendingJob, candidates: Iterable[RunningJob], snapshot: Snapshot, now: float
-    ) -> Iterator[Victim]:
-        return self.inner.victims(job, candidates, snapshot, now)
-
-    @property
-    def least_loss(self) -> bool:
-        return self.inner.least_loss
-
-    @property
-    def least_loss_gangs(self) -> bool:
-        return self.inner.least_loss_gangs
-
-    def budget_of(self, job: PendingJob) -> tuple[str, int]:
-        return self.inner.budget_of(job)
-
-    def reserved(self, snapshot: Snapshot) -> frozenset[str]:
-        return self.inner.reserved(snapshot)
-
-    def weigh(
-        self, job: PendingJob, victims: Sequence[Victim], snapshot: Snapshot, now: float
-    ) -> str | None:
-        return self.inner.weigh(job, victims, snapshot, now)
-
-
-def _seconds(config: Mapping[str, str], key: str) -> float:
-    try:
-        value = float(config[key])
-    except ValueError as err:
-        raise InvalidCommand(
-            f"the recorded config has {key}={config[key]!r}, not a number of seconds",
-            hint="the decision's config was edited",
-        ) from err
-    if not value > 0:
-        raise InvalidCommand(f"the recorded config has {key}={config[key]!r}: it must be > 0")
-    return value
-
-
 def usage_of(settings: e.UsageSettings) -> UsagePolicy:
     """Pure: the usage counting a v2 record names."""
     return UsagePolicy(
@@ -162,34 +81,34 @@ def usage_of(settings: e.UsageSettings) -> UsagePolicy:
     )
 
 
-def usage_from_config(config: Mapping[str, str]) -> UsagePolicy:
-    """Pure: how the ranks of a decision counted usage: `window_s` (default 7 days) and
-    `half_life_s` (Slurm-style decay) when the config records them."""
-    window = _seconds(config, "window_s") if "window_s" in config else WEEK_S
-    half_life = _seconds(config, "half_life_s") if "half_life_s" in config else None
-    return UsagePolicy(window_s=window, half_life_s=half_life)
+def recorded_policy(recorded: e.CycleDecided) -> AnyPolicyConfig:
+    """Pure: the policy settings a decision recorded. UnknownEntity naming the version when
+    this build has no code for it; InvalidCommand when the record has no settings its code
+    reads (an old record whose string settings were edited, or written by other code)."""
+    if recorded.policy is not None:
+        return recorded.policy
+    if recorded.policy_version not in registry.VERSIONS:
+        raise unknown_version(recorded.policy_version)
+    raise InvalidCommand(
+        f"the recorded config of policy {recorded.policy_version!r} is not one its code wrote",
+        hint="the decision's config was edited, or written by other code under this version",
+        version=recorded.policy_version,
+    )
 
 
-def squat_threshold(config: Mapping[str, str]) -> float:
-    """Pure: the utilisation % below which a job counted as low for this decision."""
-    raw = config.get("squat_util_pct")
-    if raw is None:
-        return DEFAULT_SQUAT_UTIL_PCT
-    try:
-        return float(raw)
-    except ValueError as err:
-        raise InvalidCommand(f"the recorded config has squat_util_pct={raw!r}") from err
+def recorded_usage(recorded: e.CycleDecided, config: AnyPolicyConfig) -> UsagePolicy:
+    """Pure: how the ranks of a decision counted usage: as its rank inputs say, else the 7-day
+    window (decayed with the policy's half-life when it has one)."""
+    if recorded.ranks is not None:
+        return usage_of(recorded.ranks.usage)
+    return UsagePolicy(window_s=WEEK_S, half_life_s=registry.half_life_s(config))
 
 
-def replay_policy(version: str, config: Mapping[str, str]) -> tuple[Policy, UsagePolicy]:
-    """Pure: the policy (`registry.config_from_record`) and the usage counting a decision
-    recorded. The policy records the config exactly as the decision did.
-
-    Raises UnknownEntity naming the version when this build lacks its code."""
-    own = {k: v for k, v in config.items() if k not in USAGE_KEYS}
-    policy = registry.build(config_from_record(version, own))
-    # the decision records the config as written ("3600" and "3600.0" are the same setting)
-    return WithSettings(policy, config), usage_from_config(config)
+def squat_threshold(recorded: e.CycleDecided) -> float:
+    """Pure: the utilisation % below which a job counted as low for this decision (its
+    policy's `squat_util_pct`, else the tracker's default)."""
+    threshold = getattr(recorded.policy, "squat_util_pct", DEFAULT_SQUAT_UTIL_PCT)
+    return float(threshold)
 
 
 # --- pure: comparing a record with a replay ---------------------------------------------------
@@ -199,7 +118,7 @@ class Difference(msgspec.Struct, frozen=True, kw_only=True):
     """One way a replayed decision differs from the recorded one."""
 
     what: str
-    """placement | preemption | considered | order | fragmentation | wake_at | config | ..."""
+    """placement | preemption | considered | order | fragmentation | wake_at | ranks | ..."""
     job_id: int | None = None
     recorded: str
     replayed: str
@@ -351,25 +270,12 @@ def compare(
                 replayed=replayed.policy_version,
             )
         )
-    if recorded.config != replayed.config:
-        keys = sorted(
-            k
-            for k in set(recorded.config) | set(replayed.config)
-            if recorded.config.get(k) != replayed.config.get(k)
-        )
-        out.append(
-            Difference(
-                what="config",
-                recorded=", ".join(f"{k}={recorded.config.get(k)}" for k in keys),
-                replayed=", ".join(f"{k}={replayed.config.get(k)}" for k in keys),
-            )
-        )
     out += _compare_ranks(recorded.ranks, ranks)
     return out
 
 
 def _compare_ranks(recorded: e.RankInputs | None, digest: str | None) -> list[Difference]:
-    if recorded is None or digest is None:
+    if recorded is None or not recorded.digest or digest is None:  # "": an upcast v1 record
         return []
     out = []
     if recorded.ranking_version != RANKING_VERSION:
@@ -907,30 +813,17 @@ class Replayer:
         the digest of the ranks it was given. Ranks are read where the record says they were
         (`ranks.position`, which trails `based_on` when the projection lagged), counting usage
         as it says."""
-        policy, usage = replay_policy(recorded.policy_version, recorded.config)
-        if recorded.policy is not None:
-            # the typed config is the record's authority; its settings as strings must match
-            # the strings recorded beside it (a `config` difference says they do not)
-            own = {k: v for k, v in recorded.config.items() if k not in USAGE_KEYS}
-            usage_keys = {k: v for k, v in recorded.config.items() if k in USAGE_KEYS}
-            try:
-                same = config_from_record(recorded.policy_version, own) == recorded.policy
-            except (UnknownEntity, InvalidCommand):
-                same = False
-            policy = WithSettings(
-                registry.build(recorded.policy), recorded.config if same else usage_keys
-            )
+        config = recorded_policy(recorded)
+        policy, usage = registry.build(config), recorded_usage(recorded, config)
         inputs = recorded.ranks
-        if inputs is not None:
-            usage = usage_of(inputs.usage)
         now = decided_at(recorded)
         self.advance(recorded.based_on)
-        if recorded.config.get("policy") in RANKLESS:
+        if not registry.ranked(config):  # its order and victims ignore ranks
             ranks: dict[str, int] = {}
             level_fs: dict[str, float] = {}
         else:
             ranks, level_fs = self.ranks(now, usage, None if inputs is None else inputs.position)
-        threshold = squat_threshold(recorded.config)
+        threshold = squat_threshold(recorded)
         tracker = self.trackers.get(threshold)
         if tracker is None:
             raise ReplayError(
@@ -1024,11 +917,7 @@ Progress = Callable[[int, int], None]
 
 def thresholds_of(decisions: Sequence[tuple[int, e.CycleDecided]]) -> set[float]:
     """Pure: the squat thresholds the decisions record (the default when none does)."""
-    out = set()
-    for _, d in decisions:
-        with contextlib.suppress(InvalidCommand):  # reported when that decision is replayed
-            out.add(squat_threshold(d.config))
-    return out or {DEFAULT_SQUAT_UTIL_PCT}
+    return {squat_threshold(d) for _, d in decisions} or {DEFAULT_SQUAT_UTIL_PCT}
 
 
 def replay_decisions(

@@ -40,10 +40,12 @@ class History:
             at,
             c.ApplyDecision(
                 actor="@dispatcher",
-                cycle_id=f"c{at}",
-                based_on=0,
-                policy_version="fairshare-1",
-                placements=(e.Placement(job_id=job, slots=SLOT),),
+                decision=c.DecisionBody(
+                    cycle_id=f"c{at}",
+                    based_on=0,
+                    policy_version="fairshare-1",
+                    placements=(e.Placement(job_id=job, slots=SLOT),),
+                ),
             ),
         )
         self.run(at, c.StartJob(actor="@executor", job_id=job))

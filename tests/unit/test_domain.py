@@ -70,11 +70,13 @@ def decision(
 ) -> c.ApplyDecision:
     return c.ApplyDecision(
         actor=actor,
-        cycle_id="cycle",
-        based_on=0,
-        policy_version="test",
-        placements=tuple(c.Placement(job_id=j, slots=s) for j, s in places),
-        preemptions=preempts,
+        decision=c.DecisionBody(
+            cycle_id="cycle",
+            based_on=0,
+            policy_version="test",
+            placements=tuple(c.Placement(job_id=j, slots=s) for j, s in places),
+            preemptions=preempts,
+        ),
     )
 
 
@@ -378,7 +380,8 @@ GPU_HOLDING = [
     err("a GPU index past the node is rejected", place(1, slot("a1", 1, 2, 3, 4)),
         InvalidCommand, "node 'a1' has no GPU 4", setup=(S1,)),
     err("a negative GPU index is rejected", place(1, slot("n1", -1, 0, 1, 2)),
-        InvalidCommand, "`placements[0].slots[0].gpu_indices[0]` must be int >= 0, got -1",
+        InvalidCommand,
+        "`decision.placements[0].slots[0].gpu_indices[0]` must be int >= 0, got -1",
         setup=(S1,)),
     err("a draining node takes no new work", place(1, slot("n1", 4, 5, 6, 7)), InvalidTransition,
         "node 'n1' is draining", setup=(S1, S2, place(2, slot("n1", 0, 1, 2, 3)), drain("n1"))),
