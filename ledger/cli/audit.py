@@ -34,6 +34,7 @@ from ledger.cli.views import projection
 from ledger.core import budget as b
 from ledger.history import audit as au
 from ledger.history import replay as rp
+from ledger.history.compare import CycleReplay, slots_text
 from ledger.reads import layer as reads
 from ledger.reads.explain import span
 from ledger.sim import whatif as wi
@@ -104,7 +105,7 @@ def replay(
         )
     verbose = not all_ or len(decisions) == 1
     started = time.perf_counter()
-    results: list[rp.CycleReplay] = []
+    results: list[CycleReplay] = []
     for result in rp.replay_found(ctx.home, decisions, exact=exact):
         results.append(result)
         if not as_json and (verbose or not result.identical):
@@ -133,7 +134,7 @@ def replay(
         sys.exit(1)
 
 
-def _print_replay(result: rp.CycleReplay, show: int) -> None:
+def _print_replay(result: CycleReplay, show: int) -> None:
     click.echo(f"{result.headline()} at {fmt_time(result.decided_at)}")
     for d in result.differences[:show]:
         click.echo(f"  {d.text()}")
@@ -566,7 +567,7 @@ def _detail(ev: e.AnyEvent) -> str:
                 f"{f', priority {ev.priority}' if ev.priority else ''}"
             )
         case e.JobPlaced():
-            return f"placed by {ev.cycle_id} (based on {ev.based_on}) on {rp.slots_text(ev.slots)}"
+            return f"placed by {ev.cycle_id} (based on {ev.based_on}) on {slots_text(ev.slots)}"
         case e.JobPreempted():
             why = f"{ev.reason} for job {ev.for_job}" if ev.for_job is not None else ev.reason
             note = f": {ev.note}" if ev.note else ""

@@ -39,7 +39,7 @@ from ledger.cycle.dispatcher import CycleResult, Dispatcher, RankSource
 from ledger.dispatch import registry
 from ledger.dispatch.baselines import team_of
 from ledger.dispatch.policy import Policy
-from ledger.history.replay import recorded_policy
+from ledger.history.compare import recorded_policy
 from ledger.sim.kernel import KernelExecutor, drive
 from ledger.sim.ranks import IncrementalRanks
 from ledger.store.application import Ledger

@@ -18,6 +18,7 @@ from ledger.cli import cli
 from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch.policy import FairShare, Policy
 from ledger.dispatch.snapshot import PendingJob
+from ledger.history import checkpoints as ck
 from ledger.history import replay
 from ledger.history.audit import check_history
 from ledger.history.replay import (
@@ -332,7 +333,7 @@ def test_one_decision_replays_from_the_nearest_checkpoint_and_the_anchored_proje
     monkeypatch.setattr(replay, "CHECKPOINT_EVERY", 20)
     # a walk over every decision stores checkpoints (and uses a projection of its own)
     assert [r.headline() for r in replay_home(home) if not r.identical] == []
-    checkpoints = replay.Checkpoints(home / replay.CHECKPOINTS_DB)
+    checkpoints = ck.Checkpoints(home / ck.CHECKPOINTS_DB)
     stored = checkpoints.positions()
     assert len(stored) >= 3
     decisions = find_decisions(home)
@@ -350,7 +351,7 @@ def test_one_decision_replays_from_the_nearest_checkpoint_and_the_anchored_proje
         data = checkpoints.con.execute(
             "SELECT data FROM checkpoints WHERE position = ?", (start,)
         ).fetchone()[0]
-        cp = msgspec.msgpack.decode(data, type=replay.Checkpoint)
+        cp = msgspec.msgpack.decode(data, type=ck.Checkpoint)
         checkpoints.put(msgspec.structs.replace(cp, chain_hash="0" * 64))
         monkeypatch.setattr(replay, "CHECKPOINT_EVERY", 10**9)  # store no new one
         with replay.Replayer(

@@ -14,7 +14,7 @@ from ledger.dispatch import registry
 from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor
 from ledger.dispatch.engine import Decision
 from ledger.dispatch.policy import FairShare, Fifo, Policy
-from ledger.history.replay import (
+from ledger.history.compare import (
     Outcome,
     compare,
     outcome_of,
