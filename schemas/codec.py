@@ -146,25 +146,9 @@ def decided_v2_to_v3(ev: CycleDecidedV2) -> CycleDecided:
                 ranks = _usage_of_settings(ev.based_on, ev.config)
         except LedgerError:
             policy = None
-    return CycleDecided(
-        event_id=ev.event_id,
-        at=ev.at,
-        actor=ev.actor,
-        prev_hash=ev.prev_hash,
-        real_actor=ev.real_actor,
-        cycle_id=ev.cycle_id,
-        based_on=ev.based_on,
-        policy_version=ev.policy_version,
-        policy=policy,
-        decided_at=ev.decided_at,
-        ranks=ranks,
-        placed=ev.placed,
-        preempted=ev.preempted,
-        waiting=ev.waiting,
-        fragmentation_gpus=ev.fragmentation_gpus,
-        wake_at=ev.wake_at,
-        skipped_cycles=ev.skipped_cycles,
-    )
+    fields = msgspec.structs.asdict(ev)  # v3's fields, and v2's `config` strings
+    del fields["config"]
+    return CycleDecided(**{**fields, "policy": policy, "ranks": ranks})
 
 
 def _usage_of_settings(based_on: int, settings: dict[str, str]) -> RankInputs | None:
