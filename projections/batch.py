@@ -32,7 +32,7 @@ _decoder = msgspec.json.Decoder(e.StoredEvent)
 _object_decoder = msgspec.json.Decoder(dict[str, Any])
 _TAG_OF: dict[type, str] = {cls: tag_of(cls) for cls in e.EVENT_TYPES + e.OLDER_TYPES}
 _CLASS_OF: dict[str, type] = {tag: cls for cls, tag in _TAG_OF.items()}
-_LATEST: dict[type, type] = {e.CycleDecidedV1: e.CycleDecided}
+_LATEST: dict[type, type] = {e.CycleDecidedV1: e.CycleDecided, e.CycleDecidedV2: e.CycleDecided}
 """Older event type -> the type `codec.upcast` makes of it (the group it joins)."""
 
 _JSON = pa.json_(pa.large_string())
@@ -586,6 +586,6 @@ def _cycles(groups: dict[type, Group]) -> pa.Table:
             "preempted_jobs": [list(ev.preempted) for ev in evs],
             "considered": [ev.waiting.considered for ev in evs],
             "fragmentation_gpus": [ev.fragmentation_gpus for ev in evs],
-            "config": [msgspec.json.encode(ev.config).decode() for ev in evs],
+            "config": [msgspec.json.encode(ev.policy).decode() for ev in evs],
         },
     )

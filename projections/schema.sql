@@ -144,7 +144,7 @@ CREATE TABLE decisions (
     preempted_jobs     BIGINT[] NOT NULL,
     considered         INTEGER NOT NULL,
     fragmentation_gpus INTEGER NOT NULL,
-    config             JSON
+    config             JSON                -- the policy's settings (its typed config)
 );
 
 -- Accounts as of time t: open or closed, with shares, parent and kind (ASOF-style lookup).

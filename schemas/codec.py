@@ -14,8 +14,18 @@ from typing import Any
 import msgspec
 
 from schemas.digest import summarise
-from schemas.errors import EventDecodeError
-from schemas.events import TAGS, AnyEvent, CycleDecided, CycleDecidedV1, StoredEvent
+from schemas.errors import EventDecodeError, InvalidCommand, LedgerError
+from schemas.events import (
+    TAGS,
+    AnyEvent,
+    CycleDecided,
+    CycleDecidedV1,
+    CycleDecidedV2,
+    RankInputs,
+    StoredEvent,
+    UsageSettings,
+)
+from schemas.policy import WEEK_S, from_settings
 
 _encoder = msgspec.json.Encoder(order="deterministic")
 _decoder = msgspec.json.Decoder(StoredEvent)
@@ -98,12 +108,12 @@ def clamp(data: bytes) -> StoredEvent | None:
 # --- upcasters: older version -> latest version (pure) ------------------------------------------
 
 
-def decided_v1_to_v2(ev: CycleDecidedV1) -> CycleDecided:
+def decided_v1_to_v2(ev: CycleDecidedV1) -> CycleDecidedV2:
     """Pure: a v1 decision record as v2. Placements and preemptions become references (their
     `JobPlaced`/`JobPreempted` events follow the record in the log); the considered list becomes
     the compact summary with the same order digest replay computes; the rank inputs and typed
     policy config, which v1 did not record, are None."""
-    return CycleDecided(
+    return CycleDecidedV2(
         event_id=ev.event_id,
         at=ev.at,
         actor=ev.actor,
@@ -121,10 +131,54 @@ def decided_v1_to_v2(ev: CycleDecidedV1) -> CycleDecided:
     )
 
 
+def decided_v2_to_v3(ev: CycleDecidedV2) -> CycleDecided:
+    """Pure: a v2 decision record as v3, whose policy settings are typed only. The typed config
+    v2 wrote beside its strings is kept; a record without one (upcast from v1) has its strings
+    read as one (`schemas.policy.from_settings`), and its rank inputs, which it did not record,
+    say how its strings counted usage (`window_s`, `half_life_s`) when they do. Strings that no
+    code of this build wrote leave `policy` None: replay then says it cannot rebuild it."""
+    policy, ranks = ev.policy, ev.ranks
+    if policy is None or ranks is None:
+        try:
+            if policy is None:
+                policy = from_settings(ev.policy_version, ev.config)
+            if ranks is None:
+                ranks = _usage_of_settings(ev.based_on, ev.config)
+        except LedgerError:
+            policy = None
+    fields = msgspec.structs.asdict(ev)  # v3's fields, and v2's `config` strings
+    del fields["config"]
+    return CycleDecided(**{**fields, "policy": policy, "ranks": ranks})
+
+
+def _usage_of_settings(based_on: int, settings: dict[str, str]) -> RankInputs | None:
+    """How a record's strings say its ranks counted usage (read at `based_on`, as the ranks of
+    records without rank inputs were), or None when they do not say."""
+    if "window_s" not in settings and "half_life_s" not in settings:
+        return None
+    window = _seconds(settings, "window_s") if "window_s" in settings else WEEK_S
+    half_life = _seconds(settings, "half_life_s") if "half_life_s" in settings else None
+    return RankInputs(
+        position=based_on, usage=UsageSettings(window_s=window, half_life_s=half_life)
+    )
+
+
+def _seconds(settings: dict[str, str], key: str) -> float:
+    try:
+        value = float(settings[key])
+    except ValueError as err:
+        raise InvalidCommand(f"the recorded config has {key}={settings[key]!r}") from err
+    if not 0 < value < float("inf"):
+        raise InvalidCommand(f"the recorded config has {key}={settings[key]!r}: it must be > 0")
+    return value
+
+
 def upcast(event: StoredEvent) -> AnyEvent:
     """Pure: the latest version of a decoded event (the event itself when it is the latest)."""
     if isinstance(event, CycleDecidedV1):
-        return decided_v1_to_v2(event)
+        return decided_v2_to_v3(decided_v1_to_v2(event))
+    if isinstance(event, CycleDecidedV2):
+        return decided_v2_to_v3(event)
     return event
 
 

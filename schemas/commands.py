@@ -18,7 +18,6 @@ from schemas.bounds import (
     AccountPath,
     Actor,
     CommandLine,
-    Config,
     Count,
     Duration,
     Epoch,
@@ -192,23 +191,30 @@ class RequeueJob(Command, frozen=True, kw_only=True, tag="requeue"):
     reason: Text = ""
 
 
-class ApplyDecision(Command, frozen=True, kw_only=True, tag="decision.apply"):
-    """A dispatcher cycle's outcome: its placements and preemptions (which become events) and
-    the decision record's inputs and compact summary (`CycleDecided`)."""
+class DecisionBody(msgspec.Struct, frozen=True, kw_only=True):
+    """What one dispatcher cycle decided, as it hands it to the ledger: the decision record's
+    fields (`events.CycleDecided`, which keeps the outcomes by reference) with the placements and
+    preemptions in full (they become `JobPlaced` and `JobPreempted` events)."""
 
     cycle_id: Token
     based_on: Position
     policy_version: Token
+    policy: AnyPolicyConfig | None = None
+    decided_at: Epoch | None = None
+    ranks: RankInputs | None = None
     placements: Annotated[tuple[Placement, ...], MANY] = ()
     preemptions: Annotated[tuple[Preemption, ...], MANY] = ()
     waiting: WaitSummary = WaitSummary()
-    policy: AnyPolicyConfig | None = None
-    ranks: RankInputs | None = None
     fragmentation_gpus: Count = 0
-    config: Config = {}
     wake_at: Epoch | None = None
-    decided_at: Epoch | None = None
     skipped_cycles: Count = 0
+
+
+class ApplyDecision(Command, frozen=True, kw_only=True, tag="decision.apply"):
+    """Apply a dispatcher cycle's decision: record it (`CycleDecided`) and carry out its
+    placements and preemptions."""
+
+    decision: DecisionBody
 
 
 class PreemptJob(Command, frozen=True, kw_only=True, tag="preempt"):

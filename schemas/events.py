@@ -360,7 +360,7 @@ class Considered(msgspec.Struct, frozen=True, kw_only=True):
 class CycleDecidedV1(Event, frozen=True, kw_only=True, tag="cycle.decided.v1"):
     """The first decision record: it copied every placement, preemption and considered job (sort
     key and reason text), 1.9 MB at 10k pending. Still read: `schemas.codec` upcasts it to
-    `CycleDecided` (v2), so readers see only the latest version."""
+    `CycleDecided` (v3, through v2), so readers see only the latest version."""
 
     cycle_id: Token
     based_on: Position
@@ -389,8 +389,9 @@ class RankInputs(msgspec.Struct, frozen=True, kw_only=True):
     mismatch as such."""
 
     position: Position
-    digest: Token
-    ranking_version: Token
+    digest: Token = ""
+    """"": not recorded (records upcast from v1, which said only how usage was counted)."""
+    ranking_version: Token = ""
     usage: UsageSettings
 
 
@@ -423,14 +424,9 @@ class WaitSummary(msgspec.Struct, frozen=True, kw_only=True):
         return sum(c.jobs for c in self.counts)
 
 
-class CycleDecided(Event, frozen=True, kw_only=True, tag="cycle.decided.v2"):
-    """One dispatcher cycle's decision: its inputs and its outcomes by reference.
-
-    Placements and preemptions are the `JobPlaced`/`JobPreempted` events with this `cycle_id`
-    that follow it in the same append; here only their job ids, in decision order. A cycle that
-    decided nothing is recorded at a bounded rate, and `skipped_cycles` counts the empty cycles
-    before this record that were not recorded on their own: together they answer "why did
-    nothing start between t1 and t2"."""
+class CycleDecidedV2(Event, frozen=True, kw_only=True, tag="cycle.decided.v2"):
+    """The second decision record: v3's fields plus the policy's settings written again as
+    strings (`config`). Still read: `schemas.codec` upcasts it to `CycleDecided` (v3)."""
 
     cycle_id: Token
     based_on: Position
@@ -443,6 +439,40 @@ class CycleDecided(Event, frozen=True, kw_only=True, tag="cycle.decided.v2"):
     """The `now` the pure decide() was given (replay re-runs it with the same value)."""
     ranks: RankInputs | None = None
     """None in records upcast from v1, which did not say."""
+    placed: Annotated[tuple[JobId, ...], MANY] = ()
+    preempted: Annotated[tuple[JobId, ...], MANY] = ()
+    waiting: WaitSummary = WaitSummary()
+    fragmentation_gpus: Count = 0
+    wake_at: Epoch | None = None
+    """When the decision could change without a new event (a contract ends)."""
+    skipped_cycles: Count = 0
+
+
+class CycleDecided(Event, frozen=True, kw_only=True, tag="cycle.decided.v3"):
+    """One dispatcher cycle's decision: its inputs and its outcomes by reference.
+
+    Placements and preemptions are the `JobPlaced`/`JobPreempted` events with this `cycle_id`
+    that follow it in the same append; here only their job ids, in decision order. A cycle that
+    decided nothing is recorded at a bounded rate, and `skipped_cycles` counts the empty cycles
+    before this record that were not recorded on their own: together they answer "why did
+    nothing start between t1 and t2".
+
+    The dispatcher hands it in as `ApplyDecision.decision` (`schemas.commands.DecisionBody`, the
+    same fields with the outcomes in full). Older versions (v1, v2) are upcast to this one by
+    `schemas.codec`, their string settings read as the typed `policy` there."""
+
+    cycle_id: Token
+    based_on: Position
+    policy_version: Token
+    policy: AnyPolicyConfig | None = None
+    """The policy's settings (`schemas.policy`), which replay rebuilds it from. None for a
+    policy no version of this build registers, and in an upcast record whose string settings no
+    code of this build wrote."""
+    decided_at: Epoch | None = None
+    """The `now` the pure decide() was given (replay re-runs it with the same value)."""
+    ranks: RankInputs | None = None
+    """How the ranks were read and counted (None: the policy reads none, or an upcast v1 record
+    did not say)."""
     placed: Annotated[tuple[JobId, ...], MANY] = ()
     preempted: Annotated[tuple[JobId, ...], MANY] = ()
     waiting: WaitSummary = WaitSummary()
@@ -490,10 +520,10 @@ AnyEvent = (
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__
 """The latest version of every event: what `schemas.codec.decode` returns."""
 
-StoredEvent = AnyEvent | CycleDecidedV1
+StoredEvent = AnyEvent | CycleDecidedV2 | CycleDecidedV1
 """Every version that may be stored; `schemas.codec` upcasts the older ones."""
 
-OLDER_TYPES: tuple[type[Event], ...] = (CycleDecidedV1,)
+OLDER_TYPES: tuple[type[Event], ...] = (CycleDecidedV2, CycleDecidedV1)
 
 
 def tag_of(cls: type[Event]) -> str:

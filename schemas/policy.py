@@ -10,16 +10,20 @@ config names the code that reads it: `FairShareConfig` is "fairshare-1", `FifoCo
 `msgspec.json.decode(data, type=AnyPolicyConfig)`. A policy whose behaviour changes gets a new
 version and a new Struct here; an old one stays as long as its decisions must replay.
 
-`ledger.dispatch.registry` builds the policy of a config (`policy_from_config`).
+`ledger.dispatch.registry` builds the policy of a config (`build`). Decision records before
+`cycle.decided.v3` wrote a config as strings (`settings`); `schemas.codec` reads them back as typed
+configs once (`from_settings`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated
 
 import msgspec
 
 from schemas.bounds import INT32_MAX, TEN_YEARS_S, Name, TeamDepth
+from schemas.errors import InvalidCommand, UnknownEntity
 
 WEEK_S = 7 * 24 * 3600.0
 
@@ -226,3 +230,106 @@ POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
     Legacy2Config,
     LegacyConfig,
 )
+
+
+# --- the string settings of v1 and v2 decision records --------------------------------------------
+
+_TYPES: dict[str, type[PolicyConfig]] = {
+    t.__struct_config__.tag: t  # type: ignore[misc]
+    for t in POLICY_CONFIG_TYPES
+}
+USAGE_SETTINGS = ("window_s",)
+"""Strings a v1 or v2 record wrote beside the policy's settings that said how usage was counted
+(the what-if's window), not how the policy decides."""
+
+
+def family(version: str) -> str:
+    """Pure: the policy name a version belongs to (`fairshare-6` -> `fairshare`)."""
+    return version.rsplit("-", 1)[0]
+
+
+def settings(config: AnyPolicyConfig) -> dict[str, str]:
+    """Pure: a config as the strings v1 and v2 decision records wrote it (`config`): the policy's
+    name and each setting (floats as `repr`, booleans in lower case, legacy caps as
+    `team=gpus,...`). New records carry the typed config only."""
+    out = {"policy": family(config.version)}
+    for name in type(config).__struct_fields__:
+        value = getattr(config, name)
+        if isinstance(value, bool):
+            out[name] = str(value).lower()
+        elif isinstance(value, dict):
+            out[name] = ",".join(f"{team}={gpus}" for team, gpus in sorted(value.items()))
+        else:
+            out[name] = repr(value) if isinstance(value, float) else str(value)
+    return out
+
+
+def from_settings(version: str, recorded: Mapping[str, str]) -> AnyPolicyConfig:
+    """Pure: the typed config of a v1 or v2 decision recorded as `version` and its string
+    settings (what `settings` writes; `USAGE_SETTINGS` are left out), so that records that said
+    it in strings are read as typed configs once, by `schemas.codec`.
+
+    A version no config type here has raises `UnknownEntity` naming it; settings that are not
+    exactly those the version writes (the same keys, the same values: "3600" and "3600.0" are
+    the same) raise `InvalidCommand` naming what differs."""
+    kind = _TYPES.get(version)
+    if kind is None:
+        raise unknown_version(version)
+    own = {k: v for k, v in recorded.items() if k not in USAGE_SETTINGS}
+    fields = kind.__struct_fields__
+    raw: dict[str, object] = {k: own[k] for k in fields if k in own}
+    try:
+        missing = [k for k in fields if k not in own]
+        if missing:
+            raise KeyError(missing[0])
+        if "caps" in raw:
+            raw["caps"] = _caps(own["caps"])
+        config: AnyPolicyConfig = msgspec.convert(raw, kind, strict=False)  # type: ignore[assignment]
+    except (KeyError, ValueError, msgspec.ValidationError) as err:
+        raise InvalidCommand(
+            f"the recorded config of policy {version!r} is not one its code wrote: bad or "
+            f"missing setting {err}",
+            hint="the decision's config was edited, or written by other code under this version",
+            version=version,
+        ) from err
+    written = settings(config)
+    differ = sorted(k for k in set(written) | set(own) if not _same(written.get(k), own.get(k)))
+    if differ:
+        raise InvalidCommand(
+            f"the recorded config of policy {version!r} does not match what its code records "
+            f"(differs in {', '.join(differ)})",
+            hint="the decision's config was edited, or written by other code under this version",
+            version=version,
+        )
+    return config
+
+
+def unknown_version(version: str) -> UnknownEntity:
+    """Pure: the error for a decision that needs a policy version this build has no code for."""
+    return UnknownEntity(
+        f"this decision needs policy version {version!r}, whose code this build of "
+        f"gpu-ledger does not have (it has {', '.join(sorted(_TYPES))})",
+        hint=f"replay it with a gpu-ledger release that still ships {version!r}",
+        version=version,
+    )
+
+
+def _caps(text: str) -> dict[str, int]:
+    """`team=gpus,...` as `settings` writes legacy caps."""
+    caps = {}
+    for item in filter(None, text.split(",")):
+        team, _, gpus = item.rpartition("=")
+        caps[team] = int(gpus)
+    return caps
+
+
+def _same(a: str | None, b: str | None) -> bool:
+    """Two recorded settings are the same value ("3600" and "3600.0" are)."""
+    if a == b:
+        return True
+    if a is None or b is None:
+        return False
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return False

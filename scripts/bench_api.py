@@ -43,9 +43,9 @@ from typing import NamedTuple
 
 from benchkit import machine
 
-from ledger.server.identity import new_token
+from ledger.core.tokens import issue
 from ledger.store.application import Ledger
-from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.clock import SimClock, new_token_secret, seeded_ids
 from schemas import commands as c
 
 GOAL_PER_S = 1_000
@@ -83,7 +83,8 @@ def tokens(led: Ledger, users: list[str]) -> list[str]:
     """One new bearer token for each of `users`."""
     out = []
     for user in users:
-        secret, cmd = new_token("root", user, name="bench")
+        secret = new_token_secret()
+        cmd = issue("root", user, secret, name="bench")
         led.execute(cmd)
         out.append(secret)
     return out

@@ -129,7 +129,7 @@ def main() -> None:
             d = Dispatcher(
                 ledger,
                 ProjectionRanks(Projector(store, EmbeddedSource(home))),
-                registry.policy_from_config(registry.default_config()),
+                registry.build(),
                 executor,
             )
             # fill the cluster, then queue the pending work (not timed)

@@ -210,11 +210,9 @@ def main() -> None:
     )
     args = ap.parse_args()
     clock = time.perf_counter if args.clock == "wall" else time.process_time
-    config = registry.default_config(args.policy)
-    if args.budget is not None:
-        config = registry.with_knobs(config, {"search_budget": args.budget})
-    policy = registry.policy_from_config(config)
-    budget = getattr(config, "search_budget", 0)
+    knobs = {} if args.budget is None else {"search_budget": args.budget}
+    policy = registry.build(args.policy, knobs)
+    budget = getattr(policy, "search_budget", 0)
     today = time.strftime("%Y-%m-%d")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"python {platform.python_version()}, {os.cpu_count()} cpus, load {load}, {today}")

@@ -2,10 +2,10 @@
 
 On a copy of a history made by `scripts/bench_history.py` (its store and caught-up projection):
 a live ledger appends one real fair-share decision (50 one-GPU jobs); a walk over the log stores
-replay checkpoints (`ledger.history.replay.CHECKPOINT_EVERY`); then that decision is replayed three
-times
-as `gpuledger replay --cycle` does it: from the nearest checkpoint that verifies, ranked from the
-data directory's projection read as of its position. Prints the tail folded and the times.
+replay checkpoints (`ledger.history.checkpoints.CHECKPOINT_EVERY`); then that decision is
+replayed three times as `gpuledger replay --cycle` does it: from the nearest checkpoint that
+verifies, ranked from the data directory's projection read as of its position. Prints the tail
+folded and the times.
 
     python scripts/bench_one_decision.py /tmp/gpuledger-history/1000000
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch import registry
+from ledger.history import checkpoints as ck
 from ledger.history import replay
 from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger
@@ -46,7 +47,7 @@ def main() -> None:
         clock.advance_to(last.at + 60)
         submit = c.SubmitJob(actor="user0_0_0", account="prog0/proj0", gpus=1, min_runtime_s=600)
         ledger.execute_all([submit] * 50)
-        policy = registry.policy_from_config(registry.default_config())
+        policy = registry.build()
         with Store.open(tmp) as store:
             ranks = ProjectionRanks(Projector(store, EmbeddedSource(tmp)))
             Dispatcher(ledger, ranks, policy, KernelExecutor()).cycle(clock.now())
@@ -54,7 +55,7 @@ def main() -> None:
         # the decision just made (the synthetic history's own records name another version)
         decisions = [d for d in replay.find_decisions(tmp) if d[1].policy_version == policy.version]
         position, rec = decisions[-1]
-        checkpoints = replay.Checkpoints(tmp / replay.CHECKPOINTS_DB)
+        checkpoints = ck.Checkpoints(tmp / ck.CHECKPOINTS_DB)
         t0 = time.perf_counter()
         with EmbeddedSource(tmp) as source, replay.Replayer(source, checkpoints=checkpoints) as rp:
             rp.advance(rec.based_on - 1)

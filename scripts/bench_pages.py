@@ -41,8 +41,9 @@ from typing import Any
 from bench_history import ensure_log, prepare
 from benchkit import machine
 
-from ledger.server.identity import new_token
+from ledger.core import tokens
 from ledger.store.application import Ledger
+from ledger.store.clock import new_token_secret
 from schemas import commands as c
 
 GOAL_MS = 300.0
@@ -60,7 +61,8 @@ def add_pending(home: Path, pending: int) -> dict[str, object]:
     ledger = Ledger(home, live=True)
     try:
         members = sorted((u, p) for p, us in ledger.state.members.items() for u in us)
-        secret, token_cmd = new_token("root", "root", name="bench-pages")
+        secret = new_token_secret()
+        token_cmd = tokens.issue("root", "root", secret, name="bench-pages")
         ledger.execute(token_cmd)
         t0 = time.perf_counter()
         for start in range(0, pending, 1_000):

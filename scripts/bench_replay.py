@@ -41,7 +41,8 @@ from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch import registry
 from ledger.dispatch.engine import decide
 from ledger.history.audit import store_records, verify_chain
-from ledger.history.replay import Replayer, compare, decided_at, find_decisions, squat_threshold
+from ledger.history.compare import compare, decided_at, squat_threshold
+from ledger.history.replay import Replayer, find_decisions
 from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
@@ -115,7 +116,7 @@ def make_sim(home: Path, trace: Path) -> None:
 
 def bench_all(home: Path, exact_sample: int) -> None:
     decisions = find_decisions(home)
-    thresholds = {squat_threshold(d.config) for _, d in decisions}
+    thresholds = {squat_threshold(d) for _, d in decisions}
     with EmbeddedSource(home) as source:
         head = source.head()
         started, cpu0 = time.perf_counter(), time.process_time()
@@ -219,7 +220,7 @@ def make_padded(home: Path, events: int) -> None:
         dispatcher = Dispatcher(
             ledger,
             ProjectionRanks(Projector(store, source)),
-            registry.policy_from_config(registry.default_config()),
+            registry.build(),
             KernelExecutor(),
         )
         result = dispatcher.cycle(clock.now())
@@ -242,7 +243,7 @@ def bench_single(home: Path, repeat: int) -> None:
         runs = []
         for _ in range(repeat):
             t = time.perf_counter()
-            with Replayer(source, thresholds={squat_threshold(recorded.config)}, exact=True) as rp:
+            with Replayer(source, thresholds={squat_threshold(recorded)}, exact=True) as rp:
                 result = rp.replay(position, recorded)
                 timings = rp.timings
             runs.append(time.perf_counter() - t)

@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ledger.core.domain import State, evolve
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from ledger.sim.runner import START_AT, Cluster, SimConfig, simulate
 from ledger.sim.workload import Assumptions, parse_trace, resolve
 from ledger.store.application import Ledger

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchkit import machine
 
-from ledger.core.domain import Job, State
+from ledger.core.state import Job, State
 from ledger.cycle.inputs import snapshot_from_state
 from schemas import events as e
 

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from ledger.core.domain import State, decide, evolve
+from ledger.core.decide import decide
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from schemas import commands as c

@@ -19,7 +19,6 @@ their supervisors, and the next `up` adopts them (its agents re-attach before ta
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import os
 import threading
@@ -29,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from ledger.agent.node import STATUS_FILE, NodeAgent, Settings
+from ledger.core import tokens
 from ledger.engines.gpu_util import UtilSource
 from ledger.engines.supervised import SupervisedExecutor
-from ledger.server import identity
 from ledger.store.application import Ledger
+from ledger.store.clock import new_token_secret
 
 log = logging.getLogger("gpuledger.up")
 
@@ -62,19 +62,15 @@ def node_token(ledger: Ledger, node: str, actor: str, now: float) -> str:
     path = state_dir(ledger.home, node) / "token"
     with contextlib.suppress(FileNotFoundError, ValueError):
         secret = path.read_text().strip()
-        token = ledger.state.tokens.get(secret.split("_")[1])
-        if (
-            token is not None
-            and not token.revoked
-            and token.scope_node == node
-            and (token.expires_at is None or token.expires_at > now)
-            and hmac.compare_digest(identity.digest(secret), token.secret_sha256)
-        ):
+        token = tokens.valid(ledger.state, secret, now)
+        if token is not None and token.scope_node == node:
             return secret
-    secret, cmd = identity.new_token(
-        actor, actor, name=f"local agent of {node}", scope="node", scope_node=node
+    secret = new_token_secret()
+    ledger.execute(
+        tokens.issue(
+            actor, actor, secret, name=f"local agent of {node}", scope="node", scope_node=node
+        )
     )
-    ledger.execute(cmd)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -34,6 +34,7 @@ from ledger.cli.views import projection
 from ledger.core import budget as b
 from ledger.history import audit as au
 from ledger.history import replay as rp
+from ledger.history.compare import CycleReplay, slots_text
 from ledger.reads import layer as reads
 from ledger.reads.explain import span
 from ledger.sim import whatif as wi
@@ -104,7 +105,7 @@ def replay(
         )
     verbose = not all_ or len(decisions) == 1
     started = time.perf_counter()
-    results: list[rp.CycleReplay] = []
+    results: list[CycleReplay] = []
     for result in rp.replay_found(ctx.home, decisions, exact=exact):
         results.append(result)
         if not as_json and (verbose or not result.identical):
@@ -133,7 +134,7 @@ def replay(
         sys.exit(1)
 
 
-def _print_replay(result: rp.CycleReplay, show: int) -> None:
+def _print_replay(result: CycleReplay, show: int) -> None:
     click.echo(f"{result.headline()} at {fmt_time(result.decided_at)}")
     for d in result.differences[:show]:
         click.echo(f"  {d.text()}")
@@ -459,11 +460,11 @@ SELECT position, occurred_at, raw->>'$.cycle_id' AS cycle_id,
         FROM (SELECT unnest(CAST(raw->'$.waiting.first' AS JSON[])) AS w)
         WHERE CAST(w->>0 AS BIGINT) = $job LIMIT 1) AS seen
 FROM events
-WHERE tag = 'cycle.decided.v2' AND position BETWEEN $first AND $last
+WHERE tag IN ('cycle.decided.v2', 'cycle.decided.v3') AND position BETWEEN $first AND $last
 ORDER BY position
 """
 """The recorded cycles a job waited in: v1 records list every considered job with its reason;
-v2 records list the first waiting jobs with their codes (`WaitSummary.first`)."""
+v2 and v3 records list the first waiting jobs with their codes (`WaitSummary.first`)."""
 
 _JOB_PLACED_BY = """
 SELECT cycle_id, list_position(placed_jobs, $job), len(placed_jobs), considered
@@ -566,7 +567,7 @@ def _detail(ev: e.AnyEvent) -> str:
                 f"{f', priority {ev.priority}' if ev.priority else ''}"
             )
         case e.JobPlaced():
-            return f"placed by {ev.cycle_id} (based on {ev.based_on}) on {rp.slots_text(ev.slots)}"
+            return f"placed by {ev.cycle_id} (based on {ev.based_on}) on {slots_text(ev.slots)}"
         case e.JobPreempted():
             why = f"{ev.reason} for job {ev.for_job}" if ev.for_job is not None else ev.reason
             note = f": {ev.note}" if ev.note else ""

@@ -31,7 +31,7 @@ from ledger.cli._common import (
     setup_logging,
 )
 from ledger.cycle.executor import Executor
-from ledger.cycle.loop import ServiceLoop, make_policy
+from ledger.cycle.loop import ServiceLoop
 from ledger.dispatch import registry
 from ledger.engines.gpu_util import pick_source
 from ledger.engines.supervised import DEBUG_LIMIT_S, SupervisedExecutor
@@ -188,7 +188,15 @@ def up(
     loop = ServiceLoop(
         ledger,
         executor,
-        make_policy(policy, margin, debug_lane, parse_duration(squat_after)),
+        registry.build(
+            policy,
+            {
+                "margin": margin,
+                "debug_lane": debug_lane,
+                "squat_after_s": parse_duration(squat_after),
+            },
+            known_only=True,
+        ),
         kafka=kafka,
         log=log,
         lifecycle_dir=ctx.home / "jobs",

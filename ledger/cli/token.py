@@ -7,11 +7,12 @@ import os
 import click
 
 from ledger.cli._common import Ctx, echo_json, fmt_time, json_option, parse_duration, pass_ctx
-from ledger.server import identity
-from ledger.store.clock import SystemClock
+from ledger.core import tokens
+from ledger.store.clock import SystemClock, new_token_secret
 from ledger.wire.client import token_file
 from schemas import commands as c
 from schemas.api import TokenRow
+from schemas.events import TokenScope
 
 
 @click.group()
@@ -42,10 +43,12 @@ def token_create(
         user = actor or _whoami(ctx)
     lifetime = parse_duration(expires)
     expires_at = SystemClock().now() + lifetime if lifetime else None
-    scope = "node" if node is not None else "job" if job_id is not None else "user"
-    secret, cmd = identity.new_token(
+    scope: TokenScope = "node" if node is not None else "job" if job_id is not None else "user"
+    secret = new_token_secret()
+    cmd = tokens.issue(
         actor,
         user,
+        secret,
         name=name,
         expires_at=expires_at,
         scope=scope,

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ledger.core.domain import NewId, State, decide, evolve
+from ledger.core.decide import NewId, decide
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from schemas import commands as c
 from schemas.bounds import AccountPath, Name, Shares, Text, describe
 from schemas.errors import InvalidCommand

@@ -41,7 +41,7 @@ from schemas.policy import AnyPolicyConfig
 
 if TYPE_CHECKING:  # the projector brings DuckDB's Python API, the application eventsourcing; a
     # read that needs neither a catch-up nor an append (the CLI's `queue`) loads neither
-    from ledger.core.domain import State
+    from ledger.core.state import State
     from ledger.store.application import Ledger
     from projections.projector import Projector
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from schemas.events import EndReason, GpuSlot
 
 if TYPE_CHECKING:
-    from ledger.core.domain import Node
+    from ledger.core.state import Node
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The dispatcher's input taken from the write side: `snapshot_from_state`.
 
-The adapter between the two pure cores: it reads the write side's `State` (`ledger.core.domain`) and
+The adapter between the two pure cores: it reads the write side's `State` (`ledger.core.state`) and
 builds the dispatcher's `Snapshot` (`ledger.dispatch`), so neither core imports the other.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ledger.core.domain import State
+from ledger.core.state import State
 from ledger.dispatch.snapshot import (
     NodeView,
     PendingJob,

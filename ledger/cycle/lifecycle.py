@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from schemas import events as e
 
 if TYPE_CHECKING:
-    from ledger.core.domain import Job
+    from ledger.core.state import Job
 
 
 def lifecycle_lines(

@@ -43,19 +43,6 @@ if TYPE_CHECKING:
 SERVICE = "@service"
 
 
-def make_policy(
-    name: str, margin: float, debug_lane: bool, squat_after_s: float | None = None
-) -> Policy:
-    """The named policy; `margin`, `debug_lane` (and `squat_after_s`) set fair share's knobs."""
-    config = registry.default_config(name)
-    if registry.lookup(name).name == "fairshare":
-        knobs: dict[str, Any] = {"margin": margin, "debug_lane": debug_lane}
-        if squat_after_s is not None:
-            knobs["squat_after_s"] = squat_after_s
-        config = registry.with_knobs(config, knobs)
-    return registry.policy_from_config(config)
-
-
 @dataclass
 class LoopStats:
     """What `status` and `/v1/health` report about the loop."""

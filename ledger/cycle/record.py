@@ -28,7 +28,7 @@ from schemas import commands as c
 from schemas.errors import LedgerError
 
 if TYPE_CHECKING:
-    from ledger.core.domain import Job, State
+    from ledger.core.state import Job, State
 
 log = logging.getLogger("gpuledger.dispatcher")
 

@@ -1,7 +1,7 @@
 """The dispatcher's pure core: `decide(snapshot, policy, now) -> Decision`.
 
 Imports only `schemas` and the standard library (plus msgspec): no clock, no I/O, no store. The
-cycle edge (snapshot reader, append, executors) lives elsewhere.
+cycle edge (the snapshot, append, executors) lives elsewhere.
 """
 
 from ledger.dispatch.engine import Decision, Unplaceable, WaitCode, decide
@@ -13,7 +13,6 @@ from ledger.dispatch.snapshot import (
     PendingJob,
     RunningJob,
     Snapshot,
-    SnapshotReader,
     complete_ranks,
 )
 
@@ -26,7 +25,6 @@ __all__ = [
     "Policy",
     "RunningJob",
     "Snapshot",
-    "SnapshotReader",
     "SortKey",
     "Unplaceable",
     "Victim",

@@ -63,16 +63,6 @@ class SlurmMultifactor(Simple, msgspec.Struct, frozen=True, kw_only=True):
     """PriorityDecayHalfLife: recorded here; the rank source decays usage with it."""
     search_budget: int = 32
 
-    def config(self) -> dict[str, str]:
-        return {
-            "policy": "slurm",
-            "weight_fairshare": repr(self.weight_fairshare),
-            "weight_age": repr(self.weight_age),
-            "max_age_s": repr(self.max_age_s),
-            "half_life_s": repr(self.half_life_s),
-            "search_budget": str(self.search_budget),
-        }
-
     def priority(self, job: PendingJob, ranks: Mapping[str, int], users: int, now: float) -> float:
         """Pure: the multifactor priority of `job` at `now` (higher runs first)."""
         rank = ranks.get(job.leaf, ranks.get(job.account, UNRANKED))
@@ -162,15 +152,6 @@ class LegacyCaps(Simple, msgspec.Struct, frozen=True, kw_only=True):
     team_depth: int = 2
     search_budget: int = 32
 
-    def config(self) -> dict[str, str]:
-        caps = ",".join(f"{t}={g}" for t, g in sorted(self.caps.items()))
-        return {
-            "policy": "legacy",
-            "caps": caps,
-            "team_depth": str(self.team_depth),
-            "search_budget": str(self.search_budget),
-        }
-
     def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
         keyed: list[tuple[SortKey, PendingJob]] = [
             ((0 if j.min_runtime_s > 0 else 1, -j.priority, j.submitted_at, j.job_id), j)
@@ -211,9 +192,6 @@ class SlurmMultifactor2(SlurmMultifactor, frozen=True, kw_only=True):
 
     version: str = "slurm-2"
     preempt_unfunded: bool = False
-
-    def config(self) -> dict[str, str]:
-        return {**super().config(), "preempt_unfunded": str(self.preempt_unfunded).lower()}
 
     def may_preempt(self, job: PendingJob) -> bool:
         return self.preempt_unfunded and job.min_runtime_s > 0

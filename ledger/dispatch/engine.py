@@ -59,7 +59,7 @@ from ledger.dispatch.preemption import (
     ready_key,
 )
 from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot, complete_ranks
-from schemas.commands import ApplyDecision
+from schemas.commands import ApplyDecision, DecisionBody
 from schemas.digest import summarise
 from schemas.events import Considered, GpuSlot, Placement, Preemption, PreemptReason, RankInputs
 from schemas.policy import AnyPolicyConfig
@@ -85,7 +85,6 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
 
     based_on: int
     policy_version: str
-    config: dict[str, str]
     placements: tuple[Placement, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
     considered: tuple[Considered, ...] = ()
@@ -112,25 +111,23 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
         skipped_cycles: int = 0,
     ) -> ApplyDecision:
         """The command that applies this decision, expecting the log still at `based_on`. The
-        record it makes keeps the inputs (`ranks`, `decided_at`) and, of the considered jobs,
-        only the compact summary (`schemas.digest.summarise`)."""
-        return ApplyDecision(
-            actor=actor,
-            expected_position=self.based_on,
+        record it makes keeps the inputs (`policy`, its settings; `ranks`; `decided_at`) and, of
+        the considered jobs, only the compact summary (`schemas.digest.summarise`)."""
+        body = DecisionBody(
             cycle_id=cycle_id,
             based_on=self.based_on,
             policy_version=self.policy_version,
+            policy=policy,
+            decided_at=decided_at,
+            ranks=ranks,
             placements=self.placements,
             preemptions=self.preemptions,
             waiting=summarise(self.considered),
-            policy=policy,
-            ranks=ranks,
             fragmentation_gpus=self.fragmentation_gpus,
-            config=self.config,
             wake_at=self.wake_at,
-            decided_at=decided_at,
             skipped_cycles=skipped_cycles,
         )
+        return ApplyDecision(actor=actor, expected_position=self.based_on, decision=body)
 
 
 _MemoKey = tuple[Hashable, str | None, str | None, bool]
@@ -439,7 +436,6 @@ class _Cycle:
         return Decision(
             based_on=self.snapshot.position,
             policy_version=self.policy.version,
-            config=self.policy.config(),
             placements=tuple(self.placements),
             preemptions=tuple(self.preemptions),
             considered=tuple(self.considered),

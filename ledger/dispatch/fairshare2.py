@@ -172,23 +172,6 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
     debug_victim_ratio: float = 2.0
     debug_reserve_per: int = 128
 
-    def config(self) -> dict[str, str]:
-        return {
-            "policy": "fairshare",
-            "team_depth": str(self.team_depth),
-            "margin": repr(self.margin),
-            "min_rank_gap": str(self.min_rank_gap),
-            "gain_horizon_s": repr(self.gain_horizon_s),
-            "spare_ratio": repr(self.spare_ratio),
-            "squat_after_s": repr(self.squat_after_s),
-            "squat_util_pct": repr(self.squat_util_pct),
-            "search_budget": str(self.search_budget),
-            "debug_lane": str(self.debug_lane).lower(),
-            "debug_search_budget": str(self.debug_search_budget),
-            "debug_victim_ratio": repr(self.debug_victim_ratio),
-            "debug_reserve_per": str(self.debug_reserve_per),
-        }
-
     # --- order ------------------------------------------------------------------------------
 
     def lane(self, job: PendingJob) -> bool:

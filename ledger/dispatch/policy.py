@@ -43,10 +43,6 @@ class Policy(Protocol):
         """At most this many victim searches per cycle (each costs O(running jobs))."""
         ...
 
-    def config(self) -> dict[str, str]:
-        """The settings that shape decisions, recorded in every decision (`config`)."""
-        ...
-
     def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
         """Every pending job with its sort key, in the order the cycle considers them."""
         ...
@@ -147,17 +143,6 @@ class FairShare(Simple, msgspec.Struct, frozen=True, kw_only=True):
     """Funded debug-class jobs may preempt any job past its contract, whatever the ranks."""
     search_budget: int = 32
 
-    def config(self) -> dict[str, str]:
-        return {
-            "policy": "fairshare",
-            "margin": repr(self.margin),
-            "min_rank_gap": str(self.min_rank_gap),
-            "squat_after_s": repr(self.squat_after_s),
-            "squat_util_pct": repr(self.squat_util_pct),
-            "debug_lane": str(self.debug_lane).lower(),
-            "search_budget": str(self.search_budget),
-        }
-
     def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
         return fairshare_order(snapshot.pending, snapshot.ranks)
 
@@ -227,9 +212,6 @@ class Fifo(Simple, msgspec.Struct, frozen=True, kw_only=True):
 
     version: str = "fifo-1"
     search_budget: int = 0
-
-    def config(self) -> dict[str, str]:
-        return {"policy": "fifo"}
 
     def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
         return ordered(snapshot.pending, fifo_key)

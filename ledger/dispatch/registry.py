@@ -4,16 +4,15 @@ Pure: lookups and conversions of values; no I/O.
 
 A policy *name* (`fairshare`, `fifo`, `slurm`, `legacy`) stands for its current version; a
 *version* (`fairshare-1`, ...) names one policy's code exactly, and its settings are a typed config
-from `schemas.policy` (tagged by the version). Everything that builds a policy goes through here:
-the service (`up`), `queue`/`explain`, `simulate`, the what-if and replay.
+from `schemas.policy` (tagged by the version).
 
+- `build(name_or_config, knobs)`: the one way to build the policy that decides: the service's,
+  the read layer's (`queue`, `explain`), the simulator's, the what-if's and replay's;
 - `default_config(name_or_version, ...)`: a version's default settings (legacy caps come from the
   cluster's size and the teams' fractions of it);
 - `with_knobs(config, {"margin": "0.2"})`: the config with settings changed, checked;
-- `policy_from_config(config)`: the policy that decides with those settings;
-- `config_of(policy)`: back from a policy to its typed config;
-- `config_from_record(version, settings)`: the typed config of a decision recorded as the version
-  and its string settings (`cycle.decided.v1`), refused clearly when no code of this build wrote it.
+- `policy_from_config(config)`: the policy of exactly those settings (what `build` ends with);
+- `config_of(policy)`: back from a policy to its typed config (what a decision records).
 """
 
 from __future__ import annotations
@@ -192,6 +191,29 @@ def with_knobs(config: AnyPolicyConfig, knobs: Mapping[str, object]) -> AnyPolic
         ) from err
 
 
+def build(
+    policy: str | AnyPolicyConfig | None = None,
+    knobs: Mapping[str, object] | None = None,
+    *,
+    known_only: bool = False,
+    gpus: int = 0,
+    team_fractions: Mapping[str, float] | None = None,
+) -> Policy:
+    """Pure: the policy that decides: `policy` is a name or version (its default settings;
+    `legacy` caps from `gpus` and `team_fractions`, see `default_config`), a typed config (those
+    settings), or None (the default policy); then the settings in `knobs` changed
+    (`with_knobs`). A knob the policy has no setting for is refused, unless `known_only`: then it
+    is left out (the service's `--margin`, `--debug-lane` and `--squat-after` set fair share's
+    settings and mean nothing to the other policies)."""
+    if policy is None or isinstance(policy, str):
+        config = default_config(policy or DEFAULT, gpus=gpus, team_fractions=team_fractions)
+    else:
+        config = policy
+    if knobs and known_only:
+        knobs = {k: v for k, v in knobs.items() if k in type(config).__struct_fields__}
+    return policy_from_config(with_knobs(config, knobs or {}))
+
+
 def policy_from_config(config: AnyPolicyConfig) -> Policy:
     """Pure: the policy that decides with `config` (its version's code)."""
     return lookup(config.version).build(config)
@@ -216,73 +238,3 @@ def ranked(config: AnyPolicyConfig) -> bool:
 def half_life_s(config: AnyPolicyConfig) -> float | None:
     """Pure: the half-life with which the policy's rank source decays usage (None: a window)."""
     return config.half_life_s if isinstance(config, (SlurmConfig, Slurm2Config)) else None
-
-
-def config_from_record(version: str, settings: Mapping[str, str]) -> AnyPolicyConfig:
-    """Pure: the typed config of a decision recorded as `version` and its string `settings`
-    (what `Policy.config()` wrote).
-
-    Policy code that changes behaviour bumps its version, so a version names the code. A version
-    this build does not have raises `UnknownEntity` naming it; settings that the version's code
-    does not write back (the same keys, the same values) raise `InvalidCommand` naming those that
-    differ.
-    """
-    entry = VERSIONS.get(version)
-    if entry is None:
-        raise UnknownEntity(
-            f"this decision needs policy version {version!r}, whose code this build of "
-            f"gpu-ledger does not have (it has {', '.join(sorted(VERSIONS))})",
-            hint=f"replay it with a gpu-ledger release that still ships {version!r}",
-            version=version,
-        )
-    fields = entry.config_type.__struct_fields__
-    raw: dict[str, object] = {k: settings[k] for k in fields if k in settings}
-    missing = [k for k in fields if k not in settings]
-    try:
-        if missing:
-            raise KeyError(missing[0])
-        if "caps" in raw:
-            raw["caps"] = _caps(settings["caps"])
-        config = msgspec.convert(raw, entry.config_type, strict=False)
-    except (KeyError, ValueError, msgspec.ValidationError) as err:
-        raise InvalidCommand(
-            f"the recorded config of policy {version!r} is not one its code wrote: bad or "
-            f"missing setting {err}",
-            hint="the decision's config was edited, or written by other code under this version",
-            version=version,
-        ) from err
-    rebuilt = entry.build(config).config()
-    keys = sorted(
-        k
-        for k in set(rebuilt) | set(settings)
-        if not _same_setting(rebuilt.get(k), settings.get(k))
-    )
-    if keys:
-        raise InvalidCommand(
-            f"the recorded config of policy {version!r} does not match what its code records "
-            f"(differs in {', '.join(keys)})",
-            hint="the decision's config was edited, or written by other code under this version",
-            version=version,
-        )
-    return config
-
-
-def _caps(text: str) -> dict[str, int]:
-    """`team=gpus,...` as `LegacyCaps.config()` writes it."""
-    caps = {}
-    for item in filter(None, text.split(",")):
-        team, _, gpus = item.rpartition("=")
-        caps[team] = int(gpus)
-    return caps
-
-
-def _same_setting(a: str | None, b: str | None) -> bool:
-    """Two recorded settings are the same value ("3600" and "3600.0" are)."""
-    if a == b:
-        return True
-    if a is None or b is None:
-        return False
-    try:
-        return float(a) == float(b)
-    except ValueError:
-        return False

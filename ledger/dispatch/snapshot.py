@@ -2,8 +2,7 @@
 
 Pure: the snapshot is data. `ledger.cycle.inputs.snapshot_from_state` builds it from the write
 side's `State`; this core never sees the State.
-The dispatcher reads projections through `SnapshotReader`, declared here where it is consumed, so
-`decide()` can be fed a snapshot by a projection, a test, a simulator or a replay alike.
+`decide()` is fed a snapshot alike by the service, a test, the simulator and a replay.
 
 Ranks: `ranks` maps account paths to the fair-share rank (0 = best). The fair-share projection
 ranks user leaves depth-first (Slurm Fair Tree); an interior account (a project or program) sorts
@@ -17,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Literal, Protocol
+from typing import Literal
 
 import msgspec
 
@@ -124,12 +123,6 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
         """The account whose rank orders a job: the user leaf if ranked, else the project."""
         leaf = f"{account}/{user}"
         return leaf if leaf in self.ranks else account
-
-
-class SnapshotReader(Protocol):
-    """Gives the dispatcher a snapshot (a projection, a replay, or a test fake)."""
-
-    def snapshot(self, now: float) -> Snapshot: ...
 
 
 def complete_ranks(leaf_ranks: Mapping[str, int]) -> dict[str, int]:

@@ -33,15 +33,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ledger.core import tokens
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Sample, Start
-from ledger.server import identity
+from ledger.store.clock import new_token_secret
 from schemas import agent as a
 from schemas import commands as c
 from schemas.errors import InvalidCommand, InvalidTransition
 from schemas.events import EndReason
 
 if TYPE_CHECKING:
-    from ledger.core.domain import Node
+    from ledger.core.state import Node
 
 log = logging.getLogger("gpuledger.agents")
 
@@ -309,10 +310,10 @@ class AgentExecutor:
     def _mint(self, job_id: int, user: str) -> str:
         """A token scoped to the job (it may report the job's checkpoints, nothing else),
         recorded at the next `flush`."""
-        secret, cmd = identity.new_token(
-            SYSTEM, user, name=f"job {job_id}", scope="job", scope_job=job_id
+        secret = new_token_secret()
+        self._tokens.append(
+            tokens.issue(SYSTEM, user, secret, name=f"job {job_id}", scope="job", scope_job=job_id)
         )
-        self._tokens.append(cmd)
         return secret
 
     def _stop(self, job_id: int) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ledger.cycle.executor import Exit, Observed, Orders, Start
 
 if TYPE_CHECKING:
-    from ledger.core.domain import Node
+    from ledger.core.state import Node
 
 
 class NoExecutor:

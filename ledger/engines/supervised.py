@@ -49,7 +49,7 @@ from schemas.errors import InvalidCommand
 from schemas.events import EndReason
 
 if TYPE_CHECKING:
-    from ledger.core.domain import Node
+    from ledger.core.state import Node
 
 log = logging.getLogger("gpuledger.agent")
 

@@ -25,7 +25,7 @@ Invariants. `check_history(events)` scans a history for what must never happen: 
 jobs, a preemption inside a contract (admin preemptions with a reason are listed apart, as
 `noted`, not as violations), a placement on a node that is not active, a share, member, manager,
 admin, account, node or token change by someone not authorised at that moment (the rules of
-`ledger.core.domain.authorisation_failure`, the domain's own, replayed against the `State` folded up
+`ledger.core.authz.authorisation_failure`, the domain's own, replayed against the `State` folded up
 to the event). `check_charges(store)`
 checks the projection charges no usage to an unfunded job.
 
@@ -43,7 +43,9 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
-from ledger.core.domain import Job, State, authorisation_failure, evolve, is_system
+from ledger.core.authz import authorisation_failure
+from ledger.core.evolve import evolve
+from ledger.core.state import Job, State, is_system
 from projections.source import EVENTS_DB, EmbeddedSource, StoredRows, follow
 from projections.store import Store
 from schemas import events as e

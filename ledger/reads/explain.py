@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from schemas import events as e
 
 if TYPE_CHECKING:  # annotations only: `explain`'s time words load without the dispatcher
-    from ledger.core.domain import Job
+    from ledger.core.state import Job
     from ledger.dispatch.engine import Decision
     from ledger.dispatch.snapshot import PendingJob, Snapshot
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load t
     # `jobs` neither the fair-share queries nor the event decoders
     import duckdb
 
-    from ledger.core.domain import Job, State
+    from ledger.core.state import Job, State
     from ledger.cycle.dispatcher import LiveState
     from ledger.dispatch.engine import Decision
     from ledger.dispatch.policy import Policy
@@ -785,7 +785,8 @@ _JOB_EVENTS = (
 def job_from_history(job_id: int, history: Iterable[e.AnyEvent]) -> Job | None:
     """Pure: a job as the full fold holds it, from its own events alone (a live state keeps no
     finished jobs; their history is in the projection); None when it was never submitted."""
-    from ledger.core.domain import State, evolve
+    from ledger.core.evolve import evolve
+    from ledger.core.state import State
 
     scratch = State()
     for ev in history:

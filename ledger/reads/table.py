@@ -20,9 +20,7 @@ from schemas import views as v
 from schemas.errors import InvalidCommand
 
 if TYPE_CHECKING:  # the CLI in client mode imports this table: keep it light
-    from ledger.core.domain import State
     from ledger.cycle.dispatcher import LiveState
-    from ledger.dispatch.policy import Policy
     from projections.fairshare import UsagePolicy
     from projections.store import Store
 
@@ -47,15 +45,6 @@ class Handles(Protocol):
     def viewer(self) -> str:
         """Who reads: what the reads marked `personal` show depends on it."""
         ...
-
-
-def policy_for(name: str | None, state: State) -> Policy:
-    """The policy named, else the one the service recorded running with, else the default."""
-    from ledger.dispatch import registry
-
-    if name is None and state.service is not None:
-        return registry.policy_from_config(state.service.policy)
-    return registry.policy_from_config(registry.default_config(name or registry.DEFAULT))
 
 
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=10 * 365 * 86400.0)]
@@ -192,25 +181,29 @@ def _preview(h: Handles, a: QueueArgs | ExplainArgs) -> tuple[float, Any]:
 
 
 def _queue(h: Handles, a: QueueArgs) -> list[v.QueueRow]:
+    from ledger.dispatch import registry
     from ledger.reads import layer as reads
 
-    policy = policy_for(a.policy, h.ledger.state)
+    # the policy named, else the one the service recorded running with, else the default
+    policy = registry.build(a.policy or h.ledger.state.policy)
     now, preview = _preview(h, a)
     return reads.queue(h.ledger, h.store(), policy, now, _queue_filter(a), preview)
 
 
 def _priority(h: Handles, a: QueueArgs) -> list[v.PriorityRow]:
+    from ledger.dispatch import registry
     from ledger.reads import layer as reads
 
-    policy = policy_for(a.policy, h.ledger.state)
+    policy = registry.build(a.policy or h.ledger.state.policy)
     now, preview = _preview(h, a)
     return reads.priority(h.ledger, h.store(), policy, now, _queue_filter(a), preview)
 
 
 def _explain(h: Handles, a: ExplainArgs) -> v.ExplainView:
+    from ledger.dispatch import registry
     from ledger.reads import layer as reads
 
-    policy = policy_for(a.policy, h.ledger.state)
+    policy = registry.build(a.policy or h.ledger.state.policy)
     now, preview = _preview(h, a)
     return reads.explain(h.ledger, h.store(), a.job_id, policy, now, preview)
 

@@ -22,7 +22,7 @@ from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import JSONBody, QueryParameter
 
-from ledger.core.domain import NODE_ACTOR
+from ledger.core.state import NODE_ACTOR
 from ledger.engines.agents import AgentExecutor
 from ledger.server.identity import Identity
 from ledger.server.worker import Worker

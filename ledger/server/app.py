@@ -335,7 +335,7 @@ class ServiceHandles:
     def live_preview(self, *, ahead: bool = False) -> LivePreview:
         """The shared preview at the log's position (on the worker thread); `ahead`: computed
         before anyone asks."""
-        from ledger.reads.table import policy_for
+        from ledger.dispatch import registry
 
         if not ahead:
             self.asked["live-preview"] = time.monotonic()
@@ -344,7 +344,7 @@ class ServiceHandles:
         now = self.now()
 
         def compute() -> LivePreview:
-            policy = policy_for(None, ledger.state)
+            policy = registry.build(ledger.state.policy)
             return LivePreview(policy.version, reads.live(ledger, store, policy, now), now)
 
         preview: LivePreview = self.cache.shared("live-preview", ledger.position, now, compute)

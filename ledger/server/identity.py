@@ -1,35 +1,28 @@
 """Who is calling: bearer tokens and Unix peer credentials, turned into an actor at the edge.
 
-Tokens look like `glt_<token id>_<secret>`. The ledger keeps only the token id and the SHA-256 of
-the whole string (a `token.issued.v1` event); the secret is printed once and never stored,
-logged or sent back. The secret is 256 random bits, so a plain SHA-256 is enough (no password
-stretching is needed for a value nobody chose), and comparison is constant-time.
+A bearer token is valid when `ledger.core.tokens.valid` says so (its format, hash, expiry and
+revocation are checked there and only there); this module reads the header and the socket.
 
-The authorisation rules themselves live in `ledger.core.domain`: this module only says who the actor
+The authorisation rules themselves live in `ledger.core.authz`: this module only says who the actor
 is. Node and job tokens act as the narrow system actors `@node:NAME` and `@job:ID`, which the
 domain confines to their node or job.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import pwd
-import re
-import secrets
 import socket
 import struct
 from dataclasses import dataclass
 
-from ledger.core.domain import State, Token
+from ledger.core import tokens
+from ledger.core.state import State
 from schemas import commands as c
 from schemas.errors import NotAuthenticated
 
 PEER_UID = "gpuledger.peer_uid"
 """Scope key the Unix-socket protocol sets from SO_PEERCRED (never from anything the client
 sends)."""
-PREFIX = "glt_"
-_TOKEN = re.compile(r"^glt_([0-9a-f]{16})_[A-Za-z0-9_-]{43}$")
 
 
 @dataclass(frozen=True)
@@ -39,37 +32,6 @@ class Identity:
     actor: str
     via: str
     """"token:<id>" or "peer:<uid>"."""
-
-
-def digest(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
-
-
-def new_token(
-    actor: str,
-    user: str,
-    *,
-    name: str = "",
-    expires_at: float | None = None,
-    scope: str = "user",
-    scope_node: str | None = None,
-    scope_job: int | None = None,
-) -> tuple[str, c.IssueToken]:
-    """A fresh secret and the command that records its hash (the secret is not in it)."""
-    token_id = secrets.token_hex(8)
-    secret = f"{PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
-    cmd = c.IssueToken(
-        actor=actor,
-        token_id=token_id,
-        user=user,
-        secret_sha256=digest(secret),
-        name=name,
-        expires_at=expires_at,
-        scope=scope,  # type: ignore[arg-type]
-        scope_node=scope_node,
-        scope_job=scope_job,
-    )
-    return secret, cmd
 
 
 _DENIED = NotAuthenticated(
@@ -83,17 +45,8 @@ def from_bearer(state: State, header: str | None, now: float) -> Identity:
     error for a missing, malformed, unknown, wrong, expired or revoked token)."""
     if not header or not header.startswith("Bearer "):
         raise _DENIED
-    secret = header[len("Bearer ") :].strip()
-    m = _TOKEN.match(secret)
-    if m is None:
-        raise _DENIED
-    token: Token | None = state.tokens.get(m.group(1))
-    # compare even when the id is unknown, so timing does not tell ids apart
-    want = token.secret_sha256 if token is not None else "0" * 64
-    ok = hmac.compare_digest(digest(secret), want)
-    if token is None or not ok or token.revoked:
-        raise _DENIED
-    if token.expires_at is not None and now >= token.expires_at:
+    token = tokens.valid(state, header[len("Bearer ") :].strip(), now)
+    if token is None:
         raise _DENIED
     return Identity(actor=token.acts_as, via=f"token:{token.token_id}")
 

@@ -103,8 +103,8 @@ def _json(value: Any) -> Response[bytes]:
 
 def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]:
     """The page routes, the static files and the JSON endpoints of the dashboard."""
+    from ledger.dispatch import registry
     from ledger.reads import layer as reads
-    from ledger.reads.table import policy_for
 
     web_dir = resources.files("ledger.server") / "web"
     shell = (web_dir / "page.html").read_text(encoding="utf-8")
@@ -215,7 +215,7 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
 
         def read() -> list[QueueEntry]:
             got = live_preview(handles)
-            policy = policy_for(None, handles.ledger.state)
+            policy = registry.build(handles.ledger.state.policy)
             rows = reads.queue(handles.ledger, handles.store(), policy, got.now, filt, got.live)
             return [
                 QueueEntry(row=r, parts=reads.key_parts(got.policy_version, r.sort_key))
@@ -241,7 +241,7 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
             private = not row.redacted
             labels = dict(known.spec.labels) if known is not None and private else {}
             explain = reads.explain(
-                ledger, store, job_id, policy_for(None, ledger.state), now,
+                ledger, store, job_id, registry.build(ledger.state.policy), now,
                 None if preview is None else preview.live,
             )  # fmt: skip
             return JobView(

@@ -29,7 +29,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ledger.cli._common import parse_duration, parse_interval
 from ledger.cycle.executor import Executor
-from ledger.cycle.loop import ServiceLoop, make_policy
+from ledger.cycle.loop import ServiceLoop
+from ledger.dispatch import registry
 from ledger.engines.none import NoExecutor
 from ledger.engines.supervised import SupervisedExecutor
 from ledger.server import identity
@@ -239,8 +240,14 @@ def serve(
     service = ServiceLoop(
         ledger,
         executor,
-        make_policy(
-            config.policy, config.margin, config.debug_lane, parse_duration(config.squat_after)
+        registry.build(
+            config.policy,
+            {
+                "margin": config.margin,
+                "debug_lane": config.debug_lane,
+                "squat_after_s": parse_duration(config.squat_after),
+            },
+            known_only=True,
         ),
         kafka=config.kafka or None,
         log=logging.getLogger("gpuledger.service"),

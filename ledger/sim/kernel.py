@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 from ledger.cycle.executor import Exit, Launch, Observed, Orders, Start
 
 if TYPE_CHECKING:
-    from ledger.core.domain import Node
+    from ledger.core.state import Node
     from ledger.cycle.dispatcher import CycleResult, Dispatcher
     from ledger.store.clock import SimClock
 

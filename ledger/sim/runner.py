@@ -25,7 +25,7 @@ import heapq
 import math
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +34,6 @@ import msgspec
 from ledger.core import budget as b
 from ledger.cycle.dispatcher import CycleResult, Dispatcher, RankSource
 from ledger.dispatch import registry
-from ledger.dispatch.policy import Policy
 from ledger.sim.kernel import KernelExecutor, drive
 from ledger.sim.metrics import JobFold, Metrics, compute
 from ledger.sim.ranks import IncrementalRanks, NoRanks, ProjectionRanks
@@ -127,21 +126,6 @@ class RunResult:
     offered_gpu_h: float
 
 
-def make_policy(
-    name: str, workload: Workload, cluster: Cluster, knobs: Mapping[str, str] | None = None
-) -> tuple[Policy, fs.UsagePolicy | None]:
-    """The policy called `name` (a registered name or version, with its default settings and
-    `knobs` changed) and the usage its rank source counts (None: no ranks needed)."""
-    config = registry.default_config(
-        name, gpus=cluster.gpus, team_fractions=team_fractions(workload.budget)
-    )
-    config = registry.with_knobs(config, knobs or {})
-    usage = None
-    if registry.ranked(config):
-        usage = fs.UsagePolicy(half_life_s=registry.half_life_s(config))
-    return registry.policy_from_config(config), usage
-
-
 @dataclass
 class _Running:
     placed_at: float
@@ -174,9 +158,16 @@ class Simulation:
         self.on_sigterm: set[int] = set()
         """Resumable jobs (ledger ids) that checkpoint on SIGTERM."""
         self.executor = KernelExecutor(on_sigterm=self.on_sigterm.__contains__)
-        self.policy, usage = make_policy(
-            config.policy, workload, config.cluster, dict(config.knobs)
+        self.policy = registry.build(
+            config.policy,
+            dict(config.knobs),
+            gpus=config.cluster.gpus,
+            team_fractions=team_fractions(workload.budget),
         )
+        settings = registry.config_of(self.policy)
+        usage = None  # the usage its rank source counts (None: it reads no ranks)
+        if registry.ranked(settings):
+            usage = fs.UsagePolicy(half_life_s=registry.half_life_s(settings))
         self.rank_source: RankSource
         self._projection: ProjectionRanks | None = None
         if usage is None:

@@ -33,18 +33,19 @@ from pathlib import Path
 import msgspec
 
 from ledger.core import budget as b
-from ledger.core.domain import State, evolve
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from ledger.cycle.dispatcher import CycleResult, Dispatcher, RankSource
 from ledger.dispatch import registry
 from ledger.dispatch.baselines import team_of
 from ledger.dispatch.policy import Policy
-from ledger.history.replay import WithSettings, replay_policy, usage_from_config
+from ledger.history.compare import recorded_policy
 from ledger.sim.kernel import KernelExecutor, drive
 from ledger.sim.ranks import IncrementalRanks
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from projections import queries
-from projections.fairshare import UsagePolicy
+from projections.fairshare import WEEK_S, UsagePolicy
 from projections.projector import Projector
 from projections.source import EmbeddedSource, EventSource, follow
 from projections.store import Store
@@ -52,6 +53,7 @@ from schemas import codec
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import InvalidCommand, LedgerError
+from schemas.policy import settings
 
 SIM = "@whatif"
 ADMIN = "whatif-admin"
@@ -90,9 +92,9 @@ class Scenario:
     """The write-side state at `start` (the organisation, the nodes, the active jobs)."""
     submissions: list[Submission] = field(default_factory=list)
     node_changes: list[NodeChange] = field(default_factory=list)
-    policy_version: str | None = None
-    config: dict[str, str] = field(default_factory=dict)
-    """The policy of the last decision recorded before `end` (None: no decision)."""
+    decided: e.CycleDecided | None = None
+    """The last decision recorded before `end` (None: no decision): its policy is the
+    what-if's unless it names another."""
 
 
 @dataclass
@@ -240,8 +242,7 @@ def scenario(events: Iterable[e.AnyEvent], start: float, end: float) -> Scenario
         state=at_start,
         submissions=out,
         node_changes=node_changes,
-        policy_version=None if last is None else last.policy_version,
-        config={} if last is None else dict(last.config),
+        decided=last,
     )
 
 
@@ -288,32 +289,6 @@ def setup_commands(state: State) -> list[c.AnyCommand]:
 # --- 2-3. the simulation --------------------------------------------------------------------------
 
 
-def choose_policy(
-    scen: Scenario, name: str | None, window_s: float | None
-) -> tuple[Policy, UsagePolicy]:
-    """The policy and usage counting of the what-if: as last recorded (or fair share when the
-    log has no decision), with `name` (a policy's defaults) and `window_s` changed if given."""
-    if name is None and scen.policy_version is not None:
-        policy, usage = replay_policy(scen.policy_version, scen.config)
-        if isinstance(policy, WithSettings):
-            policy = policy.inner
-    else:
-        policy = _named(name or registry.DEFAULT, scen)
-        usage = usage_from_config(policy.config())
-    if window_s is not None:
-        usage = UsagePolicy(window_s=window_s, half_life_s=usage.half_life_s)
-    if usage.window_s != UsagePolicy().window_s:
-        policy = WithSettings(policy, {"window_s": repr(float(usage.window_s))})
-    return policy, usage
-
-
-def _named(name: str, scen: Scenario) -> Policy:
-    """The policy called `name` with its default settings (legacy caps from the log's tree)."""
-    gpus = sum(n.gpus for n in scen.state.nodes.values() if n.state != "removed")
-    config = registry.default_config(name, gpus=gpus, team_fractions=team_fractions(scen.state))
-    return registry.policy_from_config(config)
-
-
 def team_fractions(state: State, depth: int = 2) -> dict[str, float]:
     """Pure: each team's fraction of the cluster (product of norm shares down the tree)."""
     sibling: dict[str | None, int] = {}
@@ -348,6 +323,8 @@ class WhatIfRun:
     notes: list[str]
     cycles: int
     policy: Policy
+    usage: UsagePolicy
+    """How its ranks counted usage (recorded in its decisions' rank inputs)."""
 
 
 class _Sim:
@@ -573,8 +550,22 @@ def simulate(
     checkpoint_every_s: float = 3600.0,
     seed: int = 1,
 ) -> WhatIfRun:
-    """Run the scenario through a fresh ledger in `home` (which must not hold one)."""
-    chosen, usage = choose_policy(scen, policy, window_s)
+    """Run the scenario through a fresh ledger in `home` (which must not hold one), deciding
+    with the policy last recorded (the default when the log has no decision) unless `policy`
+    names another (its defaults), counting usage over the window the recorded ranks did (the
+    7-day window) unless `window_s` says otherwise."""
+    last = scen.decided if policy is None else None
+    gpus = sum(n.gpus for n in scen.state.nodes.values() if n.state != "removed")
+    chosen = registry.build(
+        policy if last is None else recorded_policy(last),
+        gpus=gpus,
+        team_fractions=team_fractions(scen.state),  # legacy caps from the log's tree
+    )
+    recorded = last.ranks.usage.window_s if last is not None and last.ranks is not None else None
+    usage = UsagePolicy(
+        window_s=window_s or recorded or WEEK_S,
+        half_life_s=registry.half_life_s(registry.config_of(chosen)),
+    )
     sim = _Sim(scen, budgets, chosen, usage, home, tick_s, checkpoint_every_s, seed)
     try:
         sim.run()
@@ -587,6 +578,7 @@ def simulate(
         notes=sim.notes,
         cycles=sim.cycles,
         policy=chosen,
+        usage=usage,
     )
 
 
@@ -744,7 +736,7 @@ def run_whatif(
         start=start,
         end=end,
         policy_version=run.policy.version,
-        config=run.policy.config(),
+        config=_settings_text(run),
         teams=compare_runs(theirs, mine),
         submissions=sum(1 for s in scen.submissions if not s.carried),
         carried=sum(1 for s in scen.submissions if s.carried),
@@ -752,6 +744,15 @@ def run_whatif(
         notes=tuple(run.notes),
         home=str(keep) if keep is not None else None,
     )
+
+
+def _settings_text(run: WhatIfRun) -> dict[str, str]:
+    """The what-if's policy settings as text for the report, with its usage window when it is
+    not the 7-day one."""
+    out = settings(registry.config_of(run.policy))
+    if run.usage.window_s != WEEK_S:
+        out["window_s"] = repr(float(run.usage.window_s))
+    return out
 
 
 def log_events(source: EventSource, page: int = 10_000) -> Iterator[e.AnyEvent]:

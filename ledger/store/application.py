@@ -23,7 +23,9 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, Mapper, StoredEvent, Transcoder
 from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteFactory
 
-from ledger.core.domain import State, command_keys, decide, event_keys, evolve
+from ledger.core.decide import command_keys, decide, event_keys
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from ledger.store import snapshots
 from ledger.store.clock import Clock, IdSource, SystemClock, random_ids
 from ledger.store.live import decode_at

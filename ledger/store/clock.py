@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import random
+import secrets
 import time
 import uuid
 from typing import Protocol
+
+from ledger.core import tokens
 
 
 class Clock(Protocol):
@@ -47,3 +50,9 @@ def seeded_ids(seed: int) -> IdSource:
     """Deterministic UUID-shaped ids: the same seed gives the same sequence, byte for byte."""
     rng = random.Random(seed)
     return lambda: uuid.UUID(int=rng.getrandbits(128), version=4).hex
+
+
+def new_token_secret() -> str:
+    """A fresh bearer token secret (`ledger.core.tokens`): a random token id and 256 random
+    bits. Record it with `tokens.issue`, which keeps only its hash."""
+    return tokens.secret(secrets.token_hex(8), secrets.token_urlsafe(32))

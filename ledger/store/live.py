@@ -6,7 +6,7 @@ store file read-only through `projections.source.EmbeddedSource` (eventsourcing'
 table and its notification log, the one reader of the store's tables besides the store
 adapter), so a read loads neither eventsourcing nor the application (~20-25 ms of CPU per
 command). It starts exactly as `Ledger(live=True)` does: the same rule picks the snapshot
-(`snapshots.newest`), the same fold (`ledger.core.domain.evolve`) folds the tail. A tail so long
+(`snapshots.newest`), the same fold (`ledger.core.evolve.evolve`) folds the tail. A tail so long
 that a live ledger would store a new snapshot after folding it is left to `Ledger`
 (`LiveView.open` gives None), which stores that snapshot for every later reader.
 """
@@ -17,7 +17,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ledger.core.domain import State, evolve
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from ledger.store import snapshots
 from projections.source import EmbeddedSource, follow
 from schemas.errors import EventDecodeError

@@ -5,7 +5,7 @@ same SQLite file, written in its own transaction) as one stored record per snaps
 = the ledger's stream, version = the log position the snapshot folds, topic = `SNAPSHOT_TOPIC`,
 state = the encoded snapshot. eventsourcing's `Snapshot` class is not used: it snapshots an
 `Aggregate` object by its `__dict__` and topic, and the ledger's state is a plain folded value
-(`ledger.core.domain.State`) over one stream, not an eventsourcing aggregate.
+(`ledger.core.state.State`) over one stream, not an eventsourcing aggregate.
 
 A snapshot names the position and the chain hash it folds (`chain_hash` of the stored bytes at
 that position, the link the next event carries) and a digest of its own payload. It verifies when
@@ -25,7 +25,7 @@ from uuid import NAMESPACE_URL, uuid5
 
 import msgspec
 
-from ledger.core.domain import Account, Job, Node, State, Token
+from ledger.core.state import Account, Job, Node, State, Token
 from schemas import events as e
 from schemas.digest import chain_hash
 from schemas.errors import LedgerError

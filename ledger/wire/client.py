@@ -127,7 +127,7 @@ class Client:
         return data
 
     def execute(self, cmd: AnyCommand) -> Appended:
-        from ledger.core.domain import _bounded
+        from ledger.core.decide import _bounded
         from ledger.store.application import Appended
 
         _bounded(cmd)  # out of bounds: the same line as embedded mode, before any request
@@ -138,7 +138,7 @@ class Client:
         return Appended(events=list(result.events), position=result.position)
 
     def execute_all(self, cmds: list[AnyCommand]) -> Appended:
-        from ledger.core.domain import _bounded
+        from ledger.core.decide import _bounded
         from ledger.store.application import Appended
 
         for cmd in cmds:

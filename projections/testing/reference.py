@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from projections import fairshare as fs
 from schemas import events as e
 from schemas.events import tag_of
@@ -292,7 +294,7 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
                     "preempted_jobs": list(ev.preempted),
                     "considered": ev.waiting.considered,
                     "fragmentation_gpus": ev.fragmentation_gpus,
-                    "config": dict(ev.config),
+                    "config": msgspec.to_builtins(ev.policy),
                 }
             )
         case _:

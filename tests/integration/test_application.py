@@ -17,7 +17,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from ledger.core.domain import State, fold
+from ledger.core.evolve import fold
+from ledger.core.state import State
 from ledger.store.application import EVENTS_DB, Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from schemas import codec
@@ -47,11 +48,13 @@ def place(
 ) -> c.ApplyDecision:
     return c.ApplyDecision(
         actor="@dispatcher",
-        cycle_id=cycle,
-        based_on=expected or 0,
-        policy_version="test",
-        placements=(c.Placement(job_id=job_id, slots=slots),),
         expected_position=expected,
+        decision=c.DecisionBody(
+            cycle_id=cycle,
+            based_on=expected or 0,
+            policy_version="test",
+            placements=(c.Placement(job_id=job_id, slots=slots),),
+        ),
     )
 
 
@@ -174,11 +177,11 @@ def test_a_reopened_ledger_folds_to_the_same_state(
         [
             c.StartJob(actor="@executor", job_id=1),
             c.DrainNode(actor="root", node="n1", reason="maintenance"),
-            c.ApplyDecision(
-                actor="@dispatcher", cycle_id="c2", based_on=busy.position, policy_version="t",
+            c.ApplyDecision(actor="@dispatcher", decision=c.DecisionBody(
+                cycle_id="c2", based_on=busy.position, policy_version="t",
                 preemptions=(c.Preemption(job_id=1, reason="maintenance"),),
                 placements=(c.Placement(job_id=2, slots=(slot("n2", 0, 1, 2, 3),)),),
-            ),
+            )),
         ]
     )  # fmt: skip
     assert busy.state.nodes["n1"].state == "drained"
@@ -210,9 +213,11 @@ def test_reading_pages_through_the_whole_log(busy: Ledger, home: Path, clock: Si
     "cmd",
     [
         pytest.param(
-            c.ApplyDecision(actor="@dispatcher", cycle_id="c", based_on=0, policy_version="t",
-                            ranks=e.RankInputs(position=0, digest="d", ranking_version="r",
-                                               usage=e.UsageSettings(window_s=math.inf))),
+            c.ApplyDecision(actor="@dispatcher", decision=c.DecisionBody(
+                cycle_id="c", based_on=0, policy_version="t",
+                ranks=e.RankInputs(position=0, digest="d", ranking_version="r",
+                                   usage=e.UsageSettings(window_s=math.inf)),
+            )),
             id="a decision whose usage window is inf",
         ),
         pytest.param(submit("alice", duration_s=math.inf), id="an infinite duration"),

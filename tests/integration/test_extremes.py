@@ -106,8 +106,8 @@ def build(home: Path) -> None:
                 c.ReportCheckpoint(actor="@executor", job_id=1),
                 c.HoldJob(actor=USER, job_id=3, reason=TEXT),
                 c.ReleaseJob(actor=USER, job_id=3),
-                c.ApplyDecision(
-                    actor="@dispatcher", cycle_id="k" * 128, based_on=ledger.head(),
+                c.ApplyDecision(actor="@dispatcher", decision=c.DecisionBody(
+                    cycle_id="k" * 128, based_on=ledger.head(),
                     policy_version="fairshare-1", fragmentation_gpus=b.INT32_MAX,
                     waiting=e.WaitSummary(
                         considered=b.INT32_MAX,
@@ -115,9 +115,9 @@ def build(home: Path) -> None:
                         counts=(e.WaitCount(code="T" * 128, jobs=b.INT32_MAX),),
                         order_digest="d" * 128,
                     ),
-                    config=FairShare().config(),  # the only config fairshare-1 writes
+                    policy=FairShareConfig(margin=1e9, search_budget=b.INT32_MAX),
                     wake_at=b.YEAR_3000, decided_at=0.0,
-                ),
+                )),
             ]
         )  # fmt: skip
         clock.advance_to(LATE)

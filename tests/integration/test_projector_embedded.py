@@ -33,12 +33,14 @@ def place(led: Ledger, cycle: str, *placements: tuple[int, str, tuple[int, ...]]
     led.execute(
         c.ApplyDecision(
             actor=DISPATCHER,
-            cycle_id=cycle,
-            based_on=led.position,
-            policy_version="test-1",
-            placements=tuple(
-                Placement(job_id=j, slots=(GpuSlot(node=n, gpu_indices=idx),))
-                for j, n, idx in placements
+            decision=c.DecisionBody(
+                cycle_id=cycle,
+                based_on=led.position,
+                policy_version="test-1",
+                placements=tuple(
+                    Placement(job_id=j, slots=(GpuSlot(node=n, gpu_indices=idx),))
+                    for j, n, idx in placements
+                ),
             ),
         )
     )
@@ -70,10 +72,12 @@ def scenario(org_ledger: Ledger, clock: SimClock) -> Ledger:
     led.execute(
         c.ApplyDecision(
             actor=DISPATCHER,
-            cycle_id="c2",
-            based_on=led.position,
-            policy_version="test-1",
-            preemptions=(Preemption(job_id=1, reason="fairness", note="test"),),
+            decision=c.DecisionBody(
+                cycle_id="c2",
+                based_on=led.position,
+                policy_version="test-1",
+                preemptions=(Preemption(job_id=1, reason="fairness", note="test"),),
+            ),
         )
     )
     led.execute(c.FinishJob(actor=EXECUTOR, job_id=3, exit_code=0))

@@ -125,10 +125,12 @@ def command(led: Ledger, clock: SimClock, act: tuple[Any, ...], n: int) -> c.Any
             return None
         return c.ApplyDecision(
             actor="@dispatcher",
-            cycle_id=f"c{n}",
-            based_on=led.position,
-            policy_version="hyp-1",
-            placements=tuple(placements),
+            decision=c.DecisionBody(
+                cycle_id=f"c{n}",
+                based_on=led.position,
+                policy_version="hyp-1",
+                placements=tuple(placements),
+            ),
         )
     job = pick(holding, a) if kind != "cancel" else pick(jobs, a)
     if kind == "start":
@@ -138,10 +140,12 @@ def command(led: Ledger, clock: SimClock, act: tuple[Any, ...], n: int) -> c.Any
     if kind == "preempt" and job:
         return c.ApplyDecision(
             actor="@dispatcher",
-            cycle_id=f"c{n}",
-            based_on=led.position,
-            policy_version="hyp-1",
-            preemptions=(Preemption(job_id=job.job_id, reason="fairness"),),
+            decision=c.DecisionBody(
+                cycle_id=f"c{n}",
+                based_on=led.position,
+                policy_version="hyp-1",
+                preemptions=(Preemption(job_id=job.job_id, reason="fairness"),),
+            ),
         )
     if kind == "admin_preempt" and job:
         return c.PreemptJob(actor=ROOT, job_id=job.job_id, note="test")

@@ -460,10 +460,12 @@ def test_a_requeue_inside_the_contract_by_its_owner_is_an_allowed_exception(
     ledger.execute(
         c.ApplyDecision(
             actor="@dispatcher",
-            cycle_id="cycle-1",
-            based_on=ledger.head(),
-            policy_version="fairshare-1",
-            placements=(e.Placement(job_id=1, slots=(slot,)),),
+            decision=c.DecisionBody(
+                cycle_id="cycle-1",
+                based_on=ledger.head(),
+                policy_version="fairshare-1",
+                placements=(e.Placement(job_id=1, slots=(slot,)),),
+            ),
         )
     )
     clock.advance_to(T0 + 60)

@@ -17,7 +17,8 @@ from click.testing import CliRunner
 from ledger.cli import cli
 from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch.policy import FairShare, Policy
-from ledger.dispatch.registry import config_from_record
+from ledger.dispatch.snapshot import PendingJob
+from ledger.history import checkpoints as ck
 from ledger.history import replay
 from ledger.history.audit import check_history
 from ledger.history.replay import (
@@ -37,6 +38,7 @@ from projections.store import Store, projection_path
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import UnknownEntity
+from schemas.policy import FairShareConfig, from_settings, settings
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 EXEC = "@executor"
@@ -193,26 +195,27 @@ def test_a_selection_picks_decisions_by_cycle_job_and_time(history: Path) -> Non
 
 
 class LyingFairShare(FairShare, frozen=True, kw_only=True):
-    """Decides with a huge preemption margin but records the default config: policy code that
-    changed behaviour without a new version."""
+    """Records fairshare-1 and its settings but never preempts: policy code that changed
+    behaviour without a new version."""
 
-    def config(self) -> dict[str, str]:
-        return FairShare(squat_after_s=self.squat_after_s).config()
+    def may_preempt(self, job: PendingJob) -> bool:
+        return False
 
 
-def test_a_policy_config_that_does_not_match_the_code_shows_as_differences(
+def test_policy_code_that_changed_without_a_new_version_shows_as_differences(
     tmp_path: Path,
 ) -> None:
-    build_history(tmp_path, LyingFairShare(margin=1_000.0, squat_after_s=3_600)).close()
+    build_history(tmp_path, LyingFairShare(squat_after_s=3_600)).close()
     results = list(replay_home(tmp_path))
     differing = [r for r in results if r.differences]
     assert differing
     first = differing[0]
-    kinds = {d.what for d in first.differences}
-    # the record's typed policy config holds the settings it decided with (margin 1000): the
-    # config strings written beside it do not match them
-    assert "config" in kinds, kinds
-    assert first.differences[-1].text().startswith("config: recorded margin=")
+    # the code of fairshare-1, rebuilt from the recorded settings, preempts where it did not
+    texts = [d.text() for d in first.differences]
+    assert any(
+        t.startswith("preemption of job ") and "recorded no preemption, replayed fairness" in t
+        for t in texts
+    ), texts
     out = CliRunner().invoke(cli, ["--home", str(tmp_path), "replay", "--cycle", first.cycle_id])
     assert out.exit_code == 1
     assert f"{first.cycle_id} (position {first.position}" in out.output
@@ -221,7 +224,7 @@ def test_a_policy_config_that_does_not_match_the_code_shows_as_differences(
 
 def test_an_unknown_policy_version_names_the_version_it_needs(tmp_path: Path) -> None:
     with pytest.raises(UnknownEntity) as err:
-        config_from_record("fairshare-0", FairShare().config())
+        from_settings("fairshare-0", settings(FairShareConfig()))
     assert "'fairshare-0'" in err.value.message and err.value.fields["version"] == "fairshare-0"
     build_history(tmp_path, FairShare(version="fairshare-0", squat_after_s=3_600)).close()
     results = list(replay_home(tmp_path))
@@ -281,7 +284,7 @@ def test_whatif_resimulates_the_period_through_a_real_ledger(history: Path, tmp_
     subs = [ev for ev in what if isinstance(ev, e.JobSubmitted)]
     assert len(subs) == len(scen.submissions)
     decided = [ev for ev in what if isinstance(ev, e.CycleDecided)]
-    assert decided and all(d.config["window_s"] == "259200.0" for d in decided)
+    assert decided and all(d.ranks and d.ranks.usage.window_s == 259_200.0 for d in decided)
     # the what-if ledger is a ledger like any other: its decisions replay identically
     assert [r.headline() for r in replay_home(tmp_path / "w") if not r.identical] == []
 
@@ -330,7 +333,7 @@ def test_one_decision_replays_from_the_nearest_checkpoint_and_the_anchored_proje
     monkeypatch.setattr(replay, "CHECKPOINT_EVERY", 20)
     # a walk over every decision stores checkpoints (and uses a projection of its own)
     assert [r.headline() for r in replay_home(home) if not r.identical] == []
-    checkpoints = replay.Checkpoints(home / replay.CHECKPOINTS_DB)
+    checkpoints = ck.Checkpoints(home / ck.CHECKPOINTS_DB)
     stored = checkpoints.positions()
     assert len(stored) >= 3
     decisions = find_decisions(home)
@@ -348,7 +351,7 @@ def test_one_decision_replays_from_the_nearest_checkpoint_and_the_anchored_proje
         data = checkpoints.con.execute(
             "SELECT data FROM checkpoints WHERE position = ?", (start,)
         ).fetchone()[0]
-        cp = msgspec.msgpack.decode(data, type=replay.Checkpoint)
+        cp = msgspec.msgpack.decode(data, type=ck.Checkpoint)
         checkpoints.put(msgspec.structs.replace(cp, chain_hash="0" * 64))
         monkeypatch.setattr(replay, "CHECKPOINT_EVERY", 10**9)  # store no new one
         with replay.Replayer(

@@ -166,7 +166,7 @@ CASES: dict[str, Case] = {
     "decision.apply": Case(
         "POST",
         "/v1/commands/decision.apply",
-        cmd(cycle_id="by-hand", based_on=0, policy_version="manual"),
+        cmd(decision={"cycle_id": "by-hand", "based_on": 0, "policy_version": "manual"}),
         ADMIN,
     ),
     "job.sample": Case(

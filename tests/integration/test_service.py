@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.core.domain import Node
+from ledger.core.state import Node
 from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks, preview
 from ledger.cycle.executor import NodeChange, Observed, Orders, Start
 from ledger.dispatch.policy import FairShare

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ledger.core.domain import State, evolve
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from ledger.store import snapshots
 from ledger.store.application import STREAM_ID, Ledger
 from ledger.store.clock import SimClock, seeded_ids

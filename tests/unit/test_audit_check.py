@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.core.domain import State, decide, evolve
+from ledger.core.decide import decide
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from ledger.history.audit import check, check_history
 from schemas import commands as c
 from schemas import events as e
@@ -88,12 +90,18 @@ def test_a_history_the_domain_decided_is_clean() -> None:
                 T0,
                 c.ApplyDecision(
                     actor="@dispatcher",
-                    cycle_id="c1",
-                    based_on=9,
-                    policy_version="x",
-                    placements=(
-                        e.Placement(job_id=1, slots=(Slot(node="n1", gpu_indices=(0, 1, 2, 3)),)),
-                        e.Placement(job_id=2, slots=(Slot(node="n1", gpu_indices=(4, 5, 6, 7)),)),
+                    decision=c.DecisionBody(
+                        cycle_id="c1",
+                        based_on=9,
+                        policy_version="x",
+                        placements=(
+                            e.Placement(
+                                job_id=1, slots=(Slot(node="n1", gpu_indices=(0, 1, 2, 3)),)
+                            ),
+                            e.Placement(
+                                job_id=2, slots=(Slot(node="n1", gpu_indices=(4, 5, 6, 7)),)
+                            ),
+                        ),
                     ),
                 ),
             ),
@@ -102,10 +110,12 @@ def test_a_history_the_domain_decided_is_clean() -> None:
                 T0 + 4_000,
                 c.ApplyDecision(
                     actor="@dispatcher",
-                    cycle_id="c2",
-                    based_on=20,
-                    policy_version="x",
-                    preemptions=(e.Preemption(job_id=2, reason="fairness"),),
+                    decision=c.DecisionBody(
+                        cycle_id="c2",
+                        based_on=20,
+                        policy_version="x",
+                        preemptions=(e.Preemption(job_id=2, reason="fairness"),),
+                    ),
                 ),
             ),
             (T0 + 4_000, c.SetShares(actor="root", account="ai2/tulu", shares=2)),
@@ -131,12 +141,18 @@ def test_a_node_lost_inside_contracts_is_clean() -> None:
                 T0,
                 c.ApplyDecision(
                     actor="@dispatcher",
-                    cycle_id="c1",
-                    based_on=9,
-                    policy_version="x",
-                    placements=(
-                        e.Placement(job_id=3, slots=(Slot(node="n1", gpu_indices=(0, 1, 2, 3)),)),
-                        e.Placement(job_id=2, slots=(Slot(node="n1", gpu_indices=(4, 5, 6, 7)),)),
+                    decision=c.DecisionBody(
+                        cycle_id="c1",
+                        based_on=9,
+                        policy_version="x",
+                        placements=(
+                            e.Placement(
+                                job_id=3, slots=(Slot(node="n1", gpu_indices=(0, 1, 2, 3)),)
+                            ),
+                            e.Placement(
+                                job_id=2, slots=(Slot(node="n1", gpu_indices=(4, 5, 6, 7)),)
+                            ),
+                        ),
                     ),
                 ),
             ),
@@ -147,12 +163,18 @@ def test_a_node_lost_inside_contracts_is_clean() -> None:
                 T0 + 20,
                 c.ApplyDecision(
                     actor="@dispatcher",
-                    cycle_id="c2",
-                    based_on=20,
-                    policy_version="x",
-                    placements=(
-                        e.Placement(job_id=3, slots=(Slot(node="n1", gpu_indices=(4, 5, 6, 7)),)),
-                        e.Placement(job_id=1, slots=(Slot(node="n1", gpu_indices=(0, 1, 2, 3)),)),
+                    decision=c.DecisionBody(
+                        cycle_id="c2",
+                        based_on=20,
+                        policy_version="x",
+                        placements=(
+                            e.Placement(
+                                job_id=3, slots=(Slot(node="n1", gpu_indices=(4, 5, 6, 7)),)
+                            ),
+                            e.Placement(
+                                job_id=1, slots=(Slot(node="n1", gpu_indices=(0, 1, 2, 3)),)
+                            ),
+                        ),
                     ),
                 ),
             ),

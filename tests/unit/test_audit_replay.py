@@ -1,5 +1,6 @@
-"""Replay's pure parts: rebuilding the recorded policy, the usage it ranked with, and comparing a
-recorded decision with its replay difference by difference."""
+"""Replay's pure parts: the policy and usage a record names (typed since `cycle.decided.v3`;
+older records' string settings read once, by the codec), and comparing a recorded decision with
+its replay difference by difference."""
 
 from __future__ import annotations
 
@@ -9,23 +10,24 @@ from typing import Any
 import msgspec
 import pytest
 
+from ledger.dispatch import registry
 from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor
 from ledger.dispatch.engine import Decision
 from ledger.dispatch.policy import FairShare, Fifo, Policy
-from ledger.dispatch.registry import config_from_record, policy_from_config
-from ledger.history.replay import (
+from ledger.history.compare import (
     Outcome,
     compare,
     outcome_of,
-    replay_policy,
+    recorded_policy,
+    recorded_usage,
     squat_threshold,
-    usage_from_config,
 )
 from projections.fairshare import RANKING_VERSION, WEEK_S
 from schemas import codec
 from schemas import events as e
 from schemas.digest import order_digest, rank_digest
 from schemas.errors import InvalidCommand, UnknownEntity
+from schemas.policy import FairShareConfig, from_settings, settings
 
 POLICIES: dict[str, Policy] = {
     "fair share, defaults": FairShare(),
@@ -43,32 +45,36 @@ POLICIES: dict[str, Policy] = {
 }
 
 
+def written(policy: Policy) -> dict[str, str]:
+    """The string settings a v1 or v2 record wrote for `policy`."""
+    return settings(registry.config_of(policy))
+
+
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_a_recorded_policy_is_rebuilt_exactly(name: str) -> None:
     policy = POLICIES[name]
-    assert policy_from_config(config_from_record(policy.version, policy.config())) == policy
+    assert registry.build(registry.config_of(policy)) == policy
+    assert registry.build(from_settings(policy.version, written(policy))) == policy
 
 
 def test_integer_settings_read_back_as_the_same_setting() -> None:
-    config = {**FairShare().config(), "squat_after_s": "3600"}
-    assert policy_from_config(config_from_record("fairshare-1", config)) == FairShare(
-        squat_after_s=3600.0
-    )
+    config = {**written(FairShare()), "squat_after_s": "3600"}
+    assert from_settings("fairshare-1", config) == FairShareConfig(squat_after_s=3600.0)
 
 
 @pytest.mark.parametrize(
     ("version", "config", "error", "words"),
     [
-        ("fairshare-0", FairShare().config(), UnknownEntity, "needs policy version 'fairshare-0'"),
+        ("fairshare-0", written(FairShare()), UnknownEntity, "needs policy version 'fairshare-0'"),
         (
             "fairshare-1",
-            {**FairShare().config(), "margin": "wide"},
+            {**written(FairShare()), "margin": "wide"},
             InvalidCommand,
             "bad or missing setting",
         ),
-        ("fairshare-1", {**FairShare().config(), "extra": "1"}, InvalidCommand, "differs in extra"),
-        ("fairshare-1", Fifo().config(), InvalidCommand, "bad or missing setting"),
-        ("fifo-1", FairShare().config(), InvalidCommand, "differs in"),
+        ("fairshare-1", {**written(FairShare()), "extra": "1"}, InvalidCommand, "differs in extra"),
+        ("fairshare-1", written(Fifo()), InvalidCommand, "bad or missing setting"),
+        ("fifo-1", written(FairShare()), InvalidCommand, "differs in"),
     ],
     ids=[
         "unknown version",
@@ -82,24 +88,50 @@ def test_configs_that_no_code_wrote_are_refused_clearly(
     version: str, config: dict[str, str], error: type[Exception], words: str
 ) -> None:
     with pytest.raises(error) as err:
-        config_from_record(version, config)
+        from_settings(version, config)
     assert words in str(err.value)
 
 
-def test_usage_and_threshold_come_from_the_config() -> None:
-    assert usage_from_config({}).window_s == WEEK_S
-    assert usage_from_config({"window_s": "259200.0"}).window_s == 259_200.0
-    assert usage_from_config(SlurmMultifactor().config()).half_life_s == WEEK_S
-    assert squat_threshold({}) == 10.0
-    assert squat_threshold({"squat_util_pct": "5.0"}) == 5.0
-    with pytest.raises(InvalidCommand):
-        usage_from_config({"window_s": "-1"})
+def v1(config: dict[str, str], version: str = "fairshare-1") -> e.CycleDecided:
+    """A stored v1 record with `config`, as every reader sees it (upcast by the codec)."""
+    stored = msgspec.structs.replace(STORED_V1, policy_version=version, config=config)
+    return codec.decode(codec.encode(stored))  # type: ignore[return-value]
 
 
-def test_the_replayed_policy_records_the_config_as_written() -> None:
-    config = {**FairShare().config(), "squat_after_s": "3600", "window_s": "86400"}
-    policy, usage = replay_policy("fairshare-1", config)
-    assert policy.config() == config and usage.window_s == 86_400.0
+def test_old_string_settings_are_read_as_typed_ones_once_in_the_codec() -> None:
+    recorded = v1({**written(FairShare()), "squat_after_s": "3600", "window_s": "86400"})
+    assert recorded.policy == FairShareConfig(squat_after_s=3600.0)
+    assert recorded.ranks is not None and recorded.ranks.digest == ""
+    assert recorded_usage(recorded, recorded.policy).window_s == 86_400.0
+    assert squat_threshold(recorded) == 10.0
+
+
+def test_usage_and_threshold_come_from_the_record() -> None:
+    plain = v1(written(FairShare(squat_util_pct=5.0)))
+    assert plain.ranks is None and squat_threshold(plain) == 5.0
+    assert recorded_usage(plain, recorded_policy(plain)).window_s == WEEK_S
+    slurm = v1(written(SlurmMultifactor()), "slurm-1")
+    assert recorded_usage(slurm, recorded_policy(slurm)).half_life_s == WEEK_S
+    assert squat_threshold(slurm) == 10.0
+
+
+@pytest.mark.parametrize(
+    ("config", "version", "error", "words"),
+    [
+        ({**written(FairShare()), "window_s": "-1"}, "fairshare-1", InvalidCommand, "its code"),
+        ({**written(FairShare()), "margin": "wide"}, "fairshare-1", InvalidCommand, "its code"),
+        (written(FairShare()), "fairshare-0", UnknownEntity, "needs policy version"),
+    ],
+    ids=["a bad window", "an unreadable setting", "a version this build lacks"],
+)
+def test_a_record_whose_settings_no_code_wrote_cannot_be_replayed(
+    config: dict[str, str], version: str, error: type[Exception], words: str
+) -> None:
+    recorded = v1(config, version)
+    assert recorded.policy is None
+    with pytest.raises(error) as err:
+        recorded_policy(recorded)
+    assert words in str(err.value)
 
 
 SLOTS = (e.GpuSlot(node="n1", gpu_indices=(0, 1)),)
@@ -124,7 +156,7 @@ STORED_V1 = e.CycleDecidedV1(
 )
 RANKS = rank_digest({"a/u": 0}, {"a/u": math.inf})
 RECORDED = msgspec.structs.replace(
-    codec.decided_v1_to_v2(STORED_V1),
+    codec.upcast(STORED_V1),
     ranks=e.RankInputs(
         position=9,
         digest=RANKS,
@@ -139,7 +171,6 @@ def replayed(**changes: object) -> Decision:
     base = Decision(
         based_on=RECORDED.based_on,
         policy_version=RECORDED.policy_version,
-        config=dict(RECORDED.config),
         placements=STORED_V1.placements,
         preemptions=STORED_V1.preemptions,
         considered=STORED_V1.considered,

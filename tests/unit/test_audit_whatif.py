@@ -6,7 +6,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from ledger.core.domain import State, decide, evolve
+from ledger.core.decide import decide
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from ledger.cycle.executor import Launch, Orders, Start
 from ledger.sim.kernel import KernelExecutor
 from ledger.sim.whatif import scenario, setup_commands, team_fractions
@@ -38,10 +40,12 @@ class History:
             at,
             c.ApplyDecision(
                 actor="@dispatcher",
-                cycle_id=f"c{at}",
-                based_on=0,
-                policy_version="fairshare-1",
-                placements=(e.Placement(job_id=job, slots=SLOT),),
+                decision=c.DecisionBody(
+                    cycle_id=f"c{at}",
+                    based_on=0,
+                    policy_version="fairshare-1",
+                    placements=(e.Placement(job_id=job, slots=SLOT),),
+                ),
             ),
         )
         self.run(at, c.StartJob(actor="@executor", job_id=job))

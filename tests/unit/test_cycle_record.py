@@ -9,7 +9,9 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from ledger.core.domain import State, decide, evolve
+from ledger.core.decide import decide
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from ledger.cycle.executor import Exit, NodeChange, Observed, Sample, Start
 from ledger.cycle.record import Recorded, node_command, record
 from schemas import commands as c
@@ -77,10 +79,14 @@ def place(led: FakeLedger, job_id: int, node: str, gpus: int) -> None:
     led.execute(
         c.ApplyDecision(
             actor="@dispatcher",
-            cycle_id=f"cycle-{job_id}",
-            based_on=led.state.events,
-            policy_version="test",
-            placements=(e.Placement(job_id=job_id, slots=(GpuSlot(node=node, gpu_indices=idx),)),),
+            decision=c.DecisionBody(
+                cycle_id=f"cycle-{job_id}",
+                based_on=led.state.events,
+                policy_version="test",
+                placements=(
+                    e.Placement(job_id=job_id, slots=(GpuSlot(node=node, gpu_indices=idx),)),
+                ),
+            ),
         )
     )
 

@@ -7,7 +7,9 @@ import itertools
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ledger.core.domain import State, decide, evolve
+from ledger.core.decide import decide
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from ledger.reads.layer import may_see_private, redact
 from ledger.server import metrics as m
 from ledger.server.pages import bucket_for

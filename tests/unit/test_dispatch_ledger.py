@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.core.domain import State
+from ledger.core.state import State
 from ledger.cycle.inputs import snapshot_from_state
 from ledger.dispatch import Decision, FairShare, Policy, decide
 from ledger.store.application import Ledger

@@ -13,6 +13,7 @@ from ledger.dispatch import Fifo, NodeView, PendingJob, RunningJob, Snapshot, de
 from ledger.dispatch.snapshot import NodeState
 from schemas.digest import summarise
 from schemas.events import GpuSlot
+from schemas.policy import FifoConfig
 
 NOW = 100_000.0
 
@@ -265,12 +266,14 @@ def test_fragmentation(case: FragCase) -> None:
 
 def test_decision_carries_position_policy_and_config() -> None:
     d = decide(world([node("n1")], [], [pend(1, 1)]), Fifo(), NOW)
-    assert (d.based_on, d.policy_version, d.config) == (42, "fifo-1", {"policy": "fifo"})
-    cmd = d.to_command("@dispatcher", "c7")
-    assert (cmd.actor, cmd.cycle_id, cmd.based_on, cmd.expected_position) == (
+    assert (d.based_on, d.policy_version) == (42, "fifo-1")
+    cmd = d.to_command("@dispatcher", "c7", policy=FifoConfig())
+    body = cmd.decision
+    assert (cmd.actor, body.cycle_id, body.based_on, cmd.expected_position) == (
         "@dispatcher",
         "c7",
         42,
         42,
     )
-    assert cmd.placements == d.placements and cmd.waiting == summarise(d.considered)
+    assert body.policy == FifoConfig()
+    assert body.placements == d.placements and body.waiting == summarise(d.considered)

@@ -25,6 +25,8 @@ from schemas.policy import (
     LegacyConfig,
     Slurm2Config,
     SlurmConfig,
+    from_settings,
+    settings,
 )
 
 CONFIGS: list[AnyPolicyConfig] = [
@@ -63,7 +65,8 @@ def test_a_config_survives_the_wire_and_builds_its_policy_and_back(
     policy = registry.policy_from_config(config)
     assert policy.version == config.version
     assert registry.config_of(policy) == config
-    assert registry.config_from_record(policy.version, policy.config()) == config
+    # as v1 and v2 decision records wrote it, in strings
+    assert from_settings(policy.version, settings(config)) == config
 
 
 def test_the_built_policies_are_the_ones_the_names_stood_for() -> None:
@@ -107,3 +110,41 @@ def test_unknown_names_and_wire_configs_are_refused_clearly() -> None:
         msgspec.json.decode(b'{"version": "fairshare-0"}', type=AnyPolicyConfig)
     with pytest.raises(msgspec.ValidationError):
         msgspec.json.decode(b'{"version": "fairshare-1", "wiggle": 1}', type=AnyPolicyConfig)
+
+
+SERVICE_KNOBS = {"margin": 0.2, "debug_lane": False, "squat_after_s": 600.0}
+
+
+@pytest.mark.parametrize(
+    ("given", "knobs", "known_only", "want"),
+    [
+        pytest.param(None, {}, False, registry.build("fairshare-6"), id="nothing: the default"),
+        pytest.param("fifo", {}, False, Fifo(), id="a name: its defaults"),
+        pytest.param(FairShareConfig(margin=0.5), {}, False, FairShare(margin=0.5), id="a config"),
+        pytest.param(
+            "fairshare-1", {"margin": "0.3"}, False, FairShare(margin=0.3), id="knobs as text"
+        ),
+        pytest.param(
+            "fairshare-1",
+            SERVICE_KNOBS,
+            True,
+            FairShare(margin=0.2, debug_lane=False, squat_after_s=600.0),
+            id="the service's knobs set fair share",
+        ),
+        pytest.param("slurm", SERVICE_KNOBS, True, SlurmMultifactor2(), id="and mean nothing else"),
+    ],
+)
+def test_build_is_the_one_way_to_a_policy(
+    given: str | AnyPolicyConfig | None,
+    knobs: dict[str, object],
+    known_only: bool,
+    want: object,
+) -> None:
+    assert registry.build(given, knobs, known_only=known_only) == want
+
+
+def test_build_refuses_knobs_a_policy_lacks_unless_told_and_caps_legacy_teams() -> None:
+    with pytest.raises(InvalidCommand, match="has no setting debug_lane, margin, squat_after_s"):
+        registry.build("slurm", SERVICE_KNOBS)
+    built = registry.build("legacy", gpus=10, team_fractions={"a/x": 0.75, "a/y": 0.25})
+    assert built == LegacyCaps2(caps={"a/x": 7, "a/y": 2})

@@ -1,4 +1,4 @@
-"""Table tests for the invariants that `ledger.core.domain.decide` enforces and `evolve` keeps.
+"""Table tests for the invariants that `ledger.core.decide.decide` enforces and `evolve` keeps.
 
 Every case starts from the `org_state` fixture (see tests/conftest.py): root is admin; ai2 is a
 program managed by pm; ai2/olmo a project managed by mgr with members alice and bob; ai2/tulu a
@@ -17,7 +17,10 @@ from typing import Any
 
 import pytest
 
-from ledger.core.domain import State, decide, evolve
+from ledger.core.authz import authorisation_failure
+from ledger.core.decide import decide
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import (
@@ -67,11 +70,13 @@ def decision(
 ) -> c.ApplyDecision:
     return c.ApplyDecision(
         actor=actor,
-        cycle_id="cycle",
-        based_on=0,
-        policy_version="test",
-        placements=tuple(c.Placement(job_id=j, slots=s) for j, s in places),
-        preemptions=preempts,
+        decision=c.DecisionBody(
+            cycle_id="cycle",
+            based_on=0,
+            policy_version="test",
+            placements=tuple(c.Placement(job_id=j, slots=s) for j, s in places),
+            preemptions=preempts,
+        ),
     )
 
 
@@ -375,7 +380,8 @@ GPU_HOLDING = [
     err("a GPU index past the node is rejected", place(1, slot("a1", 1, 2, 3, 4)),
         InvalidCommand, "node 'a1' has no GPU 4", setup=(S1,)),
     err("a negative GPU index is rejected", place(1, slot("n1", -1, 0, 1, 2)),
-        InvalidCommand, "`placements[0].slots[0].gpu_indices[0]` must be int >= 0, got -1",
+        InvalidCommand,
+        "`decision.placements[0].slots[0].gpu_indices[0]` must be int >= 0, got -1",
         setup=(S1,)),
     err("a draining node takes no new work", place(1, slot("n1", 4, 5, 6, 7)), InvalidTransition,
         "node 'n1' is draining", setup=(S1, S2, place(2, slot("n1", 0, 1, 2, 3)), drain("n1"))),
@@ -708,6 +714,8 @@ def test_decide(case: Case, org_state: State, counter_ids: Callable[[], str]) ->
         for key, want in attrs.items():
             assert getattr(first, key) == want, (cls.__name__, key)
     for ev in events:
+        # what decide allows, the audit's rules (the same ones, judged per event) allow too
+        assert authorisation_failure(state, ev) is None, ev
         evolve(state, ev)
     for node, want_state in case.want_nodes.items():
         assert state.nodes[node].state == want_state, node
@@ -785,7 +793,7 @@ def test_a_ledger_initialises_once(org_state: State, counter_ids: Callable[[], s
 def test_a_batch_fold_equals_folding_one_by_one(
     org_state: State, counter_ids: Callable[[], str]
 ) -> None:
-    from ledger.core.domain import fold
+    from ledger.core.evolve import fold
 
     events: list[e.AnyEvent] = []
     state = State()

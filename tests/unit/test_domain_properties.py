@@ -22,7 +22,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.core.domain import State, decide, evolve, fold, is_system
+from ledger.core.authz import authorisation_failure
+from ledger.core.decide import decide
+from ledger.core.evolve import evolve, fold
+from ledger.core.state import State, is_system
 from ledger.cycle.inputs import snapshot_from_state
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
@@ -257,10 +260,10 @@ def to_command(state: State, step: Step) -> c.AnyCommand | float:
                 for ref, r in a[2]
                 if not ref[1] or any(j.status in running for j in state.jobs.values())
             )
-            return c.ApplyDecision(
-                actor=a[0], cycle_id="cycle", based_on=state.events, policy_version="prop",
+            return c.ApplyDecision(actor=a[0], decision=c.DecisionBody(
+                cycle_id="cycle", based_on=state.events, policy_version="prop",
                 placements=tuple(placements), preemptions=preemptions,
-            )  # fmt: skip
+            ))  # fmt: skip
         case "preempt":
             return c.PreemptJob(actor=a[0], job_id=pick_job(state, a[1], wants), note=a[2])
         case "start":
@@ -426,6 +429,8 @@ def run_pure(script: list[Step]) -> Run:
         assert state == before, f"decide({cmd}) changed the state"
         check_accepted(before, cmd, new, now)
         for ev in new:
+            # the audit judges each event by the rules decide judged the command by
+            assert authorisation_failure(state, ev) is None, (cmd, ev)
             evolve(state, ev)
         check_invariants(state)
         run.events += new
@@ -591,8 +596,10 @@ any_event = st.one_of([instances(cls) for cls in e.EVENT_TYPES])
 def test_every_event_type_is_in_the_union_and_tagged() -> None:
     stored = e.EVENT_TYPES + e.OLDER_TYPES
     assert len(e.TAGS) == len(stored) == len(set(stored))
-    assert all(e.tag_of(cls).endswith(".v1") for cls in stored if cls is not e.CycleDecided)
-    assert e.tag_of(e.CycleDecided) == "cycle.decided.v2"
+    decided = (e.CycleDecided, e.CycleDecidedV2)
+    assert all(e.tag_of(cls).endswith(".v1") for cls in stored if cls not in decided)
+    assert e.tag_of(e.CycleDecided) == "cycle.decided.v3"
+    assert e.tag_of(e.CycleDecidedV2) == "cycle.decided.v2"
 
 
 @pytest.mark.parametrize("cls", e.EVENT_TYPES, ids=e.tag_of)

@@ -1,5 +1,5 @@
-"""The golden corpus: stored v1 bytes that every later version of the code must keep reading
-(see tests/golden/README.md)."""
+"""The golden corpus: stored bytes of every older event version that every later version of the
+code must keep reading, and of the latest decision record (see tests/golden/README.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ledger.core.domain import State, evolve
+from ledger.core.evolve import evolve
+from ledger.core.state import State
 from ledger.history.replay import find_decisions, replay_decisions
 from projections.batch import decode_records
 from projections.source import ListSource, LogRecord
@@ -20,6 +21,9 @@ from schemas.policy import AnyPolicyConfig
 GOLDEN = Path(__file__).parent.parent / "golden"
 V1 = (GOLDEN / "events-v1.jsonl").read_bytes().splitlines()
 LATEST = (GOLDEN / "events-v1.latest.jsonl").read_bytes().splitlines()
+V3 = "fairshare-6.decided-v3.jsonl"
+"""`fairshare-6.jsonl`'s simulation written again by the code that introduced
+`cycle.decided.v3` (the decision record with typed settings only)."""
 
 
 def records() -> list[LogRecord]:
@@ -88,10 +92,11 @@ def test_the_corpus_folds_and_its_v1_decisions_replay_identically() -> None:
 
 
 def _recorded_decisions(
-    version: str, as_version: str | None = None
+    version: str, as_version: str | None = None, file: str | None = None
 ) -> tuple[ListSource, list[tuple[int, e.CycleDecided]]]:
-    """The golden log of `version`'s decisions, optionally read as another version's."""
-    lines = (GOLDEN / f"{version}.jsonl").read_bytes().splitlines()
+    """The golden log of `version`'s decisions (`file`, else `<version>.jsonl`), optionally
+    read as another version's."""
+    lines = (GOLDEN / (file or f"{version}.jsonl")).read_bytes().splitlines()
     source = ListSource(
         [LogRecord(i, codec.peek_tag(raw) or "", raw) for i, raw in enumerate(lines, 1)]
     )
@@ -122,25 +127,54 @@ def test_recorded_fairshare_2_decisions_replay_identically_under_later_versions(
 
 
 @pytest.mark.parametrize(
-    ("version", "read_as"),
-    [("fairshare-3", "fairshare-2"), ("fairshare-6", "fairshare-4")],
+    ("version", "read_as", "file"),
+    [
+        ("fairshare-3", "fairshare-2", None),
+        ("fairshare-6", "fairshare-4", None),
+        ("fairshare-6", "fairshare-4", V3),
+    ],
+    ids=["fairshare-3", "fairshare-6", "fairshare-6 in v3 records"],
 )
 def test_recorded_decisions_replay_identically_and_differ_under_an_older_version(
-    version: str, read_as: str
+    version: str, read_as: str, file: str | None
 ) -> None:
     """fairshare-3 and fairshare-6 (the default) still decide exactly as they recorded,
-    preemptions included; read as an older version with the same settings, every decision
-    differs (fairshare-3 ranks teams by their share of the whole tree, fairshare-6 orders
-    unfunded work that never ran first), so the test can fail."""
-    lines = (GOLDEN / f"{version}.jsonl").read_bytes().splitlines()
+    preemptions included, in v2 records and in v3 ones; read as an older version with the same
+    settings, every decision differs (fairshare-3 ranks teams by their share of the whole tree,
+    fairshare-6 orders unfunded work that never ran first), so the test can fail."""
+    lines = (GOLDEN / (file or f"{version}.jsonl")).read_bytes().splitlines()
     prev = ""
     for raw in lines:  # the stored bytes, unedited: each line links to the one before
         assert codec.decode(raw).prev_hash == prev
         prev = hashlib.sha256(raw).hexdigest()
-    source, decisions = _recorded_decisions(version)
+    source, decisions = _recorded_decisions(version, file=file)
     assert len(decisions) == 36
     assert sum(len(d.preempted) for _, d in decisions) > 0
     results = list(replay_decisions(source, decisions))
     assert [r.headline() for r in results if not r.identical] == []
-    source, as_older = _recorded_decisions(version, read_as)
+    source, as_older = _recorded_decisions(version, read_as, file)
     assert not any(r.identical for r in replay_decisions(source, as_older))
+
+
+def test_the_latest_decision_records_are_stored_as_every_reader_decodes_them() -> None:
+    lines = (GOLDEN / V3).read_bytes().splitlines()
+    prev = ""
+    for raw in lines:  # the stored bytes, unedited
+        event = codec.decode(raw)
+        assert event.prev_hash == prev and codec.encode(event) == raw
+        prev = hashlib.sha256(raw).hexdigest()
+    tags = {codec.peek_tag(raw) for raw in lines}
+    assert "cycle.decided.v3" in tags and not tags & {"cycle.decided.v1", "cycle.decided.v2"}
+
+
+def test_v2_decision_records_upcast_to_exactly_what_the_code_now_writes() -> None:
+    """The same simulation recorded with v2 records and with v3 ones: upcast, the v2 log is
+    the v3 log event for event (only the hash chain differs, over other bytes)."""
+
+    def unchained(file: str) -> list[e.AnyEvent]:
+        lines = (GOLDEN / file).read_bytes().splitlines()
+        return [msgspec.structs.replace(codec.decode(raw), prev_hash="") for raw in lines]
+
+    v2, v3 = unchained("fairshare-6.jsonl"), unchained(V3)
+    assert sum(isinstance(ev, e.CycleDecided) for ev in v3) == 36
+    assert v2 == v3

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from schemas import commands as c
+from schemas import events as e
 from schemas import export as x
 from schemas.events import EVENT_TYPES, OLDER_TYPES, TAGS, tag_of
 
@@ -106,3 +109,14 @@ def test_views_and_commands_are_exported_beside_the_events(tmp_path: Path) -> No
     assert "level_fs_infinite" in body["required"]
     submit = json.loads((tmp_path / "commands" / "submit.json").read_text())
     assert submit["$defs"]["SubmitJob"]["properties"]["op"] == {"enum": ["submit"]}
+
+
+def test_a_decision_record_keeps_the_body_the_dispatcher_hands_in() -> None:
+    """`CycleDecided` (v3) is `ApplyDecision.decision` with its outcomes by reference: the
+    same fields of the same types, so the domain copies the body without naming them."""
+    record = {f.name: f.type for f in msgspec.structs.fields(e.CycleDecided)}
+    body = {f.name: f.type for f in msgspec.structs.fields(c.DecisionBody)}
+    envelope = {f.name for f in msgspec.structs.fields(e.Event)}
+    outcomes = {"placements": "placed", "preemptions": "preempted"}
+    assert set(record) - envelope == {outcomes.get(name, name) for name in body}
+    assert all(record[name] == kind for name, kind in body.items() if name not in outcomes)

@@ -7,6 +7,7 @@ import pytest
 from ledger.dispatch import NodeView, PendingJob, RunningJob, Snapshot, decide
 from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor, in_cap_usage, team_of
 from schemas.events import GpuSlot
+from schemas.policy import LegacyConfig, settings
 
 NOW = 1_000_000.0
 H = 3600.0
@@ -138,4 +139,4 @@ def test_legacy_orders_by_static_priority_across_teams() -> None:
         ),
     )
     assert [j.job_id for _, j in LegacyCaps().order(snap)] == [2, 1, 3]
-    assert LegacyCaps(caps={"x": 1}).config()["caps"] == "x=1"
+    assert settings(LegacyConfig(caps={"x": 1}))["caps"] == "x=1"  # as v1 and v2 records wrote it

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from ledger.core import budget
-from ledger.core.domain import Node, State, decide, evolve
+from ledger.core.decide import decide
+from ledger.core.evolve import evolve
+from ledger.core.state import Node, State
 from ledger.cycle.executor import Exit, Launch
 from ledger.cycle.record import node_command
 from ledger.engines.slurm import (
@@ -391,10 +393,9 @@ def test_an_engine_run_is_linked_at_its_start_and_its_ending_recorded(
     )
     slots = (GpuSlot(node="n1", gpu_indices=(0, 1)),)
     placement = c.Placement(job_id=1, slots=slots)
-    decision = c.ApplyDecision(
-        actor="@dispatcher", cycle_id="c1", based_on=0, policy_version="fifo-1",
-        placements=(placement,),
-    )  # fmt: skip
+    decision = c.ApplyDecision(actor="@dispatcher", decision=c.DecisionBody(
+        cycle_id="c1", based_on=0, policy_version="fifo-1", placements=(placement,),
+    ))  # fmt: skip
     run(org_state, decision, counter_ids)
     started = run(
         org_state,
@@ -435,10 +436,9 @@ def test_engines_without_run_ids_record_only_the_start_and_the_finish(
         counter_ids,
     )
     placement = c.Placement(job_id=1, slots=(GpuSlot(node="n1", gpu_indices=(0,)),))
-    decision = c.ApplyDecision(
-        actor="@dispatcher", cycle_id="c1", based_on=0, policy_version="fifo-1",
-        placements=(placement,),
-    )  # fmt: skip
+    decision = c.ApplyDecision(actor="@dispatcher", decision=c.DecisionBody(
+        cycle_id="c1", based_on=0, policy_version="fifo-1", placements=(placement,),
+    ))  # fmt: skip
     run(org_state, decision, counter_ids)
     assert [
         type(ev) for ev in run(org_state, c.StartJob(actor="@executor", job_id=1), counter_ids)

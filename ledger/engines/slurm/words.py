@@ -24,7 +24,7 @@ from schemas import commands as c
 from schemas.events import EndReason
 
 if TYPE_CHECKING:
-    from ledger.core.domain import Node
+    from ledger.core.state import Node
 
 _TAG = re.compile(r"^gpuledger:(\w+):job=(\d+):run=(\d+)$")
 HOLDING = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING"})

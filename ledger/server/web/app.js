@@ -353,7 +353,7 @@ async function decisionsPage() {
       el("h2", {}, `Cycle ${rec.cycle_id}`),
       table(["", ""], [
         ["decided", when(d.row.decided_at)], ["based on position", rec.based_on],
-        ["policy", `${rec.policy_version} ${JSON.stringify(rec.config)}`],
+        ["policy", `${rec.policy_version} ${JSON.stringify(rec.policy)}`],
         ["ranks read at", rec.ranks ? `${rec.ranks.position} (digest ${rec.ranks.digest})` : "—"],
         ["placed", rec.placed.join(", ") || "none"], ["preempted", rec.preempted.join(", ") || "none"],
         ["considered", rec.waiting.considered],

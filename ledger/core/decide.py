@@ -1,21 +1,23 @@
-"""The write side's domain: `decide(state, command, now, new_id) -> events` and `evolve`.
+"""The write side's decisions: `decide(state, command, now, new_id) -> events`.
 
 Pure: no I/O, no clock, no random ids. `now` and `new_id` are parameters. `decide` never mutates
 the state; it validates the whole command first and raises a typed LedgerError, so a rejected
-command produces nothing. `evolve` folds one event into the state *in place* and returns it:
-copying a million-job state per event would make the fold O(n^2); callers that need the old state
-keep a `State.copy()`.
+command produces nothing. `ledger.core.authz.authorise` first says whether the actor may send the
+command (every authorisation rule is written there, once); then the command's handler validates
+it against the state and returns the events it causes. The fold is `ledger.core.evolve`.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Literal, TypedDict
+from dataclasses import dataclass
+from typing import TypedDict
 
 import msgspec
 
+from ledger.core.authz import authorise
+from ledger.core.state import Account, Job, State
 from schemas import commands as c
 from schemas import events as e
 from schemas.bounds import NAME_PATTERN, describe, field_value, validate
@@ -30,261 +32,6 @@ from schemas.errors import (
 DEBUG_TIME_LIMIT_S = 15 * 60
 _NAME = re.compile(NAME_PATTERN)
 
-JobStatus = Literal["pending", "placed", "running", "finished"]
-NodeState = Literal["active", "draining", "drained", "removed", "lost"]
-"""`lost`: it stopped answering (`NodeLost`); no work is placed on it until it is returned."""
-
-
-class Account(msgspec.Struct, frozen=True, kw_only=True):
-    path: str
-    parent: str | None
-    kind: e.AccountKind
-    shares: int = 0
-    open: bool = True
-
-
-class Node(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    cluster: str
-    gpu_type: str
-    gpus: int
-    state: NodeState = "active"
-    drain_reason: str = ""
-    lost_reason: str = ""
-
-
-class Job(msgspec.Struct, frozen=True, kw_only=True):
-    spec: e.JobSubmitted
-    status: JobStatus = "pending"
-    slots: tuple[e.GpuSlot, ...] = ()
-    placed_at: float | None = None
-    started_at: float | None = None
-    checkpoint_at: float | None = None
-    outcome: e.FinishOutcome | None = None
-    exit_code: int | None = None
-    preemptions: int = 0
-    logs: tuple[str, ...] = ()
-    held: bool = False
-    """A held pending job is not scheduled until released."""
-    engine: str = ""
-    engine_job_id: str = ""
-    """The engine's run of the current placement (`JobEngineLinked`), "" while none is known."""
-
-    @property
-    def job_id(self) -> int:
-        return self.spec.job_id
-
-    @property
-    def funded(self) -> bool:
-        return self.spec.min_runtime_s > 0
-
-    @property
-    def active(self) -> bool:
-        return self.status != "finished"
-
-    def contract_ends_at(self) -> float | None:
-        """When the job becomes preemptible; None when it holds no GPUs."""
-        if self.placed_at is None:
-            return None
-        return self.placed_at + self.spec.min_runtime_s
-
-
-class Token(msgspec.Struct, frozen=True, kw_only=True):
-    """A bearer token as the ledger knows it: never the secret, only its SHA-256."""
-
-    token_id: str
-    user: str
-    name: str
-    secret_sha256: str
-    issued_at: float
-    expires_at: float | None = None
-    scope: e.TokenScope = "user"
-    scope_node: str | None = None
-    scope_job: int | None = None
-    revoked: bool = False
-
-    @property
-    def acts_as(self) -> str:
-        """The actor its calls act as: the user, or a narrow system actor for node/job scope."""
-        if self.scope == "node":
-            return f"{NODE_ACTOR}{self.scope_node}"
-        if self.scope == "job":
-            return f"{JOB_ACTOR}{self.scope_job}"
-        return self.user
-
-
-@dataclass
-class State:
-    """Everything `decide` needs to enforce the invariants. Built only by folding events."""
-
-    initialised: bool = False
-    cluster: str = "default"
-    min_runtime_cap_s: int = 8 * 3600
-    admins: set[str] = field(default_factory=set)
-    accounts: dict[str, Account] = field(default_factory=dict)
-    members: dict[str, set[str]] = field(default_factory=dict)
-    managers: dict[str, set[str]] = field(default_factory=dict)
-    nodes: dict[str, Node] = field(default_factory=dict)
-    holders: dict[tuple[str, int], int] = field(default_factory=dict)
-    node_jobs: dict[str, set[int]] = field(default_factory=dict)
-    jobs: dict[int, Job] = field(default_factory=dict)
-    tokens: dict[str, Token] = field(default_factory=dict)
-    service: e.ServiceConfigured | None = None
-    """The settings the service last recorded (policy, interval, executor)."""
-    next_job_id: int = 1
-    events: int = 0
-    live_only: bool = False
-    """A live state: a finished job leaves `jobs` (decisions never need it again; history reads
-    come from the projection), so memory follows live work, not history. `next_job_id` says
-    which ids existed: a command on a job that left is refused as finished."""
-    finished: int = 0
-    """How many jobs have finished (counted in both modes)."""
-    active: set[int] = field(default_factory=set)
-    """The ids of the jobs not finished (pending, placed, running): what the dispatcher's
-    snapshot reads, so its cost follows live work even when `jobs` keeps finished ones."""
-    _capacity: dict[tuple[str | None, str | None], tuple[int, int]] = field(
-        default_factory=dict, compare=False, repr=False
-    )
-
-    def copy(self) -> State:
-        return State(
-            initialised=self.initialised,
-            cluster=self.cluster,
-            min_runtime_cap_s=self.min_runtime_cap_s,
-            admins=set(self.admins),
-            accounts=dict(self.accounts),
-            members={k: set(v) for k, v in self.members.items()},
-            managers={k: set(v) for k, v in self.managers.items()},
-            nodes=dict(self.nodes),
-            holders=dict(self.holders),
-            node_jobs={k: set(v) for k, v in self.node_jobs.items()},
-            jobs=dict(self.jobs),
-            tokens=dict(self.tokens),
-            service=self.service,
-            next_job_id=self.next_job_id,
-            events=self.events,
-            live_only=self.live_only,
-            finished=self.finished,
-            active=set(self.active),
-        )
-
-    # --- queries -------------------------------------------------------------------------------
-
-    def is_admin(self, actor: str) -> bool:
-        return actor in self.admins
-
-    def manages(self, actor: str, path: str) -> bool:
-        """Admins manage everything; a manager manages their account and everything below it."""
-        if self.is_admin(actor):
-            return True
-        return any(
-            path == root or path.startswith(root + "/") for root in self.managers.get(actor, ())
-        )
-
-    def open_account(self, path: str) -> Account:
-        acct = self.accounts.get(path)
-        if acct is None or not acct.open:
-            raise UnknownEntity(
-                f"unknown account {path!r}",
-                hint="see `gpuledger account tree` for the open accounts",
-                account=path,
-            )
-        return acct
-
-    def job(self, job_id: int) -> Job:
-        job = self.jobs.get(job_id)
-        if job is None and self.live_only and 0 < job_id < self.next_job_id:
-            raise InvalidTransition(
-                f"job {job_id} is finished", hint="see `gpuledger jobs`", job_id=job_id
-            )
-        if job is None:
-            raise UnknownEntity(f"unknown job {job_id}", hint="see `gpuledger jobs`", job_id=job_id)
-        return job
-
-    def node(self, name: str) -> Node:
-        node = self.nodes.get(name)
-        if node is None or node.state == "removed":
-            raise UnknownEntity(
-                f"unknown node {name!r}", hint="see `gpuledger node list`", node=name
-            )
-        return node
-
-    def capacity(self, gpu_type: str | None, cluster: str | None) -> tuple[int, int]:
-        """(total GPUs, largest node) over registered nodes matching the constraints. Cached;
-        `evolve` drops the cache on every node event."""
-        key = (gpu_type, cluster)
-        hit = self._capacity.get(key)
-        if hit is None:
-            hit = self._capacity[key] = self._scan_capacity(gpu_type, cluster)
-        return hit
-
-    def _scan_capacity(self, gpu_type: str | None, cluster: str | None) -> tuple[int, int]:
-        total = largest = 0
-        for n in self.nodes.values():
-            if n.state == "removed":
-                continue
-            if gpu_type is not None and n.gpu_type != gpu_type:
-                continue
-            if cluster is not None and n.cluster != cluster:
-                continue
-            total += n.gpus
-            largest = max(largest, n.gpus)
-        return total, largest
-
-    def free_indices(self, node: str) -> list[int]:
-        n = self.nodes[node]
-        return [i for i in range(n.gpus) if (node, i) not in self.holders]
-
-
-def is_system(actor: str) -> bool:
-    """System actors (the dispatcher, executors, the simulator) start with '@'."""
-    return actor.startswith("@")
-
-
-NODE_ACTOR = "@node:"
-"""A node token acts as `@node:NAME`: it reports starts, exits and samples of jobs on NAME only."""
-JOB_ACTOR = "@job:"
-"""A job token acts as `@job:ID`: it reports checkpoints of job ID only."""
-_NODE_COMMANDS = (c.StartJob, c.FinishJob, c.SampleUtilisation, c.ReportCheckpoint)
-
-
-def _check_narrow(state: State, cmd: c.AnyCommand, actor: str) -> None:
-    """Node and job actors are system actors confined to their node or job."""
-    if actor.startswith(NODE_ACTOR):
-        node = actor[len(NODE_ACTOR) :]
-        if isinstance(cmd, _NODE_COMMANDS):
-            job = state.job(cmd.job_id)
-            if any(sl.node == node for sl in job.slots):
-                return
-            raise NotAuthorised(
-                f"{actor!r} may not report for job {cmd.job_id}: it does not run on {node!r}",
-                actor=actor,
-            )
-        raise NotAuthorised(f"{actor!r} may only report for its node", actor=actor)
-    if actor.startswith(JOB_ACTOR):
-        if isinstance(cmd, c.ReportCheckpoint) and actor == f"{JOB_ACTOR}{cmd.job_id}":
-            return
-        raise NotAuthorised(f"{actor!r} may only report checkpoints of its job", actor=actor)
-
-
-def check_act_as(state: State, real: str, actor: str) -> None:
-    """Pure: `real` may act as `actor` (`--as`) only when they are the same or `real` is an
-    admin, and nobody acts as a system actor."""
-    if real == actor:
-        return
-    if is_system(actor):
-        raise NotAuthorised(
-            f"{real!r} may not act as {actor!r}: system actors cannot be taken on", actor=real
-        )
-    if not state.is_admin(real):
-        raise NotAuthorised(
-            f"{real!r} may not act as {actor!r}: only admins may use --as", actor=real
-        )
-
-
-# --- decide -------------------------------------------------------------------------------------
-
-
 NewId = Callable[[], str]
 
 
@@ -297,9 +44,7 @@ def decide(state: State, cmd: c.AnyCommand, now: float, new_id: NewId) -> list[e
         )
     if not cmd.actor:
         raise NotAuthorised("no actor given", hint="pass --as USER or set GPULEDGER_USER")
-    if cmd.real_actor is not None:
-        check_act_as(state, cmd.real_actor, cmd.actor)
-    _check_narrow(state, cmd, cmd.actor)
+    authorise(state, cmd)
     handler = _HANDLERS[type(cmd)]
     real = cmd.real_actor if cmd.real_actor != cmd.actor else None
     return handler(state, cmd, _Stamp(now, cmd.actor, new_id, real))
@@ -361,24 +106,6 @@ def _path(value: str) -> str:
     return value
 
 
-def _require_admin(state: State, actor: str, what: str) -> None:
-    if not state.is_admin(actor):
-        raise NotAuthorised(f"{actor!r} may not {what}: only admins may", actor=actor)
-
-
-def _require_manages(state: State, actor: str, path: str | None, what: str) -> None:
-    """Top-level (path None) needs an admin; otherwise a manager of `path`'s subtree."""
-    if path is None:
-        _require_admin(state, actor, what)
-        return
-    if not state.manages(actor, path):
-        raise NotAuthorised(
-            f"{actor!r} may not {what}: it needs a manager of {path!r} or an admin",
-            actor=actor,
-            account=path,
-        )
-
-
 def _init(state: State, cmd: c.InitLedger, s: _Stamp) -> list[e.AnyEvent]:
     if state.initialised:
         raise InvalidTransition("the ledger is already initialised")
@@ -392,7 +119,6 @@ def _init(state: State, cmd: c.InitLedger, s: _Stamp) -> list[e.AnyEvent]:
 
 
 def _grant_admin(state: State, cmd: c.GrantAdmin, s: _Stamp) -> list[e.AnyEvent]:
-    _require_admin(state, s.actor, "grant admin")
     _name(cmd.user, "user name")
     if cmd.user in state.admins:
         raise InvalidTransition(f"{cmd.user!r} is already an admin")
@@ -400,7 +126,6 @@ def _grant_admin(state: State, cmd: c.GrantAdmin, s: _Stamp) -> list[e.AnyEvent]
 
 
 def _revoke_admin(state: State, cmd: c.RevokeAdmin, s: _Stamp) -> list[e.AnyEvent]:
-    _require_admin(state, s.actor, "revoke admin")
     if cmd.user not in state.admins:
         raise InvalidTransition(f"{cmd.user!r} is not an admin")
     if len(state.admins) <= 1:
@@ -418,7 +143,6 @@ _PARENT_KINDS: dict[str, tuple[str | None, ...]] = {
 def _open_account(state: State, cmd: c.OpenAccount, s: _Stamp) -> list[e.AnyEvent]:
     path = _path(cmd.path)
     parent = path.rsplit("/", 1)[0] if "/" in path else None
-    _require_manages(state, s.actor, parent, f"open {path!r}")
     existing = state.accounts.get(path)
     if not (existing is None or not existing.open):
         raise InvalidTransition(f"account {path!r} is already open", account=path)
@@ -442,7 +166,6 @@ def _active_jobs(state: State, pred: Callable[[Job], bool]) -> list[int]:
 
 def _close_account(state: State, cmd: c.CloseAccount, s: _Stamp) -> list[e.AnyEvent]:
     acct = state.open_account(cmd.path)
-    _require_manages(state, s.actor, acct.parent, f"close {cmd.path!r}")
     user = cmd.path.rsplit("/", 1)[-1]
     if acct.kind == "user" and acct.parent and user in state.members.get(acct.parent, ()):
         raise InvalidTransition(
@@ -464,8 +187,7 @@ def _close_account(state: State, cmd: c.CloseAccount, s: _Stamp) -> list[e.AnyEv
 
 
 def _set_shares(state: State, cmd: c.SetShares, s: _Stamp) -> list[e.AnyEvent]:
-    acct = state.open_account(cmd.account)
-    _require_manages(state, s.actor, acct.parent, f"set the shares of {cmd.account!r}")
+    state.open_account(cmd.account)
     return [e.SharesSet(**s.kw(), account=cmd.account, shares=cmd.shares, reason=cmd.reason)]
 
 
@@ -479,7 +201,6 @@ def _project(state: State, path: str) -> Account:
 def _add_member(state: State, cmd: c.AddMember, s: _Stamp) -> list[e.AnyEvent]:
     _project(state, cmd.project)
     _name(cmd.user, "user name")
-    _require_manages(state, s.actor, cmd.project, f"add members to {cmd.project!r}")
     if cmd.user in state.members.get(cmd.project, ()):
         raise InvalidTransition(f"{cmd.user!r} is already a member of {cmd.project!r}")
     out: list[e.AnyEvent] = [e.MemberAdded(**s.kw(), user=cmd.user, project=cmd.project)]
@@ -498,7 +219,6 @@ def _add_member(state: State, cmd: c.AddMember, s: _Stamp) -> list[e.AnyEvent]:
 
 def _remove_member(state: State, cmd: c.RemoveMember, s: _Stamp) -> list[e.AnyEvent]:
     _project(state, cmd.project)
-    _require_manages(state, s.actor, cmd.project, f"remove members from {cmd.project!r}")
     if cmd.user not in state.members.get(cmd.project, ()):
         raise UnknownEntity(f"{cmd.user!r} is not a member of {cmd.project!r}")
     busy = _active_jobs(state, lambda j: j.spec.account == cmd.project and j.spec.user == cmd.user)
@@ -515,7 +235,6 @@ def _remove_member(state: State, cmd: c.RemoveMember, s: _Stamp) -> list[e.AnyEv
 
 
 def _grant_manager(state: State, cmd: c.GrantManager, s: _Stamp) -> list[e.AnyEvent]:
-    _require_admin(state, s.actor, "grant managers")
     state.open_account(cmd.account)
     _name(cmd.user, "user name")
     if cmd.account in state.managers.get(cmd.user, ()):
@@ -524,14 +243,12 @@ def _grant_manager(state: State, cmd: c.GrantManager, s: _Stamp) -> list[e.AnyEv
 
 
 def _revoke_manager(state: State, cmd: c.RevokeManager, s: _Stamp) -> list[e.AnyEvent]:
-    _require_admin(state, s.actor, "revoke managers")
     if cmd.account not in state.managers.get(cmd.user, ()):
         raise UnknownEntity(f"{cmd.user!r} does not manage {cmd.account!r}")
     return [e.ManagerRevoked(**s.kw(), user=cmd.user, account=cmd.account)]
 
 
 def _register_node(state: State, cmd: c.RegisterNode, s: _Stamp) -> list[e.AnyEvent]:
-    _require_admin(state, s.actor, "register nodes")
     _name(cmd.node, "node name")
     _name(cmd.gpu_type, "GPU type")
     cluster = _name(cmd.cluster or state.cluster, "cluster name")
@@ -546,8 +263,6 @@ def _register_node(state: State, cmd: c.RegisterNode, s: _Stamp) -> list[e.AnyEv
 
 
 def _drain_node(state: State, cmd: c.DrainNode, s: _Stamp) -> list[e.AnyEvent]:
-    if not is_system(s.actor):  # an execution engine that marks a node down drains it
-        _require_admin(state, s.actor, "drain nodes")
     node = state.node(cmd.node)
     if node.state != "active":
         raise InvalidTransition(f"node {cmd.node!r} is already {node.state}")
@@ -560,8 +275,6 @@ def _drain_node(state: State, cmd: c.DrainNode, s: _Stamp) -> list[e.AnyEvent]:
 
 
 def _return_node(state: State, cmd: c.ReturnNode, s: _Stamp) -> list[e.AnyEvent]:
-    if not is_system(s.actor):  # ... and returns it when the engine brings it back
-        _require_admin(state, s.actor, "return nodes")
     node = state.node(cmd.node)
     if node.state not in ("draining", "drained", "lost"):
         raise InvalidTransition(f"node {cmd.node!r} is {node.state}, not draining, drained or lost")
@@ -572,7 +285,6 @@ def _mark_node_lost(state: State, cmd: c.MarkNodeLost, s: _Stamp) -> list[e.AnyE
     """The node is gone, and so are the runs on it: every job it holds ends in the same command
     (resumable ones requeued, same id; the others failed, with the engine's `node_failure`
     ending where an engine runs them). Other nodes of a gang are freed with it."""
-    _require_system(state, s.actor, "mark nodes lost")
     node = state.node(cmd.node)
     if node.state == "lost":
         raise InvalidTransition(f"node {cmd.node!r} is already lost", node=cmd.node)
@@ -606,7 +318,6 @@ def _mark_node_lost(state: State, cmd: c.MarkNodeLost, s: _Stamp) -> list[e.AnyE
 
 
 def _remove_node(state: State, cmd: c.RemoveNode, s: _Stamp) -> list[e.AnyEvent]:
-    _require_admin(state, s.actor, "remove nodes")
     state.node(cmd.node)
     busy = state.node_jobs.get(cmd.node)
     if busy:
@@ -619,18 +330,7 @@ def _remove_node(state: State, cmd: c.RemoveNode, s: _Stamp) -> list[e.AnyEvent]
 
 def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
     user = _name(cmd.user, "user name") if cmd.user else s.actor
-    if (
-        cmd.user
-        and cmd.user != s.actor
-        and not (is_system(s.actor) or state.manages(s.actor, cmd.account))
-    ):
-        raise NotAuthorised(f"{s.actor!r} may not submit on behalf of {cmd.user!r}")
     _project(state, cmd.account)
-    if user not in state.members.get(cmd.account, ()):
-        raise NotAuthorised(
-            f"{user!r} is not a member of {cmd.account!r}",
-            hint="a manager adds members: `gpuledger member add`",
-        )
     total, largest = state.capacity(cmd.gpu_type, cmd.cluster)
     if cmd.gpus > total:
         kind = f"{cmd.gpu_type} GPUs" if cmd.gpu_type else "GPUs"
@@ -689,17 +389,8 @@ def _drained_after(
     return out
 
 
-def _require_owner(state: State, job: Job, actor: str, what: str) -> None:
-    """The job's owner, a manager of its account, an admin or a system actor (cancel's rule)."""
-    if not (actor == job.spec.user or state.manages(actor, job.spec.account) or is_system(actor)):
-        raise NotAuthorised(
-            f"{actor!r} may not {what} job {job.job_id}: only its owner, a manager or an admin"
-        )
-
-
 def _cancel(state: State, cmd: c.CancelJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
-    _require_owner(state, job, s.actor, "cancel")
     if not job.active:
         raise InvalidTransition(f"job {cmd.job_id} already {job.outcome}")
     out: list[e.AnyEvent] = [e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome="cancelled")]
@@ -708,7 +399,6 @@ def _cancel(state: State, cmd: c.CancelJob, s: _Stamp) -> list[e.AnyEvent]:
 
 def _hold(state: State, cmd: c.HoldJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
-    _require_owner(state, job, s.actor, "hold")
     if job.status != "pending":
         raise InvalidTransition(
             f"job {cmd.job_id} is {job.outcome or job.status}: only pending jobs can be held",
@@ -721,7 +411,6 @@ def _hold(state: State, cmd: c.HoldJob, s: _Stamp) -> list[e.AnyEvent]:
 
 def _release_job(state: State, cmd: c.ReleaseJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
-    _require_owner(state, job, s.actor, "release")
     if not job.held:
         raise InvalidTransition(f"job {cmd.job_id} is not held")
     return [e.JobReleased(**s.kw(), job_id=cmd.job_id)]
@@ -729,7 +418,6 @@ def _release_job(state: State, cmd: c.ReleaseJob, s: _Stamp) -> list[e.AnyEvent]
 
 def _requeue(state: State, cmd: c.RequeueJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
-    _require_owner(state, job, s.actor, "requeue")
     if job.status not in ("placed", "running"):
         raise InvalidTransition(
             f"job {cmd.job_id} is {job.outcome or job.status}: only placed or running jobs can "
@@ -741,13 +429,6 @@ def _requeue(state: State, cmd: c.RequeueJob, s: _Stamp) -> list[e.AnyEvent]:
         e.JobRequeued(**s.kw(), job_id=cmd.job_id),
     ]
     return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)
-
-
-def _require_system(state: State, actor: str, what: str) -> None:
-    if not (is_system(actor) or state.is_admin(actor)):
-        raise NotAuthorised(
-            f"{actor!r} may not {what}: only the dispatcher, executors and admins may"
-        )
 
 
 def _preemption_events(
@@ -807,37 +488,33 @@ def _check_slots(
             taken.add((sl.node, i))
 
 
+_RECORDED = tuple(
+    f for f in c.DecisionBody.__struct_fields__ if f not in ("placements", "preemptions")
+)
+"""The fields of a decision that its record keeps as they are (the outcomes, by reference)."""
+
+
 def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.AnyEvent]:
-    _require_system(state, s.actor, "apply dispatcher decisions")
-    if cmd.based_on > state.events:
+    d = cmd.decision
+    if d.based_on > state.events:
         raise InvalidCommand(
-            f"a decision based on position {cmd.based_on} is ahead of the log "
+            f"a decision based on position {d.based_on} is ahead of the log "
             f"(position {state.events})",
-            based_on=cmd.based_on,
+            based_on=d.based_on,
         )
     out: list[e.AnyEvent] = [
         e.CycleDecided(
             **s.kw(),
-            cycle_id=cmd.cycle_id,
-            based_on=cmd.based_on,
-            policy_version=cmd.policy_version,
-            config=cmd.config,
-            policy=cmd.policy,
-            decided_at=cmd.decided_at,
-            ranks=cmd.ranks,
-            placed=tuple(p.job_id for p in cmd.placements),
-            preempted=tuple(p.job_id for p in cmd.preemptions),
-            waiting=cmd.waiting,
-            fragmentation_gpus=cmd.fragmentation_gpus,
-            wake_at=cmd.wake_at,
-            skipped_cycles=cmd.skipped_cycles,
+            **{f: getattr(d, f) for f in _RECORDED},
+            placed=tuple(p.job_id for p in d.placements),
+            preempted=tuple(p.job_id for p in d.preemptions),
         )
     ]
     # 1. preemptions free GPUs (validated against contracts)
     taken = set(state.holders)
     leaving: set[int] = set()
     touched: list[str] = []
-    for p in cmd.preemptions:
+    for p in d.preemptions:
         job = state.job(p.job_id)
         if p.job_id in leaving:
             raise InvalidCommand(f"job {p.job_id} is preempted twice")
@@ -846,10 +523,10 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
         for sl in job.slots:
             touched.append(sl.node)
             taken.difference_update((sl.node, i) for i in sl.gpu_indices)
-        out += _preemption_events(job, p, cmd.cycle_id, s)
+        out += _preemption_events(job, p, d.cycle_id, s)
     # 2. placements claim free GPUs on active nodes
     placed: set[int] = set()
-    for pl in cmd.placements:
+    for pl in d.placements:
         job = state.job(pl.job_id)
         if not (job.status == "pending" and pl.job_id not in placed):
             raise InvalidTransition(
@@ -867,8 +544,8 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
                 **s.kw(),
                 job_id=pl.job_id,
                 slots=pl.slots,
-                cycle_id=cmd.cycle_id,
-                based_on=cmd.based_on,
+                cycle_id=d.cycle_id,
+                based_on=d.based_on,
             )
         )
     # 3. draining nodes the preemptions emptied report drained
@@ -876,7 +553,6 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
 
 
 def _preempt(state: State, cmd: c.PreemptJob, s: _Stamp) -> list[e.AnyEvent]:
-    _require_admin(state, s.actor, "preempt jobs by hand")
     if cmd.reason == "node_failure":
         raise InvalidCommand(
             "a node failure is recorded on the node, not on a job",
@@ -893,7 +569,6 @@ def _preempt(state: State, cmd: c.PreemptJob, s: _Stamp) -> list[e.AnyEvent]:
 
 
 def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
-    _require_system(state, s.actor, "start jobs")
     job = state.job(cmd.job_id)
     if job.status != "placed":
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not placed")
@@ -913,7 +588,6 @@ def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
 
 
 def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
-    _require_system(state, s.actor, "finish jobs")
     job = state.job(cmd.job_id)
     if job.status not in ("placed", "running"):
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not running")
@@ -945,7 +619,6 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
 
 
 def _sample(state: State, cmd: c.SampleUtilisation, s: _Stamp) -> list[e.AnyEvent]:
-    _require_system(state, s.actor, "report utilisation")
     job = state.job(cmd.job_id)
     if job.status != "running":
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not running")
@@ -959,8 +632,6 @@ def _sample(state: State, cmd: c.SampleUtilisation, s: _Stamp) -> list[e.AnyEven
 
 def _checkpoint(state: State, cmd: c.ReportCheckpoint, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
-    if not (is_system(s.actor) or s.actor == job.spec.user or state.is_admin(s.actor)):
-        raise NotAuthorised(f"{s.actor!r} may not report checkpoints of job {cmd.job_id}")
     if job.status != "running":
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not running")
     if not job.spec.resumable:
@@ -982,25 +653,16 @@ def _issue_token(state: State, cmd: c.IssueToken, s: _Stamp) -> list[e.AnyEvent]
         raise InvalidCommand("a token expires in the future, within 10 years")
     if cmd.scope == "user":
         _name(cmd.user, "user name")
-        if cmd.user != s.actor:
-            _require_admin(state, s.actor, f"create tokens for {cmd.user!r}")
         if cmd.scope_node is not None or cmd.scope_job is not None:
             raise InvalidCommand("a user token names no node or job")
     elif cmd.scope == "node":
         if cmd.scope_node is None or cmd.scope_job is not None:
             raise InvalidCommand("a node token names its node (and no job)")
         state.node(cmd.scope_node)
-        _require_admin(state, s.actor, "create node tokens")
     else:
         if cmd.scope_job is None or cmd.scope_node is not None:
             raise InvalidCommand("a job token names its job (and no node)")
-        job = state.job(cmd.scope_job)
-        if not (
-            s.actor == job.spec.user
-            or state.manages(s.actor, job.spec.account)
-            or (is_system(s.actor) and not s.actor.startswith((NODE_ACTOR, JOB_ACTOR)))
-        ):
-            raise NotAuthorised(f"{s.actor!r} may not create tokens for job {job.job_id}")
+        state.job(cmd.scope_job)
     return [
         e.TokenIssued(
             **s.kw(),
@@ -1020,18 +682,12 @@ def _revoke_token(state: State, cmd: c.RevokeToken, s: _Stamp) -> list[e.AnyEven
     token = state.tokens.get(cmd.token_id)
     if token is None:
         raise UnknownEntity(f"unknown token {cmd.token_id!r}", hint="see `gpuledger token list`")
-    if not (s.actor == token.user or state.is_admin(s.actor)):
-        raise NotAuthorised(f"{s.actor!r} may not revoke token {cmd.token_id}: not theirs")
     if token.revoked:
         raise InvalidTransition(f"token {cmd.token_id} is already revoked")
     return [e.TokenRevoked(**s.kw(), token_id=cmd.token_id)]
 
 
 def _configure(state: State, cmd: c.ConfigureService, s: _Stamp) -> list[e.AnyEvent]:
-    if s.actor.startswith((NODE_ACTOR, JOB_ACTOR)) or not (
-        is_system(s.actor) or state.is_admin(s.actor)
-    ):
-        raise NotAuthorised(f"{s.actor!r} may not configure the service: only admins may")
     if not (cmd.interval_s > 0):
         raise InvalidCommand("the cycle interval must be positive")
     return [
@@ -1039,59 +695,6 @@ def _configure(state: State, cmd: c.ConfigureService, s: _Stamp) -> list[e.AnyEv
             **s.kw(), policy=cmd.policy, interval_s=cmd.interval_s, executor=cmd.executor
         )
     ]
-
-
-def authorisation_failure(state: State, ev: e.AnyEvent) -> str | None:
-    """Pure: the rule `ev`'s actor failed at the moment `state` stands for, as the handlers above
-    enforce it (None: allowed, or no rule). The audit replays history through this, so the
-    domain's rules are its only copy."""
-    try:
-        _authorise_event(state, ev)
-    except NotAuthorised as err:
-        return err.message
-    return None
-
-
-def _authorise_event(state: State, ev: e.AnyEvent) -> None:
-    actor = ev.actor
-    if ev.real_actor is not None:
-        check_act_as(state, ev.real_actor, actor)
-    match ev:
-        case e.AccountOpened() | e.AccountClosed():
-            parent = ev.path.rsplit("/", 1)[0] if "/" in ev.path else None
-            verb = "open" if isinstance(ev, e.AccountOpened) else "close"
-            _require_manages(state, actor, parent, f"{verb} {ev.path!r}")
-        case e.SharesSet():
-            parent = ev.account.rsplit("/", 1)[0] if "/" in ev.account else None
-            _require_manages(state, actor, parent, f"set the shares of {ev.account!r}")
-        case e.MemberAdded():
-            _require_manages(state, actor, ev.project, f"add members to {ev.project!r}")
-        case e.MemberRemoved():
-            _require_manages(state, actor, ev.project, f"remove members from {ev.project!r}")
-        case e.ManagerGranted():
-            _require_admin(state, actor, "grant managers")
-        case e.ManagerRevoked():
-            _require_admin(state, actor, "revoke managers")
-        case e.AdminGranted():
-            _require_admin(state, actor, "grant admin")
-        case e.AdminRevoked():
-            _require_admin(state, actor, "revoke admin")
-        case e.NodeRegistered():
-            _require_admin(state, actor, "register nodes")
-        case e.NodeDrainRequested() if not is_system(actor):
-            _require_admin(state, actor, "drain nodes")
-        case e.NodeReturned() if not is_system(actor):
-            _require_admin(state, actor, "return nodes")
-        case e.NodeLost():
-            _require_system(state, actor, "mark nodes lost")
-        case e.NodeRemoved():
-            _require_admin(state, actor, "remove nodes")
-        case e.TokenIssued() if ev.scope == "user" and ev.user != actor:
-            _require_admin(state, actor, f"create tokens for {ev.user!r}")
-        case e.TokenIssued() if ev.scope == "node":
-            _require_admin(state, actor, "create node tokens")
-        case _:
-            pass
 
 
 _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]] = {
@@ -1127,173 +730,6 @@ _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]]
 }
 
 
-# --- evolve -------------------------------------------------------------------------------------
-
-
-def _release(state: State, job: Job) -> None:
-    for sl in job.slots:
-        for i in sl.gpu_indices:
-            state.holders.pop((sl.node, i), None)
-        state.node_jobs.get(sl.node, set()).discard(job.job_id)
-
-
-_NODE_EVENTS = (e.NodeRegistered, e.NodeRemoved)
-
-
-def evolve(state: State, event: e.AnyEvent) -> State:
-    """Fold one event into `state` (in place) and return it. Events are facts: never raises
-    for a valid history."""
-    state.events += 1
-    if isinstance(event, _NODE_EVENTS):
-        state._capacity.clear()
-    match event:
-        case e.LedgerInitialised():
-            state.initialised = True
-            state.admins.add(event.admin)
-            state.min_runtime_cap_s = event.min_runtime_cap_s
-            state.cluster = event.cluster
-        case e.AdminGranted():
-            state.admins.add(event.user)
-        case e.AdminRevoked():
-            state.admins.discard(event.user)
-        case e.AccountOpened():
-            state.accounts[event.path] = Account(
-                path=event.path, parent=event.parent, kind=event.kind
-            )
-        case e.AccountClosed():
-            acct = state.accounts[event.path]
-            state.accounts[event.path] = msgspec.structs.replace(acct, open=False)
-        case e.SharesSet():
-            acct = state.accounts[event.account]
-            state.accounts[event.account] = msgspec.structs.replace(acct, shares=event.shares)
-        case e.MemberAdded():
-            state.members.setdefault(event.project, set()).add(event.user)
-        case e.MemberRemoved():
-            state.members.get(event.project, set()).discard(event.user)
-        case e.ManagerGranted():
-            state.managers.setdefault(event.user, set()).add(event.account)
-        case e.ManagerRevoked():
-            state.managers.get(event.user, set()).discard(event.account)
-        case e.NodeRegistered():
-            state.nodes[event.node] = Node(
-                name=event.node, cluster=event.cluster, gpu_type=event.gpu_type, gpus=event.gpus
-            )
-            state.node_jobs[event.node] = set()
-        case e.NodeDrainRequested():
-            n = state.nodes[event.node]
-            state.nodes[event.node] = msgspec.structs.replace(
-                n, state="draining", drain_reason=event.reason
-            )
-        case e.NodeDrained():
-            state.nodes[event.node] = msgspec.structs.replace(
-                state.nodes[event.node], state="drained"
-            )
-        case e.NodeReturned():
-            n = state.nodes[event.node]
-            state.nodes[event.node] = msgspec.structs.replace(
-                n, state="active", drain_reason="", lost_reason=""
-            )
-        case e.NodeLost():
-            n = state.nodes[event.node]
-            state.nodes[event.node] = msgspec.structs.replace(
-                n, state="lost", lost_reason=event.reason
-            )
-        case e.NodeRemoved():
-            state.nodes[event.node] = msgspec.structs.replace(
-                state.nodes[event.node], state="removed"
-            )
-        case e.JobSubmitted():
-            state.jobs[event.job_id] = Job(spec=event)
-            state.active.add(event.job_id)
-            state.next_job_id = max(state.next_job_id, event.job_id + 1)
-        case e.JobPlaced():
-            job = state.jobs[event.job_id]
-            for sl in event.slots:
-                for i in sl.gpu_indices:
-                    state.holders[(sl.node, i)] = event.job_id
-                state.node_jobs.setdefault(sl.node, set()).add(event.job_id)
-            state.jobs[event.job_id] = msgspec.structs.replace(
-                job, status="placed", slots=event.slots, placed_at=event.at, checkpoint_at=event.at
-            )
-        case e.JobStarted():
-            job = state.jobs[event.job_id]
-            state.jobs[event.job_id] = msgspec.structs.replace(
-                job, status="running", started_at=event.at, logs=event.logs
-            )
-        case e.JobPreempted():
-            job = state.jobs[event.job_id]
-            _release(state, job)
-            state.jobs[event.job_id] = msgspec.structs.replace(
-                job,
-                slots=(),
-                placed_at=None,
-                started_at=None,
-                preemptions=job.preemptions + 1,
-                engine="",
-                engine_job_id="",
-            )
-        case e.JobHeld():
-            state.jobs[event.job_id] = msgspec.structs.replace(state.jobs[event.job_id], held=True)
-        case e.JobReleased():
-            state.jobs[event.job_id] = msgspec.structs.replace(state.jobs[event.job_id], held=False)
-        case e.JobRequeued():
-            state.jobs[event.job_id] = msgspec.structs.replace(
-                state.jobs[event.job_id], status="pending"
-            )
-        case e.JobFinished():
-            job = state.jobs[event.job_id]
-            _release(state, job)
-            state.finished += 1
-            state.active.discard(event.job_id)
-            if state.live_only:
-                del state.jobs[event.job_id]
-            else:
-                state.jobs[event.job_id] = msgspec.structs.replace(
-                    job,
-                    status="finished",
-                    outcome=event.outcome,
-                    exit_code=event.exit_code,
-                    slots=(),
-                )
-        case e.CheckpointReported():
-            held = state.jobs.get(event.job_id)
-            if held is not None:  # a live state no longer holds a finished job
-                state.jobs[event.job_id] = msgspec.structs.replace(held, checkpoint_at=event.at)
-        case e.TokenIssued():
-            state.tokens[event.token_id] = Token(
-                token_id=event.token_id,
-                user=event.user,
-                name=event.name,
-                secret_sha256=event.secret_sha256,
-                issued_at=event.at,
-                expires_at=event.expires_at,
-                scope=event.scope,
-                scope_node=event.scope_node,
-                scope_job=event.scope_job,
-            )
-        case e.TokenRevoked():
-            token = state.tokens[event.token_id]
-            state.tokens[event.token_id] = msgspec.structs.replace(token, revoked=True)
-        case e.ServiceConfigured():
-            state.service = event
-        case e.JobEngineLinked():
-            linked = state.jobs.get(event.job_id)
-            if linked is not None and linked.active:
-                state.jobs[event.job_id] = msgspec.structs.replace(
-                    linked, engine=event.engine, engine_job_id=event.engine_job_id
-                )
-        case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineEnded():
-            pass
-    return state
-
-
-def fold(events: Iterable[e.AnyEvent], state: State | None = None) -> State:
-    s = state if state is not None else State()
-    for ev in events:
-        evolve(s, ev)
-    return s
-
-
 # --- conflicts ----------------------------------------------------------------------------------
 
 
@@ -1319,11 +755,11 @@ def command_keys(state: State, cmd: c.AnyCommand) -> set[str]:
     """What a command depends on; a change to any of these since its expected position conflicts."""
     keys: set[str] = set()
     if isinstance(cmd, c.ApplyDecision):
-        for p in cmd.preemptions:
+        for p in cmd.decision.preemptions:
             keys.add(f"job:{p.job_id}")
             job = state.jobs.get(p.job_id)
             keys.update(f"node:{sl.node}" for sl in (job.slots if job else ()))
-        for pl in cmd.placements:
+        for pl in cmd.decision.placements:
             keys.add(f"job:{pl.job_id}")
             keys.update(f"node:{sl.node}" for sl in pl.slots)
         return keys

@@ -1,0 +1,179 @@
+"""The fold: `evolve(state, event) -> state`, one event at a time, and `fold` over many.
+
+Pure: no I/O, no clock. `evolve` folds one event into the state *in place* and returns it:
+copying a million-job state per event would make the fold O(n^2); callers that need the old state
+keep a `State.copy()`. Events are facts: a valid history never makes it raise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from ledger.core.state import Account, Job, Node, State, Token
+from schemas import events as e
+
+
+def _release(state: State, job: Job) -> None:
+    for sl in job.slots:
+        for i in sl.gpu_indices:
+            state.holders.pop((sl.node, i), None)
+        state.node_jobs.get(sl.node, set()).discard(job.job_id)
+
+
+_NODE_EVENTS = (e.NodeRegistered, e.NodeRemoved)
+
+
+def evolve(state: State, event: e.AnyEvent) -> State:
+    """Fold one event into `state` (in place) and return it. Events are facts: never raises
+    for a valid history."""
+    state.events += 1
+    if isinstance(event, _NODE_EVENTS):
+        state._capacity.clear()
+    match event:
+        case e.LedgerInitialised():
+            state.initialised = True
+            state.admins.add(event.admin)
+            state.min_runtime_cap_s = event.min_runtime_cap_s
+            state.cluster = event.cluster
+        case e.AdminGranted():
+            state.admins.add(event.user)
+        case e.AdminRevoked():
+            state.admins.discard(event.user)
+        case e.AccountOpened():
+            state.accounts[event.path] = Account(
+                path=event.path, parent=event.parent, kind=event.kind
+            )
+        case e.AccountClosed():
+            acct = state.accounts[event.path]
+            state.accounts[event.path] = msgspec.structs.replace(acct, open=False)
+        case e.SharesSet():
+            acct = state.accounts[event.account]
+            state.accounts[event.account] = msgspec.structs.replace(acct, shares=event.shares)
+        case e.MemberAdded():
+            state.members.setdefault(event.project, set()).add(event.user)
+        case e.MemberRemoved():
+            state.members.get(event.project, set()).discard(event.user)
+        case e.ManagerGranted():
+            state.managers.setdefault(event.user, set()).add(event.account)
+        case e.ManagerRevoked():
+            state.managers.get(event.user, set()).discard(event.account)
+        case e.NodeRegistered():
+            state.nodes[event.node] = Node(
+                name=event.node, cluster=event.cluster, gpu_type=event.gpu_type, gpus=event.gpus
+            )
+            state.node_jobs[event.node] = set()
+        case e.NodeDrainRequested():
+            n = state.nodes[event.node]
+            state.nodes[event.node] = msgspec.structs.replace(
+                n, state="draining", drain_reason=event.reason
+            )
+        case e.NodeDrained():
+            state.nodes[event.node] = msgspec.structs.replace(
+                state.nodes[event.node], state="drained"
+            )
+        case e.NodeReturned():
+            n = state.nodes[event.node]
+            state.nodes[event.node] = msgspec.structs.replace(
+                n, state="active", drain_reason="", lost_reason=""
+            )
+        case e.NodeLost():
+            n = state.nodes[event.node]
+            state.nodes[event.node] = msgspec.structs.replace(
+                n, state="lost", lost_reason=event.reason
+            )
+        case e.NodeRemoved():
+            state.nodes[event.node] = msgspec.structs.replace(
+                state.nodes[event.node], state="removed"
+            )
+        case e.JobSubmitted():
+            state.jobs[event.job_id] = Job(spec=event)
+            state.active.add(event.job_id)
+            state.next_job_id = max(state.next_job_id, event.job_id + 1)
+        case e.JobPlaced():
+            job = state.jobs[event.job_id]
+            for sl in event.slots:
+                for i in sl.gpu_indices:
+                    state.holders[(sl.node, i)] = event.job_id
+                state.node_jobs.setdefault(sl.node, set()).add(event.job_id)
+            state.jobs[event.job_id] = msgspec.structs.replace(
+                job, status="placed", slots=event.slots, placed_at=event.at, checkpoint_at=event.at
+            )
+        case e.JobStarted():
+            job = state.jobs[event.job_id]
+            state.jobs[event.job_id] = msgspec.structs.replace(
+                job, status="running", started_at=event.at, logs=event.logs
+            )
+        case e.JobPreempted():
+            job = state.jobs[event.job_id]
+            _release(state, job)
+            state.jobs[event.job_id] = msgspec.structs.replace(
+                job,
+                slots=(),
+                placed_at=None,
+                started_at=None,
+                preemptions=job.preemptions + 1,
+                engine="",
+                engine_job_id="",
+            )
+        case e.JobHeld():
+            state.jobs[event.job_id] = msgspec.structs.replace(state.jobs[event.job_id], held=True)
+        case e.JobReleased():
+            state.jobs[event.job_id] = msgspec.structs.replace(state.jobs[event.job_id], held=False)
+        case e.JobRequeued():
+            state.jobs[event.job_id] = msgspec.structs.replace(
+                state.jobs[event.job_id], status="pending"
+            )
+        case e.JobFinished():
+            job = state.jobs[event.job_id]
+            _release(state, job)
+            state.finished += 1
+            state.active.discard(event.job_id)
+            if state.live_only:
+                del state.jobs[event.job_id]
+            else:
+                state.jobs[event.job_id] = msgspec.structs.replace(
+                    job,
+                    status="finished",
+                    outcome=event.outcome,
+                    exit_code=event.exit_code,
+                    slots=(),
+                )
+        case e.CheckpointReported():
+            held = state.jobs.get(event.job_id)
+            if held is not None:  # a live state no longer holds a finished job
+                state.jobs[event.job_id] = msgspec.structs.replace(held, checkpoint_at=event.at)
+        case e.TokenIssued():
+            state.tokens[event.token_id] = Token(
+                token_id=event.token_id,
+                user=event.user,
+                name=event.name,
+                secret_sha256=event.secret_sha256,
+                issued_at=event.at,
+                expires_at=event.expires_at,
+                scope=event.scope,
+                scope_node=event.scope_node,
+                scope_job=event.scope_job,
+            )
+        case e.TokenRevoked():
+            token = state.tokens[event.token_id]
+            state.tokens[event.token_id] = msgspec.structs.replace(token, revoked=True)
+        case e.ServiceConfigured():
+            state.service = event
+        case e.JobEngineLinked():
+            linked = state.jobs.get(event.job_id)
+            if linked is not None and linked.active:
+                state.jobs[event.job_id] = msgspec.structs.replace(
+                    linked, engine=event.engine, engine_job_id=event.engine_job_id
+                )
+        case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineEnded():
+            pass
+    return state
+
+
+def fold(events: Iterable[e.AnyEvent], state: State | None = None) -> State:
+    s = state if state is not None else State()
+    for ev in events:
+        evolve(s, ev)
+    return s

@@ -1,0 +1,240 @@
+"""The write side's state: what `decide` needs to enforce the invariants, built only by folding
+events (`ledger.core.evolve`).
+
+Pure: values and queries; no I/O, no clock. `State` is mutable so that the fold is O(events)
+(`evolve` changes it in place); its parts (`Account`, `Node`, `Job`, `Token`) are frozen Structs.
+Actors: people by name; system actors (the dispatcher, executors, the simulator) start with "@";
+node and job tokens act as the narrow system actors `@node:NAME` and `@job:ID`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import msgspec
+
+from schemas import events as e
+from schemas.errors import InvalidTransition, UnknownEntity
+from schemas.policy import AnyPolicyConfig
+
+JobStatus = Literal["pending", "placed", "running", "finished"]
+NodeState = Literal["active", "draining", "drained", "removed", "lost"]
+"""`lost`: it stopped answering (`NodeLost`); no work is placed on it until it is returned."""
+
+
+class Account(msgspec.Struct, frozen=True, kw_only=True):
+    path: str
+    parent: str | None
+    kind: e.AccountKind
+    shares: int = 0
+    open: bool = True
+
+
+class Node(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    cluster: str
+    gpu_type: str
+    gpus: int
+    state: NodeState = "active"
+    drain_reason: str = ""
+    lost_reason: str = ""
+
+
+class Job(msgspec.Struct, frozen=True, kw_only=True):
+    spec: e.JobSubmitted
+    status: JobStatus = "pending"
+    slots: tuple[e.GpuSlot, ...] = ()
+    placed_at: float | None = None
+    started_at: float | None = None
+    checkpoint_at: float | None = None
+    outcome: e.FinishOutcome | None = None
+    exit_code: int | None = None
+    preemptions: int = 0
+    logs: tuple[str, ...] = ()
+    held: bool = False
+    """A held pending job is not scheduled until released."""
+    engine: str = ""
+    engine_job_id: str = ""
+    """The engine's run of the current placement (`JobEngineLinked`), "" while none is known."""
+
+    @property
+    def job_id(self) -> int:
+        return self.spec.job_id
+
+    @property
+    def funded(self) -> bool:
+        return self.spec.min_runtime_s > 0
+
+    @property
+    def active(self) -> bool:
+        return self.status != "finished"
+
+    def contract_ends_at(self) -> float | None:
+        """When the job becomes preemptible; None when it holds no GPUs."""
+        if self.placed_at is None:
+            return None
+        return self.placed_at + self.spec.min_runtime_s
+
+
+class Token(msgspec.Struct, frozen=True, kw_only=True):
+    """A bearer token as the ledger knows it: never the secret, only its SHA-256."""
+
+    token_id: str
+    user: str
+    name: str
+    secret_sha256: str
+    issued_at: float
+    expires_at: float | None = None
+    scope: e.TokenScope = "user"
+    scope_node: str | None = None
+    scope_job: int | None = None
+    revoked: bool = False
+
+    @property
+    def acts_as(self) -> str:
+        """The actor its calls act as: the user, or a narrow system actor for node/job scope."""
+        if self.scope == "node":
+            return f"{NODE_ACTOR}{self.scope_node}"
+        if self.scope == "job":
+            return f"{JOB_ACTOR}{self.scope_job}"
+        return self.user
+
+
+@dataclass
+class State:
+    """Everything `decide` needs to enforce the invariants. Built only by folding events."""
+
+    initialised: bool = False
+    cluster: str = "default"
+    min_runtime_cap_s: int = 8 * 3600
+    admins: set[str] = field(default_factory=set)
+    accounts: dict[str, Account] = field(default_factory=dict)
+    members: dict[str, set[str]] = field(default_factory=dict)
+    managers: dict[str, set[str]] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
+    holders: dict[tuple[str, int], int] = field(default_factory=dict)
+    node_jobs: dict[str, set[int]] = field(default_factory=dict)
+    jobs: dict[int, Job] = field(default_factory=dict)
+    tokens: dict[str, Token] = field(default_factory=dict)
+    service: e.ServiceConfigured | None = None
+    """The settings the service last recorded (policy, interval, executor)."""
+    next_job_id: int = 1
+    events: int = 0
+    live_only: bool = False
+    """A live state: a finished job leaves `jobs` (decisions never need it again; history reads
+    come from the projection), so memory follows live work, not history. `next_job_id` says
+    which ids existed: a command on a job that left is refused as finished."""
+    finished: int = 0
+    """How many jobs have finished (counted in both modes)."""
+    active: set[int] = field(default_factory=set)
+    """The ids of the jobs not finished (pending, placed, running): what the dispatcher's
+    snapshot reads, so its cost follows live work even when `jobs` keeps finished ones."""
+    _capacity: dict[tuple[str | None, str | None], tuple[int, int]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    @property
+    def policy(self) -> AnyPolicyConfig | None:
+        """The policy settings the service last recorded running with (None: it never ran)."""
+        return None if self.service is None else self.service.policy
+
+    def copy(self) -> State:
+        return State(
+            initialised=self.initialised,
+            cluster=self.cluster,
+            min_runtime_cap_s=self.min_runtime_cap_s,
+            admins=set(self.admins),
+            accounts=dict(self.accounts),
+            members={k: set(v) for k, v in self.members.items()},
+            managers={k: set(v) for k, v in self.managers.items()},
+            nodes=dict(self.nodes),
+            holders=dict(self.holders),
+            node_jobs={k: set(v) for k, v in self.node_jobs.items()},
+            jobs=dict(self.jobs),
+            tokens=dict(self.tokens),
+            service=self.service,
+            next_job_id=self.next_job_id,
+            events=self.events,
+            live_only=self.live_only,
+            finished=self.finished,
+            active=set(self.active),
+        )
+
+    # --- queries -------------------------------------------------------------------------------
+
+    def is_admin(self, actor: str) -> bool:
+        return actor in self.admins
+
+    def manages(self, actor: str, path: str) -> bool:
+        """Admins manage everything; a manager manages their account and everything below it."""
+        if self.is_admin(actor):
+            return True
+        return any(
+            path == root or path.startswith(root + "/") for root in self.managers.get(actor, ())
+        )
+
+    def open_account(self, path: str) -> Account:
+        acct = self.accounts.get(path)
+        if acct is None or not acct.open:
+            raise UnknownEntity(
+                f"unknown account {path!r}",
+                hint="see `gpuledger account tree` for the open accounts",
+                account=path,
+            )
+        return acct
+
+    def job(self, job_id: int) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None and self.live_only and 0 < job_id < self.next_job_id:
+            raise InvalidTransition(
+                f"job {job_id} is finished", hint="see `gpuledger jobs`", job_id=job_id
+            )
+        if job is None:
+            raise UnknownEntity(f"unknown job {job_id}", hint="see `gpuledger jobs`", job_id=job_id)
+        return job
+
+    def node(self, name: str) -> Node:
+        node = self.nodes.get(name)
+        if node is None or node.state == "removed":
+            raise UnknownEntity(
+                f"unknown node {name!r}", hint="see `gpuledger node list`", node=name
+            )
+        return node
+
+    def capacity(self, gpu_type: str | None, cluster: str | None) -> tuple[int, int]:
+        """(total GPUs, largest node) over registered nodes matching the constraints. Cached;
+        `evolve` drops the cache on every node event."""
+        key = (gpu_type, cluster)
+        hit = self._capacity.get(key)
+        if hit is None:
+            hit = self._capacity[key] = self._scan_capacity(gpu_type, cluster)
+        return hit
+
+    def _scan_capacity(self, gpu_type: str | None, cluster: str | None) -> tuple[int, int]:
+        total = largest = 0
+        for n in self.nodes.values():
+            if n.state == "removed":
+                continue
+            if gpu_type is not None and n.gpu_type != gpu_type:
+                continue
+            if cluster is not None and n.cluster != cluster:
+                continue
+            total += n.gpus
+            largest = max(largest, n.gpus)
+        return total, largest
+
+    def free_indices(self, node: str) -> list[int]:
+        n = self.nodes[node]
+        return [i for i in range(n.gpus) if (node, i) not in self.holders]
+
+
+def is_system(actor: str) -> bool:
+    """System actors (the dispatcher, executors, the simulator) start with '@'."""
+    return actor.startswith("@")
+
+
+NODE_ACTOR = "@node:"
+"""A node token acts as `@node:NAME`: it reports starts, exits and samples of jobs on NAME only."""
+JOB_ACTOR = "@job:"
+"""A job token acts as `@job:ID`: it reports checkpoints of job ID only."""

@@ -1,0 +1,367 @@
+"""What a recorded decision says, and how its replay differs from it, difference by difference.
+
+Pure: values in, values out; no I/O. `ledger.history.replay` walks the log and rebuilds what a
+decision saw; this module reads the record (the policy's settings, `recorded_policy`; how its
+ranks counted usage, `recorded_usage`; its squat threshold, `squat_threshold`; its outcome from
+the events after it, `outcome_of`) and compares it with the replay (`compare`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from ledger.core.utilisation import UtilTracker
+from ledger.dispatch import registry
+from ledger.dispatch.engine import Decision
+from projections.fairshare import RANKING_VERSION, WEEK_S, UsagePolicy
+from schemas import events as e
+from schemas.digest import summarise
+from schemas.errors import InvalidCommand
+from schemas.policy import AnyPolicyConfig, unknown_version
+
+DEFAULT_SQUAT_UTIL_PCT = UtilTracker().threshold_pct
+
+
+# --- the policy and usage a decision recorded -----------------------------------------------------
+
+
+def usage_of(settings: e.UsageSettings) -> UsagePolicy:
+    """Pure: the usage counting a v2 record names."""
+    return UsagePolicy(
+        window_s=settings.window_s, half_life_s=settings.half_life_s, weights=settings.weights
+    )
+
+
+def recorded_policy(recorded: e.CycleDecided) -> AnyPolicyConfig:
+    """Pure: the policy settings a decision recorded. UnknownEntity naming the version when
+    this build has no code for it; InvalidCommand when the record has no settings its code
+    reads (an old record whose string settings were edited, or written by other code)."""
+    if recorded.policy is not None:
+        return recorded.policy
+    if recorded.policy_version not in registry.VERSIONS:
+        raise unknown_version(recorded.policy_version)
+    raise InvalidCommand(
+        f"the recorded config of policy {recorded.policy_version!r} is not one its code wrote",
+        hint="the decision's config was edited, or written by other code under this version",
+        version=recorded.policy_version,
+    )
+
+
+def recorded_usage(recorded: e.CycleDecided, config: AnyPolicyConfig) -> UsagePolicy:
+    """Pure: how the ranks of a decision counted usage: as its rank inputs say, else the 7-day
+    window (decayed with the policy's half-life when it has one)."""
+    if recorded.ranks is not None:
+        return usage_of(recorded.ranks.usage)
+    return UsagePolicy(window_s=WEEK_S, half_life_s=registry.half_life_s(config))
+
+
+def squat_threshold(recorded: e.CycleDecided) -> float:
+    """Pure: the utilisation % below which a job counted as low for this decision (its
+    policy's `squat_util_pct`, else the tracker's default)."""
+    threshold = getattr(recorded.policy, "squat_util_pct", DEFAULT_SQUAT_UTIL_PCT)
+    return float(threshold)
+
+
+# --- comparing a record with a replay -------------------------------------------------------------
+
+
+class Difference(msgspec.Struct, frozen=True, kw_only=True):
+    """One way a replayed decision differs from the recorded one."""
+
+    what: str
+    """placement | preemption | considered | order | fragmentation | wake_at | ranks | ..."""
+    job_id: int | None = None
+    recorded: str
+    replayed: str
+
+    def text(self) -> str:
+        who = f" of job {self.job_id}" if self.job_id is not None else ""
+        return f"{self.what}{who}: recorded {self.recorded}, replayed {self.replayed}"
+
+
+def slots_text(slots: Sequence[e.GpuSlot]) -> str:
+    """Pure: `n1[0,1,2,3]+n2[0,1]`."""
+    return "+".join(f"{s.node}[{','.join(map(str, s.gpu_indices))}]" for s in slots) or "-"
+
+
+def _preemption_text(p: e.Preemption) -> str:
+    why = f"{p.reason} for job {p.for_job}" if p.for_job is not None else p.reason
+    return f"{why} ({p.note})" if p.note else why
+
+
+def _absent(what: str) -> str:
+    return f"no {what}"
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    """A recorded decision's placements and preemptions in full: the `JobPlaced` and
+    `JobPreempted` events of its cycle that follow the record (it holds them by reference)."""
+
+    placements: tuple[e.Placement, ...] = ()
+    preemptions: tuple[e.Preemption, ...] = ()
+
+
+def outcome_of(recorded: e.CycleDecided, following: Iterable[e.AnyEvent]) -> Outcome:
+    """Pure: the outcome of `recorded` from the events appended with it, in the record's order."""
+    placed: dict[int, e.Placement] = {}
+    preempted: dict[int, e.Preemption] = {}
+    for ev in following:
+        if isinstance(ev, e.JobPlaced) and ev.cycle_id == recorded.cycle_id:
+            placed[ev.job_id] = e.Placement(job_id=ev.job_id, slots=ev.slots)
+        elif isinstance(ev, e.JobPreempted) and ev.cycle_id == recorded.cycle_id:
+            preempted[ev.job_id] = e.Preemption(
+                job_id=ev.job_id, reason=ev.reason, for_job=ev.for_job, note=ev.note
+            )
+    return Outcome(
+        placements=tuple(placed[j] for j in recorded.placed if j in placed),
+        preemptions=tuple(preempted[j] for j in recorded.preempted if j in preempted),
+    )
+
+
+def following_events(recorded: e.CycleDecided) -> int:
+    """Pure: how many events after the record may belong to its append: a JobPlaced per
+    placement, a JobPreempted (and a JobRequeued) per preemption, a NodeDrained per node."""
+    return len(recorded.placed) + 2 * len(recorded.preempted) + 64
+
+
+def compare(
+    recorded: e.CycleDecided,
+    outcome: Outcome,
+    replayed: Decision,
+    ranks: str | None = None,
+) -> list[Difference]:
+    """Pure: every difference between a recorded decision (with its `outcome`) and its replay
+    (empty: identical). `ranks`: the digest of the ranks the replay used.
+
+    Placements and preemptions are compared per job and then in order; the waiting jobs by
+    count, per code, the first ones listed and the digest of the whole order (ids, sort keys,
+    reasons); then fragmentation, the wake-up time, the policy version and config, and the rank
+    inputs (a different rank digest says why the rest differs)."""
+    out: list[Difference] = []
+    # 0. what both claim to have placed and preempted
+    if tuple(p.job_id for p in outcome.placements) != recorded.placed:
+        out.append(
+            Difference(
+                what="record",
+                recorded=f"placed {list(recorded.placed)}",
+                replayed=f"placement events for {[p.job_id for p in outcome.placements]}",
+            )
+        )
+    # 1. placements
+    rec = {p.job_id: p.slots for p in outcome.placements}
+    rep = {p.job_id: p.slots for p in replayed.placements}
+    for job in sorted(set(rec) | set(rep)):
+        a, b = rec.get(job), rep.get(job)
+        if a != b:
+            out.append(
+                Difference(
+                    what="placement",
+                    job_id=job,
+                    recorded=_absent("placement") if a is None else slots_text(a),
+                    replayed=_absent("placement") if b is None else slots_text(b),
+                )
+            )
+    if not out and [p.job_id for p in outcome.placements] != [
+        p.job_id for p in replayed.placements
+    ]:
+        out.append(
+            Difference(
+                what="placement order",
+                recorded=str([p.job_id for p in outcome.placements]),
+                replayed=str([p.job_id for p in replayed.placements]),
+            )
+        )
+    # 2. preemptions
+    before = len(out)
+    prec = {p.job_id: p for p in outcome.preemptions}
+    prep = {p.job_id: p for p in replayed.preemptions}
+    for job in sorted(set(prec) | set(prep)):
+        x, y = prec.get(job), prep.get(job)
+        if x != y:
+            out.append(
+                Difference(
+                    what="preemption",
+                    job_id=job,
+                    recorded=_absent("preemption") if x is None else _preemption_text(x),
+                    replayed=_absent("preemption") if y is None else _preemption_text(y),
+                )
+            )
+    if len(out) == before and [p.job_id for p in outcome.preemptions] != [
+        p.job_id for p in replayed.preemptions
+    ]:
+        out.append(
+            Difference(
+                what="preemption order",
+                recorded=str([p.job_id for p in outcome.preemptions]),
+                replayed=str([p.job_id for p in replayed.preemptions]),
+            )
+        )
+    # 3. the waiting jobs: counts, the first listed, the whole order by digest
+    out += _compare_waiting(recorded.waiting, summarise(replayed.considered))
+    # 4. the rest of the record
+    if recorded.fragmentation_gpus != replayed.fragmentation_gpus:
+        out.append(
+            Difference(
+                what="fragmentation_gpus",
+                recorded=str(recorded.fragmentation_gpus),
+                replayed=str(replayed.fragmentation_gpus),
+            )
+        )
+    if recorded.wake_at != replayed.wake_at:
+        out.append(
+            Difference(
+                what="wake_at", recorded=repr(recorded.wake_at), replayed=repr(replayed.wake_at)
+            )
+        )
+    if recorded.policy_version != replayed.policy_version:
+        out.append(
+            Difference(
+                what="policy_version",
+                recorded=recorded.policy_version,
+                replayed=replayed.policy_version,
+            )
+        )
+    out += _compare_ranks(recorded.ranks, ranks)
+    return out
+
+
+def _compare_ranks(recorded: e.RankInputs | None, digest: str | None) -> list[Difference]:
+    if recorded is None or not recorded.digest or digest is None:  # "": an upcast v1 record
+        return []
+    out = []
+    if recorded.ranking_version != RANKING_VERSION:
+        out.append(
+            Difference(
+                what="ranking version", recorded=recorded.ranking_version, replayed=RANKING_VERSION
+            )
+        )
+    if recorded.digest != digest:
+        out.append(
+            Difference(
+                what="ranks",
+                recorded=f"digest {recorded.digest[:12]} at position {recorded.position}",
+                replayed=f"digest {digest[:12]}",
+            )
+        )
+    return out
+
+
+def _compare_waiting(recorded: e.WaitSummary, replayed: e.WaitSummary) -> list[Difference]:
+    out: list[Difference] = []
+    if recorded.considered != replayed.considered:
+        out.append(
+            Difference(
+                what="considered",
+                recorded=f"{recorded.considered} jobs",
+                replayed=f"{replayed.considered} jobs",
+            )
+        )
+    if recorded.counts != replayed.counts:
+        out.append(
+            Difference(
+                what="waiting",
+                recorded=_counts_text(recorded.counts),
+                replayed=_counts_text(replayed.counts),
+            )
+        )
+    a = {w.job_id: w.code for w in recorded.first}
+    b = {w.job_id: w.code for w in replayed.first}
+    listed = 0
+    for job in sorted(set(a) & set(b)):
+        if a[job] != b[job]:
+            out.append(Difference(what="reason", job_id=job, recorded=a[job], replayed=b[job]))
+            listed += 1
+    order_a = [w.job_id for w in recorded.first]
+    order_b = [w.job_id for w in replayed.first]
+    if order_a != order_b:
+        i = next(
+            (i for i, (x, y) in enumerate(zip(order_a, order_b, strict=False)) if x != y),
+            min(len(order_a), len(order_b)),
+        )
+        out.append(
+            Difference(
+                what="waiting order",
+                recorded=_place_text(order_a, i),
+                replayed=_place_text(order_b, i),
+            )
+        )
+        listed += 1
+    if not out and recorded.order_digest != replayed.order_digest:
+        out.append(
+            Difference(
+                what="order",
+                recorded=f"digest {recorded.order_digest[:12]}",
+                replayed=f"digest {replayed.order_digest[:12]} (sort keys or reasons differ)",
+            )
+        )
+    return out
+
+
+def _counts_text(counts: Sequence[e.WaitCount]) -> str:
+    return ", ".join(f"{c.jobs} {c.code}" for c in counts) or "none"
+
+
+def _place_text(order: Sequence[int], i: int) -> str:
+    return f"job {order[i]} at place {i + 1}" if i < len(order) else f"nothing at place {i + 1}"
+
+
+class CycleReplay(msgspec.Struct, frozen=True, kw_only=True):
+    """The replay of one recorded decision."""
+
+    position: int
+    """Where the `CycleDecided` sits in the log."""
+    cycle_id: str
+    based_on: int
+    policy_version: str
+    decided_at: float
+    placements: int
+    preemptions: int
+    considered: int
+    differences: tuple[Difference, ...] = ()
+    error: str | None = None
+    """Why it could not be replayed (e.g. the policy version's code is gone)."""
+
+    @property
+    def identical(self) -> bool:
+        return self.error is None and not self.differences
+
+    def headline(self) -> str:
+        what = (
+            f"{self.cycle_id} (position {self.position}, based on {self.based_on}, "
+            f"{self.policy_version})"
+        )
+        if self.error is not None:
+            return f"{what}: cannot replay: {self.error}"
+        if not self.differences:
+            return (
+                f"{what}: identical ({self.placements} placed, {self.preemptions} preempted, "
+                f"{self.considered} considered)"
+            )
+        return f"{what}: {len(self.differences)} differences"
+
+
+def decided_at(recorded: e.CycleDecided) -> float:
+    """Pure: the `now` the decision was made for (`decided_at`; older records: the event time)."""
+    return recorded.at if recorded.decided_at is None else recorded.decided_at
+
+
+def cycle_replay(
+    position: int,
+    recorded: e.CycleDecided,
+    differences: Sequence[Difference] = (),
+    error: str | None = None,
+) -> CycleReplay:
+    return CycleReplay(
+        position=position,
+        cycle_id=recorded.cycle_id,
+        based_on=recorded.based_on,
+        policy_version=recorded.policy_version,
+        decided_at=decided_at(recorded),
+        placements=len(recorded.placed),
+        preemptions=len(recorded.preempted),
+        considered=recorded.waiting.considered,
+        differences=tuple(differences),
+        error=error,
+    )
