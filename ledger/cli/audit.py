@@ -21,21 +21,12 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
-from ledger.cli._common import (
-    Ctx,
-    echo_json,
-    fmt_time,
-    json_option,
-    parse_duration,
-    parse_time,
-    pass_ctx,
-)
-from ledger.cli.views import projection
+from ledger.cli._common import Ctx, pass_ctx, projection
+from ledger.cli.output import echo_json, json_option
 from ledger.core import budget as b
 from ledger.history import audit as au
 from ledger.history import replay as rp
 from ledger.reads import layer as reads
-from ledger.reads.explain import span
 from ledger.sim import whatif as wi
 from projections.source import EmbeddedSource, follow
 from projections.store import Store, projection_path
@@ -43,6 +34,7 @@ from schemas import api, codec
 from schemas import events as e
 from schemas import views as v
 from schemas.errors import InvalidCommand
+from schemas.units import format_time, parse_duration, parse_time, span
 
 
 def _console() -> Console:
@@ -134,7 +126,7 @@ def replay(
 
 
 def _print_replay(result: rp.CycleReplay, show: int) -> None:
-    click.echo(f"{result.headline()} at {fmt_time(result.decided_at)}")
+    click.echo(f"{result.headline()} at {format_time(result.decided_at)}")
     for d in result.differences[:show]:
         click.echo(f"  {d.text()}")
     if len(result.differences) > show:
@@ -213,7 +205,7 @@ def _pair(a: str, b_: str) -> str:
 
 def _print_whatif(r: wi.WhatIfReport) -> None:
     click.echo(
-        f"what-if {fmt_time(r.start)} .. {fmt_time(r.end)}: {r.submissions} submissions "
+        f"what-if {format_time(r.start)} .. {format_time(r.end)}: {r.submissions} submissions "
         f"(+{r.carried} active at the start), policy {r.policy_version} "
         f"({', '.join(f'{k}={v}' for k, v in sorted(r.config.items()))}), {r.cycles} cycles"
     )
@@ -367,7 +359,7 @@ def _cell(name: str, value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float) and (name.endswith("_at") or name == "at"):
-        return fmt_time(value)
+        return format_time(value)
     if isinstance(value, float):
         return "inf" if math.isinf(value) else f"{value:g}"
     if isinstance(value, list | dict):

@@ -20,16 +20,8 @@ from typing import Any
 
 import click
 
-from ledger.cli._common import (
-    Ctx,
-    echo_json,
-    fmt_time,
-    log_level_option,
-    parse_duration,
-    parse_interval,
-    pass_ctx,
-    setup_logging,
-)
+from ledger.cli._common import Ctx, pass_ctx
+from ledger.cli.output import echo_json, log_level_option, setup_logging
 from ledger.cycle.executor import ServiceExecutor
 from ledger.cycle.loop import ServiceLoop, make_policy
 from ledger.dispatch import registry
@@ -38,6 +30,7 @@ from ledger.engines.supervised import DEBUG_LIMIT_S, SupervisedExecutor
 from ledger.store.clock import SystemClock
 from schemas import commands as c
 from schemas.errors import InvalidCommand
+from schemas.units import format_time, parse_duration, parse_interval
 
 
 def _node_spec(text: str) -> tuple[str, int, str]:
@@ -291,9 +284,6 @@ def _up_with_agents(
     start = local.companion(agents, done if until_idle or deadline is not None else None)
 
     def begin(worker: Any, urls: list[str], stop: Callable[[], None]) -> Callable[[], None]:
-        if log_level.lower() != "debug":  # as `up` always did: its own records, not uvicorn's
-            for handler in logging.root.handlers:
-                handler.addFilter(lambda r: r.name.startswith("gpuledger"))
         log = logging.getLogger("gpuledger.up")
         log.info("up: %s, %d nodes, policy %s, local agents", ctx.home, len(nodes), policy)
         log.info("job output goes to %s/job-N.log", ctx.home / "jobs")
@@ -399,6 +389,7 @@ def serve(
         log_format=log_format,
         log_level=log_level,
     )
+    setup_logging(config.log_level, config.log_format)
     sys.exit(run_server(ctx.home, config, actor=ctx.actor))
 
 
@@ -422,7 +413,7 @@ def status(ctx: Ctx, as_json: bool) -> None:
     last = (
         "no cycle yet"
         if h.last_cycle_at is None
-        else f"{fmt_time(h.last_cycle_at)} ({(h.last_cycle_s or 0) * 1000:.0f} ms)"
+        else f"{format_time(h.last_cycle_at)} ({(h.last_cycle_s or 0) * 1000:.0f} ms)"
     )
     relay = "no Kafka" if h.relay_lag is None else f"{h.relay_lag} events, {h.relay_state}"
     if h.relay_error:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -27,7 +26,6 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from ledger.cli._common import parse_duration, parse_interval
 from ledger.cycle.executor import Executor
 from ledger.cycle.loop import NoExecutor, ServiceLoop, make_policy
 from ledger.engines.supervised import SupervisedExecutor
@@ -40,37 +38,6 @@ from schemas.errors import InvalidCommand
 
 SOCKET_NAME = "gpuledger.sock"
 log = logging.getLogger("gpuledger.server")
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message (and the exception, if any)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": round(record.created, 6),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False)
-
-
-def setup_logging(fmt: str, level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    for name in ("uvicorn", "uvicorn.error"):
-        logging.getLogger(name).handlers[:] = []
-        logging.getLogger(name).propagate = True
-    logging.getLogger("uvicorn.access").disabled = True
-    logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
 
 
 class PeerCredProtocol(HttpToolsProtocol):
@@ -182,18 +149,16 @@ def _executor(ledger: Ledger, config: ServeConfig, actor: str) -> Executor:
     if config.executor == "slurm":
         from ledger.engines.slurm import open_executor
 
-        return open_executor(
-            ledger, config.partition, home / "jobs", parse_duration(config.grace), actor
-        )
+        return open_executor(ledger, config.partition, home / "jobs", config.grace.seconds, actor)
     if config.executor == "agents":
         from ledger.engines.agents import AgentExecutor
 
-        return AgentExecutor(ledger, node_lost_after_s=parse_duration(config.node_lost_after))
+        return AgentExecutor(ledger, node_lost_after_s=config.node_lost_after.seconds)
     if config.executor == "local":
         return SupervisedExecutor(
             home / "agent",
             home / "jobs",
-            grace_s=parse_duration(config.grace),
+            grace_s=config.grace.seconds,
             extra_env={"GPULEDGER_HOME": str(home.resolve())},
         )
     return NoExecutor()
@@ -214,8 +179,8 @@ def serve(
     lifecycle_dir: Path | None = None,
 ) -> int:
     """Run until SIGINT/SIGTERM (or a companion's `stop()`); returns the exit code (0 on a clean
-    stop). `lifecycle_dir`: log each job's start and end, naming its output there (`up`)."""
-    setup_logging(config.log_format, config.log_level)
+    stop). `lifecycle_dir`: log each job's start and end, naming its output there (`up`). The
+    caller has set up logging (`ledger.cli.output.setup_logging`)."""
     early = threading.Event()  # a signal before the listeners run still stops us cleanly
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: early.set())
@@ -238,17 +203,15 @@ def serve(
     service = ServiceLoop(
         ledger,
         executor,
-        make_policy(
-            config.policy, config.margin, config.debug_lane, parse_duration(config.squat_after)
-        ),
+        make_policy(config.policy, config.margin, config.debug_lane, config.squat_after.seconds),
         kafka=config.kafka or None,
         log=logging.getLogger("gpuledger.service"),
         reports_starts=config.executor in ("local", "agents", "slurm"),
         lifecycle_dir=lifecycle_dir,
     )
     service.open()
-    service.record_settings(parse_interval(config.interval), config.executor)
-    worker = Worker(service, tick_s=parse_interval(config.interval), max_batch=config.max_batch)
+    service.record_settings(config.interval.seconds, config.executor)
+    worker = Worker(service, tick_s=config.interval.seconds, max_batch=config.max_batch)
     worker.start()
     app = create_asgi(worker, clock=ledger.clock.now)
     worker.idle.append(lambda: snapshot_ahead(ledger))  # after what the reads want first

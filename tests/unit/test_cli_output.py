@@ -1,10 +1,14 @@
-"""`print_table` writes a plain table on a pipe itself: byte for byte what rich prints for the
-same table (`box=None`, the pipe's width) when it fits, one line per row when it is wider."""
+"""The CLI's output (`ledger.cli.output`): `print_table` writes a plain table on a pipe itself,
+byte for byte what rich prints for the same table (`box=None`, the pipe's width) when it fits,
+one line per row when it is wider; the log of every command that logs is ours at its level and
+libraries' only when they warn."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
+import logging
 import string
 
 import pytest
@@ -13,7 +17,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 from rich.table import Table
 
-from ledger.cli._common import PIPE_WIDTH, print_table
+from ledger.cli.output import PIPE_WIDTH, print_table, setup_logging
 
 # printable ASCII as the fast path takes it (rich reads "[" as markup and ":x:" as an emoji
 # name: cells with those are left out of the comparison, as the commands never print them)
@@ -74,3 +78,41 @@ def test_a_table_wider_than_a_pipe_keeps_one_line_per_row() -> None:
     assert lines == [" #   " + "reason".ljust(wide) + " ", " 1   " + rows[0][1] + " ",
                      " 22  " + "short".ljust(wide) + " "]  # fmt: skip
     assert len(_rich(header, rows).splitlines()) > len(lines)  # rich wraps it
+
+
+def _log_lines(capsys: pytest.CaptureFixture[str], level: str, fmt: str = "text") -> list[str]:
+    root = logging.getLogger()
+    handlers, root_level = root.handlers[:], root.level
+    setup_logging(level, fmt)
+    try:
+        logging.getLogger("gpuledger.test").info("ours at info")
+        logging.getLogger("gpuledger.test").debug("ours at debug")
+        logging.getLogger("uvicorn.error").info("a library at info")
+        logging.getLogger("uvicorn.error").warning("a library warns")
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(root_level)
+    return capsys.readouterr().err.splitlines()
+
+
+def test_the_log_is_ours_at_its_level_and_libraries_only_when_they_warn(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lines = _log_lines(capsys, "info")
+    assert [line.split(" ", 2)[2] for line in lines] == [
+        "INFO gpuledger.test ours at info",
+        "WARNING uvicorn.error a library warns",
+    ]
+    assert len(_log_lines(capsys, "debug")) == 4
+    assert [line.split(" ", 2)[2] for line in _log_lines(capsys, "warning")] == [
+        "WARNING uvicorn.error a library warns"
+    ]
+
+
+def test_the_json_log_is_one_object_per_line(capsys: pytest.CaptureFixture[str]) -> None:
+    records = [json.loads(line) for line in _log_lines(capsys, "info", "json")]
+    assert [(r["level"], r["logger"], r["msg"]) for r in records] == [
+        ("info", "gpuledger.test", "ours at info"),
+        ("warning", "uvicorn.error", "a library warns"),
+    ]
+    assert all(isinstance(r["ts"], float) for r in records)
