@@ -1,4 +1,5 @@
-"""`gpuledger serve`'s configuration: one TOML file, every key below, flags override it.
+"""`gpuledger serve`'s configuration (and `up`'s, which is `serve` with a local executor): one
+TOML file, every key below, flags override it.
 
 Unknown keys are rejected (a typo must not silently fall back to a default). The documented
 example is `examples/serve.toml`. Durations are `schemas.units` types, parsed once here: a bad
@@ -51,7 +52,17 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """With node agents: a node whose agent is silent this long is marked lost (its resumable
     jobs are requeued, the others end); its GPUs are never placed on again before that."""
     grace: Duration = Duration("30s")
-    """SIGTERM-to-SIGKILL grace when the executor preempts a job."""
+    """SIGTERM-to-SIGKILL grace when the executor preempts a job (a job's own grace wins)."""
+    run_as: Literal["submitter", "service"] = "submitter"
+    """Local jobs (executor "local", `up`'s agents), as root: run them as the submitting OS
+    user, or as the service's own user."""
+    debug_limit: Duration = Duration("15m")
+    """Local jobs: debug-lane jobs are stopped after at most this long."""
+    sample_every: Interval = Interval("30s")
+    """Local jobs: GPU utilisation sampling period."""
+    utilisation_dir: str = ""
+    """Local jobs: the test source of utilisation where NVML is absent (a file per job, see
+    docs/agent.md); "" = `<home>/utilisation`."""
     kafka: str = ""
     """Kafka bootstrap HOST:PORT: relay the log and feed the projection from the topic."""
     log_format: Literal["text", "json"] = "text"
