@@ -18,11 +18,9 @@ import msgspec
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-from rich.console import Console
-from rich.table import Table
 
 from ledger.cli._common import Ctx, pass_ctx, projection
-from ledger.cli.output import echo_json, json_option
+from ledger.cli.output import echo_json, json_option, print_table
 from ledger.core import budget as b
 from ledger.history import audit as au
 from ledger.history import replay as rp
@@ -35,10 +33,6 @@ from schemas import events as e
 from schemas import views as v
 from schemas.errors import InvalidCommand
 from schemas.units import format_time, parse_duration, parse_time, span
-
-
-def _console() -> Console:
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
 def _time(text: str | None) -> float | None:
@@ -209,7 +203,7 @@ def _print_whatif(r: wi.WhatIfReport) -> None:
         f"(+{r.carried} active at the start), policy {r.policy_version} "
         f"({', '.join(f'{k}={v}' for k, v in sorted(r.config.items()))}), {r.cycles} cycles"
     )
-    table = Table(
+    header = (
         "team",
         "owed GPU-h",
         "delivered GPU-h",
@@ -218,12 +212,11 @@ def _print_whatif(r: wi.WhatIfReport) -> None:
         "p90 wait",
         "never placed",
         "preemptions",
-        box=None,
-        title="actual -> what-if",
     )
+    rows = []
     for t in r.teams:
         a, w = t.actual, t.whatif
-        table.add_row(
+        rows.append((
             t.team,
             _pair(f"{a.owed_gpu_h:,.1f}", f"{w.owed_gpu_h:,.1f}"),
             _pair(f"{a.delivered_gpu_h:,.1f}", f"{w.delivered_gpu_h:,.1f}"),
@@ -232,8 +225,8 @@ def _print_whatif(r: wi.WhatIfReport) -> None:
             _pair(_wait(a.p90_wait_s), _wait(w.p90_wait_s)),
             _pair(str(a.never_placed), str(w.never_placed)),
             _pair(str(a.preemptions), str(w.preemptions)),
-        )
-    _console().print(table)
+        ))  # fmt: skip
+    print_table(header, rows, title="actual -> what-if")
     for note in r.notes:
         click.echo(f"note: {note}")
     if r.home:
@@ -384,16 +377,13 @@ def export(table: pa.Table, fmt: str, output: Path | None) -> None:
         data = (json.dumps(rows, indent=2, default=str) + "\n").encode()
     else:
         names = table.column_names
-        out = Table(*names, box=None)
-        for row in table.to_pylist():
-            out.add_row(*(_cell(n, row[n]) for n in names))
+        cells = [[_cell(n, row[n]) for n in names] for row in table.to_pylist()]
         if output is None:
-            _console().print(out)
+            print_table(names, cells)
             click.echo(f"({table.num_rows} rows)")
             return
-        console = Console(record=True, width=200, file=open(output, "w", encoding="utf-8"))  # noqa: SIM115
-        console.print(out)
-        console.file.close()
+        with open(output, "w", encoding="utf-8") as f:
+            print_table(names, cells, file=f)
         click.echo(f"{table.num_rows} rows written to {output}")
         return
     if output is None:

@@ -116,3 +116,19 @@ def test_the_json_log_is_one_object_per_line(capsys: pytest.CaptureFixture[str])
         ("warning", "uvicorn.error", "a library warns"),
     ]
     assert all(isinstance(r["ts"], float) for r in records)
+
+
+def test_a_titled_table_and_a_table_written_to_a_file_are_what_rich_prints() -> None:
+    header, rows = ("team", "owed GPU-h"), [("ai2/olmo", "1.0 -> 2.0"), ("ai2/tulu", "3.5")]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        print_table(header, rows, title="actual -> what-if")
+    want = io.StringIO()
+    table = Table(*header, box=None, title="actual -> what-if")
+    for row in rows:
+        table.add_row(*row)
+    Console(highlight=False, width=PIPE_WIDTH, file=want).print(table)
+    assert out.getvalue() == want.getvalue()
+    written = io.StringIO()
+    print_table(header, rows, file=written)
+    assert written.getvalue() == _rich(header, rows)
