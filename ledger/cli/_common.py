@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 import msgspec
 
+from ledger.wire.config import SOCKET_NAME
 from schemas.bounds import check, describe
 from schemas.commands import AnyCommand, InitLedger
 from schemas.errors import InvalidCommand
@@ -25,8 +26,6 @@ if TYPE_CHECKING:  # the store is imported only by commands that open it (client
     from projections.store import Store
 
 EVENTS_DB = "events.sqlite"
-SERVER_SOCKET = "gpuledger.sock"
-"""Where a server running on the data directory listens (`ledger.wire.client.local_socket`)."""
 
 T = TypeVar("T")
 
@@ -91,7 +90,7 @@ class Ctx:
     def remote(self) -> Any:
         """The server's client, or None in embedded mode."""
         if self._client is None:
-            if not self._url and not (self.home / SERVER_SOCKET).exists():
+            if not self._url and not (self.home / SOCKET_NAME).exists():
                 self._client = False  # embedded: the HTTP client is never imported
                 return None
             from ledger.wire.client import Client, load_token, local_socket

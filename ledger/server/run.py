@@ -42,10 +42,9 @@ from ledger.server import identity
 from ledger.server.app import PEER_UID, create_asgi
 from ledger.server.worker import Worker
 from ledger.store.application import Ledger
-from ledger.wire.config import ServeConfig
+from ledger.wire.config import SOCKET_NAME, ServeConfig
 from schemas.errors import InvalidCommand
 
-SOCKET_NAME = "gpuledger.sock"
 log = logging.getLogger("gpuledger.server")
 
 
