@@ -194,7 +194,7 @@ log_level_option = click.option(
     type=click.Choice(LOG_LEVELS, case_sensitive=False),
     default="info",
     show_default=True,
-    help="gpu-ledger's own log level; libraries (Kafka client, ...) log only at debug.",
+    help="gpu-ledger's own log level; libraries log only their warnings, all at debug.",
 )
 
 
