@@ -12,6 +12,7 @@ from typing import Literal
 import msgspec
 
 from ledger.wire import config as serve_config
+from schemas.units import Duration, Interval
 
 EXAMPLE = "examples/agent.toml"
 
@@ -40,20 +41,20 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Per-job logs (`job-<id>.log`); "" = `<state_dir>/jobs`."""
     run_as: Literal["submitter", "service"] = "submitter"
     """As root: run jobs as the submitting OS user, or as the agent's own user."""
-    grace: str = "30s"
+    grace: Duration = Duration("30s")
     """SIGTERM-to-SIGKILL grace when a job is stopped (a job's own --grace wins)."""
-    debug_limit: str = "15m"
+    debug_limit: Duration = Duration("15m")
     """Debug-lane jobs are stopped after at most this long."""
-    sample_every: str = "30s"
+    sample_every: Interval = Interval("30s")
     """GPU utilisation sampling period."""
     utilisation_dir: str = ""
     """The test source of utilisation where NVML is absent (a file per job, see docs/agent.md);
     "" = `<state_dir>/utilisation`."""
-    heartbeat: str = "5s"
+    heartbeat: Interval = Interval("5s")
     """Time between heartbeats (keep it well inside the server's `node_lost_after`)."""
-    poll_wait: str = "20s"
+    poll_wait: Interval = Interval("20s")
     """How long one long-poll for placements may wait at the server (at most 30 s)."""
-    check_every: str = "0.2s"
+    check_every: Interval = Interval("0.2s")
     """How often the agent looks at its job processes (exits, time limits, checkpoints)."""
     log_format: Literal["text", "json"] = "text"
     """Log lines as text or as one JSON object per line."""

@@ -1,10 +1,10 @@
 """The local node agents of `gpuledger up --executor agent`: one machine, one command. An edge.
 
-`up` then runs the server (`ledger.server.run.serve` with `executor = "agents"`, on its Unix
-socket and a loopback port) and, in the same process, one node agent for each node of the ledger
+`up` then runs the server (`ledger.server.run.serve` with `executor = "agents"`, on the data
+directory's Unix socket) and, in the same process, one node agent for each node of the ledger
 (every node is a name for this host, as with `up`'s local executor; the usual single node gives
-one agent). Each agent is the cluster's `NodeAgent`, talking to the server over HTTP with the
-node's own token, so a laptop runs exactly what a cluster runs:
+one agent). Each agent is the cluster's `NodeAgent`, talking to the server over HTTP on that
+socket with the node's own token, so a laptop runs exactly what a cluster runs:
 
     <home>/agents/<node>/token        the node token up made for its agent (0600; made once, by
                                       the admin who runs `up`, and reused while it is valid)
@@ -22,10 +22,8 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ledger.agent.node import STATUS_FILE, NodeAgent, Settings
 from ledger.core import tokens
@@ -98,7 +96,7 @@ class LocalAgents:
 
     def start(self, url: str, socket: str) -> None:
         """One agent per node, each adopting its jobs before it takes work (`NodeAgent.run`);
-        `url` is the server's loopback URL, `socket` its Unix socket (the jobs' way in)."""
+        `url` is the server's URL for the agents, `socket` its Unix socket (the jobs' way in)."""
         self.socket = socket
         for node, (gpus, gpu_type) in sorted(self.nodes.items()):
             state = state_dir(self.home, node)
@@ -153,26 +151,3 @@ def _run(agent: NodeAgent) -> None:
         agent.run()
     except Exception:  # an agent that dies says why; `up` keeps its other parts running
         log.exception("the local agent of node %s stopped", agent.s.node)
-
-
-def companion(
-    agents: LocalAgents, until: Callable[[Any], bool] | None
-) -> Callable[[Any, list[str], Callable[[], None]], Callable[[], None]]:
-    """`serve`'s companion for `up`: start the agents on the server's loopback URL; with
-    `until(service)` (checked on the worker thread after every cycle), stop the server once it
-    holds."""
-
-    def start(worker: Any, urls: list[str], stop: Callable[[], None]) -> Callable[[], None]:
-        url = next(u for u in urls if u.startswith("http"))
-        agents.start(url, next(u for u in urls if u.startswith("unix:"))[len("unix:") :])
-        if until is not None:
-            service = worker.service
-
-            def check(_cycle_s: float) -> None:
-                if until(service):
-                    stop()
-
-            service.on_cycle.append(check)
-        return agents.stop
-
-    return start

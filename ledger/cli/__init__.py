@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from ledger.cli._common import Ctx, LedgerGroup, default_home
+from ledger.cli._common import EVENTS_DB, Ctx, default_home
+from ledger.cli.output import LedgerGroup
 
 # Which modules define (or extend) each top-level command. Commands load lazily, so
 # `gpuledger submit` does not import DuckDB, Arrow or Kafka; `--help` loads them all.
@@ -66,6 +67,9 @@ def _load(*modules: str) -> None:
 
 
 class _Lazy(LedgerGroup):
+    def store_path(self, ctx: click.Context) -> Path | None:
+        return ctx.obj.home / EVENTS_DB if isinstance(ctx.obj, Ctx) else None
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(_MODULES)
 

@@ -1,107 +1,36 @@
-"""What every command shares: the data directory, the actor, JSON output, one-line errors."""
+"""What every command shares: the data directory, the actor, where commands and reads go (a
+server or the ledger itself), the projection caught up. What they print: `ledger.cli.output`."""
 
 from __future__ import annotations
 
-import errno
-import logging
 import os
 import re
-import sqlite3
-import sys
-from collections.abc import Sequence
-from datetime import UTC, datetime
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import msgspec
 
-from schemas.bounds import Epoch, PositiveInterval, PositiveSeconds, check, describe
+from ledger.wire.config import SOCKET_NAME
+from schemas.bounds import check, describe
 from schemas.commands import AnyCommand, InitLedger
-from schemas.errors import EnvironmentProblem, InvalidCommand, LedgerError
+from schemas.errors import InvalidCommand
 
 if TYPE_CHECKING:  # the store is imported only by commands that open it (client mode never)
-    from rich.console import Console
-
     from ledger.cycle.dispatcher import LiveState
     from ledger.store.application import Appended, Ledger
     from ledger.store.live import LiveView
+    from projections.source import EmbeddedSource
+    from projections.store import Store
 
 EVENTS_DB = "events.sqlite"
-SERVER_SOCKET = "gpuledger.sock"
-"""Where a server running on the data directory listens (`ledger.wire.client.local_socket`)."""
 
 T = TypeVar("T")
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_duration(text: str) -> int:
-    """'90', '90s', '15m', '1.5h', '7d', '1w' -> whole seconds ('0.4' is refused, never 0)."""
-    m = _DURATION.match(text.strip())
-    if not m:
-        raise InvalidCommand(f"invalid duration {text!r}", hint="use e.g. 30s, 15m, 8h, 7d")
-    seconds = float(m.group(1)) * _UNITS[m.group(2)]
-    if seconds != int(seconds):
-        raise InvalidCommand(
-            f"invalid duration {text!r}: {seconds:g} s is not a whole number of seconds",
-            hint="durations are whole seconds; 0 means none (an unfunded contract)",
-        )
-    return int(seconds)
-
-
-def parse_interval(text: str, option: str = "--interval") -> float:
-    """A positive, finite number of seconds that may have a fraction ('0.2s', '1.5m'): how
-    often a loop runs, not a contract."""
-    m = _DURATION.match(text.strip())
-    if not m:
-        raise InvalidCommand(f"invalid {option} {text!r}", hint="use e.g. 0.5s, 10s, 1m")
-    return float(bounded(float(m.group(1)) * _UNITS[m.group(2)], PositiveInterval, option))
-
-
-def parse_window(text: str, option: str = "--window") -> int:
-    """A positive duration (a usage window, a half-life): bounded like every other value."""
-    return int(bounded(parse_duration(text), PositiveSeconds, option))
-
-
-def parse_time(text: str, option: str = "--at") -> float:
-    """An ISO-8601 time (UTC when no zone is given) or seconds since the epoch; finite and
-    inside the bounds of an event time."""
-    try:
-        at = float(text)
-    except ValueError:
-        try:
-            dt = datetime.fromisoformat(text)
-        except ValueError as e:
-            raise InvalidCommand(
-                f"invalid time {text!r}", hint="use ISO 8601, e.g. 2026-11-29T12:00"
-            ) from e
-        if dt.tzinfo is None:
-            dt = dt.replace(tzinfo=UTC)
-        at = dt.timestamp()
-    return float(bounded(at, Epoch, option))
-
-
 bounded = check
 """`value` inside the bounds of a `schemas.bounds` type, else one InvalidCommand line."""
-
-
-def fmt_time(at: float | None) -> str:
-    if at is None:
-        return "-"
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s % 3600 == 0 and s:
-        return f"{s // 3600}h"
-    if s % 60 == 0 and s:
-        return f"{s // 60}m"
-    return f"{s}s"
 
 
 def build(cls: type[T], /, **fields: Any) -> T:
@@ -161,7 +90,7 @@ class Ctx:
     def remote(self) -> Any:
         """The server's client, or None in embedded mode."""
         if self._client is None:
-            if not self._url and not (self.home / SERVER_SOCKET).exists():
+            if not self._url and not (self.home / SOCKET_NAME).exists():
                 self._client = False  # embedded: the HTTP client is never imported
                 return None
             from ledger.wire.client import Client, load_token, local_socket
@@ -281,8 +210,6 @@ class _LocalHandles:
 
     def store(self) -> Any:
         if self._store is None:
-            from ledger.cli.views import projection
-
             self._store = self._stack.enter_context(projection(self.ctx, quiet=self.quiet))
             # one engine thread: a read's statements are small, and a second thread costs more
             # CPU than it saves time (the audit's and what-if's long queries keep both)
@@ -303,165 +230,54 @@ class _LocalHandles:
         return actor if actor == me or self.ledger.state.is_admin(me) else me
 
 
-pass_ctx = click.make_pass_decorator(Ctx)
+@contextmanager
+def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
+    """The projection caught up with the log. When a running service holds the file (DuckDB
+    allows one writer), read a private in-memory copy built from the log instead."""
+    from projections.source import EmbeddedSource
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-
-
-def echo_json(data: Any) -> None:
-    """Strict JSON (keys sorted, two-space indent): a non-finite float is written as `null`,
-    never `Infinity` or `NaN`; views that can hold one say so with a flag."""
-    text = msgspec.json.format(msgspec.json.encode(data, order="sorted"), indent=2)
-    click.echo(text.decode())
-
-
-PIPE_WIDTH = 200
-"""A pipe gets full-width lines of at least this many columns, not a table squeezed to 80."""
-
-
-def console() -> Console:
-    """rich's console for this output: the terminal's width, or `PIPE_WIDTH` for a pipe."""
-    from rich.console import Console
-
-    return Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
-
-
-def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """A table without borders, as rich prints one (`box=None`). On a pipe, a table of plain
-    ASCII cells is written directly, one line per row: byte for byte what rich would print when
-    it fits `PIPE_WIDTH` columns, and wider lines where rich would wrap cells onto several (a
-    script or `grep` gets whole rows), at ~10x less cost (rich lays out every cell: ~0.1-0.2 s
-    for 50-200 rows, and ~40 ms to import). A terminal, and cells that are not plain ASCII, go
-    through rich."""
-    cells = (c for row in (header, *rows) for c in row)
-    if not sys.stdout.isatty() and all(c.isascii() and c.isprintable() for c in cells):
-        widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
-        lines = (
-            " " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " "
-            for row in (header, *rows)
-        )
-        click.echo("\n".join(lines))
-        return
-    from rich.table import Table
-
-    t = Table(*header, box=None)
-    for row in rows:
-        t.add_row(*row)
-    console().print(t)
-
-
-EXIT_REJECTED = 1
-"""A rejected command, bad usage or an environment problem."""
-EXIT_BUG = 70
-"""A genuine bug (sysexits' EX_SOFTWARE): the only failure that is not the caller's to fix."""
-
-
-def fail(message: str, code: str, exit_code: int = EXIT_REJECTED) -> None:
-    """The error contract: one line on stderr, `error: <message> [<code>]`, and the exit code.
-    `code` is a stable word (a LedgerError's `code`, `usage`, `environment`, `internal`)."""
-    first = " ".join(message.split())
-    try:
-        click.echo(f"error: {first} [{code}]", err=True)
-    finally:
-        sys.exit(exit_code)
-
-
-def _environment(e: BaseException, home: Path | None) -> str | None:
-    """The words for an environment problem (a file, a directory, a database, a broker), or
-    None when `e` is not one."""
-    if isinstance(e, sqlite3.DatabaseError):
-        where = f" {home / EVENTS_DB}" if home is not None else ""
-        return f"the event store{where} is unreadable ({e}): restore it from a copy"
-    if isinstance(e, OSError):
-        where = f": {e.filename}" if e.filename else ""
-        return f"{e.strerror or e}{where}"
-    if type(e).__module__.startswith("duckdb") and type(e).__name__ in (
-        "IOException",
-        "PermissionException",
-        "SerializationException",
-    ):
-        return f"the projection file is unusable ({str(e).splitlines()[0]})"
-    return None
-
-
-class LedgerGroup(click.Group):
-    """The error contract at the boundary: every failure is one line on stderr with a stable
-    code. Exit 1 for a rejected command, bad usage (click's included) and an environment
-    problem (named with its path or address); 70 only for a bug. Output piped into a reader
-    that stops early (`| head`) ends quietly."""
-
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
-        base: Any = super().main
-        if not standalone_mode:
-            return base(*args, standalone_mode=False, **kwargs)
-        try:
-            rv = base(*args, standalone_mode=False, **kwargs)
-        except click.ClickException as e:
-            name = e.ctx.command_path if isinstance(e, click.UsageError) and e.ctx else ""
-            hint = f" (see `{name} --help`)" if name else ""
-            fail(e.format_message() + hint, "usage")
-        except click.Abort:
-            fail("aborted", "usage")
-        try:
-            sys.stdout.flush()
-        except BrokenPipeError:
-            _quiet_pipe()
-        sys.exit(rv if isinstance(rv, int) else 0)
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except LedgerError as e:
-            fail(e.line(), e.code)
-        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
-            raise
-        except BrokenPipeError:
-            _quiet_pipe()
-        except Exception as e:  # an environment problem, or a bug
-            if isinstance(e, OSError) and e.errno == errno.EPIPE:
-                _quiet_pipe()
-            where = _environment(e, ctx.obj.home if isinstance(ctx.obj, Ctx) else None)
-            if where is not None and not os.environ.get("GPULEDGER_DEBUG"):
-                fail(where, EnvironmentProblem.code)
-            if os.environ.get("GPULEDGER_DEBUG"):
-                raise
-            fail(
-                f"internal error: {type(e).__name__}: {e} "
-                "(rerun with GPULEDGER_DEBUG=1 for the traceback, and report it)",
-                "internal",
-                EXIT_BUG,
+    ctx.require()
+    with EmbeddedSource(ctx.home) as source, _caught_up(ctx, source, quiet) as store:
+        status = store.status()
+        if status.unknown_events and not quiet:
+            tags = ", ".join(f"{t} ({n})" for t, n in sorted(status.unknown_tags.items()))
+            click.echo(
+                f"note: {status.unknown_events} events of types this version does not know were "
+                f"kept and ignored: {tags}; upgrade gpu-ledger to use them",
+                err=True,
             )
+        yield store
 
 
-def _quiet_pipe() -> None:
-    """The reader went away (`gpuledger log | head`): stop writing, say nothing, exit 0."""
+def _caught_up(ctx: Ctx, source: EmbeddedSource, quiet: bool) -> Store:
+    """The projection file opened read-only when it is caught up with the log, read as it is;
+    else opened read-write and caught up first."""
+    from projections.errors import ProjectionBusy
+    from projections.store import Store, projection_path
+
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except OSError:
-        pass
-    sys.exit(0)
+        if projection_path(ctx.home).exists():
+            store = Store.open(ctx.home, read_only=True)
+            if store.position() == source.head():
+                return store
+            store.close()
+        store = Store.open(ctx.home)
+    except ProjectionBusy:
+        if not quiet:
+            click.echo("note: the service holds the projection; reading a private copy", err=True)
+        store = Store(":memory:")
+    try:
+        if store.position() != source.head():
+            from projections.projector import Projector  # (and DuckDB's Python API with it)
+
+            Projector(store, source).catch_up()
+    except BaseException:
+        store.close()
+        raise
+    return store
 
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
-
-log_level_option = click.option(
-    "--log-level",
-    type=click.Choice(LOG_LEVELS, case_sensitive=False),
-    default="info",
-    show_default=True,
-    help="gpu-ledger's own log level; libraries (Kafka client, ...) log only at debug.",
-)
-
-
-def setup_logging(level: str) -> None:
-    """Log gpu-ledger's own records at `level`; records of libraries only at debug (a broker
-    that cannot be reached is one error line, not pages of client retries)."""
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(message)s")
-    if level.lower() == "debug":
-        return
-    for handler in logging.root.handlers:
-        handler.addFilter(lambda r: r.name.startswith("gpuledger"))
+pass_ctx = click.make_pass_decorator(Ctx)
 
 
 def default_home() -> Path:

@@ -12,9 +12,10 @@ from pathlib import Path
 import click
 
 from ledger.agent import config as cfg
-from ledger.cli._common import echo_json, fmt_time, parse_duration, parse_interval
+from ledger.cli.output import echo_json, setup_logging
 from ledger.store.clock import SystemClock
 from schemas.errors import InvalidCommand
+from schemas.units import format_time
 
 _now = SystemClock().now
 
@@ -58,9 +59,8 @@ def _run(config: cfg.AgentConfig, drain: bool) -> int:
     from ledger.agent.node import STATUS_FILE, NodeAgent, Settings, short_hostname
     from ledger.engines.gpu_util import pick_source
     from ledger.engines.supervised import SupervisedExecutor
-    from ledger.server.run import setup_logging
 
-    setup_logging(config.log_format, config.log_level)
+    setup_logging(config.log_level, config.log_format)
     import logging
 
     log = logging.getLogger("gpuledger.agent")
@@ -75,11 +75,11 @@ def _run(config: cfg.AgentConfig, drain: bool) -> int:
     executor = SupervisedExecutor(
         state,
         Path(config.log_dir) if config.log_dir else state / "jobs",
-        grace_s=parse_duration(config.grace),
+        grace_s=config.grace.seconds,
         run_as=config.run_as,
-        debug_limit_s=parse_duration(config.debug_limit),
+        debug_limit_s=config.debug_limit.seconds,
         util=util,
-        sample_every_s=parse_interval(config.sample_every, "sample_every"),
+        sample_every_s=config.sample_every.seconds,
         extra_env={"GPULEDGER_URL": config.url},
         local_node=node,
         fork_supervisors=True,
@@ -92,9 +92,9 @@ def _run(config: cfg.AgentConfig, drain: bool) -> int:
         gpu_type=gpu_type,
         gpu_source=source,
         address=config.address,
-        heartbeat_s=parse_interval(config.heartbeat, "heartbeat"),
-        poll_wait_s=min(30.0, parse_interval(config.poll_wait, "poll_wait")),
-        check_every_s=parse_interval(config.check_every, "check_every"),
+        heartbeat_s=config.heartbeat.seconds,
+        poll_wait_s=min(30.0, config.poll_wait.seconds),
+        check_every_s=config.check_every.seconds,
     )
     agent = NodeAgent(settings, executor, state / STATUS_FILE, util)
     try:
@@ -199,7 +199,7 @@ def agent_status(cctx: click.Context, state_dir: str | None, as_json: bool) -> N
         echo_json({**st, "running": alive, "processes": [p.job_id for p in procs]})
         return
     last = st.get("last_contact_at")
-    ago = "never" if last is None else f"{fmt_time(last)} ({_now() - last:.0f}s ago)"
+    ago = "never" if last is None else f"{format_time(last)} ({_now() - last:.0f}s ago)"
     click.echo(
         f"node {st['node']}: agent {'running' if alive else 'not running'} (pid {st['pid']})"
     )

@@ -18,25 +18,14 @@ import msgspec
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-from rich.console import Console
-from rich.table import Table
 
-from ledger.cli._common import (
-    Ctx,
-    echo_json,
-    fmt_time,
-    json_option,
-    parse_duration,
-    parse_time,
-    pass_ctx,
-)
-from ledger.cli.views import projection
+from ledger.cli._common import Ctx, pass_ctx, projection
+from ledger.cli.output import echo_json, json_option, print_table
 from ledger.core import budget as b
 from ledger.history import audit as au
 from ledger.history import replay as rp
 from ledger.history.compare import CycleReplay, slots_text
 from ledger.reads import layer as reads
-from ledger.reads.explain import span
 from ledger.sim import whatif as wi
 from projections.source import EmbeddedSource, follow
 from projections.store import Store, projection_path
@@ -44,10 +33,7 @@ from schemas import api, codec
 from schemas import events as e
 from schemas import views as v
 from schemas.errors import InvalidCommand
-
-
-def _console() -> Console:
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+from schemas.units import format_time, parse_duration, parse_time, span
 
 
 def _time(text: str | None) -> float | None:
@@ -135,7 +121,7 @@ def replay(
 
 
 def _print_replay(result: CycleReplay, show: int) -> None:
-    click.echo(f"{result.headline()} at {fmt_time(result.decided_at)}")
+    click.echo(f"{result.headline()} at {format_time(result.decided_at)}")
     for d in result.differences[:show]:
         click.echo(f"  {d.text()}")
     if len(result.differences) > show:
@@ -214,11 +200,11 @@ def _pair(a: str, b_: str) -> str:
 
 def _print_whatif(r: wi.WhatIfReport) -> None:
     click.echo(
-        f"what-if {fmt_time(r.start)} .. {fmt_time(r.end)}: {r.submissions} submissions "
+        f"what-if {format_time(r.start)} .. {format_time(r.end)}: {r.submissions} submissions "
         f"(+{r.carried} active at the start), policy {r.policy_version} "
         f"({', '.join(f'{k}={v}' for k, v in sorted(r.config.items()))}), {r.cycles} cycles"
     )
-    table = Table(
+    header = (
         "team",
         "owed GPU-h",
         "delivered GPU-h",
@@ -227,12 +213,11 @@ def _print_whatif(r: wi.WhatIfReport) -> None:
         "p90 wait",
         "never placed",
         "preemptions",
-        box=None,
-        title="actual -> what-if",
     )
+    rows = []
     for t in r.teams:
         a, w = t.actual, t.whatif
-        table.add_row(
+        rows.append((
             t.team,
             _pair(f"{a.owed_gpu_h:,.1f}", f"{w.owed_gpu_h:,.1f}"),
             _pair(f"{a.delivered_gpu_h:,.1f}", f"{w.delivered_gpu_h:,.1f}"),
@@ -241,8 +226,8 @@ def _print_whatif(r: wi.WhatIfReport) -> None:
             _pair(_wait(a.p90_wait_s), _wait(w.p90_wait_s)),
             _pair(str(a.never_placed), str(w.never_placed)),
             _pair(str(a.preemptions), str(w.preemptions)),
-        )
-    _console().print(table)
+        ))  # fmt: skip
+    print_table(header, rows, title="actual -> what-if")
     for note in r.notes:
         click.echo(f"note: {note}")
     if r.home:
@@ -368,7 +353,7 @@ def _cell(name: str, value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float) and (name.endswith("_at") or name == "at"):
-        return fmt_time(value)
+        return format_time(value)
     if isinstance(value, float):
         return "inf" if math.isinf(value) else f"{value:g}"
     if isinstance(value, list | dict):
@@ -393,16 +378,13 @@ def export(table: pa.Table, fmt: str, output: Path | None) -> None:
         data = (json.dumps(rows, indent=2, default=str) + "\n").encode()
     else:
         names = table.column_names
-        out = Table(*names, box=None)
-        for row in table.to_pylist():
-            out.add_row(*(_cell(n, row[n]) for n in names))
+        cells = [[_cell(n, row[n]) for n in names] for row in table.to_pylist()]
         if output is None:
-            _console().print(out)
+            print_table(names, cells)
             click.echo(f"({table.num_rows} rows)")
             return
-        console = Console(record=True, width=200, file=open(output, "w", encoding="utf-8"))  # noqa: SIM115
-        console.print(out)
-        console.file.close()
+        with open(output, "w", encoding="utf-8") as f:
+            print_table(names, cells, file=f)
         click.echo(f"{table.num_rows} rows written to {output}")
         return
     if output is None:

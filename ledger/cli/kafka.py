@@ -16,7 +16,8 @@ from pathlib import Path
 import click
 import msgspec
 
-from ledger.cli._common import Ctx, log_level_option, pass_ctx, setup_logging
+from ledger.cli._common import Ctx, pass_ctx
+from ledger.cli.output import log_level_option, setup_logging
 from ledger.cli.views import projection_group
 from ledger.store.relay import RelayError, connect_timeout, read_health
 from projections.errors import ProjectionMismatch

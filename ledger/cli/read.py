@@ -9,21 +9,11 @@ from typing import Any
 import click
 import msgspec
 
-from ledger.cli._common import (
-    Ctx,
-    build,
-    console,
-    echo_json,
-    fmt_duration,
-    fmt_time,
-    json_option,
-    parse_time,
-    pass_ctx,
-    print_table,
-)
+from ledger.cli._common import Ctx, build, pass_ctx
+from ledger.cli.output import console, echo_json, json_option, print_table
 from ledger.cli.write import account, node
-from ledger.reads.explain import span
 from schemas.errors import InvalidCommand
+from schemas.units import format_duration, format_time, parse_time, span
 from schemas.views import LogEntry, LogFilter
 
 
@@ -116,14 +106,14 @@ def jobs(
     )  # fmt: skip
     rows: list[tuple[str, ...]] = []
     for r in selected:
-        contract = "unfunded" if not r.funded else fmt_duration(r.min_runtime_s)
+        contract = "unfunded" if not r.funded else format_duration(r.min_runtime_s)
         contract += " resumable" if r.resumable else ""
         contract += " debug" if r.debug else ""
         state: str = r.outcome if r.status == "finished" and r.outcome else r.status
         state += " (time limit)" if r.finish_reason == "time_limit" else ""
         rows.append((
             str(r.job_id), r.account, r.user, str(r.gpus), state, contract,
-            fmt_time(r.submitted_at), fmt_time(r.started_at), fmt_time(r.finished_at),
+            format_time(r.submitted_at), format_time(r.started_at), format_time(r.finished_at),
             "-" if r.elapsed_s is None else span(r.elapsed_s),
             "-" if r.exit_code is None else str(r.exit_code), ",".join(r.nodes) or "-",
             r.logs[0] if r.logs else "-",
@@ -146,7 +136,7 @@ def _log_line(r: LogEntry) -> str:
     body = (
         _summary(r.event) if r.event is not None else "(an event type this version does not know)"
     )
-    return f"{r.position:>8}  {fmt_time(r.at)}  {r.actor or '-':<12} {r.tag:<28} {body}"
+    return f"{r.position:>8}  {format_time(r.at)}  {r.actor or '-':<12} {r.tag:<28} {body}"
 
 
 @click.command()

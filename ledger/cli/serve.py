@@ -1,8 +1,10 @@
-"""`gpuledger up`: one machine, one command. By default the server (`serve --executor agents`: the
-service loop behind the HTTP API, on the data directory's Unix socket and a loopback port) and a
-local node agent per node in this process (`ledger.agent.local`), so a laptop runs what a cluster
-runs; `--executor local` runs the service loop with the supervised executor inside it (no API);
-`--executor slurm --partition P` runs the placed jobs on a Slurm partition (docs/slurm.md). With
+"""`gpuledger up` and `gpuledger serve`: flags into a `ServeConfig`, then the one composition
+root (`ledger.server.run.serve`); and `gpuledger status`.
+
+`up` is `serve` on the data directory's Unix socket (TCP only with `--listen`) with a local
+executor: by default a node agent per node in this process (`ledger.agent.local`), so a laptop
+runs what a cluster runs; `--executor local` runs jobs through the supervised executor inside
+the service, `--executor slurm --partition P` on a Slurm partition (docs/slurm.md). With
 `--kafka` a relay thread publishes the log for other readers.
 
 Stopping it (Ctrl-C, SIGTERM, or kill -9) leaves jobs running under their supervisors; the next
@@ -10,34 +12,21 @@ Stopping it (Ctrl-C, SIGTERM, or kill -9) leaves jobs running under their superv
 
 from __future__ import annotations
 
-import logging
-import signal
 import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 
-from ledger.cli._common import (
-    Ctx,
-    echo_json,
-    fmt_time,
-    log_level_option,
-    parse_duration,
-    parse_interval,
-    pass_ctx,
-    setup_logging,
-)
-from ledger.cycle.executor import Executor
-from ledger.cycle.loop import ServiceLoop
+from ledger.cli._common import Ctx, pass_ctx
+from ledger.cli.output import echo_json, log_level_option, setup_logging
 from ledger.dispatch import registry
-from ledger.engines.gpu_util import pick_source
-from ledger.engines.supervised import DEBUG_LIMIT_S, SupervisedExecutor
-from ledger.store.clock import SystemClock
+from ledger.engines.supervised import DEBUG_LIMIT_S
 from schemas import commands as c
 from schemas.errors import InvalidCommand
+from schemas.units import format_time, parse_duration
+
+EXECUTORS = {"agent": "agents", "local": "local", "slurm": "slurm"}
+"""`up --executor` -> the server's executor (`agent`: the node agents `up` runs)."""
 
 
 def _node_spec(text: str) -> tuple[str, int, str]:
@@ -122,6 +111,11 @@ def _node_spec(text: str) -> tuple[str, int, str]:
 )
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is pending or running.")
 @click.option("--for", "run_for", default=None, help="Exit after this long (e.g. 10m).")
+@click.option(
+    "--listen",
+    default=None,
+    help="HOST:PORT: serve the HTTP API on TCP too (default: the Unix socket only).",
+)
 @log_level_option
 @pass_ctx
 def up(
@@ -142,75 +136,42 @@ def up(
     partition: str | None,
     until_idle: bool,
     run_for: str | None,
+    listen: str | None,
     log_level: str,
 ) -> None:
-    """Run the service on this machine: the server and a local node agent per node (every cycle
-    snapshots, decides, appends; the agents run placed jobs with CUDA_VISIBLE_DEVICES set to
-    their GPUs), or the loop alone with local processes or Slurm jobs. Stopping it leaves jobs
-    running."""
+    """Run the service on this machine: the server on the data directory's socket and a local
+    node agent per node (every cycle snapshots, decides, appends; the agents run placed jobs
+    with CUDA_VISIBLE_DEVICES set to their GPUs), or local processes or Slurm jobs instead of
+    the agents. Stopping it leaves jobs running."""
+    from ledger.server.run import Up
+    from ledger.server.run import serve as run_server
+    from ledger.wire import config as cfg
+
     setup_logging(log_level)
-    log = logging.getLogger("gpuledger.up")
-    clock = SystemClock()
-    ledger = ctx.ledger(live=True)
+    for_s = None if run_for is None else parse_duration(run_for)
+    ctx.ledger(live=True)  # the data directory's own (refused beside a running server)
     _register_nodes(ctx, nodes)
     _check_other_mode(ctx.home, executor_name)
-    deadline = None if run_for is None else clock.now() + parse_duration(run_for)
-    if executor_name == "agent":
-        _up_with_agents(
-            ctx, interval, grace, run_as, debug_limit, sample_every, utilisation_dir,
-            squat_after, policy, margin, debug_lane, kafka, until_idle, deadline, log_level,
-        )  # fmt: skip
-        return
-    executor: Executor
-    if executor_name == "local":
-        util = pick_source(utilisation_dir or ctx.home / "utilisation")
-        executor = SupervisedExecutor(
-            ctx.home / "agent",
-            ctx.home / "jobs",
-            grace_s=parse_duration(grace),
-            run_as="service" if run_as == "service" else "submitter",
-            debug_limit_s=parse_duration(debug_limit),
-            util=util,
-            sample_every_s=parse_interval(sample_every, "--sample-every"),
-            extra_env={"GPULEDGER_HOME": str(ctx.home.resolve())},
-        )
-        log.info("utilisation: %s", util.name)
-    else:
-        from ledger.engines.slurm import open_executor
-
-        executor = open_executor(
-            ledger, partition, ctx.home / "jobs", parse_duration(grace), ctx.actor
-        )
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    tick = parse_interval(interval)
-    loop = ServiceLoop(
-        ledger,
-        executor,
-        registry.build(
-            policy,
-            {
-                "margin": margin,
-                "debug_lane": debug_lane,
-                "squat_after_s": parse_duration(squat_after),
-            },
-            known_only=True,
-        ),
-        kafka=kafka,
-        log=log,
-        lifecycle_dir=ctx.home / "jobs",
+    config = cfg.merge(
+        cfg.ServeConfig(),
+        listen=listen or "",
+        interval=interval,
+        policy=policy,
+        margin=margin,
+        debug_lane=debug_lane,
+        squat_after=squat_after,
+        executor=EXECUTORS[executor_name],
+        partition=partition,
+        grace=grace,
+        run_as=run_as,
+        debug_limit=debug_limit,
+        sample_every=sample_every,
+        utilisation_dir=None if utilisation_dir is None else str(utilisation_dir),
+        kafka=kafka or "",
+        log_level=log_level.upper(),
     )
-    loop.open()  # scheduling reads the store; with --kafka a relay publishes it
-    try:
-        loop.record_settings(float(tick), executor_name)
-        log.info("up: %s, %d nodes, policy %s", ctx.home, len(ledger.state.nodes), policy)
-        log.info("job output goes to %s/job-N.log", ctx.home / "jobs")
-        loop.run(stop, tick, until_idle=until_idle, deadline=deadline)
-    finally:
-        # supervised jobs keep running (the next `up` adopts them); Slurm's run on
-        stop.set()
-        loop.close(stop_jobs=True)
+    up_ = Up(until_idle=until_idle, for_s=for_s)
+    sys.exit(run_server(ctx.home, config, ctx.actor, up=up_))
 
 
 def _check_other_mode(home: Path, executor: str) -> None:
@@ -229,87 +190,6 @@ def _check_other_mode(home: Path, executor: str) -> None:
             f"jobs {', '.join(map(str, held))} run under `up --executor {other}`",
             hint=f"keep using `gpuledger up --executor {other}` until they end",
         )
-
-
-def _up_with_agents(
-    ctx: Ctx,
-    interval: str,
-    grace: str,
-    run_as: str,
-    debug_limit: str,
-    sample_every: str,
-    utilisation_dir: Path | None,
-    squat_after: str,
-    policy: str,
-    margin: float,
-    debug_lane: bool,
-    kafka: str | None,
-    until_idle: bool,
-    deadline: float | None,
-    log_level: str,
-) -> None:
-    """`up --executor agent`: the server (Unix socket and a loopback port) and one node agent
-    per node in this process (`ledger.agent.local`); exits as `serve` does."""
-    from ledger.agent import local
-    from ledger.server.run import serve as run_server
-    from ledger.wire import config as cfg
-
-    clock = SystemClock()
-    ledger = ctx.ledger(live=True)
-    nodes = {
-        name: (n.gpus, n.gpu_type) for name, n in ledger.state.nodes.items() if n.state != "removed"
-    }
-    tokens = {name: local.node_token(ledger, name, ctx.actor, clock.now()) for name in nodes}
-    util = pick_source(utilisation_dir or ctx.home / "utilisation")
-    agents = local.LocalAgents(
-        ctx.home,
-        nodes,
-        tokens,
-        local.LocalSettings(
-            grace_s=parse_duration(grace),
-            run_as=run_as,
-            debug_limit_s=parse_duration(debug_limit),
-            sample_every_s=parse_interval(sample_every, "--sample-every"),
-            util=util,
-        ),
-    )
-
-    said: list[bool] = []
-
-    def done(service: ServiceLoop) -> bool:
-        if until_idle and service.idle():
-            if not said:
-                logging.getLogger("gpuledger.up").info("nothing pending or running: exiting")
-                said.append(True)
-            return True
-        return deadline is not None and clock.now() >= deadline
-
-    config = cfg.merge(
-        cfg.ServeConfig(),
-        listen="127.0.0.1:0",
-        interval=interval,
-        policy=policy,
-        margin=margin,
-        debug_lane=debug_lane,
-        squat_after=squat_after,
-        executor="agents",
-        kafka=kafka or "",
-        log_level=log_level.upper(),
-    )
-    start = local.companion(agents, done if until_idle or deadline is not None else None)
-
-    def begin(worker: Any, urls: list[str], stop: Callable[[], None]) -> Callable[[], None]:
-        if log_level.lower() != "debug":  # as `up` always did: its own records, not uvicorn's
-            for handler in logging.root.handlers:
-                handler.addFilter(lambda r: r.name.startswith("gpuledger"))
-        log = logging.getLogger("gpuledger.up")
-        log.info("up: %s, %d nodes, policy %s, local agents", ctx.home, len(nodes), policy)
-        log.info("job output goes to %s/job-N.log", ctx.home / "jobs")
-        return start(worker, urls, stop)
-
-    sys.exit(
-        run_server(ctx.home, config, ctx.actor, companion=begin, lifecycle_dir=ctx.home / "jobs")
-    )
 
 
 def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
@@ -407,6 +287,7 @@ def serve(
         log_format=log_format,
         log_level=log_level,
     )
+    setup_logging(config.log_level, config.log_format)
     sys.exit(run_server(ctx.home, config, actor=ctx.actor))
 
 
@@ -430,7 +311,7 @@ def status(ctx: Ctx, as_json: bool) -> None:
     last = (
         "no cycle yet"
         if h.last_cycle_at is None
-        else f"{fmt_time(h.last_cycle_at)} ({(h.last_cycle_s or 0) * 1000:.0f} ms)"
+        else f"{format_time(h.last_cycle_at)} ({(h.last_cycle_s or 0) * 1000:.0f} ms)"
     )
     relay = "no Kafka" if h.relay_lag is None else f"{h.relay_lag} events, {h.relay_state}"
     if h.relay_error:

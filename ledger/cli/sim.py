@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ledger.cli._common import Ctx, pass_ctx
+from ledger.cli.output import console, print_table
 from ledger.core import budget as b
 from ledger.dispatch import registry
 from ledger.sim import report
@@ -34,12 +34,12 @@ from ledger.sim.workload import (
     budget_toml,
     dump_trace,
     parse_distribution,
-    parse_duration,
     parse_trace,
     resolve,
     synthetic,
 )
 from schemas.errors import InvalidCommand
+from schemas.units import parse_duration
 
 F = Callable[..., Any]
 
@@ -306,7 +306,6 @@ def _run_all(
         _dump(workload, kw["dump"])
     if parallel > 1 and len(policies) > 1:
         return _run_parallel(policies, kw, knobs, workload, home, parallel)
-    console = Console(stderr=True)
     results = []
     with Progress(
         TextColumn("{task.description}"),
@@ -314,7 +313,7 @@ def _run_all(
         TextColumn("day {task.completed:.1f}/{task.total:.0f}"),
         TextColumn("{task.fields[events]} events"),
         TimeElapsedColumn(),
-        console=console,
+        console=console(stderr=True),
     ) as bar:
         for policy in policies:
             task = bar.add_task(policy, total=kw["days"], events=0)
@@ -358,10 +357,7 @@ def _print(results: list[RunResult], out: dict[str, Path], as_json: bool) -> Non
         click.echo(json.dumps([report.summary(r) for r in results], indent=2, sort_keys=True))
         return
     header = [h for _, h in report.COLUMNS]
-    cells = [[report.row(r)[k] for k, _ in report.COLUMNS] for r in results]
-    widths = [max(len(x) for x in col) for col in zip(header, *cells, strict=True)]
-    for line in (header, *cells):
-        click.echo("  ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)).rstrip())
+    print_table(header, [[report.row(r)[k] for k, _ in report.COLUMNS] for r in results])
     for r in results:
         m = r.metrics
         click.echo(

@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from ledger.cli._common import Ctx, echo_json, json_option, pass_ctx
+from ledger.cli._common import Ctx, pass_ctx
+from ledger.cli.output import echo_json, json_option, print_table
 from schemas.errors import EngineError
 
 
@@ -102,12 +101,12 @@ def slurm_jobs(ctx: Ctx, partition: str, as_json: bool) -> None:
     if as_json:
         echo_json(rows)
         return
-    t = Table("slurm job", "ledger job", "state", "gpus", box=None)
+    table = []
     for r in rows:
         who = "foreign" if r["foreign"] else f"{r['job_id']} (run {r['run']})"
         gpus = " ".join(f"{n}:{','.join(map(str, i))}" for n, i in r["gpus"].items()) or "-"
-        t.add_row(r["slurm_job_id"], who, r["state"], gpus)
-    Console().print(t)
+        table.append((r["slurm_job_id"], who, r["state"], gpus))
+    print_table(("slurm job", "ledger job", "state", "gpus"), table)
 
 
 COMMANDS = [slurm]

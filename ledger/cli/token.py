@@ -6,13 +6,15 @@ import os
 
 import click
 
-from ledger.cli._common import Ctx, echo_json, fmt_time, json_option, parse_duration, pass_ctx
+from ledger.cli._common import Ctx, pass_ctx
+from ledger.cli.output import echo_json, json_option
 from ledger.core import tokens
 from ledger.store.clock import SystemClock, new_token_secret
 from ledger.wire.client import token_file
 from schemas import commands as c
 from schemas.api import TokenRow
 from schemas.events import TokenScope
+from schemas.units import format_time, parse_duration
 
 
 @click.group()
@@ -65,7 +67,7 @@ def token_create(
         os.chmod(path, 0o600)
         click.echo(f"saved to {path}", err=True)
     click.echo(
-        f"token {cmd.token_id} for {user} (expires {fmt_time(expires_at)}; "
+        f"token {cmd.token_id} for {user} (expires {format_time(expires_at)}; "
         f"position {appended.position}); the secret, shown only now:",
         err=True,
     )
@@ -97,7 +99,7 @@ def token_list(ctx: Ctx, as_json: bool) -> None:
     for r in rows:
         scope = r.scope + (f":{r.scope_node}" if r.scope_node else "")
         scope += f":{r.scope_job}" if r.scope_job is not None else ""
-        alive = "revoked" if r.revoked else f"expires {fmt_time(r.expires_at)}"
+        alive = "revoked" if r.revoked else f"expires {format_time(r.expires_at)}"
         click.echo(f"{r.token_id}  {r.user:<12} {scope:<12} {alive:<32} {r.name}")
 
 

@@ -3,102 +3,24 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from ledger.cli._common import (
-    Ctx,
-    bounded,
-    echo_json,
-    json_option,
-    parse_duration,
-    parse_time,
-    parse_window,
-    pass_ctx,
-    print_table,
-)
+from ledger.cli._common import Ctx, bounded, pass_ctx
+from ledger.cli.output import echo_json, json_option, print_table
+from schemas import commands as c
+from schemas import events as e
+from schemas.bounds import Percent, TeamDepth
+from schemas.units import parse_duration, parse_time, parse_window, span, when
 
 if TYPE_CHECKING:  # the projection is imported only where it is opened (client mode never)
     from rich.progress import Progress
 
     from projections.fairshare import UsagePolicy
-    from projections.source import EmbeddedSource
-    from projections.store import Store
-from schemas import commands as c
-from schemas import events as e
-from schemas.bounds import Percent, TeamDepth
 
-# Time words are imported when a command prints them, and tables are rich's only when they do
-# not fit a pipe as plain text (`print_table`): `--json` through a server imports neither rich
-# nor the dispatcher (the client entry stays light).
-
-
-def when(at: float | None) -> str:
-    from ledger.reads.explain import when
-
-    return when(at)
-
-
-def span(seconds: float) -> str:
-    from ledger.reads.explain import span
-
-    return span(seconds)
-
-
-def plural(n: int, word: str) -> str:
-    from ledger.reads.explain import plural
-
-    return plural(n, word)
-
-
-@contextmanager
-def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
-    """The projection caught up with the log. When a running service holds the file (DuckDB
-    allows one writer), read a private in-memory copy built from the log instead."""
-    from projections.source import EmbeddedSource
-
-    ctx.require()
-    with EmbeddedSource(ctx.home) as source, _caught_up(ctx, source, quiet) as store:
-        status = store.status()
-        if status.unknown_events and not quiet:
-            tags = ", ".join(f"{t} ({n})" for t, n in sorted(status.unknown_tags.items()))
-            click.echo(
-                f"note: {status.unknown_events} events of types this version does not know were "
-                f"kept and ignored: {tags}; upgrade gpu-ledger to use them",
-                err=True,
-            )
-        yield store
-
-
-def _caught_up(ctx: Ctx, source: EmbeddedSource, quiet: bool) -> Store:
-    """The projection file opened read-only when it is caught up with the log, read as it is;
-    else opened read-write and caught up first."""
-    from projections.errors import ProjectionBusy
-    from projections.store import Store, projection_path
-
-    try:
-        if projection_path(ctx.home).exists():
-            store = Store.open(ctx.home, read_only=True)
-            if store.position() == source.head():
-                return store
-            store.close()
-        store = Store.open(ctx.home)
-    except ProjectionBusy:
-        if not quiet:
-            click.echo("note: the service holds the projection; reading a private copy", err=True)
-        store = Store(":memory:")
-    try:
-        if store.position() != source.head():
-            from projections.projector import Projector  # (and DuckDB's Python API with it)
-
-            Projector(store, source).catch_up()
-    except BaseException:
-        store.close()
-        raise
-    return store
+# Tables are rich's only when they do not fit a pipe as plain text (`print_table`): `--json`
+# through a server imports neither rich nor the dispatcher (the client entry stays light).
 
 
 def _usage_policy(window: str, half_life: str | None) -> UsagePolicy:
@@ -461,6 +383,8 @@ def squatters(ctx: Ctx, threshold: float, after: str, at: str | None, as_json: b
     if not rows:
         click.echo("no squatters")
         return
+    from ledger.reads.explain import plural
+
     by_manager: dict[str, list[Any]] = {}
     for r in rows:
         for m in r.managers or ["(no manager)"]:

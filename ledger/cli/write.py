@@ -6,10 +6,12 @@ import os
 
 import click
 
-from ledger.cli._common import Ctx, echo_json, fmt_duration, parse_duration, pass_ctx
+from ledger.cli._common import Ctx, pass_ctx
+from ledger.cli.output import echo_json
 from schemas import commands as c
 from schemas.errors import InvalidCommand
 from schemas.events import JobSubmitted
+from schemas.units import format_duration, parse_duration
 
 
 def _done(ctx: Ctx, what: str, cmd: c.AnyCommand) -> None:
@@ -271,7 +273,8 @@ def submit(
     if as_json:
         echo_json(job)
         return
-    funded = "unfunded" if job.min_runtime_s == 0 else f"contract {fmt_duration(job.min_runtime_s)}"
+    contract = format_duration(job.min_runtime_s)
+    funded = "unfunded" if job.min_runtime_s == 0 else f"contract {contract}"
     debug = ", debug class" if job.debug else ""
     click.echo(f"submitted job {job.job_id} to {job.account}: {job.gpus} GPUs, {funded}{debug}")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from schemas import events as e
+from schemas.units import span, when
 
 if TYPE_CHECKING:  # annotations only: `explain`'s time words load without the dispatcher
     from ledger.core.state import Job
@@ -23,26 +23,9 @@ _RAW_TIME = re.compile(r"\bt=\d+(?:\.\d+)?(?:e\+?\d+)?")
 """A raw time in a dispatcher reason (`t=1.76723e+09`): six digits, so shown from `until`."""
 
 
-def when(at: float | None) -> str:
-    if at is None:
-        return "-"
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
 def plural(n: int, word: str) -> str:
     """`1 GPU`, `2 GPUs`, `0 jobs`."""
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def span(seconds: float) -> str:
-    s = int(max(0.0, seconds))
-    if s >= 86400:
-        return f"{s // 86400}d{(s % 86400) // 3600}h"
-    if s >= 3600:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s}s"
 
 
 def _fs(value: float | None) -> str:

@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import msgspec
 
 from ledger.core.utilisation import UtilTracker
-from ledger.reads.explain import explain_history, explain_pending, when
+from ledger.reads.explain import explain_history, explain_pending
 from schemas import api
 from schemas import events as e
 from schemas import views as v
 from schemas.bounds import TeamDepth, check
 from schemas.errors import InvalidCommand, UnknownEntity
+from schemas.units import when
 
 if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load the dispatcher,
     # `jobs` neither the fair-share queries nor the event decoders

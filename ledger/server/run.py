@@ -1,19 +1,24 @@
-"""`gpuledger serve`: the service loop, its worker thread, and uvicorn on TCP and a Unix socket.
+"""The composition root of `gpuledger serve` and `gpuledger up`: the ledger, the executor, the
+service loop, its worker thread, and uvicorn on the Unix socket (and TCP when asked).
 
-Start: 1 open the ledger and the service loop  2 start the worker  3 bind the TCP listener
-(TLS when configured) and the Unix socket in the data directory  4 serve both with one app.
+`up` is `serve` on the data directory's socket with a local executor: its node agents in this
+process (`ledger.agent.local`, executor "agents"), the supervised executor ("local") or Slurm;
+it logs each job's start and end, and may stop once idle or after a while (`Up`).
+
+Start: 1 open the ledger  2 make the executor (one factory, `make_executor`)  3 bind the Unix
+socket in the data directory and the TCP listener (TLS when configured)  4 open the service
+loop and start the worker  5 serve both with one app (`up`: start its agents first).
 
 Stop (SIGINT/SIGTERM): refuse new writes (503), let uvicorn finish the requests in flight, let
 the worker finish its queue and the current cycle, flush the relay, leave running jobs running
 (an agent's jobs are not ours to stop; the local executor's keep running under their supervisors
-and Slurm's under Slurm, and the next start adopts them, as in `up`), exit 0.
+and Slurm's under Slurm, and the next start adopts them), exit 0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -21,58 +26,28 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Coroutine, Generator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from ledger.cli._common import parse_duration, parse_interval
+from ledger.agent import local
 from ledger.cycle.executor import Executor
 from ledger.cycle.loop import ServiceLoop
 from ledger.dispatch import registry
+from ledger.engines.gpu_util import UtilSource, pick_source
 from ledger.engines.none import NoExecutor
 from ledger.engines.supervised import SupervisedExecutor
 from ledger.server import identity
 from ledger.server.app import PEER_UID, create_asgi
 from ledger.server.worker import Worker
 from ledger.store.application import Ledger
-from ledger.wire.config import ServeConfig
+from ledger.wire.config import SOCKET_NAME, ServeConfig
 from schemas.errors import InvalidCommand
 
-SOCKET_NAME = "gpuledger.sock"
 log = logging.getLogger("gpuledger.server")
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message (and the exception, if any)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": round(record.created, 6),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False)
-
-
-def setup_logging(fmt: str, level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    for name in ("uvicorn", "uvicorn.error"):
-        logging.getLogger(name).handlers[:] = []
-        logging.getLogger(name).propagate = True
-    logging.getLogger("uvicorn.access").disabled = True
-    logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
 
 
 class PeerCredProtocol(HttpToolsProtocol):
@@ -176,67 +151,83 @@ def _bind_tcp(listen: str) -> socket.socket:
     return sock
 
 
-def _executor(ledger: Ledger, config: ServeConfig, actor: str) -> Executor:
-    """The executor `config` names. Slurm's is checked first (the partition exists and Slurm
-    will neither reorder nor preempt on it; one clear error otherwise), and the partition's GPU
-    nodes are registered by `actor`, the admin starting the server."""
+def make_executor(ledger: Ledger, config: ServeConfig, actor: str) -> Executor:
+    """The executor `config` names, the only place one is made for the service. Slurm's is
+    checked first (the partition exists and Slurm will neither reorder nor preempt on it; one
+    clear error otherwise), and the partition's GPU nodes are registered by `actor`, the admin
+    starting the server."""
     home = ledger.home
     if config.executor == "slurm":
         from ledger.engines.slurm import open_executor
 
-        return open_executor(
-            ledger, config.partition, home / "jobs", parse_duration(config.grace), actor
-        )
+        return open_executor(ledger, config.partition, home / "jobs", config.grace.seconds, actor)
     if config.executor == "agents":
         from ledger.engines.agents import AgentExecutor
 
-        return AgentExecutor(ledger, node_lost_after_s=parse_duration(config.node_lost_after))
+        return AgentExecutor(ledger, node_lost_after_s=config.node_lost_after.seconds)
     if config.executor == "local":
+        util = _utilisation(home, config)
+        log.info("utilisation: %s", util.name)
         return SupervisedExecutor(
             home / "agent",
             home / "jobs",
-            grace_s=parse_duration(config.grace),
+            grace_s=config.grace.seconds,
+            run_as=config.run_as,
+            debug_limit_s=config.debug_limit.seconds,
+            util=util,
+            sample_every_s=config.sample_every.seconds,
             extra_env={"GPULEDGER_HOME": str(home.resolve())},
         )
     return NoExecutor()
 
 
-Companion = Callable[[Worker, list[str], Callable[[], None]], Callable[[], None]]
-"""Started once the server listens, with its worker, its URLs and a thread-safe `stop()` that
-stops the server as SIGTERM does; returns what to call when the server stops (`up` runs its
-local node agents so)."""
+def _utilisation(home: Path, config: ServeConfig) -> UtilSource:
+    """NVML, or the test source of utilisation (`utilisation_dir`, else `<home>/utilisation`)."""
+    return pick_source(
+        Path(config.utilisation_dir) if config.utilisation_dir else home / "utilisation"
+    )
 
 
-def serve(
-    home: Path,
-    config: ServeConfig,
-    actor: str = "",
-    *,
-    companion: Companion | None = None,
-    lifecycle_dir: Path | None = None,
-) -> int:
-    """Run until SIGINT/SIGTERM (or a companion's `stop()`); returns the exit code (0 on a clean
-    stop). `lifecycle_dir`: log each job's start and end, naming its output there (`up`)."""
-    setup_logging(config.log_format, config.log_level)
+@dataclass(frozen=True)
+class Up:
+    """What `up` asks of the server beyond `serve`: a node agent per node in this process when
+    the executor is "agents", a log line for each job's start and end, and a stop once nothing
+    is pending or running (`until_idle`) or after `for_s` seconds."""
+
+    until_idle: bool = False
+    for_s: float | None = None
+
+
+def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = None) -> int:
+    """Run until SIGINT/SIGTERM (or, for `up`, until idle or out of time); returns the exit code
+    (0 on a clean stop). `actor`: the admin starting it (Slurm's nodes and `up`'s node tokens are
+    recorded by them)."""
     early = threading.Event()  # a signal before the listeners run still stops us cleanly
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: early.set())
     if bool(config.tls_cert) != bool(config.tls_key):
         raise InvalidCommand("TLS needs both --tls-cert and --tls-key")
-    # live work only: the newest verified snapshot plus the tail (a whole-log fold took 687 s at
-    # 5M events); finished jobs are read from the projection
+    # 1 live work only: the newest verified snapshot plus the tail (a whole-log fold took 687 s
+    # at 5M events); finished jobs are read from the projection
     ledger = Ledger(home, live=True)
     if not ledger.state.initialised:
         raise InvalidCommand(f"no ledger in {home}", hint="run `gpuledger init --admin USER` first")
+    # 2 the executor before any line is logged: a partition Slurm would overrule is one error
+    executor = make_executor(ledger, config, actor)
     log.info(
         "state: the snapshot at position %d and %d events after it",
         ledger.restored_from,
         ledger.position - ledger.restored_from,
     )
-    executor = _executor(ledger, config, actor)
+    agents = _local_agents(ledger, config, actor) if up is not None else None
+    # what `up` says it runs once it listens, counted before the worker thread moves the state
+    nodes = sum(1 for n in ledger.state.nodes.values() if n.state != "removed")
+    what = f"{home}, {nodes} nodes, policy {config.policy}"
+    # 3 the listeners
     unix_path = socket_path(home, config)
     unix_sock = _bind_unix(unix_path)
     tcp_sock = _bind_tcp(config.listen) if config.listen else None
+    # 4 the service loop and its worker
     service = ServiceLoop(
         ledger,
         executor,
@@ -245,24 +236,25 @@ def serve(
             {
                 "margin": config.margin,
                 "debug_lane": config.debug_lane,
-                "squat_after_s": parse_duration(config.squat_after),
+                "squat_after_s": config.squat_after.seconds,
             },
             known_only=True,
         ),
         kafka=config.kafka or None,
         log=logging.getLogger("gpuledger.service"),
         reports_starts=config.executor in ("local", "agents", "slurm"),
-        lifecycle_dir=lifecycle_dir,
+        lifecycle_dir=None if up is None else home / "jobs",
     )
     service.open()
-    service.record_settings(parse_interval(config.interval), config.executor)
-    worker = Worker(service, tick_s=parse_interval(config.interval), max_batch=config.max_batch)
+    service.record_settings(config.interval.seconds, config.executor)
+    worker = Worker(service, tick_s=config.interval.seconds, max_batch=config.max_batch)
     worker.start()
     app = create_asgi(worker, clock=ledger.clock.now)
     worker.idle.append(lambda: snapshot_ahead(ledger))  # after what the reads want first
     servers = []
-    close_companion: Callable[[], None] | None = None
+    close_up: Callable[[], None] | None = None
     try:
+        # 5 serve
         common: dict[str, Any] = dict(
             app=app, http=PeerCredProtocol, lifespan="off", log_config=None, access_log=False
         )
@@ -278,20 +270,74 @@ def serve(
             scheme = "https" if config.tls_cert else "http"
             urls.insert(0, f"{scheme}://{host}:{port}")
         log.info("listening on %s (ledger %s, policy %s)", " and ".join(urls), home, config.policy)
-        if config.log_format == "text" and companion is None:
+        if up is None and config.log_format == "text":
             print(f"gpuledger serve: listening on {' '.join(urls)}", file=sys.stderr, flush=True)
-        if companion is not None:
-            close_companion = companion(worker, urls, early.set)
-        _run_loop(_serve_all(servers, worker, early, watch=companion is not None))
+        if up is not None:
+            close_up = _start_up(up, service, agents, what, unix_path, early.set)
+        _run_loop(_serve_all(servers, worker, early, watch=up is not None))
     finally:
-        if close_companion is not None:
-            close_companion()
+        if close_up is not None:
+            close_up()
         worker.stop()  # finishes its queue and the current cycle
         service.close(stop_jobs=config.executor == "local")
         with contextlib.suppress(OSError):
             unix_path.unlink()
         log.info("stopped cleanly at position %d", ledger.position)
     return 0
+
+
+def _local_agents(ledger: Ledger, config: ServeConfig, actor: str) -> local.LocalAgents | None:
+    """`up`'s node agents, one per node of the ledger, when the executor is "agents": each with
+    the node token it keeps in its state directory (made by `actor` when it has none that is
+    still valid)."""
+    if config.executor != "agents":
+        return None
+    now = ledger.clock.now()
+    nodes = {
+        name: (n.gpus, n.gpu_type) for name, n in ledger.state.nodes.items() if n.state != "removed"
+    }
+    tokens = {name: local.node_token(ledger, name, actor, now) for name in nodes}
+    settings = local.LocalSettings(
+        grace_s=config.grace.seconds,
+        run_as=config.run_as,
+        debug_limit_s=config.debug_limit.seconds,
+        sample_every_s=config.sample_every.seconds,
+        util=_utilisation(ledger.home, config),
+    )
+    return local.LocalAgents(ledger.home, nodes, tokens, settings)
+
+
+def _start_up(
+    up: Up,
+    service: ServiceLoop,
+    agents: local.LocalAgents | None,
+    what: str,
+    unix_path: Path,
+    stop: Callable[[], None],
+) -> Callable[[], None]:
+    """Once the server listens: say what runs (`what`), start the local agents on the Unix
+    socket, and watch every cycle (on the worker thread) for the moment to stop; returns what
+    stops the agents (their jobs keep running)."""
+    said = logging.getLogger("gpuledger.up")
+    said.info("up: %s%s", what, ", local agents" if agents is not None else "")
+    said.info("job output goes to %s/job-N.log", service.home / "jobs")
+    if agents is not None:
+        agents.start(f"unix:{unix_path}", str(unix_path))
+    deadline = None if up.for_s is None else service.clock.now() + up.for_s
+    if up.until_idle or deadline is not None:
+        stopping: list[bool] = []  # cycles may run until the stop takes effect: say it once
+
+        def check(_cycle_s: float) -> None:
+            if up.until_idle and service.idle():
+                if not stopping:
+                    said.info("nothing pending or running: exiting")
+                stopping.append(True)
+                stop()
+            elif deadline is not None and service.clock.now() >= deadline:
+                stop()
+
+        service.on_cycle.append(check)
+    return agents.stop if agents is not None else lambda: None
 
 
 def snapshot_ahead(ledger: Ledger) -> None:
@@ -335,7 +381,7 @@ async def _serve_all(
     if early.is_set():
         stop()
 
-    async def watcher() -> None:  # a stop asked for from another thread (a companion's)
+    async def watcher() -> None:  # a stop asked for from another thread (`up`'s worker)
         while not early.is_set():
             await asyncio.sleep(0.1)
         stop()

@@ -15,6 +15,7 @@ import msgspec
 
 from ledger.sim.metrics import LOSS_KINDS
 from ledger.sim.runner import RunResult
+from schemas.units import approx
 
 COLUMNS = (
     ("policy", "policy"),
@@ -36,18 +37,6 @@ COLUMNS = (
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def _dur(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if s < 120:
-        return f"{s:.0f}s"
-    if s < 7200:
-        return f"{s / 60:.0f}m"
-    if s < 2 * 86_400:
-        return f"{s / 3600:.1f}h"
-    return f"{s / 86_400:.1f}d"
 
 
 def summary(r: RunResult) -> dict[str, Any]:
@@ -109,8 +98,8 @@ def row(r: RunResult) -> dict[str, str]:
         "worst": f"{_pct(m.worst_by_period)} {m.worst_team or ''}".strip(),
         "jain": "-" if m.jain is None else f"{m.jain:.3f}",
         "occupancy": _pct(m.occupancy),
-        "wait": "/".join(_dur(x) for x in (m.wait.p50_s, m.wait.p90_s, m.wait.p99_s)),
-        "debug_p90": _dur(m.wait_debug.p90_s),
+        "wait": "/".join(approx(x) for x in (m.wait.p50_s, m.wait.p90_s, m.wait.p99_s)),
+        "debug_p90": approx(m.wait_debug.p90_s),
         "preempt": f"{m.preemptions_per_job:.2f}",
         "lost": lost,
         "frag": _pct(m.fragmentation_share),

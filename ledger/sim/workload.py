@@ -38,6 +38,7 @@ import msgspec
 from ledger.core.budget import BudgetAccount, BudgetFile
 from ledger.sim.rng import Rng
 from schemas.errors import InvalidCommand
+from schemas.units import parse_duration
 
 REQUIRED = ("job_id", "user", "group", "submit_time_s", "duration_s", "gpus", "status")
 OPTIONAL = ("min_runtime_s", "resumable", "priority", "time_limit_s")
@@ -49,8 +50,6 @@ DAY_S = 86_400
 HOUR_S = 3_600
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]")
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class TraceJob(msgspec.Struct, frozen=True, kw_only=True):
@@ -114,14 +113,6 @@ class Workload:
 
 
 # --- parsing -----------------------------------------------------------------------------------
-
-
-def parse_duration(text: str) -> int:
-    """Pure: '90', '90s', '15m', '8h', '2d' -> seconds."""
-    m = _DURATION.match(text.strip())
-    if not m:
-        raise InvalidCommand(f"invalid duration {text!r}", hint="use e.g. 30s, 15m, 8h, 2d")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
 def parse_distribution(text: str) -> tuple[tuple[int, float], ...]:

@@ -17,6 +17,7 @@ from urllib.parse import urlencode, urlsplit
 
 import msgspec
 
+from ledger.wire.config import SOCKET_NAME
 from schemas import api
 from schemas.commands import AnyCommand
 from schemas.errors import ERROR_CODES, InvalidCommand, LedgerError, Unavailable
@@ -177,7 +178,7 @@ def _error(status: int, data: bytes) -> LedgerError:
 
 def local_socket(home: Path) -> Path | None:
     """The Unix socket of a server running on `home`, if one answers there."""
-    path = home / "gpuledger.sock"
+    path = home / SOCKET_NAME
     if not path.exists():
         return None
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -1,7 +1,9 @@
-"""`gpuledger serve`'s configuration: one TOML file, every key below, flags override it.
+"""`gpuledger serve`'s configuration (and `up`'s, which is `serve` with a local executor): one
+TOML file, every key below, flags override it.
 
 Unknown keys are rejected (a typo must not silently fall back to a default). The documented
-example is `examples/serve.toml`.
+example is `examples/serve.toml`. Durations are `schemas.units` types, parsed once here: a bad
+one is an error at start that names the key or the flag.
 """
 
 from __future__ import annotations
@@ -11,9 +13,15 @@ from typing import Literal, TypeVar
 
 import msgspec
 
+from schemas import units
 from schemas.errors import InvalidCommand
+from schemas.units import Duration, Interval
 
 C = TypeVar("C", bound=msgspec.Struct)
+
+SOCKET_NAME = "gpuledger.sock"
+"""The Unix socket a server listens on in its data directory (unless `socket` says otherwise):
+where the CLI and the jobs on the server's host find it (`ledger.wire.client.local_socket`)."""
 
 
 class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -27,7 +35,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """PEM certificate: serve HTTPS on `listen` (needs `tls_key`)."""
     tls_key: str = ""
     """PEM private key of `tls_cert`."""
-    interval: str = "2s"
+    interval: Interval = Interval("2s")
     """Time between dispatcher cycles."""
     policy: Literal["fairshare", "fifo"] = "fairshare"
     """The dispatcher policy."""
@@ -35,7 +43,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Preemption hysteresis of the fair-share policy."""
     debug_lane: bool = True
     """Let small debug jobs preempt jobs past their contract."""
-    squat_after: str = "1h"
+    squat_after: Duration = Duration("1h")
     """Past its contract, a job whose GPUs sit below the squat threshold (10%) this long is
     squatting: listed by `squatters` and a preferred preemption victim."""
     executor: Literal["none", "local", "agents", "slurm"] = "none"
@@ -44,11 +52,21 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     "none": placements are only recorded (they count as started)."""
     partition: str = ""
     """The Slurm partition gpu-ledger owns (executor "slurm"); checked at start."""
-    node_lost_after: str = "60s"
+    node_lost_after: Duration = Duration("60s")
     """With node agents: a node whose agent is silent this long is marked lost (its resumable
     jobs are requeued, the others end); its GPUs are never placed on again before that."""
-    grace: str = "30s"
-    """SIGTERM-to-SIGKILL grace when the executor preempts a job."""
+    grace: Duration = Duration("30s")
+    """SIGTERM-to-SIGKILL grace when the executor preempts a job (a job's own grace wins)."""
+    run_as: Literal["submitter", "service"] = "submitter"
+    """Local jobs (executor "local", `up`'s agents), as root: run them as the submitting OS
+    user, or as the service's own user."""
+    debug_limit: Duration = Duration("15m")
+    """Local jobs: debug-lane jobs are stopped after at most this long."""
+    sample_every: Interval = Interval("30s")
+    """Local jobs: GPU utilisation sampling period."""
+    utilisation_dir: str = ""
+    """Local jobs: the test source of utilisation where NVML is absent (a file per job, see
+    docs/agent.md); "" = `<home>/utilisation`."""
     kafka: str = ""
     """Kafka bootstrap HOST:PORT: relay the log and feed the projection from the topic."""
     log_format: Literal["text", "json"] = "text"
@@ -74,7 +92,7 @@ def load_as(cls: type[C], path: Path | None, example: str) -> C:
     except OSError as err:
         raise InvalidCommand(f"cannot read config {path}: {err.strerror}") from err
     try:
-        return msgspec.toml.decode(data, type=cls)
+        return msgspec.toml.decode(data, type=cls, dec_hook=units.dec_hook)
     except msgspec.ValidationError as err:
         raise InvalidCommand(f"config {path}: {err}", hint=f"see {example}") from err
     except msgspec.DecodeError as err:
@@ -82,9 +100,21 @@ def load_as(cls: type[C], path: Path | None, example: str) -> C:
 
 
 def merge(config: C, **flags: object) -> C:
-    """Flags given on the command line (not None) override the file."""
-    given = {k: v for k, v in flags.items() if v is not None}
+    """Flags given on the command line (not None) override the file; a duration is parsed here
+    (an error names the flag)."""
+    kinds = {f.name: f.type for f in msgspec.structs.fields(config)}
+    given = {
+        k: _written(kinds[k], v, f"--{k.replace('_', '-')}")
+        for k, v in flags.items()
+        if v is not None
+    }
     return msgspec.structs.replace(config, **given)
+
+
+def _written(kind: object, value: object, flag: str) -> object:
+    if kind in (Duration, Interval) and isinstance(value, str):
+        return kind(value, flag)
+    return value
 
 
 def keys(cls: type[msgspec.Struct] = ServeConfig) -> dict[str, str]:

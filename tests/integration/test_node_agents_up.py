@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,6 +72,15 @@ def test_up_runs_a_job_through_its_local_agent(home: Path) -> None:
     assert (
         f"job 1 (ai2/olmo, bob, 1 GPU) failed (exit code 3); output: {home}/jobs/job-1.log" in said
     )
+    # `serve` on the data directory's socket: no TCP listener unless asked (`--listen`)
+    assert f"listening on unix:{home / 'gpuledger.sock'} (ledger" in said and "http" not in said
+
+
+def test_up_listens_on_tcp_only_when_asked(home: Path) -> None:
+    up = Service(home, "--listen", "127.0.0.1:0", "--for", "1s")
+    assert up.proc.wait(timeout=60) == 0, up.log.read_text()
+    said = up.log.read_text()
+    assert re.search(r"listening on http://127\.0\.0\.1:\d+ and unix:", said), said
 
 
 def test_sigterm_and_kill_9_of_up_leave_jobs_running_and_the_next_up_adopts_them(

@@ -30,6 +30,7 @@ def test_every_key_has_a_docstring() -> None:
         ("nodes = 'a'\n", "unknown field `nodes`"),
         ("run_as = 'nobody'\n", "Invalid enum value 'nobody'"),
         ("gpus = 'eight'\n", "Expected `int`, got `str`"),
+        ("heartbeat = '0s'\n", "invalid interval: must be float >= 0.001, got 0.0"),
         ("url = \n", "is not valid TOML"),
     ],
 )

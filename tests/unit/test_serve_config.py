@@ -9,6 +9,7 @@ import pytest
 
 from ledger.wire import config
 from schemas.errors import InvalidCommand
+from schemas.units import Duration, Interval
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "serve.toml"
 
@@ -29,6 +30,8 @@ def test_every_key_has_a_docstring() -> None:
         ("listne = '1:2'\n", "unknown field `listne`"),
         ("policy = 'lottery'\n", "Invalid enum value 'lottery'"),
         ("margin = 'a lot'\n", "Expected `float`, got `str`"),
+        ("grace = 'soon'\n", "invalid duration 'soon' (use e.g. 30s, 15m, 8h, 7d) - at `$.grace`"),
+        ("interval = 2\n", "got `int` - at `$.interval`"),
         ("listen = \n", "is not valid TOML"),
     ],
 )
@@ -43,3 +46,12 @@ def test_bad_files_are_one_clear_error(tmp_path: Path, text: str, want: str) -> 
 def test_flags_override_the_file() -> None:
     merged = config.merge(config.ServeConfig(policy="fifo"), policy=None, listen="0.0.0.0:1")
     assert (merged.policy, merged.listen) == ("fifo", "0.0.0.0:1")
+
+
+def test_durations_are_parsed_once_and_a_bad_flag_is_named() -> None:
+    merged = config.merge(config.ServeConfig(), interval="0.5s", squat_after="2h")
+    assert (merged.interval, merged.squat_after) == (Interval("0.5s"), Duration("2h"))
+    assert (merged.interval.seconds, merged.grace.seconds) == (0.5, 30)
+    with pytest.raises(InvalidCommand) as err:
+        config.merge(config.ServeConfig(), interval="often")
+    assert err.value.line() == "invalid --interval 'often' (use e.g. 0.5s, 10s, 1m)"

@@ -1,0 +1,209 @@
+"""Durations and times: every one the project reads from people is parsed here, and every one it
+prints is formatted here.
+
+Pure: text in, numbers out, and back; no clock (`now` is never needed).
+
+Reading:
+- `parse_duration` whole seconds, 0 allowed: a contract, a grace, a lifetime ('90', '90s', '15m',
+  '1.5h', '7d', '1w'); `parse_window` the same, positive and bounded (a usage window).
+- `parse_interval` how often a loop runs: positive, a fraction allowed ('0.2s', '1.5m').
+- `parse_time` an ISO-8601 time (UTC when no zone is given) or seconds since the epoch.
+- `Duration` and `Interval`: the first two as config files and flags write them ("2s"), kept
+  with their seconds; msgspec decodes them from strings with `dec_hook`.
+
+Writing:
+- `format_time` a moment as one ISO-8601 token (tables, log lines); `when` the same moment in a
+  sentence.
+- `format_duration` a duration exactly, in the largest unit that divides it ('2h', '90m'): what
+  `parse_duration` reads back; `span` an elapsed time in two units ('1h05m'); `approx` in one
+  rounded unit ('1.5h'), for report summaries.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from schemas.bounds import Epoch, PositiveInterval, PositiveSeconds, check
+from schemas.errors import InvalidCommand
+
+_WRITTEN = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _seconds(text: str) -> float | None:
+    """The seconds `text` writes ('1.5h' -> 5400.0), or None when it writes no finite duration."""
+    m = _WRITTEN.match(text.strip())
+    if not m:
+        return None
+    seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    return seconds if math.isfinite(seconds) else None
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+def parse_duration(text: str) -> int:
+    """'90', '90s', '15m', '1.5h', '7d', '1w' -> whole seconds ('0.4' is refused, never 0)."""
+    seconds = _seconds(text)
+    if seconds is None:
+        raise InvalidCommand(f"invalid duration {text!r}", hint="use e.g. 30s, 15m, 8h, 7d")
+    if seconds != int(seconds):
+        raise InvalidCommand(
+            f"invalid duration {text!r}: {seconds:g} s is not a whole number of seconds",
+            hint="durations are whole seconds; 0 means none (an unfunded contract)",
+        )
+    return int(seconds)
+
+
+def parse_window(text: str, option: str = "--window") -> int:
+    """A positive duration (a usage window, a half-life): bounded like every other value."""
+    return int(check(parse_duration(text), PositiveSeconds, option))
+
+
+def parse_interval(text: str, option: str = "--interval") -> float:
+    """A positive, finite number of seconds that may have a fraction ('0.2s', '1.5m'): how
+    often a loop runs, not a contract."""
+    seconds = _seconds(text)
+    if seconds is None:
+        raise InvalidCommand(f"invalid {option} {text!r}", hint="use e.g. 0.5s, 10s, 1m")
+    return float(check(seconds, PositiveInterval, option))
+
+
+def parse_time(text: str, option: str = "--at") -> float:
+    """An ISO-8601 time (UTC when no zone is given) or seconds since the epoch; finite and
+    inside the bounds of an event time."""
+    try:
+        at = float(text)
+    except ValueError:
+        try:
+            dt = datetime.fromisoformat(text)
+        except ValueError as e:
+            raise InvalidCommand(
+                f"invalid time {text!r}", hint="use ISO 8601, e.g. 2026-11-29T12:00"
+            ) from e
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        at = dt.timestamp()
+    return float(check(at, Epoch, option))
+
+
+class _Written:
+    """A length of time as a config file or a flag writes it, kept with its seconds."""
+
+    __slots__ = ("seconds", "text")
+    seconds: float
+    text: str
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _Written)
+            and type(other) is type(self)
+            and other.seconds == self.seconds
+        )
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.seconds))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.text!r})"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class Duration(_Written):
+    """A duration as a config file or a flag writes it ("30s", "15m", "1h"), with its whole
+    seconds (`parse_duration`). Two durations are equal when their seconds are ("60s" == "1m")."""
+
+    __slots__ = ()
+    seconds: int
+
+    def __init__(self, text: str, option: str | None = None) -> None:
+        del option  # a duration's error names its text, as `parse_duration` says it
+        self.text = text
+        self.seconds = parse_duration(text)
+
+
+class Interval(_Written):
+    """How often a loop runs, as a config file or a flag writes it ("0.2s", "2s"), with its
+    seconds (`parse_interval`: positive, a fraction allowed); its error names `option`."""
+
+    __slots__ = ()
+
+    def __init__(self, text: str, option: str | None = None) -> None:
+        self.text = text
+        self.seconds = parse_interval(text, option or "interval")
+
+
+def dec_hook(typ: type, obj: Any) -> Any:
+    """msgspec's decoding hook for `Duration` and `Interval` (a config file's strings); an error
+    becomes a ValidationError that names the key."""
+    if typ in (Duration, Interval):
+        if isinstance(obj, typ):
+            return obj
+        if not isinstance(obj, str):
+            raise TypeError(f'Expected a duration such as "30s", got `{type(obj).__name__}`')
+        try:
+            return typ(obj)
+        except InvalidCommand as err:
+            raise ValueError(err.line()) from None
+    raise NotImplementedError(typ)
+
+
+# --- writing -------------------------------------------------------------------------------------
+
+
+def format_time(at: float | None) -> str:
+    """A moment as one ISO-8601 token in UTC ('2026-11-29T12:00:00Z'): sorts, greps and reads
+    back through `parse_time`; '-' for none."""
+    if at is None:
+        return "-"
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def when(at: float | None) -> str:
+    """`format_time` in a sentence ('2026-11-29 12:00:00Z')."""
+    return format_time(at).replace("T", " ")
+
+
+def format_duration(seconds: float | None) -> str:
+    """A whole duration exactly, in the largest unit that divides it ('2h', '90m', '45s'):
+    `parse_duration` reads it back. '-' for none."""
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s % 3600 == 0 and s:
+        return f"{s // 3600}h"
+    if s % 60 == 0 and s:
+        return f"{s // 60}m"
+    return f"{s}s"
+
+
+def span(seconds: float) -> str:
+    """An elapsed time or a wait in two units, cut to whole seconds ('3d4h', '1h05m', '2m09s',
+    '7s'); a negative one is 0s."""
+    s = int(max(0.0, seconds))
+    if s >= 86400:
+        return f"{s // 86400}d{(s % 86400) // 3600}h"
+    if s >= 3600:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def approx(seconds: float | None) -> str:
+    """A duration in one rounded unit ('45s', '15m', '1.5h', '2.0d'), for summaries that compare
+    many of them; '-' for none."""
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 2 * 86_400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86_400:.1f}d"
