@@ -1,7 +1,8 @@
 """Turn a batch of log records into Arrow tables, the inputs of `apply.sql`.
 
-Pure: bytes in, Arrow tables out; no I/O. Every record is decoded and validated with the one
-msgspec decoder of `schemas` (a record that fails stops the batch with `CorruptEvent` naming its
+Pure: bytes in, Arrow tables out; no I/O. Every record is decoded by the codec
+(`schemas.codec`: its one decoder, its clamping and its upcasts, so the tables hold the latest
+version of every event; a record that fails stops the batch with `CorruptEvent` naming its
 position). A record whose tag this code does not know is kept if it is a JSON object (forward
 compatibility) and counted; anything else is corrupt.
 
@@ -24,16 +25,14 @@ import pyarrow.compute as pc
 from projections.chain import chain_hash
 from projections.errors import CorruptEvent
 from projections.source import LogRecord, Row, gc_paused
+from schemas import codec
 from schemas import events as e
-from schemas.codec import clamp, upcast
-from schemas.events import TAGS, tag_of
+from schemas.errors import EventDecodeError
+from schemas.events import TAGS
 
-_decoder = msgspec.json.Decoder(e.StoredEvent)
 _object_decoder = msgspec.json.Decoder(dict[str, Any])
-_TAG_OF: dict[type, str] = {cls: tag_of(cls) for cls in e.EVENT_TYPES + e.OLDER_TYPES}
-_CLASS_OF: dict[str, type] = {tag: cls for cls, tag in _TAG_OF.items()}
-_LATEST: dict[type, type] = {e.CycleDecidedV1: e.CycleDecided}
-"""Older event type -> the type `codec.upcast` makes of it (the group it joins)."""
+"""Records of tags this code does not know: kept when they are JSON objects."""
+_TAG_OF: dict[type, str] = {cls: tag for tag, cls in codec.TYPE_OF.items()}
 
 _JSON = pa.json_(pa.large_string())
 """`raw` as Arrow's JSON type: DuckDB takes it as its JSON type without parsing every value to
@@ -194,7 +193,7 @@ def _drop(_: Any) -> None:
 
 
 def _upcasting(append: Callable[[Any], None]) -> Callable[[Any], None]:
-    return lambda ev: append(upcast(ev))
+    return lambda ev: append(codec.upcast(ev))
 
 
 def decode_records(records: Sequence[Row]) -> tuple[dict[type, Group], list[int]]:
@@ -208,14 +207,14 @@ def decode_records(records: Sequence[Row]) -> tuple[dict[type, Group], list[int]
     groups: dict[type, Group] = {}
     sinks: dict[str, tuple[type, Callable[[int], None], Callable[[Any], None]]] = {}
     unknown: list[int] = []
-    decode = _decoder.decode
+    decode = codec.decode_stored
     with gc_paused():
         for rec in records:
             position, tag, data = rec
             sink = sinks.get(tag)
             if sink is None and tag in TAGS:
-                cls = _CLASS_OF[tag]
-                latest = _LATEST.get(cls, cls)
+                cls = codec.TYPE_OF[tag]
+                latest = codec.LATEST[cls]
                 group = groups.get(latest) or groups.setdefault(latest, Group())
                 append = group.events.append if latest in KEPT else _drop
                 # upcast on the way in: readers see the latest version
@@ -224,14 +223,10 @@ def decode_records(records: Sequence[Row]) -> tuple[dict[type, Group], list[int]
                 sink = sinks[tag] = (cls, group.positions.append, append)
             if sink is not None:
                 try:
-                    ev = decode(data)
-                except msgspec.ValidationError as err:
-                    clamped = clamp(data)  # stored before the bounds: clamped into them
-                    if clamped is None:
-                        raise _corrupt(rec, f"event {tag!r} is invalid: {err}", known=True) from err
-                    ev = clamped
-                except msgspec.DecodeError as err:
-                    raise _corrupt(rec, f"event {tag!r} is invalid: {err}", known=True) from err
+                    ev = decode(data)  # clamped into the bounds when stored before them
+                except EventDecodeError as err:
+                    why = err.__cause__ or err
+                    raise _corrupt(rec, f"event {tag!r} is invalid: {why}", known=True) from err
                 if type(ev) is not sink[0]:
                     raise _corrupt(
                         rec,
@@ -264,17 +259,19 @@ def _decode_grouped(
     positions: list[int], tags: pa.Array, datas: list[bytes]
 ) -> tuple[dict[type, Group], list[int]] | None:
     """Pure: what `decode_records` returns, found tag by tag without a Python step per record:
-    the records are grouped by tag (Arrow), each group is decoded by C-level `map`s with the one
-    decoder, the events of types no table reads freed at once, and the group checked to hold
-    only its tag's type. None when any record is not a plain valid event of its tag (invalid,
-    clamped, another type than its tag, an unknown tag that is not a JSON object) or a group
-    mixes versions: `decode_records` then handles the batch record by record, with its errors."""
+    the records are grouped by tag (Arrow), each group is decoded by C-level `map`s with the
+    codec's decoder, the events of types no table reads freed at once, and the group checked to
+    hold only its tag's type; the versions of one type are upcast and merged in log order. None
+    when any record is not a plain valid event of its tag (invalid, clamped, another type than
+    its tag, an unknown tag that is not a JSON object): `decode_records` then handles the batch
+    record by record, with its errors."""
     encoded = tags.dictionary_encode()
     order = pc.array_sort_indices(encoded.indices).to_pylist()  # stable: log order per tag
     runs = pc.run_end_encode(encoded.indices.take(order))
     names = encoded.dictionary.to_pylist()
-    decode = _decoder.decode
+    decode = codec.decode_exact
     groups: dict[type, Group] = {}
+    merged: set[type] = set()
     unknown: list[int] = []
     start = 0
     try:
@@ -282,29 +279,47 @@ def _decode_grouped(
             idx = order[start:end]
             start = end
             tag = names[code]
-            cls = _CLASS_OF.get(tag) if tag in TAGS else None
+            cls = codec.TYPE_OF.get(tag) if tag in TAGS else None
             if cls is None:  # a tag this code does not know: kept if it is a JSON object
                 if set(map(type, map(_object_decoder.decode, _pick(datas, idx)))) != {dict}:
                     return None
                 unknown.extend(_pick(positions, idx))
                 continue
-            latest = _LATEST.get(cls, cls)
-            if latest in groups:  # two versions of one type: merged in log order below
-                return None
-            group = groups[latest] = Group()
+            latest = codec.LATEST[cls]
+            group = Group()
             group.positions = _pick(positions, idx)
             if latest in KEPT:
                 group.events = list(map(decode, _pick(datas, idx)))
                 if set(map(type, group.events)) != {cls}:
                     return None
                 if latest is not cls:
-                    group.events = list(map(upcast, group.events))
+                    group.events = list(map(codec.upcast, group.events))
             elif set(map(type, map(decode, _pick(datas, idx)))) != {cls}:
                 return None
+            if latest in groups:  # another version of the same type: merged below
+                merged.add(latest)
+                _extend(groups[latest], group)
+            else:
+                groups[latest] = group
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
+    for latest in merged:
+        _in_log_order(groups[latest])
     unknown.sort()
     return groups, unknown
+
+
+def _extend(group: Group, more: Group) -> None:
+    group.positions += more.positions
+    group.events += more.events
+
+
+def _in_log_order(group: Group) -> None:
+    """Sort a group merged from several versions back into log order."""
+    order = sorted(range(len(group.positions)), key=group.positions.__getitem__)
+    group.positions = [group.positions[i] for i in order]
+    if group.events:
+        group.events = [group.events[i] for i in order]
 
 
 def _corrupt(row: Row, what: str, *, known: bool) -> CorruptEvent:
