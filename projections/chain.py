@@ -1,10 +1,12 @@
-"""What a reader checks before it applies a record: the hash chain and, optionally, a signature.
+"""The hash chain: what links each stored event to the one before it, and how a reader checks it.
 
 Every stored event carries `prev_hash`, the SHA-256 (hex) of the previous event's stored bytes
-(the first event ""). A copy of the log (the Kafka topic) can be checked record by record against
-the last record applied: the next record must carry the next position and link to that record's
-bytes. A record that does not is not part of the log (another producer wrote it), whatever its
-headers say.
+(the first event ""): `chain_hash` is that link, stated once for everyone who computes it (the
+writer, `ledger.store.application`, chaining what it appends; snapshots and replay checkpoints
+anchored to a position; the audit recomputing the chain; every reader of a copy). A copy of the
+log (the Kafka topic) can be checked record by record against the last record applied: the next
+record must carry the next position and link to that record's bytes (`broken_link`). A record
+that does not is not part of the log (another producer wrote it), whatever its headers say.
 
 The chain alone cannot tell the relay from someone who read the topic and computed the right
 `prev_hash`. *Signing* can: the relay adds an HMAC-SHA256 of the stored bytes under a key it
@@ -35,9 +37,14 @@ KEY_HEADER = "gpuledger.key"
 KEYS_ENV = "GPULEDGER_KAFKA_SIGNING_KEYS"
 
 
+def chain_digest(stored: bytes) -> bytes:
+    """Pure: the link to the next event as 32 raw bytes (what `chain_hash` spells in hex)."""
+    return hashlib.sha256(stored).digest()
+
+
 def chain_hash(stored: bytes) -> str:
-    """The link to the next event: SHA-256 of an event's stored bytes, hex (as the writer's
-    `ledger.store.application.chain_hash`)."""
+    """Pure: the link to the next event: SHA-256 of an event's stored bytes, hex (what the next
+    event's `prev_hash` holds)."""
     return hashlib.sha256(stored).hexdigest()
 
 
@@ -49,8 +56,8 @@ _link_decoder = msgspec.json.Decoder(_Link)
 
 
 def prev_hash(data: bytes | None) -> str | None:
-    """Pure: the `prev_hash` an event's bytes carry; None when they are not a JSON object with a
-    string `prev_hash`."""
+    """Pure: the `prev_hash` an event's bytes carry, read without decoding the event; None when
+    they are not a JSON object with a string `prev_hash` (the writer always writes one)."""
     if data is None:
         return None
     try:

@@ -1,7 +1,7 @@
 """Audit: tamper evidence (the hash chain) and the invariant checker.
 
 Tamper evidence. Every stored event carries `prev_hash`, the SHA-256 of the previous event's
-stored bytes (`ledger.store.application.chain_hash`), the first event "". `verify_chain` recomputes
+stored bytes (`projections.chain.chain_hash`), the first event "". `verify_chain` recomputes
 the chain over records in position order and names what broke:
 
 - `edited`: an event's bytes no longer hash to what its successor recorded (the edited event's
@@ -35,7 +35,6 @@ Pure: `verify_chain`, `verify_copy`, `check`, `check_history`. Edges: `store_rec
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -44,6 +43,7 @@ from typing import Literal, NamedTuple
 import msgspec
 
 from ledger.core.domain import Job, State, authorisation_failure, evolve, is_system
+from projections.chain import chain_digest, prev_hash
 from projections.source import EVENTS_DB, EmbeddedSource, StoredRows, follow
 from projections.store import Store
 from schemas import events as e
@@ -97,20 +97,6 @@ class ChainReport(msgspec.Struct, frozen=True, kw_only=True):
         return not self.problems
 
 
-class _Link(msgspec.Struct):
-    prev_hash: str = ""
-
-
-_link_decoder = msgspec.json.Decoder(_Link)
-
-
-def _link(data: bytes) -> str | None:
-    try:
-        return _link_decoder.decode(data).prev_hash
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-
-
 class _Break(NamedTuple):
     i: int
     position: int
@@ -127,11 +113,11 @@ def verify_chain(records: Iterable[ChainRecord], limit: int = 20) -> ChainReport
     problems: list[ChainProblem] = []
     breaks: list[_Break] = []
     gaps: set[int] = set()
-    prev_hash, prev_pos, prev_version = "", 0, None
+    last_hash, prev_pos, prev_version = "", 0, None
     for i, rec in enumerate(records):
-        digest = hashlib.sha256(rec.data).digest()
+        digest = chain_digest(rec.data)
         positions.append(rec.position)
-        link = _link(rec.data)
+        link = prev_hash(rec.data)
         if rec.position != prev_pos + 1:
             if rec.position > prev_pos + 1:
                 gaps.add(i)
@@ -170,7 +156,7 @@ def verify_chain(records: Iterable[ChainRecord], limit: int = 20) -> ChainReport
                 )
             )
             links_ok.append(False)
-        elif link != prev_hash:
+        elif link != last_hash:
             breaks.append(_Break(i, rec.position, link))
             links_ok.append(False)
         else:
@@ -191,13 +177,13 @@ def verify_chain(records: Iterable[ChainRecord], limit: int = 20) -> ChainReport
                 )
             )
         digests += digest
-        prev_hash, prev_pos, prev_version = digest.hex(), rec.position, rec.version
+        last_hash, prev_pos, prev_version = digest.hex(), rec.position, rec.version
     problems += _classify(breaks, digests, positions, links_ok, gaps)
     problems.sort(key=lambda p: p.position)
     return ChainReport(
         events=len(positions),
         head=prev_pos,
-        head_hash=prev_hash,
+        head_hash=last_hash,
         problems=tuple(problems[:limit]),
     )
 

@@ -27,10 +27,10 @@ from ledger.core.domain import State, command_keys, decide, event_keys, evolve
 from ledger.store import snapshots
 from ledger.store.clock import Clock, IdSource, SystemClock, random_ids
 from ledger.store.live import decode_at
+from projections.chain import chain_hash
 from projections.source import LogRecord, follow
 from schemas import codec
 from schemas.commands import AnyCommand
-from schemas.digest import chain_hash
 from schemas.errors import Conflict, EventDecodeError, InvalidCommand, LedgerError
 from schemas.events import AnyEvent, tag_of
 
