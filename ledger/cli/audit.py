@@ -37,6 +37,7 @@ from ledger.history import replay as rp
 from ledger.reads import layer as reads
 from ledger.reads.explain import span
 from ledger.sim import whatif as wi
+from projections.kafka_wire import TOPIC
 from projections.source import EmbeddedSource, follow
 from projections.store import Store, projection_path
 from schemas import api, codec
@@ -670,7 +671,7 @@ def audit_budget_changes(
 
 @audit_group.command("verify")
 @click.option("--kafka", "bootstrap", help="Also check the Kafka copy at HOST:PORT.")
-@click.option("--topic", default="gpuledger.events", show_default=True)
+@click.option("--topic", default=TOPIC, show_default=True)
 @json_option
 @pass_ctx
 def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> None:

@@ -18,10 +18,12 @@ import msgspec
 
 from ledger.cli._common import Ctx, log_level_option, pass_ctx, setup_logging
 from ledger.cli.views import projection_group
-from ledger.store.relay import RelayError, connect_timeout, read_health
+from ledger.store.relay import RelayError
+from ledger.store.relay_service import read_health
 from projections.errors import ProjectionMismatch
-from projections.kafka_source import TOPIC, KafkaSource, quiet_kafka_logs
+from projections.kafka_source import KafkaSource
 from projections.kafka_source import follow as follow_topic
+from projections.kafka_wire import TOPIC, connect_timeout, quiet_kafka_logs
 from projections.projector import DEFAULT_BATCH, Projector
 from projections.store import Store, scalar
 

@@ -403,14 +403,20 @@ def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterat
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import KafkaError
 
-    from ledger.store.relay import client_config, connect_timeout
-    from projections.kafka_source import envelope, quiet_kafka_logs, unreachable
+    from projections.kafka_wire import (
+        PARTITION,
+        client_config,
+        connect_timeout,
+        envelope,
+        quiet_kafka_logs,
+        unreachable,
+    )
 
     quiet_kafka_logs("warning")  # kafka-python's retries and tracebacks stay off the terminal
     why = unreachable(bootstrap, connect_timeout())
     if why is not None:
         raise AuditError(f"Kafka at {bootstrap} is unreachable ({why})", hint="is the broker up?")
-    tp = TopicPartition(topic, 0)
+    tp = TopicPartition(topic, PARTITION)
     try:
         consumer = KafkaConsumer(
             bootstrap_servers=bootstrap,
