@@ -37,8 +37,9 @@ from ledger.history import replay as rp
 from ledger.reads import layer as reads
 from ledger.reads.explain import span
 from ledger.sim import whatif as wi
+from ledger.store.embedded import EmbeddedSource
 from projections.kafka_wire import TOPIC
-from projections.source import EmbeddedSource, follow
+from projections.source import follow
 from projections.store import Store, projection_path
 from schemas import api, codec
 from schemas import events as e

@@ -24,8 +24,8 @@ from ledger.cli._common import (
 if TYPE_CHECKING:  # the projection is imported only where it is opened (client mode never)
     from rich.progress import Progress
 
+    from ledger.store.embedded import EmbeddedSource
     from projections.fairshare import UsagePolicy
-    from projections.source import EmbeddedSource
     from projections.store import Store
 from schemas import commands as c
 from schemas import events as e
@@ -58,7 +58,7 @@ def plural(n: int, word: str) -> str:
 def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
     """The projection caught up with the log. When a running service holds the file (DuckDB
     allows one writer), read a private in-memory copy built from the log instead."""
-    from projections.source import EmbeddedSource
+    from ledger.store.embedded import EmbeddedSource
 
     ctx.require()
     with EmbeddedSource(ctx.home) as source, _caught_up(ctx, source, quiet) as store:
@@ -257,7 +257,7 @@ def projection_group() -> None:
 @pass_ctx
 def projection_rebuild(ctx: Ctx) -> None:
     """Drop the projection and rebuild it from the log (with a progress bar)."""
-    from projections.projector import rebuild
+    from ledger.store.embedded import rebuild
 
     ctx.ledger(live=True)
     bar, update = _progress_bar()

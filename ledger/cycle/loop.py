@@ -27,9 +27,10 @@ from ledger.cycle.executor import Executor, Exit, Launch, Start
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
 from ledger.store.application import Ledger
+from ledger.store.embedded import EmbeddedSource
 from projections.errors import ProjectionBusy
 from projections.projector import Projector
-from projections.source import EmbeddedSource, EventSource
+from projections.source import EventSource
 from projections.store import Store
 from schemas import commands as c
 from schemas.errors import LedgerError

@@ -43,8 +43,9 @@ from typing import Literal, NamedTuple
 import msgspec
 
 from ledger.core.domain import Job, State, authorisation_failure, evolve, is_system
+from ledger.store.embedded import EVENTS_DB, EmbeddedSource, StoredRows
 from projections.chain import chain_digest, prev_hash
-from projections.source import EVENTS_DB, EmbeddedSource, StoredRows, follow
+from projections.source import follow
 from projections.store import Store
 from schemas import events as e
 from schemas.errors import LedgerError

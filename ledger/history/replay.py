@@ -49,12 +49,13 @@ from ledger.dispatch.policy import Policy
 from ledger.dispatch.preemption import Victim
 from ledger.dispatch.registry import config_from_record, policy_from_config
 from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot
+from ledger.store.embedded import EVENTS_DB, EmbeddedSource
 from ledger.store.snapshots import Folded, folded, unfolded
 from projections import queries
 from projections.chain import chain_hash
 from projections.fairshare import RANKING_VERSION, WEEK_S, UsagePolicy
 from projections.projector import Projector
-from projections.source import EVENTS_DB, EmbeddedSource, EventSource, follow, gc_paused
+from projections.source import EventSource, follow, gc_paused
 from projections.store import Store, projection_path
 from schemas import codec
 from schemas import events as e

@@ -43,10 +43,11 @@ from ledger.sim.kernel import KernelExecutor, drive
 from ledger.sim.ranks import IncrementalRanks
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.embedded import EmbeddedSource
 from projections import queries
 from projections.fairshare import UsagePolicy
 from projections.projector import Projector
-from projections.source import EmbeddedSource, EventSource, follow
+from projections.source import EventSource, follow
 from projections.store import Store
 from schemas import codec
 from schemas import commands as c

@@ -26,6 +26,7 @@ from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteF
 from ledger.core.domain import State, command_keys, decide, event_keys, evolve
 from ledger.store import snapshots
 from ledger.store.clock import Clock, IdSource, SystemClock, random_ids
+from ledger.store.embedded import EVENTS_DB
 from ledger.store.live import decode_at
 from projections.chain import chain_hash
 from projections.source import LogRecord, follow
@@ -36,9 +37,6 @@ from schemas.events import AnyEvent, tag_of
 
 STREAM_ID = snapshots.STREAM_ID
 log = logging.getLogger("gpuledger.ledger")
-
-
-EVENTS_DB = "events.sqlite"
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError, TopicAlreadyExistsError
 
+from ledger.store.embedded import EVENTS_DB
 from projections.chain import chain_hash, prev_hash
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -104,7 +105,7 @@ class RawRecord(NamedTuple):
 
 def open_store(home: Path) -> ApplicationRecorder:
     """The event store's recorder, for readers that need bytes, not folded state."""
-    db = home / "events.sqlite"
+    db = home / EVENTS_DB
     if not db.exists():
         raise RelayError(f"no event store at {db}", hint="run `gpuledger init` first")
     factory = InfrastructureFactory.construct(

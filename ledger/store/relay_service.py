@@ -24,6 +24,7 @@ from ledger.store.clock import SystemClock
 from ledger.store.relay import (
     DEFAULT_TIMEOUT_S,
     DEFAULT_TRANSACTIONAL_ID,
+    RawSource,
     Relay,
     RelayError,
     RelayUnavailable,
@@ -270,7 +271,7 @@ class RelayService:
         if self.relay is not None:
             return self.relay.store_head()
         try:
-            return int(self._store().max_notification_id() or 0)
+            return RawSource(self._store()).head()
         except Exception:
             return self.health.store_head
 

@@ -18,8 +18,9 @@ import msgspec
 import pytest
 
 from ledger.core.domain import State, fold
-from ledger.store.application import EVENTS_DB, Ledger
+from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.embedded import EVENTS_DB
 from schemas import codec
 from schemas import commands as c
 from schemas import events as e

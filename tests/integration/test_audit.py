@@ -25,8 +25,8 @@ from ledger.history.audit import check_charges, store_records, verify_chain, ver
 from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.embedded import EmbeddedSource
 from projections.projector import Projector
-from projections.source import EmbeddedSource
 from projections.store import Store
 from projections.testing.synthetic import append_raw
 from schemas import codec

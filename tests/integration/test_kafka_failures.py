@@ -36,6 +36,7 @@ from kafka import KafkaProducer
 
 from ledger.engines.supervised import live_processes
 from ledger.store.application import Ledger
+from ledger.store.embedded import EmbeddedSource
 from ledger.store.relay import (
     Relay,
     ensure_topic,
@@ -52,7 +53,6 @@ from projections.kafka_wire import (
     parse_keys,
 )
 from projections.projector import Projector
-from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import commands as c
 from tests.integration.waits import wait_for

@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.embedded import EmbeddedSource
 from projections import fairshare as fs
 from projections import queries
 from projections.projector import Projector
-from projections.source import EmbeddedSource
 from projections.store import Store
 from projections.testing import compare as audit
 from projections.testing.reference import RefState, fold
