@@ -13,9 +13,10 @@ hold no cycles and die with the batch).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import msgspec
@@ -91,6 +92,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("duration_s", pa.float64()),
             ("submitted_at", pa.float64()),
             ("submitted_position", pa.int64()),
+            ("command", pa.list_(pa.string())),
         ]
     ),
     "b_placed": pa.schema(
@@ -119,6 +121,18 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("position", pa.int64()),
             ("outcome", pa.string()),
             ("exit_code", pa.int32()),
+        ]
+    ),
+    "b_started": pa.schema(
+        [
+            ("position", pa.int64()),
+            ("logs", pa.list_(pa.string())),
+        ]
+    ),
+    "b_engine_ended": pa.schema(
+        [
+            ("position", pa.int64()),
+            ("reason", pa.string()),
         ]
     ),
     "b_cycles": pa.schema(
@@ -156,9 +170,10 @@ class Batch:
 
 class Group:
     """The events of one type in a batch: positions and decoded events, in log order. Only the
-    types a table is built from (`KEPT`) keep their events; the others are validated and
-    dropped at once, keeping only their positions (holding every decoded event of a batch
-    alive cost three times the decoding itself)."""
+    types a table is built from (`KEPT`) keep their events, and of some types (`REDUCED`) only
+    the one field a table reads; the others are validated and dropped at once, keeping only
+    their positions (holding every decoded event of a batch alive cost three times the
+    decoding itself)."""
 
     __slots__ = ("events", "positions")
 
@@ -180,20 +195,38 @@ KEPT: frozenset[type] = frozenset(
         e.NodeLost,
         e.JobSubmitted,
         e.JobPlaced,
+        e.JobStarted,
         e.JobPreempted,
         e.JobFinished,
+        e.JobEngineEnded,
         e.CycleDecided,
     }
 )
 """The event types whose fields the batch tables read (`apply.sql` takes the rest from `raw`)."""
+
+REDUCED: dict[type, Callable[[Any], Any]] = {e.JobStarted: attrgetter("logs")}
+"""Kept types of which a group keeps one value per event instead of the event (many events, one
+small field read)."""
 
 
 def _drop(_: Any) -> None:
     return None
 
 
-def _upcasting(append: Callable[[Any], None]) -> Callable[[Any], None]:
-    return lambda ev: append(codec.upcast(ev))
+def _keeping(group: Group, latest: type, cls: type) -> Callable[[Any], None]:
+    """How `decode_records` keeps an event of type `cls` in the group of `latest`: upcast on the
+    way in (readers see the latest version), reduced to its field when the type is REDUCED."""
+    if latest not in KEPT:
+        return _drop
+    keep = group.events.append
+    reduce = REDUCED.get(latest)
+    if reduce is not None:
+        keep = _then(reduce, keep)
+    return keep if latest is cls else _then(codec.upcast, keep)
+
+
+def _then(f: Callable[[Any], Any], g: Callable[[Any], None]) -> Callable[[Any], None]:
+    return lambda ev: g(f(ev))
 
 
 def decode_records(records: Sequence[Row]) -> tuple[dict[type, Group], list[int]]:
@@ -216,11 +249,7 @@ def decode_records(records: Sequence[Row]) -> tuple[dict[type, Group], list[int]
                 cls = codec.TYPE_OF[tag]
                 latest = codec.LATEST[cls]
                 group = groups.get(latest) or groups.setdefault(latest, Group())
-                append = group.events.append if latest in KEPT else _drop
-                # upcast on the way in: readers see the latest version
-                if latest is not cls and latest in KEPT:
-                    append = _upcasting(append)
-                sink = sinks[tag] = (cls, group.positions.append, append)
+                sink = sinks[tag] = (cls, group.positions.append, _keeping(group, latest, cls))
             if sink is not None:
                 try:
                     ev = decode(data)  # clamped into the bounds when stored before them
@@ -294,6 +323,8 @@ def _decode_grouped(
                     return None
                 if latest is not cls:
                     group.events = list(map(codec.upcast, group.events))
+                if latest in REDUCED:
+                    group.events = list(map(REDUCED[latest], group.events))
             elif set(map(type, map(decode, _pick(datas, idx)))) != {cls}:
                 return None
             if latest in groups:  # another version of the same type: merged below
@@ -374,6 +405,8 @@ def _build(records: Sequence[Row], rows: pa.Table | None) -> Batch:
         "b_placed": _placed(groups),
         "b_preempted": _preempted(groups),
         "b_finished": _finished(groups),
+        "b_started": _started(groups),
+        "b_engine_ended": _engine_ended(groups),
         "b_cycles": _cycles(groups),
     }
     counts = {name: t.num_rows for name, t in tables.items()}
@@ -501,8 +534,18 @@ def _submitted(groups: dict[type, Group]) -> pa.Table:
             "duration_s": [ev.duration_s for ev in evs],
             "submitted_at": [ev.at for ev in evs],
             "submitted_position": g.positions,
+            "command": _string_lists([ev.command for ev in evs]),
         },
     )
+
+
+def _string_lists(lists: list[tuple[str, ...]]) -> pa.Array:
+    """Tuples of strings as list<string>, from one flat column and offsets (several times
+    faster than converting each tuple)."""
+    lengths = pa.array(map(len, lists), pa.int32(), size=len(lists))
+    offsets = pa.concat_arrays([pa.array([0], pa.int32()), pc.cumulative_sum(lengths)])
+    flat = pa.array(itertools.chain.from_iterable(lists), pa.string())
+    return pa.ListArray.from_arrays(offsets, flat)
 
 
 _LIFECYCLE = (
@@ -512,6 +555,9 @@ _LIFECYCLE = (
     e.JobRequeued,
     e.JobFinished,
     e.CheckpointReported,
+    e.JobHeld,
+    e.JobReleased,
+    e.JobEngineEnded,
 )
 """The job events that `apply.sql` reads back from the batch's rows of `events` (b_jobev)."""
 
@@ -583,6 +629,20 @@ def _finished(groups: dict[type, Group]) -> pa.Table:
             "outcome": [ev.outcome for ev in evs],
             "exit_code": [ev.exit_code for ev in evs],
         },
+    )
+
+
+def _started(groups: dict[type, Group]) -> pa.Table:
+    """JobStarted's logs (the job's `logs` in `jobs`)."""
+    g = groups.get(e.JobStarted, _EMPTY_GROUP)  # REDUCED: its events are their logs
+    return _table("b_started", {"position": g.positions, "logs": _string_lists(g.events)})
+
+
+def _engine_ended(groups: dict[type, Group]) -> pa.Table:
+    """How the engine says a run ended (the job's `finish_reason` in `jobs`)."""
+    g = groups.get(e.JobEngineEnded, _EMPTY_GROUP)
+    return _table(
+        "b_engine_ended", {"position": g.positions, "reason": [ev.reason for ev in g.events]}
     )
 
 

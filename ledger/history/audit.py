@@ -44,6 +44,7 @@ import msgspec
 
 from ledger.core.domain import Job, State, authorisation_failure, evolve, is_system
 from ledger.store.embedded import EVENTS_DB, EmbeddedSource, StoredRows
+from projections import history
 from projections.chain import chain_digest, prev_hash
 from projections.source import follow
 from projections.store import Store
@@ -656,11 +657,6 @@ def check_history(events: Iterable[e.AnyEvent | tuple[int, e.AnyEvent]]) -> list
 def check_charges(store: Store) -> list[Violation]:
     """Edge: usage is charged from the projection's intervals flagged funded; none may belong
     to an unfunded job (min runtime 0)."""
-    rows = store.con.execute(
-        "SELECT i.job_id, i.start_position, i.start_at, i.leaf FROM job_intervals i "
-        "JOIN jobs j USING (job_id) WHERE i.funded AND j.min_runtime_s <= 0 "
-        "ORDER BY i.start_position"
-    ).fetchall()
     return [
         Violation(
             position=int(pos),
@@ -669,7 +665,7 @@ def check_charges(store: Store) -> list[Violation]:
             message=f"the interval of unfunded job {job} from position {pos} is charged to {leaf}",
             job_id=int(job),
         )
-        for job, pos, at, leaf in rows
+        for job, pos, at, leaf in history.unfunded_charges(store.con)
     ]
 
 
