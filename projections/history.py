@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from schemas import events as e
+from schemas import views as v
 
 if TYPE_CHECKING:  # `jobs` from the CLI loads neither DuckDB's Python API, Arrow nor the codec
     import _duckdb
@@ -169,54 +170,34 @@ ORDER BY j.job_id DESC
 """
 
 
-def _jobs_query(params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The `jobs` statement for these filters (a None value: not filtered on) and its parameters.
+def jobs_page(con: Con, f: v.JobFilter, *, job_id: int | None = None) -> list[tuple[Any, ...]]:
+    """The jobs `f` selects (only `job_id` when given), newest first, at most `f.limit`, each as
+    the tuple (job_id, account, user_name, gpus, gpu_type, cluster, state, outcome, exit_code,
+    funded, min_runtime_s, resumable, priority, debug, time_limit_s, submitted_at, placed_at,
+    started_at, finished_at, placements, preemptions, nodes, last_start_at, command, logs,
+    finish_reason): `state` is `held` for a held pending job; `logs` are those of its last
+    start, `finish_reason` the engine's word on how its last run ended (None: no engine said).
+    `since`/`until` select the jobs alive at some moment of [since, until].
 
     The page is cut first, on the jobs table alone: a filter not given is left out of the
     statement, so the engine reads no column for it and the page without filters is a top-N
     over one column, whatever the history; only then do the page's rows get their nodes."""
-    status = params["status"]
-    where = [sql for name, sql in _JOB_FILTERS if params[name] is not None]
-    used = {name: params[name] for name, _ in _JOB_FILTERS if params[name] is not None}
-    if status in _JOB_STATUS:
-        where.append(_JOB_STATUS[status])
-    elif status is not None:
+    given = {
+        "user": f.user,
+        "account": f.account.rstrip("/") if f.account else None,
+        "since": f.since,
+        "until": f.until,
+        "job_id": job_id,
+    }
+    where = [sql for name, sql in _JOB_FILTERS if given[name] is not None]
+    params: dict[str, Any] = {k: x for k, x in given.items() if x is not None}
+    if f.status in _JOB_STATUS:
+        where.append(_JOB_STATUS[f.status])
+    elif f.status is not None:
         where.append("j.status = $status")
-        used["status"] = status
+        params["status"] = f.status
     sql = _JOBS.format(where=f"\n    WHERE {' AND '.join(where)}" if where else "")
-    return sql, {**used, "limit": params["limit"]}
-
-
-def jobs_page(
-    con: Con,
-    *,
-    status: str | None = None,
-    user: str | None = None,
-    account: str | None = None,
-    since: float | None = None,
-    until: float | None = None,
-    job_id: int | None = None,
-    limit: int,
-) -> list[tuple[Any, ...]]:
-    """Jobs newest first (at most `limit`), each as the tuple (job_id, account, user_name, gpus,
-    gpu_type, cluster, state, outcome, exit_code, funded, min_runtime_s, resumable, priority,
-    debug, time_limit_s, submitted_at, placed_at, started_at, finished_at, placements,
-    preemptions, nodes, last_start_at, command, logs, finish_reason): `state` is `held` for a
-    held pending job; `logs` are those of its last start, `finish_reason` the engine's word on
-    how its last run ended (None: no engine said). A None filter is not applied; `since` and
-    `until` select the jobs alive at some moment of [since, until]."""
-    sql, params = _jobs_query(
-        {
-            "status": status,
-            "user": user,
-            "account": account,
-            "since": since,
-            "until": until,
-            "limit": limit,
-            "job_id": job_id,
-        }
-    )
-    return con.execute(sql, params).fetchall()
+    return con.execute(sql, {**params, "limit": f.limit}).fetchall()
 
 
 def owners(con: Con, job_ids: Sequence[int]) -> dict[int, tuple[str, str]]:

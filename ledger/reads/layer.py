@@ -157,19 +157,9 @@ def jobs(store: Store, f: v.JobFilter, now: float, viewer: Viewer | None) -> lis
     """Jobs newest first, like sacct: start, end, elapsed, exit code. `since`/`until` select the
     jobs alive at some moment of [since, until] (not ended before `since`, submitted by
     `until`). A job whose command `viewer` may not see comes `redact`ed (None: nothing is)."""
-    from projections import history
+    from projections.history import jobs_page
 
-    account = f.account.rstrip("/") if f.account else None
-    rows = history.jobs_page(
-        store.con,
-        status=f.status,
-        user=f.user,
-        account=account,
-        since=f.since,
-        until=f.until,
-        limit=f.limit,
-    )
-    return _seen(_job_rows(rows, now), viewer)
+    return _seen(_job_rows(jobs_page(store.con, f), now), viewer)
 
 
 def _seen(rows: list[v.JobRow], viewer: Viewer | None) -> list[v.JobRow]:
@@ -833,9 +823,9 @@ def audit_budget_changes(
 def job(store: Store, job_id: int, now: float, viewer: Viewer | None) -> v.JobRow:
     """One job as `jobs` shows it to `viewer` (UnknownEntity when the log has none with this
     id)."""
-    from projections import history
+    from projections.history import jobs_page
 
-    rows = history.jobs_page(store.con, job_id=job_id, limit=1)
+    rows = jobs_page(store.con, v.JobFilter(limit=1), job_id=job_id)
     if not rows:
         raise UnknownEntity(f"no job {job_id}", job_id=job_id)
     return _seen(_job_rows(rows, now), viewer)[0]
