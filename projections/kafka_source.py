@@ -67,7 +67,7 @@ from projections.kafka_wire import (
     SigningKeys,
     client_config,
     envelope,
-    patience,
+    reader_config,
     signing_keys,
     unreachable,
 )
@@ -264,16 +264,14 @@ class KafkaSource:
             )
         try:
             return KafkaConsumer(
-                bootstrap_servers=self.bootstrap,
-                client_id=client_id,
-                group_id=None,
-                enable_auto_commit=False,
-                isolation_level="read_committed",
-                allow_auto_create_topics=False,  # the relay creates it, with unlimited retention
-                auto_offset_reset="earliest",
-                **patience(self.connect_timeout_s),
-                **extra,
-                **self._config,
+                **reader_config(
+                    self.bootstrap,
+                    client_id,
+                    self.connect_timeout_s,
+                    auto_offset_reset="earliest",
+                    **extra,
+                    **self._config,
+                )
             )
         except KafkaError as e:
             raise self._unavailable(e) from e

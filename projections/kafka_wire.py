@@ -217,6 +217,26 @@ def patience(timeout_s: float) -> dict[str, int]:
     return {"bootstrap_timeout_ms": int(timeout_s * 1000), "reconnect_backoff_max_ms": 1_000}
 
 
+def reader_config(
+    bootstrap: str, client_id: str, connect_timeout_s: float, **extra: Any
+) -> dict[str, Any]:
+    """The settings of a consumer that reads the log: committed records only (the relay writes
+    in transactions, and an aborted half batch must never be read), no group and no committed
+    offsets (a reader keeps its own position), never creating the topic (the relay creates it,
+    with unlimited retention), a bounded connect, and the security settings of the environment,
+    `extra` on top."""
+    return {
+        "bootstrap_servers": bootstrap,
+        "client_id": client_id,
+        "group_id": None,
+        "enable_auto_commit": False,
+        "isolation_level": "read_committed",
+        "allow_auto_create_topics": False,
+        **patience(connect_timeout_s),
+        **client_config(extra),
+    }
+
+
 def connect_timeout() -> float:
     """GPULEDGER_KAFKA_CONNECT_TIMEOUT (seconds), default DEFAULT_CONNECT_TIMEOUT_S."""
     return env_seconds("GPULEDGER_KAFKA_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S)

@@ -407,10 +407,10 @@ def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterat
 
     from projections.kafka_wire import (
         PARTITION,
-        client_config,
         connect_timeout,
         envelope,
         quiet_kafka_logs,
+        reader_config,
         unreachable,
     )
 
@@ -421,14 +421,13 @@ def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterat
     tp = TopicPartition(topic, PARTITION)
     try:
         consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            client_id="gpuledger-audit",
-            bootstrap_timeout_ms=int(connect_timeout() * 1000),
-            max_partition_fetch_bytes=8 << 20,
-            fetch_max_bytes=32 << 20,
-            **client_config(),
+            **reader_config(
+                bootstrap,
+                "gpuledger-audit",
+                connect_timeout(),
+                max_partition_fetch_bytes=8 << 20,
+                fetch_max_bytes=32 << 20,
+            )
         )
     except KafkaError as err:
         raise AuditError(

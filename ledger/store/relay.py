@@ -60,6 +60,7 @@ from projections.kafka_wire import (
     client_config,
     envelope,
     patience,
+    reader_config,
     record_headers,
     signing_keys,
     unreachable,
@@ -267,12 +268,7 @@ def tail_windows(
     deadline = time.monotonic() + timeout_s
     try:
         consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            client_id="gpuledger-relay-probe",
-            **patience(connect_timeout_s),
-            **client_config(config),
+            **reader_config(bootstrap, "gpuledger-relay-probe", connect_timeout_s, **(config or {}))
         )
     except KafkaError as e:
         raise _unavailable(bootstrap, e) from e
