@@ -1,17 +1,22 @@
 """The read side: DuckDB projections of the event log, window usage and hierarchical fair share.
 
-- `source`: the `EventSource` protocol, `LogRecord`, the embedded SQLite log (`EmbeddedSource`).
+- `source`: the `EventSource` protocol, `LogRecord`, `follow` (the one way to walk a log),
+  `ListSource`. The ledger's own store is read by `ledger.store.embedded.EmbeddedSource`.
 - `kafka_source`: the relay's Kafka topic as an `EventSource` (`KafkaSource`), `follow`.
-- `chain`: what a reader checks before applying a record: the hash chain, optional signatures.
+- `kafka_wire`: the topic, its record headers, signing and the client settings, as the relay
+  writes them and every reader reads them.
+- `chain`: the hash chain: `chain_hash`, `prev_hash`, `broken_link`.
 - `quarantine`: poison records named where they sit, or set aside in `dead_letters`.
-- `batch`: decode and validate a batch of records into Arrow tables (pure).
+- `batch`: decode (with `schemas.codec`) and validate a batch of records into Arrow tables.
 - `store`: the DuckDB file `<home>/projections/ledger.duckdb`, its schema and tracking row.
-- `projector`: applies the log in batches, exactly once (`project`, `rebuild`, `Projector`).
+- `projector`: applies the log in batches, exactly once (`Projector`, `rebuild`).
 - `fairshare`: the pure math (window / half-life usage, Fair Tree ranks, owed and delivered).
-- `queries`: what the CLI and the dispatcher call (shares table, usage, delivered report, ranks).
-- `reference`: the same read models and numbers folded in plain Python (the tests' oracle).
-- `audit`: compare a projection with a clean rebuild or with the reference, table by table.
-- `synthetic`: simulated event logs written straight into the SQLite store (tests, benchmarks).
+- `queries`: what the dispatcher and the fair-share reads call (shares table, usage, delivered
+  report, ranks).
+- `history`: every other read-side query (jobs, the log, decisions, a job's events, the audit's
+  tables, what-if's counts), over the projector's tables, events decoded by the codec.
+- `testing/`: the Python reference of the read models (`reference`, the tests' oracle), the
+  comparison of two projections (`compare`) and synthetic logs (`synthetic`).
 
 The SQL lives in `schema.sql` (tables, views, macros), `apply.sql` (one batch -> read models) and
 `fairshare.sql` (usage, level fair share, owed/delivered). Never imports `ledger`: events arrive as

@@ -8,11 +8,14 @@
 --   b_placed     JobPlaced: job_id, position, event_at, cycle_id, slots
 --   b_preempted  JobPreempted rows
 --   b_finished   JobFinished: position, outcome, exit_code
+--   b_started    JobStarted: position, logs
+--   b_engine_ended JobEngineEnded: position, reason
 --   b_cycles     CycleDecided rows
 --
 -- and, read back from the batch's rows of `events` once they are inserted (temp tables below):
 --
---   b_jobev      job lifecycle events: job_id, position, event_at, kind, outcome, exit_code
+--   b_jobev      job lifecycle events: job_id, position, event_at, kind, outcome, exit_code,
+--                logs, engine_reason
 --
 -- Each statement is set-based over the whole batch, so the result does not depend on where batch
 -- boundaries fall (a test checks batch size 1 against one big batch). A statement whose input
@@ -46,22 +49,30 @@ INSERT INTO node_history BY NAME SELECT * FROM b_nodes;
 -- needs: always
 -- The batch's job lifecycle events, read back from the rows just inserted into `events` (zone
 -- maps on `position` keep the scan to the batch's row groups), with the outcome and exit code of
--- JobFinished from `b_finished` (decoded already: reading them out of `raw` would decompress the
--- whole batch's JSON). A temp table, made once per batch (empty when the batch has none) and
--- read by the statements below.
+-- JobFinished from `b_finished`, the logs of JobStarted from `b_started` and the reason of
+-- JobEngineEnded from `b_engine_ended` (decoded already: reading them out of `raw` would
+-- decompress the whole batch's JSON). A temp table, made once per batch (empty when the batch
+-- has none) and read by the statements below.
 CREATE OR REPLACE TEMP TABLE b_jobev AS
 SELECT job_id, position, occurred_at AS event_at,
-       CASE tag WHEN 'job.placed.v1'    THEN 'placed'
-                WHEN 'job.started.v1'   THEN 'started'
-                WHEN 'job.preempted.v1' THEN 'preempted'
-                WHEN 'job.requeued.v1'  THEN 'requeued'
-                WHEN 'job.finished.v1'  THEN 'finished'
+       CASE tag WHEN 'job.placed.v1'       THEN 'placed'
+                WHEN 'job.started.v1'      THEN 'started'
+                WHEN 'job.preempted.v1'    THEN 'preempted'
+                WHEN 'job.requeued.v1'     THEN 'requeued'
+                WHEN 'job.finished.v1'     THEN 'finished'
+                WHEN 'job.held.v1'         THEN 'held'
+                WHEN 'job.released.v1'     THEN 'released'
+                WHEN 'job.engine_ended.v1' THEN 'engine_ended'
                 ELSE 'checkpointed' END                                       AS kind,
-       f.outcome, f.exit_code
-FROM events LEFT JOIN b_finished f USING (position)
+       f.outcome, f.exit_code, s.logs, x.reason AS engine_reason
+FROM events
+LEFT JOIN b_finished f USING (position)
+LEFT JOIN b_started s USING (position)
+LEFT JOIN b_engine_ended x USING (position)
 WHERE position BETWEEN $first AND $last
   AND tag IN ('job.placed.v1', 'job.started.v1', 'job.preempted.v1', 'job.requeued.v1',
-              'job.finished.v1', 'job.checkpointed.v1');
+              'job.finished.v1', 'job.checkpointed.v1', 'job.held.v1', 'job.released.v1',
+              'job.engine_ended.v1');
 
 -- name: b_job_changes
 -- needs: always
@@ -69,6 +80,7 @@ WHERE position BETWEEN $first AND $last
 --   placed: status placed, placed_at and checkpoint_at = its time  started: running, started_at
 --   preempted: placed_at, started_at cleared, preemptions + 1      requeued: pending
 --   finished: finished, outcome, exit_code                         checkpointed: checkpoint_at
+--   held, released: held (the last one)     started: logs      engine_ended: finish_reason
 -- "The last of these events in the batch wins"; `touched_*` tells "no such event" from "cleared".
 CREATE OR REPLACE TEMP TABLE b_job_changes AS
 SELECT job_id,
@@ -85,6 +97,9 @@ SELECT job_id,
     arg_max(event_at, position) FILTER (WHERE kind = 'finished')               AS finished_at,
     arg_max(outcome, position) FILTER (WHERE kind = 'finished')                AS outcome,
     arg_max_null(exit_code, position) FILTER (WHERE kind = 'finished')         AS exit_code,
+    arg_max(kind = 'held', position) FILTER (WHERE kind IN ('held', 'released')) AS held,
+    arg_max(logs, position) FILTER (WHERE kind = 'started')                    AS logs,
+    arg_max(engine_reason, position) FILTER (WHERE kind = 'engine_ended')      AS finish_reason,
     count(*) FILTER (WHERE kind = 'placed')::INTEGER                           AS placements,
     count(*) FILTER (WHERE kind = 'preempted')::INTEGER                        AS preemptions,
     max(position)                                                              AS last_position
@@ -111,6 +126,9 @@ SELECT s.*,
        CASE WHEN c.touched_placed THEN c.placed_at END         AS placed_at,
        CASE WHEN c.touched_started THEN c.started_at END       AS started_at,
        c.checkpoint_at, c.finished_at, c.outcome, c.exit_code,
+       coalesce(c.held, false)                                 AS held,
+       coalesce(c.logs, []::VARCHAR[])                         AS logs,
+       c.finish_reason,
        coalesce(c.placements, 0)                               AS placements,
        coalesce(c.preemptions, 0)                              AS preemptions,
        greatest(s.submitted_position, coalesce(c.last_position, 0)) AS last_position
@@ -127,6 +145,9 @@ UPDATE jobs SET
     finished_at   = coalesce(u.finished_at, jobs.finished_at),
     outcome       = coalesce(u.outcome, jobs.outcome),
     exit_code     = CASE WHEN u.finished_at IS NOT NULL THEN u.exit_code ELSE jobs.exit_code END,
+    held          = coalesce(u.held, jobs.held),
+    logs          = coalesce(u.logs, jobs.logs),
+    finish_reason = coalesce(u.finish_reason, jobs.finish_reason),
     placements    = jobs.placements + u.placements,
     preemptions   = jobs.preemptions + u.preemptions,
     last_position = u.last_position

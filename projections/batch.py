@@ -1,7 +1,8 @@
 """Turn a batch of log records into Arrow tables, the inputs of `apply.sql`.
 
-Pure: bytes in, Arrow tables out; no I/O. Every record is decoded and validated with the one
-msgspec decoder of `schemas` (a record that fails stops the batch with `CorruptEvent` naming its
+Pure: bytes in, Arrow tables out; no I/O. Every record is decoded by the codec
+(`schemas.codec`: its one decoder, its clamping and its upcasts, so the tables hold the latest
+version of every event; a record that fails stops the batch with `CorruptEvent` naming its
 position). A record whose tag this code does not know is kept if it is a JSON object (forward
 compatibility) and counted; anything else is corrupt.
 
@@ -12,9 +13,10 @@ hold no cycles and die with the batch).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import msgspec
@@ -24,16 +26,14 @@ import pyarrow.compute as pc
 from projections.chain import chain_hash
 from projections.errors import CorruptEvent
 from projections.source import LogRecord, Row, gc_paused
+from schemas import codec
 from schemas import events as e
-from schemas.codec import clamp, upcast
-from schemas.events import TAGS, tag_of
+from schemas.errors import EventDecodeError
+from schemas.events import TAGS
 
-_decoder = msgspec.json.Decoder(e.StoredEvent)
 _object_decoder = msgspec.json.Decoder(dict[str, Any])
-_TAG_OF: dict[type, str] = {cls: tag_of(cls) for cls in e.EVENT_TYPES + e.OLDER_TYPES}
-_CLASS_OF: dict[str, type] = {tag: cls for cls, tag in _TAG_OF.items()}
-_LATEST: dict[type, type] = {e.CycleDecidedV1: e.CycleDecided, e.CycleDecidedV2: e.CycleDecided}
-"""Older event type -> the type `codec.upcast` makes of it (the group it joins)."""
+"""Records of tags this code does not know: kept when they are JSON objects."""
+_TAG_OF: dict[type, str] = {cls: tag for tag, cls in codec.TYPE_OF.items()}
 
 _JSON = pa.json_(pa.large_string())
 """`raw` as Arrow's JSON type: DuckDB takes it as its JSON type without parsing every value to
@@ -92,6 +92,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("duration_s", pa.float64()),
             ("submitted_at", pa.float64()),
             ("submitted_position", pa.int64()),
+            ("command", pa.list_(pa.string())),
         ]
     ),
     "b_placed": pa.schema(
@@ -120,6 +121,18 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("position", pa.int64()),
             ("outcome", pa.string()),
             ("exit_code", pa.int32()),
+        ]
+    ),
+    "b_started": pa.schema(
+        [
+            ("position", pa.int64()),
+            ("logs", pa.list_(pa.string())),
+        ]
+    ),
+    "b_engine_ended": pa.schema(
+        [
+            ("position", pa.int64()),
+            ("reason", pa.string()),
         ]
     ),
     "b_cycles": pa.schema(
@@ -157,9 +170,10 @@ class Batch:
 
 class Group:
     """The events of one type in a batch: positions and decoded events, in log order. Only the
-    types a table is built from (`KEPT`) keep their events; the others are validated and
-    dropped at once, keeping only their positions (holding every decoded event of a batch
-    alive cost three times the decoding itself)."""
+    types a table is built from (`KEPT`) keep their events, and of some types (`REDUCED`) only
+    the one field a table reads; the others are validated and dropped at once, keeping only
+    their positions (holding every decoded event of a batch alive cost three times the
+    decoding itself)."""
 
     __slots__ = ("events", "positions")
 
@@ -181,20 +195,38 @@ KEPT: frozenset[type] = frozenset(
         e.NodeLost,
         e.JobSubmitted,
         e.JobPlaced,
+        e.JobStarted,
         e.JobPreempted,
         e.JobFinished,
+        e.JobEngineEnded,
         e.CycleDecided,
     }
 )
 """The event types whose fields the batch tables read (`apply.sql` takes the rest from `raw`)."""
+
+REDUCED: dict[type, Callable[[Any], Any]] = {e.JobStarted: attrgetter("logs")}
+"""Kept types of which a group keeps one value per event instead of the event (many events, one
+small field read)."""
 
 
 def _drop(_: Any) -> None:
     return None
 
 
-def _upcasting(append: Callable[[Any], None]) -> Callable[[Any], None]:
-    return lambda ev: append(upcast(ev))
+def _keeping(group: Group, latest: type, cls: type) -> Callable[[Any], None]:
+    """How `decode_records` keeps an event of type `cls` in the group of `latest`: upcast on the
+    way in (readers see the latest version), reduced to its field when the type is REDUCED."""
+    if latest not in KEPT:
+        return _drop
+    keep = group.events.append
+    reduce = REDUCED.get(latest)
+    if reduce is not None:
+        keep = _then(reduce, keep)
+    return keep if latest is cls else _then(codec.upcast, keep)
+
+
+def _then(f: Callable[[Any], Any], g: Callable[[Any], None]) -> Callable[[Any], None]:
+    return lambda ev: g(f(ev))
 
 
 def decode_records(records: Sequence[Row]) -> tuple[dict[type, Group], list[int]]:
@@ -208,30 +240,22 @@ def decode_records(records: Sequence[Row]) -> tuple[dict[type, Group], list[int]
     groups: dict[type, Group] = {}
     sinks: dict[str, tuple[type, Callable[[int], None], Callable[[Any], None]]] = {}
     unknown: list[int] = []
-    decode = _decoder.decode
+    decode = codec.decode_stored
     with gc_paused():
         for rec in records:
             position, tag, data = rec
             sink = sinks.get(tag)
             if sink is None and tag in TAGS:
-                cls = _CLASS_OF[tag]
-                latest = _LATEST.get(cls, cls)
+                cls = codec.TYPE_OF[tag]
+                latest = codec.LATEST[cls]
                 group = groups.get(latest) or groups.setdefault(latest, Group())
-                append = group.events.append if latest in KEPT else _drop
-                # upcast on the way in: readers see the latest version
-                if latest is not cls and latest in KEPT:
-                    append = _upcasting(append)
-                sink = sinks[tag] = (cls, group.positions.append, append)
+                sink = sinks[tag] = (cls, group.positions.append, _keeping(group, latest, cls))
             if sink is not None:
                 try:
-                    ev = decode(data)
-                except msgspec.ValidationError as err:
-                    clamped = clamp(data)  # stored before the bounds: clamped into them
-                    if clamped is None:
-                        raise _corrupt(rec, f"event {tag!r} is invalid: {err}", known=True) from err
-                    ev = clamped
-                except msgspec.DecodeError as err:
-                    raise _corrupt(rec, f"event {tag!r} is invalid: {err}", known=True) from err
+                    ev = decode(data)  # clamped into the bounds when stored before them
+                except EventDecodeError as err:
+                    why = err.__cause__ or err
+                    raise _corrupt(rec, f"event {tag!r} is invalid: {why}", known=True) from err
                 if type(ev) is not sink[0]:
                     raise _corrupt(
                         rec,
@@ -264,17 +288,19 @@ def _decode_grouped(
     positions: list[int], tags: pa.Array, datas: list[bytes]
 ) -> tuple[dict[type, Group], list[int]] | None:
     """Pure: what `decode_records` returns, found tag by tag without a Python step per record:
-    the records are grouped by tag (Arrow), each group is decoded by C-level `map`s with the one
-    decoder, the events of types no table reads freed at once, and the group checked to hold
-    only its tag's type. None when any record is not a plain valid event of its tag (invalid,
-    clamped, another type than its tag, an unknown tag that is not a JSON object) or a group
-    mixes versions: `decode_records` then handles the batch record by record, with its errors."""
+    the records are grouped by tag (Arrow), each group is decoded by C-level `map`s with the
+    codec's decoder, the events of types no table reads freed at once, and the group checked to
+    hold only its tag's type; the versions of one type are upcast and merged in log order. None
+    when any record is not a plain valid event of its tag (invalid, clamped, another type than
+    its tag, an unknown tag that is not a JSON object): `decode_records` then handles the batch
+    record by record, with its errors."""
     encoded = tags.dictionary_encode()
     order = pc.array_sort_indices(encoded.indices).to_pylist()  # stable: log order per tag
     runs = pc.run_end_encode(encoded.indices.take(order))
     names = encoded.dictionary.to_pylist()
-    decode = _decoder.decode
+    decode = codec.decode_exact
     groups: dict[type, Group] = {}
+    merged: set[type] = set()
     unknown: list[int] = []
     start = 0
     try:
@@ -282,29 +308,49 @@ def _decode_grouped(
             idx = order[start:end]
             start = end
             tag = names[code]
-            cls = _CLASS_OF.get(tag) if tag in TAGS else None
+            cls = codec.TYPE_OF.get(tag) if tag in TAGS else None
             if cls is None:  # a tag this code does not know: kept if it is a JSON object
                 if set(map(type, map(_object_decoder.decode, _pick(datas, idx)))) != {dict}:
                     return None
                 unknown.extend(_pick(positions, idx))
                 continue
-            latest = _LATEST.get(cls, cls)
-            if latest in groups:  # two versions of one type: merged in log order below
-                return None
-            group = groups[latest] = Group()
+            latest = codec.LATEST[cls]
+            group = Group()
             group.positions = _pick(positions, idx)
             if latest in KEPT:
                 group.events = list(map(decode, _pick(datas, idx)))
                 if set(map(type, group.events)) != {cls}:
                     return None
                 if latest is not cls:
-                    group.events = list(map(upcast, group.events))
+                    group.events = list(map(codec.upcast, group.events))
+                if latest in REDUCED:
+                    group.events = list(map(REDUCED[latest], group.events))
             elif set(map(type, map(decode, _pick(datas, idx)))) != {cls}:
                 return None
+            if latest in groups:  # another version of the same type: merged below
+                merged.add(latest)
+                _extend(groups[latest], group)
+            else:
+                groups[latest] = group
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
+    for latest in merged:
+        _in_log_order(groups[latest])
     unknown.sort()
     return groups, unknown
+
+
+def _extend(group: Group, more: Group) -> None:
+    group.positions += more.positions
+    group.events += more.events
+
+
+def _in_log_order(group: Group) -> None:
+    """Sort a group merged from several versions back into log order."""
+    order = sorted(range(len(group.positions)), key=group.positions.__getitem__)
+    group.positions = [group.positions[i] for i in order]
+    if group.events:
+        group.events = [group.events[i] for i in order]
 
 
 def _corrupt(row: Row, what: str, *, known: bool) -> CorruptEvent:
@@ -359,6 +405,8 @@ def _build(records: Sequence[Row], rows: pa.Table | None) -> Batch:
         "b_placed": _placed(groups),
         "b_preempted": _preempted(groups),
         "b_finished": _finished(groups),
+        "b_started": _started(groups),
+        "b_engine_ended": _engine_ended(groups),
         "b_cycles": _cycles(groups),
     }
     counts = {name: t.num_rows for name, t in tables.items()}
@@ -486,8 +534,18 @@ def _submitted(groups: dict[type, Group]) -> pa.Table:
             "duration_s": [ev.duration_s for ev in evs],
             "submitted_at": [ev.at for ev in evs],
             "submitted_position": g.positions,
+            "command": _string_lists([ev.command for ev in evs]),
         },
     )
+
+
+def _string_lists(lists: list[tuple[str, ...]]) -> pa.Array:
+    """Tuples of strings as list<string>, from one flat column and offsets (several times
+    faster than converting each tuple)."""
+    lengths = pa.array(map(len, lists), pa.int32(), size=len(lists))
+    offsets = pa.concat_arrays([pa.array([0], pa.int32()), pc.cumulative_sum(lengths)])
+    flat = pa.array(itertools.chain.from_iterable(lists), pa.string())
+    return pa.ListArray.from_arrays(offsets, flat)
 
 
 _LIFECYCLE = (
@@ -497,6 +555,9 @@ _LIFECYCLE = (
     e.JobRequeued,
     e.JobFinished,
     e.CheckpointReported,
+    e.JobHeld,
+    e.JobReleased,
+    e.JobEngineEnded,
 )
 """The job events that `apply.sql` reads back from the batch's rows of `events` (b_jobev)."""
 
@@ -568,6 +629,20 @@ def _finished(groups: dict[type, Group]) -> pa.Table:
             "outcome": [ev.outcome for ev in evs],
             "exit_code": [ev.exit_code for ev in evs],
         },
+    )
+
+
+def _started(groups: dict[type, Group]) -> pa.Table:
+    """JobStarted's logs (the job's `logs` in `jobs`)."""
+    g = groups.get(e.JobStarted, _EMPTY_GROUP)  # REDUCED: its events are their logs
+    return _table("b_started", {"position": g.positions, "logs": _string_lists(g.events)})
+
+
+def _engine_ended(groups: dict[type, Group]) -> pa.Table:
+    """How the engine says a run ended (the job's `finish_reason` in `jobs`)."""
+    g = groups.get(e.JobEngineEnded, _EMPTY_GROUP)
+    return _table(
+        "b_engine_ended", {"position": g.positions, "reason": [ev.reason for ev in g.events]}
     )
 
 

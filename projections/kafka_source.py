@@ -1,8 +1,9 @@
 """Kafka as an event source: the relay's topic (`gpuledger.events`) read back in log order.
 
 `KafkaSource(bootstrap, topic)` implements `EventSource` over partition 0 of the topic the relay
-(`ledger/store/relay.py`) writes: one record per event, value = the stored event bytes, headers
-`gpuledger.position` (the log position, ASCII decimal) and `gpuledger.tag` (the event tag).
+(`ledger/store/relay.py`) writes, records as `projections.kafka_wire` states them: one record per
+event, value = the stored event bytes, headers `gpuledger.position` (the log position, ASCII
+decimal) and `gpuledger.tag` (the event tag).
 
 - **read_committed, manual assignment, no group.** The relay publishes in transactions; only
   committed records are read (an aborted half batch is never seen). The consumer has no group and
@@ -34,7 +35,8 @@
   same way through `where()`. `skip()` steps past a poison record once a quarantining projector
   has recorded it (`projections/quarantine.py`). Nothing else is ever skipped.
 - **Security settings** (SASL, SSL) come from the same `GPULEDGER_KAFKA_*` environment variables
-  as the relay (`client_config`), or as keyword arguments (`security_protocol="SASL_SSL"`, ...).
+  as the relay (`kafka_wire.client_config`), or as keyword arguments
+  (`security_protocol="SASL_SSL"`, ...).
 
 `follow()` keeps a projection up to date with the topic (the loop of `gpuledger project follow`).
 
@@ -45,32 +47,34 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from projections.chain import SigningKeys, broken_link, chain_hash, signing_keys
+from projections.chain import broken_link, chain_hash
 from projections.errors import (
     PoisonRecord,
     ProjectionMismatch,
     SourceUnavailable,
 )
+from projections.kafka_wire import (
+    PARTITION,
+    TOPIC,
+    SigningKeys,
+    client_config,
+    envelope,
+    reader_config,
+    signing_keys,
+    unreachable,
+)
 from projections.projector import CatchUp, Progress, Projector
 from projections.quarantine import KAFKA_HINT, Where
 from projections.source import LogRecord
 
-TOPIC = "gpuledger.events"
-"""The topic the relay publishes (`ledger.store.relay.TOPIC`)."""
-POSITION_HEADER = "gpuledger.position"
-TAG_HEADER = "gpuledger.tag"
-PARTITION = 0
-"""The topic has exactly one partition: that is what keeps the log's order."""
 DEFAULT_TIMEOUT_S = 30.0
 _CLOSE = 5_000
 """head() fetches with the reading consumer when it is at most this many offsets behind."""
@@ -78,95 +82,7 @@ _SCAN = 64
 """The binary search stops when this few offsets are left, and reads from this far before them
 in order (a fetch or two)."""
 
-SECURITY_KEYS = (
-    "security_protocol",
-    "sasl_mechanism",
-    "sasl_plain_username",
-    "sasl_plain_password",
-    "ssl_cafile",
-    "ssl_certfile",
-    "ssl_keyfile",
-    "ssl_check_hostname",
-)
-"""Client settings read from GPULEDGER_KAFKA_<KEY> (the relay's `client_config`, copied here so
-that `projections` does not import `ledger`)."""
-
 log = logging.getLogger("gpuledger.kafka_source")
-
-
-def client_config(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Security settings from GPULEDGER_KAFKA_* environment variables, then `extra` on top,
-    e.g. GPULEDGER_KAFKA_SECURITY_PROTOCOL=SASL_SSL."""
-    cfg: dict[str, Any] = {}
-    for k in SECURITY_KEYS:
-        v = os.environ.get(f"GPULEDGER_KAFKA_{k.upper()}")
-        if v is not None:
-            cfg[k] = v if k != "ssl_check_hostname" else v.lower() in ("1", "true", "yes")
-    cfg.update(extra or {})
-    return cfg
-
-
-def unreachable(bootstrap: str, timeout_s: float) -> str | None:
-    """None when some `host:port` of `bootstrap` accepts a TCP connection within `timeout_s`,
-    else why none does. A refused connection answers at once, where kafka-python would retry
-    until its bootstrap timeout."""
-    problems = []
-    servers = [s.strip() for s in bootstrap.split(",") if s.strip()]
-    for server in servers:
-        host, _, port = server.rpartition(":")
-        try:
-            with socket.create_connection(
-                (host.strip("[]"), int(port)), timeout=timeout_s / max(1, len(servers))
-            ):
-                return None
-        except (OSError, ValueError) as exc:
-            problems.append(
-                f"{server}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}"
-            )
-    return "; ".join(problems) or "no host:port given"
-
-
-def quiet_kafka_logs(level: str) -> None:
-    """kafka-python logs every failed reconnect, with tracebacks, while a broker is away: keep
-    its logger out of the terminal unless the level is DEBUG (our own lines say what failed)."""
-    quiet = level.upper() != "DEBUG"
-    logging.getLogger("kafka").setLevel(logging.CRITICAL + 1 if quiet else logging.DEBUG)
-
-
-def envelope(
-    headers: Iterable[tuple[str, bytes | None]] | None, value: bytes | None, previous: int | None
-) -> tuple[int | None, str | None, str | None]:
-    """Pure: (position, tag, problem) of a record's headers and value; `problem` is None when the
-    record is a well-formed log record whose position is `previous + 1` (any position when
-    `previous` is None). Never raises, whatever the headers hold."""
-    positions: list[bytes | None] = []
-    tags: list[bytes | None] = []
-    for k, v in headers or ():
-        if k == POSITION_HEADER:
-            positions.append(v)
-        elif k == TAG_HEADER:
-            tags.append(v)
-    position = tag = None
-    if len(tags) == 1 and tags[0]:
-        try:
-            tag = tags[0].decode("ascii")
-        except UnicodeDecodeError:
-            tag = None
-    if len(positions) != 1:
-        what = "no" if not positions else f"{len(positions)}"
-        return None, tag, f"{what} {POSITION_HEADER} header{'s' if positions else ''}"
-    raw = positions[0] or b""
-    if not (raw.isdigit() and raw[:1] != b"0"):
-        return None, tag, f"garbled {POSITION_HEADER} header {raw!r}"
-    position = int(raw)
-    if previous is not None and position != previous + 1:
-        return position, tag, f"position {position} does not follow position {previous}"
-    if tag is None:
-        problem = f"no {TAG_HEADER} header" if not tags else f"garbled {TAG_HEADER} header"
-        return position, None, problem
-    if value is None:
-        return position, tag, "no value"
-    return position, tag, None
 
 
 class KafkaSource:
@@ -348,17 +264,14 @@ class KafkaSource:
             )
         try:
             return KafkaConsumer(
-                bootstrap_servers=self.bootstrap,
-                client_id=client_id,
-                group_id=None,
-                enable_auto_commit=False,
-                isolation_level="read_committed",
-                allow_auto_create_topics=False,  # the relay creates it, with unlimited retention
-                auto_offset_reset="earliest",
-                bootstrap_timeout_ms=int(self.connect_timeout_s * 1000),
-                reconnect_backoff_max_ms=1_000,
-                **extra,
-                **self._config,
+                **reader_config(
+                    self.bootstrap,
+                    client_id,
+                    self.connect_timeout_s,
+                    auto_offset_reset="earliest",
+                    **extra,
+                    **self._config,
+                )
             )
         except KafkaError as e:
             raise self._unavailable(e) from e

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 import duckdb
 
 from projections.errors import CorruptEvent, ProjectionBusy, ProjectionMismatch
-from projections.source import EmbeddedSource, EventSource, LogRecord, Row
+from projections.source import EventSource, LogRecord, Row
 from projections.store import PROJECTION, Store, projection_path, sql_sections
 
 if TYPE_CHECKING:  # Arrow and the decoder load with the first Projector: reads that find the
@@ -351,29 +351,15 @@ def _used(statement: str, values: dict[str, int]) -> dict[str, int] | None:
     return {k: v for k, v in values.items() if f"${k}" in statement}
 
 
-def project(
-    home: Path | str,
-    *,
-    until: int | None = None,
-    progress: Progress | None = None,
-    batch_size: int = DEFAULT_BATCH,
-) -> CatchUp:
-    """Bring `<home>/projections/ledger.duckdb` up to the log of `home` (embedded store)."""
-    with EmbeddedSource(home) as source, Store.open(home) as store:
-        return Projector(store, source, batch_size=batch_size).catch_up(
-            until=until, progress=progress
-        )
-
-
 def rebuild(
     home: Path | str,
+    source: EventSource,
     *,
     progress: Progress | None = None,
     until: int | None = None,
     batch_size: int = DEFAULT_BATCH,
-    source: EventSource | None = None,
 ) -> CatchUp:
-    """Drop the projection and rebuild it from the log.
+    """Drop the projection of `home` and rebuild it from `source`, the log.
 
     Builds into `ledger.duckdb.rebuild` and swaps it in only when complete, so an interrupted
     rebuild leaves the old projection in place. No other process may hold the projection.
@@ -383,17 +369,11 @@ def rebuild(
     temp = final.with_name(final.name + ".rebuild")
     for stale in (temp, _wal(temp)):
         stale.unlink(missing_ok=True)
-    own = source is None
-    src = EmbeddedSource(home) if source is None else source
-    try:
-        with Store(temp) as store:
-            result = Projector(store, src, batch_size=batch_size).catch_up(
-                until=until, progress=progress
-            )
-            store.con.execute("CHECKPOINT")
-    finally:
-        if own:
-            src.close()
+    with Store(temp) as store:
+        result = Projector(store, source, batch_size=batch_size).catch_up(
+            until=until, progress=progress
+        )
+        store.con.execute("CHECKPOINT")
     _wal(final).unlink(missing_ok=True)
     os.replace(temp, final)
     return result

@@ -32,7 +32,7 @@ from projections.batch import SCHEMAS, Batch, build_batch, decode_records, empty
 from projections.chain import chain_hash
 from projections.errors import CorruptEvent, PoisonRecord
 from projections.source import EventSource, LogRecord
-from projections.store import PROJECTION
+from projections.store import PROJECTION, scalar
 
 log = logging.getLogger("gpuledger.quarantine")
 
@@ -277,3 +277,11 @@ def record(con: duckdb.DuckDBPyConnection, batch: Batch) -> None:
         "UPDATE tracking SET position = greatest(position, ?) WHERE projection = ?",
         [batch.last, PROJECTION],
     )
+
+
+def quarantined(con: duckdb.DuckDBPyConnection) -> int | None:
+    """Rows of dead_letters (None: a projection file made before the table existed, which cannot
+    quarantine)."""
+    if not scalar(con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'dead_letters'"):
+        return None
+    return int(scalar(con, "SELECT count(*) FROM dead_letters"))

@@ -92,7 +92,11 @@ CREATE TABLE jobs (
     exit_code          INTEGER,
     placements         INTEGER NOT NULL,
     preemptions        INTEGER NOT NULL,
-    last_position      BIGINT  NOT NULL
+    last_position      BIGINT  NOT NULL,   -- its last event that changes this row
+    held               BOOLEAN NOT NULL,   -- its last hold or release was a hold (JobHeld)
+    command            VARCHAR[] NOT NULL, -- as submitted
+    logs               VARCHAR[] NOT NULL, -- of its last start ([] before one)
+    finish_reason      VARCHAR             -- how the engine said its last run ended (JobEngineEnded)
 );
 
 -- Job intervals: one row per placement, from JobPlaced to the JobPreempted / JobFinished that

@@ -16,14 +16,18 @@ import msgspec
 from schemas.digest import summarise
 from schemas.errors import EventDecodeError, InvalidCommand, LedgerError
 from schemas.events import (
+    EVENT_TYPES,
+    OLDER_TYPES,
     TAGS,
     AnyEvent,
     CycleDecided,
     CycleDecidedV1,
     CycleDecidedV2,
+    Event,
     RankInputs,
     StoredEvent,
     UsageSettings,
+    tag_of,
 )
 from schemas.policy import WEEK_S, from_settings
 
@@ -36,6 +40,11 @@ class _TagOnly(msgspec.Struct):
 
 
 _tag_decoder = msgspec.json.Decoder(_TagOnly)
+
+decode_exact = _decoder.decode
+"""The one decoder itself: one event as stored, validated, neither clamped nor upcast; raises
+msgspec's errors. For readers that map it over many records at C speed (`projections.batch`);
+everyone else calls `decode`."""
 
 
 def encode(event: AnyEvent) -> bytes:
@@ -188,15 +197,42 @@ def decode(data: bytes) -> AnyEvent:
 
     An event outside its fields' bounds (stored before they existed) is clamped into them
     (`clamp`)."""
+    return upcast(decode_stored(data))
+
+
+def decode_stored(data: bytes) -> StoredEvent:
+    """`decode` without the upcast: the event in the version it was stored in."""
     try:
-        return upcast(_decoder.decode(data))
+        return _decoder.decode(data)
     except msgspec.ValidationError as e:
         event = clamp(data)
         if event is not None:
-            return upcast(event)
+            return event
         raise _error(data, e) from e
     except msgspec.DecodeError as e:
         raise _error(data, e) from e
+
+
+def _family(cls: type[Event]) -> str:
+    """A type's tag without its version: `cycle.decided.v1` -> `cycle.decided`."""
+    return tag_of(cls).rsplit(".", 1)[0]
+
+
+_LATEST_OF_FAMILY = {_family(t): t for t in EVENT_TYPES}
+TYPE_OF: dict[str, type[Event]] = {tag_of(t): t for t in EVENT_TYPES + OLDER_TYPES}
+"""Every tag that may be stored -> the type stored under it."""
+LATEST: dict[type[Event], type[Event]] = {
+    t: _LATEST_OF_FAMILY[_family(t)] for t in EVENT_TYPES + OLDER_TYPES
+}
+"""Every type that may be stored -> the type `upcast` makes of it (itself when latest)."""
+
+
+def stored_tags(*types: type[Event]) -> list[str]:
+    """Every tag stored for events that `upcast` makes into one of `types` (latest versions),
+    sorted: what a reader selects from the log by type before it decodes (and so upcasts) the
+    events, instead of naming versions itself."""
+    wanted = set(types)
+    return sorted(tag for tag, t in TYPE_OF.items() if LATEST[t] in wanted)
 
 
 def _error(data: bytes, e: Exception) -> EventDecodeError:

@@ -25,11 +25,6 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def chain_hash(stored: bytes) -> str:
-    """Pure: the link to the next event: SHA-256 of an event's stored bytes, hex."""
-    return _sha256(stored)
-
-
 def rank_digest(ranks: Mapping[str, int], level_fs: Mapping[str, float]) -> str:
     """Pure: the digest of the ranks a cycle ordered by (account -> rank, account -> level fair
     share), independent of the mappings' order. Infinite level fair shares hash as `null`."""

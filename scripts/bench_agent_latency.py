@@ -29,6 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchkit import free_port, machine
 
+from schemas import events as e
+from schemas.events import tag_of
+
 LIMIT_S = 1.0
 NODES = ("node-a", "node-b", "node-c")
 GPUS = 64
@@ -132,7 +135,9 @@ def run(rate: float, seconds: float) -> None:
         total = per_batch * batches
         # 4 wait until every job ran, then read placements and starts
         wait(lambda: finished(home) >= total, "every job to finish", serve_log, timeout=300)
-        placed = {ev["job_id"]: ev["at"] for ev in events(home) if ev["type"] == "job.placed.v1"}
+        placed = {
+            ev["job_id"]: ev["at"] for ev in events(home) if ev["type"] == tag_of(e.JobPlaced)
+        }
         btime, tick = boot_time(), os.sysconf("SC_CLK_TCK")
         lat = []
         for job_id, at in placed.items():
@@ -167,7 +172,7 @@ def events(home: Path) -> list[dict[str, object]]:
 
 def finished(home: Path) -> int:
     time.sleep(2.0)  # a log read costs a CLI start: look every few seconds
-    return sum(1 for ev in events(home) if ev["type"] == "job.finished.v1")
+    return sum(1 for ev in events(home) if ev["type"] == tag_of(e.JobFinished))
 
 
 def wait(cond: object, what: str, log: Path, timeout: float = 60) -> None:

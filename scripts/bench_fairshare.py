@@ -37,6 +37,8 @@ import pyarrow as pa
 from projections import fairshare as fs
 from projections import queries
 from projections.store import Store
+from schemas import events as e
+from schemas.events import tag_of
 
 GOAL_MS = 100.0
 AT = 1_800_000_000.0
@@ -57,7 +59,7 @@ def build(path: Path, programs: int, projects: int, users: int, intervals: int, 
             {
                 **base,
                 "position": pos,
-                "tag": "account.opened.v1",
+                "tag": tag_of(e.AccountOpened),
                 "parent": parent,
                 "kind": kind,
                 "shares": None,
@@ -69,7 +71,7 @@ def build(path: Path, programs: int, projects: int, users: int, intervals: int, 
             {
                 **base,
                 "position": pos,
-                "tag": "account.shares_set.v1",
+                "tag": tag_of(e.SharesSet),
                 "parent": None,
                 "kind": None,
                 "shares": rng.randint(0, 10),

@@ -36,9 +36,9 @@ import sys
 import time
 from pathlib import Path
 
-from ledger.store.application import EVENTS_DB, Ledger
+from ledger.store.application import Ledger
+from ledger.store.embedded import EVENTS_DB, EmbeddedSource
 from projections.projector import Projector
-from projections.source import EmbeddedSource
 from projections.store import Store, projection_path
 from projections.testing.synthetic import Shape, append_to_store, synthetic_events
 
@@ -56,7 +56,7 @@ from ledger.store.application import Ledger
 from ledger.dispatch.policy import FairShare
 from ledger.cycle.dispatcher import StoreRanks, preview
 from projections.projector import Projector
-from projections.source import EmbeddedSource
+from ledger.store.embedded import EmbeddedSource
 from projections.store import Store
 home = Path(sys.argv[1])
 t1 = time.perf_counter()

@@ -26,8 +26,8 @@ from ledger.history import replay
 from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.embedded import EmbeddedSource
 from projections.projector import Projector
-from projections.source import EmbeddedSource
 from projections.store import PROJECTIONS_DIR, Store
 from schemas import commands as c
 

@@ -46,8 +46,8 @@ from ledger.store.relay import (
     last_published,
     open_store,
     read_raw,
-    record_headers,
 )
+from projections.kafka_wire import record_headers
 from schemas import commands as c
 
 GOAL = 0.5
@@ -114,7 +114,13 @@ def raw_round(bootstrap: str, topic: str, records: list[RawRecord]) -> Took:
         send = producer.send
         with clock(took):
             for r in records:
-                send(topic, value=r.data, key=r.key, headers=record_headers(r), partition=0)
+                send(
+                    topic,
+                    value=r.data,
+                    key=r.key,
+                    headers=record_headers(r.position, r.tag, r.data),
+                    partition=0,
+                )
             producer.flush()
         return took[0]
     finally:

@@ -46,8 +46,9 @@ from ledger.history.replay import Replayer, find_decisions
 from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.embedded import EmbeddedSource
 from projections.projector import Projector
-from projections.source import EmbeddedSource, follow
+from projections.source import follow
 from projections.store import Store
 from projections.testing.synthetic import STREAM_ID, synthetic_events
 from schemas import codec

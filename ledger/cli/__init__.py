@@ -9,8 +9,9 @@ from pathlib import Path
 
 import click
 
-from ledger.cli._common import EVENTS_DB, Ctx, default_home
+from ledger.cli._common import Ctx, default_home
 from ledger.cli.output import LedgerGroup
+from ledger.store.embedded import EVENTS_DB
 
 # Which modules define (or extend) each top-level command. Commands load lazily, so
 # `gpuledger submit` does not import DuckDB, Arrow or Kafka; `--help` loads them all.

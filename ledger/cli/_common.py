@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 import msgspec
 
+from ledger.store.embedded import EVENTS_DB
 from ledger.wire.config import SOCKET_NAME
 from schemas.bounds import check, describe
 from schemas.commands import AnyCommand, InitLedger
@@ -21,11 +22,10 @@ from schemas.errors import InvalidCommand
 if TYPE_CHECKING:  # the store is imported only by commands that open it (client mode never)
     from ledger.cycle.dispatcher import LiveState
     from ledger.store.application import Appended, Ledger
+    from ledger.store.embedded import EmbeddedSource
     from ledger.store.live import LiveView
-    from projections.source import EmbeddedSource
     from projections.store import Store
 
-EVENTS_DB = "events.sqlite"
 
 T = TypeVar("T")
 
@@ -234,7 +234,7 @@ class _LocalHandles:
 def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
     """The projection caught up with the log. When a running service holds the file (DuckDB
     allows one writer), read a private in-memory copy built from the log instead."""
-    from projections.source import EmbeddedSource
+    from ledger.store.embedded import EmbeddedSource
 
     ctx.require()
     with EmbeddedSource(ctx.home) as source, _caught_up(ctx, source, quiet) as store:

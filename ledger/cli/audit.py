@@ -7,7 +7,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -24,13 +24,12 @@ from ledger.cli.output import echo_json, json_option, print_table
 from ledger.core import budget as b
 from ledger.history import audit as au
 from ledger.history import replay as rp
-from ledger.history.compare import CycleReplay, slots_text
-from ledger.reads import layer as reads
+from ledger.history import tables
+from ledger.history.compare import CycleReplay
 from ledger.sim import whatif as wi
-from projections.source import EmbeddedSource, follow
-from projections.store import Store, projection_path
-from schemas import api, codec
-from schemas import events as e
+from projections.kafka_wire import TOPIC
+from projections.store import projection_path
+from schemas import api
 from schemas import views as v
 from schemas.errors import InvalidCommand
 from schemas.units import format_time, parse_duration, parse_time, span
@@ -259,12 +258,6 @@ output_option = click.option(
 )
 
 
-def _lock_down(con: duckdb.DuckDBPyConnection) -> None:
-    """No file or network access and no changing settings back: a query reads the views only."""
-    con.execute("SET enable_external_access = false")
-    con.execute("SET lock_configuration = true")
-
-
 @contextmanager
 def readonly(ctx: Ctx) -> Iterator[duckdb.DuckDBPyConnection]:
     """The projection caught up with the log, then opened read-only (or, when a running service
@@ -272,57 +265,21 @@ def readonly(ctx: Ctx) -> Iterator[duckdb.DuckDBPyConnection]:
     path = projection_path(ctx.home)
     with projection(ctx, quiet=True) as store:
         if store.path != path:  # the service holds the file: our copy is private
-            _lock_down(store.con)
+            tables.lock_down(store.con, configuration=True)
             yield store.con
             return
     try:
         con = duckdb.connect(str(path), read_only=True)
     except duckdb.IOException:  # taken meanwhile: a private copy
         with projection(ctx, quiet=True) as store:
-            _lock_down(store.con)
+            tables.lock_down(store.con, configuration=True)
             yield store.con
             return
     try:
-        _lock_down(con)
+        tables.lock_down(con, configuration=True)
         yield con
     finally:
         con.close()
-
-
-def check_select(sql: str) -> str:
-    """Pure-ish: `sql` if it is exactly one SELECT (or WITH ... SELECT) statement, else a clear
-    InvalidCommand. The projection is also opened read-only: this is the first line."""
-    try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as err:
-        raise InvalidCommand(f"the SQL does not parse: {err}".split("\n")[0]) from err
-    if len(statements) != 1:
-        raise InvalidCommand(
-            f"audit sql runs one statement, got {len(statements)}",
-            hint="send one SELECT (or WITH ... SELECT) at a time",
-        )
-    kind = statements[0].type
-    if kind != duckdb.StatementType.SELECT:
-        raise InvalidCommand(
-            f"audit sql is read-only: {kind.name} statements are refused",
-            hint="use SELECT or WITH ... SELECT; the projection is rebuilt from the log and is "
-            "never edited by hand",
-        )
-    return sql
-
-
-def run_query(
-    con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any] | None = None
-) -> pa.Table:
-    try:
-        return con.sql(sql, params=params or None).to_arrow_table()
-    except duckdb.Error as err:
-        first = str(err).split("\n")[0]
-        if "read-only" in first or "read only" in first:
-            raise InvalidCommand(f"audit sql is read-only: {first}") from err
-        raise InvalidCommand(
-            f"the query failed: {first}", hint="see docs/replay-and-audit.md for the views"
-        ) from err
 
 
 def _plain(value: Any) -> Any:
@@ -405,165 +362,18 @@ def audit_sql(ctx: Ctx, query: str, fmt: str, as_json: bool, output: Path | None
     """Run one read-only SELECT over the views: events, jobs, job_intervals, account_history,
     account_shares, accounts_at(t), node_history, nodes, preemptions, decisions."""
     fmt = "json" if as_json else fmt
-    sql = check_select(query)
-    table = _table(ctx, api.AuditQuery(kind="sql", sql=sql), lambda con: run_query(con, sql))
-    export(table, fmt, output)
+    sql = tables.check_select(query)
+    export(_table(ctx, api.AuditQuery(kind="sql", sql=sql)), fmt, output)
 
 
-def _table(
-    ctx: Ctx, query: api.AuditQuery, local: Callable[[duckdb.DuckDBPyConnection], pa.Table]
-) -> pa.Table:
+def _table(ctx: Ctx, query: api.AuditQuery) -> pa.Table:
     """The audit table: from the server beside a running one (`POST /v1/audit/table`, the exact
     Arrow table), else from the projection opened read-only."""
     if ctx.remote is not None:
         got: api.AuditTable = ctx.remote.post("audit/table", query, type=api.AuditTable)
         return pa.ipc.open_stream(got.arrow).read_all()
     with readonly(ctx) as con:
-        return local(con)
-
-
-_JOB_EVENTS = """
-SELECT position, occurred_at, tag, actor, raw FROM events
-WHERE job_id = $job AND known ORDER BY position
-"""
-
-_JOB_WAITS = """
-SELECT position, occurred_at, raw->>'$.cycle_id' AS cycle_id,
-       list_filter(from_json(raw->'$.considered',
-                   '[{"job_id": "BIGINT", "sort_key": "JSON", "reason": "VARCHAR",
-                      "code": "VARCHAR"}]'),
-                   lambda c: c.job_id = $job)[1] AS seen
-FROM events
-WHERE tag = 'cycle.decided.v1' AND position BETWEEN $first AND $last
-UNION ALL
-SELECT position, occurred_at, raw->>'$.cycle_id' AS cycle_id,
-       (SELECT {'job_id': $job, 'sort_key': NULL::JSON, 'reason': NULL::VARCHAR,
-                'code': w->>1}
-        FROM (SELECT unnest(CAST(raw->'$.waiting.first' AS JSON[])) AS w)
-        WHERE CAST(w->>0 AS BIGINT) = $job LIMIT 1) AS seen
-FROM events
-WHERE tag IN ('cycle.decided.v2', 'cycle.decided.v3') AND position BETWEEN $first AND $last
-ORDER BY position
-"""
-"""The recorded cycles a job waited in: v1 records list every considered job with its reason;
-v2 and v3 records list the first waiting jobs with their codes (`WaitSummary.first`)."""
-
-_JOB_PLACED_BY = """
-SELECT cycle_id, list_position(placed_jobs, $job), len(placed_jobs), considered
-FROM decisions WHERE list_contains(placed_jobs, $job)
-"""
-
-
-def job_rows(con: duckdb.DuckDBPyConnection, job: int) -> list[dict[str, Any]]:
-    """The whole history of a job: its events with reasons (placements with the sort key the
-    cycle gave it), the recorded cycles it waited in (runs of cycles with the same reason in
-    one row), and its utilisation samples (runs of the same level in one row)."""
-    rows = con.execute(_JOB_EVENTS, {"job": job}).fetchall()
-    if not rows:
-        raise InvalidCommand(f"no events of job {job}", hint="see `gpuledger jobs`")
-    first, last = rows[0][0], rows[-1][0]
-    waits = con.execute(_JOB_WAITS, {"job": job, "first": first, "last": last}).fetchall()
-    keys = {cycle: seen["sort_key"] for _, _, cycle, seen in waits if seen is not None}
-    places = {
-        cycle: f"#{k} of {n} placed, {considered} considered"
-        for cycle, k, n, considered in con.execute(_JOB_PLACED_BY, {"job": job}).fetchall()
-    }
-    out: list[dict[str, Any]] = []
-    run: dict[str, Any] | None = None
-    for position, at, tag, actor, raw in rows:
-        ev = codec.decode(raw.encode() if isinstance(raw, str) else raw)
-        detail = _detail(ev)
-        if isinstance(ev, e.JobPlaced) and keys.get(ev.cycle_id) is not None:
-            detail += f"; sort key {keys[ev.cycle_id]}"
-        elif isinstance(ev, e.JobPlaced) and ev.cycle_id in places:
-            detail += f"; {places[ev.cycle_id]}"
-        if isinstance(ev, e.UtilisationSampled):
-            if run is not None and run["detail"].startswith(detail):
-                run["samples"] += 1
-                run["until_at"] = at
-                run["detail"] = f"{detail} ({run['samples']} samples)"
-                continue
-            run = {"samples": 1}
-        else:
-            run = None
-        row = {
-            "position": position,
-            "occurred_at": at,
-            "event": tag.rsplit(".", 1)[0],
-            "actor": actor,
-            "detail": detail,
-            "until_at": None,
-        }
-        if run is not None:
-            run.update(row)
-            row = run
-        out.append(row)
-    out += _waiting_rows(waits)
-    out.sort(key=lambda r: r["position"])
-    for r in out:
-        r.pop("samples", None)
-    return out
-
-
-def _waiting_rows(waits: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    run: dict[str, Any] | None = None
-    for position, at, cycle_id, seen in waits:
-        if seen is None or (seen["reason"] is None and seen["code"] is None):
-            run = None
-            continue
-        text = (
-            seen["code"]
-            if seen["reason"] is None
-            else (f"{seen['code']}: {seen['reason']}" if seen["code"] else seen["reason"])
-        )
-        if run is not None and run["text"] == text:
-            run["cycles"] += 1
-            run["until_at"] = at
-            run["detail"] = f"waited in {run['cycles']} recorded cycles: {text}"
-            continue
-        run = {
-            "position": position,
-            "occurred_at": at,
-            "event": "cycle.waiting",
-            "actor": "@dispatcher",
-            "detail": f"waited in {cycle_id}: {text}",
-            "until_at": None,
-            "cycles": 1,
-            "text": text,
-        }
-        out.append(run)
-    for r in out:
-        r.pop("cycles", None)
-        r.pop("text", None)
-    return out
-
-
-def _detail(ev: e.AnyEvent) -> str:
-    match ev:
-        case e.JobSubmitted():
-            contract = f"min runtime {ev.min_runtime_s}s" if ev.min_runtime_s else "unfunded"
-            return (
-                f"{ev.gpus} GPUs in {ev.account} for {ev.user}; {contract}"
-                f"{', resumable' if ev.resumable else ''}{', debug' if ev.debug else ''}"
-                f"{f', priority {ev.priority}' if ev.priority else ''}"
-            )
-        case e.JobPlaced():
-            return f"placed by {ev.cycle_id} (based on {ev.based_on}) on {slots_text(ev.slots)}"
-        case e.JobPreempted():
-            why = f"{ev.reason} for job {ev.for_job}" if ev.for_job is not None else ev.reason
-            note = f": {ev.note}" if ev.note else ""
-            return f"preempted ({why}{note}){f' by {ev.cycle_id}' if ev.cycle_id else ''}"
-        case e.JobFinished():
-            code = "" if ev.exit_code is None else f", exit code {ev.exit_code}"
-            return f"finished: {ev.outcome}{code}"
-        case e.JobRequeued():
-            return "requeued (resumable): pending again"
-        case e.UtilisationSampled():
-            mean = sum(ev.gpu_utilisation) / max(1, len(ev.gpu_utilisation))
-            return f"utilisation {mean:.0f}%"
-        case _:
-            return ""
+        return tables.audit_table(con, query)
 
 
 @audit_group.command("job")
@@ -575,11 +385,7 @@ def _detail(ev: e.AnyEvent) -> str:
 def audit_job(ctx: Ctx, job_id: int, fmt: str, as_json: bool, output: Path | None) -> None:
     """JOB_ID's whole history with reasons: submission, every cycle it waited in (why), its
     placements, preemptions (why, for whom), requeues and finish."""
-    table = _table(
-        ctx,
-        api.AuditQuery(kind="job", job_id=job_id),
-        lambda con: pa.Table.from_pylist(job_rows(con, job_id)),
-    )
+    table = _table(ctx, api.AuditQuery(kind="job", job_id=job_id))
     rows = table.to_pylist()
     if as_json or fmt == "json":
         _view_json([v.AuditJobRow(**r) for r in rows], output)
@@ -617,12 +423,7 @@ def audit_preemptions(
     if as_json or fmt == "json":
         _view_json(ctx.read("audit_preemptions", account=account, since=_time(since)), output)
         return
-    params = {"account": account, "since": _time(since)}
-    table = _table(
-        ctx,
-        api.AuditQuery(kind="preemptions", account=account, since=_time(since)),
-        lambda con: run_query(con, reads.PREEMPTIONS_SQL, params),
-    )
+    table = _table(ctx, api.AuditQuery(kind="preemptions", account=account, since=_time(since)))
     export(table, fmt, output)
 
 
@@ -640,11 +441,7 @@ def audit_budget_changes(
     if as_json or fmt == "json":
         _view_json(ctx.read("audit_budget_changes", since=_time(since)), output)
         return
-    table = _table(
-        ctx,
-        api.AuditQuery(kind="budget-changes", since=_time(since)),
-        lambda con: run_query(con, reads.BUDGET_CHANGES_SQL, {"since": _time(since)}),
-    )
+    table = _table(ctx, api.AuditQuery(kind="budget-changes", since=_time(since)))
     export(table, fmt, output)
 
 
@@ -653,7 +450,7 @@ def audit_budget_changes(
 
 @audit_group.command("verify")
 @click.option("--kafka", "bootstrap", help="Also check the Kafka copy at HOST:PORT.")
-@click.option("--topic", default="gpuledger.events", show_default=True)
+@click.option("--topic", default=TOPIC, show_default=True)
 @json_option
 @pass_ctx
 def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> None:
@@ -727,11 +524,15 @@ def audit_check(ctx: Ctx, agent_states: tuple[Path, ...], as_json: bool) -> None
     if ctx.remote is not None and not agent_states:  # the server checks its own host
         view: v.CheckView = ctx.remote.get("audit/check", type=v.CheckView)
     else:
+        from ledger.engines.supervised import live_processes
+
         ctx.local_only()  # --agent-state names directories of this host, not the server's
-        report = scan_history(ctx.home)
-        live = live_violations(ctx.home, lambda: ctx.ledger(live=True), agent_states)
+        report = tables.scan_history(ctx.home)
+        live = tables.live_violations(
+            ctx.home, lambda: ctx.ledger(live=True), live_processes, agent_states
+        )
         with projection(ctx, quiet=True) as store:
-            view = check_view(report, store, live)
+            view = tables.check_view(report, store, live)
     if as_json:
         echo_json(view)
     else:
@@ -749,49 +550,6 @@ def audit_check(ctx: Ctx, agent_states: tuple[Path, ...], as_json: bool) -> None
 
 def _violation(item: v.CheckItem) -> au.Violation:
     return msgspec.convert(item, au.Violation, from_attributes=True)
-
-
-def scan_history(home: Path) -> au.CheckReport:
-    """The invariants over the whole log, read from the store (its own connection)."""
-    with EmbeddedSource(home) as source:
-        return au.check(_positioned(source))
-
-
-def check_view(report: au.CheckReport, store: Store, live: list[au.Violation]) -> v.CheckView:
-    """`audit check`'s answer: the history's violations, usage charged to unfunded jobs (from
-    the projection `store`) and GPUs held twice by live processes, in log order."""
-    charges = au.check_charges(store)
-    violations = sorted([*report.violations, *charges, *live], key=lambda x: x.position)
-    return v.CheckView(
-        events=report.events,
-        violations=[msgspec.convert(x, v.CheckItem, from_attributes=True) for x in violations],
-        noted=[msgspec.convert(x, v.CheckItem, from_attributes=True) for x in report.noted],
-    )
-
-
-def live_violations(
-    home: Path, ledger: Callable[[], Any], agent_states: tuple[Path, ...] = ()
-) -> list[au.Violation]:
-    """The ledger's holders now against the live processes of the local executor on this host
-    (`home/agent`), of `up`'s local node agents (`home/agents/NODE`) and of the node agents
-    whose state directories are named; the ledger is opened only when some are alive."""
-    from ledger.engines.supervised import live_processes
-    from ledger.store.clock import SystemClock
-
-    local = sorted(d for d in (home / "agents").glob("*") if d.is_dir())
-    procs = [p for d in (home / "agent", *local, *agent_states) for p in live_processes(d)]
-    if not procs:
-        return []
-    led = ledger()
-    position = led.catch_up()
-    live = [(p.job_id, p.node, i) for p in procs for i in p.gpu_indices]
-    return au.check_live(led.state.holders, live, position, SystemClock().now())
-
-
-def _positioned(source: EmbeddedSource, page: int = 50_000) -> Iterator[tuple[int, Any]]:
-    for records in follow(source, page=page):
-        for rec in records:
-            yield rec.position, codec.decode(rec.data)
 
 
 COMMANDS = [replay, whatif, audit_group]

@@ -19,12 +19,15 @@ import msgspec
 from ledger.cli._common import Ctx, pass_ctx
 from ledger.cli.output import log_level_option, setup_logging
 from ledger.cli.views import projection_group
-from ledger.store.relay import RelayError, connect_timeout, read_health
+from ledger.store.relay import RelayError
+from ledger.store.relay_service import read_health
 from projections.errors import ProjectionMismatch
-from projections.kafka_source import TOPIC, KafkaSource, quiet_kafka_logs
+from projections.kafka_source import KafkaSource
 from projections.kafka_source import follow as follow_topic
+from projections.kafka_wire import TOPIC, connect_timeout, quiet_kafka_logs
 from projections.projector import DEFAULT_BATCH, Projector
-from projections.store import Store, scalar
+from projections.quarantine import quarantined
+from projections.store import Store
 
 
 @click.command("follow")
@@ -111,22 +114,13 @@ def follow(
             on_error=lambda err: log.warning("kafka: %s", err.line()),
         )
         status = store.status()
-        dead = _quarantined(store) or 0
+        dead = quarantined(store.con) or 0
     click.echo(f"position {position:,}, {status.events:,} events, {dead} quarantined")
-
-
-def _quarantined(store: Store) -> int | None:
-    """Rows of dead_letters (None: a projection file made before the table existed)."""
-    if not scalar(
-        store.con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'dead_letters'"
-    ):
-        return None
-    return int(scalar(store.con, "SELECT count(*) FROM dead_letters"))
 
 
 def _require_dead_letters(store: Store) -> None:
     """A projection file made before `dead_letters` existed cannot quarantine."""
-    if _quarantined(store) is None:
+    if quarantined(store.con) is None:
         raise ProjectionMismatch(
             f"the projection {store.path} has no dead_letters table (an older file)",
             hint="delete it and follow again: it is rebuilt from the topic",

@@ -179,7 +179,7 @@ def projection_group() -> None:
 @pass_ctx
 def projection_rebuild(ctx: Ctx) -> None:
     """Drop the projection and rebuild it from the log (with a progress bar)."""
-    from projections.projector import rebuild
+    from ledger.store.embedded import rebuild
 
     ctx.ledger(live=True)
     bar, update = _progress_bar()

@@ -29,15 +29,16 @@ from ledger.cycle.record import record
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
 from ledger.store.application import Ledger
+from ledger.store.embedded import EmbeddedSource
 from projections.errors import ProjectionBusy
 from projections.projector import Projector
-from projections.source import EmbeddedSource, EventSource
+from projections.source import EventSource
 from projections.store import Store
 from schemas import commands as c
 from schemas.errors import LedgerError
 
 if TYPE_CHECKING:
-    from ledger.store.relay import RelayService
+    from ledger.store.relay_service import RelayService
 
 
 SERVICE = "@service"
@@ -240,14 +241,9 @@ class ServiceLoop:
         GPULEDGER_KAFKA_TRANSACTIONAL_ID override the topic and the relay's transactional id),
         and a broker outage shows as relay lag."""
         if self.kafka is not None:
-            from ledger.store.relay import (
-                DEFAULT_TRANSACTIONAL_ID,
-                TOPIC,
-                RelayService,
-                connect_timeout,
-                flush_timeout,
-            )
-            from projections.kafka_source import quiet_kafka_logs
+            from ledger.store.relay import DEFAULT_TRANSACTIONAL_ID
+            from ledger.store.relay_service import RelayService, flush_timeout
+            from projections.kafka_wire import TOPIC, connect_timeout, quiet_kafka_logs
 
             quiet_kafka_logs(logging.getLevelName(logging.root.level))
             self.relay = RelayService(

@@ -1,7 +1,7 @@
 """Audit: tamper evidence (the hash chain) and the invariant checker.
 
 Tamper evidence. Every stored event carries `prev_hash`, the SHA-256 of the previous event's
-stored bytes (`ledger.store.application.chain_hash`), the first event "". `verify_chain` recomputes
+stored bytes (`projections.chain.chain_hash`), the first event "". `verify_chain` recomputes
 the chain over records in position order and names what broke:
 
 - `edited`: an event's bytes no longer hash to what its successor recorded (the edited event's
@@ -35,7 +35,6 @@ Pure: `verify_chain`, `verify_copy`, `check`, `check_history`. Edges: `store_rec
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -46,7 +45,10 @@ import msgspec
 from ledger.core.authz import authorisation_failure
 from ledger.core.evolve import evolve
 from ledger.core.state import Job, State, is_system
-from projections.source import EVENTS_DB, EmbeddedSource, StoredRows, follow
+from ledger.store.embedded import EVENTS_DB, EmbeddedSource, StoredRows
+from projections import history
+from projections.chain import chain_digest, prev_hash
+from projections.source import follow
 from projections.store import Store
 from schemas import events as e
 from schemas.errors import LedgerError
@@ -99,20 +101,6 @@ class ChainReport(msgspec.Struct, frozen=True, kw_only=True):
         return not self.problems
 
 
-class _Link(msgspec.Struct):
-    prev_hash: str = ""
-
-
-_link_decoder = msgspec.json.Decoder(_Link)
-
-
-def _link(data: bytes) -> str | None:
-    try:
-        return _link_decoder.decode(data).prev_hash
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-
-
 class _Break(NamedTuple):
     i: int
     position: int
@@ -129,11 +117,11 @@ def verify_chain(records: Iterable[ChainRecord], limit: int = 20) -> ChainReport
     problems: list[ChainProblem] = []
     breaks: list[_Break] = []
     gaps: set[int] = set()
-    prev_hash, prev_pos, prev_version = "", 0, None
+    last_hash, prev_pos, prev_version = "", 0, None
     for i, rec in enumerate(records):
-        digest = hashlib.sha256(rec.data).digest()
+        digest = chain_digest(rec.data)
         positions.append(rec.position)
-        link = _link(rec.data)
+        link = prev_hash(rec.data)
         if rec.position != prev_pos + 1:
             if rec.position > prev_pos + 1:
                 gaps.add(i)
@@ -172,7 +160,7 @@ def verify_chain(records: Iterable[ChainRecord], limit: int = 20) -> ChainReport
                 )
             )
             links_ok.append(False)
-        elif link != prev_hash:
+        elif link != last_hash:
             breaks.append(_Break(i, rec.position, link))
             links_ok.append(False)
         else:
@@ -193,13 +181,13 @@ def verify_chain(records: Iterable[ChainRecord], limit: int = 20) -> ChainReport
                 )
             )
         digests += digest
-        prev_hash, prev_pos, prev_version = digest.hex(), rec.position, rec.version
+        last_hash, prev_pos, prev_version = digest.hex(), rec.position, rec.version
     problems += _classify(breaks, digests, positions, links_ok, gaps)
     problems.sort(key=lambda p: p.position)
     return ChainReport(
         events=len(positions),
         head=prev_pos,
-        head_hash=prev_hash,
+        head_hash=last_hash,
         problems=tuple(problems[:limit]),
     )
 
@@ -419,24 +407,29 @@ def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterat
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import KafkaError
 
-    from ledger.store.relay import client_config, connect_timeout
-    from projections.kafka_source import envelope, quiet_kafka_logs, unreachable
+    from projections.kafka_wire import (
+        PARTITION,
+        connect_timeout,
+        envelope,
+        quiet_kafka_logs,
+        reader_config,
+        unreachable,
+    )
 
     quiet_kafka_logs("warning")  # kafka-python's retries and tracebacks stay off the terminal
     why = unreachable(bootstrap, connect_timeout())
     if why is not None:
         raise AuditError(f"Kafka at {bootstrap} is unreachable ({why})", hint="is the broker up?")
-    tp = TopicPartition(topic, 0)
+    tp = TopicPartition(topic, PARTITION)
     try:
         consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            client_id="gpuledger-audit",
-            bootstrap_timeout_ms=int(connect_timeout() * 1000),
-            max_partition_fetch_bytes=8 << 20,
-            fetch_max_bytes=32 << 20,
-            **client_config(),
+            **reader_config(
+                bootstrap,
+                "gpuledger-audit",
+                connect_timeout(),
+                max_partition_fetch_bytes=8 << 20,
+                fetch_max_bytes=32 << 20,
+            )
         )
     except KafkaError as err:
         raise AuditError(
@@ -665,11 +658,6 @@ def check_history(events: Iterable[e.AnyEvent | tuple[int, e.AnyEvent]]) -> list
 def check_charges(store: Store) -> list[Violation]:
     """Edge: usage is charged from the projection's intervals flagged funded; none may belong
     to an unfunded job (min runtime 0)."""
-    rows = store.con.execute(
-        "SELECT i.job_id, i.start_position, i.start_at, i.leaf FROM job_intervals i "
-        "JOIN jobs j USING (job_id) WHERE i.funded AND j.min_runtime_s <= 0 "
-        "ORDER BY i.start_position"
-    ).fetchall()
     return [
         Violation(
             position=int(pos),
@@ -678,7 +666,7 @@ def check_charges(store: Store) -> list[Violation]:
             message=f"the interval of unfunded job {job} from position {pos} is charged to {leaf}",
             job_id=int(job),
         )
-        for job, pos, at, leaf in rows
+        for job, pos, at, leaf in history.unfunded_charges(store.con)
     ]
 
 

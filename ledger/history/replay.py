@@ -67,15 +67,17 @@ from ledger.history.compare import (
     recorded_usage,
     squat_threshold,
 )
+from ledger.store.embedded import EVENTS_DB, EmbeddedSource
 from ledger.store.snapshots import folded, unfolded
 from projections import queries
+from projections.chain import chain_hash
 from projections.fairshare import UsagePolicy
 from projections.projector import Projector
-from projections.source import EVENTS_DB, EmbeddedSource, EventSource, follow, gc_paused
+from projections.source import EventSource, follow, gc_paused
 from projections.store import Store, projection_path
 from schemas import codec
 from schemas import events as e
-from schemas.digest import chain_hash, rank_digest
+from schemas.digest import rank_digest
 from schemas.errors import InvalidCommand, LedgerError, UnknownEntity
 
 log = logging.getLogger("gpuledger.replay")

@@ -4,12 +4,12 @@ Each function takes the handles it reads (a `LiveState` for live state and previ
 projection `Store` for history, a DuckDB connection for audit reads), typed filters and an
 explicit `now`/`at`; it returns view Structs. No printing, no clock, no appends: transport-free
 and side-effect free (a `preview` decides without appending). History reads (`jobs`, `log`) come
-from the projection's read models, never from the folded write-side `State`.
+from the projection's read models, never from the folded write-side `State`; their SQL is
+`projections.history`'s.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -153,116 +153,14 @@ def redact_event(ev: e.AnyEvent) -> e.AnyEvent:
 
 # --- jobs and the log (history: the projection) ----------------------------------------------
 
-_HELD = """held AS (  -- held only replaces pending: the scan reads those few jobs' events
-    SELECT job_id, arg_max(tag, position) = 'job.held.v1' AS held FROM events
-    WHERE tag IN ('job.held.v1', 'job.released.v1')
-      AND position >= (SELECT min(submitted_position) FROM {jobs} WHERE status = 'pending')
-      AND job_id IN (SELECT job_id FROM {jobs} WHERE status = 'pending')
-    GROUP BY job_id
-)"""
-
-_JOB_STATUS = {
-    "active": "j.status <> 'finished'",  # pending and held jobs are active too
-    "pending": "j.status = 'pending' AND NOT coalesce(h.held, false)",
-    "held": "j.status = 'pending' AND coalesce(h.held, false)",
-}
-"""The `status` filters that are not one stored status (held is a state of a pending job)."""
-
-_JOB_FILTERS = (
-    ("user", "j.user_name = $user"),
-    ("account", "(j.account = $account OR j.account LIKE $account || '/%')"),
-    ("since", "(j.finished_at IS NULL OR j.finished_at >= $since)"),
-    ("until", "j.submitted_at <= $until"),
-    ("job_id", "j.job_id = $job_id"),
-)
-
-_JOB_PAGE = """page AS (  -- the page first: newest first, over the given filters' columns only
-    SELECT j.job_id FROM jobs j{join}{where}
-    ORDER BY j.job_id DESC LIMIT $limit
-), top AS (  -- then only the page's rows
-    SELECT j.* FROM jobs j
-    WHERE j.job_id >= (SELECT min(job_id) FROM page) AND j.job_id IN (SELECT job_id FROM page)
-)"""
-
-_JOB_DETAILS = """ev AS (  -- the page's events, by position range first (zone maps skip the rest)
-    SELECT e.job_id, e.position, e.tag, e.raw FROM events e
-    WHERE e.position >= (SELECT min(submitted_position) FROM top)
-      AND e.job_id IN (SELECT job_id FROM top)
-      AND e.tag IN ('job.submitted.v1', 'job.started.v1', 'job.engine_ended.v1')
-), iv AS (
-    SELECT job_id, max(start_at) AS last_start_at,
-           list_sort(list_distinct(flatten(
-               list([sl.node FOR sl IN slots]) FILTER (WHERE end_position IS NULL)
-           ))) AS nodes
-    FROM job_intervals
-    WHERE job_id IN (SELECT job_id FROM top)
-    GROUP BY job_id
-), x AS (
-    SELECT job_id,
-           arg_max(raw, position) FILTER (WHERE tag = 'job.submitted.v1') AS submitted,
-           arg_max(raw, position) FILTER (WHERE tag = 'job.started.v1') AS started,
-           arg_max(raw, position) FILTER (WHERE tag = 'job.engine_ended.v1') AS ended
-    FROM ev GROUP BY job_id
-)
-SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster,
-       CASE WHEN j.status = 'pending' AND coalesce(h.held, false) THEN 'held'
-            ELSE j.status END AS state,
-       j.outcome, j.exit_code, j.funded, j.min_runtime_s, j.resumable, j.priority, j.debug,
-       j.time_limit_s, j.submitted_at, j.placed_at, j.started_at, j.finished_at, j.placements,
-       j.preemptions, coalesce(iv.nodes, []) AS nodes, iv.last_start_at,
-       coalesce(from_json(x.submitted->'$.command', '["VARCHAR"]'), []) AS command,
-       coalesce(from_json(x.started->'$.logs', '["VARCHAR"]'), []) AS logs,
-       x.ended->>'$.reason' AS finish_reason
-FROM top j LEFT JOIN held h USING (job_id) LEFT JOIN iv USING (job_id) LEFT JOIN x USING (job_id)
-ORDER BY j.job_id DESC
-"""
-
-
-def _jobs_query(params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The `jobs` statement for these filters (a None value: not filtered on) and its parameters.
-
-    The page is cut first, on the jobs table alone: a filter not given is left out of the
-    statement, so the engine reads no column for it and the page without filters is a top-N
-    over one column, whatever the history; only then do the page's rows get their state,
-    nodes and details. Whether a pending job is held is read from its events: for the page's
-    pending jobs, or for every pending job (live work, not history) when the filter is
-    `pending` or `held` itself."""
-    status = params["status"]
-    where = [sql for name, sql in _JOB_FILTERS if params[name] is not None]
-    used = {name: params[name] for name, _ in _JOB_FILTERS if params[name] is not None}
-    if status in _JOB_STATUS:
-        where.append(_JOB_STATUS[status])
-    elif status is not None:
-        where.append("j.status = $status")
-        used["status"] = status
-    by_held = status in ("pending", "held")
-    page = _JOB_PAGE.format(
-        join=" LEFT JOIN held h USING (job_id)" if by_held else "",
-        where=f"\n    WHERE {' AND '.join(where)}" if where else "",
-    )
-    held = _HELD.format(jobs="jobs" if by_held else "top")
-    ctes = [held, page] if by_held else [page, held]
-    return "WITH " + ",\n".join([*ctes, _JOB_DETAILS]), {**used, "limit": params["limit"]}
-
 
 def jobs(store: Store, f: v.JobFilter, now: float, viewer: Viewer | None) -> list[v.JobRow]:
     """Jobs newest first, like sacct: start, end, elapsed, exit code. `since`/`until` select the
     jobs alive at some moment of [since, until] (not ended before `since`, submitted by
     `until`). A job whose command `viewer` may not see comes `redact`ed (None: nothing is)."""
-    account = f.account.rstrip("/") if f.account else None
-    sql, params = _jobs_query(
-        {
-            "status": f.status,
-            "user": f.user,
-            "account": account,
-            "since": f.since,
-            "until": f.until,
-            "limit": f.limit,
-            "job_id": None,
-        }
-    )
-    rows = store.con.execute(sql, params).fetchall()
-    return _seen(_job_rows(rows, now), viewer)
+    from projections.history import jobs_page
+
+    return _seen(_job_rows(jobs_page(store.con, f), now), viewer)
 
 
 def _seen(rows: list[v.JobRow], viewer: Viewer | None) -> list[v.JobRow]:
@@ -299,39 +197,17 @@ def _job_rows(rows: list[tuple[Any, ...]], now: float) -> list[v.JobRow]:
     return out
 
 
-def _decode(raw: Any) -> e.AnyEvent:
-    from schemas import codec
-
-    return codec.decode(raw.encode() if isinstance(raw, str) else raw)
-
-
 def log(store: Store, f: v.LogFilter, viewer: Viewer | None) -> list[v.LogEntry]:
     """Events after `f.after` in log order (`f.limit` of them, or the last `f.tail`), from the
     projection's `events` table; events of unknown types keep their tag and a null body. The
     events of a job whose command `viewer` may not see come `redact_event`ed and marked, and so do
     token issues (their secret's hash withheld) for every viewer (None: nothing is)."""
-    if f.tail is not None:
-        sql = (
-            "SELECT * FROM (SELECT position, tag, known, occurred_at, actor, raw FROM events "
-            "WHERE position > $after ORDER BY position DESC LIMIT $n) ORDER BY position"
-        )
-        n = f.tail
-    else:
-        sql = (
-            "SELECT position, tag, known, occurred_at, actor, raw FROM events "
-            "WHERE position > $after ORDER BY position LIMIT $n"
-        )
-        n = f.limit
-    rows = store.con.execute(sql, {"after": f.after, "n": n}).fetchall()
+    from projections import history
+
+    rows = history.log_page(store.con, f.after, f.limit, tail=f.tail)
     out = [
-        v.LogEntry(
-            position=pos,
-            tag=tag,
-            at=at,
-            actor=actor,
-            event=_decode(raw) if known else None,
-        )
-        for pos, tag, known, at, actor, raw in rows
+        v.LogEntry(position=r.position, tag=r.tag, at=r.occurred_at, actor=r.actor, event=r.event)
+        for r in rows
     ]
     if viewer is None:
         return out
@@ -353,11 +229,7 @@ def log(store: Store, f: v.LogFilter, viewer: Viewer | None) -> list[v.LogEntry]
     )
     unknown = sorted(job_id for job_id, who in owners.items() if who == ("", ""))
     if unknown:
-        got = store.con.execute(
-            "SELECT job_id, user_name, account FROM jobs WHERE job_id IN (SELECT unnest($ids))",
-            {"ids": unknown},
-        ).fetchall()
-        owners.update({job_id: (user, account) for job_id, user, account in got})
+        owners.update(history.owners(store.con, unknown))
     hidden = {job_id for job_id, (u, a) in owners.items() if not viewer.sees(u, a)}
     return [
         msgspec.structs.replace(x, event=redact_event(x.event), redacted=True)
@@ -467,13 +339,12 @@ def utilisation(store: Store, state: State, threshold: float = 10.0) -> UtilTrac
     tracker = UtilTracker(threshold_pct=threshold)
     if not running:
         return tracker
-    rows = store.con.execute(
-        "SELECT raw FROM events WHERE tag IN ('job.utilisation_sampled.v1', 'job.placed.v1') "
-        "AND job_id IN (SELECT unnest($ids)) ORDER BY position",
-        {"ids": running},
-    ).fetchall()
-    for (raw,) in rows:
-        tracker.observe(_decode(raw))
+    from projections import history
+
+    for _position, ev in history.events_of(
+        store.con, [e.UtilisationSampled, e.JobPlaced], job_ids=running
+    ):
+        tracker.observe(ev)
     return tracker
 
 
@@ -771,10 +642,9 @@ def priority(
 
 
 def _history(store: Store, job_id: int) -> list[e.AnyEvent]:
-    rows = store.con.execute(
-        "SELECT raw FROM events WHERE job_id = ? AND known ORDER BY position", [job_id]
-    ).fetchall()
-    return [_decode(r[0]) for r in rows]
+    from projections import history
+
+    return [r.event for r in history.job_events(store.con, job_id)]
 
 
 _JOB_EVENTS = (
@@ -808,17 +678,9 @@ def _decisions(store: Store, history: Iterable[e.AnyEvent]) -> dict[str, e.Cycle
     )
     if not cycles:
         return {}
-    rows = store.con.execute(
-        "SELECT raw FROM events WHERE tag LIKE 'cycle.decided.v%' AND position IN "
-        "(SELECT position FROM decisions WHERE cycle_id IN (SELECT unnest($ids)))",
-        {"ids": cycles},
-    ).fetchall()
-    out = {}
-    for (raw,) in rows:
-        ev = _decode(raw)
-        if isinstance(ev, e.CycleDecided):
-            out[ev.cycle_id] = ev
-    return out
+    from projections.history import decisions_of_cycles
+
+    return decisions_of_cycles(store.con, cycles)
 
 
 def _tag(ev: e.AnyEvent) -> str:
@@ -938,59 +800,23 @@ def squatters(
 
 # --- audit reads (a read-only DuckDB connection over the projection) --------------------------
 
-PREEMPTIONS_SQL = """
-SELECT p.position, p.preempted_at, p.job_id, p.account, p.user_name, p.gpus, p.reason,
-       p.for_job, p.note, p.actor, p.cycle_id, p.funded, p.resumable, p.placed_at,
-       p.preempted_at - p.placed_at AS held_s, j.min_runtime_s,
-       coalesce(p.preempted_at < p.placed_at + j.min_runtime_s, false) AS inside_contract
-FROM preemptions p LEFT JOIN jobs j USING (job_id)
-WHERE ($account IS NULL OR p.account = $account OR p.account LIKE $account || '/%'
-       OR p.leaf = $account)
-  AND ($since IS NULL OR p.preempted_at >= $since)
-ORDER BY p.position
-"""
-
-BUDGET_CHANGES_SQL = """
-WITH changes AS (
-    SELECT position, occurred_at AS changed_at, actor AS who, split_part(tag, '.', 1) || ' ' ||
-           split_part(tag, '.', 2) AS change, account, user_name,
-           TRY_CAST(raw->>'$.shares' AS BIGINT) AS shares, raw->>'$.kind' AS kind,
-           coalesce(raw->>'$.reason', '') AS reason, tag
-    FROM events
-    WHERE tag IN ('account.opened.v1', 'account.closed.v1', 'account.shares_set.v1',
-                  'member.added.v1', 'member.removed.v1', 'manager.granted.v1',
-                  'manager.revoked.v1', 'admin.granted.v1', 'admin.revoked.v1')
-)
-SELECT position, changed_at, who, change, account, user_name, kind,
-       CASE WHEN tag = 'account.shares_set.v1' THEN lag(shares) OVER (
-           PARTITION BY account, tag = 'account.shares_set.v1' ORDER BY position) END
-           AS shares_before,
-       shares AS shares_after, reason
-FROM changes
-QUALIFY $since IS NULL OR changed_at >= $since
-ORDER BY position
-"""
-
-
-def _dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    names = [d[0] for d in cur.description or ()]
-    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-
 
 def audit_preemptions(
     con: duckdb.DuckDBPyConnection, account: str | None, since: float | None
 ) -> list[v.PreemptionRow]:
     """Every preemption: whose job, why, for which job, by whom, inside its contract or not."""
-    cur = con.execute(PREEMPTIONS_SQL, {"account": account, "since": since})
-    return [v.PreemptionRow(**r) for r in _dicts(cur)]
+    from projections import history
+
+    return [v.PreemptionRow(**r) for r in history.dicts(con, history.preemptions(account, since))]
 
 
 def audit_budget_changes(
     con: duckdb.DuckDBPyConnection, since: float | None
 ) -> list[v.BudgetChangeRow]:
     """Who changed what in the budget tree, and why."""
-    cur = con.execute(BUDGET_CHANGES_SQL, {"since": since})
-    return [v.BudgetChangeRow(**r) for r in _dicts(cur)]
+    from projections import history
+
+    return [v.BudgetChangeRow(**r) for r in history.dicts(con, history.budget_changes(since))]
 
 
 # --- dashboard: series, GPU map, decisions, counts ---------------------------------------------
@@ -999,9 +825,9 @@ def audit_budget_changes(
 def job(store: Store, job_id: int, now: float, viewer: Viewer | None) -> v.JobRow:
     """One job as `jobs` shows it to `viewer` (UnknownEntity when the log has none with this
     id)."""
-    params = dict.fromkeys(("status", "user", "account", "since", "until"))
-    sql, used = _jobs_query({**params, "limit": 1, "job_id": job_id})
-    rows = store.con.execute(sql, used).fetchall()
+    from projections.history import jobs_page
+
+    rows = jobs_page(store.con, v.JobFilter(limit=1), job_id=job_id)
     if not rows:
         raise UnknownEntity(f"no job {job_id}", job_id=job_id)
     return _seen(_job_rows(rows, now), viewer)[0]
@@ -1120,15 +946,11 @@ def gpu_map(ledger: LiveState, store: Store) -> list[v.GpuRow]:
                 order.setdefault(j.job_id, []).append((slot.node, g))
     util: dict[tuple[str, int], float] = {}
     if holders:
-        rows = store.con.execute(
-            "SELECT job_id, arg_max(raw->>'$.gpu_utilisation', position) FROM events "
-            "WHERE tag = 'job.utilisation_sampled.v1' AND job_id IN (SELECT unnest($ids)) "
-            "GROUP BY job_id",
-            {"ids": sorted(order)},
-        ).fetchall()
-        for job_id, text in rows:
-            values = [float(x) for x in json.loads(text or "[]")]
-            gpus = order[int(job_id)]
+        from projections import history
+
+        for job_id, sample in history.last_samples(store.con, sorted(order)).items():
+            values = [float(x) for x in sample.gpu_utilisation]
+            gpus = order[job_id]
             if not values:
                 continue
             if len(values) != len(gpus):
@@ -1166,17 +988,9 @@ def decisions(
 ) -> list[v.DecisionRow]:
     """Recorded dispatcher cycles, newest first (at most `limit`), with their counts: in
     [since, until], that placed or preempted `job_id`, or the one at `position`."""
-    rows = store.con.execute(
-        "SELECT position, cycle_id, decided_at, based_on, policy_version, placed_jobs, "
-        "preempted_jobs, considered, fragmentation_gpus FROM decisions "
-        "WHERE ($since IS NULL OR decided_at >= $since) "
-        "AND ($until IS NULL OR decided_at <= $until) "
-        "AND ($job IS NULL OR list_contains(placed_jobs, $job) "
-        "OR list_contains(preempted_jobs, $job)) "
-        "AND ($pos IS NULL OR position = $pos) "
-        "ORDER BY position DESC LIMIT $limit",
-        {"since": since, "until": until, "limit": limit, "job": job_id, "pos": position},
-    ).fetchall()
+    from projections import history
+
+    rows = history.decisions(store.con, since, until, limit, job_id=job_id, position=position)
     return [
         v.DecisionRow(
             position=p,
@@ -1203,16 +1017,13 @@ def decision_at(ledger: Ledger, position: int) -> e.CycleDecided:
 
 def preemption_counts(store: Store) -> list[v.CountRow]:
     """Preemptions over the whole log, per reason."""
-    rows = store.con.execute(
-        "SELECT reason, count(*) FROM preemptions GROUP BY reason ORDER BY reason"
-    ).fetchall()
-    return [v.CountRow(name=r, count=n) for r, n in rows]
+    from projections import history
+
+    return [v.CountRow(name=r, count=n) for r, n in history.preemption_counts(store.con)]
 
 
 def placement_counts(store: Store) -> list[v.CountRow]:
     """Placements over the whole log, funded or not."""
-    rows = store.con.execute(
-        "SELECT CASE WHEN funded THEN 'funded' ELSE 'unfunded' END AS kind, count(*) "
-        "FROM job_intervals GROUP BY kind ORDER BY kind"
-    ).fetchall()
-    return [v.CountRow(name=k, count=n) for k, n in rows]
+    from projections import history
+
+    return [v.CountRow(name=k, count=n) for k, n in history.placement_counts(store.con)]

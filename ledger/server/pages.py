@@ -265,7 +265,7 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
 
         def run() -> list[dict[str, Any]]:
             from ledger.history import replay as rp
-            from projections.source import EmbeddedSource
+            from ledger.store.embedded import EmbeddedSource
 
             found = rp.find_decisions(home, rp.Selection(job=job_id))[-REPLAY_LAST:]
             with EmbeddedSource(home) as source:

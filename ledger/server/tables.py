@@ -63,17 +63,18 @@ def routes(
         """The ledger's invariants over the whole log, usage charged to unfunded jobs, and GPUs
         held twice by processes alive on the server's host. The history is scanned beside the
         worker; the projection and the live state are read on it."""
-        from ledger.cli.audit import check_view, live_violations, scan_history
+        from ledger.engines.supervised import live_processes
+        from ledger.history import tables
 
         person(request)
         service = worker.service
-        report = await asyncio.to_thread(scan_history, service.home)
+        report = await asyncio.to_thread(tables.scan_history, service.home)
 
         def rest() -> v.CheckView:
             assert service.projector is not None and service.store is not None
             service.projector.catch_up()
-            live = live_violations(service.home, lambda: service.ledger)
-            return check_view(report, service.store, live)
+            live = tables.live_violations(service.home, lambda: service.ledger, live_processes)
+            return tables.check_view(report, service.store, live)
 
         return await worker.call(rest)  # type: ignore[no-any-return]
 
@@ -104,33 +105,15 @@ def table(worker: Worker, q: api.AuditQuery) -> api.AuditTable:
     network reads), and only single SELECT statements pass `check_select`."""
     import pyarrow as pa
 
-    from ledger.cli.audit import check_select, job_rows, run_query
-    from ledger.reads import layer as reads
+    from ledger.history import tables
 
     service = worker.service
     assert service.projector is not None and service.store is not None
     service.projector.catch_up()
     con = service.store.con
-    _lock_down(con)
-    if q.kind == "sql":
-        result = run_query(con, check_select(q.sql))
-    elif q.kind == "job":
-        if q.job_id is None:
-            from schemas.errors import InvalidCommand
-
-            raise InvalidCommand("an audit job table needs job_id")
-        result = pa.Table.from_pylist(job_rows(con, q.job_id))
-    elif q.kind == "preemptions":
-        result = run_query(con, reads.PREEMPTIONS_SQL, {"account": q.account, "since": q.since})
-    else:
-        result = run_query(con, reads.BUDGET_CHANGES_SQL, {"since": q.since})
+    tables.lock_down(con)
+    result = tables.audit_table(con, q)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, result.schema) as writer:
         writer.write_table(result)
     return api.AuditTable(rows=result.num_rows, arrow=sink.getvalue().to_pybytes())
-
-
-def _lock_down(con: Any) -> None:
-    """External access off for the service's database: an audit SELECT reads the projection's
-    views only, never the server's files (the projection itself needs no external access)."""
-    con.execute("SET enable_external_access = false")

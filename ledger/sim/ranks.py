@@ -20,9 +20,9 @@ from pathlib import Path
 
 from ledger.cycle import dispatcher as service
 from ledger.store.application import Ledger
+from ledger.store.embedded import EmbeddedSource
 from projections import fairshare as fs
 from projections.projector import Projector
-from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import events as e
 

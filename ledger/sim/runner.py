@@ -38,12 +38,12 @@ from ledger.sim.kernel import KernelExecutor, drive
 from ledger.sim.metrics import JobFold, Metrics, compute
 from ledger.sim.ranks import IncrementalRanks, NoRanks, ProjectionRanks
 from ledger.sim.workload import SimJob, Workload, team_fractions
-from ledger.store.application import EVENTS_DB, Ledger
+from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.embedded import EVENTS_DB, EmbeddedSource
 from projections import fairshare as fs
 from projections import queries
 from projections.projector import Projector
-from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import commands as c
 from schemas import events as e

@@ -44,10 +44,11 @@ from ledger.sim.kernel import KernelExecutor, drive
 from ledger.sim.ranks import IncrementalRanks
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
-from projections import queries
+from ledger.store.embedded import EmbeddedSource
+from projections import history, queries
 from projections.fairshare import WEEK_S, UsagePolicy
 from projections.projector import Projector
-from projections.source import EmbeddedSource, EventSource, follow
+from projections.source import EventSource, follow
 from projections.store import Store
 from schemas import codec
 from schemas import commands as c
@@ -599,20 +600,6 @@ class TeamMetrics(msgspec.Struct, frozen=True, kw_only=True):
     preemptions: int = 0
 
 
-_WAITS = """
-SELECT j.job_id, j.account, j.submitted_at, min(i.start_at) AS first_placed
-FROM jobs j LEFT JOIN job_intervals i USING (job_id)
-WHERE j.submitted_at >= $start AND j.submitted_at < $end
-  AND NOT list_contains($exclude::BIGINT[], j.job_id)
-GROUP BY ALL
-"""
-
-_PREEMPTIONS = """
-SELECT account, count(*) FROM preemptions
-WHERE preempted_at >= $start AND preempted_at < $end GROUP BY account
-"""
-
-
 def _p90(values: list[float]) -> float | None:
     if not values:
         return None
@@ -639,10 +626,9 @@ def team_metrics(
     waits: dict[str, list[float]] = {}
     never: dict[str, int] = {}
     counts: dict[str, int] = {}
-    rows = store.con.execute(
-        _WAITS, {"start": start, "end": end, "exclude": list(exclude)}
-    ).fetchall()
-    for _job, account, submitted, placed in rows:
+    for _job, account, submitted, placed in history.first_placements(
+        store.con, start, end, exclude
+    ):
         team = team_of(account, team_depth)
         teams.setdefault(team, {})
         if placed is None or placed >= end:
@@ -650,8 +636,8 @@ def team_metrics(
             waits.setdefault(team, [])
         else:
             waits.setdefault(team, []).append(float(placed) - float(submitted))
-    for account, n in store.con.execute(_PREEMPTIONS, {"start": start, "end": end}).fetchall():
-        team = team_of(account or "-", team_depth)
+    for preempted_in, n in history.preemptions_by_account(store.con, start, end):
+        team = team_of(preempted_in or "-", team_depth)
         teams.setdefault(team, {})
         counts[team] = counts.get(team, 0) + int(n)
     out = {}

@@ -28,19 +28,17 @@ from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.store import snapshots
 from ledger.store.clock import Clock, IdSource, SystemClock, random_ids
+from ledger.store.embedded import EVENTS_DB
 from ledger.store.live import decode_at
+from projections.chain import chain_hash
 from projections.source import LogRecord, follow
 from schemas import codec
 from schemas.commands import AnyCommand
-from schemas.digest import chain_hash
 from schemas.errors import Conflict, EventDecodeError, InvalidCommand, LedgerError
 from schemas.events import AnyEvent, tag_of
 
 STREAM_ID = snapshots.STREAM_ID
 log = logging.getLogger("gpuledger.ledger")
-
-
-EVENTS_DB = "events.sqlite"
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,12 @@
 
 The embedded CLI's reads (`jobs`, `queue`, `explain`, ...) need the live state (who may see
 whose commands, the live jobs a preview decides on) and never append: `LiveView` reads the
-store file read-only through `projections.source.EmbeddedSource` (eventsourcing's snapshot
-table and its notification log, the one reader of the store's tables besides the store
-adapter), so a read loads neither eventsourcing nor the application (~20-25 ms of CPU per
-command). It starts exactly as `Ledger(live=True)` does: the same rule picks the snapshot
-(`snapshots.newest`), the same fold (`ledger.core.evolve.evolve`) folds the tail. A tail so long
-that a live ledger would store a new snapshot after folding it is left to `Ledger`
-(`LiveView.open` gives None), which stores that snapshot for every later reader.
+store file read-only through `ledger.store.embedded.EmbeddedSource` (eventsourcing's snapshot
+table and its notification log), so a read loads neither eventsourcing nor the application
+(~20-25 ms of CPU per command). It starts exactly as `Ledger(live=True)` does: the same rule
+picks the snapshot (`snapshots.newest`), the same fold (`ledger.core.evolve.evolve`) folds the
+tail. A tail so long that a live ledger would store a new snapshot after folding it is left to
+`Ledger` (`LiveView.open` gives None), which stores that snapshot for every later reader.
 """
 
 from __future__ import annotations
@@ -20,7 +19,8 @@ from typing import TYPE_CHECKING
 from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.store import snapshots
-from projections.source import EmbeddedSource, follow
+from ledger.store.embedded import EmbeddedSource
+from projections.source import follow
 from schemas.errors import EventDecodeError
 
 if TYPE_CHECKING:

@@ -18,9 +18,13 @@ An edge (network, files). Guarantees, with the reasons (docs/kafka.md has the lo
 - *Foreign records are skipped, not obeyed.* The bookmark is the relay's last record (byte-equal
   to the store's event at its position); records another producer wrote after it are skipped
   with a warning naming their offsets: the store is the source of truth.
-- *Never silent.* `RelayService` runs the relay in its own thread for the service: every error is
-  logged (once per outage) and kept in its health (`<home>/relay.json`, `gpuledger relay
-  status`); scheduling never waits on it; `stop()` flushes every committed event (bounded).
+- *Never silent.* `RelayService` (`ledger/store/relay_service.py`) runs the relay in its own
+  thread for the service: every error is logged (once per outage) and kept in its health
+  (`<home>/relay.json`, `gpuledger relay status`); scheduling never waits on it; `stop()` flushes
+  every committed event (bounded).
+
+The topic, the record headers and the client settings are `projections.kafka_wire`'s, which every
+reader shares.
 
 Record timestamps are the wall clock at publish time (Kafka 4 rejects timestamps more than an
 hour in the future, and simulations run far ahead); the event time stays in the payload.
@@ -31,49 +35,42 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
-import msgspec
 from eventsourcing.persistence import ApplicationRecorder, InfrastructureFactory
 from eventsourcing.sqlite import SQLiteApplicationRecorder
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError, TopicAlreadyExistsError
 
-from ledger.store.clock import SystemClock
-from projections.chain import SigningKeys, chain_hash, prev_hash, signing_keys
-from projections.kafka_source import envelope, unreachable
+from ledger.store.embedded import EVENTS_DB
+from projections.chain import chain_hash, prev_hash
+from projections.kafka_wire import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    PARTITION,
+    REQUIRED_CONFIG,
+    TOPIC,
+    TOPIC_CONFIG,
+    SigningKeys,
+    client_config,
+    envelope,
+    patience,
+    reader_config,
+    record_headers,
+    signing_keys,
+    unreachable,
+)
 from projections.source import follow
 from schemas.errors import LedgerError
-
-TOPIC = "gpuledger.events"
-POSITION_HEADER = "gpuledger.position"
-TAG_HEADER = "gpuledger.tag"
-TOPIC_CONFIG = {
-    "retention.ms": "-1",  # the broker default deletes events after 7 days
-    "retention.bytes": "-1",
-    "cleanup.policy": "delete",  # never compact: every record has the same key (the stream id)
-    "message.timestamp.type": "CreateTime",
-    # Replication factor and min.insync.replicas come from the broker's defaults, so acks=all
-    # means what the cluster's operators set (1 on the development broker).
-}
-REQUIRED_CONFIG = ("retention.ms", "retention.bytes", "cleanup.policy")
-"""Topic settings an existing topic must have, or the topic is not a full copy of the log."""
 
 DEFAULT_TRANSACTIONAL_ID = "gpuledger-relay"
 DEFAULT_BATCH = 5_000
 DEFAULT_TIMEOUT_S = 30.0
-DEFAULT_CONNECT_TIMEOUT_S = 3.0
-"""How long finding a broker may take before it counts as unreachable (the 30 s of kafka-python's
-default made an unreachable broker take half a minute to report)."""
-DEFAULT_FLUSH_S = 10.0
-HEALTH_FILE = "relay.json"
 
 log = logging.getLogger("gpuledger.relay")
 
@@ -109,7 +106,7 @@ class RawRecord(NamedTuple):
 
 def open_store(home: Path) -> ApplicationRecorder:
     """The event store's recorder, for readers that need bytes, not folded state."""
-    db = home / "events.sqlite"
+    db = home / EVENTS_DB
     if not db.exists():
         raise RelayError(f"no event store at {db}", hint="run `gpuledger init` first")
     factory = InfrastructureFactory.construct(
@@ -163,46 +160,6 @@ def _read_raw_sqlite(
     return out
 
 
-def record_headers(record: RawRecord, keys: SigningKeys | None = None) -> list[tuple[str, bytes]]:
-    """The Kafka headers of a published event: its log position and its event tag, and with
-    signing keys its key id and HMAC (`projections.chain`)."""
-    headers = [(POSITION_HEADER, str(record.position).encode()), (TAG_HEADER, record.tag.encode())]
-    if keys is not None:
-        headers += keys.sign(record.data)
-    return headers
-
-
-def client_config(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Standard client security settings (SASL, SSL) pass straight through from GPULEDGER_KAFKA_*
-    environment variables, e.g. GPULEDGER_KAFKA_SECURITY_PROTOCOL=SASL_SSL."""
-    keys = (
-        "security_protocol",
-        "sasl_mechanism",
-        "sasl_plain_username",
-        "sasl_plain_password",
-        "ssl_cafile",
-        "ssl_certfile",
-        "ssl_keyfile",
-        "ssl_check_hostname",
-    )
-    cfg: dict[str, Any] = {}
-    for k in keys:
-        v = os.environ.get(f"GPULEDGER_KAFKA_{k.upper()}")
-        if v is not None:
-            cfg[k] = v if k != "ssl_check_hostname" else v.lower() in ("1", "true", "yes")
-    cfg.update(extra or {})
-    return cfg
-
-
-def _patience(timeout_s: float) -> dict[str, int]:
-    """Client settings that bound how long a connect may take and keep reconnects quick.
-
-    kafka-python's defaults back off up to 30 s between reconnects and wait 30 s to bootstrap,
-    so a broker back after a restart would sit unused for up to half a minute.
-    """
-    return {"bootstrap_timeout_ms": int(timeout_s * 1000), "reconnect_backoff_max_ms": 1_000}
-
-
 def _commit(producer: Any, timeout_s: float) -> None:
     """Commit the producer's open transaction, waiting at most `timeout_s` for the broker.
 
@@ -225,28 +182,6 @@ def _commit(producer: Any, timeout_s: float) -> None:
         raise KafkaTimeoutError(f"the broker did not answer the commit in {timeout_s:g} s")
 
 
-def connect_timeout() -> float:
-    """GPULEDGER_KAFKA_CONNECT_TIMEOUT (seconds), default DEFAULT_CONNECT_TIMEOUT_S."""
-    return _seconds("GPULEDGER_KAFKA_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S)
-
-
-def flush_timeout() -> float:
-    """GPULEDGER_KAFKA_FLUSH_TIMEOUT (seconds): how long a stopping service may wait to publish
-    its last events; default DEFAULT_FLUSH_S."""
-    return _seconds("GPULEDGER_KAFKA_FLUSH_TIMEOUT", DEFAULT_FLUSH_S)
-
-
-def _seconds(name: str, default: float) -> float:
-    text = os.environ.get(name, "")
-    try:
-        value = float(text) if text else default
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise RelayError(f"invalid {name} {text!r}", hint="give seconds, e.g. 3")
-    return value
-
-
 def ensure_topic(
     bootstrap: str,
     topic: str = TOPIC,
@@ -267,7 +202,7 @@ def ensure_topic(
     admin = KafkaAdminClient(
         bootstrap_servers=bootstrap,
         client_id="gpuledger-admin",
-        **_patience(connect_timeout_s),
+        **patience(connect_timeout_s),
         **client_config(config),
     )
     try:
@@ -329,16 +264,11 @@ def tail_windows(
     has seen enough. read_committed skips aborted records and markers, and its end offset stops
     before any open transaction. Raises RelayUnavailable when the broker does not answer within
     `timeout_s`."""
-    tp = TopicPartition(topic, 0)
+    tp = TopicPartition(topic, PARTITION)
     deadline = time.monotonic() + timeout_s
     try:
         consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            client_id="gpuledger-relay-probe",
-            **_patience(connect_timeout_s),
-            **client_config(config),
+            **reader_config(bootstrap, "gpuledger-relay-probe", connect_timeout_s, **(config or {}))
         )
     except KafkaError as e:
         raise _unavailable(bootstrap, e) from e
@@ -475,7 +405,7 @@ class Relay:
                 request_timeout_ms=min(ms, 30_000),
                 delivery_timeout_ms=max(ms, 30_000) + 5_000,  # > linger + request timeout
                 client_id="gpuledger-relay",
-                **_patience(self.connect_timeout_s),
+                **patience(self.connect_timeout_s),
                 **client_config(self.config),
             )
         except KafkaError as e:
@@ -495,7 +425,7 @@ class Relay:
                 len(foreign),
                 last.position,
                 self.topic,
-                _offsets(foreign),
+                offsets_text(foreign),
             )
         self.position = last.position
         self.skipped = tuple(foreign)
@@ -619,7 +549,13 @@ class Relay:
         send, topic = self.producer.send, self.topic
         keys = self.keys
         for r in records:
-            send(topic, value=r.data, key=r.key, headers=record_headers(r, keys), partition=0)
+            send(
+                topic,
+                value=r.data,
+                key=r.key,
+                headers=record_headers(r.position, r.tag, r.data, keys),
+                partition=PARTITION,
+            )
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -703,7 +639,8 @@ class Relay:
         _discard(self.producer)
 
 
-def _offsets(offsets: Sequence[int]) -> str:
+def offsets_text(offsets: Sequence[int]) -> str:
+    """Kafka offsets as a short list for a log line or a report (the first ten, then a count)."""
     shown = ", ".join(map(str, offsets[:10]))
     return shown + (f", ... ({len(offsets) - 10} more)" if len(offsets) > 10 else "")
 
@@ -732,270 +669,3 @@ def _discard(producer: Any) -> None:
             with contextlib.suppress(Exception):
                 sender.force_close()
                 sender.join(5)
-
-
-# --- the relay as a service runs it ---------------------------------------------------------------
-
-RelayState = Literal["connecting", "publishing", "unavailable", "stopped"]
-
-
-class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
-    """What the relay of a running service is doing: `<home>/relay.json`, rewritten when its
-    state changes and about once a second while it publishes."""
-
-    state: RelayState
-    bootstrap: str
-    topic: str
-    position: int = 0
-    """The last log position committed on the topic."""
-    store_head: int = 0
-    """The store's head when this was written."""
-    error: str = ""
-    """Why publishing stopped (state `unavailable`: retried; `stopped`: not retried)."""
-    skipped: tuple[int, ...] = ()
-    """Offsets of foreign records found after the relay's last record (skipped)."""
-    since: float = 0.0
-    """Wall-clock time the state began."""
-    updated: float = 0.0
-
-    @property
-    def lag(self) -> int:
-        return max(0, self.store_head - self.position)
-
-    def line(self) -> str:
-        text = (
-            f"relay {self.state}: {self.topic} at {self.bootstrap}, position {self.position:,}, "
-            f"{self.lag:,} behind the store"
-        )
-        if self.skipped:
-            shown = _offsets(self.skipped)
-            text += f", {len(self.skipped)} foreign record(s) skipped (offsets {shown})"
-        return text + (f": {self.error}" if self.error else "")
-
-
-def health_path(home: Path) -> Path:
-    return home / HEALTH_FILE
-
-
-def read_health(home: Path) -> RelayHealth | None:
-    """The health the service's relay last wrote (None: no relay ran in this home)."""
-    try:
-        return msgspec.json.decode(health_path(home).read_bytes(), type=RelayHealth)
-    except FileNotFoundError:
-        return None
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise RelayError(
-            f"cannot read {health_path(home)}: {e}", hint="the service rewrites it; try again"
-        ) from e
-
-
-class RelayService:
-    """The relay in its own thread, as `gpuledger up --kafka` runs it next to the dispatcher.
-
-    It never blocks the caller and never dies silently: connecting (which can take
-    `connect_timeout_s` when the broker is away) and publishing happen in the thread; a broker
-    error is logged once per outage (warning) and retried; a failure that retrying cannot fix
-    (fenced, a topic of another ledger) stops publishing with an error. Either way the state is
-    in `health` and in `<home>/relay.json`, and scheduling goes on from the store.
-
-    `stop()` flushes: every event committed before it is published before it returns, or the
-    `flush_s` bound passes (then the next relay publishes them, and it says so).
-    """
-
-    def __init__(
-        self,
-        home: Path,
-        bootstrap: str,
-        *,
-        topic: str = TOPIC,
-        transactional_id: str = DEFAULT_TRANSACTIONAL_ID,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-        flush_s: float = DEFAULT_FLUSH_S,
-        interval_s: float = 0.05,
-        keys: SigningKeys | None = None,
-    ) -> None:
-        self.home = home
-        self.bootstrap = bootstrap
-        self.topic = topic
-        self.transactional_id = transactional_id
-        self.timeout_s = timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        self.flush_s = flush_s
-        self.interval_s = interval_s
-        self.keys = keys if keys is not None else signing_keys()
-        self.relay: Relay | None = None
-        self._recorder: ApplicationRecorder | None = None
-        self.clock = SystemClock()
-        now = self.clock.now()
-        self.health = RelayHealth(
-            state="connecting", bootstrap=bootstrap, topic=topic, since=now, updated=now
-        )
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._main, name="relay", daemon=True)
-        self._written = 0.0
-
-    def start(self) -> RelayService:
-        self._write()
-        self._thread.start()
-        return self
-
-    def stop(self) -> RelayHealth:
-        """Stop publishing after a flush (bounded by `flush_s`); the health at the end."""
-        self._stop.set()
-        self._thread.join(self.flush_s + self.connect_timeout_s + 5)
-        return self.health
-
-    # --- the thread -------------------------------------------------------------------------------
-
-    def _main(self) -> None:
-        try:
-            self._publish_until_stopped()
-            if self.health.state != "stopped":
-                self._flush()
-        except BaseException as e:  # never die silently
-            log.exception("relay: stopped by an unexpected error")
-            self._set("stopped", error=f"{type(e).__name__}: {e}")
-        finally:
-            if self.relay is not None:
-                self.relay.close()
-
-    def _publish_until_stopped(self) -> None:
-        delay = 0.2
-        while not self._stop.is_set():
-            try:
-                published = self._publish()
-            except RelayUnavailable as e:
-                self._unavailable(e)
-                self._stop.wait(delay)
-                delay = min(delay * 2, 2.0)
-                continue
-            except RelayError as e:  # fenced, another ledger's topic, no store: not retried
-                log.error("relay stopped: %s", e.line())
-                self._set("stopped", error=e.line())
-                return
-            delay = 0.2
-            if not published:
-                self._stop.wait(self.interval_s)
-
-    def _publish(self) -> int:
-        """One round: connect if needed, publish what is pending; unexpected errors become
-        RelayUnavailable (retried with a fresh producer)."""
-        try:
-            if self.relay is None:
-                self.relay = Relay(
-                    self._store(),
-                    self.bootstrap,
-                    topic=self.topic,
-                    transactional_id=self.transactional_id,
-                    timeout_s=self.timeout_s,
-                    connect_timeout_s=self.connect_timeout_s,
-                    keys=self.keys,
-                )
-            published = self.relay.publish_pending()
-        except RelayError:
-            raise
-        except Exception as e:
-            if self.relay is None:
-                log.debug("relay: unexpected error", exc_info=e)
-                raise RelayUnavailable(
-                    f"relay failed to start: {type(e).__name__}: {e}",
-                    hint="retried; run with --log-level debug for the traceback",
-                ) from e
-            raise self.relay.failed(e) from e
-        if self.health.state != "publishing":
-            if self.health.state == "unavailable":
-                log.warning("relay: publishing again, topic at position %d", self.relay.position)
-            self._set("publishing")
-        elif published or time.monotonic() - self._written > 1.0:
-            self._set("publishing")
-        return published
-
-    def _unavailable(self, e: RelayError) -> None:
-        if self.health.state != "unavailable":
-            log.warning(
-                "relay: %s; publishing paused and retried, scheduling goes on from the store",
-                e.line(),
-            )
-        else:
-            log.debug("relay: %s", e.line())
-        self._set("unavailable", error=e.line())
-
-    def _flush(self) -> None:
-        """Publish what was committed before stop(), within `flush_s`."""
-        deadline = time.monotonic() + self.flush_s
-        while True:
-            try:
-                self._publish()
-                relay = self.relay
-                assert relay is not None
-                if relay.position >= relay.store_head():
-                    log.info("relay: flushed, topic at position %d", relay.position)
-                    return
-            except RelayUnavailable as e:
-                self._unavailable(e)
-            except RelayError as e:
-                log.error("relay stopped: %s", e.line())
-                self._set("stopped", error=e.line())
-                return
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.2)
-        head = self._store_head()
-        if head <= self.health.position:
-            return
-        log.error(
-            "relay: %d event(s) not published at exit (topic at position %d, store at %d): the "
-            "next relay publishes them",
-            head - self.health.position,
-            self.health.position,
-            head,
-        )
-
-    def _store_head(self) -> int:
-        if self.relay is not None:
-            return self.relay.store_head()
-        try:
-            return int(self._store().max_notification_id() or 0)
-        except Exception:
-            return self.health.store_head
-
-    def _store(self) -> ApplicationRecorder:
-        """The store's recorder, opened once (a relay that cannot connect is made again)."""
-        if self._recorder is None:
-            self._recorder = open_store(self.home)
-        return self._recorder
-
-    def _set(self, state: RelayState, error: str = "") -> None:
-        now = self.clock.now()
-        relay = self.relay
-        old = self.health
-        self.health = RelayHealth(
-            state=state,
-            bootstrap=self.bootstrap,
-            topic=self.topic,
-            position=relay.position if relay is not None else old.position,
-            store_head=_quiet_head(relay) if relay is not None else self._store_head(),
-            error=error,
-            skipped=relay.skipped if relay is not None else old.skipped,
-            since=old.since if state == old.state else now,
-            updated=now,
-        )
-        self._write()
-
-    def _write(self) -> None:
-        self._written = time.monotonic()
-        path = health_path(self.home)
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            tmp.write_bytes(msgspec.json.encode(self.health))
-            os.replace(tmp, path)
-        except OSError as e:  # the health file is a report: never stop publishing over it
-            log.debug("relay: cannot write %s: %s", path, e)
-
-
-def _quiet_head(relay: Relay) -> int:
-    try:
-        return relay.store_head()
-    except Exception:
-        return 0

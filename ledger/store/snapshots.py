@@ -26,8 +26,8 @@ from uuid import NAMESPACE_URL, uuid5
 import msgspec
 
 from ledger.core.state import Account, Job, Node, State, Token
+from projections.chain import chain_hash
 from schemas import events as e
-from schemas.digest import chain_hash
 from schemas.errors import LedgerError
 
 log = logging.getLogger("gpuledger.snapshots")

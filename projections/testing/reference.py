@@ -223,6 +223,10 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
                 "placements": 0,
                 "preemptions": 0,
                 "last_position": pos,
+                "held": False,
+                "command": list(ev.command),
+                "logs": [],
+                "finish_reason": None,
             }
         case e.JobPlaced():
             job = _touch(s, ev.job_id, pos)
@@ -248,7 +252,11 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
             s.intervals.append(iv)
             s._open[ev.job_id] = iv
         case e.JobStarted():
-            _touch(s, ev.job_id, pos).update(status="running", started_at=ev.at)
+            _touch(s, ev.job_id, pos).update(status="running", started_at=ev.at, logs=list(ev.logs))
+        case e.JobHeld() | e.JobReleased():
+            _touch(s, ev.job_id, pos)["held"] = isinstance(ev, e.JobHeld)
+        case e.JobEngineEnded():
+            _touch(s, ev.job_id, pos)["finish_reason"] = ev.reason
         case e.JobPreempted():
             job = _touch(s, ev.job_id, pos)
             job.update(placed_at=None, started_at=None)

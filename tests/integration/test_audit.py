@@ -25,8 +25,8 @@ from ledger.history.audit import check_charges, store_records, verify_chain, ver
 from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.embedded import EmbeddedSource
 from projections.projector import Projector
-from projections.source import EmbeddedSource
 from projections.store import Store
 from projections.testing.synthetic import append_raw
 from schemas import codec
@@ -324,6 +324,33 @@ def test_audit_budget_changes_says_who_changed_what_and_why(home: Path) -> None:
         2,
     )
     assert row["reason"] == "grant"
+
+
+GOLDEN_V1 = Path(__file__).parents[1] / "golden" / "events-v1.jsonl"
+
+
+def test_the_audit_reads_stored_v1_decisions_as_their_latest_version(tmp_path: Path) -> None:
+    """A log of v1 decision records (the golden corpus): the audit's job history and the
+    budget changes come from the upcast tables, so a v1 cycle reads as a v2 one does (codes of
+    the first waiting jobs, a placement's place in its cycle)."""
+    home = tmp_path / "v1"
+    home.mkdir()
+    stored = GOLDEN_V1.read_bytes().splitlines()
+    append_raw(home, [(codec.peek_tag(raw) or "", raw) for raw in stored])
+    code, out = run(home, "audit", "job", "5", "--format", "json")
+    assert code == 0, out
+    rows = json.loads(out)
+    assert [r["detail"] for r in rows if r["event"] == "cycle.waiting"] == [
+        "waited in cycle-38: WAIT_RESOURCES"
+    ]
+    code, out = run(home, "audit", "job", "4", "--format", "json")
+    placed = next(r for r in json.loads(out) if r["event"] == "job.placed")["detail"]
+    assert placed.endswith("; #1 of 2 placed, 3 considered"), placed
+    code, out = run(home, "audit", "budget-changes", "--format", "json")
+    assert code == 0, out
+    changes = json.loads(out)
+    assert {r["change"] for r in changes} >= {"account opened", "account shares_set"}
+    assert all(r["shares_after"] is not None for r in changes if r["change"].endswith("shares_set"))
 
 
 # --- invariants over a store --------------------------------------------------------------------

@@ -28,10 +28,11 @@ from kafka import KafkaProducer
 
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.embedded import EmbeddedSource
 from ledger.store.relay import Relay, open_store
 from projections.kafka_source import KafkaSource
 from projections.projector import Projector
-from projections.source import EmbeddedSource, EventSource, LogRecord
+from projections.source import EventSource, LogRecord
 from projections.store import Store
 from projections.testing import compare as audit
 from schemas import commands as c

@@ -23,8 +23,8 @@ from ledger.dispatch.policy import FairShare
 from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.embedded import EmbeddedSource
 from projections.projector import Projector
-from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import commands as c
 from schemas.errors import LedgerError

@@ -36,20 +36,23 @@ from kafka import KafkaProducer
 
 from ledger.engines.supervised import live_processes
 from ledger.store.application import Ledger
+from ledger.store.embedded import EmbeddedSource
 from ledger.store.relay import (
-    POSITION_HEADER,
-    TAG_HEADER,
     Relay,
-    RelayService,
     ensure_topic,
     open_store,
-    read_health,
 )
-from projections.chain import KEY_HEADER, SIGNATURE_HEADER, parse_keys
+from ledger.store.relay_service import RelayService, read_health
 from projections.errors import PoisonRecord
 from projections.kafka_source import KafkaSource
+from projections.kafka_wire import (
+    KEY_HEADER,
+    POSITION_HEADER,
+    SIGNATURE_HEADER,
+    TAG_HEADER,
+    parse_keys,
+)
 from projections.projector import Projector
-from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import commands as c
 from tests.integration.waits import wait_for

@@ -33,11 +33,13 @@ from kafka import KafkaProducer
 
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
-from ledger.store.relay import POSITION_HEADER, TAG_HEADER, Relay, ensure_topic, open_store
+from ledger.store.embedded import EmbeddedSource
+from ledger.store.relay import Relay, ensure_topic, open_store
 from projections.errors import CorruptEvent, PoisonRecord
-from projections.kafka_source import KafkaSource, envelope
+from projections.kafka_source import KafkaSource
+from projections.kafka_wire import POSITION_HEADER, TAG_HEADER, envelope
 from projections.projector import Projector
-from projections.source import EmbeddedSource, ListSource, LogRecord
+from projections.source import ListSource, LogRecord
 from projections.store import Store, projection_path, scalar
 from projections.testing import compare as audit
 from projections.testing.synthetic import Shape, append_to_store, synthetic_events

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from projections.projector import Projector, project
-from projections.source import EmbeddedSource
+from ledger.store.embedded import EmbeddedSource, project
+from projections.projector import Projector
 from projections.store import Store, projection_path
 from projections.testing import compare as audit
 from projections.testing.synthetic import Shape, append_to_store, synthetic_events

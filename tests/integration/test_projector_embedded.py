@@ -13,11 +13,11 @@ import pytest
 
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock
+from ledger.store.embedded import EmbeddedSource, project, rebuild
 from projections import fairshare as fs
 from projections import queries
 from projections.errors import CorruptEvent, ProjectionBusy, ProjectionMismatch, SourceUnavailable
-from projections.projector import Projector, project, rebuild
-from projections.source import EmbeddedSource
+from projections.projector import Projector
 from projections.store import Store, projection_path
 from projections.testing import compare as audit
 from projections.testing.reference import fold

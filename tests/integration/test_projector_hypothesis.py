@@ -1,10 +1,11 @@
 """Random ledger histories: the SQL read models and numbers equal the Python reference.
 
-Hypothesis draws a list of actions (submit, place, start, preempt, requeue, finish, cancel, share
-changes, members joining and leaving, drains, clock steps); they run as commands through the real
-ledger (a command the ledger rejects simply adds nothing). The log is then projected with a random
-batch size and compared with `reference.fold` of the same events: every read-model row, usage per
-account and per user (window and half-life), level fair share, ranks and owed/delivered hours.
+Hypothesis draws a list of actions (submit, place, start, preempt, requeue, finish, cancel, hold,
+release, share changes, members joining and leaving, drains, clock steps); they run as commands
+through the real ledger (a command the ledger rejects simply adds nothing). The log is then
+projected with a random batch size and compared with `reference.fold` of the same events: every
+read-model row, usage per account and per user (window and half-life), level fair share, ranks
+and owed/delivered hours.
 Clock steps are whole seconds, so window usage sums are exact and compared with ==; half-life
 values and owed/delivered are compared with approx.
 """
@@ -22,10 +23,10 @@ from hypothesis import strategies as st
 
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.embedded import EmbeddedSource
 from projections import fairshare as fs
 from projections import queries
 from projections.projector import Projector
-from projections.source import EmbeddedSource
 from projections.store import Store
 from projections.testing import compare as audit
 from projections.testing.reference import RefState, fold
@@ -48,6 +49,8 @@ KINDS = (
     "admin_preempt",
     "cancel",
     "checkpoint",
+    "hold",
+    "release",
     "shares",
     "member",
     "leave",
@@ -105,6 +108,7 @@ def command(led: Ledger, clock: SimClock, act: tuple[Any, ...], n: int) -> c.Any
             gpus=(1, 2, 4, 8)[b % 4],
             min_runtime_s=(0, 600, 3600)[a % 3],
             resumable=flag,
+            command=("train", f"--seed={a}") if b % 2 else (),
         )
     if kind in ("place", "cycle"):
         chosen = [pick(pending, a)] if kind == "place" else pending
@@ -132,11 +136,28 @@ def command(led: Ledger, clock: SimClock, act: tuple[Any, ...], n: int) -> c.Any
                 placements=tuple(placements),
             ),
         )
+    if kind in ("hold", "release"):
+        job = pick(pending, a)
+        if job is None:
+            return None
+        if kind == "hold":
+            return c.HoldJob(actor=ROOT, job_id=job.job_id, reason="test")
+        return c.ReleaseJob(actor=ROOT, job_id=job.job_id)
     job = pick(holding, a) if kind != "cancel" else pick(jobs, a)
-    if kind == "start":
-        return c.StartJob(actor="@executor", job_id=job.job_id) if job else None
-    if kind == "finish":
-        return c.FinishJob(actor="@executor", job_id=job.job_id, exit_code=b % 2) if job else None
+    if kind == "start" and job:
+        logs = (f"/logs/{job.job_id}-{n}.out",) if flag else ()
+        return c.StartJob(actor="@executor", job_id=job.job_id, logs=logs)
+    if kind == "finish" and job:
+        if not flag:
+            return c.FinishJob(actor="@executor", job_id=job.job_id, exit_code=b % 2)
+        return c.FinishJob(
+            actor="@executor",
+            job_id=job.job_id,
+            exit_code=b % 2,
+            engine="test",
+            engine_job_id=str(n),
+            reason=("exited", "time_limit", "node_failure")[b % 3],
+        )
     if kind == "preempt" and job:
         return c.ApplyDecision(
             actor="@dispatcher",

@@ -25,9 +25,9 @@ from ledger.reads.explain import plural
 from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.embedded import EmbeddedSource
 from projections.fairshare import UsagePolicy
 from projections.projector import Projector
-from projections.source import EmbeddedSource
 from projections.store import Store
 from schemas import commands as c
 from schemas import events as e

@@ -30,8 +30,6 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from ledger.store.application import STREAM_ID, Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from ledger.store.relay import (
-    POSITION_HEADER,
-    TAG_HEADER,
     Relay,
     RelayError,
     RelayFenced,
@@ -39,6 +37,7 @@ from ledger.store.relay import (
     last_published,
     open_store,
 )
+from projections.kafka_wire import POSITION_HEADER, TAG_HEADER
 from schemas import commands as c
 from tests.integration.waits import wait_for
 

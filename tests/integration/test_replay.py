@@ -32,8 +32,8 @@ from ledger.sim.kernel import KernelExecutor
 from ledger.sim.whatif import scenario, simulate
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.embedded import EmbeddedSource
 from projections.projector import Projector
-from projections.source import EmbeddedSource
 from projections.store import Store, projection_path
 from schemas import commands as c
 from schemas import events as e

@@ -14,11 +14,11 @@ from ledger.sim.runner import START_AT, Cluster, Drain, RunResult, SimConfig, si
 from ledger.sim.workload import SimJob, Synthetic, Workload, synthetic
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock
+from ledger.store.embedded import EmbeddedSource
 from projections import fairshare as fs
 from projections import queries
 from projections.fairshare import UsagePolicy
 from projections.projector import Projector
-from projections.source import EmbeddedSource
 from projections.store import Store
 from projections.testing import reference
 from schemas import events as e

@@ -182,7 +182,7 @@ def same_groups(
 def test_decoding_by_tag_groups_as_record_by_record_does() -> None:
     odd = LogRecord(20, "job.teleported.v9", b'{"type":"job.teleported.v9","x":1}')
     # interleaved tags, an unknown one, a type kept for a table and one only validated
-    rs = [*records(), *[rec(9 + i, e.JobStarted(**ev_id(9 + i), job_id=i + 1)) for i in range(11)]]
+    rs = [*records(), *[rec(9 + i, e.JobRequeued(**ev_id(9 + i), job_id=i + 1)) for i in range(11)]]
     rs = [
         *rs,
         odd,
@@ -194,7 +194,8 @@ def test_decoding_by_tag_groups_as_record_by_record_does() -> None:
     fast = grouped(rs)
     assert fast is not None and fast[1] == [20]
     assert same_groups(fast, decode_records(rs))
-    assert fast[0][e.JobStarted].events == [] and len(fast[0][e.JobStarted].positions) == 12
+    assert fast[0][e.JobRequeued].events == [] and len(fast[0][e.JobRequeued].positions) == 11
+    assert len(fast[0][e.JobStarted].events) == 1  # kept: `jobs.logs` is built from it
     # stored v1 decisions are upcast on the way in, as the codec does
     golden = [LogRecord(i, codec.peek_tag(raw) or "", raw) for i, raw in enumerate(V1, start=1)]
     fast = grouped(golden)
@@ -213,7 +214,21 @@ def test_decoding_by_tag_leaves_every_doubtful_batch_to_the_record_by_record_pat
 def test_two_versions_of_a_type_in_one_batch_stay_in_log_order() -> None:
     golden = [LogRecord(i, codec.peek_tag(raw) or "", raw) for i, raw in enumerate(V1, start=1)]
     v2 = e.CycleDecided(**ev_id(999), cycle_id="c-new", based_on=1, policy_version="p")
-    rs = [*golden, rec(len(golden) + 1, v2)]
-    assert grouped(rs) is None  # merged by the record-by-record path
+    # the v2 record sits between v1 records: the merged group must be sorted back
+    rs = [*golden[:40], rec(41, v2), *[r._replace(position=r.position + 1) for r in golden[40:]]]
+    fast = grouped(rs)  # merged by tag groups, as the record-by-record path merges them
+    assert fast is not None and same_groups(fast, decode_records(rs))
     cycles = build_batch(rs).tables["b_cycles"].to_pylist()
-    assert [c["cycle_id"] for c in cycles] == ["cycle-26", "cycle-38", "cycle-59", "c-new"]
+    assert [c["cycle_id"] for c in cycles] == ["cycle-26", "cycle-38", "c-new", "cycle-59"]
+
+
+def test_the_codec_says_which_type_each_stored_tag_upcasts_to() -> None:
+    for raw in V1:
+        tag = codec.peek_tag(raw)
+        assert tag is not None
+        assert type(codec.decode(raw)) is codec.LATEST[codec.TYPE_OF[tag]]
+    assert codec.stored_tags(e.CycleDecided) == [
+        "cycle.decided.v1",
+        "cycle.decided.v2",
+        "cycle.decided.v3",
+    ]

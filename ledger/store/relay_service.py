@@ -1,0 +1,316 @@
+"""The relay as a service runs it: in its own thread, never blocking scheduling, never silent.
+
+`RelayService` runs a `ledger.store.relay.Relay` next to the dispatcher (`gpuledger up
+--kafka`, `gpuledger serve --kafka`): every error is logged (once per outage) and kept in its
+health (`<home>/relay.json`, `gpuledger relay status`); scheduling never waits on it; `stop()`
+flushes every committed event (bounded by GPULEDGER_KAFKA_FLUSH_TIMEOUT).
+
+An edge (a thread, the network, a file).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+from eventsourcing.persistence import ApplicationRecorder
+
+from ledger.store.clock import SystemClock
+from ledger.store.relay import (
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_TRANSACTIONAL_ID,
+    RawSource,
+    Relay,
+    RelayError,
+    RelayUnavailable,
+    offsets_text,
+    open_store,
+)
+from projections.kafka_wire import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    TOPIC,
+    SigningKeys,
+    env_seconds,
+    signing_keys,
+)
+
+DEFAULT_FLUSH_S = 10.0
+HEALTH_FILE = "relay.json"
+
+log = logging.getLogger("gpuledger.relay")
+
+
+def flush_timeout() -> float:
+    """GPULEDGER_KAFKA_FLUSH_TIMEOUT (seconds): how long a stopping service may wait to publish
+    its last events; default DEFAULT_FLUSH_S."""
+    return env_seconds("GPULEDGER_KAFKA_FLUSH_TIMEOUT", DEFAULT_FLUSH_S)
+
+
+RelayState = Literal["connecting", "publishing", "unavailable", "stopped"]
+
+
+class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
+    """What the relay of a running service is doing: `<home>/relay.json`, rewritten when its
+    state changes and about once a second while it publishes."""
+
+    state: RelayState
+    bootstrap: str
+    topic: str
+    position: int = 0
+    """The last log position committed on the topic."""
+    store_head: int = 0
+    """The store's head when this was written."""
+    error: str = ""
+    """Why publishing stopped (state `unavailable`: retried; `stopped`: not retried)."""
+    skipped: tuple[int, ...] = ()
+    """Offsets of foreign records found after the relay's last record (skipped)."""
+    since: float = 0.0
+    """Wall-clock time the state began."""
+    updated: float = 0.0
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.store_head - self.position)
+
+    def line(self) -> str:
+        text = (
+            f"relay {self.state}: {self.topic} at {self.bootstrap}, position {self.position:,}, "
+            f"{self.lag:,} behind the store"
+        )
+        if self.skipped:
+            shown = offsets_text(self.skipped)
+            text += f", {len(self.skipped)} foreign record(s) skipped (offsets {shown})"
+        return text + (f": {self.error}" if self.error else "")
+
+
+def health_path(home: Path) -> Path:
+    return home / HEALTH_FILE
+
+
+def read_health(home: Path) -> RelayHealth | None:
+    """The health the service's relay last wrote (None: no relay ran in this home)."""
+    try:
+        return msgspec.json.decode(health_path(home).read_bytes(), type=RelayHealth)
+    except FileNotFoundError:
+        return None
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise RelayError(
+            f"cannot read {health_path(home)}: {e}", hint="the service rewrites it; try again"
+        ) from e
+
+
+class RelayService:
+    """The relay in its own thread, as `gpuledger up --kafka` runs it next to the dispatcher.
+
+    It never blocks the caller and never dies silently: connecting (which can take
+    `connect_timeout_s` when the broker is away) and publishing happen in the thread; a broker
+    error is logged once per outage (warning) and retried; a failure that retrying cannot fix
+    (fenced, a topic of another ledger) stops publishing with an error. Either way the state is
+    in `health` and in `<home>/relay.json`, and scheduling goes on from the store.
+
+    `stop()` flushes: every event committed before it is published before it returns, or the
+    `flush_s` bound passes (then the next relay publishes them, and it says so).
+    """
+
+    def __init__(
+        self,
+        home: Path,
+        bootstrap: str,
+        *,
+        topic: str = TOPIC,
+        transactional_id: str = DEFAULT_TRANSACTIONAL_ID,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        flush_s: float = DEFAULT_FLUSH_S,
+        interval_s: float = 0.05,
+        keys: SigningKeys | None = None,
+    ) -> None:
+        self.home = home
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.transactional_id = transactional_id
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.flush_s = flush_s
+        self.interval_s = interval_s
+        self.keys = keys if keys is not None else signing_keys()
+        self.relay: Relay | None = None
+        self._recorder: ApplicationRecorder | None = None
+        self.clock = SystemClock()
+        now = self.clock.now()
+        self.health = RelayHealth(
+            state="connecting", bootstrap=bootstrap, topic=topic, since=now, updated=now
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="relay", daemon=True)
+        self._written = 0.0
+
+    def start(self) -> RelayService:
+        self._write()
+        self._thread.start()
+        return self
+
+    def stop(self) -> RelayHealth:
+        """Stop publishing after a flush (bounded by `flush_s`); the health at the end."""
+        self._stop.set()
+        self._thread.join(self.flush_s + self.connect_timeout_s + 5)
+        return self.health
+
+    # --- the thread -------------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            self._publish_until_stopped()
+            if self.health.state != "stopped":
+                self._flush()
+        except BaseException as e:  # never die silently
+            log.exception("relay: stopped by an unexpected error")
+            self._set("stopped", error=f"{type(e).__name__}: {e}")
+        finally:
+            if self.relay is not None:
+                self.relay.close()
+
+    def _publish_until_stopped(self) -> None:
+        delay = 0.2
+        while not self._stop.is_set():
+            try:
+                published = self._publish()
+            except RelayUnavailable as e:
+                self._unavailable(e)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            except RelayError as e:  # fenced, another ledger's topic, no store: not retried
+                log.error("relay stopped: %s", e.line())
+                self._set("stopped", error=e.line())
+                return
+            delay = 0.2
+            if not published:
+                self._stop.wait(self.interval_s)
+
+    def _publish(self) -> int:
+        """One round: connect if needed, publish what is pending; unexpected errors become
+        RelayUnavailable (retried with a fresh producer)."""
+        try:
+            if self.relay is None:
+                self.relay = Relay(
+                    self._store(),
+                    self.bootstrap,
+                    topic=self.topic,
+                    transactional_id=self.transactional_id,
+                    timeout_s=self.timeout_s,
+                    connect_timeout_s=self.connect_timeout_s,
+                    keys=self.keys,
+                )
+            published = self.relay.publish_pending()
+        except RelayError:
+            raise
+        except Exception as e:
+            if self.relay is None:
+                log.debug("relay: unexpected error", exc_info=e)
+                raise RelayUnavailable(
+                    f"relay failed to start: {type(e).__name__}: {e}",
+                    hint="retried; run with --log-level debug for the traceback",
+                ) from e
+            raise self.relay.failed(e) from e
+        if self.health.state != "publishing":
+            if self.health.state == "unavailable":
+                log.warning("relay: publishing again, topic at position %d", self.relay.position)
+            self._set("publishing")
+        elif published or time.monotonic() - self._written > 1.0:
+            self._set("publishing")
+        return published
+
+    def _unavailable(self, e: RelayError) -> None:
+        if self.health.state != "unavailable":
+            log.warning(
+                "relay: %s; publishing paused and retried, scheduling goes on from the store",
+                e.line(),
+            )
+        else:
+            log.debug("relay: %s", e.line())
+        self._set("unavailable", error=e.line())
+
+    def _flush(self) -> None:
+        """Publish what was committed before stop(), within `flush_s`."""
+        deadline = time.monotonic() + self.flush_s
+        while True:
+            try:
+                self._publish()
+                relay = self.relay
+                assert relay is not None
+                if relay.position >= relay.store_head():
+                    log.info("relay: flushed, topic at position %d", relay.position)
+                    return
+            except RelayUnavailable as e:
+                self._unavailable(e)
+            except RelayError as e:
+                log.error("relay stopped: %s", e.line())
+                self._set("stopped", error=e.line())
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        head = self._store_head()
+        if head <= self.health.position:
+            return
+        log.error(
+            "relay: %d event(s) not published at exit (topic at position %d, store at %d): the "
+            "next relay publishes them",
+            head - self.health.position,
+            self.health.position,
+            head,
+        )
+
+    def _store_head(self) -> int:
+        if self.relay is not None:
+            return self.relay.store_head()
+        try:
+            return RawSource(self._store()).head()
+        except Exception:
+            return self.health.store_head
+
+    def _store(self) -> ApplicationRecorder:
+        """The store's recorder, opened once (a relay that cannot connect is made again)."""
+        if self._recorder is None:
+            self._recorder = open_store(self.home)
+        return self._recorder
+
+    def _set(self, state: RelayState, error: str = "") -> None:
+        now = self.clock.now()
+        relay = self.relay
+        old = self.health
+        self.health = RelayHealth(
+            state=state,
+            bootstrap=self.bootstrap,
+            topic=self.topic,
+            position=relay.position if relay is not None else old.position,
+            store_head=_quiet_head(relay) if relay is not None else self._store_head(),
+            error=error,
+            skipped=relay.skipped if relay is not None else old.skipped,
+            since=old.since if state == old.state else now,
+            updated=now,
+        )
+        self._write()
+
+    def _write(self) -> None:
+        self._written = time.monotonic()
+        path = health_path(self.home)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            tmp.write_bytes(msgspec.json.encode(self.health))
+            os.replace(tmp, path)
+        except OSError as e:  # the health file is a report: never stop publishing over it
+            log.debug("relay: cannot write %s: %s", path, e)
+
+
+def _quiet_head(relay: Relay) -> int:
+    try:
+        return relay.store_head()
+    except Exception:
+        return 0

@@ -1,0 +1,424 @@
+"""What happened, read from the projection: the read-side queries over its tables.
+
+Every query the read layer (`ledger.reads.layer`), the audit (`ledger.history`) and what-if ask
+of the projection's history lives here, over the projector's tables. Two rules keep readers on
+the latest version of every event (`schemas.codec` upcasts; the golden corpus holds the rest):
+
+- fields come from the read models (`jobs`, `job_intervals`, `preemptions`, `decisions`,
+  `account_history`, ...), whose rows the projector wrote from upcast events, or from the
+  common columns of `events` (`occurred_at`, `actor`, `job_id`, `account`, `user_name`);
+- an event's own fields are read by decoding its stored bytes with the codec (`events_of`,
+  `job_events`, ...), never by SQL over `raw`. Events are selected by type, through every tag
+  the codec says is stored for it (`codec.stored_tags`), never by naming a version.
+
+Each function takes a DuckDB connection to a projection (read-only is enough) and explicit
+times: nothing here reads the clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from schemas import events as e
+from schemas import views as v
+
+if TYPE_CHECKING:  # `jobs` from the CLI loads neither DuckDB's Python API, Arrow nor the codec
+    import _duckdb
+
+    Con = _duckdb.DuckDBPyConnection
+
+
+def decode(raw: str | bytes) -> e.AnyEvent:
+    """An event of the `events` table (its `raw` column), as the latest version of its type."""
+    from schemas import codec
+
+    return codec.decode(raw.encode() if isinstance(raw, str) else raw)
+
+
+def tags(*types: type[e.Event]) -> list[str]:
+    """Every tag stored for these types (latest versions): the parameter that selects them."""
+    from schemas import codec
+
+    return codec.stored_tags(*types)
+
+
+# --- events by type ---------------------------------------------------------------------------
+
+_EVENTS_OF = """
+SELECT position, raw FROM events
+WHERE list_contains($tags, tag)
+  AND ($first IS NULL OR position >= $first) AND ($last IS NULL OR position <= $last)
+  AND ($ids IS NULL OR job_id IN (SELECT unnest($ids)))
+ORDER BY position
+"""
+
+
+def events_of(
+    con: Con,
+    types: Sequence[type[e.Event]],
+    *,
+    job_ids: Sequence[int] | None = None,
+    first: int | None = None,
+    last: int | None = None,
+) -> list[tuple[int, e.AnyEvent]]:
+    """(position, event) of the events of `types` (latest versions) in log order; only those of
+    `job_ids` and with positions in [first, last] when given."""
+    rows = con.execute(
+        _EVENTS_OF,
+        {
+            "tags": tags(*types),
+            "first": first,
+            "last": last,
+            "ids": None if job_ids is None else list(job_ids),
+        },
+    ).fetchall()
+    return [(position, decode(raw)) for position, raw in rows]
+
+
+class JobEvent(NamedTuple):
+    """One event of a job, as the log holds it: its place and common columns, decoded."""
+
+    position: int
+    occurred_at: float
+    tag: str
+    """The tag it was stored with."""
+    actor: str
+    event: e.AnyEvent
+
+
+def job_events(con: Con, job_id: int) -> list[JobEvent]:
+    """Every event (of a type this code knows) about `job_id`, in log order."""
+    rows = con.execute(
+        "SELECT position, occurred_at, tag, actor, raw FROM events "
+        "WHERE job_id = $job AND known ORDER BY position",
+        {"job": job_id},
+    ).fetchall()
+    return [JobEvent(p, at, tag, actor, decode(raw)) for p, at, tag, actor, raw in rows]
+
+
+def decisions_of_cycles(con: Con, cycle_ids: Iterable[str]) -> dict[str, e.CycleDecided]:
+    """The recorded decisions of these cycles, by cycle id."""
+    rows = con.execute(
+        "SELECT raw FROM events WHERE position IN "
+        "(SELECT position FROM decisions WHERE cycle_id IN (SELECT unnest($ids)))",
+        {"ids": sorted(cycle_ids)},
+    ).fetchall()
+    out = {}
+    for (raw,) in rows:
+        ev = decode(raw)
+        if isinstance(ev, e.CycleDecided):
+            out[ev.cycle_id] = ev
+    return out
+
+
+def last_samples(con: Con, job_ids: Sequence[int]) -> dict[int, e.UtilisationSampled]:
+    """The last utilisation sample of each of `job_ids` that has one."""
+    rows = con.execute(
+        "SELECT job_id, arg_max(raw, position) FROM events "
+        "WHERE list_contains($tags, tag) AND job_id IN (SELECT unnest($ids)) GROUP BY job_id",
+        {"tags": tags(e.UtilisationSampled), "ids": list(job_ids)},
+    ).fetchall()
+    out = {}
+    for job_id, raw in rows:
+        ev = decode(raw)
+        if isinstance(ev, e.UtilisationSampled):
+            out[int(job_id)] = ev
+    return out
+
+
+# --- jobs -------------------------------------------------------------------------------------
+
+_JOB_STATUS = {
+    "active": "j.status <> 'finished'",  # pending and held jobs are active too
+    "pending": "j.status = 'pending' AND NOT j.held",
+    "held": "j.status = 'pending' AND j.held",
+}
+"""The `status` filters that are not one stored status (held is a state of a pending job)."""
+
+_JOB_FILTERS = (
+    ("user", "j.user_name = $user"),
+    ("account", "(j.account = $account OR j.account LIKE $account || '/%')"),
+    ("since", "(j.finished_at IS NULL OR j.finished_at >= $since)"),
+    ("until", "j.submitted_at <= $until"),
+    ("job_id", "j.job_id = $job_id"),
+)
+
+_JOBS = """WITH page AS (  -- the page first: newest first, over the given filters' columns only
+    SELECT j.job_id FROM jobs j{where}
+    ORDER BY j.job_id DESC LIMIT $limit
+), top AS (  -- then only the page's rows
+    SELECT j.* FROM jobs j
+    WHERE j.job_id >= (SELECT min(job_id) FROM page) AND j.job_id IN (SELECT job_id FROM page)
+), iv AS (
+    SELECT job_id, max(start_at) AS last_start_at,
+           list_sort(list_distinct(flatten(
+               list([sl.node FOR sl IN slots]) FILTER (WHERE end_position IS NULL)
+           ))) AS nodes
+    FROM job_intervals
+    WHERE job_id IN (SELECT job_id FROM top)
+    GROUP BY job_id
+)
+SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster,
+       CASE WHEN j.status = 'pending' AND j.held THEN 'held' ELSE j.status END AS state,
+       j.outcome, j.exit_code, j.funded, j.min_runtime_s, j.resumable, j.priority, j.debug,
+       j.time_limit_s, j.submitted_at, j.placed_at, j.started_at, j.finished_at, j.placements,
+       j.preemptions, coalesce(iv.nodes, []) AS nodes, iv.last_start_at,
+       j.command, j.logs, j.finish_reason
+FROM top j LEFT JOIN iv USING (job_id)
+ORDER BY j.job_id DESC
+"""
+
+
+def jobs_page(con: Con, f: v.JobFilter, *, job_id: int | None = None) -> list[tuple[Any, ...]]:
+    """The jobs `f` selects (only `job_id` when given), newest first, at most `f.limit`, each as
+    the tuple (job_id, account, user_name, gpus, gpu_type, cluster, state, outcome, exit_code,
+    funded, min_runtime_s, resumable, priority, debug, time_limit_s, submitted_at, placed_at,
+    started_at, finished_at, placements, preemptions, nodes, last_start_at, command, logs,
+    finish_reason): `state` is `held` for a held pending job; `logs` are those of its last
+    start, `finish_reason` the engine's word on how its last run ended (None: no engine said).
+    `since`/`until` select the jobs alive at some moment of [since, until].
+
+    The page is cut first, on the jobs table alone: a filter not given is left out of the
+    statement, so the engine reads no column for it and the page without filters is a top-N
+    over one column, whatever the history; only then do the page's rows get their nodes."""
+    given = {
+        "user": f.user,
+        "account": f.account.rstrip("/") if f.account else None,
+        "since": f.since,
+        "until": f.until,
+        "job_id": job_id,
+    }
+    where = [sql for name, sql in _JOB_FILTERS if given[name] is not None]
+    params: dict[str, Any] = {k: x for k, x in given.items() if x is not None}
+    if f.status in _JOB_STATUS:
+        where.append(_JOB_STATUS[f.status])
+    elif f.status is not None:
+        where.append("j.status = $status")
+        params["status"] = f.status
+    sql = _JOBS.format(where=f"\n    WHERE {' AND '.join(where)}" if where else "")
+    return con.execute(sql, {**params, "limit": f.limit}).fetchall()
+
+
+def owners(con: Con, job_ids: Sequence[int]) -> dict[int, tuple[str, str]]:
+    """(user, account) of each of `job_ids` the projection knows."""
+    got = con.execute(
+        "SELECT job_id, user_name, account FROM jobs WHERE job_id IN (SELECT unnest($ids))",
+        {"ids": list(job_ids)},
+    ).fetchall()
+    return {job_id: (user, account) for job_id, user, account in got}
+
+
+# --- the log ----------------------------------------------------------------------------------
+
+
+class LogRow(NamedTuple):
+    position: int
+    tag: str
+    occurred_at: float | None
+    actor: str | None
+    event: e.AnyEvent | None
+    """None for a tag this code does not know."""
+
+
+def log_page(con: Con, after: int, limit: int, *, tail: int | None = None) -> list[LogRow]:
+    """Events after position `after` in log order: the first `limit` of them, or with `tail` the
+    last `tail` of them."""
+    if tail is not None:
+        sql = (
+            "SELECT * FROM (SELECT position, tag, known, occurred_at, actor, raw FROM events "
+            "WHERE position > $after ORDER BY position DESC LIMIT $n) ORDER BY position"
+        )
+        n = tail
+    else:
+        sql = (
+            "SELECT position, tag, known, occurred_at, actor, raw FROM events "
+            "WHERE position > $after ORDER BY position LIMIT $n"
+        )
+        n = limit
+    rows = con.execute(sql, {"after": after, "n": n}).fetchall()
+    return [
+        LogRow(pos, tag, at, actor, decode(raw) if known else None)
+        for pos, tag, known, at, actor, raw in rows
+    ]
+
+
+# --- decisions and counts ---------------------------------------------------------------------
+
+
+def decisions(
+    con: Con,
+    since: float | None = None,
+    until: float | None = None,
+    limit: int = 500,
+    *,
+    job_id: int | None = None,
+    position: int | None = None,
+) -> list[tuple[Any, ...]]:
+    """Recorded dispatcher cycles, newest first (at most `limit`): (position, cycle_id,
+    decided_at, based_on, policy_version, placed_jobs, preempted_jobs, considered,
+    fragmentation_gpus), in [since, until], that placed or preempted `job_id`, or the one at
+    `position`."""
+    return con.execute(
+        "SELECT position, cycle_id, decided_at, based_on, policy_version, placed_jobs, "
+        "preempted_jobs, considered, fragmentation_gpus FROM decisions "
+        "WHERE ($since IS NULL OR decided_at >= $since) "
+        "AND ($until IS NULL OR decided_at <= $until) "
+        "AND ($job IS NULL OR list_contains(placed_jobs, $job) "
+        "OR list_contains(preempted_jobs, $job)) "
+        "AND ($pos IS NULL OR position = $pos) "
+        "ORDER BY position DESC LIMIT $limit",
+        {"since": since, "until": until, "limit": limit, "job": job_id, "pos": position},
+    ).fetchall()
+
+
+def placed_by(con: Con, job_id: int) -> dict[str, tuple[int, int, int]]:
+    """Cycle id -> (the job's place among the cycle's placements, 1-based; placements; jobs
+    considered) for every cycle that placed `job_id`."""
+    rows = con.execute(
+        "SELECT cycle_id, list_position(placed_jobs, $job), len(placed_jobs), considered "
+        "FROM decisions WHERE list_contains(placed_jobs, $job)",
+        {"job": job_id},
+    ).fetchall()
+    return {cycle: (k, n, considered) for cycle, k, n, considered in rows}
+
+
+def waits(con: Con, job_id: int, first: int, last: int) -> list[tuple[int, float, str, str | None]]:
+    """The recorded cycles in positions [first, last], each as (position, decided_at, cycle_id,
+    the code it gave `job_id` when it lists the job among its first waiting jobs, else None)."""
+    out = []
+    for position, ev in events_of(con, [e.CycleDecided], first=first, last=last):
+        if not isinstance(ev, e.CycleDecided):
+            continue
+        code = next((w.code for w in ev.waiting.first if w.job_id == job_id), None)
+        out.append((position, ev.at, ev.cycle_id, code))
+    return out
+
+
+def preemption_counts(con: Con) -> list[tuple[str, int]]:
+    """Preemptions over the whole log, per reason."""
+    return con.execute(
+        "SELECT reason, count(*) FROM preemptions GROUP BY reason ORDER BY reason"
+    ).fetchall()
+
+
+def placement_counts(con: Con) -> list[tuple[str, int]]:
+    """Placements over the whole log, funded or not."""
+    return con.execute(
+        "SELECT CASE WHEN funded THEN 'funded' ELSE 'unfunded' END AS kind, count(*) "
+        "FROM job_intervals GROUP BY kind ORDER BY kind"
+    ).fetchall()
+
+
+# --- audit tables -----------------------------------------------------------------------------
+
+
+class Query(NamedTuple):
+    """A statement and its parameters: the audit runs it into an Arrow table
+    (`ledger.history.tables.run_query`), the read layer into rows (`dicts`)."""
+
+    sql: str
+    params: dict[str, Any]
+
+
+def dicts(con: Con, query: Query) -> list[dict[str, Any]]:
+    """The rows of `query` as dicts by column name."""
+    cur = con.execute(query.sql, query.params)
+    names = [d[0] for d in cur.description or ()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+PREEMPTIONS_SQL = """
+SELECT p.position, p.preempted_at, p.job_id, p.account, p.user_name, p.gpus, p.reason,
+       p.for_job, p.note, p.actor, p.cycle_id, p.funded, p.resumable, p.placed_at,
+       p.preempted_at - p.placed_at AS held_s, j.min_runtime_s,
+       coalesce(p.preempted_at < p.placed_at + j.min_runtime_s, false) AS inside_contract
+FROM preemptions p LEFT JOIN jobs j USING (job_id)
+WHERE ($account IS NULL OR p.account = $account OR p.account LIKE $account || '/%'
+       OR p.leaf = $account)
+  AND ($since IS NULL OR p.preempted_at >= $since)
+ORDER BY p.position
+"""
+
+
+def preemptions(account: str | None, since: float | None) -> Query:
+    """Every preemption (of jobs in `account` or below it, at or after `since`): whose job, why,
+    for which job, by whom, and whether it was inside the job's contract."""
+    return Query(PREEMPTIONS_SQL, {"account": account, "since": since})
+
+
+BUDGET_CHANGES_SQL = """
+WITH changes AS (
+    SELECT e.position, e.occurred_at AS changed_at, e.actor AS who,
+           split_part(e.tag, '.', 1) || ' ' || split_part(e.tag, '.', 2) AS change,
+           e.account, e.user_name, h.shares::BIGINT AS shares, h.kind,
+           coalesce(h.reason, '') AS reason
+    FROM events e LEFT JOIN account_history h USING (position)
+    WHERE list_contains($tags, e.tag)
+)
+SELECT position, changed_at, who, change, account, user_name, kind,
+       CASE WHEN shares IS NOT NULL THEN lag(shares) OVER (
+           PARTITION BY account, shares IS NOT NULL ORDER BY position) END
+           AS shares_before,
+       shares AS shares_after, reason
+FROM changes
+QUALIFY $since IS NULL OR changed_at >= $since
+ORDER BY position
+"""
+"""Budget changes: the events of the budget tree's types with their common columns, the share,
+kind and reason from `account_history` (the account events' read model); `change` is the tag
+without its version."""
+
+BUDGET_TYPES: tuple[type[e.Event], ...] = (
+    e.AccountOpened,
+    e.AccountClosed,
+    e.SharesSet,
+    e.MemberAdded,
+    e.MemberRemoved,
+    e.ManagerGranted,
+    e.ManagerRevoked,
+    e.AdminGranted,
+    e.AdminRevoked,
+)
+
+
+def budget_changes(since: float | None) -> Query:
+    """Who changed what in the budget tree (at or after `since`), and why: accounts opened and
+    closed, shares (before and after), members, managers and admins."""
+    return Query(BUDGET_CHANGES_SQL, {"tags": tags(*BUDGET_TYPES), "since": since})
+
+
+def unfunded_charges(con: Con) -> list[tuple[int, int, float, str]]:
+    """(job_id, start_position, start_at, leaf) of every interval charged (flagged funded) that
+    belongs to an unfunded job (min runtime 0): none may exist."""
+    return con.execute(
+        "SELECT i.job_id, i.start_position, i.start_at, i.leaf FROM job_intervals i "
+        "JOIN jobs j USING (job_id) WHERE i.funded AND j.min_runtime_s <= 0 "
+        "ORDER BY i.start_position"
+    ).fetchall()
+
+
+# --- what-if ----------------------------------------------------------------------------------
+
+
+def first_placements(
+    con: Con, start: float, end: float, exclude: Sequence[int] = ()
+) -> list[tuple[int, str, float, float | None]]:
+    """(job_id, account, submitted_at, first placed at or None) of the jobs submitted in
+    [start, end), but `exclude`."""
+    return con.execute(
+        "SELECT j.job_id, j.account, j.submitted_at, min(i.start_at) AS first_placed "
+        "FROM jobs j LEFT JOIN job_intervals i USING (job_id) "
+        "WHERE j.submitted_at >= $start AND j.submitted_at < $end "
+        "AND NOT list_contains($exclude::BIGINT[], j.job_id) GROUP BY ALL",
+        {"start": start, "end": end, "exclude": list(exclude)},
+    ).fetchall()
+
+
+def preemptions_by_account(con: Con, start: float, end: float) -> list[tuple[str | None, int]]:
+    """Preemptions in [start, end), per account of the preempted job."""
+    return con.execute(
+        "SELECT account, count(*) FROM preemptions "
+        "WHERE preempted_at >= $start AND preempted_at < $end GROUP BY account",
+        {"start": start, "end": end},
+    ).fetchall()
