@@ -17,9 +17,9 @@ from schemas.bounds import (
     Arg,
     CommandLine,
     Count,
-    Duration,
     Epoch,
     ExitCode,
+    FloatSeconds,
     GraceSeconds,
     JobId,
     Name,
@@ -69,7 +69,7 @@ class Part(msgspec.Struct, frozen=True, kw_only=True):
     command: CommandLine
     user: Name
     account: Text
-    duration_s: Duration | None = None
+    duration_s: FloatSeconds | None = None
     time_limit_s: PositiveSeconds | None = None
     grace_s: GraceSeconds | None = None
     debug: bool = False

@@ -60,7 +60,9 @@ GraceSeconds = Annotated[int, msgspec.Meta(ge=0, le=MAX_GRACE_S)]
 """SIGTERM-to-SIGKILL grace of a job being stopped: whole seconds, at most an hour."""
 PositiveInterval = Annotated[float, msgspec.Meta(ge=0.001, le=float(TEN_YEARS_S))]
 """How often a loop runs (seconds, a fraction allowed)."""
-Duration = Annotated[float, msgspec.Meta(ge=0.0, le=float(TEN_YEARS_S))]
+FloatSeconds = Annotated[float, msgspec.Meta(ge=0.0, le=float(TEN_YEARS_S))]
+"""Seconds with a fraction (a simulated run time, a usage window). A config's written duration
+("2h") is `schemas.units.Duration`."""
 Epoch = Annotated[float, msgspec.Meta(ge=0.0, le=YEAR_3000)]
 ExitCode = Annotated[int, msgspec.Meta(ge=-INT32_MAX - 1, le=INT32_MAX)]
 Percent = Annotated[float, msgspec.Meta(ge=0.0, le=100.0)]

@@ -19,9 +19,9 @@ from schemas.bounds import (
     Actor,
     CommandLine,
     Count,
-    Duration,
     Epoch,
     ExitCode,
+    FloatSeconds,
     GraceSeconds,
     JobGpus,
     JobId,
@@ -159,7 +159,7 @@ class SubmitJob(Command, frozen=True, kw_only=True, tag="submit"):
     time_limit_s: PositiveSeconds | None = None
     command: CommandLine = ()
     labels: Labels = {}
-    duration_s: Duration | None = None
+    duration_s: FloatSeconds | None = None
     user: Name | None = None
     """Submit on behalf of `user` (admins and the simulator); defaults to the actor."""
     grace_s: GraceSeconds | None = None

@@ -22,9 +22,9 @@ from schemas.bounds import (
     CommandLine,
     Config,
     Count,
-    Duration,
     Epoch,
     ExitCode,
+    FloatSeconds,
     GpuIndices,
     GraceSeconds,
     JobGpus,
@@ -209,7 +209,7 @@ class JobSubmitted(Event, frozen=True, kw_only=True, tag="job.submitted.v1"):
     debug: bool = False
     command: CommandLine = ()
     labels: Labels = {}
-    duration_s: Duration | None = None
+    duration_s: FloatSeconds | None = None
     """Known run time for simulated execution; ignored by real executors."""
     grace_s: GraceSeconds | None = None
     """SIGTERM-to-SIGKILL grace when the job is stopped; None: the executor's default (30 s)."""
@@ -377,8 +377,8 @@ class CycleDecidedV1(Event, frozen=True, kw_only=True, tag="cycle.decided.v1"):
 class UsageSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How the ranks a decision used counted usage (`projections.fairshare.UsagePolicy`)."""
 
-    window_s: Duration
-    half_life_s: Duration | None = None
+    window_s: FloatSeconds
+    half_life_s: FloatSeconds | None = None
     weights: Annotated[dict[Name, Annotated[float, msgspec.Meta(ge=0, le=1e9)]], LISTED] = {}
 
 

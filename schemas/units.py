@@ -207,3 +207,8 @@ def approx(seconds: float | None) -> str:
     if seconds < 2 * 86_400:
         return f"{seconds / 3600:.1f}h"
     return f"{seconds / 86_400:.1f}d"
+
+
+def plural(n: int, word: str) -> str:
+    """`1 GPU`, `2 GPUs`, `0 jobs`."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

@@ -383,7 +383,7 @@ def squatters(ctx: Ctx, threshold: float, after: str, at: str | None, as_json: b
     if not rows:
         click.echo("no squatters")
         return
-    from ledger.reads.explain import plural
+    from schemas.units import plural
 
     by_manager: dict[str, list[Any]] = {}
     for r in rows:

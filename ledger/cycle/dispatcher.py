@@ -69,6 +69,18 @@ class LiveState(Protocol):
 class RankSource(Protocol):
     """Fair-share ranks at a moment, read where the dispatcher consumes them."""
 
+    @property
+    def usage_policy(self) -> UsagePolicy | None:
+        """How usage is counted (what a decision record says of its ranks); None for a source
+        that reads no usage (policies without ranks)."""
+        ...
+
+    @property
+    def read_position(self) -> int | None:
+        """The log position the last ranks were read at when the source may trail the ledger
+        (a projection); None when they are read at the snapshot's position."""
+        ...
+
     def ranks(self, now: float, position: int) -> tuple[Mapping[str, int], Mapping[str, float]]:
         """(rank per account path, lower is better; level fair share per account path) at `now`
         from the log up to `position`."""
@@ -85,10 +97,10 @@ def rank_inputs(
     `read_position` when it has one, else the snapshot's), their digest, the ranking code's
     version and the usage settings (`usage_policy`). None for sources without usage settings
     (policies that read no ranks)."""
-    usage: UsagePolicy | None = getattr(source, "usage_policy", None)
+    usage = source.usage_policy
     if usage is None:
         return None
-    read_at: int | None = getattr(source, "read_position", None)
+    read_at = source.read_position
     return e.RankInputs(
         position=position if read_at is None else read_at,
         digest=rank_digest(ranks, level_fs),
@@ -100,11 +112,10 @@ def rank_inputs(
 
 
 def typed_config(policy: Policy) -> AnyPolicyConfig | None:
-    """The typed config a decision record carries (`registry.config_of`; of the wrapped policy
-    for a wrapper that only records more settings); None for a policy no version registers."""
-    inner = getattr(policy, "inner", policy)
+    """The typed config a decision record carries (`registry.config_of`); None for a policy no
+    version registers."""
     try:
-        return config_of(inner)
+        return config_of(policy)
     except (UnknownEntity, AttributeError):
         return None
 

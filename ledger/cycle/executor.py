@@ -167,6 +167,10 @@ class Executor(Protocol):
         """The service stops: the exits to record (runs this executor ends with the service)."""
         ...
 
+    def heard_from(self) -> Mapping[str, float]:
+        """When each node was last heard from (node agents' contact, for `/metrics`); {} for
+        engines that do not track contact."""
+
     def next_event_at(self) -> float | None:
         """When something will happen without outside input (a simulated job ending), if known."""
         ...

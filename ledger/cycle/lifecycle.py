@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from schemas import events as e
+from schemas.units import plural
 
 if TYPE_CHECKING:
     from ledger.core.state import Job
@@ -25,7 +26,7 @@ def lifecycle_lines(
         who = f"job {getattr(ev, 'job_id', '?')}"
         if job is not None:
             s = job.spec
-            who += f" ({s.account}, {s.user}, {s.gpus} GPU{'' if s.gpus == 1 else 's'})"
+            who += f" ({s.account}, {s.user}, {plural(s.gpus, 'GPU')})"
         log = f"output: {output_dir}/job-{getattr(ev, 'job_id', '?')}.log"
         match ev:
             case e.JobStarted():

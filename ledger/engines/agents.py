@@ -192,6 +192,9 @@ class AgentExecutor:
             self._publish(node)
         self._unpublished.clear()
 
+    def heard_from(self) -> Mapping[str, float]:
+        return dict(self.last_seen)
+
     def next_event_at(self) -> float | None:
         return None
 

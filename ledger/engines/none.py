@@ -32,5 +32,8 @@ class NoExecutor:
     def shutdown(self, now: float) -> list[Exit]:
         return []
 
+    def heard_from(self) -> Mapping[str, float]:
+        return {}
+
     def next_event_at(self) -> float | None:
         return None

@@ -294,6 +294,9 @@ class SupervisedExecutor:
         self._save()
         return known
 
+    def heard_from(self) -> Mapping[str, float]:
+        return {}
+
     def next_event_at(self) -> float | None:
         return None
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from schemas import events as e
-from schemas.units import span, when
+from schemas.units import plural, span, when
 
 if TYPE_CHECKING:  # annotations only: `explain`'s time words load without the dispatcher
     from ledger.core.state import Job
@@ -21,11 +21,6 @@ if TYPE_CHECKING:  # annotations only: `explain`'s time words load without the d
 
 _RAW_TIME = re.compile(r"\bt=\d+(?:\.\d+)?(?:e\+?\d+)?")
 """A raw time in a dispatcher reason (`t=1.76723e+09`): six digits, so shown from `until`."""
-
-
-def plural(n: int, word: str) -> str:
-    """`1 GPU`, `2 GPUs`, `0 jobs`."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _fs(value: float | None) -> str:

@@ -182,30 +182,30 @@ def _preview(h: Handles, a: QueueArgs | ExplainArgs) -> tuple[float, Any]:
 
 def _queue(h: Handles, a: QueueArgs) -> list[v.QueueRow]:
     from ledger.dispatch import registry
-    from ledger.reads import layer as reads
+    from ledger.reads import preview as previews
 
     # the policy named, else the one the service recorded running with, else the default
     policy = registry.build(a.policy or h.ledger.state.policy)
     now, preview = _preview(h, a)
-    return reads.queue(h.ledger, h.store(), policy, now, _queue_filter(a), preview)
+    return previews.queue(h.ledger, h.store(), policy, now, _queue_filter(a), preview)
 
 
 def _priority(h: Handles, a: QueueArgs) -> list[v.PriorityRow]:
     from ledger.dispatch import registry
-    from ledger.reads import layer as reads
+    from ledger.reads import preview as previews
 
     policy = registry.build(a.policy or h.ledger.state.policy)
     now, preview = _preview(h, a)
-    return reads.priority(h.ledger, h.store(), policy, now, _queue_filter(a), preview)
+    return previews.priority(h.ledger, h.store(), policy, now, _queue_filter(a), preview)
 
 
 def _explain(h: Handles, a: ExplainArgs) -> v.ExplainView:
     from ledger.dispatch import registry
-    from ledger.reads import layer as reads
+    from ledger.reads import preview as previews
 
     policy = registry.build(a.policy or h.ledger.state.policy)
     now, preview = _preview(h, a)
-    return reads.explain(h.ledger, h.store(), a.job_id, policy, now, preview)
+    return previews.explain(h.ledger, h.store(), a.job_id, policy, now, preview)
 
 
 def _squatters(h: Handles, a: SquattersArgs) -> list[v.SquatterRow]:

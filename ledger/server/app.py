@@ -18,7 +18,7 @@ import inspect
 import time
 from collections.abc import Callable
 from importlib.metadata import version
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
@@ -30,6 +30,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import JSONBody
 
 from ledger.reads import layer as reads
+from ledger.reads import preview as previews
 from ledger.reads.table import READS
 from ledger.server import identity as ident
 from ledger.server import metrics as m
@@ -241,7 +242,7 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
         return reads.tokens(ledger.state, person(request).actor)
 
     handles = ServiceHandles(worker.service)
-    getattr(worker, "idle", []).append(handles.warm)
+    worker.idle.append(handles.warm)
 
     def read_route(name: str) -> HTTPRouteHandler:
         spec = READS[name]
@@ -282,9 +283,9 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
     routes += tables.routes(worker, person)
     routes += agent_routes(worker, who, clock)
     metrics = m.Metrics(status_of_any)
-    getattr(worker.service, "on_cycle", []).append(metrics.observe_cycle)
+    worker.service.on_cycle.append(metrics.observe_cycle)
     routes += [m.route(metrics, worker, handles, person)]
-    getattr(worker, "idle", []).append(lambda: metrics.warm(handles))
+    worker.idle.append(lambda: metrics.warm(handles))
     routes += pages.routes(worker, handles, person)
     app = Litestar(
         route_handlers=routes,
@@ -345,7 +346,7 @@ class ServiceHandles:
 
         def compute() -> LivePreview:
             policy = registry.build(ledger.state.policy)
-            return LivePreview(policy.version, reads.live(ledger, store, policy, now), now)
+            return LivePreview(policy.version, previews.live(ledger, store, policy, now), now)
 
         preview: LivePreview = self.cache.shared("live-preview", ledger.position, now, compute)
         return preview
@@ -415,8 +416,11 @@ def offline_document() -> bytes:
     """The OpenAPI document without a running server (for export and the drift test)."""
 
     class _Offline:
+        idle: ClassVar[list[Any]] = []
+
         class service:
             ledger = None
+            on_cycle: ClassVar[list[Any]] = []
 
     return render_openapi(create_app(_Offline(), clock=lambda: 0.0))  # type: ignore[arg-type]
 

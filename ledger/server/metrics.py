@@ -208,9 +208,10 @@ def ledger_figures(handles: Any) -> LedgerFigures:
     return got
 
 
-def read_figures(handles: Any, service: Any, heartbeats: dict[str, float]) -> Figures:
+def read_figures(handles: Any, service: Any) -> Figures:
     """The ledger's figures now (on the worker thread), all from the read layer."""
     from ledger.reads import layer as reads
+    from ledger.reads import preview as previews
 
     ledger = handles.ledger
     store = handles.store()
@@ -227,7 +228,7 @@ def read_figures(handles: Any, service: Any, heartbeats: dict[str, float]) -> Fi
     snapshot, decision = handles.live_preview().live
     by_code: dict[str, int] = {}
     by_team: dict[str, int] = {}
-    for account, code in reads.queue_codes(ledger.state, snapshot, decision):
+    for account, code in previews.queue_codes(ledger.state, snapshot, decision):
         by_code[code] = by_code.get(code, 0) + 1
         by_team[team_of(account)] = by_team.get(team_of(account), 0) + 1
     relay = service.relay_position()
@@ -244,8 +245,7 @@ def read_figures(handles: Any, service: Any, heartbeats: dict[str, float]) -> Fi
         preemptions={r.name: r.count for r in reads.preemption_counts(store)},
         teams=window.teams,
         heartbeat_ages={
-            node: max(0.0, clock - at)
-            for node, at in {**heartbeats, **getattr(service.executor, "last_seen", {})}.items()
+            node: max(0.0, clock - at) for node, at in service.executor.heard_from().items()
         },
     )
 
@@ -284,7 +284,6 @@ class Metrics:
         self._api_children: dict[tuple[str, str, int], Any] = {}
         self.reading = _Reading()
         self.registry.register(self.reading)
-        self.heartbeats: dict[str, float] = {}
         self.status_of = status_of
         self.scraped_at: float | None = None
         """When the last scrape came: only while something scrapes are the window figures
@@ -300,10 +299,6 @@ class Metrics:
 
     def observe_cycle(self, seconds: float) -> None:
         self.cycle.observe(seconds)
-
-    def note_heartbeat(self, node: str, at: float) -> None:
-        """Record that `node` was heard from at `at` (the node agent's heartbeat)."""
-        self.heartbeats[node] = max(at, self.heartbeats.get(node, at))
 
     def render(self, figures: Figures) -> bytes:
         self.reading.figures = figures
@@ -360,9 +355,7 @@ def route(
     async def scrape(request: Request[Any, Any, Any]) -> Response[bytes]:
         person(request)
         metrics.scraped_at = time.monotonic()
-        figures = await worker.call(
-            lambda: read_figures(handles, worker.service, metrics.heartbeats)
-        )
+        figures = await worker.call(lambda: read_figures(handles, worker.service))
         return Response(metrics.render(figures), media_type=metrics.content_type)
 
     return scrape

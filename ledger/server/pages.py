@@ -21,7 +21,7 @@ import math
 import time
 from collections.abc import Callable
 from importlib import resources
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
 
 import msgspec
 from litestar import Request, Response, get
@@ -32,6 +32,9 @@ from litestar.static_files import create_static_files_router
 
 from schemas import views as v
 from schemas.errors import Unavailable
+
+if TYPE_CHECKING:
+    from ledger.server.worker import Worker
 
 log = logging.getLogger("gpuledger.server")
 PAGES = ("login", "teams", "queue", "job", "nodes", "decisions")
@@ -81,7 +84,7 @@ class LivePreview(NamedTuple):
 
     policy_version: str
     live: Any
-    """`reads.live(...)`: the snapshot and the decision."""
+    """`previews.live(...)`: the snapshot and the decision."""
     now: float
     """The moment it was computed at."""
 
@@ -101,10 +104,11 @@ def _json(value: Any) -> Response[bytes]:
     return Response(msgspec.json.encode(value), media_type="application/json")
 
 
-def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]:
+def routes(worker: Worker, handles: Any, person: Callable[[Any], Any]) -> list[Any]:
     """The page routes, the static files and the JSON endpoints of the dashboard."""
     from ledger.dispatch import registry
     from ledger.reads import layer as reads
+    from ledger.reads import preview as previews
 
     web_dir = resources.files("ledger.server") / "web"
     shell = (web_dir / "page.html").read_text(encoding="utf-8")
@@ -172,7 +176,7 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
             log.info("read the whole period's team hours ahead in %.1f s", began[1] - began[0])
         return more
 
-    getattr(worker, "idle", []).append(warm_past)
+    worker.idle.append(warm_past)
 
     @get("/ui/api/teams", include_in_schema=False)
     async def teams(
@@ -216,9 +220,9 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
         def read() -> list[QueueEntry]:
             got = live_preview(handles)
             policy = registry.build(handles.ledger.state.policy)
-            rows = reads.queue(handles.ledger, handles.store(), policy, got.now, filt, got.live)
+            rows = previews.queue(handles.ledger, handles.store(), policy, got.now, filt, got.live)
             return [
-                QueueEntry(row=r, parts=reads.key_parts(got.policy_version, r.sort_key))
+                QueueEntry(row=r, parts=previews.key_parts(got.policy_version, r.sort_key))
                 for r in rows
             ]
 
@@ -240,7 +244,7 @@ def routes(worker: Any, handles: Any, person: Callable[[Any], Any]) -> list[Any]
             row = reads.job(store, job_id, now, reads.Viewer(caller.actor, ledger.state))
             private = not row.redacted
             labels = dict(known.spec.labels) if known is not None and private else {}
-            explain = reads.explain(
+            explain = previews.explain(
                 ledger, store, job_id, registry.build(ledger.state.policy), now,
                 None if preview is None else preview.live,
             )  # fmt: skip

@@ -78,6 +78,9 @@ class KernelExecutor:
     def shutdown(self, now: float) -> list[Exit]:
         return []
 
+    def heard_from(self) -> Mapping[str, float]:
+        return {}
+
     def next_event_at(self) -> float | None:
         while self._ends:
             _, job_id, launch = self._ends[0]

@@ -32,6 +32,9 @@ Ranks = tuple[Mapping[str, int], Mapping[str, float]]
 class NoRanks:
     """For policies that do not read ranks (fifo, legacy): nothing to compute."""
 
+    usage_policy = None
+    read_position = None
+
     def ranks(self, now: float, position: int) -> Ranks:
         return {}, {}
 
@@ -160,6 +163,9 @@ class IncrementalRanks:
             for a in self.ledger.state.accounts.values()
             if a.open
         )
+
+    read_position = None
+    """Ranks are read from the ledger itself, at the snapshot's position."""
 
     @property
     def usage_policy(self) -> fs.UsagePolicy:

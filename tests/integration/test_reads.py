@@ -21,7 +21,7 @@ from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch.policy import FairShare
 from ledger.history.audit import check
 from ledger.reads import layer as reads
-from ledger.reads.explain import plural
+from ledger.reads import preview as previews
 from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
@@ -33,6 +33,7 @@ from schemas import commands as c
 from schemas import events as e
 from schemas import views as v
 from schemas.errors import NotAuthorised
+from schemas.units import plural
 
 T0 = 1_767_225_600.0
 GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
@@ -184,7 +185,7 @@ def test_explain_is_structured_with_blocking_jobs_position_and_estimated_start(
     handles: Any,
 ) -> None:
     ledger, store = handles
-    view = reads.explain(ledger, store, 4, FairShare(), T0 + 300)
+    view = previews.explain(ledger, store, 4, FairShare(), T0 + 300)
     assert (view.status, view.code, view.position, view.queue_length) == (
         "pending",
         "WAIT_CONTRACT",
@@ -199,7 +200,7 @@ def test_explain_is_structured_with_blocking_jobs_position_and_estimated_start(
 
 def test_explain_of_a_preempted_job_names_the_job_it_made_room_for(handles: Any) -> None:
     ledger, store = handles
-    view = reads.explain(ledger, store, 2, FairShare(), T0 + 300)
+    view = previews.explain(ledger, store, 2, FairShare(), T0 + 300)
     text = "\n".join(view.lines)
     # the note "unfunded" is job 2's, never the job it made room for
     assert "job 3 (unfunded)" not in text
@@ -215,8 +216,8 @@ def test_explain_from_a_live_ledger_equals_the_full_fold(handles: Any, job_id: i
     live = Ledger(ledger.home, live=True)
     try:
         assert 1 not in live.state.jobs and 2 not in live.state.jobs  # both finished
-        want = reads.explain(ledger, store, job_id, FairShare(), T0 + 300)
-        assert reads.explain(live, store, job_id, FairShare(), T0 + 300) == want
+        want = previews.explain(ledger, store, job_id, FairShare(), T0 + 300)
+        assert previews.explain(live, store, job_id, FairShare(), T0 + 300) == want
     finally:
         live.close()
 
@@ -225,25 +226,26 @@ def test_job_from_history_is_the_folded_job(handles: Any) -> None:
     ledger, store = handles
     for job_id in (1, 2, 3):
         assert (
-            reads.job_from_history(job_id, reads._history(store, job_id))
+            previews.job_from_history(job_id, previews._history(store, job_id))
             == (ledger.state.jobs[job_id])
         )
-    assert reads.job_from_history(99, []) is None
+    assert previews.job_from_history(99, []) is None
 
 
 def test_queue_filters_like_squeue_and_estimates_starts(handles: Any) -> None:
     ledger, store = handles
-    rows = reads.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter())
+    rows = previews.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter())
     assert [(r.order, r.job_id) for r in rows] == [(1, 5), (2, 4)]
     assert {r.estimated_start_at for r in rows} == {T0 + 3700}
     assert [
         r.job_id
-        for r in reads.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter(user="bob"))
+        for r in previews.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter(user="bob"))
     ] == [4]
     assert (
-        reads.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter(account="ai2/tulu")) == []
+        previews.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter(account="ai2/tulu"))
+        == []
     )
-    assert reads.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter(state="held")) == []
+    assert previews.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter(state="held")) == []
 
 
 @pytest.mark.parametrize("user", [None, "alice", "bob"])
@@ -253,24 +255,25 @@ def test_a_short_page_of_the_queue_is_the_head_of_the_whole_queue(
     """Only the rows shown are built: each page of `limit` rows is the head of the full list,
     estimated starts and reasons included, and `priority` likewise."""
     ledger, store = handles
-    preview = reads.live(ledger, store, FairShare(), T0 + 300)
-    whole = reads.queue(
+    preview = previews.live(ledger, store, FairShare(), T0 + 300)
+    whole = previews.queue(
         ledger, store, FairShare(), T0 + 300, v.QueueFilter(user=user, limit=1000), preview
     )
-    full_keys = reads.priority(
+    full_keys = previews.priority(
         ledger, store, FairShare(), T0 + 300, v.QueueFilter(user=user, limit=1000), preview
     )
     assert whole and len(whole) == len(full_keys)
     for limit in range(1, len(whole) + 1):
         f = v.QueueFilter(user=user, limit=limit)
-        assert reads.queue(ledger, store, FairShare(), T0 + 300, f, preview) == whole[:limit]
+        assert previews.queue(ledger, store, FairShare(), T0 + 300, f, preview) == whole[:limit]
         assert (
-            reads.priority(ledger, store, FairShare(), T0 + 300, f, preview) == (full_keys[:limit])
+            previews.priority(ledger, store, FairShare(), T0 + 300, f, preview)
+            == (full_keys[:limit])
         )
     snapshot, decision = preview
-    starts = reads.estimated_starts(ledger.state, snapshot, decision, T0 + 300)
+    starts = previews.estimated_starts(ledger.state, snapshot, decision, T0 + 300)
     for job_id in [cons.job_id for cons in decision.considered]:
-        head = reads.estimated_starts(ledger.state, snapshot, decision, T0 + 300, job_id)
+        head = previews.estimated_starts(ledger.state, snapshot, decision, T0 + 300, job_id)
         assert list(head) == list(starts)[: list(starts).index(job_id) + 1]
         assert head == {k: starts[k] for k in head}
 
@@ -303,7 +306,7 @@ def test_queue_prints_times_not_scientific_notation(home: Path) -> None:
 
 def test_priority_names_every_part_of_the_sort_key(handles: Any) -> None:
     ledger, store = handles
-    rows = reads.priority(ledger, store, FairShare(), T0 + 300, v.QueueFilter())
+    rows = previews.priority(ledger, store, FairShare(), T0 + 300, v.QueueFilter())
     parts = {p.name: p.value for p in rows[0].parts}
     assert rows[0].job_id == 5
     assert parts == {
@@ -404,8 +407,8 @@ def test_a_held_job_is_skipped_until_released(own: Path) -> None:
     try:
         with Store(":memory:") as store, EmbeddedSource(own) as source:
             Projector(store, source).catch_up()
-            rows = reads.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter())
-            _, decision = reads.live(ledger, store, FairShare(), T0 + 4000)
+            rows = previews.queue(ledger, store, FairShare(), T0 + 300, v.QueueFilter())
+            _, decision = previews.live(ledger, store, FairShare(), T0 + 4000)
             held = reads.jobs(store, v.JobFilter(status="held"), T0 + 300, None)
     finally:
         ledger.close()

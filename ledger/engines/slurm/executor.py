@@ -392,6 +392,9 @@ class SlurmExecutor:
         if j.holding and got and got != want:
             log.warning("job %s: Slurm gave GPUs %s, the ledger chose %s", r.job_id, got, want)
 
+    def heard_from(self) -> Mapping[str, float]:
+        return {}
+
     def next_event_at(self) -> float | None:
         return None
 

@@ -1,0 +1,447 @@
+"""Previews: what the dispatcher would decide now, read without appending anything.
+
+The queue (dispatch order, reasons, estimated starts), `priority` (the sort key part by part,
+like `sprio`) and `explain` (why a job waits, or its history told in words). Each function takes
+a `LiveState` and a caught-up projection `Store` and an explicit `now`; it returns the view
+Structs of `schemas.views`. The rest of the read layer is `ledger.reads.layer`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from ledger.reads.explain import explain_history, explain_pending
+from ledger.reads.layer import utilisation
+from schemas import events as e
+from schemas import views as v
+from schemas.errors import UnknownEntity
+from schemas.units import when
+
+if TYPE_CHECKING:  # a read loads what it uses: the dispatcher only when it previews
+    from ledger.core.state import Job, State
+    from ledger.cycle.dispatcher import LiveState
+    from ledger.dispatch.engine import Decision
+    from ledger.dispatch.policy import Policy
+    from ledger.dispatch.snapshot import PendingJob, Snapshot
+    from projections.store import Store
+
+
+def live(ledger: LiveState, store: Store, policy: Policy, now: float) -> tuple[Snapshot, Decision]:
+    """What the dispatcher would decide at `now` (nothing is appended)."""
+    from ledger.cycle.dispatcher import StoreRanks, preview
+
+    util = utilisation(store, ledger.state)
+    return preview(ledger, StoreRanks(store), policy, now, util.low_since)
+
+
+_RAW_TIME = re.compile(r"\bt=(\d+(?:\.\d+)?(?:e\+?\d+)?)")
+
+
+def readable(text: str, until: float | None = None) -> str:
+    """Pure: the dispatcher's reasons with their raw `t=1.76723e+09` times as UTC times (the
+    exact `until` when the wait has one: the raw text keeps only six digits).
+
+    Recorded decisions keep the dispatcher's text byte for byte (replay compares it); reads show
+    times people can read."""
+    return _RAW_TIME.sub(lambda m: when(until if until is not None else float(m.group(1))), text)
+
+
+def _under(account: str, root: str | None) -> bool:
+    return root is None or (account + "/").startswith(root.rstrip("/") + "/")
+
+
+def estimated_starts(
+    state: State, snapshot: Snapshot, decision: Decision, now: float, through: int | None = None
+) -> dict[int, float | None]:
+    """Pure: an estimated start for every pending job, or None when it cannot be known; with
+    `through`, only for the jobs up to that one in dispatch order (a job's estimate depends on
+    the jobs ahead of it alone, so those are the same as in the full answer).
+
+    Jobs placed in the next cycle start `now`. For the others, in dispatch order: GPUs free up
+    when running jobs reach their time limit (a job without one holds its GPUs for an unknown
+    time), and each job ahead takes its GPUs from its estimated start until its own time limit;
+    a job waiting for contracts to end (WAIT_CONTRACT) may start when they end. Cluster-wide GPU
+    counts (a job's GPU type respected), node fit ignored: an estimate, not a promise.
+    """
+    placed = {p.job_id for p in decision.placements}
+    free: dict[str, int] = {}
+    for n in snapshot.nodes:
+        if n.state == "active":
+            free[n.gpu_type] = free.get(n.gpu_type, 0) + len(n.free)
+    # (time, gpu_type, gpus freed); time None = unknown
+    releases: list[tuple[float, str, int]] = []
+    node_type = {n.name: n.gpu_type for n in snapshot.nodes}
+    for r in snapshot.running:
+        job = state.jobs.get(r.job_id)
+        limit = job.spec.time_limit_s if job is not None else None
+        if limit is None:
+            continue
+        begun = job.started_at if job is not None and job.started_at is not None else r.placed_at
+        for sl in r.slots:
+            releases.append(
+                (max(now, begun + limit), node_type.get(sl.node, ""), len(sl.gpu_indices))
+            )
+    out: dict[int, float | None] = {}
+    pending = {p.job_id: p for p in snapshot.pending}
+    for cons in decision.considered:
+        p = pending.get(cons.job_id)
+        if p is None:
+            continue
+        if p.job_id in placed:
+            out[p.job_id] = now
+            if p.job_id == through:
+                break
+            continue
+        types = [t for t in free if p.gpu_type is None or t == p.gpu_type]
+        have = sum(free[t] for t in types)
+        start: float | None = None
+        if have >= p.gpus:
+            start = now
+        else:
+            for at, t, g in sorted(releases):
+                if t in types:
+                    have += g
+                    if have >= p.gpus:
+                        start = at
+                        break
+        wait = decision.waiting.get(p.job_id)
+        if wait is not None and wait.code == "WAIT_CONTRACT" and wait.until is not None:
+            # the dispatcher may preempt the jobs in the way once their contracts end
+            start = wait.until if start is None else min(start, max(now, wait.until))
+        out[p.job_id] = start
+        if start is None:
+            if p.job_id == through:
+                break
+            continue
+        # the job takes its GPUs from `start`: from the free pool, then from the releases
+        need = p.gpus
+        for t in types:
+            take = min(free[t], need)
+            free[t] -= take
+            need -= take
+        kept = []
+        for at, t, g in sorted(releases):
+            if need and t in types and at <= start:
+                take = min(g, need)
+                need -= take
+                if g - take:
+                    kept.append((at, t, g - take))
+            else:
+                kept.append((at, t, g))
+        releases = kept
+        if p.time_limit_s is not None:
+            releases.append((start + p.time_limit_s, types[0] if types else "", p.gpus))
+        if p.job_id == through:
+            break
+    return out
+
+
+def queue(
+    ledger: LiveState,
+    store: Store,
+    policy: Policy,
+    now: float,
+    f: v.QueueFilter,
+    preview: tuple[Snapshot, Decision] | None = None,
+) -> list[v.QueueRow]:
+    """Pending (and held) work in dispatch order with its sort key, why it waits and an
+    estimated start, filtered like squeue (-u, -A, --state), the first `f.limit` rows. `preview`:
+    `live(...)` at `now` when the caller already holds it.
+
+    Only the rows shown are built (their reason text, their estimated start, which needs the
+    jobs ahead of them alone): at 10k pending a page of 50 costs what 50 rows cost. No preview
+    is decided when no schedulable pending job passes the filter (`--state held`, an empty
+    queue): its rows would be none."""
+    state = ledger.state
+    rows: list[v.QueueRow] = []
+    if f.state in ("pending", "all") and (preview is not None or _any_pending(state, f)):
+        snapshot, decision = preview or live(ledger, store, policy, now)
+        pending = {p.job_id: p for p in snapshot.pending}
+        shown: list[tuple[int, e.Considered, PendingJob]] = []
+        for i, cons in enumerate(decision.considered):
+            if len(shown) >= f.limit:
+                break
+            p = pending[cons.job_id]
+            if (f.user and p.user != f.user) or not _under(p.account, f.account):
+                continue
+            shown.append((i, cons, p))
+        through = shown[-1][2].job_id if shown else None
+        starts = estimated_starts(state, snapshot, decision, now, through) if shown else {}
+        for i, cons, p in shown:
+            wait = decision.waiting.get(cons.job_id)
+            rows.append(
+                v.QueueRow(
+                    order=i + 1, job_id=p.job_id, account=p.account, user=p.user, gpus=p.gpus,
+                    funded=p.funded, debug=p.debug, state="pending", sort_key=list(cons.sort_key),
+                    code=wait.code if wait else "NEXT_CYCLE",
+                    reason=readable(wait.reason, wait.until) if wait else "",
+                    submitted_at=p.submitted_at, waiting_s=max(0.0, now - p.submitted_at),
+                    estimated_start_at=starts.get(p.job_id),
+                )
+            )  # fmt: skip
+    if f.state in ("held", "all") and len(rows) < f.limit:
+        for job in sorted(state.jobs.values(), key=lambda j: j.job_id):
+            if len(rows) >= f.limit:
+                break
+            if not job.held or job.status != "pending":
+                continue
+            s = job.spec
+            if (f.user and s.user != f.user) or not _under(s.account, f.account):
+                continue
+            rows.append(
+                v.QueueRow(
+                    order=None, job_id=s.job_id, account=s.account, user=s.user, gpus=s.gpus,
+                    funded=job.funded, debug=s.debug, state="held", sort_key=[], code="HELD",
+                    reason="held: `gpuledger release` lets it be scheduled",
+                    submitted_at=s.at, waiting_s=max(0.0, now - s.at), estimated_start_at=None,
+                )
+            )  # fmt: skip
+    return rows[: f.limit]
+
+
+def _any_pending(state: State, f: v.QueueFilter) -> bool:
+    """Pure: whether some pending job the dispatcher would consider (not held) passes `f`."""
+    return any(
+        job.status == "pending"
+        and not job.held
+        and not (f.user and job.spec.user != f.user)
+        and _under(job.spec.account, f.account)
+        for job in state.jobs.values()
+    )
+
+
+def queue_codes(state: State, snapshot: Snapshot, decision: Decision) -> list[tuple[str, str]]:
+    """Pure: each queued job's account and code as `queue` gives them (pending in dispatch
+    order, then held), without the rest of its row (the counts of /metrics)."""
+    accounts = {p.job_id: p.account for p in snapshot.pending}
+    out = []
+    for cons in decision.considered:
+        wait = decision.waiting.get(cons.job_id)
+        out.append((accounts[cons.job_id], wait.code if wait else "NEXT_CYCLE"))
+    held = sorted(
+        (j.job_id, j.spec.account) for j in state.jobs.values() if j.held and j.status == "pending"
+    )
+    return out + [(account, "HELD") for _, account in held]
+
+
+_DEBUG_LANE = ("debug_lane", "0: a funded debug-class job in the debug lane, 1: any other")
+_KEY_PARTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "fairshare-3": (
+        _DEBUG_LANE,
+        ("funded_class", "0 funded, 1 unfunded (funded work goes first)"),
+        ("team_place", "the team's place by its share of the whole tree, 0 the best"),
+        ("priority_neg", "declared priority, negated: orders jobs inside one team"),
+        ("user_rank", "the user leaf's fair-share rank inside the team"),
+        ("submitted_at", "submit time, earlier first"),
+        ("job_id", "the tie-break"),
+    ),
+    "fairshare-2": (
+        _DEBUG_LANE,
+        ("funded_class", "0 funded, 1 unfunded (funded work goes first)"),
+        ("team_rank", "the team's fair-share rank, 0 the best"),
+        ("priority_neg", "declared priority, negated: orders jobs inside one team"),
+        ("user_rank", "the user leaf's fair-share rank inside the team"),
+        ("submitted_at", "submit time, earlier first"),
+        ("job_id", "the tie-break"),
+    ),
+    "fairshare": (
+        ("funded_class", "0 funded, 1 unfunded (funded work goes first)"),
+        ("team_rank", "the team's fair-share rank, 0 the best"),
+        ("priority_neg", "declared priority, negated: orders jobs inside one team"),
+        ("user_rank", "the user leaf's fair-share rank inside the team"),
+        ("submitted_at", "submit time, earlier first"),
+        ("job_id", "the tie-break"),
+    ),
+    "fifo": (
+        ("submitted_at", "submit time, earlier first"),
+        ("job_id", "the tie-break"),
+    ),
+    "slurm": (
+        ("funded_class", "0 funded, 1 unfunded"),
+        ("multifactor_neg", "Slurm's multifactor priority, negated"),
+        ("priority_neg", "declared priority, negated"),
+        ("submitted_at", "submit time, earlier first"),
+        ("job_id", "the tie-break"),
+    ),
+    "legacy": (
+        ("funded_class", "0 funded, 1 unfunded"),
+        ("priority_neg", "declared priority, negated"),
+        ("submitted_at", "submit time, earlier first"),
+        ("job_id", "the tie-break"),
+    ),
+}
+_KEY_PARTS["fairshare-4"] = _KEY_PARTS["fairshare-3"]  # the same order, another gain
+_KEY_PARTS["fairshare-5"] = (
+    *_KEY_PARTS["fairshare-3"][:2],
+    ("unfunded_ran", "1: an unfunded job that ran and was preempted (jobs that never ran first)"),
+    *_KEY_PARTS["fairshare-3"][2:],
+)
+_KEY_PARTS["fairshare-6"] = _KEY_PARTS["fairshare-5"]  # the same order, a larger debug reserve
+
+
+def key_parts(policy_version: str, key: Sequence[float | int | str]) -> list[v.KeyPart]:
+    """Pure: the parts of a sort key with their names (unknown layouts get `part_N`)."""
+    names = _KEY_PARTS.get(policy_version) or _KEY_PARTS.get(policy_version.split("-", 1)[0], ())
+    if len(names) != len(key):
+        names = tuple((f"part_{i + 1}", "") for i in range(len(key)))
+    return [v.KeyPart(name=n, value=x, meaning=m) for (n, m), x in zip(names, key, strict=True)]
+
+
+def priority(
+    ledger: LiveState,
+    store: Store,
+    policy: Policy,
+    now: float,
+    f: v.QueueFilter,
+    preview: tuple[Snapshot, Decision] | None = None,
+) -> list[v.PriorityRow]:
+    """Every pending job's sort key with each part named, in dispatch order (like sprio).
+    `preview`: `live(...)` at `now` when the caller already holds it."""
+    _, decision = preview or live(ledger, store, policy, now)
+    state = ledger.state
+    rows: list[v.PriorityRow] = []
+    for i, cons in enumerate(decision.considered):
+        spec = state.jobs[cons.job_id].spec
+        if (f.user and spec.user != f.user) or not _under(spec.account, f.account):
+            continue
+        if len(rows) >= f.limit:
+            break
+        rows.append(
+            v.PriorityRow(
+                order=i + 1,
+                job_id=cons.job_id,
+                account=spec.account,
+                user=spec.user,
+                policy=decision.policy_version,
+                parts=key_parts(decision.policy_version, cons.sort_key),
+            )
+        )
+    return rows[: f.limit]
+
+
+def _history(store: Store, job_id: int) -> list[e.AnyEvent]:
+    from projections import history
+
+    return [r.event for r in history.job_events(store.con, job_id)]
+
+
+_JOB_EVENTS = (
+    e.JobSubmitted, e.JobPlaced, e.JobStarted, e.JobPreempted, e.JobHeld, e.JobReleased,
+    e.JobRequeued, e.JobFinished, e.CheckpointReported,
+)  # fmt: skip
+
+
+def job_from_history(job_id: int, history: Iterable[e.AnyEvent]) -> Job | None:
+    """Pure: a job as the full fold holds it, from its own events alone (a live state keeps no
+    finished jobs; their history is in the projection); None when it was never submitted."""
+    from ledger.core.evolve import evolve
+    from ledger.core.state import State
+
+    scratch = State()
+    for ev in history:
+        if isinstance(ev, _JOB_EVENTS) and ev.job_id == job_id:
+            if not isinstance(ev, e.JobSubmitted) and job_id not in scratch.jobs:
+                continue
+            evolve(scratch, ev)
+    return scratch.jobs.get(job_id)
+
+
+def _decisions(store: Store, history: Iterable[e.AnyEvent]) -> dict[str, e.CycleDecided]:
+    cycles = sorted(
+        {
+            ev.cycle_id
+            for ev in history
+            if isinstance(ev, e.JobPlaced | e.JobPreempted) and ev.cycle_id
+        }
+    )
+    if not cycles:
+        return {}
+    from projections.history import decisions_of_cycles
+
+    return decisions_of_cycles(store.con, cycles)
+
+
+def _tag(ev: e.AnyEvent) -> str:
+    return e.tag_of(type(ev))
+
+
+def explain(
+    ledger: LiveState,
+    store: Store,
+    job_id: int,
+    policy: Policy,
+    now: float,
+    preview: tuple[Snapshot, Decision] | None = None,
+) -> v.ExplainView:
+    """Why a job is pending, placed where it is, or was preempted: structured, and in words.
+    `preview`: `live(...)` at `now` when the caller already holds it."""
+    state = ledger.state
+    history = _history(store, job_id)
+    job = state.jobs.get(job_id) or job_from_history(job_id, history)
+    if job is None:
+        raise UnknownEntity(f"no job {job_id}", hint="see `gpuledger jobs`", job_id=job_id)
+    decisions = _decisions(store, history)
+    told = explain_history(job, history, decisions, now)
+    events = [
+        v.ExplainEvent(at=ev.at, tag=_tag(ev), text=t) for ev, t in _history_texts(history, told)
+    ]
+    held = job.held
+    status: v.JobStatusWord = "held" if held and job.status == "pending" else job.status
+    code = reason = sort_key = position = queue_length = start = None
+    blocking: list[int] = []
+    lines = told
+    if job.status == "pending" and held:
+        code, reason = "HELD", "held: `gpuledger release` lets it be scheduled"
+        lines = [*told, "It is held: the dispatcher skips it until it is released."]
+    elif job.status == "pending":
+        snapshot, decision = preview or live(ledger, store, policy, now)
+        lines = [readable(x) for x in explain_pending(job, decision, snapshot, now)]
+        if any(isinstance(ev, e.JobPreempted) for ev in history):
+            lines += ["Earlier:", *told[1:]]
+        order = [c.job_id for c in decision.considered]
+        if job_id in order:
+            i = order.index(job_id)
+            position, queue_length = i + 1, len(order)
+            sort_key = list(decision.considered[i].sort_key)
+            wait = decision.waiting.get(job_id)
+            code = wait.code if wait else "NEXT_CYCLE"
+            reason = (
+                readable(wait.reason, wait.until)
+                if wait
+                else "it would be placed in the next cycle"
+            )
+            if wait is not None and wait.code == "WAIT_CONTRACT":
+                blocking = sorted(
+                    r.job_id for r in snapshot.running if r.placed_at + r.min_runtime_s > now
+                )[:50]
+            else:
+                blocking = order[max(0, i - 50) : i] if wait is not None else []
+            start = estimated_starts(state, snapshot, decision, now).get(job_id)
+    return v.ExplainView(
+        job_id=job_id,
+        status=status,
+        outcome=job.outcome,
+        code=code,
+        reason=reason,
+        position=position,
+        queue_length=queue_length,
+        blocking_jobs=blocking,
+        sort_key=sort_key,
+        estimated_start_at=start,
+        contract_ends_at=job.contract_ends_at(),
+        history=events,
+        lines=lines,
+    )
+
+
+def _history_texts(history: Sequence[e.AnyEvent], told: list[str]) -> list[tuple[e.AnyEvent, str]]:
+    """Pair the events `explain_history` tells about with their sentences (it writes one per
+    told event, in order, after its headline)."""
+    tellable = (
+        e.JobSubmitted, e.JobPlaced, e.JobStarted, e.CheckpointReported, e.JobPreempted,
+        e.JobRequeued, e.JobHeld, e.JobReleased, e.JobFinished,
+    )  # fmt: skip
+    shown = [ev for ev in history if isinstance(ev, tellable)]
+    return list(zip(shown, told[1 : 1 + len(shown)], strict=False))
