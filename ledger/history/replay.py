@@ -24,7 +24,7 @@ faster, and the same rows). Either way every step reads only log records up to P
 
 Rooms: this module walks the log (`Replayer`, `find_decisions`, `replay_home`); what a record
 says and how a replay differs from it is pure, in `ledger.history.compare`; the projection read
-as of a position is `ledger.history.as_of`; checkpoints of the walk are
+as of a position is `projections.as_of`; checkpoints of the walk are
 `ledger.history.checkpoints`.
 """
 
@@ -46,7 +46,6 @@ from ledger.dispatch import registry
 from ledger.dispatch.engine import decide
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.snapshot import Snapshot
-from ledger.history.as_of import AS_OF_SQL, AsOf, DiskAsOf
 from ledger.history.checkpoints import (
     CHECKPOINT_EVERY,
     CHECKPOINTS_DB,
@@ -70,6 +69,7 @@ from ledger.history.compare import (
 from ledger.store.embedded import EVENTS_DB, EmbeddedSource
 from ledger.store.snapshots import folded, unfolded
 from projections import queries
+from projections.as_of import AS_OF_SQL, AsOf, DiskAsOf
 from projections.chain import chain_hash
 from projections.fairshare import UsagePolicy
 from projections.projector import Projector
