@@ -38,7 +38,7 @@ from ledger.engines.slurm.words import (
 )
 from ledger.store.application import Ledger
 from schemas.errors import EngineError, InvalidCommand
-from schemas.events import EndReason, GpuSlot
+from schemas.events import AnyEvent, EndReason, GpuSlot
 
 log = logging.getLogger("gpuledger.slurm")
 
@@ -48,9 +48,14 @@ ENGINE = "slurm"
 def ledger_id(ledger: Ledger) -> str:
     """This ledger's name in Slurm comments: 12 hex digits of its first event's id."""
     first = ledger.read(0, 1)
-    if not first:
+    return name_of(first[0][1] if first else None)
+
+
+def name_of(first: AnyEvent | None) -> str:
+    """Pure: the ledger's name in Slurm comments from its first event (`ledger_id`)."""
+    if first is None:
         raise InvalidCommand("the ledger is not initialised", hint="run `gpuledger init`")
-    return re.sub(r"[^0-9a-f]", "", first[0][1].event_id.lower())[:12] or "0"
+    return re.sub(r"[^0-9a-f]", "", first.event_id.lower())[:12] or "0"
 
 
 def open_executor(
