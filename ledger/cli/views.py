@@ -15,9 +15,12 @@ from schemas.bounds import Percent, TeamDepth
 from schemas.units import parse_duration, parse_time, parse_window, span, when
 
 if TYPE_CHECKING:  # the projection is imported only where it is opened (client mode never)
+    from collections.abc import Callable
+
     from rich.progress import Progress
 
     from projections.fairshare import UsagePolicy
+    from schemas.views import PriorityRow, QueueRow
 
 # Tables are rich's only when they do not fit a pipe as plain text (`print_table`): `--json`
 # through a server imports neither rich nor the dispatcher (the client entry stays light).
@@ -252,30 +255,44 @@ def _when(at: float | None) -> str:
     return "unknown" if at is None else when(at)
 
 
-@click.command()
-@policy_option
-@_queue_filters
-@at_option
-@json_option
-@pass_ctx
-def queue(
-    ctx: Ctx,
-    policy: str | None,
-    user: str | None,
-    account_path: str | None,
-    state: str,
-    limit: int,
-    at: str | None,
-    as_json: bool,
-) -> None:
+def _queue_view(view: str) -> Callable[[Callable[[Any], None]], click.Command]:
+    """The command of a preview in dispatch order (`queue`, `priority`): it reads `view` with
+    the queue's filters and prints the rows as JSON, or as the decorated function shows them."""
+
+    def make(show: Callable[[Any], None]) -> click.Command:
+        @click.command(name=show.__name__, help=show.__doc__)
+        @policy_option
+        @_queue_filters
+        @at_option
+        @json_option
+        @pass_ctx
+        def read(
+            ctx: Ctx,
+            policy: str | None,
+            user: str | None,
+            account_path: str | None,
+            state: str,
+            limit: int,
+            at: str | None,
+            as_json: bool,
+        ) -> None:
+            rows = ctx.read(
+                view, policy=policy, user=user, account=account_path, state=state, limit=limit,
+                at=_moment(at),
+            )  # fmt: skip
+            if as_json:
+                echo_json(rows)
+                return
+            show(rows)
+
+        return read
+
+    return make
+
+
+@_queue_view("queue")
+def queue(rows: list[QueueRow]) -> None:
     """Pending work in dispatch order: sort key, why it waits, estimated start (like squeue)."""
-    rows = ctx.read(
-        "queue", policy=policy, user=user, account=account_path, state=state, limit=limit,
-        at=_moment(at),
-    )  # fmt: skip
-    if as_json:
-        echo_json(rows)
-        return
     header = (
         "#", "job", "account", "user", "gpus", "sort key", "waiting", "est. start", "code",
         "reason",
@@ -303,30 +320,9 @@ def _key_text(key: list[float | int | str]) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
-@click.command()
-@policy_option
-@_queue_filters
-@at_option
-@json_option
-@pass_ctx
-def priority(
-    ctx: Ctx,
-    policy: str | None,
-    user: str | None,
-    account_path: str | None,
-    state: str,
-    limit: int,
-    at: str | None,
-    as_json: bool,
-) -> None:
+@_queue_view("priority")
+def priority(rows: list[PriorityRow]) -> None:
     """Each pending job's sort key, part by part (like sprio), in dispatch order."""
-    rows = ctx.read(
-        "priority", policy=policy, user=user, account=account_path, state=state, limit=limit,
-        at=_moment(at),
-    )  # fmt: skip
-    if as_json:
-        echo_json(rows)
-        return
     names = [p.name for p in rows[0].parts] if rows else []
     table = []
     for r in rows:
