@@ -90,21 +90,23 @@ def interval_usage(iv: Interval, at: float, policy: UsagePolicy) -> float:
 
 def leaf_usage(intervals: Iterable[Interval], at: float, policy: UsagePolicy) -> dict[str, float]:
     """Pure: usage per user leaf (leaves with no usage are left out)."""
-    out: dict[str, float] = defaultdict(float)
-    for iv in intervals:
-        u = interval_usage(iv, at, policy)
-        if u > 0.0:
-            out[iv.leaf] += u
-    return dict(out)
+    return _usage_by(intervals, at, policy, lambda iv: iv.leaf)
 
 
 def user_usage(intervals: Iterable[Interval], at: float, policy: UsagePolicy) -> dict[str, float]:
     """Pure: usage per user name, over every project they ran in."""
+    return _usage_by(intervals, at, policy, lambda iv: iv.user)
+
+
+def _usage_by(
+    intervals: Iterable[Interval], at: float, policy: UsagePolicy, key: Callable[[Interval], str]
+) -> dict[str, float]:
+    """Usage summed per `key` of the interval (keys with no usage are left out)."""
     out: dict[str, float] = defaultdict(float)
     for iv in intervals:
         u = interval_usage(iv, at, policy)
         if u > 0.0:
-            out[iv.user] += u
+            out[key(iv)] += u
     return dict(out)
 
 

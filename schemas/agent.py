@@ -9,7 +9,7 @@ the list does; a poll that names the version it has waits until it changes (long
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import msgspec
 
@@ -31,7 +31,10 @@ from schemas.bounds import (
 )
 from schemas.events import EndReason, GpuSlot
 
+T = TypeVar("T")
 MANY = msgspec.Meta(max_length=100_000)
+Parts = Annotated[tuple[T, ...], MANY]
+"""What a poll or a report lists, part by part (bounded)."""
 
 
 class Register(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,12 +61,17 @@ class Registered(msgspec.Struct, frozen=True, kw_only=True):
     inside it."""
 
 
-class Part(msgspec.Struct, frozen=True, kw_only=True):
-    """One part of a job that runs on the polling node."""
+class PartRun(msgspec.Struct, frozen=True, kw_only=True):
+    """Which part a message is about: its job and the job's run (its placement)."""
 
     job_id: JobId
     run: Count
     """Which placement of the job this is (its preemptions so far)."""
+
+
+class Part(PartRun, frozen=True, kw_only=True):
+    """One part of a job that runs on the polling node."""
+
     slots: tuple[GpuSlot, ...]
     """Every slot of the placement in rank order (this node's part is the one naming it)."""
     command: CommandLine
@@ -85,34 +93,27 @@ class Assignment(msgspec.Struct, frozen=True, kw_only=True):
 
     node: Name
     version: str
-    parts: Annotated[tuple[Part, ...], MANY]
+    parts: Parts[Part]
     server_time: Epoch
 
 
-class PartStarted(msgspec.Struct, frozen=True, kw_only=True):
-    job_id: JobId
-    run: Count
+class PartStarted(PartRun, frozen=True, kw_only=True):
     log: Arg = ""
     """Where the part's output goes on its node."""
 
 
-class PartExited(msgspec.Struct, frozen=True, kw_only=True):
-    job_id: JobId
-    run: Count
+class PartExited(PartRun, frozen=True, kw_only=True):
     exit_code: ExitCode
     reason: EndReason = "exited"
 
 
-class PartSample(msgspec.Struct, frozen=True, kw_only=True):
-    job_id: JobId
-    run: Count
+class PartSample(PartRun, frozen=True, kw_only=True):
     gpu_utilisation: Utilisation
     """% per GPU of the part, in the slot's GPU order."""
 
 
-class PartCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
-    job_id: JobId
-    run: Count
+class PartCheckpoint(PartRun, frozen=True, kw_only=True):
+    """A resumable part saved its progress."""
 
 
 class Report(msgspec.Struct, frozen=True, kw_only=True):
@@ -120,10 +121,10 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     report is a heartbeat."""
 
     node: Name
-    started: Annotated[tuple[PartStarted, ...], MANY] = ()
-    exited: Annotated[tuple[PartExited, ...], MANY] = ()
-    samples: Annotated[tuple[PartSample, ...], MANY] = ()
-    checkpoints: Annotated[tuple[PartCheckpoint, ...], MANY] = ()
+    started: Parts[PartStarted] = ()
+    exited: Parts[PartExited] = ()
+    samples: Parts[PartSample] = ()
+    checkpoints: Parts[PartCheckpoint] = ()
 
 
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):

@@ -10,8 +10,6 @@ each command it executes, so a value outside its bounds is one `InvalidCommand`,
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import msgspec
 
 from schemas.bounds import (
@@ -42,10 +40,10 @@ from schemas.bounds import (
     Utilisation,
 )
 from schemas.events import (
-    MANY,
     AccountKind,
     EndReason,
     GpuSlot,
+    Many,
     Placement,
     Preemption,
     PreemptReason,
@@ -202,8 +200,8 @@ class DecisionBody(msgspec.Struct, frozen=True, kw_only=True):
     policy: AnyPolicyConfig | None = None
     decided_at: Epoch | None = None
     ranks: RankInputs | None = None
-    placements: Annotated[tuple[Placement, ...], MANY] = ()
-    preemptions: Annotated[tuple[Preemption, ...], MANY] = ()
+    placements: Many[Placement] = ()
+    preemptions: Many[Preemption] = ()
     waiting: WaitSummary = WaitSummary()
     fragmentation_gpus: Count = 0
     wake_at: Epoch | None = None
@@ -232,7 +230,7 @@ class StartJob(Command, frozen=True, kw_only=True, tag="job.start"):
     """Set by an execution engine that names its runs (Slurm): links the run to `engine_job_id`."""
     engine_job_id: Name = ""
     run: Count = 0
-    gpus: Annotated[tuple[GpuSlot, ...], MANY] = ()
+    gpus: Many[GpuSlot] = ()
 
 
 class FinishJob(Command, frozen=True, kw_only=True, tag="job.finish"):

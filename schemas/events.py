@@ -12,7 +12,7 @@ decodes: `codec.decode` clamps it into them (see `codec.clamp`).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
@@ -183,7 +183,10 @@ class GpuSlot(msgspec.Struct, frozen=True, kw_only=True):
     gpu_indices: GpuIndices
 
 
+T = TypeVar("T")
 MANY = msgspec.Meta(max_length=10_000_000)
+Many = Annotated[tuple[T, ...], MANY]
+"""A tuple of at most 10M items: the lists that grow with the queue (a decision's jobs)."""
 LISTED = msgspec.Meta(max_length=1_024)
 Slots = Annotated[tuple[GpuSlot, ...], msgspec.Meta(max_length=100_000)]
 
@@ -270,7 +273,7 @@ class JobEngineLinked(Event, frozen=True, kw_only=True, tag="job.engine_linked.v
     engine_job_id: Name
     run: Count = 0
     """Which placement of the job this is (0 first, 1 after the first preemption, ...)."""
-    gpus: Annotated[tuple[GpuSlot, ...], MANY] = ()
+    gpus: Many[GpuSlot] = ()
     """The GPUs the engine says the run got, when it says (Slurm: `scontrol -d`)."""
 
 
@@ -365,9 +368,9 @@ class CycleDecidedV1(Event, frozen=True, kw_only=True, tag="cycle.decided.v1"):
     cycle_id: Token
     based_on: Position
     policy_version: Token
-    placements: Annotated[tuple[Placement, ...], MANY] = ()
-    preemptions: Annotated[tuple[Preemption, ...], MANY] = ()
-    considered: Annotated[tuple[Considered, ...], MANY] = ()
+    placements: Many[Placement] = ()
+    preemptions: Many[Preemption] = ()
+    considered: Many[Considered] = ()
     fragmentation_gpus: Count = 0
     config: Config = {}
     wake_at: Epoch | None = None
@@ -439,8 +442,8 @@ class CycleDecidedV2(Event, frozen=True, kw_only=True, tag="cycle.decided.v2"):
     """The `now` the pure decide() was given (replay re-runs it with the same value)."""
     ranks: RankInputs | None = None
     """None in records upcast from v1, which did not say."""
-    placed: Annotated[tuple[JobId, ...], MANY] = ()
-    preempted: Annotated[tuple[JobId, ...], MANY] = ()
+    placed: Many[JobId] = ()
+    preempted: Many[JobId] = ()
     waiting: WaitSummary = WaitSummary()
     fragmentation_gpus: Count = 0
     wake_at: Epoch | None = None
@@ -473,8 +476,8 @@ class CycleDecided(Event, frozen=True, kw_only=True, tag="cycle.decided.v3"):
     ranks: RankInputs | None = None
     """How the ranks were read and counted (None: the policy reads none, or an upcast v1 record
     did not say)."""
-    placed: Annotated[tuple[JobId, ...], MANY] = ()
-    preempted: Annotated[tuple[JobId, ...], MANY] = ()
+    placed: Many[JobId] = ()
+    preempted: Many[JobId] = ()
     waiting: WaitSummary = WaitSummary()
     fragmentation_gpus: Count = 0
     wake_at: Epoch | None = None

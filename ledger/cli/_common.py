@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 import msgspec
 
+from ledger.cli.output import echo_json, json_option
 from ledger.store.embedded import EVENTS_DB
 from ledger.wire.config import SOCKET_NAME
 from schemas.bounds import check, describe
@@ -278,6 +279,33 @@ def _caught_up(ctx: Ctx, source: EmbeddedSource, quiet: bool) -> Store:
 
 
 pass_ctx = click.make_pass_decorator(Ctx)
+
+
+def view_command(
+    command: Callable[[Callable[..., None]], click.Command],
+    view: str,
+    *options: Callable[[Any], Any],
+    fields: Callable[..., dict[str, Any]] = dict,
+) -> Callable[[Callable[[Any], None]], click.Command]:
+    """A read command: `command` (`click.command(NAME)` or a group's `.command(NAME)`) with
+    `options` and `--json` reads `view` with the `fields` its options give, and prints the
+    result as JSON or as the decorated function shows it (its docstring is the help)."""
+
+    def make(show: Callable[[Any], None]) -> click.Command:
+        def read(ctx: Ctx, /, as_json: bool, **given: Any) -> None:
+            rows = ctx.read(view, **fields(**given))
+            if as_json:
+                echo_json(rows)
+                return
+            show(rows)
+
+        read.__name__, read.__doc__ = show.__name__, show.__doc__
+        f = json_option(pass_ctx(read))
+        for option in reversed(options):
+            f = option(f)
+        return command(f)
+
+    return make
 
 
 def default_home() -> Path:

@@ -9,23 +9,17 @@ from typing import Any
 import click
 import msgspec
 
-from ledger.cli._common import Ctx, build, pass_ctx
+from ledger.cli._common import Ctx, build, pass_ctx, view_command
 from ledger.cli.output import console, echo_json, json_option, print_table
 from ledger.cli.write import account, node
 from schemas.errors import InvalidCommand
 from schemas.units import format_duration, format_time, parse_time, span
-from schemas.views import LogEntry, LogFilter
+from schemas.views import AccountNode, LogEntry, LogFilter, NodeRow
 
 
-@account.command("tree")
-@json_option
-@pass_ctx
-def account_tree(ctx: Ctx, as_json: bool) -> None:
+@view_command(account.command("tree"), "accounts")
+def account_tree(rows: list[AccountNode]) -> None:
     """Show the budget tree with shares and normalised shares."""
-    rows = ctx.read("accounts")
-    if as_json:
-        echo_json(rows)
-        return
     from rich.tree import Tree
 
     root = Tree("budget tree")
@@ -38,15 +32,9 @@ def account_tree(ctx: Ctx, as_json: bool) -> None:
     console().print(root)
 
 
-@node.command("list")
-@json_option
-@pass_ctx
-def node_list(ctx: Ctx, as_json: bool) -> None:
+@view_command(node.command("list"), "nodes")
+def node_list(rows: list[NodeRow]) -> None:
     """List nodes with their state and free GPUs."""
-    rows = ctx.read("nodes")
-    if as_json:
-        echo_json(rows)
-        return
     table = []
     for r in rows:
         why = r.lost_reason if r.state == "lost" else r.drain_reason

@@ -204,12 +204,11 @@ def build_workload(kw: dict[str, Any]) -> Workload:
     budget = None
     if kw["budgets"] is not None:
         budget = b.parse(_read(kw["budgets"]), str(kw["budgets"]))
+    # the seed and the budget tree's shape are both workloads' options
+    tree = {k: kw[k] for k in ("seed", "programs", "teams", "users")}
     if synth:
         g = Synthetic(
-            seed=kw["seed"],
-            programs=kw["programs"],
-            teams=kw["teams"],
-            users=kw["users"],
+            **tree,
             days=kw["days"],
             capacity_gpus=kw["nodes"] * kw["gpus_per_node"],
             gpus_per_node=kw["gpus_per_node"],
@@ -218,10 +217,7 @@ def build_workload(kw: dict[str, Any]) -> Workload:
         )
         return synthetic(g, budget)
     how = Assumptions(
-        seed=kw["seed"],
-        programs=kw["programs"],
-        teams=kw["teams"],
-        users=kw["users"],
+        **tree,
         team_skew=kw["team_skew"],
         min_runtime=parse_distribution(kw["min_runtime"]),
         resumable_p=kw["resumable_p"],

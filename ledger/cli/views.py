@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ledger.cli._common import Ctx, bounded, pass_ctx
+from ledger.cli._common import Ctx, bounded, pass_ctx, view_command
 from ledger.cli.output import echo_json, json_option, print_table
 from schemas import commands as c
 from schemas import events as e
@@ -15,9 +15,12 @@ from schemas.bounds import Percent, TeamDepth
 from schemas.units import parse_duration, parse_time, parse_window, span, when
 
 if TYPE_CHECKING:  # the projection is imported only where it is opened (client mode never)
+    from collections.abc import Callable
+
     from rich.progress import Progress
 
     from projections.fairshare import UsagePolicy
+    from schemas.views import PriorityRow, ProjectionStatusView, QueueRow
 
 # Tables are rich's only when they do not fit a pipe as plain text (`print_table`): `--json`
 # through a server imports neither rich nor the dispatcher (the client entry stays light).
@@ -193,15 +196,9 @@ def projection_rebuild(ctx: Ctx) -> None:
         )
 
 
-@projection_group.command("status")
-@json_option
-@pass_ctx
-def projection_status(ctx: Ctx, as_json: bool) -> None:
+@view_command(projection_group.command("status"), "projection")
+def projection_status(status: ProjectionStatusView) -> None:
     """Where the projection stands in the log."""
-    status = ctx.read("projection")
-    if as_json:
-        echo_json(status)
-        return
     click.echo(
         f"position {status.position:,}, {status.events:,} events, {status.unknown_events} unknown"
     )
@@ -252,30 +249,31 @@ def _when(at: float | None) -> str:
     return "unknown" if at is None else when(at)
 
 
-@click.command()
-@policy_option
-@_queue_filters
-@at_option
-@json_option
-@pass_ctx
-def queue(
-    ctx: Ctx,
+def _queue_fields(
     policy: str | None,
     user: str | None,
     account_path: str | None,
     state: str,
     limit: int,
     at: str | None,
-    as_json: bool,
-) -> None:
+) -> dict[str, Any]:
+    """What `queue` and `priority` read with: the preview's policy, moment and filters."""
+    return {
+        "policy": policy, "user": user, "account": account_path, "state": state, "limit": limit,
+        "at": _moment(at),
+    }  # fmt: skip
+
+
+def _queue_view(view: str) -> Callable[[Callable[[Any], None]], click.Command]:
+    """The command of a preview in dispatch order (`queue`, `priority`)."""
+    return view_command(
+        click.command(view), view, policy_option, _queue_filters, at_option, fields=_queue_fields
+    )
+
+
+@_queue_view("queue")
+def queue(rows: list[QueueRow]) -> None:
     """Pending work in dispatch order: sort key, why it waits, estimated start (like squeue)."""
-    rows = ctx.read(
-        "queue", policy=policy, user=user, account=account_path, state=state, limit=limit,
-        at=_moment(at),
-    )  # fmt: skip
-    if as_json:
-        echo_json(rows)
-        return
     header = (
         "#", "job", "account", "user", "gpus", "sort key", "waiting", "est. start", "code",
         "reason",
@@ -303,30 +301,9 @@ def _key_text(key: list[float | int | str]) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
-@click.command()
-@policy_option
-@_queue_filters
-@at_option
-@json_option
-@pass_ctx
-def priority(
-    ctx: Ctx,
-    policy: str | None,
-    user: str | None,
-    account_path: str | None,
-    state: str,
-    limit: int,
-    at: str | None,
-    as_json: bool,
-) -> None:
+@_queue_view("priority")
+def priority(rows: list[PriorityRow]) -> None:
     """Each pending job's sort key, part by part (like sprio), in dispatch order."""
-    rows = ctx.read(
-        "priority", policy=policy, user=user, account=account_path, state=state, limit=limit,
-        at=_moment(at),
-    )  # fmt: skip
-    if as_json:
-        echo_json(rows)
-        return
     names = [p.name for p in rows[0].parts] if rows else []
     table = []
     for r in rows:

@@ -21,6 +21,7 @@ Accounts missing from the file are left alone unless `prune` is set, which close
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import msgspec
@@ -140,63 +141,7 @@ def plan(state: State, budget: BudgetFile, actor: str, *, prune: bool = False) -
                 )
             )
     for path in sorted(wanted):
-        spec = wanted[path]
-        current = (
-            set(state.members.get(path, ()))
-            if (a := state.accounts.get(path)) and a.open
-            else set()
-        )
-        if spec.members is not None:
-            for user in sorted(set(spec.members) - current):
-                shares = spec.member_shares.get(user, 1)
-                out.append(
-                    Change(
-                        "+",
-                        f"member {user} -> {path} shares={shares}",
-                        c.AddMember(actor=actor, user=user, project=path, shares=shares),
-                    )
-                )
-            for user in sorted(current - set(spec.members)):
-                out.append(
-                    Change(
-                        "-",
-                        f"member {user} x {path}",
-                        c.RemoveMember(actor=actor, user=user, project=path),
-                    )
-                )
-        for user, shares in sorted(spec.member_shares.items()):
-            leaf = state.accounts.get(f"{path}/{user}")
-            if user in current and leaf is not None and leaf.open and leaf.shares != shares:
-                out.append(
-                    Change(
-                        "~",
-                        f"shares {path}/{user} {leaf.shares} -> {shares}",
-                        c.SetShares(
-                            actor=actor,
-                            account=f"{path}/{user}",
-                            shares=shares,
-                            reason="budget file",
-                        ),
-                    )
-                )
-        if spec.managers is not None:
-            have_managers = {u for u, roots in state.managers.items() if path in roots}
-            for user in sorted(set(spec.managers) - have_managers):
-                out.append(
-                    Change(
-                        "+",
-                        f"manager {user} of {path}",
-                        c.GrantManager(actor=actor, user=user, account=path),
-                    )
-                )
-            for user in sorted(have_managers - set(spec.managers)):
-                out.append(
-                    Change(
-                        "-",
-                        f"manager {user} x {path}",
-                        c.RevokeManager(actor=actor, user=user, account=path),
-                    )
-                )
+        out += _people(state, path, wanted[path], actor)
     if prune:
         listed = set(wanted)
         stale = [
@@ -213,6 +158,72 @@ def plan(state: State, budget: BudgetFile, actor: str, *, prune: bool = False) -
                 )
             )
     return out
+
+
+def _people(state: State, path: str, spec: BudgetAccount, actor: str) -> list[Change]:
+    """The member and manager changes of account `path`: a list the file gives is the whole list
+    (a member's shares are its leaf's)."""
+    a = state.accounts.get(path)
+    current = set(state.members.get(path, ())) if a and a.open else set()
+    out: list[Change] = []
+
+    def join(user: str) -> Change:
+        shares = spec.member_shares.get(user, 1)
+        cmd = c.AddMember(actor=actor, user=user, project=path, shares=shares)
+        return Change("+", f"member {user} -> {path} shares={shares}", cmd)
+
+    if spec.members is not None:
+        out += _listed(
+            spec.members,
+            current,
+            join,
+            lambda user: Change(
+                "-", f"member {user} x {path}", c.RemoveMember(actor=actor, user=user, project=path)
+            ),
+        )
+    for user, shares in sorted(spec.member_shares.items()):
+        leaf = state.accounts.get(f"{path}/{user}")
+        if user in current and leaf is not None and leaf.open and leaf.shares != shares:
+            out.append(
+                Change(
+                    "~",
+                    f"shares {path}/{user} {leaf.shares} -> {shares}",
+                    c.SetShares(
+                        actor=actor,
+                        account=f"{path}/{user}",
+                        shares=shares,
+                        reason="budget file",
+                    ),
+                )
+            )
+    if spec.managers is not None:
+        out += _listed(
+            spec.managers,
+            {u for u, roots in state.managers.items() if path in roots},
+            lambda user: Change(
+                "+",
+                f"manager {user} of {path}",
+                c.GrantManager(actor=actor, user=user, account=path),
+            ),
+            lambda user: Change(
+                "-",
+                f"manager {user} x {path}",
+                c.RevokeManager(actor=actor, user=user, account=path),
+            ),
+        )
+    return out
+
+
+def _listed(
+    listed: Iterable[str],
+    have: set[str],
+    add: Callable[[str], Change],
+    remove: Callable[[str], Change],
+) -> list[Change]:
+    """The changes that make the users `have` the users `listed`: additions, then removals, each
+    in name order."""
+    want = set(listed)
+    return [add(u) for u in sorted(want - have)] + [remove(u) for u in sorted(have - want)]
 
 
 def check(state: State, commands: list[c.AnyCommand], now: float, new_id: NewId) -> None:

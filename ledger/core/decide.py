@@ -735,17 +735,22 @@ _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]]
 
 def event_keys(event: e.AnyEvent) -> set[str]:
     """What an event touches, for optimistic concurrency: `job:N`, `node:X`, `account:P`."""
+    return _named_keys(event)
+
+
+def _named_keys(named: e.AnyEvent | c.AnyCommand) -> set[str]:
+    """The job, nodes and accounts an event or a command names by its fields."""
     keys: set[str] = set()
-    job_id = getattr(event, "job_id", None)
+    job_id = getattr(named, "job_id", None)
     if isinstance(job_id, int):
         keys.add(f"job:{job_id}")
-    node = getattr(event, "node", None)
+    node = getattr(named, "node", None)
     if isinstance(node, str):
         keys.add(f"node:{node}")
-    for sl in getattr(event, "slots", ()):
+    for sl in getattr(named, "slots", ()):
         keys.add(f"node:{sl.node}")
     for attr in ("path", "account", "project"):
-        v = getattr(event, attr, None)
+        v = getattr(named, attr, None)
         if isinstance(v, str):
             keys.add(f"account:{v}")
     return keys
@@ -763,15 +768,4 @@ def command_keys(state: State, cmd: c.AnyCommand) -> set[str]:
             keys.add(f"job:{pl.job_id}")
             keys.update(f"node:{sl.node}" for sl in pl.slots)
         return keys
-    for attr in ("job_id",):
-        v = getattr(cmd, attr, None)
-        if isinstance(v, int):
-            keys.add(f"job:{v}")
-    v = getattr(cmd, "node", None)
-    if isinstance(v, str):
-        keys.add(f"node:{v}")
-    for attr in ("path", "account", "project"):
-        v = getattr(cmd, attr, None)
-        if isinstance(v, str):
-            keys.add(f"account:{v}")
-    return keys
+    return _named_keys(cmd)

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from ledger.core.state import Account, Job, Node, State, Token
+from ledger.core.state import Account, Job, Node, NodeState, State, Token
 from schemas import events as e
 
 
@@ -20,6 +20,11 @@ def _release(state: State, job: Job) -> None:
         for i in sl.gpu_indices:
             state.holders.pop((sl.node, i), None)
         state.node_jobs.get(sl.node, set()).discard(job.job_id)
+
+
+def _node_becomes(state: State, name: str, to: NodeState, **reasons: str) -> None:
+    """A node event: the node's new state, with the reasons it sets or clears."""
+    state.nodes[name] = msgspec.structs.replace(state.nodes[name], state=to, **reasons)
 
 
 _NODE_EVENTS = (e.NodeRegistered, e.NodeRemoved)
@@ -65,28 +70,15 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             )
             state.node_jobs[event.node] = set()
         case e.NodeDrainRequested():
-            n = state.nodes[event.node]
-            state.nodes[event.node] = msgspec.structs.replace(
-                n, state="draining", drain_reason=event.reason
-            )
+            _node_becomes(state, event.node, "draining", drain_reason=event.reason)
         case e.NodeDrained():
-            state.nodes[event.node] = msgspec.structs.replace(
-                state.nodes[event.node], state="drained"
-            )
+            _node_becomes(state, event.node, "drained")
         case e.NodeReturned():
-            n = state.nodes[event.node]
-            state.nodes[event.node] = msgspec.structs.replace(
-                n, state="active", drain_reason="", lost_reason=""
-            )
+            _node_becomes(state, event.node, "active", drain_reason="", lost_reason="")
         case e.NodeLost():
-            n = state.nodes[event.node]
-            state.nodes[event.node] = msgspec.structs.replace(
-                n, state="lost", lost_reason=event.reason
-            )
+            _node_becomes(state, event.node, "lost", lost_reason=event.reason)
         case e.NodeRemoved():
-            state.nodes[event.node] = msgspec.structs.replace(
-                state.nodes[event.node], state="removed"
-            )
+            _node_becomes(state, event.node, "removed")
         case e.JobSubmitted():
             state.jobs[event.job_id] = Job(spec=event)
             state.active.add(event.job_id)

@@ -51,7 +51,18 @@ def _class(job: RunningJob) -> int:
     return CLASS_RESUMABLE if job.resumable else CLASS_NOT_RESUMABLE
 
 
-class SlurmMultifactor(Simple, msgspec.Struct, frozen=True, kw_only=True):
+class _Tiers(Simple):
+    """Both baselines' tiers: only funded jobs preempt, and victims go unfunded first, then by
+    the work they lose (`victim_cost`)."""
+
+    def may_preempt(self, job: PendingJob) -> bool:
+        return job.min_runtime_s > 0
+
+    def victim_key(self, job: RunningJob, now: float) -> tuple[float, ...]:
+        return victim_cost(job, _class(job), now)
+
+
+class SlurmMultifactor(_Tiers, msgspec.Struct, frozen=True, kw_only=True):
     """Slurm-like multifactor priority over half-life-decayed Fair Tree ranks; preemption by
     partition tier only (funded over unfunded)."""
 
@@ -90,14 +101,8 @@ class SlurmMultifactor(Simple, msgspec.Struct, frozen=True, kw_only=True):
         keyed.sort(key=lambda kj: kj[0])
         return keyed
 
-    def may_preempt(self, job: PendingJob) -> bool:
-        return job.min_runtime_s > 0
-
     def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
         return "funded"
-
-    def victim_key(self, job: RunningJob, now: float) -> tuple[float, ...]:
-        return victim_cost(job, _class(job), now)
 
     def victims(
         self, job: PendingJob, candidates: Iterable[RunningJob], snapshot: Snapshot, now: float
@@ -142,7 +147,7 @@ def in_cap_usage(
     return used, overflow
 
 
-class LegacyCaps(Simple, msgspec.Struct, frozen=True, kw_only=True):
+class LegacyCaps(_Tiers, msgspec.Struct, frozen=True, kw_only=True):
     """Static priority levels, per-team caps on non-preemptible GPUs, preemptible overflow on idle
     GPUs (see the module docstring)."""
 
@@ -160,15 +165,9 @@ class LegacyCaps(Simple, msgspec.Struct, frozen=True, kw_only=True):
         keyed.sort(key=lambda kj: kj[0])
         return keyed
 
-    def may_preempt(self, job: PendingJob) -> bool:
-        return job.min_runtime_s > 0
-
     def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
         """One search per job: whether a job fits inside its team's cap depends on its size."""
         return job.job_id
-
-    def victim_key(self, job: RunningJob, now: float) -> tuple[float, ...]:
-        return victim_cost(job, _class(job), now)
 
     def victims(
         self, job: PendingJob, candidates: Iterable[RunningJob], snapshot: Snapshot, now: float
@@ -179,6 +178,13 @@ class LegacyCaps(Simple, msgspec.Struct, frozen=True, kw_only=True):
         used, overflow = in_cap_usage(snapshot.running, self.caps, self.team_depth)
         if used.get(team, 0) + job.gpus > self.caps.get(team, 0):
             return  # beyond its cap: it may only use idle GPUs
+        yield from self._victims_of(team, overflow, candidates, now)
+
+    def _victims_of(
+        self, team: str, overflow: set[int], candidates: Iterable[RunningJob], now: float
+    ) -> Iterator[Victim]:
+        """What a funded job of `team` inside its cap may preempt: unfunded jobs, and other
+        teams' jobs in `overflow`."""
         for r in candidates:
             if r.min_runtime_s <= 0:
                 yield Victim(r, "fairness", self.victim_key(r, now), "preemptible level")
@@ -228,10 +234,7 @@ class LegacyCaps2(LegacyCaps, frozen=True, kw_only=True):
     ) -> Iterator[Victim]:
         if job.min_runtime_s <= 0:
             return
-        team = team_of(job.account, self.team_depth)
         _, overflow = self._usage(snapshot)
-        for r in candidates:
-            if r.min_runtime_s <= 0:
-                yield Victim(r, "fairness", self.victim_key(r, now), "preemptible level")
-            elif r.job_id in overflow and team_of(r.account, self.team_depth) != team:
-                yield Victim(r, "fairness", self.victim_key(r, now), "overflow beyond team cap")
+        yield from self._victims_of(
+            team_of(job.account, self.team_depth), overflow, candidates, now
+        )

@@ -50,6 +50,7 @@ from ledger.dispatch.ordering import SortKey
 from ledger.dispatch.placement import FreeIndex, Pool, PoolKey, Shape, fragmentation
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.preemption import (
+    Ask,
     Plan,
     Victim,
     plan_gang,
@@ -306,14 +307,11 @@ class _Cycle:
         live = self.live
         victims = found.live(live)
         least = self.policy.least_loss and not ready
+        ask = Ask(job.gpus, pools, index, now)
         if gang:
             gang_least = least and self.policy.least_loss_gangs
-            return (plan_gang_least if gang_least else plan_gang)(
-                job.gpus, pools, index, victims, now
-            )
-        if least:
-            return plan_single_least(job.gpus, pools, index, victims, now)
-        return plan_single(job.gpus, pools, index, victims, now)
+            return (plan_gang_least if gang_least else plan_gang)(ask, victims)
+        return (plan_single_least if least else plan_single)(ask, victims)
 
     def _candidates(self, pools: list[Pool], ready: bool) -> Iterator[RunningJob]:
         """Running jobs on the pools' active nodes, in the policy's victim order (`ready`: by

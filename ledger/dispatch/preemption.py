@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgspec
 
@@ -126,46 +127,59 @@ def _until(victims: Iterable[Victim], now: float) -> float:
     return max((ready_key(v.job, now) for v in victims), default=now)
 
 
-def plan_single(
-    gpus: int,
-    pools: Sequence[Pool],
-    index: FreeIndex,
-    victims: Iterable[Victim],
-    now: float,
-) -> Plan | None:
-    """Pure: the first node where a one-node job of `gpus` GPUs fits when `victims` (in
-    victim order) are taken one by one, with the victims it takes, or None.
+class Ask(NamedTuple):
+    """What a plan is for: a job of `gpus` GPUs on one of `pools` (in `capacity`), at `now`."""
+
+    gpus: int
+    pools: Sequence[Pool]
+    capacity: FreeIndex
+    now: float
+
+
+class _Taken:
+    """Per node, as victims are taken one by one: the victims taken there and the GPUs free
+    once they are gone (`room`)."""
+
+    __slots__ = ("free", "on", "room")
+
+    def __init__(self, free: Mapping[str, Sequence[int]]) -> None:
+        self.free = free
+        self.on: dict[str, list[Victim]] = {}
+        self.room: dict[str, int] = {}
+
+    def take(self, v: Victim, node: str, gpus: int) -> int:
+        """Take victim `v`, which holds `gpus` GPUs on `node`: the node's room after."""
+        have = self.room.get(node)
+        if have is None:
+            have = len(self.free[node])
+            self.on[node] = []
+        self.on[node].append(v)
+        have += gpus
+        self.room[node] = have
+        return have
+
+
+def plan_single(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
+    """Pure: the first node where a one-node job fits when `victims` (in victim order) are
+    taken one by one, with the victims it takes, or None.
     """
+    gpus, pools, index, now = ask
     keys = {p.key for p in pools}
     free, pool_of, size = index.free, index.pool_of, index.size
-    taken: dict[str, list[Victim]] = {}
-    room: dict[str, int] = {}
+    taken = _Taken(free)
     for v in victims:
         for sl in v.job.slots:
             node = sl.node
             if node not in free or pool_of[node] not in keys or size[node] < gpus:
                 continue
-            have = room.get(node)
-            if have is None:
-                have = len(free[node])
-                taken[node] = []
-            taken[node].append(v)
-            have += len(sl.gpu_indices)
-            room[node] = have
-            if have >= gpus:
-                on = taken[node]
+            if taken.take(v, node, len(sl.gpu_indices)) >= gpus:
+                on = taken.on[node]
                 return Plan(victims=tuple(on), nodes=(node,), until=_until(on, now))
     return None
 
 
-def plan_single_least(
-    gpus: int,
-    pools: Sequence[Pool],
-    index: FreeIndex,
-    victims: Iterable[Victim],
-    now: float,
-) -> Plan | None:
-    """Pure: the one-node plan of least cost for a job of `gpus` GPUs, or None.
+def plan_single_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
+    """Pure: the one-node plan of least cost for the job, or None.
 
     `victims` come in victim order, `cost = (class, GPU-seconds lost, ...)`; a plan's cost is
     (its highest class, the GPU-seconds its victims lose in all). On each node the victims are
@@ -174,10 +188,10 @@ def plan_single_least(
     The victims are read only as long as one could still be part of a cheaper plan: reading
     stops at the first whose own cost is not below the best plan's.
     """
+    gpus, pools, index, now = ask
     keys = {p.key for p in pools}
     free, pool_of, size = index.free, index.pool_of, index.size
-    taken: dict[str, list[Victim]] = {}
-    room: dict[str, int] = {}
+    taken = _Taken(free)
     done: set[str] = set()
     best: tuple[float, float] | None = None
     best_plan: tuple[str, list[Victim]] | None = None
@@ -189,17 +203,11 @@ def plan_single_least(
             node = sl.node
             if node in done or node not in free or pool_of[node] not in keys or size[node] < gpus:
                 continue
-            have = room.get(node)
-            if have is None:
-                have = len(free[node])
-                taken[node] = []
-            taken[node].append(v)
-            have += len(sl.gpu_indices)
-            room[node] = have
+            have = taken.take(v, node, len(sl.gpu_indices))
             if have < gpus:
                 continue
             done.add(node)
-            on = _trim(taken[node], node, have, gpus)
+            on = _trim(taken.on[node], node, have, gpus)
             cost = (max(x.cost[0] for x in on), sum(x.cost[1] for x in on))
             if best is None or cost < best:
                 best, best_plan = cost, (node, on)
@@ -221,25 +229,20 @@ def _trim(on: list[Victim], node: str, have: int, gpus: int) -> list[Victim]:
     return keep
 
 
-def plan_gang(
-    gpus: int,
-    pools: Sequence[Pool],
-    index: FreeIndex,
-    victims: Iterable[Victim],
-    now: float,
-) -> Plan | None:
+def plan_gang(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
     """Pure: whole nodes of one pool for a gang job: its whole free nodes (largest first, then
     by name) and then nodes cleared of victims, in the order `victims` (in victim order)
     clear them, until the job fits; or None.
 
     A partly held node is cleared when every GPU on it is free or held by a victim taken.
     """
+    gpus, pools, index, now = ask
     keys = {p.key: p for p in pools}
     free, pool_of, size = index.free, index.pool_of, index.size
     got = {p.key: p.whole_gpus for p in pools}
     cleared: dict[PoolKey, list[str]] = {p.key: [] for p in pools}
-    on: dict[str, list[Victim]] = {}
-    room: dict[str, int] = {}
+    taken = _Taken(free)
+    on = taken.on
     seen: dict[int, int] = {}
     for v in victims:
         seen[v.job.job_id] = len(seen)
@@ -247,13 +250,7 @@ def plan_gang(
             node = sl.node
             if node not in free or pool_of[node] not in keys:
                 continue
-            have = room.get(node)
-            if have is None:
-                have = len(free[node])
-                on[node] = []
-            on[node].append(v)
-            have += len(sl.gpu_indices)
-            room[node] = have
+            have = taken.take(v, node, len(sl.gpu_indices))
             if have < size[node]:
                 continue
             key = pool_of[node]
@@ -277,13 +274,7 @@ def plan_gang(
     return None
 
 
-def plan_gang_least(
-    gpus: int,
-    pools: Sequence[Pool],
-    index: FreeIndex,
-    victims: Iterable[Victim],
-    now: float,
-) -> Plan | None:
+def plan_gang_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
     """Pure: whole nodes of one pool for a gang job, clearing the nodes that lose least; or None.
 
     `victims` come in victim order, `cost = (class, GPU-seconds lost, ...)`. A node can be
@@ -301,10 +292,11 @@ def plan_gang_least(
     pool make the choice a knapsack; the search then takes the cheapest nodes until the job
     fits, not the optimum.
     """
+    gpus, pools, index, now = ask
     keys = {p.key: p for p in pools}
     free, pool_of, size = index.free, index.pool_of, index.size
-    on: dict[str, list[Victim]] = {}
-    room: dict[str, int] = {}
+    taken = _Taken(free)
+    on = taken.on
     cost_of: dict[str, tuple[float, float]] = {}
     """Per node: (the highest class, the GPU-seconds) of its victims read so far."""
     cleared: dict[PoolKey, list[tuple[tuple[float, float], str]]] = {p.key: [] for p in pools}
@@ -333,17 +325,12 @@ def plan_gang_least(
             key = pool_of[node]
             if key not in keys:
                 continue
-            have = room.get(node)
-            if have is None:
-                have = len(free[node])
-                on[node] = [v]
+            have = taken.take(v, node, len(sl.gpu_indices))
+            was = cost_of.get(node)
+            if was is None:
                 cost = cost_of[node] = (klass, lost)
             else:
-                on[node].append(v)
-                was = cost_of[node]
                 cost = cost_of[node] = (klass if klass > was[0] else was[0], was[1] + lost)
-            have += len(sl.gpu_indices)
-            room[node] = have
             if have < size[node]:
                 continue
             if cost[0] > top[0] or (cost[0] == top[0] and cost[1] >= top[1]):

@@ -51,13 +51,13 @@ from schemas.policy import (
 
 @dataclass(frozen=True)
 class Registered:
-    """One policy version: its name, config type, and how to build the policy that decides."""
+    """One policy version: its name, config type, and the policy that decides."""
 
     name: str
     """The policy's family name (`fairshare`); the current version answers to it."""
     config_type: type[AnyPolicyConfig]
-    build: Callable[[Any], Policy]
-    """config -> policy (the policy's fields are the config's plus `version`)."""
+    policy_type: Callable[..., Policy]
+    """The policy's code; its fields are the config's plus `version`."""
     ranked: bool
     """Whether its order reads fair-share ranks (a rank source must count usage)."""
 
@@ -67,6 +67,10 @@ class Registered:
         assert isinstance(tag, str)
         return tag
 
+    def build(self, config: AnyPolicyConfig) -> Policy:
+        """config -> policy."""
+        return self.policy_type(version=config.version, **_fields(config))
+
 
 def _fields(config: AnyPolicyConfig) -> dict[str, Any]:
     return msgspec.structs.asdict(config)
@@ -75,52 +79,17 @@ def _fields(config: AnyPolicyConfig) -> dict[str, Any]:
 VERSIONS: dict[str, Registered] = {
     r.version: r
     for r in (
-        *(
-            Registered(
-                "fairshare",
-                config,
-                lambda c: FairShare2(version=c.version, **_fields(c)),
-                ranked=True,
-            )
-            for config in (
-                FairShare6Config,
-                FairShare5Config,
-                FairShare4Config,
-                FairShare3Config,
-                FairShare2Config,
-            )
-        ),
-        Registered(
-            "fairshare",
-            FairShareConfig,
-            lambda c: FairShare(version=c.version, **_fields(c)),
-            ranked=True,
-        ),
-        Registered("fifo", FifoConfig, lambda c: Fifo(version=c.version), ranked=False),
-        Registered(
-            "slurm",
-            SlurmConfig,
-            lambda c: SlurmMultifactor(version=c.version, **_fields(c)),
-            ranked=True,
-        ),
-        Registered(
-            "slurm",
-            Slurm2Config,
-            lambda c: SlurmMultifactor2(version=c.version, **_fields(c)),
-            ranked=True,
-        ),
-        Registered(
-            "legacy",
-            Legacy2Config,
-            lambda c: LegacyCaps2(version=c.version, **_fields(c)),
-            ranked=False,
-        ),
-        Registered(
-            "legacy",
-            LegacyConfig,
-            lambda c: LegacyCaps(version=c.version, **_fields(c)),
-            ranked=False,
-        ),
+        Registered("fairshare", FairShare6Config, FairShare2, ranked=True),
+        Registered("fairshare", FairShare5Config, FairShare2, ranked=True),
+        Registered("fairshare", FairShare4Config, FairShare2, ranked=True),
+        Registered("fairshare", FairShare3Config, FairShare2, ranked=True),
+        Registered("fairshare", FairShare2Config, FairShare2, ranked=True),
+        Registered("fairshare", FairShareConfig, FairShare, ranked=True),
+        Registered("fifo", FifoConfig, Fifo, ranked=False),
+        Registered("slurm", SlurmConfig, SlurmMultifactor, ranked=True),
+        Registered("slurm", Slurm2Config, SlurmMultifactor2, ranked=True),
+        Registered("legacy", Legacy2Config, LegacyCaps2, ranked=False),
+        Registered("legacy", LegacyConfig, LegacyCaps, ranked=False),
     )
 }
 """Every registered version -> its entry."""

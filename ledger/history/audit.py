@@ -212,6 +212,7 @@ def _classify(
     gaps: set[int],
 ) -> list[ChainProblem]:
     out: list[ChainProblem] = []
+    kind: ProblemKind
     broken = {b.i for b in breaks}
     for b in breaks:
         i = b.i
@@ -220,60 +221,42 @@ def _classify(
         except ValueError:
             want = b""
         found = _find(digests, want) if len(want) == 32 else None
+        at, kind = b.position, "edited"
         if found is not None and found != i - 1:
-            out.append(
-                ChainProblem(
-                    position=b.position,
-                    kind="reordered",
-                    detail=f"it links to the event at position {positions[found]}, not to its "
-                    f"predecessor{'' if i == 0 else f' at {positions[i - 1]}'}: events were moved",
-                )
+            kind = "reordered"
+            detail = (
+                f"it links to the event at position {positions[found]}, not to its "
+                f"predecessor{'' if i == 0 else f' at {positions[i - 1]}'}: events were moved"
             )
         elif i in gaps:
             continue  # the missing events explain the broken link
         elif i == 0:
-            out.append(
-                ChainProblem(
-                    position=b.position,
-                    kind="edited",
-                    detail='the first event must link to nothing (prev_hash "")',
-                )
-            )
+            detail = 'the first event must link to nothing (prev_hash "")'
         elif i + 1 in broken and found is None:
             continue  # this event was edited with its own link: reported at the next break
         elif (i - 1) in broken or not links_ok[i - 1]:
-            edited = positions[i - 1]
-            out.append(
-                ChainProblem(
-                    position=edited,
-                    kind="edited",
-                    detail=f"its bytes and its own link were changed: the link from position "
-                    f"{positions[i - 2] if i >= 2 else 0} and the link to position {b.position} "
-                    "both break",
-                )
+            at = positions[i - 1]
+            detail = (
+                f"its bytes and its own link were changed: the link from position "
+                f"{positions[i - 2] if i >= 2 else 0} and the link to position {b.position} "
+                "both break"
             )
         elif i == len(positions) - 1:
-            out.append(
-                ChainProblem(
-                    position=b.position,
-                    kind="broken-link",
-                    detail=f"its prev_hash ({b.want[:12]}...) does not match the bytes of "
-                    f"position {positions[i - 1]}: either position {positions[i - 1]} was "
-                    f"changed after it was written or this event's prev_hash was (nothing after "
-                    "it tells which; compare with a head hash kept elsewhere, or the Kafka copy)",
-                )
+            kind = "broken-link"
+            detail = (
+                f"its prev_hash ({b.want[:12]}...) does not match the bytes of "
+                f"position {positions[i - 1]}: either position {positions[i - 1]} was "
+                f"changed after it was written or this event's prev_hash was (nothing after "
+                "it tells which; compare with a head hash kept elsewhere, or the Kafka copy)"
             )
         else:
-            edited = positions[i - 1]
-            out.append(
-                ChainProblem(
-                    position=edited,
-                    kind="edited",
-                    detail=f"its bytes no longer hash to the prev_hash that position {b.position} "
-                    f"recorded ({b.want[:12]}...): position {edited} was changed after it was "
-                    "written (or events after it were removed and the rest renumbered)",
-                )
+            at = positions[i - 1]
+            detail = (
+                f"its bytes no longer hash to the prev_hash that position {b.position} "
+                f"recorded ({b.want[:12]}...): position {at} was changed after it was "
+                "written (or events after it were removed and the rest renumbered)"
             )
+        out.append(ChainProblem(position=at, kind=kind, detail=detail))
     return out
 
 
@@ -519,6 +502,12 @@ class _Checker:
             Violation(position=pos, at=ev.at, code=code, message=msg, job_id=job)
         )
 
+    def note(
+        self, pos: int, ev: e.AnyEvent, code: ViolationCode, msg: str, job: int | None = None
+    ) -> None:
+        """An allowed exception: reported beside the violations, not as one."""
+        self.noted.append(Violation(position=pos, at=ev.at, code=code, message=msg, job_id=job))
+
     def visit(self, pos: int, ev: e.AnyEvent) -> None:
         self.n += 1
         failed = authorisation_failure(self.state, ev)
@@ -597,25 +586,10 @@ class _Checker:
         )
         owner = ev.actor == job.spec.user or self.state.manages(ev.actor, job.spec.account)
         if owner and not is_system(ev.actor) and ev.note.startswith("requeued by "):
-            self.noted.append(
-                Violation(
-                    position=pos,
-                    at=ev.at,
-                    code="REQUEUED_IN_CONTRACT",
-                    message=f"{what}: {ev.note}",
-                    job_id=ev.job_id,
-                )
-            )
+            self.note(pos, ev, "REQUEUED_IN_CONTRACT", f"{what}: {ev.note}", ev.job_id)
         elif self.state.is_admin(ev.actor) and not is_system(ev.actor) and ev.note.strip():
-            self.noted.append(
-                Violation(
-                    position=pos,
-                    at=ev.at,
-                    code="ADMIN_PREEMPTED_IN_CONTRACT",
-                    message=f"{what}: admin preemption, reason: {ev.note.strip()}",
-                    job_id=ev.job_id,
-                )
-            )
+            reason = f"{what}: admin preemption, reason: {ev.note.strip()}"
+            self.note(pos, ev, "ADMIN_PREEMPTED_IN_CONTRACT", reason, ev.job_id)
         else:
             self.flag(pos, ev, "PREEMPTED_IN_CONTRACT", what, ev.job_id)
 

@@ -8,7 +8,8 @@ the events after it, `outcome_of`) and compares it with the replay (`compare`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 import msgspec
 
@@ -149,94 +150,71 @@ def compare(
                 replayed=f"placement events for {[p.job_id for p in outcome.placements]}",
             )
         )
-    # 1. placements
-    rec = {p.job_id: p.slots for p in outcome.placements}
-    rep = {p.job_id: p.slots for p in replayed.placements}
-    for job in sorted(set(rec) | set(rep)):
-        a, b = rec.get(job), rep.get(job)
-        if a != b:
-            out.append(
-                Difference(
-                    what="placement",
-                    job_id=job,
-                    recorded=_absent("placement") if a is None else slots_text(a),
-                    replayed=_absent("placement") if b is None else slots_text(b),
-                )
-            )
-    if not out and [p.job_id for p in outcome.placements] != [
-        p.job_id for p in replayed.placements
-    ]:
-        out.append(
-            Difference(
-                what="placement order",
-                recorded=str([p.job_id for p in outcome.placements]),
-                replayed=str([p.job_id for p in replayed.placements]),
-            )
-        )
+    # 1. placements (in order only when the record agrees with its events)
+    out += _by_job(
+        "placement",
+        outcome.placements,
+        replayed.placements,
+        lambda p: slots_text(p.slots),
+        in_order=not out,
+    )
     # 2. preemptions
-    before = len(out)
-    prec = {p.job_id: p for p in outcome.preemptions}
-    prep = {p.job_id: p for p in replayed.preemptions}
-    for job in sorted(set(prec) | set(prep)):
-        x, y = prec.get(job), prep.get(job)
-        if x != y:
-            out.append(
-                Difference(
-                    what="preemption",
-                    job_id=job,
-                    recorded=_absent("preemption") if x is None else _preemption_text(x),
-                    replayed=_absent("preemption") if y is None else _preemption_text(y),
-                )
-            )
-    if len(out) == before and [p.job_id for p in outcome.preemptions] != [
-        p.job_id for p in replayed.preemptions
-    ]:
-        out.append(
-            Difference(
-                what="preemption order",
-                recorded=str([p.job_id for p in outcome.preemptions]),
-                replayed=str([p.job_id for p in replayed.preemptions]),
-            )
-        )
+    out += _by_job("preemption", outcome.preemptions, replayed.preemptions, _preemption_text)
     # 3. the waiting jobs: counts, the first listed, the whole order by digest
     out += _compare_waiting(recorded.waiting, summarise(replayed.considered))
     # 4. the rest of the record
-    if recorded.fragmentation_gpus != replayed.fragmentation_gpus:
-        out.append(
-            Difference(
-                what="fragmentation_gpus",
-                recorded=str(recorded.fragmentation_gpus),
-                replayed=str(replayed.fragmentation_gpus),
-            )
-        )
-    if recorded.wake_at != replayed.wake_at:
-        out.append(
-            Difference(
-                what="wake_at", recorded=repr(recorded.wake_at), replayed=repr(replayed.wake_at)
-            )
-        )
-    if recorded.policy_version != replayed.policy_version:
-        out.append(
-            Difference(
-                what="policy_version",
-                recorded=recorded.policy_version,
-                replayed=replayed.policy_version,
-            )
-        )
+    out += _field("fragmentation_gpus", recorded.fragmentation_gpus, replayed.fragmentation_gpus)
+    out += _field("wake_at", recorded.wake_at, replayed.wake_at, repr)
+    out += _field("policy_version", recorded.policy_version, replayed.policy_version)
     out += _compare_ranks(recorded.ranks, ranks)
     return out
+
+
+_J = TypeVar("_J", e.Placement, e.Preemption)
+_V = TypeVar("_V")
+
+
+def _by_job(
+    what: str,
+    recorded: Sequence[_J],
+    replayed: Sequence[_J],
+    text: Callable[[_J], str],
+    *,
+    in_order: bool = True,
+) -> list[Difference]:
+    """The jobs whose placement (or preemption) differs; when none does and `in_order`, whether
+    the order does."""
+    rec = {p.job_id: p for p in recorded}
+    rep = {p.job_id: p for p in replayed}
+    out = [
+        Difference(
+            what=what,
+            job_id=job,
+            recorded=_absent(what) if a is None else text(a),
+            replayed=_absent(what) if b is None else text(b),
+        )
+        for job in sorted(set(rec) | set(rep))
+        if (a := rec.get(job)) != (b := rep.get(job))
+    ]
+    order_a, order_b = [p.job_id for p in recorded], [p.job_id for p in replayed]
+    if in_order and not out and order_a != order_b:
+        out.append(Difference(what=f"{what} order", recorded=str(order_a), replayed=str(order_b)))
+    return out
+
+
+def _field(
+    what: str, recorded: _V, replayed: _V, text: Callable[[_V], str] = str
+) -> list[Difference]:
+    """A value of the record that the replay does not reproduce, as `text` writes it."""
+    if recorded == replayed:
+        return []
+    return [Difference(what=what, recorded=text(recorded), replayed=text(replayed))]
 
 
 def _compare_ranks(recorded: e.RankInputs | None, digest: str | None) -> list[Difference]:
     if recorded is None or not recorded.digest or digest is None:  # "": an upcast v1 record
         return []
-    out = []
-    if recorded.ranking_version != RANKING_VERSION:
-        out.append(
-            Difference(
-                what="ranking version", recorded=recorded.ranking_version, replayed=RANKING_VERSION
-            )
-        )
+    out = _field("ranking version", recorded.ranking_version, RANKING_VERSION)
     if recorded.digest != digest:
         out.append(
             Difference(
@@ -249,23 +227,8 @@ def _compare_ranks(recorded: e.RankInputs | None, digest: str | None) -> list[Di
 
 
 def _compare_waiting(recorded: e.WaitSummary, replayed: e.WaitSummary) -> list[Difference]:
-    out: list[Difference] = []
-    if recorded.considered != replayed.considered:
-        out.append(
-            Difference(
-                what="considered",
-                recorded=f"{recorded.considered} jobs",
-                replayed=f"{replayed.considered} jobs",
-            )
-        )
-    if recorded.counts != replayed.counts:
-        out.append(
-            Difference(
-                what="waiting",
-                recorded=_counts_text(recorded.counts),
-                replayed=_counts_text(replayed.counts),
-            )
-        )
+    out = _field("considered", recorded.considered, replayed.considered, lambda n: f"{n} jobs")
+    out += _field("waiting", recorded.counts, replayed.counts, _counts_text)
     a = {w.job_id: w.code for w in recorded.first}
     b = {w.job_id: w.code for w in replayed.first}
     listed = 0

@@ -227,49 +227,34 @@ def queue_codes(state: State, snapshot: Snapshot, decision: Decision) -> list[tu
 
 
 _DEBUG_LANE = ("debug_lane", "0: a funded debug-class job in the debug lane, 1: any other")
+_FUNDED_FIRST = ("funded_class", "0 funded, 1 unfunded (funded work goes first)")
+_BY_SUBMIT = (("submitted_at", "submit time, earlier first"), ("job_id", "the tie-break"))
+_INSIDE_TEAM = (
+    ("priority_neg", "declared priority, negated: orders jobs inside one team"),
+    ("user_rank", "the user leaf's fair-share rank inside the team"),
+    *_BY_SUBMIT,
+)
+_TEAM_RANK = ("team_rank", "the team's fair-share rank, 0 the best")
 _KEY_PARTS: dict[str, tuple[tuple[str, str], ...]] = {
     "fairshare-3": (
         _DEBUG_LANE,
-        ("funded_class", "0 funded, 1 unfunded (funded work goes first)"),
+        _FUNDED_FIRST,
         ("team_place", "the team's place by its share of the whole tree, 0 the best"),
-        ("priority_neg", "declared priority, negated: orders jobs inside one team"),
-        ("user_rank", "the user leaf's fair-share rank inside the team"),
-        ("submitted_at", "submit time, earlier first"),
-        ("job_id", "the tie-break"),
+        *_INSIDE_TEAM,
     ),
-    "fairshare-2": (
-        _DEBUG_LANE,
-        ("funded_class", "0 funded, 1 unfunded (funded work goes first)"),
-        ("team_rank", "the team's fair-share rank, 0 the best"),
-        ("priority_neg", "declared priority, negated: orders jobs inside one team"),
-        ("user_rank", "the user leaf's fair-share rank inside the team"),
-        ("submitted_at", "submit time, earlier first"),
-        ("job_id", "the tie-break"),
-    ),
-    "fairshare": (
-        ("funded_class", "0 funded, 1 unfunded (funded work goes first)"),
-        ("team_rank", "the team's fair-share rank, 0 the best"),
-        ("priority_neg", "declared priority, negated: orders jobs inside one team"),
-        ("user_rank", "the user leaf's fair-share rank inside the team"),
-        ("submitted_at", "submit time, earlier first"),
-        ("job_id", "the tie-break"),
-    ),
-    "fifo": (
-        ("submitted_at", "submit time, earlier first"),
-        ("job_id", "the tie-break"),
-    ),
+    "fairshare-2": (_DEBUG_LANE, _FUNDED_FIRST, _TEAM_RANK, *_INSIDE_TEAM),
+    "fairshare": (_FUNDED_FIRST, _TEAM_RANK, *_INSIDE_TEAM),
+    "fifo": _BY_SUBMIT,
     "slurm": (
         ("funded_class", "0 funded, 1 unfunded"),
         ("multifactor_neg", "Slurm's multifactor priority, negated"),
         ("priority_neg", "declared priority, negated"),
-        ("submitted_at", "submit time, earlier first"),
-        ("job_id", "the tie-break"),
+        *_BY_SUBMIT,
     ),
     "legacy": (
         ("funded_class", "0 funded, 1 unfunded"),
         ("priority_neg", "declared priority, negated"),
-        ("submitted_at", "submit time, earlier first"),
-        ("job_id", "the tie-break"),
+        *_BY_SUBMIT,
     ),
 }
 _KEY_PARTS["fairshare-4"] = _KEY_PARTS["fairshare-3"]  # the same order, another gain

@@ -320,12 +320,7 @@ def append_to_store(home: Path | str, events: Iterator[e.AnyEvent], *, chunk: in
     con = sqlite3.connect(path, isolation_level=None)
     try:
         con.execute("PRAGMA journal_mode=WAL")
-        con.execute(_CREATE)
-        stream = STREAM_ID.hex
-        row = con.execute(
-            "SELECT max(originator_version) FROM stored_events WHERE originator_id = ?", (stream,)
-        ).fetchone()
-        version = int(row[0] or 0)
+        stream, version = _stream_end(con)
         last = con.execute("SELECT state FROM stored_events ORDER BY rowid DESC LIMIT 1").fetchone()
         prev = chain_hash(bytes(last[0])) if last else ""
         rows: list[tuple[str, int, str, bytes]] = []
@@ -339,10 +334,19 @@ def append_to_store(home: Path | str, events: Iterator[e.AnyEvent], *, chunk: in
                 rows = []
         if rows:
             _insert(con, rows)
-        head = con.execute("SELECT max(rowid) FROM stored_events").fetchone()
-        return int(head[0] or 0)
+        return _head(con)
     finally:
         con.close()
+
+
+def _stream_end(con: sqlite3.Connection) -> tuple[str, int]:
+    """The ledger's stream id and its last version (0: none yet), the table made if missing."""
+    con.execute(_CREATE)
+    stream = STREAM_ID.hex
+    row = con.execute(
+        "SELECT max(originator_version) FROM stored_events WHERE originator_id = ?", (stream,)
+    ).fetchone()
+    return stream, int(row[0] or 0)
 
 
 def _insert(con: sqlite3.Connection, rows: list[tuple[str, int, str, bytes]]) -> None:
@@ -351,20 +355,19 @@ def _insert(con: sqlite3.Connection, rows: list[tuple[str, int, str, bytes]]) ->
     con.execute("COMMIT")
 
 
+def _head(con: sqlite3.Connection) -> int:
+    head = con.execute("SELECT max(rowid) FROM stored_events").fetchone()
+    return int(head[0] or 0)
+
+
 def append_raw(home: Path | str, records: list[tuple[str, bytes]]) -> int:
     """Append raw (tag, bytes) records, valid or not: tests of corrupt and unknown events."""
     path = Path(home) / "events.sqlite"
     con = sqlite3.connect(path, isolation_level=None)
     try:
-        con.execute(_CREATE)
-        stream = STREAM_ID.hex
-        row = con.execute(
-            "SELECT max(originator_version) FROM stored_events WHERE originator_id = ?", (stream,)
-        ).fetchone()
-        version = int(row[0] or 0)
+        stream, version = _stream_end(con)
         _insert(con, [(stream, version + i + 1, t, d) for i, (t, d) in enumerate(records)])
-        head = con.execute("SELECT max(rowid) FROM stored_events").fetchone()
-        return int(head[0] or 0)
+        return _head(con)
     finally:
         con.close()
 

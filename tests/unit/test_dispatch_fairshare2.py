@@ -10,7 +10,7 @@ import msgspec
 from ledger.dispatch import FairShare, NodeView, PendingJob, RunningJob, Snapshot, decide
 from ledger.dispatch.fairshare2 import FairShare2, fs_ratio, team_fs, team_of
 from ledger.dispatch.placement import FreeIndex
-from ledger.dispatch.preemption import plan_gang, plan_gang_least
+from ledger.dispatch.preemption import Ask, plan_gang, plan_gang_least
 from ledger.dispatch.registry import default_config, policy_from_config
 from ledger.dispatch.snapshot import complete_ranks
 from schemas.events import GpuSlot
@@ -239,8 +239,8 @@ def test_gang_victims_minimise_gpu_seconds_where_greedy_would_not() -> None:
     # the same victims through the greedy search clear n1, losing three times as much
     pools = FreeIndex(snap.nodes)
     victims = sorted(greedy.victims(pend(1, 16), snap.running, snap, NOW), key=lambda v: v.cost)
-    first = plan_gang(16, pools.pools_for(None, None), pools, victims, NOW)
-    least = plan_gang_least(16, pools.pools_for(None, None), pools, victims, NOW)
+    first = plan_gang(Ask(16, pools.pools_for(None, None), pools, NOW), victims)
+    least = plan_gang_least(Ask(16, pools.pools_for(None, None), pools, NOW), victims)
     assert first is not None and least is not None
     assert sorted(v.job.job_id for v in first.victims) == [10, 11, 12, 13]
     assert sum(v.cost[1] for v in first.victims) == 4 * 2 * 1800
@@ -261,11 +261,11 @@ def test_gang_least_cost_prefers_a_lower_class_then_fewer_gpu_seconds() -> None:
     policy = msgspec.structs.replace(FairShare2(), debug_reserve_per=0)
     idx = FreeIndex(snap.nodes)
     victims = sorted(policy.victims(pend(1, 8), snap.running, snap, NOW), key=lambda v: v.cost)
-    one = plan_gang_least(8, idx.pools_for(None, None), idx, victims, NOW)
-    two = plan_gang_least(16, idx.pools_for(None, None), idx, victims, NOW)
+    one = plan_gang_least(Ask(8, idx.pools_for(None, None), idx, NOW), victims)
+    two = plan_gang_least(Ask(16, idx.pools_for(None, None), idx, NOW), victims)
     assert one is not None and [v.job.job_id for v in one.victims] == [10]
     assert two is not None and sorted(v.job.job_id for v in two.victims) == [11, 12]
-    assert plan_gang_least(32, idx.pools_for(None, None), idx, victims, NOW) is None
+    assert plan_gang_least(Ask(32, idx.pools_for(None, None), idx, NOW), victims) is None
 
 
 def test_a_team_under_its_share_is_no_fairness_victim_whatever_its_program() -> None:
