@@ -62,6 +62,32 @@ class Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
     from a caller."""
 
 
+class JobCommand(Command, frozen=True, kw_only=True):
+    """Base of the commands about one job (its id first). Not a command itself."""
+
+    job_id: JobId
+
+
+class NodeCommand(Command, frozen=True, kw_only=True):
+    """Base of the commands about one node (its name first). Not a command itself."""
+
+    node: Name
+
+
+class MemberCommand(Command, frozen=True, kw_only=True):
+    """Base of the commands about a project's member. Not a command itself."""
+
+    user: Name
+    project: AccountPath
+
+
+class ManagerCommand(Command, frozen=True, kw_only=True):
+    """Base of the commands about who manages a subtree. Not a command itself."""
+
+    user: Name
+    account: AccountPath
+
+
 class InitLedger(Command, frozen=True, kw_only=True, tag="init"):
     admin: Name
     min_runtime_cap_s: PositiveSeconds = 8 * 3600
@@ -94,53 +120,44 @@ class SetShares(Command, frozen=True, kw_only=True, tag="share.set"):
     reason: Text = ""
 
 
-class AddMember(Command, frozen=True, kw_only=True, tag="member.add"):
-    user: Name
-    project: AccountPath
+class AddMember(MemberCommand, frozen=True, kw_only=True, tag="member.add"):
     shares: Shares = 1
 
 
-class RemoveMember(Command, frozen=True, kw_only=True, tag="member.remove"):
-    user: Name
-    project: AccountPath
+class RemoveMember(MemberCommand, frozen=True, kw_only=True, tag="member.remove"):
+    """Remove `user` from `project`'s members."""
 
 
-class GrantManager(Command, frozen=True, kw_only=True, tag="manager.grant"):
-    user: Name
-    account: AccountPath
+class GrantManager(ManagerCommand, frozen=True, kw_only=True, tag="manager.grant"):
+    """Let `user` manage the subtree rooted at `account` (its shares and members)."""
 
 
-class RevokeManager(Command, frozen=True, kw_only=True, tag="manager.revoke"):
-    user: Name
-    account: AccountPath
+class RevokeManager(ManagerCommand, frozen=True, kw_only=True, tag="manager.revoke"):
+    """`user` no longer manages the subtree rooted at `account`."""
 
 
-class RegisterNode(Command, frozen=True, kw_only=True, tag="node.add"):
-    node: Name
+class RegisterNode(NodeCommand, frozen=True, kw_only=True, tag="node.add"):
     gpu_type: Name
     gpus: NodeGpus
     cluster: Name | None = None
 
 
-class DrainNode(Command, frozen=True, kw_only=True, tag="node.drain"):
-    node: Name
+class DrainNode(NodeCommand, frozen=True, kw_only=True, tag="node.drain"):
     reason: Text
 
 
-class ReturnNode(Command, frozen=True, kw_only=True, tag="node.return"):
-    node: Name
+class ReturnNode(NodeCommand, frozen=True, kw_only=True, tag="node.return"):
+    """Put a drained or lost node back in service."""
 
 
-class RemoveNode(Command, frozen=True, kw_only=True, tag="node.remove"):
-    node: Name
+class RemoveNode(NodeCommand, frozen=True, kw_only=True, tag="node.remove"):
     reason: Text = ""
 
 
-class MarkNodeLost(Command, frozen=True, kw_only=True, tag="node.lost"):
+class MarkNodeLost(NodeCommand, frozen=True, kw_only=True, tag="node.lost"):
     """Record that a node is lost (the execution engine or the node-lost timeout; admins too):
     its jobs end at once, resumable ones requeued, the others failed (`node_failure`)."""
 
-    node: Name
     reason: Text
 
 
@@ -164,28 +181,24 @@ class SubmitJob(Command, frozen=True, kw_only=True, tag="submit"):
     """SIGTERM-to-SIGKILL grace when the job is stopped; None: the executor's default."""
 
 
-class CancelJob(Command, frozen=True, kw_only=True, tag="cancel"):
-    job_id: JobId
+class CancelJob(JobCommand, frozen=True, kw_only=True, tag="cancel"):
+    """Cancel a pending, placed or running job (its owner, the managers above it, admins)."""
 
 
-class HoldJob(Command, frozen=True, kw_only=True, tag="hold"):
+class HoldJob(JobCommand, frozen=True, kw_only=True, tag="hold"):
     """Keep a pending job out of scheduling (like `scontrol hold`); who may cancel it may."""
 
-    job_id: JobId
     reason: Text = ""
 
 
-class ReleaseJob(Command, frozen=True, kw_only=True, tag="release"):
+class ReleaseJob(JobCommand, frozen=True, kw_only=True, tag="release"):
     """Let a held job be scheduled again (like `scontrol release`)."""
 
-    job_id: JobId
 
-
-class RequeueJob(Command, frozen=True, kw_only=True, tag="requeue"):
+class RequeueJob(JobCommand, frozen=True, kw_only=True, tag="requeue"):
     """Stop a placed or running job and put it back in the queue, same job id (like `scontrol
     requeue`); who may cancel it may, inside its contract too (it is their own work)."""
 
-    job_id: JobId
     reason: Text = ""
 
 
@@ -215,16 +228,14 @@ class ApplyDecision(Command, frozen=True, kw_only=True, tag="decision.apply"):
     decision: DecisionBody
 
 
-class PreemptJob(Command, frozen=True, kw_only=True, tag="preempt"):
+class PreemptJob(JobCommand, frozen=True, kw_only=True, tag="preempt"):
     """An admin preemption; the only way to preempt inside a contract, and it needs a reason."""
 
-    job_id: JobId
     reason: PreemptReason = "admin"
     note: Text
 
 
-class StartJob(Command, frozen=True, kw_only=True, tag="job.start"):
-    job_id: JobId
+class StartJob(JobCommand, frozen=True, kw_only=True, tag="job.start"):
     logs: LogPaths = ()
     engine: Name = ""
     """Set by an execution engine that names its runs (Slurm): links the run to `engine_job_id`."""
@@ -233,8 +244,7 @@ class StartJob(Command, frozen=True, kw_only=True, tag="job.start"):
     gpus: Many[GpuSlot] = ()
 
 
-class FinishJob(Command, frozen=True, kw_only=True, tag="job.finish"):
-    job_id: JobId
+class FinishJob(JobCommand, frozen=True, kw_only=True, tag="job.finish"):
     exit_code: ExitCode
     engine: Name = ""
     """Set by an execution engine: records how it says the run ended (JobEngineEnded)."""
@@ -243,13 +253,12 @@ class FinishJob(Command, frozen=True, kw_only=True, tag="job.finish"):
     engine_state: Name = ""
 
 
-class SampleUtilisation(Command, frozen=True, kw_only=True, tag="job.sample"):
-    job_id: JobId
+class SampleUtilisation(JobCommand, frozen=True, kw_only=True, tag="job.sample"):
     gpu_utilisation: Utilisation
 
 
-class ReportCheckpoint(Command, frozen=True, kw_only=True, tag="job.checkpoint"):
-    job_id: JobId
+class ReportCheckpoint(JobCommand, frozen=True, kw_only=True, tag="job.checkpoint"):
+    """A resumable job checkpointed (its own token, its supervisor, or its owner)."""
 
 
 class IssueToken(Command, frozen=True, kw_only=True, tag="token.issue"):

@@ -71,6 +71,32 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Who really called, when an admin acted as `actor` (`--as`); None when they are the same."""
 
 
+class JobEvent(Event, frozen=True, kw_only=True):
+    """Base of the events about one job (its id first). Not an event itself."""
+
+    job_id: JobId
+
+
+class NodeEvent(Event, frozen=True, kw_only=True):
+    """Base of the events about one node (its name first). Not an event itself."""
+
+    node: Name
+
+
+class MemberEvent(Event, frozen=True, kw_only=True):
+    """Base of the events about a project's member. Not an event itself."""
+
+    user: Name
+    project: AccountPath
+
+
+class ManagerEvent(Event, frozen=True, kw_only=True):
+    """Base of the events about who manages a subtree. Not an event itself."""
+
+    user: Name
+    account: AccountPath
+
+
 # --- ledger -------------------------------------------------------------------------------------
 
 
@@ -114,26 +140,20 @@ class SharesSet(Event, frozen=True, kw_only=True, tag="account.shares_set.v1"):
     reason: Text = ""
 
 
-class MemberAdded(Event, frozen=True, kw_only=True, tag="member.added.v1"):
-    user: Name
-    project: AccountPath
+class MemberAdded(MemberEvent, frozen=True, kw_only=True, tag="member.added.v1"):
+    """`user` becomes a member of `project`: may submit there."""
 
 
-class MemberRemoved(Event, frozen=True, kw_only=True, tag="member.removed.v1"):
-    user: Name
-    project: AccountPath
+class MemberRemoved(MemberEvent, frozen=True, kw_only=True, tag="member.removed.v1"):
+    """`user` is no longer a member of `project`."""
 
 
-class ManagerGranted(Event, frozen=True, kw_only=True, tag="manager.granted.v1"):
+class ManagerGranted(ManagerEvent, frozen=True, kw_only=True, tag="manager.granted.v1"):
     """`user` may manage the subtree rooted at `account`."""
 
-    user: Name
-    account: AccountPath
 
-
-class ManagerRevoked(Event, frozen=True, kw_only=True, tag="manager.revoked.v1"):
-    user: Name
-    account: AccountPath
+class ManagerRevoked(ManagerEvent, frozen=True, kw_only=True, tag="manager.revoked.v1"):
+    """`user` no longer manages the subtree rooted at `account`."""
 
 
 # --- cluster ------------------------------------------------------------------------------------
@@ -146,30 +166,27 @@ class NodeRegistered(Event, frozen=True, kw_only=True, tag="node.registered.v1")
     gpus: NodeGpus
 
 
-class NodeDrainRequested(Event, frozen=True, kw_only=True, tag="node.drain_requested.v1"):
-    node: Name
+class NodeDrainRequested(NodeEvent, frozen=True, kw_only=True, tag="node.drain_requested.v1"):
     reason: Text
 
 
-class NodeDrained(Event, frozen=True, kw_only=True, tag="node.drained.v1"):
-    node: Name
+class NodeDrained(NodeEvent, frozen=True, kw_only=True, tag="node.drained.v1"):
+    """A draining node holds no more work: it is out of service."""
 
 
-class NodeReturned(Event, frozen=True, kw_only=True, tag="node.returned.v1"):
-    node: Name
+class NodeReturned(NodeEvent, frozen=True, kw_only=True, tag="node.returned.v1"):
+    """A drained or lost node is back in service."""
 
 
-class NodeRemoved(Event, frozen=True, kw_only=True, tag="node.removed.v1"):
-    node: Name
+class NodeRemoved(NodeEvent, frozen=True, kw_only=True, tag="node.removed.v1"):
     reason: Text = ""
 
 
-class NodeLost(Event, frozen=True, kw_only=True, tag="node.lost.v1"):
+class NodeLost(NodeEvent, frozen=True, kw_only=True, tag="node.lost.v1"):
     """The node stopped answering (an engine marks it down, or its heartbeats stopped): it takes
     no work until returned. Recorded with the endings of the jobs it held: resumable ones are
     requeued, the others fail."""
 
-    node: Name
     reason: Text
 
 
@@ -191,7 +208,7 @@ LISTED = msgspec.Meta(max_length=1_024)
 Slots = Annotated[tuple[GpuSlot, ...], msgspec.Meta(max_length=100_000)]
 
 
-class JobSubmitted(Event, frozen=True, kw_only=True, tag="job.submitted.v1"):
+class JobSubmitted(JobEvent, frozen=True, kw_only=True, tag="job.submitted.v1"):
     """A job and its scheduling contract.
 
     `min_runtime_s` is the time it may not be preempted once placed; 0 means unfunded (free,
@@ -199,7 +216,6 @@ class JobSubmitted(Event, frozen=True, kw_only=True, tag="job.submitted.v1"):
     fits on one node is the debug class (`debug`).
     """
 
-    job_id: JobId
     account: AccountPath
     user: Name
     gpus: JobGpus
@@ -218,57 +234,49 @@ class JobSubmitted(Event, frozen=True, kw_only=True, tag="job.submitted.v1"):
     """SIGTERM-to-SIGKILL grace when the job is stopped; None: the executor's default (30 s)."""
 
 
-class JobPlaced(Event, frozen=True, kw_only=True, tag="job.placed.v1"):
-    job_id: JobId
+class JobPlaced(JobEvent, frozen=True, kw_only=True, tag="job.placed.v1"):
     slots: Slots
     cycle_id: Token
     based_on: Position
 
 
-class JobStarted(Event, frozen=True, kw_only=True, tag="job.started.v1"):
+class JobStarted(JobEvent, frozen=True, kw_only=True, tag="job.started.v1"):
     """Every part of the job has started."""
 
-    job_id: JobId
     logs: LogPaths = ()
     """Where its parts' output goes (one log per part, on the part's node)."""
 
 
-class JobPreempted(Event, frozen=True, kw_only=True, tag="job.preempted.v1"):
-    job_id: JobId
+class JobPreempted(JobEvent, frozen=True, kw_only=True, tag="job.preempted.v1"):
     reason: PreemptReason
     for_job: JobId | None = None
     cycle_id: Token | None = None
     note: Text = ""
 
 
-class JobRequeued(Event, frozen=True, kw_only=True, tag="job.requeued.v1"):
-    job_id: JobId
+class JobRequeued(JobEvent, frozen=True, kw_only=True, tag="job.requeued.v1"):
+    """A resumable job goes back to the queue (after a preemption or a lost node)."""
 
 
-class JobHeld(Event, frozen=True, kw_only=True, tag="job.held.v1"):
+class JobHeld(JobEvent, frozen=True, kw_only=True, tag="job.held.v1"):
     """A pending job is held (like `scontrol hold`): the dispatcher skips it until released."""
 
-    job_id: JobId
     reason: Text = ""
 
 
-class JobReleased(Event, frozen=True, kw_only=True, tag="job.released.v1"):
+class JobReleased(JobEvent, frozen=True, kw_only=True, tag="job.released.v1"):
     """A held job may be scheduled again."""
 
-    job_id: JobId
 
-
-class JobFinished(Event, frozen=True, kw_only=True, tag="job.finished.v1"):
-    job_id: JobId
+class JobFinished(JobEvent, frozen=True, kw_only=True, tag="job.finished.v1"):
     outcome: FinishOutcome
     exit_code: ExitCode | None = None
 
 
-class JobEngineLinked(Event, frozen=True, kw_only=True, tag="job.engine_linked.v1"):
+class JobEngineLinked(JobEvent, frozen=True, kw_only=True, tag="job.engine_linked.v1"):
     """A run of the job is the execution engine's job `engine_job_id` (e.g. a Slurm job id).
     Recorded with the run's JobStarted; a requeued job's next run links a new engine job."""
 
-    job_id: JobId
     engine: Name
     engine_job_id: Name
     run: Count = 0
@@ -277,10 +285,9 @@ class JobEngineLinked(Event, frozen=True, kw_only=True, tag="job.engine_linked.v
     """The GPUs the engine says the run got, when it says (Slurm: `scontrol -d`)."""
 
 
-class JobEngineEnded(Event, frozen=True, kw_only=True, tag="job.engine_ended.v1"):
+class JobEngineEnded(JobEvent, frozen=True, kw_only=True, tag="job.engine_ended.v1"):
     """How the execution engine says a run ended, recorded with the run's JobFinished."""
 
-    job_id: JobId
     engine: Name
     engine_job_id: Name
     reason: EndReason
@@ -289,15 +296,12 @@ class JobEngineEnded(Event, frozen=True, kw_only=True, tag="job.engine_ended.v1"
     exit_code: ExitCode | None = None
 
 
-class UtilisationSampled(Event, frozen=True, kw_only=True, tag="job.utilisation_sampled.v1"):
-    job_id: JobId
+class UtilisationSampled(JobEvent, frozen=True, kw_only=True, tag="job.utilisation_sampled.v1"):
     gpu_utilisation: Utilisation
 
 
-class CheckpointReported(Event, frozen=True, kw_only=True, tag="job.checkpointed.v1"):
+class CheckpointReported(JobEvent, frozen=True, kw_only=True, tag="job.checkpointed.v1"):
     """A resumable job saved its progress: work before `at` survives a preemption."""
-
-    job_id: JobId
 
 
 # --- identity -----------------------------------------------------------------------------------
@@ -427,42 +431,8 @@ class WaitSummary(msgspec.Struct, frozen=True, kw_only=True):
         return sum(c.jobs for c in self.counts)
 
 
-class CycleDecidedV2(Event, frozen=True, kw_only=True, tag="cycle.decided.v2"):
-    """The second decision record: v3's fields plus the policy's settings written again as
-    strings (`config`). Still read: `schemas.codec` upcasts it to `CycleDecided` (v3)."""
-
-    cycle_id: Token
-    based_on: Position
-    policy_version: Token
-    config: Config = {}
-    policy: AnyPolicyConfig | None = None
-    """The policy's typed config (`schemas.policy`); None in records upcast from v1 (and for
-    policies this build does not register), whose `config` strings say it."""
-    decided_at: Epoch | None = None
-    """The `now` the pure decide() was given (replay re-runs it with the same value)."""
-    ranks: RankInputs | None = None
-    """None in records upcast from v1, which did not say."""
-    placed: Many[JobId] = ()
-    preempted: Many[JobId] = ()
-    waiting: WaitSummary = WaitSummary()
-    fragmentation_gpus: Count = 0
-    wake_at: Epoch | None = None
-    """When the decision could change without a new event (a contract ends)."""
-    skipped_cycles: Count = 0
-
-
-class CycleDecided(Event, frozen=True, kw_only=True, tag="cycle.decided.v3"):
-    """One dispatcher cycle's decision: its inputs and its outcomes by reference.
-
-    Placements and preemptions are the `JobPlaced`/`JobPreempted` events with this `cycle_id`
-    that follow it in the same append; here only their job ids, in decision order. A cycle that
-    decided nothing is recorded at a bounded rate, and `skipped_cycles` counts the empty cycles
-    before this record that were not recorded on their own: together they answer "why did
-    nothing start between t1 and t2".
-
-    The dispatcher hands it in as `ApplyDecision.decision` (`schemas.commands.DecisionBody`, the
-    same fields with the outcomes in full). Older versions (v1, v2) are upcast to this one by
-    `schemas.codec`, their string settings read as the typed `policy` there."""
+class _Decided(Event, frozen=True, kw_only=True):
+    """The fields of a decision record since v2 (`CycleDecided` is v3). Not an event itself."""
 
     cycle_id: Token
     based_on: Position
@@ -483,6 +453,27 @@ class CycleDecided(Event, frozen=True, kw_only=True, tag="cycle.decided.v3"):
     wake_at: Epoch | None = None
     """When the decision could change without a new event (a contract ends)."""
     skipped_cycles: Count = 0
+
+
+class CycleDecidedV2(_Decided, frozen=True, kw_only=True, tag="cycle.decided.v2"):
+    """The second decision record: v3's fields plus the policy's settings written again as
+    strings (`config`). Still read: `schemas.codec` upcasts it to `CycleDecided` (v3)."""
+
+    config: Config = {}
+
+
+class CycleDecided(_Decided, frozen=True, kw_only=True, tag="cycle.decided.v3"):
+    """One dispatcher cycle's decision: its inputs and its outcomes by reference.
+
+    Placements and preemptions are the `JobPlaced`/`JobPreempted` events with this `cycle_id`
+    that follow it in the same append; here only their job ids, in decision order. A cycle that
+    decided nothing is recorded at a bounded rate, and `skipped_cycles` counts the empty cycles
+    before this record that were not recorded on their own: together they answer "why did
+    nothing start between t1 and t2".
+
+    The dispatcher hands it in as `ApplyDecision.decision` (`schemas.commands.DecisionBody`, the
+    same fields with the outcomes in full). Older versions (v1, v2) are upcast to this one by
+    `schemas.codec`, their string settings read as the typed `policy` there."""
 
 
 AnyEvent = (
