@@ -146,7 +146,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("preempted_jobs", pa.list_(pa.int64())),
             ("considered", pa.int32()),
             ("fragmentation_gpus", pa.int32()),
-            ("config", pa.string()),
+            ("policy", pa.string()),
         ]
     ),
 }
@@ -661,6 +661,6 @@ def _cycles(groups: dict[type, Group]) -> pa.Table:
             "preempted_jobs": [list(ev.preempted) for ev in evs],
             "considered": [ev.waiting.considered for ev in evs],
             "fragmentation_gpus": [ev.fragmentation_gpus for ev in evs],
-            "config": [msgspec.json.encode(ev.policy).decode() for ev in evs],
+            "policy": [msgspec.json.encode(ev.policy).decode() for ev in evs],
         },
     )

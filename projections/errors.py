@@ -29,6 +29,11 @@ class ProjectionMismatch(ProjectionError):
     code = "mismatch"
 
 
+class ProjectionOutdated(ProjectionMismatch):
+    """The projection file was made by code with another schema version. It is derived from the
+    log: a writer makes it again (`projections.store.Store.open`), a reader asks for that."""
+
+
 class CorruptEvent(EventDecodeError):
     """A record of the log that this code cannot apply: the projector stops at it.
 

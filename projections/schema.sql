@@ -148,7 +148,7 @@ CREATE TABLE decisions (
     preempted_jobs     BIGINT[] NOT NULL,
     considered         INTEGER NOT NULL,
     fragmentation_gpus INTEGER NOT NULL,
-    config             JSON                -- the policy's settings (its typed config)
+    policy             JSON                -- the policy's settings (its typed config)
 );
 
 -- Accounts as of time t: open or closed, with shares, parent and kind (ASOF-style lookup).

@@ -7,6 +7,7 @@ projector's. Readers in other processes open it read-only while no writer holds 
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +19,11 @@ from typing import Any
 # also lets the engine scan the Arrow tables it registers.
 import _duckdb as duckdb
 
-from projections.errors import ProjectionBusy, ProjectionError, ProjectionMismatch
+from projections.errors import ProjectionBusy, ProjectionError, ProjectionOutdated
 
 PROJECTION = "ledger"
-SCHEMA_VERSION = "2"
+log = logging.getLogger("gpuledger.projection")
+SCHEMA_VERSION = "3"
 PROJECTIONS_DIR = "projections"
 
 
@@ -103,13 +105,30 @@ class Store:
                     path=str(self.path),
                 ) from err
             raise ProjectionError(f"cannot open {self.path}: {err}", path=str(self.path)) from err
-        if not read_only:
-            self._ensure_schema()
-        self._check_version()
+        try:
+            if not read_only:
+                self._ensure_schema()
+            self._check_version()
+        except BaseException:
+            self.con.close()
+            raise
 
     @classmethod
     def open(cls, home: Path | str, *, read_only: bool = False) -> Store:
-        return cls(projection_path(home), read_only=read_only)
+        """The projection of the data directory `home`. Opened for writing, a file of another
+        schema version (code before an upgrade) is made again, empty, and the writer's catch-up
+        from its source rebuilds it: the projection is derived from the log, so nothing is
+        lost, and a service comes back after an upgrade without a manual step."""
+        path = projection_path(home)
+        try:
+            return cls(path, read_only=read_only)
+        except ProjectionOutdated as err:
+            if read_only:
+                raise
+            log.warning("%s: made again from the log", err.message)
+            for stale in (path, path.with_name(path.name + ".wal")):
+                stale.unlink(missing_ok=True)
+            return cls(path)
 
     def _ensure_schema(self) -> None:
         exists = scalar(
@@ -131,7 +150,7 @@ class Store:
         except duckdb.CatalogException:
             version = None
         if version != SCHEMA_VERSION:
-            raise ProjectionMismatch(
+            raise ProjectionOutdated(
                 f"the projection {self.path} has schema version "
                 f"{version or 'none'}, this code needs {SCHEMA_VERSION}",
                 hint="rebuild it from the event log (`gpuledger projection rebuild`)",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -253,15 +253,16 @@ def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
 def _caught_up(ctx: Ctx, source: EmbeddedSource, quiet: bool) -> Store:
     """The projection file opened read-only when it is caught up with the log, read as it is;
     else opened read-write and caught up first."""
-    from projections.errors import ProjectionBusy
+    from projections.errors import ProjectionBusy, ProjectionOutdated
     from projections.store import Store, projection_path
 
     try:
         if projection_path(ctx.home).exists():
-            store = Store.open(ctx.home, read_only=True)
-            if store.position() == source.head():
-                return store
-            store.close()
+            with suppress(ProjectionOutdated):  # made again below, read-write
+                store = Store.open(ctx.home, read_only=True)
+                if store.position() == source.head():
+                    return store
+                store.close()
         store = Store.open(ctx.home)
     except ProjectionBusy:
         if not quiet:

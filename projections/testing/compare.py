@@ -31,7 +31,7 @@ TABLES: dict[str, str] = {
     "decisions": "position",
 }
 
-_JSON_COLUMNS = {"events": ("raw",), "decisions": ("config",)}
+_JSON_COLUMNS = {"events": ("raw",), "decisions": ("policy",)}
 
 
 def dump(store: Store, tables: tuple[str, ...] | None = None) -> dict[str, list[Row]]:

@@ -302,7 +302,7 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
                     "preempted_jobs": list(ev.preempted),
                     "considered": ev.waiting.considered,
                     "fragmentation_gpus": ev.fragmentation_gpus,
-                    "config": msgspec.to_builtins(ev.policy),
+                    "policy": msgspec.to_builtins(ev.policy),
                 }
             )
         case _:

@@ -272,3 +272,18 @@ def test_commands_on_a_missing_ledger_say_how_to_start(tmp_path: Path) -> None:
     proc = run(tmp_path / "none", "jobs", ok=False)
     assert proc.returncode == 1
     assert "no ledger in" in proc.stderr and "gpuledger init" in proc.stderr
+
+
+def test_reads_after_an_upgrade_make_an_older_projection_again(home: Path) -> None:
+    """A data directory whose projection an older version wrote: the first read makes it again
+    from the log (one warning line) and answers as before; no manual step."""
+    run(home, "--as", "alice", "submit", "-A", "ai2/olmo", "-G", "1", "--", "true")
+    before = json.loads(run(home, "jobs", "--json").stdout)
+    import duckdb
+
+    with closing(duckdb.connect(str(home / "projections" / "ledger.duckdb"))) as db:
+        db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    got = run(home, "jobs", "--json")
+    assert json.loads(got.stdout) == before
+    assert "schema version 1" in got.stderr and "made again from the log" in got.stderr
+    assert run(home, "jobs", "--json").stderr == ""  # once

@@ -16,7 +16,13 @@ from ledger.store.clock import SimClock
 from ledger.store.embedded import EmbeddedSource, project, rebuild
 from projections import fairshare as fs
 from projections import queries
-from projections.errors import CorruptEvent, ProjectionBusy, ProjectionMismatch, SourceUnavailable
+from projections.errors import (
+    CorruptEvent,
+    ProjectionBusy,
+    ProjectionMismatch,
+    ProjectionOutdated,
+    SourceUnavailable,
+)
 from projections.projector import Projector
 from projections.store import Store, projection_path
 from projections.testing import compare as audit
@@ -414,15 +420,28 @@ def test_a_projection_ahead_of_its_log_is_refused(
     assert "rebuild" in info.value.hint
 
 
-def test_a_projection_with_another_schema_version_is_refused(scenario: Ledger, home: Path) -> None:
+def test_a_projection_of_another_schema_version_is_made_again_by_its_writer(
+    scenario: Ledger, home: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After an upgrade the projection file is older code's: a reader is told, and the first
+    writer (the service, an embedded read, a follower) makes it again from the log, logging
+    one line, so nothing waits for a manual rebuild and nothing is lost."""
     project(home)
+    with Store.open(home, read_only=True) as before:
+        clean = audit.dump(before)
     with Store.open(home) as store:
         store.con.execute("UPDATE meta SET value = '0' WHERE key = 'schema_version'")
-    with pytest.raises(ProjectionMismatch, match="schema version 0"):
-        Store.open(home)
-    rebuild(home)
-    with Store.open(home, read_only=True) as store:
-        assert store.position() == scenario.position
+    with pytest.raises(ProjectionOutdated, match="schema version 0") as info:
+        Store.open(home, read_only=True)
+    assert "rebuild" in info.value.hint
+    with caplog.at_level("WARNING", logger="gpuledger.projection"):
+        store = Store.open(home)
+    assert "schema version 0" in caplog.text and "made again from the log" in caplog.text
+    with store, EmbeddedSource(home) as src:
+        assert store.position() == 0
+        Projector(store, src).catch_up()
+    with Store.open(home, read_only=True) as after:
+        assert audit.dump(after) == clean
 
 
 @pytest.mark.parametrize("action", ["open", "rebuild"])
