@@ -149,6 +149,9 @@ class JobRow(_View, frozen=True, kw_only=True):
 class LogEntry(_View, frozen=True, kw_only=True):
     position: int
     tag: str
+    """The event's tag as it is read: the latest version of its type (an event stored as an older
+    version is read upcast, and `tag` names that version, as `event.type` does); an unknown
+    type's stored tag. The stored tag is the projection's `events.tag` (`audit sql`)."""
     at: float | None
     actor: str | None
     event: AnyEvent | None

@@ -1,4 +1,4 @@
-"""The local node agents of `gpuledger up --executor agent`: one machine, one command. An edge.
+"""The local node agents of `gpuledger up --executor agents`: one machine, one command. An edge.
 
 `up` then runs the server (`ledger.server.run.serve` with `executor = "agents"`, on the data
 directory's Unix socket) and, in the same process, one node agent for each node of the ledger

@@ -18,15 +18,16 @@ from pathlib import Path
 import click
 
 from ledger.cli._common import Ctx, pass_ctx
-from ledger.cli.output import echo_json, log_level_option, setup_logging
+from ledger.cli.output import LOG_LEVELS, echo_json, log_level_option, setup_logging
 from ledger.dispatch import registry
 from ledger.engines.supervised import DEBUG_LIMIT_S
 from schemas import commands as c
 from schemas.errors import InvalidCommand
 from schemas.units import format_time, parse_duration
 
-EXECUTORS = {"agent": "agents", "local": "local", "slurm": "slurm"}
-"""`up --executor` -> the server's executor (`agent`: the node agents `up` runs)."""
+EXECUTORS = {"agents": "agents", "agent": "agents", "local": "local", "slurm": "slurm"}
+"""`up --executor` -> the server's executor (`agents`: the node agents `up` runs; `agent` is the
+same, the name earlier versions used)."""
 
 
 def _node_spec(text: str) -> tuple[str, int, str]:
@@ -97,11 +98,12 @@ def _node_spec(text: str) -> tuple[str, int, str]:
 @click.option(
     "--executor",
     "executor_name",
-    type=click.Choice(["local", "agent", "slurm"]),
-    default="agent",
+    type=click.Choice(["agents", "local", "slurm", "agent"]),
+    default="agents",
     show_default=True,
     help="Run placed jobs as local processes; or serve the API and run them through a local "
-    "node agent per node (agent); or as Slurm jobs on --partition.",
+    "node agent per node (agents, as `serve --executor agents`; `agent` is the same); or as "
+    "Slurm jobs on --partition.",
 )
 @click.option(
     "--partition",
@@ -151,7 +153,6 @@ def up(
     for_s = None if run_for is None else parse_duration(run_for)
     ctx.ledger(live=True)  # the data directory's own (refused beside a running server)
     _register_nodes(ctx, nodes)
-    _check_other_mode(ctx.home, executor_name)
     config = cfg.merge(
         cfg.ServeConfig(),
         listen=listen or "",
@@ -172,24 +173,6 @@ def up(
     )
     up_ = Up(until_idle=until_idle, for_s=for_s)
     sys.exit(run_server(ctx.home, config, ctx.actor, up=up_))
-
-
-def _check_other_mode(home: Path, executor: str) -> None:
-    """`up`'s local agents (HOME/agents/NODE) and its local executor (HOME/agent) keep their
-    runs apart: one may not start while the other's runs are unfinished (it would not know them,
-    and would launch them again or call them lost)."""
-    from ledger.engines.supervised import handled_jobs
-
-    if executor == "slurm":
-        return
-    others = [home / "agent"] if executor == "agent" else sorted((home / "agents").glob("*"))
-    held = sorted({j for d in others for j in handled_jobs(d)})
-    if held:
-        other = "local" if executor == "agent" else "agent"
-        raise InvalidCommand(
-            f"jobs {', '.join(map(str, held))} run under `up --executor {other}`",
-            hint=f"keep using `gpuledger up --executor {other}` until they end",
-        )
 
 
 def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
@@ -243,7 +226,7 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
 )
 @click.option("--kafka", default=None, help="Kafka bootstrap HOST:PORT for the relay.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
-@click.option("--log-level", default=None)
+@click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default=None)
 @pass_ctx
 def serve(
     ctx: Ctx,

@@ -199,7 +199,13 @@ def log(store: Store, f: v.LogFilter, viewer: Viewer | None) -> list[v.LogEntry]
 
     rows = history.log_page(store.con, f.after, f.limit, tail=f.tail)
     out = [
-        v.LogEntry(position=r.position, tag=r.tag, at=r.occurred_at, actor=r.actor, event=r.event)
+        v.LogEntry(
+            position=r.position,
+            tag=r.tag if r.event is None else e.tag_of(type(r.event)),
+            at=r.occurred_at,
+            actor=r.actor,
+            event=r.event,
+        )
         for r in rows
     ]
     if viewer is None:

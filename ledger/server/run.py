@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import signal
@@ -28,7 +29,7 @@ import threading
 from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -39,7 +40,7 @@ from ledger.cycle.loop import ServiceLoop
 from ledger.dispatch import registry
 from ledger.engines.gpu_util import UtilSource, pick_source
 from ledger.engines.none import NoExecutor
-from ledger.engines.supervised import SupervisedExecutor
+from ledger.engines.supervised import SupervisedExecutor, handled_jobs
 from ledger.server import identity
 from ledger.server.app import PEER_UID, create_asgi
 from ledger.server.worker import Worker
@@ -181,6 +182,38 @@ def make_executor(ledger: Ledger, config: ServeConfig, actor: str) -> Executor:
     return NoExecutor()
 
 
+def _one_server(home: Path) -> IO[bytes]:
+    """Hold `<home>/serve.lock` for the life of this process: a second server on the same data
+    directory (another socket or port) is refused at once, before it loads anything."""
+    home.mkdir(parents=True, exist_ok=True)
+    lock = (home / "serve.lock").open("ab")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise InvalidCommand(
+            f"a server already runs on {home}",
+            hint="one server per data directory: use it (the CLI finds its socket), or stop it",
+        ) from None
+    return lock
+
+
+def _check_other_mode(home: Path, executor: str) -> None:
+    """The local executor (HOME/agent) and `up`'s local agents (HOME/agents/NODE) keep their runs
+    apart: a server with one may not start while the other's runs are unfinished (it would not
+    know them, and would launch them again or record them lost while they still run)."""
+    if executor not in ("local", "agents"):
+        return
+    others = [home / "agent"] if executor == "agents" else sorted((home / "agents").glob("*"))
+    held = sorted({j for d in others for j in handled_jobs(d)})
+    if held:
+        other = "local" if executor == "agents" else "agents"
+        raise InvalidCommand(
+            f"jobs {', '.join(map(str, held))} run under the {other} executor",
+            hint=f"keep using `--executor {other}` (serve or up) until they end",
+        )
+
+
 def _utilisation(home: Path, config: ServeConfig) -> UtilSource:
     """NVML, or the test source of utilisation (`utilisation_dir`, else `<home>/utilisation`)."""
     return pick_source(
@@ -207,7 +240,11 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         signal.signal(sig, lambda *_: early.set())
     if bool(config.tls_cert) != bool(config.tls_key):
         raise InvalidCommand("TLS needs both --tls-cert and --tls-key")
-    # 1 live work only: the newest verified snapshot plus the tail (a whole-log fold took 687 s
+    # 1 one server per data directory, told before anything is loaded; local runs stay with the
+    #   executor that started them
+    _lock = _one_server(home)  # held while this function runs: as long as the server
+    _check_other_mode(home, config.executor)
+    # 2 live work only: the newest verified snapshot plus the tail (a whole-log fold took 687 s
     # at 5M events); finished jobs are read from the projection
     ledger = Ledger(home, live=True)
     if not ledger.state.initialised:

@@ -71,8 +71,10 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Kafka bootstrap HOST:PORT: relay the log and feed the projection from the topic."""
     log_format: Literal["text", "json"] = "text"
     """Log lines as text or as one JSON object per line."""
-    log_level: str = "INFO"
-    """Python log level name."""
+    log_level: Literal["debug", "info", "warning", "error", "DEBUG", "INFO", "WARNING", "ERROR"] = (
+        "INFO"
+    )
+    """gpu-ledger's own log level (libraries log only their warnings, all at debug)."""
     max_batch: int = msgspec.field(default=256)
     """Most commands committed in one store transaction (group commit)."""
 

@@ -1,4 +1,4 @@
-"""`gpuledger up` (its default, `--executor agent`): one command runs the server and a local node
+"""`gpuledger up` (its default, `--executor agents`): one command runs the server and a local node
 agent for the node, and jobs run through that agent (its node token made by `up`). Stopping or
 killing `up` never kills a job; the next `up` adopts them through its agent."""
 
@@ -132,14 +132,43 @@ def test_up_refuses_to_start_while_the_other_executor_has_unfinished_runs(
     refused = cli(home, "up", "--for", "1s", ok=False)
     assert refused.returncode == 1
     assert refused.stderr.strip().splitlines() == [
-        "error: jobs 1 run under `up --executor local` (keep using `gpuledger up --executor "
-        "local` until they end) [invalid]"
+        "error: jobs 1 run under the local executor (keep using `--executor local` (serve or "
+        "up) until they end) [invalid]"
     ]
     assert procs_of(state(home)) == [] and not (home / "agents").exists()
     go.touch()
     assert Service(home, "--executor", "local", "--until-idle").proc.wait(timeout=60) == 0
     assert jobs(home)[1]["outcome"] == "completed"
     assert Service(home, "--until-idle").proc.wait(timeout=60) == 0  # nothing left: it starts
+
+
+def test_serve_keeps_the_runs_of_ups_agents_and_one_server_per_data_directory(
+    home: Path, tmp_path: Path
+) -> None:
+    """The rule is the composition root's, so `serve` keeps it too: after `up` (its agents) stops
+    with a job running, `serve --executor local` refuses instead of recording the job lost while
+    its process runs on; and a second server on a data directory is refused at once, whatever
+    its socket."""
+    go = tmp_path / "go"
+    submit(home, "bob", 1, until_released(go, 0), "--min-runtime", "1h")
+    up = Service(home)
+    wait_for("job 1 running", lambda: jobs(home)[1]["status"] == "running", home=home)
+    other = cli(home, "serve", "--socket", str(tmp_path / "s2.sock"), "--listen", "", ok=False)
+    assert other.returncode == 1
+    assert (
+        other.stderr.strip().splitlines()[-1].startswith(f"error: a server already runs on {home}")
+    )
+    assert up.signal(signal.SIGTERM) == 0
+    refused = cli(home, "serve", "--executor", "local", "--listen", "", ok=False)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "error: jobs 1 run under the agents executor (keep using `--executor agents` (serve or "
+        "up) until they end) [invalid]"
+    )
+    assert jobs(home)[1]["status"] == "running"  # not recorded lost
+    go.touch()
+    assert Service(home, "--until-idle").proc.wait(timeout=60) == 0
+    assert jobs(home)[1]["outcome"] == "completed"
 
 
 def procs_of(d: Path) -> list[int]:

@@ -516,3 +516,26 @@ def test_a_lost_node_shows_in_every_read_and_the_audit_holds(own: Path) -> None:
             "SELECT state, reason FROM node_history WHERE node = 'n0' ORDER BY position"
         ).fetchall()
     assert states[-2:] == [("lost", "power supply"), ("active", "")]
+
+
+def test_log_names_each_event_by_the_version_it_is_read_as(tmp_path: Path) -> None:
+    """Readers see the latest version only: a decision stored as `cycle.decided.v2` is shown as
+    the v3 it upcasts to, its tag and its type agreeing; `audit sql` keeps the stored tag."""
+    from projections.testing.synthetic import append_raw
+
+    golden = Path(__file__).resolve().parents[1] / "golden" / "fairshare-6.jsonl"
+    records = [
+        (json.loads(line)["type"], line.encode())
+        for line in golden.read_text().splitlines()
+        if line
+    ]
+    home = tmp_path / "home"
+    Ledger(home).close()  # the store's tables
+    append_raw(home, records)
+    out = strict(cli(home, "log", "--json", "--limit", str(len(records))).stdout)
+    assert len(out) == len(records)
+    assert all(r["tag"] == r["event"]["type"] for r in out)
+    stored_v2 = [i for i, (tag, _) in enumerate(records) if tag == "cycle.decided.v2"]
+    assert stored_v2 and all(out[i]["tag"] == "cycle.decided.v3" for i in stored_v2)
+    stored = cli(home, "audit", "sql", "SELECT DISTINCT tag FROM events WHERE tag LIKE 'cycle%'")
+    assert "cycle.decided.v2" in stored.stdout

@@ -33,6 +33,7 @@ def test_every_key_has_a_docstring() -> None:
         ("grace = 'soon'\n", "invalid duration 'soon' (use e.g. 30s, 15m, 8h, 7d) - at `$.grace`"),
         ("interval = 2\n", "got `int` - at `$.interval`"),
         ("listen = \n", "is not valid TOML"),
+        ("log_level = 'bogus'\n", "Invalid enum value 'bogus' - at `$.log_level`"),
     ],
 )
 def test_bad_files_are_one_clear_error(tmp_path: Path, text: str, want: str) -> None:
