@@ -187,15 +187,6 @@ class FairTree:
         raise KeyError(path)
 
 
-def level_fair_share(norm_shares: float, norm_usage: float) -> float:
-    """Pure: 0 without shares, inf without usage, else their ratio."""
-    if norm_shares == 0.0:
-        return 0.0
-    if norm_usage == 0.0:
-        return math.inf
-    return norm_shares / norm_usage
-
-
 class TreeShape:
     """The budget tree of a set of open accounts, without usage: children lists, sibling groups
     and norm shares, computed once and reused for every ranking of the same accounts.

@@ -38,7 +38,17 @@ from typing import Any
 from schemas.errors import InvalidCommand
 
 TOPIC = "gpuledger.events"
-"""The topic the relay publishes and readers follow (GPULEDGER_KAFKA_TOPIC overrides it)."""
+"""The topic the relay publishes and readers follow (`TOPIC_ENV` overrides it)."""
+TOPIC_ENV = "GPULEDGER_KAFKA_TOPIC"
+"""The environment variable that names another topic, for every writer and reader alike."""
+
+
+def topic() -> str:
+    """The topic: `$GPULEDGER_KAFKA_TOPIC`, else `TOPIC` (the CLI's `--topic` options read the
+    same variable)."""
+    return os.environ.get(TOPIC_ENV) or TOPIC
+
+
 PARTITION = 0
 """The topic has exactly one partition: that is what keeps the log's order."""
 TOPIC_CONFIG = {

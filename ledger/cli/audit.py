@@ -27,7 +27,7 @@ from ledger.history import replay as rp
 from ledger.history import tables
 from ledger.history.compare import CycleReplay
 from ledger.sim import whatif as wi
-from projections.kafka_wire import TOPIC
+from projections.kafka_wire import TOPIC, TOPIC_ENV
 from projections.store import projection_path
 from schemas import api
 from schemas import views as v
@@ -450,7 +450,7 @@ def audit_budget_changes(
 
 @audit_group.command("verify")
 @click.option("--kafka", "bootstrap", help="Also check the Kafka copy at HOST:PORT.")
-@click.option("--topic", default=TOPIC, show_default=True)
+@click.option("--topic", envvar=TOPIC_ENV, default=TOPIC, show_default=True)
 @json_option
 @pass_ctx
 def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> None:

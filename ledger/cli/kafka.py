@@ -24,7 +24,7 @@ from ledger.store.relay_service import read_health
 from projections.errors import ProjectionMismatch
 from projections.kafka_source import KafkaSource
 from projections.kafka_source import follow as follow_topic
-from projections.kafka_wire import TOPIC, connect_timeout, quiet_kafka_logs
+from projections.kafka_wire import TOPIC, TOPIC_ENV, connect_timeout, quiet_kafka_logs
 from projections.projector import DEFAULT_BATCH, Projector
 from projections.quarantine import quarantined
 from projections.store import Store
@@ -40,7 +40,7 @@ from projections.store import Store
 )
 @click.option(
     "--topic",
-    envvar="GPULEDGER_KAFKA_TOPIC",
+    envvar=TOPIC_ENV,
     default=TOPIC,
     show_default=True,
     help="The topic the relay writes (or $GPULEDGER_KAFKA_TOPIC).",

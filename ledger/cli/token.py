@@ -7,7 +7,7 @@ import os
 import click
 
 from ledger.cli._common import Ctx, pass_ctx
-from ledger.cli.output import echo_json, json_option
+from ledger.cli.output import echo_json, json_option, print_table
 from ledger.core import tokens
 from ledger.store.clock import SystemClock, new_token_secret
 from ledger.wire.client import token_file
@@ -96,11 +96,13 @@ def token_list(ctx: Ctx, as_json: bool) -> None:
     if as_json:
         echo_json(rows)
         return
+    table = []
     for r in rows:
         scope = r.scope + (f":{r.scope_node}" if r.scope_node else "")
         scope += f":{r.scope_job}" if r.scope_job is not None else ""
         alive = "revoked" if r.revoked else f"expires {format_time(r.expires_at)}"
-        click.echo(f"{r.token_id}  {r.user:<12} {scope:<12} {alive:<32} {r.name}")
+        table.append((r.token_id, r.user, scope, alive, r.name))
+    print_table(("token", "user", "scope", "state", "name"), table)
 
 
 @token.command("revoke")

@@ -19,27 +19,17 @@ if TYPE_CHECKING:  # the projection is imported only where it is opened (client 
 
     from rich.progress import Progress
 
-    from projections.fairshare import UsagePolicy
     from schemas.views import PriorityRow, ProjectionStatusView, QueueRow
 
 # Tables are rich's only when they do not fit a pipe as plain text (`print_table`): `--json`
 # through a server imports neither rich nor the dispatcher (the client entry stays light).
 
 
-def _usage_policy(window: str, half_life: str | None) -> UsagePolicy:
-    from projections.fairshare import UsagePolicy
-
-    return UsagePolicy(
-        window_s=parse_window(window),
-        half_life_s=None if half_life is None else parse_window(half_life, "--half-life"),
-    )
-
-
 def _window_args(at: str | None, window: str, half_life: str | None) -> dict[str, Any]:
     return {
         "at": None if at is None else parse_time(at),
-        "window_s": parse_duration(window),
-        "half_life_s": None if half_life is None else parse_duration(half_life),
+        "window_s": parse_window(window),
+        "half_life_s": None if half_life is None else parse_window(half_life, "--half-life"),
     }
 
 

@@ -10,12 +10,22 @@ from dataclasses import dataclass, field
 
 from schemas import events as e
 
+DEFAULT_SQUAT_UTIL_PCT = 10.0
+"""The squat threshold of a policy (or recorded settings) that does not set one."""
+
+
+def squat_threshold(policy: object) -> float:
+    """Pure: the utilisation % below which a running job counts as low, as `policy` declares it
+    (a policy or its typed settings: fair share's `squat_util_pct`); the default for those that
+    declare none (the baselines). The dispatcher and replay ask this one rule."""
+    return float(getattr(policy, "squat_util_pct", DEFAULT_SQUAT_UTIL_PCT))
+
 
 @dataclass
 class UtilTracker:
     """Since when each running job has stayed below the squat threshold (from its samples)."""
 
-    threshold_pct: float = 10.0
+    threshold_pct: float = DEFAULT_SQUAT_UTIL_PCT
     low_since: dict[int, float] = field(default_factory=dict)
 
     def observe(self, event: e.AnyEvent) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from ledger.core.utilisation import UtilTracker
+from ledger.core.utilisation import UtilTracker, squat_threshold
 from ledger.cycle.executor import Executor, Exit, Launch, Observed, Orders
 from ledger.cycle.inputs import snapshot_from_state
 from ledger.cycle.record import Recorded, record
@@ -205,7 +205,7 @@ class Dispatcher:
         self.executor = executor
         # the squat threshold is the policy's, and utilisation is read from the whole log (not
         # only from when this process started), so replay sees what the cycle saw
-        threshold = float(getattr(policy, "squat_util_pct", UtilTracker.threshold_pct))
+        threshold = squat_threshold(policy)
         self.util = util or UtilTracker(threshold_pct=threshold)
         self._seen = 0
         self.idle_record_s = idle_record_s

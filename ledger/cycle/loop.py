@@ -120,14 +120,13 @@ class ServiceLoop:
     def record_settings(self, interval_s: float, executor: str) -> None:
         record_settings(self.ledger, self.policy, interval_s, executor, self.log)
 
-    def close(self, *, stop_jobs: bool = False) -> None:
-        """Stop cleanly: optionally shut this process's own executor down (recording the exits
-        of runs that end with it; supervised jobs keep running), flush the relay, close the
-        projection, snapshot the live state (the next start folds no tail). Never raises for a
-        clean stop."""
-        if stop_jobs:
-            exits = self.executor.shutdown(self.clock.now())
-            record(self.ledger, Observed(exits=tuple(exits)), self.executor.engine)
+    def close(self) -> None:
+        """Stop cleanly: shut the executor down (recording the exits of runs that end with it;
+        every engine today keeps its runs: supervised jobs, agents and Slurm run on, and the next
+        start adopts them), flush the relay, close the projection, snapshot the live state (the
+        next start folds no tail). Never raises for a clean stop."""
+        exits = self.executor.shutdown(self.clock.now())
+        record(self.ledger, Observed(exits=tuple(exits)), self.executor.engine)
         self._log_lifecycles()
         if self.relay is not None:
             health = self.relay.stop()  # flushes what the store holds (bounded)
@@ -243,13 +242,13 @@ class ServiceLoop:
         if self.kafka is not None:
             from ledger.store.relay import DEFAULT_TRANSACTIONAL_ID
             from ledger.store.relay_service import RelayService, flush_timeout
-            from projections.kafka_wire import TOPIC, connect_timeout, quiet_kafka_logs
+            from projections.kafka_wire import connect_timeout, quiet_kafka_logs, topic
 
             quiet_kafka_logs(logging.getLevelName(logging.root.level))
             self.relay = RelayService(
                 self.home,
                 self.kafka,
-                topic=os.environ.get("GPULEDGER_KAFKA_TOPIC") or TOPIC,
+                topic=topic(),
                 transactional_id=os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID")
                 or DEFAULT_TRANSACTIONAL_ID,
                 connect_timeout_s=connect_timeout(),

@@ -298,7 +298,12 @@ class AgentExecutor:
 
     def _silent(self, now: float, nodes: Mapping[str, Node]) -> list[tuple[str, float]]:
         """(node, seconds silent) of nodes the ledger still counts as up whose agent has not
-        reached us within `node_lost_after_s`."""
+        reached us within `node_lost_after_s`, counted from its last contact or, for a node no
+        agent has reached since this server started, from the first look (a node that never
+        had an agent must not hold work forever)."""
+        for node, known in nodes.items():  # a node no agent has reached yet: silent from now on
+            if known.state not in ("lost", "removed", "drained") and node not in self.last_seen:
+                self.last_seen[node] = now
         out = []
         for node, seen in sorted(self.last_seen.items()):
             n = nodes.get(node)

@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import msgspec
 
-from ledger.core.utilisation import UtilTracker
+from ledger.core import utilisation
 from ledger.dispatch import registry
 from ledger.dispatch.engine import Decision
 from projections.fairshare import RANKING_VERSION, WEEK_S, UsagePolicy
@@ -21,9 +21,6 @@ from schemas import events as e
 from schemas.digest import summarise
 from schemas.errors import InvalidCommand
 from schemas.policy import AnyPolicyConfig, unknown_version
-
-DEFAULT_SQUAT_UTIL_PCT = UtilTracker().threshold_pct
-
 
 # --- the policy and usage a decision recorded -----------------------------------------------------
 
@@ -59,10 +56,9 @@ def recorded_usage(recorded: e.CycleDecided, config: AnyPolicyConfig) -> UsagePo
 
 
 def squat_threshold(recorded: e.CycleDecided) -> float:
-    """Pure: the utilisation % below which a job counted as low for this decision (its
-    policy's `squat_util_pct`, else the tracker's default)."""
-    threshold = getattr(recorded.policy, "squat_util_pct", DEFAULT_SQUAT_UTIL_PCT)
-    return float(threshold)
+    """Pure: the utilisation % below which a job counted as low for this decision (the rule of
+    `ledger.core.utilisation.squat_threshold` over its recorded settings)."""
+    return utilisation.squat_threshold(recorded.policy)
 
 
 # --- comparing a record with a replay -------------------------------------------------------------

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from ledger.core.evolve import evolve
 from ledger.core.state import State
-from ledger.core.utilisation import UtilTracker
+from ledger.core.utilisation import DEFAULT_SQUAT_UTIL_PCT, UtilTracker
 from ledger.cycle.inputs import snapshot_from_state
 from ledger.dispatch import registry
 from ledger.dispatch.engine import decide
@@ -54,7 +54,6 @@ from ledger.history.checkpoints import (
     Tracked,
 )
 from ledger.history.compare import (
-    DEFAULT_SQUAT_UTIL_PCT,
     CycleReplay,
     Outcome,
     compare,

@@ -316,7 +316,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         if close_up is not None:
             close_up()
         worker.stop()  # finishes its queue and the current cycle
-        service.close(stop_jobs=config.executor == "local")
+        service.close()
         with contextlib.suppress(OSError):
             unix_path.unlink()
         log.info("stopped cleanly at position %d", ledger.position)

@@ -45,3 +45,15 @@ def test_no_source_file_is_over_800_lines() -> None:
         if (n := len(p.read_text().splitlines())) > 800
     }
     assert long == {}, "split these files by role"
+
+
+def test_the_test_support_contract_names_every_production_module_of_projections() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    [contract] = [
+        c
+        for c in config["tool"]["importlinter"]["contracts"]
+        if c.get("forbidden_modules") == ["projections.testing"]
+    ]
+    modules = {f"projections.{p.stem}" for p in (ROOT / "projections").glob("*.py")}
+    modules.discard("projections.__init__")
+    assert modules <= set(contract["source_modules"]), "a new module of projections/ is unchecked"

@@ -1,0 +1,33 @@
+"""The node-lost rule of the agents' executor: a node whose agent never made contact since the
+server started is silent from the first look, so work placed there is not held forever (an
+outsider found requeued work stuck `placed` on such a node)."""
+
+from __future__ import annotations
+
+from ledger.core.state import Node
+from ledger.engines.agents import AgentExecutor
+
+
+def node(name: str, state: str = "active") -> Node:
+    return Node(name=name, cluster="c", gpu_type="t", gpus=8, state=state)
+
+
+def test_a_node_no_agent_ever_reached_is_lost_after_the_timeout() -> None:
+    ex = AgentExecutor(ledger=None, node_lost_after_s=5.0)
+    nodes = {"n1": node("n1"), "gone": node("gone", "lost"), "off": node("off", "drained")}
+    assert ex.observe(100.0, nodes).nodes == ()
+    assert ex.observe(104.0, nodes).nodes == ()  # within the timeout
+    [change] = ex.observe(105.5, nodes).nodes
+    assert (change.node, change.change) == ("n1", "lost")
+    assert change.reason == "no word from its agent for 6s"
+    lost = {**nodes, "n1": node("n1", "lost")}
+    assert ex.observe(200.0, lost).nodes == ()  # once; it counts again when its agent returns
+
+
+def test_contact_restarts_the_clock() -> None:
+    ex = AgentExecutor(ledger=None, node_lost_after_s=5.0)
+    nodes = {"n1": node("n1")}
+    ex.observe(100.0, nodes)
+    ex.touch("n1", 104.0)
+    assert ex.observe(108.0, nodes).nodes == ()
+    assert [c.node for c in ex.observe(109.5, nodes).nodes] == ["n1"]
