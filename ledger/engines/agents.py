@@ -133,6 +133,9 @@ class AgentExecutor:
         self.addresses: dict[str, str] = {}
         self.last_seen: dict[str, float] = {}
         """Node -> when its agent last reached us (written by HTTP threads and the worker)."""
+        self._first_look: dict[str, float] = {}
+        """Node -> when the worker first saw it up with no agent heard from since this server
+        started: the silence of a node that never had an agent counts from there."""
         self._runs: dict[int, _Run] = {}
         self._parts: dict[str, dict[int, a.Part]] = {}
         self._starts: list[Start] = []
@@ -154,6 +157,7 @@ class AgentExecutor:
         for node, quiet_s in self._silent(now, nodes):
             changes.append(NodeChange(node, "lost", f"no word from its agent for {quiet_s:.0f}s"))
             self.last_seen.pop(node, None)  # it counts again once its agent returns
+            self._first_look.pop(node, None)
         out = Observed(
             nodes=tuple(changes),
             starts=tuple(self._starts),
@@ -301,11 +305,12 @@ class AgentExecutor:
         reached us within `node_lost_after_s`, counted from its last contact or, for a node no
         agent has reached since this server started, from the first look (a node that never
         had an agent must not hold work forever)."""
+        heard = dict(self.last_seen)  # HTTP threads write it: one copy for this look
         for node, known in nodes.items():  # a node no agent has reached yet: silent from now on
-            if known.state not in ("lost", "removed", "drained") and node not in self.last_seen:
-                self.last_seen[node] = now
+            if known.state not in ("lost", "removed", "drained") and node not in heard:
+                heard[node] = self._first_look.setdefault(node, now)
         out = []
-        for node, seen in sorted(self.last_seen.items()):
+        for node, seen in sorted(heard.items()):
             n = nodes.get(node)
             if n is None or n.state in ("lost", "removed"):
                 continue

@@ -31,3 +31,14 @@ def test_contact_restarts_the_clock() -> None:
     ex.touch("n1", 104.0)
     assert ex.observe(108.0, nodes).nodes == ()
     assert [c.node for c in ex.observe(109.5, nodes).nodes] == ["n1"]
+
+
+def test_the_first_look_is_not_a_contact() -> None:
+    """The heartbeat ages (`/metrics`) list only nodes an agent has reached: a node's first look
+    starts its silence clock, not its heartbeat."""
+    ex = AgentExecutor(ledger=None, node_lost_after_s=5.0)
+    nodes = {"n1": node("n1")}
+    ex.observe(100.0, nodes)
+    assert ex.heard_from() == {}
+    ex.touch("n1", 101.0)
+    assert ex.heard_from() == {"n1": 101.0}
