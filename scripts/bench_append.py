@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ledger.store import EVENTS_DB
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
-from ledger.store.embedded import EVENTS_DB
 from schemas import commands as c
 
 GOAL_ONE_PER_S = 2_000

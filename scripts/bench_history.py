@@ -36,8 +36,9 @@ import sys
 import time
 from pathlib import Path
 
+from ledger.store import EVENTS_DB
 from ledger.store.application import Ledger
-from ledger.store.embedded import EVENTS_DB, EmbeddedSource
+from ledger.store.embedded import EmbeddedSource
 from projections.projector import Projector
 from projections.store import Store, projection_path
 from projections.testing.synthetic import Shape, append_to_store, synthetic_events

@@ -11,7 +11,7 @@ import click
 
 from ledger.cli._common import Ctx, default_home
 from ledger.cli.output import LedgerGroup
-from ledger.store.embedded import EVENTS_DB
+from ledger.store import EVENTS_DB
 
 # Which modules define (or extend) each top-level command. Commands load lazily, so
 # `gpuledger submit` does not import DuckDB, Arrow or Kafka; `--help` loads them all.

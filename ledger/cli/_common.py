@@ -14,8 +14,8 @@ import click
 import msgspec
 
 from ledger.cli.output import echo_json, json_option
-from ledger.store.embedded import EVENTS_DB
-from ledger.wire.config import SOCKET_NAME
+from ledger.store import EVENTS_DB
+from ledger.wire import SOCKET_NAME
 from schemas.bounds import check, describe
 from schemas.commands import AnyCommand, InitLedger
 from schemas.errors import InvalidCommand

@@ -8,7 +8,6 @@ as plain text), so `--json` through a server never loads it.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import sqlite3
@@ -210,7 +209,7 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False)
+        return msgspec.json.encode(out).decode()
 
 
 def setup_logging(level: str, fmt: str = "text") -> None:

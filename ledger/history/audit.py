@@ -45,7 +45,8 @@ import msgspec
 from ledger.core.authz import authorisation_failure
 from ledger.core.evolve import evolve
 from ledger.core.state import Job, State, is_system
-from ledger.store.embedded import EVENTS_DB, EmbeddedSource, StoredRows
+from ledger.store import EVENTS_DB
+from ledger.store.embedded import EmbeddedSource, StoredRows
 from projections import history
 from projections.chain import chain_digest, prev_hash
 from projections.source import follow

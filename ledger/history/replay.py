@@ -65,7 +65,8 @@ from ledger.history.compare import (
     recorded_usage,
     squat_threshold,
 )
-from ledger.store.embedded import EVENTS_DB, EmbeddedSource
+from ledger.store import EVENTS_DB
+from ledger.store.embedded import EmbeddedSource
 from ledger.store.snapshots import folded, unfolded
 from projections import queries
 from projections.as_of import AS_OF_SQL, AsOf, DiskAsOf

@@ -45,7 +45,8 @@ from ledger.server import identity
 from ledger.server.app import PEER_UID, create_asgi
 from ledger.server.worker import Worker
 from ledger.store.application import Ledger
-from ledger.wire.config import SOCKET_NAME, ServeConfig
+from ledger.wire import SOCKET_NAME
+from ledger.wire.config import ServeConfig
 from schemas.errors import InvalidCommand
 
 log = logging.getLogger("gpuledger.server")

@@ -38,9 +38,10 @@ from ledger.sim.kernel import KernelExecutor, drive
 from ledger.sim.metrics import JobFold, Metrics, compute
 from ledger.sim.ranks import IncrementalRanks, NoRanks, ProjectionRanks
 from ledger.sim.workload import SimJob, Workload, team_fractions
+from ledger.store import EVENTS_DB
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
-from ledger.store.embedded import EVENTS_DB, EmbeddedSource
+from ledger.store.embedded import EmbeddedSource
 from projections import fairshare as fs
 from projections import queries
 from projections.projector import Projector

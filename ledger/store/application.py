@@ -26,9 +26,8 @@ from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteF
 from ledger.core.decide import command_keys, decide, event_keys
 from ledger.core.evolve import evolve
 from ledger.core.state import State
-from ledger.store import snapshots
+from ledger.store import EVENTS_DB, snapshots
 from ledger.store.clock import Clock, IdSource, SystemClock, random_ids
-from ledger.store.embedded import EVENTS_DB
 from ledger.store.live import decode_at
 from projections.chain import chain_hash
 from projections.source import LogRecord, follow

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import random
-import secrets
 import time
 import uuid
 from typing import Protocol
-
-from ledger.core import tokens
 
 
 class Clock(Protocol):
@@ -54,5 +51,10 @@ def seeded_ids(seed: int) -> IdSource:
 
 def new_token_secret() -> str:
     """A fresh bearer token secret (`ledger.core.tokens`): a random token id and 256 random
-    bits. Record it with `tokens.issue`, which keeps only its hash."""
+    bits. Record it with `tokens.issue`, which keeps only its hash. Its imports wait until a
+    token is made: every CLI read imports this module, and `secrets` loads OpenSSL."""
+    import secrets
+
+    from ledger.core import tokens
+
     return tokens.secret(secrets.token_hex(8), secrets.token_urlsafe(32))

@@ -22,14 +22,13 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from ledger.store import EVENTS_DB
 from projections.errors import SourceUnavailable
 from projections.source import LogRecord, Row
 
 if TYPE_CHECKING:  # a read of the log alone loads neither DuckDB nor Arrow
     from projections.projector import CatchUp, Progress
 
-EVENTS_DB = "events.sqlite"
-"""The embedded event log inside a ledger home (the eventsourcing SQLite store)."""
 
 EVENTS_TABLE = "stored_events"
 """eventsourcing's SQLite application recorder table: (originator_id, originator_version, topic,

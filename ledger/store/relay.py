@@ -48,7 +48,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError, TopicAlreadyExistsError
 
-from ledger.store.embedded import EVENTS_DB
+from ledger.store import EVENTS_DB
 from projections.chain import chain_hash, prev_hash
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,

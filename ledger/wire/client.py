@@ -17,7 +17,7 @@ from urllib.parse import urlencode, urlsplit
 
 import msgspec
 
-from ledger.wire.config import SOCKET_NAME
+from ledger.wire import SOCKET_NAME
 from schemas import api
 from schemas.commands import AnyCommand
 from schemas.errors import ERROR_CODES, InvalidCommand, LedgerError, Unavailable

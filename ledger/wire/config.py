@@ -19,10 +19,6 @@ from schemas.units import Duration, Interval
 
 C = TypeVar("C", bound=msgspec.Struct)
 
-SOCKET_NAME = "gpuledger.sock"
-"""The Unix socket a server listens on in its data directory (unless `socket` says otherwise):
-where the CLI and the jobs on the server's host find it (`ledger.wire.client.local_socket`)."""
-
 
 class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Every key of the config file (all optional)."""

@@ -19,9 +19,9 @@ import pytest
 
 from ledger.core.evolve import fold
 from ledger.core.state import State
+from ledger.store import EVENTS_DB
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
-from ledger.store.embedded import EVENTS_DB
 from schemas import codec
 from schemas import commands as c
 from schemas import events as e
