@@ -142,6 +142,8 @@ _JOB_FILTERS = (
     ("since", "(j.finished_at IS NULL OR j.finished_at >= $since)"),
     ("until", "j.submitted_at <= $until"),
     ("job_id", "j.job_id = $job_id"),
+    ("job_ids", "j.job_id IN (SELECT unnest($job_ids))"),
+    ("before", "j.submitted_position <= $before"),
 )
 
 _JOBS = """WITH page AS (  -- the page first: newest first, over the given filters' columns only
@@ -150,11 +152,8 @@ _JOBS = """WITH page AS (  -- the page first: newest first, over the given filte
 ), top AS (  -- then only the page's rows
     SELECT j.* FROM jobs j
     WHERE j.job_id >= (SELECT min(job_id) FROM page) AND j.job_id IN (SELECT job_id FROM page)
-), iv AS (
-    SELECT job_id, max(start_at) AS last_start_at,
-           list_sort(list_distinct(flatten(
-               list([sl.node FOR sl IN slots]) FILTER (WHERE end_position IS NULL)
-           ))) AS nodes
+), iv AS (  -- its last placement: the GPUs it holds, or held in its last run
+    SELECT job_id, arg_max(slots, start_position) AS slots
     FROM job_intervals
     WHERE job_id IN (SELECT job_id FROM top)
     GROUP BY job_id
@@ -162,32 +161,47 @@ _JOBS = """WITH page AS (  -- the page first: newest first, over the given filte
 SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster,
        CASE WHEN j.status = 'pending' AND j.held THEN 'held' ELSE j.status END AS state,
        j.outcome, j.exit_code, j.funded, j.min_runtime_s, j.resumable, j.priority, j.debug,
-       j.time_limit_s, j.submitted_at, j.placed_at, j.started_at, j.finished_at, j.placements,
-       j.preemptions, coalesce(iv.nodes, []) AS nodes, iv.last_start_at,
-       j.command, j.logs, j.finish_reason
+       j.time_limit_s, j.submitted_at, j.placed_at,
+       CASE WHEN j.status IN ('running', 'finished') THEN j.run_started_at END AS started_at,
+       j.finished_at, j.placements, j.preemptions,
+       CASE WHEN j.status = 'pending' THEN [] ELSE coalesce(iv.slots, []) END AS slots,
+       j.command, j.logs,
+       -- a v1 end said only `failed`; the engine's word then says a time limit or a lost node
+       CASE WHEN j.finish_reason = 'failed' AND j.engine_reason = 'time_limit' THEN 'time_limit'
+            WHEN j.finish_reason = 'failed' AND j.engine_reason = 'node_failure' THEN 'node_lost'
+            ELSE j.finish_reason END AS finish_reason,
+       coalesce(j.finish_note, '') AS finish_note, j.engine_job_id, j.job_name, j.workdir,
+       j.array_job_id, j.array_task_id
 FROM top j LEFT JOIN iv USING (job_id)
 ORDER BY j.job_id DESC
 """
 
 
-def jobs_page(con: Con, f: v.JobFilter, *, job_id: int | None = None) -> list[tuple[Any, ...]]:
-    """The jobs `f` selects (only `job_id` when given), newest first, at most `f.limit`, each as
-    the tuple (job_id, account, user_name, gpus, gpu_type, cluster, state, outcome, exit_code,
-    funded, min_runtime_s, resumable, priority, debug, time_limit_s, submitted_at, placed_at,
-    started_at, finished_at, placements, preemptions, nodes, last_start_at, command, logs,
-    finish_reason): `state` is `held` for a held pending job; `logs` are those of its last
-    start, `finish_reason` the engine's word on how its last run ended (None: no engine said).
-    `since`/`until` select the jobs alive at some moment of [since, until].
+def jobs_page(
+    con: Con, f: v.JobFilter, *, job_id: int | None = None, before: int | None = None
+) -> list[tuple[Any, ...]]:
+    """The jobs `f` selects (only `job_id` when given; only those submitted at or before log
+    position `before` when given), newest first, at most `f.limit`, each as the tuple (job_id,
+    account, user_name, gpus, gpu_type, cluster, state, outcome, exit_code, funded,
+    min_runtime_s, resumable, priority, debug, time_limit_s, submitted_at, placed_at,
+    started_at, finished_at, placements, preemptions, slots, command, logs, finish_reason,
+    finish_note, engine_job_id, job_name, workdir, array_job_id, array_task_id): `state` is
+    `held` for a held pending job; `started_at` the start of its running or last run (None when
+    no process started); `slots` the GPUs it holds or its last run held; `logs` are those of its
+    last start; `finish_reason` the ledger's word on why it ended. `since`/`until` select the
+    jobs alive at some moment of [since, until].
 
     The page is cut first, on the jobs table alone: a filter not given is left out of the
     statement, so the engine reads no column for it and the page without filters is a top-N
-    over one column, whatever the history; only then do the page's rows get their nodes."""
+    over one column, whatever the history; only then do the page's rows get their GPUs."""
     given = {
         "user": f.user,
         "account": f.account.rstrip("/") if f.account else None,
         "since": f.since,
         "until": f.until,
         "job_id": job_id,
+        "job_ids": list(f.job_ids) if f.job_ids is not None else None,
+        "before": before,
     }
     where = [sql for name, sql in _JOB_FILTERS if given[name] is not None]
     params: dict[str, Any] = {k: x for k, x in given.items() if x is not None}

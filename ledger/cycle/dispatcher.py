@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ledger.core.utilisation import UtilTracker
-from ledger.cycle.executor import Executor, Exit, Launch, Observed, Orders
+from ledger.cycle.executor import Executor, Exit, Launch, Observed, Orders, output_files
 from ledger.cycle.inputs import snapshot_from_state
 from ledger.cycle.record import Recorded, record
 from ledger.dispatch.engine import Decision, decide
@@ -277,8 +277,11 @@ class Dispatcher:
         self.carry_out(Orders(launches=tuple(relaunch)), now)
 
     def _launch(self, job_id: int) -> Launch:
+        """A placed job as the engine runs it: its contract, its world (directory, environment,
+        output files with their patterns written out, name, array)."""
         job = self.ledger.state.jobs[job_id]
         spec = job.spec
+        stdout, stderr = output_files(spec, job.slots)
         return Launch(
             job_id,
             job.slots,
@@ -290,6 +293,13 @@ class Dispatcher:
             time_limit_s=spec.time_limit_s,
             grace_s=spec.grace_s,
             debug=spec.debug,
+            workdir=spec.workdir,
+            env=tuple(spec.env.items()),
+            stdout=stdout,
+            stderr=stderr,
+            job_name=spec.job_name,
+            array_job_id=spec.array_job_id,
+            array_task_id=spec.array_task_id,
         )
 
     def _record_idle(self, decision: Decision, now: float) -> bool:

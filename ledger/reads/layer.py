@@ -138,7 +138,7 @@ def redact_event(ev: e.AnyEvent) -> e.AnyEvent:
     """Pure: the event without a job's command, labels or logs (others are returned as they
     are)."""
     if isinstance(ev, e.JobSubmitted):
-        return msgspec.structs.replace(ev, command=(), labels={})
+        return msgspec.structs.replace(ev, command=(), labels={}, env={})
     if isinstance(ev, e.JobStarted):
         return msgspec.structs.replace(ev, logs=())
     return ev
@@ -167,24 +167,28 @@ def _job_rows(rows: list[tuple[Any, ...]], now: float) -> list[v.JobRow]:
     for r in rows:
         (job_id, account_, user, gpus, gpu_type, cluster, status, outcome, exit_code, funded,
          min_runtime_s, resumable, priority, debug, time_limit_s, submitted_at, placed_at,
-         started_at, finished_at, placements, preemptions, nodes, last_start,
-         command, logs, finish_reason) = r  # fmt: skip
-        began = started_at if started_at is not None else last_start
-        if status in ("pending", "held"):
-            began = None  # requeued: its last run is over
+         started_at, finished_at, placements, preemptions, slots, command, logs,
+         finish_reason, finish_note, engine_job_id, job_name, workdir, array_job_id,
+         array_task_id) = r  # fmt: skip
         end = finished_at if status == "finished" else (now if status == "running" else None)
-        elapsed = None if began is None or end is None else max(0.0, end - began)
+        elapsed = None if started_at is None or end is None else max(0.0, end - started_at)
+        gpu_slots = [
+            e.GpuSlot(node=sl["node"], gpu_indices=tuple(sl["gpu_indices"])) for sl in slots
+        ]
         out.append(
             v.JobRow(
                 job_id=job_id, account=account_, user=user, gpus=gpus, gpu_type=gpu_type,
                 cluster=cluster, status=status, outcome=outcome, exit_code=exit_code,
                 funded=funded, min_runtime_s=min_runtime_s, resumable=resumable,
                 priority=priority, debug=debug, time_limit_s=time_limit_s,
-                submitted_at=submitted_at, placed_at=placed_at, started_at=began,
-                finished_at=finished_at, elapsed_s=elapsed, nodes=list(nodes),
-                placements=placements, preemptions=preemptions, command=list(command or []),
-                logs=list(logs or []),
-                finish_reason=(finish_reason or "exited") if status == "finished" else None,
+                submitted_at=submitted_at, placed_at=placed_at, started_at=started_at,
+                finished_at=finished_at, elapsed_s=elapsed,
+                nodes=sorted({sl.node for sl in gpu_slots}), placements=placements,
+                preemptions=preemptions, command=list(command or []), logs=list(logs or []),
+                finish_reason=finish_reason if status == "finished" else None,
+                finish_note=finish_note if status == "finished" else "", slots=gpu_slots,
+                engine_job_id=engine_job_id, job_name=job_name, workdir=workdir,
+                array_job_id=array_job_id, array_task_id=array_task_id,
             )
         )  # fmt: skip
     return out

@@ -84,7 +84,7 @@ class QueueArgs(_Args, frozen=True, kw_only=True):
     """Preview with this policy's defaults instead of the recorded settings."""
     user: str | None = None
     account: str | None = None
-    state: Literal["pending", "held", "all"] = "all"
+    state: Literal["pending", "held", "running", "all"] = "all"
     limit: v.Limit = 50
 
 

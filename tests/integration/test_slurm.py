@@ -227,7 +227,7 @@ def held_twice(events: list[dict[str, Any]]) -> list[tuple[str, int]]:
             clashes += [g for g in gpus if g in holder]
             holder.update(dict.fromkeys(gpus, ev["job_id"]))
             slots[ev["job_id"]] = gpus
-        elif ev["type"] in ("job.preempted.v1", "job.finished.v1"):
+        elif ev["type"] in ("job.preempted.v1", "job.finished.v2"):
             for g in slots.pop(ev["job_id"], []):
                 holder.pop(g, None)
     return clashes
