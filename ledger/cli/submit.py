@@ -24,16 +24,12 @@ import click
 from ledger.cli._common import Ctx, build, pass_ctx
 from ledger.cli.output import echo_json
 from ledger.core.jobs import parse_array, parse_dependency
+from ledger.core.runas import SECRET_NAMES
 from schemas import commands as c
 from schemas.bounds import MAX_ENV_VALUE
 from schemas.errors import InvalidCommand, LedgerError
 from schemas.events import JobFinished, JobSubmitted
 from schemas.units import format_duration, parse_duration, parse_job_time
-
-SECRET_NAMES = r"(?i)(TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL|PRIVATE_KEY|API_KEY|ACCESS_KEY)"
-"""The environment variables the CLI never sends with a job (a server strips its own pattern,
-`secret_env` in serve.toml, too): names that hold tokens, passwords and keys (the caller's own
-`GPULEDGER_TOKEN` first of all). `--export=NAME` of such a name is refused with a note."""
 
 
 def _labels(pairs: tuple[str, ...]) -> dict[str, str]:

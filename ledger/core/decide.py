@@ -639,7 +639,7 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
             **s.kw(),
             job_id=cmd.job_id,
             outcome=outcome,
-            exit_code=cmd.exit_code,
+            exit_code=None if reason == "launch_failed" else cmd.exit_code,  # no process
             reason=reason,
             note=note[:1000],
             ended_at=ended_at,

@@ -505,8 +505,8 @@ def test_a_lost_node_shows_in_every_read_and_the_audit_holds(own: Path) -> None:
     assert (jobs[3]["finish_reason"], jobs[3]["nodes"]) == ("node_lost", ["n0"])
     said = cli(own, "explain", "3").stdout
     assert "is finished (node lost)" in said
-    assert "ended with its node, which was lost (not resumable, so not requeued) (node n0 lost: "
-    "power supply)" in said
+    lost = "ended with its node, which was lost (not resumable, so not requeued)"
+    assert f"{lost} (node n0 lost: power supply)" in said
     again = cli(own, "node", "lost", "n0", "--reason", "x", ok=False)
     assert again.returncode == 1 and "node 'n0' is already lost" in again.stderr
     refused = cli(own, "--as", "dan", "node", "lost", "n1", "--reason", "x", ok=False)

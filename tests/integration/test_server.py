@@ -79,7 +79,7 @@ def test_the_config_file_rejects_unknown_keys_and_flags_override_it(tmp_path: Pa
         return [r["event"] for r in log if r["event"]["type"] == "service.configured.v1"]
 
     (first,) = configured()
-    assert first["policy"] == {"version": "fifo-1"} and first["executor"] == "none"
+    assert first["policy"] == {"version": "fifo-1"} and first["executor"] == "record"
     again = start_server(home, "--config", str(good), log_name="again.log")
     assert again.stop() == 0
     assert len(configured()) == 1

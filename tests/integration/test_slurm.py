@@ -147,7 +147,7 @@ class Ledger:
         self._logs.append(log)
         self.proc = subprocess.Popen(
             [GPULEDGER, "up", "--executor", "slurm", "--partition", self.cluster.partition,
-             "--interval", "0.2s", "--grace", "2s", "--log-level", "INFO"],
+             "--interval", "0.2s", "--grace", "2s", "--log-level", "INFO", "--run-as", "service"],
             env=self.env("root"), stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         self.wait(
