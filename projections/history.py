@@ -144,6 +144,7 @@ _JOB_FILTERS = (
     ("job_id", "j.job_id = $job_id"),
     ("job_ids", "j.job_id IN (SELECT unnest($job_ids))"),
     ("before", "j.submitted_position <= $before"),
+    ("below", "j.job_id < $below"),
 )
 
 _JOBS = """WITH page AS (  -- the page first: newest first, over the given filters' columns only
@@ -178,14 +179,20 @@ ORDER BY j.job_id DESC
 
 
 def jobs_page(
-    con: Con, f: v.JobFilter, *, job_id: int | None = None, before: int | None = None
+    con: Con,
+    f: v.JobFilter,
+    *,
+    job_id: int | None = None,
+    before: int | None = None,
+    below: int | None = None,
 ) -> list[tuple[Any, ...]]:
     """The jobs `f` selects (only `job_id` when given; only those submitted at or before log
     position `before` when given), newest first, at most `f.limit`, each as the tuple (job_id,
     account, user_name, gpus, gpu_type, cluster, state, outcome, exit_code, funded,
     min_runtime_s, resumable, priority, debug, time_limit_s, submitted_at, placed_at,
     started_at, finished_at, placements, preemptions, slots, command, logs, finish_reason,
-    finish_note, engine_job_id, job_name, workdir, array_job_id, array_task_id): `state` is
+    finish_note, engine_job_id, job_name, workdir, array_job_id, array_task_id), with ids
+    below `below` when given (the next page): `state` is
     `held` for a held pending job; `started_at` the start of its running or last run (None when
     no process started); `slots` the GPUs it holds or its last run held; `logs` are those of its
     last start; `finish_reason` the ledger's word on why it ended. `since`/`until` select the
@@ -202,6 +209,7 @@ def jobs_page(
         "job_id": job_id,
         "job_ids": list(f.job_ids) if f.job_ids is not None else None,
         "before": before,
+        "below": below,
     }
     where = [sql for name, sql in _JOB_FILTERS if given[name] is not None]
     params: dict[str, Any] = {k: x for k, x in given.items() if x is not None}
@@ -212,6 +220,37 @@ def jobs_page(
         params["status"] = f.status
     sql = _JOBS.format(where=f"\n    WHERE {' AND '.join(where)}" if where else "")
     return con.execute(sql, {**params, "limit": f.limit}).fetchall()
+
+
+def position_at(con: Con, at: float) -> int | None:
+    """The log position the ledger stood at, at time `at`: the end of the longest prefix of the
+    log whose events all happened at or before `at`; None when no event happened after `at`
+    (the ledger then is the ledger now)."""
+    row = con.execute("SELECT min(position) FROM events WHERE occurred_at > $at", {"at": at})
+    (first_after,) = row.fetchone() or (None,)
+    return None if first_after is None else int(first_after) - 1
+
+
+def changed_after(con: Con, job_ids: Sequence[int], position: int) -> list[int]:
+    """Those of `job_ids` whose row an event after `position` changed."""
+    got = con.execute(
+        "SELECT job_id FROM jobs WHERE job_id IN (SELECT unnest($ids)) AND last_position > $p",
+        {"ids": list(job_ids), "p": position},
+    ).fetchall()
+    return sorted(int(job_id) for (job_id,) in got)
+
+
+def job_records(con: Con, job_ids: Sequence[int], until: int) -> list[tuple[int, str, bytes]]:
+    """The stored records (position, tag, bytes) of these jobs' events up to `until`, in log
+    order: what a projection of them alone as of `until` is built from."""
+    got = con.execute(
+        "SELECT position, tag, raw FROM events WHERE job_id IN (SELECT unnest($ids)) "
+        "AND position <= $until AND known ORDER BY position",
+        {"ids": list(job_ids), "until": until},
+    ).fetchall()
+    return [
+        (int(p), str(t), raw.encode() if isinstance(raw, str) else bytes(raw)) for p, t, raw in got
+    ]
 
 
 def owners(con: Con, job_ids: Sequence[int]) -> dict[int, tuple[str, str]]:

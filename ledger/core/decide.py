@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import TypedDict, cast
 
 import msgspec
 
@@ -613,6 +613,7 @@ _ENDINGS: dict[str, e.FinishReason] = {
     "out_of_memory": "failed",
     "lost": "failed",
     "launch_failed": "launch_failed",
+    "drained": "preempted",
 }
 """How an engine's word for a run's end becomes the job's `FinishReason` (an exit: its code)."""
 _NOTES = {"out_of_memory": "out of memory", "lost": "its run vanished with no exit code"}
@@ -651,14 +652,17 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
             e.JobPreempted(**s.kw(), job_id=cmd.job_id, reason="node_failure", note=note),
             e.JobRequeued(**s.kw(), job_id=cmd.job_id),
         ]
-    if cmd.engine and cmd.reason != "launch_failed":
+    if cmd.reason == "drained":  # as a drained node's jobs leave: a maintenance preemption
+        p = c.Preemption(job_id=cmd.job_id, reason="maintenance", note="its node's agent drained")
+        out = _preemption_events(job, p, None, s)
+    if cmd.engine and cmd.reason not in ("launch_failed", "drained"):
         out.append(
             e.JobEngineEnded(
                 **s.kw(),
                 job_id=cmd.job_id,
                 engine=cmd.engine,
                 engine_job_id=cmd.engine_job_id,
-                reason=cmd.reason,
+                reason=cast(e.EndReason, cmd.reason),  # the engine's words: not the two above
                 engine_state=cmd.engine_state,
                 exit_code=cmd.exit_code,
             )

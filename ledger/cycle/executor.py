@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from ledger.core.jobs import expand_output
-from schemas.events import EndReason, GpuSlot, JobSubmitted
+from schemas.commands import RunEnd
+from schemas.events import GpuSlot, JobSubmitted
 
 if TYPE_CHECKING:
     from ledger.core.state import Node
@@ -113,9 +114,11 @@ class Exit:
     job_id: int
     exit_code: int
     at: float
-    reason: EndReason = "exited"
+    reason: RunEnd = "exited"
     """`exited`: the job ended by itself; `time_limit`: stopped at its limit; `lost`: its
-    process vanished with no exit code recorded; others as the engine says (Slurm)."""
+    process vanished with no exit code recorded; `drained`: stopped by its node's agent on the
+    way out (the ledger requeues it when resumable); `launch_failed`: it could not be started;
+    others as the engine says (Slurm)."""
     engine_job_id: str = ""
     """The engine's id of the run (Slurm job id); empty for engines that do not name runs."""
     engine_state: str = ""

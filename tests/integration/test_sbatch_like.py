@@ -284,3 +284,57 @@ def test_time_takes_every_slurm_form(tmp_path: Path, given: str, want_s: int) ->
     (row,) = json.loads(cli(home, "jobs", "--json", GPULEDGER_USER="root").stdout)
     assert row["time_limit_s"] == want_s
     assert row["min_runtime_s"] == min(want_s, 8 * 3600)  # a contract never outlives the limit
+
+
+def test_at_shows_the_ledger_as_it_was_or_is_refused(tmp_path: Path) -> None:
+    """`jobs --at T`: jobs submitted after T do not exist, the others are as they were at T;
+    the live reads (queue, explain, squatters) refuse a T before the last event, with one
+    line, and preview a T after it."""
+    home = ledger_home(tmp_path)
+    run = ("--", "true")
+    cli(home, "submit", "-A", "ai2/olmo", "-G", "1", *run, GPULEDGER_USER=USER)
+    log = json.loads(cli(home, "log", "--json", GPULEDGER_USER="root").stdout)
+    first_at = log[-1]["at"]
+    cli(home, "cancel", "1", GPULEDGER_USER=USER)
+    cli(home, "submit", "-A", "ai2/olmo", "-G", "1", *run, GPULEDGER_USER=USER)
+
+    def jobs(*args: str) -> dict[int, dict[str, Any]]:
+        out = cli(home, "jobs", "--json", *args, GPULEDGER_USER="root").stdout
+        return {r["job_id"]: r for r in json.loads(out)}
+
+    now = jobs()
+    assert (now[1]["status"], now[2]["status"]) == ("finished", "pending")
+    then = jobs("--at", str(first_at))
+    assert list(then) == [1] and then[1]["status"] == "pending"  # not yet cancelled
+    assert then[1]["finish_reason"] is None
+    assert list(jobs("--at", str(first_at), "--status", "finished")) == []
+    assert list(jobs("--at", str(first_at - 3600))) == []  # before anything was submitted
+    later = jobs("--at", "2100-01-01T00:00:00")
+    assert later.keys() == now.keys()
+    for read in (["queue"], ["explain", "1"], ["squatters"]):
+        proc = cli(home, *read, "--at", str(first_at), ok=False, GPULEDGER_USER="root")
+        _one_line_refusal(proc, "the ledger has moved since")
+        cli(home, *read, "--at", "2100-01-01T00:00:00", GPULEDGER_USER="root")
+
+
+def test_serve_without_an_executor_places_nothing_and_says_so(tmp_path: Path) -> None:
+    home = ledger_home(tmp_path)
+    server = start_server(home, "--executor", "none", "--interval", "0.2s")
+    try:
+        token = make_token(home, "--user", USER)
+        env = {"GPULEDGER_URL": server.url, "GPULEDGER_TOKEN": token}
+        cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "--", "true", **env)
+
+        def cycles() -> int:
+            code, body = server.request("GET", "/v1/health")
+            assert code == 200 and body["executor"] == "none" and body["placing"] is False
+            return int(body["cycles"])
+
+        wait_for("ten cycles", lambda: cycles() >= 10, 60, lambda: server.log_path.read_text())
+        (row,) = json.loads(cli(home, "jobs", "--json", **env).stdout)
+        assert row["status"] == "pending" and row["placements"] == 0
+        status = cli(home, "status", **env).stdout
+        assert "executor      none: nothing is placed, jobs wait" in status
+        assert "jobs run as   no job runs here" in status
+    finally:
+        assert server.stop() == 0
