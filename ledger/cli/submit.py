@@ -26,10 +26,12 @@ from ledger.cli.output import echo_json
 from ledger.core.jobs import parse_array, parse_dependency
 from ledger.core.runas import SECRET_NAMES
 from schemas import commands as c
-from schemas.bounds import MAX_ENV_VALUE
+from schemas.bounds import ENV_NAME_PATTERN, MAX_ENV_VALUE
 from schemas.errors import InvalidCommand, LedgerError
 from schemas.events import JobFinished, JobSubmitted
 from schemas.units import format_duration, parse_duration, parse_job_time
+
+ENV_NAME = re.compile(ENV_NAME_PATTERN)
 
 
 def _labels(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -160,10 +162,13 @@ def _merged(ctx: click.Context, options: list[str], name: str) -> dict[str, Any]
 
 def environment(
     export: str, environ: Mapping[str, str], secret: str = SECRET_NAMES
-) -> tuple[dict[str, str], list[str]]:
+) -> tuple[dict[str, str], list[str], list[str]]:
     """Pure: the job's environment as sbatch's `--export` says (`ALL`, `NONE`, `NAME,...`,
-    `ALL,NAME=value,...`), without the names that match `secret`; and the names asked for by
-    name that `secret` left out."""
+    `ALL,NAME=value,...`), without the names that match `secret`; the names asked for by name
+    that `secret` left out; and the variables `ALL` leaves out because no job could be given
+    them as they are (a shell's exported functions, `BASH_FUNC_module%%` of environment
+    modules, whose names are no variable names; a NUL; a value over the bound). A variable
+    named on its own must be sendable, or it is one error."""
     pattern = re.compile(secret)
     parts = [p.strip() for p in export.split(",") if p.strip()]
     if not parts:
@@ -171,7 +176,16 @@ def environment(
     everything = parts[0].upper() == "ALL"
     if parts[0].upper() in ("ALL", "NONE"):
         parts = parts[1:]
-    env = {k: v for k, v in environ.items() if not pattern.search(k)} if everything else {}
+    env: dict[str, str] = {}
+    unsendable: list[str] = []
+    if everything:
+        for key, value in environ.items():
+            if pattern.search(key):
+                continue
+            if _sendable(key, value):
+                env[key] = value
+            else:
+                unsendable.append(key)
     left: list[str] = []
     for part in parts:
         key, eq, value = part.partition("=")
@@ -182,14 +196,21 @@ def environment(
             env[key] = value
         elif key in environ:
             env[key] = environ[key]
-    long = sorted(k for k, v in env.items() if len(v) > MAX_ENV_VALUE)
-    if long:
-        raise InvalidCommand(
-            f"environment variable {long[0]} is {len(env[long[0]])} characters; at most "
-            f"{MAX_ENV_VALUE} are sent",
-            hint=f"unset it or leave it out: --export=NONE or --export=NAME,... ({len(long)} such)",
-        )
-    return env, left
+        if key in env and not _sendable(key, env[key]):
+            raise InvalidCommand(
+                f"environment variable {key[:64]!r} cannot be sent: "
+                + (
+                    f"its value is {len(env[key])} characters (at most {MAX_ENV_VALUE})"
+                    if len(env[key]) > MAX_ENV_VALUE
+                    else "it is no variable name or its value holds a NUL"
+                ),
+                hint="leave it out of --export",
+            )
+    return env, left, sorted(unsendable)
+
+
+def _sendable(name: str, value: str) -> bool:
+    return bool(ENV_NAME.fullmatch(name)) and len(value) <= MAX_ENV_VALUE and "\x00" not in value
 
 
 def workdir(chdir: str | None) -> str:
@@ -282,11 +303,18 @@ def submit(ctx: Ctx, /, **given: Any) -> None:
 
 def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
     """The SubmitJob the options say, built through its bounded type."""
-    env, left = environment(g["export"], os.environ)
+    env, left, unsendable = environment(g["export"], os.environ)
     if left:
         click.echo(
             f"note: not sent (names that hold secrets): {', '.join(left)}; pass them to the "
             "job another way (a file only you can read)",
+            err=True,
+        )
+    if unsendable:
+        shown = ", ".join(n[:64] for n in unsendable[:8]) + (" ..." if len(unsendable) > 8 else "")
+        click.echo(
+            f"note: --export=ALL left out {len(unsendable)} variable(s) no job can be given "
+            f"as they are (shell functions, values over {MAX_ENV_VALUE} characters): {shown}",
             err=True,
         )
     tasks, limit = parse_array(g["array"]) if g["array"] else ((), None)

@@ -85,7 +85,7 @@ def _world(cmd: c.SubmitJob) -> dict[str, Any]:
         check_pattern(pattern, flag)
     size = 0
     for name, value in cmd.env.items():
-        if not _ENV_NAME.match(name):
+        if not _ENV_NAME.fullmatch(name):
             raise InvalidCommand(
                 f"invalid environment variable name {name[:64]!r}",
                 hint="names are letters, digits and '_', not starting with a digit",

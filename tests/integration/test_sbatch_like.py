@@ -286,6 +286,28 @@ def test_time_takes_every_slurm_form(tmp_path: Path, given: str, want_s: int) ->
     assert row["min_runtime_s"] == min(want_s, 8 * 3600)  # a contract never outlives the limit
 
 
+def test_a_shell_with_exported_functions_submits_and_its_world_is_recorded(
+    tmp_path: Path,
+) -> None:
+    """A researcher's shell under environment modules exports `BASH_FUNC_module%%`: `--export`
+    ALL leaves it out with a note (it is no variable name), sends the rest, never a secret."""
+    home = ledger_home(tmp_path)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    funcs = {"BASH_FUNC_module%%": "() {  eval $($LMOD_CMD bash $*)\n}"}
+    proc = cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "-J", "train", "--", "python",
+               "train.py", cwd=proj, GPULEDGER_USER=USER, MY_VAR="7", HF_TOKEN="hf_x",
+               **funcs)  # fmt: skip
+    assert "left out 1 variable(s)" in proc.stderr and "BASH_FUNC_module%%" in proc.stderr
+    log = json.loads(cli(home, "log", "--json", GPULEDGER_USER="root").stdout)
+    (sub,) = [r["event"] for r in log if r["event"] and r["event"]["type"] == "job.submitted.v2"]
+    assert sub["env"]["MY_VAR"] == "7" and "BASH_FUNC_module%%" not in sub["env"]
+    assert "HF_TOKEN" not in sub["env"] and "hf_x" not in json.dumps(log)
+    assert (sub["workdir"], sub["job_name"], sub["stdout"]) == (
+        str(proj), "train", "gpuledger-%j.out"
+    )  # fmt: skip
+
+
 def test_at_shows_the_ledger_as_it_was_or_is_refused(tmp_path: Path) -> None:
     """`jobs --at T`: jobs submitted after T do not exist, the others are as they were at T;
     the live reads (queue, explain, squatters) refuse a T before the last event, with one

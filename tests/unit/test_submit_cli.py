@@ -60,14 +60,22 @@ def test_an_sbatch_option_it_does_not_understand_is_refused_by_name(line: str, w
 def test_the_environment_is_what_export_says_without_secrets() -> None:
     environ = {"PATH": "/bin", "MY_VAR": "1", "GPULEDGER_TOKEN": "glt_x", "HF_TOKEN": "t",
                "DB_PASSWORD": "p", "AWS_SECRET_ACCESS_KEY": "k"}  # fmt: skip
-    assert environment("ALL", environ) == ({"PATH": "/bin", "MY_VAR": "1"}, [])
-    assert environment("NONE", environ) == ({}, [])
-    assert environment("MY_VAR,EXTRA=2", environ) == ({"MY_VAR": "1", "EXTRA": "2"}, [])
-    assert environment("ALL,MY_VAR=3", environ) == ({"PATH": "/bin", "MY_VAR": "3"}, [])
-    assert environment("MY_VAR,HF_TOKEN", environ) == ({"MY_VAR": "1"}, ["HF_TOKEN"])
-    assert environment("ALL", environ, secret="^$") == (environ, [])  # a site's own pattern
-    with pytest.raises(InvalidCommand, match="environment variable BIG is 20000 characters"):
-        environment("ALL", {"BIG": "x" * 20_000})
+    assert environment("ALL", environ) == ({"PATH": "/bin", "MY_VAR": "1"}, [], [])
+    assert environment("NONE", environ) == ({}, [], [])
+    assert environment("MY_VAR,EXTRA=2", environ) == ({"MY_VAR": "1", "EXTRA": "2"}, [], [])
+    assert environment("ALL,MY_VAR=3", environ) == ({"PATH": "/bin", "MY_VAR": "3"}, [], [])
+    assert environment("MY_VAR,HF_TOKEN", environ) == ({"MY_VAR": "1"}, ["HF_TOKEN"], [])
+    assert environment("ALL", environ, secret="^$") == (environ, [], [])  # a site's own pattern
+    # what no job can be given as it is: ALL leaves it out and says so; named, it is an error
+    modules = {"PATH": "/bin", "BASH_FUNC_module%%": "() {  eval x\n}", "BIG": "x" * 20_000,
+               "NUL": "a\x00b", "A\n": "1"}  # fmt: skip
+    assert environment("ALL", modules) == (
+        {"PATH": "/bin"}, [], ["A\n", "BASH_FUNC_module%%", "BIG", "NUL"]
+    )  # fmt: skip
+    with pytest.raises(InvalidCommand, match="variable 'BIG' cannot be sent: its value is 20000"):
+        environment("PATH,BIG", modules)
+    with pytest.raises(InvalidCommand, match="'BASH_FUNC_module%%' cannot be sent: it is no"):
+        environment("NONE,BASH_FUNC_module%%", modules)
     with pytest.raises(InvalidCommand, match="--export is empty"):
         environment(",", environ)
 
