@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 import itertools
+import typing
+from pathlib import Path
 
 import pytest
 
-from ledger.cli.submit import directives, environment
+from ledger.cli.submit import SBATCH, directives, environment
 from ledger.core.decide import decide
 from ledger.core.evolve import evolve
 from ledger.core.state import State
@@ -18,6 +20,7 @@ from ledger.dispatch.registry import build
 from ledger.reads.preview import estimated_starts
 from schemas import commands as c
 from schemas.errors import InvalidCommand
+from schemas.events import FinishReason
 
 SCRIPT = """#!/bin/bash
 # a comment
@@ -103,3 +106,12 @@ def test_the_estimate_counts_the_jobs_the_next_cycle_places() -> None:
     decision = dispatch(snap, build("fifo"), now)
     starts = estimated_starts(state, snap, decision, now)
     assert starts == {1: now, 2: now + 3600, 3: now + 7200, 4: now + 10800, 5: None}
+
+
+def test_the_slurm_users_page_names_every_sbatch_option_and_finish_reason() -> None:
+    """docs/slurm-users.md is the list a Slurm user reads: every `#SBATCH` option `submit`
+    takes and every `finish_reason` is on it."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "slurm-users.md").read_text()
+    missing = [o for o in SBATCH if f"`{o}" not in page and f" {o}" not in page]
+    missing += [r for r in typing.get_args(FinishReason) if f"`{r}`" not in page]
+    assert not missing, missing
