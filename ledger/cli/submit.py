@@ -142,6 +142,18 @@ def _script(command: tuple[str, ...]) -> tuple[Path, str] | None:
     return (path, text) if text.startswith("#!") else None
 
 
+def interpreter(text: str, name: str) -> tuple[str, ...]:
+    """Pure: the program a script's `#!` line names and its one optional argument, as the
+    kernel reads it (`#!/usr/bin/env python3` is `/usr/bin/env`, `python3`)."""
+    words = text.splitlines()[0][2:].strip().split(None, 1)
+    if not words or not words[0].startswith("/"):
+        raise InvalidCommand(
+            f"{name}: its #! line names no interpreter by an absolute path",
+            hint="start it with #!/bin/bash (or #!/usr/bin/env python3, ...)",
+        )
+    return tuple(words)
+
+
 def _merged(ctx: click.Context, options: list[str], name: str) -> dict[str, Any]:
     """The command line's values, with the script's options where the command line gave
     none (sbatch's precedence)."""
@@ -278,7 +290,10 @@ def submit(ctx: Ctx, /, **given: Any) -> None:
     if script is not None:
         path, text = script
         given = _merged(here, directives(text, path.name), path.name)
-        given["command"] = (os.path.abspath(path), *given["command"][1:])
+        # run as sbatch runs it: through its #! line's interpreter (no execute bit needed)
+        given["command"] = (*interpreter(text, path.name), os.path.abspath(path),
+                            *given["command"][1:])  # fmt: skip
+        given["job_name"] = given["job_name"] or path.name  # sbatch's default name
     if not given["account_path"] or given["gpus"] is None:
         missing = "-A/--account" if not given["account_path"] else "-G/--gpus"
         raise InvalidCommand(f"missing {missing}", hint="give it, or put it on a #SBATCH line")

@@ -286,6 +286,32 @@ def test_time_takes_every_slurm_form(tmp_path: Path, given: str, want_s: int) ->
     assert row["min_runtime_s"] == min(want_s, 8 * 3600)  # a contract never outlives the limit
 
 
+def test_a_batch_script_runs_through_its_interpreter_as_sbatch_runs_it(
+    served: Served, tmp_path: Path
+) -> None:
+    """`submit train.sh first`: a script without the execute bit (sbatch needs none) runs
+    through its #! line's interpreter, as its owner, with its arguments, its #SBATCH options
+    and the name sbatch would give it."""
+    pw = os_user()
+    script = Path(pw.pw_dir) / f"train-{tmp_path.name}.sh"
+    out = Path(pw.pw_dir) / f"ran-{tmp_path.name}"
+    script.write_text(f'#!/bin/sh\n#SBATCH -t 5\necho "$0 $1 $(id -u)" > {out}\n')
+    os.chown(script, pw.pw_uid, pw.pw_gid)
+    script.chmod(0o644)
+    try:
+        job = served.submit(str(script), "first")
+        row = served.wait("the script runs", job, "finished")
+        assert (row["finish_reason"], row["time_limit_s"], row["job_name"]) == (
+            "completed", 300, script.name
+        )  # fmt: skip
+        assert row["command"] == ["/bin/sh", str(script), "first"]
+        assert out.read_text().split() == [str(script), "first", str(pw.pw_uid)]
+        assert out.stat().st_uid == pw.pw_uid
+    finally:
+        script.unlink()
+        out.unlink(missing_ok=True)
+
+
 def test_a_shell_with_exported_functions_submits_and_its_world_is_recorded(
     tmp_path: Path,
 ) -> None:

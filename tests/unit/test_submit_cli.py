@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.cli.submit import SBATCH, directives, environment
+from ledger.cli.submit import SBATCH, directives, environment, interpreter
 from ledger.core.decide import decide
 from ledger.core.evolve import evolve
 from ledger.core.state import State
@@ -115,3 +115,14 @@ def test_the_slurm_users_page_names_every_sbatch_option_and_finish_reason() -> N
     missing = [o for o in SBATCH if f"`{o}" not in page and f" {o}" not in page]
     missing += [r for r in typing.get_args(FinishReason) if f"`{r}`" not in page]
     assert not missing, missing
+
+
+def test_a_script_runs_through_its_interpreter_as_the_kernel_reads_it() -> None:
+    assert interpreter("#!/bin/bash\necho", "a.sh") == ("/bin/bash",)
+    assert interpreter("#! /usr/bin/env python3\n", "a.py") == ("/usr/bin/env", "python3")
+    assert interpreter("#!/usr/bin/env -S python3 -u\n", "a.py") == (
+        "/usr/bin/env", "-S python3 -u"
+    )  # fmt: skip
+    for bad in ("#!\n", "#!bash\n"):
+        with pytest.raises(InvalidCommand, match="names no interpreter by an absolute path"):
+            interpreter(bad, "a.sh")
