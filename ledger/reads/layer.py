@@ -11,7 +11,7 @@ from the projection's read models, never from the folded write-side `State`; the
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeGuard
 
 import msgspec
 
@@ -130,17 +130,25 @@ class Viewer(NamedTuple):
 
 
 def redact(row: v.JobRow) -> v.JobRow:
-    """Pure: the job without what only its owner, managers and admins see."""
-    return msgspec.structs.replace(row, command=[], logs=[], redacted=True)
+    """Pure: the job without what only its owner, managers and admins see: its command, where
+    it runs and writes (directory, logs), and why its launch failed (which names its paths)."""
+    note = "" if row.finish_reason == "launch_failed" else row.finish_note
+    return msgspec.structs.replace(
+        row, command=[], logs=[], workdir="", finish_note=note, redacted=True
+    )
 
 
 def redact_event(ev: e.AnyEvent) -> e.AnyEvent:
-    """Pure: the event without a job's command, labels or logs (others are returned as they
-    are)."""
+    """Pure: the event without a job's command, labels, environment, directory, output files,
+    logs or launch failure's words (others are returned as they are)."""
     if isinstance(ev, e.JobSubmitted):
-        return msgspec.structs.replace(ev, command=(), labels={}, env={})
+        return msgspec.structs.replace(
+            ev, command=(), labels={}, env={}, workdir="", stdout="", stderr=""
+        )
     if isinstance(ev, e.JobStarted):
         return msgspec.structs.replace(ev, logs=())
+    if isinstance(ev, e.JobFinished) and ev.reason == "launch_failed":
+        return msgspec.structs.replace(ev, note="")
     return ev
 
 
@@ -277,7 +285,7 @@ def log(store: Store, f: v.LogFilter, viewer: Viewer | None) -> list[v.LogEntry]
         else x
         for x in out
     ]
-    owners = {x.event.job_id: ("", "") for x in out if isinstance(x.event, e.JobStarted)}
+    owners = {x.event.job_id: ("", "") for x in out if _private(x.event)}
     owners.update(
         {
             x.event.job_id: (x.event.user, x.event.account)
@@ -291,10 +299,17 @@ def log(store: Store, f: v.LogFilter, viewer: Viewer | None) -> list[v.LogEntry]
     hidden = {job_id for job_id, (u, a) in owners.items() if not viewer.sees(u, a)}
     return [
         msgspec.structs.replace(x, event=redact_event(x.event), redacted=True)
-        if isinstance(x.event, e.JobSubmitted | e.JobStarted) and x.event.job_id in hidden
+        if _private(x.event) and x.event.job_id in hidden
         else x
         for x in out
     ]
+
+
+def _private(ev: e.AnyEvent | None) -> TypeGuard[e.JobSubmitted | e.JobStarted | e.JobFinished]:
+    """A job's event `redact_event` takes something out of."""
+    return isinstance(ev, e.JobSubmitted | e.JobStarted) or (
+        isinstance(ev, e.JobFinished) and ev.reason == "launch_failed"
+    )
 
 
 # --- fair share, usage, delivered --------------------------------------------------------------

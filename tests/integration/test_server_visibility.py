@@ -88,11 +88,16 @@ def test_only_the_owner_managers_above_and_admins_see_a_jobs_command_over_http(
         assert submitted["event"]["labels"] == {"run": "olmo-7"}
         assert started["event"]["logs"] == job["logs"]
         assert not submitted["redacted"] and not started["redacted"]
+        assert job["workdir"] and submitted["event"]["workdir"] == job["workdir"]
+        assert submitted["event"]["stdout"] == "gpuledger-%j.out"
     else:
         assert (job["command"], job["logs"], job["redacted"]) == ([], [], True)
         assert submitted["redacted"] and started["redacted"]
         assert submitted["event"]["command"] == [] and submitted["event"]["labels"] == {}
         assert started["event"]["logs"] == []
+        # where it runs and writes is as private as its command and logs
+        assert job["workdir"] == "" and submitted["event"]["workdir"] == ""
+        assert (submitted["event"]["stdout"], submitted["event"]["env"]) == ("", {})
         assert (submitted["event"]["user"], submitted["event"]["account"]) == (
             "alice",
             "ai2/olmo",
