@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ledger.reads.explain import explain_history, explain_pending
-from ledger.reads.layer import utilisation
+from ledger.reads.layer import Viewer, redact_event, utilisation
 from schemas import events as e
 from schemas import views as v
 from schemas.errors import UnknownEntity
@@ -420,14 +420,18 @@ def explain(
     policy: Policy,
     now: float,
     preview: tuple[Snapshot, Decision] | None = None,
+    viewer: Viewer | None = None,
 ) -> v.ExplainView:
     """Why a job is pending, placed where it is, or was preempted: structured, and in words.
-    `preview`: `live(...)` at `now` when the caller already holds it."""
+    `preview`: `live(...)` at `now` when the caller already holds it. `viewer`: who reads; a
+    job whose private parts they may not see is told from its `redact_event`ed history."""
     state = ledger.state
     history = _history(store, job_id)
     job = state.jobs.get(job_id) or job_from_history(job_id, history)
     if job is None:
         raise UnknownEntity(f"no job {job_id}", hint="see `gpuledger jobs`", job_id=job_id)
+    if viewer is not None and not viewer.sees(job.spec.user, job.spec.account):
+        history = [redact_event(ev) for ev in history]
     decisions = _decisions(store, history)
     told = explain_history(job, history, decisions, now)
     events = [

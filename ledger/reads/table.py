@@ -228,7 +228,10 @@ def _explain(h: Handles, a: ExplainArgs) -> v.ExplainView:
 
     policy = registry.build(a.policy or h.ledger.state.policy)
     now, preview = _preview(h, a)
-    return previews.explain(h.ledger, h.store(), a.job_id, policy, now, preview)
+    from ledger.reads import layer as reads
+
+    viewer = reads.Viewer(h.viewer, h.ledger.state)
+    return previews.explain(h.ledger, h.store(), a.job_id, policy, now, preview, viewer)
 
 
 def _squatters(h: Handles, a: SquattersArgs) -> list[v.SquatterRow]:
@@ -322,7 +325,7 @@ READS: dict[str, ReadSpec] = {
     "delivered": _spec("report/delivered", DeliveredArgs, _delivered, v.DeliveredView),
     "queue": _spec("queue", QueueArgs, _queue, list[v.QueueRow]),
     "priority": _spec("priority", QueueArgs, _priority, list[v.PriorityRow]),
-    "explain": _spec("explain", ExplainArgs, _explain, v.ExplainView),
+    "explain": _spec("explain", ExplainArgs, _explain, v.ExplainView, personal=True),
     "squatters": _spec("squatters", SquattersArgs, _squatters, list[v.SquatterRow]),
     "projection": _spec("projection", NoArgs, _projection_status, v.ProjectionStatusView),
     "audit_preemptions": _spec(

@@ -182,6 +182,14 @@ def test_a_job_that_reaches_the_engine_without_an_account_fails_its_launch(
         assert "'ghost' has no OS account here" in row["finish_note"]
         said = s.cli("root", "explain", "1").stdout
         assert "is finished (launch failed)" in said and "could not be started" in said
+        assert "has no OS account" in said
+        # a teammate who manages nothing sees that it failed, not the words (they name paths)
+        other = s.cli(USER, "explain", "1").stdout
+        assert "could not be started" in other and "has no OS account" not in other
+        (row,) = [r for r in json.loads(s.cli(USER, "jobs", "--json").stdout) if r["job_id"] == 1]
+        assert (row["finish_reason"], row["finish_note"], row["redacted"]) == (
+            "launch_failed", "", True
+        )  # fmt: skip
         assert not marker.exists()
     finally:
         s.server.stop()
