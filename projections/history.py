@@ -142,7 +142,11 @@ _JOB_FILTERS = (
     ("since", "(j.finished_at IS NULL OR j.finished_at >= $since)"),
     ("until", "j.submitted_at <= $until"),
     ("job_id", "j.job_id = $job_id"),
-    ("job_ids", "j.job_id IN (SELECT unnest($job_ids))"),
+    # sacct -j: these jobs, and every task of the arrays whose ids they are
+    (
+        "job_ids",
+        "(j.job_id IN (SELECT unnest($job_ids)) OR j.array_job_id IN (SELECT unnest($job_ids)))",
+    ),
     ("before", "j.submitted_position <= $before"),
     ("below", "j.job_id < $below"),
 )

@@ -51,11 +51,12 @@ class JobFilter(_View, frozen=True, kw_only=True):
     the others are as they were then, running jobs' elapsed time measured then."""
     job_ids: (
         Annotated[
-            list[Annotated[int, msgspec.Meta(ge=1, le=2**53)]], msgspec.Meta(max_length=1_000)
+            tuple[Annotated[int, msgspec.Meta(ge=1, le=2**53)], ...],
+            msgspec.Meta(max_length=1_000),
         ]
         | None
     ) = None
-    """Only these jobs (sacct's -j)."""
+    """Only these jobs, and every task of an array whose id is among them (sacct's -j)."""
 
 
 class QueueFilter(_View, frozen=True, kw_only=True):

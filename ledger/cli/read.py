@@ -58,7 +58,11 @@ def node_list(rows: list[NodeRow]) -> None:
 @click.option("--until", "-E", default=None, help="Jobs submitted at or before this time.")
 @click.option("--limit", type=int, default=200, show_default=True)
 @click.option(
-    "--jobs", "-j", "job_ids", default=None, help="Only these jobs: ID[,ID...] (like sacct -j)."
+    "--jobs",
+    "-j",
+    "job_ids",
+    default=None,
+    help="Only these jobs: ID[,ID...]; an array's id: all its tasks (like sacct -j).",
 )
 @click.option(
     "--at", default=None, help="The jobs as they were at this moment (default now; ISO 8601)."
@@ -115,12 +119,12 @@ def jobs(
     print_table(header, rows)
 
 
-def _ids(text: str) -> list[int]:
+def _ids(text: str) -> tuple[int, ...]:
     """`-j 5,6,7` as job ids; one clear error for anything else."""
     parts = [x.strip() for x in text.split(",") if x.strip()]
     if not parts or not all(x.isdigit() for x in parts):
         raise InvalidCommand(f"invalid --jobs {text!r}", hint="use job ids: -j 5 or -j 5,6,7")
-    return [int(x) for x in parts]
+    return tuple(int(x) for x in parts)
 
 
 def _summary(ev: Any) -> str:

@@ -208,7 +208,7 @@ def _rebuilt(records: list[tuple[int, str, bytes]]) -> list[tuple[Any, ...]]:
     with Store(":memory:") as scratch:
         Projector(scratch, ListSource([LogRecord(*r) for r in records])).catch_up()
         ids = sorted({r[0] for r in scratch.con.execute("SELECT job_id FROM jobs").fetchall()})
-        return jobs_page(scratch.con, v.JobFilter(job_ids=ids, limit=max(1, len(ids))))
+        return jobs_page(scratch.con, v.JobFilter(job_ids=tuple(ids), limit=max(1, len(ids))))
 
 
 def _kept(row: tuple[Any, ...], f: v.JobFilter) -> bool:

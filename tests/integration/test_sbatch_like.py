@@ -236,6 +236,7 @@ def test_an_arrays_limit_is_never_exceeded_and_a_chain_runs_in_order(
     served: Served, tmp_path: Path
 ) -> None:
     go = Path(os_user().pw_dir) / f"go-{tmp_path.name}"  # where the job's user can look
+    go.unlink(missing_ok=True)  # left by an earlier run that failed
     wait = f"while [ ! -e {go} ]; do sleep 0.2; done"
     first = served.submit("--array=0-5%2", "--", "sh", "-c", wait)
     a = served.submit("--", "sh", "-c", wait)
@@ -258,6 +259,13 @@ def test_an_arrays_limit_is_never_exceeded_and_a_chain_runs_in_order(
     for job in [*range(first, first + 6), a, b, c]:
         row = served.wait("everything ends", job, "finished", 120)
         assert row["finish_reason"] == "completed", row
+    # sacct -j ARRAY_ID: every task of the array; a task's own id: that task
+    listed = json.loads(served.cli(USER, "jobs", "-j", f"{first},{a}", "--json").stdout)
+    assert sorted(r["job_id"] for r in listed) == [*range(first, first + 6), a]
+    listed = json.loads(served.cli(USER, "jobs", "-j", str(first + 2), "--json").stdout)
+    assert [(r["job_id"], r["array_job_id"], r["array_task_id"]) for r in listed] == [
+        (first + 2, first, 2)
+    ]
     holding: set[int] = set()
     most = 0
     placed: dict[int, int] = {}
