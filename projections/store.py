@@ -23,7 +23,7 @@ from projections.errors import ProjectionBusy, ProjectionError, ProjectionOutdat
 
 PROJECTION = "ledger"
 log = logging.getLogger("gpuledger.projection")
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 PROJECTIONS_DIR = "projections"
 
 

@@ -38,8 +38,8 @@ from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Sa
 from ledger.store.clock import new_token_secret
 from schemas import agent as a
 from schemas import commands as c
+from schemas.commands import RunEnd
 from schemas.errors import InvalidCommand, InvalidTransition
-from schemas.events import EndReason
 
 if TYPE_CHECKING:
     from ledger.core.state import Node
@@ -109,7 +109,7 @@ class _Run:
     run: int
     nodes: tuple[str, ...]
     started: dict[str, str] = field(default_factory=dict)
-    exits: dict[str, tuple[int, EndReason]] = field(default_factory=dict)
+    exits: dict[str, tuple[int, RunEnd]] = field(default_factory=dict)
     samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
     start_reported: bool = False
     exit_reported: bool = False

@@ -151,7 +151,8 @@ class Client:
 
     def get(self, path: str, query: dict[str, Any] | None = None, type: Any = Any) -> Any:
         q = {k: v for k, v in (query or {}).items() if v is not None}
-        data = self.request("GET", f"/v1/{path}" + (f"?{urlencode(q)}" if q else ""))
+        # a list is the parameter repeated (?job_ids=1&job_ids=7), as the server reads it
+        data = self.request("GET", f"/v1/{path}" + (f"?{urlencode(q, doseq=True)}" if q else ""))
         return msgspec.json.decode(data, type=type)
 
     def post(self, path: str, body: Any, type: Any = Any) -> Any:

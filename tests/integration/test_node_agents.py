@@ -201,7 +201,7 @@ def held_twice(events: list[dict[str, Any]]) -> list[tuple[str, int]]:
             gpus = [(s["node"], i) for s in ev["slots"] for i in s["gpu_indices"]]
             clashes += [g for g in gpus if g in holder]
             holder.update(dict.fromkeys(gpus, ev["job_id"]))
-        elif ev["type"] in ("job.finished.v1", "job.preempted.v1"):
+        elif ev["type"] in ("job.finished.v2", "job.preempted.v1"):
             holder = {g: j for g, j in holder.items() if j != ev["job_id"]}
     return clashes
 

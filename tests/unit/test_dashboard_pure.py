@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from ledger.core.decide import decide
@@ -128,9 +129,19 @@ def test_redact_drops_the_command_and_logs_only() -> None:
         resumable=False, priority=0, debug=False, time_limit_s=None, submitted_at=1.0,
         placed_at=2.0, started_at=2.0, finished_at=None, elapsed_s=1.0, nodes=["n1"],
         placements=1, preemptions=0, command=["python", "secret.py"], logs=["/logs/1.out"],
+        workdir="/home/alice/secret-proj", job_name="train",
     )  # fmt: skip
     hidden = redact(row)
     assert hidden.command == [] and hidden.logs == [] and hidden.redacted
+    assert (hidden.workdir, hidden.job_name) == ("", "train")  # its name is public, as in squeue
+    failed = msgspec.structs.replace(
+        row, status="finished", finish_reason="launch_failed", finish_note="cannot enter /home/a"
+    )
+    assert redact(failed).finish_note == ""
+    lost = msgspec.structs.replace(
+        row, status="finished", finish_reason="node_lost", finish_note="node n1 lost: psu"
+    )
+    assert redact(lost).finish_note == "node n1 lost: psu"
     assert (hidden.job_id, hidden.user, hidden.nodes, hidden.status) == (
         1,
         "alice",
