@@ -86,6 +86,15 @@ class Part(PartRun, frozen=True, kw_only=True):
     job_token: Token = ""
     """The job's own token (`GPULEDGER_JOB_TOKEN`), minted at placement; "" when the server
     no longer holds it (a restart: the part was launched before)."""
+    workdir: Arg = ""
+    """Where the job starts ("": the agent's default, the run's own directory)."""
+    env: Annotated[tuple[tuple[Arg, Arg], ...], msgspec.Meta(max_length=4_096)] = ()
+    """The job's environment as submitted; the agent adds the ledger's variables."""
+    stdout: Arg = ""
+    stderr: Arg = ""
+    job_name: Text = ""
+    array_job_id: JobId | None = None
+    array_task_id: Count | None = None
 
 
 class Assignment(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,11 +109,21 @@ class Assignment(msgspec.Struct, frozen=True, kw_only=True):
 class PartStarted(PartRun, frozen=True, kw_only=True):
     log: Arg = ""
     """Where the part's output goes on its node."""
+    started_at: Epoch | None = None
+    """When its process started (the agent's clock)."""
+    pid: Count = 0
+    """Its leader's pid on the node."""
+    tree: Text = ""
+    """What holds its processes: its cgroup, or `session PID`."""
 
 
 class PartExited(PartRun, frozen=True, kw_only=True):
     exit_code: ExitCode
     reason: EndReason = "exited"
+    ended_at: Epoch | None = None
+    """When its process tree was empty (the agent's clock): an exit reported late keeps it."""
+    note: Text = ""
+    """Why it could not start, or what was left when its leader ended."""
 
 
 class PartSample(PartRun, frozen=True, kw_only=True):

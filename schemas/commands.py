@@ -10,6 +10,8 @@ each command it executes, so a value outside its bounds is one `InvalidCommand`,
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from schemas.bounds import (
@@ -40,6 +42,7 @@ from schemas.bounds import (
     Utilisation,
 )
 from schemas.events import (
+    LISTED,
     AccountKind,
     EndReason,
     GpuSlot,
@@ -48,6 +51,7 @@ from schemas.events import (
     Preemption,
     PreemptReason,
     RankInputs,
+    RunPart,
     TokenScope,
     WaitSummary,
 )
@@ -242,6 +246,9 @@ class StartJob(JobCommand, frozen=True, kw_only=True, tag="job.start"):
     engine_job_id: Name = ""
     run: Count = 0
     gpus: Many[GpuSlot] = ()
+    started_at: Epoch | None = None
+    """When the run really started, as the engine says (kept between the placement and now)."""
+    parts: Annotated[tuple[RunPart, ...], LISTED] = ()
 
 
 class FinishJob(JobCommand, frozen=True, kw_only=True, tag="job.finish"):
@@ -251,6 +258,9 @@ class FinishJob(JobCommand, frozen=True, kw_only=True, tag="job.finish"):
     engine_job_id: Name = ""
     reason: EndReason = "exited"
     engine_state: Name = ""
+    ended_at: Epoch | None = None
+    """When the run really ended, as the engine says (kept between its start and now)."""
+    note: Text = ""
 
 
 class SampleUtilisation(JobCommand, frozen=True, kw_only=True, tag="job.sample"):

@@ -53,9 +53,13 @@ AccountKind = Literal["program", "project", "user"]
 PreemptReason = Literal["fairness", "maintenance", "squatting", "admin", "debug", "node_failure"]
 """`node_failure`: the job's node was lost (`NodeLost`); a resumable job is requeued."""
 FinishOutcome = Literal["completed", "failed", "cancelled", "preempted"]
-EndReason = Literal["exited", "time_limit", "node_failure", "cancelled", "out_of_memory", "lost"]
+EndReason = Literal[
+    "exited", "time_limit", "node_failure", "cancelled", "out_of_memory", "lost", "launch_failed"
+]
 """Why an execution engine says a job's run ended: its own exit, the engine's time limit, a node
-failure, a cancel from outside the ledger, the memory limit, or no trace of it in the engine."""
+failure, a cancel from outside the ledger, the memory limit, no trace of it in the engine, or a
+command the engine could not start (a missing binary, a working directory or output file the
+user cannot use, no OS account to run it as; the reason is in the record's `note`)."""
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -245,6 +249,9 @@ class JobStarted(JobEvent, frozen=True, kw_only=True, tag="job.started.v1"):
 
     logs: LogPaths = ()
     """Where its parts' output goes (one log per part, on the part's node)."""
+    started_at: Epoch | None = None
+    """When the engine says the run really started (its last part's process, Slurm's StartTime),
+    when it says; never before the placement nor after this event. None: at this event."""
 
 
 class JobPreempted(JobEvent, frozen=True, kw_only=True, tag="job.preempted.v1"):
@@ -271,6 +278,21 @@ class JobReleased(JobEvent, frozen=True, kw_only=True, tag="job.released.v1"):
 class JobFinished(JobEvent, frozen=True, kw_only=True, tag="job.finished.v1"):
     outcome: FinishOutcome
     exit_code: ExitCode | None = None
+    ended_at: Epoch | None = None
+    """When the run really ended, as its engine says (the supervisor's exit record once the
+    job's process tree is empty, Slurm's EndTime): an end recorded late (the service or an agent
+    was down) keeps its true time. Never before the start nor after this event. None: at this
+    event."""
+
+
+class RunPart(msgspec.Struct, frozen=True, kw_only=True):
+    """One part of a run as its engine observed it: where it runs, the GPUs it was given, its
+    leader's pid and what holds its processes (a cgroup, or the session of the fallback)."""
+
+    node: Name
+    gpu_indices: GpuIndices = ()
+    pid: Count = 0
+    tree: Text = ""
 
 
 class JobEngineLinked(JobEvent, frozen=True, kw_only=True, tag="job.engine_linked.v1"):
@@ -280,9 +302,15 @@ class JobEngineLinked(JobEvent, frozen=True, kw_only=True, tag="job.engine_linke
     engine: Name
     engine_job_id: Name
     run: Count = 0
-    """Which placement of the job this is (0 first, 1 after the first preemption, ...)."""
+    """Which placement of the job this is (0 first, 1 after the first preemption, ...): the
+    run's generation. A report about an older run is never taken for the current one."""
     gpus: Many[GpuSlot] = ()
-    """The GPUs the engine says the run got, when it says (Slurm: `scontrol -d`)."""
+    """The GPUs the engine says the run got, when it says (Slurm: `scontrol -d`'s GRES IDX;
+    node agents: the devices each part was given)."""
+    started_at: Epoch | None = None
+    """When the engine says the run started (as in its JobStarted)."""
+    parts: Annotated[tuple[RunPart, ...], LISTED] = ()
+    """What the engine observed of each part (node agents: leader pid and cgroup)."""
 
 
 class JobEngineEnded(JobEvent, frozen=True, kw_only=True, tag="job.engine_ended.v1"):
@@ -294,6 +322,11 @@ class JobEngineEnded(JobEvent, frozen=True, kw_only=True, tag="job.engine_ended.
     engine_state: Name = ""
     """The engine's own word for the ending (Slurm: COMPLETED, FAILED, TIMEOUT, NODE_FAIL, ...)."""
     exit_code: ExitCode | None = None
+    ended_at: Epoch | None = None
+    """When the run really ended (as in its JobFinished)."""
+    note: Text = ""
+    """What else the engine says: why a launch failed, processes the leader left behind that
+    had to be killed after the grace."""
 
 
 class UtilisationSampled(JobEvent, frozen=True, kw_only=True, tag="job.utilisation_sampled.v1"):

@@ -37,7 +37,7 @@ from typing import Any
 
 import msgspec
 
-from ledger.cycle.executor import Launch, Observed, Orders
+from ledger.cycle.executor import Exit, Launch, Observed, Orders, Start
 from ledger.engines.gpu_util import UtilSource
 from ledger.engines.proc import write_atomic
 from ledger.engines.supervised import SupervisedExecutor
@@ -67,6 +67,8 @@ class AgentStatus(msgspec.Struct, kw_only=True):
     gpus: int = 0
     gpu_type: str = ""
     gpu_source: str = ""
+    containment: str = ""
+    """How job processes are held here (cgroups, or sessions), `Containment.describe`."""
 
 
 @dataclass
@@ -165,6 +167,7 @@ class NodeAgent:
             gpus=settings.gpus,
             gpu_type=settings.gpu_type,
             gpu_source=settings.gpu_source,
+            containment=executor.containment.describe(),
         )
 
     # --- start ---------------------------------------------------------------------------------
@@ -295,24 +298,18 @@ class NodeAgent:
         for job_id, p in sorted(self.parts.items()):
             if (job_id, p.run) in self.finished or job_id in running:
                 continue
-            code = self.ex.recorded_exit(job_id, p.run + 1)
-            lost = code is None and self.ex.launched_before(job_id, p.run + 1)
-            if code is not None or lost:
+            ended = self.ex.ended_run(job_id, p.run, now)
+            lost = ended is None and self.ex.launched_before(job_id, p.run + 1)
+            if ended is not None or lost:
                 # it ended while nobody watched, or it ran here and its handle is gone (the
                 # state file was lost): report it, never launch it twice
-                if lost:
+                if ended is None:
                     log.warning("job %s (run %s) ran here and its handle is lost", job_id, p.run)
-                self.finished.add((job_id, p.run))
+                    lost_start = Start(job_id, run=p.run)
+                    ended = (lost_start, Exit(job_id, -1, now, "lost", f"{job_id}.{p.run + 1}"))
+                start, end = ended
                 with self._out_lock:
-                    self.outbox.started.append(a.PartStarted(job_id=job_id, run=p.run))
-                    self.outbox.exited.append(
-                        a.PartExited(
-                            job_id=job_id,
-                            run=p.run,
-                            exit_code=-1 if code is None else code,
-                            reason="lost" if code is None else "exited",
-                        )
-                    )
+                    self._queue(Observed(starts=(start,) if start else (), exits=(end,)))
                 continue
             launches.append(self._launch(p))
         if launches:
@@ -329,7 +326,9 @@ class NodeAgent:
         return Launch(
             p.job_id, p.slots, p.command, p.duration_s, p.user, p.account, run=p.run,
             time_limit_s=p.time_limit_s, grace_s=p.grace_s, debug=p.debug,
-            master_addr=p.master_addr, job_token=p.job_token,
+            master_addr=p.master_addr, job_token=p.job_token, workdir=p.workdir, env=p.env,
+            stdout=p.stdout, stderr=p.stderr, job_name=p.job_name, array_job_id=p.array_job_id,
+            array_task_id=p.array_task_id,
         )  # fmt: skip
 
     def _watch(self, now: float) -> None:
@@ -342,12 +341,29 @@ class NodeAgent:
         job's current run here)."""
         for st in seen.starts:
             log_path = st.logs[0] if st.logs else ""
-            self.outbox.started.append(a.PartStarted(job_id=st.job_id, run=st.run, log=log_path))
+            mine = next((p for p in st.parts if p.node == self.s.node), None)
+            self.outbox.started.append(
+                a.PartStarted(
+                    job_id=st.job_id,
+                    run=st.run,
+                    log=log_path,
+                    started_at=st.started_at,
+                    pid=mine.pid if mine else 0,
+                    tree=mine.tree if mine else "",
+                )
+            )
         for ex in seen.exits:
             run = _run_of(ex.engine_job_id)
             self.finished.add((ex.job_id, run))
             self.outbox.exited.append(
-                a.PartExited(job_id=ex.job_id, run=run, exit_code=ex.exit_code, reason=ex.reason)
+                a.PartExited(
+                    job_id=ex.job_id,
+                    run=run,
+                    exit_code=ex.exit_code,
+                    reason=ex.reason,
+                    ended_at=ex.at,
+                    note=ex.note[:1000],
+                )
             )
             log.info("job %s (run %s) exited with %s (%s)", ex.job_id, run, ex.exit_code, ex.reason)
         for job_id in seen.checkpoints:

@@ -209,8 +209,11 @@ def agent_status(cctx: click.Context, state_dir: str | None, as_json: bool) -> N
         click.echo(f"  last error    {st['last_error']}")
     click.echo(f"  GPUs          {st.get('gpus')} x {st.get('gpu_type')} ({st.get('gpu_source')})")
     click.echo(f"  utilisation   {st.get('utilisation')}")
+    click.echo(f"  containment   {st.get('containment') or 'unknown'}")
     jobs = ", ".join(
-        f"{p.job_id} (pid {p.pid}, GPUs {','.join(map(str, p.gpu_indices))})" for p in procs
+        f"{p.job_id} (pids {' '.join(map(str, p.pids or (p.pid,)))}, "
+        f"GPUs {','.join(map(str, p.gpu_indices))})"
+        for p in procs
     )
     click.echo(f"  jobs          {jobs or 'none'}")
 

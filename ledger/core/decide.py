@@ -572,7 +572,10 @@ def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
     if job.status != "placed":
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not placed")
-    out: list[e.AnyEvent] = [e.JobStarted(**s.kw(), job_id=cmd.job_id, logs=cmd.logs)]
+    started = _between(cmd.started_at, job.placed_at, s.now)
+    out: list[e.AnyEvent] = [
+        e.JobStarted(**s.kw(), job_id=cmd.job_id, logs=cmd.logs, started_at=started)
+    ]
     if cmd.engine:
         out.append(
             e.JobEngineLinked(
@@ -582,9 +585,19 @@ def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
                 engine_job_id=cmd.engine_job_id,
                 run=cmd.run,
                 gpus=cmd.gpus,
+                started_at=started,
+                parts=cmd.parts,
             )
         )
     return out
+
+
+def _between(at: float | None, low: float | None, high: float) -> float | None:
+    """Pure: an engine's time of a run's start or end, kept inside what the ledger knows (not
+    before the placement or start, not after now); None when the engine gave none."""
+    if at is None:
+        return None
+    return max(low if low is not None else at, min(at, high))
 
 
 def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
@@ -594,8 +607,11 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
     # a run the engine ended (time limit, node failure, ...) did not complete, whatever its code
     ok = cmd.exit_code == 0 and cmd.reason == "exited"
     outcome: e.FinishOutcome = "completed" if ok else "failed"
+    ended = _between(cmd.ended_at, job.started_at or job.placed_at, s.now)
     out: list[e.AnyEvent] = [
-        e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome=outcome, exit_code=cmd.exit_code)
+        e.JobFinished(
+            **s.kw(), job_id=cmd.job_id, outcome=outcome, exit_code=cmd.exit_code, ended_at=ended
+        )
     ]
     if cmd.reason == "node_failure" and job.spec.resumable:  # as when the ledger loses the node
         note = f"its run ended with its node ({cmd.engine_state or 'node failure'})"
@@ -613,6 +629,8 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
                 reason=cmd.reason,
                 engine_state=cmd.engine_state,
                 exit_code=cmd.exit_code,
+                ended_at=ended,
+                note=cmd.note,
             )
         )
     return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)

@@ -95,7 +95,10 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.JobStarted():
             job = state.jobs[event.job_id]
             state.jobs[event.job_id] = msgspec.structs.replace(
-                job, status="running", started_at=event.at, logs=event.logs
+                job,
+                status="running",
+                started_at=event.at if event.started_at is None else event.started_at,
+                logs=event.logs,
             )
         case e.JobPreempted():
             job = state.jobs[event.job_id]

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from schemas.events import EndReason, GpuSlot
+from schemas.events import EndReason, GpuSlot, RunPart
 
 if TYPE_CHECKING:
     from ledger.core.state import Node
@@ -58,6 +58,18 @@ class Launch:
     """Host of rank 0's node for the rendezvous variables; "" lets the executor say."""
     job_token: str = ""
     """The job's own token (`GPULEDGER_JOB_TOKEN`), when a server minted one."""
+    workdir: str = ""
+    """Absolute directory the job starts in ("": the engine's default)."""
+    env: tuple[tuple[str, str], ...] = ()
+    """The job's environment as submitted (after --export); the engine adds the ledger's
+    variables and the user's HOME, USER, LOGNAME and SHELL. (): a minimal one (PATH)."""
+    stdout: str = ""
+    """Output file path, patterns already expanded ("": the engine's default)."""
+    stderr: str = ""
+    """Error file path ("": the same as stdout)."""
+    job_name: str = ""
+    array_job_id: int | None = None
+    array_task_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -75,12 +87,15 @@ class Exit:
     job_id: int
     exit_code: int
     at: float
+    """When the run really ended (the engine's word when it has one, else when observed)."""
     reason: EndReason = "exited"
     """`exited`: the job ended by itself; `time_limit`: stopped at its limit; `lost`: its
     process vanished with no exit code recorded; others as the engine says (Slurm)."""
     engine_job_id: str = ""
     """The engine's id of the run (Slurm job id); empty for engines that do not name runs."""
     engine_state: str = ""
+    note: str = ""
+    """What else the engine says (why a launch failed, processes left that were killed)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +109,10 @@ class Start:
     """The GPUs the engine says the run got (engines that say)."""
     logs: tuple[str, ...] = ()
     """Where its parts' output goes (engines that know)."""
+    started_at: float | None = None
+    """When it really started (engines that know; None: when observed)."""
+    parts: tuple[RunPart, ...] = ()
+    """What the engine observed of each part (pid, cgroup), for the record."""
 
 
 @dataclass(frozen=True)

@@ -82,10 +82,14 @@ def start_commands(
                     run=st.run,
                     gpus=st.gpus,
                     logs=st.logs,
+                    started_at=st.started_at,
+                    parts=st.parts,
                 )
             )
         else:
-            out.append(c.StartJob(actor=EXECUTOR, job_id=st.job_id, logs=st.logs))
+            out.append(
+                c.StartJob(actor=EXECUTOR, job_id=st.job_id, logs=st.logs, started_at=st.started_at)
+            )
     return out
 
 
@@ -125,6 +129,8 @@ def exit_command(ex: Exit, jobs: Mapping[int, Job], engine: str) -> c.FinishJob 
         engine_job_id=ex.engine_job_id,
         reason=ex.reason,
         engine_state=ex.engine_state,
+        ended_at=ex.at,
+        note=ex.note[:1000],
     )
 
 

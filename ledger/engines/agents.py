@@ -39,7 +39,7 @@ from ledger.store.clock import new_token_secret
 from schemas import agent as a
 from schemas import commands as c
 from schemas.errors import InvalidCommand, InvalidTransition
-from schemas.events import EndReason
+from schemas.events import GpuSlot, RunPart
 
 if TYPE_CHECKING:
     from ledger.core.state import Node
@@ -108,8 +108,9 @@ class _Run:
     job_id: int
     run: int
     nodes: tuple[str, ...]
-    started: dict[str, str] = field(default_factory=dict)
-    exits: dict[str, tuple[int, EndReason]] = field(default_factory=dict)
+    slots: tuple[GpuSlot, ...] = ()
+    started: dict[str, a.PartStarted] = field(default_factory=dict)
+    exits: dict[str, a.PartExited] = field(default_factory=dict)
     samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
     start_reported: bool = False
     exit_reported: bool = False
@@ -274,13 +275,14 @@ class AgentExecutor:
         for s in rep.started:
             r = self._run_of(s.job_id, s.run, rep.node)
             if r is not None:
-                r.started[rep.node] = s.log
+                r.started[rep.node] = s
                 self._maybe_started(r)
         for x in rep.exited:
             r = self._run_of(x.job_id, x.run, rep.node)
             if r is not None:
-                r.started.setdefault(rep.node, "")
-                r.exits[rep.node] = (x.exit_code, x.reason)
+                if x.reason != "launch_failed":
+                    r.started.setdefault(rep.node, a.PartStarted(job_id=x.job_id, run=x.run))
+                r.exits[rep.node] = x
                 self._maybe_exited(r, now)
         for u in rep.samples:
             r = self._run_of(u.job_id, u.run, rep.node)
@@ -329,7 +331,7 @@ class AgentExecutor:
 
     def _add(self, job: Launch, token: str, *, started: bool = False, publish: bool = True) -> None:
         nodes = tuple(sl.node for sl in job.slots)
-        r = _Run(job.job_id, job.run, nodes, start_reported=started)
+        r = _Run(job.job_id, job.run, nodes, job.slots, start_reported=started)
         self._runs[job.job_id] = r
         part = a.Part(
             job_id=job.job_id,
@@ -344,6 +346,13 @@ class AgentExecutor:
             debug=job.debug,
             master_addr=self.addresses.get(nodes[0], ""),
             job_token=token,
+            workdir=job.workdir,
+            env=job.env,
+            stdout=job.stdout,
+            stderr=job.stderr,
+            job_name=job.job_name,
+            array_job_id=job.array_job_id,
+            array_task_id=job.array_task_id,
         )
         for node in dict.fromkeys(nodes):
             self._parts.setdefault(node, {})[job.job_id] = part
@@ -365,25 +374,51 @@ class AgentExecutor:
         return r
 
     def _maybe_started(self, r: _Run) -> None:
+        """Every part has started: the run has, when its last part did, with what each agent
+        observed of its part (pid, cgroup) and the GPUs it was given."""
         if r.start_reported or len(r.started) < len(r.nodes):
             return
         r.start_reported = True
-        logs = tuple(f"{n}:{r.started[n]}" for n in r.nodes if r.started[n])
-        self._starts.append(Start(r.job_id, engine_job_id=r.name, run=r.run, logs=logs))
+        parts = [(n, r.started[n]) for n in r.nodes]
+        logs = tuple(f"{n}:{p.log}" for n, p in parts if p.log)
+        times = [p.started_at for _, p in parts if p.started_at is not None]
+        self._starts.append(
+            Start(
+                r.job_id,
+                engine_job_id=r.name,
+                run=r.run,
+                gpus=r.slots,
+                logs=logs,
+                started_at=max(times) if times else None,
+                parts=tuple(
+                    RunPart(node=n, gpu_indices=_gpus_on(r.slots, n), pid=p.pid, tree=p.tree)
+                    for n, p in parts
+                ),
+            )
+        )
 
     def _maybe_exited(self, r: _Run, now: float) -> None:
+        """A part failed (its end is the run's), or every part has exited 0."""
         if r.exit_reported:
             return
-        failed = [
-            (n, code, why) for n, (code, why) in r.exits.items() if code != 0 or why != "exited"
-        ]
+        failed = [(n, x) for n, x in r.exits.items() if x.exit_code != 0 or x.reason != "exited"]
         if not failed and len(r.exits) < len(r.nodes):
             return  # a gang job ends when every part has, unless one fails
-        if not r.start_reported:
-            r.started.update({n: "" for n in r.nodes if n not in r.started})
+        launched = not any(x.reason == "launch_failed" for _, x in failed)
+        if not r.start_reported and launched:
+            for n in r.nodes:
+                r.started.setdefault(n, a.PartStarted(job_id=r.job_id, run=r.run))
             self._maybe_started(r)
         r.exit_reported = True
-        node, code, why = failed[0] if failed else (r.nodes[0], 0, "exited")
+        node, x = failed[0] if failed else (r.nodes[0], r.exits[r.nodes[0]])
         if failed:
-            log.info("job %s: its part on %s ended with %s (%s)", r.job_id, node, code, why)
-        self._exits.append(Exit(r.job_id, code, now, why, engine_job_id=r.name))
+            log.info("job %s: its part on %s ended with %s (%s)", r.job_id, node, x.exit_code,
+                     x.reason)  # fmt: skip
+        times = [e.ended_at for e in r.exits.values() if e.ended_at is not None]
+        at = max(times) if times else now
+        notes = "; ".join(dict.fromkeys(e.note for e in r.exits.values() if e.note))
+        self._exits.append(Exit(r.job_id, x.exit_code, at, x.reason, r.name, note=notes))
+
+
+def _gpus_on(slots: tuple[GpuSlot, ...], node: str) -> tuple[int, ...]:
+    return next((sl.gpu_indices for sl in slots if sl.node == node), ())

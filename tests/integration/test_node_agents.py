@@ -33,7 +33,7 @@ kind = "program"
 
 [accounts."ai2/olmo"]
 kind = "project"
-members = ["alice", "bob"]
+members = ["alice", "bob", "root"]
 """
 
 
@@ -95,7 +95,9 @@ class Cluster:
     def cli(self, *args: str, user: str = "root", ok: bool = True) -> Any:
         return cli(self.home, *args, ok=ok, GPULEDGER_USER=user)
 
-    def submit(self, gpus: int, script: str, *opts: str, user: str = "bob") -> int:
+    def submit(self, gpus: int, script: str, *opts: str, user: str = "root") -> int:
+        """As root by default: root's own job runs as root, so it reaches the test's private
+        directories and the CLI; another ledger user's job runs as nobody (`run_as` service)."""
         out = self.cli("submit", "-A", "ai2/olmo", "-G", str(gpus), "--min-runtime", "1h", *opts,
                        "--", "sh", "-c", script, user=user)  # fmt: skip
         return int(out.stdout.split()[2].rstrip(":"))
@@ -402,19 +404,21 @@ def test_samples_checkpoints_status_and_drain(cluster: Cluster) -> None:
     assert samples[0]["job_id"] == job and samples[0]["gpu_utilisation"] == [7.0, 7.0]
     ag = c.agents[node]
     status = cli(ag.state, "agent", "status", "--state-dir", str(ag.state)).stdout
-    assert f"node {node}: agent running" in status and f"{job} (pid {pid}, GPUs 0,1)" in status
+    listed = status.split(f"{job} (pids ", 1)[1].split(",")[0].split()
+    assert f"node {node}: agent running" in status and str(pid) in listed
+    assert "GPUs 0,1)" in status and "containment   cgroup v2 (tracking, cgroup.kill)" in status
     assert "last contact" in status and "ago" in status
     ag.kill(signal.SIGTERM)  # stopping the agent leaves the job running
     assert alive(pid)
     status = cli(ag.state, "agent", "status", "--state-dir", str(ag.state)).stdout
-    assert "agent not running" in status and f"{job} (pid {pid}" in status
+    assert "agent not running" in status and str(pid) in status.split(f"{job} (pids ", 1)[1]
     drain = cli(ag.state, "agent", "--node", node, "--url", c.server.url, "--gpus", str(GPUS),
                 "--state-dir", str(ag.state), "--grace", "1s", "--drain",
                 GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
     assert f"drained node {node}: stopped 1 job(s)" in drain.stdout
     assert not alive(pid)
     j = c.wait_status(job, "finished")
-    assert (j["outcome"], j["exit_code"]) == ("failed", -15)  # SIGTERM ended it
+    assert (j["outcome"], j["exit_code"]) == ("failed", 128 + signal.SIGTERM)  # SIGTERM ended it
 
 
 def test_an_agent_that_finds_other_gpus_than_the_ledger_is_one_clear_error(
@@ -441,7 +445,7 @@ def test_an_idle_job_is_listed_by_squatters_and_preempted_after_its_contract_for
     """The agents' test source says 0%: the job squats (listed by `squatters`), and once its
     2 s contract is over it is the victim of a job that waits for its GPUs."""
     c = cluster
-    idle = c.submit(2, "exec sleep 60", "--resumable", "--min-runtime", "2s")
+    idle = c.submit(2, "exec sleep 60", "--resumable", "--min-runtime", "2s", user="bob")
     for ag in c.agents.values():  # the documented test source: a file per job, on every node
         (ag.state / "utilisation").mkdir(exist_ok=True)
         (ag.state / "utilisation" / str(idle)).write_text("0")

@@ -138,7 +138,13 @@ def test_a_run_that_began_and_ended_since_the_last_look_starts_first(ledger: Fak
         actor=EX, job_id=2, engine="agent", engine_job_id="2.1", logs=("/l",)
     )
     assert finish == c.FinishJob(
-        actor=EX, job_id=2, exit_code=3, engine="agent", engine_job_id="2.1", reason="exited"
+        actor=EX,
+        job_id=2,
+        exit_code=3,
+        engine="agent",
+        engine_job_id="2.1",
+        reason="exited",
+        ended_at=T0,  # when the run ended, as the engine says
     )
     assert [ev.outcome for ev in ledger.events if isinstance(ev, e.JobFinished)] == ["failed"]
 
