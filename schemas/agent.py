@@ -48,6 +48,10 @@ class Register(msgspec.Struct, frozen=True, kw_only=True):
     the server take the address the request came from."""
     gpu_source: Text = ""
     """Where the GPU count and type came from ("NVML", "flags"): logged by the server."""
+    version: Text = ""
+    """The version of the node's list the agent has carried out (`Assignment.version`)."""
+    running: Parts[PartRun] = ()
+    """Every run the agent still has on the node (orphans stopped) as of `version`."""
 
 
 class Registered(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,6 +63,10 @@ class Registered(msgspec.Struct, frozen=True, kw_only=True):
     node_lost_after_s: float
     """How long the server waits for a silent node before it marks it lost: heartbeat well
     inside it."""
+    node_fence_s: float = 0.0
+    """How long after that the server waits before it may run the node's jobs elsewhere: the
+    node's lease runs out at its agent's last contact + `node_lost_after_s` + `node_fence_s`,
+    and its parts stop themselves then."""
 
 
 class PartRun(msgspec.Struct, frozen=True, kw_only=True):
@@ -126,6 +134,15 @@ class PartExited(PartRun, frozen=True, kw_only=True):
     """Why it could not start, or what was left when its leader ended."""
 
 
+class PartStopped(PartRun, frozen=True, kw_only=True):
+    """A run the ledger had stopped here is gone: every process of it."""
+
+    ended_at: Epoch | None = None
+    exit_code: ExitCode | None = None
+    killed: bool = False
+    """It outlived its grace and was killed."""
+
+
 class PartSample(PartRun, frozen=True, kw_only=True):
     gpu_utilisation: Utilisation
     """% per GPU of the part, in the slot's GPU order."""
@@ -144,6 +161,13 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     exited: Parts[PartExited] = ()
     samples: Parts[PartSample] = ()
     checkpoints: Parts[PartCheckpoint] = ()
+    stopped: Parts[PartStopped] = ()
+    version: Text = ""
+    """The version of the node's list the agent had carried out when it wrote this report."""
+    running: Parts[PartRun] | None = None
+    """Every run the agent had on the node then (None: not said). A run the ledger stopped that
+    a report of a later version no longer lists is gone: only then may the ledger run its job
+    again elsewhere."""
 
 
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):

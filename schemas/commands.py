@@ -160,9 +160,11 @@ class RemoveNode(NodeCommand, frozen=True, kw_only=True, tag="node.remove"):
 
 class MarkNodeLost(NodeCommand, frozen=True, kw_only=True, tag="node.lost"):
     """Record that a node is lost (the execution engine or the node-lost timeout; admins too):
-    its jobs end at once, resumable ones requeued, the others failed (`node_failure`)."""
+    with `fence_s` 0 its jobs end at once, resumable ones requeued, the others failed
+    (`node_failure`); otherwise they are in doubt until the fence passes (`NodeLost`)."""
 
     reason: Text
+    fence_s: Seconds = 0
 
 
 class SubmitJob(Command, frozen=True, kw_only=True, tag="submit"):
@@ -263,6 +265,18 @@ class FinishJob(JobCommand, frozen=True, kw_only=True, tag="job.finish"):
     note: Text = ""
 
 
+class ConfirmRunEnded(JobCommand, frozen=True, kw_only=True, tag="job.run_ended"):
+    """An engine says a run the ledger had stopped has really ended (`JobRunEnded`)."""
+
+    engine: Name
+    engine_job_id: Name
+    run: Count = 0
+    ended_at: Epoch | None = None
+    exit_code: ExitCode | None = None
+    killed: bool = False
+    note: Text = ""
+
+
 class SampleUtilisation(JobCommand, frozen=True, kw_only=True, tag="job.sample"):
     gpu_utilisation: Utilisation
 
@@ -321,6 +335,7 @@ AnyCommand = (
     | PreemptJob
     | StartJob
     | FinishJob
+    | ConfirmRunEnded
     | SampleUtilisation
     | ReportCheckpoint
     | IssueToken

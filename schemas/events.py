@@ -188,10 +188,15 @@ class NodeRemoved(NodeEvent, frozen=True, kw_only=True, tag="node.removed.v1"):
 
 class NodeLost(NodeEvent, frozen=True, kw_only=True, tag="node.lost.v1"):
     """The node stopped answering (an engine marks it down, or its heartbeats stopped): it takes
-    no work until returned. Recorded with the endings of the jobs it held: resumable ones are
-    requeued, the others fail."""
+    no work until returned. With `fence_s` 0 it is recorded with the endings of the jobs it held
+    (resumable ones requeued, the others failed). Otherwise its runs are *in doubt* until
+    `at + fence_s` plus each job's grace: they may still be alive (a partitioned node), so
+    nothing is ended, requeued or relaunched until its agent says how each ended (recorded as it
+    happened, with its real time) or the fence passes (by then the node's own fence has
+    stopped them: they end `node_failure`); a node that returns meanwhile keeps them."""
 
     reason: Text
+    fence_s: Seconds = 0
 
 
 # --- jobs ---------------------------------------------------------------------------------------
@@ -327,6 +332,22 @@ class JobEngineEnded(JobEvent, frozen=True, kw_only=True, tag="job.engine_ended.
     note: Text = ""
     """What else the engine says: why a launch failed, processes the leader left behind that
     had to be killed after the grace."""
+
+
+class JobRunEnded(JobEvent, frozen=True, kw_only=True, tag="job.run_ended.v1"):
+    """A run the ledger had stopped (preempted, cancelled, requeued, its node lost) has really
+    ended: its engine says every process of it is gone, and when. The end of a job's current
+    run is `JobEngineEnded`'s `ended_at`; together they bound every run, which the audit checks
+    (no GPU held by two live runs, no job with two live runs)."""
+
+    engine: Name
+    engine_job_id: Name
+    run: Count = 0
+    ended_at: Epoch | None = None
+    exit_code: ExitCode | None = None
+    killed: bool = False
+    """It outlived its grace and was killed."""
+    note: Text = ""
 
 
 class UtilisationSampled(JobEvent, frozen=True, kw_only=True, tag="job.utilisation_sampled.v1"):
@@ -536,6 +557,7 @@ AnyEvent = (
     | JobFinished
     | JobEngineLinked
     | JobEngineEnded
+    | JobRunEnded
     | UtilisationSampled
     | CheckpointReported
     | CycleDecided

@@ -56,7 +56,7 @@ def _gpus(config: cfg.AgentConfig) -> tuple[int, str, str]:
 
 
 def _run(config: cfg.AgentConfig, drain: bool) -> int:
-    from ledger.agent.node import STATUS_FILE, NodeAgent, Settings, short_hostname
+    from ledger.agent.node import LEASE_FILE, STATUS_FILE, NodeAgent, Settings, short_hostname
     from ledger.engines.gpu_util import pick_source
     from ledger.engines.supervised import SupervisedExecutor
 
@@ -83,6 +83,7 @@ def _run(config: cfg.AgentConfig, drain: bool) -> int:
         extra_env={"GPULEDGER_URL": config.url},
         local_node=node,
         fork_supervisors=True,
+        lease=state / LEASE_FILE,
     )
     settings = Settings(
         node=node,

@@ -17,6 +17,7 @@ from typing import TypedDict
 import msgspec
 
 from ledger.core.authz import authorise
+from ledger.core.runs import between, confirm_run_ended
 from ledger.core.state import Account, Job, State
 from schemas import commands as c
 from schemas import events as e
@@ -290,7 +291,11 @@ def _mark_node_lost(state: State, cmd: c.MarkNodeLost, s: _Stamp) -> list[e.AnyE
         raise InvalidTransition(f"node {cmd.node!r} is already lost", node=cmd.node)
     if not bool(cmd.reason.strip()):
         raise InvalidCommand("a lost node needs a reason", hint="pass --reason")
-    out: list[e.AnyEvent] = [e.NodeLost(**s.kw(), node=cmd.node, reason=cmd.reason)]
+    out: list[e.AnyEvent] = [
+        e.NodeLost(**s.kw(), node=cmd.node, reason=cmd.reason, fence_s=cmd.fence_s)
+    ]
+    if cmd.fence_s:  # its runs are in doubt until the fence passes (`NodeLost`)
+        return out
     leaving = set(state.node_jobs.get(cmd.node, ()))
     others: list[str] = []
     note = f"node {cmd.node} lost: {cmd.reason}"[:1000]
@@ -572,7 +577,7 @@ def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
     if job.status != "placed":
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not placed")
-    started = _between(cmd.started_at, job.placed_at, s.now)
+    started = between(cmd.started_at, job.placed_at, s.now)
     out: list[e.AnyEvent] = [
         e.JobStarted(**s.kw(), job_id=cmd.job_id, logs=cmd.logs, started_at=started)
     ]
@@ -592,14 +597,6 @@ def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
     return out
 
 
-def _between(at: float | None, low: float | None, high: float) -> float | None:
-    """Pure: an engine's time of a run's start or end, kept inside what the ledger knows (not
-    before the placement or start, not after now); None when the engine gave none."""
-    if at is None:
-        return None
-    return max(low if low is not None else at, min(at, high))
-
-
 def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
     if job.status not in ("placed", "running"):
@@ -607,7 +604,7 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
     # a run the engine ended (time limit, node failure, ...) did not complete, whatever its code
     ok = cmd.exit_code == 0 and cmd.reason == "exited"
     outcome: e.FinishOutcome = "completed" if ok else "failed"
-    ended = _between(cmd.ended_at, job.started_at or job.placed_at, s.now)
+    ended = between(cmd.ended_at, job.started_at or job.placed_at, s.now)
     out: list[e.AnyEvent] = [
         e.JobFinished(
             **s.kw(), job_id=cmd.job_id, outcome=outcome, exit_code=cmd.exit_code, ended_at=ended
@@ -740,6 +737,7 @@ _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]]
     c.PreemptJob: _preempt,  # type: ignore[dict-item]
     c.StartJob: _start,  # type: ignore[dict-item]
     c.FinishJob: _finish,  # type: ignore[dict-item]
+    c.ConfirmRunEnded: confirm_run_ended,  # type: ignore[dict-item]
     c.SampleUtilisation: _sample,  # type: ignore[dict-item]
     c.ReportCheckpoint: _checkpoint,  # type: ignore[dict-item]
     c.IssueToken: _issue_token,  # type: ignore[dict-item]

@@ -136,6 +136,10 @@ class NodeChange:
     node: str
     change: NodeChangeKind
     reason: str = ""
+    fence_s: float = 0.0
+    """A node lost with a fence: its runs may still live until the fence passes, so they stay
+    in doubt until its agent says how they ended or the fence passes (`NodeLost`); 0: they end
+    at once (an engine that ends them itself, as Slurm does, or an admin's word)."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,8 @@ class Observed:
     """GPUs (node -> indices) busy with work outside the ledger: never placed on."""
     running: frozenset[int] = frozenset()
     """Jobs that really have a run in the engine now (launched, not yet reported ended)."""
+    stopped: tuple[Exit, ...] = ()
+    """Runs the ledger had stopped whose processes are now all gone (`JobRunEnded`)."""
 
 
 class Executor(Protocol):

@@ -45,6 +45,8 @@ class Part(msgspec.Struct, kw_only=True):
     note: str = ""
     """Why it could not start, or what had to be killed when its leader ended."""
     launch_failed: bool = False
+    fenced: bool = False
+    """Its node's fence stopped it (`supervise.wait_leader`)."""
     left_since: float | None = None
     """Its supervisor is gone and its leader ended with processes left: since when (they get
     the grace, then SIGKILL, as the supervisor would have done)."""
@@ -89,10 +91,14 @@ class PartEnd(msgspec.Struct, kw_only=True):
     left: int = 0
     killed: bool = False
     launch_failed: str = ""
+    fenced: bool = False
+    """Its node's fence stopped it: the lease ran out (no word from the server)."""
 
     def note(self) -> str:
         if self.launch_failed:
             return self.launch_failed
+        if self.fenced:
+            return "stopped by its node's fence: no word from the server past the lease"
         if self.left:
             how = "killed after the grace" if self.killed else "stopped with SIGTERM"
             return f"{self.left} process(es) its leader left behind were {how}"

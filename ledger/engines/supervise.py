@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -51,6 +52,8 @@ from ledger.engines.proc import start_time, write_atomic
 from ledger.engines.tree import Containment, Tree, wait_empty
 
 CANNOT_START = 127
+FENCE_CHECK_S = 1.0
+"""How often a part with a lease looks at it."""
 SHELL = "/bin/sh"
 WRAPPER = r"""wd=$1 out=$2 err=$3
 shift 3
@@ -153,6 +156,7 @@ def _user(spec: dict[str, Any]) -> dict[str, Any]:
 def run(rundir: Path) -> int:
     spec = json.loads((rundir / "spec.json").read_bytes())
     tree = tree_of(spec)
+    grace_s = float(spec.get("grace_s") or 30.0)
     job: subprocess.Popen[bytes] | None = None
     early: list[int] = []
 
@@ -183,9 +187,10 @@ def run(rundir: Path) -> int:
     write_atomic(rundir / "job", _identity(job.pid, f"{time.time():.6f}"))
     for signum in early:
         forward(signum, None)
-    code = code_of(job.wait())
+    returncode, fenced = wait_leader(job, tree, str(spec.get("lease") or ""), grace_s)
+    code = code_of(returncode)
     leader_ended = time.time()
-    left, killed = end_of_tree(tree, float(spec.get("grace_s") or 30.0))
+    left, killed = end_of_tree(tree, grace_s)
     record = read_record(rundir) or Record()
     if record.code == code and record.ended_at is not None:
         leader_ended = min(leader_ended, record.ended_at)
@@ -197,6 +202,7 @@ def run(rundir: Path) -> int:
         left=left,
         killed=killed,
         launch_failed=record.failed,
+        fenced=fenced,
     )
     tree.remove()
     return 0
@@ -232,6 +238,44 @@ def _start(rundir: Path, spec: dict[str, Any], tree: Tree) -> subprocess.Popen[b
             tree.leave(before)
 
 
+def lease_passed(lease: str, now: float) -> bool:
+    """Whether the node's lease (`{"until": T}`, written by its agent at each contact with the
+    server) has run out: past T the server may have called the node lost and its fence passed.
+    No lease file: no fence (the agent never had one)."""
+    try:
+        until = float(json.loads(Path(lease).read_bytes())["until"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return now > until
+
+
+def wait_leader(
+    job: subprocess.Popen[bytes], tree: Tree, lease: str, grace_s: float
+) -> tuple[int, bool]:
+    """Wait for the leader; (its return code, whether the node's fence stopped it). With a
+    lease, the part's own fence: once the lease has run out (its agent has not reached the
+    server for as long as the server waits before it may run the job elsewhere), the tree gets
+    SIGTERM, and SIGKILL after the grace: a partitioned or abandoned node never runs a job the
+    ledger may have started again elsewhere."""
+    if not lease:
+        return job.wait(), False
+    fd = os.pidfd_open(job.pid)
+    fenced_at: float | None = None
+    try:
+        while True:
+            ready, _, _ = select.select([fd], [], [], FENCE_CHECK_S)
+            if ready:
+                return job.wait(), fenced_at is not None
+            now = time.time()
+            if fenced_at is None and lease_passed(lease, now):
+                fenced_at = now
+                tree.signal(signal.SIGTERM)
+            elif fenced_at is not None and now >= fenced_at + grace_s:
+                tree.kill()
+    finally:
+        os.close(fd)
+
+
 def end_of_tree(tree: Tree, grace_s: float) -> tuple[int, bool]:
     """The leader has ended: (processes it left, whether they had to be killed). They get
     SIGTERM now and SIGKILL after the grace; returns once the tree is empty."""
@@ -250,6 +294,44 @@ def end_of_tree(tree: Tree, grace_s: float) -> tuple[int, bool]:
 def _write_exit(rundir: Path, code: int, ended_at: float, **more: Any) -> None:
     record = {"code": code, "ended_at": ended_at, **more}
     write_atomic(rundir / "exit", json.dumps(record).encode() + b"\n")
+
+
+class Forked:
+    """A supervisor's starter made by forking this process: the child closes every inherited
+    descriptor (the state directory's lock above all, so it never outlives us), then detaches
+    the supervisor exactly as `python -m ledger.engines.supervise` does, and exits."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    @classmethod
+    def start(cls, rundir: Path) -> Forked:
+        pid = os.fork()
+        if pid == 0:  # the starter: never returns into the caller's code
+            code = 1
+            try:
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                os.closerange(3, 65536)
+                code = detach(rundir)
+            finally:
+                os._exit(code)
+        return cls(pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ part has started. A run is named `<job>.<launch>` (launch = the ledger's run + 1
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -59,7 +60,7 @@ from ledger.engines.runs import (
     read_started,
     run_name,
 )
-from ledger.engines.supervise import CANNOT_START, read_record
+from ledger.engines.supervise import CANNOT_START, Forked, read_record
 from ledger.engines.tree import Containment, Tree
 from schemas.errors import InvalidCommand
 from schemas.events import EndReason, RunPart
@@ -95,6 +96,7 @@ class SupervisedExecutor:
         local_node: str | None = None,
         fork_supervisors: bool = False,
         containment: Containment | None = None,
+        lease: Path | None = None,
     ) -> None:
         self.engine = "local"
         self.relaunch_placed = True
@@ -112,16 +114,19 @@ class SupervisedExecutor:
         environment itself: a job gets the one it was submitted with)."""
         self.containment = containment if containment is not None else Containment.probe()
         """How job processes are held here: cgroups, or sessions (`ledger.engines.tree`)."""
+        self.lease = lease
+        """The node's lease file (node agents): parts stop themselves once it runs out."""
         self.local_node = local_node
         self.fork_supervisors = fork_supervisors
         """Start each supervisor by forking this process (a few ms) instead of starting a new
         interpreter (~40 ms of CPU): what lets a node agent start 100 parts a second."""
         """A node agent runs only its node's part of each placement (None: every part, `up`)."""
         self._next_sample_at: float | None = None
-        self._starting: dict[str, subprocess.Popen[bytes] | _Forked] = {}
+        self._starting: dict[str, subprocess.Popen[bytes] | Forked] = {}
         """Starters of supervisors (they fork the supervisor off and exit), by run directory."""
         self._pending: dict[int, Launch] = {}
         self._exits: list[Exit] = []
+        self._stopped: list[Exit] = []
         self._starts: list[Start] = []
         state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = self._take_lock()
@@ -205,12 +210,14 @@ class SupervisedExecutor:
         checkpoints, samples = self._progress(now)
         exits = self._poll(now)
         starts += self._take_starts()
+        stopped, self._stopped = self._stopped, []
         return Observed(
             starts=tuple(starts),
             checkpoints=tuple(checkpoints),
             samples=tuple(samples),
             exits=tuple(exits),
             running=frozenset(self.running()),
+            stopped=tuple(stopped),
         )
 
     def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:
@@ -270,12 +277,17 @@ class SupervisedExecutor:
             self._save()
 
     def launch_of(self, job_id: int) -> int | None:
-        """The launch number of the run of `job_id` here (running or waiting to start)."""
-        h = self.jobs.get(job_id)
-        if h is not None:
-            return h.launch
+        """The launch number of the run of `job_id` here (waiting to start, else running)."""
         job = self._pending.get(job_id)
-        return None if job is None else job.run + 1
+        if job is not None:
+            return job.run + 1
+        h = self.jobs.get(job_id)
+        return None if h is None else h.launch
+
+    def handled(self) -> dict[int, int]:
+        """Job -> launch of every run with processes here (running, or stopping): what a node
+        agent tells the server it has. Safe to call from another thread."""
+        return {j: h.launch for j, h in list(self.jobs.items())}
 
     def stopping(self, job_id: int) -> bool:
         """The ledger stopped `job_id` here and its processes are on their way out."""
@@ -349,8 +361,9 @@ class SupervisedExecutor:
 
     def _launch_all(self, jobs: tuple[Launch, ...], now: float) -> None:
         for job in jobs:
-            if job.job_id not in self.jobs and job.job_id not in self._pending:
-                self._pending[job.job_id] = job
+            here = self.jobs.get(job.job_id)
+            if (here is None or here.launch != job.run + 1) and job.job_id not in self._pending:
+                self._pending[job.job_id] = job  # after an older run here is gone, if one is
         self._start_pending(now)
 
     def _stop(self, job_id: int, now: float) -> None:
@@ -369,6 +382,8 @@ class SupervisedExecutor:
         busy = self._busy_gpus()
         ready: list[Handle] = []
         for job_id, job in list(self._pending.items()):
+            if job_id in self.jobs:
+                continue  # an earlier run of this job is still stopping: never two at once
             wanted = {(sl.node, i) for sl in job.slots for i in sl.gpu_indices}
             if wanted & busy:
                 continue  # a stopped job still holds some of these GPUs: start once it is gone
@@ -482,6 +497,7 @@ class SupervisedExecutor:
             "gpus": list(job.slots[rank].gpu_indices),
             "grace_s": grace_s,
             "containment": self.containment.to_json(),
+            "lease": str(self.lease) if self.lease is not None else "",
         }
         return spec, out
 
@@ -490,7 +506,7 @@ class SupervisedExecutor:
             if p.exit_code is not None:
                 continue  # it may not run here (`_prepare`)
             if self.fork_supervisors:
-                self._starting[p.rundir] = _Forked.start(Path(p.rundir))
+                self._starting[p.rundir] = Forked.start(Path(p.rundir))
                 continue
             self._starting[p.rundir] = subprocess.Popen(
                 [sys.executable, "-I", "-m", "ledger.engines.supervise", p.rundir],
@@ -513,7 +529,7 @@ class SupervisedExecutor:
         if end is None:
             return False
         p.exit_code, p.ended_at, p.note = end.code, end.ended_at, end.note()
-        p.launch_failed = bool(end.launch_failed)
+        p.launch_failed, p.fenced = bool(end.launch_failed), end.fenced
         return True
 
     def _refresh_part(self, p: Part, now: float | None, grace_s: float) -> bool:
@@ -603,8 +619,12 @@ class SupervisedExecutor:
             self._report_start(h)  # a run that ended before it was seen running started first
         if h.done:
             del self.jobs[h.job_id]
+            end = self._exit_of(h, now)
             if h.stop_reason != "ledger":
-                self._exits.append(self._exit_of(h, now))
+                self._exits.append(end)
+            else:  # a run the ledger stopped is gone: said as such (`JobRunEnded`)
+                state = "KILLED" if h.killed else "STOPPED"
+                self._stopped.append(dataclasses.replace(end, engine_state=state))
             changed = True
         return changed
 
@@ -618,6 +638,8 @@ class SupervisedExecutor:
         reason: EndReason = "exited"
         if any(p.launch_failed for p in h.parts):
             reason = "launch_failed"
+        elif any(p.fenced for p in h.parts):
+            reason = "node_failure"
         elif h.stop_reason == "time_limit":
             reason = "time_limit"
         elif any(p.lost for p in h.parts):
@@ -737,46 +759,6 @@ class SupervisedExecutor:
             left=sum(x.left for x in known),
             killed=any(x.killed for x in known),
         )
-
-
-class _Forked:
-    """A supervisor's starter made by forking this process: the child closes every inherited
-    descriptor (the state directory's lock above all, so it never outlives us), then detaches
-    the supervisor exactly as `python -m ledger.engines.supervise` does, and exits."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    @classmethod
-    def start(cls, rundir: Path) -> _Forked:
-        from ledger.engines import supervise
-
-        pid = os.fork()
-        if pid == 0:  # the starter: never returns into the caller's code
-            code = 1
-            try:
-                null = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1, 2):
-                    os.dup2(null, fd)
-                os.closerange(3, 65536)
-                code = supervise.detach(rundir)
-            finally:
-                os._exit(code)
-        return cls(pid)
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self) -> int:
-        if self.returncode is None:
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
 
 
 __all__ = ["SupervisedExecutor", "handled_jobs", "live_processes", "run_name"]
