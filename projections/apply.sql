@@ -7,15 +7,17 @@
 --   b_submitted  JobSubmitted as jobs rows (the contract)
 --   b_placed     JobPlaced: job_id, position, event_at, cycle_id, slots
 --   b_preempted  JobPreempted rows
---   b_finished   JobFinished: position, outcome, exit_code
+--   b_finished   JobFinished: position, outcome, exit_code, reason, note, ended_at
 --   b_started    JobStarted: position, logs
 --   b_engine_ended JobEngineEnded: position, reason
+--   b_engine_linked JobEngineLinked: position, engine_job_id
 --   b_cycles     CycleDecided rows
 --
 -- and, read back from the batch's rows of `events` once they are inserted (temp tables below):
 --
 --   b_jobev      job lifecycle events: job_id, position, event_at, kind, outcome, exit_code,
---                logs, engine_reason
+--                reason, note, logs, engine_reason, engine_job_id (a finish's event_at is the
+--                run's real end when the engine said it: `ended_at`)
 --
 -- Each statement is set-based over the whole batch, so the result does not depend on where batch
 -- boundaries fall (a test checks batch size 1 against one big batch). A statement whose input
@@ -54,25 +56,29 @@ INSERT INTO node_history BY NAME SELECT * FROM b_nodes;
 -- decompress the whole batch's JSON). A temp table, made once per batch (empty when the batch
 -- has none) and read by the statements below.
 CREATE OR REPLACE TEMP TABLE b_jobev AS
-SELECT job_id, position, occurred_at AS event_at,
-       CASE tag WHEN 'job.placed.v1'       THEN 'placed'
-                WHEN 'job.started.v1'      THEN 'started'
-                WHEN 'job.preempted.v1'    THEN 'preempted'
-                WHEN 'job.requeued.v1'     THEN 'requeued'
-                WHEN 'job.finished.v1'     THEN 'finished'
-                WHEN 'job.held.v1'         THEN 'held'
-                WHEN 'job.released.v1'     THEN 'released'
-                WHEN 'job.engine_ended.v1' THEN 'engine_ended'
+SELECT job_id, position, coalesce(f.ended_at, occurred_at) AS event_at,
+       CASE tag WHEN 'job.placed.v1'         THEN 'placed'
+                WHEN 'job.started.v1'        THEN 'started'
+                WHEN 'job.preempted.v1'      THEN 'preempted'
+                WHEN 'job.requeued.v1'       THEN 'requeued'
+                WHEN 'job.finished.v1'       THEN 'finished'
+                WHEN 'job.finished.v2'       THEN 'finished'
+                WHEN 'job.held.v1'           THEN 'held'
+                WHEN 'job.released.v1'       THEN 'released'
+                WHEN 'job.engine_ended.v1'   THEN 'engine_ended'
+                WHEN 'job.engine_linked.v1'  THEN 'engine_linked'
                 ELSE 'checkpointed' END                                       AS kind,
-       f.outcome, f.exit_code, s.logs, x.reason AS engine_reason
+       f.outcome, f.exit_code, f.reason, f.note, s.logs, x.reason AS engine_reason,
+       l.engine_job_id
 FROM events
 LEFT JOIN b_finished f USING (position)
 LEFT JOIN b_started s USING (position)
 LEFT JOIN b_engine_ended x USING (position)
+LEFT JOIN b_engine_linked l USING (position)
 WHERE position BETWEEN $first AND $last
   AND tag IN ('job.placed.v1', 'job.started.v1', 'job.preempted.v1', 'job.requeued.v1',
-              'job.finished.v1', 'job.checkpointed.v1', 'job.held.v1', 'job.released.v1',
-              'job.engine_ended.v1');
+              'job.finished.v1', 'job.finished.v2', 'job.checkpointed.v1', 'job.held.v1',
+              'job.released.v1', 'job.engine_ended.v1', 'job.engine_linked.v1');
 
 -- name: b_job_changes
 -- needs: always
@@ -80,7 +86,9 @@ WHERE position BETWEEN $first AND $last
 --   placed: status placed, placed_at and checkpoint_at = its time  started: running, started_at
 --   preempted: placed_at, started_at cleared, preemptions + 1      requeued: pending
 --   finished: finished, outcome, exit_code                         checkpointed: checkpoint_at
---   held, released: held (the last one)     started: logs      engine_ended: finish_reason
+--   held, released: held (the last one)     started: logs      engine_ended: engine_reason
+--   finished: finish_reason, finish_note    engine_linked: engine_job_id
+--   placed: run_started_at cleared          started: run_started_at (kept after the run ends)
 -- "The last of these events in the batch wins"; `touched_*` tells "no such event" from "cleared".
 CREATE OR REPLACE TEMP TABLE b_job_changes AS
 SELECT job_id,
@@ -99,7 +107,13 @@ SELECT job_id,
     arg_max_null(exit_code, position) FILTER (WHERE kind = 'finished')         AS exit_code,
     arg_max(kind = 'held', position) FILTER (WHERE kind IN ('held', 'released')) AS held,
     arg_max(logs, position) FILTER (WHERE kind = 'started')                    AS logs,
-    arg_max(engine_reason, position) FILTER (WHERE kind = 'engine_ended')      AS finish_reason,
+    arg_max(engine_reason, position) FILTER (WHERE kind = 'engine_ended')      AS engine_reason,
+    arg_max(reason, position) FILTER (WHERE kind = 'finished')                 AS finish_reason,
+    arg_max(note, position) FILTER (WHERE kind = 'finished')                   AS finish_note,
+    arg_max(engine_job_id, position) FILTER (WHERE kind = 'engine_linked')     AS engine_job_id,
+    bool_or(kind IN ('placed', 'started'))                                     AS touched_run,
+    arg_max_null(CASE WHEN kind = 'started' THEN event_at END, position)
+        FILTER (WHERE kind IN ('placed', 'started'))                           AS run_started_at,
     count(*) FILTER (WHERE kind = 'placed')::INTEGER                           AS placements,
     count(*) FILTER (WHERE kind = 'preempted')::INTEGER                        AS preemptions,
     max(position)                                                              AS last_position
@@ -128,7 +142,9 @@ SELECT s.*,
        c.checkpoint_at, c.finished_at, c.outcome, c.exit_code,
        coalesce(c.held, false)                                 AS held,
        coalesce(c.logs, []::VARCHAR[])                         AS logs,
-       c.finish_reason,
+       c.engine_reason,
+       CASE WHEN c.touched_run THEN c.run_started_at END       AS run_started_at,
+       c.engine_job_id, c.finish_reason, c.finish_note,
        coalesce(c.placements, 0)                               AS placements,
        coalesce(c.preemptions, 0)                              AS preemptions,
        greatest(s.submitted_position, coalesce(c.last_position, 0)) AS last_position
@@ -147,7 +163,11 @@ UPDATE jobs SET
     exit_code     = CASE WHEN u.finished_at IS NOT NULL THEN u.exit_code ELSE jobs.exit_code END,
     held          = coalesce(u.held, jobs.held),
     logs          = coalesce(u.logs, jobs.logs),
+    engine_reason = coalesce(u.engine_reason, jobs.engine_reason),
+    run_started_at = CASE WHEN u.touched_run THEN u.run_started_at ELSE jobs.run_started_at END,
+    engine_job_id = coalesce(u.engine_job_id, jobs.engine_job_id),
     finish_reason = coalesce(u.finish_reason, jobs.finish_reason),
+    finish_note   = coalesce(u.finish_note, jobs.finish_note),
     placements    = jobs.placements + u.placements,
     preemptions   = jobs.preemptions + u.preemptions,
     last_position = u.last_position

@@ -93,6 +93,10 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("submitted_at", pa.float64()),
             ("submitted_position", pa.int64()),
             ("command", pa.list_(pa.string())),
+            ("job_name", pa.string()),
+            ("workdir", pa.string()),
+            ("array_job_id", pa.int64()),
+            ("array_task_id", pa.int64()),
         ]
     ),
     "b_placed": pa.schema(
@@ -121,6 +125,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("position", pa.int64()),
             ("outcome", pa.string()),
             ("exit_code", pa.int32()),
+            ("reason", pa.string()),
+            ("note", pa.string()),
+            ("ended_at", pa.float64()),
         ]
     ),
     "b_started": pa.schema(
@@ -133,6 +140,12 @@ SCHEMAS: dict[str, pa.Schema] = {
         [
             ("position", pa.int64()),
             ("reason", pa.string()),
+        ]
+    ),
+    "b_engine_linked": pa.schema(
+        [
+            ("position", pa.int64()),
+            ("engine_job_id", pa.string()),
         ]
     ),
     "b_cycles": pa.schema(
@@ -199,12 +212,16 @@ KEPT: frozenset[type] = frozenset(
         e.JobPreempted,
         e.JobFinished,
         e.JobEngineEnded,
+        e.JobEngineLinked,
         e.CycleDecided,
     }
 )
 """The event types whose fields the batch tables read (`apply.sql` takes the rest from `raw`)."""
 
-REDUCED: dict[type, Callable[[Any], Any]] = {e.JobStarted: attrgetter("logs")}
+REDUCED: dict[type, Callable[[Any], Any]] = {
+    e.JobStarted: attrgetter("logs"),
+    e.JobEngineLinked: attrgetter("engine_job_id"),
+}
 """Kept types of which a group keeps one value per event instead of the event (many events, one
 small field read)."""
 
@@ -407,6 +424,7 @@ def _build(records: Sequence[Row], rows: pa.Table | None) -> Batch:
         "b_finished": _finished(groups),
         "b_started": _started(groups),
         "b_engine_ended": _engine_ended(groups),
+        "b_engine_linked": _engine_linked(groups),
         "b_cycles": _cycles(groups),
     }
     counts = {name: t.num_rows for name, t in tables.items()}
@@ -535,6 +553,10 @@ def _submitted(groups: dict[type, Group]) -> pa.Table:
             "submitted_at": [ev.at for ev in evs],
             "submitted_position": g.positions,
             "command": _string_lists([ev.command for ev in evs]),
+            "job_name": [ev.job_name for ev in evs],
+            "workdir": [ev.workdir for ev in evs],
+            "array_job_id": [ev.array_job_id for ev in evs],
+            "array_task_id": [ev.array_task_id for ev in evs],
         },
     )
 
@@ -558,6 +580,7 @@ _LIFECYCLE = (
     e.JobHeld,
     e.JobReleased,
     e.JobEngineEnded,
+    e.JobEngineLinked,
 )
 """The job events that `apply.sql` reads back from the batch's rows of `events` (b_jobev)."""
 
@@ -618,8 +641,8 @@ def _preempted(groups: dict[type, Group]) -> pa.Table:
 
 
 def _finished(groups: dict[type, Group]) -> pa.Table:
-    """JobFinished's outcome and exit code (what `b_jobev` would otherwise read back out of the
-    stored JSON: decompressing every `raw` of the batch)."""
+    """JobFinished's outcome, exit code, reason, note and real end (what `b_jobev` would
+    otherwise read back out of the stored JSON: decompressing every `raw` of the batch)."""
     g = groups.get(e.JobFinished, _EMPTY_GROUP)
     evs = g.events
     return _table(
@@ -628,6 +651,9 @@ def _finished(groups: dict[type, Group]) -> pa.Table:
             "position": g.positions,
             "outcome": [ev.outcome for ev in evs],
             "exit_code": [ev.exit_code for ev in evs],
+            "reason": [ev.reason for ev in evs],
+            "note": [ev.note for ev in evs],
+            "ended_at": [ev.ended_at for ev in evs],
         },
     )
 
@@ -644,6 +670,12 @@ def _engine_ended(groups: dict[type, Group]) -> pa.Table:
     return _table(
         "b_engine_ended", {"position": g.positions, "reason": [ev.reason for ev in g.events]}
     )
+
+
+def _engine_linked(groups: dict[type, Group]) -> pa.Table:
+    """The engine's id of a run (the job's `engine_job_id` in `jobs`)."""
+    g = groups.get(e.JobEngineLinked, _EMPTY_GROUP)  # REDUCED: its events are their ids
+    return _table("b_engine_linked", {"position": g.positions, "engine_job_id": g.events})
 
 
 def _cycles(groups: dict[type, Group]) -> pa.Table:

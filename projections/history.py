@@ -142,6 +142,9 @@ _JOB_FILTERS = (
     ("since", "(j.finished_at IS NULL OR j.finished_at >= $since)"),
     ("until", "j.submitted_at <= $until"),
     ("job_id", "j.job_id = $job_id"),
+    ("job_ids", "j.job_id IN (SELECT unnest($job_ids))"),
+    ("before", "j.submitted_position <= $before"),
+    ("below", "j.job_id < $below"),
 )
 
 _JOBS = """WITH page AS (  -- the page first: newest first, over the given filters' columns only
@@ -150,11 +153,8 @@ _JOBS = """WITH page AS (  -- the page first: newest first, over the given filte
 ), top AS (  -- then only the page's rows
     SELECT j.* FROM jobs j
     WHERE j.job_id >= (SELECT min(job_id) FROM page) AND j.job_id IN (SELECT job_id FROM page)
-), iv AS (
-    SELECT job_id, max(start_at) AS last_start_at,
-           list_sort(list_distinct(flatten(
-               list([sl.node FOR sl IN slots]) FILTER (WHERE end_position IS NULL)
-           ))) AS nodes
+), iv AS (  -- its last placement: the GPUs it holds, or held in its last run
+    SELECT job_id, arg_max(slots, start_position) AS slots
     FROM job_intervals
     WHERE job_id IN (SELECT job_id FROM top)
     GROUP BY job_id
@@ -162,32 +162,54 @@ _JOBS = """WITH page AS (  -- the page first: newest first, over the given filte
 SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster,
        CASE WHEN j.status = 'pending' AND j.held THEN 'held' ELSE j.status END AS state,
        j.outcome, j.exit_code, j.funded, j.min_runtime_s, j.resumable, j.priority, j.debug,
-       j.time_limit_s, j.submitted_at, j.placed_at, j.started_at, j.finished_at, j.placements,
-       j.preemptions, coalesce(iv.nodes, []) AS nodes, iv.last_start_at,
-       j.command, j.logs, j.finish_reason
+       j.time_limit_s, j.submitted_at, j.placed_at,
+       CASE WHEN j.status IN ('running', 'finished') THEN j.run_started_at END AS started_at,
+       j.finished_at, j.placements, j.preemptions,
+       CASE WHEN j.status = 'pending' THEN [] ELSE coalesce(iv.slots, []) END AS slots,
+       j.command, j.logs,
+       -- a v1 end said only `failed`; the engine's word then says a time limit or a lost node
+       CASE WHEN j.finish_reason = 'failed' AND j.engine_reason = 'time_limit' THEN 'time_limit'
+            WHEN j.finish_reason = 'failed' AND j.engine_reason = 'node_failure' THEN 'node_lost'
+            ELSE j.finish_reason END AS finish_reason,
+       coalesce(j.finish_note, '') AS finish_note, j.engine_job_id, j.job_name, j.workdir,
+       j.array_job_id, j.array_task_id
 FROM top j LEFT JOIN iv USING (job_id)
 ORDER BY j.job_id DESC
 """
 
 
-def jobs_page(con: Con, f: v.JobFilter, *, job_id: int | None = None) -> list[tuple[Any, ...]]:
-    """The jobs `f` selects (only `job_id` when given), newest first, at most `f.limit`, each as
-    the tuple (job_id, account, user_name, gpus, gpu_type, cluster, state, outcome, exit_code,
-    funded, min_runtime_s, resumable, priority, debug, time_limit_s, submitted_at, placed_at,
-    started_at, finished_at, placements, preemptions, nodes, last_start_at, command, logs,
-    finish_reason): `state` is `held` for a held pending job; `logs` are those of its last
-    start, `finish_reason` the engine's word on how its last run ended (None: no engine said).
-    `since`/`until` select the jobs alive at some moment of [since, until].
+def jobs_page(
+    con: Con,
+    f: v.JobFilter,
+    *,
+    job_id: int | None = None,
+    before: int | None = None,
+    below: int | None = None,
+) -> list[tuple[Any, ...]]:
+    """The jobs `f` selects (only `job_id` when given; only those submitted at or before log
+    position `before` when given), newest first, at most `f.limit`, each as the tuple (job_id,
+    account, user_name, gpus, gpu_type, cluster, state, outcome, exit_code, funded,
+    min_runtime_s, resumable, priority, debug, time_limit_s, submitted_at, placed_at,
+    started_at, finished_at, placements, preemptions, slots, command, logs, finish_reason,
+    finish_note, engine_job_id, job_name, workdir, array_job_id, array_task_id), with ids
+    below `below` when given (the next page): `state` is
+    `held` for a held pending job; `started_at` the start of its running or last run (None when
+    no process started); `slots` the GPUs it holds or its last run held; `logs` are those of its
+    last start; `finish_reason` the ledger's word on why it ended. `since`/`until` select the
+    jobs alive at some moment of [since, until].
 
     The page is cut first, on the jobs table alone: a filter not given is left out of the
     statement, so the engine reads no column for it and the page without filters is a top-N
-    over one column, whatever the history; only then do the page's rows get their nodes."""
+    over one column, whatever the history; only then do the page's rows get their GPUs."""
     given = {
         "user": f.user,
         "account": f.account.rstrip("/") if f.account else None,
         "since": f.since,
         "until": f.until,
         "job_id": job_id,
+        "job_ids": list(f.job_ids) if f.job_ids is not None else None,
+        "before": before,
+        "below": below,
     }
     where = [sql for name, sql in _JOB_FILTERS if given[name] is not None]
     params: dict[str, Any] = {k: x for k, x in given.items() if x is not None}
@@ -198,6 +220,37 @@ def jobs_page(con: Con, f: v.JobFilter, *, job_id: int | None = None) -> list[tu
         params["status"] = f.status
     sql = _JOBS.format(where=f"\n    WHERE {' AND '.join(where)}" if where else "")
     return con.execute(sql, {**params, "limit": f.limit}).fetchall()
+
+
+def position_at(con: Con, at: float) -> int | None:
+    """The log position the ledger stood at, at time `at`: the end of the longest prefix of the
+    log whose events all happened at or before `at`; None when no event happened after `at`
+    (the ledger then is the ledger now)."""
+    row = con.execute("SELECT min(position) FROM events WHERE occurred_at > $at", {"at": at})
+    (first_after,) = row.fetchone() or (None,)
+    return None if first_after is None else int(first_after) - 1
+
+
+def changed_after(con: Con, job_ids: Sequence[int], position: int) -> list[int]:
+    """Those of `job_ids` whose row an event after `position` changed."""
+    got = con.execute(
+        "SELECT job_id FROM jobs WHERE job_id IN (SELECT unnest($ids)) AND last_position > $p",
+        {"ids": list(job_ids), "p": position},
+    ).fetchall()
+    return sorted(int(job_id) for (job_id,) in got)
+
+
+def job_records(con: Con, job_ids: Sequence[int], until: int) -> list[tuple[int, str, bytes]]:
+    """The stored records (position, tag, bytes) of these jobs' events up to `until`, in log
+    order: what a projection of them alone as of `until` is built from."""
+    got = con.execute(
+        "SELECT position, tag, raw FROM events WHERE job_id IN (SELECT unnest($ids)) "
+        "AND position <= $until AND known ORDER BY position",
+        {"ids": list(job_ids), "until": until},
+    ).fetchall()
+    return [
+        (int(p), str(t), raw.encode() if isinstance(raw, str) else bytes(raw)) for p, t, raw in got
+    ]
 
 
 def owners(con: Con, job_ids: Sequence[int]) -> dict[int, tuple[str, str]]:

@@ -96,7 +96,15 @@ CREATE TABLE jobs (
     held               BOOLEAN NOT NULL,   -- its last hold or release was a hold (JobHeld)
     command            VARCHAR[] NOT NULL, -- as submitted
     logs               VARCHAR[] NOT NULL, -- of its last start ([] before one)
-    finish_reason      VARCHAR             -- how the engine said its last run ended (JobEngineEnded)
+    engine_reason      VARCHAR,            -- how the engine said its last run ended (JobEngineEnded)
+    job_name           VARCHAR NOT NULL,   -- `-J` (or its command's name)
+    workdir            VARCHAR NOT NULL,   -- the directory it starts in ('' the engine's default)
+    array_job_id       BIGINT,             -- a job array's first task id (NULL: no array)
+    array_task_id      BIGINT,
+    run_started_at     DOUBLE,             -- its last run's start (JobStarted), kept after it ends
+    engine_job_id      VARCHAR,            -- the engine's id of its last run (JobEngineLinked)
+    finish_reason      VARCHAR,            -- why it ended (JobFinished.reason)
+    finish_note        VARCHAR             -- and in words, when there is more to say
 );
 
 -- Job intervals: one row per placement, from JobPlaced to the JobPreempted / JobFinished that

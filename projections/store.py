@@ -21,7 +21,7 @@ import _duckdb as duckdb
 from projections.errors import ProjectionBusy, ProjectionError, ProjectionMismatch
 
 PROJECTION = "ledger"
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 PROJECTIONS_DIR = "projections"
 
 

@@ -29,7 +29,8 @@ from schemas.bounds import (
     Token,
     Utilisation,
 )
-from schemas.events import EndReason, GpuSlot
+from schemas.commands import RunEnd
+from schemas.events import GpuSlot
 
 T = TypeVar("T")
 MANY = msgspec.Meta(max_length=100_000)
@@ -127,7 +128,9 @@ class PartStarted(PartRun, frozen=True, kw_only=True):
 
 class PartExited(PartRun, frozen=True, kw_only=True):
     exit_code: ExitCode
-    reason: EndReason = "exited"
+    reason: RunEnd = "exited"
+    """How the part ended (`schemas.commands.RunEnd`: `drained` when `agent --drain` stopped
+    it, which the ledger requeues when the job is resumable)."""
     ended_at: Epoch | None = None
     """When its process tree was empty (the agent's clock): an exit reported late keeps it."""
     note: Text = ""

@@ -64,6 +64,12 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     """The relay's state ("publishing", "unavailable", "stopped", ...; None without Kafka)."""
     relay_error: str | None = None
     """Why the relay is not publishing, when it is not (one line)."""
+    executor: str = ""
+    """What runs the jobs: agents, local, slurm, record (placements only recorded), none."""
+    placing: bool = True
+    """False when nothing would run a placement (no executor): jobs wait, nothing is placed."""
+    jobs_run_as: str = ""
+    """Who jobs run as, in words."""
 
 
 class WhoAmI(msgspec.Struct, frozen=True, kw_only=True):

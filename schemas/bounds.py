@@ -73,6 +73,25 @@ Arg = Annotated[str, msgspec.Meta(max_length=4_096)]
 CommandLine = Annotated[tuple[Arg, ...], msgspec.Meta(max_length=1_024)]
 LogPaths = Annotated[tuple[Arg, ...], msgspec.Meta(max_length=1_000_000)]
 """Where a job's parts write their output: one path per part (at most one part per GPU)."""
+Path = Annotated[str, msgspec.Meta(max_length=4_096)]
+"""A file or directory path (a job's working directory, its output file pattern)."""
+EnvName = Annotated[str, msgspec.Meta(max_length=255)]
+"""An environment variable's name (the domain checks its form: ENV_NAME_PATTERN)."""
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+MAX_ENV_VALUE = 16_384
+EnvValue = Annotated[str, msgspec.Meta(max_length=MAX_ENV_VALUE)]
+MAX_ENV_BYTES = 256 * 1024
+"""The most a job's environment may hold, names and values together (the domain checks it)."""
+Environment = Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=2_048)]
+"""A job's environment as submitted (after `--export`): at most 2,048 variables."""
+JobName = Annotated[str, msgspec.Meta(max_length=255)]
+"""A job's name (`-J`): what `%x` writes and `--dependency=singleton` groups by."""
+MAX_ARRAY_TASKS = 10_000
+ArrayIndex = Annotated[int, msgspec.Meta(ge=0, le=4_000_000)]
+"""A job array's task index (`--array=0-15`, `1,3,5`)."""
+ArrayTasks = Annotated[tuple[ArrayIndex, ...], msgspec.Meta(max_length=MAX_ARRAY_TASKS)]
+ArrayLimit = Annotated[int, msgspec.Meta(ge=1, le=MAX_ARRAY_TASKS)]
+"""How many tasks of an array may hold GPUs at once (`--array=0-15%4`)."""
 LabelKey = Annotated[str, msgspec.Meta(max_length=63)]
 Labels = Annotated[dict[LabelKey, Text], msgspec.Meta(max_length=64)]
 Config = Annotated[dict[LabelKey, Text], msgspec.Meta(max_length=64)]

@@ -24,6 +24,10 @@ from schemas.events import (
     CycleDecidedV1,
     CycleDecidedV2,
     Event,
+    JobFinished,
+    JobFinishedV1,
+    JobSubmitted,
+    JobSubmittedV1,
     RankInputs,
     StoredEvent,
     UsageSettings,
@@ -182,8 +186,25 @@ def _seconds(settings: dict[str, str], key: str) -> float:
     return value
 
 
+def submitted_v1_to_v2(ev: JobSubmittedV1) -> JobSubmitted:
+    """Pure: a v1 submission as v2: the same contract, its world empty (no working directory,
+    environment, output pattern, name, array or dependency: the engine's defaults, as v1 jobs
+    ran)."""
+    return JobSubmitted(**msgspec.structs.asdict(ev))
+
+
+def finished_v1_to_v2(ev: JobFinishedV1) -> JobFinished:
+    """Pure: a v1 end as v2, its reason the one its outcome says (a v1 time limit or lost node
+    was recorded `failed`; the engine's own word, `JobEngineEnded`, still says which)."""
+    return JobFinished(**msgspec.structs.asdict(ev), reason=ev.outcome)
+
+
 def upcast(event: StoredEvent) -> AnyEvent:
     """Pure: the latest version of a decoded event (the event itself when it is the latest)."""
+    if isinstance(event, JobSubmittedV1):
+        return submitted_v1_to_v2(event)
+    if isinstance(event, JobFinishedV1):
+        return finished_v1_to_v2(event)
     if isinstance(event, CycleDecidedV1):
         return decided_v2_to_v3(decided_v1_to_v2(event))
     if isinstance(event, CycleDecidedV2):

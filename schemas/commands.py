@@ -10,25 +10,30 @@ each command it executes, so a value outside its bounds is one `InvalidCommand`,
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
 from schemas.bounds import (
     AccountPath,
     Actor,
+    ArrayLimit,
+    ArrayTasks,
     CommandLine,
     Count,
+    Environment,
     Epoch,
     ExitCode,
     FloatSeconds,
     GraceSeconds,
     JobGpus,
     JobId,
+    JobName,
     Labels,
     LogPaths,
     Name,
     NodeGpus,
+    Path,
     Position,
     PositiveInterval,
     PositiveSeconds,
@@ -44,6 +49,7 @@ from schemas.bounds import (
 from schemas.events import (
     LISTED,
     AccountKind,
+    Dependency,
     EndReason,
     GpuSlot,
     Many,
@@ -185,10 +191,32 @@ class SubmitJob(Command, frozen=True, kw_only=True, tag="submit"):
     """Submit on behalf of `user` (admins and the simulator); defaults to the actor."""
     grace_s: GraceSeconds | None = None
     """SIGTERM-to-SIGKILL grace when the job is stopped; None: the executor's default."""
+    workdir: Path = ""
+    """The absolute directory the job starts in (the CLI sends its own working directory, as
+    sbatch does; `-D/--chdir`); "" the engine's default."""
+    env: Environment = {}
+    """The job's environment (the CLI sends its own after `--export`); names matching the
+    service's secret pattern are stripped before it is recorded."""
+    stdout: Path = ""
+    """Output file pattern (`-o`: `%j` job id, `%u` user, `%x` job name, `%a` array task,
+    `%A` array job id), relative to `workdir`; "" is `gpuledger-%j.out` when `workdir` is set."""
+    stderr: Path = ""
+    """Error file pattern (`-e`); "" writes errors to the output file."""
+    job_name: JobName = ""
+    array: ArrayTasks = ()
+    """A job array's task indices (`--array=0-15`): one job each, consecutive job ids."""
+    array_limit: ArrayLimit | None = None
+    """At most this many of the array's tasks hold GPUs at once (`--array=0-15%4`)."""
+    dependency: Annotated[tuple[Dependency, ...], LISTED] = ()
+    """`--dependency`: every term must hold before the job may be placed."""
 
 
 class CancelJob(JobCommand, frozen=True, kw_only=True, tag="cancel"):
     """Cancel a pending, placed or running job (its owner, the managers above it, admins)."""
+
+    whole_array: bool = False
+    """`job_id` names a job array (its first task's id): cancel every unfinished task of it,
+    as `scancel ARRAY_ID` does (a job that is no array is cancelled alone)."""
 
 
 class HoldJob(JobCommand, frozen=True, kw_only=True, tag="hold"):
@@ -253,16 +281,26 @@ class StartJob(JobCommand, frozen=True, kw_only=True, tag="job.start"):
     parts: Annotated[tuple[RunPart, ...], LISTED] = ()
 
 
+RunEnd = EndReason | Literal["launch_failed", "drained"]
+"""How a run ended as an executor reports it: an engine's `EndReason`; `launch_failed` (the run
+could not be started: no OS account to run it as, a command the engine cannot start); or
+`drained` (its node's agent stopped it on the way out, `gpuledger agent --drain`: the ledger
+requeues it when resumable and ends the others as preempted for maintenance, as a drained node's
+jobs are)."""
+
+
 class FinishJob(JobCommand, frozen=True, kw_only=True, tag="job.finish"):
     exit_code: ExitCode
     engine: Name = ""
     """Set by an execution engine: records how it says the run ended (JobEngineEnded)."""
     engine_job_id: Name = ""
-    reason: EndReason = "exited"
+    reason: RunEnd = "exited"
     engine_state: Name = ""
-    ended_at: Epoch | None = None
-    """When the run really ended, as the engine says (kept between its start and now)."""
     note: Text = ""
+    """What more there is to say, in words (a launch that failed: why)."""
+    ended_at: Epoch | None = None
+    """When the run really ended, when the engine knows (its exit file, Slurm's End); recorded
+    as the job's end and charged to it (kept between its placement and the command's time)."""
 
 
 class ConfirmRunEnded(JobCommand, frozen=True, kw_only=True, tag="job.run_ended"):

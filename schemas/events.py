@@ -12,6 +12,7 @@ decodes: `codec.decode` clamps it into them (see `codec.clamp`).
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Literal, TypeVar
 
 import msgspec
@@ -19,9 +20,12 @@ import msgspec
 from schemas.bounds import (
     AccountPath,
     Actor,
+    ArrayIndex,
+    ArrayLimit,
     CommandLine,
     Config,
     Count,
+    Environment,
     Epoch,
     ExitCode,
     FloatSeconds,
@@ -29,11 +33,13 @@ from schemas.bounds import (
     GraceSeconds,
     JobGpus,
     JobId,
+    JobName,
     Labels,
     LogPaths,
     LongText,
     Name,
     NodeGpus,
+    Path,
     Position,
     PositiveInterval,
     PositiveSeconds,
@@ -53,13 +59,30 @@ AccountKind = Literal["program", "project", "user"]
 PreemptReason = Literal["fairness", "maintenance", "squatting", "admin", "debug", "node_failure"]
 """`node_failure`: the job's node was lost (`NodeLost`); a resumable job is requeued."""
 FinishOutcome = Literal["completed", "failed", "cancelled", "preempted"]
-EndReason = Literal[
-    "exited", "time_limit", "node_failure", "cancelled", "out_of_memory", "lost", "launch_failed"
-]
+EndReason = Literal["exited", "time_limit", "node_failure", "cancelled", "out_of_memory", "lost"]
 """Why an execution engine says a job's run ended: its own exit, the engine's time limit, a node
-failure, a cancel from outside the ledger, the memory limit, no trace of it in the engine, or a
-command the engine could not start (a missing binary, a working directory or output file the
-user cannot use, no OS account to run it as; the reason is in the record's `note`)."""
+failure, a cancel from outside the ledger, the memory limit, or no trace of it in the engine."""
+FinishReason = Literal[
+    "completed",
+    "failed",
+    "cancelled",
+    "time_limit",
+    "preempted",
+    "node_lost",
+    "dependency_never_satisfied",
+    "launch_failed",
+]
+"""Why a job ended, the ledger's word (`JobFinished.reason`; `jobs` shows it as `finish_reason`):
+`completed` it exited 0 by itself; `failed` it exited otherwise (or its run vanished);
+`cancelled` by its owner, a manager or an admin (or outside the ledger, in the engine);
+`time_limit` stopped at its time limit; `preempted` preempted and not resumable; `node_lost` its
+node was lost and it was not resumable; `dependency_never_satisfied` a job it depends on ended so
+that it can never run (Slurm's DependencyNeverSatisfied); `launch_failed` it could not be started
+(no OS account to run it as, a command the engine cannot start)."""
+FINISH_REASONS: tuple[str, ...] = typing.get_args(FinishReason)
+DependencyKind = Literal["afterok", "afterany", "afternotok", "singleton"]
+"""Slurm's `--dependency` kinds: start after the named jobs completed (exit 0), ended in any way,
+ended other than completed; `singleton`: after every earlier job of the same user and name."""
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -217,13 +240,16 @@ LISTED = msgspec.Meta(max_length=1_024)
 Slots = Annotated[tuple[GpuSlot, ...], msgspec.Meta(max_length=100_000)]
 
 
-class JobSubmitted(JobEvent, frozen=True, kw_only=True, tag="job.submitted.v1"):
-    """A job and its scheduling contract.
+class Dependency(msgspec.Struct, frozen=True, kw_only=True):
+    """One term of a job's dependency (all terms must hold): `kind` over `job_ids` (a job id
+    that names a job array stands for every task of it); `singleton` names no jobs."""
 
-    `min_runtime_s` is the time it may not be preempted once placed; 0 means unfunded (free,
-    always preemptible). `time_limit_s` is the declared wall time; a job declaring <= 15 min that
-    fits on one node is the debug class (`debug`).
-    """
+    kind: DependencyKind
+    job_ids: Annotated[tuple[JobId, ...], LISTED] = ()
+
+
+class _Submitted(JobEvent, frozen=True, kw_only=True):
+    """The fields of a submission since v1. Not an event itself."""
 
     account: AccountPath
     user: Name
@@ -241,6 +267,38 @@ class JobSubmitted(JobEvent, frozen=True, kw_only=True, tag="job.submitted.v1"):
     """Known run time for simulated execution; ignored by real executors."""
     grace_s: GraceSeconds | None = None
     """SIGTERM-to-SIGKILL grace when the job is stopped; None: the executor's default (30 s)."""
+
+
+class JobSubmittedV1(_Submitted, frozen=True, kw_only=True, tag="job.submitted.v1"):
+    """The first submission record: the contract without the job's world (working directory,
+    environment, output files, name, array, dependency). Still read: `schemas.codec` upcasts it
+    to `JobSubmitted` (v2) with those fields empty (the engine's defaults)."""
+
+
+class JobSubmitted(_Submitted, frozen=True, kw_only=True, tag="job.submitted.v2"):
+    """A job, its scheduling contract and its world.
+
+    `min_runtime_s` is the time it may not be preempted once placed; 0 means unfunded (free,
+    always preemptible). `time_limit_s` is the declared wall time; a job declaring <= 15 min that
+    fits on one node is the debug class (`debug`).
+
+    The job's world, as sbatch takes it: it starts in `workdir` (absolute; "" the engine's
+    default) with `env` (the submitter's environment after `--export`, secrets stripped) plus the
+    ledger's own variables, writes its output to `stdout` and its errors to `stderr` (patterns
+    with `%j %u %x %a %A`, relative to `workdir`; "" for stderr is stdout). A job array's tasks are
+    one job each, `array_job_id` the first task's job id, at most `array_limit` of them holding
+    GPUs at once; `dependency` holds it until the jobs it names end as it asks.
+    """
+
+    workdir: Path = ""
+    env: Environment = {}
+    stdout: Path = ""
+    stderr: Path = ""
+    job_name: JobName = ""
+    array_job_id: JobId | None = None
+    array_task_id: ArrayIndex | None = None
+    array_limit: ArrayLimit | None = None
+    dependency: Annotated[tuple[Dependency, ...], LISTED] = ()
 
 
 class JobPlaced(JobEvent, frozen=True, kw_only=True, tag="job.placed.v1"):
@@ -280,14 +338,11 @@ class JobReleased(JobEvent, frozen=True, kw_only=True, tag="job.released.v1"):
     """A held job may be scheduled again."""
 
 
-class JobFinished(JobEvent, frozen=True, kw_only=True, tag="job.finished.v1"):
+class _Finished(JobEvent, frozen=True, kw_only=True):
+    """The fields of a job's end since v1. Not an event itself."""
+
     outcome: FinishOutcome
     exit_code: ExitCode | None = None
-    ended_at: Epoch | None = None
-    """When the run really ended, as its engine says (the supervisor's exit record once the
-    job's process tree is empty, Slurm's EndTime): an end recorded late (the service or an agent
-    was down) keeps its true time. Never before the start nor after this event. None: at this
-    event."""
 
 
 class RunPart(msgspec.Struct, frozen=True, kw_only=True):
@@ -298,6 +353,22 @@ class RunPart(msgspec.Struct, frozen=True, kw_only=True):
     gpu_indices: GpuIndices = ()
     pid: Count = 0
     tree: Text = ""
+
+
+class JobFinishedV1(_Finished, frozen=True, kw_only=True, tag="job.finished.v1"):
+    """The first end record: an outcome without the reason. Still read: `schemas.codec` upcasts
+    it to `JobFinished` (v2) with the reason its outcome says."""
+
+
+class JobFinished(_Finished, frozen=True, kw_only=True, tag="job.finished.v2"):
+    """A job ended: its outcome (completed, failed, cancelled, preempted), why (`reason`, one of
+    `FinishReason`), in words when there is more to say (`note`), and when its run really ended
+    when the engine says (`ended_at`: an exit recorded later, e.g. while the service was down;
+    None: at `at`)."""
+
+    reason: FinishReason
+    note: Text = ""
+    ended_at: Epoch | None = None
 
 
 class JobEngineLinked(JobEvent, frozen=True, kw_only=True, tag="job.engine_linked.v1"):
@@ -569,10 +640,15 @@ AnyEvent = (
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__
 """The latest version of every event: what `schemas.codec.decode` returns."""
 
-StoredEvent = AnyEvent | CycleDecidedV2 | CycleDecidedV1
+StoredEvent = AnyEvent | CycleDecidedV2 | CycleDecidedV1 | JobSubmittedV1 | JobFinishedV1
 """Every version that may be stored; `schemas.codec` upcasts the older ones."""
 
-OLDER_TYPES: tuple[type[Event], ...] = (CycleDecidedV2, CycleDecidedV1)
+OLDER_TYPES: tuple[type[Event], ...] = (
+    CycleDecidedV2,
+    CycleDecidedV1,
+    JobSubmittedV1,
+    JobFinishedV1,
+)
 
 
 def tag_of(cls: type[Event]) -> str:

@@ -4,8 +4,11 @@ prints is formatted here.
 Pure: text in, numbers out, and back; no clock (`now` is never needed).
 
 Reading:
-- `parse_duration` whole seconds, 0 allowed: a contract, a grace, a lifetime ('90', '90s', '15m',
-  '1.5h', '7d', '1w'); `parse_window` the same, positive and bounded (a usage window).
+- `parse_duration` whole seconds, 0 allowed: a grace, a lifetime ('90', '90s', '15m', '1.5h',
+  '7d', '1w'); `parse_window` the same, positive and bounded (a usage window).
+- `parse_job_time` a job's time as sbatch reads `-t/--time` (a time limit, a min runtime): a bare
+  number is minutes, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`, and the ledger's
+  own '90s', '2h', '1.5h', '7d'.
 - `parse_interval` how often a loop runs: positive, a fraction allowed ('0.2s', '1.5m').
 - `parse_time` an ISO-8601 time (UTC when no zone is given) or seconds since the epoch.
 - `Duration` and `Interval`: the first two as config files and flags write them ("2s"), kept
@@ -26,7 +29,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from schemas.bounds import Epoch, PositiveInterval, PositiveSeconds, check
+from schemas.bounds import Epoch, PositiveInterval, PositiveSeconds, Seconds, check
 from schemas.errors import InvalidCommand
 
 _WRITTEN = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
@@ -56,6 +59,51 @@ def parse_duration(text: str) -> int:
             hint="durations are whole seconds; 0 means none (an unfunded contract)",
         )
     return int(seconds)
+
+
+_SLURM_TIME = re.compile(r"^(?:(?P<days>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$")
+_SLURM_FORMS = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or 90s, 2h, 7d"
+
+
+def parse_job_time(text: str, option: str = "--time") -> int:
+    """A job's time as Slurm's sbatch reads `-t/--time`, in whole seconds: a bare number is
+    whole minutes ('90' is 90 minutes, as in Slurm), 'MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM',
+    'D-HH:MM:SS'; a number with a unit is the ledger's own duration ('90s', '15m', '1.5h', '7d',
+    '1w'). Minutes and seconds after a colon are below 60 and hours after a day are below 24 (a
+    typo is an error, not another length); bounded like every duration (ten years)."""
+    written = text.strip()
+    if _WRITTEN.match(written) and written[-1:].isalpha():
+        seconds = parse_duration(written)
+    else:
+        seconds = _slurm_seconds(written, option, text)
+    return int(check(seconds, Seconds, option))
+
+
+def _slurm_seconds(written: str, option: str, text: str) -> int:
+    m = _SLURM_TIME.match(written)
+    bare = _WRITTEN.match(written)
+    if m is None and bare is not None:  # '1.5': Slurm reads whole minutes only
+        raise InvalidCommand(
+            f"invalid {option} {text!r}: a bare number is whole minutes",
+            hint=f"use {_SLURM_FORMS}",
+        )
+    if m is None:
+        raise InvalidCommand(f"invalid {option} {text!r}", hint=f"use {_SLURM_FORMS}")
+    days, parts = m["days"], [int(x) for x in (m["a"], m["b"], m["c"]) if x is not None]
+    if days is None:  # minutes | MM:SS | HH:MM:SS
+        scale = {1: (60,), 2: (60, 1), 3: (3600, 60, 1)}[len(parts)]
+        limits = {1: (None,), 2: (None, 60), 3: (None, 60, 60)}[len(parts)]
+    else:  # D-HH | D-HH:MM | D-HH:MM:SS
+        scale = (3600, 60, 1)[: len(parts)]
+        limits = (24, 60, 60)[: len(parts)]
+    for value, limit in zip(parts, limits, strict=True):
+        if limit is not None and value >= limit:
+            raise InvalidCommand(
+                f"invalid {option} {text!r}: {value} is out of range in that place",
+                hint=f"use {_SLURM_FORMS}",
+            )
+    seconds = sum(v * s for v, s in zip(parts, scale, strict=True))
+    return seconds + (int(days) * 86_400 if days is not None else 0)
 
 
 def parse_window(text: str, option: str = "--window") -> int:

@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from schemas.events import AnyEvent, EndReason
+from schemas.events import AnyEvent, FinishReason, GpuSlot
 
 JobStatusWord = Literal["pending", "held", "placed", "running", "finished"]
 Limit = Annotated[int, msgspec.Meta(ge=1, le=100_000)]
@@ -47,7 +47,15 @@ class JobFilter(_View, frozen=True, kw_only=True):
     """Jobs submitted at or before this time (sacct's -E)."""
     limit: Limit = 200
     at: Epoch | None = None
-    """The moment running jobs' elapsed time is measured at (default now)."""
+    """The ledger as it was at this moment (default now): jobs submitted later are not listed,
+    the others are as they were then, running jobs' elapsed time measured then."""
+    job_ids: (
+        Annotated[
+            list[Annotated[int, msgspec.Meta(ge=1, le=2**53)]], msgspec.Meta(max_length=1_000)
+        ]
+        | None
+    ) = None
+    """Only these jobs (sacct's -j)."""
 
 
 class QueueFilter(_View, frozen=True, kw_only=True):
@@ -56,7 +64,8 @@ class QueueFilter(_View, frozen=True, kw_only=True):
     user: str | None = None
     account: str | None = None
     """This account and everything below it."""
-    state: Literal["pending", "held", "all"] = "all"
+    state: Literal["pending", "held", "running", "all"] = "all"
+    """`all`: pending and held (squeue's default shows running jobs too: `running`)."""
     limit: Limit = 50
 
 
@@ -126,13 +135,28 @@ class JobRow(_View, frozen=True, kw_only=True):
     elapsed_s: float | None
     """Run time of its last run: from start (or placement) to its end, or to `now` if running."""
     nodes: list[str]
+    """The nodes it holds, or its last run held (finished); [] while it waits."""
     placements: int
     preemptions: int
     command: list[str] = []
     logs: list[str] = []
     """Where its last run's output goes: one log per part, on the part's node."""
-    finish_reason: EndReason | None = None
-    """Why its last run ended, as its execution engine says (`exited`: by itself)."""
+    finish_reason: FinishReason | None = None
+    """Why it ended (`schemas.events.FinishReason`: completed, failed, cancelled, time_limit,
+    preempted, node_lost, dependency_never_satisfied, launch_failed); null until it ends."""
+    finish_note: str = ""
+    """More about its end, in words (why a launch failed, which dependency can never hold)."""
+    slots: list[GpuSlot] = []
+    """The GPUs it holds, or its last run held (finished), node by node."""
+    engine_job_id: str | None = None
+    """The execution engine's id of its last run (a Slurm job id); null where the engine names
+    no runs."""
+    job_name: str = ""
+    workdir: str = ""
+    """The directory it starts in ("" the engine's default)."""
+    array_job_id: int | None = None
+    """A job array's first task id (`%A`); null for a job that is no array."""
+    array_task_id: int | None = None
     redacted: Annotated[
         bool,
         msgspec.Meta(
@@ -158,8 +182,8 @@ class LogEntry(_View, frozen=True, kw_only=True):
         msgspec.Meta(
             description="True: the event belongs to a job whose command, labels and logs this "
             "viewer may not see (only its owner, the managers of its account or of one above "
-            "it, and admins may): in `event` they are empty (`command` and `labels` of "
-            "`job.submitted.v1`, `logs` of `job.started.v1`)."
+            "it, and admins may): in `event` they are empty (`command`, `labels` and `env` of "
+            "`job.submitted.v2`, `logs` of `job.started.v1`)."
         ),
     ] = False
 
@@ -184,15 +208,20 @@ class QueueRow(_View, frozen=True, kw_only=True):
     gpus: int
     funded: bool
     debug: bool
-    state: Literal["pending", "held"]
+    state: Literal["pending", "held", "placed", "running"]
     sort_key: list[float | int | str]
     code: str
-    """NEXT_CYCLE (placed in the next cycle), HELD, or the dispatcher's WAIT_* code."""
+    """NEXT_CYCLE (placed in the next cycle), HELD, WAIT_DEPENDENCY, WAIT_ARRAY_LIMIT, the
+    dispatcher's WAIT_* code; PLACED or RUNNING for a job that holds GPUs (`--state
+    running`)."""
     reason: str
     submitted_at: float
     waiting_s: float
     estimated_start_at: float | None
-    """An estimate from the running jobs' contracts and time limits; null when unknown."""
+    """An estimate from the jobs ahead and the running jobs' time limits and contracts (for a
+    job that holds GPUs, when it started); null when it cannot be known."""
+    nodes: list[str] = []
+    """The nodes a placed or running job holds."""
 
 
 class PriorityRow(_View, frozen=True, kw_only=True):

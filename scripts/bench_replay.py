@@ -56,7 +56,7 @@ from schemas import commands as c
 from schemas.events import tag_of
 
 REPO = Path(__file__).resolve().parents[1]
-TRACE = Path("/work/shared/traces/philly-4plusgpu-sample.csv.gz")
+TRACE = REPO / "examples" / "traces" / "philly-4plusgpu-sample.csv.gz"
 GPULEDGER = Path(sys.executable).parent / "gpuledger"
 
 

@@ -32,7 +32,7 @@ from ledger.store.application import Ledger
 from ledger.store.clock import SimClock
 
 GOAL_S = 30.0
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "philly-4plusgpu-sample.csv.gz"
+TRACE = Path(__file__).resolve().parents[1] / "examples/traces/philly-4plusgpu-sample.csv.gz"
 
 
 def main() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--ranks", default="incremental", choices=["incremental", "projection"])
     ap.add_argument("--no-fifo", action="store_true", help="skip the same-run fifo baseline")
     args = ap.parse_args()
-    trace = args.trace if args.trace.exists() else Path("/work/shared/traces") / TRACE.name
+    trace = args.trace
     workload = resolve(parse_trace(trace.read_bytes(), str(trace)), Assumptions())
     config = SimConfig(
         policy=args.policy, cluster=Cluster(nodes=args.nodes), days=args.days, ranks=args.ranks

@@ -58,7 +58,10 @@ def node_list(rows: list[NodeRow]) -> None:
 @click.option("--until", "-E", default=None, help="Jobs submitted at or before this time.")
 @click.option("--limit", type=int, default=200, show_default=True)
 @click.option(
-    "--at", default=None, help="Measure running jobs' elapsed time at this moment (default now)."
+    "--jobs", "-j", "job_ids", default=None, help="Only these jobs: ID[,ID...] (like sacct -j)."
+)
+@click.option(
+    "--at", default=None, help="The jobs as they were at this moment (default now; ISO 8601)."
 )
 @json_option
 @pass_ctx
@@ -70,10 +73,11 @@ def jobs(
     since: str | None,
     until: str | None,
     limit: int,
+    job_ids: str | None,
     at: str | None,
     as_json: bool,
 ) -> None:
-    """List jobs newest first, like sacct: start, end, elapsed, exit code."""
+    """List jobs newest first, like sacct: start, end, elapsed, exit code, why it ended."""
     selected = ctx.read(
         "jobs",
         quiet=False,
@@ -84,6 +88,7 @@ def jobs(
         until=None if until is None else parse_time(until),
         limit=limit,
         at=None if at is None else parse_time(at),
+        job_ids=None if job_ids is None else _ids(job_ids),
     )
     if as_json:
         echo_json(selected)
@@ -97,8 +102,9 @@ def jobs(
         contract = "unfunded" if not r.funded else format_duration(r.min_runtime_s)
         contract += " resumable" if r.resumable else ""
         contract += " debug" if r.debug else ""
-        state: str = r.outcome if r.status == "finished" and r.outcome else r.status
-        state += " (time limit)" if r.finish_reason == "time_limit" else ""
+        state: str = (
+            r.finish_reason or r.outcome or r.status if r.status == "finished" else r.status
+        )
         rows.append((
             str(r.job_id), r.account, r.user, str(r.gpus), state, contract,
             format_time(r.submitted_at), format_time(r.started_at), format_time(r.finished_at),
@@ -107,6 +113,14 @@ def jobs(
             r.logs[0] if r.logs else "-",
         ))  # fmt: skip
     print_table(header, rows)
+
+
+def _ids(text: str) -> list[int]:
+    """`-j 5,6,7` as job ids; one clear error for anything else."""
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts or not all(x.isdigit() for x in parts):
+        raise InvalidCommand(f"invalid --jobs {text!r}", hint="use job ids: -j 5 or -j 5,6,7")
+    return [int(x) for x in parts]
 
 
 def _summary(ev: Any) -> str:

@@ -226,10 +226,18 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
 )
 @click.option(
     "--executor",
-    type=click.Choice(["none", "local", "agents", "slurm"]),
+    type=click.Choice(["none", "record", "local", "agents", "slurm"]),
     default=None,
     help="agents: node agents run placements; local: run them here, like `up`; "
-    "slurm: run them as Slurm jobs on --partition; none: only record them [default].",
+    "slurm: run them as Slurm jobs on --partition; record: only record placements (nothing "
+    "runs); none: place nothing [default].",
+)
+@click.option(
+    "--run-as",
+    type=click.Choice(["submitter", "service"]),
+    default=None,
+    help="submitter: each job as its owner's OS account (uid >= min_uid) [default]; "
+    "service: every job as the service's own account.",
 )
 @click.option(
     "--partition",
@@ -268,6 +276,7 @@ def serve(
     debug_lane: bool | None,
     squat_after: str | None,
     executor: str | None,
+    run_as: str | None,
     partition: str | None,
     node_lost_after: str | None,
     node_fence: str | None,
@@ -293,6 +302,7 @@ def serve(
         debug_lane=debug_lane,
         squat_after=squat_after,
         executor=executor,
+        run_as=run_as,
         partition=partition,
         node_lost_after=node_lost_after,
         node_fence=node_fence,
@@ -335,6 +345,11 @@ def status(ctx: Ctx, as_json: bool) -> None:
     click.echo(f"  last cycle    {last}, {h.cycles} cycles")
     click.echo(f"  projection    lag {h.projection_lag} events")
     click.echo(f"  relay         lag {relay}")
+    if h.executor:
+        placing = "" if h.placing else ": nothing is placed, jobs wait (start it with an executor)"
+        click.echo(f"  executor      {h.executor}{placing}")
+    if h.jobs_run_as:
+        click.echo(f"  jobs run as   {h.jobs_run_as}")
     if h.last_error:
         click.echo(f"  last error    {h.last_error}")
 

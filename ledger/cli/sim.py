@@ -1,7 +1,8 @@
 """`gpuledger simulate`: replay a workload through the real ledger, projections and dispatcher.
 
-    gpuledger --home sim simulate run --trace philly.csv.gz --nodes 50 --policy fairshare
-    gpuledger --home cmp simulate compare --trace philly.csv.gz --nodes 50
+    T=examples/traces/philly-4plusgpu-sample.csv.gz   # shipped with the repository
+    gpuledger --home sim simulate run --trace $T --nodes 50 --policy fairshare
+    gpuledger --home cmp simulate compare --trace $T --nodes 50
     gpuledger simulate dump --synthetic out.csv.gz
 
 A run writes a normal ledger into `--home` (compare: `--home/<policy>` per policy), so every other

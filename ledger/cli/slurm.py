@@ -61,8 +61,18 @@ def import_shares(source: Path | None, output: Path | None) -> None:
                 hint="import-shares needs Slurm accounting (slurmdbd); or pass --from FILE",
             )
         text = done.stdout
-    rows, parents = parse_sacctmgr_shares(text)
+    rows, parents, duplicates = parse_sacctmgr_shares(text)
     toml = shares_toml(rows, parents)
+    if duplicates:
+        shown = "; ".join(
+            f"{name} ({', '.join('parent' if x < 0 else str(x) for x in shares)})"
+            for name, shares in sorted(duplicates.items())
+        )
+        click.echo(
+            f"note: {len(duplicates)} associations appear more than once (one per cluster or "
+            f"partition?), the first share kept: {shown}",
+            err=True,
+        )
     if output is None:
         click.echo(toml, nl=False)
     else:

@@ -226,9 +226,10 @@ queue_filters = [
     click.option(
         "--state",
         "-t",
-        type=click.Choice(["pending", "held", "all"]),
+        type=click.Choice(["pending", "held", "running", "all"]),
         default="all",
         show_default=True,
+        help="all: pending and held; running: the jobs that hold GPUs (placed or running).",
     ),
     click.option("--limit", type=int, default=50, show_default=True),
 ]
@@ -273,7 +274,17 @@ def _queue_view(view: str) -> Callable[[Callable[[Any], None]], click.Command]:
 
 @_queue_view("queue")
 def queue(rows: list[QueueRow]) -> None:
-    """Pending work in dispatch order: sort key, why it waits, estimated start (like squeue)."""
+    """Pending work in dispatch order: sort key, why it waits, estimated start (like squeue);
+    then the jobs that may not run yet (a dependency, an array's limit) and held ones. With
+    `--state running`, the jobs that hold GPUs, when they started and where."""
+    if any(r.state in ("placed", "running") for r in rows):
+        head = ("job", "account", "user", "gpus", "state", "started", "nodes")
+        print_table(head, [
+            (str(r.job_id), r.account, r.user, str(r.gpus), r.state,
+             _when(r.estimated_start_at), ",".join(r.nodes) or "-")
+            for r in rows
+        ])  # fmt: skip
+        return
     header = (
         "#", "job", "account", "user", "gpus", "sort key", "waiting", "est. start", "code",
         "reason",
@@ -282,7 +293,7 @@ def queue(rows: list[QueueRow]) -> None:
     for r in rows:
         table.append((
             "-" if r.order is None else str(r.order), str(r.job_id), r.account, r.user,
-            str(r.gpus), _key_text(r.sort_key), span(r.waiting_s),
+            str(r.gpus), _key_text(r.sort_key) if r.sort_key else "-", span(r.waiting_s),
             _when(r.estimated_start_at), r.code, r.reason,
         ))  # fmt: skip
     print_table(header, table)

@@ -1,4 +1,5 @@
-"""Commands that append: init, accounts, shares, members, managers, nodes, submit, cancel."""
+"""Commands that append: init, accounts, shares, members, managers, nodes, hold, release,
+requeue, checkpoints (a job's `submit` and `cancel` are `ledger.cli.submit`'s)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,8 @@ import os
 import click
 
 from ledger.cli._common import Ctx, pass_ctx
-from ledger.cli.output import echo_json
 from schemas import commands as c
-from schemas.errors import InvalidCommand
-from schemas.events import JobSubmitted
-from schemas.units import format_duration, parse_duration
+from schemas.units import parse_duration
 
 
 def _done(ctx: Ctx, what: str, cmd: c.AnyCommand) -> None:
@@ -200,93 +198,6 @@ def node_remove(ctx: Ctx, name: str, reason: str) -> None:
     _done(ctx, f"removed {name}", c.RemoveNode(actor=ctx.actor, node=name, reason=reason))
 
 
-def _labels(pairs: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for p in pairs:
-        key, sep, value = p.partition("=")
-        if not sep or not key:
-            raise InvalidCommand(f"invalid label {p!r}", hint="use KEY=VALUE")
-        out[key] = value
-    return out
-
-
-@click.command(context_settings={"ignore_unknown_options": False})
-@click.option("--account", "-A", "account_path", required=True, help="The project to charge.")
-@click.option("--gpus", "-G", type=int, required=True)
-@click.option("--gpu-type", default=None)
-@click.option("--cluster", default=None)
-@click.option(
-    "--min-runtime",
-    default=None,
-    help="Contract: time it may not be preempted once placed (default: the cap; 0 = unfunded).",
-)
-@click.option("--resumable/--not-resumable", default=False, show_default=True)
-@click.option(
-    "--priority", type=int, default=0, show_default=True, help="Orders jobs inside one team only."
-)
-@click.option(
-    "--time-limit", "-t", default=None, help="Declared wall time; <= 15m makes a debug job."
-)
-@click.option("--grace", default=None, help="SIGTERM-to-SIGKILL grace when stopped (default 30s).")
-@click.option("--label", "labels", multiple=True, help="KEY=VALUE (repeatable).")
-@click.option("--duration", default=None, help="Known run time (simulated execution only).")
-@click.option("--user", default=None, help="Submit on behalf of USER (managers and admins).")
-@click.option("--json", "as_json", is_flag=True)
-@click.argument("command", nargs=-1, type=click.UNPROCESSED)
-@pass_ctx
-def submit(
-    ctx: Ctx,
-    account_path: str,
-    gpus: int,
-    gpu_type: str | None,
-    cluster: str | None,
-    min_runtime: str | None,
-    resumable: bool,
-    priority: int,
-    time_limit: str | None,
-    grace: str | None,
-    labels: tuple[str, ...],
-    duration: str | None,
-    user: str | None,
-    as_json: bool,
-    command: tuple[str, ...],
-) -> None:
-    """Submit a job: `gpuledger submit -A ai2/olmo -G 8 --min-runtime 2h -- python train.py`."""
-    cmd = c.SubmitJob(
-        actor=ctx.actor,
-        account=account_path,
-        gpus=gpus,
-        gpu_type=gpu_type,
-        cluster=cluster,
-        min_runtime_s=None if min_runtime is None else parse_duration(min_runtime),
-        resumable=resumable,
-        priority=priority,
-        time_limit_s=None if time_limit is None else parse_duration(time_limit),
-        command=command,
-        labels=_labels(labels),
-        duration_s=None if duration is None else float(parse_duration(duration)),
-        user=user,
-        grace_s=None if grace is None else parse_duration(grace),
-    )
-    appended = ctx.execute(cmd)
-    job = next(ev for ev in appended.events if isinstance(ev, JobSubmitted))
-    if as_json:
-        echo_json(job)
-        return
-    contract = format_duration(job.min_runtime_s)
-    funded = "unfunded" if job.min_runtime_s == 0 else f"contract {contract}"
-    debug = ", debug class" if job.debug else ""
-    click.echo(f"submitted job {job.job_id} to {job.account}: {job.gpus} GPUs, {funded}{debug}")
-
-
-@click.command()
-@click.argument("job_id", type=int)
-@pass_ctx
-def cancel(ctx: Ctx, job_id: int) -> None:
-    """Cancel JOB_ID (its owner, a manager of its account, or an admin)."""
-    _done(ctx, f"cancelled job {job_id}", c.CancelJob(actor=ctx.actor, job_id=job_id))
-
-
 @click.command()
 @click.argument("job_id", type=int, envvar="GPULEDGER_JOB_ID")
 @pass_ctx
@@ -349,6 +260,5 @@ def admin_revoke(ctx: Ctx, user: str) -> None:
 
 
 COMMANDS = [
-    init, account, share, member, manager, node, submit, cancel, checkpoint, hold, release,
-    requeue, admin,
+    init, account, share, member, manager, node, checkpoint, hold, release, requeue, admin,
 ]  # fmt: skip

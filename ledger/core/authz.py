@@ -218,7 +218,12 @@ def _command_rule(state: State, cmd: c.AnyCommand, actor: str) -> None:
                 c.ReleaseJob: "release",
                 c.RequeueJob: "requeue",
             }[type(cmd)]
-            _require_owner(state, state.job(cmd.job_id), actor, verb)
+            tasks = state.array_tasks(cmd.job_id) if isinstance(cmd, c.CancelJob) else set()
+            if isinstance(cmd, c.CancelJob) and cmd.whole_array and tasks:
+                for task in sorted(tasks):  # every task of the array: each must be theirs
+                    _require_owner(state, state.jobs[task], actor, verb)
+            else:
+                _require_owner(state, state.job(cmd.job_id), actor, verb)
         case c.ApplyDecision():
             _require_system(state, actor, "apply dispatcher decisions")
         case c.PreemptJob():

@@ -12,11 +12,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import TypedDict, cast
 
 import msgspec
 
+from ledger.core import jobs
 from ledger.core.authz import authorise
+from ledger.core.conflicts import command_keys, event_keys
 from ledger.core.runs import between, confirm_run_ended
 from ledger.core.state import Account, Job, State
 from schemas import commands as c
@@ -29,6 +31,8 @@ from schemas.errors import (
     NotAuthorised,
     UnknownEntity,
 )
+
+__all__ = ["command_keys", "decide", "event_keys"]
 
 DEBUG_TIME_LIMIT_S = 15 * 60
 _NAME = re.compile(NAME_PATTERN)
@@ -48,7 +52,10 @@ def decide(state: State, cmd: c.AnyCommand, now: float, new_id: NewId) -> list[e
     authorise(state, cmd)
     handler = _HANDLERS[type(cmd)]
     real = cmd.real_actor if cmd.real_actor != cmd.actor else None
-    return handler(state, cmd, _Stamp(now, cmd.actor, new_id, real))
+    stamp = _Stamp(now, cmd.actor, new_id, real)
+    events = handler(state, cmd, stamp)
+    # a job that ended so that another's dependency can never hold ends that one too
+    return events + jobs.dependents_ended(state, events, stamp.kw)
 
 
 def _bounded(cmd: c.AnyCommand) -> None:
@@ -308,7 +315,9 @@ def _mark_node_lost(state: State, cmd: c.MarkNodeLost, s: _Stamp) -> list[e.AnyE
                 e.JobRequeued(**s.kw(), job_id=job_id),
             ]
             continue
-        out.append(e.JobFinished(**s.kw(), job_id=job_id, outcome="failed"))
+        out.append(
+            e.JobFinished(**s.kw(), job_id=job_id, outcome="failed", reason="node_lost", note=note)
+        )
         if job.engine:
             out.append(
                 e.JobEngineEnded(
@@ -334,6 +343,7 @@ def _remove_node(state: State, cmd: c.RemoveNode, s: _Stamp) -> list[e.AnyEvent]
 
 
 def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
+    """The contract settled here; the job's world, array and dependency in `ledger.core.jobs`."""
     user = _name(cmd.user, "user name") if cmd.user else s.actor
     _project(state, cmd.account)
     total, largest = state.capacity(cmd.gpu_type, cmd.cluster)
@@ -360,26 +370,23 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
         and cmd.time_limit_s <= DEBUG_TIME_LIMIT_S
         and cmd.gpus <= largest
     )
-    return [
-        e.JobSubmitted(
-            **s.kw(),
-            job_id=state.next_job_id,
-            account=cmd.account,
-            user=user,
-            gpus=cmd.gpus,
-            gpu_type=cmd.gpu_type,
-            cluster=cmd.cluster,
-            min_runtime_s=min_runtime,
-            resumable=cmd.resumable,
-            priority=cmd.priority,
-            time_limit_s=cmd.time_limit_s,
-            debug=debug,
-            command=cmd.command,
-            labels=cmd.labels,
-            duration_s=cmd.duration_s,
-            grace_s=cmd.grace_s,
-        )
-    ]
+    contract = dict(
+        account=cmd.account,
+        user=user,
+        gpus=cmd.gpus,
+        gpu_type=cmd.gpu_type,
+        cluster=cmd.cluster,
+        min_runtime_s=min_runtime,
+        resumable=cmd.resumable,
+        priority=cmd.priority,
+        time_limit_s=cmd.time_limit_s,
+        debug=debug,
+        command=cmd.command,
+        labels=cmd.labels,
+        duration_s=cmd.duration_s,
+        grace_s=cmd.grace_s,
+    )
+    return jobs.submissions(state, cmd, contract, s.kw)
 
 
 def _drained_after(
@@ -395,11 +402,19 @@ def _drained_after(
 
 
 def _cancel(state: State, cmd: c.CancelJob, s: _Stamp) -> list[e.AnyEvent]:
-    job = state.job(cmd.job_id)
-    if not job.active:
-        raise InvalidTransition(f"job {cmd.job_id} already {job.outcome}")
-    out: list[e.AnyEvent] = [e.JobFinished(**s.kw(), job_id=cmd.job_id, outcome="cancelled")]
-    return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)
+    """One job, or every unfinished task of the array `job_id` names (`whole_array`)."""
+    tasks = state.array_tasks(cmd.job_id) if cmd.whole_array else set()
+    if not tasks:
+        job = state.job(cmd.job_id)
+        if not job.active:
+            raise InvalidTransition(f"job {cmd.job_id} already {job.outcome}")
+        tasks = {cmd.job_id}
+    out: list[e.AnyEvent] = []
+    nodes: list[str] = []
+    for job_id in sorted(tasks):
+        out.append(e.JobFinished(**s.kw(), job_id=job_id, outcome="cancelled", reason="cancelled"))
+        nodes += [sl.node for sl in state.jobs[job_id].slots]
+    return out + _drained_after(state, nodes, tasks, s)
 
 
 def _hold(state: State, cmd: c.HoldJob, s: _Stamp) -> list[e.AnyEvent]:
@@ -452,7 +467,11 @@ def _preemption_events(
     if job.spec.resumable:
         out.append(e.JobRequeued(**s.kw(), job_id=job.job_id))
     else:
-        out.append(e.JobFinished(**s.kw(), job_id=job.job_id, outcome="preempted"))
+        out.append(
+            e.JobFinished(
+                **s.kw(), job_id=job.job_id, outcome="preempted", reason="preempted", note=p.note
+            )
+        )
     return out
 
 
@@ -597,17 +616,43 @@ def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
     return out
 
 
+_ENDINGS: dict[str, e.FinishReason] = {
+    "time_limit": "time_limit",
+    "node_failure": "node_lost",
+    "cancelled": "cancelled",
+    "out_of_memory": "failed",
+    "lost": "failed",
+    "launch_failed": "launch_failed",
+    "drained": "preempted",
+}
+"""How an engine's word for a run's end becomes the job's `FinishReason` (an exit: its code)."""
+_NOTES = {"out_of_memory": "out of memory", "lost": "its run vanished with no exit code"}
+
+
 def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
     if job.status not in ("placed", "running"):
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not running")
     # a run the engine ended (time limit, node failure, ...) did not complete, whatever its code
-    ok = cmd.exit_code == 0 and cmd.reason == "exited"
-    outcome: e.FinishOutcome = "completed" if ok else "failed"
-    ended = between(cmd.ended_at, job.started_at or job.placed_at, s.now)
+    if cmd.reason == "exited":
+        reason: e.FinishReason = "completed" if cmd.exit_code == 0 else "failed"
+    else:
+        reason = _ENDINGS[cmd.reason]
+    outcome: e.FinishOutcome = "failed"
+    if reason == "completed" or reason == "cancelled":
+        outcome = reason
+    note = cmd.note or _NOTES.get(cmd.reason, "")
+    # its own end, inside its placement and not after now
+    ended_at = between(cmd.ended_at, job.placed_at, s.now)
     out: list[e.AnyEvent] = [
         e.JobFinished(
-            **s.kw(), job_id=cmd.job_id, outcome=outcome, exit_code=cmd.exit_code, ended_at=ended
+            **s.kw(),
+            job_id=cmd.job_id,
+            outcome=outcome,
+            exit_code=None if reason == "launch_failed" else cmd.exit_code,  # no process
+            reason=reason,
+            note=note[:1000],
+            ended_at=ended_at,
         )
     ]
     if cmd.reason == "node_failure" and job.spec.resumable:  # as when the ledger loses the node
@@ -616,17 +661,20 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
             e.JobPreempted(**s.kw(), job_id=cmd.job_id, reason="node_failure", note=note),
             e.JobRequeued(**s.kw(), job_id=cmd.job_id),
         ]
-    if cmd.engine:
+    if cmd.reason == "drained":  # as a drained node's jobs leave: a maintenance preemption
+        p = c.Preemption(job_id=cmd.job_id, reason="maintenance", note="its node's agent drained")
+        out = _preemption_events(job, p, None, s)
+    if cmd.engine and cmd.reason not in ("launch_failed", "drained"):
         out.append(
             e.JobEngineEnded(
                 **s.kw(),
                 job_id=cmd.job_id,
                 engine=cmd.engine,
                 engine_job_id=cmd.engine_job_id,
-                reason=cmd.reason,
+                reason=cast(e.EndReason, cmd.reason),  # the engine's words: not the two above
                 engine_state=cmd.engine_state,
                 exit_code=cmd.exit_code,
-                ended_at=ended,
+                ended_at=ended_at,
                 note=cmd.note,
             )
         )
@@ -744,44 +792,3 @@ _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]]
     c.RevokeToken: _revoke_token,  # type: ignore[dict-item]
     c.ConfigureService: _configure,  # type: ignore[dict-item]
 }
-
-
-# --- conflicts ----------------------------------------------------------------------------------
-
-
-def event_keys(event: e.AnyEvent) -> set[str]:
-    """What an event touches, for optimistic concurrency: `job:N`, `node:X`, `account:P`."""
-    return _named_keys(event)
-
-
-def _named_keys(named: e.AnyEvent | c.AnyCommand) -> set[str]:
-    """The job, nodes and accounts an event or a command names by its fields."""
-    keys: set[str] = set()
-    job_id = getattr(named, "job_id", None)
-    if isinstance(job_id, int):
-        keys.add(f"job:{job_id}")
-    node = getattr(named, "node", None)
-    if isinstance(node, str):
-        keys.add(f"node:{node}")
-    for sl in getattr(named, "slots", ()):
-        keys.add(f"node:{sl.node}")
-    for attr in ("path", "account", "project"):
-        v = getattr(named, attr, None)
-        if isinstance(v, str):
-            keys.add(f"account:{v}")
-    return keys
-
-
-def command_keys(state: State, cmd: c.AnyCommand) -> set[str]:
-    """What a command depends on; a change to any of these since its expected position conflicts."""
-    keys: set[str] = set()
-    if isinstance(cmd, c.ApplyDecision):
-        for p in cmd.decision.preemptions:
-            keys.add(f"job:{p.job_id}")
-            job = state.jobs.get(p.job_id)
-            keys.update(f"node:{sl.node}" for sl in (job.slots if job else ()))
-        for pl in cmd.decision.placements:
-            keys.add(f"job:{pl.job_id}")
-            keys.update(f"node:{sl.node}" for sl in pl.slots)
-        return keys
-    return _named_keys(cmd)

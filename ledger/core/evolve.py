@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from ledger.core.state import Account, Job, Node, NodeState, State, Token
+from ledger.core.state import ENDS_KEPT_S, Account, Job, Node, NodeState, State, Token
 from schemas import events as e
 
 
@@ -109,6 +109,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             state.jobs[event.job_id] = Job(spec=event)
             state.active.add(event.job_id)
             state.next_job_id = max(state.next_job_id, event.job_id + 1)
+            _indexed(state, event, add=True)
         case e.JobPlaced():
             job = state.jobs[event.job_id]
             for sl in event.slots:
@@ -153,6 +154,8 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             _release(state, job)
             state.finished += 1
             state.active.discard(event.job_id)
+            _indexed(state, job.spec, add=False)
+            _ended(state, event, job.spec.array_job_id)
             if state.live_only:
                 del state.jobs[event.job_id]
             else:
@@ -193,6 +196,38 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineEnded() | e.JobRunEnded():
             pass
     return state
+
+
+def _indexed(state: State, spec: e.JobSubmitted, *, add: bool) -> None:
+    """Keep the state's indexes of dependents and array tasks (when built) as jobs come and go."""
+    deps, arrays = state._dependents, state._arrays
+    if deps is not None:
+        for term in spec.dependency:
+            for parent in term.job_ids:
+                if add:
+                    deps.setdefault(parent, set()).add(spec.job_id)
+                elif parent in deps:
+                    deps[parent].discard(spec.job_id)
+                    if not deps[parent]:
+                        del deps[parent]
+    if arrays is not None and spec.array_job_id is not None:
+        if add:
+            arrays.setdefault(spec.array_job_id, set()).add(spec.job_id)
+        elif spec.array_job_id in arrays:
+            arrays[spec.array_job_id].discard(spec.job_id)
+            if not arrays[spec.array_job_id]:
+                del arrays[spec.array_job_id]
+
+
+def _ended(state: State, event: e.JobFinished, array_job_id: int | None) -> None:
+    """Keep the job's end for later dependencies, and forget ends older than `ENDS_KEPT_S`."""
+    state.ends[event.job_id] = (event.reason, event.at, array_job_id)
+    cut = event.at - ENDS_KEPT_S
+    while state.ends:
+        oldest = next(iter(state.ends))
+        if state.ends[oldest][1] >= cut:
+            break
+        del state.ends[oldest]
 
 
 def fold(events: Iterable[e.AnyEvent], state: State | None = None) -> State:

@@ -19,6 +19,8 @@ from schemas.errors import InvalidTransition, UnknownEntity
 from schemas.policy import AnyPolicyConfig
 
 JobStatus = Literal["pending", "placed", "running", "finished"]
+ENDS_KEPT_S = 86_400.0
+"""How long a job's end is kept for the dependencies of later submissions (`State.ends`)."""
 NodeState = Literal["active", "draining", "drained", "removed", "lost"]
 """`lost`: it stopped answering (`NodeLost`); no work is placed on it until it is returned."""
 
@@ -134,9 +136,15 @@ class State:
     active: set[int] = field(default_factory=set)
     """The ids of the jobs not finished (pending, placed, running): what the dispatcher's
     snapshot reads, so its cost follows live work even when `jobs` keeps finished ones."""
+    ends: dict[int, tuple[str, float, int | None]] = field(default_factory=dict)
+    """How jobs ended (their `FinishReason`, when, their array) for `ENDS_KEPT_S`, oldest first:
+    a later submission may depend on them (`ledger.core.jobs`), whether or not the state keeps
+    finished jobs."""
     _capacity: dict[tuple[str | None, str | None], tuple[int, int]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _dependents: dict[int, set[int]] | None = field(default=None, compare=False, repr=False)
+    _arrays: dict[int, set[int]] | None = field(default=None, compare=False, repr=False)
 
     @property
     def policy(self) -> AnyPolicyConfig | None:
@@ -163,6 +171,7 @@ class State:
             live_only=self.live_only,
             finished=self.finished,
             active=set(self.active),
+            ends=dict(self.ends),
         )
 
     # --- queries -------------------------------------------------------------------------------
@@ -227,6 +236,30 @@ class State:
             total += n.gpus
             largest = max(largest, n.gpus)
         return total, largest
+
+    def dependents(self) -> dict[int, set[int]]:
+        """Job id -> the unfinished jobs whose dependency names it (an array's first task id
+        stands for the array). Built from the live jobs on first use, then kept by `evolve`."""
+        if self._dependents is None:
+            index: dict[int, set[int]] = {}
+            for job_id in self.active:
+                for term in self.jobs[job_id].spec.dependency:
+                    for parent in term.job_ids:
+                        index.setdefault(parent, set()).add(job_id)
+            self._dependents = index
+        return self._dependents
+
+    def array_tasks(self, array_job_id: int) -> set[int]:
+        """The unfinished tasks of the job array `array_job_id` (empty for a job that is no
+        array). Built from the live jobs on first use, then kept by `evolve`."""
+        if self._arrays is None:
+            index: dict[int, set[int]] = {}
+            for job_id in self.active:
+                array = self.jobs[job_id].spec.array_job_id
+                if array is not None:
+                    index.setdefault(array, set()).add(job_id)
+            self._arrays = index
+        return self._arrays.get(array_job_id, set())
 
     def free_indices(self, node: str) -> list[int]:
         n = self.nodes[node]

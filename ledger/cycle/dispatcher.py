@@ -21,10 +21,12 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from ledger.core.runas import Lookup, RunAs
 from ledger.core.utilisation import UtilTracker
-from ledger.cycle.executor import Executor, Exit, Launch, Observed, Orders
+from ledger.cycle.accounts import os_account
+from ledger.cycle.executor import Executor, Exit, Launch, Observed, Orders, output_files
 from ledger.cycle.inputs import snapshot_from_state
-from ledger.cycle.record import Recorded, record
+from ledger.cycle.record import EXECUTOR, Recorded, record
 from ledger.dispatch.engine import Decision, decide
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.registry import config_of
@@ -33,9 +35,10 @@ from projections import queries
 from projections.fairshare import RANKING_VERSION, UsagePolicy
 from projections.source import gc_paused
 from projections.store import Store
+from schemas import commands as c
 from schemas import events as e
 from schemas.digest import rank_digest
-from schemas.errors import Conflict, UnknownEntity
+from schemas.errors import Conflict, LedgerError, NotAuthorised, UnknownEntity
 from schemas.events import tag_of
 from schemas.policy import AnyPolicyConfig
 
@@ -196,9 +199,15 @@ class Dispatcher:
         util: UtilTracker | None = None,
         *,
         idle_record_s: float | None = IDLE_RECORD_S,
+        run_as: RunAs | None = None,
+        lookup: Lookup = os_account,
     ) -> None:
         """`idle_record_s`: record a cycle that decides nothing while jobs wait at most this
-        often (None: never; the simulator's choice)."""
+        often (None: never; the simulator's choice). `run_as`: the rule of who a job runs as,
+        asked before each launch (None: jobs run as the engine's own account, the simulator's
+        and a service with `run_as = "service"`)."""
+        self.run_as = run_as
+        self.lookup = lookup
         self.ledger = ledger
         self.rank_source = ranks
         self.policy = policy
@@ -262,34 +271,71 @@ class Dispatcher:
             if j.status in ("placed", "running")
         }
         known = self.executor.adopt({jid: j.preemptions for jid, j in held.items()}, now)
-        relaunch: list[Launch] = []
+        relaunch: list[int] = []
         lost: list[Exit] = []
         for job_id in sorted(set(held) - known):
             if held[job_id].status == "placed" and self.executor.relaunch_placed:
                 log.warning("job %s was placed but never reached the engine: launching it", job_id)
-                relaunch.append(self._launch(job_id))
+                relaunch.append(job_id)
                 continue
             log.warning(
                 "job %s has no run in the engine after a restart: recording it lost", job_id
             )
             lost.append(Exit(job_id, -1, now, "lost"))
         record(self.ledger, Observed(exits=tuple(lost)), self.executor.engine)
-        self.carry_out(Orders(launches=tuple(relaunch)), now)
+        self.carry_out(Orders(launches=self._launches(relaunch)), now)
+
+    def _launches(self, job_ids: list[int]) -> tuple[Launch, ...]:
+        """The launches of placed jobs. A job whose owner the run-as rule maps to no OS account
+        it accepts is recorded `launch_failed`, with why, instead: nothing runs as an account
+        it should not (a job submitted to the data directory with no server in front, or whose
+        account went away after it was submitted)."""
+        out = []
+        for job_id in job_ids:
+            try:
+                out.append(self._launch(job_id))
+            except NotAuthorised as err:
+                log.warning("job %s is not launched: %s", job_id, err.line())
+                finish = c.FinishJob(
+                    actor=EXECUTOR,
+                    job_id=job_id,
+                    exit_code=-1,
+                    reason="launch_failed",
+                    note=err.line()[:1000],
+                )
+                try:
+                    self.ledger.execute(finish)
+                except LedgerError as gone:  # the ledger moved on (a cancel): nothing to do
+                    log.info("launch failure of job %s not recorded: %s", job_id, gone.line())
+        return tuple(out)
 
     def _launch(self, job_id: int) -> Launch:
+        """A placed job as the engine runs it: its contract, its world (directory, environment,
+        output files with their patterns written out, name, array)."""
         job = self.ledger.state.jobs[job_id]
         spec = job.spec
+        stdout, stderr = output_files(spec, job.slots)
+        user = spec.user
+        if self.run_as is not None:  # its owner's OS account, or NotAuthorised
+            user = self.run_as.account(spec.user, self.lookup).name
         return Launch(
             job_id,
             job.slots,
             spec.command,
             spec.duration_s,
-            spec.user,
+            user,
             spec.account,
             run=job.preemptions,
             time_limit_s=spec.time_limit_s,
             grace_s=spec.grace_s,
             debug=spec.debug,
+            workdir=spec.workdir,
+            env=tuple(spec.env.items()),
+            stdout=stdout,
+            stderr=stderr,
+            job_name=spec.job_name,
+            array_job_id=spec.array_job_id,
+            array_task_id=spec.array_task_id,
         )
 
     def _record_idle(self, decision: Decision, now: float) -> bool:
@@ -356,7 +402,7 @@ class Dispatcher:
         #    the placed; record the runs that began at once
         orders = Orders(
             stops=self.stops(seen.running),
-            launches=tuple(self._launch(pl.job_id) for pl in decision.placements),
+            launches=self._launches([pl.job_id for pl in decision.placements]),
         )
         started = self.carry_out(orders, now).started
         self._observe_new_events()

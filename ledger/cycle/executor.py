@@ -27,11 +27,14 @@ engine: the service reconciles from facts, never guesses), `shutdown` and, for a
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from schemas.events import EndReason, GpuSlot, RunPart
+from ledger.core.jobs import expand_output
+from schemas.commands import RunEnd
+from schemas.events import GpuSlot, JobSubmitted, RunPart
 
 if TYPE_CHECKING:
     from ledger.core.state import Node
@@ -59,17 +62,41 @@ class Launch:
     job_token: str = ""
     """The job's own token (`GPULEDGER_JOB_TOKEN`), when a server minted one."""
     workdir: str = ""
-    """Absolute directory the job starts in ("": the engine's default)."""
+    """The absolute directory the job starts in ("" the engine's default)."""
     env: tuple[tuple[str, str], ...] = ()
-    """The job's environment as submitted (after --export); the engine adds the ledger's
-    variables and the user's HOME, USER, LOGNAME and SHELL. (): a minimal one (PATH)."""
+    """The job's environment as submitted (after `--export`); the engine adds the ledger's own
+    variables and the user's HOME, USER, LOGNAME and SHELL."""
     stdout: str = ""
-    """Output file path, patterns already expanded ("": the engine's default)."""
+    """The output file, its pattern written out (`output_files`); "" the engine's default."""
     stderr: str = ""
-    """Error file path ("": the same as stdout)."""
+    """The error file ("" = the same as stdout)."""
     job_name: str = ""
     array_job_id: int | None = None
+    """A job array's first task id (`GPULEDGER_ARRAY_JOB_ID`, Slurm's `SLURM_ARRAY_JOB_ID`)."""
     array_task_id: int | None = None
+    """This task's index (`GPULEDGER_ARRAY_TASK_ID`, `SLURM_ARRAY_TASK_ID`)."""
+
+
+def output_files(spec: JobSubmitted, slots: tuple[GpuSlot, ...]) -> tuple[str, str]:
+    """Pure: a job's output and error files as its launch names them: the submitted patterns
+    with `%j %u %x %a %A %N` written out, relative ones under the job's working directory
+    ("" when it names none: the engine's default; an empty error file is the output file)."""
+
+    def path(pattern: str) -> str:
+        if not pattern:
+            return ""
+        name = expand_output(
+            pattern,
+            job_id=spec.job_id,
+            user=spec.user,
+            job_name=spec.job_name,
+            array_job_id=spec.array_job_id,
+            array_task_id=spec.array_task_id,
+            node=slots[0].node if slots else "",
+        )
+        return posixpath.join(spec.workdir, name) if spec.workdir else name
+
+    return path(spec.stdout), path(spec.stderr)
 
 
 @dataclass(frozen=True)
@@ -88,9 +115,11 @@ class Exit:
     exit_code: int
     at: float
     """When the run really ended (the engine's word when it has one, else when observed)."""
-    reason: EndReason = "exited"
+    reason: RunEnd = "exited"
     """`exited`: the job ended by itself; `time_limit`: stopped at its limit; `lost`: its
-    process vanished with no exit code recorded; others as the engine says (Slurm)."""
+    process vanished with no exit code recorded; `drained`: stopped by its node's agent on the
+    way out (the ledger requeues it when resumable); `launch_failed`: it could not be started;
+    others as the engine says (Slurm)."""
     engine_job_id: str = ""
     """The engine's id of the run (Slurm job id); empty for engines that do not name runs."""
     engine_state: str = ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ledger.core.jobs import blocked
 from ledger.core.state import State
 from ledger.dispatch.snapshot import (
     NodeView,
@@ -33,6 +34,8 @@ def snapshot_from_state(
     `position` defaults to the number of events folded into `state`, which is the log position of
     a single-stream ledger. Interior ranks are completed from the leaf ranks (`complete_ranks`).
     Utilisation is not part of the write-side state: pass `low_util_since` (job id -> time).
+    A held job, and one that may not run yet (`ledger.core.jobs.blocked`: its dependency, its
+    array's limit), is not pending in the snapshot: the dispatcher never considers it.
     `unavailable` (node -> GPU indices) are busy with work outside the ledger (an engine's
     foreign jobs): never free.
     """
@@ -52,6 +55,7 @@ def snapshot_from_state(
     )
     running: list[RunningJob] = []
     pending: list[PendingJob] = []
+    waiting = blocked(state)  # a dependency not met, an array at its limit: not placed yet
     # only the live jobs (`state.active`), in id order: the cost follows live work, not the
     # finished jobs a full state keeps
     jobs = state.jobs
@@ -75,7 +79,7 @@ def snapshot_from_state(
                     low_util_since=low.get(spec.job_id),
                 )
             )
-        elif job.status == "pending" and not job.held:  # a held job is not scheduled
+        elif job.status == "pending" and not job.held and spec.job_id not in waiting:
             pending.append(
                 PendingJob(
                     job_id=spec.job_id,

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ledger.core.runas import RunAs
 from ledger.cycle.dispatcher import CycleResult, Dispatcher, ProjectionRanks
 from ledger.cycle.executor import Executor, Observed
 from ledger.cycle.lifecycle import lifecycle_lines
 from ledger.cycle.record import record
 from ledger.dispatch import registry
+from ledger.dispatch.engine import Decision
 from ledger.dispatch.policy import Policy
 from ledger.store.application import Ledger
 from ledger.store.embedded import EmbeddedSource
@@ -73,9 +75,18 @@ class ServiceLoop:
         log: logging.Logger | None = None,
         reports_starts: bool = True,
         lifecycle_dir: Path | None = None,
+        run_as: RunAs | None = None,
+        placing: bool = True,
     ) -> None:
         """`lifecycle_dir`: log each job start, finish and preemption the cycles append, naming
-        the job's output file in this directory (`up`)."""
+        the job's output file in this directory (`up`). `run_as`: who a job runs as, asked
+        before each launch (`Dispatcher`). `placing`: False when nothing runs the jobs
+        (`serve` without an executor): no cycle places anything, and `status` says so."""
+        self.run_as = run_as
+        self.placing = placing
+        self.about: dict[str, str] = {}
+        """What `status` says of the service beyond its counters: its executor, who jobs run
+        as (set by the composition root)."""
         self.ledger = ledger
         self.home: Path = ledger.home
         self.executor = executor
@@ -111,7 +122,11 @@ class ServiceLoop:
         self.store = _open_projection(self.home)
         self.projector = Projector(self.store, self.source)
         self.dispatcher = Dispatcher(
-            self.ledger, ProjectionRanks(self.projector), self.policy, self.executor
+            self.ledger,
+            ProjectionRanks(self.projector),
+            self.policy,
+            self.executor,
+            run_as=self.run_as,
         )
         self._recover()
         self._seen = self.ledger.head()
@@ -149,6 +164,10 @@ class ServiceLoop:
         assert self.dispatcher is not None, "open() first"
         t0 = time.perf_counter()
         try:
+            if not self.placing:  # nothing would run what it places: it places nothing
+                position = self.ledger.catch_up()
+                idle = Decision(based_on=position, policy_version=self.policy.version)
+                return CycleResult(position, idle, appended=False)
             result = self.dispatcher.cycle(now)
             self._log_lifecycles()
             self.stats.last_error = None

@@ -121,8 +121,11 @@ def exit_command(ex: Exit, jobs: Mapping[int, Job], engine: str) -> c.FinishJob 
     job = jobs.get(ex.job_id)
     if job is None or job.status not in ("placed", "running"):
         return None
-    if not engine:
-        return c.FinishJob(actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code)
+    if not engine:  # how it ended and when, without the engine's names
+        return c.FinishJob(
+            actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code, reason=ex.reason,
+            ended_at=ex.at, note=ex.note[:1000],
+        )  # fmt: skip
     return c.FinishJob(
         actor=EXECUTOR,
         job_id=ex.job_id,

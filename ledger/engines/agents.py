@@ -255,33 +255,36 @@ class AgentExecutor:
         return None
 
     def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
-        """After a restart: every job the ledger holds GPUs for is on its nodes' lists again
-        (the agents kept them running); placed ones get a fresh job token, since only a part
-        not launched yet needs one."""
-        jobs = self.ledger.state.jobs
-        nodes = [n for n, x in self.ledger.state.nodes.items() if x.state != "removed"]
+        """After a restart: every running job is on its nodes' lists again (the agents kept
+        them running). Placed ones are left to the dispatcher to launch again with their whole
+        world and a fresh job token (`carry_out`); one that had earlier runs waits until every
+        node has reported once (any of them may still have an earlier run)."""
+        state = self.ledger.state
+        jobs = state.jobs
+        nodes = [n for n, x in state.nodes.items() if x.state != "removed"]
+        adopted: set[int] = set()
         for job_id in sorted(runs):
             job = jobs[job_id]
             spec = job.spec
-            if job.status == "placed" and job.preemptions:  # an earlier run may live anywhere
-                grace = self.grace_s if spec.grace_s is None else spec.grace_s
-                self.fence.adopted(job_id, nodes, {}, grace)
+            for sl in job.slots:
+                self.last_seen.setdefault(sl.node, now)
+            if job.status == "placed":
+                if job.preemptions:  # an earlier run may live anywhere
+                    grace = self.grace_s if spec.grace_s is None else spec.grace_s
+                    self.fence.adopted(job_id, nodes, {}, grace)
+                continue
             launch = Launch(
                 job_id, job.slots, spec.command, spec.duration_s, spec.user, spec.account,
                 run=job.preemptions, time_limit_s=spec.time_limit_s, grace_s=spec.grace_s,
                 debug=spec.debug,
             )  # fmt: skip
-            for sl in job.slots:
-                self.last_seen.setdefault(sl.node, now)
-            if job.status == "placed":
-                self._launch(launch, now)
-                continue
             self._add(launch, "", started=True, publish=False)
-        for n in nodes:  # every node with an earlier run must report before it runs again
-            if self.ledger.state.nodes[n].state == "lost":
+            adopted.add(job_id)
+        for n in nodes:  # a lost node's blockers go once its fence has passed
+            if state.nodes[n].state == "lost":
                 self.fence.lost(n, now)
         self.flush()
-        return set(runs)
+        return adopted
 
     def shutdown(self, now: float) -> list[Exit]:
         """The server stops: the agents keep running their jobs."""

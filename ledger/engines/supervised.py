@@ -62,8 +62,9 @@ from ledger.engines.runs import (
 )
 from ledger.engines.supervise import CANNOT_START, Forked, read_record
 from ledger.engines.tree import Containment, Tree
+from schemas.commands import RunEnd
 from schemas.errors import InvalidCommand
-from schemas.events import EndReason, RunPart
+from schemas.events import RunPart
 
 if TYPE_CHECKING:
     from ledger.core.state import Node
@@ -635,7 +636,7 @@ class SupervisedExecutor:
         code = h.failed_code
         if code is None:
             code = next((c for c in codes if c), 0)
-        reason: EndReason = "exited"
+        reason: RunEnd = "exited"
         if any(p.launch_failed for p in h.parts):
             reason = "launch_failed"
         elif any(p.fenced for p in h.parts):
@@ -738,7 +739,7 @@ class SupervisedExecutor:
         start = None
         if not end.launch_failed:
             start = Start(job_id, name, run, started_at=max(known) if known else None)
-        reason: EndReason = "launch_failed" if end.launch_failed else "exited"
+        reason: RunEnd = "launch_failed" if end.launch_failed else "exited"
         at = end.ended_at if end.ended_at is not None else now
         return start, Exit(job_id, end.code, at, reason, name, note=end.note())
 

@@ -125,13 +125,35 @@ def _level_siblings(account: str, level_fs: Mapping[str, float]) -> dict[str, fl
     return out
 
 
-_END_REASONS = {
-    "time_limit": ": stopped at its time limit",
-    "node_failure": ": its node failed",
-    "cancelled": ": cancelled outside the ledger",
-    "out_of_memory": ": out of memory",
-    "lost": ": its process vanished without an exit code",
+_FINISH_WORDS: dict[str, str] = {
+    "completed": "completed: it exited 0",
+    "failed": "failed: it exited non-zero, or its run ended some other way",
+    "cancelled": "was cancelled",
+    "time_limit": "was stopped at its time limit (SIGTERM, its grace, then SIGKILL)",
+    "preempted": "was preempted, and as it is not resumable it ended there",
+    "node_lost": "ended with its node, which was lost (not resumable, so not requeued)",
+    "dependency_never_satisfied": (
+        "will never run: a job it depends on ended so that its dependency can never hold "
+        "(Slurm's DependencyNeverSatisfied)"
+    ),
+    "launch_failed": "could not be started",
 }
+"""Every `FinishReason` in words (tests check each one has words)."""
+
+
+def finish_line(ev: e.JobFinished) -> str:
+    """Pure: a job's end in one sentence: why, with its exit code and note."""
+    words = _FINISH_WORDS.get(ev.reason, f"ended {ev.reason}")
+    if ev.reason == "cancelled":
+        words += (
+            " outside the ledger (in its engine)"
+            if ev.actor.startswith("@")
+            else (f" by {ev.actor}")
+        )
+    code = f", exit code {ev.exit_code}" if ev.exit_code is not None else ""
+    note = f" ({ev.note})" if ev.note else ""
+    ended = f" at {when(ev.ended_at)}, recorded later" if ev.ended_at not in (None, ev.at) else ""
+    return f"{when(ev.at)} it {words}{code}{note}{ended}."
 
 
 def explain_history(
@@ -141,11 +163,16 @@ def explain_history(
     now: float,
 ) -> list[str]:
     """What happened to a job and why, from its recorded events and the decisions behind them."""
-    out = [_headline(job) + f" is {job.outcome if job.status == 'finished' else job.status}."]
+    ended = next((ev for ev in reversed(history) if isinstance(ev, e.JobFinished)), None)
+    if job.status == "finished" and ended is not None:
+        status = f"finished ({ended.reason.replace('_', ' ')})"
+    else:
+        status = str(job.outcome if job.status == "finished" else job.status)
+    out = [_headline(job) + f" is {status}."]
     for ev in history:
         match ev:
             case e.JobSubmitted():
-                out.append(f"{when(ev.at)} submitted by {ev.actor} to {ev.account}.")
+                out.append(f"{when(ev.at)} submitted by {ev.actor} to {ev.account}{_world(ev)}.")
             case e.JobPlaced():
                 where = "; ".join(
                     f"{sl.node} GPUs {','.join(map(str, sl.gpu_indices))}" for sl in ev.slots
@@ -198,18 +225,21 @@ def explain_history(
             case e.JobReleased():
                 out.append(f"{when(ev.at)} released by {ev.actor}.")
             case e.JobFinished():
-                code = f" with exit code {ev.exit_code}" if ev.exit_code is not None else ""
-                why = next(
-                    (
-                        _END_REASONS.get(x.reason, "")
-                        for x in history
-                        if isinstance(x, e.JobEngineEnded) and x.at == ev.at
-                    ),
-                    "",
-                )
-                out.append(f"{when(ev.at)} ended {ev.outcome}{code}{why}.")
+                out.append(finish_line(ev))
     if job.status in ("placed", "running"):
         out.append(contract_line(job, now))
+    return out
+
+
+def _world(ev: e.JobSubmitted) -> str:
+    """A submission's array and dependency, in words ("" when it has neither)."""
+    out = ""
+    if ev.array_job_id is not None:
+        limit = f", at most {ev.array_limit} at once" if ev.array_limit else ""
+        out += f", task {ev.array_task_id} of array {ev.array_job_id}{limit}"
+    for term in ev.dependency:
+        ids = ":".join(map(str, term.job_ids))
+        out += f", after {term.kind}" + (f":{ids}" if ids else "")
     return out
 
 

@@ -138,7 +138,7 @@ def redact_event(ev: e.AnyEvent) -> e.AnyEvent:
     """Pure: the event without a job's command, labels or logs (others are returned as they
     are)."""
     if isinstance(ev, e.JobSubmitted):
-        return msgspec.structs.replace(ev, command=(), labels={})
+        return msgspec.structs.replace(ev, command=(), labels={}, env={})
     if isinstance(ev, e.JobStarted):
         return msgspec.structs.replace(ev, logs=())
     return ev
@@ -150,10 +150,71 @@ def redact_event(ev: e.AnyEvent) -> e.AnyEvent:
 def jobs(store: Store, f: v.JobFilter, now: float, viewer: Viewer | None) -> list[v.JobRow]:
     """Jobs newest first, like sacct: start, end, elapsed, exit code. `since`/`until` select the
     jobs alive at some moment of [since, until] (not ended before `since`, submitted by
-    `until`). A job whose command `viewer` may not see comes `redact`ed (None: nothing is)."""
-    from projections.history import jobs_page
+    `until`). A job whose command `viewer` may not see comes `redact`ed (None: nothing is).
 
+    With `f.at` before the log's last event, the jobs as they were then (`jobs_as_of`): those
+    submitted later do not exist, the others are as their events up to then made them."""
+    from projections.history import jobs_page, position_at
+
+    if f.at is not None:
+        position = position_at(store.con, f.at)
+        if position is not None:
+            return _seen(_job_rows(jobs_as_of(store, f, position), f.at), viewer)
     return _seen(_job_rows(jobs_page(store.con, f), now), viewer)
+
+
+def jobs_as_of(store: Store, f: v.JobFilter, position: int) -> list[tuple[Any, ...]]:
+    """The rows `f` selects as the projection held them at log `position`: page by page of the
+    jobs submitted by then (newest first), the rows an event after `position` changed rebuilt
+    from their own events up to it (a projection of those jobs alone), and the filters that
+    depend on a job's state (`status`, `since`) applied to the rows as they were."""
+    from projections.history import changed_after, job_records, jobs_page
+
+    fixed = msgspec.structs.replace(f, status=None, since=None, at=None, limit=max(f.limit, 500))
+    out: list[tuple[Any, ...]] = []
+    below: int | None = None
+    while len(out) < f.limit:
+        page = jobs_page(store.con, fixed, before=position, below=below)
+        if not page:
+            break
+        below = page[-1][0]
+        changed = set(changed_after(store.con, [r[0] for r in page], position))
+        then = {r[0]: r for r in _rebuilt(job_records(store.con, sorted(changed), position))}
+        for row in page:
+            row = then.get(row[0], row)
+            if _kept(row, f):
+                out.append(row)
+    return out[: f.limit]
+
+
+def _rebuilt(records: list[tuple[int, str, bytes]]) -> list[tuple[Any, ...]]:
+    """The job rows a projection of `records` alone holds (every event of those jobs up to a
+    position: a job's row depends on its own events only)."""
+    if not records:
+        return []
+    from projections.history import jobs_page
+    from projections.projector import Projector
+    from projections.source import ListSource, LogRecord
+    from projections.store import Store
+
+    with Store(":memory:") as scratch:
+        Projector(scratch, ListSource([LogRecord(*r) for r in records])).catch_up()
+        ids = sorted({r[0] for r in scratch.con.execute("SELECT job_id FROM jobs").fetchall()})
+        return jobs_page(scratch.con, v.JobFilter(job_ids=ids, limit=max(1, len(ids))))
+
+
+def _kept(row: tuple[Any, ...], f: v.JobFilter) -> bool:
+    """Whether a job row passes the filters that depend on its state (`status`, `since`)."""
+    status, finished_at = row[6], row[18]
+    if f.since is not None and finished_at is not None and finished_at < f.since:
+        return False
+    if f.status is None:
+        return True
+    if f.status == "active":
+        return bool(status != "finished")
+    if f.status == "pending":
+        return bool(status == "pending")
+    return bool(status == f.status)
 
 
 def _seen(rows: list[v.JobRow], viewer: Viewer | None) -> list[v.JobRow]:
@@ -167,24 +228,28 @@ def _job_rows(rows: list[tuple[Any, ...]], now: float) -> list[v.JobRow]:
     for r in rows:
         (job_id, account_, user, gpus, gpu_type, cluster, status, outcome, exit_code, funded,
          min_runtime_s, resumable, priority, debug, time_limit_s, submitted_at, placed_at,
-         started_at, finished_at, placements, preemptions, nodes, last_start,
-         command, logs, finish_reason) = r  # fmt: skip
-        began = started_at if started_at is not None else last_start
-        if status in ("pending", "held"):
-            began = None  # requeued: its last run is over
+         started_at, finished_at, placements, preemptions, slots, command, logs,
+         finish_reason, finish_note, engine_job_id, job_name, workdir, array_job_id,
+         array_task_id) = r  # fmt: skip
         end = finished_at if status == "finished" else (now if status == "running" else None)
-        elapsed = None if began is None or end is None else max(0.0, end - began)
+        elapsed = None if started_at is None or end is None else max(0.0, end - started_at)
+        gpu_slots = [
+            e.GpuSlot(node=sl["node"], gpu_indices=tuple(sl["gpu_indices"])) for sl in slots
+        ]
         out.append(
             v.JobRow(
                 job_id=job_id, account=account_, user=user, gpus=gpus, gpu_type=gpu_type,
                 cluster=cluster, status=status, outcome=outcome, exit_code=exit_code,
                 funded=funded, min_runtime_s=min_runtime_s, resumable=resumable,
                 priority=priority, debug=debug, time_limit_s=time_limit_s,
-                submitted_at=submitted_at, placed_at=placed_at, started_at=began,
-                finished_at=finished_at, elapsed_s=elapsed, nodes=list(nodes),
-                placements=placements, preemptions=preemptions, command=list(command or []),
-                logs=list(logs or []),
-                finish_reason=(finish_reason or "exited") if status == "finished" else None,
+                submitted_at=submitted_at, placed_at=placed_at, started_at=started_at,
+                finished_at=finished_at, elapsed_s=elapsed,
+                nodes=sorted({sl.node for sl in gpu_slots}), placements=placements,
+                preemptions=preemptions, command=list(command or []), logs=list(logs or []),
+                finish_reason=finish_reason if status == "finished" else None,
+                finish_note=finish_note if status == "finished" else "", slots=gpu_slots,
+                engine_job_id=engine_job_id, job_name=job_name, workdir=workdir,
+                array_job_id=array_job_id, array_task_id=array_task_id,
             )
         )  # fmt: skip
     return out

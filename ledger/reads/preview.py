@@ -59,19 +59,21 @@ def estimated_starts(
     `through`, only for the jobs up to that one in dispatch order (a job's estimate depends on
     the jobs ahead of it alone, so those are the same as in the full answer).
 
-    Jobs placed in the next cycle start `now`. For the others, in dispatch order: GPUs free up
-    when running jobs reach their time limit (a job without one holds its GPUs for an unknown
-    time), and each job ahead takes its GPUs from its estimated start until its own time limit;
-    a job waiting for contracts to end (WAIT_CONTRACT) may start when they end. Cluster-wide GPU
-    counts (a job's GPU type respected), node fit ignored: an estimate, not a promise.
+    The queue ahead is simulated in dispatch order over cluster-wide GPU counts per GPU type:
+    the jobs the next cycle places start `now` and take their GPUs; GPUs free up when running
+    jobs (and jobs started in the simulation) reach their time limits, and a job without one
+    holds its GPUs for a time nobody knows. A job the next cycle does not place starts at the
+    first release after `now` that gives it enough GPUs (it was not placed with the GPUs free
+    now: a node fit, a reserve or a limit kept it); a job waiting for contracts to end
+    (WAIT_CONTRACT) may start when they end. A job no known release makes room for is None
+    ("unknown"): nothing the ledger knows says when it starts. An estimate, not a promise.
     """
     placed = {p.job_id for p in decision.placements}
     free: dict[str, int] = {}
     for n in snapshot.nodes:
         if n.state == "active":
             free[n.gpu_type] = free.get(n.gpu_type, 0) + len(n.free)
-    # (time, gpu_type, gpus freed); time None = unknown
-    releases: list[tuple[float, str, int]] = []
+    releases: list[tuple[float, str, int]] = []  # (time, gpu_type, gpus freed)
     node_type = {n.name: n.gpu_type for n in snapshot.nodes}
     for r in snapshot.running:
         job = state.jobs.get(r.job_id)
@@ -89,21 +91,16 @@ def estimated_starts(
         p = pending.get(cons.job_id)
         if p is None:
             continue
-        if p.job_id in placed:
-            out[p.job_id] = now
-            if p.job_id == through:
-                break
-            continue
         types = [t for t in free if p.gpu_type is None or t == p.gpu_type]
-        have = sum(free[t] for t in types)
         start: float | None = None
-        if have >= p.gpus:
+        if p.job_id in placed:
             start = now
         else:
+            have = sum(free[t] for t in types)
             for at, t, g in sorted(releases):
                 if t in types:
                     have += g
-                    if have >= p.gpus:
+                    if have >= p.gpus and at > now:
                         start = at
                         break
         wait = decision.waiting.get(p.job_id)
@@ -111,31 +108,39 @@ def estimated_starts(
             # the dispatcher may preempt the jobs in the way once their contracts end
             start = wait.until if start is None else min(start, max(now, wait.until))
         out[p.job_id] = start
-        if start is None:
-            if p.job_id == through:
-                break
-            continue
-        # the job takes its GPUs from `start`: from the free pool, then from the releases
-        need = p.gpus
-        for t in types:
-            take = min(free[t], need)
-            free[t] -= take
-            need -= take
-        kept = []
-        for at, t, g in sorted(releases):
-            if need and t in types and at <= start:
-                take = min(g, need)
-                need -= take
-                if g - take:
-                    kept.append((at, t, g - take))
-            else:
-                kept.append((at, t, g))
-        releases = kept
-        if p.time_limit_s is not None:
-            releases.append((start + p.time_limit_s, types[0] if types else "", p.gpus))
+        if start is not None:  # it takes its GPUs from `start`: the free pool, then releases
+            releases = _take(free, releases, types, p.gpus, start)
+            if p.time_limit_s is not None:
+                releases.append((start + p.time_limit_s, types[0] if types else "", p.gpus))
         if p.job_id == through:
             break
     return out
+
+
+def _take(
+    free: dict[str, int],
+    releases: list[tuple[float, str, int]],
+    types: list[str],
+    gpus: int,
+    start: float,
+) -> list[tuple[float, str, int]]:
+    """Pure: take `gpus` GPUs of `types` from the free pool (changed in place), then from the
+    releases at or before `start`; the releases left."""
+    need = gpus
+    for t in types:
+        take = min(free[t], need)
+        free[t] -= take
+        need -= take
+    kept = []
+    for at, t, g in sorted(releases):
+        if need and t in types and at <= start:
+            take = min(g, need)
+            need -= take
+            if g - take:
+                kept.append((at, t, g - take))
+        else:
+            kept.append((at, t, g))
+    return kept
 
 
 def queue(
@@ -181,6 +186,8 @@ def queue(
                     estimated_start_at=starts.get(p.job_id),
                 )
             )  # fmt: skip
+    if f.state in ("pending", "all"):
+        rows += _blocked_rows(state, f, now, f.limit - len(rows))
     if f.state in ("held", "all") and len(rows) < f.limit:
         for job in sorted(state.jobs.values(), key=lambda j: j.job_id):
             if len(rows) >= f.limit:
@@ -198,7 +205,58 @@ def queue(
                     submitted_at=s.at, waiting_s=max(0.0, now - s.at), estimated_start_at=None,
                 )
             )  # fmt: skip
+    if f.state == "running":
+        rows += _holding_rows(state, f, now)
     return rows[: f.limit]
+
+
+def _blocked_rows(state: State, f: v.QueueFilter, now: float, room: int) -> list[v.QueueRow]:
+    """Pure: the pending jobs that may not run yet (a dependency, an array's limit), in job
+    order, with why."""
+    from ledger.core.jobs import blocked
+
+    rows: list[v.QueueRow] = []
+    for job_id, why in sorted(blocked(state).items()):
+        if len(rows) >= room:
+            break
+        job = state.jobs[job_id]
+        s = job.spec
+        if (f.user and s.user != f.user) or not _under(s.account, f.account):
+            continue
+        rows.append(
+            v.QueueRow(
+                order=None, job_id=s.job_id, account=s.account, user=s.user, gpus=s.gpus,
+                funded=job.funded, debug=s.debug, state="pending", sort_key=[], code=why.code,
+                reason=why.reason, submitted_at=s.at, waiting_s=max(0.0, now - s.at),
+                estimated_start_at=None,
+            )
+        )  # fmt: skip
+    return rows
+
+
+def _holding_rows(state: State, f: v.QueueFilter, now: float) -> list[v.QueueRow]:
+    """Pure: the jobs that hold GPUs (placed or running), in job order, like `squeue -t R`:
+    the estimated start of one is when it started (or was placed)."""
+    rows: list[v.QueueRow] = []
+    for job in sorted(state.jobs.values(), key=lambda j: j.job_id):
+        if len(rows) >= f.limit:
+            break
+        s = job.spec
+        if job.status not in ("placed", "running"):
+            continue
+        if (f.user and s.user != f.user) or not _under(s.account, f.account):
+            continue
+        began = job.started_at if job.started_at is not None else job.placed_at
+        rows.append(
+            v.QueueRow(
+                order=None, job_id=s.job_id, account=s.account, user=s.user, gpus=s.gpus,
+                funded=job.funded, debug=s.debug, state=job.status, sort_key=[],
+                code=job.status.upper(), reason="", submitted_at=s.at,
+                waiting_s=max(0.0, (job.placed_at or now) - s.at), estimated_start_at=began,
+                nodes=sorted({sl.node for sl in job.slots}),
+            )
+        )  # fmt: skip
+    return rows
 
 
 def _any_pending(state: State, f: v.QueueFilter) -> bool:
@@ -220,10 +278,13 @@ def queue_codes(state: State, snapshot: Snapshot, decision: Decision) -> list[tu
     for cons in decision.considered:
         wait = decision.waiting.get(cons.job_id)
         out.append((accounts[cons.job_id], wait.code if wait else "NEXT_CYCLE"))
+    from ledger.core.jobs import blocked
+
+    waiting = [(state.jobs[i].spec.account, b.code) for i, b in sorted(blocked(state).items())]
     held = sorted(
         (j.job_id, j.spec.account) for j in state.jobs.values() if j.held and j.status == "pending"
     )
-    return out + [(account, "HELD") for _, account in held]
+    return out + waiting + [(account, "HELD") for _, account in held]
 
 
 _DEBUG_LANE = ("debug_lane", "0: a funded debug-class job in the debug lane, 1: any other")
@@ -377,9 +438,17 @@ def explain(
     code = reason = sort_key = position = queue_length = start = None
     blocking: list[int] = []
     lines = told
+    from ledger.core.jobs import blocked
+
+    waits = blocked(state).get(job_id) if job.status == "pending" and not held else None
     if job.status == "pending" and held:
         code, reason = "HELD", "held: `gpuledger release` lets it be scheduled"
         lines = [*told, "It is held: the dispatcher skips it until it is released."]
+    elif waits is not None:
+        code, reason = waits.code, waits.reason
+        what = "its dependency" if waits.code == "WAIT_DEPENDENCY" else "its array's limit"
+        lines = [*told, f"It may not run yet ({what}): {waits.reason}."]
+        blocking = _blocking(state, job) if waits.code == "WAIT_DEPENDENCY" else []
     elif job.status == "pending":
         snapshot, decision = preview or live(ledger, store, policy, now)
         lines = [readable(x) for x in explain_pending(job, decision, snapshot, now)]
@@ -419,6 +488,15 @@ def explain(
         history=events,
         lines=lines,
     )
+
+
+def _blocking(state: State, job: Job) -> list[int]:
+    """The unfinished jobs `job`'s dependency names (an array's tasks for its id), at most 50."""
+    ids: set[int] = set()
+    for term in job.spec.dependency:
+        for jid in term.job_ids:
+            ids |= ({jid} & state.active) | state.array_tasks(jid)
+    return sorted(ids)[:50]
 
 
 def _history_texts(history: Sequence[e.AnyEvent], told: list[str]) -> list[tuple[e.AnyEvent, str]]:

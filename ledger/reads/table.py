@@ -79,12 +79,13 @@ class DeliveredArgs(_Args, frozen=True, kw_only=True):
 
 class QueueArgs(_Args, frozen=True, kw_only=True):
     at: v.Epoch | None = None
-    """The moment of the preview (default now), over the log as it stands."""
+    """The moment of the preview (default now): after the log's last event (a moment before it
+    is refused: the live state of the past is not kept)."""
     policy: PolicyName = None
     """Preview with this policy's defaults instead of the recorded settings."""
     user: str | None = None
     account: str | None = None
-    state: Literal["pending", "held", "all"] = "all"
+    state: Literal["pending", "held", "running", "all"] = "all"
     limit: v.Limit = 50
 
 
@@ -92,14 +93,14 @@ class ExplainArgs(_Args, frozen=True, kw_only=True):
     job_id: Annotated[int, msgspec.Meta(ge=1, le=2**62)]
     policy: PolicyName = None
     at: v.Epoch | None = None
-    """The moment of the explanation (default now)."""
+    """The moment of the explanation (default now; after the log's last event)."""
 
 
 class SquattersArgs(_Args, frozen=True, kw_only=True):
     threshold: Annotated[float, msgspec.Meta(ge=0, le=100)] = 10.0
     idle_s: Annotated[float, msgspec.Meta(ge=0, le=10 * 365 * 86400.0)] = 3600.0
     at: v.Epoch | None = None
-    """The moment idleness is measured at (default now)."""
+    """The moment idleness is measured at (default now; after the log's last event)."""
 
 
 class AuditArgs(_Args, frozen=True, kw_only=True):
@@ -110,6 +111,28 @@ class AuditArgs(_Args, frozen=True, kw_only=True):
 def _at(h: Handles, at: float | None) -> float:
     """The moment a read is evaluated at: the one asked for (`--at`), else now."""
     return h.now() if at is None else at
+
+
+def _live_at(h: Handles, at: float | None, what: str) -> float:
+    """The moment of a read of the live state (the queue, explain, squatters): now, or a moment
+    `--at` after which nothing happened (the ledger then is the ledger now). A moment before the
+    log's last event is refused: the live state of the past is not kept (the decisions taken
+    then are: `audit job`, `replay`)."""
+    if at is None:
+        return h.now()
+    from projections.history import position_at
+
+    position = position_at(h.store().con, at)
+    if position is not None:
+        from schemas.units import when
+
+        raise InvalidCommand(
+            f"{what} --at {when(at)}: the ledger has moved since (log position {position} was "
+            "its last then), and the live state of a past moment is not kept",
+            hint="`gpuledger jobs --at`, `audit job JOB` and `replay` read the past; "
+            "--at a moment after the last event previews it",
+        )
+    return at
 
 
 def _usage(a: SharesArgs) -> UsagePolicy:
@@ -177,7 +200,7 @@ def _preview(h: Handles, a: QueueArgs | ExplainArgs) -> tuple[float, Any]:
     if a.at is None and a.policy is None and shared is not None:
         got = shared()
         return got.now, got.live
-    return _at(h, a.at), None
+    return _live_at(h, a.at, "explain" if isinstance(a, ExplainArgs) else "the queue"), None
 
 
 def _queue(h: Handles, a: QueueArgs) -> list[v.QueueRow]:
@@ -211,7 +234,9 @@ def _explain(h: Handles, a: ExplainArgs) -> v.ExplainView:
 def _squatters(h: Handles, a: SquattersArgs) -> list[v.SquatterRow]:
     from ledger.reads import layer as reads
 
-    return reads.squatters(h.ledger, h.store(), _at(h, a.at), a.threshold, a.idle_s)
+    return reads.squatters(
+        h.ledger, h.store(), _live_at(h, a.at, "squatters"), a.threshold, a.idle_s
+    )
 
 
 def _projection_status(h: Handles, a: NoArgs) -> v.ProjectionStatusView:

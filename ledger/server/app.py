@@ -226,6 +226,9 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
             last_error=st.last_error,
             relay_state=relay_state,
             relay_error=relay_error,
+            executor=svc.about.get("executor", ""),
+            placing=svc.placing,
+            jobs_run_as=svc.about.get("jobs_run_as", ""),
         )
 
     @get("/v1/whoami", tags=["identity"], security=[{"bearer": []}])

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -34,6 +36,8 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ledger.agent import local
+from ledger.core import runas
+from ledger.cycle.accounts import os_account
 from ledger.cycle.executor import Executor
 from ledger.cycle.loop import ServiceLoop
 from ledger.dispatch import registry
@@ -232,7 +236,8 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     unix_path = socket_path(home, config)
     unix_sock = _bind_unix(unix_path)
     tcp_sock = _bind_tcp(config.listen) if config.listen else None
-    # 4 the service loop and its worker
+    # 4 who a job runs as (asked at each submission and launch), the service loop, its worker
+    rule = _run_as(ledger, config)
     service = ServiceLoop(
         ledger,
         executor,
@@ -249,9 +254,14 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         log=logging.getLogger("gpuledger.service"),
         reports_starts=config.executor in ("local", "agents", "slurm"),
         lifecycle_dir=None if up is None else home / "jobs",
+        run_as=rule,
+        placing=config.executor != "none",
     )
     service.open()
     service.record_settings(config.interval.seconds, config.executor)
+    service.about = {"executor": config.executor, "jobs_run_as": run_as_words(config)}
+    if not service.placing:
+        log.warning("no executor (--executor none): nothing is placed; jobs wait in the queue")
     worker = Worker(service, tick_s=config.interval.seconds, max_batch=config.max_batch)
     worker.start()
     app = create_asgi(worker, clock=ledger.clock.now)
@@ -289,6 +299,45 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
             unix_path.unlink()
         log.info("stopped cleanly at position %d", ledger.position)
     return 0
+
+
+RUNS = ("local", "agents", "slurm")
+"""The executors that run processes (and so run them as someone)."""
+
+
+def _run_as(ledger: Ledger, config: ServeConfig) -> runas.RunAs | None:
+    """The run-as rule of `config`, set on `ledger` (`Ledger.admit`): asked of every
+    submission when jobs run as their owners (`run_as = "submitter"` with an executor that runs
+    processes), of every member added, and of every job's environment (secrets stripped); the
+    rule itself, for the dispatcher to ask before each launch, or None when it does not apply."""
+    try:
+        secret = re.compile(config.secret_env).pattern
+    except re.error as err:
+        raise InvalidCommand(f"invalid secret_env {config.secret_env!r}: {err}") from err
+    if config.min_uid < 1:
+        raise InvalidCommand("min_uid must be at least 1", hint="uid 0 is root: see root_jobs")
+    rule = runas.RunAs(config.min_uid, config.root_jobs, dict(config.os_accounts))
+    owners = config.run_as == "submitter" and config.executor in RUNS
+    ledger.admit = functools.partial(
+        runas.admit, lookup=os_account, rule=rule, submissions=owners, secret=secret
+    )
+    if config.executor in RUNS and config.run_as == "service" and os.geteuid() == 0:
+        log.warning(
+            "run_as = service and the service runs as root: every job runs as root; run the "
+            "service as a dedicated unprivileged user, or use run_as = submitter"
+        )
+    return rule if owners else None
+
+
+def run_as_words(config: ServeConfig) -> str:
+    """Who jobs run as, in words (`status`)."""
+    if config.executor not in RUNS:
+        return "no job runs here"
+    if config.run_as == "service":
+        me = "root" if os.geteuid() == 0 else "the service's own account"
+        return f"the service's account ({me})"
+    root = ", root's own as root" if config.root_jobs else ""
+    return f"their owners' OS accounts (uid >= {config.min_uid}{root})"
 
 
 def _local_agents(ledger: Ledger, config: ServeConfig, actor: str) -> local.LocalAgents | None:

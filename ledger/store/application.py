@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -196,6 +196,10 @@ class Ledger(Application[UUID]):
         self.last_hash = ""
         self.snapshot_every = snapshot_every
         self.snapshot_position = 0
+        self.admit: Callable[[State, AnyCommand], AnyCommand] | None = None
+        """The edge's look at a command before it is decided (`ledger.core.runas.admit`: who a
+        job runs as, system accounts as members, secrets in a job's environment); a refusal is
+        a LedgerError like the domain's. None: commands go to `decide` as they are."""
         self.restored_from = 0
         """The position of the snapshot this ledger started from (0: folded from the start)."""
         if live:
@@ -394,7 +398,7 @@ class Ledger(Application[UUID]):
         for cmd in cmds:
             try:
                 self._check_conflicts([cmd])
-                decided = decide(self.state, cmd, now, self.ids)
+                decided = self._decide_one(self.state, cmd, now)
                 mine, chained = self._stored(decided, version=version, prev=prev)
             except LedgerError as err:
                 outcomes.append(err)
@@ -442,14 +446,20 @@ class Ledger(Application[UUID]):
         self._check_conflicts(cmds)
         now = self.clock.now()
         if len(cmds) == 1:
-            return self.state, decide(self.state, cmds[0], now, self.ids)
+            return self.state, self._decide_one(self.state, cmds[0], now)
         scratch, events = self.state.copy(), []
         for cmd in cmds:
-            decided = decide(scratch, cmd, now, self.ids)
+            decided = self._decide_one(scratch, cmd, now)
             for ev in decided:
                 evolve(scratch, ev)
             events += decided
         return scratch, events
+
+    def _decide_one(self, state: State, cmd: AnyCommand, now: float) -> list[AnyEvent]:
+        """`decide`, after the edge's `admit` when one is set."""
+        if self.admit is not None:
+            cmd = self.admit(state, cmd)
+        return decide(state, cmd, now, self.ids)
 
     def _stored(
         self, decided: list[AnyEvent], *, version: int | None = None, prev: str | None = None

@@ -67,6 +67,8 @@ class Folded(msgspec.Struct, frozen=True, kw_only=True):
     """Bearer tokens (their hashes) and the recorded service settings: identity and the queue's
     policy need them after a start from a snapshot."""
     service: e.ServiceConfigured | None = None
+    ends: list[tuple[int, str, float, int | None]] = []
+    """Recent job ends kept for dependencies (`State.ends`), oldest first."""
 
 
 class StateSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,6 +104,7 @@ def folded(state: State) -> Folded:
         finished=state.finished,
         tokens=list(state.tokens.values()),
         service=state.service,
+        ends=[(job_id, *end) for job_id, end in state.ends.items()],
     )
 
 
@@ -124,6 +127,7 @@ def unfolded(f: Folded) -> State:
         tokens={t.token_id: t for t in f.tokens},
         service=f.service,
         active={j.job_id for j in f.jobs},  # a live state holds no finished job
+        ends={job_id: (why, at, array) for job_id, why, at, array in f.ends},
     )
     state.node_jobs = {n: set() for n in state.nodes}
     for j in f.jobs:

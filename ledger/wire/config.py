@@ -13,6 +13,7 @@ from typing import Literal, TypeVar
 
 import msgspec
 
+from ledger.core.runas import SECRET_NAMES
 from schemas import units
 from schemas.errors import InvalidCommand
 from schemas.units import Duration, Interval
@@ -46,10 +47,12 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     squat_after: Duration = Duration("1h")
     """Past its contract, a job whose GPUs sit below the squat threshold (10%) this long is
     squatting: listed by `squatters` and a preferred preemption victim."""
-    executor: Literal["none", "local", "agents", "slurm"] = "none"
+    executor: Literal["none", "record", "local", "agents", "slurm"] = "none"
     """"agents": node agents (`gpuledger agent`) run placements; "local": run jobs here as
     processes, like `up`; "slurm": run them as Slurm jobs on `partition` (docs/slurm.md);
-    "none": placements are only recorded (they count as started)."""
+    "none": nothing runs, so nothing is placed (jobs wait; `status` says so); "record":
+    placements are only recorded and count as started, nothing runs (a ledger without an
+    engine: demos, tests)."""
     partition: str = ""
     """The Slurm partition gpu-ledger owns (executor "slurm"); checked at start."""
     node_lost_after: Duration = Duration("60s")
@@ -63,8 +66,21 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     grace: Duration = Duration("30s")
     """SIGTERM-to-SIGKILL grace when the executor preempts a job (a job's own grace wins)."""
     run_as: Literal["submitter", "service"] = "submitter"
-    """Local jobs (executor "local", `up`'s agents), as root: run them as the submitting OS
-    user, or as the service's own user."""
+    """"submitter": a job runs as its owner's OS account (the ledger user's name, or its
+    `os_accounts` entry), which must exist with a uid of at least `min_uid`; a submission
+    whose owner has none is refused, and a job is never launched as an account the rule does
+    not accept. "service": every job runs as the service's own account (a service running as
+    a dedicated unprivileged user; as root it would run every job as root, and says so)."""
+    min_uid: int = 1000
+    """The lowest uid a job may run as: accounts below it are the system's (daemon, nobody's
+    kin on some systems), and only an admin may add one as a member."""
+    root_jobs: bool = False
+    """Root's own jobs may run as root (never anyone else's)."""
+    os_accounts: dict[str, str] = {}
+    """Ledger user -> OS account name, where they differ (only this file maps them)."""
+    secret_env: str = SECRET_NAMES
+    """Environment variables whose names match this regular expression are never recorded
+    with a job (the CLI leaves the same ones out before it sends anything)."""
     debug_limit: Duration = Duration("15m")
     """Local jobs: debug-lane jobs are stopped after at most this long."""
     sample_every: Interval = Interval("30s")

@@ -226,11 +226,19 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
                 "held": False,
                 "command": list(ev.command),
                 "logs": [],
+                "engine_reason": None,
+                "job_name": ev.job_name,
+                "workdir": ev.workdir,
+                "array_job_id": ev.array_job_id,
+                "array_task_id": ev.array_task_id,
+                "run_started_at": None,
+                "engine_job_id": None,
                 "finish_reason": None,
+                "finish_note": None,
             }
         case e.JobPlaced():
             job = _touch(s, ev.job_id, pos)
-            job.update(status="placed", placed_at=ev.at, checkpoint_at=ev.at)
+            job.update(status="placed", placed_at=ev.at, checkpoint_at=ev.at, run_started_at=None)
             job["placements"] += 1
             slots = [{"node": sl.node, "gpu_indices": list(sl.gpu_indices)} for sl in ev.slots]
             iv = {
@@ -252,11 +260,15 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
             s.intervals.append(iv)
             s._open[ev.job_id] = iv
         case e.JobStarted():
-            _touch(s, ev.job_id, pos).update(status="running", started_at=ev.at, logs=list(ev.logs))
+            _touch(s, ev.job_id, pos).update(
+                status="running", started_at=ev.at, run_started_at=ev.at, logs=list(ev.logs)
+            )
         case e.JobHeld() | e.JobReleased():
             _touch(s, ev.job_id, pos)["held"] = isinstance(ev, e.JobHeld)
         case e.JobEngineEnded():
-            _touch(s, ev.job_id, pos)["finish_reason"] = ev.reason
+            _touch(s, ev.job_id, pos)["engine_reason"] = ev.reason
+        case e.JobEngineLinked():
+            _touch(s, ev.job_id, pos)["engine_job_id"] = ev.engine_job_id
         case e.JobPreempted():
             job = _touch(s, ev.job_id, pos)
             job.update(placed_at=None, started_at=None)
@@ -284,10 +296,16 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
         case e.JobRequeued():
             _touch(s, ev.job_id, pos)["status"] = "pending"
         case e.JobFinished():
+            ended = ev.at if ev.ended_at is None else ev.ended_at
             _touch(s, ev.job_id, pos).update(
-                status="finished", finished_at=ev.at, outcome=ev.outcome, exit_code=ev.exit_code
+                status="finished",
+                finished_at=ended,
+                outcome=ev.outcome,
+                exit_code=ev.exit_code,
+                finish_reason=ev.reason,
+                finish_note=ev.note,
             )
-            _close(s, ev.job_id, pos, ev.at, ev.outcome)
+            _close(s, ev.job_id, pos, ended, ev.outcome)
         case e.CheckpointReported():
             _touch(s, ev.job_id, pos)["checkpoint_at"] = ev.at
         case e.CycleDecided():

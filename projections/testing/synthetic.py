@@ -161,7 +161,10 @@ class _Sim:
         while len(self.pending) > s.max_pending:
             old = self.pending.pop(0)
             yield e.JobFinished(
-                **self.kw(old.spec.user), job_id=old.spec.job_id, outcome="cancelled"
+                **self.kw(old.spec.user),
+                job_id=old.spec.job_id,
+                outcome="cancelled",
+                reason="cancelled",
             )
 
     def dispatch(self) -> Iterator[e.AnyEvent]:
@@ -251,6 +254,7 @@ class _Sim:
                 job_id=job.spec.job_id,
                 outcome="completed" if code == 0 else "failed",
                 exit_code=code,
+                reason="completed" if code == 0 else "failed",
             )
 
     def preempt(self) -> Iterator[e.AnyEvent]:
@@ -272,7 +276,10 @@ class _Sim:
             self.pending.insert(0, job)
         else:
             yield e.JobFinished(
-                **self.kw("@dispatcher"), job_id=job.spec.job_id, outcome="preempted"
+                **self.kw("@dispatcher"),
+                job_id=job.spec.job_id,
+                outcome="preempted",
+                reason="preempted",
             )
 
     def churn(self) -> Iterator[e.AnyEvent]:

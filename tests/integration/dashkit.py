@@ -69,6 +69,6 @@ def _job_id(text: str) -> int:
     if isinstance(body, dict) and "job_id" in body:
         return int(body["job_id"])
     for ev in body.get("events", []) if isinstance(body, dict) else body:
-        if ev.get("type") == "job.submitted.v1":
+        if ev.get("type") == "job.submitted.v2":
             return int(ev["job_id"])
     raise AssertionError(f"no job id in {text!r}")

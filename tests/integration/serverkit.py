@@ -106,6 +106,13 @@ class Server:
 
 
 def start_server(home: Path, *args: str, log_name: str = "serve.log") -> Server:
+    """`gpuledger serve` on `home`: with `--executor record` (placements recorded, nothing runs)
+    unless `args` name an executor; the tests' users are ledger names, so with an executor that
+    runs processes the jobs run as the service's account unless `args` say `--run-as`."""
+    if "--executor" not in args:
+        args = ("--executor", "record", *args)
+    elif "--run-as" not in args and not {"none", "record"} & set(args):
+        args = (*args, "--run-as", "service")
     log_path = home.parent / log_name
     with open(log_path, "ab") as out:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(

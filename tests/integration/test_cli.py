@@ -155,7 +155,7 @@ REJECTED = [
     pytest.param(
         ["submit", "-A", "ai2/olmo", "-G", "1", "--min-runtime", "soon"],
         "alice",
-        "invalid duration 'soon'",
+        "invalid --min-runtime 'soon'",
         id="malformed duration",
     ),
     pytest.param(

@@ -145,7 +145,7 @@ def test_every_page_loads_without_a_console_error(served: Served, browser: Brows
     page.goto(f"{base}/ui/job?id={s.dash.job_b}")
     page.wait_for_selector("#job-history tbody tr")
     history = page.locator("#job-history").inner_text()
-    assert "job.submitted.v1" in history and "job.placed.v1" in history
+    assert "job.submitted.v2" in history and "job.placed.v1" in history
     page.wait_for_function(
         "[...document.querySelectorAll('[data-col=replay]')].every(c => c.textContent !== '…')"
     )

@@ -108,7 +108,7 @@ REJECTED = [
     pytest.param(
         ["submit", "-A", "ml/nlp", "-G", "1", "--min-runtime", "0.4"],
         "invalid",
-        "not a whole number of seconds",
+        "a bare number is whole minutes",
         id="a fractional min runtime is not silently unfunded",
     ),
     pytest.param(

@@ -516,7 +516,7 @@ def test_sigterm_publishes_every_committed_event_before_exit(
     assert up.returncode == 0, err
     assert len(survivors) == 4 and ledger_jobs() == ["running"] * 4
     tags = [t for _p, t, _d in stored(home)]
-    assert tags.count("job.started.v1") == 4 and "job.finished.v1" not in tags
+    assert tags.count("job.started.v1") == 4 and "job.finished.v2" not in tags
     assert_records_equal_store(read_topic(kafka_topic), home)
     health = read_health(home)
     assert health is not None and (health.position, health.lag) == (len(stored(home)), 0)

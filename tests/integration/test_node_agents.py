@@ -203,7 +203,7 @@ def held_twice(events: list[dict[str, Any]]) -> list[tuple[str, int]]:
             gpus = [(s["node"], i) for s in ev["slots"] for i in s["gpu_indices"]]
             clashes += [g for g in gpus if g in holder]
             holder.update(dict.fromkeys(gpus, ev["job_id"]))
-        elif ev["type"] in ("job.finished.v1", "job.preempted.v1"):
+        elif ev["type"] in ("job.finished.v2", "job.preempted.v1"):
             holder = {g: j for g, j in holder.items() if j != ev["job_id"]}
     return clashes
 
@@ -426,7 +426,7 @@ def test_a_node_back_within_its_fence_keeps_its_runs_and_an_exit_meanwhile_is_re
         c.agents[node].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
     done = c.wait_status(ends, "finished")
     assert (done["outcome"], done["exit_code"]) == ("completed", 0)
-    [fin] = [e for e in c.events("job.finished.v1") if e["job_id"] == ends]
+    [fin] = [e for e in c.events("job.finished.v2") if e["job_id"] == ends]
     assert fin["ended_at"] is not None and fin["ended_at"] <= exited_at + 0.5
     wait_for("the nodes to return", lambda: {c.nodes()[n] for n in nodes} == {"active"}, 30,
              c.why)  # fmt: skip

@@ -118,7 +118,7 @@ def test_sigterm_and_kill_9_of_up_leave_jobs_running_and_the_next_up_adopts_them
     go2.touch()
     assert up.proc.wait(timeout=60) == 0
     finished = {
-        e["job_id"]: (e["outcome"], e["exit_code"]) for e in events(home, "job.finished.v1")
+        e["job_id"]: (e["outcome"], e["exit_code"]) for e in events(home, "job.finished.v2")
     }
     assert finished == {1: ("failed", 6), 2: ("completed", 0)}
     assert len(events(home, "job.placed.v1")) == 2  # each launched once

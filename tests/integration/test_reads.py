@@ -205,7 +205,7 @@ def test_explain_of_a_preempted_job_names_the_job_it_made_room_for(handles: Any)
     # the note "unfunded" is job 2's, never the job it made room for
     assert "job 3 (unfunded)" not in text
     assert "preempted for fairness (unfunded) to make room for job 3" in text
-    assert [h.tag for h in view.history][-2:] == ["job.preempted.v1", "job.finished.v1"]
+    assert [h.tag for h in view.history][-2:] == ["job.preempted.v1", "job.finished.v2"]
     assert (view.status, view.outcome, view.code) == ("finished", "preempted", None)
 
 
@@ -502,7 +502,11 @@ def test_a_lost_node_shows_in_every_read_and_the_audit_holds(own: Path) -> None:
         "failed",
         None,
     )
-    assert "ended failed." in cli(own, "explain", "3").stdout
+    assert (jobs[3]["finish_reason"], jobs[3]["nodes"]) == ("node_lost", ["n0"])
+    said = cli(own, "explain", "3").stdout
+    assert "is finished (node lost)" in said
+    lost = "ended with its node, which was lost (not resumable, so not requeued)"
+    assert f"{lost} (node n0 lost: power supply)" in said
     again = cli(own, "node", "lost", "n0", "--reason", "x", ok=False)
     assert again.returncode == 1 and "node 'n0' is already lost" in again.stderr
     refused = cli(own, "--as", "dan", "node", "lost", "n1", "--reason", "x", ok=False)

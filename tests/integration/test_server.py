@@ -79,7 +79,7 @@ def test_the_config_file_rejects_unknown_keys_and_flags_override_it(tmp_path: Pa
         return [r["event"] for r in log if r["event"]["type"] == "service.configured.v1"]
 
     (first,) = configured()
-    assert first["policy"] == {"version": "fifo-1"} and first["executor"] == "none"
+    assert first["policy"] == {"version": "fifo-1"} and first["executor"] == "record"
     again = start_server(home, "--config", str(good), log_name="again.log")
     assert again.stop() == 0
     assert len(configured()) == 1
@@ -437,7 +437,7 @@ def test_the_command_routes_answer_every_body_and_caller_as_the_framework_does(
         ok = _post_raw(server, path, b'{"actor":"","account":"ai2/olmo","gpus":1}', alice)
         assert ok[:2] == (200, "application/json")
         assert [(ev["type"], ev["actor"], ev["gpus"]) for ev in ok[2]["events"]] == [
-            ("job.submitted.v1", "alice", 1)
+            ("job.submitted.v2", "alice", 1)
         ] and ok[2]["position"] == server.head()
         lenient = _post_raw(server, path, b'{"actor":"","account":"ai2/olmo","gpus":"2"}', alice)
         assert lenient[0] == 200 and lenient[2]["events"][0]["gpus"] == 2

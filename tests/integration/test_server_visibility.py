@@ -64,7 +64,7 @@ def _events(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {
         x["tag"]: x
         for x in entries
-        if x["tag"] in ("job.submitted.v1", "job.started.v1")
+        if x["tag"] in ("job.submitted.v2", "job.started.v1")
         and (x["event"] or {}).get("job_id") == 2
     }
 
@@ -81,7 +81,7 @@ def test_only_the_owner_managers_above_and_admins_see_a_jobs_command_over_http(
     status, entries = world.server.request("GET", "/v1/log?limit=100000", token=token)
     assert status == 200, entries
     events = _events(entries)
-    submitted, started = events["job.submitted.v1"], events["job.started.v1"]
+    submitted, started = events["job.submitted.v2"], events["job.started.v1"]
     if SEES[who]:
         assert SECRET in job["command"] and job["logs"] and not job["redacted"]
         assert SECRET in submitted["event"]["command"]

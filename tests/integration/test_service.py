@@ -356,6 +356,6 @@ def test_up_runs_real_processes_with_their_gpus_and_preempts_unfunded_work(tmp_p
     finished = [
         r["event"]
         for r in json.loads(run_cli(home, "log", "--json", "--limit", "1000").stdout)
-        if r["event"]["type"] == "job.finished.v1"
+        if r["event"]["type"] == "job.finished.v2"
     ]
     assert {(f["job_id"], f["outcome"], f.get("exit_code")) for f in finished} >= {(2, "failed", 7)}

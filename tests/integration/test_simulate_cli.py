@@ -14,9 +14,7 @@ import pytest
 
 from ledger.sim.workload import Synthetic, parse_trace, synthetic
 
-PHILLY = Path(__file__).resolve().parents[3] / "shared" / "traces" / "philly-4plusgpu-sample.csv.gz"
-if not PHILLY.exists():
-    PHILLY = Path("/work/shared/traces/philly-4plusgpu-sample.csv.gz")
+PHILLY = Path(__file__).resolve().parents[2] / "examples/traces/philly-4plusgpu-sample.csv.gz"
 GPULEDGER = Path(sys.executable).with_name("gpuledger")
 
 
@@ -32,7 +30,6 @@ def cli(home: Path, *args: str, hashseed: str = "0") -> subprocess.CompletedProc
     )
 
 
-@pytest.mark.skipif(not PHILLY.exists(), reason="the shared Philly sample is not on this machine")
 def test_philly_trace_end_to_end_reduced(tmp_path: Path) -> None:
     home = tmp_path / "cmp"
     out = cli(

@@ -147,7 +147,7 @@ class Ledger:
         self._logs.append(log)
         self.proc = subprocess.Popen(
             [GPULEDGER, "up", "--executor", "slurm", "--partition", self.cluster.partition,
-             "--interval", "0.2s", "--grace", "2s", "--log-level", "INFO"],
+             "--interval", "0.2s", "--grace", "2s", "--log-level", "INFO", "--run-as", "service"],
             env=self.env("root"), stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         self.wait(
@@ -227,7 +227,7 @@ def held_twice(events: list[dict[str, Any]]) -> list[tuple[str, int]]:
             clashes += [g for g in gpus if g in holder]
             holder.update(dict.fromkeys(gpus, ev["job_id"]))
             slots[ev["job_id"]] = gpus
-        elif ev["type"] in ("job.preempted.v1", "job.finished.v1"):
+        elif ev["type"] in ("job.preempted.v1", "job.finished.v2"):
             for g in slots.pop(ev["job_id"], []):
                 holder.pop(g, None)
     return clashes
@@ -278,13 +278,24 @@ def test_jobs_run_on_the_gpus_the_ledger_chose_and_their_endings_are_recorded(
         4: (ended[4]["exit_code"], "cancelled", "CANCELLED"),
     }
     jobs = ledger.jobs()
-    assert [jobs[j]["outcome"] for j in (1, 2, 3, 4)] == ["failed", "completed", "failed", "failed"]
+    assert [jobs[j]["outcome"] for j in (1, 2, 3, 4)] == [
+        "failed", "completed", "failed", "cancelled"
+    ]  # fmt: skip
+    # what a sacct user reads: why each ended, where it ran, its Slurm job id
+    assert [jobs[j]["finish_reason"] for j in (1, 2, 3, 4)] == [
+        "failed", "completed", "time_limit", "cancelled"
+    ]  # fmt: skip
+    assert all(jobs[j]["nodes"] == [ledger.cluster.node] for j in (1, 2, 3, 4)), jobs
+    assert all(jobs[j]["started_at"] is not None for j in (1, 2, 3, 4)), jobs
+    assert "was stopped at its time limit" in ledger.cli("explain", "3")
+    assert "was cancelled outside the ledger (in its engine)" in ledger.cli("explain", "4")
     links = {ev["job_id"]: ev for ev in events if ev["type"] == "job.engine_linked.v1"}
     # Slurm says it gave the chosen GPUs (it stops saying once a run ended: job 2 is too short)
     said = {j: ev["gpus"] for j, ev in links.items() if ev["gpus"]}
     assert said == {j: placed[j] for j in said} and {1, 3} <= set(said)
     linked = {j: ev["engine_job_id"] for j, ev in links.items()}
     assert sorted(linked) == [1, 2, 3, 4] and len(set(linked.values())) == 4
+    assert {j: jobs[j]["engine_job_id"] for j in linked} == linked
     slurm_jobs = ledger.cluster.jobs()
     assert all(slurm_jobs[linked[j]]["name"] == f"gpuledger-{j}" for j in (1, 2, 3, 4))
     assert held_twice(events) == []
@@ -458,6 +469,12 @@ def test_a_node_slurm_marks_down_is_lost_its_jobs_end_or_requeue_and_it_returns(
     assert len(ledger.of("job.requeued.v1", 1)) == 1
     (ended,) = ledger.of("job.engine_ended.v1", 2)
     assert (ended["reason"], ended["engine_job_id"]) == ("node_failure", first[2])
+    lost = jobs[2]  # as sacct shows it: NODE_FAIL on its node, with its Slurm job id
+    assert (lost["finish_reason"], lost["nodes"], lost["engine_job_id"]) == (
+        "node_lost", [cluster.node], first[2]
+    )  # fmt: skip
+    said = ledger.cli("explain", "2")
+    assert "finished (node lost)" in said and "ended with its node, which was lost" in said, said
     assert [cluster.jobs()[first[j]]["state"] for j in (1, 2)] == ["NODE_FAIL", "NODE_FAIL"]
     time.sleep(1)
     assert status(ledger, 1) == "pending"  # nothing is placed on a lost node

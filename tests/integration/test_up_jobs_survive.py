@@ -143,7 +143,7 @@ def held_twice(finished_and_placed: list[dict[str, Any]]) -> list[tuple[str, int
             gpus = [(s["node"], i) for s in ev["slots"] for i in s["gpu_indices"]]
             clashes += [g for g in gpus if g in holder]
             holder.update(dict.fromkeys(gpus, ev["job_id"]))
-        elif ev["type"] in ("job.finished.v1", "job.preempted.v1"):
+        elif ev["type"] in ("job.finished.v2", "job.preempted.v1"):
             holder = {g: j for g, j in holder.items() if j != ev["job_id"]}
     return clashes
 
@@ -194,7 +194,7 @@ def test_sigterm_and_kill_9_of_up_leave_jobs_running_and_a_restart_adopts_them(
     up = Service(home, "--until-idle")
     assert up.proc.wait(timeout=60) == 0
     finished = {
-        ev["job_id"]: (ev["outcome"], ev["exit_code"]) for ev in events(home, "job.finished.v1")
+        ev["job_id"]: (ev["outcome"], ev["exit_code"]) for ev in events(home, "job.finished.v2")
     }
     assert finished == {1: ("failed", 6), 2: ("failed", 3), 3: ("completed", 0)}
     ended = {
@@ -223,7 +223,7 @@ def test_ctrl_c_on_up_leaves_its_jobs_running(home: Path) -> None:
     assert up.proc.wait(timeout=30) == 0
     assert jobs(home)[1]["status"] == "running"  # not failed, not requeued: still running
     assert procs(home) == [before]
-    assert events(home, "job.finished.v1") == [] and events(home, "job.requeued.v1") == []
+    assert events(home, "job.finished.v2") == [] and events(home, "job.requeued.v1") == []
 
 
 def test_audit_check_catches_a_gpu_held_by_a_live_process_the_ledger_lost(
@@ -258,7 +258,7 @@ def test_time_limits_and_the_debug_limit_stop_jobs_and_say_why(home: Path) -> No
     got = jobs(home)
     assert (got[1]["outcome"], got[1]["finish_reason"]) == ("failed", "time_limit")
     assert (got[2]["outcome"], got[2]["finish_reason"]) == ("failed", "time_limit")
-    finished = {ev["job_id"]: ev for ev in events(home, "job.finished.v1")}
+    finished = {ev["job_id"]: ev for ev in events(home, "job.finished.v2")}
     started = {ev["job_id"]: ev for ev in events(home, "job.started.v1")}
     assert finished[1]["exit_code"] == finished[2]["exit_code"] == 128 + signal.SIGTERM
     placed = {ev["job_id"]: ev for ev in events(home, "job.placed.v1")}
@@ -342,7 +342,7 @@ def test_a_gang_job_over_two_nodes_gets_disjoint_gpus_and_ranks_and_a_failed_par
     lines = sorted(output(log).read_text().strip() for log in got[1]["logs"])
     assert lines == ["a 0,1 0 2 127.0.0.1", "b 0,1 1 2 127.0.0.1"]
     assert (got[1]["outcome"], got[2]["outcome"]) == ("completed", "failed")
-    finished = {ev["job_id"]: ev for ev in events(home, "job.finished.v1")}
+    finished = {ev["job_id"]: ev for ev in events(home, "job.finished.v2")}
     assert finished[2]["exit_code"] == 9
     started = {ev["job_id"]: ev for ev in events(home, "job.started.v1")}
     assert finished[2]["at"] - started[2]["at"] < 10  # rank 0 did not run its 60 s

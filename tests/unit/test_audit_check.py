@@ -204,7 +204,12 @@ CASES: dict[str, tuple[list[e.AnyEvent], list[str]]] = {
         [
             placed(1, (0, 1, 2, 3)),
             e.JobFinished(
-                event_id="f", at=T0 + 5, actor="@executor", job_id=1, outcome="completed"
+                event_id="f",
+                at=T0 + 5,
+                actor="@executor",
+                job_id=1,
+                outcome="completed",
+                reason="completed",
             ),
             placed(2, (0, 1, 2, 3), T0 + 5),
         ],

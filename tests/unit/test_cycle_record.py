@@ -138,25 +138,22 @@ def test_a_run_that_began_and_ended_since_the_last_look_starts_first(ledger: Fak
         actor=EX, job_id=2, engine="agent", engine_job_id="2.1", logs=("/l",)
     )
     assert finish == c.FinishJob(
-        actor=EX,
-        job_id=2,
-        exit_code=3,
-        engine="agent",
-        engine_job_id="2.1",
-        reason="exited",
-        ended_at=T0,  # when the run ended, as the engine says
-    )
+        actor=EX, job_id=2, exit_code=3, engine="agent", engine_job_id="2.1", reason="exited",
+        ended_at=T0,
+    )  # fmt: skip
     assert [ev.outcome for ev in ledger.events if isinstance(ev, e.JobFinished)] == ["failed"]
 
 
 def test_an_unnamed_engine_records_no_engine_words(ledger: FakeLedger) -> None:
+    """...but how the run ended and when: a local time limit is a time limit."""
     seen = Observed(
-        starts=(Start(2, "2.1", run=0, logs=("/l",)),), exits=(Exit(1, 0, T0, "exited", "x"),)
+        starts=(Start(2, "2.1", run=0, logs=("/l",)),),
+        exits=(Exit(1, 0, T0 - 5, "time_limit", "x"),),
     )
     record(ledger, seen, "")
     assert ledger.batches == [
         [c.StartJob(actor=EX, job_id=2, logs=("/l",))],
-        [c.FinishJob(actor=EX, job_id=1, exit_code=0)],
+        [c.FinishJob(actor=EX, job_id=1, exit_code=0, reason="time_limit", ended_at=T0 - 5)],
     ]
 
 

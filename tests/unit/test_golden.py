@@ -175,7 +175,9 @@ def test_the_latest_decision_records_are_stored_as_every_reader_decodes_them() -
     prev = ""
     for raw in lines:  # the stored bytes, unedited
         event = codec.decode(raw)
-        assert event.prev_hash == prev and as_stored(codec.encode(event), raw)
+        assert event.prev_hash == prev
+        if codec.peek_tag(raw) == e.tag_of(type(event)):  # stored as the latest version (the
+            assert as_stored(codec.encode(event), raw)  # submissions and ends there are v1)
         prev = hashlib.sha256(raw).hexdigest()
     tags = {codec.peek_tag(raw) for raw in lines}
     assert "cycle.decided.v3" in tags and not tags & {"cycle.decided.v1", "cycle.decided.v2"}

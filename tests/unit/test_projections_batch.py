@@ -39,7 +39,7 @@ HISTORY = [
         based_on=4,
     ),
     e.JobStarted(**ev_id(6), job_id=1),
-    e.JobFinished(**ev_id(7), job_id=1, outcome="completed", exit_code=0),
+    e.JobFinished(**ev_id(7), job_id=1, outcome="completed", exit_code=0, reason="completed"),
     e.NodeDrainRequested(**ev_id(8), node="n1", reason="fix"),
 ]
 

@@ -50,7 +50,7 @@ def history() -> list[e.AnyEvent]:
         e.JobPreempted(**kw(4 * H), job_id=1, reason="debug", for_job=2),  # type: ignore[arg-type]
         e.JobRequeued(**kw(4 * H), job_id=1),  # type: ignore[arg-type]
         placed(2, 4 * H, 8),
-        e.JobFinished(**kw(5 * H), job_id=2, outcome="completed", exit_code=0),  # type: ignore[arg-type]
+        e.JobFinished(**kw(5 * H), job_id=2, outcome="completed", exit_code=0, reason="completed"),  # type: ignore[arg-type]
         placed(1, 5 * H, 8),
     ]
 

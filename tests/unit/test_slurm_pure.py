@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -342,16 +343,17 @@ tulu||dan|1
 
 
 def test_sacctmgr_shares_parse_and_become_a_budget_file() -> None:
-    rows, parents = parse_sacctmgr_shares(SACCTMGR)
+    rows, parents, duplicates = parse_sacctmgr_shares(SACCTMGR)
     assert rows == [
         ("root", "", 1),
         ("ai2", "", 100),
         ("olmo", "", 60),
         ("olmo", "alice", 2),
         ("olmo", "bob", 1),
+        ("tulu", "", 100),  # `parent`: its parent's (ai2's) share
         ("tulu", "dan", 1),
     ]
-    assert parents == {"ai2": "root", "olmo": "ai2", "tulu": "ai2"}
+    assert parents == {"ai2": "root", "olmo": "ai2", "tulu": "ai2"} and duplicates == {}
     toml = shares_toml(rows, parents)
     plan = budget.parse(toml.encode())
     assert {
@@ -359,8 +361,50 @@ def test_sacctmgr_shares_parse_and_become_a_budget_file() -> None:
     } == {
         "ai2": ("program", 100, None, {}),
         "ai2/olmo": ("project", 60, ["alice", "bob"], {"alice": 2}),
-        "ai2/tulu": ("project", 1, ["dan"], {}),
+        "ai2/tulu": ("project", 100, ["dan"], {}),
     }
+    _applies(toml)
+
+
+def _applies(toml: str) -> State:
+    """The state after `budget apply` of `toml` on a fresh ledger (admin root)."""
+    ids = (lambda n: lambda: f"b{next(n)}")(itertools.count())
+    state = State()
+    for ev in decide(state, c.InitLedger(actor="root", admin="root"), 0.0, ids):
+        evolve(state, ev)
+    for change in budget.plan(state, budget.parse(toml.encode()), "root"):
+        for ev in decide(state, change.command, 0.0, ids):
+            evolve(state, ev)
+    return state
+
+
+def test_what_import_shares_writes_budget_apply_takes() -> None:
+    """A top-level account with users (a project here) sits under Slurm's root as a program;
+    users with `parent` shares are kept with their account's share; duplicates are reported
+    and the first share kept; names TOML would read as dotted keys are quoted."""
+    text = """\
+root|||5
+physics|root||10
+physics||alice|3
+physics||alice|7
+physics||b.smith|parent
+chem|root||parent
+chem||carol|1
+chem|root||20
+"""
+    rows, parents, duplicates = parse_sacctmgr_shares(text)
+    assert duplicates == {"physics/alice": [3, 7], "chem": [-1, 20]}
+    state = _applies(shares_toml(rows, parents))
+    tree = {p: (a.kind, a.shares) for p, a in state.accounts.items() if a.open}
+    assert tree == {
+        "root": ("program", 5),
+        "root/physics": ("project", 10),
+        "root/physics/alice": ("user", 3),
+        "root/physics/b.smith": ("user", 10),
+        "root/chem": ("project", 5),  # its first row said `parent`: root's
+        "root/chem/carol": ("user", 1),
+    }
+    assert state.members == {"root/physics": {"alice", "b.smith"}, "root/chem": {"carol"}}
 
 
 @pytest.mark.parametrize(

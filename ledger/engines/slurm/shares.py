@@ -1,22 +1,46 @@
 """Slurm association shares as a budget file: `gpuledger slurm import-shares`.
 
-Pure: `sacctmgr` output in, budget TOML (`gpuledger budget apply`) out.
+Pure: `sacctmgr` output in, budget TOML (`gpuledger budget apply`) out, and what `budget apply`
+accepts is what this writes (tests/unit/test_slurm_pure.py applies every file it writes):
+
+- Slurm's tree has one root; the ledger's programs are its top level and hold projects, and
+  only projects hold users. An account with users (or under one that has users) is a project,
+  the others programs; when a top-level account holds users itself, Slurm's root is kept as the
+  program `root` above every account, so the projects sit under a program.
+- A share of `parent` (an association that competes with its parent's share: Slurm's fair tree
+  treats it as its parent) takes its parent association's share: a user's the account's, an
+  account's its parent account's.
+- An association that appears more than once (one per cluster or partition) is reported by
+  the caller (`Imported.duplicates`), and its first share is kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from schemas.errors import InvalidCommand
 
 SACCTMGR_ARGS = ("sacctmgr", "-nP", "show", "associations", "format=Account,ParentName,User,Share")
+PARENT = -1
+"""A share of `parent` in the rows, before it is resolved."""
 
 
-def parse_sacctmgr_shares(text: str) -> tuple[list[tuple[str, str, int]], dict[str, str]]:
-    """Pure: `sacctmgr -nP show associations format=Account,ParentName,User,Share` as
-    ((account, user or "", shares) rows, account -> parent account). A share of "parent" (the
-    association uses its parent's) is skipped; the root account's user rows too."""
-    rows: list[tuple[str, str, int]] = []
+class Imported(NamedTuple):
+    """What `parse_sacctmgr_shares` read: (account, user or "", shares) rows with every
+    `parent` share resolved, account -> parent account, and the associations seen more than
+    once with each share they were given ("account" or "account/user" -> shares)."""
+
+    rows: list[tuple[str, str, int]]
+    parents: dict[str, str]
+    duplicates: dict[str, list[int]]
+
+
+def parse_sacctmgr_shares(text: str) -> Imported:
+    """Pure: `sacctmgr -nP show associations format=Account,ParentName,User,Share` read (module
+    doc); the root account's user rows are left out (root is the top, not an account)."""
+    seen: dict[tuple[str, str], int] = {}
+    duplicates: dict[str, list[int]] = {}
     parents: dict[str, str] = {}
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -32,19 +56,45 @@ def parse_sacctmgr_shares(text: str) -> tuple[list[tuple[str, str, int]], dict[s
             continue  # a header line
         if parent:
             parents[account] = parent
-        if share.lower() == "parent" or (account == "root" and user):
+        if account == "root" and user:
             continue
-        if not share.isdigit():
+        if share.lower() == "parent":
+            value = PARENT
+        elif share.isdigit():
+            value = int(share)
+        else:
             raise InvalidCommand(f"sacctmgr line {n}: share {share!r} is not a whole number")
-        rows.append((account, user, int(share)))
-    return rows, parents
+        key = (account, user)
+        if key in seen:
+            name = f"{account}/{user}" if user else account
+            duplicates.setdefault(name, [seen[key]]).append(value)
+            continue
+        seen[key] = value
+    rows = [(a, u, _resolved(seen, parents, a, u)) for (a, u) in seen]
+    return Imported(rows, parents, duplicates)
+
+
+def _resolved(
+    seen: Mapping[tuple[str, str], int], parents: Mapping[str, str], a: str, u: str
+) -> int:
+    """The share of association (a, u), a `parent` share replaced by its parent's, up the tree
+    (the root's, 1 when it says none)."""
+    for _ in range(128):
+        share = seen.get((a, u))
+        if share is not None and share != PARENT:
+            return share
+        if u:  # a user's parent is its account's association
+            u = ""
+        elif a in parents and parents[a] not in ("", a):
+            a = parents[a]
+        else:
+            return 1
+    return 1
 
 
 def shares_toml(rows: Iterable[tuple[str, str, int]], parents: Mapping[str, str]) -> str:
-    """Pure: a budget file (`gpuledger budget apply`) from Slurm association shares. `parents`
-    maps each Slurm account to its parent (`sacctmgr -nP show account withassoc
-    format=Account,ParentName`); the root account is the tree's top, not an account. An account
-    with users, or under one that has users, is a project; the others are programs."""
+    """Pure: a budget file (`gpuledger budget apply`) from Slurm association shares (module
+    doc). `parents` maps each Slurm account to its parent account."""
     rows = list(rows)
     users: dict[str, list[tuple[str, int]]] = {}
     for a, u, s in rows:
@@ -58,12 +108,21 @@ def shares_toml(rows: Iterable[tuple[str, str, int]], parents: Mapping[str, str]
             out.append(parents[out[-1]])
         return out
 
+    accounts = {a for a, _, _ in rows} - {"root"}
+    top_holds_users = any(len(chain(a)) == 1 and a in users for a in accounts)
+    prefix = ["root"] if top_holds_users else []
     lines = ["# imported from Slurm associations (sacctmgr); review, then `gpuledger budget apply`"]
-    accounts = sorted(
-        {a for a, _, _ in rows} - {"root"}, key=lambda a: "/".join(reversed(chain(a)))
-    )
-    for acct in accounts:
-        path = "/".join(reversed(chain(acct)))
+    if top_holds_users:
+        lines += [
+            "# a top-level account holds users (a project here), so Slurm's root is the program",
+            "# `root` above every account",
+            "",
+            '[accounts."root"]',
+            'kind = "program"',
+            f"shares = {account_shares.get('root', 1)}",
+        ]
+    for acct in sorted(accounts, key=lambda a: "/".join(reversed(chain(a)))):
+        path = "/".join(prefix + list(reversed(chain(acct))))
         kind = "project" if any(a in users for a in chain(acct)) else "program"
         lines += ["", f'[accounts."{path}"]', f'kind = "{kind}"']
         lines.append(f"shares = {account_shares.get(acct, 1)}")
@@ -73,6 +132,6 @@ def shares_toml(rows: Iterable[tuple[str, str, int]], parents: Mapping[str, str]
             weights = [(u, s) for u, s in members if s != 1]
             if weights:
                 lines.append(
-                    "member_shares = { " + ", ".join(f"{u} = {s}" for u, s in weights) + " }"
+                    "member_shares = { " + ", ".join(f'"{u}" = {s}' for u, s in weights) + " }"
                 )
     return "\n".join(lines) + "\n"

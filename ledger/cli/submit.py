@@ -1,0 +1,391 @@
+"""`submit` and `cancel`: a job as sbatch takes it, and its end as scancel asks for it.
+
+`gpuledger submit [options] -- command ...` or `gpuledger submit [options] script.sh [args]`. A
+batch script's `#GPULEDGER` lines hold `submit` options as they are written here, and its
+`#SBATCH` lines the sbatch options this ledger understands (`SBATCH`); any other `#SBATCH`
+option is refused by name, with nothing submitted. Options on the command line win over the
+script's, as with sbatch. The job carries its world: the directory it was submitted from
+(`-D`), the environment (`--export`, names matching the secret pattern left out), its output
+files (`-o`, `-e`) and name (`-J`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ledger.cli._common import Ctx, build, pass_ctx
+from ledger.cli.output import echo_json
+from ledger.core.jobs import parse_array, parse_dependency
+from ledger.core.runas import SECRET_NAMES
+from schemas import commands as c
+from schemas.bounds import ENV_NAME_PATTERN, MAX_ENV_VALUE
+from schemas.errors import InvalidCommand, LedgerError
+from schemas.events import JobFinished, JobSubmitted
+from schemas.units import format_duration, parse_duration, parse_job_time
+
+ENV_NAME = re.compile(ENV_NAME_PATTERN)
+
+
+def _labels(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            raise InvalidCommand(f"invalid label {p!r}", hint="use KEY=VALUE")
+        out[key] = value
+    return out
+
+
+# --- batch scripts ------------------------------------------------------------------------------
+
+SBATCH: dict[str, str | None] = {
+    "-A": "-A", "--account": "-A",
+    "-G": "-G", "--gpus": "-G",
+    "-t": "-t", "--time": "-t",
+    "-J": "-J", "--job-name": "-J",
+    "-o": "-o", "--output": "-o",
+    "-e": "-e", "--error": "-e",
+    "-D": "-D", "--chdir": "-D",
+    "--export": "--export",
+    "-a": "--array", "--array": "--array",
+    "-d": "--dependency", "--dependency": "--dependency",
+    "--gres": None,  # gpu:N or gpu:TYPE:N, below
+    "--requeue": "--resumable", "--no-requeue": "--not-resumable",
+    "--priority": "--priority",
+}  # fmt: skip
+"""The sbatch options a `#SBATCH` line may use, and the `submit` option each one is."""
+_FLAGS = {"--requeue", "--no-requeue"}
+
+
+def directives(text: str, name: str) -> list[str]:
+    """Pure: a batch script's `#GPULEDGER` and `#SBATCH` lines as `submit` options, read as
+    sbatch reads them: from the top, until the first line that is neither blank nor a comment.
+    An `#SBATCH` option this ledger does not understand is one error naming it and its line."""
+    out: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if number == 1 and stripped.startswith("#!"):
+            continue
+        if stripped and not stripped.startswith("#"):
+            break
+        for prefix, translate in (("#GPULEDGER", False), ("#SBATCH", True)):
+            if stripped.startswith(prefix) and stripped[len(prefix) : len(prefix) + 1] in " \t":
+                try:
+                    words = shlex.split(stripped[len(prefix) :], comments=True)
+                except ValueError as err:
+                    raise InvalidCommand(f"{name} line {number}: {err}") from err
+                out += _sbatch(words, name, number) if translate else words
+    return out
+
+
+def _sbatch(words: list[str], name: str, number: int) -> list[str]:
+    """Pure: one `#SBATCH` line's options as `submit` options (or one error naming the first
+    option it does not understand)."""
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        option, eq, value = word.partition("=")
+        if option not in SBATCH:
+            raise InvalidCommand(
+                f"{name} line {number}: #SBATCH {option} is not an option gpu-ledger understands",
+                hint="see docs/slurm-users.md for the sbatch options it takes; remove the line or "
+                "write it as a #GPULEDGER line",
+            )
+        if option in _FLAGS:
+            out.append(str(SBATCH[option]))
+            i += 1
+            continue
+        if not eq:
+            if i + 1 >= len(words):
+                raise InvalidCommand(f"{name} line {number}: #SBATCH {option} needs a value")
+            value = words[i + 1]
+            i += 1
+        i += 1
+        if option == "--gres":
+            out += _gres(value, name, number)
+        elif option in ("-G", "--gpus") and ":" in value:
+            kind, _, count = value.rpartition(":")
+            out += ["--gpu-type", kind, "-G", count]
+        else:
+            out += [str(SBATCH[option]), value]
+    return out
+
+
+def _gres(value: str, name: str, number: int) -> list[str]:
+    parts = value.split(":")
+    if parts[0] != "gpu" or len(parts) not in (2, 3):
+        raise InvalidCommand(
+            f"{name} line {number}: #SBATCH --gres={value}: only gpu:N or gpu:TYPE:N",
+        )
+    return ["-G", parts[-1]] + (["--gpu-type", parts[1]] if len(parts) == 3 else [])
+
+
+def _script(command: tuple[str, ...]) -> tuple[Path, str] | None:
+    """The batch script `command` starts with (a file whose first line is `#!`), and its
+    text; None for a command that is no script."""
+    if not command or not os.path.isfile(command[0]):
+        return None
+    path = Path(command[0])
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as err:
+        raise InvalidCommand(f"cannot read {path}: {err.strerror}") from err
+    return (path, text) if text.startswith("#!") else None
+
+
+def _merged(ctx: click.Context, options: list[str], name: str) -> dict[str, Any]:
+    """The command line's values, with the script's options where the command line gave
+    none (sbatch's precedence)."""
+    assert ctx.command is not None
+    try:
+        from_script = ctx.command.make_context(f"{name} directives", [*options, "--", "true"])
+    except click.UsageError as err:
+        raise InvalidCommand(f"{name}: {err.format_message()}") from err
+    params = dict(ctx.params)
+    for key, value in from_script.params.items():
+        if key != "command" and ctx.get_parameter_source(key) == click.core.ParameterSource.DEFAULT:
+            params[key] = value
+    return params
+
+
+# --- the job's world ------------------------------------------------------------------------------
+
+
+def environment(
+    export: str, environ: Mapping[str, str], secret: str = SECRET_NAMES
+) -> tuple[dict[str, str], list[str], list[str]]:
+    """Pure: the job's environment as sbatch's `--export` says (`ALL`, `NONE`, `NAME,...`,
+    `ALL,NAME=value,...`), without the names that match `secret`; the names asked for by name
+    that `secret` left out; and the variables `ALL` leaves out because no job could be given
+    them as they are (a shell's exported functions, `BASH_FUNC_module%%` of environment
+    modules, whose names are no variable names; a NUL; a value over the bound). A variable
+    named on its own must be sendable, or it is one error."""
+    pattern = re.compile(secret)
+    parts = [p.strip() for p in export.split(",") if p.strip()]
+    if not parts:
+        raise InvalidCommand("--export is empty", hint="use ALL, NONE or NAME[,NAME=value...]")
+    everything = parts[0].upper() == "ALL"
+    if parts[0].upper() in ("ALL", "NONE"):
+        parts = parts[1:]
+    env: dict[str, str] = {}
+    unsendable: list[str] = []
+    if everything:
+        for key, value in environ.items():
+            if pattern.search(key):
+                continue
+            if _sendable(key, value):
+                env[key] = value
+            else:
+                unsendable.append(key)
+    left: list[str] = []
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if pattern.search(key):
+            left.append(key)
+            continue
+        if eq:
+            env[key] = value
+        elif key in environ:
+            env[key] = environ[key]
+        if key in env and not _sendable(key, env[key]):
+            raise InvalidCommand(
+                f"environment variable {key[:64]!r} cannot be sent: "
+                + (
+                    f"its value is {len(env[key])} characters (at most {MAX_ENV_VALUE})"
+                    if len(env[key]) > MAX_ENV_VALUE
+                    else "it is no variable name or its value holds a NUL"
+                ),
+                hint="leave it out of --export",
+            )
+    return env, left, sorted(unsendable)
+
+
+def _sendable(name: str, value: str) -> bool:
+    return bool(ENV_NAME.fullmatch(name)) and len(value) <= MAX_ENV_VALUE and "\x00" not in value
+
+
+def workdir(chdir: str | None) -> str:
+    """The directory the job starts in: `-D` (relative to here), else here, as sbatch does."""
+    where = Path(chdir) if chdir else Path.cwd()
+    return os.path.abspath(where)
+
+
+# --- the commands ---------------------------------------------------------------------------------
+
+
+@click.command(context_settings={"ignore_unknown_options": False})
+@click.option("--account", "-A", "account_path", default=None, help="The project to charge.")
+@click.option("--gpus", "-G", type=int, default=None, help="How many GPUs.")
+@click.option("--gpu-type", default=None)
+@click.option("--cluster", default=None)
+@click.option(
+    "--min-runtime",
+    default=None,
+    help="Contract: time it may not be preempted once placed, in -t's forms (default: the "
+    "cap; 0 = unfunded).",
+)
+@click.option("--resumable/--not-resumable", default=False, show_default=True)
+@click.option(
+    "--priority", type=int, default=0, show_default=True, help="Orders jobs inside one team only."
+)
+@click.option(
+    "--time",
+    "--time-limit",
+    "-t",
+    "time_limit",
+    default=None,
+    help="Wall time, as sbatch reads it: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, "
+    "or 90s, 2h; <= 15m makes a debug job.",
+)
+@click.option("--grace", default=None, help="SIGTERM-to-SIGKILL grace when stopped (default 30s).")
+@click.option("--chdir", "-D", default=None, help="Start in this directory (default: here).")
+@click.option(
+    "--export",
+    default="ALL",
+    show_default=True,
+    help="The environment it gets: ALL, NONE, or NAME[,NAME=value...] (ALL,... adds to all).",
+)
+@click.option("--output", "-o", default=None, help="Output file (%j %u %x %a %A %N patterns).")
+@click.option("--error", "-e", default=None, help="Error file (default: the output file).")
+@click.option("--job-name", "-J", default=None, help="Its name (%x; default the command's).")
+@click.option("--array", "-a", "array", default=None, help="A job array: 0-15, 1,3,5, 0-15%4.")
+@click.option(
+    "--dependency",
+    "-d",
+    default=None,
+    help="afterok|afterany|afternotok:ID[:ID...][,...] or singleton.",
+)
+@click.option("--label", "labels", multiple=True, help="KEY=VALUE (repeatable).")
+@click.option("--duration", default=None, help="Known run time (simulated execution only).")
+@click.option("--user", default=None, help="Submit on behalf of USER (managers and admins).")
+@click.option("--json", "as_json", is_flag=True)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@pass_ctx
+def submit(ctx: Ctx, /, **given: Any) -> None:
+    """Submit a job: `gpuledger submit -A ai2/olmo -G 8 --min-runtime 2h -- python train.py`, or
+    a batch script with #GPULEDGER and #SBATCH lines: `gpuledger submit train.sh`."""
+    here = click.get_current_context()
+    script = _script(given["command"])
+    if script is not None:
+        path, text = script
+        given = _merged(here, directives(text, path.name), path.name)
+        given["command"] = (os.path.abspath(path), *given["command"][1:])
+    if not given["account_path"] or given["gpus"] is None:
+        missing = "-A/--account" if not given["account_path"] else "-G/--gpus"
+        raise InvalidCommand(f"missing {missing}", hint="give it, or put it on a #SBATCH line")
+    cmd = _submission(ctx, given)
+    appended = ctx.execute(cmd)
+    jobs = [ev for ev in appended.events if isinstance(ev, JobSubmitted)]
+    if given["as_json"]:
+        echo_json(jobs[0] if len(jobs) == 1 else jobs)
+        return
+    job = jobs[0]
+    contract = format_duration(job.min_runtime_s)
+    funded = "unfunded" if job.min_runtime_s == 0 else f"contract {contract}"
+    debug = ", debug class" if job.debug else ""
+    if len(jobs) > 1:
+        click.echo(
+            f"submitted array job {job.job_id} to {job.account}: {len(jobs)} tasks (jobs "
+            f"{job.job_id}-{jobs[-1].job_id}), {job.gpus} GPUs each, {funded}{debug}"
+        )
+        return
+    click.echo(f"submitted job {job.job_id} to {job.account}: {job.gpus} GPUs, {funded}{debug}")
+
+
+def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
+    """The SubmitJob the options say, built through its bounded type."""
+    env, left, unsendable = environment(g["export"], os.environ)
+    if left:
+        click.echo(
+            f"note: not sent (names that hold secrets): {', '.join(left)}; pass them to the "
+            "job another way (a file only you can read)",
+            err=True,
+        )
+    if unsendable:
+        shown = ", ".join(n[:64] for n in unsendable[:8]) + (" ..." if len(unsendable) > 8 else "")
+        click.echo(
+            f"note: --export=ALL left out {len(unsendable)} variable(s) no job can be given "
+            f"as they are (shell functions, values over {MAX_ENV_VALUE} characters): {shown}",
+            err=True,
+        )
+    tasks, limit = parse_array(g["array"]) if g["array"] else ((), None)
+    fields: dict[str, Any] = dict(
+        actor=ctx.actor,
+        account=g["account_path"],
+        gpus=g["gpus"],
+        gpu_type=g["gpu_type"],
+        cluster=g["cluster"],
+        min_runtime_s=(
+            None if g["min_runtime"] is None else parse_job_time(g["min_runtime"], "--min-runtime")
+        ),
+        resumable=g["resumable"],
+        priority=g["priority"],
+        time_limit_s=_time_limit(g["time_limit"]),
+        command=g["command"],
+        labels=_labels(g["labels"]),
+        duration_s=None if g["duration"] is None else float(parse_duration(g["duration"])),
+        user=g["user"],
+        grace_s=None if g["grace"] is None else parse_duration(g["grace"]),
+        workdir=workdir(g["chdir"]),
+        env=env,
+        stdout=g["output"] or "",
+        stderr=g["error"] or "",
+        job_name=g["job_name"] or "",
+        array=tasks,
+        array_limit=limit,
+        dependency=parse_dependency(g["dependency"]) if g["dependency"] else (),
+    )
+    return build(c.SubmitJob, **fields)
+
+
+def _time_limit(text: str | None) -> int | None:
+    """`-t` as sbatch reads it; 0, UNLIMITED and INFINITE ask for no limit, as in Slurm."""
+    if text is None or text.strip().upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    return parse_job_time(text) or None
+
+
+_TASK = re.compile(r"^(\d+)$")
+
+
+@click.command()
+@click.argument("job_ids", nargs=-1, required=True)
+@pass_ctx
+def cancel(ctx: Ctx, job_ids: tuple[str, ...]) -> None:
+    """Cancel JOB_ID... (its owner, a manager of its account, or an admin), like scancel: the id
+    of a job array (its first task's) cancels every unfinished task of it. Each id is cancelled
+    on its own; one that cannot be is one error line, and the exit code is 1."""
+    failed = 0
+    for text in job_ids:
+        if not _TASK.match(text):
+            click.echo(f"error: invalid job id {text!r} [usage]", err=True)
+            failed += 1
+            continue
+        cmd = c.CancelJob(actor=ctx.actor, job_id=int(text), whole_array=True)
+        try:
+            appended = ctx.execute(cmd)
+        except LedgerError as err:  # one line each, and on to the next id
+            click.echo(f"error: {' '.join(err.line().split())} [{err.code}]", err=True)
+            failed += 1
+            continue
+        ends = [ev for ev in appended.events if isinstance(ev, JobFinished)]
+        ended = [ev.job_id for ev in ends if ev.reason == "cancelled"]
+        what = f"job {ended[0]}" if len(ended) == 1 else f"jobs {', '.join(map(str, ended))}"
+        click.echo(f"cancelled {what} (position {appended.position})")
+        never = [ev.job_id for ev in ends if ev.reason == "dependency_never_satisfied"]
+        if never:
+            click.echo(f"  and so {', '.join(map(str, never))} can never run (their dependency)")
+    if failed:
+        sys.exit(1)
+
+
+COMMANDS = [submit, cancel]

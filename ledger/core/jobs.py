@@ -1,0 +1,376 @@
+"""What a job is beyond its contract, as sbatch takes it: its world (working directory,
+environment, output files, name), job arrays and dependencies.
+
+Pure: no I/O, no clock. `decide` builds a submission's events here (`submissions`) and, after
+every command, ends the jobs whose dependency a job's end has made impossible
+(`dependents_ended`, Slurm's DependencyNeverSatisfied); the dispatcher's input leaves out the
+pending jobs that may not run yet (`blocked`: a dependency not met, an earlier singleton, an
+array at its running limit), and the queue says why. The text forms the CLI reads
+(`--array=0-15%4`, `--dependency=afterok:5:6,singleton`) are parsed here too.
+
+Dependencies are judged by one rule: a job that a dependency names and that has not ended keeps
+the dependent waiting; a job that ended so that the dependency can never hold ends the dependent
+at once, in the same append; so a pending job whose named jobs have all ended may run. A job id
+that names a job array (its first task's id) stands for every task of the array. Ends are kept
+for dependencies `ENDS_KEPT_S` after they happen (`State.ends`): a submission may name a job that
+ended within that time; one that ended before is refused, as Slurm refuses a purged job.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ledger.core.state import ENDS_KEPT_S, Job, State
+from schemas import commands as c
+from schemas import events as e
+from schemas.bounds import ENV_NAME_PATTERN, MAX_ARRAY_TASKS, MAX_ENV_BYTES, ArrayIndex, check
+from schemas.errors import InvalidCommand
+
+DEFAULT_OUTPUT = "gpuledger-%j.out"
+"""A job's output file when it names none (like sbatch's `slurm-%j.out`), in its directory."""
+OUTPUT_ESCAPES = {"%": "%", "j": "job id", "J": "job id", "u": "user", "x": "job name"}
+OUTPUT_ESCAPES |= {"a": "array task id", "A": "array job id", "N": "first node"}
+_ESCAPE = re.compile(r"%(.)")
+_ENV_NAME = re.compile(ENV_NAME_PATTERN)
+
+Envelope = Callable[[], Mapping[str, Any]]
+"""The common fields of the next event (`decide`'s stamp): id, time, actor."""
+
+
+# --- a submission ---------------------------------------------------------------------------
+
+
+def submissions(
+    state: State, cmd: c.SubmitJob, contract: Mapping[str, Any], kw: Envelope
+) -> list[e.AnyEvent]:
+    """Pure: the JobSubmitted events of `cmd` (one per task of an array, consecutive ids) with
+    the contract `decide` settled (`contract`: account, user, gpus, min runtime, ...), once the
+    job's world and its dependency are checked."""
+    world = _world(cmd)
+    dependency = _dependency(state, cmd.dependency)
+    tasks: tuple[int | None, ...] = tuple(sorted(set(cmd.array))) or (None,)
+    if cmd.array_limit is not None and not cmd.array:
+        raise InvalidCommand("an array limit (`%N`) needs an array", hint="use --array=0-15%4")
+    first = state.next_job_id
+    return [
+        e.JobSubmitted(
+            **kw(),
+            **contract,
+            **world,
+            job_id=first + i,
+            array_job_id=None if task is None else first,
+            array_task_id=task,
+            array_limit=cmd.array_limit,
+            dependency=dependency,
+        )
+        for i, task in enumerate(tasks)
+    ]
+
+
+def _world(cmd: c.SubmitJob) -> dict[str, Any]:
+    """The checked working directory, environment, output patterns and name of `cmd`."""
+    if cmd.workdir and not cmd.workdir.startswith("/"):
+        raise InvalidCommand(
+            f"the working directory {cmd.workdir!r} is not absolute",
+            hint="pass an absolute path to -D/--chdir",
+        )
+    for what, text in (("working directory", cmd.workdir), ("job name", cmd.job_name)):
+        if "\x00" in text or "\n" in text:
+            raise InvalidCommand(f"the {what} holds a NUL or a newline")
+    for flag, pattern in (("-o/--output", cmd.stdout), ("-e/--error", cmd.stderr)):
+        check_pattern(pattern, flag)
+    size = 0
+    for name, value in cmd.env.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise InvalidCommand(
+                f"invalid environment variable name {name[:64]!r}",
+                hint="names are letters, digits and '_', not starting with a digit",
+            )
+        if "\x00" in value:
+            raise InvalidCommand(f"environment variable {name} holds a NUL byte")
+        size += len(name) + len(value) + 2
+    if size > MAX_ENV_BYTES:
+        raise InvalidCommand(
+            f"the job's environment is {size} bytes; at most {MAX_ENV_BYTES} are kept",
+            hint="send fewer variables: --export=NONE or --export=VAR,...",
+        )
+    name = cmd.job_name or (os.path.basename(cmd.command[0])[:255] if cmd.command else "")
+    stdout = cmd.stdout or (DEFAULT_OUTPUT if cmd.workdir else "")
+    return {
+        "workdir": cmd.workdir,
+        "env": dict(sorted(cmd.env.items())),
+        "stdout": stdout,
+        "stderr": cmd.stderr,
+        "job_name": name,
+    }
+
+
+def check_pattern(pattern: str, flag: str) -> None:
+    """Pure: an output file pattern uses only the escapes `expand_output` knows."""
+    if "\x00" in pattern or "\n" in pattern:
+        raise InvalidCommand(f"{flag} holds a NUL or a newline")
+    for m in _ESCAPE.finditer(pattern.replace("%%", "")):
+        if m.group(1) not in OUTPUT_ESCAPES:
+            known = ", ".join(f"%{k} ({v})" for k, v in OUTPUT_ESCAPES.items() if k != "%")
+            raise InvalidCommand(
+                f"{flag} {pattern!r}: %{m.group(1)} is not a pattern this ledger writes",
+                hint=f"use {known}, %% for a percent sign",
+            )
+    if pattern.endswith("%") and not pattern.endswith("%%"):
+        raise InvalidCommand(f"{flag} {pattern!r} ends with a lone %", hint="write %% for a %")
+
+
+def expand_output(
+    pattern: str,
+    *,
+    job_id: int,
+    user: str,
+    job_name: str,
+    array_job_id: int | None,
+    array_task_id: int | None,
+    node: str,
+) -> str:
+    """Pure: an output pattern with its escapes written out (`%j` job id, `%u` user, `%x` job
+    name, `%A` array job id, `%a` array task id, `%N` the first node, `%%` a percent sign); a job
+    that is no array writes its own id for `%A` and 0 for `%a`."""
+    values = {
+        "%": "%",
+        "j": str(job_id),
+        "J": str(job_id),
+        "u": user,
+        "x": job_name,
+        "A": str(job_id if array_job_id is None else array_job_id),
+        "a": str(0 if array_task_id is None else array_task_id),
+        "N": node,
+    }
+    return _ESCAPE.sub(lambda m: values.get(m.group(1), m.group(0)), pattern)
+
+
+# --- dependencies ---------------------------------------------------------------------------
+
+
+def _dependency(state: State, terms: Iterable[e.Dependency]) -> tuple[e.Dependency, ...]:
+    """The dependency as recorded, once every job it names is known and may still satisfy it
+    (a job that ended so that it never can is refused here, with nothing appended)."""
+    out: list[e.Dependency] = []
+    for term in terms:
+        if term.kind == "singleton":
+            if term.job_ids:
+                raise InvalidCommand("singleton names no jobs", hint="use --dependency=singleton")
+            if not any(t.kind == "singleton" for t in out):
+                out.append(term)
+            continue
+        if not term.job_ids:
+            raise InvalidCommand(f"{term.kind} names no job", hint=f"use {term.kind}:JOB[:JOB]")
+        for job_id in term.job_ids:
+            _dependable(state, term.kind, job_id)
+        out.append(e.Dependency(kind=term.kind, job_ids=tuple(dict.fromkeys(term.job_ids))))
+    return tuple(out)
+
+
+def _dependable(state: State, kind: e.DependencyKind, job_id: int) -> None:
+    if not 0 < job_id < state.next_job_id:
+        raise InvalidCommand(f"{kind}:{job_id}: there is no job {job_id}", job_id=job_id)
+    for ended_as in ends_of(state, job_id):
+        if not satisfies(kind, ended_as):
+            raise InvalidCommand(
+                f"{kind}:{job_id} can never be satisfied: job {job_id} ended {ended_as}",
+                job_id=job_id,
+            )
+    if not _active_ids(state, job_id) and not ends_of(state, job_id):
+        raise InvalidCommand(
+            f"{kind}:{job_id}: job {job_id} ended over {ENDS_KEPT_S / 3600:g} h ago, and its end "
+            "is no longer kept for dependencies",
+            hint="depend on jobs that have not ended, or ended recently",
+            job_id=job_id,
+        )
+
+
+def satisfies(kind: e.DependencyKind, ended_as: str) -> bool:
+    """Pure: whether a job that ended for `ended_as` (a `FinishReason`) meets `kind`."""
+    if kind == "afterok":
+        return ended_as == "completed"
+    if kind == "afternotok":
+        return ended_as != "completed"
+    return True
+
+
+def ends_of(state: State, job_id: int) -> list[str]:
+    """How the job `job_id`, or every task of the array it names, ended (kept ends only)."""
+    got = state.ends.get(job_id)
+    out = [got[0]] if got is not None else []
+    return out + [why for jid, (why, _, arr) in state.ends.items() if arr == job_id != jid]
+
+
+def _active_ids(state: State, job_id: int) -> list[int]:
+    """The unfinished jobs `job_id` stands for: itself, and the tasks of the array it names."""
+    out = [job_id] if job_id in state.active else []
+    return out + sorted(j for j in state.array_tasks(job_id) if j != job_id)
+
+
+def dependents_ended(state: State, events: list[e.AnyEvent], kw: Envelope) -> list[e.AnyEvent]:
+    """Pure: the ends of the pending jobs whose dependency the jobs `events` end have made
+    impossible (and of theirs in turn), in job order: what `decide` appends after every
+    command."""
+    ending = [ev for ev in events if isinstance(ev, e.JobFinished)]
+    if not ending or not state.dependents():
+        return []
+    done = {ev.job_id for ev in ending}
+    out: list[e.AnyEvent] = []
+    while ending:
+        ev = ending.pop(0)
+        job = state.jobs.get(ev.job_id)
+        keys = {ev.job_id} | ({job.spec.array_job_id} if job and job.spec.array_job_id else set())
+        for child_id in sorted({d for k in keys for d in state.dependents().get(k, ())}):
+            child = state.jobs.get(child_id)
+            if child is None or child_id in done or not child.active:
+                continue
+            term = next((t for t in child.spec.dependency if keys & set(t.job_ids)), None)
+            if term is None or satisfies(term.kind, ev.reason):
+                continue
+            named = min(keys & set(term.job_ids))
+            what = f"job {named}" if named == ev.job_id else f"task {ev.job_id} of array {named}"
+            note = f"{what} ended {ev.reason}: {term.kind}:{named} can never be satisfied"
+            end = e.JobFinished(
+                **kw(),
+                job_id=child_id,
+                outcome="cancelled",
+                reason="dependency_never_satisfied",
+                note=note,
+            )
+            done.add(child_id)
+            out.append(end)
+            ending.append(end)
+    return out
+
+
+# --- who may run now ------------------------------------------------------------------------
+
+BlockCode = Literal["WAIT_DEPENDENCY", "WAIT_ARRAY_LIMIT"]
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """Why a pending job may not be placed yet, whatever the GPUs: a code and its words."""
+
+    code: BlockCode
+    reason: str
+
+
+def blocked(state: State) -> dict[int, Blocked]:
+    """Pure: the pending (not held) jobs that may not be placed yet, by job id: a dependency
+    not met (`WAIT_DEPENDENCY`, Slurm's `Dependency`), an earlier job of the same user and name
+    for a singleton, or an array with as many tasks holding GPUs as its limit allows
+    (`WAIT_ARRAY_LIMIT`, Slurm's `JobArrayTaskLimit`); the rest of an array's pending tasks in
+    task order until the limit is reached may run."""
+    out: dict[int, Blocked] = {}
+    jobs = state.jobs
+    live = [jobs[i] for i in sorted(state.active)]
+    asking = [j for j in live if j.spec.dependency or j.spec.array_limit is not None]
+    if not asking:  # the common case: one look at each live job
+        return out
+    holding: dict[int, int] = {}
+    names: dict[tuple[str, str], int] = {}
+    for job in live:
+        spec = job.spec
+        if spec.array_job_id is not None and job.status in ("placed", "running"):
+            holding[spec.array_job_id] = holding.get(spec.array_job_id, 0) + 1
+        names.setdefault((spec.user, spec.job_name), spec.job_id)
+    for job in asking:
+        if job.status != "pending" or job.held:
+            continue
+        why = _waits_for(state, job, names)
+        if why is not None:
+            out[job.job_id] = Blocked("WAIT_DEPENDENCY", why)
+            continue
+        spec = job.spec
+        if spec.array_job_id is not None and spec.array_limit is not None:
+            running = holding.get(spec.array_job_id, 0)
+            if running >= spec.array_limit:
+                out[job.job_id] = Blocked(
+                    "WAIT_ARRAY_LIMIT",
+                    f"{running} tasks of array {spec.array_job_id} hold GPUs or go next, its "
+                    f"limit (%{spec.array_limit})",
+                )
+            else:
+                holding[spec.array_job_id] = running + 1  # this task may go: count it
+    return out
+
+
+def _waits_for(state: State, job: Job, names: Mapping[tuple[str, str], int]) -> str | None:
+    """Pure: what `job`'s dependency still waits for, in words; None when it is met."""
+    for term in job.spec.dependency:
+        if term.kind == "singleton":
+            first = names.get((job.spec.user, job.spec.job_name))
+            if first is not None and first != job.job_id:
+                return f"singleton: job {first} of {job.spec.user} named {job.spec.job_name!r}"
+            continue
+        waiting = [j for jid in term.job_ids for j in _active_ids(state, jid)]
+        if waiting:
+            shown = ", ".join(map(str, waiting[:10])) + (" ..." if len(waiting) > 10 else "")
+            return f"{term.kind}: job {shown} has not ended"
+    return None
+
+
+# --- the text forms the CLI reads -----------------------------------------------------------
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+
+
+def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
+    """Pure: Slurm's `--array` (`0-15`, `1,3,5`, `0-15:2`, `0-15%4`) as (task indices, limit)."""
+    spec, _, limit_text = text.strip().partition("%")
+    tasks: set[int] = set()
+    for part in spec.split(","):
+        m = _RANGE.match(part.strip())
+        if m is None:
+            raise InvalidCommand(
+                f"invalid --array {text!r}", hint="use e.g. 0-15, 1,3,5, 0-15:2 or 0-15%4"
+            )
+        lo = int(m[1])
+        hi = int(m[2]) if m[2] is not None else lo
+        step = int(m[3]) if m[3] is not None else 1
+        if hi < lo or step < 1:
+            raise InvalidCommand(f"invalid --array {text!r}: {part.strip()} is an empty range")
+        if (hi - lo) // step + 1 + len(tasks) > MAX_ARRAY_TASKS:
+            raise InvalidCommand(f"--array {text!r} has over {MAX_ARRAY_TASKS} tasks")
+        tasks.update(range(lo, hi + 1, step))
+    for task in tasks:
+        check(task, ArrayIndex, "--array task")
+    limit: int | None = None
+    if limit_text:
+        if not limit_text.isdigit() or int(limit_text) < 1:
+            raise InvalidCommand(f"invalid --array limit {'%' + limit_text!r}", hint="use %4")
+        limit = int(limit_text)
+    return tuple(sorted(tasks)), limit
+
+
+_KINDS = ("afterok", "afterany", "afternotok", "singleton")
+
+
+def parse_dependency(text: str) -> tuple[e.Dependency, ...]:
+    """Pure: Slurm's `--dependency` (`afterok:5:6`, `afterany:7,afternotok:8`, `singleton`) as
+    its terms; every term must hold (Slurm's `?`, any of them, is refused by name)."""
+    if "?" in text:
+        raise InvalidCommand(
+            f"--dependency {text!r}: '?' (any of the terms) is not supported",
+            hint="separate terms with ',': all of them must hold",
+        )
+    out: list[e.Dependency] = []
+    for part in text.strip().split(","):
+        kind, *ids = part.strip().split(":")
+        if kind not in _KINDS:
+            raise InvalidCommand(
+                f"--dependency {text!r}: {kind!r} is not a dependency this ledger knows",
+                hint="use afterok, afterany, afternotok (with :JOB[:JOB]) or singleton",
+            )
+        if any(not x.isdigit() or int(x) < 1 for x in ids):
+            bad = next(x for x in ids if not x.isdigit() or int(x) < 1)
+            hint = "a job array is named by its first task's job id" if "_" in bad else ""
+            raise InvalidCommand(f"--dependency {text!r}: {bad!r} is no job id", hint=hint)
+        out.append(e.Dependency(kind=kind, job_ids=tuple(int(x) for x in ids)))  # type: ignore[arg-type]
+    return tuple(out)

@@ -1,0 +1,132 @@
+"""Who a job runs as: the ledger's rule from a ledger user to an OS account.
+
+Pure: the OS account database is read by the edge and handed in (`Lookup`); no I/O here. A job
+runs as its owner's OS account: the ledger user's own name, or the name a site maps it to
+(`RunAs.accounts`, `os_accounts` in serve.toml: an admin's file). The account must exist and be a
+person's, not the system's: its uid at least `min_uid` (1000 by default, as on most
+distributions). `root` runs only root's own jobs, and only when the site allows it
+(`root_jobs`); a job is never run as root on someone else's behalf.
+
+The rule is asked three times, so nothing runs as an account it should not: at a submission
+(the server refuses it with one line, nothing appended: `admit`), when a job is handed to an
+engine (the dispatcher records `launch_failed` instead of launching it: a job submitted to the
+data directory with no server, or whose account went away), and when a member is added (only
+admins may add a system account as a member: `admit`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import msgspec
+
+from ledger.core.state import State
+from schemas import commands as c
+from schemas.errors import NotAuthorised
+
+DEFAULT_MIN_UID = 1000
+SECRET_NAMES = r"(?i)(TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL|PRIVATE_KEY|API_KEY|ACCESS_KEY)"
+"""The environment variables a job is never sent with by default: names that hold tokens,
+passwords and keys (the submitter's own `GPULEDGER_TOKEN` first of all). A site sets its own
+pattern (`secret_env` in serve.toml); the CLI leaves these out before it sends anything."""
+
+
+@dataclass(frozen=True)
+class OsAccount:
+    """An OS account as the password database has it."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str = ""
+    shell: str = ""
+
+
+Lookup = Callable[[str], OsAccount | None]
+"""The OS account of a name, or None when there is none (the edge reads pwd)."""
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The site's rule (serve.toml: `min_uid`, `root_jobs`, `os_accounts`)."""
+
+    min_uid: int = DEFAULT_MIN_UID
+    root_jobs: bool = False
+    """Root's own jobs may run as root (never anyone else's)."""
+    accounts: Mapping[str, str] = field(default_factory=dict)
+    """Ledger user -> OS account name, where they differ."""
+
+    def os_name(self, user: str) -> str:
+        return self.accounts.get(user, user)
+
+    def account(self, user: str, lookup: Lookup) -> OsAccount:
+        """Pure: the OS account `user`'s jobs run as, or NotAuthorised saying why none may."""
+        name = self.os_name(user)
+        found = lookup(name)
+        mapped = f" (mapped to {name!r})" if name != user else ""
+        if found is None:
+            raise NotAuthorised(
+                f"{user!r}{mapped} has no OS account here, and jobs run as their owner's account",
+                hint="an admin creates the account, or maps the user in serve.toml's os_accounts",
+                user=user,
+            )
+        if found.uid == 0:
+            if user == "root" and self.root_jobs:
+                return found
+            whose = "root's own jobs only, and only" if user == "root" else "root's own jobs only"
+            raise NotAuthorised(
+                f"jobs of {user!r}{mapped} would run as root: a job runs as root for "
+                f"{whose} when serve.toml sets root_jobs = true",
+                user=user,
+            )
+        if found.uid < self.min_uid:
+            raise NotAuthorised(
+                f"{name!r} is a system account (uid {found.uid} < min_uid {self.min_uid}): jobs "
+                "do not run as system accounts",
+                hint="submit as a person's account, or ask an admin to lower min_uid",
+                user=user,
+            )
+        return found
+
+    def system(self, user: str, lookup: Lookup) -> OsAccount | None:
+        """Pure: the OS account of `user` when it is a system account (root, or a uid below
+        `min_uid`); None for a person's account or no account at all."""
+        found = lookup(self.os_name(user))
+        return found if found is not None and found.uid < self.min_uid else None
+
+
+def admit(
+    state: State,
+    cmd: c.AnyCommand,
+    *,
+    lookup: Lookup,
+    rule: RunAs,
+    submissions: bool,
+    secret: str = SECRET_NAMES,
+) -> c.AnyCommand:
+    """Pure: `cmd` as the ledger may take it at `state`, or NotAuthorised (nothing appended).
+
+    1. a member who is a system account may be added by an admin alone;
+    2. with `submissions` (the service runs jobs as their owners), a job's user must map to an
+       OS account the rule accepts;
+    3. a job's environment loses the names that match `secret`."""
+    if isinstance(cmd, c.AddMember):
+        found = rule.system(cmd.user, lookup)
+        if found is not None and not state.is_admin(cmd.actor):
+            raise NotAuthorised(
+                f"{cmd.actor!r} may not add {cmd.user!r}: it is a system account (uid "
+                f"{found.uid}), which only an admin may add as a member",
+                actor=cmd.actor,
+            )
+        return cmd
+    if not isinstance(cmd, c.SubmitJob):
+        return cmd
+    if submissions:
+        rule.account(cmd.user or cmd.actor, lookup)
+    pattern = re.compile(secret)
+    if any(pattern.search(name) for name in cmd.env):
+        env = {k: v for k, v in cmd.env.items() if not pattern.search(k)}
+        return msgspec.structs.replace(cmd, env=env)
+    return cmd

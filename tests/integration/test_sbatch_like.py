@@ -1,0 +1,362 @@
+"""A researcher's job behaves as it would under sbatch (issue 23), on a real server with real
+job processes, as real OS users the test creates (it runs as root):
+
+- who a job runs as: a ledger user without an OS account, a member named `root` added by a
+  manager, an account below the minimum uid: refused with one line, nothing appended; a job
+  that reaches the engine without an account the rule accepts is recorded `launch_failed`,
+  never run as root;
+- `-t` in every Slurm form; arrays whose `%N` limit is never exceeded; a dependency chain that
+  runs in order;
+- every `finish_reason` from a real path, in `jobs --json` and in `explain`.
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.serverkit import cli, make_token, start_server
+from tests.integration.waits import wait_for
+
+USER = "gl23alice"
+"""A person's OS account the test creates (uid >= 1000), in a supplementary group `TEAM`."""
+TEAM = "gl23team"
+BUDGET = f"""
+[accounts."ai2"]
+kind = "program"
+
+[accounts."ai2/olmo"]
+kind = "project"
+members = ["{USER}", "ghost"]
+managers = ["mgr"]
+"""
+
+
+def os_user(name: str = USER, group: str = TEAM) -> pwd.struct_passwd:
+    """The OS account `name` with a home directory and the supplementary group `group`,
+    made when missing (kept between runs: the same name each time)."""
+    assert os.geteuid() == 0, "the run-as tests create OS accounts: run them as root"
+    try:
+        grp.getgrnam(group)
+    except KeyError:
+        subprocess.run(["groupadd", group], check=True)
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "-m", "-s", "/bin/sh", "-G", group, name], check=True)
+        pw = pwd.getpwnam(name)
+    assert pw.pw_uid >= 1000, pw
+    return pw
+
+
+def ledger_home(tmp_path: Path) -> Path:
+    """An initialised ledger (admin root), the budget above, node n1 with 8 GPUs."""
+    os_user()
+    home = tmp_path / "home"
+    cli(home, "init", "--admin", "root", GPULEDGER_USER="root")
+    budget = tmp_path / "budget.toml"
+    budget.write_text(BUDGET)
+    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
+    cli(home, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100", GPULEDGER_USER="root")
+    return home
+
+
+class Served:
+    """A `serve --executor local` that runs jobs as their owners, and tokens for its users."""
+
+    def __init__(self, home: Path, *extra: str) -> None:
+        self.home = home
+        self.tokens = {u: make_token(home, "--user", u) for u in (USER, "ghost", "mgr", "root")}
+        self.server = start_server(
+            home, "--executor", "local", "--run-as", "submitter", "--interval", "0.2s", *extra,
+        )  # fmt: skip
+
+    def cli(self, user: str, *args: str, ok: bool = True, cwd: Path | None = None) -> Any:
+        return cli(
+            self.home, *args, ok=ok, cwd=cwd, GPULEDGER_URL=self.server.url,
+            GPULEDGER_TOKEN=self.tokens[user],
+        )  # fmt: skip
+
+    def submit(self, *args: str, user: str = USER) -> int:
+        out = self.cli(user, "submit", "-A", "ai2/olmo", "-G", "1", "--json", *args)
+        got = json.loads(out.stdout)
+        return int(got["job_id"] if isinstance(got, dict) else got[0]["job_id"])
+
+    def jobs(self) -> dict[int, dict[str, Any]]:
+        rows = json.loads(self.cli("root", "jobs", "--json", "--limit", "1000").stdout)
+        return {r["job_id"]: r for r in rows}
+
+    def events(self) -> list[dict[str, Any]]:
+        rows = json.loads(self.cli("root", "log", "--json", "--limit", "100000").stdout)
+        return [r["event"] | {"position": r["position"]} for r in rows if r["event"]]
+
+    def wait(self, what: str, job_id: int, status: str, timeout: float = 60) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            row = self.jobs().get(job_id)
+            return row if row is not None and row["status"] == status else None
+
+        return wait_for(f"{what} (job {job_id} {status})", reached, timeout, self.why)
+
+    def why(self) -> str:
+        return self.server.log_path.read_text(errors="replace")[-3000:]
+
+    def stop(self) -> None:
+        assert self.server.stop() == 0
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    s = Served(ledger_home(tmp_path))
+    yield s
+    s.server.stop()
+
+
+def _one_line_refusal(proc: subprocess.CompletedProcess[str], want: str) -> None:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and want in lines[0], lines[0]
+
+
+def test_who_a_job_runs_as_is_refused_with_one_line_and_nothing_appended(
+    served: Served,
+) -> None:
+    head = served.server.head()
+    # a ledger user with no OS account
+    proc = served.cli("ghost", "submit", "-A", "ai2/olmo", "-G", "1", "--", "true", ok=False)
+    _one_line_refusal(proc, "'ghost' has no OS account here")
+    # a member named root, added by a manager who is not an admin
+    proc = served.cli("mgr", "member", "add", "root", "ai2/olmo", ok=False)
+    _one_line_refusal(proc, "'mgr' may not add 'root': it is a system account (uid 0)")
+    # ... and a system account (uid 1) likewise; the HTTP API says the same
+    code, body = served.server.request(
+        "POST", "/v1/commands/member.add",
+        {"actor": "", "user": "daemon", "project": "ai2/olmo"}, served.tokens["mgr"],
+    )  # fmt: skip
+    assert code == 403 and "it is a system account (uid 1)" in json.dumps(body), body
+    assert served.server.head() == head
+    # an admin may add a system account, but no job runs as it: below the minimum uid
+    served.cli("root", "member", "add", "daemon", "ai2/olmo")
+    head = served.server.head()
+    daemon = make_token(served.home, "--user", "daemon")
+    proc = cli(
+        served.home, "submit", "-A", "ai2/olmo", "-G", "1", "--", "true", ok=False,
+        GPULEDGER_URL=served.server.url, GPULEDGER_TOKEN=daemon,
+    )  # fmt: skip
+    _one_line_refusal(proc, "'daemon' is a system account (uid 1 < min_uid 1000)")
+    # root's own jobs: not unless the site allows them
+    served.cli("root", "member", "add", "root", "ai2/olmo")
+    head = served.server.head()
+    proc = served.cli("root", "submit", "-A", "ai2/olmo", "-G", "1", "--", "true", ok=False)
+    _one_line_refusal(proc, "jobs of 'root' would run as root")
+    assert served.server.head() == head
+    status = served.cli("root", "status").stdout
+    assert "jobs run as   their owners' OS accounts (uid >= 1000)" in status
+
+
+def test_a_job_that_reaches_the_engine_without_an_account_fails_its_launch(
+    tmp_path: Path,
+) -> None:
+    """Submitted to the data directory with no server in front (nothing asked then), the job
+    of a user with no OS account is recorded `launch_failed` when the service would launch it,
+    with why; it never runs (as root or anyone)."""
+    home = ledger_home(tmp_path)
+    marker = tmp_path / "ran"
+    cli(home, "--as", "ghost", "submit", "-A", "ai2/olmo", "-G", "1", "--", "touch", str(marker),
+        GPULEDGER_USER="root")  # fmt: skip
+    s = Served(home)
+    try:
+        row = s.wait("the launch fails", 1, "finished")
+        assert (row["finish_reason"], row["exit_code"], row["started_at"]) == (
+            "launch_failed",
+            None,
+            None,
+        )
+        assert "'ghost' has no OS account here" in row["finish_note"]
+        said = s.cli("root", "explain", "1").stdout
+        assert "is finished (launch failed)" in said and "could not be started" in said
+        assert not marker.exists()
+    finally:
+        s.server.stop()
+
+
+def test_every_finish_reason_comes_from_a_real_path(served: Served) -> None:
+    jobs: dict[str, int] = {}
+    jobs["completed"] = served.submit("--", "sh", "-c", "exit 0")
+    jobs["failed"] = served.submit("--", "sh", "-c", "exit 3")
+    jobs["time_limit"] = served.submit("-t", "0:02", "--", "sleep", "60")
+    parent = served.submit("--", "sh", "-c", "sleep 2; exit 1")
+    jobs["dependency_never_satisfied"] = served.submit(f"--dependency=afterok:{parent}", "--",
+                                                       "true")  # fmt: skip
+    for name in ("cancelled", "preempted", "node_lost"):
+        jobs[name] = served.submit("--", "sleep", "120")
+    for name in ("cancelled", "preempted", "node_lost"):
+        served.wait(name, jobs[name], "running")
+    served.cli(USER, "cancel", str(jobs["cancelled"]))
+    served.cli("root", "preempt", str(jobs["preempted"]), "--reason", "the test makes room")
+    node = served.jobs()[jobs["node_lost"]]["nodes"][0]
+    served.cli("root", "node", "lost", node, "--reason", "pulled the plug")
+    rows = {name: served.wait(name, job, "finished", 90) for name, job in jobs.items()}
+    assert {name: row["finish_reason"] for name, row in rows.items()} == {n: n for n in jobs}
+    assert (rows["completed"]["exit_code"], rows["failed"]["exit_code"]) == (0, 3)
+    assert rows["node_lost"]["nodes"] == [node] and rows["node_lost"]["slots"]  # kept
+    assert rows["dependency_never_satisfied"]["started_at"] is None
+    assert rows["completed"]["started_at"] is not None
+    words = {
+        "completed": "completed: it exited 0",
+        "failed": "failed: it exited non-zero",
+        "time_limit": "was stopped at its time limit",
+        "cancelled": f"was cancelled by {USER}",
+        "preempted": "was preempted, and as it is not resumable it ended there",
+        "node_lost": "ended with its node, which was lost",
+        "dependency_never_satisfied": f"job {parent} ended failed: afterok:{parent} can never",
+    }
+    for name, job in jobs.items():
+        said = served.cli("root", "explain", str(job)).stdout
+        assert words[name] in said, (name, said)
+    served.cli("root", "node", "return", node)
+
+
+def test_an_arrays_limit_is_never_exceeded_and_a_chain_runs_in_order(
+    served: Served, tmp_path: Path
+) -> None:
+    go = Path(os_user().pw_dir) / f"go-{tmp_path.name}"  # where the job's user can look
+    wait = f"while [ ! -e {go} ]; do sleep 0.2; done"
+    first = served.submit("--array=0-5%2", "--", "sh", "-c", wait)
+    a = served.submit("--", "sh", "-c", wait)
+    b = served.submit(f"--dependency=afterok:{a}", "--", "true")
+    c = served.submit(f"--dependency=afterok:{b}", "--", "true")
+    try:
+        for task in (first, first + 1, a):
+            served.wait("the first tasks run", task, "running")
+        queued = {r["job_id"]: r for r in json.loads(served.cli(USER, "queue", "--json").stdout)}
+        assert {j: queued[j]["code"] for j in range(first + 2, first + 6)} == dict.fromkeys(
+            range(first + 2, first + 6), "WAIT_ARRAY_LIMIT"
+        )
+        assert (queued[b]["code"], queued[c]["code"]) == ("WAIT_DEPENDENCY", "WAIT_DEPENDENCY")
+        assert f"afterok: job {a} has not ended" in queued[b]["reason"]
+        running = json.loads(served.cli(USER, "queue", "--state", "running", "--json").stdout)
+        assert sorted(r["job_id"] for r in running) == [first, first + 1, a]
+        assert all(r["state"] == "running" and r["nodes"] == ["n1"] for r in running)
+    finally:
+        go.touch()
+    for job in [*range(first, first + 6), a, b, c]:
+        row = served.wait("everything ends", job, "finished", 120)
+        assert row["finish_reason"] == "completed", row
+    holding: set[int] = set()
+    most = 0
+    placed: dict[int, int] = {}
+    ended: dict[int, int] = {}
+    tasks = set(range(first, first + 6))
+    for ev in served.events():  # in log order
+        job = ev.get("job_id")
+        if ev["type"] == "job.placed.v1":
+            placed[job] = ev["position"]
+            if job in tasks:
+                holding.add(job)
+                most = max(most, len(holding))
+        elif ev["type"] in ("job.finished.v2", "job.preempted.v1"):
+            ended[job] = ev["position"]
+            holding.discard(job)
+    assert most == 2, most  # the limit, reached and never passed
+    assert ended[a] < placed[b] and ended[b] < placed[c]  # the chain, in order
+    go.unlink()
+
+
+@pytest.mark.parametrize(
+    ("given", "want_s"),
+    [
+        ("90", 5400), ("5:30", 330), ("1:00:00", 3600), ("2-12", 216000), ("2-12:30", 217800),
+        ("2-12:30:15", 217815), ("90s", 90), ("2h", 7200),
+    ],
+)  # fmt: skip
+def test_time_takes_every_slurm_form(tmp_path: Path, given: str, want_s: int) -> None:
+    home = ledger_home(tmp_path)
+    cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "-t", given, "--", "true",
+        GPULEDGER_USER=USER)  # fmt: skip
+    (row,) = json.loads(cli(home, "jobs", "--json", GPULEDGER_USER="root").stdout)
+    assert row["time_limit_s"] == want_s
+    assert row["min_runtime_s"] == min(want_s, 8 * 3600)  # a contract never outlives the limit
+
+
+def test_a_shell_with_exported_functions_submits_and_its_world_is_recorded(
+    tmp_path: Path,
+) -> None:
+    """A researcher's shell under environment modules exports `BASH_FUNC_module%%`: `--export`
+    ALL leaves it out with a note (it is no variable name), sends the rest, never a secret."""
+    home = ledger_home(tmp_path)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    funcs = {"BASH_FUNC_module%%": "() {  eval $($LMOD_CMD bash $*)\n}"}
+    proc = cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "-J", "train", "--", "python",
+               "train.py", cwd=proj, GPULEDGER_USER=USER, MY_VAR="7", HF_TOKEN="hf_x",
+               **funcs)  # fmt: skip
+    assert "left out 1 variable(s)" in proc.stderr and "BASH_FUNC_module%%" in proc.stderr
+    log = json.loads(cli(home, "log", "--json", GPULEDGER_USER="root").stdout)
+    (sub,) = [r["event"] for r in log if r["event"] and r["event"]["type"] == "job.submitted.v2"]
+    assert sub["env"]["MY_VAR"] == "7" and "BASH_FUNC_module%%" not in sub["env"]
+    assert "HF_TOKEN" not in sub["env"] and "hf_x" not in json.dumps(log)
+    assert (sub["workdir"], sub["job_name"], sub["stdout"]) == (
+        str(proj), "train", "gpuledger-%j.out"
+    )  # fmt: skip
+
+
+def test_at_shows_the_ledger_as_it_was_or_is_refused(tmp_path: Path) -> None:
+    """`jobs --at T`: jobs submitted after T do not exist, the others are as they were at T;
+    the live reads (queue, explain, squatters) refuse a T before the last event, with one
+    line, and preview a T after it."""
+    home = ledger_home(tmp_path)
+    run = ("--", "true")
+    cli(home, "submit", "-A", "ai2/olmo", "-G", "1", *run, GPULEDGER_USER=USER)
+    log = json.loads(cli(home, "log", "--json", GPULEDGER_USER="root").stdout)
+    first_at = log[-1]["at"]
+    cli(home, "cancel", "1", GPULEDGER_USER=USER)
+    cli(home, "submit", "-A", "ai2/olmo", "-G", "1", *run, GPULEDGER_USER=USER)
+
+    def jobs(*args: str) -> dict[int, dict[str, Any]]:
+        out = cli(home, "jobs", "--json", *args, GPULEDGER_USER="root").stdout
+        return {r["job_id"]: r for r in json.loads(out)}
+
+    now = jobs()
+    assert (now[1]["status"], now[2]["status"]) == ("finished", "pending")
+    then = jobs("--at", str(first_at))
+    assert list(then) == [1] and then[1]["status"] == "pending"  # not yet cancelled
+    assert then[1]["finish_reason"] is None
+    assert list(jobs("--at", str(first_at), "--status", "finished")) == []
+    assert list(jobs("--at", str(first_at - 3600))) == []  # before anything was submitted
+    later = jobs("--at", "2100-01-01T00:00:00")
+    assert later.keys() == now.keys()
+    for read in (["queue"], ["explain", "1"], ["squatters"]):
+        proc = cli(home, *read, "--at", str(first_at), ok=False, GPULEDGER_USER="root")
+        _one_line_refusal(proc, "the ledger has moved since")
+        cli(home, *read, "--at", "2100-01-01T00:00:00", GPULEDGER_USER="root")
+
+
+def test_serve_without_an_executor_places_nothing_and_says_so(tmp_path: Path) -> None:
+    home = ledger_home(tmp_path)
+    server = start_server(home, "--executor", "none", "--interval", "0.2s")
+    try:
+        token = make_token(home, "--user", USER)
+        env = {"GPULEDGER_URL": server.url, "GPULEDGER_TOKEN": token}
+        cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "--", "true", **env)
+
+        def cycles() -> int:
+            code, body = server.request("GET", "/v1/health")
+            assert code == 200 and body["executor"] == "none" and body["placing"] is False
+            return int(body["cycles"])
+
+        wait_for("ten cycles", lambda: cycles() >= 10, 60, lambda: server.log_path.read_text())
+        (row,) = json.loads(cli(home, "jobs", "--json", **env).stdout)
+        assert row["status"] == "pending" and row["placements"] == 0
+        status = cli(home, "status", **env).stdout
+        assert "executor      none: nothing is placed, jobs wait" in status
+        assert "jobs run as   no job runs here" in status
+    finally:
+        assert server.stop() == 0

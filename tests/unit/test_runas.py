@@ -1,0 +1,95 @@
+"""Who a job runs as (`ledger.core.runas`): a ledger user maps to an OS account only when one
+exists with a uid at or above the minimum; root only for root's own jobs when the site allows
+it; only admins add system accounts as members; secrets never travel in a job's environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger.core.runas import OsAccount, RunAs, admit
+from ledger.core.state import State
+from schemas import commands as c
+from schemas.errors import NotAuthorised
+
+ACCOUNTS = {
+    "root": OsAccount("root", 0, 0),
+    "daemon": OsAccount("daemon", 1, 1),
+    "alice": OsAccount("alice", 1001, 1001, "/home/alice", "/bin/bash"),
+    "asmith": OsAccount("asmith", 1500, 100),
+    "svc": OsAccount("svc", 999, 999),
+}
+
+
+def lookup(name: str) -> OsAccount | None:
+    return ACCOUNTS.get(name)
+
+
+@pytest.mark.parametrize(
+    ("rule", "user", "want"),
+    [
+        (RunAs(), "alice", "alice"),
+        (RunAs(accounts={"al": "asmith"}), "al", "asmith"),
+        (RunAs(root_jobs=True), "root", "root"),
+        (RunAs(min_uid=900), "svc", "svc"),
+    ],
+    ids=["own account", "mapped", "root's own, allowed", "a site's lower minimum"],
+)
+def test_a_user_runs_as_a_persons_account(rule: RunAs, user: str, want: str) -> None:
+    assert rule.account(user, lookup).name == want
+
+
+@pytest.mark.parametrize(
+    ("rule", "user", "want"),
+    [
+        (RunAs(), "bob", "'bob' has no OS account here"),
+        (RunAs(accounts={"bob": "nobody-here"}), "bob", "'bob' (mapped to 'nobody-here') has no"),
+        (RunAs(), "root", "jobs of 'root' would run as root"),
+        (RunAs(root_jobs=True, accounts={"eve": "root"}), "eve", "jobs of 'eve' (mapped to"),
+        (RunAs(), "daemon", "'daemon' is a system account (uid 1 < min_uid 1000)"),
+        (RunAs(), "svc", "'svc' is a system account (uid 999 < min_uid 1000)"),
+    ],
+    ids=["no account", "mapped to none", "root", "mapped to root", "system", "below min"],
+)
+def test_no_job_runs_as_an_account_the_rule_refuses(rule: RunAs, user: str, want: str) -> None:
+    with pytest.raises(NotAuthorised, match=want.replace("(", r"\(").replace(")", r"\)")):
+        rule.account(user, lookup)
+
+
+def _state() -> State:
+    state = State(initialised=True)
+    state.admins.add("root")
+    return state
+
+
+def test_only_an_admin_adds_a_system_account_as_a_member() -> None:
+    state, rule = _state(), RunAs()
+    add = c.AddMember(actor="mgr", user="root", project="p/q")
+    with pytest.raises(NotAuthorised, match="'mgr' may not add 'root': it is a system account"):
+        admit(state, add, lookup=lookup, rule=rule, submissions=False)
+    for user in ("alice", "someone-without-an-account"):
+        ok = c.AddMember(actor="mgr", user=user, project="p/q")
+        assert admit(state, ok, lookup=lookup, rule=rule, submissions=False) is ok
+    by_admin = c.AddMember(actor="root", user="daemon", project="p/q")
+    assert admit(state, by_admin, lookup=lookup, rule=rule, submissions=False) is by_admin
+
+
+def test_a_submission_is_refused_when_its_owner_may_not_run_jobs() -> None:
+    state, rule = _state(), RunAs()
+    cmd = c.SubmitJob(actor="bob", account="p/q", gpus=1)
+    with pytest.raises(NotAuthorised, match="'bob' has no OS account"):
+        admit(state, cmd, lookup=lookup, rule=rule, submissions=True)
+    on_behalf = c.SubmitJob(actor="root", user="daemon", account="p/q", gpus=1)
+    with pytest.raises(NotAuthorised, match="system account"):
+        admit(state, on_behalf, lookup=lookup, rule=rule, submissions=True)
+    # when jobs do not run as their owners (service mode, no executor), nothing is asked
+    assert admit(state, cmd, lookup=lookup, rule=rule, submissions=False) is cmd
+
+
+def test_secrets_never_reach_the_log() -> None:
+    state, rule = _state(), RunAs()
+    env = {"PATH": "/bin", "GPULEDGER_TOKEN": "glt_x", "MY_API_KEY": "k", "HOME": "/h"}
+    cmd = c.SubmitJob(actor="alice", account="p/q", gpus=1, env=env)
+    got = admit(state, cmd, lookup=lookup, rule=rule, submissions=True)
+    assert isinstance(got, c.SubmitJob) and got.env == {"PATH": "/bin", "HOME": "/h"}
+    site = admit(state, cmd, lookup=lookup, rule=rule, submissions=True, secret="^HOME$")
+    assert isinstance(site, c.SubmitJob) and "HOME" not in site.env and "MY_API_KEY" in site.env

@@ -1,0 +1,117 @@
+"""What `gpuledger submit` reads before it sends anything (`ledger.cli.submit`): a batch script's
+`#GPULEDGER` and `#SBATCH` lines, the environment `--export` sends (secrets left out); and what
+`queue` estimates (`ledger.reads.preview.estimated_starts`)."""
+
+from __future__ import annotations
+
+import itertools
+import typing
+from pathlib import Path
+
+import pytest
+
+from ledger.cli.submit import SBATCH, directives, environment
+from ledger.core.decide import decide
+from ledger.core.evolve import evolve
+from ledger.core.state import State
+from ledger.cycle.inputs import snapshot_from_state
+from ledger.dispatch.engine import decide as dispatch
+from ledger.dispatch.registry import build
+from ledger.reads.preview import estimated_starts
+from schemas import commands as c
+from schemas.errors import InvalidCommand
+from schemas.events import FinishReason
+
+SCRIPT = """#!/bin/bash
+# a comment
+#SBATCH -A ai2/olmo
+#SBATCH --gpus=2 --time=1:00:00
+#SBATCH --job-name="my job"
+#SBATCH --gres=gpu:h100:4
+#SBATCH --requeue
+#GPULEDGER --min-runtime 30 --priority 5
+
+#SBATCH --mem=4G
+python train.py
+#SBATCH --nodes=2
+"""
+
+
+def test_a_script_says_its_options_until_its_first_command() -> None:
+    assert directives(SCRIPT.replace("#SBATCH --mem=4G\n", ""), "train.sh") == [
+        "-A", "ai2/olmo", "-G", "2", "-t", "1:00:00", "-J", "my job", "-G", "4",
+        "--gpu-type", "h100", "--resumable", "--min-runtime", "30", "--priority", "5",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("line", "want"),
+    [
+        ("#SBATCH --mem=4G", "train.sh line 2: #SBATCH --mem is not an option gpu-ledger"),
+        ("#SBATCH -N 2", "#SBATCH -N is not an option"),
+        ("#SBATCH --partition=gpu", "#SBATCH --partition is not an option"),
+        ("#SBATCH --gres=mps:10", "only gpu:N or gpu:TYPE:N"),
+        ("#SBATCH --time", "#SBATCH --time needs a value"),
+        ("#SBATCH -J 'unclosed", "line 2: No closing quotation"),
+    ],
+)
+def test_an_sbatch_option_it_does_not_understand_is_refused_by_name(line: str, want: str) -> None:
+    with pytest.raises(InvalidCommand, match=want):
+        directives(f"#!/bin/sh\n{line}\necho\n", "train.sh")
+
+
+def test_the_environment_is_what_export_says_without_secrets() -> None:
+    environ = {"PATH": "/bin", "MY_VAR": "1", "GPULEDGER_TOKEN": "glt_x", "HF_TOKEN": "t",
+               "DB_PASSWORD": "p", "AWS_SECRET_ACCESS_KEY": "k"}  # fmt: skip
+    assert environment("ALL", environ) == ({"PATH": "/bin", "MY_VAR": "1"}, [], [])
+    assert environment("NONE", environ) == ({}, [], [])
+    assert environment("MY_VAR,EXTRA=2", environ) == ({"MY_VAR": "1", "EXTRA": "2"}, [], [])
+    assert environment("ALL,MY_VAR=3", environ) == ({"PATH": "/bin", "MY_VAR": "3"}, [], [])
+    assert environment("MY_VAR,HF_TOKEN", environ) == ({"MY_VAR": "1"}, ["HF_TOKEN"], [])
+    assert environment("ALL", environ, secret="^$") == (environ, [], [])  # a site's own pattern
+    # what no job can be given as it is: ALL leaves it out and says so; named, it is an error
+    modules = {"PATH": "/bin", "BASH_FUNC_module%%": "() {  eval x\n}", "BIG": "x" * 20_000,
+               "NUL": "a\x00b", "A\n": "1"}  # fmt: skip
+    assert environment("ALL", modules) == (
+        {"PATH": "/bin"}, [], ["A\n", "BASH_FUNC_module%%", "BIG", "NUL"]
+    )  # fmt: skip
+    with pytest.raises(InvalidCommand, match="variable 'BIG' cannot be sent: its value is 20000"):
+        environment("PATH,BIG", modules)
+    with pytest.raises(InvalidCommand, match="'BASH_FUNC_module%%' cannot be sent: it is no"):
+        environment("NONE,BASH_FUNC_module%%", modules)
+    with pytest.raises(InvalidCommand, match="--export is empty"):
+        environment(",", environ)
+
+
+def test_the_estimate_counts_the_jobs_the_next_cycle_places() -> None:
+    """Three 8-GPU jobs on one 8-GPU node: the first starts now, the second when the first
+    reaches its time limit, the third after that; without time limits nobody knows."""
+    ids = (lambda n: lambda: f"x{next(n)}")(itertools.count())
+    state = State()
+    cmds: list[c.AnyCommand] = [
+        c.InitLedger(actor="root", admin="root"),
+        c.OpenAccount(actor="root", path="p", kind="program"),
+        c.OpenAccount(actor="root", path="p/q", kind="project"),
+        c.AddMember(actor="root", user="u", project="p/q"),
+        c.RegisterNode(actor="root", node="n", gpu_type="h100", gpus=8),
+        *[c.SubmitJob(actor="u", account="p/q", gpus=8, time_limit_s=3600) for _ in range(3)],
+        c.SubmitJob(actor="u", account="p/q", gpus=8),  # no time limit
+        c.SubmitJob(actor="u", account="p/q", gpus=8, time_limit_s=60),
+    ]
+    for cmd in cmds:
+        for ev in decide(state, cmd, 0.0, ids):
+            evolve(state, ev)
+    now = 100.0
+    snap = snapshot_from_state(state, {}, now)
+    decision = dispatch(snap, build("fifo"), now)
+    starts = estimated_starts(state, snap, decision, now)
+    assert starts == {1: now, 2: now + 3600, 3: now + 7200, 4: now + 10800, 5: None}
+
+
+def test_the_slurm_users_page_names_every_sbatch_option_and_finish_reason() -> None:
+    """docs/slurm-users.md is the list a Slurm user reads: every `#SBATCH` option `submit`
+    takes and every `finish_reason` is on it."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "slurm-users.md").read_text()
+    missing = [o for o in SBATCH if f"`{o}" not in page and f" {o}" not in page]
+    missing += [r for r in typing.get_args(FinishReason) if f"`{r}`" not in page]
+    assert not missing, missing
