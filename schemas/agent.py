@@ -49,6 +49,10 @@ class Register(msgspec.Struct, frozen=True, kw_only=True):
     the server take the address the request came from."""
     gpu_source: Text = ""
     """Where the GPU count and type came from ("NVML", "flags"): logged by the server."""
+    version: Text = ""
+    """The version of the node's list the agent has carried out (`Assignment.version`)."""
+    running: Parts[PartRun] = ()
+    """Every run the agent still has on the node (orphans stopped) as of `version`."""
 
 
 class Registered(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,6 +64,10 @@ class Registered(msgspec.Struct, frozen=True, kw_only=True):
     node_lost_after_s: float
     """How long the server waits for a silent node before it marks it lost: heartbeat well
     inside it."""
+    node_fence_s: float = 0.0
+    """How long after that the server waits before it may run the node's jobs elsewhere: the
+    node's lease runs out at its agent's last contact + `node_lost_after_s` + `node_fence_s`,
+    and its parts stop themselves then."""
 
 
 class PartRun(msgspec.Struct, frozen=True, kw_only=True):
@@ -87,6 +95,15 @@ class Part(PartRun, frozen=True, kw_only=True):
     job_token: Token = ""
     """The job's own token (`GPULEDGER_JOB_TOKEN`), minted at placement; "" when the server
     no longer holds it (a restart: the part was launched before)."""
+    workdir: Arg = ""
+    """Where the job starts ("": the agent's default, the run's own directory)."""
+    env: Annotated[tuple[tuple[Arg, Arg], ...], msgspec.Meta(max_length=4_096)] = ()
+    """The job's environment as submitted; the agent adds the ledger's variables."""
+    stdout: Arg = ""
+    stderr: Arg = ""
+    job_name: Text = ""
+    array_job_id: JobId | None = None
+    array_task_id: Count | None = None
 
 
 class Assignment(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,6 +118,12 @@ class Assignment(msgspec.Struct, frozen=True, kw_only=True):
 class PartStarted(PartRun, frozen=True, kw_only=True):
     log: Arg = ""
     """Where the part's output goes on its node."""
+    started_at: Epoch | None = None
+    """When its process started (the agent's clock)."""
+    pid: Count = 0
+    """Its leader's pid on the node."""
+    tree: Text = ""
+    """What holds its processes: its cgroup, or `session PID`."""
 
 
 class PartExited(PartRun, frozen=True, kw_only=True):
@@ -108,6 +131,19 @@ class PartExited(PartRun, frozen=True, kw_only=True):
     reason: RunEnd = "exited"
     """How the part ended (`schemas.commands.RunEnd`: `drained` when `agent --drain` stopped
     it, which the ledger requeues when the job is resumable)."""
+    ended_at: Epoch | None = None
+    """When its process tree was empty (the agent's clock): an exit reported late keeps it."""
+    note: Text = ""
+    """Why it could not start, or what was left when its leader ended."""
+
+
+class PartStopped(PartRun, frozen=True, kw_only=True):
+    """A run the ledger had stopped here is gone: every process of it."""
+
+    ended_at: Epoch | None = None
+    exit_code: ExitCode | None = None
+    killed: bool = False
+    """It outlived its grace and was killed."""
 
 
 class PartSample(PartRun, frozen=True, kw_only=True):
@@ -128,6 +164,13 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     exited: Parts[PartExited] = ()
     samples: Parts[PartSample] = ()
     checkpoints: Parts[PartCheckpoint] = ()
+    stopped: Parts[PartStopped] = ()
+    version: Text = ""
+    """The version of the node's list the agent had carried out when it wrote this report."""
+    running: Parts[PartRun] | None = None
+    """Every run the agent had on the node then (None: not said). A run the ledger stopped that
+    a report of a later version no longer lists is gone: only then may the ledger run its job
+    again elsewhere."""
 
 
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):

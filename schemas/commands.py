@@ -57,6 +57,7 @@ from schemas.events import (
     Preemption,
     PreemptReason,
     RankInputs,
+    RunPart,
     TokenScope,
     WaitSummary,
 )
@@ -165,9 +166,11 @@ class RemoveNode(NodeCommand, frozen=True, kw_only=True, tag="node.remove"):
 
 class MarkNodeLost(NodeCommand, frozen=True, kw_only=True, tag="node.lost"):
     """Record that a node is lost (the execution engine or the node-lost timeout; admins too):
-    its jobs end at once, resumable ones requeued, the others failed (`node_failure`)."""
+    with `fence_s` 0 its jobs end at once, resumable ones requeued, the others failed
+    (`node_failure`); otherwise they are in doubt until the fence passes (`NodeLost`)."""
 
     reason: Text
+    fence_s: Seconds = 0
 
 
 class SubmitJob(Command, frozen=True, kw_only=True, tag="submit"):
@@ -273,6 +276,9 @@ class StartJob(JobCommand, frozen=True, kw_only=True, tag="job.start"):
     engine_job_id: Name = ""
     run: Count = 0
     gpus: Many[GpuSlot] = ()
+    started_at: Epoch | None = None
+    """When the run really started, as the engine says (kept between the placement and now)."""
+    parts: Annotated[tuple[RunPart, ...], LISTED] = ()
 
 
 RunEnd = EndReason | Literal["launch_failed", "drained"]
@@ -295,6 +301,18 @@ class FinishJob(JobCommand, frozen=True, kw_only=True, tag="job.finish"):
     ended_at: Epoch | None = None
     """When the run really ended, when the engine knows (its exit file, Slurm's End); recorded
     as the job's end and charged to it (kept between its placement and the command's time)."""
+
+
+class ConfirmRunEnded(JobCommand, frozen=True, kw_only=True, tag="job.run_ended"):
+    """An engine says a run the ledger had stopped has really ended (`JobRunEnded`)."""
+
+    engine: Name
+    engine_job_id: Name
+    run: Count = 0
+    ended_at: Epoch | None = None
+    exit_code: ExitCode | None = None
+    killed: bool = False
+    note: Text = ""
 
 
 class SampleUtilisation(JobCommand, frozen=True, kw_only=True, tag="job.sample"):
@@ -355,6 +373,7 @@ AnyCommand = (
     | PreemptJob
     | StartJob
     | FinishJob
+    | ConfirmRunEnded
     | SampleUtilisation
     | ReportCheckpoint
     | IssueToken

@@ -211,10 +211,15 @@ class NodeRemoved(NodeEvent, frozen=True, kw_only=True, tag="node.removed.v1"):
 
 class NodeLost(NodeEvent, frozen=True, kw_only=True, tag="node.lost.v1"):
     """The node stopped answering (an engine marks it down, or its heartbeats stopped): it takes
-    no work until returned. Recorded with the endings of the jobs it held: resumable ones are
-    requeued, the others fail."""
+    no work until returned. With `fence_s` 0 it is recorded with the endings of the jobs it held
+    (resumable ones requeued, the others failed). Otherwise its runs are *in doubt* until
+    `at + fence_s` plus each job's grace: they may still be alive (a partitioned node), so
+    nothing is ended, requeued or relaunched until its agent says how each ended (recorded as it
+    happened, with its real time) or the fence passes (by then the node's own fence has
+    stopped them: they end `node_failure`); a node that returns meanwhile keeps them."""
 
     reason: Text
+    fence_s: Seconds = 0
 
 
 # --- jobs ---------------------------------------------------------------------------------------
@@ -307,6 +312,9 @@ class JobStarted(JobEvent, frozen=True, kw_only=True, tag="job.started.v1"):
 
     logs: LogPaths = ()
     """Where its parts' output goes (one log per part, on the part's node)."""
+    started_at: Epoch | None = None
+    """When the engine says the run really started (its last part's process, Slurm's StartTime),
+    when it says; never before the placement nor after this event. None: at this event."""
 
 
 class JobPreempted(JobEvent, frozen=True, kw_only=True, tag="job.preempted.v1"):
@@ -337,6 +345,16 @@ class _Finished(JobEvent, frozen=True, kw_only=True):
     exit_code: ExitCode | None = None
 
 
+class RunPart(msgspec.Struct, frozen=True, kw_only=True):
+    """One part of a run as its engine observed it: where it runs, the GPUs it was given, its
+    leader's pid and what holds its processes (a cgroup, or the session of the fallback)."""
+
+    node: Name
+    gpu_indices: GpuIndices = ()
+    pid: Count = 0
+    tree: Text = ""
+
+
 class JobFinishedV1(_Finished, frozen=True, kw_only=True, tag="job.finished.v1"):
     """The first end record: an outcome without the reason. Still read: `schemas.codec` upcasts
     it to `JobFinished` (v2) with the reason its outcome says."""
@@ -360,9 +378,15 @@ class JobEngineLinked(JobEvent, frozen=True, kw_only=True, tag="job.engine_linke
     engine: Name
     engine_job_id: Name
     run: Count = 0
-    """Which placement of the job this is (0 first, 1 after the first preemption, ...)."""
+    """Which placement of the job this is (0 first, 1 after the first preemption, ...): the
+    run's generation. A report about an older run is never taken for the current one."""
     gpus: Many[GpuSlot] = ()
-    """The GPUs the engine says the run got, when it says (Slurm: `scontrol -d`)."""
+    """The GPUs the engine says the run got, when it says (Slurm: `scontrol -d`'s GRES IDX;
+    node agents: the devices each part was given)."""
+    started_at: Epoch | None = None
+    """When the engine says the run started (as in its JobStarted)."""
+    parts: Annotated[tuple[RunPart, ...], LISTED] = ()
+    """What the engine observed of each part (node agents: leader pid and cgroup)."""
 
 
 class JobEngineEnded(JobEvent, frozen=True, kw_only=True, tag="job.engine_ended.v1"):
@@ -374,6 +398,27 @@ class JobEngineEnded(JobEvent, frozen=True, kw_only=True, tag="job.engine_ended.
     engine_state: Name = ""
     """The engine's own word for the ending (Slurm: COMPLETED, FAILED, TIMEOUT, NODE_FAIL, ...)."""
     exit_code: ExitCode | None = None
+    ended_at: Epoch | None = None
+    """When the run really ended (as in its JobFinished)."""
+    note: Text = ""
+    """What else the engine says: why a launch failed, processes the leader left behind that
+    had to be killed after the grace."""
+
+
+class JobRunEnded(JobEvent, frozen=True, kw_only=True, tag="job.run_ended.v1"):
+    """A run the ledger had stopped (preempted, cancelled, requeued, its node lost) has really
+    ended: its engine says every process of it is gone, and when. The end of a job's current
+    run is `JobEngineEnded`'s `ended_at`; together they bound every run, which the audit checks
+    (no GPU held by two live runs, no job with two live runs)."""
+
+    engine: Name
+    engine_job_id: Name
+    run: Count = 0
+    ended_at: Epoch | None = None
+    exit_code: ExitCode | None = None
+    killed: bool = False
+    """It outlived its grace and was killed."""
+    note: Text = ""
 
 
 class UtilisationSampled(JobEvent, frozen=True, kw_only=True, tag="job.utilisation_sampled.v1"):
@@ -583,6 +628,7 @@ AnyEvent = (
     | JobFinished
     | JobEngineLinked
     | JobEngineEnded
+    | JobRunEnded
     | UtilisationSampled
     | CheckpointReported
     | CycleDecided

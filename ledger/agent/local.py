@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledger.agent.node import STATUS_FILE, NodeAgent, Settings
+from ledger.agent.node import LEASE_FILE, STATUS_FILE, NodeAgent, Settings
 from ledger.core import tokens
 from ledger.engines.gpu_util import UtilSource
 from ledger.engines.supervised import SupervisedExecutor
@@ -115,6 +115,7 @@ class LocalAgents:
                     "GPULEDGER_URL": f"unix:{self.socket}",
                 },
                 local_node=node,
+                lease=state / LEASE_FILE,
             )
             if executor.adopted:
                 log.info("node %s: adopted %d job(s): %s", node, len(executor.adopted),

@@ -25,6 +25,7 @@ state directory adopts them. `--drain` is the way to stop them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -37,7 +38,7 @@ from typing import Any
 
 import msgspec
 
-from ledger.cycle.executor import Launch, Observed, Orders
+from ledger.cycle.executor import Exit, Launch, Observed, Orders, Start
 from ledger.engines.gpu_util import UtilSource
 from ledger.engines.proc import write_atomic
 from ledger.engines.supervised import SupervisedExecutor
@@ -50,6 +51,11 @@ log = logging.getLogger("gpuledger.agent")
 _now = SystemClock().now
 
 STATUS_FILE = "agent.json"
+LEASE_FILE = "lease"
+LEASE_MARGIN_S = 3.0
+"""A lease runs out this much before the server may call its fence passed: a part looks at its
+lease once a second (`supervise.FENCE_CHECK_S`), so its SIGTERM and its SIGKILL after the grace
+each come up to a second late, and clocks differ."""
 
 
 class AgentStatus(msgspec.Struct, kw_only=True):
@@ -67,6 +73,8 @@ class AgentStatus(msgspec.Struct, kw_only=True):
     gpus: int = 0
     gpu_type: str = ""
     gpu_source: str = ""
+    containment: str = ""
+    """How job processes are held here (cgroups, or sessions), `Containment.describe`."""
 
 
 @dataclass
@@ -91,17 +99,32 @@ class Outbox:
     exited: list[a.PartExited] = field(default_factory=list)
     samples: list[a.PartSample] = field(default_factory=list)
     checkpoints: list[a.PartCheckpoint] = field(default_factory=list)
+    stopped: list[a.PartStopped] = field(default_factory=list)
 
     def empty(self) -> bool:
-        return not (self.started or self.exited or self.samples or self.checkpoints)
+        return not (self.started or self.exited or self.samples or self.checkpoints or self.stopped)
 
-    def report(self, node: str) -> a.Report:
+    def report(self, node: str, version: str, running: tuple[a.PartRun, ...]) -> a.Report:
         return a.Report(
             node=node,
             started=tuple(self.started),
             exited=tuple(self.exited),
             samples=tuple(self.samples),
             checkpoints=tuple(self.checkpoints),
+            stopped=tuple(self.stopped),
+            version=version,
+            running=running,
+        )
+
+    def then(self, later: Outbox) -> Outbox:
+        """This outbox, then what `later` gathered (a report the server did not take is sent
+        again, in order, before what came since)."""
+        return Outbox(
+            started=self.started + later.started,
+            exited=self.exited + later.exited,
+            samples=self.samples + later.samples,
+            checkpoints=self.checkpoints + later.checkpoints,
+            stopped=self.stopped + later.stopped,
         )
 
 
@@ -152,9 +175,17 @@ class NodeAgent:
         self.finished: set[tuple[int, int]] = set()
         """(job, run) whose exit this agent saw: never launched again while still listed."""
         self.lost_after_s = 60.0
+        self.fence_s: float | None = None
+        """The server's fence (`Registered.node_fence_s`), once registered: the lease is the
+        last contact + lost_after_s + fence_s."""
+        self.lease_path = status_path.with_name(LEASE_FILE)
+        self._lease_until = 0.0
+        self.applied = ""
+        """The version of the node's list `_apply` last carried out (reports say it)."""
         self.report_wake = threading.Event()
         self._out_lock = threading.Lock()
         self._rejoin = False
+        self._last_sent = 0.0
         self._status_written = b""
         self.status = AgentStatus(
             node=settings.node,
@@ -165,6 +196,7 @@ class NodeAgent:
             gpus=settings.gpus,
             gpu_type=settings.gpu_type,
             gpu_source=settings.gpu_source,
+            containment=executor.containment.describe(),
         )
 
     # --- start ---------------------------------------------------------------------------------
@@ -176,6 +208,7 @@ class NodeAgent:
             return
         self._take(asg)
         orphans = self._apply(_now())
+        self.applied = asg.version
         deadline = time.monotonic() + self.ex.grace_s + 10.0
         while orphans & self.ex.running() and time.monotonic() < deadline:
             if self.stop_event.wait(self.s.check_every_s):
@@ -189,6 +222,8 @@ class NodeAgent:
             gpu_type=self.s.gpu_type,
             address=self.s.address,
             gpu_source=self.s.gpu_source,
+            version=self.applied,
+            running=self._running(),
         )
         got = self._retry(
             "register",
@@ -197,6 +232,8 @@ class NodeAgent:
         if got is None:
             return
         self.lost_after_s = got.node_lost_after_s
+        self.fence_s = got.node_fence_s
+        self._renew(self._last_sent)
         self.status.registered = True
         log.info(
             "registered node %s (%d GPUs, %s; node %s%s)", self.s.node, self.s.gpus,
@@ -208,8 +245,9 @@ class NodeAgent:
         warned = False
         while not self.stop_event.is_set():
             try:
+                sent = _now()
                 result = fn()
-                self._contact()
+                self._contact(sent)
                 return result
             except Unavailable as err:
                 self._error(err)
@@ -238,6 +276,7 @@ class NodeAgent:
             if asg is not None:
                 self._take(asg)
             self._apply(now)
+            self.applied = self.version
             self._watch(now)
             if not self.outbox.empty():
                 self.report_wake.set()
@@ -259,12 +298,13 @@ class NodeAgent:
         version = ""
         while not self.stop_event.is_set():
             try:
+                sent = _now()
                 asg = client.poll(self.s.node, version, self.s.poll_wait_s)
             except LedgerError as err:
                 self._error(err)
                 self.stop_event.wait(1.0)
                 continue
-            self._contact()
+            self._contact(sent)
             version = asg.version
             log.debug("poll: version %s, %d part(s)", version, len(asg.parts))
             with self._lock:
@@ -295,24 +335,18 @@ class NodeAgent:
         for job_id, p in sorted(self.parts.items()):
             if (job_id, p.run) in self.finished or job_id in running:
                 continue
-            code = self.ex.recorded_exit(job_id, p.run + 1)
-            lost = code is None and self.ex.launched_before(job_id, p.run + 1)
-            if code is not None or lost:
+            ended = self.ex.ended_run(job_id, p.run, now)
+            lost = ended is None and self.ex.launched_before(job_id, p.run + 1)
+            if ended is not None or lost:
                 # it ended while nobody watched, or it ran here and its handle is gone (the
                 # state file was lost): report it, never launch it twice
-                if lost:
+                if ended is None:
                     log.warning("job %s (run %s) ran here and its handle is lost", job_id, p.run)
-                self.finished.add((job_id, p.run))
+                    lost_start = Start(job_id, run=p.run)
+                    ended = (lost_start, Exit(job_id, -1, now, "lost", f"{job_id}.{p.run + 1}"))
+                start, end = ended
                 with self._out_lock:
-                    self.outbox.started.append(a.PartStarted(job_id=job_id, run=p.run))
-                    self.outbox.exited.append(
-                        a.PartExited(
-                            job_id=job_id,
-                            run=p.run,
-                            exit_code=-1 if code is None else code,
-                            reason="lost" if code is None else "exited",
-                        )
-                    )
+                    self._queue(Observed(starts=(start,) if start else (), exits=(end,)))
                 continue
             launches.append(self._launch(p))
         if launches:
@@ -329,7 +363,9 @@ class NodeAgent:
         return Launch(
             p.job_id, p.slots, p.command, p.duration_s, p.user, p.account, run=p.run,
             time_limit_s=p.time_limit_s, grace_s=p.grace_s, debug=p.debug,
-            master_addr=p.master_addr, job_token=p.job_token,
+            master_addr=p.master_addr, job_token=p.job_token, workdir=p.workdir, env=p.env,
+            stdout=p.stdout, stderr=p.stderr, job_name=p.job_name, array_job_id=p.array_job_id,
+            array_task_id=p.array_task_id,
         )  # fmt: skip
 
     def _watch(self, now: float) -> None:
@@ -342,12 +378,39 @@ class NodeAgent:
         job's current run here)."""
         for st in seen.starts:
             log_path = st.logs[0] if st.logs else ""
-            self.outbox.started.append(a.PartStarted(job_id=st.job_id, run=st.run, log=log_path))
+            mine = next((p for p in st.parts if p.node == self.s.node), None)
+            self.outbox.started.append(
+                a.PartStarted(
+                    job_id=st.job_id,
+                    run=st.run,
+                    log=log_path,
+                    started_at=st.started_at,
+                    pid=mine.pid if mine else 0,
+                    tree=mine.tree if mine else "",
+                )
+            )
+        for ex in seen.stopped:
+            self.outbox.stopped.append(
+                a.PartStopped(
+                    job_id=ex.job_id,
+                    run=_run_of(ex.engine_job_id),
+                    ended_at=ex.at,
+                    exit_code=ex.exit_code,
+                    killed=ex.engine_state == "KILLED",
+                )
+            )
         for ex in seen.exits:
             run = _run_of(ex.engine_job_id)
             self.finished.add((ex.job_id, run))
             self.outbox.exited.append(
-                a.PartExited(job_id=ex.job_id, run=run, exit_code=ex.exit_code, reason=ex.reason)
+                a.PartExited(
+                    job_id=ex.job_id,
+                    run=run,
+                    exit_code=ex.exit_code,
+                    reason=ex.reason,
+                    ended_at=ex.at,
+                    note=ex.note[:1000],
+                )
             )
             log.info("job %s (run %s) exited with %s (%s)", ex.job_id, run, ex.exit_code, ex.reason)
         for job_id in seen.checkpoints:
@@ -372,27 +435,49 @@ class NodeAgent:
         is kept and sent again)."""
         with self._out_lock:
             out, self.outbox = self.outbox, Outbox()
+            version = self.applied  # read before what runs: that is at least as new
+        report = out.report(self.s.node, version, self._running())
+        sent = _now()
         try:
-            ack: a.Ack = client.call("POST", "/v1/agent/report", out.report(self.s.node), a.Ack)
+            ack: a.Ack = client.call("POST", "/v1/agent/report", report, a.Ack)
         except LedgerError as err:
             self._error(err)
             if isinstance(err, (NotAuthenticated, NotAuthorised)):
                 log.error("the server refused this agent: %s", err.line())
             with self._out_lock:  # kept, in order, before what came since
-                self.outbox = Outbox(
-                    started=out.started + self.outbox.started,
-                    exited=out.exited + self.outbox.exited,
-                    samples=out.samples + self.outbox.samples,
-                    checkpoints=out.checkpoints + self.outbox.checkpoints,
-                )
+                self.outbox = out.then(self.outbox)
             return False
-        self._contact()
+        self._contact(sent)
         if ack.node_state == "lost":
             self._rejoin = True
         return True
 
-    def _contact(self) -> float:
-        """Record a successful contact; returns how long the agent had been out of contact."""
+    def _running(self) -> tuple[a.PartRun, ...]:
+        """Every run this node has (stopping ones too), as the server fences launches by."""
+        handled = self.ex.handled()
+        return tuple(a.PartRun(job_id=j, run=handled[j] - 1) for j in sorted(handled))
+
+    def _renew(self, sent: float) -> None:
+        """The node's lease (`<state_dir>/lease`): the parts stop themselves once it runs out,
+        past the last contact + the server's node-lost timeout + its fence (less
+        `LEASE_MARGIN_S`); renewed at most once a second. A server without a fence: no lease."""
+        if self.fence_s is None or sent <= 0:
+            return  # not registered yet: the server's fence is not known
+        if not self.fence_s:
+            with contextlib.suppress(FileNotFoundError):
+                self.lease_path.unlink()  # an older lease would stop the parts for nothing
+            return
+        until = sent + self.lost_after_s + max(self.fence_s - LEASE_MARGIN_S, 0.0)
+        if until < self._lease_until + 1.0:
+            return
+        self._lease_until = until
+        write_atomic(self.lease_path, msgspec.json.encode({"until": until}), sync=False)
+
+    def _contact(self, sent: float = 0.0) -> float:
+        """Record a successful contact of a request sent at `sent`; returns how long the agent
+        had been out of contact."""
+        self._last_sent = max(self._last_sent, sent)
+        self._renew(self._last_sent)
         now = _now()
         last = self.status.last_contact_at
         self.status.last_contact_at = now

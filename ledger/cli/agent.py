@@ -56,7 +56,7 @@ def _gpus(config: cfg.AgentConfig) -> tuple[int, str, str]:
 
 
 def _run(config: cfg.AgentConfig, drain: bool) -> int:
-    from ledger.agent.node import STATUS_FILE, NodeAgent, Settings, short_hostname
+    from ledger.agent.node import LEASE_FILE, STATUS_FILE, NodeAgent, Settings, short_hostname
     from ledger.engines.gpu_util import pick_source
     from ledger.engines.supervised import SupervisedExecutor
 
@@ -83,6 +83,7 @@ def _run(config: cfg.AgentConfig, drain: bool) -> int:
         extra_env={"GPULEDGER_URL": config.url},
         local_node=node,
         fork_supervisors=True,
+        lease=state / LEASE_FILE,
     )
     settings = Settings(
         node=node,
@@ -209,8 +210,11 @@ def agent_status(cctx: click.Context, state_dir: str | None, as_json: bool) -> N
         click.echo(f"  last error    {st['last_error']}")
     click.echo(f"  GPUs          {st.get('gpus')} x {st.get('gpu_type')} ({st.get('gpu_source')})")
     click.echo(f"  utilisation   {st.get('utilisation')}")
+    click.echo(f"  containment   {st.get('containment') or 'unknown'}")
     jobs = ", ".join(
-        f"{p.job_id} (pid {p.pid}, GPUs {','.join(map(str, p.gpu_indices))})" for p in procs
+        f"{p.job_id} (pids {' '.join(map(str, p.pids or (p.pid,)))}, "
+        f"GPUs {','.join(map(str, p.gpu_indices))})"
+        for p in procs
     )
     click.echo(f"  jobs          {jobs or 'none'}")
 

@@ -232,6 +232,16 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
     default=None,
     help="With agents: mark a node lost after its agent is silent this long [60s].",
 )
+@click.option(
+    "--node-fence",
+    default=None,
+    help="With agents: how long a lost node's runs stay in doubt before they end [5m].",
+)
+@click.option(
+    "--grace",
+    default=None,
+    help="SIGTERM-to-SIGKILL grace when a job is stopped (a job's own --grace wins) [30s].",
+)
 @click.option("--kafka", default=None, help="Kafka bootstrap HOST:PORT for the relay.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
 @click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default=None)
@@ -252,6 +262,8 @@ def serve(
     run_as: str | None,
     partition: str | None,
     node_lost_after: str | None,
+    node_fence: str | None,
+    grace: str | None,
     kafka: str | None,
     log_format: str | None,
     log_level: str | None,
@@ -276,6 +288,8 @@ def serve(
         run_as=run_as,
         partition=partition,
         node_lost_after=node_lost_after,
+        node_fence=node_fence,
+        grace=grace,
         kafka=kafka,
         log_format=log_format,
         log_level=log_level,

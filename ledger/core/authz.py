@@ -232,6 +232,8 @@ def _command_rule(state: State, cmd: c.AnyCommand, actor: str) -> None:
             _require_system(state, actor, "start jobs")
         case c.FinishJob():
             _require_system(state, actor, "finish jobs")
+        case c.ConfirmRunEnded():
+            _require_system(state, actor, "report the ends of runs")
         case c.SampleUtilisation():
             _require_system(state, actor, "report utilisation")
         case c.ReportCheckpoint():

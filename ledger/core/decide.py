@@ -19,6 +19,7 @@ import msgspec
 from ledger.core import jobs
 from ledger.core.authz import authorise
 from ledger.core.conflicts import command_keys, event_keys
+from ledger.core.runs import between, confirm_run_ended
 from ledger.core.state import Account, Job, State
 from schemas import commands as c
 from schemas import events as e
@@ -297,7 +298,11 @@ def _mark_node_lost(state: State, cmd: c.MarkNodeLost, s: _Stamp) -> list[e.AnyE
         raise InvalidTransition(f"node {cmd.node!r} is already lost", node=cmd.node)
     if not bool(cmd.reason.strip()):
         raise InvalidCommand("a lost node needs a reason", hint="pass --reason")
-    out: list[e.AnyEvent] = [e.NodeLost(**s.kw(), node=cmd.node, reason=cmd.reason)]
+    out: list[e.AnyEvent] = [
+        e.NodeLost(**s.kw(), node=cmd.node, reason=cmd.reason, fence_s=cmd.fence_s)
+    ]
+    if cmd.fence_s:  # its runs are in doubt until the fence passes (`NodeLost`)
+        return out
     leaving = set(state.node_jobs.get(cmd.node, ()))
     others: list[str] = []
     note = f"node {cmd.node} lost: {cmd.reason}"[:1000]
@@ -591,7 +596,10 @@ def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
     if job.status != "placed":
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not placed")
-    out: list[e.AnyEvent] = [e.JobStarted(**s.kw(), job_id=cmd.job_id, logs=cmd.logs)]
+    started = between(cmd.started_at, job.placed_at, s.now)
+    out: list[e.AnyEvent] = [
+        e.JobStarted(**s.kw(), job_id=cmd.job_id, logs=cmd.logs, started_at=started)
+    ]
     if cmd.engine:
         out.append(
             e.JobEngineLinked(
@@ -601,6 +609,8 @@ def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
                 engine_job_id=cmd.engine_job_id,
                 run=cmd.run,
                 gpus=cmd.gpus,
+                started_at=started,
+                parts=cmd.parts,
             )
         )
     return out
@@ -632,9 +642,8 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
     if reason == "completed" or reason == "cancelled":
         outcome = reason
     note = cmd.note or _NOTES.get(cmd.reason, "")
-    ended_at = None
-    if cmd.ended_at is not None:  # its own end, inside its placement and not after now
-        ended_at = min(max(cmd.ended_at, job.placed_at or 0.0), s.now)
+    # its own end, inside its placement and not after now
+    ended_at = between(cmd.ended_at, job.placed_at, s.now)
     out: list[e.AnyEvent] = [
         e.JobFinished(
             **s.kw(),
@@ -665,6 +674,8 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
                 reason=cast(e.EndReason, cmd.reason),  # the engine's words: not the two above
                 engine_state=cmd.engine_state,
                 exit_code=cmd.exit_code,
+                ended_at=ended_at,
+                note=cmd.note,
             )
         )
     return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)
@@ -774,6 +785,7 @@ _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]]
     c.PreemptJob: _preempt,  # type: ignore[dict-item]
     c.StartJob: _start,  # type: ignore[dict-item]
     c.FinishJob: _finish,  # type: ignore[dict-item]
+    c.ConfirmRunEnded: confirm_run_ended,  # type: ignore[dict-item]
     c.SampleUtilisation: _sample,  # type: ignore[dict-item]
     c.ReportCheckpoint: _checkpoint,  # type: ignore[dict-item]
     c.IssueToken: _issue_token,  # type: ignore[dict-item]

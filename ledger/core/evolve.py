@@ -27,6 +27,29 @@ def _node_becomes(state: State, name: str, to: NodeState, **reasons: str) -> Non
     state.nodes[name] = msgspec.structs.replace(state.nodes[name], state=to, **reasons)
 
 
+def _in_doubt(state: State, event: e.NodeLost) -> None:
+    """The runs of a node lost with a fence may live until the fence (and each job's grace)
+    passes: nothing ends them before."""
+    for job_id in state.node_jobs.get(event.node, ()):
+        job = state.jobs[job_id]
+        until = event.at + event.fence_s + (job.spec.grace_s or 0)
+        state.jobs[job_id] = msgspec.structs.replace(
+            job,
+            lost_at=job.lost_at if job.lost_at is not None else event.at,
+            doubt_until=max(until, job.doubt_until or until),
+        )
+
+
+def _out_of_doubt(state: State, node: str) -> None:
+    """A returning node keeps its runs: no longer in doubt once none of their nodes is lost."""
+    for job_id in state.node_jobs.get(node, ()):
+        job = state.jobs[job_id]
+        if job.doubt_until is None:
+            continue
+        if all(state.nodes[sl.node].state != "lost" for sl in job.slots):
+            state.jobs[job_id] = msgspec.structs.replace(job, lost_at=None, doubt_until=None)
+
+
 _NODE_EVENTS = (e.NodeRegistered, e.NodeRemoved)
 
 
@@ -75,8 +98,11 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             _node_becomes(state, event.node, "drained")
         case e.NodeReturned():
             _node_becomes(state, event.node, "active", drain_reason="", lost_reason="")
+            _out_of_doubt(state, event.node)
         case e.NodeLost():
             _node_becomes(state, event.node, "lost", lost_reason=event.reason)
+            if event.fence_s:
+                _in_doubt(state, event)
         case e.NodeRemoved():
             _node_becomes(state, event.node, "removed")
         case e.JobSubmitted():
@@ -96,7 +122,10 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.JobStarted():
             job = state.jobs[event.job_id]
             state.jobs[event.job_id] = msgspec.structs.replace(
-                job, status="running", started_at=event.at, logs=event.logs
+                job,
+                status="running",
+                started_at=event.at if event.started_at is None else event.started_at,
+                logs=event.logs,
             )
         case e.JobPreempted():
             job = state.jobs[event.job_id]
@@ -109,6 +138,8 @@ def evolve(state: State, event: e.AnyEvent) -> State:
                 preemptions=job.preemptions + 1,
                 engine="",
                 engine_job_id="",
+                lost_at=None,
+                doubt_until=None,
             )
         case e.JobHeld():
             state.jobs[event.job_id] = msgspec.structs.replace(state.jobs[event.job_id], held=True)
@@ -162,7 +193,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
                 state.jobs[event.job_id] = msgspec.structs.replace(
                     linked, engine=event.engine, engine_job_id=event.engine_job_id
                 )
-        case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineEnded():
+        case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineEnded() | e.JobRunEnded():
             pass
     return state
 

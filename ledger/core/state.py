@@ -59,6 +59,10 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     engine: str = ""
     engine_job_id: str = ""
     """The engine's run of the current placement (`JobEngineLinked`), "" while none is known."""
+    lost_at: float | None = None
+    doubt_until: float | None = None
+    """Its node was lost at `lost_at` with a fence (`NodeLost`): its run may still be alive
+    until then; None when it is not in doubt."""
 
     @property
     def job_id(self) -> int:

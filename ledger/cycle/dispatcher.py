@@ -233,7 +233,7 @@ class Dispatcher:
     def observe(self, now: float) -> tuple[Observed, Recorded]:
         """Ask the engine once what it saw, and record it (`ledger.cycle.record`)."""
         seen = self.executor.observe(now, self.ledger.state.nodes)
-        return seen, record(self.ledger, seen, self.executor.engine)
+        return seen, record(self.ledger, seen, self.executor.engine, now)
 
     def reconcile(self, now: float) -> Recorded:
         """Between cycles (a node agent's report): record what the engine saw, then stop what

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from ledger.core.jobs import expand_output
 from schemas.commands import RunEnd
-from schemas.events import GpuSlot, JobSubmitted
+from schemas.events import GpuSlot, JobSubmitted, RunPart
 
 if TYPE_CHECKING:
     from ledger.core.state import Node
@@ -114,6 +114,7 @@ class Exit:
     job_id: int
     exit_code: int
     at: float
+    """When the run really ended (the engine's word when it has one, else when observed)."""
     reason: RunEnd = "exited"
     """`exited`: the job ended by itself; `time_limit`: stopped at its limit; `lost`: its
     process vanished with no exit code recorded; `drained`: stopped by its node's agent on the
@@ -122,6 +123,8 @@ class Exit:
     engine_job_id: str = ""
     """The engine's id of the run (Slurm job id); empty for engines that do not name runs."""
     engine_state: str = ""
+    note: str = ""
+    """What else the engine says (why a launch failed, processes left that were killed)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,10 @@ class Start:
     """The GPUs the engine says the run got (engines that say)."""
     logs: tuple[str, ...] = ()
     """Where its parts' output goes (engines that know)."""
+    started_at: float | None = None
+    """When it really started (engines that know; None: when observed)."""
+    parts: tuple[RunPart, ...] = ()
+    """What the engine observed of each part (pid, cgroup), for the record."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +165,10 @@ class NodeChange:
     node: str
     change: NodeChangeKind
     reason: str = ""
+    fence_s: float = 0.0
+    """A node lost with a fence: its runs may still live until the fence passes, so they stay
+    in doubt until its agent says how they ended or the fence passes (`NodeLost`); 0: they end
+    at once (an engine that ends them itself, as Slurm does, or an admin's word)."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +187,8 @@ class Observed:
     """GPUs (node -> indices) busy with work outside the ledger: never placed on."""
     running: frozenset[int] = frozenset()
     """Jobs that really have a run in the engine now (launched, not yet reported ended)."""
+    stopped: tuple[Exit, ...] = ()
+    """Runs the ledger had stopped whose processes are now all gone (`JobRunEnded`)."""
 
 
 class Executor(Protocol):

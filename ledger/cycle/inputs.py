@@ -61,6 +61,8 @@ def snapshot_from_state(
     jobs = state.jobs
     for job in [jobs[i] for i in sorted(state.active)]:
         spec = job.spec
+        if job.status in ("placed", "running") and job.doubt_until is not None:
+            continue  # its node is lost and its run may live: its GPUs stay held, it is no victim
         if job.status in ("placed", "running") and job.placed_at is not None:
             running.append(
                 RunningJob(

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ledger.core.runs import settle_commands
 from ledger.cycle.executor import Exit, NodeChange, Observed, Sample, Start
 from schemas import commands as c
 from schemas.errors import LedgerError
@@ -56,7 +57,8 @@ class Recorded:
 def node_command(change: NodeChange, actor: str = EXECUTOR) -> c.AnyCommand:
     """Pure: the ledger command of a node change."""
     if change.change == "lost":
-        return c.MarkNodeLost(actor=actor, node=change.node, reason=change.reason)
+        fence = round(change.fence_s)
+        return c.MarkNodeLost(actor=actor, node=change.node, reason=change.reason, fence_s=fence)
     if change.change == "drain":
         return c.DrainNode(actor=actor, node=change.node, reason=change.reason)
     return c.ReturnNode(actor=actor, node=change.node)
@@ -82,10 +84,14 @@ def start_commands(
                     run=st.run,
                     gpus=st.gpus,
                     logs=st.logs,
+                    started_at=st.started_at,
+                    parts=st.parts,
                 )
             )
         else:
-            out.append(c.StartJob(actor=EXECUTOR, job_id=st.job_id, logs=st.logs))
+            out.append(
+                c.StartJob(actor=EXECUTOR, job_id=st.job_id, logs=st.logs, started_at=st.started_at)
+            )
     return out
 
 
@@ -118,7 +124,7 @@ def exit_command(ex: Exit, jobs: Mapping[int, Job], engine: str) -> c.FinishJob 
     if not engine:  # how it ended and when, without the engine's names
         return c.FinishJob(
             actor=EXECUTOR, job_id=ex.job_id, exit_code=ex.exit_code, reason=ex.reason,
-            ended_at=ex.at,
+            ended_at=ex.at, note=ex.note[:1000],
         )  # fmt: skip
     return c.FinishJob(
         actor=EXECUTOR,
@@ -129,11 +135,40 @@ def exit_command(ex: Exit, jobs: Mapping[int, Job], engine: str) -> c.FinishJob 
         reason=ex.reason,
         engine_state=ex.engine_state,
         ended_at=ex.at,
+        note=ex.note[:1000],
     )
 
 
-def record(ledger: Recorder, seen: Observed, engine: str) -> Recorded:
-    """Record an observation (module doc); how many starts and exits the ledger took."""
+def stopped_commands(stopped: Sequence[Exit], engine: str) -> list[c.AnyCommand]:
+    """Pure: `ConfirmRunEnded` for each stopped run whose end the engine saw (engines that name
+    their runs)."""
+    if not engine:
+        return []
+    return [
+        c.ConfirmRunEnded(
+            actor=EXECUTOR,
+            job_id=x.job_id,
+            engine=engine,
+            engine_job_id=x.engine_job_id,
+            run=_run_of(x.engine_job_id),
+            ended_at=x.at,
+            exit_code=x.exit_code,
+            killed=x.engine_state == "KILLED",
+            note=x.note[:1000],
+        )
+        for x in stopped
+    ]
+
+
+def _run_of(engine_job_id: str) -> int:
+    """The ledger's run of an engine's run named `<job>.<launch>` (0 for other names)."""
+    launch = engine_job_id.rpartition(".")[2]
+    return int(launch) - 1 if launch.isdigit() and int(launch) > 0 else 0
+
+
+def record(ledger: Recorder, seen: Observed, engine: str, now: float | None = None) -> Recorded:
+    """Record an observation (module doc); how many starts and exits the ledger took. With
+    `now`, runs in doubt whose fence has passed end there too (`runs.settle_commands`)."""
     for change in seen.nodes:
         _record_node(ledger, change)
     starts = start_commands(seen.starts, ledger.state.jobs, engine)
@@ -150,6 +185,16 @@ def record(ledger: Recorder, seen: Observed, engine: str) -> Recorded:
             finished += 1
         except LedgerError as err:  # the ledger moved on (cancel, preemption): keep going
             log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
+    _record_batch(ledger, stopped_commands(seen.stopped, engine))
+    if now is not None:
+        for settle in settle_commands(ledger.state, now, EXECUTOR):
+            try:
+                ledger.execute(settle)
+                finished += 1
+                log.warning("job %s: its node was lost and its fence passed: node_failure",
+                            settle.job_id)  # fmt: skip
+            except LedgerError as err:
+                log.info("run of job %s not settled: %s", settle.job_id, err.line())
     return Recorded(started=len(starts), finished=finished)
 
 

@@ -35,11 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 from ledger.core import tokens
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Sample, Start
+from ledger.engines.fence import Fence
 from ledger.store.clock import new_token_secret
 from schemas import agent as a
 from schemas import commands as c
-from schemas.commands import RunEnd
 from schemas.errors import InvalidCommand, InvalidTransition
+from schemas.events import GpuSlot, RunPart
 
 if TYPE_CHECKING:
     from ledger.core.state import Node
@@ -64,6 +65,11 @@ class Board:
     def version(self, node: str) -> str:
         with self._lock:
             return f"{self.epoch}.{self._lists.get(node, (0, ()))[0]}"
+
+    def number(self, node: str) -> int:
+        """The node's list version number (the part after the epoch)."""
+        with self._lock:
+            return self._lists.get(node, (0, ()))[0]
 
     def publish(self, node: str, parts: tuple[a.Part, ...]) -> None:
         with self._lock:
@@ -108,11 +114,13 @@ class _Run:
     job_id: int
     run: int
     nodes: tuple[str, ...]
-    started: dict[str, str] = field(default_factory=dict)
-    exits: dict[str, tuple[int, RunEnd]] = field(default_factory=dict)
+    slots: tuple[GpuSlot, ...] = ()
+    started: dict[str, a.PartStarted] = field(default_factory=dict)
+    exits: dict[str, a.PartExited] = field(default_factory=dict)
     samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
     start_reported: bool = False
     exit_reported: bool = False
+    grace_s: float = 30.0
 
     @property
     def name(self) -> str:
@@ -126,10 +134,27 @@ class AgentExecutor:
     relaunch_placed = True
     """Agents keep their runs across our restarts: a placed job is still on its node's list."""
 
-    def __init__(self, ledger: Any, *, node_lost_after_s: float) -> None:
+    def __init__(
+        self,
+        ledger: Any,
+        *,
+        node_lost_after_s: float,
+        node_fence_s: float = 300.0,
+        grace_s: float = 30.0,
+    ) -> None:
         self.ledger = ledger
         self.node_lost_after_s = node_lost_after_s
+        self.node_fence_s = node_fence_s
+        """How long after a node is lost its runs stay in doubt (`NodeLost.fence_s`): its
+        parts stop themselves by then (their lease), so its jobs may run elsewhere after it."""
+        self.grace_s = grace_s
+        """The agents' default SIGTERM-to-SIGKILL grace (a job's own overrides it)."""
         self.board = Board()
+        self.fence = Fence(self.board.epoch, node_fence_s)
+        self._held: dict[int, tuple[Launch, str]] = {}
+        """Launches waiting until no earlier run of their job may be alive (`Fence`)."""
+        self._stopped: list[Exit] = []
+        """Ends of stopped runs the agents reported, for the record (`JobRunEnded`)."""
         self.addresses: dict[str, str] = {}
         self.last_seen: dict[str, float] = {}
         """Node -> when its agent last reached us (written by HTTP threads and the worker)."""
@@ -154,20 +179,28 @@ class AgentExecutor:
         node-lost timeout (each once: it counts again when its agent returns) and the lost
         nodes whose agent registered again."""
         changes = [NodeChange(n, "return") for n in self._returns]
+        for node in self._returns:
+            self.fence.returned(node)
         for node, quiet_s in self._silent(now, nodes):
-            changes.append(NodeChange(node, "lost", f"no word from its agent for {quiet_s:.0f}s"))
+            why = f"no word from its agent for {quiet_s:.0f}s"
+            # in doubt past the fence and our grace (a job's own grace is added to it)
+            doubt = self.node_fence_s + self.grace_s
+            changes.append(NodeChange(node, "lost", why, fence_s=doubt))
             self.last_seen.pop(node, None)  # it counts again once its agent returns
             self._first_look.pop(node, None)
+            self.fence.lost(node, now)
+        self._release(now)
         out = Observed(
             nodes=tuple(changes),
             starts=tuple(self._starts),
             checkpoints=tuple(self._checkpoints),
             samples=tuple(self._samples),
             exits=tuple(self._exits),
-            running=frozenset(self._runs),
+            running=frozenset(self._runs) | frozenset(self._held),
+            stopped=tuple(self._stopped),
         )
         self._returns, self._starts, self._exits = [], [], []
-        self._checkpoints, self._samples = [], []
+        self._checkpoints, self._samples, self._stopped = [], [], []
         return out
 
     def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:
@@ -175,16 +208,39 @@ class AgentExecutor:
         job tokens, then publish (a part never reaches its node before its token is valid).
         Starts come from the agents' reports."""
         for job_id in orders.stops:
-            self._stop(job_id)
+            self._stop(job_id, now)
         for job in orders.launches:
             old = self._runs.get(job.job_id)
             if old is not None and old.run == job.run:
                 continue
             if old is not None:  # requeued (a lost node) and placed again in one cycle
-                self._stop(job.job_id)
-            self._add(job, self._mint(job.job_id, job.user), publish=False)
+                self._stop(job.job_id, now)
+            self._launch(job, now)
         self.flush()
         return ()
+
+    def _launch(self, job: Launch, now: float) -> None:
+        """Hand the launch to its nodes, or hold it while an earlier run of its job may be
+        alive somewhere (`Fence`)."""
+        blocking = self.fence.blocking(job.job_id, now)
+        if blocking:
+            if job.job_id not in self._held:
+                log.info("job %s run %s waits until its earlier run is gone from %s",
+                         job.job_id, job.run, ", ".join(blocking))  # fmt: skip
+            self._held[job.job_id] = (job, "")
+            return
+        self._held.pop(job.job_id, None)
+        self._add(job, self._mint(job.job_id, job.user), publish=False)
+
+    def _release(self, now: float) -> None:
+        """Hand over the held launches no earlier run blocks any more."""
+        freed = [j for j, (job, _) in self._held.items() if not self.fence.blocking(j, now)]
+        for job_id in sorted(freed):
+            job, _ = self._held.pop(job_id)
+            log.info("job %s run %s: its earlier run is gone; launching it", job_id, job.run)
+            self._add(job, self._mint(job_id, job.user), publish=False)
+        if freed:
+            self.flush()
 
     def flush(self) -> None:
         """Record the job tokens of the launches so far in one transaction, then hand their
@@ -203,24 +259,36 @@ class AgentExecutor:
         return None
 
     def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
-        """After a restart: every job the ledger holds GPUs for is on its nodes' lists again
-        (the agents kept them running); placed ones get a fresh job token, since only a part
-        not launched yet needs one."""
-        jobs = self.ledger.state.jobs
+        """After a restart: every running job is on its nodes' lists again (the agents kept
+        them running). Placed ones are left to the dispatcher to launch again with their whole
+        world and a fresh job token (`carry_out`); one that had earlier runs waits until every
+        node has reported once (any of them may still have an earlier run)."""
+        state = self.ledger.state
+        jobs = state.jobs
+        nodes = [n for n, x in state.nodes.items() if x.state != "removed"]
+        adopted: set[int] = set()
         for job_id in sorted(runs):
             job = jobs[job_id]
             spec = job.spec
+            for sl in job.slots:
+                self.last_seen.setdefault(sl.node, now)
+            if job.status == "placed":
+                if job.preemptions:  # an earlier run may live anywhere
+                    grace = self.grace_s if spec.grace_s is None else spec.grace_s
+                    self.fence.adopted(job_id, nodes, {}, grace)
+                continue
             launch = Launch(
                 job_id, job.slots, spec.command, spec.duration_s, spec.user, spec.account,
                 run=job.preemptions, time_limit_s=spec.time_limit_s, grace_s=spec.grace_s,
                 debug=spec.debug,
             )  # fmt: skip
-            token = self._mint(job_id, spec.user) if job.status == "placed" else ""
-            self._add(launch, token, started=job.status == "running", publish=False)
-            for sl in job.slots:
-                self.last_seen.setdefault(sl.node, now)
+            self._add(launch, "", started=True, publish=False)
+            adopted.add(job_id)
+        for n in nodes:  # a lost node's blockers go once its fence has passed
+            if state.nodes[n].state == "lost":
+                self.fence.lost(n, now)
         self.flush()
-        return set(runs)
+        return adopted
 
     def shutdown(self, now: float) -> list[Exit]:
         """The server stops: the agents keep running their jobs."""
@@ -251,6 +319,8 @@ class AgentExecutor:
             )  # fmt: skip
         self.addresses[req.node] = req.address or peer
         self.touch(req.node, now)
+        if req.version:
+            self._heard_running(req.node, req.version, req.running, now)
         self._publish(req.node, bump=False)
         if node.state != "lost":
             return False
@@ -267,6 +337,7 @@ class AgentExecutor:
             state=state,
             returned=returning and state != "lost",
             node_lost_after_s=self.node_lost_after_s,
+            node_fence_s=self.node_fence_s,
         )
 
     def touch(self, node: str, now: float) -> None:
@@ -278,13 +349,21 @@ class AgentExecutor:
         for s in rep.started:
             r = self._run_of(s.job_id, s.run, rep.node)
             if r is not None:
-                r.started[rep.node] = s.log
+                r.started[rep.node] = s
                 self._maybe_started(r)
         for x in rep.exited:
             r = self._run_of(x.job_id, x.run, rep.node)
+            if r is None and not any(s.job_id == x.job_id for s in self._stopped):
+                # a run the ledger no longer has (its node's fence stopped it, or it ended on
+                # its own before the stop reached it): its real end, for the record
+                state = "FENCED" if x.reason == "node_failure" else "EXITED"
+                at = now if x.ended_at is None else x.ended_at
+                name = f"{x.job_id}.{x.run + 1}"
+                self._stopped.append(Exit(x.job_id, x.exit_code, at, x.reason, name, state))
             if r is not None:
-                r.started.setdefault(rep.node, "")
-                r.exits[rep.node] = (x.exit_code, x.reason)
+                if x.reason != "launch_failed":
+                    r.started.setdefault(rep.node, a.PartStarted(job_id=x.job_id, run=x.run))
+                r.exits[rep.node] = x
                 self._maybe_exited(r, now)
         for u in rep.samples:
             r = self._run_of(u.job_id, u.run, rep.node)
@@ -298,7 +377,24 @@ class AgentExecutor:
             r = self._run_of(cp.job_id, cp.run, rep.node)
             if r is not None and r.job_id not in self._checkpoints:
                 self._checkpoints.append(r.job_id)
-        return bool(rep.started or rep.exited or rep.samples or rep.checkpoints)
+        for st in rep.stopped:
+            name = f"{st.job_id}.{st.run + 1}"
+            state = "KILLED" if st.killed else "STOPPED"
+            at = now if st.ended_at is None else st.ended_at
+            self._stopped.append(Exit(st.job_id, st.exit_code or 0, at, "exited", name, state))
+        if rep.running is not None:
+            self._heard_running(rep.node, rep.version, rep.running, now)
+        return bool(rep.started or rep.exited or rep.samples or rep.checkpoints or rep.stopped)
+
+    def _heard_running(
+        self, node: str, version: str, running: tuple[a.PartRun, ...], now: float
+    ) -> None:
+        """What an agent has on its node: the stopped runs it no longer has let their jobs run
+        again (`Fence.reported`)."""
+        current = {j: r.run for j, r in self._runs.items()}
+        current |= {j: job.run for j, (job, _) in self._held.items()}
+        self.fence.reported(node, version, ((p.job_id, p.run) for p in running), current)
+        self._release(now)
 
     def _silent(self, now: float, nodes: Mapping[str, Node]) -> list[tuple[str, float]]:
         """(node, seconds silent) of nodes the ledger still counts as up whose agent has not
@@ -329,17 +425,25 @@ class AgentExecutor:
         )
         return secret
 
-    def _stop(self, job_id: int) -> None:
+    def _stop(self, job_id: int, now: float) -> None:
+        """Take the run off its nodes' lists; the job may run again once each of them says the
+        run is gone (or is lost past its fence)."""
+        self._held.pop(job_id, None)
         r = self._runs.pop(job_id, None)
         if r is None:
             return
         for node in r.nodes:
             self._parts.get(node, {}).pop(job_id, None)
             self._publish(node)
+        # a part that reported its own end is gone already
+        alive = [n for n in dict.fromkeys(r.nodes) if n not in r.exits]
+        versions = {n: self.board.number(n) for n in alive}
+        self.fence.stopped(job_id, r.run, alive, versions, r.grace_s, now)
 
     def _add(self, job: Launch, token: str, *, started: bool = False, publish: bool = True) -> None:
         nodes = tuple(sl.node for sl in job.slots)
-        r = _Run(job.job_id, job.run, nodes, start_reported=started)
+        grace = self.grace_s if job.grace_s is None else job.grace_s
+        r = _Run(job.job_id, job.run, nodes, job.slots, start_reported=started, grace_s=grace)
         self._runs[job.job_id] = r
         part = a.Part(
             job_id=job.job_id,
@@ -350,10 +454,17 @@ class AgentExecutor:
             account=job.account,
             duration_s=job.duration_s,
             time_limit_s=None if job.time_limit_s is None else int(job.time_limit_s),
-            grace_s=None if job.grace_s is None else int(job.grace_s),
+            grace_s=round(grace),  # ours when the job has none: the fence counts on it
             debug=job.debug,
             master_addr=self.addresses.get(nodes[0], ""),
             job_token=token,
+            workdir=job.workdir,
+            env=job.env,
+            stdout=job.stdout,
+            stderr=job.stderr,
+            job_name=job.job_name,
+            array_job_id=job.array_job_id,
+            array_task_id=job.array_task_id,
         )
         for node in dict.fromkeys(nodes):
             self._parts.setdefault(node, {})[job.job_id] = part
@@ -375,25 +486,51 @@ class AgentExecutor:
         return r
 
     def _maybe_started(self, r: _Run) -> None:
+        """Every part has started: the run has, when its last part did, with what each agent
+        observed of its part (pid, cgroup) and the GPUs it was given."""
         if r.start_reported or len(r.started) < len(r.nodes):
             return
         r.start_reported = True
-        logs = tuple(f"{n}:{r.started[n]}" for n in r.nodes if r.started[n])
-        self._starts.append(Start(r.job_id, engine_job_id=r.name, run=r.run, logs=logs))
+        parts = [(n, r.started[n]) for n in r.nodes]
+        logs = tuple(f"{n}:{p.log}" for n, p in parts if p.log)
+        times = [p.started_at for _, p in parts if p.started_at is not None]
+        self._starts.append(
+            Start(
+                r.job_id,
+                engine_job_id=r.name,
+                run=r.run,
+                gpus=r.slots,
+                logs=logs,
+                started_at=max(times) if times else None,
+                parts=tuple(
+                    RunPart(node=n, gpu_indices=_gpus_on(r.slots, n), pid=p.pid, tree=p.tree)
+                    for n, p in parts
+                ),
+            )
+        )
 
     def _maybe_exited(self, r: _Run, now: float) -> None:
+        """A part failed (its end is the run's), or every part has exited 0."""
         if r.exit_reported:
             return
-        failed = [
-            (n, code, why) for n, (code, why) in r.exits.items() if code != 0 or why != "exited"
-        ]
+        failed = [(n, x) for n, x in r.exits.items() if x.exit_code != 0 or x.reason != "exited"]
         if not failed and len(r.exits) < len(r.nodes):
             return  # a gang job ends when every part has, unless one fails
-        if not r.start_reported:
-            r.started.update({n: "" for n in r.nodes if n not in r.started})
+        launched = not any(x.reason == "launch_failed" for _, x in failed)
+        if not r.start_reported and launched:
+            for n in r.nodes:
+                r.started.setdefault(n, a.PartStarted(job_id=r.job_id, run=r.run))
             self._maybe_started(r)
         r.exit_reported = True
-        node, code, why = failed[0] if failed else (r.nodes[0], 0, "exited")
+        node, x = failed[0] if failed else (r.nodes[0], r.exits[r.nodes[0]])
         if failed:
-            log.info("job %s: its part on %s ended with %s (%s)", r.job_id, node, code, why)
-        self._exits.append(Exit(r.job_id, code, now, why, engine_job_id=r.name))
+            log.info("job %s: its part on %s ended with %s (%s)", r.job_id, node, x.exit_code,
+                     x.reason)  # fmt: skip
+        times = [e.ended_at for e in r.exits.values() if e.ended_at is not None]
+        at = max(times) if times else now
+        notes = "; ".join(dict.fromkeys(e.note for e in r.exits.values() if e.note))
+        self._exits.append(Exit(r.job_id, x.exit_code, at, x.reason, r.name, note=notes))
+
+
+def _gpus_on(slots: tuple[GpuSlot, ...], node: str) -> tuple[int, ...]:
+    return next((sl.gpu_indices for sl in slots if sl.node == node), ())

@@ -2,17 +2,36 @@
 
 Like slurmstepd, one small process per job part is the job's parent, so the service (or a node
 agent) can stop, crash or restart without touching the job. It detaches (a new session, then a
-fork whose parent exits at once, so init adopts it), starts
-the job in its own process group (pgid = the job's pid) with the environment, user and log named
-in `RUNDIR/spec.json`, and when the job ends writes its exit code to `RUNDIR/exit` (atomically;
-negative = killed by that signal). Files it writes:
+fork whose parent exits at once, so init adopts it), makes the part's process tree
+(`ledger.engines.tree`: its cgroups, or its session), starts the job in it and, once the tree is
+empty, writes the part's end to `RUNDIR/exit` (atomically).
+
+The job's leader is a small POSIX shell (`WRAPPER`) running **as the job's user**, in the job's
+session and groups: it enters the working directory the user gave, opens the output and error
+files the user named (so they are created by the user, with the user's rights), checks that the
+command can be started, runs it, and writes the command's exit code and end time to
+`RUNDIR/record` through a descriptor it inherited (the command itself does not): the tree's own
+record, which survives a supervisor killed with -9. A command it cannot start is recorded
+`launch_failed` with the reason, never as a job that ran. The engine's defaults (the run's work
+directory, the log file under the service's job directory) are entered and opened by the
+supervisor before it drops to the user, as they are the service's paths.
+
+When the leader ends and processes of the tree are left (children it did not wait for), they get
+SIGTERM at once and SIGKILL after the job's grace; the part ends when the tree is empty, and the
+record says how many were left and whether they had to be killed. Files it writes:
 
     RUNDIR/supervisor   "PID START" of the supervisor (START: /proc start time)
-    RUNDIR/job          "PID START" of the job (its process group id is PID)
-    RUNDIR/exit         the job's exit code
+    RUNDIR/job          "PID START STARTED_AT" of the leader (its session and process group id
+                        is PID; STARTED_AT: when it started, seconds since the epoch)
+    RUNDIR/record       the leader's own record: "exit CODE END_TIME", or "failed REASON"
+    RUNDIR/exit         the part's end, JSON: code, ended_at, leader_ended_at, left, killed,
+                        launch_failed (an older supervisor wrote the bare exit code)
+    RUNDIR/launch.log   what the leader said before the job's own output file was open
 
-SIGTERM, SIGINT and SIGHUP sent to the supervisor are passed on to the job's process group.
-It imports only the standard library and `ledger.engines.proc`: it is started once per job part.
+Exit codes are the shell's: the command's status, or 128 + N when signal N killed it (Slurm's
+convention); 127 with `launch_failed` when it could not start. SIGTERM, SIGINT and SIGHUP sent to
+the supervisor are passed on to the whole tree. It imports only the standard library and
+`ledger.engines.proc`/`tree`: it is started once per job part.
 """
 
 from __future__ import annotations
@@ -20,35 +39,56 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pwd
+import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 from ledger.engines.proc import start_time, write_atomic
+from ledger.engines.tree import Containment, Tree, wait_empty
 
 CANNOT_START = 127
+FENCE_CHECK_S = 1.0
+"""How often a part with a lease looks at it."""
+SHELL = "/bin/sh"
+WRAPPER = r"""wd=$1 out=$2 err=$3
+shift 3
+trap : TERM INT HUP
+fail() { printf 'gpuledger: %s\n' "$1" >&2; printf 'failed %s\n' "$1" >&9; exit 127; }
+if [ -n "$wd" ]; then cd -- "$wd" 2>/dev/null || fail "cannot enter the working directory $wd"; fi
+if [ -n "$out" ]; then
+  (: >>"$out") 2>/dev/null || fail "cannot open the output file $out"
+  exec >>"$out"
+fi
+if [ -n "$err" ] && [ "$err" != "$out" ]; then
+  (: >>"$err") 2>/dev/null || fail "cannot open the error file $err"
+  exec 2>>"$err"
+elif [ -n "$out" ]; then
+  exec 2>&1
+fi
+case $1 in
+*/*) [ -f "$1" ] && [ -x "$1" ] || fail "cannot start $1: no such executable file" ;;
+*) command -v -- "$1" >/dev/null 2>&1 || fail "cannot start $1: not found in PATH" ;;
+esac
+exec 8>&2 2>/dev/null
+("$@" 2>&8 8>&- 9>&-)
+code=$?
+printf 'exit %s %s\n' "$code" "$(date +%s.%N)" >&9
+exit "$code"
+"""
+"""The leader of every job part (module doc): $1-$3 are the working directory, output file and
+error file as the user gave them ("": the supervisor's), then the command; fd 9 is the record.
+The shell's own stderr is closed while the command runs (it would say "Terminated" of a job
+that was stopped, in the job's own output)."""
+RECORD_FD = 9
 
 
-def _identity(pid: int) -> bytes:
-    return f"{pid} {start_time(pid)}\n".encode()
-
-
-def _as_user(spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """Popen arguments that run the job as `spec["user"]` (only when we are root)."""
-    name = spec.get("user")
-    if not name:
-        return {}
-    pw = pwd.getpwnam(name)
-    env.update(USER=pw.pw_name, LOGNAME=pw.pw_name, HOME=pw.pw_dir)
-    return {
-        "user": pw.pw_uid,
-        "group": pw.pw_gid,
-        "extra_groups": os.getgrouplist(pw.pw_name, pw.pw_gid),
-    }
+def _identity(pid: int, *extra: str) -> bytes:
+    return " ".join([str(pid), str(start_time(pid)), *extra]).encode() + b"\n"
 
 
 def detach(rundir: Path) -> int:
@@ -64,9 +104,59 @@ def detach(rundir: Path) -> int:
     return 0
 
 
+def code_of(returncode: int) -> int:
+    """Pure: a Popen return code as the shell says it (-N, killed by signal N: 128 + N)."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def tree_of(spec: dict[str, Any], sid: int | None = None) -> Tree:
+    """The part's tree as its spec names it (`sid`: the leader's pid, its session)."""
+    containment = Containment.from_json(spec.get("containment"))
+    return Tree(str(spec.get("cgroup") or ""), containment, sid)
+
+
+class Record(NamedTuple):
+    """What the leader recorded: its command's exit code and end time, or why it could not
+    start it."""
+
+    code: int | None = None
+    ended_at: float | None = None
+    failed: str = ""
+
+
+def read_record(rundir: Path) -> Record | None:
+    """The leader's record (module doc), if it wrote one. Bounded, and only two numbers or a
+    reason are read: the leader runs as the job's user."""
+    try:
+        raw = (rundir / "record").read_bytes()[:2000]
+    except OSError:
+        return None
+    for line in raw.decode(errors="replace").splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "failed":
+            return Record(code=CANNOT_START, failed=rest.strip()[:1000])
+        if kind == "exit":
+            try:
+                code, at = rest.split()[:2]
+                return Record(code=int(code), ended_at=float(at))
+            except ValueError:
+                return None
+    return None
+
+
+def _user(spec: dict[str, Any]) -> dict[str, Any]:
+    """Popen arguments that run the job as the spec's uid, gid and groups (the executor looked
+    them up, and refused root on someone else's behalf)."""
+    who = spec.get("account")
+    if not who:
+        return {}
+    return {"user": who["uid"], "group": who["gid"], "extra_groups": who["groups"]}
+
+
 def run(rundir: Path) -> int:
     spec = json.loads((rundir / "spec.json").read_bytes())
-    env: dict[str, str] = dict(spec["env"])
+    tree = tree_of(spec)
+    grace_s = float(spec.get("grace_s") or 30.0)
     job: subprocess.Popen[bytes] | None = None
     early: list[int] = []
 
@@ -74,36 +164,174 @@ def run(rundir: Path) -> int:
         if job is None:
             early.append(signum)  # passed on as soon as the job exists
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signum)
+        tree.signal(signum)
 
     # handlers (not SIG_IGN): ignored signals would be inherited by the job across exec
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
-    with open(spec["log"], "ab") as log:
+    failed = ""
+    try:
+        job = _start(rundir, spec, tree)
+    except (OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
+        command = (spec.get("command") or ["true"])[0]
+        failed = f"cannot start {command!r}: " + (
+            e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        )
+        with open(rundir / "launch.log", "ab") as said:
+            said.write(f"gpuledger: {failed}\n".encode())
+    if job is None:
+        _write_exit(rundir, CANNOT_START, time.time(), launch_failed=failed)
+        tree.remove()
+        return 0
+    tree.sid = job.pid
+    write_atomic(rundir / "job", _identity(job.pid, f"{time.time():.6f}"))
+    for signum in early:
+        forward(signum, None)
+    returncode, fenced = wait_leader(job, tree, str(spec.get("lease") or ""), grace_s)
+    code = code_of(returncode)
+    leader_ended = time.time()
+    left, killed = end_of_tree(tree, grace_s)
+    record = read_record(rundir) or Record()
+    if record.code == code and record.ended_at is not None:
+        leader_ended = min(leader_ended, record.ended_at)
+    _write_exit(
+        rundir,
+        code,
+        time.time() if left else leader_ended,
+        leader_ended_at=leader_ended,
+        left=left,
+        killed=killed,
+        launch_failed=record.failed,
+        fenced=fenced,
+    )
+    tree.remove()
+    return 0
+
+
+def _start(rundir: Path, spec: dict[str, Any], tree: Tree) -> subprocess.Popen[bytes]:
+    """The leader, born in the part's groups: the supervisor joins them for the fork only."""
+    tree.create(spec.get("gpus", ()), constrain=bool(spec.get("constrain", True)))
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(open(spec["log"], "ab")) if spec.get("log") else None
+        said = files.enter_context(open(rundir / "launch.log", "ab"))
+        record = os.open(rundir / "record", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        files.callback(os.close, record)
+        if record != RECORD_FD:
+            os.dup2(record, RECORD_FD)
+            files.callback(os.close, RECORD_FD)
+        before = tree.join()
         try:
-            user = _as_user(spec, env)
-            job = subprocess.Popen(
-                spec["command"],
-                env=env,
+            return subprocess.Popen(
+                [SHELL, "-c", WRAPPER, "gpuledger-job", spec.get("workdir") or "",
+                 spec.get("stdout") or "", spec.get("stderr") or "",
+                 *(spec["command"] or ["true"])],
+                env=spec["env"],
                 cwd=spec.get("cwd") or None,
                 stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                process_group=0,
-                **user,
-            )
-        except (OSError, KeyError, subprocess.SubprocessError) as e:
-            why = e.strerror if isinstance(e, OSError) else str(e)
-            log.write(f"gpuledger: cannot start {spec['command'][0]!r}: {why}\n".encode())
-            code = CANNOT_START
-        else:
-            write_atomic(rundir / "job", _identity(job.pid))
-            for signum in early:
-                forward(signum, None)
-            code = job.wait()
-    write_atomic(rundir / "exit", f"{code}\n".encode())
-    return 0
+                stdout=out or said,
+                stderr=out or said,
+                pass_fds=(RECORD_FD,),
+                start_new_session=True,
+                **_user(spec),
+            )  # fmt: skip
+        finally:
+            tree.leave(before)
+
+
+def lease_passed(lease: str, now: float) -> bool:
+    """Whether the node's lease (`{"until": T}`, written by its agent at each contact with the
+    server) has run out: past T the server may have called the node lost and its fence passed.
+    No lease file: no fence (the agent never had one)."""
+    try:
+        until = float(json.loads(Path(lease).read_bytes())["until"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return now > until
+
+
+def wait_leader(
+    job: subprocess.Popen[bytes], tree: Tree, lease: str, grace_s: float
+) -> tuple[int, bool]:
+    """Wait for the leader; (its return code, whether the node's fence stopped it). With a
+    lease, the part's own fence: once the lease has run out (its agent has not reached the
+    server for as long as the server waits before it may run the job elsewhere), the tree gets
+    SIGTERM, and SIGKILL after the grace: a partitioned or abandoned node never runs a job the
+    ledger may have started again elsewhere."""
+    if not lease:
+        return job.wait(), False
+    fd = os.pidfd_open(job.pid)
+    fenced_at: float | None = None
+    try:
+        while True:
+            ready, _, _ = select.select([fd], [], [], FENCE_CHECK_S)
+            if ready:
+                return job.wait(), fenced_at is not None
+            now = time.time()
+            if fenced_at is None and lease_passed(lease, now):
+                fenced_at = now
+                tree.signal(signal.SIGTERM)
+            elif fenced_at is not None and now >= fenced_at + grace_s:
+                tree.kill()
+    finally:
+        os.close(fd)
+
+
+def end_of_tree(tree: Tree, grace_s: float) -> tuple[int, bool]:
+    """The leader has ended: (processes it left, whether they had to be killed). They get
+    SIGTERM now and SIGKILL after the grace; returns once the tree is empty."""
+    left = len(tree.pids())
+    if not left:
+        return 0, False
+    tree.signal(signal.SIGTERM)
+    if wait_empty(tree, grace_s):
+        return left, False
+    while not tree.empty():
+        tree.kill()
+        wait_empty(tree, 1.0)
+    return left, True
+
+
+def _write_exit(rundir: Path, code: int, ended_at: float, **more: Any) -> None:
+    record = {"code": code, "ended_at": ended_at, **more}
+    write_atomic(rundir / "exit", json.dumps(record).encode() + b"\n")
+
+
+class Forked:
+    """A supervisor's starter made by forking this process: the child closes every inherited
+    descriptor (the state directory's lock above all, so it never outlives us), then detaches
+    the supervisor exactly as `python -m ledger.engines.supervise` does, and exits."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    @classmethod
+    def start(cls, rundir: Path) -> Forked:
+        pid = os.fork()
+        if pid == 0:  # the starter: never returns into the caller's code
+            code = 1
+            try:
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                os.closerange(3, 65536)
+                code = detach(rundir)
+            finally:
+                os._exit(code)
+        return cls(pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
 
 
 if __name__ == "__main__":

@@ -25,28 +25,46 @@ part has started. A run is named `<job>.<launch>` (launch = the ledger's run + 1
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
-import pwd
 import shutil
 import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Literal
+from typing import IO, TYPE_CHECKING
 
 import msgspec
 
 from ledger.cycle.executor import Exit, Launch, Observed, Orders, Sample, Start
-from ledger.engines.env import job_env
+from ledger.engines.accounts import RunAs, account_for
+from ledger.engines.env import Account, job_env
 from ledger.engines.gpu_util import UtilSource
 from ledger.engines.proc import alive, write_atomic
+from ledger.engines.runs import (
+    AgentState,
+    Handle,
+    Part,
+    PartEnd,
+    StopReason,
+    handled_jobs,
+    live_processes,
+    read_exit,
+    read_identity,
+    read_started,
+    run_name,
+)
+from ledger.engines.supervise import CANNOT_START, Forked, read_record
+from ledger.engines.tree import Containment, Tree
+from schemas.commands import RunEnd
 from schemas.errors import InvalidCommand
-from schemas.events import EndReason
+from schemas.events import RunPart
 
 if TYPE_CHECKING:
     from ledger.core.state import Node
@@ -54,75 +72,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuledger.agent")
 
 DEBUG_LIMIT_S = 15 * 60
-STATE_VERSION = 1
-RunAs = Literal["submitter", "service"]
-StopReason = Literal["ledger", "time_limit", "part_failed", "drain"]
-
-
-class Part(msgspec.Struct, kw_only=True):
-    """One process of a job: its node's GPUs, its supervisor, and its end once known."""
-
-    rank: int
-    node: str
-    gpu_indices: tuple[int, ...]
-    rundir: str
-    log: str
-    pid: int | None = None
-    """The supervisor's pid (the job's pid and process group are in `rundir/job`)."""
-    pid_start: int | None = None
-    """The supervisor's start time in /proc (clock ticks since boot): pid reuse is detected."""
-    exit_code: int | None = None
-    lost: bool = False
-    signalled: bool = False
-    """SIGTERM reached it (its process group, or its supervisor, which passes it on)."""
-
-
-class Handle(msgspec.Struct, kw_only=True):
-    job_id: int
-    launch: int
-    launched_at: float
-    time_limit_s: float | None
-    grace_s: float
-    parts: list[Part]
-    stop_at: float | None = None
-    stop_reason: StopReason | None = None
-    killed: bool = False
-    failed_code: int | None = None
-    start_reported: bool = False
-    checkpoint_mtime: float = 0.0
-
-    @property
-    def gpus(self) -> set[tuple[str, int]]:
-        return {(p.node, i) for p in self.parts for i in p.gpu_indices}
-
-    @property
-    def done(self) -> bool:
-        return all(p.exit_code is not None for p in self.parts)
-
-
-class AgentState(msgspec.Struct, kw_only=True):
-    version: int = STATE_VERSION
-    jobs: list[Handle] = []
-
-
-def _read_identity(path: Path) -> tuple[int, int] | None:
-    try:
-        pid, started = path.read_text().split()
-        return int(pid), int(started)
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def _read_exit(rundir: Path) -> int | None:
-    try:
-        return int((rundir / "exit").read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def run_name(job_id: int, launch: int) -> str:
-    """Pure: the engine's id of a run, as JobEngineLinked/JobEngineEnded record it."""
-    return f"{job_id}.{launch}"
 
 
 class SupervisedExecutor:
@@ -147,6 +96,8 @@ class SupervisedExecutor:
         extra_env: Mapping[str, str] | None = None,
         local_node: str | None = None,
         fork_supervisors: bool = False,
+        containment: Containment | None = None,
+        lease: Path | None = None,
     ) -> None:
         self.engine = "local"
         self.relaunch_placed = True
@@ -159,18 +110,24 @@ class SupervisedExecutor:
         self.util = util
         self.sample_every_s = sample_every_s
         self.address_of = address_of
-        self.base_env = {**os.environ, **(extra_env or {})}
-        self.base_env.pop("GPULEDGER_TOKEN", None)  # the service's own token is not the job's
+        self.extra_env = dict(extra_env or {})
+        """What the service hands every job on top of its own environment (never the service's
+        environment itself: a job gets the one it was submitted with)."""
+        self.containment = containment if containment is not None else Containment.probe()
+        """How job processes are held here: cgroups, or sessions (`ledger.engines.tree`)."""
+        self.lease = lease
+        """The node's lease file (node agents): parts stop themselves once it runs out."""
         self.local_node = local_node
         self.fork_supervisors = fork_supervisors
         """Start each supervisor by forking this process (a few ms) instead of starting a new
         interpreter (~40 ms of CPU): what lets a node agent start 100 parts a second."""
         """A node agent runs only its node's part of each placement (None: every part, `up`)."""
         self._next_sample_at: float | None = None
-        self._starting: dict[str, subprocess.Popen[bytes] | _Forked] = {}
+        self._starting: dict[str, subprocess.Popen[bytes] | Forked] = {}
         """Starters of supervisors (they fork the supervisor off and exit), by run directory."""
         self._pending: dict[int, Launch] = {}
         self._exits: list[Exit] = []
+        self._stopped: list[Exit] = []
         self._starts: list[Start] = []
         state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = self._take_lock()
@@ -211,7 +168,10 @@ class SupervisedExecutor:
         self._lock.close()
 
     def _save(self) -> None:
-        state = AgentState(jobs=sorted(self.jobs.values(), key=lambda h: h.job_id))
+        state = AgentState(
+            jobs=sorted(self.jobs.values(), key=lambda h: h.job_id),
+            containment=self.containment.describe(),
+        )
         write_atomic(self.state_dir / "state.json", msgspec.json.encode(state))
 
     def _adopt(self) -> list[Handle]:
@@ -228,7 +188,7 @@ class SupervisedExecutor:
             h.start_reported = False
             for p in h.parts:
                 if p.exit_code is None:
-                    self._refresh_part(p)
+                    self._refresh_part(p, None, h.grace_s)
             ended = [p.exit_code for p in h.parts if p.exit_code is not None]
             log.info(
                 "adopted job %s (launch %s): %d of %d parts running%s",
@@ -251,12 +211,14 @@ class SupervisedExecutor:
         checkpoints, samples = self._progress(now)
         exits = self._poll(now)
         starts += self._take_starts()
+        stopped, self._stopped = self._stopped, []
         return Observed(
             starts=tuple(starts),
             checkpoints=tuple(checkpoints),
             samples=tuple(samples),
             exits=tuple(exits),
             running=frozenset(self.running()),
+            stopped=tuple(stopped),
         )
 
     def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:
@@ -285,11 +247,11 @@ class SupervisedExecutor:
         for job_id, run in sorted(runs.items()):
             if job_id in known:
                 continue
-            code = self.recorded_exit(job_id, run + 1)
-            if code is not None:
-                name = run_name(job_id, run + 1)
-                self._starts.append(Start(job_id, engine_job_id=name, run=run))
-                self._exits.append(Exit(job_id, code, now, engine_job_id=name))
+            ended = self.ended_run(job_id, run, now)
+            if ended is not None:
+                start, end = ended
+                self._starts += [start] if start is not None else []
+                self._exits.append(end)
                 known.add(job_id)
         self._save()
         return known
@@ -316,12 +278,17 @@ class SupervisedExecutor:
             self._save()
 
     def launch_of(self, job_id: int) -> int | None:
-        """The launch number of the run of `job_id` here (running or waiting to start)."""
-        h = self.jobs.get(job_id)
-        if h is not None:
-            return h.launch
+        """The launch number of the run of `job_id` here (waiting to start, else running)."""
         job = self._pending.get(job_id)
-        return None if job is None else job.run + 1
+        if job is not None:
+            return job.run + 1
+        h = self.jobs.get(job_id)
+        return None if h is None else h.launch
+
+    def handled(self) -> dict[int, int]:
+        """Job -> launch of every run with processes here (running, or stopping): what a node
+        agent tells the server it has. Safe to call from another thread."""
+        return {j: h.launch for j, h in list(self.jobs.items())}
 
     def stopping(self, job_id: int) -> bool:
         """The ledger stopped `job_id` here and its processes are on their way out."""
@@ -351,12 +318,24 @@ class SupervisedExecutor:
 
     def _report_start(self, h: Handle) -> None:
         h.start_reported = True
+        began = [read_started(Path(p.rundir) / "job") for p in h.parts]
+        parts = []
+        for p in h.parts:
+            ident = read_identity(Path(p.rundir) / "job")
+            tree = p.cgroup or (f"session {ident[0]}" if ident else "")
+            parts.append(
+                RunPart(node=p.node, gpu_indices=p.gpu_indices, pid=ident[0] if ident else 0,
+                        tree=tree)
+            )  # fmt: skip
+        known = [b for b in began if b is not None]
         self._starts.append(
             Start(
                 h.job_id,
                 engine_job_id=run_name(h.job_id, h.launch),
                 run=h.launch - 1,
                 logs=tuple(p.log for p in h.parts),
+                started_at=max(known) if known else None,
+                parts=tuple(parts),
             )
         )
 
@@ -383,8 +362,9 @@ class SupervisedExecutor:
 
     def _launch_all(self, jobs: tuple[Launch, ...], now: float) -> None:
         for job in jobs:
-            if job.job_id not in self.jobs and job.job_id not in self._pending:
-                self._pending[job.job_id] = job
+            here = self.jobs.get(job.job_id)
+            if (here is None or here.launch != job.run + 1) and job.job_id not in self._pending:
+                self._pending[job.job_id] = job  # after an older run here is gone, if one is
         self._start_pending(now)
 
     def _stop(self, job_id: int, now: float) -> None:
@@ -403,6 +383,8 @@ class SupervisedExecutor:
         busy = self._busy_gpus()
         ready: list[Handle] = []
         for job_id, job in list(self._pending.items()):
+            if job_id in self.jobs:
+                continue  # an earlier run of this job is still stopping: never two at once
             wanted = {(sl.node, i) for sl in job.slots for i in sl.gpu_indices}
             if wanted & busy:
                 continue  # a stopped job still holds some of these GPUs: start once it is gone
@@ -419,10 +401,9 @@ class SupervisedExecutor:
         for h in ready:
             self._start(h)
 
-    def _user(self, job: Launch) -> str | None:
-        if self.run_as == "submitter" and os.geteuid() == 0:
-            return job.user
-        return None
+    def _account(self, job: Launch) -> Account | str:
+        """The OS account `job` runs as, or why it may not run (`account_for`)."""
+        return account_for(job.user, self.run_as, os.geteuid())
 
     def _limit(self, job: Launch) -> float | None:
         if job.debug:
@@ -430,12 +411,14 @@ class SupervisedExecutor:
         return job.time_limit_s
 
     def _prepare(self, job: Launch, now: float) -> Handle:
-        """The run directories, specs and handle of a launch (no process yet)."""
+        """The run directories, specs and handle of a launch (no process yet). A job that may
+        not run here (no OS account, root on someone else's behalf) gets parts that ended at
+        once, `launch_failed` with the reason."""
         launch = job.run + 1
         runs = self.state_dir / "runs" / run_name(job.job_id, launch)
         shutil.rmtree(runs, ignore_errors=True)  # a stale attempt of this very launch
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        user = self._user(job)
+        account = self._account(job)
         h = Handle(
             job_id=job.job_id,
             launch=launch,
@@ -449,47 +432,82 @@ class SupervisedExecutor:
             if self.local_node is not None and slot.node != self.local_node:
                 continue  # another node's agent runs that part
             rundir = runs / str(rank)
-            work = rundir / "work"
-            work.mkdir(parents=True)
-            name = f"job-{job.job_id}.log" if rank == 0 else f"job-{job.job_id}.{rank}.log"
-            logfile = self.log_dir / name
-            logfile.touch()
-            if user is not None:
-                self._give(user, work, logfile)
-            env = job_env(
-                self.base_env,
-                job,
-                rank,
-                checkpoint_file=str(work / "checkpoint"),
-                master_addr=master,
-                job_token=job.job_token or None,
-            )
-            spec = {
-                "command": list(job.command) or ["true"],
-                "env": env,
-                "user": user,
-                "log": str(logfile),
-                "cwd": str(work) if user is not None else None,
-            }
+            part = Part(
+                rank=rank, node=slot.node, gpu_indices=slot.gpu_indices, rundir=str(rundir),
+                log="",
+            )  # fmt: skip
+            h.parts.append(part)
+            if isinstance(account, str):
+                log.warning("job %s is not started: %s", job.job_id, account)
+                part.exit_code, part.ended_at, part.note = CANNOT_START, now, account
+                part.launch_failed = True
+                continue
+            if self.containment.cgroups:
+                part.cgroup = f"{self._scope}/{run_name(job.job_id, launch)}.{rank}"
+            spec, part.log = self._spec(job, rank, rundir, account, master, h.grace_s)
+            spec["cgroup"] = part.cgroup
             # no fsync: the handle saved next is what must survive; a spec lost with the
             # machine is a supervisor that cannot start, reported as such
             write_atomic(rundir / "spec.json", json.dumps(spec).encode(), sync=False)
-            h.parts.append(
-                Part(
-                    rank=rank,
-                    node=slot.node,
-                    gpu_indices=slot.gpu_indices,
-                    rundir=str(rundir),
-                    log=str(logfile),
-                )
-            )
         self.jobs[job.job_id] = h
         return h
 
+    @property
+    def _scope(self) -> str:
+        """This state directory's groups under `gpuledger/` (several agents share a host)."""
+        return "s" + hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:12]
+
+    def _spec(
+        self, job: Launch, rank: int, rundir: Path, account: Account, master: str, grace_s: float
+    ) -> tuple[dict[str, object], str]:
+        """A part's spec for its supervisor, and where its output goes (for `jobs`)."""
+        work = rundir / "work"
+        work.mkdir(parents=True)
+        switch = account.uid != os.geteuid()
+        default = ""
+        if not job.stdout:  # the engine's log file, made here and given to the user
+            name = f"job-{job.job_id}.log" if rank == 0 else f"job-{job.job_id}.{rank}.log"
+            default = str(self.log_dir / name)
+            Path(default).touch()
+        if switch:
+            for path in (work, *((Path(default),) if default else ())):
+                os.chown(path, account.uid, account.gid)
+        out = job.stdout or default
+        if job.stdout and job.workdir and not os.path.isabs(job.stdout):
+            out = os.path.join(job.workdir, job.stdout)
+        env = job_env(
+            self.extra_env,
+            job,
+            rank,
+            checkpoint_file=str(work / "checkpoint"),
+            master_addr=master,
+            job_token=job.job_token or None,
+            account=account,
+        )
+        spec: dict[str, object] = {
+            "command": list(job.command) or ["true"],
+            "env": env,
+            "account": {"uid": account.uid, "gid": account.gid, "groups": list(account.groups)}
+            if switch
+            else None,
+            "log": default,
+            "stdout": job.stdout,
+            "stderr": job.stderr,
+            "workdir": job.workdir,
+            "cwd": str(work) if switch and not job.workdir else None,
+            "gpus": list(job.slots[rank].gpu_indices),
+            "grace_s": grace_s,
+            "containment": self.containment.to_json(),
+            "lease": str(self.lease) if self.lease is not None else "",
+        }
+        return spec, out
+
     def _start(self, h: Handle) -> None:
         for p in h.parts:
+            if p.exit_code is not None:
+                continue  # it may not run here (`_prepare`)
             if self.fork_supervisors:
-                self._starting[p.rundir] = _Forked.start(Path(p.rundir))
+                self._starting[p.rundir] = Forked.start(Path(p.rundir))
                 continue
             self._starting[p.rundir] = subprocess.Popen(
                 [sys.executable, "-I", "-m", "ledger.engines.supervise", p.rundir],
@@ -500,49 +518,81 @@ class SupervisedExecutor:
             )
         log.info("launched job %s (launch %s): %d part(s)", h.job_id, h.launch, len(h.parts))
 
-    def _give(self, user: str, *paths: Path) -> None:
-        try:
-            pw = pwd.getpwnam(user)
-        except KeyError:
-            return  # the supervisor says so in the job's log and fails the launch
-        for path in paths:
-            os.chown(path, pw.pw_uid, pw.pw_gid)
-
     # --- watching ------------------------------------------------------------------------------
 
-    def _refresh_part(self, p: Part) -> bool:
-        """Read the part's exit code if it ended; True when that changed."""
+    def _tree(self, p: Part) -> Tree:
+        """The part's process tree: its groups, or the session of its leader."""
+        ident = read_identity(Path(p.rundir) / "job")
+        return Tree(p.cgroup, self.containment, ident[0] if ident else None)
+
+    @staticmethod
+    def _take_end(p: Part, end: PartEnd | None) -> bool:
+        if end is None:
+            return False
+        p.exit_code, p.ended_at, p.note = end.code, end.ended_at, end.note()
+        p.launch_failed, p.fenced = bool(end.launch_failed), end.fenced
+        return True
+
+    def _refresh_part(self, p: Part, now: float | None, grace_s: float) -> bool:
+        """Read the part's end if it ended; True when that changed."""
         rundir = Path(p.rundir)
-        code = _read_exit(rundir)
-        if code is not None:
-            p.exit_code = code
+        if self._take_end(p, read_exit(rundir)):
             return True
         if p.pid is None:
             starter = self._starting.get(p.rundir)
             starting = starter is not None and starter.poll() is None  # asked before the read
-            ident = _read_identity(rundir / "supervisor")
+            ident = read_identity(rundir / "supervisor")
             if ident is not None:
                 p.pid, p.pid_start = ident
             elif starting:
                 return False
         if alive(p.pid, p.pid_start):
             return False
-        code = _read_exit(rundir)  # it may have ended between the two reads
-        if code is not None:
-            p.exit_code = code
+        if self._take_end(p, read_exit(rundir)):  # it may have ended between the two reads
             return True
-        job = _read_identity(rundir / "job")
-        if job is not None and alive(*job):
-            return False  # the supervisor died, its job lives on: watch the job itself
-        p.exit_code, p.lost = -1, True
-        log.warning("part %s of %s has no process and no exit code: lost", p.rank, rundir.parent)
+        return self._orphaned(p, now, grace_s)
+
+    def _orphaned(self, p: Part, now: float | None, grace_s: float) -> bool:
+        """The supervisor died without writing the part's end: the tree and the leader's own
+        record tell it instead. While the leader lives it is watched; processes it left when it
+        ended get SIGTERM, then SIGKILL after the grace, as the supervisor would have done; the
+        part ends once the tree is empty, with the code the leader recorded (a killed
+        supervisor never turns an exit 0 into a failure)."""
+        rundir = Path(p.rundir)
+        ident = read_identity(rundir / "job")
+        if ident is not None and alive(*ident):
+            return False
+        tree = self._tree(p)
+        if not tree.empty():
+            if now is None:  # adopting: the first look acts
+                return False
+            if p.left_since is None:
+                p.left_since = now
+                tree.signal(signal.SIGTERM)
+                return True
+            if now >= p.left_since + grace_s:
+                tree.kill()
+            return False
+        record = read_record(rundir)
+        if record is None or record.code is None:
+            p.exit_code, p.lost, p.ended_at = -1, True, now
+            log.warning(
+                "part %s of %s has no process and no exit code: lost", p.rank, rundir.parent
+            )
+            return True
+        p.exit_code, p.launch_failed, p.note = record.code, bool(record.failed), record.failed
+        p.ended_at = record.ended_at if p.left_since is None else now
+        if p.left_since is not None:
+            p.note = "processes its leader left behind were stopped after its supervisor died"
+        log.info("part %s of %s: its supervisor died; its leader recorded %s", p.rank,
+                 rundir.parent, record.code)  # fmt: skip
         return True
 
     def _watch(self, h: Handle, now: float) -> bool:
         changed = False
         for p in h.parts:
             if p.exit_code is None:
-                changed |= self._refresh_part(p)
+                changed |= self._refresh_part(p, now, h.grace_s)
         failed = next((p.exit_code for p in h.parts if p.exit_code not in (None, 0)), None)
         # a gang job: a failed part stops the others
         if failed is not None and h.stop_reason is None and not h.done:
@@ -565,26 +615,42 @@ class SupervisedExecutor:
         if h.stop_at is not None and not h.killed and not h.done and now >= h.stop_at + h.grace_s:
             self._signal(h, signal.SIGKILL)
             h.killed = changed = True
-        if h.done and h.stop_reason != "ledger" and not h.start_reported:
+        launched = not any(p.launch_failed for p in h.parts)
+        if h.done and h.stop_reason != "ledger" and not h.start_reported and launched:
             self._report_start(h)  # a run that ended before it was seen running started first
         if h.done:
             del self.jobs[h.job_id]
+            end = self._exit_of(h, now)
             if h.stop_reason != "ledger":
-                self._exits.append(self._exit_of(h, now))
+                self._exits.append(end)
+            else:  # a run the ledger stopped is gone: said as such (`JobRunEnded`)
+                state = "KILLED" if h.killed else "STOPPED"
+                self._stopped.append(dataclasses.replace(end, engine_state=state))
             changed = True
         return changed
 
     def _exit_of(self, h: Handle, now: float) -> Exit:
+        """The run's end: the failed part's code (or the first non-zero), when the last part's
+        tree was empty, and why."""
         codes = [p.exit_code for p in sorted(h.parts, key=lambda p: p.rank)]
         code = h.failed_code
         if code is None:
             code = next((c for c in codes if c), 0)
-        reason: EndReason = "exited"
-        if h.stop_reason == "time_limit":
+        reason: RunEnd = "exited"
+        if any(p.launch_failed for p in h.parts):
+            reason = "launch_failed"
+        elif any(p.fenced for p in h.parts):
+            reason = "node_failure"
+        elif h.stop_reason == "time_limit":
             reason = "time_limit"
         elif any(p.lost for p in h.parts):
             reason = "lost"
-        return Exit(h.job_id, int(code or 0), now, reason, run_name(h.job_id, h.launch))
+        ended = [p.ended_at for p in h.parts if p.ended_at is not None]
+        note = "; ".join(dict.fromkeys(p.note for p in h.parts if p.note))
+        return Exit(
+            h.job_id, int(code or 0), max(ended) if ended else now, reason,
+            run_name(h.job_id, h.launch), note=note,
+        )  # fmt: skip
 
     def _terminate(self, h: Handle, now: float, why: StopReason) -> None:
         if h.stop_reason is None or why == "ledger":
@@ -594,22 +660,23 @@ class SupervisedExecutor:
             self._signal(h, signal.SIGTERM)
 
     def _signal(self, h: Handle, sig: signal.Signals) -> None:
+        """SIGTERM or SIGKILL to every process of every part's tree (a child that outlived its
+        leader, or left its session, included where cgroups hold the tree)."""
         for p in h.parts:
             if p.exit_code is not None or (sig == signal.SIGTERM and p.signalled):
                 continue
-            job = _read_identity(Path(p.rundir) / "job")
-            if job is None:
+            if read_identity(Path(p.rundir) / "job") is None:
                 # not started yet: the supervisor passes the signal on once the job exists
                 if p.pid is not None and alive(p.pid, p.pid_start):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(p.pid, signal.SIGTERM)
                         p.signalled = True
                 continue
-            pid, started = job
-            if sig == signal.SIGKILL or alive(pid, started):
-                # the group outlives its leader: SIGKILL goes to the group whatever
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, sig)
+            tree = self._tree(p)
+            if sig == signal.SIGKILL:
+                tree.kill()
+            else:
+                tree.signal(sig)
             p.signalled = True
 
     def _reap_starters(self) -> None:
@@ -658,96 +725,41 @@ class SupervisedExecutor:
         runs = self.state_dir / "runs" / run_name(job_id, launch)
         return any((d / "supervisor").exists() or (d / "job").exists() for d in runs.glob("*"))
 
-    def recorded_exit(self, job_id: int, launch: int) -> int | None:
-        """The exit code a supervisor wrote for a launch no handle remembers (the service
-        stopped between reading it and recording it), if any."""
-        runs = self.state_dir / "runs" / run_name(job_id, launch)
-        codes = [_read_exit(d) for d in sorted(runs.glob("*")) if d.is_dir()]
-        if not codes or any(c is None for c in codes):
+    def ended_run(self, job_id: int, run: int, now: float) -> tuple[Start | None, Exit] | None:
+        """The start and end of a run no handle remembers whose supervisors all wrote its end
+        (the service stopped between reading it and recording it), as `observe` reports them;
+        None while any part has not. No start for a launch that failed."""
+        end = self.recorded_end(job_id, run + 1)
+        if end is None:
             return None
-        return next((c for c in codes if c), 0)
+        name = run_name(job_id, run + 1)
+        runs = self.state_dir / "runs" / name
+        began = [read_started(d / "job") for d in sorted(runs.glob("*")) if d.is_dir()]
+        known = [b for b in began if b is not None]
+        start = None
+        if not end.launch_failed:
+            start = Start(job_id, name, run, started_at=max(known) if known else None)
+        reason: RunEnd = "launch_failed" if end.launch_failed else "exited"
+        at = end.ended_at if end.ended_at is not None else now
+        return start, Exit(job_id, end.code, at, reason, name, note=end.note())
+
+    def recorded_end(self, job_id: int, launch: int) -> PartEnd | None:
+        """The end its supervisors wrote for a launch no handle remembers (the service stopped
+        between reading it and recording it), if every part wrote one: the first non-zero code,
+        the last end time, every note."""
+        runs = self.state_dir / "runs" / run_name(job_id, launch)
+        ends = [read_exit(d) for d in sorted(runs.glob("*")) if d.is_dir()]
+        known = [x for x in ends if x is not None]
+        if not ends or len(known) < len(ends):
+            return None
+        times = [x.ended_at for x in known if x.ended_at is not None]
+        return PartEnd(
+            code=next((x.code for x in known if x.code), 0),
+            ended_at=max(times) if times else None,
+            launch_failed="; ".join(x.launch_failed for x in known if x.launch_failed),
+            left=sum(x.left for x in known),
+            killed=any(x.killed for x in known),
+        )
 
 
-class _Forked:
-    """A supervisor's starter made by forking this process: the child closes every inherited
-    descriptor (the state directory's lock above all, so it never outlives us), then detaches
-    the supervisor exactly as `python -m ledger.engines.supervise` does, and exits."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    @classmethod
-    def start(cls, rundir: Path) -> _Forked:
-        from ledger.engines import supervise
-
-        pid = os.fork()
-        if pid == 0:  # the starter: never returns into the caller's code
-            code = 1
-            try:
-                null = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1, 2):
-                    os.dup2(null, fd)
-                os.closerange(3, 65536)
-                code = supervise.detach(rundir)
-            finally:
-                os._exit(code)
-        return cls(pid)
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self) -> int:
-        if self.returncode is None:
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-
-def handled_jobs(state_dir: Path) -> list[int]:
-    """The jobs whose runs the state file of `state_dir` still holds (running, or ended and not
-    yet recorded): work that only an executor on this state directory can finish."""
-    try:
-        state = msgspec.json.decode((state_dir / "state.json").read_bytes(), type=AgentState)
-    except (FileNotFoundError, msgspec.DecodeError):
-        return []
-    return sorted(h.job_id for h in state.jobs)
-
-
-class LiveProcess(msgspec.Struct, frozen=True, kw_only=True):
-    """A job process really alive on this host, and the GPUs it was given."""
-
-    job_id: int
-    launch: int
-    node: str
-    gpu_indices: tuple[int, ...]
-    pid: int
-
-
-def live_processes(state_dir: Path) -> list[LiveProcess]:
-    """Every job process alive under `state_dir/runs`, found from the supervisors' own files
-    (not from the state file), so a process the handles forgot is counted too."""
-    out = []
-    for rundir in sorted((state_dir / "runs").glob("*/*")):
-        ident = _read_identity(rundir / "job")
-        if ident is None or not alive(*ident) or _read_exit(rundir) is not None:
-            continue
-        try:
-            env = json.loads((rundir / "spec.json").read_bytes())["env"]
-            gpus = env.get("CUDA_VISIBLE_DEVICES", "")
-            out.append(
-                LiveProcess(
-                    job_id=int(env["GPULEDGER_JOB_ID"]),
-                    launch=int(env.get("GPULEDGER_LAUNCH", 1)),
-                    node=env["GPULEDGER_NODE"],
-                    gpu_indices=tuple(int(i) for i in gpus.split(",") if i),
-                    pid=ident[0],
-                )
-            )
-        except (FileNotFoundError, KeyError, ValueError):
-            continue
-    return out
+__all__ = ["SupervisedExecutor", "handled_jobs", "live_processes", "run_name"]

@@ -26,7 +26,9 @@ jobs, a preemption inside a contract (admin preemptions with a reason are listed
 `noted`, not as violations), a placement on a node that is not active, a share, member, manager,
 admin, account, node or token change by someone not authorised at that moment (the rules of
 `ledger.core.authz.authorisation_failure`, the domain's own, replayed against the `State` folded up
-to the event). `check_charges(store)`
+to the event), and, over the engines' reports of each run (its real start and GPUs in
+`JobEngineLinked`, its real end in `JobEngineEnded` or `JobRunEnded`), a GPU held by two live runs
+(`RUN_GPU_HELD_TWICE`) or a job alive in two launches (`JOB_RUN_TWICE`). `check_charges(store)`
 checks the projection charges no usage to an unfunded job.
 
 Pure: `verify_chain`, `verify_copy`, `check`, `check_history`. Edges: `store_records`,
@@ -448,6 +450,8 @@ def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterat
 ViolationCode = Literal[
     "GPU_HELD_TWICE",
     "LIVE_GPU_HELD_TWICE",
+    "RUN_GPU_HELD_TWICE",
+    "JOB_RUN_TWICE",
     "PREEMPTED_IN_CONTRACT",
     "ADMIN_PREEMPTED_IN_CONTRACT",
     "REQUEUED_IN_CONTRACT",
@@ -482,11 +486,108 @@ class CheckReport(msgspec.Struct, frozen=True, kw_only=True):
         return not self.violations
 
 
-class _Checker:
-    """The scan behind `check`: its own books of who holds which GPU and since when, plus the
-    domain's `State` folded event by event for authorisation and node states."""
+class _Span(msgspec.Struct, kw_only=True):
+    """One run of a job as its engine reported it: from its real start to its real end (None
+    while no end is reported), on the GPUs the engine says it got."""
+
+    job: int
+    run: int
+    position: int
+    start: float
+    gpus: tuple[tuple[str, int], ...]
+    end: float | None = None
+
+
+class _Runs:
+    """The engines' reports of every run (`JobEngineLinked`: start and GPUs; `JobEngineEnded`
+    and `JobRunEnded`: the real end), and what two of them overlapping means: a GPU held by two
+    live runs, or a job alive in two launches. Only reported ends count as evidence: a run
+    whose end was never reported is not called overlapping."""
 
     def __init__(self) -> None:
+        self.spans: dict[tuple[int, int], _Span] = {}
+        self.current: dict[int, tuple[int, str]] = {}
+        """Job -> (run, engine job id) of its last linked run."""
+
+    def linked(self, pos: int, ev: e.JobEngineLinked, job: Job | None) -> None:
+        slots = ev.gpus or (job.slots if job is not None else ())
+        gpus = tuple((sl.node, i) for sl in slots for i in sl.gpu_indices)
+        start = ev.at if ev.started_at is None else ev.started_at
+        self.spans[(ev.job_id, ev.run)] = _Span(
+            job=ev.job_id, run=ev.run, position=pos, start=start, gpus=gpus
+        )
+        self.current[ev.job_id] = (ev.run, ev.engine_job_id)
+
+    def ended(self, job: int, run: int | None, engine_job_id: str, at: float) -> None:
+        """A run's end: the current run's (`run` None: the run its engine job id names) as its
+        engine ended it, or a stopped run's once every process of it is gone (the later of
+        two reports counts)."""
+        if run is None:
+            cur = self.current.get(job)
+            if cur is None or cur[1] != engine_job_id:
+                return
+            run = cur[0]
+        span = self.spans.get((job, run))
+        if span is not None:
+            span.end = at if span.end is None else max(span.end, at)
+
+    def violations(self) -> list[Violation]:
+        out: list[Violation] = []
+        by_job: dict[int, list[_Span]] = {}
+        by_gpu: dict[tuple[str, int], list[_Span]] = {}
+        for span in self.spans.values():
+            by_job.setdefault(span.job, []).append(span)
+            for gpu in span.gpus:
+                by_gpu.setdefault(gpu, []).append(span)
+        for job, spans in sorted(by_job.items()):
+            for a, b in _overlaps(spans):
+                out.append(
+                    Violation(
+                        position=b.position,
+                        at=b.start,
+                        code="JOB_RUN_TWICE",
+                        message=f"job {job}'s run {b.run + 1} started while its run {a.run + 1} "
+                        f"was alive (until {a.end:.3f}, {a.end - b.start:.3f} s later)",  # type: ignore[operator]
+                        job_id=job,
+                    )
+                )
+        for (node, index), spans in sorted(by_gpu.items()):
+            for a, b in _overlaps(spans):
+                if a.job == b.job:
+                    continue  # the job's own two runs: said above
+                out.append(
+                    Violation(
+                        position=b.position,
+                        at=b.start,
+                        code="RUN_GPU_HELD_TWICE",
+                        message=f"GPU {index} of node {node!r} held by job {b.job} (run "
+                        f"{b.run + 1}) while job {a.job} (run {a.run + 1}) still ran on it, "
+                        f"{a.end - b.start:.3f} s",  # type: ignore[operator]
+                        job_id=b.job,
+                    )
+                )
+        return sorted(out, key=lambda v: (v.position, v.code, v.message))
+
+
+def _overlaps(spans: list[_Span]) -> list[tuple[_Span, _Span]]:
+    """Pure: (earlier, later) pairs of runs where the earlier's reported end is after the
+    later's start."""
+    ordered = sorted(spans, key=lambda s: (s.start, s.job, s.run))
+    return [
+        (a, b)
+        for i, a in enumerate(ordered)
+        for b in ordered[i + 1 :]
+        if a.end is not None and a.end > b.start
+    ]
+
+
+class _Checker:
+    """The scan behind `check`: its own books of who holds which GPU and since when, plus the
+    domain's `State` folded event by event for authorisation and node states, and the runs
+    the engines reported (`_Runs`)."""
+
+    def __init__(self) -> None:
+        self.runs = _Runs()
         self.state = State()
         self.holder: dict[tuple[str, int], int] = {}
         self.held: dict[int, list[tuple[str, int]]] = {}
@@ -525,6 +626,14 @@ class _Checker:
             self._release(ev.job_id)
         elif isinstance(ev, e.JobFinished):
             self._release(ev.job_id)
+        elif isinstance(ev, e.JobEngineLinked):
+            self.runs.linked(pos, ev, self.state.jobs.get(ev.job_id))
+        elif isinstance(ev, e.JobEngineEnded):
+            end = ev.at if ev.ended_at is None else ev.ended_at
+            self.runs.ended(ev.job_id, None, ev.engine_job_id, end)
+        elif isinstance(ev, e.JobRunEnded):
+            end = ev.at if ev.ended_at is None else ev.ended_at
+            self.runs.ended(ev.job_id, ev.run, ev.engine_job_id, end)
         try:
             evolve(self.state, ev)
         except (KeyError, AttributeError) as err:
@@ -619,9 +728,8 @@ def check(events: Iterable[e.AnyEvent | tuple[int, e.AnyEvent]]) -> CheckReport:
     for i, item in enumerate(events, start=1):
         pos, ev = item if isinstance(item, tuple) else (i, item)
         checker.visit(pos, ev)
-    return CheckReport(
-        events=checker.n, violations=tuple(checker.violations), noted=tuple(checker.noted)
-    )
+    violations = checker.violations + checker.runs.violations()
+    return CheckReport(events=checker.n, violations=tuple(violations), noted=tuple(checker.noted))
 
 
 def check_history(events: Iterable[e.AnyEvent | tuple[int, e.AnyEvent]]) -> list[Violation]:

@@ -170,7 +170,12 @@ def make_executor(ledger: Ledger, config: ServeConfig, actor: str) -> Executor:
     if config.executor == "agents":
         from ledger.engines.agents import AgentExecutor
 
-        return AgentExecutor(ledger, node_lost_after_s=config.node_lost_after.seconds)
+        return AgentExecutor(
+            ledger,
+            node_lost_after_s=config.node_lost_after.seconds,
+            node_fence_s=config.node_fence.seconds,
+            grace_s=config.grace.seconds,
+        )
     if config.executor == "local":
         util = _utilisation(home, config)
         log.info("utilisation: %s", util.name)

@@ -52,8 +52,13 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     partition: str = ""
     """The Slurm partition gpu-ledger owns (executor "slurm"); checked at start."""
     node_lost_after: Duration = Duration("60s")
-    """With node agents: a node whose agent is silent this long is marked lost (its resumable
-    jobs are requeued, the others end); its GPUs are never placed on again before that."""
+    """With node agents: a node whose agent is silent this long is marked lost; its GPUs are
+    never placed on again before that (nor after, until it returns)."""
+    node_fence: Duration = Duration("5m")
+    """With node agents: how long after a node is lost its runs stay in doubt (they may live on
+    a partitioned node): its agent's report of how they ended is recorded as it happened; past
+    the fence (plus each job's grace) the node's parts have stopped themselves (their lease ran
+    out) and its jobs end `node_failure` (resumable ones requeued, run elsewhere)."""
     grace: Duration = Duration("30s")
     """SIGTERM-to-SIGKILL grace when the executor preempts a job (a job's own grace wins)."""
     run_as: Literal["submitter", "service"] = "submitter"

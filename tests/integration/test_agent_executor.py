@@ -3,118 +3,44 @@ time limits, gang parts, checkpoints and the test utilisation source."""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import os
 import pwd
 import shutil
-import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ledger.cycle.executor import Exit, Launch, Observed, Orders, Sample, Start
+from ledger.cycle.executor import Launch, Sample
 from ledger.engines.gpu_util import FileSource
 from ledger.engines.proc import start_time
 from ledger.engines.supervised import SupervisedExecutor, live_processes
 from schemas.errors import InvalidCommand
-from schemas.events import GpuSlot
-
-
-def kill_leftovers(state_dir: Path) -> None:
-    """Tests end with no job process of theirs alive."""
-    for p in live_processes(state_dir):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGKILL)
-
-
-_OPEN: list[SupervisedExecutor] = []
-
-
-@pytest.fixture
-def dirs(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    yield tmp_path / "agent", tmp_path / "jobs"
-    while _OPEN:
-        ex = _OPEN.pop()
-        with contextlib.suppress(ValueError):  # closed by the test
-            ex.close()
-    kill_leftovers(tmp_path / "agent")
-
-
-def job(
-    job_id: int,
-    script: str,
-    slots: tuple[tuple[str, tuple[int, ...]], ...] = (("n0", (0,)),),
-    **kw: object,
-) -> Launch:
-    return Launch(
-        job_id,
-        tuple(GpuSlot(node=n, gpu_indices=g) for n, g in slots),
-        ("sh", "-c", script),
-        None,
-        "root",
-        "ai2/olmo",
-        **kw,  # type: ignore[arg-type]
-    )
-
-
-_BEGAN: dict[int, list[Start]] = {}
-"""Runs that began at once, per executor, kept for the next `observe` (as the service records)."""
-_ENDED: dict[int, list[Exit]] = {}
-"""Exits `wait_starts` saw, per executor, kept for `until`."""
-
-
-def launch(ex: SupervisedExecutor, *jobs: Launch) -> None:
-    _BEGAN.setdefault(id(ex), []).extend(ex.carry_out(Orders(launches=jobs), time.time()))
-
-
-def stop(ex: SupervisedExecutor, job_id: int) -> None:
-    _BEGAN.setdefault(id(ex), []).extend(ex.carry_out(Orders(stops=(job_id,)), time.time()))
-
-
-def observe(ex: SupervisedExecutor) -> Observed:
-    seen = ex.observe(time.time(), {})
-    began = _BEGAN.pop(id(ex), [])
-    return dataclasses.replace(seen, starts=(*began, *seen.starts)) if began else seen
-
-
-def until(
-    ex: SupervisedExecutor, done: Callable[[list[Exit]], bool], timeout: float = 20
-) -> list[Exit]:
-    """Observe like the service does until `done(all exits so far)`."""
-    exits: list[Exit] = _ENDED.pop(id(ex), [])
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        exits += observe(ex).exits
-        if done(exits):
-            return exits
-        time.sleep(0.05)
-    raise AssertionError(f"timed out; exits so far: {exits}")
-
-
-def wait_starts(ex: SupervisedExecutor, timeout: float = 10) -> list[Start]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen = observe(ex)
-        _ENDED.setdefault(id(ex), []).extend(seen.exits)  # a short job may end at once
-        if seen.starts:
-            return list(seen.starts)
-        time.sleep(0.02)
-    raise AssertionError("no job started")
-
-
-def executor(dirs: tuple[Path, Path], **kw: object) -> SupervisedExecutor:
-    ex = SupervisedExecutor(dirs[0], dirs[1], run_as="service", **kw)  # type: ignore[arg-type]
-    _OPEN.append(ex)
-    return ex
+from tests.integration.execkit import (
+    KILLED,
+    TERMED,
+    executor,
+    job,
+    kill_leftovers,
+    launch,
+    observe,
+    run_dirs,
+    stop,
+    until,
+    wait_starts,
+)
 
 
 def env_of(log: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in log.read_text().splitlines() if "=" in line)
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    yield from run_dirs(tmp_path)
 
 
 def test_a_gang_job_runs_one_process_per_node_with_that_nodes_gpus_and_rendezvous_env(
@@ -151,8 +77,8 @@ def test_a_failed_part_stops_the_others_and_the_job_ends_with_its_code(
     [ex3] = until(ex, lambda x: len(x) == 1)
     assert (ex3.job_id, ex3.exit_code, ex3.reason) == (3, 5, "exited")
     assert time.monotonic() - t0 < 5  # the others ended on SIGTERM, not at the grace's end
-    codes = sorted(int(p.read_text()) for p in (dirs[0] / "runs" / "3.1").glob("*/exit"))
-    assert codes == [-signal.SIGTERM, -signal.SIGTERM, 5]
+    ends = [json.loads(p.read_text()) for p in (dirs[0] / "runs" / "3.1").glob("*/exit")]
+    assert sorted(x["code"] for x in ends) == [5, TERMED, TERMED]
     assert live_processes(dirs[0]) == []
 
 
@@ -169,8 +95,8 @@ def test_the_time_limit_is_sigterm_then_sigkill_after_the_jobs_grace(
     )  # fmt: skip
     t0 = time.monotonic()
     exits = {x.job_id: x for x in until(ex, lambda x: len(x) == 2)}
-    assert (exits[1].exit_code, exits[1].reason) == (-signal.SIGTERM, "time_limit")
-    assert (exits[2].exit_code, exits[2].reason) == (-signal.SIGKILL, "time_limit")
+    assert (exits[1].exit_code, exits[1].reason) == (TERMED, "time_limit")
+    assert (exits[2].exit_code, exits[2].reason) == (KILLED, "time_limit")
     assert 2 <= time.monotonic() - t0 < 10
 
 
@@ -180,7 +106,7 @@ def test_debug_jobs_end_at_the_debug_limit_even_when_they_declare_more(
     ex = executor(dirs, debug_limit_s=1)
     launch(ex, job(4, "exec sleep 60", time_limit_s=900, debug=True))
     [x] = until(ex, lambda x: len(x) == 1)
-    assert (x.exit_code, x.reason) == (-signal.SIGTERM, "time_limit")
+    assert (x.exit_code, x.reason) == (TERMED, "time_limit")
 
 
 def test_a_new_executor_adopts_live_jobs_and_reports_exits_that_happened_meanwhile(
@@ -239,7 +165,7 @@ def test_a_reused_pid_is_not_mistaken_for_the_supervisor(dirs: tuple[Path, Path]
     first.close()
     time.sleep(0.8)
     # forge the handle: the supervisor's pid now names another process (this test), and its
-    # exit file is gone, as if it never wrote one
+    # exit file is gone, as if it never wrote one (the leader's own record too)
     state = dirs[0] / "state.json"
     data = json.loads(state.read_text())
     part = data["jobs"][0]["parts"][0]
@@ -248,6 +174,7 @@ def test_a_reused_pid_is_not_mistaken_for_the_supervisor(dirs: tuple[Path, Path]
     part["pid"], part["pid_start"] = os.getpid(), started
     (rundir / "exit").unlink()
     (rundir / "job").unlink()
+    (rundir / "record").unlink()
     state.write_text(json.dumps(data))
     assert start_time(os.getpid()) != started
     second = executor(dirs)
@@ -328,4 +255,9 @@ def _run_as_nobody(ex: SupervisedExecutor, dirs: tuple[Path, Path]) -> None:
     assert exits[9].exit_code == 0 and exits[10].exit_code == 127
     out = (dirs[1] / "job-9.log").read_text().split()
     assert out == [str(pwd.getpwnam("nobody").pw_uid), "can-checkpoint"]
-    assert "cannot start" in (dirs[1] / "job-10.log").read_text()
+    # a user with no OS account is never run as anyone else: the launch fails, and says why
+    assert exits[10].reason == "launch_failed"
+    assert (
+        exits[10].note == "user 'no-such-user-x' has no OS account on this node to run the job as"
+    )
+    assert not (dirs[1] / "job-10.log").exists()

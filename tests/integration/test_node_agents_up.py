@@ -26,6 +26,7 @@ from tests.integration.test_up_jobs_survive import (
     until_released,
     wait_for,
 )
+from tests.integration.userkit import shared_dir
 
 
 def state(home: Path, node: str = "local") -> Path:
@@ -83,10 +84,17 @@ def test_up_listens_on_tcp_only_when_asked(home: Path) -> None:
     assert re.search(r"listening on http://127\.0\.0\.1:\d+ and unix:", said), said
 
 
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """Where jobs of other users (run as nobody: `run_as` service) see the test's triggers."""
+    with shared_dir() as top:
+        yield top
+
+
 def test_sigterm_and_kill_9_of_up_leave_jobs_running_and_the_next_up_adopts_them(
-    home: Path, tmp_path: Path
+    home: Path, shared: Path
 ) -> None:
-    go1, go2 = tmp_path / "go1", tmp_path / "go2"
+    go1, go2 = shared / "go1", shared / "go2"
     submit(home, "bob", 1, until_released(go1, 6), "--min-runtime", "1h")
     submit(home, "alice", 1, until_released(go2, 0), "--min-runtime", "1h")
     up = Service(home)
@@ -120,11 +128,11 @@ def test_sigterm_and_kill_9_of_up_leave_jobs_running_and_the_next_up_adopts_them
 
 
 def test_up_refuses_to_start_while_the_other_executor_has_unfinished_runs(
-    home: Path, tmp_path: Path
+    home: Path, shared: Path
 ) -> None:
     """The local executor (`--executor local`, HOME/agent) and the local agents keep their runs
     apart: switching while a run is unfinished is one clear error, and nothing is launched."""
-    go = tmp_path / "go"
+    go = shared / "go"
     submit(home, "bob", 1, until_released(go, 0), "--min-runtime", "1h")
     up = Service(home, "--executor", "local")
     wait_for("job 1 running", lambda: jobs(home)[1]["status"] == "running", home=home)

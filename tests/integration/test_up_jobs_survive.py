@@ -20,6 +20,7 @@ import pytest
 
 from ledger.engines.supervised import live_processes
 from tests.integration import waits
+from tests.integration.userkit import shared_dir
 
 GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
 UP = ("up", "--run-as", "service", "--interval", "0.2s", "--grace", "2s", "--log-level", "INFO")
@@ -112,7 +113,7 @@ def home(tmp_path: Path) -> Iterator[Path]:
     budget = tmp_path / "b.toml"
     budget.write_text(
         '[accounts."ai2"]\nkind = "program"\n'
-        '[accounts."ai2/olmo"]\nkind = "project"\nmembers = ["alice", "bob"]\n'
+        '[accounts."ai2/olmo"]\nkind = "project"\nmembers = ["alice", "bob", "root"]\n'
         '[accounts."ai2/tulu"]\nkind = "project"\nmembers = ["dan"]\n'
     )
     cli(home, "budget", "apply", str(budget))
@@ -147,11 +148,18 @@ def held_twice(finished_and_placed: list[dict[str, Any]]) -> list[tuple[str, int
     return clashes
 
 
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """Where jobs of other users (run as nobody: `run_as` service) see the test's triggers."""
+    with shared_dir() as top:
+        yield top
+
+
 def test_sigterm_and_kill_9_of_up_leave_jobs_running_and_a_restart_adopts_them(
-    home: Path, tmp_path: Path
+    home: Path, shared: Path
 ) -> None:
     cli(home, "node", "add", "local", "--gpus", "4", "--gpu-type", "sim")
-    go1, go2, go3 = tmp_path / "go1", tmp_path / "go2", tmp_path / "go3"
+    go1, go2, go3 = shared / "go1", shared / "go2", shared / "go3"
     submit(home, "bob", 2, until_released(go1, 6), "--min-runtime", "1h", "--resumable")
     submit(home, "alice", 2, until_released(go2, 3), "--min-runtime", "1h")
     up = Service(home)
@@ -252,7 +260,7 @@ def test_time_limits_and_the_debug_limit_stop_jobs_and_say_why(home: Path) -> No
     assert (got[2]["outcome"], got[2]["finish_reason"]) == ("failed", "time_limit")
     finished = {ev["job_id"]: ev for ev in events(home, "job.finished.v2")}
     started = {ev["job_id"]: ev for ev in events(home, "job.started.v1")}
-    assert finished[1]["exit_code"] == 143 and finished[2]["exit_code"] == -signal.SIGTERM
+    assert finished[1]["exit_code"] == finished[2]["exit_code"] == 128 + signal.SIGTERM
     placed = {ev["job_id"]: ev for ev in events(home, "job.placed.v1")}
     # a limit counts from the launch, which lies between the placement and the recorded start
     assert finished[1]["at"] - placed[1]["at"] >= 2 and finished[1]["at"] - started[1]["at"] < 6
@@ -268,7 +276,7 @@ def test_checkpoints_by_file_and_by_cli_from_inside_a_job(home: Path, tmp_path: 
         'touch "$GPULEDGER_CHECKPOINT_FILE"; sleep 1; '
         f"{GPULEDGER} checkpoint && echo reported; exec sleep 60"
     )
-    submit(home, "alice", 1, script, "--min-runtime", "1h", "--resumable")
+    submit(home, "root", 1, script, "--min-runtime", "1h", "--resumable")  # runs the CLI: root's
     up = Service(home)
     try:
         wait_for("two checkpoints", lambda: len(events(home, "job.checkpointed.v1")) == 2)

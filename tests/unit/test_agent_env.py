@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ledger.cycle.executor import Launch
-from ledger.engines.env import job_env, master_port
+from ledger.engines.env import DEFAULT_PATH, Account, job_env, master_port
 from ledger.history.audit import check_live
 from schemas.events import GpuSlot
 
@@ -28,8 +30,8 @@ GANG = Launch(
     ],
 )
 def test_each_part_sees_only_its_nodes_gpus_and_its_rank(rank: int, want: dict[str, str]) -> None:
-    env = job_env({"PATH": "/bin", "GPULEDGER_JOB_TOKEN": "stale"}, GANG, rank,
-                  checkpoint_file="/c", master_addr="10.0.0.1")  # fmt: skip
+    job = dataclasses.replace(GANG, env=(("PATH", "/bin"), ("GPULEDGER_JOB_TOKEN", "stale")))
+    env = job_env({}, job, rank, checkpoint_file="/c", master_addr="10.0.0.1")
     assert {k: env[k] for k in want} == want
     assert env["PATH"] == "/bin"
     assert "GPULEDGER_JOB_TOKEN" not in env  # never another job's token
@@ -38,6 +40,36 @@ def test_each_part_sees_only_its_nodes_gpus_and_its_rank(rank: int, want: dict[s
     assert env["GPULEDGER_NODELIST"] == "a,b" and env["GPULEDGER_LAUNCH"] == "3"
     assert env["GPULEDGER_JOB_ID"] == "42" and env["GPULEDGER_USER"] == "alice"
     assert env["GPULEDGER_CHECKPOINT_FILE"] == "/c"
+
+
+def test_a_job_gets_its_submitted_environment_never_the_services() -> None:
+    submitted = (("MY_VAR", "x"), ("CUDA_VISIBLE_DEVICES", "7"), ("GPULEDGER_NODE_TOKEN", "n"))
+    job = dataclasses.replace(GANG, env=submitted, job_name="train", array_job_id=40,
+                              array_task_id=3)  # fmt: skip
+    alice = Account(name="alice", uid=1001, gid=1001, groups=(1001, 27), home="/home/alice",
+                    shell="/bin/bash")  # fmt: skip
+    env = job_env({"GPULEDGER_URL": "http://h:1"}, job, 0, checkpoint_file="/c",
+                  master_addr="h", account=alice)  # fmt: skip
+    assert env["MY_VAR"] == "x" and env["PATH"] == DEFAULT_PATH  # none submitted: a minimal one
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"  # the ledger's variables win
+    assert "GPULEDGER_NODE_TOKEN" not in env
+    assert (env["HOME"], env["USER"], env["LOGNAME"], env["SHELL"]) == (
+        "/home/alice",
+        "alice",
+        "alice",
+        "/bin/bash",
+    )
+    assert env["GPULEDGER_URL"] == "http://h:1" and env["GPULEDGER_JOB_NAME"] == "train"
+    assert (env["GPULEDGER_ARRAY_JOB_ID"], env["GPULEDGER_ARRAY_TASK_ID"]) == ("40", "3")
+    bare = job_env({}, GANG, 0, checkpoint_file="/c", master_addr="h")
+    assert set(bare) - {"PATH"} == {k for k in bare if k.startswith(("GPULEDGER_", "CUDA_"))} | {
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "NNODES",
+        "NODE_RANK",
+        "RANK",
+    }  # nothing of the service's own environment
 
 
 def test_the_job_token_slot_is_filled_when_given() -> None:

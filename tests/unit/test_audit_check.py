@@ -382,3 +382,60 @@ def test_double_booking_is_found_exactly_when_placements_overlap(
         held |= set(gpus)
     codes = {v.code for v in check_history(events)}
     assert ("GPU_HELD_TWICE" in codes) == clash
+
+
+# --- runs as their engines reported them ------------------------------------------------------
+
+
+def _linked(job: int, run: int, start: float, gpus: tuple[int, ...]) -> e.JobEngineLinked:
+    return e.JobEngineLinked(
+        event_id=f"l{job}.{run}", at=start, actor="@executor", job_id=job, engine="agent",
+        engine_job_id=f"{job}.{run + 1}", run=run, started_at=start,
+        gpus=(Slot(node="n1", gpu_indices=gpus),),
+    )  # fmt: skip
+
+
+def _run_ended(job: int, run: int, end: float, at: float) -> e.JobRunEnded:
+    return e.JobRunEnded(
+        event_id=f"r{job}.{run}", at=at, actor="@executor", job_id=job, engine="agent",
+        engine_job_id=f"{job}.{run + 1}", run=run, ended_at=end,
+    )  # fmt: skip
+
+
+def _engine_ended(job: int, run: int, end: float) -> e.JobEngineEnded:
+    return e.JobEngineEnded(
+        event_id=f"x{job}.{run}", at=end + 1, actor="@executor", job_id=job, engine="agent",
+        engine_job_id=f"{job}.{run + 1}", reason="exited", ended_at=end,
+    )  # fmt: skip
+
+
+def test_a_gpu_held_by_two_live_runs_is_a_violation_however_late_the_end_is_reported() -> None:
+    # job 1's stopped run lived on GPU 0 until T0 + 20; job 2's run started there at T0 + 10
+    events = [*base(), _linked(1, 0, T0 + 1, (0, 1)), _linked(2, 0, T0 + 10, (0, 5)),
+              _run_ended(1, 0, T0 + 20, T0 + 30)]  # fmt: skip
+    [v] = check_history(events)
+    assert v.code == "RUN_GPU_HELD_TWICE" and v.job_id == 2
+    assert v.message == (
+        "GPU 0 of node 'n1' held by job 2 (run 1) while job 1 (run 1) still ran on it, 10.000 s"
+    )
+
+
+def test_runs_one_after_the_other_on_a_gpu_and_a_run_without_a_reported_end_are_clean() -> None:
+    events = [*base(), _linked(1, 0, T0 + 1, (0,)), _run_ended(1, 0, T0 + 9, T0 + 12),
+              _linked(2, 0, T0 + 10, (0,)), _linked(1, 1, T0 + 11, (3,))]  # fmt: skip
+    assert check_history(events) == []
+
+
+def test_a_job_alive_in_two_launches_is_a_violation() -> None:
+    events = [*base(), _linked(1, 0, T0 + 1, (0,)), _linked(1, 1, T0 + 5, (4,)),
+              _run_ended(1, 0, T0 + 8, T0 + 9), _engine_ended(1, 1, T0 + 50)]  # fmt: skip
+    [v] = check_history(events)
+    assert v.code == "JOB_RUN_TWICE" and v.job_id == 1
+    assert "job 1's run 2 started while its run 1 was alive" in v.message
+
+
+def test_the_later_of_two_reported_ends_counts() -> None:
+    # the ledger settled run 1 at T0 + 3 (its node was lost); its node said later it ran to T0 + 7
+    events = [*base(), _linked(1, 0, T0 + 1, (0,)), _engine_ended(1, 0, T0 + 3),
+              _run_ended(1, 0, T0 + 7, T0 + 40), _linked(2, 0, T0 + 5, (0,))]  # fmt: skip
+    assert [v.code for v in check_history(events)] == ["RUN_GPU_HELD_TWICE"]

@@ -1,0 +1,86 @@
+"""What engines report about runs, decided: a run's true start and end times, the ends of runs the
+ledger had stopped, and which runs of a lost node are still in doubt.
+
+Pure: state and commands in, events out; `now` is a parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ledger.core.state import Job, State
+from schemas import commands as c
+from schemas import events as e
+from schemas.errors import InvalidTransition, UnknownEntity
+
+
+class Stamp(Protocol):
+    """The envelope of the events a command makes (`decide._Stamp`)."""
+
+    now: float
+
+    def kw(self) -> Any: ...
+
+
+def between(at: float | None, low: float | None, high: float) -> float | None:
+    """Pure: an engine's time of a run's start or end, kept inside what the ledger knows (not
+    before the placement or start, not after now); None when the engine gave none."""
+    if at is None:
+        return None
+    return max(low if low is not None else at, min(at, high))
+
+
+def confirm_run_ended(state: State, cmd: c.ConfirmRunEnded, s: Stamp) -> list[e.AnyEvent]:
+    """A stopped run's end, for the record (and the audit): any run of a job the ledger has
+    known, up to its current one, even once the job has finished."""
+    job = state.jobs.get(cmd.job_id)
+    if job is None and not 0 < cmd.job_id < state.next_job_id:
+        raise UnknownEntity(f"unknown job {cmd.job_id}", job_id=cmd.job_id)
+    if job is not None and cmd.run > job.preemptions:
+        raise InvalidTransition(
+            f"job {cmd.job_id} has had {job.preemptions + 1} run(s), not {cmd.run + 1}",
+            job_id=cmd.job_id,
+        )
+    return [
+        e.JobRunEnded(
+            **s.kw(),
+            job_id=cmd.job_id,
+            engine=cmd.engine,
+            engine_job_id=cmd.engine_job_id,
+            run=cmd.run,
+            ended_at=None if cmd.ended_at is None else min(cmd.ended_at, s.now),
+            exit_code=cmd.exit_code,
+            killed=cmd.killed,
+            note=cmd.note,
+        )
+    ]
+
+
+def in_doubt(job: Job) -> bool:
+    """Pure: the job's run is on a lost node whose fence has not passed (`NodeLost`)."""
+    return job.doubt_until is not None
+
+
+def settle_commands(state: State, now: float, actor: str) -> list[c.FinishJob]:
+    """Pure: the end of every run in doubt whose fence has passed without word from its node:
+    `node_failure` (resumable jobs are requeued, the others fail), ended when the node was lost
+    (it was not heard from after that)."""
+    out: list[c.FinishJob] = []
+    for job_id in sorted(state.active):
+        job = state.jobs[job_id]
+        if job.doubt_until is None or now < job.doubt_until:
+            continue
+        out.append(
+            c.FinishJob(
+                actor=actor,
+                job_id=job_id,
+                exit_code=-1,
+                engine=job.engine,
+                engine_job_id=job.engine_job_id,
+                reason="node_failure",
+                engine_state="FENCED",
+                ended_at=job.lost_at,
+                note="its node was lost and did not return within the fence",
+            )
+        )
+    return out

@@ -1,0 +1,65 @@
+"""Which OS account a job runs as, on every engine. An edge: reads the account database.
+
+A job runs as its owner, never as root on someone else's behalf:
+
+- a service running as **root** with `run_as = "submitter"` (the default) runs each job as the
+  OS account named like its ledger user, with that account's primary group and supplementary
+  groups (initgroups); a user with no OS account, or whose account is uid 0 without being
+  `root`, is refused (the launch fails, recorded `launch_failed` with the reason). `root`'s own
+  jobs (the ledger user `root`) run as root: the ledger decides who may submit as root (issue
+  "sbatch-like": the uid minimum and the system accounts);
+- a service running as root with `run_as = "service"` runs the jobs of others as `nobody`
+  (HTCondor's unprivileged fallback), never as root; root's own jobs as root;
+- a service **not** running as root runs every job as its own account (it cannot switch): the
+  site's choice of one dedicated account for every job.
+
+Which ledger users may exist is the ledger's rule; this is the engine's last word.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from typing import Literal
+
+from ledger.engines.env import Account
+
+RunAs = Literal["submitter", "service"]
+FALLBACK = "nobody"
+"""The account of other users' jobs when a root service runs them `as the service`."""
+
+
+def _account(pw: pwd.struct_passwd) -> Account:
+    return Account(
+        name=pw.pw_name,
+        uid=pw.pw_uid,
+        gid=pw.pw_gid,
+        groups=tuple(os.getgrouplist(pw.pw_name, pw.pw_gid)),
+        home=pw.pw_dir,
+        shell=pw.pw_shell or "/bin/sh",
+    )
+
+
+def account_for(user: str, run_as: RunAs, euid: int) -> Account | str:
+    """The account a job of ledger user `user` runs as, or why it may not run (module doc)."""
+    if euid != 0:
+        try:
+            me = pwd.getpwuid(euid)
+        except KeyError:
+            return f"the service's own uid {euid} has no account entry to run jobs as"
+        return _account(me)
+    if user == "root":
+        return _account(pwd.getpwuid(0))
+    name = user if run_as == "submitter" else FALLBACK
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        if run_as == "submitter":
+            return f"user {user!r} has no OS account on this node to run the job as"
+        return f"there is no {FALLBACK!r} account to run the job of {user!r} as"
+    if pw.pw_uid == 0:
+        return (
+            f"OS account {name!r} is root (uid 0): a job is never run as root on someone else's "
+            "behalf"
+        )
+    return _account(pw)

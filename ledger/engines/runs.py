@@ -1,0 +1,199 @@
+"""A run's files and handles, as the supervised executor and its supervisors leave them. An
+edge: reads the run directories (see `ledger.engines.supervised` for the layout).
+
+`Handle` and `Part` are what the state file keeps of each launch; `PartEnd` what a supervisor
+writes when a part's process tree is empty; `live_processes` finds every part still alive from
+the run directories alone (the audit's view of the host), and `handled_jobs` the runs a state
+file still holds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from ledger.engines.proc import alive
+from ledger.engines.supervise import tree_of
+
+STATE_VERSION = 1
+StopReason = Literal["ledger", "time_limit", "part_failed", "drain"]
+
+
+class Part(msgspec.Struct, kw_only=True):
+    """One process of a job: its node's GPUs, its supervisor, and its end once known."""
+
+    rank: int
+    node: str
+    gpu_indices: tuple[int, ...]
+    rundir: str
+    log: str
+    pid: int | None = None
+    """The supervisor's pid (the job's pid and process group are in `rundir/job`)."""
+    pid_start: int | None = None
+    """The supervisor's start time in /proc (clock ticks since boot): pid reuse is detected."""
+    exit_code: int | None = None
+    lost: bool = False
+    signalled: bool = False
+    """SIGTERM reached it (its process tree, or its supervisor, which passes it on)."""
+    cgroup: str = ""
+    """The part's group under `<cgroup mount>/gpuledger/` ("": its session holds it)."""
+    ended_at: float | None = None
+    """When its process tree was empty, as its supervisor (or the leader's record) says."""
+    note: str = ""
+    """Why it could not start, or what had to be killed when its leader ended."""
+    launch_failed: bool = False
+    fenced: bool = False
+    """Its node's fence stopped it (`supervise.wait_leader`)."""
+    left_since: float | None = None
+    """Its supervisor is gone and its leader ended with processes left: since when (they get
+    the grace, then SIGKILL, as the supervisor would have done)."""
+
+
+class Handle(msgspec.Struct, kw_only=True):
+    job_id: int
+    launch: int
+    launched_at: float
+    time_limit_s: float | None
+    grace_s: float
+    parts: list[Part]
+    stop_at: float | None = None
+    stop_reason: StopReason | None = None
+    killed: bool = False
+    failed_code: int | None = None
+    start_reported: bool = False
+    checkpoint_mtime: float = 0.0
+
+    @property
+    def gpus(self) -> set[tuple[str, int]]:
+        return {(p.node, i) for p in self.parts for i in p.gpu_indices}
+
+    @property
+    def done(self) -> bool:
+        return all(p.exit_code is not None for p in self.parts)
+
+
+class AgentState(msgspec.Struct, kw_only=True):
+    version: int = STATE_VERSION
+    jobs: list[Handle] = []
+    containment: str = ""
+    """How job processes are held here (`Containment.describe`), for `agent status`."""
+
+
+class PartEnd(msgspec.Struct, kw_only=True):
+    """A part's end as its supervisor wrote it (`RUNDIR/exit`, see supervise.py)."""
+
+    code: int
+    ended_at: float | None = None
+    leader_ended_at: float | None = None
+    left: int = 0
+    killed: bool = False
+    launch_failed: str = ""
+    fenced: bool = False
+    """Its node's fence stopped it: the lease ran out (no word from the server)."""
+
+    def note(self) -> str:
+        if self.launch_failed:
+            return self.launch_failed
+        if self.fenced:
+            return "stopped by its node's fence: no word from the server past the lease"
+        if self.left:
+            how = "killed after the grace" if self.killed else "stopped with SIGTERM"
+            return f"{self.left} process(es) its leader left behind were {how}"
+        return ""
+
+
+def read_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        pid, started = path.read_text().split()[:2]
+        return int(pid), int(started)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def read_started(path: Path) -> float | None:
+    """When the leader started (its identity file's third field; older files have none)."""
+    try:
+        return float(path.read_text().split()[2])
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
+
+
+def read_exit(rundir: Path) -> PartEnd | None:
+    try:
+        raw = (rundir / "exit").read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return msgspec.json.decode(raw, type=PartEnd)
+    except msgspec.DecodeError:
+        pass
+    try:  # an older supervisor wrote the bare code
+        return PartEnd(code=int(raw))
+    except ValueError:
+        return None
+
+
+def run_name(job_id: int, launch: int) -> str:
+    """Pure: the engine's id of a run, as JobEngineLinked/JobEngineEnded record it."""
+    return f"{job_id}.{launch}"
+
+
+def handled_jobs(state_dir: Path) -> list[int]:
+    """The jobs whose runs the state file of `state_dir` still holds (running, or ended and not
+    yet recorded): work that only an executor on this state directory can finish."""
+    try:
+        state = msgspec.json.decode((state_dir / "state.json").read_bytes(), type=AgentState)
+    except (FileNotFoundError, msgspec.DecodeError):
+        return []
+    return sorted(h.job_id for h in state.jobs)
+
+
+class LiveProcess(msgspec.Struct, frozen=True, kw_only=True):
+    """A job process really alive on this host, and the GPUs it was given."""
+
+    job_id: int
+    launch: int
+    node: str
+    gpu_indices: tuple[int, ...]
+    pid: int
+    """The leader's pid (or, once it ended, one of the processes it left)."""
+    pids: tuple[int, ...] = ()
+    """Every live process of the part's tree."""
+    tree: str = ""
+
+
+def live_processes(state_dir: Path) -> list[LiveProcess]:
+    """Every job part with a live process under `state_dir/runs`, found from the supervisors'
+    own files (not from the state file), so a process the handles forgot is counted too. A part
+    is alive while its process tree is not empty (a child its leader left counts)."""
+    out = []
+    for rundir in sorted((state_dir / "runs").glob("*/*")):
+        ident = read_identity(rundir / "job")
+        if ident is None or read_exit(rundir) is not None:
+            continue
+        try:
+            spec = json.loads((rundir / "spec.json").read_bytes())
+            env = spec["env"]
+            pids = tree_of(spec, ident[0]).pids() if spec.get("cgroup") else set()
+            if not alive(*ident) and not pids:
+                pids = tree_of(spec, ident[0]).pids()
+            if not alive(*ident) and not pids:
+                continue
+            gpus = env.get("CUDA_VISIBLE_DEVICES", "")
+            out.append(
+                LiveProcess(
+                    job_id=int(env["GPULEDGER_JOB_ID"]),
+                    launch=int(env.get("GPULEDGER_LAUNCH", 1)),
+                    node=env["GPULEDGER_NODE"],
+                    gpu_indices=tuple(int(i) for i in gpus.split(",") if i),
+                    pid=ident[0] if alive(*ident) else min(pids),
+                    pids=tuple(sorted(pids | ({ident[0]} if alive(*ident) else set()))),
+                    tree=str(spec.get("cgroup") or f"session {ident[0]}"),
+                )
+            )
+        except (FileNotFoundError, KeyError, ValueError):
+            continue
+    return out

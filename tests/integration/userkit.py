@@ -1,0 +1,83 @@
+"""Real OS accounts for tests that run jobs as another user (the suite runs as root): made with
+`useradd`, removed with `userdel` afterwards. Code run as them is a shell or Debian's
+/usr/bin/python3 (the project's venv is not readable by other users)."""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import os
+import pwd
+import secrets
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    uid: int
+    gid: int
+    home: Path
+    groups: tuple[str, ...]
+    """Its supplementary groups (made for it)."""
+
+    @property
+    def gids(self) -> set[int]:
+        return {self.gid} | {grp.getgrnam(g).gr_gid for g in self.groups}
+
+
+def _run(*args: str) -> None:
+    got = subprocess.run(args, capture_output=True, text=True, check=False)
+    if got.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(args)} exited {got.returncode}: {got.stderr.strip()} "
+            "(the suite runs as root and makes its own OS accounts)"
+        )
+
+
+@contextlib.contextmanager
+def os_user(prefix: str = "glt", groups: int = 1, uid: int | None = None) -> Iterator[User]:
+    """A fresh OS account with a home directory others may traverse (its jobs read their files
+    there) and `groups` supplementary groups of its own; removed afterwards."""
+    assert os.geteuid() == 0, "the suite runs as root: it makes the OS accounts it runs jobs as"
+    name = f"{prefix}{secrets.token_hex(3)}"
+    top = Path(tempfile.mkdtemp(prefix="gpuledger-home-"))
+    top.chmod(0o755)
+    home = top / name
+    extra = [f"{name}g{i}" for i in range(groups)]
+    for g in extra:
+        _run("groupadd", g)
+    args = ["useradd", "--create-home", "--home-dir", str(home), "--shell", "/bin/sh"]
+    if extra:
+        args += ["--groups", ",".join(extra)]
+    if uid is not None:
+        args += ["--non-unique", "--uid", str(uid)]
+    try:
+        _run(*args, name)
+        pw = pwd.getpwnam(name)
+        yield User(name, pw.pw_uid, pw.pw_gid, home, tuple(extra))
+    finally:
+        subprocess.run(["userdel", "--force", name], capture_output=True, check=False)
+        with contextlib.suppress(KeyError):
+            grp.getgrnam(name)
+            subprocess.run(["groupdel", name], capture_output=True, check=False)
+        for g in extra:
+            subprocess.run(["groupdel", g], capture_output=True, check=False)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def shared_dir(prefix: str = "gpuledger-") -> Iterator[Path]:
+    """A directory other users may traverse (pytest's own tmp directories are private to
+    root), removed afterwards: where a test puts what jobs of other users must reach."""
+    top = Path(tempfile.mkdtemp(prefix=prefix))
+    top.chmod(0o755)
+    try:
+        yield top
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
