@@ -55,7 +55,7 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from projections.chain import broken_link, chain_hash
+from projections.chain import START, Tip, names
 from projections.errors import (
     PoisonRecord,
     ProjectionMismatch,
@@ -129,8 +129,8 @@ class KafkaSource:
         """Signing keys: when set, only records signed with one of them are accepted."""
         self._after: int | None = None
         """The position the reading consumer continues after (None: not positioned yet)."""
-        self._hash = ""
-        """The chain hash of the record at `_after` (what the next record must link to)."""
+        self._tip = START
+        """The record at `_after` as the chain sees it (what the next record must link to)."""
         self._anchor: tuple[int, str] | None = None
         """(position, chain hash) of the last record the projection applied (`anchor`)."""
         self._buffer: collections.deque[Any] = collections.deque()
@@ -154,7 +154,7 @@ class KafkaSource:
         self._seek_after(after)
         out: list[LogRecord] = []
         offsets: dict[int, int] = {}
-        previous, previous_hash = after, self._hash
+        previous, tip = after, self._tip
         end, self._end_hint = self._end_hint, None
         deadline = time.monotonic() + self.timeout_s
         buffer = self._buffer
@@ -172,7 +172,7 @@ class KafkaSource:
             rec = buffer[0]
             position, tag, problem = envelope(rec.headers, rec.value, previous)
             if problem is None:
-                problem = self._foreign(rec, previous, previous_hash)
+                problem = self._foreign(rec, tip)
             if problem is not None:
                 if out:
                     break
@@ -181,10 +181,10 @@ class KafkaSource:
             assert position is not None and tag is not None
             out.append(LogRecord(position, tag, rec.value))
             offsets[position] = rec.offset
-            previous, previous_hash = position, chain_hash(rec.value)
+            previous, tip = position, tip.after(position, tag, rec.value)
         self._offsets = offsets
         if out:
-            self._after, self._hash = previous, previous_hash
+            self._after, self._tip = previous, tip
         return out
 
     def head(self) -> int:
@@ -234,7 +234,7 @@ class KafkaSource:
         e.g. a projection file older than the chain table). The next record read after
         `position` must link to it; seeking to `position` looks for that very record."""
         self._anchor = None if chain is None else (position, chain)
-        if chain is not None and self._after == position and self._hash != chain:
+        if chain is not None and self._after == position and not self._tip.named_by(chain):
             self._after = None  # positioned after another record of that position: seek again
 
     def skip(self, poison: PoisonRecord) -> None:
@@ -326,23 +326,23 @@ class KafkaSource:
         """Put the reading consumer right after the record at position `after`."""
         if after == self._after:
             return
-        offset, self._hash = self._offset_after(after)
+        offset, self._tip = self._offset_after(after)
         self._consumer.seek(self.tp, offset)
         self._buffer.clear()
         self._after = after
 
-    def _foreign(self, rec: Any, previous: int, previous_hash: str) -> str | None:
+    def _foreign(self, rec: Any, tip: Tip) -> str | None:
         """Why a well-formed record is not the log's next one: not signed by our keys, or it
-        does not link to the record at `previous` (None: it continues the log)."""
+        does not link to `tip`, the record before it (None: it continues the log)."""
         if self.keys is not None:
             problem = self.keys.problem(rec.headers, rec.value)
             if problem is not None:
                 return problem
-        return broken_link(rec.value, previous, previous_hash)
+        return tip.problem(rec.value)
 
-    def _offset_after(self, after: int) -> tuple[int, str]:
+    def _offset_after(self, after: int) -> tuple[int, Tip]:
         """The offset right after the record at position `after` (see the module docstring),
-        and that record's chain hash."""
+        and that record as the chain sees it."""
         probe = self._probe_consumer()
         try:
             begin = int(
@@ -351,7 +351,7 @@ class KafkaSource:
         except KafkaError as e:
             raise self._unavailable(e) from e
         if after == 0:
-            return begin, ""
+            return begin, START
         end = self._end()
         # 1. binary search: the answer (smallest offset whose first positioned record is past
         #    `after`) stays in [lo, hi]
@@ -406,33 +406,43 @@ class KafkaSource:
                 return rec.offset, position
         return None
 
-    def _locate_in(self, start: int, end: int, after: int) -> tuple[int, str] | None:
+    def _locate_in(self, start: int, end: int, after: int) -> tuple[int, Tip] | None:
         """Read from `start` accepting records as `read` does (a well-formed record that
         continues the last accepted one; the first one is taken as it is): the offset right after
-        the accepted record at position `after`, with its chain hash, or None when there is none
+        the accepted record at position `after`, with its tip, or None when there is none
         before the first one past it. With an anchor at `after`, the record at `after` must be
-        the one the projection applied (the same chain hash)."""
+        the one the projection applied (the record its chain link names)."""
         want = self._anchor[1] if self._anchor and self._anchor[0] == after else None
-        previous: int | None = None
-        previous_hash = ""
+        tip: Tip | None = None
         found = None
         for rec in self._scan(start, end, 5_000):
-            position, _tag, problem = envelope(rec.headers, rec.value, previous)
-            if problem is None and previous is not None:
-                problem = self._foreign(rec, previous, previous_hash)
+            position, tag, problem = envelope(
+                rec.headers, rec.value, None if tip is None else tip.position
+            )
+            if problem is None and tip is not None:
+                problem = self._foreign(rec, tip)
             elif problem is None and self.keys is not None:
                 problem = self.keys.problem(rec.headers, rec.value)
             if want is not None:
-                if position == after and rec.value is not None and chain_hash(rec.value) == want:
-                    return rec.offset + 1, want
+                if (
+                    position == after
+                    and tag is not None
+                    and rec.value is not None
+                    and names(want, position, tag, rec.value)
+                ):
+                    return rec.offset + 1, Tip.of(position, tag, rec.value)
                 if position is not None and position > after and problem is None:
                     break
                 continue
-            if problem is None and position is not None:
+            if problem is None and position is not None and tag is not None:
                 if position > after:
                     break
-                previous, previous_hash = position, chain_hash(rec.value)
-                found = (rec.offset + 1, previous_hash) if position == after else None
+                tip = (
+                    Tip.of(position, tag, rec.value)
+                    if tip is None
+                    else tip.after(position, tag, rec.value)
+                )
+                found = (rec.offset + 1, tip) if position == after else None
         return found
 
     def _close_behind(self, end: int) -> bool:

@@ -18,7 +18,7 @@ from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import JSONBody
 
-from ledger.history.audit import ChainReport
+from ledger.history.tamper import ChainReport
 from ledger.server import identity as ident
 from ledger.server.worker import Worker
 from schemas import api
@@ -50,13 +50,20 @@ def routes(
 
     @get("/v1/audit/verify", tags=["reads"], security=[{"bearer": []}])
     async def audit_verify(request: Request[Any, Any, Any]) -> ChainReport:
-        """The hash chain recomputed over the store: the first broken link and what broke it.
-        Read from the store through its own connection, beside the worker (no write waits)."""
-        from ledger.history import audit as au
+        """The hash chain recomputed over the store: the first broken link and what broke it,
+        each row checked against its snapshots and the projection's link. Read from the store
+        through its own connection, beside the worker (no write waits)."""
+        from ledger.history import tamper
 
         person(request)
-        home = worker.service.home
-        return await asyncio.to_thread(lambda: au.verify_chain(au.store_records(home)))
+        service = worker.service
+
+        def anchor() -> tamper.Anchor | None:
+            assert service.store is not None
+            return tamper.projection_anchor(service.store)
+
+        held = await worker.call(anchor)
+        return await asyncio.to_thread(lambda: tamper.verify_store(service.home, held))
 
     @get("/v1/audit/check", tags=["reads"], security=[{"bearer": []}])
     async def audit_check(request: Request[Any, Any, Any]) -> v.CheckView:

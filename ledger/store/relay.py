@@ -49,7 +49,7 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError, TopicAlreadyExistsError
 
 from ledger.store.embedded import EVENTS_DB
-from projections.chain import chain_hash, prev_hash
+from projections.chain import START, Tip
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,
     PARTITION,
@@ -460,14 +460,14 @@ class Relay:
                 assert position is not None
                 after = parsed[best + 1 :]
                 following = next(((r, p) for r, p in after if p is not None and r.value), None)
-                if following is not None and self._continues(following[0], position, mine.value):
+                if following is not None and self._continues(following[0], mine):
                     raise self._refusal(window)
                 return Published(position, mine.value), [r.offset for r, _p in after]
             for (a, pa), (b, _pb) in itertools.pairwise(formed):
-                if pa is not None and self._continues(b, pa, a.value, signed=False):
+                if pa is not None and self._continues(b, a, signed=False):
                     raise self._refusal(window)
             if whole:
-                if formed and self._continues(formed[0][0], 0, None, signed=False):
+                if formed and self._continues(formed[0][0], None, signed=False):
                     raise self._refusal(window)
                 return Published(0, b""), [r.offset for r, _p in parsed]
         return Published(0, b""), []  # not reached: the last window is the whole topic
@@ -494,13 +494,23 @@ class Relay:
             if r.position == p
         }
 
-    def _continues(self, rec: Any, position: int, data: bytes | None, signed: bool = True) -> bool:
-        """Whether `rec` is the event after `data` at `position` in a log (None: the start)."""
-        if _position(rec) != position + 1:
+    def _continues(self, rec: Any, before: Any | None, signed: bool = True) -> bool:
+        """Whether `rec` is the event after the record `before` in a log (None: the start)."""
+        position, tag, _problem = (
+            envelope(before.headers, before.value, None)
+            if before
+            else (
+                0,
+                "",
+                None,
+            )
+        )
+        if position is None or tag is None or _position(rec) != position + 1:
             return False
         if signed and self.keys is not None and self.keys.problem(rec.headers, rec.value):
             return False
-        return prev_hash(rec.value) == ("" if data is None else chain_hash(data))
+        tip = START if before is None else Tip.of(position, tag, before.value or b"")
+        return tip.problem(rec.value) is None
 
     def _refusal(self, window: Sequence[Any]) -> RelayError:
         """The topic holds another log: say where it disagrees with the store."""
