@@ -164,7 +164,7 @@ class Tip(NamedTuple):
                     f"a v1 link {_short(got)} after the log moved to v2 links (at or before {at})"
                 )
             return None
-        want = self.v1 if kind == 1 else self.v2
+        want = self.v1 if kind == 1 and not self.upgraded else self.v2
         return f"prev_hash {_short(got)} does not match {at} (link {_short(want)})"
 
 
