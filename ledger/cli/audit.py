@@ -361,9 +361,16 @@ def export(table: pa.Table, fmt: str, output: Path | None) -> None:
 @pass_ctx
 def audit_sql(ctx: Ctx, query: str, fmt: str, as_json: bool, output: Path | None) -> None:
     """Run one read-only SELECT over the views: events, jobs, job_intervals, account_history,
-    account_shares, accounts_at(t), node_history, nodes, preemptions, decisions."""
+    account_shares, accounts_at(t), node_history, nodes, preemptions, decisions. Admins only:
+    the projection holds every job's command, logs and event payloads. Through a server it
+    stops at a time, row and byte limit."""
     fmt = "json" if as_json else fmt
     sql = tables.check_select(query)
+    if ctx.remote is None:  # the server checks its callers; here, the same rule
+        from ledger.reads import layer as reads
+
+        state = ctx.reader().state
+        reads.require_query_all(state, ctx.viewer(state))
     export(_table(ctx, api.AuditQuery(kind="sql", sql=sql)), fmt, output)
 
 

@@ -105,12 +105,14 @@ class Server:
         return self.proc.wait(timeout=timeout)
 
 
-def start_server(home: Path, *args: str, log_name: str = "serve.log") -> Server:
+def start_server(
+    home: Path, *args: str, log_name: str = "serve.log", env: dict[str, str] | None = None
+) -> Server:
     log_path = home.parent / log_name
     with open(log_path, "ab") as out:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(
             [GPULEDGER, "serve", "--listen", "127.0.0.1:0", *args],
-            env=env_for(home),
+            env=env_for(home, **(env or {})),
             stdout=out,
             stderr=out,
         )
