@@ -18,6 +18,7 @@ import argparse
 import http.client
 import itertools
 import json
+import math
 import os
 import re
 import statistics
@@ -170,7 +171,7 @@ def phase(serve: Serve, info: dict[str, Any], seconds: float, heavy: bool) -> di
 
 
 def p(xs: list[float], q: int) -> float:
-    return statistics.quantiles(xs, n=100)[q - 1] if len(xs) > 1 else float("nan")
+    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) > 1 else math.nan
 
 
 def main() -> None:

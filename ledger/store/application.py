@@ -181,6 +181,7 @@ class Ledger(Application[UUID]):
         snapshot_every: int = snapshots.SNAPSHOT_EVERY,
     ) -> None:
         home.mkdir(parents=True, exist_ok=True)
+        _private(home / EVENTS_DB)
         super().__init__(
             {
                 "SQLITE_DBNAME": str(home / EVENTS_DB),
@@ -509,3 +510,11 @@ def _link_of(stored: StoredEvent) -> str:
     """The link to an event about to be stored: its position is its stream version (one stream:
     they move together, and the audit checks every row for it)."""
     return link(stored.originator_version, stored.topic, stored.state, stored.originator_version)
+
+
+def _private(path: Path) -> None:
+    """Create the store's file readable by its owner only (0600) when it does not exist yet:
+    it holds every job's command and secrets (docs/security.md, row T13). SQLite gives its
+    -wal and -shm files the database file's mode. An existing file keeps its mode."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))

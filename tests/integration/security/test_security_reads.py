@@ -126,11 +126,11 @@ class Phase:
 
     @property
     def submit_p99(self) -> float:
-        return statistics.quantiles(self.submits, n=100)[98]
+        return statistics.quantiles(self.submits, n=100, method="inclusive")[98]
 
     @property
     def gap_p95(self) -> float:
-        return statistics.quantiles(self.gaps, n=20)[18]
+        return statistics.quantiles(self.gaps, n=20, method="inclusive")[18]
 
 
 def measure(w: World, seconds: float, heavy: bool) -> Phase:
