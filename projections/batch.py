@@ -23,7 +23,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from projections.chain import chain_hash
+from projections.chain import link
 from projections.errors import CorruptEvent
 from projections.source import LogRecord, Row, gc_paused
 from schemas import codec
@@ -437,7 +437,7 @@ def _build(records: Sequence[Row], rows: pa.Table | None) -> Batch:
         unknown=len(unknown),
         tables=tables,
         counts=counts,
-        chain=chain_hash(records[-1][2]),
+        chain=link(records[-1][0], records[-1][1], records[-1][2]),
     )
 
 

@@ -84,3 +84,26 @@ class PoisonRecord(EventDecodeError):
         self.position = position
         self.reason = reason
         self.data = data
+
+
+class LogForked(ProjectionError):
+    """Two records of a copy of the log (the Kafka topic) claim one position and both link to
+    the record before it: one of them was not written by the relay, and the reader cannot tell
+    which without signing keys (or the relay's keys were used by someone else). The reader
+    stops at the second one, naming both; nothing after it is applied."""
+
+    code = "fork"
+
+
+class SigningKeyMismatch(ProjectionError):
+    """Records that continue the log one after the other all fail the signature check: the
+    reader's keys are not the relay's (or the topic is not signed). The reader stops."""
+
+    code = "key"
+
+
+class QuarantineStopped(ProjectionError):
+    """A quarantining reader set aside this many records in a row: it stops rather than set
+    aside a run of real records and report success."""
+
+    code = "quarantine"

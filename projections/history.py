@@ -329,6 +329,45 @@ def decisions(
     ).fetchall()
 
 
+def job_decisions(con: Con, job_id: int, limit: int) -> list[tuple[int, e.CycleDecided]]:
+    """The last `limit` recorded decisions that placed or preempted `job_id` or listed it among
+    their first waiting jobs, in log order, decoded: read newest first from the job's span of
+    the log (its submission to its last event, or on to the head while it is not finished),
+    `limit` found at a time; never a walk of the whole log. (The job page's replay: the same
+    decisions `ledger.history.replay.Selection(job=...)` picks.)"""
+    span = con.execute(
+        "SELECT submitted_position, CASE WHEN status = 'finished' THEN last_position END "
+        "FROM jobs WHERE job_id = $job",
+        {"job": job_id},
+    ).fetchone()
+    if span is None:
+        return []
+    first, last = int(span[0]), span[1]
+    found: list[tuple[int, e.CycleDecided]] = []
+    before = None
+    while len(found) < limit:
+        rows = con.execute(
+            "SELECT position, raw FROM events WHERE list_contains($tags, tag) "
+            "AND position >= $first AND ($last IS NULL OR position <= $last) "
+            "AND ($before IS NULL OR position < $before) ORDER BY position DESC LIMIT 256",
+            {"tags": tags(e.CycleDecided), "first": first, "last": last, "before": before},
+        ).fetchall()
+        for position, raw in rows:
+            d = decode(raw)
+            if isinstance(d, e.CycleDecided) and (
+                job_id in d.placed
+                or job_id in d.preempted
+                or any(w.job_id == job_id for w in d.waiting.first)
+            ):
+                found.append((int(position), d))
+                if len(found) == limit:
+                    break
+        if len(rows) < 256:
+            break
+        before = rows[-1][0]
+    return found[::-1]
+
+
 def placed_by(con: Con, job_id: int) -> dict[str, tuple[int, int, int]]:
     """Cycle id -> (the job's place among the cycle's placements, 1-based; placements; jobs
     considered) for every cycle that placed `job_id`."""

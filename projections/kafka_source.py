@@ -55,10 +55,13 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from projections.chain import broken_link, chain_hash
+from projections.chain import START, Tip, link, names
 from projections.errors import (
+    LogForked,
     PoisonRecord,
     ProjectionMismatch,
+    QuarantineStopped,
+    SigningKeyMismatch,
     SourceUnavailable,
 )
 from projections.kafka_wire import (
@@ -67,6 +70,7 @@ from projections.kafka_wire import (
     SigningKeys,
     client_config,
     envelope,
+    is_signature_problem,
     reader_config,
     signing_keys,
     unreachable,
@@ -76,6 +80,11 @@ from projections.quarantine import KAFKA_HINT, Where
 from projections.source import LogRecord
 
 DEFAULT_TIMEOUT_S = 30.0
+MAX_DEAD_RUN = 20
+"""A quarantining reader stops once it has set aside this many records in a row."""
+_RECENT = 256
+"""How many of the last accepted records a reader remembers, to name a second record for one of
+their positions (a fork, or a copy)."""
 _CLOSE = 5_000
 """head() fetches with the reading consumer when it is at most this many offsets behind."""
 _SCAN = 64
@@ -102,6 +111,7 @@ class KafkaSource:
         connect_timeout_s: float | None = None,
         max_poll_records: int = 10_000,
         keys: SigningKeys | None = None,
+        max_dead_run: int = MAX_DEAD_RUN,
         **config: Any,
     ) -> None:
         self.bootstrap = bootstrap
@@ -129,8 +139,8 @@ class KafkaSource:
         """Signing keys: when set, only records signed with one of them are accepted."""
         self._after: int | None = None
         """The position the reading consumer continues after (None: not positioned yet)."""
-        self._hash = ""
-        """The chain hash of the record at `_after` (what the next record must link to)."""
+        self._tip = START
+        """The record at `_after` as the chain sees it (what the next record must link to)."""
         self._anchor: tuple[int, str] | None = None
         """(position, chain hash) of the last record the projection applied (`anchor`)."""
         self._buffer: collections.deque[Any] = collections.deque()
@@ -142,6 +152,16 @@ class KafkaSource:
         self._end_hint: int | None = None
         """The end offset head() just read, for the read() that follows it (the projector's
         pattern: head, then read up to it), which saves a round trip."""
+        self.max_dead_run = max_dead_run
+        """`skip` stops (QuarantineStopped) at this many records set aside in a row."""
+        self._run: list[str] = []
+        """Why each record set aside since the last one accepted was set aside."""
+        self._aside: Tip | None = None
+        """The last record set aside for its signature alone (it continued the log otherwise):
+        when the next one continues it and fails its signature too, the keys are wrong."""
+        self._recent: dict[int, Tip] = {}
+        """The last accepted records by position (`_RECENT` of them) and their offsets:"""
+        self._offsets_of: dict[int, int] = {}
 
     # --- the EventSource protocol -----------------------------------------------------------------
 
@@ -154,7 +174,7 @@ class KafkaSource:
         self._seek_after(after)
         out: list[LogRecord] = []
         offsets: dict[int, int] = {}
-        previous, previous_hash = after, self._hash
+        previous, tip = after, self._tip
         end, self._end_hint = self._end_hint, None
         deadline = time.monotonic() + self.timeout_s
         buffer = self._buffer
@@ -172,19 +192,21 @@ class KafkaSource:
             rec = buffer[0]
             position, tag, problem = envelope(rec.headers, rec.value, previous)
             if problem is None:
-                problem = self._foreign(rec, previous, previous_hash)
+                problem = self._foreign(rec, tip, position, tag)
             if problem is not None:
                 if out:
                     break
-                raise self._poison(rec, position, tag, problem)
+                raise self._refused(rec, position, tag, problem, tip)
             buffer.popleft()
             assert position is not None and tag is not None
             out.append(LogRecord(position, tag, rec.value))
             offsets[position] = rec.offset
-            previous, previous_hash = position, chain_hash(rec.value)
+            previous, tip = position, tip.after(position, tag, rec.value)
+            self._remember(tip, rec.offset)
         self._offsets = offsets
         if out:
-            self._after, self._hash = previous, previous_hash
+            self._after, self._tip = previous, tip
+            self._run, self._aside = [], None
         return out
 
     def head(self) -> int:
@@ -234,14 +256,33 @@ class KafkaSource:
         e.g. a projection file older than the chain table). The next record read after
         `position` must link to it; seeking to `position` looks for that very record."""
         self._anchor = None if chain is None else (position, chain)
-        if chain is not None and self._after == position and self._hash != chain:
+        if chain is not None and self._after == position and not self._tip.named_by(chain):
             self._after = None  # positioned after another record of that position: seek again
 
     def skip(self, poison: PoisonRecord) -> None:
-        """Step past the poison record the last `read` raised (the caller recorded it)."""
+        """Step past the poison record the last `read` raised (the caller recorded it). Raises
+        QuarantineStopped once `max_dead_run` records in a row have been set aside: a reader
+        never sets aside a run of real records and reports success."""
         if not self._buffer or self._buffer[0].offset != poison.offset:
             raise ValueError(f"offset {poison.offset} is not the next record of {self.topic}")
-        self._buffer.popleft()
+        rec = self._buffer.popleft()
+        self._run.append(poison.reason)
+        self._aside = None
+        if is_signature_problem(poison.reason) and poison.position is not None and poison.tag:
+            self._aside = Tip.of(poison.position, poison.tag, rec.value or b"")
+        if len(self._run) >= self.max_dead_run:
+            reasons = sorted(set(self._run))
+            raise QuarantineStopped(
+                f"{len(self._run)} records in a row set aside on topic {self.topic}, the last at "
+                f"offset {poison.offset} (after position {self._after or 0}): "
+                f"{'; '.join(reasons[:3])}{' ...' if len(reasons) > 3 else ''}",
+                hint="a damaged or foreign stretch of the topic, or a reader that is not reading "
+                "what the relay writes (its topic, its signing keys); nothing after position "
+                f"{self._after or 0} is applied",
+                topic=self.topic,
+                offset=poison.offset,
+                position=self._after or 0,
+            )
 
     def wait(self, after: int, timeout_s: float) -> bool:
         """Block until a committed record after position `after` can be read, or `timeout_s`
@@ -326,23 +367,87 @@ class KafkaSource:
         """Put the reading consumer right after the record at position `after`."""
         if after == self._after:
             return
-        offset, self._hash = self._offset_after(after)
+        self._recent, self._offsets_of = {}, {}
+        offset, self._tip = self._offset_after(after)
         self._consumer.seek(self.tp, offset)
         self._buffer.clear()
         self._after = after
 
-    def _foreign(self, rec: Any, previous: int, previous_hash: str) -> str | None:
+    def _foreign(self, rec: Any, tip: Tip, position: int | None, tag: str | None) -> str | None:
         """Why a well-formed record is not the log's next one: not signed by our keys, or it
-        does not link to the record at `previous` (None: it continues the log)."""
+        does not link to `tip`, the record before it (None: it continues the log)."""
         if self.keys is not None:
-            problem = self.keys.problem(rec.headers, rec.value)
+            problem = self.keys.problem(rec.headers, rec.value, position, tag)
             if problem is not None:
                 return problem
-        return broken_link(rec.value, previous, previous_hash)
+        return tip.problem(rec.value)
 
-    def _offset_after(self, after: int) -> tuple[int, str]:
+    def _remember(self, tip: Tip, offset: int) -> None:
+        self._recent[tip.position] = tip
+        self._offsets_of[tip.position] = offset
+        if len(self._recent) > 2 * _RECENT:  # keep the newest
+            for p in sorted(self._recent)[:-_RECENT]:
+                del self._recent[p]
+                self._offsets_of.pop(p, None)
+
+    def _refused(
+        self, rec: Any, position: int | None, tag: str | None, problem: str, tip: Tip
+    ) -> Exception:
+        """The error for a record that does not continue the log: a fork (a second record that
+        links to the record before a position already applied), wrong keys (it continues a
+        record set aside for its signature, and fails its own), or poison to set aside."""
+        signed = (
+            None if self.keys is None else self.keys.problem(rec.headers, rec.value, position, tag)
+        )
+        if position is not None and tag is not None and rec.value is not None:
+            if 0 < position <= tip.position:
+                before = START if position == 1 else self._recent.get(position - 1)
+                applied = self._recent.get(position)
+                same = applied is not None and applied.named_by(link(position, tag, rec.value))
+                if before is not None and before.problem(rec.value) is None and signed is None:
+                    if same:
+                        problem = f"a copy of position {position}, which is applied already"
+                    else:
+                        raise self._fork(rec, position)
+            aside = self._aside
+            if (
+                aside is not None
+                and signed is not None
+                and is_signature_problem(signed)
+                and position == aside.position + 1
+                and aside.problem(rec.value) is None
+            ):
+                return SigningKeyMismatch(
+                    f"topic {self.topic}: the records at positions {aside.position} and "
+                    f"{position} continue the log one after the other but fail the signature "
+                    f"check ({signed}): these signing keys are not the relay's",
+                    hint="give the reader the relay's GPULEDGER_KAFKA_SIGNING_KEYS (or none, "
+                    "when the relay does not sign); nothing after position "
+                    f"{self._after or 0} is applied",
+                    topic=self.topic,
+                    position=position,
+                )
+        return self._poison(rec, position, tag, problem)
+
+    def _fork(self, rec: Any, position: int) -> LogForked:
+        first = self._offsets_of.get(position)
+        at = "" if first is None else f" (offset {first})"
+        return LogForked(
+            f"topic {self.topic} forks at position {position}: the record at offset "
+            f"{rec.offset} claims it too and links to position {position - 1} like the record "
+            f"applied{at}; one of them was not written by the relay",
+            hint="turn on signing (GPULEDGER_KAFKA_SIGNING_KEYS) so a reader tells the relay's "
+            "record, then rebuild this projection; find the producer that wrote the other",
+            topic=self.topic,
+            position=position,
+            offset=rec.offset,
+        )
+
+    def _offset_after(self, after: int) -> tuple[int, Tip]:
         """The offset right after the record at position `after` (see the module docstring),
-        and that record's chain hash."""
+        and that record as the chain sees it. The record is found by a link kept outside the
+        topic (the projection's anchor): never by what the first record that claims the
+        position says; without an anchor, by verifying the chain from the topic's start."""
         probe = self._probe_consumer()
         try:
             begin = int(
@@ -351,33 +456,84 @@ class KafkaSource:
         except KafkaError as e:
             raise self._unavailable(e) from e
         if after == 0:
-            return begin, ""
+            return begin, START
         end = self._end()
-        # 1. binary search: the answer (smallest offset whose first positioned record is past
-        #    `after`) stays in [lo, hi]
-        lo, hi = begin, end
-        while hi - lo > _SCAN:
-            mid = (lo + hi) // 2
-            found = self._first_from(mid, end)
-            if found is None or found[1] > after:
-                hi = mid
-            else:
-                lo = found[0] + 1
-        # 2. read the neighbourhood in order, as a reader would, to find the record itself
-        start = self._locate_in(max(begin, lo - _SCAN), end, after)
-        if start is None:
-            # a record out of order (poison) misled the search: read from the beginning
-            start = self._locate_in(begin, end, after)
+        want = self._anchor[1] if self._anchor and self._anchor[0] == after else None
+        if want is None:  # no link kept: the chain from the start is the only proof
+            start = self._verified_from_start(begin, end, after)
+        else:
+            # 1. binary search (headers only: a hint): the answer (smallest offset whose first
+            #    positioned record is past `after`) stays in [lo, hi]
+            lo, hi = begin, end
+            while hi - lo > _SCAN:
+                mid = (lo + hi) // 2
+                found = self._first_from(mid, end)
+                if found is None or found[1] > after:
+                    hi = mid
+                else:
+                    lo = found[0] + 1
+            # 2. the record the anchor names, near there; else anywhere (a foreign record
+            #    with a misleading position header misled the search)
+            start = self._anchored_in(max(begin, lo - _RECENT), end, after, want)
+            if start is None and lo - _RECENT > begin:
+                start = self._anchored_in(begin, end, after, want)
         if start is None:
             raise ProjectionMismatch(
-                f"topic {self.topic} has no record at position {after}, where the projection "
-                "stands",
+                f"topic {self.topic} has no record at position {after} that the projection "
+                "applied" + ("" if want is None else " (none its kept link names)"),
                 hint="the projection was built from another log: rebuild it from this topic "
                 "(delete the projection file and follow again)",
                 position=after,
                 topic=self.topic,
             )
         return start
+
+    def _anchored_in(self, start: int, end: int, after: int, want: str) -> tuple[int, Tip] | None:
+        """The offset right after the record at position `after` that the link `want` names,
+        reading from `start` (None: no such record before `end`). The records it links back to
+        (up to `_RECENT`) are remembered too, so a second record for one of their positions is
+        named a fork after a restart as before it."""
+        seen: dict[int, list[tuple[Tip, int, bytes]]] = {}
+        for rec in self._scan(start, end, 5_000):
+            position, tag, _problem = envelope(rec.headers, rec.value, None)
+            if position is None or tag is None or rec.value is None:
+                continue
+            if after - _RECENT <= position < after and len(seen.get(position, ())) < 8:
+                seen.setdefault(position, []).append(
+                    (Tip.of(position, tag, rec.value), rec.offset, rec.value)
+                )
+            if position == after and names(want, position, tag, rec.value):
+                tip = Tip.of(position, tag, rec.value)
+                self._recent, self._offsets_of = {}, {}
+                self._remember(tip, rec.offset)
+                data = rec.value
+                for p in range(after - 1, max(0, after - _RECENT), -1):
+                    linked = [c for c in seen.get(p, ()) if c[0].problem(data) is None]
+                    if not linked:
+                        break
+                    self._remember(linked[-1][0], linked[-1][1])
+                    data = linked[-1][2]
+                return rec.offset + 1, tip
+        return None
+
+    def _verified_from_start(self, begin: int, end: int, after: int) -> tuple[int, Tip] | None:
+        """Read from the topic's start accepting records as `read` does (each must continue
+        the last one accepted, from the start of the log): the offset right after the accepted
+        record at position `after`, with its tip."""
+        tip = START
+        self._recent, self._offsets_of = {}, {}
+        for rec in self._scan(begin, end, 5_000):
+            position, tag, problem = envelope(rec.headers, rec.value, tip.position)
+            if problem is None:
+                problem = self._foreign(rec, tip, position, tag)
+            if problem is not None:
+                continue
+            assert position is not None and tag is not None
+            tip = tip.after(position, tag, rec.value)
+            self._remember(tip, rec.offset)
+            if position == after:
+                return rec.offset + 1, tip
+        return None
 
     def _scan(self, start: int, stop: int, batch: int) -> Iterator[Any]:
         """The committed records with offsets in [start, stop), in order (probe consumer)."""
@@ -405,35 +561,6 @@ class KafkaSource:
             if position is not None:
                 return rec.offset, position
         return None
-
-    def _locate_in(self, start: int, end: int, after: int) -> tuple[int, str] | None:
-        """Read from `start` accepting records as `read` does (a well-formed record that
-        continues the last accepted one; the first one is taken as it is): the offset right after
-        the accepted record at position `after`, with its chain hash, or None when there is none
-        before the first one past it. With an anchor at `after`, the record at `after` must be
-        the one the projection applied (the same chain hash)."""
-        want = self._anchor[1] if self._anchor and self._anchor[0] == after else None
-        previous: int | None = None
-        previous_hash = ""
-        found = None
-        for rec in self._scan(start, end, 5_000):
-            position, _tag, problem = envelope(rec.headers, rec.value, previous)
-            if problem is None and previous is not None:
-                problem = self._foreign(rec, previous, previous_hash)
-            elif problem is None and self.keys is not None:
-                problem = self.keys.problem(rec.headers, rec.value)
-            if want is not None:
-                if position == after and rec.value is not None and chain_hash(rec.value) == want:
-                    return rec.offset + 1, want
-                if position is not None and position > after and problem is None:
-                    break
-                continue
-            if problem is None and position is not None:
-                if position > after:
-                    break
-                previous, previous_hash = position, chain_hash(rec.value)
-                found = (rec.offset + 1, previous_hash) if position == after else None
-        return found
 
     def _close_behind(self, end: int) -> bool:
         return (
@@ -506,6 +633,14 @@ class KafkaSource:
     ) -> PoisonRecord:
         where = Where(self.topic, PARTITION, rec.offset)
         at = f", log position {position}" if position is not None else ""
+        hint = KAFKA_HINT
+        if is_signature_problem(problem) and position == (self._after or 0) + 1:
+            hint = (
+                "it would continue the log but fails the signature check: the reader's "
+                "GPULEDGER_KAFKA_SIGNING_KEYS are not the relay's, or another producer forged "
+                "it; the projector stops there (`--quarantine` sets forgeries aside, and stops "
+                "at the second record in a row when the keys are wrong)"
+            )
         return PoisonRecord(
             f"{where}{at}: {problem}",
             topic=self.topic,
@@ -515,7 +650,7 @@ class KafkaSource:
             tag=tag,
             reason=problem,
             data=rec.value,
-            hint=KAFKA_HINT,
+            hint=hint,
         )
 
     def _unavailable(self, e: BaseException) -> SourceUnavailable:

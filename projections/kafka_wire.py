@@ -5,19 +5,26 @@
   compaction would keep only the last one).
 - **A record** per event: value = the stored event bytes, untouched; headers
   `gpuledger.position` (the log position, ASCII decimal) and `gpuledger.tag` (the event tag),
-  and with signing keys `gpuledger.key` (the key id) and `gpuledger.sig` (HMAC-SHA256 of the
-  value, hex). `record_headers` writes them, `envelope` reads them back (never raising, whatever
+  and with signing keys `gpuledger.key` (the key id) and `gpuledger.sig` (the signature, see
+  below). `record_headers` writes them, `envelope` reads them back (never raising, whatever
   they hold), `SigningKeys.problem` checks a signature.
 - **Client settings** every client shares: security settings (SASL, SSL) from
   `GPULEDGER_KAFKA_<KEY>` environment variables (`client_config`), a bounded connect
   (`connect_timeout`, `patience`, `unreachable`) and kafka-python's logs kept quiet.
 
 Signing: the hash chain (`projections.chain`) cannot tell the relay from someone who read the
-topic and computed the right `prev_hash`; a signature can. The relay adds an HMAC-SHA256 of the
-stored bytes under a key it shares with the readers, named by a key id so keys can be rotated
-(readers accept every id they know, the relay signs with one). Keys come from
-`GPULEDGER_KAFKA_SIGNING_KEYS` (`id:secret[,id:secret...]`, the first is the one the relay signs
-with); without it nothing is signed or checked.
+topic and computed the right `prev_hash`; a signature can. The relay adds an HMAC-SHA256 under a
+key it shares with the readers, named by a key id so keys can be rotated (readers accept every
+id they know, the relay signs with one). The signature header names its version:
+
+- **v2** (`v2:<hex>`, what the relay writes): the HMAC of `chain.frame(position, tag, value)`:
+  the position and tag headers and the value (whose `prev_hash` is the previous hash), so a
+  signed record copied under another position or tag header no longer verifies;
+- **v1** (`<hex>`, older topics): the HMAC of the value alone. Accepted only on a record of the
+  v1 chain (its `prev_hash` is a v1 link): a record of the v2 chain must carry a v2 signature.
+
+Keys come from `GPULEDGER_KAFKA_SIGNING_KEYS` (`id:secret[,id:secret...]`, the first is the one
+the relay signs with); without it nothing is signed or checked.
 
 Pure, except the functions that read the environment (`client_config`, `connect_timeout`,
 `env_seconds`, `signing_keys`), open a socket (`unreachable`) or set a logger's level. This
@@ -35,6 +42,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from projections.chain import frame, prev_hash, rule
 from schemas.errors import InvalidCommand
 
 TOPIC = "gpuledger.events"
@@ -67,7 +75,9 @@ POSITION_HEADER = "gpuledger.position"
 TAG_HEADER = "gpuledger.tag"
 """The record's event tag."""
 SIGNATURE_HEADER = "gpuledger.sig"
-"""HMAC-SHA256 (hex) of the record's value under the key named by KEY_HEADER."""
+"""The record's signature under the key named by KEY_HEADER: `v2:` + the HMAC-SHA256 (hex) of
+its position, tag and value (`chain.frame`), or, on older topics, the HMAC of its value alone."""
+SIGNATURE_V2 = "v2:"
 KEY_HEADER = "gpuledger.key"
 """The id of the signing key."""
 KEYS_ENV = "GPULEDGER_KAFKA_SIGNING_KEYS"
@@ -98,7 +108,7 @@ def record_headers(
     `data`: its position and tag, and with signing keys its key id and HMAC."""
     headers = [(POSITION_HEADER, str(position).encode()), (TAG_HEADER, tag.encode())]
     if keys is not None:
-        headers += keys.sign(data)
+        headers += keys.sign(position, tag, data)
     return headers
 
 
@@ -148,29 +158,54 @@ class SigningKeys:
     keys: Mapping[str, bytes]
     signer: str
 
-    def sign(self, data: bytes) -> list[tuple[str, bytes]]:
-        """Pure: the headers that sign `data` with the signer's key."""
-        mac = hmac.new(self.keys[self.signer], data, hashlib.sha256).hexdigest()
-        return [(KEY_HEADER, self.signer.encode()), (SIGNATURE_HEADER, mac.encode())]
+    def sign(self, position: int, tag: str, data: bytes) -> list[tuple[str, bytes]]:
+        """Pure: the headers that sign the record of `data` at `position` with `tag` (v2)."""
+        mac = _mac(self.keys[self.signer], frame(position, tag, data))
+        return [(KEY_HEADER, self.signer.encode()), (SIGNATURE_HEADER, SIGNATURE_V2.encode() + mac)]
 
     def problem(
-        self, headers: Iterable[tuple[str, bytes | None]] | None, data: bytes
+        self,
+        headers: Iterable[tuple[str, bytes | None]] | None,
+        data: bytes | None,
+        position: int | None,
+        tag: str | None,
     ) -> str | None:
-        """Pure: why a record is not signed by one of our keys (None: it is)."""
+        """Pure: why a record is not signed by one of our keys (None: it is). `position` and
+        `tag` are what its headers say (`envelope`): a v2 signature covers them."""
         ids = [v for k, v in headers or () if k == KEY_HEADER]
         sigs = [v for k, v in headers or () if k == SIGNATURE_HEADER]
         if not ids or not sigs:
             return "not signed (no gpuledger.key / gpuledger.sig header)"
-        if len(ids) != 1 or len(sigs) != 1 or ids[0] is None or sigs[0] is None:
+        if len(ids) != 1 or len(sigs) != 1 or ids[0] is None or sigs[0] is None or data is None:
             return "garbled signature headers"
         key_id = ids[0].decode("utf-8", "replace")
         key = self.keys.get(key_id)
         if key is None:
             return f"signed with unknown key id {key_id!r}"
-        mac = hmac.new(key, data, hashlib.sha256).hexdigest().encode()
-        if not hmac.compare_digest(mac, sigs[0]):
+        sig = sigs[0]
+        if sig.startswith(SIGNATURE_V2.encode()):
+            if position is None or tag is None:
+                return "a v2 signature on a record without its position and tag headers"
+            mac = _mac(key, frame(position, tag, data))
+            sig = sig[len(SIGNATURE_V2) :]
+        else:
+            if rule(prev_hash(data) or "") == 2:
+                return "a v1 signature (the value only) on a record of the v2 chain"
+            mac = _mac(key, data)
+        if not hmac.compare_digest(mac, sig):
             return f"signature does not match key id {key_id!r}"
         return None
+
+
+def _mac(key: bytes, data: bytes) -> bytes:
+    return hmac.new(key, data, hashlib.sha256).hexdigest().encode()
+
+
+def is_signature_problem(problem: str) -> bool:
+    """Pure: whether `problem` (of `SigningKeys.problem`) is about the signature alone."""
+    return problem.startswith(
+        ("not signed", "signed with unknown", "signature does not", "a v1 sig")
+    )
 
 
 _KEYS_HINT = "give id:secret pairs separated by commas; the first one signs"

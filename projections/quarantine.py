@@ -29,7 +29,7 @@ import duckdb
 import pyarrow as pa
 
 from projections.batch import SCHEMAS, Batch, build_batch, decode_records, empty_tables
-from projections.chain import chain_hash
+from projections.chain import link
 from projections.errors import CorruptEvent, PoisonRecord
 from projections.source import EventSource, LogRecord
 from projections.store import PROJECTION, scalar
@@ -203,7 +203,8 @@ def quarantine_batch(
     last = records[-1].position if records else after
     # the chain moves past every record the source handed out (they continue the log, even
     # those that do not validate), never past poison the source set aside
-    chain = chain_hash(records[-1].data) if records else None
+    tail = records[-1] if records else None
+    chain = link(tail.position, tail.tag, tail.data) if tail is not None else None
     if good:
         b = build_batch(good)
         return QuarantineBatch(

@@ -89,6 +89,13 @@ class Unavailable(LedgerError):
     code = "unavailable"
 
 
+class TooBusy(LedgerError):
+    """The caller asks more than its share right now (queries at once, or a minute's worth):
+    retry after `retry_after` seconds (HTTP 429 with Retry-After)."""
+
+    code = "busy"
+
+
 ERROR_CODES: dict[str, type[LedgerError]] = {
     cls.code: cls
     for cls in (
@@ -102,6 +109,7 @@ ERROR_CODES: dict[str, type[LedgerError]] = {
         NotAuthenticated,
         Unavailable,
         EngineError,
+        TooBusy,
     )
 }
 """Error classes by `code`: an HTTP client raises the same class the server raised."""

@@ -40,9 +40,9 @@ import msgspec
 from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch import registry
 from ledger.dispatch.engine import decide
-from ledger.history.audit import store_records, verify_chain
 from ledger.history.compare import compare, decided_at, squat_threshold
 from ledger.history.replay import Replayer, find_decisions
+from ledger.history.tamper import store_records, verify_chain
 from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids

@@ -130,6 +130,13 @@ class Ctx:
         with _LocalHandles(self, quiet) as handles:
             return spec.run(handles, args)
 
+    def viewer(self, state: Any) -> str:
+        """Embedded mode: who reads: the actor, as at a server; `--as` someone else is an
+        admin's alone (as for commands), anyone else reads as the OS user."""
+        me = os_user()
+        actor = self.actor
+        return actor if actor == me or state.is_admin(me) else me
+
     def _embedded(self, cmd: AnyCommand) -> AnyCommand:
         """Embedded mode: the OS user is the real actor; acting as someone else is `--as`, which
         the domain allows admins only (and records)."""
@@ -224,11 +231,7 @@ class _LocalHandles:
 
     @property
     def viewer(self) -> str:
-        """Who reads: the actor, as at a server; `--as` someone else is an admin's alone (as for
-        commands), anyone else reads as the OS user."""
-        me = os_user()
-        actor = self.ctx.actor
-        return actor if actor == me or self.ledger.state.is_admin(me) else me
+        return self.ctx.viewer(self.ledger.state)
 
 
 @contextmanager

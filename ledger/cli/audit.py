@@ -25,6 +25,7 @@ from ledger.core import budget as b
 from ledger.history import audit as au
 from ledger.history import replay as rp
 from ledger.history import tables
+from ledger.history import tamper as tm
 from ledger.history.compare import CycleReplay
 from ledger.sim import whatif as wi
 from projections.kafka_wire import TOPIC, TOPIC_ENV
@@ -360,9 +361,16 @@ def export(table: pa.Table, fmt: str, output: Path | None) -> None:
 @pass_ctx
 def audit_sql(ctx: Ctx, query: str, fmt: str, as_json: bool, output: Path | None) -> None:
     """Run one read-only SELECT over the views: events, jobs, job_intervals, account_history,
-    account_shares, accounts_at(t), node_history, nodes, preemptions, decisions."""
+    account_shares, accounts_at(t), node_history, nodes, preemptions, decisions. Admins only:
+    the projection holds every job's command, logs and event payloads. Through a server it
+    stops at a time, row and byte limit."""
     fmt = "json" if as_json else fmt
     sql = tables.check_select(query)
+    if ctx.remote is None:  # the server checks its callers; here, the same rule
+        from ledger.reads import layer as reads
+
+        state = ctx.reader().state
+        reads.require_query_all(state, ctx.viewer(state))
     export(_table(ctx, api.AuditQuery(kind="sql", sql=sql)), fmt, output)
 
 
@@ -457,13 +465,13 @@ def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> 
     """Recompute the hash chain over the store (and the Kafka topic): report the first broken
     link and what broke it (an edited, deleted or moved event). Exits 1 on any problem."""
     if ctx.remote is not None and not bootstrap:  # the server reads its own store
-        report: au.ChainReport = ctx.remote.get("audit/verify", type=au.ChainReport)
+        report: tm.ChainReport = ctx.remote.get("audit/verify", type=tm.ChainReport)
     else:
         ctx.local_only()
-        report = au.verify_chain(au.store_records(ctx.home))
+        report = tm.verify_store(ctx.home, tm.file_anchor(ctx.home))
     copy = None
     if bootstrap:
-        copy = au.verify_copy(au.store_records(ctx.home), au.kafka_records(bootstrap, topic))
+        copy = tm.verify_copy(tm.store_records(ctx.home), tm.kafka_records(bootstrap, topic))
     if as_json:
         echo_json({"store": report, "kafka": copy})
     else:
@@ -474,11 +482,11 @@ def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> 
         sys.exit(1)
 
 
-def _print_chain(what: str, report: au.ChainReport) -> None:
+def _print_chain(what: str, report: tm.ChainReport) -> None:
     if report.ok:
         click.echo(
             f"{what}: chain intact over {report.events:,} events; head position {report.head:,}, "
-            f"head hash {report.head_hash} (keep it elsewhere: it anchors the last event)"
+            f"head link {report.head_hash} (keep it elsewhere: it anchors the last event)"
         )
         return
     first = report.problems[0]
@@ -490,7 +498,7 @@ def _print_chain(what: str, report: au.ChainReport) -> None:
         click.echo(f"  {p.text()}")
 
 
-def _print_copy(topic: str, copy: au.CopyReport) -> None:
+def _print_copy(topic: str, copy: tm.CopyReport) -> None:
     where = f"kafka topic {topic}"
     if copy.ok:
         behind = f", {copy.behind:,} events behind the store" if copy.behind else ""

@@ -142,20 +142,25 @@ def relay_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the health record as JSON.")
 @pass_ctx
 def relay_status(ctx: Ctx, as_json: bool) -> None:
-    """What the service's relay is doing: publishing, unavailable (retried) or stopped, its
-    position on the topic, how far behind the store, and the error that stopped it. Exits 1
-    unless it is publishing."""
+    """What the service's relay is doing: publishing, stalled (a send that does not come back,
+    with the lag), unavailable (retried), stopped (by an error) or exited (the service
+    stopped), its position on the topic, how far behind the store, and the error. True within
+    the service's check interval (about a second); a record no service updates any more is
+    called stale. Exits 1 unless it is publishing, fresh."""
+    from ledger.store.clock import SystemClock
+
     health = read_health(ctx.home)
     if health is None:
         raise RelayError(
             f"no relay has run in {ctx.home}",
             hint="start the service with `gpuledger up --kafka HOST:PORT`",
         )
+    now = SystemClock().now()
     if as_json:
         click.echo(msgspec.json.encode(health).decode())
     else:
-        click.echo(health.line())
-    if health.state != "publishing":
+        click.echo(health.line(now))
+    if health.state != "publishing" or health.stale(now):
         sys.exit(1)
 
 

@@ -31,7 +31,8 @@ class Tracked(msgspec.Struct, frozen=True, array_like=True):
 
 class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
     """The write side of a replay at `position`: the live state and the utilisation trackers,
-    anchored to the log by `chain_hash` (of the stored bytes at `position`)."""
+    anchored to the log by `chain_hash` (the chain link to the stored event at `position`,
+    `projections.chain.link`; v1 in older checkpoints)."""
 
     position: int
     chain_hash: str

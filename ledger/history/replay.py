@@ -70,7 +70,7 @@ from ledger.store.embedded import EmbeddedSource
 from ledger.store.snapshots import folded, unfolded
 from projections import queries
 from projections.as_of import AS_OF_SQL, AsOf, DiskAsOf
-from projections.chain import chain_hash
+from projections.chain import link, names
 from projections.fairshare import UsagePolicy
 from projections.projector import Projector
 from projections.source import EventSource, follow, gc_paused
@@ -187,7 +187,7 @@ class Replayer:
             records = self.source.read(cp.position - 1, 1)
             if not records or records[0].position != cp.position:
                 continue
-            if chain_hash(records[0].data) != cp.chain_hash:
+            if not names(cp.chain_hash, cp.position, records[0].tag, records[0].data):
                 log.warning("replay checkpoint at %d skipped: the chain hash differs", cp.position)
                 continue
             self.state = unfolded(cp.state)
@@ -196,14 +196,14 @@ class Replayer:
             self.position = self._checkpointed = cp.position
             return
 
-    def _checkpoint(self, data: bytes) -> None:
-        """Store a checkpoint at our position (`data`: the stored bytes there)."""
+    def _checkpoint(self, tag: str, data: bytes) -> None:
+        """Store a checkpoint at our position (`tag`, `data`: the stored event there)."""
         if self.checkpoints is None or self.position - self._checkpointed < CHECKPOINT_EVERY:
             return
         self.checkpoints.put(
             Checkpoint(
                 position=self.position,
-                chain_hash=chain_hash(data),
+                chain_hash=link(self.position, tag, data),
                 state=folded(self.state),
                 trackers=[
                     Tracked(t, sorted(tr.low_since.items())) for t, tr in self.trackers.items()
@@ -239,7 +239,7 @@ class Replayer:
                     for tracker in trackers:
                         tracker.observe(ev)
             self.position = records[-1].position
-            self._checkpoint(records[-1].data)
+            self._checkpoint(records[-1].tag, records[-1].data)
         self.timings.fold_s += time.perf_counter() - started
         if self.position < until:
             raise ReplayError(

@@ -16,7 +16,9 @@ An edge: reads the projection and the store.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -75,14 +77,58 @@ def check_select(sql: str) -> str:
     return sql
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What one audit query may take: its time (enforced by whoever runs it: the server's read
+    pool interrupts it), its result's rows and bytes (enforced by `run_query`)."""
+
+    timeout_s: float = 10.0
+    max_rows: int = 1_000_000
+    max_bytes: int = 256 * 2**20
+
+
+NO_LIMITS = Limits(timeout_s=math.inf, max_rows=2**62, max_bytes=2**62)
+"""Embedded mode: the caller's own process and files."""
+
+_BATCH = 8_192
+
+
 def run_query(
-    con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any] | None = None
+    con: duckdb.DuckDBPyConnection,
+    sql: str,
+    params: dict[str, Any] | None = None,
+    limits: Limits = NO_LIMITS,
 ) -> pa.Table:
-    """The result of one statement as an Arrow table; a failure becomes one InvalidCommand line."""
+    """The result of one statement as an Arrow table, read in record batches: past
+    `limits.max_rows` or `limits.max_bytes` the query stops (nothing larger is held). A failure,
+    an interruption (the time limit) or a limit becomes one InvalidCommand line."""
     import duckdb
+    import pyarrow as pa
 
     try:
-        return con.sql(sql, params=params or None).to_arrow_table()
+        reader = con.sql(sql, params=params or None).to_arrow_reader(_BATCH)
+        batches, rows, size = [], 0, 0
+        for batch in reader:
+            rows += batch.num_rows
+            size += batch.nbytes
+            if rows > limits.max_rows or size > limits.max_bytes:
+                reader.close()
+                what = (
+                    f"{limits.max_rows:,} rows"
+                    if rows > limits.max_rows
+                    else f"{limits.max_bytes // 2**20:,} MiB"
+                )
+                raise InvalidCommand(
+                    f"the query's result is larger than {what}: it was stopped",
+                    hint="aggregate, filter or add a LIMIT",
+                )
+            batches.append(batch)
+        return pa.Table.from_batches(batches, schema=reader.schema)
+    except duckdb.InterruptException as err:
+        raise InvalidCommand(
+            f"the query ran past its time limit of {limits.timeout_s:g} s and was stopped",
+            hint="aggregate, filter or add a LIMIT; a join of the log with itself is costly",
+        ) from err
     except duckdb.Error as err:
         first = str(err).split("\n")[0]
         if "read-only" in first or "read only" in first:
@@ -92,19 +138,28 @@ def run_query(
         ) from err
 
 
-def audit_table(con: duckdb.DuckDBPyConnection, q: api.AuditQuery) -> pa.Table:
-    """The table `q` asks for, from the projection `con` (locked down by the caller)."""
+def audit_table(
+    con: duckdb.DuckDBPyConnection, q: api.AuditQuery, limits: Limits = NO_LIMITS
+) -> pa.Table:
+    """The table `q` asks for, from the projection `con` (locked down by the caller; a `sql`
+    table only for a caller `may_query_all` allows: the caller checks)."""
+    import duckdb
     import pyarrow as pa
 
     if q.kind == "sql":
-        return run_query(con, check_select(q.sql))
+        return run_query(con, check_select(q.sql), None, limits)
     if q.kind == "job":
         if q.job_id is None:
             raise InvalidCommand("an audit job table needs job_id")
-        return pa.Table.from_pylist(job_rows(con, q.job_id))
+        try:
+            return pa.Table.from_pylist(job_rows(con, q.job_id))
+        except duckdb.InterruptException as err:
+            raise InvalidCommand(
+                f"the job's history took longer than its time limit of {limits.timeout_s:g} s"
+            ) from err
     if q.kind == "preemptions":
-        return run_query(con, *history.preemptions(q.account, q.since))
-    return run_query(con, *history.budget_changes(q.since))
+        return run_query(con, *history.preemptions(q.account, q.since), limits)
+    return run_query(con, *history.budget_changes(q.since), limits)
 
 
 # --- a job's history ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from schemas import api
 from schemas import events as e
 from schemas import views as v
 from schemas.bounds import TeamDepth, check
-from schemas.errors import InvalidCommand, UnknownEntity
+from schemas.errors import InvalidCommand, NotAuthorised, UnknownEntity
 
 if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load the dispatcher,
     # `jobs` neither the fair-share queries nor the event decoders
@@ -117,6 +117,28 @@ def may_see_private(state: State, actor: str, user: str, account: str) -> bool:
     `account`: its owner, a manager of the account or one above it, an admin. The one rule:
     the pages, `jobs` and `log` (both faces) all ask it."""
     return actor == user or state.is_admin(actor) or state.manages(actor, account)
+
+
+def may_query_all(state: State, actor: str) -> bool:
+    """Pure: whether `actor` may run a SELECT of their own over the whole projection (`audit
+    sql`, `POST /v1/audit/table` kind `sql`): admins only. The projection holds every job's
+    command, labels and logs and every event's stored bytes (`events.raw`), which
+    `may_see_private` shows a user, a manager only of their own jobs and subtree; no view can
+    be trusted to hold that rule against SQL a caller writes. Auditors are made admins
+    (docs/security.md, row T2)."""
+    return state.is_admin(actor)
+
+
+def require_query_all(state: State, actor: str) -> None:
+    """Raise NotAuthorised unless `may_query_all`."""
+    if not may_query_all(state, actor):
+        raise NotAuthorised(
+            f"{actor!r} may not run audit sql: it reads every job's command, logs and event "
+            "payloads, which only admins may",
+            hint="`jobs`, `log`, `audit job`, `audit preemptions` and `audit budget-changes` "
+            "show everyone's jobs without what is private to them; an auditor is made an admin",
+            actor=actor,
+        )
 
 
 class Viewer(NamedTuple):

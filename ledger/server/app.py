@@ -39,6 +39,7 @@ from ledger.server.agent_api import agent_routes
 from ledger.server.cache import ReadCache
 from ledger.server.commands import CommandPath
 from ledger.server.pages import LivePreview
+from ledger.server.readpool import ReadPool, limits_from_env
 from ledger.server.worker import Worker
 from schemas import api
 from schemas import commands as c
@@ -51,6 +52,7 @@ from schemas.errors import (
     LedgerError,
     NotAuthenticated,
     NotAuthorised,
+    TooBusy,
     Unavailable,
     UnknownEntity,
 )
@@ -65,6 +67,7 @@ STATUS: dict[type[LedgerError], int] = {
     InvalidTransition: 409,
     ContractViolation: 409,
     Conflict: 409,
+    TooBusy: 429,
     Unavailable: 503,
 }
 
@@ -99,6 +102,8 @@ def problem(err: LedgerError) -> Response[api.Problem]:
         hint=err.hint,
     )
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status == 429:
+        headers = {"Retry-After": str(err.fields.get("retry_after", 1))}
     return Response(
         body, status_code=status, media_type="application/problem+json", headers=headers
     )
@@ -283,13 +288,16 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
     routes: list[Any] = [command_route(cls) for cls in SERVED_COMMANDS]
     routes += [batch, health, whoami, tokens, openapi]
     routes += [read_route(name) for name in READS]
-    routes += tables.routes(worker, person)
+    pool = ReadPool(
+        tables.connect(worker), lambda fn: worker.call(fn), limits=limits_from_env()
+    ).start()
+    routes += tables.routes(worker, person, pool)
     routes += agent_routes(worker, who, clock)
     metrics = m.Metrics(status_of_any)
     worker.service.on_cycle.append(metrics.observe_cycle)
     routes += [m.route(metrics, worker, handles, person)]
     worker.idle.append(lambda: metrics.warm(handles))
-    routes += pages.routes(worker, handles, person)
+    routes += pages.routes(worker, handles, person, pool)
     app = Litestar(
         route_handlers=routes,
         middleware=[metrics.middleware],

@@ -30,10 +30,12 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
+from projections import history
 from schemas import views as v
 from schemas.errors import Unavailable
 
 if TYPE_CHECKING:
+    from ledger.server.readpool import ReadPool
     from ledger.server.worker import Worker
 
 log = logging.getLogger("gpuledger.server")
@@ -104,8 +106,9 @@ def _json(value: Any) -> Response[bytes]:
     return Response(msgspec.json.encode(value), media_type="application/json")
 
 
-def routes(worker: Worker, handles: Any, person: Callable[[Any], Any]) -> list[Any]:
-    """The page routes, the static files and the JSON endpoints of the dashboard."""
+def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: ReadPool) -> list[Any]:
+    """The page routes, the static files and the JSON endpoints of the dashboard (the job's
+    decisions to replay are found in `pool`, off the worker thread)."""
     from ledger.dispatch import registry
     from ledger.reads import layer as reads
     from ledger.reads import preview as previews
@@ -259,27 +262,42 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any]) -> list[A
         return await kept("explain", ("ui.job", job_id, caller.actor), read)
 
     replaying = asyncio.Semaphore(1)
+    replays: dict[int, Any] = {}
+    """Decision position -> its replay: a recorded decision's replay never changes."""
 
     @get("/ui/api/job/{job_id:int}/replay", include_in_schema=False)
     async def job_replay(request: Request[Any, Any, Any], job_id: FromPath[int]) -> Response[bytes]:
-        """The job's latest recorded decisions replayed from the log alone: off the worker
-        thread (a walk of the log in memory), one replay at a time."""
-        person(request)
+        """The job's latest recorded decisions replayed from the log alone. They are found in
+        the projection (`history.job_decisions`: the job's span of the log, in the read pool),
+        not by walking the log; each is replayed once (kept by position), off the worker
+        thread, one replay at a time."""
+        caller = person(request)
         home = handles.ledger.home
+        await worker.call(handles.store)  # the projection caught up
+        found = await pool.run(
+            caller.actor, lambda con, _limits: history.job_decisions(con, job_id, REPLAY_LAST)
+        )
 
-        def run() -> list[dict[str, Any]]:
+        def run(todo: list[tuple[int, Any]]) -> list[Any]:
             from ledger.history import replay as rp
             from ledger.store.embedded import EmbeddedSource
 
-            found = rp.find_decisions(home, rp.Selection(job=job_id))[-REPLAY_LAST:]
             with EmbeddedSource(home) as source:
-                return [
-                    {"position": r.position, "identical": r.identical, "replay": r}
-                    for r in rp.replay_decisions(source, found)
-                ]
+                return list(rp.replay_decisions(source, todo))
 
         async with replaying:
-            return _json(await asyncio.to_thread(run))
+            todo = [(p, d) for p, d in found if p not in replays]
+            if todo:
+                for (p, _d), r in zip(todo, await asyncio.to_thread(run, todo), strict=True):
+                    replays[p] = r
+                while len(replays) > 4 * 1024:  # the oldest kept first
+                    del replays[next(iter(replays))]
+        return _json(
+            [
+                {"position": p, "identical": replays[p].identical, "replay": replays[p]}
+                for p, _d in found
+            ]
+        )
 
     @get("/ui/api/nodes", include_in_schema=False)
     async def nodes(request: Request[Any, Any, Any]) -> Response[bytes]:

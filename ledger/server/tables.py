@@ -5,30 +5,40 @@ running server without opening the data directory.
 
 The plan is made from the server's state as the caller (the CLI prints it, then applies it
 through `/v1/batch`, atomically); an audit table is the exact Arrow table embedded mode builds,
-sent as an Arrow IPC stream, so every format prints the same bytes in both modes.
+sent as an Arrow IPC stream, so every format prints the same bytes in both modes. An audit
+table is computed in the read pool (`ledger.server.readpool`: its own cursor and thread, a time,
+row and byte limit, per-caller limits), never on the worker thread; a SELECT of the caller's
+own (`sql`) only for admins (`reads.may_query_all`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import JSONBody
 
-from ledger.history.audit import ChainReport
+from ledger.history.tamper import ChainReport
+from ledger.reads import layer as reads
 from ledger.server import identity as ident
+from ledger.server.readpool import ReadPool
 from ledger.server.worker import Worker
 from schemas import api
 from schemas import views as v
 
+if TYPE_CHECKING:
+    import duckdb
+
+    from ledger.history.tables import Limits
+
 
 def routes(
-    worker: Worker, person: Callable[[Request[Any, Any, Any]], ident.Identity]
+    worker: Worker, person: Callable[[Request[Any, Any, Any]], ident.Identity], pool: ReadPool
 ) -> list[HTTPRouteHandler]:
-    """The two routes, for people only (like every read)."""
+    """The routes, for people only (like every read); audit tables run in `pool`."""
 
     @post("/v1/budget/plan", status_code=200, tags=["commands"], security=[{"bearer": []}])
     async def budget_plan(
@@ -43,20 +53,32 @@ def routes(
     async def audit_table(
         request: Request[Any, Any, Any], data: JSONBody[api.AuditQuery]
     ) -> api.AuditTable:
-        """An audit table (one read-only SELECT, a job's history, the preemptions or the
-        budget changes) as an Arrow IPC stream."""
-        person(request)
-        return await worker.call(lambda: table(worker, data))  # type: ignore[no-any-return]
+        """An audit table (one read-only SELECT, admins only; a job's history, the preemptions
+        or the budget changes) as an Arrow IPC stream. Computed beside the worker (never
+        delaying a command or a cycle), stopped at its time, row and byte limits; 429 with
+        Retry-After past a caller's share of queries."""
+        caller = person(request)
+        if data.kind == "sql":
+            reads.require_query_all(worker.service.ledger.state, caller.actor)
+        await worker.call(_catch_up(worker))  # the log so far (cheap: the worker keeps up)
+        return await pool.run(caller.actor, lambda con, limits: table(con, data, limits))
 
     @get("/v1/audit/verify", tags=["reads"], security=[{"bearer": []}])
     async def audit_verify(request: Request[Any, Any, Any]) -> ChainReport:
-        """The hash chain recomputed over the store: the first broken link and what broke it.
-        Read from the store through its own connection, beside the worker (no write waits)."""
-        from ledger.history import audit as au
+        """The hash chain recomputed over the store: the first broken link and what broke it,
+        each row checked against its snapshots and the projection's link. Read from the store
+        through its own connection, beside the worker (no write waits)."""
+        from ledger.history import tamper
 
         person(request)
-        home = worker.service.home
-        return await asyncio.to_thread(lambda: au.verify_chain(au.store_records(home)))
+        service = worker.service
+
+        def anchor() -> tamper.Anchor | None:
+            assert service.store is not None
+            return tamper.projection_anchor(service.store)
+
+        held = await worker.call(anchor)
+        return await asyncio.to_thread(lambda: tamper.verify_store(service.home, held))
 
     @get("/v1/audit/check", tags=["reads"], security=[{"bearer": []}])
     async def audit_check(request: Request[Any, Any, Any]) -> v.CheckView:
@@ -99,20 +121,40 @@ def plan(worker: Worker, caller: ident.Identity, req: api.BudgetPlanRequest) -> 
     )
 
 
-def table(worker: Worker, q: api.AuditQuery) -> api.AuditTable:
-    """On the worker thread: the table from the service's projection, caught up with the log.
-    The connection is the service's own: queries run with external access off (no file or
-    network reads), and only single SELECT statements pass `check_select`."""
+def _catch_up(worker: Worker) -> Callable[[], None]:
+    def run() -> None:
+        assert worker.service.projector is not None
+        worker.service.projector.catch_up()
+
+    return run
+
+
+def connect(worker: Worker) -> Callable[[], duckdb.DuckDBPyConnection]:
+    """The read pool's connection to the service's projection (made on the worker thread, the
+    service connection's own), locked down: no file or network access; every query of the
+    database on its caller's thread alone (`threads = 1`, see `ledger.server.readpool`)."""
+
+    def run() -> duckdb.DuckDBPyConnection:
+        from ledger.history import tables
+
+        store = worker.service.store
+        assert store is not None
+        con = store.con.cursor()
+        tables.lock_down(con)
+        con.execute("SET threads = 1")
+        return con
+
+    return run
+
+
+def table(con: duckdb.DuckDBPyConnection, q: api.AuditQuery, limits: Limits) -> api.AuditTable:
+    """In the read pool: the table from a cursor of the service's projection, as an Arrow IPC
+    stream. Only single SELECT statements pass `check_select`; external access is off."""
     import pyarrow as pa
 
     from ledger.history import tables
 
-    service = worker.service
-    assert service.projector is not None and service.store is not None
-    service.projector.catch_up()
-    con = service.store.con
-    tables.lock_down(con)
-    result = tables.audit_table(con, q)
+    result = tables.audit_table(con, q, limits)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, result.schema) as writer:
         writer.write_table(result)

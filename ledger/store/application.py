@@ -29,7 +29,7 @@ from ledger.core.state import State
 from ledger.store import EVENTS_DB, snapshots
 from ledger.store.clock import Clock, IdSource, SystemClock, random_ids
 from ledger.store.live import decode_at
-from projections.chain import chain_hash
+from projections.chain import link
 from projections.source import LogRecord, follow
 from schemas import codec
 from schemas.commands import AnyCommand
@@ -180,6 +180,7 @@ class Ledger(Application[UUID]):
         snapshot_every: int = snapshots.SNAPSHOT_EVERY,
     ) -> None:
         home.mkdir(parents=True, exist_ok=True)
+        _private(home / EVENTS_DB)
         super().__init__(
             {
                 "SQLITE_DBNAME": str(home / EVENTS_DB),
@@ -215,14 +216,19 @@ class Ledger(Application[UUID]):
         if got is None:
             return
         snap, state = got
+        at = self._stored_at(snap.position)
+        assert at is not None  # `newest` found it there
         self.state, self.position, self.version = state, snap.position, snap.version
-        self.last_hash = snap.chain_hash
+        self.last_hash = link(at.position, at.tag, at.data)  # the current rule, whatever the
+        # snapshot's anchor was written under
         self.snapshot_position = self.restored_from = snap.position
 
-    def _stored_at(self, position: int) -> bytes | None:
-        """The stored bytes of the event at `position` (None: the log has none there)."""
+    def _stored_at(self, position: int) -> LogRecord | None:
+        """The stored event at `position` (None: the log has none there)."""
         rows = self.recorder.select_notifications(start=position, limit=1)
-        return rows[0].state if rows and rows[0].id == position else None
+        if not rows or rows[0].id != position:
+            return None
+        return LogRecord(rows[0].id, rows[0].topic, rows[0].state)
 
     def snapshot_state(self) -> bool:
         """Store a snapshot of the live state at our position (False: nothing new to store)."""
@@ -321,7 +327,8 @@ class Ledger(Application[UUID]):
                 evolve(self.state, self._decode(r.position, r.data))
                 self.position = r.position
                 self.version += 1
-            self.last_hash = chain_hash(records[-1].data)
+            last = records[-1]
+            self.last_hash = link(last.position, last.tag, last.data)
         self._maybe_snapshot()
         return self.position
 
@@ -358,7 +365,7 @@ class Ledger(Application[UUID]):
                 evolve(self.state, ev)
             self.version += len(events)
             self.position = ids[-1] if ids else self.head()
-            self.last_hash = chain_hash(stored[-1].state)
+            self.last_hash = _link_of(stored[-1])
             self._maybe_snapshot()
             return Appended(events=events, position=self.position)
         raise Conflict("the log kept moving under this command", hint="retry it")
@@ -409,7 +416,7 @@ class Ledger(Application[UUID]):
             for ev in chained:  # the next command sees this one
                 evolve(self.state, ev)
             if mine:
-                prev = chain_hash(mine[-1].state)
+                prev = _link_of(mine[-1])
             version += len(mine)
             stored += mine
             outcomes.append((len(stored), chained))
@@ -485,7 +492,7 @@ class Ledger(Application[UUID]):
                     hint="use finite numbers (no inf or NaN)",
                 )
             out.append(se)
-            prev = chain_hash(se.state)
+            prev = _link_of(se)
         return out, events
 
     def _check_conflicts(self, cmds: Sequence[AnyCommand]) -> None:
@@ -506,3 +513,17 @@ class Ledger(Application[UUID]):
                         position=pos,
                         expected=expected,
                     )
+
+
+def _link_of(stored: StoredEvent) -> str:
+    """The link to an event about to be stored: its position is its stream version (one stream:
+    they move together, and the audit checks every row for it)."""
+    return link(stored.originator_version, stored.topic, stored.state, stored.originator_version)
+
+
+def _private(path: Path) -> None:
+    """Create the store's file readable by its owner only (0600) when it does not exist yet:
+    it holds every job's command and secrets (docs/security.md, row T13). SQLite gives its
+    -wal and -shm files the database file's mode. An existing file keeps its mode."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))

@@ -151,16 +151,21 @@ class StoredRecord(NamedTuple):
 
     position: int
     tag: str
+    """The stored tag as SQLite returns it (the ledger writes text; an edited row may hold
+    another type)."""
     data: object
     """The stored value as SQLite returns it (the ledger writes bytes)."""
     version: object
     """The stream version column (position and version move together in a one-stream log)."""
     stored_as: str
     """SQLite's type of the value: `blob` for everything the ledger wrote."""
+    stream: object
+    """The stream id column (the ledger's one stream)."""
 
 
 class StoredRows:
-    """The embedded store's rows with their stream version and stored type, for `follow`."""
+    """The embedded store's rows with every column (stream id and version, stored type), for
+    `follow`."""
 
     def __init__(self, source: EmbeddedSource) -> None:
         self.source = source
@@ -168,7 +173,7 @@ class StoredRows:
     def read(self, after: int, limit: int) -> list[StoredRecord]:
         try:
             rows = self.source._con.execute(
-                f"SELECT rowid, topic, state, originator_version, typeof(state) "
+                f"SELECT rowid, topic, state, originator_version, typeof(state), originator_id "
                 f"FROM {EVENTS_TABLE} WHERE rowid > ? ORDER BY rowid LIMIT ?",
                 (after, limit),
             ).fetchall()
@@ -182,6 +187,9 @@ class StoredRows:
 
     def head(self) -> int:
         return self.source.head()
+
+    def snapshots(self, stream: str, limit: int) -> list[bytes]:
+        return self.source.snapshots(stream, limit)
 
 
 def project(

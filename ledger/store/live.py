@@ -20,7 +20,7 @@ from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.store import snapshots
 from ledger.store.embedded import EmbeddedSource
-from projections.source import follow
+from projections.source import LogRecord, follow
 from schemas.errors import EventDecodeError
 
 if TYPE_CHECKING:
@@ -91,6 +91,6 @@ class LiveView:
         self.source.close()
 
 
-def _stored_at(source: EmbeddedSource, position: int) -> bytes | None:
+def _stored_at(source: EmbeddedSource, position: int) -> LogRecord | None:
     records = source.read(position - 1, 1) if position >= 1 else []
-    return records[0].data if records and records[0].position == position else None
+    return records[0] if records and records[0].position == position else None

@@ -33,12 +33,12 @@ hour in the future, and simulations run far ahead); the event time stays in the 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -49,7 +49,7 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError, TopicAlreadyExistsError
 
 from ledger.store import EVENTS_DB
-from projections.chain import chain_hash, prev_hash
+from projections.chain import START, Tip
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,
     PARTITION,
@@ -437,11 +437,12 @@ class Relay:
 
         Reads back from the end in growing windows. Our last record is the one with the highest
         readable position whose bytes equal the store's at that position (an older record
-        copied to the tail is foreign). A record right after it that continues the chain from it
-        (the next position, linking to its bytes, signed when signing is on) is not foreign: the
-        topic holds events the store lacks (another ledger's topic, or a replaced store), and
-        the relay refuses the topic. So it does when a window without our records holds two
-        records that chain, or the topic's first record starts a chain of its own.
+        copied to the tail is foreign, and so is anything after ours that the store does not
+        hold: a forged event, however well it links). With signing keys, a record right after
+        ours that continues the chain from it *and* carries our signature is no forgery: the
+        topic holds events this store lacks (a store replaced by an older copy, or another
+        relay with our keys), and the relay refuses the topic. So it does when the whole topic
+        holds none of our records but records that chain (another ledger's topic).
         """
         for whole, window in tail_windows(
             self.bootstrap, self.topic, self.config, self.timeout_s, self.connect_timeout_s
@@ -454,20 +455,18 @@ class Relay:
                     continue
                 if best is None or position > (parsed[best][1] or 0):
                     best = i
-            formed = [(rec, p) for rec, p in parsed if p is not None and rec.value is not None]
             if best is not None:
                 mine, position = parsed[best]
                 assert position is not None
                 after = parsed[best + 1 :]
-                following = next(((r, p) for r, p in after if p is not None and r.value), None)
-                if following is not None and self._continues(following[0], position, mine.value):
-                    raise self._refusal(window)
+                if self.keys is not None and any(self._continues(r, mine) for r, _p in after):
+                    raise self._refusal(window, position)
                 return Published(position, mine.value), [r.offset for r, _p in after]
-            for (a, pa), (b, _pb) in itertools.pairwise(formed):
-                if pa is not None and self._continues(b, pa, a.value, signed=False):
-                    raise self._refusal(window)
             if whole:
-                if formed and self._continues(formed[0][0], 0, None, signed=False):
+                formed = [(rec, p) for rec, p in parsed if p is not None and rec.value is not None]
+                if any(
+                    self._continues(b, a, signed=False) for (a, _), (b, _) in pairwise(formed)
+                ) or (formed and self._continues(formed[0][0], None, signed=False)):
                     raise self._refusal(window)
                 return Published(0, b""), [r.offset for r, _p in parsed]
         return Published(0, b""), []  # not reached: the last window is the whole topic
@@ -494,28 +493,43 @@ class Relay:
             if r.position == p
         }
 
-    def _continues(self, rec: Any, position: int, data: bytes | None, signed: bool = True) -> bool:
-        """Whether `rec` is the event after `data` at `position` in a log (None: the start)."""
-        if _position(rec) != position + 1:
+    def _continues(self, rec: Any, before: Any | None, signed: bool = True) -> bool:
+        """Whether `rec` is the event after the record `before` in a log (None: the start)."""
+        position, tag, _problem = (
+            envelope(before.headers, before.value, None)
+            if before
+            else (
+                0,
+                "",
+                None,
+            )
+        )
+        if position is None or tag is None or _position(rec) != position + 1:
             return False
-        if signed and self.keys is not None and self.keys.problem(rec.headers, rec.value):
-            return False
-        return prev_hash(rec.value) == ("" if data is None else chain_hash(data))
+        if signed and self.keys is not None:
+            mine, its_tag, _problem = envelope(rec.headers, rec.value, None)
+            if self.keys.problem(rec.headers, rec.value, mine, its_tag) is not None:
+                return False
+        tip = START if before is None else Tip.of(position, tag, before.value or b"")
+        return tip.problem(rec.value) is None
 
-    def _refusal(self, window: Sequence[Any]) -> RelayError:
-        """The topic holds another log: say where it disagrees with the store."""
+    def _refusal(self, window: Sequence[Any], ours: int = 0) -> RelayError:
+        """The topic holds another log: say where it disagrees with the store (`ours`: the
+        position of our last record on it, kept in the error's `published` field)."""
         position = next((p for p in map(_position, reversed(window)) if p is not None), 0)
         head = self.recorder.max_notification_id() or 0
         if position > head:
             return RelayError(
-                f"topic {self.topic} is ahead of the store: it has position {position}, "
-                f"the store ends at {head}",
-                hint="the topic belongs to another ledger, or the store was replaced; "
-                "publish to a new topic",
+                f"topic {self.topic} is ahead of the store: it has position {position} signed "
+                f"with our key, the store ends at {head}",
+                hint="the store was replaced by an older copy, or another relay signs with our "
+                "key; publish to a new topic",
+                published=ours,
             )
         return RelayError(
             f"topic {self.topic} differs from the store at position {position}",
             hint="the topic belongs to another ledger; publish to a new topic",
+            published=ours,
         )
 
     # --- publishing -----------------------------------------------------------------------------
@@ -634,6 +648,11 @@ class Relay:
 
     def store_head(self) -> int:
         return int(self.recorder.max_notification_id() or 0)
+
+    @property
+    def reconnects(self) -> bool:
+        """Whether the next publish starts with a fresh producer (after an error)."""
+        return self._stale
 
     def close(self) -> None:
         _discard(self.producer)

@@ -5,7 +5,14 @@
 health (`<home>/relay.json`, `gpuledger relay status`); scheduling never waits on it; `stop()`
 flushes every committed event (bounded by GPULEDGER_KAFKA_FLUSH_TIMEOUT).
 
-An edge (a thread, the network, a file).
+The health is truthful within its check interval (`check_s`): a watcher thread rewrites it every
+interval from what it sees itself, not from what the publishing thread last said: the store's
+head (its own read-only connection), the last position committed on the topic, a send or commit
+that has not come back for `stall_s` (`stalled`, with the lag), a broker that stops answering
+while there is nothing to send (`unavailable`), and a stopped service (`exited`). `relay status`
+calls health older than a few intervals stale.
+
+An edge (threads, the network, a file).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from projections.kafka_wire import (
     SigningKeys,
     env_seconds,
     signing_keys,
+    unreachable,
 )
 
 DEFAULT_FLUSH_S = 10.0
@@ -51,7 +59,10 @@ def flush_timeout() -> float:
     return env_seconds("GPULEDGER_KAFKA_FLUSH_TIMEOUT", DEFAULT_FLUSH_S)
 
 
-RelayState = Literal["connecting", "publishing", "unavailable", "stopped"]
+RelayState = Literal["connecting", "publishing", "stalled", "unavailable", "stopped", "exited"]
+"""`stalled`: a send or commit has not come back for `stall_s` while events wait; `stopped`:
+an error retrying cannot fix; `exited`: the service stopped (after its flush)."""
+DEFAULT_CHECK_S = 1.0
 
 
 class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,14 +83,23 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
     since: float = 0.0
     """Wall-clock time the state began."""
     updated: float = 0.0
+    check_s: float = DEFAULT_CHECK_S
+    """How often the service rewrites this record: older than a few of these, it is stale."""
 
     @property
     def lag(self) -> int:
         return max(0, self.store_head - self.position)
 
-    def line(self) -> str:
+    def stale(self, now: float) -> bool:
+        """Whether a running service should have rewritten this record by `now`."""
+        return self.state != "exited" and now - self.updated > 3 * self.check_s + 2
+
+    def line(self, now: float | None = None) -> str:
+        state = str(self.state)
+        if now is not None and self.stale(now):
+            state = f"{state} (as of {now - self.updated:,.0f} s ago: no service updates it)"
         text = (
-            f"relay {self.state}: {self.topic} at {self.bootstrap}, position {self.position:,}, "
+            f"relay {state}: {self.topic} at {self.bootstrap}, position {self.position:,}, "
             f"{self.lag:,} behind the store"
         )
         if self.skipped:
@@ -129,6 +149,8 @@ class RelayService:
         flush_s: float = DEFAULT_FLUSH_S,
         interval_s: float = 0.05,
         keys: SigningKeys | None = None,
+        check_s: float = DEFAULT_CHECK_S,
+        stall_s: float | None = None,
     ) -> None:
         self.home = home
         self.bootstrap = bootstrap
@@ -138,28 +160,110 @@ class RelayService:
         self.connect_timeout_s = connect_timeout_s
         self.flush_s = flush_s
         self.interval_s = interval_s
+        self.check_s = check_s
+        self.stall_s = max(2 * check_s, 2.0) if stall_s is None else stall_s
+        """A send or commit out this long while events wait is `stalled`."""
         self.keys = keys if keys is not None else signing_keys()
         self.relay: Relay | None = None
         self._recorder: ApplicationRecorder | None = None
         self.clock = SystemClock()
         now = self.clock.now()
         self.health = RelayHealth(
-            state="connecting", bootstrap=bootstrap, topic=topic, since=now, updated=now
+            state="connecting",
+            bootstrap=bootstrap,
+            topic=topic,
+            since=now,
+            updated=now,
+            check_s=check_s,
         )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="relay", daemon=True)
+        self._watcher = threading.Thread(target=self._watch, name="relay-health", daemon=True)
+        self._lock = threading.Lock()
+        """Held while the health is replaced and written (two threads write it)."""
         self._written = 0.0
+        self._busy_since: float | None = None
+        """When the publishing call under way began (None: none is)."""
+        self._published = 0
+        """The last position known committed on the topic (kept when a relay is replaced)."""
+        self._probed_down = False
+        """The watcher found the broker unreachable while nothing was being sent."""
 
     def start(self) -> RelayService:
         self._write()
         self._thread.start()
+        self._watcher.start()
         return self
 
     def stop(self) -> RelayHealth:
         """Stop publishing after a flush (bounded by `flush_s`); the health at the end."""
         self._stop.set()
         self._thread.join(self.flush_s + self.connect_timeout_s + 5)
+        self._watcher.join(self.check_s + self.connect_timeout_s + 5)
+        if self.health.state != "stopped":
+            self._set("exited", error=self.health.error if self.health.lag else "")
         return self.health
+
+    # --- the watcher ------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Every `check_s`: the health from what this thread sees (see the module docstring)."""
+        source = None
+        try:
+            while not self._stop.wait(self.check_s):
+                try:
+                    if source is None:
+                        from ledger.store.embedded import EmbeddedSource
+
+                        source = EmbeddedSource(self.home)
+                    head = source.head()
+                except Exception as e:  # a report: the store's own errors show elsewhere
+                    log.debug("relay health: cannot read the store's head: %s", e)
+                    continue
+                self._check(head)
+        finally:
+            if source is not None:
+                source.close()
+
+    def _check(self, head: int) -> None:
+        state = self.health.state
+        if state in ("stopped", "exited", "connecting"):
+            return
+        busy = self._busy_since
+        lag = max(0, head - self._position())
+        if state == "publishing" and busy is not None and lag:
+            waited = time.monotonic() - busy
+            if waited > self.stall_s:
+                self._set(
+                    "stalled",
+                    error=f"a send to the broker has not come back for {waited:.0f} s with "
+                    f"{lag:,} event(s) waiting",
+                    head=head,
+                )
+                return
+        elif busy is None and (state == "publishing" or self._probed_down):
+            why = unreachable(self.bootstrap, min(self.connect_timeout_s, self.check_s))
+            if why is not None and state == "publishing":
+                error = f"Kafka at {self.bootstrap} is unreachable ({why})"
+                log.warning(
+                    "relay: %s; publishing paused and retried, scheduling goes on from the store",
+                    error,
+                )
+                self._probed_down = True
+                self._set("unavailable", error=error, head=head)
+                return
+            if why is None and self._probed_down:
+                log.warning("relay: publishing again, topic at position %d", self._position())
+                self._probed_down = False
+                self._set("publishing", head=head)
+                return
+        self._set(state, error=self.health.error, head=head)
+
+    def _position(self) -> int:
+        relay = self.relay
+        if relay is not None:
+            self._published = max(self._published, relay.position)
+        return self._published
 
     # --- the thread -------------------------------------------------------------------------------
 
@@ -187,6 +291,7 @@ class RelayService:
                 continue
             except RelayError as e:  # fenced, another ledger's topic, no store: not retried
                 log.error("relay stopped: %s", e.line())
+                self._published = max(self._published, int(str(e.fields.get("published", 0))))
                 self._set("stopped", error=e.line())
                 return
             delay = 0.2
@@ -196,6 +301,14 @@ class RelayService:
     def _publish(self) -> int:
         """One round: connect if needed, publish what is pending; unexpected errors become
         RelayUnavailable (retried with a fresh producer)."""
+        self._busy_since = time.monotonic()
+        try:
+            return self._publish_once()
+        finally:
+            self._busy_since = None
+
+    def _publish_once(self) -> int:
+        answered = self.relay is None or self.relay.reconnects  # this round (re)connects
         try:
             if self.relay is None:
                 self.relay = Relay(
@@ -218,12 +331,14 @@ class RelayService:
                     hint="retried; run with --log-level debug for the traceback",
                 ) from e
             raise self.relay.failed(e) from e
-        if self.health.state != "publishing":
+        # The broker answered when something was published or a producer was (re)connected;
+        # an idle round did not ask it (the watcher probes it then).
+        if published or answered:
             if self.health.state == "unavailable":
                 log.warning("relay: publishing again, topic at position %d", self.relay.position)
-            self._set("publishing")
-        elif published or time.monotonic() - self._written > 1.0:
-            self._set("publishing")
+            self._probed_down = False
+            if published or self.health.state != "publishing":
+                self._set("publishing")
         return published
 
     def _unavailable(self, e: RelayError) -> None:
@@ -281,27 +396,31 @@ class RelayService:
             self._recorder = open_store(self.home)
         return self._recorder
 
-    def _set(self, state: RelayState, error: str = "") -> None:
-        now = self.clock.now()
-        relay = self.relay
-        old = self.health
-        self.health = RelayHealth(
-            state=state,
-            bootstrap=self.bootstrap,
-            topic=self.topic,
-            position=relay.position if relay is not None else old.position,
-            store_head=_quiet_head(relay) if relay is not None else self._store_head(),
-            error=error,
-            skipped=relay.skipped if relay is not None else old.skipped,
-            since=old.since if state == old.state else now,
-            updated=now,
-        )
-        self._write()
+    def _set(self, state: RelayState, error: str = "", head: int | None = None) -> None:
+        with self._lock:
+            now = self.clock.now()
+            relay = self.relay
+            old = self.health
+            if head is None:
+                head = _quiet_head(relay) if relay is not None else self._store_head()
+            self.health = RelayHealth(
+                state=state,
+                bootstrap=self.bootstrap,
+                topic=self.topic,
+                position=self._position(),
+                store_head=head,
+                error=error,
+                skipped=relay.skipped if relay is not None else old.skipped,
+                since=old.since if state == old.state else now,
+                updated=now,
+                check_s=self.check_s,
+            )
+            self._write()
 
     def _write(self) -> None:
         self._written = time.monotonic()
         path = health_path(self.home)
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = path.with_name(f"{path.name}.{threading.get_ident()}.tmp")
         try:
             tmp.write_bytes(msgspec.json.encode(self.health))
             os.replace(tmp, path)

@@ -7,10 +7,11 @@ state = the encoded snapshot. eventsourcing's `Snapshot` class is not used: it s
 `Aggregate` object by its `__dict__` and topic, and the ledger's state is a plain folded value
 (`ledger.core.state.State`) over one stream, not an eventsourcing aggregate.
 
-A snapshot names the position and the chain hash it folds (`chain_hash` of the stored bytes at
-that position, the link the next event carries) and a digest of its own payload. It verifies when
-the payload digest matches and the store still holds those bytes at that position; one that does
-not verify is skipped with a warning, and the next older one is tried.
+A snapshot names the position and the chain link it folds (`projections.chain.link` of the
+stored event at that position, the link the next event carries; older snapshots hold a v1 link)
+and a digest of its own payload. It verifies when the payload digest matches and the store still
+holds that event at that position (`chain.names`); one that does not verify is skipped with a
+warning, and the next older one is tried.
 
 Only live states are snapshotted (`State.live_only`): finished jobs have left, so a snapshot's
 size follows live work, not history.
@@ -26,7 +27,8 @@ from uuid import NAMESPACE_URL, uuid5
 import msgspec
 
 from ledger.core.state import Account, Job, Node, State, Token
-from projections.chain import chain_hash
+from projections.chain import names
+from projections.source import LogRecord
 from schemas import events as e
 from schemas.errors import LedgerError
 
@@ -75,7 +77,8 @@ class StateSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     position: int
     version: int
     chain_hash: str
-    """`chain_hash` of the stored event at `position`."""
+    """The chain link to the stored event at `position` (`projections.chain.link`; v1 in older
+    snapshots)."""
     digest: str
     """SHA-256 of `payload`."""
     payload: bytes
@@ -169,11 +172,11 @@ def decode(data: bytes) -> tuple[StateSnapshot, State]:
 
 
 def newest(
-    candidates: Iterable[bytes], stored_at: Callable[[int], bytes | None]
+    candidates: Iterable[bytes], stored_at: Callable[[int], LogRecord | None]
 ) -> tuple[StateSnapshot, State] | None:
     """The first of `candidates` (stored snapshots, newest first) that verifies, and its state:
-    its bytes and payload digest are good, and the log still holds, at its position, the bytes
-    whose chain hash it names (`stored_at(position)`: the stored bytes there, None when the log
+    its bytes and payload digest are good, and the log still holds, at its position, the event
+    whose chain link it names (`stored_at(position)`: the stored event there, None when the log
     has no event there). One that does not verify is skipped with a warning; None when none
     does (the fold starts from the beginning)."""
     for data in candidates:
@@ -184,7 +187,7 @@ def newest(
                 raise SnapshotError(
                     f"snapshot at position {snap.position}: the log has no event there"
                 )
-            if chain_hash(found) != snap.chain_hash:
+            if not names(snap.chain_hash, found.position, found.tag, found.data):
                 raise SnapshotError(
                     f"snapshot at position {snap.position}: the chain hash differs from the log's"
                 )
@@ -193,3 +196,24 @@ def newest(
             continue
         return snap, state
     return None
+
+
+class _Anchor(msgspec.Struct, frozen=True, kw_only=True):
+    position: int
+    chain_hash: str
+
+
+_anchor = msgspec.msgpack.Decoder(_Anchor)
+
+
+def anchors(candidates: Iterable[bytes]) -> list[tuple[int, str]]:
+    """Pure: (position, chain link) of each stored snapshot that reads, without unfolding its
+    state (the audit checks the log still holds the events they name)."""
+    out = []
+    for data in candidates:
+        try:
+            got = _anchor.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        out.append((got.position, got.chain_hash))
+    return out

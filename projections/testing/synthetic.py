@@ -24,7 +24,7 @@ from uuid import NAMESPACE_URL, uuid5
 
 import msgspec
 
-from projections.chain import chain_hash
+from projections.chain import link
 from schemas import codec
 from schemas import events as e
 from schemas.events import tag_of
@@ -328,14 +328,18 @@ def append_to_store(home: Path | str, events: Iterator[e.AnyEvent], *, chunk: in
     try:
         con.execute("PRAGMA journal_mode=WAL")
         stream, version = _stream_end(con)
-        last = con.execute("SELECT state FROM stored_events ORDER BY rowid DESC LIMIT 1").fetchone()
-        prev = chain_hash(bytes(last[0])) if last else ""
+        last = con.execute(
+            "SELECT rowid, topic, state, originator_version FROM stored_events "
+            "ORDER BY rowid DESC LIMIT 1"
+        ).fetchone()
+        prev = link(last[0], last[1], bytes(last[2]), last[3]) if last else ""
         rows: list[tuple[str, int, str, bytes]] = []
         for ev in events:
             version += 1
+            tag = tag_of(type(ev))
             data = codec.encode(msgspec.structs.replace(ev, prev_hash=prev))  # chained, as stored
-            prev = chain_hash(data)
-            rows.append((stream, version, tag_of(type(ev)), data))
+            prev = link(version, tag, data, version)
+            rows.append((stream, version, tag, data))
             if len(rows) >= chunk:
                 _insert(con, rows)
                 rows = []

@@ -105,7 +105,9 @@ class Server:
         return self.proc.wait(timeout=timeout)
 
 
-def start_server(home: Path, *args: str, log_name: str = "serve.log") -> Server:
+def start_server(
+    home: Path, *args: str, log_name: str = "serve.log", env: dict[str, str] | None = None
+) -> Server:
     """`gpuledger serve` on `home`: with `--executor record` (placements recorded, nothing runs)
     unless `args` name an executor; the tests' users are ledger names, so with an executor that
     runs processes the jobs run as the service's account unless `args` say `--run-as`."""
@@ -117,7 +119,7 @@ def start_server(home: Path, *args: str, log_name: str = "serve.log") -> Server:
     with open(log_path, "ab") as out:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(
             [GPULEDGER, "serve", "--listen", "127.0.0.1:0", *args],
-            env=env_for(home),
+            env=env_for(home, **(env or {})),
             stdout=out,
             stderr=out,
         )

@@ -21,11 +21,13 @@ from click.testing import CliRunner
 from ledger.cli import cli
 from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch.policy import FairShare
-from ledger.history.audit import check_charges, store_records, verify_chain, verify_copy
+from ledger.history.audit import check_charges
+from ledger.history.tamper import store_records, verify_chain, verify_copy
 from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from ledger.store.embedded import EmbeddedSource
+from projections.chain import link
 from projections.projector import Projector
 from projections.store import Store
 from projections.testing.synthetic import append_raw
@@ -120,6 +122,19 @@ def state_at(home: Path, position: int) -> bytes:
         con.close()
 
 
+def link_at(home: Path, position: int) -> str:
+    """The link to the stored row at `position` (every column of it)."""
+    con = sqlite3.connect(home / "events.sqlite")
+    try:
+        tag, data, version = con.execute(
+            "SELECT topic, state, originator_version FROM stored_events WHERE rowid = ?",
+            (position,),
+        ).fetchone()
+        return link(position, tag, bytes(data), version)
+    finally:
+        con.close()
+
+
 def head(home: Path) -> int:
     return max(r.position for r in store_records(home))
 
@@ -127,11 +142,10 @@ def head(home: Path) -> int:
 # --- tamper evidence ---------------------------------------------------------------------------
 
 
-def test_an_intact_store_verifies_and_prints_its_head_hash(home: Path) -> None:
+def test_an_intact_store_verifies_and_prints_its_head_link(home: Path) -> None:
     code, out = run(home, "audit", "verify")
     assert code == 0, out
-    last = state_at(home, head(home))
-    assert f"head hash {hashlib.sha256(last).hexdigest()}" in out
+    assert f"head link {link_at(home, head(home))}" in out
 
 
 @pytest.mark.parametrize("position", [2, 9, 20])
@@ -161,12 +175,12 @@ def test_a_row_rewritten_as_text_is_named_not_a_crash(home: Path) -> None:
 def test_a_wrong_prev_hash_on_the_last_event_is_named_a_broken_link(home: Path) -> None:
     n = head(home)
     data = state_at(home, n)
-    link = hashlib.sha256(state_at(home, n - 1)).hexdigest()
-    assert link.encode() in data
+    kept = link_at(home, n - 1)
+    assert kept.encode() in data
     sql(
         home,
         "UPDATE stored_events SET state = ? WHERE rowid = ?",
-        (data.replace(link.encode(), b"0" * 64), n),
+        (data.replace(kept.encode(), b"v2:" + b"0" * 64), n),
     )
     code, out = run(home, "audit", "verify")
     assert code == 1
@@ -202,9 +216,42 @@ def test_two_swapped_events_are_reported_as_reordered(home: Path) -> None:
     sql(home, "UPDATE stored_events SET state = ? WHERE rowid = 16", (a,))
     report = verify_chain(store_records(home))
     assert report.problems[0].position == 15
-    assert {p.kind for p in report.problems} == {"reordered"}
+    assert {p.position for p in report.problems} <= {15, 16, 17}
+    assert "reordered" in {p.kind for p in report.problems}  # (and each row's tag now differs
+    # from its payload's type where the two events' types differ: `edited`)
     code, out = run(home, "audit", "verify")
-    assert code == 1 and "first at position 15 (reordered)" in out
+    assert code == 1 and "first at position 15 (" in out and "reordered" in out
+
+
+COLUMNS = {
+    "topic (the tag)": ("topic", "'node.removed.v1'"),
+    "state (one byte of the payload)": (
+        "state",
+        "CAST(replace(CAST(state AS TEXT), '\"at\":', '\"at\": ') AS BLOB)",
+    ),
+    "originator_version": ("originator_version", "originator_version + 1000"),
+    "originator_id (the stream)": ("originator_id", "'00000000000000000000000000000000'"),
+    "rowid (the position)": ("rowid", "rowid + 1000"),
+}
+
+
+@pytest.mark.parametrize("where", ["middle", "last"])
+@pytest.mark.parametrize("what", list(COLUMNS))
+def test_an_edit_of_any_stored_column_is_named_at_its_row(
+    home: Path, what: str, where: str
+) -> None:
+    """The chain covers every byte of a stored row (v2 links), each row is checked on its own,
+    and the last row is held by the projection's link: an edit of any one column of any row
+    is named at that row by `audit verify`."""
+    run(home, "projection", "rebuild")  # the projection keeps a link to the last event
+    n = head(home)
+    at = 9 if where == "middle" else n
+    column, value = COLUMNS[what]
+    sql(home, f"UPDATE stored_events SET {column} = {value} WHERE rowid = ?", (at,))
+    code, out = run(home, "audit", "verify")
+    assert code == 1, out
+    named = at if column != "rowid" else min(at, n)
+    assert f"first at position {named} " in out, out
 
 
 # --- read-only SQL, reports, exports ------------------------------------------------------------
@@ -364,14 +411,13 @@ def test_audit_check_passes_a_clean_history_and_lists_the_admin_preemption(home:
 
 
 def test_audit_check_fails_on_a_forged_share_change(home: Path) -> None:
-    last = state_at(home, head(home))
     forged = e.SharesSet(
         event_id="x",
         at=T0 + 30_000,
         actor="mallory",
         account="ai2/olmo",
         shares=100,
-        prev_hash=hashlib.sha256(last).hexdigest(),
+        prev_hash=link_at(home, head(home)),
     )
     append_raw(home, [(e.tag_of(e.SharesSet), codec.encode(forged))])
     code, out = run(home, "audit", "verify")
@@ -425,7 +471,7 @@ def test_verify_checks_the_kafka_copy_byte_for_byte(
 
 
 def test_verify_copy_finds_gaps_reorders_and_extra_records() -> None:
-    from ledger.history.audit import ChainRecord, CopyRecord
+    from ledger.history.tamper import ChainRecord, CopyRecord
 
     chain, prev = [], ""
     for i in range(1, 6):
@@ -450,3 +496,45 @@ def test_verify_copy_finds_gaps_reorders_and_extra_records() -> None:
     assert "deleted" in kinds or "reordered" in kinds
     extra = [*copy, CopyRecord(5, 6, b"{}")]
     assert [p.kind for p in verify_copy(chain, extra).problems] == ["extra"]
+
+
+# --- old logs: each link verifies under the rule it was written in ------------------------------
+
+GOLDEN_LOG = Path(__file__).parents[1] / "golden" / "events-v1.jsonl"
+
+
+def test_a_log_written_under_v1_links_takes_v2_appends_and_verifies(tmp_path: Path) -> None:
+    """The golden corpus (stored bytes of an older ledger, v1 links) with a v1 snapshot: the
+    ledger starts from that snapshot, appends under v2 links, and the whole log verifies; an edit
+    of the tag of an old row is still named at its row."""
+    from ledger.store import snapshots
+
+    home = tmp_path / "home"
+    lines = GOLDEN_LOG.read_bytes().splitlines()
+    Ledger(home).close()  # the store's tables
+    append_raw(home, [(codec.peek_tag(raw) or "", raw) for raw in lines])
+    old = Ledger(home, SimClock(T0 + 10**6), live=True)
+    assert old.position == len(lines)
+    old.snapshot_state()  # a snapshot taken now links under v2: make one that links under v1
+    sql(home, "DELETE FROM stored_snapshots")
+    v1 = snapshots.encode(
+        old.state, old.position, old.version, hashlib.sha256(lines[-1]).hexdigest()
+    )
+    sql(
+        home,
+        "INSERT INTO stored_snapshots VALUES (?, ?, ?, ?)",
+        (snapshots.STREAM_ID.hex, old.position, snapshots.SNAPSHOT_TOPIC, v1),
+    )
+    old.close()
+    sql(home, "DELETE FROM stored_snapshots WHERE originator_version > ?", (len(lines),))
+    ledger = Ledger(home, SimClock(T0 + 10**6), live=True)
+    assert ledger.restored_from == len(lines)  # the v1 snapshot verified
+    ledger.execute(c.RegisterNode(actor="root", node="new", gpu_type="h100", gpus=8))
+    ledger.execute(c.RegisterNode(actor="root", node="newer", gpu_type="h100", gpus=8))
+    ledger.close()
+    assert state_at(home, len(lines) + 1).count(b'"prev_hash":"v2:') == 1
+    code, out = run(home, "audit", "verify")
+    assert code == 0, out
+    sql(home, "UPDATE stored_events SET topic = 'node.removed.v1' WHERE rowid = 5")
+    code, out = run(home, "audit", "verify")
+    assert code == 1 and "first at position 5 (edited)" in out, out

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -35,6 +34,7 @@ from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from ledger.store.embedded import EmbeddedSource
 from ledger.store.relay import Relay, ensure_topic, open_store
+from projections.chain import link as link_to
 from projections.errors import CorruptEvent, PoisonRecord
 from projections.kafka_source import KafkaSource
 from projections.kafka_wire import POSITION_HEADER, TAG_HEADER, envelope
@@ -254,7 +254,8 @@ NO_LINK = "no readable prev_hash in the value"
 
 def chained(records: list[LogRecord], event: dict[str, Any]) -> bytes:
     """`event` as bytes that link to the last of `records` (as the writer would chain it)."""
-    prev = hashlib.sha256(records[-1].data).hexdigest() if records else ""
+    last = records[-1] if records else None
+    prev = link_to(last.position, last.tag, last.data) if last else ""
     return json.dumps(event | {"prev_hash": prev}, separators=(",", ":")).encode()
 
 
@@ -272,9 +273,10 @@ def teleported(link: str = "feed") -> bytes:
 
 def no_match(records: list[LogRecord], position: int, link: str) -> str:
     """The reader's reason for a record at `position` whose prev_hash is `link`."""
-    want = hashlib.sha256(records[position - 2].data).hexdigest()
+    before = records[position - 2]
+    want = link_to(before.position, before.tag, before.data)
     shown = f'"{link[:16]}..."' if len(link) > 16 else f'"{link}"'
-    return f'prev_hash {shown} does not match position {position - 1} (hash "{want[:16]}...")'
+    return f'prev_hash {shown} does not match position {position - 1} (link "{want[:16]}...")'
 
 
 # (case id, position K: the records before it are 1..K-1; how to make the poison from the
@@ -316,7 +318,7 @@ POISON: list[tuple[str, int, Any, Any]] = [
         "a position that goes backwards",
         20,
         lambda rs: relay_like(rs[2]),
-        lambda rs: ", log position 3: position 3 does not follow position 19",
+        lambda rs: ", log position 3: a copy of position 3, which is applied already",
     ),
     (
         "a position that skips ahead",
@@ -456,7 +458,9 @@ def quarantine_topic(
             why = "garbled gpuledger.position header b'2O'"
             foreign(None, tag, why, (r.data, with_position(r, b"2O")))
         if p == 30:
-            foreign(3, by[3].tag, "position 3 does not follow position 29", relay_like(by[3]))
+            foreign(
+                3, by[3].tag, "a copy of position 3, which is applied already", relay_like(by[3])
+            )
         if p == 12:
             foreign(12, tag, NO_LINK, (b"{not json", relay_like(r)[1]))
         if p == 25:
@@ -543,7 +547,9 @@ def test_follow_with_quarantine_waits_past_a_foreign_tail_and_applies_the_real_e
         assert cpu_seconds(proc.pid) - before < 1.0, "the follower spins at the tail"
         # the real event 71 comes: it links to event 70 (which did not validate)
         event = {"type": "job.finished.v1", "event_id": "e71", "at": 1_001.0, "actor": "alice"}
-        real = chained([LogRecord(70, "", out[-2][0] or b"")], event | {"job_id": 1})
+        real = chained(
+            [LogRecord(70, "job.submitted.v1", out[-2][0] or b"")], event | {"job_id": 1}
+        )
         real = real.replace(b'"job_id":1', b'"job_id":1,"outcome":"cancelled"')
         headers = [(POSITION_HEADER, b"71"), (TAG_HEADER, b"job.finished.v1")]
         produce(kafka_bootstrap, kafka_topic, [(real, headers)])

@@ -37,7 +37,7 @@ from ledger.store.relay import (
     last_published,
     open_store,
 )
-from projections.kafka_wire import POSITION_HEADER, TAG_HEADER
+from projections.kafka_wire import POSITION_HEADER, TAG_HEADER, parse_keys
 from schemas import commands as c
 from tests.integration.waits import wait_for
 
@@ -283,17 +283,23 @@ def test_new_relays_resume_after_the_last_committed_record(
 def test_a_topic_from_another_ledger_is_refused(
     kafka_bootstrap: str, kafka_topic: str, transactional_id: str, small: Ledger, tmp_path: Path
 ) -> None:
-    relay = new_relay(small.home, kafka_bootstrap, kafka_topic, transactional_id)
+    """Another ledger's topic is refused. A topic that holds, after our last record, events
+    signed with our key that the store lacks (a store replaced by an older copy) is refused
+    too; without signing nothing tells them from forged records, which a relay skips
+    (tests/integration/security/test_security_kafka.py)."""
+    keys = parse_keys("k1:shared-secret")
+    relay = new_relay(small.home, kafka_bootstrap, kafka_topic, transactional_id, keys=keys)
     n = relay.publish_pending()
     relay.close()
 
     shorter = make_ledger(tmp_path / "shorter", seed=1, t0=1_000.0, jobs=0)
     with pytest.raises(RelayError) as ahead:
-        new_relay(shorter.home, kafka_bootstrap, kafka_topic, transactional_id)
+        new_relay(shorter.home, kafka_bootstrap, kafka_topic, transactional_id, keys=keys)
     assert ahead.value.message == (
-        f"topic {kafka_topic} is ahead of the store: it has position {n}, "
+        f"topic {kafka_topic} is ahead of the store: it has position {n} signed with our key, "
         f"the store ends at {shorter.position}"
     )
+    assert 0 < int(str(ahead.value.fields["published"])) <= shorter.position  # ours, on it
 
     other = make_ledger(tmp_path / "other", seed=2, t0=2_000.0, jobs=n)  # other ids and times
     with pytest.raises(RelayError) as differs:

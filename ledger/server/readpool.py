@@ -1,0 +1,168 @@
+"""User queries beside the worker, never on it: the audit's tables (`POST /v1/audit/table`, one
+SELECT a caller wrote, a job's history, the preemptions, the budget changes) and the job page's
+decision history run here (docs/security.md, rows T5 and T6).
+
+- **Their own connection and threads.** Each query runs on a DuckDB cursor of its own (a
+  connection to the projection's database, read-only by use: only SELECTs reach it, with file
+  and network access off) on a thread of this pool (`threads` of them), so the dispatcher's
+  cycle, the group commit and every other read on the worker thread never wait for one.
+  DuckDB runs a query without the GIL; it reads a snapshot of the projection (MVCC) while the
+  projector writes beside it.
+- **Second in line for the CPU.** The database runs every query on its caller's thread alone
+  (`SET threads = 1`: no engine threads shared by all), and the pool's threads run at a lower
+  priority (`nice`, 10: the kernel gives the worker thread about nine tenths of a core they
+  compete for), so a heavy query takes the CPU the dispatcher leaves.
+- **A time limit** (`timeout_s`): a query still running then is interrupted
+  (`cursor.interrupt()`) and answered with one line saying so.
+- **A row and a byte limit** (`max_rows`, `max_bytes`): the result is fetched in record
+  batches and the query stops at the first batch past either limit (nothing larger is held).
+- **Per-caller limits**: at most `per_caller` queries of one caller at a time and `per_minute`
+  a minute; past either the answer is 429 with Retry-After (`TooBusy`). A caller waits for a
+  free thread behind others' queries, never beside the worker.
+
+An edge: threads, a database connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ledger.history.tables import Limits
+from schemas.errors import InvalidCommand, TooBusy
+
+if TYPE_CHECKING:
+    import duckdb
+
+T = TypeVar("T")
+
+
+TIMEOUT_ENV = "GPULEDGER_READ_TIMEOUT"
+MAX_ROWS_ENV = "GPULEDGER_READ_MAX_ROWS"
+
+
+def limits_from_env() -> Limits:
+    """The limits, with `GPULEDGER_READ_TIMEOUT` (seconds) and `GPULEDGER_READ_MAX_ROWS` when
+    set; InvalidCommand (one line) for a value that is not a positive number."""
+    default = Limits()
+    out: dict[str, Any] = {}
+    for name, key, kind in ((TIMEOUT_ENV, "timeout_s", float), (MAX_ROWS_ENV, "max_rows", int)):
+        text = os.environ.get(name, "")
+        if not text:
+            continue
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not value > 0:
+            raise InvalidCommand(f"invalid {name} {text!r}", hint="give a positive number")
+        out[key] = value
+    return dataclasses.replace(default, **out)
+
+
+@dataclass
+class ReadPool:
+    """Queries on their own cursors and threads, with limits (see the module docstring)."""
+
+    connect: Callable[[], duckdb.DuckDBPyConnection]
+    """A connection to the projection's database that cursors are made from (called once,
+    through `on_worker`: the service's connection is the worker's)."""
+    on_worker: Callable[[Callable[[], Any]], Awaitable[Any]]
+    threads: int = 2
+    limits: Limits = field(default_factory=Limits)
+    per_caller: int = 2
+    per_minute: int = 60
+    nice: int = 10
+    _pool: ThreadPoolExecutor | None = None
+    _base: duckdb.DuckDBPyConnection | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _running: dict[str, int] = field(default_factory=dict)
+    _recent: dict[str, deque[float]] = field(default_factory=dict)
+    queries: int = 0
+    """Queries run so far, and of them stopped by the time limit:"""
+    timed_out: int = 0
+
+    def start(self) -> ReadPool:
+        self._pool = ThreadPoolExecutor(
+            self.threads, thread_name_prefix="reads", initializer=self._lower_priority
+        )
+        return self
+
+    def _lower_priority(self) -> None:
+        with contextlib.suppress(OSError):  # Linux: a thread's nice value is its own
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+
+    def stop(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._base is not None:
+            self._base.close()
+
+    def admit(self, caller: str, now: float) -> None:
+        """Raise TooBusy when `caller` has `per_caller` queries running or ran `per_minute` in
+        the last minute (on the event loop: no lock needed)."""
+        if self._running.get(caller, 0) >= self.per_caller:
+            raise TooBusy(
+                f"{caller!r} has {self.per_caller} queries running already",
+                hint="wait for them (or run fewer at once)",
+                retry_after=1,
+            )
+        recent = self._recent.setdefault(caller, deque())
+        while recent and recent[0] <= now - 60:
+            recent.popleft()
+        if len(recent) >= self.per_minute:
+            wait = max(1, math.ceil(recent[0] + 60 - now))
+            raise TooBusy(
+                f"{caller!r} ran {self.per_minute} queries in the last minute",
+                hint=f"retry in {wait} s",
+                retry_after=wait,
+            )
+        recent.append(now)
+
+    async def run(self, caller: str, fn: Callable[[duckdb.DuckDBPyConnection, Limits], T]) -> T:
+        """`fn(cursor, limits)` on a cursor of its own, on a thread of this pool, stopped at
+        the time limit. `caller` is who asked (limited per caller)."""
+        assert self._pool is not None, "ReadPool.start() first"
+        self.admit(caller, time.monotonic())
+        self._running[caller] = self._running.get(caller, 0) + 1
+        try:
+            if self._base is None:
+                base = await self.on_worker(self.connect)
+                if self._base is None:
+                    self._base = base
+                else:
+                    base.close()
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._pool, self._one, fn)
+        finally:
+            self._running[caller] -= 1
+            if not self._running[caller]:
+                del self._running[caller]
+
+    def _one(self, fn: Callable[[duckdb.DuckDBPyConnection, Limits], T]) -> T:
+        with self._lock:
+            assert self._base is not None
+            cur = self._base.cursor()
+        self.queries += 1
+        timer = threading.Timer(self.limits.timeout_s, self._interrupt, (cur,))
+        timer.daemon = True
+        timer.start()
+        try:
+            return fn(cur, self.limits)
+        finally:
+            timer.cancel()
+            cur.close()
+
+    def _interrupt(self, cur: duckdb.DuckDBPyConnection) -> None:
+        self.timed_out += 1
+        cur.interrupt()

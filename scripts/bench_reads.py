@@ -1,0 +1,226 @@
+"""Reads beside the scheduler (issue #25, docs/security.md row T5): submit p99 and the dispatcher's
+cycle interval while 4 users run heavy audit queries (self-joins of the log), against the same
+figures idle, measured in the same run. Goal: within 2x idle.
+
+    python scripts/bench_reads.py [--events 100000] [--dir DIR] [--seconds 15] [--rounds 2]
+
+A `gpuledger serve --interval 0.5s` on a synthetic log of `--events` events (made once per
+--dir); 8 clients submit (and cancel) 1-GPU jobs through the API for `--seconds`; a watcher
+reads `last_cycle_at` from /v1/health every 20 ms. Loaded phases add four admins (auditors are
+admins: docs/security.md row T2), each running a cartesian self-join of `events` in a loop (it
+runs until the read pool's time limit, 10 s). Idle and loaded phases alternate `--rounds`
+times. Prints the load average, the server's CPU seconds beside wall time, and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import itertools
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_history import ensure_log, prepare
+from benchkit import machine
+
+from ledger.core import tokens
+from ledger.store.application import Ledger
+from ledger.store.clock import new_token_secret
+from schemas import commands as c
+
+GPULEDGER = str(Path(sys.executable).with_name("gpuledger"))
+AUDITORS = ("root", "aud1", "aud2", "aud3")
+SELF_JOIN = (
+    "SELECT count(*) FROM events a, events b WHERE a.position + b.position = 7 AND a.tag <> b.tag"
+)
+
+
+def setup(home: Path) -> dict[str, Any]:
+    """Admins and their tokens, a member's token (once per home)."""
+    marker = home / "reads.json"
+    if marker.exists():
+        info: dict[str, Any] = json.loads(marker.read_text())
+        return info
+    ledger = Ledger(home, live=True)
+    try:
+        member, project = sorted((u, p) for p, us in ledger.state.members.items() for u in us)[0]
+        secrets = {}
+        for who in (*AUDITORS, member):
+            if who != "root" and who in AUDITORS and not ledger.state.is_admin(who):
+                ledger.execute(c.GrantAdmin(actor="root", user=who))
+            secrets[who] = new_token_secret()
+            ledger.execute(tokens.issue("root", who, secrets[who], name="bench-reads"))
+        ledger.snapshot_state()
+    finally:
+        ledger.close()
+    info = {"tokens": secrets, "member": member, "project": project}
+    marker.write_text(json.dumps(info))
+    return info
+
+
+class Serve:
+    def __init__(self, home: Path, log: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+        env["GPULEDGER_HOME"] = str(home)
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [GPULEDGER, "serve", "--listen", "127.0.0.1:0", "--interval", "0.5s"],
+                env=env, stdout=out, stderr=out,
+            )  # fmt: skip
+        deadline = time.monotonic() + 600
+        while True:
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", log.read_text())
+            if m:
+                self.port = int(m.group(1))
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"error: serve did not start:\n{log.read_text()}")
+            time.sleep(0.2)
+
+    def request(self, method: str, path: str, body: Any = None, token: str = "") -> tuple[int, Any]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            data = None if body is None else json.dumps(body).encode()
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+        finally:
+            conn.close()
+        return resp.status, json.loads(raw) if raw else None
+
+    def cpu(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=120)
+
+
+def phase(serve: Serve, info: dict[str, Any], seconds: float, heavy: bool) -> dict[str, Any]:
+    stop = threading.Event()
+    submits: list[float] = []
+    cycles: list[float] = []
+    queries: list[tuple[int, float]] = []
+    lock = threading.Lock()
+    member = info["tokens"][info["member"]]
+
+    def client() -> None:
+        body = {"actor": "", "account": info["project"], "gpus": 1}
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            status, answer = serve.request("POST", "/v1/commands/submit", body, member)
+            took = time.perf_counter() - t0
+            if status != 200:
+                raise SystemExit(f"error: submit answered {status}: {answer}")
+            with lock:
+                submits.append(took)
+            job = answer["events"][0]["job_id"]
+            serve.request("POST", "/v1/commands/cancel", {"actor": "", "job_id": job}, member)
+
+    def watch() -> None:
+        last = None
+        while not stop.is_set():
+            _status, health = serve.request("GET", "/v1/health")
+            if health["last_cycle_at"] != last:
+                last = health["last_cycle_at"]
+                cycles.append(last)
+            time.sleep(0.02)
+
+    def query(who: str) -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            status, _ = serve.request(
+                "POST", "/v1/audit/table", {"kind": "sql", "sql": SELF_JOIN}, info["tokens"][who]
+            )
+            with lock:
+                queries.append((status, time.perf_counter() - t0))
+
+    threads = [threading.Thread(target=client) for _ in range(8)] + [threading.Thread(target=watch)]
+    if heavy:
+        threads += [threading.Thread(target=query, args=(who,)) for who in AUDITORS]
+    cpu0, t0 = serve.cpu(), time.perf_counter()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    gaps = [b - a for a, b in itertools.pairwise(cycles)]
+    return {
+        "submits": submits,
+        "gaps": gaps,
+        "queries": queries,
+        "wall": time.perf_counter() - t0,
+        "cpu": serve.cpu() - cpu0,
+        "load": os.getloadavg()[0],
+    }
+
+
+def p(xs: list[float], q: int) -> float:
+    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) > 1 else math.nan
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--dir", type=Path, help="keep the log here (made once, reused)")
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args()
+    print(f"machine: {machine()}")
+    with tempfile.TemporaryDirectory(prefix="bench-reads-") as tmp:
+        home = a.dir or Path(tmp) / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        prepare(home, ensure_log(home, a.events))
+        info = setup(home)
+        serve = Serve(home, Path(tmp) / "serve.log")
+        try:
+            out: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+            for _ in range(a.rounds):
+                for heavy in (False, True):
+                    r = phase(serve, info, a.seconds, heavy)
+                    out[heavy].append(r)
+                    q = r["queries"]
+                    print(
+                        f"{'loaded' if heavy else 'idle  '}: {len(r['submits'])} submits, "
+                        f"p99 {p(r['submits'], 99) * 1e3:.0f} ms; cycle gap p50 "
+                        f"{p(r['gaps'], 50) * 1e3:.0f} / p95 {p(r['gaps'], 95) * 1e3:.0f} / max "
+                        f"{max(r['gaps'], default=0) * 1e3:.0f} ms; server CPU {r['cpu']:.1f} s in "
+                        f"{r['wall']:.1f} s wall; load {r['load']:.1f}"
+                        + (
+                            f"; {len(q)} queries ({sum(s == 400 for s, _ in q)} stopped at the "
+                            f"time limit, {sum(s == 429 for s, _ in q)} 429)"
+                            if heavy
+                            else ""
+                        ),
+                        flush=True,
+                    )
+        finally:
+            serve.stop()
+    idle = {k: [x for r in out[False] for x in r[k]] for k in ("submits", "gaps")}
+    loaded = {k: [x for r in out[True] for x in r[k]] for k in ("submits", "gaps")}
+    sub = p(loaded["submits"], 99) / p(idle["submits"], 99)
+    gap = p(loaded["gaps"], 50) / p(idle["gaps"], 50)
+    gap95 = p(loaded["gaps"], 95) / p(idle["gaps"], 95)
+    print(
+        f"submit p99 loaded/idle {sub:.2f}x; cycle interval p50 loaded/idle {gap:.2f}x, p95 "
+        f"{gap95:.2f}x (goal: within 2x)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,364 @@
+"""Red team, someone who can write to the topic (threat model rows T8-T11, docs/security.md):
+foreign records of five kinds, in the middle of the topic and at its tail, with and without
+signing (20 cases), a signed record copied under another position header, and a fork (two
+relays with the same keys publishing two histories into one topic). After each: a quarantining
+reader, the reader restarted, the relay restarted (it publishes after the foreign records), and
+the reader again. Every real event is applied exactly once and nothing foreign is, or the reader
+stops with one line that names what it met (a fork): it never sets aside real events and
+reports success. Wrong keys stop a reader at once; a run of foreign records stops it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaProducer
+
+from ledger.store.application import Ledger
+from ledger.store.embedded import EmbeddedSource
+from ledger.store.relay import Relay, RelayError, ensure_topic, open_store
+from projections.chain import link
+from projections.errors import LogForked, QuarantineStopped, SigningKeyMismatch
+from projections.kafka_source import KafkaSource
+from projections.kafka_wire import (
+    POSITION_HEADER,
+    TAG_HEADER,
+    SigningKeys,
+    parse_keys,
+    record_headers,
+)
+from projections.projector import Projector
+from projections.store import Store
+from projections.testing import compare
+from schemas import commands as c
+
+pytestmark = pytest.mark.kafka
+
+GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
+KEYS = parse_keys("k1:relay-secret")
+WRONG = parse_keys("k1:not-the-relay-secret")
+JOB = c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, min_runtime_s=0, duration_s=60)
+
+
+def stored(home: Path) -> list[tuple[int, str, bytes]]:
+    with EmbeddedSource(home) as src:
+        return [(r.position, r.tag, r.data) for r in src.read(0, 10_000_000)]
+
+
+def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, Any]]) -> list[int]:
+    """Write records with a plain producer (not the relay); their offsets."""
+    ensure_topic(bootstrap, topic)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    try:
+        sent = [producer.send(topic, value=v, key=b"k", headers=h, partition=0) for v, h in records]
+        producer.flush(timeout=60)
+        return [int(f.get(timeout=60).offset) for f in sent]
+    finally:
+        producer.close()
+
+
+def forged(data: bytes, prev: str) -> bytes:
+    event = json.loads(data) | {"actor": "mallory", "user": "mallory", "prev_hash": prev}
+    return json.dumps(event, separators=(",", ":")).encode()
+
+
+def headers(position: int | bytes, tag: str) -> list[tuple[str, bytes]]:
+    raw = position if isinstance(position, bytes) else str(position).encode()
+    return [(POSITION_HEADER, raw), (TAG_HEADER, tag.encode())]
+
+
+def foreign_records(kind: str, home: Path, copy_of: Any) -> list[tuple[bytes | None, Any]]:
+    """The records another producer writes after the topic's record at the store's head."""
+    n, tag, data = stored(home)[-1]
+    if kind == "garbled position":
+        return [(data, headers(b"\xff", tag))]
+    if kind == "ahead of the next":
+        return [(forged(data, link(n, tag, data)), headers(n + 5, tag))]
+    if kind == "old record copied":
+        return [(copy_of.value, list(copy_of.headers))]  # its signature too, when signed
+    if kind == "broken link":
+        return [(forged(data, "v2:" + "0" * 64), headers(n + 1, tag))]
+    assert kind == "chained forgery"  # links right to the last real event, claims the next
+    return [(forged(data, link(n, tag, data)), headers(n + 1, tag))]
+
+
+@dataclass
+class Topic:
+    bootstrap: str
+    name: str
+    txid: str
+    keys: SigningKeys | None
+
+    def relay(self, home: Path, *, publish: bool = True) -> Relay:
+        relay = Relay(
+            open_store(home), self.bootstrap, topic=self.name, transactional_id=self.txid,
+            keys=self.keys,
+        )  # fmt: skip
+        if publish:
+            try:
+                relay.publish_pending()
+            finally:
+                relay.close()
+        return relay
+
+    def reader(self, path: Path, keys: SigningKeys | None = None) -> tuple[Store, KafkaSource]:
+        store = Store(path)
+        source = KafkaSource(self.bootstrap, self.name, keys=keys or self.keys, timeout_s=60)
+        return store, source
+
+    def catch_up(self, path: Path, keys: SigningKeys | None = None) -> int:
+        store, source = self.reader(path, keys)
+        try:
+            return Projector(store, source, quarantine=True).catch_up().position
+        finally:
+            source.close()
+            store.close()
+
+
+def dead_offsets(path: Path) -> list[int]:
+    with Store(path) as store:
+        rows = store.con.execute("SELECT kafka_offset FROM dead_letters ORDER BY 1").fetchall()
+    return [int(o) for (o,) in rows]
+
+
+def same_as_the_store(path: Path, home: Path) -> None:
+    with Store(":memory:") as reference, EmbeddedSource(home) as source:
+        Projector(reference, source).catch_up()
+        with Store(path) as store:
+            assert store.position() == reference.position()
+            assert compare.dump(store) == compare.dump(reference)
+            mallory = "SELECT count(*) FROM events WHERE actor = 'mallory'"
+            assert store.con.execute(mallory).fetchone() == (0,)
+
+
+@pytest.fixture
+def topic(
+    kafka_bootstrap: str, kafka_topic: str, transactional_id: str, request: pytest.FixtureRequest
+) -> Topic:
+    return Topic(kafka_bootstrap, kafka_topic, transactional_id, getattr(request, "param", None))
+
+
+KINDS = [
+    "garbled position",
+    "ahead of the next",
+    "old record copied",
+    "broken link",
+    "chained forgery",
+]
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
+@pytest.mark.parametrize("where", ["mid", "tail"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_foreign_records_are_set_aside_through_reader_and_relay_restarts(
+    org_ledger: Ledger,
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    transactional_id: str,
+    read_topic: Any,
+    tmp_path: Path,
+    kind: str,
+    where: str,
+    signed: bool,
+) -> None:
+    t = Topic(kafka_bootstrap, kafka_topic, transactional_id, KEYS if signed else None)
+    ledger = org_ledger
+    ledger.execute_all([JOB] * 20)
+    t.relay(ledger.home)
+    copy_of = read_topic(t.name)[3]
+    foreign = produce(t.bootstrap, t.name, foreign_records(kind, ledger.home, copy_of))
+    forks = kind == "chained forgery" and not signed  # nothing tells it from the relay's
+    n = ledger.position
+    path = tmp_path / "reader.duckdb"
+    if where == "mid":  # the relay goes on publishing after them
+        ledger.execute_all([JOB] * 10)
+        relay = t.relay(ledger.home, publish=False)
+        try:
+            relay.publish_pending()
+        finally:
+            relay.close()
+    # 1. a quarantining reader, and the same reader restarted
+    for _restart in range(2):
+        if forks and where == "mid":  # the forgery was applied; the real record names it
+            with pytest.raises(LogForked) as err:
+                t.catch_up(path)
+            assert f"forks at position {n + 1}: the record at offset {foreign[0] + 1}" in (
+                err.value.message
+            )
+            continue
+        # at the tail a chained forgery is all there is: nothing can tell it yet
+        assert t.catch_up(path) == ledger.position + (1 if forks else 0)
+        assert dead_offsets(path) == ([] if forks else foreign)
+    # 2. the relay restarted: it publishes after the foreign records
+    ledger.execute_all([JOB] * 5)
+    relay = t.relay(ledger.home, publish=False)
+    try:
+        if where == "tail":
+            assert relay.skipped == tuple(foreign)
+        assert relay.publish_pending() == 5
+    finally:
+        relay.close()
+    assert [r.offset for r in read_topic(t.name)][-1] > foreign[-1]
+    # 3. the reader again, and restarted once more
+    for _restart in range(2):
+        if forks:
+            with pytest.raises(LogForked) as err:
+                t.catch_up(path)
+            assert "forks at position" in err.value.message
+            continue
+        assert t.catch_up(path) == ledger.position
+        assert dead_offsets(path) == foreign
+    if not forks:
+        same_as_the_store(path, ledger.home)
+
+
+def test_a_signed_record_copied_under_another_position_header_is_set_aside(
+    org_ledger: Ledger,
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    transactional_id: str,
+    read_topic: Any,
+    tmp_path: Path,
+) -> None:
+    """The signature covers the position and the tag (v2): a genuine signed record relabelled
+    as the next position no longer verifies, and a restarted reader is not misled by it."""
+    t = Topic(kafka_bootstrap, kafka_topic, transactional_id, KEYS)
+    org_ledger.execute_all([JOB] * 20)
+    t.relay(org_ledger.home)
+    n = org_ledger.position
+    genuine = read_topic(t.name)[n - 1]  # the last record: it links to n - 1, is signed
+    relabelled = [
+        (k, str(n + 1).encode() if k == POSITION_HEADER else v) for k, v in genuine.headers
+    ]
+    ahead = [(k, str(n + 9).encode() if k == POSITION_HEADER else v) for k, v in genuine.headers]
+    foreign = produce(t.bootstrap, t.name, [(genuine.value, relabelled), (genuine.value, ahead)])
+    path = tmp_path / "reader.duckdb"
+    assert t.catch_up(path) == n
+    with Store(path) as store:
+        reasons = store.con.execute("SELECT reason FROM dead_letters ORDER BY kafka_offset")
+        first, second = reasons.fetchall()
+    assert first == ("signature does not match key id 'k1'",)  # it would link, but relabelled
+    assert second == (f"position {n + 9} does not follow position {n}",)
+    org_ledger.execute_all([JOB] * 5)
+    relay = t.relay(org_ledger.home, publish=False)
+    try:
+        assert relay.skipped == tuple(foreign)
+        assert relay.publish_pending() == 5
+    finally:
+        relay.close()
+    for _restart in range(2):
+        assert t.catch_up(path) == org_ledger.position
+    assert dead_offsets(path) == foreign
+    same_as_the_store(path, org_ledger.home)
+
+
+@pytest.fixture
+def two_stores(org_ledger: Ledger, tmp_path: Path) -> Iterator[tuple[Ledger, Ledger]]:
+    """Two stores that share their first events and then differ."""
+    org_ledger.execute_all([JOB] * 5)
+    other_home = tmp_path / "other"
+    shutil.copytree(org_ledger.home, other_home)
+    other = Ledger(other_home)
+    org_ledger.execute_all([JOB] * 3)
+    other.execute(c.SubmitJob(actor="bob", account="ai2/olmo", gpus=2, min_runtime_s=0))
+    try:
+        yield org_ledger, other
+    finally:
+        other.close()
+
+
+def test_a_fork_is_named_and_stops_the_reader_through_restarts(
+    two_stores: tuple[Ledger, Ledger],
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    transactional_id: str,
+    read_topic: Any,
+    tmp_path: Path,
+) -> None:
+    """Two relays with the relay's keys publish two histories: both are signed and chain, so
+    no reader can take either; it stops at the second record for the position, naming both."""
+    ours, theirs = two_stores
+    shared = ours.position - 3
+    t = Topic(kafka_bootstrap, kafka_topic, transactional_id, KEYS)
+    t.relay(ours.home)
+    # a relay of the other store refuses this topic (it holds signed events that store
+    # lacks): the other history is written with the keys by a producer that does not check
+    assert KEYS is not None
+    with pytest.raises(RelayError, match="signed with our key"):
+        Topic(kafka_bootstrap, kafka_topic, transactional_id + "-2", KEYS).relay(theirs.home)
+    produce(
+        kafka_bootstrap,
+        kafka_topic,
+        [(d, record_headers(p, tag, d, KEYS)) for p, tag, d in stored(theirs.home)[shared:]],
+    )
+    path = tmp_path / "reader.duckdb"
+    for _restart in range(2):
+        with pytest.raises(LogForked) as err:
+            t.catch_up(path)
+        assert f"forks at position {shared + 1}" in err.value.message
+        with Store(path) as store:
+            assert store.position() == ours.position  # ours came first
+    ours.execute_all([JOB] * 2)
+    relay = t.relay(ours.home, publish=False)  # the records of the other history come after ours
+    try:
+        assert relay.publish_pending() == 2
+    finally:
+        relay.close()
+    with pytest.raises(LogForked):
+        t.catch_up(path)
+
+
+def test_a_reader_with_the_wrong_key_stops_with_one_line(
+    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    t = Topic(kafka_bootstrap, kafka_topic, transactional_id, KEYS)
+    org_ledger.execute_all([JOB] * 5)
+    t.relay(org_ledger.home)
+    with pytest.raises(SigningKeyMismatch) as err:
+        t.catch_up(tmp_path / "q.duckdb", keys=WRONG)
+    assert "these signing keys are not the relay's" in err.value.message
+    with Store(tmp_path / "q.duckdb") as store:
+        assert store.position() == 0
+    env = {"GPULEDGER_KAFKA_SIGNING_KEYS": "k1:not-the-relay-secret", "PATH": "/usr/bin:/bin"}
+    for quarantine in ([], ["--quarantine"]):
+        proc = subprocess.run(
+            [
+                GPULEDGER, "--home", str(tmp_path / f"cli{len(quarantine)}"), "project", "follow",
+                "--once", "--kafka", kafka_bootstrap, "--topic", kafka_topic, *quarantine,
+                "--log-level", "warning",
+            ],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
+        assert "signature" in proc.stderr
+
+
+def test_a_run_of_foreign_records_stops_a_quarantining_reader(
+    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    t = Topic(kafka_bootstrap, kafka_topic, transactional_id, None)
+    org_ledger.execute_all([JOB] * 3)
+    t.relay(org_ledger.home)
+    n, tag, data = stored(org_ledger.home)[-1]
+    produce(t.bootstrap, t.name, [(data, headers(b"x", tag))] * 25)
+    org_ledger.execute_all([JOB] * 3)
+    relay = t.relay(org_ledger.home, publish=False)
+    try:
+        relay.publish_pending()
+    finally:
+        relay.close()
+    with pytest.raises(QuarantineStopped) as err:
+        t.catch_up(tmp_path / "q.duckdb")
+    assert "20 records in a row set aside" in err.value.message
+    with Store(tmp_path / "q.duckdb") as store:
+        assert store.position() == n
