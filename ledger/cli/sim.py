@@ -157,6 +157,14 @@ def _sim_options(f: F) -> F:
             help="SIGTERM-to-SIGKILL grace: what a job that checkpoints on SIGTERM loses.",
         ),
         click.option(
+            "--relaunch-cost",
+            "relaunch",
+            default="5m",
+            show_default=True,
+            help="Restart overhead of every relaunch after a preemption: the run takes that "
+            "much longer, and it counts as lost.",
+        ),
+        click.option(
             "--ranks",
             type=click.Choice(["incremental", "projection"]),
             default="incremental",
@@ -272,6 +280,7 @@ def _config(policy: str, kw: dict[str, Any], knobs: dict[str, str] | None = None
         knobs=tuple(sorted((knobs or {}).items())),
         sigterm_checkpoint_p=kw["sigterm_p"],
         grace_s=parse_duration(kw["grace"]),
+        relaunch_s=parse_duration(kw["relaunch"]),
         cluster=Cluster(
             nodes=kw["nodes"], gpus_per_node=kw["gpus_per_node"], gpu_type=kw["gpu_type"]
         ),

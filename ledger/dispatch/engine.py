@@ -100,6 +100,8 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     budget_spent: bool = False
     """Some job wanted a victim search (or its estimate) after the cycle's `search_budget` ran
     out: another cycle right away may place more."""
+    idle: Idle = msgspec.field(default_factory=lambda: Idle())
+    """What the cycle leaves free, and where (for measures; not recorded)."""
 
     def to_command(
         self,
@@ -129,6 +131,18 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
             skipped_cycles=skipped_cycles,
         )
         return ApplyDecision(actor=actor, expected_position=self.based_on, decision=body)
+
+
+class Idle(msgspec.Struct, frozen=True, kw_only=True):
+    """The GPUs a decision leaves free on active nodes, and where: on nodes kept for debug work
+    (`Policy.reserved`), on nodes held for a reservation, and of the others those no waiting
+    job can use (`placement.fragmentation` over them); and how many funded jobs wait."""
+
+    free: int = 0
+    reserve: int = 0
+    held: int = 0
+    fragmented: int = 0
+    funded_waiting: int = 0
 
 
 _MemoKey = tuple[Hashable, str | None, str | None, bool]
@@ -200,6 +214,8 @@ class _Cycle:
         """The fewest GPUs a waiting job of each shape asks for (for `fragmentation`)."""
         self.wake: list[float] = []
         self.budget_spent = False
+        self.funded_waiting = 0
+        """Funded jobs left waiting."""
         self.failed: dict[_MemoKey, tuple[int, int, Unplaceable]] = {}
         """A failed victim search: (GPUs asked, job id, why) per group and shape. While no
         preemption frees GPUs, a job of the group and shape asking as many fails as well."""
@@ -261,6 +277,8 @@ class _Cycle:
             if wait.until is not None:
                 self.wake.append(wait.until)
             waiting[job.job_id] = wait
+            if job.min_runtime_s > 0:
+                self.funded_waiting += 1
             kind = (job.gpu_type, job.cluster, gang)
             if job.gpus < smallest.get(kind, job.gpus + 1):
                 smallest[kind] = job.gpus
@@ -428,6 +446,19 @@ class _Cycle:
 
     # --- 4. record ------------------------------------------------------------------------------
 
+    def idle(self) -> Idle:
+        """What the cycle leaves free, and where (see `Idle`)."""
+        free = self.index.free
+        reserve = set(self.reserved)
+        held: set[str] = set()
+        return Idle(
+            free=sum(len(g) for g in free.values()),
+            reserve=sum(len(free[n]) for n in reserve),
+            held=sum(len(free[n]) for n in held),
+            fragmented=fragmentation(self.index, self.smallest, skip=reserve | held),
+            funded_waiting=self.funded_waiting,
+        )
+
     def decision(self) -> Decision:
         self._reserve(False)
         later = [t for t in self.wake if t > self.now]
@@ -441,6 +472,7 @@ class _Cycle:
             fragmentation_gpus=fragmentation(self.index, self.smallest),
             wake_at=min(later) if later else None,
             budget_spent=self.budget_spent,
+            idle=self.idle(),
         )
 
 

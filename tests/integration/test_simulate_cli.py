@@ -120,7 +120,7 @@ def test_policy_versions_settings_and_the_signal_contract_reach_the_runs(tmp_pat
         home,
         "simulate", "compare", "--synthetic", "--days", "1", "--nodes", "8", "--no-plots",
         "--policies", "fairshare-1,fairshare", "--set", "spare_ratio=2",
-        "--sigterm-checkpoint", "0.5", "--parallel", "2",
+        "--sigterm-checkpoint", "0.5", "--parallel", "2", "--relaunch-cost", "2m",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     report = json.loads((home / "report" / "report.json").read_text())
@@ -129,9 +129,10 @@ def test_policy_versions_settings_and_the_signal_contract_reach_the_runs(tmp_pat
     assert (home / "fairshare-1" / "events.sqlite").exists()
     assert [r["config"]["policy_settings"] for r in report] == [{}, {"spare_ratio": "2"}]
     assert all(r["config"]["sigterm_checkpoint_p"] == 0.5 for r in report)
+    assert all(r["config"]["relaunch_s"] == 120.0 for r in report)
     kinds = report[1]["metrics"]["lost_by_kind"]
     assert set(kinds) == {"unfunded", "non-resumable", "periodic checkpoints",
-                          "checkpoints on SIGTERM"}  # fmt: skip
+                          "checkpoints on SIGTERM", "relaunch"}  # fmt: skip
     assert sum(kinds.values()) == pytest.approx(report[1]["metrics"]["lost_gpu_h"])
     bad = cli(tmp_path / "bad", "simulate", "run", "--synthetic", "--set", "wiggle=1")
     assert bad.returncode != 0
