@@ -27,6 +27,7 @@ import msgspec
 from ledger.dispatch.baselines import (
     LegacyCaps,
     LegacyCaps2,
+    SlurmLab,
     SlurmMultifactor,
     SlurmMultifactor2,
 )
@@ -46,6 +47,7 @@ from schemas.policy import (
     LegacyConfig,
     Slurm2Config,
     SlurmConfig,
+    SlurmLabConfig,
 )
 
 
@@ -88,6 +90,7 @@ VERSIONS: dict[str, Registered] = {
         Registered("fifo", FifoConfig, Fifo, ranked=False),
         Registered("slurm", SlurmConfig, SlurmMultifactor, ranked=True),
         Registered("slurm", Slurm2Config, SlurmMultifactor2, ranked=True),
+        Registered("slurm-lab", SlurmLabConfig, SlurmLab, ranked=True),
         Registered("legacy", Legacy2Config, LegacyCaps2, ranked=False),
         Registered("legacy", LegacyConfig, LegacyCaps, ranked=False),
     )
@@ -98,6 +101,7 @@ CURRENT: dict[str, str] = {
     "fairshare": "fairshare-6",
     "legacy": "legacy-2",
     "slurm": "slurm-2",
+    "slurm-lab": "slurm-lab-1",
     "fifo": "fifo-1",
 }
 """Policy name -> the version it stands for."""
@@ -206,4 +210,5 @@ def ranked(config: AnyPolicyConfig) -> bool:
 
 def half_life_s(config: AnyPolicyConfig) -> float | None:
     """Pure: the half-life with which the policy's rank source decays usage (None: a window)."""
-    return config.half_life_s if isinstance(config, (SlurmConfig, Slurm2Config)) else None
+    slurms = (SlurmConfig, Slurm2Config, SlurmLabConfig)
+    return config.half_life_s if isinstance(config, slurms) else None
