@@ -270,6 +270,35 @@ CHURN_NOTE = (
 )
 
 
+def sweep_markdown(cells: Sequence[tuple[str, Sequence[RunResult]]], title: str) -> str:
+    """Pure: one table for a sweep: a row per (workload, policy) with the `COLUMNS` and where
+    the idle GPU-hours were, workloads in the order given."""
+    header = ["workload", *(h for _, h in COLUMNS), "idle: reserve / held / fragmented / other"]
+    lines = [f"# {title}", "", "| " + " | ".join(header) + " |"]
+    lines.append("|" + "|".join("---" for _ in header) + "|")
+    for label, results in cells:
+        for r in results:
+            values = row(r)
+            lines.append(
+                "| " + " | ".join([label, *(values[k] for k, _ in COLUMNS), _where(r.metrics)])
+                + " |"
+            )  # fmt: skip
+    lines += ["", OWED_NOTE, "", WAITS_NOTE, "", CHURN_NOTE]
+    return "\n".join(lines) + "\n"
+
+
+def write_sweep(
+    cells: Sequence[tuple[str, Sequence[RunResult]]], out: Path, title: str
+) -> dict[str, Path]:
+    """Write `<out>/sweep.json` (every run's summary, by workload) and `<out>/sweep.md`."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "sweep.json", "markdown": out / "sweep.md"}
+    data = [{"workload": label, "runs": [summary(r) for r in rs]} for label, rs in cells]
+    paths["json"].write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    paths["markdown"].write_text(sweep_markdown(cells, title))
+    return paths
+
+
 # --- files --------------------------------------------------------------------------------------
 
 

@@ -137,3 +137,37 @@ def test_policy_versions_settings_and_the_signal_contract_reach_the_runs(tmp_pat
     bad = cli(tmp_path / "bad", "simulate", "run", "--synthetic", "--set", "wiggle=1")
     assert bad.returncode != 0
     assert "no policy of this run has the setting wiggle" in bad.stderr
+
+
+def test_a_sweep_runs_every_policy_on_every_workload_of_the_grid(tmp_path: Path) -> None:
+    home = tmp_path / "sweep"
+    out = cli(
+        home,
+        "simulate", "sweep", "--family", "demand=2 debug=0.2", "--grid", "teams=3/6",
+        "--seeds", "1,2", "--policies", "fifo,fairshare", "--nodes", "4", "--days", "0.25",
+        "--parallel", "2",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    data = json.loads((home / "report" / "sweep.json").read_text())
+    assert [d["workload"] for d in data] == [
+        "teams=3 seed=1", "teams=3 seed=2", "teams=6 seed=1", "teams=6 seed=2",
+    ]  # fmt: skip
+    for d in data:
+        assert [r["policy"] for r in d["runs"]] == ["fifo", "fairshare"]
+        seed = int(d["workload"].rsplit("=", 1)[1])
+        assert all(r["config"]["seed"] == seed for r in d["runs"])
+        names = {r["workload"]["name"] for r in d["runs"]}
+        assert len(names) == 1 and "demand=2 " in names.pop()
+    # the same workload for both policies, a different one per seed
+    jobs = [d["runs"][0]["workload"]["jobs"] for d in data]
+    assert jobs[0] != jobs[1]
+    md = (home / "report" / "sweep.md").read_text()
+    assert md.count("| teams=6 seed=2 |") == 2
+    assert (home / "004" / "fairshare" / "events.sqlite").exists()
+    # a bad grid is refused in one line before any run
+    bad = cli(tmp_path / "bad", "simulate", "sweep", "--grid", "colour=red/blue")
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines()[-1].startswith("error: invalid family setting")
+    assert not (tmp_path / "bad" / "001").exists()
+    both = cli(tmp_path / "both", "simulate", "run", "--family", "--synthetic")
+    assert both.returncode == 1 and "exactly one of" in both.stderr
