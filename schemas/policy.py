@@ -179,6 +179,33 @@ class FairShare6Config(FairShare5Config, frozen=True, kw_only=True, tag="fairsha
     jobs are not placed there; unfunded jobs borrow it while it is idle. 0: no reserve."""
 
 
+class FairShare7Config(FairShare6Config, frozen=True, kw_only=True, tag="fairshare-7"):
+    """`fairshare-6` measured by every wait and a fixed yardstick, on workloads it was not tuned
+    on (docs/simulation.md): debug jobs preempt unfunded work of any size (the free tier is
+    preemptible by contract); a plan's price counts a restart overhead per funded victim; the
+    top funded job asking at least `hold_share` of its pool gets a reservation that drains
+    toward it as contracts end; the debug reserve is `debug_reserve_per` (0: none)."""
+
+    debug_reserve_per: Searches = 0
+    requeued_last: bool = True
+    """`fairshare-5`'s step: unfunded jobs that ran and were preempted go after those that
+    never ran."""
+    relaunch_cost_s: NonNegative = 300.0
+    """The restart overhead a preemption costs a funded victim (GPUs x this), added to the work
+    it loses when a plan is weighed against its gain."""
+    hold_share: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.125
+    """A funded job asking at least this share of its pool's GPUs, left waiting, gets a
+    reservation (0: none): the nodes it can have soonest as contracts end; unfunded jobs and
+    jobs whose time limit ends before it backfill them."""
+    hold_expect_s: NonNegative = 0.0
+    """For a reservation's time, a running job that declared no time limit and that the
+    reserving job may not preempt is expected to end this long after its contract (0: never,
+    so its nodes are not held)."""
+    gain_aging: NonNegative = 0.0
+    """Seconds added to the gain horizon per second the waiting job has waited since it was
+    submitted: a plan's credited gain grows with the wait it ends."""
+
+
 class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
     """Slurm's multifactor priority as configured by default: no preemption unless
     `preempt_unfunded` (PreemptType=preempt/partition_prio with a scavenger partition)."""
@@ -237,7 +264,8 @@ class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
 
 
 AnyPolicyConfig = (
-    FairShare6Config
+    FairShare7Config
+    | FairShare6Config
     | FairShare5Config
     | FairShare4Config
     | FairShare3Config
@@ -253,6 +281,7 @@ AnyPolicyConfig = (
 """Any registered policy version's config (tagged by `version`)."""
 
 POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
+    FairShare7Config,
     FairShare6Config,
     FairShare5Config,
     FairShare4Config,

@@ -32,6 +32,7 @@ from ledger.dispatch.baselines import (
     SlurmMultifactor2,
 )
 from ledger.dispatch.fairshare2 import FairShare2
+from ledger.dispatch.fairshare7 import FairShare7
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.policy import (
@@ -41,6 +42,7 @@ from schemas.policy import (
     FairShare4Config,
     FairShare5Config,
     FairShare6Config,
+    FairShare7Config,
     FairShareConfig,
     FifoConfig,
     Legacy2Config,
@@ -81,6 +83,7 @@ def _fields(config: AnyPolicyConfig) -> dict[str, Any]:
 VERSIONS: dict[str, Registered] = {
     r.version: r
     for r in (
+        Registered("fairshare", FairShare7Config, FairShare7, ranked=True),
         Registered("fairshare", FairShare6Config, FairShare2, ranked=True),
         Registered("fairshare", FairShare5Config, FairShare2, ranked=True),
         Registered("fairshare", FairShare4Config, FairShare2, ranked=True),
@@ -98,7 +101,7 @@ VERSIONS: dict[str, Registered] = {
 """Every registered version -> its entry."""
 
 CURRENT: dict[str, str] = {
-    "fairshare": "fairshare-6",
+    "fairshare": "fairshare-7",
     "legacy": "legacy-2",
     "slurm": "slurm-2",
     "slurm-lab": "slurm-lab-1",
