@@ -514,17 +514,22 @@ class UsageSettings(msgspec.Struct, frozen=True, kw_only=True):
     weights: Annotated[dict[Name, Annotated[float, msgspec.Meta(ge=0, le=1e9)]], LISTED] = {}
 
 
-class RankInputs(msgspec.Struct, frozen=True, kw_only=True):
+class RankInputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The fair-share ranks a decision ordered by, by reference: where they were read, a digest
     of what was read, the ranking code's version and the usage settings. Replay ranks at
     `position` (which trails `based_on` when a Kafka-fed projection lags) and names a digest
-    mismatch as such."""
+    mismatch as such. Fields at their defaults are left out of the stored bytes, so records
+    written before `computed_by` existed are stored as the code writes them now."""
 
     position: Position
     digest: Token = ""
     """"": not recorded (records upcast from v1, which said only how usage was counted)."""
     ranking_version: Token = ""
     usage: UsageSettings
+    computed_by: Token = ""
+    """How the ranks were computed from the log: "" the projection's SQL (the service's), "fold"
+    the in-memory usage fold (`projections.usage.UsageFold`, the simulator's). Replay ranks
+    with the same computation: the two differ in the last bits of half-life usage."""
 
 
 class WaitingJob(msgspec.Struct, frozen=True, array_like=True):

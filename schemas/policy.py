@@ -5,7 +5,8 @@ config names the code that reads it: `FairShareConfig` is "fairshare-1", `FifoCo
 `SlurmConfig` "slurm-1", `LegacyConfig` "legacy-1", `FairShare2Config` "fairshare-2",
 `FairShare3Config` "fairshare-3", `FairShare4Config` "fairshare-4", `FairShare5Config`
 "fairshare-5", and the current versions `FairShare6Config` "fairshare-6", `Slurm2Config`
-"slurm-2", `Legacy2Config` "legacy-2".
+"slurm-2", `SlurmLabConfig` "slurm-lab-1" (Slurm as a lab configures it), `Legacy2Config`
+"legacy-2".
 `AnyPolicyConfig` is their union: decode one with
 `msgspec.json.decode(data, type=AnyPolicyConfig)`. A policy whose behaviour changes gets a new
 version and a new Struct here; an old one stays as long as its decisions must replay.
@@ -178,6 +179,33 @@ class FairShare6Config(FairShare5Config, frozen=True, kw_only=True, tag="fairsha
     jobs are not placed there; unfunded jobs borrow it while it is idle. 0: no reserve."""
 
 
+class FairShare7Config(FairShare6Config, frozen=True, kw_only=True, tag="fairshare-7"):
+    """`fairshare-6` measured by every wait and a fixed yardstick, on workloads it was not tuned
+    on (docs/simulation.md): debug jobs preempt unfunded work of any size (the free tier is
+    preemptible by contract); a plan's price counts a restart overhead per funded victim; the
+    top funded job asking at least `hold_share` of its pool gets a reservation that drains
+    toward it as contracts end; the debug reserve is `debug_reserve_per` (0: none)."""
+
+    debug_reserve_per: Searches = 0
+    requeued_last: bool = True
+    """`fairshare-5`'s step: unfunded jobs that ran and were preempted go after those that
+    never ran."""
+    relaunch_cost_s: NonNegative = 300.0
+    """The restart overhead a preemption costs a funded victim (GPUs x this), added to the work
+    it loses when a plan is weighed against its gain."""
+    hold_share: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.125
+    """A funded job asking at least this share of its pool's GPUs, left waiting, gets a
+    reservation (0: none): the nodes it can have soonest as contracts end; unfunded jobs and
+    jobs whose time limit ends before it backfill them."""
+    hold_expect_s: NonNegative = 0.0
+    """For a reservation's time, a running job that declared no time limit and that the
+    reserving job may not preempt is expected to end this long after its contract (0: never,
+    so its nodes are not held)."""
+    gain_aging: NonNegative = 0.0
+    """Seconds added to the gain horizon per second the waiting job has waited since it was
+    submitted: a plan's credited gain grows with the wait it ends."""
+
+
 class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
     """Slurm's multifactor priority as configured by default: no preemption unless
     `preempt_unfunded` (PreemptType=preempt/partition_prio with a scavenger partition)."""
@@ -192,6 +220,39 @@ class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
     search_budget: Searches = 32
 
 
+class SlurmLabConfig(PolicyConfig, frozen=True, kw_only=True, tag="slurm-lab-1"):
+    """Slurm as a lab configures it (docs/simulation.md cites Slurm's documentation for each
+    setting): multifactor priority with Fair Tree fair share on the budget tree (usage decayed
+    with PriorityDecayHalfLife), age and QOS factors; a debug QOS on top with a small debug
+    partition of its own; the free tier (unfunded jobs) in a scavenger QOS that funded and
+    debug jobs preempt (PreemptType=preempt/qos, PreemptMode=REQUEUE); and backfill with a
+    reservation for the top waiting job (sched/backfill)."""
+
+    weight_fairshare: NonNegative = 10_000.0
+    """PriorityWeightFairshare."""
+    weight_age: NonNegative = 1_000.0
+    """PriorityWeightAge."""
+    max_age_s: Span = WEEK_S
+    """PriorityMaxAge: the age factor is 1 from this age on."""
+    half_life_s: Span = WEEK_S
+    """PriorityDecayHalfLife: the rank source decays usage with it."""
+    debug_nodes_per: Searches = 32
+    """The debug partition: one node in this many of each pool (at least one) runs only debug
+    jobs (and scavenger jobs, which they preempt). 0: no debug partition."""
+    preempt_unfunded: bool = True
+    """Funded and debug jobs preempt scavenger (unfunded) jobs, which are requeued."""
+    backfill: bool = True
+    """sched/backfill: the top waiting job gets a reservation; later jobs use its nodes only
+    when their time limits end before it starts."""
+    default_time_limit_s: Span = 3 * 86_400.0
+    """The partition's DefaultTime: the time limit backfill assumes for a job that declared
+    none."""
+    overdue_s: Span = 3_600.0
+    """When a job runs past the time limit backfill assumed (Slurm would have ended it; here it
+    runs on), backfill expects it to end this long after now."""
+    search_budget: Searches = 32
+
+
 class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
     """Static priority levels and per-team caps, with one victim search per team and cycle and
     none by jobs beyond their team's cap."""
@@ -203,13 +264,15 @@ class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
 
 
 AnyPolicyConfig = (
-    FairShare6Config
+    FairShare7Config
+    | FairShare6Config
     | FairShare5Config
     | FairShare4Config
     | FairShare3Config
     | FairShare2Config
     | FairShareConfig
     | FifoConfig
+    | SlurmLabConfig
     | Slurm2Config
     | SlurmConfig
     | Legacy2Config
@@ -218,6 +281,7 @@ AnyPolicyConfig = (
 """Any registered policy version's config (tagged by `version`)."""
 
 POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
+    FairShare7Config,
     FairShare6Config,
     FairShare5Config,
     FairShare4Config,
@@ -225,6 +289,7 @@ POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
     FairShare2Config,
     FairShareConfig,
     FifoConfig,
+    SlurmLabConfig,
     Slurm2Config,
     SlurmConfig,
     Legacy2Config,

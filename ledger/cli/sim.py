@@ -25,6 +25,7 @@ from ledger.cli.output import console, print_table
 from ledger.core import budget as b
 from ledger.dispatch import registry
 from ledger.sim import report
+from ledger.sim.family import family, from_spec, parse_spec
 from ledger.sim.runner import POLICIES, Cluster, Drain, RunResult, SimConfig
 from ledger.sim.runner import simulate as run_simulation
 from ledger.sim.workload import (
@@ -54,6 +55,17 @@ def _workload_options(f: F) -> F:
         ),
         click.option(
             "--synthetic", "synth", is_flag=True, help="Generate the seeded Ai2-shaped workload."
+        ),
+        click.option(
+            "--family",
+            "family_spec",
+            is_flag=False,
+            flag_value="",
+            default=None,
+            metavar="'KEY=VALUE ...'",
+            help="Generate a member of the workload family (ledger/sim/family.py) on --nodes x "
+            "--gpus-per-node GPUs over --days with --seed; settings: demand, teams, programs, "
+            "researchers, skew, mix (small:W,medium:W,large:W), debug, unfunded, resumable, load.",
         ),
         click.option(
             "--budgets",
@@ -158,6 +170,14 @@ def _sim_options(f: F) -> F:
             help="SIGTERM-to-SIGKILL grace: what a job that checkpoints on SIGTERM loses.",
         ),
         click.option(
+            "--relaunch-cost",
+            "relaunch",
+            default="5m",
+            show_default=True,
+            help="Restart overhead of every relaunch after a preemption: the run takes that "
+            "much longer, and it counts as lost.",
+        ),
+        click.option(
             "--ranks",
             type=click.Choice(["incremental", "projection"]),
             default="incremental",
@@ -197,14 +217,21 @@ def _read(path: Path) -> bytes:
         raise InvalidCommand(f"cannot read {path}: {e.strerror}") from e
 
 
-def build_workload(kw: dict[str, Any]) -> Workload:
-    """The workload the options describe (a trace, or the synthetic generator)."""
-    trace, synth = kw["trace"], kw["synth"]
-    if bool(trace) == bool(synth):
-        raise InvalidCommand("give exactly one of --trace FILE and --synthetic")
+def build_workload(kw: dict[str, Any], **grid: object) -> Workload:
+    """The workload the options describe (a trace, the synthetic generator, or a member of the
+    family with the `grid` settings over its spec's)."""
+    trace, synth, spec = kw["trace"], kw["synth"], kw.get("family_spec")
+    if (trace is not None) + bool(synth) + (spec is not None) != 1:
+        raise InvalidCommand("give exactly one of --trace FILE, --synthetic and --family")
     budget = None
     if kw["budgets"] is not None:
         budget = b.parse(_read(kw["budgets"]), str(kw["budgets"]))
+    if spec is not None:
+        member = from_spec(
+            spec, gpus=kw["nodes"] * kw["gpus_per_node"], gpus_per_node=kw["gpus_per_node"],
+            days=kw["days"], seed=kw["seed"], **grid,
+        )  # fmt: skip
+        return family(member, budget)
     # the seed and the budget tree's shape are both workloads' options
     tree = {k: kw[k] for k in ("seed", "programs", "teams", "users")}
     if synth:
@@ -273,6 +300,7 @@ def _config(policy: str, kw: dict[str, Any], knobs: dict[str, str] | None = None
         knobs=tuple(sorted((knobs or {}).items())),
         sigterm_checkpoint_p=kw["sigterm_p"],
         grace_s=parse_duration(kw["grace"]),
+        relaunch_s=parse_duration(kw["relaunch"]),
         cluster=Cluster(
             nodes=kw["nodes"], gpus_per_node=kw["gpus_per_node"], gpu_type=kw["gpu_type"]
         ),
@@ -433,6 +461,131 @@ def compare_cmd(ctx: Ctx, /, policies: str, parallel: int, **kw: Any) -> None:
     )  # fmt: skip
     _print(results, out, kw["as_json"])
     _plots_note(out, kw["no_plots"])
+
+
+def parse_grid(texts: tuple[str, ...]) -> list[dict[str, object]]:
+    """`KEY=V1/V2/...` settings of the family -> every combination, in order (the last KEY
+    varies fastest). KEY is a family setting (see `--family`) or `gpus`."""
+    axes: list[tuple[str, list[object]]] = []
+    for text in texts:
+        key, sep, values = text.partition("=")
+        if not sep or not values:
+            raise InvalidCommand(
+                f"invalid --grid {text!r}", hint="write KEY=V1/V2, e.g. demand=2/4"
+            )
+        if key in (k for k, _ in axes):
+            raise InvalidCommand(f"--grid names {key!r} twice")
+        if key == "gpus":
+            try:
+                axes.append((key, [int(v) for v in values.split("/")]))
+            except ValueError:
+                raise InvalidCommand(f"invalid --grid {text!r}: GPUs are integers") from None
+            continue
+        axes.append((key, [parse_spec(f"{key}={v}")[key] for v in values.split("/")]))
+    cells: list[dict[str, object]] = [{}]
+    for key, taken in axes:
+        cells = [{**c, key: v} for c in cells for v in taken]
+    return cells
+
+
+def _sweep_label(cell: dict[str, object], seed: int) -> str:
+    def text(v: object) -> str:
+        if isinstance(v, tuple):
+            return "/".join(f"{w:g}" for _, w in v)
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    return " ".join([*(f"{k}={text(v)}" for k, v in cell.items()), f"seed={seed}"])
+
+
+def _sweep_one(
+    kw: dict[str, Any], cell: dict[str, object], policy: str, knobs: dict[str, str], home: Path
+) -> RunResult:
+    """One run of a sweep (a process of its pool): the cell's workload, one policy."""
+    kw = dict(kw)
+    grid = dict(cell)
+    gpus = grid.pop("gpus", None)
+    if isinstance(gpus, int):
+        if gpus % kw["gpus_per_node"]:
+            raise InvalidCommand(f"--grid gpus={gpus}: not a multiple of --gpus-per-node")
+        kw["nodes"] = gpus // kw["gpus_per_node"]
+    workload = build_workload(kw, **grid)
+    return run_simulation(workload, _config(policy, kw, knobs), home)
+
+
+@simulate_group.command("sweep")
+@click.option(
+    "--policies",
+    default=",".join(POLICIES),
+    show_default=True,
+    help="Comma-separated policies (names or versions), each run on every workload.",
+)
+@click.option(
+    "--grid",
+    "grid",
+    multiple=True,
+    metavar="KEY=V1/V2/...",
+    help="A family setting (or gpus) and the values the sweep takes; repeatable (every "
+    "combination is run).",
+)
+@click.option(
+    "--seeds", default="1", show_default=True, help="Comma-separated seeds, each a workload."
+)
+@click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True)
+@_workload_options
+@_sim_options
+@pass_ctx
+def sweep_cmd(
+    ctx: Ctx, /, policies: str, grid: tuple[str, ...], seeds: str, parallel: int, **kw: Any
+) -> None:
+    """Run every policy on every workload of a grid of the family (--family SPEC, with --grid
+    over its settings and --seeds); one table (HOME/report/sweep.md and sweep.json), a row per
+    workload and policy. Each run leaves its ledger in HOME/NNN/POLICY."""
+    if kw["family_spec"] is None:
+        kw["family_spec"] = ""
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    bad = [p for p in names if p not in {*POLICIES, *registry.VERSIONS}]
+    if bad or not names:
+        raise InvalidCommand(f"unknown policies {', '.join(bad) or '(none)'}")
+    try:
+        seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidCommand(f"invalid --seeds {seeds!r}", hint="write 1,2,3") from None
+    knobs = parse_knobs(kw["knobs"], names)
+    cells = [(c, s) for c in parse_grid(grid) for s in seed_list]
+    if not cells:
+        raise InvalidCommand("the sweep has no workload", hint="give --seeds")
+    for cell, seed in cells:  # every workload's settings are checked before any run
+        build_workload({**kw, "seed": seed, "days": min(kw["days"], 0.01)}, **{
+            k: v for k, v in cell.items() if k != "gpus"})  # fmt: skip
+    tasks = [(i, p, {**kw, "seed": s}, cell) for i, (cell, s) in enumerate(cells) for p in names]
+    done: dict[tuple[int, str], RunResult] = {}
+    with ProcessPoolExecutor(max_workers=min(parallel, len(tasks))) as pool:
+        futures = {
+            pool.submit(_sweep_one, k, cell, p, knobs[p], ctx.home / f"{i + 1:03d}" / p): (i, p)
+            for i, p, k, cell in tasks
+        }
+        for future in as_completed(futures):
+            i, p = futures[future]
+            done[(i, p)] = result = future.result()
+            click.echo(
+                f"{_sweep_label(*cells[i])} {p}: done ({result.metrics.cpu_s:.1f} s CPU)", err=True
+            )
+    table = [(_sweep_label(c, s), [done[(i, p)] for p in names]) for i, (c, s) in enumerate(cells)]
+    title = f"Sweep of the workload family ({kw['family_spec'] or 'defaults'})"
+    out = report.write_sweep(table, kw["report_dir"] or ctx.home / "report", title)
+    if kw["as_json"]:
+        click.echo(out["json"].read_text())
+        return
+    header = ["workload", *(h for _, h in report.COLUMNS)]
+    print_table(
+        header,
+        [
+            [label, *(report.row(r)[k] for k, _ in report.COLUMNS)]
+            for label, rs in table
+            for r in rs
+        ],
+    )
+    click.echo(f"report: {out['markdown']} (json beside it)")
 
 
 @simulate_group.command("dump")

@@ -84,6 +84,12 @@ class RankSource(Protocol):
         (a projection); None when they are read at the snapshot's position."""
         ...
 
+    @property
+    def computed_by(self) -> str:
+        """How it computes ranks, as decision records name it (`RankInputs.computed_by`): ""
+        the projection's SQL, "fold" the in-memory usage fold."""
+        ...
+
     def ranks(self, now: float, position: int) -> tuple[Mapping[str, int], Mapping[str, float]]:
         """(rank per account path, lower is better; level fair share per account path) at `now`
         from the log up to `position`."""
@@ -111,6 +117,7 @@ def rank_inputs(
         usage=e.UsageSettings(
             window_s=usage.window_s, half_life_s=usage.half_life_s, weights=dict(usage.weights)
         ),
+        computed_by=source.computed_by,
     )
 
 
@@ -125,6 +132,9 @@ def typed_config(policy: Policy) -> AnyPolicyConfig | None:
 
 class StoreRanks:
     """Ranks from a DuckDB projection as it stands (fed by Kafka, it may trail the ledger)."""
+
+    computed_by = ""
+    """The projection's SQL."""
 
     def __init__(self, store: Store, usage: UsagePolicy | None = None) -> None:
         self.store = store

@@ -77,6 +77,7 @@ def snapshot_from_state(
                     checkpoint_at=job.checkpoint_at,
                     debug=spec.debug,
                     low_util_since=low.get(spec.job_id),
+                    time_limit_s=spec.time_limit_s,
                 )
             )
         elif job.status == "pending" and not job.held and spec.job_id not in waiting:

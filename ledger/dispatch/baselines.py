@@ -32,7 +32,7 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping
 import msgspec
 
 from ledger.dispatch.ordering import SortKey
-from ledger.dispatch.policy import Simple
+from ledger.dispatch.policy import Simple, debug_nodes
 from ledger.dispatch.preemption import (
     CLASS_NOT_RESUMABLE,
     CLASS_RESUMABLE,
@@ -238,3 +238,80 @@ class LegacyCaps2(LegacyCaps, frozen=True, kw_only=True):
         yield from self._victims_of(
             team_of(job.account, self.team_depth), overflow, candidates, now
         )
+
+
+class SlurmLab(SlurmMultifactor, frozen=True, kw_only=True):
+    """Slurm as a lab configures it (`schemas.policy.SlurmLabConfig`; docs/simulation.md cites
+    Slurm's documentation for each setting):
+
+    - order (the scheduler's: QOS tier, then multifactor priority): the debug QOS (funded
+      debug-class jobs), then funded jobs (normal QOS), then unfunded ones (scavenger QOS);
+      inside a tier `w_fs * F + w_age * A` as `SlurmMultifactor`, then submit time, job id;
+    - a debug partition: one node in `debug_nodes_per` of each pool runs only debug jobs (and
+      scavenger jobs, which overlap every node and which debug jobs preempt);
+    - preemption by QOS (preempt/qos, PreemptMode=REQUEUE): debug and funded jobs preempt
+      scavenger jobs, never each other;
+    - backfill (sched/backfill) with a reservation for the top waiting job: the nodes whose
+      GPUs it can have soonest, when running jobs end by their time limits (the partition's
+      DefaultTime when they declared none; scavenger jobs it may preempt count as gone); later
+      jobs run there only when their own time limit ends before the reservation starts.
+    """
+
+    version: str = "slurm-lab-1"
+    debug_nodes_per: int = 32
+    preempt_unfunded: bool = True
+    backfill: bool = True
+    default_time_limit_s: float = 3 * 86_400.0
+    overdue_s: float = 3_600.0
+
+    def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
+        ranks = snapshot.ranks
+        users = max(ranks.values()) + 1 if ranks else 0
+        now = snapshot.taken_at
+        keyed: list[tuple[SortKey, PendingJob]] = [
+            (
+                (
+                    _qos(j),
+                    -round(self.priority(j, ranks, users, now), 6),
+                    -j.priority,
+                    j.submitted_at,
+                    j.job_id,
+                ),
+                j,
+            )
+            for j in snapshot.pending
+        ]
+        keyed.sort(key=lambda kj: kj[0])
+        return keyed
+
+    def may_preempt(self, job: PendingJob) -> bool:
+        return self.preempt_unfunded and job.min_runtime_s > 0
+
+    def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
+        return "debug" if _qos(job) == QOS_DEBUG else "funded"
+
+    def reserved(self, snapshot: Snapshot) -> frozenset[str]:
+        return debug_nodes(snapshot, self.debug_nodes_per)
+
+    def holds_for(self, job: PendingJob, snapshot: Snapshot) -> bool:
+        return self.backfill
+
+    def _limit(self, time_limit_s: int | None) -> float:
+        return float(time_limit_s) if time_limit_s is not None else self.default_time_limit_s
+
+    def expected_end(self, job: RunningJob, now: float) -> float:
+        end = job.placed_at + self._limit(job.time_limit_s)
+        return end if end > now else now + self.overdue_s
+
+    def may_backfill(self, job: PendingJob, until: float, now: float) -> bool:
+        return now + self._limit(job.time_limit_s) <= until
+
+
+QOS_DEBUG, QOS_NORMAL, QOS_SCAVENGER = 0, 1, 2
+
+
+def _qos(job: PendingJob) -> int:
+    """The QOS tier of a job: debug (funded debug-class jobs), normal (funded), scavenger."""
+    if job.min_runtime_s <= 0:
+        return QOS_SCAVENGER
+    return QOS_DEBUG if job.debug else QOS_NORMAL

@@ -41,6 +41,7 @@ Why a job waits (`Unplaceable.code`):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import Literal
 
@@ -100,6 +101,10 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     budget_spent: bool = False
     """Some job wanted a victim search (or its estimate) after the cycle's `search_budget` ran
     out: another cycle right away may place more."""
+    idle: Idle = msgspec.field(default_factory=lambda: Idle())
+    """What the cycle leaves free, and where (for measures; not recorded)."""
+    hold: Hold | None = None
+    """The cycle's reservation, if it made one (`Policy.holds_for`)."""
 
     def to_command(
         self,
@@ -129,6 +134,28 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
             skipped_cycles=skipped_cycles,
         )
         return ApplyDecision(actor=actor, expected_position=self.based_on, decision=body)
+
+
+class Idle(msgspec.Struct, frozen=True, kw_only=True):
+    """The GPUs a decision leaves free on active nodes, and where: on nodes kept for debug work
+    (`Policy.reserved`), on nodes held for a reservation, and of the others those no waiting
+    job can use (`placement.fragmentation` over them); and how many funded jobs wait."""
+
+    free: int = 0
+    reserve: int = 0
+    held: int = 0
+    fragmented: int = 0
+    funded_waiting: int = 0
+
+
+class Hold(msgspec.Struct, frozen=True, kw_only=True):
+    """A reservation: the nodes whose GPUs job `job_id` can have soonest, held for it until
+    `until` (when the last of them is free or holds only jobs it may preempt then); only jobs
+    the policy lets backfill are placed there meanwhile."""
+
+    job_id: int
+    nodes: frozenset[str]
+    until: float
 
 
 _MemoKey = tuple[Hashable, str | None, str | None, bool]
@@ -181,6 +208,11 @@ class _Cycle:
         self.hidden: list[GpuSlot] | None = None
         """The reserved nodes' free GPUs, taken out of the index while funded non-debug jobs
         are considered."""
+        self.hold: Hold | None = None
+        """The cycle's reservation (at most one)."""
+        self.held: list[GpuSlot] | None = None
+        """The held nodes' free GPUs, taken out of the index while jobs that may not backfill
+        are considered."""
         self.live: dict[int, RunningJob] = {}
         self.in_pool: dict[tuple[PoolKey, bool], list[RunningJob]] = {}
         """Running jobs by the pools of the active nodes they hold GPUs on, and whether they
@@ -200,6 +232,8 @@ class _Cycle:
         """The fewest GPUs a waiting job of each shape asks for (for `fragmentation`)."""
         self.wake: list[float] = []
         self.budget_spent = False
+        self.funded_waiting = 0
+        """Funded jobs left waiting."""
         self.failed: dict[_MemoKey, tuple[int, int, Unplaceable]] = {}
         """A failed victim search: (GPUs asked, job id, why) per group and shape. While no
         preemption frees GPUs, a job of the group and shape asking as many fails as well."""
@@ -234,9 +268,15 @@ class _Cycle:
         reserved = self.reserved
         spent, budget_of = self.spent, policy.budget_of
         may_preempt, victim_group = policy.may_preempt, policy.victim_group
+        holds_for, may_backfill = policy.holds_for, policy.may_backfill
         for key, job in ordered:
             if reserved and (job.min_runtime_s > 0 and not job.debug) != (self.hidden is not None):
                 self._reserve(self.hidden is None)
+            hold = self.hold
+            if hold is not None and may_backfill(job, hold.until, self.now) == (
+                self.held is not None
+            ):
+                self._holding(self.held is None)
             shape = (job.gpu_type, job.cluster, job.gpus)
             known = shapes.get(shape)
             if known is None:
@@ -260,7 +300,11 @@ class _Cycle:
             wait = self._why(job, gang, fitted, memo, searches)
             if wait.until is not None:
                 self.wake.append(wait.until)
+            if self.hold is None and holds_for(job, snapshot):
+                self._hold_for(job, gang)
             waiting[job.job_id] = wait
+            if job.min_runtime_s > 0:
+                self.funded_waiting += 1
             kind = (job.gpu_type, job.cluster, gang)
             if job.gpus < smallest.get(kind, job.gpus + 1):
                 smallest[kind] = job.gpus
@@ -306,6 +350,9 @@ class _Cycle:
             )
         live = self.live
         victims = found.live(live)
+        if self.held is not None:  # the job may not backfill: leave the held nodes alone
+            held = self.hold.nodes if self.hold is not None else frozenset()
+            victims = (v for v in victims if not any(sl.node in held for sl in v.job.slots))
         least = self.policy.least_loss and not ready
         ask = Ask(job.gpus, pools, index, now)
         if gang:
@@ -426,10 +473,105 @@ class _Cycle:
             self.hidden = None
             self.failed.clear()
 
+    # --- reservations --------------------------------------------------------------------------
+
+    def _holding(self, hide: bool) -> None:
+        """Take the held nodes' free GPUs out of the index (`hide`) or give them back."""
+        if hide == (self.held is not None):
+            return
+        if hide:
+            assert self.hold is not None
+            free = self.index.free
+            self.held = [self.index.take(n, len(free[n])) for n in sorted(self.hold.nodes)
+                         if free.get(n)]  # fmt: skip
+        else:
+            assert self.held is not None
+            self.index.release(self.held)
+            self.held = None
+            self.failed.clear()
+
+    def _hold_for(self, job: PendingJob, gang: bool) -> None:
+        """Reserve for `job` the nodes of its pools whose GPUs it can have soonest: a running
+        job gives its GPUs back at its contract's end when `job` may preempt it then, else when
+        the policy expects it to end (`Policy.expected_end`; inf: never, for a reservation).
+        Nodes kept for debug work are left out. No reservation when no set of nodes frees in
+        finite time."""
+        now, index = self.now, self.index
+        pools = index.pools_for(job.gpu_type, job.cluster)
+        keys = {p.key for p in pools}
+        eligible: set[int] = set()
+        if (
+            self.policy.may_preempt(job)
+            and self.policy.victim_group(job, self.snapshot) is not None
+        ):
+            candidates = self._candidates(pools, ready=True)
+            eligible = {
+                v.job.job_id for v in self.policy.victims(job, candidates, self.snapshot, now)
+            }
+        on: dict[str, list[tuple[float, int]]] = {}
+        for r in self.live.values():
+            if r.job_id in eligible:
+                at = max(now, r.placed_at + r.min_runtime_s)
+            else:
+                at = max(now, self.policy.expected_end(r, now))
+            for sl in r.slots:
+                if sl.node in index.free and index.pool_of[sl.node] in keys:
+                    on.setdefault(sl.node, []).append((at, len(sl.gpu_indices)))
+        skip = set(self.reserved)
+        times: list[tuple[float, str]] = []
+        for p in pools:
+            for name in p.nodes:
+                if name in skip:
+                    continue
+                frees = sorted(on.get(name, ()))
+                if gang:
+                    times.append((max((t for t, _ in frees), default=now), name))
+                    continue
+                room = len(index.free[name])
+                at = now if room >= job.gpus else math.inf
+                for t, g in frees:
+                    if room >= job.gpus:
+                        break
+                    room += g
+                    at = t
+                if room >= job.gpus:
+                    times.append((at, name))
+        times.sort()
+        chosen: list[str] = []
+        got = 0
+        until = now
+        for at, name in times:
+            if got >= job.gpus or math.isinf(at):
+                break
+            if not gang and chosen:
+                break
+            chosen.append(name)
+            got += index.size[name] if gang else job.gpus
+            until = max(until, at)
+        if got < job.gpus:
+            return
+        self.hold = Hold(job_id=job.job_id, nodes=frozenset(chosen), until=until)
+        if until > now:
+            self.wake.append(until)
+
     # --- 4. record ------------------------------------------------------------------------------
+
+    def idle(self) -> Idle:
+        """What the cycle leaves free, and where (see `Idle`)."""
+        free = self.index.free
+        reserve = set(self.reserved)
+        held = set(self.hold.nodes) if self.hold is not None else set()
+        return Idle(
+            free=sum(len(g) for g in free.values()),
+            reserve=sum(len(free[n]) for n in reserve),
+            held=sum(len(free[n]) for n in held),
+            fragmented=fragmentation(self.index, self.smallest, skip=reserve | held),
+            funded_waiting=self.funded_waiting,
+        )
 
     def decision(self) -> Decision:
         self._reserve(False)
+        self._holding(False)
         later = [t for t in self.wake if t > self.now]
         return Decision(
             based_on=self.snapshot.position,
@@ -441,6 +583,8 @@ class _Cycle:
             fragmentation_gpus=fragmentation(self.index, self.smallest),
             wake_at=min(later) if later else None,
             budget_spent=self.budget_spent,
+            idle=self.idle(),
+            hold=self.hold,
         )
 
 

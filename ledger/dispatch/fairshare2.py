@@ -66,6 +66,7 @@ from operator import itemgetter
 import msgspec
 
 from ledger.dispatch.ordering import SortKey
+from ledger.dispatch.policy import debug_nodes, declared_end, ends_before
 from ledger.dispatch.preemption import (
     CLASS_NOT_RESUMABLE,
     CLASS_RESUMABLE,
@@ -77,12 +78,6 @@ from ledger.dispatch.preemption import (
 )
 from ledger.dispatch.snapshot import UNRANKED, PendingJob, RunningJob, Snapshot, fs_text
 from schemas.events import PreemptReason
-
-RESERVE_MIN_NODES = 8
-"""Pools smaller than this keep no debug reserve."""
-
-_RESERVED: dict[int, tuple[Snapshot, frozenset[str]]] = {}
-"""The reserved nodes of the last snapshot asked about (a cycle asks once per victim group)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -241,23 +236,9 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
         return ("all", self.search_budget)
 
     def reserved(self, snapshot: Snapshot) -> frozenset[str]:
-        if not self.debug_lane or self.debug_reserve_per <= 0:
+        if not self.debug_lane:
             return frozenset()
-        last = _RESERVED.get(self.debug_reserve_per)
-        if last is not None and last[0] is snapshot:
-            return last[1]
-        pools: dict[tuple[str, str], list[str]] = {}
-        for n in snapshot.nodes:
-            if n.state == "active":
-                pools.setdefault((n.cluster, n.gpu_type), []).append(n.name)
-        keep: list[str] = []
-        for names in pools.values():
-            if len(names) >= RESERVE_MIN_NODES:
-                names.sort()
-                keep += names[-math.ceil(len(names) / self.debug_reserve_per) :]
-        found = frozenset(keep)
-        _RESERVED[self.debug_reserve_per] = (snapshot, found)
-        return found
+        return debug_nodes(snapshot, self.debug_reserve_per)
 
     def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
         """A team's jobs share their victims; debug-lane jobs of one size share theirs whatever
@@ -358,6 +339,15 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
             kind = "unfunded" if r.min_runtime_s <= 0 else "resumable"
             note = f"debug lane: {kind}, {r.gpus} GPUs, loses {_gpu_h(cost[1])}"
             yield Victim(r, "debug", cost, note)
+
+    def holds_for(self, job: PendingJob, snapshot: Snapshot) -> bool:
+        return False
+
+    def expected_end(self, job: RunningJob, now: float) -> float:
+        return declared_end(job, now)
+
+    def may_backfill(self, job: PendingJob, until: float, now: float) -> bool:
+        return ends_before(job, until, now)
 
     def weigh(
         self, job: PendingJob, victims: Sequence[Victim], snapshot: Snapshot, now: float

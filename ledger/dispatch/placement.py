@@ -23,7 +23,7 @@ shape at least as large fail without a lookup (`_failed`); a release clears that
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from ledger.dispatch.snapshot import NodeView, PendingJob
@@ -294,7 +294,9 @@ def smallest_requests(index: FreeIndex, jobs: Iterable[PendingJob]) -> dict[Shap
     return out
 
 
-def fragmentation(index: FreeIndex, smallest: Mapping[Shape, int]) -> int:
+def fragmentation(
+    index: FreeIndex, smallest: Mapping[Shape, int], skip: Set[str] = frozenset()
+) -> int:
     """Pure: free GPUs that the jobs still waiting cannot use.
 
     `smallest` is the fewest GPUs a waiting job of each shape asks for (`smallest_requests`).
@@ -302,7 +304,7 @@ def fragmentation(index: FreeIndex, smallest: Mapping[Shape, int]) -> int:
     may run on the node's pool (GPU type and cluster), and no waiting job can use the node: a
     single-node job needs more GPUs than the node has free, and a gang job needs whole nodes
     while the node is partly held. Idle GPUs with no waiting job for their pool are idle, not
-    fragmented, and count 0.
+    fragmented, and count 0. Nodes in `skip` are left out.
     """
     fewest: dict[PoolKey, int] = {}
     gang: set[PoolKey] = set()
@@ -318,7 +320,7 @@ def fragmentation(index: FreeIndex, smallest: Mapping[Shape, int]) -> int:
     for name, free in index.free.items():
         key = index.pool_of[name]
         k = len(free)
-        if not k or key not in wanted:
+        if not k or key not in wanted or name in skip:
             continue
         whole = k == index.size[name]
         usable = (key in fewest and k >= fewest[key]) or (whole and key in gang)

@@ -11,6 +11,7 @@ order, no preemption). Other baselines (Slurm-like, legacy caps) plug in the sam
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Protocol
 
@@ -98,10 +99,68 @@ class Policy(Protocol):
         """None to take the plan `victims` for `job`; else why not (the job waits with it)."""
         ...
 
+    def holds_for(self, job: PendingJob, snapshot: Snapshot) -> bool:
+        """Whether `job`, left waiting, gets a reservation: `decide()` holds for it the nodes
+        whose GPUs it can have soonest (at most one reservation per cycle), and places on them
+        only jobs that `may_backfill`."""
+        ...
+
+    def expected_end(self, job: RunningJob, now: float) -> float:
+        """When a running job is expected to give its GPUs back (inf: unknown), for a
+        reservation's time; jobs the reserving job may preempt give them back at their
+        contract's end instead."""
+        ...
+
+    def may_backfill(self, job: PendingJob, until: float, now: float) -> bool:
+        """Whether `job` may use the GPUs held for a reservation until `until`."""
+        ...
+
+
+RESERVE_MIN_NODES = 8
+"""Pools smaller than this keep no nodes for debug work."""
+
+_KEPT: dict[tuple[int, int], tuple[Snapshot, frozenset[str]]] = {}
+"""The kept nodes of the last snapshot asked about (a cycle asks once per victim group)."""
+
+
+def debug_nodes(snapshot: Snapshot, per: int, min_nodes: int = RESERVE_MIN_NODES) -> frozenset[str]:
+    """Pure: the nodes kept for debug work: in every pool (cluster, GPU type) of at least
+    `min_nodes` active nodes, the last `ceil(nodes / per)` active nodes by name; none when
+    `per` is 0."""
+    if per <= 0:
+        return frozenset()
+    last = _KEPT.get((per, min_nodes))
+    if last is not None and last[0] is snapshot:
+        return last[1]
+    pools: dict[tuple[str, str], list[str]] = {}
+    for n in snapshot.nodes:
+        if n.state == "active":
+            pools.setdefault((n.cluster, n.gpu_type), []).append(n.name)
+    keep: list[str] = []
+    for names in pools.values():
+        if len(names) >= min_nodes:
+            names.sort()
+            keep += names[-math.ceil(len(names) / per) :]
+    found = frozenset(keep)
+    _KEPT[(per, min_nodes)] = (snapshot, found)
+    return found
+
+
+def declared_end(job: RunningJob, now: float) -> float:
+    """Pure: when a running job ends by its declared time limit (inf: it declared none)."""
+    if job.time_limit_s is None:
+        return math.inf
+    return max(now, job.placed_at + job.time_limit_s)
+
+
+def ends_before(job: PendingJob, until: float, now: float) -> bool:
+    """Pure: whether a pending job placed now ends by `until` by its declared time limit."""
+    return job.time_limit_s is not None and now + job.time_limit_s <= until
+
 
 class Simple:
     """The defaults of the later `Policy` hooks, for policies that predate them: first-fit
-    plans, one search budget, no reserve, every plan taken."""
+    plans, one search budget, no reserve, every plan taken, no reservations."""
 
     search_budget: int
 
@@ -123,6 +182,15 @@ class Simple:
         self, job: PendingJob, victims: Sequence[Victim], snapshot: Snapshot, now: float
     ) -> str | None:
         return None
+
+    def holds_for(self, job: PendingJob, snapshot: Snapshot) -> bool:
+        return False
+
+    def expected_end(self, job: RunningJob, now: float) -> float:
+        return declared_end(job, now)
+
+    def may_backfill(self, job: PendingJob, until: float, now: float) -> bool:
+        return ends_before(job, until, now)
 
 
 class FairShare(Simple, msgspec.Struct, frozen=True, kw_only=True):

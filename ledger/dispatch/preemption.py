@@ -24,6 +24,7 @@ by when their contracts end instead, so its plan's `until` is the earliest time 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -299,7 +300,7 @@ def plan_gang_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
     on = taken.on
     cost_of: dict[str, tuple[float, float]] = {}
     """Per node: (the highest class, the GPU-seconds) of its victims read so far."""
-    cleared: dict[PoolKey, list[tuple[tuple[float, float], str]]] = {p.key: [] for p in pools}
+    cleared: dict[PoolKey, _Cleared] = {p.key: _Cleared() for p in pools}
     have_gpus = {p.key: p.whole_gpus for p in pools}
     """Per pool: GPUs on its whole free nodes and on the nodes cleared so far."""
     seen: dict[int, int] = {}
@@ -335,7 +336,7 @@ def plan_gang_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
                 continue
             if cost[0] > top[0] or (cost[0] == top[0] and cost[1] >= top[1]):
                 continue  # cannot improve the best plan
-            cleared[key].append((cost, node))
+            cleared[key].add(cost, node, size[node])
             have_gpus[key] += size[node]
             if have_gpus[key] >= gpus:
                 changed.append(key)
@@ -362,37 +363,54 @@ GANG_READ_FACTOR = 2
 """A gang search reads at most this many times the victims it read to find its first plan."""
 
 
+class _Cleared:
+    """The nodes a gang search has cleared in one pool, kept sorted both ways the plan reads
+    them: by cost ((highest class, GPU-seconds), name) and by GPU-seconds (then name)."""
+
+    __slots__ = ("by_cost", "by_lost", "gpus")
+
+    def __init__(self) -> None:
+        self.by_cost: list[tuple[tuple[float, float], str, int]] = []
+        self.by_lost: list[tuple[float, str, float, int]] = []
+        self.gpus = 0
+
+    def add(self, cost: tuple[float, float], node: str, gpus: int) -> None:
+        bisect.insort(self.by_cost, (cost, node, gpus))
+        bisect.insort(self.by_lost, (cost[1], node, cost[0], gpus))
+        self.gpus += gpus
+
+
 def _cheapest_nodes(
     whole: list[str],
-    cleared: list[tuple[tuple[float, float], str]],
+    cleared: _Cleared,
     gpus: int,
     size: Mapping[str, int],
 ) -> tuple[tuple[str, ...], tuple[float, float]] | None:
     """The pool's `whole` free nodes (in the order to take them) and the cheapest `cleared`
-    nodes ((class, GPU-seconds), name) that hold `gpus` GPUs, with (the highest class, the most
-    GPU-seconds) of the cleared nodes taken; None if they cannot."""
+    nodes that hold `gpus` GPUs, with (the highest class, the most GPU-seconds) of the cleared
+    nodes taken; None if they cannot."""
     need = gpus - sum(size[n] for n in whole)
-    if need > sum(size[n] for _, n in cleared):
+    if need > cleared.gpus:
         return None
     # the lowest highest class that suffices ...
     top_class = 0.0
     got = 0
-    for (klass, _), n in sorted(cleared):
+    for (klass, _), _, g in cleared.by_cost:
         if got >= need:
             break
-        got += size[n]
+        got += g
         top_class = klass
     # ... and, of the nodes of at most that class, the fewest GPU-seconds
     taken: list[str] = []
     most = 0.0
     got = 0
-    for (klass, lost), n in sorted(cleared, key=lambda c: (c[0][1], c[1])):
+    for lost, n, klass, g in cleared.by_lost:
         if got >= need:
             break
         if klass > top_class:
             continue
         taken.append(n)
-        got += size[n]
+        got += g
         most = max(most, lost)
     if got < need:
         return None

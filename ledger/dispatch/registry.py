@@ -27,10 +27,12 @@ import msgspec
 from ledger.dispatch.baselines import (
     LegacyCaps,
     LegacyCaps2,
+    SlurmLab,
     SlurmMultifactor,
     SlurmMultifactor2,
 )
 from ledger.dispatch.fairshare2 import FairShare2
+from ledger.dispatch.fairshare7 import FairShare7
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.policy import (
@@ -40,12 +42,14 @@ from schemas.policy import (
     FairShare4Config,
     FairShare5Config,
     FairShare6Config,
+    FairShare7Config,
     FairShareConfig,
     FifoConfig,
     Legacy2Config,
     LegacyConfig,
     Slurm2Config,
     SlurmConfig,
+    SlurmLabConfig,
 )
 
 
@@ -79,6 +83,7 @@ def _fields(config: AnyPolicyConfig) -> dict[str, Any]:
 VERSIONS: dict[str, Registered] = {
     r.version: r
     for r in (
+        Registered("fairshare", FairShare7Config, FairShare7, ranked=True),
         Registered("fairshare", FairShare6Config, FairShare2, ranked=True),
         Registered("fairshare", FairShare5Config, FairShare2, ranked=True),
         Registered("fairshare", FairShare4Config, FairShare2, ranked=True),
@@ -88,6 +93,7 @@ VERSIONS: dict[str, Registered] = {
         Registered("fifo", FifoConfig, Fifo, ranked=False),
         Registered("slurm", SlurmConfig, SlurmMultifactor, ranked=True),
         Registered("slurm", Slurm2Config, SlurmMultifactor2, ranked=True),
+        Registered("slurm-lab", SlurmLabConfig, SlurmLab, ranked=True),
         Registered("legacy", Legacy2Config, LegacyCaps2, ranked=False),
         Registered("legacy", LegacyConfig, LegacyCaps, ranked=False),
     )
@@ -95,9 +101,10 @@ VERSIONS: dict[str, Registered] = {
 """Every registered version -> its entry."""
 
 CURRENT: dict[str, str] = {
-    "fairshare": "fairshare-6",
+    "fairshare": "fairshare-7",
     "legacy": "legacy-2",
     "slurm": "slurm-2",
+    "slurm-lab": "slurm-lab-1",
     "fifo": "fifo-1",
 }
 """Policy name -> the version it stands for."""
@@ -206,4 +213,5 @@ def ranked(config: AnyPolicyConfig) -> bool:
 
 def half_life_s(config: AnyPolicyConfig) -> float | None:
     """Pure: the half-life with which the policy's rank source decays usage (None: a window)."""
-    return config.half_life_s if isinstance(config, (SlurmConfig, Slurm2Config)) else None
+    slurms = (SlurmConfig, Slurm2Config, SlurmLabConfig)
+    return config.half_life_s if isinstance(config, slurms) else None

@@ -57,6 +57,8 @@ class RunningJob(msgspec.Struct, frozen=True, kw_only=True):
     debug: bool = False
     low_util_since: float | None = None
     """Since when the job has used its GPUs below the squat threshold, or None."""
+    time_limit_s: int | None = None
+    """The wall time it declared (None: none; a reservation cannot count on it ending)."""
 
     @property
     def funded(self) -> bool:

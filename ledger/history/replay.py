@@ -64,6 +64,7 @@ from ledger.history.compare import (
     recorded_policy,
     recorded_usage,
     squat_threshold,
+    usage_of,
 )
 from ledger.store import EVENTS_DB
 from ledger.store.embedded import EmbeddedSource
@@ -75,6 +76,7 @@ from projections.fairshare import UsagePolicy
 from projections.projector import Projector
 from projections.source import EventSource, follow, gc_paused
 from projections.store import Store, projection_path
+from projections.usage import FOLD, UsageFold, open_accounts
 from schemas import codec
 from schemas import events as e
 from schemas.digest import rank_digest
@@ -145,11 +147,15 @@ class Replayer:
     projection: Path | None = None
     """The data directory's projection, read as of each position it is anchored at (not with
     `exact`)."""
+    folds: Iterable[UsagePolicy] = ()
+    """How the decisions whose ranks came from the in-memory usage fold (`computed_by` "fold",
+    the simulator's) counted usage: one fold each, fed from the start, ranks them again."""
 
     def __post_init__(self) -> None:
         self.store = Store(":memory:")
         self.projector = Projector(self.store, self.source, batch_size=self.page)
         self.trackers = {float(t): UtilTracker(threshold_pct=float(t)) for t in self.thresholds}
+        self.usage_folds = {_usage_key(u): UsageFold(u) for u in self.folds}
         self._projected = 0
         self._history: tuple[list[int], list[int], list[float]] | None = None
         self._threads(1)
@@ -176,8 +182,8 @@ class Replayer:
     def _start_from_checkpoint(self, until: int) -> None:
         """Jump the write side to the newest checkpoint at or before `until` that verifies
         (its chain hash is the log's at its position) and holds every tracker we need."""
-        if self.checkpoints is None or self.disk is None:
-            return
+        if self.checkpoints is None or self.disk is None or self.usage_folds:
+            return  # a usage fold needs every event from the start
         for cp in self.checkpoints.before(until):
             if cp.position <= self.position:
                 return
@@ -229,6 +235,7 @@ class Replayer:
         started = time.perf_counter()
         self._start_from_checkpoint(until)
         trackers = list(self.trackers.values())
+        folds = list(self.usage_folds.values())
         state = self.state
         decode = codec.decode
         for records in follow(self.source, self.position, until, page=self.page):
@@ -238,6 +245,8 @@ class Replayer:
                     evolve(state, ev)
                     for tracker in trackers:
                         tracker.observe(ev)
+                    for fold in folds:
+                        fold.apply(ev)
             self.position = records[-1].position
             self._checkpoint(records[-1].tag, records[-1].data)
         self.timings.fold_s += time.perf_counter() - started
@@ -276,6 +285,20 @@ class Replayer:
                 return tree.leaf_ranks(), tree.level_fs()
         assert self.as_of is not None
         return self._ranks_as_of(self.as_of, position, at, usage)
+
+    def _folded(self, at: float, usage: UsagePolicy) -> Ranks:
+        """Ranks at `at` from the usage fold of these settings, as the simulator computed them
+        (the state's open accounts at our position)."""
+        fold = self.usage_folds.get(_usage_key(usage))
+        if fold is None:
+            raise ReplayError(
+                "no usage fold for the usage settings this decision's ranks were folded with",
+                hint="pass every usage setting the decisions fold with to the Replayer (folds)",
+            )
+        started = time.perf_counter()
+        out = fold.ranks(at, open_accounts(self.state.accounts.values()))
+        self.timings.ranks_s += time.perf_counter() - started
+        return out
 
     def _ranks_as_of(self, reader: AsOf, position: int, at: float, usage: UsagePolicy) -> Ranks:
         """Ranks from the projection read as of `position`, catching it up past there first
@@ -341,6 +364,8 @@ class Replayer:
         if not registry.ranked(config):  # its order and victims ignore ranks
             ranks: dict[str, int] = {}
             level_fs: dict[str, float] = {}
+        elif inputs is not None and inputs.computed_by == FOLD:
+            ranks, level_fs = self._folded(now, usage)
         else:
             ranks, level_fs = self.ranks(now, usage, None if inputs is None else inputs.position)
         threshold = squat_threshold(recorded)
@@ -435,6 +460,21 @@ Progress = Callable[[int, int], None]
 """Called after each replayed decision with (done, total)."""
 
 
+def folds_of(decisions: Sequence[tuple[int, e.CycleDecided]]) -> list[UsagePolicy]:
+    """Pure: the usage settings of the decisions whose ranks came from the usage fold (one
+    each)."""
+    out: dict[tuple[object, ...], UsagePolicy] = {}
+    for _, d in decisions:
+        if d.ranks is not None and d.ranks.computed_by == FOLD:
+            usage = usage_of(d.ranks.usage)
+            out.setdefault(_usage_key(usage), usage)
+    return list(out.values())
+
+
+def _usage_key(usage: UsagePolicy) -> tuple[object, ...]:
+    return (usage.window_s, usage.half_life_s, tuple(sorted(usage.weights.items())))
+
+
 def thresholds_of(decisions: Sequence[tuple[int, e.CycleDecided]]) -> set[float]:
     """Pure: the squat thresholds the decisions record (the default when none does)."""
     return {squat_threshold(d) for _, d in decisions} or {DEFAULT_SQUAT_UTIL_PCT}
@@ -456,6 +496,7 @@ def replay_decisions(
         exact=exact,
         checkpoints=checkpoints,
         projection=projection,
+        folds=folds_of(decisions),
     ) as replayer:
         for i, (position, recorded) in enumerate(decisions, start=1):
             yield replayer.replay(position, recorded)

@@ -12,6 +12,8 @@ The executor is pure apart from its own state: no clock (every call takes `now`)
   the loop may resubmit it as a new job).
 - The signal contract: a job for which `on_sigterm(job_id)` is true checkpoints when it is
   stopped (SIGTERM, within the grace period), so a preemption costs it no work.
+- Restarts cost time: a relaunch (a launch of a job that was preempted, `Launch.run > 0`, or of
+  a job in `relaunched`, a resubmission) spends `relaunch_s` restarting before its work goes on.
 """
 
 from __future__ import annotations
@@ -42,8 +44,14 @@ class KernelExecutor:
         work: Mapping[int, float | None] | None = None,
         on_sigterm: Callable[[int], bool] = _never,
         engine: str = "",
+        relaunch_s: float = 0.0,
+        relaunched: Callable[[int], bool] = _never,
     ) -> None:
         self.engine = engine
+        self.relaunch_s = relaunch_s
+        """The restart overhead of a relaunch."""
+        self.relaunched = relaunched
+        """Jobs whose first launch is a relaunch (the resubmission of a preempted job)."""
         """The engine's name in JobEngineLinked/JobEngineEnded ("": neither is recorded)."""
         self.work: dict[int, float | None] = dict(work or {})
         """Job -> its total work in seconds, where the launch's duration is not it."""
@@ -51,7 +59,8 @@ class KernelExecutor:
         self.saved: dict[int, float] = {}
         """Seconds of work kept by a job's checkpoints (survives a preemption)."""
         self._live: dict[int, tuple[int, float, float]] = {}
-        """Running job -> (launch number, launched at, work saved at launch)."""
+        """Running job -> (launch number, when its work began (after any restart overhead),
+        work saved at launch)."""
         self._ends: list[tuple[float, int, int]] = []
         """(end time, job id, launch number): a stopped job's old end is stale."""
         self._launches = 0
@@ -95,17 +104,20 @@ class KernelExecutor:
     def checkpoint(self, job_id: int, at: float) -> None:
         live = self._live.get(job_id)
         if live is not None:
-            self.saved[job_id] = live[2] + (at - live[1])
+            self.saved[job_id] = live[2] + max(0.0, at - live[1])
 
     # --- internals -----------------------------------------------------------------------------
 
     def _launch(self, job: Launch, now: float) -> None:
         self._launches += 1
         saved = self.saved.get(job.job_id, 0.0)
-        self._live[job.job_id] = (self._launches, now, saved)
+        restart = job.run > 0 or self.relaunched(job.job_id)
+        begins = now + (self.relaunch_s if restart else 0.0)
+        self._live[job.job_id] = (self._launches, begins, saved)
         total = self.work.get(job.job_id, job.duration_s)
         if total is not None:
-            heapq.heappush(self._ends, (now + max(0.0, total - saved), job.job_id, self._launches))
+            end = begins + max(0.0, total - saved)
+            heapq.heappush(self._ends, (end, job.job_id, self._launches))
 
     def _stop(self, job_id: int, now: float) -> None:
         if self.on_sigterm(job_id):

@@ -1,21 +1,47 @@
-"""Metrics of a simulation run: a fold over the ledger's events plus the projection's team hours.
+"""Metrics of a simulation run: the one module that computes every figure, the same way for
+every policy: a fold over the ledger's events, the projection's team hours, and what each cycle
+left idle.
 
 Pure: `JobFold.apply` folds events in log order; `compute` turns the fold, the owed/delivered
-team hours (from the projection) and the fragmentation samples of the cycles into one `Metrics`
-value. No clock, no I/O.
+team hours (from the projection) and the cycles' idle samples into one `Metrics` value. No
+clock, no I/O.
 
 Definitions (each metric says which one it is):
 
-- *owed* (Ai2): a team's allocated fraction of the capacity, capped hour by hour at its demand
-  (GPUs of its funded jobs pending or running). Delivered: funded GPU-hours its jobs got.
-  Two measures, always labelled: **by period** = sum delivered / sum owed over the span, capped
-  at 1 per team; **hour by hour** = sum over hours of min(delivered, owed) / sum owed.
+- *owed*, two yardsticks, each with two measures:
+  - Ai2's (`owed_*`): a team's allocated fraction of the capacity, capped hour by hour at its
+    demand (GPUs of its funded jobs pending or running *under the policy that ran*, so a policy
+    that leaves work waiting is owed more); delivered: funded GPU-hours its jobs got;
+  - the fixed yardstick (`fixed_*`, `ledger.sim.yardstick`): what a partition of the team's
+    allocated size would have run of its submitted funded jobs, from the submitted demand
+    alone, the same for every policy;
+  - **by period** = sum delivered / sum owed over the span, capped at 1 per team; **hour by
+    hour** = sum over hours of min(delivered, owed) / sum owed.
 - *occupancy*: GPU-hours held by any job (funded or not) / GPU-hours of capacity (nodes active or
   draining).
-- *wait*: from submission to first placement. Jobs never placed count with their wait so far
-  (a lower bound) and are counted apart (`never_started`). Debug class: jobs flagged `debug`.
+- *waits*, every one: from submission, and from each requeue, to the next placement; a job
+  preempted without being resumable and resubmitted by its user waits again, and that wait is
+  its original job's. `wait` is the distribution of every wait; `queued` gives each original
+  job's total time waiting (the sum of its waits); `wait_first` the first waits alone (what
+  earlier reports called the wait). A wait still open at the end counts with its length so far
+  (a lower bound), and jobs never placed are counted apart (`never_started`).
+- *job completion time* (JCT): from an original job's submission to the end of its last run
+  that completed it; *slowdown*: JCT / its work, the work at least 10 s (bounded slowdown). Jobs
+  not done at the end count with their time so far (a lower bound; `censored`).
+- *large jobs*: those asking at least 1/8 of the GPUs of their pool (the nodes of their GPU type,
+  or the cluster); their queued time (every wait) is `queued_large`.
+- *longest wait under share*: the longest single wait of a funded job whose team, when the wait
+  began, had been delivered less than its allocated fraction of the capacity over the trailing
+  7 days (the fair-share window).
 - *preemption loss*: per preemption, GPUs x the work since the last checkpoint (resumable jobs:
-  the last `CheckpointReported` or placement) or since placement (others).
+  the last `CheckpointReported` or placement) or since placement (others; at most the grace for
+  jobs that checkpoint on SIGTERM); and per relaunch (a placement of a job that was preempted,
+  or of the resubmission of one) the restart overhead (`relaunch_s`, GPUs x that long, at most
+  the time it held the GPUs): kind `relaunch`.
+- *idle while funded work waited*: GPU-hours free on delivering nodes while at least one funded
+  job was pending (from events: capacity less the GPUs held), and where, from what each cycle
+  left free (`IdleSample`): on nodes kept for debug work (`reserve`), on nodes held for a
+  reservation (`held`), free GPUs no waiting job could use (`fragmented`), and the rest.
 - *fragmentation*: free GPUs the waiting jobs cannot use (`placement.fragmentation`), averaged
   over time between cycles, as a share of capacity.
 - *convergence*: per day, the total-variation distance between the teams' shares of funded
@@ -27,112 +53,24 @@ Definitions (each metric says which one it is):
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import msgspec
 
+from ledger.sim import yardstick
+from ledger.sim.fold import LOSS_KINDS, IdleSample, JobFold, JobRow
 from projections import fairshare as fs
-from schemas import events as e
 
 DAY_S = 86_400.0
-
-
-@dataclass
-class JobRow:
-    job_id: int
-    account: str
-    user: str
-    gpus: int
-    funded: bool
-    debug: bool
-    resumable: bool
-    submitted_at: float
-    first_placed_at: float | None = None
-    placed_at: float | None = None
-    checkpoint_at: float | None = None
-    finished_at: float | None = None
-    outcome: str | None = None
-    preemptions: int = 0
-    resubmit_of: int | None = None
-
-
-LOSS_KINDS = ("unfunded", "non-resumable", "periodic checkpoints", "checkpoints on SIGTERM")
-
-
-@dataclass
-class JobFold:
-    """Jobs, held GPU-time and preemptions folded from the event log."""
-
-    jobs: dict[int, JobRow] = field(default_factory=dict)
-    held: list[tuple[float, float, int, bool]] = field(default_factory=list)
-    """Closed holds: (start, end, gpus, funded)."""
-    preemptions: list[tuple[float, int, int, float, str, bool, str]] = field(default_factory=list)
-    """(at, job id, gpus, seconds of work lost, reason, funded, kind: `LOSS_KINDS`)."""
-    on_sigterm: set[int] = field(default_factory=set)
-    """Resumable jobs that checkpoint on SIGTERM: a preemption loses them at most `grace_s`."""
-    grace_s: float = 30.0
-    capacity: list[tuple[float, str, int, bool]] = field(default_factory=list)
-    """Node capacity changes: (at, node, gpus, delivering)."""
-    node_gpus: dict[str, int] = field(default_factory=dict)
-
-    def apply(self, ev: e.AnyEvent) -> None:
-        match ev:
-            case e.NodeRegistered():
-                self.node_gpus[ev.node] = ev.gpus
-                self.capacity.append((ev.at, ev.node, ev.gpus, True))
-            case e.NodeDrained() | e.NodeRemoved() | e.NodeLost():
-                self.capacity.append((ev.at, ev.node, self.node_gpus.get(ev.node, 0), False))
-            case e.NodeReturned():
-                self.capacity.append((ev.at, ev.node, self.node_gpus.get(ev.node, 0), True))
-            case e.JobSubmitted():
-                of = ev.labels.get("resubmit_of")
-                self.jobs[ev.job_id] = JobRow(
-                    job_id=ev.job_id,
-                    account=ev.account,
-                    user=ev.user,
-                    gpus=ev.gpus,
-                    funded=ev.min_runtime_s > 0,
-                    debug=ev.debug,
-                    resumable=ev.resumable,
-                    submitted_at=ev.at,
-                    resubmit_of=int(of) if of else None,
-                )
-            case e.JobPlaced():
-                j = self.jobs[ev.job_id]
-                if j.first_placed_at is None:
-                    j.first_placed_at = ev.at
-                j.placed_at = j.checkpoint_at = ev.at
-            case e.CheckpointReported():
-                self.jobs[ev.job_id].checkpoint_at = ev.at
-            case e.JobPreempted():
-                j = self.jobs[ev.job_id]
-                if j.placed_at is not None:
-                    since = j.checkpoint_at if j.resumable and j.checkpoint_at else j.placed_at
-                    lost = max(0.0, ev.at - since)
-                    if not j.funded:
-                        kind = "unfunded"
-                    elif not j.resumable:
-                        kind = "non-resumable"
-                    elif j.job_id in self.on_sigterm:
-                        kind, lost = "checkpoints on SIGTERM", min(lost, self.grace_s)
-                    else:
-                        kind = "periodic checkpoints"
-                    self.preemptions.append(
-                        (ev.at, j.job_id, j.gpus, lost, ev.reason, j.funded, kind)
-                    )
-                    self.held.append((j.placed_at, ev.at, j.gpus, j.funded))
-                j.preemptions += 1
-                j.placed_at = j.checkpoint_at = None
-            case e.JobFinished():
-                j = self.jobs[ev.job_id]
-                if j.placed_at is not None:
-                    self.held.append((j.placed_at, ev.at, j.gpus, j.funded))
-                j.placed_at = None
-                j.finished_at, j.outcome = ev.at, ev.outcome
-            case _:
-                pass
+WINDOW_S = 7 * DAY_S
+"""The trailing window of "under its share" (the fair-share window)."""
+LARGE_FRACTION = 1 / 8
+"""A job asking at least this fraction of its pool's GPUs is a large job."""
+SLOWDOWN_FLOOR_S = 10.0
+"""Bounded slowdown: work shorter than this counts as this long."""
 
 
 class Quantiles(msgspec.Struct, frozen=True):
@@ -142,6 +80,7 @@ class Quantiles(msgspec.Struct, frozen=True):
     p90_s: float | None
     p99_s: float | None
     mean_s: float | None
+    max_s: float | None = None
 
 
 class TeamMetrics(msgspec.Struct, frozen=True):
@@ -152,6 +91,24 @@ class TeamMetrics(msgspec.Struct, frozen=True):
     by_period: float | None
     hour_by_hour: float | None
     demand_gpu_h: float
+    fixed_owed_gpu_h: float = 0.0
+    """Owed on the fixed yardstick (from the submitted demand alone)."""
+    fixed_by_period: float | None = None
+    fixed_hour_by_hour: float | None = None
+
+
+class Idle(msgspec.Struct, frozen=True):
+    """GPU-hours free on delivering nodes while funded work waited, and where."""
+
+    gpu_h: float
+    share: float
+    """Of the capacity GPU-hours."""
+    reserve_gpu_h: float
+    held_gpu_h: float
+    fragmented_gpu_h: float
+    other_gpu_h: float
+    funded_waiting_share: float
+    """The share of the span during which some funded job was pending."""
 
 
 class Metrics(msgspec.Struct, frozen=True, kw_only=True):
@@ -170,6 +127,12 @@ class Metrics(msgspec.Struct, frozen=True, kw_only=True):
     teams_at_95: int
     worst_team: str | None
     worst_by_period: float | None
+    fixed_by_period: float | None = None
+    """Owed by period on the fixed yardstick (`ledger.sim.yardstick`)."""
+    fixed_hour_by_hour: float | None = None
+    fixed_teams_at_95: int = 0
+    fixed_worst_team: str | None = None
+    fixed_worst_by_period: float | None = None
     jain: float | None
     occupancy: float
     funded_occupancy: float
@@ -178,25 +141,46 @@ class Metrics(msgspec.Struct, frozen=True, kw_only=True):
     demand_ratio: float
     """Mean funded demand (GPUs pending or running) / capacity, over the span."""
     wait: Quantiles
+    """Every wait (first and after each requeue or resubmission), one sample each."""
     wait_debug: Quantiles
     wait_funded: Quantiles
     wait_unfunded: Quantiles | None = None
-    """Waits of unfunded jobs (min runtime 0), apart from the funded ones' (None: a report
-    written before it was measured)."""
+    wait_first: Quantiles | None = None
+    """The first wait of each original job (submission to first placement)."""
+    queued: Quantiles | None = None
+    """Per original job: the sum of its waits."""
+    queued_funded: Quantiles | None = None
+    queued_large: Quantiles | None = None
+    """Per original job asking >= 1/8 of its pool: the sum of its waits."""
+    large_jobs: int = 0
+    jct_funded: Quantiles | None = None
+    """Completion time of funded original jobs (lower bounds for those not done: `censored`)."""
+    jct: Quantiles | None = None
+    slowdown_funded: Quantiles | None = None
+    """Bounded slowdown (JCT / max(work, 10 s)) of funded original jobs, as a plain number in
+    the `*_s` fields."""
+    censored: int = 0
+    """Original jobs not done at the end (their JCT so far counts, a lower bound)."""
+    longest_under_share_s: float | None = None
+    """The longest wait of a funded job whose team was under its share when it began."""
+    longest_under_share_team: str | None = None
     preemptions: int
     preemptions_per_job: float
     preempted_jobs: int
     lost_gpu_h: float
     lost_share: float
-    """GPU-hours lost to preemption / GPU-hours delivered (all)."""
+    """GPU-hours lost to preemption and relaunches / GPU-hours delivered (all)."""
     lost_funded_gpu_h: float
     """Of `lost_gpu_h`, work of funded jobs (the rest: unfunded jobs)."""
     lost_funded_share: float = 0.0
-    """Funded GPU-hours lost / GPU-hours delivered (all): the loss target's measure."""
+    """Funded GPU-hours lost / GPU-hours delivered (all): the loss target's measure, restart
+    overheads included."""
     lost_by_kind: dict[str, float] = msgspec.field(default_factory=dict)
-    """GPU-hours lost by kind of job (`LOSS_KINDS`): unfunded; funded non-resumable; funded
-    resumable with periodic checkpoints only; funded resumable that checkpoint on SIGTERM
-    (losing at most the grace period)."""
+    """GPU-hours lost by kind (`LOSS_KINDS`): unfunded; funded non-resumable; funded resumable
+    with periodic checkpoints only; funded resumable that checkpoint on SIGTERM (at most the
+    grace period each); restart overheads of relaunches (all jobs)."""
+    relaunch_s: float = 0.0
+    idle: Idle | None = None
     preemptions_by_reason: dict[str, int]
     fragmentation_gpus: float
     fragmentation_share: float
@@ -206,6 +190,7 @@ class Metrics(msgspec.Struct, frozen=True, kw_only=True):
     team_series: dict[str, list[tuple[float, float, float]]]
     """Team -> per day (day, owed GPU-h so far, delivered GPU-h so far)."""
     wall_s: float = 0.0
+    cpu_s: float = 0.0
     events: int = 0
     cycles: int = 0
 
@@ -223,13 +208,15 @@ def quantile(values: Sequence[float], q: float) -> float | None:
 
 
 def quantiles(waits: Sequence[float], never: int) -> Quantiles:
+    s = sorted(waits)
     return Quantiles(
-        count=len(waits),
+        count=len(s),
         never_started=never,
-        p50_s=quantile(waits, 0.5),
-        p90_s=quantile(waits, 0.9),
-        p99_s=quantile(waits, 0.99),
-        mean_s=sum(waits) / len(waits) if waits else None,
+        p50_s=quantile(s, 0.5),
+        p90_s=quantile(s, 0.9),
+        p99_s=quantile(s, 0.99),
+        mean_s=sum(s) / len(s) if s else None,
+        max_s=s[-1] if s else None,
     )
 
 
@@ -260,25 +247,245 @@ def capacity_gpu_s(fold: JobFold, start: float, end: float) -> float:
     return total
 
 
+@dataclass
+class _Chain:
+    """An original job and its resubmissions (after non-resumable preemptions)."""
+
+    root: JobRow
+    rows: list[JobRow]
+
+    def waits(self, end: float) -> list[tuple[float, float]]:
+        """Every wait of the chain, open ones up to `end`."""
+        out = []
+        for j in self.rows:
+            out += j.waits
+            if j.queued_since is not None and j.queued_since < end:
+                out.append((j.queued_since, end - j.queued_since))
+        return out
+
+    def done_at(self) -> float | None:
+        last = self.rows[-1]
+        return last.finished_at if last.outcome == "completed" else None
+
+
+def _chains(fold: JobFold, end: float) -> list[_Chain]:
+    """The original jobs submitted before `end`, each with its resubmissions in order."""
+    root_of: dict[int, int] = {}
+    chains: dict[int, _Chain] = {}
+    for j in sorted(fold.jobs.values(), key=lambda j: j.job_id):
+        if j.resubmit_of is None or j.resubmit_of not in root_of:
+            if j.submitted_at >= end:
+                continue
+            root_of[j.job_id] = j.job_id
+            chains[j.job_id] = _Chain(j, [j])
+        else:
+            root = root_of[j.resubmit_of]
+            root_of[j.job_id] = root
+            chains[root].rows.append(j)
+    return list(chains.values())
+
+
+def _pool_gpus(fold: JobFold, gpu_type: str | None) -> int:
+    return sum(g for n, g in fold.node_gpus.items() if gpu_type in (None, fold.node_type.get(n)))
+
+
+def _waits(chains: Sequence[_Chain], fold: JobFold, end: float) -> dict[str, Quantiles]:
+    """Every wait, first waits and per-job queued time, by kind of job."""
+    every: dict[str, list[float]] = {"all": [], "debug": [], "funded": [], "unfunded": []}
+    first: list[float] = []
+    queued: dict[str, list[float]] = {"all": [], "funded": [], "large": []}
+    never: dict[str, int] = {"all": 0, "debug": 0, "funded": 0, "unfunded": 0, "large": 0}
+    pools: dict[str | None, int] = {}
+    for ch in chains:
+        j = ch.root
+        ws = [w for _, w in ch.waits(end)]
+        started = j.first_placed_at is not None
+        pool = pools.get(j.gpu_type)
+        if pool is None:
+            pool = pools[j.gpu_type] = _pool_gpus(fold, j.gpu_type)
+        large = pool > 0 and j.gpus >= pool * LARGE_FRACTION
+        kinds = ("all", True), ("debug", j.debug), ("funded", j.funded), ("unfunded", not j.funded)
+        for k, on in kinds:
+            if on:
+                every[k] += ws
+                never[k] += not started
+        placed = j.first_placed_at
+        first.append((placed if placed is not None else end) - j.submitted_at)
+        total = sum(ws)
+        queued["all"].append(total)
+        if j.funded:
+            queued["funded"].append(total)
+        if large:
+            queued["large"].append(total)
+            never["large"] += not started
+    out = {f"wait_{k}": quantiles(v, never[k]) for k, v in every.items()}
+    out["wait_first"] = quantiles(first, never["all"])
+    out["queued"] = quantiles(queued["all"], never["all"])
+    out["queued_funded"] = quantiles(queued["funded"], never["funded"])
+    out["queued_large"] = quantiles(queued["large"], never["large"])
+    return out
+
+
+def _completion(
+    chains: Sequence[_Chain], end: float
+) -> tuple[Quantiles, Quantiles, Quantiles, int]:
+    """JCT of all and of funded original jobs, funded bounded slowdown, and how many are not
+    done (their JCT so far counts)."""
+    jct: list[float] = []
+    jct_f: list[float] = []
+    slow_f: list[float] = []
+    censored = 0
+    for ch in chains:
+        j = ch.root
+        done = ch.done_at()
+        if done is None:
+            censored += 1
+        t = (done if done is not None else end) - j.submitted_at
+        jct.append(t)
+        if j.funded:
+            jct_f.append(t)
+            work = j.work_s if j.work_s is not None else t
+            slow_f.append(t / max(work, SLOWDOWN_FLOOR_S))
+    return quantiles(jct, censored), quantiles(jct_f, 0), quantiles(slow_f, 0), censored
+
+
+def _team(account: str, depth: int = 2) -> str:
+    return "/".join(account.split("/")[:depth])
+
+
+def _under_share(
+    chains: Sequence[_Chain],
+    fold: JobFold,
+    allocation: Mapping[str, float],
+    capacity_gpus: int,
+    end: float,
+) -> tuple[float | None, str | None]:
+    """The longest wait of a funded job whose team was under its share when the wait began:
+    its funded GPU-seconds over the trailing `WINDOW_S` below allocation x capacity x window
+    (the part of the window inside the run)."""
+    holds: dict[str, list[tuple[float, float, int]]] = {}
+    for s, t, g, funded, account in fold.held:
+        if funded:
+            holds.setdefault(_team(account), []).append((s, t, g))
+    for j in fold.jobs.values():
+        if j.placed_at is not None and j.funded:
+            holds.setdefault(_team(j.account), []).append((j.placed_at, end, j.gpus))
+    used = {team: _Cumulative(hs) for team, hs in holds.items()}
+    first = min((j.submitted_at for j in fold.jobs.values()), default=0.0)
+    best: tuple[float, str] | None = None
+    for ch in chains:
+        if not ch.root.funded:
+            continue
+        team = _team(ch.root.account)
+        share = allocation.get(team, 0.0) * capacity_gpus
+        cum = used.get(team)
+        for began, w in ch.waits(end):
+            lo = max(first, began - WINDOW_S)
+            got = cum.between(lo, began) if cum is not None else 0.0
+            if got < share * (began - lo) and (best is None or w > best[0]):
+                best = (w, team)
+    return (best[0], best[1]) if best else (None, None)
+
+
+class _Cumulative:
+    """GPU-seconds a team held up to a time: piecewise linear, from its holds."""
+
+    def __init__(self, holds: Iterable[tuple[float, float, int]]) -> None:
+        deltas: dict[float, int] = {}
+        for s, t, g in holds:
+            deltas[s] = deltas.get(s, 0) + g
+            deltas[t] = deltas.get(t, 0) - g
+        self.times = sorted(deltas)
+        self.totals: list[float] = []
+        self.rates: list[int] = []
+        total, rate, prev = 0.0, 0, None
+        for t in self.times:
+            if prev is not None:
+                total += rate * (t - prev)
+            rate += deltas[t]
+            self.totals.append(total)
+            self.rates.append(rate)
+            prev = t
+
+    def at(self, t: float) -> float:
+        k = bisect.bisect_right(self.times, t) - 1
+        if k < 0:
+            return 0.0
+        return self.totals[k] + self.rates[k] * (t - self.times[k])
+
+    def between(self, a: float, b: float) -> float:
+        return self.at(b) - self.at(a)
+
+
+def _spans(samples: Sequence[IdleSample], end: float) -> list[tuple[IdleSample, float]]:
+    """Each sample with the time it lasts until (the next sample, or `end`)."""
+    return [(s, samples[i + 1].at if i + 1 < len(samples) else end) for i, s in enumerate(samples)]
+
+
+def _idle(
+    fold: JobFold, samples: Sequence[IdleSample], start: float, end: float, cap_s: float
+) -> Idle:
+    """Idle GPU-hours while funded work waited (from events), and where (from the samples of
+    the cycles that left a funded job waiting); what the samples do not place is `other`."""
+    parts = [0.0, 0.0, 0.0]
+    for s, until in _spans(samples, end):
+        if not s.funded_waiting:
+            continue
+        d = _clip(s.at, until, start, end)
+        parts[0] += s.reserve * d
+        parts[1] += s.held * d
+        parts[2] += s.fragmented * d
+    total = fold.idle_waiting_gpu_s
+    span = end - start
+    h = 3600.0
+    return Idle(
+        gpu_h=total / h,
+        share=total / cap_s if cap_s else 0.0,
+        reserve_gpu_h=parts[0] / h,
+        held_gpu_h=parts[1] / h,
+        fragmented_gpu_h=parts[2] / h,
+        other_gpu_h=max(0.0, total - sum(parts)) / h,
+        funded_waiting_share=fold.funded_waiting_s / span if span > 0 else 0.0,
+    )
+
+
 def compute(
     policy: str,
     fold: JobFold,
     team_hours: Sequence[fs.TeamHour],
-    fragmentation: Sequence[tuple[float, int]],
+    samples: Sequence[IdleSample],
     *,
     start: float,
     end: float,
     capacity_gpus: int,
 ) -> Metrics:
     """Pure: the metrics of a run over [start, end) (see the module docstring)."""
+    fold.advance(end)
     span = end - start
-    # 1. owed vs delivered (projection team hours), both measures
+    # 1. owed vs delivered, Ai2's yardstick (projection team hours) and the fixed one
     report = fs.summarise(team_hours, start, end)
     alloc: dict[str, float] = {}
     demand: dict[str, float] = {}
     for r in team_hours:
         alloc.setdefault(r.team, r.allocation)
         demand[r.team] = demand.get(r.team, 0.0) + r.demand_gpu_h
+    chains = _chains(fold, end)
+    fixed_owed = yardstick.owed_hours(
+        (
+            yardstick.Demand(_team(c.root.account), c.root.submitted_at, c.root.gpus,
+                             c.root.work_s or 0.0)
+            for c in chains
+            if c.root.funded
+        ),
+        alloc,
+        capacity_gpus,
+        start,
+        end,
+    )  # fmt: skip
+    fixed = fs.summarise(
+        yardstick.team_hours(fixed_owed, team_hours, alloc, capacity_gpus, start), start, end
+    )
+    fixed_by = {t.team: t for t in fixed.teams}
     teams = [
         TeamMetrics(
             team=t.team,
@@ -288,6 +495,9 @@ def compute(
             by_period=t.by_period,
             hour_by_hour=t.hour_by_hour,
             demand_gpu_h=demand.get(t.team, 0.0),
+            fixed_owed_gpu_h=fixed_by[t.team].owed_gpu_h if t.team in fixed_by else 0.0,
+            fixed_by_period=fixed_by[t.team].by_period if t.team in fixed_by else None,
+            fixed_hour_by_hour=fixed_by[t.team].hour_by_hour if t.team in fixed_by else None,
         )
         for t in report.teams
     ]
@@ -295,32 +505,25 @@ def compute(
     series, convergence = _series(team_hours, start, end)
     # 2. occupancy and the unfunded share
     cap_s = capacity_gpu_s(fold, start, end)
-    held = list(fold.held)
+    held = [(s, t, g, f) for s, t, g, f, _ in fold.held]
     for j in fold.jobs.values():
         if j.placed_at is not None:
             held.append((j.placed_at, end, j.gpus, j.funded))
     all_s = sum(g * _clip(s, t, start, end) for s, t, g, _ in held)
     funded_s = sum(g * _clip(s, t, start, end) for s, t, g, f in held if f)
-    # 3. waits (first placement)
-    waits: dict[str, list[float]] = {"all": [], "debug": [], "funded": [], "unfunded": []}
-    never: dict[str, int] = {"all": 0, "debug": 0, "funded": 0, "unfunded": 0}
-    for j in fold.jobs.values():
-        if j.resubmit_of is not None or j.submitted_at >= end:
-            continue
-        w = (j.first_placed_at if j.first_placed_at is not None else end) - j.submitted_at
-        kinds = ("all", True), ("debug", j.debug), ("funded", j.funded), ("unfunded", not j.funded)
-        for k, on in kinds:
-            if on:
-                waits[k].append(w)
-                never[k] += j.first_placed_at is None
-    # 4. preemptions
-    pre = [p for p in fold.preemptions if start <= p[0] < end]
-    lost_s = sum(p[2] * p[3] for p in pre)
-    originals = [j for j in fold.jobs.values() if j.resubmit_of is None]
+    # 3. waits (every one), queued time, completion
+    waits = _waits(chains, fold, end)
+    jct, jct_funded, slowdown, censored = _completion(chains, end)
+    longest, longest_team = _under_share(chains, fold, alloc, capacity_gpus, end)
+    # 4. preemptions and relaunches
+    losses = [x for x in fold.losses if start <= x.at < end]
+    pre = [x for x in losses if x.kind != "relaunch"]
+    lost_s = sum(x.gpus * x.lost_s for x in losses)
+    lost_funded_s = sum(x.gpus * x.lost_s for x in losses if x.funded)
     # 5. fragmentation, time-weighted between cycles
     frag = 0.0
-    for (at, gpus), nxt in zip(fragmentation, [*fragmentation[1:], (end, 0)], strict=True):
-        frag += gpus * _clip(at, nxt[0], start, end)
+    for s, until in _spans(samples, end):
+        frag += s.fragmented * _clip(s.at, until, start, end)
     frag_mean = frag / span if span > 0 else 0.0
     demand_mean = sum(r.demand_gpu_h for r in team_hours) / (span / 3600.0) if span else 0.0
     return Metrics(
@@ -329,33 +532,53 @@ def compute(
         end=end,
         days=span / DAY_S,
         capacity_gpus=capacity_gpus,
-        jobs_submitted=len(originals),
-        jobs_completed=sum(1 for j in fold.jobs.values() if j.outcome == "completed"),
+        jobs_submitted=len(chains),
+        jobs_completed=sum(1 for c in chains if c.done_at() is not None),
         owed_by_period=report.by_period,
         owed_hour_by_hour=report.hour_by_hour,
         teams=report.teams_owed,
         teams_at_95=report.teams_at_95,
         worst_team=report.worst_team,
         worst_by_period=report.worst,
+        fixed_by_period=fixed.by_period,
+        fixed_hour_by_hour=fixed.hour_by_hour,
+        fixed_teams_at_95=fixed.teams_at_95,
+        fixed_worst_team=fixed.worst_team,
+        fixed_worst_by_period=fixed.worst,
         jain=jain(ratios),
         occupancy=all_s / cap_s if cap_s else 0.0,
         funded_occupancy=funded_s / cap_s if cap_s else 0.0,
         unfunded_share=(all_s - funded_s) / all_s if all_s else 0.0,
         demand_ratio=demand_mean / capacity_gpus if capacity_gpus else 0.0,
-        wait=quantiles(waits["all"], never["all"]),
-        wait_debug=quantiles(waits["debug"], never["debug"]),
-        wait_funded=quantiles(waits["funded"], never["funded"]),
-        wait_unfunded=quantiles(waits["unfunded"], never["unfunded"]),
+        wait=waits["wait_all"],
+        wait_debug=waits["wait_debug"],
+        wait_funded=waits["wait_funded"],
+        wait_unfunded=waits["wait_unfunded"],
+        wait_first=waits["wait_first"],
+        queued=waits["queued"],
+        queued_funded=waits["queued_funded"],
+        queued_large=waits["queued_large"],
+        large_jobs=waits["queued_large"].count,
+        jct=jct,
+        jct_funded=jct_funded,
+        slowdown_funded=slowdown,
+        censored=censored,
+        longest_under_share_s=longest,
+        longest_under_share_team=longest_team,
         preemptions=len(pre),
-        preemptions_per_job=len(pre) / len(originals) if originals else 0.0,
-        preempted_jobs=len({p[1] for p in pre}),
+        preemptions_per_job=len(pre) / len(chains) if chains else 0.0,
+        preempted_jobs=len({x.job_id for x in pre}),
         lost_gpu_h=lost_s / 3600.0,
         lost_share=lost_s / all_s if all_s else 0.0,
-        lost_funded_share=sum(p[2] * p[3] for p in pre if p[5]) / all_s if all_s else 0.0,
-        lost_funded_gpu_h=sum(p[2] * p[3] for p in pre if p[5]) / 3600.0,
-        lost_by_kind={k: sum(p[2] * p[3] for p in pre if p[6] == k) / 3600.0 for k in LOSS_KINDS},
+        lost_funded_share=lost_funded_s / all_s if all_s else 0.0,
+        lost_funded_gpu_h=lost_funded_s / 3600.0,
+        lost_by_kind={
+            k: sum(x.gpus * x.lost_s for x in losses if x.kind == k) / 3600.0 for k in LOSS_KINDS
+        },
+        relaunch_s=fold.relaunch_s,
+        idle=_idle(fold, samples, start, end, cap_s),
         preemptions_by_reason={
-            r: sum(1 for p in pre if p[4] == r) for r in sorted({p[4] for p in pre})
+            r: sum(1 for x in pre if x.reason == r) for r in sorted({x.reason for x in pre})
         },
         fragmentation_gpus=frag_mean,
         fragmentation_share=frag_mean / capacity_gpus if capacity_gpus else 0.0,

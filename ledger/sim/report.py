@@ -7,32 +7,32 @@ are the edge that writes files (matplotlib with the Agg backend: no display need
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from ledger.sim.metrics import LOSS_KINDS
+from ledger.sim.fold import LOSS_KINDS
+from ledger.sim.metrics import Metrics, Quantiles
 from ledger.sim.runner import RunResult
 from schemas.units import approx
 
 COLUMNS = (
     ("policy", "policy"),
     ("owed_period", "owed by period"),
-    ("owed_hourly", "owed hour by hour"),
+    ("fixed_period", "fixed by period"),
+    ("fixed_hourly", "fixed hour by hour"),
     ("teams_95", "teams >= 95%"),
     ("worst", "worst team"),
-    ("jain", "Jain"),
-    ("occupancy", "occupancy"),
-    ("wait", "wait p50/p90/p99"),
+    ("wait", "every wait p50/p90/p99"),
     ("debug_p90", "debug p90"),
-    ("preempt", "preemptions/job"),
+    ("jct_p90", "funded JCT p90"),
+    ("large_p90", "large queued p90"),
     ("lost", "GPU-h lost"),
-    ("frag", "fragmented"),
-    ("unfunded", "unfunded share"),
-    ("speed", "sim days/s"),
+    ("idle", "idle while funded waited"),
 )
+"""The printed table's columns (the headline measures; report.md has every one)."""
 
 
 def _pct(x: float | None) -> str:
@@ -61,6 +61,7 @@ def summary(r: RunResult) -> dict[str, Any]:
             "policy_settings": dict(cfg.knobs),
             "sigterm_checkpoint_p": cfg.sigterm_checkpoint_p,
             "grace_s": cfg.grace_s,
+            "relaunch_s": cfg.relaunch_s,
             "min_runtime_cap_s": cfg.min_runtime_cap_s,
             "ranks": cfg.ranks,
             "drains": [msgspec.to_builtins(d.__dict__) for d in cfg.drains],
@@ -77,6 +78,7 @@ def summary(r: RunResult) -> dict[str, Any]:
         },
         "speed": {
             "wall_s": m.wall_s,
+            "cpu_s": m.cpu_s,
             "sim_days_per_s": m.days / m.wall_s if m.wall_s else None,
             "events": m.events,
             "events_per_s": m.events / m.wall_s if m.wall_s else None,
@@ -86,30 +88,42 @@ def summary(r: RunResult) -> dict[str, Any]:
     }
 
 
+def _p(q: Quantiles | None, which: str = "p90_s") -> str:
+    return "-" if q is None else approx(getattr(q, which))
+
+
+def _idle_text(m: Metrics) -> str:
+    i = m.idle
+    if i is None:
+        return "-"
+    return f"{i.gpu_h:,.0f} ({_pct(i.share)})"
+
+
 def row(r: RunResult) -> dict[str, str]:
-    """Pure: one table row of a run (the `COLUMNS`)."""
+    """Pure: one printed row of a run (the `COLUMNS`)."""
     m = r.metrics
     lost = f"{m.lost_gpu_h:,.0f} ({_pct(m.lost_share)}; funded {_pct(m.lost_funded_share)})"
+    large = f"{_p(m.queued_large)} ({m.large_jobs})"
     return {
         "policy": m.policy,
         "owed_period": _pct(m.owed_by_period),
         "owed_hourly": _pct(m.owed_hour_by_hour),
-        "teams_95": f"{m.teams_at_95}/{m.teams}",
-        "worst": f"{_pct(m.worst_by_period)} {m.worst_team or ''}".strip(),
-        "jain": "-" if m.jain is None else f"{m.jain:.3f}",
-        "occupancy": _pct(m.occupancy),
+        "fixed_period": _pct(m.fixed_by_period),
+        "fixed_hourly": _pct(m.fixed_hour_by_hour),
+        "teams_95": f"{m.teams_at_95}/{m.teams}; {m.fixed_teams_at_95}/{m.teams}",
+        "worst": f"{_pct(m.worst_by_period)}; {_pct(m.fixed_worst_by_period)}",
         "wait": "/".join(approx(x) for x in (m.wait.p50_s, m.wait.p90_s, m.wait.p99_s)),
         "debug_p90": approx(m.wait_debug.p90_s),
-        "preempt": f"{m.preemptions_per_job:.2f}",
+        "jct_p90": _p(m.jct_funded),
+        "large_p90": large,
         "lost": lost,
-        "frag": _pct(m.fragmentation_share),
-        "unfunded": _pct(m.unfunded_share),
-        "speed": f"{m.days / m.wall_s:.2f}" if m.wall_s else "-",
+        "idle": _idle_text(m),
     }
 
 
 def markdown(results: Sequence[RunResult], title: str = "Simulation") -> str:
-    """Pure: the comparison table (one row per policy), the run facts, and per-team tables."""
+    """Pure: the comparison tables (one row per policy each), the run facts, and per-team
+    tables."""
     if not results:
         return f"# {title}\n\nNo runs.\n"
     first = results[0]
@@ -121,59 +135,168 @@ def markdown(results: Sequence[RunResult], title: str = "Simulation") -> str:
         f"{s['workload']['offered_gpu_h']:,.0f} GPU-hours offered "
         f"(load {s['workload']['offered_load']:.2f} of capacity) on {cl['nodes']} nodes x "
         f"{cl['gpus_per_node']} {cl['gpu_type']} = {cl['gpus']} GPUs over "
-        f"{s['config']['days']:g} days; seed {s['config']['seed']}."
+        f"{s['config']['days']:g} days; seed {s['config']['seed']}; restart overhead "
+        f"{approx(s['config']['relaunch_s'])} per relaunch."
     )
     lines.append("")
     for note in s["workload"]["notes"]:
         lines.append(f"- {note}")
     for d in s["workload"]["dropped"]:
         lines.append(f"- dropped: {d}")
-    lines += ["", "| " + " | ".join(h for _, h in COLUMNS) + " |"]
-    lines.append("|" + "|".join("---" for _ in COLUMNS) + "|")
-    for r in results:
-        cells = row(r)
-        lines.append("| " + " | ".join(cells[k] for k, _ in COLUMNS) + " |")
-    lines += [
-        "",
-        "Owed (Ai2): allocated fraction of capacity capped hour by hour at the team's demand "
-        "(funded GPUs pending or running). *By period*: sum delivered / sum owed, capped at 1 "
-        "per team. *Hour by hour*: sum of min(delivered, owed) per hour / sum owed. Waits run "
-        "from submission to first placement (jobs never placed count with their wait so far). "
-        "GPU-h lost: work since the last checkpoint (resumable) or placement, per preemption, "
-        "as a share of all GPU-hours delivered (funded: funded jobs' loss alone). Lost by kind: "
-        "unfunded / funded non-resumable / resumable with periodic checkpoints / resumable "
-        "that checkpoint on SIGTERM (at most the grace period each).",
-        "",
-        "| policy | mean demand / supply | funded occupancy | debug jobs | never started | "
-        "preemptions (by reason) | lost funded GPU-h | lost GPU-h by kind | events | events/s "
-        "| wall |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        m = r.metrics
-        reasons = ", ".join(f"{k} {v}" for k, v in m.preemptions_by_reason.items()) or "-"
-        eps = f"{m.events / m.wall_s:,.0f}" if m.wall_s else "-"
-        kinds = " / ".join(f"{m.lost_by_kind.get(k, 0.0):,.0f}" for k in LOSS_KINDS)
-        lines.append(
-            f"| {m.policy} | {m.demand_ratio:.2f} | {_pct(m.funded_occupancy)} | "
-            f"{m.wait_debug.count} | {m.wait.never_started} | {m.preemptions} ({reasons}) | "
-            f"{m.lost_funded_gpu_h:,.0f} | {kinds} | {m.events:,} | {eps} | {m.wall_s:.1f}s |"
-        )
+    lines += ["", *table(OWED, results), "", OWED_NOTE, ""]
+    lines += [*table(WAITS, results), "", WAITS_NOTE, ""]
+    lines += [*table(CHURN, results), "", CHURN_NOTE]
     for r in results:
         m = r.metrics
         lines += [
             "",
             f"## {m.policy}: owed and delivered per team",
             "",
-            "| team | allocation | owed GPU-h | delivered GPU-h | by period | hour by hour |",
-            "|---|---|---|---|---|---|",
+            "| team | allocation | delivered GPU-h | owed GPU-h (Ai2) | by period | hour by hour "
+            "| owed GPU-h (fixed) | by period | hour by hour |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for t in m.team_rows:
             lines.append(
-                f"| {t.team} | {_pct(t.allocation)} | {t.owed_gpu_h:,.0f} | "
-                f"{t.delivered_gpu_h:,.0f} | {_pct(t.by_period)} | {_pct(t.hour_by_hour)} |"
+                f"| {t.team} | {_pct(t.allocation)} | {t.delivered_gpu_h:,.0f} | "
+                f"{t.owed_gpu_h:,.0f} | {_pct(t.by_period)} | {_pct(t.hour_by_hour)} | "
+                f"{t.fixed_owed_gpu_h:,.0f} | {_pct(t.fixed_by_period)} | "
+                f"{_pct(t.fixed_hour_by_hour)} |"
             )
     return "\n".join(lines) + "\n"
+
+
+Cell = tuple[str, Callable[[Metrics], str]]
+
+
+def table(cells: Sequence[Cell], results: Sequence[RunResult]) -> list[str]:
+    """Pure: a Markdown table, one row per run, of `cells` (header, value of the metrics)."""
+    out = ["| " + " | ".join(h for h, _ in cells) + " |"]
+    out.append("|" + "|".join("---" for _ in cells) + "|")
+    for r in results:
+        out.append("| " + " | ".join(f(r.metrics) for _, f in cells) + " |")
+    return out
+
+
+def _kinds(m: Metrics) -> str:
+    return " / ".join(f"{m.lost_by_kind.get(k, 0.0):,.0f}" for k in LOSS_KINDS)
+
+
+def _where(m: Metrics) -> str:
+    i = m.idle
+    if i is None:
+        return "-"
+    parts = (i.reserve_gpu_h, i.held_gpu_h, i.fragmented_gpu_h, i.other_gpu_h)
+    return " / ".join(f"{x:,.0f}" for x in parts)
+
+
+def _q3(q: Quantiles | None) -> str:
+    if q is None:
+        return "-"
+    return "/".join(approx(x) for x in (q.p50_s, q.p90_s, q.p99_s))
+
+
+OWED: tuple[Cell, ...] = (
+    ("policy", lambda m: m.policy),
+    ("owed by period (Ai2)", lambda m: _pct(m.owed_by_period)),
+    ("hour by hour (Ai2)", lambda m: _pct(m.owed_hour_by_hour)),
+    ("owed by period (fixed)", lambda m: _pct(m.fixed_by_period)),
+    ("hour by hour (fixed)", lambda m: _pct(m.fixed_hour_by_hour)),
+    ("teams >= 95% (Ai2; fixed)", lambda m: f"{m.teams_at_95}/{m.teams}; "
+                                            f"{m.fixed_teams_at_95}/{m.teams}"),
+    ("worst team (Ai2)", lambda m: f"{_pct(m.worst_by_period)} {m.worst_team or ''}".strip()),
+    ("worst team (fixed)", lambda m: f"{_pct(m.fixed_worst_by_period)} "
+                                     f"{m.fixed_worst_team or ''}".strip()),
+    ("Jain", lambda m: "-" if m.jain is None else f"{m.jain:.3f}"),
+    ("occupancy", lambda m: _pct(m.occupancy)),
+    ("unfunded share", lambda m: _pct(m.unfunded_share)),
+    ("mean demand / supply", lambda m: f"{m.demand_ratio:.2f}"),
+)  # fmt: skip
+OWED_NOTE = (
+    "Owed, two yardsticks. *Ai2*: the team's allocated fraction of capacity capped hour by hour "
+    "at its demand under the policy that ran (funded GPUs pending or running). *Fixed*: what a "
+    "partition of the team's allocated size would have run of the funded jobs it submitted "
+    "(the same for every policy). *By period*: sum delivered / sum owed, capped at 1 per team. "
+    "*Hour by hour*: sum of min(delivered, owed) per hour / sum owed."
+)
+WAITS: tuple[Cell, ...] = (
+    ("policy", lambda m: m.policy),
+    ("every wait p50/p90/p99", lambda m: _q3(m.wait)),
+    ("waits", lambda m: f"{m.wait.count:,}"),
+    ("first wait p90", lambda m: _p(m.wait_first)),
+    ("queued per job p50/p90/p99", lambda m: _q3(m.queued)),
+    ("funded queued p90", lambda m: _p(m.queued_funded)),
+    ("unfunded wait p90", lambda m: _p(m.wait_unfunded)),
+    ("debug p90 (jobs)", lambda m: f"{approx(m.wait_debug.p90_s)} ({m.wait_debug.count})"),
+    ("large queued p90 (jobs)", lambda m: f"{_p(m.queued_large)} ({m.large_jobs})"),
+    ("longest under share", lambda m: approx(m.longest_under_share_s)),
+    ("funded JCT p50/p90", lambda m: f"{_p(m.jct_funded, 'p50_s')}/{_p(m.jct_funded)}"),
+    ("funded slowdown p90", lambda m: "-" if m.slowdown_funded is None
+        or m.slowdown_funded.p90_s is None else f"{m.slowdown_funded.p90_s:.1f}"),
+    ("never started; not done", lambda m: f"{m.wait.never_started}; {m.censored}"),
+)  # fmt: skip
+WAITS_NOTE = (
+    "Waits: every wait, from submission and from each requeue (or resubmission after a "
+    "preemption) to the next placement, one sample each; *queued per job*: the sum of an "
+    "original job's waits; *first wait*: submission to first placement. Open waits count with "
+    "their length so far. *Large*: jobs asking >= 1/8 of their pool. *Longest under share*: "
+    "the longest wait of a funded job whose team had been delivered less than its share over "
+    "the trailing 7 days when the wait began. *JCT*: submission to completion of the last run "
+    "(jobs not done count with their time so far); *slowdown*: JCT / max(work, 10 s)."
+)
+CHURN: tuple[Cell, ...] = (
+    ("policy", lambda m: m.policy),
+    ("preemptions/job", lambda m: f"{m.preemptions_per_job:.2f}"),
+    ("preemptions (by reason)", lambda m: f"{m.preemptions} ("
+        + (", ".join(f"{k} {v}" for k, v in m.preemptions_by_reason.items()) or "-") + ")"),
+    ("GPU-h lost", lambda m: f"{m.lost_gpu_h:,.0f} ({_pct(m.lost_share)})"),
+    ("funded lost", lambda m: f"{m.lost_funded_gpu_h:,.0f} ({_pct(m.lost_funded_share)})"),
+    ("lost by kind", _kinds),
+    ("idle while funded waited", _idle_text),
+    ("reserve / held / fragmented / other", _where),
+    ("fragmented", lambda m: _pct(m.fragmentation_share)),
+    ("events", lambda m: f"{m.events:,}"),
+    ("cycles", lambda m: f"{m.cycles:,}"),
+    ("wall; CPU", lambda m: f"{m.wall_s:.1f}s; {m.cpu_s:.1f}s"),
+)  # fmt: skip
+CHURN_NOTE = (
+    "GPU-h lost: per preemption, the work since the last checkpoint (resumable jobs) or since "
+    "placement (others), and per relaunch the restart overhead; as a share of all GPU-hours "
+    "delivered (funded: funded jobs' loss alone, the loss target's measure). By kind: "
+    + " / ".join(LOSS_KINDS)
+    + ". Idle while funded waited: GPU-hours free on delivering nodes while a funded job was "
+    "pending, and where: nodes kept for debug work / nodes held for a reservation / free GPUs no "
+    "waiting job could use / the rest."
+)
+
+
+def sweep_markdown(cells: Sequence[tuple[str, Sequence[RunResult]]], title: str) -> str:
+    """Pure: one table for a sweep: a row per (workload, policy) with the `COLUMNS` and where
+    the idle GPU-hours were, workloads in the order given."""
+    header = ["workload", *(h for _, h in COLUMNS), "idle: reserve / held / fragmented / other"]
+    lines = [f"# {title}", "", "| " + " | ".join(header) + " |"]
+    lines.append("|" + "|".join("---" for _ in header) + "|")
+    for label, results in cells:
+        for r in results:
+            values = row(r)
+            lines.append(
+                "| " + " | ".join([label, *(values[k] for k, _ in COLUMNS), _where(r.metrics)])
+                + " |"
+            )  # fmt: skip
+    lines += ["", OWED_NOTE, "", WAITS_NOTE, "", CHURN_NOTE]
+    return "\n".join(lines) + "\n"
+
+
+def write_sweep(
+    cells: Sequence[tuple[str, Sequence[RunResult]]], out: Path, title: str
+) -> dict[str, Path]:
+    """Write `<out>/sweep.json` (every run's summary, by workload) and `<out>/sweep.md`."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "sweep.json", "markdown": out / "sweep.md"}
+    data = [{"workload": label, "runs": [summary(r) for r in rs]} for label, rs in cells]
+    paths["json"].write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    paths["markdown"].write_text(sweep_markdown(cells, title))
+    return paths
 
 
 # --- files --------------------------------------------------------------------------------------

@@ -34,8 +34,9 @@ import msgspec
 from ledger.core import budget as b
 from ledger.cycle.dispatcher import CycleResult, Dispatcher, RankSource
 from ledger.dispatch import registry
+from ledger.sim.fold import IdleSample, JobFold
 from ledger.sim.kernel import KernelExecutor, drive
-from ledger.sim.metrics import JobFold, Metrics, compute
+from ledger.sim.metrics import Metrics, compute
 from ledger.sim.ranks import IncrementalRanks, NoRanks, ProjectionRanks
 from ledger.sim.workload import SimJob, Workload, team_fractions
 from ledger.store import EVENTS_DB
@@ -59,6 +60,9 @@ ADMIN = "root"
 POLICIES = registry.NAMES
 WEEK_S = 7 * 86_400.0
 DAY_S = 86_400.0
+RELAUNCH_S = 300.0
+"""The default restart overhead of a relaunch: a job preempted and placed again spends 5
+minutes starting (scheduling its processes, loading its checkpoint) before its work goes on."""
 
 Progress = Callable[[float, float, int], None]
 """Called as the run goes: (simulated seconds done, seconds in all, events so far)."""
@@ -105,6 +109,9 @@ class SimConfig:
     """The signal contract: the share of resumable jobs that checkpoint when stopped (SIGTERM),
     so a preemption loses them at most `grace_s` (chosen per job, seeded)."""
     grace_s: float = 30.0
+    relaunch_s: float = RELAUNCH_S
+    """The restart overhead of every relaunch after a preemption (the run takes that much
+    longer; the measures count it as lost)."""
     min_runtime_cap_s: int = 8 * 3600
     ranks: str = "incremental"
     """`incremental` (pure fair-share math on intervals kept in memory) or `projection`."""
@@ -158,7 +165,13 @@ class Simulation:
         self.ledger = Ledger(home, self.clock, seeded_ids(config.seed))
         self.on_sigterm: set[int] = set()
         """Resumable jobs (ledger ids) that checkpoint on SIGTERM."""
-        self.executor = KernelExecutor(on_sigterm=self.on_sigterm.__contains__)
+        self.resubmitted: set[int] = set()
+        """Resubmissions of preempted non-resumable jobs (ledger ids): their launch restarts."""
+        self.executor = KernelExecutor(
+            on_sigterm=self.on_sigterm.__contains__,
+            relaunch_s=config.relaunch_s,
+            relaunched=self.resubmitted.__contains__,
+        )
         self.policy = registry.build(
             config.policy,
             dict(config.knobs),
@@ -185,8 +198,11 @@ class Simulation:
         self.dispatcher = Dispatcher(
             self.ledger, self.rank_source, self.policy, self.executor, idle_record_s=None
         )
-        self.fold = JobFold(on_sigterm=self.on_sigterm, grace_s=config.grace_s)
-        self.fragmentation: list[tuple[float, int]] = []
+        self.fold = JobFold(
+            on_sigterm=self.on_sigterm, grace_s=config.grace_s, relaunch_s=config.relaunch_s
+        )
+        self.samples: list[IdleSample] = []
+        """What each cycle left free (`metrics.IdleSample`)."""
         self.cycles = 0
         self._seen = 0
         self._sim_jobs: dict[int, SimJob] = {}
@@ -263,7 +279,7 @@ class Simulation:
 
     def run(self) -> RunResult:
         cfg = self.config
-        wall = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         self.setup()
         jobs = self._queue = self._jobs()
         self._drains = self._drain_commands()
@@ -272,7 +288,7 @@ class Simulation:
         start, end = cfg.start_at, cfg.end_at
         if self.progress is not None:
             self.progress(end - start, end - start, self.ledger.position)
-        metrics = self._metrics(time.perf_counter() - wall)
+        metrics = self._metrics(time.perf_counter() - wall, time.process_time() - cpu)
         self._close()
         return RunResult(
             metrics=metrics,
@@ -319,12 +335,15 @@ class Simulation:
         cfg, jobs, start = self.config, self._queue, self.config.start_at
         cmds: list[c.AnyCommand] = []
         due: list[SimJob] = []
+        resubmits: list[bool] = []
         while self._next < len(jobs) and start + jobs[self._next].submit_s <= t:
             due.append(jobs[self._next])
+            resubmits.append(False)
             cmds.append(self._submit(jobs[self._next]))
             self._next += 1
         for j, of in self._resubmit:
             due.append(j)
+            resubmits.append(True)
             cmds.append(self._submit(j, of))
         self._resubmit.clear()
         while self._drains and self._drains[0][0] <= t:
@@ -335,15 +354,20 @@ class Simulation:
         if cmds:
             appended = self.ledger.execute_all(cmds)
             subs = [ev for ev in appended.events if isinstance(ev, e.JobSubmitted)]
-            for ev, j in zip(subs, due, strict=True):
+            for ev, j, again in zip(subs, due, resubmits, strict=True):
                 self._sim_jobs[ev.job_id] = j
+                if again:
+                    self.resubmitted.add(ev.job_id)
                 if j.resumable and self._checkpoints_on_sigterm(j):
                     self.on_sigterm.add(ev.job_id)
         self._observe()
 
     def cycled(self, t: float, result: CycleResult) -> bool:
         """3. fold a cycle; again at once while the victim searches ran out."""
-        self.fragmentation.append((t, result.decision.fragmentation_gpus))
+        idle = result.decision.idle
+        self.samples.append(
+            IdleSample(t, idle.reserve, idle.held, idle.fragmented, idle.funded_waiting > 0)
+        )
         self._observe()
         return bool(result.appended) and _budget_spent(result)
 
@@ -438,7 +462,7 @@ class Simulation:
             case _:
                 pass
 
-    def _metrics(self, wall_s: float) -> Metrics:
+    def _metrics(self, wall_s: float, cpu_s: float) -> Metrics:
         cfg = self.config
         if self._projection is not None:
             store = self._projection.store
@@ -453,13 +477,13 @@ class Simulation:
             cfg.policy,
             self.fold,
             rows,
-            self.fragmentation,
+            self.samples,
             start=cfg.start_at,
             end=cfg.end_at,
             capacity_gpus=cfg.cluster.gpus,
         )
         return msgspec.structs.replace(
-            m, wall_s=wall_s, events=self.ledger.position, cycles=self.cycles
+            m, wall_s=wall_s, cpu_s=cpu_s, events=self.ledger.position, cycles=self.cycles
         )
 
     def close(self) -> None:

@@ -117,7 +117,7 @@ def test_policy_versions_settings_and_the_signal_contract_reach_the_runs(tmp_pat
         home,
         "simulate", "compare", "--synthetic", "--days", "1", "--nodes", "8", "--no-plots",
         "--policies", "fairshare-1,fairshare", "--set", "spare_ratio=2",
-        "--sigterm-checkpoint", "0.5", "--parallel", "2",
+        "--sigterm-checkpoint", "0.5", "--parallel", "2", "--relaunch-cost", "2m",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     report = json.loads((home / "report" / "report.json").read_text())
@@ -126,10 +126,45 @@ def test_policy_versions_settings_and_the_signal_contract_reach_the_runs(tmp_pat
     assert (home / "fairshare-1" / "events.sqlite").exists()
     assert [r["config"]["policy_settings"] for r in report] == [{}, {"spare_ratio": "2"}]
     assert all(r["config"]["sigterm_checkpoint_p"] == 0.5 for r in report)
+    assert all(r["config"]["relaunch_s"] == 120.0 for r in report)
     kinds = report[1]["metrics"]["lost_by_kind"]
     assert set(kinds) == {"unfunded", "non-resumable", "periodic checkpoints",
-                          "checkpoints on SIGTERM"}  # fmt: skip
+                          "checkpoints on SIGTERM", "relaunch"}  # fmt: skip
     assert sum(kinds.values()) == pytest.approx(report[1]["metrics"]["lost_gpu_h"])
     bad = cli(tmp_path / "bad", "simulate", "run", "--synthetic", "--set", "wiggle=1")
     assert bad.returncode != 0
     assert "no policy of this run has the setting wiggle" in bad.stderr
+
+
+def test_a_sweep_runs_every_policy_on_every_workload_of_the_grid(tmp_path: Path) -> None:
+    home = tmp_path / "sweep"
+    out = cli(
+        home,
+        "simulate", "sweep", "--family", "demand=2 debug=0.2", "--grid", "teams=3/6",
+        "--seeds", "1,2", "--policies", "fifo,fairshare", "--nodes", "4", "--days", "0.25",
+        "--parallel", "2",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    data = json.loads((home / "report" / "sweep.json").read_text())
+    assert [d["workload"] for d in data] == [
+        "teams=3 seed=1", "teams=3 seed=2", "teams=6 seed=1", "teams=6 seed=2",
+    ]  # fmt: skip
+    for d in data:
+        assert [r["policy"] for r in d["runs"]] == ["fifo", "fairshare"]
+        seed = int(d["workload"].rsplit("=", 1)[1])
+        assert all(r["config"]["seed"] == seed for r in d["runs"])
+        names = {r["workload"]["name"] for r in d["runs"]}
+        assert len(names) == 1 and "demand=2 " in names.pop()
+    # the same workload for both policies, a different one per seed
+    jobs = [d["runs"][0]["workload"]["jobs"] for d in data]
+    assert jobs[0] != jobs[1]
+    md = (home / "report" / "sweep.md").read_text()
+    assert md.count("| teams=6 seed=2 |") == 2
+    assert (home / "004" / "fairshare" / "events.sqlite").exists()
+    # a bad grid is refused in one line before any run
+    bad = cli(tmp_path / "bad", "simulate", "sweep", "--grid", "colour=red/blue")
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines()[-1].startswith("error: invalid family setting")
+    assert not (tmp_path / "bad" / "001").exists()
+    both = cli(tmp_path / "both", "simulate", "run", "--family", "--synthetic")
+    assert both.returncode == 1 and "exactly one of" in both.stderr

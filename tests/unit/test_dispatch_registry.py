@@ -9,6 +9,7 @@ import pytest
 from ledger.dispatch import registry
 from ledger.dispatch.baselines import LegacyCaps, LegacyCaps2, SlurmMultifactor, SlurmMultifactor2
 from ledger.dispatch.fairshare2 import FairShare2
+from ledger.dispatch.fairshare7 import FairShare7
 from ledger.dispatch.policy import FairShare, Fifo
 from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.policy import (
@@ -19,6 +20,7 @@ from schemas.policy import (
     FairShare4Config,
     FairShare5Config,
     FairShare6Config,
+    FairShare7Config,
     FairShareConfig,
     FifoConfig,
     Legacy2Config,
@@ -30,6 +32,8 @@ from schemas.policy import (
 )
 
 CONFIGS: list[AnyPolicyConfig] = [
+    FairShare7Config(),
+    FairShare7Config(requeued_last=True, relaunch_cost_s=0.0, hold_share=0.0, debug_reserve_per=32),
     FairShare6Config(),
     FairShare6Config(debug_reserve_per=128),
     FairShare5Config(),
@@ -70,7 +74,10 @@ def test_a_config_survives_the_wire_and_builds_its_policy_and_back(
 
 
 def test_the_built_policies_are_the_ones_the_names_stood_for() -> None:
-    assert registry.policy_from_config(registry.default_config()) == FairShare2(
+    assert registry.policy_from_config(registry.default_config()) == FairShare7(
+        gain_horizon_s=1800.0
+    )
+    assert registry.policy_from_config(registry.default_config("fairshare-6")) == FairShare2(
         version="fairshare-6", gain_horizon_s=1800.0, debug_reserve_per=16
     )
     assert registry.policy_from_config(registry.default_config("fairshare-4")) == FairShare2(
@@ -118,7 +125,7 @@ SERVICE_KNOBS = {"margin": 0.2, "debug_lane": False, "squat_after_s": 600.0}
 @pytest.mark.parametrize(
     ("given", "knobs", "known_only", "want"),
     [
-        pytest.param(None, {}, False, registry.build("fairshare-6"), id="nothing: the default"),
+        pytest.param(None, {}, False, registry.build("fairshare-7"), id="nothing: the default"),
         pytest.param("fifo", {}, False, Fifo(), id="a name: its defaults"),
         pytest.param(FairShareConfig(margin=0.5), {}, False, FairShare(margin=0.5), id="a config"),
         pytest.param(

@@ -16,7 +16,7 @@ from projections.batch import decode_records
 from projections.source import ListSource, LogRecord
 from schemas import codec
 from schemas import events as e
-from schemas.policy import AnyPolicyConfig
+from schemas.policy import AnyPolicyConfig, FairShare6Config
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 V1 = (GOLDEN / "events-v1.jsonl").read_bytes().splitlines()
@@ -194,3 +194,31 @@ def test_v2_decision_records_upcast_to_exactly_what_the_code_now_writes() -> Non
     v2, v3 = unchained("fairshare-6.jsonl"), unchained(V3)
     assert sum(isinstance(ev, e.CycleDecided) for ev in v3) == 36
     assert v2 == v3
+
+
+def test_recorded_fairshare_7_decisions_replay_identically_and_differ_as_fairshare_6() -> None:
+    """fairshare-7 (the default) decides exactly as it recorded; read as fairshare-6 with the
+    settings the two share (fairshare-6 has no reservation, a debug reserve, no restart price),
+    some decisions differ, so the test can fail."""
+    source, decisions = _recorded_decisions("fairshare-7")
+    assert len(decisions) == 42
+    assert sum(len(d.preempted) for _, d in decisions) > 0
+    results = list(replay_decisions(source, decisions))
+    assert [r.headline() for r in results if not r.identical] == []
+    shared = FairShare6Config.__struct_fields__
+    as_six = [
+        (
+            position,
+            msgspec.structs.replace(
+                d,
+                policy_version="fairshare-6",
+                policy=FairShare6Config(
+                    **{k: v for k, v in msgspec.structs.asdict(d.policy).items() if k in shared}
+                ),
+            ),
+        )
+        for position, d in decisions
+        if d.policy is not None
+    ]
+    assert len(as_six) == len(decisions)
+    assert not all(r.identical for r in replay_decisions(source, as_six))

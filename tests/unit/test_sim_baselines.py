@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from ledger.dispatch import NodeView, PendingJob, RunningJob, Snapshot, decide
-from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor, in_cap_usage, team_of
+from ledger.dispatch.baselines import (
+    LegacyCaps,
+    SlurmLab,
+    SlurmMultifactor,
+    in_cap_usage,
+    team_of,
+)
 from schemas.events import GpuSlot
 from schemas.policy import LegacyConfig, settings
 
@@ -140,3 +147,110 @@ def test_legacy_orders_by_static_priority_across_teams() -> None:
     )
     assert [j.job_id for _, j in LegacyCaps().order(snap)] == [2, 1, 3]
     assert settings(LegacyConfig(caps={"x": 1}))["caps"] == "x=1"  # as v1 and v2 records wrote it
+
+
+# --- slurm-lab: Slurm as a lab configures it ------------------------------------------------------
+
+
+def nodes(n: int, free_on: tuple[str, ...] = ()) -> tuple[NodeView, ...]:
+    return tuple(
+        node(f"n{i:02d}", tuple(range(8)) if f"n{i:02d}" in free_on else ())
+        for i in range(1, n + 1)
+    )
+
+
+def test_slurm_lab_orders_debug_qos_then_normal_then_scavenger() -> None:
+    ranks = {"lab/a/u": 0, "lab/b/u": 1}
+    debug = msgspec.structs.replace(pending(3, "lab/b", 1), debug=True, time_limit_s=900)
+    snap = Snapshot(
+        position=1,
+        taken_at=NOW,
+        nodes=(node("n1"),),
+        pending=(pending(1, "lab/a", 1, funded=False), pending(2, "lab/b", 1), debug),
+        ranks=ranks,
+    )
+    assert [j.job_id for _, j in SlurmLab().order(snap)] == [3, 2, 1]
+
+
+def test_slurm_lab_keeps_a_debug_partition_that_scavenger_jobs_borrow() -> None:
+    """16 nodes, one in 32 of them (at least one: n16) is the debug partition: a funded job may
+    not start there, an unfunded (scavenger) job may, and a debug job preempts it."""
+    free = nodes(16, free_on=("n16",))
+    waiting = (pending(1, "lab/a", 8), pending(2, "lab/a", 8, funded=False))
+    snap = Snapshot(position=1, taken_at=NOW, nodes=free, pending=waiting)
+    d = decide(snap, SlurmLab(backfill=False), NOW)
+    assert [p.job_id for p in d.placements] == [2]
+    assert d.idle.reserve == 0 and d.idle.funded_waiting == 1
+    busy = Snapshot(
+        position=2,
+        taken_at=NOW,
+        nodes=nodes(16),
+        running=(running(20, "lab/a", 8, "n16", 0, funded=False),),
+        pending=(msgspec.structs.replace(pending(3, "lab/b", 2), debug=True, time_limit_s=600),),
+    )
+    d = decide(busy, SlurmLab(), NOW)
+    assert [p.job_id for p in d.preemptions] == [20]
+    assert [(p.job_id, p.slots[0].node) for p in d.placements] == [(3, "n16")]
+
+
+def test_slurm_lab_backfill_holds_nodes_for_the_top_job() -> None:
+    """Four nodes. n01 and n02 hold jobs that end (by the default time limit) in 1 h and 2 h,
+    n03 one that ends in 3 days, n04 is free. The top job asks 16 GPUs (two whole nodes): it
+    is held n04 and n01, from 1 h on. The next job (8 GPUs, no time limit: three days) may not
+    take n04; a 2-hour job may not either (it would end after the reservation starts), a
+    30-minute one may."""
+    limit = 3 * 86_400
+    snap = Snapshot(
+        position=1,
+        taken_at=NOW,
+        nodes=nodes(4, free_on=("n04",)),
+        running=(
+            running(10, "lab/b", 8, "n01", 0, placed_h_ago=limit / H - 1),
+            running(11, "lab/b", 8, "n02", 0, placed_h_ago=limit / H - 2),
+            running(12, "lab/b", 8, "n03", 0, placed_h_ago=1.0),
+        ),
+        pending=(
+            pending(1, "lab/a", 16, age=100.0),
+            pending(2, "lab/a", 8, age=50.0),
+            msgspec.structs.replace(pending(3, "lab/a", 8, age=40.0), time_limit_s=2 * 3600),
+            msgspec.structs.replace(pending(4, "lab/a", 8, age=30.0), time_limit_s=1800),
+        ),
+        ranks={"lab/a/u": 0, "lab/b/u": 1},
+    )
+    d = decide(snap, SlurmLab(debug_nodes_per=0), NOW)
+    assert d.hold is not None
+    assert (d.hold.job_id, sorted(d.hold.nodes), d.hold.until) == (1, ["n01", "n04"], NOW + H)
+    assert [p.job_id for p in d.placements] == [4]
+    assert d.wake_at == NOW + H
+    assert d.idle.held == 0  # job 4 backfilled the free node
+    no_backfill = decide(snap, SlurmLab(debug_nodes_per=0, backfill=False), NOW)
+    assert no_backfill.hold is None
+    assert [p.job_id for p in no_backfill.placements] == [2]  # the top job is overtaken
+
+
+def test_slurm_lab_counts_scavenger_jobs_as_gone_for_its_reservation() -> None:
+    """The top job may preempt scavenger jobs: a node that holds only one is free for it now;
+    one held by a funded job is free when that job's time limit ends."""
+    snap = Snapshot(
+        position=1,
+        taken_at=NOW,
+        nodes=nodes(3),
+        running=(
+            running(10, "lab/b", 8, "n01", 0, placed_h_ago=1.0),
+            running(11, "lab/b", 4, "n02", 0, funded=False),
+            running(12, "lab/b", 4, "n02", 4, placed_h_ago=70.0),
+            running(13, "lab/b", 8, "n03", 0, funded=False),
+        ),
+        pending=(pending(1, "lab/a", 24),),
+        ranks={"lab/a/u": 0, "lab/b/u": 1},
+    )
+    d = decide(snap, SlurmLab(debug_nodes_per=0, preempt_unfunded=False), NOW)
+    # without preemption every job ends by its (default) time limit: job 10 in 71 h
+    assert d.hold is not None and d.hold.until == NOW + 71 * H
+    snap = msgspec.structs.replace(snap, pending=(pending(1, "lab/a", 16),))
+    d = decide(snap, SlurmLab(debug_nodes_per=0), NOW)
+    # n03 is free for it now (a scavenger job), n02 when job 12 ends at 72 h (in 2 h)
+    assert d.hold is not None and (sorted(d.hold.nodes), d.hold.until) == (
+        ["n02", "n03"],
+        NOW + 2 * H,
+    )

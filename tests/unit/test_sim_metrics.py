@@ -1,10 +1,13 @@
-"""Run metrics on hand-made event histories: waits, loss to preemption, occupancy, owed."""
+"""Run metrics on hand-made event histories: every wait, completion, loss to preemption and
+relaunch, idle time, occupancy, and owed on both yardsticks, each worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from ledger.sim.metrics import JobFold, capacity_gpu_s, compute, jain, quantile
+from ledger.sim import yardstick
+from ledger.sim.fold import IdleSample, JobFold
+from ledger.sim.metrics import Metrics, capacity_gpu_s, compute, jain, quantile
 from projections import fairshare as fs
 from schemas import events as e
 from schemas.events import GpuSlot
@@ -18,7 +21,8 @@ def kw(at: float) -> dict[str, object]:
 
 
 def submitted(job_id: int, at: float, gpus: int, *, funded: bool = True, resumable: bool = False,
-              debug: bool = False, account: str = "lab/a") -> e.JobSubmitted:  # fmt: skip
+              debug: bool = False, account: str = "lab/a", work_s: float | None = None,
+              resubmit_of: int | None = None) -> e.JobSubmitted:  # fmt: skip
     return e.JobSubmitted(
         **kw(at),  # type: ignore[arg-type]
         job_id=job_id,
@@ -28,7 +32,13 @@ def submitted(job_id: int, at: float, gpus: int, *, funded: bool = True, resumab
         min_runtime_s=3600 if funded else 0,
         resumable=resumable,
         debug=debug,
+        duration_s=work_s,
+        labels={"resubmit_of": str(resubmit_of)} if resubmit_of else {},
     )
+
+
+def node(at: float = 0, name: str = "n1", gpus: int = 8) -> e.NodeRegistered:
+    return e.NodeRegistered(**kw(at), cluster="c", node=name, gpu_type="h100", gpus=gpus)  # type: ignore[arg-type]
 
 
 def placed(job_id: int, at: float, gpus: int) -> e.JobPlaced:
@@ -36,23 +46,52 @@ def placed(job_id: int, at: float, gpus: int) -> e.JobPlaced:
     return e.JobPlaced(**kw(at), job_id=job_id, slots=(slot,), cycle_id="c", based_on=0)  # type: ignore[arg-type]
 
 
+def preempted(job_id: int, at: float, reason: str = "fairness") -> e.JobPreempted:
+    return e.JobPreempted(**kw(at), job_id=job_id, reason=reason)  # type: ignore[arg-type]
+
+
+def requeued(job_id: int, at: float) -> e.JobRequeued:
+    return e.JobRequeued(**kw(at), job_id=job_id)  # type: ignore[arg-type]
+
+
+def finished(job_id: int, at: float, outcome: str = "completed") -> e.JobFinished:
+    return e.JobFinished(**kw(at), job_id=job_id, outcome=outcome, exit_code=0, reason=outcome)  # type: ignore[arg-type]
+
+
 def history() -> list[e.AnyEvent]:
     """One 8-GPU node for 10 h. Job 1 (resumable, 8 GPUs) runs 0-4 h, checkpoints at 3 h and is
     preempted at 4 h for job 2 (debug, submitted at 4 h, runs 4-5 h); job 1 runs again 5-10 h.
     Job 3 (unfunded) waits the whole time."""
     return [
-        e.NodeRegistered(**kw(0), cluster="c", node="n1", gpu_type="h100", gpus=8),  # type: ignore[arg-type]
-        submitted(1, 0, 8, resumable=True),
+        node(),
+        submitted(1, 0, 8, resumable=True, work_s=12 * H),
         placed(1, 0, 8),
         e.CheckpointReported(**kw(3 * H), job_id=1),  # type: ignore[arg-type]
         submitted(3, 3.5 * H, 8, funded=False),
-        submitted(2, 4 * H, 8, debug=True, account="lab/b"),
-        e.JobPreempted(**kw(4 * H), job_id=1, reason="debug", for_job=2),  # type: ignore[arg-type]
-        e.JobRequeued(**kw(4 * H), job_id=1),  # type: ignore[arg-type]
+        submitted(2, 4 * H, 8, debug=True, account="lab/b", work_s=H),
+        preempted(1, 4 * H, "debug"),
+        requeued(1, 4 * H),
         placed(2, 4 * H, 8),
-        e.JobFinished(**kw(5 * H), job_id=2, outcome="completed", exit_code=0, reason="completed"),  # type: ignore[arg-type]
+        finished(2, 5 * H),
         placed(1, 5 * H, 8),
     ]
+
+
+def rows_of_history() -> list[fs.TeamHour]:
+    return [
+        fs.TeamHour("lab/a", h * H, 8, 0.5, 8, 4, 8 if h not in (4,) else 0)
+        for h in range(10)
+    ] + [fs.TeamHour("lab/b", h * H, 8, 0.5, 8 if h == 4 else 0, 4 if h == 4 else 0,
+                     8 if h == 4 else 0) for h in range(10)]  # fmt: skip
+
+
+def run(events: list[e.AnyEvent], rows: list[fs.TeamHour] | None = None,
+        samples: list[IdleSample] | None = None, end: float = 10 * H,
+        relaunch_s: float = 0.0, capacity: int = 8) -> Metrics:  # fmt: skip
+    fold = JobFold(relaunch_s=relaunch_s)
+    for ev in events:
+        fold.apply(ev)
+    return compute("t", fold, rows or [], samples or [], start=0, end=end, capacity_gpus=capacity)
 
 
 def test_fold_and_metrics_by_hand() -> None:
@@ -65,12 +104,8 @@ def test_fold_and_metrics_by_hand() -> None:
         sigterm.apply(ev)
     assert sigterm.preemptions == [(4 * H, 1, 8, 30.0, "debug", True, "checkpoints on SIGTERM")]
     assert capacity_gpu_s(fold, 0, 10 * H) == 8 * 10 * H
-    rows = [
-        fs.TeamHour("lab/a", h * H, 8, 0.5, 8, 4, 8 if h not in (4,) else 0)
-        for h in range(10)
-    ] + [fs.TeamHour("lab/b", h * H, 8, 0.5, 8 if h == 4 else 0, 4 if h == 4 else 0,
-                     8 if h == 4 else 0) for h in range(10)]  # fmt: skip
-    m = compute("t", fold, rows, [(0, 0), (5 * H, 8)], start=0, end=10 * H, capacity_gpus=8)
+    samples = [IdleSample(0, 0, 0, 0, False), IdleSample(5 * H, 0, 0, 8, False)]
+    m = compute("t", fold, rows_of_history(), samples, start=0, end=10 * H, capacity_gpus=8)
     assert m.occupancy == 1.0
     assert m.unfunded_share == 0.0
     assert m.lost_gpu_h == 8.0  # one hour since the checkpoint, on 8 GPUs
@@ -78,22 +113,164 @@ def test_fold_and_metrics_by_hand() -> None:
     assert m.lost_funded_gpu_h == 8.0 and m.lost_funded_share == pytest.approx(8 / 80)
     assert m.lost_by_kind == {
         "unfunded": 0.0, "non-resumable": 0.0, "periodic checkpoints": 8.0,
-        "checkpoints on SIGTERM": 0.0,
+        "checkpoints on SIGTERM": 0.0, "relaunch": 0.0,
     }  # fmt: skip
     assert m.preemptions == 1 and m.preempted_jobs == 1
     assert m.preemptions_by_reason == {"debug": 1}
     assert (m.wait_debug.count, m.wait_debug.p90_s) == (1, 0.0)
-    # job 3 never started: it counts with its wait so far (6.5 h) and as never started
-    assert m.wait.never_started == 1
-    assert m.wait.count == 3
-    assert m.wait.p50_s == 0.0
-    assert m.wait_funded.count == 2
+    # every wait: job 1 at 0 h (0 s) and after its requeue (4-5 h: 1 h); job 2 (0 s); job 3
+    # never started: it counts with its wait so far (6.5 h) and as never started
+    assert m.wait.count == 4 and m.wait.never_started == 1
+    assert sorted([m.wait.p50_s or 0.0, m.wait.max_s or 0.0]) == [0.5 * H, 6.5 * H]
+    assert m.wait_funded.count == 3 and m.wait_funded.max_s == H
+    assert m.wait_first is not None and m.wait_first.count == 3 and m.wait_first.p50_s == 0.0
+    assert m.queued is not None and m.queued.count == 3
+    assert m.queued_funded is not None and m.queued_funded.max_s == H  # job 1's requeue wait
     assert m.wait_unfunded is not None and m.wait_unfunded.count == 1
     assert (m.wait_unfunded.never_started, m.wait_unfunded.p90_s) == (1, 6.5 * H)  # job 3
     assert m.fragmentation_gpus == pytest.approx(8 * 5 / 10)
     assert m.owed_by_period == 1.0  # a delivered 72 of 36 owed, b 8 of 4
     assert m.teams_at_95 == 2 and m.jain == 1.0
     assert m.convergence[-1][0] == 1.0
+    # completion: job 2 done at 5 h (1 h after submission, 1 h of work); job 1 and 3 not done
+    assert m.jct_funded is not None and m.jct_funded.count == 2
+    assert m.censored == 2 and m.jobs_completed == 1
+    assert m.slowdown_funded is not None and m.slowdown_funded.p50_s == pytest.approx(
+        (1.0 + 10 / 12) / 2
+    )
+
+
+def test_a_resubmission_waits_for_its_original_and_completes_it() -> None:
+    """Job 1 (not resumable) runs 0-2 h, is preempted at 2 h and resubmitted as job 2, which
+    waits 2-3 h and runs 3-6 h: one original job, two waits (0 s, 1 h), done at 6 h."""
+    events = [
+        node(),
+        submitted(1, 0, 4, work_s=3 * H),
+        placed(1, 0, 4),
+        preempted(1, 2 * H),
+        finished(1, 2 * H, "preempted"),
+        submitted(2, 2 * H, 4, work_s=3 * H, resubmit_of=1),
+        placed(2, 3 * H, 4),
+        finished(2, 6 * H),
+    ]
+    m = run(events, relaunch_s=600.0)
+    assert m.jobs_submitted == 1 and m.jobs_completed == 1 and m.censored == 0
+    assert m.wait.count == 2 and m.wait.max_s == H
+    assert m.wait_first is not None and m.wait_first.max_s == 0.0  # what earlier reports showed
+    assert m.queued is not None and m.queued.max_s == H
+    assert m.jct_funded is not None and m.jct_funded.max_s == 6 * H
+    # the whole first run is lost (4 GPUs x 2 h), and the resubmission's restart (4 x 10 min)
+    assert m.lost_by_kind["non-resumable"] == 8.0
+    assert m.lost_by_kind["relaunch"] == pytest.approx(4 * 600 / H)
+    assert m.lost_funded_gpu_h == pytest.approx(8.0 + 4 * 600 / H)
+
+
+def test_a_relaunch_overhead_is_lost_once_and_never_more_than_the_hold() -> None:
+    """Job 1 (resumable) preempted at 1 h, requeued, placed again at 2 h; preempted again at
+    2 h 03 (before its 5-minute restart is over), placed at 3 h, runs to 5 h."""
+    events = [
+        node(),
+        submitted(1, 0, 2, resumable=True, work_s=4 * H),
+        placed(1, 0, 2),
+        preempted(1, H),
+        requeued(1, H),
+        placed(1, 2 * H, 2),
+        preempted(1, 2 * H + 180),
+        requeued(1, 2 * H + 180),
+        placed(1, 3 * H, 2),
+        finished(1, 5 * H),
+    ]
+    m = run(events, relaunch_s=300.0)
+    # the first preemption loses the hour since placement; the second loses nothing but the
+    # 3 minutes of restart it had done; the last run pays the whole 5 minutes
+    assert m.lost_by_kind["periodic checkpoints"] == pytest.approx(2.0)
+    assert m.lost_by_kind["relaunch"] == pytest.approx(2 * (180 + 300) / H)
+    assert m.preemptions == 2
+    assert m.wait.count == 3 and m.queued is not None
+    assert m.queued.max_s == pytest.approx(H + H - 180)
+
+
+def test_large_jobs_and_the_longest_wait_under_share() -> None:
+    """Two 8-GPU nodes, two teams with half each. Team a runs 16 GPUs 0-5 h (over its share);
+    team b's 1-GPU job waits 1-5 h while b was delivered nothing (under its share); team a's
+    second job (16 GPUs: large) waits 5-6 h while a is over its share."""
+    events = [
+        node(0, "n1"),
+        node(0, "n2"),
+        submitted(1, 0, 16, work_s=5 * H),
+        placed(1, 0, 16),
+        submitted(2, H, 1, account="lab/b", work_s=H),
+        submitted(3, 5 * H, 16, work_s=H),
+        finished(1, 5 * H),
+        placed(2, 5 * H, 1),
+        finished(2, 6 * H),
+        placed(3, 6 * H, 16),
+        finished(3, 7 * H),
+    ]
+    rows = [fs.TeamHour(t, h * H, 16, 0.5, 0, 0, 0) for t in ("lab/a", "lab/b") for h in range(8)]
+    m = run(events, rows, end=8 * H, capacity=16)
+    assert m.large_jobs == 2  # 16 GPUs >= 16/8; the 1-GPU job is not large
+    assert m.queued_large is not None and m.queued_large.max_s == H
+    assert (m.longest_under_share_s, m.longest_under_share_team) == (4 * H, "lab/b")
+
+
+def test_idle_while_funded_work_waited_and_where() -> None:
+    """One 8-GPU node: job 1 holds 4 GPUs 0-10 h; job 2 (8 GPUs) waits 2-10 h: 4 GPUs idle for
+    8 h while funded work waited; the cycles said 4 were fragmented from 2 h to 6 h and 4 were
+    kept for debug work from 6 h."""
+    events = [
+        node(),
+        submitted(1, 0, 4, work_s=20 * H),
+        placed(1, 0, 4),
+        submitted(2, 2 * H, 8, work_s=H),
+    ]
+    samples = [
+        IdleSample(0, 0, 0, 0, False),
+        IdleSample(2 * H, 0, 0, 4, True),
+        IdleSample(6 * H, 4, 0, 0, True),
+    ]
+    m = run(events, samples=samples)
+    assert m.idle is not None
+    assert m.idle.gpu_h == 32.0 and m.idle.share == pytest.approx(32 / 80)
+    assert (m.idle.fragmented_gpu_h, m.idle.reserve_gpu_h, m.idle.other_gpu_h) == (16, 16, 0)
+    assert m.idle.funded_waiting_share == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize(
+    ("case", "jobs", "size", "want"),
+    [
+        ("a job larger than the partition shares it: half speed, twice as long",
+         [(0, 8, H)], 4, [4.0, 4.0, 0.0]),
+        ("jobs that fit run at their size", [(0, 2, H), (0, 2, H)], 4, [4.0, 0.0, 0.0]),
+        ("a later job shares the partition: both end at 1.5 h",
+         [(0, 4, H), (0.5 * H, 4, 0.5 * H)], 4, [4.0, 2.0, 0.0]),
+        ("an empty partition owes nothing", [], 4, [0.0, 0.0, 0.0]),
+        ("no allocation, nothing owed", [(0, 4, H)], 0, [0.0, 0.0, 0.0]),
+    ],
+)  # fmt: skip
+def test_the_fixed_yardstick_is_a_fluid_partition_of_the_allocated_size(
+    case: str, jobs: list[tuple[float, int, float]], size: float, want: list[float]
+) -> None:
+    demand = [yardstick.Demand("lab/a", at, g, w) for at, g, w in jobs]
+    got = yardstick.owed_hours(demand, {"lab/a": size / 8}, 8, 0, 3 * H)
+    assert got["lab/a"] == pytest.approx(want), case
+
+
+def test_the_fixed_yardstick_does_not_move_with_the_policy() -> None:
+    """Two runs of the same submissions, one that ran team a's job at once and one that left it
+    waiting 5 h: Ai2's owed grows with the wait (demand under the policy), the fixed one does
+    not, so the late run is 100% on Ai2's yardstick and below on the fixed one."""
+    subs = [node(), submitted(1, 0, 8, work_s=2 * H)]
+    prompt = [*subs, placed(1, 0, 8), finished(1, 2 * H)]
+    late = [*subs, placed(1, 5 * H, 8), finished(1, 7 * H)]
+    rows_prompt = [fs.TeamHour("lab/a", h * H, 8, 1.0, 8, 8, 8) for h in range(2)]
+    rows_late = [fs.TeamHour("lab/a", h * H, 8, 1.0, 8, 8, 8 if h >= 5 else 0) for h in range(7)]
+    a, b = run(prompt, rows_prompt), run(late, rows_late)
+    assert a.owed_by_period == 1.0 and b.owed_by_period == pytest.approx(2 / 7)
+    assert a.fixed_by_period == 1.0 and a.fixed_hour_by_hour == 1.0
+    assert b.fixed_by_period == 1.0  # delivered all 16 GPU-h in the period, if late
+    assert b.fixed_hour_by_hour == 0.0  # none of it in the hours it was owed
+    assert [t.fixed_owed_gpu_h for t in a.team_rows] == [t.fixed_owed_gpu_h for t in b.team_rows]
 
 
 @pytest.mark.parametrize(
@@ -124,8 +301,8 @@ def test_jain(case: str, values: list[float], want: float | None) -> None:
 def test_capacity_follows_drains() -> None:
     fold = JobFold()
     events: list[e.AnyEvent] = [
-        e.NodeRegistered(**kw(0), cluster="c", node="n1", gpu_type="h100", gpus=8),  # type: ignore[arg-type]
-        e.NodeRegistered(**kw(0), cluster="c", node="n2", gpu_type="h100", gpus=8),  # type: ignore[arg-type]
+        node(0, "n1"),
+        node(0, "n2"),
         e.NodeDrained(**kw(2 * H), node="n1"),  # type: ignore[arg-type]
         e.NodeReturned(**kw(5 * H), node="n1"),  # type: ignore[arg-type]
     ]

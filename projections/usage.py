@@ -1,0 +1,202 @@
+"""Usage folded in memory: the fair-share inputs of a cycle from new events only.
+
+Pure: `UsageFold.apply(event)` folds events in log order; `usage(now)` and `ranks(now, shape)`
+are functions of what was folded and `now`. No clock, no I/O, no DuckDB.
+
+The same math as the projection (`fairshare.interval_usage`, `fairshare.TreeShape`), kept as
+intervals from `JobPlaced` to `JobPreempted`/`JobFinished` charged to the user leaf
+`<account>/<user>` with the GPU type of the first node (as the projection's `job_intervals`):
+
+- window mode: closed intervals wholly inside the window are summed per leaf; the window's start
+  moves them to a short "partial" list (computed one by one) and drops them once it passes them;
+- half-life mode: closed intervals fold into one decayed number per leaf.
+
+Its numbers are a function of the events folded and `now` alone, whichever times it was asked
+at before: leaves are summed in name order, and in half-life mode the decayed numbers change
+only with events. So a replay that folds the same events gets the same floats as the run that
+recorded them, bit for bit (decision records say which computation ranked them:
+`RankInputs.computed_by`). The projection's SQL sums the same terms in another order: in
+half-life mode its numbers differ from these in the last bits (`FOLD` records are replayed with
+this fold, not the SQL). In window mode both are exact while times are whole seconds.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from typing import Protocol
+
+from projections import fairshare as fs
+from schemas import events as e
+
+FOLD = "fold"
+"""`RankInputs.computed_by` of ranks computed by this fold ("": the projection's SQL)."""
+
+Accounts = tuple[tuple[str, str | None, str, int], ...]
+"""(path, parent, kind, shares) of the open accounts, in the order the ledger's state has them."""
+
+
+class UsageFold:
+    """Usage per user leaf from events folded one by one (see the module docstring)."""
+
+    def __init__(self, policy: fs.UsagePolicy | None = None) -> None:
+        self.policy = policy or fs.UsagePolicy()
+        self._specs: dict[int, tuple[str, str, int]] = {}
+        """Funded jobs not finished: job id -> (leaf, user, GPUs)."""
+        self._node_type: dict[str, str] = {}
+        self._open: dict[int, fs.Interval] = {}
+        self._full: dict[str, tuple[float, int]] = {}
+        """Window mode: leaf -> (usage, count) of its closed intervals wholly inside the window."""
+        self._by_start: list[tuple[float, int, fs.Interval]] = []
+        """Window mode: those intervals by start (a heap), to move out as the window passes."""
+        self._partial: list[fs.Interval] = []
+        """Window mode: closed intervals the window's start cuts (computed one by one)."""
+        self._n = 0
+        self._decayed: dict[str, tuple[float, float]] = {}
+        """Half-life mode: leaf -> (decayed usage of its closed intervals, as of time)."""
+        self._shape: tuple[Accounts, fs.TreeShape] | None = None
+
+    def apply(self, ev: e.AnyEvent) -> None:
+        """Fold one event (in log order)."""
+        if isinstance(ev, e.JobSubmitted):
+            if ev.min_runtime_s > 0:
+                self._specs[ev.job_id] = (f"{ev.account}/{ev.user}", ev.user, ev.gpus)
+        elif isinstance(ev, e.NodeRegistered):
+            self._node_type[ev.node] = ev.gpu_type
+        elif isinstance(ev, e.JobPlaced):
+            spec = self._specs.get(ev.job_id)
+            if spec is not None:
+                leaf, user, gpus = spec
+                node_type = self._node_type.get(ev.slots[0].node) if ev.slots else None
+                self._open[ev.job_id] = fs.Interval(
+                    leaf=leaf,
+                    user=user,
+                    gpus=gpus,
+                    funded=True,
+                    start_at=ev.at,
+                    end_at=None,
+                    gpu_type=node_type,
+                )
+        elif isinstance(ev, e.JobPreempted | e.JobFinished):
+            if isinstance(ev, e.JobFinished):
+                self._specs.pop(ev.job_id, None)
+            iv = self._open.pop(ev.job_id, None)
+            if iv is not None:
+                self._close(iv, ev.at)
+
+    def apply_all(self, events: Iterable[e.AnyEvent]) -> None:
+        for ev in events:
+            self.apply(ev)
+
+    def _close(self, iv: fs.Interval, at: float) -> None:
+        closed = fs.Interval(
+            leaf=iv.leaf,
+            user=iv.user,
+            gpus=iv.gpus,
+            funded=True,
+            start_at=iv.start_at,
+            end_at=at,
+            gpu_type=iv.gpu_type,
+        )
+        policy = self.policy
+        if policy.half_life_s is None:
+            if closed.start_at >= at - policy.window_s:
+                self._n += 1
+                heapq.heappush(self._by_start, (closed.start_at, self._n, closed))
+                u, n = self._full.get(iv.leaf, (0.0, 0))
+                self._full[iv.leaf] = (u + self._whole(closed), n + 1)
+            else:
+                self._partial.append(closed)
+        else:
+            value, since = self._decayed.get(iv.leaf, (0.0, at))
+            value = value * _decay(at - since, policy.half_life_s)
+            value += fs.interval_usage(closed, at, policy)
+            self._decayed[iv.leaf] = (value, at)
+
+    def usage(self, now: float) -> dict[str, float]:
+        """Usage per user leaf at `now` (the projection's `leaf` usage), leaves in name order.
+        In window mode `now` may not go back (the window's start only moves forward)."""
+        parts: dict[str, list[float]] = {}
+        policy = self.policy
+        h = policy.half_life_s
+        if h is None:
+            self._slide(now - policy.window_s)
+            for leaf, (u, n) in self._full.items():
+                if n and u > 0.0:
+                    parts.setdefault(leaf, []).append(u)
+            for iv in sorted(self._partial, key=_interval_order):
+                u = fs.interval_usage(iv, now, policy)
+                if u > 0.0:
+                    parts.setdefault(iv.leaf, []).append(u)
+        else:
+            for leaf, (value, at) in self._decayed.items():
+                parts.setdefault(leaf, []).append(value * _decay(now - at, h))
+        for job_id in sorted(self._open):
+            iv = self._open[job_id]
+            u = fs.interval_usage(iv, now, policy)
+            if u > 0.0:
+                parts.setdefault(iv.leaf, []).append(u)
+        return {leaf: _sum(parts[leaf]) for leaf in sorted(parts)}
+
+    def _whole(self, iv: fs.Interval) -> float:
+        end = iv.end_at if iv.end_at is not None else iv.start_at
+        return iv.gpus * self.policy.weight(iv.gpu_type) * (end - iv.start_at)
+
+    def _slide(self, cutoff: float) -> None:
+        """Move closed intervals that the window's start now cuts from whole to partial, and
+        drop partial ones the window has left."""
+        heap = self._by_start
+        while heap and heap[0][0] < cutoff:
+            _, _, iv = heapq.heappop(heap)
+            u, n = self._full[iv.leaf]
+            self._full[iv.leaf] = (u - self._whole(iv), n - 1) if n > 1 else (0.0, 0)
+            self._partial.append(iv)
+        self._partial = [iv for iv in self._partial if (iv.end_at or cutoff) > cutoff]
+
+    def shape(self, accounts: Accounts) -> fs.TreeShape:
+        """The tree of these open accounts (`fs.TreeShape`), rebuilt only when they change."""
+        if self._shape is None or self._shape[0] != accounts:
+            self._shape = (accounts, fs.TreeShape(accounts))
+        return self._shape[1]
+
+    def ranks(self, now: float, accounts: Accounts) -> tuple[dict[str, int], dict[str, float]]:
+        """(user leaf -> rank, account -> level fair share) at `now` over the open `accounts`:
+        the numbers `fs.fair_tree` gives for this usage, without building its rows."""
+        shape = self.shape(accounts)
+        return shape.ranks_levels(shape.usage_of(self.usage(now)))
+
+
+class Account(Protocol):
+    """What `open_accounts` reads of an account (the write side's `State.accounts` values)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def parent(self) -> str | None: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def shares(self) -> int: ...
+    @property
+    def open(self) -> bool: ...
+
+
+def open_accounts(accounts: Iterable[Account]) -> Accounts:
+    """The (path, parent, kind, shares) of the open accounts, in the order given."""
+    return tuple((a.path, a.parent, a.kind, a.shares) for a in accounts if a.open)
+
+
+def _interval_order(iv: fs.Interval) -> tuple[float, float, str, int]:
+    return (iv.start_at, iv.end_at or 0.0, iv.leaf, iv.gpus)
+
+
+def _sum(values: list[float]) -> float:
+    """A leaf's parts, added in the order made above (which is canonical)."""
+    total = 0.0
+    for v in values:
+        total += v
+    return total
+
+
+def _decay(dt: float, half_life_s: float) -> float:
+    return float(2.0 ** (-dt / half_life_s))
