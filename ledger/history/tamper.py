@@ -44,8 +44,8 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
-from ledger.store import snapshots
-from ledger.store.embedded import EVENTS_DB, EmbeddedSource, StoredRows
+from ledger.store import EVENTS_DB, snapshots
+from ledger.store.embedded import EmbeddedSource, StoredRows
 from ledger.store.snapshots import STREAM_ID
 from projections.chain import frame, link, names, prev_hash, rule
 from projections.source import follow

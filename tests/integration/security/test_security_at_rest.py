@@ -7,8 +7,8 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
+from ledger.store import EVENTS_DB
 from ledger.store.application import Ledger
-from ledger.store.embedded import EVENTS_DB
 from schemas import commands as c
 
 
