@@ -410,6 +410,8 @@ class CopyRecord(NamedTuple):
     position: int | None
     """The log position its header carries (None: no header)."""
     data: bytes
+    tag: str | None = None
+    """The tag its header carries (a v2 link covers it)."""
 
 
 class CopyReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -465,7 +467,7 @@ def verify_copy(
             )
         expected = rec.position + 1
         last = max(last, rec.position)
-        chain_input.append(ChainRecord(rec.position, rec.data))
+        chain_input.append(ChainRecord(rec.position, rec.data, tag=rec.tag))
         while current is not None and current.position < rec.position:
             head = current.position
             current = next(stored, None)
@@ -622,8 +624,8 @@ def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterat
             for rec in batch:
                 if rec.offset >= end:
                     continue
-                position, _tag, _problem = envelope(rec.headers, rec.value, None)
-                yield CopyRecord(rec.offset, position, bytes(rec.value or b""))
+                position, tag, _problem = envelope(rec.headers, rec.value, None)
+                yield CopyRecord(rec.offset, position, bytes(rec.value or b""), tag)
     except KafkaError as err:
         raise AuditError(f"Kafka at {bootstrap}: {type(err).__name__}: {err}") from err
     finally:
