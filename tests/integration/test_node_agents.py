@@ -369,7 +369,7 @@ def test_a_silent_node_is_lost_after_the_timeout_its_jobs_end_or_run_elsewhere_a
         30, c.why,
     )  # fmt: skip
     f = c.wait_status(fixed, "finished")
-    assert (f["outcome"], f["finish_reason"]) == ("failed", "node_failure")
+    assert (f["outcome"], f["finish_reason"]) == ("failed", "node_lost")
     [lost] = [e for e in c.events("node.lost.v1") if e["node"] == node_f]
     assert lost["reason"].startswith("no word from its agent for")
     [pre] = c.events("job.preempted.v1")
