@@ -248,7 +248,7 @@ def with_position(rec: LogRecord, position: bytes) -> list[tuple[str, bytes]]:
     return [(POSITION_HEADER, position), (TAG_HEADER, rec.tag.encode())]
 
 
-WRONG_TYPE = "event 'job.submitted.v1' is invalid: Expected `int`, got `str` - at `$.gpus`"
+WRONG_TYPE = "event 'job.submitted.v2' is invalid: Expected `int`, got `str` - at `$.gpus`"
 NO_LINK = "no readable prev_hash in the value"
 
 
@@ -337,7 +337,7 @@ POISON: list[tuple[str, int, Any, Any]] = [
         70,
         lambda rs: (
             chained(rs, json.loads(wrong_types(rs[19]))),
-            [(POSITION_HEADER, b"70"), (TAG_HEADER, b"job.submitted.v1")],
+            [(POSITION_HEADER, b"70"), (TAG_HEADER, b"job.submitted.v2")],
         ),
         lambda rs: ", log position 70: " + WRONG_TYPE,
     ),
@@ -364,7 +364,7 @@ def test_poison_stops_the_projector_right_before_it_naming_where_it_sits(
     error: Any,
 ) -> None:
     records = stored(store_home)
-    assert len(records) == 69 and records[19].tag == "job.submitted.v1"
+    assert len(records) == 69 and records[19].tag == "job.submitted.v2"
     offset = poisoned_topic(kafka_bootstrap, kafka_topic, records, k, make)
     where = f"topic {kafka_topic}, partition 0, offset {offset}"
     path = tmp_path / "p.duckdb"
@@ -474,8 +474,8 @@ def quarantine_topic(
         out.append(relay_like(r))
     # the tail: an event that continues the chain but does not validate, then a garbled header
     tail = chained(records, json.loads(wrong_types(by[20])))
-    dead.append((len(out), 70, "job.submitted.v1", WRONG_TYPE, tail))
-    out.append((tail, [(POSITION_HEADER, b"70"), (TAG_HEADER, b"job.submitted.v1")]))
+    dead.append((len(out), 70, "job.submitted.v2", WRONG_TYPE, tail))
+    out.append((tail, [(POSITION_HEADER, b"70"), (TAG_HEADER, b"job.submitted.v2")]))
     dead.append((len(out), None, by[1].tag, "garbled gpuledger.position header b'7 1'", by[1].data))
     out.append((by[1].data, with_position(by[1], b"7 1")))
     offsets = produce(bootstrap, topic, out)

@@ -377,8 +377,10 @@ def test_a_silent_node_is_lost_after_the_timeout_and_past_its_fence_its_jobs_end
     )  # fmt: skip
     assert not alive(pid_r)  # its first run stopped itself before the second was handed out
     f = c.wait_status(fixed, "finished")
-    assert (f["outcome"], f["finish_reason"]) == ("failed", "node_failure")
+    assert (f["outcome"], f["finish_reason"]) == ("failed", "node_lost")
     assert not alive(pid_f)
+    [lost] = [e for e in c.events("node.lost.v1") if e["node"] == node_f]
+    assert lost["reason"].startswith("no word from its agent for")
     [pre] = c.events("job.preempted.v1")
     assert (pre["job_id"], pre["reason"]) == (resumable, "node_failure")
     assert "FENCED" in pre["note"]

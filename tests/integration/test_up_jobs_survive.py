@@ -241,7 +241,10 @@ def test_audit_check_catches_a_gpu_held_by_a_live_process_the_ledger_lost(
     up = Service(home)
     wait_for("job 2 running", lambda: jobs(home)[2]["status"] == "running")
     up.signal(signal.SIGTERM)
-    assert (jobs(home)[1]["outcome"], jobs(home)[1]["finish_reason"]) == ("failed", "lost")
+    lost = jobs(home)[1]  # its run vanished: failed, and the note says how
+    assert (lost["outcome"], lost["finish_reason"], lost["finish_note"]) == (
+        "failed", "failed", "its run vanished with no exit code"
+    )  # fmt: skip
     check = cli(home, "audit", "check", ok=False)
     assert check.returncode == 1
     assert "LIVE_GPU_HELD_TWICE" in check.stdout and "held by jobs 1, 2 at once" in check.stdout
