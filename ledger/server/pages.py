@@ -269,8 +269,9 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
     async def job_replay(request: Request[Any, Any, Any], job_id: FromPath[int]) -> Response[bytes]:
         """The job's latest recorded decisions replayed from the log alone. They are found in
         the projection (`history.job_decisions`: the job's span of the log, in the read pool),
-        not by walking the log; each is replayed once (kept by position), off the worker
-        thread, one replay at a time."""
+        not by walking the log; each is replayed once (kept by position), in a child process
+        at a lower priority (`ledger.server.replays`: the walk never holds the server's
+        interpreter lock), one replay at a time."""
         caller = person(request)
         home = handles.ledger.home
         await worker.call(handles.store)  # the projection caught up
@@ -278,17 +279,12 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             caller.actor, lambda con, _limits: history.job_decisions(con, job_id, REPLAY_LAST)
         )
 
-        def run(todo: list[tuple[int, Any]]) -> list[Any]:
-            from ledger.history import replay as rp
-            from ledger.store.embedded import EmbeddedSource
-
-            with EmbeddedSource(home) as source:
-                return list(rp.replay_decisions(source, todo))
-
         async with replaying:
             todo = [(p, d) for p, d in found if p not in replays]
             if todo:
-                for (p, _d), r in zip(todo, await asyncio.to_thread(run, todo), strict=True):
+                from ledger.server import replays as child
+
+                for (p, _d), r in zip(todo, await child.replay(home, todo), strict=True):
                     replays[p] = r
                 while len(replays) > 4 * 1024:  # the oldest kept first
                     del replays[next(iter(replays))]

@@ -17,8 +17,9 @@ decision history run here (docs/security.md, rows T5 and T6).
 - **A row and a byte limit** (`max_rows`, `max_bytes`): the result is fetched in record
   batches and the query stops at the first batch past either limit (nothing larger is held).
 - **Per-caller limits**: at most `per_caller` queries of one caller at a time and `per_minute`
-  a minute; past either the answer is 429 with Retry-After (`TooBusy`). A caller waits for a
-  free thread behind others' queries, never beside the worker.
+  a minute, and `max_waiting` of everyone's under way; past any, the answer is 429 with
+  Retry-After (`TooBusy`). A caller waits for a free thread behind others' queries, never
+  beside the worker.
 
 An edge: threads, a database connection.
 """
@@ -82,6 +83,9 @@ class ReadPool:
     limits: Limits = field(default_factory=Limits)
     per_caller: int = 2
     per_minute: int = 60
+    max_waiting: int = 16
+    """Queries admitted and not finished, everyone's together: past it, 429 (many callers
+    cannot queue without bound)."""
     nice: int = 10
     _pool: ThreadPoolExecutor | None = None
     _base: duckdb.DuckDBPyConnection | None = None
@@ -110,7 +114,14 @@ class ReadPool:
 
     def admit(self, caller: str, now: float) -> None:
         """Raise TooBusy when `caller` has `per_caller` queries running or ran `per_minute` in
-        the last minute (on the event loop: no lock needed)."""
+        the last minute, or `max_waiting` queries of everyone's are under way (on the event
+        loop: no lock needed)."""
+        if sum(self._running.values()) >= self.max_waiting:
+            raise TooBusy(
+                f"the server has {self.max_waiting} queries under way",
+                hint="retry in a few seconds",
+                retry_after=5,
+            )
         if self._running.get(caller, 0) >= self.per_caller:
             raise TooBusy(
                 f"{caller!r} has {self.per_caller} queries running already",

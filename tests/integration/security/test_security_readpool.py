@@ -1,0 +1,74 @@
+"""The read pool's admission (per person at once, per minute, everyone's under way) and its
+limits on an in-memory DuckDB: a query stopped at its time limit and at its row limit with one
+line each (docs/security.md, row T5)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import duckdb
+import pytest
+
+from ledger.history import tables
+from ledger.server.readpool import ReadPool
+from schemas.errors import InvalidCommand, TooBusy
+
+
+def pool(**kw: Any) -> ReadPool:
+    base = duckdb.connect()
+    base.execute("CREATE TABLE t AS SELECT range AS i FROM range(3000)")
+
+    async def on_worker(fn: Any) -> Any:
+        return fn()
+
+    return ReadPool(lambda: base, on_worker, **kw)
+
+
+def test_a_person_gets_two_queries_at_once_and_sixty_a_minute() -> None:
+    p = pool(per_caller=2, per_minute=3)
+    p._running["alice"] = 2
+    with pytest.raises(TooBusy, match="'alice' has 2 queries running already") as busy:
+        p.admit("alice", 0.0)
+    assert busy.value.fields["retry_after"] == 1
+    p.admit("bob", 0.0)
+    p.admit("bob", 10.0)
+    p.admit("bob", 20.0)
+    with pytest.raises(TooBusy, match="'bob' ran 3 queries in the last minute") as busy:
+        p.admit("bob", 30.0)
+    assert busy.value.fields["retry_after"] == 30  # when the first one leaves the minute
+    p.admit("bob", 60.5)
+
+
+def test_everyones_queries_under_way_are_bounded() -> None:
+    p = pool(max_waiting=4)
+    p._running.update({"a": 2, "b": 2})
+    with pytest.raises(TooBusy, match="the server has 4 queries under way"):
+        p.admit("c", 0.0)
+
+
+def run(p: ReadPool, sql: str) -> Any:
+    async def go() -> Any:
+        p.start()
+        try:
+            return await p.run("alice", lambda con, lim: tables.run_query(con, sql, None, lim))
+        finally:
+            p.stop()
+
+    return asyncio.run(go())
+
+
+def test_a_query_is_stopped_at_its_time_limit() -> None:
+    p = pool()
+    p.limits = tables.Limits(timeout_s=0.5)
+    with pytest.raises(InvalidCommand, match=r"ran past its time limit of 0\.5 s and was stopped"):
+        run(p, "SELECT count(*) FROM t a, t b, t c WHERE a.i + b.i + c.i = 7")
+    assert p.timed_out == 1 and not p._running
+
+
+def test_a_result_is_stopped_at_its_row_limit() -> None:
+    p = pool()
+    p.limits = tables.Limits(max_rows=10_000)
+    with pytest.raises(InvalidCommand, match="larger than 10,000 rows: it was stopped"):
+        run(p, "SELECT * FROM t a, t b")
+    assert run(pool(), "SELECT count(*) AS n FROM t").to_pylist() == [{"n": 3000}]
