@@ -539,7 +539,8 @@ def sweep_cmd(
 ) -> None:
     """Run every policy on every workload of a grid of the family (--family SPEC, with --grid
     over its settings and --seeds); one table (HOME/report/sweep.md and sweep.json), a row per
-    workload and policy. Each run leaves its ledger in HOME/NNN/POLICY."""
+    workload and policy. Each run leaves its ledger in HOME/NNN/POLICY, and its report as a line
+    of HOME/report/runs.jsonl as soon as it ends."""
     if kw["family_spec"] is None:
         kw["family_spec"] = ""
     names = [p.strip() for p in policies.split(",") if p.strip()]
@@ -559,7 +560,12 @@ def sweep_cmd(
             k: v for k, v in cell.items() if k != "gpus"})  # fmt: skip
     tasks = [(i, p, {**kw, "seed": s}, cell) for i, (cell, s) in enumerate(cells) for p in names]
     done: dict[tuple[int, str], RunResult] = {}
-    with ProcessPoolExecutor(max_workers=min(parallel, len(tasks))) as pool:
+    report_dir = kw["report_dir"] or ctx.home / "report"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    with (
+        ProcessPoolExecutor(max_workers=min(parallel, len(tasks))) as pool,
+        (report_dir / "runs.jsonl").open("a") as runs,
+    ):
         futures = {
             pool.submit(_sweep_one, k, cell, p, knobs[p], ctx.home / f"{i + 1:03d}" / p): (i, p)
             for i, p, k, cell in tasks
@@ -567,12 +573,16 @@ def sweep_cmd(
         for future in as_completed(futures):
             i, p = futures[future]
             done[(i, p)] = result = future.result()
+            # each run's report as it ends: a sweep cut short keeps the runs it finished
+            line = {"workload": _sweep_label(*cells[i]), "run": report.summary(result)}
+            runs.write(json.dumps(line, sort_keys=True) + "\n")
+            runs.flush()
             click.echo(
                 f"{_sweep_label(*cells[i])} {p}: done ({result.metrics.cpu_s:.1f} s CPU)", err=True
             )
     table = [(_sweep_label(c, s), [done[(i, p)] for p in names]) for i, (c, s) in enumerate(cells)]
     title = f"Sweep of the workload family ({kw['family_spec'] or 'defaults'})"
-    out = report.write_sweep(table, kw["report_dir"] or ctx.home / "report", title)
+    out = report.write_sweep(table, report_dir, title)
     if kw["as_json"]:
         click.echo(out["json"].read_text())
         return

@@ -97,32 +97,37 @@ class FairShare7(FairShare2, frozen=True, kw_only=True):
         )
 
     def holds_for(self, job: PendingJob, snapshot: Snapshot) -> bool:
-        if self.hold_share <= 0 or job.min_runtime_s <= 0 or self.lane(job):
+        if job.min_runtime_s <= 0 or self.hold_share <= 0:
             return False
-        return job.gpus >= self.hold_share * pool_gpus(snapshot, job)
+        if job.gpus < self.hold_share * pool_gpus(snapshot, job):
+            return False
+        return not self.lane(job)
 
     def may_backfill(self, job: PendingJob, until: float, now: float) -> bool:
         return job.min_runtime_s <= 0 or ends_before(job, until, now)
 
 
-_POOLS: list[tuple[Snapshot, dict[tuple[str | None, str | None], int]]] = []
-"""The pool sizes of the last snapshot asked about."""
+_POOLS: dict[tuple[str | None, str | None], int] = {}
+"""The pool sizes of the snapshot `_POOLS_OF[0]` (a cycle asks once per waiting job)."""
+_POOLS_OF: list[Snapshot | None] = [None]
 
 
 def pool_gpus(snapshot: Snapshot, job: PendingJob) -> int:
     """Pure: the GPUs of the active nodes `job` may run on (its GPU type and cluster, when it
     names them)."""
-    if not _POOLS or _POOLS[0][0] is not snapshot:
-        _POOLS[:] = [(snapshot, {})]
-    sizes = _POOLS[0][1]
     key = (job.gpu_type, job.cluster)
-    found = sizes.get(key)
-    if found is None:
-        found = sizes[key] = sum(
-            n.gpus
-            for n in snapshot.nodes
-            if n.state == "active"
-            and (job.gpu_type is None or n.gpu_type == job.gpu_type)
-            and (job.cluster is None or n.cluster == job.cluster)
-        )
+    if _POOLS_OF[0] is snapshot:
+        found = _POOLS.get(key)
+        if found is not None:
+            return found
+    else:
+        _POOLS.clear()
+        _POOLS_OF[0] = snapshot
+    found = _POOLS[key] = sum(
+        n.gpus
+        for n in snapshot.nodes
+        if n.state == "active"
+        and (job.gpu_type is None or n.gpu_type == job.gpu_type)
+        and (job.cluster is None or n.cluster == job.cluster)
+    )
     return found

@@ -158,6 +158,12 @@ def test_a_sweep_runs_every_policy_on_every_workload_of_the_grid(tmp_path: Path)
     # the same workload for both policies, a different one per seed
     jobs = [d["runs"][0]["workload"]["jobs"] for d in data]
     assert jobs[0] != jobs[1]
+    lines = (home / "report" / "runs.jsonl").read_text().splitlines()
+    assert sorted((json.loads(x)["workload"], json.loads(x)["run"]["policy"]) for x in lines) == [
+        (d["workload"], r["policy"])
+        for d in data
+        for r in sorted(d["runs"], key=lambda r: r["policy"])
+    ]
     md = (home / "report" / "sweep.md").read_text()
     assert md.count("| teams=6 seed=2 |") == 2
     assert (home / "004" / "fairshare" / "events.sqlite").exists()
