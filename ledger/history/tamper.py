@@ -410,6 +410,8 @@ class CopyRecord(NamedTuple):
     position: int | None
     """The log position its header carries (None: no header)."""
     data: bytes
+    tag: str | None = None
+    """The event tag its header carries (None: not known): a v2 link covers it."""
 
 
 class CopyReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -465,7 +467,12 @@ def verify_copy(
             )
         expected = rec.position + 1
         last = max(last, rec.position)
-        chain_input.append(ChainRecord(rec.position, rec.data))
+        # the copy's own chain, under the rule of each link: a v2 link covers the position, the
+        # stream version (the position: one stream), the tag (its header) and the payload
+        known = rec.tag is not None
+        chain_input.append(
+            ChainRecord(rec.position, rec.data, rec.position if known else None, tag=rec.tag)
+        )
         while current is not None and current.position < rec.position:
             head = current.position
             current = next(stored, None)
@@ -622,8 +629,8 @@ def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterat
             for rec in batch:
                 if rec.offset >= end:
                     continue
-                position, _tag, _problem = envelope(rec.headers, rec.value, None)
-                yield CopyRecord(rec.offset, position, bytes(rec.value or b""))
+                position, tag, _problem = envelope(rec.headers, rec.value, None)
+                yield CopyRecord(rec.offset, position, bytes(rec.value or b""), tag)
     except KafkaError as err:
         raise AuditError(f"Kafka at {bootstrap}: {type(err).__name__}: {err}") from err
     finally:
