@@ -411,7 +411,7 @@ class CopyRecord(NamedTuple):
     """The log position its header carries (None: no header)."""
     data: bytes
     tag: str | None = None
-    """The tag its header carries (a v2 link covers it)."""
+    """The event tag its header carries (None: not known): a v2 link covers it."""
 
 
 class CopyReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -467,7 +467,12 @@ def verify_copy(
             )
         expected = rec.position + 1
         last = max(last, rec.position)
-        chain_input.append(ChainRecord(rec.position, rec.data, tag=rec.tag))
+        # the copy's own chain, under the rule of each link: a v2 link covers the position, the
+        # stream version (the position: one stream), the tag (its header) and the payload
+        known = rec.tag is not None
+        chain_input.append(
+            ChainRecord(rec.position, rec.data, rec.position if known else None, tag=rec.tag)
+        )
         while current is not None and current.position < rec.position:
             head = current.position
             current = next(stored, None)

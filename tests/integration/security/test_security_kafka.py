@@ -38,6 +38,7 @@ from projections.projector import Projector
 from projections.store import Store
 from projections.testing import compare
 from schemas import commands as c
+from tests.integration.waits import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -62,6 +63,19 @@ def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, Any]])
         return [int(f.get(timeout=60).offset) for f in sent]
     finally:
         producer.close()
+
+
+def settled(read_topic: Any, topic: str, at_least: int) -> list[Any]:
+    """The topic's committed records once it holds `at_least`: a transaction's commit returns
+    before its markers reach the partition, so a read right after may see fewer."""
+    got: list[Any] = []
+
+    def enough() -> bool:
+        got[:] = read_topic(topic)
+        return len(got) >= at_least
+
+    wait_for(f"{at_least} committed records on {topic}", enough, 60)
+    return got
 
 
 def forged(data: bytes, prev: str) -> bytes:
@@ -172,7 +186,7 @@ def test_foreign_records_are_set_aside_through_reader_and_relay_restarts(
     ledger = org_ledger
     ledger.execute_all([JOB] * 20)
     t.relay(ledger.home)
-    copy_of = read_topic(t.name)[3]
+    copy_of = settled(read_topic, t.name, ledger.position)[3]
     foreign = produce(t.bootstrap, t.name, foreign_records(kind, ledger.home, copy_of))
     forks = kind == "chained forgery" and not signed  # nothing tells it from the relay's
     n = ledger.position
@@ -205,7 +219,7 @@ def test_foreign_records_are_set_aside_through_reader_and_relay_restarts(
         assert relay.publish_pending() == 5
     finally:
         relay.close()
-    assert [r.offset for r in read_topic(t.name)][-1] > foreign[-1]
+    assert settled(read_topic, t.name, ledger.position + len(foreign))[-1].offset > foreign[-1]
     # 3. the reader again, and restarted once more
     for _restart in range(2):
         if forks:
@@ -233,7 +247,7 @@ def test_a_signed_record_copied_under_another_position_header_is_set_aside(
     org_ledger.execute_all([JOB] * 20)
     t.relay(org_ledger.home)
     n = org_ledger.position
-    genuine = read_topic(t.name)[n - 1]  # the last record: it links to n - 1, is signed
+    genuine = settled(read_topic, t.name, n)[n - 1]  # the last record: links to n - 1, signed
     relabelled = [
         (k, str(n + 1).encode() if k == POSITION_HEADER else v) for k, v in genuine.headers
     ]
