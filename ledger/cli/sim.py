@@ -501,15 +501,20 @@ def _sweep_one(
     kw: dict[str, Any], cell: dict[str, object], policy: str, knobs: dict[str, str], home: Path
 ) -> RunResult:
     """One run of a sweep (a process of its pool): the cell's workload, one policy."""
+    kw, workload = _cell_workload(kw, cell)
+    return run_simulation(workload, _config(policy, kw, knobs), home)
+
+
+def _cell_workload(kw: dict[str, Any], cell: dict[str, object]) -> tuple[dict[str, Any], Workload]:
+    """The options and the workload of a sweep's cell (`gpus` sets the cluster's nodes)."""
     kw = dict(kw)
     grid = dict(cell)
     gpus = grid.pop("gpus", None)
     if isinstance(gpus, int):
-        if gpus % kw["gpus_per_node"]:
-            raise InvalidCommand(f"--grid gpus={gpus}: not a multiple of --gpus-per-node")
+        if gpus <= 0 or gpus % kw["gpus_per_node"]:
+            raise InvalidCommand(f"--grid gpus={gpus}: not a positive multiple of --gpus-per-node")
         kw["nodes"] = gpus // kw["gpus_per_node"]
-    workload = build_workload(kw, **grid)
-    return run_simulation(workload, _config(policy, kw, knobs), home)
+    return kw, build_workload(kw, **grid)
 
 
 @simulate_group.command("sweep")
@@ -556,8 +561,7 @@ def sweep_cmd(
     if not cells:
         raise InvalidCommand("the sweep has no workload", hint="give --seeds")
     for cell, seed in cells:  # every workload's settings are checked before any run
-        build_workload({**kw, "seed": seed, "days": min(kw["days"], 0.01)}, **{
-            k: v for k, v in cell.items() if k != "gpus"})  # fmt: skip
+        _cell_workload({**kw, "seed": seed, "days": min(kw["days"], 0.01)}, cell)
     tasks = [(i, p, {**kw, "seed": s}, cell) for i, (cell, s) in enumerate(cells) for p in names]
     done: dict[tuple[int, str], RunResult] = {}
     report_dir = kw["report_dir"] or ctx.home / "report"

@@ -172,5 +172,9 @@ def test_a_sweep_runs_every_policy_on_every_workload_of_the_grid(tmp_path: Path)
     assert bad.returncode == 1
     assert bad.stderr.strip().splitlines()[-1].startswith("error: invalid family setting")
     assert not (tmp_path / "bad" / "001").exists()
+    tiny = cli(tmp_path / "tiny", "simulate", "sweep", "--grid", "gpus=256/12")
+    assert tiny.returncode == 1
+    assert "gpus=12: not a positive multiple" in tiny.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "tiny" / "001").exists()
     both = cli(tmp_path / "both", "simulate", "run", "--family", "--synthetic")
     assert both.returncode == 1 and "exactly one of" in both.stderr
