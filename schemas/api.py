@@ -70,6 +70,11 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     """False when nothing would run a placement (no executor): jobs wait, nothing is placed."""
     jobs_run_as: str = ""
     """Who jobs run as, in words."""
+    unobserved: tuple[str, ...] = ()
+    """Nodes the execution engine cannot observe now (slurmctld does not answer, a slurmd does
+    not respond): nothing is placed on them or preempted from them until it can (outage)."""
+    unobserved_since: float | None = None
+    """Since when the engine has not observed every node (None: it observes them all)."""
 
 
 class WhoAmI(msgspec.Struct, frozen=True, kw_only=True):

@@ -231,6 +231,23 @@ class Dispatcher:
         self._skipped = 0
         """Cycles that decided nothing since the last record, not recorded on their own."""
         self._recorded_at: float | None = None
+        self.unobserved: frozenset[str] = frozenset()
+        """Nodes the engine could not observe at the last cycle (outage mode: nothing decided
+        about them)."""
+        self.unobserved_since: float | None = None
+        """When the engine last went from seeing everything to not (None while it sees all)."""
+
+    def _outage(self, unobserved: frozenset[str], now: float) -> None:
+        """Keep what the engine cannot see, and say when that starts and ends."""
+        if unobserved and not self.unobserved:
+            self.unobserved_since = now
+            log.warning("outage: the engine cannot observe %s; deciding nothing about them",
+                        ", ".join(sorted(unobserved)))  # fmt: skip
+        elif self.unobserved and not unobserved:
+            log.warning("outage over after %.0f s: the engine observes every node again",
+                        now - (self.unobserved_since or now))  # fmt: skip
+            self.unobserved_since = None
+        self.unobserved = unobserved
 
     def _observe_new_events(self) -> None:
         """Feed the utilisation tracker the events it looks at (the store filters by tag, so a
@@ -365,6 +382,7 @@ class Dispatcher:
     def _cycle(self, now: float) -> CycleResult:
         # 0. observe once and record it: node changes, starts, checkpoints and samples, exits
         seen, recorded = self.observe(now)
+        self._outage(seen.unobserved, now)
         finished = recorded.finished
         # 1. snapshot at position P
         position = self.ledger.catch_up()
@@ -378,6 +396,7 @@ class Dispatcher:
             low_util_since=self.util.low_since,
             position=position,
             unavailable=seen.foreign,
+            unobserved=seen.unobserved,
         )
         # 2. decide (pure)
         decision = decide(snapshot, self.policy, now)

@@ -234,6 +234,8 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
             executor=svc.about.get("executor", ""),
             placing=svc.placing,
             jobs_run_as=svc.about.get("jobs_run_as", ""),
+            unobserved=tuple(sorted(svc.dispatcher.unobserved)) if svc.dispatcher else (),
+            unobserved_since=svc.dispatcher.unobserved_since if svc.dispatcher else None,
         )
 
     @get("/v1/whoami", tags=["identity"], security=[{"bearer": []}])
