@@ -117,7 +117,10 @@ def test_a_new_executor_adopts_live_jobs_and_reports_exits_that_happened_meanwhi
     first.close()  # the service goes away; its jobs do not
     sup = {p.job_id: p.pid for p in live_processes(dirs[0])}
     assert set(sup) == {1, 2}
-    time.sleep(1.5)  # job 2 ends while no executor watches it
+    deadline = time.monotonic() + 30  # job 2 ends while no executor watches it
+    while 2 in {p.job_id for p in live_processes(dirs[0])}:
+        assert time.monotonic() < deadline, "job 2 did not end"
+        time.sleep(0.05)
     second = executor(dirs)
     assert second.running() == {1, 2}
     [x] = until(second, lambda x: len(x) == 1)

@@ -44,6 +44,7 @@ from projections.store import Store, projection_path, scalar
 from projections.testing import compare as audit
 from projections.testing.synthetic import Shape, append_to_store, synthetic_events
 from schemas import commands as c
+from tests.integration.serverkit import workdir
 
 pytestmark = pytest.mark.kafka
 
@@ -548,7 +549,7 @@ def test_follow_with_quarantine_waits_past_a_foreign_tail_and_applies_the_real_e
         # the real event 71 comes: it links to event 70 (which did not validate)
         event = {"type": "job.finished.v1", "event_id": "e71", "at": 1_001.0, "actor": "alice"}
         real = chained(
-            [LogRecord(70, "job.submitted.v1", out[-2][0] or b"")], event | {"job_id": 1}
+            [LogRecord(70, "job.submitted.v2", out[-2][0] or b"")], event | {"job_id": 1}
         )
         real = real.replace(b'"job_id":1', b'"job_id":1,"outcome":"cancelled"')
         headers = [(POSITION_HEADER, b"71"), (TAG_HEADER, b"job.finished.v1")]
@@ -657,6 +658,7 @@ def run_cli(home: Path, *args: str, env: dict[str, str]) -> str:
     proc = subprocess.run(
         [GPULEDGER, "--home", str(home), *args],
         env=env | {"GPULEDGER_USER": "root"},
+        cwd=workdir(home),  # the jobs' working directory, never the repository
         capture_output=True,
         text=True,
         timeout=120,
