@@ -29,7 +29,6 @@ from ledger.cycle.record import record
 from ledger.dispatch import registry
 from ledger.dispatch.policy import Policy
 from ledger.store.application import Ledger
-from ledger.store.embedded import EmbeddedSource
 from projections.errors import ProjectionBusy
 from projections.projector import Projector
 from projections.source import EventSource
@@ -255,7 +254,7 @@ class ServiceLoop:
                 connect_timeout_s=connect_timeout(),
                 flush_s=flush_timeout(),
             ).start()
-        return EmbeddedSource(self.home)
+        return self.ledger.source()
 
 
 def _open_projection(home: Path, wait_s: float = 15.0) -> Store:

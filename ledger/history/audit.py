@@ -45,7 +45,8 @@ import msgspec
 from ledger.core.authz import authorisation_failure
 from ledger.core.evolve import evolve
 from ledger.core.state import Job, State, is_system
-from ledger.store.embedded import EVENTS_DB, EmbeddedSource, StoredRows
+from ledger.store.embedded import EVENTS_DB
+from ledger.store.locate import has_log, open_source, stored_rows
 from projections import history
 from projections.chain import chain_digest, prev_hash
 from projections.source import follow
@@ -359,10 +360,10 @@ def verify_copy(
 def store_records(home: Path, page: int = 50_000) -> Iterator[ChainRecord]:
     """Edge: the stored events of `home`'s log in position order: (rowid, state, version)."""
     path = home / EVENTS_DB
-    if not path.exists():
+    if not has_log(home):
         raise AuditError(f"no event log at {path}", hint="pass --home, or run `gpuledger init`")
-    with EmbeddedSource(home) as source:
-        for rows in follow(StoredRows(source), page=page):
+    with open_source(home) as source:
+        for rows in follow(stored_rows(source), page=page):
             for r in rows:
                 yield ChainRecord(r.position, _as_bytes(r.data), _as_int(r.version), r.stored_as)
 

@@ -269,10 +269,10 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any]) -> list[A
 
         def run() -> list[dict[str, Any]]:
             from ledger.history import replay as rp
-            from ledger.store.embedded import EmbeddedSource
+            from ledger.store.locate import open_source
 
             found = rp.find_decisions(home, rp.Selection(job=job_id))[-REPLAY_LAST:]
-            with EmbeddedSource(home) as source:
+            with open_source(home) as source:
                 return [
                     {"position": r.position, "identical": r.identical, "replay": r}
                     for r in rp.replay_decisions(source, found)

@@ -26,10 +26,11 @@ from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteF
 from ledger.core.decide import command_keys, decide, event_keys
 from ledger.core.evolve import evolve
 from ledger.core.state import State
-from ledger.store import snapshots
+from ledger.store import locate, requests, snapshots
 from ledger.store.clock import Clock, IdSource, SystemClock, random_ids
 from ledger.store.embedded import EVENTS_DB
 from ledger.store.live import decode_at
+from ledger.store.requests import Requests, keyed_id
 from projections.chain import chain_hash
 from projections.source import LogRecord, follow
 from schemas import codec
@@ -179,15 +180,29 @@ class Ledger(Application[UUID]):
         *,
         live: bool = False,
         snapshot_every: int = snapshots.SNAPSHOT_EVERY,
+        store: str | None = None,
     ) -> None:
+        """`store`: a PostgreSQL DSN (default: the one `home` records, else the SQLite file in
+        `home`; `ledger.store.locate`)."""
         home.mkdir(parents=True, exist_ok=True)
-        super().__init__(
-            {
-                "SQLITE_DBNAME": str(home / EVENTS_DB),
-                "GPULEDGER_DURABILITY": os.environ.get("GPULEDGER_DURABILITY", "normal"),
+        self.dsn = locate.store_of(home, store)
+        env = {
+            "SQLITE_DBNAME": str(home / EVENTS_DB),
+            "GPULEDGER_DURABILITY": os.environ.get("GPULEDGER_DURABILITY", "normal"),
+        }
+        if self.dsn is not None:
+            env |= {
+                "PERSISTENCE_MODULE": "ledger.store.postgres:LedgerPostgresFactory",
+                "GPULEDGER_STORE_DSN": self.dsn,
             }
-        )
+        super().__init__(env)
         self.home = home
+        self.stale = False
+        """The state may hold folds of a batch the store did not take and could not be read back
+        (the store went away): `refresh()` reads it back before anything decides on it."""
+        self.requests = Requests()
+        """Recent commands' idempotency keys (`execute_each(keys=...)`): a retry is answered
+        with what the first try appended, never appended twice."""
         self.clock = clock or SystemClock()
         self.ids = ids or random_ids()
         self.state = State(live_only=live)
@@ -200,7 +215,12 @@ class Ledger(Application[UUID]):
         """The position of the snapshot this ledger started from (0: folded from the start)."""
         if live:
             self._restore()
+        self.requests.scan(self.follow_raw(max(0, self.position - requests.SCANNED), self.head()))
         self.catch_up()
+
+    def source(self) -> locate.LogSource:
+        """This ledger's log, read-only, on a connection of its own (the projector's source)."""
+        return locate.open_source(self.home, self.dsn or "sqlite")
 
     # --- snapshots ------------------------------------------------------------------------------
 
@@ -243,6 +263,11 @@ class Ledger(Application[UUID]):
         """Keep the `snapshots.KEEP` newest snapshots."""
         assert self.snapshots is not None
         recorder: Any = self.snapshots.recorder
+        if self.dsn is not None:
+            from ledger.store.postgres import prune_snapshots
+
+            prune_snapshots(recorder, STREAM_ID.hex, snapshots.KEEP)
+            return
         with recorder.datastore.transaction(commit=True) as cursor:
             cursor.execute(
                 f"DELETE FROM {recorder.events_table_name} WHERE originator_id = ? AND "
@@ -315,7 +340,9 @@ class Ledger(Application[UUID]):
         """Fold every event appended since our position (by us or another writer)."""
         for records in follow(StoreSource(self.recorder), self.position, page=self.page):
             for r in records:
-                evolve(self.state, self._decode(r.position, r.data))
+                ev = self._decode(r.position, r.data)
+                evolve(self.state, ev)
+                self.requests.note(ev.event_id, r.position)
                 self.position = r.position
                 self.version += 1
             self.last_hash = chain_hash(records[-1].data)
@@ -335,6 +362,8 @@ class Ledger(Application[UUID]):
         the (stream, version) constraint catches another writer, and a rejection is confirmed
         against the latest log before it is raised.
         """
+        if self.stale:
+            self._reload()
         for _ in range(self.retries):
             try:
                 scratch, events = self._decide(cmds)
@@ -345,9 +374,8 @@ class Ledger(Application[UUID]):
             if not events:
                 return Appended(events=[], position=self.position)
             stored, events = self._stored(events)
-            try:
-                ids = self.recorder.insert_events(stored)
-            except IntegrityError:
+            ids = self._insert(stored)
+            if ids is None:
                 self.catch_up()  # another writer appended first: catch up and decide again
                 continue
             del scratch  # decided on; the state folds the chained events that were stored
@@ -360,7 +388,9 @@ class Ledger(Application[UUID]):
             return Appended(events=events, position=self.position)
         raise Conflict("the log kept moving under this command", hint="retry it")
 
-    def execute_each(self, cmds: Sequence[AnyCommand]) -> list[Appended | LedgerError]:
+    def execute_each(
+        self, cmds: Sequence[AnyCommand], keys: Sequence[str | None] | None = None
+    ) -> list[Appended | LedgerError]:
         """Group commit: decide each command on its own, in order, each seeing the ones before it
         that were accepted, and append all accepted events in ONE store transaction. A rejected
         command gets its LedgerError in its slot and changes nothing; its neighbours go on.
@@ -371,12 +401,15 @@ class Ledger(Application[UUID]):
         each accepted command's events as it goes (no copy of it per batch: a copy cost ~60 us
         at 6k live jobs and grew with them); when the batch is not stored after all (another
         writer, a store error), the state is read back from the log (`_reload`) before anything
-        else sees it."""
+        else sees it.
+
+        `keys`: each command's idempotency key (None: none); a command whose key the log already
+        holds (`ledger.store.requests`) is answered with the event its first try appended."""
         for attempt in range(self.retries):
-            if attempt:
+            if attempt or self.stale:
                 self._reload()
             try:
-                done = self._fold_each(cmds)
+                done = self._fold_each(cmds, keys or [None] * len(cmds))
             except BaseException:
                 self._reload()  # a bug in a fold: the state may hold part of a batch
                 raise
@@ -385,16 +418,26 @@ class Ledger(Application[UUID]):
         self._reload()
         raise Conflict("the log kept moving under these commands", hint="retry them")
 
-    def _fold_each(self, cmds: Sequence[AnyCommand]) -> list[Appended | LedgerError] | None:
+    def _fold_each(
+        self, cmds: Sequence[AnyCommand], keys: Sequence[str | None]
+    ) -> list[Appended | LedgerError] | None:
         """One attempt of `execute_each` (None: the log moved; the state holds folds to undo)."""
         version, prev = self.version, self.last_hash
         now = self.clock.now()
-        outcomes: list[tuple[int, list[AnyEvent]] | LedgerError] = []
+        outcomes: list[tuple[int, list[AnyEvent]] | LedgerError | Appended] = []
         stored: list[StoredEvent] = []
-        for cmd in cmds:
+        batch: dict[str, int] = {}  # keyed event id -> its outcome's slot in this batch
+        for cmd, key in zip(cmds, keys, strict=True):
+            eid = keyed_id(cmd.actor, key) if key else None
+            if eid is not None and (eid in batch or self.requests.find(eid) is not None):
+                outcomes.append(self._answered(eid, batch, outcomes))
+                continue
             try:
                 self._check_conflicts([cmd])
                 decided = decide(self.state, cmd, now, self.ids)
+                if eid is not None and decided:
+                    decided[0] = msgspec.structs.replace(decided[0], event_id=eid)
+                    batch[eid] = len(outcomes)
                 mine, chained = self._stored(decided, version=version, prev=prev)
             except LedgerError as err:
                 outcomes.append(err)
@@ -413,23 +456,60 @@ class Ledger(Application[UUID]):
         if any(isinstance(o, LedgerError) for o in outcomes) and self.head() != self.position:
             return None  # rejected on a state another writer has moved since: decide again
         if not stored:
-            return [
-                o if isinstance(o, LedgerError) else Appended(o[1], self.position) for o in outcomes
-            ]
-        try:
-            ids = self.recorder.insert_events(stored)
-        except IntegrityError:
+            return [o if isinstance(o, LedgerError | Appended) else Appended(o[1], self.position)
+                    for o in outcomes]  # fmt: skip
+        ids = self._insert(stored)
+        if ids is None:
             return None  # another writer appended first: catch up and decide again
         self.version, self.last_hash = version, prev
         self.position = ids[-1] if ids else self.head()
-        self._maybe_snapshot()
         first = self.position - len(stored)
-        return [o if isinstance(o, LedgerError) else Appended(o[1], first + o[0]) for o in outcomes]
+        for eid, slot in batch.items():
+            done = outcomes[slot]
+            if isinstance(done, tuple):
+                self.requests.note(eid, first + done[0] - len(done[1]) + 1)
+        self._maybe_snapshot()
+        return [o if isinstance(o, LedgerError | Appended) else Appended(o[1], first + o[0])
+                for o in outcomes]  # fmt: skip
+
+    def _answered(
+        self,
+        eid: str,
+        batch: dict[str, int],
+        outcomes: list[tuple[int, list[AnyEvent]] | LedgerError | Appended],
+    ) -> LedgerError | Appended:
+        """The answer to a command whose key was seen: what its first try appended (its first
+        event), or what the first try's slot in this batch got."""
+        slot = batch.get(eid)
+        if slot is not None:
+            first = outcomes[slot]
+            if isinstance(first, LedgerError | Appended):
+                return first
+            return LedgerError("the same key twice in one batch", hint="one key per command")
+        position = self.requests.find(eid)
+        assert position is not None
+        return Appended([ev for _, ev in self.read(position - 1, 1)], position)
+
+    def _insert(self, stored: list[StoredEvent]) -> Sequence[int] | None:
+        """Append `stored` (None: another writer holds these versions). A store that committed
+        but whose answer was lost (a retried insert then meets its own rows) is told from a
+        competing writer by the bytes: the rows at those versions are ours, byte for byte."""
+        try:
+            return self.recorder.insert_events(stored)
+        except IntegrityError:
+            first = stored[0].originator_version
+            there = self.recorder.select_notifications(start=first, limit=len(stored))
+            if [n.state for n in there] == [se.state for se in stored]:
+                log.warning("positions %d-%d were committed by this server's own retry",
+                            first, first + len(stored) - 1)  # fmt: skip
+                return [n.id for n in there]
+            return None
 
     def _reload(self) -> None:
         """The state as the log holds it: from the newest snapshot (a live ledger) or the start,
         then every event after it (after folds that were not stored)."""
         restored_from = self.restored_from
+        self.stale = True  # until the log is read back whole (a store that is down: later)
         self.state = State(live_only=self.state.live_only)
         self.version = self.position = self.snapshot_position = 0
         self.last_hash = ""
@@ -437,6 +517,15 @@ class Ledger(Application[UUID]):
             self._restore()
         self.restored_from = restored_from
         self.catch_up()
+        self.stale = False
+
+    def refresh(self) -> int:
+        """Fold what the log gained since our position; after a write the store failed midway
+        (`stale`), read the state back from the log first."""
+        if self.stale:
+            self._reload()
+            return self.position
+        return self.catch_up()
 
     def _decide(self, cmds: Sequence[AnyCommand]) -> tuple[State, list[AnyEvent]]:
         self._check_conflicts(cmds)
