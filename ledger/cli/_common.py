@@ -169,6 +169,13 @@ class Ctx:
             self._ledger = Ledger(self.home, live=live)
         return self._ledger
 
+    def close(self) -> None:
+        """At the command's end: the read-only view's connection (a PostgreSQL store's is a
+        server session)."""
+        if self._view is not None:
+            self._view.close()
+            self._view = None
+
     def reader(self) -> LiveState:
         """The live state for a read of the read layer, which asks a ledger for its `state` and
         `catch_up()` only: a read-only `LiveView` when one can start (no eventsourcing loaded,

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from ledger.store.embedded import EVENTS_DB, EmbeddedSource, StoredRows
-from ledger.store.pgread import PgSource, PgStoredRows, is_postgres, redacted
+from ledger.store.pgread import PgSource, PgStoredRows, connect_params, is_postgres, redacted
 from schemas.errors import InvalidCommand
 
 STORE_FILE = "store"
@@ -37,6 +37,7 @@ def store_of(home: Path, store: str | None = None) -> str | None:
                 f"invalid store {store!r}",
                 hint="use a PostgreSQL DSN (postgresql://USER@HOST[:PORT][,HOST2]/DB) or 'sqlite'",
             )
+        connect_params(store.strip())  # a DSN libpq cannot read: one line, now
         return store.strip()
     if store is not None:
         return None

@@ -12,6 +12,7 @@ events' stream versions there as in SQLite (`ledger.store.postgres`).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -44,7 +45,10 @@ def is_postgres(store: str | None) -> bool:
 def redacted(dsn: str) -> str:
     """`dsn` without its password, for logs, status and errors."""
     if dsn.startswith(SCHEMES):
-        parts = urlsplit(dsn)
+        try:
+            parts = urlsplit(dsn)
+        except ValueError:
+            return re.sub(r"//[^@/]*@", "//***@", dsn)
         if parts.password is not None:
             user = parts.username or ""
             netloc = f"{user}:***@" + parts.netloc.rpartition("@")[2]
@@ -181,6 +185,17 @@ class PgSource:
             (stream, limit),
         )
         return [bytes(state) for (state,) in rows]
+
+    def snapshot_rows(self, stream: str, limit: int) -> list[tuple[int, bytes]]:
+        """(position, stored bytes) of the newest `limit` snapshots of `stream`, newest first."""
+        rows = self._rows(
+            self._SQL(
+                "SELECT originator_version, state FROM {} WHERE originator_id = %s "
+                "ORDER BY originator_version DESC LIMIT %s"
+            ).format(self._snapshots),
+            (stream, limit),
+        )
+        return [(int(v), bytes(state)) for v, state in rows]
 
     def close(self) -> None:
         self._con.close()
