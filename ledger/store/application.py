@@ -20,7 +20,13 @@ from uuid import UUID
 
 import msgspec
 from eventsourcing.application import Application
-from eventsourcing.persistence import IntegrityError, Mapper, StoredEvent, Transcoder
+from eventsourcing.persistence import (
+    IntegrityError,
+    Mapper,
+    PersistenceError,
+    StoredEvent,
+    Transcoder,
+)
 from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteFactory
 
 from ledger.core.decide import command_keys, decide, event_keys
@@ -35,7 +41,7 @@ from projections.chain import chain_hash
 from projections.source import LogRecord, follow
 from schemas import codec
 from schemas.commands import AnyCommand
-from schemas.errors import Conflict, EventDecodeError, InvalidCommand, LedgerError
+from schemas.errors import Conflict, EventDecodeError, InvalidCommand, LedgerError, Unavailable
 from schemas.events import AnyEvent, tag_of
 
 STREAM_ID = snapshots.STREAM_ID
@@ -217,6 +223,11 @@ class Ledger(Application[UUID]):
             self._restore()
         self.requests.scan(self.follow_raw(max(0, self.position - requests.SCANNED), self.head()))
         self.catch_up()
+
+    def fence(self, epoch: int | None) -> None:
+        """Fence every append by the lease's `epoch` (None: no fence; a PostgreSQL store only)."""
+        if self.dsn is not None:
+            self.recorder.fence_epoch = epoch  # type: ignore[attr-defined]
 
     def source(self) -> locate.LogSource:
         """This ledger's log, read-only, on a connection of its own (the projector's source)."""
@@ -504,6 +515,13 @@ class Ledger(Application[UUID]):
                             first, first + len(stored) - 1)  # fmt: skip
                 return [n.id for n in there]
             return None
+        except PersistenceError as err:
+            if "gpuledger: not the leader" not in str(err):
+                raise
+            raise Unavailable(
+                "this server is not the leader any more: another server took over",
+                hint="retry: clients find the leader",
+            ) from err
 
     def _reload(self) -> None:
         """The state as the log holds it: from the newest snapshot (a live ledger) or the start,

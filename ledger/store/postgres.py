@@ -28,12 +28,17 @@ from eventsourcing.postgres import (
 from psycopg.rows import dict_row
 from psycopg.sql import SQL, Identifier
 
+from ledger.store.lease import FENCE_SQL
 from ledger.store.pgread import EVENTS_TABLE, connect_params
 
 
 class LedgerPostgresRecorder(PostgresApplicationRecorder):
     """eventsourcing's application recorder, writing each event's position as its stream version
-    (the log is one stream: no gaps, the same positions as the SQLite store)."""
+    (the log is one stream: no gaps, the same positions as the SQLite store); with `fence_epoch`
+    set (a leader of several servers, `ledger.store.lease`), every append first checks in its own
+    transaction that the lease still holds that epoch."""
+
+    fence_epoch: int | None = None
 
     def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = EVENTS_TABLE):
         super().__init__(datastore, events_table_name=events_table_name)
@@ -47,6 +52,11 @@ class LedgerPostgresRecorder(PostgresApplicationRecorder):
             table=Identifier(self.events_table_name),
             stored_event_type=Identifier(self.stored_event_type_name),
         )
+
+    def _insert_events(self, curs: Any, stored_events: Any, **kwargs: Any) -> None:
+        if self.fence_epoch is not None:
+            curs.execute(FENCE_SQL, (self.fence_epoch,), prepare=True)
+        super()._insert_events(curs, stored_events, **kwargs)
 
 
 class LedgerPostgresFactory(PostgresFactory):
