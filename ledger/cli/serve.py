@@ -242,6 +242,15 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
     help="With agents: mark a node lost after its agent is silent this long [60s].",
 )
 @click.option("--kafka", default=None, help="Kafka bootstrap HOST:PORT for the relay.")
+@click.option(
+    "--store",
+    default=None,
+    metavar="DSN",
+    help="The log's PostgreSQL store (postgresql://...): several servers may serve it, one "
+    "leading (docs/ha.md) [the SQLite file in the data directory].",
+)
+@click.option("--advertise", default=None, help="The URL others reach this server at.")
+@click.option("--lease", default=None, help="The leader's lease on a PostgreSQL store [5s].")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
 @click.option("--log-level", default=None)
 @pass_ctx
@@ -261,6 +270,9 @@ def serve(
     partition: str | None,
     node_lost_after: str | None,
     kafka: str | None,
+    store: str | None,
+    advertise: str | None,
+    lease: str | None,
     log_format: str | None,
     log_level: str | None,
 ) -> None:
@@ -284,6 +296,9 @@ def serve(
         partition=partition,
         node_lost_after=node_lost_after,
         kafka=kafka,
+        store=store,
+        advertise=advertise,
+        lease=lease,
         log_format=log_format,
         log_level=log_level,
     )

@@ -40,6 +40,7 @@ from ledger.server.cache import ReadCache
 from ledger.server.commands import CommandPath
 from ledger.server.pages import LivePreview
 from ledger.server.worker import Worker
+from ledger.store.requests import valid_key
 from schemas import api
 from schemas import commands as c
 from schemas.commands import AnyCommand
@@ -172,7 +173,10 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
 
         async def handler(request: Request[Any, Any, Any], data: Any) -> api.CommandResult:
             cmd = ident.act(who(request), data)
-            appended = await worker.execute(cmd)
+            key = request.headers.get("idempotency-key")
+            if key is not None and not valid_key(key.strip()):
+                raise InvalidCommand("invalid Idempotency-Key", hint="1-128 printable characters")
+            appended = await worker.execute(cmd, key.strip() if key else None)
             return api.CommandResult(position=appended.position, events=appended.events)
 
         handler.__annotations__ = {
@@ -226,6 +230,7 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
             last_error=st.last_error,
             relay_state=relay_state,
             relay_error=relay_error,
+            **_roles(worker, head),
         )
 
     @get("/v1/whoami", tags=["identity"], security=[{"bearer": []}])
@@ -313,6 +318,23 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
     return app, CommandPath(
         app, worker, identify, SERVED_COMMANDS, metrics.observe_api, error_response
     )
+
+
+def _roles(worker: Worker, head: int) -> dict[str, Any]:
+    """Health's word on leadership: this server's role, the leader, the epoch, every server's
+    lag (on a store several servers share), and a store that does not answer."""
+    ha = worker.ha
+    store = "sqlite" if worker.service.ledger.dsn is None else "postgresql"
+    if ha is None:
+        return {"store": store, "store_error": worker.follow_error}
+    return {
+        "role": ha.role,
+        "leader": ha.leader_address(),
+        "epoch": ha.lease.epoch if ha.leading else (ha.leader.epoch if ha.leader else 0),
+        "store": store,
+        "store_error": ha.unreachable or worker.follow_error,
+        "servers": ha.servers(head),
+    }
 
 
 class ServiceHandles:

@@ -175,7 +175,7 @@ class Lease:
         if self.epoch and self.may_act():
             self._run(
                 f"UPDATE {LEADER_TABLE} SET expires_at = '-infinity' "
-                "WHERE id = 1 AND holder = %s AND epoch = %s",
+                "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING 1",
                 (self.holder, self.epoch),
             )
         self.deadline = 0.0
