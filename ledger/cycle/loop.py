@@ -115,9 +115,13 @@ class ServiceLoop:
         if lead:
             self.lead(self.executor)
 
-    def lead(self, executor: Executor) -> None:
+    def lead(
+        self, executor: Executor, *, epoch: int = 0, may_act: Callable[[], bool] | None = None
+    ) -> None:
         """Take up the leader's work: the executor, the relay, the dispatcher, and the recovery
-        of what runs (adopted from the executor's own view: agents' reports, Slurm's list)."""
+        of what runs (adopted from the executor's own view: agents' reports, Slurm's list).
+        `epoch` and `may_act`: the lease this server leads by (docs/ha.md); the dispatcher
+        passes the epoch with its orders and carries none out once `may_act()` is false."""
         assert self.projector is not None, "open() first"
         self.executor = executor
         if self.relay is None:
@@ -125,6 +129,9 @@ class ServiceLoop:
         self.dispatcher = Dispatcher(
             self.ledger, ProjectionRanks(self.projector), self.policy, self.executor
         )
+        self.dispatcher.epoch = epoch
+        if may_act is not None:
+            self.dispatcher.may_act = may_act
         self._recover()
         self._seen = self.ledger.head()
         self._jobs = dict(self.ledger.state.jobs)

@@ -76,8 +76,13 @@ class Leadership:
     def role(self) -> str:
         return "leader" if self.leading else "standby"
 
+    def acting(self) -> bool:
+        """Leading, and the lease still runs by this server's own clock (the worker may not
+        have stepped down yet: from this moment nothing here acts as leader)."""
+        return self.leading and self.lease.may_act()
+
     def leader_address(self) -> str:
-        if self.leading:
+        if self.acting():
             return self.lease.address
         h = self.leader
         return h.address if h is not None and h.expires_in_s > 0 else ""
@@ -174,7 +179,7 @@ class HAFront:
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         read = scope["method"] in ("GET", "HEAD") and not scope["path"].startswith("/v1/agent/")
-        if self.ha.leading or (read and scope["path"] in ("/v1/health", "/metrics")):
+        if self.ha.acting() or (read and scope["path"] in ("/v1/health", "/metrics")):
             await self.app(scope, receive, self._stamped(send))
             return
         if read:

@@ -235,6 +235,9 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     unix_path = socket_path(home, config)
     unix_sock = _bind_unix(unix_path)
     tcp_sock = _bind_tcp(config.listen) if config.listen else None
+    if ha is not None and not config.advertise and tcp_sock is not None:
+        host, port = tcp_sock.getsockname()[:2]  # the port bound (`listen` may ask for 0)
+        ha.lease.address = f"{'https' if config.tls_cert else 'http'}://{host}:{port}"
     # 4 the service loop and its worker
     service = ServiceLoop(
         ledger,
@@ -327,7 +330,9 @@ def _roles(
 
     def promote() -> None:
         ledger.fence(ha.lease.epoch)  # from now on every append proves the lease is ours
-        service.lead(make_executor(ledger, config, actor))
+        service.lead(
+            make_executor(ledger, config, actor), epoch=ha.lease.epoch, may_act=ha.lease.may_act
+        )
         service.record_settings(config.interval.seconds, config.executor)
         log.info("leading at epoch %d from position %d", ha.lease.epoch, ledger.position)
 

@@ -89,6 +89,14 @@ class Worker:
     def leading(self) -> bool:
         return self.ha is None or self.ha.leading
 
+    def acting(self) -> bool:
+        """Leading, with the lease still running by this server's own clock."""
+        return self.ha is None or self.ha.acting()
+
+    def epoch(self) -> int:
+        """The leader epoch this server acts under (0: the only server of its store)."""
+        return 0 if self.ha is None else self.ha.lease.epoch
+
     def nudge(self) -> None:
         """Look at the role (and follow the log) at once, from any thread."""
         self._next_cycle = 0.0
@@ -150,7 +158,7 @@ class Worker:
         return await self._submit(_Task(*self._future(), call=fn))
 
     def _check_leading(self) -> None:
-        if self.ha is not None and not (self.ha.leading and self.ha.may_act()):
+        if self.ha is not None and not self.ha.acting():
             where = self.ha.leader_address()
             raise Unavailable(
                 "this server does not lead"

@@ -1,0 +1,185 @@
+"""Several servers on one PostgreSQL store, for real (docs/ha.md): one leads, the others answer
+reads at the position they say and send writes to it; kill -9 of the leader while clients submit
+through their list of servers: a standby leads within the lease, and every acknowledged submit is
+in the log exactly once."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ledger.wire.client import Client
+from schemas import commands as c
+from schemas.errors import LedgerError
+from tests.integration import waits
+from tests.integration.hakit import Group, log_events, make_group, wait_cycled_after
+from tests.integration.serverkit import BUDGET, cli, make_token
+
+
+@pytest.fixture
+def ha_home(tmp_path: Path, pg_store: str) -> tuple[Path, str, str]:
+    """A ledger on `pg_store` (budgets, node n1 with 8 GPUs); (home, DSN, alice's token)."""
+    home = tmp_path / "server-0"
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    budget = tmp_path / "budget.toml"
+    budget.write_text(BUDGET)
+    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
+    cli(home, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100", GPULEDGER_USER="root")
+    return home, pg_store, make_token(home, "--user", "alice")
+
+
+@pytest.fixture
+def group(tmp_path: Path, ha_home: tuple[Path, str, str]) -> Iterator[Group]:
+    home, dsn, _ = ha_home
+    g = make_group(tmp_path, dsn, 3, "--interval", "0.5s", home=home)
+    try:
+        yield g
+    finally:
+        g.stop()
+
+
+def submit(token: str, urls: str, **env: str) -> tuple[int, str]:
+    """`gpuledger submit` through the list `urls`: (exit code, stdout + stderr)."""
+    import subprocess
+
+    from tests.integration.serverkit import GPULEDGER, env_for
+
+    proc = subprocess.run(
+        [GPULEDGER, "submit", "-A", "ai2/olmo", "-G", "1", "--min-runtime", "1h"],
+        env=env_for(Path("/nonexistent"), GPULEDGER_URL=urls, GPULEDGER_TOKEN=token, **env),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_one_server_leads_the_others_answer_reads_at_their_position_and_send_writes_to_it(
+    group: Group, ha_home: tuple[Path, str, str]
+) -> None:
+    _, _, token = ha_home
+    for m in group.members:
+        group.start(m)
+    leader = group.leader()
+    standby = next(m for m in group.members if m is not leader)
+    health = standby.health()
+    assert health is not None
+    assert (health["role"], health["leader"], health["store"]) == ("standby", leader.url,
+                                                                   "postgresql")  # fmt: skip
+    assert health["epoch"] >= 1
+    waits.wait_for("every server in the list", lambda: len((standby.health() or {}).get(
+        "servers", [])) == 3, 30, group.why)  # fmt: skip
+    # a write to the standby alone reaches the leader (forwarded with its token)
+    code, out = submit(token, standby.url)
+    assert code == 0 and out.startswith("submitted job 1 "), out
+    # a client writing through the standby reads its own write there at once (the read asks
+    # for the write's position, and the standby answers once it has folded it)
+    client = Client(standby.url, token)
+    for _ in range(5):
+        got = client.execute(c.SubmitJob(actor="", account="ai2/olmo", gpus=1, min_runtime_s=60))
+        job = got.events[0].job_id  # type: ignore[union-attr]
+        assert job in {j["job_id"] for j in client.get("jobs")}
+    # the standby's own socket: a write it cannot forward is one line naming the leader
+    proc = cli(standby.home, "submit", "-A", "ai2/olmo", "-G", "1", "--min-runtime", "1h",
+               ok=False, GPULEDGER_USER="alice")  # fmt: skip
+    assert proc.returncode != 0
+    assert proc.stderr.count("\n") == 1 and f"the leader is {leader.url}" in proc.stderr
+    # a position the store has not reached: the standby says so (503), it does not answer stale
+    client.position = 10**9
+    with pytest.raises(LedgerError, match="has not folded position"):
+        client.get("jobs")
+    client.close()
+
+
+def test_the_same_idempotency_key_twice_is_one_submit_on_any_server(
+    group: Group, ha_home: tuple[Path, str, str]
+) -> None:
+    _, _, token = ha_home
+    for m in group.members:
+        group.start(m)
+    leader = group.leader()
+    standby = next(m for m in group.members if m is not leader)
+    cmd = {"actor": "", "account": "ai2/olmo", "gpus": 1, "min_runtime_s": 3600}
+    body = json.dumps(cmd).encode()
+    answers = []
+    for m in (leader, standby, leader):
+        conn = http.client.HTTPConnection("127.0.0.1", m.port, timeout=60)
+        conn.request("POST", "/v1/commands/submit", body=body, headers={
+            "Authorization": f"Bearer {token}", "Content-Type": "application/json",
+            "Idempotency-Key": "k-1"})  # fmt: skip
+        resp = conn.getresponse()
+        answers.append((resp.status, json.loads(resp.read())))
+        conn.close()
+    assert {s for s, _ in answers} == {201} or {s for s, _ in answers} == {200}, answers
+    assert len({a["events"][0]["job_id"] for _, a in answers}) == 1
+    group.stop()
+    submitted = [e for e in log_events(group.members[0].home) if e["type"] == "job.submitted.v1"]
+    assert len(submitted) == 1
+
+
+KILLS = 3
+CLIENTS = 8
+
+
+def test_kill_9_of_the_leader_while_8_clients_submit_a_standby_leads_and_no_acknowledged_submit_is_lost_or_doubled(  # noqa: E501
+    group: Group, ha_home: tuple[Path, str, str]
+) -> None:
+    _, _, token = ha_home
+    for m in group.members:
+        group.start(m)
+    acked: list[int] = []
+    failed: list[str] = []
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def client_loop() -> None:
+        client = Client(group.urls, token, timeout=30)
+        while not stop.is_set():
+            try:
+                got = client.execute(
+                    c.SubmitJob(actor="", account="ai2/olmo", gpus=1, min_runtime_s=3600)
+                )
+            except LedgerError as err:
+                with lock:
+                    failed.append(str(err))
+                continue
+            with lock:
+                acked.append(got.events[0].job_id)  # type: ignore[union-attr]
+            time.sleep(0.05)
+        client.close()
+
+    def more(n: int, what: str) -> None:
+        want = len(acked) + n
+        waits.wait_for(what, lambda: len(acked) >= want, 60, group.why)
+
+    threads = [threading.Thread(target=client_loop, daemon=True) for _ in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    took = []
+    try:
+        for _ in range(KILLS):
+            leader = group.leader()
+            more(20, "submits before the kill")
+            wall = time.time()
+            leader.kill(signal.SIGKILL)
+            _, seconds = wait_cycled_after(group, wall, timeout=60)
+            took.append(seconds)
+            more(20, "submits after the kill")
+            group.start(leader)  # back as a standby
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+    assert failed == []
+    assert len(acked) == len(set(acked))
+    group.stop()
+    submitted = [e["job_id"] for e in log_events(group.members[0].home)
+                 if e["type"] == "job.submitted.v1"]  # fmt: skip
+    assert sorted(submitted) == sorted(acked)  # each acknowledged exactly once, nothing else
+    assert max(took) <= 10.0, took
+    print(f"leader kill -9 to the new leader's first cycle: {took}")
