@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -16,7 +17,8 @@ from typing import Any
 from tests.integration import waits
 from tests.integration.serverkit import GPULEDGER, Server, cli, env_for
 
-LEASE = "2s"
+LEASE = os.environ.get("GPULEDGER_HA_LEASE", "2s")
+"""The servers' lease (docs/ha.md measures failover with the default, 5s, too)."""
 
 
 def free_port() -> int:
@@ -83,9 +85,13 @@ class Group:
                  "--lease", LEASE, *self.args],
                 env=env_for(m.home), stdout=out, stderr=out,
             )  # fmt: skip
-        waits.wait_for(
-            f"{m.name} to listen", lambda: "listening on" in m.text()[before:], 90, self.why
-        )
+
+        def listening() -> bool:
+            if m.proc is not None and m.proc.poll() is not None:
+                raise AssertionError(f"{m.name} exited with {m.proc.returncode}:{self.why()}")
+            return "listening on" in m.text()[before:]
+
+        waits.wait_for(f"{m.name} to listen", listening, 90, self.why)
         return m
 
     def leader(self, timeout: float = 60) -> Member:
