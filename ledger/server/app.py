@@ -406,7 +406,15 @@ class ServiceHandles:
         return self.service.ledger
 
     def store(self) -> Any:
-        self.service.projector.catch_up()
+        """The projection, caught up; while a PostgreSQL store does not answer, as far as it
+        has folded (reads go on; the answer's `X-Gpuledger-Position` says where it stands)."""
+        from projections.errors import SourceUnavailable
+
+        try:
+            self.service.projector.catch_up()
+        except SourceUnavailable:
+            if self.service.ledger.dsn is None:
+                raise
         return self.service.store
 
     def now(self) -> float:

@@ -66,6 +66,7 @@ class Leadership:
     """Set when the role may have changed: the worker looks at its next turn, at once."""
     notify: Callable[[], None] = lambda: None
     """Wakes the worker (its next turn looks at the role)."""
+    _leader_read_at: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -85,7 +86,8 @@ class Leadership:
         if self.acting():
             return self.lease.address
         h = self.leader
-        return h.address if h is not None and h.expires_in_s > 0 else ""
+        left = 0.0 if h is None else h.expires_in_s - (time.monotonic() - self._leader_read_at)
+        return h.address if h is not None and left > 0 else ""  # never a lease seen expire
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="ledger-lease", daemon=True)
@@ -124,7 +126,7 @@ class Leadership:
             elif self.lease.acquire():
                 log.info("took the lease: leading at epoch %d", self.lease.epoch)
                 self._changed()
-            self.leader = self.lease.leader()
+            self.leader, self._leader_read_at = self.lease.leader(), time.monotonic()
             if self.unreachable is not None:
                 log.warning("the store answers the lease again")
             self.unreachable = None

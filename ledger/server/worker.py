@@ -85,6 +85,8 @@ class Worker:
     """How often a standby folds what the log gained."""
     follow_error: str | None = None
     """Why the last follow failed (the store is away), for health; None once it works."""
+    _epoch: int = 0
+    """The lease epoch this server last took up the leader's work at."""
 
     def leading(self) -> bool:
         return self.ha is None or self.ha.leading
@@ -245,8 +247,14 @@ class Worker:
         assert ha is not None
         ha.changed.clear()
         acting = ha.may_act()
+        if acting and ha.leading and ha.lease.epoch != self._epoch:
+            # the lease ran out and was taken again (a new epoch) before this turn saw it go:
+            # step down and take up the work again, fenced by the new epoch
+            ha.leading = False
+            self._step_down()
         if acting and not ha.leading:
             try:
+                self._epoch = ha.lease.epoch
                 self.service.ledger.refresh()
                 self.promote()
             except Exception:
@@ -257,10 +265,13 @@ class Worker:
             self._next_cycle = 0.0
         elif not acting and ha.leading:
             ha.leading = False
-            try:
-                self.demote()
-            except Exception:
-                log.exception("stepping down failed")
+            self._step_down()
+
+    def _step_down(self) -> None:
+        try:
+            self.demote()
+        except Exception:
+            log.exception("stepping down failed")
 
     def _when_idle(self) -> None:
         self._moved_at = None
@@ -328,8 +339,11 @@ class Worker:
         self._next_cycle = time.monotonic() + wait_time(result, self.tick_s, clock.now())
 
     def _follow(self) -> None:
-        """A standby's turn: fold what the log gained (reads answer at that position)."""
-        self._next_cycle = time.monotonic() + self.follow_s
+        """A standby's turn: fold what the log gained (reads answer at that position); while
+        the store does not answer, every 2 s (the reads in between answer from what is held)."""
+        self._next_cycle = time.monotonic() + (
+            self.follow_s if self.follow_error is None else max(self.follow_s, 2.0)
+        )
         before = self.service.ledger.position
         try:
             if self.service.follow() != before:

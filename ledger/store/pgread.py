@@ -123,20 +123,32 @@ class PgSource:
             raise
 
     def _rows(self, query: Any, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """The query's rows. A connection that broke (the server restarted, a standby was
+        promoted) is replaced once, through the DSN's hosts; a store that does not answer is
+        `SourceUnavailable`, and the next read tries a new connection again."""
         import psycopg
 
-        try:
-            with self._con.cursor() as cur:
-                cur.execute(query, params, prepare=True)
-                rows: list[tuple[Any, ...]] = cur.fetchall()
-                return rows
-        except psycopg.errors.UndefinedTable:
-            return []  # a store nothing was recorded in yet
-        except psycopg.Error as err:
-            raise SourceUnavailable(
-                f"cannot read the PostgreSQL store {self.path}: {_first_line(err)}",
-                path=self.path,
-            ) from err
+        for attempt in (0, 1):
+            try:
+                if self._con.closed:
+                    self._con = connect(self.dsn)
+                with self._con.cursor() as cur:
+                    cur.execute(query, params, prepare=True)
+                    rows: list[tuple[Any, ...]] = cur.fetchall()
+                    return rows
+            except psycopg.errors.UndefinedTable:
+                return []  # a store nothing was recorded in yet
+            except psycopg.Error as err:
+                broken = isinstance(err, psycopg.OperationalError) or self._con.closed
+                if broken:
+                    self._con.close()
+                    if attempt == 0:
+                        continue
+                raise SourceUnavailable(
+                    f"cannot read the PostgreSQL store {self.path}: {_first_line(err)}",
+                    path=self.path,
+                ) from err
+        raise AssertionError("unreachable")
 
     def read(self, after: int, limit: int) -> list[LogRecord]:
         return [LogRecord(p, t, d) for p, t, d in self.read_rows(after, limit)]

@@ -76,7 +76,9 @@ class LedgerPostgresFactory(PostgresFactory):
             port="",
             user="",
             password="",
-            connect_timeout=float(self.env.get("GPULEDGER_PG_POOL_TIMEOUT") or 10),
+            # how long a transaction waits for a connection: a store that does not answer is
+            # an error in seconds (a write refused with 503, reads go on from what is held)
+            connect_timeout=float(self.env.get("GPULEDGER_PG_POOL_TIMEOUT") or 3),
             idle_in_transaction_session_timeout=10,
             pool_size=int(self.env.get("GPULEDGER_PG_POOL_SIZE") or 4),
             max_overflow=4,
