@@ -310,7 +310,8 @@ def serve(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
 def status(ctx: Ctx, as_json: bool) -> None:
-    """Is the server up? Version, last cycle, projection and relay lag, event count."""
+    """Is the server up? Version, last cycle, projection and relay lag, event count; with
+    several servers on one store, this one's role, the leader and every server's lag."""
     from schemas.api import Health
 
     if ctx.remote is None:
@@ -338,6 +339,12 @@ def status(ctx: Ctx, as_json: bool) -> None:
     click.echo(f"  relay         lag {relay}")
     if h.last_error:
         click.echo(f"  last error    {h.last_error}")
+    if h.store_error:
+        click.echo(f"  store         {h.store} does not answer: {h.store_error}")
+    if h.role != "single":  # one of several servers on a PostgreSQL store (docs/ha.md)
+        click.echo(f"  role          {h.role}, epoch {h.epoch}, leader {h.leader or 'none'}")
+        for s in h.servers:
+            click.echo(f"  server        {s.address} {s.role}, lag {s.lag} events")
 
 
 COMMANDS = [up, serve, status]

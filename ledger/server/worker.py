@@ -135,7 +135,9 @@ class Worker:
         """Commit what `loop` gathered, here when the ledger is free, else hand it to the worker
         thread (busy with a cycle or a read)."""
         tasks = self._pending.pop(loop, [])
-        if not self._lock.acquire(blocking=False):
+        # one of several servers: a store behind a cut network may hang a transaction, never
+        # the event loop (it still refuses writes and answers health once the lease runs out)
+        if self.ha is not None or not self._lock.acquire(blocking=False):
             for task in tasks:
                 self._queue.put(task)
             return

@@ -62,8 +62,8 @@ def redacted(dsn: str) -> str:
 
 def connect_params(dsn: str) -> dict[str, Any]:
     """The DSN as psycopg connection parameters, with the settings a ledger relies on: a connect
-    timeout (a host that does not answer is skipped for the next one) and TCP keepalives (a
-    server whose network is gone is noticed in seconds, not hours)."""
+    timeout (a host that does not answer is skipped for the next one), TCP keepalives and a TCP
+    user timeout (a server whose network is gone is noticed in seconds, not hours)."""
     from psycopg.conninfo import conninfo_to_dict
 
     try:
@@ -80,6 +80,7 @@ def connect_params(dsn: str) -> dict[str, Any]:
     params.setdefault("keepalives_idle", "5")
     params.setdefault("keepalives_interval", "2")
     params.setdefault("keepalives_count", "2")
+    params.setdefault("tcp_user_timeout", "5000")  # sent and never acknowledged: a cut network
     params.setdefault("application_name", "gpuledger")
     return params
 

@@ -10,7 +10,7 @@ import os
 import signal
 import socket
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ class Member:
     port: int
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    dsn: str = ""
+    """Its own way to the store (through a proxy a test cuts), else the group's."""
 
     @property
     def url(self) -> str:
@@ -70,7 +72,7 @@ class Group:
     dsn: str
     members: list[Member]
     args: tuple[str, ...]
-    started_at: dict[str, float] = field(default_factory=dict)
+    lease: str = LEASE
 
     @property
     def urls(self) -> str:
@@ -81,8 +83,8 @@ class Group:
         before = len(m.text())
         with m.log.open("ab") as out:
             m.proc = subprocess.Popen(
-                [GPULEDGER, "serve", "--store", self.dsn, "--listen", f"127.0.0.1:{m.port}",
-                 "--lease", LEASE, *self.args],
+                [GPULEDGER, "serve", "--store", m.dsn or self.dsn, "--listen",
+                 f"127.0.0.1:{m.port}", "--lease", self.lease, *self.args],
                 env=env_for(m.home), stdout=out, stderr=out,
             )  # fmt: skip
 

@@ -5,14 +5,17 @@ in the log exactly once."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -76,6 +79,9 @@ def test_one_server_leads_the_others_answer_reads_at_their_position_and_send_wri
     assert health["epoch"] >= 1
     waits.wait_for("every server in the list", lambda: len((standby.health() or {}).get(
         "servers", [])) == 3, 30, group.why)  # fmt: skip
+    out = cli(standby.home, "status", GPULEDGER_URL=standby.url).stdout
+    assert f"role          standby, epoch {health['epoch']}, leader {leader.url}" in out, out
+    assert out.count("  server        ") == 3, out
     # a write to the standby alone reaches the leader (forwarded with its token)
     code, out = submit(token, standby.url)
     assert code == 0 and out.startswith("submitted job 1 "), out
@@ -296,3 +302,104 @@ def test_kill_9_of_the_leader_while_jobs_run_on_3_agents_kills_no_job_runs_none_
     assert all(at_kill), at_kill  # jobs ran at every kill, and ran on to their end
     assert max(took) <= 10.0, took
     print(f"with agents: leader kill -9 to the new leader's first cycle: {took}")
+
+
+class Proxy:
+    """A TCP proxy to PostgreSQL that a test can cut like a network partition: once cut, it
+    forwards nothing either way and answers no new connection, but closes nothing (a silent
+    network, not a refused one)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.cut = threading.Event()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+            if self.cut.is_set():
+                continue  # accepted, never answered
+            up = socket.create_connection(self.upstream)
+            self.held.append(up)
+            for a, b in ((conn, up), (up, conn)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            if self.cut.is_set():
+                continue  # swallowed: the other side hears nothing
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.sock.close()
+        for s in self.held:
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+def test_a_leader_cut_off_from_postgresql_stops_acting_before_another_server_leads(
+    tmp_path: Path, ha_home: tuple[Path, str, str]
+) -> None:
+    home, dsn, token = ha_home
+    parts = urlsplit(dsn)
+    proxy = Proxy(parts.hostname or "", parts.port or 5432)
+    via = urlunsplit(parts._replace(netloc=parts.netloc.replace(
+        f"{parts.hostname}:{parts.port}", f"127.0.0.1:{proxy.port}")))  # fmt: skip
+    g = make_group(tmp_path, dsn, 2, "--interval", "0.5s", home=home)
+    g.lease = "5s"
+    first, second = g.members
+    first.dsn = via
+    try:
+        g.start(first)
+        assert g.leader() is first
+        g.start(second)
+        code, out = submit(token, g.urls)
+        assert code == 0, out
+        proxy.cut.set()
+        cut_at = time.time()
+        body = json.dumps({"actor": "", "account": "ai2/olmo", "gpus": 1}).encode()
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+        def refused() -> float | None:
+            """When `first` answered a write 503 (the time of its answer), if it did."""
+            conn = http.client.HTTPConnection("127.0.0.1", first.port, timeout=0.5)
+            try:
+                conn.request("POST", "/v1/commands/submit", body=body, headers=headers)
+                status = conn.getresponse().status
+            except OSError:
+                return None  # the write waits on the cut store: not answered yet
+            finally:
+                conn.close()
+            return time.time() if status == 503 else None
+
+        stopped = waits.wait_for("the cut leader to refuse writes", refused, 30, g.why)
+        took = waits.wait_for("the other server to lead", lambda: "took the lease" in
+                              second.text(), 60, g.why)  # fmt: skip
+        assert took
+        line = next(ln for ln in second.text().splitlines() if "took the lease" in ln)
+        led = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) + int(line[20:23]) / 1000
+        assert cut_at < stopped < led, (cut_at, stopped, led)  # it stopped before another led
+        assert (second.health() or {}).get("role") == "leader"
+        code, out = submit(token, g.urls)  # the clients follow
+        assert code == 0, out
+    finally:
+        g.stop()
+        proxy.close()
