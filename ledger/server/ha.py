@@ -41,6 +41,9 @@ POSITION_HEADER = "x-gpuledger-position"
 MIN_POSITION_HEADER = "x-gpuledger-min-position"
 LEADER_HEADER = "x-gpuledger-leader"
 ROLE_HEADER = "x-gpuledger-role"
+HOP_HEADER = "x-gpuledger-forwarded"
+"""Set on a write a standby forwards: a server that does not lead refuses it rather than
+forwarding it again (two standbys that each name the other never bounce a write around)."""
 FORWARDED = {"authorization", "content-type", "accept", "idempotency-key", "x-request-id"}
 """The request headers a standby passes on with a forwarded write."""
 READ_YOUR_WRITES_S = 5.0
@@ -192,7 +195,11 @@ class HAFront:
             await self.app(scope, receive, self._stamped(send))
             return
         leader = self.ha.leader_address()
-        forwardable = "authorization" in headers and not scope["path"].startswith("/v1/agent/")
+        forwardable = (
+            "authorization" in headers
+            and not scope["path"].startswith("/v1/agent/")
+            and HOP_HEADER not in headers
+        )
         if leader and leader != self.ha.lease.address and forwardable:
             await self._forward(leader, scope, receive, send, headers)
             return
@@ -256,7 +263,7 @@ class HAFront:
             more = message.get("more_body", False)
         query = scope["query_string"].decode()
         path = scope["path"] + (f"?{query}" if query else "")
-        sent = {k: v for k, v in headers.items() if k in FORWARDED}
+        sent = {k: v for k, v in headers.items() if k in FORWARDED} | {HOP_HEADER: "1"}
         try:
             status, reply, kind = await asyncio.to_thread(
                 _send, leader, scope["method"], path, body, sent

@@ -170,3 +170,39 @@ def test_a_dispatcher_whose_lease_ran_out_carries_out_nothing_and_passes_its_epo
     d.may_act = lambda: True
     d.carry_out(Orders(stops=(1,)), 0.0)
     assert ex.orders == [Orders(stops=(1,), epoch=7)]
+
+
+def test_a_standby_never_forwards_a_write_that_was_forwarded_to_it() -> None:
+    """Two standbys that each name the other as leader (each read the lease at another moment)
+    refuse a forwarded write instead of bouncing it between them."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from ledger.server.ha import HAFront
+
+    ha = SimpleNamespace(
+        acting=lambda: False,
+        leader_address=lambda: "http://other:1",
+        lease=SimpleNamespace(address="http://me:1"),
+        role="standby",
+    )
+    front = HAFront(None, ha, lambda: 0)  # type: ignore[arg-type]
+
+    async def forward(*args: object) -> None:
+        raise AssertionError("forwarded again")
+
+    front._forward = forward  # type: ignore[method-assign]
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b"{}"}
+
+    headers = [(b"authorization", b"Bearer x"), (b"x-gpuledger-forwarded", b"1")]
+    scope = {"type": "http", "method": "POST", "path": "/v1/commands/submit", "headers": headers,
+             "query_string": b""}  # fmt: skip
+    asyncio.run(front(scope, receive, send))
+    assert sent[0]["status"] == 503
+    assert (b"x-gpuledger-leader", b"http://other:1") in sent[0]["headers"]
