@@ -4,7 +4,7 @@ raw psycopg inserts of the same rows, in the same run (docs/ha.md).
 --rounds times in turn, each on a fresh database of one private PostgreSQL 15
 (`scripts/postgres/postgres up`, or $GPULEDGER_PG_DSN's server):
   raw   8 threads, each with its own psycopg connection, each inserting one row per transaction
-        (autocommit) into a table shaped like the store's (originator_id uuid, version, topic,
+        (autocommit) into a table shaped like the store's (stream uuid, version, topic,
         state bytea) with rows of a submit's size: the database's own limit for committed
         single-row writes at this concurrency (fsync and synchronous_commit on)
   HTTP  `POST /v1/commands/submit` from 8 client processes (scripts/bench_api.py's closed-loop
@@ -35,6 +35,7 @@ from bench_api import USERS, Http, client, process_cpu, serve, set_up, tokens
 from benchkit import machine, private_service
 
 from ledger.store import locate
+from ledger.store.pgread import PgSource
 
 GOAL_PER_S = 2_000
 GOAL_P99_MS = 50.0
@@ -54,9 +55,9 @@ def raw(dsn: str, clients: int, per_client: int, size: int) -> tuple[float, floa
     """Rows per second and p99 (ms) of single-row autocommit inserts from `clients` threads."""
     with psycopg.connect(dsn, autocommit=True) as con:
         con.execute(
-            "CREATE TABLE raw_events (originator_id uuid NOT NULL, originator_version bigint "
-            "NOT NULL, topic text NOT NULL, state bytea, PRIMARY KEY (originator_id, "
-            "originator_version))"
+            "CREATE TABLE raw_events (stream uuid NOT NULL, version bigint "
+            "NOT NULL, topic text NOT NULL, state bytea, PRIMARY KEY (stream, "
+            "version))"
         )
     state = b"x" * size
     stream = uuid.uuid4()
@@ -119,12 +120,9 @@ def over_http(dsn: str, clients: int, per_client: int) -> tuple[Http, int]:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
-        with psycopg.connect(dsn) as con:
-            row = con.execute(
-                "SELECT avg(length(state))::int FROM gpuledger_events WHERE topic = %s",
-                ("job.submitted.v1",),
-            ).fetchone()
-        size = int(row[0]) if row and row[0] else 400
+        with PgSource(dsn) as source:  # the store's own reader: the size of a stored submit
+            rows = source.read_tagged(0, 100, ["job.submitted.v1"])
+        size = sum(len(r[2]) for r in rows) // max(1, len(rows)) or 400
     lat = sorted(x for r in results for x in r[0])
     n = len(lat)
     elapsed = max(r[2] for r in results) - start

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from ledger.store.application import Appended
 
 TIMEOUT_S = 60.0
+LIST_TIMEOUT_S = 10.0
+"""A request's timeout on one server of a list (unless the caller gives one): a server that
+accepts connections and answers nothing (a frozen process) is left for the next in seconds."""
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -85,10 +88,12 @@ class Client:
     """Talks to a server: `http(s)://HOST:PORT` or `unix:/PATH`, or to the first that leads of
     a comma-separated list of them."""
 
-    def __init__(self, url: str, token: str | None = None, timeout: float = TIMEOUT_S) -> None:
+    def __init__(self, url: str, token: str | None = None, timeout: float | None = None) -> None:
         urls = [u.strip() for u in url.split(",") if u.strip()]
         if not urls:
             raise InvalidCommand("no server URL given", hint="use http(s)://HOST:PORT[,...]")
+        if timeout is None:
+            timeout = TIMEOUT_S if len(urls) == 1 else LIST_TIMEOUT_S
         self.urls = urls
         self.position = 0
         """The newest log position this client wrote or read (reads ask for at least it)."""
@@ -125,10 +130,13 @@ class Client:
             try:
                 status, data, leader, position = server.send(method, path, body, headers)
             except Unavailable as err:
-                # a write without a key is sent again only where it never arrived
-                if not (may_retry or isinstance(err, _Refused)) or time.monotonic() > deadline:
+                tried += 1
+                self._next(tried)  # the next request starts on the next server, whatever happens
+                # a write without a key is sent again only where it never arrived; every server
+                # of the list is tried once, however long the others took
+                retry = may_retry or isinstance(err, _Refused)
+                if not retry or (time.monotonic() > deadline and tried >= len(self.urls)):
                     raise
-                self._next(tried := tried + 1)
                 continue
             if position:
                 self.position = max(self.position, position)
@@ -147,7 +155,7 @@ class Client:
             self._at = self.urls.index(leader)
         else:
             self._at = (self._at + 1) % len(self._servers)
-        if tried % len(self._servers) == 0:
+        if len(self._servers) > 1 and tried % len(self._servers) == 0:
             time.sleep(min(1.0, 0.1 * tried))
 
     def execute(self, cmd: AnyCommand) -> Appended:

@@ -403,3 +403,43 @@ def test_a_leader_cut_off_from_postgresql_stops_acting_before_another_server_lea
     finally:
         g.stop()
         proxy.close()
+
+
+def test_a_leader_paused_past_its_lease_and_resumed_acts_no_more_and_follows(
+    group: Group, ha_home: tuple[Path, str, str]
+) -> None:
+    """SIGSTOP of the leader (a long GC pause, a frozen VM): another server leads; resumed, the
+    old leader never acts as one again (it says standby at once, names the new leader, and its
+    writes go there), and no submit is lost or doubled."""
+    _, _, token = ha_home
+    for m in group.members:
+        group.start(m)
+    old = group.leader()
+    code, out = submit(token, group.urls)
+    assert code == 0, out
+    assert old.proc is not None
+    old.proc.send_signal(signal.SIGSTOP)
+    try:
+        new = waits.wait_for("another server to lead", lambda: next(
+            (m for m in group.members if m is not old and (m.health() or {}).get("role")
+             == "leader"), None), 60, group.why)  # fmt: skip
+        code, out = submit(token, group.urls)
+        assert code == 0, out
+    finally:
+        old.proc.send_signal(signal.SIGCONT)
+    # from its first answer on, the resumed server is not a leader
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        said = old.health()
+        if said is not None:
+            assert said["role"] == "standby", said
+        assert (new.health() or {}).get("role") == "leader"
+        time.sleep(0.2)
+    named = lambda: (old.health() or {}).get("leader") == new.url  # noqa: E731
+    waits.wait_for("the resumed server to name the new leader", named, 30, group.why)
+    code, out = submit(token, old.url)  # a write sent to it reaches the leader
+    assert code == 0 and out.startswith("submitted job 3 "), out
+    group.stop()
+    submitted = [e["job_id"] for e in log_events(group.members[0].home)
+                 if e["type"] == "job.submitted.v1"]  # fmt: skip
+    assert submitted == [1, 2, 3]

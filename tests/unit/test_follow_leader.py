@@ -206,3 +206,28 @@ def test_a_standby_never_forwards_a_write_that_was_forwarded_to_it() -> None:
     asyncio.run(front(scope, receive, send))
     assert sent[0]["status"] == 503
     assert (b"x-gpuledger-leader", b"http://other:1") in sent[0]["headers"]
+
+
+def test_a_server_that_accepts_and_never_answers_is_left_for_the_next_and_the_next_request_starts_there(  # noqa: E501
+    fakes: tuple[Fake, Fake], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frozen server (SIGSTOP: the kernel still accepts connections) holds a client only for
+    the list's per-server timeout, even when that is longer than the retry time."""
+    import socket
+    import time
+
+    import ledger.wire.client as wire
+
+    _, lead = fakes
+    lead.answer = lambda *_: (200, {}, b"[]")
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(8)  # accepts (the backlog), never reads
+    monkeypatch.setattr(wire, "LIST_TIMEOUT_S", 0.5)
+    monkeypatch.setenv("GPULEDGER_RETRY_S", "0")
+    client = Client(f"http://127.0.0.1:{frozen.getsockname()[1]},{lead.url}", "tok")
+    began = time.monotonic()
+    assert client.get("jobs") == []
+    assert time.monotonic() - began < 5 and client.url == lead.url
+    frozen.close()
+    client.close()
