@@ -95,6 +95,11 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     """Why the store does not answer, when it does not (writes are refused meanwhile)."""
     servers: list[ServerState] = []
     """Every server on the store that reported in the last minute, with its lag."""
+    unobserved: tuple[str, ...] = ()
+    """Nodes the execution engine cannot observe now (slurmctld does not answer, a slurmd does
+    not respond): nothing is placed on them or preempted from them until it can (outage)."""
+    unobserved_since: float | None = None
+    """Since when the engine has not observed every node (None: it observes them all)."""
 
 
 class WhoAmI(msgspec.Struct, frozen=True, kw_only=True):

@@ -349,6 +349,12 @@ def status(ctx: Ctx, as_json: bool) -> None:
         click.echo(f"  executor      {h.executor}{placing}")
     if h.jobs_run_as:
         click.echo(f"  jobs run as   {h.jobs_run_as}")
+    if h.unobserved:
+        since = "" if h.unobserved_since is None else f" since {format_time(h.unobserved_since)}"
+        click.echo(
+            f"  outage        the engine cannot observe {', '.join(h.unobserved)}{since}: "
+            "nothing is placed on or preempted from them"
+        )
     if h.last_error:
         click.echo(f"  last error    {h.last_error}")
     if h.store_error:

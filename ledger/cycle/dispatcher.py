@@ -236,6 +236,23 @@ class Dispatcher:
         self.may_act: Callable[[], bool] = lambda: True
         """Whether this server still leads, by its lease's own clock: orders decided under a
         lease that has run out are not carried out (the next leader decides again)."""
+        self.unobserved: frozenset[str] = frozenset()
+        """Nodes the engine could not observe at the last cycle (outage mode: nothing decided
+        about them)."""
+        self.unobserved_since: float | None = None
+        """When the engine last went from seeing everything to not (None while it sees all)."""
+
+    def _outage(self, unobserved: frozenset[str], now: float) -> None:
+        """Keep what the engine cannot see, and say when that starts and ends."""
+        if unobserved and not self.unobserved:
+            self.unobserved_since = now
+            log.warning("outage: the engine cannot observe %s; deciding nothing about them",
+                        ", ".join(sorted(unobserved)))  # fmt: skip
+        elif self.unobserved and not unobserved:
+            log.warning("outage over after %.0f s: the engine observes every node again",
+                        now - (self.unobserved_since or now))  # fmt: skip
+            self.unobserved_since = None
+        self.unobserved = unobserved
 
     def _observe_new_events(self) -> None:
         """Feed the utilisation tracker the events it looks at (the store filters by tag, so a
@@ -375,6 +392,7 @@ class Dispatcher:
     def _cycle(self, now: float) -> CycleResult:
         # 0. observe once and record it: node changes, starts, checkpoints and samples, exits
         seen, recorded = self.observe(now)
+        self._outage(seen.unobserved, now)
         finished = recorded.finished
         # 1. snapshot at position P
         position = self.ledger.catch_up()
@@ -388,6 +406,7 @@ class Dispatcher:
             low_util_since=self.util.low_since,
             position=position,
             unavailable=seen.foreign,
+            unobserved=seen.unobserved,
         )
         # 2. decide (pure)
         decision = decide(snapshot, self.policy, now)

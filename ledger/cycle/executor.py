@@ -193,6 +193,10 @@ class Observed:
     """Jobs that really have a run in the engine now (launched, not yet reported ended)."""
     stopped: tuple[Exit, ...] = ()
     """Runs the ledger had stopped whose processes are now all gone (`JobRunEnded`)."""
+    unobserved: frozenset[str] = frozenset()
+    """Nodes the engine cannot observe now (slurmctld does not answer, a node's slurmd does
+    not respond): the dispatcher decides nothing that depends on them (no placement on them, no
+    preemption of their runs) until it can (outage mode)."""
 
 
 class Executor(Protocol):

@@ -28,6 +28,7 @@ def snapshot_from_state(
     low_util_since: Mapping[int, float] | None = None,
     position: int | None = None,
     unavailable: Mapping[str, frozenset[int]] | None = None,
+    unobserved: frozenset[str] = frozenset(),
 ) -> Snapshot:
     """Pure: the snapshot of the write-side `state` (tests, simulation, replay).
 
@@ -37,7 +38,8 @@ def snapshot_from_state(
     A held job, and one that may not run yet (`ledger.core.jobs.blocked`: its dependency, its
     array's limit), is not pending in the snapshot: the dispatcher never considers it.
     `unavailable` (node -> GPU indices) are busy with work outside the ledger (an engine's
-    foreign jobs): never free.
+    foreign jobs): never free. `unobserved` nodes (its engine cannot see them now) have no free
+    GPU and their runs are no victims: nothing is decided about what cannot be seen.
     """
     low = low_util_since or {}
     busy = unavailable or {}
@@ -48,7 +50,9 @@ def snapshot_from_state(
             gpu_type=n.gpu_type,
             gpus=n.gpus,
             state=n.state,
-            free=tuple(i for i in state.free_indices(n.name) if i not in busy.get(n.name, ())),
+            free=()
+            if n.name in unobserved
+            else tuple(i for i in state.free_indices(n.name) if i not in busy.get(n.name, ())),
         )
         for n in sorted(state.nodes.values(), key=lambda n: n.name)
         if n.state != "removed"
@@ -63,6 +67,9 @@ def snapshot_from_state(
         spec = job.spec
         if job.status in ("placed", "running") and job.doubt_until is not None:
             continue  # its node is lost and its run may live: its GPUs stay held, it is no victim
+        seen = not unobserved or all(sl.node not in unobserved for sl in job.slots)
+        if job.status in ("placed", "running") and not seen:
+            continue  # its engine cannot see it now: it is no victim
         if job.status in ("placed", "running") and job.placed_at is not None:
             running.append(
                 RunningJob(

@@ -19,15 +19,26 @@ def lifecycle_lines(
     events: Sequence[e.AnyEvent], jobs: Mapping[int, Job], output_dir: str
 ) -> list[str]:
     """Pure: one line per job that started, finished, failed or was preempted in `events` (what
-    the log gained), naming where a job's output goes (`<output_dir>/job-N.log`)."""
+    the log gained), naming where a job's output goes (the files its engine reported, else
+    `<output_dir>/job-N.log`)."""
     out = []
+    started: dict[int, tuple[str, ...]] = {}
+    """The logs of the jobs that started in `events` (`jobs` may predate their start)."""
     for ev in events:
         job = jobs.get(ev.job_id) if isinstance(ev, e.JobStarted | e.JobFinished) else None
         who = f"job {getattr(ev, 'job_id', '?')}"
         if job is not None:
             s = job.spec
             who += f" ({s.account}, {s.user}, {plural(s.gpus, 'GPU')})"
-        log = f"output: {output_dir}/job-{getattr(ev, 'job_id', '?')}.log"
+        if isinstance(ev, e.JobStarted):
+            started[ev.job_id] = ev.logs
+        logs = started.get(ev.job_id, ()) if isinstance(ev, e.JobEvent) else ()
+        logs = logs or (job.logs if job is not None else ())
+        log = (
+            f"output: {', '.join(_paths(logs))}"
+            if logs
+            else (f"output: {output_dir}/job-{getattr(ev, 'job_id', '?')}.log")
+        )
         match ev:
             case e.JobStarted():
                 where = "; ".join(
@@ -43,3 +54,9 @@ def lifecycle_lines(
             case e.JobPreempted():
                 out.append(f"job {ev.job_id} preempted ({ev.reason})")
     return out
+
+
+def _paths(logs: Sequence[str]) -> list[str]:
+    """Pure: the files of a job's logs (`NODE:PATH` as agents report them, or a path), each once."""
+    return list(dict.fromkeys(p.split(":", 1)[1] if ":" in p and not p.startswith("/") else p
+                              for p in logs))  # fmt: skip

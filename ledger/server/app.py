@@ -239,6 +239,8 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
             placing=svc.placing,
             jobs_run_as=svc.about.get("jobs_run_as", ""),
             **_roles(worker, head),
+            unobserved=tuple(sorted(svc.dispatcher.unobserved)) if svc.dispatcher else (),
+            unobserved_since=svc.dispatcher.unobserved_since if svc.dispatcher else None,
         )
 
     @get("/v1/whoami", tags=["identity"], security=[{"bearer": []}])

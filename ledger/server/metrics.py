@@ -64,6 +64,8 @@ class Figures(msgspec.Struct, frozen=True, kw_only=True):
     teams: list[TeamFigures]
     heartbeat_ages: dict[str, float]
     """Node -> seconds since it was last heard from."""
+    unobserved: tuple[str, ...] = ()
+    """Nodes the engine cannot observe now (outage mode)."""
 
 
 def team_of(account: str, depth: int = TEAM_DEPTH) -> str:
@@ -163,6 +165,13 @@ def families(f: Figures) -> list[Metric]:
         ["node"],
         [([n], age) for n, age in sorted(f.heartbeat_ages.items())],
     )
+    gauge(
+        "gpuledger_unobserved_nodes",
+        "Nodes the execution engine cannot observe now: nothing is placed on or preempted from "
+        "them until it can (outage mode).",
+        [],
+        [([], len(f.unobserved))],
+    )
     return out
 
 
@@ -247,7 +256,14 @@ def read_figures(handles: Any, service: Any) -> Figures:
         heartbeat_ages={
             node: max(0.0, clock - at) for node, at in service.executor.heard_from().items()
         },
+        unobserved=_unobserved(service),
     )
+
+
+def _unobserved(service: Any) -> tuple[str, ...]:
+    """The nodes the service's engine could not observe at its last cycle."""
+    dispatcher = getattr(service, "dispatcher", None)
+    return tuple(sorted(getattr(dispatcher, "unobserved", ())))
 
 
 class _Reading(Collector):

@@ -383,8 +383,9 @@ def _run_as(ledger: Ledger, config: ServeConfig) -> runas.RunAs | None:
     )
     if config.executor in RUNS and config.run_as == "service" and os.geteuid() == 0:
         log.warning(
-            "run_as = service and the service runs as root: every job runs as root; run the "
-            "service as a dedicated unprivileged user, or use run_as = submitter"
+            "run_as = service and the service runs as root: other users' jobs run as nobody "
+            "(never as root), root's own as root; run the service as a dedicated unprivileged "
+            "user, or use run_as = submitter"
         )
     return rule if owners else None
 
@@ -394,8 +395,9 @@ def run_as_words(config: ServeConfig) -> str:
     if config.executor not in RUNS:
         return "no job runs here"
     if config.run_as == "service":
-        me = "root" if os.geteuid() == 0 else "the service's own account"
-        return f"the service's account ({me})"
+        if os.geteuid() == 0:  # `ledger.engines.accounts`: never as root for someone else
+            return "nobody (other users' jobs; root's own as root)"
+        return "the service's own account"
     root = ", root's own as root" if config.root_jobs else ""
     return f"their owners' OS accounts (uid >= {config.min_uid}{root})"
 

@@ -3,6 +3,7 @@ ledger set up with people in every role and a token for each."""
 
 from __future__ import annotations
 
+import atexit
 import http.client
 import json
 import os
@@ -11,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +43,21 @@ def env_for(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+_WORKDIRS: dict[Path, Path] = {}
+
+
+def workdir(home: Path) -> Path:
+    """Where the CLI runs for the ledger at `home`: a submission's working directory (and its
+    default output file, `gpuledger-%j.out`). Its own directory under /tmp that every account may
+    enter and write (a job of another user may run as `nobody`), never the repository."""
+    got = _WORKDIRS.get(home)
+    if got is None:
+        got = _WORKDIRS[home] = Path(tempfile.mkdtemp(prefix="gpuledger-work-"))
+        got.chmod(0o1777)
+        atexit.register(shutil.rmtree, got, True)
+    return got
+
+
 def cli(
     home: Path,
     *args: str,
@@ -51,7 +68,7 @@ def cli(
 ) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [GPULEDGER, *args], env=env_for(home, **env), capture_output=True, text=True,
-        timeout=timeout, cwd=cwd,
+        timeout=timeout, cwd=cwd if cwd is not None else workdir(home),
     )  # fmt: skip
     if ok:
         assert proc.returncode == 0, f"{args}: {proc.stderr}"

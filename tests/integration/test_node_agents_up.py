@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ledger.engines.supervised import live_processes
+from tests.integration.serverkit import workdir
 from tests.integration.test_up_jobs_survive import (
     Service,
     cli,
@@ -62,7 +63,8 @@ def test_up_runs_a_job_through_its_local_agent(home: Path) -> None:
     [job] = jobs(home).values()
     assert (job["outcome"], job["exit_code"]) == ("failed", 3)
     [entry] = job["logs"]
-    assert entry == f"local:{home / 'jobs' / 'job-1.log'}"  # NODE:PATH, as an agent reports it
+    out = workdir(home) / "gpuledger-1.out"  # sbatch's default: where it was submitted from
+    assert entry == f"local:{out}"  # NODE:PATH, as an agent reports it
     assert Path(entry.split(":", 1)[1]).read_text().split() == ["local", "0", "1"]
     assert entry in cli(home, "explain", "1").stdout
     [ended] = events(home, "job.engine_ended.v1")
@@ -70,9 +72,7 @@ def test_up_runs_a_job_through_its_local_agent(home: Path) -> None:
     [token] = [t for t in events(home, "token.issued.v1") if t["scope"] == "node"]
     assert (token["scope_node"], token["name"]) == ("local", "local agent of local")
     assert (state(home) / "token").stat().st_mode & 0o777 == 0o600
-    assert (
-        f"job 1 (ai2/olmo, bob, 1 GPU) failed (exit code 3); output: {home}/jobs/job-1.log" in said
-    )
+    assert f"job 1 (ai2/olmo, bob, 1 GPU) failed (exit code 3); output: {out}" in said
     # `serve` on the data directory's socket: no TCP listener unless asked (`--listen`)
     assert f"listening on unix:{home / 'gpuledger.sock'} (ledger" in said and "http" not in said
 

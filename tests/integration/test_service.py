@@ -29,6 +29,7 @@ from schemas import commands as c
 from schemas import events as e
 from schemas.errors import Conflict
 from schemas.policy import FairShareConfig
+from tests.integration.serverkit import workdir
 from tests.integration.waits import wait_for
 
 GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
@@ -258,8 +259,9 @@ def run_cli(
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
     env |= {"GPULEDGER_HOME": str(home), "GPULEDGER_USER": actor}
     proc = subprocess.run(
-        [GPULEDGER, *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
+        [GPULEDGER, *args], env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=workdir(home),  # a submission's directory: never the repository
+    )  # fmt: skip
     assert proc.returncode == 0, f"{args}: {proc.stderr}"
     return proc
 
@@ -315,7 +317,7 @@ def test_up_runs_real_processes_with_their_gpus_and_preempts_unfunded_work(tmp_p
 
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # wait until the unfunded job runs
-            if (home / "jobs" / "job-1.log").exists():
+            if (workdir(home) / "gpuledger-1.out").exists():
                 break
             time.sleep(0.1)
         run_cli(
@@ -343,12 +345,10 @@ def test_up_runs_real_processes_with_their_gpus_and_preempts_unfunded_work(tmp_p
     said = (tmp_path / "up.log").read_text()
     jobs_dir = home / "jobs"
     assert f"job output goes to {jobs_dir}/job-N.log" in said
-    assert (
-        f"job 2 (ai2/olmo, alice, 2 GPUs) failed (exit code 7); output: {jobs_dir}/job-2.log"
-        in said
-    )
+    out = workdir(home) / "gpuledger-2.out"  # sbatch's default: where it was submitted from
+    assert f"job 2 (ai2/olmo, alice, 2 GPUs) failed (exit code 7); output: {out}" in said
     assert "job 1 preempted (fairness)" in said
-    log = (home / "jobs" / "job-2.log").read_text()
+    log = (workdir(home) / "gpuledger-2.out").read_text()
     assert log.strip() in ("gpus=0,1 job=2", "gpus=2,3 job=2")
     why = run_cli(home, "explain", "1").stdout
     assert "preempted for fairness (unfunded) to make room for job 2" in why

@@ -132,7 +132,12 @@ class Ledger:
 
     def cli(self, *args: str, actor: str = "root") -> str:
         done = subprocess.run(
-            [GPULEDGER, *args], env=self.env(actor), capture_output=True, text=True, timeout=120
+            [GPULEDGER, *args],
+            env=self.env(actor),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=self.home.parent,
         )
         assert done.returncode == 0, f"{args}: {done.stderr}"
         return done.stdout
@@ -250,9 +255,7 @@ def test_jobs_run_on_the_gpus_the_ledger_chose_and_their_endings_are_recorded(
 ) -> None:
     ledger.up()
     ledger.submit("alice", 2, SHOW + "sleep 3; exit 3")
-    # a Unix user: submitted with --uid. It outlives the cycle's other sbatch calls: Slurm 22.05
-    # cannot be asked for a GPU index, so a run ending before the next sbatch of the same cycle
-    # frees its GPU to that job (the executor records the GPUs Slurm then reports)
+    # a Unix user: submitted with --uid
     ledger.submit("nobody", 1, SHOW + "sleep 5; exit 0")
     ledger.submit("bob", 1, SHOW + "sleep 600", "-t", "1m")  # Slurm ends it at its limit
     ledger.submit("alice", 1, SHOW + "sleep 600")  # cancelled in Slurm, outside the ledger
@@ -303,6 +306,52 @@ def test_jobs_run_on_the_gpus_the_ledger_chose_and_their_endings_are_recorded(
     assert configured and configured[-1]["executor"] == "slurm", configured
 
 
+def test_a_hundred_runs_see_exactly_the_gpus_the_ledger_recorded(ledger: Ledger) -> None:
+    """Each fake GPU is its own GRES type (scripts/slurm/slurm), so each sbatch asks Slurm for
+    exactly the indices the ledger chose, whichever are free: jobs of random sizes and lengths
+    leave holes anywhere, and in 100/100 runs the GPUs the job sees (its own log) are the ones
+    the ledger placed it on and the ones Slurm reported (job.engine_linked.v1)."""
+    import random
+
+    rng = random.Random(24)
+    runs = 100
+    ledger.up()
+    specs = [(rng.choice((1, 1, 2, 3)), rng.choice((0.2, 0.5, 1.0, 2.0))) for _ in range(runs)]
+
+    def submit(gpus: int, secs: float) -> subprocess.Popen[bytes]:
+        script = f'echo "CVD=$CUDA_VISIBLE_DEVICES"; sleep {secs}'
+        return subprocess.Popen(
+            [GPULEDGER, "submit", "-A", "ai2/olmo", "-G", str(gpus), "--", "bash", "-c", script],
+            env=ledger.env("alice"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            cwd=ledger.home.parent,
+        )  # fmt: skip
+
+    for start in range(0, runs, 10):  # ten submissions at a time, each its own CLI process
+        procs = [submit(gpus, secs) for gpus, secs in specs[start : start + 10]]
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err
+    ledger.wait(
+        "every run to end",
+        lambda: len(jobs := ledger.jobs()) == runs and all(j["outcome"] for j in jobs.values()),
+        timeout=900,
+    )
+    events = ledger.events()
+    placed = {ev["job_id"]: ev["slots"] for ev in events if ev["type"] == "job.placed.v1"}
+    linked = {ev["job_id"]: ev["gpus"] for ev in events if ev["type"] == "job.engine_linked.v1"}
+    same = [
+        j
+        for j in sorted(placed)
+        if len(placed[j]) == 1 and cuda_devices(ledger.log_of(j)) == placed[j][0]["gpu_indices"]
+    ]
+    assert len(same) == runs, (sorted(set(placed) - set(same)), ledger.service_log()[-3000:])
+    said = {j: g for j, g in linked.items() if g}  # Slurm stops saying once a run has ended
+    assert said == {j: placed[j] for j in said} and len(said) >= runs // 2
+    assert sum(p[0]["gpu_indices"][0] > 0 for p in placed.values()) >= 10  # holes anywhere
+    assert held_twice(events) == []
+    assert all(j["outcome"] == "completed" for j in ledger.jobs().values())
+
+
 def test_a_funded_job_preempts_an_unfunded_resumable_one_which_runs_again_under_a_new_slurm_job(
     ledger: Ledger,
 ) -> None:
@@ -340,6 +389,43 @@ def test_a_funded_job_preempts_an_unfunded_resumable_one_which_runs_again_under_
         lambda: ledger.cluster.jobs()[runs[1]["engine_job_id"]]["state"] not in ("RUNNING",),
     )
     assert funded["engine_job_id"] not in (first, runs[1]["engine_job_id"])
+
+
+def test_while_slurmctld_is_away_nothing_is_preempted_or_placed_and_an_exit_meanwhile_counts(
+    ledger: Ledger,
+) -> None:
+    """Outage mode: an unfunded job fills the node, slurmctld is killed, the job exits 0 and a
+    funded job that would preempt it is submitted. While the controller is away nothing is
+    preempted or placed, `status` says so and a submission answers at once; once it is back the
+    first job is recorded completed (never preempted, never run again) and the second runs."""
+    cluster, flags = ledger.cluster, ledger.home.parent
+    ledger.up()
+    ledger.submit("alice", 4, SHOW + f"until [ -e {flags / 'end'} ]; do sleep 0.2; done; exit 0",
+                  "--min-runtime", "0", "--resumable")  # fmt: skip
+    ledger.wait("the first job to run", lambda: status(ledger, 1) == "running", timeout=120)
+    # slurmctld saves its state a few seconds after a change: killed sooner, it comes back
+    # without the run (Slurm then cancels it as a duplicate job id, whatever the ledger does)
+    time.sleep(8)
+    os.kill(cluster.daemon_pid("slurmctld"), signal.SIGKILL)
+    (flags / "end").touch()
+    ledger.wait("the outage to be seen", lambda: "outage" in ledger.cli("status"), timeout=90)
+    t0 = time.monotonic()
+    ledger.submit("bob", 4, SHOW + "exit 0", "--min-runtime", "1h")
+    submit_s = time.monotonic() - t0
+    time.sleep(3)  # many cycles: the funded job would preempt the unfunded one if it could
+    assert ledger.of("job.preempted.v1") == [] and len(ledger.of("job.placed.v1")) == 1
+    assert status(ledger, 1) == "running" and status(ledger, 2) == "pending"
+    assert submit_s < 10, f"a submission took {submit_s:.1f} s during the outage"
+    cluster.up()
+    ledger.wait("the first job's exit", lambda: status(ledger, 1) == "finished", timeout=180)
+    ledger.wait("the second job to end", lambda: status(ledger, 2) == "finished", timeout=180)
+    jobs = ledger.jobs()
+    assert (jobs[1]["outcome"], jobs[1]["exit_code"]) == ("completed", 0)
+    assert jobs[2]["outcome"] == "completed"
+    assert ledger.of("job.preempted.v1") == []
+    assert sorted(ev["job_id"] for ev in ledger.of("job.engine_linked.v1")) == [1, 2]
+    assert "outage" not in ledger.cli("status")
+    assert "outage over after" in ledger.service_log()
 
 
 def test_kill_9_of_the_service_of_slurmctld_and_of_slurmd_loses_and_double_books_nothing(

@@ -20,6 +20,7 @@ import pytest
 
 from ledger.engines.supervised import live_processes
 from tests.integration import waits
+from tests.integration.serverkit import workdir
 from tests.integration.userkit import shared_dir
 
 GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
@@ -33,7 +34,12 @@ def env_for(home: Path, actor: str = "root") -> dict[str, str]:
 
 def cli(home: Path, *args: str, actor: str = "root", ok: bool = True) -> Any:
     proc = subprocess.run(
-        [GPULEDGER, *args], env=env_for(home, actor), capture_output=True, text=True, timeout=120
+        [GPULEDGER, *args],
+        env=env_for(home, actor),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=workdir(home),
     )
     if ok:
         assert proc.returncode == 0, f"{args}: {proc.stderr}"
@@ -342,7 +348,9 @@ def test_a_gang_job_over_two_nodes_gets_disjoint_gpus_and_ranks_and_a_failed_par
     up = Service(home, "--until-idle")
     assert up.proc.wait(timeout=60) == 0
     got = jobs(home)
-    lines = sorted(output(log).read_text().strip() for log in got[1]["logs"])
+    # both parts write the job's one output file, as an srun's tasks do
+    [out] = {output(log) for log in got[1]["logs"]}
+    lines = sorted(out.read_text().strip().splitlines())
     assert lines == ["a 0,1 0 2 127.0.0.1", "b 0,1 1 2 127.0.0.1"]
     assert (got[1]["outcome"], got[2]["outcome"]) == ("completed", "failed")
     finished = {ev["job_id"]: ev for ev in events(home, "job.finished.v2")}

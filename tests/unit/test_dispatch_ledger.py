@@ -224,3 +224,32 @@ def test_snapshot_from_state_reflects_the_write_side(tmp_path: Path) -> None:
         0,
     )
     assert snap.ranks == {"lab/a/u1": 0, "lab/a": 0, "lab": 0}
+
+
+def test_in_an_outage_nothing_is_placed_on_or_preempted_from_what_the_engine_cannot_see(
+    tmp_path: Path,
+) -> None:
+    """The same fair-share preemption as above, with n0-n2 unobserved (their engine does not
+    answer): their runs are no victims and their free GPUs take nothing; seen again, it happens."""
+    ledger, clock = make_ledger(tmp_path)
+    filler = [
+        submit(ledger, "lab/c", 8, min_runtime_s=600, resumable=True, gpu_type="h100")
+        for _ in range(6)
+    ]
+    cycle(ledger, clock, {}, 1)
+    clock.advance_to(1_000.0 + 3600)
+    big = submit(ledger, "lab/a", 16, min_runtime_s=600, gpu_type="h100")
+    used = {"lab/c": 6 * 8 * 3600.0, "lab/c/u1": 6 * 8 * 3600.0}
+    ranks, level = fair_share(ledger.state, used)
+    blind = frozenset(f"n{i}" for i in range(6))
+    snap = snapshot_from_state(ledger.state, ranks, clock.now(), level_fs=level, unobserved=blind)
+    assert {j.job_id for j in snap.running} == set()  # no victims
+    assert all(n.free == () for n in snap.nodes if n.name in blind)
+    d = decide(snap, FairShare(), clock.now())
+    assert d.preemptions == () and [p.job_id for p in d.placements] == []
+    half = frozenset(f"n{i}" for i in range(3))
+    snap = snapshot_from_state(ledger.state, ranks, clock.now(), level_fs=level, unobserved=half)
+    d = decide(snap, FairShare(), clock.now())
+    victims = {sl.node for p in d.preemptions for sl in ledger.state.jobs[p.job_id].slots}
+    assert victims and not victims & half  # only what it sees
+    assert [p.job_id for p in d.placements] == [big] and len(filler) == 6

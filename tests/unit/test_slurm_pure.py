@@ -13,7 +13,7 @@ from ledger.core import budget
 from ledger.core.decide import decide
 from ledger.core.evolve import evolve
 from ledger.core.state import Node, State
-from ledger.cycle.executor import Exit, Launch
+from ledger.cycle.executor import Exit, Launch, Orders
 from ledger.cycle.record import node_command
 from ledger.engines.slurm import (
     SlurmExecutor,
@@ -31,9 +31,11 @@ from ledger.engines.slurm import (
     parse_jobs,
     parse_nodes,
     parse_sacctmgr_shares,
+    pinned_types,
     register_commands,
     sbatch_args,
     shares_toml,
+    slurm_time,
 )
 from schemas import commands as c
 from schemas import events as e
@@ -537,3 +539,131 @@ def test_a_run_missing_from_a_few_reads_is_kept_and_only_a_lasting_absence_is_lo
     (gone,) = seen.exits
     assert (gone.job_id, gone.reason, gone.exit_code) == (3, "lost", -1)
     assert seen.running == set()
+
+
+@pytest.mark.parametrize(
+    ("gres", "want"),
+    [
+        ("gpu:fake_0:1,gpu:fake_1:1,gpu:fake_2:1", ("fake_0", "fake_1", "fake_2")),
+        ("gpu:h100_1:1(S:0),gpu:h100_0:1(S:1)", ("h100_0", "h100_1")),
+        ("gpu:fake:4", ()),  # one type for all: not pinned
+        ("gpu:fake_0:2", ()),  # two GPUs of one type
+        ("gpu:fake_0:1,gpu:fake_2:1", ()),  # an index missing
+        ("gpu:fake_0:1,gpu:other_0:1", ()),  # an index twice
+        ("", ()),
+    ],
+)
+def test_pinned_gpus_are_one_gres_type_per_index(gres: str, want: tuple[str, ...]) -> None:
+    assert pinned_types(gres) == want
+
+
+def test_a_pinned_node_counts_its_gpus_under_the_type_before_the_index() -> None:
+    assert gpus_of("gpu:fake_0:1,gpu:fake_1:1,gpu:fake_2:1") == (3, "fake")
+    assert gpus_of("gpu:a100_80g:2") == (2, "a100_80g")
+
+
+def test_on_pinned_nodes_sbatch_asks_for_exactly_the_ledgers_gpus() -> None:
+    pinned = {"n1": ("h_0", "h_1", "h_2", "h_3"), "n2": ("h_0", "h_1", "h_2", "h_3")}
+    one = launch(GpuSlot(node="n1", gpu_indices=(3, 1)))
+    assert (
+        sbatch_args(one, "gpu", Path("/l"), None, LID, pinned)[-1] == "--gres=gpu:h_1:1,gpu:h_3:1"
+    )
+    same = launch(GpuSlot(node="n1", gpu_indices=(0, 2)), GpuSlot(node="n2", gpu_indices=(0, 2)))
+    args = sbatch_args(same, "gpu", Path("/l"), None, LID, pinned)
+    assert ":" not in args and args[-1] == "--gres=gpu:h_0:1,gpu:h_2:1"
+    other = launch(GpuSlot(node="n1", gpu_indices=(0, 2)), GpuSlot(node="n2", gpu_indices=(1, 3)))
+    args = sbatch_args(other, "gpu", Path("/l"), None, LID, pinned)
+    split = args.index(":")  # the nodes need different GRES: one component each
+    assert (
+        args[split - 1] == "--gres=gpu:h_0:1,gpu:h_2:1" and args[-1] == "--gres=gpu:h_1:1,gpu:h_3:1"
+    )
+    unpinned = launch(GpuSlot(node="n3", gpu_indices=(5, 6)))
+    assert sbatch_args(unpinned, "gpu", Path("/l"), None, LID, pinned)[-1] == "--gres=gpu:2"
+
+
+def test_slurm_times_are_read_in_local_time_and_unknown_is_none() -> None:
+    import time
+
+    at = slurm_time("2026-12-01T18:20:05")
+    assert at is not None and time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(at)) == (
+        "2026-12-01T18:20:05"
+    )
+    assert slurm_time("Unknown") is None and slurm_time("None") is None and slurm_time("") is None
+
+
+@pytest.mark.parametrize(
+    ("state", "want"),
+    [("IDLE*", True), ("MIXED+NOT_RESPONDING", True), ("ALLOCATED", False), ("IDLE+DRAIN", False),
+     ("DOWN*", True)],
+)  # fmt: skip
+def test_a_node_whose_slurmd_does_not_respond_is_unobserved(state: str, want: bool) -> None:
+    from ledger.engines.slurm.words import node_unresponsive
+
+    assert node_unresponsive(state) is want
+
+
+def test_while_slurmctld_does_not_answer_every_node_is_unobserved_and_it_is_asked_rarely(
+    tmp_path: Path,
+) -> None:
+    from ledger.engines.slurm.executor import SlurmExecutor as Executor
+    from schemas.errors import EngineError
+
+    calls: list[list[str]] = []
+    answering = False
+
+    def run(args: list[str], stdin: str | None = None) -> str:
+        calls.append(args)
+        if not answering:
+            raise EngineError("scontrol: Unable to contact slurm controller")
+        return NODES if args[:3] == ["scontrol", "-o", "show"] else ""
+
+    ex = Executor("gpuledger", LID, tmp_path)
+    ex._run = run  # type: ignore[method-assign]
+    ledger_nodes = {"vm": node("vm"), "g2": node("g2"), "old": node("old", "removed")}
+    seen = ex.observe(100.0, ledger_nodes)
+    assert seen.unobserved == frozenset({"vm", "g2"}) and len(calls) == 1
+    assert ex.observe(100.0 + ex.probe_every_s - 0.1, ledger_nodes).unobserved and len(calls) == 1
+    answering = True
+    back = 100.0 + ex.probe_every_s
+    seen = ex.observe(back, ledger_nodes)
+    assert len(calls) == 3  # the jobs, then the nodes
+    assert seen.unobserved == frozenset({"vm", "g2"})  # it settles: nothing decided yet
+    assert ex.observe(back + ex.settle_s, ledger_nodes).unobserved == frozenset()
+
+
+def _pending(reason: str) -> str:
+    return (
+        f"JobId=41 JobName=gpuledger-5 JobState=PENDING Reason={reason} StartTime=Unknown"
+        f" EndTime=Unknown Partition=gpuledger Comment=gpuledger:{LID}:job=5:run=2"
+    )
+
+
+@pytest.mark.parametrize(
+    ("reason", "after_s", "taken"),
+    [("PartitionTimeLimit", 0.0, True), ("Resources", 299.0, False), ("Resources", 300.0, True)],
+)
+def test_a_run_slurm_will_not_start_is_taken_back_and_explained(
+    tmp_path: Path, reason: str, after_s: float, taken: bool
+) -> None:
+    from ledger.engines.slurm.executor import SlurmExecutor as Executor
+
+    calls: list[list[str]] = []
+
+    def run(args: list[str], stdin: str | None = None) -> str:
+        calls.append(args)
+        if args[0] == "sbatch":
+            return "41\n"
+        return _pending(reason) if args[:4] == ["scontrol", "-d", "-o", "show"] else ""
+
+    ex = Executor("gpuledger", LID, tmp_path, start_within_s=300.0)
+    ex._run = run  # type: ignore[method-assign]
+    ex.carry_out(Orders(launches=(launch(GpuSlot(node="vm", gpu_indices=(0,))),)), 100.0)
+    assert [a[0] for a in calls if a[0] == "sbatch"] == ["sbatch"]
+    seen = ex.observe(100.0 + after_s, {"vm": node("vm")})
+    if not taken:
+        assert seen.exits == () and 5 in seen.running
+        return
+    [ex_] = seen.exits
+    assert (ex_.job_id, ex_.reason, ex_.engine_job_id) == (5, "launch_failed", "41")
+    assert reason in ex_.note and 5 not in seen.running
+    assert ["scancel", "41"] in calls

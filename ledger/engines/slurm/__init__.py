@@ -23,8 +23,10 @@ from ledger.engines.slurm.words import (
     node_unavailable,
     parse_jobs,
     parse_nodes,
+    pinned_types,
     register_commands,
     sbatch_args,
+    slurm_time,
 )
 
 __all__ = [
@@ -49,7 +51,9 @@ __all__ = [
     "parse_jobs",
     "parse_nodes",
     "parse_sacctmgr_shares",
+    "pinned_types",
     "register_commands",
     "sbatch_args",
     "shares_toml",
+    "slurm_time",
 ]

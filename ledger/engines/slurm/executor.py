@@ -23,6 +23,7 @@ from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, St
 from ledger.engines.slurm.words import (
     ENDED,
     HOLDING,
+    NEVER_STARTS,
     WAITING,
     SlurmJob,
     SlurmNode,
@@ -92,6 +93,8 @@ class _Run:
     """None while the launch waits for its GPUs to be free in Slurm (a victim still stopping)."""
     started: bool = False
     missing_since: float | None = None
+    submitted_at: float | None = None
+    """When it was handed to Slurm (its start is awaited from then on)."""
     """When a read of Slurm first lacked this run (None while Slurm lists it)."""
 
 
@@ -117,6 +120,7 @@ class SlurmExecutor:
         timeout_s: float = 20.0,
         env: Mapping[str, str] | None = None,
         vanish_after_s: float = 30.0,
+        start_within_s: float = 300.0,
     ) -> None:
         self.partition = partition
         self.ledger_id = ledger_id
@@ -135,6 +139,20 @@ class SlurmExecutor:
         self._foreign: dict[str, frozenset[int]] = {}
         self._foreign_seen: set[str] = set()
         self._accounting: bool | None = None
+        self.start_within_s = start_within_s
+        """A run Slurm has not started this long after its submission is taken back
+        (`launch_failed`, with Slurm's reason)."""
+        self.settle_s = 30.0
+        """After an outage, how long nothing is decided while Slurm's view catches up (a
+        restarted slurmctld lists a run that ended meanwhile as running until its slurmd says
+        otherwise: about SlurmdTimeout)."""
+        self._settle_until: float | None = None
+        self.probe_every_s = 5.0
+        """In an outage (slurmctld does not answer), how often the executor asks again."""
+        self._probe_at: float | None = None
+        """When to ask Slurm again during an outage (None: not in one)."""
+        self._pinned: dict[str, tuple[str, ...]] = {}
+        """Node -> the GRES type of each of its GPUs, for nodes whose GPUs are pinned."""
 
     # --- talking to Slurm ---
 
@@ -176,17 +194,21 @@ class SlurmExecutor:
         self._accounting = "accounting_storage/none" not in text.replace(" ", "")
 
     def nodes(self) -> list[SlurmNode]:
-        return parse_nodes(self._run(["scontrol", "-o", "show", "node"]), self.partition)
+        """The partition's GPU nodes; remembers which have pinned GPUs (`words.pinned_types`)."""
+        found = parse_nodes(self._run(["scontrol", "-o", "show", "node"]), self.partition)
+        self._pinned = {n.name: n.pinned for n in found if n.pinned}
+        return found
 
-    def _node_changes(self, nodes: Mapping[str, Node]) -> list[NodeChange]:
-        """The ledger's nodes follow Slurm's (`words.node_changes`); [] while Slurm cannot be
-        read."""
+    def _node_changes(self, nodes: Mapping[str, Node]) -> tuple[list[NodeChange], frozenset[str]]:
+        """The ledger's nodes follow Slurm's (`words.node_changes`), and the nodes whose slurmd
+        Slurm cannot reach now; ([], every node) while Slurm cannot be read."""
         try:
             found = self.nodes()
         except EngineError as err:
             log.warning("slurm nodes: %s; keeping the nodes as they are", err.line())
-            return []
-        return node_changes(found, nodes)
+            return [], _every(nodes)
+        unseen = frozenset(n.name for n in found if n.unresponsive and not n.down)
+        return node_changes(found, nodes), unseen
 
     @property
     def view(self) -> Mapping[str, SlurmJob]:
@@ -238,12 +260,12 @@ class SlurmExecutor:
         if uid is not None:
             out.touch()
             os.chown(out, pwd.getpwnam(uid).pw_uid, -1)
-        args = ["sbatch", *sbatch_args(job, self.partition, out, uid, self.ledger_id)]
+        args = ["sbatch", *sbatch_args(job, self.partition, out, uid, self.ledger_id, self._pinned)]
         slurm_id = self._run(args, stdin=batch_script(job)).strip().split(";")[0]
         r.slurm_id = slurm_id
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, slurm_id)
 
-    def _try_submit(self) -> None:
+    def _try_submit(self, now: float) -> None:
         """Submit the launches whose GPUs are free in Slurm, in launch order, so Slurm hands out
         exactly the GPUs the ledger chose (it takes the lowest free indices, as the ledger does)."""
         held = self._held()
@@ -256,13 +278,27 @@ class SlurmExecutor:
                 continue
             if any(held.get(sl.node, set()) & set(sl.gpu_indices) for sl in r.launch.slots):
                 continue
+            earlier = self._earlier_alive(r.job_id, r.run)
+            if earlier is not None:  # never two launches of a job: the old one stops first
+                log.info("job %s run %s waits until Slurm job %s has ended", r.job_id, r.run,
+                         earlier.slurm_id)  # fmt: skip
+                continue
             try:
                 self._submit(r)
+                r.submitted_at = now
             except EngineError as err:
                 log.warning("job %s: sbatch failed, retrying next cycle: %s", r.job_id, err.line())
                 continue
             for sl in r.launch.slots:
                 held.setdefault(sl.node, set()).update(sl.gpu_indices)
+
+    def _earlier_alive(self, job_id: int, run: int) -> SlurmJob | None:
+        """A Slurm job of an earlier run of `job_id` that has not ended (the launch fence)."""
+        for j in self._view.values():
+            tag = j.tag(self.ledger_id)
+            if tag is not None and tag[0] == job_id and tag[1] < run and not j.ended:
+                return j
+        return None
 
     def _find(self, job_id: int, run: int) -> SlurmJob | None:
         for j in self._view.values():
@@ -276,10 +312,27 @@ class SlurmExecutor:
         """Read every job once (starts, exits, runs to stop after their grace, foreign work),
         submit the launches whose GPUs are now free, then read the nodes: a node that went down
         with a run is seen down by then, so its loss is recorded before the run's exit."""
+        changes: list[NodeChange] = []
+        if self._probe_at is not None and now < self._probe_at:
+            # an outage: ask again only every `probe_every_s`, so a controller that does not
+            # answer does not hold the service's thread each cycle (reads and submits wait on it)
+            return self._blind(nodes)
         if self.refresh():
+            if self._probe_at is not None:  # back: its view may lag (slurmd re-registers)
+                self._settle_until = now + self.settle_s
+                log.warning("slurm answers again; deciding nothing for %.0f s while it settles",
+                            self.settle_s)  # fmt: skip
+            self._probe_at = None
             self._read_runs(now)
-            self._try_submit()
-        changes = self._node_changes(nodes)
+            self._try_submit(now)
+            changes, unseen = self._node_changes(nodes)
+            if self._settle_until is not None and now < self._settle_until:
+                unseen = _every(nodes)  # what ended meanwhile is recorded; nothing is decided
+            else:
+                self._settle_until = None
+        else:  # slurmctld does not answer: nothing is decided about what it runs (outage)
+            self._probe_at = now + self.probe_every_s
+            return self._blind(nodes)
         starts, self._starts = self._starts, []
         exits, self._exits = self._exits, []
         return Observed(
@@ -288,6 +341,13 @@ class SlurmExecutor:
             exits=tuple(exits),
             foreign=self._foreign,
             running=frozenset(self._runs),
+            unobserved=unseen,
+        )
+
+    def _blind(self, nodes: Mapping[str, Node]) -> Observed:
+        """What an outage observes: nothing new, every node unobserved, the runs as last known."""
+        return Observed(
+            foreign=self._foreign, running=frozenset(self._runs), unobserved=_every(nodes)
         )
 
     def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:
@@ -301,7 +361,7 @@ class SlurmExecutor:
         for job in orders.launches:
             self._runs[job.job_id] = _Run(job.job_id, job.run, job)
         if orders.launches:
-            self._try_submit()
+            self._try_submit(now)
         return ()
 
     def _signal(self, slurm_id: str, now: float) -> None:
@@ -329,15 +389,22 @@ class SlurmExecutor:
                     self._vanished(r, now)
                 continue
             r.missing_since = None
+            if j.state in WAITING and not r.started:
+                why = self._never_starts(r, j, now)
+                if why:
+                    self._take_back(r, why, now)
+                    continue
             if j.started and not r.started and (j.holding or j.ended):
                 r.started = True
                 gpus = tuple(GpuSlot(node=n, gpu_indices=i) for n, i in sorted(j.gpus.items()) if i)
-                self._starts.append(Start(job_id, r.slurm_id, r.run, gpus))
+                # charged from Slurm's real start (the ledger keeps it inside the placement)
+                self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, started_at=j.start_time))
                 self._check_gpus(r, j)
             if j.ended:
                 del self._runs[job_id]
+                at = now if j.end_time is None else min(now, j.end_time)
                 self._exits.append(
-                    Exit(job_id, j.exit_code, now, end_reason(j.state), r.slurm_id, j.state)
+                    Exit(job_id, j.exit_code, at, end_reason(j.state), r.slurm_id, j.state)
                 )
         # 2. runs being stopped: the grace, then scancel
         for slurm_id, st in list(self._stopping.items()):
@@ -350,14 +417,19 @@ class SlurmExecutor:
                     st.cancelled = True
                 except EngineError as err:
                     log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
-        # 3. foreign jobs on the partition: their GPUs are busy, they are never touched
+        # 3. foreign jobs on any partition: their GPUs on the ledger's nodes are busy, they are
+        #    never touched
         foreign: dict[str, set[int]] = {}
         ours = {r.slurm_id for r in self._runs.values()} | set(self._stopping)
         for j in self._view.values():
-            if j.partition != self.partition or j.slurm_id in ours:
+            if j.slurm_id in ours:
                 continue
             if j.tag(self.ledger_id) is not None:
-                if not j.ended and j.slurm_id not in self._stopping:
+                if (
+                    j.partition == self.partition
+                    and not j.ended
+                    and j.slurm_id not in self._stopping
+                ):
                     log.warning("slurm job %s is a run the ledger no longer runs: stopping it", j)
                     self._signal(j.slurm_id, now)
                 continue
@@ -368,6 +440,30 @@ class SlurmExecutor:
                     self._foreign_seen.add(j.slurm_id)
                     log.info("foreign Slurm job %s holds GPUs %s", j.slurm_id, dict(j.gpus))
         self._foreign = {n: frozenset(i) for n, i in foreign.items()}
+
+    def _never_starts(self, r: _Run, j: SlurmJob, now: float) -> str:
+        """Why Slurm will not start this run (its reason says it never will, or it has waited
+        past `start_within_s`); "" while it may still start."""
+        if j.reason in NEVER_STARTS:
+            return f"Slurm will not start it: {j.reason}"
+        since = r.submitted_at
+        if since is None:
+            r.submitted_at = since = now  # adopted: its wait counts from now
+        if now - since >= self.start_within_s:
+            return (
+                f"Slurm did not start it within {self.start_within_s:.0f} s "
+                f"(Slurm's reason: {j.reason or 'none'})"
+            )
+        return ""
+
+    def _take_back(self, r: _Run, why: str, now: float) -> None:
+        """Cancel a run Slurm will not start; its job ends `launch_failed` with why."""
+        assert r.slurm_id is not None
+        log.warning("job %s run %s (Slurm job %s): %s; taking it back", r.job_id, r.run,
+                    r.slurm_id, why)  # fmt: skip
+        self._signal(r.slurm_id, now)  # it never ran: scancel at once
+        del self._runs[r.job_id]
+        self._exits.append(Exit(r.job_id, -1, now, "launch_failed", r.slurm_id, "PENDING", why))
 
     def _vanished(self, r: _Run, now: float) -> None:
         """A run Slurm no longer lists (past MinJobAge, or the controller lost its state)."""
@@ -424,3 +520,8 @@ class SlurmExecutor:
     def shutdown(self, now: float) -> list[Exit]:
         """Slurm runs on without us; the next start adopts the runs."""
         return []
+
+
+def _every(nodes: Mapping[str, Node]) -> frozenset[str]:
+    """Pure: the ledger's nodes in service (all of them are the partition's)."""
+    return frozenset(n for n, x in nodes.items() if x.state != "removed")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,19 @@ _REASONS: dict[str, EndReason] = {
     "OUT_OF_MEMORY": "out_of_memory",
 }
 ENDED = frozenset(_REASONS)
+NEVER_STARTS = frozenset(
+    {
+        "PartitionTimeLimit",
+        "PartitionNodeLimit",
+        "PartitionConfig",
+        "BadConstraints",
+        "AccountNotAllowed",
+        "InvalidAccount",
+        "InvalidQOS",
+        "QOSMaxWallDurationPerJobLimit",
+    }
+)
+"""Reasons of a pending Slurm job that mean it will not start as it is (`squeue`'s REASON)."""
 _NODE_BAD = ("DRAIN", "DOWN", "FAIL", "MAINT", "INVALID", "REBOOT", "POWER")
 DRAIN_PREFIX = "slurm:"
 """Drain and lost reasons the executor writes start with this; it returns only nodes it took out
@@ -109,15 +123,37 @@ def gres_indices(gres: str) -> tuple[int, ...]:
     return tuple(sorted(set(out)))
 
 
+_GPU_GRES = re.compile(r"(?:^|,)gpu(?::([A-Za-z][\w.-]*))?:(\d+)")
+
+
 def gpus_of(gres: str) -> tuple[int, str]:
     """Pure: (GPU count, GPU type) of a node's Gres (`gpu:h100:8(S:0-1)`, `gpu:4`); type "gpu"
     when Slurm names none. Several GPU kinds on one node: the count is their sum, the type the
-    first one's."""
+    first one's. A node whose GPUs are pinned (`pinned_types`) has the type before the index."""
     count, kind = 0, ""
-    for m in re.finditer(r"(?:^|,)gpu(?::([A-Za-z][\w.-]*))?:(\d+)", gres):
+    for m in _GPU_GRES.finditer(gres):
         count += int(m.group(2))
         kind = kind or (m.group(1) or "gpu")
+    if pinned_types(gres):
+        kind = kind.rpartition("_")[0]
     return count, kind or "gpu"
+
+
+def pinned_types(gres: str) -> tuple[str, ...]:
+    """Pure: a node's GPUs each their own GRES type, named `<type>_<index>` with one GPU each
+    (`gpu:h100_0:1,gpu:h100_1:1,...`, docs/slurm.md): the type of each index 0, 1, ..., so an
+    sbatch can ask for exactly the GPUs the ledger chose. () when the node's GPUs are not all so
+    named (Slurm then hands out the lowest free indices, which the executor reads back)."""
+    found: dict[int, str] = {}
+    for m in _GPU_GRES.finditer(gres):
+        kind, count = m.group(1) or "", int(m.group(2))
+        head, _, index = kind.rpartition("_")
+        if count != 1 or not head or not index.isdigit() or int(index) in found:
+            return ()
+        found[int(index)] = kind
+    if not found or sorted(found) != list(range(len(found))):
+        return ()
+    return tuple(found[i] for i in range(len(found)))
 
 
 def exit_code(text: str) -> int:
@@ -136,6 +172,13 @@ def end_reason(state: str) -> EndReason:
 def node_unavailable(state: str) -> bool:
     """Pure: whether a Slurm node state (`IDLE+DRAIN`, `DOWN*`, `MIXED`) takes no new work."""
     return any(flag in state.upper() for flag in _NODE_BAD)
+
+
+def node_unresponsive(state: str) -> bool:
+    """Pure: whether Slurm has lost contact with a node's slurmd (`IDLE*`, `MIXED+NOT_RESPONDING`)
+    without giving it up: what runs there cannot be observed (or stopped) now."""
+    s = state.upper()
+    return "NOT_RESPONDING" in s or s.split("+")[0].endswith("*")
 
 
 def node_down(state: str) -> bool:
@@ -160,6 +203,10 @@ class SlurmJob:
     reason: str = ""
     started: bool = False
     gpus: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    start_time: float | None = None
+    """Slurm's StartTime once it has started (None before, or when unreadable)."""
+    end_time: float | None = None
+    """Slurm's EndTime once it has ended."""
 
     def tag(self, ledger_id: str) -> tuple[int, int] | None:
         """(job id, run) for a run this ledger submitted; None for a foreign job."""
@@ -196,9 +243,21 @@ def parse_jobs(text: str) -> list[SlurmJob]:
                 started=rec.get("StartTime", "Unknown") not in ("Unknown", "None", "")
                 and rec.get("JobState") not in WAITING,
                 gpus=node_gres(line),
+                start_time=slurm_time(rec.get("StartTime", "")),
+                end_time=slurm_time(rec.get("EndTime", "")),
             )
         )
     return jobs
+
+
+def slurm_time(text: str) -> float | None:
+    """Pure but for the machine's time zone (Slurm writes local time, as this host's clock
+    reads it): `2026-12-01T18:20:05` as seconds since the epoch; None for `Unknown`, `None` or
+    anything else."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -208,6 +267,8 @@ class SlurmNode:
     gpu_type: str
     state: str
     reason: str = ""
+    pinned: tuple[str, ...] = ()
+    """The GRES type of each GPU index when each is its own (`pinned_types`); () otherwise."""
 
     @property
     def unavailable(self) -> bool:
@@ -216,6 +277,10 @@ class SlurmNode:
     @property
     def down(self) -> bool:
         return node_down(self.state)
+
+    @property
+    def unresponsive(self) -> bool:
+        return node_unresponsive(self.state)
 
 
 def parse_nodes(text: str, partition: str) -> list[SlurmNode]:
@@ -237,6 +302,7 @@ def parse_nodes(text: str, partition: str) -> list[SlurmNode]:
                 gpu_type=kind,
                 state=rec.get("State", ""),
                 reason=(rec.get("Reason") or "").strip(),
+                pinned=pinned_types(rec.get("Gres", "")),
             )
         )
     return sorted(out, key=lambda n: n.name)
@@ -316,11 +382,19 @@ def check_config(config: str, partition: str) -> list[str]:
 
 
 def sbatch_args(
-    job: Launch, partition: str, log_path: Path, uid: str | None, ledger_id: str
+    job: Launch,
+    partition: str,
+    log_path: Path,
+    uid: str | None,
+    ledger_id: str,
+    pinned: Mapping[str, tuple[str, ...]] | None = None,
 ) -> list[str]:
-    """Pure: `sbatch` arguments that carry out exactly this placement: its nodes, its GPU count
-    per node (a heterogeneous job when a gang's nodes get different counts), its time limit, its
-    user, its name and log. The script comes on stdin."""
+    """Pure: `sbatch` arguments that carry out exactly this placement: its nodes, its GPUs per
+    node, its time limit, its user, its name and log. On a node whose GPUs are pinned (`pinned`:
+    node -> the GRES type of each index) it asks for exactly the ledger's GPU indices
+    (`--gres=gpu:h100_2:1,gpu:h100_5:1`); elsewhere for their count. Nodes that need different
+    GRES make a heterogeneous job, one component per node. The script comes on stdin."""
+    pinned = pinned or {}
     common = [
         f"--job-name=gpuledger-{job.job_id}",
         f"--comment=gpuledger:{ledger_id}:job={job.job_id}:run={job.run}",
@@ -333,31 +407,34 @@ def sbatch_args(
         common.append(f"--time={max(1, math.ceil(job.time_limit_s / 60))}")
     if uid is not None:
         common.append(f"--uid={uid}")
-    counts = {len(sl.gpu_indices) for sl in job.slots}
+    gres = [_gres_of(sl.gpu_indices, pinned.get(sl.node, ())) for sl in job.slots]
     groups: list[list[str]] = []
-    if len(counts) == 1:
+    if len(set(gres)) == 1:
         groups.append(
             [
                 f"--partition={partition}",
                 f"--nodes={len(job.slots)}",
                 f"--nodelist={','.join(sl.node for sl in job.slots)}",
-                f"--gres=gpu:{counts.pop()}",
+                f"--gres={gres[0]}",
             ]
         )
-    else:  # a gang whose last node gets fewer GPUs: one component per node
-        for sl in job.slots:
+    else:  # a gang whose nodes need different GRES: one component per node
+        for sl, one in zip(job.slots, gres, strict=True):
             groups.append(
-                [
-                    f"--partition={partition}",
-                    "--nodes=1",
-                    f"--nodelist={sl.node}",
-                    f"--gres=gpu:{len(sl.gpu_indices)}",
-                ]
+                [f"--partition={partition}", "--nodes=1", f"--nodelist={sl.node}", f"--gres={one}"]
             )
     args = [*common, *groups[0]]
     for g in groups[1:]:
         args += [":", *g]
     return args
+
+
+def _gres_of(indices: tuple[int, ...], types: tuple[str, ...]) -> str:
+    """Pure: the `--gres` of one node's GPUs: the pinned types of exactly these indices, or
+    their count on a node without pinned types (or an index it does not have)."""
+    if types and all(0 <= i < len(types) for i in indices):
+        return ",".join(f"gpu:{types[i]}:1" for i in sorted(indices))
+    return f"gpu:{len(indices)}"
 
 
 def batch_script(job: Launch) -> str:
