@@ -129,7 +129,7 @@ REJECTED = [
     pytest.param(
         ["shares", "--window", "0"],
         "invalid",
-        "--window: `window_s` must be float > 0.0",
+        "invalid --window: must be int >= 1, got 0",
         id="a zero window",
     ),
     pytest.param(["usage", "--window", "-1d"], "invalid", "invalid duration", id="negative window"),
