@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -126,7 +127,7 @@ def test_the_same_idempotency_key_twice_is_one_submit_on_any_server(
     assert {s for s, _ in answers} == {201} or {s for s, _ in answers} == {200}, answers
     assert len({a["events"][0]["job_id"] for _, a in answers}) == 1
     group.stop()
-    submitted = [e for e in log_events(group.members[0].home) if e["type"] == "job.submitted.v1"]
+    submitted = [e for e in log_events(group.members[0].home) if e["type"] == "job.submitted.v2"]
     assert len(submitted) == 1
 
 
@@ -192,7 +193,7 @@ def test_kill_9_of_the_leader_while_8_clients_submit_a_standby_leads_and_no_ackn
     assert len(acked) == len(set(acked))
     group.stop()
     submitted = [e["job_id"] for e in log_events(group.members[0].home)
-                 if e["type"] == "job.submitted.v1"]  # fmt: skip
+                 if e["type"] == "job.submitted.v2"]  # fmt: skip
     assert sorted(submitted) == sorted(acked)  # each acknowledged exactly once, nothing else
     assert max(took) <= 10.0, took
     assert max(waited) <= 10.0, max(waited)
@@ -223,8 +224,8 @@ def test_kill_9_of_the_leader_while_jobs_run_on_3_agents_kills_no_job_runs_none_
         cli(home, "node", "add", node, "--gpus", "2", "--gpu-type", "sim", GPULEDGER_USER="root")
         node_tokens[node] = make_token(home, "--node", node, "--name", node)
     cli(home, "node", "remove", "n1", GPULEDGER_USER="root")
-    marks = tmp_path / "marks"
-    marks.mkdir()
+    marks = Path(tempfile.mkdtemp(prefix="gpuledger-marks-"))  # the jobs run as nobody (the
+    marks.chmod(0o1777)  # service runs as root): a directory every account may write
     g = make_group(tmp_path, dsn, 3, "--executor", "agents", "--interval", "0.5s",
                    "--node-lost-after", "60s", home=home)  # fmt: skip
     agents: list[Agent] = []
@@ -441,5 +442,5 @@ def test_a_leader_paused_past_its_lease_and_resumed_acts_no_more_and_follows(
     assert code == 0 and out.startswith("submitted job 3 "), out
     group.stop()
     submitted = [e["job_id"] for e in log_events(group.members[0].home)
-                 if e["type"] == "job.submitted.v1"]  # fmt: skip
+                 if e["type"] == "job.submitted.v2"]  # fmt: skip
     assert submitted == [1, 2, 3]

@@ -124,8 +124,10 @@ def test_without_cgroups_the_session_holds_the_job_and_a_setsid_child_escapes(
         os.kill(escaped, signal.SIGKILL)
 
 
-STUBBORN = "sh -c \"trap '' TERM; exec sleep 600\""
-"""A child that ignores SIGTERM (only SIGKILL ends it)."""
+STUBBORN = "trap '' TERM; sleep 600 & echo $!; trap - TERM"
+"""Start a child that ignores SIGTERM (only SIGKILL ends it) and print its pid. The shell ignores
+SIGTERM while it forks, so the child ignores it from its first instant (a trap set in the child
+itself could come after the supervisor's SIGTERM on a loaded machine)."""
 
 
 def test_a_leader_that_ends_with_children_left_ends_once_its_tree_is_empty(
@@ -135,7 +137,7 @@ def test_a_leader_that_ends_with_children_left_ends_once_its_tree_is_empty(
     it: the part ends after the grace, once both are gone, and the record says so."""
     ex = executor(dirs, grace_s=1.5)
     t0 = time.time()
-    launch(ex, job(1, f"sleep 600 & echo $!; {STUBBORN} & echo $!; sleep 0.3; exit 0"))
+    launch(ex, job(1, f"sleep 600 & echo $!; {STUBBORN}; sleep 0.3; exit 0"))
     [x] = until(ex, lambda x: len(x) == 1)
     assert (x.exit_code, x.reason) == (0, "exited")  # the leader's own exit
     assert x.note == "2 process(es) its leader left behind were killed after the grace"
@@ -149,7 +151,7 @@ def test_a_job_leader_killed_with_live_children_holds_its_gpus_until_they_are_go
     """kill -9 of the job's own process: its children get SIGTERM, then SIGKILL after the
     grace; a job placed on the same GPU starts only once they are gone."""
     ex = executor(dirs, grace_s=2)
-    launch(ex, job(1, f"echo $$; {STUBBORN} & echo $!; wait"))
+    launch(ex, job(1, f"echo $$; {STUBBORN}; wait"))
     [started] = wait_starts(ex)
     leader, child = pids_said(Path(started.logs[0]), 2)
     os.kill(leader, signal.SIGKILL)
@@ -365,7 +367,7 @@ def _killed(pid: int) -> Iterator[None]:
 def test_live_processes_counts_a_child_its_leader_left_behind(dirs: tuple[Path, Path]) -> None:
     """The audit's view of the host: a part whose leader ended is alive while its tree is."""
     ex = executor(dirs, grace_s=30)
-    launch(ex, job(1, f"{STUBBORN} & echo $!; exit 0"))
+    launch(ex, job(1, f"{STUBBORN}; exit 0"))
     [started] = wait_starts(ex)
     [child] = pids_said(Path(started.logs[0]), 1)
     with _killed(child):

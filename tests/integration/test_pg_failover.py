@@ -151,7 +151,7 @@ def test_kill_9_of_the_primary_and_promotion_of_the_standby_lose_no_acknowledged
         subs.finish()
     g.stop()
     submitted = [e["job_id"] for e in log_events(g.members[0].home)
-                 if e["type"] == "job.submitted.v1"]  # fmt: skip
+                 if e["type"] == "job.submitted.v2"]  # fmt: skip
     assert set(subs.acked) <= set(submitted)  # nothing acknowledged is lost
     assert len(submitted) == len(set(submitted)) and len(subs.acked) == len(set(subs.acked))
     # a write whose answer the dead primary swallowed may have been retried with its key: it is
