@@ -380,8 +380,6 @@ def test_a_silent_node_is_lost_after_the_timeout_and_past_its_fence_its_jobs_end
     f = c.wait_status(fixed, "finished")
     assert (f["outcome"], f["finish_reason"]) == ("failed", "node_lost")
     assert not alive(pid_f)
-    [lost] = [e for e in c.events("node.lost.v1") if e["node"] == node_f]
-    assert lost["reason"].startswith("no word from its agent for")
     [pre] = c.events("job.preempted.v1")
     assert (pre["job_id"], pre["reason"]) == (resumable, "node_failure")
     assert "FENCED" in pre["note"]
