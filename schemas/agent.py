@@ -113,6 +113,10 @@ class Assignment(msgspec.Struct, frozen=True, kw_only=True):
     version: str
     parts: Parts[Part]
     server_time: Epoch
+    epoch: int = 0
+    """The leader epoch of the answering server (several servers on one PostgreSQL store,
+    docs/ha.md; 0: the only server). An agent never takes a list from an older epoch than one
+    it has taken: a deposed leader cannot make it launch or stop anything."""
 
 
 class PartStarted(PartRun, frozen=True, kw_only=True):

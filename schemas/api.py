@@ -42,6 +42,19 @@ class Problem(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     hint: str = ""
 
 
+class ServerState(msgspec.Struct, frozen=True, kw_only=True):
+    """One of several servers on a PostgreSQL store, as it last reported (docs/ha.md)."""
+
+    address: str
+    role: str
+    """"leader" or "standby"."""
+    position: int
+    """The log position it has folded."""
+    lag: int
+    """Events behind the store's head."""
+    seen_s_ago: float
+
+
 class Health(msgspec.Struct, frozen=True, kw_only=True):
     """`GET /v1/health` and `gpuledger status`."""
 
@@ -70,6 +83,18 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     """False when nothing would run a placement (no executor): jobs wait, nothing is placed."""
     jobs_run_as: str = ""
     """Who jobs run as, in words."""
+    role: str = "single"
+    """"single" (the only server of its store), "leader" or "standby" (docs/ha.md)."""
+    leader: str = ""
+    """The leader's address ("" for a single server, or while no server leads)."""
+    epoch: int = 0
+    """The leadership epoch this server last held or saw (0: a single server)."""
+    store: str = "sqlite"
+    """"sqlite" or "postgresql"."""
+    store_error: str | None = None
+    """Why the store does not answer, when it does not (writes are refused meanwhile)."""
+    servers: list[ServerState] = []
+    """Every server on the store that reported in the last minute, with its lag."""
     unobserved: tuple[str, ...] = ()
     """Nodes the execution engine cannot observe now (slurmctld does not answer, a slurmd does
     not respond): nothing is placed on them or preempted from them until it can (outage)."""

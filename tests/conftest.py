@@ -96,3 +96,64 @@ def org_ledger(ledger: Ledger) -> Ledger:
     """`ledger` with the organisation above appended in one batch."""
     ledger.execute_all(_org_commands()[1:])
     return ledger
+
+
+# --- PostgreSQL -----------------------------------------------------------------------------------
+
+
+def pg_admin_dsn() -> str:
+    """The shared PostgreSQL from ``GPULEDGER_PG_DSN`` (``scripts/test`` starts one and exports
+    it). Missing is an error of every test that needs it, never a skip."""
+    import os
+
+    dsn = os.environ.get("GPULEDGER_PG_DSN", "")
+    if not dsn:
+        pytest.fail(
+            "GPULEDGER_PG_DSN is not set: run the tests through scripts/test, which starts a "
+            "PostgreSQL (scripts/postgres/postgres up)",
+            pytrace=False,
+        )
+    return dsn
+
+
+def fresh_database(admin_dsn: str, name: str) -> str:
+    """Create the database `name` (dropped first if a crashed run left it); its DSN."""
+    import psycopg
+
+    with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=10) as con:
+        con.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        con.execute(f'CREATE DATABASE "{name}"')
+    base, _, rest = admin_dsn.partition("?")
+    return base.rsplit("/", 1)[0] + "/" + name + (f"?{rest}" if rest else "")
+
+
+def drop_database(admin_dsn: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=10) as con:
+        con.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_store(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The DSN of a fresh, empty PostgreSQL database for this test (dropped afterwards)."""
+    import re
+    import uuid
+
+    admin = pg_admin_dsn()
+    slug = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40]
+    name = f"t_{slug}_{uuid.uuid4().hex[:8]}"
+    yield fresh_database(admin, name)
+    drop_database(admin, name)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_home(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """A fresh ledger home whose log is the SQLite file in it, or a fresh PostgreSQL database
+    (the home's `store` file names it): the store contract runs against both."""
+    from ledger.store import locate
+
+    home = tmp_path / "home"
+    if request.param == "postgresql":
+        locate.remember(home, request.getfixturevalue("pg_store"))
+    return home

@@ -133,13 +133,22 @@ def _run_of(engine_job_id: str) -> int:
     return int(engine_job_id.rsplit(".", 1)[1]) - 1
 
 
-class AgentClient:
-    """The agent API over the project's HTTP client (one per thread)."""
+@dataclass
+class Seen:
+    """The newest leader epoch whose list this agent took (shared by its clients)."""
 
-    def __init__(self, url: str, token: str, timeout: float) -> None:
+    epoch: int = 0
+
+
+class AgentClient:
+    """The agent API over the project's HTTP client (one per thread). `url` may list several
+    servers (docs/ha.md): the client follows the leader; `seen` fences out a deposed one."""
+
+    def __init__(self, url: str, token: str, timeout: float, seen: Seen | None = None) -> None:
         from ledger.wire.client import Client
 
         self.client = Client(url, token, timeout=timeout)
+        self.seen = seen if seen is not None else Seen()
 
     def call(self, method: str, path: str, body: Any, type: Any) -> Any:
         data = None if body is None else msgspec.json.encode(body)
@@ -150,6 +159,12 @@ class AgentClient:
 
         q = urlencode({"node": node, "since": since, "wait": wait_s})
         got: a.Assignment = self.call("GET", f"/v1/agent/poll?{q}", None, a.Assignment)
+        if 0 < got.epoch < self.seen.epoch:  # a deposed leader's list: never launch or stop by it
+            raise Unavailable(
+                f"a server of leader epoch {got.epoch} answered after epoch {self.seen.epoch}",
+                hint="asking the leader again",
+            )
+        self.seen.epoch = max(self.seen.epoch, got.epoch)
         return got
 
 
@@ -164,7 +179,8 @@ class NodeAgent:
         self.s = settings
         self.ex = executor
         self.status_path = status_path
-        self.client = AgentClient(settings.url, settings.token, timeout=30.0)
+        self.seen = Seen()
+        self.client = AgentClient(settings.url, settings.token, timeout=30.0, seen=self.seen)
         self.stop_event = threading.Event()
         self.wake = threading.Event()
         self._latest: a.Assignment | None = None
@@ -294,7 +310,9 @@ class NodeAgent:
             self.report_wake.clear()
 
     def _poller(self) -> None:
-        client = AgentClient(self.s.url, self.s.token, timeout=self.s.poll_wait_s + 30.0)
+        client = AgentClient(
+            self.s.url, self.s.token, timeout=self.s.poll_wait_s + 30.0, seen=self.seen
+        )
         version = ""
         while not self.stop_event.is_set():
             try:

@@ -54,6 +54,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "replay": ("audit",),
     "whatif": ("audit",),
     "audit": ("audit",),
+    "store": ("store",),
 }
 
 
@@ -106,6 +107,7 @@ class _Lazy(LedgerGroup):
 def cli(ctx: click.Context, home: Path, actor: str | None, url: str | None) -> None:
     """gpu-ledger: budgets, fair share and scheduling contracts for shared GPU clusters."""
     ctx.obj = Ctx(home, actor, url)
+    ctx.call_on_close(ctx.obj.close)
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import click
 import msgspec
 
 from ledger.cli.output import echo_json, json_option
-from ledger.store import EVENTS_DB
+from ledger.store.locate import has_log
 from ledger.wire import SOCKET_NAME
 from schemas.bounds import check, describe
 from schemas.commands import AnyCommand, InitLedger
@@ -23,8 +23,8 @@ from schemas.errors import InvalidCommand
 if TYPE_CHECKING:  # the store is imported only by commands that open it (client mode never)
     from ledger.cycle.dispatcher import LiveState
     from ledger.store.application import Appended, Ledger
-    from ledger.store.embedded import EmbeddedSource
     from ledger.store.live import LiveView
+    from ledger.store.locate import LogSource
     from projections.store import Store
 
 
@@ -147,7 +147,7 @@ class Ctx:
 
     def require(self) -> None:
         """A clear error when the data directory holds no ledger (without opening it)."""
-        if self.remote is None and self._ledger is None and not (self.home / EVENTS_DB).exists():
+        if self.remote is None and self._ledger is None and not has_log(self.home):
             raise InvalidCommand(
                 f"no ledger in {self.home}", hint="run `gpuledger init --admin USER` or pass --home"
             )
@@ -166,7 +166,7 @@ class Ctx:
         service): it starts from the newest snapshot plus the tail and keeps no finished jobs."""
         self.local_only()
         if self._ledger is None or (self._ledger.state.live_only and not live):
-            if must_exist and not (self.home / EVENTS_DB).exists():
+            if must_exist and not has_log(self.home):
                 raise InvalidCommand(
                     f"no ledger in {self.home}",
                     hint="run `gpuledger init --admin USER` or pass --home",
@@ -175,6 +175,13 @@ class Ctx:
 
             self._ledger = Ledger(self.home, live=live)
         return self._ledger
+
+    def close(self) -> None:
+        """At the command's end: the read-only view's connection (a PostgreSQL store's is a
+        server session)."""
+        if self._view is not None:
+            self._view.close()
+            self._view = None
 
     def reader(self) -> LiveState:
         """The live state for a read of the read layer, which asks a ledger for its `state` and
@@ -238,10 +245,10 @@ class _LocalHandles:
 def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
     """The projection caught up with the log. When a running service holds the file (DuckDB
     allows one writer), read a private in-memory copy built from the log instead."""
-    from ledger.store.embedded import EmbeddedSource
+    from ledger.store.locate import open_source
 
     ctx.require()
-    with EmbeddedSource(ctx.home) as source, _caught_up(ctx, source, quiet) as store:
+    with open_source(ctx.home) as source, _caught_up(ctx, source, quiet) as store:
         status = store.status()
         if status.unknown_events and not quiet:
             tags = ", ".join(f"{t} ({n})" for t, n in sorted(status.unknown_tags.items()))
@@ -253,7 +260,7 @@ def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
         yield store
 
 
-def _caught_up(ctx: Ctx, source: EmbeddedSource, quiet: bool) -> Store:
+def _caught_up(ctx: Ctx, source: LogSource, quiet: bool) -> Store:
     """The projection file opened read-only when it is caught up with the log, read as it is;
     else opened read-write and caught up first."""
     from projections.errors import ProjectionBusy, ProjectionOutdated

@@ -133,7 +133,12 @@ class _AgentGroup(click.Group):
     help="TOML config file (every key: examples/agent.toml); flags override it.",
 )
 @click.option("--node", default=None, help="This node's name in the ledger [hostname -s].")
-@click.option("--url", default=None, help="The server: http(s)://HOST:PORT.")
+@click.option(
+    "--url",
+    default=None,
+    help="The server: http(s)://HOST:PORT, or a comma-separated list of the servers of one "
+    "store (the agent follows the leader, docs/ha.md).",
+)
 @click.option(
     "--token",
     envvar="GPULEDGER_NODE_TOKEN",

@@ -243,6 +243,15 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
     help="SIGTERM-to-SIGKILL grace when a job is stopped (a job's own --grace wins) [30s].",
 )
 @click.option("--kafka", default=None, help="Kafka bootstrap HOST:PORT for the relay.")
+@click.option(
+    "--store",
+    default=None,
+    metavar="DSN",
+    help="The log's PostgreSQL store (postgresql://...): several servers may serve it, one "
+    "leading (docs/ha.md) [the SQLite file in the data directory].",
+)
+@click.option("--advertise", default=None, help="The URL others reach this server at.")
+@click.option("--lease", default=None, help="The leader's lease on a PostgreSQL store [5s].")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
 @click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default=None)
 @pass_ctx
@@ -265,6 +274,9 @@ def serve(
     node_fence: str | None,
     grace: str | None,
     kafka: str | None,
+    store: str | None,
+    advertise: str | None,
+    lease: str | None,
     log_format: str | None,
     log_level: str | None,
 ) -> None:
@@ -291,6 +303,9 @@ def serve(
         node_fence=node_fence,
         grace=grace,
         kafka=kafka,
+        store=store,
+        advertise=advertise,
+        lease=lease,
         log_format=log_format,
         log_level=log_level,
     )
@@ -302,7 +317,8 @@ def serve(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
 def status(ctx: Ctx, as_json: bool) -> None:
-    """Is the server up? Version, last cycle, projection and relay lag, event count."""
+    """Is the server up? Version, last cycle, projection and relay lag, event count; with
+    several servers on one store, this one's role, the leader and every server's lag."""
     from schemas.api import Health
 
     if ctx.remote is None:
@@ -341,6 +357,12 @@ def status(ctx: Ctx, as_json: bool) -> None:
         )
     if h.last_error:
         click.echo(f"  last error    {h.last_error}")
+    if h.store_error:
+        click.echo(f"  store         {h.store} does not answer: {h.store_error}")
+    if h.role != "single":  # one of several servers on a PostgreSQL store (docs/ha.md)
+        click.echo(f"  role          {h.role}, epoch {h.epoch}, leader {h.leader or 'none'}")
+        for s in h.servers:
+            click.echo(f"  server        {s.address} {s.role}, lag {s.lag} events")
 
 
 COMMANDS = [up, serve, status]

@@ -88,12 +88,12 @@ def slurm_jobs(ctx: Ctx, partition: str, as_json: bool) -> None:
     """Every Slurm job on the partition: gpu-ledger's runs, and foreign jobs (never touched;
     their GPUs count as busy)."""
     from ledger.engines.slurm.executor import SlurmExecutor, name_of
-    from ledger.store.embedded import EmbeddedSource
+    from ledger.store.locate import open_source
     from schemas import codec
 
     # the store's first event names the ledger: read it beside a running server (read-only)
     ctx.require()
-    with EmbeddedSource(ctx.home) as source:
+    with open_source(ctx.home) as source:
         first = source.read(0, 1)
     lid = name_of(codec.decode(first[0].data) if first else None)
     executor = SlurmExecutor(partition, lid, ctx.home / "jobs", env=os.environ)

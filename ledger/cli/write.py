@@ -25,9 +25,20 @@ def _done(ctx: Ctx, what: str, cmd: c.AnyCommand) -> None:
 @click.option(
     "--cluster", default="default", show_default=True, help="Name of the default cluster."
 )
+@click.option(
+    "--store",
+    default=None,
+    metavar="DSN",
+    help="Keep the log in this PostgreSQL database (postgresql://...; docs/ha.md) instead of the "
+    "SQLite file in the data directory.",
+)
 @pass_ctx
-def init(ctx: Ctx, admin: str, min_runtime_cap: str, cluster: str) -> None:
+def init(ctx: Ctx, admin: str, min_runtime_cap: str, cluster: str, store: str | None) -> None:
     """Create the data directory and name the first admin."""
+    if store is not None:
+        from ledger.store import locate
+
+        locate.remember(ctx.home, locate.store_of(ctx.home, store))
     ledger = ctx.ledger(must_exist=False)
     cmd = c.InitLedger(
         actor=admin, admin=admin, min_runtime_cap_s=parse_duration(min_runtime_cap), cluster=cluster

@@ -17,8 +17,8 @@ way (`ledger.cycle.executor`):
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Set
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Set
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from ledger.core.runas import Lookup, RunAs
@@ -231,6 +231,11 @@ class Dispatcher:
         self._skipped = 0
         """Cycles that decided nothing since the last record, not recorded on their own."""
         self._recorded_at: float | None = None
+        self.epoch = 0
+        """The leader epoch (several servers on one store); 0: the only server."""
+        self.may_act: Callable[[], bool] = lambda: True
+        """Whether this server still leads, by its lease's own clock: orders decided under a
+        lease that has run out are not carried out (the next leader decides again)."""
         self.unobserved: frozenset[str] = frozenset()
         """Nodes the engine could not observe at the last cycle (outage mode: nothing decided
         about them)."""
@@ -280,6 +285,11 @@ class Dispatcher:
         """Hand the orders to the engine; record the runs that began at once."""
         if not orders.stops and not orders.launches:
             return Recorded()
+        if not self.may_act():
+            log.warning("not carrying out orders of epoch %d: the lease ran out", self.epoch)
+            return Recorded()
+        if self.epoch:
+            orders = replace(orders, epoch=self.epoch)
         began = self.executor.carry_out(orders, now)
         return record(self.ledger, Observed(starts=began), self.executor.engine)
 

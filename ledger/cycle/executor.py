@@ -107,6 +107,10 @@ class Orders:
     """Jobs the ledger no longer runs (preempted, cancelled, ended elsewhere)."""
     launches: tuple[Launch, ...] = ()
     """Placements to run."""
+    epoch: int = 0
+    """The leader epoch the orders were decided under (servers sharing a PostgreSQL store,
+    docs/ha.md; 0: the only server). An engine that hands work to others passes it on (node
+    agents refuse a list from an older epoch than one they have seen)."""
 
 
 @dataclass(frozen=True)

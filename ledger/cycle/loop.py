@@ -31,7 +31,6 @@ from ledger.dispatch import registry
 from ledger.dispatch.engine import Decision
 from ledger.dispatch.policy import Policy
 from ledger.store.application import Ledger
-from ledger.store.embedded import EmbeddedSource
 from projections.errors import ProjectionBusy
 from projections.projector import Projector
 from projections.source import EventSource
@@ -116,11 +115,28 @@ class ServiceLoop:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def open(self) -> None:
-        """1 transport (embedded or relay + topic)  2 projection  3 dispatcher  4 recovery."""
+    def open(self, *, lead: bool = True) -> None:
+        """1 transport (embedded or relay + topic)  2 projection  3 dispatcher  4 recovery.
+
+        `lead=False`: a standby of several servers on one store (docs/ha.md) opens the
+        projection only, and follows the log (`follow`) until it leads (`lead`)."""
         self.source = self._transport()
         self.store = _open_projection(self.home)
         self.projector = Projector(self.store, self.source)
+        if lead:
+            self.lead(self.executor)
+
+    def lead(
+        self, executor: Executor, *, epoch: int = 0, may_act: Callable[[], bool] | None = None
+    ) -> None:
+        """Take up the leader's work: the executor, the relay, the dispatcher, and the recovery
+        of what runs (adopted from the executor's own view: agents' reports, Slurm's list).
+        `epoch` and `may_act`: the lease this server leads by (docs/ha.md); the dispatcher
+        passes the epoch with its orders and carries none out once `may_act()` is false."""
+        assert self.projector is not None, "open() first"
+        self.executor = executor
+        if self.relay is None:
+            self._start_relay()
         self.dispatcher = Dispatcher(
             self.ledger,
             ProjectionRanks(self.projector),
@@ -128,9 +144,26 @@ class ServiceLoop:
             self.executor,
             run_as=self.run_as,
         )
+        self.dispatcher.epoch = epoch
+        if may_act is not None:
+            self.dispatcher.may_act = may_act
         self._recover()
         self._seen = self.ledger.head()
         self._jobs = dict(self.ledger.state.jobs)
+
+    def step_down(self) -> None:
+        """Stop the leader's work (no cycle, no relay); running jobs are left alone."""
+        self.dispatcher = None
+        if self.relay is not None:
+            self.relay.stop()
+            self.relay = None
+
+    def follow(self) -> int:
+        """A standby's step: fold what the log gained (live state and projection)."""
+        self.ledger.refresh()
+        if self.projector is not None:
+            self.stats.projection_position = self.projector.catch_up().position
+        return self.ledger.position
 
     def record_settings(self, interval_s: float, executor: str) -> None:
         record_settings(self.ledger, self.policy, interval_s, executor, self.log)
@@ -255,9 +288,13 @@ class ServiceLoop:
 
     def _transport(self) -> EventSource:
         """The projection always reads the store (scheduling never waits on a broker); with
-        Kafka a relay thread publishes the log for other readers (GPULEDGER_KAFKA_TOPIC and
-        GPULEDGER_KAFKA_TRANSACTIONAL_ID override the topic and the relay's transactional id),
-        and a broker outage shows as relay lag."""
+        Kafka a relay thread publishes the log for other readers (`_start_relay`), and a broker
+        outage shows as relay lag."""
+        return self.ledger.source()
+
+    def _start_relay(self) -> None:
+        """The relay thread (GPULEDGER_KAFKA_TOPIC and GPULEDGER_KAFKA_TRANSACTIONAL_ID override
+        the topic and the relay's transactional id), when the service has Kafka."""
         if self.kafka is not None:
             from ledger.store.relay import DEFAULT_TRANSACTIONAL_ID
             from ledger.store.relay_service import RelayService, flush_timeout
@@ -273,7 +310,6 @@ class ServiceLoop:
                 connect_timeout_s=connect_timeout(),
                 flush_s=flush_timeout(),
             ).start()
-        return EmbeddedSource(self.home)
 
 
 def _open_projection(home: Path, wait_s: float = 15.0) -> Store:

@@ -67,7 +67,7 @@ from ledger.history.compare import (
     usage_of,
 )
 from ledger.store import EVENTS_DB
-from ledger.store.embedded import EmbeddedSource
+from ledger.store.locate import has_log, open_source
 from ledger.store.snapshots import folded, unfolded
 from projections import queries
 from projections.as_of import AS_OF_SQL, AsOf, DiskAsOf
@@ -440,11 +440,11 @@ def find_decisions(
     Reads only the decision rows (every stored version) of the store (a scan of one column),
     then decodes them (as the latest version)."""
     path = home / EVENTS_DB
-    if not path.exists():
+    if not has_log(home):
         raise ReplayError(f"no event log at {path}", hint="pass --home, or run `gpuledger init`")
     sel = selection or Selection()
     out = []
-    with EmbeddedSource(home) as source:
+    with open_source(home) as source:
         for page in follow(source, tags=DECIDED_TAGS):
             for rec in page:
                 ev = codec.decode(rec.data)
@@ -534,7 +534,7 @@ def replay_found(
     checkpoints = Checkpoints(home / CHECKPOINTS_DB)
     projection = projection_path(home)
     try:
-        with EmbeddedSource(home) as source:
+        with open_source(home) as source:
             yield from replay_decisions(
                 source,
                 decisions,

@@ -26,7 +26,7 @@ import msgspec
 
 from ledger.history import audit as au
 from ledger.history.compare import slots_text
-from ledger.store.embedded import EmbeddedSource
+from ledger.store.locate import LogSource, open_source
 from projections import history
 from projections.source import follow
 from projections.store import Store
@@ -292,11 +292,11 @@ class _LiveProcess(Protocol):
 
 def scan_history(home: Path) -> au.CheckReport:
     """The invariants over the whole log, read from the store (its own connection)."""
-    with EmbeddedSource(home) as source:
+    with open_source(home) as source:
         return au.check(_positioned(source))
 
 
-def _positioned(source: EmbeddedSource, page: int = 50_000) -> Iterator[tuple[int, Any]]:
+def _positioned(source: LogSource, page: int = 50_000) -> Iterator[tuple[int, Any]]:
     for records in follow(source, page=page):
         for rec in records:
             yield rec.position, codec.decode(rec.data)

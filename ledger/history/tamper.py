@@ -45,7 +45,7 @@ from typing import Literal, NamedTuple
 import msgspec
 
 from ledger.store import EVENTS_DB, snapshots
-from ledger.store.embedded import EmbeddedSource, StoredRows
+from ledger.store.locate import has_log, open_source, stored_rows
 from ledger.store.snapshots import STREAM_ID
 from projections.chain import frame, link, names, prev_hash, rule
 from projections.source import follow
@@ -509,10 +509,10 @@ def verify_copy(
 def store_records(home: Path, page: int = 50_000) -> Iterator[ChainRecord]:
     """Edge: the stored events of `home`'s log in position order, every column of each row."""
     path = home / EVENTS_DB
-    if not path.exists():
+    if not has_log(home):
         raise AuditError(f"no event log at {path}", hint="pass --home, or run `gpuledger init`")
-    with EmbeddedSource(home) as source:
-        for rows in follow(StoredRows(source), page=page):
+    with open_source(home) as source:
+        for rows in follow(stored_rows(source), page=page):
             for r in rows:
                 yield ChainRecord(
                     r.position,
@@ -557,7 +557,7 @@ def file_anchor(home: Path) -> Anchor | None:
 def store_anchors(home: Path) -> list[Anchor]:
     """Edge: the links the store's snapshots keep to the events they fold (unreadable ones are
     left out: the ledger skips them too)."""
-    with EmbeddedSource(home) as source:
+    with open_source(home) as source:
         found = source.snapshots(STREAM_ID.hex, snapshots.KEEP)
     return [Anchor(position, link, "snapshot") for position, link in snapshots.anchors(found)]
 

@@ -27,7 +27,7 @@ from ledger.engines.agents import AgentExecutor
 from ledger.server.identity import Identity
 from ledger.server.worker import Worker
 from schemas import agent as a
-from schemas.errors import InvalidTransition, NotAuthorised
+from schemas.errors import InvalidTransition, NotAuthorised, Unavailable
 
 MAX_WAIT_S = 30.0
 SLICE_S = 1.0
@@ -81,13 +81,17 @@ def agent_routes(
         ex.touch(node, clock())
         deadline = time.monotonic() + max(0.0, min(wait, MAX_WAIT_S))
         version, parts = ex.board.current(node)
-        while version == since and worker.accepting:
+        while version == since and worker.accepting and worker.acting():
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             version, parts = await ex.board.wait(node, since, min(left, SLICE_S))
+        if not worker.acting():  # the lease ran out while the poll waited: nothing stale goes out
+            raise Unavailable("this server no longer leads", hint="the agent finds the leader")
         ex.touch(node, clock())
-        return a.Assignment(node=node, version=version, parts=parts, server_time=clock())
+        return a.Assignment(
+            node=node, version=version, parts=parts, server_time=clock(), epoch=worker.epoch()
+        )
 
     @post("/v1/agent/report", status_code=200, tags=["agent"], security=[{"bearer": []}])
     async def report(request: Request[Any, Any, Any], data: JSONBody[a.Report]) -> a.Ack:

@@ -41,6 +41,7 @@ from ledger.server.commands import CommandPath
 from ledger.server.pages import LivePreview
 from ledger.server.readpool import ReadPool, limits_from_env
 from ledger.server.worker import Worker
+from ledger.store.requests import valid_key
 from schemas import api
 from schemas import commands as c
 from schemas.commands import AnyCommand
@@ -177,7 +178,10 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
 
         async def handler(request: Request[Any, Any, Any], data: Any) -> api.CommandResult:
             cmd = ident.act(who(request), data)
-            appended = await worker.execute(cmd)
+            key = request.headers.get("idempotency-key")
+            if key is not None and not valid_key(key.strip()):
+                raise InvalidCommand("invalid Idempotency-Key", hint="1-128 printable characters")
+            appended = await worker.execute(cmd, key.strip() if key else None)
             return api.CommandResult(position=appended.position, events=appended.events)
 
         handler.__annotations__ = {
@@ -234,6 +238,7 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
             executor=svc.about.get("executor", ""),
             placing=svc.placing,
             jobs_run_as=svc.about.get("jobs_run_as", ""),
+            **_roles(worker, head),
             unobserved=tuple(sorted(svc.dispatcher.unobserved)) if svc.dispatcher else (),
             unobserved_since=svc.dispatcher.unobserved_since if svc.dispatcher else None,
         )
@@ -328,6 +333,23 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
     )
 
 
+def _roles(worker: Worker, head: int) -> dict[str, Any]:
+    """Health's word on leadership: this server's role, the leader, the epoch, every server's
+    lag (on a store several servers share), and a store that does not answer."""
+    ha = worker.ha
+    store = "sqlite" if worker.service.ledger.dsn is None else "postgresql"
+    if ha is None:
+        return {"store": store, "store_error": worker.follow_error}
+    return {
+        "role": ha.role,
+        "leader": ha.leader_address(),
+        "epoch": ha.lease.epoch if ha.leading else (ha.leader.epoch if ha.leader else 0),
+        "store": store,
+        "store_error": ha.unreachable or worker.follow_error,
+        "servers": ha.servers(head),
+    }
+
+
 class ServiceHandles:
     """The read layer's handles in the server: the service loop's ledger and projection (caught
     up before each read), on the worker thread, and the answers kept per log position.
@@ -397,7 +419,15 @@ class ServiceHandles:
         return self.service.ledger
 
     def store(self) -> Any:
-        self.service.projector.catch_up()
+        """The projection, caught up; while a PostgreSQL store does not answer, as far as it
+        has folded (reads go on; the answer's `X-Gpuledger-Position` says where it stands)."""
+        from projections.errors import SourceUnavailable
+
+        try:
+            self.service.projector.catch_up()
+        except SourceUnavailable:
+            if self.service.ledger.dsn is None:
+                raise
         return self.service.store
 
     def now(self) -> float:

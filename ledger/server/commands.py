@@ -31,9 +31,10 @@ from litestar import Litestar, Request, Response
 
 from ledger.server import identity as ident
 from ledger.server.worker import Worker
+from ledger.store.requests import valid_key
 from schemas import api
 from schemas import commands as c
-from schemas.errors import LedgerError
+from schemas.errors import InvalidCommand, LedgerError
 
 Scope = Any
 Receive = Callable[[], Awaitable[Any]]
@@ -97,7 +98,7 @@ class CommandPath:
         status = 500  # what the API histogram says of a request that ends in an exception
         try:
             try:
-                appended = await self.worker.execute(ident.act(caller, cmd))
+                appended = await self.worker.execute(ident.act(caller, cmd), _key(scope))
                 data = _encoder.encode(
                     api.CommandResult(position=appended.position, events=appended.events)
                 )
@@ -116,6 +117,19 @@ class CommandPath:
         response = self.error_response(err)
         await response.to_asgi_response(self.app, request)(scope, receive, send)
         return response.status_code or 500
+
+
+def _key(scope: Scope) -> str | None:
+    """The request's `Idempotency-Key` (a retry of a write sends the same one)."""
+    for name, value in scope["headers"]:
+        if name == b"idempotency-key":
+            key = bytes(value).decode("latin-1").strip()
+            if not valid_key(key):
+                raise InvalidCommand(
+                    "invalid Idempotency-Key", hint="1-128 printable ASCII characters"
+                )
+            return key
+    return None
 
 
 def _authorization(scope: Scope) -> str | None:

@@ -65,9 +65,9 @@ def main() -> None:
     if os.getppid() != job.parent:  # the server died before the line above
         sys.exit(1)
     from ledger.history import replay as rp
-    from ledger.store.embedded import EmbeddedSource
+    from ledger.store.locate import open_source
 
-    with EmbeddedSource(Path(job.home)) as source:
+    with open_source(Path(job.home)) as source:
         done = list(rp.replay_decisions(source, job.decisions))
     sys.stdout.buffer.write(msgspec.msgpack.encode(done))
 

@@ -47,8 +47,11 @@ from ledger.engines.none import NoExecutor
 from ledger.engines.supervised import SupervisedExecutor, handled_jobs
 from ledger.server import identity
 from ledger.server.app import PEER_UID, create_asgi
+from ledger.server.ha import HAFront, Leadership
 from ledger.server.worker import Worker
+from ledger.store import lease, locate
 from ledger.store.application import Ledger
+from ledger.store.pgread import redacted
 from ledger.wire import SOCKET_NAME
 from ledger.wire.config import ServeConfig
 from schemas.errors import InvalidCommand
@@ -256,11 +259,16 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     _check_other_mode(home, config.executor)
     # 2 live work only: the newest verified snapshot plus the tail (a whole-log fold took 687 s
     # at 5M events); finished jobs are read from the projection
-    ledger = Ledger(home, live=True)
+    dsn = locate.store_of(home, config.store or None)
+    locate.remember(home, dsn)
+    ledger = Ledger(home, live=True, store=dsn or "sqlite")
     if not ledger.state.initialised:
         raise InvalidCommand(f"no ledger in {home}", hint="run `gpuledger init --admin USER` first")
+    # several servers may share a PostgreSQL store: then the lease says who leads (docs/ha.md)
+    ha = _leadership(ledger, config) if dsn is not None else None
     # 2 the executor before any line is logged: a partition Slurm would overrule is one error
-    executor = make_executor(ledger, config, actor)
+    # (a standby makes it when it takes the lead)
+    executor = make_executor(ledger, config, actor) if ha is None else NoExecutor()
     log.info(
         "state: the snapshot at position %d and %d events after it",
         ledger.restored_from,
@@ -274,6 +282,9 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     unix_path = socket_path(home, config)
     unix_sock = _bind_unix(unix_path)
     tcp_sock = _bind_tcp(config.listen) if config.listen else None
+    if ha is not None and not config.advertise and tcp_sock is not None:
+        host, port = tcp_sock.getsockname()[:2]  # the port bound (`listen` may ask for 0)
+        ha.lease.address = f"{'https' if config.tls_cert else 'http'}://{host}:{port}"
     # 4 who a job runs as (asked at each submission and launch), the service loop, its worker
     rule = _run_as(ledger, config)
     service = ServiceLoop(
@@ -295,14 +306,23 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         run_as=rule,
         placing=config.executor != "none",
     )
-    service.open()
-    service.record_settings(config.interval.seconds, config.executor)
+    service.open(lead=ha is None)
+    if ha is None:
+        service.record_settings(config.interval.seconds, config.executor)
     service.about = {"executor": config.executor, "jobs_run_as": run_as_words(config)}
     if not service.placing:
         log.warning("no executor (--executor none): nothing is placed; jobs wait in the queue")
     worker = Worker(service, tick_s=config.interval.seconds, max_batch=config.max_batch)
+    app: Any = create_asgi(worker, clock=ledger.clock.now)
+    if ha is not None:
+        worker.ha = ha
+        worker.promote, worker.demote = _roles(ha, service, config, actor)
+        ha.position = lambda: ledger.position
+        ha.notify = worker.nudge
+        app = HAFront(app, ha, lambda: ledger.position)
     worker.start()
-    app = create_asgi(worker, clock=ledger.clock.now)
+    if ha is not None:
+        ha.start()
     worker.idle.append(lambda: snapshot_ahead(ledger))  # after what the reads want first
     servers = []
     close_up: Callable[[], None] | None = None
@@ -333,6 +353,8 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
             close_up()
         worker.stop()  # finishes its queue and the current cycle
         service.close()
+        if ha is not None:
+            ha.stop()  # hands the lease over at once
         with contextlib.suppress(OSError):
             unix_path.unlink()
         log.info("stopped cleanly at position %d", ledger.position)
@@ -378,6 +400,42 @@ def run_as_words(config: ServeConfig) -> str:
         return "the service's own account"
     root = ", root's own as root" if config.root_jobs else ""
     return f"their owners' OS accounts (uid >= {config.min_uid}{root})"
+
+
+def _leadership(ledger: Ledger, config: ServeConfig) -> Leadership:
+    """This server's side of the lease on the ledger's PostgreSQL store."""
+    assert ledger.dsn is not None
+    lease.setup(ledger.dsn)
+    address = config.advertise
+    if not address:
+        scheme = "https" if config.tls_cert else "http"
+        address = f"{scheme}://{config.listen}" if config.listen else f"unix:{ledger.home}"
+    holder = f"{socket.gethostname()}:{os.getpid()}:{ledger.ids()[:8]}"
+    log.info("store %s: leading once the lease is free (lease %gs)", redacted(ledger.dsn),
+             config.lease.seconds)  # fmt: skip
+    return Leadership(lease.Lease(ledger.dsn, holder, address, config.lease.seconds))
+
+
+def _roles(
+    ha: Leadership, service: ServiceLoop, config: ServeConfig, actor: str
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """What the worker runs when this server takes the lead, and when it gives it up."""
+    ledger = service.ledger
+
+    def promote() -> None:
+        ledger.fence(ha.lease.epoch)  # from now on every append proves the lease is ours
+        service.lead(
+            make_executor(ledger, config, actor), epoch=ha.lease.epoch, may_act=ha.lease.may_act
+        )
+        service.record_settings(config.interval.seconds, config.executor)
+        log.info("leading at epoch %d from position %d", ha.lease.epoch, ledger.position)
+
+    def demote() -> None:
+        service.step_down()
+        log.warning("standing by at position %d (epoch %d is over)", ledger.position,
+                    ha.lease.epoch)  # fmt: skip
+
+    return promote, demote
 
 
 def _local_agents(ledger: Ledger, config: ServeConfig, actor: str) -> local.LocalAgents | None:

@@ -11,6 +11,10 @@ of the loop from outside; the loop is the one that waited anyway.)
 
 The worker thread runs reads and calls in order, a dispatcher cycle whenever one is due, and the
 ahead-of-time work of the read cache once the log has stayed still.
+
+One of several servers on a PostgreSQL store (`ha`, docs/ha.md) cycles only while it leads: at
+each turn the worker turns the lease into a role (`promote` once it holds it, `demote` once it
+does not), and a standby follows the log instead of cycling, every `follow_s`.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ledger.cycle.loop import ServiceLoop, wait_time
+from ledger.server.ha import Leadership
 from ledger.store.application import Appended
 from schemas.commands import AnyCommand
 from schemas.errors import LedgerError, Unavailable
@@ -38,6 +43,7 @@ class _Task:
     future: asyncio.Future[Any] | None
     command: AnyCommand | None = None
     call: Callable[[], Any] | None = None
+    key: str | None = None
 
 
 _WAKE = _Task(None, None)
@@ -69,19 +75,49 @@ class Worker:
     commits: int = 0
     """Group commits (store transactions of commands) so far, and the commands in them:"""
     committed: int = 0
+    ha: Leadership | None = None
+    """The lease, on a store shared by several servers (None: the only server, always leading)."""
+    promote: Callable[[], None] = lambda: None
+    """Take up the leader's work (on the worker thread, once the lease is held)."""
+    demote: Callable[[], None] = lambda: None
+    """Give it up (on the worker thread, once the lease is lost)."""
+    follow_s: float = 0.2
+    """How often a standby folds what the log gained."""
+    follow_error: str | None = None
+    """Why the last follow failed (the store is away), for health; None once it works."""
+    _epoch: int = 0
+    """The lease epoch this server last took up the leader's work at."""
+
+    def leading(self) -> bool:
+        return self.ha is None or self.ha.leading
+
+    def acting(self) -> bool:
+        """Leading, with the lease still running by this server's own clock."""
+        return self.ha is None or self.ha.acting()
+
+    def epoch(self) -> int:
+        """The leader epoch this server acts under (0: the only server of its store)."""
+        return 0 if self.ha is None else self.ha.lease.epoch
+
+    def nudge(self) -> None:
+        """Look at the role (and follow the log) at once, from any thread."""
+        self._next_cycle = 0.0
+        self._queue.put(_WAKE)
 
     # --- the HTTP side ---------------------------------------------------------------------------
 
-    async def execute(self, command: AnyCommand) -> Appended:
-        """Append one command (group-committed with the others arriving meanwhile)."""
+    async def execute(self, command: AnyCommand, key: str | None = None) -> Appended:
+        """Append one command (group-committed with the others arriving meanwhile); `key`: its
+        idempotency key (a retry of it is answered, not appended again)."""
         if not self.accepting:
             raise Unavailable("the server is stopping and takes no more writes", hint="retry")
+        self._check_leading()
         loop, future = self._future()
         pending = self._pending.get(loop)
         if pending is None:
             pending = self._pending[loop] = []
             loop.call_soon(self._gather, loop, 0, 0)
-        pending.append(_Task(loop, future, command=command))
+        pending.append(_Task(loop, future, command=command, key=key))
         return await future  # type: ignore[no-any-return]
 
     def _gather(self, loop: asyncio.AbstractEventLoop, seen: int, turns: int) -> None:
@@ -99,7 +135,9 @@ class Worker:
         """Commit what `loop` gathered, here when the ledger is free, else hand it to the worker
         thread (busy with a cycle or a read)."""
         tasks = self._pending.pop(loop, [])
-        if not self._lock.acquire(blocking=False):
+        # one of several servers: a store behind a cut network may hang a transaction, never
+        # the event loop (it still refuses writes and answers health once the lease runs out)
+        if self.ha is not None or not self._lock.acquire(blocking=False):
             for task in tasks:
                 self._queue.put(task)
             return
@@ -119,7 +157,18 @@ class Worker:
         """Run `fn` on the worker thread (reads, and atomic batches when `write`)."""
         if write and not self.accepting:
             raise Unavailable("the server is stopping and takes no more writes", hint="retry")
+        if write:
+            self._check_leading()
         return await self._submit(_Task(*self._future(), call=fn))
+
+    def _check_leading(self) -> None:
+        if self.ha is not None and not self.ha.acting():
+            where = self.ha.leader_address()
+            raise Unavailable(
+                "this server does not lead"
+                + (f"; the leader is {where}" if where else "; no server leads right now"),
+                hint="retry: clients find the leader",
+            )
 
     def _future(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]:
         loop = asyncio.get_running_loop()
@@ -184,6 +233,8 @@ class Worker:
                 stopping = True
             elif more is not _WAKE:
                 tasks.append(more)
+        if self.ha is not None:
+            self._take_role()
         self._handle(tasks)
         now = time.monotonic()
         if not tasks and self._moved_at is not None and now >= self._moved_at + self.quiet_s:
@@ -191,6 +242,38 @@ class Worker:
         if time.monotonic() >= self._next_cycle or stopping:
             self._cycle()
         return stopping
+
+    def _take_role(self) -> None:
+        """Turn the lease into a role: promote once it is held, demote once it is not."""
+        ha = self.ha
+        assert ha is not None
+        ha.changed.clear()
+        acting = ha.may_act()
+        if acting and ha.leading and ha.lease.epoch != self._epoch:
+            # the lease ran out and was taken again (a new epoch) before this turn saw it go:
+            # step down and take up the work again, fenced by the new epoch
+            ha.leading = False
+            self._step_down()
+        if acting and not ha.leading:
+            try:
+                self._epoch = ha.lease.epoch
+                self.service.ledger.refresh()
+                self.promote()
+            except Exception:
+                log.exception("could not take up the leader's work; retrying")
+                self.demote()
+                return
+            ha.leading = True
+            self._next_cycle = 0.0
+        elif not acting and ha.leading:
+            ha.leading = False
+            self._step_down()
+
+    def _step_down(self) -> None:
+        try:
+            self.demote()
+        except Exception:
+            log.exception("stepping down failed")
 
     def _when_idle(self) -> None:
         self._moved_at = None
@@ -227,8 +310,12 @@ class Worker:
         self.commits += 1
         self.committed += len(writes)
         try:
+            self._check_leading()
             results: list[Any] = list(
-                self.service.ledger.execute_each([t.command for t in writes])  # type: ignore[misc]
+                self.service.ledger.execute_each(
+                    [t.command for t in writes],  # type: ignore[misc]
+                    [t.key for t in writes],
+                )
             )
         except Exception as err:  # the store failed: nobody is acknowledged
             log.exception("group commit failed")
@@ -236,6 +323,9 @@ class Worker:
         return list(zip(writes, results, strict=True))
 
     def _cycle(self) -> None:
+        if not self.leading():
+            self._follow()
+            return
         self._moved_at = time.monotonic()
         clock = self.service.clock
         try:
@@ -249,6 +339,26 @@ class Worker:
             self._next_cycle = time.monotonic() + self.tick_s
             return
         self._next_cycle = time.monotonic() + wait_time(result, self.tick_s, clock.now())
+
+    def _follow(self) -> None:
+        """A standby's turn: fold what the log gained (reads answer at that position); while
+        the store does not answer, every 2 s (the reads in between answer from what is held)."""
+        self._next_cycle = time.monotonic() + (
+            self.follow_s if self.follow_error is None else max(self.follow_s, 2.0)
+        )
+        before = self.service.ledger.position
+        try:
+            if self.service.follow() != before:
+                self._moved_at = time.monotonic()
+        except Exception as err:
+            why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            if self.follow_error is None:
+                log.error("cannot follow the log: %s", why)
+            self.follow_error = why
+            return
+        if self.follow_error is not None:
+            log.warning("following the log again at position %d", self.service.ledger.position)
+        self.follow_error = None
 
 
 def _resolve_all(done: list[tuple[_Task, Any]]) -> None:

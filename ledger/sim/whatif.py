@@ -44,7 +44,7 @@ from ledger.sim.kernel import KernelExecutor, drive
 from ledger.sim.ranks import IncrementalRanks
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
-from ledger.store.embedded import EmbeddedSource
+from ledger.store.locate import open_source
 from projections import history, queries
 from projections.fairshare import WEEK_S, UsagePolicy
 from projections.projector import Projector
@@ -690,7 +690,7 @@ def compare_runs(
 
 def _projection(home: Path) -> Store:
     store = Store(":memory:")
-    with EmbeddedSource(home) as source:
+    with open_source(home) as source:
         Projector(store, source).catch_up()
     return store
 
@@ -708,7 +708,7 @@ def run_whatif(
     tick_s: float = 600.0,
 ) -> WhatIfReport:
     """Steps 1-4 over the ledger in `home` (`actual`: its projection, caught up)."""
-    with EmbeddedSource(home) as source:
+    with open_source(home) as source:
         scen = scenario(log_events(source), start, end)
     with tempfile.TemporaryDirectory(prefix="gpuledger-whatif-") as tmp:
         where = keep if keep is not None else Path(tmp) / "ledger"

@@ -20,20 +20,27 @@ from uuid import UUID
 
 import msgspec
 from eventsourcing.application import Application
-from eventsourcing.persistence import IntegrityError, Mapper, StoredEvent, Transcoder
+from eventsourcing.persistence import (
+    IntegrityError,
+    Mapper,
+    PersistenceError,
+    StoredEvent,
+    Transcoder,
+)
 from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteFactory
 
 from ledger.core.decide import command_keys, decide, event_keys
 from ledger.core.evolve import evolve
 from ledger.core.state import State
-from ledger.store import EVENTS_DB, snapshots
+from ledger.store import EVENTS_DB, locate, requests, snapshots
 from ledger.store.clock import Clock, IdSource, SystemClock, random_ids
 from ledger.store.live import decode_at
+from ledger.store.requests import Requests, keyed_id
 from projections.chain import link
 from projections.source import LogRecord, follow
 from schemas import codec
 from schemas.commands import AnyCommand
-from schemas.errors import Conflict, EventDecodeError, InvalidCommand, LedgerError
+from schemas.errors import Conflict, EventDecodeError, InvalidCommand, LedgerError, Unavailable
 from schemas.events import AnyEvent, tag_of
 
 STREAM_ID = snapshots.STREAM_ID
@@ -178,16 +185,31 @@ class Ledger(Application[UUID]):
         *,
         live: bool = False,
         snapshot_every: int = snapshots.SNAPSHOT_EVERY,
+        store: str | None = None,
     ) -> None:
+        """`store`: a PostgreSQL DSN (default: the one `home` records, else the SQLite file in
+        `home`; `ledger.store.locate`)."""
         home.mkdir(parents=True, exist_ok=True)
-        _private(home / EVENTS_DB)
-        super().__init__(
-            {
-                "SQLITE_DBNAME": str(home / EVENTS_DB),
-                "GPULEDGER_DURABILITY": os.environ.get("GPULEDGER_DURABILITY", "normal"),
+        self.dsn = locate.store_of(home, store)
+        if self.dsn is None:
+            _private(home / EVENTS_DB)
+        env = {
+            "SQLITE_DBNAME": str(home / EVENTS_DB),
+            "GPULEDGER_DURABILITY": os.environ.get("GPULEDGER_DURABILITY", "normal"),
+        }
+        if self.dsn is not None:
+            env |= {
+                "PERSISTENCE_MODULE": "ledger.store.postgres:LedgerPostgresFactory",
+                "GPULEDGER_STORE_DSN": self.dsn,
             }
-        )
+        super().__init__(env)
         self.home = home
+        self.stale = False
+        """The state may hold folds of a batch the store did not take and could not be read back
+        (the store went away): `refresh()` reads it back before anything decides on it."""
+        self.requests = Requests()
+        """Recent commands' idempotency keys (`execute_each(keys=...)`): a retry is answered
+        with what the first try appended, never appended twice."""
         self.clock = clock or SystemClock()
         self.ids = ids or random_ids()
         self.state = State(live_only=live)
@@ -204,7 +226,17 @@ class Ledger(Application[UUID]):
         """The position of the snapshot this ledger started from (0: folded from the start)."""
         if live:
             self._restore()
+        self.requests.scan(self.follow_raw(max(0, self.position - requests.SCANNED), self.head()))
         self.catch_up()
+
+    def fence(self, epoch: int | None) -> None:
+        """Fence every append by the lease's `epoch` (None: no fence; a PostgreSQL store only)."""
+        if self.dsn is not None:
+            self.recorder.fence_epoch = epoch  # type: ignore[attr-defined]
+
+    def source(self) -> locate.LogSource:
+        """This ledger's log, read-only, on a connection of its own (the projector's source)."""
+        return locate.open_source(self.home, self.dsn or "sqlite")
 
     # --- snapshots ------------------------------------------------------------------------------
 
@@ -252,6 +284,11 @@ class Ledger(Application[UUID]):
         """Keep the `snapshots.KEEP` newest snapshots."""
         assert self.snapshots is not None
         recorder: Any = self.snapshots.recorder
+        if self.dsn is not None:
+            from ledger.store.postgres import prune_snapshots
+
+            prune_snapshots(recorder, STREAM_ID.hex, snapshots.KEEP)
+            return
         with recorder.datastore.transaction(commit=True) as cursor:
             cursor.execute(
                 f"DELETE FROM {recorder.events_table_name} WHERE originator_id = ? AND "
@@ -324,7 +361,9 @@ class Ledger(Application[UUID]):
         """Fold every event appended since our position (by us or another writer)."""
         for records in follow(StoreSource(self.recorder), self.position, page=self.page):
             for r in records:
-                evolve(self.state, self._decode(r.position, r.data))
+                ev = self._decode(r.position, r.data)
+                evolve(self.state, ev)
+                self.requests.note(ev.event_id, r.position)
                 self.position = r.position
                 self.version += 1
             last = records[-1]
@@ -345,6 +384,8 @@ class Ledger(Application[UUID]):
         the (stream, version) constraint catches another writer, and a rejection is confirmed
         against the latest log before it is raised.
         """
+        if self.stale:
+            self._reload()
         for _ in range(self.retries):
             try:
                 scratch, events = self._decide(cmds)
@@ -355,9 +396,8 @@ class Ledger(Application[UUID]):
             if not events:
                 return Appended(events=[], position=self.position)
             stored, events = self._stored(events)
-            try:
-                ids = self.recorder.insert_events(stored)
-            except IntegrityError:
+            ids = self._insert(stored)
+            if ids is None:
                 self.catch_up()  # another writer appended first: catch up and decide again
                 continue
             del scratch  # decided on; the state folds the chained events that were stored
@@ -370,7 +410,9 @@ class Ledger(Application[UUID]):
             return Appended(events=events, position=self.position)
         raise Conflict("the log kept moving under this command", hint="retry it")
 
-    def execute_each(self, cmds: Sequence[AnyCommand]) -> list[Appended | LedgerError]:
+    def execute_each(
+        self, cmds: Sequence[AnyCommand], keys: Sequence[str | None] | None = None
+    ) -> list[Appended | LedgerError]:
         """Group commit: decide each command on its own, in order, each seeing the ones before it
         that were accepted, and append all accepted events in ONE store transaction. A rejected
         command gets its LedgerError in its slot and changes nothing; its neighbours go on.
@@ -381,12 +423,15 @@ class Ledger(Application[UUID]):
         each accepted command's events as it goes (no copy of it per batch: a copy cost ~60 us
         at 6k live jobs and grew with them); when the batch is not stored after all (another
         writer, a store error), the state is read back from the log (`_reload`) before anything
-        else sees it."""
+        else sees it.
+
+        `keys`: each command's idempotency key (None: none); a command whose key the log already
+        holds (`ledger.store.requests`) is answered with the event its first try appended."""
         for attempt in range(self.retries):
-            if attempt:
+            if attempt or self.stale:
                 self._reload()
             try:
-                done = self._fold_each(cmds)
+                done = self._fold_each(cmds, keys or [None] * len(cmds))
             except BaseException:
                 self._reload()  # a bug in a fold: the state may hold part of a batch
                 raise
@@ -395,16 +440,26 @@ class Ledger(Application[UUID]):
         self._reload()
         raise Conflict("the log kept moving under these commands", hint="retry them")
 
-    def _fold_each(self, cmds: Sequence[AnyCommand]) -> list[Appended | LedgerError] | None:
+    def _fold_each(
+        self, cmds: Sequence[AnyCommand], keys: Sequence[str | None]
+    ) -> list[Appended | LedgerError] | None:
         """One attempt of `execute_each` (None: the log moved; the state holds folds to undo)."""
         version, prev = self.version, self.last_hash
         now = self.clock.now()
-        outcomes: list[tuple[int, list[AnyEvent]] | LedgerError] = []
+        outcomes: list[tuple[int, list[AnyEvent]] | LedgerError | Appended] = []
         stored: list[StoredEvent] = []
-        for cmd in cmds:
+        batch: dict[str, int] = {}  # keyed event id -> its outcome's slot in this batch
+        for cmd, key in zip(cmds, keys, strict=True):
+            eid = keyed_id(cmd.actor, key) if key else None
+            if eid is not None and (eid in batch or self.requests.find(eid) is not None):
+                outcomes.append(self._answered(eid, batch, outcomes))
+                continue
             try:
                 self._check_conflicts([cmd])
                 decided = self._decide_one(self.state, cmd, now)
+                if eid is not None and decided:
+                    decided[0] = msgspec.structs.replace(decided[0], event_id=eid)
+                    batch[eid] = len(outcomes)
                 mine, chained = self._stored(decided, version=version, prev=prev)
             except LedgerError as err:
                 outcomes.append(err)
@@ -423,23 +478,67 @@ class Ledger(Application[UUID]):
         if any(isinstance(o, LedgerError) for o in outcomes) and self.head() != self.position:
             return None  # rejected on a state another writer has moved since: decide again
         if not stored:
-            return [
-                o if isinstance(o, LedgerError) else Appended(o[1], self.position) for o in outcomes
-            ]
-        try:
-            ids = self.recorder.insert_events(stored)
-        except IntegrityError:
+            return [o if isinstance(o, LedgerError | Appended) else Appended(o[1], self.position)
+                    for o in outcomes]  # fmt: skip
+        ids = self._insert(stored)
+        if ids is None:
             return None  # another writer appended first: catch up and decide again
         self.version, self.last_hash = version, prev
         self.position = ids[-1] if ids else self.head()
-        self._maybe_snapshot()
         first = self.position - len(stored)
-        return [o if isinstance(o, LedgerError) else Appended(o[1], first + o[0]) for o in outcomes]
+        for eid, slot in batch.items():
+            done = outcomes[slot]
+            if isinstance(done, tuple):
+                self.requests.note(eid, first + done[0] - len(done[1]) + 1)
+        self._maybe_snapshot()
+        return [o if isinstance(o, LedgerError | Appended) else Appended(o[1], first + o[0])
+                for o in outcomes]  # fmt: skip
+
+    def _answered(
+        self,
+        eid: str,
+        batch: dict[str, int],
+        outcomes: list[tuple[int, list[AnyEvent]] | LedgerError | Appended],
+    ) -> LedgerError | Appended:
+        """The answer to a command whose key was seen: what its first try appended (its first
+        event), or what the first try's slot in this batch got."""
+        slot = batch.get(eid)
+        if slot is not None:
+            first = outcomes[slot]
+            if isinstance(first, LedgerError | Appended):
+                return first
+            return LedgerError("the same key twice in one batch", hint="one key per command")
+        position = self.requests.find(eid)
+        assert position is not None
+        return Appended([ev for _, ev in self.read(position - 1, 1)], position)
+
+    def _insert(self, stored: list[StoredEvent]) -> Sequence[int] | None:
+        """Append `stored` (None: another writer holds these versions). A store that committed
+        but whose answer was lost (a retried insert then meets its own rows) is told from a
+        competing writer by the bytes: the rows at those versions are ours, byte for byte."""
+        try:
+            return self.recorder.insert_events(stored)
+        except IntegrityError:
+            first = stored[0].originator_version
+            there = self.recorder.select_notifications(start=first, limit=len(stored))
+            if [n.state for n in there] == [se.state for se in stored]:
+                log.warning("positions %d-%d were committed by this server's own retry",
+                            first, first + len(stored) - 1)  # fmt: skip
+                return [n.id for n in there]
+            return None
+        except PersistenceError as err:
+            if "gpuledger: not the leader" not in str(err):
+                raise
+            raise Unavailable(
+                "this server is not the leader any more: another server took over",
+                hint="retry: clients find the leader",
+            ) from err
 
     def _reload(self) -> None:
         """The state as the log holds it: from the newest snapshot (a live ledger) or the start,
         then every event after it (after folds that were not stored)."""
         restored_from = self.restored_from
+        self.stale = True  # until the log is read back whole (a store that is down: later)
         self.state = State(live_only=self.state.live_only)
         self.version = self.position = self.snapshot_position = 0
         self.last_hash = ""
@@ -447,6 +546,15 @@ class Ledger(Application[UUID]):
             self._restore()
         self.restored_from = restored_from
         self.catch_up()
+        self.stale = False
+
+    def refresh(self) -> int:
+        """Fold what the log gained since our position; after a write the store failed midway
+        (`stale`), read the state back from the log first."""
+        if self.stale:
+            self._reload()
+            return self.position
+        return self.catch_up()
 
     def _decide(self, cmds: Sequence[AnyCommand]) -> tuple[State, list[AnyEvent]]:
         self._check_conflicts(cmds)

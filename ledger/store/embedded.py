@@ -136,6 +136,20 @@ class EmbeddedSource:
             raise SourceUnavailable(f"cannot read {self.path}: {err}", path=str(self.path)) from err
         return [bytes(state) for (state,) in rows]
 
+    def snapshot_rows(self, stream: str, limit: int) -> list[tuple[int, bytes]]:
+        """(position, stored bytes) of the newest `limit` snapshots of `stream`, newest first."""
+        try:
+            rows = self._con.execute(
+                f"SELECT originator_version, state FROM {SNAPSHOTS_TABLE} WHERE originator_id = ? "
+                "ORDER BY originator_version DESC LIMIT ?",
+                (stream, limit),
+            ).fetchall()
+        except sqlite3.OperationalError as err:
+            if "no such table" in str(err):
+                return []
+            raise SourceUnavailable(f"cannot read {self.path}: {err}", path=str(self.path)) from err
+        return [(int(v), bytes(state)) for v, state in rows]
+
     def close(self) -> None:
         self._con.close()
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.store import snapshots
-from ledger.store.embedded import EmbeddedSource
+from ledger.store.locate import LogSource, open_source
 from projections.source import LogRecord, follow
 from schemas.errors import EventDecodeError
 
@@ -49,7 +49,7 @@ class LiveView:
     """A live state folded up to `position`, for reads: `state` and `catch_up()`, what the read
     layer asks of a ledger (`ledger.reads.table`); it never writes."""
 
-    def __init__(self, source: EmbeddedSource, state: State, position: int) -> None:
+    def __init__(self, source: LogSource, state: State, position: int) -> None:
         self.source = source
         self.state = state
         self.position = position
@@ -60,7 +60,7 @@ class LiveView:
         follow the newest snapshot that verifies (or the start, when none does): a live
         ledger would fold them and store a snapshot, and `Ledger(live=True)` is the one that
         stores it."""
-        source = EmbeddedSource(home)
+        source = open_source(home)
         try:
             got = snapshots.newest(
                 source.snapshots(snapshots.STREAM_ID.hex, snapshots.KEEP),
@@ -91,6 +91,6 @@ class LiveView:
         self.source.close()
 
 
-def _stored_at(source: EmbeddedSource, position: int) -> LogRecord | None:
+def _stored_at(source: LogSource, position: int) -> LogRecord | None:
     records = source.read(position - 1, 1) if position >= 1 else []
     return records[0] if records and records[0].position == position else None

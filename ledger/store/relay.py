@@ -105,7 +105,19 @@ class RawRecord(NamedTuple):
 
 
 def open_store(home: Path) -> ApplicationRecorder:
-    """The event store's recorder, for readers that need bytes, not folded state."""
+    """The event store's recorder, for readers that need bytes, not folded state (the SQLite
+    file of `home`, or the PostgreSQL store it records: `ledger.store.locate`)."""
+    from ledger.store import locate
+
+    dsn = locate.recorded(home)
+    if dsn is not None:
+        from eventsourcing.utils import Environment
+
+        env = Environment("gpuledger", {
+            "PERSISTENCE_MODULE": "ledger.store.postgres:LedgerPostgresFactory",
+            "GPULEDGER_STORE_DSN": dsn,
+        })  # fmt: skip
+        return InfrastructureFactory.construct(env).application_recorder()
     db = home / EVENTS_DB
     if not db.exists():
         raise RelayError(f"no event store at {db}", hint="run `gpuledger init` first")

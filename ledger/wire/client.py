@@ -3,14 +3,23 @@
 Errors come back as problem details with the LedgerError code; the client raises the same
 class with the same message and hint, so the CLI prints the same line as in embedded mode.
 Standard library only (http.client), so a client command starts fast.
+
+Several servers on one store (docs/ha.md): the URL may be a comma-separated list. A server that
+does not answer, or answers 503 as a standby or while no server leads, is left for the next one
+(the leader it names first), for up to `GPULEDGER_RETRY_S` seconds (default 30). Every write
+carries an `Idempotency-Key` made once per command and sent again with each retry, so a write
+whose answer was lost is answered, never appended twice. Reads ask for at least the position of
+this client's last write (`X-Gpuledger-Min-Position`), so a standby answers with it included.
 """
 
 from __future__ import annotations
 
 import http.client
 import os
+import secrets
 import socket
 import stat
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
@@ -26,6 +35,9 @@ if TYPE_CHECKING:
     from ledger.store.application import Appended
 
 TIMEOUT_S = 60.0
+LIST_TIMEOUT_S = 10.0
+"""A request's timeout on one server of a list (unless the caller gives one): a server that
+accepts connections and answers nothing (a frozen process) is left for the next in seconds."""
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -64,12 +76,135 @@ def load_token() -> str | None:
     return path.read_text().strip() or None
 
 
-class Client:
-    """Talks to one server: `http(s)://HOST:PORT` or `unix:/PATH`."""
+def retry_s() -> float:
+    """How long a request keeps trying the servers of a list (GPULEDGER_RETRY_S, default 30)."""
+    try:
+        return max(0.0, float(os.environ.get("GPULEDGER_RETRY_S", "30")))
+    except ValueError:
+        return 30.0
 
-    def __init__(self, url: str, token: str | None = None, timeout: float = TIMEOUT_S) -> None:
-        self.url = url
+
+class Client:
+    """Talks to a server: `http(s)://HOST:PORT` or `unix:/PATH`, or to the first that leads of
+    a comma-separated list of them."""
+
+    def __init__(self, url: str, token: str | None = None, timeout: float | None = None) -> None:
+        urls = [u.strip() for u in url.split(",") if u.strip()]
+        if not urls:
+            raise InvalidCommand("no server URL given", hint="use http(s)://HOST:PORT[,...]")
+        if timeout is None:
+            timeout = TIMEOUT_S if len(urls) == 1 else LIST_TIMEOUT_S
+        self.urls = urls
+        self.position = 0
+        """The newest log position this client wrote or read (reads ask for at least it)."""
         self.token = token
+        self.timeout = timeout
+        self._servers = [_Server(u, timeout) for u in urls]
+        self._at = 0
+        self.url = urls[0]
+
+    @property
+    def _server(self) -> _Server:
+        return self._servers[self._at]
+
+    def request(
+        self, method: str, path: str, body: bytes | None = None, *, key: str | None = None
+    ) -> bytes:
+        """One request, to the leader: the servers of the list in turn (the one a standby names
+        first) until one answers or `retry_s()` has passed. A write is retried only with its
+        idempotency `key` (then a retry after a lost answer is answered, not appended twice)."""
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        if self.token:  # on the Unix socket too: a token given is the caller (a job's own)
+            headers["Authorization"] = f"Bearer {self.token}"
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        if method == "GET" and self.position:
+            headers["X-Gpuledger-Min-Position"] = str(self.position)
+        may_retry = method == "GET" or key is not None  # safe to send again after a lost answer
+        deadline = time.monotonic() + (retry_s() if len(self.urls) > 1 else 0.0)
+        tried = 0
+        while True:
+            server = self._server
+            try:
+                status, data, leader, position = server.send(method, path, body, headers)
+            except Unavailable as err:
+                tried += 1
+                self._next(tried)  # the next request starts on the next server, whatever happens
+                # a write without a key is sent again only where it never arrived; every server
+                # of the list is tried once, however long the others took
+                retry = may_retry or isinstance(err, _Refused)
+                if not retry or (time.monotonic() > deadline and tried >= len(self.urls)):
+                    raise
+                continue
+            if position:
+                self.position = max(self.position, position)
+            if status == 503 and len(self.urls) > 1 and time.monotonic() <= deadline:
+                self._next(tried := tried + 1, leader)
+                continue
+            self.url = server.url
+            if status >= 400:
+                raise _error(status, data)
+            return data
+
+    def _next(self, tried: int, leader: str = "") -> None:
+        """Go to the server `leader` names (when it is in the list), else the next one; after a
+        whole round, wait a little (the servers may be electing)."""
+        if leader in self.urls:
+            self._at = self.urls.index(leader)
+        else:
+            self._at = (self._at + 1) % len(self._servers)
+        if len(self._servers) > 1 and tried % len(self._servers) == 0:
+            time.sleep(min(1.0, 0.1 * tried))
+
+    def execute(self, cmd: AnyCommand) -> Appended:
+        from ledger.core.decide import _bounded
+        from ledger.store.application import Appended
+
+        _bounded(cmd)  # out of bounds: the same line as embedded mode, before any request
+
+        tag = type(cmd).__struct_config__.tag
+        data = self.request(
+            "POST", f"/v1/commands/{tag}", msgspec.json.encode(cmd), key=secrets.token_hex(16)
+        )
+        result = msgspec.json.decode(data, type=api.CommandResult)
+        self.position = max(self.position, result.position)
+        return Appended(events=list(result.events), position=result.position)
+
+    def execute_all(self, cmds: list[AnyCommand]) -> Appended:
+        from ledger.core.decide import _bounded
+        from ledger.store.application import Appended
+
+        for cmd in cmds:
+            _bounded(cmd)
+
+        data = self.request("POST", "/v1/batch", msgspec.json.encode(api.Batch(commands=cmds)))
+        result = msgspec.json.decode(data, type=api.CommandResult)
+        self.position = max(self.position, result.position)
+        return Appended(events=list(result.events), position=result.position)
+
+    def get(self, path: str, query: dict[str, Any] | None = None, type: Any = Any) -> Any:
+        q = {k: v for k, v in (query or {}).items() if v is not None}
+        # a list is the parameter repeated (?job_ids=1&job_ids=7), as the server reads it
+        data = self.request("GET", f"/v1/{path}" + (f"?{urlencode(q, doseq=True)}" if q else ""))
+        return msgspec.json.decode(data, type=type)
+
+    def post(self, path: str, body: Any, type: Any = Any) -> Any:
+        """POST a request Struct to /v1/`path` and decode the answer as `type`."""
+        data = self.request("POST", f"/v1/{path}", msgspec.json.encode(body))
+        return msgspec.json.decode(data, type=type)
+
+    def close(self) -> None:
+        for server in self._servers:
+            server.close()
+
+
+class _Server:
+    """One server of the list: its connection, kept alive between requests."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        self.url = url
         self.timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
         if url.startswith("unix:"):
@@ -101,12 +236,10 @@ class Client:
                 )
         return self._conn
 
-    def request(self, method: str, path: str, body: bytes | None = None) -> bytes:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        if self.token:  # on the Unix socket too: a token given is the caller (a job's own)
-            headers["Authorization"] = f"Bearer {self.token}"
+    def send(
+        self, method: str, path: str, body: bytes | None, headers: dict[str, str]
+    ) -> tuple[int, bytes, str, int]:
+        """(status, body, the leader a standby names, the position the answer was made at)."""
         for attempt in (0, 1):
             conn = self._connection()
             try:
@@ -119,51 +252,24 @@ class Client:
                 self._conn = None
                 if attempt == 0 and isinstance(err, http.client.RemoteDisconnected):
                     continue  # a kept-alive connection the server closed: once more
-                raise Unavailable(
+                refused = isinstance(err, ConnectionRefusedError | FileNotFoundError)
+                raise (_Refused if refused else Unavailable)(
                     f"cannot reach the server at {self.url}: {err}",
                     hint="is `gpuledger serve` running? check GPULEDGER_URL",
                 ) from err
-        if resp.status >= 400:
-            raise _error(resp.status, data)
-        return data
-
-    def execute(self, cmd: AnyCommand) -> Appended:
-        from ledger.core.decide import _bounded
-        from ledger.store.application import Appended
-
-        _bounded(cmd)  # out of bounds: the same line as embedded mode, before any request
-
-        tag = type(cmd).__struct_config__.tag
-        data = self.request("POST", f"/v1/commands/{tag}", msgspec.json.encode(cmd))
-        result = msgspec.json.decode(data, type=api.CommandResult)
-        return Appended(events=list(result.events), position=result.position)
-
-    def execute_all(self, cmds: list[AnyCommand]) -> Appended:
-        from ledger.core.decide import _bounded
-        from ledger.store.application import Appended
-
-        for cmd in cmds:
-            _bounded(cmd)
-
-        data = self.request("POST", "/v1/batch", msgspec.json.encode(api.Batch(commands=cmds)))
-        result = msgspec.json.decode(data, type=api.CommandResult)
-        return Appended(events=list(result.events), position=result.position)
-
-    def get(self, path: str, query: dict[str, Any] | None = None, type: Any = Any) -> Any:
-        q = {k: v for k, v in (query or {}).items() if v is not None}
-        # a list is the parameter repeated (?job_ids=1&job_ids=7), as the server reads it
-        data = self.request("GET", f"/v1/{path}" + (f"?{urlencode(q, doseq=True)}" if q else ""))
-        return msgspec.json.decode(data, type=type)
-
-    def post(self, path: str, body: Any, type: Any = Any) -> Any:
-        """POST a request Struct to /v1/`path` and decode the answer as `type`."""
-        data = self.request("POST", f"/v1/{path}", msgspec.json.encode(body))
-        return msgspec.json.decode(data, type=type)
+        position = resp.getheader("X-Gpuledger-Position") or ""
+        leader = resp.getheader("X-Gpuledger-Leader") or ""
+        return resp.status, data, leader, int(position) if position.isdigit() else 0
 
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+class _Refused(Unavailable):
+    """The server refused the connection: the request never arrived (any request may go to the
+    next server of the list)."""
 
 
 def _error(status: int, data: bytes) -> LedgerError:

@@ -94,6 +94,17 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """gpu-ledger's own log level (libraries log only their warnings, all at debug)."""
     max_batch: int = msgspec.field(default=256)
     """Most commands committed in one store transaction (group commit)."""
+    store: str = ""
+    """Where the log lives: "" (or "sqlite") for the SQLite file in the data directory, or a
+    PostgreSQL DSN (`postgresql://USER@HOST1:5432,HOST2:5432/DB?target_session_attrs=read-write`):
+    then two or more servers may serve one ledger, one leading (docs/ha.md)."""
+    advertise: str = ""
+    """The URL other servers, clients and agents reach this server at (shown as the leader's
+    address; writes sent to a standby go there); default `http://` + `listen`."""
+    lease: Duration = Duration("5s")
+    """With a PostgreSQL store: the leader's lease. A leader that cannot renew it within this
+    long stops acting; a standby takes over once it has expired (failover within about twice
+    this)."""
 
 
 def load(path: Path | None) -> ServeConfig:

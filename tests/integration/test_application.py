@@ -1,4 +1,5 @@
-"""The Ledger application on the real eventsourcing SQLite store (one file under tmp_path).
+"""The Ledger application on the real eventsourcing stores: the SQLite file under tmp_path and a
+fresh PostgreSQL database (every test runs against both: the store contract).
 
 Rejected commands leave the store byte-identical; a reopened ledger folds to the same state;
 concurrent writers never double-book a GPU; stale commands conflict only when something they
@@ -19,7 +20,7 @@ import pytest
 
 from ledger.core.evolve import fold
 from ledger.core.state import State
-from ledger.store import EVENTS_DB
+from ledger.store import EVENTS_DB, locate
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from schemas import codec
@@ -74,8 +75,24 @@ def busy(org_ledger: Ledger) -> Ledger:
     return org_ledger
 
 
+@pytest.fixture
+def home(any_home: Path) -> Path:
+    """Each test of this module runs on the SQLite store and on PostgreSQL."""
+    return any_home
+
+
 def store_rows(home: Path) -> tuple[list[tuple[Any, ...]], int | None]:
     """Every stored event row (with its rowid = position) and the max notification id."""
+    dsn = locate.recorded(home)
+    if dsn is not None:
+        import psycopg
+
+        with psycopg.connect(dsn) as pg:
+            rows = pg.execute(
+                "SELECT notification_id, originator_id::text, originator_version, topic, state "
+                "FROM gpuledger_events ORDER BY notification_id"
+            ).fetchall()
+        return [(*r[:4], bytes(r[4])) for r in rows], (rows[-1][0] if rows else None)
     con = sqlite3.connect(home / EVENTS_DB)
     try:
         rows = con.execute("SELECT rowid, * FROM stored_events ORDER BY rowid").fetchall()
@@ -395,6 +412,16 @@ def test_an_expected_position_at_the_head_never_conflicts(busy: Ledger) -> None:
 
 
 def _corrupt(home: Path, position: int, data: bytes) -> None:
+    dsn = locate.recorded(home)
+    if dsn is not None:
+        import psycopg
+
+        with psycopg.connect(dsn) as pg:
+            pg.execute(
+                "UPDATE gpuledger_events SET state = %s WHERE notification_id = %s",
+                (data, position),
+            )
+        return
     con = sqlite3.connect(home / EVENTS_DB)
     try:
         with con:

@@ -57,7 +57,10 @@ def test_follow_walks_the_range_in_pages(
 
 READERS = {
     "ledger/store/application.py",
+    "ledger/store/copying.py",
     "ledger/store/embedded.py",
+    "ledger/store/pgread.py",
+    "ledger/store/postgres.py",
     "ledger/store/relay.py",
 }
 """The store adapters: the only modules that know eventsourcing's tables (they read them)."""
@@ -65,7 +68,7 @@ WRITERS = {"projections/testing/synthetic.py", "scripts/bench_append.py", "scrip
 """Bulk writers of generated logs and raw baselines (they insert; they never walk the log)."""
 TABLES = re.compile(
     r"select_notifications|notification_id|stored_events|stored_snapshots|originator_version"
-    r"|EVENTS_TABLE|SNAPSHOTS_TABLE"
+    r"|EVENTS_TABLE|SNAPSHOTS_TABLE|gpuledger_events|gpuledger_snapshots"
 )
 """What knowing eventsourcing's tables looks like: their names, their columns, the recorder's
 readers."""

@@ -1,0 +1,139 @@
+"""`gpuledger store copy|restore|where`: move a ledger between SQLite and PostgreSQL, rebuild a
+lost store from the Kafka topic, say where a data directory's log lives (docs/ha.md).
+
+Both writers check every position and link of the hash chain as they write, then read the
+destination back and compare it with the source, event by event, byte for byte.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ledger.cli._common import Ctx, pass_ctx
+from ledger.cli.output import echo_json
+from schemas.errors import InvalidCommand
+
+
+def _place(where: str) -> tuple[Path, str | None]:
+    """A store named on the command line: a PostgreSQL DSN, or a data directory (or the
+    events.sqlite in one) -> (home, DSN or None)."""
+    from ledger.store import EVENTS_DB, locate
+    from ledger.store.pgread import is_postgres
+
+    if is_postgres(where):
+        return Path("."), where
+    path = Path(where)
+    if path.name == EVENTS_DB:
+        path = path.parent
+    return path, locate.recorded(path)
+
+
+def _report(as_json: bool, what: str, copied: object, where: str) -> None:
+    from ledger.store.copying import Copied
+
+    assert isinstance(copied, Copied)
+    if as_json:
+        echo_json(
+            {"events": copied.events, "head": copied.head, "last_hash": copied.last_hash,
+             "snapshots": copied.snapshots, "to": where}
+        )  # fmt: skip
+        return
+    click.echo(
+        f"{what} {copied.events} events (positions 1-{copied.head}) into {where}: chain verified, "
+        f"read back equal byte for byte (last hash {copied.last_hash[:16]}...)"
+        + (f"; {copied.snapshots} snapshots" if copied.snapshots else "")
+    )
+
+
+@click.group()
+def store() -> None:
+    """Where the log lives: copy it between SQLite and PostgreSQL, restore it from Kafka."""
+
+
+@store.command("copy")
+@click.argument("src")
+@click.argument("dst")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def copy(src: str, dst: str, as_json: bool) -> None:
+    """Copy the log of SRC into the empty store DST (each a data directory or a PostgreSQL DSN),
+    every event byte for byte, checking the chain. Stop the server of SRC first."""
+    from ledger.store import locate, snapshots
+    from ledger.store.copying import CopyError, same_log, write_log
+    from ledger.store.pgread import redacted
+    from projections.source import follow
+
+    src_home, src_dsn = _place(src)
+    dst_home, dst_dsn = _place(dst)
+    if src_dsn is None and not locate.has_log(src_home):
+        raise InvalidCommand(f"no ledger in {src_home}", hint="name a data directory or a DSN")
+    if dst_dsn is None and (src_dsn is None and src_home.resolve() == dst_home.resolve()):
+        raise InvalidCommand("the source and the destination are the same store")
+    with locate.open_source(src_home, src_dsn or "sqlite") as source:
+        snaps = source.snapshot_rows(snapshots.STREAM_ID.hex, snapshots.KEEP)
+        copied = write_log(follow(source), dst_home, dst_dsn, snapshot_rows=snaps)
+        with locate.open_source(dst_home, dst_dsn or "sqlite") as written:
+            differs = same_log(follow(source), follow(written))
+    where = redacted(dst_dsn) if dst_dsn else str(dst_home)
+    if differs is not None:
+        raise CopyError(f"the copy differs from the source at event {differs}", hint="retry")
+    _report(as_json, "copied", copied, where)
+
+
+@store.command("restore")
+@click.option(
+    "--from-kafka",
+    "bootstrap",
+    envvar="GPULEDGER_KAFKA",
+    required=True,
+    metavar="HOST:PORT",
+    help="Kafka bootstrap servers of the relay's topic (or $GPULEDGER_KAFKA).",
+)
+@click.option("--topic", envvar="GPULEDGER_KAFKA_TOPIC", default=None, help="[gpuledger.events]")
+@click.option(
+    "--to",
+    "dst",
+    default=None,
+    help="The empty store to rebuild: a PostgreSQL DSN or a data directory (default: --home).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_json: bool) -> None:
+    """Rebuild a lost store from the Kafka topic the relay wrote: every record checked (position,
+    hash chain, and signature when GPULEDGER_KAFKA_VERIFY_KEYS is set) and written as it was."""
+    from ledger.store import locate
+    from ledger.store.copying import CopyError, same_log, write_log
+    from ledger.store.pgread import redacted
+    from projections.kafka_source import KafkaSource
+    from projections.kafka_wire import TOPIC, connect_timeout, quiet_kafka_logs
+    from projections.source import follow
+
+    quiet_kafka_logs("warning")
+    dst_home, dst_dsn = _place(dst) if dst is not None else (ctx.home, locate.recorded(ctx.home))
+    source = KafkaSource(bootstrap, topic or TOPIC, connect_timeout_s=connect_timeout())
+    try:
+        head = source.head()
+        if head == 0:
+            raise CopyError(f"the topic {topic or TOPIC} holds no events", hint="check --topic")
+        copied = write_log(follow(source, 0, head), dst_home, dst_dsn)
+        with locate.open_source(dst_home, dst_dsn or "sqlite") as written:
+            differs = same_log(follow(source, 0, head), follow(written))
+    finally:
+        source.close()
+    if differs is not None:
+        raise CopyError(f"the restored store differs from the topic at event {differs}")
+    _report(as_json, "restored", copied, redacted(dst_dsn) if dst_dsn else str(dst_home))
+
+
+@store.command("where")
+@pass_ctx
+def where(ctx: Ctx) -> None:
+    """Where the data directory's log lives (its SQLite file, or its PostgreSQL DSN without the
+    password)."""
+    from ledger.store import locate
+
+    click.echo(locate.describe(ctx.home))
+
+
+COMMANDS = [store]

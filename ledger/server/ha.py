@@ -1,0 +1,310 @@
+"""Several servers on one PostgreSQL store: who leads, what a standby does, and where writes go.
+
+- `Leadership` runs the lease (`ledger.store.lease`) in a thread of its own: a standby tries to
+  take it twice a second, the leader renews it every third of the lease. The worker thread
+  turns the lease into a role at its next turn (`Worker`): promote (fence appends by the new
+  epoch, open the executor, adopt what runs, start the relay, then cycle) or step down (stop
+  cycling and relaying; jobs keep running). `may_act()` is the lease's own clock: the moment it
+  is false nothing acts, even before the worker's next turn.
+- A standby follows the log (its live state and projection stay warm), answers reads itself
+  with the position it answers at (`X-Gpuledger-Position`; a client may ask for at least a
+  position with `X-Gpuledger-Min-Position`, to read its own writes), and sends writes to the
+  leader: a request with a bearer token is forwarded as it came (the leader authenticates it
+  again); one that cannot be forwarded (a Unix socket's peer, the agent API, no leader known) is
+  answered 503 naming the leader (`X-Gpuledger-Leader`), and the CLI and agents go there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+
+from ledger.store.lease import Holder, Lease, Member
+from schemas import api
+
+log = logging.getLogger("gpuledger.ha")
+
+Scope = Any
+Receive = Callable[[], Awaitable[Any]]
+Send = Callable[[Any], Awaitable[None]]
+
+POSITION_HEADER = "x-gpuledger-position"
+MIN_POSITION_HEADER = "x-gpuledger-min-position"
+LEADER_HEADER = "x-gpuledger-leader"
+ROLE_HEADER = "x-gpuledger-role"
+HOP_HEADER = "x-gpuledger-forwarded"
+"""Set on a write a standby forwards: a server that does not lead refuses it rather than
+forwarding it again (two standbys that each name the other never bounce a write around)."""
+FORWARDED = {"authorization", "content-type", "accept", "idempotency-key", "x-request-id"}
+"""The request headers a standby passes on with a forwarded write."""
+READ_YOUR_WRITES_S = 5.0
+"""How long a read that asks for a position waits for the standby to fold it."""
+
+
+@dataclass
+class Leadership:
+    """The lease, kept by a thread; what the worker and the HTTP front ask of it."""
+
+    lease: Lease
+    poll_s: float = 0.5
+    leading: bool = False
+    """Set by the worker thread once it has promoted (cleared once it has stepped down)."""
+    leader: Holder | None = None
+    """The lease's holder as last read (standbys: where writes go)."""
+    members: list[Member] = field(default_factory=list)
+    position: Callable[[], int] = lambda: 0
+    """The log position this server has folded (reported for its lag)."""
+    unreachable: str | None = None
+    """Why the store does not answer the lease, when it does not (health, status)."""
+    changed: threading.Event = field(default_factory=threading.Event)
+    """Set when the role may have changed: the worker looks at its next turn, at once."""
+    notify: Callable[[], None] = lambda: None
+    """Wakes the worker (its next turn looks at the role)."""
+    _leader_read_at: float = 0.0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def may_act(self) -> bool:
+        return self.lease.may_act()
+
+    @property
+    def role(self) -> str:
+        return "leader" if self.leading else "standby"
+
+    def acting(self) -> bool:
+        """Leading, and the lease still runs by this server's own clock (the worker may not
+        have stepped down yet: from this moment nothing here acts as leader)."""
+        return self.leading and self.lease.may_act()
+
+    def leader_address(self) -> str:
+        if self.acting():
+            return self.lease.address
+        h = self.leader
+        left = 0.0 if h is None else h.expires_in_s - (time.monotonic() - self._leader_read_at)
+        return h.address if h is not None and left > 0 else ""  # never a lease seen expire
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="ledger-lease", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """A clean stop: hand the lease over at once (a standby takes it at its next try)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        try:
+            self.lease.release()
+            self.lease.forget()
+        except Exception as err:  # the store is away: the lease expires by itself
+            log.warning("could not release the lease: %s", err)
+        self.lease.close()
+
+    def _run(self) -> None:
+        last_report = 0.0
+        while not self._stop.is_set():
+            began = time.monotonic()
+            self._tick()
+            if began - last_report >= 1.0:
+                last_report = began
+                self._report()
+            step = self.lease.lease_s / 3 if self.lease.may_act() else self.poll_s
+            self._stop.wait(max(0.05, step - (time.monotonic() - began)))
+
+    def _tick(self) -> None:
+        held = self.lease.may_act()
+        try:
+            if held:
+                if not self.lease.renew():
+                    log.error("lost the lease (epoch %d): another server leads", self.lease.epoch)
+                    self._changed()
+            elif self.lease.acquire():
+                log.info("took the lease: leading at epoch %d", self.lease.epoch)
+                self._changed()
+            self.leader, self._leader_read_at = self.lease.leader(), time.monotonic()
+            if self.unreachable is not None:
+                log.warning("the store answers the lease again")
+            self.unreachable = None
+        except Exception as err:
+            why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            if self.unreachable is None:
+                log.error("the store does not answer the lease: %s", why)
+            self.unreachable = why
+        if held and not self.lease.may_act():
+            log.error("the lease ran out (epoch %d): stepping down", self.lease.epoch)
+            self._changed()
+        elif self.leading and not self.lease.may_act():
+            self._changed()  # the worker has not stepped down yet
+
+    def _changed(self) -> None:
+        self.changed.set()
+        self.notify()
+
+    def _report(self) -> None:
+        try:
+            self.lease.report(self.role, self.position())
+            self.members = self.lease.members()
+        except Exception:  # said by _tick already
+            pass
+
+    def servers(self, head: int) -> list[api.ServerState]:
+        """Every server on the store that reported lately, with its lag behind `head`."""
+        return [
+            api.ServerState(
+                address=m.address,
+                role=m.role,
+                position=m.position,
+                lag=max(0, head - m.position),
+                seen_s_ago=round(m.seen_s_ago, 3),
+            )
+            for m in self.members
+        ]
+
+
+class HAFront:
+    """ASGI layer in front of the app on a server of several: a standby answers reads and sends
+    writes to the leader; every answer says the role and the position it was made at."""
+
+    def __init__(self, app: Any, ha: Leadership, position: Callable[[], int]) -> None:
+        self.app = app
+        self.ha = ha
+        self.position = position
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        read = scope["method"] in ("GET", "HEAD") and not scope["path"].startswith("/v1/agent/")
+        if self.ha.acting() or (read and scope["path"] in ("/v1/health", "/metrics")):
+            await self.app(scope, receive, self._stamped(send))
+            return
+        if read:
+            want = headers.get(MIN_POSITION_HEADER, "")
+            if want.isdigit() and not await self._reached(int(want)):
+                await self._refuse(send, f"this standby has not folded position {want} yet")
+                return
+            await self.app(scope, receive, self._stamped(send))
+            return
+        leader = self.ha.leader_address()
+        forwardable = (
+            "authorization" in headers
+            and not scope["path"].startswith("/v1/agent/")
+            and HOP_HEADER not in headers
+        )
+        if leader and leader != self.ha.lease.address and forwardable:
+            await self._forward(leader, scope, receive, send, headers)
+            return
+        await self._refuse(send, "this server is a standby")
+
+    def _stamped(self, send: Send) -> Send:
+        async def stamped(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = dict(message)
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (POSITION_HEADER.encode(), str(self.position()).encode()),
+                    (ROLE_HEADER.encode(), self.ha.role.encode()),
+                ]
+            await send(message)
+
+        return stamped
+
+    async def _reached(self, want: int) -> bool:
+        deadline = time.monotonic() + READ_YOUR_WRITES_S
+        while self.position() < want:
+            if time.monotonic() > deadline:
+                return False
+            self.ha.notify()  # the worker follows the log at once
+            await asyncio.sleep(0.02)
+        return True
+
+    async def _refuse(self, send: Send, why: str) -> None:
+        leader = self.ha.leader_address()
+        where = f"the leader is {leader}" if leader else "no server leads right now"
+        body = msgspec.json.encode(
+            api.Problem(
+                title="unavailable",
+                status=503,
+                detail=f"{why}; {where}",
+                code="unavailable",
+                message=f"{why}; {where}",
+                hint="retry: the CLI and agents find the leader from their list of servers",
+            )
+        )
+        headers = [
+            (b"content-type", b"application/problem+json"),
+            (b"content-length", str(len(body)).encode()),
+            (ROLE_HEADER.encode(), self.ha.role.encode()),
+            (b"retry-after", b"1"),
+        ]
+        if leader:
+            headers.append((LEADER_HEADER.encode(), leader.encode()))
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _forward(
+        self, leader: str, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]
+    ) -> None:
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        query = scope["query_string"].decode()
+        path = scope["path"] + (f"?{query}" if query else "")
+        sent = {k: v for k, v in headers.items() if k in FORWARDED} | {HOP_HEADER: "1"}
+        try:
+            status, reply, kind = await asyncio.to_thread(
+                _send, leader, scope["method"], path, body, sent
+            )
+        except OSError as err:
+            await self._refuse(send, f"the leader did not answer ({err})")
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", kind.encode()),
+                    (b"content-length", str(len(reply)).encode()),
+                    (LEADER_HEADER.encode(), leader.encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": reply})
+
+
+def _send(
+    url: str, method: str, path: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, bytes, str]:
+    """One request to the leader at `url` (http or https); (status, body, content type)."""
+    parts = urlsplit(url)
+    conn: http.client.HTTPConnection
+    if parts.scheme == "https":
+        import ssl
+
+        ctx = ssl.create_default_context()
+        conn = http.client.HTTPSConnection(
+            parts.hostname or "", parts.port or 443, timeout=30, context=ctx
+        )
+    else:
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read(), resp.getheader("content-type") or "application/json"
+    except http.client.HTTPException as err:
+        raise OSError(str(err)) from err
+    finally:
+        conn.close()

@@ -1,0 +1,133 @@
+"""Moving a ledger between stores, and rebuilding one from the Kafka topic.
+
+`gpuledger store copy SRC DST` (SQLite <-> PostgreSQL, either way) and `gpuledger store restore
+--from-kafka` write a log into an empty store exactly as it was: each event's bytes, tag, stream
+and position untouched, so the copy is the original byte for byte (its audit, its Kafka topic
+and every replay agree with the original's). On the way every record is checked: positions
+without gaps from 1, each event linked to the one before by the hash chain (a broken link stops
+the copy before anything past it is written). A restore reads the topic through the same
+`projections.kafka_source.KafkaSource` every reader uses, so a record that is not the relay's
+(foreign, unsigned when keys are set) is refused as it is everywhere else.
+
+The events go in pages, one transaction each; the snapshots of the source (when it has some)
+follow, so the copy starts as fast as the original.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from eventsourcing.persistence import StoredEvent
+
+from ledger.store import snapshots
+from projections.chain import START, broken_link
+from projections.source import LogRecord
+from schemas.errors import LedgerError
+
+PAGE = 5_000
+
+
+class CopyError(LedgerError):
+    """A log cannot be copied: the destination is not empty, or the source's chain breaks."""
+
+    code = "copy"
+
+
+@dataclass(frozen=True)
+class Copied:
+    events: int
+    head: int
+    last_hash: str
+    """The link to the last event copied (`projections.chain`, the current rule): the same in
+    both stores."""
+    snapshots: int = 0
+
+
+def write_log(
+    pages: Iterable[Sequence[LogRecord]],
+    home: Path,
+    store: str | None,
+    *,
+    snapshot_rows: Sequence[tuple[int, bytes]] = (),
+    progress: Callable[[int], None] | None = None,
+) -> Copied:
+    """Write the log `pages` hold into the empty store of `home` (`store`: a PostgreSQL DSN, or
+    None / "sqlite" for the SQLite file in `home`), checking positions and the chain as it goes;
+    then the snapshots (position, bytes) whose position it holds."""
+    from ledger.store.application import Ledger
+
+    ledger = Ledger(home, store=store or "sqlite")
+    try:
+        if ledger.head():
+            raise CopyError(
+                f"the destination already holds {ledger.head()} events",
+                hint="copy into an empty store (a new database or data directory)",
+            )
+        position, tip = 0, START
+        for page in pages:
+            stored = []
+            for rec in page:
+                if rec.position != position + 1:
+                    raise CopyError(
+                        f"the source jumps from position {position} to {rec.position}",
+                        hint="the source is not a whole log",
+                    )
+                why = broken_link(rec.data, tip)
+                if why is not None:
+                    raise CopyError(f"position {rec.position}: {why}", hint="audit the source")
+                stored.append(
+                    StoredEvent(
+                        originator_id=snapshots.STREAM_ID,
+                        originator_version=rec.position,
+                        topic=rec.tag,
+                        state=bytes(rec.data),
+                    )
+                )
+                position, tip = rec.position, tip.after(rec.position, rec.tag, rec.data)
+            if stored:
+                ledger.recorder.insert_events(stored)
+                if progress is not None:
+                    progress(position)
+        kept = [
+            StoredEvent(
+                originator_id=snapshots.STREAM_ID,
+                originator_version=at,
+                topic=snapshots.SNAPSHOT_TOPIC,
+                state=data,
+            )
+            for at, data in snapshot_rows
+            if at <= position
+        ]
+        if kept:
+            assert ledger.snapshots is not None
+            ledger.snapshots.recorder.insert_events(
+                sorted(kept, key=lambda s: s.originator_version)
+            )
+        return Copied(events=position, head=position, last_hash=tip.current, snapshots=len(kept))
+    finally:
+        ledger.close()
+
+
+def same_log(a: Iterable[Sequence[LogRecord]], b: Iterable[Sequence[LogRecord]]) -> int | None:
+    """The first position where two logs differ (tag or bytes), or None when they are equal."""
+    left = (r for page in a for r in page)
+    right = (r for page in b for r in page)
+    n = 0
+    while True:
+        x, y = next(left, None), next(right, None)
+        if x is None and y is None:
+            return None
+        n += 1
+        if (
+            x is None
+            or y is None
+            or (x.position, x.tag, bytes(x.data))
+            != (
+                y.position,
+                y.tag,
+                bytes(y.data),
+            )
+        ):
+            return n

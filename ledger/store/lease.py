@@ -1,0 +1,223 @@
+"""Leadership over a PostgreSQL store: one lease row, an epoch, and appends fenced by it.
+
+Two or more servers on one store: the one holding the lease leads (runs the dispatcher, the relay
+and the executors), the others follow the log. The lease is a row (`gpuledger_leader`) with an
+epoch, a holder, the holder's address and an expiry in the database's clock:
+
+- *taking it*: an UPDATE that succeeds only once the expiry has passed; it adds one to the epoch;
+- *keeping it*: the holder renews every third of the lease; a renewal that finds another holder
+  is the end at once;
+- *stepping down before anyone else can lead*: the holder counts its lease from the moment it
+  *sent* its last successful renewal (`Lease.deadline`, its own monotonic clock, with a margin);
+  the database counts from the commit, which comes later. So the holder's own deadline always
+  passes before the row's expiry does, and a server cut off from the database stops acting
+  before another one may start;
+- *fencing*: every append of the leader checks, in its own transaction, that the row still holds
+  its epoch (`fence` below, a row lock in share mode: a takeover waits for the appends in flight,
+  and an append after a takeover fails). With the (stream, version) key this makes a split brain
+  impossible: two servers never both append, and a deposed leader's decisions are never stored,
+  so no executor carries them out.
+
+Each server also says where it is (`gpuledger_servers`: address, role, folded position), which
+is how a leader reports each standby's lag.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ledger.store.pgread import connect, redacted
+
+log = logging.getLogger("gpuledger.lease")
+
+LEADER_TABLE = "gpuledger_leader"
+SERVERS_TABLE = "gpuledger_servers"
+MARGIN = 0.2
+"""The part of the lease a holder gives up to be sure it stops first (a fifth)."""
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {LEADER_TABLE} (
+    id int PRIMARY KEY CHECK (id = 1),
+    epoch bigint NOT NULL,
+    holder text NOT NULL,
+    address text NOT NULL,
+    expires_at timestamptz NOT NULL,
+    acquired_at timestamptz NOT NULL
+);
+INSERT INTO {LEADER_TABLE} VALUES (1, 0, '', '', '-infinity', now()) ON CONFLICT DO NOTHING;
+CREATE TABLE IF NOT EXISTS {SERVERS_TABLE} (
+    holder text PRIMARY KEY,
+    address text NOT NULL,
+    role text NOT NULL,
+    position bigint NOT NULL,
+    seen_at timestamptz NOT NULL
+);
+CREATE OR REPLACE FUNCTION gpuledger_fence(want bigint) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM {LEADER_TABLE} WHERE id = 1 AND epoch = want FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'gpuledger: not the leader (epoch % was taken over)', want
+            USING ERRCODE = 'raise_exception';
+    END IF;
+END $$;
+"""
+
+FENCE_SQL = "SELECT gpuledger_fence(%s)"
+"""Run first in every append of a leader (`ledger.store.postgres`)."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    epoch: int
+    holder: str
+    address: str
+    expires_in_s: float
+    """Seconds until the lease expires (negative: expired), in the database's clock."""
+
+
+@dataclass(frozen=True)
+class Member:
+    holder: str
+    address: str
+    role: str
+    position: int
+    seen_s_ago: float
+
+
+class NotLeader(Exception):
+    """An append of a server whose epoch was taken over (the fence refused it)."""
+
+
+def setup(dsn: str) -> None:
+    """Create the lease tables and the fence function (idempotent; concurrent starts wait for
+    each other on an advisory lock)."""
+    with connect(dsn) as con:
+        con.execute("SELECT pg_advisory_lock(7346010)")
+        try:
+            con.execute(_SCHEMA)
+        finally:
+            con.execute("SELECT pg_advisory_unlock(7346010)")
+
+
+class Lease:
+    """One server's side of the lease, on a connection of its own (never the store's pool: a
+    busy pool must not delay a renewal)."""
+
+    def __init__(self, dsn: str, holder: str, address: str, lease_s: float) -> None:
+        self.dsn = dsn
+        self.holder = holder
+        self.address = address
+        self.lease_s = lease_s
+        self.epoch = 0
+        self.deadline = 0.0
+        """monotonic time until which this server may act as leader (0: it is not leader)."""
+        self._con: Any = None
+
+    def _connection(self) -> Any:
+        if self._con is None or self._con.closed:
+            timeout_ms = max(200, int(self.lease_s * 1000 / 3))
+            self._con = connect(
+                self.dsn,
+                connect_timeout=max(1, int(self.lease_s / 3)),
+                options=f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}",
+            )
+        return self._con
+
+    def _run(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        try:
+            rows: list[tuple[Any, ...]] = self._connection().execute(sql, params).fetchall()
+            return rows
+        except Exception:
+            if self._con is not None:
+                self._con.close()
+                self._con = None
+            raise
+
+    def may_act(self) -> bool:
+        """Is this server the leader now, by its own clock (a fifth of the lease to spare)?"""
+        return self.epoch > 0 and time.monotonic() < self.deadline
+
+    def acquire(self) -> bool:
+        """Take the lease if it has expired (or is ours); True when this server now leads."""
+        sent = time.monotonic()
+        rows = self._run(
+            f"UPDATE {LEADER_TABLE} SET epoch = epoch + 1, holder = %s, address = %s, "
+            "expires_at = now() + make_interval(secs => %s), acquired_at = now() "
+            "WHERE id = 1 AND (expires_at < now() OR holder = %s) RETURNING epoch",
+            (self.holder, self.address, self.lease_s, self.holder),
+        )
+        if not rows:
+            return False
+        self.epoch = int(rows[0][0])
+        self.deadline = sent + self.lease_s * (1 - MARGIN)
+        return True
+
+    def renew(self) -> bool:
+        """Extend the lease; False when another server holds it now (stop at once). A database
+        that does not answer raises: the lease still runs until `deadline`."""
+        sent = time.monotonic()
+        rows = self._run(
+            f"UPDATE {LEADER_TABLE} SET expires_at = now() + make_interval(secs => %s) "
+            "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING epoch",
+            (self.lease_s, self.holder, self.epoch),
+        )
+        if not rows:
+            self.deadline = 0.0
+            return False
+        self.deadline = sent + self.lease_s * (1 - MARGIN)
+        return True
+
+    def release(self) -> None:
+        """A clean stop: let a standby take over at once."""
+        if self.epoch and self.may_act():
+            self._run(
+                f"UPDATE {LEADER_TABLE} SET expires_at = '-infinity' "
+                "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING 1",
+                (self.holder, self.epoch),
+            )
+        self.deadline = 0.0
+
+    def leader(self) -> Holder | None:
+        """Who holds the lease (None: nobody ever did)."""
+        rows = self._run(
+            f"SELECT epoch, holder, address, extract(epoch FROM expires_at - now()) "
+            f"FROM {LEADER_TABLE} WHERE id = 1"
+        )
+        if not rows or not rows[0][1]:
+            return None
+        epoch, holder, address, left = rows[0]
+        return Holder(int(epoch), holder, address, float(left) if left is not None else -1e9)
+
+    def report(self, role: str, position: int) -> None:
+        """Say where this server is (its role and the log position it has folded)."""
+        self._run(
+            f"INSERT INTO {SERVERS_TABLE} VALUES (%s, %s, %s, %s, now()) ON CONFLICT (holder) "
+            "DO UPDATE SET address = excluded.address, role = excluded.role, "
+            "position = excluded.position, seen_at = now() RETURNING 1",
+            (self.holder, self.address, role, position),
+        )
+
+    def members(self, within_s: float = 60.0) -> list[Member]:
+        """The servers that reported in the last `within_s` seconds."""
+        rows = self._run(
+            f"SELECT holder, address, role, position, extract(epoch FROM now() - seen_at) "
+            f"FROM {SERVERS_TABLE} WHERE seen_at > now() - make_interval(secs => %s) "
+            "ORDER BY address",
+            (within_s,),
+        )
+        return [Member(h, a, r, int(p), float(s)) for h, a, r, p, s in rows]
+
+    def forget(self) -> None:
+        """A clean stop: this server leaves the list."""
+        self._run(f"DELETE FROM {SERVERS_TABLE} WHERE holder = %s RETURNING 1", (self.holder,))
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    def __repr__(self) -> str:
+        return f"Lease({redacted(self.dsn)}, {self.address}, epoch {self.epoch})"

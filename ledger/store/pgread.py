@@ -1,0 +1,241 @@
+"""The PostgreSQL store read with psycopg alone (no eventsourcing, no application), read-only:
+what `ledger.store.embedded` is for the SQLite store, for reads, the projector and the audit.
+
+With `ledger.store.postgres` (which writes the tables through eventsourcing),
+`ledger.store.embedded` and the relay's raw reader, this is the only module that knows
+eventsourcing's table layout (`tests/unit/test_follow.py` checks it).
+
+A store is PostgreSQL when it is named by a libpq DSN (`postgresql://...`); positions are the
+events' stream versions there as in SQLite (`ledger.store.postgres`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+from uuid import UUID
+
+from ledger.store.embedded import StoredRecord
+from projections.errors import SourceUnavailable
+from projections.source import LogRecord, Row
+
+SCHEMES = ("postgresql://", "postgres://")
+
+APP_NAME = "gpuledger"
+"""The application's name, eventsourcing's table prefix."""
+EVENTS_TABLE = f"{APP_NAME}_events"
+"""eventsourcing's PostgreSQL application recorder table: (originator_id uuid, originator_version,
+topic, state bytea, notification_id); the ledger writes notification_id = originator_version."""
+SNAPSHOTS_TABLE = f"{APP_NAME}_snapshots"
+"""eventsourcing's PostgreSQL snapshot table (originator_id, originator_version, topic, state)."""
+
+
+def is_postgres(store: str | None) -> bool:
+    """Is `store` a PostgreSQL DSN (a URL, or a key=value conninfo starting `host=`...)?"""
+    if not store:
+        return False
+    s = store.strip()
+    return s.startswith(SCHEMES) or any(
+        s.startswith(k + "=") for k in ("host", "dbname", "service")
+    )
+
+
+def redacted(dsn: str) -> str:
+    """`dsn` without its password, for logs, status and errors."""
+    if dsn.startswith(SCHEMES):
+        try:
+            parts = urlsplit(dsn)
+        except ValueError:
+            return re.sub(r"//[^@/]*@", "//***@", dsn)
+        if parts.password is not None:
+            user = parts.username or ""
+            netloc = f"{user}:***@" + parts.netloc.rpartition("@")[2]
+            parts = parts._replace(netloc=netloc)
+        query = "&".join(
+            "password=***" if q.startswith("password=") else q for q in parts.query.split("&") if q
+        )
+        return urlunsplit(parts._replace(query=query))
+    return " ".join("password=***" if w.startswith("password=") else w for w in dsn.split())
+
+
+def connect_params(dsn: str) -> dict[str, Any]:
+    """The DSN as psycopg connection parameters, with the settings a ledger relies on: a connect
+    timeout (a host that does not answer is skipped for the next one), TCP keepalives and a TCP
+    user timeout (a server whose network is gone is noticed in seconds, not hours)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params: dict[str, Any] = dict(conninfo_to_dict(dsn))
+    except Exception as err:
+        from schemas.errors import InvalidCommand
+
+        raise InvalidCommand(
+            f"invalid PostgreSQL DSN {redacted(dsn)!r}: {err}",
+            hint="use postgresql://USER[:PASSWORD]@HOST[:PORT][,HOST2[:PORT2]]/DBNAME",
+        ) from err
+    params.setdefault("connect_timeout", os.environ.get("GPULEDGER_PG_CONNECT_TIMEOUT", "3"))
+    params.setdefault("keepalives", "1")
+    params.setdefault("keepalives_idle", "5")
+    params.setdefault("keepalives_interval", "2")
+    params.setdefault("keepalives_count", "2")
+    params.setdefault("tcp_user_timeout", "5000")  # sent and never acknowledged: a cut network
+    params.setdefault("application_name", "gpuledger")
+    return params
+
+
+def connect(dsn: str, **extra: Any) -> Any:
+    """One psycopg connection to the store (autocommit), or `SourceUnavailable` in one line."""
+    import psycopg
+
+    try:
+        return psycopg.connect(**{**connect_params(dsn), **extra}, autocommit=True)
+    except psycopg.Error as err:
+        raise SourceUnavailable(
+            f"cannot reach the PostgreSQL store {redacted(dsn)}: {_first_line(err)}",
+            hint="is PostgreSQL up? check the DSN (`store` in the config)",
+            path=redacted(dsn),
+        ) from err
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+class PgSource:
+    """The PostgreSQL store of a ledger read with psycopg (one connection, autocommit, reads only):
+    what `ledger.store.embedded.EmbeddedSource` is for SQLite. The projector's, the audit's,
+    replay's and the reads' source."""
+
+    def __init__(self, dsn: str, schema: str = "public") -> None:
+        self.dsn = dsn
+        self.path = redacted(dsn)
+        from psycopg.sql import SQL, Identifier
+
+        self._SQL = SQL
+        self._con = connect(dsn)
+        try:
+            self._con.read_only = False  # autocommit: each read sees the latest commit
+            self._events = SQL("{}.{}").format(Identifier(schema), Identifier(EVENTS_TABLE))
+            self._snapshots = SQL("{}.{}").format(Identifier(schema), Identifier(SNAPSHOTS_TABLE))
+        except BaseException:
+            self._con.close()
+            raise
+
+    def _rows(self, query: Any, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """The query's rows. A connection that broke (the server restarted, a standby was
+        promoted) is replaced once, through the DSN's hosts; a store that does not answer is
+        `SourceUnavailable`, and the next read tries a new connection again."""
+        import psycopg
+
+        for attempt in (0, 1):
+            try:
+                if self._con.closed:
+                    self._con = connect(self.dsn)
+                with self._con.cursor() as cur:
+                    cur.execute(query, params, prepare=True)
+                    rows: list[tuple[Any, ...]] = cur.fetchall()
+                    return rows
+            except psycopg.errors.UndefinedTable:
+                return []  # a store nothing was recorded in yet
+            except psycopg.Error as err:
+                broken = isinstance(err, psycopg.OperationalError) or self._con.closed
+                if broken:
+                    self._con.close()
+                    if attempt == 0:
+                        continue
+                raise SourceUnavailable(
+                    f"cannot read the PostgreSQL store {self.path}: {_first_line(err)}",
+                    path=self.path,
+                ) from err
+        raise AssertionError("unreachable")
+
+    def read(self, after: int, limit: int) -> list[LogRecord]:
+        return [LogRecord(p, t, d) for p, t, d in self.read_rows(after, limit)]
+
+    def read_rows(self, after: int, limit: int) -> list[Row]:
+        rows = self._rows(
+            self._SQL(
+                "SELECT notification_id, topic, state FROM {} WHERE notification_id > %s "
+                "ORDER BY notification_id LIMIT %s"
+            ).format(self._events),
+            (after, limit),
+        )
+        return [(p, t, bytes(d)) for p, t, d in rows]
+
+    def read_tagged(self, after: int, limit: int, tags: Sequence[str]) -> list[LogRecord]:
+        rows = self._rows(
+            self._SQL(
+                "SELECT notification_id, topic, state FROM {} WHERE notification_id > %s "
+                "AND topic = ANY(%s) ORDER BY notification_id LIMIT %s"
+            ).format(self._events),
+            (after, list(tags), limit),
+        )
+        return [LogRecord(p, t, bytes(d)) for p, t, d in rows]
+
+    def read_stored(self, after: int, limit: int) -> list[tuple[int, str, bytes, int, str]]:
+        """Rows as stored: (position, tag, state, stream version, originator id)."""
+        rows = self._rows(
+            self._SQL(
+                "SELECT notification_id, topic, state, originator_version, originator_id::text "
+                "FROM {} WHERE notification_id > %s ORDER BY notification_id LIMIT %s"
+            ).format(self._events),
+            (after, limit),
+        )
+        return [(p, t, bytes(d), v, o) for p, t, d, v, o in rows]
+
+    def head(self) -> int:
+        rows = self._rows(self._SQL("SELECT max(notification_id) FROM {}").format(self._events), ())
+        return int(rows[0][0] or 0) if rows else 0
+
+    def snapshots(self, stream: str, limit: int) -> list[bytes]:
+        rows = self._rows(
+            self._SQL(
+                "SELECT state FROM {} WHERE originator_id = %s "
+                "ORDER BY originator_version DESC LIMIT %s"
+            ).format(self._snapshots),
+            (stream, limit),
+        )
+        return [bytes(state) for (state,) in rows]
+
+    def snapshot_rows(self, stream: str, limit: int) -> list[tuple[int, bytes]]:
+        """(position, stored bytes) of the newest `limit` snapshots of `stream`, newest first."""
+        rows = self._rows(
+            self._SQL(
+                "SELECT originator_version, state FROM {} WHERE originator_id = %s "
+                "ORDER BY originator_version DESC LIMIT %s"
+            ).format(self._snapshots),
+            (stream, limit),
+        )
+        return [(int(v), bytes(state)) for v, state in rows]
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> PgSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PgStoredRows:
+    """The PostgreSQL store's rows with their stream version, for `follow` (the audit's chain):
+    what `ledger.store.embedded.StoredRows` is for SQLite (a bytea column holds only bytes)."""
+
+    def __init__(self, source: PgSource) -> None:
+        self.source = source
+
+    def read(self, after: int, limit: int) -> list[StoredRecord]:
+        return [
+            StoredRecord(p, t, d, v, "blob", UUID(o).hex)
+            for p, t, d, v, o in self.source.read_stored(after, limit)
+        ]
+
+    def head(self) -> int:
+        return self.source.head()
+
+    def snapshots(self, stream: str, limit: int) -> list[bytes]:
+        return self.source.snapshots(stream, limit)

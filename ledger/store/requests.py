@@ -1,0 +1,69 @@
+"""Idempotency keys: a command sent again after its answer was lost is answered, not appended.
+
+A client names each write with a key of its own (the HTTP `Idempotency-Key` header; the CLI and
+the agents make one per command and send it again with every retry, on any server). The ledger
+writes the first event of a keyed command with an event id derived from the caller and the key
+(`keyed_id`): a UUID of version 8, so keyed events are told from the random (version 4) ids at a
+glance, and a caller can never name another caller's event. The id is in the stored bytes, so
+the log itself remembers which keys it holds: a server that starts (or takes over as leader)
+finds the recent ones by scanning the tail's bytes (`Requests.scan`), without decoding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+
+KEPT = 200_000
+"""Keys remembered (the newest); a retry comes within seconds, and a server that follows the log
+remembers every key it folds."""
+
+SCANNED = 100_000
+"""How many of the newest positions a start scans for keys."""
+
+_KEYED = re.compile(rb'"event_id":"([0-9a-f]{12}8[0-9a-f]{19})"')
+
+
+def keyed_id(actor: str, key: str) -> str:
+    """The event id of the first event of `actor`'s command keyed `key` (32 hex digits, UUID
+    version 8 with RFC 4122's variant)."""
+    digest = bytearray(hashlib.sha256(f"{actor}\0{key}".encode()).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x80
+    digest[8] = (digest[8] & 0x3F) | 0x80
+    return digest.hex()
+
+
+def is_keyed(event_id: str) -> bool:
+    return len(event_id) == 32 and event_id[12] == "8"
+
+
+def valid_key(key: str) -> bool:
+    """A key is 1-128 printable ASCII characters (a UUID is the usual choice)."""
+    return 0 < len(key) <= 128 and key.isascii() and key.isprintable()
+
+
+class Requests:
+    """The keyed events the ledger has seen: event id -> log position (the newest `KEPT`)."""
+
+    def __init__(self) -> None:
+        self._at: dict[str, int] = {}
+
+    def note(self, event_id: str, position: int) -> None:
+        if is_keyed(event_id):
+            self._at[event_id] = position
+            if len(self._at) > KEPT:
+                del self._at[next(iter(self._at))]
+
+    def scan(self, records: Iterable[tuple[int, bytes]]) -> None:
+        """Note the keyed events among stored records (position, bytes), read without decoding."""
+        for position, data in records:
+            m = _KEYED.search(data, 0, 200)
+            if m is not None:
+                self.note(m.group(1).decode(), position)
+
+    def find(self, event_id: str) -> int | None:
+        return self._at.get(event_id)
+
+    def __len__(self) -> int:
+        return len(self._at)

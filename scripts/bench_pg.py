@@ -1,0 +1,191 @@
+"""Benchmark: job submissions over HTTP to a `gpuledger serve` whose log is in PostgreSQL, against
+raw psycopg inserts of the same rows, in the same run (docs/ha.md).
+
+--rounds times in turn, each on a fresh database of one private PostgreSQL 15
+(`scripts/postgres/postgres up`, or $GPULEDGER_PG_DSN's server):
+  raw   8 threads, each with its own psycopg connection, each inserting one row per transaction
+        (autocommit) into a table shaped like the store's (stream uuid, version, topic,
+        state bytea) with rows of a submit's size: the database's own limit for committed
+        single-row writes at this concurrency (fsync and synchronous_commit on)
+  HTTP  `POST /v1/commands/submit` from 8 client processes (scripts/bench_api.py's closed-loop
+        raw-socket clients), the server group-committing into PostgreSQL (goal >= 2,000
+        submits/s, p99 <= 50 ms, ratio to raw >= 30%)
+The server's CPU per submit is printed beside the wall-clock rates, and the load.
+
+    python scripts/bench_pg.py                      # 8 clients x 1,000 submits, 3 rounds
+    python scripts/bench_pg.py --per-client 500 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+from bench_api import USERS, Http, client, process_cpu, serve, set_up, tokens
+from benchkit import machine, private_service
+
+from ledger.store import locate
+from ledger.store.pgread import PgSource
+
+GOAL_PER_S = 2_000
+GOAL_P99_MS = 50.0
+GOAL_RATIO = 0.30
+SCRIPT = Path(__file__).resolve().parent / "postgres" / "postgres"
+
+
+def database(admin: str, name: str) -> str:
+    with psycopg.connect(admin, autocommit=True) as con:
+        con.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        con.execute(f'CREATE DATABASE "{name}"')
+    base, _, rest = admin.partition("?")
+    return base.rsplit("/", 1)[0] + "/" + name + (f"?{rest}" if rest else "")
+
+
+def raw(dsn: str, clients: int, per_client: int, size: int) -> tuple[float, float]:
+    """Rows per second and p99 (ms) of single-row autocommit inserts from `clients` threads."""
+    with psycopg.connect(dsn, autocommit=True) as con:
+        con.execute(
+            "CREATE TABLE raw_events (stream uuid NOT NULL, version bigint "
+            "NOT NULL, topic text NOT NULL, state bytea, PRIMARY KEY (stream, "
+            "version))"
+        )
+    state = b"x" * size
+    stream = uuid.uuid4()
+    lat: list[float] = []
+    lock = threading.Lock()
+    start = threading.Barrier(clients + 1)
+
+    def run(k: int) -> None:
+        mine = []
+        with psycopg.connect(dsn, autocommit=True) as con:
+            start.wait()
+            for i in range(per_client):
+                t0 = time.perf_counter()
+                con.execute(
+                    "INSERT INTO raw_events VALUES (%s, %s, %s, %s)",
+                    (stream, k * per_client + i + 1, "job.submitted.v1", state),
+                    prepare=True,
+                )
+                mine.append(time.perf_counter() - t0)
+        with lock:
+            lat.extend(mine)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    lat.sort()
+    return len(lat) / elapsed, lat[int(len(lat) * 0.99) - 1] * 1000
+
+
+def over_http(dsn: str, clients: int, per_client: int) -> tuple[Http, int]:
+    """The HTTP side on the store `dsn`, and the size of a submit's stored event (bytes)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp) / "ledger"
+        locate.remember(home, dsn)
+        led, _ = set_up(home)
+        secrets = tokens(led, [USERS[k % len(USERS)] for k in range(clients)])
+        led.close()
+        proc, port, _ = serve(home)
+        try:
+            out: mp.Queue = mp.Queue()  # type: ignore[type-arg]
+            start = time.time() + 1.0
+            procs = [
+                mp.Process(target=client, args=(port, secrets[k], k, per_client, start, out))
+                for k in range(clients)
+            ]
+            for p in procs:
+                p.start()
+            while time.time() < start:
+                time.sleep(0.001)
+            cpu0 = process_cpu(proc.pid)
+            results = [out.get(timeout=600) for _ in procs]
+            cpu = process_cpu(proc.pid) - cpu0
+            for p in procs:
+                p.join()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        with PgSource(dsn) as source:  # the store's own reader: the size of a stored submit
+            rows = source.read_tagged(0, 100, ["job.submitted.v1"])
+        size = sum(len(r[2]) for r in rows) // max(1, len(rows)) or 400
+    lat = sorted(x for r in results for x in r[0])
+    n = len(lat)
+    elapsed = max(r[2] for r in results) - start
+    http = Http(
+        n / elapsed,
+        statistics.median(lat) * 1000,
+        lat[int(n * 0.99) - 1] * 1000,
+        sum(r[1] for r in results),
+        cpu / n,
+        sum(r[3] for r in results) / n,
+    )
+    return http, size
+
+
+def load() -> str:
+    return f"load {os.getloadavg()[0]:.1f}"
+
+
+def run(admin: str, args: argparse.Namespace) -> None:
+    rates, raws, p99s = [], [], []
+    for r in range(args.rounds):
+        h, size = over_http(database(admin, f"bench_http_{r}"), args.clients, args.per_client)
+        rate, raw_p99 = raw(database(admin, f"bench_raw_{r}"), args.clients, args.per_client,
+                            size)  # fmt: skip
+        rates.append(h.rate)
+        raws.append(rate)
+        p99s.append(h.p99_ms)
+        print(
+            f"round {r + 1}: raw psycopg inserts {rate:,.0f} rows/s (p99 {raw_p99:.1f} ms, "
+            f"{size} B rows); HTTP {h.rate:,.0f} submits/s, p50 {h.p50_ms:.1f} ms, p99 "
+            f"{h.p99_ms:.1f} ms, {h.errors} errors, server {h.server_cpu * 1e6:.0f} us CPU per "
+            f"submit; ratio {h.rate / rate:.0%}; {load()}",
+            flush=True,
+        )
+    rate, p99 = statistics.median(rates), statistics.median(p99s)
+    ratio = statistics.median(h / r for h, r in zip(rates, raws, strict=True))
+    print(
+        f"HTTP on PostgreSQL, {args.clients} clients x {args.per_client:,}, median of "
+        f"{args.rounds}: {rate:,.0f} submits/s ({rate / GOAL_PER_S:.2f}x the {GOAL_PER_S:,}/s "
+        f"goal), p99 {p99:.1f} ms ({p99 / GOAL_P99_MS:.2f}x the {GOAL_P99_MS:.0f} ms limit); "
+        f"ratio to raw inserts {ratio:.0%} (goal >= {GOAL_RATIO:.0%}: "
+        f"{'met' if ratio >= GOAL_RATIO else 'not met'})"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--per-client", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    print(f"machine: {machine()}; {load()}", flush=True)
+    admin = os.environ.get("GPULEDGER_PG_DSN", "")
+    if admin:
+        run(admin, args)
+        return
+    with private_service(
+        "a private PostgreSQL", SCRIPT, "GPULEDGER_PG_DATA", ("GPULEDGER_PG_PORT",)
+    ) as dsn:
+        if not dsn:
+            sys.exit("error: PostgreSQL did not start")
+        run(dsn, args)
+
+
+if __name__ == "__main__":
+    main()

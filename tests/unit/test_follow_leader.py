@@ -1,0 +1,233 @@
+"""Clients and agents follow the leader of a list of servers (docs/ha.md), against small real
+HTTP servers on 127.0.0.1: a standby's 503 sends them to the leader it names, a refused
+connection to the next server, a retried write carries its first try's Idempotency-Key, a read
+asks for the position of the client's last write; an agent never takes a deposed leader's list;
+a dispatcher whose lease ran out carries out nothing."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import msgspec
+import pytest
+
+from ledger.agent.node import AgentClient, Seen
+from ledger.cycle.dispatcher import Dispatcher
+from ledger.cycle.executor import Launch, Orders
+from ledger.wire.client import Client
+from schemas import agent as a
+from schemas import commands as c
+from schemas.errors import Unavailable
+
+
+class Fake:
+    """One fake server: answers from `answer(method, path, headers)`; remembers the requests."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, dict[str, str]]] = []
+        self.answer: Any = lambda method, path, headers: (200, {}, b"{}")
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(n)
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                fake.seen.append((self.command, self.path, headers))
+                status, extra, body = fake.answer(self.command, self.path, headers)
+                self.send_response(status)
+                for k, v in extra.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _any
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def fakes() -> Iterator[tuple[Fake, Fake]]:
+    x, y = Fake(), Fake()
+    yield x, y
+    x.close()
+    y.close()
+
+
+def standby(leader: str) -> Any:
+    problem = {"title": "unavailable", "status": 503, "detail": "standby", "code": "unavailable"}
+    body = json.dumps(problem | {"message": "this server is a standby"}).encode()
+    return lambda *_: (503, {"X-Gpuledger-Leader": leader}, body)
+
+
+def refused_url() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"  # closed at once: nobody listens
+
+
+def test_a_standby_sends_the_client_to_the_leader_and_reads_ask_for_the_last_write(
+    fakes: tuple[Fake, Fake],
+) -> None:
+    stand, lead = fakes
+    stand.answer = standby(lead.url)
+    result = json.dumps({"position": 42, "events": []}).encode()
+    lead.answer = lambda *_: (200, {"X-Gpuledger-Position": "42"}, result)
+    client = Client(f"{stand.url},{lead.url}", "tok")
+    client.execute(c.SubmitJob(actor="", account="a/b", gpus=1, min_runtime_s=60))
+    assert client.url == lead.url and client.position == 42
+    [(_, _, first)] = stand.seen
+    (_, _, second), = lead.seen  # fmt: skip
+    assert first["idempotency-key"] == second["idempotency-key"]  # the same write, sent again
+    lead.answer = lambda *_: (200, {"X-Gpuledger-Position": "50"}, b"[]")
+    client.get("jobs")
+    assert lead.seen[-1][2]["x-gpuledger-min-position"] == "42"
+    assert client.position == 50
+    client.close()
+
+
+def test_a_refused_connection_goes_to_the_next_server_even_for_a_write_without_a_key(
+    fakes: tuple[Fake, Fake],
+) -> None:
+    _, lead = fakes
+    lead.answer = lambda *_: (200, {}, b'{"ok": true}')
+    client = Client(f"{refused_url()},{lead.url}", "tok")
+    assert client.post("agent/heartbeat", {"node": "n"}) == {"ok": True}
+    client.close()
+
+
+def test_one_server_gives_up_at_once_and_a_list_gives_up_after_the_retry_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(Unavailable, match="cannot reach"):
+        Client(refused_url()).get("health")
+    monkeypatch.setenv("GPULEDGER_RETRY_S", "0.5")
+    import time
+
+    began = time.monotonic()
+    with pytest.raises(Unavailable):
+        Client(f"{refused_url()},{refused_url()}").get("health")
+    assert 0.5 <= time.monotonic() - began < 10
+
+
+def test_an_agent_never_takes_a_list_from_an_older_leader_epoch(fakes: tuple[Fake, Fake]) -> None:
+    server, _ = fakes
+    epoch = [3]
+
+    def assignment(*_: object) -> tuple[int, dict[str, str], bytes]:
+        asg = a.Assignment(node="n", version="v", parts=(), server_time=0.0, epoch=epoch[0])
+        return 200, {}, msgspec.json.encode(asg)
+
+    server.answer = assignment
+    seen = Seen()
+    agent = AgentClient(server.url, "tok", 10, seen)
+    assert agent.poll("n", "", 0).epoch == 3 and seen.epoch == 3
+    epoch[0] = 2  # a deposed leader answers
+    with pytest.raises(Unavailable, match="leader epoch 2 answered after epoch 3"):
+        AgentClient(server.url, "tok", 10, seen).poll("n", "", 0)
+    epoch[0] = 0  # a single server (no lease) is not fenced
+    assert agent.poll("n", "", 0).epoch == 0
+    agent.client.close()
+
+
+class Recording:
+    engine = "test"
+
+    def __init__(self) -> None:
+        self.orders: list[Orders] = []
+
+    def carry_out(self, orders: Orders, now: float) -> tuple[()]:
+        self.orders.append(orders)
+        return ()
+
+
+def test_a_dispatcher_whose_lease_ran_out_carries_out_nothing_and_passes_its_epoch() -> None:
+    ex = Recording()
+    from types import SimpleNamespace
+
+    ledger = SimpleNamespace(state=SimpleNamespace(jobs={}))  # records nothing: no starts
+    d = Dispatcher(ledger, None, None, ex)  # type: ignore[arg-type]
+    orders = Orders(launches=(Launch(1, (), ("true",), 60.0, "u", "a/b"),))
+    d.epoch, d.may_act = 7, lambda: False
+    d.carry_out(orders, 0.0)
+    assert ex.orders == []
+    d.may_act = lambda: True
+    d.carry_out(Orders(stops=(1,)), 0.0)
+    assert ex.orders == [Orders(stops=(1,), epoch=7)]
+
+
+def test_a_standby_never_forwards_a_write_that_was_forwarded_to_it() -> None:
+    """Two standbys that each name the other as leader (each read the lease at another moment)
+    refuse a forwarded write instead of bouncing it between them."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from ledger.server.ha import HAFront
+
+    ha = SimpleNamespace(
+        acting=lambda: False,
+        leader_address=lambda: "http://other:1",
+        lease=SimpleNamespace(address="http://me:1"),
+        role="standby",
+    )
+    front = HAFront(None, ha, lambda: 0)  # type: ignore[arg-type]
+
+    async def forward(*args: object) -> None:
+        raise AssertionError("forwarded again")
+
+    front._forward = forward  # type: ignore[method-assign]
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b"{}"}
+
+    headers = [(b"authorization", b"Bearer x"), (b"x-gpuledger-forwarded", b"1")]
+    scope = {"type": "http", "method": "POST", "path": "/v1/commands/submit", "headers": headers,
+             "query_string": b""}  # fmt: skip
+    asyncio.run(front(scope, receive, send))
+    assert sent[0]["status"] == 503
+    assert (b"x-gpuledger-leader", b"http://other:1") in sent[0]["headers"]
+
+
+def test_a_server_that_accepts_and_never_answers_is_left_for_the_next_and_the_next_request_starts_there(  # noqa: E501
+    fakes: tuple[Fake, Fake], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frozen server (SIGSTOP: the kernel still accepts connections) holds a client only for
+    the list's per-server timeout, even when that is longer than the retry time."""
+    import socket
+    import time
+
+    import ledger.wire.client as wire
+
+    _, lead = fakes
+    lead.answer = lambda *_: (200, {}, b"[]")
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(8)  # accepts (the backlog), never reads
+    monkeypatch.setattr(wire, "LIST_TIMEOUT_S", 0.5)
+    monkeypatch.setenv("GPULEDGER_RETRY_S", "0")
+    client = Client(f"http://127.0.0.1:{frozen.getsockname()[1]},{lead.url}", "tok")
+    began = time.monotonic()
+    assert client.get("jobs") == []
+    assert time.monotonic() - began < 5 and client.url == lead.url
+    frozen.close()
+    client.close()
