@@ -14,7 +14,7 @@ import click
 import msgspec
 
 from ledger.cli.output import echo_json, json_option
-from ledger.store.locate import has_log
+from ledger.store import has_log
 from ledger.wire import SOCKET_NAME
 from schemas.bounds import check, describe
 from schemas.commands import AnyCommand, InitLedger

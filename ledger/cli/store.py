@@ -19,7 +19,7 @@ from schemas.errors import InvalidCommand
 def _place(where: str) -> tuple[Path, str | None]:
     """A store named on the command line: a PostgreSQL DSN, or a data directory (or the
     events.sqlite in one) -> (home, DSN or None)."""
-    from ledger.store import EVENTS_DB, locate
+    from ledger.store import EVENTS_DB, recorded
     from ledger.store.pgread import is_postgres
 
     if is_postgres(where):
@@ -27,7 +27,7 @@ def _place(where: str) -> tuple[Path, str | None]:
     path = Path(where)
     if path.name == EVENTS_DB:
         path = path.parent
-    return path, locate.recorded(path)
+    return path, recorded(path)
 
 
 def _report(as_json: bool, what: str, copied: object, where: str) -> None:
@@ -59,14 +59,14 @@ def store() -> None:
 def copy(src: str, dst: str, as_json: bool) -> None:
     """Copy the log of SRC into the empty store DST (each a data directory or a PostgreSQL DSN),
     every event byte for byte, checking the chain. Stop the server of SRC first."""
-    from ledger.store import locate, snapshots
+    from ledger.store import has_log, locate, snapshots
     from ledger.store.copying import CopyError, same_log, write_log
     from ledger.store.pgread import redacted
     from projections.source import follow
 
     src_home, src_dsn = _place(src)
     dst_home, dst_dsn = _place(dst)
-    if src_dsn is None and not locate.has_log(src_home):
+    if src_dsn is None and not has_log(src_home):
         raise InvalidCommand(f"no ledger in {src_home}", hint="name a data directory or a DSN")
     if dst_dsn is None and (src_dsn is None and src_home.resolve() == dst_home.resolve()):
         raise InvalidCommand("the source and the destination are the same store")
@@ -102,7 +102,7 @@ def copy(src: str, dst: str, as_json: bool) -> None:
 def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_json: bool) -> None:
     """Rebuild a lost store from the Kafka topic the relay wrote: every record checked (position,
     hash chain, and signature when GPULEDGER_KAFKA_VERIFY_KEYS is set) and written as it was."""
-    from ledger.store import locate
+    from ledger.store import locate, recorded
     from ledger.store.copying import CopyError, same_log, write_log
     from ledger.store.pgread import redacted
     from projections.kafka_source import KafkaSource
@@ -110,7 +110,7 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
     from projections.source import follow
 
     quiet_kafka_logs("warning")
-    dst_home, dst_dsn = _place(dst) if dst is not None else (ctx.home, locate.recorded(ctx.home))
+    dst_home, dst_dsn = _place(dst) if dst is not None else (ctx.home, recorded(ctx.home))
     source = KafkaSource(bootstrap, topic or TOPIC, connect_timeout_s=connect_timeout())
     try:
         head = source.head()

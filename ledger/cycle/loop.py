@@ -196,8 +196,10 @@ class ServiceLoop:
         assert self.dispatcher is not None, "open() first"
         t0 = time.perf_counter()
         try:
-            if not self.placing:  # nothing would run what it places: it places nothing
-                position = self.ledger.catch_up()
+            if not self.placing:  # nothing would run what it places: it places nothing, but
+                position = self.ledger.catch_up()  # its state and projection stay current
+                if self.projector is not None:
+                    self.projector.catch_up(until=position)
                 idle = Decision(based_on=position, policy_version=self.policy.version)
                 return CycleResult(position, idle, appended=False)
             result = self.dispatcher.cycle(now)

@@ -66,8 +66,8 @@ from ledger.history.compare import (
     squat_threshold,
     usage_of,
 )
-from ledger.store import EVENTS_DB
-from ledger.store.locate import has_log, open_source
+from ledger.store import EVENTS_DB, has_log
+from ledger.store.locate import open_source
 from ledger.store.snapshots import folded, unfolded
 from projections import queries
 from projections.as_of import AS_OF_SQL, AsOf, DiskAsOf

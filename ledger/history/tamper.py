@@ -44,8 +44,8 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
-from ledger.store import EVENTS_DB, snapshots
-from ledger.store.locate import has_log, open_source, stored_rows
+from ledger.store import EVENTS_DB, has_log, snapshots
+from ledger.store.locate import open_source, stored_rows
 from ledger.store.snapshots import STREAM_ID
 from projections.chain import frame, link, names, prev_hash, rule
 from projections.source import follow

@@ -343,7 +343,7 @@ def _roles(worker: Worker, head: int) -> dict[str, Any]:
     return {
         "role": ha.role,
         "leader": ha.leader_address(),
-        "epoch": ha.lease.epoch if ha.leading else (ha.leader.epoch if ha.leader else 0),
+        "epoch": ha.epoch,
         "store": store,
         "store_error": ha.unreachable or worker.follow_error,
         "servers": ha.servers(head),

@@ -80,6 +80,11 @@ class Leadership:
     def role(self) -> str:
         return "leader" if self.leading else "standby"
 
+    @property
+    def epoch(self) -> int:
+        """The leader's epoch as this server knows it (0: it has seen no lease)."""
+        return self.lease.epoch if self.leading else (self.leader.epoch if self.leader else 0)
+
     def acting(self) -> bool:
         """Leading, and the lease still runs by this server's own clock (the worker may not
         have stepped down yet: from this moment nothing here acts as leader)."""

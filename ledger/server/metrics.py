@@ -35,6 +35,7 @@ WEEK_S = 7 * 86400.0
 TEAM_DEPTH = 2
 """Teams are the accounts two levels down (program/project), as in `report delivered`."""
 
+ROLES = ("single", "leader", "standby")
 CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 API_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -66,6 +67,12 @@ class Figures(msgspec.Struct, frozen=True, kw_only=True):
     """Node -> seconds since it was last heard from."""
     unobserved: tuple[str, ...] = ()
     """Nodes the engine cannot observe now (outage mode)."""
+    role: str = "single"
+    """This server's role: `single` (its own store), `leader` or `standby` (a shared store)."""
+    epoch: int = 0
+    """The leader's epoch as this server knows it (0: no lease)."""
+    server_lags: dict[str, int] = {}
+    """Server address -> events behind the head, for every server on a shared store."""
 
 
 def team_of(account: str, depth: int = TEAM_DEPTH) -> str:
@@ -172,6 +179,19 @@ def families(f: Figures) -> list[Metric]:
         [],
         [([], len(f.unobserved))],
     )
+    gauge(
+        "gpuledger_server_role",
+        "1 for this server's role (single: its own store; leader or standby: a shared store).",
+        ["role"],
+        [([r], 1.0 if r == f.role else 0.0) for r in ROLES],
+    )
+    gauge("gpuledger_leader_epoch", "The leader's lease epoch (0: no lease).", [], [([], f.epoch)])
+    gauge(
+        "gpuledger_server_lag_events",
+        "Events each server on the shared store is behind the head, as last reported.",
+        ["server"],
+        [([a], lag) for a, lag in sorted(f.server_lags.items())],
+    )
     return out
 
 
@@ -217,8 +237,9 @@ def ledger_figures(handles: Any) -> LedgerFigures:
     return got
 
 
-def read_figures(handles: Any, service: Any) -> Figures:
-    """The ledger's figures now (on the worker thread), all from the read layer."""
+def read_figures(handles: Any, service: Any, ha: Any = None) -> Figures:
+    """The ledger's figures now (on the worker thread), all from the read layer; with `ha` (the
+    server's `Leadership` on a shared store), its role, the epoch and every server's lag."""
     from ledger.reads import layer as reads
     from ledger.reads import preview as previews
 
@@ -257,7 +278,19 @@ def read_figures(handles: Any, service: Any) -> Figures:
             node: max(0.0, clock - at) for node, at in service.executor.heard_from().items()
         },
         unobserved=_unobserved(service),
+        **_roles(ha, head),
     )
+
+
+def _roles(ha: Any, head: int) -> dict[str, Any]:
+    """The role figures of `ha` (None: a server alone on its store)."""
+    if ha is None:
+        return {}
+    return {
+        "role": ha.role,
+        "epoch": ha.epoch,
+        "server_lags": {s.address: s.lag for s in ha.servers(head)},
+    }
 
 
 def _unobserved(service: Any) -> tuple[str, ...]:
@@ -371,7 +404,7 @@ def route(
     async def scrape(request: Request[Any, Any, Any]) -> Response[bytes]:
         person(request)
         metrics.scraped_at = time.monotonic()
-        figures = await worker.call(lambda: read_figures(handles, worker.service))
+        figures = await worker.call(lambda: read_figures(handles, worker.service, worker.ha))
         return Response(metrics.render(figures), media_type=metrics.content_type)
 
     return scrape

@@ -160,16 +160,21 @@ def _bind_tcp(listen: str) -> socket.socket:
     return sock
 
 
-def make_executor(ledger: Ledger, config: ServeConfig, actor: str) -> Executor:
+def make_executor(
+    ledger: Ledger, config: ServeConfig, actor: str, may_act: Callable[[], bool] | None = None
+) -> Executor:
     """The executor `config` names, the only place one is made for the service. Slurm's is
     checked first (the partition exists and Slurm will neither reorder nor preempt on it; one
     clear error otherwise), and the partition's GPU nodes are registered by `actor`, the admin
-    starting the server."""
+    starting the server. `may_act`: the lease of a leader among several servers, which Slurm's
+    executor checks before each sbatch and scancel (the agents check the epoch themselves)."""
     home = ledger.home
     if config.executor == "slurm":
         from ledger.engines.slurm import open_executor
 
-        return open_executor(ledger, config.partition, home / "jobs", config.grace.seconds, actor)
+        return open_executor(
+            ledger, config.partition, home / "jobs", config.grace.seconds, actor, may_act
+        )
     if config.executor == "agents":
         from ledger.engines.agents import AgentExecutor
 
@@ -425,7 +430,9 @@ def _roles(
     def promote() -> None:
         ledger.fence(ha.lease.epoch)  # from now on every append proves the lease is ours
         service.lead(
-            make_executor(ledger, config, actor), epoch=ha.lease.epoch, may_act=ha.lease.may_act
+            make_executor(ledger, config, actor, ha.lease.may_act),
+            epoch=ha.lease.epoch,
+            may_act=ha.lease.may_act,
         )
         service.record_settings(config.interval.seconds, config.executor)
         log.info("leading at epoch %d from position %d", ha.lease.epoch, ledger.position)

@@ -12,22 +12,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ledger.store import EVENTS_DB
+from ledger.store import EVENTS_DB, STORE_FILE, recorded
 from ledger.store.embedded import EmbeddedSource, StoredRows
 from ledger.store.pgread import PgSource, PgStoredRows, connect_params, is_postgres, redacted
 from schemas.errors import InvalidCommand
-
-STORE_FILE = "store"
-"""In a ledger home: the DSN of its PostgreSQL store (absent: the SQLite file beside it)."""
-
-
-def recorded(home: Path) -> str | None:
-    """The DSN `home` records for its log (None: its SQLite file)."""
-    try:
-        text = (home / STORE_FILE).read_text().strip()
-    except FileNotFoundError:
-        return None
-    return text or None
 
 
 def store_of(home: Path, store: str | None = None) -> str | None:
@@ -63,11 +51,6 @@ def remember(home: Path, dsn: str | None) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(dsn + "\n")
     os.chmod(path, 0o600)
-
-
-def has_log(home: Path) -> bool:
-    """Does `home` name a log (a SQLite file, or a recorded PostgreSQL store)?"""
-    return recorded(home) is not None or (home / EVENTS_DB).exists()
 
 
 LogSource = EmbeddedSource | PgSource

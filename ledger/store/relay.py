@@ -48,7 +48,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError, TopicAlreadyExistsError
 
-from ledger.store import EVENTS_DB
+from ledger.store import EVENTS_DB, recorded
 from projections.chain import START, Tip
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -107,9 +107,7 @@ class RawRecord(NamedTuple):
 def open_store(home: Path) -> ApplicationRecorder:
     """The event store's recorder, for readers that need bytes, not folded state (the SQLite
     file of `home`, or the PostgreSQL store it records: `ledger.store.locate`)."""
-    from ledger.store import locate
-
-    dsn = locate.recorded(home)
+    dsn = recorded(home)
     if dsn is not None:
         from eventsourcing.utils import Environment
 

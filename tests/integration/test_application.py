@@ -20,7 +20,7 @@ import pytest
 
 from ledger.core.evolve import fold
 from ledger.core.state import State
-from ledger.store import EVENTS_DB, locate
+from ledger.store import EVENTS_DB, recorded
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from schemas import codec
@@ -83,7 +83,7 @@ def home(any_home: Path) -> Path:
 
 def store_rows(home: Path) -> tuple[list[tuple[Any, ...]], int | None]:
     """Every stored event row (with its rowid = position) and the max notification id."""
-    dsn = locate.recorded(home)
+    dsn = recorded(home)
     if dsn is not None:
         import psycopg
 
@@ -412,7 +412,7 @@ def test_an_expected_position_at_the_head_never_conflicts(busy: Ledger) -> None:
 
 
 def _corrupt(home: Path, position: int, data: bytes) -> None:
-    dsn = locate.recorded(home)
+    dsn = recorded(home)
     if dsn is not None:
         import psycopg
 

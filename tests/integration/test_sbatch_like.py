@@ -395,6 +395,13 @@ def test_serve_without_an_executor_places_nothing_and_says_so(tmp_path: Path) ->
             return int(body["cycles"])
 
         wait_for("ten cycles", lambda: cycles() >= 10, 60, lambda: server.log_path.read_text())
+
+        def projected() -> bool:
+            code, body = server.request("GET", "/v1/health")
+            return code == 200 and body["projection_position"] == body["head"]
+
+        # the projection (usage, queue, reports) still follows the log
+        wait_for("the projection to fold the submit", projected, 30, server.log_path.read_text)
         (row,) = json.loads(cli(home, "jobs", "--json", **env).stdout)
         assert row["status"] == "pending" and row["placements"] == 0
         status = cli(home, "status", **env).stdout

@@ -74,6 +74,21 @@ def _fields(f: m.Figures) -> dict[str, object]:
     return {k: getattr(f, k) for k in f.__struct_fields__}
 
 
+def test_the_role_the_epoch_and_every_servers_lag_are_exposed() -> None:
+    alone = samples(FIGURES)
+    assert alone[("gpuledger_server_role", (("role", "single"),))] == 1
+    assert alone[("gpuledger_server_role", (("role", "leader"),))] == 0
+    assert alone[("gpuledger_leader_epoch", ())] == 0
+    lags = {"http://a:1": 0, "http://b:2": 7}
+    shared = FIGURES.__class__(**{**_fields(FIGURES), "role": "standby", "epoch": 3,
+                                  "server_lags": lags})  # fmt: skip
+    got = samples(shared)
+    assert got[("gpuledger_server_role", (("role", "standby"),))] == 1
+    assert got[("gpuledger_server_role", (("role", "single"),))] == 0
+    assert got[("gpuledger_leader_epoch", ())] == 3
+    assert got[("gpuledger_server_lag_events", (("server", "http://b:2"),))] == 7
+
+
 def test_cycles_are_observed() -> None:
     metrics = m.Metrics(lambda err: 500)
     metrics.observe_cycle(0.02)

@@ -667,3 +667,29 @@ def test_a_run_slurm_will_not_start_is_taken_back_and_explained(
     assert (ex_.job_id, ex_.reason, ex_.engine_job_id) == (5, "launch_failed", "41")
     assert reason in ex_.note and 5 not in seen.running
     assert ["scancel", "41"] in calls
+
+
+def test_a_deposed_leader_s_executor_neither_submits_nor_cancels(tmp_path: Path) -> None:
+    """The lease runs out between the decision and the sbatch (servers sharing a PostgreSQL
+    store): nothing reaches Slurm; once the lease is held again, the launch goes out."""
+    from ledger.engines.slurm.executor import SlurmExecutor as Executor
+
+    calls: list[list[str]] = []
+    leading = False
+
+    def run(args: list[str], stdin: str | None = None) -> str:
+        calls.append(args)
+        return "41\n" if args[0] == "sbatch" else ""  # Slurm lists no job
+
+    ex = Executor("gpuledger", LID, tmp_path, may_act=lambda: leading)
+    ex._run = run  # type: ignore[method-assign]
+    orders = Orders(launches=(launch(GpuSlot(node="vm", gpu_indices=(0,))),), epoch=3)
+    assert ex.carry_out(orders, 100.0) == ()
+    ex.observe(101.0, {"vm": node("vm")})
+    assert not any(a[0] in ("sbatch", "scancel") for a in calls)
+    leading = True
+    ex.carry_out(orders, 102.0)
+    assert [a[0] for a in calls if a[0] == "sbatch"] == ["sbatch"]
+    leading = False
+    ex.carry_out(Orders(stops=(5,)), 103.0)
+    assert not any(a[0] == "scancel" for a in calls)

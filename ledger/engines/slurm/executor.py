@@ -14,7 +14,7 @@ import os
 import pwd
 import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +60,12 @@ def name_of(first: AnyEvent | None) -> str:
 
 
 def open_executor(
-    ledger: Ledger, partition: str | None, log_dir: Path, grace_s: float, actor: str
+    ledger: Ledger,
+    partition: str | None,
+    log_dir: Path,
+    grace_s: float,
+    actor: str,
+    may_act: Callable[[], bool] | None = None,
 ) -> SlurmExecutor:
     """The executor of `partition`, after checking Slurm lets gpu-ledger own it, with the
     partition's GPU nodes registered in the ledger by `actor` (an admin). One clear error when
@@ -70,7 +75,7 @@ def open_executor(
             "the Slurm executor needs the partition gpu-ledger owns",
             hint="pass --partition P (serve: `partition` in the config file)",
         )
-    slurm = SlurmExecutor(partition, ledger_id(ledger), log_dir, grace_s=grace_s)
+    slurm = SlurmExecutor(partition, ledger_id(ledger), log_dir, grace_s=grace_s, may_act=may_act)
     slurm.check()
     found = slurm.nodes()
     if not found:
@@ -82,6 +87,10 @@ def open_executor(
     if cmds:
         ledger.execute_all(cmds)
     return slurm
+
+
+def _always() -> bool:
+    return True
 
 
 @dataclass
@@ -121,8 +130,13 @@ class SlurmExecutor:
         env: Mapping[str, str] | None = None,
         vanish_after_s: float = 30.0,
         start_within_s: float = 300.0,
+        may_act: Callable[[], bool] | None = None,
     ) -> None:
         self.partition = partition
+        self.may_act = may_act if may_act is not None else _always
+        """The leader's lease by this server's own clock (servers sharing a PostgreSQL store,
+        docs/ha.md): checked before every sbatch and scancel, so a deposed leader's executor
+        never launches or stops a run, even one it decided on while it still led."""
         self.ledger_id = ledger_id
         self.log_dir = log_dir
         self.grace_s = grace_s
@@ -268,6 +282,8 @@ class SlurmExecutor:
     def _try_submit(self, now: float) -> None:
         """Submit the launches whose GPUs are free in Slurm, in launch order, so Slurm hands out
         exactly the GPUs the ledger chose (it takes the lowest free indices, as the ledger does)."""
+        if not self.may_act():
+            return  # a deposed leader launches nothing; the new leader launches what is placed
         held = self._held()
         for r in list(self._runs.values()):
             if r.slurm_id is not None or r.launch is None:
@@ -354,6 +370,9 @@ class SlurmExecutor:
         """`scancel --signal=TERM` the stopped runs (`scancel` after the grace; one that never
         ran at once), then submit the launches, in order, as their GPUs are free in Slurm.
         Starts come from Slurm's word, in a later `observe`."""
+        if not self.may_act():
+            log.warning("not carrying out orders of epoch %d: the lease ran out", orders.epoch)
+            return ()
         for job_id in orders.stops:
             r = self._runs.pop(job_id, None)
             if r is not None and r.slurm_id is not None:
@@ -365,6 +384,8 @@ class SlurmExecutor:
         return ()
 
     def _signal(self, slurm_id: str, now: float) -> None:
+        if not self.may_act():
+            return
         job = self._view.get(slurm_id)
         stopping = self._stopping.setdefault(slurm_id, _Stopping(now))
         try:
