@@ -57,7 +57,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         "admin": make_token(home, "--user", "root"),
         "node": make_token(home, "--node", "n1"),
         "job": make_token(home, "--job", "1", actor="alice"),
-        "expired": make_token(home, "--user", "alice", "--expires", "1s"),
+        # long enough to be in the future when the command is decided on a loaded machine
+        "expired": make_token(home, "--user", "alice", "--expires", "10s"),
         "revoked": make_token(home, "--user", "alice"),
         "spare": make_token(home, "--user", "alice", "--name", "to revoke"),
     }
@@ -69,7 +70,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     tokens["malformed"] = "not-a-token"
     tokens["wrong"] = user[:21] + ("A" if user[21] != "A" else "B") + user[22:]
     secrets = [t for k, t in tokens.items() if t and k not in ("malformed", "wrong")]
-    time.sleep(1.2)  # the 1 s token has expired
+    time.sleep(10.2)  # the 10 s token has expired
     server = start_server(home, "--interval", "1h", "--log-level", "DEBUG")
     try:
         _wait_running(server, tokens["admin"], {1, 3, 4})
