@@ -443,6 +443,59 @@ def preemptions(account: str | None, since: float | None) -> Query:
     return Query(PREEMPTIONS_SQL, {"account": account, "since": since})
 
 
+PREEMPTION_REPORT_SQL = """
+WITH p AS (
+    SELECT p.position, p.preempted_at, p.job_id, p.account, p.user_name, p.gpus, p.reason,
+           coalesce(p.note, '') AS rule, p.for_job, f.account AS for_account,
+           f.user_name AS for_user, p.actor, p.cycle_id, p.resumable, p.placed_at,
+           p.preempted_at - p.placed_at AS held_s,
+           (SELECT max(c.occurred_at) FROM events c
+            WHERE list_contains($checkpointed, c.tag) AND c.job_id = p.job_id
+              AND c.occurred_at >= p.placed_at AND c.position < p.position) AS checkpoint_at,
+           ($account IS NULL OR p.account = $account OR p.account LIKE $account || '/%')
+               AS suffered,
+           $account IS NOT NULL AND (f.account = $account OR f.account LIKE $account || '/%')
+               AS caused
+    FROM preemptions p LEFT JOIN jobs f ON f.job_id = p.for_job
+    WHERE ($since IS NULL OR p.preempted_at >= $since)
+      AND ($until IS NULL OR p.preempted_at < $until)
+)
+SELECT position, preempted_at, job_id, account, user_name, gpus, reason, rule, for_job,
+       for_account, for_user, actor, cycle_id, resumable, placed_at, held_s,
+       CASE WHEN $account IS NULL THEN 'all' WHEN suffered THEN 'suffered' ELSE 'caused' END
+           AS side,
+       -- the work lost: since the placement, or a resumable job's last checkpoint in it
+       coalesce(gpus, 0) * greatest(0, preempted_at - CASE WHEN resumable
+           THEN coalesce(checkpoint_at, placed_at) ELSE placed_at END) / 3600.0
+           AS lost_gpu_hours
+FROM p
+WHERE ($side <> 'of' AND caused AND NOT suffered) OR ($side <> 'by' AND suffered)
+ORDER BY position
+"""
+
+
+def preemption_report(
+    account: str | None, side: str, since: float | None, until: float | None
+) -> Query:
+    """The preemptions in [since, until) that `account`'s subtree suffered (its jobs were the
+    victims, `side` "of") or caused (its waiting jobs were what they were preempted for, "by"),
+    or both ("both"); with no account, every one. Each with why (reason and the victim rule the
+    policy noted), for which job and team, and the GPU-hours of work lost (since the placement,
+    or since a resumable job's last checkpoint in that run)."""
+    from schemas import events as e
+
+    return Query(
+        PREEMPTION_REPORT_SQL,
+        {
+            "account": account.rstrip("/") if account else None,
+            "side": side,
+            "since": since,
+            "until": until,
+            "checkpointed": tags(e.CheckpointReported),
+        },
+    )
+
+
 BUDGET_CHANGES_SQL = """
 WITH changes AS (
     SELECT e.position, e.occurred_at AS changed_at, e.actor AS who,

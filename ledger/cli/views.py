@@ -144,6 +144,51 @@ def report_delivered(ctx: Ctx, window: str, at: str | None, team_depth: int, as_
     )
 
 
+@report.command("preemptions")
+@click.option("-A", "--account", default=None, help="This account and everything below it.")
+@click.option("--by", "side", flag_value="by", help="Only the preemptions its jobs caused.")
+@click.option("--of", "side", flag_value="of", help="Only the preemptions its jobs suffered.")
+@click.option("--window", default="30d", show_default=True, help="How far back from --at.")
+@click.option("--since", default=None, help="From this moment instead (ISO 8601).")
+@at_option
+@json_option
+@pass_ctx
+def report_preemptions(
+    ctx: Ctx,
+    account: str | None,
+    side: str | None,
+    window: str,
+    since: str | None,
+    at: str | None,
+    as_json: bool,
+) -> None:
+    """Preemptions a team suffered (its jobs were the victims) and caused (its waiting jobs were
+    what they were preempted for): when, why, the victim rule, for whom, GPU-hours lost."""
+    end = _at(at)
+    start = parse_time(since) if since is not None else end - parse_window(window)
+    rep = ctx.read(
+        "preemptions", quiet=False, account=account, side=side or "both", start=start, end=end
+    )
+    if as_json:
+        echo_json(rep)
+        return
+    header = (
+        "at", "side", "job", "account", "user", "gpus", "reason", "victim rule", "for job",
+        "for account", "lost GPU-h",
+    )  # fmt: skip
+    print_table(header, [
+        (when(r.preempted_at), r.side, str(r.job_id), r.account or "-", r.user_name or "-",
+         "-" if r.gpus is None else str(r.gpus), r.reason, r.rule or "-",
+         "-" if r.for_job is None else str(r.for_job), r.for_account or "-",
+         f"{r.lost_gpu_hours:,.1f}")
+        for r in rep.rows
+    ])  # fmt: skip
+    click.echo(
+        f"{when(start)} to {when(end)}: suffered {rep.suffered}, caused {rep.caused}; "
+        f"GPU-hours lost {rep.lost_gpu_hours:,.1f}"
+    )
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 

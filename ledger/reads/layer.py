@@ -492,6 +492,31 @@ def audit_preemptions(
     return [v.PreemptionRow(**r) for r in history.dicts(con, history.preemptions(account, since))]
 
 
+def preemption_report(
+    con: duckdb.DuckDBPyConnection,
+    account: str | None,
+    side: Literal["of", "by", "both"],
+    start: float | None,
+    end: float | None,
+) -> v.PreemptionReportView:
+    """The preemptions `account`'s subtree suffered and caused in [start, end): why, the victim
+    rule, for whom and the GPU-hours lost (`report preemptions`, the Preemptions page)."""
+    from projections import history
+
+    q = history.preemption_report(account, side, start, end)
+    rows = [v.PreemptionReportRow(**r) for r in history.dicts(con, q)]
+    return v.PreemptionReportView(
+        account=account,
+        side=side,
+        start=start,
+        end=end,
+        suffered=sum(r.side in ("suffered", "all") for r in rows),
+        caused=sum(r.side == "caused" for r in rows),
+        lost_gpu_hours=sum(r.lost_gpu_hours for r in rows if r.side in ("suffered", "all")),
+        rows=rows,
+    )
+
+
 def audit_budget_changes(
     con: duckdb.DuckDBPyConnection, since: float | None
 ) -> list[v.BudgetChangeRow]:

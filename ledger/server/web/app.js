@@ -4,7 +4,7 @@
 
 const TOKEN_KEY = "gpuledger.token";
 const PAGE = document.body.dataset.page;
-const POLL_MS = { teams: 30000, queue: 5000, job: 5000, nodes: 5000, decisions: 5000 };
+const POLL_MS = { teams: 30000, queue: 5000, job: 5000, nodes: 5000, decisions: 5000, preemptions: 30000 };
 const SVGNS = "http://www.w3.org/2000/svg";
 
 // --- small helpers --------------------------------------------------------------------------
@@ -36,6 +36,32 @@ function svg(tag, attrs, ...kids) {
 
 function when(at) {
   return at === null || at === undefined ? "—" : new Date(at * 1000).toLocaleString();
+}
+
+function utc(at) {
+  return new Date(at * 1000).toISOString().replace(/\.\d+Z$/, "Z").replace("T", " ");
+}
+
+// A time in the viewer's time zone (the page's one zone, named in the footer), UTC on hover.
+function timeEl(at) {
+  if (at === null || at === undefined) return "—";
+  const d = new Date(at * 1000);
+  const short = d.toLocaleString(undefined, { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+  return el("time", { datetime: d.toISOString(), title: `${when(at)} here; ${utc(at)} (UTC)` }, short);
+}
+
+// A text from the server with its UTC times ("2026-11-29 12:00:00Z") in the viewer's zone.
+const UTC_TEXT = /\b(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)Z/g;
+
+function localised(text) {
+  const out = [];
+  let last = 0;
+  for (const m of String(text).matchAll(UTC_TEXT)) {
+    out.push(text.slice(last, m.index), timeEl(Date.parse(`${m[1]}T${m[2]}Z`) / 1000));
+    last = m.index + m[0].length;
+  }
+  out.push(String(text).slice(last));
+  return out;
 }
 
 function dur(s) {
@@ -187,36 +213,89 @@ async function teamsPage() {
 
 // --- queue ----------------------------------------------------------------------------------
 
-const queueState = { user: "", account: "", state: "all", mine: false };
+const queueState = { user: "", account: "", state: "all", reason: "", mine: false,
+  sort: "order", descending: false, offset: 0, limit: 100 };
+const QUEUE_COLUMNS = [  // [heading, sort column or null, width]
+  ["#", "order", "4em"], ["job", "job", "5.5em"], ["user", "user", "7em"], ["account", "account", "10em"],
+  ["GPUs", "gpus", "4.5em"], ["state", "state", "5.5em"], ["code", "code", "10em"], ["reason", null, "auto"],
+  ["sort key", null, "13em"], ["submitted", "submitted", "8em"], ["waiting", null, "5em"],
+  ["est. start", null, "8em"],
+];
 
 function queueFilters() {
+  const again = () => { queueState.offset = 0; refresh(); };
   const input = (name, ph) => el("input", { id: `f-${name}`, placeholder: ph, value: queueState[name],
-    on: { change: (ev) => { queueState[name] = ev.target.value.trim(); refresh(); } } });
-  const sel = el("select", { id: "f-state", on: { change: (ev) => { queueState.state = ev.target.value; refresh(); } } },
-    ["all", "pending", "held"].map((s) => el("option", { value: s, selected: s === queueState.state }, s)));
+    on: { change: (ev) => { queueState[name] = ev.target.value.trim(); again(); } } });
+  const sel = el("select", { id: "f-state", on: { change: (ev) => { queueState.state = ev.target.value; again(); } } },
+    ["all", "pending", "held", "running"].map((s) => el("option", { value: s, selected: s === queueState.state }, s)));
+  const reason = el("select", { id: "f-reason", on: { change: (ev) => { queueState.reason = ev.target.value; again(); } } },
+    el("option", { value: "" }, "any reason"));
   const mine = el("input", { type: "checkbox", id: "f-mine", checked: queueState.mine,
-    on: { change: (ev) => { queueState.mine = ev.target.checked; refresh(); } } });
+    on: { change: (ev) => { queueState.mine = ev.target.checked; again(); } } });
   return el("div", { class: "filters" }, input("user", "user"), input("account", "account (and below)"), sel,
-    el("label", {}, mine, " my jobs"));
+    reason, el("label", {}, mine, " my jobs"));
+}
+
+function reasonChoices(codes) {
+  const sel = document.getElementById("f-reason");
+  const known = Object.keys(codes).sort();
+  if (queueState.reason && !known.includes(queueState.reason)) known.push(queueState.reason);
+  sel.replaceChildren(el("option", { value: "" }, "any reason"),
+    ...known.map((c) => el("option", { value: c, selected: c === queueState.reason }, `${c} (${codes[c] || 0})`)));
+}
+
+function pager(total, offset, limit) {
+  const last = Math.max(0, Math.floor((total - 1) / limit) * limit);
+  const go = (to) => () => { queueState.offset = Math.min(last, Math.max(0, to)); refresh(); };
+  const b = (id, text, to, off) => el("button", { type: "button", id, disabled: off, on: { click: go(to) } }, text);
+  const shown = total ? `${(offset + 1).toLocaleString()}–${Math.min(total, offset + limit).toLocaleString()}` : "0";
+  return el("div", { class: "filters pager" },
+    b("page-first", "« first", 0, offset === 0), b("page-prev", "‹ previous", offset - limit, offset === 0),
+    el("span", { id: "queue-range", "data-total": total, "data-offset": offset }, `${shown} of ${total.toLocaleString()} jobs`),
+    b("page-next", "next ›", offset + limit, offset + limit >= total), b("page-last", "last »", last, offset + limit >= total));
+}
+
+function keyPart(p) {
+  const value = typeof p.value === "number" && /_at$/.test(p.name) ? timeEl(p.value)
+    : typeof p.value === "number" ? `${+p.value.toFixed(4)}` : p.value;
+  return el("span", { title: p.meaning }, `${p.name}=`, value, " ");
 }
 
 async function queuePage(first) {
   if (first) document.getElementById("main").replaceChildren(el("h1", {}, "Queue in dispatch order"), queueFilters(), el("div", { id: "queue-body" }));
-  const q = new URLSearchParams({ state: queueState.state });
+  const q = new URLSearchParams({ state: queueState.state, sort: queueState.sort, descending: queueState.descending,
+    offset: queueState.offset, limit: queueState.limit });
   const user = queueState.mine ? ME.actor : queueState.user;
   if (user) q.set("user", user);
   if (queueState.account) q.set("account", queueState.account);
-  const rows = await api(`/ui/api/queue?${q}`);
-  const body = table(["#", "job", "user", "account", "GPUs", "state", "code", "reason", "sort key", "submitted", "waiting", "estimated start"],
-    rows.map(({ row: r, parts }) => el("tr", { "data-job": r.job_id },
+  if (queueState.reason) q.set("reason", queueState.reason);
+  const page = await api(`/ui/api/queue?${q}`);
+  if (page.total && page.offset >= page.total) {  // the queue shrank under this page
+    queueState.offset = Math.max(0, Math.floor((page.total - 1) / queueState.limit) * queueState.limit);
+    return queuePage(false);
+  }
+  reasonChoices(page.codes);
+  const head = el("tr", {}, QUEUE_COLUMNS.map(([h, col]) => {
+    const on = col && queueState.sort === col;
+    const arrow = on ? (queueState.descending ? " ▼" : " ▲") : "";
+    return el("th", { class: /^(#|GPUs)$/.test(h) ? "num" : null, "data-sort": col,
+      "aria-sort": on ? (queueState.descending ? "descending" : "ascending") : null,
+      on: col ? { click: () => {
+        queueState.descending = on ? !queueState.descending : false;
+        queueState.sort = col; queueState.offset = 0; refresh();
+      } } : null }, h + arrow);
+  }));
+  const body = el("table", { id: "queue", class: "fixed" },
+    el("colgroup", {}, QUEUE_COLUMNS.map(([, , w]) => el("col", { style: w === "auto" ? null : `width:${w}` }))),
+    el("thead", {}, head),
+    el("tbody", {}, page.rows.map(({ row: r, parts }) => el("tr", { "data-job": r.job_id },
       td(r.order === null ? "—" : r.order, { class: "num", "data-col": "order" }),
-      td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.user), td(r.account),
-      td(r.gpus, { class: "num" }), td(r.state), td(r.code, { "data-col": "code" }), td(r.reason),
-      td(parts.map((p) => el("span", { title: p.meaning }, `${p.name}=${typeof p.value === "number" ? +p.value.toFixed(4) : p.value} `))),
-      td(when(r.submitted_at)), td(dur(r.waiting_s)), td(when(r.estimated_start_at)))),
-    { id: "queue" });
-  document.getElementById("queue-body").replaceChildren(
-    el("p", { class: "muted" }, `${rows.length} jobs`), body);
+      td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.user, { title: r.user }),
+      td(r.account, { title: r.account }), td(r.gpus, { class: "num" }), td(r.state),
+      td(r.code, { "data-col": "code", title: r.code }), td(localised(r.reason), { class: "wrap", "data-col": "reason" }),
+      td(parts.map(keyPart), { class: "wrap" }),
+      td(timeEl(r.submitted_at)), td(dur(r.waiting_s)), td(timeEl(r.estimated_start_at))))));
+  document.getElementById("queue-body").replaceChildren(pager(page.total, page.offset, page.limit), body);
 }
 
 // --- job ------------------------------------------------------------------------------------
@@ -312,9 +391,11 @@ async function nodesPage() {
       `${data.nodes.filter((n) => n.state !== "active").length} nodes not active; squatters outlined in red.`),
     el("div", { class: "grid", id: "nodes" }, cards),
     el("h2", {}, "Squatters (idle GPUs held)"),
+    el("p", { class: "muted", id: "squat-rule" }, `GPUs below ${data.squat_util_pct}% utilisation for ${dur(data.squat_after_s)} or more (the service's settings)`),
     table(["job", "user", "account", "GPUs", "idle since", "past contract", "managers"],
       data.squatters.map((s) => el("tr", {}, td(el("a", { href: `/ui/job?id=${s.job_id}` }, s.job_id)), td(s.user), td(s.account),
-        td(s.gpus, { class: "num" }), td(when(s.idle_since_at)), td(s.past_contract), td(s.managers.join(", ")))),
+        td(s.gpus, { class: "num" }), td(timeEl(s.idle_since_at)), td(s.past_contract ? "yes" : "no", { "data-col": "past_contract" }),
+        td(s.managers.join(", ") || "—"))),
       { id: "squatters" }));
 }
 
@@ -341,9 +422,10 @@ async function decisionsPage() {
   const chosen = new URLSearchParams(location.search).get("position");
   const list = table(["cycle", "decided", "placed", "preempted", "considered", "fragmented GPUs", "policy"],
     rows.map((r) => el("tr", { "data-position": r.position },
-      td(el("a", { href: `/ui/decisions?position=${r.position}` }, r.cycle_id)), td(when(r.decided_at)),
+      td(el("a", { href: `/ui/decisions?position=${r.position}` }, r.cycle_id)), td(timeEl(r.decided_at)),
       td(r.placed.length, { class: "num" }), td(r.preempted.length, { class: "num" }),
-      td(r.considered, { class: "num" }), td(r.fragmentation_gpus, { class: "num" }), td(r.policy_version))),
+      td(r.considered, { class: "num" }), td(r.fragmentation_gpus === null ? "—" : r.fragmentation_gpus, { class: "num" }),
+      td(r.policy_version))),
     { id: "decisions" });
   let detail = null;
   if (chosen && /^\d+$/.test(chosen)) {
@@ -353,13 +435,13 @@ async function decisionsPage() {
       el("h2", {}, `Cycle ${rec.cycle_id}`),
       table(["", ""], [
         ["decided", when(d.row.decided_at)], ["based on position", rec.based_on],
-        ["policy", `${rec.policy_version} ${JSON.stringify(rec.policy)}`],
-        ["ranks read at", rec.ranks ? `${rec.ranks.position} (digest ${rec.ranks.digest})` : "—"],
+        ["policy", rec.policy === null || rec.policy === undefined ? rec.policy_version : `${rec.policy_version} ${JSON.stringify(rec.policy)}`],
+        ["ranks read at", rec.ranks ? `${rec.ranks.position}${rec.ranks.digest ? ` (digest ${rec.ranks.digest})` : ""}` : "—"],
         ["placed", rec.placed.join(", ") || "none"], ["preempted", rec.preempted.join(", ") || "none"],
         ["considered", rec.waiting.considered],
         ["waiting by code", rec.waiting.counts.map(([c, n]) => `${c}: ${n}`).join(", ") || "—"],
-        ["wake at", when(rec.wake_at)], ["skipped empty cycles before", rec.skipped_cycles],
-      ].map(([k, v]) => el("tr", {}, td(k), td(v)))),
+        ["wake at", timeEl(rec.wake_at)], ["skipped empty cycles before", rec.skipped_cycles],
+      ].map(([k, v]) => el("tr", {}, td(k), td(v === null || v === undefined ? "—" : v)))),
       el("h2", {}, "The record"), el("pre", {}, JSON.stringify(rec, null, 1)));
   }
   main(el("h1", {}, "Decisions"), el("p", { class: "legend" },
@@ -368,9 +450,47 @@ async function decisionsPage() {
     `${rows.length} latest cycles`), cyclesChart(rows), detail, el("h2", {}, "Cycles"), list);
 }
 
+// --- preemptions ----------------------------------------------------------------------------
+
+const preemptState = { account: null, side: "both", window: "30d" };
+
+async function preemptionsPage(first) {
+  const q = new URLSearchParams({ side: preemptState.side, window: preemptState.window });
+  if (preemptState.account !== null) q.set("account", preemptState.account || "all");
+  const data = await api(`/ui/api/preemptions?${q}`);
+  const rep = data.report;
+  if (first || preemptState.account === null) preemptState.account = rep.account || "";
+  const choose = (key) => (ev) => { preemptState[key] = ev.target.value.trim(); refresh(); };
+  const accounts = el("datalist", { id: "managed" }, data.managed.map((a) => el("option", { value: a })));
+  const filters = el("div", { class: "filters" },
+    el("input", { id: "p-account", list: "managed", placeholder: "account (and below); empty: all",
+      value: preemptState.account, on: { change: choose("account") } }), accounts,
+    el("select", { id: "p-side", on: { change: choose("side") } },
+      [["both", "suffered and caused"], ["of", "suffered"], ["by", "caused"]].map(([v, t]) =>
+        el("option", { value: v, selected: v === preemptState.side }, t))),
+    el("select", { id: "p-window", on: { change: choose("window") } },
+      [["7d", "last 7 days"], ["30d", "last 30 days"], ["90d", "last 90 days"], ["all", "whole period"]].map(([v, t]) =>
+        el("option", { value: v, selected: v === preemptState.window }, t))));
+  const rows = rep.rows.map((r) => el("tr", { "data-position": r.position, "data-job": r.job_id },
+    td(timeEl(r.preempted_at)), td(r.side, { "data-col": "side" }),
+    td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.account || "—"), td(r.user_name || "—"),
+    td(r.gpus === null ? "—" : r.gpus, { class: "num" }), td(r.reason, { "data-col": "reason" }),
+    td(r.rule || "—", { "data-col": "rule" }),
+    td(r.for_job === null ? "—" : el("a", { href: `/ui/job?id=${r.for_job}` }, r.for_job), { "data-col": "for_job" }),
+    td(r.for_account || "—"), td(num(r.lost_gpu_hours, 2), { class: "num", "data-col": "lost" })));
+  const who = rep.account ? `${rep.account} and below` : "every team";
+  main(el("h1", {}, "Preemptions suffered and caused"), filters,
+    el("p", { id: "preempt-summary", "data-start": rep.start, "data-end": rep.end, "data-account": rep.account || "", "data-side": rep.side },
+      `${who}, `, timeEl(rep.start), " – ", timeEl(rep.end), `: suffered ${rep.suffered}, caused ${rep.caused}; `,
+      `GPU-hours lost ${num(rep.lost_gpu_hours, 1)}`),
+    table(["at", "side", "job", "account", "user", "GPUs", "reason", "victim rule", "for job", "for account", "lost GPU-h"],
+      rows, { id: "preemptions" }));
+}
+
 // --- the loop -------------------------------------------------------------------------------
 
-const PAGES = { teams: teamsPage, queue: queuePage, job: jobPage, nodes: nodesPage, decisions: decisionsPage };
+const PAGES = { teams: teamsPage, queue: queuePage, job: jobPage, nodes: nodesPage, decisions: decisionsPage,
+  preemptions: preemptionsPage };
 let ME = null;
 let timer = null;
 let started = false;
