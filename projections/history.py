@@ -406,6 +406,26 @@ def placement_counts(con: Con) -> list[tuple[str, int]]:
     ).fetchall()
 
 
+def team_counts(con: Con, depth: int) -> list[tuple[str, str, str, int]]:
+    """Over the whole log, per team (an account's first `depth` parts): ("placed", team, "",
+    n) placements; ("evicted", team, reason, n) preemptions its jobs suffered; ("preempted",
+    preempting team or "", reason, n) preemptions for its waiting jobs ("" when no job caused
+    it: maintenance, admin)."""
+    team = "array_to_string(list_slice(string_split({}, '/'), 1, $depth), '/')"
+    sql = f"""
+        SELECT 'placed', {team.format("j.account")}, '', count(*)
+        FROM job_intervals i JOIN jobs j USING (job_id) GROUP BY 2
+        UNION ALL
+        SELECT 'evicted', {team.format("p.account")}, p.reason, count(*)
+        FROM preemptions p WHERE p.account IS NOT NULL GROUP BY 2, 3
+        UNION ALL
+        SELECT 'preempted', coalesce({team.format("f.account")}, ''), p.reason, count(*)
+        FROM preemptions p LEFT JOIN jobs f ON f.job_id = p.for_job GROUP BY 2, 3
+        ORDER BY 1, 2, 3
+    """
+    return [(k, t, r, int(n)) for k, t, r, n in con.execute(sql, {"depth": depth}).fetchall()]
+
+
 # --- audit tables -----------------------------------------------------------------------------
 
 

@@ -729,6 +729,14 @@ def preemption_counts(store: Store) -> list[v.CountRow]:
     return [v.CountRow(name=r, count=n) for r, n in history.preemption_counts(store.con)]
 
 
+def team_counts(store: Store, depth: int) -> list[tuple[str, str, str, int]]:
+    """Placements, preemptions suffered and preemptions caused per team over the whole log
+    (`history.team_counts`; the Kueue-style metrics)."""
+    from projections import history
+
+    return history.team_counts(store.con, depth)
+
+
 def placement_counts(store: Store) -> list[v.CountRow]:
     """Placements over the whole log, funded or not."""
     from projections import history

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -62,7 +63,7 @@ def deep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deep]:
     root = make_token(home, "--user", "root")
     user = make_token(home, "--user", dash.user_a)
     manager = make_token(home, "--user", "boss")
-    server = start_server(home, "--interval", "5s")
+    server = start_server(home, "--interval", "5s", "--squat-after", "1s")
     try:
         deadline = time.monotonic() + 240
         while server.request("GET", "/v1/health")[1]["cycles"] < 2:
@@ -318,3 +319,133 @@ def test_the_preemptions_page_equals_the_cli_report(deep: Deep, browser: Browser
     assert status == 200 and body["managed"] == [] and body["report"]["account"] is None
     total = sum(1 for _ in body["report"]["rows"])
     assert total == len(json.loads(cli(deep.dash.home, "audit", "preemptions", "--json").stdout))
+
+
+def test_nodes_take_the_services_squatting_rule_and_pages_print_no_null(
+    deep: Deep, browser: Browser
+) -> None:
+    # a running job idle from now on: a squatter after the service's 1 s, inside its contract
+    running = [j for j in json.loads(cli(deep.dash.home, "jobs", "--json", "--status", "running",
+               GPULEDGER_USER="root").stdout) if j["nodes"]]  # fmt: skip
+    job = max(running, key=lambda j: j["job_id"])  # a live one: its contract runs
+    status, body = deep.server.request(
+        "POST",
+        "/v1/commands/job.sample",
+        {"actor": "", "job_id": job["job_id"], "gpu_utilisation": [0.0] * job["gpus"]},
+        token=deep.root,
+    )
+    assert status == 200, body
+    deadline = time.monotonic() + 60
+    while True:
+        status, nodes = deep.server.request("GET", "/ui/api/nodes", token=deep.root)
+        assert status == 200 and (nodes["squat_after_s"], nodes["squat_util_pct"]) == (1.0, 10.0)
+        if any(q["job_id"] == job["job_id"] for q in nodes["squatters"]):
+            break
+        assert time.monotonic() < deadline, nodes["squatters"]
+        time.sleep(0.5)
+    page = opened(browser, deep.root)
+    page.goto(deep.server.url + "/ui/nodes")
+    page.wait_for_selector("#squatters tbody tr")
+    assert "1s" in page.locator("#squat-rule").inner_text()
+    cells = [c.inner_text() for c in page.locator("#squatters [data-col=past_contract]").all()]
+    assert cells and set(cells) <= {"yes", "no"} and "no" in cells, cells
+    want = json.loads(cli(deep.dash.home, "squatters", "--after", "1s", "--json",
+                          GPULEDGER_USER="root").stdout)  # fmt: skip
+    assert job["job_id"] in {q["job_id"] for q in want}
+    # the decisions page: a dash where a value is missing, never the word "null"
+    status, latest = deep.server.request("GET", "/ui/api/decisions?limit=20", token=deep.root)
+    assert status == 200 and latest
+    for d in latest[:3]:
+        page.goto(f"{deep.server.url}/ui/decisions?position={d['position']}")
+        page.wait_for_selector("#decision table")
+        shown = page.locator("#decision table").first.inner_text()
+        assert "null" not in shown and "undefined" not in shown, shown
+    assert "null" not in page.locator("#decisions").inner_text()
+
+
+def scrape(d: Deep) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, text = d.server.request("GET", "/metrics", token=d.root)
+    assert status == 200
+    raw = text.decode() if isinstance(text, bytes) else str(text)
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for fam in text_string_to_metric_families(raw):
+        for x in fam.samples:
+            out.setdefault(x.name, {})[tuple(sorted(x.labels.items()))] = x.value
+    return out
+
+
+def team(account: str) -> str:
+    return "/".join(account.split("/")[:2])
+
+
+def test_kueue_named_metrics_count_what_the_cli_lists(deep: Deep) -> None:
+    got, queue = stable(deep, lambda: scrape(deep))
+    pending: dict[tuple[str, str], int] = {}
+    for q in queue:
+        status = (
+            "inadmissible"
+            if q["code"] in ("HELD", "WAIT_DEPENDENCY", "WAIT_ARRAY_LIMIT")
+            else "active"
+        )
+        pending[(team(q["account"]), status)] = pending.get((team(q["account"]), status), 0) + 1
+    shown = {
+        (dict(k)["cluster_queue"], dict(k)["status"]): v
+        for k, v in got["kueue_pending_workloads"].items()
+    }
+    assert shown == pending and ("inadmissible" in {s for _, s in pending})
+
+    def counted() -> tuple[Any, Any, Any, Any]:
+        """A scrape with the CLI's jobs, preemptions and nodes read while nothing moved."""
+        for _ in range(5):
+            before = deep.server.head()
+            got = scrape(deep)
+            home = deep.dash.home
+            jobs = json.loads(
+                cli(home, "jobs", "--json", "--limit", "100000", GPULEDGER_USER="root").stdout
+            )
+            out = cli(home, "audit", "preemptions", "--json", GPULEDGER_USER="root").stdout
+            nodes = json.loads(cli(home, "node", "list", "--json", GPULEDGER_USER="root").stdout)
+            if deep.server.head() == before:
+                return got, jobs, json.loads(out), nodes
+        raise AssertionError("the log kept moving under five reads")
+
+    got, jobs, preempted, nodes = counted()
+    admitted: dict[str, int] = {}
+    for j in jobs:
+        if j["placements"]:
+            admitted[team(j["account"])] = admitted.get(team(j["account"]), 0) + j["placements"]
+    shown_a = {
+        dict(k)["cluster_queue"]: v for k, v in got["kueue_admitted_workloads_total"].items()
+    }
+    assert shown_a == admitted and sum(admitted.values()) > PENDING // 1000
+    evicted: dict[tuple[str, str], int] = {}
+    for p in preempted:
+        key = (team(p["account"]), p["reason"])
+        evicted[key] = evicted.get(key, 0) + 1
+    shown_e = {
+        (dict(k)["cluster_queue"], dict(k)["reason"]): v
+        for k, v in got["kueue_evicted_workloads_total"].items()
+    }
+    assert shown_e == evicted and evicted
+    assert sum(got["kueue_preempted_workloads_total"].values()) == sum(evicted.values())
+    held = sum(n["gpus"] - n["free_gpus"] for n in nodes)
+    assert sum(got["kueue_cluster_queue_resource_usage"].values()) == held > 0
+    for labels in got["kueue_cluster_queue_resource_usage"]:
+        x = dict(labels)
+        assert x["resource"] == "nvidia.com/gpu" and x["cluster_queue"].startswith(
+            x["cohort"] + "/"
+        )
+    # the Grafana dashboard in deploy/ charts only series the server exports
+    board = json.loads(
+        (Path(__file__).parents[2] / "deploy" / "grafana-gpuledger.json").read_text()
+    )
+    names = {
+        m
+        for p in board["panels"]
+        for t in p["targets"]
+        for m in re.findall(r"\b(?:gpuledger|kueue)_[a-z_]+", t["expr"])
+    }
+    exported = {n.removesuffix("_bucket") for n in got} | set(got)
+    assert names and names <= exported | {"gpuledger_relay_lag_events"}, names - exported
