@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ledger.cli._common import Ctx, bounded, pass_ctx, view_command
-from ledger.cli.output import echo_json, json_option, print_table
+from ledger.cli.output import echo_json, json_option, print_table, progress
 from schemas import commands as c
 from schemas import events as e
 from schemas.bounds import Percent, TeamDepth
@@ -16,8 +16,6 @@ from schemas.units import parse_duration, parse_time, parse_window, span, when
 
 if TYPE_CHECKING:  # the projection is imported only where it is opened (client mode never)
     from collections.abc import Callable
-
-    from rich.progress import Progress
 
     from schemas.views import PriorityRow, ProjectionStatusView, QueueRow
 
@@ -193,21 +191,6 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def _progress_bar() -> tuple[Progress, Any]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    bar = Progress(
-        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-        TimeRemainingColumn(), transient=True,
-    )  # fmt: skip
-    task = bar.add_task("events", total=None)
-
-    def update(done: int, total: int) -> None:
-        bar.update(task, completed=done, total=total)
-
-    return bar, update
-
-
 @click.group("projection")
 def projection_group() -> None:
     """The DuckDB projection of the log."""
@@ -219,9 +202,8 @@ def projection_rebuild(ctx: Ctx) -> None:
     """Drop the projection and rebuild it from the log (with a progress bar)."""
     from ledger.store.embedded import rebuild
 
-    ctx.ledger(live=True)
-    bar, update = _progress_bar()
-    with bar:
+    head = ctx.ledger(live=True).position
+    with progress("events", head) as update:
         result = rebuild(ctx.home, progress=update)
     click.echo(f"rebuilt: {result.applied:,} events, position {result.position:,}")
     if result.unknown:
