@@ -472,10 +472,10 @@ WITH p AS (
            (SELECT max(c.occurred_at) FROM events c
             WHERE list_contains($checkpointed, c.tag) AND c.job_id = p.job_id
               AND c.occurred_at >= p.placed_at AND c.position < p.position) AS checkpoint_at,
-           ($account IS NULL OR p.account = $account OR p.account LIKE $account || '/%')
-               AS suffered,
-           $account IS NOT NULL AND (f.account = $account OR f.account LIKE $account || '/%')
-               AS caused
+           ($account IS NULL OR p.account = $account
+            OR starts_with(p.account, $account || '/')) AS suffered,
+           $account IS NOT NULL AND (f.account = $account
+            OR starts_with(f.account, $account || '/')) AS caused
     FROM preemptions p LEFT JOIN jobs f ON f.job_id = p.for_job
     WHERE ($since IS NULL OR p.preempted_at >= $since)
       AND ($until IS NULL OR p.preempted_at < $until)
@@ -492,6 +492,15 @@ FROM p
 WHERE ($side <> 'of' AND caused AND NOT suffered) OR ($side <> 'by' AND suffered)
 ORDER BY position
 """
+
+
+def account_known(con: Con, account: str) -> bool:
+    """Whether the log ever opened `account` (closed ones too: their history stays)."""
+    return bool(
+        con.execute(
+            "SELECT 1 FROM account_history WHERE account = $a LIMIT 1", {"a": account}
+        ).fetchone()
+    )
 
 
 def preemption_report(

@@ -503,6 +503,8 @@ def preemption_report(
     rule, for whom and the GPU-hours lost (`report preemptions`, the Preemptions page)."""
     from projections import history
 
+    if account is not None and not history.account_known(con, account.rstrip("/")):
+        raise UnknownEntity(f"no account {account!r}", hint="see `gpuledger accounts`")
     q = history.preemption_report(account, side, start, end)
     rows = [v.PreemptionReportRow(**r) for r in history.dicts(con, q)]
     return v.PreemptionReportView(

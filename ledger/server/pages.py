@@ -32,14 +32,14 @@ from litestar.static_files import create_static_files_router
 
 from projections import history
 from schemas import views as v
-from schemas.errors import Unavailable
+from schemas.errors import Unavailable, UnknownEntity
 
 if TYPE_CHECKING:
     from ledger.server.readpool import ReadPool
     from ledger.server.worker import Worker
 
 log = logging.getLogger("gpuledger.server")
-PAGES = ("login", "teams", "queue", "job", "nodes", "decisions", "preemptions")
+PAGES = ("login", "teams", "queue", "job", "nodes", "decisions", "preemptions", "budget")
 WEEK_S = 7 * 86400.0
 REPLAY_LAST = 8
 """The job page replays at most this many of the job's latest decisions."""
@@ -77,6 +77,33 @@ class PreemptionsView(msgspec.Struct, frozen=True, kw_only=True):
     """The accounts the caller manages (the page's default: the first one's subtree)."""
     report: v.PreemptionReportView
     """What `report preemptions -A ACCOUNT --since START --at END` gives."""
+
+
+REVIEW_S = 28 * 86400.0
+"""The budget review's period: the last 4 weeks."""
+
+
+class BudgetChild(msgspec.Struct, frozen=True, kw_only=True):
+    account: str
+    kind: str
+    raw_shares: int
+    norm_shares: float
+    """Of the parent (`shares`)."""
+    usage_gpu_hours: float
+    """Funded GPU-hours over the period (`usage --window 28d`)."""
+    owed_gpu_hours: float
+    delivered_gpu_hours: float
+    by_period: float | None
+    """Over the period (`report delivered --window 28d --team-depth` the children's depth)."""
+
+
+class BudgetView(msgspec.Struct, frozen=True, kw_only=True):
+    account: str
+    """Whose children are reviewed ("": the programs under the root)."""
+    managed: list[str]
+    start: float
+    at: float
+    children: list[BudgetChild]
 
 
 class JobView(msgspec.Struct, frozen=True, kw_only=True):
@@ -415,5 +442,53 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
 
         return await kept("shares", ("ui.preemptions", caller.actor, account, side, window), read)
 
+    @get("/ui/api/budget", include_in_schema=False)
+    async def budget(
+        request: Request[Any, Any, Any], account: FromQuery[str | None] = None
+    ) -> Response[bytes]:
+        """A manager's review: each child of `account` (default: the first the caller manages,
+        else the programs) with its shares, usage, owed and delivered over the last 4 weeks."""
+        caller = person(request)
+
+        def read() -> BudgetView:
+            from projections.fairshare import UsagePolicy
+
+            ledger = handles.ledger
+            store = handles.store()
+            managed = sorted(ledger.state.managers.get(caller.actor, ()))
+            chosen = (managed[0] if managed else "") if account is None else account.strip("/")
+            at = float(math.floor(handles.now()))  # whole seconds: `--at` of the CLI says it
+            start = at - REVIEW_S
+            rows = reads.shares(store, at, UsagePolicy(window_s=WEEK_S))
+            kids = [r for r in rows if (r.parent or "") == chosen]
+            if chosen and not any(r.account == chosen for r in rows):
+                raise UnknownEntity(f"no open account {chosen!r}", account=chosen)
+            depth = chosen.count("/") + 2 if chosen else 1
+            used = {
+                r.name: r.usage_gpu_hours
+                for r in reads.usage(store, at, "account", UsagePolicy(window_s=REVIEW_S))
+            }
+            owed = {t.team: t for t in reads.delivered(store, start, at, depth).teams}
+            return BudgetView(
+                account=chosen,
+                managed=managed,
+                start=start,
+                at=at,
+                children=[
+                    BudgetChild(
+                        account=r.account, kind=r.kind, raw_shares=r.raw_shares,
+                        norm_shares=r.norm_shares, usage_gpu_hours=used.get(r.account, 0.0),
+                        owed_gpu_hours=owed[r.account].owed_gpu_hours if r.account in owed else 0.0,
+                        delivered_gpu_hours=(
+                            owed[r.account].delivered_gpu_hours if r.account in owed else 0.0
+                        ),
+                        by_period=owed[r.account].by_period if r.account in owed else None,
+                    )
+                    for r in kids
+                ],
+            )  # fmt: skip
+
+        return await kept("shares", ("ui.budget", caller.actor, account), read)
+
     handlers: list[HTTPRouteHandler] = [root, page, teams, queue, job, job_replay, nodes]
-    return [*handlers, decisions, decision, preemptions, static]
+    return [*handlers, decisions, decision, preemptions, budget, static]

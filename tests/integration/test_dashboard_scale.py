@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from playwright.sync_api import Browser, Page
 from ledger.store.application import Ledger
 from projections.testing.synthetic import append_to_store, pending_submissions
 from tests.integration.dashkit import Dashboard, build
-from tests.integration.serverkit import Server, cli, make_token, start_server
+from tests.integration.serverkit import GPULEDGER, Server, cli, env_for, make_token, start_server
 from tests.integration.test_dashboard import TIMEZONE, browser
 
 __all__ = ["browser"]  # the module fixture, shared
@@ -242,6 +243,8 @@ def test_no_table_is_wider_than_the_window_at_1440_px(deep: Deep, browser: Brows
         "queue": "#queue tbody tr",
         "nodes": "#nodes .card",
         f"decisions?position={latest[0]['position']}": "#decision",
+        "preemptions": "#preempt-summary",
+        "budget": "#budget tbody tr",
     }
     for path, ready in visits.items():
         page.goto(f"{deep.server.url}/ui/{path}")
@@ -317,6 +320,19 @@ def test_the_preemptions_page_equals_the_cli_report(deep: Deep, browser: Browser
         "GET", "/ui/api/preemptions?account=all&window=all", token=deep.user
     )
     assert status == 200 and body["managed"] == [] and body["report"]["account"] is None
+    # an account that never existed is one error line, not an empty report (nor a LIKE pattern)
+    for bad in ("no/such", "%", "prog_"):
+        assert (
+            deep.server.request("GET", f"/ui/api/preemptions?account={bad}", token=deep.user)[0]
+            == 404
+        ), bad
+        got = subprocess.run(
+            [GPULEDGER, "report", "preemptions", "-A", bad],
+            env=env_for(deep.dash.home, GPULEDGER_USER="root"),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert got.returncode == 1 and got.stderr.startswith("error: no account"), got.stderr
+        assert len(got.stderr.strip().splitlines()) == 1
     total = sum(1 for _ in body["report"]["rows"])
     assert total == len(json.loads(cli(deep.dash.home, "audit", "preemptions", "--json").stdout))
 
@@ -449,3 +465,67 @@ def test_kueue_named_metrics_count_what_the_cli_lists(deep: Deep) -> None:
     }
     exported = {n.removesuffix("_bucket") for n in got} | set(got)
     assert names and names <= exported | {"gpuledger_relay_lag_events"}, names - exported
+
+
+def test_the_budget_review_equals_the_cli_and_offers_the_what_if(
+    deep: Deep, browser: Browser
+) -> None:
+    from ledger.core import budget
+
+    page = opened(browser, deep.manager)
+    page.goto(deep.server.url + "/ui/budget")
+    page.wait_for_selector("#budget tbody tr")
+    period = page.locator("#budget-period")
+    at = float(period.get_attribute("data-at") or "nan")
+    start = float(period.get_attribute("data-start") or "nan")
+    assert at - start == 28 * 86400 and page.locator("#b-account").input_value() == deep.boss
+    shown = {
+        r.get_attribute("data-account"): tuple(
+            r.locator(f"[data-col={c}]").inner_text()
+            for c in ("raw_shares", "norm_shares", "usage", "owed", "delivered")
+        )
+        for r in page.locator("#budget tbody tr").all()
+    }
+
+    def read(*args: str) -> Any:
+        return json.loads(cli(deep.dash.home, *args, "--json", GPULEDGER_USER="root").stdout)
+
+    shares = {r["account"]: r for r in read("shares", "--at", iso(at))}
+    usage = {
+        r["name"]: r["usage_gpu_hours"] for r in read("usage", "--at", iso(at), "--window", "28d")
+    }
+    report = read("report", "delivered", "--at", iso(at), "--window", "28d", "--team-depth", "2")
+    owed = {t["team"]: t for t in report["teams"]}
+    want = {
+        a: (
+            str(r["raw_shares"]),
+            f"{r['norm_shares']:.4f}",
+            f"{usage.get(a, 0.0):.1f}",
+            f"{owed[a]['owed_gpu_hours'] if a in owed else 0.0:.1f}",
+            f"{owed[a]['delivered_gpu_hours'] if a in owed else 0.0:.1f}",
+        )
+        for a, r in shares.items()
+        if r["parent"] == deep.boss
+    }
+    assert shown == want and len(want) >= 2
+    assert any(float(x[4]) > 0 for x in shown.values())
+    # the what-if of a share change, one click away: a budget file and the command for the period
+    page.locator("#budget tbody tr button.whatif").first.click()
+    page.wait_for_selector("#whatif-command")
+    page.fill("#whatif-shares", "7")
+    text = page.locator("#whatif-command").inner_text()
+    at = float(period.get_attribute("data-at") or "nan")  # the period the panel was drawn with
+    start = float(period.get_attribute("data-start") or "nan")
+    assert f"--from {iso(start)} --to {iso(at)}" in text and "gpuledger whatif --budgets" in text
+    toml = text.split("<<'EOF'\n", 1)[1].split("EOF\n", 1)[0]
+    parsed = budget.parse(toml.encode(), "review")
+    first = next(iter(shown))
+    assert {a: x.shares for a, x in parsed.accounts.items()} == {first: 7}
+    # a plain user reviews the programs; an account that does not exist is a 404
+    status, body = deep.server.request("GET", "/ui/api/budget", token=deep.user)
+    assert status == 200 and body["account"] == "" and body["children"]
+    assert {c["account"] for c in body["children"]} == {
+        a for a, r in shares.items() if r["parent"] is None
+    }
+    bad = deep.server.request("GET", "/ui/api/budget?account=nothing/here", token=deep.user)
+    assert bad[0] == 404

@@ -4,7 +4,7 @@
 
 const TOKEN_KEY = "gpuledger.token";
 const PAGE = document.body.dataset.page;
-const POLL_MS = { teams: 30000, queue: 5000, job: 5000, nodes: 5000, decisions: 5000, preemptions: 30000 };
+const POLL_MS = { teams: 30000, queue: 5000, job: 5000, nodes: 5000, decisions: 5000, preemptions: 30000, budget: 30000 };
 const SVGNS = "http://www.w3.org/2000/svg";
 
 // --- small helpers --------------------------------------------------------------------------
@@ -487,10 +487,65 @@ async function preemptionsPage(first) {
       rows, { id: "preemptions" }));
 }
 
+// --- budget review ------------------------------------------------------------------------
+
+const budgetState = { account: null, whatif: null, shares: null };
+
+function isoUtc(at) {
+  return utc(at).replace(" ", "T");
+}
+
+function whatifPanel(data, child) {
+  // the what-if of one share change: the budget file and the command that simulates the period
+  // with it (`gpuledger whatif` runs on the data directory, beside the server's host)
+  const input = el("input", { id: "whatif-shares", type: "number", min: 1, value: budgetState.shares ?? child.raw_shares });
+  const out = el("pre", { id: "whatif-command" });
+  const draw = () => {
+    const toml = `[accounts."${child.account}"]\nkind = "${child.kind}"\nshares = ${input.value || child.raw_shares}\n`;
+    out.textContent = `cat > review.toml <<'EOF'\n${toml}EOF\n` +
+      `gpuledger whatif --budgets review.toml --from ${isoUtc(data.start)} --to ${isoUtc(data.at)}`;
+  };
+  input.addEventListener("input", () => { budgetState.shares = input.value; draw(); });
+  draw();
+  return el("div", { id: "whatif", class: "card" },
+    el("h3", {}, `What if ${child.account} held other shares?`),
+    el("p", {}, "Shares ", input, ` (now ${child.raw_shares}; its siblings keep theirs). `,
+      "The what-if re-simulates the last 4 weeks' submissions with it and compares per team:"),
+    out);
+}
+
+async function budgetPage(first) {
+  const q = new URLSearchParams();
+  if (budgetState.account !== null) q.set("account", budgetState.account);
+  const data = await api(`/ui/api/budget?${q}`);
+  if (budgetState.account === null) budgetState.account = data.account;
+  const input = el("input", { id: "b-account", list: "b-managed", value: data.account,
+    placeholder: "account (empty: the programs)",
+    on: { change: (ev) => { budgetState.account = ev.target.value.trim(); budgetState.whatif = null; refresh(); } } });
+  const rows = data.children.map((c) => el("tr", { "data-account": c.account },
+    td(c.account.split("/").pop(), { title: c.account }), td(c.kind),
+    td(c.raw_shares, { class: "num", "data-col": "raw_shares" }),
+    td(num(c.norm_shares, 4), { class: "num", "data-col": "norm_shares" }),
+    td(num(c.usage_gpu_hours, 1), { class: "num", "data-col": "usage" }),
+    td(num(c.owed_gpu_hours, 1), { class: "num", "data-col": "owed" }),
+    td(num(c.delivered_gpu_hours, 1), { class: "num", "data-col": "delivered" }),
+    td(pct(c.by_period), { class: "num", "data-col": "by_period" }),
+    td(el("button", { type: "button", class: "whatif", on: { click: () => { budgetState.whatif = c.account; budgetState.shares = null; refresh(); } } }, "what if…"))));
+  const chosen = data.children.find((c) => c.account === budgetState.whatif);
+  main(el("h1", {}, `Budget review: ${data.account || "the programs"}`),
+    el("div", { class: "filters" }, input, el("datalist", { id: "b-managed" }, data.managed.map((a) => el("option", { value: a })))),
+    el("p", { id: "budget-period", "data-start": data.start, "data-at": data.at, class: "muted" },
+      "Each child's shares of its parent, and over the last 4 weeks (", timeEl(data.start), " – ", timeEl(data.at),
+      "): funded usage, owed (its share of the capacity, capped hour by hour by its demand) and delivered."),
+    table(["account", "kind", "RawShares", "NormShares", "usage GPU-h", "owed GPU-h", "delivered GPU-h", "delivered/owed", ""],
+      rows, { id: "budget" }),
+    chosen ? whatifPanel(data, chosen) : null);
+}
+
 // --- the loop -------------------------------------------------------------------------------
 
 const PAGES = { teams: teamsPage, queue: queuePage, job: jobPage, nodes: nodesPage, decisions: decisionsPage,
-  preemptions: preemptionsPage };
+  preemptions: preemptionsPage, budget: budgetPage };
 let ME = null;
 let timer = null;
 let started = false;
