@@ -46,7 +46,7 @@ function utc(at) {
 function timeEl(at) {
   if (at === null || at === undefined) return "—";
   const d = new Date(at * 1000);
-  const short = d.toLocaleString(undefined, { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+  const short = d.toLocaleString(undefined, { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", hourCycle: "h23" });
   return el("time", { datetime: d.toISOString(), title: `${when(at)} here; ${utc(at)} (UTC)` }, short);
 }
 
@@ -216,10 +216,10 @@ async function teamsPage() {
 const queueState = { user: "", account: "", state: "all", reason: "", mine: false,
   sort: "order", descending: false, offset: 0, limit: 100 };
 const QUEUE_COLUMNS = [  // [heading, sort column or null, width]
-  ["#", "order", "4em"], ["job", "job", "5.5em"], ["user", "user", "7em"], ["account", "account", "10em"],
-  ["GPUs", "gpus", "4.5em"], ["state", "state", "5.5em"], ["code", "code", "10em"], ["reason", null, "auto"],
-  ["sort key", null, "13em"], ["submitted", "submitted", "8em"], ["waiting", null, "5em"],
-  ["est. start", null, "8em"],
+  ["#", "order", "3.5em"], ["job", "job", "5em"], ["user", "user", "6.5em"], ["account", "account", "8.5em"],
+  ["GPUs", "gpus", "4.5em"], ["state", "state", "5.5em"], ["code", "code", "11em"], ["reason", null, "auto"],
+  ["sort key", null, "11em"], ["submitted", "submitted", "8.5em"], ["waiting", null, "5.5em"],
+  ["est. start", null, "8.5em"],
 ];
 
 function queueFilters() {
@@ -255,10 +255,11 @@ function pager(total, offset, limit) {
     b("page-next", "next ›", offset + limit, offset + limit >= total), b("page-last", "last »", last, offset + limit >= total));
 }
 
-function keyPart(p) {
+function keyPart(p, i) {
+  // compact: the values in key order, each part's name and meaning on hover
   const value = typeof p.value === "number" && /_at$/.test(p.name) ? timeEl(p.value)
     : typeof p.value === "number" ? `${+p.value.toFixed(4)}` : p.value;
-  return el("span", { title: p.meaning }, `${p.name}=`, value, " ");
+  return el("span", { class: "part", title: `${p.name}: ${p.meaning}` }, i ? " · " : "", value);
 }
 
 async function queuePage(first) {
