@@ -338,6 +338,11 @@ def read_figures(handles: Any, service: Any) -> Figures:
         by_code[code] = by_code.get(code, 0) + 1
         by_team[team_of(account)] = by_team.get(team_of(account), 0) + 1
     relay = service.relay_position()
+    # whole-log counts per team: a group-by over every interval and preemption, kept per
+    # log position (exact: the same position, the same counts)
+    counts = handles.cache.shared(
+        "metrics-team-counts", head, clock, lambda: reads.team_counts(store, TEAM_DEPTH)
+    )
     return Figures(
         now=window.now,
         head=head,
@@ -354,7 +359,7 @@ def read_figures(handles: Any, service: Any) -> Figures:
             node: max(0.0, clock - at) for node, at in service.executor.heard_from().items()
         },
         unobserved=_unobserved(service),
-        kueue=kueue_figures(ledger.state, queue, reads.team_counts(store, TEAM_DEPTH)),
+        kueue=kueue_figures(ledger.state, queue, counts),
     )
 
 
