@@ -406,6 +406,26 @@ def placement_counts(con: Con) -> list[tuple[str, int]]:
     ).fetchall()
 
 
+def team_counts(con: Con, depth: int) -> list[tuple[str, str, str, int]]:
+    """Over the whole log, per team (an account's first `depth` parts): ("placed", team, "",
+    n) placements; ("evicted", team, reason, n) preemptions its jobs suffered; ("preempted",
+    preempting team or "", reason, n) preemptions for its waiting jobs ("" when no job caused
+    it: maintenance, admin)."""
+    team = "array_to_string(list_slice(string_split({}, '/'), 1, $depth), '/')"
+    sql = f"""
+        SELECT 'placed', {team.format("j.account")}, '', count(*)
+        FROM job_intervals i JOIN jobs j USING (job_id) GROUP BY 2
+        UNION ALL
+        SELECT 'evicted', {team.format("p.account")}, p.reason, count(*)
+        FROM preemptions p WHERE p.account IS NOT NULL GROUP BY 2, 3
+        UNION ALL
+        SELECT 'preempted', coalesce({team.format("f.account")}, ''), p.reason, count(*)
+        FROM preemptions p LEFT JOIN jobs f ON f.job_id = p.for_job GROUP BY 2, 3
+        ORDER BY 1, 2, 3
+    """
+    return [(k, t, r, int(n)) for k, t, r, n in con.execute(sql, {"depth": depth}).fetchall()]
+
+
 # --- audit tables -----------------------------------------------------------------------------
 
 
@@ -441,6 +461,68 @@ def preemptions(account: str | None, since: float | None) -> Query:
     """Every preemption (of jobs in `account` or below it, at or after `since`): whose job, why,
     for which job, by whom, and whether it was inside the job's contract."""
     return Query(PREEMPTIONS_SQL, {"account": account, "since": since})
+
+
+PREEMPTION_REPORT_SQL = """
+WITH p AS (
+    SELECT p.position, p.preempted_at, p.job_id, p.account, p.user_name, p.gpus, p.reason,
+           coalesce(p.note, '') AS rule, p.for_job, f.account AS for_account,
+           f.user_name AS for_user, p.actor, p.cycle_id, p.resumable, p.placed_at,
+           p.preempted_at - p.placed_at AS held_s,
+           (SELECT max(c.occurred_at) FROM events c
+            WHERE list_contains($checkpointed, c.tag) AND c.job_id = p.job_id
+              AND c.occurred_at >= p.placed_at AND c.position < p.position) AS checkpoint_at,
+           ($account IS NULL OR p.account = $account
+            OR starts_with(p.account, $account || '/')) AS suffered,
+           $account IS NOT NULL AND (f.account = $account
+            OR starts_with(f.account, $account || '/')) AS caused
+    FROM preemptions p LEFT JOIN jobs f ON f.job_id = p.for_job
+    WHERE ($since IS NULL OR p.preempted_at >= $since)
+      AND ($until IS NULL OR p.preempted_at < $until)
+)
+SELECT position, preempted_at, job_id, account, user_name, gpus, reason, rule, for_job,
+       for_account, for_user, actor, cycle_id, resumable, placed_at, held_s,
+       CASE WHEN $account IS NULL THEN 'all' WHEN suffered THEN 'suffered' ELSE 'caused' END
+           AS side,
+       -- the work lost: since the placement, or a resumable job's last checkpoint in it
+       coalesce(gpus, 0) * greatest(0, preempted_at - CASE WHEN resumable
+           THEN coalesce(checkpoint_at, placed_at) ELSE placed_at END) / 3600.0
+           AS lost_gpu_hours
+FROM p
+WHERE ($side <> 'of' AND caused AND NOT suffered) OR ($side <> 'by' AND suffered)
+ORDER BY position
+"""
+
+
+def account_known(con: Con, account: str) -> bool:
+    """Whether the log ever opened `account` (closed ones too: their history stays)."""
+    return bool(
+        con.execute(
+            "SELECT 1 FROM account_history WHERE account = $a LIMIT 1", {"a": account}
+        ).fetchone()
+    )
+
+
+def preemption_report(
+    account: str | None, side: str, since: float | None, until: float | None
+) -> Query:
+    """The preemptions in [since, until) that `account`'s subtree suffered (its jobs were the
+    victims, `side` "of") or caused (its waiting jobs were what they were preempted for, "by"),
+    or both ("both"); with no account, every one. Each with why (reason and the victim rule the
+    policy noted), for which job and team, and the GPU-hours of work lost (since the placement,
+    or since a resumable job's last checkpoint in that run)."""
+    from schemas import events as e
+
+    return Query(
+        PREEMPTION_REPORT_SQL,
+        {
+            "account": account.rstrip("/") if account else None,
+            "side": side,
+            "since": since,
+            "until": until,
+            "checkpointed": tags(e.CheckpointReported),
+        },
+    )
 
 
 BUDGET_CHANGES_SQL = """

@@ -392,6 +392,44 @@ class PreemptionRow(_View, frozen=True, kw_only=True):
     inside_contract: bool
 
 
+class PreemptionReportRow(_View, frozen=True, kw_only=True):
+    """One preemption in `report preemptions`: the victim, why, for whom, the work lost."""
+
+    position: int
+    preempted_at: float
+    side: Literal["suffered", "caused", "all"]
+    """For the account asked about: its job was the victim, or its waiting job the cause."""
+    job_id: int
+    account: str | None
+    user_name: str | None
+    gpus: int | None
+    reason: str
+    rule: str
+    """The victim rule the policy noted (why this job, e.g. "unfunded first")."""
+    for_job: int | None
+    for_account: str | None
+    for_user: str | None
+    actor: str
+    cycle_id: str | None
+    resumable: bool | None
+    placed_at: float | None
+    held_s: float | None
+    lost_gpu_hours: float
+    """GPUs x the time since the placement (a resumable job: since its last checkpoint)."""
+
+
+class PreemptionReportView(_View, frozen=True, kw_only=True):
+    account: str | None
+    side: Literal["of", "by", "both"]
+    start: float | None
+    end: float | None
+    suffered: int
+    caused: int
+    lost_gpu_hours: float
+    """Lost by the account's own jobs (suffered), or by every job with no account."""
+    rows: list[PreemptionReportRow]
+
+
 class BudgetChangeRow(_View, frozen=True, kw_only=True):
     position: int
     changed_at: float
@@ -485,6 +523,8 @@ VIEW_TYPES: tuple[type[msgspec.Struct], ...] = (
     CheckView,
     AuditJobRow,
     PreemptionRow,
+    PreemptionReportRow,
+    PreemptionReportView,
     BudgetChangeRow,
     TeamPoint,
     TeamSeries,

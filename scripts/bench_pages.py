@@ -132,11 +132,17 @@ class Serve:
         self.proc.wait(timeout=120)
 
 
-def pages(job: int, position: int) -> dict[str, list[str]]:
+def pages(job: int, position: int, last: int) -> dict[str, list[str]]:
+    """Each page's endpoints as its script asks them (`last`: the queue's last page's offset)."""
     return {
         "teams (7 days)": ["/v1/whoami", "/ui/api/teams?window=7d"],
         "teams (whole period)": ["/v1/whoami", "/ui/api/teams?window=all"],
         "queue": ["/v1/whoami", "/ui/api/queue?state=all"],
+        "queue (last page)": ["/v1/whoami", f"/ui/api/queue?state=all&offset={last}"],
+        "queue (by user, descending)": ["/v1/whoami", "/ui/api/queue?sort=user&descending=true"],
+        "queue (one reason)": ["/v1/whoami", "/ui/api/queue?reason=WAIT_RESOURCES"],
+        "preemptions (30 days)": ["/v1/whoami", "/ui/api/preemptions?account=all"],
+        "preemptions (whole period)": ["/v1/whoami", "/ui/api/preemptions?account=all&window=all"],
         "job": ["/v1/whoami", f"/ui/api/job/{job}"],
         "nodes": ["/v1/whoami", "/ui/api/nodes"],
         "decisions": ["/v1/whoami", "/ui/api/decisions?limit=500", f"/ui/api/decision/{position}"],
@@ -167,12 +173,14 @@ def measure(home: Path, pending: int, repeat: int) -> dict[str, Any]:
         status, body, first_all_ms = server.get("/ui/api/teams?window=all", token)
         first_all_cpu = (server.cpu() - c0) * 1000
         assert status == 200, body[:300]
-        status, body, _ = server.get("/ui/api/queue?state=all&limit=100000", token)
+        status, body, _ = server.get("/ui/api/queue?state=all&limit=1", token)
         assert status == 200, body
-        queue = json.loads(body)
+        total = json.loads(body)["total"]  # the queue is paged: its last job, on the last page
+        status, body, _ = server.get(f"/ui/api/queue?state=all&limit=1&offset={total - 1}", token)
+        job = json.loads(body)["rows"][-1]["row"]["job_id"]
+        last = (total - 1) // 100 * 100
         status, body, _ = server.get("/ui/api/decisions?limit=1", token)
         position = json.loads(body)[0]["position"]
-        job = queue[-1]["row"]["job_id"]
         health = json.loads(server.get("/v1/health", None)[1])
         held = str(job).encode()
 
@@ -193,7 +201,7 @@ def measure(home: Path, pending: int, repeat: int) -> dict[str, Any]:
             return total, (server.cpu() - c0) * 1000
 
         times: dict[str, dict[str, tuple[float, float, float]]] = {}
-        for name, endpoints in pages(job, position).items():
+        for name, endpoints in pages(job, position, last).items():
             cold, warm = [], []
             for _ in range(repeat):
                 bump()
@@ -213,7 +221,7 @@ def measure(home: Path, pending: int, repeat: int) -> dict[str, Any]:
         server.stop()
     return {
         "events": health["head"],
-        "pending": len(queue),
+        "pending": total,
         "pages": times,
         "replay": replay,
         "load": os.getloadavg()[0],

@@ -20,7 +20,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ledger.cli._common import Ctx, pass_ctx, projection
-from ledger.cli.output import echo_json, json_option, print_table
+from ledger.cli.output import echo_json, json_option, print_table, progress
 from ledger.core import budget as b
 from ledger.history import audit as au
 from ledger.history import replay as rp
@@ -92,10 +92,12 @@ def replay(
     verbose = not all_ or len(decisions) == 1
     started = time.perf_counter()
     results: list[CycleReplay] = []
-    for result in rp.replay_found(ctx.home, decisions, exact=exact):
-        results.append(result)
-        if not as_json and (verbose or not result.identical):
-            _print_replay(result, show)
+    with progress("decisions replayed", len(decisions)) as update:
+        for result in rp.replay_found(ctx.home, decisions, exact=exact):
+            results.append(result)
+            update(len(results))
+            if not as_json and (verbose or not result.identical):
+                _print_replay(result, show)
     elapsed = time.perf_counter() - started
     same = sum(r.identical for r in results)
     failed = sum(r.error is not None for r in results)
@@ -168,7 +170,7 @@ def whatif(
     window_s = None if window is None else float(parse_duration(window))
     if keep is not None and keep.exists() and any(keep.iterdir()):
         raise InvalidCommand(f"{keep} is not empty", hint="--keep needs a new directory")
-    with projection(ctx, quiet=True) as store:
+    with projection(ctx, quiet=True) as store, progress("what-if", t1 - t0, unit="s") as update:
         report = wi.run_whatif(
             ctx.home,
             store,
@@ -179,6 +181,7 @@ def whatif(
             window_s=window_s,
             keep=keep,
             tick_s=parse_duration(tick),
+            progress=lambda t: update(max(0.0, min(t, t1) - t0)),
         )
     if as_json:
         echo_json(report)
@@ -468,7 +471,8 @@ def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> 
         report: tm.ChainReport = ctx.remote.get("audit/verify", type=tm.ChainReport)
     else:
         ctx.local_only()
-        report = tm.verify_store(ctx.home, tm.file_anchor(ctx.home))
+        with progress("events verified", tm.store_head(ctx.home)) as update:
+            report = tm.verify_store(ctx.home, tm.file_anchor(ctx.home), progress=update)
     copy = None
     if bootstrap:
         copy = tm.verify_copy(tm.store_records(ctx.home), tm.kafka_records(bootstrap, topic))

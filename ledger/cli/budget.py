@@ -25,7 +25,28 @@ def budget_group() -> None:
 @click.option("--prune", is_flag=True, help="Close accounts that the file does not list.")
 @pass_ctx
 def budget_apply(ctx: Ctx, file: Path, dry_run: bool, prune: bool) -> None:
-    """Diff FILE against the ledger, print the plan, then apply it atomically."""
+    """Diff FILE against the ledger, print the plan, then apply it atomically.
+
+    FILE is TOML: one table per account, named by its path; an
+    account's shares are of its parent. For example:
+
+    \b
+        [accounts."ai2"]
+        kind = "program"               # program | project | user
+        shares = 1                     # default 1
+        managers = ["carol"]           # optional: exactly these manage the subtree
+        reason = "FY27 plan"           # optional: recorded with the change
+
+    \b
+        [accounts."ai2/olmo"]
+        kind = "project"
+        shares = 3
+        members = ["alice", "bob"]     # optional: exactly these are members
+        member_shares = { alice = 2 }  # optional: a member's share of the project (default 1)
+
+    Accounts the file does not list are left alone unless --prune closes them. Examples:
+    examples/demo-budgets.toml, examples/ai2-synthetic.budgets.toml.
+    """
     try:
         data = file.read_bytes()
     except OSError as e:

@@ -7,12 +7,13 @@ as plain text), so `--json` through a server never loads it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import sqlite3
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -91,6 +92,8 @@ EXIT_REJECTED = 1
 """A rejected command, bad usage or an environment problem."""
 EXIT_BUG = 70
 """A genuine bug (sysexits' EX_SOFTWARE): the only failure that is not the caller's to fix."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C (SIGINT): the shell's 128 + 2, and no error line (the user stopped it)."""
 
 
 def fail(message: str, code: str, exit_code: int = EXIT_REJECTED) -> None:
@@ -137,11 +140,16 @@ class LedgerGroup(click.Group):
             return base(*args, standalone_mode=False, **kwargs)
         try:
             rv = base(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as e:  # a bare group: its help, as asked
+            click.echo(e.ctx.get_help() if e.ctx else e.format_message())
+            sys.exit(0)
         except click.ClickException as e:
             name = e.ctx.command_path if isinstance(e, click.UsageError) and e.ctx else ""
             hint = f" (see `{name} --help`)" if name else ""
             fail(e.format_message() + hint, "usage")
-        except click.Abort:
+        except click.Abort as e:
+            if isinstance(e.__cause__, KeyboardInterrupt):  # Ctrl-C: stopped, as asked (130)
+                sys.exit(EXIT_INTERRUPTED)
             fail("aborted", "usage")
         try:
             sys.stdout.flush()
@@ -182,6 +190,40 @@ def _quiet_pipe() -> None:
     except OSError:
         pass
     sys.exit(0)
+
+
+# --- progress ------------------------------------------------------------------------------------
+
+Update = Callable[..., None]
+"""`update(done, total=None)`: how far a long command is (`total` when it becomes known)."""
+
+
+@contextlib.contextmanager
+def progress(what: str, total: float | None = None, *, unit: str = "") -> Iterator[Update]:
+    """The one progress display of the commands that can run for more than a second (replay,
+    what-if, audit verify, projection rebuild, simulate): on a terminal, a transient bar on
+    stderr with done/total and the time left; quiet when stderr is not a terminal (a pipe, a
+    log file, CI). `unit` follows the counts ("days")."""
+    if not sys.stderr.isatty():
+        yield lambda done, total=None: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    bar = Progress(
+        "{task.description}", BarColumn(), MofNCompleteColumn(), unit, TimeRemainingColumn(),
+        console=Console(file=sys.stderr), transient=True,
+    )  # fmt: skip
+    task = bar.add_task(what, total=total)
+
+    def update(done: float, total: float | None = None) -> None:
+        if total is not None:
+            bar.update(task, completed=done, total=total)
+        else:
+            bar.update(task, completed=done)
+
+    with bar:
+        yield update
 
 
 # --- log lines -----------------------------------------------------------------------------------

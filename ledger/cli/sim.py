@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ledger.cli._common import Ctx, pass_ctx
-from ledger.cli.output import console, print_table
+from ledger.cli.output import print_table, progress
 from ledger.core import budget as b
 from ledger.dispatch import registry
 from ledger.sim import report
@@ -332,23 +331,15 @@ def _run_all(
     if parallel > 1 and len(policies) > 1:
         return _run_parallel(policies, kw, knobs, workload, home, parallel)
     results = []
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("day {task.completed:.1f}/{task.total:.0f}"),
-        TextColumn("{task.fields[events]} events"),
-        TimeElapsedColumn(),
-        console=console(stderr=True),
-    ) as bar:
-        for policy in policies:
-            task = bar.add_task(policy, total=kw["days"], events=0)
+    for policy in policies:
+        with progress(policy, kw["days"], unit="days") as update:
 
-            def progress(done: float, total: float, events: int, task: Any = task) -> None:
-                bar.update(task, completed=done / 86_400.0, events=events)
+            def told(done: float, total: float, events: int, update: Any = update) -> None:
+                update(done / 86_400.0, total / 86_400.0)
 
             target = home / policy if compare else home
             config = _config(policy, kw, knobs[policy])
-            results.append(run_simulation(workload, config, target, progress))
+            results.append(run_simulation(workload, config, target, told))
     return results
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ledger.cli._common import Ctx, bounded, pass_ctx, view_command
-from ledger.cli.output import echo_json, json_option, print_table
+from ledger.cli.output import echo_json, json_option, print_table, progress
 from schemas import commands as c
 from schemas import events as e
 from schemas.bounds import Percent, TeamDepth
@@ -16,8 +16,6 @@ from schemas.units import parse_duration, parse_time, parse_window, span, when
 
 if TYPE_CHECKING:  # the projection is imported only where it is opened (client mode never)
     from collections.abc import Callable
-
-    from rich.progress import Progress
 
     from schemas.views import PriorityRow, ProjectionStatusView, QueueRow
 
@@ -144,23 +142,53 @@ def report_delivered(ctx: Ctx, window: str, at: str | None, team_depth: int, as_
     )
 
 
+@report.command("preemptions")
+@click.option("-A", "--account", default=None, help="This account and everything below it.")
+@click.option("--by", "side", flag_value="by", help="Only the preemptions its jobs caused.")
+@click.option("--of", "side", flag_value="of", help="Only the preemptions its jobs suffered.")
+@click.option("--window", default="30d", show_default=True, help="How far back from --at.")
+@click.option("--since", default=None, help="From this moment instead (ISO 8601).")
+@at_option
+@json_option
+@pass_ctx
+def report_preemptions(
+    ctx: Ctx,
+    account: str | None,
+    side: str | None,
+    window: str,
+    since: str | None,
+    at: str | None,
+    as_json: bool,
+) -> None:
+    """Preemptions a team suffered (its jobs were the victims) and caused (its waiting jobs were
+    what they were preempted for): when, why, the victim rule, for whom, GPU-hours lost."""
+    end = _at(at)
+    start = parse_time(since) if since is not None else end - parse_window(window)
+    rep = ctx.read(
+        "preemptions", quiet=False, account=account, side=side or "both", start=start, end=end
+    )
+    if as_json:
+        echo_json(rep)
+        return
+    header = (
+        "at", "side", "job", "account", "user", "gpus", "reason", "victim rule", "for job",
+        "for account", "lost GPU-h",
+    )  # fmt: skip
+    print_table(header, [
+        (when(r.preempted_at), r.side, str(r.job_id), r.account or "-", r.user_name or "-",
+         "-" if r.gpus is None else str(r.gpus), r.reason, r.rule or "-",
+         "-" if r.for_job is None else str(r.for_job), r.for_account or "-",
+         f"{r.lost_gpu_hours:,.1f}")
+        for r in rep.rows
+    ])  # fmt: skip
+    click.echo(
+        f"{when(start)} to {when(end)}: suffered {rep.suffered}, caused {rep.caused}; "
+        f"GPU-hours lost {rep.lost_gpu_hours:,.1f}"
+    )
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def _progress_bar() -> tuple[Progress, Any]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    bar = Progress(
-        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-        TimeRemainingColumn(), transient=True,
-    )  # fmt: skip
-    task = bar.add_task("events", total=None)
-
-    def update(done: int, total: int) -> None:
-        bar.update(task, completed=done, total=total)
-
-    return bar, update
 
 
 @click.group("projection")
@@ -174,9 +202,8 @@ def projection_rebuild(ctx: Ctx) -> None:
     """Drop the projection and rebuild it from the log (with a progress bar)."""
     from ledger.store.embedded import rebuild
 
-    ctx.ledger(live=True)
-    bar, update = _progress_bar()
-    with bar:
+    head = ctx.ledger(live=True).position
+    with progress("events", head) as update:
         result = rebuild(ctx.home, progress=update)
     click.echo(f"rebuilt: {result.applied:,} events, position {result.position:,}")
     if result.unknown:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -524,13 +524,40 @@ def store_records(home: Path, page: int = 50_000) -> Iterator[ChainRecord]:
                 )
 
 
-def verify_store(home: Path, projection: Anchor | None = None) -> ChainReport:
+def verify_store(
+    home: Path, projection: Anchor | None = None, progress: Callable[[int], None] | None = None
+) -> ChainReport:
     """Edge: `verify_chain` over `home`'s store, with the anchors the store keeps (its
-    snapshots) and the projection's (its tracking link, when given)."""
+    snapshots) and the projection's (its tracking link, when given); `progress` is told how
+    many records were read, every 10,000."""
     anchors = store_anchors(home)
     if projection is not None:
         anchors.append(projection)
-    return verify_chain(store_records(home), stream=STREAM_ID.hex, anchors=anchors)
+    records = store_records(home)
+    if progress is not None:
+        records = _counted(records, progress)
+    return verify_chain(records, stream=STREAM_ID.hex, anchors=anchors)
+
+
+def _counted(
+    records: Iterator[ChainRecord], progress: Callable[[int], None]
+) -> Iterator[ChainRecord]:
+    n = 0
+    for r in records:
+        yield r
+        n += 1
+        if n % 10_000 == 0:
+            progress(n)
+    progress(n)
+
+
+def store_head(home: Path) -> int:
+    """Edge: the position of `home`'s last event (the total `audit verify` reads; 0: none),
+    in its SQLite file or the PostgreSQL store it records."""
+    if not has_log(home):
+        return 0
+    with open_source(home) as source:
+        return int(source.head())
 
 
 def projection_anchor(store: Store) -> Anchor | None:

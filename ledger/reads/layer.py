@@ -492,6 +492,33 @@ def audit_preemptions(
     return [v.PreemptionRow(**r) for r in history.dicts(con, history.preemptions(account, since))]
 
 
+def preemption_report(
+    con: duckdb.DuckDBPyConnection,
+    account: str | None,
+    side: Literal["of", "by", "both"],
+    start: float | None,
+    end: float | None,
+) -> v.PreemptionReportView:
+    """The preemptions `account`'s subtree suffered and caused in [start, end): why, the victim
+    rule, for whom and the GPU-hours lost (`report preemptions`, the Preemptions page)."""
+    from projections import history
+
+    if account is not None and not history.account_known(con, account.rstrip("/")):
+        raise UnknownEntity(f"no account {account!r}", hint="see `gpuledger accounts`")
+    q = history.preemption_report(account, side, start, end)
+    rows = [v.PreemptionReportRow(**r) for r in history.dicts(con, q)]
+    return v.PreemptionReportView(
+        account=account,
+        side=side,
+        start=start,
+        end=end,
+        suffered=sum(r.side in ("suffered", "all") for r in rows),
+        caused=sum(r.side == "caused" for r in rows),
+        lost_gpu_hours=sum(r.lost_gpu_hours for r in rows if r.side in ("suffered", "all")),
+        rows=rows,
+    )
+
+
 def audit_budget_changes(
     con: duckdb.DuckDBPyConnection, since: float | None
 ) -> list[v.BudgetChangeRow]:
@@ -702,6 +729,14 @@ def preemption_counts(store: Store) -> list[v.CountRow]:
     from projections import history
 
     return [v.CountRow(name=r, count=n) for r, n in history.preemption_counts(store.con)]
+
+
+def team_counts(store: Store, depth: int) -> list[tuple[str, str, str, int]]:
+    """Placements, preemptions suffered and preemptions caused per team over the whole log
+    (`history.team_counts`; the Kueue-style metrics)."""
+    from projections import history
+
+    return history.team_counts(store.con, depth)
 
 
 def placement_counts(store: Store) -> list[v.CountRow]:

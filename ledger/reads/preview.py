@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ledger.reads.explain import explain_history, explain_pending
 from ledger.reads.layer import Viewer, redact_event, utilisation
 from schemas import events as e
 from schemas import views as v
-from schemas.errors import UnknownEntity
+from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.units import when
 
 if TYPE_CHECKING:  # a read loads what it uses: the dispatcher only when it previews
@@ -208,6 +208,102 @@ def queue(
     if f.state == "running":
         rows += _holding_rows(state, f, now)
     return rows[: f.limit]
+
+
+QUEUE_SORTS = ("order", "job", "user", "account", "gpus", "state", "code", "submitted")
+"""The columns a queue page sorts by (`order`: dispatch order, then blocked, then held)."""
+
+
+class QueuePage(NamedTuple):
+    total: int
+    """The jobs passing the filter (and `code`), all of them, not only this page's."""
+    codes: dict[str, int]
+    """The jobs passing the filter by code (before `code` applies)."""
+    rows: list[v.QueueRow]
+
+
+def queue_page(
+    ledger: LiveState,
+    store: Store,
+    policy: Policy,
+    now: float,
+    f: v.QueueFilter,
+    *,
+    code: str | None = None,
+    sort: str = "order",
+    descending: bool = False,
+    offset: int = 0,
+    preview: tuple[Snapshot, Decision] | None = None,
+) -> QueuePage:
+    """The queue `queue` gives (the same rows, the same filters), sorted by one column, the
+    `f.limit` rows from `offset`, with the true total. The whole queue is sorted on what every
+    job has at hand (account, user, GPUs, code, submit time); only the page's rows are built in
+    full (their reason text, their estimated start: which needs the jobs ahead of the last one
+    shown in dispatch order, alone)."""
+    if sort not in QUEUE_SORTS:
+        raise InvalidCommand(f"no such column to sort by: {sort!r}", hint=", ".join(QUEUE_SORTS))
+    state = ledger.state
+    entries: list[tuple[int | None, int, str, str, int, str, str, float]] = []
+    snapshot: Snapshot | None = None
+    decision: Decision | None = None
+    if f.state in ("pending", "all") and (preview is not None or _any_pending(state, f)):
+        snapshot, decision = preview or live(ledger, store, policy, now)
+        pending = {p.job_id: p for p in snapshot.pending}
+        for i, cons in enumerate(decision.considered):
+            p = pending[cons.job_id]
+            if (f.user and p.user != f.user) or not _under(p.account, f.account):
+                continue
+            wait = decision.waiting.get(cons.job_id)
+            kind = wait.code if wait else "NEXT_CYCLE"
+            entries.append((i + 1, p.job_id, p.user, p.account, p.gpus, "pending", kind,
+                            p.submitted_at))  # fmt: skip
+    others: dict[int, v.QueueRow] = {}
+    if f.state in ("pending", "all"):
+        others |= {r.job_id: r for r in _blocked_rows(state, f, now, 10**9)}
+    if f.state in ("held", "all"):
+        held = v.QueueFilter(user=f.user, account=f.account, state="held", limit=100_000)
+        others |= {r.job_id: r for r in queue(ledger, store, policy, now, held)}
+    if f.state == "running":
+        others |= {r.job_id: r for r in _holding_rows(state, f, now)}
+    for r in others.values():
+        entries.append((None, r.job_id, r.user, r.account, r.gpus, r.state, r.code,
+                        r.submitted_at))  # fmt: skip
+    codes: dict[str, int] = {}
+    for x in entries:
+        codes[x[6]] = codes.get(x[6], 0) + 1
+    if code:
+        entries = [x for x in entries if x[6] == code]
+    column = QUEUE_SORTS.index(sort)
+    if column:  # a stable sort: ties stay in dispatch order
+        entries.sort(key=lambda x: x[column], reverse=descending)  # type: ignore[arg-type,return-value]
+    elif descending:
+        entries.reverse()
+    page = entries[offset : offset + f.limit]
+    rows: list[v.QueueRow] = []
+    shown = [x for x in page if x[0] is not None]
+    starts: dict[int, float | None] = {}
+    if shown and snapshot is not None and decision is not None:
+        last = max(shown, key=lambda x: x[0] or 0)
+        starts = estimated_starts(state, snapshot, decision, now, last[1])
+    pending_by_id = {p.job_id: p for p in snapshot.pending} if snapshot is not None else {}
+    keys = {c.job_id: c.sort_key for c in decision.considered} if decision is not None else {}
+    for x in page:
+        if x[0] is None:
+            rows.append(others[x[1]])
+            continue
+        assert decision is not None
+        p = pending_by_id[x[1]]
+        wait = decision.waiting.get(p.job_id)
+        rows.append(
+            v.QueueRow(
+                order=x[0], job_id=p.job_id, account=p.account, user=p.user, gpus=p.gpus,
+                funded=p.funded, debug=p.debug, state="pending", sort_key=list(keys[p.job_id]),
+                code=x[6], reason=readable(wait.reason, wait.until) if wait else "",
+                submitted_at=p.submitted_at, waiting_s=max(0.0, now - p.submitted_at),
+                estimated_start_at=starts.get(p.job_id),
+            )
+        )  # fmt: skip
+    return QueuePage(len(entries), codes, rows)
 
 
 def _blocked_rows(state: State, f: v.QueueFilter, now: float, room: int) -> list[v.QueueRow]:

@@ -254,6 +254,23 @@ def _audit_preemptions(h: Handles, a: AuditArgs) -> list[v.PreemptionRow]:
     return reads.audit_preemptions(h.store().con, a.account, a.since)
 
 
+class PreemptionReportArgs(_Args, frozen=True, kw_only=True):
+    account: str | None = None
+    """This account and everything below it (none: every preemption)."""
+    side: Literal["of", "by", "both"] = "both"
+    """`of`: the preemptions its jobs suffered; `by`: those its waiting jobs caused."""
+    start: v.Epoch | None = None
+    end: v.Epoch | None = None
+
+
+def _preemption_report(h: Handles, a: PreemptionReportArgs) -> v.PreemptionReportView:
+    """The preemptions an account's subtree suffered and caused, over a window: why, the
+    victim rule, for whom and the GPU-hours lost."""
+    from ledger.reads import layer as reads
+
+    return reads.preemption_report(h.store().con, a.account, a.side, a.start, a.end)
+
+
 def _audit_budget_changes(h: Handles, a: AuditArgs) -> list[v.BudgetChangeRow]:
     from ledger.reads import layer as reads
 
@@ -330,6 +347,9 @@ READS: dict[str, ReadSpec] = {
     "projection": _spec("projection", NoArgs, _projection_status, v.ProjectionStatusView),
     "audit_preemptions": _spec(
         "audit/preemptions", AuditArgs, _audit_preemptions, list[v.PreemptionRow]
+    ),
+    "preemptions": _spec(
+        "report/preemptions", PreemptionReportArgs, _preemption_report, v.PreemptionReportView
     ),
     "audit_budget_changes": _spec(
         "audit/budget-changes", AuditArgs, _audit_budget_changes, list[v.BudgetChangeRow]

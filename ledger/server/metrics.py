@@ -73,6 +73,26 @@ class Figures(msgspec.Struct, frozen=True, kw_only=True):
     """The leader's epoch as this server knows it (0: no lease)."""
     server_lags: dict[str, int] = {}
     """Server address -> events behind the head, for every server on a shared store."""
+    kueue: KueueFigures | None = None
+    """The same ledger by Kueue's names (a team is a ClusterQueue, its program the cohort)."""
+
+
+class KueueFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """Per team (ClusterQueue), what Kueue's metrics of the same concept count."""
+
+    pending: list[tuple[str, str, int]]
+    """(team, status, jobs): "active" the dispatcher considers it, "inadmissible" held or
+    blocked (a dependency, an array's limit)."""
+    admitted: list[tuple[str, int]]
+    """(team, placements in the whole log)."""
+    active: list[tuple[str, int]]
+    """(team, jobs holding GPUs now)."""
+    evicted: list[tuple[str, str, int]]
+    """(team, reason, preemptions its jobs suffered)."""
+    preempted: list[tuple[str, str, int]]
+    """(preempting team or "", reason, preemptions its waiting jobs caused)."""
+    usage: list[tuple[str, str, int]]
+    """(team, GPU type, GPUs held now)."""
 
 
 def team_of(account: str, depth: int = TEAM_DEPTH) -> str:
@@ -172,6 +192,8 @@ def families(f: Figures) -> list[Metric]:
         ["node"],
         [([n], age) for n, age in sorted(f.heartbeat_ages.items())],
     )
+    if f.kueue is not None:
+        out += kueue_families(f.kueue)
     gauge(
         "gpuledger_unobserved_nodes",
         "Nodes the execution engine cannot observe now: nothing is placed on or preempted from "
@@ -193,6 +215,80 @@ def families(f: Figures) -> list[Metric]:
         [([a], lag) for a, lag in sorted(f.server_lags.items())],
     )
     return out
+
+
+GPU_RESOURCE = "nvidia.com/gpu"
+INADMISSIBLE = frozenset({"HELD", "WAIT_DEPENDENCY", "WAIT_ARRAY_LIMIT"})
+"""The wait codes of jobs the dispatcher does not consider (Kueue's "inadmissible")."""
+
+
+def kueue_families(k: KueueFigures) -> list[Metric]:
+    """Pure: Kueue's metric names, types and labels for the concepts the ledger shares with it
+    (docs/server.md, "Kueue names"): a team is a ClusterQueue, its program the cohort, a GPU
+    type the flavor, a job a workload."""
+    out: list[Metric] = []
+    cq = ["cluster_queue"]
+    g = GaugeMetricFamily("kueue_pending_workloads", "Pending workloads per ClusterQueue "
+                          "(team) and status.", labels=[*cq, "status"])  # fmt: skip
+    for team, status, n in sorted(k.pending):
+        g.add_metric([team, status], n)
+    out.append(g)
+    c = CounterMetricFamily("kueue_admitted_workloads", "Workloads admitted (placements) per "
+                            "ClusterQueue over the whole log.", labels=cq)  # fmt: skip
+    for team, n in sorted(k.admitted):
+        c.add_metric([team], n)
+    out.append(c)
+    g = GaugeMetricFamily("kueue_admitted_active_workloads", "Admitted workloads holding GPUs "
+                          "now per ClusterQueue.", labels=cq)  # fmt: skip
+    for team, n in sorted(k.active):
+        g.add_metric([team], n)
+    out.append(g)
+    c = CounterMetricFamily("kueue_evicted_workloads", "Workloads evicted (preempted) per "
+                            "ClusterQueue and reason.", labels=[*cq, "reason"])  # fmt: skip
+    for team, reason, n in sorted(k.evicted):
+        c.add_metric([team, reason], n)
+    out.append(c)
+    c = CounterMetricFamily("kueue_preempted_workloads", "Preemptions per preempting "
+                            "ClusterQueue and reason.", labels=["preempting_cluster_queue",
+                            "reason"])  # fmt: skip
+    for team, reason, n in sorted(k.preempted):
+        c.add_metric([team, reason], n)
+    out.append(c)
+    g = GaugeMetricFamily("kueue_cluster_queue_resource_usage", "GPUs in use per ClusterQueue "
+                          "and flavor (GPU type).", labels=["cohort", *cq, "flavor",
+                          "resource"])  # fmt: skip
+    for team, flavor, n in sorted(k.usage):
+        g.add_metric([team.split("/")[0], team, flavor, GPU_RESOURCE], n)
+    out.append(g)
+    return out
+
+
+def kueue_figures(state: Any, queue: list[tuple[str, str]], counts: list[Any]) -> KueueFigures:
+    """Pure: the Kueue-named figures from the live state, the queue's (account, code) pairs and
+    `reads.team_counts`."""
+    pending: dict[tuple[str, str], int] = {}
+    for account, code in queue:
+        key = (team_of(account), "inadmissible" if code in INADMISSIBLE else "active")
+        pending[key] = pending.get(key, 0) + 1
+    active: dict[str, int] = {}
+    usage: dict[tuple[str, str], int] = {}
+    types = {name: n.gpu_type for name, n in state.nodes.items()}
+    for job in state.jobs.values():
+        if job.status not in ("placed", "running"):
+            continue
+        team = team_of(job.spec.account)
+        active[team] = active.get(team, 0) + 1
+        for sl in job.slots:
+            key = (team, types.get(sl.node, ""))
+            usage[key] = usage.get(key, 0) + len(sl.gpu_indices)
+    return KueueFigures(
+        pending=[(t, s, n) for (t, s), n in pending.items()],
+        admitted=[(t, n) for kind, t, _r, n in counts if kind == "placed"],
+        active=list(active.items()),
+        evicted=[(t, r, n) for kind, t, r, n in counts if kind == "evicted"],
+        preempted=[(t, r, n) for kind, t, r, n in counts if kind == "preempted"],
+        usage=[(t, f, n) for (t, f), n in usage.items()],
+    )
 
 
 class LedgerFigures(msgspec.Struct, frozen=True, kw_only=True):
@@ -258,10 +354,16 @@ def read_figures(handles: Any, service: Any, ha: Any = None) -> Figures:
     snapshot, decision = handles.live_preview().live
     by_code: dict[str, int] = {}
     by_team: dict[str, int] = {}
-    for account, code in previews.queue_codes(ledger.state, snapshot, decision):
+    queue = previews.queue_codes(ledger.state, snapshot, decision)
+    for account, code in queue:
         by_code[code] = by_code.get(code, 0) + 1
         by_team[team_of(account)] = by_team.get(team_of(account), 0) + 1
     relay = service.relay_position()
+    # whole-log counts per team: a group-by over every interval and preemption, kept per
+    # log position (exact: the same position, the same counts)
+    counts = handles.cache.shared(
+        "metrics-team-counts", head, clock, lambda: reads.team_counts(store, TEAM_DEPTH)
+    )
     return Figures(
         now=window.now,
         head=head,
@@ -278,6 +380,7 @@ def read_figures(handles: Any, service: Any, ha: Any = None) -> Figures:
             node: max(0.0, clock - at) for node, at in service.executor.heard_from().items()
         },
         unobserved=_unobserved(service),
+        kueue=kueue_figures(ledger.state, queue, counts),
         **_roles(ha, head),
     )
 
@@ -405,6 +508,8 @@ def route(
         person(request)
         metrics.scraped_at = time.monotonic()
         figures = await worker.call(lambda: read_figures(handles, worker.service, worker.ha))
-        return Response(metrics.render(figures), media_type=metrics.content_type)
+        # Litestar adds the charset of a text/* type itself: the exposition format's type bare
+        bare = metrics.content_type.replace("; charset=utf-8", "")
+        return Response(metrics.render(figures), media_type=bare)
 
     return scrape

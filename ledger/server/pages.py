@@ -32,14 +32,14 @@ from litestar.static_files import create_static_files_router
 
 from projections import history
 from schemas import views as v
-from schemas.errors import Unavailable
+from schemas.errors import Unavailable, UnknownEntity
 
 if TYPE_CHECKING:
     from ledger.server.readpool import ReadPool
     from ledger.server.worker import Worker
 
 log = logging.getLogger("gpuledger.server")
-PAGES = ("login", "teams", "queue", "job", "nodes", "decisions")
+PAGES = ("login", "teams", "queue", "job", "nodes", "decisions", "preemptions", "budget")
 WEEK_S = 7 * 86400.0
 REPLAY_LAST = 8
 """The job page replays at most this many of the job's latest decisions."""
@@ -59,6 +59,53 @@ class QueueEntry(msgspec.Struct, frozen=True, kw_only=True):
     parts: list[v.KeyPart]
 
 
+class QueuePageView(msgspec.Struct, frozen=True, kw_only=True):
+    total: int
+    """Every job passing the filters, not only this page's (what `queue --json` lists)."""
+    offset: int
+    limit: int
+    codes: dict[str, int]
+    """The jobs passing the user, account and state filters, by code (the reason filter's
+    choices)."""
+    at: float
+    """The moment the preview was made at."""
+    rows: list[QueueEntry]
+
+
+class PreemptionsView(msgspec.Struct, frozen=True, kw_only=True):
+    managed: list[str]
+    """The accounts the caller manages (the page's default: the first one's subtree)."""
+    report: v.PreemptionReportView
+    """What `report preemptions -A ACCOUNT --since START --at END` gives."""
+
+
+REVIEW_S = 28 * 86400.0
+"""The budget review's period: the last 4 weeks."""
+
+
+class BudgetChild(msgspec.Struct, frozen=True, kw_only=True):
+    account: str
+    kind: str
+    raw_shares: int
+    norm_shares: float
+    """Of the parent (`shares`)."""
+    usage_gpu_hours: float
+    """Funded GPU-hours over the period (`usage --window 28d`)."""
+    owed_gpu_hours: float
+    delivered_gpu_hours: float
+    by_period: float | None
+    """Over the period (`report delivered --window 28d --team-depth` the children's depth)."""
+
+
+class BudgetView(msgspec.Struct, frozen=True, kw_only=True):
+    account: str
+    """Whose children are reviewed ("": the programs under the root)."""
+    managed: list[str]
+    start: float
+    at: float
+    children: list[BudgetChild]
+
+
 class JobView(msgspec.Struct, frozen=True, kw_only=True):
     job: v.JobRow
     private: bool
@@ -72,6 +119,19 @@ class NodesView(msgspec.Struct, frozen=True, kw_only=True):
     nodes: list[v.NodeRow]
     gpus: list[v.GpuRow]
     squatters: list[v.SquatterRow]
+    squat_util_pct: float = 10.0
+    """The service's squatting rule (its recorded policy's settings): GPUs below this..."""
+    squat_after_s: float = 3600.0
+    """...for this long, past the contract."""
+
+
+def squat_settings(policy: Any) -> tuple[float, float]:
+    """The utilisation threshold (%) and idle time (s) of `policy`'s squatting rule (the
+    defaults for a policy without one)."""
+    return (
+        float(getattr(policy, "squat_util_pct", 10.0)),
+        float(getattr(policy, "squat_after_s", 3600.0)),
+    )
 
 
 class DecisionView(msgspec.Struct, frozen=True, kw_only=True):
@@ -212,24 +272,42 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         user: FromQuery[str | None] = None,
         account: FromQuery[str | None] = None,
         job_state: Annotated[
-            Literal["pending", "held", "all"], QueryParameter(name="state")
+            Literal["pending", "held", "running", "all"], QueryParameter(name="state")
         ] = "all",
-        limit: Annotated[int, QueryParameter(ge=1, le=100_000)] = 500,
+        reason: FromQuery[str | None] = None,
+        sort: FromQuery[str] = "order",
+        descending: FromQuery[bool] = False,
+        offset: Annotated[int, QueryParameter(ge=0, le=10**9)] = 0,
+        limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
     ) -> Response[bytes]:
+        """One page of the queue (server-side paging, sorting and filtering) and its true
+        total: the rows `queue` gives, in the same order when sorted by `order`."""
         person(request)
         filt = v.QueueFilter(user=user or None, account=account or None, state=job_state,
                              limit=limit)  # fmt: skip
+        code = reason or None
 
-        def read() -> list[QueueEntry]:
+        def read() -> QueuePageView:
             got = live_preview(handles)
             policy = registry.build(handles.ledger.state.policy)
-            rows = previews.queue(handles.ledger, handles.store(), policy, got.now, filt, got.live)
-            return [
-                QueueEntry(row=r, parts=previews.key_parts(got.policy_version, r.sort_key))
-                for r in rows
-            ]
+            page = previews.queue_page(
+                handles.ledger, handles.store(), policy, got.now, filt, code=code, sort=sort,
+                descending=descending, offset=offset, preview=got.live,
+            )  # fmt: skip
+            return QueuePageView(
+                total=page.total,
+                offset=offset,
+                limit=limit,
+                codes=page.codes,
+                at=got.now,
+                rows=[
+                    QueueEntry(row=r, parts=previews.key_parts(got.policy_version, r.sort_key))
+                    for r in page.rows
+                ],
+            )
 
-        return await kept("queue", ("ui.queue", filt), read)
+        key = ("ui.queue", filt, code, sort, descending, offset)
+        return await kept("queue", key, read)
 
     @get("/ui/api/job/{job_id:int}", include_in_schema=False)
     async def job(request: Request[Any, Any, Any], job_id: FromPath[int]) -> Response[bytes]:
@@ -302,10 +380,13 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         def read() -> NodesView:
             ledger = handles.ledger
             store = handles.store()
+            threshold, idle_s = squat_settings(registry.build(ledger.state.policy))
             return NodesView(
                 nodes=reads.node_list(ledger.state),
                 gpus=reads.gpu_map(ledger, store),
-                squatters=reads.squatters(ledger, store, handles.now(), 10.0, 3600.0),
+                squatters=reads.squatters(ledger, store, handles.now(), threshold, idle_s),
+                squat_util_pct=threshold,
+                squat_after_s=idle_s,
             )
 
         return await kept("squatters", ("ui.nodes",), read)
@@ -334,5 +415,80 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
 
         return await on_worker(read)
 
+    @get("/ui/api/preemptions", include_in_schema=False)
+    async def preemptions(
+        request: Request[Any, Any, Any],
+        account: FromQuery[str | None] = None,
+        side: FromQuery[Literal["of", "by", "both"]] = "both",
+        window: FromQuery[Literal["7d", "30d", "90d", "all"]] = "30d",
+    ) -> Response[bytes]:
+        """The preemptions an account's subtree suffered and caused over a window (no account:
+        the first the caller manages, else all; `account=all`: all)."""
+        caller = person(request)
+
+        def read() -> PreemptionsView:
+            ledger = handles.ledger
+            managed = sorted(ledger.state.managers.get(caller.actor, ()))
+            chosen = (managed[0] if managed else None) if account is None else account
+            if chosen in ("", "all"):
+                chosen = None
+            end = float(math.floor(handles.now()))  # whole seconds: `--at` of the CLI says it
+            start = (
+                None if window == "all" else end - {"7d": 7, "30d": 30, "90d": 90}[window] * 86400.0
+            )
+            con = handles.store().con
+            report = reads.preemption_report(con, chosen, side, start, end)
+            return PreemptionsView(managed=managed, report=report)
+
+        return await kept("shares", ("ui.preemptions", caller.actor, account, side, window), read)
+
+    @get("/ui/api/budget", include_in_schema=False)
+    async def budget(
+        request: Request[Any, Any, Any], account: FromQuery[str | None] = None
+    ) -> Response[bytes]:
+        """A manager's review: each child of `account` (default: the first the caller manages,
+        else the programs) with its shares, usage, owed and delivered over the last 4 weeks."""
+        caller = person(request)
+
+        def read() -> BudgetView:
+            from projections.fairshare import UsagePolicy
+
+            ledger = handles.ledger
+            store = handles.store()
+            managed = sorted(ledger.state.managers.get(caller.actor, ()))
+            chosen = (managed[0] if managed else "") if account is None else account.strip("/")
+            at = float(math.floor(handles.now()))  # whole seconds: `--at` of the CLI says it
+            start = at - REVIEW_S
+            rows = reads.shares(store, at, UsagePolicy(window_s=WEEK_S))
+            kids = [r for r in rows if (r.parent or "") == chosen]
+            if chosen and not any(r.account == chosen for r in rows):
+                raise UnknownEntity(f"no open account {chosen!r}", account=chosen)
+            depth = chosen.count("/") + 2 if chosen else 1
+            used = {
+                r.name: r.usage_gpu_hours
+                for r in reads.usage(store, at, "account", UsagePolicy(window_s=REVIEW_S))
+            }
+            owed = {t.team: t for t in reads.delivered(store, start, at, depth).teams}
+            return BudgetView(
+                account=chosen,
+                managed=managed,
+                start=start,
+                at=at,
+                children=[
+                    BudgetChild(
+                        account=r.account, kind=r.kind, raw_shares=r.raw_shares,
+                        norm_shares=r.norm_shares, usage_gpu_hours=used.get(r.account, 0.0),
+                        owed_gpu_hours=owed[r.account].owed_gpu_hours if r.account in owed else 0.0,
+                        delivered_gpu_hours=(
+                            owed[r.account].delivered_gpu_hours if r.account in owed else 0.0
+                        ),
+                        by_period=owed[r.account].by_period if r.account in owed else None,
+                    )
+                    for r in kids
+                ],
+            )  # fmt: skip
+
+        return await kept("shares", ("ui.budget", caller.actor, account), read)
+
     handlers: list[HTTPRouteHandler] = [root, page, teams, queue, job, job_replay, nodes]
-    return [*handlers, decisions, decision, static]
+    return [*handlers, decisions, decision, preemptions, budget, static]

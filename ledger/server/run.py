@@ -112,6 +112,24 @@ class _Coalescing:
         return getattr(self._transport, name)
 
 
+class _Once(logging.Filter):
+    """uvicorn says "Started/Finished server process" once per listener; the process is one:
+    each line passes once."""
+
+    LINES = frozenset({"Started server process [%d]", "Finished server process [%d]"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg not in self.LINES:
+            return True
+        first = record.msg not in self.seen
+        self.seen.add(str(record.msg))
+        return first
+
+
 class _Server(uvicorn.Server):
     """Signals are ours (one handler stops both listeners and the worker, in order)."""
 
@@ -331,6 +349,8 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     worker.idle.append(lambda: snapshot_ahead(ledger))  # after what the reads want first
     servers = []
     close_up: Callable[[], None] | None = None
+    once = _Once()  # one process: its start and end said once, not per listener
+    logging.getLogger("uvicorn.error").addFilter(once)
     try:
         # 5 serve
         common: dict[str, Any] = dict(
@@ -363,6 +383,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         with contextlib.suppress(OSError):
             unix_path.unlink()
         log.info("stopped cleanly at position %d", ledger.position)
+        logging.getLogger("uvicorn.error").removeFilter(once)
     return 0
 
 

@@ -7,6 +7,7 @@ are the edge that writes files (matplotlib with the Agg backend: no display need
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -302,6 +303,30 @@ def write_sweep(
 # --- files --------------------------------------------------------------------------------------
 
 
+PALETTE = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+)  # fmt: skip
+"""A qualitative palette (matplotlib's tab10): neighbours differ in hue."""
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def team_styles(teams: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """Pure: a (colour, line style) per team, all different for up to 40 teams (the palette's
+    10 colours, then again dashed, dotted, dash-dotted); past 40 they repeat."""
+    ordered = sorted(teams)
+    n = len(PALETTE)
+    return {
+        t: (PALETTE[i % n], LINE_STYLES[(i // n) % len(LINE_STYLES)]) for i, t in enumerate(ordered)
+    }
+
+
+def y_top(values: Sequence[float], floor: float = 1.05) -> float:
+    """Pure: an axis top that shows every value (5% headroom), at least `floor`: nothing
+    clipped, however far a team bursts past what it was owed."""
+    return max([floor, *(1.05 * v for v in values if math.isfinite(v))])
+
+
 def write_plots(results: Sequence[RunResult], out: Path) -> list[Path]:
     """PNG plots, policies side by side: per-team delivered/owed over time, final per-team
     delivered/owed, convergence, and waits."""
@@ -315,16 +340,24 @@ def write_plots(results: Sequence[RunResult], out: Path) -> list[Path]:
     n = len(results)
     # 1. per team: delivered / owed so far, by day (the by-period measure as it accrues)
     fig, axes = plt.subplots(1, n, figsize=(5 * n, 4), sharey=True, squeeze=False)
+    every = sorted({t for r in results for t in r.metrics.team_series})
+    styles = team_styles(every)
+    tops: list[float] = []
     for ax, r in zip(axes[0], results, strict=True):
         for team, pts in sorted(r.metrics.team_series.items()):
             xs = [d for d, o, _ in pts if o > 0]
-            ys = [min(1.5, g / o) for _, o, g in pts if o > 0]
-            ax.plot(xs, ys, linewidth=1, label=team.rsplit("/", 1)[-1])
+            ys = [g / o for _, o, g in pts if o > 0]
+            tops += ys
+            colour, style = styles[team]
+            ax.plot(xs, ys, linewidth=1.2, color=colour, linestyle=style,
+                    label=team.rsplit("/", 1)[-1])  # fmt: skip
         ax.axhline(0.95, color="grey", linestyle=":", linewidth=1)
         ax.set_title(f"{r.metrics.policy}: delivered / owed so far")
         ax.set_xlabel("day")
+    axes[0][0].set_ylim(0.0, y_top(tops))  # shared: every panel shows every value
     axes[0][0].set_ylabel("delivered / owed (by period, per team)")
-    axes[0][-1].legend(fontsize=6, ncol=2, loc="lower right")
+    axes[0][-1].legend(fontsize=6, ncol=max(1, len(every) // 12), loc="center left",
+                       bbox_to_anchor=(1.01, 0.5))  # fmt: skip
     paths.append(_save(fig, out / "owed_delivered_over_time.png", plt))
     # 2. final per-team by-period measure, grouped by team
     fig, ax = plt.subplots(figsize=(max(8, len(results[0].metrics.team_rows) * 0.6), 4))
@@ -381,7 +414,7 @@ def write_plots(results: Sequence[RunResult], out: Path) -> list[Path]:
 
 def _save(fig: Any, path: Path, plt: Any) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # a legend beside the axes fits too
     plt.close(fig)
     return path
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -515,8 +515,12 @@ class _Sim:
         self._observe()
         return bool(result.appended) and result.decision.budget_spent
 
+    progress: Callable[[float], None] | None = None
+    """Told the simulated moment after each step (the CLI's progress bar)."""
+
     def stepped(self, t: float) -> None:
-        pass
+        if self.progress is not None:
+            self.progress(t)
 
     def _cancel(self, original: int) -> list[c.AnyCommand]:
         for job_id, orig in self.original_of.items():
@@ -550,6 +554,7 @@ def simulate(
     tick_s: float = 600.0,
     checkpoint_every_s: float = 3600.0,
     seed: int = 1,
+    progress: Callable[[float], None] | None = None,
 ) -> WhatIfRun:
     """Run the scenario through a fresh ledger in `home` (which must not hold one), deciding
     with the policy last recorded (the default when the log has no decision) unless `policy`
@@ -568,6 +573,7 @@ def simulate(
         half_life_s=registry.half_life_s(registry.config_of(chosen)),
     )
     sim = _Sim(scen, budgets, chosen, usage, home, tick_s, checkpoint_every_s, seed)
+    sim.progress = progress
     try:
         sim.run()
     finally:
@@ -706,15 +712,18 @@ def run_whatif(
     window_s: float | None = None,
     keep: Path | None = None,
     tick_s: float = 600.0,
+    progress: Callable[[float], None] | None = None,
 ) -> WhatIfReport:
-    """Steps 1-4 over the ledger in `home` (`actual`: its projection, caught up)."""
+    """Steps 1-4 over the ledger in `home` (`actual`: its projection, caught up); `progress`
+    is told the simulated moment after each step."""
     with open_source(home) as source:
         scen = scenario(log_events(source), start, end)
     with tempfile.TemporaryDirectory(prefix="gpuledger-whatif-") as tmp:
         where = keep if keep is not None else Path(tmp) / "ledger"
         run = simulate(
-            scen, where, budgets=budgets, policy=policy, window_s=window_s, tick_s=tick_s
-        )
+            scen, where, budgets=budgets, policy=policy, window_s=window_s, tick_s=tick_s,
+            progress=progress,
+        )  # fmt: skip
         with _projection(where) as store:
             mine = team_metrics(store, start, end, exclude=sorted(run.carried))
     theirs = team_metrics(actual, start, end)

@@ -383,6 +383,30 @@ def append_raw(home: Path | str, records: list[tuple[str, bytes]]) -> int:
         con.close()
 
 
+def pending_submissions(
+    n: int, members: list[tuple[str, str]], *, first_job_id: int, at: float, seed: int = 1
+) -> Iterator[e.AnyEvent]:
+    """`n` job submissions by `members` ((project, user) pairs), one a second before `at`
+    (a deep queue: appended with `append_to_store` on a scratch home in seconds, where `n`
+    submits through the API take minutes). Deterministic."""
+    rng = random.Random(seed)
+    for i in range(n):
+        project, user = members[i % len(members)]
+        unfunded = rng.random() < 0.2
+        yield e.JobSubmitted(
+            event_id=f"{rng.getrandbits(128):032x}",
+            at=at - n + i,
+            actor=user,
+            job_id=first_job_id + i,
+            account=project,
+            user=user,
+            gpus=rng.choice((1, 2, 4, 8)),
+            min_runtime_s=0 if unfunded else rng.choice((3600, 4 * 3600)),
+            resumable=rng.random() < 0.5,
+            command=("python", "train.py", f"--run={i}"),
+        )
+
+
 def _digest(n: int) -> str:
     """A stand-in SHA-256 hex digest (the synthetic log has no real ranks or order)."""
     return hashlib.sha256(str(n).encode()).hexdigest()

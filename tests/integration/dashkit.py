@@ -30,11 +30,13 @@ class Dashboard:
     """A job of `user_b` whose command holds SECRET."""
 
 
-def build(home: Path, *, days: float = 3.0, seed: int = 3) -> Dashboard:
+def build(home: Path, *, days: float = 3.0, seed: int = 3, load: float = 1.0) -> Dashboard:
     """Simulate `days` ending half a day ago, then submit live work as real users."""
     now = math.floor(time.time())
     work = synthetic(
-        Synthetic(seed=seed, programs=2, teams=4, users=12, days=days, capacity_gpus=NODES * 8)
+        Synthetic(
+            seed=seed, programs=2, teams=4, users=12, days=days, capacity_gpus=NODES * 8, load=load
+        )
     )
     config = SimConfig(
         cluster=Cluster(nodes=NODES), days=days, seed=seed, start_at=now - (days + 0.5) * 86400

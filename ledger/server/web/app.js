@@ -4,7 +4,7 @@
 
 const TOKEN_KEY = "gpuledger.token";
 const PAGE = document.body.dataset.page;
-const POLL_MS = { teams: 30000, queue: 5000, job: 5000, nodes: 5000, decisions: 5000 };
+const POLL_MS = { teams: 30000, queue: 5000, job: 5000, nodes: 5000, decisions: 5000, preemptions: 30000, budget: 30000 };
 const SVGNS = "http://www.w3.org/2000/svg";
 
 // --- small helpers --------------------------------------------------------------------------
@@ -36,6 +36,32 @@ function svg(tag, attrs, ...kids) {
 
 function when(at) {
   return at === null || at === undefined ? "—" : new Date(at * 1000).toLocaleString();
+}
+
+function utc(at) {
+  return new Date(at * 1000).toISOString().replace(/\.\d+Z$/, "Z").replace("T", " ");
+}
+
+// A time in the viewer's time zone (the page's one zone, named in the footer), UTC on hover.
+function timeEl(at) {
+  if (at === null || at === undefined) return "—";
+  const d = new Date(at * 1000);
+  const short = d.toLocaleString(undefined, { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", hourCycle: "h23" });
+  return el("time", { datetime: d.toISOString(), title: `${when(at)} here; ${utc(at)} (UTC)` }, short);
+}
+
+// A text from the server with its UTC times ("2026-11-29 12:00:00Z") in the viewer's zone.
+const UTC_TEXT = /\b(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)Z/g;
+
+function localised(text) {
+  const out = [];
+  let last = 0;
+  for (const m of String(text).matchAll(UTC_TEXT)) {
+    out.push(text.slice(last, m.index), timeEl(Date.parse(`${m[1]}T${m[2]}Z`) / 1000));
+    last = m.index + m[0].length;
+  }
+  out.push(String(text).slice(last));
+  return out;
 }
 
 function dur(s) {
@@ -187,36 +213,90 @@ async function teamsPage() {
 
 // --- queue ----------------------------------------------------------------------------------
 
-const queueState = { user: "", account: "", state: "all", mine: false };
+const queueState = { user: "", account: "", state: "all", reason: "", mine: false,
+  sort: "order", descending: false, offset: 0, limit: 100 };
+const QUEUE_COLUMNS = [  // [heading, sort column or null, width]
+  ["#", "order", "3.5em"], ["job", "job", "5em"], ["user", "user", "6.5em"], ["account", "account", "8.5em"],
+  ["GPUs", "gpus", "4.5em"], ["state", "state", "5.5em"], ["code", "code", "11em"], ["reason", null, "auto"],
+  ["sort key", null, "11em"], ["submitted", "submitted", "8.5em"], ["waiting", null, "5.5em"],
+  ["est. start", null, "8.5em"],
+];
 
 function queueFilters() {
+  const again = () => { queueState.offset = 0; refresh(); };
   const input = (name, ph) => el("input", { id: `f-${name}`, placeholder: ph, value: queueState[name],
-    on: { change: (ev) => { queueState[name] = ev.target.value.trim(); refresh(); } } });
-  const sel = el("select", { id: "f-state", on: { change: (ev) => { queueState.state = ev.target.value; refresh(); } } },
-    ["all", "pending", "held"].map((s) => el("option", { value: s, selected: s === queueState.state }, s)));
+    on: { change: (ev) => { queueState[name] = ev.target.value.trim(); again(); } } });
+  const sel = el("select", { id: "f-state", on: { change: (ev) => { queueState.state = ev.target.value; again(); } } },
+    ["all", "pending", "held", "running"].map((s) => el("option", { value: s, selected: s === queueState.state }, s)));
+  const reason = el("select", { id: "f-reason", on: { change: (ev) => { queueState.reason = ev.target.value; again(); } } },
+    el("option", { value: "" }, "any reason"));
   const mine = el("input", { type: "checkbox", id: "f-mine", checked: queueState.mine,
-    on: { change: (ev) => { queueState.mine = ev.target.checked; refresh(); } } });
+    on: { change: (ev) => { queueState.mine = ev.target.checked; again(); } } });
   return el("div", { class: "filters" }, input("user", "user"), input("account", "account (and below)"), sel,
-    el("label", {}, mine, " my jobs"));
+    reason, el("label", {}, mine, " my jobs"));
+}
+
+function reasonChoices(codes) {
+  const sel = document.getElementById("f-reason");
+  const known = Object.keys(codes).sort();
+  if (queueState.reason && !known.includes(queueState.reason)) known.push(queueState.reason);
+  sel.replaceChildren(el("option", { value: "" }, "any reason"),
+    ...known.map((c) => el("option", { value: c, selected: c === queueState.reason }, `${c} (${codes[c] || 0})`)));
+}
+
+function pager(total, offset, limit) {
+  const last = Math.max(0, Math.floor((total - 1) / limit) * limit);
+  const go = (to) => () => { queueState.offset = Math.min(last, Math.max(0, to)); refresh(); };
+  const b = (id, text, to, off) => el("button", { type: "button", id, disabled: off, on: { click: go(to) } }, text);
+  const shown = total ? `${(offset + 1).toLocaleString()}–${Math.min(total, offset + limit).toLocaleString()}` : "0";
+  return el("div", { class: "filters pager" },
+    b("page-first", "« first", 0, offset === 0), b("page-prev", "‹ previous", offset - limit, offset === 0),
+    el("span", { id: "queue-range", "data-total": total, "data-offset": offset }, `${shown} of ${total.toLocaleString()} jobs`),
+    b("page-next", "next ›", offset + limit, offset + limit >= total), b("page-last", "last »", last, offset + limit >= total));
+}
+
+function keyPart(p, i) {
+  // compact: the values in key order, each part's name and meaning on hover
+  const value = typeof p.value === "number" && /_at$/.test(p.name) ? timeEl(p.value)
+    : typeof p.value === "number" ? `${+p.value.toFixed(4)}` : p.value;
+  return el("span", { class: "part", title: `${p.name}: ${p.meaning}` }, i ? " · " : "", value);
 }
 
 async function queuePage(first) {
   if (first) document.getElementById("main").replaceChildren(el("h1", {}, "Queue in dispatch order"), queueFilters(), el("div", { id: "queue-body" }));
-  const q = new URLSearchParams({ state: queueState.state });
+  const q = new URLSearchParams({ state: queueState.state, sort: queueState.sort, descending: queueState.descending,
+    offset: queueState.offset, limit: queueState.limit });
   const user = queueState.mine ? ME.actor : queueState.user;
   if (user) q.set("user", user);
   if (queueState.account) q.set("account", queueState.account);
-  const rows = await api(`/ui/api/queue?${q}`);
-  const body = table(["#", "job", "user", "account", "GPUs", "state", "code", "reason", "sort key", "submitted", "waiting", "estimated start"],
-    rows.map(({ row: r, parts }) => el("tr", { "data-job": r.job_id },
+  if (queueState.reason) q.set("reason", queueState.reason);
+  const page = await api(`/ui/api/queue?${q}`);
+  if (page.total && page.offset >= page.total) {  // the queue shrank under this page
+    queueState.offset = Math.max(0, Math.floor((page.total - 1) / queueState.limit) * queueState.limit);
+    return queuePage(false);
+  }
+  reasonChoices(page.codes);
+  const head = el("tr", {}, QUEUE_COLUMNS.map(([h, col]) => {
+    const on = col && queueState.sort === col;
+    const arrow = on ? (queueState.descending ? " ▼" : " ▲") : "";
+    return el("th", { class: /^(#|GPUs)$/.test(h) ? "num" : null, "data-sort": col,
+      "aria-sort": on ? (queueState.descending ? "descending" : "ascending") : null,
+      on: col ? { click: () => {
+        queueState.descending = on ? !queueState.descending : false;
+        queueState.sort = col; queueState.offset = 0; refresh();
+      } } : null }, h + arrow);
+  }));
+  const body = el("table", { id: "queue", class: "fixed" },
+    el("colgroup", {}, QUEUE_COLUMNS.map(([, , w]) => el("col", { style: w === "auto" ? null : `width:${w}` }))),
+    el("thead", {}, head),
+    el("tbody", {}, page.rows.map(({ row: r, parts }) => el("tr", { "data-job": r.job_id },
       td(r.order === null ? "—" : r.order, { class: "num", "data-col": "order" }),
-      td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.user), td(r.account),
-      td(r.gpus, { class: "num" }), td(r.state), td(r.code, { "data-col": "code" }), td(r.reason),
-      td(parts.map((p) => el("span", { title: p.meaning }, `${p.name}=${typeof p.value === "number" ? +p.value.toFixed(4) : p.value} `))),
-      td(when(r.submitted_at)), td(dur(r.waiting_s)), td(when(r.estimated_start_at)))),
-    { id: "queue" });
-  document.getElementById("queue-body").replaceChildren(
-    el("p", { class: "muted" }, `${rows.length} jobs`), body);
+      td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.user, { title: r.user }),
+      td(r.account, { title: r.account }), td(r.gpus, { class: "num" }), td(r.state),
+      td(r.code, { "data-col": "code", title: r.code }), td(localised(r.reason), { class: "wrap", "data-col": "reason" }),
+      td(parts.map(keyPart), { class: "wrap" }),
+      td(timeEl(r.submitted_at)), td(dur(r.waiting_s)), td(timeEl(r.estimated_start_at))))));
+  document.getElementById("queue-body").replaceChildren(pager(page.total, page.offset, page.limit), body);
 }
 
 // --- job ------------------------------------------------------------------------------------
@@ -312,9 +392,11 @@ async function nodesPage() {
       `${data.nodes.filter((n) => n.state !== "active").length} nodes not active; squatters outlined in red.`),
     el("div", { class: "grid", id: "nodes" }, cards),
     el("h2", {}, "Squatters (idle GPUs held)"),
+    el("p", { class: "muted", id: "squat-rule" }, `GPUs below ${data.squat_util_pct}% utilisation for ${dur(data.squat_after_s)} or more (the service's settings)`),
     table(["job", "user", "account", "GPUs", "idle since", "past contract", "managers"],
       data.squatters.map((s) => el("tr", {}, td(el("a", { href: `/ui/job?id=${s.job_id}` }, s.job_id)), td(s.user), td(s.account),
-        td(s.gpus, { class: "num" }), td(when(s.idle_since_at)), td(s.past_contract), td(s.managers.join(", ")))),
+        td(s.gpus, { class: "num" }), td(timeEl(s.idle_since_at)), td(s.past_contract ? "yes" : "no", { "data-col": "past_contract" }),
+        td(s.managers.join(", ") || "—"))),
       { id: "squatters" }));
 }
 
@@ -341,9 +423,10 @@ async function decisionsPage() {
   const chosen = new URLSearchParams(location.search).get("position");
   const list = table(["cycle", "decided", "placed", "preempted", "considered", "fragmented GPUs", "policy"],
     rows.map((r) => el("tr", { "data-position": r.position },
-      td(el("a", { href: `/ui/decisions?position=${r.position}` }, r.cycle_id)), td(when(r.decided_at)),
+      td(el("a", { href: `/ui/decisions?position=${r.position}` }, r.cycle_id)), td(timeEl(r.decided_at)),
       td(r.placed.length, { class: "num" }), td(r.preempted.length, { class: "num" }),
-      td(r.considered, { class: "num" }), td(r.fragmentation_gpus, { class: "num" }), td(r.policy_version))),
+      td(r.considered, { class: "num" }), td(r.fragmentation_gpus === null ? "—" : r.fragmentation_gpus, { class: "num" }),
+      td(r.policy_version))),
     { id: "decisions" });
   let detail = null;
   if (chosen && /^\d+$/.test(chosen)) {
@@ -353,13 +436,13 @@ async function decisionsPage() {
       el("h2", {}, `Cycle ${rec.cycle_id}`),
       table(["", ""], [
         ["decided", when(d.row.decided_at)], ["based on position", rec.based_on],
-        ["policy", `${rec.policy_version} ${JSON.stringify(rec.policy)}`],
-        ["ranks read at", rec.ranks ? `${rec.ranks.position} (digest ${rec.ranks.digest})` : "—"],
+        ["policy", rec.policy === null || rec.policy === undefined ? rec.policy_version : `${rec.policy_version} ${JSON.stringify(rec.policy)}`],
+        ["ranks read at", rec.ranks ? `${rec.ranks.position}${rec.ranks.digest ? ` (digest ${rec.ranks.digest})` : ""}` : "—"],
         ["placed", rec.placed.join(", ") || "none"], ["preempted", rec.preempted.join(", ") || "none"],
         ["considered", rec.waiting.considered],
         ["waiting by code", rec.waiting.counts.map(([c, n]) => `${c}: ${n}`).join(", ") || "—"],
-        ["wake at", when(rec.wake_at)], ["skipped empty cycles before", rec.skipped_cycles],
-      ].map(([k, v]) => el("tr", {}, td(k), td(v)))),
+        ["wake at", timeEl(rec.wake_at)], ["skipped empty cycles before", rec.skipped_cycles],
+      ].map(([k, v]) => el("tr", {}, td(k), td(v === null || v === undefined ? "—" : v)))),
       el("h2", {}, "The record"), el("pre", {}, JSON.stringify(rec, null, 1)));
   }
   main(el("h1", {}, "Decisions"), el("p", { class: "legend" },
@@ -368,9 +451,102 @@ async function decisionsPage() {
     `${rows.length} latest cycles`), cyclesChart(rows), detail, el("h2", {}, "Cycles"), list);
 }
 
+// --- preemptions ----------------------------------------------------------------------------
+
+const preemptState = { account: null, side: "both", window: "30d" };
+
+async function preemptionsPage(first) {
+  const q = new URLSearchParams({ side: preemptState.side, window: preemptState.window });
+  if (preemptState.account !== null) q.set("account", preemptState.account || "all");
+  const data = await api(`/ui/api/preemptions?${q}`);
+  const rep = data.report;
+  if (first || preemptState.account === null) preemptState.account = rep.account || "";
+  const choose = (key) => (ev) => { preemptState[key] = ev.target.value.trim(); refresh(); };
+  const accounts = el("datalist", { id: "managed" }, data.managed.map((a) => el("option", { value: a })));
+  const filters = el("div", { class: "filters" },
+    el("input", { id: "p-account", list: "managed", placeholder: "account (and below); empty: all",
+      value: preemptState.account, on: { change: choose("account") } }), accounts,
+    el("select", { id: "p-side", on: { change: choose("side") } },
+      [["both", "suffered and caused"], ["of", "suffered"], ["by", "caused"]].map(([v, t]) =>
+        el("option", { value: v, selected: v === preemptState.side }, t))),
+    el("select", { id: "p-window", on: { change: choose("window") } },
+      [["7d", "last 7 days"], ["30d", "last 30 days"], ["90d", "last 90 days"], ["all", "whole period"]].map(([v, t]) =>
+        el("option", { value: v, selected: v === preemptState.window }, t))));
+  const rows = rep.rows.map((r) => el("tr", { "data-position": r.position, "data-job": r.job_id },
+    td(timeEl(r.preempted_at)), td(r.side, { "data-col": "side" }),
+    td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.account || "—"), td(r.user_name || "—"),
+    td(r.gpus === null ? "—" : r.gpus, { class: "num" }), td(r.reason, { "data-col": "reason" }),
+    td(r.rule || "—", { "data-col": "rule" }),
+    td(r.for_job === null ? "—" : el("a", { href: `/ui/job?id=${r.for_job}` }, r.for_job), { "data-col": "for_job" }),
+    td(r.for_account || "—"), td(num(r.lost_gpu_hours, 2), { class: "num", "data-col": "lost" })));
+  const who = rep.account ? `${rep.account} and below` : "every team";
+  main(el("h1", {}, "Preemptions suffered and caused"), filters,
+    el("p", { id: "preempt-summary", "data-start": rep.start, "data-end": rep.end, "data-account": rep.account || "", "data-side": rep.side },
+      `${who}, `, timeEl(rep.start), " – ", timeEl(rep.end), `: suffered ${rep.suffered}, caused ${rep.caused}; `,
+      `GPU-hours lost ${num(rep.lost_gpu_hours, 1)}`),
+    table(["at", "side", "job", "account", "user", "GPUs", "reason", "victim rule", "for job", "for account", "lost GPU-h"],
+      rows, { id: "preemptions" }));
+}
+
+// --- budget review ------------------------------------------------------------------------
+
+const budgetState = { account: null, whatif: null, shares: null };
+
+function isoUtc(at) {
+  return utc(at).replace(" ", "T");
+}
+
+function whatifPanel(data, child) {
+  // the what-if of one share change: the budget file and the command that simulates the period
+  // with it (`gpuledger whatif` runs on the data directory, beside the server's host)
+  const input = el("input", { id: "whatif-shares", type: "number", min: 1, value: budgetState.shares ?? child.raw_shares });
+  const out = el("pre", { id: "whatif-command" });
+  const draw = () => {
+    const toml = `[accounts."${child.account}"]\nkind = "${child.kind}"\nshares = ${input.value || child.raw_shares}\n`;
+    out.textContent = `cat > review.toml <<'EOF'\n${toml}EOF\n` +
+      `gpuledger whatif --budgets review.toml --from ${isoUtc(data.start)} --to ${isoUtc(data.at)}`;
+  };
+  input.addEventListener("input", () => { budgetState.shares = input.value; draw(); });
+  draw();
+  return el("div", { id: "whatif", class: "card" },
+    el("h3", {}, `What if ${child.account} held other shares?`),
+    el("p", {}, "Shares ", input, ` (now ${child.raw_shares}; its siblings keep theirs). `,
+      "The what-if re-simulates the last 4 weeks' submissions with it and compares per team:"),
+    out);
+}
+
+async function budgetPage(first) {
+  const q = new URLSearchParams();
+  if (budgetState.account !== null) q.set("account", budgetState.account);
+  const data = await api(`/ui/api/budget?${q}`);
+  if (budgetState.account === null) budgetState.account = data.account;
+  const input = el("input", { id: "b-account", list: "b-managed", value: data.account,
+    placeholder: "account (empty: the programs)",
+    on: { change: (ev) => { budgetState.account = ev.target.value.trim(); budgetState.whatif = null; refresh(); } } });
+  const rows = data.children.map((c) => el("tr", { "data-account": c.account },
+    td(c.account.split("/").pop(), { title: c.account }), td(c.kind),
+    td(c.raw_shares, { class: "num", "data-col": "raw_shares" }),
+    td(num(c.norm_shares, 4), { class: "num", "data-col": "norm_shares" }),
+    td(num(c.usage_gpu_hours, 1), { class: "num", "data-col": "usage" }),
+    td(num(c.owed_gpu_hours, 1), { class: "num", "data-col": "owed" }),
+    td(num(c.delivered_gpu_hours, 1), { class: "num", "data-col": "delivered" }),
+    td(pct(c.by_period), { class: "num", "data-col": "by_period" }),
+    td(el("button", { type: "button", class: "whatif", on: { click: () => { budgetState.whatif = c.account; budgetState.shares = null; refresh(); } } }, "what if…"))));
+  const chosen = data.children.find((c) => c.account === budgetState.whatif);
+  main(el("h1", {}, `Budget review: ${data.account || "the programs"}`),
+    el("div", { class: "filters" }, input, el("datalist", { id: "b-managed" }, data.managed.map((a) => el("option", { value: a })))),
+    el("p", { id: "budget-period", "data-start": data.start, "data-at": data.at, class: "muted" },
+      "Each child's shares of its parent, and over the last 4 weeks (", timeEl(data.start), " – ", timeEl(data.at),
+      "): funded usage, owed (its share of the capacity, capped hour by hour by its demand) and delivered."),
+    table(["account", "kind", "RawShares", "NormShares", "usage GPU-h", "owed GPU-h", "delivered GPU-h", "delivered/owed", ""],
+      rows, { id: "budget" }),
+    chosen ? whatifPanel(data, chosen) : null);
+}
+
 // --- the loop -------------------------------------------------------------------------------
 
-const PAGES = { teams: teamsPage, queue: queuePage, job: jobPage, nodes: nodesPage, decisions: decisionsPage };
+const PAGES = { teams: teamsPage, queue: queuePage, job: jobPage, nodes: nodesPage, decisions: decisionsPage,
+  preemptions: preemptionsPage, budget: budgetPage };
 let ME = null;
 let timer = null;
 let started = false;

@@ -1,0 +1,531 @@
+"""The dashboard over a deep queue (Debian's chromium driven by Playwright, a real `gpuledger
+serve`): a simulated history plus 10,000 pending jobs (appended with the test-support writer,
+not 10,000 submits). The queue page pages through every job to the last, its total is what
+`queue --json` lists, sorting and the filters are done by the server, every time is in the
+viewer's zone (UTC on hover, reason texts too), and no page's table is wider than a 1,440 px
+window."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page
+
+from ledger.store.application import Ledger
+from projections.testing.synthetic import append_to_store, pending_submissions
+from tests.integration.dashkit import Dashboard, build
+from tests.integration.serverkit import GPULEDGER, Server, cli, env_for, make_token, start_server
+from tests.integration.test_dashboard import TIMEZONE, browser
+
+__all__ = ["browser"]  # the module fixture, shared
+
+PENDING = 10_000
+WIDE = {"width": 1440, "height": 900}
+UTC_TEXT = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\dZ")
+
+
+@dataclass
+class Deep:
+    dash: Dashboard
+    server: Server
+    root: str
+    user: str
+    """A plain user's token."""
+    manager: str
+    """The token of a budget owner: the manager of `boss`."""
+    boss: str
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deep]:
+    home = tmp_path_factory.mktemp("deep") / "ledger"
+    dash = build(home, days=2.0, seed=3, load=2.0)  # a busy history: preemptions
+    ledger = Ledger(home)
+    try:
+        members = sorted((p, u) for p, us in ledger.state.members.items() for u in us)
+        first = ledger.state.next_job_id
+    finally:
+        ledger.close()
+    at = time.time() - 60
+    append_to_store(home, pending_submissions(PENDING, members, first_job_id=first, at=at))
+    for job in (first, first + 1, first + 7):  # a second reason: held
+        cli(home, "hold", str(job), GPULEDGER_USER="root")
+    boss = dash.project_b.split("/")[0]
+    cli(home, "manager", "grant", "boss", boss, GPULEDGER_USER="root")
+    root = make_token(home, "--user", "root")
+    user = make_token(home, "--user", dash.user_a)
+    manager = make_token(home, "--user", "boss")
+    server = start_server(home, "--interval", "5s", "--squat-after", "1s")
+    try:
+        deadline = time.monotonic() + 240
+        while server.request("GET", "/v1/health")[1]["cycles"] < 2:
+            assert time.monotonic() < deadline, server.log_path.read_text()
+            time.sleep(0.2)
+        yield Deep(dash, server, root, user, manager, boss)
+    finally:
+        assert server.stop() == 0, server.log_path.read_text()
+
+
+def cli_queue(d: Deep, *args: str) -> list[dict[str, Any]]:
+    out = cli(d.dash.home, "queue", "--json", "--limit", "100000", *args, GPULEDGER_USER="root")
+    rows: list[dict[str, Any]] = json.loads(out.stdout)
+    return rows
+
+
+def api_pages(d: Deep, query: str = "") -> tuple[int, list[int]]:
+    """Every page of the queue through /ui/api/queue: the total it says and the jobs it gives."""
+    ids: list[int] = []
+    total = offset = 0
+    while True:
+        status, body = d.server.request(
+            "GET", f"/ui/api/queue?limit=1000&offset={offset}{query}", token=d.root
+        )
+        assert status == 200, body
+        total = body["total"]
+        ids += [e["row"]["job_id"] for e in body["rows"]]
+        offset += 1000
+        if offset >= total:
+            return total, ids
+
+
+def stable(d: Deep, read: Any, *args: str) -> tuple[Any, list[dict[str, Any]]]:
+    """`read()` between two equal CLI queues (nothing moved while it read)."""
+    for _ in range(5):
+        before = cli_queue(d, *args)
+        got = read()
+        after = cli_queue(d, *args)
+        if [q["job_id"] for q in before] == [q["job_id"] for q in after]:
+            return got, after
+    raise AssertionError("the queue kept changing under five reads")
+
+
+def opened(browser: Browser, token: str) -> Page:
+    ctx = browser.new_context(viewport=WIDE, timezone_id=TIMEZONE)
+    ctx.add_init_script(f"localStorage.setItem('gpuledger.token', {json.dumps(token)})")
+    return ctx.new_page()
+
+
+def range_of(page: Page) -> tuple[int, int]:
+    r = page.locator("#queue-range")
+    return int(r.get_attribute("data-total") or -1), int(r.get_attribute("data-offset") or -1)
+
+
+def test_every_page_of_the_queue_in_the_clis_order_to_the_last_job(deep: Deep) -> None:
+    (total, ids), want = stable(deep, lambda: api_pages(deep))
+    assert total == len(want) == len(ids) >= PENDING
+    assert ids == [q["job_id"] for q in want]
+
+
+def test_the_browser_pages_to_the_last_job_and_shows_the_true_total(
+    deep: Deep, browser: Browser
+) -> None:
+    page = opened(browser, deep.root)
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+
+    def shown() -> tuple[int, int, int]:
+        page.goto(deep.server.url + "/ui/queue")
+        page.wait_for_selector("#queue tbody tr")
+        total, offset = range_of(page)
+        first = int(page.locator("#queue tbody tr").first.get_attribute("data-job") or 0)
+        return total, offset, first
+
+    (total, offset, first), want = stable(deep, shown)
+    assert (total, offset) == (len(want), 0) and first == want[0]["job_id"]
+    assert page.locator("#queue tbody tr").count() == 100
+    page.click("#page-next")
+    page.wait_for_selector("#queue-range[data-offset='100']")
+    assert page.locator("#queue tbody tr").first.get_attribute("data-job") == str(
+        want[100]["job_id"]
+    )
+    page.click("#page-last")
+    last = (total - 1) // 100 * 100
+    page.wait_for_selector(f"#queue-range[data-offset='{last}']")
+    rows = page.locator("#queue tbody tr")
+    assert rows.count() == total - last
+    assert rows.last.get_attribute("data-job") == str(want[-1]["job_id"])
+    assert page.locator("#page-next").is_disabled()
+    assert f"of {total:,} jobs" in page.locator("#queue-range").inner_text()
+    assert errors == []
+
+
+def test_sorting_and_the_filters_are_the_servers(deep: Deep, browser: Browser) -> None:
+    page = opened(browser, deep.root)
+    page.goto(deep.server.url + "/ui/queue")
+    page.wait_for_selector("#queue tbody tr")
+    # sort by user, then the other way: the whole queue's first and last users
+    page.click("th[data-sort=user]")
+    page.wait_for_selector("th[data-sort=user][aria-sort=ascending]")
+    users = sorted(q["user"] for q in cli_queue(deep))
+    cells = page.locator("#queue tbody tr td:nth-child(3)")
+    assert cells.first.inner_text() == users[0]
+    page.click("th[data-sort=user]")
+    page.wait_for_selector("th[data-sort=user][aria-sort=descending]")
+    assert page.locator("#queue tbody tr td:nth-child(3)").first.inner_text() == users[-1]
+    # the reason filter offers every code with its count; choosing one gives its true total
+    codes = {o.get_attribute("value") for o in page.locator("#f-reason option").all()} - {""}
+
+    def totals() -> dict[str, int]:
+        out = {}
+        for c in sorted(codes):
+            q = f"/ui/api/queue?limit=1&reason={c}"
+            out[c] = deep.server.request("GET", q, token=deep.root)[1]["total"]
+        return out
+
+    total_by_code, want = stable(deep, totals)
+    counted: dict[str, int] = {}
+    for q in want:
+        counted[q["code"]] = counted.get(q["code"], 0) + 1
+    assert total_by_code == counted and len(counted) >= 2
+    code = max(counted, key=lambda c: counted[c])
+    page.select_option("#f-reason", code)
+    page.wait_for_selector(f"#queue-range[data-total='{counted[code]}']")
+    assert {c.inner_text() for c in page.locator("[data-col=code]").all()} == {code}
+    # user and account filters: the totals `queue --user/--account` give
+    user = deep.dash.user_a
+    got, want = stable(
+        deep,
+        lambda: deep.server.request("GET", f"/ui/api/queue?limit=1&user={user}", token=deep.root),
+        "--user",
+        user,
+    )
+    assert got[1]["total"] == len(want) > 0
+    account = deep.dash.project_b
+    got, want = stable(
+        deep,
+        lambda: deep.server.request(
+            "GET", f"/ui/api/queue?limit=1&account={account}", token=deep.root
+        ),
+        "--account",
+        account,
+    )
+    assert got[1]["total"] == len(want) > 0
+    assert deep.server.request("GET", "/ui/api/queue?sort=nothing", token=deep.root)[0] == 400
+
+
+def test_times_are_in_the_viewers_zone_with_utc_on_hover(deep: Deep, browser: Browser) -> None:
+    page = opened(browser, deep.user)
+    page.goto(deep.server.url + "/ui/queue")
+    page.wait_for_selector("#queue tbody tr")
+    text = page.locator("#queue").inner_text()
+    assert not UTC_TEXT.search(text), UTC_TEXT.search(text)
+    times = page.locator("#queue time").all()
+    assert times
+    for t in times[:50]:
+        title = t.get_attribute("title") or ""
+        assert title.endswith("(UTC)") and UTC_TEXT.search(title), title
+    # a reason text with a time: shown in the viewer's zone, UTC on hover
+    _, body = deep.server.request("GET", "/ui/api/queue?limit=1000", token=deep.user)
+    with_time = [e for e in body["rows"] if UTC_TEXT.search(e["row"]["reason"])]
+    if with_time:
+        job = with_time[0]["row"]["job_id"]
+        cell = page.locator(f"#queue tr[data-job='{job}'] [data-col=reason]")
+        if cell.count():
+            assert cell.locator("time").count() >= 1
+            assert not UTC_TEXT.search(cell.inner_text())
+
+
+def test_no_table_is_wider_than_the_window_at_1440_px(deep: Deep, browser: Browser) -> None:
+    page = opened(browser, deep.root)
+    status, latest = deep.server.request("GET", "/ui/api/decisions?limit=1", token=deep.root)
+    assert status == 200 and latest
+    visits = {
+        "teams": "#shares tbody tr",
+        "queue": "#queue tbody tr",
+        "nodes": "#nodes .card",
+        f"decisions?position={latest[0]['position']}": "#decision",
+        "preemptions": "#preempt-summary",
+        "budget": "#budget tbody tr",
+    }
+    for path, ready in visits.items():
+        page.goto(f"{deep.server.url}/ui/{path}")
+        page.wait_for_selector(ready)
+        widths = page.evaluate(
+            "[...document.querySelectorAll('table')].map(t => [t.id, "
+            "Math.ceil(t.getBoundingClientRect().right)])"
+        )
+        inner = page.evaluate("window.innerWidth")
+        assert widths and all(w <= inner for _, w in widths), (path, widths)
+        assert page.evaluate("document.documentElement.scrollWidth") <= inner, path
+
+
+def iso(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+Shown = list[tuple[int, str, int, str, str]]
+
+
+def shown_preemptions(page: Page) -> tuple[dict[str, Any], Shown]:
+    summary = page.locator("#preempt-summary")
+    at = {k: summary.get_attribute(f"data-{k}") for k in ("start", "end", "account")}
+    rows = [
+        (
+            int(r.get_attribute("data-position") or 0),
+            r.locator("[data-col=side]").inner_text(),
+            int(r.get_attribute("data-job") or 0),
+            r.locator("[data-col=rule]").inner_text(),
+            r.locator("[data-col=lost]").inner_text(),
+        )
+        for r in page.locator("#preemptions tbody tr").all()
+    ]
+    return at, rows
+
+
+def cli_preemptions(d: Deep, at: dict[str, Any], *args: str) -> Shown:
+    out = cli(
+        d.dash.home, "report", "preemptions", "--since", iso(float(at["start"])),
+        "--at", iso(float(at["end"])), "--json", *args, GPULEDGER_USER="root",
+    )  # fmt: skip
+    rep = json.loads(out.stdout)
+    return [
+        (r["position"], r["side"], r["job_id"], r["rule"] or "—", f"{r['lost_gpu_hours']:.2f}")
+        for r in rep["rows"]
+    ]
+
+
+def test_the_preemptions_page_equals_the_cli_report(deep: Deep, browser: Browser) -> None:
+    # an admin (no budget of their own): every preemption of the window
+    page = opened(browser, deep.root)
+    page.goto(deep.server.url + "/ui/preemptions")
+    page.wait_for_selector("#preempt-summary")
+    at, rows = shown_preemptions(page)
+    assert at["account"] == "" and rows == cli_preemptions(deep, at) and len(rows) >= 3
+    assert {r[1] for r in rows} == {"all"}
+    # a budget owner: their subtree by default, suffered and caused, as `-A` gives it
+    page = opened(browser, deep.manager)
+    page.goto(deep.server.url + "/ui/preemptions")
+    page.wait_for_selector("#preempt-summary")
+    at, rows = shown_preemptions(page)
+    assert at["account"] == deep.boss
+    assert rows == cli_preemptions(deep, at, "-A", deep.boss)
+    assert page.locator("#p-account").input_value() == deep.boss
+    # only what its jobs caused, then another team's suffered ones
+    for side, flag in (("by", "--by"), ("of", "--of")):
+        page.select_option("#p-side", side)
+        page.wait_for_selector(f"#preempt-summary[data-side={side}]")
+        at, rows = shown_preemptions(page)
+        assert rows == cli_preemptions(deep, at, "-A", deep.boss, flag), side
+        assert all(r[1] == ("caused" if side == "by" else "suffered") for r in rows)
+    status, body = deep.server.request(
+        "GET", "/ui/api/preemptions?account=all&window=all", token=deep.user
+    )
+    assert status == 200 and body["managed"] == [] and body["report"]["account"] is None
+    # an account that never existed is one error line, not an empty report (nor a LIKE pattern)
+    for bad in ("no/such", "%", "prog_"):
+        assert (
+            deep.server.request("GET", f"/ui/api/preemptions?account={bad}", token=deep.user)[0]
+            == 404
+        ), bad
+        got = subprocess.run(
+            [GPULEDGER, "report", "preemptions", "-A", bad],
+            env=env_for(deep.dash.home, GPULEDGER_USER="root"),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert got.returncode == 1 and got.stderr.startswith("error: no account"), got.stderr
+        assert len(got.stderr.strip().splitlines()) == 1
+    total = sum(1 for _ in body["report"]["rows"])
+    assert total == len(json.loads(cli(deep.dash.home, "audit", "preemptions", "--json").stdout))
+
+
+def test_nodes_take_the_services_squatting_rule_and_pages_print_no_null(
+    deep: Deep, browser: Browser
+) -> None:
+    # a running job idle from now on: a squatter after the service's 1 s, inside its contract
+    running = [j for j in json.loads(cli(deep.dash.home, "jobs", "--json", "--status", "running",
+               GPULEDGER_USER="root").stdout) if j["nodes"]]  # fmt: skip
+    job = max(running, key=lambda j: j["job_id"])  # a live one: its contract runs
+    status, body = deep.server.request(
+        "POST",
+        "/v1/commands/job.sample",
+        {"actor": "", "job_id": job["job_id"], "gpu_utilisation": [0.0] * job["gpus"]},
+        token=deep.root,
+    )
+    assert status == 200, body
+    deadline = time.monotonic() + 60
+    while True:
+        status, nodes = deep.server.request("GET", "/ui/api/nodes", token=deep.root)
+        assert status == 200 and (nodes["squat_after_s"], nodes["squat_util_pct"]) == (1.0, 10.0)
+        if any(q["job_id"] == job["job_id"] for q in nodes["squatters"]):
+            break
+        assert time.monotonic() < deadline, nodes["squatters"]
+        time.sleep(0.5)
+    page = opened(browser, deep.root)
+    page.goto(deep.server.url + "/ui/nodes")
+    page.wait_for_selector("#squatters tbody tr")
+    assert "1s" in page.locator("#squat-rule").inner_text()
+    cells = [c.inner_text() for c in page.locator("#squatters [data-col=past_contract]").all()]
+    assert cells and set(cells) <= {"yes", "no"} and "no" in cells, cells
+    want = json.loads(cli(deep.dash.home, "squatters", "--after", "1s", "--json",
+                          GPULEDGER_USER="root").stdout)  # fmt: skip
+    assert job["job_id"] in {q["job_id"] for q in want}
+    # the decisions page: a dash where a value is missing, never the word "null"
+    status, latest = deep.server.request("GET", "/ui/api/decisions?limit=20", token=deep.root)
+    assert status == 200 and latest
+    for d in latest[:3]:
+        page.goto(f"{deep.server.url}/ui/decisions?position={d['position']}")
+        page.wait_for_selector("#decision table")
+        shown = page.locator("#decision table").first.inner_text()
+        assert "null" not in shown and "undefined" not in shown, shown
+    assert "null" not in page.locator("#decisions").inner_text()
+
+
+def scrape(d: Deep) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, text = d.server.request("GET", "/metrics", token=d.root)
+    assert status == 200
+    raw = text.decode() if isinstance(text, bytes) else str(text)
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for fam in text_string_to_metric_families(raw):
+        for x in fam.samples:
+            out.setdefault(x.name, {})[tuple(sorted(x.labels.items()))] = x.value
+    return out
+
+
+def team(account: str) -> str:
+    return "/".join(account.split("/")[:2])
+
+
+def test_kueue_named_metrics_count_what_the_cli_lists(deep: Deep) -> None:
+    got, queue = stable(deep, lambda: scrape(deep))
+    pending: dict[tuple[str, str], int] = {}
+    for q in queue:
+        status = (
+            "inadmissible"
+            if q["code"] in ("HELD", "WAIT_DEPENDENCY", "WAIT_ARRAY_LIMIT")
+            else "active"
+        )
+        pending[(team(q["account"]), status)] = pending.get((team(q["account"]), status), 0) + 1
+    shown = {
+        (dict(k)["cluster_queue"], dict(k)["status"]): v
+        for k, v in got["kueue_pending_workloads"].items()
+    }
+    assert shown == pending and ("inadmissible" in {s for _, s in pending})
+
+    def counted() -> tuple[Any, Any, Any, Any]:
+        """A scrape with the CLI's jobs, preemptions and nodes read while nothing moved."""
+        for _ in range(5):
+            before = deep.server.head()
+            got = scrape(deep)
+            home = deep.dash.home
+            jobs = json.loads(
+                cli(home, "jobs", "--json", "--limit", "100000", GPULEDGER_USER="root").stdout
+            )
+            out = cli(home, "audit", "preemptions", "--json", GPULEDGER_USER="root").stdout
+            nodes = json.loads(cli(home, "node", "list", "--json", GPULEDGER_USER="root").stdout)
+            if deep.server.head() == before:
+                return got, jobs, json.loads(out), nodes
+        raise AssertionError("the log kept moving under five reads")
+
+    got, jobs, preempted, nodes = counted()
+    admitted: dict[str, int] = {}
+    for j in jobs:
+        if j["placements"]:
+            admitted[team(j["account"])] = admitted.get(team(j["account"]), 0) + j["placements"]
+    shown_a = {
+        dict(k)["cluster_queue"]: v for k, v in got["kueue_admitted_workloads_total"].items()
+    }
+    assert shown_a == admitted and sum(admitted.values()) > PENDING // 1000
+    evicted: dict[tuple[str, str], int] = {}
+    for p in preempted:
+        key = (team(p["account"]), p["reason"])
+        evicted[key] = evicted.get(key, 0) + 1
+    shown_e = {
+        (dict(k)["cluster_queue"], dict(k)["reason"]): v
+        for k, v in got["kueue_evicted_workloads_total"].items()
+    }
+    assert shown_e == evicted and evicted
+    assert sum(got["kueue_preempted_workloads_total"].values()) == sum(evicted.values())
+    held = sum(n["gpus"] - n["free_gpus"] for n in nodes)
+    assert sum(got["kueue_cluster_queue_resource_usage"].values()) == held > 0
+    for labels in got["kueue_cluster_queue_resource_usage"]:
+        x = dict(labels)
+        assert x["resource"] == "nvidia.com/gpu" and x["cluster_queue"].startswith(
+            x["cohort"] + "/"
+        )
+    # the Grafana dashboard in deploy/ charts only series the server exports
+    board = json.loads(
+        (Path(__file__).parents[2] / "deploy" / "grafana-gpuledger.json").read_text()
+    )
+    names = {
+        m
+        for p in board["panels"]
+        for t in p["targets"]
+        for m in re.findall(r"\b(?:gpuledger|kueue)_[a-z_]+", t["expr"])
+    }
+    exported = {n.removesuffix("_bucket") for n in got} | set(got)
+    assert names and names <= exported | {"gpuledger_relay_lag_events"}, names - exported
+
+
+def test_the_budget_review_equals_the_cli_and_offers_the_what_if(
+    deep: Deep, browser: Browser
+) -> None:
+    from ledger.core import budget
+
+    page = opened(browser, deep.manager)
+    page.goto(deep.server.url + "/ui/budget")
+    page.wait_for_selector("#budget tbody tr")
+    period = page.locator("#budget-period")
+    at = float(period.get_attribute("data-at") or "nan")
+    start = float(period.get_attribute("data-start") or "nan")
+    assert at - start == 28 * 86400 and page.locator("#b-account").input_value() == deep.boss
+    shown = {
+        r.get_attribute("data-account"): tuple(
+            r.locator(f"[data-col={c}]").inner_text()
+            for c in ("raw_shares", "norm_shares", "usage", "owed", "delivered")
+        )
+        for r in page.locator("#budget tbody tr").all()
+    }
+
+    def read(*args: str) -> Any:
+        return json.loads(cli(deep.dash.home, *args, "--json", GPULEDGER_USER="root").stdout)
+
+    shares = {r["account"]: r for r in read("shares", "--at", iso(at))}
+    usage = {
+        r["name"]: r["usage_gpu_hours"] for r in read("usage", "--at", iso(at), "--window", "28d")
+    }
+    report = read("report", "delivered", "--at", iso(at), "--window", "28d", "--team-depth", "2")
+    owed = {t["team"]: t for t in report["teams"]}
+    want = {
+        a: (
+            str(r["raw_shares"]),
+            f"{r['norm_shares']:.4f}",
+            f"{usage.get(a, 0.0):.1f}",
+            f"{owed[a]['owed_gpu_hours'] if a in owed else 0.0:.1f}",
+            f"{owed[a]['delivered_gpu_hours'] if a in owed else 0.0:.1f}",
+        )
+        for a, r in shares.items()
+        if r["parent"] == deep.boss
+    }
+    assert shown == want and len(want) >= 2
+    assert any(float(x[4]) > 0 for x in shown.values())
+    # the what-if of a share change, one click away: a budget file and the command for the period
+    page.locator("#budget tbody tr button.whatif").first.click()
+    page.wait_for_selector("#whatif-command")
+    page.fill("#whatif-shares", "7")
+    text = page.locator("#whatif-command").inner_text()
+    at = float(period.get_attribute("data-at") or "nan")  # the period the panel was drawn with
+    start = float(period.get_attribute("data-start") or "nan")
+    assert f"--from {iso(start)} --to {iso(at)}" in text and "gpuledger whatif --budgets" in text
+    toml = text.split("<<'EOF'\n", 1)[1].split("EOF\n", 1)[0]
+    parsed = budget.parse(toml.encode(), "review")
+    first = next(iter(shown))
+    assert {a: x.shares for a, x in parsed.accounts.items()} == {first: 7}
+    # a plain user reviews the programs; an account that does not exist is a 404
+    status, body = deep.server.request("GET", "/ui/api/budget", token=deep.user)
+    assert status == 200 and body["account"] == "" and body["children"]
+    assert {c["account"] for c in body["children"]} == {
+        a for a, r in shares.items() if r["parent"] is None
+    }
+    bad = deep.server.request("GET", "/ui/api/budget?account=nothing/here", token=deep.user)
+    assert bad[0] == 404
