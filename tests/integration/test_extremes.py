@@ -122,6 +122,13 @@ def build(home: Path) -> None:
         )  # fmt: skip
         clock.advance_to(LATE)
         ledger.execute(c.PreemptJob(actor=ADMIN, job_id=1, note=TEXT))  # requeued: resumable
+        ledger.execute(  # the engine confirms the stopped run's end
+            c.ConfirmRunEnded(
+                actor="@executor", job_id=1, engine="e" * 63, engine_job_id="9" * 63,
+                run=ledger.state.jobs[1].preemptions - 1, ended_at=LATE, exit_code=-(2**31),
+                killed=True, note=TEXT,
+            )
+        )  # fmt: skip
         d.cycle(LATE)
         ledger.execute_all(
             [

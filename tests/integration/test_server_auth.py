@@ -189,6 +189,12 @@ CASES: dict[str, Case] = {
         frozenset({"node", "admin"}),
         succeeds=False,  # job 1 already runs
     ),
+    "job.run_ended": Case(  # the agents report run ends through their own API
+        "POST",
+        "/v1/commands/job.run_ended",
+        cmd(job_id=1, engine="agent", engine_job_id="1.1", run=0),
+        ADMIN,
+    ),
     "token.issue": Case(
         "POST",
         "/v1/commands/token.issue",
@@ -235,6 +241,7 @@ CASES: dict[str, Case] = {
     "report delivered": Case(
         "GET", "/v1/report/delivered?start=0&end=2000000000", lambda w: None, READERS
     ),
+    "report preemptions": Case("GET", "/v1/report/preemptions", lambda w: None, READERS),
     "queue": Case("GET", "/v1/queue?state=pending", lambda w: None, READERS),
     "priority": Case("GET", "/v1/priority", lambda w: None, READERS),
     "explain": Case("GET", "/v1/explain?job_id=1", lambda w: None, READERS),
