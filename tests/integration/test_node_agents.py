@@ -467,8 +467,18 @@ def test_samples_checkpoints_status_and_drain(cluster: Cluster) -> None:
                 GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
     assert f"drained node {node}: stopped 1 job(s)" in drain.stdout
     assert not alive(pid)
-    j = c.wait_status(job, "finished")
-    assert (j["outcome"], j["exit_code"]) == ("failed", 128 + signal.SIGTERM)  # SIGTERM ended it
+    # F5: a resumable job with a checkpoint is requeued (a maintenance preemption), as
+    # `node drain` would; F17: the node is drained in the ledger, not left active
+    wait_for("the job to be requeued", lambda: c.events("job.requeued.v1"), 30, c.why)
+    (pre,) = c.events("job.preempted.v1")
+    assert pre["job_id"] == job and pre["reason"] == "maintenance", pre
+    assert not [ev for ev in c.events("job.finished.v2") if ev["job_id"] == job]
+    assert c.nodes()[node] == "drained", c.nodes()
+    j = c.wait_status(job, "running", "placed")  # again, on another node
+    assert j["placements"] == 2 and node not in j["nodes"], j
+    # an agent that registers again brings its node back
+    ag.start()
+    wait_for("the node to return", lambda: c.nodes()[node] == "active", 30, c.why)
 
 
 def test_an_agent_that_finds_other_gpus_than_the_ledger_is_one_clear_error(
