@@ -17,10 +17,10 @@ from ledger.core.state import State
 from ledger.cycle.inputs import snapshot_from_state
 from ledger.dispatch.engine import decide as dispatch
 from ledger.dispatch.registry import build
-from ledger.reads.preview import estimated_starts
+from ledger.reads.preview import dependency_ends, estimated_starts
 from schemas import commands as c
 from schemas.errors import InvalidCommand
-from schemas.events import FinishReason
+from schemas.events import Dependency, FinishReason
 
 SCRIPT = """#!/bin/bash
 # a comment
@@ -125,6 +125,15 @@ def test_the_estimate_counts_the_jobs_the_next_cycle_places() -> None:
     decision = dispatch(snap, build("fifo"), now)
     starts = estimated_starts(state, snap, decision, now)
     assert starts == {1: now, 2: now + 3600, 3: now + 7200, 4: now + 10800, 5: None}
+    # F13: a job waiting for job 2 may start once job 2 reaches its limit, not "unknown";
+    # waiting for job 4 (no limit): nobody knows
+    for dep in (2, 4):
+        cmd = c.SubmitJob(actor="u", account="p/q", gpus=1,
+                          dependency=(Dependency(kind="afterok", job_ids=(dep,)),))  # fmt: skip
+        for ev in decide(state, cmd, 0.0, ids):
+            evolve(state, ev)
+    assert dependency_ends(state, 6, starts, now) == now + 3600 + 3600
+    assert dependency_ends(state, 7, starts, now) is None
 
 
 def test_the_slurm_users_page_names_every_sbatch_option_and_finish_reason() -> None:
