@@ -59,6 +59,13 @@ class OsAccount:
     gid: int
     home: str = ""
     shell: str = ""
+    groups: tuple[str, ...] = ()
+    """The names of its groups (primary and supplementary)."""
+
+
+PRIVILEGED_GROUPS = frozenset({"root", "sudo", "wheel", "admin", "adm", "slurm", "munge"})
+"""Groups whose members can act for the system (sudo, read its logs, run Slurm): a member
+in one may be added by an admin alone, though a job of their own runs as them."""
 
 
 Lookup = Callable[[str], OsAccount | None]
@@ -122,10 +129,17 @@ class RunAs:
 
     def system(self, user: str, lookup: Lookup) -> OsAccount | None:
         """Pure: the OS account of `user` when it is a system account (`not_a_person`: root,
-        a uid outside [min_uid, max_uid], a nologin shell); None for a person's account or no
-        account at all."""
+        a uid outside [min_uid, max_uid], a nologin shell) or one with the system's rights
+        (in a `PRIVILEGED_GROUPS` group, a sudoer); None for a person's account or no account
+        at all."""
         found = lookup(self.os_name(user))
-        return found if found is not None and self.not_a_person(found) else None
+        if found is None:
+            return None
+        return found if self.not_a_person(found) or self.privileged(found) else None
+
+    def privileged(self, found: OsAccount) -> str:
+        """Pure: the privileged groups an account is in, in words ("" when none)."""
+        return ", ".join(sorted(PRIVILEGED_GROUPS & set(found.groups)))
 
 
 def admit(
@@ -148,7 +162,8 @@ def admit(
         if found is not None and not state.is_admin(cmd.actor):
             raise NotAuthorised(
                 f"{cmd.actor!r} may not add {cmd.user!r}: it is a system account "
-                f"({rule.not_a_person(found)}), which only an admin may add as a member",
+                f"({rule.not_a_person(found) or 'in group ' + rule.privileged(found)}), "
+                "which only an admin may add as a member",
                 actor=cmd.actor,
             )
         return cmd

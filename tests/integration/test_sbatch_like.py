@@ -144,6 +144,10 @@ def test_who_a_job_runs_as_is_refused_with_one_line_and_nothing_appended(
     with userkit.os_user("glhi", uid=61123) as high:
         proc = served.cli("mgr", "member", "add", high.name, "ai2/olmo", ok=False)
         _one_line_refusal(proc, "it is a system account (uid 61123 > max_uid 60000)")
+    with userkit.os_user("glsu") as sudoer:  # a person, but one with the system's rights
+        subprocess.run(["usermod", "-aG", "sudo", sudoer.name], check=True)
+        proc = served.cli("mgr", "member", "add", sudoer.name, "ai2/olmo", ok=False)
+        _one_line_refusal(proc, "it is a system account (in group sudo)")
     # ... and a system account (uid 1) likewise; the HTTP API says the same
     code, body = served.server.request(
         "POST", "/v1/commands/member.add",

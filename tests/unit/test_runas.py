@@ -21,6 +21,7 @@ ACCOUNTS = {
     "nobody": OsAccount("nobody", 65534, 65534, "/nonexistent", "/usr/sbin/nologin"),
     "dyn": OsAccount("dyn", 61000, 61000, "/home/dyn", "/bin/sh"),
     "svc2": OsAccount("svc2", 1200, 1200, "/var/lib/svc2", "/usr/sbin/nologin"),
+    "dave": OsAccount("dave", 1005, 1005, "/home/dave", "/bin/bash", ("dave", "sudo")),
 }
 
 
@@ -80,6 +81,14 @@ def _state() -> State:
     return state
 
 
+def test_a_sudoer_runs_their_own_jobs_but_only_an_admin_adds_them() -> None:
+    assert RunAs().account("dave", lookup).name == "dave"
+    state, rule = _state(), RunAs()
+    add = c.AddMember(actor="mgr", user="dave", project="p/q")
+    with pytest.raises(NotAuthorised, match="'dave': it is a system account \\(in group sudo\\)"):
+        admit(state, add, lookup=lookup, rule=rule, submissions=False)
+
+
 def test_only_an_admin_adds_a_system_account_as_a_member() -> None:
     state, rule = _state(), RunAs()
     add = c.AddMember(actor="mgr", user="root", project="p/q")
@@ -88,7 +97,7 @@ def test_only_an_admin_adds_a_system_account_as_a_member() -> None:
     for user in ("alice", "someone-without-an-account"):
         ok = c.AddMember(actor="mgr", user=user, project="p/q")
         assert admit(state, ok, lookup=lookup, rule=rule, submissions=False) is ok
-    for system in ("slurm", "nobody", "dyn", "svc2"):  # F3: above max_uid, or nologin
+    for system in ("slurm", "nobody", "dyn", "svc2", "dave"):  # F3: above max_uid, nologin, sudo
         add = c.AddMember(actor="mgr", user=system, project="p/q")
         with pytest.raises(NotAuthorised, match=f"may not add '{system}': it is a system acc"):
             admit(state, add, lookup=lookup, rule=rule, submissions=False)
