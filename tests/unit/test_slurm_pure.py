@@ -703,7 +703,8 @@ def test_a_run_slurm_will_not_start_is_taken_back_and_explained(
             return "41\n"
         return _pending(reason) if args[:4] == ["scontrol", "-d", "-o", "show"] else ""
 
-    ex = Executor("gpuledger", LID, tmp_path, start_within_s=300.0)
+    # "service": the job's ledger user need not be an OS account of the machine running this
+    ex = Executor("gpuledger", LID, tmp_path, start_within_s=300.0, run_as="service")
     ex._run = run  # type: ignore[method-assign]
     ex.carry_out(Orders(launches=(launch(GpuSlot(node="vm", gpu_indices=(0,))),)), 100.0)
     assert [a[0] for a in calls if a[0] == "sbatch"] == ["sbatch"]
@@ -715,3 +716,30 @@ def test_a_run_slurm_will_not_start_is_taken_back_and_explained(
     assert (ex_.job_id, ex_.reason, ex_.engine_job_id) == (5, "launch_failed", "41")
     assert reason in ex_.note and 5 not in seen.running
     assert ["scancel", "41"] in calls
+
+
+def test_a_job_whose_owner_may_not_run_jobs_is_never_submitted_to_slurm(tmp_path: Path) -> None:
+    """As root with run_as submitter, a job of a user with no OS account is no sbatch at all:
+    it ends launch_failed with why (never run as root, nor as anyone else)."""
+    import os
+
+    from ledger.engines.slurm.executor import SlurmExecutor as Executor
+
+    calls: list[list[str]] = []
+
+    def run(args: list[str], stdin: str | None = None, env: object = None) -> str:
+        calls.append(args)
+        return ""
+
+    ex = Executor("gpuledger", LID, tmp_path, run_as="submitter")
+    ex._run = run  # type: ignore[method-assign]
+    job = dataclasses.replace(launch(GpuSlot(node="vm", gpu_indices=(0,))), user="gl-no-such-u")
+    ex.carry_out(Orders(launches=(job,)), 100.0)
+    seen = ex.observe(101.0, {"vm": node("vm")})
+    if os.geteuid() != 0:  # not root: every job runs as the service's own account
+        assert [a[0] for a in calls].count("sbatch") == 1
+        return
+    assert not [a for a in calls if a[0] == "sbatch"]
+    [ended] = seen.exits
+    assert (ended.job_id, ended.reason) == (5, "launch_failed")
+    assert "'gl-no-such-u' has no OS account" in ended.note
