@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -675,6 +676,14 @@ def test_serve_runs_http_submissions_under_slurm_and_a_kill_9_of_it_loses_nothin
         ]
         placed = {ev["job_id"]: ev["slots"] for ev in history if ev["type"] == "job.placed.v1"}
         assert cuda_devices(ledger.log_of(failing)) == placed[failing][0]["gpu_indices"]
+        # F8: no working directory (HTTP): the service's own directory, which nobody else may
+        # write, and a file made for the job's user (nobody here: run_as service) alone
+        out = home / "jobs" / f"job-{failing}.log"
+        assert (home / "jobs").stat().st_mode & 0o777 == 0o755
+        assert (out.stat().st_uid, out.stat().st_mode & 0o777) == (
+            pwd.getpwnam("nobody").pw_uid,
+            0o600,
+        )
         linked = {ev["job_id"]: ev["engine_job_id"] for ev in history
                   if ev["type"] == "job.engine_linked.v1"}  # fmt: skip
         # the server dies mid-run: Slurm keeps the job
