@@ -175,6 +175,10 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     """Every run the agent had on the node then (None: not said). A run the ledger stopped that
     a report of a later version no longer lists is gone: only then may the ledger run its job
     again elsewhere."""
+    draining: bool = False
+    """The agent is draining its node (`gpuledger agent --drain`): the ledger drains the node
+    (no new placements) before the stopped runs' exits arrive; it returns when its agent
+    registers again."""
 
 
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):

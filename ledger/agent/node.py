@@ -182,6 +182,8 @@ class NodeAgent:
         self.seen = Seen()
         self.client = AgentClient(settings.url, settings.token, timeout=30.0, seen=self.seen)
         self.stop_event = threading.Event()
+        self._draining = False
+        """`drain` has begun: every report says so (`Report.draining`)."""
         self.wake = threading.Event()
         self._latest: a.Assignment | None = None
         self._lock = threading.Lock()
@@ -455,6 +457,8 @@ class NodeAgent:
             out, self.outbox = self.outbox, Outbox()
             version = self.applied  # read before what runs: that is at least as new
         report = out.report(self.s.node, version, self._running())
+        if self._draining:
+            report = msgspec.structs.replace(report, draining=True)
         sent = _now()
         try:
             ack: a.Ack = client.call("POST", "/v1/agent/report", report, a.Ack)
@@ -519,8 +523,14 @@ class NodeAgent:
     # --- drain ---------------------------------------------------------------------------------
 
     def drain(self) -> int:
-        """Stop every job here (SIGTERM, grace, SIGKILL), report their exits, and return how many
-        were stopped."""
+        """Drain the node as `gpuledger node drain` would, from its agent: the server drains it
+        (no new placements), every job here is stopped (SIGTERM, grace, SIGKILL) and its exit
+        reported as `drained` (resumable jobs are requeued, the others end preempted for
+        maintenance); returns how many were stopped. The node returns when an agent registers
+        again."""
+        self._draining = True  # the node is drained in the ledger first: nothing new comes
+        if not self._send(self.client):
+            log.warning("the server was not told of the drain: %s", self.status.last_error)
         now = _now()
         running = sorted(self.ex.running())
         for job_id in running:

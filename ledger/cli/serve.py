@@ -219,7 +219,7 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
     "--run-as",
     type=click.Choice(["submitter", "service"]),
     default=None,
-    help="submitter: each job as its owner's OS account (uid >= min_uid) [default]; "
+    help="submitter: each job as its owner's OS account (uid min_uid-max_uid) [default]; "
     "service: every job as the service's own account.",
 )
 @click.option(

@@ -42,6 +42,7 @@ def slurm() -> None:
 def import_shares(source: Path | None, output: Path | None) -> None:
     """Slurm association shares as a budget file for `gpuledger budget apply`."""
     from ledger.engines.slurm import SACCTMGR_ARGS, parse_sacctmgr_shares, shares_toml
+    from ledger.engines.slurm.shares import accounts_written
 
     if source is not None:
         text = source.read_text()
@@ -77,7 +78,7 @@ def import_shares(source: Path | None, output: Path | None) -> None:
         click.echo(toml, nl=False)
     else:
         output.write_text(toml)
-        click.echo(f"wrote {output}: {len({r[0] for r in rows} - {'root'})} accounts", err=True)
+        click.echo(f"wrote {output}: {accounts_written(toml)} accounts", err=True)
 
 
 @slurm.command("jobs")

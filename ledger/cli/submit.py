@@ -24,7 +24,7 @@ import click
 from ledger.cli._common import Ctx, build, pass_ctx
 from ledger.cli.output import echo_json
 from ledger.core.jobs import parse_array, parse_dependency
-from ledger.core.runas import SECRET_NAMES
+from ledger.core.runas import SECRET_NAMES, secret_value
 from schemas import commands as c
 from schemas.bounds import ENV_NAME_PATTERN, MAX_ENV_VALUE
 from schemas.errors import InvalidCommand, LedgerError
@@ -176,12 +176,17 @@ def environment(
     export: str, environ: Mapping[str, str], secret: str = SECRET_NAMES
 ) -> tuple[dict[str, str], list[str], list[str]]:
     """Pure: the job's environment as sbatch's `--export` says (`ALL`, `NONE`, `NAME,...`,
-    `ALL,NAME=value,...`), without the names that match `secret`; the names asked for by name
-    that `secret` left out; and the variables `ALL` leaves out because no job could be given
-    them as they are (a shell's exported functions, `BASH_FUNC_module%%` of environment
-    modules, whose names are no variable names; a NUL; a value over the bound). A variable
-    named on its own must be sendable, or it is one error."""
+    `ALL,NAME=value,...`), without the secrets (names that match `secret`, values with a
+    password in a URL: `secret_value`); the secrets `ALL` left out (for the note `submit`
+    prints); and the variables `ALL` leaves out because no job could be given them as they are
+    (a shell's exported functions, `BASH_FUNC_module%%` of environment modules, whose names are
+    no variable names; a NUL; a value over the bound). A variable named on its own must be
+    sendable and no secret, or it is one error."""
     pattern = re.compile(secret)
+
+    def hidden(key: str, value: str | None) -> bool:
+        return bool(pattern.search(key)) or (value is not None and secret_value(value))
+
     parts = [p.strip() for p in export.split(",") if p.strip()]
     if not parts:
         raise InvalidCommand("--export is empty", hint="use ALL, NONE or NAME[,NAME=value...]")
@@ -190,20 +195,30 @@ def environment(
         parts = parts[1:]
     env: dict[str, str] = {}
     unsendable: list[str] = []
+    left: list[str] = []
     if everything:
         for key, value in environ.items():
-            if pattern.search(key):
+            if hidden(key, value):
+                if not key.startswith("GPULEDGER_"):  # the CLI's own (its token): no news
+                    left.append(key)
                 continue
             if _sendable(key, value):
                 env[key] = value
             else:
                 unsendable.append(key)
-    left: list[str] = []
     for part in parts:
         key, eq, value = part.partition("=")
-        if pattern.search(key):
-            left.append(key)
-            continue
+        if hidden(key, value if eq else environ.get(key)):
+            raise InvalidCommand(
+                f"environment variable {key[:64]!r} is not sent to jobs: "
+                + (
+                    "its name is one that holds secrets"
+                    if pattern.search(key)
+                    else "its value holds a password in a URL"
+                ),
+                hint="leave it out of --export; pass it to the job another way (a file only "
+                "you can read)",
+            )
         if eq:
             env[key] = value
         elif key in environ:
@@ -218,7 +233,7 @@ def environment(
                 ),
                 hint="leave it out of --export",
             )
-    return env, left, sorted(unsendable)
+    return env, sorted(left), sorted(unsendable)
 
 
 def _sendable(name: str, value: str) -> bool:
@@ -321,8 +336,8 @@ def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
     env, left, unsendable = environment(g["export"], os.environ)
     if left:
         click.echo(
-            f"note: not sent (names that hold secrets): {', '.join(left)}; pass them to the "
-            "job another way (a file only you can read)",
+            f"note: not sent (secrets, by name or a password in a URL): {', '.join(left)}; pass "
+            "them to the job another way (a file only you can read)",
             err=True,
         )
     if unsendable:

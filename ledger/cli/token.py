@@ -67,7 +67,8 @@ def token_create(
         os.chmod(path, 0o600)
         click.echo(f"saved to {path}", err=True)
     click.echo(
-        f"token {cmd.token_id} for {user} (expires {format_time(expires_at)}; "
+        f"token {cmd.token_id} for {f'node {node}' if scope == 'node' else user} "
+        f"(expires {format_time(expires_at)}; "
         f"position {appended.position}); the secret, shown only now:",
         err=True,
     )

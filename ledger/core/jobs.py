@@ -181,7 +181,7 @@ def _dependable(state: State, kind: e.DependencyKind, job_id: int) -> None:
                 f"{kind}:{job_id} can never be satisfied: job {job_id} ended {ended_as}",
                 job_id=job_id,
             )
-    if not _active_ids(state, job_id) and not ends_of(state, job_id):
+    if not active_ids(state, job_id) and not ends_of(state, job_id):
         raise InvalidCommand(
             f"{kind}:{job_id}: job {job_id} ended over {ENDS_KEPT_S / 3600:g} h ago, and its end "
             "is no longer kept for dependencies",
@@ -206,7 +206,7 @@ def ends_of(state: State, job_id: int) -> list[str]:
     return out + [why for jid, (why, _, arr) in state.ends.items() if arr == job_id != jid]
 
 
-def _active_ids(state: State, job_id: int) -> list[int]:
+def active_ids(state: State, job_id: int) -> list[int]:
     """The unfinished jobs `job_id` stands for: itself, and the tasks of the array it names."""
     out = [job_id] if job_id in state.active else []
     return out + sorted(j for j in state.array_tasks(job_id) if j != job_id)
@@ -309,7 +309,7 @@ def _waits_for(state: State, job: Job, names: Mapping[tuple[str, str], int]) -> 
             if first is not None and first != job.job_id:
                 return f"singleton: job {first} of {job.spec.user} named {job.spec.job_name!r}"
             continue
-        waiting = [j for jid in term.job_ids for j in _active_ids(state, jid)]
+        waiting = [j for jid in term.job_ids for j in active_ids(state, jid)]
         if waiting:
             shown = ", ".join(map(str, waiting[:10])) + (" ..." if len(waiting) > 10 else "")
             return f"{term.kind}: job {shown} has not ended"

@@ -27,10 +27,27 @@ from schemas import commands as c
 from schemas.errors import NotAuthorised
 
 DEFAULT_MIN_UID = 1000
-SECRET_NAMES = r"(?i)(TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL|PRIVATE_KEY|API_KEY|ACCESS_KEY)"
+DEFAULT_MAX_UID = 60000
+"""Debian's UID_MAX (login.defs): above it come the system's dynamically allocated accounts
+(60000-64999, Debian's `slurm` is 64030) and `nobody` (65534)."""
+NOLOGIN_SHELLS = frozenset(
+    {"/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false", "/bin/sync"}
+)
+"""Login shells that mark an account as the system's, not a person's."""
+SECRET_NAMES = r"(?i)(TOKEN|SECRET|PASS|CREDENTIAL|PRIVATE_KEY|APIKEY|(^|_)KEY($|_)|(^|_)PAT$)"
 """The environment variables a job is never sent with by default: names that hold tokens,
-passwords and keys (the submitter's own `GPULEDGER_TOKEN` first of all). A site sets its own
-pattern (`secret_env` in serve.toml); the CLI leaves these out before it sends anything."""
+passwords and keys (the submitter's own `GPULEDGER_TOKEN` first of all; `OPENAI_KEY`,
+`GITHUB_PAT`, `WANDB_KEY`, `SSHPASS`, `DB_PASSWORD`, `AWS_SECRET_ACCESS_KEY`). A site sets its
+own pattern (`secret_env` in serve.toml); the CLI leaves these out before it sends anything.
+A value holding a password in a URL (`postgres://u:pass@h/db`) is never sent either
+(`secret_value`), whatever its name."""
+SECRET_VALUE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:[^/\s@]+@")
+"""A URL with a password in it (`scheme://user:password@host`)."""
+
+
+def secret_value(value: str) -> bool:
+    """Pure: whether an environment value holds a password in a URL."""
+    return bool(SECRET_VALUE.search(value))
 
 
 @dataclass(frozen=True)
@@ -42,6 +59,13 @@ class OsAccount:
     gid: int
     home: str = ""
     shell: str = ""
+    groups: tuple[str, ...] = ()
+    """The names of its groups (primary and supplementary)."""
+
+
+PRIVILEGED_GROUPS = frozenset({"root", "sudo", "wheel", "admin", "adm", "slurm", "munge"})
+"""Groups whose members can act for the system (sudo, read its logs, run Slurm): a member
+in one may be added by an admin alone, though a job of their own runs as them."""
 
 
 Lookup = Callable[[str], OsAccount | None]
@@ -53,6 +77,8 @@ class RunAs:
     """The site's rule (serve.toml: `min_uid`, `root_jobs`, `os_accounts`)."""
 
     min_uid: int = DEFAULT_MIN_UID
+    max_uid: int = DEFAULT_MAX_UID
+    """The highest uid of a person's account (Debian's UID_MAX): above it are the system's."""
     root_jobs: bool = False
     """Root's own jobs may run as root (never anyone else's)."""
     accounts: Mapping[str, str] = field(default_factory=dict)
@@ -81,20 +107,39 @@ class RunAs:
                 f"{whose} when serve.toml sets root_jobs = true",
                 user=user,
             )
-        if found.uid < self.min_uid:
+        why = self.not_a_person(found)
+        if why:
             raise NotAuthorised(
-                f"{name!r} is a system account (uid {found.uid} < min_uid {self.min_uid}): jobs "
-                "do not run as system accounts",
-                hint="submit as a person's account, or ask an admin to lower min_uid",
+                f"{name!r} is a system account ({why}): jobs do not run as system accounts",
+                hint="submit as a person's account (see docs/slurm-users.md, 'Who a job runs as')",
                 user=user,
             )
         return found
 
+    def not_a_person(self, found: OsAccount) -> str:
+        """Pure: why an account is the system's rather than a person's ("" for a person's): a
+        uid outside [min_uid, max_uid], or a login shell that allows no login (nologin)."""
+        if found.uid < self.min_uid:
+            return f"uid {found.uid} < min_uid {self.min_uid}"
+        if found.uid > self.max_uid:
+            return f"uid {found.uid} > max_uid {self.max_uid}"
+        if found.shell in NOLOGIN_SHELLS:
+            return f"its shell is {found.shell}"
+        return ""
+
     def system(self, user: str, lookup: Lookup) -> OsAccount | None:
-        """Pure: the OS account of `user` when it is a system account (root, or a uid below
-        `min_uid`); None for a person's account or no account at all."""
+        """Pure: the OS account of `user` when it is a system account (`not_a_person`: root,
+        a uid outside [min_uid, max_uid], a nologin shell) or one with the system's rights
+        (in a `PRIVILEGED_GROUPS` group, a sudoer); None for a person's account or no account
+        at all."""
         found = lookup(self.os_name(user))
-        return found if found is not None and found.uid < self.min_uid else None
+        if found is None:
+            return None
+        return found if self.not_a_person(found) or self.privileged(found) else None
+
+    def privileged(self, found: OsAccount) -> str:
+        """Pure: the privileged groups an account is in, in words ("" when none)."""
+        return ", ".join(sorted(PRIVILEGED_GROUPS & set(found.groups)))
 
 
 def admit(
@@ -116,8 +161,9 @@ def admit(
         found = rule.system(cmd.user, lookup)
         if found is not None and not state.is_admin(cmd.actor):
             raise NotAuthorised(
-                f"{cmd.actor!r} may not add {cmd.user!r}: it is a system account (uid "
-                f"{found.uid}), which only an admin may add as a member",
+                f"{cmd.actor!r} may not add {cmd.user!r}: it is a system account "
+                f"({rule.not_a_person(found) or 'in group ' + rule.privileged(found)}), "
+                "which only an admin may add as a member",
                 actor=cmd.actor,
             )
         return cmd
@@ -126,7 +172,7 @@ def admit(
     if submissions:
         rule.account(cmd.user or cmd.actor, lookup)
     pattern = re.compile(secret)
-    if any(pattern.search(name) for name in cmd.env):
-        env = {k: v for k, v in cmd.env.items() if not pattern.search(k)}
+    if any(pattern.search(k) or secret_value(v) for k, v in cmd.env.items()):
+        env = {k: v for k, v in cmd.env.items() if not (pattern.search(k) or secret_value(v))}
         return msgspec.structs.replace(cmd, env=env)
     return cmd

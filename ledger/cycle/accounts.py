@@ -7,6 +7,8 @@ runs on (a cluster's nodes share it: LDAP, SSSD, or the same /etc/passwd).
 
 from __future__ import annotations
 
+import grp
+import os
 import pwd
 
 from ledger.core.runas import OsAccount
@@ -18,4 +20,14 @@ def os_account(name: str) -> OsAccount | None:
         pw = pwd.getpwnam(name)
     except (KeyError, ValueError):  # ValueError: a name with a NUL byte
         return None
-    return OsAccount(pw.pw_name, pw.pw_uid, pw.pw_gid, pw.pw_dir, pw.pw_shell)
+    groups: list[str] = []
+    try:
+        gids = os.getgrouplist(pw.pw_name, pw.pw_gid)
+    except OSError:
+        gids = [pw.pw_gid]
+    for gid in gids:
+        try:
+            groups.append(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    return OsAccount(pw.pw_name, pw.pw_uid, pw.pw_gid, pw.pw_dir, pw.pw_shell, tuple(groups))

@@ -45,6 +45,9 @@ from schemas.events import GpuSlot, RunPart
 if TYPE_CHECKING:
     from ledger.core.state import Node
 
+AGENT_DRAIN = "agent: drained by `gpuledger agent --drain`"
+"""The drain reason of a node its agent drained; the node returns when an agent registers."""
+
 log = logging.getLogger("gpuledger.agents")
 
 ENGINE = "agent"
@@ -169,6 +172,8 @@ class AgentExecutor:
         self._samples: list[Sample] = []
         self._returns: list[str] = []
         """Lost nodes whose agent registered again, not yet observed."""
+        self._drains: list[str] = []
+        """Nodes whose agent is draining them (`agent --drain`), not yet observed."""
         self._tokens: list[c.AnyCommand] = []
         self._unpublished: set[str] = set()
 
@@ -179,6 +184,8 @@ class AgentExecutor:
         node-lost timeout (each once: it counts again when its agent returns) and the lost
         nodes whose agent registered again."""
         changes = [NodeChange(n, "return") for n in self._returns]
+        changes += [NodeChange(n, "drain", AGENT_DRAIN) for n in self._drains]
+        self._drains = []
         for node in self._returns:
             self.fence.returned(node)
         for node, quiet_s in self._silent(now, nodes):
@@ -322,6 +329,11 @@ class AgentExecutor:
         if req.version:
             self._heard_running(req.node, req.version, req.running, now)
         self._publish(req.node, bump=False)
+        if node.state in ("draining", "drained") and node.drain_reason == AGENT_DRAIN:
+            log.info("node %s is back: the agent that drained it registered", req.node)
+            if req.node not in self._returns:
+                self._returns.append(req.node)
+            return True
         if node.state != "lost":
             return False
         log.info("node %s is back: its agent registered", req.node)
@@ -346,6 +358,11 @@ class AgentExecutor:
     def receive(self, rep: a.Report, now: float) -> bool:
         """Take in an agent's report; True when it holds anything for the ledger."""
         self.touch(rep.node, now)
+        node = self.ledger.state.nodes.get(rep.node)
+        draining = rep.draining and node is not None and node.state == "active"
+        if draining and rep.node not in self._drains:
+            log.info("node %s: its agent is draining it", rep.node)
+            self._drains.append(rep.node)
         for s in rep.started:
             r = self._run_of(s.job_id, s.run, rep.node)
             if r is not None:
@@ -384,7 +401,9 @@ class AgentExecutor:
             self._stopped.append(Exit(st.job_id, st.exit_code or 0, at, "exited", name, state))
         if rep.running is not None:
             self._heard_running(rep.node, rep.version, rep.running, now)
-        return bool(rep.started or rep.exited or rep.samples or rep.checkpoints or rep.stopped)
+        return bool(
+            rep.started or rep.exited or rep.samples or rep.checkpoints or rep.stopped or draining
+        )
 
     def _heard_running(
         self, node: str, version: str, running: tuple[a.PartRun, ...], now: float

@@ -9,9 +9,12 @@ empty, writes the part's end to `RUNDIR/exit` (atomically).
 The job's leader is a small POSIX shell (`WRAPPER`) running **as the job's user**, in the job's
 session and groups: it enters the working directory the user gave, opens the output and error
 files the user named (so they are created by the user, with the user's rights), checks that the
-command can be started, runs it, and writes the command's exit code and end time to
-`RUNDIR/record` through a descriptor it inherited (the command itself does not): the tree's own
-record, which survives a supervisor killed with -9. A command it cannot start is recorded
+command can be started, runs it, and writes the command's exit code to `RUNDIR/record` through
+a descriptor it inherited (the command itself does not): the tree's own record, which survives
+a supervisor killed with -9. Times are never the leader's word (it runs as the job's user, with
+the job's PATH and environment): the end is the supervisor's own clock when the leader exits,
+or, when the supervisor died, the record file's modification time (the kernel's clock at the
+leader's write). A command it cannot start is recorded
 `launch_failed` with the reason, never as a job that ran. The engine's defaults (the run's work
 directory, the log file under the service's job directory) are entered and opened by the
 supervisor before it drops to the user, as they are the service's paths.
@@ -23,7 +26,8 @@ record says how many were left and whether they had to be killed. Files it write
     RUNDIR/supervisor   "PID START" of the supervisor (START: /proc start time)
     RUNDIR/job          "PID START STARTED_AT" of the leader (its session and process group id
                         is PID; STARTED_AT: when it started, seconds since the epoch)
-    RUNDIR/record       the leader's own record: "exit CODE END_TIME", or "failed REASON"
+    RUNDIR/record       the leader's own record: "exit CODE", or "failed REASON" (its mtime is
+                        when the leader wrote it)
     RUNDIR/exit         the part's end, JSON: code, ended_at, leader_ended_at, left, killed,
                         launch_failed (an older supervisor wrote the bare exit code)
     RUNDIR/launch.log   what the leader said before the job's own output file was open
@@ -77,7 +81,7 @@ esac
 exec 8>&2 2>/dev/null
 ("$@" 2>&8 8>&- 9>&-)
 code=$?
-printf 'exit %s %s\n' "$code" "$(date +%s.%N)" >&9
+printf 'exit %s\n' "$code" >&9
 exit "$code"
 """
 """The leader of every job part (module doc): $1-$3 are the working directory, output file and
@@ -116,8 +120,8 @@ def tree_of(spec: dict[str, Any], sid: int | None = None) -> Tree:
 
 
 class Record(NamedTuple):
-    """What the leader recorded: its command's exit code and end time, or why it could not
-    start it."""
+    """What the leader recorded: its command's exit code, or why it could not start it; and
+    when it wrote that (the file's mtime, the kernel's clock: never a time the job wrote)."""
 
     code: int | None = None
     ended_at: float | None = None
@@ -128,7 +132,9 @@ def read_record(rundir: Path) -> Record | None:
     """The leader's record (module doc), if it wrote one. Bounded, and only two numbers or a
     reason are read: the leader runs as the job's user."""
     try:
-        raw = (rundir / "record").read_bytes()[:2000]
+        with open(rundir / "record", "rb") as f:
+            written = os.fstat(f.fileno()).st_mtime
+            raw = f.read(2000)
     except OSError:
         return None
     for line in raw.decode(errors="replace").splitlines():
@@ -137,9 +143,8 @@ def read_record(rundir: Path) -> Record | None:
             return Record(code=CANNOT_START, failed=rest.strip()[:1000])
         if kind == "exit":
             try:
-                code, at = rest.split()[:2]
-                return Record(code=int(code), ended_at=float(at))
-            except ValueError:
+                return Record(code=int(rest.split()[0]), ended_at=written)
+            except (ValueError, IndexError):
                 return None
     return None
 
@@ -189,11 +194,9 @@ def run(rundir: Path) -> int:
         forward(signum, None)
     returncode, fenced = wait_leader(job, tree, str(spec.get("lease") or ""), grace_s)
     code = code_of(returncode)
-    leader_ended = time.time()
+    leader_ended = time.time()  # the supervisor's own clock, never the job's word (module doc)
     left, killed = end_of_tree(tree, grace_s)
     record = read_record(rundir) or Record()
-    if record.code == code and record.ended_at is not None:
-        leader_ended = min(leader_ended, record.ended_at)
     _write_exit(
         rundir,
         code,

@@ -643,6 +643,8 @@ class SupervisedExecutor:
             reason = "node_failure"
         elif h.stop_reason == "time_limit":
             reason = "time_limit"
+        elif h.stop_reason == "drain":  # its agent drained the node: requeued when resumable
+            reason = "drained"
         elif any(p.lost for p in h.parts):
             reason = "lost"
         ended = [p.ended_at for p in h.parts if p.ended_at is not None]

@@ -9,7 +9,7 @@ Structs of `schemas.views`. The rest of the read layer is `ledger.reads.layer`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from ledger.reads.explain import explain_history, explain_pending
@@ -161,8 +161,15 @@ def queue(
     queue): its rows would be none."""
     state = ledger.state
     rows: list[v.QueueRow] = []
+    held: list[tuple[Snapshot, Decision]] = [preview] if preview is not None else []
+
+    def preview_of() -> tuple[Snapshot, Decision]:
+        if not held:
+            held.append(live(ledger, store, policy, now))
+        return held[0]
+
     if f.state in ("pending", "all") and (preview is not None or _any_pending(state, f)):
-        snapshot, decision = preview or live(ledger, store, policy, now)
+        snapshot, decision = preview_of()
         pending = {p.job_id: p for p in snapshot.pending}
         shown: list[tuple[int, e.Considered, PendingJob]] = []
         for i, cons in enumerate(decision.considered):
@@ -187,7 +194,7 @@ def queue(
                 )
             )  # fmt: skip
     if f.state in ("pending", "all"):
-        rows += _blocked_rows(state, f, now, f.limit - len(rows))
+        rows += _blocked_rows(state, f, now, f.limit - len(rows), preview_of)
     if f.state in ("held", "all") and len(rows) < f.limit:
         for job in sorted(state.jobs.values(), key=lambda j: j.job_id):
             if len(rows) >= f.limit:
@@ -259,7 +266,14 @@ def queue_page(
                             p.submitted_at))  # fmt: skip
     others: dict[int, v.QueueRow] = {}
     if f.state in ("pending", "all"):
-        others |= {r.job_id: r for r in _blocked_rows(state, f, now, 10**9)}
+
+        def preview_of() -> tuple[Snapshot, Decision]:
+            nonlocal snapshot, decision
+            if snapshot is None or decision is None:
+                snapshot, decision = preview or live(ledger, store, policy, now)
+            return snapshot, decision
+
+        others |= {r.job_id: r for r in _blocked_rows(state, f, now, 10**9, preview_of)}
     if f.state in ("held", "all"):
         held = v.QueueFilter(user=f.user, account=f.account, state="held", limit=100_000)
         others |= {r.job_id: r for r in queue(ledger, store, policy, now, held)}
@@ -306,12 +320,44 @@ def queue_page(
     return QueuePage(len(entries), codes, rows)
 
 
-def _blocked_rows(state: State, f: v.QueueFilter, now: float, room: int) -> list[v.QueueRow]:
-    """Pure: the pending jobs that may not run yet (a dependency, an array's limit), in job
-    order, with why."""
+def dependency_ends(
+    state: State, job_id: int, starts: Mapping[int, float | None], now: float
+) -> float | None:
+    """Pure: the earliest moment `job_id`'s dependency may be met: every job it waits for
+    (`afterok`/`afterany`/`afternotok`; an array's id stands for its tasks) reaching its time
+    limit from its start (the real one, else the queue's estimate `starts`). None when one of
+    them has no limit or no known start, or for a singleton: nobody knows."""
+    from ledger.core.jobs import active_ids
+
+    ends: list[float] = [now]
+    for term in state.jobs[job_id].spec.dependency:
+        if term.kind == "singleton":
+            return None
+        for dep in (d for jid in term.job_ids for d in active_ids(state, jid)):
+            job = state.jobs[dep]
+            holding = job.status in ("placed", "running")
+            begun = (job.started_at or job.placed_at) if holding else starts.get(dep)
+            limit = job.spec.time_limit_s
+            if begun is None or limit is None:
+                return None
+            ends.append(begun + limit)
+    return max(ends)
+
+
+def _blocked_rows(
+    state: State,
+    f: v.QueueFilter,
+    now: float,
+    room: int,
+    preview_of: Callable[[], tuple[Snapshot, Decision]],
+) -> list[v.QueueRow]:
+    """The pending jobs that may not run yet (a dependency, an array's limit), in job order,
+    with why; a dependency's estimate is the earliest it may be met (`dependency_ends`: the
+    jobs it waits for reaching their limits), not sooner than the queue lets it."""
     from ledger.core.jobs import blocked
 
     rows: list[v.QueueRow] = []
+    starts: dict[int, float | None] | None = None
     for job_id, why in sorted(blocked(state).items()):
         if len(rows) >= room:
             break
@@ -319,12 +365,18 @@ def _blocked_rows(state: State, f: v.QueueFilter, now: float, room: int) -> list
         s = job.spec
         if (f.user and s.user != f.user) or not _under(s.account, f.account):
             continue
+        estimate = None
+        if why.code == "WAIT_DEPENDENCY" and not any(t.kind == "singleton" for t in s.dependency):
+            if starts is None:
+                snapshot, decision = preview_of()
+                starts = estimated_starts(state, snapshot, decision, now)
+            estimate = dependency_ends(state, job_id, starts, now)
         rows.append(
             v.QueueRow(
                 order=None, job_id=s.job_id, account=s.account, user=s.user, gpus=s.gpus,
                 funded=job.funded, debug=s.debug, state="pending", sort_key=[], code=why.code,
                 reason=why.reason, submitted_at=s.at, waiting_s=max(0.0, now - s.at),
-                estimated_start_at=None,
+                estimated_start_at=estimate,
             )
         )  # fmt: skip
     return rows

@@ -113,13 +113,27 @@ def _at(h: Handles, at: float | None) -> float:
     return h.now() if at is None else at
 
 
+def _not_future(h: Handles, at: float, what: str) -> None:
+    """A moment after now is refused: a read shows the ledger as it was, and what is to come
+    (runs reaching their limits, the placements that follow) is not simulated by it."""
+    if at > h.now() + 1.0:
+        from schemas.units import when
+
+        raise InvalidCommand(
+            f"{what} --at {when(at)}: that is in the future, and the ledger shows what was, not "
+            "what will be (runs reaching their limits and the placements after them)",
+            hint="`gpuledger queue` estimates when waiting jobs start; `gpuledger sim` simulates",
+        )
+
+
 def _live_at(h: Handles, at: float | None, what: str) -> float:
     """The moment of a read of the live state (the queue, explain, squatters): now, or a moment
-    `--at` after which nothing happened (the ledger then is the ledger now). A moment before the
-    log's last event is refused: the live state of the past is not kept (the decisions taken
-    then are: `audit job`, `replay`)."""
+    `--at` between the log's last event and now (the ledger then is the ledger now). A moment
+    before the log's last event is refused: the live state of the past is not kept (the
+    decisions taken then are: `audit job`, `replay`); so is one in the future (`_not_future`)."""
     if at is None:
         return h.now()
+    _not_future(h, at, what)
     from projections.history import position_at
 
     position = position_at(h.store().con, at)
@@ -129,8 +143,7 @@ def _live_at(h: Handles, at: float | None, what: str) -> float:
         raise InvalidCommand(
             f"{what} --at {when(at)}: the ledger has moved since (log position {position} was "
             "its last then), and the live state of a past moment is not kept",
-            hint="`gpuledger jobs --at`, `audit job JOB` and `replay` read the past; "
-            "--at a moment after the last event previews it",
+            hint="`gpuledger jobs --at`, `audit job JOB` and `replay` read the past",
         )
     return at
 
@@ -162,6 +175,8 @@ def _jobs(h: Handles, a: v.JobFilter) -> list[v.JobRow]:
     account and admins (the others get it with `redacted` true and both empty)."""
     from ledger.reads import layer as reads
 
+    if a.at is not None:
+        _not_future(h, a.at, "jobs")
     return reads.jobs(h.store(), a, _at(h, a.at), reads.Viewer(h.viewer, h.ledger.state))
 
 

@@ -191,7 +191,13 @@ def make_executor(
         from ledger.engines.slurm import open_executor
 
         return open_executor(
-            ledger, config.partition, home / "jobs", config.grace.seconds, actor, may_act
+            ledger,
+            config.partition,
+            home / "jobs",
+            config.grace.seconds,
+            actor,
+            config.run_as,
+            may_act,
         )
     if config.executor == "agents":
         from ledger.engines.agents import AgentExecutor
@@ -402,7 +408,9 @@ def _run_as(ledger: Ledger, config: ServeConfig) -> runas.RunAs | None:
         raise InvalidCommand(f"invalid secret_env {config.secret_env!r}: {err}") from err
     if config.min_uid < 1:
         raise InvalidCommand("min_uid must be at least 1", hint="uid 0 is root: see root_jobs")
-    rule = runas.RunAs(config.min_uid, config.root_jobs, dict(config.os_accounts))
+    if config.max_uid < config.min_uid:
+        raise InvalidCommand("max_uid must be at least min_uid", hint="see docs/slurm-users.md")
+    rule = runas.RunAs(config.min_uid, config.max_uid, config.root_jobs, dict(config.os_accounts))
     owners = config.run_as == "submitter" and config.executor in RUNS
     ledger.admit = functools.partial(
         runas.admit, lookup=os_account, rule=rule, submissions=owners, secret=secret
@@ -425,7 +433,7 @@ def run_as_words(config: ServeConfig) -> str:
             return "nobody (other users' jobs; root's own as root)"
         return "the service's own account"
     root = ", root's own as root" if config.root_jobs else ""
-    return f"their owners' OS accounts (uid >= {config.min_uid}{root})"
+    return f"their owners' OS accounts (uid {config.min_uid}-{config.max_uid}{root})"
 
 
 def _leadership(ledger: Ledger, config: ServeConfig) -> Leadership:
@@ -500,7 +508,11 @@ def _start_up(
     stops the agents (their jobs keep running)."""
     said = logging.getLogger("gpuledger.up")
     said.info("up: %s%s", what, ", local agents" if agents is not None else "")
-    said.info("job output goes to %s/job-N.log", service.home / "jobs")
+    said.info(
+        "job output goes where each job asks (-o; gpuledger-N.out in its working directory by "
+        "default; %s/job-N.log for one with none): each start line names it",
+        service.home / "jobs",
+    )
     if agents is not None:
         agents.start(f"unix:{unix_path}", str(unix_path))
     deadline = None if up.for_s is None else service.clock.now() + up.for_s

@@ -70,6 +70,10 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     min_uid: int = 1000
     """The lowest uid a job may run as: accounts below it are the system's (daemon, nobody's
     kin on some systems), and only an admin may add one as a member."""
+    max_uid: int = 60000
+    """The highest uid a job may run as (Debian's UID_MAX): above it are the system's
+    dynamically allocated accounts (Debian's `slurm` is 64030) and `nobody` (65534). Accounts
+    whose shell is nologin or false are the system's too, whatever their uid."""
     root_jobs: bool = False
     """Root's own jobs may run as root (never anyone else's)."""
     os_accounts: dict[str, str] = {}

@@ -22,6 +22,7 @@ import pytest
 
 from ledger.engines.proc import start_time
 from ledger.engines.supervised import live_processes
+from tests.integration import userkit
 from tests.integration.serverkit import GPULEDGER, Server, cli, env_for, make_token, start_server
 
 NODES = ("node-a", "node-b", "node-c")
@@ -467,8 +468,18 @@ def test_samples_checkpoints_status_and_drain(cluster: Cluster) -> None:
                 GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
     assert f"drained node {node}: stopped 1 job(s)" in drain.stdout
     assert not alive(pid)
-    j = c.wait_status(job, "finished")
-    assert (j["outcome"], j["exit_code"]) == ("failed", 128 + signal.SIGTERM)  # SIGTERM ended it
+    # F5: a resumable job with a checkpoint is requeued (a maintenance preemption), as
+    # `node drain` would; F17: the node is drained in the ledger, not left active
+    wait_for("the job to be requeued", lambda: c.events("job.requeued.v1"), 30, c.why)
+    (pre,) = c.events("job.preempted.v1")
+    assert pre["job_id"] == job and pre["reason"] == "maintenance", pre
+    assert not [ev for ev in c.events("job.finished.v2") if ev["job_id"] == job]
+    assert c.nodes()[node] == "drained", c.nodes()
+    j = c.wait_status(job, "running", "placed")  # again, on another node
+    assert j["placements"] == 2 and node not in j["nodes"], j
+    # an agent that registers again brings its node back
+    ag.start()
+    wait_for("the node to return", lambda: c.nodes()[node] == "active", 30, c.why)
 
 
 def test_an_agent_that_finds_other_gpus_than_the_ledger_is_one_clear_error(
@@ -566,3 +577,60 @@ def test_an_agent_running_as_root_launches_each_job_as_its_submitter(cluster: Cl
     assert log.stat().st_uid == runner.pw_uid  # its output is its own
     c.cli("cancel", str(job), user=RUNNER)
     wait_for("the job to be stopped", lambda: not alive(pid), 15, c.why)
+
+
+@with_flags(agent=("--run-as", "submitter"))
+def test_a_script_in_a_users_home_runs_there_as_the_user_through_the_node_agents(
+    cluster: Cluster,
+) -> None:
+    """The issue's first test on the node agents (the Slurm executor's twin is in
+    test_slurm_world.py): a script in a real user's home that reads ./input.txt and $MY_VAR,
+    submitted from that directory: it runs there, as that uid with its primary and
+    supplementary groups and its HOME, none of the service's variables, and writes
+    gpuledger-<id>.out owned by the user."""
+    c = cluster
+    with userkit.os_user("glag", groups=2) as user:
+        c.cli("member", "add", user.name, "ai2/olmo")
+        proj = user.home / "proj"
+        proj.mkdir()
+        (proj / "input.txt").write_text("from the input\n")
+        (proj / "train.sh").write_text(
+            '#!/bin/sh\necho "pwd=$(pwd)"; cat ./input.txt; echo "MY_VAR=$MY_VAR"\n'
+            'echo "ids=$(id -u) $(id -g)"; echo "groups=$(id -G)"; echo "HOME=$HOME"\n'
+            'echo "TOKEN_FILE=$GPULEDGER_NODE_TOKEN"\n'
+        )
+        for p in (proj, proj / "input.txt", proj / "train.sh"):
+            os.chown(p, user.uid, user.gid)
+        out = cli(c.home, "submit", "-A", "ai2/olmo", "-G", "1", "--min-runtime", "1h",
+                  "train.sh", cwd=proj, GPULEDGER_USER=user.name, MY_VAR="hello")  # fmt: skip
+        job = int(out.stdout.split()[2].rstrip(":"))
+        row = c.wait_status(job, "finished")
+        assert row["finish_reason"] == "completed", row
+        log = proj / f"gpuledger-{job}.out"
+        text = log.read_text().splitlines()
+        assert text[:3] == [f"pwd={proj}", "from the input", "MY_VAR=hello"], text
+        assert text[3] == f"ids={user.uid} {user.gid}", text
+        assert set(map(int, text[4].removeprefix("groups=").split())) == user.gids, text
+        assert text[5:] == [f"HOME={user.home}", "TOKEN_FILE="], text
+        assert (log.stat().st_uid, log.stat().st_gid) == (user.uid, user.gid)
+
+
+def test_an_exit_while_the_server_is_down_is_charged_to_its_real_end(cluster: Cluster) -> None:
+    """The issue's test on the node agents (Slurm's twin is in test_slurm_world.py): the job
+    ends while `serve` is killed with -9; the restarted server records the end its supervisor
+    saw, within 1 s of the job's own clock, not the restart."""
+    c = cluster
+    go, end = c.home.parent / "go-end", c.home.parent / "ended-at"
+    job = c.submit(1, f"echo $$; while [ ! -e {go} ]; do sleep 0.1; done; date +%s.%N > {end}")
+    running_pid(c, job)
+    assert c.server.stop(signal.SIGKILL) == -signal.SIGKILL
+    go.touch()
+    wait_for("the job to end", lambda: end.exists() and end.read_text().strip(), 30)
+    time.sleep(5)  # the server stays down well past the end
+    restarted = time.time()
+    c.restart_server()
+    row = c.wait_status(job, "finished")
+    really = float(end.read_text())
+    assert row["finish_reason"] == "completed", row
+    assert abs(row["finished_at"] - really) <= 1.0, (row["finished_at"], really)
+    assert row["finished_at"] < restarted - 4

@@ -157,7 +157,7 @@ def test_serve_keeps_the_runs_of_ups_agents_and_one_server_per_data_directory(
     with a job running, `serve --executor local` refuses instead of recording the job lost while
     its process runs on; and a second server on a data directory is refused at once, whatever
     its socket."""
-    go = shared / "go"  # bob's job runs as nobody, who cannot enter pytest's directories
+    go = shared / "go"  # bob's job runs as nobody: pytest's tmp_path is root's alone
     submit(home, "bob", 1, until_released(go, 0), "--min-runtime", "1h")
     up = Service(home)
     wait_for("job 1 running", lambda: jobs(home)[1]["status"] == "running", home=home)

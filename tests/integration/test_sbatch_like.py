@@ -16,6 +16,7 @@ import grp
 import json
 import os
 import pwd
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration import userkit
 from tests.integration.serverkit import cli, make_token, start_server
 from tests.integration.waits import wait_for
 
@@ -134,13 +136,24 @@ def test_who_a_job_runs_as_is_refused_with_one_line_and_nothing_appended(
     _one_line_refusal(proc, "'ghost' has no OS account here")
     # a member named root, added by a manager who is not an admin
     proc = served.cli("mgr", "member", "add", "root", "ai2/olmo", ok=False)
-    _one_line_refusal(proc, "'mgr' may not add 'root': it is a system account (uid 0)")
+    _one_line_refusal(proc, "'mgr' may not add 'root': it is a system account (uid 0 < min_")
+    # F3: nor `nobody` (uid 65534, above max_uid, nologin), nor a person-less account above
+    # Debian's UID_MAX (Debian's `slurm` is 64030)
+    proc = served.cli("mgr", "member", "add", "nobody", "ai2/olmo", ok=False)
+    _one_line_refusal(proc, "'mgr' may not add 'nobody': it is a system account (uid 65534 > ")
+    with userkit.os_user("glhi", uid=61123) as high:
+        proc = served.cli("mgr", "member", "add", high.name, "ai2/olmo", ok=False)
+        _one_line_refusal(proc, "it is a system account (uid 61123 > max_uid 60000)")
+    with userkit.os_user("glsu") as sudoer:  # a person, but one with the system's rights
+        subprocess.run(["usermod", "-aG", "sudo", sudoer.name], check=True)
+        proc = served.cli("mgr", "member", "add", sudoer.name, "ai2/olmo", ok=False)
+        _one_line_refusal(proc, "it is a system account (in group sudo)")
     # ... and a system account (uid 1) likewise; the HTTP API says the same
     code, body = served.server.request(
         "POST", "/v1/commands/member.add",
         {"actor": "", "user": "daemon", "project": "ai2/olmo"}, served.tokens["mgr"],
     )  # fmt: skip
-    assert code == 403 and "it is a system account (uid 1)" in json.dumps(body), body
+    assert code == 403 and "it is a system account (uid 1 < min_uid" in json.dumps(body), body
     assert served.server.head() == head
     # an admin may add a system account, but no job runs as it: below the minimum uid
     served.cli("root", "member", "add", "daemon", "ai2/olmo")
@@ -158,7 +171,7 @@ def test_who_a_job_runs_as_is_refused_with_one_line_and_nothing_appended(
     _one_line_refusal(proc, "jobs of 'root' would run as root")
     assert served.server.head() == head
     status = served.cli("root", "status").stdout
-    assert "jobs run as   their owners' OS accounts (uid >= 1000)" in status
+    assert "jobs run as   their owners' OS accounts (uid 1000-60000)" in status
 
 
 def test_a_job_that_reaches_the_engine_without_an_account_fails_its_launch(
@@ -337,14 +350,29 @@ def test_a_shell_with_exported_functions_submits_and_its_world_is_recorded(
     proj = tmp_path / "proj"
     proj.mkdir()
     funcs = {"BASH_FUNC_module%%": "() {  eval $($LMOD_CMD bash $*)\n}"}
+    secrets = {"HF_TOKEN": "hf_x", "OPENAI_KEY": "sk-LEAK1", "GITHUB_PAT": "ghp_LEAK2",
+               "WANDB_KEY": "wbLEAK3", "SSHPASS": "sshLEAK4",
+               "DATABASE_URL": "postgres://u:dbpassLEAK5@h/db"}  # fmt: skip
     proc = cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "-J", "train", "--", "python",
-               "train.py", cwd=proj, GPULEDGER_USER=USER, MY_VAR="7", HF_TOKEN="hf_x",
+               "train.py", cwd=proj, GPULEDGER_USER=USER, MY_VAR="7", **secrets,
                **funcs)  # fmt: skip
     assert "left out 1 variable(s)" in proc.stderr and "BASH_FUNC_module%%" in proc.stderr
+    # F11: the secrets ALL left out are named (never their values)
+    (note,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("note: not sent")]
+    assert all(name in note for name in secrets) and "LEAK" not in proc.stderr, note
     log = json.loads(cli(home, "log", "--json", GPULEDGER_USER="root").stdout)
     (sub,) = [r["event"] for r in log if r["event"] and r["event"]["type"] == "job.submitted.v2"]
     assert sub["env"]["MY_VAR"] == "7" and "BASH_FUNC_module%%" not in sub["env"]
+    # F10: none of them is in the log a manager or an admin reads
     assert "HF_TOKEN" not in sub["env"] and "hf_x" not in json.dumps(log)
+    assert "LEAK" not in json.dumps(log) and not set(secrets) & set(sub["env"])
+    # F12: a secret named on its own is one error, and nothing is appended
+    for export in ("--export=MY_API_TOKEN", "--export=ALL,OPENAI_KEY=inline"):
+        bad = cli(home, "submit", "-A", "ai2/olmo", "-G", "1", export, "--", "true", ok=False,
+                  cwd=proj, GPULEDGER_USER=USER, MY_API_TOKEN="t")  # fmt: skip
+        _one_line_refusal(bad, "is not sent to jobs: its name is one that holds secrets")
+    after = json.loads(cli(home, "log", "--json", GPULEDGER_USER="root").stdout)
+    assert len(after) == len(log)
     assert (sub["workdir"], sub["job_name"], sub["stdout"]) == (
         str(proj), "train", "gpuledger-%j.out"
     )  # fmt: skip
@@ -373,12 +401,13 @@ def test_at_shows_the_ledger_as_it_was_or_is_refused(tmp_path: Path) -> None:
     assert then[1]["finish_reason"] is None
     assert list(jobs("--at", str(first_at), "--status", "finished")) == []
     assert list(jobs("--at", str(first_at - 3600))) == []  # before anything was submitted
-    later = jobs("--at", "2100-01-01T00:00:00")
-    assert later.keys() == now.keys()
     for read in (["queue"], ["explain", "1"], ["squatters"]):
         proc = cli(home, *read, "--at", str(first_at), ok=False, GPULEDGER_USER="root")
         _one_line_refusal(proc, "the ledger has moved since")
-        cli(home, *read, "--at", "2100-01-01T00:00:00", GPULEDGER_USER="root")
+    # F13: a moment in the future is refused (limits and later placements are not simulated)
+    for read in (["jobs"], ["queue"], ["explain", "1"], ["squatters"], ["priority"]):
+        proc = cli(home, *read, "--at", "2100-01-01T00:00:00", ok=False, GPULEDGER_USER="root")
+        _one_line_refusal(proc, "that is in the future")
 
 
 def test_serve_without_an_executor_places_nothing_and_says_so(tmp_path: Path) -> None:
@@ -409,3 +438,26 @@ def test_serve_without_an_executor_places_nothing_and_says_so(tmp_path: Path) ->
         assert "jobs run as   no job runs here" in status
     finally:
         assert server.stop() == 0
+
+
+def test_a_date_on_the_jobs_path_does_not_move_its_recorded_end(served: Served) -> None:
+    """F4: the end time is the supervisor's own clock. A `date` in the job's PATH that answers
+    an early time (a user's ~/bin, a conda env) changes nothing: the job ran 3 s, it is charged
+    at least that."""
+    pw = os_user()
+    fake = Path(pw.pw_dir) / "fakebin"
+    fake.mkdir(exist_ok=True)
+    (fake / "date").write_text("#!/bin/sh\necho 1000000000.5\n")
+    (fake / "date").chmod(0o755)
+    try:
+        job = served.submit(
+            "-D", pw.pw_dir, f"--export=ALL,PATH={fake}:/usr/bin:/bin", "--", "sh", "-c",
+            "sleep 3",
+        )  # fmt: skip
+        row = served.wait("the job ends", job, "finished")
+        assert row["finish_reason"] == "completed", row
+        # a forged end would be clamped to the placement (finished before it started)
+        assert row["finished_at"] - row["placed_at"] >= 2.9, row
+        assert row["finished_at"] - row["started_at"] >= 1.5, row
+    finally:
+        shutil.rmtree(fake, ignore_errors=True)

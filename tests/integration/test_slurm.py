@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -137,7 +138,7 @@ class Ledger:
             capture_output=True,
             text=True,
             timeout=120,
-            cwd=self.home.parent,
+            cwd=self.work,
         )
         assert done.returncode == 0, f"{args}: {done.stderr}"
         return done.stdout
@@ -146,14 +147,15 @@ class Ledger:
         self.cli("submit", "-A", "ai2/olmo", "-G", str(gpus), *opts, "--", "bash", "-c", script,
                  actor=actor)  # fmt: skip
 
-    def up(self) -> None:
+    def up(self, run_as: str = "service", **env: str) -> None:
+        """`gpuledger up --executor slurm`, with `env` added to its own environment."""
         self.starts += 1
         log = open(self.home.parent / f"up-{self.starts}.log", "wb")  # noqa: SIM115
         self._logs.append(log)
         self.proc = subprocess.Popen(
             [GPULEDGER, "up", "--executor", "slurm", "--partition", self.cluster.partition,
-             "--interval", "0.2s", "--grace", "2s", "--log-level", "INFO", "--run-as", "service"],
-            env=self.env("root"), stdout=log, stderr=subprocess.STDOUT,
+             "--interval", "0.2s", "--grace", "2s", "--log-level", "INFO", "--run-as", run_as],
+            env=self.env("root") | env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         self.wait(
             "the partition's nodes", lambda: bool(json.loads(self.cli("node", "list", "--json")))
@@ -188,9 +190,26 @@ class Ledger:
     def jobs(self) -> dict[int, dict[str, Any]]:
         return {j["job_id"]: j for j in json.loads(self.cli("jobs", "--json"))}
 
+    @property
+    def work(self) -> Path:
+        """Where the CLI submits from (a job's directory and output, as under sbatch): open to
+        the jobs' users as /tmp is."""
+        work = self.home.parent / "work"
+        if not work.exists():
+            work.mkdir()
+            work.chmod(0o1777)
+        return work
+
     def log_of(self, job_id: int) -> str:
-        path = self.home / "jobs" / f"job-{job_id}.log"
-        return path.read_text() if path.exists() else ""
+        """The job's output: `gpuledger-<id>.out` where it was submitted from, or the service's
+        file for a job with no working directory (submitted over HTTP)."""
+        for path in (
+            self.work / f"gpuledger-{job_id}.out",
+            self.home / "jobs" / f"job-{job_id}.log",
+        ):
+            if path.exists():
+                return path.read_text()
+        return ""
 
     def wait(self, what: str, pred: Callable[[], bool], timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -323,7 +342,7 @@ def test_a_hundred_runs_see_exactly_the_gpus_the_ledger_recorded(ledger: Ledger)
         return subprocess.Popen(
             [GPULEDGER, "submit", "-A", "ai2/olmo", "-G", str(gpus), "--", "bash", "-c", script],
             env=ledger.env("alice"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            cwd=ledger.home.parent,
+            cwd=ledger.work,
         )  # fmt: skip
 
     for start in range(0, runs, 10):  # ten submissions at a time, each its own CLI process
@@ -657,6 +676,14 @@ def test_serve_runs_http_submissions_under_slurm_and_a_kill_9_of_it_loses_nothin
         ]
         placed = {ev["job_id"]: ev["slots"] for ev in history if ev["type"] == "job.placed.v1"}
         assert cuda_devices(ledger.log_of(failing)) == placed[failing][0]["gpu_indices"]
+        # F8: no working directory (HTTP): the service's own directory, which nobody else may
+        # write, and a file made for the job's user (nobody here: run_as service) alone
+        out = home / "jobs" / f"job-{failing}.log"
+        assert (home / "jobs").stat().st_mode & 0o777 == 0o755
+        assert (out.stat().st_uid, out.stat().st_mode & 0o777) == (
+            pwd.getpwnam("nobody").pw_uid,
+            0o600,
+        )
         linked = {ev["job_id"]: ev["engine_job_id"] for ev in history
                   if ev["type"] == "job.engine_linked.v1"}  # fmt: skip
         # the server dies mid-run: Slurm keeps the job

@@ -17,6 +17,11 @@ ACCOUNTS = {
     "alice": OsAccount("alice", 1001, 1001, "/home/alice", "/bin/bash"),
     "asmith": OsAccount("asmith", 1500, 100),
     "svc": OsAccount("svc", 999, 999),
+    "slurm": OsAccount("slurm", 64030, 64030, "/nonexistent", "/bin/false"),
+    "nobody": OsAccount("nobody", 65534, 65534, "/nonexistent", "/usr/sbin/nologin"),
+    "dyn": OsAccount("dyn", 61000, 61000, "/home/dyn", "/bin/sh"),
+    "svc2": OsAccount("svc2", 1200, 1200, "/var/lib/svc2", "/usr/sbin/nologin"),
+    "dave": OsAccount("dave", 1005, 1005, "/home/dave", "/bin/bash", ("dave", "sudo")),
 }
 
 
@@ -47,8 +52,23 @@ def test_a_user_runs_as_a_persons_account(rule: RunAs, user: str, want: str) -> 
         (RunAs(root_jobs=True, accounts={"eve": "root"}), "eve", "jobs of 'eve' (mapped to"),
         (RunAs(), "daemon", "'daemon' is a system account (uid 1 < min_uid 1000)"),
         (RunAs(), "svc", "'svc' is a system account (uid 999 < min_uid 1000)"),
+        (RunAs(), "slurm", "'slurm' is a system account (uid 64030 > max_uid 60000)"),
+        (RunAs(), "nobody", "'nobody' is a system account (uid 65534 > max_uid 60000)"),
+        (RunAs(), "dyn", "'dyn' is a system account (uid 61000 > max_uid 60000)"),
+        (RunAs(), "svc2", "'svc2' is a system account (its shell is /usr/sbin/nologin)"),
     ],
-    ids=["no account", "mapped to none", "root", "mapped to root", "system", "below min"],
+    ids=[
+        "no account",
+        "mapped to none",
+        "root",
+        "mapped to root",
+        "system",
+        "below min",
+        "slurm above max",
+        "nobody",
+        "dynamic system range",
+        "nologin",
+    ],
 )
 def test_no_job_runs_as_an_account_the_rule_refuses(rule: RunAs, user: str, want: str) -> None:
     with pytest.raises(NotAuthorised, match=want.replace("(", r"\(").replace(")", r"\)")):
@@ -61,6 +81,14 @@ def _state() -> State:
     return state
 
 
+def test_a_sudoer_runs_their_own_jobs_but_only_an_admin_adds_them() -> None:
+    assert RunAs().account("dave", lookup).name == "dave"
+    state, rule = _state(), RunAs()
+    add = c.AddMember(actor="mgr", user="dave", project="p/q")
+    with pytest.raises(NotAuthorised, match="'dave': it is a system account \\(in group sudo\\)"):
+        admit(state, add, lookup=lookup, rule=rule, submissions=False)
+
+
 def test_only_an_admin_adds_a_system_account_as_a_member() -> None:
     state, rule = _state(), RunAs()
     add = c.AddMember(actor="mgr", user="root", project="p/q")
@@ -69,6 +97,10 @@ def test_only_an_admin_adds_a_system_account_as_a_member() -> None:
     for user in ("alice", "someone-without-an-account"):
         ok = c.AddMember(actor="mgr", user=user, project="p/q")
         assert admit(state, ok, lookup=lookup, rule=rule, submissions=False) is ok
+    for system in ("slurm", "nobody", "dyn", "svc2", "dave"):  # F3: above max_uid, nologin, sudo
+        add = c.AddMember(actor="mgr", user=system, project="p/q")
+        with pytest.raises(NotAuthorised, match=f"may not add '{system}': it is a system acc"):
+            admit(state, add, lookup=lookup, rule=rule, submissions=False)
     by_admin = c.AddMember(actor="root", user="daemon", project="p/q")
     assert admit(state, by_admin, lookup=lookup, rule=rule, submissions=False) is by_admin
 

@@ -16,6 +16,7 @@ from ledger.core.state import Node, State
 from ledger.cycle.executor import Exit, Launch, Orders
 from ledger.cycle.record import node_command
 from ledger.engines.slurm import (
+    SbatchUser,
     SlurmExecutor,
     SlurmNode,
     batch_script,
@@ -25,6 +26,7 @@ from ledger.engines.slurm import (
     expand_hostlist,
     gpus_of,
     gres_indices,
+    job_environment,
     node_changes,
     node_down,
     node_unavailable,
@@ -37,6 +39,7 @@ from ledger.engines.slurm import (
     shares_toml,
     slurm_time,
 )
+from ledger.engines.slurm.shares import accounts_written
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import InvalidCommand, NotAuthorised
@@ -285,6 +288,9 @@ def test_partition_settings_that_would_overrule_the_ledger(config: str, want: li
         assert p.startswith(w)
 
 
+ALICE = SbatchUser(uid=1001, gid=1001, name="alice", home="/home/alice", shell="/bin/bash")
+
+
 def launch(*slots: GpuSlot, time_limit_s: int | None = None) -> Launch:
     return Launch(5, slots, ("python", "train.py"), None, "alice", "ai2/olmo", 2, time_limit_s)
 
@@ -295,7 +301,7 @@ def test_sbatch_names_the_nodes_the_gpus_per_node_the_time_and_the_user() -> Non
         GpuSlot(node="n2", gpu_indices=(0, 1, 2, 3)),
         time_limit_s=90,
     )
-    args = sbatch_args(job, "gpu", Path("/logs/job-5.log"), "alice", LID)
+    args = sbatch_args(job, "gpu", Path("/logs/job-5.log"), ALICE, LID)
     assert args[:5] == [
         "--job-name=gpuledger-5",
         f"--comment=gpuledger:{LID}:job=5:run=2",
@@ -304,18 +310,19 @@ def test_sbatch_names_the_nodes_the_gpus_per_node_the_time_and_the_user() -> Non
         "--no-requeue",
     ]
     assert "--time=2" in args  # Slurm counts whole minutes: rounded up
-    assert "--uid=alice" in args
+    assert "--uid=1001" in args and "--gid=1001" in args  # F1: the user's primary group
+    assert "--chdir=/home/alice" in args  # no working directory given: the user's home
     assert args[-4:] == ["--partition=gpu", "--nodes=2", "--nodelist=n1,n2", "--gres=gpu:4"]
     assert ":" not in args
 
 
 def test_a_gang_with_a_smaller_last_node_is_one_heterogeneous_job() -> None:
     job = launch(GpuSlot(node="n1", gpu_indices=(0, 1, 2, 3)), GpuSlot(node="n2", gpu_indices=(0,)))
-    args = sbatch_args(job, "gpu", Path("/l"), None, LID)
+    args = sbatch_args(job, "gpu", Path("/l"), SbatchUser(), LID)
     split = args.index(":")
     assert args[split - 2 :] == ["--nodelist=n1", "--gres=gpu:4", ":", "--partition=gpu",
                                  "--nodes=1", "--nodelist=n2", "--gres=gpu:1"]  # fmt: skip
-    assert not any(a.startswith(("--uid", "--time")) for a in args)
+    assert not any(a.startswith(("--uid", "--gid", "--time", "--chdir")) for a in args)
 
 
 def test_the_batch_script_sets_the_ledgers_variables_and_execs_the_command() -> None:
@@ -323,13 +330,43 @@ def test_the_batch_script_sets_the_ledgers_variables_and_execs_the_command() -> 
     job = dataclasses.replace(job, command=("sh", "-c", "echo $X; exit 3"))
     assert batch_script(job).splitlines() == [
         "#!/bin/bash",
+        "export PATH=/usr/local/bin:/usr/bin:/bin",
         "export GPULEDGER_JOB_ID=5",
         "export GPULEDGER_RUN=2",
+        "export GPULEDGER_LAUNCH=3",
+        "export GPULEDGER_USER=alice",
         "export GPULEDGER_ACCOUNT=ai2/olmo",
         "export GPULEDGER_NODES=n1,n2",
         "exec sh -c 'echo $X; exit 3'",
     ]
     assert batch_script(dataclasses.replace(job, command=())).endswith("\nexec true\n")
+
+
+def test_the_job_gets_its_submitted_world_never_the_services() -> None:
+    """F1/F2: the submitted environment and the user's identity; Slurm's own variables and
+    the ledger's tokens never come from the submission; an array task gets SLURM_ARRAY_*;
+    sbatch is asked for the working directory and the output files, `%` kept literal."""
+    job = dataclasses.replace(
+        launch(GpuSlot(node="n1", gpu_indices=(0,))),
+        env=(("MY_VAR", "it's 7"), ("HOME", "/root"), ("SLURM_JOB_ID", "99"),
+             ("CUDA_VISIBLE_DEVICES", "0,1,2"), ("GPULEDGER_JOB_TOKEN", "glt_x"),
+             ("BAD;NAME", "x")),
+        workdir="/home/alice/proj 1", stdout="/home/alice/proj 1/out-5%.log",
+        stderr="/home/alice/e.log", array_job_id=4, array_task_id=1,
+    )  # fmt: skip
+    env = job_environment(job, ALICE)
+    assert env["MY_VAR"] == "it's 7" and env["HOME"] == "/home/alice"
+    assert (env["USER"], env["LOGNAME"], env["SHELL"]) == ("alice", "alice", "/bin/bash")
+    assert (env["SLURM_ARRAY_JOB_ID"], env["SLURM_ARRAY_TASK_ID"]) == ("4", "1")
+    assert (env["GPULEDGER_ARRAY_JOB_ID"], env["GPULEDGER_ARRAY_TASK_ID"]) == ("4", "1")
+    assert "SLURM_JOB_ID" not in env and "CUDA_VISIBLE_DEVICES" not in env
+    assert "GPULEDGER_JOB_TOKEN" not in env and "BAD;NAME" not in env
+    script = batch_script(job, ALICE)
+    assert "export MY_VAR='it'\"'\"'s 7'" in script
+    assert "cd -- '/home/alice/proj 1' || {" in script
+    args = sbatch_args(job, "gpu", job.stdout, ALICE, LID, None, job.stderr)
+    assert "--output=/home/alice/proj 1/out-5%%.log" in args
+    assert "--error=/home/alice/e.log" in args and "--chdir=/home/alice/proj 1" in args
 
 
 SACCTMGR = """\
@@ -407,6 +444,16 @@ chem|root||20
         "root/chem/carol": ("user", 1),
     }
     assert state.members == {"root/physics": {"alice", "b.smith"}, "root/chem": {"carol"}}
+
+
+def test_import_shares_refuses_a_name_budget_apply_would_and_counts_what_it_writes() -> None:
+    """F15: an account named `a b` is one error at import (budget apply would refuse the file
+    it wrote); the count printed is the accounts written, Slurm's root among them."""
+    with pytest.raises(InvalidCommand, match="line 2: account name 'a b' cannot be a ledger"):
+        parse_sacctmgr_shares("root|||1\na b|root||1\n")
+    rows, parents, _ = parse_sacctmgr_shares("root|||1\nphysics|root||4\nphysics||al|1\n")
+    toml = shares_toml(rows, parents)
+    assert accounts_written(toml) == 2 == toml.count("[accounts.")  # root kept, and physics
 
 
 @pytest.mark.parametrize(
@@ -566,19 +613,20 @@ def test_on_pinned_nodes_sbatch_asks_for_exactly_the_ledgers_gpus() -> None:
     pinned = {"n1": ("h_0", "h_1", "h_2", "h_3"), "n2": ("h_0", "h_1", "h_2", "h_3")}
     one = launch(GpuSlot(node="n1", gpu_indices=(3, 1)))
     assert (
-        sbatch_args(one, "gpu", Path("/l"), None, LID, pinned)[-1] == "--gres=gpu:h_1:1,gpu:h_3:1"
+        sbatch_args(one, "gpu", Path("/l"), SbatchUser(), LID, pinned)[-1]
+        == "--gres=gpu:h_1:1,gpu:h_3:1"
     )
     same = launch(GpuSlot(node="n1", gpu_indices=(0, 2)), GpuSlot(node="n2", gpu_indices=(0, 2)))
-    args = sbatch_args(same, "gpu", Path("/l"), None, LID, pinned)
+    args = sbatch_args(same, "gpu", Path("/l"), SbatchUser(), LID, pinned)
     assert ":" not in args and args[-1] == "--gres=gpu:h_0:1,gpu:h_2:1"
     other = launch(GpuSlot(node="n1", gpu_indices=(0, 2)), GpuSlot(node="n2", gpu_indices=(1, 3)))
-    args = sbatch_args(other, "gpu", Path("/l"), None, LID, pinned)
+    args = sbatch_args(other, "gpu", Path("/l"), SbatchUser(), LID, pinned)
     split = args.index(":")  # the nodes need different GRES: one component each
     assert (
         args[split - 1] == "--gres=gpu:h_0:1,gpu:h_2:1" and args[-1] == "--gres=gpu:h_1:1,gpu:h_3:1"
     )
     unpinned = launch(GpuSlot(node="n3", gpu_indices=(5, 6)))
-    assert sbatch_args(unpinned, "gpu", Path("/l"), None, LID, pinned)[-1] == "--gres=gpu:2"
+    assert sbatch_args(unpinned, "gpu", Path("/l"), SbatchUser(), LID, pinned)[-1] == "--gres=gpu:2"
 
 
 def test_slurm_times_are_read_in_local_time_and_unknown_is_none() -> None:
@@ -611,7 +659,7 @@ def test_while_slurmctld_does_not_answer_every_node_is_unobserved_and_it_is_aske
     calls: list[list[str]] = []
     answering = False
 
-    def run(args: list[str], stdin: str | None = None) -> str:
+    def run(args: list[str], stdin: str | None = None, env: object = None) -> str:
         calls.append(args)
         if not answering:
             raise EngineError("scontrol: Unable to contact slurm controller")
@@ -649,13 +697,14 @@ def test_a_run_slurm_will_not_start_is_taken_back_and_explained(
 
     calls: list[list[str]] = []
 
-    def run(args: list[str], stdin: str | None = None) -> str:
+    def run(args: list[str], stdin: str | None = None, env: object = None) -> str:
         calls.append(args)
         if args[0] == "sbatch":
             return "41\n"
         return _pending(reason) if args[:4] == ["scontrol", "-d", "-o", "show"] else ""
 
-    ex = Executor("gpuledger", LID, tmp_path, start_within_s=300.0)
+    # "service": the job's ledger user need not be an OS account of the machine running this
+    ex = Executor("gpuledger", LID, tmp_path, start_within_s=300.0, run_as="service")
     ex._run = run  # type: ignore[method-assign]
     ex.carry_out(Orders(launches=(launch(GpuSlot(node="vm", gpu_indices=(0,))),)), 100.0)
     assert [a[0] for a in calls if a[0] == "sbatch"] == ["sbatch"]
@@ -677,7 +726,7 @@ def test_a_deposed_leader_s_executor_neither_submits_nor_cancels(tmp_path: Path)
     calls: list[list[str]] = []
     leading = False
 
-    def run(args: list[str], stdin: str | None = None) -> str:
+    def run(args: list[str], stdin: str | None = None, env: object = None) -> str:
         calls.append(args)
         return "41\n" if args[0] == "sbatch" else ""  # Slurm lists no job
 
@@ -693,3 +742,30 @@ def test_a_deposed_leader_s_executor_neither_submits_nor_cancels(tmp_path: Path)
     leading = False
     ex.carry_out(Orders(stops=(5,)), 103.0)
     assert not any(a[0] == "scancel" for a in calls)
+
+
+def test_a_job_whose_owner_may_not_run_jobs_is_never_submitted_to_slurm(tmp_path: Path) -> None:
+    """As root with run_as submitter, a job of a user with no OS account is no sbatch at all:
+    it ends launch_failed with why (never run as root, nor as anyone else)."""
+    import os
+
+    from ledger.engines.slurm.executor import SlurmExecutor as Executor
+
+    calls: list[list[str]] = []
+
+    def run(args: list[str], stdin: str | None = None, env: object = None) -> str:
+        calls.append(args)
+        return ""
+
+    ex = Executor("gpuledger", LID, tmp_path, run_as="submitter")
+    ex._run = run  # type: ignore[method-assign]
+    job = dataclasses.replace(launch(GpuSlot(node="vm", gpu_indices=(0,))), user="gl-no-such-u")
+    ex.carry_out(Orders(launches=(job,)), 100.0)
+    seen = ex.observe(101.0, {"vm": node("vm")})
+    if os.geteuid() != 0:  # not root: every job runs as the service's own account
+        assert [a[0] for a in calls].count("sbatch") == 1
+        return
+    assert not [a for a in calls if a[0] == "sbatch"]
+    [ended] = seen.exits
+    assert (ended.job_id, ended.reason) == (5, "launch_failed")
+    assert "'gl-no-such-u' has no OS account" in ended.note

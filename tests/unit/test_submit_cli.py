@@ -17,10 +17,10 @@ from ledger.core.state import State
 from ledger.cycle.inputs import snapshot_from_state
 from ledger.dispatch.engine import decide as dispatch
 from ledger.dispatch.registry import build
-from ledger.reads.preview import estimated_starts
+from ledger.reads.preview import dependency_ends, estimated_starts
 from schemas import commands as c
 from schemas.errors import InvalidCommand
-from schemas.events import FinishReason
+from schemas.events import Dependency, FinishReason
 
 SCRIPT = """#!/bin/bash
 # a comment
@@ -63,11 +63,11 @@ def test_an_sbatch_option_it_does_not_understand_is_refused_by_name(line: str, w
 def test_the_environment_is_what_export_says_without_secrets() -> None:
     environ = {"PATH": "/bin", "MY_VAR": "1", "GPULEDGER_TOKEN": "glt_x", "HF_TOKEN": "t",
                "DB_PASSWORD": "p", "AWS_SECRET_ACCESS_KEY": "k"}  # fmt: skip
-    assert environment("ALL", environ) == ({"PATH": "/bin", "MY_VAR": "1"}, [], [])
+    secrets = ["AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "HF_TOKEN"]  # the CLI's own: no note
+    assert environment("ALL", environ) == ({"PATH": "/bin", "MY_VAR": "1"}, secrets, [])
     assert environment("NONE", environ) == ({}, [], [])
     assert environment("MY_VAR,EXTRA=2", environ) == ({"MY_VAR": "1", "EXTRA": "2"}, [], [])
-    assert environment("ALL,MY_VAR=3", environ) == ({"PATH": "/bin", "MY_VAR": "3"}, [], [])
-    assert environment("MY_VAR,HF_TOKEN", environ) == ({"MY_VAR": "1"}, ["HF_TOKEN"], [])
+    assert environment("ALL,MY_VAR=3", environ) == ({"PATH": "/bin", "MY_VAR": "3"}, secrets, [])
     assert environment("ALL", environ, secret="^$") == (environ, [], [])  # a site's own pattern
     # what no job can be given as it is: ALL leaves it out and says so; named, it is an error
     modules = {"PATH": "/bin", "BASH_FUNC_module%%": "() {  eval x\n}", "BIG": "x" * 20_000,
@@ -81,6 +81,25 @@ def test_the_environment_is_what_export_says_without_secrets() -> None:
         environment("NONE,BASH_FUNC_module%%", modules)
     with pytest.raises(InvalidCommand, match="--export is empty"):
         environment(",", environ)
+
+
+def test_common_secret_names_and_urls_with_passwords_are_never_sent() -> None:
+    """F10-F12: OPENAI_KEY, GITHUB_PAT, WANDB_KEY, SSHPASS and a URL holding a password are left
+    out of ALL (and named, for the note); a secret named on its own is one error."""
+    environ = {"PATH": "/bin", "OPENAI_KEY": "sk", "GITHUB_PAT": "ghp", "WANDB_KEY": "wb",
+               "SSHPASS": "pw", "DATABASE_URL": "postgres://u:dbpass@h/db", "MY_API_TOKEN": "t",
+               "SITE": "https://example.org/x", "KEYBOARD": "us", "MONKEY": "1"}  # fmt: skip
+    env, left, _ = environment("ALL", environ)
+    assert env == {"PATH": "/bin", "SITE": "https://example.org/x", "KEYBOARD": "us",
+                   "MONKEY": "1"}  # fmt: skip
+    assert left == ["DATABASE_URL", "GITHUB_PAT", "MY_API_TOKEN", "OPENAI_KEY", "SSHPASS",
+                    "WANDB_KEY"]  # fmt: skip
+    with pytest.raises(InvalidCommand, match="'MY_API_TOKEN' is not sent to jobs: its name"):
+        environment("MY_API_TOKEN", environ)
+    with pytest.raises(InvalidCommand, match="'OPENAI_KEY' is not sent to jobs"):
+        environment("ALL,OPENAI_KEY=inline", environ)
+    with pytest.raises(InvalidCommand, match="'DATABASE_URL' is not sent to jobs: its value"):
+        environment("NONE,DATABASE_URL", environ)
 
 
 def test_the_estimate_counts_the_jobs_the_next_cycle_places() -> None:
@@ -106,6 +125,15 @@ def test_the_estimate_counts_the_jobs_the_next_cycle_places() -> None:
     decision = dispatch(snap, build("fifo"), now)
     starts = estimated_starts(state, snap, decision, now)
     assert starts == {1: now, 2: now + 3600, 3: now + 7200, 4: now + 10800, 5: None}
+    # F13: a job waiting for job 2 may start once job 2 reaches its limit, not "unknown";
+    # waiting for job 4 (no limit): nobody knows
+    for dep in (2, 4):
+        cmd = c.SubmitJob(actor="u", account="p/q", gpus=1,
+                          dependency=(Dependency(kind="afterok", job_ids=(dep,)),))  # fmt: skip
+        for ev in decide(state, cmd, 0.0, ids):
+            evolve(state, ev)
+    assert dependency_ends(state, 6, starts, now) == now + 3600 + 3600
+    assert dependency_ends(state, 7, starts, now) is None
 
 
 def test_the_slurm_users_page_names_every_sbatch_option_and_finish_reason() -> None:

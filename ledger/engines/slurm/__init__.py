@@ -9,6 +9,7 @@ from ledger.engines.slurm.executor import ENGINE, SlurmExecutor, ledger_id, open
 from ledger.engines.slurm.shares import SACCTMGR_ARGS, parse_sacctmgr_shares, shares_toml
 from ledger.engines.slurm.words import (
     DRAIN_PREFIX,
+    SbatchUser,
     SlurmJob,
     SlurmNode,
     batch_script,
@@ -18,6 +19,7 @@ from ledger.engines.slurm.words import (
     expand_hostlist,
     gpus_of,
     gres_indices,
+    job_environment,
     node_changes,
     node_down,
     node_unavailable,
@@ -33,6 +35,7 @@ __all__ = [
     "DRAIN_PREFIX",
     "ENGINE",
     "SACCTMGR_ARGS",
+    "SbatchUser",
     "SlurmExecutor",
     "SlurmJob",
     "SlurmNode",
@@ -43,6 +46,7 @@ __all__ = [
     "expand_hostlist",
     "gpus_of",
     "gres_indices",
+    "job_environment",
     "ledger_id",
     "node_changes",
     "node_down",

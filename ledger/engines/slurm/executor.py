@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import pwd
 import re
 import subprocess
 from collections.abc import Callable, Mapping
@@ -20,11 +19,14 @@ from pathlib import Path
 
 from ledger.core.state import Node
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
+from ledger.engines.accounts import RunAs, account_for
 from ledger.engines.slurm.words import (
     ENDED,
     HOLDING,
     NEVER_STARTS,
+    SBATCH_ENV,
     WAITING,
+    SbatchUser,
     SlurmJob,
     SlurmNode,
     batch_script,
@@ -36,6 +38,7 @@ from ledger.engines.slurm.words import (
     parse_nodes,
     register_commands,
     sbatch_args,
+    slurm_time,
 )
 from ledger.store.application import Ledger
 from schemas.errors import EngineError, InvalidCommand
@@ -65,6 +68,7 @@ def open_executor(
     log_dir: Path,
     grace_s: float,
     actor: str,
+    run_as: RunAs = "submitter",
     may_act: Callable[[], bool] | None = None,
 ) -> SlurmExecutor:
     """The executor of `partition`, after checking Slurm lets gpu-ledger own it, with the
@@ -75,8 +79,13 @@ def open_executor(
             "the Slurm executor needs the partition gpu-ledger owns",
             hint="pass --partition P (serve: `partition` in the config file)",
         )
-    slurm = SlurmExecutor(partition, ledger_id(ledger), log_dir, grace_s=grace_s, may_act=may_act)
+    slurm = SlurmExecutor(
+        partition, ledger_id(ledger), log_dir, grace_s=grace_s, run_as=run_as, may_act=may_act
+    )
     slurm.check()
+    if log_dir.is_dir() and log_dir.stat().st_mode & 0o022:  # an older version's 1777
+        log.warning("%s was writable by others: made 0755 (the service's own directory)", log_dir)
+        log_dir.chmod(0o755)
     found = slurm.nodes()
     if not found:
         raise EngineError(
@@ -102,9 +111,19 @@ class _Run:
     """None while the launch waits for its GPUs to be free in Slurm (a victim still stopping)."""
     started: bool = False
     missing_since: float | None = None
+    """When a read of Slurm first lacked this run (None while Slurm lists it)."""
     submitted_at: float | None = None
     """When it was handed to Slurm (its start is awaited from then on)."""
-    """When a read of Slurm first lacked this run (None while Slurm lists it)."""
+    started_at: float | None = None
+    """Slurm's StartTime of the run (its exact limit counts from it)."""
+    limited: bool = False
+    """The executor stopped it at its limit (Slurm's is rounded up to minutes)."""
+    logs: tuple[str, ...] = ()
+    """Its output (and error) file."""
+
+
+class _Refused(Exception):
+    """A job that may not run as the account it would run as (`account_for`'s reason)."""
 
 
 @dataclass
@@ -130,6 +149,7 @@ class SlurmExecutor:
         env: Mapping[str, str] | None = None,
         vanish_after_s: float = 30.0,
         start_within_s: float = 300.0,
+        run_as: RunAs = "submitter",
         may_act: Callable[[], bool] | None = None,
     ) -> None:
         self.partition = partition
@@ -145,6 +165,9 @@ class SlurmExecutor:
         """How long a submitted run may be missing from every read before it counts as gone: a
         controller that has just restarted may answer before it lists every job."""
         self.env = dict(env if env is not None else os.environ)
+        self.run_as: RunAs = run_as
+        """Who jobs run as (`ledger.engines.accounts`): as on every engine, never as root on
+        someone else's behalf."""
         self._runs: dict[int, _Run] = {}
         self._stopping: dict[str, _Stopping] = {}
         self._view: dict[str, SlurmJob] = {}
@@ -170,7 +193,9 @@ class SlurmExecutor:
 
     # --- talking to Slurm ---
 
-    def _run(self, args: list[str], stdin: str | None = None) -> str:
+    def _run(
+        self, args: list[str], stdin: str | None = None, env: Mapping[str, str] | None = None
+    ) -> str:
         try:
             proc = subprocess.run(
                 args,
@@ -178,7 +203,7 @@ class SlurmExecutor:
                 capture_output=True,
                 text=True,
                 timeout=self.timeout_s,
-                env=self.env,
+                env=self.env if env is None else env,
                 check=False,
             )
         except (OSError, subprocess.TimeoutExpired) as err:
@@ -252,30 +277,58 @@ class SlurmExecutor:
                     held.setdefault(sl.node, set()).update(sl.gpu_indices)
         return held
 
-    def _uid(self, user: str) -> str | None:
-        """The user to pass as `--uid`: only when we run as root and it is another Unix user."""
-        if os.geteuid() != 0 or user == "root":
-            return None
+    def _who(self, job: Launch) -> SbatchUser | str:
+        """Who `job` runs as (`account_for`, the rule of every engine), as sbatch's `--uid` and
+        `--gid` (none when it is the service's own account), or why it may not run."""
+        account = account_for(job.user, self.run_as, os.geteuid())
+        if isinstance(account, str):
+            return account
+        other = account.uid != os.geteuid()
+        return SbatchUser(
+            uid=account.uid if other else None,
+            gid=account.gid if other else None,
+            name=account.name,
+            home=account.home,
+            shell=account.shell,
+        )
+
+    def _default_log(self, job: Launch, who: SbatchUser) -> Path:
+        """The service's own output file of a job that names none (no working directory):
+        `<log_dir>/job-<id>.log`, in a directory only the service may write (no one can plant
+        a file there), made by the service for the job's user, readable by them alone."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.chmod(0o755)
+        out = self.log_dir / f"job-{job.job_id}.log"
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         try:
-            pwd.getpwnam(user)
-        except KeyError:
-            return None
-        return user
+            if who.uid is not None:
+                os.fchown(fd, who.uid, who.gid if who.gid is not None else -1)
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+        return out
+
+    def _sbatch_env(self) -> dict[str, str]:
+        """sbatch's own environment: PATH and where the cluster is (`SBATCH_ENV`). sbatch hands
+        its environment to the job, so nothing else of the service's goes in (its secrets, its
+        HOME, `SBATCH_*` options)."""
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+        env.update({k: self.env[k] for k in SBATCH_ENV if k in self.env})
+        return env
 
     def _submit(self, r: _Run) -> None:
         assert r.launch is not None
         job = r.launch
-        uid = self._uid(job.user)
-        out = self.log_dir / f"job-{job.job_id}.log"
-        if not self.log_dir.is_dir():
-            self.log_dir.mkdir(parents=True)
-            if os.geteuid() == 0:
-                self.log_dir.chmod(0o1777)  # jobs run as their users open their own logs
-        if uid is not None:
-            out.touch()
-            os.chown(out, pwd.getpwnam(uid).pw_uid, -1)
-        args = ["sbatch", *sbatch_args(job, self.partition, out, uid, self.ledger_id, self._pinned)]
-        slurm_id = self._run(args, stdin=batch_script(job)).strip().split(";")[0]
+        who = self._who(job)
+        if isinstance(who, str):
+            raise _Refused(who)
+        out = job.stdout or str(self._default_log(job, who))
+        err = job.stderr or ""
+        r.logs = tuple(dict.fromkeys(p for p in (out, err) if p))
+        args = ["sbatch", *sbatch_args(job, self.partition, out, who, self.ledger_id,
+                                       self._pinned, err)]  # fmt: skip
+        script = batch_script(job, who)
+        slurm_id = self._run(args, stdin=script, env=self._sbatch_env()).strip().split(";")[0]
         r.slurm_id = slurm_id
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, slurm_id)
 
@@ -302,6 +355,11 @@ class SlurmExecutor:
             try:
                 self._submit(r)
                 r.submitted_at = now
+            except _Refused as why:  # never run as an account the rule refuses
+                log.warning("job %s is not started: %s", r.job_id, why)
+                del self._runs[r.job_id]
+                self._exits.append(Exit(r.job_id, -1, now, "launch_failed", "", "", str(why)))
+                continue
             except EngineError as err:
                 log.warning("job %s: sbatch failed, retrying next cycle: %s", r.job_id, err.line())
                 continue
@@ -417,16 +475,23 @@ class SlurmExecutor:
                     continue
             if j.started and not r.started and (j.holding or j.ended):
                 r.started = True
+                r.started_at = j.start_time
                 gpus = tuple(GpuSlot(node=n, gpu_indices=i) for n, i in sorted(j.gpus.items()) if i)
                 # charged from Slurm's real start (the ledger keeps it inside the placement)
-                self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, started_at=j.start_time))
+                self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
+                                          started_at=j.start_time))  # fmt: skip
                 self._check_gpus(r, j)
             if j.ended:
                 del self._runs[job_id]
                 at = now if j.end_time is None else min(now, j.end_time)
-                self._exits.append(
-                    Exit(job_id, j.exit_code, at, end_reason(j.state), r.slurm_id, j.state)
-                )
+                reason = "time_limit" if r.limited else end_reason(j.state)
+                self._exits.append(Exit(job_id, j.exit_code, at, reason, r.slurm_id, j.state))
+            elif j.holding and self._past_limit(r, now):
+                r.limited = True
+                limit = r.launch.time_limit_s if r.launch else None
+                log.info("job %s (Slurm job %s) reached its limit of %s s: stopping it",
+                         job_id, r.slurm_id, limit)  # fmt: skip
+                self._signal(r.slurm_id, now)
         # 2. runs being stopped: the grace, then scancel
         for slurm_id, st in list(self._stopping.items()):
             j = self._view.get(slurm_id)
@@ -462,6 +527,14 @@ class SlurmExecutor:
                     log.info("foreign Slurm job %s holds GPUs %s", j.slurm_id, dict(j.gpus))
         self._foreign = {n: frozenset(i) for n, i in foreign.items()}
 
+    def _past_limit(self, r: _Run, now: float) -> bool:
+        """Whether a run has reached a limit Slurm cannot keep exactly (one that is no whole
+        number of minutes: Slurm's `--time` rounds it up) and is not being stopped yet."""
+        if r.limited or r.launch is None or r.started_at is None:
+            return False
+        limit = r.launch.time_limit_s
+        return limit is not None and limit % 60 != 0 and now >= r.started_at + limit
+
     def _never_starts(self, r: _Run, j: SlurmJob, now: float) -> str:
         """Why Slurm will not start this run (its reason says it never will, or it has waited
         past `start_within_s`); "" while it may still start."""
@@ -489,22 +562,25 @@ class SlurmExecutor:
     def _vanished(self, r: _Run, now: float) -> None:
         """A run Slurm no longer lists (past MinJobAge, or the controller lost its state)."""
         assert r.slurm_id is not None
-        state, code = "", -1
+        state, code, at = "", -1, now
         if self._accounting:
             try:
                 rows = self._run(
-                    ["sacct", "-n", "-P", "-X", "-j", r.slurm_id, "-o", "State,ExitCode"]
+                    ["sacct", "-n", "-P", "-X", "-j", r.slurm_id, "-o", "State,ExitCode,End"]
                 )
                 first = rows.strip().splitlines()[0].split("|") if rows.strip() else []
-                if len(first) == 2:
+                if len(first) == 3:
                     state, code = first[0].split()[0], exit_code(first[1])
+                    at = min(now, slurm_time(first[2]) or now)  # Slurm's End, when it has one
             except EngineError as err:
                 log.warning("sacct: %s", err.line())
         if state in WAITING or state in HOLDING:
             return
         del self._runs[r.job_id]
         reason: EndReason = end_reason(state) if state in ENDED else "lost"
-        self._exits.append(Exit(r.job_id, code, now, reason, r.slurm_id, state or "UNKNOWN"))
+        if r.limited and state in ENDED:
+            reason = "time_limit"
+        self._exits.append(Exit(r.job_id, code, at, reason, r.slurm_id, state or "UNKNOWN"))
 
     def _check_gpus(self, r: _Run, j: SlurmJob) -> None:
         if r.launch is None:

@@ -16,10 +16,14 @@ accepts is what this writes (tests/unit/test_slurm_pure.py applies every file it
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
+from schemas.bounds import NAME_PATTERN
 from schemas.errors import InvalidCommand
+
+_NAME = re.compile(NAME_PATTERN)
 
 SACCTMGR_ARGS = ("sacctmgr", "-nP", "show", "associations", "format=Account,ParentName,User,Share")
 PARENT = -1
@@ -54,6 +58,13 @@ def parse_sacctmgr_shares(text: str) -> Imported:
         account, parent, user, share = cells
         if (account, user, share) == ("Account", "User", "Share"):
             continue  # a header line
+        for what, name in (("account", account), ("parent account", parent), ("user", user)):
+            if name and not _NAME.match(name):  # what `budget apply` would refuse: refused here
+                raise InvalidCommand(
+                    f"sacctmgr line {n}: {what} name {name!r} cannot be a ledger name (letters, "
+                    "digits, '_', '.', '-'; at most 63)",
+                    hint="rename it in the saved output (--from FILE), or leave the line out",
+                )
         if parent:
             parents[account] = parent
         if account == "root" and user:
@@ -90,6 +101,12 @@ def _resolved(
         else:
             return 1
     return 1
+
+
+def accounts_written(toml: str) -> int:
+    """Pure: how many accounts a budget file written by `shares_toml` holds (Slurm's root
+    included when it is kept as the program `root`)."""
+    return sum(1 for line in toml.splitlines() if line.startswith("[accounts."))
 
 
 def shares_toml(rows: Iterable[tuple[str, str, int]], parents: Mapping[str, str]) -> str:

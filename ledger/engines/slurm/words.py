@@ -381,32 +381,63 @@ def check_config(config: str, partition: str) -> list[str]:
     return problems
 
 
+@dataclass(frozen=True)
+class SbatchUser:
+    """Who an sbatch runs its job as: `--uid`/`--gid` (None: the service's own account) and
+    the account's HOME, USER, LOGNAME and SHELL, which the job gets as sbatch gives them."""
+
+    uid: int | None = None
+    gid: int | None = None
+    name: str = ""
+    home: str = ""
+    shell: str = ""
+
+
+def slurm_path(path: str) -> str:
+    """Pure: a file name as `sbatch -o/-e/-D` read it, the ledger's own patterns already
+    written out: a literal `%` is `%%` (Slurm would expand `%j` and the like again)."""
+    return path.replace("%", "%%")
+
+
 def sbatch_args(
     job: Launch,
     partition: str,
-    log_path: Path,
-    uid: str | None,
+    log_path: Path | str,
+    who: SbatchUser,
     ledger_id: str,
     pinned: Mapping[str, tuple[str, ...]] | None = None,
+    error_path: str = "",
 ) -> list[str]:
     """Pure: `sbatch` arguments that carry out exactly this placement: its nodes, its GPUs per
-    node, its time limit, its user, its name and log. On a node whose GPUs are pinned (`pinned`:
-    node -> the GRES type of each index) it asks for exactly the ledger's GPU indices
-    (`--gres=gpu:h100_2:1,gpu:h100_5:1`); elsewhere for their count. Nodes that need different
-    GRES make a heterogeneous job, one component per node. The script comes on stdin."""
+    node, its time limit, who it runs as (`--uid` and `--gid`, so the job has its user's primary
+    group; slurmd adds the supplementary ones), where it starts (`--chdir`), its name and its
+    output and error files (created by slurmstepd as the job's user). On a node whose GPUs are
+    pinned (`pinned`: node -> the GRES type of each index) it asks for exactly the ledger's GPU
+    indices (`--gres=gpu:h100_2:1,gpu:h100_5:1`); elsewhere for their count. Nodes that need
+    different GRES make a heterogeneous job, one component per node. The script comes on stdin.
+    A limit that is no whole number of minutes is asked of Slurm rounded up (its unit); the
+    executor stops the run at the exact second itself."""
     pinned = pinned or {}
     common = [
         f"--job-name=gpuledger-{job.job_id}",
         f"--comment=gpuledger:{ledger_id}:job={job.job_id}:run={job.run}",
-        f"--output={log_path}",
+        f"--output={slurm_path(str(log_path))}",
         "--open-mode=append",
         "--no-requeue",
         "--parsable",
     ]
+    if error_path and error_path != str(log_path):
+        common.append(f"--error={slurm_path(error_path)}")
+    if job.workdir:
+        common.append(f"--chdir={slurm_path(job.workdir)}")
+    elif who.home:
+        common.append(f"--chdir={slurm_path(who.home)}")
     if job.time_limit_s is not None:
         common.append(f"--time={max(1, math.ceil(job.time_limit_s / 60))}")
-    if uid is not None:
-        common.append(f"--uid={uid}")
+    if who.uid is not None:
+        common.append(f"--uid={who.uid}")
+    if who.gid is not None:
+        common.append(f"--gid={who.gid}")
     gres = [_gres_of(sl.gpu_indices, pinned.get(sl.node, ())) for sl in job.slots]
     groups: list[list[str]] = []
     if len(set(gres)) == 1:
@@ -437,16 +468,62 @@ def _gres_of(indices: tuple[int, ...], types: tuple[str, ...]) -> str:
     return f"gpu:{len(indices)}"
 
 
-def batch_script(job: Launch) -> str:
-    """Pure: the batch script: the ledger's variables, then the job's command replaces the shell,
-    so it gets the signals. (The variables sit in the script: `sbatch --export=ALL,VAR=...` makes
-    Slurm start a job about 1.5 s later.)"""
+SLURM_OWNS = re.compile(
+    r"^(SLURM_|SLURMD_|SBATCH_|SRUN_|SALLOC_)|^(CUDA_VISIBLE_DEVICES|GPU_DEVICE_ORDINAL|ROCR_VISIBLE_DEVICES)$"
+)
+"""Variables Slurm sets for the job itself (its ids, the GPUs it allocated): a submitted value
+(a shell inside another allocation) never overrides them."""
+SBATCH_ENV = ("SLURM_CONF",)
+"""The only variables of the service's environment `sbatch` itself is run with (with PATH):
+where the cluster is. Nothing else of the service's reaches a job."""
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def job_environment(job: Launch, who: SbatchUser) -> dict[str, str]:
+    """Pure: the job's environment on Slurm: the one it was submitted with (after `--export`),
+    never the service's; with none, PATH alone (Slurm's `--export=NONE`); the account's HOME,
+    USER, LOGNAME and SHELL; then the ledger's variables, which win. Slurm's own (`SLURM_*`,
+    the GPUs) are Slurm's to set. An array task also gets `SLURM_ARRAY_JOB_ID` and
+    `SLURM_ARRAY_TASK_ID` (the ledger runs each task as its own Slurm job)."""
     env = {
-        "GPULEDGER_JOB_ID": str(job.job_id),
-        "GPULEDGER_RUN": str(job.run),
-        "GPULEDGER_ACCOUNT": job.account,
-        "GPULEDGER_NODES": ",".join(sl.node for sl in job.slots),
-    }
+        k: v
+        for k, v in job.env
+        if _NAME.match(k) and not SLURM_OWNS.match(k)
+        and k not in ("GPULEDGER_JOB_TOKEN", "GPULEDGER_NODE_TOKEN")
+    }  # fmt: skip
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    if who.name:
+        env.update(HOME=who.home, USER=who.name, LOGNAME=who.name, SHELL=who.shell or "/bin/sh")
+    env.update(
+        GPULEDGER_JOB_ID=str(job.job_id),
+        GPULEDGER_RUN=str(job.run),
+        GPULEDGER_LAUNCH=str(job.run + 1),
+        GPULEDGER_USER=job.user,
+        GPULEDGER_ACCOUNT=job.account,
+        GPULEDGER_NODES=",".join(sl.node for sl in job.slots),
+    )
+    if job.job_name:
+        env["GPULEDGER_JOB_NAME"] = job.job_name
+    if job.array_job_id is not None:
+        env["GPULEDGER_ARRAY_JOB_ID"] = env["SLURM_ARRAY_JOB_ID"] = str(job.array_job_id)
+    if job.array_task_id is not None:
+        env["GPULEDGER_ARRAY_TASK_ID"] = env["SLURM_ARRAY_TASK_ID"] = str(job.array_task_id)
+    return env
+
+
+def batch_script(job: Launch, who: SbatchUser | None = None) -> str:
+    """Pure: the batch script: the job's environment (`job_environment`), a check that it
+    starts where it was asked to (Slurm would fall back to /tmp), then the job's command
+    replaces the shell, so it gets the signals. (The variables sit in the script:
+    `sbatch --export=ALL,VAR=...` makes Slurm start a job about 1.5 s later; sbatch itself runs
+    with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
+    env = job_environment(job, who or SbatchUser())
     lines = ["#!/bin/bash", *(f"export {k}={shlex.quote(v)}" for k, v in env.items())]
+    if job.workdir:
+        wd = shlex.quote(job.workdir)
+        lines.append(
+            f'cd -- {wd} || {{ echo "gpuledger: cannot enter the working directory "{wd} >&2; '
+            "exit 127; }"
+        )
     lines.append("exec " + (shlex.join(job.command) if job.command else "true"))
     return "\n".join(lines) + "\n"

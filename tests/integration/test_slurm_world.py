@@ -1,0 +1,144 @@
+"""A researcher's job on the Slurm executor behaves as it would under sbatch (issue 23): a real
+Slurm cluster, `gpuledger up --executor slurm` as a process, real non-root OS users the test
+creates. The job starts where it was submitted, with the submitted environment and never the
+service's, as its user with the user's groups, writing its output as that user; an exit while
+the service is down is charged to Slurm's end; a limit in seconds is kept to the second."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.integration import test_slurm as base
+from tests.integration.test_slurm import GPULEDGER, Ledger, status
+from tests.integration.userkit import User, os_user
+
+cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
+
+SCRIPT = """#!/bin/sh
+echo "pwd=$(pwd)"
+echo "input=$(cat ./input.txt)"
+echo "MY_VAR=$MY_VAR FOO=$FOO"
+echo "uid=$(id -u) gid=$(id -g) groups=$(id -G)"
+echo "HOME=$HOME USER=$USER LOGNAME=$LOGNAME SHELL=$SHELL"
+echo "SVC=$SERVICE_DB_PASSWORD TOK=$GPULEDGER_TOKEN ONLY=$SERVICE_ONLY"
+echo "ARRAY=$SLURM_ARRAY_JOB_ID/$SLURM_ARRAY_TASK_ID"
+echo "GL=$GPULEDGER_ARRAY_JOB_ID/$GPULEDGER_ARRAY_TASK_ID"
+"""
+
+
+def submit_as(led: Ledger, user: User, where: Path, *args: str, **env: str) -> list[int]:
+    """`gpuledger submit` run from `where` for `user`, with `env` in the submitter's shell."""
+    done = subprocess.run(
+        [GPULEDGER, "submit", "-A", "ai2/olmo", "-G", "1", "--json", *args],
+        env=led.env(user.name) | env, cwd=where, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    return [int(j["job_id"]) for j in (got if isinstance(got, list) else [got])]
+
+
+def lines(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        for word in line.split(" "):
+            k, eq, v = word.partition("=")
+            if eq and k not in out:
+                out[k] = v
+        key, _, rest = line.partition("=")
+        out.setdefault(f"line:{key}", rest)
+    return out
+
+
+def test_a_script_in_a_users_home_runs_there_as_the_user_with_its_world_not_the_services(
+    ledger: Ledger,
+) -> None:
+    """F1, F2, F8 and the issue's first test, on Slurm: a script in a real user's home that reads
+    ./input.txt and $MY_VAR, submitted from that directory: it runs there, as that uid with its
+    primary and supplementary groups, with HOME/USER/LOGNAME/SHELL of the user, none of the
+    service's variables (its secrets, HOME, PATH), and writes gpuledger-<id>.out owned by the
+    user; `--export=NONE,FOO=1` and `-o` patterns are honoured; an array task gets SLURM_ARRAY_*;
+    a job with no working directory writes to the service's directory, which nobody else may
+    write."""
+    with os_user("glsw", groups=1) as user:
+        ledger.cli("member", "add", user.name, "ai2/olmo")
+        proj = user.home / "proj"
+        proj.mkdir()
+        (proj / "input.txt").write_text("from the input\n")
+        (proj / "train.sh").write_text(SCRIPT)
+        for p in (proj, proj / "input.txt", proj / "train.sh"):
+            os.chown(p, user.uid, user.gid)
+        jobs_dir = ledger.home / "jobs"  # as an older version left it: world-writable
+        jobs_dir.mkdir(parents=True)
+        jobs_dir.chmod(0o1777)
+        ledger.up(run_as="submitter", SERVICE_DB_PASSWORD="hunter2", SERVICE_ONLY="svc-only")
+        (plain,) = submit_as(ledger, user, proj, "train.sh", MY_VAR="hello")
+        (named,) = submit_as(ledger, user, proj, "-J", "sj", "-o", "%x-%j-%u.out",
+                             "--export=NONE,FOO=1", "train.sh")  # fmt: skip
+        array = submit_as(ledger, user, proj, "--array=0-1", "-o", "arr-%A_%a.out", "train.sh")
+        every = [plain, named, *array]
+        ledger.wait("every job to end", lambda: all(status(ledger, j) == "finished" for j in every))
+        rows = ledger.jobs()
+        assert [rows[j]["finish_reason"] for j in every] == ["completed"] * 4, rows
+        out = proj / f"gpuledger-{plain}.out"
+        got = lines(out)
+        st = out.stat()
+        assert (st.st_uid, st.st_gid) == (user.uid, user.gid)  # created as the user
+        assert got["pwd"] == str(proj) and got["line:input"] == "from the input"
+        assert got["MY_VAR"] == "hello"
+        assert (int(got["uid"]), int(got["gid"])) == (user.uid, user.gid)  # F1: not gid 0
+        assert set(map(int, got["line:uid"].split("groups=")[1].split())) == user.gids
+        assert (got["HOME"], got["USER"], got["LOGNAME"]) == (str(user.home), user.name, user.name)
+        assert got["SHELL"] == "/bin/sh"
+        assert (got["SVC"], got["TOK"], got["ONLY"]) == ("", "", "")  # nothing of the service's
+        # --export=NONE,FOO=1 and the -o pattern
+        got = lines(proj / f"sj-{named}-{user.name}.out")
+        assert (got["MY_VAR"], got["FOO"], got["pwd"]) == ("", "1", str(proj))
+        # an array task: its ids as Slurm names them
+        for task in range(len(array)):
+            got = lines(proj / f"arr-{array[0]}_{task}.out")
+            assert got["ARRAY"] == f"{array[0]}/{task}", got
+            assert got["GL"] == f"{array[0]}/{task}", got
+        # F8: the service's own output directory is nobody else's to write
+        assert jobs_dir.stat().st_mode & 0o777 == 0o755
+        ledger.stop()
+
+
+def test_an_exit_while_the_service_is_down_is_charged_to_slurms_end(ledger: Ledger) -> None:
+    """F6 and the issue's test on Slurm: the job ends while `up` is killed with -9; the next
+    `up` records the end Slurm kept (EndTime), within 1 s of the job's own clock, not the
+    restart."""
+    ledger.up()
+    end = ledger.work / "ended-at"
+    ledger.submit("alice", 1, f"sleep 2; date +%s.%N > {end}; exit 4")
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    ledger.kill9()
+    deadline = time.monotonic() + 60
+    while not end.exists() or not end.read_text().strip():
+        assert time.monotonic() < deadline, "the job did not end while the service was down"
+        time.sleep(0.2)
+    time.sleep(6)  # the service stays down well past the end
+    restarted = time.time()
+    ledger.up()
+    ledger.wait("the exit to be recorded", lambda: status(ledger, 1) == "finished")
+    row = ledger.jobs()[1]
+    really = float(end.read_text())
+    assert (row["finish_reason"], row["exit_code"]) == ("failed", 4), row
+    assert abs(row["finished_at"] - really) <= 1.0, (row["finished_at"], really)
+    assert row["finished_at"] < restarted - 4
+
+
+def test_a_limit_in_seconds_is_kept_to_the_second_where_slurm_rounds_up(ledger: Ledger) -> None:
+    """`-t 65s`: Slurm can only be asked for 2 minutes; the executor stops the job at 65 s
+    itself, and it ends `time_limit`."""
+    ledger.up()
+    ledger.submit("alice", 1, "sleep 300", "-t", "65s")
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    ledger.wait("the limit", lambda: status(ledger, 1) == "finished", timeout=110)
+    row: dict[str, Any] = ledger.jobs()[1]
+    assert row["finish_reason"] == "time_limit", row
+    assert 64 <= row["finished_at"] - row["started_at"] < 100, row
