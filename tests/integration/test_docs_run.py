@@ -62,7 +62,28 @@ RUNNABLE = [(w, body) for w, info, body in BLOCKS if info == "sh runnable"]
 def test_every_fenced_block_says_what_it_is() -> None:
     bad = [f"{w} ```{info}" for w, info, _ in BLOCKS if info not in KINDS]
     assert not bad, "blocks with no marker (see this test's docstring):\n" + "\n".join(bad)
-    assert len(RUNNABLE) >= 2, RUNNABLE
+    assert len(RUNNABLE) >= 6, RUNNABLE
+
+
+COMMANDLIKE = re.compile(
+    r"^(gpuledger|python3?|\.venv/bin/\w+|scripts/\S+|export|curl)( .*)?( -| #)"
+)
+"""A line of a `text` block that reads as a command (a program we ship or name, then an option
+or a comment): it belongs in an `sh` block, run or checked, or behind `$ ` (a recorded run's
+command, checked). Not `sbatch`: docs/slurm.md shows the one the ledger itself issues."""
+
+
+def test_no_command_hides_in_a_text_block() -> None:
+    hidden = [
+        f"{w}: {line}"
+        for w, info, body in BLOCKS
+        if info == "text"
+        for line in body.split("\n")
+        if COMMANDLIKE.match(line)
+    ]
+    assert not hidden, "commands in text blocks (mark them sh runnable or sh example):\n" + (
+        "\n".join(hidden)
+    )
 
 
 # --- the commands of a block -------------------------------------------------------------------
