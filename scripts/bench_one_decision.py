@@ -12,9 +12,9 @@ folded and the times.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,7 +35,16 @@ GOAL_S = 1.0
 
 
 def main() -> None:
-    src = Path(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "history",
+        type=Path,
+        help="a history's data directory made by scripts/bench_history.py --dir DIR "
+        "(DIR/<events>, e.g. DIR/1000000); it is copied, never changed",
+    )
+    src = ap.parse_args().history
+    if not (src / "events.sqlite").is_file() or not (src / PROJECTIONS_DIR).is_dir():
+        ap.error(f"{src} holds no history of scripts/bench_history.py (events.sqlite, projections)")
     tmp = Path(tempfile.mkdtemp(prefix="one-decision-"))
     try:
         for f in src.glob("events.sqlite*"):

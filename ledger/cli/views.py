@@ -369,19 +369,29 @@ def explain(ctx: Ctx, job_id: int, policy: str | None, at: str | None, as_json: 
 @click.option(
     "--threshold",
     type=float,
-    default=10.0,
-    show_default=True,
-    help="Utilisation % below which a job counts as idle.",
+    default=None,
+    help="Utilisation % below which a job counts as idle [the service's setting: 10 unless "
+    "the recorded policy says otherwise].",
 )
-@click.option("--after", default="1h", show_default=True, help="How long it must have been idle.")
+@click.option(
+    "--after",
+    default=None,
+    help="How long it must have been idle [the service's setting: `serve --squat-after`, "
+    "recorded in its policy; 1h unless set].",
+)
 @at_option
 @json_option
 @pass_ctx
-def squatters(ctx: Ctx, threshold: float, after: str, at: str | None, as_json: bool) -> None:
+def squatters(
+    ctx: Ctx, threshold: float | None, after: str | None, at: str | None, as_json: bool
+) -> None:
     """Running jobs whose GPUs sit idle, per manager: the first preemption candidates once past
-    their contract."""
-    threshold = bounded(threshold, Percent, "--threshold")
-    rows = ctx.read("squatters", threshold=threshold, idle_s=parse_duration(after), at=_moment(at))
+    their contract. By default idle means the service's own squatting rule (its recorded
+    policy's threshold and `--squat-after`), as the Nodes page shows it."""
+    if threshold is not None:
+        threshold = bounded(threshold, Percent, "--threshold")
+    idle_s = None if after is None else parse_duration(after)
+    rows = ctx.read("squatters", threshold=threshold, idle_s=idle_s, at=_moment(at))
     if as_json:
         echo_json(rows)
         return

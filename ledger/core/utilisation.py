@@ -21,6 +21,17 @@ def squat_threshold(policy: object) -> float:
     return float(getattr(policy, "squat_util_pct", DEFAULT_SQUAT_UTIL_PCT))
 
 
+DEFAULT_SQUAT_AFTER_S = 3600.0
+"""How long a job past its contract must stay low to squat, for a policy that does not say."""
+
+
+def squat_after(policy: object) -> float:
+    """Pure: how long (s) a running job past its contract must stay below the threshold to
+    count as squatting, as `policy` declares it (`serve --squat-after` records it in the
+    policy's settings); the default for those that declare none."""
+    return float(getattr(policy, "squat_after_s", DEFAULT_SQUAT_AFTER_S))
+
+
 @dataclass
 class UtilTracker:
     """Since when each running job has stayed below the squat threshold (from its samples)."""

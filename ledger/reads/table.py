@@ -97,8 +97,10 @@ class ExplainArgs(_Args, frozen=True, kw_only=True):
 
 
 class SquattersArgs(_Args, frozen=True, kw_only=True):
-    threshold: Annotated[float, msgspec.Meta(ge=0, le=100)] = 10.0
-    idle_s: Annotated[float, msgspec.Meta(ge=0, le=10 * 365 * 86400.0)] = 3600.0
+    threshold: Annotated[float, msgspec.Meta(ge=0, le=100)] | None = None
+    """Utilisation % below which a job is idle (default: the recorded policy's setting)."""
+    idle_s: Annotated[float, msgspec.Meta(ge=0, le=10 * 365 * 86400.0)] | None = None
+    """How long it must have been idle (default: the recorded policy's `squat_after_s`)."""
     at: v.Epoch | None = None
     """The moment idleness is measured at (default now; after the log's last event)."""
 
@@ -250,11 +252,14 @@ def _explain(h: Handles, a: ExplainArgs) -> v.ExplainView:
 
 
 def _squatters(h: Handles, a: SquattersArgs) -> list[v.SquatterRow]:
+    from ledger.core.utilisation import squat_after, squat_threshold
+    from ledger.dispatch import registry
     from ledger.reads import layer as reads
 
-    return reads.squatters(
-        h.ledger, h.store(), _live_at(h, a.at, "squatters"), a.threshold, a.idle_s
-    )
+    policy = registry.build(h.ledger.state.policy)
+    threshold = squat_threshold(policy) if a.threshold is None else a.threshold
+    idle_s = squat_after(policy) if a.idle_s is None else a.idle_s
+    return reads.squatters(h.ledger, h.store(), _live_at(h, a.at, "squatters"), threshold, idle_s)
 
 
 def _projection_status(h: Handles, a: NoArgs) -> v.ProjectionStatusView:

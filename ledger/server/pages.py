@@ -128,10 +128,9 @@ class NodesView(msgspec.Struct, frozen=True, kw_only=True):
 def squat_settings(policy: Any) -> tuple[float, float]:
     """The utilisation threshold (%) and idle time (s) of `policy`'s squatting rule (the
     defaults for a policy without one)."""
-    return (
-        float(getattr(policy, "squat_util_pct", 10.0)),
-        float(getattr(policy, "squat_after_s", 3600.0)),
-    )
+    from ledger.core.utilisation import squat_after, squat_threshold
+
+    return squat_threshold(policy), squat_after(policy)
 
 
 class DecisionView(msgspec.Struct, frozen=True, kw_only=True):
