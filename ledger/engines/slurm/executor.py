@@ -229,7 +229,8 @@ class SlurmExecutor:
         """GPUs busy in Slurm now, plus those our submitted-but-not-started runs will take."""
         held: dict[str, set[int]] = {}
         for j in self._view.values():
-            if j.holding:
+            if j.holding or (not j.ended and any(j.gpus.values())):
+                # running, or pending with an allocation (a requeue still releasing it)
                 for node, idx in j.gpus.items():
                     held.setdefault(node, set()).update(idx)
         for r in self._runs.values():
@@ -433,7 +434,8 @@ class SlurmExecutor:
                     log.warning("slurm job %s is a run the ledger no longer runs: stopping it", j)
                     self._signal(j.slurm_id, now)
                 continue
-            if j.holding:
+            if j.holding or (not j.ended and any(j.gpus.values())):
+                # running, or pending with an allocation (a requeue still releasing it)
                 for node, idx in j.gpus.items():
                     foreign.setdefault(node, set()).update(idx)
                 if j.slurm_id not in self._foreign_seen:
