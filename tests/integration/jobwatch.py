@@ -66,24 +66,34 @@ def add_lines(out: Spans, job: int, lines: Iterable[str]) -> None:
 
 def overlaps(spans: Spans) -> tuple[float, list[str]]:
     """(GPU-seconds held by two launches at once, the jobs alive in two launches at once)."""
-    by_gpu: dict[tuple[str, int], list[tuple[Span, tuple[int, int]]]] = {}
     whole: dict[tuple[int, int], Span] = {}
     for run, gpus in spans.items():
-        for gpu, sp in gpus.items():
-            by_gpu.setdefault(gpu, []).append((sp, run))
         whole[run] = (min(s[0] for s in gpus.values()), max(s[1] for s in gpus.values()))
-    double = 0.0
-    for held in by_gpu.values():
-        for i, (a, ra) in enumerate(held):
-            for b, rb in held[i + 1 :]:
-                if ra != rb:
-                    double += max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
+    double = sum(s for s, _ in clashes(spans))
     twice = []
     for (job, la), a in whole.items():
         for (job2, lb), b in whole.items():
             if job == job2 and la < lb and min(a[1], b[1]) > max(a[0], b[0]):
                 twice.append(f"job {job}: launches {la} and {lb}")
     return double, twice
+
+
+def clashes(spans: Spans) -> list[tuple[float, str]]:
+    """Every GPU two launches held at once: (seconds, which), longest first."""
+    by_gpu: dict[tuple[str, int], list[tuple[Span, tuple[int, int]]]] = {}
+    for run, gpus in spans.items():
+        for gpu, sp in gpus.items():
+            by_gpu.setdefault(gpu, []).append((sp, run))
+    out = []
+    for gpu, held in by_gpu.items():
+        for i, (a, ra) in enumerate(held):
+            for b, rb in held[i + 1 :]:
+                both = min(a[1], b[1]) - max(a[0], b[0])
+                if ra != rb and both > 0:
+                    out.append(
+                        (both, f"GPU {gpu}: (job, launch) {ra} and {rb} from {max(a[0], b[0]):.1f}")
+                    )
+    return sorted(out, reverse=True)
 
 
 def done_in(seen: Path) -> dict[int, list[int]]:
@@ -176,8 +186,9 @@ class Verdict:
                 if jj == j
             )
 
+        worst = [f"{secs:.1f} s {what}" for secs, what in clashes(spans)[:5]]
         said = (f"job {j} done in launch {done[j]}, seen in {where(j)}" for j in self.rerun)
-        return "; ".join(said)
+        return "; ".join([*worst, *said])
 
     @property
     def clean(self) -> bool:

@@ -344,6 +344,12 @@ def test_a_hundred_runs_see_exactly_the_gpus_the_ledger_recorded(ledger: Ledger)
         for j in sorted(placed)
         if len(placed[j]) == 1 and cuda_devices(ledger.log_of(j)) == placed[j][0]["gpu_indices"]
     ]
+    report = os.environ.get("GPULEDGER_KILL_REPORT")  # scripts/kill_matrix
+    if report:
+        with open(report, "a") as f:
+            gpus = os.environ.get("GPULEDGER_SLURM_GPUS", "4")
+            f.write(f"slurm: the GPUs the job sees == the ledger's record in {len(same)}/{runs} "
+                    f"runs on {gpus} GPUs\n")  # fmt: skip
     assert len(same) == runs, (sorted(set(placed) - set(same)), ledger.service_log()[-3000:])
     said = {j: g for j, g in linked.items() if g}  # Slurm stops saying once a run has ended
     assert said == {j: placed[j] for j in said} and len(said) >= runs // 2
