@@ -105,6 +105,11 @@ def test_slurm_outages_and_a_down_node_double_book_nothing_and_run_nothing_twice
     back = next((ev["at"] for ev in after if ev["type"] == "node.returned.v1"), None)
     if back is not None:
         times["resume to returned"] = back - resumed_at
+    # the runs the down cut (seen alive then): when their last process was seen
+    cut = [max(hi for _, hi in gpus.values()) for gpus in proc_side.values()
+           if any(lo < down_at <= hi + 1 for lo, hi in gpus.values())]  # fmt: skip
+    if cut:
+        times["down to last process of its runs"] = max(cut) - down_at
     check = json.loads(ledger.cli("audit", "check", "--json"))
     verdict = Verdict.of(f"slurm round {round_ + 1}", seen, proc_side, len(ids))
     verdict.audit = f"{len(check['violations'])} violations"
