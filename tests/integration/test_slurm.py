@@ -603,6 +603,9 @@ def test_a_foreign_slurm_jobs_gpus_are_never_given_to_a_ledger_job(ledger: Ledge
     time.sleep(2)
     assert status(ledger, 1) == "pending"  # only one GPU is not the foreign job's
     assert cluster.jobs()[foreign]["state"] == "RUNNING"  # never touched
+    (node,) = json.loads(ledger.cli("node", "list", "--json"))  # capacity says so too
+    assert (node["foreign_gpus"], node["free_gpus"]) == ([0, 1, 2], 1), node
+    assert "GPUs 0,1,2 held outside the ledger" in ledger.cli("node", "list")
     shown = json.loads(ledger.cli("slurm", "jobs", "--partition", cluster.partition, "--json"))
     assert {(r["slurm_job_id"], r["foreign"]) for r in shown} >= {(foreign, True)}
     cluster.run("scancel", foreign)
