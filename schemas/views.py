@@ -104,6 +104,9 @@ class NodeRow(_View, frozen=True, kw_only=True):
     jobs: list[int] = []
     drain_reason: str = ""
     lost_reason: str = ""
+    foreign_gpus: list[int] = []
+    """GPUs that work outside the ledger holds (Slurm jobs it did not submit, on any partition),
+    as the service last observed them: not free (empty where no service observes an engine)."""
 
 
 # --- jobs (history, from the projection) ------------------------------------------------------

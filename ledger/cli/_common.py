@@ -236,6 +236,9 @@ class _LocalHandles:
 
         return SystemClock().now()
 
+    def foreign(self) -> dict[str, frozenset[int]]:
+        return {}  # no service observes an engine in an embedded read
+
     @property
     def viewer(self) -> str:
         return self.ctx.viewer(self.ledger.state)

@@ -40,6 +40,8 @@ def node_list(rows: list[NodeRow]) -> None:
         why = r.lost_reason if r.state == "lost" else r.drain_reason
         state = r.state + (f" ({why})" if why else "")
         jobs = ",".join(map(str, r.jobs)) or "-"
+        if r.foreign_gpus:
+            jobs += f" (GPUs {','.join(map(str, r.foreign_gpus))} held outside the ledger)"
         table.append((r.node, r.cluster, r.gpu_type, str(r.gpus), str(r.free_gpus), state, jobs))
     print_table(("node", "cluster", "type", "gpus", "free", "state", "jobs"), table)
 

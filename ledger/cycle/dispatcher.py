@@ -239,6 +239,8 @@ class Dispatcher:
         self.unobserved: frozenset[str] = frozenset()
         """Nodes the engine could not observe at the last cycle (outage mode: nothing decided
         about them)."""
+        self.foreign: Mapping[str, frozenset[int]] = {}
+        """GPUs work outside the ledger held at the last observation (`node list` shows them)."""
         self.unobserved_since: float | None = None
         """When the engine last went from seeing everything to not (None while it sees all)."""
 
@@ -393,6 +395,7 @@ class Dispatcher:
         # 0. observe once and record it: node changes, starts, checkpoints and samples, exits
         seen, recorded = self.observe(now)
         self._outage(seen.unobserved, now)
+        self.foreign = seen.foreign
         finished = recorded.finished
         # 1. snapshot at position P
         position = self.ledger.catch_up()

@@ -11,6 +11,7 @@ from the projection's read models, never from the folded write-side `State`; the
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeGuard
 
 import msgspec
@@ -90,15 +91,18 @@ def account_tree(state: State) -> list[v.AccountNode]:
     return rows
 
 
-def node_list(state: State) -> list[v.NodeRow]:
-    """Nodes in service (not removed), by name, with free GPUs and the jobs they hold."""
+def node_list(state: State, foreign: Mapping[str, frozenset[int]] | None = None) -> list[v.NodeRow]:
+    """Nodes in service (not removed), by name, with free GPUs and the jobs they hold; GPUs
+    that `foreign` work holds (the service's last observation of its engine) are not free."""
+    held = foreign or {}
     return [
         v.NodeRow(
             node=n.name,
             cluster=n.cluster,
             gpu_type=n.gpu_type,
             gpus=n.gpus,
-            free_gpus=len(state.free_indices(n.name)),
+            free_gpus=len(set(state.free_indices(n.name)) - held.get(n.name, frozenset())),
+            foreign_gpus=sorted(held.get(n.name, ())),
             state=n.state,
             jobs=sorted(state.node_jobs.get(n.name, ())),
             drain_reason=n.drain_reason,

@@ -10,7 +10,7 @@ type it returns (for the OpenAPI document and the client's decoding).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
@@ -40,6 +40,10 @@ class Handles(Protocol):
         ...
 
     def now(self) -> float: ...
+
+    def foreign(self) -> Mapping[str, frozenset[int]]:
+        """GPUs work outside the ledger holds, as the service last observed its engine."""
+        ...
 
     @property
     def viewer(self) -> str:
@@ -169,7 +173,7 @@ def _accounts(h: Handles, a: NoArgs) -> list[v.AccountNode]:
 def _nodes(h: Handles, a: NoArgs) -> list[v.NodeRow]:
     from ledger.reads import layer as reads
 
-    return reads.node_list(h.ledger.state)
+    return reads.node_list(h.ledger.state, h.foreign())
 
 
 def _jobs(h: Handles, a: v.JobFilter) -> list[v.JobRow]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.metadata import version
 from typing import Any, ClassVar
 
@@ -433,6 +433,10 @@ class ServiceHandles:
     def now(self) -> float:
         now: float = self.service.clock.now()
         return now
+
+    def foreign(self) -> Mapping[str, frozenset[int]]:
+        dispatcher = getattr(self.service, "dispatcher", None)
+        return dict(getattr(dispatcher, "foreign", {}))
 
 
 def openapi_document(app: Litestar) -> dict[str, Any]:

@@ -363,6 +363,12 @@ def test_a_hundred_runs_see_exactly_the_gpus_the_ledger_recorded(ledger: Ledger)
         for j in sorted(placed)
         if len(placed[j]) == 1 and cuda_devices(ledger.log_of(j)) == placed[j][0]["gpu_indices"]
     ]
+    report = os.environ.get("GPULEDGER_KILL_REPORT")  # scripts/kill_matrix
+    if report:
+        with open(report, "a") as f:
+            gpus = os.environ.get("GPULEDGER_SLURM_GPUS", "4")
+            f.write(f"slurm: the GPUs the job sees == the ledger's record in {len(same)}/{runs} "
+                    f"runs on {gpus} GPUs\n")  # fmt: skip
     assert len(same) == runs, (sorted(set(placed) - set(same)), ledger.service_log()[-3000:])
     said = {j: g for j, g in linked.items() if g}  # Slurm stops saying once a run has ended
     assert said == {j: placed[j] for j in said} and len(said) >= runs // 2
@@ -616,6 +622,9 @@ def test_a_foreign_slurm_jobs_gpus_are_never_given_to_a_ledger_job(ledger: Ledge
     time.sleep(2)
     assert status(ledger, 1) == "pending"  # only one GPU is not the foreign job's
     assert cluster.jobs()[foreign]["state"] == "RUNNING"  # never touched
+    (node,) = json.loads(ledger.cli("node", "list", "--json"))  # capacity says so too
+    assert (node["foreign_gpus"], node["free_gpus"]) == ([0, 1, 2], 1), node
+    assert "GPUs 0,1,2 held outside the ledger" in ledger.cli("node", "list")
     shown = json.loads(ledger.cli("slurm", "jobs", "--partition", cluster.partition, "--json"))
     assert {(r["slurm_job_id"], r["foreign"]) for r in shown} >= {(foreign, True)}
     cluster.run("scancel", foreign)

@@ -279,6 +279,8 @@ PART = "PartitionName=gpuledger AllowGroups=ALL State=UP PreemptMode=OFF Nodes=v
             ["PreemptType is preempt/partition_prio"],
         ),
         (GOOD.replace("preempt/none", "preempt/qos") + PART, []),
+        (GOOD + "ProctrackType = proctrack/linuxproc\n" + PART, ["ProctrackType is proctrack/li"]),
+        (GOOD + "ProctrackType = proctrack/pgid\n" + PART, []),
     ],
 )
 def test_partition_settings_that_would_overrule_the_ledger(config: str, want: list[str]) -> None:

@@ -184,6 +184,8 @@ class SlurmExecutor:
         restarted slurmctld lists a run that ended meanwhile as running until its slurmd says
         otherwise: about SlurmdTimeout)."""
         self._settle_until: float | None = None
+        self._loss_held_since: float | None = None
+        """When a node's loss began to wait for its runs' own ends (`_own_ends_first`)."""
         self.probe_every_s = 5.0
         """In an outage (slurmctld does not answer), how often the executor asks again."""
         self._probe_at: float | None = None
@@ -268,7 +270,8 @@ class SlurmExecutor:
         """GPUs busy in Slurm now, plus those our submitted-but-not-started runs will take."""
         held: dict[str, set[int]] = {}
         for j in self._view.values():
-            if j.holding:
+            if j.holding or (not j.ended and any(j.gpus.values())):
+                # running, or pending with an allocation (a requeue still releasing it)
                 for node, idx in j.gpus.items():
                     held.setdefault(node, set()).update(idx)
         for r in self._runs.values():
@@ -409,6 +412,7 @@ class SlurmExecutor:
             return self._blind(nodes)
         starts, self._starts = self._starts, []
         exits, self._exits = self._exits, []
+        changes, exits, unseen = self._own_ends_first(changes, exits, unseen, now)
         return Observed(
             nodes=tuple(changes),
             starts=tuple(starts),
@@ -417,6 +421,33 @@ class SlurmExecutor:
             running=frozenset(self._runs),
             unobserved=unseen,
         )
+
+    def _own_ends_first(
+        self, changes: list[NodeChange], exits: list[Exit], unseen: frozenset[str], now: float
+    ) -> tuple[list[NodeChange], list[Exit], frozenset[str]]:
+        """A run that ended by itself on a node Slurm has just given up (a slurmd away leaves
+        it COMPLETING, its exit known, until Slurm marks the node DOWN) is recorded as it
+        ended, before the node's loss, which would requeue or fail it: a completed job is never
+        run again. While one of our runs is COMPLETING or has just ended, the loss and the runs
+        that ended with the node (NODE_FAIL) wait for the next read, the node unobserved
+        meanwhile; at most `settle_s`."""
+        lost = frozenset(ch.node for ch in changes if ch.change == "lost")
+        own = [x for x in exits if x.reason != "node_failure"]
+        completing = any(
+            (j := self._view.get(r.slurm_id)) is not None and j.state == "COMPLETING"
+            for r in self._runs.values()
+            if r.slurm_id is not None
+        )
+        if not lost or not (own or completing):
+            self._loss_held_since = None
+            return changes, exits, unseen
+        if self._loss_held_since is None:
+            self._loss_held_since = now
+            log.info("node %s is down in Slurm: its runs' own ends first", ", ".join(sorted(lost)))
+        if now - self._loss_held_since > self.settle_s:
+            return changes, exits, unseen
+        self._exits = [x for x in exits if x.reason == "node_failure"] + self._exits
+        return [ch for ch in changes if ch.change != "lost"], own, unseen | lost
 
     def _blind(self, nodes: Mapping[str, Node]) -> Observed:
         """What an outage observes: nothing new, every node unobserved, the runs as last known."""
@@ -519,7 +550,8 @@ class SlurmExecutor:
                     log.warning("slurm job %s is a run the ledger no longer runs: stopping it", j)
                     self._signal(j.slurm_id, now)
                 continue
-            if j.holding:
+            if j.holding or (not j.ended and any(j.gpus.values())):
+                # running, or pending with an allocation (a requeue still releasing it)
                 for node, idx in j.gpus.items():
                     foreign.setdefault(node, set()).update(idx)
                 if j.slurm_id not in self._foreign_seen:

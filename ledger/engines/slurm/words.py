@@ -378,6 +378,12 @@ def check_config(config: str, partition: str) -> list[str]:
             f"PreemptType is {preempt} and partition {partition!r} has PreemptMode={mode}: "
             "Slurm would preempt on its own; set PreemptType=preempt/none or PreemptMode=OFF"
         )
+    if values.get("ProctrackType", "") == "proctrack/linuxproc":
+        problems.append(
+            "ProctrackType is proctrack/linuxproc: a process a job leaves behind (orphaned to "
+            "init) keeps running on its GPUs after Slurm ends the job; set "
+            "ProctrackType=proctrack/cgroup (or proctrack/pgid)"
+        )
     return problems
 
 

@@ -1,0 +1,131 @@
+"""The kill matrix on Slurm, with real jobs that fork children on the fake GPUs: a 60 s slurmd
+outage (kill -9, restarted after 60 s: past SlurmdTimeout, so Slurm gives the node up), a 60 s
+slurmctld outage (kill -9, restarted after 60 s), and `scontrol update state=down` then
+`state=resume` within 2 s. The same checker as the node agents' matrix (`jobwatch`: the jobs'
+own logs and /proc) finds 0 GPU-seconds double-booked, 0 jobs alive in two launches, 0 completed
+jobs run again, and `audit check` agrees.
+
+The suite runs one round; `scripts/kill_matrix` runs $GPULEDGER_KILL_ROUNDS (3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.integration.jobwatch import ProcSampler, Verdict, job_script
+from tests.integration.test_slurm import (  # noqa: F401 (fixtures)
+    Ledger,
+    cluster,
+    ledger,
+    slurm,
+)
+
+ROUNDS = int(os.environ.get("GPULEDGER_KILL_ROUNDS", "1"))
+OUTAGE_S = 60
+
+
+@pytest.mark.parametrize("round_", range(ROUNDS))
+def test_slurm_outages_and_a_down_node_double_book_nothing_and_run_nothing_twice(
+    ledger: Ledger,  # noqa: F811
+    round_: int,
+) -> None:
+    c = ledger.cluster
+    rng = random.Random(2400 + round_)
+    seen = ledger.home.parent / "seen"
+    seen.mkdir()
+    seen.chmod(0o777)  # jobs of other users run as nobody
+    marker = f"GPULEDGER_KM={uuid.uuid4().hex}"
+    sampler = ProcSampler(marker, ("GPULEDGER_JOB_ID", "GPULEDGER_RUN", "SLURMD_NODENAME"))
+    sampler.start()
+    ids: list[int] = []
+
+    def batch(n: int) -> None:
+        """n jobs of 1 or 2 GPUs, 20-40 s, half of them resumable."""
+        for _ in range(n):
+            secs = rng.uniform(20, 40)
+            opts = ("--resumable",) if rng.random() < 0.5 else ()
+            script = job_script(seen, secs, "$SLURMD_NODENAME", "$GPULEDGER_RUN", marker)
+            ledger.submit(rng.choice(("alice", "bob")), rng.choice((1, 1, 2)), script, *opts)
+            ids.append(len(ids) + 1)
+
+    def running() -> list[int]:
+        return [j for j, x in ledger.jobs().items() if x["status"] == "running"]
+
+    def node_state() -> str:
+        (n,) = json.loads(ledger.cli("node", "list", "--json"))
+        return str(n["state"])
+
+    ledger.up()
+    times: dict[str, float] = {}
+    # 1. a 60 s slurmd outage: Slurm gives the node up after SlurmdTimeout (30 s) while the
+    #    jobs' processes live on under slurmstepd; slurmd comes back and the node returns
+    batch(4)
+    ledger.wait("jobs to run", lambda: len(running()) >= 2, timeout=120)
+    os.kill(c.daemon_pid("slurmd"), signal.SIGKILL)
+    time.sleep(OUTAGE_S)
+    c.up()
+    ledger.wait("the node to be active", lambda: node_state() == "active", timeout=180)
+    # 2. a 60 s slurmctld outage (it saves its state a few seconds after a change: killed
+    #    sooner, it comes back without the newest runs)
+    batch(4)
+    ledger.wait("jobs to run", lambda: len(running()) >= 2, timeout=180)
+    time.sleep(8)
+    os.kill(c.daemon_pid("slurmctld"), signal.SIGKILL)
+    time.sleep(OUTAGE_S)
+    c.up()
+    ledger.wait("the outage to end", lambda: "outage" not in ledger.cli("status"), timeout=180)
+    # 3. the node set DOWN, then resumed within 2 s
+    batch(4)
+    ledger.wait("jobs to run", lambda: len(running()) >= 2, timeout=180)
+    down_at = time.time()
+    c.run("scontrol", "update", f"nodename={c.node}", "state=down", "reason=matrix")
+    time.sleep(1)
+    c.run("scontrol", "update", f"nodename={c.node}", "state=resume")
+    resumed_at = time.time()
+    ledger.wait(
+        "every job to end",
+        lambda: all(x["status"] == "finished" for x in ledger.jobs().values()),
+        timeout=600,
+    )
+    time.sleep(1)
+    proc_side = sampler.finish()
+    events = ledger.events()
+    after = [ev for ev in events if ev["at"] >= down_at]
+    ended = next((ev["at"] for ev in after if ev["type"] in ("job.preempted.v1", "job.finished.v2")
+                  and ev.get("reason") in ("node_failure", "node_lost")), None)  # fmt: skip
+    if ended is not None:
+        times["down to requeued"] = ended - down_at
+    back = next((ev["at"] for ev in after if ev["type"] == "node.returned.v1"), None)
+    if back is not None:
+        times["resume to returned"] = back - resumed_at
+    # the runs the down cut (seen alive then): when their last process was seen
+    cut = [max(hi for _, hi in gpus.values()) for gpus in proc_side.values()
+           if any(lo < down_at <= hi + 1 for lo, hi in gpus.values())]  # fmt: skip
+    if cut:
+        times["down to last process of its runs"] = max(cut) - down_at
+    check = json.loads(ledger.cli("audit", "check", "--json"))
+    verdict = Verdict.of(f"slurm round {round_ + 1}", seen, proc_side, len(ids))
+    verdict.audit = f"{len(check['violations'])} violations"
+    verdict.times = times
+    verdict.record()
+    print(verdict.line())
+    jobs = ledger.jobs()
+    assert verdict.clean, (verdict, verdict.detail(seen, proc_side), ledger.service_log()[-3000:])
+    assert check["violations"] == [], check
+    done = {int(f.stem) for f in seen.glob("*.done")}
+    completed = {j for j, x in jobs.items() if x["outcome"] == "completed"}
+    assert completed == done, (completed, done, _summary(jobs))
+    assert verdict.launches >= len(done)
+    assert [ev for ev in events if ev["type"] == "job.engine_ended.v1" and ev["reason"] == "lost"
+            ] == []  # fmt: skip
+
+
+def _summary(jobs: dict[int, dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
+    return {j: (x["outcome"], x["finish_reason"], x["exit_code"]) for j, x in jobs.items()}

@@ -1,0 +1,101 @@
+"""Foreign Slurm jobs count against the ledger's capacity: running on any partition that shares
+its nodes, or pending while they still hold an allocation (a requeue releasing it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ledger.engines.slurm import SlurmExecutor, parse_jobs
+
+LID = "0123abcd4567"
+
+
+def line(job: int, state: str, partition: str, gres: str) -> str:
+    detail = f" Nodes=vm CPU_IDs=0 Mem=0 GRES={gres}" if gres else ""
+    return (
+        f"JobId={job} JobName=train UserId=bob(1001) JobState={state} Reason=None ExitCode=0:0"
+        f" StartTime=Unknown Partition={partition} NodeList=vm{detail} Comment=mine StdOut=/tmp/y"
+    )
+
+
+def foreign_of(tmp_path: Path, *lines: str) -> dict[str, frozenset[int]]:
+    ex = SlurmExecutor("gpuledger", LID, tmp_path)
+    ex._view = {j.slurm_id: j for j in parse_jobs("\n".join(lines))}
+    ex._read_runs(0.0)
+    return ex._foreign
+
+
+def test_running_foreign_jobs_of_any_partition_hold_their_gpus(tmp_path: Path) -> None:
+    got = foreign_of(
+        tmp_path,
+        line(1, "RUNNING", "gpuledger", "gpu:fake_0:1(IDX:0)"),
+        line(2, "RUNNING", "other", "gpu:fake_3:1(IDX:3)"),
+    )
+    assert got == {"vm": frozenset({0, 3})}
+
+
+def test_a_pending_foreign_job_with_an_allocation_holds_it_one_without_does_not(
+    tmp_path: Path,
+) -> None:
+    got = foreign_of(
+        tmp_path,
+        line(1, "PENDING", "other", "gpu:fake_1:1(IDX:1)"),  # requeued, still releasing
+        line(2, "PENDING", "gpuledger", ""),  # waiting: holds nothing yet
+        line(3, "COMPLETED", "gpuledger", "gpu:fake_2:1(IDX:2)"),
+    )
+    assert got == {"vm": frozenset({1})}
+
+
+# --- a node Slurm gives up while our runs had ended by themselves ------------------------------
+
+
+def ours(job: int, slurm_id: int, state: str) -> str:
+    return (
+        f"JobId={slurm_id} JobName=gpuledger-{job} UserId=bob(1001) JobState={state} Reason=None"
+        " ExitCode=0:0 StartTime=2026-12-01T21:17:50 EndTime=2026-12-01T21:18:11"
+        f" Partition=gpuledger NodeList=vm Comment=gpuledger:{LID}:job={job}:run=0 StdOut=/tmp/y"
+    )
+
+
+class FakeSlurm(SlurmExecutor):
+    """The executor reading canned `scontrol` output instead of asking Slurm."""
+
+    jobs = ""
+    nodes_text = ""
+
+    def _run(self, args: list[str], stdin: str | None = None) -> str:
+        return self.nodes_text if "node" in args else self.jobs
+
+
+def node(state: str) -> str:
+    return f"NodeName=vm Gres=gpu:fake_0:1,gpu:fake_1:1 State={state} Partitions=gpuledger"
+
+
+def test_a_run_that_completed_on_a_node_slurm_gives_up_is_recorded_before_the_loss(
+    tmp_path: Path,
+) -> None:
+    """A slurmd away: the runs' batch scripts end (Slurm holds them COMPLETING, their exits
+    known) until Slurm marks the node DOWN. The runs are recorded as they ended (exit 0, not
+    node_failure: a completed job is never requeued and run again), and the node's loss and
+    the runs that really ended with it (NODE_FAIL) come one read later."""
+    from ledger.core.state import Node
+    from ledger.engines.slurm.executor import _Run
+
+    ex = FakeSlurm("gpuledger", LID, tmp_path)
+    ex._runs = {
+        1: _Run(1, 0, None, slurm_id="1", started=True),
+        2: _Run(2, 0, None, slurm_id="2", started=True),
+    }
+    ledger_nodes = {"vm": Node(name="vm", cluster="c", gpu_type="fake", gpus=2, state="active")}
+    ex.jobs = "\n".join([ours(1, 1, "COMPLETING"), ours(2, 2, "RUNNING")])
+    ex.nodes_text = node("DOWN+NOT_RESPONDING")
+    seen = ex.observe(100.0, ledger_nodes)
+    assert (seen.nodes, seen.exits) == ((), ())  # the loss waits for job 1's own end
+    assert "vm" in seen.unobserved
+    ex.jobs = "\n".join([ours(1, 1, "COMPLETED"), ours(2, 2, "NODE_FAIL")])
+    seen = ex.observe(101.0, ledger_nodes)
+    assert [(x.job_id, x.exit_code, x.reason) for x in seen.exits] == [(1, 0, "exited")]
+    assert seen.nodes == ()
+    seen = ex.observe(102.0, ledger_nodes)
+    assert [(ch.node, ch.change) for ch in seen.nodes] == [("vm", "lost")]
+    assert [(x.job_id, x.reason) for x in seen.exits] == [(2, "node_failure")]
