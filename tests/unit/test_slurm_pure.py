@@ -256,7 +256,10 @@ def test_unknown_partition_nodes_are_registered_once() -> None:
     ]
 
 
-GOOD = "PriorityType            = priority/basic\nPreemptType             = preempt/none\n"
+GOOD = (
+    "PriorityType            = priority/basic\nPreemptType             = preempt/none\n"
+    "ProctrackType           = proctrack/cgroup\n"
+)
 PART = "PartitionName=gpuledger AllowGroups=ALL State=UP PreemptMode=OFF Nodes=vm"
 
 
@@ -276,6 +279,14 @@ PART = "PartitionName=gpuledger AllowGroups=ALL State=UP PreemptMode=OFF Nodes=v
             ["PreemptType is preempt/partition_prio"],
         ),
         (GOOD.replace("preempt/none", "preempt/qos") + PART, []),
+        (
+            GOOD.replace("proctrack/cgroup", "proctrack/linuxproc") + PART,
+            ["ProctrackType is proctrack/linuxproc: Slurm loses"],
+        ),
+        (
+            GOOD.replace("proctrack/cgroup", "proctrack/pgid") + PART,
+            ["ProctrackType is proctrack/pgid"],
+        ),
     ],
 )
 def test_partition_settings_that_would_overrule_the_ledger(config: str, want: list[str]) -> None:
@@ -283,6 +294,12 @@ def test_partition_settings_that_would_overrule_the_ledger(config: str, want: li
     assert len(problems) == len(want)
     for p, w in zip(problems, want, strict=True):
         assert p.startswith(w)
+
+
+def test_untracked_process_tracking_is_accepted_only_when_asked() -> None:
+    linuxproc = GOOD.replace("proctrack/cgroup", "proctrack/linuxproc") + PART
+    assert check_config(linuxproc, "gpuledger", untracked_ok=True) == []
+    assert len(check_config(linuxproc, "gpuledger")) == 1
 
 
 def launch(*slots: GpuSlot, time_limit_s: int | None = None) -> Launch:

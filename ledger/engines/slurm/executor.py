@@ -24,6 +24,7 @@ from ledger.engines.slurm.words import (
     ENDED,
     HOLDING,
     NEVER_STARTS,
+    UNTRACKED_OK,
     WAITING,
     SlurmJob,
     SlurmNode,
@@ -184,7 +185,8 @@ class SlurmExecutor:
         text = self._run(["scontrol", "show", "config"])
         with contextlib.suppress(EngineError):  # a missing partition is reported below
             text += "\n" + self._run(["scontrol", "-o", "show", "partition", self.partition])
-        problems = check_config(text, self.partition)
+        untracked_ok = self.env.get(UNTRACKED_OK, "") == "1"
+        problems = check_config(text, self.partition, untracked_ok)
         if problems:
             raise EngineError(
                 f"Slurm partition {self.partition!r} cannot be run by gpu-ledger: "

@@ -349,9 +349,16 @@ def register_commands(
     ]
 
 
-def check_config(config: str, partition: str) -> list[str]:
+UNTRACKED_OK = "GPULEDGER_SLURM_UNTRACKED_OK"
+"""Set to 1 to run on a cluster whose ProctrackType cannot follow a job's whole process tree
+(docs/slurm.md, 'Partition settings'): a job's orphaned children may then outlive its record."""
+
+
+def check_config(config: str, partition: str, untracked_ok: bool = False) -> list[str]:
     """Pure: why Slurm's settings (`scontrol show config` and `scontrol -o show partition P`
-    output, concatenated) would let Slurm reorder or preempt gpu-ledger's decisions; [] if none."""
+    output, concatenated) would let Slurm reorder or preempt gpu-ledger's decisions, or let a
+    job's processes outlive its Slurm job (ProctrackType other than proctrack/cgroup, unless
+    `untracked_ok`); [] if none."""
     values: dict[str, str] = {}
     for line in config.splitlines():
         k, eq, v = line.partition("=")
@@ -377,6 +384,13 @@ def check_config(config: str, partition: str) -> list[str]:
         problems.append(
             f"PreemptType is {preempt} and partition {partition!r} has PreemptMode={mode}: "
             "Slurm would preempt on its own; set PreemptType=preempt/none or PreemptMode=OFF"
+        )
+    proctrack = values.get("ProctrackType", "")
+    if proctrack != "proctrack/cgroup" and not untracked_ok:
+        problems.append(
+            f"ProctrackType is {proctrack or 'unset'}: Slurm loses a job's processes that leave "
+            "its process group or are re-parented to init, and the ledger would give their GPUs "
+            f"to other work; set ProctrackType=proctrack/cgroup (or {UNTRACKED_OK}=1 to accept it)"
         )
     return problems
 
