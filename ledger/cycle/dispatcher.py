@@ -397,6 +397,8 @@ class Dispatcher:
             position=position,
             unavailable=seen.foreign,
             unobserved=seen.unobserved,
+            # Slurm may hold a placement before it starts it: contracts count from its start
+            from_start=self.executor.engine == "slurm",
         )
         # 2. decide (pure)
         decision = decide(snapshot, self.policy, now)

@@ -19,6 +19,13 @@ from ledger.dispatch.snapshot import (
 )
 
 
+def _since(placed_at: float, started_at: float | None, now: float, from_start: bool) -> float:
+    """Pure: since when a run counts as running for the dispatcher (`snapshot_from_state`)."""
+    if not from_start:
+        return placed_at
+    return started_at if started_at is not None else now
+
+
 def snapshot_from_state(
     state: State,
     ranks: Mapping[str, int],
@@ -29,6 +36,7 @@ def snapshot_from_state(
     position: int | None = None,
     unavailable: Mapping[str, frozenset[int]] | None = None,
     unobserved: frozenset[str] = frozenset(),
+    from_start: bool = False,
 ) -> Snapshot:
     """Pure: the snapshot of the write-side `state` (tests, simulation, replay).
 
@@ -40,6 +48,9 @@ def snapshot_from_state(
     `unavailable` (node -> GPU indices) are busy with work outside the ledger (an engine's
     foreign jobs): never free. `unobserved` nodes (its engine cannot see them now) have no free
     GPU and their runs are no victims: nothing is decided about what cannot be seen.
+    `from_start` (an engine that may hold a placement before it starts it: Slurm): a run's
+    contract, time limit and work count from the engine's real start, and a placement not yet
+    started has its whole contract ahead.
     """
     low = low_util_since or {}
     busy = unavailable or {}
@@ -78,7 +89,7 @@ def snapshot_from_state(
                     user=spec.user,
                     gpus=spec.gpus,
                     slots=job.slots,
-                    placed_at=job.placed_at,
+                    placed_at=_since(job.placed_at, job.started_at, now, from_start),
                     min_runtime_s=spec.min_runtime_s,
                     resumable=spec.resumable,
                     checkpoint_at=job.checkpoint_at,
