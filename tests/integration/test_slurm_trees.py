@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
-from tests.integration.test_slurm import Cluster, Ledger, cluster, ledger, slurm
+from tests.integration.test_slurm import Cluster, Ledger, cluster, ledger, slurm, status
 
 __all__ = ["cluster", "ledger", "slurm"]  # the fixtures, shared with test_slurm.py
 
@@ -90,3 +91,29 @@ def test_a_slurm_jobs_orphans_and_setsid_children_end_before_its_end_is_recorded
         gpus = [int(i) for i in log.split("CVD=", 1)[1].split()[0].split(",")]
         assert pids(log, "open") == gpus and len(pids(log, "denied")) == 3, log
     assert ledger.jobs()[1]["outcome"] == "completed"
+
+
+def test_no_job_is_preempted_for_a_job_over_the_partitions_max_time(ledger: Ledger) -> None:
+    """F6: Slurm never starts a job whose time limit is over the partition's MaxTime, so the
+    ledger neither places it nor preempts for it (before: it preempted a running job, then the
+    placement failed with PartitionTimeLimit). Once an admin raises MaxTime it runs."""
+    victim = "trap 'exit 0' TERM; while true; do sleep 0.2; done"
+    part = f"partitionname={ledger.cluster.partition}"
+    ledger.cluster.run("scontrol", "update", part, "maxtime=1")  # one minute
+    try:
+        ledger.up()
+        ledger.submit("bob", 4, victim, "--min-runtime", "0", "--resumable")
+        ledger.wait("the unfunded job to run", lambda: status(ledger, 1) == "running")
+        ledger.submit("alice", 4, "sleep 1", "--min-runtime", "1h", "-t", "2h")
+        # a window of many cycles (0.2 s each): the funded job would preempt the unfunded one
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            assert ledger.of("job.preempted.v1") == [], ledger.service_log()[-2000:]
+            time.sleep(0.5)
+        assert status(ledger, 2) == "pending" and status(ledger, 1) == "running"
+        ledger.cluster.run("scontrol", "update", part, "maxtime=UNLIMITED")
+        ledger.wait("job 2 to run once MaxTime allows it", lambda: status(ledger, 2) != "pending",
+                    timeout=90)  # fmt: skip
+        assert [p["for_job"] for p in ledger.of("job.preempted.v1", 1)] == [2]
+    finally:
+        ledger.cluster.run("scontrol", "update", part, "maxtime=UNLIMITED", check=False)

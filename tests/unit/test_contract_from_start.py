@@ -49,3 +49,17 @@ def test_a_started_runs_contract_counts_from_the_engines_start(
     [run] = snapshot_from_state(s, {}, start + min_runtime - 1, from_start=True).running
     assert run.placed_at == s.jobs[1].started_at and run.in_contract(start + min_runtime - 1)
     assert s.jobs[1].contract_ends_at() == s.jobs[1].started_at + min_runtime
+
+
+def test_a_job_over_the_engines_longest_time_limit_is_not_pending_for_the_dispatcher(
+    org_state: State, counter_ids: Callable[[], str]
+) -> None:
+    """F6: Slurm never starts a job over its partition's MaxTime: nothing is placed or
+    preempted for it (counted in Slurm's whole minutes, rounded up)."""
+    s = org_state
+    for limit in (7200, 61, 60):
+        _run(s, counter_ids, c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1,
+                                         time_limit_s=limit), T0)  # fmt: skip
+    pending = {p.job_id for p in snapshot_from_state(s, {}, T0, longest_s=60.0).pending}
+    assert pending == {3}  # 61 s is two minutes in Slurm
+    assert {p.job_id for p in snapshot_from_state(s, {}, T0).pending} == {1, 2, 3}

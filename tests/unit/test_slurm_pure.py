@@ -37,6 +37,7 @@ from ledger.engines.slurm import (
     shares_toml,
     slurm_time,
 )
+from ledger.engines.slurm.words import partition_max_time, slurm_duration
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import InvalidCommand, NotAuthorised
@@ -643,7 +644,14 @@ def test_while_slurmctld_does_not_answer_every_node_is_unobserved_and_it_is_aske
     answering = True
     back = 100.0 + ex.probe_every_s
     seen = ex.observe(back, ledger_nodes)
-    assert len(calls) == 3  # the jobs, then the nodes
+    # the jobs, then the nodes, then the partition (its MaxTime, every probe_every_s)
+    assert [a[:5] for a in calls[1:]] == [
+        ["scontrol", "-d", "-o", "show", "job"],
+        ["scontrol", "-o", "show", "node"],
+        ["scontrol", "-o", "show", "partition", "gpuledger"][:5],
+    ]
+    ex.observe(back + 0.2, ledger_nodes)
+    assert len(calls) == 6  # not the partition again so soon
     assert seen.unobserved == frozenset({"vm", "g2"})  # it settles: nothing decided yet
     assert ex.observe(back + ex.settle_s, ledger_nodes).unobserved == frozenset()
 
@@ -684,3 +692,27 @@ def test_a_run_slurm_will_not_start_is_taken_back_and_explained(
     assert (ex_.job_id, ex_.reason, ex_.engine_job_id) == (5, "launch_failed", "41")
     assert reason in ex_.note and 5 not in seen.running
     assert ["scancel", "41"] in calls
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("UNLIMITED", None),
+        ("INFINITE", None),
+        ("NONE", None),
+        ("00:01:00", 60.0),
+        ("1-00:00:00", 86400.0),
+        ("2-03:04:05", 2 * 86400 + 3 * 3600 + 4 * 60 + 5.0),
+        ("30", 1800.0),
+        ("5:30", 330.0),
+        ("", None),
+    ],
+)
+def test_slurm_durations_read_as_seconds(text: str, want: float | None) -> None:
+    assert slurm_duration(text) == want
+
+
+def test_the_partitions_max_time_is_read_from_its_record() -> None:
+    assert partition_max_time(PART + " MaxTime=00:01:00", "gpuledger") == 60.0
+    assert partition_max_time(PART + " MaxTime=UNLIMITED", "gpuledger") is None
+    assert partition_max_time(PART + " MaxTime=00:01:00", "other") is None

@@ -35,6 +35,7 @@ from ledger.engines.slurm.words import (
     node_changes,
     parse_jobs,
     parse_nodes,
+    partition_max_time,
     register_commands,
     sbatch_args,
 )
@@ -152,6 +153,10 @@ class SlurmExecutor:
         """In an outage (slurmctld does not answer), how often the executor asks again."""
         self._probe_at: float | None = None
         """When to ask Slurm again during an outage (None: not in one)."""
+        self.max_time_s: float | None = None
+        """The partition's MaxTime (None: unlimited): Slurm never starts a job asking for more,
+        so the dispatcher neither places it nor makes room for it (`Observed.longest_s`)."""
+        self._max_time_at: float | None = None
         self._pinned: dict[str, tuple[str, ...]] = {}
         """Node -> the GRES type of each of its GPUs, for nodes whose GPUs are pinned."""
 
@@ -185,6 +190,7 @@ class SlurmExecutor:
         text = self._run(["scontrol", "show", "config"])
         with contextlib.suppress(EngineError):  # a missing partition is reported below
             text += "\n" + self._run(["scontrol", "-o", "show", "partition", self.partition])
+        self.max_time_s = partition_max_time(text, self.partition)
         untracked_ok = self.env.get(UNTRACKED_OK, "") == "1"
         problems = check_config(text, self.partition, untracked_ok)
         if problems:
@@ -328,6 +334,7 @@ class SlurmExecutor:
             self._read_runs(now)
             self._try_submit(now)
             changes, unseen = self._node_changes(nodes)
+            self._read_max_time(now)
             if self._settle_until is not None and now < self._settle_until:
                 unseen = _every(nodes)  # what ended meanwhile is recorded; nothing is decided
             else:
@@ -344,12 +351,28 @@ class SlurmExecutor:
             foreign=self._foreign,
             running=frozenset(self._runs),
             unobserved=unseen,
+            longest_s=self.max_time_s,
         )
+
+    def _read_max_time(self, now: float) -> None:
+        """The partition's MaxTime, read again every `probe_every_s` (an admin may change it)."""
+        if self._max_time_at is not None and now < self._max_time_at:
+            return
+        self._max_time_at = now + self.probe_every_s
+        try:
+            text = self._run(["scontrol", "-o", "show", "partition", self.partition])
+        except EngineError as err:
+            log.warning("slurm partition: %s; keeping its MaxTime as it was", err.line())
+            return
+        self.max_time_s = partition_max_time(text, self.partition)
 
     def _blind(self, nodes: Mapping[str, Node]) -> Observed:
         """What an outage observes: nothing new, every node unobserved, the runs as last known."""
         return Observed(
-            foreign=self._foreign, running=frozenset(self._runs), unobserved=_every(nodes)
+            foreign=self._foreign,
+            running=frozenset(self._runs),
+            unobserved=_every(nodes),
+            longest_s=self.max_time_s,
         )
 
     def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:

@@ -260,6 +260,36 @@ def slurm_time(text: str) -> float | None:
         return None
 
 
+def slurm_duration(text: str) -> float | None:
+    """Pure: a Slurm duration (`MaxTime`: `[D-]HH:MM:SS`, `MM:SS`, minutes) in seconds; None for
+    `UNLIMITED`, `INFINITE`, `NONE` or anything else."""
+    days, _, rest = text.strip().rpartition("-")
+    try:
+        parts = [int(x) for x in rest.split(":")]
+        d = int(days) if days else 0
+    except ValueError:
+        return None
+    if not parts or len(parts) > 3 or any(x < 0 for x in parts):
+        return None
+    if len(parts) == 1:  # minutes
+        return float(d * 86400 + parts[0] * 60)
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    h, m, sec = parts
+    return float(d * 86400 + h * 3600 + m * 60 + sec)
+
+
+def partition_max_time(text: str, partition: str) -> float | None:
+    """Pure: the partition's `MaxTime` in seconds from `scontrol -o show partition P` output;
+    None when unlimited or not found."""
+    for line in text.splitlines():
+        if line.startswith("PartitionName="):
+            rec = parse_record(line)
+            if rec.get("PartitionName") == partition:
+                return slurm_duration(rec.get("MaxTime", ""))
+    return None
+
+
 @dataclass(frozen=True)
 class SlurmNode:
     name: str
