@@ -643,6 +643,12 @@ def test_while_slurmctld_does_not_answer_every_node_is_unobserved_and_it_is_aske
     assert ex.observe(100.0 + ex.probe_every_s - 0.1, ledger_nodes).unobserved and len(calls) == 1
     answering = True
     back = 100.0 + ex.probe_every_s
+    # the probe asks on a thread of its own: the service's thread never waits on Slurm
+    assert ex.observe(back, ledger_nodes).unobserved == frozenset({"vm", "g2"})
+    assert ex._probing is not None
+    ex._probing.join(timeout=10)
+    assert calls[1][:3] == ["scontrol", "-o", "show"]
+    del calls[1]
     seen = ex.observe(back, ledger_nodes)
     # the jobs, then the nodes, then the partition (its MaxTime, every probe_every_s)
     assert [a[:5] for a in calls[1:]] == [

@@ -14,6 +14,7 @@ import os
 import pwd
 import re
 import subprocess
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,6 +153,11 @@ class SlurmExecutor:
         self.probe_every_s = 5.0
         """In an outage (slurmctld does not answer), how often the executor asks again."""
         self._probe_at: float | None = None
+        self._probing: threading.Thread | None = None
+        """The probe asking Slurm during an outage, off the service's thread: a controller that
+        does not answer costs each call about 9 s (the client's retries), which reads and
+        submits would otherwise wait for."""
+        self._probe_answered = False
         """When to ask Slurm again during an outage (None: not in one)."""
         self.max_time_s: float | None = None
         """The partition's MaxTime (None: unlimited): Slurm never starts a job asking for more,
@@ -321,9 +327,10 @@ class SlurmExecutor:
         submit the launches whose GPUs are now free, then read the nodes: a node that went down
         with a run is seen down by then, so its loss is recorded before the run's exit."""
         changes: list[NodeChange] = []
-        if self._probe_at is not None and now < self._probe_at:
-            # an outage: ask again only every `probe_every_s`, so a controller that does not
-            # answer does not hold the service's thread each cycle (reads and submits wait on it)
+        if self._probe_at is not None and not self._outage_over(now):
+            # an outage: a probe asks again every `probe_every_s` on a thread of its own, so a
+            # controller that does not answer never holds the service's thread (reads and
+            # submits wait on it)
             return self._blind(nodes)
         if self.refresh():
             if self._probe_at is not None:  # back: its view may lag (slurmd re-registers)
@@ -365,6 +372,28 @@ class SlurmExecutor:
             log.warning("slurm partition: %s; keeping its MaxTime as it was", err.line())
             return
         self.max_time_s = partition_max_time(text, self.partition)
+
+    def _outage_over(self, now: float) -> bool:
+        """In an outage: True once a probe got Slurm's answer; else starts one when due."""
+        if self._probing is not None and self._probing.is_alive():
+            return False
+        self._probing = None
+        if self._probe_answered:
+            self._probe_answered = False
+            return True
+        if self._probe_at is not None and now < self._probe_at:
+            return False
+        self._probe_at = now + self.probe_every_s
+        self._probing = threading.Thread(target=self._probe, name="slurm-probe", daemon=True)
+        self._probing.start()
+        return False
+
+    def _probe(self) -> None:
+        try:
+            self._run(["scontrol", "-o", "show", "partition", self.partition])
+        except EngineError:
+            return
+        self._probe_answered = True
 
     def _blind(self, nodes: Mapping[str, Node]) -> Observed:
         """What an outage observes: nothing new, every node unobserved, the runs as last known."""
