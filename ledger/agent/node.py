@@ -203,6 +203,9 @@ class NodeAgent:
         self.report_wake = threading.Event()
         self._out_lock = threading.Lock()
         self._rejoin = False
+        self._kept_lost = False
+        """The server answered our registration with the node still lost (an admin's loss):
+        no joining again until an admin returns it."""
         self._last_sent = 0.0
         self._status_written = b""
         self.status = AgentStatus(
@@ -251,6 +254,7 @@ class NodeAgent:
             return
         self.lost_after_s = got.node_lost_after_s
         self.fence_s = got.node_fence_s
+        self._kept_lost = got.state == "lost"
         self._renew(self._last_sent)
         self.status.registered = True
         log.info(
@@ -470,8 +474,9 @@ class NodeAgent:
                 self.outbox = out.then(self.outbox)
             return False
         self._contact(sent)
-        if ack.node_state == "lost":
+        if ack.node_state == "lost" and not self._kept_lost:
             self._rejoin = True
+        self._kept_lost = self._kept_lost and ack.node_state == "lost"
         return True
 
     def _running(self) -> tuple[a.PartRun, ...]:

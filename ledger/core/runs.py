@@ -63,8 +63,9 @@ def in_doubt(job: Job) -> bool:
 
 def settle_commands(state: State, now: float, actor: str) -> list[c.FinishJob]:
     """Pure: the end of every run in doubt whose fence has passed without word from its node:
-    `node_failure` (resumable jobs are requeued, the others fail), ended when the node was lost
-    (it was not heard from after that)."""
+    `node_failure` (resumable jobs are requeued, the others fail), ended at the fence time: the
+    node's lease stopped its processes by then, and until then they may have run (recording
+    the moment of loss would charge less than they held)."""
     out: list[c.FinishJob] = []
     for job_id in sorted(state.active):
         job = state.jobs[job_id]
@@ -79,7 +80,7 @@ def settle_commands(state: State, now: float, actor: str) -> list[c.FinishJob]:
                 engine_job_id=job.engine_job_id,
                 reason="node_failure",
                 engine_state="FENCED",
-                ended_at=job.lost_at,
+                ended_at=job.doubt_until,
                 note="its node was lost and did not return within the fence",
             )
         )

@@ -77,10 +77,11 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
         return self.status != "finished"
 
     def contract_ends_at(self) -> float | None:
-        """When the job becomes preemptible; None when it holds no GPUs."""
+        """When the job becomes preemptible (its contract runs from the engine's real start once
+        known, else from its placement); None when it holds no GPUs."""
         if self.placed_at is None:
             return None
-        return self.placed_at + self.spec.min_runtime_s
+        return max(self.placed_at, self.started_at or 0.0) + self.spec.min_runtime_s
 
 
 class Token(msgspec.Struct, frozen=True, kw_only=True):

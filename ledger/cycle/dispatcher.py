@@ -410,6 +410,9 @@ class Dispatcher:
             position=position,
             unavailable=seen.foreign,
             unobserved=seen.unobserved,
+            # Slurm may hold a placement before it starts it: contracts count from its start
+            from_start=self.executor.engine == "slurm",
+            longest_s=seen.longest_s,
         )
         # 2. decide (pure)
         decision = decide(snapshot, self.policy, now)

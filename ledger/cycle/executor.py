@@ -197,6 +197,9 @@ class Observed:
     """Nodes the engine cannot observe now (slurmctld does not answer, a node's slurmd does
     not respond): the dispatcher decides nothing that depends on them (no placement on them, no
     preemption of their runs) until it can (outage mode)."""
+    longest_s: float | None = None
+    """The longest time limit the engine starts (Slurm: the partition's MaxTime; None: no
+    limit): a pending job asking for more is neither placed nor made room for."""
 
 
 class Executor(Protocol):

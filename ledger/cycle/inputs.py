@@ -6,6 +6,7 @@ builds the dispatcher's `Snapshot` (`ledger.dispatch`), so neither core imports 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from ledger.core.jobs import blocked
@@ -19,6 +20,21 @@ from ledger.dispatch.snapshot import (
 )
 
 
+def _since(placed_at: float, started_at: float | None, now: float, from_start: bool) -> float:
+    """Pure: since when a run counts as running for the dispatcher (`snapshot_from_state`)."""
+    if not from_start:
+        return placed_at
+    return started_at if started_at is not None else now
+
+
+def _too_long(time_limit_s: float | None, longest_s: float | None) -> bool:
+    """Pure: the engine would never start a run of this time limit (counted, as Slurm counts
+    it, in whole minutes rounded up)."""
+    if time_limit_s is None or longest_s is None:
+        return False
+    return max(1, math.ceil(time_limit_s / 60)) * 60.0 > longest_s
+
+
 def snapshot_from_state(
     state: State,
     ranks: Mapping[str, int],
@@ -29,6 +45,8 @@ def snapshot_from_state(
     position: int | None = None,
     unavailable: Mapping[str, frozenset[int]] | None = None,
     unobserved: frozenset[str] = frozenset(),
+    from_start: bool = False,
+    longest_s: float | None = None,
 ) -> Snapshot:
     """Pure: the snapshot of the write-side `state` (tests, simulation, replay).
 
@@ -40,6 +58,11 @@ def snapshot_from_state(
     `unavailable` (node -> GPU indices) are busy with work outside the ledger (an engine's
     foreign jobs): never free. `unobserved` nodes (its engine cannot see them now) have no free
     GPU and their runs are no victims: nothing is decided about what cannot be seen.
+    `from_start` (an engine that may hold a placement before it starts it: Slurm): a run's
+    contract, time limit and work count from the engine's real start, and a placement not yet
+    started has its whole contract ahead. A pending job whose time limit (in Slurm's whole
+    minutes) is over `longest_s` (the engine's partition MaxTime) is not pending in the
+    snapshot: the engine would never start it, so nothing is placed or preempted for it.
     """
     low = low_util_since or {}
     busy = unavailable or {}
@@ -78,7 +101,7 @@ def snapshot_from_state(
                     user=spec.user,
                     gpus=spec.gpus,
                     slots=job.slots,
-                    placed_at=job.placed_at,
+                    placed_at=_since(job.placed_at, job.started_at, now, from_start),
                     min_runtime_s=spec.min_runtime_s,
                     resumable=spec.resumable,
                     checkpoint_at=job.checkpoint_at,
@@ -87,7 +110,12 @@ def snapshot_from_state(
                     time_limit_s=spec.time_limit_s,
                 )
             )
-        elif job.status == "pending" and not job.held and spec.job_id not in waiting:
+        elif (
+            job.status == "pending"
+            and not job.held
+            and spec.job_id not in waiting
+            and not _too_long(spec.time_limit_s, longest_s)
+        ):
             pending.append(
                 PendingJob(
                     job_id=spec.job_id,

@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 
 AGENT_DRAIN = "agent: drained by `gpuledger agent --drain`"
 """The drain reason of a node its agent drained; the node returns when an agent registers."""
+SILENT = "no word from its agent for"
+"""How a node lost to silence is explained: only such a loss is undone by its agent's return."""
 
 log = logging.getLogger("gpuledger.agents")
 
@@ -189,7 +191,7 @@ class AgentExecutor:
         for node in self._returns:
             self.fence.returned(node)
         for node, quiet_s in self._silent(now, nodes):
-            why = f"no word from its agent for {quiet_s:.0f}s"
+            why = f"{SILENT} {quiet_s:.0f}s"
             # in doubt past the fence and our grace (a job's own grace is added to it)
             doubt = self.node_fence_s + self.grace_s
             changes.append(NodeChange(node, "lost", why, fence_s=doubt))
@@ -335,6 +337,12 @@ class AgentExecutor:
                 self._returns.append(req.node)
             return True
         if node.state != "lost":
+            return False
+        if not node.lost_reason.startswith(SILENT):
+            # an admin's (or an engine's) loss is not undone by the node's own agent: the
+            # admin returns it (`gpuledger node return`); until then it takes no work
+            log.info("node %s stays lost (%s) until an admin returns it", req.node,
+                     node.lost_reason)  # fmt: skip
             return False
         log.info("node %s is back: its agent registered", req.node)
         if req.node not in self._returns:

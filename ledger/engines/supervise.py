@@ -31,6 +31,7 @@ record says how many were left and whether they had to be killed. Files it write
     RUNDIR/exit         the part's end, JSON: code, ended_at, leader_ended_at, left, killed,
                         launch_failed (an older supervisor wrote the bare exit code)
     RUNDIR/launch.log   what the leader said before the job's own output file was open
+    RUNDIR/watchdog     "PID START" of the part's lease watchdog (`start_watchdog`)
 
 Exit codes are the shell's: the command's status, or 128 + N when signal N killed it (Slurm's
 convention); 127 with `launch_failed` when it could not start. SIGTERM, SIGINT and SIGHUP sent to
@@ -192,7 +193,10 @@ def run(rundir: Path) -> int:
     write_atomic(rundir / "job", _identity(job.pid, f"{time.time():.6f}"))
     for signum in early:
         forward(signum, None)
-    returncode, fenced = wait_leader(job, tree, str(spec.get("lease") or ""), grace_s)
+    lease = str(spec.get("lease") or "")
+    if lease:
+        start_watchdog(rundir, tree, lease, grace_s)
+    returncode, fenced = wait_leader(job, tree, lease, grace_s)
     code = code_of(returncode)
     leader_ended = time.time()  # the supervisor's own clock, never the job's word (module doc)
     left, killed = end_of_tree(tree, grace_s)
@@ -277,6 +281,44 @@ def wait_leader(
                 tree.kill()
     finally:
         os.close(fd)
+
+
+def start_watchdog(rundir: Path, tree: Tree, lease: str, grace_s: float) -> None:
+    """The part's second fence, which does not depend on the supervisor: a process of its own
+    (init's child, outside the job's tree, `RUNDIR/watchdog`) that stops the tree once the node's
+    lease has run out, as `wait_leader` does, and exits when the tree is empty. A supervisor
+    killed with -9 (OOM killer, an operator, a job running as the service's user) then leaves
+    the lease enforced: a node cut off from the server never runs a job past its fence."""
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)  # the middle process exits at once: init adopts the watchdog
+        return
+    code = 0
+    try:
+        if os.fork():
+            return
+        write_atomic(rundir / "watchdog", _identity(os.getpid()))
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # the supervisor's tree signals are not for it
+        watch_lease(tree, lease, grace_s)
+    except BaseException:  # the forked watchdog never returns into the caller
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def watch_lease(tree: Tree, lease: str, grace_s: float) -> None:
+    """Until the tree is empty: once the lease has run out, SIGTERM to the tree, SIGKILL after
+    the grace (the watchdog's loop)."""
+    fenced_at: float | None = None
+    while not tree.empty():
+        now = time.time()
+        if fenced_at is None and lease_passed(lease, now):
+            fenced_at = now
+            tree.signal(signal.SIGTERM)
+        elif fenced_at is not None and now >= fenced_at + grace_s:
+            tree.kill()
+        time.sleep(FENCE_CHECK_S)
 
 
 def end_of_tree(tree: Tree, grace_s: float) -> tuple[int, bool]:

@@ -45,6 +45,7 @@ import msgspec
 from ledger.cycle.executor import Exit, Launch, Observed, Orders, Sample, Start
 from ledger.engines.accounts import RunAs, account_for
 from ledger.engines.env import Account, job_env
+from ledger.engines.found import SCOPE_VAR, find_live
 from ledger.engines.gpu_util import UtilSource
 from ledger.engines.proc import alive, write_atomic
 from ledger.engines.runs import (
@@ -181,9 +182,18 @@ class SupervisedExecutor:
         try:
             raw = (self.state_dir / "state.json").read_bytes()
         except FileNotFoundError:
-            return []
+            raw = b"{}"
         state = msgspec.json.decode(raw, type=AgentState)
-        for h in state.jobs:
+        handles = list(state.jobs)
+        # what the machine says: runs alive here that the state file lost (`engines.found`)
+        for h in find_live(self.state_dir, self._scope, self.containment, self.grace_s):
+            if h.job_id not in {x.job_id for x in handles}:
+                log.warning(
+                    "job %s (launch %s) is alive here and the state file has no handle of it: "
+                    "adopting it from its processes", h.job_id, h.launch,
+                )  # fmt: skip
+                handles.append(h)
+        for h in handles:
             self.jobs[h.job_id] = h
             h.start_reported = False
             for p in h.parts:
@@ -484,6 +494,7 @@ class SupervisedExecutor:
             job_token=job.job_token or None,
             account=account,
         )
+        env[SCOPE_VAR] = self._scope  # the machine's mark of this state directory's runs
         spec: dict[str, object] = {
             "command": list(job.command) or ["true"],
             "env": env,
@@ -499,6 +510,7 @@ class SupervisedExecutor:
             "grace_s": grace_s,
             "containment": self.containment.to_json(),
             "lease": str(self.lease) if self.lease is not None else "",
+            "time_limit_s": self._limit(job),
         }
         return spec, out
 

@@ -24,13 +24,18 @@ Span = tuple[float, float]
 Spans = dict[tuple[int, int], dict[tuple[str, int], Span]]
 
 
-def job_script(seen: Path, secs: float, node: str, launch: str, marker: str = "") -> str:
+def job_script(
+    seen: Path, secs: float, node: str, launch: str, marker: str = "",
+    gpus: str = "CUDA_VISIBLE_DEVICES",
+) -> str:  # fmt: skip
     """A shell script: the leader and a forked child each log `time node launch gpus pid` every
     0.2 s; the leader writes `done` and exits 0 after `secs` of its own run (the child goes with
     the tree). `node` and `launch` are the shell words that name them in the engine's
     environment (`$GPULEDGER_NODE`, `$SLURMD_NODENAME`, ...). With `marker`, the script first
-    re-executes itself with `marker` in its environment (for a `ProcSampler`)."""
-    line = f'echo "$(date +%s.%N) {node} {launch} $CUDA_VISIBLE_DEVICES $$"'
+    re-executes itself with `marker` in its environment (for a `ProcSampler`). `gpus`: the
+    variable holding the node's indices of the job's GPUs (on Slurm with ConstrainDevices,
+    `SLURM_JOB_GPUS`: CUDA_VISIBLE_DEVICES counts from 0 inside the job's device cgroup)."""
+    line = f'echo "$(date +%s.%N) {node} {launch} ${gpus} $$"'
     out = f"{seen}/$GPULEDGER_JOB_ID"
     body = (
         f"sh -c 'while :; do {line} >> {out}.child; sleep 0.2; done' & "
@@ -118,10 +123,13 @@ class ProcSampler(threading.Thread):
     launch) -> (node, GPU) -> when it was first and last seen, from /proc alone. `names` are the
     environment variables that hold the job, the launch and the node."""
 
-    def __init__(self, marker: str, names: tuple[str, str, str]) -> None:
+    def __init__(
+        self, marker: str, names: tuple[str, str, str], gpus: str = "CUDA_VISIBLE_DEVICES"
+    ) -> None:
         super().__init__(daemon=True)
         self.marker = marker.encode()
         self.names = names
+        self.gpus = gpus
         self.spans: Spans = {}
         self.stop = threading.Event()
 
@@ -139,7 +147,7 @@ class ProcSampler(threading.Thread):
                         for kv in raw.decode(errors="replace").split("\0")
                         if "=" in kv
                     )
-                    gpus = env["CUDA_VISIBLE_DEVICES"]
+                    gpus = env[self.gpus]
                     line = f"{now} {env[node_v]} {env[launch_v]} {gpus} {pid}"
                     add_lines(self.spans, int(env[job_v]), [line])
 

@@ -258,6 +258,8 @@ def held_twice(events: list[dict[str, Any]]) -> list[tuple[str, int]]:
 
 
 def cuda_devices(log: str) -> list[int]:
+    """The node's GPU indices the job holds: Slurm's SLURM_JOB_GPUS (the job's own
+    CUDA_VISIBLE_DEVICES counts from 0 inside its device cgroup, ConstrainDevices)."""
     line = next(ln for ln in log.splitlines() if ln.startswith("CVD="))
     return [int(i) for i in line.removeprefix("CVD=").split(",")]
 
@@ -266,7 +268,7 @@ def status(led: Ledger, job_id: int) -> str:
     return str(led.jobs()[job_id]["status"])
 
 
-SHOW = 'echo "CVD=$CUDA_VISIBLE_DEVICES"; echo "user=$(id -un) run=$GPULEDGER_RUN"; '
+SHOW = 'echo "CVD=$SLURM_JOB_GPUS"; echo "user=$(id -un) run=$GPULEDGER_RUN"; '
 
 
 def test_jobs_run_on_the_gpus_the_ledger_chose_and_their_endings_are_recorded(
@@ -338,7 +340,7 @@ def test_a_hundred_runs_see_exactly_the_gpus_the_ledger_recorded(ledger: Ledger)
     specs = [(rng.choice((1, 1, 2, 3)), rng.choice((0.2, 0.5, 1.0, 2.0))) for _ in range(runs)]
 
     def submit(gpus: int, secs: float) -> subprocess.Popen[bytes]:
-        script = f'echo "CVD=$CUDA_VISIBLE_DEVICES"; sleep {secs}'
+        script = f'echo "CVD=$SLURM_JOB_GPUS"; sleep {secs}'
         return subprocess.Popen(
             [GPULEDGER, "submit", "-A", "ai2/olmo", "-G", str(gpus), "--", "bash", "-c", script],
             env=ledger.env("alice"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -42,7 +42,8 @@ def test_slurm_outages_and_a_down_node_double_book_nothing_and_run_nothing_twice
     seen.mkdir()
     seen.chmod(0o777)  # jobs of other users run as nobody
     marker = f"GPULEDGER_KM={uuid.uuid4().hex}"
-    sampler = ProcSampler(marker, ("GPULEDGER_JOB_ID", "GPULEDGER_RUN", "SLURMD_NODENAME"))
+    names = ("GPULEDGER_JOB_ID", "GPULEDGER_RUN", "SLURMD_NODENAME")
+    sampler = ProcSampler(marker, names, gpus="SLURM_JOB_GPUS")  # ConstrainDevices
     sampler.start()
     ids: list[int] = []
 
@@ -51,7 +52,8 @@ def test_slurm_outages_and_a_down_node_double_book_nothing_and_run_nothing_twice
         for _ in range(n):
             secs = rng.uniform(20, 40)
             opts = ("--resumable",) if rng.random() < 0.5 else ()
-            script = job_script(seen, secs, "$SLURMD_NODENAME", "$GPULEDGER_RUN", marker)
+            script = job_script(seen, secs, "$SLURMD_NODENAME", "$GPULEDGER_RUN", marker,
+                                gpus="SLURM_JOB_GPUS")  # fmt: skip
             ledger.submit(rng.choice(("alice", "bob")), rng.choice((1, 1, 2)), script, *opts)
             ids.append(len(ids) + 1)
 

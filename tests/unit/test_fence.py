@@ -112,17 +112,18 @@ def test_a_node_lost_with_a_fence_ends_nothing_and_its_runs_are_no_victims(
     assert settle_commands(s, T0 + 169, "@executor") == []
 
 
-def test_past_the_fence_a_run_in_doubt_ends_node_failure_when_its_node_was_lost(
+def test_past_the_fence_a_run_in_doubt_ends_node_failure_at_the_fence_time(
     org_state: State, counter_ids: Callable[[], str]
 ) -> None:
     s = org_state
     _running(s, counter_ids)
     _run(s, counter_ids, _lost("n1"), T0 + 100)
     [cmd] = settle_commands(s, T0 + 170, "@executor")
-    assert (cmd.reason, cmd.ended_at, cmd.engine_job_id) == ("node_failure", T0 + 100, "1.1")
+    # its processes may have run until its node's lease stopped them: charged to the fence
+    assert (cmd.reason, cmd.ended_at, cmd.engine_job_id) == ("node_failure", T0 + 170, "1.1")
     out = _run(s, counter_ids, cmd, T0 + 171)
     [fin] = [x for x in out if isinstance(x, e.JobFinished)]
-    assert (fin.outcome, fin.ended_at) == ("failed", T0 + 100)
+    assert (fin.outcome, fin.ended_at) == ("failed", T0 + 170)
     assert s.jobs[1].status == "finished" and settle_commands(s, T0 + 999, "x") == []
 
 

@@ -40,6 +40,7 @@ from ledger.engines.slurm import (
     slurm_time,
 )
 from ledger.engines.slurm.shares import accounts_written
+from ledger.engines.slurm.words import partition_max_time, slurm_duration
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import InvalidCommand, NotAuthorised
@@ -259,7 +260,10 @@ def test_unknown_partition_nodes_are_registered_once() -> None:
     ]
 
 
-GOOD = "PriorityType            = priority/basic\nPreemptType             = preempt/none\n"
+GOOD = (
+    "PriorityType            = priority/basic\nPreemptType             = preempt/none\n"
+    "ProctrackType           = proctrack/cgroup\n"
+)
 PART = "PartitionName=gpuledger AllowGroups=ALL State=UP PreemptMode=OFF Nodes=vm"
 
 
@@ -279,8 +283,14 @@ PART = "PartitionName=gpuledger AllowGroups=ALL State=UP PreemptMode=OFF Nodes=v
             ["PreemptType is preempt/partition_prio"],
         ),
         (GOOD.replace("preempt/none", "preempt/qos") + PART, []),
-        (GOOD + "ProctrackType = proctrack/linuxproc\n" + PART, ["ProctrackType is proctrack/li"]),
-        (GOOD + "ProctrackType = proctrack/pgid\n" + PART, []),
+        (
+            GOOD.replace("proctrack/cgroup", "proctrack/linuxproc") + PART,
+            ["ProctrackType is proctrack/linuxproc: Slurm loses"],
+        ),
+        (
+            GOOD.replace("proctrack/cgroup", "proctrack/pgid") + PART,
+            ["ProctrackType is proctrack/pgid"],
+        ),
     ],
 )
 def test_partition_settings_that_would_overrule_the_ledger(config: str, want: list[str]) -> None:
@@ -288,6 +298,15 @@ def test_partition_settings_that_would_overrule_the_ledger(config: str, want: li
     assert len(problems) == len(want)
     for p, w in zip(problems, want, strict=True):
         assert p.startswith(w)
+
+
+ALICE = SbatchUser(uid=1001, gid=1001, name="alice", home="/home/alice", shell="/bin/bash")
+
+
+def test_untracked_process_tracking_is_accepted_only_when_asked() -> None:
+    linuxproc = GOOD.replace("proctrack/cgroup", "proctrack/linuxproc") + PART
+    assert check_config(linuxproc, "gpuledger", untracked_ok=True) == []
+    assert len(check_config(linuxproc, "gpuledger")) == 1
 
 
 ALICE = SbatchUser(uid=1001, gid=1001, name="alice", home="/home/alice", shell="/bin/bash")
@@ -675,8 +694,21 @@ def test_while_slurmctld_does_not_answer_every_node_is_unobserved_and_it_is_aske
     assert ex.observe(100.0 + ex.probe_every_s - 0.1, ledger_nodes).unobserved and len(calls) == 1
     answering = True
     back = 100.0 + ex.probe_every_s
+    # the probe asks on a thread of its own: the service's thread never waits on Slurm
+    assert ex.observe(back, ledger_nodes).unobserved == frozenset({"vm", "g2"})
+    assert ex._probing is not None
+    ex._probing.join(timeout=10)
+    assert calls[1][:3] == ["scontrol", "-o", "show"]
+    del calls[1]
     seen = ex.observe(back, ledger_nodes)
-    assert len(calls) == 3  # the jobs, then the nodes
+    # the jobs, then the nodes, then the partition (its MaxTime, every probe_every_s)
+    assert [a[:5] for a in calls[1:]] == [
+        ["scontrol", "-d", "-o", "show", "job"],
+        ["scontrol", "-o", "show", "node"],
+        ["scontrol", "-o", "show", "partition", "gpuledger"][:5],
+    ]
+    ex.observe(back + 0.2, ledger_nodes)
+    assert len(calls) == 6  # not the partition again so soon
     assert seen.unobserved == frozenset({"vm", "g2"})  # it settles: nothing decided yet
     assert ex.observe(back + ex.settle_s, ledger_nodes).unobserved == frozenset()
 
@@ -771,3 +803,27 @@ def test_a_job_whose_owner_may_not_run_jobs_is_never_submitted_to_slurm(tmp_path
     [ended] = seen.exits
     assert (ended.job_id, ended.reason) == (5, "launch_failed")
     assert "'gl-no-such-u' has no OS account" in ended.note
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("UNLIMITED", None),
+        ("INFINITE", None),
+        ("NONE", None),
+        ("00:01:00", 60.0),
+        ("1-00:00:00", 86400.0),
+        ("2-03:04:05", 2 * 86400 + 3 * 3600 + 4 * 60 + 5.0),
+        ("30", 1800.0),
+        ("5:30", 330.0),
+        ("", None),
+    ],
+)
+def test_slurm_durations_read_as_seconds(text: str, want: float | None) -> None:
+    assert slurm_duration(text) == want
+
+
+def test_the_partitions_max_time_is_read_from_its_record() -> None:
+    assert partition_max_time(PART + " MaxTime=00:01:00", "gpuledger") == 60.0
+    assert partition_max_time(PART + " MaxTime=UNLIMITED", "gpuledger") is None
+    assert partition_max_time(PART + " MaxTime=00:01:00", "other") is None

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import subprocess
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from ledger.engines.slurm.words import (
     HOLDING,
     NEVER_STARTS,
     SBATCH_ENV,
+    UNTRACKED_OK,
     WAITING,
     SbatchUser,
     SlurmJob,
@@ -36,6 +38,7 @@ from ledger.engines.slurm.words import (
     node_changes,
     parse_jobs,
     parse_nodes,
+    partition_max_time,
     register_commands,
     sbatch_args,
     slurm_time,
@@ -189,7 +192,16 @@ class SlurmExecutor:
         self.probe_every_s = 5.0
         """In an outage (slurmctld does not answer), how often the executor asks again."""
         self._probe_at: float | None = None
+        self._probing: threading.Thread | None = None
+        """The probe asking Slurm during an outage, off the service's thread: a controller that
+        does not answer costs each call about 9 s (the client's retries), which reads and
+        submits would otherwise wait for."""
+        self._probe_answered = False
         """When to ask Slurm again during an outage (None: not in one)."""
+        self.max_time_s: float | None = None
+        """The partition's MaxTime (None: unlimited): Slurm never starts a job asking for more,
+        so the dispatcher neither places it nor makes room for it (`Observed.longest_s`)."""
+        self._max_time_at: float | None = None
         self._pinned: dict[str, tuple[str, ...]] = {}
         """Node -> the GRES type of each of its GPUs, for nodes whose GPUs are pinned."""
 
@@ -225,7 +237,9 @@ class SlurmExecutor:
         text = self._run(["scontrol", "show", "config"])
         with contextlib.suppress(EngineError):  # a missing partition is reported below
             text += "\n" + self._run(["scontrol", "-o", "show", "partition", self.partition])
-        problems = check_config(text, self.partition)
+        self.max_time_s = partition_max_time(text, self.partition)
+        untracked_ok = self.env.get(UNTRACKED_OK, "") == "1"
+        problems = check_config(text, self.partition, untracked_ok)
         if problems:
             raise EngineError(
                 f"Slurm partition {self.partition!r} cannot be run by gpu-ledger: "
@@ -390,9 +404,10 @@ class SlurmExecutor:
         submit the launches whose GPUs are now free, then read the nodes: a node that went down
         with a run is seen down by then, so its loss is recorded before the run's exit."""
         changes: list[NodeChange] = []
-        if self._probe_at is not None and now < self._probe_at:
-            # an outage: ask again only every `probe_every_s`, so a controller that does not
-            # answer does not hold the service's thread each cycle (reads and submits wait on it)
+        if self._probe_at is not None and not self._outage_over(now):
+            # an outage: a probe asks again every `probe_every_s` on a thread of its own, so a
+            # controller that does not answer never holds the service's thread (reads and
+            # submits wait on it)
             return self._blind(nodes)
         if self.refresh():
             if self._probe_at is not None:  # back: its view may lag (slurmd re-registers)
@@ -403,6 +418,7 @@ class SlurmExecutor:
             self._read_runs(now)
             self._try_submit(now)
             changes, unseen = self._node_changes(nodes)
+            self._read_max_time(now)
             if self._settle_until is not None and now < self._settle_until:
                 unseen = _every(nodes)  # what ended meanwhile is recorded; nothing is decided
             else:
@@ -420,6 +436,7 @@ class SlurmExecutor:
             foreign=self._foreign,
             running=frozenset(self._runs),
             unobserved=unseen,
+            longest_s=self.max_time_s,
         )
 
     def _own_ends_first(
@@ -449,10 +466,47 @@ class SlurmExecutor:
         self._exits = [x for x in exits if x.reason == "node_failure"] + self._exits
         return [ch for ch in changes if ch.change != "lost"], own, unseen | lost
 
+    def _read_max_time(self, now: float) -> None:
+        """The partition's MaxTime, read again every `probe_every_s` (an admin may change it)."""
+        if self._max_time_at is not None and now < self._max_time_at:
+            return
+        self._max_time_at = now + self.probe_every_s
+        try:
+            text = self._run(["scontrol", "-o", "show", "partition", self.partition])
+        except EngineError as err:
+            log.warning("slurm partition: %s; keeping its MaxTime as it was", err.line())
+            return
+        self.max_time_s = partition_max_time(text, self.partition)
+
+    def _outage_over(self, now: float) -> bool:
+        """In an outage: True once a probe got Slurm's answer; else starts one when due."""
+        if self._probing is not None and self._probing.is_alive():
+            return False
+        self._probing = None
+        if self._probe_answered:
+            self._probe_answered = False
+            return True
+        if self._probe_at is not None and now < self._probe_at:
+            return False
+        self._probe_at = now + self.probe_every_s
+        self._probing = threading.Thread(target=self._probe, name="slurm-probe", daemon=True)
+        self._probing.start()
+        return False
+
+    def _probe(self) -> None:
+        try:
+            self._run(["scontrol", "-o", "show", "partition", self.partition])
+        except EngineError:
+            return
+        self._probe_answered = True
+
     def _blind(self, nodes: Mapping[str, Node]) -> Observed:
         """What an outage observes: nothing new, every node unobserved, the runs as last known."""
         return Observed(
-            foreign=self._foreign, running=frozenset(self._runs), unobserved=_every(nodes)
+            foreign=self._foreign,
+            running=frozenset(self._runs),
+            unobserved=_every(nodes),
+            longest_s=self.max_time_s,
         )
 
     def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:

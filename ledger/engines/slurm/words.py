@@ -260,6 +260,36 @@ def slurm_time(text: str) -> float | None:
         return None
 
 
+def slurm_duration(text: str) -> float | None:
+    """Pure: a Slurm duration (`MaxTime`: `[D-]HH:MM:SS`, `MM:SS`, minutes) in seconds; None for
+    `UNLIMITED`, `INFINITE`, `NONE` or anything else."""
+    days, _, rest = text.strip().rpartition("-")
+    try:
+        parts = [int(x) for x in rest.split(":")]
+        d = int(days) if days else 0
+    except ValueError:
+        return None
+    if not parts or len(parts) > 3 or any(x < 0 for x in parts):
+        return None
+    if len(parts) == 1:  # minutes
+        return float(d * 86400 + parts[0] * 60)
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    h, m, sec = parts
+    return float(d * 86400 + h * 3600 + m * 60 + sec)
+
+
+def partition_max_time(text: str, partition: str) -> float | None:
+    """Pure: the partition's `MaxTime` in seconds from `scontrol -o show partition P` output;
+    None when unlimited or not found."""
+    for line in text.splitlines():
+        if line.startswith("PartitionName="):
+            rec = parse_record(line)
+            if rec.get("PartitionName") == partition:
+                return slurm_duration(rec.get("MaxTime", ""))
+    return None
+
+
 @dataclass(frozen=True)
 class SlurmNode:
     name: str
@@ -349,9 +379,16 @@ def register_commands(
     ]
 
 
-def check_config(config: str, partition: str) -> list[str]:
+UNTRACKED_OK = "GPULEDGER_SLURM_UNTRACKED_OK"
+"""Set to 1 to run on a cluster whose ProctrackType cannot follow a job's whole process tree
+(docs/slurm.md, 'Partition settings'): a job's orphaned children may then outlive its record."""
+
+
+def check_config(config: str, partition: str, untracked_ok: bool = False) -> list[str]:
     """Pure: why Slurm's settings (`scontrol show config` and `scontrol -o show partition P`
-    output, concatenated) would let Slurm reorder or preempt gpu-ledger's decisions; [] if none."""
+    output, concatenated) would let Slurm reorder or preempt gpu-ledger's decisions, or let a
+    job's processes outlive its Slurm job (ProctrackType other than proctrack/cgroup, unless
+    `untracked_ok`); [] if none."""
     values: dict[str, str] = {}
     for line in config.splitlines():
         k, eq, v = line.partition("=")
@@ -378,11 +415,12 @@ def check_config(config: str, partition: str) -> list[str]:
             f"PreemptType is {preempt} and partition {partition!r} has PreemptMode={mode}: "
             "Slurm would preempt on its own; set PreemptType=preempt/none or PreemptMode=OFF"
         )
-    if values.get("ProctrackType", "") == "proctrack/linuxproc":
+    proctrack = values.get("ProctrackType", "")
+    if proctrack != "proctrack/cgroup" and not untracked_ok:
         problems.append(
-            "ProctrackType is proctrack/linuxproc: a process a job leaves behind (orphaned to "
-            "init) keeps running on its GPUs after Slurm ends the job; set "
-            "ProctrackType=proctrack/cgroup (or proctrack/pgid)"
+            f"ProctrackType is {proctrack or 'unset'}: Slurm loses a job's processes that leave "
+            "its process group or are re-parented to init, and the ledger would give their GPUs "
+            f"to other work; set ProctrackType=proctrack/cgroup (or {UNTRACKED_OK}=1 to accept it)"
         )
     return problems
 

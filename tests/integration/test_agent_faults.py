@@ -1,0 +1,171 @@
+"""Node agents through the faults the outside kill tests found (issue 24, F2-F4, F10, F11): a
+job's supervisor killed with -9 while its node is cut off, an agent's state file or whole state
+directory lost while its jobs run, an admin's `node lost` of a node whose agent still runs. Real
+`serve` and `agent` processes (the cluster of test_node_agents.py), real jobs that fork.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from tests.integration.test_node_agents import (
+    Cluster,
+    alive,
+    all_events,
+    audit_check,
+    cluster,
+    held_twice,
+    running_pid,
+    template,
+    wait_for,
+    with_flags,
+)
+
+__all__ = ["cluster", "template"]  # the fixtures, shared with test_node_agents.py
+
+# a job that forks: two children (one ignores SIGTERM), then waits; the first line is its pid
+FORKS = "echo $$; sleep 600 & (trap '' TERM; exec sleep 601) & wait"
+
+
+def rundir(c: Cluster, node: str, job_id: int) -> Path:
+    """The part directory of `job_id`'s current launch on `node`."""
+    found = sorted((c.agents[node].state / "runs").glob(f"{job_id}.*/0"))
+    assert found, f"no run directory of job {job_id} on {node}"
+    return found[-1]
+
+
+def pid_in(path: Path) -> int:
+    return int(path.read_text().split()[0])
+
+
+def children(pid: int) -> list[int]:
+    """Every live descendant of `pid` (by /proc's parent links)."""
+    kids: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return [p for p in out if alive(p)]
+
+
+@with_flags(serve=("--node-fence", "4s"))
+def test_a_job_whose_supervisor_was_killed_still_stops_at_its_nodes_fence(cluster: Cluster) -> None:
+    """F2: the supervisor of a resumable job is killed with -9, then its agent is stopped past
+    lost + fence. The part's own watchdog stops the tree when the node's lease runs out, so the
+    job is never alive in two launches (before: alive in both until the agent came back)."""
+    c = cluster
+    job = c.submit(1, FORKS, "--resumable")
+    node, leader = running_pid(c, job)
+    tree = [
+        leader,
+        *wait_for("the job's children", lambda: len(children(leader)) >= 2 and children(leader)),
+    ]
+    part = rundir(c, node, job)
+    os.kill(pid_in(part / "supervisor"), signal.SIGKILL)
+    c.agents[node].kill(signal.SIGSTOP)
+    wait_for("the node to be lost", lambda: c.nodes()[node] == "lost", 30, c.why)
+    wait_for(
+        "the job to run again on another node",
+        lambda: (x := c.job(job))["status"] == "running" and x["logs"]
+        and x["logs"][0].split(":", 1)[0] != node,
+        90, c.why,
+    )  # fmt: skip
+    left = [p for p in tree if alive(p)]
+    assert left == [], f"launch 0 still runs ({left}) while launch 1 runs"
+    # F11: launch 0 is charged until the fence, when its lease stopped it, not to the loss
+    events = all_events(c)
+    [lost] = [ev for ev in events if ev["type"] == "node.lost.v1" and ev["node"] == node]
+    [end] = [ev for ev in events if ev["type"] == "job.engine_ended.v1" and ev["job_id"] == job]
+    assert end["ended_at"] >= lost["at"] + lost["fence_s"], (end, lost)
+    c.agents[node].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+    wait_for("the node to return", lambda: c.nodes()[node] == "active", 30, c.why)
+    c.server.stop(signal.SIGTERM)
+    assert ": 0 violations" in audit_check(c)
+
+
+def flagged(flag: Path, starts: Path) -> str:
+    """A job that notes each start, forks, and exits 3 once `flag` exists."""
+    return (
+        f"echo $$; echo start $$ >>{starts}; sleep 600 & "
+        f"while [ ! -e {flag} ]; do sleep 0.2; done; exit 3"
+    )
+
+
+@with_flags(serve=("--node-lost-after", "60s"))
+def test_an_agent_that_lost_its_state_file_finds_its_live_run_and_reports_its_real_exit(
+    cluster: Cluster,
+) -> None:
+    """F3: the agent is killed, its state.json removed, and it is started again. It finds the
+    run from its run directory and processes, keeps its GPUs held and reports the exit the job
+    really made (before: reported lost at once, its GPUs given to the next job)."""
+    c = cluster
+    flag, starts = c.home.parent / "go", c.home.parent / "starts"
+    job = c.submit(2, flagged(flag, starts))
+    node, _ = running_pid(c, job)
+    ag = c.agents[node]
+    ag.kill(signal.SIGKILL)
+    (ag.state / "state.json").unlink()
+    ag.start()
+    assert "adopting it from its processes" in ag.text()
+    c.submit(2, "sleep 1")  # the next job: it must wait for the GPUs the live run holds
+    flag.touch()
+    done = c.wait_status(job, "finished")
+    assert (done["outcome"], done["exit_code"]) == ("failed", 3), done
+    assert starts.read_text().count("start") == 1
+    c.server.stop(signal.SIGTERM)
+    assert ": 0 violations" in audit_check(c)
+    assert held_twice(all_events(c)) == []
+
+
+@with_flags(serve=("--node-lost-after", "60s"))
+def test_an_agent_whose_state_directory_is_gone_never_starts_its_live_run_twice(
+    cluster: Cluster,
+) -> None:
+    """F4: the agent is killed and its whole state directory moved away; started again on a
+    new, empty one, it finds the run from the processes marked with it (and the record its
+    leader holds open), so it neither launches it a second time nor reports it lost."""
+    c = cluster
+    flag, starts = c.home.parent / "go", c.home.parent / "starts"
+    job = c.submit(2, flagged(flag, starts))
+    node, _ = running_pid(c, job)
+    ag = c.agents[node]
+    ag.kill(signal.SIGKILL)
+    ag.state.rename(ag.state.with_name(ag.state.name + ".old"))
+    ag.start()
+    assert "adopting it from its processes" in ag.text()
+    c.submit(2, "sleep 1")
+    flag.touch()
+    done = c.wait_status(job, "finished")
+    assert (done["outcome"], done["exit_code"]) == ("failed", 3), done
+    assert starts.read_text().count("start") == 1, starts.read_text()
+    assert held_twice(all_events(c)) == []
+
+
+def test_an_admins_node_lost_stays_until_the_admin_returns_the_node(cluster: Cluster) -> None:
+    """F10: `node lost` by an admin while the node's agent still runs. The agent's next report
+    is told the node is lost and registers again; that no longer returns the node (before: it
+    was active again within seconds). `node return` does."""
+    c = cluster
+    node = "node-a"
+    c.cli("node", "lost", node, "--reason", "bad fan")
+    wait_for(
+        "the agent to register again and be refused the return",
+        lambda: "stays lost" in c.server.log_path.read_text(errors="replace"),
+        60, c.why,
+    )  # fmt: skip
+    assert c.nodes()[node] == "lost"
+    job = c.submit(2 * 3, "sleep 1")  # every GPU: it waits while node-a is lost
+    assert c.job(job)["status"] == "pending"
+    c.cli("node", "return", node)
+    wait_for("the node to be active", lambda: c.nodes()[node] == "active", 30, c.why)
+    c.wait_status(job, "running", "finished")
