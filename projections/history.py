@@ -226,6 +226,12 @@ def jobs_page(
     return con.execute(sql, {**params, "limit": f.limit}).fetchall()
 
 
+def last_at(con: Con) -> float | None:
+    """When the log's last event happened (None: no event yet)."""
+    (at,) = con.execute("SELECT max(occurred_at) FROM events").fetchone() or (None,)
+    return None if at is None else float(at)
+
+
 def position_at(con: Con, at: float) -> int | None:
     """The log position the ledger stood at, at time `at`: the end of the longest prefix of the
     log whose events all happened at or before `at`; None when no event happened after `at`

@@ -120,10 +120,16 @@ def _at(h: Handles, at: float | None) -> float:
 
 
 def _not_future(h: Handles, at: float, what: str) -> None:
-    """A moment after now is refused: a read shows the ledger as it was, and what is to come
+    """A moment after now (and after the log's last event: a simulated ledger's clock may run
+    ahead of the wall's) is refused: a read shows the ledger as it was, and what is to come
     (runs reaching their limits, the placements that follow) is not simulated by it."""
     if at > h.now() + 1.0:
+        from projections.history import last_at
         from schemas.units import when
+
+        last = last_at(h.store().con)
+        if last is not None and at <= last + 1.0:
+            return
 
         raise InvalidCommand(
             f"{what} --at {when(at)}: that is in the future, and the ledger shows what was, not "
@@ -198,18 +204,23 @@ def _log(h: Handles, a: v.LogFilter) -> list[v.LogEntry]:
 def _shares(h: Handles, a: SharesArgs) -> list[v.ShareRow]:
     from ledger.reads import layer as reads
 
+    if a.at is not None:
+        _not_future(h, a.at, "shares")
     return reads.shares(h.store(), _at(h, a.at), _usage(a))
 
 
 def _usage_rows(h: Handles, a: UsageArgs) -> list[v.UsageRow]:
     from ledger.reads import layer as reads
 
+    if a.at is not None:
+        _not_future(h, a.at, "usage")
     return reads.usage(h.store(), _at(h, a.at), a.by, _usage(a))
 
 
 def _delivered(h: Handles, a: DeliveredArgs) -> v.DeliveredView:
     from ledger.reads import layer as reads
 
+    _not_future(h, a.end, "report delivered")
     return reads.delivered(h.store(), a.start, a.end, a.team_depth)
 
 

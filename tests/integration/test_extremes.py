@@ -181,7 +181,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return h
 
 
-AT = str(LATE + 3)
+AT = str(LATE)  # the moment of the last event (a later one is refused: the future)
 READS = [
     ("projection", "rebuild"),
     ("account", "tree", "--json"),
@@ -191,7 +191,7 @@ READS = [
     ("log", "--tail", "5"),
     ("shares", "--at", AT, "--json"),
     ("shares", "--at", "0"),
-    ("shares", "--at", str(b.YEAR_3000), "--half-life", "7d"),
+    ("shares", "--at", AT, "--half-life", "7d"),
     ("usage", "--at", AT, "--window", "520w"),
     ("usage", "--by", "user", "--at", AT, "--json"),
     ("report", "delivered", "--at", AT, "--window", "3d", "--team-depth", "64", "--json"),
@@ -223,6 +223,13 @@ def test_every_read_survives_the_extremes(home: Path, args: tuple[str, ...]) -> 
         return
     assert out.exit_code == 0, out.output[-2000:]
     assert "Infinity" not in out.output and "NaN" not in out.output
+
+
+def test_a_moment_past_the_last_event_is_refused_with_one_line(home: Path) -> None:
+    """The latest epoch the schema accepts, after the log's last event: one refusal line."""
+    for read in (("shares",), ("usage",), ("report", "delivered")):
+        out = CliRunner().invoke(cli, ["--home", str(home), *read, "--at", str(b.YEAR_3000)])
+        assert out.exit_code != 0 and "that is in the future" in out.output, out.output
 
 
 def test_ranks_and_decide_survive_the_extremes(home: Path) -> None:

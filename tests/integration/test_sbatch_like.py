@@ -405,7 +405,9 @@ def test_at_shows_the_ledger_as_it_was_or_is_refused(tmp_path: Path) -> None:
         proc = cli(home, *read, "--at", str(first_at), ok=False, GPULEDGER_USER="root")
         _one_line_refusal(proc, "the ledger has moved since")
     # F13: a moment in the future is refused (limits and later placements are not simulated)
-    for read in (["jobs"], ["queue"], ["explain", "1"], ["squatters"], ["priority"]):
+    reads = [["jobs"], ["queue"], ["explain", "1"], ["squatters"], ["priority"], ["shares"],
+             ["usage"], ["report", "delivered"]]  # fmt: skip
+    for read in reads:
         proc = cli(home, *read, "--at", "2100-01-01T00:00:00", ok=False, GPULEDGER_USER="root")
         _one_line_refusal(proc, "that is in the future")
 
