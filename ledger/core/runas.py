@@ -108,10 +108,16 @@ def admit(
 ) -> c.AnyCommand:
     """Pure: `cmd` as the ledger may take it at `state`, or NotAuthorised (nothing appended).
 
+    0. who acts as someone else (`real_actor`) is checked first, as `decide` would: a refusal
+       never tells a caller how the service runs jobs;
     1. a member who is a system account may be added by an admin alone;
     2. with `submissions` (the service runs jobs as their owners), a job's user must map to an
        OS account the rule accepts;
     3. a job's environment loses the names that match `secret`."""
+    if cmd.real_actor is not None:
+        from ledger.core.authz import check_act_as
+
+        check_act_as(state, cmd.real_actor, cmd.actor)
     if isinstance(cmd, c.AddMember):
         found = rule.system(cmd.user, lookup)
         if found is not None and not state.is_admin(cmd.actor):
