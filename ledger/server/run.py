@@ -51,6 +51,7 @@ from ledger.server.worker import Worker
 from ledger.store.application import Ledger
 from ledger.wire import SOCKET_NAME
 from ledger.wire.config import ServeConfig
+from schemas.bounds import MAX_ARRAY_TASKS
 from schemas.errors import InvalidCommand
 
 log = logging.getLogger("gpuledger.server")
@@ -356,8 +357,14 @@ def _run_as(ledger: Ledger, config: ServeConfig) -> runas.RunAs | None:
         raise InvalidCommand("min_uid must be at least 1", hint="uid 0 is root: see root_jobs")
     rule = runas.RunAs(config.min_uid, config.root_jobs, dict(config.os_accounts))
     owners = config.run_as == "submitter" and config.executor in RUNS
+    if config.max_jobs_per_user < 0 or not 0 <= config.max_array_size <= MAX_ARRAY_TASKS:
+        raise InvalidCommand(
+            "max_jobs_per_user must be 0 or more, max_array_size 0 to 10,000",
+            hint="0: no limit of the site's own",
+        )
+    limits = runas.SubmitLimits(config.max_jobs_per_user, config.max_array_size)
     ledger.admit = functools.partial(
-        runas.admit, lookup=os_account, rule=rule, submissions=owners, secret=secret
+        runas.admit, lookup=os_account, rule=rule, submissions=owners, secret=secret, limits=limits
     )
     if config.executor in RUNS and config.run_as == "service" and os.geteuid() == 0:
         log.warning(
