@@ -40,7 +40,7 @@ import hashlib
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import msgspec
 
@@ -52,6 +52,9 @@ from projections.source import follow
 from projections.store import Store, projection_path
 from schemas import codec
 from schemas.errors import LedgerError
+
+if TYPE_CHECKING:
+    import duckdb
 
 
 class AuditError(LedgerError):
@@ -524,14 +527,18 @@ def store_records(home: Path, page: int = 50_000) -> Iterator[ChainRecord]:
                 )
 
 
-def verify_store(home: Path, projection: Anchor | None = None) -> ChainReport:
+def verify_store(
+    home: Path, projection: Anchor | None = None, rows: duckdb.DuckDBPyConnection | None = None
+) -> ChainReport:
     """Edge: `verify_chain` over `home`'s store, with the anchors the store keeps (its
-    snapshots) and the projection's (its tracking link, when given)."""
+    snapshots) and the projection's (its tracking link, when given); each snapshot checked
+    against the fold of the log, and the projection's rows (`rows`: a connection to it, else
+    its file when no service holds it) against a fresh build."""
     anchors = store_anchors(home)
     if projection is not None:
         anchors.append(projection)
     report = verify_chain(store_records(home), stream=STREAM_ID.hex, anchors=anchors)
-    forged = snapshot_problems(home)
+    forged = snapshot_problems(home) + _projection_rows(home, rows)
     if not forged:
         return report
     problems = tuple(sorted((*report.problems, *forged), key=lambda p: p.position))
@@ -574,6 +581,67 @@ def snapshot_problems(home: Path) -> list[ChainProblem]:
                     )
                 )
         return out
+
+
+def projection_problems(home: Path, con: duckdb.DuckDBPyConnection) -> list[ChainProblem]:
+    """Edge: where the projection `con` reads (the dispatcher ranks from its usage) differs from
+    a fresh build of the log up to the projection's position: one problem per read-model table
+    that differs, naming its first differing row by key (an edit of `job_intervals.gpus` changes
+    fair share and is in no event). Empty when they hold the same rows."""
+    con.execute("BEGIN TRANSACTION")  # one snapshot of every table, whatever applies beside
+    try:
+        return _projection_differs(home, con)
+    finally:
+        con.execute("ROLLBACK")
+
+
+def _projection_differs(home: Path, con: duckdb.DuckDBPyConnection) -> list[ChainProblem]:
+    from projections.projector import Projector
+    from projections.store import READ_MODELS
+
+    got = con.execute("SELECT max(position) FROM tracking").fetchone()
+    position = int(got[0]) if got and got[0] else 0
+    if not position:
+        return []
+    out: list[ChainProblem] = []
+    with EmbeddedSource(home) as source, Store(":memory:") as fresh:
+        Projector(fresh, source).catch_up(until=position)
+        for table, key in READ_MODELS.items():
+            sql = f"SELECT {key}, hash(t) FROM {table} t ORDER BY {key}"
+            mine, want = con.execute(sql).fetchall(), fresh.con.execute(sql).fetchall()
+            if mine == want:
+                continue
+            at = next(
+                (i for i, (a, b) in enumerate(zip(mine, want, strict=False)) if a != b),
+                min(len(mine), len(want)),
+            )
+            row = mine[at] if at < len(mine) else want[at]
+            names = [k.strip() for k in key.split(",")]
+            where = ", ".join(f"{n} {v}" for n, v in zip(names, row, strict=False))
+            out.append(
+                ChainProblem(
+                    position=position,
+                    kind="edited",
+                    detail=f"the projection's {table} differs from the log's fold: first at "
+                    f"{where} ({len(mine):,} rows against {len(want):,}); rebuild it "
+                    "(`gpuledger projection rebuild`) and find who edited it",
+                )
+            )
+    return out
+
+
+def _projection_rows(home: Path, con: duckdb.DuckDBPyConnection | None) -> list[ChainProblem]:
+    if con is not None:
+        return projection_problems(home, con)
+    from projections.errors import ProjectionError
+
+    if not projection_path(home).exists():
+        return []
+    try:
+        with Store.open(home, read_only=True) as store:
+            return projection_problems(home, store.con)
+    except ProjectionError:
+        return []  # a running service holds it: it checks its own
 
 
 def projection_anchor(store: Store) -> Anchor | None:

@@ -73,12 +73,16 @@ def routes(
         person(request)
         service = worker.service
 
-        def anchor() -> tamper.Anchor | None:
-            assert service.store is not None
-            return tamper.projection_anchor(service.store)
+        def anchor() -> tuple[tamper.Anchor | None, duckdb.DuckDBPyConnection]:
+            assert service.store is not None and service.projector is not None
+            service.projector.catch_up()
+            return tamper.projection_anchor(service.store), service.store.con.cursor()
 
-        held = await worker.call(anchor)
-        return await asyncio.to_thread(lambda: tamper.verify_store(service.home, held))
+        held, rows = await worker.call(anchor)
+        try:  # the projection's rows through a cursor of their own (a snapshot of them)
+            return await asyncio.to_thread(lambda: tamper.verify_store(service.home, held, rows))
+        finally:
+            rows.close()
 
     @get("/v1/audit/check", tags=["reads"], security=[{"bearer": []}])
     async def audit_check(request: Request[Any, Any, Any]) -> v.CheckView:
