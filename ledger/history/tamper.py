@@ -538,6 +538,8 @@ def verify_store(
     if projection is not None:
         anchors.append(projection)
     report = verify_chain(store_records(home), stream=STREAM_ID.hex, anchors=anchors)
+    if not report.ok:  # the log itself is damaged: folding it would stop at the damage
+        return report
     forged = snapshot_problems(home) + _projection_rows(home, rows)
     if not forged:
         return report
