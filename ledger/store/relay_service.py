@@ -284,14 +284,24 @@ class RelayService:
         publishes past it, but no reader sees anything after it."""
         from ledger.store.relay import held_at, held_text
 
+        seen: int | None = None  # the last stable offset of an open transaction seen last time
         while not self._stop.wait(self.held_every_s):
+            if self._busy_since is not None:
+                continue  # our own transaction may be the open one: ask when we hold none
             try:
                 held = held_at(
                     self.bootstrap, self.topic, None, self.connect_timeout_s, self.connect_timeout_s
                 )
             except RelayError:
                 continue  # unreachable: the watcher's probe says so
-            self._held = None if held is None else held_text(self.topic, held)
+            if self._busy_since is not None:
+                continue
+            if held is None:
+                seen, self._held = None, None
+                continue
+            if held[0] == seen:  # the same one, twice, with none of ours open: another's
+                self._held = held_text(self.topic, held)
+            seen = held[0]
 
     def _position(self) -> int:
         relay = self.relay
