@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+SWITCH_S = 0.0005
+"""The interpreter's thread switch interval while reads run beside the worker (see `start`)."""
 TIMEOUT_ENV = "GPULEDGER_READ_TIMEOUT"
 MAX_ROWS_ENV = "GPULEDGER_READ_MAX_ROWS"
 
@@ -87,6 +90,9 @@ class ReadPool:
     """Queries admitted and not finished, everyone's together: past it, 429 (many callers
     cannot queue without bound)."""
     nice: int = 10
+    rest: float = 3.0
+    """After each of the API's reads, its thread rests this many times as long as it took: the
+    reads take at most a quarter of the interpreter (see `_pages`)."""
     reads_per_minute: int = 1200
     """The API's reads a caller may make a minute (a client polling `jobs` is not an audit
     query; the time limit and the pages bound each one)."""
@@ -96,8 +102,8 @@ class ReadPool:
     interpreter lock, and a thread the kernel leaves waiting (nice 10 on a busy machine) while
     it holds the lock would stall the worker and the event loop behind it (priority
     inversion); the audit queries' work is DuckDB's, without the lock, at nice 10. One thread,
-    busy at most half the time (`_one` rests as long as each read took): the worker and the
-    event loop always get at least half of the interpreter."""
+    busy at most a quarter of the time (`_rested` rests `rest` times as long as each read
+    took): the worker and the event loop always get the rest of the interpreter."""
     _base: duckdb.DuckDBPyConnection | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _running: dict[str, int] = field(default_factory=dict)
@@ -111,6 +117,10 @@ class ReadPool:
             self.threads, thread_name_prefix="reads", initializer=self._lower_priority
         )
         self._pages = ThreadPoolExecutor(1, thread_name_prefix="pages")
+        # A read's Python holds the interpreter lock for up to the switch interval each time the
+        # worker or the event loop wants it back (after every DuckDB call, every socket read):
+        # 5 ms by default, which a submit pays dozens of times. 0.5 ms keeps them near idle.
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_S))
         return self
 
     def _lower_priority(self) -> None:
@@ -198,12 +208,12 @@ class ReadPool:
             cur.close()
 
     def _rested(self, fn: Callable[[duckdb.DuckDBPyConnection, Limits], T]) -> T:
-        """`_one`, then a rest as long as it took (the thread holds no lock meanwhile)."""
+        """`_one`, then a rest `rest` times as long as it took (holding no lock meanwhile)."""
         began = time.monotonic()
         try:
             return self._one(fn)
         finally:
-            time.sleep(min(time.monotonic() - began, self.limits.timeout_s))
+            time.sleep(min(self.rest * (time.monotonic() - began), self.limits.timeout_s))
 
     def _interrupt(self, cur: duckdb.DuckDBPyConnection) -> None:
         self.timed_out += 1

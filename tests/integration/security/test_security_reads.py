@@ -283,7 +283,9 @@ def test_reads_of_the_log_and_the_jobs_do_not_delay_submits_or_the_cycle(world: 
     )
     assert loaded.submit_p99 <= 2 * idle.submit_p99 + 0.05
     assert loaded.gap_p95 <= 2 * idle.gap_p95 + 0.05
-    assert len(loaded.submits) >= len(idle.submits) / 2  # on the worker: a tenth, or less
+    # the reads take at most half of the interpreter: the submits made, at least a third of the
+    # idle phase's (with the reads on the worker thread, a fortieth: docs/benchmarks.md)
+    assert len(loaded.submits) >= len(idle.submits) / 3
 
 
 def test_a_read_past_its_bounds_gets_one_line_at_once(world: World) -> None:
