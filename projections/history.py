@@ -29,6 +29,21 @@ if TYPE_CHECKING:  # `jobs` from the CLI loads neither DuckDB's Python API, Arro
     Con = _duckdb.DuckDBPyConnection
 
 
+PART = 256
+
+
+def fetch_in_parts(cur: Any) -> list[Any]:
+    """Every row of `cur`, `PART` at a time: DuckDB makes a fetch's Python objects holding the
+    interpreter lock, so one fetch of 10,000 rows would hold it for their whole making (a
+    server's reads run beside its worker and event loop, which then wait); parts let them in."""
+    out: list[Any] = []
+    while True:
+        part = cur.fetchmany(PART)
+        if not part:
+            return out
+        out += part
+
+
 def decode(raw: str | bytes) -> e.AnyEvent:
     """An event of the `events` table (its `raw` column), as the latest version of its type."""
     from schemas import codec
@@ -223,7 +238,7 @@ def jobs_page(
         where.append("j.status = $status")
         params["status"] = f.status
     sql = _JOBS.format(where=f"\n    WHERE {' AND '.join(where)}" if where else "")
-    return con.execute(sql, {**params, "limit": f.limit}).fetchall()
+    return fetch_in_parts(con.execute(sql, {**params, "limit": f.limit}))
 
 
 def last_at(con: Con) -> float | None:
@@ -299,7 +314,7 @@ def log_page(con: Con, after: int, limit: int, *, tail: int | None = None) -> li
             "WHERE position > $after ORDER BY position LIMIT $n"
         )
         n = limit
-    rows = con.execute(sql, {"after": after, "n": n}).fetchall()
+    rows = fetch_in_parts(con.execute(sql, {"after": after, "n": n}))
     return [
         LogRow(pos, tag, at, actor, decode(raw) if known else None)
         for pos, tag, known, at, actor, raw in rows

@@ -162,6 +162,8 @@ class KafkaSource:
         self._recent: dict[int, Tip] = {}
         """The last accepted records by position (`_RECENT` of them) and their offsets:"""
         self._offsets_of: dict[int, int] = {}
+        self._recall: Any = None
+        """A cursor of the projection this source feeds (`recall_from`), or None."""
 
     # --- the EventSource protocol -----------------------------------------------------------------
 
@@ -193,6 +195,9 @@ class KafkaSource:
             position, tag, problem = envelope(rec.headers, rec.value, previous)
             if problem is None:
                 problem = self._foreign(rec, tip, position, tag)
+            if problem is not None and self._applied_copy(rec, position, tag, tip):
+                buffer.popleft()  # the same bytes as a record applied already: nothing new
+                continue
             if problem is not None:
                 if out:
                     break
@@ -389,6 +394,37 @@ class KafkaSource:
             for p in sorted(self._recent)[:-_RECENT]:
                 del self._recent[p]
                 self._offsets_of.pop(p, None)
+
+    def _applied_copy(self, rec: Any, position: int | None, tag: str | None, tip: Tip) -> bool:
+        """Whether `rec` is an exact copy of a record applied already (its position, tag and
+        bytes, so its chain link, and with signing keys a good signature): a relay that
+        published a batch twice (a restart while another producer's open transaction hid its
+        last records). A no-op, never poison: nothing in it is new."""
+        if position is None or tag is None or rec.value is None:
+            return False
+        if position > tip.position:
+            return False
+        applied = self._recent.get(position)
+        if applied is not None:
+            same = applied.named_by(link(position, tag, rec.value))
+        else:  # applied before this reader (re)started: its bytes, as the projection keeps them
+            same = self._recalled(position) == (tag, bytes(rec.value))
+        if not same:
+            return False
+        return self.keys is None or self.keys.problem(rec.headers, rec.value, position, tag) is None
+
+    def recall_from(self, con: Any) -> None:
+        """A connection (a cursor of its own) to the projection this source feeds: an exact
+        copy of a record applied before a restart is known by the bytes it keeps (`events`)."""
+        self._recall = con
+
+    def _recalled(self, position: int) -> tuple[str, bytes] | None:
+        if self._recall is None:
+            return None
+        row = self._recall.execute(
+            "SELECT tag, raw FROM events WHERE position = ?", [position]
+        ).fetchone()
+        return None if row is None else (str(row[0]), str(row[1]).encode())
 
     def _refused(
         self, rec: Any, position: int | None, tag: str | None, problem: str, tip: Tip

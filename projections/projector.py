@@ -99,6 +99,9 @@ class Projector:
         self.source = source
         self.batch_size = batch_size
         self.quarantine = quarantine
+        recall = getattr(source, "recall_from", None)
+        if recall is not None:  # a Kafka source knows exact copies of what was applied
+            recall(store.con.cursor())
         sections = sql_sections("apply.sql")
         self._statements = [(n, needs, sql) for n, needs, sql in sections if needs != "setup"]
         self._events_statement = next(sql for n, _needs, sql in sections if n == _EVENTS)

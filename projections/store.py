@@ -81,6 +81,20 @@ class Status:
     """Tags this code does not know, with how many events of each the projection kept."""
 
 
+READ_MODELS: dict[str, str] = {
+    "events": "position",
+    "account_history": "position, account",
+    "node_history": "position, node",
+    "jobs": "job_id",
+    "job_intervals": "start_position",
+    "preemptions": "position",
+    "decisions": "position",
+}
+"""The read-model tables, each with the columns that order it (a key): what a projection holds
+besides its tracking row, all derived from the log (`audit verify` compares them with a fresh
+build)."""
+
+
 class Store:
     """An open projection file. `read_only` stores serve queries; the projector writes."""
 

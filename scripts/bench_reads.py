@@ -10,6 +10,12 @@ reads `last_cycle_at` from /v1/health every 20 ms. Loaded phases add four admins
 admins: docs/security.md row T2), each running a cartesian self-join of `events` in a loop (it
 runs until the read pool's time limit, 10 s). Idle and loaded phases alternate `--rounds`
 times. Prints the load average, the server's CPU seconds beside wall time, and the ratios.
+
+    python scripts/bench_reads.py --load pages [...]
+
+The loaded phases instead have one plain member loop the largest pages of `/v1/log` and
+`/v1/jobs` (10,000 rows; `after`/`since` changing so no answer is reused), two requests at a
+time: the reads that ran on the worker thread before (F2 of the attack on issue 25).
 """
 
 from __future__ import annotations
@@ -110,7 +116,9 @@ class Serve:
         self.proc.wait(timeout=120)
 
 
-def phase(serve: Serve, info: dict[str, Any], seconds: float, heavy: bool) -> dict[str, Any]:
+def phase(
+    serve: Serve, info: dict[str, Any], seconds: float, heavy: bool, load: str = "queries"
+) -> dict[str, Any]:
     stop = threading.Event()
     submits: list[float] = []
     cycles: list[float] = []
@@ -149,8 +157,19 @@ def phase(serve: Serve, info: dict[str, Any], seconds: float, heavy: bool) -> di
             with lock:
                 queries.append((status, time.perf_counter() - t0))
 
+    def pages(path: str) -> None:
+        after = itertools.count()
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            status, _ = serve.request("GET", path.format(next(after) * 7), token=member)
+            with lock:
+                queries.append((status, time.perf_counter() - t0))
+
     threads = [threading.Thread(target=client) for _ in range(8)] + [threading.Thread(target=watch)]
-    if heavy:
+    if heavy and load == "pages":
+        paths = ("/v1/log?limit=10000&after={}", "/v1/jobs?limit=10000&since={}")
+        threads += [threading.Thread(target=pages, args=(path,)) for path in paths]
+    elif heavy:
         threads += [threading.Thread(target=query, args=(who,)) for who in AUDITORS]
     cpu0, t0 = serve.cpu(), time.perf_counter()
     for t in threads:
@@ -180,6 +199,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, help="keep the log here (made once, reused)")
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--load", choices=("queries", "pages"), default="queries")
     a = ap.parse_args()
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory(prefix="bench-reads-") as tmp:
@@ -192,7 +212,7 @@ def main() -> None:
             out: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
             for _ in range(a.rounds):
                 for heavy in (False, True):
-                    r = phase(serve, info, a.seconds, heavy)
+                    r = phase(serve, info, a.seconds, heavy, a.load)
                     out[heavy].append(r)
                     q = r["queries"]
                     print(
@@ -202,8 +222,9 @@ def main() -> None:
                         f"{max(r['gaps'], default=0) * 1e3:.0f} ms; server CPU {r['cpu']:.1f} s in "
                         f"{r['wall']:.1f} s wall; load {r['load']:.1f}"
                         + (
-                            f"; {len(q)} queries ({sum(s == 400 for s, _ in q)} stopped at the "
-                            f"time limit, {sum(s == 429 for s, _ in q)} 429)"
+                            f"; {len(q)} {a.load} ({sum(s == 200 for s, _ in q)} answered, "
+                            f"{sum(s == 400 for s, _ in q)} stopped at the time limit, "
+                            f"{sum(s == 429 for s, _ in q)} 429)"
                             if heavy
                             else ""
                         ),

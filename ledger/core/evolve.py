@@ -199,8 +199,15 @@ def evolve(state: State, event: e.AnyEvent) -> State:
 
 
 def _indexed(state: State, spec: e.JobSubmitted, *, add: bool) -> None:
-    """Keep the state's indexes of dependents and array tasks (when built) as jobs come and go."""
-    deps, arrays = state._dependents, state._arrays
+    """Keep the state's indexes of dependents, array tasks and jobs per user (when built) as
+    jobs come and go."""
+    deps, arrays, by_user = state._dependents, state._arrays, state._by_user
+    if by_user is not None:
+        count = by_user.get(spec.user, 0) + (1 if add else -1)
+        if count > 0:
+            by_user[spec.user] = count
+        else:
+            by_user.pop(spec.user, None)
     if deps is not None:
         for term in spec.dependency:
             for parent in term.job_ids:

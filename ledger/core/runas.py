@@ -142,6 +142,38 @@ class RunAs:
         return ", ".join(sorted(PRIVILEGED_GROUPS & set(found.groups)))
 
 
+@dataclass(frozen=True)
+class SubmitLimits:
+    """What one user may queue (serve.toml: `max_jobs_per_user`, `max_array_size`; 0: no
+    limit), like Slurm's MaxSubmitJobs and MaxArraySize."""
+
+    max_jobs_per_user: int = 0
+    """Unfinished jobs (pending, placed, running; each array task one) a user may own."""
+    max_array_size: int = 0
+    """Tasks one array may have."""
+
+    def check(self, state: State, cmd: c.SubmitJob) -> None:
+        """Pure: NotAuthorised (one line) when `cmd` would go past a limit."""
+        tasks = max(1, len(set(cmd.array)))
+        if self.max_array_size and tasks > self.max_array_size:
+            raise NotAuthorised(
+                f"an array of {tasks:,} tasks is more than the {self.max_array_size:,} one "
+                "array may have here (max_array_size)",
+                hint="split it into smaller arrays, or ask an admin to raise the limit",
+                actor=cmd.actor,
+            )
+        user = cmd.user or cmd.actor
+        if self.max_jobs_per_user:
+            now = state.active_of(user)
+            if now + tasks > self.max_jobs_per_user:
+                raise NotAuthorised(
+                    f"{user!r} has {now:,} unfinished jobs, and {tasks:,} more would pass the "
+                    f"{self.max_jobs_per_user:,} one user may have here (max_jobs_per_user)",
+                    hint="wait for some to end, or cancel some",
+                    actor=cmd.actor,
+                )
+
+
 def admit(
     state: State,
     cmd: c.AnyCommand,
@@ -150,13 +182,21 @@ def admit(
     rule: RunAs,
     submissions: bool,
     secret: str = SECRET_NAMES,
+    limits: SubmitLimits | None = None,
 ) -> c.AnyCommand:
     """Pure: `cmd` as the ledger may take it at `state`, or NotAuthorised (nothing appended).
 
+    0. who acts as someone else (`real_actor`) is checked first, as `decide` would: a refusal
+       never tells a caller how the service runs jobs;
     1. a member who is a system account may be added by an admin alone;
     2. with `submissions` (the service runs jobs as their owners), a job's user must map to an
        OS account the rule accepts;
-    3. a job's environment loses the names that match `secret`."""
+    3. a job's environment loses the names that match `secret`;
+    4. a submission stays within the site's `limits` (jobs per user, tasks per array)."""
+    if cmd.real_actor is not None:
+        from ledger.core.authz import check_act_as
+
+        check_act_as(state, cmd.real_actor, cmd.actor)
     if isinstance(cmd, c.AddMember):
         found = rule.system(cmd.user, lookup)
         if found is not None and not state.is_admin(cmd.actor):
@@ -169,6 +209,8 @@ def admit(
         return cmd
     if not isinstance(cmd, c.SubmitJob):
         return cmd
+    if limits is not None:
+        limits.check(state, cmd)
     if submissions:
         rule.account(cmd.user or cmd.actor, lookup)
     pattern = re.compile(secret)

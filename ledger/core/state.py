@@ -146,6 +146,7 @@ class State:
     )
     _dependents: dict[int, set[int]] | None = field(default=None, compare=False, repr=False)
     _arrays: dict[int, set[int]] | None = field(default=None, compare=False, repr=False)
+    _by_user: dict[str, int] | None = field(default=None, compare=False, repr=False)
 
     @property
     def policy(self) -> AnyPolicyConfig | None:
@@ -249,6 +250,17 @@ class State:
                         index.setdefault(parent, set()).add(job_id)
             self._dependents = index
         return self._dependents
+
+    def active_of(self, user: str) -> int:
+        """How many unfinished jobs (pending, placed, running) `user` owns. Built from the live
+        jobs on first use, then kept by `evolve`."""
+        if self._by_user is None:
+            index: dict[str, int] = {}
+            for job_id in self.active:
+                owner = self.jobs[job_id].spec.user
+                index[owner] = index.get(owner, 0) + 1
+            self._by_user = index
+        return self._by_user.get(user, 0)
 
     def array_tasks(self, array_job_id: int) -> set[int]:
         """The unfinished tasks of the job array `array_job_id` (empty for a job that is no

@@ -154,6 +154,14 @@ class Viewer(NamedTuple):
     def sees(self, user: str, account: str) -> bool:
         return may_see_private(self.state, self.actor, user, account)
 
+    def detached(self) -> Viewer:
+        """The same viewer over a copy of what `may_see_private` reads (the admins, the
+        actor's managed accounts): safe to use on another thread while the live state moves."""
+        from ledger.core.state import State
+
+        managed = {self.actor: set(self.state.managers.get(self.actor, ()))}
+        return Viewer(self.actor, State(admins=set(self.state.admins), managers=managed))
+
 
 def redact(row: v.JobRow) -> v.JobRow:
     """Pure: the job without what only its owner, managers and admins see: its command, where
@@ -390,10 +398,21 @@ def usage(
     )
 
 
+DELIVERED_MAX_S = 3660 * 86400.0
+"""The longest window of the delivered report (ten years): its cost is one row per team and
+clock hour, so a window from 1970 to the year 3000 would be nine million hours per team."""
+
+
 def delivered(store: Store, start: float, end: float, team_depth: int) -> v.DeliveredView:
-    """Owed against delivered GPU-hours per team over [start, end)."""
+    """Owed against delivered GPU-hours per team over [start, end) (at most `DELIVERED_MAX_S`)."""
     if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
         raise InvalidCommand("the report needs a positive, finite window", start=start, end=end)
+    if end - start > DELIVERED_MAX_S:
+        raise InvalidCommand(
+            f"the report covers at most {DELIVERED_MAX_S / 86400:,.0f} days, "
+            f"asked for {(end - start) / 86400:,.0f}",
+            hint="ask for a shorter window (--window, or start and end)",
+        )
     team_depth = check(team_depth, TeamDepth, "team depth")
     from projections import queries
 

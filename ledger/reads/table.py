@@ -323,6 +323,9 @@ class ReadSpec:
     doc: str
     personal: bool = False
     """The answer depends on who reads (`Handles.viewer`), not only on the log."""
+    pooled: bool = False
+    """Reads the projection alone (and who may see what): the server runs it in its read pool,
+    on a cursor of its own, under the pool's time limit, never on the worker thread."""
 
     def parse(self, query: dict[str, Any]) -> Any:
         """Arguments from query parameters (strings) or CLI values, validated by their type."""
@@ -363,23 +366,26 @@ def _spec(
     returns: Any,
     *,
     personal: bool = False,
+    pooled: bool = True,
 ) -> ReadSpec:
-    return ReadSpec(path, args, fn, returns, (fn.__doc__ or "").strip(), personal)
+    return ReadSpec(path, args, fn, returns, (fn.__doc__ or "").strip(), personal, pooled)
 
 
 READS: dict[str, ReadSpec] = {
-    "accounts": _spec("accounts", NoArgs, _accounts, list[v.AccountNode]),
-    "nodes": _spec("nodes", NoArgs, _nodes, list[v.NodeRow]),
+    "accounts": _spec("accounts", NoArgs, _accounts, list[v.AccountNode], pooled=False),
+    "nodes": _spec("nodes", NoArgs, _nodes, list[v.NodeRow], pooled=False),
     "jobs": _spec("jobs", v.JobFilter, _jobs, list[v.JobRow], personal=True),
     "log": _spec("log", v.LogFilter, _log, list[v.LogEntry], personal=True),
     "shares": _spec("shares", SharesArgs, _shares, list[v.ShareRow]),
     "usage": _spec("usage", UsageArgs, _usage_rows, list[v.UsageRow]),
     "delivered": _spec("report/delivered", DeliveredArgs, _delivered, v.DeliveredView),
-    "queue": _spec("queue", QueueArgs, _queue, list[v.QueueRow]),
-    "priority": _spec("priority", QueueArgs, _priority, list[v.PriorityRow]),
-    "explain": _spec("explain", ExplainArgs, _explain, v.ExplainView, personal=True),
-    "squatters": _spec("squatters", SquattersArgs, _squatters, list[v.SquatterRow]),
-    "projection": _spec("projection", NoArgs, _projection_status, v.ProjectionStatusView),
+    "queue": _spec("queue", QueueArgs, _queue, list[v.QueueRow], pooled=False),
+    "priority": _spec("priority", QueueArgs, _priority, list[v.PriorityRow], pooled=False),
+    "explain": _spec("explain", ExplainArgs, _explain, v.ExplainView, personal=True, pooled=False),
+    "squatters": _spec("squatters", SquattersArgs, _squatters, list[v.SquatterRow], pooled=False),
+    "projection": _spec(
+        "projection", NoArgs, _projection_status, v.ProjectionStatusView, pooled=False
+    ),
     "audit_preemptions": _spec(
         "audit/preemptions", AuditArgs, _audit_preemptions, list[v.PreemptionRow]
     ),

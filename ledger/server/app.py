@@ -34,7 +34,7 @@ from ledger.reads import preview as previews
 from ledger.reads.table import READS
 from ledger.server import identity as ident
 from ledger.server import metrics as m
-from ledger.server import pages, tables
+from ledger.server import pages, pooled, tables
 from ledger.server.agent_api import agent_routes
 from ledger.server.cache import ReadCache
 from ledger.server.commands import CommandPath
@@ -266,6 +266,9 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
             caller = person(request)  # reads are for people
             given = {k.removesuffix("_"): x for k, x in query.items() if x is not None}
             args = spec.parse(given)
+            if spec.pooled:  # the projection's reads: in the read pool, beside the worker
+                data = await pooled.answer(worker, pool, name, spec, args, caller.actor)
+                return Response(data, media_type="application/json", status_code=200)
             data = await worker.call(lambda: handles.answer(name, spec, args, caller.actor))
             return Response(data, media_type="application/json", status_code=200)
 
@@ -292,12 +295,12 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
         """This API's OpenAPI document (committed as schemas/openapi.json)."""
         return Response(render_openapi(request.app), media_type="application/json")
 
-    routes: list[Any] = [command_route(cls) for cls in SERVED_COMMANDS]
-    routes += [batch, health, whoami, tokens, openapi]
-    routes += [read_route(name) for name in READS]
     pool = ReadPool(
         tables.connect(worker), lambda fn: worker.call(fn), limits=limits_from_env()
     ).start()
+    routes: list[Any] = [command_route(cls) for cls in SERVED_COMMANDS]
+    routes += [batch, health, whoami, tokens, openapi]
+    routes += [read_route(name) for name in READS]
     routes += tables.routes(worker, person, pool)
     routes += agent_routes(worker, who, clock)
     metrics = m.Metrics(status_of_any)

@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+SWITCH_S = 0.0005
+"""The interpreter's thread switch interval while reads run beside the worker (see `start`)."""
 TIMEOUT_ENV = "GPULEDGER_READ_TIMEOUT"
 MAX_ROWS_ENV = "GPULEDGER_READ_MAX_ROWS"
 
@@ -87,7 +90,20 @@ class ReadPool:
     """Queries admitted and not finished, everyone's together: past it, 429 (many callers
     cannot queue without bound)."""
     nice: int = 10
+    rest: float = 3.0
+    """After each of the API's reads, its thread rests this many times as long as it took: the
+    reads take at most a quarter of the interpreter (see `_pages`)."""
+    reads_per_minute: int = 1200
+    """The API's reads a caller may make a minute (a client polling `jobs` is not an audit
+    query; the time limit and the pages bound each one)."""
     _pool: ThreadPoolExecutor | None = None
+    _pages: ThreadPoolExecutor | None = None
+    """The API's reads' threads, at the service's priority: their work is Python holding the
+    interpreter lock, and a thread the kernel leaves waiting (nice 10 on a busy machine) while
+    it holds the lock would stall the worker and the event loop behind it (priority
+    inversion); the audit queries' work is DuckDB's, without the lock, at nice 10. One thread,
+    busy at most a quarter of the time (`_rested` rests `rest` times as long as each read
+    took): the worker and the event loop always get the rest of the interpreter."""
     _base: duckdb.DuckDBPyConnection | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _running: dict[str, int] = field(default_factory=dict)
@@ -100,6 +116,11 @@ class ReadPool:
         self._pool = ThreadPoolExecutor(
             self.threads, thread_name_prefix="reads", initializer=self._lower_priority
         )
+        self._pages = ThreadPoolExecutor(1, thread_name_prefix="pages")
+        # A read's Python holds the interpreter lock for up to the switch interval each time the
+        # worker or the event loop wants it back (after every DuckDB call, every socket read):
+        # 5 ms by default, which a submit pays dozens of times. 0.5 ms keeps them near idle.
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_S))
         return self
 
     def _lower_priority(self) -> None:
@@ -107,15 +128,17 @@ class ReadPool:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
 
     def stop(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._pool, self._pages):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
         if self._base is not None:
             self._base.close()
 
-    def admit(self, caller: str, now: float) -> None:
+    def admit(self, caller: str, now: float, per_minute: int | None = None) -> None:
         """Raise TooBusy when `caller` has `per_caller` queries running or ran `per_minute` in
         the last minute, or `max_waiting` queries of everyone's are under way (on the event
-        loop: no lock needed)."""
+        loop: no lock needed). `per_minute` given: the reads' own rate (`reads_per_minute`,
+        counted apart from the audit queries')."""
         if sum(self._running.values()) >= self.max_waiting:
             raise TooBusy(
                 f"the server has {self.max_waiting} queries under way",
@@ -128,23 +151,31 @@ class ReadPool:
                 hint="wait for them (or run fewer at once)",
                 retry_after=1,
             )
-        recent = self._recent.setdefault(caller, deque())
+        limit = self.per_minute if per_minute is None else per_minute
+        recent = self._recent.setdefault(caller if per_minute is None else caller + "\0", deque())
         while recent and recent[0] <= now - 60:
             recent.popleft()
-        if len(recent) >= self.per_minute:
+        if len(recent) >= limit:
             wait = max(1, math.ceil(recent[0] + 60 - now))
             raise TooBusy(
-                f"{caller!r} ran {self.per_minute} queries in the last minute",
+                f"{caller!r} ran {limit} queries in the last minute",
                 hint=f"retry in {wait} s",
                 retry_after=wait,
             )
         recent.append(now)
 
-    async def run(self, caller: str, fn: Callable[[duckdb.DuckDBPyConnection, Limits], T]) -> T:
+    async def run(
+        self,
+        caller: str,
+        fn: Callable[[duckdb.DuckDBPyConnection, Limits], T],
+        *,
+        read: bool = False,
+    ) -> T:
         """`fn(cursor, limits)` on a cursor of its own, on a thread of this pool, stopped at
-        the time limit. `caller` is who asked (limited per caller)."""
+        the time limit. `caller` is who asked (limited per caller); `read`: one of the API's
+        reads (`/v1/jobs`, `/v1/log`, ...: `reads_per_minute`), not an audit query."""
         assert self._pool is not None, "ReadPool.start() first"
-        self.admit(caller, time.monotonic())
+        self.admit(caller, time.monotonic(), self.reads_per_minute if read else None)
         self._running[caller] = self._running.get(caller, 0) + 1
         try:
             if self._base is None:
@@ -154,6 +185,8 @@ class ReadPool:
                 else:
                     base.close()
             loop = asyncio.get_running_loop()
+            if read:
+                return await loop.run_in_executor(self._pages, self._rested, fn)
             return await loop.run_in_executor(self._pool, self._one, fn)
         finally:
             self._running[caller] -= 1
@@ -173,6 +206,14 @@ class ReadPool:
         finally:
             timer.cancel()
             cur.close()
+
+    def _rested(self, fn: Callable[[duckdb.DuckDBPyConnection, Limits], T]) -> T:
+        """`_one`, then a rest `rest` times as long as it took (holding no lock meanwhile)."""
+        began = time.monotonic()
+        try:
+            return self._one(fn)
+        finally:
+            time.sleep(min(self.rest * (time.monotonic() - began), self.limits.timeout_s))
 
     def _interrupt(self, cur: duckdb.DuckDBPyConnection) -> None:
         self.timed_out += 1

@@ -54,6 +54,7 @@ from ledger.store.application import Ledger
 from ledger.store.pgread import redacted
 from ledger.wire import SOCKET_NAME
 from ledger.wire.config import ServeConfig
+from schemas.bounds import MAX_ARRAY_TASKS
 from schemas.errors import InvalidCommand
 
 log = logging.getLogger("gpuledger.server")
@@ -412,8 +413,14 @@ def _run_as(ledger: Ledger, config: ServeConfig) -> runas.RunAs | None:
         raise InvalidCommand("max_uid must be at least min_uid", hint="see docs/slurm-users.md")
     rule = runas.RunAs(config.min_uid, config.max_uid, config.root_jobs, dict(config.os_accounts))
     owners = config.run_as == "submitter" and config.executor in RUNS
+    if config.max_jobs_per_user < 0 or not 0 <= config.max_array_size <= MAX_ARRAY_TASKS:
+        raise InvalidCommand(
+            "max_jobs_per_user must be 0 or more, max_array_size 0 to 10,000",
+            hint="0: no limit of the site's own",
+        )
+    limits = runas.SubmitLimits(config.max_jobs_per_user, config.max_array_size)
     ledger.admit = functools.partial(
-        runas.admit, lookup=os_account, rule=rule, submissions=owners, secret=secret
+        runas.admit, lookup=os_account, rule=rule, submissions=owners, secret=secret, limits=limits
     )
     if config.executor in RUNS and config.run_as == "service" and os.geteuid() == 0:
         log.warning(

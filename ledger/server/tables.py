@@ -28,6 +28,7 @@ from ledger.server.readpool import ReadPool
 from ledger.server.worker import Worker
 from schemas import api
 from schemas import views as v
+from schemas.errors import TooBusy
 
 if TYPE_CHECKING:
     import duckdb
@@ -39,6 +40,9 @@ def routes(
     worker: Worker, person: Callable[[Request[Any, Any, Any]], ident.Identity], pool: ReadPool
 ) -> list[HTTPRouteHandler]:
     """The routes, for people only (like every read); audit tables run in `pool`."""
+    verifying = asyncio.Lock()
+    """`audit verify` walks the store, folds the log and rebuilds the projection: one at a
+    time (another caller meanwhile gets 429)."""
 
     @post("/v1/budget/plan", status_code=200, tags=["commands"], security=[{"bearer": []}])
     async def budget_plan(
@@ -72,13 +76,22 @@ def routes(
 
         person(request)
         service = worker.service
+        if verifying.locked():  # a whole-log walk, fold and rebuild: one at a time
+            raise TooBusy("an audit verify is under way", hint="retry when it ends", retry_after=10)
 
-        def anchor() -> tamper.Anchor | None:
-            assert service.store is not None
-            return tamper.projection_anchor(service.store)
+        def anchor() -> tuple[tamper.Anchor | None, duckdb.DuckDBPyConnection]:
+            assert service.store is not None and service.projector is not None
+            service.projector.catch_up()
+            return tamper.projection_anchor(service.store), service.store.con.cursor()
 
-        held = await worker.call(anchor)
-        return await asyncio.to_thread(lambda: tamper.verify_store(service.home, held))
+        async with verifying:
+            held, rows = await worker.call(anchor)
+            try:  # the projection's rows through a cursor of their own (a snapshot of them)
+                return await asyncio.to_thread(
+                    lambda: tamper.verify_store(service.home, held, rows)
+                )
+            finally:
+                rows.close()
 
     @get("/v1/audit/check", tags=["reads"], security=[{"bearer": []}])
     async def audit_check(request: Request[Any, Any, Any]) -> v.CheckView:

@@ -224,6 +224,10 @@ class Ledger(Application[UUID]):
         a LedgerError like the domain's. None: commands go to `decide` as they are."""
         self.restored_from = 0
         """The position of the snapshot this ledger started from (0: folded from the start)."""
+        self.state_key = snapshots.state_key(home, create=live) if live else None
+        """The key snapshots are signed and trusted with (`snapshots.state_key`)."""
+        self.refused_snapshot: str | None = None
+        """Why the newest snapshot was refused at start (its state is not the log's), if so."""
         if live:
             self._restore()
         self.requests.scan(self.follow_raw(max(0, self.position - requests.SCANNED), self.head()))
@@ -248,6 +252,16 @@ class Ledger(Application[UUID]):
         if got is None:
             return
         snap, state = got
+        if not snapshots.signed(snap, self.state_key):  # not the service's: check it by folding
+            self.catch_up(until=snap.position)
+            if self.position != snap.position or not snapshots.same(self.state, state):
+                self.refused_snapshot = (
+                    f"the snapshot at position {snap.position} is not the fold of the log up to "
+                    "it: it was forged or edited in the store; started from the log instead "
+                    "(`gpuledger audit verify` names it)"
+                )
+                log.error("snapshot refused: %s", self.refused_snapshot)
+                return
         at = self._stored_at(snap.position)
         assert at is not None  # `newest` found it there
         self.state, self.position, self.version = state, snap.position, snap.version
@@ -267,7 +281,9 @@ class Ledger(Application[UUID]):
         if not self.state.live_only or self.position in (0, self.snapshot_position):
             return False
         assert self.snapshots is not None
-        data = snapshots.encode(self.state, self.position, self.version, self.last_hash)
+        data = snapshots.encode(
+            self.state, self.position, self.version, self.last_hash, self.state_key
+        )
         stored = StoredEvent(
             originator_id=STREAM_ID,
             originator_version=self.position,
@@ -357,9 +373,11 @@ class Ledger(Application[UUID]):
     def head(self) -> int:
         return self.recorder.max_notification_id() or 0
 
-    def catch_up(self) -> int:
-        """Fold every event appended since our position (by us or another writer)."""
-        for records in follow(StoreSource(self.recorder), self.position, page=self.page):
+    def catch_up(self, until: int | None = None) -> int:
+        """Fold every event appended since our position (by us or another writer; up to
+        position `until` when given)."""
+        source = StoreSource(self.recorder)
+        for records in follow(source, self.position, until, page=self.page):
             for r in records:
                 ev = self._decode(r.position, r.data)
                 evolve(self.state, ev)
@@ -368,7 +386,8 @@ class Ledger(Application[UUID]):
                 self.version += 1
             last = records[-1]
             self.last_hash = link(last.position, last.tag, last.data)
-        self._maybe_snapshot()
+        if until is None:
+            self._maybe_snapshot()
         return self.position
 
     # --- writing --------------------------------------------------------------------------------

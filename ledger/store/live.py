@@ -67,6 +67,10 @@ class LiveView:
                 partial(_stored_at, source),
             )
             state, position = State(live_only=True), 0
+            if got is not None and not snapshots.signed(
+                got[0], snapshots.state_key(home, create=False)
+            ):
+                got = None  # not the service's (or its key is not ours to read): fold the log
             if got is not None:
                 state, position = got[1], got[0].position
             if source.head() - position > max_tail:

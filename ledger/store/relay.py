@@ -87,6 +87,14 @@ class RelayUnavailable(RelayError):
     code = "unavailable"
 
 
+class RelayHeld(RelayUnavailable):
+    """Another producer holds a transaction open on the topic: read_committed readers (the
+    relay's own bookmark among them) see nothing past its first record until it ends. Retried:
+    the relay never guesses its last position (it would publish events twice)."""
+
+    code = "held"
+
+
 class RelayFenced(RelayError):
     """Another relay with the same transactional id took over: this one must stop."""
 
@@ -311,6 +319,50 @@ def tail_windows(
         consumer.close()
 
 
+def held_at(
+    bootstrap: str,
+    topic: str = TOPIC,
+    config: Mapping[str, Any] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+) -> tuple[int, int] | None:
+    """(last stable offset, end offset) when a transaction is open on the topic (the first is
+    where read_committed readers stop), None when none is. Our own relay's is settled by its
+    `init_transactions`: an open one after that is another producer's."""
+    tp = TopicPartition(topic, PARTITION)
+    ms = int(timeout_s * 1000)
+    ends = []
+    for isolation in ("read_committed", "read_uncommitted"):
+        try:
+            consumer = KafkaConsumer(
+                **reader_config(
+                    bootstrap,
+                    "gpuledger-relay-probe",
+                    connect_timeout_s,
+                    **{**(config or {}), "isolation_level": isolation},
+                )
+            )
+        except KafkaError as e:
+            raise _unavailable(bootstrap, e) from e
+        try:
+            ends.append(int(consumer.end_offsets([tp], timeout_ms=ms)[tp]))
+        except KafkaError as e:
+            raise _unavailable(bootstrap, e) from e
+        finally:
+            consumer.close()
+    stable, end = ends
+    return (stable, end) if stable < end else None
+
+
+def held_text(topic: str, held: tuple[int, int]) -> str:
+    stable, end = held
+    return (
+        f"another producer holds a transaction open on {topic} at offset {stable} "
+        f"({end - stable:,} offset(s) behind it): readers see nothing after it until the broker "
+        "ends it (transaction.max.timeout.ms, 15 minutes by default)"
+    )
+
+
 def last_committed(
     bootstrap: str,
     topic: str = TOPIC,
@@ -422,6 +474,16 @@ class Relay:
             raise _unavailable(self.bootstrap, e) from e
         try:
             producer.init_transactions()
+            held = held_at(
+                self.bootstrap, self.topic, self.config, self.timeout_s, self.connect_timeout_s
+            )
+            if held is not None:  # our last records may sit behind it, unseen: never guess
+                raise RelayHeld(
+                    held_text(self.topic, held) + "; the relay waits for it before it reads its "
+                    "last position, so that it never publishes an event twice",
+                    hint="find the producer (its transactional id) and stop it; give only the "
+                    "relay Write on the topic",
+                )
             last, foreign = self._bookmark()
         except BaseException as e:
             _discard(producer)

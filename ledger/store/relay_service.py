@@ -188,11 +188,18 @@ class RelayService:
         """The last position known committed on the topic (kept when a relay is replaced)."""
         self._probed_down = False
         """The watcher found the broker unreachable while nothing was being sent."""
+        self._held: str | None = None
+        """Why readers are stalled though the relay publishes (another producer's open
+        transaction on the topic), as `_watch_held` last found it (every `held_every_s`)."""
+        self._held_shown: str | None = None
+        self.held_every_s = max(check_s, 5.0)
+        self._holder = threading.Thread(target=self._watch_held, name="relay-held", daemon=True)
 
     def start(self) -> RelayService:
         self._write()
         self._thread.start()
         self._watcher.start()
+        self._holder.start()
         return self
 
     def stop(self) -> RelayHealth:
@@ -229,6 +236,18 @@ class RelayService:
         state = self.health.state
         if state in ("stopped", "exited", "connecting"):
             return
+        held = self._held
+        if state in ("publishing", "stalled") and held != self._held_shown:
+            self._held_shown = held
+            if held is not None:
+                log.warning("relay: %s", held)
+                self._set("stalled", error=held, head=head)
+            else:
+                self._set("publishing", head=head)
+            return
+        if held is not None and state in ("publishing", "stalled"):
+            self._set("stalled", error=held, head=head)
+            return
         busy = self._busy_since
         lag = max(0, head - self._position())
         if state == "publishing" and busy is not None and lag:
@@ -258,6 +277,31 @@ class RelayService:
                 self._set("publishing", head=head)
                 return
         self._set(state, error=self.health.error, head=head)
+
+    def _watch_held(self) -> None:
+        """Every `held_every_s`, in a thread of its own (a hung broker blocks the question, never
+        the watcher): whether another producer holds a transaction open on the topic. The relay
+        publishes past it, but no reader sees anything after it."""
+        from ledger.store.relay import held_at, held_text
+
+        seen: int | None = None  # the last stable offset of an open transaction seen last time
+        while not self._stop.wait(self.held_every_s):
+            if self._busy_since is not None:
+                continue  # our own transaction may be the open one: ask when we hold none
+            try:
+                held = held_at(
+                    self.bootstrap, self.topic, None, self.connect_timeout_s, self.connect_timeout_s
+                )
+            except RelayError:
+                continue  # unreachable: the watcher's probe says so
+            if self._busy_since is not None:
+                continue
+            if held is None:
+                seen, self._held = None, None
+                continue
+            if held[0] == seen:  # the same one, twice, with none of ours open: another's
+                self._held = held_text(self.topic, held)
+            seen = held[0]
 
     def _position(self) -> int:
         relay = self.relay
@@ -397,6 +441,8 @@ class RelayService:
         return self._recorder
 
     def _set(self, state: RelayState, error: str = "", head: int | None = None) -> None:
+        if state == "publishing" and self._held is not None:  # readers see none of it
+            state, error = "stalled", self._held
         with self._lock:
             now = self.clock.now()
             relay = self.relay

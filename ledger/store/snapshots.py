@@ -15,13 +15,26 @@ warning, and the next older one is tried.
 
 Only live states are snapshotted (`State.live_only`): finished jobs have left, so a snapshot's
 size follows live work, not history.
+
+**Trust** (docs/security.md, row T7). A plain digest proves nothing against someone who can
+write the store: they recompute it. A snapshot therefore carries an HMAC (`mac`) over its
+position, version, chain link and payload under the service's state key (`state_key`: a file
+made 0600 beside the store, or `GPULEDGER_STATE_KEY_FILE` to keep it outside the data
+directory). A start trusts a snapshot whose MAC verifies; one without a good MAC (made before
+the key, the key lost, or forged) is checked against the fold of the log up to its position
+(`same`: slow, like a start without snapshots, but sure) and, when they differ, refused with an
+error naming it. `audit verify` refolds the log and checks every snapshot that way, key or not.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
+import os
+import secrets
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from uuid import NAMESPACE_URL, uuid5
 
 import msgspec
@@ -83,6 +96,64 @@ class StateSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """SHA-256 of `payload`."""
     payload: bytes
     """The msgpack bytes of a `Folded`."""
+    mac: str = ""
+    """HMAC-SHA256 of the rest under the service's state key (`signed`; "": none)."""
+
+
+STATE_KEY = "state.key"
+STATE_KEY_ENV = "GPULEDGER_STATE_KEY_FILE"
+
+
+def state_key(home: Path, *, create: bool = True) -> bytes | None:
+    """The service's key for snapshots: `GPULEDGER_STATE_KEY_FILE`, else `home/state.key`,
+    made (32 random bytes, 0600) when missing and `create`; None when it cannot be read."""
+    path = Path(os.environ.get(STATE_KEY_ENV) or home / STATE_KEY)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        if not create:
+            return None
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return path.read_bytes() or None
+        except OSError:
+            return None
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+        return path.read_bytes()
+    except OSError:
+        return None
+    return data or None
+
+
+def _mac(key: bytes, position: int, version: int, chain_hash: str, payload: bytes) -> str:
+    head = f"gpuledger.snapshot.v1\0{position}\0{version}\0{chain_hash}\0".encode()
+    return hmac.new(key, head + payload, hashlib.sha256).hexdigest()
+
+
+def signed(snap: StateSnapshot, key: bytes | None) -> bool:
+    """Whether `snap` carries a MAC that verifies under `key`."""
+    if key is None or not snap.mac:
+        return False
+    want = _mac(key, snap.position, snap.version, snap.chain_hash, snap.payload)
+    return hmac.compare_digest(want, snap.mac)
+
+
+def same(a: State, b: State) -> bool:
+    """Pure: whether two live states hold the same data (order aside)."""
+    return _canonical(a) == _canonical(b)
+
+
+def _canonical(state: State) -> Folded:
+    f = folded(state)
+    return msgspec.structs.replace(
+        f,
+        accounts=sorted(f.accounts, key=lambda a: a.path),
+        nodes=sorted(f.nodes, key=lambda n: n.name),
+        jobs=sorted(f.jobs, key=lambda j: j.spec.job_id),
+        tokens=sorted(f.tokens, key=lambda t: t.token_id),
+    )
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -141,11 +212,15 @@ def unfolded(f: Folded) -> State:
     return state
 
 
-def encode(state: State, position: int, version: int, chain_hash: str) -> bytes:
-    """Pure: the stored bytes of a snapshot of a live `state` folded up to `position`."""
+def encode(
+    state: State, position: int, version: int, chain_hash: str, key: bytes | None = None
+) -> bytes:
+    """Pure: the stored bytes of a snapshot of a live `state` folded up to `position` (with
+    its MAC under `key` when given)."""
     if not state.live_only:
         raise ValueError("only live states are snapshotted")
     payload = _encoder.encode(folded(state))
+    mac = "" if key is None else _mac(key, position, version, chain_hash, payload)
     return _encoder.encode(
         StateSnapshot(
             position=position,
@@ -153,6 +228,7 @@ def encode(state: State, position: int, version: int, chain_hash: str) -> bytes:
             chain_hash=chain_hash,
             digest=hashlib.sha256(payload).hexdigest(),
             payload=payload,
+            mac=mac,
         )
     )
 

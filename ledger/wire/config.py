@@ -109,6 +109,11 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """With a PostgreSQL store: the leader's lease. A leader that cannot renew it within this
     long stops acting; a standby takes over once it has expired (failover within about twice
     this)."""
+    max_jobs_per_user: int = 20_000
+    """Unfinished jobs (pending, placed, running; each array task one) one user may own; a
+    submission past it is refused with one line (Slurm's MaxSubmitJobs). 0: no limit."""
+    max_array_size: int = 10_000
+    """Tasks one job array may have (Slurm's MaxArraySize; at most 10,000). 0: 10,000."""
 
 
 def load(path: Path | None) -> ServeConfig:

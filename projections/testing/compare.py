@@ -14,22 +14,13 @@ from typing import Any
 
 import duckdb
 
-from projections.store import Store
+from projections.store import READ_MODELS, Store
 from projections.testing.reference import RefState
 
 Row = dict[str, Any]
 
 # table -> the columns that order it (a key)
-TABLES: dict[str, str] = {
-    "tracking": "projection",
-    "events": "position",
-    "account_history": "position, account",
-    "node_history": "position, node",
-    "jobs": "job_id",
-    "job_intervals": "start_position",
-    "preemptions": "position",
-    "decisions": "position",
-}
+TABLES: dict[str, str] = {"tracking": "projection", **READ_MODELS}
 
 _JSON_COLUMNS = {"events": ("raw",), "decisions": ("policy",)}
 

@@ -169,17 +169,17 @@ def test_a_relay_resumes_past_foreign_records_at_the_tail_and_readers_apply_ever
     ours = [r for r in records if r.offset not in foreign]
     assert_records_equal_store(ours, ledger.home)
 
-    # a quarantining reader sets exactly the foreign records aside and applies every real event
+    # a quarantining reader sets exactly the foreign records aside and applies every real
+    # event; the exact copy of an applied event brings nothing new: passed over, not set aside
     with Store(tmp_path / "q.duckdb") as store, KafkaSource(kafka_bootstrap, kafka_topic) as src:
         result = Projector(store, src, quarantine=True).catch_up()
         assert (result.position, result.applied) == (ledger.position, ledger.position)
         dead = store.con.execute(
             "SELECT kafka_offset, reason FROM dead_letters ORDER BY 1"
         ).fetchall()
-        assert [o for o, _r in dead] == foreign
+        assert [o for o, _r in dead] == foreign[:2]
         assert dead[0][1] == "garbled gpuledger.position header b'\\xff'"
         assert dead[1][1].startswith('prev_hash "0000000000000000..." does not match position')
-        assert dead[2][1] == f"a copy of position {first[0]}, which is applied already"
         assert store.con.execute(
             "SELECT count(*) FROM events WHERE actor = 'mallory'"
         ).fetchone() == (0,)

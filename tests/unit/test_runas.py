@@ -117,6 +117,23 @@ def test_a_submission_is_refused_when_its_owner_may_not_run_jobs() -> None:
     assert admit(state, cmd, lookup=lookup, rule=rule, submissions=False) is cmd
 
 
+@pytest.mark.parametrize(
+    ("actor", "want"),
+    [
+        ("root", "'alice' may not act as 'root': only admins may use --as"),
+        ("@dispatcher", "'alice' may not act as '@dispatcher': system actors cannot be taken on"),
+    ],
+)
+def test_acting_as_someone_else_is_refused_before_the_run_as_rule(actor: str, want: str) -> None:
+    """F13 of the attack on issue 25: a plain user's submission as root was refused with the
+    run-as rule's words (which tell a tenant how the service runs jobs), not as impersonation."""
+    state, rule = _state(), RunAs()
+    cmd = c.SubmitJob(actor=actor, real_actor="alice", account="p/q", gpus=1)
+    with pytest.raises(NotAuthorised) as err:
+        admit(state, cmd, lookup=lookup, rule=rule, submissions=True)
+    assert err.value.message == want
+
+
 def test_secrets_never_reach_the_log() -> None:
     state, rule = _state(), RunAs()
     env = {"PATH": "/bin", "GPULEDGER_TOKEN": "glt_x", "MY_API_KEY": "k", "HOME": "/h"}

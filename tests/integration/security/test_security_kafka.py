@@ -189,6 +189,8 @@ def test_foreign_records_are_set_aside_through_reader_and_relay_restarts(
     copy_of = settled(read_topic, t.name, ledger.position)[3]
     foreign = produce(t.bootstrap, t.name, foreign_records(kind, ledger.home, copy_of))
     forks = kind == "chained forgery" and not signed  # nothing tells it from the relay's
+    # an exact copy of a record applied already brings nothing new: passed over, not set aside
+    aside = [] if kind == "old record copied" else foreign
     n = ledger.position
     path = tmp_path / "reader.duckdb"
     if where == "mid":  # the relay goes on publishing after them
@@ -209,7 +211,7 @@ def test_foreign_records_are_set_aside_through_reader_and_relay_restarts(
             continue
         # at the tail a chained forgery is all there is: nothing can tell it yet
         assert t.catch_up(path) == ledger.position + (1 if forks else 0)
-        assert dead_offsets(path) == ([] if forks else foreign)
+        assert dead_offsets(path) == ([] if forks else aside)
     # 2. the relay restarted: it publishes after the foreign records
     ledger.execute_all([JOB] * 5)
     relay = t.relay(ledger.home, publish=False)
@@ -228,7 +230,7 @@ def test_foreign_records_are_set_aside_through_reader_and_relay_restarts(
             assert "forks at position" in err.value.message
             continue
         assert t.catch_up(path) == ledger.position
-        assert dead_offsets(path) == foreign
+        assert dead_offsets(path) == aside
     if not forks:
         same_as_the_store(path, ledger.home)
 
@@ -376,3 +378,63 @@ def test_a_run_of_foreign_records_stops_a_quarantining_reader(
     assert "20 records in a row set aside" in err.value.message
     with Store(tmp_path / "q.duckdb") as store:
         assert store.position() == n
+
+
+def test_a_foreign_open_transaction_never_makes_the_relay_publish_twice(
+    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str,
+    read_topic: Any, tmp_path: Path,
+) -> None:  # fmt: skip
+    """F4 of the attack on issue 25: a producer with another transactional id opens a
+    transaction and never ends it. read_committed readers (the relay's bookmark among them) see
+    nothing past its first record, so a relay restarted then took its last position from before
+    it and published every event after it a second time. Now the restarted relay waits with one
+    line naming the open transaction (retried, `relay status` says it), and once the broker
+    aborts it, publishes each event once; a reader that applied the events passes over an exact
+    copy of one (no dead letter), through a restart."""
+    from ledger.store.relay import RelayHeld
+
+    t = Topic(kafka_bootstrap, kafka_topic, transactional_id, None)
+    ledger = org_ledger
+    ledger.execute_all([JOB] * 10)
+    relay = t.relay(ledger.home, publish=False)  # the running relay
+    relay.publish_pending()
+    evil = KafkaProducer(
+        bootstrap_servers=kafka_bootstrap, transactional_id=f"{transactional_id}-evil",
+        transaction_timeout_ms=15_000,
+    )  # fmt: skip
+    evil.init_transactions()
+    evil.begin_transaction()
+    evil.send(kafka_topic, key=b"x", value=b"junk", headers=headers(999_999, "junk"), partition=0)
+    evil.flush()
+    ledger.execute_all([JOB] * 5)
+    try:  # the relay goes on publishing past it: its own commits are fine, readers see none
+        assert relay.publish_pending() == 5
+    finally:
+        relay.close()
+    ledger.execute_all([JOB] * 3)
+    with pytest.raises(RelayHeld) as err:  # a restart while the transaction is open
+        t.relay(ledger.home)
+    assert "another producer holds a transaction open on" in err.value.message
+    assert "never publishes an event twice" in err.value.message
+    evil.close(timeout=0)  # gone without an end: the broker aborts it at its timeout
+
+    def resumed() -> bool:
+        try:
+            t.relay(ledger.home)
+        except RelayHeld:
+            return False
+        return True
+
+    wait_for("the relay to resume after the broker aborted the transaction", resumed, 120)
+    records = settled(read_topic, kafka_topic, ledger.position)
+    positions = [int(dict(r.headers)[POSITION_HEADER]) for r in records if r.value != b"junk"]
+    assert positions == list(range(1, ledger.position + 1))  # each once, in order
+
+    path = tmp_path / "reader.duckdb"
+    assert t.catch_up(path) == ledger.position
+    copy_of = records[3]
+    produce(kafka_bootstrap, kafka_topic, [(copy_of.value, list(copy_of.headers))])
+    for _restart in range(2):
+        assert t.catch_up(path) == ledger.position
+        assert dead_offsets(path) == []
+    same_as_the_store(path, ledger.home)

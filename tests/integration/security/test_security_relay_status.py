@@ -129,3 +129,57 @@ def test_a_health_record_no_service_updates_is_stale(org_ledger: Ledger) -> None
     code, out = status(home)
     assert code == 1
     assert "no service updates it" in out, out
+
+
+def test_an_open_foreign_transaction_is_stalled_while_the_relay_publishes(
+    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str
+) -> None:
+    """F4 of the attack on issue 25: another producer's open transaction holds every
+    read_committed reader at its first record while the relay's own commits succeed; `relay
+    status` said "publishing, 0 behind" for 15 minutes. Now it says `stalled`, naming the open
+    transaction, exit 1, and `publishing` again once it ends."""
+    from kafka import KafkaProducer
+
+    home = org_ledger.home
+    service = RelayService(
+        home, kafka_bootstrap, topic=kafka_topic, transactional_id=transactional_id,
+        check_s=CHECK_S, timeout_s=60, connect_timeout_s=2,
+    ).start()  # fmt: skip
+    evil = None
+    try:
+        wait_for(
+            "publishing",
+            lambda: (h := read_health(home)) is not None and h.state == "publishing" and not h.lag,
+            60,
+        )
+        evil = KafkaProducer(
+            bootstrap_servers=kafka_bootstrap, transactional_id=f"{transactional_id}-evil",
+            transaction_timeout_ms=60_000,
+        )  # fmt: skip
+        evil.init_transactions()
+        evil.begin_transaction()
+        evil.send(kafka_topic, key=b"x", value=b"junk", partition=0)
+        evil.flush()
+        org_ledger.execute_all([JOB] * 3)
+        wait_for(
+            "stalled by the open transaction",
+            lambda: (
+                (h := read_health(home)) is not None
+                and h.state == "stalled"
+                and "another producer holds a transaction open" in h.error
+            ),
+            60,
+        )
+        code, out = status(home)
+        assert code == 1 and "another producer holds a transaction open" in out, out
+        evil.abort_transaction()
+        wait_for(
+            "publishing again",
+            lambda: (h := read_health(home)) is not None and h.state == "publishing" and not h.lag,
+            60,
+        )
+        assert status(home)[0] == 0
+    finally:
+        if evil is not None:
+            evil.close(timeout=5)
+        service.stop()
