@@ -10,7 +10,8 @@ sent back. The secret part is random, so a plain SHA-256 is enough (no password 
 needed for a value nobody chose), and comparison is constant-time.
 
 `valid` is the only check of a secret: the server's bearer tokens (`ledger.server.identity`) and
-the local agents' node tokens (`ledger.agent.local`) both ask it.
+the local agents' node tokens (`ledger.agent.local`) both ask it. A job token is valid only
+while the run it was minted for holds its GPUs.
 """
 
 from __future__ import annotations
@@ -79,4 +80,17 @@ def valid(state: State, secret: str, now: float) -> Token | None:
         return None
     if token.expires_at is not None and now >= token.expires_at:
         return None
+    if token.scope == "job" and not _run_alive(state, token):
+        return None
     return token
+
+
+def _run_alive(state: State, token: Token) -> bool:
+    """Pure: whether the run a job token was minted for is still the job's and still on its
+    GPUs. A job token lives as long as its run (docs/security.md, row T13): once the run ended
+    (finished, preempted, requeued) it proves nothing, and a later run of the job has a token
+    of its own (minted at or after that run's placement)."""
+    job = state.jobs.get(token.scope_job) if token.scope_job is not None else None
+    if job is None or job.status not in ("placed", "running") or job.placed_at is None:
+        return False
+    return token.issued_at >= job.placed_at

@@ -258,7 +258,8 @@ class SlurmExecutor:
             if os.geteuid() == 0:
                 self.log_dir.chmod(0o1777)  # jobs run as their users open their own logs
         if uid is not None:
-            out.touch()
+            out.touch(mode=0o600)  # the job's output: its owner's alone (security.md, T13)
+            out.chmod(0o600)
             os.chown(out, pwd.getpwnam(uid).pw_uid, -1)
         args = ["sbatch", *sbatch_args(job, self.partition, out, uid, self.ledger_id, self._pinned)]
         slurm_id = self._run(args, stdin=batch_script(job)).strip().split(";")[0]
