@@ -86,11 +86,9 @@ def valid(state: State, secret: str, now: float) -> Token | None:
 
 
 def _run_alive(state: State, token: Token) -> bool:
-    """Pure: whether the run a job token was minted for is still the job's and still on its
-    GPUs. A job token lives as long as its run (docs/security.md, row T13): once the run ended
-    (finished, preempted, requeued) it proves nothing, and a later run of the job has a token
-    of its own (minted at or after that run's placement)."""
+    """Pure: whether a job token's job holds its GPUs now. A job token works only while its
+    job runs (docs/security.md, row T13): once the run ends (finished, preempted, requeued) it
+    proves nothing; the engines mint a new one for each run, and a token its owner made for
+    the job works again only while a later run holds its GPUs."""
     job = state.jobs.get(token.scope_job) if token.scope_job is not None else None
-    if job is None or job.status not in ("placed", "running") or job.placed_at is None:
-        return False
-    return token.issued_at >= job.placed_at
+    return job is not None and job.status in ("placed", "running")

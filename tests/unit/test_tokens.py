@@ -95,7 +95,7 @@ def _job_token(state: State, job_status: str, placed_at: float | None, issued_at
         ("running", T0, T0 + 5, True),
         ("finished", T0, T0 + 5, False),  # its run ended
         ("pending", T0, T0 + 5, False),  # preempted and requeued
-        ("running", T0 + 100, T0 + 5, False),  # an earlier run's token: the job runs again
+        ("running", T0 + 100, T0 + 5, True),  # made before the run: it works while it runs
     ],
 )
 def test_a_job_token_lives_as_long_as_its_run(
