@@ -5,6 +5,8 @@ and a node's token reports only about runs placed on its own node."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,7 @@ def test_a_node_reports_only_about_runs_placed_on_it(cluster: Cluster) -> None:
     mine = running["logs"][0].split(":", 1)[0]
     other = next(n for n in c.agents if n != mine)
     token = c.agents[other].token
+    _no_secret_in_ps_or_logs(c, job, mine)
     lies: dict[str, dict[str, Any]] = {
         "exited": {"exited": [{"job_id": job, "run": 0, "exit_code": 0}]},
         "stopped": {"stopped": [{"job_id": job, "run": 0, "exit_code": 0}]},
@@ -97,3 +100,16 @@ def _about(c: Cluster, job: int) -> list[dict[str, Any]]:
         for e in agents.all_events(c)
         if e.get("job_id") == job and e["type"] != "job.utilisation_sampled.v1"
     ]
+
+
+def _no_secret_in_ps_or_logs(c: Cluster, job: int, node: str) -> None:
+    """Row T13's "never on a command line": with a job running under its agent, neither the
+    job's token (read from its spec, as root) nor any node's token is in any process's
+    arguments (`ps`), the server's log or an agent's log."""
+    spec = c.agents[node].state / "runs" / f"{job}.1" / "0" / "spec.json"
+    job_token = json.loads(spec.read_text())["env"]["GPULEDGER_JOB_TOKEN"]
+    ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
+    logs = c.server.log_path.read_text() + "".join(ag.text() for ag in c.agents.values())
+    for secret in (job_token, *(ag.token for ag in c.agents.values())):
+        assert secret.startswith("glt_")
+        assert secret not in ps and secret not in logs, secret[:20]
