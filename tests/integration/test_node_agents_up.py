@@ -151,13 +151,13 @@ def test_up_refuses_to_start_while_the_other_executor_has_unfinished_runs(
 
 
 def test_serve_keeps_the_runs_of_ups_agents_and_one_server_per_data_directory(
-    home: Path, tmp_path: Path
+    home: Path, tmp_path: Path, shared: Path
 ) -> None:
     """The rule is the composition root's, so `serve` keeps it too: after `up` (its agents) stops
     with a job running, `serve --executor local` refuses instead of recording the job lost while
     its process runs on; and a second server on a data directory is refused at once, whatever
     its socket."""
-    go = tmp_path / "go"
+    go = shared / "go"  # bob's job runs as nobody: its trigger is where it can look
     submit(home, "bob", 1, until_released(go, 0), "--min-runtime", "1h")
     up = Service(home)
     wait_for("job 1 running", lambda: jobs(home)[1]["status"] == "running", home=home)
