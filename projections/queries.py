@@ -20,6 +20,7 @@ from projections.store import Status, Store, sql_sections
 __all__ = [
     "UsageRow",
     "delivered_report",
+    "ever_placed_on",
     "fair_share",
     "jobs",
     "levels",
@@ -246,6 +247,17 @@ def jobs(
     )
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def ever_placed_on(store: Store, job_id: int, node: str) -> bool:
+    """Whether any run of `job_id` was ever placed with a part on `node` (its placements, the
+    current one included)."""
+    rows = store.con.execute(
+        "SELECT count(*) FROM job_intervals WHERE job_id = ? "
+        "AND list_contains(list_transform(slots, lambda s: s.node), ?)",
+        [job_id, node],
+    ).fetchall()
+    return bool(rows and rows[0][0])
 
 
 def nodes(store: Store) -> list[dict[str, Any]]:

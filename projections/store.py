@@ -107,9 +107,17 @@ class Store:
                 hint="run the projector first (it catches up from the event log)",
                 path=str(self.path),
             )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        new = str(path) != ":memory:" and not self.path.exists()
+        if not self.path.parent.exists():
+            # the projection holds every job's command and event payload: its directory is
+            # the service's alone, so DuckDB's WAL (made with the umask) is too (security.md,
+            # row T13); a directory that exists keeps the mode its operator gave it
+            self.path.parent.mkdir(parents=True, mode=0o700)
+            self.path.parent.chmod(0o700)
         try:
             self.con = duckdb.connect(str(self.path), read_only=read_only)
+            if new:
+                self.path.chmod(0o600)
         except duckdb.IOException as err:
             if "lock" in str(err).lower():
                 raise ProjectionBusy(

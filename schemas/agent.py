@@ -38,7 +38,7 @@ Parts = Annotated[tuple[T, ...], MANY]
 """What a poll or a report lists, part by part (bounded)."""
 
 
-class Register(msgspec.Struct, frozen=True, kw_only=True):
+class Register(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """`POST /v1/agent/register`: the agent says what its node has (idempotent)."""
 
     node: Name
@@ -70,7 +70,7 @@ class Registered(msgspec.Struct, frozen=True, kw_only=True):
     and its parts stop themselves then."""
 
 
-class PartRun(msgspec.Struct, frozen=True, kw_only=True):
+class PartRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Which part a message is about: its job and the job's run (its placement)."""
 
     job_id: JobId
@@ -78,8 +78,10 @@ class PartRun(msgspec.Struct, frozen=True, kw_only=True):
     """Which placement of the job this is (its preemptions so far)."""
 
 
-class Part(PartRun, frozen=True, kw_only=True):
-    """One part of a job that runs on the polling node."""
+class Part(PartRun, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """One part of a job that runs on the polling node. The server's word to its agents: an
+    agent reads a newer server's parts (what agents send is refused with a field it does not
+    know)."""
 
     slots: tuple[GpuSlot, ...]
     """Every slot of the placement in rank order (this node's part is the one naming it)."""
@@ -159,7 +161,7 @@ class PartCheckpoint(PartRun, frozen=True, kw_only=True):
     """A resumable part saved its progress."""
 
 
-class Report(msgspec.Struct, frozen=True, kw_only=True):
+class Report(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """`POST /v1/agent/report`: what happened on the node since the last report. An empty
     report is a heartbeat."""
 
@@ -181,7 +183,7 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     registers again."""
 
 
-class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
+class Heartbeat(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """`POST /v1/agent/heartbeat`."""
 
     node: Name

@@ -23,7 +23,7 @@ class CommandResult(msgspec.Struct, frozen=True, kw_only=True):
     events: list[AnyEvent]
 
 
-class Batch(msgspec.Struct, frozen=True, kw_only=True):
+class Batch(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Commands applied atomically: all are appended, or none (budgets as code)."""
 
     commands: list[AnyCommand]

@@ -64,7 +64,12 @@ from schemas.events import (
 from schemas.policy import AnyPolicyConfig
 
 
-class Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
+class Command(
+    msgspec.Struct, frozen=True, kw_only=True, tag_field="op", forbid_unknown_fields=True
+):
+    """Base of every command. A field it does not know is refused wherever one is decoded (the
+    API, batches, budget files): a misspelt option never passes for its default."""
+
     actor: Actor
     expected_position: Position | None = None
     real_actor: Actor | None = None

@@ -26,6 +26,12 @@ class InvalidCommand(LedgerError):
     code = "invalid"
 
 
+class TooLarge(InvalidCommand):
+    """A request body over the API's limit (413)."""
+
+    code = "too_large"
+
+
 class UnknownEntity(LedgerError):
     code = "unknown"
 

@@ -3,19 +3,26 @@ cycle interval while 4 users run heavy audit queries (self-joins of the log), ag
 figures idle, measured in the same run. Goal: within 2x idle.
 
     python scripts/bench_reads.py [--events 100000] [--dir DIR] [--seconds 15] [--rounds 2]
+                                  [--load queries|pages] [--pages] [--warmup 10]
 
 A `gpuledger serve --interval 0.5s` on a synthetic log of `--events` events (made once per
 --dir); 8 clients submit (and cancel) 1-GPU jobs through the API for `--seconds`; a watcher
 reads `last_cycle_at` from /v1/health every 20 ms. Loaded phases add four admins (auditors are
 admins: docs/security.md row T2), each running a cartesian self-join of `events` in a loop (it
 runs until the read pool's time limit, 10 s). Idle and loaded phases alternate `--rounds`
-times. Prints the load average, the server's CPU seconds beside wall time, and the ratios.
+times, after `--warmup` seconds of submits that are not counted (the server's first seconds).
+Prints the load average, the server's CPU seconds beside wall time, and the ratios.
 
     python scripts/bench_reads.py --load pages [...]
 
 The loaded phases instead have one plain member loop the largest pages of `/v1/log` and
 `/v1/jobs` (10,000 rows; `after`/`since` changing so no answer is reused), two requests at a
 time: the reads that ran on the worker thread before (F2 of the attack on issue 25).
+
+With `--pages`, a third phase per round has four people viewing job pages instead (row T6):
+each loads a job's page (`/ui/api/job/{id}`) and its decision replay
+(`/ui/api/job/{id}/replay`, replayed in a child process at nice 10, each decision once) for
+jobs of the log in turn, in a loop; its submit p99 and cycle interval are compared with idle.
 """
 
 from __future__ import annotations
@@ -117,7 +124,12 @@ class Serve:
 
 
 def phase(
-    serve: Serve, info: dict[str, Any], seconds: float, heavy: bool, load: str = "queries"
+    serve: Serve,
+    info: dict[str, Any],
+    seconds: float,
+    heavy: bool,
+    load: str = "queries",
+    pages: bool = False,
 ) -> dict[str, Any]:
     stop = threading.Event()
     submits: list[float] = []
@@ -157,7 +169,7 @@ def phase(
             with lock:
                 queries.append((status, time.perf_counter() - t0))
 
-    def pages(path: str) -> None:
+    def big_pages(path: str) -> None:
         after = itertools.count()
         while not stop.is_set():
             t0 = time.perf_counter()
@@ -165,12 +177,27 @@ def phase(
             with lock:
                 queries.append((status, time.perf_counter() - t0))
 
+    viewed: list[tuple[int, float]] = []
+    jobs = itertools.count(1, 37)  # jobs spread over the log, a new one for each view
+
+    def view(who: str) -> None:
+        while not stop.is_set():
+            with lock:
+                job = next(jobs)
+            for path in (f"/ui/api/job/{job}", f"/ui/api/job/{job}/replay"):
+                t0 = time.perf_counter()
+                status, _ = serve.request("GET", path, token=info["tokens"][who])
+                with lock:
+                    viewed.append((status, time.perf_counter() - t0))
+
     threads = [threading.Thread(target=client) for _ in range(8)] + [threading.Thread(target=watch)]
     if heavy and load == "pages":
         paths = ("/v1/log?limit=10000&after={}", "/v1/jobs?limit=10000&since={}")
-        threads += [threading.Thread(target=pages, args=(path,)) for path in paths]
+        threads += [threading.Thread(target=big_pages, args=(path,)) for path in paths]
     elif heavy:
         threads += [threading.Thread(target=query, args=(who,)) for who in AUDITORS]
+    if pages:
+        threads += [threading.Thread(target=view, args=(who,)) for who in AUDITORS]
     cpu0, t0 = serve.cpu(), time.perf_counter()
     for t in threads:
         t.start()
@@ -183,6 +210,7 @@ def phase(
         "submits": submits,
         "gaps": gaps,
         "queries": queries,
+        "viewed": viewed,
         "wall": time.perf_counter() - t0,
         "cpu": serve.cpu() - cpu0,
         "load": os.getloadavg()[0],
@@ -200,6 +228,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--load", choices=("queries", "pages"), default="queries")
+    ap.add_argument("--pages", action="store_true", help="a phase of job page views too")
+    ap.add_argument(
+        "--warmup", type=float, default=10.0, help="seconds of submits first, not counted"
+    )
     a = ap.parse_args()
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory(prefix="bench-reads-") as tmp:
@@ -209,14 +241,18 @@ def main() -> None:
         info = setup(home)
         serve = Serve(home, Path(tmp) / "serve.log")
         try:
-            out: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+            out: dict[str, list[dict[str, Any]]] = {"idle": [], "loaded": [], "pages": []}
+            kinds = ("idle", "loaded", "pages") if a.pages else ("idle", "loaded")
+            if a.warmup > 0:  # the server's first seconds (its projection, its caches) apart
+                phase(serve, info, a.warmup, heavy=False)
             for _ in range(a.rounds):
-                for heavy in (False, True):
-                    r = phase(serve, info, a.seconds, heavy, a.load)
-                    out[heavy].append(r)
-                    q = r["queries"]
+                for kind in kinds:
+                    heavy = kind == "loaded"
+                    r = phase(serve, info, a.seconds, heavy, a.load, pages=kind == "pages")
+                    out[kind].append(r)
+                    q, v = r["queries"], r["viewed"]
                     print(
-                        f"{'loaded' if heavy else 'idle  '}: {len(r['submits'])} submits, "
+                        f"{kind:6}: {len(r['submits'])} submits, "
                         f"p99 {p(r['submits'], 99) * 1e3:.0f} ms; cycle gap p50 "
                         f"{p(r['gaps'], 50) * 1e3:.0f} / p95 {p(r['gaps'], 95) * 1e3:.0f} / max "
                         f"{max(r['gaps'], default=0) * 1e3:.0f} ms; server CPU {r['cpu']:.1f} s in "
@@ -227,20 +263,33 @@ def main() -> None:
                             f"{sum(s == 429 for s, _ in q)} 429)"
                             if heavy
                             else ""
+                        )
+                        + (
+                            f"; {len(v)} job page loads (page and replay; "
+                            f"{sum(st != 200 for st, _ in v)} not 200), p50 "
+                            f"{p([t for _, t in v], 50) * 1e3:.0f} ms, max "
+                            f"{max((t for _, t in v), default=0) * 1e3:.0f} ms"
+                            if kind == "pages"
+                            else ""
                         ),
                         flush=True,
                     )
         finally:
             serve.stop()
-    idle = {k: [x for r in out[False] for x in r[k]] for k in ("submits", "gaps")}
-    loaded = {k: [x for r in out[True] for x in r[k]] for k in ("submits", "gaps")}
-    sub = p(loaded["submits"], 99) / p(idle["submits"], 99)
-    gap = p(loaded["gaps"], 50) / p(idle["gaps"], 50)
-    gap95 = p(loaded["gaps"], 95) / p(idle["gaps"], 95)
-    print(
-        f"submit p99 loaded/idle {sub:.2f}x; cycle interval p50 loaded/idle {gap:.2f}x, p95 "
-        f"{gap95:.2f}x (goal: within 2x)"
-    )
+    pooled = {
+        kind: {k: [x for r in rs for x in r[k]] for k in ("submits", "gaps")}
+        for kind, rs in out.items()
+    }
+    idle = pooled["idle"]
+    for kind in kinds[1:]:
+        got = pooled[kind]
+        sub = p(got["submits"], 99) / p(idle["submits"], 99)
+        gap = p(got["gaps"], 50) / p(idle["gaps"], 50)
+        gap95 = p(got["gaps"], 95) / p(idle["gaps"], 95)
+        print(
+            f"submit p99 {kind}/idle {sub:.2f}x; cycle interval p50 {kind}/idle {gap:.2f}x, p95 "
+            f"{gap95:.2f}x (goal: within 2x)"
+        )
 
 
 if __name__ == "__main__":

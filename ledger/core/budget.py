@@ -63,6 +63,10 @@ def parse(data: bytes, name: str = "budget file") -> BudgetFile:
         raw = tomllib.loads(data.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise InvalidCommand(f"{name}: malformed TOML: {e}", hint="fix the file and retry") from e
+    except RecursionError as e:  # arrays or tables nested thousands deep
+        raise InvalidCommand(
+            f"{name}: malformed TOML: nested too deep", hint="fix the file and retry"
+        ) from e
     accounts = raw.get("accounts")
     for path, spec in accounts.items() if isinstance(accounts, dict) else ():
         try:

@@ -10,7 +10,8 @@ sent back. The secret part is random, so a plain SHA-256 is enough (no password 
 needed for a value nobody chose), and comparison is constant-time.
 
 `valid` is the only check of a secret: the server's bearer tokens (`ledger.server.identity`) and
-the local agents' node tokens (`ledger.agent.local`) both ask it.
+the local agents' node tokens (`ledger.agent.local`) both ask it. A job token is valid only
+while the run it was minted for holds its GPUs.
 """
 
 from __future__ import annotations
@@ -79,4 +80,15 @@ def valid(state: State, secret: str, now: float) -> Token | None:
         return None
     if token.expires_at is not None and now >= token.expires_at:
         return None
+    if token.scope == "job" and not _run_alive(state, token):
+        return None
     return token
+
+
+def _run_alive(state: State, token: Token) -> bool:
+    """Pure: whether a job token's job holds its GPUs now. A job token works only while its
+    job runs (docs/security.md, row T13): once the run ends (finished, preempted, requeued) it
+    proves nothing; the engines mint a new one for each run, and a token its owner made for
+    the job works again only while a later run holds its GPUs."""
+    job = state.jobs.get(token.scope_job) if token.scope_job is not None else None
+    return job is not None and job.status in ("placed", "running")

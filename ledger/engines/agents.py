@@ -29,7 +29,7 @@ import contextlib
 import logging
 import secrets
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -160,6 +160,9 @@ class AgentExecutor:
         """Launches waiting until no earlier run of their job may be alive (`Fence`)."""
         self._stopped: list[Exit] = []
         """Ends of stopped runs the agents reported, for the record (`JobRunEnded`)."""
+        self._ran_on: dict[int, set[str]] = {}
+        """Job -> the nodes its runs were put on (since this server started, or found in the
+        log by `foreign`): what each node's reports may be about (docs/security.md, row T12)."""
         self.addresses: dict[str, str] = {}
         self.last_seen: dict[str, float] = {}
         """Node -> when its agent last reached us (written by HTTP threads and the worker)."""
@@ -469,6 +472,7 @@ class AgentExecutor:
 
     def _add(self, job: Launch, token: str, *, started: bool = False, publish: bool = True) -> None:
         nodes = tuple(sl.node for sl in job.slots)
+        self._placed_on(job.job_id, nodes)
         grace = self.grace_s if job.grace_s is None else job.grace_s
         r = _Run(job.job_id, job.run, nodes, job.slots, start_reported=started, grace_s=grace)
         self._runs[job.job_id] = r
@@ -504,6 +508,40 @@ class AgentExecutor:
         parts = tuple(p for _, p in sorted(self._parts.get(node, {}).items()))
         if bump or self.board.current(node)[1] != parts:
             self.board.publish(node, parts)
+
+    RAN_ON_KEPT = 200_000
+    """Jobs whose nodes `_ran_on` keeps (the oldest go first; the log still answers)."""
+
+    def _placed_on(self, job_id: int, nodes: Iterable[str]) -> None:
+        self._ran_on.setdefault(job_id, set()).update(nodes)
+        while len(self._ran_on) > self.RAN_ON_KEPT:
+            del self._ran_on[next(iter(self._ran_on))]
+
+    def foreign(self, rep: a.Report, ever: Callable[[int, str], bool]) -> list[int]:
+        """The jobs `rep` tells about (started, exited, sampled, checkpointed, stopped) of which
+        no run was ever placed on its node: a node's token reports only about its own runs
+        (docs/security.md, row T12). What this server placed, adopted or fences is known here;
+        anything else is asked of the log's placements (`ever(job, node)`: a genuine agent's
+        late word about a run placed before a restart is never foreign)."""
+        named = {
+            p.job_id
+            for items in (rep.started, rep.exited, rep.samples, rep.checkpoints, rep.stopped)
+            for p in items
+        }
+        out = []
+        for job_id in sorted(named):
+            if rep.node in self._ran_on.get(job_id, ()) or rep.node in self.fence.blockers.get(
+                job_id, {}
+            ):
+                continue
+            job = self.ledger.state.jobs.get(job_id)
+            if job is not None and any(sl.node == rep.node for sl in job.slots):
+                continue
+            if ever(job_id, rep.node):
+                self._placed_on(job_id, (rep.node,))
+                continue
+            out.append(job_id)
+        return out
 
     def _run_of(self, job_id: int, run: int, node: str) -> _Run | None:
         """The run a report is about, if it is the current one and has a part on `node`."""

@@ -6,6 +6,7 @@ boot, field 22 of /proc/PID/stat) is.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -30,11 +31,14 @@ def alive(pid: int | None, started: int | None) -> bool:
     return start_time(pid) == started
 
 
-def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> None:
+def write_atomic(path: Path, data: bytes, *, sync: bool = True, mode: int = 0o666) -> None:
     """Write `data` so readers see the old content or the new, never a part (rename is atomic);
-    `sync`: on disk before the rename (fsync), so a crash of the machine keeps it too."""
+    `sync`: on disk before the rename (fsync), so a crash of the machine keeps it too; `mode`:
+    the file's mode (less the umask) from its creation on, never wider for an instant."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # a leftover of a crash keeps its mode: made anew
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as f:
         f.write(data)
         if sync:
             f.flush()

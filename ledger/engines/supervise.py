@@ -183,7 +183,7 @@ def run(rundir: Path) -> int:
         failed = f"cannot start {command!r}: " + (
             e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         )
-        with open(rundir / "launch.log", "ab") as said:
+        with _private(rundir / "launch.log") as said:
             said.write(f"gpuledger: {failed}\n".encode())
     if job is None:
         _write_exit(rundir, CANNOT_START, time.time(), launch_failed=failed)
@@ -215,12 +215,17 @@ def run(rundir: Path) -> int:
     return 0
 
 
+def _private(path: Path) -> Any:
+    """`path` opened to append, made 0600 (what a job says may name its paths)."""
+    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+
+
 def _start(rundir: Path, spec: dict[str, Any], tree: Tree) -> subprocess.Popen[bytes]:
     """The leader, born in the part's groups: the supervisor joins them for the fork only."""
     tree.create(spec.get("gpus", ()), constrain=bool(spec.get("constrain", True)))
     with contextlib.ExitStack() as files:
         out = files.enter_context(open(spec["log"], "ab")) if spec.get("log") else None
-        said = files.enter_context(open(rundir / "launch.log", "ab"))
+        said = files.enter_context(_private(rundir / "launch.log"))
         record = os.open(rundir / "record", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         files.callback(os.close, record)
         if record != RECORD_FD:

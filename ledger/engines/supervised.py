@@ -457,8 +457,9 @@ class SupervisedExecutor:
             spec, part.log = self._spec(job, rank, rundir, account, master, h.grace_s)
             spec["cgroup"] = part.cgroup
             # no fsync: the handle saved next is what must survive; a spec lost with the
-            # machine is a supervisor that cannot start, reported as such
-            write_atomic(rundir / "spec.json", json.dumps(spec).encode(), sync=False)
+            # machine is a supervisor that cannot start, reported as such. It holds the job's
+            # command, environment and token: the service's alone (docs/security.md, row T13)
+            write_atomic(rundir / "spec.json", json.dumps(spec).encode(), sync=False, mode=0o600)
         self.jobs[job.job_id] = h
         return h
 
@@ -472,13 +473,15 @@ class SupervisedExecutor:
     ) -> tuple[dict[str, object], str]:
         """A part's spec for its supervisor, and where its output goes (for `jobs`)."""
         work = rundir / "work"
-        work.mkdir(parents=True)
         switch = account.uid != os.geteuid()
+        private_dirs(self.state_dir / "runs", rundir, account.gid if switch else None)
+        work.mkdir(mode=0o700)
         default = ""
         if not job.stdout:  # the engine's log file, made here and given to the user
             name = f"job-{job.job_id}.log" if rank == 0 else f"job-{job.job_id}.{rank}.log"
             default = str(self.log_dir / name)
-            Path(default).touch()
+            Path(default).touch(mode=0o600)
+            Path(default).chmod(0o600)  # an earlier run's file keeps its mode on touch
         if switch:
             for path in (work, *((Path(default),) if default else ())):
                 os.chown(path, account.uid, account.gid)
@@ -777,3 +780,20 @@ class SupervisedExecutor:
 
 
 __all__ = ["SupervisedExecutor", "handled_jobs", "live_processes", "run_name"]
+
+
+def private_dirs(runs: Path, rundir: Path, gid: int | None) -> None:
+    """The run directories of a part (`runs/<run>/<rank>`), private to the service and the
+    job's owner (docs/security.md, row T13): `runs` may be traversed but not listed (0711);
+    the run's and the part's own directories are the service's, entered by the job's group
+    only (0710; 0700 when the job runs as the service), so the job reaches its work directory
+    (its checkpoint file) and no other account reaches anything. The work directory is the
+    job's (0700) and the spec, which holds the job's command, environment and token, the
+    service's (0600)."""
+    runs.mkdir(parents=True, exist_ok=True)
+    runs.chmod(0o711)
+    for d in (rundir.parent, rundir):
+        d.mkdir(mode=0o700, exist_ok=True)
+        if gid is not None:
+            os.chown(d, -1, gid)
+        d.chmod(0o700 if gid is None else 0o710)

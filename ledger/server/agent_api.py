@@ -14,6 +14,7 @@ Every call counts as contact for the node-lost timeout (`ledger.engines.agents`)
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -26,8 +27,11 @@ from ledger.core.state import NODE_ACTOR
 from ledger.engines.agents import AgentExecutor
 from ledger.server.identity import Identity
 from ledger.server.worker import Worker
+from projections import queries
 from schemas import agent as a
 from schemas.errors import InvalidTransition, NotAuthorised, Unavailable
+
+log = logging.getLogger("gpuledger.server")
 
 MAX_WAIT_S = 30.0
 SLICE_S = 1.0
@@ -95,11 +99,33 @@ def agent_routes(
 
     @post("/v1/agent/report", status_code=200, tags=["agent"], security=[{"bearer": []}])
     async def report(request: Request[Any, Any, Any], data: JSONBody[a.Report]) -> a.Ack:
-        """Parts started and exited, utilisation samples and checkpoints: recorded at once."""
+        """Parts started and exited, utilisation samples and checkpoints: recorded at once. A
+        report about a job never placed on the node is refused whole (403), recorded nowhere,
+        and logged with the node's identity (docs/security.md, row T12)."""
         ex = executor_for(request, data.node)
+        via = who(request).via
+
+        def ever(job_id: int, node: str) -> bool:
+            svc = worker.service
+            if svc.projector is None or svc.store is None:
+                return True  # closing: nothing to tell by, and nothing is recorded any more
+            svc.projector.catch_up()
+            return queries.ever_placed_on(svc.store, job_id, node)
 
         def apply() -> None:
             now = clock()
+            refused = ex.foreign(data, ever)
+            if refused:
+                jobs = ", ".join(map(str, refused))
+                log.warning(
+                    "refused a report of node %s (%s) about job(s) %s, never placed on it",
+                    data.node, via, jobs,
+                )  # fmt: skip
+                raise NotAuthorised(
+                    f"node {data.node!r} may report only about runs placed on it: "
+                    f"job(s) {jobs} never were",
+                    actor=f"{NODE_ACTOR}{data.node}",
+                )
             if ex.receive(data, now):
                 worker.service.take_reports(now)
 

@@ -54,6 +54,7 @@ from schemas.errors import (
     NotAuthenticated,
     NotAuthorised,
     TooBusy,
+    TooLarge,
     Unavailable,
     UnknownEntity,
 )
@@ -61,6 +62,7 @@ from schemas.errors import (
 PEER_UID = ident.PEER_UID
 
 STATUS: dict[type[LedgerError], int] = {
+    TooLarge: 413,
     InvalidCommand: 400,
     NotAuthenticated: 401,
     NotAuthorised: 403,
@@ -445,6 +447,40 @@ class ServiceHandles:
 def openapi_document(app: Litestar) -> dict[str, Any]:
     """The OpenAPI document as the server serves it at /v1/openapi.json."""
     doc: dict[str, Any] = _any_of(msgspec.to_builtins(app.openapi_schema.to_schema()))
+    return _problems(doc)
+
+
+WRITES = ("/v1/commands/", "/v1/batch", "/v1/agent/")
+"""Routes that change the ledger: they may also answer 409 (a transition or contract refused)."""
+
+
+def _problems(doc: dict[str, Any]) -> dict[str, Any]:
+    """Every error an operation may answer, as it answers it: application/problem+json
+    (`api.Problem`), in place of the framework's generic 400. 400 a bad query or body, 401 no
+    or a bad identity, 403 not allowed, 404 no such entity, 409 (writes) refused as a
+    transition, 413 (with a body) over the size limit, 429 too busy (Retry-After), 503
+    stopping (docs/server.md, "The API")."""
+    from http import HTTPStatus
+
+    _, components = msgspec.json.schema_components(
+        [api.Problem], ref_template="#/components/schemas/{name}"
+    )
+    doc.setdefault("components", {}).setdefault("schemas", {}).update(components)
+    ref = {"schema": {"$ref": "#/components/schemas/Problem"}}
+    for path, ops in doc.get("paths", {}).items():
+        for op in ops.values():
+            if not isinstance(op, dict) or "responses" not in op or not op.get("security"):
+                continue  # health and the document itself need nobody and fail no input
+            codes = [400, 401, 403, 404, 429, 503]
+            if path.startswith(WRITES):
+                codes.append(409)
+            if "requestBody" in op:
+                codes.append(413)
+            for code in sorted(codes):
+                op["responses"][str(code)] = {
+                    "description": HTTPStatus(code).phrase,
+                    "content": {"application/problem+json": ref},
+                }
     return doc
 
 

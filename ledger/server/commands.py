@@ -1,11 +1,24 @@
-"""The command routes' hot path: `POST /v1/commands/<op>` in front of the framework.
+"""The API's bodies, strictly, and the command routes' hot path, in front of the framework.
+
+Every POST route with a JSON body (the commands, `/v1/batch`, `/v1/budget/plan`,
+`/v1/audit/table`, the agents' `/v1/agent/*`; found in the app's handlers, so a new route cannot
+be forgotten) has its body decoded here, strictly, before anything else reads it
+(docs/security.md, row T14; docs/server.md, "Request bodies"):
+
+- at most `MAX_BODY` bytes (4 MiB), else 413 `too_large` (the rest is not read);
+- the route's Struct exactly, with msgspec's strict decoding: no coercion (`"2"` is no integer,
+  `0` no boolean), a field the Struct does not know is refused, every bound of `schemas.bounds`
+  holds (strings, lists); a NUL character in any string is refused; nesting deeper than the
+  Struct allows is refused at its first level;
+- a body that fails is one problem+json line, 400 `invalid`, naming where (`$.gpus`), and
+  nothing is appended; an unidentified caller gets 401 first.
 
 A submit is the request a cluster sends most, and Litestar's per-request machinery (routing,
 the middleware stack, the signature model, kwargs extraction, the response object) cost about as
-much CPU as deciding and appending the command itself. This ASGI layer answers a well-formed
-command with an accepted or rejected outcome itself, with exactly what the Litestar route does:
+much CPU as deciding and appending the command itself. So a command this layer decoded is also
+answered here, with exactly what the Litestar route does:
 
-  1 read the body; decode it strictly into the command's Struct with msgspec (on raw bytes)
+  1 read the body; decode it strictly into the command's Struct (above)
   2 identify the caller per request (`who`: the Unix socket's peer uid, or the bearer token,
     looked up in the ledger's state at that moment: revocation and expiry bite at once)
   3 set the actor (`identity.act`), hand the command to the group commit (`Worker.execute`),
@@ -13,16 +26,16 @@ command with an accepted or rejected outcome itself, with exactly what the Lites
   4 answer `CommandResult` as JSON, or the LedgerError as problem+json rendered by the app's
     own exception handler; time the request in the same API histogram as every route.
 
-Anything else goes to the Litestar app untouched, and so does a command whose body is not a
-strict match (malformed JSON, a value Litestar's lenient conversion accepts, a body over
-`MAX_BODY`) or whose caller is not identified: the framework answers those, body replayed, so
-their answers (errors included) are the framework's, byte for byte. The Litestar routes stay
-what the OpenAPI document describes.
+The other body routes get their checked body replayed to the framework (whose lenient
+conversion of a strictly valid body changes nothing); everything else goes to the framework
+untouched. The Litestar routes stay what the OpenAPI document describes.
 """
 
 from __future__ import annotations
 
+import re
 import time
+import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -34,22 +47,28 @@ from ledger.server.worker import Worker
 from ledger.store.requests import valid_key
 from schemas import api
 from schemas import commands as c
-from schemas.errors import InvalidCommand, LedgerError
+from schemas.errors import InvalidCommand, LedgerError, TooLarge
 
 Scope = Any
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
 """ASGI's shapes, loosely (the framework's own are typed for its side)."""
 
-MAX_BODY = 64 * 1024
-"""Larger bodies take the framework's path (and its size limit)."""
+MAX_BODY = 4 * 1024 * 1024
+"""The largest request body (413 beyond): a budget file (1 MiB, `api.BUDGET_FILE_MAX`) fits
+escaped as a JSON string, and an agent's report of a full node's parts."""
+
+_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+"""A JSON escape of NUL (`\\u0000` after an even number of backslashes): the only way a NUL can be
+in a valid JSON text's strings."""
 
 _JSON = [(b"content-type", b"application/json")]
 _encoder = msgspec.json.Encoder()
 
 
 class CommandPath:
-    """ASGI app: the command routes of `served` answered directly, everything else by `app`."""
+    """ASGI app: every body of `bodies` (path -> Struct) checked strictly, the command routes of
+    `served` answered directly, everything else by `app`."""
 
     def __init__(
         self,
@@ -65,51 +84,85 @@ class CommandPath:
         self.who = who
         self.observe = observe
         self.error_response = error_response
-        self.routes: dict[str, msgspec.json.Decoder[Any]] = {
-            f"/v1/commands/{cls.__struct_config__.tag}": msgspec.json.Decoder(cls) for cls in served
+        self.commands = {f"/v1/commands/{cls.__struct_config__.tag}" for cls in served}
+        self.bodies: dict[str, tuple[str, msgspec.json.Decoder[Any]]] = {
+            path: (_name(kind), msgspec.json.Decoder(kind)) for path, kind in body_types(app)
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        decoder = self.routes.get(scope.get("path", "")) if scope["type"] == "http" else None
-        if decoder is None or scope["method"] != "POST":
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        route = self.bodies.get(path)
+        if route is None or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         t0 = time.perf_counter()
-        # 1 the body, decoded strictly (anything else: the framework's answer)
+        status = 500  # what the API histogram says of a request that ends in an exception
+        try:
+            status = await self._serve(scope, receive, send, path, route)
+        finally:
+            if path in self.commands or status >= 400:
+                self.observe(path, "POST", status, time.perf_counter() - t0)
+
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        path: str,
+        route: tuple[str, msgspec.json.Decoder[Any]],
+    ) -> int:
+        # 1 the body, at most MAX_BODY bytes, decoded strictly
         body, more = b"", True
         while more:
             message = await receive()
             if message["type"] != "http.request":
-                return  # the client went away
+                return 499  # the client went away
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > MAX_BODY:
                 break
-        try:
-            if more:
-                raise ValueError("too large")
-            cmd = decoder.decode(body)
-            # 2 who calls (an unidentified caller: the framework's 401)
-            caller = self.who(scope.get(ident.PEER_UID), _authorization(scope))
-        except (ValueError, LedgerError):
-            await self.app(scope, _replay(body, more, receive), send)
-            return
-        # 3 decided and appended in the group commit; answered once committed
-        status = 500  # what the API histogram says of a request that ends in an exception
-        try:
+        problem: LedgerError | None = None
+        value: Any = None
+        if len(body) > MAX_BODY:
+            problem = TooLarge(
+                f"the body of POST {path} is over {MAX_BODY // (1024 * 1024)} MiB",
+                hint="send less at once (docs/server.md, request bodies)",
+            )
+        else:
             try:
-                appended = await self.worker.execute(ident.act(caller, cmd), _key(scope))
-                data = _encoder.encode(
-                    api.CommandResult(position=appended.position, events=appended.events)
+                value = route[1].decode(body)
+                if b"u0000" in body and _NUL.search(body):
+                    raise msgspec.ValidationError("a NUL character is refused in any string")
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as err:
+                why = "nested too deep" if isinstance(err, RecursionError) else str(err)
+                problem = InvalidCommand(
+                    f"the body of POST {path} is not a valid {route[0]}: {why}",
+                    hint="see /v1/openapi.json",
                 )
-            except Exception as err:
-                status = await self._error(scope, receive, send, err)
-                return
-            await send({"type": "http.response.start", "status": 200, "headers": _sized(data)})
-            await send({"type": "http.response.body", "body": data})
-            status = 200
-        finally:
-            self.observe(scope["path"], "POST", status, time.perf_counter() - t0)
+        # 2 who calls: an unidentified caller is told so before anything about its body
+        try:
+            caller = self.who(scope.get(ident.PEER_UID), _authorization(scope))
+        except LedgerError as err:
+            return await self._error(scope, receive, send, err)
+        if problem is not None:
+            return await self._error(scope, receive, send, problem)
+        if path not in self.commands:  # checked: the framework's route answers it
+            await self.app(scope, _replay(body, False, receive), send)
+            return 200
+        # 3 decided and appended in the group commit; answered once committed
+        return await self._command(scope, receive, send, ident.act(caller, value))
+
+    async def _command(self, scope: Scope, receive: Receive, send: Send, cmd: Any) -> int:
+        try:
+            appended = await self.worker.execute(cmd, _key(scope))
+            data = _encoder.encode(
+                api.CommandResult(position=appended.position, events=appended.events)
+            )
+        except Exception as err:
+            return await self._error(scope, receive, send, err)
+        await send({"type": "http.response.start", "status": 200, "headers": _sized(data)})
+        await send({"type": "http.response.body", "body": data})
+        return 200
 
     async def _error(self, scope: Scope, receive: Receive, send: Send, err: Exception) -> int:
         """4 the error as the app's exception handlers answer it (problem+json)."""
@@ -117,6 +170,27 @@ class CommandPath:
         response = self.error_response(err)
         await response.to_asgi_response(self.app, request)(scope, receive, send)
         return response.status_code or 500
+
+
+def body_types(app: Litestar) -> list[tuple[str, type[Any]]]:
+    """Every POST route of `app` with a JSON body, and the Struct its body must be."""
+    out = []
+    for route in app.routes:
+        for handler in getattr(route, "route_handlers", ()):
+            if "POST" not in handler.http_methods:
+                continue
+            hints = typing.get_type_hints(handler.fn)
+            if "data" in hints:
+                out.append((route.path, hints["data"]))
+    return out
+
+
+def _name(kind: Any) -> str:
+    """The name of a body's type as an error line says it."""
+    if typing.get_origin(kind) is not None:  # a union: the command's own name is the route
+        return "body"
+    tag = getattr(getattr(kind, "__struct_config__", None), "tag", None)
+    return f"`{tag}` command" if isinstance(tag, str) else f"`{kind.__name__}`"
 
 
 def _key(scope: Scope) -> str | None:

@@ -321,12 +321,13 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             if known is not None and known.status == "pending" and not known.held:
                 preview = live_preview(handles)
             now = handles.now() if preview is None else preview.now
-            row = reads.job(store, job_id, now, reads.Viewer(caller.actor, ledger.state))
+            viewer = reads.Viewer(caller.actor, ledger.state)
+            row = reads.job(store, job_id, now, viewer)
             private = not row.redacted
             labels = dict(known.spec.labels) if known is not None and private else {}
             explain = previews.explain(
                 ledger, store, job_id, registry.build(ledger.state.policy), now,
-                None if preview is None else preview.live,
+                None if preview is None else preview.live, viewer,
             )  # fmt: skip
             return JobView(
                 job=row,

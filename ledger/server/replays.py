@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -24,6 +25,9 @@ import msgspec
 
 from ledger.history.compare import CycleReplay
 from schemas import events as e
+
+NICE = ("nice", "-n", "10") if shutil.which("nice") else ()
+"""The child starts at the lower priority, its imports included (`main` lowers it too)."""
 
 
 class _Job(msgspec.Struct, frozen=True):
@@ -36,7 +40,7 @@ async def replay(home: Path, decisions: list[tuple[int, e.CycleDecided]]) -> lis
     """The replays of `decisions` (in log order) of the log in `home`, from a child process."""
     job = msgspec.msgpack.encode(_Job(str(home), os.getpid(), decisions))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ledger.server.replays",
+        *NICE, sys.executable, "-m", "ledger.server.replays",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -60,7 +64,7 @@ def main() -> None:
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: dies with the server
     with contextlib.suppress(OSError):
-        os.nice(10)
+        os.nice(max(0, 10 - os.nice(0)))  # nice 10, whether `nice` started it or not
     job = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=_Job)
     if os.getppid() != job.parent:  # the server died before the line above
         sys.exit(1)

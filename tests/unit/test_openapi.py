@@ -23,3 +23,26 @@ def test_every_command_struct_has_its_route_and_every_route_needs_a_token_but_he
     for path, ops in doc["paths"].items():
         for op in ops.values():
             assert (path == "/v1/health") == ("security" not in op), path
+
+
+def test_every_operation_lists_its_errors_as_problem_json() -> None:
+    """Every 4xx an operation may answer is in the document, with the body it really has
+    (`api.Problem`, application/problem+json): 413 where there is a body, 409 on writes."""
+    doc = json.loads(COMMITTED.read_bytes())
+    assert doc["components"]["schemas"]["Problem"]["required"] == [
+        "title", "status", "detail", "code"
+    ]  # fmt: skip
+    for path, ops in doc["paths"].items():
+        for op in ops.values():
+            if "security" not in op:
+                continue
+            want = {"400", "401", "403", "404", "429", "503"}
+            want |= {"413"} if "requestBody" in op else set()
+            want |= (
+                {"409"} if path.startswith(("/v1/commands/", "/v1/batch", "/v1/agent/")) else set()
+            )
+            errors = {k for k in op["responses"] if k.startswith(("4", "5"))}
+            assert errors == want, (path, errors)
+            for code in errors:
+                content = op["responses"][code]["content"]
+                assert list(content) == ["application/problem+json"], (path, code)

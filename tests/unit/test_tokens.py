@@ -70,3 +70,38 @@ def test_the_ledger_keeps_only_the_hash_of_a_new_secret() -> None:
     assert new_token_secret() != secret
     with pytest.raises(ValueError):
         tokens.issue("root", "root", "glt_not_a_secret")
+
+
+def _job_token(state: State, job_status: str, placed_at: float | None, issued_at: float) -> State:
+    from ledger.core.state import Job, Token
+    from schemas import events as e
+
+    spec = e.JobSubmitted(
+        event_id="e0", at=T0, actor="alice", job_id=7, account="ai2/olmo", user="alice",
+        gpus=1, min_runtime_s=60,
+    )  # fmt: skip
+    state.jobs[7] = Job(spec=spec, status=job_status, placed_at=placed_at)  # type: ignore[arg-type]
+    state.tokens["0123456789abcdef"] = Token(
+        token_id="0123456789abcdef", user="alice", name="job 7", scope="job", scope_job=7,
+        secret_sha256=tokens.digest(SECRET), issued_at=issued_at,
+    )  # fmt: skip
+    return state
+
+
+@pytest.mark.parametrize(
+    ("status", "placed_at", "issued_at", "want"),
+    [
+        ("placed", T0, T0, True),  # minted as its run was placed
+        ("running", T0, T0 + 5, True),
+        ("finished", T0, T0 + 5, False),  # its run ended
+        ("pending", T0, T0 + 5, False),  # preempted and requeued
+        ("running", T0 + 100, T0 + 5, True),  # made before the run: it works while it runs
+    ],
+)
+def test_a_job_token_lives_as_long_as_its_run(
+    status: str, placed_at: float, issued_at: float, want: bool
+) -> None:
+    state = _job_token(State(), status, placed_at, issued_at)
+    got = tokens.valid(state, SECRET, T0 + 10)
+    assert (got is not None) == want
+    assert got is None or got.acts_as == "@job:7"

@@ -38,6 +38,8 @@ class World:
     server: Server
     tokens: dict[str, str]
     decision: int
+    outputs: list[str]
+    """Job 2's output files as its run reported them (`job.started`'s logs): private too."""
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +58,15 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         while True:  # job 2 placed, started and ended (alice has no OS account here)
             status, rows = server.request("GET", "/v1/jobs", token=tokens["root"])
             assert status == 200, rows
-            if any(r["job_id"] == 2 and r["status"] == "finished" for r in rows):
+            job = next((r for r in rows if r["job_id"] == 2 and r["status"] == "finished"), None)
+            if job is not None:
                 break
             assert time.monotonic() < deadline, rows
             time.sleep(0.1)
         status, decisions = server.request("GET", "/ui/api/decisions", token=tokens["root"])
         assert status == 200 and decisions, decisions
-        yield World(home, server, tokens, int(decisions[-1]["position"]))
+        assert job["logs"], job  # it ran: its output files are planted too
+        yield World(home, server, tokens, int(decisions[-1]["position"]), list(job["logs"]))
     finally:
         assert server.stop() == 0
 
@@ -135,7 +139,8 @@ def test_a_planted_secret_shows_on_no_read_path_to_those_who_may_not_see_it(
         status, body = world.server.request("POST", "/v1/audit/table", query, token=token)
         assert status == 200, (query, body)
         seen.append((str(query), status, _text(body)))
-    leaks = [route for route, _s, text in seen if SECRET in text or LABEL in text]
+    planted = [SECRET, LABEL, *world.outputs]
+    leaks = [route for route, _s, text in seen if any(p in text for p in planted)]
     if SEES[who]:
         assert "/v1/jobs?" in leaks and "/ui/api/job/2" in leaks, leaks  # it is theirs to see
     else:
