@@ -240,7 +240,7 @@ CASES: dict[str, Case] = {
     "shares": Case("GET", "/v1/shares", lambda w: None, READERS),
     "usage": Case("GET", "/v1/usage?by=user", lambda w: None, READERS),
     "report delivered": Case(
-        "GET", "/v1/report/delivered?start=1700000000&end=1800000000", lambda w: None, READERS
+        "GET", "/v1/report/delivered?start=1700000000&end=1764000000", lambda w: None, READERS
     ),
     "report preemptions": Case("GET", "/v1/report/preemptions", lambda w: None, READERS),
     "queue": Case("GET", "/v1/queue?state=pending", lambda w: None, READERS),
