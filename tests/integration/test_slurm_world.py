@@ -141,4 +141,6 @@ def test_a_limit_in_seconds_is_kept_to_the_second_where_slurm_rounds_up(ledger: 
     ledger.wait("the limit", lambda: status(ledger, 1) == "finished", timeout=110)
     row: dict[str, Any] = ledger.jobs()[1]
     assert row["finish_reason"] == "time_limit", row
-    assert 64 <= row["finished_at"] - row["started_at"] < 100, row
+    # Slurm's end is in whole seconds and the start as the ledger saw it: 65 s within 2 s, far
+    # from the 120 s Slurm itself would allow
+    assert 63 <= row["finished_at"] - row["started_at"] < 100, row
