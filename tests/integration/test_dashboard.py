@@ -410,7 +410,7 @@ def test_every_page_shows_one_time_form_and_never_the_word_null(
     page, errors = watched(signed_in(browser, s.tokens["root"]))
     job = placed_job(s)
     visits = {
-        "teams": "#teams-range time",
+        "teams": READY["teams"],
         "queue": READY["queue"],
         f"job?id={job}": "#explain",
         "nodes": READY["nodes"],

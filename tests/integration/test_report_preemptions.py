@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.serverkit import cli
+from tests.integration.serverkit import cli, make_token, start_server
 
 WHOLE = ("--since", "2000-01-01T00:00:00Z", "--at", "2100-01-01T00:00:00Z")
 
@@ -76,3 +76,42 @@ def test_a_persons_node_finds_the_persons_preemptions(home: Path) -> None:
     ]
     assert [x["position"] for x in got["rows"]] == want and got["suffered"] == len(want) >= 1
     assert all(x["user_name"] == r["user_name"] for x in got["rows"])
+
+
+def test_metrics_and_the_page_count_caused_as_the_cli_does(home: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    token = make_token(home, "--user", "root")
+    server = start_server(home, "--interval", "1h")
+
+    def scrape() -> dict[str, float]:
+        status, raw = server.request("GET", "/metrics", token=token)
+        assert status == 200
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        caused: dict[str, float] = {}
+        for fam in text_string_to_metric_families(text):
+            for x in fam.samples:
+                if x.name == "kueue_preempted_workloads_total":
+                    t = x.labels["preempting_cluster_queue"]
+                    caused[t] = caused.get(t, 0) + x.value
+        return caused
+
+    try:
+        for _ in range(5):  # the three read while nothing moved
+            caused = scrape()
+            teams = sorted(t for t in caused if t)
+            cli_by = {t: report(home, "-A", t, "--by")["caused"] for t in teams}
+            page_by: dict[str, Any] = {}
+            for t in teams:
+                status, page = server.request(
+                    "GET", f"/ui/api/preemptions?account={t}&side=by&window=all", token=token
+                )
+                assert status == 200, page
+                page_by[t] = page["report"]["caused"]
+            rows = report(home)["rows"]
+            if scrape() == caused:
+                break
+        assert teams and cli_by == page_by == {t: caused[t] for t in teams}
+        assert sum(caused.values()) == len(rows)
+    finally:
+        assert server.stop() == 0, server.log_path.read_text()
