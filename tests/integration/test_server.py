@@ -100,11 +100,13 @@ READ_COMMANDS: dict[str, list[str]] = {
     "usage": ["usage", "--json", "--at", AT, "--by", "user"],
     "delivered": ["report", "delivered", "--json", "--at", AT, "--window", "3650d"],
     "queue": ["queue", "--json", "--at", AT],
+    "queue_total": ["queue", "--limit", "1", "--at", AT],  # "1 of N shown" under the table
     "priority": ["priority", "--json", "--at", AT],
     "explain": ["explain", "4", "--json", "--at", AT],
     "squatters": ["squatters", "--json", "--at", AT, "--threshold", "100", "--after", "0s"],
     "projection": ["projection", "status", "--json"],
     "audit_preemptions": ["audit", "preemptions", "--json"],
+    "preemptions": ["report", "preemptions", "--json", "--since", "2000-01-01", "--at", AT],
     "audit_budget_changes": ["audit", "budget-changes", "--json"],
 }
 """One CLI command per read the API serves (the test checks none is missing)."""
