@@ -493,24 +493,25 @@ WITH p AS (
            (SELECT max(c.occurred_at) FROM events c
             WHERE list_contains($checkpointed, c.tag) AND c.job_id = p.job_id
               AND c.occurred_at >= p.placed_at AND c.position < p.position) AS checkpoint_at,
-           ($account IS NULL OR p.account = $account
-            OR starts_with(p.account, $account || '/')) AS suffered,
-           $account IS NOT NULL AND (f.account = $account
-            OR starts_with(f.account, $account || '/')) AS caused
+           -- a job's place in the tree is its account and, below it, its user's node
+           ($account IS NULL OR starts_with(
+               p.account || '/' || coalesce(p.user_name, '') || '/', $account || '/')) AS suffered,
+           p.for_job IS NOT NULL AND ($account IS NULL OR starts_with(
+               f.account || '/' || coalesce(f.user_name, '') || '/', $account || '/')) AS caused
     FROM preemptions p LEFT JOIN jobs f ON f.job_id = p.for_job
     WHERE ($since IS NULL OR p.preempted_at >= $since)
       AND ($until IS NULL OR p.preempted_at < $until)
 )
 SELECT position, preempted_at, job_id, account, user_name, gpus, reason, rule, for_job,
        for_account, for_user, actor, cycle_id, resumable, placed_at, held_s,
-       CASE WHEN $account IS NULL THEN 'all' WHEN suffered THEN 'suffered' ELSE 'caused' END
-           AS side,
+       CASE WHEN $account IS NULL THEN 'all' WHEN suffered AND caused THEN 'both'
+            WHEN suffered THEN 'suffered' ELSE 'caused' END AS side,
        -- the work lost: since the placement, or a resumable job's last checkpoint in it
        coalesce(gpus, 0) * greatest(0, preempted_at - CASE WHEN resumable
            THEN coalesce(checkpoint_at, placed_at) ELSE placed_at END) / 3600.0
            AS lost_gpu_hours
 FROM p
-WHERE ($side <> 'of' AND caused AND NOT suffered) OR ($side <> 'by' AND suffered)
+WHERE ($side <> 'of' AND caused) OR ($side <> 'by' AND suffered)
 ORDER BY position
 """
 
@@ -529,9 +530,11 @@ def preemption_report(
 ) -> Query:
     """The preemptions in [since, until) that `account`'s subtree suffered (its jobs were the
     victims, `side` "of") or caused (its waiting jobs were what they were preempted for, "by"),
-    or both ("both"); with no account, every one. Each with why (reason and the victim rule the
-    policy noted), for which job and team, and the GPU-hours of work lost (since the placement,
-    or since a resumable job's last checkpoint in that run)."""
+    or both ("both"); with no account, every one. A job belongs to its account and to its
+    user's node below it (`-A prog/proj/alice`); a preemption inside the subtree (victim and
+    beneficiary both in it) was suffered and caused (its row's side "both"). Each with why
+    (reason and the victim rule the policy noted), for which job and team, and the GPU-hours of
+    work lost (since the placement, or since a resumable job's last checkpoint in that run)."""
     from schemas import events as e
 
     return Query(

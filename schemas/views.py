@@ -400,8 +400,9 @@ class PreemptionReportRow(_View, frozen=True, kw_only=True):
 
     position: int
     preempted_at: float
-    side: Literal["suffered", "caused", "all"]
-    """For the account asked about: its job was the victim, or its waiting job the cause."""
+    side: Literal["suffered", "caused", "both", "all"]
+    """For the account asked about: its job was the victim, its waiting job the cause, or both
+    (victim and beneficiary in its subtree); "all" when no account was asked about."""
     job_id: int
     account: str | None
     user_name: str | None
@@ -427,7 +428,10 @@ class PreemptionReportView(_View, frozen=True, kw_only=True):
     start: float | None
     end: float | None
     suffered: int
+    """Preemptions of the subtree's jobs (with no account: every preemption)."""
     caused: int
+    """Preemptions for the subtree's waiting jobs, those inside the subtree too (with no account:
+    every preemption that was for a waiting job)."""
     lost_gpu_hours: float
     """Lost by the account's own jobs (suffered), or by every job with no account."""
     rows: list[PreemptionReportRow]

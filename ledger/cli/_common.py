@@ -300,18 +300,25 @@ def view_command(
     view: str,
     *options: Callable[[Any], Any],
     fields: Callable[..., dict[str, Any]] = dict,
+    note: Callable[[Ctx, Any, dict[str, Any]], str | None] | None = None,
 ) -> Callable[[Callable[[Any], None]], click.Command]:
     """A read command: `command` (`click.command(NAME)` or a group's `.command(NAME)`) with
     `options` and `--json` reads `view` with the `fields` its options give, and prints the
-    result as JSON or as the decorated function shows it (its docstring is the help)."""
+    result as JSON or as the decorated function shows it (its docstring is the help). `note`
+    (given the result and the fields) may add a line: under the table, or on stderr beside
+    the JSON, which stays what it was."""
 
     def make(show: Callable[[Any], None]) -> click.Command:
         def read(ctx: Ctx, /, as_json: bool, **given: Any) -> None:
-            rows = ctx.read(view, **fields(**given))
+            asked = fields(**given)
+            rows = ctx.read(view, **asked)
             if as_json:
                 echo_json(rows)
-                return
-            show(rows)
+            else:
+                show(rows)
+            line = note(ctx, rows, asked) if note is not None else None
+            if line:
+                click.echo(line, err=as_json)
 
         read.__name__, read.__doc__ = show.__name__, show.__doc__
         f = json_option(pass_ctx(read))

@@ -161,7 +161,12 @@ def report_preemptions(
     as_json: bool,
 ) -> None:
     """Preemptions a team suffered (its jobs were the victims) and caused (its waiting jobs were
-    what they were preempted for): when, why, the victim rule, for whom, GPU-hours lost."""
+    what they were preempted for): when, why, the victim rule, for whom, GPU-hours lost.
+
+    One rule, as the Preemptions page and /metrics count them: a job belongs to its account and
+    to its user's node below it (-A prog/proj/alice works); a preemption inside the subtree
+    (victim and beneficiary in it) is suffered and caused both (side "both"). With no -A: every
+    preemption; caused counts those that were for a waiting job."""
     end = _at(at)
     start = parse_time(since) if since is not None else end - parse_window(window)
     rep = ctx.read(
@@ -248,7 +253,15 @@ queue_filters = [
         show_default=True,
         help="all: pending and held; running: the jobs that hold GPUs (placed or running).",
     ),
-    click.option("--limit", type=int, default=50, show_default=True),
+    click.option(
+        "--limit",
+        type=int,
+        default=50,
+        show_default=True,
+        metavar="N",
+        help="Show the first N jobs; when more match, a last line (on stderr with --json) "
+        "says how many: '50 of 3,000 shown (--limit N)'.",
+    ),
 ]
 
 
@@ -282,11 +295,22 @@ def _queue_fields(
     }  # fmt: skip
 
 
+def _shown_of(ctx: Ctx, rows: list[Any], asked: dict[str, Any]) -> str | None:
+    """'50 of 3,000 shown (--limit N)' when the limit cut the list, else nothing."""
+    if len(rows) < asked["limit"]:
+        return None
+    total = int(ctx.read("queue_total", **asked))
+    if total <= len(rows):
+        return None
+    return f"{len(rows):,} of {total:,} shown (--limit N for more)"
+
+
 def _queue_view(view: str) -> Callable[[Callable[[Any], None]], click.Command]:
     """The command of a preview in dispatch order (`queue`, `priority`)."""
     return view_command(
-        click.command(view), view, policy_option, _queue_filters, at_option, fields=_queue_fields
-    )
+        click.command(view), view, policy_option, _queue_filters, at_option, fields=_queue_fields,
+        note=_shown_of if view == "queue" else None,
+    )  # fmt: skip
 
 
 @_queue_view("queue")

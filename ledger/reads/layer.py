@@ -535,9 +535,14 @@ def preemption_report(
         side=side,
         start=start,
         end=end,
-        suffered=sum(r.side in ("suffered", "all") for r in rows),
-        caused=sum(r.side == "caused" for r in rows),
-        lost_gpu_hours=sum(r.lost_gpu_hours for r in rows if r.side in ("suffered", "all")),
+        suffered=sum(r.side in ("suffered", "both", "all") for r in rows),
+        # caused: for a job of the subtree (a preemption inside it counts on both sides);
+        # with no account, every preemption that was for a waiting job
+        caused=sum(
+            r.side in ("caused", "both") or (r.side == "all" and r.for_job is not None)
+            for r in rows
+        ),
+        lost_gpu_hours=sum(r.lost_gpu_hours for r in rows if r.side in ("suffered", "both", "all")),
         rows=rows,
     )
 

@@ -52,6 +52,15 @@ def _under(account: str, root: str | None) -> bool:
     return root is None or (account + "/").startswith(root.rstrip("/") + "/")
 
 
+NOTHING_PLACED = "nothing is placed: the service runs with --executor none"
+
+
+def placing(state: State) -> bool:
+    """Whether the service, as last recorded, places jobs: `serve --executor none` places
+    nothing, so no cycle places a job and no start can be estimated."""
+    return state.service is None or state.service.executor != "none"
+
+
 def estimated_starts(
     state: State, snapshot: Snapshot, decision: Decision, now: float, through: int | None = None
 ) -> dict[int, float | None]:
@@ -68,6 +77,8 @@ def estimated_starts(
     (WAIT_CONTRACT) may start when they end. A job no known release makes room for is None
     ("unknown"): nothing the ledger knows says when it starts. An estimate, not a promise.
     """
+    if not placing(state):
+        return {}
     placed = {p.job_id for p in decision.placements}
     free: dict[str, int] = {}
     for n in snapshot.nodes:
@@ -188,7 +199,7 @@ def queue(
                     order=i + 1, job_id=p.job_id, account=p.account, user=p.user, gpus=p.gpus,
                     funded=p.funded, debug=p.debug, state="pending", sort_key=list(cons.sort_key),
                     code=wait.code if wait else "NEXT_CYCLE",
-                    reason=readable(wait.reason, wait.until) if wait else "",
+                    reason=readable(wait.reason, wait.until) if wait else _next(state),
                     submitted_at=p.submitted_at, waiting_s=max(0.0, now - p.submitted_at),
                     estimated_start_at=starts.get(p.job_id),
                 )
@@ -312,12 +323,24 @@ def queue_page(
             v.QueueRow(
                 order=x[0], job_id=p.job_id, account=p.account, user=p.user, gpus=p.gpus,
                 funded=p.funded, debug=p.debug, state="pending", sort_key=list(keys[p.job_id]),
-                code=x[6], reason=readable(wait.reason, wait.until) if wait else "",
+                code=x[6], reason=readable(wait.reason, wait.until) if wait else _next(state),
                 submitted_at=p.submitted_at, waiting_s=max(0.0, now - p.submitted_at),
                 estimated_start_at=starts.get(p.job_id),
             )
         )  # fmt: skip
     return QueuePage(len(entries), codes, rows)
+
+
+def _next(state: State) -> str:
+    """A next-cycle job's reason: none needed, unless nothing is placed at all."""
+    return "" if placing(state) else NOTHING_PLACED
+
+
+NEXT_LINE = "It would be placed in the next cycle."
+NEXT_LINE_NONE = (
+    "It would be placed in the next cycle, but nothing is placed: the service runs with "
+    "--executor none (no start can be estimated)."
+)
 
 
 def dependency_ends(
@@ -622,7 +645,11 @@ def explain(
                 readable(wait.reason, wait.until)
                 if wait
                 else "it would be placed in the next cycle"
+                if placing(state)
+                else f"first in line, but {NOTHING_PLACED}"
             )
+            if wait is None and not placing(state):
+                lines = [NEXT_LINE_NONE if x == NEXT_LINE else x for x in lines]
             if wait is not None and wait.code == "WAIT_CONTRACT":
                 blocking = sorted(
                     r.job_id for r in snapshot.running if r.placed_at + r.min_runtime_s > now

@@ -245,6 +245,17 @@ def _queue(h: Handles, a: QueueArgs) -> list[v.QueueRow]:
     return previews.queue(h.ledger, h.store(), policy, now, _queue_filter(a), preview)
 
 
+def _queue_total(h: Handles, a: QueueArgs) -> int:
+    """How many jobs `queue` lists with these filters: all of them, whatever the limit."""
+    from ledger.dispatch import registry
+    from ledger.reads import preview as previews
+
+    policy = registry.build(a.policy or h.ledger.state.policy)
+    now, preview = _preview(h, a)
+    f = msgspec.structs.replace(_queue_filter(a), limit=1)
+    return previews.queue_page(h.ledger, h.store(), policy, now, f, preview=preview).total
+
+
 def _priority(h: Handles, a: QueueArgs) -> list[v.PriorityRow]:
     from ledger.dispatch import registry
     from ledger.reads import preview as previews
@@ -380,6 +391,7 @@ READS: dict[str, ReadSpec] = {
     "usage": _spec("usage", UsageArgs, _usage_rows, list[v.UsageRow]),
     "delivered": _spec("report/delivered", DeliveredArgs, _delivered, v.DeliveredView),
     "queue": _spec("queue", QueueArgs, _queue, list[v.QueueRow], pooled=False),
+    "queue_total": _spec("queue/total", QueueArgs, _queue_total, int, pooled=False),
     "priority": _spec("priority", QueueArgs, _priority, list[v.PriorityRow], pooled=False),
     "explain": _spec("explain", ExplainArgs, _explain, v.ExplainView, personal=True, pooled=False),
     "squatters": _spec("squatters", SquattersArgs, _squatters, list[v.SquatterRow], pooled=False),

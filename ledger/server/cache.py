@@ -20,7 +20,9 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-CLOCKED = frozenset({"jobs", "shares", "usage", "queue", "priority", "explain", "squatters"})
+CLOCKED = frozenset(
+    {"jobs", "shares", "usage", "queue", "queue_total", "priority", "explain", "squatters"}
+)
 """Reads whose answer depends on the moment unless `at` names it."""
 FRESH_S = 2.0
 MAX_ENTRIES = 256

@@ -28,7 +28,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector
 
 WEEK_S = 7 * 86400.0
@@ -459,7 +459,8 @@ class Metrics:
         finally:
             self.reading.figures = None
 
-    content_type = CONTENT_TYPE_LATEST
+    content_type = CONTENT_TYPE_PLAIN_0_0_4
+    """The classic text format's type, which every Prometheus and agent reads (docs/server.md)."""
 
     def middleware(self, app: ASGIApp) -> ASGIApp:
         """ASGI middleware timing every routed HTTP request (route template, not the path)."""

@@ -24,7 +24,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
 
 import msgspec
-from litestar import Request, Response, get
+from litestar import HttpMethod, Request, Response, get, route
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Redirect
@@ -175,8 +175,9 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
     web_dir = resources.files("ledger.server") / "web"
     shell = (web_dir / "page.html").read_text(encoding="utf-8")
 
-    @get("/", include_in_schema=False)
+    @route("/", http_method=[HttpMethod.GET, HttpMethod.HEAD], include_in_schema=False)
     async def root() -> Redirect:
+        # HEAD too: a probe that asks HEAD / sees the same redirect as a browser
         return Redirect(path="/ui/teams")
 
     @get("/ui/{page:str}", include_in_schema=False)

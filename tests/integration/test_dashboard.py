@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -390,3 +391,155 @@ def test_metrics_match_the_cli_and_time_the_api(served: Served) -> None:
     seen = {(dict(k)["route"], dict(k)["status"]) for k, n in api.items() if n > 0}
     assert {("/ui/api/queue", "200"), ("/ui/api/queue", "403"), ("/metrics", "401")} <= seen
     assert ("/ui/api/job/{job_id}", "404") in seen  # the template, not the path
+
+
+UTC_TEXT = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\dZ")
+OTHER_FORMS = re.compile(r"\d+/\d+/\d{4}|\b[AP]M\b")  # 6/17/2025, 12:28:40 AM
+
+
+def placed_job(s: Served) -> int:
+    """The job with the longest history: placed, maybe preempted and placed again."""
+    rows = cli_json(s, "audit", "preemptions")
+    return int(rows[0]["job_id"]) if rows else s.sampled
+
+
+def test_every_page_shows_one_time_form_and_never_the_word_null(
+    served: Served, browser: Browser
+) -> None:
+    s = served
+    page, errors = watched(signed_in(browser, s.tokens["root"]))
+    job = placed_job(s)
+    visits = {
+        "teams": READY["teams"],
+        "queue": READY["queue"],
+        f"job?id={job}": "#explain",
+        "nodes": READY["nodes"],
+        "decisions": READY["decisions"],
+        "preemptions": "#preempt-summary",
+        "budget": "#budget tbody tr",
+    }
+    for path, ready in visits.items():
+        page.goto(f"{s.server.url}/ui/{path}")
+        page.wait_for_selector(ready)
+        page.wait_for_function("document.getElementById('status').textContent !== ''")
+        text = page.locator("main").inner_text()
+        lines = [ln.strip() for ln in text.splitlines()]
+        assert "null" not in lines and "undefined" not in lines, (path, text)
+        assert not OTHER_FORMS.search(text), (path, OTHER_FORMS.search(text))
+        # UTC is only in the hover titles, never in the text a person reads
+        assert not UTC_TEXT.search(text), (path, UTC_TEXT.search(text))
+        svg = " ".join(page.locator("svg text").all_text_contents())
+        assert not OTHER_FORMS.search(svg), (path, svg)
+    # the job page: the history's texts and Explain hold times too, each a <time> with UTC on hover
+    page.goto(f"{s.server.url}/ui/job?id={job}")
+    page.wait_for_selector("#explain time")
+    for t in page.locator("#job-history time, #explain time, #job-facts time").all():
+        assert (t.get_attribute("title") or "").endswith("(UTC)")
+    assert errors == []
+
+
+def test_the_job_page_wraps_explain_and_never_overlaps_or_cuts_a_label(
+    served: Served, browser: Browser
+) -> None:
+    s = served
+    page, _ = watched(signed_in(browser, s.tokens["root"]))
+    page.goto(f"{s.server.url}/ui/job?id={placed_job(s)}")
+    page.wait_for_selector("#explain")
+    pre = page.evaluate("(e => [e.scrollWidth, e.clientWidth])(document.getElementById('explain'))")
+    assert pre[0] <= pre[1], pre
+    boxes = page.evaluate(
+        "[...document.querySelectorAll('#timeline text')].map(t => {"
+        "const b = t.getBoundingClientRect(); return [b.left, b.right, b.top, b.bottom]; })"
+    )
+    assert len(boxes) >= 2
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            apart = a[1] <= b[0] or b[1] <= a[0] or a[3] <= b[2] or b[3] <= a[2]
+            assert apart, (a, b)
+    # every event name on one line (no `job.submitte` / `d.v2`)
+    lines = page.evaluate(
+        "[...document.querySelectorAll('#job-history td.tag')].map(td => {"
+        "const r = document.createRange(); r.selectNodeContents(td);"
+        "return new Set([...r.getClientRects()].map(x => Math.round(x.top))).size; })"
+    )
+    assert lines and set(lines) == {1}, lines
+
+
+def test_the_queue_pages_state_is_in_its_url_and_survives_a_reload(
+    served: Served, browser: Browser
+) -> None:
+    s = served
+    page, errors = watched(signed_in(browser, s.tokens["root"]))
+    page.goto(f"{s.server.url}/ui/queue")
+    page.wait_for_selector(READY["queue"])
+    page.select_option("#f-state", "pending")
+    page.wait_for_function("location.search.includes('state=pending')")
+    page.click("th[data-sort=gpus]")
+    page.wait_for_selector("th[data-sort=gpus][aria-sort=ascending]")
+    page.click("th[data-sort=gpus]")
+    page.wait_for_selector("th[data-sort=gpus][aria-sort=descending]")
+    page.wait_for_function("location.search.includes('descending=true')")
+    url = page.url
+    assert "sort=gpus" in url and "state=pending" in url, url
+    shown = [r.get_attribute("data-job") for r in page.locator("#queue tbody tr").all()]
+    page.reload()
+    page.wait_for_selector("th[data-sort=gpus][aria-sort=descending]")
+    assert page.locator("#f-state").input_value() == "pending"
+    assert [r.get_attribute("data-job") for r in page.locator("#queue tbody tr").all()] == shown
+    # a shared link opens filtered and on the page it names
+    queued = [q["user"] for q in cli_json(s, "queue", "--limit", "100000")]
+    who = max(set(queued), key=queued.count)
+    assert queued.count(who) >= 2, queued
+    page.goto(f"{s.server.url}/ui/queue?user={who}&limit=1&offset=1")
+    page.wait_for_selector("#queue-range[data-offset='1']")
+    assert page.locator("#f-user").input_value() == who
+    users = {c.inner_text() for c in page.locator("#queue tbody tr td:nth-child(3)").all()}
+    assert users == {who}, users
+    assert errors == []
+
+
+def test_metrics_are_typed_and_documented_and_head_answers(served: Served) -> None:
+    import http.client
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    conn = http.client.HTTPConnection("127.0.0.1", served.server.port, timeout=60)
+    try:
+        bearer = {"Authorization": f"Bearer {served.tokens['root']}"}
+        conn.request("GET", "/metrics", headers=bearer)
+        resp = conn.getresponse()
+        raw = resp.read().decode()
+        kind = resp.getheader("Content-Type")
+        conn.request("HEAD", "/")
+        head = conn.getresponse()
+        head.read()
+    finally:
+        conn.close()
+    docs = (Path(__file__).parents[2] / "docs" / "server.md").read_text()
+    assert resp.status == 200 and f"`Content-Type: {kind}`" in docs, kind
+    assert kind == "text/plain; version=0.0.4; charset=utf-8"
+    listed = set(re.findall(r"`((?:gpuledger|kueue)_[a-z_]+)`", docs))
+    missing = {
+        f.name
+        for f in text_string_to_metric_families(raw)
+        if f.name not in listed and f"{f.name}_total" not in listed
+    }
+    assert missing == set(), missing
+    # a probe's HEAD / sees what a browser's GET / does: a redirect to the pages
+    assert head.status in (200, 301, 302, 303, 307, 308), head.status
+
+
+def test_the_cli_queue_says_how_many_its_limit_left_out(served: Served) -> None:
+    home = served.dash.home
+    everything = json.loads(cli(home, "queue", "--json", "--limit", "100000").stdout)
+    assert len(everything) >= 2, everything
+    total = len(everything)
+    table = cli(home, "queue", "--limit", "1").stdout.strip().splitlines()
+    assert table[-1] == f"1 of {total:,} shown (--limit N for more)", table
+    got = cli(home, "queue", "--json", "--limit", "1")
+    assert len(json.loads(got.stdout)) == 1  # the JSON stays a list of rows
+    assert got.stderr.strip() == f"1 of {total:,} shown (--limit N for more)", got.stderr
+    # nothing cut, nothing said
+    whole = cli(home, "queue", "--limit", str(total))
+    assert "shown" not in whole.stdout and whole.stderr == ""
+    assert "Show the first N jobs" in cli(home, "queue", "--help").stdout

@@ -246,7 +246,8 @@ def test_a_runnable_block_runs_as_written(where: str, script: str, tmp_path: Pat
         for k, v in os.environ.items()
         if not k.startswith("GPULEDGER_") or k == "GPULEDGER_KAFKA"
     }
-    env |= {"HOME": str(tmp_path), "USER": os.environ.get("USER", "root") or "root"}
+    # no USER, as in containers and cron: a block names the user another way (`id -un`)
+    env = {k: v for k, v in env.items() if k not in ("USER", "LOGNAME")} | {"HOME": str(tmp_path)}
     env["PATH"] = f"{ROOT / '.venv' / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
     got = subprocess.run(
         ["bash", "-e", "-o", "pipefail", "-c", script],

@@ -88,8 +88,9 @@ def test_the_config_file_rejects_unknown_keys_and_flags_override_it(tmp_path: Pa
     assert configured()[-1]["policy"]["margin"] == 0.3  # type: ignore[index]
 
 
-AT = "2030-01-01T00:00:00"
-"""Every read that depends on the clock is asked at this moment in both modes."""
+AT = "<at>"
+"""Every read that depends on the clock is asked at one moment in every mode: the test puts
+there a moment after the log's last event (a moment in the future is refused)."""
 
 READ_COMMANDS: dict[str, list[str]] = {
     "accounts": ["account", "tree", "--json"],
@@ -100,11 +101,13 @@ READ_COMMANDS: dict[str, list[str]] = {
     "usage": ["usage", "--json", "--at", AT, "--by", "user"],
     "delivered": ["report", "delivered", "--json", "--at", AT, "--window", "3650d"],
     "queue": ["queue", "--json", "--at", AT],
+    "queue_total": ["queue", "--limit", "1", "--at", AT],  # "1 of N shown" under the table
     "priority": ["priority", "--json", "--at", AT],
     "explain": ["explain", "4", "--json", "--at", AT],
     "squatters": ["squatters", "--json", "--at", AT, "--threshold", "100", "--after", "0s"],
     "projection": ["projection", "status", "--json"],
     "audit_preemptions": ["audit", "preemptions", "--json"],
+    "preemptions": ["report", "preemptions", "--json", "--since", "2000-01-01", "--at", AT],
     "audit_budget_changes": ["audit", "budget-changes", "--json"],
 }
 """One CLI command per read the API serves (the test checks none is missing)."""
@@ -170,7 +173,8 @@ def test_embedded_and_client_modes_print_byte_identical_output(tmp_path: Path) -
     server = start_server(home, "--interval", "1h", log_name="serve2.log")
     _one_cycle(server)
     assert server.stop() == 0
-    reads = [*READ_COMMANDS.values(), *MORE]
+    at = f"{time.time():.3f}"  # after the last event, before every read
+    reads = [[at if word == AT else word for word in r] for r in [*READ_COMMANDS.values(), *MORE]]
     embedded = [cli(home, *r, cwd=tmp_path).stdout for r in reads]
     server = start_server(home, "--interval", "1h", log_name="serve3.log")
     nowhere = tmp_path / "no-such-home"

@@ -34,8 +34,12 @@ function svg(tag, attrs, ...kids) {
   return node;
 }
 
-function when(at) {
-  return at === null || at === undefined ? "—" : new Date(at * 1000).toLocaleString();
+// The one form of a time on every page: 24-hour, in the viewer's zone (named in the footer).
+const SHORT = { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", hourCycle: "h23" };
+const LONG = { year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" };
+
+function when(at, form) {
+  return at === null || at === undefined ? "—" : new Date(at * 1000).toLocaleString(undefined, form || LONG);
 }
 
 function utc(at) {
@@ -46,7 +50,7 @@ function utc(at) {
 function timeEl(at) {
   if (at === null || at === undefined) return "—";
   const d = new Date(at * 1000);
-  const short = d.toLocaleString(undefined, { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", hourCycle: "h23" });
+  const short = when(at, SHORT);
   return el("time", { datetime: d.toISOString(), title: `${when(at)} here; ${utc(at)} (UTC)` }, short);
 }
 
@@ -62,6 +66,11 @@ function localised(text) {
   }
   out.push(String(text).slice(last));
   return out;
+}
+
+// The same as plain text (an SVG title, which holds no elements).
+function localisedText(text) {
+  return String(text).replace(UTC_TEXT, (_, d, t) => when(Date.parse(`${d}T${t}Z`) / 1000, SHORT));
 }
 
 function dur(s) {
@@ -124,7 +133,7 @@ async function api(path) {
 
 function main(...kids) {
   const m = document.getElementById("main");
-  m.replaceChildren(...kids);
+  m.replaceChildren(...kids.filter((k) => k !== null && k !== undefined && k !== false));
 }
 
 // --- login ----------------------------------------------------------------------------------
@@ -167,8 +176,8 @@ function teamChart(series, start, end) {
     svg("line", { x1: L, y1: H - B, x2: W, y2: H - B, stroke: "#ccd" }),
     svg("text", { x: 2, y: 10 }, num(top, 1)),
     svg("text", { x: 2, y: H - B }, "0"),
-    svg("text", { x: L, y: H - 3 }, new Date(start * 1000).toLocaleDateString()),
-    svg("text", { x: W - 60, y: H - 3 }, new Date(end * 1000).toLocaleDateString()),
+    svg("text", { x: L, y: H - 3 }, when(start, SHORT)),
+    svg("text", { x: W - 4, y: H - 3, "text-anchor": "end" }, when(end, SHORT)),
     burst,
     svg("path", { d: line("owed_gpu_hours"), fill: "none", stroke: "var(--owed)", "stroke-dasharray": "4 3", "stroke-width": 1.5 }),
     svg("path", { d: line("delivered_gpu_hours"), fill: "none", stroke: "var(--delivered)", "stroke-width": 1.8 }));
@@ -182,7 +191,7 @@ async function teamsPage() {
   const toggle = el("div", { class: "filters" },
     ["7d", "all"].map((w) => el("button", { type: "button", id: `window-${w}`, disabled: w === data.window,
       on: { click: () => { teamsState.window = w; refresh(); } } }, w === "7d" ? "Last 7 days" : "Whole period")),
-    el("span", { class: "muted" }, `${when(d.start_at)} – ${when(d.end_at)}`));
+    el("span", { class: "muted", id: "teams-range" }, timeEl(d.start_at), " – ", timeEl(d.end_at)));
   const legend = el("p", { class: "legend" },
     el("span", {}, el("i", { class: "sw", style: "background:var(--owed)" }), "owed (allocation × capacity, capped by demand)"),
     el("span", {}, el("i", { class: "sw", style: "background:var(--delivered)" }), "delivered"),
@@ -262,7 +271,29 @@ function keyPart(p, i) {
   return el("span", { class: "part", title: `${p.name}: ${p.meaning}` }, i ? " · " : "", value);
 }
 
+// The queue page's state lives in its URL (page, sort, filters): a view reloads, bookmarks and shares.
+const QUEUE_DEFAULTS = { ...queueState };
+
+function queueFromUrl() {
+  const q = new URLSearchParams(location.search);
+  for (const k of ["user", "account", "state", "reason", "sort"]) if (q.has(k)) queueState[k] = q.get(k);
+  if (q.has("descending")) queueState.descending = q.get("descending") === "true";
+  if (q.has("mine")) queueState.mine = q.get("mine") === "true";
+  for (const k of ["offset", "limit"]) {
+    const n = Number(q.get(k));
+    if (q.has(k) && Number.isInteger(n) && n >= (k === "limit" ? 1 : 0) && n <= (k === "limit" ? 1000 : 1e9)) queueState[k] = n;
+  }
+}
+
+function queueToUrl() {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(queueState)) if (v !== QUEUE_DEFAULTS[k]) q.set(k, String(v));
+  const url = `${location.pathname}${q.size ? "?" + q : ""}`;
+  if (url !== location.pathname + location.search) history.replaceState(null, "", url);
+}
+
 async function queuePage(first) {
+  if (first) queueFromUrl();
   if (first) document.getElementById("main").replaceChildren(el("h1", {}, "Queue in dispatch order"), queueFilters(), el("div", { id: "queue-body" }));
   const q = new URLSearchParams({ state: queueState.state, sort: queueState.sort, descending: queueState.descending,
     offset: queueState.offset, limit: queueState.limit });
@@ -275,6 +306,7 @@ async function queuePage(first) {
     queueState.offset = Math.max(0, Math.floor((page.total - 1) / queueState.limit) * queueState.limit);
     return queuePage(false);
   }
+  queueToUrl();
   reasonChoices(page.codes);
   const head = el("tr", {}, QUEUE_COLUMNS.map(([h, col]) => {
     const on = col && queueState.sort === col;
@@ -303,14 +335,25 @@ async function queuePage(first) {
 
 function timeline(history) {
   if (!history.length) return el("p", { class: "muted" }, "no events");
-  const W = 900, H = 50, t0 = history[0].at, t1 = Math.max(t0 + 1, history[history.length - 1].at);
+  const W = 900, t0 = history[0].at, t1 = Math.max(t0 + 1, history[history.length - 1].at);
   const x = (t) => 10 + ((t - t0) / (t1 - t0)) * (W - 20);
+  // each label on the first row where it overlaps no other label (6 px a character, a gap)
+  const ends = [];
+  const marks = history.map((h) => {
+    const label = h.tag.split(".")[1] || h.tag, cx = x(h.at), w = 6 * label.length + 8;
+    const anchor = cx < 60 ? "start" : cx > W - 60 ? "end" : "middle";
+    const left = anchor === "start" ? cx : anchor === "end" ? cx - w : cx - w / 2;
+    let row = ends.findIndex((e) => e <= left);
+    if (row < 0) { row = ends.length; ends.push(0); }
+    ends[row] = left + w;
+    return { h, label, cx, anchor, row };
+  });
+  const H = 40 + 12 * ends.length;
   return svg("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", id: "timeline" },
     svg("line", { x1: 10, y1: 20, x2: W - 10, y2: 20, stroke: "#ccd" }),
-    history.map((h, i) => svg("g", {},
-      svg("circle", { cx: x(h.at), cy: 20, r: 5, fill: colour(h.tag) }, svg("title", {}, `${when(h.at)} ${h.tag}: ${h.text}`)),
-      svg("text", { x: x(h.at), y: 34 + 10 * (i % 2),
-        "text-anchor": x(h.at) < 60 ? "start" : x(h.at) > W - 60 ? "end" : "middle" }, h.tag.split(".")[1] || h.tag))));
+    marks.map(({ h, label, cx, anchor, row }) => svg("g", {},
+      svg("circle", { cx, cy: 20, r: 5, fill: colour(h.tag) }, svg("title", {}, `${when(h.at)} ${h.tag}: ${localisedText(h.text)}`)),
+      svg("text", { x: cx, y: 36 + 12 * row, "text-anchor": anchor, "data-row": row }, label))));
 }
 
 let replayed = null;
@@ -327,9 +370,9 @@ async function jobPage() {
     ["status", j.status + (j.outcome ? ` (${j.outcome})` : "")], ["user", j.user], ["account", j.account],
     ["GPUs", `${j.gpus}${j.gpu_type ? " × " + j.gpu_type : ""}`], ["nodes", j.nodes.join(", ") || "—"],
     ["funded", j.funded], ["resumable", j.resumable], ["min runtime", dur(j.min_runtime_s)],
-    ["submitted", when(j.submitted_at)], ["started", when(j.started_at)], ["finished", when(j.finished_at)],
+    ["submitted", timeEl(j.submitted_at)], ["started", timeEl(j.started_at)], ["finished", timeEl(j.finished_at)],
     ["placements / preemptions", `${j.placements} / ${j.preemptions}`],
-  ].map(([k, v]) => el("tr", {}, td(k), td(String(v)))), { id: "job-facts" });
+  ].map(([k, v]) => el("tr", {}, td(k), td(v instanceof Node ? v : String(v)))), { id: "job-facts" });
   const priv = data.private
     ? el("div", { id: "job-private" }, el("h2", {}, "Command"), el("pre", { id: "job-command" }, j.command.join(" ") || "(none)"),
       el("h2", {}, "Labels"), el("pre", {}, JSON.stringify(data.labels, null, 1)),
@@ -337,7 +380,7 @@ async function jobPage() {
     : el("p", { id: "job-private", class: "muted" }, "Command, labels and logs: only the owner, the managers above its account and admins see them.");
   const decisions = table(["cycle", "decided", "placed", "preempted", "considered", "replay"],
     data.decisions.map((d) => el("tr", { "data-position": d.position },
-      td(el("a", { href: `/ui/decisions?position=${d.position}` }, d.cycle_id)), td(when(d.decided_at)),
+      td(el("a", { href: `/ui/decisions?position=${d.position}` }, d.cycle_id)), td(timeEl(d.decided_at)),
       td(d.placed.includes(j.job_id) ? "this job" : d.placed.length, { class: "num" }),
       td(d.preempted.includes(j.job_id) ? "this job" : d.preempted.length, { class: "num" }),
       td(d.considered, { class: "num" }),
@@ -345,8 +388,8 @@ async function jobPage() {
     { id: "job-decisions" });
   main(el("h1", {}, `Job ${j.job_id}`), facts, priv,
     el("h2", {}, "Timeline"), timeline(x.history),
-    table(["at", "event", "what"], x.history.map((h) => el("tr", {}, td(when(h.at)), td(h.tag), td(h.text))), { id: "job-history" }),
-    el("h2", {}, "Explain"), el("pre", { id: "explain" }, x.lines.join("\n")),
+    table(["at", "event", "what"], x.history.map((h) => el("tr", {}, td(timeEl(h.at)), td(h.tag, { class: "tag" }), td(localised(h.text)))), { id: "job-history" }),
+    el("h2", {}, "Explain"), el("pre", { id: "explain" }, localised(x.lines.join("\n"))),
     el("h2", {}, "Decisions about it, beside their replay"), decisions);
   if (replayed === null) {
     replayed = new Map();
@@ -412,7 +455,7 @@ function cyclesChart(rows) {
   return svg("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", id: "cycles-chart" },
     svg("line", { x1: 30, y1: H - B, x2: W, y2: H - B, stroke: "#ccd" }),
     svg("text", { x: 2, y: 12 }, top), svg("text", { x: 2, y: H - B }, 0),
-    svg("text", { x: 30, y: H - 3 }, when(t0)), svg("text", { x: W - 150, y: H - 3 }, when(t1)),
+    svg("text", { x: 30, y: H - 3 }, when(t0, SHORT)), svg("text", { x: W - 4, y: H - 3, "text-anchor": "end" }, when(t1, SHORT)),
     rows.map((r) => svg("g", {},
       svg("line", { x1: x(r.decided_at), x2: x(r.decided_at), y1: H - B, y2: y(r.placed.length), stroke: "var(--delivered)", "stroke-width": 2 }),
       svg("line", { x1: x(r.decided_at) + 2, x2: x(r.decided_at) + 2, y1: H - B, y2: y(r.preempted.length), stroke: "var(--bad)", "stroke-width": 2 }))));
@@ -435,7 +478,7 @@ async function decisionsPage() {
     detail = el("div", { id: "decision" },
       el("h2", {}, `Cycle ${rec.cycle_id}`),
       table(["", ""], [
-        ["decided", when(d.row.decided_at)], ["based on position", rec.based_on],
+        ["decided", timeEl(d.row.decided_at)], ["based on position", rec.based_on],
         ["policy", rec.policy === null || rec.policy === undefined ? rec.policy_version : `${rec.policy_version} ${JSON.stringify(rec.policy)}`],
         ["ranks read at", rec.ranks ? `${rec.ranks.position}${rec.ranks.digest ? ` (digest ${rec.ranks.digest})` : ""}` : "—"],
         ["placed", rec.placed.join(", ") || "none"], ["preempted", rec.preempted.join(", ") || "none"],
@@ -556,7 +599,7 @@ async function refresh() {
   try {
     await PAGES[PAGE](!started);
     started = true;
-    status(`updated ${new Date().toLocaleTimeString()}`);
+    status(`updated ${new Date().toLocaleTimeString(undefined, { hourCycle: "h23" })}`);
   } catch (err) {
     status(`could not update: ${err.message}`, true);
   }
