@@ -63,9 +63,16 @@ class OsAccount:
     """The names of its groups (primary and supplementary)."""
 
 
-PRIVILEGED_GROUPS = frozenset({"root", "sudo", "wheel", "admin", "adm", "slurm", "munge"})
-"""Groups whose members can act for the system (sudo, read its logs, run Slurm): a member
-in one may be added by an admin alone, though a job of their own runs as them."""
+PRIVILEGED_GROUPS = frozenset(
+    {
+        "root", "sudo", "wheel", "admin", "adm", "slurm", "munge",
+        "shadow", "disk", "kmem", "sys", "docker", "lxd", "libvirt",
+    }
+)  # fmt: skip
+"""Groups whose members can act for the system or read and write as root: sudo, read its logs
+(`adm`), run Slurm, read /etc/shadow (`shadow`), the raw disks (`disk`) or memory (`kmem`),
+start root containers or VMs (`docker`, `lxd`, `libvirt`), Debian's `sys`. A member in one may
+be added by an admin alone; its jobs are its own or an admin's (`RunAs.account`)."""
 
 
 Lookup = Callable[[str], OsAccount | None]
@@ -87,8 +94,15 @@ class RunAs:
     def os_name(self, user: str) -> str:
         return self.accounts.get(user, user)
 
-    def account(self, user: str, lookup: Lookup) -> OsAccount:
-        """Pure: the OS account `user`'s jobs run as, or NotAuthorised saying why none may."""
+    def account(
+        self, user: str, lookup: Lookup, *, by: str | None = None, admin: bool = False
+    ) -> OsAccount:
+        """Pure: the OS account `user`'s jobs run as, or NotAuthorised saying why none may.
+
+        `by` submitted the job (`admin`: an admin of the ledger). An account with the system's
+        rights (`privileged`) runs its own jobs and an admin's, never another's: a manager who
+        added a member before it joined `sudo` (or `disk`, `docker`...) cannot run as it since.
+        Asked at each submission and again before each launch, with the groups as they are."""
         name = self.os_name(user)
         found = lookup(name)
         mapped = f" (mapped to {name!r})" if name != user else ""
@@ -112,6 +126,14 @@ class RunAs:
             raise NotAuthorised(
                 f"{name!r} is a system account ({why}): jobs do not run as system accounts",
                 hint="submit as a person's account (see docs/slurm-users.md, 'Who a job runs as')",
+                user=user,
+            )
+        groups = self.privileged(found)
+        if groups and by is not None and by != user and not admin:
+            raise NotAuthorised(
+                f"{by!r} may not run jobs as {name!r}: it has the system's rights (group "
+                f"{groups}), and only an admin or {user!r} itself submits its jobs",
+                hint="see docs/slurm-users.md, 'Who a job runs as'",
                 user=user,
             )
         return found
@@ -212,7 +234,7 @@ def admit(
     if limits is not None:
         limits.check(state, cmd)
     if submissions:
-        rule.account(cmd.user or cmd.actor, lookup)
+        rule.account(cmd.user or cmd.actor, lookup, by=cmd.actor, admin=state.is_admin(cmd.actor))
     pattern = re.compile(secret)
     if any(pattern.search(k) or secret_value(v) for k, v in cmd.env.items()):
         env = {k: v for k, v in cmd.env.items() if not (pattern.search(k) or secret_value(v))}
