@@ -467,6 +467,21 @@ class SupervisedExecutor:
         """This state directory's groups under `gpuledger/` (several agents share a host)."""
         return "s" + hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:12]
 
+    def _default_log(self, name: str, account: Account | None) -> Path:
+        """The engine's own output file of a job that names none: `<log_dir>/<name>`, in a
+        directory only the service writes (0755), made for the job's user (`account`; None: the
+        service's own) and readable by them alone (0600), as the Slurm executor makes it."""
+        self.log_dir.chmod(0o755)
+        out = self.log_dir / name
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        try:
+            if account is not None:
+                os.fchown(fd, account.uid, account.gid)
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+        return out
+
     def _spec(
         self, job: Launch, rank: int, rundir: Path, account: Account, master: str, grace_s: float
     ) -> tuple[dict[str, object], str]:
@@ -477,11 +492,9 @@ class SupervisedExecutor:
         default = ""
         if not job.stdout:  # the engine's log file, made here and given to the user
             name = f"job-{job.job_id}.log" if rank == 0 else f"job-{job.job_id}.{rank}.log"
-            default = str(self.log_dir / name)
-            Path(default).touch()
+            default = str(self._default_log(name, account if switch else None))
         if switch:
-            for path in (work, *((Path(default),) if default else ())):
-                os.chown(path, account.uid, account.gid)
+            os.chown(work, account.uid, account.gid)
         out = job.stdout or default
         if job.stdout and job.workdir and not os.path.isabs(job.stdout):
             out = os.path.join(job.workdir, job.stdout)
