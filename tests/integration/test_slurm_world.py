@@ -28,6 +28,7 @@ echo "HOME=$HOME USER=$USER LOGNAME=$LOGNAME SHELL=$SHELL"
 echo "SVC=$SERVICE_DB_PASSWORD TOK=$GPULEDGER_TOKEN ONLY=$SERVICE_ONLY"
 echo "ARRAY=$SLURM_ARRAY_JOB_ID/$SLURM_ARRAY_TASK_ID"
 echo "GL=$GPULEDGER_ARRAY_JOB_ID/$GPULEDGER_ARRAY_TASK_ID"
+echo "SUBMIT_DIR=$SLURM_SUBMIT_DIR"
 """
 
 
@@ -89,6 +90,7 @@ def test_a_script_in_a_users_home_runs_there_as_the_user_with_its_world_not_the_
         st = out.stat()
         assert (st.st_uid, st.st_gid) == (user.uid, user.gid)  # created as the user
         assert got["pwd"] == str(proj) and got["line:input"] == "from the input"
+        assert got["SUBMIT_DIR"] == str(proj)  # N8: not the service's cwd
         assert got["MY_VAR"] == "hello"
         assert (int(got["uid"]), int(got["gid"])) == (user.uid, user.gid)  # F1: not gid 0
         assert set(map(int, got["line:uid"].split("groups=")[1].split())) == user.gids

@@ -382,6 +382,10 @@ def test_the_job_gets_its_submitted_world_never_the_services() -> None:
     assert (env["GPULEDGER_ARRAY_JOB_ID"], env["GPULEDGER_ARRAY_TASK_ID"]) == ("4", "1")
     assert "SLURM_JOB_ID" not in env and "CUDA_VISIBLE_DEVICES" not in env
     assert "GPULEDGER_JOB_TOKEN" not in env and "BAD;NAME" not in env
+    # N8 of the re-test: sbatch runs in the service's cwd, so Slurm's own would name that
+    assert env["SLURM_SUBMIT_DIR"] == "/home/alice/proj 1"
+    home = job_environment(dataclasses.replace(job, workdir=""), ALICE)
+    assert home["SLURM_SUBMIT_DIR"] == "/home/alice"  # no directory: it starts in the home
     script = batch_script(job, ALICE)
     assert "export MY_VAR='it'\"'\"'s 7'" in script
     assert "cd -- '/home/alice/proj 1' || {" in script

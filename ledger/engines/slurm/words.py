@@ -528,7 +528,8 @@ def job_environment(job: Launch, who: SbatchUser) -> dict[str, str]:
     never the service's; with none, PATH alone (Slurm's `--export=NONE`); the account's HOME,
     USER, LOGNAME and SHELL; then the ledger's variables, which win. Slurm's own (`SLURM_*`,
     the GPUs) are Slurm's to set. An array task also gets `SLURM_ARRAY_JOB_ID` and
-    `SLURM_ARRAY_TASK_ID` (the ledger runs each task as its own Slurm job)."""
+    `SLURM_ARRAY_TASK_ID` (the ledger runs each task as its own Slurm job), and every job
+    `SLURM_SUBMIT_DIR`: its working directory (sbatch's would be the service's own cwd)."""
     env = {
         k: v
         for k, v in job.env
@@ -552,6 +553,8 @@ def job_environment(job: Launch, who: SbatchUser) -> dict[str, str]:
         env["GPULEDGER_ARRAY_JOB_ID"] = env["SLURM_ARRAY_JOB_ID"] = str(job.array_job_id)
     if job.array_task_id is not None:
         env["GPULEDGER_ARRAY_TASK_ID"] = env["SLURM_ARRAY_TASK_ID"] = str(job.array_task_id)
+    if job.workdir or who.home:  # where it was submitted from, as sbatch gives it (--chdir's)
+        env["SLURM_SUBMIT_DIR"] = job.workdir or who.home
     return env
 
 
