@@ -34,15 +34,32 @@ NOLOGIN_SHELLS = frozenset(
     {"/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false", "/bin/sync"}
 )
 """Login shells that mark an account as the system's, not a person's."""
-SECRET_NAMES = r"(?i)(TOKEN|SECRET|PASS|CREDENTIAL|PRIVATE_KEY|APIKEY|(^|_)KEY($|_)|(^|_)PAT$)"
+PATH_NAMES = (
+    "GOOGLE_APPLICATION_CREDENTIALS", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
+    "KUBECONFIG",
+)  # fmt: skip
+"""Well-known variables that hold the *path* of a credentials file, not a secret: sent like any
+other (the file stays readable by its owner alone), though their names look like secrets."""
+SECRET_NAMES = (
+    rf"(?i)^(?!(?:{'|'.join(PATH_NAMES)})$).*?"
+    r"(TOKEN|SECRET|PASS|CREDENTIAL|PRIVATE_KEY|APIKEY|COOKIE|(^|_)KEY($|_)|(^|_)PAT$"
+    r"|(^|_)AUTH($|_))"
+)
 """The environment variables a job is never sent with by default: names that hold tokens,
-passwords and keys (the submitter's own `GPULEDGER_TOKEN` first of all; `OPENAI_KEY`,
-`GITHUB_PAT`, `WANDB_KEY`, `SSHPASS`, `DB_PASSWORD`, `AWS_SECRET_ACCESS_KEY`). A site sets its
-own pattern (`secret_env` in serve.toml); the CLI leaves these out before it sends anything.
-A value holding a password in a URL (`postgres://u:pass@h/db`) is never sent either
-(`secret_value`), whatever its name."""
-SECRET_VALUE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:[^/\s@]+@")
-"""A URL with a password in it (`scheme://user:password@host`)."""
+passwords, keys and sessions (the submitter's own `GPULEDGER_TOKEN` first of all; `OPENAI_KEY`,
+`GITHUB_PAT`, `WANDB_KEY`, `SSHPASS`, `DB_PASSWORD`, `AWS_SECRET_ACCESS_KEY`, `NPM_AUTH`,
+`HF_AUTH_TOKEN`, `SESSION_COOKIE`), but not `PATH_NAMES`. A site sets its own pattern
+(`secret_env` in serve.toml); the CLI leaves these out before it sends anything. A value holding
+a password in a URL (`postgres://u:pass@h/db`), a connection string's key or password
+(`...;AccountKey=...`) or a Slack webhook is never sent either (`secret_value`), whatever its
+name."""
+SECRET_VALUE = re.compile(
+    r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:[^/\s@]+@"
+    r"|(?i:(?:^|;)\s*(?:AccountKey|SharedAccessKey|Password|Pwd)\s*=)"
+    r"|(?i:hooks\.slack\.com/)"
+)
+"""A URL with a password in it (`scheme://user:password@host`), a connection string with a key
+or password (Azure's `AccountKey=`/`SharedAccessKey=`, ODBC's `Password=`), a Slack webhook."""
 
 
 def secret_value(value: str) -> bool:

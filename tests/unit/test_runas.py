@@ -201,3 +201,17 @@ def test_a_launch_asks_the_rule_again_with_the_groups_as_they_are_now() -> None:
     (finish,) = recorded
     assert isinstance(finish, c.FinishJob) and finish.job_id == 1
     assert finish.reason == "launch_failed" and "'mgr' may not run jobs as 'dave'" in finish.note
+
+
+def test_the_server_strips_auth_cookies_and_connection_keys_but_keeps_credentials_paths() -> None:
+    """N9 and F10's remainder, at the server (a client that sends them anyway): nothing of
+    them reaches the log; a credentials file's path does."""
+    state, rule = _state(), RunAs()
+    env = {"GOOGLE_APPLICATION_CREDENTIALS": "/h/sa.json", "NPM_AUTH": "x", "HF_AUTH": "x",
+           "SESSION_COOKIE": "x", "CONN": "Endpoint=sb://h/;SharedAccessKey=x",
+           "HOOK": "https://hooks.slack.com/services/T0/B0/x"}  # fmt: skip
+    cmd = c.SubmitJob(actor="alice", account="p/q", gpus=1, env=env)
+    got = admit(state, cmd, lookup=lookup, rule=rule, submissions=True)
+    assert isinstance(got, c.SubmitJob) and got.env == {
+        "GOOGLE_APPLICATION_CREDENTIALS": "/h/sa.json"
+    }
