@@ -144,3 +144,23 @@ def test_a_limit_in_seconds_is_kept_to_the_second_where_slurm_rounds_up(ledger: 
     row: dict[str, Any] = ledger.jobs()[1]
     assert row["finish_reason"] == "time_limit", row
     assert 64 <= row["finished_at"] - row["started_at"] < 100, row
+
+
+def test_a_run_slurm_cannot_launch_is_launch_failed_and_never_started(ledger: Ledger) -> None:
+    """N3 of the re-test of issue 23 (the node agents' twin is in test_sbatch_like.py): an
+    output file the job's user cannot write makes Slurm fail the launch (JobLaunchFailure,
+    exit 0:53); the job was recorded `failed` with exit 181 and a start. It ends
+    `launch_failed` with why, no start, no exit code."""
+    with os_user("glsn", groups=0) as user:
+        ledger.cli("member", "add", user.name, "ai2/olmo")
+        closed = ledger.work / "closed-n3"  # root's, 0700
+        closed.mkdir(mode=0o700)
+        ledger.up(run_as="submitter")
+        (job,) = submit_as(ledger, user, user.home, "-o", f"{closed}/o-%j.out", "--", "true")
+        ledger.wait("the launch to fail", lambda: status(ledger, job) == "finished")
+        row = ledger.jobs()[job]
+        assert (row["finish_reason"], row["started_at"], row["exit_code"]) == (
+            "launch_failed", None, None,
+        ), row  # fmt: skip
+        assert "JobLaunchFailure" in row["finish_note"], row
+        ledger.stop()

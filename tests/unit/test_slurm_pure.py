@@ -831,3 +831,33 @@ def test_the_partitions_max_time_is_read_from_its_record() -> None:
     assert partition_max_time(PART + " MaxTime=00:01:00", "gpuledger") == 60.0
     assert partition_max_time(PART + " MaxTime=UNLIMITED", "gpuledger") is None
     assert partition_max_time(PART + " MaxTime=00:01:00", "other") is None
+
+
+def test_a_run_slurm_could_not_launch_is_launch_failed_with_no_start(tmp_path: Path) -> None:
+    """N3 of the re-test of issue 23: a working directory missing or an output file its user
+    cannot write makes Slurm fail the launch (Reason=JobLaunchFailure, ExitCode=0:53); it was
+    recorded `failed` exit 181 with a start. It is `launch_failed` with why, and never started."""
+    from ledger.engines.slurm.executor import SlurmExecutor as Executor
+
+    failed = (
+        "JobId=41 JobName=gpuledger-5 JobState=FAILED Reason=JobLaunchFailure Dependency=(null)"
+        " ExitCode=0:53 StartTime=2026-12-01T22:39:19 EndTime=2026-12-01T22:39:19"
+        f" Partition=gpuledger Comment=gpuledger:{LID}:job=5:run=2 NodeList=vm"
+    )
+
+    def run(args: list[str], stdin: str | None = None, env: object = None) -> str:
+        if args[0] == "sbatch":
+            return "41\n"
+        return failed if args[:4] == ["scontrol", "-d", "-o", "show"] else ""
+
+    ex = Executor("gpuledger", LID, tmp_path, run_as="service")
+    ex._run = run  # type: ignore[method-assign]
+    job = dataclasses.replace(
+        launch(GpuSlot(node="vm", gpu_indices=(0,))), workdir="/nonexistent-n3", stdout="o.out"
+    )
+    ex.carry_out(Orders(launches=(job,)), 100.0)
+    seen = ex.observe(101.0, {"vm": node("vm")})
+    assert seen.starts == ()
+    [end] = seen.exits
+    assert (end.job_id, end.reason, end.engine_job_id) == (5, "launch_failed", "41")
+    assert end.note.startswith("cannot enter the working directory /nonexistent-n3"), end.note

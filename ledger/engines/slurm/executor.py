@@ -383,6 +383,19 @@ class SlurmExecutor:
             for sl in r.launch.slots:
                 held.setdefault(sl.node, set()).update(sl.gpu_indices)
 
+    @staticmethod
+    def _launch_failure(r: _Run) -> str:
+        """Why Slurm could not launch a run (JobLaunchFailure), in the job's words: slurmd
+        says no more, so the likely cause is named from what the job asked for."""
+        job = r.launch
+        if job is not None and job.workdir and not os.path.isdir(job.workdir):
+            return f"cannot enter the working directory {job.workdir} (Slurm: JobLaunchFailure)"
+        files = " or ".join(r.logs) or "its output file"
+        return (
+            f"Slurm could not launch it (JobLaunchFailure): cannot open the output file {files} "
+            "or enter the working directory as its user"
+        )
+
     def _earlier_alive(self, job_id: int, run: int) -> SlurmJob | None:
         """A Slurm job of an earlier run of `job_id` that has not ended (the launch fence)."""
         for j in self._view.values():
@@ -558,7 +571,7 @@ class SlurmExecutor:
                 if why:
                     self._take_back(r, why, now)
                     continue
-            if j.started and not r.started and (j.holding or j.ended):
+            if j.started and not r.started and (j.holding or j.ended) and not j.launch_failed:
                 r.started = True
                 r.started_at = j.start_time
                 gpus = tuple(GpuSlot(node=n, gpu_indices=i) for n, i in sorted(j.gpus.items()) if i)
@@ -566,7 +579,12 @@ class SlurmExecutor:
                 self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
                                           started_at=j.start_time))  # fmt: skip
                 self._check_gpus(r, j)
-            if j.ended:
+            if j.ended and j.launch_failed:  # its command never ran
+                del self._runs[job_id]
+                at = now if j.end_time is None else min(now, j.end_time)
+                self._exits.append(Exit(job_id, -1, at, "launch_failed", r.slurm_id, j.state,
+                                        self._launch_failure(r)))  # fmt: skip
+            elif j.ended:
                 del self._runs[job_id]
                 at = now if j.end_time is None else min(now, j.end_time)
                 reason = "time_limit" if r.limited else end_reason(j.state)

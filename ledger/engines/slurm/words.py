@@ -220,6 +220,12 @@ class SlurmJob:
         return self.state in ENDED
 
     @property
+    def launch_failed(self) -> bool:
+        """Slurm could not launch it (`Reason=JobLaunchFailure`, exit `0:53`: its working
+        directory or output file): its command never ran."""
+        return self.ended and self.reason.split()[0:1] == ["JobLaunchFailure"]
+
+    @property
     def holding(self) -> bool:
         return self.state in HOLDING
 
