@@ -861,3 +861,39 @@ def test_a_run_slurm_could_not_launch_is_launch_failed_with_no_start(tmp_path: P
     [end] = seen.exits
     assert (end.job_id, end.reason, end.engine_job_id) == (5, "launch_failed", "41")
     assert end.note.startswith("cannot enter the working directory /nonexistent-n3"), end.note
+
+
+def test_a_slurm_job_touching_its_checkpoint_file_records_a_checkpoint(tmp_path: Path) -> None:
+    """N4 of the re-test of issue 23: on Slurm GPULEDGER_CHECKPOINT_FILE was not set, so a
+    resumable job could not say it checkpointed. It is set, in a directory of the job's user's,
+    and touching it is a checkpoint, as on the node agents."""
+    import os
+
+    from ledger.engines.slurm.executor import SlurmExecutor as Executor
+
+    running = (
+        "JobId=41 JobName=gpuledger-5 JobState=RUNNING Reason=None ExitCode=0:0"
+        " StartTime=2026-12-01T22:39:19 EndTime=Unknown Partition=gpuledger"
+        f" Comment=gpuledger:{LID}:job=5:run=2 NodeList=vm"
+    )
+    scripts: list[str] = []
+
+    def run(args: list[str], stdin: str | None = None, env: object = None) -> str:
+        if args[0] == "sbatch":
+            scripts.append(stdin or "")
+            return "41\n"
+        return running if args[:4] == ["scontrol", "-d", "-o", "show"] else ""
+
+    ex = Executor("gpuledger", LID, tmp_path, run_as="service")
+    ex._run = run  # type: ignore[method-assign]
+    ex.carry_out(Orders(launches=(launch(GpuSlot(node="vm", gpu_indices=(0,))),)), 100.0)
+    seen = ex.observe(101.0, {"vm": node("vm")})
+    assert [s.job_id for s in seen.starts] == [5] and seen.checkpoints == ()
+    [line] = [x for x in scripts[0].splitlines() if "GPULEDGER_CHECKPOINT_FILE=" in x]
+    path = Path(line.split("=", 1)[1].strip("'"))
+    assert path.parent.is_dir() and not path.exists()
+    path.touch()
+    assert ex.observe(102.0, {"vm": node("vm")}).checkpoints == (5,)
+    assert ex.observe(103.0, {"vm": node("vm")}).checkpoints == ()  # once per touch
+    os.utime(path, (path.stat().st_mtime + 5, path.stat().st_mtime + 5))
+    assert ex.observe(104.0, {"vm": node("vm")}).checkpoints == (5,)

@@ -123,6 +123,8 @@ class _Run:
     """The executor stopped it at its limit (Slurm's is rounded up to minutes)."""
     logs: tuple[str, ...] = ()
     """Its output (and error) file."""
+    checkpoint_mtime: float = 0.0
+    """When the job last touched its checkpoint file (`GPULEDGER_CHECKPOINT_FILE`)."""
 
 
 class _Refused(Exception):
@@ -325,6 +327,34 @@ class SlurmExecutor:
             os.close(fd)
         return out
 
+    def _checkpoint_file(self, job_id: int, run: int, who: SbatchUser | None = None) -> Path:
+        """The file a run touches to say it checkpointed (`GPULEDGER_CHECKPOINT_FILE`, as on
+        the node agents): `<log_dir>/checkpoints/<job>.<run>/checkpoint`, its directory the
+        job's user's alone (made with `who`), read by `_read_checkpoints`."""
+        run_dir = self.log_dir / "checkpoints" / f"{job_id}.{run}"
+        if who is not None:
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            run_dir.parent.chmod(0o755)
+            run_dir.mkdir(mode=0o700, exist_ok=True)
+            if who.uid is not None:
+                os.chown(run_dir, who.uid, who.gid if who.gid is not None else -1)
+        return run_dir / "checkpoint"
+
+    def _read_checkpoints(self) -> list[int]:
+        """The running jobs that touched their checkpoint file since the last read."""
+        touched = []
+        for job_id, r in self._runs.items():
+            if not r.started:
+                continue
+            try:
+                mtime = os.lstat(self._checkpoint_file(job_id, r.run)).st_mtime
+            except OSError:
+                continue
+            if mtime > r.checkpoint_mtime:
+                r.checkpoint_mtime = mtime
+                touched.append(job_id)
+        return touched
+
     def _sbatch_env(self) -> dict[str, str]:
         """sbatch's own environment: PATH and where the cluster is (`SBATCH_ENV`). sbatch hands
         its environment to the job, so nothing else of the service's goes in (its secrets, its
@@ -344,7 +374,7 @@ class SlurmExecutor:
         r.logs = tuple(dict.fromkeys(p for p in (out, err) if p))
         args = ["sbatch", *sbatch_args(job, self.partition, out, who, self.ledger_id,
                                        self._pinned, err)]  # fmt: skip
-        script = batch_script(job, who)
+        script = batch_script(job, who, str(self._checkpoint_file(job.job_id, job.run, who)))
         slurm_id = self._run(args, stdin=script, env=self._sbatch_env()).strip().split(";")[0]
         r.slurm_id = slurm_id
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, slurm_id)
@@ -440,11 +470,13 @@ class SlurmExecutor:
             self._probe_at = now + self.probe_every_s
             return self._blind(nodes)
         starts, self._starts = self._starts, []
+        checkpoints = self._read_checkpoints()
         exits, self._exits = self._exits, []
         changes, exits, unseen = self._own_ends_first(changes, exits, unseen, now)
         return Observed(
             nodes=tuple(changes),
             starts=tuple(starts),
+            checkpoints=tuple(checkpoints),
             exits=tuple(exits),
             foreign=self._foreign,
             running=frozenset(self._runs),
