@@ -611,7 +611,7 @@ class SlurmExecutor:
                 self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
                                           started_at=j.start_time))  # fmt: skip
                 self._check_gpus(r, j)
-            if j.ended and j.launch_failed:  # its command never ran
+            if j.ended and j.launch_failed and not r.limited:  # its command never ran
                 del self._runs[job_id]
                 at = now if j.end_time is None else min(now, j.end_time)
                 self._exits.append(Exit(job_id, -1, at, "launch_failed", r.slurm_id, j.state,

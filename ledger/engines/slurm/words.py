@@ -223,7 +223,8 @@ class SlurmJob:
     def launch_failed(self) -> bool:
         """Slurm could not launch it (`Reason=JobLaunchFailure`, exit `0:53`: its working
         directory or output file): its command never ran."""
-        return self.ended and self.reason.split()[0:1] == ["JobLaunchFailure"]
+        launch = self.reason.split()[0:1] == ["JobLaunchFailure"]
+        return self.ended and launch and self.exit_code == 128 + 53
 
     @property
     def holding(self) -> bool:
