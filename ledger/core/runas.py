@@ -34,15 +34,32 @@ NOLOGIN_SHELLS = frozenset(
     {"/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false", "/bin/sync"}
 )
 """Login shells that mark an account as the system's, not a person's."""
-SECRET_NAMES = r"(?i)(TOKEN|SECRET|PASS|CREDENTIAL|PRIVATE_KEY|APIKEY|(^|_)KEY($|_)|(^|_)PAT$)"
+PATH_NAMES = (
+    "GOOGLE_APPLICATION_CREDENTIALS", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
+    "KUBECONFIG",
+)  # fmt: skip
+"""Well-known variables that hold the *path* of a credentials file, not a secret: sent like any
+other (the file stays readable by its owner alone), though their names look like secrets."""
+SECRET_NAMES = (
+    rf"(?i)^(?!(?:{'|'.join(PATH_NAMES)})$).*?"
+    r"(TOKEN|SECRET|PASS|CREDENTIAL|PRIVATE_KEY|APIKEY|COOKIE|(^|_)KEY($|_)|(^|_)PAT$"
+    r"|(^|_)AUTH($|_))"
+)
 """The environment variables a job is never sent with by default: names that hold tokens,
-passwords and keys (the submitter's own `GPULEDGER_TOKEN` first of all; `OPENAI_KEY`,
-`GITHUB_PAT`, `WANDB_KEY`, `SSHPASS`, `DB_PASSWORD`, `AWS_SECRET_ACCESS_KEY`). A site sets its
-own pattern (`secret_env` in serve.toml); the CLI leaves these out before it sends anything.
-A value holding a password in a URL (`postgres://u:pass@h/db`) is never sent either
-(`secret_value`), whatever its name."""
-SECRET_VALUE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:[^/\s@]+@")
-"""A URL with a password in it (`scheme://user:password@host`)."""
+passwords, keys and sessions (the submitter's own `GPULEDGER_TOKEN` first of all; `OPENAI_KEY`,
+`GITHUB_PAT`, `WANDB_KEY`, `SSHPASS`, `DB_PASSWORD`, `AWS_SECRET_ACCESS_KEY`, `NPM_AUTH`,
+`HF_AUTH_TOKEN`, `SESSION_COOKIE`), but not `PATH_NAMES`. A site sets its own pattern
+(`secret_env` in serve.toml); the CLI leaves these out before it sends anything. A value holding
+a password in a URL (`postgres://u:pass@h/db`), a connection string's key or password
+(`...;AccountKey=...`) or a Slack webhook is never sent either (`secret_value`), whatever its
+name."""
+SECRET_VALUE = re.compile(
+    r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:[^/\s@]+@"
+    r"|(?i:(?:^|;)\s*(?:AccountKey|SharedAccessKey|Password|Pwd)\s*=)"
+    r"|(?i:hooks\.slack\.com/)"
+)
+"""A URL with a password in it (`scheme://user:password@host`), a connection string with a key
+or password (Azure's `AccountKey=`/`SharedAccessKey=`, ODBC's `Password=`), a Slack webhook."""
 
 
 def secret_value(value: str) -> bool:
@@ -63,9 +80,16 @@ class OsAccount:
     """The names of its groups (primary and supplementary)."""
 
 
-PRIVILEGED_GROUPS = frozenset({"root", "sudo", "wheel", "admin", "adm", "slurm", "munge"})
-"""Groups whose members can act for the system (sudo, read its logs, run Slurm): a member
-in one may be added by an admin alone, though a job of their own runs as them."""
+PRIVILEGED_GROUPS = frozenset(
+    {
+        "root", "sudo", "wheel", "admin", "adm", "slurm", "munge",
+        "shadow", "disk", "kmem", "sys", "docker", "lxd", "libvirt",
+    }
+)  # fmt: skip
+"""Groups whose members can act for the system or read and write as root: sudo, read its logs
+(`adm`), run Slurm, read /etc/shadow (`shadow`), the raw disks (`disk`) or memory (`kmem`),
+start root containers or VMs (`docker`, `lxd`, `libvirt`), Debian's `sys`. A member in one may
+be added by an admin alone; its jobs are its own or an admin's (`RunAs.account`)."""
 
 
 Lookup = Callable[[str], OsAccount | None]
@@ -87,8 +111,15 @@ class RunAs:
     def os_name(self, user: str) -> str:
         return self.accounts.get(user, user)
 
-    def account(self, user: str, lookup: Lookup) -> OsAccount:
-        """Pure: the OS account `user`'s jobs run as, or NotAuthorised saying why none may."""
+    def account(
+        self, user: str, lookup: Lookup, *, by: str | None = None, admin: bool = False
+    ) -> OsAccount:
+        """Pure: the OS account `user`'s jobs run as, or NotAuthorised saying why none may.
+
+        `by` submitted the job (`admin`: an admin of the ledger). An account with the system's
+        rights (`privileged`) runs its own jobs and an admin's, never another's: a manager who
+        added a member before it joined `sudo` (or `disk`, `docker`...) cannot run as it since.
+        Asked at each submission and again before each launch, with the groups as they are."""
         name = self.os_name(user)
         found = lookup(name)
         mapped = f" (mapped to {name!r})" if name != user else ""
@@ -112,6 +143,14 @@ class RunAs:
             raise NotAuthorised(
                 f"{name!r} is a system account ({why}): jobs do not run as system accounts",
                 hint="submit as a person's account (see docs/slurm-users.md, 'Who a job runs as')",
+                user=user,
+            )
+        groups = self.privileged(found)
+        if groups and by is not None and by != user and not admin:
+            raise NotAuthorised(
+                f"{by!r} may not run jobs as {name!r}: it has the system's rights (group "
+                f"{groups}), and only an admin or {user!r} itself submits its jobs",
+                hint="see docs/slurm-users.md, 'Who a job runs as'",
                 user=user,
             )
         return found
@@ -212,7 +251,7 @@ def admit(
     if limits is not None:
         limits.check(state, cmd)
     if submissions:
-        rule.account(cmd.user or cmd.actor, lookup)
+        rule.account(cmd.user or cmd.actor, lookup, by=cmd.actor, admin=state.is_admin(cmd.actor))
     pattern = re.compile(secret)
     if any(pattern.search(k) or secret_value(v) for k, v in cmd.env.items()):
         env = {k: v for k, v in cmd.env.items() if not (pattern.search(k) or secret_value(v))}

@@ -356,7 +356,8 @@ class Dispatcher:
         stdout, stderr = output_files(spec, job.slots)
         user = spec.user
         if self.run_as is not None:  # its owner's OS account, or NotAuthorised
-            user = self.run_as.account(spec.user, self.lookup).name
+            admin = self.ledger.state.is_admin(spec.actor)
+            user = self.run_as.account(spec.user, self.lookup, by=spec.actor, admin=admin).name
         return Launch(
             job_id,
             job.slots,

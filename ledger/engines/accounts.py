@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import pwd
+from pathlib import Path
 from typing import Literal
 
 from ledger.engines.env import Account
@@ -63,3 +64,19 @@ def account_for(user: str, run_as: RunAs, euid: int) -> Account | str:
             "behalf"
         )
     return _account(pw)
+
+
+def own_log(log_dir: Path, name: str, account: Account | None) -> Path:
+    """The engine's own output file of a job that names none: `<log_dir>/<name>`, in a
+    directory only the service writes (0755), made for the job's user (`account`; None: the
+    service's own) and readable by them alone (0600), as the Slurm executor makes it."""
+    log_dir.chmod(0o755)
+    out = log_dir / name
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    try:
+        if account is not None:
+            os.fchown(fd, account.uid, account.gid)
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    return out

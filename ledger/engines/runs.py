@@ -45,6 +45,10 @@ class Part(msgspec.Struct, kw_only=True):
     note: str = ""
     """Why it could not start, or what had to be killed when its leader ended."""
     launch_failed: bool = False
+    marks_start: bool = False
+    """Its leader writes `started` in its record once the command is about to run (past the
+    working directory and output files): it is running only then. False for a part an older
+    version launched (running once its process exists)."""
     fenced: bool = False
     """Its node's fence stopped it (`supervise.wait_leader`)."""
     left_since: float | None = None

@@ -79,6 +79,7 @@ case $1 in
 */*) [ -f "$1" ] && [ -x "$1" ] || fail "cannot start $1: no such executable file" ;;
 *) command -v -- "$1" >/dev/null 2>&1 || fail "cannot start $1: not found in PATH" ;;
 esac
+printf 'started\n' >&9
 exec 8>&2 2>/dev/null
 ("$@" 2>&8 8>&- 9>&-)
 code=$?
@@ -127,6 +128,16 @@ class Record(NamedTuple):
     code: int | None = None
     ended_at: float | None = None
     failed: str = ""
+
+
+def record_says_started(rundir: Path) -> bool:
+    """Whether the leader got past its working directory and output files (`started` in its
+    record): the job's command runs (a launch that failed before never says so)."""
+    try:
+        with open(rundir / "record", "rb") as f:
+            return b"started\n" in f.read(2000)
+    except OSError:
+        return False
 
 
 def read_record(rundir: Path) -> Record | None:

@@ -43,7 +43,7 @@ from typing import IO, TYPE_CHECKING
 import msgspec
 
 from ledger.cycle.executor import Exit, Launch, Observed, Orders, Sample, Start
-from ledger.engines.accounts import RunAs, account_for
+from ledger.engines.accounts import RunAs, account_for, own_log
 from ledger.engines.env import Account, job_env
 from ledger.engines.found import SCOPE_VAR, find_live
 from ledger.engines.gpu_util import UtilSource
@@ -61,7 +61,7 @@ from ledger.engines.runs import (
     read_started,
     run_name,
 )
-from ledger.engines.supervise import CANNOT_START, Forked, read_record
+from ledger.engines.supervise import CANNOT_START, Forked, read_record, record_says_started
 from ledger.engines.tree import Containment, Tree
 from schemas.commands import RunEnd
 from schemas.errors import InvalidCommand
@@ -322,6 +322,9 @@ class SupervisedExecutor:
         """Jobs every part of which has started since the last call."""
         for h in sorted(self.jobs.values(), key=lambda h: h.launched_at):
             if h.stop_reason != "ledger" and not h.start_reported and self._all_started(h):
+                if self._failed_launch(h):
+                    h.start_reported = True  # its end says `launch_failed`; it never started
+                    continue
                 self._report_start(h)
         out, self._starts = self._starts, []
         return out
@@ -444,7 +447,7 @@ class SupervisedExecutor:
             rundir = runs / str(rank)
             part = Part(
                 rank=rank, node=slot.node, gpu_indices=slot.gpu_indices, rundir=str(rundir),
-                log="",
+                log="", marks_start=True,
             )  # fmt: skip
             h.parts.append(part)
             if isinstance(account, str):
@@ -479,12 +482,9 @@ class SupervisedExecutor:
         default = ""
         if not job.stdout:  # the engine's log file, made here and given to the user
             name = f"job-{job.job_id}.log" if rank == 0 else f"job-{job.job_id}.{rank}.log"
-            default = str(self.log_dir / name)
-            Path(default).touch(mode=0o600)
-            Path(default).chmod(0o600)  # an earlier run's file keeps its mode on touch
+            default = str(own_log(self.log_dir, name, account if switch else None))
         if switch:
-            for path in (work, *((Path(default),) if default else ())):
-                os.chown(path, account.uid, account.gid)
+            os.chown(work, account.uid, account.gid)
         out = job.stdout or default
         if job.stdout and job.workdir and not os.path.isabs(job.stdout):
             out = os.path.join(job.workdir, job.stdout)
@@ -703,13 +703,31 @@ class SupervisedExecutor:
 
     @staticmethod
     def _all_started(h: Handle) -> bool:
-        """Every part's process exists (or already ended): the job is running."""
+        """Every part's command runs (or already ended): the job is running. A part whose
+        leader says when its command starts (`marks_start`) has started once it said so."""
+
+        def started(p: Part) -> bool:
+            if p.marks_start:
+                return record_says_started(Path(p.rundir))
+            return (Path(p.rundir) / "job").exists()
+
         return all(
-            p.exit_code is not None
-            or (Path(p.rundir) / "job").exists()
-            or (Path(p.rundir) / "exit").exists()
+            p.exit_code is not None or (Path(p.rundir) / "exit").exists() or started(p)
             for p in h.parts
         )
+
+    @staticmethod
+    def _failed_launch(h: Handle) -> bool:
+        """A part could not start its command (no working directory, output file, account):
+        the job never ran, and no start is reported for it."""
+        for p in h.parts:
+            if p.launch_failed:
+                return True
+            if p.marks_start and not record_says_started(Path(p.rundir)):
+                end = read_exit(Path(p.rundir))
+                if end is not None and end.launch_failed:
+                    return True
+        return False
 
     def _checkpoint_mtime(self, h: Handle) -> float:
         best = 0.0

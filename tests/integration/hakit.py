@@ -130,7 +130,7 @@ def make_group(root: Path, dsn: str, n: int, *args: str, home: Path | None = Non
 
 def log_events(home: Path, *, store: str = "") -> list[dict[str, Any]]:
     """Every event of the log, read from the store itself (no server)."""
-    out = cli(home, "log", "--json", "--limit", "100000", timeout=120)
+    out = cli(home, "log", "--json", "--limit", "10000", timeout=120)
     return [r["event"] for r in json.loads(out.stdout)]
 
 

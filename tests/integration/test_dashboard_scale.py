@@ -76,7 +76,7 @@ def deep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deep]:
 
 
 def cli_queue(d: Deep, *args: str) -> list[dict[str, Any]]:
-    out = cli(d.dash.home, "queue", "--json", "--limit", "100000", *args, GPULEDGER_USER="root")
+    out = cli(d.dash.home, "queue", "--json", "--limit", "10000", *args, GPULEDGER_USER="root")
     rows: list[dict[str, Any]] = json.loads(out.stdout)
     return rows
 
@@ -420,7 +420,7 @@ def test_kueue_named_metrics_count_what_the_cli_lists(deep: Deep) -> None:
             got = scrape(deep)
             home = deep.dash.home
             jobs = json.loads(
-                cli(home, "jobs", "--json", "--limit", "100000", GPULEDGER_USER="root").stdout
+                cli(home, "jobs", "--json", "--limit", "10000", GPULEDGER_USER="root").stdout
             )
             out = cli(home, "audit", "preemptions", "--json", GPULEDGER_USER="root").stdout
             nodes = json.loads(cli(home, "node", "list", "--json", GPULEDGER_USER="root").stdout)

@@ -110,7 +110,7 @@ class Cluster:
         return self.jobs()[job_id]
 
     def events(self, tag: str) -> list[dict[str, Any]]:
-        rows = json.loads(self.cli("log", "--json", "--limit", "100000").stdout)
+        rows = json.loads(self.cli("log", "--json", "--limit", "10000").stdout)
         return [r["event"] for r in rows if r["event"]["type"] == tag]
 
     def nodes(self) -> dict[str, str]:
@@ -210,7 +210,7 @@ def held_twice(events: list[dict[str, Any]]) -> list[tuple[str, int]]:
 
 
 def all_events(c: Cluster) -> list[dict[str, Any]]:
-    rows = json.loads(c.cli("log", "--json", "--limit", "100000").stdout)
+    rows = json.loads(c.cli("log", "--json", "--limit", "10000").stdout)
     return [r["event"] for r in rows]
 
 

@@ -123,7 +123,7 @@ def test_sigterm_and_kill_9_of_up_leave_jobs_running_and_the_next_up_adopts_them
     assert finished == {1: ("failed", 6), 2: ("completed", 0)}
     assert len(events(home, "job.placed.v1")) == 2  # each launched once
     assert len([t for t in events(home, "token.issued.v1") if t["scope"] == "node"]) == 1
-    log = json.loads(cli(home, "log", "--json", "--limit", "100000").stdout)
+    log = json.loads(cli(home, "log", "--json", "--limit", "10000").stdout)
     assert held_twice([r["event"] for r in log]) == []
 
 

@@ -97,7 +97,7 @@ class Served:
         return {r["job_id"]: r for r in rows}
 
     def events(self) -> list[dict[str, Any]]:
-        rows = json.loads(self.cli("root", "log", "--json", "--limit", "100000").stdout)
+        rows = json.loads(self.cli("root", "log", "--json", "--limit", "10000").stdout)
         return [r["event"] | {"position": r["position"]} for r in rows if r["event"]]
 
     def wait(self, what: str, job_id: int, status: str, timeout: float = 60) -> dict[str, Any]:
@@ -463,3 +463,26 @@ def test_a_date_on_the_jobs_path_does_not_move_its_recorded_end(served: Served) 
         assert row["finished_at"] - row["started_at"] >= 1.5, row
     finally:
         shutil.rmtree(fake, ignore_errors=True)
+
+
+def test_a_launch_that_fails_before_its_command_runs_never_started(served: Served) -> None:
+    """N7 of the re-test of issue 23 (the Slurm twin is in test_slurm_world.py): a job whose
+    output file its user cannot write, or whose working directory it cannot enter, ends
+    `launch_failed` with why and no start (it never ran): not `started` then ended before it."""
+    closed = served.home.parent / "closed"  # root's, 0700: the job's user may not enter it
+    closed.mkdir(mode=0o700)
+    marker = closed / "ran"
+    no_out = served.submit("-D", "/tmp", "-o", f"{closed}/out-%j.out", "--", "touch", str(marker))
+    no_dir = served.submit("-D", str(closed), "--", "touch", str(marker))
+    for job, why in [(no_out, f"cannot open the output file {closed}/out-{no_out}.out"),
+                     (no_dir, f"cannot enter the working directory {closed}")]:  # fmt: skip
+        row = served.wait("the launch fails", job, "finished")
+        assert (row["finish_reason"], row["started_at"], row["exit_code"]) == (
+            "launch_failed", None, None,
+        ), row  # fmt: skip
+        assert why in row["finish_note"], row
+        said = served.cli("root", "explain", str(job)).stdout
+        assert "started. Output" not in said and "could not be started" in said, said
+        assert not [e for e in served.events() if e["type"].startswith("job.started")
+                    and e["job_id"] == job]  # fmt: skip
+    assert not marker.exists()

@@ -177,7 +177,7 @@ class Ledger:
         return "".join(p.read_text() for p in sorted(self.home.parent.glob("up-*.log")))
 
     def events(self) -> list[dict[str, Any]]:
-        rows = json.loads(self.cli("log", "--json", "--limit", "100000"))
+        rows = json.loads(self.cli("log", "--json", "--limit", "10000"))
         return [r["event"] for r in rows]
 
     def of(self, kind: str, job_id: int | None = None) -> list[dict[str, Any]]:
@@ -661,7 +661,7 @@ def test_serve_runs_http_submissions_under_slurm_and_a_kill_9_of_it_loses_nothin
         return {r["job_id"]: r for r in rows}
 
     def events(server: Server) -> list[dict[str, Any]]:
-        code, rows = server.request("GET", "/v1/log?limit=100000", token=root)
+        code, rows = server.request("GET", "/v1/log?limit=10000", token=root)
         assert code == 200, rows
         return [r["event"] for r in rows]
 

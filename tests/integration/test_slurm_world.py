@@ -28,6 +28,7 @@ echo "HOME=$HOME USER=$USER LOGNAME=$LOGNAME SHELL=$SHELL"
 echo "SVC=$SERVICE_DB_PASSWORD TOK=$GPULEDGER_TOKEN ONLY=$SERVICE_ONLY"
 echo "ARRAY=$SLURM_ARRAY_JOB_ID/$SLURM_ARRAY_TASK_ID"
 echo "GL=$GPULEDGER_ARRAY_JOB_ID/$GPULEDGER_ARRAY_TASK_ID"
+echo "SUBMIT_DIR=$SLURM_SUBMIT_DIR"
 """
 
 
@@ -89,6 +90,7 @@ def test_a_script_in_a_users_home_runs_there_as_the_user_with_its_world_not_the_
         st = out.stat()
         assert (st.st_uid, st.st_gid) == (user.uid, user.gid)  # created as the user
         assert got["pwd"] == str(proj) and got["line:input"] == "from the input"
+        assert got["SUBMIT_DIR"] == str(proj)  # N8: not the service's cwd
         assert got["MY_VAR"] == "hello"
         assert (int(got["uid"]), int(got["gid"])) == (user.uid, user.gid)  # F1: not gid 0
         assert set(map(int, got["line:uid"].split("groups=")[1].split())) == user.gids
@@ -144,3 +146,22 @@ def test_a_limit_in_seconds_is_kept_to_the_second_where_slurm_rounds_up(ledger: 
     # Slurm's end is in whole seconds and the start as the ledger saw it: 65 s within 2 s, far
     # from the 120 s Slurm itself would allow
     assert 63 <= row["finished_at"] - row["started_at"] < 100, row
+
+
+def test_a_run_slurm_cannot_launch_is_launch_failed_and_never_started(ledger: Ledger) -> None:
+    """N3 of the re-test of issue 23 (the node agents' twin is in test_sbatch_like.py): an
+    output file the job's user cannot write makes Slurm fail the launch (JobLaunchFailure,
+    exit 0:53); the job was recorded `failed` with exit 181. It ends `launch_failed` with why
+    and no exit code."""
+    with os_user("glsn", groups=0) as user:
+        ledger.cli("member", "add", user.name, "ai2/olmo")
+        closed = ledger.work / "closed-n3"  # root's, 0700
+        closed.mkdir(mode=0o700)
+        ledger.up(run_as="submitter")
+        (job,) = submit_as(ledger, user, user.home, "-o", f"{closed}/o-%j.out", "--", "true")
+        ledger.wait("the launch to fail", lambda: status(ledger, job) == "finished")
+        row = ledger.jobs()[job]
+        assert (row["finish_reason"], row["exit_code"]) == ("launch_failed", None), row
+        assert "JobLaunchFailure" in row["finish_note"], row
+        # (a start is still recorded when a read saw Slurm's RUNNING before the failure)
+        ledger.stop()

@@ -61,7 +61,7 @@ def jobs(home: Path) -> dict[int, dict[str, Any]]:
 
 
 def events(home: Path, tag: str) -> list[dict[str, Any]]:
-    rows = json.loads(cli(home, "log", "--json", "--limit", "100000").stdout)
+    rows = json.loads(cli(home, "log", "--json", "--limit", "10000").stdout)
     return [r["event"] for r in rows if r["event"]["type"] == tag]
 
 
@@ -213,7 +213,7 @@ def test_sigterm_and_kill_9_of_up_leave_jobs_running_and_a_restart_adopts_them(
         3: ("agent", "3.1", "exited", 0),
     }
     assert sorted(ev["job_id"] for ev in events(home, "job.started.v1")) == [1, 2, 3]
-    log = json.loads(cli(home, "log", "--json", "--limit", "100000").stdout)
+    log = json.loads(cli(home, "log", "--json", "--limit", "10000").stdout)
     assert held_twice([r["event"] for r in log]) == []
     assert cli(home, "audit", "check").returncode == 0
 
@@ -290,10 +290,10 @@ def test_checkpoints_by_file_and_by_cli_from_inside_a_job(home: Path, tmp_path: 
     try:
         wait_for("two checkpoints", lambda: len(events(home, "job.checkpointed.v1")) == 2)
         # another user may not report for this job; nothing is appended
-        before = len(json.loads(cli(home, "log", "--json", "--limit", "100000").stdout))
+        before = len(json.loads(cli(home, "log", "--json", "--limit", "10000").stdout))
         denied = cli(home, "checkpoint", "1", actor="dan", ok=False)
         assert denied.returncode == 1 and denied.stderr.startswith("error: 'dan' may not")
-        after = json.loads(cli(home, "log", "--json", "--limit", "100000").stdout)
+        after = json.loads(cli(home, "log", "--json", "--limit", "10000").stdout)
         assert len(after) == before
     finally:
         up.signal(signal.SIGTERM)

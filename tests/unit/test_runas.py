@@ -142,3 +142,76 @@ def test_secrets_never_reach_the_log() -> None:
     assert isinstance(got, c.SubmitJob) and got.env == {"PATH": "/bin", "HOME": "/h"}
     site = admit(state, cmd, lookup=lookup, rule=rule, submissions=True, secret="^HOME$")
     assert isinstance(site, c.SubmitJob) and "HOME" not in site.env and "MY_API_KEY" in site.env
+
+
+def test_a_member_who_gains_the_systems_rights_later_is_not_run_as_by_a_manager() -> None:
+    """N1 of the re-test of issue 23: a manager added dave while he was a person's account;
+    he joined `sudo` later, and her `submit --user dave` ran `id` as him. The rule is asked at
+    each submission (and before each launch, `Dispatcher.launch`) with his groups as they are."""
+    state, rule = _state(), RunAs()
+    as_dave = c.SubmitJob(actor="mgr", user="dave", account="p/q", gpus=1)
+    with pytest.raises(NotAuthorised) as err:
+        admit(state, as_dave, lookup=lookup, rule=rule, submissions=True)
+    assert err.value.message.startswith("'mgr' may not run jobs as 'dave': it has the system's")
+    with pytest.raises(NotAuthorised, match="group sudo"):
+        rule.account("dave", lookup, by="mgr")
+    # his own jobs, and an admin's on his behalf, still run as him
+    own = c.SubmitJob(actor="dave", account="p/q", gpus=1)
+    assert admit(state, own, lookup=lookup, rule=rule, submissions=True) is own
+    by_admin = c.SubmitJob(actor="root", user="dave", account="p/q", gpus=1)
+    assert admit(state, by_admin, lookup=lookup, rule=rule, submissions=True) is by_admin
+    assert rule.account("alice", lookup, by="mgr").name == "alice"
+
+
+@pytest.mark.parametrize("group", ["shadow", "disk", "kmem", "sys", "docker", "lxd", "libvirt"])
+def test_groups_that_read_or_write_as_root_are_the_systems(group: str) -> None:
+    """N2 of the re-test of issue 23: a member in `shadow` and `disk` was added by a manager,
+    and her job as him printed /etc/shadow."""
+    eve = OsAccount("eve", 1013, 1013, "/home/eve", "/bin/bash", ("eve", group))
+    state, rule = _state(), RunAs()
+    add = c.AddMember(actor="mgr", user="eve", project="p/q")
+    with pytest.raises(NotAuthorised, match=f"it is a system account \\(in group {group}\\)"):
+        admit(state, add, lookup={"eve": eve}.get, rule=rule, submissions=False)
+    as_eve = c.SubmitJob(actor="mgr", user="eve", account="p/q", gpus=1)
+    with pytest.raises(NotAuthorised, match=f"group {group}"):
+        admit(state, as_eve, lookup={"eve": eve}.get, rule=rule, submissions=True)
+
+
+def test_a_launch_asks_the_rule_again_with_the_groups_as_they_are_now() -> None:
+    """N1 of the re-test of issue 23: a job a manager queued as dave before he joined `sudo`
+    ends `launch_failed` with why, at launch, instead of running as him."""
+    from types import SimpleNamespace
+
+    from ledger.core.state import Job
+    from ledger.cycle.dispatcher import Dispatcher
+    from schemas import events as e
+
+    state = _state()
+    for n, (actor, user) in enumerate([("mgr", "dave"), ("dave", "dave"), ("root", "dave")], 1):
+        spec = e.JobSubmitted(
+            event_id=f"e{n}", at=0.0, actor=actor, job_id=n, account="p/q", user=user, gpus=1,
+            min_runtime_s=0, command=("id",),
+        )  # fmt: skip
+        state.jobs[n] = Job(spec=spec, status="placed")
+    recorded: list[c.AnyCommand] = []
+    ledger = SimpleNamespace(state=state, execute=recorded.append)
+    d = Dispatcher(ledger, None, None, None, run_as=RunAs(), lookup=lookup)  # type: ignore[arg-type]
+    launched = d._launches([1, 2, 3])
+    assert [x.job_id for x in launched] == [2, 3] and {x.user for x in launched} == {"dave"}
+    (finish,) = recorded
+    assert isinstance(finish, c.FinishJob) and finish.job_id == 1
+    assert finish.reason == "launch_failed" and "'mgr' may not run jobs as 'dave'" in finish.note
+
+
+def test_the_server_strips_auth_cookies_and_connection_keys_but_keeps_credentials_paths() -> None:
+    """N9 and F10's remainder, at the server (a client that sends them anyway): nothing of
+    them reaches the log; a credentials file's path does."""
+    state, rule = _state(), RunAs()
+    env = {"GOOGLE_APPLICATION_CREDENTIALS": "/h/sa.json", "NPM_AUTH": "x", "HF_AUTH": "x",
+           "SESSION_COOKIE": "x", "CONN": "Endpoint=sb://h/;SharedAccessKey=x",
+           "HOOK": "https://hooks.slack.com/services/T0/B0/x"}  # fmt: skip
+    cmd = c.SubmitJob(actor="alice", account="p/q", gpus=1, env=env)
+    got = admit(state, cmd, lookup=lookup, rule=rule, submissions=True)
+    assert isinstance(got, c.SubmitJob) and got.env == {
+        "GOOGLE_APPLICATION_CREDENTIALS": "/h/sa.json"
+    }

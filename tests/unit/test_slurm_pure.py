@@ -382,6 +382,10 @@ def test_the_job_gets_its_submitted_world_never_the_services() -> None:
     assert (env["GPULEDGER_ARRAY_JOB_ID"], env["GPULEDGER_ARRAY_TASK_ID"]) == ("4", "1")
     assert "SLURM_JOB_ID" not in env and "CUDA_VISIBLE_DEVICES" not in env
     assert "GPULEDGER_JOB_TOKEN" not in env and "BAD;NAME" not in env
+    # N8 of the re-test: sbatch runs in the service's cwd, so Slurm's own would name that
+    assert env["SLURM_SUBMIT_DIR"] == "/home/alice/proj 1"
+    home = job_environment(dataclasses.replace(job, workdir=""), ALICE)
+    assert home["SLURM_SUBMIT_DIR"] == "/home/alice"  # no directory: it starts in the home
     script = batch_script(job, ALICE)
     assert "export MY_VAR='it'\"'\"'s 7'" in script
     assert "cd -- '/home/alice/proj 1' || {" in script
@@ -827,3 +831,69 @@ def test_the_partitions_max_time_is_read_from_its_record() -> None:
     assert partition_max_time(PART + " MaxTime=00:01:00", "gpuledger") == 60.0
     assert partition_max_time(PART + " MaxTime=UNLIMITED", "gpuledger") is None
     assert partition_max_time(PART + " MaxTime=00:01:00", "other") is None
+
+
+def test_a_run_slurm_could_not_launch_is_launch_failed_with_no_start(tmp_path: Path) -> None:
+    """N3 of the re-test of issue 23: a working directory missing or an output file its user
+    cannot write makes Slurm fail the launch (Reason=JobLaunchFailure, ExitCode=0:53); it was
+    recorded `failed` exit 181 with a start. It is `launch_failed` with why, and never started."""
+    from ledger.engines.slurm.executor import SlurmExecutor as Executor
+
+    failed = (
+        "JobId=41 JobName=gpuledger-5 JobState=FAILED Reason=JobLaunchFailure Dependency=(null)"
+        " ExitCode=0:53 StartTime=2026-12-01T22:39:19 EndTime=2026-12-01T22:39:19"
+        f" Partition=gpuledger Comment=gpuledger:{LID}:job=5:run=2 NodeList=vm"
+    )
+
+    def run(args: list[str], stdin: str | None = None, env: object = None) -> str:
+        if args[0] == "sbatch":
+            return "41\n"
+        return failed if args[:4] == ["scontrol", "-d", "-o", "show"] else ""
+
+    ex = Executor("gpuledger", LID, tmp_path, run_as="service")
+    ex._run = run  # type: ignore[method-assign]
+    job = dataclasses.replace(
+        launch(GpuSlot(node="vm", gpu_indices=(0,))), workdir="/nonexistent-n3", stdout="o.out"
+    )
+    ex.carry_out(Orders(launches=(job,)), 100.0)
+    seen = ex.observe(101.0, {"vm": node("vm")})
+    assert seen.starts == ()
+    [end] = seen.exits
+    assert (end.job_id, end.reason, end.engine_job_id) == (5, "launch_failed", "41")
+    assert end.note.startswith("cannot enter the working directory /nonexistent-n3"), end.note
+
+
+def test_a_slurm_job_touching_its_checkpoint_file_records_a_checkpoint(tmp_path: Path) -> None:
+    """N4 of the re-test of issue 23: on Slurm GPULEDGER_CHECKPOINT_FILE was not set, so a
+    resumable job could not say it checkpointed. It is set, in a directory of the job's user's,
+    and touching it is a checkpoint, as on the node agents."""
+    import os
+
+    from ledger.engines.slurm.executor import SlurmExecutor as Executor
+
+    running = (
+        "JobId=41 JobName=gpuledger-5 JobState=RUNNING Reason=None ExitCode=0:0"
+        " StartTime=2026-12-01T22:39:19 EndTime=Unknown Partition=gpuledger"
+        f" Comment=gpuledger:{LID}:job=5:run=2 NodeList=vm"
+    )
+    scripts: list[str] = []
+
+    def run(args: list[str], stdin: str | None = None, env: object = None) -> str:
+        if args[0] == "sbatch":
+            scripts.append(stdin or "")
+            return "41\n"
+        return running if args[:4] == ["scontrol", "-d", "-o", "show"] else ""
+
+    ex = Executor("gpuledger", LID, tmp_path, run_as="service")
+    ex._run = run  # type: ignore[method-assign]
+    ex.carry_out(Orders(launches=(launch(GpuSlot(node="vm", gpu_indices=(0,))),)), 100.0)
+    seen = ex.observe(101.0, {"vm": node("vm")})
+    assert [s.job_id for s in seen.starts] == [5] and seen.checkpoints == ()
+    [line] = [x for x in scripts[0].splitlines() if "GPULEDGER_CHECKPOINT_FILE=" in x]
+    path = Path(line.split("=", 1)[1].strip("'"))
+    assert path.parent.is_dir() and not path.exists()
+    path.touch()
+    assert ex.observe(102.0, {"vm": node("vm")}).checkpoints == (5,)
+    assert ex.observe(103.0, {"vm": node("vm")}).checkpoints == ()  # once per touch
+    os.utime(path, (path.stat().st_mtime + 5, path.stat().st_mtime + 5))
+    assert ex.observe(104.0, {"vm": node("vm")}).checkpoints == (5,)

@@ -154,3 +154,24 @@ def test_a_script_runs_through_its_interpreter_as_the_kernel_reads_it() -> None:
     for bad in ("#!\n", "#!bash\n"):
         with pytest.raises(InvalidCommand, match="names no interpreter by an absolute path"):
             interpreter(bad, "a.sh")
+
+
+def test_credentials_file_paths_are_sent_and_auth_cookies_and_connection_keys_are_not() -> None:
+    """N9 and F10's remainder of the re-test of issue 23: GOOGLE_APPLICATION_CREDENTIALS and its
+    kin hold a file's path, not a secret, and GCP jobs need them; NPM_AUTH, HF_AUTH,
+    SESSION_COOKIE, an Azure connection string's AccountKey and a Slack webhook reached the log."""
+    paths = {"GOOGLE_APPLICATION_CREDENTIALS": "/home/x/sa.json", "KUBECONFIG": "/home/x/kc",
+             "AWS_SHARED_CREDENTIALS_FILE": "/home/x/.aws/c", "AWS_CONFIG_FILE": "/home/x/.aws/f",
+             "GIT_AUTHOR_NAME": "Ann"}  # fmt: skip
+    leaks = {"NPM_AUTH": "LEAKnpm", "HF_AUTH": "LEAKhf", "SESSION_COOKIE": "LEAKc",
+             "AZURE_STORAGE_CONNECTION_STRING": "DefaultEndpointsProtocol=https;AccountName=a;"
+             "AccountKey=LEAKazure;EndpointSuffix=core.windows.net",
+             "SLACK_WEBHOOK_URL": "https://hooks.slack.com/services/T0/B0/LEAKhook"}  # fmt: skip
+    env, left, _ = environment("ALL", {"PATH": "/bin", **paths, **leaks})
+    assert env == {"PATH": "/bin", **paths}
+    assert left == sorted(leaks)
+    assert environment("NONE,GOOGLE_APPLICATION_CREDENTIALS", paths)[0] == {
+        "GOOGLE_APPLICATION_CREDENTIALS": "/home/x/sa.json"
+    }
+    with pytest.raises(InvalidCommand, match="'SLACK_WEBHOOK_URL' is not sent to jobs: its value"):
+        environment("NONE,SLACK_WEBHOOK_URL", leaks)

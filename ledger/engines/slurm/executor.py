@@ -123,6 +123,8 @@ class _Run:
     """The executor stopped it at its limit (Slurm's is rounded up to minutes)."""
     logs: tuple[str, ...] = ()
     """Its output (and error) file."""
+    checkpoint_mtime: float = 0.0
+    """When the job last touched its checkpoint file (`GPULEDGER_CHECKPOINT_FILE`)."""
 
 
 class _Refused(Exception):
@@ -325,6 +327,34 @@ class SlurmExecutor:
             os.close(fd)
         return out
 
+    def _checkpoint_file(self, job_id: int, run: int, who: SbatchUser | None = None) -> Path:
+        """The file a run touches to say it checkpointed (`GPULEDGER_CHECKPOINT_FILE`, as on
+        the node agents): `<log_dir>/checkpoints/<job>.<run>/checkpoint`, its directory the
+        job's user's alone (made with `who`), read by `_read_checkpoints`."""
+        run_dir = self.log_dir / "checkpoints" / f"{job_id}.{run}"
+        if who is not None:
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            run_dir.parent.chmod(0o755)
+            run_dir.mkdir(mode=0o700, exist_ok=True)
+            if who.uid is not None:
+                os.chown(run_dir, who.uid, who.gid if who.gid is not None else -1)
+        return run_dir / "checkpoint"
+
+    def _read_checkpoints(self) -> list[int]:
+        """The running jobs that touched their checkpoint file since the last read."""
+        touched = []
+        for job_id, r in self._runs.items():
+            if not r.started:
+                continue
+            try:
+                mtime = os.lstat(self._checkpoint_file(job_id, r.run)).st_mtime
+            except OSError:
+                continue
+            if mtime > r.checkpoint_mtime:
+                r.checkpoint_mtime = mtime
+                touched.append(job_id)
+        return touched
+
     def _sbatch_env(self) -> dict[str, str]:
         """sbatch's own environment: PATH and where the cluster is (`SBATCH_ENV`). sbatch hands
         its environment to the job, so nothing else of the service's goes in (its secrets, its
@@ -344,7 +374,7 @@ class SlurmExecutor:
         r.logs = tuple(dict.fromkeys(p for p in (out, err) if p))
         args = ["sbatch", *sbatch_args(job, self.partition, out, who, self.ledger_id,
                                        self._pinned, err)]  # fmt: skip
-        script = batch_script(job, who)
+        script = batch_script(job, who, str(self._checkpoint_file(job.job_id, job.run, who)))
         slurm_id = self._run(args, stdin=script, env=self._sbatch_env()).strip().split(";")[0]
         r.slurm_id = slurm_id
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, slurm_id)
@@ -382,6 +412,19 @@ class SlurmExecutor:
                 continue
             for sl in r.launch.slots:
                 held.setdefault(sl.node, set()).update(sl.gpu_indices)
+
+    @staticmethod
+    def _launch_failure(r: _Run) -> str:
+        """Why Slurm could not launch a run (JobLaunchFailure), in the job's words: slurmd
+        says no more, so the likely cause is named from what the job asked for."""
+        job = r.launch
+        if job is not None and job.workdir and not os.path.isdir(job.workdir):
+            return f"cannot enter the working directory {job.workdir} (Slurm: JobLaunchFailure)"
+        files = " or ".join(r.logs) or "its output file"
+        return (
+            f"Slurm could not launch it (JobLaunchFailure): cannot open the output file {files} "
+            "or enter the working directory as its user"
+        )
 
     def _earlier_alive(self, job_id: int, run: int) -> SlurmJob | None:
         """A Slurm job of an earlier run of `job_id` that has not ended (the launch fence)."""
@@ -427,11 +470,13 @@ class SlurmExecutor:
             self._probe_at = now + self.probe_every_s
             return self._blind(nodes)
         starts, self._starts = self._starts, []
+        checkpoints = self._read_checkpoints()
         exits, self._exits = self._exits, []
         changes, exits, unseen = self._own_ends_first(changes, exits, unseen, now)
         return Observed(
             nodes=tuple(changes),
             starts=tuple(starts),
+            checkpoints=tuple(checkpoints),
             exits=tuple(exits),
             foreign=self._foreign,
             running=frozenset(self._runs),
@@ -558,7 +603,7 @@ class SlurmExecutor:
                 if why:
                     self._take_back(r, why, now)
                     continue
-            if j.started and not r.started and (j.holding or j.ended):
+            if j.started and not r.started and (j.holding or j.ended) and not j.launch_failed:
                 r.started = True
                 r.started_at = j.start_time
                 gpus = tuple(GpuSlot(node=n, gpu_indices=i) for n, i in sorted(j.gpus.items()) if i)
@@ -566,7 +611,12 @@ class SlurmExecutor:
                 self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
                                           started_at=j.start_time))  # fmt: skip
                 self._check_gpus(r, j)
-            if j.ended:
+            if j.ended and j.launch_failed and not r.limited:  # its command never ran
+                del self._runs[job_id]
+                at = now if j.end_time is None else min(now, j.end_time)
+                self._exits.append(Exit(job_id, -1, at, "launch_failed", r.slurm_id, j.state,
+                                        self._launch_failure(r)))  # fmt: skip
+            elif j.ended:
                 del self._runs[job_id]
                 at = now if j.end_time is None else min(now, j.end_time)
                 reason = "time_limit" if r.limited else end_reason(j.state)

@@ -220,6 +220,13 @@ class SlurmJob:
         return self.state in ENDED
 
     @property
+    def launch_failed(self) -> bool:
+        """Slurm could not launch it (`Reason=JobLaunchFailure`, exit `0:53`: its working
+        directory or output file): its command never ran."""
+        launch = self.reason.split()[0:1] == ["JobLaunchFailure"]
+        return self.ended and launch and self.exit_code == 128 + 53
+
+    @property
     def holding(self) -> bool:
         return self.state in HOLDING
 
@@ -523,12 +530,13 @@ where the cluster is. Nothing else of the service's reaches a job."""
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def job_environment(job: Launch, who: SbatchUser) -> dict[str, str]:
+def job_environment(job: Launch, who: SbatchUser, checkpoint_file: str = "") -> dict[str, str]:
     """Pure: the job's environment on Slurm: the one it was submitted with (after `--export`),
     never the service's; with none, PATH alone (Slurm's `--export=NONE`); the account's HOME,
     USER, LOGNAME and SHELL; then the ledger's variables, which win. Slurm's own (`SLURM_*`,
     the GPUs) are Slurm's to set. An array task also gets `SLURM_ARRAY_JOB_ID` and
-    `SLURM_ARRAY_TASK_ID` (the ledger runs each task as its own Slurm job)."""
+    `SLURM_ARRAY_TASK_ID` (the ledger runs each task as its own Slurm job), and every job
+    `SLURM_SUBMIT_DIR`: its working directory (sbatch's would be the service's own cwd)."""
     env = {
         k: v
         for k, v in job.env
@@ -552,16 +560,20 @@ def job_environment(job: Launch, who: SbatchUser) -> dict[str, str]:
         env["GPULEDGER_ARRAY_JOB_ID"] = env["SLURM_ARRAY_JOB_ID"] = str(job.array_job_id)
     if job.array_task_id is not None:
         env["GPULEDGER_ARRAY_TASK_ID"] = env["SLURM_ARRAY_TASK_ID"] = str(job.array_task_id)
+    if checkpoint_file:  # touched by the job: the executor records a checkpoint (as on agents)
+        env["GPULEDGER_CHECKPOINT_FILE"] = checkpoint_file
+    if job.workdir or who.home:  # where it was submitted from, as sbatch gives it (--chdir's)
+        env["SLURM_SUBMIT_DIR"] = job.workdir or who.home
     return env
 
 
-def batch_script(job: Launch, who: SbatchUser | None = None) -> str:
+def batch_script(job: Launch, who: SbatchUser | None = None, checkpoint_file: str = "") -> str:
     """Pure: the batch script: the job's environment (`job_environment`), a check that it
     starts where it was asked to (Slurm would fall back to /tmp), then the job's command
     replaces the shell, so it gets the signals. (The variables sit in the script:
     `sbatch --export=ALL,VAR=...` makes Slurm start a job about 1.5 s later; sbatch itself runs
     with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
-    env = job_environment(job, who or SbatchUser())
+    env = job_environment(job, who or SbatchUser(), checkpoint_file)
     lines = ["#!/bin/bash", *(f"export {k}={shlex.quote(v)}" for k, v in env.items())]
     if job.workdir:
         wd = shlex.quote(job.workdir)

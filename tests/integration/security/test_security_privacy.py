@@ -87,7 +87,7 @@ def get_routes(w: World) -> list[str]:
     ones outside it, read from the server's source."""
     status, doc = w.server.request("GET", "/v1/openapi.json", token=w.tokens["root"])
     assert status == 200
-    queries = {"job_id": "2", "limit": "100000", "node": "n1"}
+    queries = {"job_id": "2", "limit": "10000", "node": "n1"}
     out = []
     for path, ops in doc["paths"].items():
         if "get" not in ops:
@@ -97,14 +97,14 @@ def get_routes(w: World) -> list[str]:
             for p in ops["get"].get("parameters", [])
             if p.get("in") == "query" and p.get("required")
         ]
-        query = {n: queries[n] for n in needed} | ({"limit": "100000"} if path == "/v1/log" else {})
+        query = {n: queries[n] for n in needed} | ({"limit": "10000"} if path == "/v1/log" else {})
         out.append(_fill(path, w) + ("?" + "&".join(f"{k}={v}" for k, v in query.items())))
     for source in sorted(SERVER.glob("*.py")):
         for path in ROUTE.findall(source.read_text()):
             if path.startswith("/v1/") or path == "/":
                 continue  # in the OpenAPI document (or the redirect to the pages)
             out.append(_fill(path, w))
-    assert {"/ui/api/job/2", "/ui/api/job/2/replay", "/v1/jobs?", "/v1/log?limit=100000"} <= {
+    assert {"/ui/api/job/2", "/ui/api/job/2/replay", "/v1/jobs?", "/v1/log?limit=10000"} <= {
         r.split("?")[0] if r.startswith("/ui") else r for r in out
     }, out
     return sorted(set(out))
@@ -193,7 +193,7 @@ def test_the_cli_refuses_audit_sql_to_a_plain_user_in_both_faces(world: World) -
     for query in (
         ["audit", "job", "2", "--json"],
         ["jobs", "--json"],
-        ["log", "--json", "--limit", "100000"],
+        ["log", "--json", "--limit", "10000"],
     ):
         out = cli(world.home, *query, GPULEDGER_USER="bob")
         assert SECRET not in out.stdout and LABEL not in out.stdout, query
