@@ -190,10 +190,10 @@ def test_an_accepted_batch_is_appended_in_order_and_returns_its_last_position(bu
 def test_a_reopened_ledger_folds_to_the_same_state(
     busy: Ledger, home: Path, clock: SimClock
 ) -> None:
-    clock.advance_to(T0 + HOUR)
+    busy.execute(c.StartJob(actor="@executor", job_id=1))  # its contract runs from its start
+    clock.advance_to(T0 + HOUR)  # ... and is over by now
     busy.execute_all(
         [
-            c.StartJob(actor="@executor", job_id=1),
             c.DrainNode(actor="root", node="n1", reason="maintenance"),
             c.ApplyDecision(actor="@dispatcher", decision=c.DecisionBody(
                 cycle_id="c2", based_on=busy.position, policy_version="t",

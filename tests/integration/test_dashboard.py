@@ -487,7 +487,7 @@ def test_the_queue_pages_state_is_in_its_url_and_survives_a_reload(
     assert page.locator("#f-state").input_value() == "pending"
     assert [r.get_attribute("data-job") for r in page.locator("#queue tbody tr").all()] == shown
     # a shared link opens filtered and on the page it names
-    queued = [q["user"] for q in cli_json(s, "queue", "--limit", "10000")]
+    queued = [q["user"] for q in cli_json(s, "queue", "--limit", "100000")]
     who = max(set(queued), key=queued.count)
     assert queued.count(who) >= 2, queued
     page.goto(f"{s.server.url}/ui/queue?user={who}&limit=1&offset=1")
@@ -531,7 +531,7 @@ def test_metrics_are_typed_and_documented_and_head_answers(served: Served) -> No
 
 def test_the_cli_queue_says_how_many_its_limit_left_out(served: Served) -> None:
     home = served.dash.home
-    everything = json.loads(cli(home, "queue", "--json", "--limit", "10000").stdout)
+    everything = json.loads(cli(home, "queue", "--json", "--limit", "100000").stdout)
     assert len(everything) >= 2, everything
     total = len(everything)
     table = cli(home, "queue", "--limit", "1").stdout.strip().splitlines()

@@ -76,7 +76,7 @@ def deep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deep]:
 
 
 def cli_queue(d: Deep, *args: str) -> list[dict[str, Any]]:
-    out = cli(d.dash.home, "queue", "--json", "--limit", "10000", *args, GPULEDGER_USER="root")
+    out = cli(d.dash.home, "queue", "--json", "--limit", "100000", *args, GPULEDGER_USER="root")
     rows: list[dict[str, Any]] = json.loads(out.stdout)
     return rows
 
