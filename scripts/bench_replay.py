@@ -56,7 +56,8 @@ from schemas import commands as c
 from schemas.events import tag_of
 
 REPO = Path(__file__).resolve().parents[1]
-TRACE = Path("/work/shared/traces/philly-4plusgpu-sample.csv.gz")
+TRACE = REPO.parent / "shared" / "traces" / "philly-4plusgpu-sample.csv.gz"
+"""The public trace beside the checkout (pass --trace for another place)."""
 GPULEDGER = Path(sys.executable).parent / "gpuledger"
 
 
