@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -45,6 +46,8 @@ def main() -> None:
     ap.add_argument("--no-fifo", action="store_true", help="skip the same-run fifo baseline")
     args = ap.parse_args()
     trace = args.trace
+    if not trace.exists():
+        sys.exit(f"error: no trace at {trace} (pass --trace PATH to a Philly-format .csv.gz)")
     workload = resolve(parse_trace(trace.read_bytes(), str(trace)), Assumptions())
     config = SimConfig(
         policy=args.policy, cluster=Cluster(nodes=args.nodes), days=args.days, ranks=args.ranks
