@@ -413,15 +413,34 @@ def test_kueue_named_metrics_count_what_the_cli_lists(deep: Deep) -> None:
     }
     assert shown == pending and ("inadmissible" in {s for _, s in pending})
 
+    def every_job(home: Path) -> list[dict[str, Any]]:
+        """Every job, in pages the server answers (at most 10,000 rows): by status, and the
+        pending ones by program."""
+
+        def page(*args: str) -> list[dict[str, Any]]:
+            rows: list[dict[str, Any]] = json.loads(
+                cli(home, "jobs", "--json", "--limit", "10000", *args, GPULEDGER_USER="root").stdout
+            )
+            assert len(rows) < 10_000, f"a page of jobs {args} is full: split it further"
+            return rows
+
+        out = [
+            j
+            for status in ("held", "placed", "running", "finished")
+            for j in page("--status", status)
+        ]
+        programs = sorted({j["account"].split("/")[0] for j in out} | {"prog0", "prog1", "prog2"})
+        for program in programs:
+            out += page("--status", "pending", "-A", program)
+        return out
+
     def counted() -> tuple[Any, Any, Any, Any]:
         """A scrape with the CLI's jobs, preemptions and nodes read while nothing moved."""
         for _ in range(5):
             before = deep.server.head()
             got = scrape(deep)
             home = deep.dash.home
-            jobs = json.loads(
-                cli(home, "jobs", "--json", "--limit", "10000", GPULEDGER_USER="root").stdout
-            )
+            jobs = every_job(home)
             out = cli(home, "audit", "preemptions", "--json", GPULEDGER_USER="root").stdout
             nodes = json.loads(cli(home, "node", "list", "--json", GPULEDGER_USER="root").stdout)
             if deep.server.head() == before:
