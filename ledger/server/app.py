@@ -268,7 +268,9 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
             caller = person(request)  # reads are for people
             given = {k.removesuffix("_"): x for k, x in query.items() if x is not None}
             args = spec.parse(given)
-            if spec.pooled:  # the projection's reads: in the read pool, beside the worker
+            # the projection's reads: in the read pool, beside the worker; on a PostgreSQL store
+            # on the worker still (it answers from what is folded while the store is away)
+            if spec.pooled and worker.service.ledger.dsn is None:
                 data = await pooled.answer(worker, pool, name, spec, args, caller.actor)
                 return Response(data, media_type="application/json", status_code=200)
             data = await worker.call(lambda: handles.answer(name, spec, args, caller.actor))

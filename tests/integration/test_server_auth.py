@@ -244,6 +244,7 @@ CASES: dict[str, Case] = {
     ),
     "report preemptions": Case("GET", "/v1/report/preemptions", lambda w: None, READERS),
     "queue": Case("GET", "/v1/queue?state=pending", lambda w: None, READERS),
+    "queue total": Case("GET", "/v1/queue/total?state=pending", lambda w: None, READERS),
     "priority": Case("GET", "/v1/priority", lambda w: None, READERS),
     "explain": Case("GET", "/v1/explain?job_id=1", lambda w: None, READERS),
     "squatters": Case("GET", "/v1/squatters", lambda w: None, READERS),
