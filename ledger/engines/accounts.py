@@ -80,3 +80,20 @@ def own_log(log_dir: Path, name: str, account: Account | None) -> Path:
     finally:
         os.close(fd)
     return out
+
+
+def private_dirs(runs: Path, rundir: Path, gid: int | None) -> None:
+    """The run directories of a part (`runs/<run>/<rank>`), private to the service and the
+    job's owner (docs/security.md, row T13): `runs` may be traversed but not listed (0711);
+    the run's and the part's own directories are the service's, entered by the job's group
+    only (0710; 0700 when the job runs as the service), so the job reaches its work directory
+    (its checkpoint file) and no other account reaches anything. The work directory is the
+    job's (0700) and the spec, which holds the job's command, environment and token, the
+    service's (0600)."""
+    runs.mkdir(parents=True, exist_ok=True)
+    runs.chmod(0o711)
+    for d in (rundir.parent, rundir):
+        d.mkdir(mode=0o700, exist_ok=True)
+        if gid is not None:
+            os.chown(d, -1, gid)
+        d.chmod(0o700 if gid is None else 0o710)
