@@ -338,6 +338,7 @@ class Worker:
             log.exception("cycle failed")
             self._next_cycle = time.monotonic() + self.tick_s
             return
+        self.follow_error = None  # the store answers (a standby that now leads said otherwise)
         self._next_cycle = time.monotonic() + wait_time(result, self.tick_s, clock.now())
 
     def _follow(self) -> None:
