@@ -78,7 +78,9 @@ class Leadership:
 
     @property
     def role(self) -> str:
-        return "leader" if self.leading else "standby"
+        """What this server is by the lease's own clock: a leader paused past its lease says
+        standby from its first answer, before its worker has stepped down."""
+        return "leader" if self.acting() else "standby"
 
     @property
     def epoch(self) -> int:

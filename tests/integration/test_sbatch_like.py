@@ -220,6 +220,8 @@ def test_every_finish_reason_comes_from_a_real_path(served: Served) -> None:
         jobs[name] = served.submit("--", "sleep", "120")
     for name in ("cancelled", "preempted", "node_lost"):
         served.wait(name, jobs[name], "running")
+    # the time-limited job has ended before its node may be lost (else it is lost with it)
+    served.wait("time_limit", jobs["time_limit"], "finished", 90)
     served.cli(USER, "cancel", str(jobs["cancelled"]))
     served.cli("root", "preempt", str(jobs["preempted"]), "--reason", "the test makes room")
     node = served.jobs()[jobs["node_lost"]]["nodes"][0]
