@@ -19,7 +19,7 @@ configs once (`from_settings`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -206,6 +206,30 @@ class FairShare7Config(FairShare6Config, frozen=True, kw_only=True, tag="fairsha
     submitted: a plan's credited gain grows with the wait it ends."""
 
 
+class FairShare8Config(FairShare7Config, frozen=True, kw_only=True, tag="fairshare-8"):
+    """`fairshare-7` whose reservation stays with one large job until it starts: the oldest
+    funded job asking at least `hold_share` of its pool (Slurm backfill's top job, lifted by
+    age), considered first among funded jobs (docs/simulation.md, Policy v3)."""
+
+    hold_pick: Literal["first", "oldest"] = "oldest"
+    """Which large funded job gets the reservation: "oldest" (submitted first, then the lowest
+    id; the same job every cycle until it starts) or "first" (the first in the team order,
+    `fairshare-7`'s rule)."""
+    hold_lift: bool = True
+    """The reserved job goes first among funded non-debug jobs (a sort key part of its own)."""
+    hold_lift_after_s: NonNegative = 0.0
+    """With `hold_lift`, the reserved job goes first only once it has waited this long since
+    it was submitted (by the snapshot's time): Slurm's age factor, which lifts a job as it
+    ages."""
+    hold_lift_fs: NonNegative = 0.0
+    """With `hold_lift`, the reserved job goes first only while its team's share of the whole
+    tree (share over usage, `team_fs`) is at least this (1: a team using no more than its
+    share; 0: always)."""
+    hold_early: bool = False
+    """The reservation is made before any job is considered, so jobs ahead of the reserved one
+    in the order respect it too (only backfill goes there); else when the cycle reaches it."""
+
+
 class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
     """Slurm's multifactor priority as configured by default: no preemption unless
     `preempt_unfunded` (PreemptType=preempt/partition_prio with a scavenger partition)."""
@@ -264,7 +288,8 @@ class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
 
 
 AnyPolicyConfig = (
-    FairShare7Config
+    FairShare8Config
+    | FairShare7Config
     | FairShare6Config
     | FairShare5Config
     | FairShare4Config
@@ -281,6 +306,7 @@ AnyPolicyConfig = (
 """Any registered policy version's config (tagged by `version`)."""
 
 POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
+    FairShare8Config,
     FairShare7Config,
     FairShare6Config,
     FairShare5Config,

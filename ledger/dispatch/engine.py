@@ -42,7 +42,7 @@ Why a job waits (`Unplaceable.code`):
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Literal
 
 import msgspec
@@ -193,6 +193,17 @@ class _Replay:
                 yield v
 
 
+_Facts = tuple[bool, Hashable, tuple[str, int], bool]
+"""What a policy says of a pending job by its traits alone (`job_traits`): may it preempt, its
+victim group, its search budget, does it get a reservation when left waiting."""
+
+
+def _facts(policy: Policy, job: PendingJob, snapshot: Snapshot) -> _Facts:
+    may = policy.may_preempt(job)
+    group = policy.victim_group(job, snapshot) if may else None
+    return (may, group, policy.budget_of(job), policy.holds_for(job, snapshot))
+
+
 class _Cycle:
     """The scratch state of one `decide()` call."""
 
@@ -269,13 +280,22 @@ class _Cycle:
         spent, budget_of = self.spent, policy.budget_of
         may_preempt, victim_group = policy.may_preempt, policy.victim_group
         holds_for, may_backfill = policy.holds_for, policy.may_backfill
+        # what the policy says of a job by its traits alone, asked once per traits this cycle
+        traits_of: Callable[[PendingJob, Snapshot], Hashable] | None = getattr(
+            policy, "job_traits", None
+        )
+        facts: dict[Hashable, _Facts] = {}
+        early = getattr(policy, "hold_before", None)
+        first = early(snapshot) if early is not None else None
+        if first is not None:  # a reservation every job but its own respects (`hold_before`)
+            self._hold_for(first, index.is_gang(first))
         for key, job in ordered:
             if reserved and (job.min_runtime_s > 0 and not job.debug) != (self.hidden is not None):
                 self._reserve(self.hidden is None)
             hold = self.hold
-            if hold is not None and may_backfill(job, hold.until, self.now) == (
-                self.held is not None
-            ):
+            if hold is not None and (
+                job.job_id == hold.job_id or may_backfill(job, hold.until, self.now)
+            ) == (self.held is not None):
                 self._holding(self.held is None)
             shape = (job.gpu_type, job.cluster, job.gpus)
             known = shapes.get(shape)
@@ -286,21 +306,32 @@ class _Cycle:
             slots = index.place(job, gang)
             memo: _MemoKey | None = None
             searches = False
-            if slots is None and may_preempt(job):
-                group = victim_group(job, snapshot)
+            fact: _Facts | None = None
+            if slots is None and traits_of is not None:
+                traits = traits_of(job, snapshot)
+                fact = facts.get(traits)
+                if fact is None:
+                    fact = facts[traits] = _facts(policy, job, snapshot)
+            if slots is None and (fact[0] if fact is not None else may_preempt(job)):
+                if fact is not None:
+                    group, (name, budget) = fact[1], fact[2]
+                else:
+                    group, (name, budget) = victim_group(job, snapshot), budget_of(job)
                 searches = group is not None
-                name, budget = budget_of(job)
                 if searches and spent.get(name, 0) < budget:  # a search left (`_left`)
                     memo = (group, job.gpu_type, job.cluster, gang)
                     slots = self._by_preemption(job, gang, memo)
             if slots is not None:
+                if hold is not None and job.job_id == hold.job_id:  # its reservation is spent
+                    self._holding(False)
+                    self.hold = None
                 self.placements.append(Placement(job_id=job.job_id, slots=slots))
                 considered.append(Considered(job_id=job.job_id, sort_key=key))
                 continue
             wait = self._why(job, gang, fitted, memo, searches)
             if wait.until is not None:
                 self.wake.append(wait.until)
-            if self.hold is None and holds_for(job, snapshot):
+            if self.hold is None and (fact[3] if fact is not None else holds_for(job, snapshot)):
                 self._hold_for(job, gang)
             waiting[job.job_id] = wait
             if job.min_runtime_s > 0:

@@ -33,6 +33,7 @@ from ledger.dispatch.baselines import (
 )
 from ledger.dispatch.fairshare2 import FairShare2
 from ledger.dispatch.fairshare7 import FairShare7
+from ledger.dispatch.fairshare8 import FairShare8
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.policy import (
@@ -43,6 +44,7 @@ from schemas.policy import (
     FairShare5Config,
     FairShare6Config,
     FairShare7Config,
+    FairShare8Config,
     FairShareConfig,
     FifoConfig,
     Legacy2Config,
@@ -83,6 +85,7 @@ def _fields(config: AnyPolicyConfig) -> dict[str, Any]:
 VERSIONS: dict[str, Registered] = {
     r.version: r
     for r in (
+        Registered("fairshare", FairShare8Config, FairShare8, ranked=True),
         Registered("fairshare", FairShare7Config, FairShare7, ranked=True),
         Registered("fairshare", FairShare6Config, FairShare2, ranked=True),
         Registered("fairshare", FairShare5Config, FairShare2, ranked=True),

@@ -128,7 +128,12 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def complete_ranks(leaf_ranks: Mapping[str, int]) -> dict[str, int]:
-    """Pure: add every ancestor of the ranked paths, ranked as its best descendant."""
+    """Pure: add every ancestor of the ranked paths, ranked as its best descendant. Completing
+    a completed mapping changes nothing: the last few answers are handed back as they are (the
+    cycle completes the ranks of its snapshot, then `decide()` asks again)."""
+    for done in _COMPLETED:
+        if leaf_ranks is done:
+            return done
     out = dict(leaf_ranks)
     for path, rank in leaf_ranks.items():
         cut = path.find("/")
@@ -139,7 +144,12 @@ def complete_ranks(leaf_ranks: Mapping[str, int]) -> dict[str, int]:
                 if have is None or rank < have:
                     out[anc] = rank
             cut = path.find("/", cut + 1)
+    _COMPLETED[:] = [out, *_COMPLETED[:3]]
     return out
+
+
+_COMPLETED: list[dict[str, int]] = []
+"""The last answers of `complete_ranks` (never changed by their readers)."""
 
 
 def fs_text(value: float) -> str:

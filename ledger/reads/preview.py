@@ -497,6 +497,11 @@ _KEY_PARTS["fairshare-5"] = (
 )
 _KEY_PARTS["fairshare-6"] = _KEY_PARTS["fairshare-5"]  # the same order, a larger debug reserve
 _KEY_PARTS["fairshare-7"] = _KEY_PARTS["fairshare-5"]  # the same order (requeued_last on)
+_KEY_PARTS["fairshare-8"] = (
+    *_KEY_PARTS["fairshare-5"][:3],
+    ("reservation", "0: the job the cycle reserves for (the oldest large funded job)"),
+    *_KEY_PARTS["fairshare-5"][3:],
+)
 _KEY_PARTS["slurm-lab-1"] = (
     ("qos", "0 debug, 1 normal (funded), 2 scavenger (unfunded)"),
     *_KEY_PARTS["slurm"][1:],
