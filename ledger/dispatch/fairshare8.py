@@ -18,8 +18,18 @@ it off:
   the debug lane, so GPUs freed where it is reserved are its own before any other funded job's,
   and it may search for fairness victims before the others spend the cycle's searches.
 
+- `hold_lift_after_s`, `hold_lift_fs`: lift only once the job has waited that long, or while
+  its team's share of the whole tree is at least that (the deficit-aware variant).
+- `hold_early`: the reservation is made before any job is considered (`decide()` asks
+  `hold_before`), so jobs ahead of the reserved one respect it too, as in Slurm.
+
 The reserved job is the same in every cycle until it starts (or leaves the queue): it is read
 from the pending jobs alone, so a replay decides the same.
+
+Measured (docs/simulation.md, "Policy v3, second round"): the default ("oldest", lifted) brings
+the large jobs' p90 within 0.1 d of `slurm-lab`'s on the tuning workload and does not carry
+over (worse on one held-out workload, a team at 85% on another), so `fairshare` stays
+`fairshare-7` and this version is a point of the frontier.
 """
 
 from __future__ import annotations
