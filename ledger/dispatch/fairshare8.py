@@ -35,12 +35,12 @@ over (worse on one held-out workload, a team at 85% on another), so `fairshare` 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any, Literal
+from typing import Literal
 
 from ledger.dispatch.fairshare2 import team_fs, team_of
 from ledger.dispatch.fairshare7 import FairShare7, pool_gpus
 from ledger.dispatch.ordering import SortKey
-from ledger.dispatch.snapshot import PendingJob, Snapshot
+from ledger.dispatch.snapshot import NodeView, PendingJob, Snapshot
 
 HoldPick = Literal["first", "oldest"]
 
@@ -61,24 +61,27 @@ class FairShare8(FairShare7, frozen=True, kw_only=True):
         return FairShare7.holds_for(self, job, snapshot)
 
     def reserved_for(self, snapshot: Snapshot) -> PendingJob | None:
-        """The job the cycle reserves for (`hold_pick` "oldest"), or None."""
+        """The job the cycle reserves for (`hold_pick` "oldest"), or None. A job asking more
+        than its pool's active GPUs is passed over (no reservation could ever start it)."""
         if self.hold_pick != "oldest" or self.hold_share <= 0:
             return None
         pending = snapshot.pending
         settings = (self.hold_share, self.debug_lane)
-        if _PICKED[0] is pending and _PICKED[1] is snapshot.nodes and _PICKED[2] == settings:
-            found: PendingJob | None = _PICKED[3]
-            return found
+        last = _PICKED[0]  # one read: another thread may replace it meanwhile
+        same = last is not None and last[0] is pending and last[1] is snapshot.nodes
+        if last is not None and same and last[2] == settings:
+            return last[3]
         best: PendingJob | None = None
         share = self.hold_share
         for j in pending:
             if j.min_runtime_s <= 0 or (best is not None and j.submitted_at > best.submitted_at):
                 continue
-            if j.gpus < share * pool_gpus(snapshot, j) or self.lane(j):
-                continue
+            pool = pool_gpus(snapshot, j)
+            if j.gpus < share * pool or j.gpus > pool or self.lane(j):
+                continue  # not large, or larger than its pool: it would hold nothing, forever
             if best is None or (j.submitted_at, j.job_id) < (best.submitted_at, best.job_id):
                 best = j
-        _PICKED[:] = [pending, snapshot.nodes, settings, best]
+        _PICKED[0] = (pending, snapshot.nodes, settings, best)
         return best
 
     def reserved_job(self, snapshot: Snapshot) -> int | None:
@@ -123,6 +126,9 @@ class FairShare8(FairShare7, frozen=True, kw_only=True):
         return (traits, job.job_id == self.reserved_job(snapshot))
 
 
-_PICKED: list[Any] = [None, None, None, None]
-"""The pending jobs and nodes last asked about, the settings, and the job picked (a cycle asks
-once per waiting job; the references kept make `is` safe)."""
+_PICKED: list[
+    tuple[tuple[PendingJob, ...], tuple[NodeView, ...], tuple[float, bool], PendingJob | None]
+    | None
+] = [None]
+"""The pending jobs and nodes last asked about, the settings, and the job picked, as one value
+(a cycle asks once per waiting job; the references kept make `is` safe)."""

@@ -161,3 +161,12 @@ def test_an_early_reservation_keeps_jobs_ahead_of_the_reserved_one_off_its_nodes
     assert [p.job_id for p in early.placements] == [6]
     assert {s.node for s in early.placements[0].slots} == {"n1", "n2"}
     assert early.hold is None and {7, 8} <= set(early.waiting)
+
+
+def test_a_job_larger_than_its_pool_does_not_take_the_reservation_from_the_others() -> None:
+    snap = big_queue()
+    huge = msgspec.structs.replace(pend(4, 128, "lab/c"), submitted_at=NOW - 9 * H)  # > 64
+    snap = msgspec.structs.replace(snap, pending=(huge, *snap.pending))
+    assert FairShare8().reserved_job(snap) == 6
+    d = decide(snap, FairShare8(), NOW)
+    assert d.hold is not None and d.hold.job_id == 6
