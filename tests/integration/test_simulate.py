@@ -261,7 +261,7 @@ def test_jobs_running_when_the_simulation_ends_stop_being_charged(tmp_path: Path
     assert result.metrics is not None
 
 
-@pytest.mark.parametrize("policy", sorted(POLICY_NAMES))
+@pytest.mark.parametrize("policy", [*sorted(POLICY_NAMES), "fairshare-8"])
 def test_every_simulated_decision_of_every_policy_replays_identically(
     tmp_path: Path, policy: str
 ) -> None:
