@@ -100,7 +100,7 @@ def _check(ctx: Ctx, data: bytes, name: str, prune: bool, commands: list[AnyComm
     from ledger.core import budget as b
 
     ledger = ctx.ledger()
-    b.check(ledger.state, commands, ledger.clock.now(), ledger.ids)
+    b.check(ledger.state, commands, ledger.clock.now(), ledger.ids, ledger.admit)
 
 
 COMMANDS = [budget_group]

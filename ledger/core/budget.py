@@ -230,10 +230,20 @@ def _listed(
     return [add(u) for u in sorted(want - have)] + [remove(u) for u in sorted(have - want)]
 
 
-def check(state: State, commands: list[c.AnyCommand], now: float, new_id: NewId) -> None:
+def check(
+    state: State,
+    commands: list[c.AnyCommand],
+    now: float,
+    new_id: NewId,
+    admit: Callable[[State, c.AnyCommand], c.AnyCommand] | None = None,
+) -> None:
     """Pure: apply `commands` one after another to a copy of `state` (the dry run), raising the
-    first rejection; `state` is left as it was."""
+    first rejection; `state` is left as it was. `admit` is the edge's look at each command
+    before it is decided (the ledger's `admit`: system accounts as members...), as the real
+    apply has it, so the dry run refuses what the apply would."""
     scratch = state.copy()
     for cmd in commands:
+        if admit is not None:
+            cmd = admit(scratch, cmd)
         for ev in decide(scratch, cmd, now, new_id):
             evolve(scratch, ev)

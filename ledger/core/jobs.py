@@ -83,6 +83,11 @@ def _world(cmd: c.SubmitJob) -> dict[str, Any]:
             raise InvalidCommand(f"the {what} holds a NUL or a newline")
     for flag, pattern in (("-o/--output", cmd.stdout), ("-e/--error", cmd.stderr)):
         check_pattern(pattern, flag)
+        if pattern and not pattern.startswith("/") and not cmd.workdir:
+            raise InvalidCommand(
+                f"{flag} {pattern!r} is relative and the job has no working directory",
+                hint="give an absolute path, or a working directory with -D/--chdir",
+            )
     size = 0
     for name, value in cmd.env.items():
         if not _ENV_NAME.fullmatch(name):

@@ -66,16 +66,16 @@ def account_for(user: str, run_as: RunAs, euid: int) -> Account | str:
     return _account(pw)
 
 
-def own_log(log_dir: Path, name: str, account: Account | None) -> Path:
+def own_log(log_dir: Path, name: str, uid: int | None = None, gid: int | None = None) -> Path:
     """The engine's own output file of a job that names none: `<log_dir>/<name>`, in a
-    directory only the service writes (0755), made for the job's user (`account`; None: the
-    service's own) and readable by them alone (0600), as the Slurm executor makes it."""
+    directory only the service writes (0755), made for the job's user (`uid`, `gid`; None:
+    the service's own) and readable by them alone (0600), on every engine."""
     log_dir.chmod(0o755)
     out = log_dir / name
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     try:
-        if account is not None:
-            os.fchown(fd, account.uid, account.gid)
+        if uid is not None:
+            os.fchown(fd, uid, -1 if gid is None else gid)
         os.fchmod(fd, 0o600)
     finally:
         os.close(fd)
@@ -97,3 +97,16 @@ def private_dirs(runs: Path, rundir: Path, gid: int | None) -> None:
         if gid is not None:
             os.chown(d, -1, gid)
         d.chmod(0o700 if gid is None else 0o710)
+
+
+def own_umask() -> int:
+    """This process's umask, read without changing it (`/proc/self/status`; 0o022 where the
+    kernel does not say): what a job's own files are made with, on every engine."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022

@@ -65,12 +65,24 @@ shift 3
 trap : TERM INT HUP
 fail() { printf 'gpuledger: %s\n' "$1" >&2; printf 'failed %s\n' "$1" >&9; exit 127; }
 if [ -n "$wd" ]; then cd -- "$wd" 2>/dev/null || fail "cannot enter the working directory $wd"; fi
+mask=$(umask)
+own() {
+  umask 077
+  if ! { [ ! -L "$1" ] && [ ! -e "$1" ] && (set -C; : >"$1") 2>/dev/null; }; then
+    if [ -L "$1" ] || [ -f "$1" ]; then
+      [ -n "$(find "$1" -maxdepth 0 -user "$(id -u)" 2>/dev/null)" ] ||
+        fail "the $2 $1 exists and belongs to another user"
+    fi
+    (: >>"$1") 2>/dev/null || fail "cannot open the $2 $1"
+  fi
+  umask "$mask"
+}
 if [ -n "$out" ]; then
-  (: >>"$out") 2>/dev/null || fail "cannot open the output file $out"
+  own "$out" "output file"
   exec >>"$out"
 fi
 if [ -n "$err" ] && [ "$err" != "$out" ]; then
-  (: >>"$err") 2>/dev/null || fail "cannot open the error file $err"
+  own "$err" "error file"
   exec 2>>"$err"
 elif [ -n "$out" ]; then
   exec 2>&1
@@ -88,6 +100,9 @@ exit "$code"
 """
 """The leader of every job part (module doc): $1-$3 are the working directory, output file and
 error file as the user gave them ("": the supervisor's), then the command; fd 9 is the record.
+Output and error files are made the job's user's alone (0600; the job's own umask is left as it
+was), and one that exists already must be the user's (a regular file or a symbolic link another
+account planted at the name, in a directory it may write, is refused, never appended to).
 The shell's own stderr is closed while the command runs (it would say "Terminated" of a job
 that was stopped, in the job's own output)."""
 RECORD_FD = 9

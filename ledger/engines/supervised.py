@@ -482,7 +482,7 @@ class SupervisedExecutor:
         default = ""
         if not job.stdout:  # the engine's log file, made here and given to the user
             name = f"job-{job.job_id}.log" if rank == 0 else f"job-{job.job_id}.{rank}.log"
-            default = str(own_log(self.log_dir, name, account if switch else None))
+            default = str(own_log(self.log_dir, name, *([account.uid, account.gid] * switch)))
         if switch:
             os.chown(work, account.uid, account.gid)
         out = job.stdout or default

@@ -126,7 +126,7 @@ def plan(worker: Worker, caller: ident.Identity, req: api.BudgetPlanRequest) -> 
     changes = b.plan(ledger.state, b.parse(req.toml.encode(), req.name), actor, prune=req.prune)
     if req.check:
         cmds = [ident.act(caller, ch.command) for ch in changes]
-        b.check(ledger.state, cmds, ledger.clock.now(), ledger.ids)
+        b.check(ledger.state, cmds, ledger.clock.now(), ledger.ids, ledger.admit)
     return api.BudgetPlan(
         changes=[
             api.BudgetChange(symbol=ch.symbol, text=ch.text, command=ch.command) for ch in changes

@@ -18,12 +18,14 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ledger.engines.accounts import own_umask
 from tests.integration import userkit
 from tests.integration.serverkit import cli, make_token, start_server
 from tests.integration.waits import wait_for
@@ -488,3 +490,70 @@ def test_a_launch_that_fails_before_its_command_runs_never_started(served: Serve
         assert not [e for e in served.events() if e["type"].startswith("job.started")
                     and e["job_id"] == job]  # fmt: skip
     assert not marker.exists()
+
+
+def test_output_files_are_the_owners_alone_and_one_another_account_planted_is_refused(
+    served: Served,
+) -> None:
+    """atk23c F3/F4: in a directory every account may write (1777), a job's default output file
+    is made the user's alone (0600) while the job keeps its own umask; a file or a symbolic
+    link another account planted at the output's name is never appended to or followed: the
+    launch fails with why, the planted file is left as it was."""
+    shared = Path(tempfile.mkdtemp(prefix="gl23-shared-", dir="/tmp"))
+    try:
+        shared.chmod(0o1777)
+        nobody = pwd.getpwnam("nobody")
+        first = served.submit("-D", str(shared), "--", "sh", "-c", "echo secret; umask; : >mine")
+        row = served.wait("the job ends", first, "finished")
+        assert row["finish_reason"] == "completed", row
+        out = shared / f"gpuledger-{first}.out"
+        st = out.stat()
+        assert (st.st_uid, st.st_mode & 0o777) == (pwd.getpwnam(USER).pw_uid, 0o600)
+        assert out.read_text().split() == ["secret", f"{own_umask():04o}"]
+        assert (shared / "mine").stat().st_mode & 0o777 == 0o666 & ~own_umask()
+        # another account plants the next job's default file, and a link at a chosen name
+        planted = shared / f"gpuledger-{first + 1}.out"
+        planted.touch(mode=0o666)
+        planted.chmod(0o666)
+        os.chown(planted, nobody.pw_uid, nobody.pw_gid)
+        link = shared / "link.out"
+        link.symlink_to(pwd.getpwnam(USER).pw_dir + "/.profile")
+        os.lchown(link, nobody.pw_uid, nobody.pw_gid)
+        second = served.submit("-D", str(shared), "--", "sh", "-c", "echo leaked")
+        third = served.submit("-D", str(shared), "-o", "link.out", "--", "sh", "-c", "echo leaked")
+        assert second == first + 1
+        for job, name in [(second, planted.name), (third, "link.out")]:
+            row = served.wait("the launch fails", job, "finished")
+            assert (row["finish_reason"], row["started_at"]) == ("launch_failed", None), row
+            assert f"{name} exists and belongs to another user" in row["finish_note"], row
+        assert planted.read_text() == "" and "leaked" not in Path(link.readlink()).read_text()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_a_relative_output_needs_a_working_directory(served: Served) -> None:
+    """atk23c F10: `-o` relative to nothing (a raw API call with no working directory) is
+    refused in one line and nothing is appended, on every engine alike."""
+    head = served.server.head()
+    code, body = served.server.request(
+        "POST", "/v1/commands/submit",
+        {"actor": "", "account": "ai2/olmo", "gpus": 1, "command": ["true"],
+         "stdout": "../../tmp/rel-%j.log"},
+        served.tokens[USER],
+    )  # fmt: skip
+    assert code == 400 and "is relative and the job has no working directory" in json.dumps(body)
+    assert served.server.head() == head
+
+
+def test_a_dry_run_refuses_what_the_apply_would(served: Served, tmp_path: Path) -> None:
+    """atk23c F8: a manager's `budget apply --dry-run` that adds a system account is refused
+    as the apply is (it used to print the plan as fine)."""
+    plan = tmp_path / "mgr.toml"
+    plan.write_text(BUDGET.replace(f'"{USER}", "ghost"', f'"{USER}", "ghost", "root"'))
+    head = served.server.head()
+    for extra in (["--dry-run"], []):
+        proc = served.cli("mgr", "budget", "apply", str(plan), *extra, ok=False)
+        assert proc.returncode == 1 and "may not add 'root': it is a system account" in (
+            proc.stderr
+        ), proc.stderr
+    assert served.server.head() == head

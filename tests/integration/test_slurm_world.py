@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ledger.engines.accounts import own_umask
 from tests.integration import test_slurm as base
 from tests.integration.test_slurm import GPULEDGER, Ledger, status
 from tests.integration.userkit import User, os_user
@@ -29,6 +30,7 @@ echo "SVC=$SERVICE_DB_PASSWORD TOK=$GPULEDGER_TOKEN ONLY=$SERVICE_ONLY"
 echo "ARRAY=$SLURM_ARRAY_JOB_ID/$SLURM_ARRAY_TASK_ID"
 echo "GL=$GPULEDGER_ARRAY_JOB_ID/$GPULEDGER_ARRAY_TASK_ID"
 echo "SUBMIT_DIR=$SLURM_SUBMIT_DIR"
+echo "UMASK=$(umask)"
 """
 
 
@@ -89,6 +91,8 @@ def test_a_script_in_a_users_home_runs_there_as_the_user_with_its_world_not_the_
         got = lines(out)
         st = out.stat()
         assert (st.st_uid, st.st_gid) == (user.uid, user.gid)  # created as the user
+        assert st.st_mode & 0o777 == 0o600  # the user's alone (atk23c F3): slurmstepd, umask 077
+        assert got["UMASK"] == f"{own_umask():04o}"  # ... and the job keeps the umask it had
         assert got["pwd"] == str(proj) and got["line:input"] == "from the input"
         assert got["SUBMIT_DIR"] == str(proj)  # N8: not the service's cwd
         assert got["MY_VAR"] == "hello"

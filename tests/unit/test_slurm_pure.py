@@ -351,6 +351,7 @@ def test_the_batch_script_sets_the_ledgers_variables_and_execs_the_command() -> 
     job = dataclasses.replace(job, command=("sh", "-c", "echo $X; exit 3"))
     assert batch_script(job).splitlines() == [
         "#!/bin/bash",
+        "umask 0022",
         "export PATH=/usr/local/bin:/usr/bin:/bin",
         "export GPULEDGER_JOB_ID=5",
         "export GPULEDGER_RUN=2",
@@ -361,6 +362,7 @@ def test_the_batch_script_sets_the_ledgers_variables_and_execs_the_command() -> 
         "exec sh -c 'echo $X; exit 3'",
     ]
     assert batch_script(dataclasses.replace(job, command=())).endswith("\nexec true\n")
+    assert batch_script(job, umask=0o027).splitlines()[1] == "umask 0027"
 
 
 def test_the_job_gets_its_submitted_world_never_the_services() -> None:

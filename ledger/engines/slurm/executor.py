@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ledger.core.state import Node
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
-from ledger.engines.accounts import RunAs, account_for
+from ledger.engines.accounts import RunAs, account_for, own_log, own_umask
 from ledger.engines.slurm.words import (
     ENDED,
     HOLDING,
@@ -313,19 +313,10 @@ class SlurmExecutor:
 
     def _default_log(self, job: Launch, who: SbatchUser) -> Path:
         """The service's own output file of a job that names none (no working directory):
-        `<log_dir>/job-<id>.log`, in a directory only the service may write (no one can plant
-        a file there), made by the service for the job's user, readable by them alone."""
+        `<log_dir>/job-<id>.log` (`own_log`: a directory only the service may write, the file
+        made for the job's user, readable by them alone)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_dir.chmod(0o755)
-        out = self.log_dir / f"job-{job.job_id}.log"
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-        try:
-            if who.uid is not None:
-                os.fchown(fd, who.uid, who.gid if who.gid is not None else -1)
-            os.fchmod(fd, 0o600)
-        finally:
-            os.close(fd)
-        return out
+        return own_log(self.log_dir, f"job-{job.job_id}.log", who.uid, who.gid)
 
     def _checkpoint_file(self, job_id: int, run: int, who: SbatchUser | None = None) -> Path:
         """The file a run touches to say it checkpointed (`GPULEDGER_CHECKPOINT_FILE`, as on
@@ -356,10 +347,13 @@ class SlurmExecutor:
         return touched
 
     def _sbatch_env(self) -> dict[str, str]:
-        """sbatch's own environment: PATH and where the cluster is (`SBATCH_ENV`). sbatch hands
-        its environment to the job, so nothing else of the service's goes in (its secrets, its
-        HOME, `SBATCH_*` options)."""
+        """sbatch's own environment: PATH, where the cluster is (`SBATCH_ENV`) and SLURM_UMASK.
+        sbatch hands its environment to the job, so nothing else of the service's goes in (its
+        secrets, its HOME, `SBATCH_*` options)."""
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+        # the umask slurmstepd makes the output files with: the user's alone (the batch script
+        # gives the job its own umask back)
+        env["SLURM_UMASK"] = "0077"
         env.update({k: self.env[k] for k in SBATCH_ENV if k in self.env})
         return env
 
@@ -374,7 +368,8 @@ class SlurmExecutor:
         r.logs = tuple(dict.fromkeys(p for p in (out, err) if p))
         args = ["sbatch", *sbatch_args(job, self.partition, out, who, self.ledger_id,
                                        self._pinned, err)]  # fmt: skip
-        script = batch_script(job, who, str(self._checkpoint_file(job.job_id, job.run, who)))
+        ckpt = str(self._checkpoint_file(job.job_id, job.run, who))
+        script = batch_script(job, who, ckpt, own_umask())
         slurm_id = self._run(args, stdin=script, env=self._sbatch_env()).strip().split(";")[0]
         r.slurm_id = slurm_id
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, slurm_id)
