@@ -34,7 +34,7 @@ from ledger.reads import preview as previews
 from ledger.reads.table import READS
 from ledger.server import identity as ident
 from ledger.server import metrics as m
-from ledger.server import pages, pooled, tables
+from ledger.server import pages, pooled, query, tables
 from ledger.server.agent_api import agent_routes
 from ledger.server.cache import ReadCache
 from ledger.server.commands import CommandPath
@@ -314,6 +314,7 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
     routes += pages.routes(worker, handles, person, pool)
     app = Litestar(
         route_handlers=routes,
+        before_request=query.QueryGate(who, lambda h: bool(set(h.paths) & PAGE_SHELLS)),
         middleware=[metrics.middleware],
         exception_handlers={
             LedgerError: _ledger_error,
@@ -338,6 +339,10 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
     return app, CommandPath(
         app, worker, identify, SERVED_COMMANDS, metrics.observe_api, error_response
     )
+
+
+PAGE_SHELLS = frozenset({"/", "/ui/{page:str}"})
+"""Routes whose query string is the browser script's (the dashboard's page shells)."""
 
 
 def _roles(worker: Worker, head: int) -> dict[str, Any]:
@@ -500,8 +505,8 @@ OPENAPI_FILE = "openapi.json"
 """Committed beside the event schemas: schemas/openapi.json."""
 
 
-def offline_document() -> bytes:
-    """The OpenAPI document without a running server (for export and the drift test)."""
+def offline_app() -> Litestar:
+    """The app without a running server (its routes, its OpenAPI document)."""
 
     class _Offline:
         idle: ClassVar[list[Any]] = []
@@ -510,7 +515,12 @@ def offline_document() -> bytes:
             ledger = None
             on_cycle: ClassVar[list[Any]] = []
 
-    return render_openapi(create_app(_Offline(), clock=lambda: 0.0))  # type: ignore[arg-type]
+    return create_app(_Offline(), clock=lambda: 0.0)  # type: ignore[arg-type]
+
+
+def offline_document() -> bytes:
+    """The OpenAPI document without a running server (for export and the drift test)."""
+    return render_openapi(offline_app())
 
 
 def render_openapi(app: Litestar) -> bytes:
