@@ -38,6 +38,7 @@ from ledger.server import pages, pooled, query, tables
 from ledger.server.agent_api import agent_routes
 from ledger.server.cache import ReadCache
 from ledger.server.commands import CommandPath
+from ledger.server.ha import POSITION_HEADER
 from ledger.server.pages import LivePreview
 from ledger.server.readpool import ReadPool, limits_from_env
 from ledger.server.worker import Worker
@@ -147,8 +148,9 @@ def error_response(err: Exception) -> Response[api.Problem]:
     return _internal(None, err)  # type: ignore[arg-type]
 
 
-def create_asgi(worker: Worker, *, clock: Callable[[], float]) -> CommandPath:
-    """What `serve` serves: the Litestar app behind the command routes' hot path."""
+def create_asgi(worker: Worker, *, clock: Callable[[], float]) -> pooled.Writes:
+    """What `serve` serves: the Litestar app behind the command routes' hot path, its writes
+    under way counted (the reads give way to them: `pooled.paged`)."""
     return _build(worker, clock)[1]
 
 
@@ -157,8 +159,9 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
     return _build(worker, clock)[0]
 
 
-def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, CommandPath]:
+def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, pooled.Writes]:
     ledger = worker.service.ledger
+    writes = pooled.Writes()
 
     def identify(uid: Any, bearer: str | None) -> ident.Identity:
         if isinstance(uid, int) and not bearer:  # a token sent on the socket is the caller
@@ -268,11 +271,14 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
             caller = person(request)  # reads are for people
             given = {k.removesuffix("_"): x for k, x in query.items() if x is not None}
             args = spec.parse(given)
-            # the projection's reads: in the read pool, beside the worker; on a PostgreSQL store
-            # on the worker still (it answers from what is folded while the store is away)
-            if spec.pooled and worker.service.ledger.dsn is None:
-                data = await pooled.answer(worker, pool, name, spec, args, caller.actor)
-                return Response(data, media_type="application/json", status_code=200)
+            # the projection's reads: in the read pool, beside the worker (on either store; on
+            # PostgreSQL from what is folded while the store is away, saying where that is)
+            if spec.pooled:
+                data, at = await pooled.answer(
+                    worker, pool, name, spec, args, caller.actor, writes.busy
+                )
+                return Response(data, media_type="application/json", status_code=200,
+                                headers={POSITION_HEADER: str(at)})  # fmt: skip
             data = await worker.call(lambda: handles.answer(name, spec, args, caller.actor))
             return Response(data, media_type="application/json", status_code=200)
 
@@ -336,9 +342,10 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
         debug=False,
         logging_config=None,
     )
-    return app, CommandPath(
+    writes.app = CommandPath(
         app, worker, identify, SERVED_COMMANDS, metrics.observe_api, error_response
     )
+    return app, writes
 
 
 PAGE_SHELLS = frozenset({"/", "/ui/{page:str}"})
