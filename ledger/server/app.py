@@ -274,9 +274,7 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, pooled
             # the projection's reads: in the read pool, beside the worker (on either store; on
             # PostgreSQL from what is folded while the store is away, saying where that is)
             if spec.pooled:
-                data, at = await pooled.answer(
-                    worker, pool, name, spec, args, caller.actor, writes.busy
-                )
+                data, at = await pooled.answer(worker, pool, name, spec, args, caller.actor, writes)
                 return Response(data, media_type="application/json", status_code=200,
                                 headers={POSITION_HEADER: str(at)})  # fmt: skip
             data = await worker.call(lambda: handles.answer(name, spec, args, caller.actor))

@@ -12,8 +12,9 @@ admission bound them. The worker only catches the projection up and copies who m
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
@@ -75,12 +76,12 @@ class PooledHandles:
 
 def check_page(name: str, args: Any) -> None:
     """One line for a page larger than `PAGE_MAX`."""
-    for field in ("limit", "tail"):
-        asked = getattr(args, field, None)
+    for name_ in ("limit", "tail"):
+        asked = getattr(args, name_, None)
         if name in ("jobs", "log") and asked is not None and asked > PAGE_MAX:
             raise InvalidCommand(
                 f"{name} answers at most {PAGE_MAX:,} rows a page through the server, "
-                f"asked for {field}={asked:,}",
+                f"asked for {name_}={asked:,}",
                 hint="page: ask again with after=<the last position>"
                 if name == "log"
                 else "narrow the filter (user, account, status, since)",
@@ -141,7 +142,7 @@ async def answer(
     spec: ReadSpec,
     args: Any,
     viewer: str,
-    busy: Callable[[], bool] = lambda: False,
+    busy: Callable[[], bool] | Writes = lambda: False,
 ) -> tuple[bytes, int]:
     """The encoded answer of a pooled read for `viewer`, computed in `pool`, and the log
     position it answers at (read in the same transaction as the answer).
@@ -203,7 +204,11 @@ a constant stream of writes, a page still ends)."""
 
 
 def paged(
-    name: str, spec: ReadSpec, handles: PooledHandles, args: Any, busy: Callable[[], bool]
+    name: str,
+    spec: ReadSpec,
+    handles: PooledHandles,
+    args: Any,
+    busy: Callable[[], bool] | Writes,
 ) -> list[bytes]:
     """The encoded rows of a `jobs` or `log` page, built `PART` rows at a time; before each part
     after the first, while `busy()` (a write is under way) and for at most `GIVE_WAY_S`, the
@@ -247,13 +252,18 @@ def paged(
     return out
 
 
-def give_way(busy: Callable[[], bool]) -> None:
-    """Sleep while `busy()`, for at most `GIVE_WAY_S` (see `paged`)."""
+def give_way(busy: Callable[[], bool] | Writes) -> None:
+    """Wait while a write is under way, for at most `GIVE_WAY_S` (see `paged`): on the `Writes`
+    counter's event (the thread sleeps in the kernel, asking nothing of the interpreter until
+    the last write ends or the time is up), else by asking `busy()` now and then."""
     import time
 
+    if isinstance(busy, Writes):
+        busy.idle.wait(GIVE_WAY_S)
+        return
     deadline = time.monotonic() + GIVE_WAY_S
     while busy() and time.monotonic() < deadline:
-        time.sleep(0.002)
+        time.sleep(0.005)
 
 
 @dataclass
@@ -263,6 +273,11 @@ class Writes:
 
     app: Any = None
     under_way: int = 0
+    idle: threading.Event = field(default_factory=threading.Event)
+    """Set while no write is under way."""
+
+    def __post_init__(self) -> None:
+        self.idle.set()
 
     def busy(self) -> bool:
         return self.under_way > 0
@@ -272,10 +287,13 @@ class Writes:
             await self.app(scope, receive, send)
             return
         self.under_way += 1
+        self.idle.clear()
         try:
             await self.app(scope, receive, send)
         finally:
             self.under_way -= 1
+            if not self.under_way:
+                self.idle.set()
 
 
 def cursor_store(cursor: duckdb.DuckDBPyConnection) -> Any:

@@ -157,3 +157,26 @@ def test_writes_under_way_are_counted_while_they_run() -> None:
 
     asyncio.run(go())
     assert seen == [1, 0] and not writes.busy()
+
+
+def test_a_part_waits_on_the_writes_event_and_goes_on_when_they_end(store: Any) -> None:
+    writes = pooled.Writes()
+    writes.under_way = 1
+    writes.idle.clear()  # a write under way for the whole read: each part waits GIVE_WAY_S
+    handles = pooled.PooledHandles(store.con, "root", State(admins={"root"}), lambda: 1e9)
+    old = pooled.PART
+    pooled.PART = 300
+    try:
+        began = time.monotonic()
+        rows = pooled.paged("log", READS["log"], handles, v.LogFilter(limit=900), writes)
+        waited = time.monotonic() - began
+        writes.under_way = 0
+        writes.idle.set()  # no write: no wait
+        began = time.monotonic()
+        again = pooled.paged("log", READS["log"], handles, v.LogFilter(limit=900), writes)
+        quiet = time.monotonic() - began
+    finally:
+        pooled.PART = old
+    assert rows == again and len(rows) == 900
+    assert waited >= 2 * pooled.GIVE_WAY_S
+    assert quiet < waited + 30  # bounded either way; the quiet read never waited on the event
