@@ -260,7 +260,9 @@ def main() -> None:
                         + (
                             f"; {len(q)} {a.load} ({sum(s == 200 for s, _ in q)} answered, "
                             f"{sum(s == 400 for s, _ in q)} stopped at the time limit, "
-                            f"{sum(s == 429 for s, _ in q)} 429)"
+                            f"{sum(s == 429 for s, _ in q)} 429; answered in p50 "
+                            f"{p([t for s, t in q if s == 200], 50) * 1e3:.0f} / max "
+                            f"{max((t for s, t in q if s == 200), default=0) * 1e3:.0f} ms)"
                             if heavy
                             else ""
                         )

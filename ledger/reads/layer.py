@@ -189,10 +189,13 @@ def redact_event(ev: e.AnyEvent) -> e.AnyEvent:
 # --- jobs and the log (history: the projection) ----------------------------------------------
 
 
-def jobs(store: Store, f: v.JobFilter, now: float, viewer: Viewer | None) -> list[v.JobRow]:
+def jobs(
+    store: Store, f: v.JobFilter, now: float, viewer: Viewer | None, *, below: int | None = None
+) -> list[v.JobRow]:
     """Jobs newest first, like sacct: start, end, elapsed, exit code. `since`/`until` select the
     jobs alive at some moment of [since, until] (not ended before `since`, submitted by
     `until`). A job whose command `viewer` may not see comes `redact`ed (None: nothing is).
+    `below`: only jobs with smaller ids (the page after one that ended at `below`).
 
     With `f.at` before the log's last event, the jobs as they were then (`jobs_as_of`): those
     submitted later do not exist, the others are as their events up to then made them."""
@@ -201,8 +204,9 @@ def jobs(store: Store, f: v.JobFilter, now: float, viewer: Viewer | None) -> lis
     if f.at is not None:
         position = position_at(store.con, f.at)
         if position is not None:
+            assert below is None, "the jobs as they were are not paged by `below`"
             return _seen(_job_rows(jobs_as_of(store, f, position), f.at), viewer)
-    return _seen(_job_rows(jobs_page(store.con, f), now), viewer)
+    return _seen(_job_rows(jobs_page(store.con, f, below=below), now), viewer)
 
 
 def jobs_as_of(store: Store, f: v.JobFilter, position: int) -> list[tuple[Any, ...]]:

@@ -606,11 +606,102 @@ def explain(
     """Why a job is pending, placed where it is, or was preempted: structured, and in words.
     `preview`: `live(...)` at `now` when the caller already holds it. `viewer`: who reads; a
     job whose private parts they may not see is told from its `redact_event`ed history."""
+    job = ledger.state.jobs.get(job_id)
+    current = None if job is None else explain_now(ledger, store, job, policy, now, preview)
+    return explain_told(store, job_id, job, current, now, viewer)
+
+
+class Now(NamedTuple):
+    """What the live state says of a job at a moment (`explain_now`): its wait, its place in
+    the queue and when it may start; the rest of `explain` comes from the projection."""
+
+    status: v.JobStatusWord
+    code: str | None = None
+    reason: str | None = None
+    position: int | None = None
+    queue_length: int | None = None
+    sort_key: list[float | int | str] | None = None
+    blocking: tuple[int, ...] = ()
+    start: float | None = None
+    lines: list[str] | None = None
+    """What a pending job's explanation says in place of its told history (None: the history)."""
+    after: tuple[str, ...] = ()
+    """Said after the told history."""
+    earlier: bool = False
+    """A pending job's lines are followed by its told history when it was preempted before."""
+
+
+def explain_now(
+    ledger: LiveState | None,
+    store: Store | None,
+    job: Job,
+    policy: Policy | None,
+    now: float,
+    preview: tuple[Snapshot, Decision] | None = None,
+) -> Now:
+    """The part of `explain` the live state answers (on the thread that owns it); a job that
+    is not pending needs no state (`ledger` None)."""
+    held = job.held
+    status: v.JobStatusWord = "held" if held and job.status == "pending" else job.status
+    if job.status != "pending" or ledger is None:
+        return Now(status)
+    if held:
+        held_line = "It is held: the dispatcher skips it until it is released."
+        return Now(status, "HELD", "held: `gpuledger release` lets it be scheduled",
+                   after=(held_line,))  # fmt: skip
+    from ledger.core.jobs import blocked
+
     state = ledger.state
+    job_id = job.spec.job_id
+    waits = blocked(state).get(job_id)
+    if waits is not None:
+        what = "its dependency" if waits.code == "WAIT_DEPENDENCY" else "its array's limit"
+        blocking = _blocking(state, job) if waits.code == "WAIT_DEPENDENCY" else []
+        return Now(status, waits.code, waits.reason, blocking=tuple(blocking),
+                   after=(f"It may not run yet ({what}): {waits.reason}.",))  # fmt: skip
+    assert store is not None and policy is not None
+    snapshot, decision = preview or live(ledger, store, policy, now)
+    lines = [readable(x) for x in explain_pending(job, decision, snapshot, now)]
+    order = [c.job_id for c in decision.considered]
+    if job_id not in order:
+        return Now(status, lines=lines, earlier=True)
+    i = order.index(job_id)
+    wait = decision.waiting.get(job_id)
+    code = wait.code if wait else "NEXT_CYCLE"
+    reason = (
+        readable(wait.reason, wait.until)
+        if wait
+        else "it would be placed in the next cycle"
+        if placing(state)
+        else f"first in line, but {NOTHING_PLACED}"
+    )
+    if wait is None and not placing(state):
+        lines = [NEXT_LINE_NONE if x == NEXT_LINE else x for x in lines]
+    if wait is not None and wait.code == "WAIT_CONTRACT":
+        ahead = sorted(r.job_id for r in snapshot.running if r.placed_at + r.min_runtime_s > now)
+        blocked_by = tuple(ahead[:50])
+    else:
+        blocked_by = tuple(order[max(0, i - 50) : i]) if wait is not None else ()
+    return Now(
+        status, code, reason, i + 1, len(order), list(decision.considered[i].sort_key),
+        blocked_by, estimated_starts(state, snapshot, decision, now).get(job_id), lines,
+        earlier=True,
+    )  # fmt: skip
+
+
+def explain_told(
+    store: Store, job_id: int, job: Job | None, current: Now | None, now: float,
+    viewer: Viewer | None = None,
+) -> v.ExplainView:  # fmt: skip
+    """`explain` from the projection (any thread, any cursor of it): the job's history told,
+    joined with what the live state said of it (`explain_now`; None: the job is not in the
+    live state, so finished: its history alone tells it)."""
     history = _history(store, job_id)
-    job = state.jobs.get(job_id) or job_from_history(job_id, history)
+    job = job or job_from_history(job_id, history)
     if job is None:
         raise UnknownEntity(f"no job {job_id}", hint="see `gpuledger jobs`", job_id=job_id)
+    if current is None:
+        current = explain_now(None, None, job, None, now)
     if viewer is not None and not viewer.sees(job.spec.user, job.spec.account):
         history = [redact_event(ev) for ev in history]
     decisions = _decisions(store, history)
@@ -618,61 +709,24 @@ def explain(
     events = [
         v.ExplainEvent(at=ev.at, tag=_tag(ev), text=t) for ev, t in _history_texts(history, told)
     ]
-    held = job.held
-    status: v.JobStatusWord = "held" if held and job.status == "pending" else job.status
-    code = reason = sort_key = position = queue_length = start = None
-    blocking: list[int] = []
-    lines = told
-    from ledger.core.jobs import blocked
-
-    waits = blocked(state).get(job_id) if job.status == "pending" and not held else None
-    if job.status == "pending" and held:
-        code, reason = "HELD", "held: `gpuledger release` lets it be scheduled"
-        lines = [*told, "It is held: the dispatcher skips it until it is released."]
-    elif waits is not None:
-        code, reason = waits.code, waits.reason
-        what = "its dependency" if waits.code == "WAIT_DEPENDENCY" else "its array's limit"
-        lines = [*told, f"It may not run yet ({what}): {waits.reason}."]
-        blocking = _blocking(state, job) if waits.code == "WAIT_DEPENDENCY" else []
-    elif job.status == "pending":
-        snapshot, decision = preview or live(ledger, store, policy, now)
-        lines = [readable(x) for x in explain_pending(job, decision, snapshot, now)]
-        if any(isinstance(ev, e.JobPreempted) for ev in history):
-            lines += ["Earlier:", *told[1:]]
-        order = [c.job_id for c in decision.considered]
-        if job_id in order:
-            i = order.index(job_id)
-            position, queue_length = i + 1, len(order)
-            sort_key = list(decision.considered[i].sort_key)
-            wait = decision.waiting.get(job_id)
-            code = wait.code if wait else "NEXT_CYCLE"
-            reason = (
-                readable(wait.reason, wait.until)
-                if wait
-                else "it would be placed in the next cycle"
-                if placing(state)
-                else f"first in line, but {NOTHING_PLACED}"
-            )
-            if wait is None and not placing(state):
-                lines = [NEXT_LINE_NONE if x == NEXT_LINE else x for x in lines]
-            if wait is not None and wait.code == "WAIT_CONTRACT":
-                blocking = sorted(
-                    r.job_id for r in snapshot.running if r.placed_at + r.min_runtime_s > now
-                )[:50]
-            else:
-                blocking = order[max(0, i - 50) : i] if wait is not None else []
-            start = estimated_starts(state, snapshot, decision, now).get(job_id)
+    lines = [*told, *current.after] if current.lines is None else list(current.lines)
+    if (
+        current.lines is not None
+        and current.earlier
+        and any(isinstance(ev, e.JobPreempted) for ev in history)
+    ):
+        lines += ["Earlier:", *told[1:]]
     return v.ExplainView(
         job_id=job_id,
-        status=status,
+        status=current.status,
         outcome=job.outcome,
-        code=code,
-        reason=reason,
-        position=position,
-        queue_length=queue_length,
-        blocking_jobs=blocking,
-        sort_key=sort_key,
-        estimated_start_at=start,
+        code=current.code,
+        reason=current.reason,
+        position=current.position,
+        queue_length=current.queue_length,
+        blocking_jobs=list(current.blocking),
+        sort_key=current.sort_key,
+        estimated_start_at=current.start,
         contract_ends_at=job.contract_ends_at(),
         history=events,
         lines=lines,

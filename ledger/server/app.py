@@ -34,10 +34,11 @@ from ledger.reads import preview as previews
 from ledger.reads.table import READS
 from ledger.server import identity as ident
 from ledger.server import metrics as m
-from ledger.server import pages, pooled, tables
+from ledger.server import pages, pooled, query, tables
 from ledger.server.agent_api import agent_routes
 from ledger.server.cache import ReadCache
 from ledger.server.commands import CommandPath
+from ledger.server.ha import POSITION_HEADER
 from ledger.server.pages import LivePreview
 from ledger.server.readpool import ReadPool, limits_from_env
 from ledger.server.worker import Worker
@@ -147,8 +148,9 @@ def error_response(err: Exception) -> Response[api.Problem]:
     return _internal(None, err)  # type: ignore[arg-type]
 
 
-def create_asgi(worker: Worker, *, clock: Callable[[], float]) -> CommandPath:
-    """What `serve` serves: the Litestar app behind the command routes' hot path."""
+def create_asgi(worker: Worker, *, clock: Callable[[], float]) -> pooled.Writes:
+    """What `serve` serves: the Litestar app behind the command routes' hot path, its writes
+    under way counted (the reads give way to them: `pooled.paged`)."""
     return _build(worker, clock)[1]
 
 
@@ -157,8 +159,9 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
     return _build(worker, clock)[0]
 
 
-def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, CommandPath]:
+def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, pooled.Writes]:
     ledger = worker.service.ledger
+    writes = pooled.Writes()
 
     def identify(uid: Any, bearer: str | None) -> ident.Identity:
         if isinstance(uid, int) and not bearer:  # a token sent on the socket is the caller
@@ -268,11 +271,12 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
             caller = person(request)  # reads are for people
             given = {k.removesuffix("_"): x for k, x in query.items() if x is not None}
             args = spec.parse(given)
-            # the projection's reads: in the read pool, beside the worker; on a PostgreSQL store
-            # on the worker still (it answers from what is folded while the store is away)
-            if spec.pooled and worker.service.ledger.dsn is None:
-                data = await pooled.answer(worker, pool, name, spec, args, caller.actor)
-                return Response(data, media_type="application/json", status_code=200)
+            # the projection's reads: in the read pool, beside the worker (on either store; on
+            # PostgreSQL from what is folded while the store is away, saying where that is)
+            if spec.pooled:
+                data, at = await pooled.answer(worker, pool, name, spec, args, caller.actor, writes)
+                return Response(data, media_type="application/json", status_code=200,
+                                headers={POSITION_HEADER: str(at)})  # fmt: skip
             data = await worker.call(lambda: handles.answer(name, spec, args, caller.actor))
             return Response(data, media_type="application/json", status_code=200)
 
@@ -314,6 +318,7 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
     routes += pages.routes(worker, handles, person, pool)
     app = Litestar(
         route_handlers=routes,
+        before_request=query.QueryGate(who, lambda h: bool(set(h.paths) & PAGE_SHELLS)),
         middleware=[metrics.middleware],
         exception_handlers={
             LedgerError: _ledger_error,
@@ -335,9 +340,14 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, Comman
         debug=False,
         logging_config=None,
     )
-    return app, CommandPath(
+    writes.app = CommandPath(
         app, worker, identify, SERVED_COMMANDS, metrics.observe_api, error_response
     )
+    return app, writes
+
+
+PAGE_SHELLS = frozenset({"/", "/ui/{page:str}"})
+"""Routes whose query string is the browser script's (the dashboard's page shells)."""
 
 
 def _roles(worker: Worker, head: int) -> dict[str, Any]:
@@ -500,8 +510,8 @@ OPENAPI_FILE = "openapi.json"
 """Committed beside the event schemas: schemas/openapi.json."""
 
 
-def offline_document() -> bytes:
-    """The OpenAPI document without a running server (for export and the drift test)."""
+def offline_app() -> Litestar:
+    """The app without a running server (its routes, its OpenAPI document)."""
 
     class _Offline:
         idle: ClassVar[list[Any]] = []
@@ -510,7 +520,12 @@ def offline_document() -> bytes:
             ledger = None
             on_cycle: ClassVar[list[Any]] = []
 
-    return render_openapi(create_app(_Offline(), clock=lambda: 0.0))  # type: ignore[arg-type]
+    return create_app(_Offline(), clock=lambda: 0.0)  # type: ignore[arg-type]
+
+
+def offline_document() -> bytes:
+    """The OpenAPI document without a running server (for export and the drift test)."""
+    return render_openapi(offline_app())
 
 
 def render_openapi(app: Litestar) -> bytes:

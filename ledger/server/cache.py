@@ -1,4 +1,5 @@
-"""Answers of reads, kept per log position on the server (the worker thread's only).
+"""Answers of reads, kept per log position on the server (the worker thread's; the answers
+the read pool computes are kept with `put`, under a lock).
 
 A read's answer depends on the log up to a position and, for the reads that look at the clock
 (the queue preview, explain, shares, ...), on the moment. Many callers asking between two
@@ -14,6 +15,7 @@ Any append moves the position and so retires every entry.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -38,6 +40,8 @@ class ReadCache:
     misses: int = 0
     _entries: dict[tuple[str, Any, str], tuple[int, float, bytes]] = field(default_factory=dict)
     _shared: dict[str, tuple[int, float, Any]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    """The answers' entries: kept from the read pool's threads too (`put`)."""
 
     def answer(
         self,
@@ -51,23 +55,41 @@ class ReadCache:
         """The encoded answer of read `name` with `args` at `position` (`now` for reads that
         look at the clock without `at`) for `viewer` (reads whose answer depends on who asks;
         "" for the others): from the cache when still valid, else computed."""
-        key = (name, args, viewer)
-        got = self._entries.get(key)
-        clocked = name in CLOCKED and getattr(args, "at", None) is None
+        got = self.get(name, args, position, now, viewer)
         if got is not None:
-            at_position, computed_at, data = got
-            if at_position == position and (not clocked or 0 <= now - computed_at <= self.fresh_s):
-                self.hits += 1
-                return data
-        self.misses += 1
+            return got
         data = compute()
-        now = self._ready(now)
-        if len(self._entries) >= self.max_entries:
-            self._entries = {k: x for k, x in self._entries.items() if x[0] == position}
-            if len(self._entries) >= self.max_entries:
-                self._entries.clear()
-        self._entries[key] = (position, now, data)
+        self.put(name, args, position, now, data, viewer)
         return data
+
+    def get(
+        self, name: str, args: Any, position: int, now: float, viewer: str = ""
+    ) -> bytes | None:
+        """The kept answer `answer` would give without computing, else None (a miss)."""
+        clocked = name in CLOCKED and getattr(args, "at", None) is None
+        with self._lock:
+            got = self._entries.get((name, args, viewer))
+            if got is not None:
+                at_position, computed_at, data = got
+                if at_position == position and (
+                    not clocked or 0 <= now - computed_at <= self.fresh_s
+                ):
+                    self.hits += 1
+                    return data
+            self.misses += 1
+            return None
+
+    def put(
+        self, name: str, args: Any, position: int, now: float, data: bytes, viewer: str = ""
+    ) -> None:
+        """Keep an answer computed elsewhere (the read pool) at `position`, asked at `now`."""
+        now = self._ready(now)
+        with self._lock:
+            if len(self._entries) >= self.max_entries:
+                self._entries = {k: x for k, x in self._entries.items() if x[0] == position}
+                if len(self._entries) >= self.max_entries:
+                    self._entries.clear()
+            self._entries[(name, args, viewer)] = (position, now, data)
 
     def recent(self, name: str, position: int, now: float, compute: Callable[[], T]) -> T:
         """A value of the moment rather than of the log (sums over a window, as /metrics

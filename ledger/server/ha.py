@@ -216,11 +216,11 @@ class HAFront:
         async def stamped(message: Any) -> None:
             if message["type"] == "http.response.start":
                 message = dict(message)
-                message["headers"] = [
-                    *message.get("headers", []),
-                    (POSITION_HEADER.encode(), str(self.position()).encode()),
-                    (ROLE_HEADER.encode(), self.ha.role.encode()),
-                ]
+                headers = list(message.get("headers", []))
+                if not any(k.lower() == POSITION_HEADER.encode() for k, _ in headers):
+                    # a read of the projection says its own position (ledger.server.pooled)
+                    headers.append((POSITION_HEADER.encode(), str(self.position()).encode()))
+                message["headers"] = [*headers, (ROLE_HEADER.encode(), self.ha.role.encode())]
             await send(message)
 
         return stamped

@@ -30,6 +30,7 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
+from ledger.server import pooled
 from projections import history
 from schemas import views as v
 from schemas.errors import Unavailable, UnknownEntity
@@ -311,34 +312,60 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
 
     @get("/ui/api/job/{job_id:int}", include_in_schema=False)
     async def job(request: Request[Any, Any, Any], job_id: FromPath[int]) -> Response[bytes]:
+        """The job's page: what the live state says of it (its wait, its place in the queue:
+        the shared preview) taken on the worker thread; its row, its history told and its
+        decisions read from the projection in the read pool (a cursor of its own, the time
+        limit, the per-person admission), kept per position like the /v1 reads."""
         caller = person(request)
+        key = ("ui.job", job_id, caller.actor)
 
-        def read() -> JobView:
+        def live() -> tuple[bytes | None, Any]:  # on the worker
             ledger = handles.ledger
-            store = handles.store()
+            position, now = ledger.position, handles.now()
+            kept = handles.cache.get("explain", key, position, now)
+            if kept is not None:
+                return kept, None
+            seen, _at = pooled.prepared(worker, caller.actor)
             known = ledger.state.jobs.get(job_id)
             # only a pending job's explanation looks at the queue: the shared preview then
             preview = None
             if known is not None and known.status == "pending" and not known.held:
                 preview = live_preview(handles)
-            now = handles.now() if preview is None else preview.now
-            viewer = reads.Viewer(caller.actor, ledger.state)
+            now = now if preview is None else preview.now
+            current = None
+            if known is not None:
+                policy = registry.build(ledger.state.policy)
+                current = previews.explain_now(
+                    ledger, handles.store(), known, policy, now,
+                    None if preview is None else preview.live,
+                )  # fmt: skip
+            return None, (position, now, seen, known, current)
+
+        kept, parts = await worker.call(live)
+        if kept is not None:
+            return Response(kept, media_type="application/json")
+        position, now, seen, known, current = parts
+
+        def read(con: Any, _limits: Any) -> bytes:  # in the read pool
+            store = pooled.cursor_store(con)
+            viewer = reads.Viewer(caller.actor, seen)
             row = reads.job(store, job_id, now, viewer)
             private = not row.redacted
             labels = dict(known.spec.labels) if known is not None and private else {}
-            explain = previews.explain(
-                ledger, store, job_id, registry.build(ledger.state.policy), now,
-                None if preview is None else preview.live, viewer,
-            )  # fmt: skip
-            return JobView(
-                job=row,
-                private=private,
-                labels=labels,
-                explain=explain,
-                decisions=reads.decisions(store, limit=200, job_id=job_id),
+            explain = previews.explain_told(store, job_id, known, current, now, viewer)
+            return msgspec.json.encode(
+                JobView(
+                    job=row,
+                    private=private,
+                    labels=labels,
+                    explain=explain,
+                    decisions=reads.decisions(store, limit=200, job_id=job_id),
+                )
             )
 
-        return await kept("explain", ("ui.job", job_id, caller.actor), read)
+        data = await pool.run(caller.actor, pooled.stopped("job page", read), read=True)
+        handles.cache.put("explain", key, position, now, data)
+        return Response(data, media_type="application/json")
 
     replaying = asyncio.Semaphore(1)
     replays: dict[int, Any] = {}

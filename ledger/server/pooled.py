@@ -11,13 +11,16 @@ admission bound them. The worker only catches the projection up and copies who m
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
 from ledger.reads import layer as reads
+from schemas import views as v
 from schemas.errors import InvalidCommand
 
 if TYPE_CHECKING:
@@ -27,6 +30,8 @@ if TYPE_CHECKING:
     from ledger.reads.table import ReadSpec
     from ledger.server.readpool import ReadPool
     from ledger.server.worker import Worker
+
+T = TypeVar("T")
 
 PAGE_MAX = 10_000
 """The most rows one read of `jobs` or `log` answers through the server."""
@@ -71,48 +76,248 @@ class PooledHandles:
 
 def check_page(name: str, args: Any) -> None:
     """One line for a page larger than `PAGE_MAX`."""
-    for field in ("limit", "tail"):
-        asked = getattr(args, field, None)
+    for name_ in ("limit", "tail"):
+        asked = getattr(args, name_, None)
         if name in ("jobs", "log") and asked is not None and asked > PAGE_MAX:
             raise InvalidCommand(
                 f"{name} answers at most {PAGE_MAX:,} rows a page through the server, "
-                f"asked for {field}={asked:,}",
+                f"asked for {name_}={asked:,}",
                 hint="page: ask again with after=<the last position>"
                 if name == "log"
                 else "narrow the filter (user, account, status, since)",
             )
 
 
+def prepared(worker: Worker, viewer: str) -> tuple[Any, int]:
+    """On the worker: the projection caught up with what the service has folded, and a copy of
+    who `viewer` may see now; the position the projection then answers at. The store is asked
+    only when the projection is behind the service's log (a read of a quiet ledger asks it
+    nothing); a PostgreSQL store that does not answer leaves the projection where it is (the
+    answer says its position: `X-Gpuledger-Position`), never a read that waits for it."""
+    from projections.errors import SourceUnavailable
+
+    service = worker.service
+    assert service.projector is not None and service.store is not None
+    if service.store.position() < service.ledger.position:
+        try:
+            service.projector.catch_up()
+        except SourceUnavailable:
+            if service.ledger.dsn is None:
+                raise
+    seen = reads.Viewer(viewer, service.ledger.state).detached().state
+    return seen, int(service.store.position())
+
+
+WORKER_WAIT_S = 1.0
+"""How long a read waits for the worker thread to catch the projection up before it reads the
+projection as it stands, when that is as far as the worker could take it (see `answer`)."""
+
+
+class _Behind(Exception):
+    """The projection is behind the service's log and the store answers: the worker's catch-up
+    is worth waiting for."""
+
+
+def store_away(worker: Worker) -> bool:
+    """Whether the service knows its store does not answer (a PostgreSQL store that is down:
+    the standby's follow failed, or the lease could not be read)."""
+    ha = getattr(worker, "ha", None)
+    return worker.follow_error is not None or (ha is not None and ha.unreachable is not None)
+
+
+def tracked(cursor: duckdb.DuckDBPyConnection) -> int:
+    """The log position the projection holds, as a read pool's cursor sees it."""
+    from projections.store import PROJECTION
+
+    row = cursor.execute(
+        "SELECT position FROM tracking WHERE projection = ?", [PROJECTION]
+    ).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
 async def answer(
-    worker: Worker, pool: ReadPool, name: str, spec: ReadSpec, args: Any, viewer: str
-) -> bytes:
-    """The encoded answer of a pooled read for `viewer`, computed in `pool`."""
+    worker: Worker,
+    pool: ReadPool,
+    name: str,
+    spec: ReadSpec,
+    args: Any,
+    viewer: str,
+    busy: Callable[[], bool] | Writes = lambda: False,
+) -> tuple[bytes, int]:
+    """The encoded answer of a pooled read for `viewer`, computed in `pool`, and the log
+    position it answers at (read in the same transaction as the answer).
+
+    The worker thread first catches the projection up (`prepared`). A worker that does not get
+    to it within `WORKER_WAIT_S` (a PostgreSQL store that went away leaves it waiting on the
+    store in a cycle or a follow) is not waited for when the projection already holds the
+    service's log, or the store is known to be away: the read then answers from the projection
+    as it stands, with a copy of who may see what taken here, and says its position. Otherwise
+    (the projection is behind and the store answers) the read waits for the worker as before:
+    a client reads its own writes.
+
+    `jobs` and `log` are built `paged`: in parts of `PART` rows, each part giving way to the
+    writes under way (`busy`)."""
+    import asyncio
+
     check_page(name, args)
     service = worker.service
-
-    def prepare() -> Any:  # on the worker: the log so far, and who may see what now
-        assert service.projector is not None
-        service.projector.catch_up()
-        return reads.Viewer(viewer, service.ledger.state).detached().state
-
-    seen = await worker.call(prepare)
+    on_worker = asyncio.ensure_future(worker.call(lambda: prepared(worker, viewer)))
+    on_worker.add_done_callback(lambda f: f.cancelled() or f.exception())
+    try:
+        seen, _position = await asyncio.wait_for(asyncio.shield(on_worker), WORKER_WAIT_S)
+        ready = True
+    except TimeoutError:
+        seen = reads.Viewer(viewer, service.ledger.state).detached().state
+        ready = False
     clock = service.clock.now
 
-    def run(cursor: duckdb.DuckDBPyConnection, limits: Limits) -> bytes:
+    def run(cursor: duckdb.DuckDBPyConnection, _limits: Limits) -> tuple[int, bytes]:
+        cursor.execute("BEGIN TRANSACTION")  # the position and the answer: one snapshot
+        try:
+            at = tracked(cursor)
+            if not ready and at < service.ledger.position and not store_away(worker):
+                raise _Behind
+            now = clock()  # one moment for the whole page
+            handles = PooledHandles(cursor, viewer, seen, lambda: now)
+            if name in PAGED:
+                return at, b"[" + b",".join(paged(name, spec, handles, args, busy)) + b"]"
+            return at, _encode(spec.run(handles, args))
+        finally:
+            with contextlib.suppress(Exception):
+                cursor.execute("ROLLBACK")
+
+    try:
+        at, data = await pool.run(viewer, stopped(f"the {name} read", run), read=True)
+    except _Behind:
+        seen, _position = await on_worker
+        ready = True
+        at, data = await pool.run(viewer, stopped(f"the {name} read", run), read=True)
+    return data, at
+
+
+PAGED = frozenset({"jobs", "log"})
+PART = 500
+"""Rows built at a time (a few milliseconds of the interpreter's time)."""
+GIVE_WAY_S = 0.05
+"""The longest a part waits for the writes under way to end (then it goes on regardless: under
+a constant stream of writes, a page still ends)."""
+
+
+def paged(
+    name: str,
+    spec: ReadSpec,
+    handles: PooledHandles,
+    args: Any,
+    busy: Callable[[], bool] | Writes,
+) -> list[bytes]:
+    """The encoded rows of a `jobs` or `log` page, built `PART` rows at a time; before each part
+    after the first, while `busy()` (a write is under way) and for at most `GIVE_WAY_S`, the
+    thread sleeps: it gives the interpreter to the event loop and the worker thread. A read
+    holds the interpreter lock in turn with them (every 0.5 ms: `readpool.SWITCH_S`), so a
+    write that arrives while a part is built shares the interpreter with at most that part;
+    parts are read one after the other exactly as the whole page would be."""
+    from ledger.reads import layer as reads
+
+    encode = msgspec.json.Encoder().encode
+    out: list[bytes] = []
+    if name == "jobs" and args.at is not None:  # the jobs as they were: rebuilt, not paged
+        return [encode(x) for x in spec.run(handles, args)]
+    left = args.tail if name == "log" and args.tail is not None else args.limit
+    after = args.after if name == "log" else 0
+    if name == "log" and args.tail is not None:  # the last `tail`: from where they begin
+        row = handles.cursor.execute(
+            "SELECT position FROM events WHERE position > ? ORDER BY position DESC "
+            "LIMIT 1 OFFSET ?",
+            [args.after, args.tail - 1],
+        ).fetchone()
+        after = args.after if row is None else int(row[0]) - 1
+    below: int | None = None
+    viewer = reads.Viewer(handles.viewer, handles.seen)
+    while left > 0:
+        if out:
+            give_way(busy)
+        n = min(PART, left)
+        part: list[Any]
+        if name == "log":
+            part = reads.log(handles.store(), v.LogFilter(after=after, limit=n), viewer)
+            after = part[-1].position if part else after
+        else:
+            f = msgspec.structs.replace(args, limit=n)
+            part = reads.jobs(handles.store(), f, handles.now(), viewer, below=below)
+            below = part[-1].job_id if part else below
+        out += [encode(x) for x in part]
+        left -= len(part)
+        if len(part) < n:
+            break
+    return out
+
+
+def give_way(busy: Callable[[], bool] | Writes) -> None:
+    """Wait while a write is under way, for at most `GIVE_WAY_S` (see `paged`): on the `Writes`
+    counter's event (the thread sleeps in the kernel, asking nothing of the interpreter until
+    the last write ends or the time is up), else by asking `busy()` now and then."""
+    import time
+
+    if isinstance(busy, Writes):
+        busy.idle.wait(GIVE_WAY_S)
+        return
+    deadline = time.monotonic() + GIVE_WAY_S
+    while busy() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+@dataclass
+class Writes:
+    """ASGI: `app` with its requests that are not reads (submits, cancels, batches, agents'
+    reports) counted while under way, for the reads to give way to (`paged`)."""
+
+    app: Any = None
+    under_way: int = 0
+    idle: threading.Event = field(default_factory=threading.Event)
+    """Set while no write is under way."""
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    def busy(self) -> bool:
+        return self.under_way > 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        self.under_way += 1
+        self.idle.clear()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.under_way -= 1
+            if not self.under_way:
+                self.idle.set()
+
+
+def cursor_store(cursor: duckdb.DuckDBPyConnection) -> Any:
+    """A read pool's cursor as the read layer's projection `Store` (its `con`)."""
+    return _CursorStore(cursor)
+
+
+def stopped(
+    what: str, fn: Callable[[duckdb.DuckDBPyConnection, Limits], T]
+) -> Callable[[duckdb.DuckDBPyConnection, Limits], T]:
+    """`fn` in the read pool, its interruption at the time limit said in one line."""
+
+    def run(cursor: duckdb.DuckDBPyConnection, limits: Limits) -> T:
         import duckdb
 
-        handles = PooledHandles(cursor, viewer, seen, clock)
         try:
-            return _encode(spec.run(handles, args))
+            return fn(cursor, limits)
         except duckdb.InterruptException as err:
             raise InvalidCommand(
-                f"the {name} read ran past its time limit of {limits.timeout_s:g} s and was "
-                "stopped",
+                f"{what} ran past its time limit of {limits.timeout_s:g} s and was stopped",
                 hint="ask for a smaller window or page, or narrow the filter",
             ) from err
 
-    data: bytes = await pool.run(viewer, run, read=True)
-    return data
+    return run
 
 
 def _encode(value: Any) -> bytes:

@@ -104,6 +104,8 @@ class ReadPool:
     inversion); the audit queries' work is DuckDB's, without the lock, at nice 10. One thread,
     busy at most a quarter of the time (`_rested` rests `rest` times as long as each read
     took): the worker and the event loop always get the rest of the interpreter."""
+    _rest_until: float = 0.0
+    """When the API's reads' thread may take the next read (`_rested`)."""
     _base: duckdb.DuckDBPyConnection | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _running: dict[str, int] = field(default_factory=dict)
@@ -208,12 +210,18 @@ class ReadPool:
             cur.close()
 
     def _rested(self, fn: Callable[[duckdb.DuckDBPyConnection, Limits], T]) -> T:
-        """`_one`, then a rest `rest` times as long as it took (holding no lock meanwhile)."""
+        """`_one` after the rest the previous read earned: `rest` times as long as it took
+        (holding no lock meanwhile). The rest is taken before the next read, not after this
+        one: an answer is not held back by its own rest."""
+        wait = self._rest_until - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
         began = time.monotonic()
         try:
             return self._one(fn)
         finally:
-            time.sleep(min(self.rest * (time.monotonic() - began), self.limits.timeout_s))
+            took = self.rest * (time.monotonic() - began)
+            self._rest_until = time.monotonic() + min(took, self.limits.timeout_s)
 
     def _interrupt(self, cur: duckdb.DuckDBPyConnection) -> None:
         self.timed_out += 1

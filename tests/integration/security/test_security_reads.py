@@ -344,3 +344,45 @@ def test_reads_of_the_projection_are_admitted_by_the_read_pool(world: World) -> 
     assert busy, [s for s, _ in answers]
     assert isinstance(busy[0], dict) and busy[0]["message"] == "'bob' has 2 queries running already"
     assert all(status in (200, 429) for status, _ in answers), answers
+
+
+def test_the_job_page_is_read_in_the_read_pool_and_tells_what_explain_tells(world: World) -> None:
+    """Row T6: a job's page (its row, its history told, its decisions) is computed in the read
+    pool, under its admission: eight of bob's pages of different jobs at once, some are refused
+    429 rather than queued on the worker; and the page's explanation is `explain`'s (which the
+    worker answers) for the same job."""
+    answers: list[tuple[int, object]] = []
+    lock = threading.Lock()
+    jobs = itertools.count(2)
+
+    def page(job: int) -> None:
+        got = world.server.request("GET", f"/ui/api/job/{job}", token=world.tokens["bob"])
+        with lock:
+            answers.append(got)
+
+    for _attempt in range(5):  # a page may end before the third arrives on a fast machine
+        answers.clear()
+        threads = [threading.Thread(target=page, args=(next(jobs),)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if any(status == 429 for status, _ in answers):
+            break
+    assert all(status in (200, 429) for status, _ in answers), answers
+    busy = [body for status, body in answers if status == 429]
+    assert busy, [s for s, _ in answers]
+    assert isinstance(busy[0], dict) and busy[0]["message"] == "'bob' has 2 queries running already"
+    for job in (2, 7, HISTORY // 2):
+        status, shown = world.server.request("GET", f"/ui/api/job/{job}", token=world.tokens["bob"])
+        assert status == 200 and isinstance(shown, dict), shown
+        status, told = world.server.request(
+            "GET", f"/v1/explain?job_id={job}", token=world.tokens["bob"]
+        )
+        assert status == 200 and isinstance(told, dict), told
+        assert shown["explain"]["history"] == told["history"], job
+        assert shown["explain"]["lines"] == told["lines"], job
+        assert shown["explain"]["status"] == told["status"] == "finished", job
+        assert shown["job"]["job_id"] == job and shown["private"] is False
+    status, missing = world.server.request("GET", "/ui/api/job/999999", token=world.tokens["bob"])
+    assert status == 404, missing
