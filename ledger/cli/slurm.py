@@ -62,8 +62,15 @@ def import_shares(source: Path | None, output: Path | None) -> None:
                 hint="import-shares needs Slurm accounting (slurmdbd); or pass --from FILE",
             )
         text = done.stdout
-    rows, parents, duplicates = parse_sacctmgr_shares(text)
+    rows, parents, duplicates, inherit = parse_sacctmgr_shares(text)
     toml = shares_toml(rows, parents)
+    if inherit:
+        shown = ", ".join(inherit[:20]) + (" ..." if len(inherit) > 20 else "")
+        click.echo(
+            f"note: {len(inherit)} users have Share=parent (no share of their own in Slurm: "
+            f"they compete as their account): members with the default share 1: {shown}",
+            err=True,
+        )
     if duplicates:
         shown = "; ".join(
             f"{name} ({', '.join('parent' if x < 0 else str(x) for x in shares)})"

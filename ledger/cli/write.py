@@ -9,6 +9,7 @@ import click
 
 from ledger.cli._common import Ctx, pass_ctx
 from schemas import commands as c
+from schemas.errors import InvalidCommand
 from schemas.units import parse_duration
 
 
@@ -215,11 +216,37 @@ def node_remove(ctx: Ctx, name: str, reason: str) -> None:
 def checkpoint(ctx: Ctx, job_id: int) -> None:
     """Report that JOB_ID (default: $GPULEDGER_JOB_ID, set inside a job) saved its progress:
     a preemption then loses only the work after now. Touching $GPULEDGER_CHECKPOINT_FILE does
-    the same from inside the job."""
+    the same from inside the job, and inside a job with no token of its own (the Slurm
+    executor's) this command does just that."""
     # inside a job run by a node agent, the job's token is the caller: the server names it
     as_job = bool(os.environ.get("GPULEDGER_JOB_TOKEN")) and ctx.remote is not None
+    mark = os.environ.get("GPULEDGER_CHECKPOINT_FILE", "")
+    if not as_job and mark and os.environ.get("GPULEDGER_JOB_ID") == str(job_id):
+        _touch_checkpoint(job_id, mark)  # inside a Slurm job: no token, the file is the way
+        return
     actor = "" if as_job else ctx.actor
     _done(ctx, f"checkpoint of job {job_id}", c.ReportCheckpoint(actor=actor, job_id=job_id))
+
+
+def _touch_checkpoint(job_id: int, path: str) -> None:
+    """A checkpoint said from inside job `job_id` through its checkpoint file (the Slurm
+    executor's jobs carry no token): the executor records it at its next read of the job, once
+    the job is recorded running."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            os.utime(fd)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise InvalidCommand(
+            f"cannot touch the checkpoint file {path}: {err.strerror}",
+            hint="GPULEDGER_CHECKPOINT_FILE is set by the executor; run this inside the job",
+        ) from err
+    click.echo(
+        f"checkpoint of job {job_id} reported through $GPULEDGER_CHECKPOINT_FILE (recorded at "
+        "the executor's next read)"
+    )
 
 
 @click.command()

@@ -20,6 +20,7 @@ from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.units import when
 
 if TYPE_CHECKING:  # a read loads what it uses: the dispatcher only when it previews
+    from ledger.core.jobs import Blocked
     from ledger.core.state import Job, State
     from ledger.cycle.dispatcher import LiveState
     from ledger.dispatch.engine import Decision
@@ -367,6 +368,74 @@ def dependency_ends(
     return max(ends)
 
 
+def blocked_starts(
+    state: State, waits: Mapping[int, Blocked], starts: Mapping[int, float | None], now: float
+) -> dict[int, float | None]:
+    """Pure: an estimated start for each job in `waits` (`jobs.blocked`: a dependency, an
+    array's `%N` limit), from the time limits, in job order (what a job waits for has a lower
+    id, so its estimate is known by then): a dependent starts when what it depends on reaches
+    its limit (`dependency_ends`, the blocked ones' estimates included); an array task held by
+    its limit starts when the first of the `%N` tasks ahead of it (holding GPUs, going next
+    with the queue's estimate `starts`, or held before it) reaches its limit. None where a
+    limit or a start is unknown, or for a singleton."""
+    out: dict[int, float | None] = {}
+    known: dict[int, float | None] = dict(starts)
+    slots: dict[int, list[float | None]] = {}  # array -> when each of its %N slots frees
+    for job_id in sorted(waits):
+        s = state.jobs[job_id].spec
+        start: float | None = now
+        if s.dependency:
+            if any(t.kind == "singleton" for t in s.dependency):
+                start = None
+            else:
+                start = dependency_ends(state, job_id, known, now)
+        limit = s.array_limit
+        if s.array_job_id is not None and limit is not None:
+            free = slots.get(s.array_job_id)
+            if free is None:
+                free = _array_slots(state, s.array_job_id, waits, known, now)
+                free += [now] * (limit - len(free))
+                slots[s.array_job_id] = free
+            if not free:  # a limit of 0 never frees a slot
+                start = None
+            else:
+                first = min(range(len(free)), key=lambda i: _later(free[i]))
+                at = free[first]
+                start = None if start is None or at is None else max(start, at)
+                lim = s.time_limit_s
+                free[first] = None if start is None or lim is None else start + lim
+        out[job_id] = known[job_id] = start
+    return out
+
+
+def _later(at: float | None) -> tuple[bool, float]:
+    """Pure: a sort key where an unknown time (None) comes after every known one."""
+    return (at is None, at or 0.0)
+
+
+def _array_slots(
+    state: State,
+    array: int,
+    held: Mapping[int, Blocked],
+    starts: Mapping[int, float | None],
+    now: float,
+) -> list[float | None]:
+    """Pure: when each task of `array` that holds GPUs or goes next (not `held`: the queue's
+    estimate `starts`) reaches its limit (None: unknown)."""
+    ends: list[float | None] = []
+    for job_id in sorted(state.active):
+        job = state.jobs[job_id]
+        if job.spec.array_job_id != array or job_id in held or job.status == "finished":
+            continue
+        if job.status in ("placed", "running"):
+            begun: float | None = job.started_at or job.placed_at
+        else:
+            begun = starts.get(job_id)
+        lim = job.spec.time_limit_s
+        ends.append(None if begun is None or lim is None else max(now, begun + lim))
+    return ends
+
+
 def _blocked_rows(
     state: State,
     f: v.QueueFilter,
@@ -375,25 +444,25 @@ def _blocked_rows(
     preview_of: Callable[[], tuple[Snapshot, Decision]],
 ) -> list[v.QueueRow]:
     """The pending jobs that may not run yet (a dependency, an array's limit), in job order,
-    with why; a dependency's estimate is the earliest it may be met (`dependency_ends`: the
-    jobs it waits for reaching their limits), not sooner than the queue lets it."""
+    with why; the estimate is the earliest the dependency or the array's limit lets it run
+    (`blocked_starts`: what it waits for reaching its time limits)."""
     from ledger.core.jobs import blocked
 
     rows: list[v.QueueRow] = []
+    waits = blocked(state)
     starts: dict[int, float | None] | None = None
-    for job_id, why in sorted(blocked(state).items()):
+    for job_id, why in sorted(waits.items()):
         if len(rows) >= room:
             break
         job = state.jobs[job_id]
         s = job.spec
         if (f.user and s.user != f.user) or not _under(s.account, f.account):
             continue
-        estimate = None
-        if why.code == "WAIT_DEPENDENCY" and not any(t.kind == "singleton" for t in s.dependency):
-            if starts is None:
-                snapshot, decision = preview_of()
-                starts = estimated_starts(state, snapshot, decision, now)
-            estimate = dependency_ends(state, job_id, starts, now)
+        if starts is None:
+            snapshot, decision = preview_of()
+            queued = estimated_starts(state, snapshot, decision, now)
+            starts = blocked_starts(state, waits, queued, now)
+        estimate = starts.get(job_id)
         rows.append(
             v.QueueRow(
                 order=None, job_id=s.job_id, account=s.account, user=s.user, gpus=s.gpus,
@@ -657,7 +726,11 @@ def explain_now(
     if waits is not None:
         what = "its dependency" if waits.code == "WAIT_DEPENDENCY" else "its array's limit"
         blocking = _blocking(state, job) if waits.code == "WAIT_DEPENDENCY" else []
-        return Now(status, waits.code, waits.reason, blocking=tuple(blocking),
+        assert store is not None and policy is not None
+        snapshot, decision = preview or live(ledger, store, policy, now)  # as `queue` says
+        queued = estimated_starts(state, snapshot, decision, now)
+        start = blocked_starts(state, blocked(state), queued, now).get(job_id)
+        return Now(status, waits.code, waits.reason, blocking=tuple(blocking), start=start,
                    after=(f"It may not run yet ({what}): {waits.reason}.",))  # fmt: skip
     assert store is not None and policy is not None
     snapshot, decision = preview or live(ledger, store, policy, now)

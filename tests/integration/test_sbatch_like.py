@@ -172,6 +172,17 @@ def test_who_a_job_runs_as_is_refused_with_one_line_and_nothing_appended(
     proc = served.cli("root", "submit", "-A", "ai2/olmo", "-G", "1", "--", "true", ok=False)
     _one_line_refusal(proc, "jobs of 'root' would run as root")
     assert served.server.head() == head
+    # N12: a user who is no admin submitting as root (`--as root`, $GPULEDGER_USER=root) is
+    # refused as acting as someone else, before any word about how jobs run
+    for how in (["--as", "root"], []):
+        proc = cli(
+            served.home, *how, "submit", "-A", "ai2/olmo", "-G", "1", "--", "id", ok=False,
+            GPULEDGER_URL=served.server.url, GPULEDGER_TOKEN=served.tokens[USER],
+            GPULEDGER_USER="root",
+        )  # fmt: skip
+        _one_line_refusal(proc, f"'{USER}' may not act as 'root': only admins may use --as")
+        assert "would run as root" not in proc.stderr
+    assert served.server.head() == head
     status = served.cli("root", "status").stdout
     assert "jobs run as   their owners' OS accounts (uid 1000-60000)" in status
 
@@ -268,6 +279,9 @@ def test_an_arrays_limit_is_never_exceeded_and_a_chain_runs_in_order(
         )
         assert (queued[b]["code"], queued[c]["code"]) == ("WAIT_DEPENDENCY", "WAIT_DEPENDENCY")
         assert f"afterok: job {a} has not ended" in queued[b]["reason"]
+        # N11: the tasks held by %2 and the dependents were "unknown": no job here has a time
+        # limit, so they still are; with limits they are estimated (test_queue_estimates_...)
+        assert queued[first + 2]["estimated_start_at"] is None
         running = json.loads(served.cli(USER, "queue", "--state", "running", "--json").stdout)
         assert sorted(r["job_id"] for r in running) == [first, first + 1, a]
         assert all(r["state"] == "running" and r["nodes"] == ["n1"] for r in running)
@@ -301,6 +315,42 @@ def test_an_arrays_limit_is_never_exceeded_and_a_chain_runs_in_order(
     assert most == 2, most  # the limit, reached and never passed
     assert ended[a] < placed[b] and ended[b] < placed[c]  # the chain, in order
     go.unlink()
+
+
+def test_queue_estimates_array_tasks_held_by_their_limit_and_their_dependents(
+    served: Served, tmp_path: Path
+) -> None:
+    """N11 of the re-test of issue 23: `submit -a 0-2%1 -t 1`, `submit -d afterok:<array> -t 1`:
+    `queue` said "unknown" for the tasks the `%1` holds and for the dependent, though every
+    task has a one-minute limit. Task k starts when task k-1 reaches its limit; the dependent
+    when the array's last task does."""
+    go = Path(os_user().pw_dir) / f"go-{tmp_path.name}"
+    go.unlink(missing_ok=True)
+    wait = f"while [ ! -e {go} ]; do sleep 0.2; done"
+    first = served.submit("--array=0-2%1", "-t", "1", "--", "sh", "-c", wait)
+    dep = served.submit(f"--dependency=afterok:{first}", "-t", "1", "--", "true")
+    try:
+        row = served.wait("the first task runs", first, "running")
+        began = row["started_at"]
+        queued = {r["job_id"]: r for r in json.loads(served.cli(USER, "queue", "--json").stdout)}
+        got = {j: queued[j]["estimated_start_at"] for j in (first + 1, first + 2, dep)}
+        assert (queued[first + 1]["code"], queued[dep]["code"]) == (
+            "WAIT_ARRAY_LIMIT", "WAIT_DEPENDENCY"
+        )  # fmt: skip
+        assert None not in got.values(), got
+        # from the running task's start (the estimate counts from the run's recorded start)
+        assert abs(got[first + 1] - (began + 60)) < 1, (got, began)
+        assert abs(got[first + 2] - (began + 120)) < 1, (got, began)
+        assert abs(got[dep] - (began + 180)) < 1, (got, began)
+        text = served.cli(USER, "queue").stdout
+        assert "unknown" not in text, text
+        for job in (first + 2, dep):  # explain says what queue says
+            told = json.loads(served.cli(USER, "explain", str(job), "--json").stdout)
+            assert told["estimated_start_at"] == got[job], (told, got)
+    finally:
+        go.touch()
+    for job in (first, first + 1, first + 2, dep):
+        served.wait("everything ends", job, "finished", 120)
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,9 @@ from typing import Any
 from ledger.engines.accounts import own_umask
 from tests.integration import test_slurm as base
 from tests.integration.test_slurm import GPULEDGER, Ledger, status
-from tests.integration.userkit import User, os_user
+from tests.integration.userkit import User, os_user, shared_dir
+
+ROOT = Path(__file__).resolve().parents[2]
 
 cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
 
@@ -119,10 +121,12 @@ def test_an_exit_while_the_service_is_down_is_charged_to_slurms_end(ledger: Ledg
     `up` records the end Slurm kept (EndTime), within 1 s of the job's own clock, not the
     restart."""
     ledger.up()
-    end = ledger.work / "ended-at"
-    ledger.submit("alice", 1, f"sleep 2; date +%s.%N > {end}; exit 4")
+    end, go = ledger.work / "ended-at", ledger.work / "go"
+    ledger.submit("alice", 1, f"while [ ! -e {go} ]; do sleep 0.2; done; sleep 1; "
+                  f"date +%s.%N > {end}; exit 4")  # fmt: skip
     ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
     ledger.kill9()
+    go.touch()  # it ends while the service is down, whatever the load
     deadline = time.monotonic() + 60
     while not end.exists() or not end.read_text().strip():
         assert time.monotonic() < deadline, "the job did not end while the service was down"
@@ -167,5 +171,82 @@ def test_a_run_slurm_cannot_launch_is_launch_failed_and_never_started(ledger: Le
         row = ledger.jobs()[job]
         assert (row["finish_reason"], row["exit_code"]) == ("launch_failed", None), row
         assert "JobLaunchFailure" in row["finish_note"], row
-        # (a start is still recorded when a read saw Slurm's RUNNING before the failure)
+        # N3's rest: a read that saw Slurm's RUNNING before the failure no longer records a
+        # start (the start waits for the batch script's mark, which a failed launch never makes)
+        assert row["started_at"] is None, row
+        assert ledger.of("job.started.v1", job) == [], ledger.of("job.started.v1", job)
         ledger.stop()
+
+
+def slurm_start(led: Ledger, slurm_id: str) -> float:
+    """Slurm's StartTime of a job, as `scontrol` shows it (whole seconds, local time)."""
+    from ledger.engines.slurm.words import parse_jobs
+
+    (job,) = parse_jobs(led.cluster.run("scontrol", "-o", "show", "job", slurm_id))
+    assert job.start_time is not None, job
+    return job.start_time
+
+
+def test_a_runs_start_is_slurms_start_time_and_a_checkpoint_from_inside_is_recorded(
+    ledger: Ledger,
+) -> None:
+    """N5 of the re-test of issue 23: the start was recorded 1-1.6 s after Slurm's StartTime
+    (when the executor saw the run), so short runs were under-charged; it is StartTime, kept
+    at or after the placement. N4's rest: `gpuledger checkpoint` inside a Slurm job found no
+    ledger (no URL, no token); it says the checkpoint through its checkpoint file, from the
+    job's side (`--export=NONE`: nothing of the submitter's ledger settings)."""
+    with shared_dir() as top:  # the CLI a job's user can run (the checkout's .venv is root's)
+        done = subprocess.run(
+            [str(ROOT / "scripts" / "install-shared"), "--link", str(top / "gl")],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        ledger.up()
+        said = ledger.work / "checkpoint-said"
+        ledger.submit("alice", 1, f"sleep 1; {top}/gl/bin/gpuledger checkpoint > {said} 2>&1; "
+                      f"echo rc=$? >> {said}; sleep 3", "--resumable", "--export=NONE")  # fmt: skip
+        ledger.wait("the job to end", lambda: status(ledger, 1) == "finished", timeout=90)
+    row = ledger.jobs()[1]
+    assert row["finish_reason"] == "completed", row
+    assert "rc=0" in said.read_text(), said.read_text()
+    assert len(ledger.of("job.checkpointed.v1", 1)) == 1, said.read_text()
+    (placed,) = ledger.of("job.placed.v1", 1)
+    (seen,) = ledger.of("job.started.v1", 1)
+    want = max(slurm_start(ledger, row["engine_job_id"]), placed["at"])
+    assert abs(row["started_at"] - want) < 1e-3, (row["started_at"], want, placed["at"])
+    assert seen["started_at"] == row["started_at"] < seen["at"]  # recorded later than it began
+    # the batch script marked its launch (what the start waits for: N3), as the job's user
+    assert (ledger.home / "jobs" / "checkpoints" / "1.0" / "launched").is_file()
+
+
+def test_import_shares_round_trips_and_a_parent_share_is_no_weight_of_its_own(
+    tmp_path: Path, cluster: base.Cluster
+) -> None:
+    """F15's rest: `Share=parent` (Slurm: no share of its own, the user competes as its
+    account) made bob a member with the account's 40 against alice's 10. He is a member with the
+    default share, 1, and the import says so; what import-shares writes, `budget apply` takes,
+    and a second import and apply changes nothing."""
+    led = Ledger(tmp_path / "home", cluster)
+    led.cli("init", "--admin", "root")
+    saved, budget = tmp_path / "assoc.txt", tmp_path / "budget.toml"
+    saved.write_text(
+        "root|||1\nphysics|root||40\nphysics||alice|10\nphysics||bob|parent\n"
+        "physics||carol|parent\nchem|root||20\nchem||dan|3\n"
+    )
+    done = subprocess.run(
+        [GPULEDGER, "slurm", "import-shares", "--from", str(saved), "-o", str(budget)],
+        env=led.env("root"), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "2 users have Share=parent" in done.stderr and "physics/bob" in done.stderr
+    led.cli("budget", "apply", str(budget))
+    tree = {a["path"]: a for a in json.loads(led.cli("account", "tree", "--json"))}
+    # (top-level accounts hold users, so Slurm's root is kept as the program above them)
+    assert (tree["root/physics"]["shares"], tree["root/chem"]["shares"]) == (40, 20)
+    assert tree["root/physics"]["members"] == ["alice", "bob", "carol"]
+    got = {u: tree[f"root/physics/{u}"]["shares"] for u in ("alice", "bob", "carol")}
+    assert got == {"alice": 10, "bob": 1, "carol": 1}, got
+    again = tmp_path / "again.toml"
+    led.cli("slurm", "import-shares", "--from", str(saved), "-o", str(again))
+    assert again.read_text() == budget.read_text()
+    assert "no changes" in led.cli("budget", "apply", str(again))

@@ -232,3 +232,36 @@ def test_the_codec_says_which_type_each_stored_tag_upcasts_to() -> None:
         "cycle.decided.v2",
         "cycle.decided.v3",
     ]
+
+
+def test_a_start_is_the_engines_own_start_not_when_it_was_seen(tmp_path: Path) -> None:
+    """N5 of the re-test of issue 23: `jobs` showed a run's start as the moment the executor
+    saw it (1-1.6 s after Slurm's StartTime on Slurm), not the start the event carries; a short
+    run's elapsed time was short by as much. The projection, its batch input and the reference
+    fold all take JobStarted's `started_at` (its `at` when an engine gave none)."""
+    from projections.projector import Projector
+    from projections.store import Store
+    from projections.testing.reference import fold
+
+    history = [
+        *HISTORY[:5],
+        e.JobStarted(**(ev_id(6) | {"at": 1003.5}), job_id=1, started_at=1001.0),
+        e.JobFinished(
+            **(ev_id(7) | {"at": 1010.0}),
+            job_id=1,
+            outcome="completed",
+            exit_code=0,
+            reason="completed",
+            ended_at=1007.0,
+        ),
+    ]
+    rs = [rec(i + 1, ev) for i, ev in enumerate(history)]
+    assert build_batch(rs).tables["b_started"].to_pylist()[0]["started_at"] == 1001.0
+    with Store(tmp_path / "p.duckdb") as store:
+        Projector(store, ListSource(rs)).catch_up()
+        got = store.con.execute(
+            "SELECT started_at, run_started_at, finished_at FROM jobs WHERE job_id = 1"
+        ).fetchone()
+    assert got == (1001.0, 1001.0, 1007.0)
+    ref = fold(enumerate(history, 1)).jobs[1]
+    assert (ref["started_at"], ref["run_started_at"]) == (1001.0, 1001.0)

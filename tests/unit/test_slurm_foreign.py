@@ -99,3 +99,67 @@ def test_a_run_that_completed_on_a_node_slurm_gives_up_is_recorded_before_the_lo
     seen = ex.observe(102.0, ledger_nodes)
     assert [(ch.node, ch.change) for ch in seen.nodes] == [("vm", "lost")]
     assert [(x.job_id, x.reason) for x in seen.exits] == [(2, "node_failure")]
+
+
+# --- a run Slurm shows RUNNING is started once its script runs (N3 of the re-test of issue 23) --
+
+
+def our_run(state: str, reason: str = "None", code: str = "0:0") -> str:
+    return (
+        f"JobId=7 JobName=gpuledger-1 UserId=bob(1001) JobState={state} Reason={reason}"
+        f" ExitCode={code} StartTime=2026-12-01T21:17:50 EndTime=2026-12-01T21:17:51"
+        f" Partition=gpuledger NodeList=vm Comment=gpuledger:{LID}:job=1:run=0 StdOut=/tmp/y"
+    )
+
+
+def watched(tmp_path: Path) -> FakeSlurm:
+    from ledger.engines.slurm.executor import _Run
+
+    ex = FakeSlurm("gpuledger", LID, tmp_path)
+    ex._runs = {1: _Run(1, 0, None, slurm_id="7")}
+    return ex
+
+
+def reads(ex: FakeSlurm, text: str, now: float) -> None:
+    ex._view = {j.slurm_id: j for j in parse_jobs(text)}
+    ex._read_runs(now)
+
+
+def test_a_run_seen_running_before_slurm_fails_its_launch_never_started(tmp_path: Path) -> None:
+    """Slurm shows a run RUNNING from its allocation, then fails the launch (an output file its
+    user cannot open: Reason=JobLaunchFailure, ExitCode 0:53). A read between the two recorded
+    a start; now the start waits for the batch script's mark, and the job ends
+    `launch_failed` with why and no start, as on the node agents."""
+    ex = watched(tmp_path)
+    reads(ex, our_run("RUNNING"), 100.0)
+    reads(ex, our_run("RUNNING"), 101.0)
+    assert ex._starts == []
+    reads(ex, our_run("FAILED", "JobLaunchFailure", "0:53"), 102.0)
+    assert ex._starts == []
+    assert [(x.job_id, x.reason, x.exit_code) for x in ex._exits] == [(1, "launch_failed", -1)]
+    assert "JobLaunchFailure" in ex._exits[0].note
+
+
+def test_a_launched_run_starts_at_slurms_start_time_once_its_script_marks_it(
+    tmp_path: Path,
+) -> None:
+    """N5: the start recorded is Slurm's StartTime (not when it was seen), as soon as the
+    script's mark is there; without a mark (a node that does not share the service's
+    directory) after `launch_confirm_s` of running, with the same StartTime."""
+    from ledger.engines.slurm.words import slurm_time
+
+    ex = watched(tmp_path)
+    reads(ex, our_run("RUNNING"), 100.0)
+    assert ex._starts == []
+    mark = ex._checkpoint_file(1, 0).with_name("launched")
+    mark.parent.mkdir(parents=True)
+    mark.touch()
+    reads(ex, our_run("RUNNING"), 100.5)
+    (start,) = ex._starts
+    assert start.started_at == slurm_time("2026-12-01T21:17:50")
+    ex = watched(tmp_path / "unshared")
+    reads(ex, our_run("RUNNING"), 100.0)
+    reads(ex, our_run("RUNNING"), 100.0 + ex.launch_confirm_s - 0.1)
+    assert ex._starts == []
+    reads(ex, our_run("RUNNING"), 100.0 + ex.launch_confirm_s)
+    assert [s.started_at for s in ex._starts] == [slurm_time("2026-12-01T21:17:50")]

@@ -409,7 +409,7 @@ tulu||dan|1
 
 
 def test_sacctmgr_shares_parse_and_become_a_budget_file() -> None:
-    rows, parents, duplicates = parse_sacctmgr_shares(SACCTMGR)
+    rows, parents, duplicates, inherit = parse_sacctmgr_shares(SACCTMGR)
     assert rows == [
         ("root", "", 1),
         ("ai2", "", 100),
@@ -420,6 +420,7 @@ def test_sacctmgr_shares_parse_and_become_a_budget_file() -> None:
         ("tulu", "dan", 1),
     ]
     assert parents == {"ai2": "root", "olmo": "ai2", "tulu": "ai2"} and duplicates == {}
+    assert inherit == []
     toml = shares_toml(rows, parents)
     plan = budget.parse(toml.encode())
     assert {
@@ -446,8 +447,10 @@ def _applies(toml: str) -> State:
 
 def test_what_import_shares_writes_budget_apply_takes() -> None:
     """A top-level account with users (a project here) sits under Slurm's root as a program;
-    users with `parent` shares are kept with their account's share; duplicates are reported
-    and the first share kept; names TOML would read as dotted keys are quoted."""
+    users with `parent` shares (none of their own in Slurm: they compete as their account) are
+    members with the default share, 1, never the account's share as a weight against its other
+    users (F15: bob got 40 to alice's 10); duplicates are reported and the first share kept;
+    names TOML would read as dotted keys are quoted."""
     text = """\
 root|||5
 physics|root||10
@@ -458,15 +461,16 @@ chem|root||parent
 chem||carol|1
 chem|root||20
 """
-    rows, parents, duplicates = parse_sacctmgr_shares(text)
+    rows, parents, duplicates, inherit = parse_sacctmgr_shares(text)
     assert duplicates == {"physics/alice": [3, 7], "chem": [-1, 20]}
+    assert inherit == ["physics/b.smith"]
     state = _applies(shares_toml(rows, parents))
     tree = {p: (a.kind, a.shares) for p, a in state.accounts.items() if a.open}
     assert tree == {
         "root": ("program", 5),
         "root/physics": ("project", 10),
         "root/physics/alice": ("user", 3),
-        "root/physics/b.smith": ("user", 10),
+        "root/physics/b.smith": ("user", 1),  # `parent`: the default, not physics's 10
         "root/chem": ("project", 5),  # its first row said `parent`: root's
         "root/chem/carol": ("user", 1),
     }
@@ -478,7 +482,7 @@ def test_import_shares_refuses_a_name_budget_apply_would_and_counts_what_it_writ
     it wrote); the count printed is the accounts written, Slurm's root among them."""
     with pytest.raises(InvalidCommand, match="line 2: account name 'a b' cannot be a ledger"):
         parse_sacctmgr_shares("root|||1\na b|root||1\n")
-    rows, parents, _ = parse_sacctmgr_shares("root|||1\nphysics|root||4\nphysics||al|1\n")
+    rows, parents, _, _ = parse_sacctmgr_shares("root|||1\nphysics|root||4\nphysics||al|1\n")
     toml = shares_toml(rows, parents)
     assert accounts_written(toml) == 2 == toml.count("[accounts.")  # root kept, and physics
 
@@ -889,10 +893,13 @@ def test_a_slurm_job_touching_its_checkpoint_file_records_a_checkpoint(tmp_path:
     ex = Executor("gpuledger", LID, tmp_path, run_as="service")
     ex._run = run  # type: ignore[method-assign]
     ex.carry_out(Orders(launches=(launch(GpuSlot(node="vm", gpu_indices=(0,))),)), 100.0)
-    seen = ex.observe(101.0, {"vm": node("vm")})
-    assert [s.job_id for s in seen.starts] == [5] and seen.checkpoints == ()
     [line] = [x for x in scripts[0].splitlines() if "GPULEDGER_CHECKPOINT_FILE=" in x]
     path = Path(line.split("=", 1)[1].strip("'"))
+    [mark] = [x for x in scripts[0].splitlines() if x.startswith("{ : > ")]
+    assert mark == f"{{ : > {path.with_name('launched')}; }} 2>/dev/null"
+    path.with_name("launched").touch()  # what the script does first once Slurm launches it
+    seen = ex.observe(101.0, {"vm": node("vm")})
+    assert [s.job_id for s in seen.starts] == [5] and seen.checkpoints == ()
     assert path.parent.is_dir() and not path.exists()
     path.touch()
     assert ex.observe(102.0, {"vm": node("vm")}).checkpoints == (5,)

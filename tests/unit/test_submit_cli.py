@@ -136,6 +136,64 @@ def test_the_estimate_counts_the_jobs_the_next_cycle_places() -> None:
     assert dependency_ends(state, 7, starts, now) is None
 
 
+def test_array_tasks_held_by_their_limit_and_their_dependents_get_estimates() -> None:
+    """N11 of the re-test of issue 23: `submit -a 0-2%1 -t 1`, then `-d afterok:<array>` and a
+    job after that one: `queue` said "unknown" for the tasks held by `%1` and for the
+    dependents. Task k starts when task k-1 reaches its limit; a dependent when the last task
+    it waits for does; a job after a job with no limit stays unknown, as does a singleton."""
+    from ledger.core.jobs import blocked
+    from ledger.reads.preview import blocked_starts
+
+    ids = (lambda n: lambda: f"x{next(n)}")(itertools.count())
+    state = State()
+    after = lambda *j: (Dependency(kind="afterok", job_ids=j),)  # noqa: E731
+    cmds: list[c.AnyCommand] = [
+        c.InitLedger(actor="root", admin="root"),
+        c.OpenAccount(actor="root", path="p", kind="program"),
+        c.OpenAccount(actor="root", path="p/q", kind="project"),
+        c.AddMember(actor="root", user="u", project="p/q"),
+        c.RegisterNode(actor="root", node="n", gpu_type="h100", gpus=8),
+        # jobs 1-3
+        c.SubmitJob(
+            actor="u", account="p/q", gpus=1, time_limit_s=60, array=(0, 1, 2), array_limit=1
+        ),
+        c.SubmitJob(actor="u", account="p/q", gpus=1, time_limit_s=60, dependency=after(1)),
+        c.SubmitJob(actor="u", account="p/q", gpus=1, dependency=after(4)),  # job 5: no limit
+        c.SubmitJob(actor="u", account="p/q", gpus=1, dependency=after(5)),
+        # jobs 7-10
+        c.SubmitJob(
+            actor="u",
+            account="p/q",
+            gpus=2,
+            time_limit_s=30,
+            array=(0, 1, 2, 3),
+            array_limit=2,
+            dependency=after(2),
+        ),
+    ]
+    for cmd in cmds:
+        for ev in decide(state, cmd, 0.0, ids):
+            evolve(state, ev)
+    now = 100.0
+    snap = snapshot_from_state(state, {}, now)
+    decision = dispatch(snap, build("fifo"), now)
+    queued = estimated_starts(state, snap, decision, now)
+    assert queued == {1: now}  # the first task goes next; every other job waits
+    waits = blocked(state)
+    assert {i: w.code for i, w in waits.items()} == {
+        2: "WAIT_ARRAY_LIMIT", 3: "WAIT_ARRAY_LIMIT", 4: "WAIT_DEPENDENCY",
+        5: "WAIT_DEPENDENCY", 6: "WAIT_DEPENDENCY", 7: "WAIT_DEPENDENCY",
+        8: "WAIT_DEPENDENCY", 9: "WAIT_DEPENDENCY", 10: "WAIT_DEPENDENCY",
+    }  # fmt: skip
+    got = blocked_starts(state, waits, queued, now)
+    assert got == {
+        2: now + 60, 3: now + 120,  # %1: one after the other
+        4: now + 180,  # after the whole array (job 1 stands for its tasks)
+        5: now + 240, 6: None,  # after job 5, which has no limit: nobody knows
+        7: now + 120, 8: now + 120, 9: now + 150, 10: now + 150,  # after task 2, two at once
+    }  # fmt: skip
+
+
 def test_the_slurm_users_page_names_every_sbatch_option_and_finish_reason() -> None:
     """docs/slurm-users.md is the list a Slurm user reads: every `#SBATCH` option `submit`
     takes and every `finish_reason` is on it."""

@@ -125,6 +125,8 @@ class _Run:
     """Its output (and error) file."""
     checkpoint_mtime: float = 0.0
     """When the job last touched its checkpoint file (`GPULEDGER_CHECKPOINT_FILE`)."""
+    running_seen: float | None = None
+    """When a read first showed Slurm running it (its start waits for its script: `_launched`)."""
 
 
 class _Refused(Exception):
@@ -206,6 +208,11 @@ class SlurmExecutor:
         self._max_time_at: float | None = None
         self._pinned: dict[str, tuple[str, ...]] = {}
         """Node -> the GRES type of each of its GPUs, for nodes whose GPUs are pinned."""
+        self.launch_confirm_s = 10.0
+        """A run Slurm shows RUNNING is recorded started once its batch script has marked its
+        launch (`_launched`), or after this long running without the mark (a compute node
+        that does not share the service's directory): Slurm fails a launch it cannot make
+        (JobLaunchFailure: an output file the user cannot open) within a second or two."""
 
     # --- talking to Slurm ---
 
@@ -331,6 +338,15 @@ class SlurmExecutor:
                 os.chown(run_dir, who.uid, who.gid if who.gid is not None else -1)
         return run_dir / "checkpoint"
 
+    def _launched(self, r: _Run, now: float) -> bool:
+        """Whether a run Slurm shows RUNNING has really started: its batch script marked its
+        launch (`<checkpoint dir>/launched`), or it has run `launch_confirm_s` unmarked. Its
+        recorded start is Slurm's StartTime either way; only when it is recorded waits."""
+        if r.running_seen is None:
+            r.running_seen = now
+        mark = self._checkpoint_file(r.job_id, r.run).with_name("launched")
+        return os.path.lexists(mark) or now - r.running_seen >= self.launch_confirm_s
+
     def _read_checkpoints(self) -> list[int]:
         """The running jobs that touched their checkpoint file since the last read."""
         touched = []
@@ -368,8 +384,9 @@ class SlurmExecutor:
         r.logs = tuple(dict.fromkeys(p for p in (out, err) if p))
         args = ["sbatch", *sbatch_args(job, self.partition, out, who, self.ledger_id,
                                        self._pinned, err)]  # fmt: skip
-        ckpt = str(self._checkpoint_file(job.job_id, job.run, who))
-        script = batch_script(job, who, ckpt, own_umask())
+        checkpoint = self._checkpoint_file(job.job_id, job.run, who)
+        launched = str(checkpoint.with_name("launched"))
+        script = batch_script(job, who, str(checkpoint), launched, own_umask())
         slurm_id = self._run(args, stdin=script, env=self._sbatch_env()).strip().split(";")[0]
         r.slurm_id = slurm_id
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, slurm_id)
@@ -599,8 +616,14 @@ class SlurmExecutor:
                     self._take_back(r, why, now)
                     continue
             if j.started and not r.started and (j.holding or j.ended) and not j.launch_failed:
+                r.started_at = j.start_time  # its limit counts from Slurm's start
+            if (
+                j.started
+                and not r.started
+                and (j.ended or (j.holding and self._launched(r, now)))
+                and not j.launch_failed
+            ):  # RUNNING alone is not yet a start: Slurm may still fail the launch (N3)
                 r.started = True
-                r.started_at = j.start_time
                 gpus = tuple(GpuSlot(node=n, gpu_indices=i) for n, i in sorted(j.gpus.items()) if i)
                 # charged from Slurm's real start (the ledger keeps it inside the placement)
                 self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,

@@ -7,9 +7,14 @@ accepts is what this writes (tests/unit/test_slurm_pure.py applies every file it
   only projects hold users. An account with users (or under one that has users) is a project,
   the others programs; when a top-level account holds users itself, Slurm's root is kept as the
   program `root` above every account, so the projects sit under a program.
-- A share of `parent` (an association that competes with its parent's share: Slurm's fair tree
-  treats it as its parent) takes its parent association's share: a user's the account's, an
-  account's its parent account's.
+- A share of `parent` is Slurm's "no share of its own: it competes as its parent, with the
+  parent's share and usage" (sacctmgr's `Fairshare=parent`). A user with it becomes a member
+  with the default member share, 1: inside its account it has no weight of its own, and its
+  usage is charged to the account as every member's is (the account's share is the account's
+  alone; the member's share, 40 say, would be a weight against the account's other users, which
+  Slurm never gives it). The ledger has no member without a share, so such users are ranked
+  among the account's members as equals: Slurm would rank them as the account. The caller
+  names them (`Imported.inherit`). An account with `parent` takes its parent account's share.
 - An association that appears more than once (one per cluster or partition) is reported by
   the caller (`Imported.duplicates`), and its first share is kept.
 """
@@ -38,6 +43,8 @@ class Imported(NamedTuple):
     rows: list[tuple[str, str, int]]
     parents: dict[str, str]
     duplicates: dict[str, list[int]]
+    inherit: list[str]
+    """The users ("account/user") whose share was `parent`: members with the default share."""
 
 
 def parse_sacctmgr_shares(text: str) -> Imported:
@@ -82,14 +89,18 @@ def parse_sacctmgr_shares(text: str) -> Imported:
             continue
         seen[key] = value
     rows = [(a, u, _resolved(seen, parents, a, u)) for (a, u) in seen]
-    return Imported(rows, parents, duplicates)
+    inherit = [f"{a}/{u}" for (a, u), share in seen.items() if u and share == PARENT]
+    return Imported(rows, parents, duplicates, inherit)
 
 
 def _resolved(
     seen: Mapping[tuple[str, str], int], parents: Mapping[str, str], a: str, u: str
 ) -> int:
-    """The share of association (a, u), a `parent` share replaced by its parent's, up the tree
-    (the root's, 1 when it says none)."""
+    """The share of association (a, u): a user's `parent` the default member share, 1 (module
+    doc); an account's `parent` its parent account's, up the tree (the root's, 1 when it says
+    none)."""
+    if u and seen.get((a, u)) == PARENT:
+        return 1
     for _ in range(128):
         share = seen.get((a, u))
         if share is not None and share != PARENT:

@@ -568,18 +568,26 @@ def job_environment(job: Launch, who: SbatchUser, checkpoint_file: str = "") -> 
 
 
 def batch_script(
-    job: Launch, who: SbatchUser | None = None, checkpoint_file: str = "", umask: int = 0o022
+    job: Launch,
+    who: SbatchUser | None = None,
+    checkpoint_file: str = "",
+    launched_file: str = "",
+    umask: int = 0o022,
 ) -> str:
-    """Pure: the batch script: the job's umask (sbatch runs with 077 so that slurmstepd makes
-    the output files the user's alone, 0600; the job itself gets `umask` back, the one it had
-    before), the job's environment (`job_environment`), a check that it starts where it was
-    asked to (Slurm would fall back to /tmp), then the job's command replaces the shell, so it
-    gets the signals. (The variables sit in the script: `sbatch --export=ALL,VAR=...` makes
-    Slurm start a job about 1.5 s later; sbatch itself runs with PATH and `SBATCH_ENV` alone,
-    so nothing of the service's reaches the job.)"""
+    """Pure: the batch script: the job's umask (sbatch runs with SLURM_UMASK 077 so that
+    slurmstepd makes the output files the user's alone, 0600; the job itself gets `umask` back,
+    the one it had before), the job's environment (`job_environment`), the mark that Slurm
+    launched it (`launched_file`, made empty: a run Slurm shows RUNNING is recorded started
+    only once its script runs, so one whose launch fails, JobLaunchFailure, never started), a
+    check that it starts where it was asked to (Slurm would fall back to /tmp), then the job's
+    command replaces the shell, so it gets the signals. (The variables sit in the script:
+    `sbatch --export=ALL,VAR=...` makes Slurm start a job about 1.5 s later; sbatch itself runs
+    with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
     env = job_environment(job, who or SbatchUser(), checkpoint_file)
     lines = ["#!/bin/bash", f"umask {umask:04o}"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    if launched_file:  # where the service's directory is not shared, the executor waits instead
+        lines.append(f"{{ : > {shlex.quote(launched_file)}; }} 2>/dev/null")
     if job.workdir:
         wd = shlex.quote(job.workdir)
         lines.append(
