@@ -23,7 +23,7 @@ from projections.errors import ProjectionBusy, ProjectionError, ProjectionOutdat
 
 PROJECTION = "ledger"
 log = logging.getLogger("gpuledger.projection")
-SCHEMA_VERSION = "4"
+SCHEMA_VERSION = "5"
 PROJECTIONS_DIR = "projections"
 
 

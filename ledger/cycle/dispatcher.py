@@ -32,7 +32,7 @@ from ledger.dispatch.policy import Policy
 from ledger.dispatch.registry import config_of
 from ledger.dispatch.snapshot import Snapshot
 from projections import queries
-from projections.fairshare import RANKING_VERSION, UsagePolicy
+from projections.fairshare import UsagePolicy, ranking_version
 from projections.source import gc_paused
 from projections.store import Store
 from schemas import commands as c
@@ -113,7 +113,7 @@ def rank_inputs(
     return e.RankInputs(
         position=position if read_at is None else read_at,
         digest=rank_digest(ranks, level_fs),
-        ranking_version=RANKING_VERSION,
+        ranking_version=ranking_version(usage),
         usage=e.UsageSettings(
             window_s=usage.window_s, half_life_s=usage.half_life_s, weights=dict(usage.weights)
         ),

@@ -73,6 +73,7 @@ class RefState:
                 start_at=i["start_at"],
                 end_at=i["end_at"],
                 gpu_type=i["gpu_type"],
+                run_start_at=i["run_start_at"],
             )
             for i in self.intervals
         ]
@@ -256,6 +257,8 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
                 "funded": job["funded"],
                 "cycle_id": ev.cycle_id,
                 "slots": slots,
+                "run_start_position": None,
+                "run_start_at": None,
             }
             s.intervals.append(iv)
             s._open[ev.job_id] = iv
@@ -263,6 +266,10 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
             _touch(s, ev.job_id, pos).update(
                 status="running", started_at=ev.at, run_started_at=ev.at, logs=list(ev.logs)
             )
+            run = s._open.get(ev.job_id)
+            if run is not None and run["run_start_position"] is None:
+                began = ev.at if ev.started_at is None else ev.started_at
+                run.update(run_start_position=pos, run_start_at=began)
         case e.JobHeld() | e.JobReleased():
             _touch(s, ev.job_id, pos)["held"] = isinstance(ev, e.JobHeld)
         case e.JobEngineEnded():
