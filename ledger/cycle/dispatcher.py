@@ -172,8 +172,11 @@ def preview(
     policy: Policy,
     now: float,
     low_util_since: Mapping[int, float] | None = None,
+    *,
+    unavailable: Mapping[str, frozenset[int]] | None = None,
 ) -> tuple[Snapshot, Decision]:
-    """What the dispatcher would decide now, without appending anything (queue, explain)."""
+    """What the dispatcher would decide now, without appending anything (queue, explain);
+    `unavailable`: GPUs foreign work holds (node -> indices), never free, as in a cycle."""
     position = ledger.catch_up()
     leaf_ranks, level_fs = ranks.ranks(now, position)
     snapshot = snapshot_from_state(
@@ -183,6 +186,7 @@ def preview(
         level_fs=level_fs,
         low_util_since=low_util_since,
         position=position,
+        unavailable=unavailable,
     )
     return snapshot, decide(snapshot, policy, now)
 
