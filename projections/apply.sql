@@ -11,6 +11,7 @@
 --   b_started    JobStarted: position, logs, started_at
 --   b_engine_ended JobEngineEnded: position, reason
 --   b_engine_linked JobEngineLinked: position, engine_job_id
+--   b_run_ended  JobRunEnded: position, job_id, run, ended_at
 --   b_cycles     CycleDecided rows
 --
 -- and, read back from the batch's rows of `events` once they are inserted (temp tables below):
@@ -250,6 +251,25 @@ FROM (
     ) i
     JOIN b_jobev x ON x.job_id = i.job_id AND x.kind = 'started'
         AND (i.end_position IS NULL OR x.position < i.end_position)
+    GROUP BY i.start_position
+) c
+WHERE job_intervals.start_position = c.start_position;
+
+-- name: intervals_run_ended
+-- needs: b_run_ended
+-- A stopped run's real end (its first JobRunEnded) on the interval of that run: run r is the
+-- job's (r + 1)-th placement (each placement after the first follows a preemption).
+UPDATE job_intervals SET
+    run_end_position = c.position,
+    run_end_at       = c.ended_at
+FROM (
+    SELECT i.start_position, min(r.position) AS position, arg_min(r.ended_at, r.position) AS ended_at
+    FROM b_run_ended r
+    JOIN (
+        SELECT job_id, start_position, run_end_position,
+               row_number() OVER (PARTITION BY job_id ORDER BY start_position) - 1 AS run
+        FROM job_intervals WHERE job_id IN (SELECT job_id FROM b_run_ended)
+    ) i ON i.job_id = r.job_id AND i.run = r.run AND i.run_end_position IS NULL
     GROUP BY i.start_position
 ) c
 WHERE job_intervals.start_position = c.start_position;

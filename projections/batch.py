@@ -137,6 +137,14 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("started_at", pa.float64()),
         ]
     ),
+    "b_run_ended": pa.schema(
+        [
+            ("position", pa.int64()),
+            ("job_id", pa.int64()),
+            ("run", pa.int64()),
+            ("ended_at", pa.float64()),
+        ]
+    ),
     "b_engine_ended": pa.schema(
         [
             ("position", pa.int64()),
@@ -214,6 +222,7 @@ KEPT: frozenset[type] = frozenset(
         e.JobFinished,
         e.JobEngineEnded,
         e.JobEngineLinked,
+        e.JobRunEnded,
         e.CycleDecided,
     }
 )
@@ -425,6 +434,7 @@ def _build(records: Sequence[Row], rows: pa.Table | None) -> Batch:
         "b_finished": _finished(groups),
         "b_started": _started(groups),
         "b_engine_ended": _engine_ended(groups),
+        "b_run_ended": _run_ended(groups),
         "b_engine_linked": _engine_linked(groups),
         "b_cycles": _cycles(groups),
     }
@@ -669,6 +679,21 @@ def _started(groups: dict[type, Group]) -> pa.Table:
             "position": g.positions,
             "logs": _string_lists([logs for logs, _ in g.events]),
             "started_at": [at for _, at in g.events],
+        },
+    )
+
+
+def _run_ended(groups: dict[type, Group]) -> pa.Table:
+    """When a stopped run really ended (the end of its interval's charge, when earlier)."""
+    g = groups.get(e.JobRunEnded, _EMPTY_GROUP)
+    evs = g.events
+    return _table(
+        "b_run_ended",
+        {
+            "position": g.positions,
+            "job_id": [ev.job_id for ev in evs],
+            "run": [ev.run for ev in evs],
+            "ended_at": [ev.at if ev.ended_at is None else ev.ended_at for ev in evs],
         },
     )
 

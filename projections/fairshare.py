@@ -90,6 +90,9 @@ class Interval:
     gpu_type: str | None = None
     run_start_at: float | None = None
     """When its run really started (the engine's word); None while (or if never) started."""
+    run_end_at: float | None = None
+    """When a run the ledger stopped really ended (its engine's word, `JobRunEnded`), when
+    known: under `CHARGE_RUN` its charge ends there if that is before `end_at`."""
 
 
 def ranking_version(policy: UsagePolicy) -> str:
@@ -115,6 +118,8 @@ def interval_usage(iv: Interval, at: float, policy: UsagePolicy) -> float:
     if not iv.funded or start is None or start >= at:
         return 0.0
     end = min(iv.end_at if iv.end_at is not None else at, at)
+    if policy.charge == CHARGE_RUN and iv.run_end_at is not None:
+        end = min(end, iv.run_end_at)
     if end <= start:
         return 0.0
     wg = iv.gpus * policy.weight(iv.gpu_type)

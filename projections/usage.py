@@ -7,8 +7,10 @@ The same math as the projection (`fairshare.interval_usage`, `fairshare.TreeShap
 intervals charged to the user leaf `<account>/<user>` with the GPU type of the first node (as the
 projection's `job_intervals`), as the policy's `charge` says: from the run's real start
 (`JobStarted.started_at`) to `JobPreempted`, or to `JobFinished` at the run's real end
-(`fairtree-2`); or, as decisions before it were ranked, from `JobPlaced` to the release event's
-own time (`fairtree-1`, which the simulator keeps: its kernel starts every launch at placement):
+(`fairtree-2`; the projection also ends a stopped run's charge at its `JobRunEnded` when that is
+earlier: the fold does not, as no log it folds has one: the simulator's kernel names no engine);
+or, as decisions before it were ranked, from `JobPlaced` to the release event's own time
+(`fairtree-1`, which the simulator keeps: its kernel starts every launch at placement):
 
 - window mode: closed intervals wholly inside the window are summed per leaf; the window's start
   moves them to a short "partial" list (computed one by one) and drops them once it passes them;

@@ -184,6 +184,8 @@ class _Charge(msgspec.Struct, kw_only=True):
     """(from, to) as the rule in force at its release charged it; None while open."""
     rule: str = ""
     closed_at: int = 0
+    run_end: float | None = None
+    """A stopped run's real end (its first `JobRunEnded`): the charge ends there when earlier."""
 
 
 class _Charges:
@@ -192,12 +194,14 @@ class _Charges:
     `JobRunEnded`). The usage rule in force is the one the last decision record named
     (`RankInputs.ranking_version`; before any, the current one): `fairtree-1` charged from the
     placement, `fairtree-2` from the run's start; both to the release (`JobPreempted`, or
-    `JobFinished` at the run's real end)."""
+    `JobFinished` at the run's real end), `fairtree-2` to a stopped run's real end (its first
+    `JobRunEnded`) when that is earlier."""
 
     def __init__(self) -> None:
         self.rule = charge_of(RANKING_VERSION)
         self.open: dict[int, _Charge] = {}
         self.closed: list[_Charge] = []
+        self.by_run: dict[tuple[int, int], _Charge] = {}
         self.runs: dict[int, int] = {}
         """Job -> its preemptions so far: the run of its next placement (as executors number
         runs, `JobEngineLinked.run`)."""
@@ -210,14 +214,18 @@ class _Charges:
         run = self.runs.get(ev.job_id, 0)
         if job is None or job.spec.min_runtime_s <= 0:
             return  # unfunded: never charged
-        self.open[ev.job_id] = _Charge(
-            job=ev.job_id, run=run, position=pos, gpus=job.spec.gpus, placed=ev.at
-        )
+        ch = _Charge(job=ev.job_id, run=run, position=pos, gpus=job.spec.gpus, placed=ev.at)
+        self.open[ev.job_id] = self.by_run[(ev.job_id, run)] = ch
 
     def started(self, ev: e.JobStarted) -> None:
         ch = self.open.get(ev.job_id)
         if ch is not None and ch.began is None:
             ch.began = ev.at if ev.started_at is None else ev.started_at
+
+    def run_ended(self, ev: e.JobRunEnded) -> None:
+        ch = self.by_run.get((ev.job_id, ev.run))
+        if ch is not None and ch.run_end is None:
+            ch.run_end = ev.at if ev.ended_at is None else ev.ended_at
 
     def released(self, pos: int, job: int, end: float, preempted: bool) -> None:
         if preempted:
@@ -235,6 +243,10 @@ class _Charges:
         for ch in self.closed:
             assert ch.charged is not None
             start, end = ch.charged
+            if ch.rule != CHARGE_PLACEMENT and ch.run_end is not None:
+                end = min(end, ch.run_end)  # as the run rule charges a stopped run
+            if end <= start:
+                continue
             what = f"job {ch.job}'s run {ch.run + 1} was charged from {start:.3f} to {end:.3f}"
             what += f" (charged from the {'placement' if ch.rule == CHARGE_PLACEMENT else 'run'})"
             if ch.began is None:
@@ -320,6 +332,7 @@ class _Checker:
         elif isinstance(ev, e.JobRunEnded):
             end = ev.at if ev.ended_at is None else ev.ended_at
             self.runs.ended(ev.job_id, ev.run, ev.engine_job_id, end)
+            self.charges.run_ended(ev)
         try:
             evolve(self.state, ev)
         except (KeyError, AttributeError) as err:

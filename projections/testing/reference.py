@@ -74,6 +74,7 @@ class RefState:
                 end_at=i["end_at"],
                 gpu_type=i["gpu_type"],
                 run_start_at=i["run_start_at"],
+                run_end_at=i["run_end_at"],
             )
             for i in self.intervals
         ]
@@ -259,6 +260,8 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
                 "slots": slots,
                 "run_start_position": None,
                 "run_start_at": None,
+                "run_end_position": None,
+                "run_end_at": None,
             }
             s.intervals.append(iv)
             s._open[ev.job_id] = iv
@@ -270,6 +273,11 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
             if run is not None and run["run_start_position"] is None:
                 began = ev.at if ev.started_at is None else ev.started_at
                 run.update(run_start_position=pos, run_start_at=began)
+        case e.JobRunEnded():
+            runs = [i for i in s.intervals if i["job_id"] == ev.job_id]
+            if ev.run < len(runs) and runs[ev.run]["run_end_position"] is None:
+                ended = ev.at if ev.ended_at is None else ev.ended_at
+                runs[ev.run].update(run_end_position=pos, run_end_at=ended)
         case e.JobHeld() | e.JobReleased():
             _touch(s, ev.job_id, pos)["held"] = isinstance(ev, e.JobHeld)
         case e.JobEngineEnded():

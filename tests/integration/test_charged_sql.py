@@ -19,7 +19,16 @@ from projections.testing.compare import REFERENCE_TABLES, differences, dump, ref
 from projections.testing.reference import fold
 from projections.testing.synthetic import append_to_store
 from schemas import events as e
-from tests.unit.test_charged_from_start import AT, PLACEMENT, RUN, T0, WANT, H, waiting_runs
+from tests.unit.test_charged_from_start import (
+    AT,
+    PLACEMENT,
+    RUN,
+    T0,
+    WANT,
+    H,
+    stopped_early,
+    waiting_runs,
+)
 
 
 def projected(home: Path, batch: int | None = None) -> Store:
@@ -68,3 +77,27 @@ def test_as_of_a_position_before_the_start_the_run_is_not_charged(tmp_path: Path
     job3 = 2 * (1.5 * H - 1)
     assert before == {"alice": job3}  # job 1 placed, not started: nothing yet
     assert after == {"alice": job3 + 2 * 0.5 * H}
+
+
+@pytest.mark.parametrize("batch", [None, 1])
+def test_a_stopped_run_is_charged_to_its_real_end_in_sql_too(
+    tmp_path: Path, batch: int | None
+) -> None:
+    events = stopped_early("fairtree-2")
+    home = tmp_path / "home"
+    append_to_store(home, iter(events))
+    ended = len(events)  # the JobRunEnded is last
+    with projected(home, batch) as store:
+        assert (
+            differences(dump(store, REFERENCE_TABLES), reference_dump(fold(enumerate(events, 1))))
+            == []
+        )
+        got = {r.name: r.gpu_seconds for r in queries.usage(store, AT, by="user")}
+        old = {r.name: r.gpu_seconds for r in queries.usage(store, AT, by="user", policy=PLACEMENT)}
+        assert (got, old) == ({"alice": 2 * 48.0}, {"alice": 2 * 100.0})
+        store.con.execute(AS_OF_SQL)
+        reader = AsOf(store)
+        reader.at(ended - 1)  # before the end was heard: charged to the requeue
+        assert {r.name: r.gpu_seconds for r in queries.usage(reader, AT, by="user")} == {
+            "alice": 2 * 98.0
+        }

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
+import msgspec
 import pytest
 
 from ledger.core.decide import decide
@@ -162,13 +163,13 @@ def test_placement_charges_of_fairtree_1_are_charges_outside_a_run() -> None:
     assert "never started: 3600.0 GPU-s outside any run" in lines[0]
 
 
-def test_a_charge_past_the_end_the_engine_reported_is_a_violation() -> None:
-    # the run's engine says it ended at T0 + 100, the ledger charged it to T0 + 400 (F9's shape:
-    # an end recorded late, after a controller outage)
-    events = history(
+def stopped_early(version: str) -> list[e.AnyEvent]:
+    """Job 1 runs from T0 + 2 on Slurm; its node is lost and its run really ends at T0 + 50 (the
+    lease, NODE_FAIL), the ledger requeues it at T0 + 100 and hears of the end at T0 + 500."""
+    return history(
         [
             *ORG,
-            (T0, decision("c1", "fairtree-2", placed=(1,))),
+            (T0, decision("c1", version, placed=(1,))),
             (T0 + 5, c.StartJob(actor="@executor", job_id=1, engine="slurm", engine_job_id="9",
                                 started_at=T0 + 2)),
             (T0 + 100, c.PreemptJob(actor="root", job_id=1, note="drain")),
@@ -176,6 +177,39 @@ def test_a_charge_past_the_end_the_engine_reported_is_a_violation() -> None:
                                          engine_job_id="9", ended_at=T0 + 50)),
         ]
     )  # fmt: skip
-    [v] = check(events).violations
-    assert v.code == "CHARGED_AFTER_END" and v.job_id == 1
+
+
+def test_a_stopped_run_is_charged_to_its_real_end_when_that_came_first() -> None:
+    events = stopped_early("fairtree-2")
+    ref = fold(enumerate(events, 1))
+    (iv,) = ref.intervals
+    assert (iv["run_end_at"], iv["end_at"]) == (T0 + 50, T0 + 100)
+    assert fs.user_usage(ref.usage_intervals(), AT, RUN) == {"alice": 2 * 48.0}
+    assert fs.user_usage(ref.usage_intervals(), AT, PLACEMENT) == {"alice": 2 * 100.0}
+    assert check(events).violations == ()
+
+
+def test_a_charge_past_the_end_the_engine_reported_is_a_violation() -> None:
+    # fairtree-1 charged the run to its release, 50 s after its engine said it ended (F9's shape)
+    before, v = check(stopped_early("fairtree-1")).violations
+    assert (before.code, v.code, v.job_id) == ("CHARGED_BEFORE_START", "CHARGED_AFTER_END", 1)
     assert v.message.endswith(f"ended at {T0 + 50:.3f}: 100.0 GPU-s after it")
+
+
+def test_a_finish_dated_after_the_end_its_engine_reported_is_a_violation() -> None:
+    # the ledger's finish says T0 + 300, the engine's own report of the same end T0 + 200
+    events = history(
+        [
+            *ORG,
+            (T0, decision("c1", "fairtree-2", placed=(1,))),
+            (T0 + 5, c.StartJob(actor="@executor", job_id=1, engine="slurm", engine_job_id="9",
+                                started_at=T0 + 2)),
+            (T0 + 400, c.FinishJob(actor="@executor", job_id=1, exit_code=0, engine="slurm",
+                                   engine_job_id="9", ended_at=T0 + 300)),
+        ]
+    )  # fmt: skip
+    ended = next(i for i, ev in enumerate(events) if isinstance(ev, e.JobEngineEnded))
+    events[ended] = msgspec.structs.replace(events[ended], ended_at=T0 + 200)  # type: ignore[arg-type]
+    [v] = check(events).violations
+    assert v.code == "CHARGED_AFTER_END"
+    assert v.message.endswith(f"ended at {T0 + 200:.3f}: 200.0 GPU-s after it")
