@@ -257,8 +257,9 @@ WHERE job_intervals.start_position = c.start_position;
 
 -- name: intervals_run_ended
 -- needs: b_run_ended
--- A stopped run's real end (its first JobRunEnded) on the interval of that run: run r is the
--- job's (r + 1)-th placement (each placement after the first follows a preemption).
+-- A run's real end as its engine first reports it, on the interval of that run: a JobRunEnded
+-- names its run (run r is the job's (r + 1)-th placement: each placement after the first follows
+-- a preemption); a JobEngineEnded (run NULL) ends the job's last interval placed before it.
 UPDATE job_intervals SET
     run_end_position = c.position,
     run_end_at       = c.ended_at
@@ -267,9 +268,13 @@ FROM (
     FROM b_run_ended r
     JOIN (
         SELECT job_id, start_position, run_end_position,
-               row_number() OVER (PARTITION BY job_id ORDER BY start_position) - 1 AS run
+               row_number() OVER (PARTITION BY job_id ORDER BY start_position) - 1 AS run,
+               lead(start_position) OVER (PARTITION BY job_id ORDER BY start_position) AS next
         FROM job_intervals WHERE job_id IN (SELECT job_id FROM b_run_ended)
-    ) i ON i.job_id = r.job_id AND i.run = r.run AND i.run_end_position IS NULL
+    ) i ON i.job_id = r.job_id AND i.run_end_position IS NULL
+       AND CASE WHEN r.run IS NULL
+                THEN i.start_position < r.position AND coalesce(i.next > r.position, true)
+                ELSE i.run = r.run END
     GROUP BY i.start_position
 ) c
 WHERE job_intervals.start_position = c.start_position;

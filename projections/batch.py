@@ -684,15 +684,18 @@ def _started(groups: dict[type, Group]) -> pa.Table:
 
 
 def _run_ended(groups: dict[type, Group]) -> pa.Table:
-    """When a stopped run really ended (the end of its interval's charge, when earlier)."""
+    """When runs really ended as their engines say (the end of an interval's charge, when
+    earlier than its release): `JobRunEnded` names its run; `JobEngineEnded` (run NULL) is the
+    end of the job's current run, recorded with its release."""
     g = groups.get(e.JobRunEnded, _EMPTY_GROUP)
-    evs = g.events
+    x = groups.get(e.JobEngineEnded, _EMPTY_GROUP)
+    evs = [*g.events, *x.events]
     return _table(
         "b_run_ended",
         {
-            "position": g.positions,
+            "position": [*g.positions, *x.positions],
             "job_id": [ev.job_id for ev in evs],
-            "run": [ev.run for ev in evs],
+            "run": [ev.run for ev in g.events] + [None] * len(x.events),
             "ended_at": [ev.at if ev.ended_at is None else ev.ended_at for ev in evs],
         },
     )

@@ -185,7 +185,7 @@ class _Charge(msgspec.Struct, kw_only=True):
     rule: str = ""
     closed_at: int = 0
     run_end: float | None = None
-    """A stopped run's real end (its first `JobRunEnded`): the charge ends there when earlier."""
+    """Its run's end as its engine first reported it: the charge ends there when earlier."""
 
 
 class _Charges:
@@ -194,14 +194,17 @@ class _Charges:
     `JobRunEnded`). The usage rule in force is the one the last decision record named
     (`RankInputs.ranking_version`; before any, the current one): `fairtree-1` charged from the
     placement, `fairtree-2` from the run's start; both to the release (`JobPreempted`, or
-    `JobFinished` at the run's real end), `fairtree-2` to a stopped run's real end (its first
-    `JobRunEnded`) when that is earlier."""
+    `JobFinished` at the run's real end), `fairtree-2` to the run's real end as its engine first
+    reported it (`JobRunEnded`, or `JobEngineEnded`: a run that ended with its node) when that
+    is earlier."""
 
     def __init__(self) -> None:
         self.rule = charge_of(RANKING_VERSION)
         self.open: dict[int, _Charge] = {}
         self.closed: list[_Charge] = []
         self.by_run: dict[tuple[int, int], _Charge] = {}
+        self.last: dict[int, _Charge] = {}
+        """Job -> the charge of its last placement."""
         self.runs: dict[int, int] = {}
         """Job -> its preemptions so far: the run of its next placement (as executors number
         runs, `JobEngineLinked.run`)."""
@@ -215,15 +218,20 @@ class _Charges:
         if job is None or job.spec.min_runtime_s <= 0:
             return  # unfunded: never charged
         ch = _Charge(job=ev.job_id, run=run, position=pos, gpus=job.spec.gpus, placed=ev.at)
-        self.open[ev.job_id] = self.by_run[(ev.job_id, run)] = ch
+        self.open[ev.job_id] = self.by_run[(ev.job_id, run)] = self.last[ev.job_id] = ch
 
     def started(self, ev: e.JobStarted) -> None:
         ch = self.open.get(ev.job_id)
         if ch is not None and ch.began is None:
             ch.began = ev.at if ev.started_at is None else ev.started_at
 
-    def run_ended(self, ev: e.JobRunEnded) -> None:
-        ch = self.by_run.get((ev.job_id, ev.run))
+    def run_ended(self, ev: e.JobRunEnded | e.JobEngineEnded) -> None:
+        """A run's end as its engine first reports it: a `JobRunEnded` names its run, a
+        `JobEngineEnded` ends the job's last placement."""
+        if isinstance(ev, e.JobRunEnded):
+            ch = self.by_run.get((ev.job_id, ev.run))
+        else:
+            ch = self.last.get(ev.job_id)
         if ch is not None and ch.run_end is None:
             ch.run_end = ev.at if ev.ended_at is None else ev.ended_at
 
@@ -329,6 +337,7 @@ class _Checker:
         elif isinstance(ev, e.JobEngineEnded):
             end = ev.at if ev.ended_at is None else ev.ended_at
             self.runs.ended(ev.job_id, None, ev.engine_job_id, end)
+            self.charges.run_ended(ev)
         elif isinstance(ev, e.JobRunEnded):
             end = ev.at if ev.ended_at is None else ev.ended_at
             self.runs.ended(ev.job_id, ev.run, ev.engine_job_id, end)

@@ -282,6 +282,10 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
             _touch(s, ev.job_id, pos)["held"] = isinstance(ev, e.JobHeld)
         case e.JobEngineEnded():
             _touch(s, ev.job_id, pos)["engine_reason"] = ev.reason
+            runs = [i for i in s.intervals if i["job_id"] == ev.job_id]
+            if runs and runs[-1]["run_end_position"] is None:
+                ended = ev.at if ev.ended_at is None else ev.ended_at
+                runs[-1].update(run_end_position=pos, run_end_at=ended)
         case e.JobEngineLinked():
             _touch(s, ev.job_id, pos)["engine_job_id"] = ev.engine_job_id
         case e.JobPreempted():

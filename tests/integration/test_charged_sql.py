@@ -26,6 +26,7 @@ from tests.unit.test_charged_from_start import (
     T0,
     WANT,
     H,
+    lost_with_its_node,
     stopped_early,
     waiting_runs,
 )
@@ -101,3 +102,16 @@ def test_a_stopped_run_is_charged_to_its_real_end_in_sql_too(
         assert {r.name: r.gpu_seconds for r in queries.usage(reader, AT, by="user")} == {
             "alice": 2 * 98.0
         }
+
+
+def test_a_run_that_ended_with_its_node_is_charged_to_its_engines_end_in_sql(
+    tmp_path: Path,
+) -> None:
+    events = lost_with_its_node()
+    home = tmp_path / "home"
+    append_to_store(home, iter(events))
+    with projected(home, 1) as store:
+        ref = reference_dump(fold(enumerate(events, 1)))
+        assert differences(dump(store, REFERENCE_TABLES), ref) == []
+        got = {r.name: r.gpu_seconds for r in queries.usage(store, AT, by="user")}
+    assert got == {"alice": 2 * 38.0}

@@ -196,8 +196,9 @@ def test_a_charge_past_the_end_the_engine_reported_is_a_violation() -> None:
     assert v.message.endswith(f"ended at {T0 + 50:.3f}: 100.0 GPU-s after it")
 
 
-def test_a_finish_dated_after_the_end_its_engine_reported_is_a_violation() -> None:
-    # the ledger's finish says T0 + 300, the engine's own report of the same end T0 + 200
+def test_a_finish_dated_after_the_end_its_engine_reported_is_charged_to_the_engines() -> None:
+    # the ledger's finish says T0 + 300, the engine's own report of the same end T0 + 200: the
+    # run rule charges to the engine's (no violation); fairtree-1 charged to the finish
     events = history(
         [
             *ORG,
@@ -209,7 +210,44 @@ def test_a_finish_dated_after_the_end_its_engine_reported_is_a_violation() -> No
         ]
     )  # fmt: skip
     ended = next(i for i, ev in enumerate(events) if isinstance(ev, e.JobEngineEnded))
-    events[ended] = msgspec.structs.replace(events[ended], ended_at=T0 + 200)  # type: ignore[arg-type]
-    [v] = check(events).violations
-    assert v.code == "CHARGED_AFTER_END"
-    assert v.message.endswith(f"ended at {T0 + 200:.3f}: 200.0 GPU-s after it")
+    events[ended] = msgspec.structs.replace(events[ended], ended_at=T0 + 200)
+    assert check(events).violations == ()
+    ref = fold(enumerate(events, 1))
+    assert fs.user_usage(ref.usage_intervals(), AT, RUN) == {"alice": 2 * 198.0}
+    decided = next(i for i, ev in enumerate(events) if isinstance(ev, e.CycleDecided))
+    events[decided] = msgspec.structs.replace(
+        events[decided],
+        ranks=ranks("fairtree-1"),  # the decision record, ranked under fairtree-1
+    )
+    codes = [v.code for v in check(events).violations]
+    assert codes == ["CHARGED_BEFORE_START", "CHARGED_AFTER_END"]
+
+
+def lost_with_its_node() -> list[e.AnyEvent]:
+    """A resumable job runs on Slurm from T0 + 2; Slurm says its run ended with its node at
+    T0 + 40 (NODE_FAIL), recorded at T0 + 90: it is requeued (JobPreempted at T0 + 90) and its
+    engine's end (JobEngineEnded) says T0 + 40."""
+    return history(
+        [
+            *ORG,
+            (T0, c.SubmitJob(actor="alice", account="ai2/olmo", gpus=2, min_runtime_s=60,
+                             resumable=True)),
+            (T0, decision("c1", "fairtree-2", placed=(4,))),
+            (T0 + 5, c.StartJob(actor="@executor", job_id=4, engine="slurm", engine_job_id="9",
+                                started_at=T0 + 2)),
+            (T0 + 90, c.FinishJob(actor="@executor", job_id=4, exit_code=-1, engine="slurm",
+                                  engine_job_id="9", reason="node_failure", ended_at=T0 + 40)),
+        ]
+    )  # fmt: skip
+
+
+def test_a_run_that_ended_with_its_node_is_charged_to_its_engines_end() -> None:
+    events = lost_with_its_node()
+    assert [type(ev).__name__ for ev in events[-3:]] == [
+        "JobPreempted", "JobRequeued", "JobEngineEnded"
+    ]  # fmt: skip
+    ref = fold(enumerate(events, 1))
+    (iv,) = ref.intervals
+    assert (iv["end_at"], iv["run_end_at"]) == (T0 + 90, T0 + 40)
+    assert fs.user_usage(ref.usage_intervals(), AT, RUN) == {"alice": 2 * 38.0}
+    assert check(events).violations == ()
