@@ -11,6 +11,7 @@
 --   b_started    JobStarted: position, logs, started_at
 --   b_engine_ended JobEngineEnded: position, reason
 --   b_engine_linked JobEngineLinked: position, engine_job_id
+--   b_run_ended  JobRunEnded: position, job_id, run, ended_at
 --   b_cycles     CycleDecided rows
 --
 -- and, read back from the batch's rows of `events` once they are inserted (temp tables below):
@@ -70,7 +71,7 @@ SELECT job_id, position, coalesce(f.ended_at, s.started_at, occurred_at) AS even
                 WHEN 'job.engine_linked.v1'  THEN 'engine_linked'
                 ELSE 'checkpointed' END                                       AS kind,
        f.outcome, f.exit_code, f.reason, f.note, s.logs, x.reason AS engine_reason,
-       l.engine_job_id
+       l.engine_job_id, coalesce(s.started_at, occurred_at) AS began_at
 FROM events
 LEFT JOIN b_finished f USING (position)
 LEFT JOIN b_started s USING (position)
@@ -186,7 +187,8 @@ WHERE jobs.job_id = u.job_id;
 INSERT INTO job_intervals BY NAME
 SELECT p.job_id, p.position AS start_position, p.event_at AS start_at,
        e.position AS end_position, e.event_at AS end_at, e.end_reason,
-       j.account, j.user_name, j.leaf, j.gpus, j.funded, n.gpu_type, p.cycle_id, p.slots
+       j.account, j.user_name, j.leaf, j.gpus, j.funded, n.gpu_type, p.cycle_id, p.slots,
+       r.position AS run_start_position, r.began_at AS run_start_at
 FROM b_placed p
 JOIN jobs j USING (job_id)
 LEFT JOIN (
@@ -203,7 +205,18 @@ LEFT JOIN (
     JOIN node_history r ON r.node = q.slots[1].node AND r.position <= q.position
     WHERE r.gpus IS NOT NULL
     GROUP BY q.position
-) n ON n.position = p.position;
+) n ON n.position = p.position
+LEFT JOIN (
+    -- its run's start: the first JobStarted after it, before its end (a job starts only placed)
+    SELECT q.position AS start_position, min(x.position) AS position,
+           arg_min(x.began_at, x.position) AS began_at
+    FROM b_placed q
+    JOIN b_jobev x ON x.job_id = q.job_id AND x.kind = 'started' AND x.position > q.position
+    LEFT JOIN (SELECT job_id, position FROM b_ends) y
+        ON y.job_id = q.job_id AND y.position > q.position
+    GROUP BY q.position
+    HAVING min(x.position) < coalesce(min(y.position), $last + 1)
+) r ON r.start_position = p.position;
 
 -- name: intervals_closed
 -- needs: b_jobev
@@ -219,6 +232,51 @@ FROM (
         WHERE end_position IS NULL AND start_position < (SELECT min(position) FROM b_events)
     ) i
     ASOF JOIN b_ends e ON e.job_id = i.job_id AND e.position > i.start_position
+) c
+WHERE job_intervals.start_position = c.start_position;
+
+-- name: intervals_started
+-- needs: b_jobev
+-- Intervals opened in earlier batches and not started yet take the first JobStarted of their job
+-- in this batch that comes before their end (intervals_closed ran first: a run's start is inside
+-- its interval, and the job's next placement opens a new one).
+UPDATE job_intervals SET
+    run_start_position = c.position,
+    run_start_at       = c.began_at
+FROM (
+    SELECT i.start_position, min(x.position) AS position, arg_min(x.began_at, x.position) AS began_at
+    FROM (
+        SELECT job_id, start_position, end_position FROM job_intervals
+        WHERE run_start_position IS NULL AND start_position < $first
+          AND (end_position IS NULL OR end_position >= $first)
+    ) i
+    JOIN b_jobev x ON x.job_id = i.job_id AND x.kind = 'started'
+        AND (i.end_position IS NULL OR x.position < i.end_position)
+    GROUP BY i.start_position
+) c
+WHERE job_intervals.start_position = c.start_position;
+
+-- name: intervals_run_ended
+-- needs: b_run_ended
+-- A run's real end as its engine first reports it, on the interval of that run: a JobRunEnded
+-- names its run (run r is the job's (r + 1)-th placement: each placement after the first follows
+-- a preemption); a JobEngineEnded (run NULL) ends the job's last interval placed before it.
+UPDATE job_intervals SET
+    run_end_position = c.position,
+    run_end_at       = c.ended_at
+FROM (
+    SELECT i.start_position, min(r.position) AS position, arg_min(r.ended_at, r.position) AS ended_at
+    FROM b_run_ended r
+    JOIN (
+        SELECT job_id, start_position, run_end_position,
+               row_number() OVER (PARTITION BY job_id ORDER BY start_position) - 1 AS run,
+               lead(start_position) OVER (PARTITION BY job_id ORDER BY start_position) AS next
+        FROM job_intervals WHERE job_id IN (SELECT job_id FROM b_run_ended)
+    ) i ON i.job_id = r.job_id AND i.run_end_position IS NULL
+       AND CASE WHEN r.run IS NULL
+                THEN i.start_position < r.position AND coalesce(i.next > r.position, true)
+                ELSE i.run = r.run END
+    GROUP BY i.start_position
 ) c
 WHERE job_intervals.start_position = c.start_position;
 

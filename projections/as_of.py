@@ -21,7 +21,15 @@ CREATE OR REPLACE VIEW {AS_OF_SCHEMA}.job_intervals AS
 SELECT * REPLACE (
     CASE WHEN end_position <= getvariable('replay_position') THEN end_position END AS end_position,
     CASE WHEN end_position <= getvariable('replay_position') THEN end_at END AS end_at,
-    CASE WHEN end_position <= getvariable('replay_position') THEN end_reason END AS end_reason)
+    CASE WHEN end_position <= getvariable('replay_position') THEN end_reason END AS end_reason,
+    CASE WHEN run_start_position <= getvariable('replay_position') THEN run_start_position END
+        AS run_start_position,
+    CASE WHEN run_start_position <= getvariable('replay_position') THEN run_start_at END
+        AS run_start_at,
+    CASE WHEN run_end_position <= getvariable('replay_position') THEN run_end_position END
+        AS run_end_position,
+    CASE WHEN run_end_position <= getvariable('replay_position') THEN run_end_at END
+        AS run_end_at)
 FROM main.job_intervals WHERE start_position <= getvariable('replay_position');
 CREATE OR REPLACE VIEW {AS_OF_SCHEMA}.account_history AS
 SELECT * FROM main.account_history WHERE position <= getvariable('replay_position');
@@ -39,7 +47,9 @@ SELECT t.* FROM main.tracking t, (SELECT error('tracking cannot be read as of a 
 
 Every table fair share reads is append-only by position: `account_history` rows are written at
 their event's position and never change; a `job_intervals` row is written at its JobPlaced
-position and changes once, when the releasing event (at `end_position`) closes it. So the rows
+position and changes three times at most, when its run starts (at `run_start_position`), when
+the releasing event (at `end_position`) closes it and when a stopped run's end is reported (at
+`run_end_position`). So the rows
 with position <= P, with intervals closed after P reopened, are exactly the rows the projector
 has after catching up to P. `jobs` and `tracking` change in place and are refused."""
 
@@ -98,7 +108,15 @@ CREATE OR REPLACE TEMP VIEW job_intervals AS
 SELECT * REPLACE (
     CASE WHEN end_position <= getvariable('replay_position') THEN end_position END AS end_position,
     CASE WHEN end_position <= getvariable('replay_position') THEN end_at END AS end_at,
-    CASE WHEN end_position <= getvariable('replay_position') THEN end_reason END AS end_reason)
+    CASE WHEN end_position <= getvariable('replay_position') THEN end_reason END AS end_reason,
+    CASE WHEN run_start_position <= getvariable('replay_position') THEN run_start_position END
+        AS run_start_position,
+    CASE WHEN run_start_position <= getvariable('replay_position') THEN run_start_at END
+        AS run_start_at,
+    CASE WHEN run_end_position <= getvariable('replay_position') THEN run_end_position END
+        AS run_end_position,
+    CASE WHEN run_end_position <= getvariable('replay_position') THEN run_end_at END
+        AS run_end_at)
 FROM {db}.main.job_intervals WHERE start_position <= getvariable('replay_position');
 CREATE OR REPLACE TEMP VIEW account_history AS
 SELECT * FROM {db}.main.account_history WHERE position <= getvariable('replay_position');

@@ -137,6 +137,14 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("started_at", pa.float64()),
         ]
     ),
+    "b_run_ended": pa.schema(
+        [
+            ("position", pa.int64()),
+            ("job_id", pa.int64()),
+            ("run", pa.int64()),
+            ("ended_at", pa.float64()),
+        ]
+    ),
     "b_engine_ended": pa.schema(
         [
             ("position", pa.int64()),
@@ -214,6 +222,7 @@ KEPT: frozenset[type] = frozenset(
         e.JobFinished,
         e.JobEngineEnded,
         e.JobEngineLinked,
+        e.JobRunEnded,
         e.CycleDecided,
     }
 )
@@ -425,6 +434,7 @@ def _build(records: Sequence[Row], rows: pa.Table | None) -> Batch:
         "b_finished": _finished(groups),
         "b_started": _started(groups),
         "b_engine_ended": _engine_ended(groups),
+        "b_run_ended": _run_ended(groups),
         "b_engine_linked": _engine_linked(groups),
         "b_cycles": _cycles(groups),
     }
@@ -661,7 +671,8 @@ def _finished(groups: dict[type, Group]) -> pa.Table:
 
 def _started(groups: dict[type, Group]) -> pa.Table:
     """JobStarted's logs (the job's `logs` in `jobs`) and the engine's start of the run (its
-    `started_at`, e.g. Slurm's StartTime: the event itself is recorded when it was seen)."""
+    `started_at`, e.g. Slurm's StartTime: the event itself is recorded when it was seen; an
+    interval is charged from it)."""
     g = groups.get(e.JobStarted, _EMPTY_GROUP)  # REDUCED: its events are (logs, started_at)
     return _table(
         "b_started",
@@ -669,6 +680,24 @@ def _started(groups: dict[type, Group]) -> pa.Table:
             "position": g.positions,
             "logs": _string_lists([logs for logs, _ in g.events]),
             "started_at": [at for _, at in g.events],
+        },
+    )
+
+
+def _run_ended(groups: dict[type, Group]) -> pa.Table:
+    """When runs really ended as their engines say (the end of an interval's charge, when
+    earlier than its release): `JobRunEnded` names its run; `JobEngineEnded` (run NULL) is the
+    end of the job's current run, recorded with its release."""
+    g = groups.get(e.JobRunEnded, _EMPTY_GROUP)
+    x = groups.get(e.JobEngineEnded, _EMPTY_GROUP)
+    evs = [*g.events, *x.events]
+    return _table(
+        "b_run_ended",
+        {
+            "position": [*g.positions, *x.positions],
+            "job_id": [ev.job_id for ev in evs],
+            "run": [ev.run for ev in g.events] + [None] * len(x.events),
+            "ended_at": [ev.at if ev.ended_at is None else ev.ended_at for ev in evs],
         },
     )
 

@@ -35,9 +35,17 @@ from functools import partial
 from typing import NamedTuple
 
 WEEK_S = 7 * 24 * 3600.0
-RANKING_VERSION = "fairtree-1"
-"""The version of the ranking code (usage SQL + Fair Tree) that decision records name: bump it
-when a change here would rank the same log differently."""
+CHARGE_PLACEMENT = "placement"
+"""`UsagePolicy.charge` of `fairtree-1`: an interval is charged from its placement (`JobPlaced`)."""
+CHARGE_RUN = "run"
+"""`UsagePolicy.charge` of `fairtree-2`: an interval is charged from its run's real start (the
+engine's, `JobStarted.started_at`); a placement its engine never started is never charged."""
+RANKING_VERSIONS = {"fairtree-1": CHARGE_PLACEMENT, "fairtree-2": CHARGE_RUN}
+"""The versions of the ranking code (usage SQL + Fair Tree) decision records name, with how each
+charges usage. A change here that would rank the same log differently is a new version; the old
+ones stay so that their decisions replay with the rule in force when they were made."""
+RANKING_VERSION = "fairtree-2"
+"""The version new decisions record (`ranking_version(UsagePolicy())`)."""
 HOUR_S = 3600.0
 
 
@@ -50,8 +58,15 @@ class UsagePolicy:
     """When set, usage decays with this half-life instead of being cut at the window."""
     weights: Mapping[str, float] = field(default_factory=dict)
     """Billing weight per GPU type (default 1.0), e.g. {"h100": 2.0, "a100": 1.0}."""
+    charge: str = CHARGE_RUN
+    """From when an interval is charged: its run's real start (`CHARGE_RUN`, `fairtree-2`) or
+    its placement (`CHARGE_PLACEMENT`, `fairtree-1`, what decisions recorded before it used, and
+    the simulator's kernel, which starts every launch at its placement). Either way it ends at
+    the release (`JobPreempted`, or `JobFinished` at the run's real end when the engine says)."""
 
     def __post_init__(self) -> None:
+        if self.charge not in (CHARGE_RUN, CHARGE_PLACEMENT):
+            raise ValueError(f"usage is charged from 'run' or 'placement', not {self.charge!r}")
         if self.window_s <= 0:
             raise ValueError("the usage window must be positive")
         if self.half_life_s is not None and self.half_life_s <= 0:
@@ -73,18 +88,45 @@ class Interval:
     end_at: float | None
     """None while the job still holds its GPUs."""
     gpu_type: str | None = None
+    run_start_at: float | None = None
+    """When its run really started (the engine's word); None while (or if never) started."""
+    run_end_at: float | None = None
+    """When a run the ledger stopped really ended (its engine's word, `JobRunEnded`), when
+    known: under `CHARGE_RUN` its charge ends there if that is before `end_at`."""
+
+
+def ranking_version(policy: UsagePolicy) -> str:
+    """Pure: the ranking version whose usage rule `policy` follows (`RANKING_VERSIONS`)."""
+    return "fairtree-1" if policy.charge == CHARGE_PLACEMENT else "fairtree-2"
+
+
+def charge_of(version: str) -> str:
+    """Pure: how a recorded ranking version charged usage ("" and unknown versions, written
+    before versions said so: from placement)."""
+    return RANKING_VERSIONS.get(version, CHARGE_PLACEMENT)
+
+
+def charged_from(iv: Interval, policy: UsagePolicy) -> float | None:
+    """Pure: when `policy` charges the interval from (None: not charged, never started)."""
+    return iv.start_at if policy.charge == CHARGE_PLACEMENT else iv.run_start_at
 
 
 def interval_usage(iv: Interval, at: float, policy: UsagePolicy) -> float:
-    """Pure: the usage of one interval at time `at` (0 for unfunded intervals)."""
-    if not iv.funded or iv.start_at >= at:
+    """Pure: the usage of one interval at time `at` (0 for unfunded intervals, and for a run not
+    started when usage is charged from the run's start)."""
+    start = charged_from(iv, policy)
+    if not iv.funded or start is None or start >= at:
         return 0.0
     end = min(iv.end_at if iv.end_at is not None else at, at)
+    if policy.charge == CHARGE_RUN and iv.run_end_at is not None:
+        end = min(end, iv.run_end_at)
+    if end <= start:
+        return 0.0
     wg = iv.gpus * policy.weight(iv.gpu_type)
     h = policy.half_life_s
     if h is None:
-        return wg * max(0.0, end - max(iv.start_at, at - policy.window_s))
-    decay: float = 2.0 ** (-(at - end) / h) - 2.0 ** (-(at - iv.start_at) / h)
+        return wg * max(0.0, end - max(start, at - policy.window_s))
+    decay: float = 2.0 ** (-(at - end) / h) - 2.0 ** (-(at - start) / h)
     return wg * h / math.log(2) * decay
 
 

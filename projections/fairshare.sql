@@ -12,13 +12,16 @@
 -- The filter keeps exactly the intervals that overlap the window (their overlap is > 0).
 -- {weight} is empty, or `* ` a CASE over the GPU types given weights ($gt0 -> $gw0, ...).
 -- (CASE rather than least/greatest and no DECIMAL `* 1.0`: the same values, computed faster.)
+-- {start} and {end} are what an interval is charged from and to: `run_start_at` (fairtree-2:
+-- the run's real start; NULL, never started, is never charged) to the earlier of `end_at` and a
+-- stopped run's real end `run_end_at`; or `start_at` (fairtree-1: the placement) to `end_at`.
 SELECT leaf, user_name,
-       gpus {weight} * ((CASE WHEN end_at IS NULL OR end_at > $at::DOUBLE THEN $at::DOUBLE
-                               ELSE end_at END)
-                         - (CASE WHEN start_at > $from::DOUBLE THEN start_at
+       gpus {weight} * ((CASE WHEN {end} IS NULL OR {end} > $at::DOUBLE THEN $at::DOUBLE
+                               ELSE {end} END)
+                         - (CASE WHEN {start} > $from::DOUBLE THEN {start}
                                  ELSE $from::DOUBLE END)) AS usage
 FROM job_intervals
-WHERE funded AND start_at < $at::DOUBLE AND (end_at IS NULL OR end_at > $from::DOUBLE)
+WHERE funded AND {start} < $at::DOUBLE AND ({end} IS NULL OR {end} > $from::DOUBLE){after}
 
 -- name: half_life_usage
 -- needs: query
@@ -26,11 +29,11 @@ WHERE funded AND start_at < $at::DOUBLE AND (end_at IS NULL OR end_at > $from::D
 -- each funded interval up to $at: gpus * weight * H / ln 2 * (2^(-(at - e) / H) - 2^(-(at - s) / H)).
 SELECT leaf, user_name,
        gpus {weight} * $half_life_s::DOUBLE / ln(2)
-       * (pow(2.0, -($at::DOUBLE - least(coalesce(end_at, $at::DOUBLE), $at::DOUBLE))
+       * (pow(2.0, -($at::DOUBLE - least(coalesce({end}, $at::DOUBLE), $at::DOUBLE))
                    / $half_life_s::DOUBLE)
-          - pow(2.0, -($at::DOUBLE - start_at) / $half_life_s::DOUBLE)) AS usage
+          - pow(2.0, -($at::DOUBLE - {start}) / $half_life_s::DOUBLE)) AS usage
 FROM job_intervals
-WHERE funded AND start_at < $at::DOUBLE
+WHERE funded AND {start} < $at::DOUBLE{after}
 
 -- name: user_usage
 -- needs: query

@@ -40,14 +40,25 @@ def _sections() -> dict[str, str]:
 
 
 @cache
-def _sql(name: str, half_life: bool = False, weights: int = 0) -> str:
-    """A query of fairshare.sql with its shared parts filled in for a usage mode."""
+def _sql(name: str, half_life: bool = False, weights: int = 0, charge: str = fs.CHARGE_RUN) -> str:
+    """A query of fairshare.sql with its shared parts filled in for a usage mode: charged from
+    the run's start to the earlier of its release and a stopped run's real end (`fs.CHARGE_RUN`;
+    a run that ended before it started is charged nothing), or from the placement to the
+    release (`fs.CHARGE_PLACEMENT`, the text fairtree-1 ran)."""
     raw = _sections()
     weight = ""
     if weights:
         cases = " ".join(f"WHEN $gt{i} THEN $gw{i}::DOUBLE" for i in range(weights))
         weight = f"* (CASE gpu_type {cases} ELSE 1.0 END)"
-    iu = raw["half_life_usage" if half_life else "window_usage"].replace("{weight}", weight)
+    run = charge == fs.CHARGE_RUN
+    end = "(CASE WHEN run_end_at < end_at THEN run_end_at ELSE end_at END)" if run else "end_at"
+    iu = (
+        raw["half_life_usage" if half_life else "window_usage"]
+        .replace("{weight}", weight)
+        .replace("{start}", "run_start_at" if run else "start_at")
+        .replace("{after}", f" AND ({end} IS NULL OR {end} > run_start_at)" if run else "")
+        .replace("{end}", end)
+    )
     au = raw["account_usage"].replace("{interval_usage}", iu)
     return {
         "leaf_usage": raw["leaf_usage"].replace("{interval_usage}", iu),
@@ -72,7 +83,7 @@ def _usage_query(name: str, at: float, policy: fs.UsagePolicy) -> tuple[str, dic
     for i, t in enumerate(types):
         params[f"gt{i}"] = t
         params[f"gw{i}"] = float(policy.weights[t])
-    return _sql(name, policy.half_life_s is not None, len(types)), params
+    return _sql(name, policy.half_life_s is not None, len(types), policy.charge), params
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,10 @@ CREATE TABLE jobs (
 );
 
 -- Job intervals: one row per placement, from JobPlaced to the JobPreempted / JobFinished that
--- released its GPUs (end_* NULL while it still holds them). Usage is computed from these rows.
+-- released its GPUs (end_* NULL while it still holds them), with its run's real start (the first
+-- JobStarted inside it: its started_at) and, for a run the ledger stopped, its real end (the
+-- first JobRunEnded of its run). Usage is computed from these rows: from run_start_at to the
+-- earlier of end_at and run_end_at (fairtree-2), or from start_at to end_at (fairtree-1).
 CREATE TABLE job_intervals (
     job_id         BIGINT  NOT NULL,
     start_position BIGINT  NOT NULL,       -- the JobPlaced position (the interval's key)
@@ -123,7 +126,11 @@ CREATE TABLE job_intervals (
     gpu_type       VARCHAR,                -- the type of the first slot's node
     funded         BOOLEAN NOT NULL,
     cycle_id       VARCHAR,
-    slots          STRUCT(node VARCHAR, gpu_indices INTEGER[])[] NOT NULL
+    slots          STRUCT(node VARCHAR, gpu_indices INTEGER[])[] NOT NULL,
+    run_start_position BIGINT,             -- the JobStarted of its run (NULL: not started)
+    run_start_at   DOUBLE,                 -- its started_at: the run's real start
+    run_end_position BIGINT,               -- the first JobRunEnded of its run (a stopped run)
+    run_end_at     DOUBLE                  -- its ended_at: the stopped run's real end
 );
 
 -- Preemptions, with the job's team and contract.

@@ -4,8 +4,13 @@ Pure: `UsageFold.apply(event)` folds events in log order; `usage(now)` and `rank
 are functions of what was folded and `now`. No clock, no I/O, no DuckDB.
 
 The same math as the projection (`fairshare.interval_usage`, `fairshare.TreeShape`), kept as
-intervals from `JobPlaced` to `JobPreempted`/`JobFinished` charged to the user leaf
-`<account>/<user>` with the GPU type of the first node (as the projection's `job_intervals`):
+intervals charged to the user leaf `<account>/<user>` with the GPU type of the first node (as the
+projection's `job_intervals`), as the policy's `charge` says: from the run's real start
+(`JobStarted.started_at`) to `JobPreempted`, or to `JobFinished` at the run's real end
+(`fairtree-2`; the projection also ends a stopped run's charge at its `JobRunEnded` when that is
+earlier: the fold does not, as no log it folds has one: the simulator's kernel names no engine);
+or, as decisions before it were ranked, from `JobPlaced` to the release event's own time
+(`fairtree-1`, which the simulator keeps: its kernel starts every launch at placement):
 
 - window mode: closed intervals wholly inside the window are summed per leaf; the window's start
   moves them to a short "partial" list (computed one by one) and drops them once it passes them;
@@ -45,6 +50,8 @@ class UsageFold:
         """Funded jobs not finished: job id -> (leaf, user, GPUs)."""
         self._node_type: dict[str, str] = {}
         self._open: dict[int, fs.Interval] = {}
+        self._placed: dict[int, str | None] = {}
+        """Run rule: funded jobs placed and not yet started -> the GPU type of their placement."""
         self._full: dict[str, tuple[float, int]] = {}
         """Window mode: leaf -> (usage, count) of its closed intervals wholly inside the window."""
         self._by_start: list[tuple[float, int, fs.Interval]] = []
@@ -66,23 +73,43 @@ class UsageFold:
         elif isinstance(ev, e.JobPlaced):
             spec = self._specs.get(ev.job_id)
             if spec is not None:
-                leaf, user, gpus = spec
                 node_type = self._node_type.get(ev.slots[0].node) if ev.slots else None
-                self._open[ev.job_id] = fs.Interval(
-                    leaf=leaf,
-                    user=user,
-                    gpus=gpus,
-                    funded=True,
-                    start_at=ev.at,
-                    end_at=None,
-                    gpu_type=node_type,
-                )
+                if self.policy.charge == fs.CHARGE_PLACEMENT:
+                    self._open[ev.job_id] = self._interval(spec, ev.at, node_type)
+                else:
+                    self._placed[ev.job_id] = node_type
+        elif isinstance(ev, e.JobStarted):
+            spec = self._specs.get(ev.job_id)
+            if spec is not None and ev.job_id in self._placed:
+                start = ev.at if ev.started_at is None else ev.started_at
+                self._open[ev.job_id] = self._interval(spec, start, self._placed.pop(ev.job_id))
         elif isinstance(ev, e.JobPreempted | e.JobFinished):
             if isinstance(ev, e.JobFinished):
                 self._specs.pop(ev.job_id, None)
+            self._placed.pop(ev.job_id, None)
             iv = self._open.pop(ev.job_id, None)
             if iv is not None:
-                self._close(iv, ev.at)
+                end = ev.at
+                if self.policy.charge == fs.CHARGE_RUN and isinstance(ev, e.JobFinished):
+                    end = ev.at if ev.ended_at is None else max(iv.start_at, ev.ended_at)
+                self._close(iv, end)
+
+    def _interval(
+        self, spec: tuple[str, str, int], start: float, gpu_type: str | None
+    ) -> fs.Interval:
+        """An open interval of a funded job charged from `start` (its placement or its run's
+        start, as the policy charges)."""
+        leaf, user, gpus = spec
+        return fs.Interval(
+            leaf=leaf,
+            user=user,
+            gpus=gpus,
+            funded=True,
+            start_at=start,
+            end_at=None,
+            gpu_type=gpu_type,
+            run_start_at=start,
+        )
 
     def apply_all(self, events: Iterable[e.AnyEvent]) -> None:
         for ev in events:
@@ -97,6 +124,7 @@ class UsageFold:
             start_at=iv.start_at,
             end_at=at,
             gpu_type=iv.gpu_type,
+            run_start_at=iv.run_start_at,
         )
         policy = self.policy
         if policy.half_life_s is None:

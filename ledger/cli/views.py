@@ -305,11 +305,30 @@ def _shown_of(ctx: Ctx, rows: list[Any], asked: dict[str, Any]) -> str | None:
     return f"{len(rows):,} of {total:,} shown (--limit N for more)"
 
 
+def _queue_note(ctx: Ctx, rows: list[Any], asked: dict[str, Any]) -> str | None:
+    """Under the queue: how many rows the limit left out, and the GPUs work outside the ledger
+    holds (foreign Slurm jobs, running or pending with an allocation), which the queue's
+    estimates and the dispatcher count busy."""
+    lines = [line for line in (_shown_of(ctx, rows, asked), _foreign_line(ctx)) if line]
+    return "\n".join(lines) or None
+
+
+def _foreign_line(ctx: Ctx) -> str | None:
+    held = [
+        f"{n.node} GPUs {','.join(map(str, n.foreign_gpus))}"
+        for n in ctx.read("nodes")
+        if n.foreign_gpus
+    ]
+    if not held:
+        return None
+    return f"Held outside the ledger (counted busy): {'; '.join(held)}"
+
+
 def _queue_view(view: str) -> Callable[[Callable[[Any], None]], click.Command]:
     """The command of a preview in dispatch order (`queue`, `priority`)."""
     return view_command(
         click.command(view), view, policy_option, _queue_filters, at_option, fields=_queue_fields,
-        note=_shown_of if view == "queue" else None,
+        note=_queue_note if view == "queue" else None,
     )  # fmt: skip
 
 

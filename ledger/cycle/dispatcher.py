@@ -32,7 +32,7 @@ from ledger.dispatch.policy import Policy
 from ledger.dispatch.registry import config_of
 from ledger.dispatch.snapshot import Snapshot
 from projections import queries
-from projections.fairshare import RANKING_VERSION, UsagePolicy
+from projections.fairshare import UsagePolicy, ranking_version
 from projections.source import gc_paused
 from projections.store import Store
 from schemas import commands as c
@@ -113,7 +113,7 @@ def rank_inputs(
     return e.RankInputs(
         position=position if read_at is None else read_at,
         digest=rank_digest(ranks, level_fs),
-        ranking_version=RANKING_VERSION,
+        ranking_version=ranking_version(usage),
         usage=e.UsageSettings(
             window_s=usage.window_s, half_life_s=usage.half_life_s, weights=dict(usage.weights)
         ),
@@ -172,8 +172,11 @@ def preview(
     policy: Policy,
     now: float,
     low_util_since: Mapping[int, float] | None = None,
+    *,
+    unavailable: Mapping[str, frozenset[int]] | None = None,
 ) -> tuple[Snapshot, Decision]:
-    """What the dispatcher would decide now, without appending anything (queue, explain)."""
+    """What the dispatcher would decide now, without appending anything (queue, explain);
+    `unavailable`: GPUs foreign work holds (node -> indices), never free, as in a cycle."""
     position = ledger.catch_up()
     leaf_ranks, level_fs = ranks.ranks(now, position)
     snapshot = snapshot_from_state(
@@ -183,6 +186,7 @@ def preview(
         level_fs=level_fs,
         low_util_since=low_util_since,
         position=position,
+        unavailable=unavailable,
     )
     return snapshot, decide(snapshot, policy, now)
 

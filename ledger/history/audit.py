@@ -7,7 +7,10 @@ admin, account, node or token change by someone not authorised at that moment (t
 `ledger.core.authz.authorisation_failure`, the domain's own, replayed against the `State` folded up
 to the event), and, over the engines' reports of each run (its real start and GPUs in
 `JobEngineLinked`, its real end in `JobEngineEnded` or `JobRunEnded`), a GPU held by two live runs
-(`RUN_GPU_HELD_TWICE`) or a job alive in two launches (`JOB_RUN_TWICE`). `check_charges(store)`
+(`RUN_GPU_HELD_TWICE`) or a job alive in two launches (`JOB_RUN_TWICE`), and usage charged outside
+a run's real start and end (`_Charges`: a charge from before the run's start, for a placement that
+never started, or past the end its engine reported), each charge counted by the usage rule in force
+when it closed (the ranking version of the decision records before it). `check_charges(store)`
 checks the projection charges no usage to an unfunded job.
 
 Pure: `check`, `check_history`, `check_live`. Edges: `check_charges`.
@@ -24,6 +27,7 @@ from ledger.core.authz import authorisation_failure
 from ledger.core.evolve import evolve
 from ledger.core.state import Job, State, is_system
 from projections import history
+from projections.fairshare import CHARGE_PLACEMENT, RANKING_VERSION, charge_of
 from projections.store import Store
 from schemas import events as e
 
@@ -39,6 +43,9 @@ ViolationCode = Literal[
     "REQUEUED_IN_CONTRACT",
     "PLACED_ON_INACTIVE_NODE",
     "UNFUNDED_CHARGED",
+    "CHARGED_BEFORE_START",
+    "CHARGED_WITHOUT_RUN",
+    "CHARGED_AFTER_END",
     "NOT_AUTHORISED",
     "INCONSISTENT",
 ]
@@ -163,6 +170,114 @@ def _overlaps(spans: list[_Span]) -> list[tuple[_Span, _Span]]:
     ]
 
 
+class _Charge(msgspec.Struct, kw_only=True):
+    """One placement of a funded job as usage charges it: its run's real start (None until its
+    JobStarted) and, once released, the interval it was charged for."""
+
+    job: int
+    run: int
+    position: int
+    gpus: int
+    placed: float
+    began: float | None = None
+    charged: tuple[float, float] | None = None
+    """(from, to) as the rule in force at its release charged it; None while open."""
+    rule: str = ""
+    closed_at: int = 0
+    run_end: float | None = None
+    """Its run's end as its engine first reported it: the charge ends there when earlier."""
+
+
+class _Charges:
+    """Usage charged per placement, checked against the run's real start (`JobStarted`'s
+    `started_at`) and the end its engine reported (`_Runs`: the later of `JobEngineEnded` and
+    `JobRunEnded`). The usage rule in force is the one the last decision record named
+    (`RankInputs.ranking_version`; before any, the current one): `fairtree-1` charged from the
+    placement, `fairtree-2` from the run's start; both to the release (`JobPreempted`, or
+    `JobFinished` at the run's real end), `fairtree-2` to the run's real end as its engine first
+    reported it (`JobRunEnded`, or `JobEngineEnded`: a run that ended with its node) when that
+    is earlier."""
+
+    def __init__(self) -> None:
+        self.rule = charge_of(RANKING_VERSION)
+        self.open: dict[int, _Charge] = {}
+        self.closed: list[_Charge] = []
+        self.by_run: dict[tuple[int, int], _Charge] = {}
+        self.last: dict[int, _Charge] = {}
+        """Job -> the charge of its last placement."""
+        self.runs: dict[int, int] = {}
+        """Job -> its preemptions so far: the run of its next placement (as executors number
+        runs, `JobEngineLinked.run`)."""
+
+    def decided(self, ev: e.CycleDecided) -> None:
+        if ev.ranks is not None:
+            self.rule = charge_of(ev.ranks.ranking_version)
+
+    def placed(self, pos: int, ev: e.JobPlaced, job: Job | None) -> None:
+        run = self.runs.get(ev.job_id, 0)
+        if job is None or job.spec.min_runtime_s <= 0:
+            return  # unfunded: never charged
+        ch = _Charge(job=ev.job_id, run=run, position=pos, gpus=job.spec.gpus, placed=ev.at)
+        self.open[ev.job_id] = self.by_run[(ev.job_id, run)] = self.last[ev.job_id] = ch
+
+    def started(self, ev: e.JobStarted) -> None:
+        ch = self.open.get(ev.job_id)
+        if ch is not None and ch.began is None:
+            ch.began = ev.at if ev.started_at is None else ev.started_at
+
+    def run_ended(self, ev: e.JobRunEnded | e.JobEngineEnded) -> None:
+        """A run's end as its engine first reports it: a `JobRunEnded` names its run, a
+        `JobEngineEnded` ends the job's last placement."""
+        if isinstance(ev, e.JobRunEnded):
+            ch = self.by_run.get((ev.job_id, ev.run))
+        else:
+            ch = self.last.get(ev.job_id)
+        if ch is not None and ch.run_end is None:
+            ch.run_end = ev.at if ev.ended_at is None else ev.ended_at
+
+    def released(self, pos: int, job: int, end: float, preempted: bool) -> None:
+        if preempted:
+            self.runs[job] = self.runs.get(job, 0) + 1
+        ch = self.open.pop(job, None)
+        if ch is None:
+            return
+        start = ch.placed if self.rule == CHARGE_PLACEMENT else ch.began
+        if start is not None and end > start:
+            ch.charged, ch.rule, ch.closed_at = (start, end), self.rule, pos
+            self.closed.append(ch)
+
+    def violations(self, runs: _Runs) -> list[Violation]:
+        out: list[Violation] = []
+        for ch in self.closed:
+            assert ch.charged is not None
+            start, end = ch.charged
+            if ch.rule != CHARGE_PLACEMENT and ch.run_end is not None:
+                end = min(end, ch.run_end)  # as the run rule charges a stopped run
+            if end <= start:
+                continue
+            what = f"job {ch.job}'s run {ch.run + 1} was charged from {start:.3f} to {end:.3f}"
+            what += f" (charged from the {'placement' if ch.rule == CHARGE_PLACEMENT else 'run'})"
+            if ch.began is None:
+                gpu_s = ch.gpus * (end - start)
+                why = f"but never started: {gpu_s:.1f} GPU-s outside any run"
+                out.append(self._v(ch, "CHARGED_WITHOUT_RUN", start, f"{what} {why}"))
+                continue
+            if start < ch.began:
+                gpu_s = ch.gpus * (min(end, ch.began) - start)
+                why = f"but started at {ch.began:.3f}: {gpu_s:.1f} GPU-s before its run"
+                out.append(self._v(ch, "CHARGED_BEFORE_START", start, f"{what} {why}"))
+            span = runs.spans.get((ch.job, ch.run))
+            if span is not None and span.end is not None and end > span.end:
+                gpu_s = ch.gpus * (end - max(start, span.end))
+                why = f"but its engine says it ended at {span.end:.3f}: {gpu_s:.1f} GPU-s after it"
+                out.append(self._v(ch, "CHARGED_AFTER_END", span.end, f"{what} {why}"))
+        return out
+
+    @staticmethod
+    def _v(ch: _Charge, code: ViolationCode, at: float, message: str) -> Violation:
+        return Violation(position=ch.closed_at, at=at, code=code, message=message, job_id=ch.job)
+
+
 class _Checker:
     """The scan behind `check`: its own books of who holds which GPU and since when, plus the
     domain's `State` folded event by event for authorisation and node states, and the runs
@@ -170,6 +285,7 @@ class _Checker:
 
     def __init__(self) -> None:
         self.runs = _Runs()
+        self.charges = _Charges()
         self.state = State()
         self.holder: dict[tuple[str, int], int] = {}
         self.held: dict[int, list[tuple[str, int]]] = {}
@@ -203,19 +319,29 @@ class _Checker:
             self.initialised = True
         elif isinstance(ev, e.JobPlaced):
             self._placed(pos, ev)
+            self.charges.placed(pos, ev, self.state.jobs.get(ev.job_id))
+        elif isinstance(ev, e.JobStarted):
+            self.charges.started(ev)
         elif isinstance(ev, e.JobPreempted):
             self._preempted(pos, ev)
             self._release(ev.job_id)
+            self.charges.released(pos, ev.job_id, ev.at, preempted=True)
         elif isinstance(ev, e.JobFinished):
             self._release(ev.job_id)
+            end = ev.at if ev.ended_at is None else ev.ended_at
+            self.charges.released(pos, ev.job_id, end, preempted=False)
+        elif isinstance(ev, e.CycleDecided):
+            self.charges.decided(ev)
         elif isinstance(ev, e.JobEngineLinked):
             self.runs.linked(pos, ev, self.state.jobs.get(ev.job_id))
         elif isinstance(ev, e.JobEngineEnded):
             end = ev.at if ev.ended_at is None else ev.ended_at
             self.runs.ended(ev.job_id, None, ev.engine_job_id, end)
+            self.charges.run_ended(ev)
         elif isinstance(ev, e.JobRunEnded):
             end = ev.at if ev.ended_at is None else ev.ended_at
             self.runs.ended(ev.job_id, ev.run, ev.engine_job_id, end)
+            self.charges.run_ended(ev)
         try:
             evolve(self.state, ev)
         except (KeyError, AttributeError) as err:
@@ -310,7 +436,9 @@ def check(events: Iterable[e.AnyEvent | tuple[int, e.AnyEvent]]) -> CheckReport:
     for i, item in enumerate(events, start=1):
         pos, ev = item if isinstance(item, tuple) else (i, item)
         checker.visit(pos, ev)
-    violations = checker.violations + checker.runs.violations()
+    violations = (
+        checker.violations + checker.runs.violations() + checker.charges.violations(checker.runs)
+    )
     return CheckReport(events=checker.n, violations=tuple(violations), noted=tuple(checker.noted))
 
 

@@ -16,7 +16,14 @@ import msgspec
 from ledger.core import utilisation
 from ledger.dispatch import registry
 from ledger.dispatch.engine import Decision
-from projections.fairshare import RANKING_VERSION, WEEK_S, UsagePolicy
+from projections.fairshare import (
+    CHARGE_PLACEMENT,
+    RANKING_VERSION,
+    RANKING_VERSIONS,
+    WEEK_S,
+    UsagePolicy,
+    charge_of,
+)
 from schemas import events as e
 from schemas.digest import summarise
 from schemas.errors import InvalidCommand
@@ -25,10 +32,14 @@ from schemas.policy import AnyPolicyConfig, unknown_version
 # --- the policy and usage a decision recorded -----------------------------------------------------
 
 
-def usage_of(settings: e.UsageSettings) -> UsagePolicy:
-    """Pure: the usage counting a v2 record names."""
+def usage_of(settings: e.UsageSettings, version: str = "") -> UsagePolicy:
+    """Pure: the usage counting a v2 record names, charged as its ranking `version` did
+    (`fairtree-2`: from the run's start; `fairtree-1` and older: from the placement)."""
     return UsagePolicy(
-        window_s=settings.window_s, half_life_s=settings.half_life_s, weights=settings.weights
+        window_s=settings.window_s,
+        half_life_s=settings.half_life_s,
+        weights=settings.weights,
+        charge=charge_of(version),
     )
 
 
@@ -51,8 +62,10 @@ def recorded_usage(recorded: e.CycleDecided, config: AnyPolicyConfig) -> UsagePo
     """Pure: how the ranks of a decision counted usage: as its rank inputs say, else the 7-day
     window (decayed with the policy's half-life when it has one)."""
     if recorded.ranks is not None:
-        return usage_of(recorded.ranks.usage)
-    return UsagePolicy(window_s=WEEK_S, half_life_s=registry.half_life_s(config))
+        return usage_of(recorded.ranks.usage, recorded.ranks.ranking_version)
+    return UsagePolicy(
+        window_s=WEEK_S, half_life_s=registry.half_life_s(config), charge=CHARGE_PLACEMENT
+    )
 
 
 def squat_threshold(recorded: e.CycleDecided) -> float:
@@ -210,7 +223,8 @@ def _field(
 def _compare_ranks(recorded: e.RankInputs | None, digest: str | None) -> list[Difference]:
     if recorded is None or not recorded.digest or digest is None:  # "": an upcast v1 record
         return []
-    out = _field("ranking version", recorded.ranking_version, RANKING_VERSION)
+    known = recorded.ranking_version in RANKING_VERSIONS
+    out = [] if known else _field("ranking version", recorded.ranking_version, RANKING_VERSION)
     if recorded.digest != digest:
         out.append(
             Difference(

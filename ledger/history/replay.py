@@ -466,13 +466,13 @@ def folds_of(decisions: Sequence[tuple[int, e.CycleDecided]]) -> list[UsagePolic
     out: dict[tuple[object, ...], UsagePolicy] = {}
     for _, d in decisions:
         if d.ranks is not None and d.ranks.computed_by == FOLD:
-            usage = usage_of(d.ranks.usage)
+            usage = usage_of(d.ranks.usage, d.ranks.ranking_version)
             out.setdefault(_usage_key(usage), usage)
     return list(out.values())
 
 
 def _usage_key(usage: UsagePolicy) -> tuple[object, ...]:
-    return (usage.window_s, usage.half_life_s, tuple(sorted(usage.weights.items())))
+    return (usage.window_s, usage.half_life_s, tuple(sorted(usage.weights.items())), usage.charge)
 
 
 def thresholds_of(decisions: Sequence[tuple[int, e.CycleDecided]]) -> set[float]:

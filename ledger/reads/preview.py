@@ -29,12 +29,20 @@ if TYPE_CHECKING:  # a read loads what it uses: the dispatcher only when it prev
     from projections.store import Store
 
 
-def live(ledger: LiveState, store: Store, policy: Policy, now: float) -> tuple[Snapshot, Decision]:
-    """What the dispatcher would decide at `now` (nothing is appended)."""
+def live(
+    ledger: LiveState,
+    store: Store,
+    policy: Policy,
+    now: float,
+    foreign: Mapping[str, frozenset[int]] | None = None,
+) -> tuple[Snapshot, Decision]:
+    """What the dispatcher would decide at `now` (nothing is appended), with the GPUs `foreign`
+    work holds (node -> indices, as the service last observed its engine) busy, as the
+    dispatcher counts them."""
     from ledger.cycle.dispatcher import StoreRanks, preview
 
     util = utilisation(store, ledger.state)
-    return preview(ledger, StoreRanks(store), policy, now, util.low_since)
+    return preview(ledger, StoreRanks(store), policy, now, util.low_since, unavailable=foreign)
 
 
 _RAW_TIME = re.compile(r"\bt=(\d+(?:\.\d+)?(?:e\+?\d+)?)")

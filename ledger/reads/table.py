@@ -224,15 +224,23 @@ def _delivered(h: Handles, a: DeliveredArgs) -> v.DeliveredView:
     return reads.delivered(h.store(), a.start, a.end, a.team_depth)
 
 
-def _preview(h: Handles, a: QueueArgs | ExplainArgs) -> tuple[float, Any]:
+def _preview(h: Handles, a: QueueArgs | ExplainArgs, policy: Any) -> tuple[float, Any]:
     """The moment of a preview read and the preview itself when the handles keep one: a read
     "now" under the recorded policy is the server's shared preview (`ServiceHandles`), as of
-    the moment it was computed; otherwise (None) the read decides its own."""
+    the moment it was computed; otherwise the read decides its own, with the GPUs foreign work
+    holds as the service last observed its engine counted busy, as the dispatcher counts them
+    (None: there are none, and the read decides only if it needs to)."""
     shared = getattr(h, "live_preview", None)
     if a.at is None and a.policy is None and shared is not None:
         got = shared()
         return got.now, got.live
-    return _live_at(h, a.at, "explain" if isinstance(a, ExplainArgs) else "the queue"), None
+    now = _live_at(h, a.at, "explain" if isinstance(a, ExplainArgs) else "the queue")
+    foreign = h.foreign()
+    if not foreign:
+        return now, None
+    from ledger.reads import preview as previews
+
+    return now, previews.live(h.ledger, h.store(), policy, now, foreign)
 
 
 def _queue(h: Handles, a: QueueArgs) -> list[v.QueueRow]:
@@ -241,7 +249,7 @@ def _queue(h: Handles, a: QueueArgs) -> list[v.QueueRow]:
 
     # the policy named, else the one the service recorded running with, else the default
     policy = registry.build(a.policy or h.ledger.state.policy)
-    now, preview = _preview(h, a)
+    now, preview = _preview(h, a, policy)
     return previews.queue(h.ledger, h.store(), policy, now, _queue_filter(a), preview)
 
 
@@ -251,7 +259,7 @@ def _queue_total(h: Handles, a: QueueArgs) -> int:
     from ledger.reads import preview as previews
 
     policy = registry.build(a.policy or h.ledger.state.policy)
-    now, preview = _preview(h, a)
+    now, preview = _preview(h, a, policy)
     f = msgspec.structs.replace(_queue_filter(a), limit=1)
     return previews.queue_page(h.ledger, h.store(), policy, now, f, preview=preview).total
 
@@ -261,7 +269,7 @@ def _priority(h: Handles, a: QueueArgs) -> list[v.PriorityRow]:
     from ledger.reads import preview as previews
 
     policy = registry.build(a.policy or h.ledger.state.policy)
-    now, preview = _preview(h, a)
+    now, preview = _preview(h, a, policy)
     return previews.priority(h.ledger, h.store(), policy, now, _queue_filter(a), preview)
 
 
@@ -270,7 +278,7 @@ def _explain(h: Handles, a: ExplainArgs) -> v.ExplainView:
     from ledger.reads import preview as previews
 
     policy = registry.build(a.policy or h.ledger.state.policy)
-    now, preview = _preview(h, a)
+    now, preview = _preview(h, a, policy)
     from ledger.reads import layer as reads
 
     viewer = reads.Viewer(h.viewer, h.ledger.state)

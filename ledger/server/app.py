@@ -398,7 +398,8 @@ class ServiceHandles:
 
         def compute() -> LivePreview:
             policy = registry.build(ledger.state.policy)
-            return LivePreview(policy.version, previews.live(ledger, store, policy, now), now)
+            live = previews.live(ledger, store, policy, now, self.foreign())
+            return LivePreview(policy.version, live, now)
 
         preview: LivePreview = self.cache.shared("live-preview", ledger.position, now, compute)
         return preview

@@ -181,7 +181,11 @@ class Simulation:
         settings = registry.config_of(self.policy)
         usage = None  # the usage its rank source counts (None: it reads no ranks)
         if registry.ranked(settings):
-            usage = fs.UsagePolicy(half_life_s=registry.half_life_s(settings))
+            # the kernel starts every launch at its placement: charged from there (fairtree-1),
+            # as the simulations docs/simulation.md publishes were, so they replay as recorded
+            usage = fs.UsagePolicy(
+                half_life_s=registry.half_life_s(settings), charge=fs.CHARGE_PLACEMENT
+            )
         self.rank_source: RankSource
         self._projection: ProjectionRanks | None = None
         if usage is None:

@@ -46,7 +46,7 @@ from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from ledger.store.locate import open_source
 from projections import history, queries
-from projections.fairshare import WEEK_S, UsagePolicy
+from projections.fairshare import CHARGE_PLACEMENT, WEEK_S, UsagePolicy
 from projections.projector import Projector
 from projections.source import EventSource, follow
 from projections.store import Store
@@ -571,6 +571,7 @@ def simulate(
     usage = UsagePolicy(
         window_s=window_s or recorded or WEEK_S,
         half_life_s=registry.half_life_s(registry.config_of(chosen)),
+        charge=CHARGE_PLACEMENT,  # the kernel starts every launch at its placement
     )
     sim = _Sim(scen, budgets, chosen, usage, home, tick_s, checkpoint_every_s, seed)
     sim.progress = progress

@@ -73,6 +73,8 @@ class RefState:
                 start_at=i["start_at"],
                 end_at=i["end_at"],
                 gpu_type=i["gpu_type"],
+                run_start_at=i["run_start_at"],
+                run_end_at=i["run_end_at"],
             )
             for i in self.intervals
         ]
@@ -256,6 +258,10 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
                 "funded": job["funded"],
                 "cycle_id": ev.cycle_id,
                 "slots": slots,
+                "run_start_position": None,
+                "run_start_at": None,
+                "run_end_position": None,
+                "run_end_at": None,
             }
             s.intervals.append(iv)
             s._open[ev.job_id] = iv
@@ -264,10 +270,23 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
             _touch(s, ev.job_id, pos).update(
                 status="running", started_at=begun, run_started_at=begun, logs=list(ev.logs)
             )
+            run = s._open.get(ev.job_id)
+            if run is not None and run["run_start_position"] is None:
+                began = ev.at if ev.started_at is None else ev.started_at
+                run.update(run_start_position=pos, run_start_at=began)
+        case e.JobRunEnded():
+            runs = [i for i in s.intervals if i["job_id"] == ev.job_id]
+            if ev.run < len(runs) and runs[ev.run]["run_end_position"] is None:
+                ended = ev.at if ev.ended_at is None else ev.ended_at
+                runs[ev.run].update(run_end_position=pos, run_end_at=ended)
         case e.JobHeld() | e.JobReleased():
             _touch(s, ev.job_id, pos)["held"] = isinstance(ev, e.JobHeld)
         case e.JobEngineEnded():
             _touch(s, ev.job_id, pos)["engine_reason"] = ev.reason
+            runs = [i for i in s.intervals if i["job_id"] == ev.job_id]
+            if runs and runs[-1]["run_end_position"] is None:
+                ended = ev.at if ev.ended_at is None else ev.ended_at
+                runs[-1].update(run_end_position=pos, run_end_at=ended)
         case e.JobEngineLinked():
             _touch(s, ev.job_id, pos)["engine_job_id"] = ev.engine_job_id
         case e.JobPreempted():

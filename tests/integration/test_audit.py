@@ -431,6 +431,44 @@ def test_audit_check_fails_on_a_forged_share_change(home: Path) -> None:
     ]
 
 
+def test_audit_check_finds_a_charge_from_placement_before_the_run_started(home: Path) -> None:
+    """A decision recorded under the placement rule (`fairtree-1`) in the real log: the job it
+    placed waited 600 s for its engine, and those GPU-seconds were charged outside its run."""
+    clock = SimClock(T0 + 30_000)
+    ledger = Ledger(home, clock, seeded_ids(9))
+    (job,) = ledger.execute(
+        c.SubmitJob(actor="alice", account="ai2/olmo", gpus=2, min_runtime_s=60)
+    ).events
+    assert isinstance(job, e.JobSubmitted)
+    ranks = e.RankInputs(
+        position=1, digest="d", ranking_version="fairtree-1", usage=e.UsageSettings(window_s=60.0)
+    )
+    slots = (e.GpuSlot(node="n0", gpu_indices=(6, 7)),)
+    ledger.execute(
+        c.ApplyDecision(
+            actor="@dispatcher",
+            decision=c.DecisionBody(
+                cycle_id="old-rule", based_on=ledger.position, policy_version="fairshare-7",
+                ranks=ranks, placements=(e.Placement(job_id=job.job_id, slots=slots),),
+            ),
+        )
+    )  # fmt: skip
+    clock.advance_to(T0 + 30_700)
+    ledger.execute(c.StartJob(actor="@executor", job_id=job.job_id, started_at=T0 + 30_600))
+    clock.advance_to(T0 + 31_000)
+    ledger.execute(c.FinishJob(actor="@executor", job_id=job.job_id, exit_code=0))
+    finished = ledger.position
+    ledger.close()
+    code, out = run(home, "audit", "check")
+    assert code == 1, out
+    [line] = [line for line in out.splitlines() if "CHARGED" in line]
+    assert line == (
+        f"position {finished}: CHARGED_BEFORE_START: job {job.job_id}'s run 1 was charged from "
+        f"{T0 + 30_000:.3f} to {T0 + 31_000:.3f} (charged from the placement) but started at "
+        f"{T0 + 30_600:.3f}: 1200.0 GPU-s before its run"
+    )
+
+
 def test_check_charges_finds_usage_charged_to_an_unfunded_job(home: Path) -> None:
     with Store(":memory:") as store, EmbeddedSource(home) as source:
         Projector(store, source).catch_up()

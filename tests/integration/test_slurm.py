@@ -627,6 +627,12 @@ def test_a_foreign_slurm_jobs_gpus_are_never_given_to_a_ledger_job(ledger: Ledge
     (node,) = json.loads(ledger.cli("node", "list", "--json"))  # capacity says so too
     assert (node["foreign_gpus"], node["free_gpus"]) == ([0, 1, 2], 1), node
     assert "GPUs 0,1,2 held outside the ledger" in ledger.cli("node", "list")
+    # the queue counts them as the dispatcher does (not "placed next cycle"), and says so
+    (row,) = json.loads(ledger.cli("queue", "--json"))
+    assert (row["job_id"], row["code"]) == (1, "WAIT_RESOURCES"), row
+    shown_queue = ledger.cli("queue")
+    held_line = f"Held outside the ledger (counted busy): {cluster.node} GPUs 0,1,2"
+    assert held_line in shown_queue, shown_queue
     shown = json.loads(ledger.cli("slurm", "jobs", "--partition", cluster.partition, "--json"))
     assert {(r["slurm_job_id"], r["foreign"]) for r in shown} >= {(foreign, True)}
     cluster.run("scancel", foreign)

@@ -125,6 +125,14 @@ def test_slurm_outages_and_a_down_node_double_book_nothing_and_run_nothing_twice
     completed = {j for j, x in jobs.items() if x["outcome"] == "completed"}
     assert completed == done, (completed, done, _summary(jobs))
     assert verdict.launches >= len(done)
+    # F9: a run that ended while slurmctld was away is charged to no later than its real end
+    # (the job's own `done` line; Slurm's EndTime is whole seconds), not to the moment the
+    # returning controller heard of it
+    real = {int(f.stem): float(f.read_text().split()[0]) for f in seen.glob("*.done")}
+    ends = {ev["job_id"]: ev.get("ended_at") or ev["at"] for ev in events
+            if ev["type"] == "job.finished.v2" and ev["job_id"] in real}  # fmt: skip
+    late = {j: round(at - real[j], 1) for j, at in ends.items() if at > real[j] + 1.5}
+    assert late == {}, (late, _summary(jobs))
     assert [ev for ev in events if ev["type"] == "job.engine_ended.v1" and ev["reason"] == "lost"
             ] == []  # fmt: skip
 

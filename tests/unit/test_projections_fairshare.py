@@ -25,7 +25,10 @@ def iv(
     funded: bool = True,
     leaf: str = "p/proj/alice",
     gpu_type: str | None = None,
+    began: float | bool | None = True,
 ) -> fs.Interval:
+    """An interval placed at `start`, its run started at `began` (True: at `start` too; None:
+    never started)."""
     return fs.Interval(
         leaf=leaf,
         user=leaf.rsplit("/", 1)[-1],
@@ -34,7 +37,11 @@ def iv(
         start_at=start,
         end_at=end,
         gpu_type=gpu_type,
+        run_start_at=start if began is True else began or None,
     )
+
+
+PLACEMENT = fs.UsagePolicy(charge=fs.CHARGE_PLACEMENT)
 
 
 # --- usage of one interval ------------------------------------------------------------------
@@ -61,7 +68,44 @@ USAGE_CASES = [
         fs.UsagePolicy(weights={"h100": 2.5}),
         2 * H,
     ),
+    ("charged from the run's start", iv(AT - 2 * H, AT - H, 4, began=AT - 1.5 * H), WEEK, 2 * H),
+    ("a placement never started is not charged", iv(AT - 2 * H, AT - H, 4, began=None), WEEK, 0.0),
+    ("a run still waiting to start is not charged", iv(AT - H, None, 2, began=None), WEEK, 0.0),
+    (
+        "a run that ended before it started",
+        iv(AT - 2 * H, AT - H, 4, began=AT - 0.5 * H),
+        WEEK,
+        0.0,
+    ),
+    (
+        "fairtree-1 charged from placement",
+        iv(AT - 2 * H, AT - H, 4, began=AT - 1.5 * H),
+        PLACEMENT,
+        4 * H,
+    ),
+    (
+        "fairtree-1 charged a run never started",
+        iv(AT - 2 * H, AT - H, 4, began=None),
+        PLACEMENT,
+        4 * H,
+    ),
+    (
+        "half-life: from the run's start",
+        iv(AT - 2 * H, AT - H, 1, began=AT - 1.5 * H),
+        fs.UsagePolicy(half_life_s=H),
+        H / math.log(2) * (2.0**-1 - 2.0**-1.5),
+    ),
 ]
+
+
+def test_versions_say_how_usage_was_charged() -> None:
+    assert fs.RANKING_VERSION == fs.ranking_version(fs.UsagePolicy()) == "fairtree-2"
+    assert fs.ranking_version(PLACEMENT) == "fairtree-1"
+    assert [fs.charge_of(v) for v in ("fairtree-1", "fairtree-2", "", "r")] == [
+        "placement", "run", "placement", "placement"
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="charged from 'run' or 'placement'"):
+        fs.UsagePolicy(charge="submission")
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ from ledger.engines.slurm import (
     sbatch_args,
     shares_toml,
     slurm_time,
+    words,
 )
 from ledger.engines.slurm.shares import accounts_written
 from ledger.engines.slurm.words import partition_max_time, slurm_duration
@@ -906,3 +907,34 @@ def test_a_slurm_job_touching_its_checkpoint_file_records_a_checkpoint(tmp_path:
     assert ex.observe(103.0, {"vm": node("vm")}).checkpoints == ()  # once per touch
     os.utime(path, (path.stat().st_mtime + 5, path.stat().st_mtime + 5))
     assert ex.observe(104.0, {"vm": node("vm")}).checkpoints == (5,)
+
+
+# --- when a run ended (F9: an end during a slurmctld outage) ---------------------------------
+
+AWAY = (1_000.0, 1_060.0)
+"""slurmctld last answered at 1000 and answered again at 1060."""
+
+
+@pytest.mark.parametrize(
+    ("case", "end_time", "now", "seen", "away", "want"),
+    [
+        ("no outage: Slurm's EndTime", 1_010.0, 1_011.0, 1_009.0, None, 1_010.0),
+        ("an EndTime in the future is now", 1_020.0, 1_011.0, 1_009.0, None, 1_011.0),
+        ("no EndTime: now", None, 1_011.0, 1_009.0, None, 1_011.0),
+        ("ended in the outage: last seen running", 1_060.0, 1_061.0, 1_000.0, AWAY, 1_000.0),
+        ("heard in the settle period: last seen", 1_085.0, 1_086.0, 1_000.0, AWAY, 1_000.0),
+        ("ended after the settle period: EndTime", 1_095.0, 1_096.0, 1_000.0, AWAY, 1_095.0),
+        ("seen running after the outage: EndTime", 1_070.0, 1_071.0, 1_065.0, AWAY, 1_070.0),
+        ("never seen running: EndTime", 1_060.0, 1_061.0, None, AWAY, 1_060.0),
+        ("ended before the outage: EndTime", 990.0, 1_061.0, 985.0, AWAY, 990.0),
+    ],
+)
+def test_a_run_that_ended_while_slurmctld_was_away_ends_when_last_seen_running(
+    case: str,
+    end_time: float | None,
+    now: float,
+    seen: float | None,
+    away: tuple[float, float] | None,
+    want: float,
+) -> None:
+    assert words.real_end(end_time, now, seen, away, 30.0) == want, case

@@ -39,6 +39,7 @@ from ledger.engines.slurm.words import (
     parse_jobs,
     parse_nodes,
     partition_max_time,
+    real_end,
     register_commands,
     sbatch_args,
     slurm_time,
@@ -46,6 +47,7 @@ from ledger.engines.slurm.words import (
 from ledger.store.application import Ledger
 from schemas.errors import EngineError, InvalidCommand
 from schemas.events import AnyEvent, EndReason, GpuSlot
+from schemas.units import when
 
 log = logging.getLogger("gpuledger.slurm")
 
@@ -127,6 +129,9 @@ class _Run:
     """When the job last touched its checkpoint file (`GPULEDGER_CHECKPOINT_FILE`)."""
     running_seen: float | None = None
     """When a read first showed Slurm running it (its start waits for its script: `_launched`)."""
+    seen_running_at: float | None = None
+    """The last read that showed it running while Slurm's view was current (not in an outage's
+    settle period): its end cannot be earlier."""
 
 
 class _Refused(Exception):
@@ -202,6 +207,10 @@ class SlurmExecutor:
         submits would otherwise wait for."""
         self._probe_answered = False
         """When to ask Slurm again during an outage (None: not in one)."""
+        self._answered_at: float | None = None
+        """The last read Slurm answered."""
+        self._away: tuple[float, float] | None = None
+        """The last outage: (the last read answered before it, the first answered after it)."""
         self.max_time_s: float | None = None
         """The partition's MaxTime (None: unlimited): Slurm never starts a job asking for more,
         so the dispatcher neither places it nor makes room for it (`Observed.longest_s`)."""
@@ -466,11 +475,13 @@ class SlurmExecutor:
             return self._blind(nodes)
         if self.refresh():
             if self._probe_at is not None:  # back: its view may lag (slurmd re-registers)
+                self._away = (self._answered_at or now, now)
                 self._settle_until = now + self.settle_s
                 log.warning("slurm answers again; deciding nothing for %.0f s while it settles",
                             self.settle_s)  # fmt: skip
             self._probe_at = None
             self._read_runs(now)
+            self._answered_at = now
             self._try_submit(now)
             changes, unseen = self._node_changes(nodes)
             self._read_max_time(now)
@@ -629,6 +640,12 @@ class SlurmExecutor:
                 self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
                                           started_at=j.start_time))  # fmt: skip
                 self._check_gpus(r, j)
+            if (
+                j.holding
+                and not j.ended
+                and (self._settle_until is None or now >= self._settle_until)
+            ):
+                r.seen_running_at = now
             if j.ended and j.launch_failed and not r.limited:  # its command never ran
                 del self._runs[job_id]
                 at = now if j.end_time is None else min(now, j.end_time)
@@ -636,7 +653,7 @@ class SlurmExecutor:
                                         self._launch_failure(r)))  # fmt: skip
             elif j.ended:
                 del self._runs[job_id]
-                at = now if j.end_time is None else min(now, j.end_time)
+                at = self._end_of(r, j, now)
                 reason = "time_limit" if r.limited else end_reason(j.state)
                 self._exits.append(Exit(job_id, j.exit_code, at, reason, r.slurm_id, j.state))
             elif j.holding and self._past_limit(r, now):
@@ -680,6 +697,16 @@ class SlurmExecutor:
                     self._foreign_seen.add(j.slurm_id)
                     log.info("foreign Slurm job %s holds GPUs %s", j.slurm_id, dict(j.gpus))
         self._foreign = {n: frozenset(i) for n, i in foreign.items()}
+
+    def _end_of(self, r: _Run, j: SlurmJob, now: float) -> float:
+        """When a run ended (`real_end`: Slurm's EndTime, unless it ended while slurmctld was
+        away, when Slurm's is the moment the controller heard of it)."""
+        at = real_end(j.end_time, now, r.seen_running_at, self._away, self.settle_s)
+        if j.end_time is not None and at < min(now, j.end_time):
+            log.info("job %s (Slurm job %s) ended while slurmctld was away: recorded ended at %s, "
+                     "when last seen running (Slurm says %s, when it heard)", r.job_id,
+                     r.slurm_id, when(at), when(j.end_time))  # fmt: skip
+        return at
 
     def _past_limit(self, r: _Run, now: float) -> bool:
         """Whether a run has reached a limit Slurm cannot keep exactly (one that is no whole

@@ -596,3 +596,26 @@ def batch_script(
         )
     lines.append("exec " + (shlex.join(job.command) if job.command else "true"))
     return "\n".join(lines) + "\n"
+
+
+def real_end(
+    end_time: float | None,
+    now: float,
+    seen_running_at: float | None,
+    away: tuple[float, float] | None,
+    settle_s: float,
+) -> float:
+    """Pure: when a run Slurm reports ended really ended, as far as the ledger can know: Slurm's
+    EndTime (`now` when it gives none, never later than `now`), except for a run that ended
+    while slurmctld was away (`away`: the last read answered before the outage, the first after
+    it). A returning controller records the EndTime of such a run when slurmd's retried
+    completion reaches it, not when it ended; so a run last seen running before the outage
+    (`seen_running_at`) whose EndTime falls in the outage or the `settle_s` after it ended, for
+    the ledger, when it was last seen running. Its charge ends there: the part of the outage it
+    may have run is not charged, and nothing is charged after its real end."""
+    at = now if end_time is None else min(now, end_time)
+    if seen_running_at is None or away is None or seen_running_at > away[0]:
+        return at
+    if away[0] <= at <= away[1] + settle_s:
+        return seen_running_at
+    return at

@@ -1,0 +1,117 @@
+"""The projection's SQL charges usage as the fold and the reference do (tests/unit/
+test_charged_from_start.py): from the run's real start under `fairtree-2`, from the placement
+under `fairtree-1`, to the real end; batch boundaries do not change it, and the projection as of
+a position before the run started charges nothing for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ledger.store.embedded import EmbeddedSource
+from projections import fairshare as fs
+from projections import queries
+from projections.as_of import AS_OF_SQL, AsOf
+from projections.projector import Projector
+from projections.store import Store
+from projections.testing.compare import REFERENCE_TABLES, differences, dump, reference_dump
+from projections.testing.reference import fold
+from projections.testing.synthetic import append_to_store
+from schemas import events as e
+from tests.unit.test_charged_from_start import (
+    AT,
+    PLACEMENT,
+    RUN,
+    T0,
+    WANT,
+    H,
+    lost_with_its_node,
+    stopped_early,
+    waiting_runs,
+)
+
+
+def projected(home: Path, batch: int | None = None) -> Store:
+    store = Store(":memory:")
+    with EmbeddedSource(home) as source:
+        Projector(store, source, **({} if batch is None else {"batch_size": batch})).catch_up()
+    return store
+
+
+@pytest.mark.parametrize("version", ["fairtree-2", "fairtree-1"])
+@pytest.mark.parametrize("batch", [None, 1])
+def test_the_sql_charges_as_the_reference(tmp_path: Path, version: str, batch: int | None) -> None:
+    events = waiting_runs(version)
+    home = tmp_path / "home"
+    append_to_store(home, iter(events))
+    with projected(home, batch) as store:
+        assert (
+            differences(dump(store, REFERENCE_TABLES), reference_dump(fold(enumerate(events, 1))))
+            == []
+        )
+        for policy in (RUN, PLACEMENT):
+            got = {
+                r.name: r.gpu_seconds for r in queries.usage(store, AT, by="user", policy=policy)
+            }
+            assert got == {"alice": WANT[policy.charge]}
+            half = fs.UsagePolicy(half_life_s=H, charge=policy.charge)
+            sql = {r.name: r.gpu_seconds for r in queries.usage(store, AT, by="user", policy=half)}
+            ref = fs.user_usage(fold(enumerate(events, 1)).usage_intervals(), AT, half)
+            assert sql["alice"] == pytest.approx(ref["alice"], rel=1e-12)
+
+
+def test_as_of_a_position_before_the_start_the_run_is_not_charged(tmp_path: Path) -> None:
+    events = waiting_runs("fairtree-2")
+    home = tmp_path / "home"
+    append_to_store(home, iter(events))
+    started = next(
+        i for i, ev in enumerate(events, 1) if isinstance(ev, e.JobStarted) and ev.job_id == 1
+    )
+    with projected(home) as store:
+        store.con.execute(AS_OF_SQL)
+        reader = AsOf(store)
+        reader.at(started - 1)
+        before = {r.name: r.gpu_seconds for r in queries.usage(reader, T0 + 1.5 * H, by="user")}
+        reader.at(started)
+        after = {r.name: r.gpu_seconds for r in queries.usage(reader, T0 + 1.5 * H, by="user")}
+    job3 = 2 * (1.5 * H - 1)
+    assert before == {"alice": job3}  # job 1 placed, not started: nothing yet
+    assert after == {"alice": job3 + 2 * 0.5 * H}
+
+
+@pytest.mark.parametrize("batch", [None, 1])
+def test_a_stopped_run_is_charged_to_its_real_end_in_sql_too(
+    tmp_path: Path, batch: int | None
+) -> None:
+    events = stopped_early("fairtree-2")
+    home = tmp_path / "home"
+    append_to_store(home, iter(events))
+    ended = len(events)  # the JobRunEnded is last
+    with projected(home, batch) as store:
+        assert (
+            differences(dump(store, REFERENCE_TABLES), reference_dump(fold(enumerate(events, 1))))
+            == []
+        )
+        got = {r.name: r.gpu_seconds for r in queries.usage(store, AT, by="user")}
+        old = {r.name: r.gpu_seconds for r in queries.usage(store, AT, by="user", policy=PLACEMENT)}
+        assert (got, old) == ({"alice": 2 * 48.0}, {"alice": 2 * 100.0})
+        store.con.execute(AS_OF_SQL)
+        reader = AsOf(store)
+        reader.at(ended - 1)  # before the end was heard: charged to the requeue
+        assert {r.name: r.gpu_seconds for r in queries.usage(reader, AT, by="user")} == {
+            "alice": 2 * 98.0
+        }
+
+
+def test_a_run_that_ended_with_its_node_is_charged_to_its_engines_end_in_sql(
+    tmp_path: Path,
+) -> None:
+    events = lost_with_its_node()
+    home = tmp_path / "home"
+    append_to_store(home, iter(events))
+    with projected(home, 1) as store:
+        ref = reference_dump(fold(enumerate(events, 1)))
+        assert differences(dump(store, REFERENCE_TABLES), ref) == []
+        got = {r.name: r.gpu_seconds for r in queries.usage(store, AT, by="user")}
+    assert got == {"alice": 2 * 38.0}
