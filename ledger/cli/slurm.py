@@ -95,7 +95,8 @@ def import_shares(source: Path | None, output: Path | None) -> None:
 def slurm_jobs(ctx: Ctx, partition: str, as_json: bool) -> None:
     """Every Slurm job on the partition: gpu-ledger's runs, and foreign jobs (never touched;
     their GPUs count as busy)."""
-    from ledger.engines.slurm.executor import SlurmExecutor, name_of
+    from ledger.engines.slurm.executor import SlurmExecutor
+    from ledger.engines.slurm.words import name_of
     from ledger.store.locate import open_source
     from schemas import codec
 

@@ -1,6 +1,6 @@
 """What `gpuledger submit` reads before it sends anything (`ledger.cli.submit`): a batch script's
 `#GPULEDGER` and `#SBATCH` lines, the environment `--export` sends (secrets left out); and what
-`queue` estimates (`ledger.reads.preview.estimated_starts`)."""
+`queue` estimates (`ledger.reads.estimates.estimated_starts`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ledger.core.state import State
 from ledger.cycle.inputs import snapshot_from_state
 from ledger.dispatch.engine import decide as dispatch
 from ledger.dispatch.registry import build
-from ledger.reads.preview import dependency_ends, estimated_starts
+from ledger.reads.estimates import dependency_ends, estimated_starts
 from schemas import commands as c
 from schemas.errors import InvalidCommand
 from schemas.events import Dependency, FinishReason
@@ -142,7 +142,7 @@ def test_array_tasks_held_by_their_limit_and_their_dependents_get_estimates() ->
     dependents. Task k starts when task k-1 reaches its limit; a dependent when the last task
     it waits for does; a job after a job with no limit stays unknown, as does a singleton."""
     from ledger.core.jobs import blocked
-    from ledger.reads.preview import blocked_starts
+    from ledger.reads.estimates import blocked_starts
 
     ids = (lambda n: lambda: f"x{next(n)}")(itertools.count())
     state = State()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import subprocess
 import threading
 from collections.abc import Callable, Mapping
@@ -35,6 +34,7 @@ from ledger.engines.slurm.words import (
     check_config,
     end_reason,
     exit_code,
+    name_of,
     node_changes,
     parse_jobs,
     parse_nodes,
@@ -46,7 +46,7 @@ from ledger.engines.slurm.words import (
 )
 from ledger.store.application import Ledger
 from schemas.errors import EngineError, InvalidCommand
-from schemas.events import AnyEvent, EndReason, GpuSlot
+from schemas.events import EndReason, GpuSlot
 from schemas.units import when
 
 log = logging.getLogger("gpuledger.slurm")
@@ -58,13 +58,6 @@ def ledger_id(ledger: Ledger) -> str:
     """This ledger's name in Slurm comments: 12 hex digits of its first event's id."""
     first = ledger.read(0, 1)
     return name_of(first[0][1] if first else None)
-
-
-def name_of(first: AnyEvent | None) -> str:
-    """Pure: the ledger's name in Slurm comments from its first event (`ledger_id`)."""
-    if first is None:
-        raise InvalidCommand("the ledger is not initialised", hint="run `gpuledger init`")
-    return re.sub(r"[^0-9a-f]", "", first.event_id.lower())[:12] or "0"
 
 
 def open_executor(

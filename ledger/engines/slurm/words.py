@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 from ledger.cycle.executor import Launch, NodeChange
 from schemas import commands as c
-from schemas.events import EndReason
+from schemas.errors import InvalidCommand
+from schemas.events import AnyEvent, EndReason
 
 if TYPE_CHECKING:
     from ledger.core.state import Node
@@ -619,3 +620,10 @@ def real_end(
     if away[0] <= at <= away[1] + settle_s:
         return seen_running_at
     return at
+
+
+def name_of(first: AnyEvent | None) -> str:
+    """Pure: the ledger's name in Slurm comments from its first event (`ledger_id`)."""
+    if first is None:
+        raise InvalidCommand("the ledger is not initialised", hint="run `gpuledger init`")
+    return re.sub(r"[^0-9a-f]", "", first.event_id.lower())[:12] or "0"

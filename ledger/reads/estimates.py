@@ -1,0 +1,208 @@
+"""Estimated starts: when a waiting job may start, as `queue` and `explain` say (Slurm's
+`squeue --start`): from the running jobs' limits and contracts, the dispatch order, and for a
+job held by its dependency or its array's `%N` limit, from what it waits for."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ledger.core.jobs import Blocked
+    from ledger.core.state import State
+    from ledger.dispatch.engine import Decision
+    from ledger.dispatch.snapshot import Snapshot
+
+
+NOTHING_PLACED = "nothing is placed: the service runs with --executor none"
+
+
+def placing(state: State) -> bool:
+    """Whether the service, as last recorded, places jobs: `serve --executor none` places
+    nothing, so no cycle places a job and no start can be estimated."""
+    return state.service is None or state.service.executor != "none"
+
+
+def estimated_starts(
+    state: State, snapshot: Snapshot, decision: Decision, now: float, through: int | None = None
+) -> dict[int, float | None]:
+    """Pure: an estimated start for every pending job, or None when it cannot be known; with
+    `through`, only for the jobs up to that one in dispatch order (a job's estimate depends on
+    the jobs ahead of it alone, so those are the same as in the full answer).
+
+    The queue ahead is simulated in dispatch order over cluster-wide GPU counts per GPU type:
+    the jobs the next cycle places start `now` and take their GPUs; GPUs free up when running
+    jobs (and jobs started in the simulation) reach their time limits, and a job without one
+    holds its GPUs for a time nobody knows. A job the next cycle does not place starts at the
+    first release after `now` that gives it enough GPUs (it was not placed with the GPUs free
+    now: a node fit, a reserve or a limit kept it); a job waiting for contracts to end
+    (WAIT_CONTRACT) may start when they end. A job no known release makes room for is None
+    ("unknown"): nothing the ledger knows says when it starts. An estimate, not a promise.
+    """
+    if not placing(state):
+        return {}
+    placed = {p.job_id for p in decision.placements}
+    free: dict[str, int] = {}
+    for n in snapshot.nodes:
+        if n.state == "active":
+            free[n.gpu_type] = free.get(n.gpu_type, 0) + len(n.free)
+    releases: list[tuple[float, str, int]] = []  # (time, gpu_type, gpus freed)
+    node_type = {n.name: n.gpu_type for n in snapshot.nodes}
+    for r in snapshot.running:
+        job = state.jobs.get(r.job_id)
+        limit = job.spec.time_limit_s if job is not None else None
+        if limit is None:
+            continue
+        begun = job.started_at if job is not None and job.started_at is not None else r.placed_at
+        for sl in r.slots:
+            releases.append(
+                (max(now, begun + limit), node_type.get(sl.node, ""), len(sl.gpu_indices))
+            )
+    out: dict[int, float | None] = {}
+    pending = {p.job_id: p for p in snapshot.pending}
+    for cons in decision.considered:
+        p = pending.get(cons.job_id)
+        if p is None:
+            continue
+        types = [t for t in free if p.gpu_type is None or t == p.gpu_type]
+        start: float | None = None
+        if p.job_id in placed:
+            start = now
+        else:
+            have = sum(free[t] for t in types)
+            for at, t, g in sorted(releases):
+                if t in types:
+                    have += g
+                    if have >= p.gpus and at > now:
+                        start = at
+                        break
+        wait = decision.waiting.get(p.job_id)
+        if wait is not None and wait.code == "WAIT_CONTRACT" and wait.until is not None:
+            # the dispatcher may preempt the jobs in the way once their contracts end
+            start = wait.until if start is None else min(start, max(now, wait.until))
+        out[p.job_id] = start
+        if start is not None:  # it takes its GPUs from `start`: the free pool, then releases
+            releases = _take(free, releases, types, p.gpus, start)
+            if p.time_limit_s is not None:
+                releases.append((start + p.time_limit_s, types[0] if types else "", p.gpus))
+        if p.job_id == through:
+            break
+    return out
+
+
+def _take(
+    free: dict[str, int],
+    releases: list[tuple[float, str, int]],
+    types: list[str],
+    gpus: int,
+    start: float,
+) -> list[tuple[float, str, int]]:
+    """Pure: take `gpus` GPUs of `types` from the free pool (changed in place), then from the
+    releases at or before `start`; the releases left."""
+    need = gpus
+    for t in types:
+        take = min(free[t], need)
+        free[t] -= take
+        need -= take
+    kept = []
+    for at, t, g in sorted(releases):
+        if need and t in types and at <= start:
+            take = min(g, need)
+            need -= take
+            if g - take:
+                kept.append((at, t, g - take))
+        else:
+            kept.append((at, t, g))
+    return kept
+
+
+def dependency_ends(
+    state: State, job_id: int, starts: Mapping[int, float | None], now: float
+) -> float | None:
+    """Pure: the earliest moment `job_id`'s dependency may be met: every job it waits for
+    (`afterok`/`afterany`/`afternotok`; an array's id stands for its tasks) reaching its time
+    limit from its start (the real one, else the queue's estimate `starts`). None when one of
+    them has no limit or no known start, or for a singleton: nobody knows."""
+    from ledger.core.jobs import active_ids
+
+    ends: list[float] = [now]
+    for term in state.jobs[job_id].spec.dependency:
+        if term.kind == "singleton":
+            return None
+        for dep in (d for jid in term.job_ids for d in active_ids(state, jid)):
+            job = state.jobs[dep]
+            holding = job.status in ("placed", "running")
+            begun = (job.started_at or job.placed_at) if holding else starts.get(dep)
+            limit = job.spec.time_limit_s
+            if begun is None or limit is None:
+                return None
+            ends.append(begun + limit)
+    return max(ends)
+
+
+def blocked_starts(
+    state: State, waits: Mapping[int, Blocked], starts: Mapping[int, float | None], now: float
+) -> dict[int, float | None]:
+    """Pure: an estimated start for each job in `waits` (`jobs.blocked`: a dependency, an
+    array's `%N` limit), from the time limits, in job order (what a job waits for has a lower
+    id, so its estimate is known by then): a dependent starts when what it depends on reaches
+    its limit (`dependency_ends`, the blocked ones' estimates included); an array task held by
+    its limit starts when the first of the `%N` tasks ahead of it (holding GPUs, going next
+    with the queue's estimate `starts`, or held before it) reaches its limit. None where a
+    limit or a start is unknown, or for a singleton."""
+    out: dict[int, float | None] = {}
+    known: dict[int, float | None] = dict(starts)
+    slots: dict[int, list[float | None]] = {}  # array -> when each of its %N slots frees
+    for job_id in sorted(waits):
+        s = state.jobs[job_id].spec
+        start: float | None = now
+        if s.dependency:
+            if any(t.kind == "singleton" for t in s.dependency):
+                start = None
+            else:
+                start = dependency_ends(state, job_id, known, now)
+        limit = s.array_limit
+        if s.array_job_id is not None and limit is not None:
+            free = slots.get(s.array_job_id)
+            if free is None:
+                free = _array_slots(state, s.array_job_id, waits, known, now)
+                free += [now] * (limit - len(free))
+                slots[s.array_job_id] = free
+            if not free:  # a limit of 0 never frees a slot
+                start = None
+            else:
+                first = min(range(len(free)), key=lambda i: _later(free[i]))
+                at = free[first]
+                start = None if start is None or at is None else max(start, at)
+                lim = s.time_limit_s
+                free[first] = None if start is None or lim is None else start + lim
+        out[job_id] = known[job_id] = start
+    return out
+
+
+def _later(at: float | None) -> tuple[bool, float]:
+    """Pure: a sort key where an unknown time (None) comes after every known one."""
+    return (at is None, at or 0.0)
+
+
+def _array_slots(
+    state: State,
+    array: int,
+    held: Mapping[int, Blocked],
+    starts: Mapping[int, float | None],
+    now: float,
+) -> list[float | None]:
+    """Pure: when each task of `array` that holds GPUs or goes next (not `held`: the queue's
+    estimate `starts`) reaches its limit (None: unknown)."""
+    ends: list[float | None] = []
+    for job_id in sorted(state.active):
+        job = state.jobs[job_id]
+        if job.spec.array_job_id != array or job_id in held or job.status == "finished":
+            continue
+        if job.status in ("placed", "running"):
+            begun: float | None = job.started_at or job.placed_at
+        else:
+            begun = starts.get(job_id)
+        lim = job.spec.time_limit_s
+        ends.append(None if begun is None or lim is None else max(now, begun + lim))
+    return ends
