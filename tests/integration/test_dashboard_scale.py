@@ -22,7 +22,7 @@ from playwright.sync_api import Browser, Page
 
 from ledger.store.application import Ledger
 from projections.testing.synthetic import append_to_store, pending_submissions
-from tests.integration.dashkit import Dashboard, build
+from tests.integration.dashkit import Dashboard, build, cycled, scrape
 from tests.integration.serverkit import GPULEDGER, Server, cli, env_for, make_token, start_server
 from tests.integration.test_dashboard import TIMEZONE, browser
 
@@ -66,10 +66,7 @@ def deep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deep]:
     manager = make_token(home, "--user", "boss")
     server = start_server(home, "--interval", "5s", "--squat-after", "1s")
     try:
-        deadline = time.monotonic() + 240
-        while server.request("GET", "/v1/health")[1]["cycles"] < 2:
-            assert time.monotonic() < deadline, server.log_path.read_text()
-            time.sleep(0.2)
+        cycled(server, 2, 240)
         yield Deep(dash, server, root, user, manager, boss)
     finally:
         assert server.stop() == 0, server.log_path.read_text()
@@ -380,25 +377,12 @@ def test_nodes_take_the_services_squatting_rule_and_pages_print_no_null(
     assert "null" not in page.locator("#decisions").inner_text()
 
 
-def scrape(d: Deep) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    status, text = d.server.request("GET", "/metrics", token=d.root)
-    assert status == 200
-    raw = text.decode() if isinstance(text, bytes) else str(text)
-    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-    for fam in text_string_to_metric_families(raw):
-        for x in fam.samples:
-            out.setdefault(x.name, {})[tuple(sorted(x.labels.items()))] = x.value
-    return out
-
-
 def team(account: str) -> str:
     return "/".join(account.split("/")[:2])
 
 
 def test_kueue_named_metrics_count_what_the_cli_lists(deep: Deep) -> None:
-    got, queue = stable(deep, lambda: scrape(deep))
+    got, queue = stable(deep, lambda: scrape(deep.server, deep.root))
     pending: dict[tuple[str, str], int] = {}
     for q in queue:
         status = (
@@ -438,7 +422,7 @@ def test_kueue_named_metrics_count_what_the_cli_lists(deep: Deep) -> None:
         """A scrape with the CLI's jobs, preemptions and nodes read while nothing moved."""
         for _ in range(5):
             before = deep.server.head()
-            got = scrape(deep)
+            got = scrape(deep.server, deep.root)
             home = deep.dash.home
             jobs = every_job(home)
             out = cli(home, "audit", "preemptions", "--json", GPULEDGER_USER="root").stdout
