@@ -171,6 +171,10 @@ async def simulate(
         job = _Job(str(home), os.getpid(), start, end, str(where / "ledger"), budgets)
         try:
             out = await children.run("ledger.server.whatifs", msgspec.msgpack.encode(job), limit_s)
+        except RuntimeError as err:  # the child failed: its last line, as one line
+            raise Unavailable(
+                f"the what-if failed: {str(err)[:300]}", hint="see the server's log"
+            ) from err
         except children.TimedOut as err:
             raise Unavailable(
                 f"the what-if ran past its time limit of {limit_s:g} s and was stopped",
@@ -186,9 +190,15 @@ def main() -> None:
     """The child: read the job, simulate the period, write the what-if side."""
     job = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=_Job)
     children.enter(job.parent)
-    sim = wi.simulate_period(
-        Path(job.home), job.start, job.end, Path(job.where), budgets=job.budgets
-    )
+    from schemas.errors import LedgerError
+
+    try:
+        sim = wi.simulate_period(
+            Path(job.home), job.start, job.end, Path(job.where), budgets=job.budgets
+        )
+    except LedgerError as err:  # one line for the server to answer with
+        sys.stderr.write(err.line() + "\n")
+        sys.exit(2)
     sys.stdout.buffer.write(msgspec.msgpack.encode(sim))
 
 

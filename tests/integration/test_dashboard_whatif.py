@@ -290,3 +290,26 @@ def test_one_what_if_at_a_time_and_the_time_limit_stops_one(
     assert "time limit of 0.05 s" in body["detail"] and "\n" not in body["detail"], body
     assert r.server.request("GET", "/v1/health")[1]["status"] == "up"
     assert list(tmp.iterdir()) == []
+
+
+def test_a_what_if_that_fails_is_one_line_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """The child meets no ledger: the answer is one 503 line, its directory removed."""
+    import asyncio
+    import os
+
+    from ledger.core import budget as b
+    from ledger.server import whatifs
+    from schemas.errors import Unavailable
+
+    os.environ["TMPDIR"] = str(tmp_path)  # where the what-if's directory is made
+    try:
+        import tempfile
+
+        tempfile.tempdir = None
+        with pytest.raises(Unavailable) as got:
+            asyncio.run(whatifs.simulate(tmp_path / "no-ledger", 0.0, 3600.0, b.BudgetFile(), 60))
+    finally:
+        del os.environ["TMPDIR"]
+        tempfile.tempdir = None
+    assert got.value.line().startswith("the what-if failed: ") and "\n" not in got.value.line()
+    assert list(tmp_path.iterdir()) == []
