@@ -755,18 +755,9 @@ def report(
 ) -> WhatIfReport:
     """Pure: step 4's comparison, what happened (`actual`: `team_metrics` of the recorded
     projection over the same period) beside the what-if."""
-    return WhatIfReport(
-        start=sim.start,
-        end=sim.end,
-        policy_version=sim.policy_version,
-        config=sim.config,
-        teams=compare_runs(actual, sim.metrics),
-        submissions=sim.submissions,
-        carried=sim.carried,
-        cycles=sim.cycles,
-        notes=sim.notes,
-        home=home,
-    )
+    fields = msgspec.structs.asdict(sim)
+    del fields["metrics"]
+    return WhatIfReport(**fields, teams=compare_runs(actual, sim.metrics), home=home)
 
 
 def run_whatif(
