@@ -296,6 +296,7 @@ def test_a_what_if_that_fails_is_one_line_and_leaves_nothing_behind(tmp_path: Pa
     """The child meets no ledger: the answer is one 503 line, its directory removed."""
     import asyncio
     import os
+    from concurrent.futures import ThreadPoolExecutor
 
     from ledger.core import budget as b
     from ledger.server import whatifs
@@ -306,8 +307,9 @@ def test_a_what_if_that_fails_is_one_line_and_leaves_nothing_behind(tmp_path: Pa
         import tempfile
 
         tempfile.tempdir = None
-        with pytest.raises(Unavailable) as got:
-            asyncio.run(whatifs.simulate(tmp_path / "no-ledger", 0.0, 3600.0, b.BudgetFile(), 60))
+        run = whatifs.simulate(tmp_path / "no-ledger", 0.0, 3600.0, b.BudgetFile(), 60)
+        with pytest.raises(Unavailable) as got, ThreadPoolExecutor(1) as alone:
+            alone.submit(asyncio.run, run).result()  # a loop of its own (Playwright runs one)
     finally:
         del os.environ["TMPDIR"]
         tempfile.tempdir = None
