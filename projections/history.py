@@ -247,6 +247,16 @@ def last_at(con: Con) -> float | None:
     return None if at is None else float(at)
 
 
+def last_opened_at(con: Con) -> float | None:
+    """When the last account (a program, project or member's leaf) was first opened (None:
+    none yet)."""
+    row = con.execute(
+        "SELECT max(first) FROM (SELECT min(changed_at) AS first FROM account_history "
+        "WHERE open GROUP BY account)"
+    ).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
 def position_at(con: Con, at: float) -> int | None:
     """The log position the ledger stood at, at time `at`: the end of the longest prefix of the
     log whose events all happened at or before `at`; None when no event happened after `at`
@@ -412,39 +422,47 @@ def waits(con: Con, job_id: int, first: int, last: int) -> list[tuple[int, float
     return out
 
 
-def preemption_counts(con: Con) -> list[tuple[str, int]]:
-    """Preemptions over the whole log, per reason."""
+def preemption_counts(con: Con, after: int = 0) -> list[tuple[str, int]]:
+    """Preemptions over the whole log (`after`: those recorded after this position), per
+    reason."""
     return con.execute(
-        "SELECT reason, count(*) FROM preemptions GROUP BY reason ORDER BY reason"
+        "SELECT reason, count(*) FROM preemptions WHERE position > $after "
+        "GROUP BY reason ORDER BY reason",
+        {"after": after},
     ).fetchall()
 
 
-def placement_counts(con: Con) -> list[tuple[str, int]]:
-    """Placements over the whole log, funded or not."""
+def placement_counts(con: Con, after: int = 0) -> list[tuple[str, int]]:
+    """Placements over the whole log (`after`: those after this position), funded or not."""
     return con.execute(
         "SELECT CASE WHEN funded THEN 'funded' ELSE 'unfunded' END AS kind, count(*) "
-        "FROM job_intervals GROUP BY kind ORDER BY kind"
+        "FROM job_intervals WHERE start_position > $after GROUP BY kind ORDER BY kind",
+        {"after": after},
     ).fetchall()
 
 
-def team_counts(con: Con, depth: int) -> list[tuple[str, str, str, int]]:
-    """Over the whole log, per team (an account's first `depth` parts): ("placed", team, "",
-    n) placements; ("evicted", team, reason, n) preemptions its jobs suffered; ("preempted",
-    preempting team or "", reason, n) preemptions for its waiting jobs ("" when no job caused
-    it: maintenance, admin)."""
+def team_counts(con: Con, depth: int, after: int = 0) -> list[tuple[str, str, str, int]]:
+    """Over the whole log (`after`: the placements and preemptions after this position), per
+    team (an account's first `depth` parts): ("placed", team, "", n) placements; ("evicted",
+    team, reason, n) preemptions its jobs suffered; ("preempted", preempting team or "",
+    reason, n) preemptions for its waiting jobs ("" when no job caused it: maintenance,
+    admin)."""
     team = "array_to_string(list_slice(string_split({}, '/'), 1, $depth), '/')"
     sql = f"""
         SELECT 'placed', {team.format("j.account")}, '', count(*)
-        FROM job_intervals i JOIN jobs j USING (job_id) GROUP BY 2
+        FROM job_intervals i JOIN jobs j USING (job_id) WHERE i.start_position > $after
+        GROUP BY 2
         UNION ALL
         SELECT 'evicted', {team.format("p.account")}, p.reason, count(*)
-        FROM preemptions p WHERE p.account IS NOT NULL GROUP BY 2, 3
+        FROM preemptions p WHERE p.account IS NOT NULL AND p.position > $after GROUP BY 2, 3
         UNION ALL
         SELECT 'preempted', coalesce({team.format("f.account")}, ''), p.reason, count(*)
-        FROM preemptions p LEFT JOIN jobs f ON f.job_id = p.for_job GROUP BY 2, 3
+        FROM preemptions p LEFT JOIN jobs f ON f.job_id = p.for_job WHERE p.position > $after
+        GROUP BY 2, 3
         ORDER BY 1, 2, 3
     """
-    return [(k, t, r, int(n)) for k, t, r, n in con.execute(sql, {"depth": depth}).fetchall()]
+    rows = con.execute(sql, {"depth": depth, "after": after}).fetchall()
+    return [(k, t, r, int(n)) for k, t, r, n in rows]
 
 
 # --- audit tables -----------------------------------------------------------------------------

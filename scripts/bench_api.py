@@ -218,37 +218,42 @@ class Http(NamedTuple):
 
 def over_http(clients: int, per_client: int, floor: bool = False) -> Http:
     with tempfile.TemporaryDirectory() as tmp:
-        home = Path(tmp) / "ledger"
-        led, _ = set_up(home)
-        secrets = tokens(led, [USERS[k % len(USERS)] for k in range(clients)])
-        led.close()
-        proc, port, _ = serve(home)
-        try:
-            out: mp.Queue = mp.Queue()  # type: ignore[type-arg]
-            start = time.time() + 1.0
-            procs = [
-                mp.Process(target=client, args=(port, secrets[k], k, per_client, start, out, floor))
-                for k in range(clients)
-            ]
-            for p in procs:
-                p.start()
-            while time.time() < start:
-                time.sleep(0.001)
-            cpu0 = process_cpu(proc.pid)
-            results = [out.get(timeout=600) for _ in procs]
-            cpu = process_cpu(proc.pid) - cpu0
-            for p in procs:
-                p.join()
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
-        lat = sorted(x for r in results for x in r[0])
-        errors = sum(r[1] for r in results)
-        elapsed = max(r[2] for r in results) - start
-        p50 = statistics.median(lat) * 1000
-        p99 = lat[int(len(lat) * 0.99) - 1] * 1000
-        n = len(lat)
-        return Http(n / elapsed, p50, p99, errors, cpu / n, sum(r[3] for r in results) / n)
+        return submits_over_http(Path(tmp) / "ledger", clients, per_client, floor)
+
+
+def submits_over_http(home: Path, clients: int, per_client: int, floor: bool = False) -> Http:
+    """A ledger set up in `home` (`set_up`), served, and `clients` processes submitting
+    `per_client` jobs each, all starting at once: the rate, latencies and CPU per submit."""
+    led, _ = set_up(home)
+    secrets = tokens(led, [USERS[k % len(USERS)] for k in range(clients)])
+    led.close()
+    proc, port, _ = serve(home)
+    try:
+        out: mp.Queue = mp.Queue()  # type: ignore[type-arg]
+        start = time.time() + 1.0
+        procs = [
+            mp.Process(target=client, args=(port, secrets[k], k, per_client, start, out, floor))
+            for k in range(clients)
+        ]
+        for p in procs:
+            p.start()
+        while time.time() < start:
+            time.sleep(0.001)
+        cpu0 = process_cpu(proc.pid)
+        results = [out.get(timeout=600) for _ in procs]
+        cpu = process_cpu(proc.pid) - cpu0
+        for p in procs:
+            p.join()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    lat = sorted(x for r in results for x in r[0])
+    errors = sum(r[1] for r in results)
+    elapsed = max(r[2] for r in results) - start
+    p50 = statistics.median(lat) * 1000
+    p99 = lat[int(len(lat) * 0.99) - 1] * 1000
+    n = len(lat)
+    return Http(n / elapsed, p50, p99, errors, cpu / n, sum(r[3] for r in results) / n)
 
 
 def post(port: int, token: str, path: str, body: bytes) -> None:

@@ -25,21 +25,17 @@ off the worker thread) is timed once per size and shown apart: it walks the log 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import re
-import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench_history import ensure_log, prepare
-from benchkit import machine
+from benchkit import Serve, machine
 
 from ledger.core import tokens
 from ledger.store.application import Ledger
@@ -47,7 +43,6 @@ from ledger.store.clock import new_token_secret
 from schemas import commands as c
 
 GOAL_MS = 300.0
-GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
 
 
 def add_pending(home: Path, pending: int) -> dict[str, object]:
@@ -87,51 +82,6 @@ def add_pending(home: Path, pending: int) -> dict[str, object]:
     return info
 
 
-class Serve:
-    def __init__(self, home: Path, log: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
-        env["GPULEDGER_HOME"] = str(home)
-        self.log = log
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [GPULEDGER, "serve", "--listen", "127.0.0.1:0"], env=env, stdout=out, stderr=out
-            )
-        deadline = time.monotonic() + 600
-        while True:
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", log.read_text())
-            if m:
-                self.port = int(m.group(1))
-                break
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"error: serve did not start:\n{log.read_text()}")
-            time.sleep(0.2)
-
-    def get(
-        self, path: str, token: str | None, timeout: float = 600, body: bytes | None = None
-    ) -> tuple[int, bytes, float]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        t0 = time.perf_counter()
-        try:
-            conn.request("GET" if body is None else "POST", path, body=body, headers=headers)
-            resp = conn.getresponse()
-            body = resp.read()
-        finally:
-            conn.close()
-        return resp.status, body, (time.perf_counter() - t0) * 1000
-
-    def cpu(self) -> float:
-        """CPU seconds (user + system) the server process has used so far."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=120)
-
-
 def pages(job: int, position: int, last: int) -> dict[str, list[str]]:
     """Each page's endpoints as its script asks them (`last`: the queue's last page's offset)."""
     return {
@@ -156,7 +106,7 @@ def measure(home: Path, pending: int, repeat: int) -> dict[str, Any]:
     server = Serve(home, home.parent / f"serve-{home.name}.log")
     try:
         deadline = time.monotonic() + 600
-        while json.loads(server.get("/v1/health", None)[1])["cycles"] < 1:
+        while json.loads(server.call("GET", "/v1/health")[1])["cycles"] < 1:
             if time.monotonic() > deadline:
                 raise SystemExit("error: no cycle in 600 s")
             time.sleep(0.5)
@@ -170,32 +120,34 @@ def measure(home: Path, pending: int, repeat: int) -> dict[str, Any]:
                 raise SystemExit("error: the whole period was not read ahead in 600 s")
             time.sleep(0.5)
         c0 = server.cpu()
-        status, body, first_all_ms = server.get("/ui/api/teams?window=all", token)
+        status, body, first_all_ms = server.call("GET", "/ui/api/teams?window=all", token=token)
         first_all_cpu = (server.cpu() - c0) * 1000
         assert status == 200, body[:300]
-        status, body, _ = server.get("/ui/api/queue?state=all&limit=1", token)
+        status, body, _ = server.call("GET", "/ui/api/queue?state=all&limit=1", token=token)
         assert status == 200, body
         total = json.loads(body)["total"]  # the queue is paged: its last job, on the last page
-        status, body, _ = server.get(f"/ui/api/queue?state=all&limit=1&offset={total - 1}", token)
+        status, body, _ = server.call(
+            "GET", f"/ui/api/queue?state=all&limit=1&offset={total - 1}", token=token
+        )
         job = json.loads(body)["rows"][-1]["row"]["job_id"]
         last = (total - 1) // 100 * 100
-        status, body, _ = server.get("/ui/api/decisions?limit=1", token)
+        status, body, _ = server.call("GET", "/ui/api/decisions?limit=1", token=token)
         position = json.loads(body)[0]["position"]
-        health = json.loads(server.get("/v1/health", None)[1])
+        health = json.loads(server.call("GET", "/v1/health")[1])
         held = str(job).encode()
 
         def bump() -> None:
             """Move the log: hold and release the last pending job."""
             for tag in ("hold", "release"):
                 body = b'{"actor": "root", "job_id": ' + held + b"}"
-                status, out, _ = server.get(f"/v1/commands/{tag}", token, body=body)
+                status, out, _ = server.call("POST", f"/v1/commands/{tag}", body, token)
                 assert status == 200, (tag, status, out[:300])
 
         def load(endpoints: list[str]) -> tuple[float, float]:
             """Wall and server CPU milliseconds of one page load."""
             total, c0 = 0.0, server.cpu()
             for path in endpoints:
-                status, body, ms = server.get(path, token)
+                status, body, ms = server.call("GET", path, token=token)
                 assert status == 200, (path, status, body[:300])
                 total += ms
             return total, (server.cpu() - c0) * 1000
@@ -215,7 +167,7 @@ def measure(home: Path, pending: int, repeat: int) -> dict[str, Any]:
                 )
                 for kind, got in (("cold", cold), ("warm", warm))
             }
-        status, body, replay_ms = server.get(f"/ui/api/job/{job}/replay", token)
+        status, body, replay_ms = server.call("GET", f"/ui/api/job/{job}/replay", token=token)
         replay = {"status": status, "ms": replay_ms, "decisions": len(json.loads(body or b"[]"))}
     finally:
         server.stop()

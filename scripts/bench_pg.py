@@ -19,9 +19,7 @@ The server's CPU per submit is printed beside the wall-clock rates, and the load
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -31,7 +29,7 @@ import uuid
 from pathlib import Path
 
 import psycopg
-from bench_api import USERS, Http, client, process_cpu, serve, set_up, tokens
+from bench_api import Http, submits_over_http
 from benchkit import machine, private_service
 
 from ledger.store import locate
@@ -97,43 +95,10 @@ def over_http(dsn: str, clients: int, per_client: int) -> tuple[Http, int]:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "ledger"
         locate.remember(home, dsn)
-        led, _ = set_up(home)
-        secrets = tokens(led, [USERS[k % len(USERS)] for k in range(clients)])
-        led.close()
-        proc, port, _ = serve(home)
-        try:
-            out: mp.Queue = mp.Queue()  # type: ignore[type-arg]
-            start = time.time() + 1.0
-            procs = [
-                mp.Process(target=client, args=(port, secrets[k], k, per_client, start, out))
-                for k in range(clients)
-            ]
-            for p in procs:
-                p.start()
-            while time.time() < start:
-                time.sleep(0.001)
-            cpu0 = process_cpu(proc.pid)
-            results = [out.get(timeout=600) for _ in procs]
-            cpu = process_cpu(proc.pid) - cpu0
-            for p in procs:
-                p.join()
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+        http = submits_over_http(home, clients, per_client)
         with PgSource(dsn) as source:  # the store's own reader: the size of a stored submit
             rows = source.read_tagged(0, 100, ["job.submitted.v1"])
         size = sum(len(r[2]) for r in rows) // max(1, len(rows)) or 400
-    lat = sorted(x for r in results for x in r[0])
-    n = len(lat)
-    elapsed = max(r[2] for r in results) - start
-    http = Http(
-        n / elapsed,
-        statistics.median(lat) * 1000,
-        lat[int(n * 0.99) - 1] * 1000,
-        sum(r[1] for r in results),
-        cpu / n,
-        sum(r[3] for r in results) / n,
-    )
     return http, size
 
 

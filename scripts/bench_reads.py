@@ -28,15 +28,11 @@ jobs of the log in turn, in a loop; its submit p99 and cycle interval are compar
 from __future__ import annotations
 
 import argparse
-import http.client
 import itertools
 import json
 import math
 import os
-import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -44,14 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from bench_history import ensure_log, prepare
-from benchkit import machine
+from benchkit import Serve, machine
 
 from ledger.core import tokens
 from ledger.store.application import Ledger
 from ledger.store.clock import new_token_secret
 from schemas import commands as c
 
-GPULEDGER = str(Path(sys.executable).with_name("gpuledger"))
 AUDITORS = ("root", "aud1", "aud2", "aud3")
 SELF_JOIN = (
     "SELECT count(*) FROM events a, events b WHERE a.position + b.position = 7 AND a.tag <> b.tag"
@@ -79,48 +74,6 @@ def setup(home: Path) -> dict[str, Any]:
     info = {"tokens": secrets, "member": member, "project": project}
     marker.write_text(json.dumps(info))
     return info
-
-
-class Serve:
-    def __init__(self, home: Path, log: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
-        env["GPULEDGER_HOME"] = str(home)
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [GPULEDGER, "serve", "--listen", "127.0.0.1:0", "--interval", "0.5s"],
-                env=env, stdout=out, stderr=out,
-            )  # fmt: skip
-        deadline = time.monotonic() + 600
-        while True:
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", log.read_text())
-            if m:
-                self.port = int(m.group(1))
-                break
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"error: serve did not start:\n{log.read_text()}")
-            time.sleep(0.2)
-
-    def request(self, method: str, path: str, body: Any = None, token: str = "") -> tuple[int, Any]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
-        headers = {"Content-Type": "application/json"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        try:
-            data = None if body is None else json.dumps(body).encode()
-            conn.request(method, path, body=data, headers=headers)
-            resp = conn.getresponse()
-            raw = resp.read()
-        finally:
-            conn.close()
-        return resp.status, json.loads(raw) if raw else None
-
-    def cpu(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=120)
 
 
 def phase(
@@ -239,7 +192,7 @@ def main() -> None:
         home.mkdir(parents=True, exist_ok=True)
         prepare(home, ensure_log(home, a.events))
         info = setup(home)
-        serve = Serve(home, Path(tmp) / "serve.log")
+        serve = Serve(home, Path(tmp) / "serve.log", "--interval", "0.5s")
         try:
             out: dict[str, list[dict[str, Any]]] = {"idle": [], "loaded": [], "pages": []}
             kinds = ("idle", "loaded", "pages") if a.pages else ("idle", "loaded")

@@ -1,18 +1,26 @@
-"""What the benchmarks share: the machine line, free ports, and private services (Kafka, Slurm)."""
+"""What the benchmarks share: the machine line, free ports, private services (Kafka, Slurm) and a
+`gpuledger serve` to time over HTTP (`Serve`)."""
 
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 import os
 import platform
+import re
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 KAFKA_SCRIPT = Path(__file__).resolve().parent / "kafka" / "kafka"
+GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
 
 
 def machine() -> str:
@@ -61,3 +69,64 @@ def broker(bootstrap: str | None) -> Iterator[str]:
         ("GPULEDGER_KAFKA_PORT", "GPULEDGER_KAFKA_CONTROLLER_PORT"),
     ) as bootstrap_servers:
         yield bootstrap_servers
+
+
+class Serve:
+    """`gpuledger serve` on 127.0.0.1 (a free port) over `home` with `args`, its output in
+    `log` (no GPULEDGER_* variable of the caller's but the home)."""
+
+    def __init__(self, home: Path, log: Path, *args: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+        env["GPULEDGER_HOME"] = str(home)
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [GPULEDGER, "serve", "--listen", "127.0.0.1:0", *args],
+                env=env, stdout=out, stderr=out,
+            )  # fmt: skip
+        deadline = time.monotonic() + 600
+        while True:
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", log.read_text())
+            if m:
+                self.port = int(m.group(1))
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"error: serve did not start:\n{log.read_text()}")
+            time.sleep(0.2)
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        token: str | None = None,
+        timeout: float = 600,
+    ) -> tuple[int, bytes, float]:
+        """One request: its status, body and wall milliseconds."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        t0 = time.perf_counter()
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+        finally:
+            conn.close()
+        return resp.status, raw, (time.perf_counter() - t0) * 1000
+
+    def request(self, method: str, path: str, body: Any = None, token: str = "") -> tuple[int, Any]:
+        """One request with a JSON body (None: none): its status and decoded answer."""
+        data = None if body is None else json.dumps(body).encode()
+        status, raw, _ = self.call(method, path, data, token)
+        return status, json.loads(raw) if raw else None
+
+    def cpu(self) -> float:
+        """CPU seconds (user + system) the server process has used so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=120)

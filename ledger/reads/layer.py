@@ -756,23 +756,23 @@ def decision_at(ledger: Ledger, position: int) -> e.CycleDecided:
     return got[0][1]
 
 
-def preemption_counts(store: Store) -> list[v.CountRow]:
-    """Preemptions over the whole log, per reason."""
+def preemption_counts(store: Store, after: int = 0) -> list[v.CountRow]:
+    """Preemptions over the whole log (`after`: those after this position), per reason."""
     from projections import history
 
-    return [v.CountRow(name=r, count=n) for r, n in history.preemption_counts(store.con)]
+    return [v.CountRow(name=r, count=n) for r, n in history.preemption_counts(store.con, after)]
 
 
-def team_counts(store: Store, depth: int) -> list[tuple[str, str, str, int]]:
+def team_counts(store: Store, depth: int, after: int = 0) -> list[tuple[str, str, str, int]]:
     """Placements, preemptions suffered and preemptions caused per team over the whole log
-    (`history.team_counts`; the Kueue-style metrics)."""
+    (`after`: those after this position; `history.team_counts`; the Kueue-style metrics)."""
     from projections import history
 
-    return history.team_counts(store.con, depth)
+    return history.team_counts(store.con, depth, after)
 
 
-def placement_counts(store: Store) -> list[v.CountRow]:
-    """Placements over the whole log, funded or not."""
+def placement_counts(store: Store, after: int = 0) -> list[v.CountRow]:
+    """Placements over the whole log (`after`: those after this position), funded or not."""
     from projections import history
 
-    return [v.CountRow(name=k, count=n) for k, n in history.placement_counts(store.con)]
+    return [v.CountRow(name=k, count=n) for k, n in history.placement_counts(store.con, after)]

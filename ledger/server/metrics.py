@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import msgspec
@@ -222,38 +222,38 @@ INADMISSIBLE = frozenset({"HELD", "WAIT_DEPENDENCY", "WAIT_ARRAY_LIMIT"})
 """The wait codes of jobs the dispatcher does not consider (Kueue's "inadmissible")."""
 
 
+def _family(
+    kind: Callable[..., Any],
+    name: str,
+    doc: str,
+    labels: list[str],
+    rows: Iterable[tuple[Any, ...]],
+) -> Metric:
+    """Pure: a family of `kind` whose samples are `rows` in order, each its label values then
+    its value."""
+    fam: Metric = kind(name, doc, labels=labels)
+    for *keys, n in sorted(rows):
+        fam.add_metric(keys, n)  # type: ignore[attr-defined]
+    return fam
+
+
 def kueue_families(k: KueueFigures) -> list[Metric]:
     """Pure: Kueue's metric names, types and labels for the concepts the ledger shares with it
     (docs/server.md, "Kueue names"): a team is a ClusterQueue, its program the cohort, a GPU
     type the flavor, a job a workload."""
-    out: list[Metric] = []
     cq = ["cluster_queue"]
-    g = GaugeMetricFamily("kueue_pending_workloads", "Pending workloads per ClusterQueue "
-                          "(team) and status.", labels=[*cq, "status"])  # fmt: skip
-    for team, status, n in sorted(k.pending):
-        g.add_metric([team, status], n)
-    out.append(g)
-    c = CounterMetricFamily("kueue_admitted_workloads", "Workloads admitted (placements) per "
-                            "ClusterQueue over the whole log.", labels=cq)  # fmt: skip
-    for team, n in sorted(k.admitted):
-        c.add_metric([team], n)
-    out.append(c)
-    g = GaugeMetricFamily("kueue_admitted_active_workloads", "Admitted workloads holding GPUs "
-                          "now per ClusterQueue.", labels=cq)  # fmt: skip
-    for team, n in sorted(k.active):
-        g.add_metric([team], n)
-    out.append(g)
-    c = CounterMetricFamily("kueue_evicted_workloads", "Workloads evicted (preempted) per "
-                            "ClusterQueue and reason.", labels=[*cq, "reason"])  # fmt: skip
-    for team, reason, n in sorted(k.evicted):
-        c.add_metric([team, reason], n)
-    out.append(c)
-    c = CounterMetricFamily("kueue_preempted_workloads", "Preemptions per preempting "
-                            "ClusterQueue and reason.", labels=["preempting_cluster_queue",
-                            "reason"])  # fmt: skip
-    for team, reason, n in sorted(k.preempted):
-        c.add_metric([team, reason], n)
-    out.append(c)
+    out: list[Metric] = [
+        _family(GaugeMetricFamily, "kueue_pending_workloads", "Pending workloads per "
+                "ClusterQueue (team) and status.", [*cq, "status"], k.pending),
+        _family(CounterMetricFamily, "kueue_admitted_workloads", "Workloads admitted "
+                "(placements) per ClusterQueue over the whole log.", cq, k.admitted),
+        _family(GaugeMetricFamily, "kueue_admitted_active_workloads", "Admitted workloads "
+                "holding GPUs now per ClusterQueue.", cq, k.active),
+        _family(CounterMetricFamily, "kueue_evicted_workloads", "Workloads evicted (preempted) "
+                "per ClusterQueue and reason.", [*cq, "reason"], k.evicted),
+        _family(CounterMetricFamily, "kueue_preempted_workloads", "Preemptions per preempting "
+                "ClusterQueue and reason.", ["preempting_cluster_queue", "reason"], k.preempted),
+    ]  # fmt: skip
     g = GaugeMetricFamily("kueue_cluster_queue_resource_usage", "GPUs in use per ClusterQueue "
                           "and flavor (GPU type).", labels=["cohort", *cq, "flavor",
                           "resource"])  # fmt: skip
@@ -333,10 +333,55 @@ def ledger_figures(handles: Any) -> LedgerFigures:
     return got
 
 
-def read_figures(handles: Any, service: Any, ha: Any = None) -> Figures:
+class Tallies:
+    """The whole log's placement and preemption counts (per team and reason, funded or not,
+    per reason), kept between scrapes (on the worker thread): a scrape reads only the
+    placements and preemptions recorded since the position the last one read up to, not every
+    row again. A projection made again (another store, or one behind) is read whole."""
+
+    def __init__(self) -> None:
+        self.store: Any = None
+        self.position = 0
+        self.teams: dict[tuple[str, str, str], int] = {}
+        self.placements: dict[str, int] = {}
+        self.preemptions: dict[str, int] = {}
+
+    def _reset(self, store: Any) -> None:
+        self.store, self.position = store, 0
+        self.teams, self.placements, self.preemptions = {}, {}, {}
+
+    def read(
+        self, store: Any
+    ) -> tuple[list[tuple[str, str, str, int]], dict[str, int], dict[str, int]]:
+        """`reads.team_counts`, `placement_counts` and `preemption_counts` of `store` (caught
+        up) as they stand: the team rows in their order, the others by name."""
+        from ledger.reads import layer as reads
+
+        at = store.position()
+        if store is not self.store or at < self.position:
+            self._reset(store)
+        if at != self.position:
+            after = self.position
+            for kind, team, reason, n in reads.team_counts(store, TEAM_DEPTH, after):
+                key = (kind, team, reason)
+                self.teams[key] = self.teams.get(key, 0) + n
+            for into, rows in (
+                (self.placements, reads.placement_counts(store, after)),
+                (self.preemptions, reads.preemption_counts(store, after)),
+            ):
+                for r in rows:
+                    into[r.name] = into.get(r.name, 0) + r.count
+            self.position = at
+        teams = [(*key, n) for key, n in sorted(self.teams.items())]
+        return teams, dict(sorted(self.placements.items())), dict(sorted(self.preemptions.items()))
+
+
+def read_figures(
+    handles: Any, service: Any, ha: Any = None, tallies: Tallies | None = None
+) -> Figures:
     """The ledger's figures now (on the worker thread), all from the read layer; with `ha` (the
-    server's `Leadership` on a shared store), its role, the epoch and every server's lag."""
-    from ledger.reads import layer as reads
+    server's `Leadership` on a shared store), its role, the epoch and every server's lag;
+    `tallies`: the server's whole-log counts kept between scrapes (None: counted afresh)."""
     from ledger.reads import preview as previews
 
     ledger = handles.ledger
@@ -359,11 +404,9 @@ def read_figures(handles: Any, service: Any, ha: Any = None) -> Figures:
         by_code[code] = by_code.get(code, 0) + 1
         by_team[team_of(account)] = by_team.get(team_of(account), 0) + 1
     relay = service.relay_position()
-    # whole-log counts per team: a group-by over every interval and preemption, kept per
-    # log position (exact: the same position, the same counts)
-    counts = handles.cache.shared(
-        "metrics-team-counts", head, clock, lambda: reads.team_counts(store, TEAM_DEPTH)
-    )
+    # whole-log counts: those of the last scrape plus the placements and preemptions since
+    # (exact: what a group-by over every interval and preemption gives at this position)
+    counts, placements, preemptions = (tallies or Tallies()).read(store)
     return Figures(
         now=window.now,
         head=head,
@@ -373,8 +416,8 @@ def read_figures(handles: Any, service: Any, ha: Any = None) -> Figures:
         relay_lag=None if relay is None else max(0, head - relay),
         queue_by_code=by_code,
         queue_by_team=by_team,
-        placements={r.name: r.count for r in reads.placement_counts(store)},
-        preemptions={r.name: r.count for r in reads.preemption_counts(store)},
+        placements=placements,
+        preemptions=preemptions,
         teams=window.teams,
         heartbeat_ages={
             node: max(0.0, clock - at) for node, at in service.executor.heard_from().items()
@@ -435,6 +478,7 @@ class Metrics:
         )
         self._api_children: dict[tuple[str, str, int], Any] = {}
         self.reading = _Reading()
+        self.tallies = Tallies()
         self.registry.register(self.reading)
         self.status_of = status_of
         self.scraped_at: float | None = None
@@ -508,7 +552,9 @@ def route(
     async def scrape(request: Request[Any, Any, Any]) -> Response[bytes]:
         person(request)
         metrics.scraped_at = time.monotonic()
-        figures = await worker.call(lambda: read_figures(handles, worker.service, worker.ha))
+        figures = await worker.call(
+            lambda: read_figures(handles, worker.service, worker.ha, metrics.tallies)
+        )
         # Litestar adds the charset of a text/* type itself: the exposition format's type bare
         bare = metrics.content_type.replace("; charset=utf-8", "")
         return Response(metrics.render(figures), media_type=bare)

@@ -24,16 +24,17 @@ from importlib import resources
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
 
 import msgspec
-from litestar import HttpMethod, Request, Response, get, route
+from litestar import HttpMethod, Request, Response, get, post, route
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
 from ledger.server import pooled
+from ledger.server.whatifs import REVIEW_S
 from projections import history
 from schemas import views as v
-from schemas.errors import Unavailable, UnknownEntity
+from schemas.errors import TooBusy, Unavailable, UnknownEntity
 
 if TYPE_CHECKING:
     from ledger.server.readpool import ReadPool
@@ -78,10 +79,6 @@ class PreemptionsView(msgspec.Struct, frozen=True, kw_only=True):
     """The accounts the caller manages (the page's default: the first one's subtree)."""
     report: v.PreemptionReportView
     """What `report preemptions -A ACCOUNT --since START --at END` gives."""
-
-
-REVIEW_S = 28 * 86400.0
-"""The budget review's period: the last 4 weeks."""
 
 
 class BudgetChild(msgspec.Struct, frozen=True, kw_only=True):
@@ -518,5 +515,33 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
 
         return await kept("shares", ("ui.budget", caller.actor, account), read)
 
+    running = asyncio.Lock()
+    """One what-if at a time (another caller meanwhile gets 429)."""
+
+    @post("/ui/api/budget/whatif", include_in_schema=False, status_code=200)
+    async def budget_whatif(request: Request[Any, Any, Any]) -> Response[bytes]:
+        """The what-if of one child's share change over the last 4 weeks, beside what
+        happened (`ledger.server.whatifs`): for whoever may set its shares; nothing written."""
+        from ledger.server import whatifs
+
+        caller = person(request)
+        ask = whatifs.parse_ask(await request.body())
+        limit_s = whatifs.timeout_s()
+        was, budgets, end = await worker.call(lambda: whatifs.may_ask(handles, caller, ask))
+        if running.locked():
+            raise TooBusy("a what-if is under way", hint="retry when it ends", retry_after=10)
+        async with running:
+            await worker.call(handles.store)  # the projection caught up
+            start = await pool.run(caller.actor, whatifs.period_start(end))
+            sim = await whatifs.simulate(handles.ledger.home, start, end, budgets, limit_s)
+            # what happened up to `end`, all of it projected: the log caught up again (a cycle
+            # that began before `end` may have appended since)
+            await worker.call(handles.store)
+            actual = await pool.run(caller.actor, whatifs.actual(start, end))
+        report = whatifs.BudgetWhatIf(
+            account=ask.account, shares=ask.shares, was=was, report=whatifs.report(sim, actual)
+        )
+        return _json(report)
+
     handlers: list[HTTPRouteHandler] = [root, page, teams, queue, job, job_replay, nodes]
-    return [*handlers, decisions, decision, preemptions, budget, static]
+    return [*handlers, decisions, decision, preemptions, budget, budget_whatif, static]

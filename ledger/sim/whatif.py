@@ -702,6 +702,65 @@ def _projection(home: Path) -> Store:
     return store
 
 
+class Simulated(msgspec.Struct, frozen=True, kw_only=True):
+    """The what-if side of a report: the period simulated and measured (`simulate_period`)."""
+
+    start: float
+    end: float
+    policy_version: str
+    config: dict[str, str]
+    metrics: dict[str, TeamMetrics]
+    submissions: int
+    carried: int
+    cycles: int
+    notes: tuple[str, ...] = ()
+
+
+def simulate_period(
+    home: Path,
+    start: float,
+    end: float,
+    where: Path,
+    *,
+    budgets: b.BudgetFile | None = None,
+    policy: str | None = None,
+    window_s: float | None = None,
+    tick_s: float = 600.0,
+    progress: Callable[[float], None] | None = None,
+) -> Simulated:
+    """Steps 1-3 and the what-if's measures of step 4, over the ledger in `home`: the what-if
+    ledger is made in `where` (a new directory)."""
+    with open_source(home) as source:
+        scen = scenario(log_events(source), start, end)
+    run = simulate(
+        scen, where, budgets=budgets, policy=policy, window_s=window_s, tick_s=tick_s,
+        progress=progress,
+    )  # fmt: skip
+    with _projection(where) as store:
+        mine = team_metrics(store, start, end, exclude=sorted(run.carried))
+    return Simulated(
+        start=start,
+        end=end,
+        policy_version=run.policy.version,
+        config=_settings_text(run),
+        metrics=mine,
+        submissions=sum(1 for s in scen.submissions if not s.carried),
+        carried=sum(1 for s in scen.submissions if s.carried),
+        cycles=run.cycles,
+        notes=tuple(run.notes),
+    )
+
+
+def report(
+    sim: Simulated, actual: Mapping[str, TeamMetrics], home: str | None = None
+) -> WhatIfReport:
+    """Pure: step 4's comparison, what happened (`actual`: `team_metrics` of the recorded
+    projection over the same period) beside the what-if."""
+    fields = msgspec.structs.asdict(sim)
+    del fields["metrics"]
+    return WhatIfReport(**fields, teams=compare_runs(actual, sim.metrics), home=home)
+
+
 def run_whatif(
     home: Path,
     actual: Store,
@@ -717,29 +776,13 @@ def run_whatif(
 ) -> WhatIfReport:
     """Steps 1-4 over the ledger in `home` (`actual`: its projection, caught up); `progress`
     is told the simulated moment after each step."""
-    with open_source(home) as source:
-        scen = scenario(log_events(source), start, end)
     with tempfile.TemporaryDirectory(prefix="gpuledger-whatif-") as tmp:
-        where = keep if keep is not None else Path(tmp) / "ledger"
-        run = simulate(
-            scen, where, budgets=budgets, policy=policy, window_s=window_s, tick_s=tick_s,
-            progress=progress,
+        sim = simulate_period(
+            home, start, end, keep if keep is not None else Path(tmp) / "ledger",
+            budgets=budgets, policy=policy, window_s=window_s, tick_s=tick_s, progress=progress,
         )  # fmt: skip
-        with _projection(where) as store:
-            mine = team_metrics(store, start, end, exclude=sorted(run.carried))
     theirs = team_metrics(actual, start, end)
-    return WhatIfReport(
-        start=start,
-        end=end,
-        policy_version=run.policy.version,
-        config=_settings_text(run),
-        teams=compare_runs(theirs, mine),
-        submissions=sum(1 for s in scen.submissions if not s.carried),
-        carried=sum(1 for s in scen.submissions if s.carried),
-        cycles=run.cycles,
-        notes=tuple(run.notes),
-        home=str(keep) if keep is not None else None,
-    )
+    return report(sim, theirs, str(keep) if keep is not None else None)
 
 
 def _settings_text(run: WhatIfRun) -> dict[str, str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from ledger.sim.runner import Cluster, SimConfig, simulate
 from ledger.sim.workload import Synthetic, synthetic
 from ledger.store.application import Ledger
-from tests.integration.serverkit import cli
+from tests.integration.serverkit import Server, cli
 
 NODES = 6
 SECRET = "--secret-flag-of-team-b"
@@ -74,3 +74,29 @@ def _job_id(text: str) -> int:
         if ev.get("type") == "job.submitted.v2":
             return int(ev["job_id"])
     raise AssertionError(f"no job id in {text!r}")
+
+
+def cycled(server: Server, cycles: int, within_s: float) -> None:
+    """Wait until `server` has run `cycles` dispatcher cycles (its log in the failure)."""
+    deadline = time.monotonic() + within_s
+    while server.request("GET", "/v1/health")[1]["cycles"] < cycles:
+        assert time.monotonic() < deadline, server.log_path.read_text()
+        time.sleep(0.1)
+
+
+Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
+"""A scrape: metric name -> its samples by their sorted labels."""
+
+
+def scrape(server: Server, token: str) -> Samples:
+    """Every sample of the server's /metrics, read as `token`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, text = server.request("GET", "/metrics", token=token)
+    assert status == 200
+    raw = text.decode() if isinstance(text, bytes) else str(text)
+    out: Samples = {}
+    for fam in text_string_to_metric_families(raw):
+        for x in fam.samples:
+            out.setdefault(x.name, {})[tuple(sorted(x.labels.items()))] = x.value
+    return out

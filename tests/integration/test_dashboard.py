@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
 
-from tests.integration.dashkit import SECRET, Dashboard, build
+from tests.integration.dashkit import SECRET, Dashboard, build, cycled, scrape
 from tests.integration.serverkit import Server, cli, make_token, start_server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -55,10 +54,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     }
     server = start_server(home, "--interval", "1s")
     try:
-        deadline = time.monotonic() + 30
-        while server.request("GET", "/v1/health")[1]["cycles"] < 2:
-            assert time.monotonic() < deadline, server.log_path.read_text()
-            time.sleep(0.1)
+        cycled(server, 2, 30)
         running = [j for j in json.loads(cli(home, "jobs", "--json").stdout) if j["nodes"]]
         sampled = running[0]["job_id"]
         status, body = server.request(
@@ -99,6 +95,16 @@ def watched(ctx: BrowserContext) -> tuple[Page, list[str]]:
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda err: errors.append(str(err)))
+    return page, errors
+
+
+def visit(
+    s: Served, browser: Browser, path: str, ready: str, who: str = "root"
+) -> tuple[Page, list[str]]:
+    """`path` opened as `who` (watched for errors), once `ready` shows."""
+    page, errors = watched(signed_in(browser, s.tokens[who]))
+    page.goto(s.server.url + path)
+    page.wait_for_selector(ready)
     return page, errors
 
 
@@ -323,8 +329,6 @@ def test_pages_answer_only_signed_in_people(served: Served) -> None:
 
 
 def test_metrics_match_the_cli_and_time_the_api(served: Served) -> None:
-    from prometheus_client.parser import text_string_to_metric_families
-
     s = served
     root = s.tokens["root"]
     assert s.server.request("GET", "/ui/api/queue", token=root)[0] == 200
@@ -333,19 +337,9 @@ def test_metrics_match_the_cli_and_time_the_api(served: Served) -> None:
     node_token = make_token(s.dash.home, "--user", "root", "--node", "n002")
     assert s.server.request("GET", "/ui/api/queue", token=node_token)[0] == 403
 
-    def scrape() -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-        status, text = s.server.request("GET", "/metrics", token=root)
-        assert status == 200
-        raw = text.decode() if isinstance(text, bytes) else str(text)
-        out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-        for fam in text_string_to_metric_families(raw):
-            for x in fam.samples:
-                out.setdefault(x.name, {})[tuple(sorted(x.labels.items()))] = x.value
-        return out
-
     for _ in range(5):
         before = cli_json(s, "queue")
-        got = scrape()
+        got = scrape(s.server, root)
         after = cli_json(s, "queue")
         if [q["job_id"] for q in before] == [q["job_id"] for q in after]:
             break
@@ -442,9 +436,7 @@ def test_the_job_page_wraps_explain_and_never_overlaps_or_cuts_a_label(
     served: Served, browser: Browser
 ) -> None:
     s = served
-    page, _ = watched(signed_in(browser, s.tokens["root"]))
-    page.goto(f"{s.server.url}/ui/job?id={placed_job(s)}")
-    page.wait_for_selector("#explain")
+    page, _ = visit(s, browser, f"/ui/job?id={placed_job(s)}", "#explain")
     pre = page.evaluate("(e => [e.scrollWidth, e.clientWidth])(document.getElementById('explain'))")
     assert pre[0] <= pre[1], pre
     boxes = page.evaluate(
@@ -469,9 +461,7 @@ def test_the_queue_pages_state_is_in_its_url_and_survives_a_reload(
     served: Served, browser: Browser
 ) -> None:
     s = served
-    page, errors = watched(signed_in(browser, s.tokens["root"]))
-    page.goto(f"{s.server.url}/ui/queue")
-    page.wait_for_selector(READY["queue"])
+    page, errors = visit(s, browser, "/ui/queue", READY["queue"])
     page.select_option("#f-state", "pending")
     page.wait_for_function("location.search.includes('state=pending')")
     page.click("th[data-sort=gpus]")
@@ -543,3 +533,24 @@ def test_the_cli_queue_says_how_many_its_limit_left_out(served: Served) -> None:
     whole = cli(home, "queue", "--limit", str(total))
     assert "shown" not in whole.stdout and whole.stderr == ""
     assert "Show the first N jobs" in cli(home, "queue", "--help").stdout
+
+
+def test_metrics_whole_log_counts_kept_between_scrapes_equal_a_recount(served: Served) -> None:
+    """/metrics counts the placements and preemptions since its last scrape only: in steps,
+    at any position, the counts equal a group-by over every row."""
+    from ledger.server.metrics import Tallies
+    from ledger.store.embedded import EmbeddedSource
+    from projections.projector import Projector
+    from projections.store import Store
+
+    with Store(":memory:") as store, EmbeddedSource(served.dash.home) as source:
+        head = source.head()
+        kept = Tallies()
+        steps = [head // 7, head // 3, head // 3, head // 2 + 1, head - 5, head]
+        for until in steps:
+            Projector(store, source).catch_up(until=until)
+            assert kept.read(store) == Tallies().read(store), until
+        teams, placements, preemptions = kept.read(store)
+        assert sum(placements.values()) > 0 and teams
+        assert sum(n for k, _t, _r, n in teams if k == "placed") == sum(placements.values())
+        assert sum(n for k, _t, _r, n in teams if k == "evicted") <= sum(preemptions.values())

@@ -22,7 +22,7 @@ from playwright.sync_api import Browser, Page
 
 from ledger.store.application import Ledger
 from projections.testing.synthetic import append_to_store, pending_submissions
-from tests.integration.dashkit import Dashboard, build
+from tests.integration.dashkit import Dashboard, build, cycled, scrape
 from tests.integration.serverkit import GPULEDGER, Server, cli, env_for, make_token, start_server
 from tests.integration.test_dashboard import TIMEZONE, browser
 
@@ -66,10 +66,7 @@ def deep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deep]:
     manager = make_token(home, "--user", "boss")
     server = start_server(home, "--interval", "5s", "--squat-after", "1s")
     try:
-        deadline = time.monotonic() + 240
-        while server.request("GET", "/v1/health")[1]["cycles"] < 2:
-            assert time.monotonic() < deadline, server.log_path.read_text()
-            time.sleep(0.2)
+        cycled(server, 2, 240)
         yield Deep(dash, server, root, user, manager, boss)
     finally:
         assert server.stop() == 0, server.log_path.read_text()
@@ -380,25 +377,12 @@ def test_nodes_take_the_services_squatting_rule_and_pages_print_no_null(
     assert "null" not in page.locator("#decisions").inner_text()
 
 
-def scrape(d: Deep) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    status, text = d.server.request("GET", "/metrics", token=d.root)
-    assert status == 200
-    raw = text.decode() if isinstance(text, bytes) else str(text)
-    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-    for fam in text_string_to_metric_families(raw):
-        for x in fam.samples:
-            out.setdefault(x.name, {})[tuple(sorted(x.labels.items()))] = x.value
-    return out
-
-
 def team(account: str) -> str:
     return "/".join(account.split("/")[:2])
 
 
 def test_kueue_named_metrics_count_what_the_cli_lists(deep: Deep) -> None:
-    got, queue = stable(deep, lambda: scrape(deep))
+    got, queue = stable(deep, lambda: scrape(deep.server, deep.root))
     pending: dict[tuple[str, str], int] = {}
     for q in queue:
         status = (
@@ -413,39 +397,40 @@ def test_kueue_named_metrics_count_what_the_cli_lists(deep: Deep) -> None:
     }
     assert shown == pending and ("inadmissible" in {s for _, s in pending})
 
-    def every_job(home: Path) -> list[dict[str, Any]]:
+    def read(path: str) -> Any:
+        """A read through the API, as the CLI makes it beside a server (`--json` prints it)."""
+        status, body = deep.server.request("GET", path, token=deep.root)
+        assert status == 200, (path, body)
+        return body
+
+    def every_job() -> list[dict[str, Any]]:
         """Every job, in pages the server answers (at most 10,000 rows): by status, and the
         pending ones by program."""
 
-        def page(*args: str) -> list[dict[str, Any]]:
-            rows: list[dict[str, Any]] = json.loads(
-                cli(home, "jobs", "--json", "--limit", "10000", *args, GPULEDGER_USER="root").stdout
-            )
-            assert len(rows) < 10_000, f"a page of jobs {args} is full: split it further"
+        def page(query: str) -> list[dict[str, Any]]:
+            rows: list[dict[str, Any]] = read(f"/v1/jobs?limit=10000&{query}")
+            assert len(rows) < 10_000, f"a page of jobs {query} is full: split it further"
             return rows
 
-        out = [
-            j
-            for status in ("held", "placed", "running", "finished")
-            for j in page("--status", status)
-        ]
+        out = [j for status in ("held", "placed", "running", "finished")
+               for j in page(f"status={status}")]  # fmt: skip
         programs = sorted({j["account"].split("/")[0] for j in out} | {"prog0", "prog1", "prog2"})
         for program in programs:
-            out += page("--status", "pending", "-A", program)
+            out += page(f"status=pending&account={program}")
         return out
 
     def counted() -> tuple[Any, Any, Any, Any]:
-        """A scrape with the CLI's jobs, preemptions and nodes read while nothing moved."""
-        for _ in range(5):
+        """A scrape with the jobs, preemptions and nodes read while nothing moved (through the
+        API, not a CLI process per read: under load those took longer than a cycle)."""
+        for _ in range(10):
             before = deep.server.head()
-            got = scrape(deep)
-            home = deep.dash.home
-            jobs = every_job(home)
-            out = cli(home, "audit", "preemptions", "--json", GPULEDGER_USER="root").stdout
-            nodes = json.loads(cli(home, "node", "list", "--json", GPULEDGER_USER="root").stdout)
+            got = scrape(deep.server, deep.root)
+            jobs = every_job()
+            out = read("/v1/audit/preemptions")
+            nodes = read("/v1/nodes")
             if deep.server.head() == before:
-                return got, jobs, json.loads(out), nodes
-        raise AssertionError("the log kept moving under five reads")
+                return got, jobs, out, nodes
+        raise AssertionError("the log kept moving under ten reads")
 
     got, jobs, preempted, nodes = counted()
     admitted: dict[str, int] = {}
@@ -490,8 +475,6 @@ def test_kueue_named_metrics_count_what_the_cli_lists(deep: Deep) -> None:
 def test_the_budget_review_equals_the_cli_and_offers_the_what_if(
     deep: Deep, browser: Browser
 ) -> None:
-    from ledger.core import budget
-
     page = opened(browser, deep.manager)
     page.goto(deep.server.url + "/ui/budget")
     page.wait_for_selector("#budget tbody tr")
@@ -529,18 +512,13 @@ def test_the_budget_review_equals_the_cli_and_offers_the_what_if(
     }
     assert shown == want and len(want) >= 2
     assert any(float(x[4]) > 0 for x in shown.values())
-    # the what-if of a share change, one click away: a budget file and the command for the period
+    # the what-if of a share change, one click away (run by the server and compared with the
+    # CLI's in test_dashboard_whatif.py): the chosen child's panel, its shares to change
     page.locator("#budget tbody tr button.whatif").first.click()
-    page.wait_for_selector("#whatif-command")
-    page.fill("#whatif-shares", "7")
-    text = page.locator("#whatif-command").inner_text()
-    at = float(period.get_attribute("data-at") or "nan")  # the period the panel was drawn with
-    start = float(period.get_attribute("data-start") or "nan")
-    assert f"--from {iso(start)} --to {iso(at)}" in text and "gpuledger whatif --budgets" in text
-    toml = text.split("<<'EOF'\n", 1)[1].split("EOF\n", 1)[0]
-    parsed = budget.parse(toml.encode(), "review")
-    first = next(iter(shown))
-    assert {a: x.shares for a, x in parsed.accounts.items()} == {first: 7}
+    page.wait_for_selector("#whatif-run")
+    first = page.locator("#budget tbody tr").first.get_attribute("data-account") or ""
+    assert page.locator("#whatif-shares").input_value() == shown[first][0]
+    assert first in (page.locator("#whatif h3").inner_text())
     # a plain user reviews the programs; an account that does not exist is a 404
     status, body = deep.server.request("GET", "/ui/api/budget", token=deep.user)
     assert status == 200 and body["account"] == "" and body["children"]

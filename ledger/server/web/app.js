@@ -533,29 +533,64 @@ async function preemptionsPage(first) {
 
 // --- budget review ------------------------------------------------------------------------
 
-const budgetState = { account: null, whatif: null, shares: null };
+const budgetState = { account: null, whatif: null, shares: null, result: null, running: false, error: null };
 
-function isoUtc(at) {
-  return utc(at).replace(" ", "T");
+async function post(path, body) {
+  const resp = await fetch(path, { method: "POST", body: JSON.stringify(body),
+    headers: { Authorization: `Bearer ${token()}`, "Content-Type": "application/json" } });
+  if (resp.status === 401) return api(path);  // signed out: the login page
+  const out = await resp.json();
+  if (!resp.ok) throw new Error(out.detail || `${resp.status}`);
+  return out;
+}
+
+async function runWhatif(child, shares) {
+  budgetState.running = true; budgetState.error = null; budgetState.result = null;
+  refresh();
+  try {
+    budgetState.result = await post("/ui/api/budget/whatif", { account: child.account, shares });
+  } catch (err) {
+    budgetState.error = err.message;
+  }
+  budgetState.running = false;
+  refresh();
+}
+
+function whatifResult(r) {
+  const rep = r.report;
+  const notes = [...new Set(rep.notes)];
+  const short = rep.end - rep.start < 28 * 86400 ?
+    " (from the last account's opening: the what-if starts from the organisation as it is)" : "";
+  const pair = (a, b, f) => (f(a) === f(b) ? f(a) : `${f(a)} → ${f(b)}`);
+  const rows = rep.teams.map((t) => el("tr", { "data-team": t.team },
+    td(t.team), td(pair(t.actual.owed_gpu_h, t.whatif.owed_gpu_h, (x) => num(x, 1)), { class: "num", "data-col": "owed" }),
+    td(pair(t.actual.delivered_gpu_h, t.whatif.delivered_gpu_h, (x) => num(x, 1)), { class: "num", "data-col": "delivered" }),
+    td(pair(t.actual.by_period, t.whatif.by_period, pct), { class: "num", "data-col": "by_period" }),
+    td(pair(t.actual.mean_wait_s, t.whatif.mean_wait_s, dur), { class: "num", "data-col": "mean_wait" }),
+    td(pair(t.actual.preemptions, t.whatif.preemptions, String), { class: "num", "data-col": "preemptions" })));
+  return el("div", { id: "whatif-result", "data-start": rep.start, "data-end": rep.end, "data-shares": r.shares },
+    el("p", { class: "muted" }, `${r.account}: shares ${r.was} → ${r.shares}; `, timeEl(rep.start), " – ", timeEl(rep.end),
+      `${short}: ${rep.submissions} submissions (+${rep.carried} active at the start), ${rep.cycles} cycles, policy ${rep.policy_version}. Actual → what-if:`),
+    table(["team", "owed GPU-h", "delivered GPU-h", "delivered/owed", "mean wait", "preemptions"], rows, { id: "whatif-teams" }),
+    notes.slice(0, 8).map((n) => el("p", { class: "muted note" }, `note: ${n}`)),
+    notes.length > 8 ? el("p", { class: "muted" }, `… and ${notes.length - 8} more notes`) : null);
 }
 
 function whatifPanel(data, child) {
-  // the what-if of one share change: the budget file and the command that simulates the period
-  // with it (`gpuledger whatif` runs on the data directory, beside the server's host)
-  const input = el("input", { id: "whatif-shares", type: "number", min: 1, value: budgetState.shares ?? child.raw_shares });
-  const out = el("pre", { id: "whatif-command" });
-  const draw = () => {
-    const toml = `[accounts."${child.account}"]\nkind = "${child.kind}"\nshares = ${input.value || child.raw_shares}\n`;
-    out.textContent = `cat > review.toml <<'EOF'\n${toml}EOF\n` +
-      `gpuledger whatif --budgets review.toml --from ${isoUtc(data.start)} --to ${isoUtc(data.at)}`;
-  };
-  input.addEventListener("input", () => { budgetState.shares = input.value; draw(); });
-  draw();
+  // the what-if of one share change, run by the server (nothing is written: no budget changes)
+  const input = el("input", { id: "whatif-shares", type: "number", min: 0, step: 1, value: budgetState.shares ?? child.raw_shares,
+    on: { input: (ev) => { budgetState.shares = ev.target.value; } } });
+  const run = el("button", { type: "button", id: "whatif-run", disabled: budgetState.running,
+    on: { click: () => runWhatif(child, Number(input.value === "" ? NaN : input.value)) } },
+    budgetState.running ? "running…" : "Run what-if");
+  const shown = budgetState.result && budgetState.result.account === child.account ? budgetState.result : null;
   return el("div", { id: "whatif", class: "card" },
     el("h3", {}, `What if ${child.account} held other shares?`),
-    el("p", {}, "Shares ", input, ` (now ${child.raw_shares}; its siblings keep theirs). `,
-      "The what-if re-simulates the last 4 weeks' submissions with it and compares per team:"),
-    out);
+    el("p", {}, "Shares ", input, ` (now ${child.raw_shares}; its siblings keep theirs) `, run),
+    el("p", { class: "muted" }, "The server re-simulates the last 4 weeks' submissions (at most) with it and compares per team with what happened. Nothing is changed."),
+    budgetState.error ? el("p", { class: "err", id: "whatif-error" }, budgetState.error) : null,
+    budgetState.running ? el("p", { id: "whatif-running", class: "muted" }, "The what-if is running…") : null,
+    shown ? whatifResult(shown) : null);
 }
 
 async function budgetPage(first) {
@@ -574,7 +609,7 @@ async function budgetPage(first) {
     td(num(c.owed_gpu_hours, 1), { class: "num", "data-col": "owed" }),
     td(num(c.delivered_gpu_hours, 1), { class: "num", "data-col": "delivered" }),
     td(pct(c.by_period), { class: "num", "data-col": "by_period" }),
-    td(el("button", { type: "button", class: "whatif", on: { click: () => { budgetState.whatif = c.account; budgetState.shares = null; refresh(); } } }, "what if…"))));
+    td(el("button", { type: "button", class: "whatif", on: { click: () => { budgetState.whatif = c.account; budgetState.shares = null; budgetState.result = null; budgetState.error = null; refresh(); } } }, "what if…"))));
   const chosen = data.children.find((c) => c.account === budgetState.whatif);
   main(el("h1", {}, `Budget review: ${data.account || "the programs"}`),
     el("div", { class: "filters" }, input, el("datalist", { id: "b-managed" }, data.managed.map((a) => el("option", { value: a })))),

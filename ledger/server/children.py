@@ -1,0 +1,63 @@
+"""Work the server hands to a child process of its own (the job page's replays, the budget
+page's what-ifs): a walk of the log or a simulation in Python would take the interpreter lock
+from the thread that runs the dispatcher and the group commit. The child runs at a lower
+priority (nice 10), dies with the server, and is killed at its time limit.
+
+`run(module, payload, timeout_s)` (the server side, async) starts `python -m MODULE`, sends it
+`payload` on its stdin and returns its stdout; `enter(parent)` is the child's first step.
+
+An edge: a process, pipes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+
+NICE = ("nice", "-n", "10") if shutil.which("nice") else ()
+"""The child starts at the lower priority, its imports included (`enter` lowers it too)."""
+
+
+class TimedOut(Exception):
+    """The child ran past its time limit and was killed."""
+
+
+async def run(module: str, payload: bytes, timeout_s: float | None = None) -> bytes:
+    """The stdout of `python -m module` fed `payload`; RuntimeError (its last stderr line) when
+    it fails, `TimedOut` when it runs past `timeout_s` (it is killed, as it is when the request
+    is cancelled)."""
+    proc = await asyncio.create_subprocess_exec(
+        *NICE, sys.executable, "-m", module,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(payload), timeout_s)
+    except TimeoutError as exc:
+        raise TimedOut(module) from exc
+    finally:
+        if proc.returncode is None:  # cancelled or out of time: the answer is not needed
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+    if proc.returncode != 0:
+        last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"{module} exited with {proc.returncode}: {last[0]}")
+    return out
+
+
+def enter(parent: int) -> None:
+    """The child's first step once it knows the server's pid: die with the server, run at nice
+    10 (whether `nice` started it or not); exit if the server is gone already."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: dies with the server
+    with contextlib.suppress(OSError):
+        os.nice(max(0, 10 - os.nice(0)))
+    if os.getppid() != parent:  # the server died before the line above
+        sys.exit(1)

@@ -1,0 +1,206 @@
+"""The budget review page's what-if of a share change, run by the server (`POST
+/ui/api/budget/whatif`): the last 4 weeks' submissions re-simulated with one child's shares
+changed (`ledger.sim.whatif`, what `gpuledger whatif --budgets` runs), beside what happened.
+
+- **Who may**: whoever may set that account's shares (the manager of its parent's subtree, an
+  admin): the change is planned as budgets as code plans it and tried on a copy of the state
+  through `decide` (`budget.check`, the one authorisation table). Nothing is appended: a
+  what-if never writes a budget.
+- **Off the worker**: the simulation runs in a child process at nice 10
+  (`ledger.server.children`); what happened (`team_metrics` of the projection) in the read pool.
+- **Bounded**: one what-if at a time (another meanwhile: 429), stopped at `timeout_s()`
+  (`GPULEDGER_WHATIF_TIMEOUT`, seconds; default 300) with one line saying so (503).
+
+`main()` is the child: it reads a `_Job` on stdin and writes the `Simulated` side on stdout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ledger.core import budget as b
+from ledger.server import children
+from ledger.sim import whatif as wi
+from schemas import commands as c
+from schemas.bounds import AccountPath, Shares
+from schemas.errors import InvalidCommand, Unavailable
+
+TIMEOUT_ENV = "GPULEDGER_WHATIF_TIMEOUT"
+TIMEOUT_S = 300.0
+REVIEW_S = 28 * 86400.0
+"""The longest period a what-if re-simulates: the budget review's last 4 weeks."""
+
+
+class WhatIfAsk(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The page's question: `account` with `shares` in place of its own."""
+
+    account: AccountPath
+    shares: Shares
+
+
+class BudgetWhatIf(msgspec.Struct, frozen=True, kw_only=True):
+    account: str
+    shares: int
+    was: int
+    """The account's shares in the ledger now."""
+    report: wi.WhatIfReport
+    """What `gpuledger whatif --budgets FILE --from START --to END --json` prints, FILE
+    holding this one change."""
+
+
+class _Job(msgspec.Struct, frozen=True):
+    home: str
+    parent: int
+    start: float
+    end: float
+    where: str
+    budgets: b.BudgetFile
+
+
+def timeout_s() -> float:
+    """The what-if's time limit: `GPULEDGER_WHATIF_TIMEOUT` when set (a positive number)."""
+    text = os.environ.get(TIMEOUT_ENV, "")
+    if not text:
+        return TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value != value or value == float("inf"):
+        raise InvalidCommand(f"invalid {TIMEOUT_ENV} {text!r}", hint="give a positive number")
+    return value
+
+
+def parse_ask(body: bytes) -> WhatIfAsk:
+    """The request body, or one InvalidCommand line naming what is wrong."""
+    from schemas.bounds import describe
+
+    hint = 'send {"account": "PATH", "shares": N} (N a whole number, 0-1000000000)'
+    try:
+        return msgspec.json.decode(body, type=WhatIfAsk)
+    except msgspec.ValidationError as err:
+        detail = str(err)
+        with contextlib.suppress(Exception):  # the offending value named, when it reads back
+            detail = describe(err, msgspec.json.decode(body))
+        raise InvalidCommand(f"invalid what-if: {detail[:200]}", hint=hint) from err
+    except (msgspec.DecodeError, RecursionError) as err:
+        raise InvalidCommand(
+            f"invalid what-if: the body is not JSON ({str(err)[:120]})", hint=hint
+        ) from err
+
+
+def may_ask(handles: Any, caller: Any, ask: WhatIfAsk) -> tuple[int, b.BudgetFile, float]:
+    """On the worker: the account's shares now, the budget file of the change, and the end of
+    the period (now, in whole seconds); NotAuthorised unless the caller may set those shares
+    (the change tried on a copy of the state through `decide`: nothing is appended)."""
+    from ledger.server import identity as ident
+
+    ledger = handles.ledger
+    change = c.SetShares(actor="", account=ask.account, shares=ask.shares, reason="what-if")
+    # who may first (a caller refused learns nothing of the account), then an open account
+    b.check(ledger.state, [ident.act(caller, change)], handles.now(), ledger.ids)
+    acct = ledger.state.accounts[ask.account]
+    end = float(math.floor(handles.now()))
+    budgets = b.BudgetFile(
+        accounts={ask.account: b.BudgetAccount(kind=acct.kind, shares=ask.shares)}
+    )
+    return acct.shares, budgets, end
+
+
+def period_start(end: float) -> Callable[[Any, Any], float]:
+    """In the read pool: where the what-if's period starts, the last 4 weeks before `end` or,
+    when an account was opened since, that moment (the what-if starts from the organisation
+    as it stood at the period's start: an account it lacks drops its jobs)."""
+
+    def run(cursor: Any, _limits: Any) -> float:
+        from projections import history
+
+        opened = history.last_opened_at(cursor)
+        return end - REVIEW_S if opened is None else min(end - 1, max(end - REVIEW_S, opened))
+
+    return run
+
+
+def actual(start: float, end: float) -> Callable[[Any, Any], dict[str, wi.TeamMetrics]]:
+    """In the read pool: what happened over [start, end), per team (`team_metrics`)."""
+
+    def run(cursor: Any, limits: Any) -> dict[str, wi.TeamMetrics]:
+        import duckdb
+
+        try:
+            store: Any = _Cursor(cursor)  # what `team_metrics` reads of a Store
+            return wi.team_metrics(store, start, end)
+        except duckdb.InterruptException as err:
+            raise Unavailable(
+                f"the what-if's reading of what happened ran past its time limit of "
+                f"{limits.timeout_s:g} s and was stopped",
+                hint="retry when the server is less busy",
+            ) from err
+
+    return run
+
+
+@dataclass(frozen=True)
+class _Cursor:
+    """What `team_metrics` uses of a projection `Store`: its connection (a pool's cursor)."""
+
+    con: Any
+
+
+report = wi.report
+
+
+async def simulate(
+    home: Path, start: float, end: float, budgets: b.BudgetFile, limit_s: float
+) -> wi.Simulated:
+    """The what-if side over [start, end) in a child process, in a directory of its own that
+    is removed after (whatever happened to the child)."""
+    where = Path(tempfile.mkdtemp(prefix="gpuledger-whatif-"))
+    try:
+        job = _Job(str(home), os.getpid(), start, end, str(where / "ledger"), budgets)
+        try:
+            out = await children.run("ledger.server.whatifs", msgspec.msgpack.encode(job), limit_s)
+        except RuntimeError as err:  # the child failed: its last line, as one line
+            raise Unavailable(
+                f"the what-if failed: {str(err)[:300]}", hint="see the server's log"
+            ) from err
+        except children.TimedOut as err:
+            raise Unavailable(
+                f"the what-if ran past its time limit of {limit_s:g} s and was stopped",
+                hint=f"the server's {TIMEOUT_ENV} sets the limit; or run `gpuledger whatif` "
+                "on the data directory",
+            ) from err
+        return msgspec.msgpack.decode(out, type=wi.Simulated)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def main() -> None:
+    """The child: read the job, simulate the period, write the what-if side."""
+    job = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=_Job)
+    children.enter(job.parent)
+    from schemas.errors import LedgerError
+
+    try:
+        sim = wi.simulate_period(
+            Path(job.home), job.start, job.end, Path(job.where), budgets=job.budgets
+        )
+    except LedgerError as err:  # one line for the server to answer with
+        sys.stderr.write(err.line() + "\n")
+        sys.exit(2)
+    sys.stdout.buffer.write(msgspec.msgpack.encode(sim))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,317 @@
+"""The budget review's what-if, run by the server (Debian's chromium driven by Playwright, a real
+`gpuledger serve`): a manager changes a child's shares, clicks once and sees what the period
+would have been, the same report `gpuledger whatif --budgets` prints for that change; nothing is
+written. Through the API: only whoever may set those shares asks (the one authorisation table),
+hostile values get one clear 400, one what-if runs at a time, and one past its time limit is
+stopped with one line saying so."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser
+
+from tests.integration.dashkit import Dashboard, build, cycled
+from tests.integration.serverkit import Server, cli, make_token, start_server
+from tests.integration.test_dashboard import browser, iso, signed_in, watched
+
+__all__ = ["browser"]  # the module fixture, shared
+
+ROUTE = "/ui/api/budget/whatif"
+SLOW_S = 600.0
+"""The time limit of the fixture's server (the what-if of a test history takes seconds)."""
+
+
+@dataclass
+class Reviewed:
+    dash: Dashboard
+    server: Server
+    tokens: dict[str, str]
+    boss: str
+    """The program `boss` manages."""
+
+
+@pytest.fixture(scope="module")
+def reviewed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reviewed]:
+    dash = build(tmp_path_factory.mktemp("whatif") / "ledger", days=2.0)
+    home = dash.home
+    boss = dash.project_b.split("/")[0]
+    cli(home, "manager", "grant", "boss", boss, GPULEDGER_USER="root")
+    tokens = {
+        who: make_token(home, "--user", who) for who in ("root", "boss", dash.user_a, dash.user_b)
+    }
+    tokens["node"] = cli(home, "token", "create", "--node", "n001", GPULEDGER_USER="root").stdout
+    tokens["node"] = tokens["node"].strip()
+    server = start_server(home, env={"GPULEDGER_WHATIF_TIMEOUT": str(SLOW_S)})
+    held = Reviewed(dash, server, tokens, boss)
+    try:
+        cycled(server, 1, 60)
+        yield held
+    finally:  # the server serving now (a test may have started another on the ledger)
+        assert held.server.stop() == 0, held.server.log_path.read_text()
+
+
+def ask(r: Reviewed, token: str, body: Any, *, raw: bytes | None = None) -> tuple[int, Any]:
+    """POST the what-if (`raw`: these bytes as the body); the status and the decoded answer."""
+    conn = http.client.HTTPConnection("127.0.0.1", r.server.port, timeout=600)
+    try:
+        data = raw if raw is not None else json.dumps(body).encode()
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        conn.request("POST", ROUTE, body=data, headers=headers)
+        resp = conn.getresponse()
+        text = resp.read()
+    finally:
+        conn.close()
+    return resp.status, json.loads(text) if text else None
+
+
+def children(r: Reviewed) -> dict[str, dict[str, Any]]:
+    shares = json.loads(cli(r.dash.home, "shares", "--json", GPULEDGER_USER="root").stdout)
+    return {s["account"]: s for s in shares if s["parent"] == r.boss}
+
+
+def cli_whatif(r: Reviewed, tmp: Path, account: str, kind: str, shares: int, rep: Any) -> Any:
+    """What `gpuledger whatif --budgets FILE` prints for the one change over the same period
+    (on a copy of the log: the command needs a data directory no server owns)."""
+    import shutil
+    import sqlite3
+
+    toml = tmp / "review.toml"
+    toml.write_text(f'[accounts."{account}"]\nkind = "{kind}"\nshares = {shares}\n')
+    copy = tmp / "copy"
+    copy.mkdir()
+    shutil.copy(r.dash.home / "state.key", copy / "state.key")
+    with (
+        sqlite3.connect(r.dash.home / "events.sqlite") as src,
+        sqlite3.connect(copy / "events.sqlite") as dst,
+    ):
+        src.backup(dst)
+    out = cli(
+        copy, "whatif", "--budgets", str(toml), "--from", iso(rep["start"]),
+        "--to", iso(rep["end"]), "--json", GPULEDGER_USER="root", timeout=600,
+    )  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def test_a_manager_runs_the_what_if_in_one_click_and_sees_the_clis_report(
+    reviewed: Reviewed, browser: Browser, tmp_path: Path
+) -> None:
+    r = reviewed
+    kids = children(r)
+    assert len(kids) >= 2
+    head = r.server.head()
+    page, errors = watched(signed_in(browser, r.tokens["boss"]))
+    page.goto(r.server.url + "/ui/budget")
+    page.wait_for_selector("#budget tbody tr")
+    row = page.locator("#budget tbody tr").first
+    account = row.get_attribute("data-account") or ""
+    assert account in kids
+    row.locator("button.whatif").click()
+    page.fill("#whatif-shares", "7")
+    page.click("#whatif-run")
+    page.wait_for_selector("#whatif-result, #whatif-error", timeout=SLOW_S * 1000)
+    assert page.locator("#whatif-error").count() == 0, page.locator("#whatif-error").inner_text()
+    result = page.locator("#whatif-result")
+    assert result.get_attribute("data-shares") == "7"
+    start = float(result.get_attribute("data-start") or "nan")
+    end = float(result.get_attribute("data-end") or "nan")
+    # the last 4 weeks, or since the last account opened (this history is days old)
+    assert 0 < end - start < 28 * 86400 and end > time.time() - 600
+    shown = {
+        tr.get_attribute("data-team"): tr.locator("[data-col=delivered]").inner_text()
+        for tr in page.locator("#whatif-teams tbody tr").all()
+    }
+    want = cli_whatif(r, tmp_path, account, kids[account]["kind"], 7, {"start": start, "end": end})
+
+    def pair(a: float, b: float) -> str:
+        return f"{a:.1f}" if f"{a:.1f}" == f"{b:.1f}" else f"{a:.1f} → {b:.1f}"
+
+    assert shown == {
+        t["team"]: pair(t["actual"]["delivered_gpu_h"], t["whatif"]["delivered_gpu_h"])
+        for t in want["teams"]
+    }
+    assert shown and not errors, errors
+    assert any(t["whatif"]["delivered_gpu_h"] > 0 for t in want["teams"]), want
+    assert any(t["actual"]["delivered_gpu_h"] > 0 for t in want["teams"]), want
+    # nothing was written: the shares are as they were, and the log holds no budget change
+    assert children(r)[account]["raw_shares"] == kids[account]["raw_shares"]
+    changes = json.loads(
+        cli(
+            r.dash.home,
+            "log",
+            "--json",
+            "--after",
+            str(head),
+            "--limit",
+            "10000",
+            GPULEDGER_USER="root",
+        ).stdout
+    )
+    assert not [e for e in changes if e["type"].startswith(("shares.", "account."))], changes
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal, floats to their last bits (the projections sum rows in their own order)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-9)
+    return bool(a == b)
+
+
+def test_the_api_answers_the_clis_report_and_writes_nothing(
+    reviewed: Reviewed, tmp_path: Path
+) -> None:
+    r = reviewed
+    kids = children(r)
+    account = sorted(kids)[-1]
+    status, body = ask(r, r.tokens["boss"], {"account": account, "shares": 0})
+    assert status == 200, body
+    assert body["account"] == account and body["shares"] == 0
+    assert body["was"] == kids[account]["raw_shares"]
+    want = cli_whatif(r, tmp_path, account, kids[account]["kind"], 0, body["report"])
+    got = body["report"]
+    keys = ("submissions", "carried", "cycles", "policy_version")
+    assert {k: got[k] for k in keys} == {k: want[k] for k in keys}
+    assert [t["team"] for t in got["teams"]] == [t["team"] for t in want["teams"]]
+    differ = [
+        (a["team"], side, k, a[side][k], b[side][k])
+        for a, b in zip(got["teams"], want["teams"], strict=True)
+        for side in ("actual", "whatif")
+        for k in a[side]
+        if not same(a[side][k], b[side][k])
+    ]
+    assert differ == [], differ
+    assert children(r)[account]["raw_shares"] == kids[account]["raw_shares"]
+
+
+def test_only_whoever_may_set_the_shares_asks(reviewed: Reviewed) -> None:
+    r = reviewed
+    account = sorted(children(r))[0]
+    rows = json.loads(cli(r.dash.home, "shares", "--json", GPULEDGER_USER="root").stdout)
+    other = next(a for a in rows if a["parent"] is not None and not a["account"].startswith(r.boss))
+    # a member of the team, another team's member, the manager of another program's child,
+    # a manager asking for their own program (its parent is the root: an admin's), a node
+    for token, what in (
+        (r.tokens[r.dash.user_b], account),
+        (r.tokens[r.dash.user_a], account),
+        (r.tokens["boss"], other["account"]),
+        (r.tokens["boss"], r.boss),
+    ):
+        status, body = ask(r, token, {"account": what, "shares": 5})
+        assert status == 403, (what, status, body)
+        assert body["code"] == "forbidden" and "\n" not in body["detail"], body
+    status, body = ask(r, r.tokens["node"], {"account": account, "shares": 5})
+    assert status == 403, body
+    status, body = ask(r, "glt_nothing", {"account": account, "shares": 5})
+    assert status == 401, body
+    for missing in (r.boss + "/no-such-team", account + "\x00"):
+        status, body = ask(r, r.tokens["boss"], {"account": missing, "shares": 5})
+        assert status == 404 and body["code"] == "unknown" and "\n" not in body["detail"], body
+    # an admin may ask for any account
+    status, body = ask(r, r.tokens["root"], {"account": r.boss, "shares": 3})
+    assert status == 200, body
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"account": "A", "shares": -1}',
+        b'{"account": "A", "shares": 1000000001}',
+        b'{"account": "A", "shares": 1e400}',
+        b'{"account": "A", "shares": 2.5}',
+        b'{"account": "A", "shares": "7"}',
+        b'{"account": "A", "shares": true}',
+        b'{"account": "A", "shares": null}',
+        b'{"account": "A", "shares": 99999999999999999999999999999999}',
+        b'{"account": "A"}',
+        b'{"account": "A", "shares": 1, "extra": 1}',
+        b'{"account": 7, "shares": 1}',
+        b'{"account": "' + b"x" * 300 + b'", "shares": 1}',
+        b'{"account": "A", "shares": NaN}',
+        b"[1, 2]",
+        b"not json",
+        b"",
+        b"[" * 100_000 + b"]" * 100_000,
+    ],
+)
+def test_hostile_values_get_one_clear_400(reviewed: Reviewed, raw: bytes) -> None:
+    r = reviewed
+    account = sorted(children(r))[0]
+    status, body = ask(r, r.tokens["boss"], None, raw=raw.replace(b'"A', b'"' + account.encode()))
+    assert status == 400, (raw[:80], status, body)
+    assert body["code"] == "invalid" and body["detail"] and "\n" not in body["detail"], body
+    assert "Traceback" not in body["detail"] and len(body["detail"]) < 400, body
+
+
+def test_one_what_if_at_a_time_and_the_time_limit_stops_one(
+    reviewed: Reviewed, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    import threading
+
+    r = reviewed
+    account = sorted(children(r))[0]
+    seen: list[list[int]] = []
+    for _ in range(3):  # two at once: one runs, the other is told to come back
+        got: list[tuple[int, Any]] = []
+        pair = [
+            threading.Thread(
+                target=lambda s=s, got=got: got.append(
+                    ask(r, r.tokens["boss"], {"account": account, "shares": s})
+                )
+            )
+            for s in (8, 9)
+        ]
+        for t in pair:
+            t.start()
+        for t in pair:
+            t.join(SLOW_S)
+        seen.append(sorted(status for status, _ in got))
+        busy = [body for status, body in got if status == 429]
+        assert all(b["code"] == "busy" and "\n" not in b["detail"] for b in busy), busy
+        if seen[-1] == [200, 429]:
+            break
+    assert [200, 429] in seen and all(x in ([200, 200], [200, 429]) for x in seen), seen
+    # the same ledger served with a time limit no what-if meets: stopped, one line, 503, and
+    # its directory removed
+    assert r.server.stop() == 0, r.server.log_path.read_text()
+    tmp = tmp_path_factory.mktemp("server-tmp")
+    r.server = start_server(
+        r.dash.home, log_name="serve-quick.log",
+        env={"GPULEDGER_WHATIF_TIMEOUT": "0.05", "TMPDIR": str(tmp)},
+    )  # fmt: skip
+    status, body = ask(r, r.tokens["boss"], {"account": account, "shares": 9})
+    assert status == 503 and body["code"] == "unavailable", body
+    assert "time limit of 0.05 s" in body["detail"] and "\n" not in body["detail"], body
+    assert r.server.request("GET", "/v1/health")[1]["status"] == "up"
+    assert list(tmp.iterdir()) == []
+
+
+def test_a_what_if_that_fails_is_one_line_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """The child meets no ledger: the answer is one 503 line, its directory removed."""
+    import asyncio
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ledger.core import budget as b
+    from ledger.server import whatifs
+    from schemas.errors import Unavailable
+
+    os.environ["TMPDIR"] = str(tmp_path)  # where the what-if's directory is made
+    try:
+        import tempfile
+
+        tempfile.tempdir = None
+        run = whatifs.simulate(tmp_path / "no-ledger", 0.0, 3600.0, b.BudgetFile(), 60)
+        with pytest.raises(Unavailable) as got, ThreadPoolExecutor(1) as alone:
+            alone.submit(asyncio.run, run).result()  # a loop of its own (Playwright runs one)
+    finally:
+        del os.environ["TMPDIR"]
+        tempfile.tempdir = None
+    assert got.value.line().startswith("the what-if failed: ") and "\n" not in got.value.line()
+    assert list(tmp_path.iterdir()) == []
