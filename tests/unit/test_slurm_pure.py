@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -938,3 +939,22 @@ def test_a_run_that_ended_while_slurmctld_was_away_ends_when_last_seen_running(
     want: float,
 ) -> None:
     assert words.real_end(end_time, now, seen, away, 30.0) == want, case
+
+
+def test_hostile_sacctmgr_output_is_refused_or_read_as_slurm_would() -> None:
+    """atk23c F7: a self-parented account or a longer loop is one line naming the loop (it made
+    a 64-level account); a share over the ledger's bound is refused at import; an association
+    seen twice keeps its first parent as it keeps its first share; `Ai2` is `ai2`."""
+    for text, want in [
+        ("loop|loop||1\n", "account 'loop' is its own ancestor (loop -> loop)"),
+        ("a|b||1\nb|a||1\n", "is its own ancestor (a -> b -> a)"),
+        ("ai2|root||99999999999\n", "share 99999999999 is over the ledger's 1,000,000,000"),
+    ]:
+        with pytest.raises(InvalidCommand, match=re.escape(want)):
+            parse_sacctmgr_shares(text)
+    got = parse_sacctmgr_shares(
+        "ai2|root||10\ntulu|root||5\nolmo|ai2||3\nolmo|tulu||4\nAi2|root||10\nolmo|ai2|dan|1\n"
+    )
+    assert got.parents["olmo"] == "ai2" and "Ai2" not in got.parents
+    assert got.duplicates == {"olmo": [3, 4], "ai2": [10, 10]}
+    assert sorted(a for a, u, _ in got.rows if not u) == ["ai2", "olmo", "tulu"]

@@ -16,7 +16,9 @@ accepts is what this writes (tests/unit/test_slurm_pure.py applies every file it
   among the account's members as equals: Slurm would rank them as the account. The caller
   names them (`Imported.inherit`). An account with `parent` takes its parent account's share.
 - An association that appears more than once (one per cluster or partition) is reported by
-  the caller (`Imported.duplicates`), and its first share is kept.
+  the caller (`Imported.duplicates`), and its first share and parent are kept.
+- Account names are lowercased (Slurm stores them so); an account that is its own ancestor and
+  a share over the ledger's bound are refused with one line naming the line or the loop.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from schemas.errors import InvalidCommand
 
 _NAME = re.compile(NAME_PATTERN)
 
+MAX_SHARES = 1_000_000_000
+"""The largest share `budget apply` takes (`schemas.bounds.Shares`)."""
 SACCTMGR_ARGS = ("sacctmgr", "-nP", "show", "associations", "format=Account,ParentName,User,Share")
 PARENT = -1
 """A share of `parent` in the rows, before it is resolved."""
@@ -65,6 +69,7 @@ def parse_sacctmgr_shares(text: str) -> Imported:
         account, parent, user, share = cells
         if (account, user, share) == ("Account", "User", "Share"):
             continue  # a header line
+        account, parent = account.lower(), parent.lower()  # Slurm's accounts are lowercase
         for what, name in (("account", account), ("parent account", parent), ("user", user)):
             if name and not _NAME.match(name):  # what `budget apply` would refuse: refused here
                 raise InvalidCommand(
@@ -73,13 +78,18 @@ def parse_sacctmgr_shares(text: str) -> Imported:
                     hint="rename it in the saved output (--from FILE), or leave the line out",
                 )
         if parent:
-            parents[account] = parent
+            parents.setdefault(account, parent)  # the first association's, as its share
         if account == "root" and user:
             continue
         if share.lower() == "parent":
             value = PARENT
-        elif share.isdigit():
+        elif share.isdigit() and int(share) <= MAX_SHARES:
             value = int(share)
+        elif share.isdigit():
+            raise InvalidCommand(
+                f"sacctmgr line {n}: share {share} is over the ledger's {MAX_SHARES:,}",
+                hint="scale the shares down in the saved output (--from FILE)",
+            )
         else:
             raise InvalidCommand(f"sacctmgr line {n}: share {share!r} is not a whole number")
         key = (account, user)
@@ -88,9 +98,24 @@ def parse_sacctmgr_shares(text: str) -> Imported:
             duplicates.setdefault(name, [seen[key]]).append(value)
             continue
         seen[key] = value
+    for account in parents:
+        _no_cycle(parents, account)
     rows = [(a, u, _resolved(seen, parents, a, u)) for (a, u) in seen]
     inherit = [f"{a}/{u}" for (a, u), share in seen.items() if u and share == PARENT]
     return Imported(rows, parents, duplicates, inherit)
+
+
+def _no_cycle(parents: Mapping[str, str], account: str) -> None:
+    """Pure: refuse an account that is its own ancestor (`a|a||1`, or a longer loop): Slurm's
+    tree has none, so the saved output was edited or is not sacctmgr's."""
+    path = [account]
+    while parents.get(path[-1], "") not in ("", "root"):
+        path.append(parents[path[-1]])
+        if path[-1] in path[:-1]:
+            raise InvalidCommand(
+                f"sacctmgr: account {account!r} is its own ancestor ({' -> '.join(path)})",
+                hint="Slurm's accounts form a tree: fix the ParentName column",
+            )
 
 
 def _resolved(
