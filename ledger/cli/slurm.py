@@ -78,7 +78,7 @@ def import_shares(source: Path | None, output: Path | None) -> None:
         )
         click.echo(
             f"note: {len(duplicates)} associations appear more than once (one per cluster or "
-            f"partition?), the first share kept: {shown}",
+            f"partition?), the first share and parent kept: {shown}",
             err=True,
         )
     if output is None:
