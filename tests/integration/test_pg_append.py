@@ -240,3 +240,32 @@ def test_many_clients_lose_and_double_no_submit_when_the_server_is_killed_mid_ba
     assert len(submitted) == len(answered)  # exactly the answered ones: none lost, none extra
     assert by_id == keyed  # each as the job its answer named
     assert len(resent) >= 3, resent  # the kills cut requests off (in flight, not between them)
+
+
+def test_a_write_the_moment_a_lone_server_listens_is_answered_not_refused(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """A server listens before its first turn takes the lease; a write in between waits for it
+    to lead (it used to be refused, 503 "this server is a standby; the leader is" itself)."""
+    home = tmp_path / "server-0"
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    budget = tmp_path / "budget.toml"
+    budget.write_text(BUDGET)
+    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
+    cli(home, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100", GPULEDGER_USER="root")
+    token = make_token(home, "--user", "alice")
+    group = make_group(tmp_path, pg_store, 1, "--interval", "1h", home=home)
+    server = group.members[0]
+    try:
+        for _ in range(2):  # a first start, and a restart after kill -9 (the lease is its own)
+            group.start(server)
+            con = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+            con.request("POST", "/v1/commands/submit", b'{"actor":"","account":"ai2/olmo",'
+                        b'"gpus":1}', {"Authorization": f"Bearer {token}",
+                                       "Content-Type": "application/json"})  # fmt: skip
+            resp = con.getresponse()
+            assert resp.status == 200, (resp.status, resp.read())
+            con.close()
+            server.kill(signal.SIGKILL)
+    finally:
+        group.stop()
