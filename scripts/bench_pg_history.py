@@ -39,6 +39,8 @@ from bench_pg import database
 from benchkit import machine, private_service
 
 from ledger.store import locate, snapshots
+from ledger.store.pgread import PgSource
+from projections.errors import SourceUnavailable
 from projections.store import PROJECTIONS_DIR
 
 SCRIPT = Path(__file__).resolve().parent / "postgres" / "postgres"
@@ -102,20 +104,19 @@ def pg_home(sqlite_home: Path, admin: str, n: int) -> tuple[Path, dict[str, floa
 
 
 def _head(dsn: str) -> int:
+    """The head of the store `dsn` (-1: it cannot be read)."""
     try:
-        with psycopg.connect(dsn) as con:
-            row = con.execute("SELECT max(notification_id) FROM gpuledger_events").fetchone()
-    except psycopg.Error:
+        with PgSource(dsn) as source:
+            return source.head()
+    except SourceUnavailable:
         return -1
-    return int(row[0] or 0) if row else 0
 
 
 def db_bytes(dsn: str) -> int:
+    """The store's database on disk (its events, snapshots and indexes, and PostgreSQL's own
+    catalog, ~7 MB)."""
     with psycopg.connect(dsn) as con:
-        row = con.execute(
-            "SELECT pg_total_relation_size('gpuledger_events') + "
-            "pg_total_relation_size('gpuledger_snapshots')"
-        ).fetchone()
+        row = con.execute("SELECT pg_database_size(current_database())").fetchone()
     return int(row[0]) if row else 0
 
 
