@@ -231,8 +231,8 @@ def test_many_clients_lose_and_double_no_submit_when_the_server_is_killed_mid_ba
         stop.set()
         for t in threads:
             t.join(timeout=180)
+        group.stop()  # also when a wait failed: no server outlives the test
     assert failed == []
-    group.stop()
     submitted = [e for e in log_events(home) if e["type"].startswith("job.submitted.")]
     by_id = {e["event_id"]: e["job_id"] for e in submitted}
     assert len(by_id) == len(submitted)  # no event twice
