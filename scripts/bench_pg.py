@@ -14,6 +14,12 @@ The server's CPU per submit is printed beside the wall-clock rates, and the load
 
     python scripts/bench_pg.py                      # 8 clients x 1,000 submits, 3 rounds
     python scripts/bench_pg.py --per-client 500 --rounds 2
+    python scripts/bench_pg.py --synchronous-commit off   # both sides: what the disk's fsync costs
+
+`--synchronous-commit` is PostgreSQL's setting, given to both sides' connections (the DSN's
+`options`); the default `on` never loses an acknowledged command (docs/ha.md), `off` may lose
+the last ~0.6 s of them when PostgreSQL crashes: an operator's choice, measured here only to show
+how much of a submit's time is the disk's flush.
 """
 
 from __future__ import annotations
@@ -41,11 +47,16 @@ GOAL_RATIO = 0.30
 SCRIPT = Path(__file__).resolve().parent / "postgres" / "postgres"
 
 
-def database(admin: str, name: str) -> str:
+def database(admin: str, name: str, synchronous_commit: str = "") -> str:
+    """A fresh database `name` on `admin`'s server; its DSN (with the session's
+    synchronous_commit when given)."""
     with psycopg.connect(admin, autocommit=True) as con:
         con.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         con.execute(f'CREATE DATABASE "{name}"')
     base, _, rest = admin.partition("?")
+    if synchronous_commit:
+        option = f"options=-c%20synchronous_commit%3D{synchronous_commit}"
+        rest = f"{rest}&{option}" if rest else option
     return base.rsplit("/", 1)[0] + "/" + name + (f"?{rest}" if rest else "")
 
 
@@ -109,9 +120,11 @@ def load() -> str:
 def run(admin: str, args: argparse.Namespace) -> None:
     rates, raws, p99s = [], [], []
     for r in range(args.rounds):
-        h, size = over_http(database(admin, f"bench_http_{r}"), args.clients, args.per_client)
-        rate, raw_p99 = raw(database(admin, f"bench_raw_{r}"), args.clients, args.per_client,
-                            size)  # fmt: skip
+        sync = args.synchronous_commit
+        h, size = over_http(database(admin, f"bench_http_{r}", sync), args.clients,
+                            args.per_client)  # fmt: skip
+        rate, raw_p99 = raw(database(admin, f"bench_raw_{r}", sync), args.clients,
+                            args.per_client, size)  # fmt: skip
         rates.append(h.rate)
         raws.append(rate)
         p99s.append(h.p99_ms)
@@ -119,7 +132,8 @@ def run(admin: str, args: argparse.Namespace) -> None:
             f"round {r + 1}: raw psycopg inserts {rate:,.0f} rows/s (p99 {raw_p99:.1f} ms, "
             f"{size} B rows); HTTP {h.rate:,.0f} submits/s, p50 {h.p50_ms:.1f} ms, p99 "
             f"{h.p99_ms:.1f} ms, {h.errors} errors, server {h.server_cpu * 1e6:.0f} us CPU per "
-            f"submit; ratio {h.rate / rate:.0%}; {load()}",
+            f"submit; ratio {h.rate / rate:.0%}; synchronous_commit {args.synchronous_commit}; "
+            f"{load()}",
             flush=True,
         )
     rate, p99 = statistics.median(rates), statistics.median(p99s)
@@ -138,6 +152,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--per-client", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--synchronous-commit", default="on", choices=["on", "off", "local"])
     args = ap.parse_args()
     print(f"machine: {machine()}; {load()}", flush=True)
     admin = os.environ.get("GPULEDGER_PG_DSN", "")

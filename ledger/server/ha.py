@@ -48,6 +48,9 @@ FORWARDED = {"authorization", "content-type", "accept", "idempotency-key", "x-re
 """The request headers a standby passes on with a forwarded write."""
 READ_YOUR_WRITES_S = 5.0
 """How long a read that asks for a position waits for the standby to fold it."""
+TAKEOVER_WAIT_S = 3.0
+"""How long a write waits for a server that holds the lease (or may take it: nobody leads) to
+take up the leader's work, before it is forwarded or refused."""
 
 
 @dataclass
@@ -201,6 +204,9 @@ class HAFront:
                 return
             await self.app(scope, receive, self._stamped(send))
             return
+        if await self._taking_over():
+            await self.app(scope, receive, self._stamped(send))
+            return
         leader = self.ha.leader_address()
         forwardable = (
             "authorization" in headers
@@ -224,6 +230,22 @@ class HAFront:
             await send(message)
 
         return stamped
+
+    async def _taking_over(self) -> bool:
+        """Wait, at most `TAKEOVER_WAIT_S`, while this server holds the lease and its worker is
+        taking up the leader's work, or while no server leads and the store answers (an
+        election is on): True once this server acts. (A server that has just started listens
+        before its first turn takes the lease: its first writes used to be refused with "the
+        leader is" itself.)"""
+        deadline = time.monotonic() + TAKEOVER_WAIT_S
+        while not self.ha.acting():
+            leader = self.ha.leader_address()
+            electing = not leader and self.ha.unreachable is None
+            if not (self.ha.lease.may_act() or electing) or time.monotonic() > deadline:
+                return False
+            self.ha.notify()
+            await asyncio.sleep(0.02)
+        return True
 
     async def _reached(self, want: int) -> bool:
         deadline = time.monotonic() + READ_YOUR_WRITES_S

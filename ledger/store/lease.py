@@ -65,9 +65,6 @@ BEGIN
 END $$;
 """
 
-FENCE_SQL = "SELECT gpuledger_fence(%s)"
-"""Run first in every append of a leader (`ledger.store.postgres`)."""
-
 
 @dataclass(frozen=True)
 class Holder:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -183,8 +184,10 @@ def test_a_standby_never_forwards_a_write_that_was_forwarded_to_it() -> None:
     ha = SimpleNamespace(
         acting=lambda: False,
         leader_address=lambda: "http://other:1",
-        lease=SimpleNamespace(address="http://me:1"),
+        lease=SimpleNamespace(address="http://me:1", may_act=lambda: False),
         role="standby",
+        unreachable=None,
+        notify=lambda: None,
     )
     front = HAFront(None, ha, lambda: 0)  # type: ignore[arg-type]
 
@@ -206,6 +209,72 @@ def test_a_standby_never_forwards_a_write_that_was_forwarded_to_it() -> None:
     asyncio.run(front(scope, receive, send))
     assert sent[0]["status"] == 503
     assert (b"x-gpuledger-leader", b"http://other:1") in sent[0]["headers"]
+
+
+@pytest.mark.parametrize(
+    ("holds", "leader", "unreachable", "served"),
+    [
+        (True, "http://me:1", None, True),  # took the lease; the worker takes up the work
+        (False, "", None, True),  # nobody leads: an election is on, and this server wins it
+        (False, "http://other:1", None, False),  # another leads: forwarded at once, no wait
+        (False, "", "the store does not answer", False),  # no election without the store
+    ],
+)
+def test_a_write_waits_for_a_server_about_to_lead_and_for_nothing_else(
+    holds: bool, leader: str, unreachable: str | None, served: bool
+) -> None:
+    """A server listens before its first turn takes the lease: a write in between waits for
+    it (it used to be refused naming the server itself as the leader); a standby with a
+    leader elsewhere, or a store that does not answer, does not wait."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from ledger.server import ha as ha_module
+    from ledger.server.ha import HAFront
+
+    turns = {"n": 0}
+
+    def acting() -> bool:  # the worker takes up the leader's work after a few turns
+        turns["n"] += 1
+        return (holds or not leader) and unreachable is None and turns["n"] > 3
+
+    ha = SimpleNamespace(
+        acting=acting,
+        leader_address=lambda: leader,
+        lease=SimpleNamespace(address="http://me:1", may_act=lambda: holds),
+        role="standby",
+        unreachable=unreachable,
+        notify=lambda: None,
+    )
+    reached: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append("app")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    front = HAFront(app, ha, lambda: 0)  # type: ignore[arg-type]
+
+    async def forward(*args: object) -> None:
+        reached.append("forwarded")
+
+    front._forward = forward  # type: ignore[method-assign]
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b"{}"}
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/commands/submit", "query_string": b"",
+             "headers": [(b"authorization", b"Bearer x")]}  # fmt: skip
+    began = time.monotonic()
+    asyncio.run(front(scope, receive, send))
+    if served:
+        assert reached == ["app"]
+    else:
+        assert "app" not in reached
+        assert time.monotonic() - began < ha_module.TAKEOVER_WAIT_S  # no wait
 
 
 def test_a_server_that_accepts_and_never_answers_is_left_for_the_next_and_the_next_request_starts_there(  # noqa: E501

@@ -1,0 +1,271 @@
+"""The append path on a PostgreSQL store (`ledger.store.postgres`): one statement per group commit
+(fence, rows and commit in one round trip, no table lock), and what that must keep true: the
+committed rows are always a prefix of the log (a reader tailing it never passes a position that
+is filled in later), two writers never both append a position, a deposed leader's append stores
+nothing, an append whose answer was lost is known as its own, and a server killed -9 in the
+middle of group commits loses and doubles no acknowledged submit of many concurrent clients.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import secrets
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from ledger.core.decide import decide
+from ledger.store import lease, locate
+from ledger.store.application import Ledger
+from ledger.store.pgread import PgSource
+from ledger.store.requests import keyed_id
+from schemas import commands as c
+from schemas.errors import Conflict, Unavailable
+from tests.integration import waits
+from tests.integration.hakit import log_events, make_group
+from tests.integration.serverkit import BUDGET, cli, make_token
+
+
+def base(home: Path, dsn: str) -> Ledger:
+    locate.remember(home, dsn)
+    led = Ledger(home)
+    led.execute(c.InitLedger(actor="root", admin="root"))
+    led.execute_all(
+        [
+            c.OpenAccount(actor="root", path="ai2", kind="program"),
+            c.OpenAccount(actor="root", path="ai2/olmo", kind="project"),
+            c.AddMember(actor="root", user="alice", project="ai2/olmo"),
+            c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=8),
+        ]
+    )
+    return led
+
+
+def submit(actor: str = "alice") -> c.SubmitJob:
+    return c.SubmitJob(actor=actor, account="ai2/olmo", gpus=1, min_runtime_s=60)
+
+
+def test_two_writers_and_a_tailing_reader_see_one_gapless_log(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """Two ledgers on one store append group commits as fast as they can (each losing races to
+    the other and deciding again); a reader tails the log meanwhile. The reader never sees a
+    position before the one it last saw has been committed (no gap it would pass over), every
+    command is in the log exactly once, and the chain holds."""
+    first = base(tmp_path / "a", pg_store)
+    second = Ledger(tmp_path / "b", store=pg_store)
+    start = first.position
+    per, batch = 30, 5
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def write(led: Ledger, who: str) -> None:
+        try:
+            for i in range(per):
+                cmds = [submit() for _ in range(batch)]
+                keys = [f"{who}-{i}-{k}" for k in range(batch)]
+                while True:
+                    try:  # all of the 20 tries lost to the other writer: again, the same keys
+                        done = led.execute_each(cmds, keys)
+                    except Conflict:
+                        continue
+                    break
+                for got in done:
+                    assert not isinstance(got, Exception), got
+        except BaseException as err:
+            errors.append(err)
+
+    seen: list[int] = []
+
+    def tail() -> None:
+        with PgSource(pg_store) as source:
+            after = start
+            while not done.is_set() or source.head() > after:
+                for rec in source.read(after, 1000):
+                    seen.append(rec.position)
+                    after = rec.position
+
+    writers = [threading.Thread(target=write, args=(led, who))
+               for led, who in ((first, "a"), (second, "b"))]  # fmt: skip
+    reader = threading.Thread(target=tail)
+    reader.start()
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join(timeout=300)
+    done.set()
+    reader.join(timeout=120)
+    assert errors == []
+    total = 2 * per * batch
+    assert seen == list(range(start + 1, start + total + 1))
+    events = [ev for _, ev in first.read(start, total + 10)]
+    ids = [ev.event_id for ev in events]
+    want = {keyed_id("alice", f"{w}-{i}-{k}")
+            for w in "ab" for i in range(per) for k in range(batch)}  # fmt: skip
+    assert len(ids) == total and set(ids) == want
+    first.close()
+    second.close()
+    out = cli(tmp_path / "a", "audit", "verify").stdout
+    assert f"chain intact over {start + total} events" in out, out
+
+
+def test_a_deposed_leader_s_append_stores_nothing(tmp_path: Path, pg_store: str) -> None:
+    led = base(tmp_path / "a", pg_store)
+    lease.setup(pg_store)
+    mine = lease.Lease(pg_store, "server-a", "http://a", 5.0)
+    assert mine.acquire()
+    led.fence(mine.epoch)
+    led.execute(submit())
+    head = led.position
+    with psycopg.connect(pg_store, autocommit=True) as con:  # another server took it over
+        con.execute(f"UPDATE {lease.LEADER_TABLE} SET epoch = epoch + 1, holder = 'server-b'")
+    with pytest.raises(Unavailable, match="not the leader"):
+        led.execute(submit())
+    with pytest.raises(Unavailable, match="not the leader"):
+        led.execute_each([submit(), submit()], ["k1", "k2"])
+    with PgSource(pg_store) as source:
+        assert source.head() == head
+    led.fence(None)
+    led.close()
+    mine.close()
+
+
+def test_an_append_whose_answer_was_lost_is_known_as_its_own(tmp_path: Path, pg_store: str) -> None:
+    """The store committed, the answer was lost, the retry meets its own rows: the ledger takes
+    them as appended (byte for byte the same), and another writer's rows are not taken so."""
+    led = base(tmp_path / "a", pg_store)
+    head = led.position
+    events = decide(led.state, submit(), led.clock.now(), led.ids)
+    rows, _ = led._stored(events)
+    assert led.recorder.insert_events(rows) == [head + 1]  # committed; "the answer was lost"
+    assert led._insert(rows) == [head + 1]  # the retry: its own rows
+    other, _ = led._stored(decide(led.state, submit(), led.clock.now(), led.ids))
+    assert led._insert(other) is None  # the same position, other bytes: another writer's
+    led.close()
+
+
+def test_many_clients_lose_and_double_no_submit_when_the_server_is_killed_mid_batch(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """16 clients submit as fast as they can, each submit with its own idempotency key, sent
+    again (the same key) until it is answered; the server is killed -9 three times while group
+    commits are in flight and started again. Every submit is in the log exactly once, as the job
+    its answer named."""
+    home = tmp_path / "server-0"
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    budget = tmp_path / "budget.toml"
+    budget.write_text(BUDGET)
+    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
+    cli(home, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100", GPULEDGER_USER="root")
+    token = make_token(home, "--user", "alice")
+    group = make_group(tmp_path, pg_store, 1, "--interval", "1h", home=home)
+    server = group.members[0]
+    group.start(server)
+    answered: dict[str, int] = {}  # key -> the job its answer named
+    resent: set[str] = set()  # keys whose request a kill cut off (sent again)
+    lock = threading.Lock()
+    stop = threading.Event()
+    body = json.dumps({"actor": "", "account": "ai2/olmo", "gpus": 1}).encode()
+
+    def one(key: str) -> int:
+        """Send the submit keyed `key` until a server answers it; its job id."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            con = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+            try:
+                con.request("POST", "/v1/commands/submit", body, {
+                    "Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                    "Idempotency-Key": key})  # fmt: skip
+                resp = con.getresponse()
+                data = resp.read()
+            except OSError:
+                with lock:
+                    resent.add(key)
+                time.sleep(0.05)  # the server is down: again, with the same key
+                continue
+            finally:
+                con.close()
+            if resp.status == 503:
+                time.sleep(0.05)
+                continue
+            assert resp.status == 200, (resp.status, data)
+            return int(json.loads(data)["events"][0]["job_id"])
+        raise AssertionError(f"submit {key} never answered")
+
+    failed: list[BaseException] = []
+
+    def client() -> None:
+        try:
+            while not stop.is_set():
+                key = secrets.token_hex(8)
+                job = one(key)
+                with lock:
+                    answered[key] = job
+        except BaseException as err:
+            failed.append(err)
+            raise
+
+    def more(n: int) -> None:
+        want = len(answered) + n
+        waits.wait_for(f"{n} more answered submits",
+                       lambda: len(answered) >= want or bool(failed), 120, group.why)  # fmt: skip
+        assert failed == []
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(16)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(3):
+            more(100)
+            time.sleep(random.uniform(0, 0.05))
+            server.kill(signal.SIGKILL)  # 16 submits in flight: in a group commit, or about to
+            group.start(server)
+        more(50)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=180)
+        group.stop()  # also when a wait failed: no server outlives the test
+    assert failed == []
+    submitted = [e for e in log_events(home) if e["type"].startswith("job.submitted.")]
+    by_id = {e["event_id"]: e["job_id"] for e in submitted}
+    assert len(by_id) == len(submitted)  # no event twice
+    keyed = {keyed_id("alice", k): job for k, job in answered.items()}
+    assert len(submitted) == len(answered)  # exactly the answered ones: none lost, none extra
+    assert by_id == keyed  # each as the job its answer named
+    assert len(resent) >= 3, resent  # the kills cut requests off (in flight, not between them)
+
+
+def test_a_write_the_moment_a_lone_server_listens_is_answered_not_refused(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """A server listens before its first turn takes the lease; a write in between waits for it
+    to lead (it used to be refused, 503 "this server is a standby; the leader is" itself)."""
+    home = tmp_path / "server-0"
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    budget = tmp_path / "budget.toml"
+    budget.write_text(BUDGET)
+    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
+    cli(home, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100", GPULEDGER_USER="root")
+    token = make_token(home, "--user", "alice")
+    group = make_group(tmp_path, pg_store, 1, "--interval", "1h", home=home)
+    server = group.members[0]
+    try:
+        for _ in range(2):  # a first start, and a restart after kill -9 (the lease is its own)
+            group.start(server)
+            con = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+            con.request("POST", "/v1/commands/submit", b'{"actor":"","account":"ai2/olmo",'
+                        b'"gpus":1}', {"Authorization": f"Bearer {token}",
+                                       "Content-Type": "application/json"})  # fmt: skip
+            resp = con.getresponse()
+            assert resp.status == 200, (resp.status, resp.read())
+            con.close()
+            server.kill(signal.SIGKILL)
+    finally:
+        group.stop()
