@@ -12,6 +12,7 @@ Stopping it (Ctrl-C, SIGTERM, or kill -9) leaves jobs running under their superv
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -310,6 +311,12 @@ def serve(
         log_level=log_level,
     )
     setup_logging(config.log_level, config.log_format)
+    if store and _has_password(store):
+        logging.getLogger("gpuledger.server").warning(
+            "the PostgreSQL password in --store is readable by every local user (ps, "
+            "/proc/PID/cmdline): leave it out of the DSN and put it in a PGPASSFILE "
+            "(libpq's ~/.pgpass), or give the DSN as the config key `store` (docs/security.md)"
+        )
     sys.exit(run_server(ctx.home, config, actor=ctx.actor))
 
 
@@ -366,3 +373,13 @@ def status(ctx: Ctx, as_json: bool) -> None:
 
 
 COMMANDS = [up, serve, status]
+
+
+def _has_password(dsn: str) -> bool:
+    """Whether a DSN carries a password (then anyone who can read the argv can read it)."""
+    from ledger.store.pgread import connect_params
+
+    try:
+        return bool(connect_params(dsn).get("password"))
+    except Exception:
+        return False  # an invalid DSN is refused later, in one line
