@@ -367,10 +367,22 @@ def status(ctx: Ctx, as_json: bool) -> None:
     if h.store_error:
         click.echo(f"  store         {h.store} does not answer: {h.store_error}")
     if h.role != "single":  # one of several servers on a PostgreSQL store (docs/ha.md)
-        click.echo(f"  role          {h.role}, epoch {h.epoch}, leader {h.leader or 'none'}")
+        silent = {s.address: s.seen_s_ago for s in h.servers if s.seen_s_ago > SILENT_S}
+        leader = h.leader or "none"
+        if h.leader and (h.leader in silent or h.leader not in {s.address for s in h.servers}):
+            ago = silent.get(h.leader)
+            leader += (f" (does not answer: not heard from for {ago:.0f} s; a standby takes "
+                       "over once its lease expires)" if ago is not None
+                       else " (not heard from in the last minute)")  # fmt: skip
+        click.echo(f"  role          {h.role}, epoch {h.epoch}, leader {leader}")
         for s in h.servers:
-            click.echo(f"  server        {s.address} {s.role}, lag {s.lag} events")
+            quiet = f", not heard from for {s.seen_s_ago:.0f} s" if s.address in silent else ""
+            role = "leader" if s.address == h.leader else s.role
+            click.echo(f"  server        {s.address} {role}, lag {s.lag} events{quiet}")
 
+
+SILENT_S = 5.0
+"""A server that has not reported for this long is said to be silent (each reports every 1 s)."""
 
 COMMANDS = [up, serve, status]
 

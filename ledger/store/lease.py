@@ -115,7 +115,7 @@ def agree(dsn: str, lease_s: float) -> None:
     if not low <= lease_s <= high:
         raise InvalidCommand(
             f"--lease {lease_s:g}s is outside {low:g}s-{high:g}s",
-            hint="the default 5s suits most clusters (docs/ha.md)",
+            hint="the default 5s suits most clusters: docs/ha.md",
         )
     with connect(dsn) as con:
         row = con.execute(
@@ -125,8 +125,8 @@ def agree(dsn: str, lease_s: float) -> None:
         raise InvalidCommand(
             f"the servers on this store use a lease of {float(row[0]):g}s (the leader "
             f"{row[1] or '?'} holds one now); this server was given {lease_s:g}s",
-            hint=f"start it with --lease {float(row[0]):g}s (every server on a store uses the "
-            "same lease; to change it, stop them all)",
+            hint=f"start it with --lease {float(row[0]):g}s: every server on a store uses the "
+            "same lease; to change it, stop them all",
         )
 
 
