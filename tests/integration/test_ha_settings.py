@@ -4,9 +4,10 @@ a refused `init` leaves nothing behind."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from tests.integration.hakit import free_port, make_group
 from tests.integration.serverkit import cli
@@ -47,9 +48,8 @@ def test_a_lease_out_of_bounds_or_unlike_the_leaders_is_refused_in_one_line(
 def test_a_wrong_password_says_libpqs_cause_in_one_line_and_a_failed_init_leaves_no_home(
     tmp_path: Path, pg_store: str
 ) -> None:
-    params = conninfo_to_dict(pg_store)
-    params["password"] = "WRONGPASS123"
-    wrong = make_conninfo(**params)  # type: ignore[arg-type]
+    assert conninfo_to_dict(pg_store).get("password"), pg_store  # the script's DSN has one
+    wrong = re.sub(r"://([^:@/]+):[^@]*@", r"://\1:WRONGPASS123@", pg_store, count=1)
     home = tmp_path / "fresh"
     err = one_line(cli(home, "init", "--admin", "root", "--store", wrong, ok=False, timeout=120))
     assert "password authentication failed" in err and "WRONGPASS123" not in err, err
