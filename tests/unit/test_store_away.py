@@ -81,3 +81,12 @@ def test_status_says_the_leader_does_not_answer(fake: Fake, tmp_path: Path) -> N
     )  # fmt: skip
     assert "leader http://dead:1 (does not answer: not heard from for 42 s" in out.stdout, out
     assert "server        http://dead:1 leader, lag 0 events, not heard from for 42 s" in out.stdout
+
+
+def test_a_store_refused_for_its_form_never_shows_its_password(tmp_path: Path) -> None:
+    from ledger.store.locate import store_of
+    from schemas.errors import InvalidCommand
+
+    with pytest.raises(InvalidCommand) as got:
+        store_of(tmp_path, "user=gpuledger password=WRONGPASS123 host=127.0.0.1 dbname=x")
+    assert "WRONGPASS123" not in got.value.line() and "invalid store" in got.value.line()
