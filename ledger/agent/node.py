@@ -198,6 +198,8 @@ class NodeAgent:
         last contact + lost_after_s + fence_s."""
         self.lease_path = status_path.with_name(LEASE_FILE)
         self._lease_until = 0.0
+        self._keeping = False
+        """A server without its store keeps the lease (logged once per outage)."""
         self.applied = ""
         """The version of the node's list `_apply` last carried out (reports say it)."""
         self.report_wake = threading.Event()
@@ -309,7 +311,8 @@ class NodeAgent:
 
     def _reporter(self) -> None:
         """Send the outbox as soon as it holds something, a heartbeat otherwise."""
-        client = AgentClient(self.s.url, self.s.token, timeout=30.0)
+        client = AgentClient(self.s.url, self.s.token, timeout=30.0, seen=self.seen)
+        client.client.on_keep = self._kept
         while not self.stop_event.is_set():
             ok = self._send(client)
             self.report_wake.wait(self.s.heartbeat_s if ok else 1.0)
@@ -319,6 +322,7 @@ class NodeAgent:
         client = AgentClient(
             self.s.url, self.s.token, timeout=self.s.poll_wait_s + 30.0, seen=self.seen
         )
+        client.client.on_keep = self._kept
         version = ""
         while not self.stop_event.is_set():
             try:
@@ -504,6 +508,7 @@ class NodeAgent:
         """Record a successful contact of a request sent at `sent`; returns how long the agent
         had been out of contact."""
         self._last_sent = max(self._last_sent, sent)
+        self._keeping = False
         self._renew(self._last_sent)
         now = _now()
         last = self.status.last_contact_at
@@ -513,6 +518,18 @@ class NodeAgent:
         if self.status.registered and silent > self.lost_after_s:
             self._rejoin = True  # the server may have marked this node lost meanwhile
         return silent
+
+    def _kept(self, sent: float, epoch: int) -> None:
+        """A server that cannot reach its store said it keeps this node's lease (it led at the
+        epoch it names, no newer leader has answered us, and nothing can be placed elsewhere
+        while the store is away): renew the lease from when that request was sent."""
+        if epoch < self.seen.epoch:
+            return  # a deposed leader: a newer one answered us, only it may keep the lease
+        if not self._keeping:
+            log.warning("the servers cannot reach their store; the leader of epoch %d keeps "
+                        "this node's lease (jobs run on)", epoch)  # fmt: skip
+        self._keeping = True
+        self._renew(_now() - max(0.0, time.monotonic() - sent))  # wall time it was sent
 
     def _error(self, err: LedgerError) -> None:
         self.status.last_error = err.line()

@@ -12,6 +12,7 @@ Stopping it (Ctrl-C, SIGTERM, or kill -9) leaves jobs running under their superv
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -310,6 +311,12 @@ def serve(
         log_level=log_level,
     )
     setup_logging(config.log_level, config.log_format)
+    if store and _has_password(store):
+        logging.getLogger("gpuledger.server").warning(
+            "the PostgreSQL password in --store is readable by every local user (ps, "
+            "/proc/PID/cmdline): leave it out of the DSN and put it in a PGPASSFILE "
+            "(libpq's ~/.pgpass), or give the DSN as the config key `store` (docs/security.md)"
+        )
     sys.exit(run_server(ctx.home, config, actor=ctx.actor))
 
 
@@ -360,9 +367,31 @@ def status(ctx: Ctx, as_json: bool) -> None:
     if h.store_error:
         click.echo(f"  store         {h.store} does not answer: {h.store_error}")
     if h.role != "single":  # one of several servers on a PostgreSQL store (docs/ha.md)
-        click.echo(f"  role          {h.role}, epoch {h.epoch}, leader {h.leader or 'none'}")
+        silent = {s.address: s.seen_s_ago for s in h.servers if s.seen_s_ago > SILENT_S}
+        leader = h.leader or "none"
+        if h.leader and (h.leader in silent or h.leader not in {s.address for s in h.servers}):
+            ago = silent.get(h.leader)
+            leader += (f" (does not answer: not heard from for {ago:.0f} s; a standby takes "
+                       "over once its lease expires)" if ago is not None
+                       else " (not heard from in the last minute)")  # fmt: skip
+        click.echo(f"  role          {h.role}, epoch {h.epoch}, leader {leader}")
         for s in h.servers:
-            click.echo(f"  server        {s.address} {s.role}, lag {s.lag} events")
+            quiet = f", not heard from for {s.seen_s_ago:.0f} s" if s.address in silent else ""
+            role = "leader" if s.address == h.leader else s.role
+            click.echo(f"  server        {s.address} {role}, lag {s.lag} events{quiet}")
 
+
+SILENT_S = 5.0
+"""A server that has not reported for this long is said to be silent (each reports every 1 s)."""
 
 COMMANDS = [up, serve, status]
+
+
+def _has_password(dsn: str) -> bool:
+    """Whether a DSN carries a password (then anyone who can read the argv can read it)."""
+    from ledger.store.pgread import connect_params
+
+    try:
+        return bool(connect_params(dsn).get("password"))
+    except Exception:
+        return False  # an invalid DSN is refused later, in one line

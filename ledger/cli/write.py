@@ -3,6 +3,7 @@ requeue, checkpoints (a job's `submit` and `cancel` are `ledger.cli.submit`'s)."
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import click
@@ -36,15 +37,26 @@ def _done(ctx: Ctx, what: str, cmd: c.AnyCommand) -> None:
 @pass_ctx
 def init(ctx: Ctx, admin: str, min_runtime_cap: str, cluster: str, store: str | None) -> None:
     """Create the data directory and name the first admin."""
-    if store is not None:
-        from ledger.store import locate
+    from ledger.store import STORE_FILE, locate
 
-        locate.remember(ctx.home, locate.store_of(ctx.home, store))
-    ledger = ctx.ledger(must_exist=False)
-    cmd = c.InitLedger(
-        actor=admin, admin=admin, min_runtime_cap_s=parse_duration(min_runtime_cap), cluster=cluster
-    )
-    appended = ledger.execute(cmd)
+    made = [p for p in (ctx.home, ctx.home / STORE_FILE) if not p.exists()]
+    try:
+        if store is not None:
+            locate.remember(ctx.home, locate.store_of(ctx.home, store))
+        ledger = ctx.ledger(must_exist=False)
+        cmd = c.InitLedger(
+            actor=admin,
+            admin=admin,
+            min_runtime_cap_s=parse_duration(min_runtime_cap),
+            cluster=cluster,
+        )
+        appended = ledger.execute(cmd)
+    except BaseException:
+        if store is not None:  # a refused init leaves no store file (nor a home) behind
+            for p in reversed(made):
+                with contextlib.suppress(OSError):
+                    p.rmdir() if p.is_dir() else p.unlink()
+        raise
     click.echo(f"initialised {ctx.home} with admin {admin!r} (position {appended.position})")
 
 

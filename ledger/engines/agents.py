@@ -146,8 +146,15 @@ class AgentExecutor:
         node_lost_after_s: float,
         node_fence_s: float = 300.0,
         grace_s: float = 30.0,
+        keep_s: float = 0.0,
     ) -> None:
         self.ledger = ledger
+        self.keep_s = keep_s
+        self.counts_lost_from: float | None = None
+        """No node is counted lost before this time (its first look + `keep_s`) plus
+        `node_lost_after_s`: a new leader waits `keep_s` after its promotion, while a deposed
+        leader cut off from the store may still keep the agents' leases
+        (`ledger.server.ha.KEEP_WITHOUT_STORE_S`)."""
         self.node_lost_after_s = node_lost_after_s
         self.node_fence_s = node_fence_s
         """How long after a node is lost its runs stay in doubt (`NodeLost.fence_s`): its
@@ -431,6 +438,9 @@ class AgentExecutor:
         reached us within `node_lost_after_s`, counted from its last contact or, for a node no
         agent has reached since this server started, from the first look (a node that never
         had an agent must not hold work forever)."""
+        if self.counts_lost_from is None:
+            self.counts_lost_from = now + self.keep_s
+        floor = self.counts_lost_from
         heard = dict(self.last_seen)  # HTTP threads write it: one copy for this look
         for node, known in nodes.items():  # a node no agent has reached yet: silent from now on
             if known.state not in ("lost", "removed", "drained") and node not in heard:
@@ -440,6 +450,7 @@ class AgentExecutor:
             n = nodes.get(node)
             if n is None or n.state in ("lost", "removed"):
                 continue
+            seen = max(seen, floor)
             if now - seen > self.node_lost_after_s:
                 out.append((node, now - seen))
         return out

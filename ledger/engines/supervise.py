@@ -59,6 +59,10 @@ from ledger.engines.tree import Containment, Tree, wait_empty
 CANNOT_START = 127
 FENCE_CHECK_S = 1.0
 """How often a part with a lease looks at it."""
+FENCED_MARK = "fenced"
+"""`RUNDIR/fenced`: left by whichever fence (the supervisor's or the watchdog's) signals the
+tree first, before it signals: the exit then says `fenced` whatever the job's exit code (a job
+that exits 0 on SIGTERM, as the signal contract asks, is never taken for a completion)."""
 SHELL = "/bin/sh"
 WRAPPER = r"""wd=$1 out=$2 err=$3
 shift 3
@@ -222,7 +226,7 @@ def run(rundir: Path) -> int:
     lease = str(spec.get("lease") or "")
     if lease:
         start_watchdog(rundir, tree, lease, grace_s)
-    returncode, fenced = wait_leader(job, tree, lease, grace_s)
+    returncode, fenced = wait_leader(job, tree, lease, grace_s, rundir / FENCED_MARK)
     code = code_of(returncode)
     leader_ended = time.time()  # the supervisor's own clock, never the job's word (module doc)
     left, killed = end_of_tree(tree, grace_s)
@@ -288,7 +292,7 @@ def lease_passed(lease: str, now: float) -> bool:
 
 
 def wait_leader(
-    job: subprocess.Popen[bytes], tree: Tree, lease: str, grace_s: float
+    job: subprocess.Popen[bytes], tree: Tree, lease: str, grace_s: float, mark: Path | None = None
 ) -> tuple[int, bool]:
     """Wait for the leader; (its return code, whether the node's fence stopped it). With a
     lease, the part's own fence: once the lease has run out (its agent has not reached the
@@ -302,16 +306,24 @@ def wait_leader(
     try:
         while True:
             ready, _, _ = select.select([fd], [], [], FENCE_CHECK_S)
-            if ready:
-                return job.wait(), fenced_at is not None
+            if ready:  # the watchdog may have signalled first: its mark says so
+                return job.wait(), fenced_at is not None or (mark is not None and mark.exists())
             now = time.time()
             if fenced_at is None and lease_passed(lease, now):
                 fenced_at = now
+                _mark_fenced(mark)
                 tree.signal(signal.SIGTERM)
             elif fenced_at is not None and now >= fenced_at + grace_s:
                 tree.kill()
     finally:
         os.close(fd)
+
+
+def _mark_fenced(mark: Path | None) -> None:
+    """Say the fence signalled, before it does (whichever fence comes first)."""
+    if mark is not None:
+        with contextlib.suppress(OSError):
+            write_atomic(mark, f"{time.time():.6f}\n".encode(), sync=False)
 
 
 def start_watchdog(rundir: Path, tree: Tree, lease: str, grace_s: float) -> None:
@@ -331,21 +343,22 @@ def start_watchdog(rundir: Path, tree: Tree, lease: str, grace_s: float) -> None
         write_atomic(rundir / "watchdog", _identity(os.getpid()))
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)  # the supervisor's tree signals are not for it
-        watch_lease(tree, lease, grace_s)
+        watch_lease(tree, lease, grace_s, rundir / FENCED_MARK)
     except BaseException:  # the forked watchdog never returns into the caller
         code = 1
     finally:
         os._exit(code)
 
 
-def watch_lease(tree: Tree, lease: str, grace_s: float) -> None:
+def watch_lease(tree: Tree, lease: str, grace_s: float, mark: Path | None = None) -> None:
     """Until the tree is empty: once the lease has run out, SIGTERM to the tree, SIGKILL after
-    the grace (the watchdog's loop)."""
+    the grace (the watchdog's loop); `mark` is left before the SIGTERM (`FENCED_MARK`)."""
     fenced_at: float | None = None
     while not tree.empty():
         now = time.time()
         if fenced_at is None and lease_passed(lease, now):
             fenced_at = now
+            _mark_fenced(mark)
             tree.signal(signal.SIGTERM)
         elif fenced_at is not None and now >= fenced_at + grace_s:
             tree.kill()

@@ -12,6 +12,14 @@
   leader: a request with a bearer token is forwarded as it came (the leader authenticates it
   again); one that cannot be forwarded (a Unix socket's peer, the agent API, no leader known) is
   answered 503 naming the leader (`X-Gpuledger-Leader`), and the CLI and agents go there.
+- The store away: a server that led when it last heard from the store keeps its agents' node
+  leases (`Leadership.keeps`) for up to `KEEP_WITHOUT_STORE_S` (an agent call is answered 503
+  with `X-Gpuledger-Keep: <epoch>`, and the agent renews its lease by it): while the store is
+  away nothing can be placed elsewhere, so nothing may be fenced. Only that server keeps them (a
+  standby, or a server the store told it leads no more, cannot know who leads), and only for
+  nodes it does not count lost; a new leader marks no node lost before its promotion +
+  `KEEP_WITHOUT_STORE_S` + the node-lost timeout (`AgentExecutor(keep_s=...)`), so a node kept
+  by a deposed leader cut off from the store is never fenced while it keeps it (docs/ha.md).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from ledger.store.lease import Holder, Lease, Member
+from ledger.store.lease import MARGIN, Holder, Lease, Member
 from schemas import api
 
 log = logging.getLogger("gpuledger.ha")
@@ -46,6 +54,13 @@ HOP_HEADER = "x-gpuledger-forwarded"
 forwarding it again (two standbys that each name the other never bounce a write around)."""
 FORWARDED = {"authorization", "content-type", "accept", "idempotency-key", "x-request-id"}
 """The request headers a standby passes on with a forwarded write."""
+KEEP_HEADER = "x-gpuledger-keep"
+"""On a 503 to an agent: the server that led at this epoch cannot reach its store and keeps the
+node's lease (the agent renews it by this answer; `ledger.agent.node`)."""
+KEEP_WITHOUT_STORE_S = 900.0
+"""How long a leader cut off from its store keeps its agents' node leases (counted from its last
+renewal of the store's lease), and how long after a promotion a new leader waits before it may
+count a node lost (the two must be equal: docs/ha.md, the failure table)."""
 READ_YOUR_WRITES_S = 5.0
 """How long a read that asks for a position waits for the standby to fold it."""
 TAKEOVER_WAIT_S = 3.0
@@ -73,6 +88,9 @@ class Leadership:
     notify: Callable[[], None] = lambda: None
     """Wakes the worker (its next turn looks at the role)."""
     _leader_read_at: float = 0.0
+    _held_ok_at: float = 0.0
+    """monotonic time of this server's last renewal of the store's lease (0: the store said
+    since then that another server holds it, or it never led)."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -95,6 +113,18 @@ class Leadership:
         have stepped down yet: from this moment nothing here acts as leader)."""
         return self.leading and self.lease.may_act()
 
+    def keeps(self) -> int:
+        """The epoch whose agents' node leases this server keeps while its store is away (0:
+        none): it led at its last word from the store, and that was under
+        `KEEP_WITHOUT_STORE_S` ago."""
+        if self.acting():
+            return self.lease.epoch
+        if self.unreachable is None or not self._held_ok_at:
+            return 0
+        if time.monotonic() - self._held_ok_at >= KEEP_WITHOUT_STORE_S:
+            return 0
+        return self.lease.epoch
+
     def leader_address(self) -> str:
         if self.acting():
             return self.lease.address
@@ -103,6 +133,7 @@ class Leadership:
         return h.address if h is not None and left > 0 else ""  # never a lease seen expire
 
     def start(self) -> None:
+        self._tick()  # the first health answer already names the leader and its epoch
         self._thread = threading.Thread(target=self._run, name="ledger-lease", daemon=True)
         self._thread.start()
 
@@ -134,11 +165,17 @@ class Leadership:
         try:
             if held:
                 if not self.lease.renew():
+                    self._held_ok_at = 0.0
                     log.error("lost the lease (epoch %d): another server leads", self.lease.epoch)
                     self._changed()
+                else:
+                    self._held_ok_at = self._renewed_at()
             elif self.lease.acquire():
+                self._held_ok_at = self._renewed_at()
                 log.info("took the lease: leading at epoch %d", self.lease.epoch)
                 self._changed()
+            else:
+                self._held_ok_at = 0.0  # the store answered: another server holds the lease
             self.leader, self._leader_read_at = self.lease.leader(), time.monotonic()
             if self.unreachable is not None:
                 log.warning("the store answers the lease again")
@@ -153,6 +190,10 @@ class Leadership:
             self._changed()
         elif self.leading and not self.lease.may_act():
             self._changed()  # the worker has not stepped down yet
+
+    def _renewed_at(self) -> float:
+        """When the renewal that just succeeded was sent (its deadline less the lease)."""
+        return self.lease.deadline - self.lease.lease_s * (1 - MARGIN)
 
     def _changed(self) -> None:
         self.changed.set()
@@ -183,10 +224,19 @@ class HAFront:
     """ASGI layer in front of the app on a server of several: a standby answers reads and sends
     writes to the leader; every answer says the role and the position it was made at."""
 
-    def __init__(self, app: Any, ha: Leadership, position: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        app: Any,
+        ha: Leadership,
+        position: Callable[[], int],
+        keep_node: Callable[[str, str], bool] = lambda node, authorization: False,
+    ) -> None:
         self.app = app
         self.ha = ha
         self.position = position
+        self.keep_node = keep_node
+        """(node, Authorization header) -> whether to keep that node's lease while the store is
+        away: a node this server does not count lost, and that node's own token."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -194,6 +244,12 @@ class HAFront:
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         read = scope["method"] in ("GET", "HEAD") and not scope["path"].startswith("/v1/agent/")
+        if scope["path"].startswith("/v1/agent/") and self.ha.unreachable and self.ha.keeps():
+            keep = await self._keep(scope, receive, headers)
+            await self._refuse(send, "the store does not answer; "
+                               + ("this server keeps the node's lease" if keep else "retry"),
+                               keep=keep)  # fmt: skip
+            return
         if self.ha.acting() or (read and scope["path"] in ("/v1/health", "/metrics")):
             await self.app(scope, receive, self._stamped(send))
             return
@@ -256,7 +312,32 @@ class HAFront:
             await asyncio.sleep(0.02)
         return True
 
-    async def _refuse(self, send: Send, why: str) -> None:
+    async def _keep(self, scope: Scope, receive: Receive, headers: dict[str, str]) -> int:
+        """The epoch to keep the calling node's lease by (0: not that node's): only a node this
+        server does not count lost, asked with a token of that node."""
+        node = ""
+        if scope["method"] == "GET":
+            from urllib.parse import parse_qs
+
+            node = (parse_qs(scope["query_string"].decode()).get("node") or [""])[0]
+        else:
+            body, more = b"", True
+            while more:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return 0
+                body += message.get("body", b"")
+                more = message.get("more_body", False)
+                if len(body) > 1 << 20:
+                    return 0
+            try:
+                node = msgspec.json.decode(body, type=_NodeOnly).node
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                return 0
+        epoch = self.ha.keeps()
+        return epoch if epoch and self.keep_node(node, headers.get("authorization", "")) else 0
+
+    async def _refuse(self, send: Send, why: str, keep: int = 0) -> None:
         leader = self.ha.leader_address()
         where = f"the leader is {leader}" if leader else "no server leads right now"
         body = msgspec.json.encode(
@@ -277,6 +358,8 @@ class HAFront:
         ]
         if leader:
             headers.append((LEADER_HEADER.encode(), leader.encode()))
+        if keep:
+            headers.append((KEEP_HEADER.encode(), str(keep).encode()))
         await send({"type": "http.response.start", "status": 503, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -312,6 +395,10 @@ class HAFront:
             }
         )
         await send({"type": "http.response.body", "body": reply})
+
+
+class _NodeOnly(msgspec.Struct):
+    node: str = ""
 
 
 def _send(

@@ -47,7 +47,7 @@ from ledger.engines.none import NoExecutor
 from ledger.engines.supervised import SupervisedExecutor, handled_jobs
 from ledger.server import identity
 from ledger.server.app import PEER_UID, create_asgi
-from ledger.server.ha import HAFront, Leadership
+from ledger.server.ha import KEEP_WITHOUT_STORE_S, HAFront, Leadership
 from ledger.server.worker import Worker
 from ledger.store import lease, locate
 from ledger.store.application import Ledger
@@ -180,13 +180,19 @@ def _bind_tcp(listen: str) -> socket.socket:
 
 
 def make_executor(
-    ledger: Ledger, config: ServeConfig, actor: str, may_act: Callable[[], bool] | None = None
+    ledger: Ledger,
+    config: ServeConfig,
+    actor: str,
+    may_act: Callable[[], bool] | None = None,
+    keep_s: float = 0.0,
 ) -> Executor:
     """The executor `config` names, the only place one is made for the service. Slurm's is
     checked first (the partition exists and Slurm will neither reorder nor preempt on it; one
     clear error otherwise), and the partition's GPU nodes are registered by `actor`, the admin
     starting the server. `may_act`: the lease of a leader among several servers, which Slurm's
-    executor checks before each sbatch and scancel (the agents check the epoch themselves)."""
+    executor checks before each sbatch and scancel (the agents check the epoch themselves).
+    `keep_s`: a new leader counts no node lost before this long (a deposed leader cut off from
+    the store may keep their leases that long: `ledger.server.ha.KEEP_WITHOUT_STORE_S`)."""
     home = ledger.home
     if config.executor == "slurm":
         from ledger.engines.slurm import open_executor
@@ -208,6 +214,7 @@ def make_executor(
             node_lost_after_s=config.node_lost_after.seconds,
             node_fence_s=config.node_fence.seconds,
             grace_s=config.grace.seconds,
+            keep_s=keep_s,
         )
     if config.executor == "local":
         util = _utilisation(home, config)
@@ -349,7 +356,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         worker.promote, worker.demote = _roles(ha, service, config, actor)
         ha.position = lambda: ledger.position
         ha.notify = worker.nudge
-        app = HAFront(app, ha, lambda: ledger.position)
+        app = HAFront(app, ha, lambda: ledger.position, _keep_node(ledger))
     worker.start()
     if ha is not None:
         ha.start()
@@ -447,6 +454,7 @@ def _leadership(ledger: Ledger, config: ServeConfig) -> Leadership:
     """This server's side of the lease on the ledger's PostgreSQL store."""
     assert ledger.dsn is not None
     lease.setup(ledger.dsn)
+    lease.agree(ledger.dsn, config.lease.seconds)
     address = config.advertise
     if not address:
         scheme = "https" if config.tls_cert else "http"
@@ -466,7 +474,13 @@ def _roles(
     def promote() -> None:
         ledger.fence(ha.lease.epoch)  # from now on every append proves the lease is ours
         service.lead(
-            make_executor(ledger, config, actor, ha.lease.may_act),
+            make_executor(
+                ledger,
+                config,
+                actor,
+                ha.lease.may_act,
+                KEEP_WITHOUT_STORE_S if ha.lease.epoch > 1 else 0.0,
+            ),
             epoch=ha.lease.epoch,
             may_act=ha.lease.may_act,
         )
@@ -479,6 +493,23 @@ def _roles(
                     ha.lease.epoch)  # fmt: skip
 
     return promote, demote
+
+
+def _keep_node(ledger: Ledger) -> Callable[[str, str], bool]:
+    """Whether a server whose store is away keeps `node`'s lease: asked with that node's own
+    token, for a node it does not count lost (its jobs may be released elsewhere)."""
+
+    def keep(node: str, authorization: str) -> bool:
+        n = ledger.state.nodes.get(node)
+        if n is None or n.state in ("lost", "removed"):
+            return False
+        try:
+            who = identity.from_bearer(ledger.state, authorization, ledger.clock.now())
+        except Exception:
+            return False
+        return who.actor == f"@node:{node}"
+
+    return keep
 
 
 def _local_agents(ledger: Ledger, config: ServeConfig, actor: str) -> local.LocalAgents | None:

@@ -162,6 +162,12 @@ class Worker:
         return await self._submit(_Task(*self._future(), call=fn))
 
     def _check_leading(self) -> None:
+        if self.ha is not None and self.ha.unreachable is not None:
+            raise Unavailable(
+                f"the store does not answer ({self.ha.unreachable}): no write is taken until "
+                "it does",
+                hint="retry later; reads still answer",
+            )
         if self.ha is not None and not self.ha.acting():
             where = self.ha.leader_address()
             raise Unavailable(

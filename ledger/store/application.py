@@ -35,7 +35,7 @@ from ledger.core.state import State
 from ledger.store import EVENTS_DB, locate, requests, snapshots
 from ledger.store.clock import Clock, IdSource, SystemClock, random_ids
 from ledger.store.live import decode_at
-from ledger.store.requests import Requests, keyed_id
+from ledger.store.requests import KEY_PART, Requests, keyed_id
 from projections.chain import link
 from projections.source import LogRecord, follow
 from schemas import codec
@@ -469,8 +469,8 @@ class Ledger(Application[UUID]):
         stored: list[StoredEvent] = []
         batch: dict[str, int] = {}  # keyed event id -> its outcome's slot in this batch
         for cmd, key in zip(cmds, keys, strict=True):
-            eid = keyed_id(cmd.actor, key) if key else None
-            if eid is not None and (eid in batch or self.requests.find(eid) is not None):
+            eid = keyed_id(cmd.actor, key, _request_bytes(cmd)) if key else None
+            if eid is not None and (eid[:KEY_PART] in batch or self.requests.find(eid) is not None):
                 outcomes.append(self._answered(eid, batch, outcomes))
                 continue
             try:
@@ -478,7 +478,7 @@ class Ledger(Application[UUID]):
                 decided = self._decide_one(self.state, cmd, now)
                 if eid is not None and decided:
                     decided[0] = msgspec.structs.replace(decided[0], event_id=eid)
-                    batch[eid] = len(outcomes)
+                    batch[eid[:KEY_PART]] = len(outcomes)
                 mine, chained = self._stored(decided, version=version, prev=prev)
             except LedgerError as err:
                 outcomes.append(err)
@@ -505,10 +505,10 @@ class Ledger(Application[UUID]):
         self.version, self.last_hash = version, prev
         self.position = ids[-1] if ids else self.head()
         first = self.position - len(stored)
-        for eid, slot in batch.items():
+        for slot in batch.values():
             done = outcomes[slot]
             if isinstance(done, tuple):
-                self.requests.note(eid, first + done[0] - len(done[1]) + 1)
+                self.requests.note(done[1][0].event_id, first + done[0] - len(done[1]) + 1)
         self._maybe_snapshot()
         return [o if isinstance(o, LedgerError | Appended) else Appended(o[1], first + o[0])
                 for o in outcomes]  # fmt: skip
@@ -521,12 +521,22 @@ class Ledger(Application[UUID]):
     ) -> LedgerError | Appended:
         """The answer to a command whose key was seen: what its first try appended (its first
         event), or what the first try's slot in this batch got."""
-        slot = batch.get(eid)
+        slot = batch.get(eid[:KEY_PART])
         if slot is not None:
             first = outcomes[slot]
+            if isinstance(first, tuple) and first[1] and first[1][0].event_id != eid:
+                return Conflict(
+                    "this key was used for a different request",
+                    hint="use a new Idempotency-Key for each command; a retry sends the same one",
+                )
             if isinstance(first, LedgerError | Appended):
                 return first
             return LedgerError("the same key twice in one batch", hint="one key per command")
+        if not self.requests.same_request(eid):
+            return Conflict(
+                "this key was used for a different request",
+                hint="use a new Idempotency-Key for each command; a retry sends the same one",
+            )
         position = self.requests.find(eid)
         assert position is not None
         return Appended([ev for _, ev in self.read(position - 1, 1)], position)
@@ -557,14 +567,22 @@ class Ledger(Application[UUID]):
         """The state as the log holds it: from the newest snapshot (a live ledger) or the start,
         then every event after it (after folds that were not stored)."""
         restored_from = self.restored_from
+        kept = (self.state, self.version, self.position, self.snapshot_position, self.last_hash)
         self.stale = True  # until the log is read back whole (a store that is down: later)
         self.state = State(live_only=self.state.live_only)
         self.version = self.position = self.snapshot_position = 0
         self.last_hash = ""
-        if self.state.live_only:
-            self._restore()
-        self.restored_from = restored_from
-        self.catch_up()
+        try:
+            if self.state.live_only:
+                self._restore()
+            self.restored_from = restored_from
+            self.catch_up()
+        except BaseException:
+            # the store is away: keep answering from what was folded (tokens too: a reader is
+            # never told its token is unknown because the store is down), still stale
+            self.state, self.version, self.position, self.snapshot_position, self.last_hash = kept
+            self.restored_from = restored_from
+            raise
         self.stale = False
 
     def refresh(self) -> int:
@@ -640,6 +658,11 @@ class Ledger(Application[UUID]):
                         position=pos,
                         expected=expected,
                     )
+
+
+def _request_bytes(cmd: AnyCommand) -> bytes:
+    """What tells one keyed request from another (an admin's `--as` included)."""
+    return msgspec.json.encode(cmd)
 
 
 def _link_of(stored: StoredEvent) -> str:

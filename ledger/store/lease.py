@@ -30,11 +30,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger.store.pgread import connect, redacted
+from schemas.errors import InvalidCommand
 
 log = logging.getLogger("gpuledger.lease")
 
 LEADER_TABLE = "gpuledger_leader"
 SERVERS_TABLE = "gpuledger_servers"
+LEASE_RANGE_S = (1.0, 60.0)
+"""The lease a server may be given: long enough to renew under load, short enough that a kill -9
+of the leader never leaves the cluster leaderless for long."""
 MARGIN = 0.2
 """The part of the lease a holder gives up to be sure it stops first (a fifth)."""
 
@@ -48,6 +52,7 @@ CREATE TABLE IF NOT EXISTS {LEADER_TABLE} (
     acquired_at timestamptz NOT NULL
 );
 INSERT INTO {LEADER_TABLE} VALUES (1, 0, '', '', '-infinity', now()) ON CONFLICT DO NOTHING;
+ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS lease_s double precision NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS {SERVERS_TABLE} (
     holder text PRIMARY KEY,
     address text NOT NULL,
@@ -99,6 +104,29 @@ def setup(dsn: str) -> None:
             con.execute("SELECT pg_advisory_unlock(7346010)")
 
 
+def agree(dsn: str, lease_s: float) -> None:
+    """Refuse (one line) a lease outside `LEASE_RANGE_S`, or one other than the lease of a
+    server leading the store now (every server on a store uses the same lease: the row carries
+    its length; it changes once nobody leads, with the next server that takes it)."""
+    low, high = LEASE_RANGE_S
+    if not low <= lease_s <= high:
+        raise InvalidCommand(
+            f"--lease {lease_s:g}s is outside {low:g}s-{high:g}s",
+            hint="the default 5s suits most clusters: docs/ha.md",
+        )
+    with connect(dsn) as con:
+        row = con.execute(
+            f"SELECT lease_s, address, expires_at > now() FROM {LEADER_TABLE} WHERE id = 1"
+        ).fetchone()
+    if row is not None and row[2] and row[0] and abs(float(row[0]) - lease_s) > 1e-6:
+        raise InvalidCommand(
+            f"the servers on this store use a lease of {float(row[0]):g}s (the leader "
+            f"{row[1] or '?'} holds one now); this server was given {lease_s:g}s",
+            hint=f"start it with --lease {float(row[0]):g}s: every server on a store uses the "
+            "same lease; to change it, stop them all",
+        )
+
+
 class Lease:
     """One server's side of the lease, on a connection of its own (never the store's pool: a
     busy pool must not delay a renewal)."""
@@ -142,9 +170,9 @@ class Lease:
         sent = time.monotonic()
         rows = self._run(
             f"UPDATE {LEADER_TABLE} SET epoch = epoch + 1, holder = %s, address = %s, "
-            "expires_at = now() + make_interval(secs => %s), acquired_at = now() "
+            "expires_at = now() + make_interval(secs => %s), acquired_at = now(), lease_s = %s "
             "WHERE id = 1 AND (expires_at < now() OR holder = %s) RETURNING epoch",
-            (self.holder, self.address, self.lease_s, self.holder),
+            (self.holder, self.address, self.lease_s, self.lease_s, self.holder),
         )
         if not rows:
             return False

@@ -23,7 +23,7 @@ def store_of(home: Path, store: str | None = None) -> str | None:
     if store is not None and store.strip() and store.strip() != "sqlite":
         if not is_postgres(store):
             raise InvalidCommand(
-                f"invalid store {store!r}",
+                f"invalid store {redacted(store)!r}",  # a key=value DSN's password too
                 hint="use a PostgreSQL DSN (postgresql://USER@HOST[:PORT][,HOST2]/DB) or 'sqlite'",
             )
         connect_params(store.strip())  # a DSN libpq cannot read: one line, now

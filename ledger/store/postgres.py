@@ -38,7 +38,7 @@ from psycopg.rows import dict_row
 from psycopg.sql import SQL, Identifier
 from psycopg_pool import ConnectionPool
 
-from ledger.store.pgread import EVENTS_TABLE, connect_params
+from ledger.store.pgread import EVENTS_TABLE, connect, connect_params
 
 
 class LedgerPostgresRecorder(PostgresApplicationRecorder):
@@ -128,6 +128,8 @@ class LedgerPostgresFactory(PostgresFactory):
         BaseInfrastructureFactory.__init__(self, env)  # not the POSTGRES_* settings: one DSN
         dsn = self.env.get("GPULEDGER_STORE_DSN") or ""
         params = connect_params(dsn)
+        connect(dsn).close()  # one clear line with libpq's own cause (a wrong password, nobody
+        # listening), not the pool's "couldn't get a connection" after its timeout
         self.datastore = PostgresDatastore(
             dbname=str(params.get("dbname", "")),
             host="",

@@ -25,13 +25,20 @@ SCANNED = 100_000
 _KEYED = re.compile(rb'"event_id":"([0-9a-f]{12}8[0-9a-f]{19})"')
 
 
-def keyed_id(actor: str, key: str) -> str:
+def keyed_id(actor: str, key: str, request: bytes = b"") -> str:
     """The event id of the first event of `actor`'s command keyed `key` (32 hex digits, UUID
-    version 8 with RFC 4122's variant)."""
+    version 8 with RFC 4122's variant): the first 24 digits name (actor, key), the last 8 the
+    request itself (`request`: the command's bytes), so the same key sent with a different
+    request is told from a retry of the same one, from the log itself (after a failover too)."""
     digest = bytearray(hashlib.sha256(f"{actor}\0{key}".encode()).digest()[:16])
+    digest[12:16] = hashlib.sha256(request).digest()[:4]
     digest[6] = (digest[6] & 0x0F) | 0x80
     digest[8] = (digest[8] & 0x3F) | 0x80
     return digest.hex()
+
+
+KEY_PART = 24
+"""The hex digits of a keyed id that name (actor, key); the rest names the request."""
 
 
 def is_keyed(event_id: str) -> bool:
@@ -47,11 +54,12 @@ class Requests:
     """The keyed events the ledger has seen: event id -> log position (the newest `KEPT`)."""
 
     def __init__(self) -> None:
-        self._at: dict[str, int] = {}
+        self._at: dict[str, tuple[int, str]] = {}
+        """(actor, key) part of the id -> (position, the whole id)."""
 
     def note(self, event_id: str, position: int) -> None:
         if is_keyed(event_id):
-            self._at[event_id] = position
+            self._at[event_id[:KEY_PART]] = (position, event_id)
             if len(self._at) > KEPT:
                 del self._at[next(iter(self._at))]
 
@@ -63,7 +71,14 @@ class Requests:
                 self.note(m.group(1).decode(), position)
 
     def find(self, event_id: str) -> int | None:
-        return self._at.get(event_id)
+        """The position of the first event of the command with this id's (actor, key)."""
+        got = self._at.get(event_id[:KEY_PART])
+        return None if got is None else got[0]
+
+    def same_request(self, event_id: str) -> bool:
+        """Whether the command first sent with this id's key was this very request."""
+        got = self._at.get(event_id[:KEY_PART])
+        return got is None or got[1] == event_id
 
     def __len__(self) -> int:
         return len(self._at)

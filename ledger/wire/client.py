@@ -20,6 +20,7 @@ import secrets
 import socket
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
@@ -97,6 +98,9 @@ class Client:
         self.urls = urls
         self.position = 0
         """The newest log position this client wrote or read (reads ask for at least it)."""
+        self.on_keep: Callable[[float, int], None] | None = None
+        """Called (monotonic time the request was sent, epoch) at once for every 503 whose server
+        says it keeps the node's lease while its store is away (`X-Gpuledger-Keep`; agents)."""
         self.token = token
         self.timeout = timeout
         self._servers = [_Server(u, timeout) for u in urls]
@@ -127,6 +131,7 @@ class Client:
         tried = 0
         while True:
             server = self._server
+            sent = time.monotonic()
             try:
                 status, data, leader, position = server.send(method, path, body, headers)
             except Unavailable as err:
@@ -140,6 +145,8 @@ class Client:
                 continue
             if position:
                 self.position = max(self.position, position)
+            if status == 503 and server.keep and self.on_keep is not None:
+                self.on_keep(sent, server.keep)
             if status == 503 and len(self.urls) > 1 and time.monotonic() <= deadline:
                 self._next(tried := tried + 1, leader)
                 continue
@@ -206,6 +213,8 @@ class _Server:
     def __init__(self, url: str, timeout: float) -> None:
         self.url = url
         self.timeout = timeout
+        self.keep = 0
+        """`X-Gpuledger-Keep` of the last answer (0: none)."""
         self._conn: http.client.HTTPConnection | None = None
         if url.startswith("unix:"):
             self._unix: str | None = url[len("unix:") :]
@@ -259,6 +268,8 @@ class _Server:
                 ) from err
         position = resp.getheader("X-Gpuledger-Position") or ""
         leader = resp.getheader("X-Gpuledger-Leader") or ""
+        keep = resp.getheader("X-Gpuledger-Keep") or ""
+        self.keep = int(keep) if keep.isdigit() else 0
         return resp.status, data, leader, int(position) if position.isdigit() else 0
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ledger.core.decide import decide
 from ledger.core.evolve import evolve
@@ -206,3 +207,38 @@ def test_a_part_stops_itself_only_once_its_lease_has_run_out(tmp_path: Path) -> 
     assert lease_passed(str(lease), T0 + 10.5)
     lease.write_bytes(b"{not json")
     assert not lease_passed(str(lease), T0 + 99)  # a torn file never stops a job
+
+
+def test_a_part_the_watchdog_stopped_first_says_fenced_though_it_exits_0(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The race of atk28 F2: the watchdog's SIGTERM wins, the job exits 0 as the signal contract
+    asks, and the supervisor's own look at the lease never came: the exit still says fenced."""
+    import os
+    import subprocess
+    import threading
+    import time
+
+    from ledger.engines import supervise
+    from ledger.engines.tree import Containment, Tree
+
+    lease = tmp_path / "lease"
+    lease.write_bytes(json.dumps({"until": time.time() - 1}).encode())
+    job = subprocess.Popen(
+        ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 0.05; done"],
+        start_new_session=True,
+    )
+    tree = Tree("", Containment(why_not="unit test"), sid=job.pid)
+    monkeypatch.setattr(supervise, "FENCE_CHECK_S", 30.0)  # the supervisor looks too late
+    mark = tmp_path / supervise.FENCED_MARK
+    dog = threading.Thread(
+        target=supervise.watch_lease, args=(tree, str(lease), 5.0, mark), daemon=True
+    )
+    try:
+        dog.start()
+        code, fenced = supervise.wait_leader(job, tree, str(lease), 5.0, mark)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, 9)
+        dog.join(timeout=0.1)  # it sleeps FENCE_CHECK_S before it sees the tree empty
+    assert code == 0 and fenced

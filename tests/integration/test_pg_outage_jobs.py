@@ -1,0 +1,102 @@
+"""PostgreSQL down while real jobs run on a real agent, two servers on the store (atk28 F1, F3):
+nothing kills a job but a decision. The leader cut off from its store keeps the agent's node
+lease (nothing can be placed elsewhere while the store is away), so the jobs outlive an outage
+far longer than the node-lost timeout and the fence together, and end `completed`; meanwhile
+every valid token is still known (never 401) and a write is refused at once in one line (503)."""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from ledger.wire.client import Client
+from schemas import commands as c
+from schemas.errors import LedgerError, Unavailable
+from tests.integration import waits
+from tests.integration.hakit import make_group, wait_cycled_after
+from tests.integration.serverkit import BUDGET, cli, make_token
+from tests.integration.test_node_agents import Agent
+from tests.integration.test_pg_failover import Pg, pg_pair  # noqa: F401 (the fixture)
+
+JOB = (
+    "trap 'echo term >> \"{dir}/$GPULEDGER_JOB_ID\"; exit 0' TERM; "
+    'echo "start $$" >> "{dir}/$GPULEDGER_JOB_ID"; i=0; '
+    'while [ $i -lt {secs} ]; do sleep 1; i=$((i+1)); done; echo done >> "{dir}/$GPULEDGER_JOB_ID"'
+)
+OUTAGE_S = 30.0
+"""Three times the node-lost timeout (3 s) and the fence (6 s) together."""
+
+
+def test_postgresql_down_longer_than_the_node_fence_kills_no_job_and_forgets_no_token(
+    tmp_path: Path,
+    pg_pair: Pg,  # noqa: F811
+) -> None:
+    home = tmp_path / "server-0"
+    cli(home, "init", "--admin", "root", "--store", pg_pair.dsn)
+    budget = tmp_path / "budget.toml"
+    budget.write_text(BUDGET)
+    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
+    cli(home, "node", "add", "node-a", "--gpus", "2", "--gpu-type", "sim", GPULEDGER_USER="root")
+    node_token = make_token(home, "--node", "node-a", "--name", "node-a")
+    token = make_token(home, "--user", "alice")
+    marks = Path(tempfile.mkdtemp(prefix="gpuledger-marks-"))
+    marks.chmod(0o1777)  # the jobs run as nobody
+    g = make_group(tmp_path, pg_pair.dsn, 2, "--executor", "agents", "--interval", "0.5s",
+                   "--node-lost-after", "3s", "--node-fence", "6s", "--grace", "1s",
+                   home=home)  # fmt: skip
+    agent = Agent("node-a", tmp_path / "node-a", node_token, g.urls, tmp_path / "node-a.log")
+    try:
+        for m in g.members:
+            g.start(m)
+        leader = g.leader()
+        agent.start()
+        client = Client(g.urls, token, timeout=30)
+        command = ("sh", "-c", JOB.format(dir=marks, secs=int(OUTAGE_S) + 40))
+        for _ in range(2):
+            client.execute(c.SubmitJob(actor="", account="ai2/olmo", gpus=1, min_runtime_s=60,
+                                       command=command))  # fmt: skip
+        waits.wait_for("both jobs to start", lambda: len(list(marks.iterdir())) == 2, 120, g.why)
+        pg_pair.run("down")
+        down_at = time.monotonic()
+        refused_in: list[float] = []
+        while time.monotonic() - down_at < OUTAGE_S:
+            said = {p.name: p.read_text() for p in marks.iterdir()}
+            assert not any("term" in t for t in said.values()), (said, agent.text()[-3000:])
+            for m in g.members:  # F3: the tokens are still known (never 401)
+                reader = Client(m.url, token, timeout=30)
+                assert reader.get("whoami")["actor"] == "alice", m.name
+                reader.close()
+            if time.monotonic() - down_at > 8 and not refused_in:
+                writer = Client(leader.url, token, timeout=30)  # F3: a write, refused at once
+                began = time.monotonic()
+                try:
+                    writer.execute(c.SubmitJob(actor="", account="ai2/olmo", gpus=1,
+                                               min_runtime_s=60))  # fmt: skip
+                except Unavailable as err:
+                    refused_in.append(time.monotonic() - began)
+                    assert "store does not answer" in err.line() or "lead" in err.line(), err
+                writer.close()
+            time.sleep(2)
+        assert refused_in and refused_in[0] < 5.0, refused_in
+        pg_pair.run("up", "--standby")
+        wait_cycled_after(g, time.time(), timeout=120)
+
+        def finished() -> list[dict[str, object]] | None:
+            try:
+                jobs = client.get("jobs", {"limit": 100})
+            except LedgerError:
+                return None
+            return jobs if all(j["status"] == "finished" for j in jobs) else None
+
+        jobs = waits.wait_for("both jobs to end", finished, 240, g.why)
+        client.close()
+    finally:
+        if agent.proc is not None and agent.proc.poll() is None:
+            agent.kill(signal.SIGKILL)
+        g.stop()
+    assert {(j["outcome"], j["exit_code"]) for j in jobs} == {("completed", 0)}, jobs
+    for p in marks.iterdir():
+        assert [ln.split()[0] for ln in p.read_text().split("\n") if ln] == ["start", "done"]
+    assert "keeps this node's lease" in agent.text()
