@@ -568,11 +568,9 @@ def simulate(
         team_fractions=team_fractions(scen.state),  # legacy caps from the log's tree
     )
     recorded = last.ranks.usage.window_s if last is not None and last.ranks is not None else None
-    usage = UsagePolicy(
-        window_s=window_s or recorded or WEEK_S,
-        half_life_s=registry.half_life_s(registry.config_of(chosen)),
-        charge=CHARGE_PLACEMENT,  # the kernel starts every launch at its placement
-    )
+    half_life = registry.half_life_s(registry.config_of(chosen))
+    # charged from placement: the kernel starts every launch at its placement
+    usage = UsagePolicy(window_s or recorded or WEEK_S, half_life, charge=CHARGE_PLACEMENT)
     sim = _Sim(scen, budgets, chosen, usage, home, tick_s, checkpoint_every_s, seed)
     sim.progress = progress
     try:
