@@ -8,7 +8,7 @@
 --   b_placed     JobPlaced: job_id, position, event_at, cycle_id, slots
 --   b_preempted  JobPreempted rows
 --   b_finished   JobFinished: position, outcome, exit_code, reason, note, ended_at
---   b_started    JobStarted: position, logs
+--   b_started    JobStarted: position, logs, started_at
 --   b_engine_ended JobEngineEnded: position, reason
 --   b_engine_linked JobEngineLinked: position, engine_job_id
 --   b_cycles     CycleDecided rows
@@ -17,7 +17,8 @@
 --
 --   b_jobev      job lifecycle events: job_id, position, event_at, kind, outcome, exit_code,
 --                reason, note, logs, engine_reason, engine_job_id (a finish's event_at is the
---                run's real end when the engine said it: `ended_at`)
+--                run's real end when the engine said it: `ended_at`; a start's the run's real
+--                start: `started_at`, whenever it was recorded)
 --
 -- Each statement is set-based over the whole batch, so the result does not depend on where batch
 -- boundaries fall (a test checks batch size 1 against one big batch). A statement whose input
@@ -56,7 +57,7 @@ INSERT INTO node_history BY NAME SELECT * FROM b_nodes;
 -- decompress the whole batch's JSON). A temp table, made once per batch (empty when the batch
 -- has none) and read by the statements below.
 CREATE OR REPLACE TEMP TABLE b_jobev AS
-SELECT job_id, position, coalesce(f.ended_at, occurred_at) AS event_at,
+SELECT job_id, position, coalesce(f.ended_at, s.started_at, occurred_at) AS event_at,
        CASE tag WHEN 'job.placed.v1'         THEN 'placed'
                 WHEN 'job.started.v1'        THEN 'started'
                 WHEN 'job.preempted.v1'      THEN 'preempted'

@@ -134,6 +134,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         [
             ("position", pa.int64()),
             ("logs", pa.list_(pa.string())),
+            ("started_at", pa.float64()),
         ]
     ),
     "b_engine_ended": pa.schema(
@@ -219,7 +220,7 @@ KEPT: frozenset[type] = frozenset(
 """The event types whose fields the batch tables read (`apply.sql` takes the rest from `raw`)."""
 
 REDUCED: dict[type, Callable[[Any], Any]] = {
-    e.JobStarted: attrgetter("logs"),
+    e.JobStarted: attrgetter("logs", "started_at"),
     e.JobEngineLinked: attrgetter("engine_job_id"),
 }
 """Kept types of which a group keeps one value per event instead of the event (many events, one
@@ -659,9 +660,17 @@ def _finished(groups: dict[type, Group]) -> pa.Table:
 
 
 def _started(groups: dict[type, Group]) -> pa.Table:
-    """JobStarted's logs (the job's `logs` in `jobs`)."""
-    g = groups.get(e.JobStarted, _EMPTY_GROUP)  # REDUCED: its events are their logs
-    return _table("b_started", {"position": g.positions, "logs": _string_lists(g.events)})
+    """JobStarted's logs and the run's real start (the job's `logs` and `started_at` in
+    `jobs`: the engine's start, not when it was recorded)."""
+    g = groups.get(e.JobStarted, _EMPTY_GROUP)  # REDUCED: its events are (logs, started_at)
+    return _table(
+        "b_started",
+        {
+            "position": g.positions,
+            "logs": _string_lists([x[0] for x in g.events]),
+            "started_at": [x[1] for x in g.events],
+        },
+    )
 
 
 def _engine_ended(groups: dict[type, Group]) -> pa.Table:

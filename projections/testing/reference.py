@@ -260,8 +260,9 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
             s.intervals.append(iv)
             s._open[ev.job_id] = iv
         case e.JobStarted():
+            began = ev.at if ev.started_at is None else ev.started_at
             _touch(s, ev.job_id, pos).update(
-                status="running", started_at=ev.at, run_started_at=ev.at, logs=list(ev.logs)
+                status="running", started_at=began, run_started_at=began, logs=list(ev.logs)
             )
         case e.JobHeld() | e.JobReleased():
             _touch(s, ev.job_id, pos)["held"] = isinstance(ev, e.JobHeld)
