@@ -21,6 +21,7 @@ from pathlib import Path
 from ledger.core.state import Node
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
 from ledger.engines.accounts import RunAs, account_for
+from ledger.engines.slurm.stops import Stopping, grace_in, no_grace, stopped_end
 from ledger.engines.slurm.words import (
     ENDED,
     HOLDING,
@@ -34,6 +35,7 @@ from ledger.engines.slurm.words import (
     batch_script,
     check_config,
     end_reason,
+    ended_gpus,
     exit_code,
     node_changes,
     parse_jobs,
@@ -86,6 +88,7 @@ def open_executor(
         partition, ledger_id(ledger), log_dir, grace_s=grace_s, run_as=run_as, may_act=may_act
     )
     slurm.check()
+    slurm.job_grace = lambda job_id: grace_in(ledger.state, job_id)
     if log_dir.is_dir() and log_dir.stat().st_mode & 0o022:  # an older version's 1777
         log.warning("%s was writable by others: made 0755 (the service's own directory)", log_dir)
         log_dir.chmod(0o755)
@@ -131,12 +134,6 @@ class _Refused(Exception):
     """A job that may not run as the account it would run as (`account_for`'s reason)."""
 
 
-@dataclass
-class _Stopping:
-    since: float
-    cancelled: bool = False
-
-
 class SlurmExecutor:
     """Carries out the ledger's placements as Slurm jobs on one partition, and reports what Slurm
     says happened. Slurm keeps runs across our restarts, so `adopt` takes them over."""
@@ -174,10 +171,15 @@ class SlurmExecutor:
         """Who jobs run as (`ledger.engines.accounts`): as on every engine, never as root on
         someone else's behalf."""
         self._runs: dict[int, _Run] = {}
-        self._stopping: dict[str, _Stopping] = {}
+        self._stopping: dict[str, Stopping] = {}
         self._view: dict[str, SlurmJob] = {}
         self._starts: list[Start] = []
         self._exits: list[Exit] = []
+        self._stopped: list[Exit] = []
+        """Ends of runs the ledger stopped (cancel, requeue, preemption): `JobRunEnded`."""
+        self.job_grace: Callable[[int], float | None] = no_grace
+        """A job's own grace by job id (`open_executor` reads the ledger's), for runs adopted
+        after a restart; None: the service's `grace_s`."""
         self._foreign: dict[str, frozenset[int]] = {}
         self._foreign_seen: set[str] = set()
         self._accounting: bool | None = None
@@ -472,8 +474,10 @@ class SlurmExecutor:
         starts, self._starts = self._starts, []
         checkpoints = self._read_checkpoints()
         exits, self._exits = self._exits, []
+        stopped, self._stopped = self._stopped, []
         changes, exits, unseen = self._own_ends_first(changes, exits, unseen, now)
         return Observed(
+            stopped=tuple(stopped),
             nodes=tuple(changes),
             starts=tuple(starts),
             checkpoints=tuple(checkpoints),
@@ -564,18 +568,36 @@ class SlurmExecutor:
         for job_id in orders.stops:
             r = self._runs.pop(job_id, None)
             if r is not None and r.slurm_id is not None:
-                self._signal(r.slurm_id, now)
+                self._signal(r.slurm_id, now, self._grace_of(r), (r.job_id, r.run))
         for job in orders.launches:
+            old = self._runs.get(job.job_id)
+            if old is not None and old.slurm_id is not None and old.run != job.run:
+                # requeued and placed again in one cycle: its old run stops as any stop does
+                self._signal(old.slurm_id, now, self._grace_of(old), (old.job_id, old.run))
             self._runs[job.job_id] = _Run(job.job_id, job.run, job)
         if orders.launches:
             self._try_submit(now)
         return ()
 
-    def _signal(self, slurm_id: str, now: float) -> None:
+    def _grace_of(self, r: _Run) -> float:
+        """The run's job's own grace (`submit --grace`), else the service's."""
+        grace = r.launch.grace_s if r.launch is not None else self.job_grace(r.job_id)
+        return self.grace_s if grace is None else grace
+
+    def _signal(
+        self,
+        slurm_id: str,
+        now: float,
+        grace_s: float | None = None,
+        run: tuple[int, int] | None = None,
+    ) -> None:
+        """`scancel --signal=TERM --full` (a run that never ran: `scancel`); `scancel` once
+        `grace_s` has passed (`_read_runs`). The end of a stopped `run` is recorded."""
         if not self.may_act():
             return
         job = self._view.get(slurm_id)
-        stopping = self._stopping.setdefault(slurm_id, _Stopping(now))
+        grace = self.grace_s if grace_s is None else grace_s
+        stopping = self._stopping.setdefault(slurm_id, Stopping(now, grace_s=grace, run=run))
         try:
             if job is not None and job.state in WAITING:
                 self._run(["scancel", slurm_id])  # never ran: nothing to save
@@ -606,7 +628,13 @@ class SlurmExecutor:
             if j.started and not r.started and (j.holding or j.ended) and not j.launch_failed:
                 r.started = True
                 r.started_at = j.start_time
-                gpus = tuple(GpuSlot(node=n, gpu_indices=i) for n, i in sorted(j.gpus.items()) if i)
+                # first seen ended (or after a restart): -d's IDX is gone; JOB_GRES says, or
+                # the GPUs it was submitted for (Slurm was asked for exactly those)
+                got = {n: i for n, i in j.gpus.items() if i} or ended_gpus(j, self._pinned)
+                asked = {sl.node: sl.gpu_indices for sl in r.launch.slots} if r.launch else {}
+                gpus = tuple(
+                    GpuSlot(node=n, gpu_indices=i) for n, i in sorted((got or asked).items())
+                )
                 # charged from Slurm's real start (the ledger keeps it inside the placement)
                 self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
                                           started_at=j.start_time))  # fmt: skip
@@ -626,16 +654,18 @@ class SlurmExecutor:
                 limit = r.launch.time_limit_s if r.launch else None
                 log.info("job %s (Slurm job %s) reached its limit of %s s: stopping it",
                          job_id, r.slurm_id, limit)  # fmt: skip
-                self._signal(r.slurm_id, now)
+                self._signal(r.slurm_id, now, self._grace_of(r))
         # 2. runs being stopped: the grace, then scancel
         for slurm_id, st in list(self._stopping.items()):
             j = self._view.get(slurm_id)
             if j is None or j.ended:
                 del self._stopping[slurm_id]
-            elif not st.cancelled and now - st.since >= self.grace_s:
+                if j is not None and st.run is not None and j.started:  # Slurm's EndTime
+                    self._stopped.append(stopped_end(st, j, now))
+            elif not st.cancelled and now - st.since >= st.grace_s:
                 try:
                     self._run(["scancel", slurm_id])
-                    st.cancelled = True
+                    st.cancelled = st.killed = True
                 except EngineError as err:
                     log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
         # 3. foreign jobs on any partition: their GPUs on the ledger's nodes are busy, they are
@@ -652,7 +682,9 @@ class SlurmExecutor:
                     and j.slurm_id not in self._stopping
                 ):
                     log.warning("slurm job %s is a run the ledger no longer runs: stopping it", j)
-                    self._signal(j.slurm_id, now)
+                    tag = j.tag(self.ledger_id)
+                    grace = self.job_grace(tag[0]) if tag is not None else None
+                    self._signal(j.slurm_id, now, grace, tag)
                 continue
             if j.holding or (not j.ended and any(j.gpus.values())):
                 # running, or pending with an allocation (a requeue still releasing it)
@@ -744,7 +776,7 @@ class SlurmExecutor:
                 continue
             job_id, run = tag
             if runs.get(job_id) == run:
-                self._runs[job_id] = _Run(job_id, run, None, j.slurm_id)
+                self._runs[job_id] = _Run(job_id, run, None, j.slurm_id, logs=j.logs)
                 log.info("adopted Slurm job %s as job %s run %s", j.slurm_id, job_id, run)
         adopted = set(self._runs)
         self._read_runs(now)  # runs that ended while we were away: exits at the next `observe`
