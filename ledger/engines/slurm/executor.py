@@ -21,7 +21,7 @@ from pathlib import Path
 from ledger.core.state import Node
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
 from ledger.engines.accounts import RunAs, account_for
-from ledger.engines.slurm.stops import Stopping, grace_in, no_grace, stopped_end
+from ledger.engines.slurm.stops import Stopping, Tag, grace_in, no_grace, run_gpus, stopped_end
 from ledger.engines.slurm.words import (
     ENDED,
     HOLDING,
@@ -35,7 +35,6 @@ from ledger.engines.slurm.words import (
     batch_script,
     check_config,
     end_reason,
-    ended_gpus,
     exit_code,
     node_changes,
     parse_jobs,
@@ -47,7 +46,7 @@ from ledger.engines.slurm.words import (
 )
 from ledger.store.application import Ledger
 from schemas.errors import EngineError, InvalidCommand
-from schemas.events import AnyEvent, EndReason, GpuSlot
+from schemas.events import AnyEvent, EndReason
 
 log = logging.getLogger("gpuledger.slurm")
 
@@ -584,13 +583,8 @@ class SlurmExecutor:
         grace = r.launch.grace_s if r.launch is not None else self.job_grace(r.job_id)
         return self.grace_s if grace is None else grace
 
-    def _signal(
-        self,
-        slurm_id: str,
-        now: float,
-        grace_s: float | None = None,
-        run: tuple[int, int] | None = None,
-    ) -> None:
+    def _signal(self, slurm_id: str, now: float, grace_s: float | None = None,
+                run: Tag | None = None) -> None:  # fmt: skip
         """`scancel --signal=TERM --full` (a run that never ran: `scancel`); `scancel` once
         `grace_s` has passed (`_read_runs`). The end of a stopped `run` is recorded."""
         if not self.may_act():
@@ -628,13 +622,7 @@ class SlurmExecutor:
             if j.started and not r.started and (j.holding or j.ended) and not j.launch_failed:
                 r.started = True
                 r.started_at = j.start_time
-                # first seen ended (or after a restart): -d's IDX is gone; JOB_GRES says, or
-                # the GPUs it was submitted for (Slurm was asked for exactly those)
-                got = {n: i for n, i in j.gpus.items() if i} or ended_gpus(j, self._pinned)
-                asked = {sl.node: sl.gpu_indices for sl in r.launch.slots} if r.launch else {}
-                gpus = tuple(
-                    GpuSlot(node=n, gpu_indices=i) for n, i in sorted((got or asked).items())
-                )
+                gpus = run_gpus(j, self._pinned, r.launch)  # also once ended: Slurm's record
                 # charged from Slurm's real start (the ledger keeps it inside the placement)
                 self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
                                           started_at=j.start_time))  # fmt: skip

@@ -5,11 +5,16 @@ none), then `scancel`; and the run's real end as Slurm kept it (EndTime), record
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ledger.core.state import State
-from ledger.cycle.executor import Exit
-from ledger.engines.slurm.words import SlurmJob
+from ledger.cycle.executor import Exit, Launch
+from ledger.engines.slurm.words import SlurmJob, ended_gpus
+from schemas.events import GpuSlot
+
+Tag = tuple[int, int]
+"""(job, run) of a run of this ledger."""
 
 
 @dataclass
@@ -20,7 +25,7 @@ class Stopping:
     cancelled: bool = False
     grace_s: float = 30.0
     """The job's own grace (`submit --grace`; the service's when it has none)."""
-    run: tuple[int, int] | None = None
+    run: Tag | None = None
     """(job, run) of a run the ledger stopped, whose end is recorded (`JobRunEnded`)."""
     killed: bool = False
     """It outlived its grace: `scancel` (Slurm's kill) was sent after the TERM."""
@@ -44,3 +49,14 @@ def grace_in(state: State, job_id: int) -> float | None:
 def no_grace(_: int) -> float | None:
     """No job's own grace is known (an executor built without its ledger)."""
     return None
+
+
+def run_gpus(
+    j: SlurmJob, pinned: Mapping[str, tuple[str, ...]], launch: Launch | None
+) -> tuple[GpuSlot, ...]:
+    """Pure: the GPUs a started run got, as Slurm says: `-d`'s IDX while it holds them; once
+    it has ended (first seen then, or adopted after a restart) its JOB_GRES on pinned nodes,
+    else the GPUs it was submitted for (Slurm was asked for exactly those)."""
+    got = {n: i for n, i in j.gpus.items() if i} or ended_gpus(j, pinned)
+    asked = {sl.node: sl.gpu_indices for sl in launch.slots} if launch is not None else {}
+    return tuple(GpuSlot(node=n, gpu_indices=i) for n, i in sorted((got or asked).items()))
