@@ -49,7 +49,11 @@ def test_a_run_first_seen_after_it_ended_keeps_slurms_times_and_gpus(ledger: Led
         ledger.proc.send_signal(signal.SIGSTOP)  # nothing more is recorded until the restart
     finally:
         _partition(ledger, "UP")
-    _until("the job to end in Slurm", lambda: (work / "ended").exists(), 90)
+    try:  # Slurm schedules it at its next pass (sched/builtin: within SchedulerInterval, 60 s)
+        _until("the job to end in Slurm", lambda: (work / "ended").exists(), 240)
+    except BaseException:
+        ledger.proc.send_signal(signal.SIGCONT)  # never left stopped (the fixture stops it)
+        raise
     ledger.kill9()
     time.sleep(5)  # the service stays down past the end
     restarted = time.time()
