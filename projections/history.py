@@ -173,7 +173,8 @@ _JOBS = """WITH page AS (  -- the page first: newest first, over the given filte
     SELECT j.* FROM jobs j
     WHERE j.job_id >= (SELECT min(job_id) FROM page) AND j.job_id IN (SELECT job_id FROM page)
 ), iv AS (  -- its last placement: the GPUs it holds, or held in its last run
-    SELECT job_id, arg_max(slots, start_position) AS slots
+    SELECT job_id, arg_max(slots, start_position) AS slots,
+           arg_max(start_at, start_position) AS start_at
     FROM job_intervals
     WHERE job_id IN (SELECT job_id FROM top)
     GROUP BY job_id
@@ -181,7 +182,10 @@ _JOBS = """WITH page AS (  -- the page first: newest first, over the given filte
 SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster,
        CASE WHEN j.status = 'pending' AND j.held THEN 'held' ELSE j.status END AS state,
        j.outcome, j.exit_code, j.funded, j.min_runtime_s, j.resumable, j.priority, j.debug,
-       j.time_limit_s, j.submitted_at, j.placed_at,
+       j.time_limit_s, j.submitted_at,
+       -- a finished job keeps its last placement's time (a preemption that ended it cleared it)
+       CASE WHEN j.status = 'finished' THEN coalesce(j.placed_at, iv.start_at)
+            ELSE j.placed_at END AS placed_at,
        CASE WHEN j.status IN ('running', 'finished') THEN j.run_started_at END AS started_at,
        j.finished_at, j.placements, j.preemptions,
        CASE WHEN j.status = 'pending' THEN [] ELSE coalesce(iv.slots, []) END AS slots,

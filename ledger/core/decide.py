@@ -20,7 +20,7 @@ from ledger.core import jobs
 from ledger.core.authz import authorise
 from ledger.core.conflicts import command_keys, event_keys
 from ledger.core.runs import between, confirm_run_ended
-from ledger.core.state import Account, Job, State
+from ledger.core.state import DRAINED_NOTE, Account, Job, State
 from schemas import commands as c
 from schemas import events as e
 from schemas.bounds import NAME_PATTERN, describe, field_value, validate
@@ -662,8 +662,13 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
             e.JobRequeued(**s.kw(), job_id=cmd.job_id),
         ]
     if cmd.reason == "drained":  # as a drained node's jobs leave: a maintenance preemption
-        p = c.Preemption(job_id=cmd.job_id, reason="maintenance", note="its node's agent drained")
-        out = _preemption_events(job, p, None, s)
+        p = c.Preemption(job_id=cmd.job_id, reason="maintenance", note=DRAINED_NOTE)
+        out = [  # a job that is not requeued ends with its run's exit code and real end
+            msgspec.structs.replace(ev, exit_code=cmd.exit_code, ended_at=ended_at)
+            if isinstance(ev, e.JobFinished)
+            else ev
+            for ev in _preemption_events(job, p, None, s)
+        ]
     if cmd.engine and cmd.reason not in ("launch_failed", "drained"):
         out.append(
             e.JobEngineEnded(

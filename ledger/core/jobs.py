@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -180,12 +180,13 @@ def _dependency(state: State, terms: Iterable[e.Dependency]) -> tuple[e.Dependen
 def _dependable(state: State, kind: e.DependencyKind, job_id: int) -> None:
     if not 0 < job_id < state.next_job_id:
         raise InvalidCommand(f"{kind}:{job_id}: there is no job {job_id}", job_id=job_id)
-    for ended_as in ends_of(state, job_id):
-        if not satisfies(kind, ended_as):
-            raise InvalidCommand(
-                f"{kind}:{job_id} can never be satisfied: job {job_id} ended {ended_as}",
-                job_id=job_id,
-            )
+    ends = ends_of(state, job_id)
+    if never_met(kind, ends, bool(active_ids(state, job_id))):
+        ended_as = next((why for why in ends if not satisfies(kind, why)), ends[0])
+        what = f"job {job_id} ended {ended_as}"
+        if len(ends) > 1:  # an array: every task has ended
+            what = f"the tasks of array {job_id} ended {', '.join(sorted(set(ends)))}"
+        raise InvalidCommand(f"{kind}:{job_id} can never be satisfied: {what}", job_id=job_id)
     if not active_ids(state, job_id) and not ends_of(state, job_id):
         raise InvalidCommand(
             f"{kind}:{job_id}: job {job_id} ended over {ENDS_KEPT_S / 3600:g} h ago, and its end "
@@ -202,6 +203,18 @@ def satisfies(kind: e.DependencyKind, ended_as: str) -> bool:
     if kind == "afternotok":
         return ended_as != "completed"
     return True
+
+
+def never_met(kind: e.DependencyKind, ends: Sequence[str], live: bool) -> bool:
+    """Pure: whether a dependency `kind` on a job, or on every task of an array (Slurm: a
+    dependency on an array's id waits for every task), can no longer hold, from how its members
+    ended (`ends`) and whether one has not ended yet (`live`): `afterok` once one did not
+    complete; `afternotok` once all ended and every one completed; `afterany` never."""
+    if kind == "afterok":
+        return any(why != "completed" for why in ends)
+    if kind == "afternotok":
+        return not live and bool(ends) and all(why == "completed" for why in ends)
+    return False
 
 
 def ends_of(state: State, job_id: int) -> list[str]:
@@ -224,7 +237,7 @@ def dependents_ended(state: State, events: list[e.AnyEvent], kw: Envelope) -> li
     ending = [ev for ev in events if isinstance(ev, e.JobFinished)]
     if not ending or not state.dependents():
         return []
-    done = {ev.job_id for ev in ending}
+    done = {ev.job_id: ev.reason for ev in ending}
     out: list[e.AnyEvent] = []
     while ending:
         ev = ending.pop(0)
@@ -234,12 +247,24 @@ def dependents_ended(state: State, events: list[e.AnyEvent], kw: Envelope) -> li
             child = state.jobs.get(child_id)
             if child is None or child_id in done or not child.active:
                 continue
-            term = next((t for t in child.spec.dependency if keys & set(t.job_ids)), None)
-            if term is None or satisfies(term.kind, ev.reason):
+            hit = next(
+                (
+                    (t, named)
+                    for t in child.spec.dependency
+                    for named in sorted(keys & set(t.job_ids))
+                    if _never_now(state, t.kind, named, done)
+                ),
+                None,
+            )
+            if hit is None:
                 continue
-            named = min(keys & set(term.job_ids))
+            term, named = hit
             what = f"job {named}" if named == ev.job_id else f"task {ev.job_id} of array {named}"
-            note = f"{what} ended {ev.reason}: {term.kind}:{named} can never be satisfied"
+            if term.kind == "afternotok" and named != ev.job_id:
+                what = f"every task of array {named} completed (the last, {ev.job_id})"
+                note = f"{what}: {term.kind}:{named} can never be satisfied"
+            else:
+                note = f"{what} ended {ev.reason}: {term.kind}:{named} can never be satisfied"
             end = e.JobFinished(
                 **kw(),
                 job_id=child_id,
@@ -247,10 +272,19 @@ def dependents_ended(state: State, events: list[e.AnyEvent], kw: Envelope) -> li
                 reason="dependency_never_satisfied",
                 note=note,
             )
-            done.add(child_id)
+            done[child_id] = end.reason
             out.append(end)
             ending.append(end)
     return out
+
+
+def _never_now(state: State, kind: e.DependencyKind, named: int, done: Mapping[int, str]) -> bool:
+    """Pure: whether `kind:named` can no longer hold once the jobs of `done` (job id -> how it
+    ends, in the events being appended; `state` is before them) have ended."""
+    members = {named} | state.array_tasks(named)
+    live = [j for j in active_ids(state, named) if j not in done]
+    ends = ends_of(state, named) + [why for jid, why in done.items() if jid in members]
+    return never_met(kind, ends, bool(live))
 
 
 # --- who may run now ------------------------------------------------------------------------

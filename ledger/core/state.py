@@ -279,6 +279,11 @@ class State:
         return [i for i in range(n.gpus) if (node, i) not in self.holders]
 
 
+DRAINED_NOTE = "its node's agent drained"
+"""The note of the maintenance preemption `agent --drain` makes (host maintenance, which a
+contract allows: `audit check` lists it as allowed, `explain` says so)."""
+
+
 def is_system(actor: str) -> bool:
     """System actors (the dispatcher, executors, the simulator) start with '@'."""
     return actor.startswith("@")

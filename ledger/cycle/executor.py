@@ -129,6 +129,8 @@ class Exit:
     engine_state: str = ""
     note: str = ""
     """What else the engine says (why a launch failed, processes left that were killed)."""
+    run: int | None = None
+    """Which run of the job it was, when the engine's run id does not say (Slurm's)."""
 
 
 @dataclass(frozen=True)

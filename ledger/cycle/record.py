@@ -150,7 +150,7 @@ def stopped_commands(stopped: Sequence[Exit], engine: str) -> list[c.AnyCommand]
             job_id=x.job_id,
             engine=engine,
             engine_job_id=x.engine_job_id,
-            run=_run_of(x.engine_job_id),
+            run=_run_of(x.engine_job_id) if x.run is None else x.run,
             ended_at=x.at,
             exit_code=x.exit_code,
             killed=x.engine_state == "KILLED",

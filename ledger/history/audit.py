@@ -25,7 +25,7 @@ import msgspec
 
 from ledger.core.authz import authorisation_failure
 from ledger.core.evolve import evolve
-from ledger.core.state import Job, State, is_system
+from ledger.core.state import DRAINED_NOTE, Job, State, is_system
 from projections import history
 from projections.fairshare import CHARGE_PLACEMENT, RANKING_VERSION, charge_of
 from projections.store import Store
@@ -40,6 +40,7 @@ ViolationCode = Literal[
     "JOB_RUN_TWICE",
     "PREEMPTED_IN_CONTRACT",
     "ADMIN_PREEMPTED_IN_CONTRACT",
+    "DRAINED_IN_CONTRACT",
     "REQUEUED_IN_CONTRACT",
     "PLACED_ON_INACTIVE_NODE",
     "UNFUNDED_CHARGED",
@@ -405,6 +406,10 @@ class _Checker:
         owner = ev.actor == job.spec.user or self.state.manages(ev.actor, job.spec.account)
         if owner and not is_system(ev.actor) and ev.note.startswith("requeued by "):
             self.note(pos, ev, "REQUEUED_IN_CONTRACT", f"{what}: {ev.note}", ev.job_id)
+        elif is_system(ev.actor) and ev.reason == "maintenance" and ev.note == DRAINED_NOTE:
+            # `agent --drain`: host maintenance, which a contract allows (as an admin's drain)
+            reason = f"{what}: its node was drained for maintenance (agent --drain)"
+            self.note(pos, ev, "DRAINED_IN_CONTRACT", reason, ev.job_id)
         elif self.state.is_admin(ev.actor) and not is_system(ev.actor) and ev.note.strip():
             reason = f"{what}: admin preemption, reason: {ev.note.strip()}"
             self.note(pos, ev, "ADMIN_PREEMPTED_IN_CONTRACT", reason, ev.job_id)

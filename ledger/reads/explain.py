@@ -152,8 +152,21 @@ def finish_line(ev: e.JobFinished) -> str:
         )
     code = f", exit code {ev.exit_code}" if ev.exit_code is not None else ""
     note = f" ({ev.note})" if ev.note else ""
-    ended = f" at {when(ev.ended_at)}, recorded later" if ev.ended_at not in (None, ev.at) else ""
-    return f"{when(ev.at)} it {words}{code}{note}{ended}."
+    later = _recorded(ev.ended_at, ev.at)
+    return f"{when(_real(ev.ended_at, ev.at))} it {words}{code}{note}{later}."
+
+
+def _real(engine_at: float | None, at: float) -> float:
+    """Pure: when it really happened: the engine's time when it said one, else the record's."""
+    return at if engine_at is None else engine_at
+
+
+def _recorded(engine_at: float | None, at: float) -> str:
+    """Pure: ", recorded at T" when the record came later than the engine says it happened (an
+    end or a start seen after a restart, or after the run ended); "" otherwise."""
+    if engine_at is None or when(engine_at) == when(at):
+        return ""
+    return f", recorded at {when(at)}"
 
 
 def explain_history(
@@ -199,7 +212,8 @@ def explain_history(
                 out.append(line)
             case e.JobStarted():
                 logs = f" Output: {', '.join(ev.logs)}" if ev.logs else ""
-                out.append(f"{when(ev.at)} started.{logs}")
+                start = _real(ev.started_at, ev.at)
+                out.append(f"{when(start)} started{_recorded(ev.started_at, ev.at)}.{logs}")
             case e.CheckpointReported():
                 out.append(f"{when(ev.at)} reported a checkpoint.")
             case e.JobPreempted():
@@ -252,4 +266,8 @@ def _contract_at(job: Job, history: Sequence[e.AnyEvent], preempted: e.JobPreemp
     ends = placed[-1].at + job.spec.min_runtime_s
     if preempted.at >= ends:
         return f"its contract had expired at {when(ends)}"
+    from ledger.core.state import DRAINED_NOTE, is_system
+
+    if is_system(preempted.actor) and preempted.note == DRAINED_NOTE:
+        return f"inside its contract (until {when(ends)}): its node was drained for maintenance"
     return f"inside its contract (until {when(ends)}): an admin preemption"

@@ -320,6 +320,78 @@ def test_a_dependency_on_an_array_waits_for_every_task(w: World) -> None:
     assert [ev.job_id for ev in got if isinstance(ev, e.JobFinished)] == [2, 3]
 
 
+def test_afternotok_on_an_array_waits_for_every_task_and_runs_when_one_failed(w: World) -> None:
+    """F2 of atk23c: task 0 completing decided `afternotok:ARRAY` alone (refused at submit
+    "can never be satisfied", or ended at once) while another task still ran and then failed.
+    Slurm: a dependency on an array's id waits for every task."""
+    w.submit(array=(0, 1, 2))  # 1, 2, 3
+    w.place(1, "n1", 0)
+    w.place(2, "n1", 1)
+    w.finish(1, 0)  # task 0 completed; tasks 1 and 2 have not ended
+    (dep,) = w.submit(dependency=(e.Dependency(kind="afternotok", job_ids=(1,)),))  # 4
+    (after,) = w.submit(dependency=(e.Dependency(kind="afterany", job_ids=(1,)),))  # 5
+    assert (dep.job_id, after.job_id) == (4, 5)
+    assert w.blocked() == {4: "WAIT_DEPENDENCY", 5: "WAIT_DEPENDENCY"}
+    got = w.finish(2, 1)  # task 1 failed: afternotok is met once task 2 ends too
+    assert [ev.job_id for ev in got if isinstance(ev, e.JobFinished)] == [2]
+    assert w.blocked() == {4: "WAIT_DEPENDENCY", 5: "WAIT_DEPENDENCY"}
+    w.place(3, "n1", 2)
+    got = w.finish(3, 0)
+    assert [ev.job_id for ev in got if isinstance(ev, e.JobFinished)] == [3]
+    assert w.blocked() == {}  # both may run: one task failed, every task ended
+    # once every task has ended with one failed, a later afternotok is accepted
+    w.submit(dependency=(e.Dependency(kind="afternotok", job_ids=(1,)),))
+
+
+def test_afternotok_on_an_array_every_task_of_which_completed_never_holds(w: World) -> None:
+    w.submit(array=(0, 1))  # 1, 2
+    w.place(1, "n1", 0)
+    w.place(2, "n1", 1)
+    w.finish(1, 0)
+    w.submit(dependency=(e.Dependency(kind="afternotok", job_ids=(1,)),))  # 3: waits
+    assert w.blocked() == {3: "WAIT_DEPENDENCY"}
+    got = w.finish(2, 0)
+    ends = [(ev.job_id, ev.reason) for ev in got if isinstance(ev, e.JobFinished)]
+    assert ends == [(2, "completed"), (3, "dependency_never_satisfied")]
+    note = next(ev.note for ev in got if isinstance(ev, e.JobFinished) and ev.job_id == 3)
+    assert "every task of array 1 completed" in note, note
+    with pytest.raises(InvalidCommand, match="afternotok:1 can never be satisfied: the tasks"):
+        w.submit(dependency=(e.Dependency(kind="afternotok", job_ids=(1,)),))
+    # a task's own id is that task alone (Slurm's ARRAY_TASK form is the ledger's task id)
+    with pytest.raises(InvalidCommand, match="afternotok:2 can never be satisfied: job 2"):
+        w.submit(dependency=(e.Dependency(kind="afternotok", job_ids=(2,)),))
+
+
+def test_afterok_on_an_array_ends_at_the_first_failed_task(w: World) -> None:
+    w.submit(array=(0, 1, 2))  # 1, 2, 3
+    w.submit(dependency=(e.Dependency(kind="afterok", job_ids=(1,)),))  # 4
+    w.place(2, "n1", 1)
+    got = w.finish(2, 5)  # task 1 failed while tasks 0 and 2 wait: afterok can never hold
+    assert [(ev.job_id, ev.reason) for ev in got if isinstance(ev, e.JobFinished)] == [
+        (2, "failed"),
+        (4, "dependency_never_satisfied"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kind", "ends", "live", "never"),
+    [
+        ("afterok", [], True, False),
+        ("afterok", ["completed"], True, False),
+        ("afterok", ["completed", "failed"], True, True),
+        ("afternotok", ["completed"], True, False),
+        ("afternotok", ["completed"], False, True),
+        ("afternotok", ["completed", "time_limit"], False, False),
+        ("afternotok", [], False, False),
+        ("afterany", ["completed", "failed"], False, False),
+    ],
+)
+def test_never_met_is_slurms_rule_for_a_job_or_every_task(
+    kind: e.DependencyKind, ends: list[str], live: bool, never: bool
+) -> None:
+    assert jobs.never_met(kind, ends, live) is never
+
+
 def test_singleton_waits_for_the_earlier_job_of_the_same_user_and_name(w: World) -> None:
     dep = (e.Dependency(kind="singleton"),)
     w.submit(job_name="nightly")  # 1
@@ -453,3 +525,51 @@ def test_a_drained_run_is_requeued_when_resumable_and_ends_preempted_otherwise(w
     assert w.state.jobs[1].status == "pending"
     (end,) = [ev for ev in got if isinstance(ev, e.JobFinished)]
     assert (end.outcome, end.reason) == ("preempted", "preempted")
+
+
+def test_a_drain_inside_a_contract_is_maintenance_allowed_by_audit_and_explained(
+    org_commands: list[c.AnyCommand],
+) -> None:
+    """F9 of atk23c: `agent --drain` of a node whose job is inside its contract was flagged
+    PREEMPTED_IN_CONTRACT by `audit check`, called "an admin preemption" by `explain`, and its
+    job kept neither its exit code nor its run's end. A drain is host maintenance: allowed,
+    said so, and the job's end is its run's."""
+    from ledger.history.audit import check
+    from ledger.reads.explain import explain_history
+
+    state = State()
+    history: list[e.AnyEvent] = []
+    ids = (lambda n: lambda: f"d{next(n)}")(itertools.count(1))
+
+    def run(cmd: c.AnyCommand, now: float) -> list[e.AnyEvent]:
+        got = decide(state, cmd, now, ids)
+        for ev in got:
+            evolve(state, ev)
+        history.extend(got)
+        return got
+
+    for cmd in org_commands:
+        run(cmd, T0)
+    run(c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, min_runtime_s=3600), T0)
+    job_id = state.next_job_id - 1
+    slot = e.GpuSlot(node="n1", gpu_indices=(0,))
+    body = c.DecisionBody(
+        cycle_id="c1", based_on=state.events, policy_version="test",
+        placements=(c.Placement(job_id=job_id, slots=(slot,)),),
+    )  # fmt: skip
+    run(c.ApplyDecision(actor="@dispatcher", decision=body), T0 + 1)
+    run(c.StartJob(actor="@executor", job_id=job_id), T0 + 2)
+    got = run(
+        c.FinishJob(actor="@executor", job_id=job_id, exit_code=143, reason="drained",
+                    ended_at=T0 + 60),
+        T0 + 90,
+    )  # fmt: skip
+    (end,) = [ev for ev in got if isinstance(ev, e.JobFinished)]
+    assert (end.reason, end.exit_code, end.ended_at) == ("preempted", 143, T0 + 60)
+    report = check(history)
+    assert report.ok, [v.line() for v in report.violations]
+    assert [v.code for v in report.noted] == ["DRAINED_IN_CONTRACT"]
+    lines = explain_history(state.jobs[job_id], [ev for ev in history
+                            if getattr(ev, "job_id", None) == job_id], {}, T0 + 100)  # fmt: skip
+    said = " ".join(lines)
+    assert "drained for maintenance" in said and "admin preemption" not in said, lines

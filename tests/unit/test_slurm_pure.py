@@ -361,6 +361,7 @@ def test_the_batch_script_sets_the_ledgers_variables_and_execs_the_command() -> 
         "export GPULEDGER_USER=alice",
         "export GPULEDGER_ACCOUNT=ai2/olmo",
         "export GPULEDGER_NODES=n1,n2",
+        "export GPULEDGER_NODELIST=n1,n2",
         "exec sh -c 'echo $X; exit 3'",
     ]
     assert batch_script(dataclasses.replace(job, command=())).endswith("\nexec true\n")
@@ -958,3 +959,44 @@ def test_hostile_sacctmgr_output_is_refused_or_read_as_slurm_would() -> None:
     assert got.parents["olmo"] == "ai2" and "Ai2" not in got.parents
     assert got.duplicates == {"olmo": [3, 4], "ai2": [10, 10]}
     assert sorted(a for a, u, _ in got.rows if not u) == ["ai2", "olmo", "tulu"]
+
+
+# --- atk23c: the records of ended and stopped runs ---------------------------------------------
+
+ENDED = (
+    "JobId=19196000 JobName=gpuledger-7 JobState=COMPLETED Reason=None ExitCode=0:0"
+    " StartTime=2026-12-02T01:11:47 EndTime=2026-12-02T01:11:49 Partition=gpuledger NodeList=vm"
+    " JOB_GRES=gpu:fake_0:0,gpu:fake_1:1,gpu:fake_2:1,gpu:fake_3:0   Nodes=vm CPU_IDs=0 Mem=0"
+    f" GRES= Comment=gpuledger:{LID}:job=7:run=0 StdErr=/w/gpuledger-7.out"
+    " StdOut=/w/gpuledger-7.out"
+)
+
+
+def test_an_ended_runs_gpus_and_output_come_from_slurms_record() -> None:
+    """F11, F1 of atk23c: once a job ended, `-d`'s IDX is gone (its GPUs were recorded `[]`
+    for a run first seen then); on a node whose GPUs are pinned JOB_GRES still says which.
+    Its StdOut is kept for a run adopted after a restart (its logs were [])."""
+    from ledger.engines.slurm.words import ended_gpus
+
+    (j,) = parse_jobs(ENDED)
+    assert dict(j.gpus) == {"vm": ()} and j.logs == ("/w/gpuledger-7.out",)
+    types = ("fake_0", "fake_1", "fake_2", "fake_3")
+    assert ended_gpus(j, {"vm": types}) == {"vm": (1, 2)}
+    assert ended_gpus(j, {}) == {}  # not pinned: its record cannot say
+    assert parse_jobs(RUNNING)[0].logs == ("/tmp/job-3.log",)  # /dev/null is no log
+
+
+def test_a_slurm_job_gets_gpuledger_nodelist_as_on_the_agents() -> None:
+    job = launch(GpuSlot(node="n1", gpu_indices=(0,)), GpuSlot(node="n2", gpu_indices=(0,)))
+    assert job_environment(job, ALICE)["GPULEDGER_NODELIST"] == "n1,n2"
+
+
+def test_a_stopped_runs_end_is_slurms_with_its_run_and_whether_it_was_killed() -> None:
+    """F5 of atk23c: a run the ledger stopped is recorded ended at Slurm's EndTime."""
+    from ledger.engines.slurm.stops import Stopping, stopped_end
+
+    (j,) = parse_jobs(ENDED)
+    end = stopped_end(Stopping(since=0.0, grace_s=20.0, run=(7, 0)), j, now=j.end_time + 30)
+    assert (end.job_id, end.run, end.at, end.engine_state) == (7, 0, j.end_time, "COMPLETED")
+    killed = stopped_end(Stopping(since=0.0, run=(7, 0), killed=True), j, now=j.end_time - 1)
+    assert (killed.engine_state, killed.at) == ("KILLED", j.end_time - 1)  # never after now

@@ -1,11 +1,13 @@
 """Slurm as the execution engine: gpu-ledger decides, a Slurm partition runs the processes.
 
 `words` reads and writes Slurm's words (pure), `executor` is the edge that runs the commands
-(`SlurmExecutor`, `open_executor`), `shares` turns Slurm's association shares into a budget file.
-What the ledger owns and what Slurm owns is in docs/slurm.md.
+(`SlurmExecutor`), `opening` opens it (the partition checked, its nodes registered), `stops`
+says how a run is stopped and what its end was, `shares` turns Slurm's association shares into
+a budget file. What the ledger owns and what Slurm owns is in docs/slurm.md.
 """
 
-from ledger.engines.slurm.executor import ENGINE, SlurmExecutor, ledger_id, open_executor
+from ledger.engines.slurm.executor import ENGINE, SlurmExecutor
+from ledger.engines.slurm.opening import ledger_id, open_executor
 from ledger.engines.slurm.shares import SACCTMGR_ARGS, parse_sacctmgr_shares, shares_toml
 from ledger.engines.slurm.words import (
     DRAIN_PREFIX,

@@ -20,6 +20,7 @@ from pathlib import Path
 from ledger.core.state import Node
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
 from ledger.engines.accounts import RunAs, account_for, own_log, own_umask
+from ledger.engines.slurm.stops import Stopping, Tag, no_grace, run_gpus, stopped_end
 from ledger.engines.slurm.words import (
     ENDED,
     HOLDING,
@@ -34,66 +35,21 @@ from ledger.engines.slurm.words import (
     check_config,
     end_reason,
     exit_code,
-    name_of,
     node_changes,
     parse_jobs,
     parse_nodes,
     partition_max_time,
     real_end,
-    register_commands,
     sbatch_args,
     slurm_time,
 )
-from ledger.store.application import Ledger
-from schemas.errors import EngineError, InvalidCommand
-from schemas.events import EndReason, GpuSlot
+from schemas.errors import EngineError
+from schemas.events import EndReason
 from schemas.units import when
 
 log = logging.getLogger("gpuledger.slurm")
 
 ENGINE = "slurm"
-
-
-def ledger_id(ledger: Ledger) -> str:
-    """This ledger's name in Slurm comments: 12 hex digits of its first event's id."""
-    first = ledger.read(0, 1)
-    return name_of(first[0][1] if first else None)
-
-
-def open_executor(
-    ledger: Ledger,
-    partition: str | None,
-    log_dir: Path,
-    grace_s: float,
-    actor: str,
-    run_as: RunAs = "submitter",
-    may_act: Callable[[], bool] | None = None,
-) -> SlurmExecutor:
-    """The executor of `partition`, after checking Slurm lets gpu-ledger own it, with the
-    partition's GPU nodes registered in the ledger by `actor` (an admin). One clear error when
-    the partition is missing, cannot be owned or has no GPU node; nothing appended then."""
-    if not partition:
-        raise InvalidCommand(
-            "the Slurm executor needs the partition gpu-ledger owns",
-            hint="pass --partition P (serve: `partition` in the config file)",
-        )
-    slurm = SlurmExecutor(
-        partition, ledger_id(ledger), log_dir, grace_s=grace_s, run_as=run_as, may_act=may_act
-    )
-    slurm.check()
-    if log_dir.is_dir() and log_dir.stat().st_mode & 0o022:  # an older version's 1777
-        log.warning("%s was writable by others: made 0755 (the service's own directory)", log_dir)
-        log_dir.chmod(0o755)
-    found = slurm.nodes()
-    if not found:
-        raise EngineError(
-            f"Slurm partition {partition!r} has no nodes with GPUs (Gres=gpu:...)",
-            hint="see docs/slurm.md",
-        )
-    cmds = register_commands(found, ledger.state.nodes, actor)
-    if cmds:
-        ledger.execute_all(cmds)
-    return slurm
 
 
 def _always() -> bool:
@@ -129,12 +85,6 @@ class _Run:
 
 class _Refused(Exception):
     """A job that may not run as the account it would run as (`account_for`'s reason)."""
-
-
-@dataclass
-class _Stopping:
-    since: float
-    cancelled: bool = False
 
 
 class SlurmExecutor:
@@ -174,10 +124,15 @@ class SlurmExecutor:
         """Who jobs run as (`ledger.engines.accounts`): as on every engine, never as root on
         someone else's behalf."""
         self._runs: dict[int, _Run] = {}
-        self._stopping: dict[str, _Stopping] = {}
+        self._stopping: dict[str, Stopping] = {}
         self._view: dict[str, SlurmJob] = {}
         self._starts: list[Start] = []
         self._exits: list[Exit] = []
+        self._stopped: list[Exit] = []
+        """Ends of runs the ledger stopped (cancel, requeue, preemption): `JobRunEnded`."""
+        self.job_grace: Callable[[int], float | None] = no_grace
+        """A job's own grace by job id (`open_executor` reads the ledger's), for runs adopted
+        after a restart; None: the service's `grace_s`."""
         self._foreign: dict[str, frozenset[int]] = {}
         self._foreign_seen: set[str] = set()
         self._accounting: bool | None = None
@@ -488,8 +443,10 @@ class SlurmExecutor:
         starts, self._starts = self._starts, []
         checkpoints = self._read_checkpoints()
         exits, self._exits = self._exits, []
+        stopped, self._stopped = self._stopped, []
         changes, exits, unseen = self._own_ends_first(changes, exits, unseen, now)
         return Observed(
+            stopped=tuple(stopped),
             nodes=tuple(changes),
             starts=tuple(starts),
             checkpoints=tuple(checkpoints),
@@ -580,18 +537,31 @@ class SlurmExecutor:
         for job_id in orders.stops:
             r = self._runs.pop(job_id, None)
             if r is not None and r.slurm_id is not None:
-                self._signal(r.slurm_id, now)
+                self._signal(r.slurm_id, now, self._grace_of(r), (r.job_id, r.run))
         for job in orders.launches:
+            old = self._runs.get(job.job_id)
+            if old is not None and old.slurm_id is not None and old.run != job.run:
+                # requeued and placed again in one cycle: its old run stops as any stop does
+                self._signal(old.slurm_id, now, self._grace_of(old), (old.job_id, old.run))
             self._runs[job.job_id] = _Run(job.job_id, job.run, job)
         if orders.launches:
             self._try_submit(now)
         return ()
 
-    def _signal(self, slurm_id: str, now: float) -> None:
+    def _grace_of(self, r: _Run) -> float:
+        """The run's job's own grace (`submit --grace`), else the service's."""
+        grace = r.launch.grace_s if r.launch is not None else self.job_grace(r.job_id)
+        return self.grace_s if grace is None else grace
+
+    def _signal(self, slurm_id: str, now: float, grace_s: float | None = None,
+                run: Tag | None = None) -> None:  # fmt: skip
+        """`scancel --signal=TERM --full` (a run that never ran: `scancel`); `scancel` once
+        `grace_s` has passed (`_read_runs`). The end of a stopped `run` is recorded."""
         if not self.may_act():
             return
         job = self._view.get(slurm_id)
-        stopping = self._stopping.setdefault(slurm_id, _Stopping(now))
+        grace = self.grace_s if grace_s is None else grace_s
+        stopping = self._stopping.setdefault(slurm_id, Stopping(now, grace_s=grace, run=run))
         try:
             if job is not None and job.state in WAITING:
                 self._run(["scancel", slurm_id])  # never ran: nothing to save
@@ -628,7 +598,8 @@ class SlurmExecutor:
                 and not j.launch_failed
             ):  # RUNNING alone is not yet a start: Slurm may still fail the launch (N3)
                 r.started = True
-                gpus = tuple(GpuSlot(node=n, gpu_indices=i) for n, i in sorted(j.gpus.items()) if i)
+                r.started_at = j.start_time
+                gpus = run_gpus(j, self._pinned, r.launch)  # also once ended: Slurm's record
                 # charged from Slurm's real start (the ledger keeps it inside the placement)
                 self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
                                           started_at=j.start_time))  # fmt: skip
@@ -654,16 +625,18 @@ class SlurmExecutor:
                 limit = r.launch.time_limit_s if r.launch else None
                 log.info("job %s (Slurm job %s) reached its limit of %s s: stopping it",
                          job_id, r.slurm_id, limit)  # fmt: skip
-                self._signal(r.slurm_id, now)
+                self._signal(r.slurm_id, now, self._grace_of(r))
         # 2. runs being stopped: the grace, then scancel
         for slurm_id, st in list(self._stopping.items()):
             j = self._view.get(slurm_id)
             if j is None or j.ended:
                 del self._stopping[slurm_id]
-            elif not st.cancelled and now - st.since >= self.grace_s:
+                if j is not None and st.run is not None and j.started:  # Slurm's EndTime
+                    self._stopped.append(stopped_end(st, j, now))
+            elif not st.cancelled and now - st.since >= st.grace_s:
                 try:
                     self._run(["scancel", slurm_id])
-                    st.cancelled = True
+                    st.cancelled = st.killed = True
                 except EngineError as err:
                     log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
         # 3. foreign jobs on any partition: their GPUs on the ledger's nodes are busy, they are
@@ -680,7 +653,9 @@ class SlurmExecutor:
                     and j.slurm_id not in self._stopping
                 ):
                     log.warning("slurm job %s is a run the ledger no longer runs: stopping it", j)
-                    self._signal(j.slurm_id, now)
+                    tag = j.tag(self.ledger_id)
+                    grace = self.job_grace(tag[0]) if tag is not None else None
+                    self._signal(j.slurm_id, now, grace, tag)
                 continue
             if j.holding or (not j.ended and any(j.gpus.values())):
                 # running, or pending with an allocation (a requeue still releasing it)
@@ -782,7 +757,7 @@ class SlurmExecutor:
                 continue
             job_id, run = tag
             if runs.get(job_id) == run:
-                self._runs[job_id] = _Run(job_id, run, None, j.slurm_id)
+                self._runs[job_id] = _Run(job_id, run, None, j.slurm_id, logs=j.logs)
                 log.info("adopted Slurm job %s as job %s run %s", j.slurm_id, job_id, run)
         adopted = set(self._runs)
         self._read_runs(now)  # runs that ended while we were away: exits at the next `observe`

@@ -208,6 +208,13 @@ class SlurmJob:
     """Slurm's StartTime once it has started (None before, or when unreadable)."""
     end_time: float | None = None
     """Slurm's EndTime once it has ended."""
+    job_gres: str = ""
+    """Slurm's JOB_GRES (`gpu:h100_0:1,gpu:h100_1:0`), kept after the job ended, when `-d`'s
+    per-node GRES (IDX) is gone."""
+    nodes: str = ""
+    """Slurm's NodeList."""
+    logs: tuple[str, ...] = ()
+    """Its StdOut (and StdErr when another file): a run adopted after a restart keeps them."""
 
     def tag(self, ledger_id: str) -> tuple[int, int] | None:
         """(job id, run) for a run this ledger submitted; None for a foreign job."""
@@ -253,9 +260,30 @@ def parse_jobs(text: str) -> list[SlurmJob]:
                 gpus=node_gres(line),
                 start_time=slurm_time(rec.get("StartTime", "")),
                 end_time=slurm_time(rec.get("EndTime", "")),
+                job_gres=rec.get("JOB_GRES", "").strip(),
+                nodes=rec.get("NodeList", ""),
+                logs=tuple(
+                    dict.fromkeys(
+                        p for k in ("StdOut", "StdErr") if (p := rec.get(k)) and p != "/dev/null"
+                    )
+                ),
             )
         )
     return jobs
+
+
+def ended_gpus(j: SlurmJob, pinned: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[int, ...]]:
+    """Pure: the GPU indices an ended one-node job held, from its JOB_GRES on a node whose GPUs
+    are pinned (`gpu:h100_2:1` is index 2): what Slurm still says once `-d`'s IDX is gone; {}
+    when its record cannot say."""
+    nodes = expand_hostlist(j.nodes)
+    types = pinned.get(nodes[0], ()) if len(nodes) == 1 else ()
+    held = [
+        types.index(m.group(1))
+        for m in _GPU_GRES.finditer(j.job_gres)
+        if m.group(1) in types and int(m.group(2)) > 0
+    ]
+    return {nodes[0]: tuple(sorted(held))} if held else {}
 
 
 def slurm_time(text: str) -> float | None:
@@ -554,6 +582,7 @@ def job_environment(job: Launch, who: SbatchUser, checkpoint_file: str = "") -> 
         GPULEDGER_USER=job.user,
         GPULEDGER_ACCOUNT=job.account,
         GPULEDGER_NODES=",".join(sl.node for sl in job.slots),
+        GPULEDGER_NODELIST=",".join(sl.node for sl in job.slots),  # as on the node agents
     )
     if job.job_name:
         env["GPULEDGER_JOB_NAME"] = job.job_name

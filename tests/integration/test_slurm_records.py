@@ -1,0 +1,117 @@
+"""The records a sacct user relies on, on the Slurm executor, as an outsider found them wrong
+(atk23c): a run first seen after it ended (the service paused, then killed with -9 and started
+later) keeps its own start and end, Slurm's, in `jobs` and `explain` (F1), and the GPUs Slurm
+gave it (F11); a job gets GPULEDGER_NODELIST as on the node agents (F11); a cancel sends TERM,
+waits the job's own `--grace` (not the service's), and records the run's real end (F5); an
+`afternotok` on an array waits for every task (F2). Real Slurm, `gpuledger up --executor slurm`
+as a process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from datetime import UTC, datetime
+
+from tests.integration import test_slurm as base
+from tests.integration.test_slurm import Ledger, status
+
+cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
+
+
+def _partition(led: Ledger, state: str) -> None:
+    led.cluster.run(
+        "scontrol", "update", f"PartitionName={led.cluster.partition}", f"State={state}"
+    )
+
+
+def _until(what: str, pred: object, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_a_run_first_seen_after_it_ended_keeps_slurms_times_and_gpus(ledger: Ledger) -> None:
+    """F1, F11: the job waits in Slurm (partition down) while the service is paused; it runs
+    and ends; the service is killed with -9 and started 5 s later. `jobs` shows the job's own
+    start and end (its clock, within 1 s; not the restart), `explain` starts its line with the
+    real start, the run's GPUs are recorded, and the job saw GPULEDGER_NODELIST."""
+    work = ledger.work
+    ledger.up()
+    _partition(ledger, "DOWN")
+    try:
+        ledger.submit("alice", 1, f'date +%s.%N > {work}/began; echo "NL=$GPULEDGER_NODELIST"; '
+                      f"sleep 2; date +%s.%N > {work}/ended")  # fmt: skip
+        _until("Slurm to hold the job", lambda: bool(ledger.cluster.jobs()))
+        assert ledger.proc is not None
+        ledger.proc.send_signal(signal.SIGSTOP)  # nothing more is recorded until the restart
+    finally:
+        _partition(ledger, "UP")
+    try:  # Slurm schedules it at its next pass (sched/builtin: within SchedulerInterval, 60 s)
+        _until("the job to end in Slurm", lambda: (work / "ended").exists(), 240)
+    except BaseException:
+        ledger.proc.send_signal(signal.SIGCONT)  # never left stopped (the fixture stops it)
+        raise
+    ledger.kill9()
+    time.sleep(5)  # the service stays down past the end
+    restarted = time.time()
+    ledger.up()
+    ledger.wait("the job to be recorded", lambda: status(ledger, 1) == "finished")
+    row = ledger.jobs()[1]
+    began, ended = float((work / "began").read_text()), float((work / "ended").read_text())
+    assert row["finish_reason"] == "completed", row
+    assert abs(row["started_at"] - began) <= 1.0 and abs(row["finished_at"] - ended) <= 1.0, (
+        row, began, ended,
+    )  # fmt: skip
+    assert row["started_at"] < restarted - 4 and 1.0 <= row["elapsed_s"] <= 4.0, row
+    explain = ledger.cli("explain", "1")
+    start_line = next(ln for ln in explain.splitlines() if " started" in ln)
+    said = datetime.fromtimestamp(row["started_at"], UTC).strftime("%H:%M:%S")
+    assert said in start_line and "recorded at" in start_line, explain
+    (linked,) = ledger.of("job.engine_linked.v1", 1)
+    (placed,) = ledger.of("job.placed.v1", 1)
+    assert linked["gpus"] == placed["slots"], (linked, placed)  # F11: not []
+    assert f"NL={ledger.cluster.node}" in ledger.log_of(1)
+
+
+def test_a_cancel_waits_the_jobs_own_grace_and_records_the_runs_end(ledger: Ledger) -> None:
+    """F5: `up --grace 2s`, the job `--grace 20s` traps TERM and needs 5 s to save: it gets
+    TERM, finishes saving (the service's 2 s would have killed it), and the run's end is
+    recorded (`job.run_ended.v1`, Slurm's EndTime, not killed)."""
+    work = ledger.work
+    ledger.up()
+    script = (f"trap 'date +%s.%N > {work}/term; sleep 5; date +%s.%N > {work}/saved; exit 0' "
+              f"TERM; date +%s.%N > {work}/began; while true; do sleep 0.2; done")  # fmt: skip
+    ledger.submit("alice", 1, script, "--grace", "20s")
+    ledger.wait("the job to run", lambda: (work / "began").exists())
+    ledger.cli("cancel", "1", actor="alice")
+    _until("the job to save and end", lambda: (work / "saved").exists(), 60)
+    saved = float((work / "saved").read_text())
+    assert saved - float((work / "term").read_text()) >= 4.5  # its grace, not the service's
+    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v1", 1)))
+    (end,) = ledger.of("job.run_ended.v1", 1)
+    assert end["killed"] is False and end["run"] == 0, end
+    assert abs(end["ended_at"] - saved) <= 1.5, (end, saved)
+    assert ledger.jobs()[1]["finish_reason"] == "cancelled"
+
+
+def test_afternotok_on_an_array_waits_for_every_task_on_slurm(ledger: Ledger) -> None:
+    """F2 on Slurm: task 0 completes while task 1 runs (and then fails): `afternotok:ARRAY` is
+    accepted, waits, and runs once task 1 failed."""
+    go = ledger.work / "go"
+    ledger.up()
+    ledger.submit("alice", 1, f'[ "$GPULEDGER_ARRAY_TASK_ID" = 0 ] && exit 0; '
+                  f"while [ ! -e {go} ]; do sleep 0.2; done; exit 3", "--array=0-1")  # fmt: skip
+    both = lambda: status(ledger, 1) == "finished" and status(ledger, 2) == "running"  # noqa: E731
+    ledger.wait("task 0 to end and task 1 to run", both)
+    out = ledger.cli("submit", "-A", "ai2/olmo", "-G", "1", "--json", "--dependency=afternotok:1",
+                     "--", "true", actor="alice")  # fmt: skip
+    dep = int(json.loads(out)["job_id"])
+    assert status(ledger, dep) == "pending"
+    go.touch()
+    os.chmod(go, 0o644)
+    ledger.wait("the dependent job to run", lambda: status(ledger, dep) == "finished", 90)
+    rows = ledger.jobs()
+    assert (rows[2]["finish_reason"], rows[dep]["finish_reason"]) == ("failed", "completed"), rows

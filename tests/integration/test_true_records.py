@@ -1,0 +1,74 @@
+"""The records a sacct user relies on, as an outsider found them wrong (atk23c), on real servers
+with real jobs: `agent --drain` of a node whose job is inside its contract is host maintenance
+(audit check allows it, `explain` says so, the job keeps its placement and exit code: F9); a
+dependency on a job array waits for every task, `afternotok` too (F2), through the server of the
+local executor. The Slurm executor's twins are in test_slurm_records.py."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+from tests.integration import test_node_agents as agents
+from tests.integration.test_node_agents import Cluster, alive, audit_check, part_log
+from tests.integration.test_sbatch_like import Served, ledger_home, os_user
+from tests.integration.waits import wait_for
+
+template, cluster = agents.template, agents.cluster  # the node agents' fixtures
+
+
+def test_agent_drain_inside_a_contract_is_maintenance_the_audit_allows(cluster: Cluster) -> None:
+    """F9: the job (1 h contract, not resumable) is stopped by `agent --drain` of its node:
+    `audit check` finds no violation and lists the drain as allowed; `explain` says the node
+    was drained for maintenance, not "an admin preemption"; `jobs` keeps its placement time
+    and its exit code."""
+    c = cluster
+    job = c.submit(2, "echo $$; exec sleep 120")
+    j = c.wait_status(job, "running")
+    node = j["logs"][0].split(":", 1)[0]
+    pid = int(wait_for("the job's pid", lambda: part_log(j["logs"][0]).read_text().split())[0])
+    ag = c.agents[node]
+    ag.kill(signal.SIGTERM)  # stopping the agent leaves the job running
+    assert alive(pid)
+    drain = agents.cli(ag.state, "agent", "--node", node, "--url", c.server.url, "--gpus",
+                       str(agents.GPUS), "--state-dir", str(ag.state), "--grace", "1s", "--drain",
+                       GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
+    assert f"drained node {node}: stopped 1 job(s)" in drain.stdout
+    row = c.wait_status(job, "finished")
+    assert row["finish_reason"] == "preempted", row
+    assert row["placed_at"] is not None and row["exit_code"] is not None, row
+    explain = c.cli("explain", str(job)).stdout
+    assert "drained for maintenance" in explain and "admin preemption" not in explain, explain
+    c.server.stop(signal.SIGTERM)
+    checked = audit_check(c)
+    assert ": 0 violations" in checked, checked
+    assert "DRAINED_IN_CONTRACT" in checked, checked
+
+
+def test_afternotok_on_an_array_waits_for_every_task_through_the_server(tmp_path: Path) -> None:
+    """F2: task 0 completes while task 1 still runs and will fail: `afternotok:ARRAY` is
+    accepted (it was refused "can never be satisfied"), waits, and runs once task 1 has failed;
+    `afterok:ARRAY` ends dependency_never_satisfied when task 1 fails."""
+    served = Served(ledger_home(tmp_path))
+    go = Path(os_user().pw_dir) / f"go-{tmp_path.name}"  # where the job's user can look
+    go.unlink(missing_ok=True)
+    try:
+        wait = f"while [ ! -e {go} ]; do sleep 0.2; done; exit 3"
+        script = f'[ "$GPULEDGER_ARRAY_TASK_ID" = 0 ] && exit 0; {wait}'
+        first = served.submit("--array=0-1", "--", "sh", "-c", script)
+        served.wait("task 0 to complete", first, "finished")
+        served.wait("task 1 to run", first + 1, "running")
+        notok = served.submit(f"--dependency=afternotok:{first}", "--", "true")
+        ok = served.submit(f"--dependency=afterok:{first}", "--", "true")
+        queued = {r["job_id"]: r for r in json.loads(served.cli("root", "queue", "--json").stdout)}
+        assert queued[notok]["code"] == "WAIT_DEPENDENCY", queued
+        go.touch()
+        rows = {j: served.wait("the ends", j, "finished") for j in (first + 1, notok, ok)}
+        assert rows[first + 1]["finish_reason"] == "failed", rows
+        assert rows[notok]["finish_reason"] == "completed", rows
+        assert rows[ok]["finish_reason"] == "dependency_never_satisfied", rows
+    finally:
+        go.touch()
+        served.server.stop()
+        go.unlink()
