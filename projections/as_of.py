@@ -14,35 +14,40 @@ from pathlib import Path
 from projections.store import Store
 
 AS_OF_SCHEMA = "replay_at"
-AS_OF_SQL = f"""
-CREATE SCHEMA IF NOT EXISTS {AS_OF_SCHEMA};
+
+
+def _views(view: str, source: str, refused: tuple[str, ...]) -> str:
+    """The as-of views (`CREATE OR REPLACE {view}<table>`) over the tables of `source` (a
+    schema, `main` or `<db>.main`); the tables in `refused` change in place: reading them is
+    an error."""
+    at = "getvariable('replay_position')"
+    kept = "".join(
+        f"CREATE OR REPLACE {view}{t} AS\nSELECT * FROM {source}.{t} WHERE position <= {at};\n"
+        for t in ("account_history", "node_history", "events")
+    )
+    refuse = "".join(
+        f"CREATE OR REPLACE {view}{t} AS\nSELECT x.* FROM {source}.{t} x, "
+        f"(SELECT error('{t} cannot be read as of a position')) e;\n"
+        for t in refused
+    )
+    return f"""
 -- an interval as the projection at P has it: opened at or before P, open if it closed after P
-CREATE OR REPLACE VIEW {AS_OF_SCHEMA}.job_intervals AS
+CREATE OR REPLACE {view}job_intervals AS
 SELECT * REPLACE (
-    CASE WHEN end_position <= getvariable('replay_position') THEN end_position END AS end_position,
-    CASE WHEN end_position <= getvariable('replay_position') THEN end_at END AS end_at,
-    CASE WHEN end_position <= getvariable('replay_position') THEN end_reason END AS end_reason,
-    CASE WHEN run_start_position <= getvariable('replay_position') THEN run_start_position END
-        AS run_start_position,
-    CASE WHEN run_start_position <= getvariable('replay_position') THEN run_start_at END
-        AS run_start_at,
-    CASE WHEN run_end_position <= getvariable('replay_position') THEN run_end_position END
-        AS run_end_position,
-    CASE WHEN run_end_position <= getvariable('replay_position') THEN run_end_at END
-        AS run_end_at)
-FROM main.job_intervals WHERE start_position <= getvariable('replay_position');
-CREATE OR REPLACE VIEW {AS_OF_SCHEMA}.account_history AS
-SELECT * FROM main.account_history WHERE position <= getvariable('replay_position');
-CREATE OR REPLACE VIEW {AS_OF_SCHEMA}.node_history AS
-SELECT * FROM main.node_history WHERE position <= getvariable('replay_position');
-CREATE OR REPLACE VIEW {AS_OF_SCHEMA}.events AS
-SELECT * FROM main.events WHERE position <= getvariable('replay_position');
--- tables updated in place cannot be read as of a position: reading them is an error
-CREATE OR REPLACE VIEW {AS_OF_SCHEMA}.jobs AS
-SELECT j.* FROM main.jobs j, (SELECT error('jobs cannot be read as of a position')) x;
-CREATE OR REPLACE VIEW {AS_OF_SCHEMA}.tracking AS
-SELECT t.* FROM main.tracking t, (SELECT error('tracking cannot be read as of a position')) x;
-"""
+    CASE WHEN end_position <= {at} THEN end_position END AS end_position,
+    CASE WHEN end_position <= {at} THEN end_at END AS end_at,
+    CASE WHEN end_position <= {at} THEN end_reason END AS end_reason,
+    CASE WHEN run_start_position <= {at} THEN run_start_position END AS run_start_position,
+    CASE WHEN run_start_position <= {at} THEN run_start_at END AS run_start_at,
+    CASE WHEN run_end_position <= {at} THEN run_end_position END AS run_end_position,
+    CASE WHEN run_end_position <= {at} THEN run_end_at END AS run_end_at)
+FROM {source}.job_intervals WHERE start_position <= {at};
+{kept}{refuse}"""
+
+
+AS_OF_SQL = f"CREATE SCHEMA IF NOT EXISTS {AS_OF_SCHEMA};" + _views(
+    f"VIEW {AS_OF_SCHEMA}.", "main", ("jobs", "tracking")
+)
 """The projection *as of position P*, read from a projection that has run ahead of P.
 
 Every table fair share reads is append-only by position: `account_history` rows are written at
@@ -103,27 +108,4 @@ class DiskAsOf(Store):
 def _temp_views_sql(db: str) -> str:
     """`AS_OF_SQL` as temporary views over the catalog `db` (a read-only database cannot hold
     a new schema; temporary views shadow its tables, also inside its macros)."""
-    return f"""
-CREATE OR REPLACE TEMP VIEW job_intervals AS
-SELECT * REPLACE (
-    CASE WHEN end_position <= getvariable('replay_position') THEN end_position END AS end_position,
-    CASE WHEN end_position <= getvariable('replay_position') THEN end_at END AS end_at,
-    CASE WHEN end_position <= getvariable('replay_position') THEN end_reason END AS end_reason,
-    CASE WHEN run_start_position <= getvariable('replay_position') THEN run_start_position END
-        AS run_start_position,
-    CASE WHEN run_start_position <= getvariable('replay_position') THEN run_start_at END
-        AS run_start_at,
-    CASE WHEN run_end_position <= getvariable('replay_position') THEN run_end_position END
-        AS run_end_position,
-    CASE WHEN run_end_position <= getvariable('replay_position') THEN run_end_at END
-        AS run_end_at)
-FROM {db}.main.job_intervals WHERE start_position <= getvariable('replay_position');
-CREATE OR REPLACE TEMP VIEW account_history AS
-SELECT * FROM {db}.main.account_history WHERE position <= getvariable('replay_position');
-CREATE OR REPLACE TEMP VIEW node_history AS
-SELECT * FROM {db}.main.node_history WHERE position <= getvariable('replay_position');
-CREATE OR REPLACE TEMP VIEW events AS
-SELECT * FROM {db}.main.events WHERE position <= getvariable('replay_position');
-CREATE OR REPLACE TEMP VIEW jobs AS
-SELECT j.* FROM {db}.main.jobs j, (SELECT error('jobs cannot be read as of a position')) x;
-"""
+    return _views("TEMP VIEW ", f"{db}.main", ("jobs",))
