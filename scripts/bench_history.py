@@ -36,9 +36,8 @@ import sys
 import time
 from pathlib import Path
 
-from ledger.store import EVENTS_DB
+from ledger.store import EVENTS_DB, locate
 from ledger.store.application import Ledger
-from ledger.store.embedded import EmbeddedSource
 from projections.projector import Projector
 from projections.store import Store, projection_path
 from projections.testing.synthetic import Shape, append_to_store, synthetic_events
@@ -57,13 +56,13 @@ from ledger.store.application import Ledger
 from ledger.dispatch.policy import FairShare
 from ledger.cycle.dispatcher import StoreRanks, preview
 from projections.projector import Projector
-from ledger.store.embedded import EmbeddedSource
+from ledger.store import locate
 from projections.store import Store
 home = Path(sys.argv[1])
 t1 = time.perf_counter()
 ledger = Ledger(home, live=True)
 tail = ledger.position - ledger.snapshot_position
-with Store.open(home) as store, EmbeddedSource(home) as source:
+with Store.open(home) as store, locate.open_source(home) as source:
     Projector(store, source).catch_up()
     snap, decision = preview(ledger, StoreRanks(store), FairShare(), ledger.clock.now())
 t2 = time.perf_counter()
@@ -96,7 +95,7 @@ def prepare(home: Path, info: dict[str, float]) -> dict[str, float]:
         ledger.close()
     if "catch_up_s" not in info:
         t0 = time.perf_counter()
-        with Store.open(home) as store, EmbeddedSource(home) as source:
+        with Store.open(home) as store, locate.open_source(home) as source:
             Projector(store, source).catch_up()
         info["catch_up_s"] = time.perf_counter() - t0
     (home / "history.json").write_text(json.dumps(info))

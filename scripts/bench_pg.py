@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -36,7 +35,7 @@ from pathlib import Path
 
 import psycopg
 from bench_api import Http, submits_over_http
-from benchkit import machine, private_service
+from benchkit import machine, postgres
 
 from ledger.store import locate
 from ledger.store.pgread import PgSource
@@ -44,7 +43,6 @@ from ledger.store.pgread import PgSource
 GOAL_PER_S = 2_000
 GOAL_P99_MS = 50.0
 GOAL_RATIO = 0.30
-SCRIPT = Path(__file__).resolve().parent / "postgres" / "postgres"
 
 
 def database(admin: str, name: str, synchronous_commit: str = "") -> str:
@@ -155,15 +153,7 @@ def main() -> None:
     ap.add_argument("--synchronous-commit", default="on", choices=["on", "off", "local"])
     args = ap.parse_args()
     print(f"machine: {machine()}; {load()}", flush=True)
-    admin = os.environ.get("GPULEDGER_PG_DSN", "")
-    if admin:
-        run(admin, args)
-        return
-    with private_service(
-        "a private PostgreSQL", SCRIPT, "GPULEDGER_PG_DATA", ("GPULEDGER_PG_PORT",)
-    ) as dsn:
-        if not dsn:
-            sys.exit("error: PostgreSQL did not start")
+    with postgres() as dsn:
         run(dsn, args)
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import psycopg
 from bench_history import (
+    _START,
     CLI_GOAL_MS,
     START_GOAL_S,
     cli_ms,
@@ -36,37 +37,12 @@ from bench_history import (
     serve_start,
 )
 from bench_pg import database
-from benchkit import machine, private_service
+from benchkit import machine, postgres
 
 from ledger.store import locate, snapshots
 from ledger.store.pgread import PgSource
 from projections.errors import SourceUnavailable
 from projections.store import PROJECTIONS_DIR
-
-SCRIPT = Path(__file__).resolve().parent / "postgres" / "postgres"
-
-_START = """
-import json, resource, sys, time
-t0 = time.perf_counter()
-from pathlib import Path
-from ledger.store.application import Ledger
-from ledger.store import locate
-from ledger.dispatch.policy import FairShare
-from ledger.cycle.dispatcher import StoreRanks, preview
-from projections.projector import Projector
-from projections.store import Store
-home = Path(sys.argv[1])
-t1 = time.perf_counter()
-ledger = Ledger(home, live=True)
-tail = ledger.position - ledger.snapshot_position
-with Store.open(home) as store, locate.open_source(home) as source:
-    Projector(store, source).catch_up()
-    snap, decision = preview(ledger, StoreRanks(store), FairShare(), ledger.clock.now())
-t2 = time.perf_counter()
-print(json.dumps({"start_s": t2 - t1, "imports_s": t1 - t0, "tail": tail,
-                  "live_jobs": len(ledger.state.jobs), "pending": len(snap.pending),
-                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-"""
 
 
 def start(home: Path) -> dict[str, float]:
@@ -171,15 +147,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="10000,100000,1000000,5000000")
     ap.add_argument("--dir", type=Path, default=Path("/tmp/gpuledger-history"))
     args = ap.parse_args()
-    admin = os.environ.get("GPULEDGER_PG_DSN", "")
-    if admin:
-        run(admin, args)
-        return
-    with private_service(
-        "a private PostgreSQL", SCRIPT, "GPULEDGER_PG_DATA", ("GPULEDGER_PG_PORT",)
-    ) as dsn:
-        if not dsn:
-            sys.exit("error: PostgreSQL did not start")
+    with postgres() as dsn:
         run(dsn, args)
 
 

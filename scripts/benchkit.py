@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 KAFKA_SCRIPT = Path(__file__).resolve().parent / "kafka" / "kafka"
+PG_SCRIPT = Path(__file__).resolve().parent / "postgres" / "postgres"
 GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
 
 
@@ -69,6 +70,22 @@ def broker(bootstrap: str | None) -> Iterator[str]:
         ("GPULEDGER_KAFKA_PORT", "GPULEDGER_KAFKA_CONTROLLER_PORT"),
     ) as bootstrap_servers:
         yield bootstrap_servers
+
+
+@contextlib.contextmanager
+def postgres() -> Iterator[str]:
+    """`GPULEDGER_PG_DSN` when it names a PostgreSQL, or one of our own (private data dir, a
+    free port: `scripts/postgres/postgres up`), stopped at the end."""
+    given = os.environ.get("GPULEDGER_PG_DSN", "")
+    if given:
+        yield given
+        return
+    with private_service(
+        "a private PostgreSQL", PG_SCRIPT, "GPULEDGER_PG_DATA", ("GPULEDGER_PG_PORT",)
+    ) as dsn:
+        if not dsn:
+            sys.exit("error: PostgreSQL did not start")
+        yield dsn
 
 
 class Serve:
