@@ -24,7 +24,7 @@ from ledger.core.decide import decide
 from ledger.store import lease, locate
 from ledger.store.application import Ledger
 from ledger.store.pgread import PgSource
-from ledger.store.requests import keyed_id
+from ledger.store.requests import KEY_PART, keyed_id
 from schemas import commands as c
 from schemas.errors import Conflict, Unavailable
 from tests.integration import waits
@@ -105,8 +105,8 @@ def test_two_writers_and_a_tailing_reader_see_one_gapless_log(
     total = 2 * per * batch
     assert seen == list(range(start + 1, start + total + 1))
     events = [ev for _, ev in first.read(start, total + 10)]
-    ids = [ev.event_id for ev in events]
-    want = {keyed_id("alice", f"{w}-{i}-{k}")
+    ids = [ev.event_id[:KEY_PART] for ev in events]  # (actor, key); the rest names the request
+    want = {keyed_id("alice", f"{w}-{i}-{k}")[:KEY_PART]
             for w in "ab" for i in range(per) for k in range(batch)}  # fmt: skip
     assert len(ids) == total and set(ids) == want
     first.close()
@@ -234,9 +234,9 @@ def test_many_clients_lose_and_double_no_submit_when_the_server_is_killed_mid_ba
         group.stop()  # also when a wait failed: no server outlives the test
     assert failed == []
     submitted = [e for e in log_events(home) if e["type"].startswith("job.submitted.")]
-    by_id = {e["event_id"]: e["job_id"] for e in submitted}
+    by_id = {e["event_id"][:KEY_PART]: e["job_id"] for e in submitted}  # (actor, key) part
     assert len(by_id) == len(submitted)  # no event twice
-    keyed = {keyed_id("alice", k): job for k, job in answered.items()}
+    keyed = {keyed_id("alice", k)[:KEY_PART]: job for k, job in answered.items()}
     assert len(submitted) == len(answered)  # exactly the answered ones: none lost, none extra
     assert by_id == keyed  # each as the job its answer named
     assert len(resent) >= 3, resent  # the kills cut requests off (in flight, not between them)
