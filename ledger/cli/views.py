@@ -248,10 +248,11 @@ queue_filters = [
     click.option(
         "--state",
         "-t",
-        type=click.Choice(["pending", "held", "running", "all"]),
-        default="all",
+        type=click.Choice(["pending", "held", "running", "queued", "all"]),
+        default="queued",
         show_default=True,
-        help="all: pending and held; running: the jobs that hold GPUs (placed or running).",
+        help="queued: pending and held; running: the jobs that hold GPUs (placed or running); "
+        "all: every one of them.",
     ),
     click.option(
         "--limit",

@@ -270,8 +270,8 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         user: FromQuery[str | None] = None,
         account: FromQuery[str | None] = None,
         job_state: Annotated[
-            Literal["pending", "held", "running", "all"], QueryParameter(name="state")
-        ] = "all",
+            Literal["pending", "held", "running", "queued", "all"], QueryParameter(name="state")
+        ] = "queued",
         reason: FromQuery[str | None] = None,
         sort: FromQuery[str] = "order",
         descending: FromQuery[bool] = False,

@@ -222,7 +222,7 @@ async function teamsPage() {
 
 // --- queue ----------------------------------------------------------------------------------
 
-const queueState = { user: "", account: "", state: "all", reason: "", mine: false,
+const queueState = { user: "", account: "", state: "queued", reason: "", mine: false,
   sort: "order", descending: false, offset: 0, limit: 100 };
 const QUEUE_COLUMNS = [  // [heading, sort column or null, width]
   ["#", "order", "3.5em"], ["job", "job", "5em"], ["user", "user", "6.5em"], ["account", "account", "8.5em"],
@@ -236,7 +236,8 @@ function queueFilters() {
   const input = (name, ph) => el("input", { id: `f-${name}`, placeholder: ph, value: queueState[name],
     on: { change: (ev) => { queueState[name] = ev.target.value.trim(); again(); } } });
   const sel = el("select", { id: "f-state", on: { change: (ev) => { queueState.state = ev.target.value; again(); } } },
-    ["all", "pending", "held", "running"].map((s) => el("option", { value: s, selected: s === queueState.state }, s)));
+    [["queued", "queued (pending and held)"], ["pending", "pending"], ["held", "held"], ["running", "running"],
+     ["all", "all (queued and running)"]].map(([s, t]) => el("option", { value: s, selected: s === queueState.state }, t)));
   const reason = el("select", { id: "f-reason", on: { change: (ev) => { queueState.reason = ev.target.value; again(); } } },
     el("option", { value: "" }, "any reason"));
   const mine = el("input", { type: "checkbox", id: "f-mine", checked: queueState.mine,
