@@ -597,3 +597,16 @@ def test_running_jobs_are_paged_sorted_and_counted_over_all_of_them(tmp_path: Pa
     ledger.close()
     rows = strict(cli(home, "queue", "-t", "all", "--json").stdout)
     assert sorted(r["job_id"] for r in rows) == sorted([*running, max(running) + 1])
+
+
+def test_a_series_starts_at_its_window_and_loses_no_hour(handles: Any) -> None:
+    """A window starting inside an hour: that hour's part joins the first bucket (no point
+    before the window, no partial first bucket), and every hour is counted once."""
+    _, store = handles
+    start, end = T0 + 1800.0, T0 + 7 * 3600.0
+    view, series = reads.delivered_series(store, start, end, 2, 2 * 3600.0)
+    points = [p for t in series.teams for p in t.points]
+    assert points and min(p.at for p in points) == start, points
+    assert sum(p.delivered_gpu_hours for p in points) == pytest.approx(
+        sum(t.delivered_gpu_hours for t in view.teams)
+    )
