@@ -7,6 +7,7 @@ stopped with one line saying so."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import signal
@@ -353,9 +354,12 @@ def test_a_server_killed_mid_what_if_leaves_nothing_after_its_restart(reviewed: 
     account = sorted(children(r))[0]
     assert r.server.stop() == 0, r.server.log_path.read_text()
     r.server = start_server(r.dash.home, log_name="serve-killed.log")
-    asked = threading.Thread(
-        target=lambda: ask(r, r.tokens["boss"], {"account": account, "shares": 4}), daemon=True
-    )
+
+    def asking() -> None:
+        with contextlib.suppress(OSError, http.client.HTTPException):  # the server is killed
+            ask(r, r.tokens["boss"], {"account": account, "shares": 4})
+
+    asked = threading.Thread(target=asking, daemon=True)
     asked.start()
     scratch = r.dash.home / "tmp"
     deadline = time.monotonic() + 120
@@ -404,3 +408,40 @@ def test_a_what_if_that_fails_is_one_line_and_leaves_nothing_behind(
     assert any(
         "what-if of no change failed: ledger.server.whatifs exited with" in m for m in logged
     ), logged
+
+
+def test_the_page_says_when_what_happened_placed_nothing(
+    reviewed: Reviewed, browser: Browser
+) -> None:
+    """A server with `--executor none` places nothing, the what-if places the same submissions:
+    the page says the difference is not the change's effect (and names what the period leaves
+    out); with work placed on both sides it says neither."""
+    r = reviewed
+    page, errors = watched(signed_in(browser, r.tokens["boss"]))
+    page.goto(r.server.url + "/ui/budget")
+    page.wait_for_selector("#budget tbody tr")
+    side = {"owed_gpu_h": 1.0, "by_period": None, "mean_wait_s": None, "preemptions": 0}
+    shown = page.evaluate(
+        """([side, actual]) => {
+          const team = (d) => ({ team: "p/t1", actual: { ...side, delivered_gpu_h: actual },
+                                 whatif: { ...side, delivered_gpu_h: d } });
+          const r = { account: "p/t1", shares: 2, was: 1, report: { start: 0, end: 3600,
+            notes: [], teams: [team(5)], submissions: 1, carried: 0, cycles: 1,
+            policy_version: "v" } };
+          const out = whatifResult(r);
+          const note = out.querySelector("#whatif-elsewhere");
+          return [!!out.querySelector("#whatif-idle"), note && note.textContent];
+        }""",
+        [side, 0.0],
+    )
+    assert shown[0] is True and "outside p" in (shown[1] or ""), shown
+    busy = page.evaluate(
+        """(side) => { const t = { team: "p/t1", actual: { ...side, delivered_gpu_h: 3 },
+          whatif: { ...side, delivered_gpu_h: 5 } };
+          return !!whatifResult({ account: "p", shares: 2, was: 1, report: { start: 0, end: 1,
+            notes: [], teams: [t], submissions: 1, carried: 0, cycles: 1, policy_version: "v" }
+          }).querySelector("#whatif-idle"); }""",
+        side,
+    )
+    assert busy is False
+    assert errors == []
