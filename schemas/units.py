@@ -29,7 +29,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from schemas.bounds import Epoch, PositiveInterval, PositiveSeconds, Seconds, check
+from schemas.bounds import TEN_YEARS_S, Epoch, PositiveInterval, PositiveSeconds, Seconds, check
 from schemas.errors import InvalidCommand
 
 _WRITTEN = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
@@ -107,8 +107,15 @@ def _slurm_seconds(written: str, option: str, text: str) -> int:
 
 
 def parse_window(text: str, option: str = "--window") -> int:
-    """A positive duration (a usage window, a half-life): bounded like every other value."""
-    return int(check(parse_duration(text), PositiveSeconds, option))
+    """A positive duration (a usage window, a half-life): bounded like every other value (the
+    bound told in days, the unit a window is written in)."""
+    seconds = parse_duration(text)
+    if seconds > TEN_YEARS_S:
+        raise InvalidCommand(
+            f"invalid {option} {text!r}: at most {TEN_YEARS_S // 86400}d (ten years)",
+            hint="give a shorter window, or --since a moment",
+        )
+    return int(check(seconds, PositiveSeconds, option))
 
 
 def parse_interval(text: str, option: str = "--interval") -> float:

@@ -65,8 +65,9 @@ class QueueFilter(_View, frozen=True, kw_only=True):
     user: str | None = None
     account: str | None = None
     """This account and everything below it."""
-    state: Literal["pending", "held", "running", "all"] = "all"
-    """`all`: pending and held (squeue's default shows running jobs too: `running`)."""
+    state: Literal["pending", "held", "running", "queued", "all"] = "queued"
+    """`queued` (the default): pending and held; `running`: the jobs that hold GPUs; `all`:
+    every one of those (like squeue's default)."""
     limit: Limit = 50
 
 

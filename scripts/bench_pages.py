@@ -87,8 +87,8 @@ def pages(job: int, position: int, last: int) -> dict[str, list[str]]:
     return {
         "teams (7 days)": ["/v1/whoami", "/ui/api/teams?window=7d"],
         "teams (whole period)": ["/v1/whoami", "/ui/api/teams?window=all"],
-        "queue": ["/v1/whoami", "/ui/api/queue?state=all"],
-        "queue (last page)": ["/v1/whoami", f"/ui/api/queue?state=all&offset={last}"],
+        "queue": ["/v1/whoami", "/ui/api/queue?state=queued"],
+        "queue (last page)": ["/v1/whoami", f"/ui/api/queue?state=queued&offset={last}"],
         "queue (by user, descending)": ["/v1/whoami", "/ui/api/queue?sort=user&descending=true"],
         "queue (one reason)": ["/v1/whoami", "/ui/api/queue?reason=WAIT_RESOURCES"],
         "preemptions (30 days)": ["/v1/whoami", "/ui/api/preemptions?account=all"],
@@ -123,11 +123,11 @@ def measure(home: Path, pending: int, repeat: int) -> dict[str, Any]:
         status, body, first_all_ms = server.call("GET", "/ui/api/teams?window=all", token=token)
         first_all_cpu = (server.cpu() - c0) * 1000
         assert status == 200, body[:300]
-        status, body, _ = server.call("GET", "/ui/api/queue?state=all&limit=1", token=token)
+        status, body, _ = server.call("GET", "/ui/api/queue?state=queued&limit=1", token=token)
         assert status == 200, body
         total = json.loads(body)["total"]  # the queue is paged: its last job, on the last page
         status, body, _ = server.call(
-            "GET", f"/ui/api/queue?state=all&limit=1&offset={total - 1}", token=token
+            "GET", f"/ui/api/queue?state=queued&limit=1&offset={total - 1}", token=token
         )
         job = json.loads(body)["rows"][-1]["row"]["job_id"]
         last = (total - 1) // 100 * 100

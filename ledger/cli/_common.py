@@ -18,7 +18,7 @@ from ledger.store import has_log
 from ledger.wire import SOCKET_NAME
 from schemas.bounds import check, describe
 from schemas.commands import AnyCommand, InitLedger
-from schemas.errors import InvalidCommand
+from schemas.errors import EnvironmentProblem, InvalidCommand
 
 if TYPE_CHECKING:  # the store is imported only by commands that open it (client mode never)
     from ledger.cycle.dispatcher import LiveState
@@ -155,8 +155,8 @@ class Ctx:
     def local_only(self) -> None:
         """Commands that read the data directory itself (the store, the projection file) are
         refused beside a running server, before they open anything: the server owns it."""
-        if self.remote is not None:
-            raise InvalidCommand(
+        if self.remote is not None:  # not the command's fault: where it runs (`environment`)
+            raise EnvironmentProblem(
                 "this command needs the data directory, and a server owns it",
                 hint="run it on the server's host with the server stopped, or use the API",
             )

@@ -230,7 +230,7 @@ def _print_whatif(r: wi.WhatIfReport) -> None:
             _pair(str(a.never_placed), str(w.never_placed)),
             _pair(str(a.preemptions), str(w.preemptions)),
         ))  # fmt: skip
-    print_table(header, rows, title="actual -> what-if")
+    print_table(header, rows, title="actual -> what-if", whole=(0,))
     for note in r.notes:
         click.echo(f"note: {note}")
     if r.home:

@@ -12,6 +12,7 @@ from ledger.cli.output import echo_json, json_option, print_table, progress
 from schemas import commands as c
 from schemas import events as e
 from schemas.bounds import Percent, TeamDepth
+from schemas.errors import InvalidCommand
 from schemas.units import parse_duration, parse_time, parse_window, span, when
 
 if TYPE_CHECKING:  # the projection is imported only where it is opened (client mode never)
@@ -144,8 +145,8 @@ def report_delivered(ctx: Ctx, window: str, at: str | None, team_depth: int, as_
 
 @report.command("preemptions")
 @click.option("-A", "--account", default=None, help="This account and everything below it.")
-@click.option("--by", "side", flag_value="by", help="Only the preemptions its jobs caused.")
-@click.option("--of", "side", flag_value="of", help="Only the preemptions its jobs suffered.")
+@click.option("--by", "by", is_flag=True, help="Only the preemptions its jobs caused.")
+@click.option("--of", "of", is_flag=True, help="Only the preemptions its jobs suffered.")
 @click.option("--window", default="30d", show_default=True, help="How far back from --at.")
 @click.option("--since", default=None, help="From this moment instead (ISO 8601).")
 @at_option
@@ -154,7 +155,8 @@ def report_delivered(ctx: Ctx, window: str, at: str | None, team_depth: int, as_
 def report_preemptions(
     ctx: Ctx,
     account: str | None,
-    side: str | None,
+    by: bool,
+    of: bool,
     window: str,
     since: str | None,
     at: str | None,
@@ -167,11 +169,19 @@ def report_preemptions(
     to its user's node below it (-A prog/proj/alice works); a preemption inside the subtree
     (victim and beneficiary in it) is suffered and caused both (side "both"). With no -A: every
     preemption; caused counts those that were for a waiting job."""
+    if by and of:
+        raise InvalidCommand(
+            "--by and --of are one or the other", hint="give neither to see both sides"
+        )
+    side = "by" if by else "of" if of else "both"
     end = _at(at)
-    start = parse_time(since) if since is not None else end - parse_window(window)
-    rep = ctx.read(
-        "preemptions", quiet=False, account=account, side=side or "both", start=start, end=end
-    )
+    start = parse_time(since, "--since") if since is not None else end - parse_window(window)
+    if not start < end:
+        raise InvalidCommand(
+            f"--since {when(start)} is not before the end of the period, {when(end)}",
+            hint="give an earlier --since (or a later --at)",
+        )
+    rep = ctx.read("preemptions", quiet=False, account=account, side=side, start=start, end=end)
     if as_json:
         echo_json(rep)
         return
@@ -248,10 +258,11 @@ queue_filters = [
     click.option(
         "--state",
         "-t",
-        type=click.Choice(["pending", "held", "running", "all"]),
-        default="all",
+        type=click.Choice(["pending", "held", "running", "queued", "all"]),
+        default="queued",
         show_default=True,
-        help="all: pending and held; running: the jobs that hold GPUs (placed or running).",
+        help="queued: pending and held; running: the jobs that hold GPUs (placed or running); "
+        "all: every one of them.",
     ),
     click.option(
         "--limit",

@@ -531,7 +531,7 @@ def preemption_report(
     from projections import history
 
     if account is not None and not history.account_known(con, account.rstrip("/")):
-        raise UnknownEntity(f"no account {account!r}", hint="see `gpuledger accounts`")
+        raise UnknownEntity(f"no account {account!r}", hint="see `gpuledger account tree`")
     q = history.preemption_report(account, side, start, end)
     rows = [v.PreemptionReportRow(**r) for r in history.dicts(con, q)]
     return v.PreemptionReportView(
@@ -650,8 +650,8 @@ def delivered_series(
     else:
         hours = past.read(store, start, end, team_depth)
     sums: dict[str, dict[float, list[float]]] = {}
-    for th in hours:
-        at = start + ((th.hour - start) // bucket_s) * bucket_s
+    for th in hours:  # the hour the window starts in (before `start`) is part of its first bucket
+        at = start + max(0.0, (th.hour - start) // bucket_s) * bucket_s
         cell = sums.setdefault(th.team, {}).setdefault(at, [0.0, 0.0])
         cell[0] += th.owed_gpu_h
         cell[1] += th.delivered_gpu_h

@@ -91,7 +91,7 @@ def queue(
             held.append(live(ledger, store, policy, now))
         return held[0]
 
-    if f.state in ("pending", "all") and (preview is not None or _any_pending(state, f)):
+    if f.state in QUEUED and (preview is not None or _any_pending(state, f)):
         snapshot, decision = preview_of()
         pending = {p.job_id: p for p in snapshot.pending}
         shown: list[tuple[int, e.Considered, PendingJob]] = []
@@ -116,9 +116,9 @@ def queue(
                     estimated_start_at=starts.get(p.job_id),
                 )
             )  # fmt: skip
-    if f.state in ("pending", "all"):
+    if f.state in QUEUED:
         rows += _blocked_rows(state, f, now, f.limit - len(rows), preview_of)
-    if f.state in ("held", "all") and len(rows) < f.limit:
+    if f.state in ("held", "queued", "all") and len(rows) < f.limit:
         for job in sorted(state.jobs.values(), key=lambda j: j.job_id):
             if len(rows) >= f.limit:
                 break
@@ -135,10 +135,14 @@ def queue(
                     submitted_at=s.at, waiting_s=max(0.0, now - s.at), estimated_start_at=None,
                 )
             )  # fmt: skip
-    if f.state == "running":
-        rows += _holding_rows(state, f, now)
+    if f.state in ("running", "all") and len(rows) < f.limit:
+        rows += _holding_rows(state, f, now, f.limit - len(rows))
     return rows[: f.limit]
 
+
+QUEUED = ("pending", "queued", "all")
+"""The states whose rows include the pending jobs (`queued`: pending and held; `all`: those
+and the running ones)."""
 
 QUEUE_SORTS = ("order", "job", "user", "account", "gpus", "state", "code", "submitted")
 """The columns a queue page sorts by (`order`: dispatch order, then blocked, then held)."""
@@ -176,7 +180,7 @@ def queue_page(
     entries: list[tuple[int | None, int, str, str, int, str, str, float]] = []
     snapshot: Snapshot | None = None
     decision: Decision | None = None
-    if f.state in ("pending", "all") and (preview is not None or _any_pending(state, f)):
+    if f.state in QUEUED and (preview is not None or _any_pending(state, f)):
         snapshot, decision = preview or live(ledger, store, policy, now)
         pending = {p.job_id: p for p in snapshot.pending}
         for i, cons in enumerate(decision.considered):
@@ -188,7 +192,7 @@ def queue_page(
             entries.append((i + 1, p.job_id, p.user, p.account, p.gpus, "pending", kind,
                             p.submitted_at))  # fmt: skip
     others: dict[int, v.QueueRow] = {}
-    if f.state in ("pending", "all"):
+    if f.state in QUEUED:
 
         def preview_of() -> tuple[Snapshot, Decision]:
             nonlocal snapshot, decision
@@ -197,11 +201,11 @@ def queue_page(
             return snapshot, decision
 
         others |= {r.job_id: r for r in _blocked_rows(state, f, now, 10**9, preview_of)}
-    if f.state in ("held", "all"):
+    if f.state in ("held", "queued", "all"):
         held = v.QueueFilter(user=f.user, account=f.account, state="held", limit=100_000)
         others |= {r.job_id: r for r in queue(ledger, store, policy, now, held)}
-    if f.state == "running":
-        others |= {r.job_id: r for r in _holding_rows(state, f, now)}
+    if f.state in ("running", "all"):  # every one of them: paged, sorted and counted here
+        others |= {r.job_id: r for r in _holding_rows(state, f, now, 10**9)}
     for r in others.values():
         entries.append((None, r.job_id, r.user, r.account, r.gpus, r.state, r.code,
                         r.submitted_at))  # fmt: skip
@@ -293,12 +297,12 @@ def _blocked_rows(
     return rows
 
 
-def _holding_rows(state: State, f: v.QueueFilter, now: float) -> list[v.QueueRow]:
-    """Pure: the jobs that hold GPUs (placed or running), in job order, like `squeue -t R`:
-    the estimated start of one is when it started (or was placed)."""
+def _holding_rows(state: State, f: v.QueueFilter, now: float, limit: int) -> list[v.QueueRow]:
+    """Pure: the first `limit` jobs that hold GPUs (placed or running), in job order, like
+    `squeue -t R`: the estimated start of one is when it started (or was placed)."""
     rows: list[v.QueueRow] = []
     for job in sorted(state.jobs.values(), key=lambda j: j.job_id):
-        if len(rows) >= f.limit:
+        if len(rows) >= limit:
             break
         s = job.spec
         if job.status not in ("placed", "running"):

@@ -89,7 +89,7 @@ class QueueArgs(_Args, frozen=True, kw_only=True):
     """Preview with this policy's defaults instead of the recorded settings."""
     user: str | None = None
     account: str | None = None
-    state: Literal["pending", "held", "running", "all"] = "all"
+    state: Literal["pending", "held", "running", "queued", "all"] = "queued"
     limit: v.Limit = 50
 
 

@@ -45,7 +45,7 @@ from ledger.dispatch import registry
 from ledger.engines.gpu_util import UtilSource, pick_source
 from ledger.engines.none import NoExecutor
 from ledger.engines.supervised import SupervisedExecutor, handled_jobs
-from ledger.server import identity
+from ledger.server import identity, whatifs
 from ledger.server.app import PEER_UID, create_asgi
 from ledger.server.ha import KEEP_WITHOUT_STORE_S, HAFront, Leadership
 from ledger.server.worker import Worker
@@ -293,6 +293,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     # 1 one server per data directory, told before anything is loaded; local runs stay with the
     #   executor that started them
     _lock = _one_server(home)  # held while this function runs: as long as the server
+    whatifs.sweep(home)  # what a server killed mid what-if left
     _check_other_mode(home, config.executor)
     # 2 live work only: the newest verified snapshot plus the tail (a whole-log fold took 687 s
     # at 5M events); finished jobs are read from the projection

@@ -17,6 +17,7 @@ changed (`ledger.sim.whatif`, what `gpuledger whatif --budgets` runs), beside wh
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import shutil
@@ -35,6 +36,8 @@ from ledger.sim import whatif as wi
 from schemas import commands as c
 from schemas.bounds import AccountPath, Shares
 from schemas.errors import InvalidCommand, Unavailable
+
+log = logging.getLogger("gpuledger.server")
 
 TIMEOUT_ENV = "GPULEDGER_WHATIF_TIMEOUT"
 TIMEOUT_S = 300.0
@@ -88,7 +91,7 @@ def parse_ask(body: bytes) -> WhatIfAsk:
 
     hint = 'send {"account": "PATH", "shares": N} (N a whole number, 0-1000000000)'
     try:
-        return msgspec.json.decode(body, type=WhatIfAsk)
+        ask = msgspec.json.decode(body, type=WhatIfAsk)
     except msgspec.ValidationError as err:
         detail = str(err)
         with contextlib.suppress(Exception):  # the offending value named, when it reads back
@@ -98,6 +101,9 @@ def parse_ask(body: bytes) -> WhatIfAsk:
         raise InvalidCommand(
             f"invalid what-if: the body is not JSON ({str(err)[:120]})", hint=hint
         ) from err
+    if "\x00" in ask.account:  # as every POST body with a NUL in a string (docs/server.md)
+        raise InvalidCommand("invalid what-if: a NUL character is refused in any string", hint=hint)
+    return ask
 
 
 def may_ask(handles: Any, caller: Any, ask: WhatIfAsk) -> tuple[int, b.BudgetFile, float]:
@@ -118,16 +124,23 @@ def may_ask(handles: Any, caller: Any, ask: WhatIfAsk) -> tuple[int, b.BudgetFil
     return acct.shares, budgets, end
 
 
-def period_start(end: float) -> Callable[[Any, Any], float]:
-    """In the read pool: where the what-if's period starts, the last 4 weeks before `end` or,
-    when an account was opened since, that moment (the what-if starts from the organisation
-    as it stood at the period's start: an account it lacks drops its jobs)."""
+def period_start(end: float, account: str) -> Callable[[Any, Any], float]:
+    """In the read pool: where the what-if's period starts (whole seconds): the last 4 weeks
+    before `end` or, when an account under `account`'s parent (its siblings' subtrees, where a
+    share change is felt) was opened since, the second after that opening: the what-if starts
+    from the organisation as it stood at the period's start, and an account it lacks drops its
+    jobs. Members' leaves do not count (the what-if adds the members its submissions need);
+    accounts opened elsewhere do not shorten the period: their jobs drop from the what-if, a
+    note says which."""
 
     def run(cursor: Any, _limits: Any) -> float:
         from projections import history
 
-        opened = history.last_opened_at(cursor)
-        return end - REVIEW_S if opened is None else min(end - 1, max(end - REVIEW_S, opened))
+        parent = account.rsplit("/", 1)[0] if "/" in account else ""
+        opened = history.last_opened_at(cursor, parent, members=False)
+        if opened is None:
+            return end - REVIEW_S
+        return min(end - 1, max(end - REVIEW_S, float(math.ceil(opened))))
 
     return run
 
@@ -161,29 +174,58 @@ class _Cursor:
 report = wi.report
 
 
+SCRATCH = "tmp"
+"""The what-ifs' directories: `<home>/tmp/whatif-*` (0700), the server's own."""
+
+
+def sweep(home: Path) -> int:
+    """At the server's start (the one server of its data directory, so no what-if runs): remove
+    the what-if directories a server killed mid what-if left; how many there were."""
+    gone = 0
+    for left in sorted((home / SCRATCH).glob("whatif-*")):
+        shutil.rmtree(left, ignore_errors=True)
+        gone += 1
+    if gone:
+        log.info("removed %d what-if directories left by a server that was stopped mid what-if",
+                 gone)  # fmt: skip
+    return gone
+
+
 async def simulate(
     home: Path, start: float, end: float, budgets: b.BudgetFile, limit_s: float
 ) -> wi.Simulated:
-    """The what-if side over [start, end) in a child process, in a directory of its own that
-    is removed after (whatever happened to the child)."""
-    where = Path(tempfile.mkdtemp(prefix="gpuledger-whatif-"))
+    """The what-if side over [start, end) in a child process, in a directory of its own under
+    `<home>/tmp` that is removed after (whatever happened to the child), or at the server's
+    next start (`sweep`) when the server was killed meanwhile. A failure or a timeout is
+    logged (the answer's hint points there)."""
+    scratch = home / SCRATCH
+    scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
+    where = Path(tempfile.mkdtemp(prefix="whatif-", dir=scratch))
     try:
         job = _Job(str(home), os.getpid(), start, end, str(where / "ledger"), budgets)
         try:
             out = await children.run("ledger.server.whatifs", msgspec.msgpack.encode(job), limit_s)
         except RuntimeError as err:  # the child failed: its last line, as one line
+            log.warning("what-if of %s failed: %s", _asked(budgets), err)
             raise Unavailable(
                 f"the what-if failed: {str(err)[:300]}", hint="see the server's log"
             ) from err
         except children.TimedOut as err:
+            log.warning("what-if of %s ran past its time limit of %g s (%s) and was stopped",
+                        _asked(budgets), limit_s, TIMEOUT_ENV)  # fmt: skip
             raise Unavailable(
                 f"the what-if ran past its time limit of {limit_s:g} s and was stopped",
-                hint=f"the server's {TIMEOUT_ENV} sets the limit; or run `gpuledger whatif` "
-                "on the data directory",
+                hint=f"an admin may raise the server's {TIMEOUT_ENV}; or run `gpuledger whatif "
+                "--budgets FILE --from START --to END --home COPY` on a copy of the data "
+                "directory taken with the server stopped (beside a running server it is refused)",
             ) from err
         return msgspec.msgpack.decode(out, type=wi.Simulated)
     finally:
         shutil.rmtree(where, ignore_errors=True)
+
+
+def _asked(budgets: b.BudgetFile) -> str:
+    return ", ".join(f"{k} shares {a.shares}" for k, a in budgets.accounts.items()) or "no change"
 
 
 def main() -> None:

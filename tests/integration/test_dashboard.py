@@ -432,6 +432,20 @@ def test_every_page_shows_one_time_form_and_never_the_word_null(
     assert errors == []
 
 
+def test_a_time_of_another_year_shows_its_year(served: Served, browser: Browser) -> None:
+    """The short form (`Dec 2, 03:44`) is for this year's times; one of another year says it
+    (`Jun 21, 2025, 05:02`), on every page (the one `when` they all use)."""
+    page, errors = visit(served, browser, "/ui/teams", READY["teams"])
+    now = datetime.now(UTC)
+    shown = page.evaluate(
+        "([a, b]) => [when(a, SHORT), when(b, SHORT)]",
+        [datetime(2025, 6, 21, 12, 2, tzinfo=UTC).timestamp(), now.timestamp()],
+    )
+    assert "2025" in shown[0] and "Jun 21" in shown[0], shown
+    assert str(now.year) not in shown[1], shown
+    assert errors == []
+
+
 def test_the_job_page_wraps_explain_and_never_overlaps_or_cuts_a_label(
     served: Served, browser: Browser
 ) -> None:

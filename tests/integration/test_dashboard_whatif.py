@@ -7,8 +7,10 @@ stopped with one line saying so."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -190,6 +192,37 @@ def test_the_api_answers_the_clis_report_and_writes_nothing(
     assert children(r)[account]["raw_shares"] == kids[account]["raw_shares"]
 
 
+def test_an_account_opened_elsewhere_does_not_shorten_the_period(reviewed: Reviewed) -> None:
+    """Only an opening under the changed account's parent cuts the period (its start then in
+    whole seconds); another program's new account or a new member anywhere does not."""
+    r = reviewed
+    account = sorted(children(r))[0]
+    status, before = ask(r, r.tokens["boss"], {"account": account, "shares": 6})
+    assert status == 200, before
+    rows = json.loads(cli(r.dash.home, "shares", "--json", GPULEDGER_USER="root").stdout)
+    other = next(a["account"] for a in rows if a["parent"] and not a["account"].startswith(r.boss))
+    program = other.split("/")[0]
+    cli(
+        r.dash.home,
+        "account",
+        "open",
+        f"{program}/opened-late",
+        "--kind",
+        "project",
+        GPULEDGER_USER="root",
+    )
+    cli(r.dash.home, "member", "add", "latecomer", account, GPULEDGER_USER="root")
+    status, body = ask(r, r.tokens["boss"], {"account": account, "shares": 6})
+    assert status == 200, body
+    got, was = body["report"], before["report"]
+    assert got["start"] == was["start"] == int(got["start"]), (got["start"], was["start"])
+    assert got["end"] - got["start"] > 86400, got
+    # an admin's what-if of a program: every account is under its parent (the root)
+    status, body = ask(r, r.tokens["root"], {"account": r.boss, "shares": 3})
+    assert status == 200, body
+    assert 1 <= body["report"]["end"] - body["report"]["start"] < 600, body["report"]
+
+
 def test_only_whoever_may_set_the_shares_asks(reviewed: Reviewed) -> None:
     r = reviewed
     account = sorted(children(r))[0]
@@ -210,9 +243,11 @@ def test_only_whoever_may_set_the_shares_asks(reviewed: Reviewed) -> None:
     assert status == 403, body
     status, body = ask(r, "glt_nothing", {"account": account, "shares": 5})
     assert status == 401, body
-    for missing in (r.boss + "/no-such-team", account + "\x00"):
-        status, body = ask(r, r.tokens["boss"], {"account": missing, "shares": 5})
-        assert status == 404 and body["code"] == "unknown" and "\n" not in body["detail"], body
+    status, body = ask(r, r.tokens["boss"], {"account": r.boss + "/no-such-team", "shares": 5})
+    assert status == 404 and body["code"] == "unknown" and "\n" not in body["detail"], body
+    # a NUL in a string is one 400, as in every POST body
+    status, body = ask(r, r.tokens["boss"], {"account": account + "\x00", "shares": 5})
+    assert status == 400 and body["code"] == "invalid" and "NUL" in body["detail"], body
     # an admin may ask for any account
     status, body = ask(r, r.tokens["root"], {"account": r.boss, "shares": 3})
     assert status == 200, body
@@ -277,8 +312,8 @@ def test_one_what_if_at_a_time_and_the_time_limit_stops_one(
         if seen[-1] == [200, 429]:
             break
     assert [200, 429] in seen and all(x in ([200, 200], [200, 429]) for x in seen), seen
-    # the same ledger served with a time limit no what-if meets: stopped, one line, 503, and
-    # its directory removed
+    # the same ledger served with a time limit no what-if meets: stopped, one line, 503, its
+    # directory removed, and the server's log saying so (the answer's hint points there)
     assert r.server.stop() == 0, r.server.log_path.read_text()
     tmp = tmp_path_factory.mktemp("server-tmp")
     r.server = start_server(
@@ -288,12 +323,65 @@ def test_one_what_if_at_a_time_and_the_time_limit_stops_one(
     status, body = ask(r, r.tokens["boss"], {"account": account, "shares": 9})
     assert status == 503 and body["code"] == "unavailable", body
     assert "time limit of 0.05 s" in body["detail"] and "\n" not in body["detail"], body
+    assert "a copy of the data directory" in body["hint"], body
     assert r.server.request("GET", "/v1/health")[1]["status"] == "up"
     assert list(tmp.iterdir()) == []
+    assert list((r.dash.home / "tmp").glob("whatif-*")) == []
+    logged = r.server.log_path.read_text()
+    assert f"what-if of {account} shares 9 ran past its time limit of 0.05 s" in logged, logged
 
 
-def test_a_what_if_that_fails_is_one_line_and_leaves_nothing_behind(tmp_path: Path) -> None:
-    """The child meets no ledger: the answer is one 503 line, its directory removed."""
+def _child_of(pid: int) -> list[int]:
+    """The what-if children (`python -m ledger.server.whatifs`) of process `pid`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"ledger.server.whatifs" in cmd:
+            found.append(int(proc.name))
+    return found
+
+
+def test_a_server_killed_mid_what_if_leaves_nothing_after_its_restart(reviewed: Reviewed) -> None:
+    """kill -9 while the child simulates: the child dies with the server; the what-if's
+    directory (under the data directory, not /tmp) is removed by the next server's start."""
+    import threading
+
+    r = reviewed
+    account = sorted(children(r))[0]
+    assert r.server.stop() == 0, r.server.log_path.read_text()
+    r.server = start_server(r.dash.home, log_name="serve-killed.log")
+
+    def asking() -> None:
+        with contextlib.suppress(OSError, http.client.HTTPException):  # the server is killed
+            ask(r, r.tokens["boss"], {"account": account, "shares": 4})
+
+    asked = threading.Thread(target=asking, daemon=True)
+    asked.start()
+    scratch = r.dash.home / "tmp"
+    deadline = time.monotonic() + 120
+    while not _child_of(r.server.proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _child_of(r.server.proc.pid), "the what-if's child never started"
+    left = list(scratch.glob("whatif-*"))  # made before the child starts, removed after it ends
+    assert len(left) == 1, left
+    assert scratch.stat().st_mode & 0o777 == 0o700
+    r.server.stop(signal.SIGKILL)
+    asked.join(60)
+    assert all(p.exists() for p in left)  # what a killed server leaves
+    r.server = start_server(r.dash.home, log_name="serve-after-kill.log")
+    assert list(scratch.glob("whatif-*")) == []
+    assert "removed 1 what-if directories" in r.server.log_path.read_text()
+
+
+def test_a_what_if_that_fails_is_one_line_and_leaves_nothing_behind(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The child meets no ledger: the answer is one 503 line, its directory removed, the
+    child's line in the server's log."""
     import asyncio
     import os
     from concurrent.futures import ThreadPoolExecutor
@@ -314,4 +402,46 @@ def test_a_what_if_that_fails_is_one_line_and_leaves_nothing_behind(tmp_path: Pa
         del os.environ["TMPDIR"]
         tempfile.tempdir = None
     assert got.value.line().startswith("the what-if failed: ") and "\n" not in got.value.line()
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == [tmp_path / "no-ledger"]
+    assert list((tmp_path / "no-ledger" / "tmp").iterdir()) == []
+    logged = [r.getMessage() for r in caplog.records if r.name == "gpuledger.server"]
+    assert any(
+        "what-if of no change failed: ledger.server.whatifs exited with" in m for m in logged
+    ), logged
+
+
+def test_the_page_says_when_what_happened_placed_nothing(
+    reviewed: Reviewed, browser: Browser
+) -> None:
+    """A server with `--executor none` places nothing, the what-if places the same submissions:
+    the page says the difference is not the change's effect (and names what the period leaves
+    out); with work placed on both sides it says neither."""
+    r = reviewed
+    page, errors = watched(signed_in(browser, r.tokens["boss"]))
+    page.goto(r.server.url + "/ui/budget")
+    page.wait_for_selector("#budget tbody tr")
+    side = {"owed_gpu_h": 1.0, "by_period": None, "mean_wait_s": None, "preemptions": 0}
+    shown = page.evaluate(
+        """([side, actual]) => {
+          const team = (d) => ({ team: "p/t1", actual: { ...side, delivered_gpu_h: actual },
+                                 whatif: { ...side, delivered_gpu_h: d } });
+          const r = { account: "p/t1", shares: 2, was: 1, report: { start: 0, end: 3600,
+            notes: [], teams: [team(5)], submissions: 1, carried: 0, cycles: 1,
+            policy_version: "v" } };
+          const out = whatifResult(r);
+          const note = out.querySelector("#whatif-elsewhere");
+          return [!!out.querySelector("#whatif-idle"), note && note.textContent];
+        }""",
+        [side, 0.0],
+    )
+    assert shown[0] is True and "outside p" in (shown[1] or ""), shown
+    busy = page.evaluate(
+        """(side) => { const t = { team: "p/t1", actual: { ...side, delivered_gpu_h: 3 },
+          whatif: { ...side, delivered_gpu_h: 5 } };
+          return !!whatifResult({ account: "p", shares: 2, was: 1, report: { start: 0, end: 1,
+            notes: [], teams: [t], submissions: 1, carried: 0, cycles: 1, policy_version: "v" }
+          }).querySelector("#whatif-idle"); }""",
+        side,
+    )
+    assert busy is False
+    assert errors == []

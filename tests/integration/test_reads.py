@@ -545,3 +545,68 @@ def test_log_names_each_event_by_the_version_it_is_read_as(tmp_path: Path) -> No
     assert stored_v2 and all(out[i]["tag"] == "cycle.decided.v3" for i in stored_v2)
     stored = cli(home, "audit", "sql", "SELECT DISTINCT tag FROM events WHERE tag LIKE 'cycle%'")
     assert "cycle.decided.v2" in stored.stdout
+
+
+def test_running_jobs_are_paged_sorted_and_counted_over_all_of_them(tmp_path: Path) -> None:
+    """`state=running` pages, sorts and counts every job holding GPUs (not the first `limit`
+    of them); `all` is every state shown: the queued ones and the running ones."""
+    home = tmp_path / "home"
+    clock = SimClock(T0)
+    ledger = Ledger(home, clock, seeded_ids(3))
+    ledger.execute(c.InitLedger(actor="root", admin="root"))
+    ledger.execute_all(
+        [
+            c.OpenAccount(actor="root", path="ai2", kind="program"),
+            c.OpenAccount(actor="root", path="ai2/tulu", kind="project", shares=1),
+            c.AddMember(actor="root", user="dan", project="ai2/tulu"),
+            c.RegisterNode(actor="root", node="n0", gpu_type="h100", gpus=8),
+        ]
+    )
+    for _ in range(5):
+        ledger.execute(
+            c.SubmitJob(
+                actor="dan", account="ai2/tulu", gpus=1, min_runtime_s=600, duration_s=10**5
+            )
+        )
+    with Store(":memory:") as store, EmbeddedSource(home) as source:
+        d = Dispatcher(
+            ledger, ProjectionRanks(Projector(store, source)), FairShare(), KernelExecutor()
+        )
+        d.cycle(T0)
+        ledger.execute(c.SubmitJob(actor="dan", account="ai2/tulu", gpus=8, min_runtime_s=600))
+        Projector(store, source).catch_up()
+        running = sorted(j.job_id for j in ledger.state.jobs.values() if j.status == "running")
+        assert len(running) == 5, ledger.state.jobs
+
+        def page(state: Any, **kw: Any) -> previews.QueuePage:
+            f = v.QueueFilter(state=state, limit=kw.pop("limit", 2))
+            return previews.queue_page(ledger, store, FairShare(), T0 + 10, f, **kw)
+
+        first = page("running")
+        assert first.total == 5 and [r.job_id for r in first.rows] == running[:2]
+        assert [r.job_id for r in page("running", offset=4).rows] == running[4:]
+        top = page("running", sort="job", descending=True)
+        assert [r.job_id for r in top.rows] == running[::-1][:2]
+        every = page("all", limit=100)
+        assert every.total == 6 and every.codes == {"RUNNING": 5, **page("queued").codes}
+        assert page("queued").total == 1
+        f = v.QueueFilter(state="all", limit=100)
+        assert [r.job_id for r in previews.queue(ledger, store, FairShare(), T0 + 10, f)] == [
+            r.job_id for r in every.rows
+        ]
+    ledger.close()
+    rows = strict(cli(home, "queue", "-t", "all", "--json").stdout)
+    assert sorted(r["job_id"] for r in rows) == sorted([*running, max(running) + 1])
+
+
+def test_a_series_starts_at_its_window_and_loses_no_hour(handles: Any) -> None:
+    """A window starting inside an hour: that hour's part joins the first bucket (no point
+    before the window, no partial first bucket), and every hour is counted once."""
+    _, store = handles
+    start, end = T0 + 1800.0, T0 + 7 * 3600.0
+    view, series = reads.delivered_series(store, start, end, 2, 2 * 3600.0)
+    points = [p for t in series.teams for p in t.points]
+    assert points and min(p.at for p in points) == start, points
+    assert sum(p.delivered_gpu_hours for p in points) == pytest.approx(
+        sum(t.delivered_gpu_hours for t in view.teams)
+    )

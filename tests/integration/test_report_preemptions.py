@@ -115,3 +115,26 @@ def test_metrics_and_the_page_count_caused_as_the_cli_does(home: Path) -> None:
         assert sum(caused.values()) == len(rows)
     finally:
         assert server.stop() == 0, server.log_path.read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--by", "--of"), "error: --by and --of are one or the other"),
+        (("--since", "2030-01-01T00:00:00Z", "--at", "2026-12-02T00:00:00Z"),
+         "error: --since 2030-01-01 00:00:00Z is not before the end of the period"),
+        (("--window", "99999d"), "error: invalid --window '99999d': at most 3650d (ten years)"),
+        (("-A", "nope"), "error: no account 'nope' (see `gpuledger account tree`)"),
+    ],
+)  # fmt: skip
+def test_a_report_that_cannot_be_is_refused_in_one_line(
+    home: Path, args: tuple[str, ...], said: str
+) -> None:
+    """`--by --of` together, an inverted period, a window past the bound (told in days, the unit
+    given) and an unknown account (the hint names a command that exists) are one error line."""
+    got = cli(home, "report", "preemptions", *args, ok=False, GPULEDGER_USER="root")
+    assert got.returncode != 0 and got.stderr.startswith(said), got.stderr
+    assert len(got.stderr.strip().splitlines()) == 1, got.stderr
+    hint = got.stderr.split("(see `", 1)[-1].split("`", 1)[0]
+    if hint.startswith("gpuledger "):  # the hint's command exists
+        assert cli(home, *hint.split()[1:], GPULEDGER_USER="root").returncode == 0

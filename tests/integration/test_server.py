@@ -260,7 +260,7 @@ def test_budget_apply_and_audit_exports_go_through_a_running_server(tmp_path: Pa
     for r in refused:  # commands that work on the data directory itself refuse beside a server
         assert r.returncode == 1 and r.stderr == (
             "error: this command needs the data directory, and a server owns it (run it on the "
-            "server's host with the server stopped, or use the API) [invalid]\n"
+            "server's host with the server stopped, or use the API) [environment]\n"
         ), r.stderr
     assert after == head + int(m.group(1)) == int(m.group(2))
     events = [ev for _, ev in Ledger(home).read(head, 10)]

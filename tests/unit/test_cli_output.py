@@ -132,3 +132,31 @@ def test_a_titled_table_and_a_table_written_to_a_file_are_what_rich_prints() -> 
     written = io.StringIO()
     print_table(header, rows, file=written)
     assert written.getvalue() == _rich(header, rows)
+
+
+def test_a_whole_column_is_never_cut_on_a_narrow_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The what-if's table at 80 columns: the team names stay whole (rows told apart) and no
+    figure loses a digit to an ellipsis; the other columns fold."""
+    from ledger.cli import output
+
+    buf = io.StringIO()
+    monkeypatch.setattr(output, "console", lambda **_: Console(file=buf, width=80))
+    header = ("team", "owed GPU-h", "delivered GPU-h", "by period", "mean wait", "p90 wait",
+              "never placed", "preemptions")  # fmt: skip
+    rows = [
+        (
+            f"prog1/team0{i}",
+            "19,353.6 -> 151.6",
+            "0.0 -> 204.3",
+            "0.0% -> 100.0%",
+            "1h 2m -> 3m",
+            "1h 2m -> 3m",
+            "0 -> 3",
+            "0 -> 2",
+        )
+        for i in (1, 3)
+    ]
+    print_table(header, rows, title="actual -> what-if", whole=(0,))
+    text = buf.getvalue()
+    assert "prog1/team01" in text and "prog1/team03" in text, text
+    assert "…" not in text and max(len(ln) for ln in text.splitlines()) <= 80, text

@@ -38,8 +38,13 @@ function svg(tag, attrs, ...kids) {
 const SHORT = { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", hourCycle: "h23" };
 const LONG = { year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" };
 
+const SHORT_YEAR = { year: "numeric", ...SHORT };  // a time of another year says its year
+
 function when(at, form) {
-  return at === null || at === undefined ? "—" : new Date(at * 1000).toLocaleString(undefined, form || LONG);
+  if (at === null || at === undefined) return "—";
+  const d = new Date(at * 1000);
+  const shown = form === SHORT && d.getFullYear() !== new Date().getFullYear() ? SHORT_YEAR : form || LONG;
+  return d.toLocaleString(undefined, shown);
 }
 
 function utc(at) {
@@ -222,7 +227,7 @@ async function teamsPage() {
 
 // --- queue ----------------------------------------------------------------------------------
 
-const queueState = { user: "", account: "", state: "all", reason: "", mine: false,
+const queueState = { user: "", account: "", state: "queued", reason: "", mine: false,
   sort: "order", descending: false, offset: 0, limit: 100 };
 const QUEUE_COLUMNS = [  // [heading, sort column or null, width]
   ["#", "order", "3.5em"], ["job", "job", "5em"], ["user", "user", "6.5em"], ["account", "account", "8.5em"],
@@ -236,7 +241,8 @@ function queueFilters() {
   const input = (name, ph) => el("input", { id: `f-${name}`, placeholder: ph, value: queueState[name],
     on: { change: (ev) => { queueState[name] = ev.target.value.trim(); again(); } } });
   const sel = el("select", { id: "f-state", on: { change: (ev) => { queueState.state = ev.target.value; again(); } } },
-    ["all", "pending", "held", "running"].map((s) => el("option", { value: s, selected: s === queueState.state }, s)));
+    [["queued", "queued (pending and held)"], ["pending", "pending"], ["held", "held"], ["running", "running"],
+     ["all", "all (queued and running)"]].map(([s, t]) => el("option", { value: s, selected: s === queueState.state }, t)));
   const reason = el("select", { id: "f-reason", on: { change: (ev) => { queueState.reason = ev.target.value; again(); } } },
     el("option", { value: "" }, "any reason"));
   const mine = el("input", { type: "checkbox", id: "f-mine", checked: queueState.mine,
@@ -559,8 +565,12 @@ async function runWhatif(child, shares) {
 function whatifResult(r) {
   const rep = r.report;
   const notes = [...new Set(rep.notes)];
+  const parent = r.account.includes("/") ? r.account.slice(0, r.account.lastIndexOf("/")) : "";
   const short = rep.end - rep.start < 28 * 86400 ?
-    " (from the last account's opening: the what-if starts from the organisation as it is)" : "";
+    ` (from the last opening of an account ${parent ? `under ${parent}` : "(a program or below)"}: the what-if starts from the organisation as it stood then)` : "";
+  // what happened placed nothing (a server with `--executor none` places nothing) while the
+  // what-if placed work: the two columns then differ by more than the change
+  const idle = rep.teams.every((t) => !t.actual.delivered_gpu_h) && rep.teams.some((t) => t.whatif.delivered_gpu_h > 0);
   const pair = (a, b, f) => (f(a) === f(b) ? f(a) : `${f(a)} → ${f(b)}`);
   const rows = rep.teams.map((t) => el("tr", { "data-team": t.team },
     td(t.team), td(pair(t.actual.owed_gpu_h, t.whatif.owed_gpu_h, (x) => num(x, 1)), { class: "num", "data-col": "owed" }),
@@ -571,6 +581,10 @@ function whatifResult(r) {
   return el("div", { id: "whatif-result", "data-start": rep.start, "data-end": rep.end, "data-shares": r.shares },
     el("p", { class: "muted" }, `${r.account}: shares ${r.was} → ${r.shares}; `, timeEl(rep.start), " – ", timeEl(rep.end),
       `${short}: ${rep.submissions} submissions (+${rep.carried} active at the start), ${rep.cycles} cycles, policy ${rep.policy_version}. Actual → what-if:`),
+    idle ? el("p", { class: "err", id: "whatif-idle" }, "Nothing was delivered in what happened (was anything placed? a server " +
+      "with --executor none places nothing), while the what-if places the same submissions: the difference is not the change's effect alone.") : null,
+    parent ? el("p", { class: "muted", id: "whatif-elsewhere" }, `Accounts opened during the period outside ${parent} ` +
+      "are not in the what-if: their jobs drop (see the notes).") : null,
     table(["team", "owed GPU-h", "delivered GPU-h", "delivered/owed", "mean wait", "preemptions"], rows, { id: "whatif-teams" }),
     notes.slice(0, 8).map((n) => el("p", { class: "muted note" }, `note: ${n}`)),
     notes.length > 8 ? el("p", { class: "muted" }, `… and ${notes.length - 8} more notes`) : null);
