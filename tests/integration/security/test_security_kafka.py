@@ -10,6 +10,7 @@ reports success. Wrong keys stop a reader at once; a run of foreign records stop
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -400,6 +401,34 @@ def test_unverified_records_after_the_tail_never_stop_a_signed_reader(
         assert t.catch_up(path) == org_ledger.position
         assert dead_offsets(path) == foreign
         same_as_the_store(path, org_ledger.home)
+
+
+@pytest.mark.parametrize("kind", ["bogus signatures", "unsigned"])
+def test_audit_verify_names_unverified_records_as_foreign_and_blames_no_real_position(
+    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str,
+    read_topic: Any, kind: str,
+) -> None:  # fmt: skip
+    t = Topic(kafka_bootstrap, kafka_topic, transactional_id, KEYS)
+    org_ledger.execute_all([JOB] * 19)
+    t.relay(org_ledger.home)
+    foreign = produce(t.bootstrap, t.name, junk_after_the_tail(kind, org_ledger.home))
+    org_ledger.execute_all([JOB] * 2)
+    t.relay(org_ledger.home)
+    settled(read_topic, t.name, org_ledger.position + len(foreign))
+    env = dict(os.environ, GPULEDGER_KAFKA_SIGNING_KEYS="k1:relay-secret")
+    proc = subprocess.run(
+        [
+            GPULEDGER, "--home", str(org_ledger.home), "audit", "verify", "--kafka",
+            kafka_bootstrap, "--topic", kafka_topic,
+        ],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = [line.strip() for line in proc.stdout.splitlines() if line.startswith("  ")]
+    assert len(lines) == 2, proc.stdout
+    for offset, line in zip(foreign, lines, strict=True):
+        assert f": foreign: the copy's record at offset {offset} (it claims position" in line
+        assert "is not the relay's" in line and ("signature" in line or "not signed" in line)
 
 
 def test_a_restarted_reader_with_other_keys_stops_at_its_own_last_record(
