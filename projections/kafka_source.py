@@ -567,8 +567,8 @@ class KafkaSource:
         if self.keys is None:
             return
         problem = self.keys.problem(rec.headers, rec.value, position, tag)
-        if problem is not None and is_signature_problem(problem):
-            raise SigningKeyMismatch(
+        if problem and is_signature_problem(problem) and "unknown key id" not in problem:
+            raise SigningKeyMismatch(  # an unknown id: its key dropped after a rotation
                 f"topic {self.topic}: the record at position {position} (offset {rec.offset}), "
                 f"the last one this projection applied, fails the signature check ({problem}): "
                 "these signing keys are not the relay's",
