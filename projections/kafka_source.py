@@ -81,7 +81,8 @@ from projections.source import LogRecord
 
 DEFAULT_TIMEOUT_S = 30.0
 MAX_DEAD_RUN = 20
-"""A quarantining reader stops once it has set aside this many records in a row."""
+"""A quarantining reader of an unsigned topic stops once it has set aside this many records in a
+row (with signing keys a record that fails the signature is never the relay's: no stop)."""
 _RECENT = 256
 """How many of the last accepted records a reader remembers, to name a second record for one of
 their positions (a fork, or a copy)."""
@@ -135,8 +136,7 @@ class KafkaSource:
         """A second consumer for head() and the binary search, so that the reading consumer
         keeps its position and its prefetched records."""
         self._exists = False
-        self.keys = keys if keys is not None else signing_keys()
-        """Signing keys: when set, only records signed with one of them are accepted."""
+        self.keys = keys if keys is not None else signing_keys()  # set: only signed records
         self._after: int | None = None
         """The position the reading consumer continues after (None: not positioned yet)."""
         self._tip = START
@@ -147,23 +147,21 @@ class KafkaSource:
         """Records polled but not handed out yet (the next ones after `_after`)."""
         self._offsets: dict[int, int] = {}
         """Position -> offset of the records the last read returned (for `where`)."""
-        self._head: tuple[int, int] | None = None
-        """(end offset, head position) of the last head() call."""
+        self._head: tuple[int, int] | None = None  # (end offset, head position) of head()
         self._end_hint: int | None = None
         """The end offset head() just read, for the read() that follows it (the projector's
         pattern: head, then read up to it), which saves a round trip."""
         self.max_dead_run = max_dead_run
-        """`skip` stops (QuarantineStopped) at this many records set aside in a row."""
-        self._run: list[str] = []
-        """Why each record set aside since the last one accepted was set aside."""
+        """Unsigned topics: `skip` stops (QuarantineStopped) at this many set aside in a row."""
+        self._run: list[str] = []  # why each record set aside since the last accepted one was
         self._aside: Tip | None = None
-        """The last record set aside for its signature alone (it continued the log otherwise):
-        when the next one continues it and fails its signature too, the keys are wrong."""
+        """The last record set aside for its signature alone (see `_refused`)."""
+        self._suspect: SigningKeyMismatch | None = None
+        """Wrong keys, raised if the topic ends with nothing verified after them (`_refused`)."""
         self._recent: dict[int, Tip] = {}
         """The last accepted records by position (`_RECENT` of them) and their offsets:"""
         self._offsets_of: dict[int, int] = {}
-        self._recall: Any = None
-        """A cursor of the projection this source feeds (`recall_from`), or None."""
+        self._recall: Any = None  # a cursor of the projection this source feeds (`recall_from`)
 
     # --- the EventSource protocol -----------------------------------------------------------------
 
@@ -185,6 +183,8 @@ class KafkaSource:
                 if end is None:
                     end = self._end()
                 if self._consumer.position(self.tp) >= end:
+                    if not out and self._suspect is not None:
+                        raise self._suspect
                     break  # caught up with everything committed when this read started
                 if self._fill(min(1.0, deadline - time.monotonic())):
                     deadline = time.monotonic() + self.timeout_s  # progress: no time-out
@@ -211,7 +211,7 @@ class KafkaSource:
         self._offsets = offsets
         if out:
             self._after, self._tip = previous, tip
-            self._run, self._aside = [], None
+            self._run, self._aside, self._suspect = [], None, None
         return out
 
     def head(self) -> int:
@@ -266,16 +266,17 @@ class KafkaSource:
 
     def skip(self, poison: PoisonRecord) -> None:
         """Step past the poison record the last `read` raised (the caller recorded it). Raises
-        QuarantineStopped once `max_dead_run` records in a row have been set aside: a reader
-        never sets aside a run of real records and reports success."""
+        QuarantineStopped on an unsigned topic once `max_dead_run` records in a row have been
+        set aside: a reader never sets aside a run of real records and reports success."""
         if not self._buffer or self._buffer[0].offset != poison.offset:
             raise ValueError(f"offset {poison.offset} is not the next record of {self.topic}")
         rec = self._buffer.popleft()
-        self._run.append(poison.reason)
+        if self.keys is None:  # signed: what does not verify is never the relay's
+            self._run.append(poison.reason)
         self._aside = None
         if is_signature_problem(poison.reason) and poison.position is not None and poison.tag:
             self._aside = Tip.of(poison.position, poison.tag, rec.value or b"")
-        if len(self._run) >= self.max_dead_run:
+        if self._run and len(self._run) >= self.max_dead_run:
             reasons = sorted(set(self._run))
             raise QuarantineStopped(
                 f"{len(self._run)} records in a row set aside on topic {self.topic}, the last at "
@@ -372,7 +373,7 @@ class KafkaSource:
         """Put the reading consumer right after the record at position `after`."""
         if after == self._after:
             return
-        self._recent, self._offsets_of = {}, {}
+        self._recent, self._offsets_of, self._suspect = {}, {}, None
         offset, self._tip = self._offset_after(after)
         self._consumer.seek(self.tp, offset)
         self._buffer.clear()
@@ -430,8 +431,11 @@ class KafkaSource:
         self, rec: Any, position: int | None, tag: str | None, problem: str, tip: Tip
     ) -> Exception:
         """The error for a record that does not continue the log: a fork (a second record that
-        links to the record before a position already applied), wrong keys (it continues a
-        record set aside for its signature, and fails its own), or poison to set aside."""
+        links to the record before a position already applied), wrong keys, or poison. Wrong
+        keys need evidence (docs/kafka.md): a reader that verified nothing stops at two chained
+        records from the topic's start; past a verified record, a bad signature is a forgery,
+        and two chained records under a key id it lacks stop it only when no verified record
+        follows them on the topic."""
         signed = (
             None if self.keys is None else self.keys.problem(rec.headers, rec.value, position, tag)
         )
@@ -452,8 +456,9 @@ class KafkaSource:
                 and is_signature_problem(signed)
                 and position == aside.position + 1
                 and aside.problem(rec.value) is None
+                and (tip.position == 0 or signed.startswith("signed with unknown"))
             ):
-                return SigningKeyMismatch(
+                mismatch = SigningKeyMismatch(
                     f"topic {self.topic}: the records at positions {aside.position} and "
                     f"{position} continue the log one after the other but fail the signature "
                     f"check ({signed}): these signing keys are not the relay's",
@@ -463,6 +468,9 @@ class KafkaSource:
                     topic=self.topic,
                     position=position,
                 )
+                if tip.position == 0:
+                    return mismatch
+                self._suspect = mismatch  # raised if nothing verified follows on the topic
         return self._poison(rec, position, tag, problem)
 
     def _fork(self, rec: Any, position: int) -> LogForked:
@@ -539,6 +547,7 @@ class KafkaSource:
                     (Tip.of(position, tag, rec.value), rec.offset, rec.value)
                 )
             if position == after and names(want, position, tag, rec.value):
+                self._check_anchor_signed(rec, position, tag)
                 tip = Tip.of(position, tag, rec.value)
                 self._recent, self._offsets_of = {}, {}
                 self._remember(tip, rec.offset)
@@ -551,6 +560,23 @@ class KafkaSource:
                     data = linked[-1][2]
                 return rec.offset + 1, tip
         return None
+
+    def _check_anchor_signed(self, rec: Any, position: int, tag: str) -> None:
+        """The record the projection applied must verify with the reader's keys, or they are
+        not the relay's."""
+        if self.keys is None:
+            return
+        problem = self.keys.problem(rec.headers, rec.value, position, tag)
+        if problem and is_signature_problem(problem) and "unknown key id" not in problem:
+            raise SigningKeyMismatch(  # an unknown id: its key dropped after a rotation
+                f"topic {self.topic}: the record at position {position} (offset {rec.offset}), "
+                f"the last one this projection applied, fails the signature check ({problem}): "
+                "these signing keys are not the relay's",
+                hint="give the reader the relay's GPULEDGER_KAFKA_SIGNING_KEYS (or none, when "
+                f"the relay does not sign); nothing after position {position} is applied",
+                topic=self.topic,
+                position=position,
+            )
 
     def _verified_from_start(self, begin: int, end: int, after: int) -> tuple[int, Tip] | None:
         """Read from the topic's start accepting records as `read` does (each must continue
@@ -674,8 +700,8 @@ class KafkaSource:
             hint = (
                 "it would continue the log but fails the signature check: the reader's "
                 "GPULEDGER_KAFKA_SIGNING_KEYS are not the relay's, or another producer forged "
-                "it; the projector stops there (`--quarantine` sets forgeries aside, and stops "
-                "at the second record in a row when the keys are wrong)"
+                "it; the projector stops there (`--quarantine` sets forgeries aside and "
+                "applies the relay's record for the position when it comes)"
             )
         return PoisonRecord(
             f"{where}{at}: {problem}",

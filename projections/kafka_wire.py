@@ -320,6 +320,50 @@ def unreachable(bootstrap: str, timeout_s: float) -> str | None:
     return "; ".join(problems) or "no host:port given"
 
 
+_API_VERSIONS = (
+    (18).to_bytes(2, "big")
+    + (0).to_bytes(2, "big")
+    + (0x6C6B).to_bytes(4, "big")
+    + b"\x00\x05probe"
+)
+"""An ApiVersions v0 request (correlation id 0x6c6b, client id `probe`): every broker answers
+it, before authentication too."""
+
+
+def unanswered(bootstrap: str, timeout_s: float) -> str | None:
+    """None when some `host:port` of `bootstrap` answers a real Kafka request (ApiVersions)
+    within `timeout_s`, else why none does: a hung broker (SIGSTOP, a full disk) still accepts
+    TCP connections, so `unreachable` alone calls it up. Over SSL it is `unreachable` (the
+    request would need the handshake)."""
+    if str(client_config().get("security_protocol", "")).upper().endswith("SSL"):
+        return unreachable(bootstrap, timeout_s)
+    problems = []
+    servers = [s.strip() for s in bootstrap.split(",") if s.strip()]
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        try:
+            each = timeout_s / max(1, len(servers))
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=each) as sock:
+                sock.settimeout(each)
+                sock.sendall(len(_API_VERSIONS).to_bytes(4, "big") + _API_VERSIONS)
+                answer = b""
+                while len(answer) < 8:
+                    got = sock.recv(8 - len(answer))
+                    if not got:
+                        raise OSError("the connection was closed without an answer")
+                    answer += got
+                if answer[4:8] == _API_VERSIONS[4:8]:
+                    return None
+                problems.append(f"{server}: not a Kafka answer")
+        except TimeoutError:
+            problems.append(f"{server}: accepts connections but does not answer in {each:g} s")
+        except (OSError, ValueError) as exc:
+            problems.append(
+                f"{server}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}"
+            )
+    return "; ".join(problems) or "no host:port given"
+
+
 def quiet_kafka_logs(level: str) -> None:
     """kafka-python logs every failed reconnect, with tracebacks, while a broker is away: keep
     its logger out of the terminal unless the level is DEBUG (our own lines say what failed)."""

@@ -40,7 +40,7 @@ import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import msgspec
 
@@ -415,6 +415,8 @@ class CopyRecord(NamedTuple):
     data: bytes
     tag: str | None = None
     """The event tag its header carries (None: not known): a v2 link covers it."""
+    foreign: str | None = None
+    """Why it cannot be the relay's (with signing keys: it fails the signature), or None."""
 
 
 class CopyReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -439,7 +441,8 @@ def verify_copy(
 ) -> CopyReport:
     """Pure: a copy of the log must hold positions 1, 2, 3, ... in order, each with the store's
     bytes at that position, and its own chain must be intact. The copy may end before the
-    store (its relay is behind); it may not go beyond."""
+    store (its relay is behind); it may not go beyond. Records marked `foreign` (they fail the
+    signature) are named by offset and left out of the comparison."""
     problems: list[ChainProblem] = []
     stored = iter(store)
     chain_input: list[ChainRecord] = []
@@ -450,6 +453,17 @@ def verify_copy(
     current: ChainRecord | None = next(stored, None)
     for rec in copy:
         n += 1
+        if rec.foreign is not None:  # named by its offset; the store is compared with the rest
+            at = "" if rec.position is None else f" (it claims position {rec.position})"
+            problems.append(
+                ChainProblem(
+                    position=rec.position or expected,
+                    kind="foreign",
+                    detail=f"the copy's record at offset {rec.offset}{at} is not the relay's: "
+                    f"{rec.foreign}",
+                )
+            )
+            continue
         if rec.position is None:
             problems.append(
                 ChainProblem(
@@ -721,8 +735,12 @@ def _as_int(value: object) -> int | None:
         return None
 
 
-def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterator[CopyRecord]:
-    """Edge: every committed record of the topic's one partition, from offset 0, in order."""
+def kafka_records(
+    bootstrap: str, topic: str, timeout_s: float = 60.0, keys: Any = None
+) -> Iterator[CopyRecord]:
+    """Edge: every committed record of the topic's one partition, from offset 0, in order;
+    with signing keys (`keys`, else GPULEDGER_KAFKA_SIGNING_KEYS) one that fails the signature
+    is marked `foreign`."""
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import KafkaError
 
@@ -732,9 +750,11 @@ def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterat
         envelope,
         quiet_kafka_logs,
         reader_config,
+        signing_keys,
         unreachable,
     )
 
+    keys = signing_keys() if keys is None else keys
     quiet_kafka_logs("warning")  # kafka-python's retries and tracebacks stay off the terminal
     why = unreachable(bootstrap, connect_timeout())
     if why is not None:
@@ -771,7 +791,8 @@ def kafka_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> Iterat
                 if rec.offset >= end:
                     continue
                 position, tag, _problem = envelope(rec.headers, rec.value, None)
-                yield CopyRecord(rec.offset, position, bytes(rec.value or b""), tag)
+                bad = None if keys is None else keys.problem(rec.headers, rec.value, position, tag)
+                yield CopyRecord(rec.offset, position, bytes(rec.value or b""), tag, bad)
     except KafkaError as err:
         raise AuditError(f"Kafka at {bootstrap}: {type(err).__name__}: {err}") from err
     finally:

@@ -9,8 +9,9 @@ The health is truthful within its check interval (`check_s`): a watcher thread r
 interval from what it sees itself, not from what the publishing thread last said: the store's
 head (its own read-only connection), the last position committed on the topic, a send or commit
 that has not come back for `stall_s` (`stalled`, with the lag), a broker that stops answering
-while there is nothing to send (`unavailable`), and a stopped service (`exited`). `relay status`
-calls health older than a few intervals stale.
+while there is nothing to send (`unavailable`: it asks the broker for its API versions, so
+a hung broker that still accepts connections counts), and a stopped service (`exited`).
+`relay status` calls health older than a few intervals stale.
 
 An edge (threads, the network, a file).
 """
@@ -44,7 +45,7 @@ from projections.kafka_wire import (
     SigningKeys,
     env_seconds,
     signing_keys,
-    unreachable,
+    unanswered,
 )
 
 DEFAULT_FLUSH_S = 10.0
@@ -250,7 +251,7 @@ class RelayService:
             return
         busy = self._busy_since
         lag = max(0, head - self._position())
-        if state == "publishing" and busy is not None and lag:
+        if state in ("publishing", "stalled") and busy is not None and lag:
             waited = time.monotonic() - busy
             if waited > self.stall_s:
                 self._set(
@@ -261,7 +262,9 @@ class RelayService:
                 )
                 return
         elif busy is None and (state == "publishing" or self._probed_down):
-            why = unreachable(self.bootstrap, min(self.connect_timeout_s, self.check_s))
+            why = unanswered(
+                self.bootstrap, min(self.connect_timeout_s, max(2 * self.check_s, 2.0))
+            )
             if why is not None and state == "publishing":
                 error = f"Kafka at {self.bootstrap} is unreachable ({why})"
                 log.warning(

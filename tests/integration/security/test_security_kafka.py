@@ -10,6 +10,7 @@ reports success. Wrong keys stop a reader at once; a run of foreign records stop
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,9 @@ from projections.chain import link
 from projections.errors import LogForked, QuarantineStopped, SigningKeyMismatch
 from projections.kafka_source import KafkaSource
 from projections.kafka_wire import (
+    KEY_HEADER,
     POSITION_HEADER,
+    SIGNATURE_HEADER,
     TAG_HEADER,
     SigningKeys,
     parse_keys,
@@ -356,6 +359,97 @@ def test_a_reader_with_the_wrong_key_stops_with_one_line(
         assert proc.returncode == 1, proc.stderr
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
         assert "signature" in proc.stderr
+
+
+def junk_after_the_tail(kind: str, home: Path) -> list[tuple[bytes | None, Any]]:
+    """What a topic writer without the key appends after the tail: two records chained right
+    (the chain is public) with a bogus signature or none, or 25 junk records."""
+    n, tag, data = stored(home)[-1]
+    if kind == "junk run":
+        return [(b"junk%d" % i, headers(n + 1 + i, tag)) for i in range(25)]
+    out: list[tuple[bytes | None, Any]] = []
+    for i in (1, 2):
+        data = forged(data, link(n + i - 1, tag, data))
+        key = b"k9" if kind == "unknown key id" else b"k1"
+        extra = [(KEY_HEADER, key), (SIGNATURE_HEADER, b"v2:" + b"0" * 64)]
+        out.append((data, headers(n + i, tag) + (extra if kind != "unsigned" else [])))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["bogus signatures", "unsigned", "junk run", "unknown key id"])
+def test_unverified_records_after_the_tail_never_stop_a_signed_reader(
+    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str,
+    read_topic: Any, tmp_path: Path, kind: str,
+) -> None:  # fmt: skip
+    """With signing on, records that fail the signature are never the relay's: a reader (old,
+    restarted, fresh) sets them aside and applies the relay's record for the position."""
+    t = Topic(kafka_bootstrap, kafka_topic, transactional_id, KEYS)
+    org_ledger.execute_all([JOB] * 19)
+    t.relay(org_ledger.home)
+    old = tmp_path / "old.duckdb"
+    assert t.catch_up(old) == org_ledger.position
+    foreign = produce(t.bootstrap, t.name, junk_after_the_tail(kind, org_ledger.home))
+    if kind == "unknown key id":  # a rotation it was not told of, until a verified record
+        with pytest.raises(SigningKeyMismatch, match="unknown key id 'k9'"):
+            t.catch_up(old)
+    else:  # nothing real after them yet: no stop
+        assert t.catch_up(old) == org_ledger.position
+    org_ledger.execute_all([JOB] * 2)
+    t.relay(org_ledger.home)
+    settled(read_topic, t.name, org_ledger.position + len(foreign))
+    for path in (old, old, tmp_path / "fresh.duckdb"):
+        assert t.catch_up(path) == org_ledger.position
+        assert dead_offsets(path) == foreign
+        same_as_the_store(path, org_ledger.home)
+
+
+@pytest.mark.parametrize("kind", ["bogus signatures", "unsigned"])
+def test_audit_verify_names_unverified_records_as_foreign_and_blames_no_real_position(
+    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str,
+    read_topic: Any, kind: str,
+) -> None:  # fmt: skip
+    t = Topic(kafka_bootstrap, kafka_topic, transactional_id, KEYS)
+    org_ledger.execute_all([JOB] * 19)
+    t.relay(org_ledger.home)
+    foreign = produce(t.bootstrap, t.name, junk_after_the_tail(kind, org_ledger.home))
+    org_ledger.execute_all([JOB] * 2)
+    t.relay(org_ledger.home)
+    settled(read_topic, t.name, org_ledger.position + len(foreign))
+    env = dict(os.environ, GPULEDGER_KAFKA_SIGNING_KEYS="k1:relay-secret")
+    proc = subprocess.run(
+        [
+            GPULEDGER, "--home", str(org_ledger.home), "audit", "verify", "--kafka",
+            kafka_bootstrap, "--topic", kafka_topic,
+        ],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = [line.strip() for line in proc.stdout.splitlines() if line.startswith("  ")]
+    assert len(lines) == 2, proc.stdout
+    for offset, line in zip(foreign, lines, strict=True):
+        assert f": foreign: the copy's record at offset {offset} (it claims position" in line
+        assert "is not the relay's" in line and ("signature" in line or "not signed" in line)
+
+
+def test_a_restarted_reader_with_other_keys_stops_at_its_own_last_record(
+    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """The record a projection applied is demonstrably the relay's: when it fails the signature
+    with the keys a reader restarts with, those keys are wrong (not the records after it)."""
+    t = Topic(kafka_bootstrap, kafka_topic, transactional_id, KEYS)
+    org_ledger.execute_all([JOB] * 5)
+    t.relay(org_ledger.home)
+    path = tmp_path / "q.duckdb"
+    n = t.catch_up(path)
+    org_ledger.execute_all([JOB] * 3)
+    t.relay(org_ledger.home)
+    with pytest.raises(SigningKeyMismatch) as err:
+        t.catch_up(path, keys=WRONG)
+    assert f"the record at position {n}" in err.value.message
+    assert "these signing keys are not the relay's" in err.value.message
+    assert dead_offsets(path) == []
+    assert t.catch_up(path) == org_ledger.position
 
 
 def test_a_run_of_foreign_records_stops_a_quarantining_reader(

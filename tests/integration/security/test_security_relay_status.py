@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -54,6 +55,12 @@ def status(home: Path) -> tuple[int, str]:
     return proc.returncode, proc.stdout
 
 
+def waited_s(health: RelayHealth | None) -> int:
+    """How long the health says a send has not come back (-1: it says no such thing)."""
+    found = re.search(r"has not come back for (\d+) s", health.error if health else "")
+    return int(found.group(1)) if found else -1
+
+
 def broker_pid(broker: Any) -> int:
     return int((broker.data / "kafka.pid").read_text().split()[0])
 
@@ -73,8 +80,29 @@ def test_a_hung_broker_is_stalled_with_the_lag_and_a_dead_one_unavailable(
             60,
         )
         assert status(home)[0] == 0
-        # 1. the broker hangs while events wait: stalled, with the lag, within a few intervals
         pid = broker_pid(own_broker)
+        # 0. the broker hangs while nothing waits: it still accepts TCP connections, but the
+        #    watcher's probe is a Kafka request (ApiVersions): unavailable within seconds
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            wait_for(
+                "unavailable while idle",
+                lambda: (h := read_health(home)) is not None and h.state == "unavailable",
+                30,
+            )
+            assert time.monotonic() - began < 4 * CHECK_S + 6
+            code, out = status(home)
+            assert code == 1 and out.startswith("relay unavailable:"), out
+            assert "does not answer" in out, out
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_for(
+            "publishing after the hang",
+            lambda: (h := read_health(home)) is not None and h.state == "publishing",
+            60,
+        )
+        # 1. the broker hangs while events wait: stalled, with the lag, within a few intervals
         os.kill(pid, signal.SIGSTOP)
         try:
             org_ledger.execute_all([JOB] * 7)
@@ -88,6 +116,8 @@ def test_a_hung_broker_is_stalled_with_the_lag_and_a_dead_one_unavailable(
             code, out = status(home)
             assert code == 1 and out.startswith("relay stalled:") and "7 behind" in out, out
             assert took < service.stall_s + 4 * CHECK_S + 3, took
+            first = waited_s(read_health(home))
+            wait_for("the stall's age to count up", lambda: waited_s(read_health(home)) > first, 30)
         finally:
             os.kill(pid, signal.SIGCONT)
         wait_for(
