@@ -6,11 +6,13 @@ figures idle, measured in the same run. Goal: within 2x idle.
                                   [--load queries|pages] [--pages] [--warmup 10]
 
 A `gpuledger serve --interval 0.5s` on a synthetic log of `--events` events (made once per
---dir); 8 clients submit (and cancel) 1-GPU jobs through the API for `--seconds`; a watcher
-reads `last_cycle_at` from /v1/health every 20 ms. Loaded phases add four admins (auditors are
-admins: docs/security.md row T2), each running a cartesian self-join of `events` in a loop (it
-runs until the read pool's time limit, 10 s). Idle and loaded phases alternate `--rounds`
-times, after `--warmup` seconds of submits that are not counted (the server's first seconds).
+--dir); 8 clients (`--clients`) submit (and cancel) 1-GPU jobs through the API for
+`--seconds`; a watcher reads `last_cycle_at` from /v1/health every 20 ms, and another person
+reads 5 jobs every 100 ms (their latency: one person's big pages must not hold them back).
+Loaded phases add four admins (auditors are admins: docs/security.md row T2), each running a
+cartesian self-join of `events` in a loop (it runs until the read pool's time limit, 10 s).
+Idle and loaded phases alternate `--rounds` times, after `--warmup` seconds of submits that are
+not counted (the server's first seconds).
 Prints the load average, the server's CPU seconds beside wall time, and the ratios.
 
     python scripts/bench_reads.py --load pages [...]
@@ -83,8 +85,10 @@ def phase(
     heavy: bool,
     load: str = "queries",
     pages: bool = False,
+    clients: int = 8,
 ) -> dict[str, Any]:
     stop = threading.Event()
+    small: list[float] = []
     submits: list[float] = []
     cycles: list[float] = []
     queries: list[tuple[int, float]] = []
@@ -130,6 +134,15 @@ def phase(
             with lock:
                 queries.append((status, time.perf_counter() - t0))
 
+    def small_reads() -> None:  # another person's 5-row read every 100 ms (F3 of the attack)
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            status, _ = serve.request("GET", "/v1/jobs?limit=5", token=info["tokens"]["aud1"])
+            if status == 200:
+                with lock:
+                    small.append(time.perf_counter() - t0)
+            time.sleep(0.1)
+
     viewed: list[tuple[int, float]] = []
     jobs = itertools.count(1, 37)  # jobs spread over the log, a new one for each view
 
@@ -143,7 +156,8 @@ def phase(
                 with lock:
                     viewed.append((status, time.perf_counter() - t0))
 
-    threads = [threading.Thread(target=client) for _ in range(8)] + [threading.Thread(target=watch)]
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    threads += [threading.Thread(target=watch), threading.Thread(target=small_reads)]
     if heavy and load == "pages":
         paths = ("/v1/log?limit=10000&after={}", "/v1/jobs?limit=10000&since={}")
         threads += [threading.Thread(target=big_pages, args=(path,)) for path in paths]
@@ -162,6 +176,7 @@ def phase(
     return {
         "submits": submits,
         "gaps": gaps,
+        "small": small,
         "queries": queries,
         "viewed": viewed,
         "wall": time.perf_counter() - t0,
@@ -182,6 +197,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--load", choices=("queries", "pages"), default="queries")
     ap.add_argument("--pages", action="store_true", help="a phase of job page views too")
+    ap.add_argument("--clients", type=int, default=8, help="clients submitting at once")
     ap.add_argument(
         "--warmup", type=float, default=10.0, help="seconds of submits first, not counted"
     )
@@ -197,11 +213,11 @@ def main() -> None:
             out: dict[str, list[dict[str, Any]]] = {"idle": [], "loaded": [], "pages": []}
             kinds = ("idle", "loaded", "pages") if a.pages else ("idle", "loaded")
             if a.warmup > 0:  # the server's first seconds (its projection, its caches) apart
-                phase(serve, info, a.warmup, heavy=False)
+                phase(serve, info, a.warmup, heavy=False, clients=a.clients)
             for _ in range(a.rounds):
                 for kind in kinds:
                     heavy = kind == "loaded"
-                    r = phase(serve, info, a.seconds, heavy, a.load, pages=kind == "pages")
+                    r = phase(serve, info, a.seconds, heavy, a.load, kind == "pages", a.clients)
                     out[kind].append(r)
                     q, v = r["queries"], r["viewed"]
                     print(
@@ -209,7 +225,9 @@ def main() -> None:
                         f"p99 {p(r['submits'], 99) * 1e3:.0f} ms; cycle gap p50 "
                         f"{p(r['gaps'], 50) * 1e3:.0f} / p95 {p(r['gaps'], 95) * 1e3:.0f} / max "
                         f"{max(r['gaps'], default=0) * 1e3:.0f} ms; server CPU {r['cpu']:.1f} s in "
-                        f"{r['wall']:.1f} s wall; load {r['load']:.1f}"
+                        f"{r['wall']:.1f} s wall; load {r['load']:.1f}; another person's "
+                        f"5-row reads p50 {p(r['small'], 50) * 1e3:.0f} / max "
+                        f"{max(r['small'], default=0) * 1e3:.0f} ms"
                         + (
                             f"; {len(q)} {a.load} ({sum(s == 200 for s, _ in q)} answered, "
                             f"{sum(s == 400 for s, _ in q)} stopped at the time limit, "
@@ -232,7 +250,7 @@ def main() -> None:
         finally:
             serve.stop()
     pooled = {
-        kind: {k: [x for r in rs for x in r[k]] for k in ("submits", "gaps")}
+        kind: {k: [x for r in rs for x in r[k]] for k in ("submits", "gaps", "small")}
         for kind, rs in out.items()
     }
     idle = pooled["idle"]
@@ -241,9 +259,10 @@ def main() -> None:
         sub = p(got["submits"], 99) / p(idle["submits"], 99)
         gap = p(got["gaps"], 50) / p(idle["gaps"], 50)
         gap95 = p(got["gaps"], 95) / p(idle["gaps"], 95)
+        small = p(got["small"], 99) / p(idle["small"], 99)
         print(
             f"submit p99 {kind}/idle {sub:.2f}x; cycle interval p50 {kind}/idle {gap:.2f}x, p95 "
-            f"{gap95:.2f}x (goal: within 2x)"
+            f"{gap95:.2f}x (goal: within 2x); another person's 5-row read p99 {small:.2f}x"
         )
 
 

@@ -321,6 +321,7 @@ def log(store: Store, f: v.LogFilter, viewer: Viewer | None) -> list[v.LogEntry]
     ]
     if viewer is None:
         return out
+    before = history.log_page(store.con, out[0].position - 2, 1) if out else []
     out = [  # a token's hash is the server's to check, never a reader's to see
         msgspec.structs.replace(
             x, event=msgspec.structs.replace(x.event, secret_sha256=""), redacted=True
@@ -329,7 +330,12 @@ def log(store: Store, f: v.LogFilter, viewer: Viewer | None) -> list[v.LogEntry]
         else x
         for x in out
     ]
-    owners = {x.event.job_id: ("", "") for x in out if _private(x.event)}
+    earlier = [  # the event before the page: its link shows in the page's first
+        v.LogEntry(position=r.position, tag=r.tag, at=r.occurred_at, actor=r.actor, event=r.event)
+        for r in before
+        if out and r.position == out[0].position - 1
+    ]
+    owners = {x.event.job_id: ("", "") for x in [*earlier, *out] if _private(x.event)}
     owners.update(
         {
             x.event.job_id: (x.event.user, x.event.account)
@@ -341,12 +347,27 @@ def log(store: Store, f: v.LogFilter, viewer: Viewer | None) -> list[v.LogEntry]
     if unknown:
         owners.update(history.owners(store.con, unknown))
     hidden = {job_id for job_id, (u, a) in owners.items() if not viewer.sees(u, a)}
+    withheld = {  # events shown without their private fields: the next one's link hides too
+        x.position for x in [*earlier, *out] if _private(x.event) and x.event.job_id in hidden
+    }
     return [
-        msgspec.structs.replace(x, event=redact_event(x.event), redacted=True)
-        if _private(x.event) and x.event.job_id in hidden
-        else x
+        _unlinked(
+            msgspec.structs.replace(x, event=redact_event(x.event), redacted=True)
+            if x.position in withheld and x.event is not None
+            else x,
+            x.position - 1 in withheld,
+        )
         for x in out
     ]
+
+
+def _unlinked(x: v.LogEntry, hide: bool) -> v.LogEntry:
+    """`x` with its event's `prev_hash` empty when `hide`: the link hashes the previous event's
+    whole stored bytes, so shown beside that event redacted it would confirm a guess of its
+    private fields offline (docs/security.md, row T1)."""
+    if not hide or x.event is None:
+        return x
+    return msgspec.structs.replace(x, event=msgspec.structs.replace(x.event, prev_hash=""))
 
 
 def _private(ev: e.AnyEvent | None) -> TypeGuard[e.JobSubmitted | e.JobStarted | e.JobFinished]:

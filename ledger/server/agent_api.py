@@ -78,7 +78,7 @@ def agent_routes(
         request: Request[Any, Any, Any],
         node: Annotated[str, QueryParameter(name="node")],
         since: Annotated[str, QueryParameter(name="since")] = "",
-        wait: Annotated[float, QueryParameter(name="wait")] = 0.0,
+        wait: Annotated[float, QueryParameter(name="wait", ge=0, le=MAX_WAIT_S)] = 0.0,
     ) -> a.Assignment:
         """Every part the ledger runs on `node`; waits up to `wait` s while it equals `since`."""
         ex = executor_for(request, node)

@@ -131,7 +131,16 @@ def _http_error(_: Request[Any, Any, Any], err: HTTPException) -> Response[api.P
     return Response(body, status_code=err.status_code, media_type="application/problem+json")
 
 
-def _internal(_: Request[Any, Any, Any], err: Exception) -> Response[api.Problem]:
+def _internal(request: Request[Any, Any, Any], err: Exception) -> Response[api.Problem]:
+    if _store_away(err):  # a PostgreSQL store that does not answer: 503 in one line, not 500
+        return _ledger_error(
+            request,
+            Unavailable(
+                f"the store does not answer ({type(err).__name__})",
+                hint="retry; /v1/jobs, /v1/log, /v1/shares and /v1/usage answer from what is "
+                "folded",
+            ),
+        )
     body = api.Problem(
         title="internal",
         status=500,
@@ -139,6 +148,21 @@ def _internal(_: Request[Any, Any, Any], err: Exception) -> Response[api.Problem
         code="internal",
     )
     return Response(body, status_code=500, media_type="application/problem+json")
+
+
+def _store_away(err: BaseException) -> bool:
+    """Whether `err` says the store does not answer (psycopg's connection errors, a projection
+    whose source went away), itself or as the cause of another."""
+    from projections.errors import SourceUnavailable
+
+    while err is not None:
+        if isinstance(err, SourceUnavailable) or (
+            type(err).__module__.startswith("psycopg")
+            and type(err).__name__ in ("OperationalError", "InterfaceError")
+        ):
+            return True
+        err = err.__cause__  # type: ignore[assignment]
+    return False
 
 
 def error_response(err: Exception) -> Response[api.Problem]:

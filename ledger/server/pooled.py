@@ -186,13 +186,24 @@ async def answer(
             with contextlib.suppress(Exception):
                 cursor.execute("ROLLBACK")
 
+    big = is_big(name, args)
     try:
-        at, data = await pool.run(viewer, stopped(f"the {name} read", run), read=True)
+        at, data = await pool.run(viewer, stopped(f"the {name} read", run), read=True, big=big)
     except _Behind:
         seen, _position = await on_worker
         ready = True
-        at, data = await pool.run(viewer, stopped(f"the {name} read", run), read=True)
+        at, data = await pool.run(viewer, stopped(f"the {name} read", run), read=True, big=big)
     return data, at
+
+
+def is_big(name: str, args: Any) -> bool:
+    """Whether a read is a page of more than a part (`PART` rows) of `jobs` or `log`: it runs in
+    the read pool's lane for big reads, so small reads never wait behind it (T5)."""
+    if name not in PAGED:
+        return False
+    size = getattr(args, "tail", None) if name == "log" else None
+    size = size if size is not None else getattr(args, "limit", None)
+    return size is None or size > PART
 
 
 PAGED = frozenset({"jobs", "log"})

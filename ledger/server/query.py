@@ -11,9 +11,11 @@ new route cannot be forgotten):
 - only the names the route declares (an unknown one is refused, naming those it knows);
 - a name given once, unless the route takes a list of it (`job_ids=1&job_ids=2`);
 - each value in its type's own text and nothing looser: an integer is decimal digits (not
-  `5.0`, `1e3` or `0x10`), a number is a finite decimal (not `nan` or `inf`), a boolean is
-  `true` or `false` (`True`/`False` too: what Python's `urlencode` writes), and the bounds the
-  route declares hold.
+  `5.0`, `1e3` or `0x10`, nor with a leading zero: `05`), a number is a finite decimal (not
+  `nan` or `inf`, nor `05.5`), a boolean is exactly `true` or `false`, and the bounds the route
+  declares hold (`wait` of the agents' poll included);
+- an integer path parameter (`/ui/api/job/{id}`, `/ui/api/decision/{position}`) is within 0 and
+  2^62.
 
 A query that fails is one problem+json line, 400 `invalid`, naming the parameter; an
 unidentified caller of a route that needs an identity gets 401 first, as with bodies. The
@@ -47,9 +49,13 @@ _RESERVED = frozenset(
 )
 """Handler parameters the framework fills from elsewhere than the query string."""
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_INT = re.compile(r"-?[0-9]{1,19}")
-_FLOAT = re.compile(r"-?(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE][-+]?[0-9]{1,3})?")
-_BOOL = frozenset({"true", "false", "True", "False"})
+_INT = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")
+_FLOAT = re.compile(
+    r"-?(?:(?:0|[1-9][0-9]{0,19})(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE][-+]?[0-9]{1,3})?"
+)
+_BOOL = frozenset({"true", "false"})
+MAX_PATH_INT = 2**62
+"""The largest integer a path parameter may hold (a job id, a log position)."""
 _PATH_PARAM = re.compile(r"\{(\w+)(?::\w+)?\}")
 
 
@@ -236,7 +242,8 @@ def check(schema: Schema, pairs: list[tuple[str, str]], where: str) -> None:
         if not _form_ok(param.text, value):
             article = "an" if param.text == "int" else "a"
             word = {"int": "integer", "float": "finite number", "bool": "boolean"}[param.text]
-            spelled = {"int": "decimal digits", "float": "a decimal such as 1.5",
+            spelled = {"int": "decimal digits without a leading zero",
+                       "float": "a decimal such as 1.5",
                        "bool": "true or false"}[param.text]  # fmt: skip
             raise InvalidCommand(
                 f"query parameter {name!r} of {where} is not {article} {word}: {_shown(value)}",
@@ -286,6 +293,15 @@ class QueryGate:
         return got
 
     async def __call__(self, request: Any) -> None:
+        for name, value in request.path_params.items():
+            if isinstance(value, int) and not 0 <= value <= MAX_PATH_INT:
+                if self.schema(request.scope["route_handler"]).needs_caller:
+                    self.identify(request)
+                raise InvalidCommand(
+                    f"path parameter {name!r} of {request.method} "
+                    f"{request.scope.get('path', '')[:80]} is out of range",
+                    hint=f"give a whole number from 0 to {MAX_PATH_INT:,}",
+                )
         if request.method not in ("GET", "HEAD"):
             return
         raw: bytes = request.scope.get("query_string", b"")

@@ -98,14 +98,17 @@ class ReadPool:
     query; the time limit and the pages bound each one)."""
     _pool: ThreadPoolExecutor | None = None
     _pages: ThreadPoolExecutor | None = None
-    """The API's reads' threads, at the service's priority: their work is Python holding the
-    interpreter lock, and a thread the kernel leaves waiting (nice 10 on a busy machine) while
-    it holds the lock would stall the worker and the event loop behind it (priority
-    inversion); the audit queries' work is DuckDB's, without the lock, at nice 10. One thread,
-    busy at most a quarter of the time (`_rested` rests `rest` times as long as each read
-    took): the worker and the event loop always get the rest of the interpreter."""
-    _rest_until: float = 0.0
-    """When the API's reads' thread may take the next read (`_rested`)."""
+    _big: ThreadPoolExecutor | None = None
+    """The API's reads' threads (`_pages` for small reads, `_big` for pages of more than a part:
+    a person looping 10,000-row pages never holds another's 5-row read behind a page or its
+    rest), at the service's priority: their work is Python holding the interpreter lock, and a
+    thread the kernel leaves waiting (nice 10 on a busy machine) while it holds the lock would
+    stall the worker and the event loop behind it (priority inversion); the audit queries' work
+    is DuckDB's, without the lock, at nice 10. Each lane is one thread, busy at most a quarter
+    of the time (`_rested` rests `rest` times as long as each of its reads took): the worker
+    and the event loop always get at least half of the interpreter."""
+    _rest_until: dict[bool, float] = field(default_factory=dict)
+    """When each lane of the API's reads (big or not) may take its next read (`_rested`)."""
     _base: duckdb.DuckDBPyConnection | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _running: dict[str, int] = field(default_factory=dict)
@@ -119,6 +122,7 @@ class ReadPool:
             self.threads, thread_name_prefix="reads", initializer=self._lower_priority
         )
         self._pages = ThreadPoolExecutor(1, thread_name_prefix="pages")
+        self._big = ThreadPoolExecutor(1, thread_name_prefix="big-pages")
         # A read's Python holds the interpreter lock for up to the switch interval each time the
         # worker or the event loop wants it back (after every DuckDB call, every socket read):
         # 5 ms by default, which a submit pays dozens of times. 0.5 ms keeps them near idle.
@@ -130,7 +134,7 @@ class ReadPool:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
 
     def stop(self) -> None:
-        for pool in (self._pool, self._pages):
+        for pool in (self._pool, self._pages, self._big):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
         if self._base is not None:
@@ -172,10 +176,12 @@ class ReadPool:
         fn: Callable[[duckdb.DuckDBPyConnection, Limits], T],
         *,
         read: bool = False,
+        big: bool = False,
     ) -> T:
         """`fn(cursor, limits)` on a cursor of its own, on a thread of this pool, stopped at
         the time limit. `caller` is who asked (limited per caller); `read`: one of the API's
-        reads (`/v1/jobs`, `/v1/log`, ...: `reads_per_minute`), not an audit query."""
+        reads (`/v1/jobs`, `/v1/log`, ...: `reads_per_minute`), not an audit query; `big`: a
+        read of more than a part (`pooled.PART` rows), run in a lane of its own."""
         assert self._pool is not None, "ReadPool.start() first"
         self.admit(caller, time.monotonic(), self.reads_per_minute if read else None)
         self._running[caller] = self._running.get(caller, 0) + 1
@@ -188,7 +194,8 @@ class ReadPool:
                     base.close()
             loop = asyncio.get_running_loop()
             if read:
-                return await loop.run_in_executor(self._pages, self._rested, fn)
+                lane = self._big if big else self._pages
+                return await loop.run_in_executor(lane, self._rested, fn, big)
             return await loop.run_in_executor(self._pool, self._one, fn)
         finally:
             self._running[caller] -= 1
@@ -209,11 +216,11 @@ class ReadPool:
             timer.cancel()
             cur.close()
 
-    def _rested(self, fn: Callable[[duckdb.DuckDBPyConnection, Limits], T]) -> T:
-        """`_one` after the rest the previous read earned: `rest` times as long as it took
-        (holding no lock meanwhile). The rest is taken before the next read, not after this
-        one: an answer is not held back by its own rest."""
-        wait = self._rest_until - time.monotonic()
+    def _rested(self, fn: Callable[[duckdb.DuckDBPyConnection, Limits], T], big: bool) -> T:
+        """`_one` after the rest the previous read of its lane earned: `rest` times as long as
+        it took (holding no lock meanwhile). The rest is taken before the next read, not after
+        this one: an answer is not held back by its own rest."""
+        wait = self._rest_until.get(big, 0.0) - time.monotonic()
         if wait > 0:
             time.sleep(wait)
         began = time.monotonic()
@@ -221,7 +228,7 @@ class ReadPool:
             return self._one(fn)
         finally:
             took = self.rest * (time.monotonic() - began)
-            self._rest_until = time.monotonic() + min(took, self.limits.timeout_s)
+            self._rest_until[big] = time.monotonic() + min(took, self.limits.timeout_s)
 
     def _interrupt(self, cur: duckdb.DuckDBPyConnection) -> None:
         self.timed_out += 1

@@ -50,6 +50,11 @@ _WAKE = _Task(None, None)
 """Tells the worker thread the log moved (its idle work waits for the next quiet moment)."""
 
 
+READ_WAIT_S = 8.0
+"""The longest a read waits for the worker thread on a PostgreSQL store (then 503): every read
+answers within 10 s while PostgreSQL is down (docs/security.md, row T5)."""
+
+
 @dataclass
 class Worker:
     service: ServiceLoop
@@ -159,7 +164,21 @@ class Worker:
             raise Unavailable("the server is stopping and takes no more writes", hint="retry")
         if write:
             self._check_leading()
-        return await self._submit(_Task(*self._future(), call=fn))
+        task = _Task(*self._future(), call=fn)
+        if write or self.service.ledger.dsn is None:
+            return await self._submit(task)
+        # a PostgreSQL store that went away keeps the worker waiting on it (a cycle, a follow,
+        # a connection's timeout): a read is answered 503 in one line past `READ_WAIT_S`, never
+        # left hanging (it still runs when the worker gets to it; nothing is lost)
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._submit(task)), READ_WAIT_S)
+        except TimeoutError:
+            raise Unavailable(
+                f"the server's worker did not get to this read within {READ_WAIT_S:g} s (it "
+                "waits on the store: PostgreSQL does not answer?)",
+                hint="retry; /v1/jobs, /v1/log, /v1/shares and /v1/usage answer from what is "
+                "folded",
+            ) from None
 
     def _check_leading(self) -> None:
         if self.ha is not None and self.ha.unreachable is not None:

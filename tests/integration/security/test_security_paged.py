@@ -6,6 +6,7 @@ while a write is under way, never longer than `GIVE_WAY_S`."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from ledger.store.embedded import EmbeddedSource
 from projections.projector import Projector
 from projections.store import Store
 from schemas import commands as c
+from schemas import events as e
 from schemas import views as v
 
 
@@ -180,3 +182,59 @@ def test_a_part_waits_on_the_writes_event_and_goes_on_when_they_end(store: Any) 
     assert rows == again and len(rows) == 900
     assert waited >= 2 * pooled.GIVE_WAY_S
     assert quiet < waited + 30  # bounded either way; the quiet read never waited on the event
+
+
+def _guess_confirms(entry: v.LogEntry, command: tuple[str, ...], nxt: v.LogEntry) -> bool:
+    """The outside tester's oracle (finding F4): the shown event rebuilt with a guessed command,
+    linked as the chain links it, compared with the next event's `prev_hash`."""
+    from projections import chain
+
+    assert entry.event is not None and nxt.event is not None
+    guess = msgspec.structs.replace(entry.event, command=command)  # type: ignore[call-arg]
+    return chain.link(entry.position, entry.tag, msgspec.json.encode(guess)) == (
+        nxt.event.prev_hash
+    )
+
+
+@pytest.mark.parametrize("part", [7, 500])
+def test_the_link_after_a_withheld_event_does_not_confirm_a_guess_of_it(
+    store: Any, part: int
+) -> None:
+    """For root the oracle confirms dan's true command (so it is a real oracle); for alice, who
+    may not see dan's jobs, no entry after one of dan's withheld events shows its link, in every
+    page and at every part's edge, so the true command is never confirmed (docs/security.md,
+    row T1)."""
+    args = v.LogFilter(after=0, limit=10_000)
+    seen = State(admins={"root"})
+
+    def page(viewer: str) -> list[v.LogEntry]:
+        handles = pooled.PooledHandles(store.con, viewer, seen, lambda: 1e9)
+        old = pooled.PART
+        pooled.PART = part
+        try:
+            raw = b"[" + b",".join(pooled.paged("log", READS["log"], handles, args, lambda: False))
+        finally:
+            pooled.PART = old
+        return msgspec.json.decode(raw + b"]", type=list[v.LogEntry])
+
+    full, seen_by_alice = page("root"), page("alice")
+    truth = {x.position: x for x in full}
+    confirmed = withheld = 0
+    for x, nxt in itertools.pairwise(seen_by_alice):
+        if not (x.redacted and isinstance(x.event, e.JobSubmitted)):
+            continue
+        withheld += 1
+        command = truth[x.position].event.command  # type: ignore[union-attr]
+        assert command and not x.event.command
+        assert _guess_confirms(truth[x.position], command, truth[nxt.position])  # a real oracle
+        assert nxt.event is not None and nxt.event.prev_hash == ""
+        confirmed += _guess_confirms(x, command, nxt)
+    assert withheld >= 300 and confirmed == 0, (withheld, confirmed)
+    for x in seen_by_alice:  # a page that begins right after a withheld event hides its link too
+        if x.redacted and isinstance(x.event, e.JobSubmitted):
+            first = reads.log(store, v.LogFilter(after=x.position, limit=1),
+                              reads.Viewer("alice", seen))  # fmt: skip
+            assert first and first[0].event is not None and first[0].event.prev_hash == ""
+            break
+    shown = [x for x in seen_by_alice if x.event is not None and x.event.prev_hash]
+    assert len(shown) > len(seen_by_alice) // 3  # the others' links stay shown

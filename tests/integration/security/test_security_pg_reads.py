@@ -166,3 +166,61 @@ def test_with_postgresql_down_reads_answer_at_once_from_what_is_folded(world: Wo
     status, headers, tail, _t = world.get("/v1/log?tail=1")
     assert status == 200 and int(headers["x-gpuledger-position"]) >= got["position"] > folded
     assert tail[-1]["position"] >= got["position"]
+
+
+def test_with_postgresql_down_every_get_route_answers_within_ten_seconds(world: World) -> None:
+    """Every GET route of the app (found in its source, as the query gate's test finds them),
+    asked while PostgreSQL is stopped for real, answers within 10 s: from what is folded, or 503
+    in one line when it needs the worker thread and the worker waits on the store; never a 500,
+    never a hang (finding F5). Asked all at once, by three people (a 429 is an answer too)."""
+    from tests.integration.security.test_security_query import get_routes
+
+    routes = [path for path, _schema in get_routes()]
+    assert len(routes) >= 30, routes
+    status, _h, _body, _t = world.get("/v1/jobs?limit=5")
+    assert status == 200
+    world.pg("down")
+    answers: dict[str, tuple[int, Any, float]] = {}
+    lock = threading.Lock()
+
+    def ask(i: int, path: str) -> None:
+        who = ("alice", "bob", "root")[i % 3]
+        conn = http.client.HTTPConnection("127.0.0.1", world.server.port, timeout=60)
+        began = time.monotonic()
+        try:
+            conn.request("GET", path, headers={"Authorization": f"Bearer {world.tokens[who]}"})
+            resp = conn.getresponse()
+            raw = resp.read()
+            status, took = resp.status, time.monotonic() - began
+            body: Any = json.loads(raw) if "json" in (resp.getheader("content-type") or "") else ""
+        except OSError as err:  # no answer within the minute
+            status, body, took = -1, repr(err), 99.0
+        finally:
+            conn.close()
+        with lock:
+            answers[path] = (status, body, took)
+
+    try:
+        for _round in range(2):  # the second round after the worker has met the store away
+            threads = [threading.Thread(target=ask, args=(i, p)) for i, p in enumerate(routes)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+            answers = {p: got for p, got in answers.items() if p in routes}
+            wrong = {
+                path: (status, body if status >= 500 else "", round(took, 1))
+                for path, (status, body, took) in answers.items()
+                if took >= 10 or status == -1 or (status >= 500 and status != 503)
+            }
+            assert not wrong, (wrong, world.server.log_path.read_text()[-3000:])
+            assert set(answers) == set(routes), set(routes) - set(answers)  # none left hanging
+            for status, body, _took in answers.values():
+                if status == 503:
+                    assert body["code"] == "unavailable" and "\n" not in body["detail"], body
+    finally:
+        world.pg("up")
+    deadline = time.monotonic() + 120  # back: the worker's reads answer again
+    while world.get("/v1/queue?limit=2")[0] != 200:
+        assert time.monotonic() < deadline
+        time.sleep(1)

@@ -5,6 +5,7 @@ line each (docs/security.md, row T5)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import duckdb
@@ -72,3 +73,47 @@ def test_a_result_is_stopped_at_its_row_limit() -> None:
     with pytest.raises(InvalidCommand, match="larger than 10,000 rows: it was stopped"):
         run(p, "SELECT * FROM t a, t b")
     assert run(pool(), "SELECT count(*) AS n FROM t").to_pylist() == [{"n": 3000}]
+
+
+def test_a_persons_small_reads_never_wait_behind_anothers_big_pages() -> None:
+    """Alice loops big pages (each holds its thread `BIG_S`, then earns a rest three times as
+    long); bob's small reads meanwhile answer in far less than one of her pages: they run in
+    their own lane, neither behind her page nor behind its rest (finding F3)."""
+    big_s = 0.6
+
+    def page(con: Any, lim: Any) -> int:
+        time.sleep(big_s)
+        return 1
+
+    def small(con: Any, lim: Any) -> int:
+        return int(con.execute("SELECT count(*) FROM t WHERE i < 5").fetchone()[0])
+
+    async def go() -> tuple[list[float], int]:
+        p = pool(per_caller=2, rest=3.0).start()
+        try:
+            stop = asyncio.Event()
+            pages = 0
+
+            async def alice() -> None:
+                nonlocal pages
+                while not stop.is_set():
+                    await p.run("alice", page, read=True, big=True)
+                    pages += 1
+
+            loop_ = asyncio.ensure_future(alice())
+            await asyncio.sleep(0.1)  # her first page is under way
+            took = []
+            for _ in range(8):
+                began = time.monotonic()
+                assert await p.run("bob", small, read=True) == 5
+                took.append(time.monotonic() - began)
+                await asyncio.sleep(0.25)
+            stop.set()
+            await loop_
+            return took, pages
+        finally:
+            p.stop()
+
+    took, pages = asyncio.run(go())
+    assert pages >= 1, pages
+    assert max(took) < big_s, took  # never one of her pages (nor its rest) in front of his read
