@@ -777,7 +777,7 @@ def test_a_deposed_leader_s_executor_neither_submits_nor_cancels(tmp_path: Path)
         calls.append(args)
         return "41\n" if args[0] == "sbatch" else ""  # Slurm lists no job
 
-    ex = Executor("gpuledger", LID, tmp_path, may_act=lambda: leading)
+    ex = Executor("gpuledger", LID, tmp_path, may_act=lambda: leading, run_as="service")
     ex._run = run  # type: ignore[method-assign]
     orders = Orders(launches=(launch(GpuSlot(node="vm", gpu_indices=(0,))),), epoch=3)
     assert ex.carry_out(orders, 100.0) == ()
