@@ -178,6 +178,44 @@ def test_a_run_slurm_cannot_launch_is_launch_failed_and_never_started(ledger: Le
         ledger.stop()
 
 
+def test_a_working_directory_it_cannot_enter_is_launch_failed_with_why(ledger: Ledger) -> None:
+    """Issue 23's note: its output elsewhere, a job whose working directory its user may not
+    enter (root's, 0700), or which was removed after the submission (while the job waited on a
+    dependency), never runs (Slurm would start it in /tmp): it was recorded `failed` with exit
+    127 and a start. It ends `launch_failed`, no start, no exit code, and `explain` says why in
+    one line, as on the node agents (test_sbatch_like.py)."""
+    with os_user("glcd", groups=0) as user:
+        ledger.cli("member", "add", user.name, "ai2/olmo")
+        closed = ledger.work / "closed-cd"  # root's, 0700: the user may not enter it
+        closed.mkdir(mode=0o700)
+        gone, go = user.home / "gone", user.home / "go"
+        gone.mkdir()
+        os.chown(gone, user.uid, user.gid)
+        ledger.up(run_as="submitter")
+        out = ["-o", f"{user.home}/o-%j.out"]  # an output file the user can open
+        (first,) = submit_as(ledger, user, user.home, "--", "sh", "-c",
+                             f"while [ ! -e {go} ]; do sleep 0.2; done")  # fmt: skip
+        (no_entry,) = submit_as(ledger, user, user.home, "-D", str(closed), *out, "--", "true")
+        (removed,) = submit_as(ledger, user, gone, *out, f"--dependency=afterany:{first}",
+                               "--", "true")  # fmt: skip
+        gone.rmdir()  # after the submission, before its launch
+        go.touch()
+        ended = (no_entry, removed)
+        ledger.wait("both to end", lambda: all(status(ledger, j) == "finished" for j in ended))
+        rows = ledger.jobs()
+        for job, where in [(no_entry, closed), (removed, gone)]:
+            row = rows[job]
+            assert (row["finish_reason"], row["exit_code"], row["started_at"]) == (
+                "launch_failed", None, None,
+            ), row  # fmt: skip
+            why = f"cannot enter the working directory {where}"
+            assert row["finish_note"] == why, row
+            assert ledger.of("job.started.v1", job) == []
+            said = [ln for ln in ledger.cli("explain", str(job)).splitlines() if why in ln]
+            assert len(said) == 1 and "could not be started" in said[0], said
+        ledger.stop()
+
+
 def slurm_start(led: Ledger, slurm_id: str) -> float:
     """Slurm's StartTime of a job, as `scontrol` shows it (whole seconds, local time)."""
     from ledger.engines.slurm.words import parse_jobs
