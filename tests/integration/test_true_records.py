@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 
 from tests.integration import test_node_agents as agents
@@ -22,7 +23,9 @@ def test_agent_drain_inside_a_contract_is_maintenance_the_audit_allows(cluster: 
     """F9: the job (1 h contract, not resumable) is stopped by `agent --drain` of its node:
     `audit check` finds no violation and lists the drain as allowed; `explain` says the node
     was drained for maintenance, not "an admin preemption"; `jobs` keeps its placement time
-    and its exit code."""
+    and its exit code. Issue 23's note: it is recorded as the node's drain, not a preemption
+    (no `job.preempted.v1`, which would also end its charge when it was recorded): it ends
+    `preempted` at its run's real end, and `report preemptions` counts none."""
     c = cluster
     job = c.submit(2, "echo $$; exec sleep 120")
     j = c.wait_status(job, "running")
@@ -35,11 +38,18 @@ def test_agent_drain_inside_a_contract_is_maintenance_the_audit_allows(cluster: 
                        str(agents.GPUS), "--state-dir", str(ag.state), "--grace", "1s", "--drain",
                        GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
     assert f"drained node {node}: stopped 1 job(s)" in drain.stdout
+    stopped = time.time()  # the run ended before the drain command returned
     row = c.wait_status(job, "finished")
     assert row["finish_reason"] == "preempted", row
     assert row["placed_at"] is not None and row["exit_code"] is not None, row
+    assert row["preemptions"] == 0 and row["finished_at"] <= stopped, row
+    assert [ev for ev in c.events("job.preempted.v1") if ev["job_id"] == job] == []
+    report = json.loads(c.cli("report", "preemptions", "--since", "2000-01-01T00:00:00Z",
+                              "--json").stdout)  # fmt: skip
+    assert job not in {p["job_id"] for p in report["rows"]}, report
     explain = c.cli("explain", str(job)).stdout
     assert "drained for maintenance" in explain and "admin preemption" not in explain, explain
+    assert "was preempted" not in explain, explain
     c.server.stop(signal.SIGTERM)
     checked = audit_check(c)
     assert ": 0 violations" in checked, checked
