@@ -82,3 +82,29 @@ def test_afternotok_on_an_array_waits_for_every_task_through_the_server(tmp_path
         go.touch()
         served.server.stop()
         go.unlink()
+
+
+def test_a_working_directory_removed_before_the_launch_is_launch_failed_on_the_agents(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Issue 23's note, the node agents' twin of the Slurm test in test_slurm_world.py: a job
+    whose working directory was removed after its submission (while it waited on a
+    dependency), its output elsewhere, never runs: `launch_failed`, no start, no exit code,
+    and `explain` says why in one line."""
+    c = cluster
+    gone, go = tmp_path / "gone", tmp_path / "go"
+    gone.mkdir()
+    first = c.submit(1, f"while [ ! -e {go} ]; do sleep 0.2; done")
+    job = c.submit(1, "true", "-D", str(gone), "-o", str(tmp_path / "o-%j.out"),
+                   f"--dependency=afterany:{first}")  # fmt: skip
+    gone.rmdir()  # after the submission, before its launch
+    go.touch()
+    row = c.wait_status(job, "finished")
+    assert (row["finish_reason"], row["exit_code"], row["started_at"]) == (
+        "launch_failed", None, None,
+    ), row  # fmt: skip
+    why = f"cannot enter the working directory {gone}"
+    assert row["finish_note"] == why, row
+    assert [ev for ev in c.events("job.started.v1") if ev["job_id"] == job] == []
+    said = [ln for ln in c.cli("explain", str(job)).stdout.splitlines() if why in ln]
+    assert len(said) == 1 and "could not be started" in said[0], said
