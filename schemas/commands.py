@@ -281,6 +281,7 @@ class StartJob(JobCommand, frozen=True, kw_only=True, tag="job.start"):
     engine_job_id: Name = ""
     run: Count = 0
     gpus: Many[GpuSlot] = ()
+    """The GPUs the engine says the run got; none: the placement's (`JobEngineLinked.gpus`)."""
     started_at: Epoch | None = None
     """When the run really started, as the engine says (kept between the placement and now)."""
     parts: Annotated[tuple[RunPart, ...], LISTED] = ()

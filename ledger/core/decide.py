@@ -608,7 +608,7 @@ def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
                 engine=cmd.engine,
                 engine_job_id=cmd.engine_job_id,
                 run=cmd.run,
-                gpus=cmd.gpus,
+                gpus=cmd.gpus or job.slots,  # an engine that cannot say was asked for these
                 started_at=started,
                 parts=cmd.parts,
             )

@@ -607,7 +607,7 @@ class SlurmExecutor:
             ):  # RUNNING alone is not yet a start: Slurm may still fail the launch (N3)
                 r.started = True
                 r.started_at = j.start_time
-                gpus = run_gpus(j, self._pinned, r.launch)  # also once ended: Slurm's record
+                gpus = run_gpus(j, self._pinned)  # also once ended: Slurm's record
                 # charged from Slurm's real start (the ledger keeps it inside the placement)
                 self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
                                           started_at=j.start_time))  # fmt: skip
