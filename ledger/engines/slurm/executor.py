@@ -27,6 +27,7 @@ from ledger.engines.slurm.launching import (
     launch_failure,
     marked,
 )
+from ledger.engines.slurm.outputs import claim_outputs
 from ledger.engines.slurm.stops import Stopping, Tag, no_grace, run_gpus, stopped_end
 from ledger.engines.slurm.words import (
     ENDED,
@@ -359,6 +360,9 @@ class SlurmExecutor:
         out = job.stdout or str(self._default_log(job, who))
         err = job.stderr or ""
         r.logs = tuple(dict.fromkeys(p for p in (out, err) if p))
+        planted = claim_outputs(r.logs, who, self.timeout_s)  # slurmstepd would append to it
+        if planted:
+            raise _Refused(planted)
         args = ["sbatch", *sbatch_args(job, self.partition, out, who, self.ledger_id,
                                        self._pinned, err)]  # fmt: skip
         checkpoint = self._checkpoint_file(job.job_id, job.run, who)
