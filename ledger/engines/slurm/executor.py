@@ -310,9 +310,9 @@ class SlurmExecutor:
         if r.running_seen is None:
             r.running_seen = now
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        if marked(run_dir, CANNOT_ENTER):
-            return False
-        return marked(run_dir, LAUNCHED) or now - r.running_seen >= self.launch_confirm_s
+        if marked(run_dir, LAUNCHED):
+            return True
+        return not marked(run_dir, CANNOT_ENTER) and now - r.running_seen >= self.launch_confirm_s
 
     def _never_ran(self, r: _Run, j: SlurmJob) -> str:
         """Why an ended run's command never ran ("" if it did, or may have): Slurm could not
