@@ -537,6 +537,7 @@ def test_an_engine_run_is_linked_at_its_start_and_its_ending_recorded(
         job_id=1,
         engine="slurm",
         engine_job_id="41",
+        gpus=slots,  # the engine named none: the placement's, which it was asked for
     )
     ended = run(
         org_state,
