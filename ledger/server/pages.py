@@ -532,7 +532,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             raise TooBusy("a what-if is under way", hint="retry when it ends", retry_after=10)
         async with running:
             await worker.call(handles.store)  # the projection caught up
-            start = await pool.run(caller.actor, whatifs.period_start(end, ask.account))
+            start = whatifs.period_start(end)
             sim = await whatifs.simulate(handles.ledger.home, start, end, budgets, limit_s)
             # what happened up to `end`, all of it projected: the log caught up again (a cycle
             # that began before `end` may have appended since)
