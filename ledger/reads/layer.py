@@ -11,8 +11,8 @@ from the projection's read models, never from the folded write-side `State`; the
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeGuard
+from collections.abc import Callable, Hashable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeGuard, TypeVar
 
 import msgspec
 
@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load t
     from ledger.store.application import Ledger
     from projections.fairshare import DeliveredReport, TeamHour, UsagePolicy
     from projections.store import Store
+
+F = TypeVar("F")
 
 # --- identity ----------------------------------------------------------------------------------
 
@@ -428,8 +430,11 @@ DELIVERED_MAX_S = 3660 * 86400.0
 clock hour, so a window from 1970 to the year 3000 would be nine million hours per team."""
 
 
-def delivered(store: Store, start: float, end: float, team_depth: int) -> v.DeliveredView:
-    """Owed against delivered GPU-hours per team over [start, end) (at most `DELIVERED_MAX_S`)."""
+def delivered(
+    store: Store, start: float, end: float, team_depth: int, past: PastHours | None = None
+) -> v.DeliveredView:
+    """Owed against delivered GPU-hours per team over [start, end) (at most `DELIVERED_MAX_S`;
+    `past`: whole past hours kept, as `delivered_series` reads them)."""
     if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
         raise InvalidCommand("the report needs a positive, finite window", start=start, end=end)
     if end - start > DELIVERED_MAX_S:
@@ -440,8 +445,12 @@ def delivered(store: Store, start: float, end: float, team_depth: int) -> v.Deli
         )
     team_depth = check(team_depth, TeamDepth, "team depth")
     from projections import queries
+    from projections.fairshare import summarise
 
-    rep = queries.delivered_report(store, start, end, team_depth=team_depth)
+    if past is None:
+        rep = queries.delivered_report(store, start, end, team_depth=team_depth)
+    else:
+        rep = summarise(past.read(store, start, end, team_depth), start, end)
     return _delivered_view(rep, team_depth)
 
 
@@ -604,6 +613,40 @@ class PastHours:
         self.key: tuple[float, int] | None = None
         self.until = 0.0
         self.hours: list[TeamHour] = []
+        self._folds: dict[Hashable, tuple[int, Any]] = {}
+        """What `fold` made of the first n kept hours, by its key."""
+
+    def _reset(self, start: float, team_depth: int) -> None:
+        self.key, self.until, self.hours, self._folds = (start, team_depth), start, [], {}
+
+    def fold(
+        self,
+        key: Hashable,
+        hours: list[TeamHour],
+        new: Callable[[], F],
+        step: Callable[[F, TeamHour], None],
+        copy: Callable[[F], F],
+    ) -> F:
+        """`step` folded over `hours` into `new()`, in order. When `hours` begins with the kept
+        hours (what `read` gives for the span kept), their part is folded once and kept under
+        `key` (an ended hour never changes), and each read folds only the hours since and the
+        partial last hour: the same sums, in the same order, as folding them all."""
+        kept, n = self.hours, len(self.hours)
+        if not (n and len(hours) >= n and hours[0] is kept[0] and hours[n - 1] is kept[n - 1]):
+            out = new()
+            for h in hours:
+                step(out, h)
+            return out
+        done, state = self._folds.get(key, (0, None))
+        if state is None or done > n:
+            done, state = 0, new()
+        for h in kept[done:n]:
+            step(state, h)
+        self._folds[key] = (n, state)
+        out = copy(state)
+        for h in hours[n:]:
+            step(out, h)
+        return out
 
     def advance(
         self, store: Store, start: float, end: float, team_depth: int, step_s: float
@@ -615,7 +658,7 @@ class PastHours:
             return False
         cut = math.floor(end / 3600) * 3600
         if self.key != (start, team_depth) or self.until > cut:
-            self.key, self.until, self.hours = (start, team_depth), start, []
+            self._reset(start, team_depth)
         if self.until < cut:
             from projections import queries
 
@@ -632,19 +675,48 @@ class PastHours:
         return self.key != (start, team_depth) or self.until != cut
 
     def read(self, store: Store, start: float, end: float, team_depth: int) -> list[TeamHour]:
-        """The team hours of [start, end), as `queries.team_hours` gives them."""
+        """The team hours of [start, end), as `queries.team_hours` gives them: a window inside
+        the span kept (the 7 days of the teams page and /metrics, inside the whole period) from
+        the kept hours, only its partial first and last hours read."""
         from projections import queries
 
+        inside = self._inside(store, start, end, team_depth)
+        if inside is not None:
+            return inside
         cut = math.floor(end / 3600) * 3600
         if start % 3600 or cut <= start:
             return queries.team_hours(store, start, end, team_depth=team_depth)
         if self.key != (start, team_depth) or self.until > cut:
-            self.key, self.until, self.hours = (start, team_depth), start, []
+            self._reset(start, team_depth)
         if self.until < cut:
             self.hours += queries.team_hours(store, self.until, cut, team_depth=team_depth)
             self.until = cut
         tail = queries.team_hours(store, cut, end, team_depth=team_depth) if end > cut else []
         return self.hours + tail
+
+    def _inside(
+        self, store: Store, start: float, end: float, team_depth: int
+    ) -> list[TeamHour] | None:
+        """The team hours of [start, end) when the kept span covers its first whole hour (the
+        hours since read first); None otherwise (not read ahead yet, another depth, a window
+        before the kept span or one ending before the last read)."""
+        from projections import queries
+
+        first, cut = math.ceil(start / 3600) * 3600, math.floor(end / 3600) * 3600
+        if self.key is None or self.key[1] != team_depth or first >= cut:
+            return None
+        if not self.key[0] <= first <= self.until <= cut:
+            return None
+        if self.until < cut:
+            self.hours += queries.team_hours(store, self.until, cut, team_depth=team_depth)
+            self.until = cut
+        # each team's hours stay in hour order, as `team_hours` gives them
+        kept = self.hours if first <= self.key[0] else [h for h in self.hours if h.hour >= first]
+        head = (
+            queries.team_hours(store, start, first, team_depth=team_depth) if start < first else []
+        )
+        tail = queries.team_hours(store, cut, end, team_depth=team_depth) if end > cut else []
+        return head + kept + tail
 
 
 def delivered_series(
@@ -663,19 +735,30 @@ def delivered_series(
     if bucket_s < 3600 or bucket_s % 3600:
         raise InvalidCommand("the bucket is a whole number of hours", bucket_s=bucket_s)
     from projections import queries
-    from projections.fairshare import summarise
+    from projections.fairshare import summarise, tally
 
     team_depth = check(team_depth, TeamDepth, "team depth")
     if past is None:
+        past = PastHours()  # keeps nothing: `fold` folds every hour
         hours = queries.team_hours(store, start, end, team_depth=team_depth)
     else:
         hours = past.read(store, start, end, team_depth)
-    sums: dict[str, dict[float, list[float]]] = {}
-    for th in hours:  # the hour the window starts in (before `start`) is part of its first bucket
+
+    def bucket(sums: dict[str, dict[float, list[float]]], th: TeamHour) -> None:
+        # the hour the window starts in (before `start`) is part of its first bucket
         at = start + max(0.0, (th.hour - start) // bucket_s) * bucket_s
         cell = sums.setdefault(th.team, {}).setdefault(at, [0.0, 0.0])
         cell[0] += th.owed_gpu_h
         cell[1] += th.delivered_gpu_h
+
+    # the whole period's past hours are summed once (a long history holds ~10^5 team-hours)
+    sums = past.fold(
+        ("series", start, bucket_s), hours, dict, bucket,
+        lambda x: {t: {at: list(c) for at, c in cells.items()} for t, cells in x.items()},
+    )  # fmt: skip
+    acc = past.fold(
+        ("tally", start), hours, dict, tally, lambda x: {t: list(a) for t, a in x.items()}
+    )
     series = v.DeliveredSeriesView(
         start_at=start,
         end_at=end,
@@ -691,7 +774,7 @@ def delivered_series(
             for team, cells in sorted(sums.items())
         ],
     )
-    return _delivered_view(summarise(hours, start, end), team_depth), series
+    return _delivered_view(summarise((), start, end, acc), team_depth), series
 
 
 def gpu_map(ledger: LiveState, store: Store) -> list[v.GpuRow]:

@@ -62,8 +62,11 @@ class Worker:
     max_batch: int = 256
     accepting: bool = True
     _queue: queue.SimpleQueue[_Task | None] = field(default_factory=queue.SimpleQueue)
-    quiet_s: float = 0.05
-    """How long the log must stay still before `idle` hooks run (not between a burst's writes)."""
+    quiet_s: float = 0.5
+    """How long the log must stay still before `idle` hooks run: not between a burst's writes,
+    nor in the moment after an append, when the reads it prompts arrive (a page loaded after an
+    action): those would wait behind work done ahead that most of them do not need (the queue
+    preview costs ~0.1-0.3 s at 10k pending; a page that needs it computes it as soon)."""
     idle: list[Callable[[], bool | None]] = field(default_factory=list)
     """Run on the worker thread once the log has moved and then stayed still for `quiet_s`
     (the read cache computes the queue preview ahead of the first read); a hook that returns

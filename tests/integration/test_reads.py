@@ -291,11 +291,58 @@ def test_past_hours_read_ahead_in_steps_equal_one_reading(handles: Any) -> None:
     assert steps == 3  # 8 ended hours, 2 a step: 3 steps leave more, the 4th reads the last
     assert past.until == T0 + 5 * 3600
 
-    def busy(hours: list[Any]) -> list[Any]:  # a team's hours before it existed are all zero
-        return sorted((h for h in hours if h.capacity_gpu_h or h.demand_gpu_h), key=str)
-
     assert busy(past.read(store, start, end, 2)) == busy(whole) != []
     assert not past.advance(store, start, end, 2, 3600)  # nothing left: no more reading
+
+
+def test_a_window_inside_the_past_hours_kept_equals_one_reading(handles: Any) -> None:
+    """The 7-day windows of the teams page and /metrics (not on an hour) take their whole hours
+    from those kept for the whole period and read only their partial first and last hours:
+    the same hours, and the same report, as reading the window whole."""
+    from projections import queries
+    from projections.fairshare import summarise
+
+    _, store = handles
+    whole_start, end = T0 - 3 * 3600, T0 + 5 * 3600 + 1234
+    past = reads.PastHours()
+    past.read(store, whole_start, end, 2)
+    for start in (T0 - 2 * 3600 + 77, T0 + 1800.5, T0 - 3600):
+        direct = queries.team_hours(store, start, end, team_depth=2)
+        got = past.read(store, start, end, 2)
+        assert past.key == (whole_start, 2)  # the whole period kept, not read again
+        assert busy(got) == busy(direct) != []
+        assert summarise(got, start, end) == summarise(direct, start, end)
+    # a window starting before the kept span is read whole, the span kept as it was
+    early = T0 - 4 * 3600 + 5
+    direct = queries.team_hours(store, early, end, team_depth=2)
+    assert busy(past.read(store, early, end, 2)) == busy(direct)
+    assert past.key == (whole_start, 2)
+
+
+def test_the_whole_periods_series_folds_its_kept_hours_once_with_the_same_sums(
+    handles: Any,
+) -> None:
+    """The teams page's whole period sums the kept hours once (`PastHours.fold`) and then only
+    the hours since: the same series and report, to the last bit, as summing every hour."""
+    _, store = handles
+    start, past = T0 - 3 * 3600, reads.PastHours()
+    for end in (T0 + 2 * 3600 + 5, T0 + 2 * 3600 + 900, T0 + 5 * 3600 + 1234):
+        want = reads.delivered_series(store, start, end, 2, 3600.0)
+        assert reads.delivered_series(store, start, end, 2, 3600.0, past) == want
+        kept = len(past.hours)
+        assert [past._folds[k][0] for k in (("series", start, 3600.0), ("tally", start))] == [
+            kept,
+            kept,
+        ]
+        assert reads.delivered_series(store, start, end, 2, 3600.0, past) == want  # kept folds
+        assert reads.delivered_series(store, start, end, 2, 7200.0, past) == (
+            reads.delivered_series(store, start, end, 2, 7200.0)
+        )
+
+
+def busy(hours: list[Any]) -> list[Any]:
+    """The hours that say something (a team's hours before it existed are all zero)."""
+    return sorted((h for h in hours if h.capacity_gpu_h or h.demand_gpu_h), key=str)
 
 
 def test_queue_prints_times_not_scientific_notation(home: Path) -> None:
