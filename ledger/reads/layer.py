@@ -430,11 +430,8 @@ DELIVERED_MAX_S = 3660 * 86400.0
 clock hour, so a window from 1970 to the year 3000 would be nine million hours per team."""
 
 
-def delivered(
-    store: Store, start: float, end: float, team_depth: int, past: PastHours | None = None
-) -> v.DeliveredView:
-    """Owed against delivered GPU-hours per team over [start, end) (at most `DELIVERED_MAX_S`;
-    `past`: whole past hours kept, as `delivered_series` reads them)."""
+def delivered(store: Store, start: float, end: float, team_depth: int) -> v.DeliveredView:
+    """Owed against delivered GPU-hours per team over [start, end) (at most `DELIVERED_MAX_S`)."""
     if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
         raise InvalidCommand("the report needs a positive, finite window", start=start, end=end)
     if end - start > DELIVERED_MAX_S:
@@ -445,12 +442,8 @@ def delivered(
         )
     team_depth = check(team_depth, TeamDepth, "team depth")
     from projections import queries
-    from projections.fairshare import summarise
 
-    if past is None:
-        rep = queries.delivered_report(store, start, end, team_depth=team_depth)
-    else:
-        rep = summarise(past.read(store, start, end, team_depth), start, end)
+    rep = queries.delivered_report(store, start, end, team_depth=team_depth)
     return _delivered_view(rep, team_depth)
 
 
@@ -675,14 +668,9 @@ class PastHours:
         return self.key != (start, team_depth) or self.until != cut
 
     def read(self, store: Store, start: float, end: float, team_depth: int) -> list[TeamHour]:
-        """The team hours of [start, end), as `queries.team_hours` gives them: a window inside
-        the span kept (the 7 days of the teams page and /metrics, inside the whole period) from
-        the kept hours, only its partial first and last hours read."""
+        """The team hours of [start, end), as `queries.team_hours` gives them."""
         from projections import queries
 
-        inside = self._inside(store, start, end, team_depth)
-        if inside is not None:
-            return inside
         cut = math.floor(end / 3600) * 3600
         if start % 3600 or cut <= start:
             return queries.team_hours(store, start, end, team_depth=team_depth)
@@ -693,30 +681,6 @@ class PastHours:
             self.until = cut
         tail = queries.team_hours(store, cut, end, team_depth=team_depth) if end > cut else []
         return self.hours + tail
-
-    def _inside(
-        self, store: Store, start: float, end: float, team_depth: int
-    ) -> list[TeamHour] | None:
-        """The team hours of [start, end) when the kept span covers its first whole hour (the
-        hours since read first); None otherwise (not read ahead yet, another depth, a window
-        before the kept span or one ending before the last read)."""
-        from projections import queries
-
-        first, cut = math.ceil(start / 3600) * 3600, math.floor(end / 3600) * 3600
-        if self.key is None or self.key[1] != team_depth or first >= cut:
-            return None
-        if not self.key[0] <= first <= self.until <= cut:
-            return None
-        if self.until < cut:
-            self.hours += queries.team_hours(store, self.until, cut, team_depth=team_depth)
-            self.until = cut
-        # each team's hours stay in hour order, as `team_hours` gives them
-        kept = self.hours if first <= self.key[0] else [h for h in self.hours if h.hour >= first]
-        head = (
-            queries.team_hours(store, start, first, team_depth=team_depth) if start < first else []
-        )
-        tail = queries.team_hours(store, cut, end, team_depth=team_depth) if end > cut else []
-        return head + kept + tail
 
 
 def delivered_series(

@@ -408,12 +408,6 @@ class ServiceHandles:
         self.asked: dict[str, float] = {}
         """When each shared value was last asked for by a read (shared by the per-read copies
         `answer` makes)."""
-        from ledger.reads.layer import PastHours
-
-        self.past_hours = PastHours()
-        """The whole period's ended team hours, read ahead once (the teams page keeps them up to
-        date); the 7-day windows of the teams page and /metrics take their whole hours from
-        them (on the worker thread)."""
 
     def live_preview(self, *, ahead: bool = False) -> LivePreview:
         """The shared preview at the log's position (on the worker thread); `ahead`: computed

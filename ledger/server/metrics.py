@@ -314,9 +314,7 @@ def ledger_figures(handles: Any) -> LedgerFigures:
         usage = UsagePolicy(window_s=WEEK_S)  # as `gpuledger shares` and `usage` by default
         used = {r.name: r.usage_gpu_hours for r in reads.usage(store, now, "account", usage)}
         level = {r.account: r for r in reads.shares(store, now, usage)}
-        past = getattr(handles, "past_hours", None)  # the whole hours the teams page keeps
-        delivered = reads.delivered(store, now - WEEK_S, now, TEAM_DEPTH, past)
-        owed = {t.team: t for t in delivered.teams}
+        owed = {t.team: t for t in reads.delivered(store, now - WEEK_S, now, TEAM_DEPTH).teams}
         names = {a for a in level if a.count("/") == TEAM_DEPTH - 1} | set(owed)
         teams = [
             TeamFigures(

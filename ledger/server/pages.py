@@ -207,7 +207,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
 
         return Response(await worker.call(answer), media_type="application/json")
 
-    past: reads.PastHours = handles.past_hours  # the whole period's ended hours, read once
+    past = reads.PastHours()  # the whole period's ended hours, read once
 
     first_hour: list[float] = []  # the hour of the log's first event (it never changes)
 
@@ -252,7 +252,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             at = float(math.floor(handles.now()))  # whole seconds: `--at` of the CLI says it
             start = whole_period(at) if window == "all" else at - WEEK_S
             delivered, series = reads.delivered_series(
-                store, start, at, 2, bucket_for(at - start), past
+                store, start, at, 2, bucket_for(at - start), past if window == "all" else None
             )
             return TeamsView(
                 window=window,

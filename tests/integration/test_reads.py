@@ -295,30 +295,6 @@ def test_past_hours_read_ahead_in_steps_equal_one_reading(handles: Any) -> None:
     assert not past.advance(store, start, end, 2, 3600)  # nothing left: no more reading
 
 
-def test_a_window_inside_the_past_hours_kept_equals_one_reading(handles: Any) -> None:
-    """The 7-day windows of the teams page and /metrics (not on an hour) take their whole hours
-    from those kept for the whole period and read only their partial first and last hours:
-    the same hours, and the same report, as reading the window whole."""
-    from projections import queries
-    from projections.fairshare import summarise
-
-    _, store = handles
-    whole_start, end = T0 - 3 * 3600, T0 + 5 * 3600 + 1234
-    past = reads.PastHours()
-    past.read(store, whole_start, end, 2)
-    for start in (T0 - 2 * 3600 + 77, T0 + 1800.5, T0 - 3600):
-        direct = queries.team_hours(store, start, end, team_depth=2)
-        got = past.read(store, start, end, 2)
-        assert past.key == (whole_start, 2)  # the whole period kept, not read again
-        assert busy(got) == busy(direct) != []
-        assert summarise(got, start, end) == summarise(direct, start, end)
-    # a window starting before the kept span is read whole, the span kept as it was
-    early = T0 - 4 * 3600 + 5
-    direct = queries.team_hours(store, early, end, team_depth=2)
-    assert busy(past.read(store, early, end, 2)) == busy(direct)
-    assert past.key == (whole_start, 2)
-
-
 def test_the_whole_periods_series_folds_its_kept_hours_once_with_the_same_sums(
     handles: Any,
 ) -> None:
