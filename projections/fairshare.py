@@ -539,14 +539,28 @@ def team_of(path: str, team_depth: int) -> str | None:
     return "/".join(parts[:team_depth]) if len(parts) >= team_depth else None
 
 
-def summarise(rows: Iterable[TeamHour], start: float, end: float) -> DeliveredReport:
-    """Pure: per-team and overall measures from team-hours (both measures, labelled)."""
-    acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+Tally = dict[str, list[float]]
+"""Per team: owed, delivered and met GPU-hours summed so far (`tally`)."""
+
+
+def tally(acc: Tally, r: TeamHour) -> None:
+    """Pure: add one team-hour to the sums `summarise` reports (in place)."""
+    a = acc.get(r.team)
+    if a is None:
+        a = acc[r.team] = [0.0, 0.0, 0.0]
+    a[0] += r.owed_gpu_h
+    a[1] += r.delivered_gpu_h
+    a[2] += min(r.delivered_gpu_h, r.owed_gpu_h)
+
+
+def summarise(
+    rows: Iterable[TeamHour], start: float, end: float, acc: Tally | None = None
+) -> DeliveredReport:
+    """Pure: per-team and overall measures from team-hours (both measures, labelled); `acc`:
+    the rows tallied already (`tally`), `rows` then being none or the ones after them."""
+    acc = {} if acc is None else acc
     for r in rows:
-        a = acc[r.team]
-        a[0] += r.owed_gpu_h
-        a[1] += r.delivered_gpu_h
-        a[2] += min(r.delivered_gpu_h, r.owed_gpu_h)
+        tally(acc, r)
     teams = []
     for team in sorted(acc):
         owed, delivered, met = acc[team]

@@ -139,15 +139,19 @@ allocation AS (
     JOIN normed n ON n.account = array_to_string(str_split(t.team, '/')[1:k], '/')
     GROUP BY n.h, t.team
 ),
-spans AS (  -- (kind, key, gpus, lo, hi) clipped to [start, end)
+spans AS (  -- (kind, key, gpus, lo, hi) clipped to [start, end); only the ones inside it
+            -- (hi > lo): the rest are left out as they are read, not after
     SELECT 'delivered' AS kind, leaf AS key, gpus,
            greatest(start_at, $start::DOUBLE) AS lo,
            least(coalesce(end_at, $end::DOUBLE), $end::DOUBLE) AS hi
-    FROM job_intervals WHERE funded
+    FROM job_intervals
+    WHERE funded AND start_at < $end::DOUBLE AND (end_at IS NULL OR end_at > $start::DOUBLE)
     UNION ALL
     SELECT 'demand', leaf, gpus, greatest(submitted_at, $start::DOUBLE),
            least(coalesce(finished_at, $end::DOUBLE), $end::DOUBLE)
-    FROM jobs WHERE funded
+    FROM jobs
+    WHERE funded AND submitted_at < $end::DOUBLE
+      AND (finished_at IS NULL OR finished_at > $start::DOUBLE)
     UNION ALL
     SELECT 'capacity', node, gpus, greatest(changed_at, $start::DOUBLE),
            least(coalesce(next_at, $end::DOUBLE), $end::DOUBLE)

@@ -251,21 +251,6 @@ def last_at(con: Con) -> float | None:
     return None if at is None else float(at)
 
 
-def last_opened_at(con: Con, under: str | None = None, *, members: bool = True) -> float | None:
-    """When the last account (a program, project or member's leaf) was first opened (None:
-    none yet); `under`: only that account and those below it (`""`: every one); `members=False`:
-    members' leaves left out."""
-    where = "" if members else " AND coalesce(kind, '') <> 'user'"
-    if under:
-        where += " AND (account = $under OR starts_with(account, $below))"
-    row = con.execute(
-        "SELECT max(first) FROM (SELECT min(changed_at) AS first FROM account_history "
-        f"WHERE open{where} GROUP BY account)",
-        {"under": under, "below": f"{under}/"} if under else {},
-    ).fetchone()
-    return None if row is None or row[0] is None else float(row[0])
-
-
 def position_at(con: Con, at: float) -> int | None:
     """The log position the ledger stood at, at time `at`: the end of the longest prefix of the
     log whose events all happened at or before `at`; None when no event happened after `at`

@@ -30,8 +30,9 @@ if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load t
     from ledger.core.state import State
     from ledger.cycle.dispatcher import LiveState
     from ledger.store.application import Ledger
-    from projections.fairshare import DeliveredReport, TeamHour, UsagePolicy
+    from projections.fairshare import DeliveredReport, UsagePolicy
     from projections.store import Store
+
 
 # --- identity ----------------------------------------------------------------------------------
 
@@ -442,10 +443,10 @@ def delivered(store: Store, start: float, end: float, team_depth: int) -> v.Deli
     from projections import queries
 
     rep = queries.delivered_report(store, start, end, team_depth=team_depth)
-    return _delivered_view(rep, team_depth)
+    return delivered_view(rep, team_depth)
 
 
-def _delivered_view(rep: DeliveredReport, team_depth: int) -> v.DeliveredView:
+def delivered_view(rep: DeliveredReport, team_depth: int) -> v.DeliveredView:
     return v.DeliveredView(
         start_at=rep.start,
         end_at=rep.end,
@@ -593,105 +594,6 @@ def job(store: Store, job_id: int, now: float, viewer: Viewer | None) -> v.JobRo
     if not rows:
         raise UnknownEntity(f"no job {job_id}", job_id=job_id)
     return _seen(_job_rows(rows, now), viewer)[0]
-
-
-class PastHours:
-    """Team hours of whole hours already over, kept between reads (a server keeps one): an hour
-    that has ended never changes (events are appended at their own time, and each hour's owed
-    and delivered depend on that hour alone), so only the hours since the last read are read."""
-
-    def __init__(self) -> None:
-        self.key: tuple[float, int] | None = None
-        self.until = 0.0
-        self.hours: list[TeamHour] = []
-
-    def advance(
-        self, store: Store, start: float, end: float, team_depth: int, step_s: float
-    ) -> bool:
-        """Read at most `step_s` more of the ended hours of [start, end) ahead of `read`, so a
-        long history is read in short steps (a server's idle moments after it starts); True
-        while some remain."""
-        if not self.behind(start, end, team_depth):
-            return False
-        cut = math.floor(end / 3600) * 3600
-        if self.key != (start, team_depth) or self.until > cut:
-            self.key, self.until, self.hours = (start, team_depth), start, []
-        if self.until < cut:
-            from projections import queries
-
-            to = min(cut, self.until + max(3600.0, math.floor(step_s / 3600) * 3600))
-            self.hours += queries.team_hours(store, self.until, to, team_depth=team_depth)
-            self.until = to
-        return self.until < cut
-
-    def behind(self, start: float, end: float, team_depth: int) -> bool:
-        """Whether some ended hour of [start, end) is not read yet (without reading)."""
-        cut = math.floor(end / 3600) * 3600
-        if start % 3600 or cut <= start:
-            return False
-        return self.key != (start, team_depth) or self.until != cut
-
-    def read(self, store: Store, start: float, end: float, team_depth: int) -> list[TeamHour]:
-        """The team hours of [start, end), as `queries.team_hours` gives them."""
-        from projections import queries
-
-        cut = math.floor(end / 3600) * 3600
-        if start % 3600 or cut <= start:
-            return queries.team_hours(store, start, end, team_depth=team_depth)
-        if self.key != (start, team_depth) or self.until > cut:
-            self.key, self.until, self.hours = (start, team_depth), start, []
-        if self.until < cut:
-            self.hours += queries.team_hours(store, self.until, cut, team_depth=team_depth)
-            self.until = cut
-        tail = queries.team_hours(store, cut, end, team_depth=team_depth) if end > cut else []
-        return self.hours + tail
-
-
-def delivered_series(
-    store: Store,
-    start: float,
-    end: float,
-    team_depth: int,
-    bucket_s: float,
-    past: PastHours | None = None,
-) -> tuple[v.DeliveredView, v.DeliveredSeriesView]:
-    """Owed against delivered over [start, end) as `delivered` gives it, and per team in
-    buckets of `bucket_s` (a whole number of hours), from one reading of the team hours (whole
-    past hours from `past` when given)."""
-    if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
-        raise InvalidCommand("the series needs a positive, finite window", start=start, end=end)
-    if bucket_s < 3600 or bucket_s % 3600:
-        raise InvalidCommand("the bucket is a whole number of hours", bucket_s=bucket_s)
-    from projections import queries
-    from projections.fairshare import summarise
-
-    team_depth = check(team_depth, TeamDepth, "team depth")
-    if past is None:
-        hours = queries.team_hours(store, start, end, team_depth=team_depth)
-    else:
-        hours = past.read(store, start, end, team_depth)
-    sums: dict[str, dict[float, list[float]]] = {}
-    for th in hours:  # the hour the window starts in (before `start`) is part of its first bucket
-        at = start + max(0.0, (th.hour - start) // bucket_s) * bucket_s
-        cell = sums.setdefault(th.team, {}).setdefault(at, [0.0, 0.0])
-        cell[0] += th.owed_gpu_h
-        cell[1] += th.delivered_gpu_h
-    series = v.DeliveredSeriesView(
-        start_at=start,
-        end_at=end,
-        bucket_s=bucket_s,
-        teams=[
-            v.TeamSeries(
-                team=team,
-                points=[
-                    v.TeamPoint(at=at, owed_gpu_hours=o, delivered_gpu_hours=d)
-                    for at, (o, d) in sorted(cells.items())
-                ],
-            )
-            for team, cells in sorted(sums.items())
-        ],
-    )
-    return _delivered_view(summarise(hours, start, end), team_depth), series
 
 
 def gpu_map(ledger: LiveState, store: Store) -> list[v.GpuRow]:

@@ -167,6 +167,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
     """The page routes, the static files and the JSON endpoints of the dashboard (the job's
     decisions to replay are found in `pool`, off the worker thread)."""
     from ledger.dispatch import registry
+    from ledger.reads import hours
     from ledger.reads import layer as reads
     from ledger.reads import preview as previews
 
@@ -207,7 +208,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
 
         return Response(await worker.call(answer), media_type="application/json")
 
-    past = reads.PastHours()  # the whole period's ended hours, read once
+    past = hours.PastHours()  # the whole period's ended hours, read once
 
     first_hour: list[float] = []  # the hour of the log's first event (it never changes)
 
@@ -251,7 +252,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             store = handles.store()
             at = float(math.floor(handles.now()))  # whole seconds: `--at` of the CLI says it
             start = whole_period(at) if window == "all" else at - WEEK_S
-            delivered, series = reads.delivered_series(
+            delivered, series = hours.delivered_series(
                 store, start, at, 2, bucket_for(at - start), past if window == "all" else None
             )
             return TeamsView(
@@ -532,7 +533,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             raise TooBusy("a what-if is under way", hint="retry when it ends", retry_after=10)
         async with running:
             await worker.call(handles.store)  # the projection caught up
-            start = await pool.run(caller.actor, whatifs.period_start(end, ask.account))
+            start = whatifs.period_start(end)
             sim = await whatifs.simulate(handles.ledger.home, start, end, budgets, limit_s)
             # what happened up to `end`, all of it projected: the log caught up again (a cycle
             # that began before `end` may have appended since)

@@ -124,25 +124,12 @@ def may_ask(handles: Any, caller: Any, ask: WhatIfAsk) -> tuple[int, b.BudgetFil
     return acct.shares, budgets, end
 
 
-def period_start(end: float, account: str) -> Callable[[Any, Any], float]:
-    """In the read pool: where the what-if's period starts (whole seconds): the last 4 weeks
-    before `end` or, when an account under `account`'s parent (its siblings' subtrees, where a
-    share change is felt) was opened since, the second after that opening: the what-if starts
-    from the organisation as it stood at the period's start, and an account it lacks drops its
-    jobs. Members' leaves do not count (the what-if adds the members its submissions need);
-    accounts opened elsewhere do not shorten the period: their jobs drop from the what-if, a
-    note says which."""
-
-    def run(cursor: Any, _limits: Any) -> float:
-        from projections import history
-
-        parent = account.rsplit("/", 1)[0] if "/" in account else ""
-        opened = history.last_opened_at(cursor, parent, members=False)
-        if opened is None:
-            return end - REVIEW_S
-        return min(end - 1, max(end - REVIEW_S, float(math.ceil(opened))))
-
-    return run
+def period_start(end: float) -> float:
+    """Where the what-if's period starts: the last 4 weeks before `end` (whole seconds). The
+    changes of the organisation during the period (an account opened anywhere, members, shares)
+    are made again at their recorded times in the what-if (`ledger.sim.scenario`), so none
+    shortens it."""
+    return end - REVIEW_S
 
 
 def actual(start: float, end: float) -> Callable[[Any, Any], dict[str, wi.TeamMetrics]]:

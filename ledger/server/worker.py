@@ -62,12 +62,17 @@ class Worker:
     max_batch: int = 256
     accepting: bool = True
     _queue: queue.SimpleQueue[_Task | None] = field(default_factory=queue.SimpleQueue)
-    quiet_s: float = 0.05
-    """How long the log must stay still before `idle` hooks run (not between a burst's writes)."""
+    quiet_s: float = 0.5
+    """How long the log must stay still before `idle` hooks run: not between a burst's writes,
+    nor in the moment after an append, when the reads it prompts arrive (a page loaded after an
+    action): those would wait behind work done ahead that most of them do not need (the queue
+    preview costs ~0.1-0.3 s at 10k pending; a page that needs it computes it as soon)."""
     idle: list[Callable[[], bool | None]] = field(default_factory=list)
     """Run on the worker thread once the log has moved and then stayed still for `quiet_s`
     (the read cache computes the queue preview ahead of the first read); a hook that returns
-    True has more to do and is called again after the next `quiet_s`."""
+    True has more to do and is called again `again_s` later, while nothing is queued."""
+    again_s: float = 0.05
+    """The pause between the steps of idle work done in steps (a long history's team hours)."""
     _thread: threading.Thread | None = None
     _next_cycle: float = 0.0
     _moved_at: float | None = None
@@ -308,8 +313,8 @@ class Worker:
             except Exception:  # ahead-of-time work only: the read that needs it will say why
                 log.exception("idle work failed")
                 continue
-            if more:
-                self._moved_at = time.monotonic()
+            if more:  # again soon, not after a whole `quiet_s`: the log is still
+                self._moved_at = time.monotonic() - self.quiet_s + self.again_s
             if not self._queue.empty():
                 self._moved_at = time.monotonic()
                 break  # requests first; the rest at the next idle moment

@@ -2,39 +2,38 @@
 
 Steps (`run_whatif`):
 
-1. read the log (`scenario`, pure over its events): the organisation as of T1 (accounts, shares,
-   members, managers, nodes), the jobs active at T1 (carried over: submitted again at T1, a
-   running one with the work it had left), the submissions of [T1, T2) with their durations,
-   the cancellations and node changes of the period;
+1. read the log (`ledger.sim.scenario`, pure over its events): the organisation as of T1
+   (accounts, shares, members, managers, nodes), the jobs active at T1 (carried over: submitted
+   again at T1, a running one with the work it had left), the submissions of [T1, T2) with
+   their durations, the cancellations, and the organisation's and nodes' changes of the period;
 2. a fresh ledger in a temporary data directory, on a `SimClock` starting at T1: that
    organisation, then the new budgets (budgets as code: `ledger.core.budget.plan`), the nodes;
+   an account the budgets name that the period opens gets them at its opening;
 3. the loop: at each moment something can happen (a submission, a simulated exit, a
-   cancellation, a node change, the decision's `wake_at`, a periodic tick) append what is due
-   and run the real `Dispatcher` cycle (policy as recorded unless changed, fair-share ranks
-   from the simulator's incremental rank source over the same math as the projection);
+   cancellation, a recorded change, the decision's `wake_at`, a periodic tick) append what is
+   due and run the real `Dispatcher` cycle (policy as recorded unless changed, fair-share ranks
+   from the simulator's incremental rank source over the same math as the projection). The
+   recorded changes are made again at their times (a share change of an account the budgets
+   name is not: the budgets hold for the whole period), so the what-if of no change is what
+   happened;
 4. the same measures for what happened and for the what-if, per team: owed vs delivered (by
    period), waits (submission to first placement, of the jobs submitted in the period) and
    preemptions in the period (`team_metrics`, SQL over a projection of each ledger).
 
-Durations: the recorded `duration_s` when the submission carries one (simulated logs); else, for
-a job that ran to completion, the time it actually ran (its last placement to its finish, plus
-the work resumable jobs had saved by checkpoints before earlier preemptions); else unknown (the
-job runs until the period ends or it is cancelled at the recorded time).
+Durations: see `ledger.sim.scenario`.
 """
 
 from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
 from ledger.core import budget as b
-from ledger.core.evolve import evolve
-from ledger.core.state import State
 from ledger.cycle.dispatcher import CycleResult, Dispatcher, RankSource
 from ledger.dispatch import registry
 from ledger.dispatch.baselines import team_of
@@ -42,274 +41,33 @@ from ledger.dispatch.policy import Policy
 from ledger.history.compare import recorded_policy
 from ledger.sim.kernel import KernelExecutor, drive
 from ledger.sim.ranks import IncrementalRanks
+from ledger.sim.scenario import (
+    ADMIN,
+    Change,
+    Scenario,
+    Submission,
+    log_events,
+    scenario,
+    setup_commands,
+    team_fractions,
+)
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from ledger.store.locate import open_source
 from projections import history, queries
 from projections.fairshare import CHARGE_PLACEMENT, WEEK_S, UsagePolicy
 from projections.projector import Projector
-from projections.source import EventSource, follow
 from projections.store import Store
-from schemas import codec
 from schemas import commands as c
 from schemas import events as e
-from schemas.errors import InvalidCommand, LedgerError
+from schemas.errors import LedgerError
 from schemas.policy import settings
 
 SIM = "@whatif"
-ADMIN = "whatif-admin"
 POLICIES = registry.NAMES
 
 
-# --- 1. the scenario, read from the log (pure) --------------------------------------------------
-
-
-class Submission(msgspec.Struct, frozen=True, kw_only=True):
-    """A job to submit in the what-if, as recorded."""
-
-    at: float
-    original: int
-    """The job id in the recorded log."""
-    spec: e.JobSubmitted
-    duration_s: float | None
-    """Work to do (None: unknown, runs until cancelled or the period ends)."""
-    carried: bool = False
-    """Active at T1: submitted again at T1 (its waits are not counted)."""
-    cancel_at: float | None = None
-
-
-class NodeChange(msgspec.Struct, frozen=True, kw_only=True):
-    at: float
-    command: c.AnyCommand
-
-
-@dataclass
-class Scenario:
-    """What the log says about [start, end): the organisation at start and what came after."""
-
-    start: float
-    end: float
-    state: State
-    """The write-side state at `start` (the organisation, the nodes, the active jobs)."""
-    submissions: list[Submission] = field(default_factory=list)
-    node_changes: list[NodeChange] = field(default_factory=list)
-    decided: e.CycleDecided | None = None
-    """The last decision recorded before `end` (None: no decision): its policy is the
-    what-if's unless it names another."""
-
-
-@dataclass
-class _Run:
-    """One job's recorded life, for its duration."""
-
-    spec: e.JobSubmitted
-    placed_at: float | None = None
-    checkpoint_at: float | None = None
-    saved_s: float = 0.0
-    """Work kept by checkpoints before earlier preemptions (resumable jobs)."""
-    worked_s: float | None = None
-    """Set when the job completed: the time it actually ran to completion."""
-    cancelled_at: float | None = None
-
-    def work_at(self, t: float) -> float:
-        """Work done by time `t` (saved work plus the current placement's time)."""
-        current = 0.0 if self.placed_at is None else max(0.0, t - self.placed_at)
-        return self.saved_s + current
-
-    def duration(self) -> float | None:
-        if self.spec.duration_s is not None:
-            return float(self.spec.duration_s)
-        return self.worked_s
-
-
-def _track(runs: dict[int, _Run], ev: e.AnyEvent) -> None:
-    match ev:
-        case e.JobSubmitted():
-            runs[ev.job_id] = _Run(ev)
-        case e.JobPlaced():
-            r = runs[ev.job_id]
-            r.placed_at = r.checkpoint_at = ev.at
-        case e.CheckpointReported():
-            runs[ev.job_id].checkpoint_at = ev.at
-        case e.JobPreempted():
-            r = runs[ev.job_id]
-            if r.spec.resumable and r.placed_at is not None and r.checkpoint_at is not None:
-                r.saved_s += max(0.0, r.checkpoint_at - r.placed_at)
-            r.placed_at = None
-        case e.JobFinished():
-            r = runs[ev.job_id]
-            if ev.outcome in ("completed", "failed") and r.placed_at is not None:
-                r.worked_s = r.saved_s + (ev.at - r.placed_at)
-            elif ev.outcome == "cancelled":
-                r.cancelled_at = ev.at
-            r.placed_at = None
-        case _:
-            pass
-
-
-_NODE_COMMANDS = (
-    e.NodeRegistered,
-    e.NodeDrainRequested,
-    e.NodeReturned,
-    e.NodeRemoved,
-    e.NodeLost,
-)
-
-
-def _node_command(ev: e.AnyEvent) -> c.AnyCommand | None:
-    match ev:
-        case e.NodeRegistered():
-            return c.RegisterNode(
-                actor=ADMIN, node=ev.node, gpu_type=ev.gpu_type, gpus=ev.gpus, cluster=ev.cluster
-            )
-        case e.NodeDrainRequested():
-            return c.DrainNode(actor=ADMIN, node=ev.node, reason=ev.reason or "maintenance")
-        case e.NodeReturned():
-            return c.ReturnNode(actor=ADMIN, node=ev.node)
-        case e.NodeRemoved():
-            return c.RemoveNode(actor=ADMIN, node=ev.node, reason=ev.reason)
-        case e.NodeLost():
-            return c.MarkNodeLost(actor=ADMIN, node=ev.node, reason=ev.reason or "lost")
-        case _:
-            return None
-
-
-def scenario(events: Iterable[e.AnyEvent], start: float, end: float) -> Scenario:
-    """Pure: the scenario of [start, end) from a whole history (in log order). The organisation
-    is taken just before the first event after `start` (or the first submission at `start`), so
-    accounts and nodes set up at `start` itself belong to it."""
-    if not end > start:
-        raise InvalidCommand("a what-if needs --to after --from")
-    state = State()
-    runs: dict[int, _Run] = {}
-    at_start: State | None = None
-    carried: dict[int, float] = {}
-    """Carried job -> work done by `start`."""
-    submitted: list[int] = []
-    node_changes: list[NodeChange] = []
-    last: e.CycleDecided | None = None
-    for ev in events:
-        if at_start is None and (
-            ev.at > start or (ev.at == start and isinstance(ev, e.JobSubmitted))
-        ):
-            at_start = state.copy()
-            carried = {
-                j.job_id: runs[j.job_id].work_at(start) for j in state.jobs.values() if j.active
-            }
-        if ev.at >= end:
-            break
-        _track(runs, ev)
-        if at_start is not None:
-            if isinstance(ev, e.JobSubmitted):
-                submitted.append(ev.job_id)
-            elif isinstance(ev, _NODE_COMMANDS):
-                cmd = _node_command(ev)
-                if cmd is not None:
-                    node_changes.append(NodeChange(at=ev.at, command=cmd))
-        if isinstance(ev, e.CycleDecided):
-            last = ev
-        evolve(state, ev)
-    if at_start is None:
-        at_start = state.copy()
-        carried = {j.job_id: runs[j.job_id].work_at(start) for j in state.jobs.values() if j.active}
-    out: list[Submission] = []
-    for job_id, done in sorted(carried.items()):
-        run = runs[job_id]
-        total = run.duration()
-        out.append(
-            Submission(
-                at=start,
-                original=job_id,
-                spec=run.spec,
-                duration_s=None if total is None else max(0.0, total - done),
-                carried=True,
-                cancel_at=run.cancelled_at,
-            )
-        )
-    for job_id in submitted:
-        run = runs[job_id]
-        out.append(
-            Submission(
-                at=run.spec.at,
-                original=job_id,
-                spec=run.spec,
-                duration_s=run.duration(),
-                cancel_at=run.cancelled_at,
-            )
-        )
-    return Scenario(
-        start=start,
-        end=end,
-        state=at_start,
-        submissions=out,
-        node_changes=node_changes,
-        decided=last,
-    )
-
-
-def setup_commands(state: State) -> list[c.AnyCommand]:
-    """Pure: the commands that rebuild `state`'s organisation and nodes in a fresh ledger whose
-    admin is `ADMIN` (accounts parents first, members with their leaf shares, managers, admins,
-    nodes with their drains)."""
-    cmds: list[c.AnyCommand] = []
-    accounts = sorted(
-        (a for a in state.accounts.values() if a.open and a.kind != "user"),
-        key=lambda a: (a.path.count("/"), a.path),
-    )
-    for a in accounts:
-        cmds.append(
-            c.OpenAccount(
-                actor=ADMIN, path=a.path, kind=a.kind, shares=a.shares, reason="as recorded"
-            )
-        )
-    for project in sorted(state.members):
-        for user in sorted(state.members[project]):
-            leaf = state.accounts.get(f"{project}/{user}")
-            shares = leaf.shares if leaf is not None else 1
-            cmds.append(c.AddMember(actor=ADMIN, user=user, project=project, shares=shares))
-    for user in sorted(state.managers):
-        for account in sorted(state.managers[user]):
-            acct = state.accounts.get(account)
-            if acct is not None and acct.open:
-                cmds.append(c.GrantManager(actor=ADMIN, user=user, account=account))
-    for n in sorted(state.nodes.values(), key=lambda n: n.name):
-        if n.state == "removed":
-            continue
-        cmds.append(
-            c.RegisterNode(
-                actor=ADMIN, node=n.name, gpu_type=n.gpu_type, gpus=n.gpus, cluster=n.cluster
-            )
-        )
-        if n.state in ("draining", "drained"):
-            cmds.append(c.DrainNode(actor=ADMIN, node=n.name, reason=n.drain_reason or "drained"))
-        elif n.state == "lost":
-            cmds.append(c.MarkNodeLost(actor=ADMIN, node=n.name, reason=n.lost_reason or "lost"))
-    return cmds
-
-
 # --- 2-3. the simulation --------------------------------------------------------------------------
-
-
-def team_fractions(state: State, depth: int = 2) -> dict[str, float]:
-    """Pure: each team's fraction of the cluster (product of norm shares down the tree)."""
-    sibling: dict[str | None, int] = {}
-    for a in state.accounts.values():
-        if a.open:
-            sibling[a.parent] = sibling.get(a.parent, 0) + a.shares
-    out = {}
-    for a in state.accounts.values():
-        if not (a.open and a.path.count("/") == depth - 1):
-            continue
-        frac, path = 1.0, a.path
-        while True:
-            acct = state.accounts[path]
-            total = sibling.get(acct.parent, 0)
-            frac *= acct.shares / total if total else 0.0
-            if acct.parent is None:
-                break
-            path = acct.parent
-        out[a.path] = frac
-    return out
 
 
 @dataclass
@@ -341,7 +99,9 @@ class _Sim:
         seed: int,
     ) -> None:
         self.scen = scen
-        self.clock = SimClock(scen.start)
+        # the organisation is set up at the start of the period's first clock hour: owed hours
+        # take each hour's allocation as of the hour's start, as the recorded side's do
+        self.clock = SimClock(math.floor(scen.start / 3600.0) * 3600.0)
         self.ledger = Ledger(home, self.clock, seeded_ids(seed))
         self.home = home
         self.tick_s = tick_s
@@ -359,10 +119,16 @@ class _Sim:
         self.cycles = 0
         self._subs: list[Submission] = []
         self._cancels: list[tuple[float, int]] = []
-        self._nodes: list[NodeChange] = []
+        self._changes: list[Change] = []
+        self._budgets = budgets.accounts if budgets is not None else {}
+        self._dropped: set[str] = set()
+        """Accounts whose submissions dropped (noted once each)."""
+        self._added = 0
+        """Members added so that a recorded submission can run."""
         self._i = self._ci = self._ni = 0
         self._next_tick = scen.start
         self._setup(budgets)
+        self.clock.advance_to(scen.start)
         ranks: RankSource = IncrementalRanks(self.ledger, usage)
         self.dispatcher = Dispatcher(self.ledger, ranks, policy, self.executor, idle_record_s=None)
 
@@ -375,22 +141,74 @@ class _Sim:
         )
         self.ledger.execute_all(setup_commands(st))
         if budgets is not None:
-            changes = b.plan(self.ledger.state, budgets, ADMIN)
+            # an account the period opens gets the budgets at its opening (`_replay`)
+            later = {
+                ch.command.path for ch in self.scen.changes if isinstance(ch.command, c.OpenAccount)
+            }
+            now = {k: v for k, v in budgets.accounts.items() if k not in later or self._open(k)}
+            changes = b.plan(self.ledger.state, b.BudgetFile(accounts=now), ADMIN)
             if changes:
                 self.ledger.execute_all([ch.command for ch in changes])
-        # every user who submits must be a member of the project
-        need = sorted({(s.spec.account, s.spec.user) for s in self.scen.submissions})
+        self._observe()
+
+    def _open(self, account: str) -> bool:
+        acct = self.ledger.state.accounts.get(account)
+        return acct is not None and acct.open
+
+    def _budgeted(self, account: str) -> int | None:
+        """The shares the budgets give `account` for the whole period (None: as recorded)."""
+        spec = self._budgets.get(account)
+        if spec is not None:
+            return spec.shares
+        parent, _, user = account.rpartition("/")
+        spec = self._budgets.get(parent)
+        return spec.member_shares.get(user) if spec is not None else None
+
+    def _replay(self, change: Change) -> list[c.AnyCommand]:
+        """A recorded change, made again: with the budgets' shares where they give some (an
+        opening opens with them, a share change of such an account is not made: the budgets
+        hold for the whole period), and the budgets' people of an account the period opens."""
+        cmd = change.command
+        match cmd:
+            case c.OpenAccount() | c.AddMember():
+                path = cmd.path if isinstance(cmd, c.OpenAccount) else f"{cmd.project}/{cmd.user}"
+                shares = self._budgeted(path)
+                if shares is not None:
+                    cmd = msgspec.structs.replace(cmd, shares=shares)
+                return [cmd]
+            case c.SetShares() if self._budgeted(cmd.account) is not None:
+                self.notes.append(
+                    f"t={change.at:g}: the recorded shares {cmd.shares} of {cmd.account} not set: "
+                    f"the budgets give it {self._budgeted(cmd.account)}"
+                )
+                return []
+            case _:
+                return [cmd]
+
+    def _people(self, opened: Sequence[c.AnyCommand]) -> list[c.AnyCommand]:
+        """The budgets' members and managers of the accounts just opened (`_replay`)."""
+        paths = [x.path for x in opened if isinstance(x, c.OpenAccount) and x.path in self._budgets]
+        if not paths:
+            return []
+        file = b.BudgetFile(accounts={p: self._budgets[p] for p in paths})
+        return [ch.command for ch in b.plan(self.ledger.state, file, ADMIN)]
+
+    def _members(self, due: Sequence[Submission]) -> list[c.AnyCommand]:
+        """Members added so that the recorded submissions can run (the changes made again make
+        the recorded members: this is for what they could not make); an account that is not
+        open drops its jobs (noted once)."""
         adds: list[c.AnyCommand] = []
-        for account, user in need:
-            acct = self.ledger.state.accounts.get(account)
-            if acct is None or not acct.open:
-                self.notes.append(f"account {account} is not open in the what-if: its jobs drop")
+        for account, user in sorted({(s.spec.account, s.spec.user) for s in due}):
+            if not self._open(account):
+                if account not in self._dropped:
+                    self._dropped.add(account)
+                    self.notes.append(
+                        f"account {account} is not open in the what-if: its jobs drop"
+                    )
             elif user not in self.ledger.state.members.get(account, ()):
                 adds.append(c.AddMember(actor=ADMIN, user=user, project=account))
-        if adds:
-            self.ledger.execute_all(adds)
-            self.notes.append(f"{len(adds)} members added so that the recorded submissions can run")
-        self._observe()
+        self._added += len(adds)
+        return adds
 
     def _submit(self, s: Submission) -> c.SubmitJob:
         spec = s.spec
@@ -471,9 +289,13 @@ class _Sim:
         self._cancels = sorted(
             (s.cancel_at, s.original) for s in scen.submissions if s.cancel_at is not None
         )
-        self._nodes = sorted(scen.node_changes, key=lambda n: n.at)
+        self._changes = sorted(scen.changes, key=lambda n: n.at)  # stable: log order kept
         self._next_tick = scen.start
         self.cycles += drive(self, self.clock, self.dispatcher, self.executor, scen.end)
+        if self._added:
+            self.notes.append(
+                f"{self._added} members added so that the recorded submissions can run"
+            )
 
     # --- the kernel loop's questions (`kernel.drive`) -------------------------------------------
 
@@ -485,20 +307,23 @@ class _Sim:
             cands.append(self._subs[self._i].at)
         if self._ci < len(self._cancels):
             cands.append(self._cancels[self._ci][0])
-        if self._ni < len(self._nodes):
-            cands.append(self._nodes[self._ni].at)
+        if self._ni < len(self._changes):
+            cands.append(self._changes[self._ni].at)
         return cands
 
     def due(self, t: float) -> None:
+        # the recorded changes first: a submission may need an account opened at its time
+        changes: list[c.AnyCommand] = []
+        while self._ni < len(self._changes) and self._changes[self._ni].at <= t:
+            changes += self._replay(self._changes[self._ni])
+            self._ni += 1
+        self._execute(changes, ())
+        self._execute(self._people(changes), ())
         due: list[Submission] = []
         while self._i < len(self._subs) and self._subs[self._i].at <= t:
             due.append(self._subs[self._i])
             self._i += 1
-        cmds: list[c.AnyCommand] = [self._submit(s) for s in due]
-        while self._ni < len(self._nodes) and self._nodes[self._ni].at <= t:
-            cmds.append(self._nodes[self._ni].command)
-            self._ni += 1
-        self._execute(cmds, due)
+        self._execute([*self._members(due), *(self._submit(s) for s in due)], due)
         self._observe()
         cancel_cmds: list[c.AnyCommand] = []
         while self._ci < len(self._cancels) and self._cancels[self._ci][0] <= t:
@@ -790,10 +615,3 @@ def _settings_text(run: WhatIfRun) -> dict[str, str]:
     if run.usage.window_s != WEEK_S:
         out["window_s"] = repr(float(run.usage.window_s))
     return out
-
-
-def log_events(source: EventSource, page: int = 10_000) -> Iterator[e.AnyEvent]:
-    """Every event of a log, decoded, in order."""
-    for records in follow(source, page=page):
-        for rec in records:
-            yield codec.decode(rec.data)

@@ -131,6 +131,8 @@ def test_every_page_loads_without_a_console_error(served: Served, browser: Brows
         ("job", f"/ui/job?id={s.dash.job_b}", "#job-decisions"),
         ("nodes", "/ui/nodes", READY["nodes"]),
         ("decisions", f"/ui/decisions?position={position}", "#decision"),
+        ("preemptions", "/ui/preemptions", "#preempt-summary"),
+        ("budget", "/ui/budget", "#budget tbody tr"),
     ]
     for name, path, ready in visits:
         page.goto(base + path)

@@ -20,6 +20,7 @@ import pytest
 from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch.policy import FairShare
 from ledger.history.audit import check
+from ledger.reads import hours
 from ledger.reads import layer as reads
 from ledger.reads import preview as previews
 from ledger.sim.kernel import KernelExecutor
@@ -283,19 +284,42 @@ def test_a_short_page_of_the_queue_is_the_head_of_the_whole_queue(
 def test_past_hours_read_ahead_in_steps_equal_one_reading(handles: Any) -> None:
     _, store = handles
     start, end = T0 - 3 * 3600, T0 + 5 * 3600 + 1234
-    whole = reads.PastHours().read(store, start, end, 2)
-    past = reads.PastHours()
+    whole = hours.PastHours().read(store, start, end, 2)
+    past = hours.PastHours()
     steps = 0
     while past.advance(store, start, end, 2, 2 * 3600):
         steps += 1
     assert steps == 3  # 8 ended hours, 2 a step: 3 steps leave more, the 4th reads the last
     assert past.until == T0 + 5 * 3600
 
-    def busy(hours: list[Any]) -> list[Any]:  # a team's hours before it existed are all zero
-        return sorted((h for h in hours if h.capacity_gpu_h or h.demand_gpu_h), key=str)
-
     assert busy(past.read(store, start, end, 2)) == busy(whole) != []
     assert not past.advance(store, start, end, 2, 3600)  # nothing left: no more reading
+
+
+def test_the_whole_periods_series_folds_its_kept_hours_once_with_the_same_sums(
+    handles: Any,
+) -> None:
+    """The teams page's whole period sums the kept hours once (`PastHours.fold`) and then only
+    the hours since: the same series and report, to the last bit, as summing every hour."""
+    _, store = handles
+    start, past = T0 - 3 * 3600, hours.PastHours()
+    for end in (T0 + 2 * 3600 + 5, T0 + 2 * 3600 + 900, T0 + 5 * 3600 + 1234):
+        want = hours.delivered_series(store, start, end, 2, 3600.0)
+        assert hours.delivered_series(store, start, end, 2, 3600.0, past) == want
+        kept = len(past.hours)
+        assert [past._folds[k][0] for k in (("series", start, 3600.0), ("tally", start))] == [
+            kept,
+            kept,
+        ]
+        assert hours.delivered_series(store, start, end, 2, 3600.0, past) == want  # kept folds
+        assert hours.delivered_series(store, start, end, 2, 7200.0, past) == (
+            hours.delivered_series(store, start, end, 2, 7200.0)
+        )
+
+
+def busy(hours: list[Any]) -> list[Any]:
+    """The hours that say something (a team's hours before it existed are all zero)."""
+    return sorted((h for h in hours if h.capacity_gpu_h or h.demand_gpu_h), key=str)
 
 
 def test_queue_prints_times_not_scientific_notation(home: Path) -> None:
@@ -604,7 +628,7 @@ def test_a_series_starts_at_its_window_and_loses_no_hour(handles: Any) -> None:
     before the window, no partial first bucket), and every hour is counted once."""
     _, store = handles
     start, end = T0 + 1800.0, T0 + 7 * 3600.0
-    view, series = reads.delivered_series(store, start, end, 2, 2 * 3600.0)
+    view, series = hours.delivered_series(store, start, end, 2, 2 * 3600.0)
     points = [p for t in series.teams for p in t.points]
     assert points and min(p.at for p in points) == start, points
     assert sum(p.delivered_gpu_hours for p in points) == pytest.approx(

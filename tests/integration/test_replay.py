@@ -29,7 +29,8 @@ from ledger.history.replay import (
     replay_home,
 )
 from ledger.sim.kernel import KernelExecutor
-from ledger.sim.whatif import scenario, simulate
+from ledger.sim.scenario import scenario
+from ledger.sim.whatif import simulate
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from ledger.store.embedded import EmbeddedSource

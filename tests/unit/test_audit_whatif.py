@@ -6,12 +6,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
+import msgspec
+
 from ledger.core.decide import decide
 from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.cycle.executor import Launch, Orders, Start
 from ledger.sim.kernel import KernelExecutor
-from ledger.sim.whatif import scenario, setup_commands, team_fractions
+from ledger.sim.scenario import scenario, setup_commands, team_fractions
 from schemas import commands as c
 from schemas import events as e
 
@@ -100,7 +102,7 @@ def test_jobs_active_at_the_start_are_carried_with_the_work_left() -> None:
     scen = scenario(h.events, T0 + 300, T0 + 2_000)
     got = [(s.original, s.carried, s.duration_s, s.at, s.cancel_at) for s in scen.submissions]
     assert got == [(1, True, 700.0, T0 + 300, None), (2, True, 500.0, T0 + 300, T0 + 700)]
-    assert [type(n.command).__name__ for n in scen.node_changes] == ["DrainNode"]
+    assert [type(n.command).__name__ for n in scen.changes] == ["DrainNode"]
     assert scen.state.jobs[1].status == "running"
 
 
@@ -119,6 +121,49 @@ def test_the_organisation_is_rebuilt_by_commands() -> None:
         n: (x.gpus, x.state) for n, x in b.nodes.items()
     }
     assert team_fractions(a) == {"ai2/olmo": 0.75, "ai2/tulu": 0.25}
+
+
+def test_the_organisations_changes_of_the_period_are_the_commands_that_make_them_again() -> None:
+    """Each change is one command at its time (an opening with its shares, a member with its
+    leaf's shares, a removal without its leaf's closing), and the organisation at the start
+    plus those commands, decided again, is the recorded organisation at the end; a period from
+    before the ledger began starts from nothing but its contract cap."""
+    h = History()
+    h.run(T0, c.InitLedger(actor="root", admin="root", min_runtime_cap_s=7_200))
+    changes: list[tuple[float, c.AnyCommand]] = [
+        (T0, c.OpenAccount(actor="root", path="ai2", kind="program")),
+        (T0, c.OpenAccount(actor="root", path="ai2/olmo", kind="project", shares=3)),
+        (T0 + 10, c.AddMember(actor="root", user="alice", project="ai2/olmo", shares=4)),
+        (T0 + 10, c.AddMember(actor="root", user="bob", project="ai2/olmo")),
+        (T0 + 20, c.OpenAccount(actor="root", path="lab", kind="program", shares=2)),
+        (T0 + 20, c.OpenAccount(actor="root", path="lab/speech", kind="project")),
+        (T0 + 30, c.SetShares(actor="root", account="ai2/olmo", shares=5, reason="q2")),
+        (T0 + 40, c.GrantManager(actor="root", user="mgr", account="lab")),
+        (T0 + 50, c.RemoveMember(actor="root", user="bob", project="ai2/olmo")),
+        (T0 + 60, c.AddMember(actor="root", user="bob", project="ai2/olmo", shares=2)),
+        (T0 + 70, c.CloseAccount(actor="root", path="lab/speech")),
+        (
+            T0 + 80,
+            c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=8, cluster="default"),
+        ),
+    ]
+    for at, cmd in changes:
+        h.run(at, cmd)
+    scen = scenario(h.events, T0 - 100, T0 + 1_000)
+    assert scen.state.min_runtime_cap_s == 7_200 and not scen.state.accounts
+    got = [(ch.at, ch.command) for ch in scen.changes]
+
+    def plain(cmd: c.AnyCommand) -> c.AnyCommand:  # reasons are words, not what is changed
+        words = {"reason": ""} if hasattr(cmd, "reason") else {}
+        return msgspec.structs.replace(cmd, actor="whatif-admin", **words)
+
+    assert [(at, plain(cmd)) for at, cmd in got] == [(at, plain(cmd)) for at, cmd in changes]
+    again = History()
+    again.run(T0, c.InitLedger(actor="whatif-admin", admin="whatif-admin"))
+    for at, cmd in got:
+        again.run(at, cmd)
+    assert again.state.accounts == h.state.accounts
+    assert again.state.members == h.state.members and again.state.managers == h.state.managers
 
 
 def launch(job: int, work: float | None = None) -> Launch:

@@ -565,9 +565,6 @@ async function runWhatif(child, shares) {
 function whatifResult(r) {
   const rep = r.report;
   const notes = [...new Set(rep.notes)];
-  const parent = r.account.includes("/") ? r.account.slice(0, r.account.lastIndexOf("/")) : "";
-  const short = rep.end - rep.start < 28 * 86400 ?
-    ` (from the last opening of an account ${parent ? `under ${parent}` : "(a program or below)"}: the what-if starts from the organisation as it stood then)` : "";
   // what happened placed nothing (a server with `--executor none` places nothing) while the
   // what-if placed work: the two columns then differ by more than the change
   const idle = rep.teams.every((t) => !t.actual.delivered_gpu_h) && rep.teams.some((t) => t.whatif.delivered_gpu_h > 0);
@@ -580,11 +577,9 @@ function whatifResult(r) {
     td(pair(t.actual.preemptions, t.whatif.preemptions, String), { class: "num", "data-col": "preemptions" })));
   return el("div", { id: "whatif-result", "data-start": rep.start, "data-end": rep.end, "data-shares": r.shares },
     el("p", { class: "muted" }, `${r.account}: shares ${r.was} → ${r.shares}; `, timeEl(rep.start), " – ", timeEl(rep.end),
-      `${short}: ${rep.submissions} submissions (+${rep.carried} active at the start), ${rep.cycles} cycles, policy ${rep.policy_version}. Actual → what-if:`),
+      ` (the last 4 weeks; accounts opened, members and shares changed meanwhile as recorded): ${rep.submissions} submissions (+${rep.carried} active at the start), ${rep.cycles} cycles, policy ${rep.policy_version}. Actual → what-if:`),
     idle ? el("p", { class: "err", id: "whatif-idle" }, "Nothing was delivered in what happened (was anything placed? a server " +
       "with --executor none places nothing), while the what-if places the same submissions: the difference is not the change's effect alone.") : null,
-    parent ? el("p", { class: "muted", id: "whatif-elsewhere" }, `Accounts opened during the period outside ${parent} ` +
-      "are not in the what-if: their jobs drop (see the notes).") : null,
     table(["team", "owed GPU-h", "delivered GPU-h", "delivered/owed", "mean wait", "preemptions"], rows, { id: "whatif-teams" }),
     notes.slice(0, 8).map((n) => el("p", { class: "muted note" }, `note: ${n}`)),
     notes.length > 8 ? el("p", { class: "muted" }, `… and ${notes.length - 8} more notes`) : null);
