@@ -56,7 +56,11 @@ class Cluster:
     def up(self) -> None:
         """(Re)start whichever Slurm daemon is not running (a node a test left DOWN or drained
         is resumed by `slurm up`)."""
-        env = {**os.environ, "GPULEDGER_SLURM_DATA": str(Path(self.conf).parent)}
+        # the data dir's own config says its ports and GPUs (the suite's cluster's are in the
+        # environment, and another cluster, e.g. an unpinned one, must not take them)
+        own = ("GPULEDGER_SLURMCTLD_PORT", "GPULEDGER_SLURMD_PORT", "GPULEDGER_SLURM_PINNED")
+        env = {k: v for k, v in os.environ.items() if k not in own}
+        env["GPULEDGER_SLURM_DATA"] = str(Path(self.conf).parent)
         done = subprocess.run(
             [str(SLURM_SCRIPT), "up"], env=env, capture_output=True, text=True, timeout=120
         )
