@@ -499,8 +499,8 @@ class Simulation:
 def _budget_spent(result: CycleResult) -> bool:
     """Some job waited only because the cycle's victim searches ran out: cycle again now."""
     return any(
-        w.code == "WAIT_PRIORITY" and "victim searches" in w.reason
-        for w in result.decision.waiting.values()
+        r.wait.code == "WAIT_PRIORITY" and "victim searches" in r.wait.reason
+        for r in result.decision.runs
     )
 
 
