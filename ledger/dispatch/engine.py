@@ -321,6 +321,11 @@ class _Cycle:
         serves every job of the group this cycle (preempted jobs are skipped as they go)."""
         self.ordered: dict[tuple[tuple[PoolKey, ...], bool], list[RunningJob]] = {}
         self.shared: dict[tuple[str, str, float | None], Unplaceable] = {}
+        self.epoch = 0
+        """Counts every change of the cycle's state other than the index's GPUs (those count in
+        `FreeIndex.moves`): a search spent, the reserve or the held nodes hidden or shown, a
+        reservation made. With `moves`, it says that nothing a waiting job's answer depends on
+        (beyond its shape and traits) changed."""
 
     # --- 2. maintenance -------------------------------------------------------------------------
 
@@ -355,6 +360,9 @@ class _Cycle:
             policy, "job_traits", None
         )
         facts: dict[Hashable, _Facts] = {}
+        seen: dict[tuple[Hashable, Hashable], tuple[tuple[int, int], Unplaceable]] = {}
+        """Why the last job of a shape and traits waited, and the cycle's stamp then (`epoch`,
+        the index's `moves`): while neither moves, the next such job waits as it did."""
         early = getattr(policy, "hold_before", None)
         first = early(snapshot) if early is not None else None
         if first is not None:  # a reservation every job but its own respects (`hold_before`)
@@ -373,35 +381,48 @@ class _Cycle:
                 gang = index.is_gang(job)
                 known = shapes[shape] = (gang, index.fitted_at_start(job, gang))
             gang, fitted = known
-            slots = index.place(job, gang)
-            memo: _MemoKey | None = None
-            searches = False
-            fact: _Facts | None = None
-            if slots is None and traits_of is not None:
-                traits = traits_of(job, snapshot)
-                fact = facts.get(traits)
-                if fact is None:
-                    fact = facts[traits] = _facts(policy, job, snapshot)
-            if slots is None and (fact[0] if fact is not None else may_preempt(job)):
-                if fact is not None:
-                    group, (name, budget) = fact[1], fact[2]
-                else:
-                    group, (name, budget) = victim_group(job, snapshot), budget_of(job)
-                searches = group is not None
-                if searches and spent.get(name, 0) < budget:  # a search left (`_left`)
-                    memo = (group, job.gpu_type, job.cluster, gang)
-                    slots = self._by_preemption(job, gang, memo)
-            if slots is not None:
-                if hold is not None and job.job_id == hold.job_id:  # its reservation is spent
-                    self._holding(False)
-                    self.hold = None
-                self.placements.append(Placement(job_id=job.job_id, slots=slots))
-                continue
-            wait = self._why(job, gang, fitted, memo, searches)
-            if wait.until is not None:
-                self.wake.append(wait.until)
-            if self.hold is None and (fact[3] if fact is not None else holds_for(job, snapshot)):
-                self._hold_for(job, gang)
+            traits = traits_of(job, snapshot) if traits_of is not None else None
+            stamp = (self.epoch, index.moves)
+            same = seen.get((shape, traits)) if traits is not None else None
+            if same is not None and same[0] == stamp:
+                # nothing moved since a job of the same shape and traits waited: so does this one
+                wait = same[1]
+                if wait.until is not None:
+                    self.wake.append(wait.until)
+            else:
+                slots = index.place(job, gang)
+                memo: _MemoKey | None = None
+                searches = False
+                fact: _Facts | None = None
+                if slots is None and traits is not None:
+                    fact = facts.get(traits)
+                    if fact is None:
+                        fact = facts[traits] = _facts(policy, job, snapshot)
+                if slots is None and (fact[0] if fact is not None else may_preempt(job)):
+                    if fact is not None:
+                        group, (name, budget) = fact[1], fact[2]
+                    else:
+                        group, (name, budget) = victim_group(job, snapshot), budget_of(job)
+                    searches = group is not None
+                    if searches and spent.get(name, 0) < budget:  # a search left (`_left`)
+                        memo = (group, job.gpu_type, job.cluster, gang)
+                        slots = self._by_preemption(job, gang, memo)
+                if slots is not None:
+                    if hold is not None and job.job_id == hold.job_id:  # its reservation is spent
+                        self._holding(False)
+                        self.hold = None
+                        self.epoch += 1
+                    self.placements.append(Placement(job_id=job.job_id, slots=slots))
+                    continue
+                wait = self._why(job, gang, fitted, memo, searches)
+                if wait.until is not None:
+                    self.wake.append(wait.until)
+                if self.hold is None and (
+                    fact[3] if fact is not None else holds_for(job, snapshot)
+                ):
+                    self._hold_for(job, gang)
+                elif traits is not None and stamp == (self.epoch, index.moves):
+                    seen[(shape, traits)] = (stamp, wait)  # it changed nothing on its way
             if run is not None and run[1] == at and (run[2] is wait or run[2] == wait):
                 run[1] = at + 1
             else:
@@ -555,6 +576,7 @@ class _Cycle:
         return self.spent.get(name, 0) < budget
 
     def _spend(self, job: PendingJob) -> None:
+        self.epoch += 1
         name = self.policy.budget_of(job)[0]
         self.spent[name] = self.spent.get(name, 0) + 1
 
@@ -562,6 +584,7 @@ class _Cycle:
         """Take the reserved nodes' free GPUs out of the index (`hide`) or give them back."""
         if hide == (self.hidden is not None):
             return
+        self.epoch += 1
         if hide:
             free = self.index.free
             self.hidden = [self.index.take(n, len(free[n])) for n in self.reserved if free[n]]
@@ -577,6 +600,7 @@ class _Cycle:
         """Take the held nodes' free GPUs out of the index (`hide`) or give them back."""
         if hide == (self.held is not None):
             return
+        self.epoch += 1
         if hide:
             assert self.hold is not None
             free = self.index.free
@@ -648,6 +672,7 @@ class _Cycle:
             until = max(until, at)
         if got < job.gpus:
             return
+        self.epoch += 1
         self.hold = Hold(job_id=job.job_id, nodes=frozenset(chosen), until=until)
         if until > now:
             self.wake.append(until)
