@@ -396,6 +396,9 @@ class Ledger(Application[UUID]):
         recent = self._recent
         if not folded:
             return
+        if folded[-1][0] - folded[0][0] + 1 != len(folded):  # a gap in the positions
+            recent.clear()
+            return
         if recent and recent[-1][0] + 1 != folded[0][0]:
             recent.clear()
         recent += folded
@@ -477,7 +480,7 @@ class Ledger(Application[UUID]):
                 evolve(self.state, ev)
             self.version += len(events)
             self.position = ids[-1] if ids else self.head()
-            if ids and len(ids) == len(back) and ids[-1] - ids[0] + 1 == len(ids):
+            if ids and len(ids) == len(back):
                 self._remember(list(zip(ids, back, strict=True)))
             else:
                 self._recent.clear()
