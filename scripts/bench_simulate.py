@@ -6,10 +6,11 @@
     python scripts/bench_simulate.py --no-fifo            # skip the fifo run
 
 Goal: 28 simulated days in <= 30 s of wall-clock time per policy, every submission, placement,
-preemption, checkpoint and exit going through the real ledger (SQLite event store), the real
-`decide()` and the DuckDB projection for the report. Prints the wall time, simulated days per
-second, events per second, and two same-run baselines: the time to read, decode and fold the
-run's own event log through the pure domain (the least any simulation on this ledger does), and
+preemption, checkpoint and exit going through the real ledger (SQLite event store, held in memory
+during the run), the real `decide()` and the DuckDB projection for the report. Prints the wall
+time, simulated days per second, events per second, and two same-run baselines: the time to
+read, decode and fold the run's own event log through the pure domain (the least any simulation
+on this ledger does), and
 the same workload under `fifo` (the cheapest policy: no ranks, no preemption), so the ratio to it
 says what the policy costs whatever the machine's load. The process's CPU time is printed beside
 every wall time: on a shared machine it is the figure that does not grow with the load.

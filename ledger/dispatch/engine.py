@@ -42,7 +42,7 @@ Why a job waits (`Unplaceable.code`):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Literal
 
 import msgspec
@@ -82,6 +82,54 @@ class Unplaceable(msgspec.Struct, frozen=True, kw_only=True):
         return f"{self.code}: {self.reason}"
 
 
+class WaitRun(msgspec.Struct, frozen=True, array_like=True):
+    """Consecutive jobs of a decision's order that waited for one reason: `order[start:stop]`
+    all wait for `wait` (placed jobs are in no run)."""
+
+    start: int
+    stop: int
+    wait: Unplaceable
+
+
+class Waits(Mapping[int, Unplaceable]):
+    """Job id -> why it waited, read from a decision's order and runs. The cycle writes one run
+    per stretch of jobs waiting for the same reason, never a record per job; the mapping is
+    built on the first look-up by job id (its size and the runs themselves need none)."""
+
+    __slots__ = ("_by_job", "order", "runs")
+
+    def __init__(
+        self, order: Sequence[tuple[SortKey, PendingJob]], runs: Sequence[WaitRun]
+    ) -> None:
+        self.order = order
+        self.runs = runs
+        self._by_job: dict[int, Unplaceable] | None = None
+
+    def _map(self) -> dict[int, Unplaceable]:
+        found = self._by_job
+        if found is None:
+            order = self.order
+            found = self._by_job = {
+                order[i][1].job_id: r.wait for r in self.runs for i in range(r.start, r.stop)
+            }
+        return found
+
+    def __getitem__(self, job_id: int) -> Unplaceable:
+        return self._map()[job_id]
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._map()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._map())
+
+    def __len__(self) -> int:
+        return sum(r.stop - r.start for r in self.runs)
+
+    def __repr__(self) -> str:
+        return f"Waits({self._map()!r})"
+
+
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
     """The outcome of one cycle: what to preempt, what to place, and why the rest waits."""
 
@@ -89,10 +137,10 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     policy_version: str
     placements: tuple[Placement, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
-    considered: tuple[Considered, ...] = ()
-    """Every pending job in the order considered, with its sort key and, if not placed, why."""
-    waiting: dict[int, Unplaceable] = msgspec.field(default_factory=dict)
-    """Job id -> why it was not placed."""
+    order: Sequence[tuple[SortKey, PendingJob]] = ()
+    """Every pending job in the order considered, with its sort key (the policy's `order`)."""
+    runs: tuple[WaitRun, ...] = ()
+    """Why the jobs not placed wait: one run per stretch of the order with one reason."""
     fragmentation_gpus: int = 0
     """See `placement.fragmentation`."""
     wake_at: float | None = None
@@ -105,6 +153,25 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     """What the cycle leaves free, and where (for measures; not recorded)."""
     hold: Hold | None = None
     """The cycle's reservation, if it made one (`Policy.holds_for`)."""
+
+    @property
+    def waiting(self) -> Waits:
+        """Job id -> why it was not placed, read from `order` and `runs` (a new mapping per
+        call, built on its first look-up by id: a reader holds one while it reads many)."""
+        return Waits(self.order, self.runs)
+
+    def considered(self) -> tuple[Considered, ...]:
+        """The order one record per job (id, sort key and, if not placed, code and reason
+        text), as decision records of `cycle.decided.v1` copied it and the order digest covers
+        it (`schemas.digest.order_digest`). Built on demand: the cycle itself keeps runs."""
+        out = [Considered(job_id=j.job_id, sort_key=k) for k, j in self.order]
+        for r in self.runs:
+            w = r.wait
+            text = w.text()
+            for i in range(r.start, r.stop):
+                out[i] = Considered(job_id=out[i].job_id, sort_key=out[i].sort_key, reason=text,
+                                    code=w.code)  # fmt: skip
+        return tuple(out)
 
     def to_command(
         self,
@@ -128,7 +195,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
             ranks=ranks,
             placements=self.placements,
             preemptions=self.preemptions,
-            waiting=summarise(self.considered),
+            waiting=summarise(self.considered()),
             fragmentation_gpus=self.fragmentation_gpus,
             wake_at=self.wake_at,
             skipped_cycles=skipped_cycles,
@@ -237,8 +304,9 @@ class _Cycle:
                 self.in_pool.setdefault((key, past), []).append(r)
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
-        self.considered: list[Considered] = []
-        self.waiting: dict[int, Unplaceable] = {}
+        self.order: Sequence[tuple[SortKey, PendingJob]] = ()
+        self.runs: list[list] = []  # type: ignore[type-arg]
+        """[start, stop, why] per stretch of the order waiting for one reason (`WaitRun`)."""
         self.smallest: dict[Shape, int] = {}
         """The fewest GPUs a waiting job of each shape asks for (for `fragmentation`)."""
         self.wake: list[float] = []
@@ -253,6 +321,11 @@ class _Cycle:
         serves every job of the group this cycle (preempted jobs are skipped as they go)."""
         self.ordered: dict[tuple[tuple[PoolKey, ...], bool], list[RunningJob]] = {}
         self.shared: dict[tuple[str, str, float | None], Unplaceable] = {}
+        self.epoch = 0
+        """Counts every change of the cycle's state other than the index's GPUs (those count in
+        `FreeIndex.moves`): a search spent, the reserve or the held nodes hidden or shown, a
+        reservation made. With `moves`, it says that nothing a waiting job's answer depends on
+        (beyond its shape and traits) changed."""
 
     # --- 2. maintenance -------------------------------------------------------------------------
 
@@ -270,11 +343,13 @@ class _Cycle:
 
     # --- 3. order, place, preempt ---------------------------------------------------------------
 
-    def consider(self, ordered: Iterable[tuple[SortKey, PendingJob]]) -> None:
-        """Place, preempt for, or explain each job in order (the hot loop of a cycle)."""
+    def consider(self, ordered: Sequence[tuple[SortKey, PendingJob]]) -> None:
+        """Place, preempt for, or explain each job in order (the hot loop of a cycle). A job
+        left waiting joins the run of the job before it when both wait for the same reason."""
         index, policy, snapshot = self.index, self.policy, self.snapshot
-        considered, waiting, smallest = self.considered, self.waiting, self.smallest
-        texts: dict[int, str] = {}
+        self.order = ordered
+        runs, smallest = self.runs, self.smallest
+        run: list | None = None  # type: ignore[type-arg]
         shapes: dict[tuple[str | None, str | None, int], tuple[bool, bool]] = {}
         reserved = self.reserved
         spent, budget_of = self.spent, policy.budget_of
@@ -285,11 +360,14 @@ class _Cycle:
             policy, "job_traits", None
         )
         facts: dict[Hashable, _Facts] = {}
+        seen: dict[tuple[Hashable, Hashable], tuple[tuple[int, int], Unplaceable]] = {}
+        """Why the last job of a shape and traits waited, and the cycle's stamp then (`epoch`,
+        the index's `moves`): while neither moves, the next such job waits as it did."""
         early = getattr(policy, "hold_before", None)
         first = early(snapshot) if early is not None else None
         if first is not None:  # a reservation every job but its own respects (`hold_before`)
             self._hold_for(first, index.is_gang(first))
-        for key, job in ordered:
+        for at, (_, job) in enumerate(ordered):
             if reserved and (job.min_runtime_s > 0 and not job.debug) != (self.hidden is not None):
                 self._reserve(self.hidden is None)
             hold = self.hold
@@ -303,48 +381,58 @@ class _Cycle:
                 gang = index.is_gang(job)
                 known = shapes[shape] = (gang, index.fitted_at_start(job, gang))
             gang, fitted = known
-            slots = index.place(job, gang)
-            memo: _MemoKey | None = None
-            searches = False
-            fact: _Facts | None = None
-            if slots is None and traits_of is not None:
-                traits = traits_of(job, snapshot)
-                fact = facts.get(traits)
-                if fact is None:
-                    fact = facts[traits] = _facts(policy, job, snapshot)
-            if slots is None and (fact[0] if fact is not None else may_preempt(job)):
-                if fact is not None:
-                    group, (name, budget) = fact[1], fact[2]
-                else:
-                    group, (name, budget) = victim_group(job, snapshot), budget_of(job)
-                searches = group is not None
-                if searches and spent.get(name, 0) < budget:  # a search left (`_left`)
-                    memo = (group, job.gpu_type, job.cluster, gang)
-                    slots = self._by_preemption(job, gang, memo)
-            if slots is not None:
-                if hold is not None and job.job_id == hold.job_id:  # its reservation is spent
-                    self._holding(False)
-                    self.hold = None
-                self.placements.append(Placement(job_id=job.job_id, slots=slots))
-                considered.append(Considered(job_id=job.job_id, sort_key=key))
-                continue
-            wait = self._why(job, gang, fitted, memo, searches)
-            if wait.until is not None:
-                self.wake.append(wait.until)
-            if self.hold is None and (fact[3] if fact is not None else holds_for(job, snapshot)):
-                self._hold_for(job, gang)
-            waiting[job.job_id] = wait
+            traits = traits_of(job, snapshot) if traits_of is not None else None
+            stamp = (self.epoch, index.moves)
+            same = seen.get((shape, traits)) if traits is not None else None
+            if same is not None and same[0] == stamp:
+                # nothing moved since a job of the same shape and traits waited: so does this one
+                wait = same[1]
+                if wait.until is not None:
+                    self.wake.append(wait.until)
+            else:
+                slots = index.place(job, gang)
+                memo: _MemoKey | None = None
+                searches = False
+                fact: _Facts | None = None
+                if slots is None and traits is not None:
+                    fact = facts.get(traits)
+                    if fact is None:
+                        fact = facts[traits] = _facts(policy, job, snapshot)
+                if slots is None and (fact[0] if fact is not None else may_preempt(job)):
+                    if fact is not None:
+                        group, (name, budget) = fact[1], fact[2]
+                    else:
+                        group, (name, budget) = victim_group(job, snapshot), budget_of(job)
+                    searches = group is not None
+                    if searches and spent.get(name, 0) < budget:  # a search left (`_left`)
+                        memo = (group, job.gpu_type, job.cluster, gang)
+                        slots = self._by_preemption(job, gang, memo)
+                if slots is not None:
+                    if hold is not None and job.job_id == hold.job_id:  # its reservation is spent
+                        self._holding(False)
+                        self.hold = None
+                        self.epoch += 1
+                    self.placements.append(Placement(job_id=job.job_id, slots=slots))
+                    continue
+                wait = self._why(job, gang, fitted, memo, searches)
+                if wait.until is not None:
+                    self.wake.append(wait.until)
+                if self.hold is None and (
+                    fact[3] if fact is not None else holds_for(job, snapshot)
+                ):
+                    self._hold_for(job, gang)
+                elif traits is not None and stamp == (self.epoch, index.moves):
+                    seen[(shape, traits)] = (stamp, wait)  # it changed nothing on its way
+            if run is not None and run[1] == at and (run[2] is wait or run[2] == wait):
+                run[1] = at + 1
+            else:
+                run = [at, at + 1, wait]
+                runs.append(run)
             if job.min_runtime_s > 0:
                 self.funded_waiting += 1
             kind = (job.gpu_type, job.cluster, gang)
             if job.gpus < smallest.get(kind, job.gpus + 1):
                 smallest[kind] = job.gpus
-            text = texts.get(id(wait))
-            if text is None:
-                text = texts[id(wait)] = wait.text()
-            considered.append(
-                Considered(job_id=job.job_id, sort_key=key, reason=text, code=wait.code)
-            )
 
     def _by_preemption(
         self, job: PendingJob, gang: bool, memo: _MemoKey
@@ -488,6 +576,7 @@ class _Cycle:
         return self.spent.get(name, 0) < budget
 
     def _spend(self, job: PendingJob) -> None:
+        self.epoch += 1
         name = self.policy.budget_of(job)[0]
         self.spent[name] = self.spent.get(name, 0) + 1
 
@@ -495,6 +584,7 @@ class _Cycle:
         """Take the reserved nodes' free GPUs out of the index (`hide`) or give them back."""
         if hide == (self.hidden is not None):
             return
+        self.epoch += 1
         if hide:
             free = self.index.free
             self.hidden = [self.index.take(n, len(free[n])) for n in self.reserved if free[n]]
@@ -510,6 +600,7 @@ class _Cycle:
         """Take the held nodes' free GPUs out of the index (`hide`) or give them back."""
         if hide == (self.held is not None):
             return
+        self.epoch += 1
         if hide:
             assert self.hold is not None
             free = self.index.free
@@ -581,6 +672,7 @@ class _Cycle:
             until = max(until, at)
         if got < job.gpus:
             return
+        self.epoch += 1
         self.hold = Hold(job_id=job.job_id, nodes=frozenset(chosen), until=until)
         if until > now:
             self.wake.append(until)
@@ -604,13 +696,14 @@ class _Cycle:
         self._reserve(False)
         self._holding(False)
         later = [t for t in self.wake if t > self.now]
+        runs = tuple(WaitRun(a, b, w) for a, b, w in self.runs)
         return Decision(
             based_on=self.snapshot.position,
             policy_version=self.policy.version,
             placements=tuple(self.placements),
             preemptions=tuple(self.preemptions),
-            considered=tuple(self.considered),
-            waiting=self.waiting,
+            order=self.order,
+            runs=runs,
             fragmentation_gpus=fragmentation(self.index, self.smallest),
             wake_at=min(later) if later else None,
             budget_spent=self.budget_spent,
@@ -631,6 +724,6 @@ def decide(snapshot: Snapshot, policy: Policy, now: float) -> Decision:
     # 2. maintenance drains
     cycle.drain()
     # 3. pending jobs in the policy's order: place, preempt for, or explain
-    cycle.consider(policy.order(snapshot))
+    cycle.consider(tuple(policy.order(snapshot)))
     # 4. fragmentation and the next wake-up
     return cycle.decision()

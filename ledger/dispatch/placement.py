@@ -75,6 +75,8 @@ class FreeIndex:
         self._shortfall: dict[tuple[str | None, str | None, int], str] = {}
         self._fitted: dict[tuple[str | None, str | None, int], bool] = {}
         self._failed: dict[tuple[str | None, str | None, bool], int] = {}
+        self.moves = 0
+        """How many times GPUs were taken or given back (a cycle's memo of answers checks it)."""
         active = []
         for n in nodes:
             key = (n.cluster, n.gpu_type)
@@ -115,6 +117,7 @@ class FreeIndex:
 
     def take(self, name: str, gpus: int) -> GpuSlot:
         """Take the `gpus` lowest free indices of node `name`."""
+        self.moves += 1
         self._shortfall.clear()
         self._leave(name)
         have = self.free[name]
@@ -124,6 +127,7 @@ class FreeIndex:
 
     def release(self, slots: Iterable[GpuSlot]) -> None:
         """Give GPUs back (a preemption). GPUs of inactive nodes stay out of the index."""
+        self.moves += 1
         for sl in slots:
             if sl.node not in self.free:
                 continue

@@ -170,7 +170,7 @@ def compare(
     # 2. preemptions
     out += _by_job("preemption", outcome.preemptions, replayed.preemptions, _preemption_text)
     # 3. the waiting jobs: counts, the first listed, the whole order by digest
-    out += _compare_waiting(recorded.waiting, summarise(replayed.considered))
+    out += _compare_waiting(recorded.waiting, summarise(replayed.considered()))
     # 4. the rest of the record
     out += _field("fragmentation_gpus", recorded.fragmentation_gpus, replayed.fragmentation_gpus)
     out += _field("wake_at", recorded.wake_at, replayed.wake_at, repr)

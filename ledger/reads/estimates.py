@@ -60,8 +60,9 @@ def estimated_starts(
             )
     out: dict[int, float | None] = {}
     pending = {p.job_id: p for p in snapshot.pending}
-    for cons in decision.considered:
-        p = pending.get(cons.job_id)
+    waiting = decision.waiting
+    for _, queued in decision.order:
+        p = pending.get(queued.job_id)
         if p is None:
             continue
         types = [t for t in free if p.gpu_type is None or t == p.gpu_type]
@@ -76,7 +77,7 @@ def estimated_starts(
                     if have >= p.gpus and at > now:
                         start = at
                         break
-        wait = decision.waiting.get(p.job_id)
+        wait = waiting.get(p.job_id)
         if wait is not None and wait.code == "WAIT_CONTRACT" and wait.until is not None:
             # the dispatcher may preempt the jobs in the way once their contracts end
             start = wait.until if start is None else min(start, max(now, wait.until))

@@ -47,14 +47,13 @@ def contract_line(job: Job, now: float) -> str:
 def explain_pending(job: Job, decision: Decision, snapshot: Snapshot, now: float) -> list[str]:
     """Why a pending job waits, from a live decision on the current snapshot."""
     spec = job.spec
-    order = [c.job_id for c in decision.considered]
+    order = [j.job_id for _, j in decision.order]
     out = [_headline(job) + " is pending."]
     if spec.job_id not in order:
         return [*out, "The dispatcher did not consider it (no such pending job in the snapshot)."]
     i = order.index(spec.job_id)
-    considered = decision.considered[i]
     out.append(
-        f"It is #{i + 1} of {len(order)} in the queue (sort key {list(considered.sort_key)})."
+        f"It is #{i + 1} of {len(order)} in the queue (sort key {list(decision.order[i][0])})."
     )
     out.append(_rank_line(spec.account, spec.user, snapshot))
     ahead = _pending_by_id(snapshot, order[:i])

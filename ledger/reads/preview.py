@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # a read loads what it uses: the dispatcher only when it prev
     from ledger.core.state import Job, State
     from ledger.cycle.dispatcher import LiveState
     from ledger.dispatch.engine import Decision
+    from ledger.dispatch.ordering import SortKey
     from ledger.dispatch.policy import Policy
     from ledger.dispatch.snapshot import PendingJob, Snapshot
     from projections.store import Store
@@ -94,22 +95,23 @@ def queue(
     if f.state in QUEUED and (preview is not None or _any_pending(state, f)):
         snapshot, decision = preview_of()
         pending = {p.job_id: p for p in snapshot.pending}
-        shown: list[tuple[int, e.Considered, PendingJob]] = []
-        for i, cons in enumerate(decision.considered):
+        shown: list[tuple[int, SortKey, PendingJob]] = []
+        for i, (key, queued) in enumerate(decision.order):
             if len(shown) >= f.limit:
                 break
-            p = pending[cons.job_id]
+            p = pending[queued.job_id]
             if (f.user and p.user != f.user) or not _under(p.account, f.account):
                 continue
-            shown.append((i, cons, p))
+            shown.append((i, key, p))
         through = shown[-1][2].job_id if shown else None
         starts = estimated_starts(state, snapshot, decision, now, through) if shown else {}
-        for i, cons, p in shown:
-            wait = decision.waiting.get(cons.job_id)
+        waiting = decision.waiting
+        for i, key, p in shown:
+            wait = waiting.get(p.job_id)
             rows.append(
                 v.QueueRow(
                     order=i + 1, job_id=p.job_id, account=p.account, user=p.user, gpus=p.gpus,
-                    funded=p.funded, debug=p.debug, state="pending", sort_key=list(cons.sort_key),
+                    funded=p.funded, debug=p.debug, state="pending", sort_key=list(key),
                     code=wait.code if wait else "NEXT_CYCLE",
                     reason=readable(wait.reason, wait.until) if wait else _next(state),
                     submitted_at=p.submitted_at, waiting_s=max(0.0, now - p.submitted_at),
@@ -183,11 +185,12 @@ def queue_page(
     if f.state in QUEUED and (preview is not None or _any_pending(state, f)):
         snapshot, decision = preview or live(ledger, store, policy, now)
         pending = {p.job_id: p for p in snapshot.pending}
-        for i, cons in enumerate(decision.considered):
-            p = pending[cons.job_id]
+        waiting = decision.waiting
+        for i, (_, job) in enumerate(decision.order):
+            p = pending[job.job_id]
             if (f.user and p.user != f.user) or not _under(p.account, f.account):
                 continue
-            wait = decision.waiting.get(cons.job_id)
+            wait = waiting.get(p.job_id)
             kind = wait.code if wait else "NEXT_CYCLE"
             entries.append((i + 1, p.job_id, p.user, p.account, p.gpus, "pending", kind,
                             p.submitted_at))  # fmt: skip
@@ -227,14 +230,15 @@ def queue_page(
         last = max(shown, key=lambda x: x[0] or 0)
         starts = estimated_starts(state, snapshot, decision, now, last[1])
     pending_by_id = {p.job_id: p for p in snapshot.pending} if snapshot is not None else {}
-    keys = {c.job_id: c.sort_key for c in decision.considered} if decision is not None else {}
+    keys = {j.job_id: k for k, j in decision.order} if decision is not None else {}
+    waits = decision.waiting if decision is not None else {}
     for x in page:
         if x[0] is None:
             rows.append(others[x[1]])
             continue
         assert decision is not None
         p = pending_by_id[x[1]]
-        wait = decision.waiting.get(p.job_id)
+        wait = waits.get(p.job_id)
         rows.append(
             v.QueueRow(
                 order=x[0], job_id=p.job_id, account=p.account, user=p.user, gpus=p.gpus,
@@ -338,9 +342,10 @@ def queue_codes(state: State, snapshot: Snapshot, decision: Decision) -> list[tu
     order, then held), without the rest of its row (the counts of /metrics)."""
     accounts = {p.job_id: p.account for p in snapshot.pending}
     out = []
-    for cons in decision.considered:
-        wait = decision.waiting.get(cons.job_id)
-        out.append((accounts[cons.job_id], wait.code if wait else "NEXT_CYCLE"))
+    waits = decision.waiting
+    for _, job in decision.order:
+        wait = waits.get(job.job_id)
+        out.append((accounts[job.job_id], wait.code if wait else "NEXT_CYCLE"))
     from ledger.core.jobs import blocked
 
     waiting = [(state.jobs[i].spec.account, b.code) for i, b in sorted(blocked(state).items())]
@@ -421,8 +426,8 @@ def priority(
     _, decision = preview or live(ledger, store, policy, now)
     state = ledger.state
     rows: list[v.PriorityRow] = []
-    for i, cons in enumerate(decision.considered):
-        spec = state.jobs[cons.job_id].spec
+    for i, (key, job) in enumerate(decision.order):
+        spec = state.jobs[job.job_id].spec
         if (f.user and spec.user != f.user) or not _under(spec.account, f.account):
             continue
         if len(rows) >= f.limit:
@@ -430,11 +435,11 @@ def priority(
         rows.append(
             v.PriorityRow(
                 order=i + 1,
-                job_id=cons.job_id,
+                job_id=job.job_id,
                 account=spec.account,
                 user=spec.user,
                 policy=decision.policy_version,
-                parts=key_parts(decision.policy_version, cons.sort_key),
+                parts=key_parts(decision.policy_version, key),
             )
         )
     return rows[: f.limit]
@@ -558,7 +563,7 @@ def explain_now(
     assert store is not None and policy is not None
     snapshot, decision = preview or live(ledger, store, policy, now)
     lines = [readable(x) for x in explain_pending(job, decision, snapshot, now)]
-    order = [c.job_id for c in decision.considered]
+    order = [j.job_id for _, j in decision.order]
     if job_id not in order:
         return Now(status, lines=lines, earlier=True)
     i = order.index(job_id)
@@ -579,7 +584,7 @@ def explain_now(
     else:
         blocked_by = tuple(order[max(0, i - 50) : i]) if wait is not None else ()
     return Now(
-        status, code, reason, i + 1, len(order), list(decision.considered[i].sort_key),
+        status, code, reason, i + 1, len(order), list(decision.order[i][0]),
         blocked_by, estimated_starts(state, snapshot, decision, now).get(job_id), lines,
         earlier=True,
     )  # fmt: skip

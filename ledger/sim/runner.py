@@ -162,7 +162,11 @@ class Simulation:
         self.home = home
         self.progress = progress
         self.clock = SimClock(config.start_at)
-        self.ledger = Ledger(home, self.clock, seeded_ids(config.seed))
+        # the log in memory while the run appends and reads it, written to `home` whole at the
+        # end (`write_out`); the projection's ranks read the file as they go, so they keep it there
+        self.ledger = Ledger(
+            home, self.clock, seeded_ids(config.seed), memory=config.ranks != "projection"
+        )
         self.on_sigterm: set[int] = set()
         """Resumable jobs (ledger ids) that checkpoint on SIGTERM."""
         self.resubmitted: set[int] = set()
@@ -292,8 +296,10 @@ class Simulation:
         start, end = cfg.start_at, cfg.end_at
         if self.progress is not None:
             self.progress(end - start, end - start, self.ledger.position)
+        self.ledger.write_out()  # the report reads the log from `home`
         metrics = self._metrics(time.perf_counter() - wall, time.process_time() - cpu)
         self._close()
+        self.ledger.write_out()
         return RunResult(
             metrics=metrics,
             home=self.home,
@@ -499,8 +505,8 @@ class Simulation:
 def _budget_spent(result: CycleResult) -> bool:
     """Some job waited only because the cycle's victim searches ran out: cycle again now."""
     return any(
-        w.code == "WAIT_PRIORITY" and "victim searches" in w.reason
-        for w in result.decision.waiting.values()
+        r.wait.code == "WAIT_PRIORITY" and "victim searches" in r.wait.reason
+        for r in result.decision.runs
     )
 
 

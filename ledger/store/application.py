@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,10 @@ from schemas.events import AnyEvent, tag_of
 
 STREAM_ID = snapshots.STREAM_ID
 log = logging.getLogger("gpuledger.ledger")
+
+RECENT = 8192
+"""How many of the events it folded last a ledger keeps decoded for `follow` (its own readers
+read what it just appended: a simulation's loop and rank source, the cycle's utilisation)."""
 
 
 @dataclass(frozen=True)
@@ -186,15 +191,21 @@ class Ledger(Application[UUID]):
         live: bool = False,
         snapshot_every: int = snapshots.SNAPSHOT_EVERY,
         store: str | None = None,
+        memory: bool = False,
     ) -> None:
         """`store`: a PostgreSQL DSN (default: the one `home` records, else the SQLite file in
-        `home`; `ledger.store.locate`)."""
+        `home`; `ledger.store.locate`). `memory`: the same SQLite store held in memory until
+        `write_out()` writes it to `home` (a simulation's: nothing else reads it meanwhile)."""
         home.mkdir(parents=True, exist_ok=True)
-        self.dsn = locate.store_of(home, store)
-        if self.dsn is None:
+        if memory and (home / EVENTS_DB).exists():
+            raise InvalidCommand(f"{home} already holds a ledger", hint="pass a new home")
+        self.dsn = None if memory else locate.store_of(home, store)
+        if self.dsn is None and not memory:
             _private(home / EVENTS_DB)
+        self.memory = memory
+        db = f"file:gpuledger-{os.getpid()}-{id(self)}?mode=memory&cache=shared"
         env = {
-            "SQLITE_DBNAME": str(home / EVENTS_DB),
+            "SQLITE_DBNAME": db if memory else str(home / EVENTS_DB),
             "GPULEDGER_DURABILITY": os.environ.get("GPULEDGER_DURABILITY", "normal"),
         }
         if self.dsn is not None:
@@ -224,6 +235,9 @@ class Ledger(Application[UUID]):
         a LedgerError like the domain's. None: commands go to `decide` as they are."""
         self.restored_from = 0
         """The position of the snapshot this ledger started from (0: folded from the start)."""
+        self._recent: list[tuple[int, AnyEvent]] = []
+        """The events this ledger folded last, decoded from their stored bytes, contiguous up to
+        `position` (`follow` reads them here instead of the store; at most `RECENT`)."""
         self.state_key = snapshots.state_key(home, create=live) if live else None
         """The key snapshots are signed and trusted with (`snapshots.state_key`)."""
         self.refused_snapshot: str | None = None
@@ -318,6 +332,22 @@ class Ledger(Application[UUID]):
         if self.state.live_only and self.position - self.snapshot_position >= self.snapshot_every:
             self.snapshot_state()
 
+    def write_out(self) -> None:
+        """Write a store held in memory (`memory=True`) to `home`'s SQLite file, whole (SQLite's
+        online backup: the same database, page for page, as the file store would hold)."""
+        if not self.memory:
+            return
+        path = self.home / EVENTS_DB
+        path.unlink(missing_ok=True)
+        _private(path)
+        target = sqlite3.connect(path)
+        try:
+            with self.recorder.datastore.get_connection(commit=False) as conn:  # type: ignore[attr-defined]
+                conn._sqlite_conn.backup(target)
+            target.execute("PRAGMA journal_mode=WAL")
+        finally:
+            target.close()
+
     def close(self) -> None:
         """A clean stop: a live ledger snapshots what it folded since the last snapshot."""
         if self.state.live_only:
@@ -348,9 +378,32 @@ class Ledger(Application[UUID]):
         log order; with `tags`, only those (the store filters by tag, so the others are never
         read or decoded). The in-process form of `projections.source.follow`."""
         stop = self.position if until is None else until
+        recent = self._recent
+        if recent and recent[0][0] <= after + 1 and stop <= recent[-1][0]:
+            wanted = set(tags) if tags is not None else None
+            for pos, ev in recent[after + 1 - recent[0][0] :]:
+                if pos > stop:
+                    return
+                if wanted is None or tag_of(type(ev)) in wanted:
+                    yield pos, ev
+            return
         for records in follow(StoreSource(self.recorder), after, stop, tags=tags, page=page):
             for r in records:
                 yield r.position, self._decode(r.position, r.data)
+
+    def _remember(self, folded: Sequence[tuple[int, AnyEvent]]) -> None:
+        """Keep events just folded for `follow` (dropped unless they continue the kept ones)."""
+        recent = self._recent
+        if not folded:
+            return
+        if folded[-1][0] - folded[0][0] + 1 != len(folded):  # a gap in the positions
+            recent.clear()
+            return
+        if recent and recent[-1][0] + 1 != folded[0][0]:
+            recent.clear()
+        recent += folded
+        if len(recent) > RECENT:
+            del recent[: len(recent) - RECENT // 2]
 
     def follow_raw(
         self,
@@ -378,12 +431,15 @@ class Ledger(Application[UUID]):
         position `until` when given)."""
         source = StoreSource(self.recorder)
         for records in follow(source, self.position, until, page=self.page):
+            folded = []
             for r in records:
                 ev = self._decode(r.position, r.data)
                 evolve(self.state, ev)
                 self.requests.note(ev.event_id, r.position)
                 self.position = r.position
                 self.version += 1
+                folded.append((r.position, ev))
+            self._remember(folded)
             last = records[-1]
             self.last_hash = link(last.position, last.tag, last.data)
         if until is None:
@@ -414,7 +470,7 @@ class Ledger(Application[UUID]):
                 continue  # another writer moved the log: decide again
             if not events:
                 return Appended(events=[], position=self.position)
-            stored, events = self._stored(events)
+            stored, events, back = self._stored(events)
             ids = self._insert(stored)
             if ids is None:
                 self.catch_up()  # another writer appended first: catch up and decide again
@@ -424,6 +480,10 @@ class Ledger(Application[UUID]):
                 evolve(self.state, ev)
             self.version += len(events)
             self.position = ids[-1] if ids else self.head()
+            if ids and len(ids) == len(back):
+                self._remember(list(zip(ids, back, strict=True)))
+            else:
+                self._recent.clear()
             self.last_hash = _link_of(stored[-1])
             self._maybe_snapshot()
             return Appended(events=events, position=self.position)
@@ -479,7 +539,7 @@ class Ledger(Application[UUID]):
                 if eid is not None and decided:
                     decided[0] = msgspec.structs.replace(decided[0], event_id=eid)
                     batch[eid[:KEY_PART]] = len(outcomes)
-                mine, chained = self._stored(decided, version=version, prev=prev)
+                mine, chained, _ = self._stored(decided, version=version, prev=prev)
             except LedgerError as err:
                 outcomes.append(err)
                 continue
@@ -569,6 +629,7 @@ class Ledger(Application[UUID]):
         restored_from = self.restored_from
         kept = (self.state, self.version, self.position, self.snapshot_position, self.last_hash)
         self.stale = True  # until the log is read back whole (a store that is down: later)
+        self._recent.clear()
         self.state = State(live_only=self.state.live_only)
         self.version = self.position = self.snapshot_position = 0
         self.last_hash = ""
@@ -614,10 +675,11 @@ class Ledger(Application[UUID]):
 
     def _stored(
         self, decided: list[AnyEvent], *, version: int | None = None, prev: str | None = None
-    ) -> tuple[list[StoredEvent], list[AnyEvent]]:
+    ) -> tuple[list[StoredEvent], list[AnyEvent], list[AnyEvent]]:
         """Chain, encode through the mapper once, and prove every event reads back as itself:
-        what the store cannot hold faithfully (inf, NaN, lone surrogates) is rejected."""
-        out, events = [], []
+        what the store cannot hold faithfully (inf, NaN, lone surrogates) is rejected. Returns
+        the stored events, the chained events and the chained events as read back."""
+        out, events, back = [], [], []
         prev = self.last_hash if prev is None else prev
         version = self.version if version is None else version
         for i, unchained in enumerate(decided):
@@ -625,7 +687,8 @@ class Ledger(Application[UUID]):
             events.append(ev)
             try:
                 se = self.mapper.to_stored_event(Recorded(STREAM_ID, version + i + 1, ev))
-                faithful = codec.decode(se.state) == ev
+                read = codec.decode(se.state)
+                faithful = read == ev
             except (UnicodeEncodeError, EventDecodeError, ValueError) as err:
                 raise InvalidCommand(
                     f"{tag_of(type(ev))} cannot be stored: {err}",
@@ -637,8 +700,9 @@ class Ledger(Application[UUID]):
                     hint="use finite numbers (no inf or NaN)",
                 )
             out.append(se)
+            back.append(read)
             prev = _link_of(se)
-        return out, events
+        return out, events, back
 
     def _check_conflicts(self, cmds: Sequence[AnyCommand]) -> None:
         for cmd in cmds:

@@ -275,7 +275,7 @@ def test_a_short_page_of_the_queue_is_the_head_of_the_whole_queue(
         )
     snapshot, decision = preview
     starts = previews.estimated_starts(ledger.state, snapshot, decision, T0 + 300)
-    for job_id in [cons.job_id for cons in decision.considered]:
+    for job_id in [cons.job_id for cons in decision.considered()]:
         head = previews.estimated_starts(ledger.state, snapshot, decision, T0 + 300, job_id)
         assert list(head) == list(starts)[: list(starts).index(job_id) + 1]
         assert head == {k: starts[k] for k in head}
@@ -442,7 +442,7 @@ def test_a_held_job_is_skipped_until_released(own: Path) -> None:
         (1, 5, "pending", "WAIT_CONTRACT"),
         (None, 4, "held", "HELD"),
     ]
-    assert 4 not in {c.job_id for c in decision.considered}
+    assert 4 not in {c.job_id for c in decision.considered()}
     assert [j.job_id for j in held] == [4] and held[0].status == "held"
     assert "held by bob (waiting for data)" in cli(own, "explain", "4").stdout
     out = cli(own, "--as", "dan", "release", "4", ok=False)

@@ -96,7 +96,7 @@ def test_a_cycle_places_by_fair_share_and_records_the_decision(tmp_path: Path) -
         result = d.cycle(clock.now())
     assert result.appended and result.finished == 1
     assert [p.job_id for p in result.decision.placements] == [3]
-    assert [cd.job_id for cd in result.decision.considered] == [3, 2]
+    assert [cd.job_id for cd in result.decision.considered()] == [3, 2]
     decided = [ev for _, ev in ledger.read(0, 1000) if isinstance(ev, e.CycleDecided)]
     assert decided[-1].based_on == result.position and decided[-1].placed == (3,)
     # job 3 took the free GPUs

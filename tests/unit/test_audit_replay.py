@@ -12,8 +12,9 @@ import pytest
 
 from ledger.dispatch import registry
 from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor
-from ledger.dispatch.engine import Decision
+from ledger.dispatch.engine import Decision, Unplaceable, WaitRun
 from ledger.dispatch.policy import FairShare, Fifo, Policy
+from ledger.dispatch.snapshot import PendingJob
 from ledger.history.compare import (
     Outcome,
     compare,
@@ -148,7 +149,9 @@ STORED_V1 = e.CycleDecidedV1(
     considered=(
         e.Considered(job_id=1, sort_key=(0, 1, 1.5, 1)),
         e.Considered(job_id=2, sort_key=(0, 1, 2.5, 2)),
-        e.Considered(job_id=3, sort_key=(0, 2, 3.5, 3), reason="full", code="WAIT_RESOURCES"),
+        e.Considered(
+            job_id=3, sort_key=(0, 2, 3.5, 3), reason="WAIT_RESOURCES: full", code="WAIT_RESOURCES"
+        ),
     ),
     fragmentation_gpus=2,
     wake_at=50.0,
@@ -167,16 +170,30 @@ RECORDED = msgspec.structs.replace(
 OUTCOME = Outcome(placements=STORED_V1.placements, preemptions=STORED_V1.preemptions)
 
 
+def decided_as(considered: tuple[e.Considered, ...]) -> dict[str, Any]:
+    """A decision's order and waiting runs that expand to `considered` (one run per job)."""
+    job = PendingJob(job_id=0, account="a", user="u", gpus=1, min_runtime_s=0, submitted_at=0)
+    order = tuple((c.sort_key, msgspec.structs.replace(job, job_id=c.job_id)) for c in considered)
+    runs = tuple(
+        WaitRun(i, i + 1, Unplaceable(code=c.code, reason=(c.reason or "").split(": ", 1)[1]))  # type: ignore[arg-type]
+        for i, c in enumerate(considered)
+        if c.code is not None
+    )
+    return {"order": order, "runs": runs}
+
+
 def replayed(**changes: object) -> Decision:
+    considered = changes.pop("considered", STORED_V1.considered)
     base = Decision(
         based_on=RECORDED.based_on,
         policy_version=RECORDED.policy_version,
         placements=STORED_V1.placements,
         preemptions=STORED_V1.preemptions,
-        considered=STORED_V1.considered,
         fragmentation_gpus=RECORDED.fragmentation_gpus,
         wake_at=RECORDED.wake_at,
+        **decided_as(considered),  # type: ignore[arg-type]
     )
+    assert base.considered() == considered
     return msgspec.structs.replace(base, **changes)
 
 
@@ -221,7 +238,7 @@ DIFFS: dict[str, tuple[dict[str, Any], list[str]]] = {
             "considered": (
                 C[0],
                 C[1],
-                msgspec.structs.replace(C[2], reason="later", code="WAIT_CONTRACT"),
+                msgspec.structs.replace(C[2], reason="WAIT_CONTRACT: later", code="WAIT_CONTRACT"),
             )
         },
         [
@@ -237,7 +254,9 @@ DIFFS: dict[str, tuple[dict[str, Any], list[str]]] = {
         {
             "considered": (
                 *C,
-                e.Considered(job_id=4, sort_key=(1,), reason="x", code="WAIT_PRIORITY"),
+                e.Considered(
+                    job_id=4, sort_key=(1,), reason="WAIT_PRIORITY: x", code="WAIT_PRIORITY"
+                ),
             )
         },
         [

@@ -185,7 +185,7 @@ def test_debug_jobs_first_own_searches_small_unfunded_or_resumable_victims() -> 
     pending = [pend(1, 4, "lab/a"), pend(2, 2, "lab/c", debug=True)]
     policy = FairShare2(search_budget=0)
     d = decide(world([node("n1"), node("n2")], running, pending), policy, NOW)
-    assert d.considered[0].job_id == 2  # worst team, first in the order
+    assert d.order[0][1].job_id == 2  # worst team, first in the order
     assert [(p.job_id, p.reason, p.for_job) for p in d.preemptions] == [(11, "debug", 2)]
     assert "debug lane: resumable, 4 GPUs" in d.preemptions[0].note
     assert d.waiting[1].code == "WAIT_PRIORITY"  # the fair-share budget is 0

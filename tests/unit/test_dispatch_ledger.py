@@ -72,7 +72,7 @@ def cycle(
     appended = ledger.execute(d.to_command("@dispatcher", f"c{n}"))
     decided = appended.events[0]
     assert isinstance(decided, e.CycleDecided)
-    assert decided.waiting == summarise(d.considered) and decided.based_on == snap.position
+    assert decided.waiting == summarise(d.considered()) and decided.based_on == snap.position
     assert decided.placed == tuple(p.job_id for p in d.placements)
     return d
 

@@ -187,6 +187,6 @@ def test_leaf_ranks_alone_still_give_a_fair_share_order() -> None:
 def test_decide_completes_leaf_ranks_so_priority_orders_the_whole_team() -> None:
     jobs = (job(1, "lab/a", "v", priority=5), job(2, "lab/a", "u"), job(3, "lab/b", priority=9))
     snap = Snapshot(position=1, pending=jobs, ranks=dict(LEAF_RANKS))  # leaves only
-    fair = decide(snap, FairShare(), 0.0).considered
+    fair = decide(snap, FairShare(), 0.0).considered()
     assert [c.job_id for c in fair] == [1, 2, 3]
     assert fair[0].sort_key == (0, 0, -5, 1, 0.0, 1)

@@ -206,7 +206,7 @@ def test_placement(case: PlaceCase) -> None:
     assert placed == case.want_placed
     assert {j: w.text() for j, w in d.waiting.items()} == case.want_waiting
     assert d.preemptions == ()
-    considered = {c.job_id: c.reason for c in d.considered}
+    considered = {c.job_id: c.reason for c in d.considered()}
     assert considered == {j.job_id: case.want_waiting.get(j.job_id) for j in case.pending}
 
 
@@ -276,4 +276,4 @@ def test_decision_carries_position_policy_and_config() -> None:
         42,
     )
     assert body.policy == FifoConfig()
-    assert body.placements == d.placements and body.waiting == summarise(d.considered)
+    assert body.placements == d.placements and body.waiting == summarise(d.considered())

@@ -230,12 +230,16 @@ def check(snap: Snapshot, d: Decision, policy: Policy) -> None:
 
     # every pending job considered once, in sort-key order; reasons exactly for the unplaced
     placed = {pl.job_id for pl in d.placements}
-    assert sorted(c.job_id for c in d.considered) == sorted(pending)
-    keys = [c.sort_key for c in d.considered]
+    assert sorted(c.job_id for c in d.considered()) == sorted(pending)
+    keys = [c.sort_key for c in d.considered()]
     assert keys == sorted(keys)
     assert set(d.waiting) == set(pending) - placed
-    for c in d.considered:
+    for c in d.considered():
         assert (c.reason is None) == (c.job_id in placed)
+    # one run per stretch of the order waiting for one reason: never two touching runs alike
+    for r, nxt in zip(d.runs, d.runs[1:], strict=False):
+        assert r.start < r.stop <= nxt.start and (r.stop < nxt.start or r.wait != nxt.wait)
+    assert len(d.waiting) == sum(r.stop - r.start for r in d.runs) == len(pending) - len(placed)
     assert d.wake_at is None or d.wake_at > NOW
     assert d.fragmentation_gpus >= 0
     assert d.based_on == snap.position
