@@ -286,6 +286,19 @@ def ended_gpus(j: SlurmJob, pinned: Mapping[str, tuple[str, ...]]) -> dict[str, 
     return {nodes[0]: tuple(sorted(held))} if held else {}
 
 
+def held_gpus(j: SlurmJob, pinned: Mapping[str, tuple[str, ...]]) -> Mapping[str, tuple[int, ...]]:
+    """Pure: the GPU indices a Slurm job holds now, by node ({} for none). Running, configuring
+    (an allocation whose PrologSlurmctld runs or whose nodes boot) or pending with an
+    allocation, `scontrol -d` lists them; a COMPLETING job (it ended, or a requeue is releasing
+    its allocation: its processes may live until KillWait) no longer does, but still holds what
+    its JOB_GRES says on a node with pinned GPU types (`ended_gpus`)."""
+    if j.ended or (not j.holding and not any(j.gpus.values())):
+        return {}
+    if any(j.gpus.values()):
+        return j.gpus
+    return ended_gpus(j, pinned) if j.state == "COMPLETING" else {}
+
+
 def slurm_time(text: str) -> float | None:
     """Pure but for the machine's time zone (Slurm writes local time, as this host's clock
     reads it): `2026-12-01T18:20:05` as seconds since the epoch; None for `Unknown`, `None` or
