@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.engines.slurm.words import held_gpus, parse_jobs
+from ledger.engines.slurm.words import SlurmJob, held_gpus, parse_jobs
 
 PINNED = {"vm": ("fake_0", "fake_1", "fake_2", "fake_3")}
 GRES = "JOB_GRES=gpu:fake_0:1,gpu:fake_1:1,gpu:fake_2:0,gpu:fake_3:0 Nodes=vm CPU_IDs=0 Mem=0 "
@@ -39,3 +39,14 @@ def line(state: str, detail: str, nodes: str = "vm") -> str:
 def test_what_a_slurm_job_holds(case: str, text: str, want: dict[str, tuple[int, ...]]) -> None:
     (job,) = parse_jobs(text)
     assert dict(held_gpus(job, PINNED)) == want, case
+
+
+def test_a_read_parses_again_only_the_lines_that_changed() -> None:
+    known: dict[str, SlurmJob] = {}
+    ended, running = line("COMPLETED", GRES + "GRES= "), line("RUNNING", GRES + IDX)
+    first = parse_jobs(f"{ended}\n{running}\n", known)
+    again = parse_jobs(f"{ended}\n{running.replace('RUNNING', 'COMPLETING')}\n", known)
+    assert again[0] is first[0]  # kept
+    assert (again[1].state, first[1].state) == ("COMPLETING", "RUNNING")  # parsed again
+    assert set(known) == {ended, running.replace("RUNNING", "COMPLETING")}  # this read's lines
+    assert parse_jobs(ended) == [first[0]]  # the same job without `known`

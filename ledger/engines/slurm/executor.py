@@ -127,6 +127,7 @@ class SlurmExecutor:
         self._runs: dict[int, _Run] = {}
         self._stopping: dict[str, Stopping] = {}
         self._view: dict[str, SlurmJob] = {}
+        self._parsed: dict[str, SlurmJob] = {}  # the last read's lines (`parse_jobs`)
         self._starts: list[Start] = []
         self._exits: list[Exit] = []
         self._stopped: list[Exit] = []
@@ -244,7 +245,7 @@ class SlurmExecutor:
         except EngineError as err:
             log.warning("slurm: %s; keeping the last known state", err.line())
             return False
-        self._view = {j.slurm_id: j for j in parse_jobs(text)}
+        self._view = {j.slurm_id: j for j in parse_jobs(text, self._parsed)}
         return True
 
     def _held(self) -> dict[str, set[int]]:
