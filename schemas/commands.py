@@ -281,6 +281,7 @@ class StartJob(JobCommand, frozen=True, kw_only=True, tag="job.start"):
     engine_job_id: Name = ""
     run: Count = 0
     gpus: Many[GpuSlot] = ()
+    """The GPUs the engine says the run got; none: the placement's (`JobEngineLinked.gpus`)."""
     started_at: Epoch | None = None
     """When the run really started, as the engine says (kept between the placement and now)."""
     parts: Annotated[tuple[RunPart, ...], LISTED] = ()
@@ -290,8 +291,8 @@ RunEnd = EndReason | Literal["launch_failed", "drained"]
 """How a run ended as an executor reports it: an engine's `EndReason`; `launch_failed` (the run
 could not be started: no OS account to run it as, a command the engine cannot start); or
 `drained` (its node's agent stopped it on the way out, `gpuledger agent --drain`: the ledger
-requeues it when resumable and ends the others as preempted for maintenance, as a drained node's
-jobs are)."""
+requeues it when resumable, a maintenance preemption, and ends the others `preempted` as a
+drained node's jobs end, at the run's real end, with no preemption recorded: none was decided)."""
 
 
 class FinishJob(JobCommand, frozen=True, kw_only=True, tag="job.finish"):

@@ -381,8 +381,10 @@ class JobEngineLinked(JobEvent, frozen=True, kw_only=True, tag="job.engine_linke
     """Which placement of the job this is (0 first, 1 after the first preemption, ...): the
     run's generation. A report about an older run is never taken for the current one."""
     gpus: Many[GpuSlot] = ()
-    """The GPUs the engine says the run got, when it says (Slurm: `scontrol -d`'s GRES IDX;
-    node agents: the devices each part was given)."""
+    """The GPUs the engine says the run got (Slurm: `scontrol -d`'s GRES IDX, or a pinned
+    node's JOB_GRES; node agents: the devices each part was given); when it cannot say (Slurm,
+    a run first seen after it ended on a node whose GPUs are not pinned), the placement's: the
+    engine was asked for exactly those. Empty only in records made before that rule."""
     started_at: Epoch | None = None
     """When the engine says the run started (as in its JobStarted)."""
     parts: Annotated[tuple[RunPart, ...], LISTED] = ()

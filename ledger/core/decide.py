@@ -608,7 +608,7 @@ def _start(state: State, cmd: c.StartJob, s: _Stamp) -> list[e.AnyEvent]:
                 engine=cmd.engine,
                 engine_job_id=cmd.engine_job_id,
                 run=cmd.run,
-                gpus=cmd.gpus,
+                gpus=cmd.gpus or job.slots,  # an engine that cannot say was asked for these
                 started_at=started,
                 parts=cmd.parts,
             )
@@ -639,9 +639,9 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
     else:
         reason = _ENDINGS[cmd.reason]
     outcome: e.FinishOutcome = "failed"
-    if reason == "completed" or reason == "cancelled":
-        outcome = reason
-    note = cmd.note or _NOTES.get(cmd.reason, "")
+    if reason in ("completed", "cancelled", "preempted"):  # preempted: not resumable, drained
+        outcome = reason  # (by its node's drain, not a decision: no preemption is recorded)
+    note = DRAINED_NOTE if cmd.reason == "drained" else cmd.note or _NOTES.get(cmd.reason, "")
     # its own end, inside its placement and not after now
     ended_at = between(cmd.ended_at, job.placed_at, s.now)
     out: list[e.AnyEvent] = [
@@ -661,14 +661,9 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
             e.JobPreempted(**s.kw(), job_id=cmd.job_id, reason="node_failure", note=note),
             e.JobRequeued(**s.kw(), job_id=cmd.job_id),
         ]
-    if cmd.reason == "drained":  # as a drained node's jobs leave: a maintenance preemption
+    if cmd.reason == "drained" and job.spec.resumable:  # requeued: a maintenance preemption
         p = c.Preemption(job_id=cmd.job_id, reason="maintenance", note=DRAINED_NOTE)
-        out = [  # a job that is not requeued ends with its run's exit code and real end
-            msgspec.structs.replace(ev, exit_code=cmd.exit_code, ended_at=ended_at)
-            if isinstance(ev, e.JobFinished)
-            else ev
-            for ev in _preemption_events(job, p, None, s)
-        ]
+        out = _preemption_events(job, p, None, s)
     if cmd.engine and cmd.reason not in ("launch_failed", "drained"):
         out.append(
             e.JobEngineEnded(

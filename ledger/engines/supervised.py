@@ -703,13 +703,13 @@ class SupervisedExecutor:
 
     @staticmethod
     def _all_started(h: Handle) -> bool:
-        """Every part's command runs (or already ended): the job is running. A part whose
-        leader says when its command starts (`marks_start`) has started once it said so."""
+        """Every part's command runs (or ended): the job is running. A part has started once
+        its supervisor named the leader (`job`, how readers find the run) and, when the leader
+        says when its command starts (`marks_start`, maybe before the name), it said so."""
 
         def started(p: Part) -> bool:
-            if p.marks_start:
-                return record_says_started(Path(p.rundir))
-            return (Path(p.rundir) / "job").exists()
+            named = (Path(p.rundir) / "job").exists()
+            return named and (not p.marks_start or record_says_started(Path(p.rundir)))
 
         return all(
             p.exit_code is not None or (Path(p.rundir) / "exit").exists() or started(p)

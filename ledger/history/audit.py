@@ -328,6 +328,7 @@ class _Checker:
             self._release(ev.job_id)
             self.charges.released(pos, ev.job_id, ev.at, preempted=True)
         elif isinstance(ev, e.JobFinished):
+            self._drained(pos, ev)
             self._release(ev.job_id)
             end = ev.at if ev.ended_at is None else ev.ended_at
             self.charges.released(pos, ev.job_id, end, preempted=False)
@@ -415,6 +416,22 @@ class _Checker:
             self.note(pos, ev, "ADMIN_PREEMPTED_IN_CONTRACT", reason, ev.job_id)
         else:
             self.flag(pos, ev, "PREEMPTED_IN_CONTRACT", what, ev.job_id)
+
+    def _drained(self, pos: int, ev: e.JobFinished) -> None:
+        """A job `agent --drain` stopped inside its contract (not resumable: it ends with no
+        preemption recorded) is host maintenance, which a contract allows: listed as allowed."""
+        job = self.state.jobs.get(ev.job_id)
+        placed = self.placed_at.get(ev.job_id)
+        if job is None or placed is None or not (is_system(ev.actor) and ev.note == DRAINED_NOTE):
+            return
+        ends = placed + job.spec.min_runtime_s
+        end = ev.at if ev.ended_at is None else ev.ended_at
+        if end < ends:
+            what = (
+                f"job {ev.job_id} stopped by {ev.actor!r} {ends - end:g} s before its contract ends"
+            )
+            reason = f"{what}: its node was drained for maintenance (agent --drain)"
+            self.note(pos, ev, "DRAINED_IN_CONTRACT", reason, ev.job_id)
 
     def _lost_with_node(self, job: Job, ev: e.JobPreempted) -> bool:
         """A contract cannot outlive its node: a requeue because a node it runs on is lost

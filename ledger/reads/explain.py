@@ -139,11 +139,22 @@ _FINISH_WORDS: dict[str, str] = {
     "launch_failed": "could not be started",
 }
 """Every `FinishReason` in words (tests check each one has words)."""
+_DRAINED_WORDS = (
+    "was stopped when its node was drained for maintenance (`gpuledger agent --drain`), and as "
+    "it is not resumable it ended there"
+)
+"""A job `agent --drain` stopped: `preempted` as a drained node's jobs end, though no
+preemption was decided or recorded."""
 
 
 def finish_line(ev: e.JobFinished) -> str:
     """Pure: a job's end in one sentence: why, with its exit code and note."""
+    from ledger.core.state import DRAINED_NOTE
+
     words = _FINISH_WORDS.get(ev.reason, f"ended {ev.reason}")
+    note = f" ({ev.note})" if ev.note else ""
+    if ev.reason == "preempted" and ev.note == DRAINED_NOTE:  # no preemption: its node's drain
+        words, note = _DRAINED_WORDS, ""
     if ev.reason == "cancelled":
         words += (
             " outside the ledger (in its engine)"
@@ -151,7 +162,6 @@ def finish_line(ev: e.JobFinished) -> str:
             else (f" by {ev.actor}")
         )
     code = f", exit code {ev.exit_code}" if ev.exit_code is not None else ""
-    note = f" ({ev.note})" if ev.note else ""
     later = _recorded(ev.ended_at, ev.at)
     return f"{when(_real(ev.ended_at, ev.at))} it {words}{code}{note}{later}."
 

@@ -114,9 +114,11 @@ def test_a_new_executor_adopts_live_jobs_and_reports_exits_that_happened_meanwhi
 ) -> None:
     first = executor(dirs)
     launch(first, job(1, "exec sleep 60"), job(2, "sleep 1; exit 4", (("n0", (1,)),)))
+    deadline = time.monotonic() + 10  # each supervisor names its job once the job has started
+    while {p.job_id for p in live_processes(dirs[0])} != {1, 2}:
+        assert time.monotonic() < deadline, live_processes(dirs[0])
+        time.sleep(0.02)
     first.close()  # the service goes away; its jobs do not
-    sup = {p.job_id: p.pid for p in live_processes(dirs[0])}
-    assert set(sup) == {1, 2}
     deadline = time.monotonic() + 30  # job 2 ends while no executor watches it
     while 2 in {p.job_id for p in live_processes(dirs[0])}:
         assert time.monotonic() < deadline, "job 2 did not end"

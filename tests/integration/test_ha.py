@@ -226,8 +226,8 @@ def test_kill_9_of_the_leader_while_jobs_run_on_3_agents_kills_no_job_runs_none_
     cli(home, "node", "remove", "n1", GPULEDGER_USER="root")
     marks = Path(tempfile.mkdtemp(prefix="gpuledger-marks-"))  # the jobs run as nobody (the
     marks.chmod(0o1777)  # service runs as root): a directory every account may write
-    g = make_group(tmp_path, dsn, 3, "--executor", "agents", "--interval", "0.5s",
-                   "--node-lost-after", "60s", home=home)  # fmt: skip
+    g = make_group(tmp_path, dsn, 3, "--executor", "agents", "--run-as", "service",
+                   "--interval", "0.5s", "--node-lost-after", "60s", home=home)  # fmt: skip
     agents: list[Agent] = []
     acked: list[int] = []
     failed: list[str] = []

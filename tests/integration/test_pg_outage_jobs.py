@@ -43,9 +43,9 @@ def test_postgresql_down_longer_than_the_node_fence_kills_no_job_and_forgets_no_
     token = make_token(home, "--user", "alice")
     marks = Path(tempfile.mkdtemp(prefix="gpuledger-marks-"))
     marks.chmod(0o1777)  # the jobs run as nobody
-    g = make_group(tmp_path, pg_pair.dsn, 2, "--executor", "agents", "--interval", "0.5s",
-                   "--node-lost-after", "3s", "--node-fence", "6s", "--grace", "1s",
-                   home=home)  # fmt: skip
+    g = make_group(tmp_path, pg_pair.dsn, 2, "--executor", "agents", "--run-as", "service",
+                   "--interval", "0.5s", "--node-lost-after", "3s", "--node-fence", "6s",
+                   "--grace", "1s", home=home)  # fmt: skip
     agent = Agent("node-a", tmp_path / "node-a", node_token, g.urls, tmp_path / "node-a.log")
     try:
         for m in g.members:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import time
 from pathlib import Path
@@ -175,6 +176,93 @@ def test_a_run_slurm_cannot_launch_is_launch_failed_and_never_started(ledger: Le
         # start (the start waits for the batch script's mark, which a failed launch never makes)
         assert row["started_at"] is None, row
         assert ledger.of("job.started.v1", job) == [], ledger.of("job.started.v1", job)
+        ledger.stop()
+
+
+def test_a_working_directory_it_cannot_enter_is_launch_failed_with_why(ledger: Ledger) -> None:
+    """Issue 23's note: its output elsewhere, a job whose working directory its user may not
+    enter (root's, 0700), or which was removed after the submission (while the job waited on a
+    dependency), never runs (Slurm would start it in /tmp): it was recorded `failed` with exit
+    127 and a start. It ends `launch_failed`, no start, no exit code, and `explain` says why in
+    one line, as on the node agents (test_sbatch_like.py)."""
+    with os_user("glcd", groups=0) as user:
+        ledger.cli("member", "add", user.name, "ai2/olmo")
+        closed = ledger.work / "closed-cd"  # root's, 0700: the user may not enter it
+        closed.mkdir(mode=0o700)
+        gone, go = user.home / "gone", user.home / "go"
+        gone.mkdir()
+        os.chown(gone, user.uid, user.gid)
+        ledger.up(run_as="submitter")
+        out = ["-o", f"{user.home}/o-%j.out"]  # an output file the user can open
+        (first,) = submit_as(ledger, user, user.home, "--", "sh", "-c",
+                             f"while [ ! -e {go} ]; do sleep 0.2; done")  # fmt: skip
+        (no_entry,) = submit_as(ledger, user, user.home, "-D", str(closed), *out, "--", "true")
+        (removed,) = submit_as(ledger, user, gone, *out, f"--dependency=afterany:{first}",
+                               "--", "true")  # fmt: skip
+        gone.rmdir()  # after the submission, before its launch
+        go.touch()
+        ended = (no_entry, removed)
+        ledger.wait("both to end", lambda: all(status(ledger, j) == "finished" for j in ended))
+        rows = ledger.jobs()
+        for job, where in [(no_entry, closed), (removed, gone)]:
+            row = rows[job]
+            assert (row["finish_reason"], row["exit_code"], row["started_at"]) == (
+                "launch_failed", None, None,
+            ), row  # fmt: skip
+            why = f"cannot enter the working directory {where}"
+            assert row["finish_note"] == why, row
+            assert ledger.of("job.started.v1", job) == []
+            said = [ln for ln in ledger.cli("explain", str(job)).splitlines() if why in ln]
+            assert len(said) == 1 and "could not be started" in said[0], said
+        ledger.stop()
+
+
+def test_an_output_file_another_account_planted_is_refused_not_appended_to(
+    ledger: Ledger,
+) -> None:
+    """T19 (docs/security.md), as on the node agents (test_sbatch_like.py): in a directory
+    every account may write (1777), another account plants the next job's default output file
+    (0666) and a link at a name a job asks for: slurmstepd appended to the file (the planter
+    read the job's output) and followed the link. Now the launch fails with why, nothing is
+    written; the user's own job there gets its file made for it, 0600, as before."""
+    with os_user("glpl", groups=0) as user, shared_dir("gl23-shared-") as top:
+        ledger.cli("member", "add", user.name, "ai2/olmo")
+        shared = top / "shared"
+        shared.mkdir()
+        shared.chmod(0o1777)
+        nobody = pwd.getpwnam("nobody")
+        ledger.up(run_as="submitter")
+        (first,) = submit_as(ledger, user, shared, "--", "sh", "-c", "echo mine")
+        ledger.wait("the first job to end", lambda: status(ledger, first) == "finished")
+        assert ledger.jobs()[first]["finish_reason"] == "completed"
+        own = shared / f"gpuledger-{first}.out"
+        assert (own.stat().st_uid, own.stat().st_mode & 0o777) == (user.uid, 0o600)
+        assert own.read_text() == "mine\n"
+        planted = shared / f"gpuledger-{first + 1}.out"
+        planted.touch()
+        planted.chmod(0o666)
+        os.chown(planted, nobody.pw_uid, nobody.pw_gid)
+        secret = user.home / "secret.txt"
+        secret.write_text("")
+        os.chown(secret, user.uid, user.gid)
+        link = shared / "link.out"
+        link.symlink_to(secret)
+        os.lchown(link, nobody.pw_uid, nobody.pw_gid)
+        (second,) = submit_as(ledger, user, shared, "--", "sh", "-c", "echo leaked")
+        (third,) = submit_as(ledger, user, shared, "-o", "link.out", "--", "sh", "-c",
+                             "echo leaked")  # fmt: skip
+        assert second == first + 1
+        ended = (second, third)
+        ledger.wait("both to end", lambda: all(status(ledger, j) == "finished" for j in ended))
+        rows = ledger.jobs()
+        for job, name in [(second, planted), (third, link)]:
+            row = rows[job]
+            assert (row["finish_reason"], row["started_at"]) == ("launch_failed", None), row
+            why = f"the output file {name} exists and belongs to another user"
+            assert row["finish_note"] == why, row
+            said = [ln for ln in ledger.cli("explain", str(job)).splitlines() if why in ln]
+            assert len(said) == 1, said
+        assert planted.read_text() == "" and secret.read_text() == ""
         ledger.stop()
 
 

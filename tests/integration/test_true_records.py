@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 
 from tests.integration import test_node_agents as agents
@@ -22,7 +23,9 @@ def test_agent_drain_inside_a_contract_is_maintenance_the_audit_allows(cluster: 
     """F9: the job (1 h contract, not resumable) is stopped by `agent --drain` of its node:
     `audit check` finds no violation and lists the drain as allowed; `explain` says the node
     was drained for maintenance, not "an admin preemption"; `jobs` keeps its placement time
-    and its exit code."""
+    and its exit code. Issue 23's note: it is recorded as the node's drain, not a preemption
+    (no `job.preempted.v1`, which would also end its charge when it was recorded): it ends
+    `preempted` at its run's real end, and `report preemptions` counts none."""
     c = cluster
     job = c.submit(2, "echo $$; exec sleep 120")
     j = c.wait_status(job, "running")
@@ -35,11 +38,18 @@ def test_agent_drain_inside_a_contract_is_maintenance_the_audit_allows(cluster: 
                        str(agents.GPUS), "--state-dir", str(ag.state), "--grace", "1s", "--drain",
                        GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
     assert f"drained node {node}: stopped 1 job(s)" in drain.stdout
+    stopped = time.time()  # the run ended before the drain command returned
     row = c.wait_status(job, "finished")
     assert row["finish_reason"] == "preempted", row
     assert row["placed_at"] is not None and row["exit_code"] is not None, row
+    assert row["preemptions"] == 0 and row["finished_at"] <= stopped, row
+    assert [ev for ev in c.events("job.preempted.v1") if ev["job_id"] == job] == []
+    report = json.loads(c.cli("report", "preemptions", "--since", "2000-01-01T00:00:00Z",
+                              "--json").stdout)  # fmt: skip
+    assert job not in {p["job_id"] for p in report["rows"]}, report
     explain = c.cli("explain", str(job)).stdout
     assert "drained for maintenance" in explain and "admin preemption" not in explain, explain
+    assert "was preempted" not in explain, explain
     c.server.stop(signal.SIGTERM)
     checked = audit_check(c)
     assert ": 0 violations" in checked, checked
@@ -72,3 +82,29 @@ def test_afternotok_on_an_array_waits_for_every_task_through_the_server(tmp_path
         go.touch()
         served.server.stop()
         go.unlink()
+
+
+def test_a_working_directory_removed_before_the_launch_is_launch_failed_on_the_agents(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Issue 23's note, the node agents' twin of the Slurm test in test_slurm_world.py: a job
+    whose working directory was removed after its submission (while it waited on a
+    dependency), its output elsewhere, never runs: `launch_failed`, no start, no exit code,
+    and `explain` says why in one line."""
+    c = cluster
+    gone, go = tmp_path / "gone", tmp_path / "go"
+    gone.mkdir()
+    first = c.submit(1, f"while [ ! -e {go} ]; do sleep 0.2; done")
+    job = c.submit(1, "true", "-D", str(gone), "-o", str(tmp_path / "o-%j.out"),
+                   f"--dependency=afterany:{first}")  # fmt: skip
+    gone.rmdir()  # after the submission, before its launch
+    go.touch()
+    row = c.wait_status(job, "finished")
+    assert (row["finish_reason"], row["exit_code"], row["started_at"]) == (
+        "launch_failed", None, None,
+    ), row  # fmt: skip
+    why = f"cannot enter the working directory {gone}"
+    assert row["finish_note"] == why, row
+    assert [ev for ev in c.events("job.started.v1") if ev["job_id"] == job] == []
+    said = [ln for ln in c.cli("explain", str(job)).stdout.splitlines() if why in ln]
+    assert len(said) == 1 and "could not be started" in said[0], said

@@ -511,20 +511,21 @@ def test_output_patterns_are_written_out_under_the_working_directory(w: World) -
 
 def test_a_drained_run_is_requeued_when_resumable_and_ends_preempted_otherwise(w: World) -> None:
     """`agent --drain` reports its node's runs `drained`: the ledger treats them as a drained
-    node's jobs (a maintenance preemption), never as failures of their own."""
+    node's jobs, never as failures of their own: a resumable one is requeued (a maintenance
+    preemption: its next run is another), one that is not ends `preempted` with no preemption
+    recorded (none was decided: issue 23's note), its exit code kept."""
     w.submit(resumable=True)
     w.submit()
     w.place(1, "n1", 0)
     w.place(2, "n1", 1)
     got = w.finish(1, -15, reason="drained") + w.finish(2, -15, reason="drained")
     kinds = [(type(ev).__name__, ev.job_id) for ev in got if isinstance(ev, e.JobEvent)]
-    assert kinds == [
-        ("JobPreempted", 1), ("JobRequeued", 1), ("JobPreempted", 2), ("JobFinished", 2),
-    ]  # fmt: skip
+    assert kinds == [("JobPreempted", 1), ("JobRequeued", 1), ("JobFinished", 2)]
     assert {ev.reason for ev in got if isinstance(ev, e.JobPreempted)} == {"maintenance"}
     assert w.state.jobs[1].status == "pending"
     (end,) = [ev for ev in got if isinstance(ev, e.JobFinished)]
-    assert (end.outcome, end.reason) == ("preempted", "preempted")
+    assert (end.outcome, end.reason, end.exit_code) == ("preempted", "preempted", -15)
+    assert w.state.jobs[2].preemptions == 0
 
 
 def test_a_drain_inside_a_contract_is_maintenance_allowed_by_audit_and_explained(

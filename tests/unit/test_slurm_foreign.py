@@ -163,3 +163,30 @@ def test_a_launched_run_starts_at_slurms_start_time_once_its_script_marks_it(
     assert ex._starts == []
     reads(ex, our_run("RUNNING"), 100.0 + ex.launch_confirm_s)
     assert [s.started_at for s in ex._starts] == [slurm_time("2026-12-01T21:17:50")]
+
+
+def test_a_script_that_cannot_enter_its_directory_is_launch_failed_unless_it_started(
+    tmp_path: Path,
+) -> None:
+    """Issue 23's note: the batch script leaves `cannot-enter` (and never `launched`) when its
+    `cd` fails, and ends 127: the run ends `launch_failed` with why and no start. A mark found
+    beside `launched`, or for a run recorded started, is not believed (the job's own user may
+    write the directory): it ends as Slurm says."""
+    ex = watched(tmp_path)
+    run_dir = ex._checkpoint_file(1, 0).parent
+    run_dir.mkdir(parents=True)
+    (run_dir / "cannot-enter").touch()
+    reads(ex, our_run("RUNNING"), 100.0)
+    reads(ex, our_run("RUNNING"), 100.0 + ex.launch_confirm_s)  # never confirmed by time alone
+    assert ex._starts == []
+    reads(ex, our_run("FAILED", code="127:0"), 111.0)
+    ((x),) = ex._exits
+    assert (x.reason, x.note) == ("launch_failed", "cannot enter the working directory"), x
+    assert ex._starts == []
+    ex = watched(tmp_path)
+    (run_dir / "launched").touch()
+    reads(ex, our_run("RUNNING"), 100.0)
+    assert len(ex._starts) == 1  # the launch mark wins
+    reads(ex, our_run("FAILED", code="127:0"), 101.0)
+    ((x),) = ex._exits
+    assert (x.reason, x.exit_code) == ("exited", 127) and len(ex._starts) == 1, x

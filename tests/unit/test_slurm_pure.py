@@ -537,6 +537,7 @@ def test_an_engine_run_is_linked_at_its_start_and_its_ending_recorded(
         job_id=1,
         engine="slurm",
         engine_job_id="41",
+        gpus=slots,  # the engine named none: the placement's, which it was asked for
     )
     ended = run(
         org_state,
@@ -777,7 +778,7 @@ def test_a_deposed_leader_s_executor_neither_submits_nor_cancels(tmp_path: Path)
         calls.append(args)
         return "41\n" if args[0] == "sbatch" else ""  # Slurm lists no job
 
-    ex = Executor("gpuledger", LID, tmp_path, may_act=lambda: leading)
+    ex = Executor("gpuledger", LID, tmp_path, may_act=lambda: leading, run_as="service")
     ex._run = run  # type: ignore[method-assign]
     orders = Orders(launches=(launch(GpuSlot(node="vm", gpu_indices=(0,))),), epoch=3)
     assert ex.carry_out(orders, 100.0) == ()

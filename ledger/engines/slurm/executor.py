@@ -20,6 +20,14 @@ from pathlib import Path
 from ledger.core.state import Node
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
 from ledger.engines.accounts import RunAs, account_for, own_log, own_umask
+from ledger.engines.slurm.launching import (
+    CANNOT_ENTER,
+    LAUNCHED,
+    cannot_enter,
+    launch_failure,
+    marked,
+)
+from ledger.engines.slurm.outputs import claim_outputs
 from ledger.engines.slurm.stops import Stopping, Tag, no_grace, run_gpus, stopped_end
 from ledger.engines.slurm.words import (
     ENDED,
@@ -301,8 +309,21 @@ class SlurmExecutor:
         recorded start is Slurm's StartTime either way; only when it is recorded waits."""
         if r.running_seen is None:
             r.running_seen = now
-        mark = self._checkpoint_file(r.job_id, r.run).with_name("launched")
-        return os.path.lexists(mark) or now - r.running_seen >= self.launch_confirm_s
+        run_dir = self._checkpoint_file(r.job_id, r.run).parent
+        if marked(run_dir, LAUNCHED):
+            return True
+        return not marked(run_dir, CANNOT_ENTER) and now - r.running_seen >= self.launch_confirm_s
+
+    def _never_ran(self, r: _Run, j: SlurmJob) -> str:
+        """Why an ended run's command never ran ("" if it did, or may have): Slurm could not
+        launch it (JobLaunchFailure), or its script could not enter its working directory
+        (`launching`: the mark, left before the launch mark, of a run not recorded started)."""
+        if j.launch_failed:
+            return launch_failure(r.launch, r.logs)
+        run_dir = self._checkpoint_file(r.job_id, r.run).parent
+        if not r.started and marked(run_dir, CANNOT_ENTER) and not marked(run_dir, LAUNCHED):
+            return cannot_enter(r.launch)
+        return ""
 
     def _read_checkpoints(self) -> list[int]:
         """The running jobs that touched their checkpoint file since the last read."""
@@ -339,11 +360,14 @@ class SlurmExecutor:
         out = job.stdout or str(self._default_log(job, who))
         err = job.stderr or ""
         r.logs = tuple(dict.fromkeys(p for p in (out, err) if p))
+        planted = claim_outputs(r.logs, who, self.timeout_s)  # slurmstepd would append to it
+        if planted:
+            raise _Refused(planted)
         args = ["sbatch", *sbatch_args(job, self.partition, out, who, self.ledger_id,
                                        self._pinned, err)]  # fmt: skip
         checkpoint = self._checkpoint_file(job.job_id, job.run, who)
-        launched = str(checkpoint.with_name("launched"))
-        script = batch_script(job, who, str(checkpoint), launched, own_umask())
+        launched, no_dir = (str(checkpoint.with_name(m)) for m in (LAUNCHED, CANNOT_ENTER))
+        script = batch_script(job, who, str(checkpoint), launched, own_umask(), no_dir)
         slurm_id = self._run(args, stdin=script, env=self._sbatch_env()).strip().split(";")[0]
         r.slurm_id = slurm_id
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, slurm_id)
@@ -381,19 +405,6 @@ class SlurmExecutor:
                 continue
             for sl in r.launch.slots:
                 held.setdefault(sl.node, set()).update(sl.gpu_indices)
-
-    @staticmethod
-    def _launch_failure(r: _Run) -> str:
-        """Why Slurm could not launch a run (JobLaunchFailure), in the job's words: slurmd
-        says no more, so the likely cause is named from what the job asked for."""
-        job = r.launch
-        if job is not None and job.workdir and not os.path.isdir(job.workdir):
-            return f"cannot enter the working directory {job.workdir} (Slurm: JobLaunchFailure)"
-        files = " or ".join(r.logs) or "its output file"
-        return (
-            f"Slurm could not launch it (JobLaunchFailure): cannot open the output file {files} "
-            "or enter the working directory as its user"
-        )
 
     def _earlier_alive(self, job_id: int, run: int) -> SlurmJob | None:
         """A Slurm job of an earlier run of `job_id` that has not ended (the launch fence)."""
@@ -589,17 +600,18 @@ class SlurmExecutor:
                 if why:
                     self._take_back(r, why, now)
                     continue
-            if j.started and not r.started and (j.holding or j.ended) and not j.launch_failed:
+            never_ran = self._never_ran(r, j) if j.ended and not r.limited else ""
+            if j.started and not r.started and (j.holding or j.ended) and not never_ran:
                 r.started_at = j.start_time  # its limit counts from Slurm's start
             if (
                 j.started
                 and not r.started
                 and (j.ended or (j.holding and self._launched(r, now)))
-                and not j.launch_failed
+                and not never_ran
             ):  # RUNNING alone is not yet a start: Slurm may still fail the launch (N3)
                 r.started = True
                 r.started_at = j.start_time
-                gpus = run_gpus(j, self._pinned, r.launch)  # also once ended: Slurm's record
+                gpus = run_gpus(j, self._pinned)  # also once ended: Slurm's record
                 # charged from Slurm's real start (the ledger keeps it inside the placement)
                 self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
                                           started_at=j.start_time))  # fmt: skip
@@ -610,11 +622,11 @@ class SlurmExecutor:
                 and (self._settle_until is None or now >= self._settle_until)
             ):
                 r.seen_running_at = now
-            if j.ended and j.launch_failed and not r.limited:  # its command never ran
+            if never_ran:  # its command never ran
                 del self._runs[job_id]
                 at = now if j.end_time is None else min(now, j.end_time)
                 self._exits.append(Exit(job_id, -1, at, "launch_failed", r.slurm_id, j.state,
-                                        self._launch_failure(r)))  # fmt: skip
+                                        never_ran))  # fmt: skip
             elif j.ended:
                 del self._runs[job_id]
                 at = self._end_of(r, j, now)

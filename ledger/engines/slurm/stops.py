@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ledger.core.state import State
-from ledger.cycle.executor import Exit, Launch
+from ledger.cycle.executor import Exit
 from ledger.engines.slurm.words import SlurmJob, ended_gpus
 from schemas.events import GpuSlot
 
@@ -51,12 +51,10 @@ def no_grace(_: int) -> float | None:
     return None
 
 
-def run_gpus(
-    j: SlurmJob, pinned: Mapping[str, tuple[str, ...]], launch: Launch | None
-) -> tuple[GpuSlot, ...]:
+def run_gpus(j: SlurmJob, pinned: Mapping[str, tuple[str, ...]]) -> tuple[GpuSlot, ...]:
     """Pure: the GPUs a started run got, as Slurm says: `-d`'s IDX while it holds them; once
-    it has ended (first seen then, or adopted after a restart) its JOB_GRES on pinned nodes,
-    else the GPUs it was submitted for (Slurm was asked for exactly those)."""
+    it has ended (first seen then, or adopted after a restart) its JOB_GRES on pinned nodes;
+    else none, and the ledger records the placement's (Slurm was asked for exactly those:
+    `decide`'s StartJob)."""
     got = {n: i for n, i in j.gpus.items() if i} or ended_gpus(j, pinned)
-    asked = {sl.node: sl.gpu_indices for sl in launch.slots} if launch is not None else {}
-    return tuple(GpuSlot(node=n, gpu_indices=i) for n, i in sorted((got or asked).items()))
+    return tuple(GpuSlot(node=n, gpu_indices=i) for n, i in sorted(got.items()))

@@ -626,27 +626,33 @@ def batch_script(
     checkpoint_file: str = "",
     launched_file: str = "",
     umask: int = 0o022,
+    cannot_enter_file: str = "",
 ) -> str:
     """Pure: the batch script: the job's umask (sbatch runs with SLURM_UMASK 077 so that
     slurmstepd makes the output files the user's alone, 0600; the job itself gets `umask` back,
-    the one it had before), the job's environment (`job_environment`), the mark that Slurm
-    launched it (`launched_file`, made empty: a run Slurm shows RUNNING is recorded started
-    only once its script runs, so one whose launch fails, JobLaunchFailure, never started), a
-    check that it starts where it was asked to (Slurm would fall back to /tmp), then the job's
-    command replaces the shell, so it gets the signals. (The variables sit in the script:
+    the one it had before), the job's environment (`job_environment`), a check that it starts
+    where it was asked to (Slurm would fall back to /tmp): a directory it cannot enter leaves
+    `cannot_enter_file` and ends the script, so its run is a failed launch, never a run (as
+    on the node agents); then the mark that it launched (`launched_file`, made empty: a run
+    Slurm shows RUNNING is recorded started only once its script gets there, so one whose
+    launch fails, JobLaunchFailure or that directory, never started), then the job's command
+    replaces the shell, so it gets the signals. (The variables sit in the script:
     `sbatch --export=ALL,VAR=...` makes Slurm start a job about 1.5 s later; sbatch itself runs
     with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
     env = job_environment(job, who or SbatchUser(), checkpoint_file)
     lines = ["#!/bin/bash", f"umask {umask:04o}"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
-    if launched_file:  # where the service's directory is not shared, the executor waits instead
-        lines.append(f"{{ : > {shlex.quote(launched_file)}; }} 2>/dev/null")
     if job.workdir:
         wd = shlex.quote(job.workdir)
-        lines.append(
-            f'cd -- {wd} || {{ echo "gpuledger: cannot enter the working directory "{wd} >&2; '
-            "exit 127; }"
+        mark = f" {{ : > {shlex.quote(cannot_enter_file)}; }} 2>/dev/null;" * bool(
+            cannot_enter_file
         )
+        lines.append(
+            f'cd -- {wd} || {{ echo "gpuledger: cannot enter the working directory "{wd} >&2;'
+            f"{mark} exit 127; }}"
+        )
+    if launched_file:  # where the service's directory is not shared, the executor waits instead
+        lines.append(f"{{ : > {shlex.quote(launched_file)}; }} 2>/dev/null")
     lines.append("exec " + (shlex.join(job.command) if job.command else "true"))
     return "\n".join(lines) + "\n"
 

@@ -1,0 +1,41 @@
+"""Whether a Slurm run really launched, from the marks its batch script leaves in the run's
+directory (`<log_dir>/checkpoints/<job>.<run>/`, the job's user's alone): `launched` once its
+command is about to run, `cannot-enter` when its working directory could not be entered (the
+script ends there, exit 127). Slurm itself cannot say: slurmstepd falls back to /tmp for a
+directory it cannot enter, and a script that ends 127 is FAILED like any job's own failure.
+Where the compute node does not share the service's directory, neither mark is seen: such a
+run is recorded as Slurm ends it (docs/slurm.md). An edge (it reads the marks)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ledger.cycle.executor import Launch
+
+LAUNCHED = "launched"
+CANNOT_ENTER = "cannot-enter"
+
+
+def marked(run_dir: Path, mark: str) -> bool:
+    """Whether the batch script left `mark` in the run's directory (a link counts: it is
+    never followed)."""
+    return os.path.lexists(run_dir / mark)
+
+
+def cannot_enter(launch: Launch | None) -> str:
+    """Why a run whose script left `cannot-enter` never ran, in the words of the node agents."""
+    where = launch.workdir if launch is not None and launch.workdir else ""
+    return f"cannot enter the working directory {where}".rstrip()
+
+
+def launch_failure(launch: Launch | None, logs: tuple[str, ...]) -> str:
+    """Why Slurm could not launch a run (JobLaunchFailure), in the job's words: slurmd says
+    no more, so the likely cause is named from what the job asked for."""
+    if launch is not None and launch.workdir and not os.path.isdir(launch.workdir):
+        return f"cannot enter the working directory {launch.workdir} (Slurm: JobLaunchFailure)"
+    files = " or ".join(logs) or "its output file"
+    return (
+        f"Slurm could not launch it (JobLaunchFailure): cannot open the output file {files} "
+        "or enter the working directory as its user"
+    )

@@ -1,0 +1,68 @@
+"""A Slurm run's output and error files, made the job's user's before `sbatch` (T19 in
+docs/security.md). slurmstepd opens them as the job's user with O_CREAT and no O_EXCL, so a file
+another account planted at the name (in a directory both may write: /tmp, a 1777 project dir) is
+appended to and a link there is followed, and whoever planted it reads the job's output. So the
+executor does first, as the job's user, what the node agents' wrapper does (`supervise.WRAPPER`):
+a name that is free is taken (created empty, 0600, O_EXCL: in a sticky directory nobody else can
+remove or replace it then), one the user owns is left to append to, one another account owns (a
+file or a link) refuses the launch with why. A file that cannot be made here (its directory is
+missing or closed to the user, or only on the compute nodes) is left to Slurm, which fails the
+launch then (JobLaunchFailure) or opens it where it runs. An edge (it runs a shell as the user)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from collections.abc import Iterable
+from typing import Any
+
+from ledger.engines.slurm.words import SbatchUser
+
+log = logging.getLogger("gpuledger.slurm")
+
+CLAIM = r"""umask 077
+for f in "$@"; do
+  if [ -L "$f" ] || [ -e "$f" ]; then
+    if [ -L "$f" ] || [ -f "$f" ]; then
+      [ -n "$(find "$f" -maxdepth 0 -user "$(id -u)" 2>/dev/null)" ] || printf '%s\n' "$f"
+    fi
+  else
+    (set -C; : >"$f") 2>/dev/null
+  fi
+done
+exit 0
+"""
+"""As the job's user, $@ the files: prints each one another account owns; takes the free ones."""
+
+
+def claim_outputs(paths: Iterable[str], who: SbatchUser, timeout_s: float) -> str:
+    """Make the run's files the user's where they are free; "" when Slurm may open them all,
+    else why not (one line, in the node agents' words). `who.uid` None: the service's own
+    account runs the job, and the shell runs as it."""
+    files = [p for p in dict.fromkeys(paths) if p]
+    if not files:
+        return ""
+    try:
+        done = subprocess.run(
+            ["/bin/sh", "-c", CLAIM, "gpuledger-claim", *files],
+            capture_output=True, text=True, timeout=timeout_s, check=False, cwd="/",
+            env={"PATH": "/usr/bin:/bin"}, **_as(who),
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as err:  # as a file it cannot make: Slurm's
+        log.warning("cannot check the output files %s: %s", files, err)
+        return ""
+    taken = [ln for ln in done.stdout.splitlines() if ln in files]
+    if not taken:
+        return ""
+    kind = "output file" if taken[0] == files[0] else "error file"
+    return f"the {kind} {taken[0]} exists and belongs to another user"
+
+
+def _as(who: SbatchUser) -> dict[str, Any]:
+    """`subprocess` arguments that run as the job's user with its groups (initgroups)."""
+    if who.uid is None:
+        return {}
+    gid = who.gid if who.gid is not None else who.uid
+    groups = os.getgrouplist(who.name, gid) if who.name else []
+    return {"user": who.uid, "group": gid, "extra_groups": groups}
