@@ -100,6 +100,10 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     not respond): nothing is placed on them or preempted from them until it can (outage)."""
     unobserved_since: float | None = None
     """Since when the engine has not observed every node (None: it observes them all)."""
+    engine_away: str | None = None
+    """Why the executor is not open, when it is not (the service started while slurmctld did
+    not answer, or Slurm refuses the partition): nothing is placed until it opens."""
+    engine_away_since: float | None = None
 
 
 class WhoAmI(msgspec.Struct, frozen=True, kw_only=True):

@@ -82,6 +82,11 @@ class EngineError(LedgerError):
     code = "engine"
 
 
+class EngineAway(EngineError):
+    """The execution engine does not answer now (slurmctld is down): the service runs on,
+    places nothing, says so in `status`, and opens the executor once the engine answers."""
+
+
 class NotAuthenticated(LedgerError):
     """The caller could not be identified: no token, a malformed, unknown, expired or revoked
     one. Never says which, so a guesser learns nothing."""

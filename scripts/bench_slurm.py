@@ -155,17 +155,17 @@ def service_arm(
             for i in range(1, n + 1):
                 handed[i] = t0 = time.time()
                 cli("submit", "-A", "ai2/olmo", "-G", "1", "--", "bash", "-c", "date +%s.%N")
-                out.append(started_at(home / "jobs" / f"job-{i}.log") - t0)
+                out.append(started_at(tmp / f"gpuledger-{i}.out") - t0)  # where it was submitted
                 print(f"\r{i} submissions", end="", flush=True)
             print()
-            breakdown(json.loads(cli("log", "--json", "--limit", "100000")), handed, home)
+            breakdown(json.loads(cli("log", "--json", "--limit", "10000")), handed, tmp)
             return out
         finally:
             up.terminate()
             up.wait(timeout=60)
 
 
-def breakdown(rows: list[dict[str, Any]], handed: dict[int, float], home: Path) -> None:
+def breakdown(rows: list[dict[str, Any]], handed: dict[int, float], work: Path) -> None:
     """Where a submission's time goes (medians): the CLI until its event is appended, the wait
     for the cycle that places it, and the placement until the job's script runs."""
     at: dict[tuple[str, int], float] = {}
@@ -181,7 +181,7 @@ def breakdown(rows: list[dict[str, Any]], handed: dict[int, float], home: Path) 
             continue
         cli_s.append(sub - t0)
         cycle_s.append(placed - sub)
-        engine_s.append(started_at(home / "jobs" / f"job-{j}.log") - placed)
+        engine_s.append(started_at(work / f"gpuledger-{j}.out") - placed)
     a, b, c = (statistics.median(xs) * 1000 for xs in (cli_s, cycle_s, engine_s))
     print(f"submit to running, medians: CLI to appended {a:.0f} ms, appended to placed "
           f"{b:.0f} ms, placed to running {c:.0f} ms")  # fmt: skip

@@ -356,6 +356,12 @@ def status(ctx: Ctx, as_json: bool) -> None:
         click.echo(f"  executor      {h.executor}{placing}")
     if h.jobs_run_as:
         click.echo(f"  jobs run as   {h.jobs_run_as}")
+    if h.engine_away is not None:
+        since = "" if h.engine_away_since is None else f" since {format_time(h.engine_away_since)}"
+        click.echo(
+            f"  outage        the {h.executor or 'engine'} executor is not open{since}: "
+            f"{h.engine_away}; nothing is placed until it opens"
+        )
     if h.unobserved:
         since = "" if h.unobserved_since is None else f" since {format_time(h.unobserved_since)}"
         click.echo(

@@ -36,7 +36,7 @@ from projections.projector import Projector
 from projections.source import EventSource
 from projections.store import Store
 from schemas import commands as c
-from schemas.errors import LedgerError
+from schemas.errors import EngineAway, LedgerError
 
 if TYPE_CHECKING:
     from ledger.store.relay_service import RelayService
@@ -55,6 +55,10 @@ class LoopStats:
     last_cycle_s: float | None = None
     last_error: str | None = None
     projection_position: int = 0
+    engine_away: str | None = None
+    """Why the executor is not open (its engine does not answer, or refuses): nothing is
+    placed, and each step asks again (`ServiceLoop._recover`)."""
+    engine_away_since: float | None = None
 
 
 class ServiceLoop:
@@ -196,8 +200,12 @@ class ServiceLoop:
         assert self.dispatcher is not None, "open() first"
         t0 = time.perf_counter()
         try:
-            if not self.placing:  # nothing would run what it places: it places nothing, but
-                position = self.ledger.catch_up()  # its state and projection stay current
+            if self.stats.engine_away is not None:
+                self._recover()  # the engine answers now? (cheap while it does not)
+            if not self.placing or self.stats.engine_away is not None:
+                # nothing would run what it places (no executor, or one not open yet): it
+                # places nothing, but its state and projection stay current
+                position = self.ledger.catch_up()
                 if self.projector is not None:
                     self.projector.catch_up(until=position)
                 idle = Decision(based_on=position, policy_version=self.policy.version)
@@ -286,7 +294,20 @@ class ServiceLoop:
         nothing is assumed without one."""
         if not self.reports_starts or self.dispatcher is None:
             return
-        self.dispatcher.recover(self.clock.now())
+        now = self.clock.now()
+        try:
+            self.dispatcher.recover(now)
+        except EngineAway as err:  # started during an outage: placing waits for the engine
+            if self.stats.engine_away is None:
+                self.stats.engine_away_since = now
+                self.log.warning("the executor cannot open: %s; placing nothing until it can",
+                                 err.line())  # fmt: skip
+            self.stats.engine_away = err.line()
+            return
+        if self.stats.engine_away is not None:
+            self.log.warning("the executor is open after %.0f s: placing again",
+                             now - (self.stats.engine_away_since or now))  # fmt: skip
+        self.stats.engine_away = self.stats.engine_away_since = None
 
     def _transport(self) -> EventSource:
         """The projection always reads the store (scheduling never waits on a broker); with

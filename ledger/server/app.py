@@ -270,6 +270,8 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, pooled
             **_roles(worker, head),
             unobserved=tuple(sorted(svc.dispatcher.unobserved)) if svc.dispatcher else (),
             unobserved_since=svc.dispatcher.unobserved_since if svc.dispatcher else None,
+            engine_away=st.engine_away,
+            engine_away_since=st.engine_away_since,
         )
 
     @get("/v1/whoami", tags=["identity"], security=[{"bearer": []}])

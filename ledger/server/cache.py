@@ -24,8 +24,10 @@ T = TypeVar("T")
 
 CLOCKED = frozenset(
     {"jobs", "shares", "usage", "queue", "queue_total", "priority", "explain", "squatters"}
+    | {"nodes"}
 )
-"""Reads whose answer depends on the moment unless `at` names it."""
+"""Reads whose answer depends on the moment unless `at` names it (`nodes`: the GPUs foreign
+work holds, as the service last observed its engine, which moves without an append)."""
 FRESH_S = 2.0
 MAX_ENTRIES = 256
 

@@ -67,6 +67,8 @@ class Figures(msgspec.Struct, frozen=True, kw_only=True):
     """Node -> seconds since it was last heard from."""
     unobserved: tuple[str, ...] = ()
     """Nodes the engine cannot observe now (outage mode)."""
+    engine_open: bool = True
+    """False while the executor waits for its engine to answer (`LoopStats.engine_away`)."""
     role: str = "single"
     """This server's role: `single` (its own store), `leader` or `standby` (a shared store)."""
     epoch: int = 0
@@ -200,6 +202,13 @@ def families(f: Figures) -> list[Metric]:
         "them until it can (outage mode).",
         [],
         [([], len(f.unobserved))],
+    )
+    gauge(
+        "gpuledger_engine_open",
+        "1 when the executor is open; 0 while it waits for its engine to answer (a service "
+        "started during a slurmctld outage places nothing until then).",
+        [],
+        [([], 1.0 if f.engine_open else 0.0)],
     )
     gauge(
         "gpuledger_server_role",
@@ -423,6 +432,7 @@ def read_figures(
             node: max(0.0, clock - at) for node, at in service.executor.heard_from().items()
         },
         unobserved=_unobserved(service),
+        engine_open=service.stats.engine_away is None,
         kueue=kueue_figures(ledger.state, queue, counts),
         **_roles(ha, head),
     )

@@ -31,7 +31,7 @@ from typing import Any
 from ledger.cycle.loop import ServiceLoop, wait_time
 from ledger.server.ha import Leadership
 from ledger.store.application import Appended
-from schemas.commands import AnyCommand
+from schemas.commands import AnyCommand, SubmitJob
 from schemas.errors import LedgerError, Unavailable
 
 log = logging.getLogger("gpuledger.server")
@@ -97,6 +97,8 @@ class Worker:
     """Why the last follow failed (the store is away), for health; None once it works."""
     _epoch: int = 0
     """The lease epoch this server last took up the leader's work at."""
+    _early_at: float = float("-inf")
+    """When a submission last brought a cycle forward (`_cycle_soon`)."""
 
     def leading(self) -> bool:
         return self.ha is None or self.ha.leading
@@ -350,7 +352,21 @@ class Worker:
         except Exception as err:  # the store failed: nobody is acknowledged
             log.exception("group commit failed")
             results = [err] * len(writes)
+        if any(isinstance(t.command, SubmitJob) for t in writes):
+            self._cycle_soon()
         return list(zip(writes, results, strict=True))
+
+    def _cycle_soon(self) -> None:
+        """A submission brings the next cycle forward to `quiet_s` from now (a burst's other
+        submissions join it), at most once per `tick_s`: a job waits for the cycle that places
+        it no longer than one cycle, not the rest of the interval too, and a stream of
+        submissions costs at most twice the cycles."""
+        now = time.monotonic()
+        if now - self._early_at < self.tick_s or self._next_cycle <= now + self.quiet_s:
+            return
+        self._early_at = now
+        self._next_cycle = now + self.quiet_s
+        self._queue.put(_WAKE)  # a worker asleep until the old time wakes for the new one
 
     def _cycle(self) -> None:
         if not self.leading():

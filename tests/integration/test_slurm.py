@@ -151,8 +151,9 @@ class Ledger:
         self.cli("submit", "-A", "ai2/olmo", "-G", str(gpus), *opts, "--", "bash", "-c", script,
                  actor=actor)  # fmt: skip
 
-    def up(self, run_as: str = "service", **env: str) -> None:
-        """`gpuledger up --executor slurm`, with `env` added to its own environment."""
+    def up(self, run_as: str = "service", nodes: bool = True, **env: str) -> None:
+        """`gpuledger up --executor slurm`, with `env` added to its own environment; waits
+        until the partition's nodes are registered (`nodes`), else until it answers."""
         self.starts += 1
         log = open(self.home.parent / f"up-{self.starts}.log", "wb")  # noqa: SIM115
         self._logs.append(log)
@@ -161,6 +162,9 @@ class Ledger:
              "--interval", "0.2s", "--grace", "2s", "--log-level", "INFO", "--run-as", run_as],
             env=self.env("root") | env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
+        if not nodes:
+            self.wait("the service", lambda: (self.home / "gpuledger.sock").exists())
+            return
         self.wait(
             "the partition's nodes", lambda: bool(json.loads(self.cli("node", "list", "--json")))
         )

@@ -24,8 +24,9 @@ def _counting() -> tuple[list[int], Callable[[], bytes]]:
 @pytest.mark.parametrize(
     ("case", "name", "args", "asks", "want_calls"),
     [
-        ("same position, same args: computed once", "nodes", {}, [(5, 0.0), (5, 99.0)], 1),
-        ("an append retires the answer", "nodes", {}, [(5, 0.0), (6, 0.0), (6, 1.0)], 2),
+        ("same position, same args: computed once", "accounts", {}, [(5, 0.0), (5, 99.0)], 1),
+        ("an append retires the answer", "accounts", {}, [(5, 0.0), (6, 0.0), (6, 1.0)], 2),
+        ("nodes go stale after 2 s: foreign work moves", "nodes", {}, [(5, 0.0), (5, 2.1)], 2),
         ("a clocked read now is fresh for 2 s", "queue", {}, [(5, 0.0), (5, 1.9)], 1),
         ("a clocked read now goes stale after 2 s", "queue", {}, [(5, 0.0), (5, 2.1)], 2),
         ("a clocked read at a moment stays", "queue", {"at": 1e9}, [(5, 0.0), (5, 500.0)], 1),

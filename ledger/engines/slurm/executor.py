@@ -43,6 +43,7 @@ from ledger.engines.slurm.words import (
     check_config,
     end_reason,
     exit_code,
+    held_gpus,
     node_changes,
     parse_jobs,
     parse_nodes,
@@ -134,6 +135,7 @@ class SlurmExecutor:
         self._runs: dict[int, _Run] = {}
         self._stopping: dict[str, Stopping] = {}
         self._view: dict[str, SlurmJob] = {}
+        self._parsed: dict[str, SlurmJob] = {}  # the last read's lines (`parse_jobs`)
         self._starts: list[Start] = []
         self._exits: list[Exit] = []
         self._stopped: list[Exit] = []
@@ -251,17 +253,15 @@ class SlurmExecutor:
         except EngineError as err:
             log.warning("slurm: %s; keeping the last known state", err.line())
             return False
-        self._view = {j.slurm_id: j for j in parse_jobs(text)}
+        self._view = {j.slurm_id: j for j in parse_jobs(text, self._parsed)}
         return True
 
     def _held(self) -> dict[str, set[int]]:
         """GPUs busy in Slurm now, plus those our submitted-but-not-started runs will take."""
         held: dict[str, set[int]] = {}
         for j in self._view.values():
-            if j.holding or (not j.ended and any(j.gpus.values())):
-                # running, or pending with an allocation (a requeue still releasing it)
-                for node, idx in j.gpus.items():
-                    held.setdefault(node, set()).update(idx)
+            for node, idx in held_gpus(j, self._pinned).items():
+                held.setdefault(node, set()).update(idx)
         for r in self._runs.values():
             if r.slurm_id is not None and not r.started and r.launch is not None:
                 for sl in r.launch.slots:
@@ -669,13 +669,13 @@ class SlurmExecutor:
                     grace = self.job_grace(tag[0]) if tag is not None else None
                     self._signal(j.slurm_id, now, grace, tag)
                 continue
-            if j.holding or (not j.ended and any(j.gpus.values())):
-                # running, or pending with an allocation (a requeue still releasing it)
-                for node, idx in j.gpus.items():
-                    foreign.setdefault(node, set()).update(idx)
-                if j.slurm_id not in self._foreign_seen:
-                    self._foreign_seen.add(j.slurm_id)
-                    log.info("foreign Slurm job %s holds GPUs %s", j.slurm_id, dict(j.gpus))
+            holds = held_gpus(j, self._pinned)  # running, configuring, completing, ...
+            for node, idx in holds.items():
+                foreign.setdefault(node, set()).update(idx)
+            if holds and j.slurm_id not in self._foreign_seen:
+                self._foreign_seen.add(j.slurm_id)
+                log.info("foreign Slurm job %s (%s) holds GPUs %s", j.slurm_id, j.state,
+                         dict(holds))  # fmt: skip
         self._foreign = {n: frozenset(i) for n, i in foreign.items()}
 
     def _end_of(self, r: _Run, j: SlurmJob, now: float) -> float:

@@ -1,0 +1,94 @@
+"""Outage mode from the start (issue 24, F8): `gpuledger up --executor slurm` starts while
+slurmctld is down, says so in `status`, takes submissions in their usual time, places nothing,
+and opens fully (the partition checked, its nodes registered, runs adopted) once the controller
+answers. A real Slurm (scripts/slurm/slurm), real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+from tests.integration.test_slurm import (  # noqa: F401 (fixtures)
+    GPULEDGER,
+    SHOW,
+    Ledger,
+    cluster,
+    ledger,
+    slurm,
+    status,
+)
+
+
+def test_the_service_starts_while_slurmctld_is_down_and_places_once_it_answers(
+    ledger: Ledger,  # noqa: F811
+) -> None:
+    """A ledger whose service ran once (its nodes registered; a ledger that never saw Slurm
+    has no GPUs, and refuses a submission asking for any), started again while slurmctld is
+    down."""
+    c = ledger.cluster
+    ledger.up()
+    ledger.stop()
+    os.kill(c.daemon_pid("slurmctld"), signal.SIGKILL)
+    time.sleep(0.5)
+    ledger.up(nodes=False)
+
+    def answering() -> bool:
+        done = subprocess.run([GPULEDGER, "status"], env=ledger.env("root"),
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        return done.returncode == 0
+
+    ledger.wait("the service to answer", answering, timeout=60)
+    shown = ledger.cli("status")
+    assert "outage" in shown and "slurmctld does not answer" in shown, shown
+    health = json.loads(ledger.cli("status", "--json"))
+    assert health["engine_away"] and health["engine_away_since"] is not None, health
+    t0 = time.monotonic()
+    ledger.submit("alice", 2, SHOW + "exit 0")
+    submit_s = time.monotonic() - t0
+    assert submit_s < 5, f"a submission took {submit_s:.1f} s while slurmctld was down"
+    t0 = time.monotonic()
+    assert status(ledger, 1) == "pending"
+    read_s = time.monotonic() - t0
+    assert read_s < 5, f"a read took {read_s:.1f} s while slurmctld was down"
+    time.sleep(3)  # many cycles (0.2 s): nothing is placed while Slurm cannot be seen
+    assert ledger.of("job.placed.v1") == [] and status(ledger, 1) == "pending"
+    c.up()
+    ledger.wait("the job to end", lambda: status(ledger, 1) == "finished", timeout=120)
+    job = ledger.jobs()[1]
+    assert (job["outcome"], job["exit_code"]) == ("completed", 0), job
+    (node,) = json.loads(ledger.cli("node", "list", "--json"))
+    assert node["state"] == "active", node
+    shown = ledger.cli("status")
+    assert "outage" not in shown, shown
+    assert json.loads(ledger.cli("status", "--json"))["engine_away"] is None
+    assert "the executor is open after" in ledger.service_log()
+
+
+def test_a_service_started_during_an_outage_adopts_the_runs_slurm_kept(
+    ledger: Ledger,  # noqa: F811
+) -> None:
+    """A service stopped while its job runs, started again while slurmctld is down: the job
+    stays running (never recorded lost, never launched twice) and is adopted once Slurm
+    answers."""
+    c, flags = ledger.cluster, ledger.home.parent
+    ledger.up()
+    ledger.submit("alice", 1, SHOW + f"until [ -e {flags / 'end'} ]; do sleep 0.2; done")
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running", timeout=120)
+    time.sleep(8)  # slurmctld saves its state a few seconds after a change
+    ledger.stop()
+    os.kill(c.daemon_pid("slurmctld"), signal.SIGKILL)
+    ledger.up(nodes=False)
+    ledger.wait("the outage to show", lambda: "outage" in ledger.cli("status"), timeout=60)
+    time.sleep(2)
+    assert status(ledger, 1) == "running"
+    c.up()
+    ledger.wait("the outage to end", lambda: "outage" not in ledger.cli("status"), timeout=120)
+    (flags / "end").touch()
+    ledger.wait("the job to end", lambda: status(ledger, 1) == "finished", timeout=120)
+    job = ledger.jobs()[1]
+    assert (job["outcome"], job["exit_code"]) == ("completed", 0), job
+    assert len(ledger.of("job.engine_linked.v1", 1)) == 1
+    assert "adopted Slurm job" in ledger.service_log()
