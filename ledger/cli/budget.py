@@ -100,6 +100,7 @@ def _check(ctx: Ctx, data: bytes, name: str, prune: bool, commands: list[AnyComm
     from ledger.core import budget as b
 
     ledger = ctx.ledger()
+    b.require_may_change(ledger.state, ctx.actor)
     b.check(ledger.state, commands, ledger.clock.now(), ledger.ids, ledger.admit)
 
 

@@ -31,7 +31,7 @@ from ledger.core.evolve import evolve
 from ledger.core.state import State
 from schemas import commands as c
 from schemas.bounds import AccountPath, Name, Shares, Text, describe
-from schemas.errors import InvalidCommand
+from schemas.errors import InvalidCommand, NotAuthorised
 from schemas.events import AccountKind
 
 
@@ -228,6 +228,17 @@ def _listed(
     in name order."""
     want = set(listed)
     return [add(u) for u in sorted(want - have)] + [remove(u) for u in sorted(have - want)]
+
+
+def require_may_change(state: State, actor: str) -> None:
+    """Pure: raise NotAuthorised at once when `actor` manages no account and is no admin: every
+    change of a budget file would be refused (checked before a file is parsed or planned)."""
+    if not state.is_admin(actor) and not state.managers.get(actor):
+        raise NotAuthorised(
+            f"{actor!r} manages no account: budget changes are a manager's or an admin's",
+            hint="`gpuledger account tree` shows who manages what",
+            actor=actor,
+        )
 
 
 def check(

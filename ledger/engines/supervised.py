@@ -173,7 +173,7 @@ class SupervisedExecutor:
             jobs=sorted(self.jobs.values(), key=lambda h: h.job_id),
             containment=self.containment.describe(),
         )
-        write_atomic(self.state_dir / "state.json", msgspec.json.encode(state))
+        write_atomic(self.state_dir / "state.json", msgspec.json.encode(state), mode=0o600)
 
     def _adopt(self) -> list[Handle]:
         """Load the handles and re-attach: a part whose supervisor is gone is checked for an

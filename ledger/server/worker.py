@@ -352,7 +352,10 @@ class Worker:
         except Exception as err:  # the store failed: nobody is acknowledged
             log.exception("group commit failed")
             results = [err] * len(writes)
-        if any(isinstance(t.command, SubmitJob) for t in writes):
+        if any(  # an accepted submission (a refused one gives the dispatcher nothing new)
+            isinstance(t.command, SubmitJob) and not isinstance(r, BaseException)
+            for t, r in zip(writes, results, strict=True)
+        ):
             self._cycle_soon()
         return list(zip(writes, results, strict=True))
 

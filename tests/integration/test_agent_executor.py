@@ -118,6 +118,8 @@ def test_a_new_executor_adopts_live_jobs_and_reports_exits_that_happened_meanwhi
     while {p.job_id for p in live_processes(dirs[0])} != {1, 2}:
         assert time.monotonic() < deadline, live_processes(dirs[0])
         time.sleep(0.02)
+    # the state file names each job's output path (private): no other host account reads it
+    assert (dirs[0] / "state.json").stat().st_mode & 0o777 == 0o600  # atk25c F8
     first.close()  # the service goes away; its jobs do not
     deadline = time.monotonic() + 30  # job 2 ends while no executor watches it
     while 2 in {p.job_id for p in live_processes(dirs[0])}:
