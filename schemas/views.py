@@ -435,6 +435,9 @@ class PreemptionReportView(_View, frozen=True, kw_only=True):
     every preemption that was for a waiting job)."""
     lost_gpu_hours: float
     """Lost by the account's own jobs (suffered), or by every job with no account."""
+    caused_lost_gpu_hours: float = 0.0
+    """Lost by the jobs preempted for the account's waiting jobs (caused; with no account: for
+    every waiting job)."""
     rows: list[PreemptionReportRow]
 
 

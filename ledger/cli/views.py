@@ -198,7 +198,8 @@ def report_preemptions(
     ])  # fmt: skip
     click.echo(
         f"{when(start)} to {when(end)}: suffered {rep.suffered}, caused {rep.caused}; "
-        f"GPU-hours lost {rep.lost_gpu_hours:,.1f}"
+        f"GPU-hours lost {rep.lost_gpu_hours:,.1f} (by the jobs it preempted "
+        f"{rep.caused_lost_gpu_hours:,.1f})"
     )
 
 

@@ -556,6 +556,11 @@ def preemption_report(
         raise UnknownEntity(f"no account {account!r}", hint="see `gpuledger account tree`")
     q = history.preemption_report(account, side, start, end)
     rows = [v.PreemptionReportRow(**r) for r in history.dicts(con, q)]
+    caused = [
+        r
+        for r in rows
+        if r.side in ("caused", "both") or (r.side == "all" and r.for_job is not None)
+    ]
     return v.PreemptionReportView(
         account=account,
         side=side,
@@ -564,11 +569,9 @@ def preemption_report(
         suffered=sum(r.side in ("suffered", "both", "all") for r in rows),
         # caused: for a job of the subtree (a preemption inside it counts on both sides);
         # with no account, every preemption that was for a waiting job
-        caused=sum(
-            r.side in ("caused", "both") or (r.side == "all" and r.for_job is not None)
-            for r in rows
-        ),
+        caused=len(caused),
         lost_gpu_hours=sum(r.lost_gpu_hours for r in rows if r.side in ("suffered", "both", "all")),
+        caused_lost_gpu_hours=sum(r.lost_gpu_hours for r in caused),
         rows=rows,
     )
 

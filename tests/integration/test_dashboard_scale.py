@@ -255,6 +255,26 @@ def test_no_table_is_wider_than_the_window_at_1440_px(deep: Deep, browser: Brows
         assert page.evaluate("document.documentElement.scrollWidth") <= inner, path
 
 
+def test_a_narrow_window_keeps_the_queues_reason_readable(deep: Deep, browser: Browser) -> None:
+    """atk29c F1: at 1,000 px the reason column fell to 0 px and a row grew ~950 px tall; now
+    the table keeps its columns and scrolls inside the page, which is no wider than the window."""
+    ctx = browser.new_context(viewport={"width": 1000, "height": 800}, timezone_id=TIMEZONE)
+    ctx.add_init_script(f"localStorage.setItem('gpuledger.token', {json.dumps(deep.root)})")
+    page = ctx.new_page()
+    page.goto(f"{deep.server.url}/ui/queue")
+    page.wait_for_selector("#queue tbody tr")
+    reason = page.evaluate(
+        "document.querySelector('#queue td[data-col=reason]').getBoundingClientRect().width"
+    )
+    tallest = page.evaluate(
+        "Math.max(...[...document.querySelectorAll('#queue tbody tr')]"
+        ".map(r => r.getBoundingClientRect().height))"
+    )
+    assert reason >= 100 and tallest <= 200, (reason, tallest)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1000
+    ctx.close()
+
+
 def iso(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -53,6 +53,8 @@ def test_caused_counts_the_preemptions_inside_a_team_too(home: Path) -> None:
         want = [r["position"] for r in rows if under(r["for_account"], team)]
         assert [r["position"] for r in by["rows"]] == want, team
         assert by["caused"] == len(want)
+        lost = sum(r["lost_gpu_hours"] for r in rows if under(r["for_account"], team))
+        assert abs(by["caused_lost_gpu_hours"] - lost) < 1e-6, (team, by)  # atk29c F4
         of = report(home, "-A", team, "--of")
         want_of = [r["position"] for r in rows if under(r["account"], team)]
         assert [r["position"] for r in of["rows"]] == want_of and of["suffered"] == len(want_of)

@@ -532,7 +532,7 @@ async function preemptionsPage(first) {
   main(el("h1", {}, "Preemptions suffered and caused"), filters,
     el("p", { id: "preempt-summary", "data-start": rep.start, "data-end": rep.end, "data-account": rep.account || "", "data-side": rep.side },
       `${who}, `, timeEl(rep.start), " – ", timeEl(rep.end), `: suffered ${rep.suffered}, caused ${rep.caused}; `,
-      `GPU-hours lost ${num(rep.lost_gpu_hours, 1)}`),
+      `GPU-hours lost ${num(rep.lost_gpu_hours, 1)} (by the jobs it preempted ${num(rep.caused_lost_gpu_hours, 1)})`),
     table(["at", "side", "job", "account", "user", "GPUs", "reason", "victim rule", "for job", "for account", "lost GPU-h"],
       rows, { id: "preemptions" }));
 }
