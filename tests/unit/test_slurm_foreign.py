@@ -104,10 +104,10 @@ def test_a_run_that_completed_on_a_node_slurm_gives_up_is_recorded_before_the_lo
 # --- a run Slurm shows RUNNING is started once its script runs (N3 of the re-test of issue 23) --
 
 
-def our_run(state: str, reason: str = "None", code: str = "0:0") -> str:
+def our_run(state: str, reason: str = "None", code: str = "0:0", end: str = "21:17:51") -> str:
     return (
         f"JobId=7 JobName=gpuledger-1 UserId=bob(1001) JobState={state} Reason={reason}"
-        f" ExitCode={code} StartTime=2026-12-01T21:17:50 EndTime=2026-12-01T21:17:51"
+        f" ExitCode={code} StartTime=2026-12-01T21:17:50 EndTime=2026-12-01T{end}"
         f" Partition=gpuledger NodeList=vm Comment=gpuledger:{LID}:job=1:run=0 StdOut=/tmp/y"
     )
 
@@ -169,17 +169,17 @@ def test_a_script_that_cannot_enter_its_directory_is_launch_failed_unless_it_sta
     tmp_path: Path,
 ) -> None:
     """Issue 23's note: the batch script leaves `cannot-enter` (and never `launched`) when its
-    `cd` fails, and ends 127: the run ends `launch_failed` with why and no start. A mark found
-    beside `launched`, or for a run recorded started, is not believed (the job's own user may
-    write the directory): it ends as Slurm says."""
+    `cd` fails, and ends 127 at once: the run ends `launch_failed` with why and no start. A
+    mark found beside `launched`, for a run recorded started, or for a run Slurm ran longer
+    than a failing `cd` takes, is not believed (the job's own user may write the directory,
+    atk23d F6: a job forged it to run uncharged): it ends as Slurm says."""
     ex = watched(tmp_path)
     run_dir = ex._checkpoint_file(1, 0).parent
     run_dir.mkdir(parents=True)
     (run_dir / "cannot-enter").touch()
     reads(ex, our_run("RUNNING"), 100.0)
-    reads(ex, our_run("RUNNING"), 100.0 + ex.launch_confirm_s)  # never confirmed by time alone
     assert ex._starts == []
-    reads(ex, our_run("FAILED", code="127:0"), 111.0)
+    reads(ex, our_run("FAILED", code="127:0"), 101.0)
     ((x),) = ex._exits
     assert (x.reason, x.note) == ("launch_failed", "cannot enter the working directory"), x
     assert ex._starts == []
@@ -190,3 +190,12 @@ def test_a_script_that_cannot_enter_its_directory_is_launch_failed_unless_it_sta
     reads(ex, our_run("FAILED", code="127:0"), 101.0)
     ((x),) = ex._exits
     assert (x.reason, x.exit_code) == ("exited", 127) and len(ex._starts) == 1, x
+    (run_dir / "launched").unlink()  # forged: the job took its launch mark away
+    ex = watched(tmp_path)
+    reads(ex, our_run("RUNNING"), 100.0)
+    reads(ex, our_run("RUNNING"), 100.0 + ex.launch_confirm_s)  # it runs: started by time
+    assert len(ex._starts) == 1
+    ex = watched(tmp_path)  # first seen after it ended, 45 s after its start
+    reads(ex, our_run("COMPLETED", end="21:18:35"), 200.0)
+    ((x),) = ex._exits
+    assert x.reason != "launch_failed" and len(ex._starts) == 1, x

@@ -311,8 +311,8 @@ class SlurmExecutor:
             r.running_seen = now
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
         if marked(run_dir, LAUNCHED):
-            return True
-        return not marked(run_dir, CANNOT_ENTER) and now - r.running_seen >= self.launch_confirm_s
+            return True  # the marks are the job user's: running this long, it runs (atk23d F6)
+        return now - r.running_seen >= self.launch_confirm_s
 
     def _never_ran(self, r: _Run, j: SlurmJob) -> str:
         """Why an ended run's command never ran ("" if it did, or may have): Slurm could not
@@ -321,9 +321,10 @@ class SlurmExecutor:
         if j.launch_failed:
             return launch_failure(r.launch, r.logs)
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        if not r.started and marked(run_dir, CANNOT_ENTER) and not marked(run_dir, LAUNCHED):
-            return cannot_enter(r.launch)
-        return ""
+        ran = (j.end_time or 0.0) - (j.start_time or 0.0)  # a `cd` that fails ends at once
+        if r.started or ran >= self.launch_confirm_s or marked(run_dir, LAUNCHED):
+            return ""
+        return cannot_enter(r.launch) if marked(run_dir, CANNOT_ENTER) else ""
 
     def _read_checkpoints(self) -> list[int]:
         """The running jobs that touched their checkpoint file since the last read."""

@@ -4,7 +4,10 @@ command is about to run, `cannot-enter` when its working directory could not be 
 script ends there, exit 127). Slurm itself cannot say: slurmstepd falls back to /tmp for a
 directory it cannot enter, and a script that ends 127 is FAILED like any job's own failure.
 Where the compute node does not share the service's directory, neither mark is seen: such a
-run is recorded as Slurm ends it (docs/slurm.md). An edge (it reads the marks)."""
+run is recorded as Slurm ends it (docs/slurm.md). The job's user can write the marks, so they
+are believed only where a failing `cd` could have left them: a run Slurm shows running, or ran,
+for `launch_confirm_s` (10 s) or more really ran, marks or not, and is charged from Slurm's
+start (a forged mark hides at most those seconds). An edge (it reads the marks)."""
 
 from __future__ import annotations
 
