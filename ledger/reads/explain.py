@@ -279,4 +279,6 @@ def _contract_at(job: Job, history: Sequence[e.AnyEvent], preempted: e.JobPreemp
 
     if is_system(preempted.actor) and preempted.note == DRAINED_NOTE:
         return f"inside its contract (until {when(ends)}): its node was drained for maintenance"
+    if preempted.reason == "node_failure":  # no one chose it: its node failed under it
+        return f"inside its contract (until {when(ends)}): requeued because its node failed"
     return f"inside its contract (until {when(ends)}): an admin preemption"

@@ -574,3 +574,42 @@ def test_a_drain_inside_a_contract_is_maintenance_allowed_by_audit_and_explained
                             if getattr(ev, "job_id", None) == job_id], {}, T0 + 100)  # fmt: skip
     said = " ".join(lines)
     assert "drained for maintenance" in said and "admin preemption" not in said, lines
+
+
+def test_a_requeue_for_a_failed_node_is_not_called_an_admin_preemption(
+    org_commands: list[c.AnyCommand],
+) -> None:
+    """F2 of atk23d: a resumable job requeued inside its contract because its node failed was
+    explained as "an admin preemption"; no one chose it."""
+    from ledger.reads.explain import explain_history
+
+    state = State()
+    history: list[e.AnyEvent] = []
+    ids = (lambda n: lambda: f"f{next(n)}")(itertools.count(1))
+
+    def run(cmd: c.AnyCommand, now: float) -> list[e.AnyEvent]:
+        got = decide(state, cmd, now, ids)
+        for ev in got:
+            evolve(state, ev)
+        history.extend(got)
+        return got
+
+    for cmd in org_commands:
+        run(cmd, T0)
+    run(c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, min_runtime_s=3600,
+                    resumable=True), T0)  # fmt: skip
+    job_id = state.next_job_id - 1
+    slot = e.GpuSlot(node="n1", gpu_indices=(0,))
+    body = c.DecisionBody(
+        cycle_id="c1", based_on=state.events, policy_version="test",
+        placements=(c.Placement(job_id=job_id, slots=(slot,)),),
+    )  # fmt: skip
+    run(c.ApplyDecision(actor="@dispatcher", decision=body), T0 + 1)
+    run(c.StartJob(actor="@executor", job_id=job_id), T0 + 2)
+    got = run(c.FinishJob(actor="@executor", job_id=job_id, exit_code=-1, reason="node_failure"),
+              T0 + 90)  # fmt: skip
+    assert [ev.reason for ev in got if isinstance(ev, e.JobPreempted)] == ["node_failure"]
+    lines = explain_history(state.jobs[job_id], [ev for ev in history
+                            if getattr(ev, "job_id", None) == job_id], {}, T0 + 100)  # fmt: skip
+    said = " ".join(lines)
+    assert "its node failed" in said and "admin preemption" not in said, lines
