@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -222,6 +223,20 @@ def format_time(at: float | None) -> str:
 def when(at: float | None) -> str:
     """`format_time` in a sentence ('2026-11-29 12:00:00Z')."""
     return format_time(at).replace("T", " ")
+
+
+def key_text(key: Sequence[float | int | str]) -> str:
+    """A dispatcher's sort key with its times as `when` times and no scientific notation
+    (`queue`, `explain`; the pages show those times in the viewer's zone)."""
+    parts = []
+    for x in key:
+        if isinstance(x, float) and x > 1e8:
+            parts.append(when(x))
+        elif isinstance(x, float):
+            parts.append(f"{x:g}" if abs(x) < 1e6 else f"{x:.0f}")
+        else:
+            parts.append(str(x))
+    return "(" + ", ".join(parts) + ")"
 
 
 def format_duration(seconds: float | None) -> str:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import duckdb  # noqa: F401  (the full package: it sets up the scans of Arrow tables `register` needs)
 import pyarrow as pa
 
 from projections import fairshare as fs

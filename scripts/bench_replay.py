@@ -41,7 +41,7 @@ from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch import registry
 from ledger.dispatch.engine import decide
 from ledger.history.compare import compare, decided_at, squat_threshold
-from ledger.history.replay import Replayer, find_decisions
+from ledger.history.replay import Replayer, find_decisions, folds_of
 from ledger.history.tamper import store_records, verify_chain
 from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger
@@ -123,7 +123,7 @@ def bench_all(home: Path, exact_sample: int) -> None:
         started, cpu0 = time.perf_counter(), time.process_time()
         identical = 0
         snapshots = []
-        with Replayer(source, thresholds=thresholds) as rp:
+        with Replayer(source, thresholds=thresholds, folds=folds_of(decisions)) as rp:
             for position, recorded in decisions:
                 snapshot, policy, digest = rp.snapshot(recorded)
                 t = time.perf_counter()
@@ -162,7 +162,7 @@ def bench_all(home: Path, exact_sample: int) -> None:
         if exact_sample:
             sample = decisions[:exact_sample]
             t = time.perf_counter()
-            with Replayer(source, thresholds=thresholds, exact=True) as rp:
+            with Replayer(source, thresholds=thresholds, exact=True, folds=folds_of(sample)) as rp:
                 same = sum(rp.replay(p, d).identical for p, d in sample)
             dt = time.perf_counter() - t
             print(
@@ -244,7 +244,12 @@ def bench_single(home: Path, repeat: int) -> None:
         runs = []
         for _ in range(repeat):
             t = time.perf_counter()
-            with Replayer(source, thresholds={squat_threshold(recorded)}, exact=True) as rp:
+            with Replayer(
+                source,
+                thresholds={squat_threshold(recorded)},
+                exact=True,
+                folds=folds_of([(position, recorded)]),
+            ) as rp:
                 result = rp.replay(position, recorded)
                 timings = rp.timings
             runs.append(time.perf_counter() - t)

@@ -13,7 +13,7 @@ from schemas import commands as c
 from schemas import events as e
 from schemas.bounds import Percent, TeamDepth
 from schemas.errors import InvalidCommand
-from schemas.units import parse_duration, parse_time, parse_window, span, when
+from schemas.units import key_text, parse_duration, parse_time, parse_window, span, when
 
 if TYPE_CHECKING:  # the projection is imported only where it is opened (client mode never)
     from collections.abc import Callable
@@ -365,23 +365,10 @@ def queue(rows: list[QueueRow]) -> None:
     for r in rows:
         table.append((
             "-" if r.order is None else str(r.order), str(r.job_id), r.account, r.user,
-            str(r.gpus), _key_text(r.sort_key) if r.sort_key else "-", span(r.waiting_s),
+            str(r.gpus), key_text(r.sort_key) if r.sort_key else "-", span(r.waiting_s),
             _when(r.estimated_start_at), r.code, r.reason,
         ))  # fmt: skip
     print_table(header, table)
-
-
-def _key_text(key: list[float | int | str]) -> str:
-    """A sort key with times as UTC times and no scientific notation."""
-    parts = []
-    for x in key:
-        if isinstance(x, float) and x > 1e8:
-            parts.append(when(x))
-        elif isinstance(x, float):
-            parts.append(f"{x:g}" if abs(x) < 1e6 else f"{x:.0f}")
-        else:
-            parts.append(str(x))
-    return "(" + ", ".join(parts) + ")"
 
 
 @_queue_view("priority")

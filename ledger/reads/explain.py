@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from schemas import events as e
-from schemas.units import plural, span, when
+from schemas.units import key_text, plural, span, when
 
 if TYPE_CHECKING:  # annotations only: `explain`'s time words load without the dispatcher
     from ledger.core.state import Job
@@ -53,7 +53,7 @@ def explain_pending(job: Job, decision: Decision, snapshot: Snapshot, now: float
         return [*out, "The dispatcher did not consider it (no such pending job in the snapshot)."]
     i = order.index(spec.job_id)
     out.append(
-        f"It is #{i + 1} of {len(order)} in the queue (sort key {list(decision.order[i][0])})."
+        f"It is #{i + 1} of {len(order)} in the queue (sort key {key_text(decision.order[i][0])})."
     )
     out.append(_rank_line(spec.account, spec.user, snapshot))
     ahead = _pending_by_id(snapshot, order[:i])

@@ -328,6 +328,8 @@ def test_queue_prints_times_not_scientific_notation(home: Path) -> None:
     assert "2026-01-01 00:03:20Z" in out  # the submit time in the sort key
     assert [line.split()[1] for line in out.splitlines()[1:]] == ["4"]
     assert cli(home, "queue", "-A", "ai2/tulu", "--json").stdout.strip() == "[]"
+    said = cli(home, "explain", "4").stdout  # the same key in explain (atk29c F10: raw epoch)
+    assert "(sort key (" in said and "2026-01-01 00:03:20Z" in said, said
 
 
 def test_priority_names_every_part_of_the_sort_key(handles: Any) -> None:
