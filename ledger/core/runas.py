@@ -82,14 +82,16 @@ class OsAccount:
 
 PRIVILEGED_GROUPS = frozenset(
     {
-        "root", "sudo", "wheel", "admin", "adm", "slurm", "munge",
-        "shadow", "disk", "kmem", "sys", "docker", "lxd", "libvirt",
+        "root", "sudo", "wheel", "admin", "adm", "systemd-journal", "ssl-cert", "slurm",
+        "munge", "shadow", "disk", "kmem", "sys", "docker", "lxd", "libvirt",
     }
 )  # fmt: skip
 """Groups whose members can act for the system or read and write as root: sudo, read its logs
-(`adm`), run Slurm, read /etc/shadow (`shadow`), the raw disks (`disk`) or memory (`kmem`),
-start root containers or VMs (`docker`, `lxd`, `libvirt`), Debian's `sys`. A member in one may
-be added by an admin alone; its jobs are its own or an admin's (`RunAs.account`)."""
+(`adm`, the whole journal: `systemd-journal`), run Slurm, read /etc/shadow (`shadow`), TLS
+private keys (`ssl-cert`), the raw disks (`disk`) or memory (`kmem`), start root containers or
+VMs (`docker`, `lxd`, `libvirt`), Debian's `sys`; a site adds its own service groups (serve.toml
+`privileged_groups`). A member in one may be added by an admin alone; its jobs are its own or an
+admin's (`RunAs.account`)."""
 
 
 Lookup = Callable[[str], OsAccount | None]
@@ -98,7 +100,7 @@ Lookup = Callable[[str], OsAccount | None]
 
 @dataclass(frozen=True)
 class RunAs:
-    """The site's rule (serve.toml: `min_uid`, `root_jobs`, `os_accounts`)."""
+    """The site's rule (serve.toml: `min_uid`, `root_jobs`, `os_accounts`, `privileged_groups`)."""
 
     min_uid: int = DEFAULT_MIN_UID
     max_uid: int = DEFAULT_MAX_UID
@@ -107,6 +109,8 @@ class RunAs:
     """Root's own jobs may run as root (never anyone else's)."""
     accounts: Mapping[str, str] = field(default_factory=dict)
     """Ledger user -> OS account name, where they differ."""
+    privileged_groups: frozenset[str] = PRIVILEGED_GROUPS
+    """The groups with the system's rights: the built-in ones and the site's own."""
 
     def os_name(self, user: str) -> str:
         return self.accounts.get(user, user)
@@ -178,7 +182,7 @@ class RunAs:
 
     def privileged(self, found: OsAccount) -> str:
         """Pure: the privileged groups an account is in, in words ("" when none)."""
-        return ", ".join(sorted(PRIVILEGED_GROUPS & set(found.groups)))
+        return ", ".join(sorted(self.privileged_groups & set(found.groups)))
 
 
 @dataclass(frozen=True)

@@ -419,7 +419,13 @@ def _run_as(ledger: Ledger, config: ServeConfig) -> runas.RunAs | None:
         raise InvalidCommand("min_uid must be at least 1", hint="uid 0 is root: see root_jobs")
     if config.max_uid < config.min_uid:
         raise InvalidCommand("max_uid must be at least min_uid", hint="see docs/slurm-users.md")
-    rule = runas.RunAs(config.min_uid, config.max_uid, config.root_jobs, dict(config.os_accounts))
+    rule = runas.RunAs(
+        config.min_uid,
+        config.max_uid,
+        config.root_jobs,
+        dict(config.os_accounts),
+        runas.PRIVILEGED_GROUPS | frozenset(config.privileged_groups),
+    )
     owners = config.run_as == "submitter" and config.executor in RUNS
     if config.max_jobs_per_user < 0 or not 0 <= config.max_array_size <= MAX_ARRAY_TASKS:
         raise InvalidCommand(

@@ -78,6 +78,10 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Root's own jobs may run as root (never anyone else's)."""
     os_accounts: dict[str, str] = {}
     """Ledger user -> OS account name, where they differ (only this file maps them)."""
+    privileged_groups: list[str] = []
+    """OS groups with the system's rights besides the built-in ones (sudo, adm, systemd-journal,
+    ssl-cert, docker, ...: `ledger.core.runas.PRIVILEGED_GROUPS`), e.g. the site's service
+    groups: only an admin adds a member in one, and its jobs are its own or an admin's."""
     secret_env: str = SECRET_NAMES
     """Environment variables whose names match this regular expression are never recorded
     with a job (the CLI leaves the same ones out before it sends anything)."""

@@ -89,6 +89,26 @@ def test_a_sudoer_runs_their_own_jobs_but_only_an_admin_adds_them() -> None:
         admit(state, add, lookup=lookup, rule=rule, submissions=False)
 
 
+def test_the_journals_and_the_sites_own_groups_have_the_systems_rights_too() -> None:
+    """atk23d F11: a manager added members of `systemd-journal` (the whole journal, as `adm`),
+    `ssl-cert` (TLS private keys) and the site's PostgreSQL account's group, and ran jobs as
+    them; the list was fixed, with no setting."""
+    from ledger.core.runas import PRIVILEGED_GROUPS
+
+    state = _state()
+    for group in ("systemd-journal", "ssl-cert"):
+        who = OsAccount("erin", 1006, 1006, "/home/erin", "/bin/bash", ("erin", group))
+        add = c.AddMember(actor="mgr", user="erin", project="p/q")
+        with pytest.raises(NotAuthorised, match=f"in group {group}"):
+            admit(state, add, lookup=lambda n, w=who: w, rule=RunAs(), submissions=False)  # type: ignore[misc]
+    site = OsAccount("erin", 1006, 1006, "/home/erin", "/bin/bash", ("erin", "gpuledger-pg"))
+    add = c.AddMember(actor="mgr", user="erin", project="p/q")
+    assert admit(state, add, lookup=lambda n: site, rule=RunAs(), submissions=False) is add
+    rule = RunAs(privileged_groups=PRIVILEGED_GROUPS | {"gpuledger-pg"})
+    with pytest.raises(NotAuthorised, match="in group gpuledger-pg"):
+        admit(state, add, lookup=lambda n: site, rule=rule, submissions=False)
+
+
 def test_only_an_admin_adds_a_system_account_as_a_member() -> None:
     state, rule = _state(), RunAs()
     add = c.AddMember(actor="mgr", user="root", project="p/q")
