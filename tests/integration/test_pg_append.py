@@ -142,10 +142,10 @@ def test_an_append_whose_answer_was_lost_is_known_as_its_own(tmp_path: Path, pg_
     led = base(tmp_path / "a", pg_store)
     head = led.position
     events = decide(led.state, submit(), led.clock.now(), led.ids)
-    rows, _ = led._stored(events)
+    rows, _, _ = led._stored(events)
     assert led.recorder.insert_events(rows) == [head + 1]  # committed; "the answer was lost"
     assert led._insert(rows) == [head + 1]  # the retry: its own rows
-    other, _ = led._stored(decide(led.state, submit(), led.clock.now(), led.ids))
+    other, _, _ = led._stored(decide(led.state, submit(), led.clock.now(), led.ids))
     assert led._insert(other) is None  # the same position, other bytes: another writer's
     led.close()
 
