@@ -36,8 +36,9 @@ def _until(what: str, pred: object, timeout: float = 60) -> None:
 def test_a_run_first_seen_after_it_ended_keeps_slurms_times_and_gpus(ledger: Ledger) -> None:
     """F1, F11: the job waits in Slurm (partition down) while the service is paused; it runs
     and ends; the service is killed with -9 and started 5 s later. `jobs` shows the job's own
-    start and end (its clock, within 1 s; not the restart), `explain` starts its line with the
-    real start, the run's GPUs are recorded, and the job saw GPULEDGER_NODELIST."""
+    start and end (Slurm's, in whole seconds: within 2 s of the job's clock; not the restart),
+    `explain` starts its line with the real start, the run's GPUs are recorded, and the job saw
+    GPULEDGER_NODELIST."""
     work = ledger.work
     ledger.up()
     _partition(ledger, "DOWN")
@@ -64,9 +65,10 @@ def test_a_run_first_seen_after_it_ended_keeps_slurms_times_and_gpus(ledger: Led
     row = ledger.jobs()[1]
     began, ended = float((work / "began").read_text()), float((work / "ended").read_text())
     assert row["finish_reason"] == "completed", row
-    assert abs(row["started_at"] - began) <= 1.0 and abs(row["finished_at"] - ended) <= 1.0, (
-        row, began, ended,
-    )  # fmt: skip
+    # Slurm's StartTime and EndTime are whole seconds (cut, up to 1 s early), and its script's
+    # first line runs after slurmstepd has set it up (~0.1-1 s on a loaded machine)
+    assert 0.0 <= began - row["started_at"] <= 2.0, (row, began)
+    assert abs(row["finished_at"] - ended) <= 2.0, (row, ended)
     assert row["started_at"] < restarted - 4 and 1.0 <= row["elapsed_s"] <= 4.0, row
     explain = ledger.cli("explain", "1")
     start_line = next(ln for ln in explain.splitlines() if " started" in ln)
