@@ -570,8 +570,10 @@ def preemption_report(
         # caused: for a job of the subtree (a preemption inside it counts on both sides);
         # with no account, every preemption that was for a waiting job
         caused=len(caused),
-        lost_gpu_hours=sum(r.lost_gpu_hours for r in rows if r.side in ("suffered", "both", "all")),
-        caused_lost_gpu_hours=sum(r.lost_gpu_hours for r in caused),
+        lost_gpu_hours=sum(
+            (r.lost_gpu_hours for r in rows if r.side in ("suffered", "both", "all")), 0.0
+        ),  # floats even when empty: both faces print the same bytes
+        caused_lost_gpu_hours=sum((r.lost_gpu_hours for r in caused), 0.0),
         rows=rows,
     )
 
