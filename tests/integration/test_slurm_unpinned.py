@@ -10,13 +10,13 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.integration.test_slurm import BUDGET, SLURM_SCRIPT, Cluster, Ledger, status
+from tests.integration.test_slurm_records import _partition, _until
 
 
 def _free_port() -> int:
@@ -67,19 +67,6 @@ def ledger(plain: Cluster) -> Iterator[Ledger]:
         shutil.rmtree(top, ignore_errors=True)
 
 
-def _partition(led: Ledger, state: str) -> None:
-    led.cluster.run(
-        "scontrol", "update", f"PartitionName={led.cluster.partition}", f"State={state}"
-    )
-
-
-def _until(what: str, pred: object, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def test_a_run_first_seen_after_it_ended_keeps_its_gpus_on_an_unpinned_node(
     ledger: Ledger,
 ) -> None:
@@ -93,7 +80,8 @@ def test_a_run_first_seen_after_it_ended_keeps_its_gpus_on_an_unpinned_node(
     _partition(ledger, "DOWN")
     try:
         ledger.submit("alice", 2, f'echo "GPUS=$SLURM_JOB_GPUS"; date +%s.%N > {work}/ended')
-        _until("Slurm to hold the job", lambda: bool(ledger.cluster.jobs()))
+        held = lambda: any(j["state"] == "PENDING" for j in ledger.cluster.jobs().values())  # noqa: E731
+        _until("Slurm to hold the job", held)
         ledger.kill9()  # nothing more is recorded: not its start, not its end
         assert ledger.of("job.started.v1", 1) == []
     finally:

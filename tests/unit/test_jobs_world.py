@@ -528,6 +528,44 @@ def test_a_drained_run_is_requeued_when_resumable_and_ends_preempted_otherwise(w
     assert w.state.jobs[2].preemptions == 0
 
 
+class _Run:
+    """A state with the organisation, and every event `run` decides kept in `history`."""
+
+    def __init__(self, org_commands: list[c.AnyCommand], prefix: str) -> None:
+        self.state = State()
+        self.history: list[e.AnyEvent] = []
+        self.ids = (lambda n: lambda: f"{prefix}{next(n)}")(itertools.count(1))
+        for cmd in org_commands:
+            self(cmd, T0)
+
+    def __call__(self, cmd: c.AnyCommand, now: float) -> list[e.AnyEvent]:
+        got = decide(self.state, cmd, now, self.ids)
+        for ev in got:
+            evolve(self.state, ev)
+        self.history.extend(got)
+        return got
+
+    def started(self, resumable: bool) -> int:
+        """Alice's 1-GPU job with a 1 h contract, placed on n1 at T0 + 1, started at T0 + 2."""
+        self(c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, min_runtime_s=3600,
+                         resumable=resumable), T0)  # fmt: skip
+        job_id = self.state.next_job_id - 1
+        slot = e.GpuSlot(node="n1", gpu_indices=(0,))
+        body = c.DecisionBody(
+            cycle_id="c1", based_on=self.state.events, policy_version="test",
+            placements=(c.Placement(job_id=job_id, slots=(slot,)),),
+        )  # fmt: skip
+        self(c.ApplyDecision(actor="@dispatcher", decision=body), T0 + 1)
+        self(c.StartJob(actor="@executor", job_id=job_id), T0 + 2)
+        return job_id
+
+    def explained(self, job_id: int, now: float) -> str:
+        from ledger.reads.explain import explain_history
+
+        mine = [ev for ev in self.history if getattr(ev, "job_id", None) == job_id]
+        return " ".join(explain_history(self.state.jobs[job_id], mine, {}, now))
+
+
 def test_a_drain_inside_a_contract_is_maintenance_allowed_by_audit_and_explained(
     org_commands: list[c.AnyCommand],
 ) -> None:
@@ -536,30 +574,9 @@ def test_a_drain_inside_a_contract_is_maintenance_allowed_by_audit_and_explained
     job kept neither its exit code nor its run's end. A drain is host maintenance: allowed,
     said so, and the job's end is its run's."""
     from ledger.history.audit import check
-    from ledger.reads.explain import explain_history
 
-    state = State()
-    history: list[e.AnyEvent] = []
-    ids = (lambda n: lambda: f"d{next(n)}")(itertools.count(1))
-
-    def run(cmd: c.AnyCommand, now: float) -> list[e.AnyEvent]:
-        got = decide(state, cmd, now, ids)
-        for ev in got:
-            evolve(state, ev)
-        history.extend(got)
-        return got
-
-    for cmd in org_commands:
-        run(cmd, T0)
-    run(c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, min_runtime_s=3600), T0)
-    job_id = state.next_job_id - 1
-    slot = e.GpuSlot(node="n1", gpu_indices=(0,))
-    body = c.DecisionBody(
-        cycle_id="c1", based_on=state.events, policy_version="test",
-        placements=(c.Placement(job_id=job_id, slots=(slot,)),),
-    )  # fmt: skip
-    run(c.ApplyDecision(actor="@dispatcher", decision=body), T0 + 1)
-    run(c.StartJob(actor="@executor", job_id=job_id), T0 + 2)
+    run = _Run(org_commands, "d")
+    job_id = run.started(resumable=False)
     got = run(
         c.FinishJob(actor="@executor", job_id=job_id, exit_code=143, reason="drained",
                     ended_at=T0 + 60),
@@ -567,13 +584,11 @@ def test_a_drain_inside_a_contract_is_maintenance_allowed_by_audit_and_explained
     )  # fmt: skip
     (end,) = [ev for ev in got if isinstance(ev, e.JobFinished)]
     assert (end.reason, end.exit_code, end.ended_at) == ("preempted", 143, T0 + 60)
-    report = check(history)
+    report = check(run.history)
     assert report.ok, [v.line() for v in report.violations]
     assert [v.code for v in report.noted] == ["DRAINED_IN_CONTRACT"]
-    lines = explain_history(state.jobs[job_id], [ev for ev in history
-                            if getattr(ev, "job_id", None) == job_id], {}, T0 + 100)  # fmt: skip
-    said = " ".join(lines)
-    assert "drained for maintenance" in said and "admin preemption" not in said, lines
+    said = run.explained(job_id, T0 + 100)
+    assert "drained for maintenance" in said and "admin preemption" not in said, said
 
 
 def test_a_requeue_for_a_failed_node_is_not_called_an_admin_preemption(
@@ -581,35 +596,10 @@ def test_a_requeue_for_a_failed_node_is_not_called_an_admin_preemption(
 ) -> None:
     """F2 of atk23d: a resumable job requeued inside its contract because its node failed was
     explained as "an admin preemption"; no one chose it."""
-    from ledger.reads.explain import explain_history
-
-    state = State()
-    history: list[e.AnyEvent] = []
-    ids = (lambda n: lambda: f"f{next(n)}")(itertools.count(1))
-
-    def run(cmd: c.AnyCommand, now: float) -> list[e.AnyEvent]:
-        got = decide(state, cmd, now, ids)
-        for ev in got:
-            evolve(state, ev)
-        history.extend(got)
-        return got
-
-    for cmd in org_commands:
-        run(cmd, T0)
-    run(c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, min_runtime_s=3600,
-                    resumable=True), T0)  # fmt: skip
-    job_id = state.next_job_id - 1
-    slot = e.GpuSlot(node="n1", gpu_indices=(0,))
-    body = c.DecisionBody(
-        cycle_id="c1", based_on=state.events, policy_version="test",
-        placements=(c.Placement(job_id=job_id, slots=(slot,)),),
-    )  # fmt: skip
-    run(c.ApplyDecision(actor="@dispatcher", decision=body), T0 + 1)
-    run(c.StartJob(actor="@executor", job_id=job_id), T0 + 2)
+    run = _Run(org_commands, "f")
+    job_id = run.started(resumable=True)
     got = run(c.FinishJob(actor="@executor", job_id=job_id, exit_code=-1, reason="node_failure"),
               T0 + 90)  # fmt: skip
     assert [ev.reason for ev in got if isinstance(ev, e.JobPreempted)] == ["node_failure"]
-    lines = explain_history(state.jobs[job_id], [ev for ev in history
-                            if getattr(ev, "job_id", None) == job_id], {}, T0 + 100)  # fmt: skip
-    said = " ".join(lines)
-    assert "its node failed" in said and "admin preemption" not in said, lines
+    said = run.explained(job_id, T0 + 100)
+    assert "its node failed" in said and "admin preemption" not in said, said
