@@ -21,7 +21,7 @@ import msgspec
 
 from ledger.reads import layer as reads
 from schemas import views as v
-from schemas.errors import InvalidCommand
+from schemas.errors import InvalidCommand, Unavailable
 
 if TYPE_CHECKING:
     import duckdb
@@ -190,8 +190,14 @@ async def answer(
     try:
         at, data = await pool.run(viewer, stopped(f"the {name} read", run), read=True, big=big)
     except _Behind:
-        seen, _position = await on_worker
-        ready = True
+        try:
+            seen, _position = await on_worker
+            ready = True
+        except Unavailable:
+            # the worker stayed on the store (`READ_WAIT_S`): if the store is known to be away
+            # by now, the projection as it stands answers, saying its position; else the 503
+            if not store_away(worker):
+                raise
         at, data = await pool.run(viewer, stopped(f"the {name} read", run), read=True, big=big)
     return data, at
 
