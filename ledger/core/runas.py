@@ -42,13 +42,16 @@ PATH_NAMES = (
 other (the file stays readable by its owner alone), though their names look like secrets."""
 SECRET_NAMES = (
     rf"(?i)^(?!(?:{'|'.join(PATH_NAMES)})$).*?"
-    r"(TOKEN|SECRET|PASS|CREDENTIAL|PRIVATE_KEY|APIKEY|COOKIE|(^|_)KEY($|_)|(^|_)PAT$"
+    r"(TOKEN|SECRET|PASS(WORD|WD|PHRASE)|(^|_|SSH)PASS($|_)|_PWD$|CREDENTIAL|PRIVATE_KEY|APIKEY"
+    r"|COOKIE|(^|_)KEY($|_)|(^|_)PAT$"
     r"|(^|_)AUTH($|_))"
 )
 """The environment variables a job is never sent with by default: names that hold tokens,
 passwords, keys and sessions (the submitter's own `GPULEDGER_TOKEN` first of all; `OPENAI_KEY`,
 `GITHUB_PAT`, `WANDB_KEY`, `SSHPASS`, `DB_PASSWORD`, `AWS_SECRET_ACCESS_KEY`, `NPM_AUTH`,
-`HF_AUTH_TOKEN`, `SESSION_COOKIE`), but not `PATH_NAMES`. A site sets its own pattern
+`HF_AUTH_TOKEN`, `SESSION_COOKIE`, `DB_PWD`), but not `PATH_NAMES`, nor names where `PASS` is
+part of another word (`TOX_TESTENV_PASSENV`, `BYPASS_CACHE`: a submitter's every job would
+otherwise carry a note about a variable that holds no secret). A site sets its own pattern
 (`secret_env` in serve.toml); the CLI leaves these out before it sends anything. A value holding
 a password in a URL (`postgres://u:pass@h/db`), a connection string's key or password
 (`...;AccountKey=...`) or a Slack webhook is never sent either (`secret_value`), whatever its

@@ -88,12 +88,15 @@ def test_common_secret_names_and_urls_with_passwords_are_never_sent() -> None:
     out of ALL (and named, for the note); a secret named on its own is one error."""
     environ = {"PATH": "/bin", "OPENAI_KEY": "sk", "GITHUB_PAT": "ghp", "WANDB_KEY": "wb",
                "SSHPASS": "pw", "DATABASE_URL": "postgres://u:dbpass@h/db", "MY_API_TOKEN": "t",
-               "SITE": "https://example.org/x", "KEYBOARD": "us", "MONKEY": "1"}  # fmt: skip
+               "SITE": "https://example.org/x", "KEYBOARD": "us", "MONKEY": "1",
+               "DB_PASSWORD": "pw", "MYSQL_PWD": "pw", "GPG_PASSPHRASE": "pw",
+               "TOX_TESTENV_PASSENV": "*", "BYPASS_CACHE": "1", "PWD": "/home/u"}  # fmt: skip
     env, left, _ = environment("ALL", environ)
     assert env == {"PATH": "/bin", "SITE": "https://example.org/x", "KEYBOARD": "us",
-                   "MONKEY": "1"}  # fmt: skip
-    assert left == ["DATABASE_URL", "GITHUB_PAT", "MY_API_TOKEN", "OPENAI_KEY", "SSHPASS",
-                    "WANDB_KEY"]  # fmt: skip
+                   "MONKEY": "1", "TOX_TESTENV_PASSENV": "*", "BYPASS_CACHE": "1",
+                   "PWD": "/home/u"}  # fmt: skip
+    assert left == ["DATABASE_URL", "DB_PASSWORD", "GITHUB_PAT", "GPG_PASSPHRASE",
+                    "MYSQL_PWD", "MY_API_TOKEN", "OPENAI_KEY", "SSHPASS", "WANDB_KEY"]  # fmt: skip
     with pytest.raises(InvalidCommand, match="'MY_API_TOKEN' is not sent to jobs: its name"):
         environment("MY_API_TOKEN", environ)
     with pytest.raises(InvalidCommand, match="'OPENAI_KEY' is not sent to jobs"):
