@@ -28,6 +28,7 @@ from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from schemas import commands as c
 
+
 def pytest_configure(config: pytest.Config) -> None:
     """The suite runs without the caller's secret-looking variables (a CI's `GITHUB_TOKEN`, a
     developer's `OPENAI_KEY`): a submit from such a shell leaves them out with a note line, and
