@@ -15,7 +15,6 @@ from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from schemas import commands as c
 from schemas import events as e
-from schemas.digest import summarise
 from schemas.errors import Conflict
 
 SHARES = {"lab/a": 3, "lab/b": 2, "lab/c": 1}
@@ -72,7 +71,7 @@ def cycle(
     appended = ledger.execute(d.to_command("@dispatcher", f"c{n}"))
     decided = appended.events[0]
     assert isinstance(decided, e.CycleDecided)
-    assert decided.waiting == summarise(d.considered()) and decided.based_on == snap.position
+    assert decided.waiting == d.summary() and decided.based_on == snap.position
     assert decided.placed == tuple(p.job_id for p in d.placements)
     return d
 
