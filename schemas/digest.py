@@ -20,6 +20,7 @@ WAITING_LISTED = 64
 counted per code and covered by the order digest."""
 
 _encoder = msgspec.json.Encoder(order="deterministic")
+_packer = msgspec.msgpack.Encoder()
 
 
 def _sha256(data: bytes) -> str:
@@ -75,17 +76,21 @@ def canonical_runs(runs: Iterable[Run]) -> list[Run]:
     return out
 
 
-def runs_digest(order: Sequence[tuple[int, SortKey]], runs: Sequence[Run]) -> str:
-    """Pure: the digest of a cycle's whole order as `cycle.decided.v4` records it: each
-    considered job's (id, sort key) in order, then the canonical runs of waiting jobs (start,
-    stop, code, reason text). The same facts as `order_digest`, without a record per job."""
-    return _sha256(_encoder.encode((order, runs)))
+def runs_digest(ids: Sequence[int], keys: Sequence[SortKey], runs: Sequence[Run]) -> str:
+    """Pure: the digest of a cycle's whole order as `cycle.decided.v4` records it: the considered
+    jobs' ids and their sort keys, in order, then the canonical runs of waiting jobs (start, stop,
+    code, reason text), as MessagePack (floats as their 8 bytes, never formatted as text). The
+    same facts as `order_digest`, without a record per job."""
+    return _sha256(_packer.encode((ids, keys, runs)))
 
 
 def summarise_runs(
-    order: Sequence[tuple[int, SortKey]], runs: Iterable[Run], listed: int = WAITING_LISTED
+    ids: Sequence[int],
+    keys: Sequence[SortKey],
+    runs: Iterable[Run],
+    listed: int = WAITING_LISTED,
 ) -> Waiting:
-    """Pure: the compact form of a cycle's considered jobs (`order`: job id and sort key, in
+    """Pure: the compact form of a cycle's considered jobs (`ids` and their sort `keys`, in
     order) and why those not placed waited (`runs`), as `cycle.decided.v4` records it
     (`Waiting`). Reads each run once, and the order only for its first `listed` waiting jobs
     and the digest."""
@@ -95,12 +100,12 @@ def summarise_runs(
     for start, stop, code, _ in merged:
         counts[code] = counts.get(code, 0) + stop - start
         for i in range(start, min(stop, start + listed - len(first))):
-            first.append(WaitingJob(order[i][0], code))
+            first.append(WaitingJob(ids[i], code))
     return Waiting(
-        considered=len(order),
+        considered=len(ids),
         first=tuple(first),
         counts=tuple(WaitCount(k, v) for k, v in sorted(counts.items())),
-        order_digest=runs_digest(order, merged),
+        order_digest=runs_digest(ids, keys, merged),
         runs=len(merged),
         digest_of="runs",
     )

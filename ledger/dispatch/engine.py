@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from operator import itemgetter
 from typing import Literal
 
 import msgspec
@@ -185,8 +186,10 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
         """The waiting summary its record keeps (`cycle.decided.v4`): built from the order's
         ids and sort keys and the runs, never a record per waiting job
         (`schemas.digest.summarise_runs`)."""
+        order = self.order
         return summarise_runs(
-            [(j.job_id, k) for k, j in self.order],
+            [j.job_id for _, j in order],
+            list(map(itemgetter(0), order)),
             [(r.start, r.stop, r.wait.code, r.wait.text()) for r in self.runs],
         )
 
