@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 
 from ledger.core.jobs import blocked
-from ledger.core.state import State
+from ledger.core.state import Job, State
 from ledger.dispatch.snapshot import (
     NodeView,
     PendingJob,
@@ -86,6 +86,10 @@ def snapshot_from_state(
     # only the live jobs (`state.active`), in id order: the cost follows live work, not the
     # finished jobs a full state keeps
     jobs = state.jobs
+    global _RUNNING, _PENDING
+    made_running, made_pending = _RUNNING, _PENDING
+    kept_running: dict[int, tuple[Job, tuple[float, float | None], RunningJob]] = {}
+    kept_pending: dict[int, tuple[Job, PendingJob]] = {}
     for job in [jobs[i] for i in sorted(state.active)]:
         spec = job.spec
         if job.status in ("placed", "running") and job.doubt_until is not None:
@@ -94,30 +98,38 @@ def snapshot_from_state(
         if job.status in ("placed", "running") and not seen:
             continue  # its engine cannot see it now: it is no victim
         if job.status in ("placed", "running") and job.placed_at is not None:
-            running.append(
-                RunningJob(
+            inputs = (_since(job.placed_at, job.started_at, now, from_start), low.get(spec.job_id))
+            hit = made_running.get(spec.job_id)
+            if hit is not None and hit[0] is job and hit[1] == inputs:
+                run = hit[2]
+            else:
+                run = RunningJob(
                     job_id=spec.job_id,
                     account=spec.account,
                     user=spec.user,
                     gpus=spec.gpus,
                     slots=job.slots,
-                    placed_at=_since(job.placed_at, job.started_at, now, from_start),
+                    placed_at=inputs[0],
                     min_runtime_s=spec.min_runtime_s,
                     resumable=spec.resumable,
                     checkpoint_at=job.checkpoint_at,
                     debug=spec.debug,
-                    low_util_since=low.get(spec.job_id),
+                    low_util_since=inputs[1],
                     time_limit_s=spec.time_limit_s,
                 )
-            )
+            kept_running[spec.job_id] = (job, inputs, run)
+            running.append(run)
         elif (
             job.status == "pending"
             and not job.held
             and spec.job_id not in waiting
             and not _too_long(spec.time_limit_s, longest_s)
         ):
-            pending.append(
-                PendingJob(
+            known = made_pending.get(spec.job_id)
+            if known is not None and known[0] is job:
+                wait = known[1]
+            else:
+                wait = PendingJob(
                     job_id=spec.job_id,
                     account=spec.account,
                     user=spec.user,
@@ -132,7 +144,9 @@ def snapshot_from_state(
                     time_limit_s=spec.time_limit_s,
                     runs=job.preemptions,
                 )
-            )
+            kept_pending[spec.job_id] = (job, wait)
+            pending.append(wait)
+    _RUNNING, _PENDING = kept_running, kept_pending
     return Snapshot(
         position=state.events if position is None else position,
         taken_at=now,
@@ -142,3 +156,13 @@ def snapshot_from_state(
         ranks=complete_ranks(ranks),
         level_fs=dict(level_fs or {}),
     )
+
+
+_RUNNING: dict[int, tuple[Job, tuple[float, float | None], RunningJob]] = {}
+_PENDING: dict[int, tuple[Job, PendingJob]] = {}
+"""The live jobs' views made by the last `snapshot_from_state`, by job id: the write side's
+job, the other inputs of a running job's view (since when it runs, since when its GPUs idle),
+and the view. A job whose record is the same object (records are frozen: a change is a new
+one) with the same inputs gets the same view again, so a cycle builds views only for the jobs
+that changed since the last one. Replaced whole by each call: they hold the live jobs of one
+state, and a call over another state's jobs only misses."""
