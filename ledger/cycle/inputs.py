@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 
 from ledger.core.jobs import blocked
-from ledger.core.state import Job, State
+from ledger.core.state import Job, Node, State
 from ledger.dispatch.snapshot import (
     NodeView,
     PendingJob,
@@ -66,20 +66,33 @@ def snapshot_from_state(
     """
     low = low_util_since or {}
     busy = unavailable or {}
-    nodes = tuple(
-        NodeView(
-            name=n.name,
-            cluster=n.cluster,
-            gpu_type=n.gpu_type,
-            gpus=n.gpus,
-            state=n.state,
-            free=()
-            if n.name in unobserved
-            else tuple(i for i in state.free_indices(n.name) if i not in busy.get(n.name, ())),
-        )
-        for n in sorted(state.nodes.values(), key=lambda n: n.name)
-        if n.state != "removed"
-    )
+    global _NODES
+    made_nodes, kept_nodes = _NODES, {}
+    views: list[NodeView] = []
+    for n in sorted(state.nodes.values(), key=lambda n: n.name):
+        if n.state == "removed":
+            continue
+        if n.name in unobserved:
+            free: tuple[int, ...] = ()
+        elif n.name in busy:
+            free = tuple(i for i in state.free_indices(n.name) if i not in busy[n.name])
+        else:
+            free = tuple(state.free_indices(n.name))
+        seen_node = made_nodes.get(n.name)
+        if seen_node is not None and seen_node[0] is n and seen_node[1].free == free:
+            view = seen_node[1]
+        else:
+            view = NodeView(
+                name=n.name,
+                cluster=n.cluster,
+                gpu_type=n.gpu_type,
+                gpus=n.gpus,
+                state=n.state,
+                free=free,
+            )
+        kept_nodes[n.name] = (n, view)
+        views.append(view)
+    nodes = tuple(views)
     running: list[RunningJob] = []
     pending: list[PendingJob] = []
     waiting = blocked(state)  # a dependency not met, an array at its limit: not placed yet
@@ -146,7 +159,7 @@ def snapshot_from_state(
                 )
             kept_pending[spec.job_id] = (job, wait)
             pending.append(wait)
-    _RUNNING, _PENDING = kept_running, kept_pending
+    _RUNNING, _PENDING, _NODES = kept_running, kept_pending, kept_nodes
     return Snapshot(
         position=state.events if position is None else position,
         taken_at=now,
@@ -158,11 +171,13 @@ def snapshot_from_state(
     )
 
 
+_NODES: dict[str, tuple[Node, NodeView]] = {}
 _RUNNING: dict[int, tuple[Job, tuple[float, float | None], RunningJob]] = {}
 _PENDING: dict[int, tuple[Job, PendingJob]] = {}
-"""The live jobs' views made by the last `snapshot_from_state`, by job id: the write side's
-job, the other inputs of a running job's view (since when it runs, since when its GPUs idle),
-and the view. A job whose record is the same object (records are frozen: a change is a new
-one) with the same inputs gets the same view again, so a cycle builds views only for the jobs
-that changed since the last one. Replaced whole by each call: they hold the live jobs of one
+"""The views made by the last `snapshot_from_state` of the nodes (by name: the write side's
+node and its view) and of the live jobs (by job id: the write side's job, the other inputs of a
+running job's view (since when it runs, since when its GPUs idle), and the view). A node or job
+whose record is the same object (records are frozen: a change is a new one) with the same
+inputs (a node's free GPUs) gets the same view again, so a cycle builds views only for what
+changed since the last one. Replaced whole by each call: they hold the live jobs of one
 state, and a call over another state's jobs only misses."""

@@ -84,13 +84,15 @@ def cycle(
 def fresh_snapshot(state: State, ranks: dict[str, int], now: float, **kw: Any) -> Snapshot:
     """`snapshot_from_state` with no view of an earlier call to reuse (and no ranks completed
     before), the memos as they were afterwards."""
-    kept = (inputs._RUNNING, inputs._PENDING, snapshot._LAST, snapshot._COMPLETED[:])
-    inputs._RUNNING, inputs._PENDING, snapshot._LAST = {}, {}, None
+    kept = (inputs._NODES, inputs._RUNNING, inputs._PENDING, snapshot._LAST)
+    completed = snapshot._COMPLETED[:]
+    inputs._NODES, inputs._RUNNING, inputs._PENDING, snapshot._LAST = {}, {}, {}, None
     snapshot._COMPLETED.clear()
     try:
         return snapshot_from_state(state, dict(ranks), now, **kw)
     finally:
-        inputs._RUNNING, inputs._PENDING, snapshot._LAST, snapshot._COMPLETED[:] = kept
+        inputs._NODES, inputs._RUNNING, inputs._PENDING, snapshot._LAST = kept
+        snapshot._COMPLETED[:] = completed
 
 
 def test_views_of_unchanged_jobs_are_reused_and_equal_fresh_ones(tmp_path: Path) -> None:
@@ -110,13 +112,20 @@ def test_views_of_unchanged_jobs_are_reused_and_equal_fresh_ones(tmp_path: Path)
     assert [r.job_id for r in one.running] == [a, b] and [p.job_id for p in one.pending] == [big]
     assert two == one and all(x is y for x, y in zip(two.running, one.running, strict=True))
     assert two.pending[0] is one.pending[0]
+    assert all(x is y for x, y in zip(two.nodes, one.nodes, strict=True))
     ledger.execute(c.ReportCheckpoint(actor="@executor", job_id=a))
+    ledger.execute(c.DrainNode(actor="root", node="a0", reason="fan"))
     kw: dict[str, Any] = {"low_util_since": {b: 1_550.0}}
     three = snapshot_from_state(ledger.state, ranks, 1_600.0, **kw)
     assert three == fresh_snapshot(ledger.state, ranks, 1_600.0, **kw)
     assert three.running[0] is not one.running[0] and three.running[0].checkpoint_at is not None
     assert three.running[1] is not one.running[1] and three.running[1].low_util_since == 1_550.0
     assert three.pending[0] is one.pending[0]
+    changed = [x.name for x, y in zip(three.nodes, one.nodes, strict=True) if x is not y]
+    assert changed == ["a0"] and three.nodes[0].state == "drained"  # it held no job
+    busy = snapshot_from_state(ledger.state, ranks, 1_600.0, unavailable={"n5": frozenset({0})})
+    assert busy.nodes[-1].name == "n5" and 0 not in busy.nodes[-1].free
+    assert busy == fresh_snapshot(ledger.state, ranks, 1_600.0, unavailable={"n5": frozenset({0})})
     # placed but not started, contracts from the engine's start: its view moves with `now`
     later = snapshot_from_state(ledger.state, ranks, 1_700.0, from_start=True, **kw)
     assert later == fresh_snapshot(ledger.state, ranks, 1_700.0, from_start=True, **kw)
