@@ -23,6 +23,7 @@ from schemas.events import (
     CycleDecided,
     CycleDecidedV1,
     CycleDecidedV2,
+    CycleDecidedV3,
     Event,
     JobFinished,
     JobFinishedV1,
@@ -31,6 +32,7 @@ from schemas.events import (
     RankInputs,
     StoredEvent,
     UsageSettings,
+    Waiting,
     tag_of,
 )
 from schemas.policy import WEEK_S, from_settings
@@ -144,7 +146,7 @@ def decided_v1_to_v2(ev: CycleDecidedV1) -> CycleDecidedV2:
     )
 
 
-def decided_v2_to_v3(ev: CycleDecidedV2) -> CycleDecided:
+def decided_v2_to_v3(ev: CycleDecidedV2) -> CycleDecidedV3:
     """Pure: a v2 decision record as v3, whose policy settings are typed only. The typed config
     v2 wrote beside its strings is kept; a record without one (upcast from v1) has its strings
     read as one (`schemas.policy.from_settings`), and its rank inputs, which it did not record,
@@ -161,7 +163,22 @@ def decided_v2_to_v3(ev: CycleDecidedV2) -> CycleDecided:
             policy = None
     fields = msgspec.structs.asdict(ev)  # v3's fields, and v2's `config` strings
     del fields["config"]
-    return CycleDecided(**{**fields, "policy": policy, "ranks": ranks})
+    return CycleDecidedV3(**{**fields, "policy": policy, "ranks": ranks})
+
+
+def decided_v3_to_v4(ev: CycleDecidedV3) -> CycleDecided:
+    """Pure: a v3 decision record as v4. Only the waiting summary changes form: v3's fields are
+    kept as recorded, `runs` (which v3 did not count) is 0 and `digest_of="jobs"` says its order
+    digest covers one entry per job, which replay recomputes as such."""
+    w = ev.waiting
+    waiting = Waiting(
+        considered=w.considered,
+        first=w.first,
+        counts=w.counts,
+        order_digest=w.order_digest,
+        digest_of="jobs",
+    )
+    return CycleDecided(**{**msgspec.structs.asdict(ev), "waiting": waiting})
 
 
 def _usage_of_settings(based_on: int, settings: dict[str, str]) -> RankInputs | None:
@@ -206,9 +223,11 @@ def upcast(event: StoredEvent) -> AnyEvent:
     if isinstance(event, JobFinishedV1):
         return finished_v1_to_v2(event)
     if isinstance(event, CycleDecidedV1):
-        return decided_v2_to_v3(decided_v1_to_v2(event))
+        return decided_v3_to_v4(decided_v2_to_v3(decided_v1_to_v2(event)))
     if isinstance(event, CycleDecidedV2):
-        return decided_v2_to_v3(event)
+        return decided_v3_to_v4(decided_v2_to_v3(event))
+    if isinstance(event, CycleDecidedV3):
+        return decided_v3_to_v4(event)
     return event
 
 

@@ -59,7 +59,7 @@ from schemas.events import (
     RankInputs,
     RunPart,
     TokenScope,
-    WaitSummary,
+    Waiting,
 )
 from schemas.policy import AnyPolicyConfig
 
@@ -254,7 +254,7 @@ class DecisionBody(msgspec.Struct, frozen=True, kw_only=True):
     ranks: RankInputs | None = None
     placements: Many[Placement] = ()
     preemptions: Many[Preemption] = ()
-    waiting: WaitSummary = WaitSummary()
+    waiting: Waiting = Waiting()
     fragmentation_gpus: Count = 0
     wake_at: Epoch | None = None
     skipped_cycles: Count = 0

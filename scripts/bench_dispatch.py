@@ -5,6 +5,7 @@
     python scripts/bench_dispatch.py --clock cpu    # process time: steadier on a busy machine
     python scripts/bench_dispatch.py --quick --pending 50000 --nodes 4096 --goal-ms 250
                                                     # issue 26's figure
+    python scripts/bench_dispatch.py --quick --record  # + the decision record's waiting summary
 
 Headline: 10,000 pending jobs on 1,024 nodes x 8 GPUs with ~90% of the GPUs held by running jobs
 (a mix of sizes, gang jobs, contracts in and past their term, unfunded work, squatters, draining
@@ -23,9 +24,19 @@ import statistics
 import time
 from collections.abc import Callable
 
-from ledger.dispatch import NodeView, PendingJob, Policy, RunningJob, Snapshot, decide, registry
+from ledger.dispatch import (
+    Decision,
+    NodeView,
+    PendingJob,
+    Policy,
+    RunningJob,
+    Snapshot,
+    decide,
+    registry,
+)
 from ledger.dispatch.ordering import fairshare_key
 from ledger.dispatch.snapshot import NodeState
+from schemas.digest import summarise
 from schemas.events import GpuSlot
 
 GOAL_S = 0.100
@@ -189,6 +200,26 @@ def row(
     return timed(lambda: decide(snap, policy, NOW), runs, clock), snap
 
 
+def record(d: Decision, runs: int, clock: Callable[[], float]) -> None:
+    """What writing the decision down costs beside `decide()`: the waiting summary its record
+    keeps, as `cycle.decided.v4` builds it (from the runs) and as v3 did (a `Considered` per job,
+    then the per-job digest), interleaved in the same run; and the whole command."""
+    v4: list[float] = []
+    v3: list[float] = []
+    cmd: list[float] = []
+    for _ in range(runs):
+        v4 += timed(d.summary, 1, clock)
+        v3 += timed(lambda: summarise(d.considered()), 1, clock)
+        cmd += timed(lambda: d.to_command("@dispatcher", "cycle-1"), 1, clock)
+    s = d.summary()
+    print(
+        f"record: waiting summary v4 (runs) p50 {ms(pct(v4, 0.5))} p99 {ms(pct(v4, 0.99))}; "
+        f"v3 (per job) p50 {ms(pct(v3, 0.5))} p99 {ms(pct(v3, 0.99))}; "
+        f"v3 / v4 = {pct(v3, 0.5) / pct(v4, 0.5):.1f}x; {s.runs} runs of {s.waiting()} waiting"
+    )
+    print(f"record: to_command (v4) p50 {ms(pct(cmd, 0.5))} p99 {ms(pct(cmd, 0.99))}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--runs", type=int, default=30)
@@ -204,6 +235,11 @@ def main() -> None:
         help="victim searches per cycle (the policy's search_budget; default its own)",
     )
     ap.add_argument("--quick", action="store_true", help="headline only")
+    ap.add_argument(
+        "--record",
+        action="store_true",
+        help="also time the decision record's waiting summary (v4 from runs, v3 per job)",
+    )
     ap.add_argument("--pending", type=int, default=10_000, help="headline: pending jobs")
     ap.add_argument("--nodes", type=int, default=1024, help="headline: nodes of 8 GPUs")
     ap.add_argument("--goal-ms", type=float, default=GOAL_S * 1000, help="headline: p99 goal")
@@ -253,6 +289,8 @@ def main() -> None:
         f"raw baseline (build + sort the sort keys): p50 {ms(b50)}; decide p50 / baseline: "
         f"{p50 / b50:.1f}x"
     )
+    if args.record:
+        record(d, args.runs, clock)
     if args.quick:
         return
     runs = max(5, args.runs // 3)

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 
 from ledger.core.jobs import blocked
-from ledger.core.state import State
+from ledger.core.state import Job, Node, State
 from ledger.dispatch.snapshot import (
     NodeView,
     PendingJob,
@@ -66,26 +66,43 @@ def snapshot_from_state(
     """
     low = low_util_since or {}
     busy = unavailable or {}
-    nodes = tuple(
-        NodeView(
-            name=n.name,
-            cluster=n.cluster,
-            gpu_type=n.gpu_type,
-            gpus=n.gpus,
-            state=n.state,
-            free=()
-            if n.name in unobserved
-            else tuple(i for i in state.free_indices(n.name) if i not in busy.get(n.name, ())),
-        )
-        for n in sorted(state.nodes.values(), key=lambda n: n.name)
-        if n.state != "removed"
-    )
+    global _NODES
+    made_nodes, kept_nodes = _NODES, {}
+    views: list[NodeView] = []
+    for n in sorted(state.nodes.values(), key=lambda n: n.name):
+        if n.state == "removed":
+            continue
+        if n.name in unobserved:
+            free: tuple[int, ...] = ()
+        elif n.name in busy:
+            free = tuple(i for i in state.free_indices(n.name) if i not in busy[n.name])
+        else:
+            free = tuple(state.free_indices(n.name))
+        seen_node = made_nodes.get(n.name)
+        if seen_node is not None and seen_node[0] is n and seen_node[1].free == free:
+            view = seen_node[1]
+        else:
+            view = NodeView(
+                name=n.name,
+                cluster=n.cluster,
+                gpu_type=n.gpu_type,
+                gpus=n.gpus,
+                state=n.state,
+                free=free,
+            )
+        kept_nodes[n.name] = (n, view)
+        views.append(view)
+    nodes = tuple(views)
     running: list[RunningJob] = []
     pending: list[PendingJob] = []
     waiting = blocked(state)  # a dependency not met, an array at its limit: not placed yet
     # only the live jobs (`state.active`), in id order: the cost follows live work, not the
     # finished jobs a full state keeps
     jobs = state.jobs
+    global _RUNNING, _PENDING
+    made_running, made_pending = _RUNNING, _PENDING
+    kept_running: dict[int, tuple[Job, tuple[float, float | None], RunningJob]] = {}
+    kept_pending: dict[int, tuple[Job, PendingJob]] = {}
     for job in [jobs[i] for i in sorted(state.active)]:
         spec = job.spec
         if job.status in ("placed", "running") and job.doubt_until is not None:
@@ -94,30 +111,38 @@ def snapshot_from_state(
         if job.status in ("placed", "running") and not seen:
             continue  # its engine cannot see it now: it is no victim
         if job.status in ("placed", "running") and job.placed_at is not None:
-            running.append(
-                RunningJob(
+            inputs = (_since(job.placed_at, job.started_at, now, from_start), low.get(spec.job_id))
+            hit = made_running.get(spec.job_id)
+            if hit is not None and hit[0] is job and hit[1] == inputs:
+                run = hit[2]
+            else:
+                run = RunningJob(
                     job_id=spec.job_id,
                     account=spec.account,
                     user=spec.user,
                     gpus=spec.gpus,
                     slots=job.slots,
-                    placed_at=_since(job.placed_at, job.started_at, now, from_start),
+                    placed_at=inputs[0],
                     min_runtime_s=spec.min_runtime_s,
                     resumable=spec.resumable,
                     checkpoint_at=job.checkpoint_at,
                     debug=spec.debug,
-                    low_util_since=low.get(spec.job_id),
+                    low_util_since=inputs[1],
                     time_limit_s=spec.time_limit_s,
                 )
-            )
+            kept_running[spec.job_id] = (job, inputs, run)
+            running.append(run)
         elif (
             job.status == "pending"
             and not job.held
             and spec.job_id not in waiting
             and not _too_long(spec.time_limit_s, longest_s)
         ):
-            pending.append(
-                PendingJob(
+            known = made_pending.get(spec.job_id)
+            if known is not None and known[0] is job:
+                wait = known[1]
+            else:
+                wait = PendingJob(
                     job_id=spec.job_id,
                     account=spec.account,
                     user=spec.user,
@@ -132,7 +157,9 @@ def snapshot_from_state(
                     time_limit_s=spec.time_limit_s,
                     runs=job.preemptions,
                 )
-            )
+            kept_pending[spec.job_id] = (job, wait)
+            pending.append(wait)
+    _RUNNING, _PENDING, _NODES = kept_running, kept_pending, kept_nodes
     return Snapshot(
         position=state.events if position is None else position,
         taken_at=now,
@@ -142,3 +169,15 @@ def snapshot_from_state(
         ranks=complete_ranks(ranks),
         level_fs=dict(level_fs or {}),
     )
+
+
+_NODES: dict[str, tuple[Node, NodeView]] = {}
+_RUNNING: dict[int, tuple[Job, tuple[float, float | None], RunningJob]] = {}
+_PENDING: dict[int, tuple[Job, PendingJob]] = {}
+"""The views made by the last `snapshot_from_state` of the nodes (by name: the write side's
+node and its view) and of the live jobs (by job id: the write side's job, the other inputs of a
+running job's view (since when it runs, since when its GPUs idle), and the view). A node or job
+whose record is the same object (records are frozen: a change is a new one) with the same
+inputs (a node's free GPUs) gets the same view again, so a cycle builds views only for what
+changed since the last one. Replaced whole by each call: they hold the live jobs of one
+state, and a call over another state's jobs only misses."""

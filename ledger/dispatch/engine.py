@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from operator import itemgetter
 from typing import Literal
 
 import msgspec
@@ -62,8 +63,16 @@ from ledger.dispatch.preemption import (
 )
 from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot, complete_ranks
 from schemas.commands import ApplyDecision, DecisionBody
-from schemas.digest import summarise
-from schemas.events import Considered, GpuSlot, Placement, Preemption, PreemptReason, RankInputs
+from schemas.digest import summarise_runs
+from schemas.events import (
+    Considered,
+    GpuSlot,
+    Placement,
+    Preemption,
+    PreemptReason,
+    RankInputs,
+    Waiting,
+)
 from schemas.policy import AnyPolicyConfig
 
 WaitCode = Literal["WAIT_RESOURCES", "WAIT_PRIORITY", "WAIT_CONTRACT"]
@@ -173,6 +182,17 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
                                     code=w.code)  # fmt: skip
         return tuple(out)
 
+    def summary(self) -> Waiting:
+        """The waiting summary its record keeps (`cycle.decided.v4`): built from the order's
+        ids and sort keys and the runs, never a record per waiting job
+        (`schemas.digest.summarise_runs`)."""
+        order = self.order
+        return summarise_runs(
+            [j.job_id for _, j in order],
+            list(map(itemgetter(0), order)),
+            [(r.start, r.stop, r.wait.code, r.wait.text()) for r in self.runs],
+        )
+
     def to_command(
         self,
         actor: str,
@@ -185,7 +205,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     ) -> ApplyDecision:
         """The command that applies this decision, expecting the log still at `based_on`. The
         record it makes keeps the inputs (`policy`, its settings; `ranks`; `decided_at`) and, of
-        the considered jobs, only the compact summary (`schemas.digest.summarise`)."""
+        the considered jobs, only the compact summary (`summary`)."""
         body = DecisionBody(
             cycle_id=cycle_id,
             based_on=self.based_on,
@@ -195,7 +215,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
             ranks=ranks,
             placements=self.placements,
             preemptions=self.preemptions,
-            waiting=summarise(self.considered()),
+            waiting=self.summary(),
             fragmentation_gpus=self.fragmentation_gpus,
             wake_at=self.wake_at,
             skipped_cycles=skipped_cycles,

@@ -130,10 +130,16 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
 def complete_ranks(leaf_ranks: Mapping[str, int]) -> dict[str, int]:
     """Pure: add every ancestor of the ranked paths, ranked as its best descendant. Completing
     a completed mapping changes nothing: the last few answers are handed back as they are (the
-    cycle completes the ranks of its snapshot, then `decide()` asks again)."""
+    cycle completes the ranks of its snapshot, then `decide()` asks again). Leaf ranks equal to
+    the last ones completed get that answer again: ranks are an order, which usage moves far
+    less often than a cycle runs (a simulation asks ~7,000 times in 28 days)."""
     for done in _COMPLETED:
         if leaf_ranks is done:
             return done
+    global _LAST
+    last = _LAST  # one read: another thread may complete other ranks meanwhile
+    if last is not None and last[0] == leaf_ranks and list(last[0]) == list(leaf_ranks):
+        return last[1]  # the same ranks in the same order: compared in C, no walk of the paths
     out = dict(leaf_ranks)
     for path, rank in leaf_ranks.items():
         cut = path.find("/")
@@ -145,11 +151,14 @@ def complete_ranks(leaf_ranks: Mapping[str, int]) -> dict[str, int]:
                     out[anc] = rank
             cut = path.find("/", cut + 1)
     _COMPLETED[:] = [out, *_COMPLETED[:3]]
+    _LAST = (dict(leaf_ranks), out)
     return out
 
 
 _COMPLETED: list[dict[str, int]] = []
 """The last answers of `complete_ranks` (never changed by their readers)."""
+_LAST: tuple[dict[str, int], dict[str, int]] | None = None
+"""A copy of the last leaf ranks completed and their answer (`complete_ranks`)."""
 
 
 def fs_text(value: float) -> str:

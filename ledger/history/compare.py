@@ -25,7 +25,7 @@ from projections.fairshare import (
     charge_of,
 )
 from schemas import events as e
-from schemas.digest import summarise
+from schemas.digest import summary_of
 from schemas.errors import InvalidCommand
 from schemas.policy import AnyPolicyConfig, unknown_version
 
@@ -170,7 +170,7 @@ def compare(
     # 2. preemptions
     out += _by_job("preemption", outcome.preemptions, replayed.preemptions, _preemption_text)
     # 3. the waiting jobs: counts, the first listed, the whole order by digest
-    out += _compare_waiting(recorded.waiting, summarise(replayed.considered()))
+    out += _compare_waiting(recorded.waiting, replayed_summary(recorded.waiting, replayed))
     # 4. the rest of the record
     out += _field("fragmentation_gpus", recorded.fragmentation_gpus, replayed.fragmentation_gpus)
     out += _field("wake_at", recorded.wake_at, replayed.wake_at, repr)
@@ -236,7 +236,15 @@ def _compare_ranks(recorded: e.RankInputs | None, digest: str | None) -> list[Di
     return out
 
 
-def _compare_waiting(recorded: e.WaitSummary, replayed: e.WaitSummary) -> list[Difference]:
+def replayed_summary(recorded: e.Waiting, replayed: Decision) -> e.Waiting:
+    """Pure: the waiting summary of a replayed decision in the form of the record's: over its
+    runs (`cycle.decided.v4`), or one entry per job for a record upcast from v3 or older."""
+    if recorded.digest_of == "jobs":
+        return summary_of(replayed.considered())
+    return replayed.summary()
+
+
+def _compare_waiting(recorded: e.Waiting, replayed: e.Waiting) -> list[Difference]:
     out = _field("considered", recorded.considered, replayed.considered, lambda n: f"{n} jobs")
     out += _field("waiting", recorded.counts, replayed.counts, _counts_text)
     a = {w.job_id: w.code for w in recorded.first}
@@ -261,6 +269,8 @@ def _compare_waiting(recorded: e.WaitSummary, replayed: e.WaitSummary) -> list[D
             )
         )
         listed += 1
+    if recorded.digest_of == "runs":
+        out += _field("runs", recorded.runs, replayed.runs, lambda n: f"{n} runs of waiting jobs")
     if not out and recorded.order_digest != replayed.order_digest:
         out.append(
             Difference(

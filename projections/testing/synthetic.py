@@ -194,13 +194,14 @@ class _Sim:
                 usage=e.UsageSettings(window_s=7 * 24 * 3600.0),
             ),
             placed=tuple(j.spec.job_id for j, _ in placed),
-            waiting=e.WaitSummary(
+            waiting=e.Waiting(
                 considered=len(placed) + len(self.pending),
                 first=tuple(
                     e.WaitingJob(j.spec.job_id, "WAIT_RESOURCES") for j in self.pending[:64]
                 ),
                 counts=(e.WaitCount("WAIT_RESOURCES", len(self.pending)),),
                 order_digest=_digest(-self.cycle),
+                runs=1 if self.pending else 0,
             ),
         )
         for job, slots in placed:

@@ -109,11 +109,12 @@ def build(home: Path) -> None:
                 c.ApplyDecision(actor="@dispatcher", decision=c.DecisionBody(
                     cycle_id="k" * 128, based_on=ledger.head(),
                     policy_version="fairshare-1", fragmentation_gpus=b.INT32_MAX,
-                    waiting=e.WaitSummary(
+                    waiting=e.Waiting(
                         considered=b.INT32_MAX,
                         first=(e.WaitingJob(job_id=2, code="T" * 128),),
                         counts=(e.WaitCount(code="T" * 128, jobs=b.INT32_MAX),),
                         order_digest="d" * 128,
+                        runs=b.INT32_MAX,
                     ),
                     policy=FairShareConfig(margin=1e9, search_budget=b.INT32_MAX),
                     wake_at=b.YEAR_3000, decided_at=0.0,

@@ -552,7 +552,7 @@ def test_a_lost_node_shows_in_every_read_and_the_audit_holds(own: Path) -> None:
 
 def test_log_names_each_event_by_the_version_it_is_read_as(tmp_path: Path) -> None:
     """Readers see the latest version only: a decision stored as `cycle.decided.v2` is shown as
-    the v3 it upcasts to, its tag and its type agreeing; `audit sql` keeps the stored tag."""
+    the v4 it upcasts to, its tag and its type agreeing; `audit sql` keeps the stored tag."""
     from projections.testing.synthetic import append_raw
 
     golden = Path(__file__).resolve().parents[1] / "golden" / "fairshare-6.jsonl"
@@ -568,7 +568,7 @@ def test_log_names_each_event_by_the_version_it_is_read_as(tmp_path: Path) -> No
     assert len(out) == len(records)
     assert all(r["tag"] == r["event"]["type"] for r in out)
     stored_v2 = [i for i, (tag, _) in enumerate(records) if tag == "cycle.decided.v2"]
-    assert stored_v2 and all(out[i]["tag"] == "cycle.decided.v3" for i in stored_v2)
+    assert stored_v2 and all(out[i]["tag"] == "cycle.decided.v4" for i in stored_v2)
     stored = cli(home, "audit", "sql", "SELECT DISTINCT tag FROM events WHERE tag LIKE 'cycle%'")
     assert "cycle.decided.v2" in stored.stdout
 

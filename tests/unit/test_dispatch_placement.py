@@ -11,7 +11,6 @@ import pytest
 
 from ledger.dispatch import Fifo, NodeView, PendingJob, RunningJob, Snapshot, decide
 from ledger.dispatch.snapshot import NodeState
-from schemas.digest import summarise
 from schemas.events import GpuSlot
 from schemas.policy import FifoConfig
 
@@ -276,4 +275,4 @@ def test_decision_carries_position_policy_and_config() -> None:
         42,
     )
     assert body.policy == FifoConfig()
-    assert body.placements == d.placements and body.waiting == summarise(d.considered())
+    assert body.placements == d.placements and body.waiting == d.summary()

@@ -12,6 +12,7 @@ import pytest
 from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.history.replay import find_decisions, replay_decisions
+from projections import chain
 from projections.batch import decode_records
 from projections.source import ListSource, LogRecord
 from schemas import codec
@@ -24,6 +25,9 @@ LATEST = (GOLDEN / "events-v1.latest.jsonl").read_bytes().splitlines()
 V3 = "fairshare-6.decided-v3.jsonl"
 """`fairshare-6.jsonl`'s simulation written again by the code that introduced
 `cycle.decided.v3` (the decision record with typed settings only)."""
+V4 = "fairshare-7.decided-v4.jsonl"
+"""`fairshare-7.jsonl`'s simulation written again by the code that introduced
+`cycle.decided.v4` (the waiting summary built from runs, its digest over them)."""
 
 
 def as_stored(encoded: bytes, stored: bytes) -> bool:
@@ -170,17 +174,20 @@ def test_recorded_decisions_replay_identically_and_differ_under_an_older_version
     assert not any(r.identical for r in replay_decisions(source, as_older))
 
 
-def test_the_latest_decision_records_are_stored_as_every_reader_decodes_them() -> None:
-    lines = (GOLDEN / V3).read_bytes().splitlines()
-    prev = ""
-    for raw in lines:  # the stored bytes, unedited
+@pytest.mark.parametrize(("file", "version"), [(V3, "v3"), (V4, "v4")])
+def test_decision_records_are_stored_as_every_reader_decodes_them(file: str, version: str) -> None:
+    """Each record reads back as stored when it is the latest version (v4); a v3 one upcasts."""
+    lines = (GOLDEN / file).read_bytes().splitlines()
+    for position, raw in enumerate(lines, start=1):  # the stored bytes, unedited
         event = codec.decode(raw)
-        assert event.prev_hash == prev
+        if position > 1:  # each links to the one before (v1 links in the older file, v2 here)
+            before = lines[position - 2]
+            tag = codec.peek_tag(before) or ""
+            assert chain.names(event.prev_hash, position - 1, tag, before)
         if codec.peek_tag(raw) == e.tag_of(type(event)):  # stored as the latest version (the
             assert as_stored(codec.encode(event), raw)  # submissions and ends there are v1)
-        prev = hashlib.sha256(raw).hexdigest()
-    tags = {codec.peek_tag(raw) for raw in lines}
-    assert "cycle.decided.v3" in tags and not tags & {"cycle.decided.v1", "cycle.decided.v2"}
+    tags = {codec.peek_tag(raw) for raw in lines if "cycle.decided" in (codec.peek_tag(raw) or "")}
+    assert tags == {f"cycle.decided.{version}"}
 
 
 def test_v2_decision_records_upcast_to_exactly_what_the_code_now_writes() -> None:
@@ -196,11 +203,39 @@ def test_v2_decision_records_upcast_to_exactly_what_the_code_now_writes() -> Non
     assert v2 == v3
 
 
-def test_recorded_fairshare_7_decisions_replay_identically_and_differ_as_fairshare_6() -> None:
-    """fairshare-7 (the default) decides exactly as it recorded; read as fairshare-6 with the
-    settings the two share (fairshare-6 has no reservation, a debug reserve, no restart price),
-    some decisions differ, so the test can fail."""
-    source, decisions = _recorded_decisions("fairshare-7")
+def test_v3_decision_records_upcast_to_what_the_code_now_writes_but_the_digests_form() -> None:
+    """The same simulation recorded with v3 records and with v4 ones: upcast, the v3 log is the
+    v4 log event for event but for the waiting summary's digest (over jobs, which v3 wrote; over
+    runs, which v4 writes) and the runs v3 did not count; the listed jobs and counts agree."""
+
+    def decided(file: str) -> list[tuple[int, e.CycleDecided]]:
+        lines = (GOLDEN / file).read_bytes().splitlines()
+        out: list[tuple[int, e.CycleDecided]] = []
+        for position, raw in enumerate(lines, start=1):
+            ev = codec.decode(raw)
+            if isinstance(ev, e.CycleDecided):
+                w = msgspec.structs.replace(ev.waiting, order_digest="", runs=0, digest_of="runs")
+                out.append((position, msgspec.structs.replace(ev, prev_hash="", waiting=w)))
+        return out
+
+    v3, v4 = decided("fairshare-7.jsonl"), decided(V4)
+    assert len(v4) == 42
+    assert v3 == v4
+    stored = [codec.decode(raw) for raw in (GOLDEN / V4).read_bytes().splitlines()]
+    decided = [ev for ev in stored if isinstance(ev, e.CycleDecided)]
+    assert all(d.waiting.digest_of == "runs" for d in decided)
+    assert all(d.waiting.runs > 0 for d in decided if d.waiting.waiting())
+
+
+@pytest.mark.parametrize("file", [None, V4], ids=["v3 records", "v4 records"])
+def test_recorded_fairshare_7_decisions_replay_identically_and_differ_as_fairshare_6(
+    file: str | None,
+) -> None:
+    """fairshare-7 (the default) decides exactly as it recorded, in v3 records (digest over
+    jobs) and in v4 ones (over runs); read as fairshare-6 with the settings the two share
+    (fairshare-6 has no reservation, a debug reserve, no restart price), some decisions differ,
+    so the test can fail."""
+    source, decisions = _recorded_decisions("fairshare-7", file=file)
     assert len(decisions) == 42
     assert sum(len(d.preempted) for _, d in decisions) > 0
     results = list(replay_decisions(source, decisions))

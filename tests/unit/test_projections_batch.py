@@ -231,6 +231,7 @@ def test_the_codec_says_which_type_each_stored_tag_upcasts_to() -> None:
         "cycle.decided.v1",
         "cycle.decided.v2",
         "cycle.decided.v3",
+        "cycle.decided.v4",
     ]
 
 
