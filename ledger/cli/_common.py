@@ -194,7 +194,7 @@ class Ctx:
         if self._source is None:
             from ledger.store.locate import open_source
 
-            self._source = open_source(self.home)
+            self._source = open_source(self.home, light=True)
         return self._source
 
     def reader(self) -> LiveState:
