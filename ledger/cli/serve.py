@@ -379,14 +379,16 @@ def status(ctx: Ctx, as_json: bool) -> None:
     if h.role != "single":  # one of several servers on a PostgreSQL store (docs/ha.md)
         silent = {s.address: s.seen_s_ago for s in h.servers if s.seen_s_ago > SILENT_S}
         leader = h.leader or "none"
+        ago = silent.get(h.leader) if h.leader else None
+        why = [] if ago is None else [f"not heard from for {ago:.0f} s; a standby takes over "
+                                      "once its lease expires"]  # fmt: skip
         away = _leader_away(h, ctx.remote.url)
         if away:
-            leader += f" (does not answer: {away})"
-        elif h.leader and (h.leader in silent or h.leader not in {s.address for s in h.servers}):
-            ago = silent.get(h.leader)
-            leader += (f" (does not answer: not heard from for {ago:.0f} s; a standby takes "
-                       "over once its lease expires)" if ago is not None
-                       else " (not heard from in the last minute)")  # fmt: skip
+            why.append(away)
+        if why:
+            leader += f" (does not answer: {'; '.join(why)})"
+        elif h.leader and h.leader not in {s.address for s in h.servers}:
+            leader += " (not heard from in the last minute)"
         click.echo(f"  role          {h.role}, epoch {h.epoch}, leader {leader}")
         lease = _lease_line(h)
         if lease:
