@@ -89,6 +89,15 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     """The leader's address ("" for a single server, or while no server leads)."""
     epoch: int = 0
     """The leadership epoch this server last held or saw (0: a single server)."""
+    lease_s: float | None = None
+    """The leader's lease (None: a single server, or no lease seen)."""
+    lease_expires_in_s: float | None = None
+    """Seconds until the leader's lease expires, as of this answer (the database's clock);
+    negative: it ran out that long ago and no server has taken it yet (the leader is down,
+    paused or cut off from the store). None: a single server, or no lease seen."""
+    lease_renewed_s_ago: float | None = None
+    """Seconds since the leader last renewed its lease (it renews every third of the lease:
+    more than that is a leader that stopped renewing)."""
     store: str = "sqlite"
     """"sqlite" or "postgresql"."""
     store_error: str | None = None

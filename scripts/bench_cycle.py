@@ -16,18 +16,32 @@ With --history DIR the cycles run on a copy of the log in DIR (`scripts/bench_hi
 them: 1,024 x 8 GPUs and N events of history) with a live ledger started from its snapshot and
 its projection, instead of an empty ledger: the same 10,000 pending jobs, the same cycles, so the
 p99 can be compared across history sizes (goal: within 20% between 10k and 5M events).
+
+With --pg-history DIR the same, on a PostgreSQL store: DIR is a home `scripts/bench_pg_history.py`
+made (N-pg beside the SQLite history N: its `pg.json` names the database, loaded by `gpuledger
+store copy`); the cycles run on a private copy of that database (`CREATE DATABASE ... TEMPLATE`,
+on the server of $GPULEDGER_PG_DSN, dropped at the end), with the home's snapshot key and
+projection copied, so every append of a cycle is a PostgreSQL transaction:
+
+    GPULEDGER_PG_DSN=$(scripts/postgres/postgres up) \
+        python scripts/bench_cycle.py --pg-history /tmp/gpuledger-history/5000000-pg
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
+import json
 import os
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
@@ -36,9 +50,9 @@ from ledger.cycle.inputs import snapshot_from_state
 from ledger.dispatch import registry
 from ledger.dispatch.engine import decide
 from ledger.sim.kernel import KernelExecutor
+from ledger.store import locate, snapshots
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
-from ledger.store.embedded import EmbeddedSource
 from projections.projector import Projector
 from projections.store import PROJECTIONS_DIR, Store
 from schemas import commands as c
@@ -62,6 +76,8 @@ def build(
     if history is not None:
         for f in history.glob("events.sqlite*"):
             shutil.copy(f, home / f.name)
+        if (history / snapshots.STATE_KEY).exists():  # the snapshot's signing key
+            shutil.copy2(history / snapshots.STATE_KEY, home / snapshots.STATE_KEY)
         if (history / PROJECTIONS_DIR).is_dir():
             shutil.copytree(history / PROJECTIONS_DIR, home / PROJECTIONS_DIR)
     ledger = Ledger(home, clock, seeded_ids(1), live=history is not None)
@@ -80,6 +96,30 @@ def build(
         ]
     ledger.execute_all(cmds)
     return ledger
+
+
+@contextmanager
+def pg_copy(history: Path, home: Path) -> Iterator[None]:
+    """`home` names a private copy of the PostgreSQL database of the history home `history`
+    (a file copy on the server: `CREATE DATABASE ... TEMPLATE`), dropped at the end."""
+    import psycopg
+
+    admin = os.environ.get("GPULEDGER_PG_DSN", "")
+    if not admin:
+        sys.exit("error: --pg-history needs GPULEDGER_PG_DSN (the server the history is on)")
+    source = json.loads((history / "pg.json").read_text())["dsn"]
+    template = source.rsplit("/", 1)[1].partition("?")[0]
+    name = f"bench_cycle_{os.getpid()}"
+    with psycopg.connect(admin, autocommit=True) as con:
+        con.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        con.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    base, _, rest = source.partition("?")
+    locate.remember(home, base.rsplit("/", 1)[0] + "/" + name + (f"?{rest}" if rest else ""))
+    try:
+        yield
+    finally:
+        with psycopg.connect(admin, autocommit=True) as con:
+            con.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def last_event_at(ledger: Ledger) -> float:
@@ -116,19 +156,30 @@ def main() -> None:
         "--finish", type=int, default=40, help="running jobs that end before each cycle"
     )
     ap.add_argument("--history", type=Path, default=None, help="run on a copy of this log")
+    ap.add_argument(
+        "--pg-history",
+        type=Path,
+        default=None,
+        help="run on a copy of this PostgreSQL history home (bench_pg_history.py's N-pg)",
+    )
     ap.add_argument("--profile", type=Path, default=None, help="cProfile the timed cycles here")
     args = ap.parse_args()
     profiler = cProfile.Profile() if args.profile else None
     rng = random.Random(7)
     clock = SimClock(1_000_000.0)
-    with tempfile.TemporaryDirectory(prefix="bench-cycle-") as tmp:
-        home = Path(tmp)
-        ledger = build(home, args.nodes, clock, rng, args.history)
+    with contextlib.ExitStack() as stack:
+        home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-cycle-")))
+        if args.pg_history is not None:
+            stack.enter_context(pg_copy(args.pg_history, home))
+        store_kind = "postgresql" if args.pg_history is not None else "sqlite"
+        ledger = build(home, args.nodes, clock, rng, args.history or args.pg_history)
+        stack.callback(ledger.close)
+        source = stack.enter_context(locate.open_source(home))
         with Store.open(home) as store:
             executor = KernelExecutor()
             d = Dispatcher(
                 ledger,
-                ProjectionRanks(Projector(store, EmbeddedSource(home))),
+                ProjectionRanks(Projector(store, source)),
                 registry.build(),
                 executor,
             )
@@ -178,7 +229,8 @@ def main() -> None:
     cpu_p99 = max(cpus) if len(cpus) < 100 else statistics.quantiles(cpus, n=100)[98]
     print(
         f"bench_cycle: {args.nodes} nodes x 8 GPUs, ~{pending:,} pending, {running_n:,} running, "
-        f"{args.cycles} cycles, history {history:,} events, load {os.getloadavg()[0]:.2f}"
+        f"{args.cycles} cycles, history {history:,} events, store {store_kind}, "
+        f"load {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
     print(
         f"whole cycle: p50 {p50:.1f} ms, max {p99:.1f} ms; "

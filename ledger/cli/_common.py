@@ -73,6 +73,7 @@ class Ctx:
         self._url = url
         self._ledger: Ledger | None = None
         self._view: LiveView | None = None
+        self._source: LogSource | None = None
         self._client: Any = None
 
     @property
@@ -182,6 +183,19 @@ class Ctx:
         if self._view is not None:
             self._view.close()
             self._view = None
+        if self._source is not None:
+            self._source.close()
+            self._source = None
+
+    def source(self) -> LogSource:
+        """The log, read-only, opened once per command and shared by the read's live view and
+        its projection (a PostgreSQL store's is a server session: one per command, not two);
+        closed by `close`."""
+        if self._source is None:
+            from ledger.store.locate import open_source
+
+            self._source = open_source(self.home, light=True)
+        return self._source
 
     def reader(self) -> LiveState:
         """The live state for a read of the read layer, which asks a ledger for its `state` and
@@ -193,7 +207,7 @@ class Ctx:
             self.require()
             from ledger.store.live import LiveView
 
-            self._view = LiveView.open(self.home)
+            self._view = LiveView.open(self.home, source=self.source())
         if self._ledger is None and self._view is not None:
             return self._view
         return self.ledger(live=True)
@@ -248,10 +262,8 @@ class _LocalHandles:
 def projection(ctx: Ctx, *, quiet: bool = False) -> Iterator[Store]:
     """The projection caught up with the log. When a running service holds the file (DuckDB
     allows one writer), read a private in-memory copy built from the log instead."""
-    from ledger.store.locate import open_source
-
     ctx.require()
-    with open_source(ctx.home) as source, _caught_up(ctx, source, quiet) as store:
+    with _caught_up(ctx, ctx.source(), quiet) as store:
         status = store.status()
         if status.unknown_events and not quiet:
             tags = ", ".join(f"{t} ({n})" for t, n in sorted(status.unknown_tags.items()))

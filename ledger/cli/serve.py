@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -23,8 +24,11 @@ from ledger.cli.output import LOG_LEVELS, echo_json, log_level_option, setup_log
 from ledger.dispatch import registry
 from ledger.engines.supervised import DEBUG_LIMIT_S
 from schemas import commands as c
-from schemas.errors import InvalidCommand
+from schemas.errors import InvalidCommand, LedgerError
 from schemas.units import format_time, parse_duration
+
+if TYPE_CHECKING:
+    from schemas.api import Health
 
 EXECUTORS = {"agents": "agents", "agent": "agents", "local": "local", "slurm": "slurm"}
 """`up --executor` -> the server's executor (`agents`: the node agents `up` runs; `agent` is the
@@ -375,12 +379,20 @@ def status(ctx: Ctx, as_json: bool) -> None:
     if h.role != "single":  # one of several servers on a PostgreSQL store (docs/ha.md)
         silent = {s.address: s.seen_s_ago for s in h.servers if s.seen_s_ago > SILENT_S}
         leader = h.leader or "none"
-        if h.leader and (h.leader in silent or h.leader not in {s.address for s in h.servers}):
-            ago = silent.get(h.leader)
-            leader += (f" (does not answer: not heard from for {ago:.0f} s; a standby takes "
-                       "over once its lease expires)" if ago is not None
-                       else " (not heard from in the last minute)")  # fmt: skip
+        ago = silent.get(h.leader) if h.leader else None
+        why = [] if ago is None else [f"not heard from for {ago:.0f} s; a standby takes over "
+                                      "once its lease expires"]  # fmt: skip
+        away = _leader_away(h, ctx.remote.url)
+        if away:
+            why.append(away)
+        if why:
+            leader += f" (does not answer: {'; '.join(why)})"
+        elif h.leader and h.leader not in {s.address for s in h.servers}:
+            leader += " (not heard from in the last minute)"
         click.echo(f"  role          {h.role}, epoch {h.epoch}, leader {leader}")
+        lease = _lease_line(h)
+        if lease:
+            click.echo(f"  lease         {lease}")
         for s in h.servers:
             quiet = f", not heard from for {s.seen_s_ago:.0f} s" if s.address in silent else ""
             role = "leader" if s.address == h.leader else s.role
@@ -389,6 +401,44 @@ def status(ctx: Ctx, as_json: bool) -> None:
 
 SILENT_S = 5.0
 """A server that has not reported for this long is said to be silent (each reports every 1 s)."""
+PROBE_S = 2.0
+"""How long `status`, answered by a standby, waits for the leader's own health answer."""
+
+
+def _lease_line(h: Health) -> str:
+    """The leader's lease in words: its length, its last renewal, when it expires (or how long
+    ago it ran out without anyone taking it: a leader that stopped renewing)."""
+    left, ago = h.lease_expires_in_s, h.lease_renewed_s_ago
+    if left is None or not h.lease_s:
+        return ""
+    renewed = "" if ago is None else f", renewed {ago:.1f} s ago"
+    if left < 0:
+        return (f"{h.lease_s:g} s{renewed}, expired {-left:.1f} s ago: the leader does not "
+                "renew it (down, paused or cut off from the store); a standby takes it at its "
+                "next try")  # fmt: skip
+    every = h.lease_s / 3
+    late = (f" (late: the leader renews every {every:.1f} s)"
+            if ago is not None and ago > every + 1.0 else "")  # fmt: skip
+    return f"{h.lease_s:g} s{renewed}, expires in {left:.1f} s{late}"
+
+
+def _leader_away(h: Health, asked: str) -> str:
+    """Why the leader does not answer its own health check ("" when it does, or when the
+    server asked is the leader): a standby's word on the lease is a second's old."""
+    if h.role != "standby" or not h.leader or h.leader == asked:
+        return ""
+    from ledger.wire.client import Client
+    from schemas.api import Health
+
+    client = Client(h.leader, timeout=PROBE_S)
+    try:
+        client.get("health", type=Health)
+    except LedgerError as err:
+        return err.message
+    finally:
+        client.close()
+    return ""
+
 
 COMMANDS = [up, serve, status]
 

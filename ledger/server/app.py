@@ -383,10 +383,14 @@ def _roles(worker: Worker, head: int) -> dict[str, Any]:
     store = "sqlite" if worker.service.ledger.dsn is None else "postgresql"
     if ha is None:
         return {"store": store, "store_error": worker.follow_error}
+    expires_in, renewed_ago = ha.lease_times()
     return {
         "role": ha.role,
         "leader": ha.leader_address(),
         "epoch": ha.epoch,
+        "lease_s": ha.lease.lease_s,
+        "lease_expires_in_s": None if expires_in is None else round(expires_in, 3),
+        "lease_renewed_s_ago": None if renewed_ago is None else round(renewed_ago, 3),
         "store": store,
         "store_error": ha.unreachable or worker.follow_error,
         "servers": ha.servers(head),

@@ -132,6 +132,19 @@ class Leadership:
         left = 0.0 if h is None else h.expires_in_s - (time.monotonic() - self._leader_read_at)
         return h.address if h is not None and left > 0 else ""  # never a lease seen expire
 
+    def lease_times(self) -> tuple[float | None, float | None]:
+        """(seconds until the leader's lease expires, seconds since its holder last renewed it),
+        now, from the row as last read (the database's clock) moved on by this server's own
+        clock; negative expiry: it ran out and nobody took it yet. (None, None): no lease seen."""
+        h = self.leader
+        if h is None:
+            return None, None
+        since = time.monotonic() - self._leader_read_at
+        left = h.expires_in_s - since
+        if left < -1e6:  # '-infinity': released by a clean stop (a standby takes it at once)
+            return None, None
+        return left, (h.lease_s - h.expires_in_s + since) if h.lease_s else None
+
     def start(self) -> None:
         self._tick()  # the first health answer already names the leader and its epoch
         self._thread = threading.Thread(target=self._run, name="ledger-lease", daemon=True)

@@ -78,6 +78,9 @@ class Holder:
     address: str
     expires_in_s: float
     """Seconds until the lease expires (negative: expired), in the database's clock."""
+    lease_s: float = 0.0
+    """The lease's length: the holder's last renewal was `lease_s - expires_in_s` seconds ago
+    (a renewal sets the expiry to the commit's time plus the lease)."""
 
 
 @dataclass(frozen=True)
@@ -208,13 +211,14 @@ class Lease:
     def leader(self) -> Holder | None:
         """Who holds the lease (None: nobody ever did)."""
         rows = self._run(
-            f"SELECT epoch, holder, address, extract(epoch FROM expires_at - now()) "
+            f"SELECT epoch, holder, address, extract(epoch FROM expires_at - now()), lease_s "
             f"FROM {LEADER_TABLE} WHERE id = 1"
         )
         if not rows or not rows[0][1]:
             return None
-        epoch, holder, address, left = rows[0]
-        return Holder(int(epoch), holder, address, float(left) if left is not None else -1e9)
+        epoch, holder, address, left, lease_s = rows[0]
+        left = float(left) if left is not None else -1e9
+        return Holder(int(epoch), holder, address, left, float(lease_s or 0.0))
 
     def report(self, role: str, position: int) -> None:
         """Say where this server is (its role and the log position it has folded)."""

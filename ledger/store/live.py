@@ -49,18 +49,28 @@ class LiveView:
     """A live state folded up to `position`, for reads: `state` and `catch_up()`, what the read
     layer asks of a ledger (`ledger.reads.table`); it never writes."""
 
-    def __init__(self, source: LogSource, state: State, position: int) -> None:
+    def __init__(
+        self, source: LogSource, state: State, position: int, *, owns: bool = True
+    ) -> None:
         self.source = source
         self.state = state
         self.position = position
+        self._owns = owns
 
     @classmethod
-    def open(cls, home: Path, max_tail: int = snapshots.SNAPSHOT_EVERY) -> LiveView | None:
+    def open(
+        cls,
+        home: Path,
+        max_tail: int = snapshots.SNAPSHOT_EVERY,
+        source: LogSource | None = None,
+    ) -> LiveView | None:
         """The live state of the ledger in `home`, or None when more than `max_tail` events
         follow the newest snapshot that verifies (or the start, when none does): a live
         ledger would fold them and store a snapshot, and `Ledger(live=True)` is the one that
-        stores it."""
-        source = open_source(home)
+        stores it. `source`: the home's log opened by the caller, who closes it (a CLI read
+        shares one with its projection: a PostgreSQL store's is a server session)."""
+        owns = source is None
+        source = open_source(home) if source is None else source
         try:
             got = snapshots.newest(
                 source.snapshots(snapshots.STREAM_ID.hex, snapshots.KEEP),
@@ -74,12 +84,14 @@ class LiveView:
             if got is not None:
                 state, position = got[1], got[0].position
             if source.head() - position > max_tail:
-                source.close()
+                if owns:
+                    source.close()
                 return None
-            view = cls(source, state, position)
+            view = cls(source, state, position, owns=owns)
             view.catch_up()
         except BaseException:
-            source.close()
+            if owns:
+                source.close()
             raise
         return view
 
@@ -92,7 +104,8 @@ class LiveView:
         return self.position
 
     def close(self) -> None:
-        self.source.close()
+        if self._owns:
+            self.source.close()
 
 
 def _stored_at(source: LogSource, position: int) -> LogRecord | None:

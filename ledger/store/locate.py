@@ -57,10 +57,12 @@ LogSource = EmbeddedSource | PgSource
 """A log read-only, wherever it lives."""
 
 
-def open_source(home: Path, store: str | None = None) -> LogSource:
-    """The log of the ledger in `home`, read-only (no eventsourcing, no application)."""
+def open_source(home: Path, store: str | None = None, *, light: bool = False) -> LogSource:
+    """The log of the ledger in `home`, read-only (no eventsourcing, no application). `light`:
+    for a process that reads once and ends (a CLI read): a PostgreSQL store is read through
+    libpq alone, without loading psycopg (`PgSource(light=True)`)."""
     dsn = store_of(home, store)
-    return EmbeddedSource(home) if dsn is None else PgSource(dsn)
+    return EmbeddedSource(home) if dsn is None else PgSource(dsn, light=light)
 
 
 def stored_rows(source: LogSource) -> StoredRows | PgStoredRows:

@@ -127,6 +127,28 @@ def test_one_server_gives_up_at_once_and_a_list_gives_up_after_the_retry_time(
     assert 0.5 <= time.monotonic() - began < 10
 
 
+def test_a_client_finds_a_new_leader_within_a_quarter_second_of_it_answering(
+    fakes: tuple[Fake, Fake],
+) -> None:
+    """A failover in progress: every server answers 503 naming no leader for 3.2 s, then one
+    leads. The client's pause between rounds stays short: it is answered within ~0.25 s of the
+    new leader (a pause growing to 1 s answered it 0.8 s later)."""
+    x, y = fakes
+    nobody = standby("")
+    result = json.dumps({"position": 7, "events": []}).encode()
+    switch = time.monotonic() + 3.2
+
+    def leads_later(*args: Any) -> Any:
+        return (200, {}, result) if time.monotonic() >= switch else nobody(*args)
+
+    x.answer, y.answer = nobody, leads_later
+    client = Client(f"{x.url},{y.url}", "tok")
+    client.execute(c.SubmitJob(actor="", account="a/b", gpus=1, min_runtime_s=60))
+    assert client.url == y.url
+    assert time.monotonic() - switch < 0.6
+    client.close()
+
+
 def test_an_agent_never_takes_a_list_from_an_older_leader_epoch(fakes: tuple[Fake, Fake]) -> None:
     server, _ = fakes
     epoch = [3]
