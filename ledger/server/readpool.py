@@ -129,6 +129,14 @@ class ReadPool:
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_S))
         return self
 
+    def connect_now(self) -> ReadPool:
+        """Make the pool's connection here, before the worker thread that owns the service's
+        connection starts (then nothing else uses it): a first read that came only once a
+        PostgreSQL store went away would otherwise wait for a worker held by the store."""
+        if self._base is None:
+            self._base = self.connect()
+        return self
+
     def _lower_priority(self) -> None:
         with contextlib.suppress(OSError):  # Linux: a thread's nice value is its own
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)

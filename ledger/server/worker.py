@@ -213,6 +213,11 @@ class Worker:
 
     # --- the thread ------------------------------------------------------------------------------
 
+    @property
+    def started(self) -> bool:
+        """Whether the worker thread was started (then the service's connection is its own)."""
+        return self._thread is not None
+
     def start(self) -> None:
         self._moved_at = time.monotonic()  # what the reads build on is computed ahead at start
         self._thread = threading.Thread(target=self._run, name="ledger-worker", daemon=True)
