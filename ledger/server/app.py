@@ -329,11 +329,12 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, pooled
         """This API's OpenAPI document (committed as schemas/openapi.json)."""
         return Response(render_openapi(request.app), media_type="application/json")
 
-    assert not worker.started, "the app is made before the worker thread starts"
     pool = ReadPool(
         tables.connect(worker), lambda fn: worker.call(fn), limits=limits_from_env()
     ).start()
-    pool.connect_now()
+    if isinstance(worker, Worker):  # a serving app (not `offline_app`'s, for the document)
+        assert not worker.started, "the app is made before the worker thread starts"
+        pool.connect_now()
     routes: list[Any] = [command_route(cls) for cls in SERVED_COMMANDS]
     routes += [batch, health, whoami, tokens, openapi]
     routes += [read_route(name) for name in READS]
