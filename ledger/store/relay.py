@@ -359,7 +359,8 @@ def held_text(topic: str, held: tuple[int, int]) -> str:
     return (
         f"another producer holds a transaction open on {topic} at offset {stable} "
         f"({end - stable:,} offset(s) behind it): readers see nothing after it until the broker "
-        "ends it (transaction.max.timeout.ms, 15 minutes by default)"
+        "ends it (within the broker's transaction.max.timeout.ms: a minute with scripts/kafka, "
+        "15 by Kafka's default)"
     )
 
 
