@@ -488,7 +488,7 @@ def test_a_foreign_transaction_cannot_hold_readers_past_the_brokers_minute(
         transaction_timeout_ms=10 * 60_000,  # allowed by a broker left at the default
     )  # fmt: skip
     try:
-        with pytest.raises(KafkaError, match="(?i)timeout"):
+        with pytest.raises(KafkaError, match=r"(?i)timeout"):
             evil.init_transactions()
     finally:
         evil.close(timeout=0)
