@@ -2,7 +2,8 @@
 with real jobs: `agent --drain` of a node whose job is inside its contract is host maintenance
 (audit check allows it, `explain` says so, the job keeps its placement and exit code: F9); a
 dependency on a job array waits for every task, `afternotok` too (F2), through the server of the
-local executor. The Slurm executor's twins are in test_slurm_records.py."""
+local executor; a cancelled run that outlives the cancel by its grace is recorded and charged to
+its real end (atk33 F1). The Slurm executor's twins are in test_slurm_records.py."""
 
 from __future__ import annotations
 
@@ -108,3 +109,38 @@ def test_a_working_directory_removed_before_the_launch_is_launch_failed_on_the_a
     assert [ev for ev in c.events("job.started.v1") if ev["job_id"] == job] == []
     said = [ln for ln in c.cli("explain", str(job)).stdout.splitlines() if why in ln]
     assert len(said) == 1 and "could not be started" in said[0], said
+
+
+def usage_gpu_s(c: Cluster, user: str) -> float:
+    rows = json.loads(c.cli("usage", "--by", "user", "--json").stdout)
+    return sum(r["usage_gpu_hours"] for r in rows if r["name"] == user) * 3600.0
+
+
+def test_a_cancelled_run_is_recorded_and_charged_to_its_real_end_after_its_grace(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """F1: the job (2 GPUs, `--grace 20s`) traps TERM and needs 3 s to save: the cancel is
+    decided at once, but its processes hold the GPUs 3 s more. `jobs` ends it when it really
+    ended (not at the cancel), its elapsed time and its usage (fairtree-3) run to then, and
+    `explain` says so."""
+    c = cluster
+    began, ended = tmp_path / "began", tmp_path / "ended"
+    script = (f"trap 'sleep 3; date +%s.%N > {ended}; exit 0' TERM; date +%s.%N > {began}; "
+              f"while true; do sleep 0.2; done")  # fmt: skip
+    job = c.submit(2, script, "--grace", "20s")
+    row = c.wait_status(job, "running")
+    wait_for("the job to start", began.exists)
+    c.cli("cancel", str(job))
+    cancelled = time.time()
+    wait_for("the run's end", lambda: [ev for ev in c.events("job.run_ended.v1")
+                                       if ev["job_id"] == job], 60, c.why)  # fmt: skip
+    real_end = float(ended.read_text())
+    assert real_end - cancelled >= 2.5
+    row = c.job(job)
+    assert row["finish_reason"] == "cancelled", row
+    assert abs(row["finished_at"] - real_end) <= 1.0, (row, real_end)
+    assert abs(row["elapsed_s"] - (real_end - row["started_at"])) <= 1.0, (row, real_end)
+    charged = usage_gpu_s(c, "root")
+    assert abs(charged - 2 * (real_end - row["started_at"])) <= 2.0, (charged, row, real_end)
+    explain = c.cli("explain", str(job)).stdout
+    assert "its run 1 really ended" in explain and "charged, until then" in explain, explain
