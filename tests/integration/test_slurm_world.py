@@ -2,7 +2,8 @@
 Slurm cluster, `gpuledger up --executor slurm` as a process, real non-root OS users the test
 creates. The job starts where it was submitted, with the submitted environment and never the
 service's, as its user with the user's groups, writing its output as that user; an exit while
-the service is down is charged to Slurm's end; a limit in seconds is kept to the second."""
+the service is down is charged to Slurm's end; a limit in seconds is kept to the second, after
+a restart of the service too."""
 
 from __future__ import annotations
 
@@ -155,6 +156,20 @@ def test_a_limit_in_seconds_is_kept_to_the_second_where_slurm_rounds_up(ledger: 
     # Slurm's end is in whole seconds and the start as the ledger saw it: 65 s within 2 s, far
     # from the 120 s Slurm itself would allow
     assert 63 <= row["finished_at"] - row["started_at"] < 100, row
+
+
+def test_a_limit_in_seconds_is_kept_after_the_service_restarts(ledger: Ledger) -> None:
+    """atk33 F4: `-t 20s` (Slurm is asked for 1 minute); the service is stopped while the job
+    runs and started again: the adopted run is still stopped at 20 s, not at Slurm's minute."""
+    ledger.up()
+    ledger.submit("alice", 1, "sleep 300", "-t", "20s")
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    ledger.stop()  # Slurm runs on without the service
+    ledger.up()
+    ledger.wait("the limit", lambda: status(ledger, 1) == "finished", timeout=90)
+    row: dict[str, Any] = ledger.jobs()[1]
+    assert row["finish_reason"] == "time_limit", row
+    assert 18 <= row["finished_at"] - row["started_at"] < 45, row  # Slurm's own: 60 s
 
 
 def test_a_run_slurm_cannot_launch_is_launch_failed_and_never_started(ledger: Ledger) -> None:

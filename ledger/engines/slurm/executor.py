@@ -143,6 +143,9 @@ class SlurmExecutor:
         self.job_grace: Callable[[int], float | None] = no_grace
         """A job's own grace by job id (`open_executor` reads the ledger's), for runs adopted
         after a restart; None: the service's `grace_s`."""
+        self.job_limit: Callable[[int], float | None] = no_grace
+        """A job's time limit by job id (`open_executor` reads the ledger's), for runs adopted
+        after a restart, whose exact limit Slurm does not keep (it rounds up to minutes)."""
         self._foreign: dict[str, frozenset[int]] = {}
         self._foreign_seen: set[str] = set()
         self._accounting: bool | None = None
@@ -635,7 +638,7 @@ class SlurmExecutor:
                 self._exits.append(Exit(job_id, j.exit_code, at, reason, r.slurm_id, j.state))
             elif j.holding and self._past_limit(r, now):
                 r.limited = True
-                limit = r.launch.time_limit_s if r.launch else None
+                limit = self._limit_of(r)
                 log.info("job %s (Slurm job %s) reached its limit of %s s: stopping it",
                          job_id, r.slurm_id, limit)  # fmt: skip
                 self._signal(r.slurm_id, now, self._grace_of(r))
@@ -692,10 +695,14 @@ class SlurmExecutor:
     def _past_limit(self, r: _Run, now: float) -> bool:
         """Whether a run has reached a limit Slurm cannot keep exactly (one that is no whole
         number of minutes: Slurm's `--time` rounds it up) and is not being stopped yet."""
-        if r.limited or r.launch is None or r.started_at is None:
+        if r.limited or r.started_at is None:
             return False
-        limit = r.launch.time_limit_s
+        limit = self._limit_of(r)
         return limit is not None and limit % 60 != 0 and now >= r.started_at + limit
+
+    def _limit_of(self, r: _Run) -> float | None:
+        """The run's time limit: its launch's, or (adopted after a restart) its job's."""
+        return r.launch.time_limit_s if r.launch is not None else self.job_limit(r.job_id)
 
     def _never_starts(self, r: _Run, j: SlurmJob, now: float) -> str:
         """Why Slurm will not start this run (its reason says it never will, or it has waited
