@@ -3,7 +3,9 @@ with real jobs: `agent --drain` of a node whose job is inside its contract is ho
 (audit check allows it, `explain` says so, the job keeps its placement and exit code: F9); a
 dependency on a job array waits for every task, `afternotok` too (F2), through the server of the
 local executor; a cancelled run that outlives the cancel by its grace is recorded and charged to
-its real end (atk33 F1). The Slurm executor's twins are in test_slurm_records.py."""
+its real end (atk33 F1); a limit that passes while a node's agent (or `up`) is down stops the
+job at once when it returns, recorded `time_limit` at its real end (atk33 F10). The Slurm
+executor's twins are in test_slurm_records.py."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import time
 from pathlib import Path
 
 from tests.integration import test_node_agents as agents
+from tests.integration.serverkit import start_server
 from tests.integration.test_node_agents import Cluster, alive, audit_check, part_log
 from tests.integration.test_sbatch_like import Served, ledger_home, os_user
 from tests.integration.waits import wait_for
@@ -144,3 +147,61 @@ def test_a_cancelled_run_is_recorded_and_charged_to_its_real_end_after_its_grace
     assert abs(charged - 2 * (real_end - row["started_at"])) <= 2.0, (charged, row, real_end)
     explain = c.cli("explain", str(job)).stdout
     assert "its run 1 really ended" in explain and "charged, until then" in explain, explain
+
+
+def limit_passed_while_down(c: Cluster, down_s: float) -> None:
+    """The job's limit (3 s) passes while its agent is killed (-9) for `down_s`; the job runs
+    on (no agent watches it). When the agent comes back it stops the job at once:
+    `time_limit`, its processes gone, ended (and charged) when they really ended."""
+    job = c.submit(1, "echo $$; exec sleep 120", "-t", "3s")
+    j = c.wait_status(job, "running")
+    node = j["logs"][0].split(":", 1)[0]
+    pid = int(wait_for("the job's pid", lambda: part_log(j["logs"][0]).read_text().split())[0])
+    c.agents[node].kill(signal.SIGKILL)
+    time.sleep(down_s)  # the limit passes while no agent watches
+    assert alive(pid)
+    back = time.time()
+    c.agents[node].start()
+    row = c.wait_status(job, "finished", timeout=60)
+    assert not alive(pid)
+    assert row["finish_reason"] == "time_limit", row
+    assert back - 1.0 <= row["finished_at"] <= time.time(), (row, back)
+    charged = usage_gpu_s(c, "root")
+    assert abs(charged - (row["finished_at"] - row["started_at"])) <= 1.0, (charged, row)
+    explain = c.cli("explain", str(job)).stdout
+    assert "was stopped at its time limit" in explain, explain
+
+
+@agents.with_flags(serve=("--node-lost-after", "60s"))
+def test_a_limit_passed_while_the_agent_was_down_stops_the_job_when_it_returns(
+    cluster: Cluster,
+) -> None:
+    """F10 (atk33), the agent back before its node is called lost."""
+    limit_passed_while_down(cluster, 6.0)
+
+
+def test_a_limit_passed_while_the_node_was_lost_stops_the_job_when_its_agent_returns(
+    cluster: Cluster,
+) -> None:
+    """F10 (atk33), the agent back after its node was called lost (5 s), inside the fence."""
+    limit_passed_while_down(cluster, 9.0)
+
+
+def test_a_limit_passed_while_up_was_down_stops_the_job_when_it_restarts(tmp_path: Path) -> None:
+    """F10's twin on the local executor: the service (and its in-process agent) is killed -9,
+    the limit passes, and the restarted service stops the adopted job at once, `time_limit`,
+    ended when its processes really ended."""
+    served = Served(ledger_home(tmp_path))
+    args = ("--executor", "local", "--run-as", "submitter", "--interval", "0.2s")
+    try:
+        job = served.submit("-t", "3s", "--", "sh", "-c", "exec sleep 120")
+        served.wait("the job to run", job, "running")
+        served.server.stop(signal.SIGKILL)
+        time.sleep(5)
+        back = time.time()
+        served.server = start_server(served.home, *args, log_name="serve-2.log")
+        row = served.wait("the limit", job, "finished")
+        assert row["finish_reason"] == "time_limit", row
+        assert back <= row["finished_at"] <= time.time(), (row, back)
+    finally:
+        served.server.stop()
