@@ -232,6 +232,28 @@ def test_a_working_directory_it_cannot_enter_is_launch_failed_with_why(ledger: L
         ledger.stop()
 
 
+def test_a_command_that_cannot_be_started_is_launch_failed_with_why(ledger: Ledger) -> None:
+    """atk33 F5: a command not in the job's PATH, or a path that is no executable file, was
+    recorded `failed` with exit 127 and a start on Slurm (`launch_failed` on the node agents).
+    It ends `launch_failed`, no start, no exit code, and `explain` says why in the node
+    agents' words (tests/integration/test_true_records.py's twin)."""
+    ledger.up()
+    for cmd in ("no-such-cmd-gl", "./no-such-file-gl"):
+        ledger.cli("submit", "-A", "ai2/olmo", "-G", "1", "--", cmd, actor="alice")
+    ledger.wait("both to end", lambda: all(status(ledger, j) == "finished" for j in (1, 2)))
+    rows = ledger.jobs()
+    for job, why in [(1, "cannot start no-such-cmd-gl: not found in PATH"),
+                     (2, "cannot start ./no-such-file-gl: no such executable file")]:  # fmt: skip
+        row = rows[job]
+        assert (row["finish_reason"], row["exit_code"], row["started_at"]) == (
+            "launch_failed", None, None,
+        ), row  # fmt: skip
+        assert row["finish_note"] == why, row
+        assert ledger.of("job.started.v1", job) == []
+        said = [ln for ln in ledger.cli("explain", str(job)).splitlines() if why in ln]
+        assert len(said) == 1 and "could not be started" in said[0], said
+
+
 def test_an_output_file_another_account_planted_is_refused_not_appended_to(
     ledger: Ledger,
 ) -> None:

@@ -205,3 +205,22 @@ def test_a_limit_passed_while_up_was_down_stops_the_job_when_it_restarts(tmp_pat
         assert back <= row["finished_at"] <= time.time(), (row, back)
     finally:
         served.server.stop()
+
+
+def test_a_command_that_cannot_be_started_is_launch_failed_with_why_on_the_agents(
+    cluster: Cluster,
+) -> None:
+    """atk33 F5, the node agents' twin of test_slurm_world.py's: the same record on both
+    executors (`launch_failed`, no start, no exit code, why in `explain`)."""
+    c = cluster
+    for cmd in ("no-such-cmd-gl", "./no-such-file-gl"):
+        c.cli("submit", "-A", "ai2/olmo", "-G", "1", "--", cmd)
+    for job, why in [(1, "cannot start no-such-cmd-gl: not found in PATH"),
+                     (2, "cannot start ./no-such-file-gl: no such executable file")]:  # fmt: skip
+        row = c.wait_status(job, "finished")
+        assert (row["finish_reason"], row["exit_code"], row["started_at"]) == (
+            "launch_failed", None, None,
+        ), row  # fmt: skip
+        assert row["finish_note"] == why, row
+        said = [ln for ln in c.cli("explain", str(job)).stdout.splitlines() if why in ln]
+        assert len(said) == 1 and "could not be started" in said[0], said

@@ -22,8 +22,10 @@ from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, St
 from ledger.engines.accounts import RunAs, account_for, own_log, own_umask
 from ledger.engines.slurm.launching import (
     CANNOT_ENTER,
+    CANNOT_START,
     LAUNCHED,
     cannot_enter,
+    cannot_start,
     launch_failure,
     marked,
 )
@@ -320,13 +322,16 @@ class SlurmExecutor:
     def _never_ran(self, r: _Run, j: SlurmJob) -> str:
         """Why an ended run's command never ran ("" if it did, or may have): Slurm could not
         launch it (JobLaunchFailure), or its script could not enter its working directory
-        (`launching`: the mark, left before the launch mark, of a run not recorded started)."""
+        or start its command (`launching`: the marks, left before the launch mark, of a run not
+        recorded started)."""
         if j.launch_failed:
             return launch_failure(r.launch, r.logs)
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
         ran = (j.end_time or 0.0) - (j.start_time or 0.0)  # a `cd` that fails ends at once
         if r.started or ran >= self.launch_confirm_s or marked(run_dir, LAUNCHED):
             return ""
+        if marked(run_dir, CANNOT_START):
+            return cannot_start(r.launch)
         return cannot_enter(r.launch) if marked(run_dir, CANNOT_ENTER) else ""
 
     def _read_checkpoints(self) -> list[int]:
@@ -370,8 +375,9 @@ class SlurmExecutor:
         args = ["sbatch", *sbatch_args(job, self.partition, out, who, self.ledger_id,
                                        self._pinned, err)]  # fmt: skip
         checkpoint = self._checkpoint_file(job.job_id, job.run, who)
-        launched, no_dir = (str(checkpoint.with_name(m)) for m in (LAUNCHED, CANNOT_ENTER))
-        script = batch_script(job, who, str(checkpoint), launched, own_umask(), no_dir)
+        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START)
+        launched, no_dir, no_cmd = (str(checkpoint.with_name(m)) for m in marks)
+        script = batch_script(job, who, str(checkpoint), launched, own_umask(), no_dir, no_cmd)
         slurm_id = self._run(args, stdin=script, env=self._sbatch_env()).strip().split(";")[0]
         r.slurm_id = slurm_id
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, slurm_id)

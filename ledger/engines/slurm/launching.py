@@ -1,7 +1,8 @@
 """Whether a Slurm run really launched, from the marks its batch script leaves in the run's
 directory (`<log_dir>/checkpoints/<job>.<run>/`, the job's user's alone): `launched` once its
-command is about to run, `cannot-enter` when its working directory could not be entered (the
-script ends there, exit 127). Slurm itself cannot say: slurmstepd falls back to /tmp for a
+command is about to run, `cannot-enter` when its working directory could not be entered,
+`cannot-start` when its command is not found in its PATH or is no executable file (the script
+ends there, exit 127). Slurm itself cannot say: slurmstepd falls back to /tmp for a
 directory it cannot enter, and a script that ends 127 is FAILED like any job's own failure.
 Where the compute node does not share the service's directory, neither mark is seen: such a
 run is recorded as Slurm ends it (docs/slurm.md). The job's user can write the marks, so they
@@ -18,6 +19,7 @@ from ledger.cycle.executor import Launch
 
 LAUNCHED = "launched"
 CANNOT_ENTER = "cannot-enter"
+CANNOT_START = "cannot-start"
 
 
 def marked(run_dir: Path, mark: str) -> bool:
@@ -30,6 +32,14 @@ def cannot_enter(launch: Launch | None) -> str:
     """Why a run whose script left `cannot-enter` never ran, in the words of the node agents."""
     where = launch.workdir if launch is not None and launch.workdir else ""
     return f"cannot enter the working directory {where}".rstrip()
+
+
+def cannot_start(launch: Launch | None) -> str:
+    """Why a run whose script left `cannot-start` never ran, in the words of the node agents'
+    supervisor."""
+    cmd = launch.command[0] if launch is not None and launch.command else ""
+    why = "no such executable file" if "/" in cmd else "not found in PATH"
+    return f"cannot start {cmd}: {why}"
 
 
 def launch_failure(launch: Launch | None, logs: tuple[str, ...]) -> str:
