@@ -224,3 +224,25 @@ def test_a_command_that_cannot_be_started_is_launch_failed_with_why_on_the_agent
         assert row["finish_note"] == why, row
         said = [ln for ln in c.cli("explain", str(job)).stdout.splitlines() if why in ln]
         assert len(said) == 1 and "could not be started" in said[0], said
+
+
+def test_dependents_estimates_wait_for_their_gpus_through_the_server(tmp_path: Path) -> None:
+    """F3 through `queue` and `explain` on a real server: job A holds the 8-GPU node (10 min
+    limit), B (8 GPUs, 10 min) goes next; C and D (8 GPUs, 1 min) wait for A (afterok). C
+    starts when B reaches its limit, D a minute later: never on GPUs B holds, nor together."""
+    served = Served(ledger_home(tmp_path))
+    try:
+        a = served.submit("-G", "8", "-t", "10", "--", "sleep", "300")
+        row = served.wait("A to run", a, "running")
+        b = served.submit("-G", "8", "-t", "10", "--", "true")
+        deps = [served.submit("-G", "8", "-t", "1", f"--dependency=afterok:{a}", "--", "true")
+                for _ in range(2)]  # fmt: skip
+        queued = {r["job_id"]: r for r in json.loads(served.cli("root", "queue", "--json").stdout)}
+        b_at = queued[b]["estimated_start_at"]
+        assert abs(b_at - (row["started_at"] + 600)) <= 1.0, (queued, row)
+        got = [queued[d]["estimated_start_at"] for d in deps]
+        assert got == [b_at + 600, b_at + 660], queued
+        told = json.loads(served.cli("root", "explain", str(deps[1]), "--json").stdout)
+        assert told["estimated_start_at"] == got[1], told
+    finally:
+        served.server.stop()
