@@ -24,10 +24,8 @@ from ledger.engines.slurm.launching import (
     CANNOT_ENTER,
     CANNOT_START,
     LAUNCHED,
-    cannot_enter,
-    cannot_start,
-    launch_failure,
     marked,
+    never_ran,
 )
 from ledger.engines.slurm.outputs import claim_outputs
 from ledger.engines.slurm.stops import Stopping, Tag, no_grace, run_gpus, stopped_end
@@ -320,19 +318,9 @@ class SlurmExecutor:
         return now - r.running_seen >= self.launch_confirm_s
 
     def _never_ran(self, r: _Run, j: SlurmJob) -> str:
-        """Why an ended run's command never ran ("" if it did, or may have): Slurm could not
-        launch it (JobLaunchFailure), or its script could not enter its working directory
-        or start its command (`launching`: the marks, left before the launch mark, of a run not
-        recorded started)."""
-        if j.launch_failed:
-            return launch_failure(r.launch, r.logs)
+        """Why an ended run's command never ran ("" if it did, or may have: `never_ran`)."""
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        ran = (j.end_time or 0.0) - (j.start_time or 0.0)  # a `cd` that fails ends at once
-        if r.started or ran >= self.launch_confirm_s or marked(run_dir, LAUNCHED):
-            return ""
-        if marked(run_dir, CANNOT_START):
-            return cannot_start(r.launch)
-        return cannot_enter(r.launch) if marked(run_dir, CANNOT_ENTER) else ""
+        return never_ran(j, r.launch, r.logs, run_dir, r.started, self.launch_confirm_s)
 
     def _read_checkpoints(self) -> list[int]:
         """The running jobs that touched their checkpoint file since the last read."""

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from ledger.cycle.executor import Launch
+from ledger.engines.slurm.words import SlurmJob
 
 LAUNCHED = "launched"
 CANNOT_ENTER = "cannot-enter"
@@ -52,3 +53,25 @@ def launch_failure(launch: Launch | None, logs: tuple[str, ...]) -> str:
         f"Slurm could not launch it (JobLaunchFailure): cannot open the output file {files} "
         "or enter the working directory as its user"
     )
+
+
+def never_ran(
+    j: SlurmJob,
+    launch: Launch | None,
+    logs: tuple[str, ...],
+    run_dir: Path,
+    started: bool,
+    confirm_s: float,
+) -> str:
+    """Why an ended run's command never ran ("" if it did, or may have): Slurm could not
+    launch it (JobLaunchFailure), or its script could not enter its working directory or
+    start its command (the marks, left before the launch mark, of a run not recorded
+    `started` that ran less than `confirm_s`)."""
+    if j.launch_failed:
+        return launch_failure(launch, logs)
+    ran = (j.end_time or 0.0) - (j.start_time or 0.0)  # a failing `cd` or check ends at once
+    if started or ran >= confirm_s or marked(run_dir, LAUNCHED):
+        return ""
+    if marked(run_dir, CANNOT_START):
+        return cannot_start(launch)
+    return cannot_enter(launch) if marked(run_dir, CANNOT_ENTER) else ""
