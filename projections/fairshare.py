@@ -40,11 +40,20 @@ CHARGE_PLACEMENT = "placement"
 CHARGE_RUN = "run"
 """`UsagePolicy.charge` of `fairtree-2`: an interval is charged from its run's real start (the
 engine's, `JobStarted.started_at`); a placement its engine never started is never charged."""
-RANKING_VERSIONS = {"fairtree-1": CHARGE_PLACEMENT, "fairtree-2": CHARGE_RUN}
+CHARGE_REAL = "real"
+"""`UsagePolicy.charge` of `fairtree-3`: from its run's real start to its run's real end as its
+engine reports it, before or after the release: a run the ledger stopped (cancel, preemption,
+requeue) keeps its GPUs through its grace (SIGTERM, grace, SIGKILL), and that time is charged
+once the engine says when its last process went (`JobRunEnded`); until then, to the release."""
+RANKING_VERSIONS = {
+    "fairtree-1": CHARGE_PLACEMENT,
+    "fairtree-2": CHARGE_RUN,
+    "fairtree-3": CHARGE_REAL,
+}
 """The versions of the ranking code (usage SQL + Fair Tree) decision records name, with how each
 charges usage. A change here that would rank the same log differently is a new version; the old
 ones stay so that their decisions replay with the rule in force when they were made."""
-RANKING_VERSION = "fairtree-2"
+RANKING_VERSION = "fairtree-3"
 """The version new decisions record (`ranking_version(UsagePolicy())`)."""
 HOUR_S = 3600.0
 
@@ -58,15 +67,19 @@ class UsagePolicy:
     """When set, usage decays with this half-life instead of being cut at the window."""
     weights: Mapping[str, float] = field(default_factory=dict)
     """Billing weight per GPU type (default 1.0), e.g. {"h100": 2.0, "a100": 1.0}."""
-    charge: str = CHARGE_RUN
-    """From when an interval is charged: its run's real start (`CHARGE_RUN`, `fairtree-2`) or
-    its placement (`CHARGE_PLACEMENT`, `fairtree-1`, what decisions recorded before it used, and
-    the simulator's kernel, which starts every launch at its placement). Either way it ends at
-    the release (`JobPreempted`, or `JobFinished` at the run's real end when the engine says)."""
+    charge: str = CHARGE_REAL
+    """From when to when an interval is charged: its run's real start to its run's real end
+    (`CHARGE_REAL`, `fairtree-3`); its run's real start to its release, or to a stopped run's
+    real end when that came first (`CHARGE_RUN`, `fairtree-2`); or its placement to its release
+    (`CHARGE_PLACEMENT`, `fairtree-1`, what decisions recorded before them used, and the
+    simulator's kernel, which starts every launch at its placement). The release is
+    `JobPreempted`, or `JobFinished` at the run's real end when the engine says."""
 
     def __post_init__(self) -> None:
-        if self.charge not in (CHARGE_RUN, CHARGE_PLACEMENT):
-            raise ValueError(f"usage is charged from 'run' or 'placement', not {self.charge!r}")
+        if self.charge not in RANKING_VERSIONS.values():
+            raise ValueError(
+                f"usage is charged as 'real', 'run' or 'placement', not {self.charge!r}"
+            )
         if self.window_s <= 0:
             raise ValueError("the usage window must be positive")
         if self.half_life_s is not None and self.half_life_s <= 0:
@@ -92,12 +105,13 @@ class Interval:
     """When its run really started (the engine's word); None while (or if never) started."""
     run_end_at: float | None = None
     """When a run the ledger stopped really ended (its engine's word, `JobRunEnded`), when
-    known: under `CHARGE_RUN` its charge ends there if that is before `end_at`."""
+    known: under `CHARGE_REAL` its charge ends there (before or after `end_at`); under
+    `CHARGE_RUN` only if that is before `end_at`."""
 
 
 def ranking_version(policy: UsagePolicy) -> str:
     """Pure: the ranking version whose usage rule `policy` follows (`RANKING_VERSIONS`)."""
-    return "fairtree-1" if policy.charge == CHARGE_PLACEMENT else "fairtree-2"
+    return next(v for v, charge in RANKING_VERSIONS.items() if charge == policy.charge)
 
 
 def charge_of(version: str) -> str:
@@ -111,15 +125,23 @@ def charged_from(iv: Interval, policy: UsagePolicy) -> float | None:
     return iv.start_at if policy.charge == CHARGE_PLACEMENT else iv.run_start_at
 
 
+def charged_to(iv: Interval, policy: UsagePolicy, at: float) -> float:
+    """Pure: until when `policy` charges the interval, as known at `at` (`at` while it holds
+    its GPUs): its release (`end_at`), or its stopped run's real end (`run_end_at`): under
+    `CHARGE_REAL` whenever known, under `CHARGE_RUN` when it came before the release."""
+    end = iv.end_at if iv.end_at is not None else at
+    if iv.run_end_at is None or policy.charge == CHARGE_PLACEMENT:
+        return end
+    return iv.run_end_at if policy.charge == CHARGE_REAL else min(end, iv.run_end_at)
+
+
 def interval_usage(iv: Interval, at: float, policy: UsagePolicy) -> float:
     """Pure: the usage of one interval at time `at` (0 for unfunded intervals, and for a run not
     started when usage is charged from the run's start)."""
     start = charged_from(iv, policy)
     if not iv.funded or start is None or start >= at:
         return 0.0
-    end = min(iv.end_at if iv.end_at is not None else at, at)
-    if policy.charge == CHARGE_RUN and iv.run_end_at is not None:
-        end = min(end, iv.run_end_at)
+    end = min(charged_to(iv, policy, at), at)
     if end <= start:
         return 0.0
     wg = iv.gpus * policy.weight(iv.gpu_type)

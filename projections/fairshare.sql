@@ -12,9 +12,10 @@
 -- The filter keeps exactly the intervals that overlap the window (their overlap is > 0).
 -- {weight} is empty, or `* ` a CASE over the GPU types given weights ($gt0 -> $gw0, ...).
 -- (CASE rather than least/greatest and no DECIMAL `* 1.0`: the same values, computed faster.)
--- {start} and {end} are what an interval is charged from and to: `run_start_at` (fairtree-2:
--- the run's real start; NULL, never started, is never charged) to the earlier of `end_at` and a
--- stopped run's real end `run_end_at`; or `start_at` (fairtree-1: the placement) to `end_at`.
+-- {start} and {end} are what an interval is charged from and to: `run_start_at` (the run's real
+-- start; NULL, never started, is never charged) to a stopped run's real end `run_end_at` when
+-- known, else `end_at` (fairtree-3), or to the earlier of the two (fairtree-2); or `start_at`
+-- (fairtree-1: the placement) to `end_at`.
 SELECT leaf, user_name,
        gpus {weight} * ((CASE WHEN {end} IS NULL OR {end} > $at::DOUBLE THEN $at::DOUBLE
                                ELSE {end} END)

@@ -172,9 +172,11 @@ _JOBS = """WITH page AS (  -- the page first: newest first, over the given filte
 ), top AS (  -- then only the page's rows
     SELECT j.* FROM jobs j
     WHERE j.job_id >= (SELECT min(job_id) FROM page) AND j.job_id IN (SELECT job_id FROM page)
-), iv AS (  -- its last placement: the GPUs it holds, or held in its last run
+), iv AS (  -- its last placement: the GPUs it holds, or held in its last run, and that run's
+            -- real end when the ledger stopped it (its processes outlive the stop by a grace)
     SELECT job_id, arg_max(slots, start_position) AS slots,
-           arg_max(start_at, start_position) AS start_at
+           arg_max(start_at, start_position) AS start_at,
+           arg_max(run_end_at, start_position) AS run_end_at
     FROM job_intervals
     WHERE job_id IN (SELECT job_id FROM top)
     GROUP BY job_id
@@ -187,7 +189,10 @@ SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster,
        CASE WHEN j.status = 'finished' THEN coalesce(j.placed_at, iv.start_at)
             ELSE j.placed_at END AS placed_at,
        CASE WHEN j.status IN ('running', 'finished') THEN j.run_started_at END AS started_at,
-       j.finished_at, j.placements, j.preemptions,
+       -- a finished job ended when its last run really ended, when that came after the stop
+       CASE WHEN j.status = 'finished' AND iv.run_end_at > j.finished_at THEN iv.run_end_at
+            ELSE j.finished_at END AS finished_at,
+       j.placements, j.preemptions,
        CASE WHEN j.status = 'pending' THEN [] ELSE coalesce(iv.slots, []) END AS slots,
        j.command, j.logs,
        -- a v1 end said only `failed`; the engine's word then says a time limit or a lost node
@@ -217,7 +222,9 @@ def jobs_page(
     finish_note, engine_job_id, job_name, workdir, array_job_id, array_task_id), with ids
     below `below` when given (the next page): `state` is
     `held` for a held pending job; `started_at` the start of its running or last run (None when
-    no process started); `slots` the GPUs it holds or its last run held; `logs` are those of its
+    no process started); `finished_at` its end, or its last run's real end when the ledger
+    stopped it and its processes outlived the stop (their grace); `slots` the GPUs it holds or
+    its last run held; `logs` are those of its
     last start; `finish_reason` the ledger's word on why it ended. `since`/`until` select the
     jobs alive at some moment of [since, until].
 

@@ -42,16 +42,21 @@ def _sections() -> dict[str, str]:
 @cache
 def _sql(name: str, half_life: bool = False, weights: int = 0, charge: str = fs.CHARGE_RUN) -> str:
     """A query of fairshare.sql with its shared parts filled in for a usage mode: charged from
-    the run's start to the earlier of its release and a stopped run's real end (`fs.CHARGE_RUN`;
-    a run that ended before it started is charged nothing), or from the placement to the
-    release (`fs.CHARGE_PLACEMENT`, the text fairtree-1 ran)."""
+    the run's start to a stopped run's real end when its engine said it, else to the release
+    (`fs.CHARGE_REAL`, fairtree-3); to the earlier of the release and that real end
+    (`fs.CHARGE_RUN`, the text fairtree-2 ran; either way a run that ended before it started
+    is charged nothing); or from the placement to the release (`fs.CHARGE_PLACEMENT`, the text
+    fairtree-1 ran)."""
     raw = _sections()
     weight = ""
     if weights:
         cases = " ".join(f"WHEN $gt{i} THEN $gw{i}::DOUBLE" for i in range(weights))
         weight = f"* (CASE gpu_type {cases} ELSE 1.0 END)"
-    run = charge == fs.CHARGE_RUN
-    end = "(CASE WHEN run_end_at < end_at THEN run_end_at ELSE end_at END)" if run else "end_at"
+    run = charge != fs.CHARGE_PLACEMENT
+    end = {
+        fs.CHARGE_REAL: "coalesce(run_end_at, end_at)",
+        fs.CHARGE_RUN: "(CASE WHEN run_end_at < end_at THEN run_end_at ELSE end_at END)",
+    }.get(charge, "end_at")
     iu = (
         raw["half_life_usage" if half_life else "window_usage"]
         .replace("{weight}", weight)

@@ -6,11 +6,14 @@ are functions of what was folded and `now`. No clock, no I/O, no DuckDB.
 The same math as the projection (`fairshare.interval_usage`, `fairshare.TreeShape`), kept as
 intervals charged to the user leaf `<account>/<user>` with the GPU type of the first node (as the
 projection's `job_intervals`), as the policy's `charge` says: from the run's real start
-(`JobStarted.started_at`) to `JobPreempted`, or to `JobFinished` at the run's real end
-(`fairtree-2`; the projection also ends a stopped run's charge at its `JobRunEnded` when that is
-earlier: the fold does not, as no log it folds has one: the simulator's kernel names no engine);
-or, as decisions before it were ranked, from `JobPlaced` to the release event's own time
-(`fairtree-1`, which the simulator keeps: its kernel starts every launch at placement):
+(`JobStarted.started_at`) to a stopped run's real end as its engine first reports it
+(`JobRunEnded`, or `JobEngineEnded` for the job's last run), counted to its release
+(`JobPreempted`, `JobFinished`) until then, or to `JobFinished` at the run's real end
+(`fairtree-3`); the same but to the release when a stopped run's end came later (`fairtree-2`;
+the projection also ends a stopped run's charge at its `JobRunEnded` when that is earlier: the
+fold under `fairtree-2` does not, as no log it folded has one: the simulator's kernel names no
+engine); or, as decisions before them were ranked, from `JobPlaced` to the release event's own
+time (`fairtree-1`, which the simulator keeps: its kernel starts every launch at placement):
 
 - window mode: closed intervals wholly inside the window are summed per leaf; the window's start
   moves them to a short "partial" list (computed one by one) and drops them once it passes them;
@@ -62,6 +65,11 @@ class UsageFold:
         self._decayed: dict[str, tuple[float, float]] = {}
         """Half-life mode: leaf -> (decayed usage of its closed intervals, as of time)."""
         self._shape: tuple[Accounts, fs.TreeShape] | None = None
+        self._runs: dict[int, int] = {}
+        """Jobs not finished -> their preemptions so far: the run of their current placement."""
+        self._stopped: dict[tuple[int, int], fs.Interval] = {}
+        """`CHARGE_REAL`: (job, run) -> the interval of a run the ledger stopped, closed at its
+        release until its engine reports the run's real end (computed one by one)."""
 
     def apply(self, ev: e.AnyEvent) -> None:
         """Fold one event (in log order)."""
@@ -84,15 +92,45 @@ class UsageFold:
                 start = ev.at if ev.started_at is None else ev.started_at
                 self._open[ev.job_id] = self._interval(spec, start, self._placed.pop(ev.job_id))
         elif isinstance(ev, e.JobPreempted | e.JobFinished):
-            if isinstance(ev, e.JobFinished):
-                self._specs.pop(ev.job_id, None)
-            self._placed.pop(ev.job_id, None)
-            iv = self._open.pop(ev.job_id, None)
-            if iv is not None:
-                end = ev.at
-                if self.policy.charge == fs.CHARGE_RUN and isinstance(ev, e.JobFinished):
-                    end = ev.at if ev.ended_at is None else max(iv.start_at, ev.ended_at)
-                self._close(iv, end)
+            self._released(ev)
+        elif isinstance(ev, e.JobRunEnded | e.JobEngineEnded):
+            self._run_ended(ev)
+
+    def _released(self, ev: e.JobPreempted | e.JobFinished) -> None:
+        """A job's GPUs are released: its interval closes at the release (at its run's real
+        end when the finish says it), or, under `CHARGE_REAL` when its run was stopped, waits
+        for the run's real end (`_run_ended`), counted to the release until then."""
+        run = self._runs.get(ev.job_id, 0)
+        if isinstance(ev, e.JobFinished):
+            self._specs.pop(ev.job_id, None)
+            self._runs.pop(ev.job_id, None)
+        else:
+            self._runs[ev.job_id] = run + 1
+        self._placed.pop(ev.job_id, None)
+        iv = self._open.pop(ev.job_id, None)
+        if iv is None:
+            return
+        charge = self.policy.charge
+        ended_at = ev.ended_at if isinstance(ev, e.JobFinished) else None
+        if charge != fs.CHARGE_PLACEMENT and ended_at is not None:
+            self._close(iv, max(iv.start_at, ended_at))
+        elif charge == fs.CHARGE_REAL:
+            self._stopped[(ev.job_id, run)] = _closed(iv, ev.at)
+        else:
+            self._close(iv, ev.at)
+
+    def _run_ended(self, ev: e.JobRunEnded | e.JobEngineEnded) -> None:
+        """Under `CHARGE_REAL`: a stopped run's real end, as its engine first reports it
+        (`JobRunEnded` names its run; `JobEngineEnded` is about the job's last one), closes its
+        interval there, before or after its release."""
+        if isinstance(ev, e.JobRunEnded):
+            key: tuple[int, int] | None = (ev.job_id, ev.run)
+        else:
+            key = max((k for k in self._stopped if k[0] == ev.job_id), default=None)
+        iv = self._stopped.pop(key, None) if key is not None else None
+        if iv is not None:
+            end = ev.at if ev.ended_at is None else ev.ended_at
+            self._close(iv, max(iv.start_at, end))
 
     def _interval(
         self, spec: tuple[str, str, int], start: float, gpu_type: str | None
@@ -116,16 +154,7 @@ class UsageFold:
             self.apply(ev)
 
     def _close(self, iv: fs.Interval, at: float) -> None:
-        closed = fs.Interval(
-            leaf=iv.leaf,
-            user=iv.user,
-            gpus=iv.gpus,
-            funded=True,
-            start_at=iv.start_at,
-            end_at=at,
-            gpu_type=iv.gpu_type,
-            run_start_at=iv.run_start_at,
-        )
+        closed = _closed(iv, at)
         policy = self.policy
         if policy.half_life_s is None:
             if closed.start_at >= at - policy.window_s:
@@ -159,8 +188,8 @@ class UsageFold:
         else:
             for leaf, (value, at) in self._decayed.items():
                 parts.setdefault(leaf, []).append(value * _decay(now - at, h))
-        for job_id in sorted(self._open):
-            iv = self._open[job_id]
+        running = [self._open[job_id] for job_id in sorted(self._open)]
+        for iv in [*running, *(self._stopped[k] for k in sorted(self._stopped))]:
             u = fs.interval_usage(iv, now, policy)
             if u > 0.0:
                 parts.setdefault(iv.leaf, []).append(u)
@@ -212,6 +241,20 @@ class Account(Protocol):
 def open_accounts(accounts: Iterable[Account]) -> Accounts:
     """The (path, parent, kind, shares) of the open accounts, in the order given."""
     return tuple((a.path, a.parent, a.kind, a.shares) for a in accounts if a.open)
+
+
+def _closed(iv: fs.Interval, at: float) -> fs.Interval:
+    """The interval `iv` ended at `at`."""
+    return fs.Interval(
+        leaf=iv.leaf,
+        user=iv.user,
+        gpus=iv.gpus,
+        funded=True,
+        start_at=iv.start_at,
+        end_at=at,
+        gpu_type=iv.gpu_type,
+        run_start_at=iv.run_start_at,
+    )
 
 
 def _interval_order(iv: fs.Interval) -> tuple[float, float, str, int]:

@@ -27,7 +27,7 @@ from ledger.core.authz import authorisation_failure
 from ledger.core.evolve import evolve
 from ledger.core.state import DRAINED_NOTE, Job, State, is_system
 from projections import history
-from projections.fairshare import CHARGE_PLACEMENT, RANKING_VERSION, charge_of
+from projections.fairshare import CHARGE_PLACEMENT, CHARGE_REAL, RANKING_VERSION, charge_of
 from projections.store import Store
 from schemas import events as e
 
@@ -194,10 +194,11 @@ class _Charges:
     `started_at`) and the end its engine reported (`_Runs`: the later of `JobEngineEnded` and
     `JobRunEnded`). The usage rule in force is the one the last decision record named
     (`RankInputs.ranking_version`; before any, the current one): `fairtree-1` charged from the
-    placement, `fairtree-2` from the run's start; both to the release (`JobPreempted`, or
-    `JobFinished` at the run's real end), `fairtree-2` to the run's real end as its engine first
-    reported it (`JobRunEnded`, or `JobEngineEnded`: a run that ended with its node) when that
-    is earlier."""
+    placement, `fairtree-2` and `fairtree-3` from the run's start; all to the release
+    (`JobPreempted`, or `JobFinished` at the run's real end), `fairtree-2` to the run's real end
+    as its engine first reported it (`JobRunEnded`, or `JobEngineEnded`: a run that ended with
+    its node) when that is earlier, `fairtree-3` to that real end whenever it is reported (a
+    stopped run holds its GPUs through its grace)."""
 
     def __init__(self) -> None:
         self.rule = charge_of(RANKING_VERSION)
@@ -252,8 +253,10 @@ class _Charges:
         for ch in self.closed:
             assert ch.charged is not None
             start, end = ch.charged
-            if ch.rule != CHARGE_PLACEMENT and ch.run_end is not None:
-                end = min(end, ch.run_end)  # as the run rule charges a stopped run
+            if ch.rule == CHARGE_REAL and ch.run_end is not None:
+                end = ch.run_end  # to the run's real end, before or after its release
+            elif ch.rule != CHARGE_PLACEMENT and ch.run_end is not None:
+                end = min(end, ch.run_end)  # as fairtree-2's run rule charges a stopped run
             if end <= start:
                 continue
             what = f"job {ch.job}'s run {ch.run + 1} was charged from {start:.3f} to {end:.3f}"

@@ -34,7 +34,8 @@ from schemas.policy import AnyPolicyConfig, unknown_version
 
 def usage_of(settings: e.UsageSettings, version: str = "") -> UsagePolicy:
     """Pure: the usage counting a v2 record names, charged as its ranking `version` did
-    (`fairtree-2`: from the run's start; `fairtree-1` and older: from the placement)."""
+    (`fairtree-3` and `fairtree-2`: from the run's start; `fairtree-1` and older: from the
+    placement)."""
     return UsagePolicy(
         window_s=settings.window_s,
         half_life_s=settings.half_life_s,

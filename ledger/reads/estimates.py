@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ledger.core.state import State
     from ledger.dispatch.engine import Decision
     from ledger.dispatch.snapshot import Snapshot
+    from schemas.events import JobSubmitted
 
 
 NOTHING_PLACED = "nothing is placed: the service runs with --executor none"
@@ -23,8 +24,42 @@ def placing(state: State) -> bool:
     return state.service is None or state.service.executor != "none"
 
 
+class Room:
+    """The GPUs the queue leaves, as `estimated_starts` simulated it: the free pool per GPU
+    type and the releases still to come (`_Release`). Jobs held by a dependency or an array's
+    limit take from it in job order (`blocked_starts`)."""
+
+    def __init__(self) -> None:
+        self.free: dict[str, int] = {}
+        self.releases: list[_Release] = []
+
+    def take(self, spec: JobSubmitted, at: float) -> float | None:
+        """Pure but for itself: the first moment at or after `at` when the job's GPUs are
+        free, or None when no known release frees them; it takes them from then."""
+        types = [t for t in self.free if spec.gpu_type is None or t == spec.gpu_type]
+        mine = sorted((ends, g) for ends, _, t, g in self.releases if t in types and ends < INF)
+        have = sum(self.free[t] for t in types) + sum(g for ends, g in mine if ends <= at)
+        start: float | None = at if have >= spec.gpus else None
+        for ends, g in (x for x in mine if x[0] > at):
+            if start is not None:
+                break
+            have += g
+            start = ends if have >= spec.gpus else None
+        if start is not None:
+            self.releases = _take(self.free, self.releases, types, spec.gpus, start)
+            ends = INF if spec.time_limit_s is None else start + spec.time_limit_s
+            contract = start if spec.min_runtime_s == 0 else INF
+            self.releases.append((ends, contract, types[0] if types else "", spec.gpus))
+        return start
+
+
 def estimated_starts(
-    state: State, snapshot: Snapshot, decision: Decision, now: float, through: int | None = None
+    state: State,
+    snapshot: Snapshot,
+    decision: Decision,
+    now: float,
+    through: int | None = None,
+    room: Room | None = None,
 ) -> dict[int, float | None]:
     """Pure: an estimated start for every pending job, or None when it cannot be known; with
     `through`, only for the jobs up to that one in dispatch order (a job's estimate depends on
@@ -36,8 +71,11 @@ def estimated_starts(
     holds its GPUs for a time nobody knows. A job the next cycle does not place starts at the
     first release after `now` that gives it enough GPUs (it was not placed with the GPUs free
     now: a node fit, a reserve or a limit kept it); a job waiting for contracts to end
-    (WAIT_CONTRACT) may start when they end. A job no known release makes room for is None
+    (WAIT_CONTRACT) may also have the GPUs of running jobs once their contracts end (and no
+    earlier than the dispatcher says), each GPU going to one such job: two of them never
+    "start" on the same GPUs at the same moment. A job no known release makes room for is None
     ("unknown"): nothing the ledger knows says when it starts. An estimate, not a promise.
+    `room`, when given, is left holding the GPUs the whole queue leaves (`Room`).
     """
     if not placing(state):
         return {}
@@ -46,18 +84,16 @@ def estimated_starts(
     for n in snapshot.nodes:
         if n.state == "active":
             free[n.gpu_type] = free.get(n.gpu_type, 0) + len(n.free)
-    releases: list[tuple[float, str, int]] = []  # (time, gpu_type, gpus freed)
+    releases: list[_Release] = []
     node_type = {n.name: n.gpu_type for n in snapshot.nodes}
     for r in snapshot.running:
         job = state.jobs.get(r.job_id)
         limit = job.spec.time_limit_s if job is not None else None
-        if limit is None:
-            continue
         begun = job.started_at if job is not None and job.started_at is not None else r.placed_at
+        ends = INF if limit is None else max(now, begun + limit)
+        contract = max(now, r.placed_at + r.min_runtime_s)
         for sl in r.slots:
-            releases.append(
-                (max(now, begun + limit), node_type.get(sl.node, ""), len(sl.gpu_indices))
-            )
+            releases.append((ends, contract, node_type.get(sl.node, ""), len(sl.gpu_indices)))
     out: dict[int, float | None] = {}
     pending = {p.job_id: p for p in snapshot.pending}
     waiting = decision.waiting
@@ -66,54 +102,75 @@ def estimated_starts(
         if p is None:
             continue
         types = [t for t in free if p.gpu_type is None or t == p.gpu_type]
+        wait = waiting.get(p.job_id)
+        # a job waiting for contracts to end may have GPUs once they end: the dispatcher may
+        # preempt the jobs in the way then (each such GPU goes to one of them, in order)
+        until = None
+        if wait is not None and wait.code == "WAIT_CONTRACT" and wait.until is not None:
+            until = max(now, wait.until)
         start: float | None = None
         if p.job_id in placed:
             start = now
         else:
             have = sum(free[t] for t in types)
-            for at, t, g in sorted(releases):
-                if t in types:
+            for at, t, g in sorted((_when(x, until), x[2], x[3]) for x in releases):
+                if t in types and at < INF:
                     have += g
-                    if have >= p.gpus and at > now:
+                    if have >= p.gpus and (at > now or until is not None):
                         start = at
                         break
-        wait = waiting.get(p.job_id)
-        if wait is not None and wait.code == "WAIT_CONTRACT" and wait.until is not None:
-            # the dispatcher may preempt the jobs in the way once their contracts end
-            start = wait.until if start is None else min(start, max(now, wait.until))
         out[p.job_id] = start
         if start is not None:  # it takes its GPUs from `start`: the free pool, then releases
-            releases = _take(free, releases, types, p.gpus, start)
-            if p.time_limit_s is not None:
-                releases.append((start + p.time_limit_s, types[0] if types else "", p.gpus))
+            releases = _take(free, releases, types, p.gpus, start, until)
+            ends = INF if p.time_limit_s is None else start + p.time_limit_s
+            # whether a later job may preempt it at its contract's end depends on ranks to
+            # come: only an unfunded one (always preemptible) is counted as free before then
+            contract = start if p.min_runtime_s == 0 else INF
+            releases.append((ends, contract, types[0] if types else "", p.gpus))
         if p.job_id == through:
             break
+    if room is not None:
+        room.free, room.releases = free, releases
     return out
+
+
+INF = float("inf")
+_Release = tuple[float, float, str, int]
+"""GPUs a running (or simulated) job frees: (at its time limit, INF without one; when its
+contract ends, from which a job waiting for contracts may have them; GPU type; GPUs)."""
+
+
+def _when(r: _Release, until: float | None) -> float:
+    """Pure: when a job may have the release's GPUs: at its time limit, or, for a job waiting
+    for contracts (`until`: when the dispatcher says they end), once its contract has ended."""
+    return r[0] if until is None else min(r[0], max(r[1], until))
 
 
 def _take(
     free: dict[str, int],
-    releases: list[tuple[float, str, int]],
+    releases: list[_Release],
     types: list[str],
     gpus: int,
     start: float,
-) -> list[tuple[float, str, int]]:
+    until: float | None = None,
+) -> list[_Release]:
     """Pure: take `gpus` GPUs of `types` from the free pool (changed in place), then from the
-    releases at or before `start`; the releases left."""
+    releases the job may have at or before `start` (`_when`); the releases left."""
     need = gpus
     for t in types:
         take = min(free[t], need)
         free[t] -= take
         need -= take
     kept = []
-    for at, t, g in sorted(releases):
-        if need and t in types and at <= start:
+    for r in sorted(releases, key=lambda x: (_when(x, until), x)):
+        ends, contract, t, g = r
+        if need and t in types and _when(r, until) <= start:
             take = min(g, need)
             need -= take
             if g - take:
-                kept.append((at, t, g - take))
+                kept.append((ends, contract, t, g - take))
         else:
-            kept.append((at, t, g))
+            kept.append(r)
     return kept
 
 
@@ -142,7 +199,11 @@ def dependency_ends(
 
 
 def blocked_starts(
-    state: State, waits: Mapping[int, Blocked], starts: Mapping[int, float | None], now: float
+    state: State,
+    waits: Mapping[int, Blocked],
+    starts: Mapping[int, float | None],
+    now: float,
+    room: Room | None = None,
 ) -> dict[int, float | None]:
     """Pure: an estimated start for each job in `waits` (`jobs.blocked`: a dependency, an
     array's `%N` limit), from the time limits, in job order (what a job waits for has a lower
@@ -150,7 +211,9 @@ def blocked_starts(
     its limit (`dependency_ends`, the blocked ones' estimates included); an array task held by
     its limit starts when the first of the `%N` tasks ahead of it (holding GPUs, going next
     with the queue's estimate `starts`, or held before it) reaches its limit. None where a
-    limit or a start is unknown, or for a singleton."""
+    limit or a start is unknown, or for a singleton. With `room` (what the queue ahead
+    leaves), each also waits, from then, for its GPUs to be free, and takes them: a dependent
+    never "starts" on GPUs the queue ahead, or another dependent, holds then."""
     out: dict[int, float | None] = {}
     known: dict[int, float | None] = dict(starts)
     slots: dict[int, list[float | None]] = {}  # array -> when each of its %N slots frees
@@ -163,6 +226,7 @@ def blocked_starts(
             else:
                 start = dependency_ends(state, job_id, known, now)
         limit = s.array_limit
+        slot: int | None = None
         if s.array_job_id is not None and limit is not None:
             free = slots.get(s.array_job_id)
             if free is None:
@@ -172,11 +236,14 @@ def blocked_starts(
             if not free:  # a limit of 0 never frees a slot
                 start = None
             else:
-                first = min(range(len(free)), key=lambda i: _later(free[i]))
-                at = free[first]
+                slot = min(range(len(free)), key=lambda i: _later(free[i]))
+                at = free[slot]
                 start = None if start is None or at is None else max(start, at)
-                lim = s.time_limit_s
-                free[first] = None if start is None or lim is None else start + lim
+        if room is not None and start is not None:
+            start = room.take(s, start)
+        if s.array_job_id is not None and slot is not None:
+            lim = s.time_limit_s
+            slots[s.array_job_id][slot] = None if start is None or lim is None else start + lim
         out[job_id] = known[job_id] = start
     return out
 

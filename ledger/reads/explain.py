@@ -165,6 +165,16 @@ def finish_line(ev: e.JobFinished) -> str:
     return f"{when(_real(ev.ended_at, ev.at))} it {words}{code}{note}{later}."
 
 
+def run_ended_line(ev: e.JobRunEnded) -> str:
+    """Pure: a stopped run's real end in one sentence: its processes outlived the stop by up
+    to their grace, holding (and charged for) its GPUs until then."""
+    how = "killed at the end of its grace" if ev.killed else "its processes gone"
+    return (
+        f"{when(_real(ev.ended_at, ev.at))} its run {ev.run + 1} really ended ({how}): its "
+        f"GPUs were held, and charged, until then{_recorded(ev.ended_at, ev.at)}."
+    )
+
+
 def _real(engine_at: float | None, at: float) -> float:
     """Pure: when it really happened: the engine's time when it said one, else the record's."""
     return at if engine_at is None else engine_at
@@ -249,6 +259,8 @@ def explain_history(
                 out.append(f"{when(ev.at)} released by {ev.actor}.")
             case e.JobFinished():
                 out.append(finish_line(ev))
+            case e.JobRunEnded():
+                out.append(run_ended_line(ev))
     if job.status in ("placed", "running"):
         out.append(contract_line(job, now))
     return out

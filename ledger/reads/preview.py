@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ledger.reads.estimates import (
     NOTHING_PLACED,
+    Room,
     blocked_starts,
     estimated_starts,
     placing,
@@ -272,7 +273,7 @@ def _blocked_rows(
 ) -> list[v.QueueRow]:
     """The pending jobs that may not run yet (a dependency, an array's limit), in job order,
     with why; the estimate is the earliest the dependency or the array's limit lets it run
-    (`blocked_starts`: what it waits for reaching its time limits)."""
+    (`blocked_starts`: what it waits for reaching its time limits), and its GPUs are free."""
     from ledger.core.jobs import blocked
 
     rows: list[v.QueueRow] = []
@@ -287,8 +288,9 @@ def _blocked_rows(
             continue
         if starts is None:
             snapshot, decision = preview_of()
-            queued = estimated_starts(state, snapshot, decision, now)
-            starts = blocked_starts(state, waits, queued, now)
+            left = Room()  # the GPUs the queue ahead leaves
+            queued = estimated_starts(state, snapshot, decision, now, room=left)
+            starts = blocked_starts(state, waits, queued, now, left)
         estimate = starts.get(job_id)
         rows.append(
             v.QueueRow(
@@ -556,8 +558,9 @@ def explain_now(
         blocking = _blocking(state, job) if waits.code == "WAIT_DEPENDENCY" else []
         assert store is not None and policy is not None
         snapshot, decision = preview or live(ledger, store, policy, now)  # as `queue` says
-        queued = estimated_starts(state, snapshot, decision, now)
-        start = blocked_starts(state, blocked(state), queued, now).get(job_id)
+        room = Room()
+        queued = estimated_starts(state, snapshot, decision, now, room=room)
+        start = blocked_starts(state, blocked(state), queued, now, room).get(job_id)
         return Now(status, waits.code, waits.reason, blocking=tuple(blocking), start=start,
                    after=(f"It may not run yet ({what}): {waits.reason}.",))  # fmt: skip
     assert store is not None and policy is not None
@@ -648,7 +651,7 @@ def _history_texts(history: Sequence[e.AnyEvent], told: list[str]) -> list[tuple
     told event, in order, after its headline)."""
     tellable = (
         e.JobSubmitted, e.JobPlaced, e.JobStarted, e.CheckpointReported, e.JobPreempted,
-        e.JobRequeued, e.JobHeld, e.JobReleased, e.JobFinished,
+        e.JobRequeued, e.JobHeld, e.JobReleased, e.JobFinished, e.JobRunEnded,
     )  # fmt: skip
     shown = [ev for ev in history if isinstance(ev, tellable)]
     return list(zip(shown, told[1 : 1 + len(shown)], strict=False))

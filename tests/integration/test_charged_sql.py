@@ -1,6 +1,7 @@
 """The projection's SQL charges usage as the fold and the reference do (tests/unit/
-test_charged_from_start.py): from the run's real start under `fairtree-2`, from the placement
-under `fairtree-1`, to the real end; batch boundaries do not change it, and the projection as of
+test_charged_from_start.py): from the run's real start under `fairtree-3` and `fairtree-2`, from
+the placement under `fairtree-1`, to the real end (`fairtree-3`: a stopped run's, after its
+release too); batch boundaries do not change it, and the projection as of
 a position before the run started charges nothing for it."""
 
 from __future__ import annotations
@@ -21,13 +22,17 @@ from projections.testing.synthetic import append_to_store
 from schemas import events as e
 from tests.unit.test_charged_from_start import (
     AT,
+    GRACE,
     PLACEMENT,
+    REAL,
     RUN,
+    STOPS,
     T0,
     WANT,
     H,
     lost_with_its_node,
     stopped_early,
+    stopped_late,
     waiting_runs,
 )
 
@@ -39,7 +44,7 @@ def projected(home: Path, batch: int | None = None) -> Store:
     return store
 
 
-@pytest.mark.parametrize("version", ["fairtree-2", "fairtree-1"])
+@pytest.mark.parametrize("version", ["fairtree-3", "fairtree-2", "fairtree-1"])
 @pytest.mark.parametrize("batch", [None, 1])
 def test_the_sql_charges_as_the_reference(tmp_path: Path, version: str, batch: int | None) -> None:
     events = waiting_runs(version)
@@ -50,7 +55,7 @@ def test_the_sql_charges_as_the_reference(tmp_path: Path, version: str, batch: i
             differences(dump(store, REFERENCE_TABLES), reference_dump(fold(enumerate(events, 1))))
             == []
         )
-        for policy in (RUN, PLACEMENT):
+        for policy in (REAL, RUN, PLACEMENT):
             got = {
                 r.name: r.gpu_seconds for r in queries.usage(store, AT, by="user", policy=policy)
             }
@@ -115,3 +120,34 @@ def test_a_run_that_ended_with_its_node_is_charged_to_its_engines_end_in_sql(
         assert differences(dump(store, REFERENCE_TABLES), ref) == []
         got = {r.name: r.gpu_seconds for r in queries.usage(store, AT, by="user")}
     assert got == {"alice": 2 * 38.0}
+
+
+@pytest.mark.parametrize("how", sorted(STOPS))
+@pytest.mark.parametrize("batch", [None, 1])
+def test_fairtree_3_charges_a_stopped_run_through_its_grace_in_sql(
+    tmp_path: Path, how: str, batch: int | None
+) -> None:
+    """F1: the run the ledger stopped at T0 + 100 really ended GRACE s later: the projection
+    charges it to then (fairtree-3, the default), to the release under fairtree-2, and to the
+    release as of a position before the end was reported."""
+    events = stopped_late("fairtree-3", STOPS[how])
+    home = tmp_path / "home"
+    append_to_store(home, iter(events))
+    with projected(home, batch) as store:
+        assert (
+            differences(dump(store, REFERENCE_TABLES), reference_dump(fold(enumerate(events, 1))))
+            == []
+        )
+        got = {r.name: r.gpu_seconds for r in queries.usage(store, AT, by="user")}
+        old = {r.name: r.gpu_seconds for r in queries.usage(store, AT, by="user", policy=RUN)}
+        assert (got, old) == ({"alice": 2 * (98.0 + GRACE)}, {"alice": 2 * 98.0})
+        half = fs.UsagePolicy(half_life_s=H)
+        sql = {r.name: r.gpu_seconds for r in queries.usage(store, AT, by="user", policy=half)}
+        ref = fs.user_usage(fold(enumerate(events, 1)).usage_intervals(), AT, half)
+        assert sql["alice"] == pytest.approx(ref["alice"], rel=1e-12)
+        store.con.execute(AS_OF_SQL)
+        reader = AsOf(store)
+        reader.at(len(events) - 1)  # before the end was heard: charged to the release
+        assert {r.name: r.gpu_seconds for r in queries.usage(reader, AT, by="user")} == {
+            "alice": 2 * 98.0
+        }

@@ -2,7 +2,8 @@
 (atk23c): a run first seen after it ended (the service paused, then killed with -9 and started
 later) keeps its own start and end, Slurm's, in `jobs` and `explain` (F1), and the GPUs Slurm
 gave it (F11); a job gets GPULEDGER_NODELIST as on the node agents (F11); a cancel sends TERM,
-waits the job's own `--grace` (not the service's), and records the run's real end (F5); an
+waits the job's own `--grace` (not the service's), and records the run's real end (F5), which
+ends the job's record and its charge (atk33 F1); an
 `afternotok` on an array waits for every task (F2). Real Slurm, `gpuledger up --executor slurm`
 as a process."""
 
@@ -91,14 +92,21 @@ def test_a_cancel_waits_the_jobs_own_grace_and_records_the_runs_end(ledger: Ledg
     ledger.submit("alice", 1, script, "--grace", "20s")
     ledger.wait("the job to run", lambda: (work / "began").exists())
     ledger.cli("cancel", "1", actor="alice")
-    _until("the job to save and end", lambda: (work / "saved").exists(), 60)
+    saved_file = work / "saved"  # written by `date` once made: wait for its line
+    _until("the job to save and end", lambda: saved_file.exists() and saved_file.read_text(), 60)
     saved = float((work / "saved").read_text())
     assert saved - float((work / "term").read_text()) >= 4.5  # its grace, not the service's
     ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v1", 1)))
     (end,) = ledger.of("job.run_ended.v1", 1)
     assert end["killed"] is False and end["run"] == 0, end
     assert abs(end["ended_at"] - saved) <= 1.5, (end, saved)
-    assert ledger.jobs()[1]["finish_reason"] == "cancelled"
+    row = ledger.jobs()[1]
+    assert row["finish_reason"] == "cancelled"
+    # atk33 F1: the job ended when its run really ended (its grace), and is charged to then
+    assert row["finished_at"] == end["ended_at"], (row, end)
+    rows = json.loads(ledger.cli("usage", "--by", "user", "--json"))
+    charged = sum(r["usage_gpu_hours"] for r in rows if r["name"] == "alice") * 3600.0
+    assert abs(charged - (end["ended_at"] - row["started_at"])) <= 0.01, (charged, row, end)
 
 
 def test_afternotok_on_an_array_waits_for_every_task_on_slurm(ledger: Ledger) -> None:

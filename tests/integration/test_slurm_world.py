@@ -2,7 +2,8 @@
 Slurm cluster, `gpuledger up --executor slurm` as a process, real non-root OS users the test
 creates. The job starts where it was submitted, with the submitted environment and never the
 service's, as its user with the user's groups, writing its output as that user; an exit while
-the service is down is charged to Slurm's end; a limit in seconds is kept to the second."""
+the service is down is charged to Slurm's end; a limit in seconds is kept to the second, after
+a restart of the service too."""
 
 from __future__ import annotations
 
@@ -157,6 +158,20 @@ def test_a_limit_in_seconds_is_kept_to_the_second_where_slurm_rounds_up(ledger: 
     assert 63 <= row["finished_at"] - row["started_at"] < 100, row
 
 
+def test_a_limit_in_seconds_is_kept_after_the_service_restarts(ledger: Ledger) -> None:
+    """atk33 F4: `-t 20s` (Slurm is asked for 1 minute); the service is stopped while the job
+    runs and started again: the adopted run is still stopped at 20 s, not at Slurm's minute."""
+    ledger.up()
+    ledger.submit("alice", 1, "sleep 300", "-t", "20s")
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    ledger.stop()  # Slurm runs on without the service
+    ledger.up()
+    ledger.wait("the limit", lambda: status(ledger, 1) == "finished", timeout=90)
+    row: dict[str, Any] = ledger.jobs()[1]
+    assert row["finish_reason"] == "time_limit", row
+    assert 18 <= row["finished_at"] - row["started_at"] < 45, row  # Slurm's own: 60 s
+
+
 def test_a_run_slurm_cannot_launch_is_launch_failed_and_never_started(ledger: Ledger) -> None:
     """N3 of the re-test of issue 23 (the node agents' twin is in test_sbatch_like.py): an
     output file the job's user cannot write makes Slurm fail the launch (JobLaunchFailure,
@@ -215,6 +230,28 @@ def test_a_working_directory_it_cannot_enter_is_launch_failed_with_why(ledger: L
             said = [ln for ln in ledger.cli("explain", str(job)).splitlines() if why in ln]
             assert len(said) == 1 and "could not be started" in said[0], said
         ledger.stop()
+
+
+def test_a_command_that_cannot_be_started_is_launch_failed_with_why(ledger: Ledger) -> None:
+    """atk33 F5: a command not in the job's PATH, or a path that is no executable file, was
+    recorded `failed` with exit 127 and a start on Slurm (`launch_failed` on the node agents).
+    It ends `launch_failed`, no start, no exit code, and `explain` says why in the node
+    agents' words (tests/integration/test_true_records.py's twin)."""
+    ledger.up()
+    for cmd in ("no-such-cmd-gl", "./no-such-file-gl"):
+        ledger.cli("submit", "-A", "ai2/olmo", "-G", "1", "--", cmd, actor="alice")
+    ledger.wait("both to end", lambda: all(status(ledger, j) == "finished" for j in (1, 2)))
+    rows = ledger.jobs()
+    for job, why in [(1, "cannot start no-such-cmd-gl: not found in PATH"),
+                     (2, "cannot start ./no-such-file-gl: no such executable file")]:  # fmt: skip
+        row = rows[job]
+        assert (row["finish_reason"], row["exit_code"], row["started_at"]) == (
+            "launch_failed", None, None,
+        ), row  # fmt: skip
+        assert row["finish_note"] == why, row
+        assert ledger.of("job.started.v1", job) == []
+        said = [ln for ln in ledger.cli("explain", str(job)).splitlines() if why in ln]
+        assert len(said) == 1 and "could not be started" in said[0], said
 
 
 def test_an_output_file_another_account_planted_is_refused_not_appended_to(

@@ -2,7 +2,10 @@
 with real jobs: `agent --drain` of a node whose job is inside its contract is host maintenance
 (audit check allows it, `explain` says so, the job keeps its placement and exit code: F9); a
 dependency on a job array waits for every task, `afternotok` too (F2), through the server of the
-local executor. The Slurm executor's twins are in test_slurm_records.py."""
+local executor; a cancelled run that outlives the cancel by its grace is recorded and charged to
+its real end (atk33 F1); a limit that passes while a node's agent (or `up`) is down stops the
+job at once when it returns, recorded `time_limit` at its real end (atk33 F10). The Slurm
+executor's twins are in test_slurm_records.py."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import time
 from pathlib import Path
 
 from tests.integration import test_node_agents as agents
+from tests.integration.serverkit import start_server
 from tests.integration.test_node_agents import Cluster, alive, audit_check, part_log
 from tests.integration.test_sbatch_like import Served, ledger_home, os_user
 from tests.integration.waits import wait_for
@@ -108,3 +112,137 @@ def test_a_working_directory_removed_before_the_launch_is_launch_failed_on_the_a
     assert [ev for ev in c.events("job.started.v1") if ev["job_id"] == job] == []
     said = [ln for ln in c.cli("explain", str(job)).stdout.splitlines() if why in ln]
     assert len(said) == 1 and "could not be started" in said[0], said
+
+
+def usage_gpu_s(c: Cluster, user: str) -> float:
+    rows = json.loads(c.cli("usage", "--by", "user", "--json").stdout)
+    return sum(r["usage_gpu_hours"] for r in rows if r["name"] == user) * 3600.0
+
+
+def test_a_cancelled_run_is_recorded_and_charged_to_its_real_end_after_its_grace(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """F1: the job (2 GPUs, `--grace 20s`) traps TERM and needs 3 s to save: the cancel is
+    decided at once, but its processes hold the GPUs 3 s more. `jobs` ends it when it really
+    ended (not at the cancel), its elapsed time and its usage (fairtree-3) run to then, and
+    `explain` says so."""
+    c = cluster
+    began, ended = tmp_path / "began", tmp_path / "ended"
+    script = (f"trap 'sleep 3; date +%s.%N > {ended}; exit 0' TERM; date +%s.%N > {began}; "
+              f"while true; do sleep 0.2; done")  # fmt: skip
+    job = c.submit(2, script, "--grace", "20s")
+    row = c.wait_status(job, "running")
+    wait_for("the job to start", began.exists)
+    c.cli("cancel", str(job))
+    cancelled = time.time()
+    wait_for("the run's end", lambda: [ev for ev in c.events("job.run_ended.v1")
+                                       if ev["job_id"] == job], 60, c.why)  # fmt: skip
+    real_end = float(ended.read_text())
+    assert real_end - cancelled >= 2.5
+    row = c.job(job)
+    assert row["finish_reason"] == "cancelled", row
+    assert abs(row["finished_at"] - real_end) <= 1.0, (row, real_end)
+    assert abs(row["elapsed_s"] - (real_end - row["started_at"])) <= 1.0, (row, real_end)
+    charged = usage_gpu_s(c, "root")
+    assert abs(charged - 2 * (real_end - row["started_at"])) <= 2.0, (charged, row, real_end)
+    explain = c.cli("explain", str(job)).stdout
+    assert "its run 1 really ended" in explain and "charged, until then" in explain, explain
+
+
+def limit_passed_while_down(c: Cluster, down_s: float) -> None:
+    """The job's limit (3 s) passes while its agent is killed (-9) for `down_s`; the job runs
+    on (no agent watches it). When the agent comes back it stops the job at once:
+    `time_limit`, its processes gone, ended (and charged) when they really ended."""
+    job = c.submit(1, "echo $$; exec sleep 120", "-t", "3s")
+    j = c.wait_status(job, "running")
+    node = j["logs"][0].split(":", 1)[0]
+    pid = int(wait_for("the job's pid", lambda: part_log(j["logs"][0]).read_text().split())[0])
+    c.agents[node].kill(signal.SIGKILL)
+    time.sleep(down_s)  # the limit passes while no agent watches
+    assert alive(pid)
+    back = time.time()
+    c.agents[node].start()
+    row = c.wait_status(job, "finished", timeout=60)
+    assert not alive(pid)
+    assert row["finish_reason"] == "time_limit", row
+    assert back - 1.0 <= row["finished_at"] <= time.time(), (row, back)
+    charged = usage_gpu_s(c, "root")
+    assert abs(charged - (row["finished_at"] - row["started_at"])) <= 1.0, (charged, row)
+    explain = c.cli("explain", str(job)).stdout
+    assert "was stopped at its time limit" in explain, explain
+
+
+@agents.with_flags(serve=("--node-lost-after", "60s"))
+def test_a_limit_passed_while_the_agent_was_down_stops_the_job_when_it_returns(
+    cluster: Cluster,
+) -> None:
+    """F10 (atk33), the agent back before its node is called lost."""
+    limit_passed_while_down(cluster, 6.0)
+
+
+def test_a_limit_passed_while_the_node_was_lost_stops_the_job_when_its_agent_returns(
+    cluster: Cluster,
+) -> None:
+    """F10 (atk33), the agent back after its node was called lost (5 s), inside the fence."""
+    limit_passed_while_down(cluster, 9.0)
+
+
+def test_a_limit_passed_while_up_was_down_stops_the_job_when_it_restarts(tmp_path: Path) -> None:
+    """F10's twin on the local executor: the service (and its in-process agent) is killed -9,
+    the limit passes, and the restarted service stops the adopted job at once, `time_limit`,
+    ended when its processes really ended."""
+    served = Served(ledger_home(tmp_path))
+    args = ("--executor", "local", "--run-as", "submitter", "--interval", "0.2s")
+    try:
+        job = served.submit("-t", "3s", "--", "sh", "-c", "exec sleep 120")
+        served.wait("the job to run", job, "running")
+        served.server.stop(signal.SIGKILL)
+        time.sleep(5)
+        back = time.time()
+        served.server = start_server(served.home, *args, log_name="serve-2.log")
+        row = served.wait("the limit", job, "finished")
+        assert row["finish_reason"] == "time_limit", row
+        assert back <= row["finished_at"] <= time.time(), (row, back)
+    finally:
+        served.server.stop()
+
+
+def test_a_command_that_cannot_be_started_is_launch_failed_with_why_on_the_agents(
+    cluster: Cluster,
+) -> None:
+    """atk33 F5, the node agents' twin of test_slurm_world.py's: the same record on both
+    executors (`launch_failed`, no start, no exit code, why in `explain`)."""
+    c = cluster
+    for cmd in ("no-such-cmd-gl", "./no-such-file-gl"):
+        c.cli("submit", "-A", "ai2/olmo", "-G", "1", "--", cmd)
+    for job, why in [(1, "cannot start no-such-cmd-gl: not found in PATH"),
+                     (2, "cannot start ./no-such-file-gl: no such executable file")]:  # fmt: skip
+        row = c.wait_status(job, "finished")
+        assert (row["finish_reason"], row["exit_code"], row["started_at"]) == (
+            "launch_failed", None, None,
+        ), row  # fmt: skip
+        assert row["finish_note"] == why, row
+        said = [ln for ln in c.cli("explain", str(job)).stdout.splitlines() if why in ln]
+        assert len(said) == 1 and "could not be started" in said[0], said
+
+
+def test_dependents_estimates_wait_for_their_gpus_through_the_server(tmp_path: Path) -> None:
+    """F3 through `queue` and `explain` on a real server: job A holds the 8-GPU node (10 min
+    limit), B (8 GPUs, 10 min) goes next; C and D (8 GPUs, 1 min) wait for A (afterok). C
+    starts when B reaches its limit, D a minute later: never on GPUs B holds, nor together."""
+    served = Served(ledger_home(tmp_path))
+    try:
+        a = served.submit("-G", "8", "-t", "10", "--", "sleep", "300")
+        row = served.wait("A to run", a, "running")
+        b = served.submit("-G", "8", "-t", "10", "--", "true")
+        deps = [served.submit("-G", "8", "-t", "1", f"--dependency=afterok:{a}", "--", "true")
+                for _ in range(2)]  # fmt: skip
+        queued = {r["job_id"]: r for r in json.loads(served.cli("root", "queue", "--json").stdout)}
+        b_at = queued[b]["estimated_start_at"]
+        assert abs(b_at - (row["started_at"] + 600)) <= 1.0, (queued, row)
+        got = [queued[d]["estimated_start_at"] for d in deps]
+        assert got == [b_at + 600, b_at + 660], queued
+        told = json.loads(served.cli("root", "explain", str(deps[1]), "--json").stdout)
+        assert told["estimated_start_at"] == got[1], told
+    finally:
+        served.server.stop()

@@ -1,5 +1,7 @@
-"""Usage is charged from the run's real start to its real end (`fairtree-2`), decisions recorded
-under `fairtree-1` replay with placement charges, and the audit reports charges outside a run:
+"""Usage is charged from the run's real start to its real end (`fairtree-3`: a stopped run to the
+end its engine reports, through its grace; `fairtree-2`: to the release when that came first),
+decisions recorded under `fairtree-1` replay with placement charges, and the audit reports
+charges outside a run:
 histories the real domain decides, the in-memory fold and the Python reference on the same
 events (the projection's SQL on them: tests/integration/test_charged_sql.py)."""
 
@@ -28,7 +30,8 @@ T0 = 1_000_000.0
 H = 3_600.0
 Slot = e.GpuSlot
 PLACEMENT = fs.UsagePolicy(charge=fs.CHARGE_PLACEMENT)
-RUN = fs.UsagePolicy()
+RUN = fs.UsagePolicy(charge=fs.CHARGE_RUN)
+REAL = fs.UsagePolicy()
 
 
 def ids() -> Callable[[], str]:
@@ -97,13 +100,16 @@ def waiting_runs(version: str) -> list[e.AnyEvent]:
 AT = T0 + 3 * H
 WANT = {
     # job 1 from its start to its real end (1 h), job 3 from T0 + 1 (3 h - 1 s), 2 GPUs each
+    "real": 2 * H + 2 * (3 * H - 1),
     "run": 2 * H + 2 * (3 * H - 1),
     # fairtree-1: job 1 from placement to its real end, job 2 placed to preempted, job 3 from T0
     "placement": 2 * 2 * H + 2 * 1_800 + 2 * 3 * H,
 }
 
 
-@pytest.mark.parametrize("policy", [RUN, PLACEMENT], ids=["fairtree-2", "fairtree-1"])
+@pytest.mark.parametrize(
+    "policy", [REAL, RUN, PLACEMENT], ids=["fairtree-3", "fairtree-2", "fairtree-1"]
+)
 def test_the_fold_the_reference_and_the_projection_charge_alike(policy: fs.UsagePolicy) -> None:
     events = waiting_runs(fs.ranking_version(policy))
     want = WANT[policy.charge]
@@ -135,20 +141,25 @@ def test_decision_records_name_the_rule_and_replay_reads_it_back() -> None:
 
     inputs = rank_inputs(Source(), 7, {}, {})  # type: ignore[arg-type]
     assert inputs is not None and inputs.ranking_version == "fairtree-2"
+    Source.usage_policy = REAL
+    inputs = rank_inputs(Source(), 7, {}, {})  # type: ignore[arg-type]
+    assert inputs is not None and inputs.ranking_version == "fairtree-3"
     old = e.CycleDecided(
         event_id="d", at=T0, actor="@dispatcher", cycle_id="c", based_on=1,
         policy_version="fairshare-7", policy=FairShare7Config(), ranks=ranks("fairtree-1"),
     )  # fmt: skip
     assert recorded_usage(old, FairShare7Config()).charge == "placement"
     assert usage_of(e.UsageSettings(window_s=60.0), "fairtree-2").charge == "run"
+    assert usage_of(e.UsageSettings(window_s=60.0), "fairtree-3").charge == "real"
     assert usage_of(e.UsageSettings(window_s=60.0)).charge == "placement"  # v1: said nothing
 
 
 # --- the audit ---------------------------------------------------------------------------------
 
 
-def test_charges_under_fairtree_2_are_inside_real_runs() -> None:
-    assert [v.code for v in check(waiting_runs("fairtree-2")).violations] == []
+@pytest.mark.parametrize("version", ["fairtree-3", "fairtree-2"])
+def test_charges_under_the_run_rules_are_inside_real_runs(version: str) -> None:
+    assert [v.code for v in check(waiting_runs(version)).violations] == []
 
 
 def test_placement_charges_of_fairtree_1_are_charges_outside_a_run() -> None:
@@ -179,12 +190,14 @@ def stopped_early(version: str) -> list[e.AnyEvent]:
     )  # fmt: skip
 
 
-def test_a_stopped_run_is_charged_to_its_real_end_when_that_came_first() -> None:
-    events = stopped_early("fairtree-2")
+@pytest.mark.parametrize("version", ["fairtree-3", "fairtree-2"])
+def test_a_stopped_run_is_charged_to_its_real_end_when_that_came_first(version: str) -> None:
+    events = stopped_early(version)
     ref = fold(enumerate(events, 1))
     (iv,) = ref.intervals
     assert (iv["run_end_at"], iv["end_at"]) == (T0 + 50, T0 + 100)
     assert fs.user_usage(ref.usage_intervals(), AT, RUN) == {"alice": 2 * 48.0}
+    assert fs.user_usage(ref.usage_intervals(), AT, REAL) == {"alice": 2 * 48.0}
     assert fs.user_usage(ref.usage_intervals(), AT, PLACEMENT) == {"alice": 2 * 100.0}
     assert check(events).violations == ()
 
@@ -251,3 +264,66 @@ def test_a_run_that_ended_with_its_node_is_charged_to_its_engines_end() -> None:
     assert (iv["end_at"], iv["run_end_at"]) == (T0 + 90, T0 + 40)
     assert fs.user_usage(ref.usage_intervals(), AT, RUN) == {"alice": 2 * 38.0}
     assert check(events).violations == ()
+
+
+# --- a stopped run that outlives its release (F1: SIGTERM, its grace, SIGKILL) -----------------
+
+GRACE = 30.0
+
+
+def stopped_late(version: str, how: c.AnyCommand) -> list[e.AnyEvent]:
+    """Job 1 runs from T0 + 2; the ledger stops it at T0 + 100 (`how`: a cancel, a preemption,
+    a requeue); its processes live through their grace and end at T0 + 100 + GRACE, which its
+    engine reports a second later (`JobRunEnded`)."""
+    return history(
+        [
+            *ORG,
+            (T0, decision("c1", version, placed=(1,))),
+            (T0 + 5, c.StartJob(actor="@executor", job_id=1, engine="slurm", engine_job_id="9",
+                                started_at=T0 + 2)),
+            (T0 + 100, how),
+            (T0 + 101 + GRACE, c.ConfirmRunEnded(actor="@executor", job_id=1, engine="slurm",
+                                                 engine_job_id="9", ended_at=T0 + 100 + GRACE,
+                                                 killed=True)),
+        ]
+    )  # fmt: skip
+
+
+STOPS = {
+    "cancelled": c.CancelJob(actor="alice", job_id=1),
+    "preempted": c.PreemptJob(actor="root", job_id=1, note="drain"),
+    "requeued": c.RequeueJob(actor="alice", job_id=1),
+}
+
+
+@pytest.mark.parametrize("how", sorted(STOPS))
+def test_fairtree_3_charges_a_stopped_run_through_its_grace_to_its_real_end(how: str) -> None:
+    """The fold, the reference and the audit agree: fairtree-3 charges to the run's real end
+    (98 s + the grace, 2 GPUs), fairtree-2 (decisions recorded under it replay so) to the
+    release; until the end is reported, both charge to the release."""
+    events = stopped_late("fairtree-3", STOPS[how])
+    assert isinstance(events[-1], e.JobRunEnded)
+    want = {"fairtree-3": 2 * (98.0 + GRACE), "fairtree-2": 2 * 98.0}
+    for policy in (REAL, RUN):
+        ref = fold(enumerate(events, 1))
+        got = fs.user_usage(ref.usage_intervals(), AT, policy)
+        assert got == {"alice": want[fs.ranking_version(policy)]}, policy
+        folded = UsageFold(policy)
+        folded.apply_all(events)
+        assert folded.usage(AT) == {"ai2/olmo/alice": want[fs.ranking_version(policy)]}
+        before = UsageFold(policy)
+        before.apply_all(events[:-1])  # the end not heard yet: to the release
+        assert before.usage(AT) == {"ai2/olmo/alice": 2 * 98.0}
+    assert check(events).violations == ()
+
+
+def test_fairtree_3_charges_a_run_that_ended_with_its_node_to_its_engines_end() -> None:
+    events = lost_with_its_node()
+    for policy in (REAL, RUN):
+        folded = UsageFold(policy)
+        folded.apply_all(events)
+        ref = fold(enumerate(events, 1))
+        assert fs.user_usage(ref.usage_intervals(), AT, policy) == {"alice": 2 * 38.0}
+    folded = UsageFold(REAL)
+    folded.apply_all(events)
+    assert folded.usage(AT) == {"ai2/olmo/alice": 2 * 38.0}

@@ -99,12 +99,13 @@ USAGE_CASES = [
 
 
 def test_versions_say_how_usage_was_charged() -> None:
-    assert fs.RANKING_VERSION == fs.ranking_version(fs.UsagePolicy()) == "fairtree-2"
+    assert fs.RANKING_VERSION == fs.ranking_version(fs.UsagePolicy()) == "fairtree-3"
     assert fs.ranking_version(PLACEMENT) == "fairtree-1"
-    assert [fs.charge_of(v) for v in ("fairtree-1", "fairtree-2", "", "r")] == [
-        "placement", "run", "placement", "placement"
+    assert fs.ranking_version(fs.UsagePolicy(charge=fs.CHARGE_RUN)) == "fairtree-2"
+    assert [fs.charge_of(v) for v in ("fairtree-1", "fairtree-2", "fairtree-3", "", "r")] == [
+        "placement", "run", "real", "placement", "placement"
     ]  # fmt: skip
-    with pytest.raises(ValueError, match="charged from 'run' or 'placement'"):
+    with pytest.raises(ValueError, match="charged as 'real', 'run' or 'placement'"):
         fs.UsagePolicy(charge="submission")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from ledger.engines.slurm import (
     slurm_time,
     words,
 )
+from ledger.engines.slurm.launching import cannot_start
 from ledger.engines.slurm.shares import accounts_written
 from ledger.engines.slurm.words import partition_max_time, slurm_duration
 from schemas import commands as c
@@ -366,6 +368,28 @@ def test_the_batch_script_sets_the_ledgers_variables_and_execs_the_command() -> 
     ]
     assert batch_script(dataclasses.replace(job, command=())).endswith("\nexec true\n")
     assert batch_script(job, umask=0o027).splitlines()[1] == "umask 0027"
+
+
+@pytest.mark.parametrize(
+    ("command", "want", "note"),
+    [
+        ("no-such", "command -v -- no-such >/dev/null 2>&1 || { echo \"gpuledger: cannot start "
+                    "\"no-such\": not found in PATH\" >&2;{ : > /r/cs; } 2>/dev/null; exit 127; }",
+         "cannot start no-such: not found in PATH"),
+        ("./a b", "[ -f './a b' ] && [ -x './a b' ] || { echo \"gpuledger: cannot start "
+                  "\"'./a b'\": no such executable file\" >&2;{ : > /r/cs; } 2>/dev/null; "
+                  "exit 127; }", "cannot start ./a b: no such executable file"),
+    ],
+)  # fmt: skip
+def test_a_command_that_cannot_be_started_leaves_its_mark_before_the_launch_mark(
+    command: str, want: str, note: str
+) -> None:
+    """atk33 F5: the script checks its command as the node agents' supervisor does, and ends
+    with the `cannot-start` mark before the `launched` one."""
+    job = dataclasses.replace(launch(GpuSlot(node="n1", gpu_indices=(0,))), command=(command,))
+    lines = batch_script(job, launched_file="/r/l", cannot_start_file="/r/cs").splitlines()
+    assert lines[-3:] == [want, "{ : > /r/l; } 2>/dev/null", f"exec {shlex.quote(command)}"]
+    assert cannot_start(job) == note
 
 
 def test_the_job_gets_its_submitted_world_never_the_services() -> None:

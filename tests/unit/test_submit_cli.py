@@ -139,6 +139,79 @@ def test_the_estimate_counts_the_jobs_the_next_cycle_places() -> None:
     assert dependency_ends(state, 7, starts, now) is None
 
 
+def test_a_dependents_estimate_waits_for_its_dependency_and_then_for_its_gpus() -> None:
+    """atk33 F3: job 1 goes next and job 2 after it (8 GPUs each, 1 h limits, one 8-GPU
+    node); jobs 3 and 4 (8 GPUs, 1 min) wait for job 1 (afterok). Both were estimated to start
+    when job 1 reaches its limit, on the GPUs job 2 takes then; now job 3 starts when job 2
+    reaches its limit and job 4 a minute later (what `queue` and `explain` say: `Room`)."""
+    from ledger.core.jobs import blocked
+    from ledger.reads.estimates import Room, blocked_starts
+
+    ids = (lambda n: lambda: f"x{next(n)}")(itertools.count())
+    state = State()
+    after = (Dependency(kind="afterok", job_ids=(1,)),)
+    cmds: list[c.AnyCommand] = [
+        c.InitLedger(actor="root", admin="root"),
+        c.OpenAccount(actor="root", path="p", kind="program"),
+        c.OpenAccount(actor="root", path="p/q", kind="project"),
+        c.AddMember(actor="root", user="u", project="p/q"),
+        c.RegisterNode(actor="root", node="n", gpu_type="h100", gpus=8),
+        *[c.SubmitJob(actor="u", account="p/q", gpus=8, time_limit_s=3600) for _ in range(2)],
+        *[c.SubmitJob(actor="u", account="p/q", gpus=8, time_limit_s=60, dependency=after)
+          for _ in range(2)],
+    ]  # fmt: skip
+    for cmd in cmds:
+        for ev in decide(state, cmd, 0.0, ids):
+            evolve(state, ev)
+    now = 100.0
+    snap = snapshot_from_state(state, {}, now)
+    decision = dispatch(snap, build("fifo"), now)
+    room = Room()
+    queued = estimated_starts(state, snap, decision, now, room=room)
+    assert queued == {1: now, 2: now + 3600}
+    waits = blocked(state)
+    assert blocked_starts(state, waits, queued, now) == {3: now + 3600, 4: now + 3600}
+    assert blocked_starts(state, waits, queued, now, room) == {3: now + 7200, 4: now + 7260}
+
+
+def test_jobs_waiting_for_one_contract_do_not_start_on_the_same_gpus_at_once() -> None:
+    """atk33 F7: team p/a's job 1 holds the 8-GPU node inside its 1 h contract (no limit);
+    team p/b's jobs 2-4 (8 GPUs, 2 h limits) wait for that contract (WAIT_CONTRACT). All three
+    were estimated to start when it ends, on the same 8 GPUs; the first gets them then, the
+    next when the first reaches its limit, and so on."""
+    ids = (lambda n: lambda: f"x{next(n)}")(itertools.count())
+    state = State()
+
+    def run(at: float, *cmds: c.AnyCommand) -> None:
+        for cmd in cmds:
+            for ev in decide(state, cmd, at, ids):
+                evolve(state, ev)
+
+    run(0.0, c.InitLedger(actor="root", admin="root"),
+        c.OpenAccount(actor="root", path="p", kind="program"),
+        c.OpenAccount(actor="root", path="p/a", kind="project", shares=1),
+        c.OpenAccount(actor="root", path="p/b", kind="project", shares=1),
+        c.AddMember(actor="root", user="u", project="p/a"),
+        c.AddMember(actor="root", user="v", project="p/b"),
+        c.RegisterNode(actor="root", node="n", gpu_type="h100", gpus=8),
+        c.SubmitJob(actor="u", account="p/a", gpus=8, min_runtime_s=3600))  # fmt: skip
+    first = dispatch(snapshot_from_state(state, {}, 0.0), build("fairshare"), 0.0)
+    body = c.DecisionBody(cycle_id="c1", based_on=1, policy_version="x",
+                          placements=tuple(first.placements))  # fmt: skip
+    run(0.0, c.ApplyDecision(actor="@dispatcher", decision=body))
+    run(1.0, c.StartJob(actor="@executor", job_id=1))
+    run(10.0, *[c.SubmitJob(actor="v", account="p/b", gpus=8, min_runtime_s=3600,
+                            time_limit_s=7200) for _ in range(3)])  # fmt: skip
+    now = 100.0
+    snap = snapshot_from_state(state, {"p/b/v": 1, "p/a/u": 2}, now,
+                               level_fs={"p": 1.0, "p/a": 0.1, "p/b": float("inf")})  # fmt: skip
+    decision = dispatch(snap, build("fairshare"), now)
+    assert {j: (w.code, w.until) for j, w in decision.waiting.items()} == {
+        j: ("WAIT_CONTRACT", 3600.0) for j in (2, 3, 4)
+    }
+    assert estimated_starts(state, snap, decision, now) == {2: 3600.0, 3: 10800.0, 4: 18000.0}
+
+
 def test_array_tasks_held_by_their_limit_and_their_dependents_get_estimates() -> None:
     """N11 of the re-test of issue 23: `submit -a 0-2%1 -t 1`, then `-d afterok:<array>` and a
     job after that one: `queue` said "unknown" for the tasks held by `%1` and for the

@@ -22,10 +22,10 @@ from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, St
 from ledger.engines.accounts import RunAs, account_for, own_log, own_umask
 from ledger.engines.slurm.launching import (
     CANNOT_ENTER,
+    CANNOT_START,
     LAUNCHED,
-    cannot_enter,
-    launch_failure,
     marked,
+    never_ran,
 )
 from ledger.engines.slurm.outputs import claim_outputs
 from ledger.engines.slurm.stops import Stopping, Tag, no_grace, run_gpus, stopped_end
@@ -143,6 +143,9 @@ class SlurmExecutor:
         self.job_grace: Callable[[int], float | None] = no_grace
         """A job's own grace by job id (`open_executor` reads the ledger's), for runs adopted
         after a restart; None: the service's `grace_s`."""
+        self.job_limit: Callable[[int], float | None] = no_grace
+        """A job's time limit by job id (`open_executor` reads the ledger's), for runs adopted
+        after a restart, whose exact limit Slurm does not keep (it rounds up to minutes)."""
         self._foreign: dict[str, frozenset[int]] = {}
         self._foreign_seen: set[str] = set()
         self._accounting: bool | None = None
@@ -315,16 +318,9 @@ class SlurmExecutor:
         return now - r.running_seen >= self.launch_confirm_s
 
     def _never_ran(self, r: _Run, j: SlurmJob) -> str:
-        """Why an ended run's command never ran ("" if it did, or may have): Slurm could not
-        launch it (JobLaunchFailure), or its script could not enter its working directory
-        (`launching`: the mark, left before the launch mark, of a run not recorded started)."""
-        if j.launch_failed:
-            return launch_failure(r.launch, r.logs)
+        """Why an ended run's command never ran ("" if it did, or may have: `never_ran`)."""
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        ran = (j.end_time or 0.0) - (j.start_time or 0.0)  # a `cd` that fails ends at once
-        if r.started or ran >= self.launch_confirm_s or marked(run_dir, LAUNCHED):
-            return ""
-        return cannot_enter(r.launch) if marked(run_dir, CANNOT_ENTER) else ""
+        return never_ran(j, r.launch, r.logs, run_dir, r.started, self.launch_confirm_s)
 
     def _read_checkpoints(self) -> list[int]:
         """The running jobs that touched their checkpoint file since the last read."""
@@ -367,8 +363,9 @@ class SlurmExecutor:
         args = ["sbatch", *sbatch_args(job, self.partition, out, who, self.ledger_id,
                                        self._pinned, err)]  # fmt: skip
         checkpoint = self._checkpoint_file(job.job_id, job.run, who)
-        launched, no_dir = (str(checkpoint.with_name(m)) for m in (LAUNCHED, CANNOT_ENTER))
-        script = batch_script(job, who, str(checkpoint), launched, own_umask(), no_dir)
+        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START)
+        launched, no_dir, no_cmd = (str(checkpoint.with_name(m)) for m in marks)
+        script = batch_script(job, who, str(checkpoint), launched, own_umask(), no_dir, no_cmd)
         slurm_id = self._run(args, stdin=script, env=self._sbatch_env()).strip().split(";")[0]
         r.slurm_id = slurm_id
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, slurm_id)
@@ -635,7 +632,7 @@ class SlurmExecutor:
                 self._exits.append(Exit(job_id, j.exit_code, at, reason, r.slurm_id, j.state))
             elif j.holding and self._past_limit(r, now):
                 r.limited = True
-                limit = r.launch.time_limit_s if r.launch else None
+                limit = self._limit_of(r)
                 log.info("job %s (Slurm job %s) reached its limit of %s s: stopping it",
                          job_id, r.slurm_id, limit)  # fmt: skip
                 self._signal(r.slurm_id, now, self._grace_of(r))
@@ -692,10 +689,14 @@ class SlurmExecutor:
     def _past_limit(self, r: _Run, now: float) -> bool:
         """Whether a run has reached a limit Slurm cannot keep exactly (one that is no whole
         number of minutes: Slurm's `--time` rounds it up) and is not being stopped yet."""
-        if r.limited or r.launch is None or r.started_at is None:
+        if r.limited or r.started_at is None:
             return False
-        limit = r.launch.time_limit_s
+        limit = self._limit_of(r)
         return limit is not None and limit % 60 != 0 and now >= r.started_at + limit
+
+    def _limit_of(self, r: _Run) -> float | None:
+        """The run's time limit: its launch's, or (adopted after a restart) its job's."""
+        return r.launch.time_limit_s if r.launch is not None else self.job_limit(r.job_id)
 
     def _never_starts(self, r: _Run, j: SlurmJob, now: float) -> str:
         """Why Slurm will not start this run (its reason says it never will, or it has waited

@@ -1,7 +1,8 @@
 """Whether a Slurm run really launched, from the marks its batch script leaves in the run's
 directory (`<log_dir>/checkpoints/<job>.<run>/`, the job's user's alone): `launched` once its
-command is about to run, `cannot-enter` when its working directory could not be entered (the
-script ends there, exit 127). Slurm itself cannot say: slurmstepd falls back to /tmp for a
+command is about to run, `cannot-enter` when its working directory could not be entered,
+`cannot-start` when its command is not found in its PATH or is no executable file (the script
+ends there, exit 127). Slurm itself cannot say: slurmstepd falls back to /tmp for a
 directory it cannot enter, and a script that ends 127 is FAILED like any job's own failure.
 Where the compute node does not share the service's directory, neither mark is seen: such a
 run is recorded as Slurm ends it (docs/slurm.md). The job's user can write the marks, so they
@@ -15,9 +16,11 @@ import os
 from pathlib import Path
 
 from ledger.cycle.executor import Launch
+from ledger.engines.slurm.words import SlurmJob
 
 LAUNCHED = "launched"
 CANNOT_ENTER = "cannot-enter"
+CANNOT_START = "cannot-start"
 
 
 def marked(run_dir: Path, mark: str) -> bool:
@@ -32,6 +35,14 @@ def cannot_enter(launch: Launch | None) -> str:
     return f"cannot enter the working directory {where}".rstrip()
 
 
+def cannot_start(launch: Launch | None) -> str:
+    """Why a run whose script left `cannot-start` never ran, in the words of the node agents'
+    supervisor."""
+    cmd = launch.command[0] if launch is not None and launch.command else ""
+    why = "no such executable file" if "/" in cmd else "not found in PATH"
+    return f"cannot start {cmd}: {why}"
+
+
 def launch_failure(launch: Launch | None, logs: tuple[str, ...]) -> str:
     """Why Slurm could not launch a run (JobLaunchFailure), in the job's words: slurmd says
     no more, so the likely cause is named from what the job asked for."""
@@ -42,3 +53,25 @@ def launch_failure(launch: Launch | None, logs: tuple[str, ...]) -> str:
         f"Slurm could not launch it (JobLaunchFailure): cannot open the output file {files} "
         "or enter the working directory as its user"
     )
+
+
+def never_ran(
+    j: SlurmJob,
+    launch: Launch | None,
+    logs: tuple[str, ...],
+    run_dir: Path,
+    started: bool,
+    confirm_s: float,
+) -> str:
+    """Why an ended run's command never ran ("" if it did, or may have): Slurm could not
+    launch it (JobLaunchFailure), or its script could not enter its working directory or
+    start its command (the marks, left before the launch mark, of a run not recorded
+    `started` that ran less than `confirm_s`)."""
+    if j.launch_failed:
+        return launch_failure(launch, logs)
+    ran = (j.end_time or 0.0) - (j.start_time or 0.0)  # a failing `cd` or check ends at once
+    if started or ran >= confirm_s or marked(run_dir, LAUNCHED):
+        return ""
+    if marked(run_dir, CANNOT_START):
+        return cannot_start(launch)
+    return cannot_enter(launch) if marked(run_dir, CANNOT_ENTER) else ""

@@ -13,7 +13,7 @@ from ledger.core.state import Node
 from ledger.cycle.executor import Exit, Observed, Orders, Start
 from ledger.engines.accounts import RunAs
 from ledger.engines.slurm.executor import ENGINE, SlurmExecutor
-from ledger.engines.slurm.stops import grace_in
+from ledger.engines.slurm.stops import grace_in, limit_in
 from ledger.engines.slurm.words import name_of, register_commands
 from ledger.store.application import Ledger
 from schemas.errors import EngineAway, EngineError, InvalidCommand
@@ -75,6 +75,7 @@ def open_executor(
         partition, ledger_id(ledger), log_dir, grace_s=grace_s, run_as=run_as, may_act=may_act
     )
     slurm.job_grace = lambda job_id: grace_in(ledger.state, job_id)
+    slurm.job_limit = lambda job_id: limit_in(ledger.state, job_id)
     opening = SlurmOpening(slurm, lambda: _open(ledger, slurm, log_dir, actor))
     away = controller_answers(slurm)
     if away:

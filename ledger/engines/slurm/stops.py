@@ -47,8 +47,14 @@ def grace_in(state: State, job_id: int) -> float | None:
 
 
 def no_grace(_: int) -> float | None:
-    """No job's own grace is known (an executor built without its ledger)."""
+    """No job's own grace (nor time limit) is known (an executor built without its ledger)."""
     return None
+
+
+def limit_in(state: State, job_id: int) -> float | None:
+    """Pure: a job's time limit in seconds (`submit -t`) as the ledger holds it; None: none."""
+    job = state.jobs.get(job_id)
+    return None if job is None else job.spec.time_limit_s
 
 
 def run_gpus(j: SlurmJob, pinned: Mapping[str, tuple[str, ...]]) -> tuple[GpuSlot, ...]:

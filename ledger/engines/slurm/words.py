@@ -627,13 +627,17 @@ def batch_script(
     launched_file: str = "",
     umask: int = 0o022,
     cannot_enter_file: str = "",
+    cannot_start_file: str = "",
 ) -> str:
     """Pure: the batch script: the job's umask (sbatch runs with SLURM_UMASK 077 so that
     slurmstepd makes the output files the user's alone, 0600; the job itself gets `umask` back,
     the one it had before), the job's environment (`job_environment`), a check that it starts
     where it was asked to (Slurm would fall back to /tmp): a directory it cannot enter leaves
     `cannot_enter_file` and ends the script, so its run is a failed launch, never a run (as
-    on the node agents); then the mark that it launched (`launched_file`, made empty: a run
+    on the node agents); a command that cannot be started (not found in the job's PATH, or no
+    executable file) leaves `cannot_start_file` and ends the script there too, so it is a
+    failed launch as on the node agents, not a job that failed with 127; then the mark that it
+    launched (`launched_file`, made empty: a run
     Slurm shows RUNNING is recorded started only once its script gets there, so one whose
     launch fails, JobLaunchFailure or that directory, never started), then the job's command
     replaces the shell, so it gets the signals. (The variables sit in the script:
@@ -650,6 +654,17 @@ def batch_script(
         lines.append(
             f'cd -- {wd} || {{ echo "gpuledger: cannot enter the working directory "{wd} >&2;'
             f"{mark} exit 127; }}"
+        )
+    if cannot_start_file and job.command:
+        cmd = shlex.quote(job.command[0])
+        mark = f"{{ : > {shlex.quote(cannot_start_file)}; }} 2>/dev/null;"
+        test, why = (
+            (f"[ -f {cmd} ] && [ -x {cmd} ]", "no such executable file")
+            if "/" in job.command[0]
+            else (f"command -v -- {cmd} >/dev/null 2>&1", "not found in PATH")
+        )
+        lines.append(
+            f'{test} || {{ echo "gpuledger: cannot start "{cmd}": {why}" >&2;{mark} exit 127; }}'
         )
     if launched_file:  # where the service's directory is not shared, the executor waits instead
         lines.append(f"{{ : > {shlex.quote(launched_file)}; }} 2>/dev/null")
