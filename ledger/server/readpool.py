@@ -20,6 +20,13 @@ decision history run here (docs/security.md, rows T5 and T6).
   a minute, and `max_waiting` of everyone's under way; past any, the answer is 429 with
   Retry-After (`TooBusy`). A caller waits for a free thread behind others' queries, never
   beside the worker.
+- **One admission for every read a person can make** (`admitted`): the audit queries, the
+  API's reads of the projection, and the reads of the live state that only the worker thread
+  may make (`worker_read`: the queue and explain previews with `policy=` or `at=`, the nodes,
+  the dashboard's live parts, `/metrics`). These last run one at a time for everyone, each
+  after a rest `rest` times as long as the previous one took on the worker: whoever loops
+  them, reads take at most a quarter of the worker's time, and a submit or a cycle waits
+  behind one read at most (docs/security.md, row T5).
 
 An edge: threads, a database connection.
 """
@@ -35,7 +42,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -116,6 +123,23 @@ class ReadPool:
     queries: int = 0
     """Queries run so far, and of them stopped by the time limit:"""
     timed_out: int = 0
+    refused: int = 0
+    """Reads and queries refused 429 (`admit`) so far."""
+    worker_reads: int = 0
+    """Reads run on the worker thread (`worker_read`) so far, and their time there:"""
+    worker_read_s: float = 0.0
+    projected: int = 0
+    """The projection's position when a read of the live state last caught it up
+    (`copied.caught_up`), when, whether one is under way, and the worker's time spent so
+    (apart from `worker_read_s`):"""
+    caught_up_at: float = 0.0
+    catching: asyncio.Future[None] | None = None
+    catch_up_s: float = 0.0
+    catch_ups: int = 0
+    """Catch-ups begun so far, and the last one ended (`copied.caught_up`)."""
+    caught_up_by: int = 0
+    _worker_lane: asyncio.Lock | None = None
+    _worker_rest_until: float = 0.0
 
     def start(self) -> ReadPool:
         self._pool = ThreadPoolExecutor(
@@ -153,6 +177,26 @@ class ReadPool:
         the last minute, or `max_waiting` queries of everyone's are under way (on the event
         loop: no lock needed). `per_minute` given: the reads' own rate (`reads_per_minute`,
         counted apart from the audit queries')."""
+        try:
+            self._admit(caller, now, per_minute)
+        except TooBusy:
+            self.refused += 1
+            raise
+
+    @contextlib.contextmanager
+    def admitted(self, caller: str, *, read: bool = False) -> Iterator[None]:
+        """Admit `caller` (`admit`; `read`: one of the API's reads, at `reads_per_minute`) and
+        count the read under way until the block ends."""
+        self.admit(caller, time.monotonic(), self.reads_per_minute if read else None)
+        self._running[caller] = self._running.get(caller, 0) + 1
+        try:
+            yield
+        finally:
+            self._running[caller] -= 1
+            if not self._running[caller]:
+                del self._running[caller]
+
+    def _admit(self, caller: str, now: float, per_minute: int | None) -> None:
         if sum(self._running.values()) >= self.max_waiting:
             raise TooBusy(
                 f"the server has {self.max_waiting} queries under way",
@@ -190,25 +234,67 @@ class ReadPool:
         the time limit. `caller` is who asked (limited per caller); `read`: one of the API's
         reads (`/v1/jobs`, `/v1/log`, ...: `reads_per_minute`), not an audit query; `big`: a
         read of more than a part (`pooled.PART` rows), run in a lane of its own."""
+        with self.admitted(caller, read=read):
+            return await self.compute(fn, read=read, big=big)
+
+    async def compute(
+        self,
+        fn: Callable[[duckdb.DuckDBPyConnection, Limits], T],
+        *,
+        read: bool = False,
+        big: bool = False,
+    ) -> T:
+        """`run` for a caller already `admitted` (a read that also asks the worker first)."""
         assert self._pool is not None, "ReadPool.start() first"
-        self.admit(caller, time.monotonic(), self.reads_per_minute if read else None)
-        self._running[caller] = self._running.get(caller, 0) + 1
-        try:
+        if self._base is None:
+            base = await self.on_worker(self.connect)
             if self._base is None:
-                base = await self.on_worker(self.connect)
-                if self._base is None:
-                    self._base = base
-                else:
-                    base.close()
-            loop = asyncio.get_running_loop()
-            if read:
-                lane = self._big if big else self._pages
-                return await loop.run_in_executor(lane, self._rested, fn, big)
-            return await loop.run_in_executor(self._pool, self._one, fn)
+                self._base = base
+            else:
+                base.close()
+        loop = asyncio.get_running_loop()
+        if read:
+            lane = self._big if big else self._pages
+            return await loop.run_in_executor(lane, self._rested, fn, big)
+        return await loop.run_in_executor(self._pool, self._one, fn)
+
+    async def worker_read(self, caller: str, fn: Callable[[], T]) -> T:
+        """`fn` on the worker thread (a read of the live state, which only that thread may
+        touch), admitted as one of `caller`'s reads; one such read at a time for everyone, each
+        after the rest the previous one earned (`rest` times its time on the worker, at most
+        the time limit): they take at most a quarter of the worker's time (module docstring)."""
+        with self.admitted(caller, read=True):
+            if self._worker_lane is None:
+                self._worker_lane = asyncio.Lock()
+            async with self._worker_lane:
+                wait = self._worker_rest_until - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                took = [0.0]
+                try:
+                    return await self.worker_call(fn, took)
+                finally:
+                    rest = min(self.rest * took[0], self.limits.timeout_s)
+                    self._worker_rest_until = time.monotonic() + rest
+
+    async def worker_call(self, fn: Callable[[], T], took: list[float] | None = None) -> T:
+        """`fn` on the worker thread for a read (admitted by the caller), its time there (not
+        its wait in the queue) counted in `worker_reads` and `worker_read_s` (so every moment
+        the worker spends on reads is: `gpuledger_worker_read_seconds`) and set in `took[0]`."""
+        took = [0.0] if took is None else took
+
+        def timed() -> T:
+            began = time.perf_counter()
+            try:
+                return fn()
+            finally:
+                took[0] = time.perf_counter() - began
+
+        try:
+            return await self.on_worker(timed)  # type: ignore[no-any-return]
         finally:
-            self._running[caller] -= 1
-            if not self._running[caller]:
-                del self._running[caller]
+            self.worker_reads += 1
+            self.worker_read_s += took[0]
 
     def _one(self, fn: Callable[[duckdb.DuckDBPyConnection, Limits], T]) -> T:
         with self._lock:
