@@ -4,7 +4,8 @@ One registry per application. Two kinds of figures:
 
 - observed as they happen: the dispatcher cycle's latency (a histogram fed by the service loop's
   `on_cycle` hooks) and the API's latency by route, method and status (an ASGI middleware);
-- read at scrape time, on the worker thread, from the read layer (`ledger.reads.layer`): queue depth
+- read at scrape time from the read layer (`ledger.reads.layer`), in the read pool on a copy
+  of the live state the worker thread takes (`ledger.server.copied`): queue depth
   by wait code and by team, placements and preemptions over the whole log, per-team usage, owed,
   delivered and LevelFS, projection lag (events and seconds), relay lag, and the age of each
   node's last heartbeat (the node agents' executor's `last_seen` under `serve --executor

@@ -20,13 +20,14 @@ decision history run here (docs/security.md, rows T5 and T6).
   a minute, and `max_waiting` of everyone's under way; past any, the answer is 429 with
   Retry-After (`TooBusy`). A caller waits for a free thread behind others' queries, never
   beside the worker.
-- **One admission for every read a person can make** (`admitted`): the audit queries, the
-  API's reads of the projection, and the reads of the live state that only the worker thread
-  may make (`worker_read`: the queue and explain previews with `policy=` or `at=`, the nodes,
-  the dashboard's live parts, `/metrics`). These last run one at a time for everyone, each
-  after a rest `rest` times as long as the previous one took on the worker: whoever loops
-  them, reads take at most a quarter of the worker's time, and a submit or a cycle waits
-  behind one read at most (docs/security.md, row T5).
+- **One admission for every read a person can make** (`admitted`), before the worker is
+  asked anything: the audit queries, the API's reads of the projection (`pooled`), the reads
+  of the live state on a copy (`copied`: the previews, /metrics, the dashboard), and the few
+  reads left on the worker thread (`worker_read`: the projection's status, a decision's
+  record). These last run one at a time for everyone, each after a rest `rest` times as long
+  as the previous one took on the worker: whoever loops them, they take at most a quarter of
+  its time. Every call on the worker for a read is timed (`worker_call`: `worker_read_s`)
+  (docs/security.md, row T5).
 
 An edge: threads, a database connection.
 """
