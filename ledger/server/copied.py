@@ -1,25 +1,26 @@
 """Reads of the live state beside the worker thread, on a copy of it (docs/security.md, row T5).
 
 The queue, priority and explain previews (now, or with `policy=` or `at=`), the squatters, the
-nodes, the accounts, the dashboard's queue, nodes, budget and job pages and `/metrics` need the
-live state, which only the worker thread may touch. The worker only copies it (`take`:
-`State.copy`, its dicts and sets copied, their values immutable: milliseconds at 10k live
-jobs) with the moment and what the engine was last seen holding, after catching the
-projection up; the read itself, the dispatcher's preview decision included, runs in the read
-pool (its small reads' lane: a thread busy at most a quarter of the time, at the service's
-priority), admitted as one of the caller's reads (`ReadPool.admitted`). A submit or a cycle
-never waits behind it.
+nodes, the accounts, the dashboard's teams, queue, nodes, budget, job, decisions and
+preemptions pages and `/metrics` need the live state, which only the worker thread may touch.
+The worker only copies it (`take`: `State.copy`, its dicts and sets copied, their values
+immutable: milliseconds at 10k live jobs) with the moment and what the engine was last seen
+holding; the read itself, the dispatcher's preview decision included, runs in the read pool
+(a lane of its own: one thread busy at most a quarter of the time, at the service's priority,
+so another person's small reads of the projection never wait behind these), admitted as one
+of the caller's reads (`ReadPool.admitted`). A submit or a cycle never waits behind it.
 
 A read sees every write made before it was asked: the projection holds at least the log's
-position of that moment. These reads catch it up on the worker at most every `CATCH_UP_S`
-for everyone (`caught_up`: a read that finds it behind waits for the next catch-up, shared by
-all the reads waiting): folding a few events at a time costs the worker tens to hundreds of
-milliseconds each on a busy machine, and a person looping reads would otherwise make it fold
-the log a few events at a time, every commit waiting behind. Their time is counted apart
-(`ReadPool.catch_up_s`: it is the appends' work, which the next cycle would do). What these
-reads show of the live state (the queue, the jobs' states, the nodes) is the copy's, exact;
-an answer is kept (`ReadCache`) only when the projection held the copy's position
-(`CopiedHandles.current`).
+position of that moment. These reads catch it up on the worker for everyone (`caught_up`: a
+read that finds it behind waits for the next catch-up, shared by all the reads waiting), at
+most every `CATCH_UP_S`, and after a catch-up that took t not before `REST` times t has
+passed (the read lanes' rule: their catch-ups take at most a quarter of the worker's time).
+Folding a few events at a time costs the worker tens to hundreds of milliseconds each on a
+busy machine: a person looping reads would otherwise make it fold the log a few events at a
+time, every commit waiting behind. Their time is counted apart (`ReadPool.catch_up_s`: it is
+the appends' work, which the next cycle would do). What these reads show of the live state
+(the queue, the jobs' states, the nodes) is the copy's, exact; an answer is kept
+(`ReadCache`) only when the projection held the copy's position (`CopiedHandles.current`).
 
 The shared preview "now" (`live_preview`) is still computed once per log position and kept
 for `ReadCache.fresh_s` (the worker computes it ahead when idle).
@@ -49,7 +50,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 CATCH_UP_S = 0.5
-"""The reads of the live state catch the projection up at most this often (see above)."""
+"""The reads of the live state catch the projection up at most this often (see above), and
+rest `REST` times as long as the last catch-up took before the next."""
+REST = 3.0
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,7 @@ async def caught_up(worker: Worker, pool: ReadPool, target: int) -> None:
     asked = pool.catch_ups
     while pool.projected < target and pool.caught_up_by <= asked:
         if pool.catching is None:
-            wait = pool.caught_up_at + CATCH_UP_S - time.monotonic()
+            wait = pool.caught_up_at + pool.catch_up_rest - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
                 continue
@@ -172,10 +175,11 @@ async def _catch_up(worker: Worker, pool: ReadPool) -> None:
     try:
         pool.projected = max(pool.projected, await worker.call(run))
     finally:
+        took = time.perf_counter() - began[0] if began[0] else 0.0
         pool.caught_up_at = time.monotonic()
+        pool.catch_up_rest = max(CATCH_UP_S, REST * took)
         pool.caught_up_by = max(pool.caught_up_by, seq)
-        if began[0]:
-            pool.catch_up_s += time.perf_counter() - began[0]
+        pool.catch_up_s += took
 
 
 def take(worker: Worker, extra: Callable[[], Any] | None = None) -> Copy:
@@ -218,4 +222,4 @@ async def read(
                 with contextlib.suppress(Exception):  # an interrupted read's is gone already
                     cursor.execute("ROLLBACK")
 
-        return await pool.compute(pooled.stopped(what, run), read=True)
+        return await pool.compute(pooled.stopped(what, run), read=True, live=True)

@@ -107,6 +107,7 @@ class ReadPool:
     _pool: ThreadPoolExecutor | None = None
     _pages: ThreadPoolExecutor | None = None
     _big: ThreadPoolExecutor | None = None
+    _live: ThreadPoolExecutor | None = None
     """The API's reads' threads (`_pages` for small reads, `_big` for pages of more than a part:
     a person looping 10,000-row pages never holds another's 5-row read behind a page or its
     rest), at the service's priority: their work is Python holding the interpreter lock, and a
@@ -115,8 +116,10 @@ class ReadPool:
     is DuckDB's, without the lock, at nice 10. Each lane is one thread, busy at most a quarter
     of the time (`_rested` rests `rest` times as long as each of its reads took): the worker
     and the event loop always get at least half of the interpreter."""
-    _rest_until: dict[bool, float] = field(default_factory=dict)
-    """When each lane of the API's reads (big or not) may take its next read (`_rested`)."""
+    _rest_until: dict[str, float] = field(default_factory=dict)
+    """When each lane of the API's reads ("pages", "big", "live": the reads of the live state
+    on a copy, `copied`, so a person looping previews never holds another's 5-row read behind
+    them) may take its next read (`_rested`)."""
     _base: duckdb.DuckDBPyConnection | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _running: dict[str, int] = field(default_factory=dict)
@@ -136,6 +139,8 @@ class ReadPool:
     caught_up_at: float = 0.0
     catching: asyncio.Future[None] | None = None
     catch_up_s: float = 0.0
+    catch_up_rest: float = 0.0
+    """How long after the last catch-up ended the next may begin."""
     catch_ups: int = 0
     """Catch-ups begun so far, and the last one ended (`copied.caught_up`)."""
     caught_up_by: int = 0
@@ -148,6 +153,7 @@ class ReadPool:
         )
         self._pages = ThreadPoolExecutor(1, thread_name_prefix="pages")
         self._big = ThreadPoolExecutor(1, thread_name_prefix="big-pages")
+        self._live = ThreadPoolExecutor(1, thread_name_prefix="live-reads")
         # A read's Python holds the interpreter lock for up to the switch interval each time the
         # worker or the event loop wants it back (after every DuckDB call, every socket read):
         # 5 ms by default, which a submit pays dozens of times. 0.5 ms keeps them near idle.
@@ -167,7 +173,7 @@ class ReadPool:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
 
     def stop(self) -> None:
-        for pool in (self._pool, self._pages, self._big):
+        for pool in (self._pool, self._pages, self._big, self._live):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
         if self._base is not None:
@@ -244,8 +250,10 @@ class ReadPool:
         *,
         read: bool = False,
         big: bool = False,
+        live: bool = False,
     ) -> T:
-        """`run` for a caller already `admitted` (a read that also asks the worker first)."""
+        """`run` for a caller already `admitted` (a read that also asks the worker first);
+        `live`: a read of the live state on a copy (`copied`), in a lane of its own."""
         assert self._pool is not None, "ReadPool.start() first"
         if self._base is None:
             base = await self.on_worker(self.connect)
@@ -255,8 +263,9 @@ class ReadPool:
                 base.close()
         loop = asyncio.get_running_loop()
         if read:
-            lane = self._big if big else self._pages
-            return await loop.run_in_executor(lane, self._rested, fn, big)
+            name = "live" if live else "big" if big else "pages"
+            lane = {"live": self._live, "big": self._big, "pages": self._pages}[name]
+            return await loop.run_in_executor(lane, self._rested, fn, name)
         return await loop.run_in_executor(self._pool, self._one, fn)
 
     async def worker_read(self, caller: str, fn: Callable[[], T]) -> T:
@@ -311,11 +320,11 @@ class ReadPool:
             timer.cancel()
             cur.close()
 
-    def _rested(self, fn: Callable[[duckdb.DuckDBPyConnection, Limits], T], big: bool) -> T:
+    def _rested(self, fn: Callable[[duckdb.DuckDBPyConnection, Limits], T], lane: str) -> T:
         """`_one` after the rest the previous read of its lane earned: `rest` times as long as
         it took (holding no lock meanwhile). The rest is taken before the next read, not after
         this one: an answer is not held back by its own rest."""
-        wait = self._rest_until.get(big, 0.0) - time.monotonic()
+        wait = self._rest_until.get(lane, 0.0) - time.monotonic()
         if wait > 0:
             time.sleep(wait)
         began = time.monotonic()
@@ -323,7 +332,7 @@ class ReadPool:
             return self._one(fn)
         finally:
             took = self.rest * (time.monotonic() - began)
-            self._rest_until[big] = time.monotonic() + min(took, self.limits.timeout_s)
+            self._rest_until[lane] = time.monotonic() + min(took, self.limits.timeout_s)
 
     def _interrupt(self, cur: duckdb.DuckDBPyConnection) -> None:
         self.timed_out += 1
