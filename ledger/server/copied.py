@@ -53,6 +53,8 @@ CATCH_UP_S = 0.5
 """The reads of the live state catch the projection up at most this often (see above), and
 rest `REST` times as long as the last catch-up took before the next."""
 REST = 3.0
+REST_MAX_S = 2.0
+"""The longest rest (a catch-up that waited on a slow store is not held against the reads)."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,8 @@ async def caught_up(worker: Worker, pool: ReadPool, target: int) -> None:
     at once when the last catch-up reached it, else after the next catch-up, which starts
     `CATCH_UP_S` after the last one at the earliest and is shared by every read waiting (or
     once a catch-up begun after it was asked has ended: as far as the store lets it go)."""
+    if pooled.store_away(worker):  # the projection as it stands, not a wait on the store
+        return
     asked = pool.catch_ups
     while pool.projected < target and pool.caught_up_by <= asked:
         if pool.catching is None:
@@ -177,7 +181,7 @@ async def _catch_up(worker: Worker, pool: ReadPool) -> None:
     finally:
         took = time.perf_counter() - began[0] if began[0] else 0.0
         pool.caught_up_at = time.monotonic()
-        pool.catch_up_rest = max(CATCH_UP_S, REST * took)
+        pool.catch_up_rest = min(max(CATCH_UP_S, REST * took), REST_MAX_S)
         pool.caught_up_by = max(pool.caught_up_by, seq)
         pool.catch_up_s += took
 
