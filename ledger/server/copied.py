@@ -14,7 +14,9 @@ A read sees every write made before it was asked: the projection holds at least 
 position of that moment. These reads catch it up on the worker for everyone (`caught_up`: a
 read that finds it behind waits for the next catch-up, shared by all the reads waiting), at
 most every `CATCH_UP_S`, and after a catch-up that took t not before `REST` times t has
-passed (the read lanes' rule: their catch-ups take at most a quarter of the worker's time).
+passed (the read lanes' rule: their catch-ups take at most a quarter of the worker's time),
+`CHUNK` events at a time (a submit waits behind one chunk at most; a read whose writes are
+further on waits for more chunks).
 Folding a few events at a time costs the worker tens to hundreds of milliseconds each on a
 busy machine: a person looping reads would otherwise make it fold the log a few events at a
 time, every commit waiting behind. Their time is counted apart (`ReadPool.catch_up_s`: it is
@@ -53,6 +55,8 @@ CATCH_UP_S = 0.5
 """The reads of the live state catch the projection up at most this often (see above), and
 rest `REST` times as long as the last catch-up took before the next."""
 REST = 3.0
+CHUNK = 200
+"""The most events one catch-up for reads folds (`fold`)."""
 REST_MAX_S = 2.0
 """The longest rest (a catch-up that waited on a slow store is not held against the reads)."""
 
@@ -150,7 +154,7 @@ async def caught_up(worker: Worker, pool: ReadPool, target: int) -> None:
     if pooled.store_away(worker):  # the projection as it stands, not a wait on the store
         return
     asked = pool.catch_ups
-    while pool.projected < target and pool.caught_up_by <= asked:
+    while pool.projected < target and not (pool.caught_up_by > asked and pool.stalled):
         if pool.catching is None:
             wait = pool.caught_up_at + pool.catch_up_rest - time.monotonic()
             if wait > 0:
@@ -173,17 +177,36 @@ async def _catch_up(worker: Worker, pool: ReadPool) -> None:
 
     def run() -> int:
         began[0] = time.perf_counter()
-        _seen, position = pooled.prepared(worker, "")
-        return position
+        return fold(worker)
 
+    before = pool.projected
     try:
         pool.projected = max(pool.projected, await worker.call(run))
+        pool.stalled = pool.projected <= before
     finally:
         took = time.perf_counter() - began[0] if began[0] else 0.0
         pool.caught_up_at = time.monotonic()
         pool.catch_up_rest = min(max(CATCH_UP_S, REST * took), REST_MAX_S)
         pool.caught_up_by = max(pool.caught_up_by, seq)
         pool.catch_up_s += took
+
+
+def fold(worker: Worker) -> int:
+    """On the worker thread: at most `CHUNK` more events of the log into the projection (a
+    submit waits behind one chunk at most); the position it then holds. A PostgreSQL store
+    that does not answer leaves it where it is."""
+    from projections.errors import SourceUnavailable
+
+    service = worker.service
+    assert service.projector is not None and service.store is not None
+    at, head = int(service.store.position()), int(service.ledger.position)
+    if at < head:
+        try:
+            service.projector.catch_up(until=min(head, at + CHUNK))
+        except SourceUnavailable:
+            if service.ledger.dsn is None:
+                raise
+    return int(service.store.position())
 
 
 def take(worker: Worker, extra: Callable[[], Any] | None = None) -> Copy:

@@ -140,6 +140,8 @@ class ReadPool:
     catching: asyncio.Future[None] | None = None
     catch_up_s: float = 0.0
     catch_up_rest: float = 0.0
+    stalled: bool = False
+    """The last catch-up brought the projection no further (the store is away)."""
     """How long after the last catch-up ended the next may begin."""
     catch_ups: int = 0
     """Catch-ups begun so far, and the last one ended (`copied.caught_up`)."""

@@ -58,8 +58,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         assert server.stop() == 0
 
 
-def get(w: World, path: str, who: str) -> tuple[int, dict[str, str], Any]:
-    """GET `path` as `who`: the status, the headers (lower-case names) and the body."""
+def get(w: World, path: str, who: str, parse: bool = True) -> tuple[int, dict[str, str], Any]:
+    """GET `path` as `who`: the status, the headers (lower-case names) and the body (its bytes
+    unless `parse`: decoding large answers would hold this process's interpreter, in which the
+    submits are timed)."""
     conn = http.client.HTTPConnection("127.0.0.1", w.server.port, timeout=60)
     try:
         conn.request("GET", path, headers={"Authorization": f"Bearer {w.tokens[who]}"})
@@ -68,7 +70,8 @@ def get(w: World, path: str, who: str) -> tuple[int, dict[str, str], Any]:
     finally:
         conn.close()
     headers = {k.lower(): v for k, v in resp.getheaders()}
-    body = json.loads(raw) if headers.get("content-type", "").endswith("json") else raw
+    json_ = headers.get("content-type", "").endswith("json")
+    body = json.loads(raw) if json_ and (parse or resp.status != 200) else raw
     return resp.status, headers, body
 
 
@@ -169,10 +172,11 @@ def test_one_persons_live_reads_at_once_past_two_are_refused(world: World) -> No
     assert headers["retry-after"] == "1"
 
 
-def measure(w: World, seconds: float, hostile: bool) -> tuple[Phase, float]:
+def measure(w: World, seconds: float, hostile: bool) -> tuple[Phase, float, float]:
     """4 clients of alice submit (and cancel) for `seconds`; with `hostile`, bob loops every
     live read in 4 threads (past his two at once: some are refused). The submit latencies,
-    and the share of the wall clock the worker spent on reads meanwhile."""
+    and the shares of the wall clock the worker spent on reads and on catching the projection
+    up for them meanwhile."""
     stop = threading.Event()
     submits: list[float] = []
     failures: list[object] = []
@@ -200,7 +204,7 @@ def measure(w: World, seconds: float, hostile: bool) -> tuple[Phase, float]:
         paths = itertools.cycle(live_reads(5)[offset:] + live_reads(5)[:offset])
         while not stop.is_set():
             path = next(paths)
-            status, _headers, body = get(w, path, "bob")
+            status, _headers, body = get(w, path, "bob", parse=False)
             if status not in (200, 400, 429):  # 400: an `at` the log has moved past
                 failures.append((path, status, body))
                 return
@@ -221,29 +225,39 @@ def measure(w: World, seconds: float, hostile: bool) -> tuple[Phase, float]:
     assert not failures, failures[:3]
     assert len(submits) > 20, len(submits)
     caught = (after["read_catch_up_seconds"] - before["read_catch_up_seconds"]) / wall
-    print(f"catching the projection up for reads: {caught:.0%} of the time")
-    return Phase(submits, []), (after["worker_read_seconds"] - before["worker_read_seconds"]) / wall
+    reads = (after["worker_read_seconds"] - before["worker_read_seconds"]) / wall
+    return Phase(submits, []), reads, caught
 
 
 def test_live_reads_looped_do_not_slow_another_persons_submits(world: World) -> None:
-    """Idle and hostile phases alternate; the worker's share of time on reads stays within a
-    quarter (the lane's rest, counted by the server: not a timing of ours), and alice's submit
-    p99 within 3x the idle one of the same run (plus 50 ms for a shared machine's noise)."""
+    """Idle and hostile phases alternate. Counted by the server (not timings of ours): the
+    worker's time on the reads themselves is nil (they run on a copy), and its catch-ups of
+    the projection for them at most about a quarter of the wall clock (each rests three times
+    its time). Alice's submits keep at least a fifth of the idle phases' number (before: they
+    fell 13-160x, docs/benchmarks.md; measured now: a quarter to two thirds) and their p99
+    stays within 3x the idle one of the same run or the idle one plus 1 s: a submit may wait
+    behind one catch-up (150-700 ms each on this shared 2-core machine when measured), never
+    behind a hostile read."""
     idle = Phase([], [])
     loaded = Phase([], [])
-    shares = []
+    reads, caught = [], []
     for _round in range(2):
         for phase, hostile in ((idle, False), (loaded, True)):
-            got, share = measure(world, 5.0, hostile)
+            got, on_reads, catching = measure(world, 5.0, hostile)
             phase.submits.extend(got.submits)
             if hostile:
-                shares.append(share)
+                reads.append(on_reads)
+                caught.append(catching)
     print(
         f"\nsubmit p99 idle {idle.submit_p99 * 1e3:.0f} ms, loaded "
-        f"{loaded.submit_p99 * 1e3:.0f} ms; worker on reads {max(shares):.0%} of the time"
+        f"{loaded.submit_p99 * 1e3:.0f} ms; submits {len(idle.submits)} idle, "
+        f"{len(loaded.submits)} loaded; the worker on reads {max(reads):.0%} of the time, "
+        f"catching the projection up for them {max(caught):.0%}"
     )
-    assert max(shares) <= 0.25 + 0.05, shares
-    assert loaded.submit_p99 <= 3 * idle.submit_p99 + 0.05
+    assert max(reads) <= 0.05, reads
+    assert max(caught) <= 0.25 + 0.15, caught
+    assert len(loaded.submits) >= len(idle.submits) / 5, (len(loaded.submits), len(idle.submits))
+    assert loaded.submit_p99 <= max(3 * idle.submit_p99, idle.submit_p99 + 1.0)
 
 
 def test_the_decisions_and_preemptions_pages_are_paged_with_a_true_total(world: World) -> None:
