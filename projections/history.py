@@ -343,22 +343,36 @@ def decisions(
     *,
     job_id: int | None = None,
     position: int | None = None,
+    before: int | None = None,
 ) -> list[tuple[Any, ...]]:
     """Recorded dispatcher cycles, newest first (at most `limit`): (position, cycle_id,
     decided_at, based_on, policy_version, placed_jobs, preempted_jobs, considered,
     fragmentation_gpus), in [since, until], that placed or preempted `job_id`, or the one at
-    `position`."""
+    `position`; `before`: only those before this position (the next page, newest first)."""
     return con.execute(
         "SELECT position, cycle_id, decided_at, based_on, policy_version, placed_jobs, "
         "preempted_jobs, considered, fragmentation_gpus FROM decisions "
-        "WHERE ($since IS NULL OR decided_at >= $since) "
-        "AND ($until IS NULL OR decided_at <= $until) "
+        f"WHERE {_DECIDED_IN} "
         "AND ($job IS NULL OR list_contains(placed_jobs, $job) "
         "OR list_contains(preempted_jobs, $job)) "
-        "AND ($pos IS NULL OR position = $pos) "
+        "AND ($pos IS NULL OR position = $pos) AND ($before IS NULL OR position < $before) "
         "ORDER BY position DESC LIMIT $limit",
-        {"since": since, "until": until, "limit": limit, "job": job_id, "pos": position},
-    ).fetchall()
+        {"since": since, "until": until, "limit": limit, "job": job_id, "pos": position,
+         "before": before},
+    ).fetchall()  # fmt: skip
+
+
+_DECIDED_IN = (
+    "($since IS NULL OR decided_at >= $since) AND ($until IS NULL OR decided_at <= $until)"
+)
+
+
+def decision_count(con: Con, since: float | None = None, until: float | None = None) -> int:
+    """How many recorded dispatcher cycles `decisions` pages through in [since, until]."""
+    row = con.execute(
+        f"SELECT count(*) FROM decisions WHERE {_DECIDED_IN}", {"since": since, "until": until}
+    ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def job_decisions(con: Con, job_id: int, limit: int) -> list[tuple[int, e.CycleDecided]]:

@@ -132,7 +132,7 @@ def measure(home: Path, pending: int, repeat: int) -> dict[str, Any]:
         job = json.loads(body)["rows"][-1]["row"]["job_id"]
         last = (total - 1) // 100 * 100
         status, body, _ = server.call("GET", "/ui/api/decisions?limit=1", token=token)
-        position = json.loads(body)[0]["position"]
+        position = json.loads(body)["rows"][0]["position"]
         health = json.loads(server.call("GET", "/v1/health")[1])
         held = str(job).encode()
 

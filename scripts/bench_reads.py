@@ -3,7 +3,7 @@ cycle interval while 4 users run heavy audit queries (self-joins of the log), ag
 figures idle, measured in the same run. Goal: within 2x idle.
 
     python scripts/bench_reads.py [--events 100000] [--dir DIR] [--seconds 15] [--rounds 2]
-                                  [--load queries|pages] [--pages] [--warmup 10]
+                                  [--load queries|pages|live] [--pages] [--warmup 10]
 
 A `gpuledger serve --interval 0.5s` on a synthetic log of `--events` events (made once per
 --dir); 8 clients (`--clients`) submit (and cancel) 1-GPU jobs through the API for
@@ -20,6 +20,14 @@ Prints the load average, the server's CPU seconds beside wall time, and the rati
 The loaded phases instead have one plain member loop the largest pages of `/v1/log` and
 `/v1/jobs` (10,000 rows; `after`/`since` changing so no answer is reused), two requests at a
 time: the reads that ran on the worker thread before (F2 of the attack on issue 25).
+
+    python scripts/bench_reads.py --load live [...]
+
+The loaded phases instead have one plain member loop, two requests at a time, every read that
+needed the worker thread before (atk25c F3, issue 29 F11): the previews with `policy=` (queue,
+priority, explain), `/metrics`, the dashboard's queue, nodes, teams (whole period), job,
+decisions (1,000 rows) and preemptions; they now run in the read pool on a copy of the live
+state, admitted like every read (`ledger/server/copied.py`).
 
 With `--pages`, a third phase per round has four people viewing job pages instead (row T6):
 each loads a job's page (`/ui/api/job/{id}`) and its decision replay
@@ -50,6 +58,13 @@ from ledger.store.clock import new_token_secret
 from schemas import commands as c
 
 AUDITORS = ("root", "aud1", "aud2", "aud3")
+LIVE = [
+    "/v1/queue?policy=fifo&limit=1000", "/v1/priority?policy=fifo&limit=1000",
+    "/v1/explain?job_id=3&policy=fifo", "/metrics", "/ui/api/queue?limit=1000",
+    "/ui/api/nodes", "/ui/api/teams?window=all", "/ui/api/job/3",
+    "/ui/api/decisions?limit=1000", "/ui/api/preemptions?account=all&window=all",
+]  # fmt: skip
+"""The reads `--load live` loops (see the docstring)."""
 SELF_JOIN = (
     "SELECT count(*) FROM events a, events b WHERE a.position + b.position = 7 AND a.tag <> b.tag"
 )
@@ -158,7 +173,20 @@ def phase(
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
     threads += [threading.Thread(target=watch), threading.Thread(target=small_reads)]
-    if heavy and load == "pages":
+
+    def live(offset: int) -> None:
+        paths = LIVE[offset:] + LIVE[:offset]
+        for i in itertools.count():
+            if stop.is_set():
+                return
+            t0 = time.perf_counter()
+            status, _raw, _ = serve.call("GET", paths[i % len(paths)], None, member)
+            with lock:
+                queries.append((status, time.perf_counter() - t0))
+
+    if heavy and load == "live":
+        threads += [threading.Thread(target=live, args=(i * 5,)) for i in range(2)]
+    elif heavy and load == "pages":
         paths = ("/v1/log?limit=10000&after={}", "/v1/jobs?limit=10000&since={}")
         threads += [threading.Thread(target=big_pages, args=(path,)) for path in paths]
     elif heavy:
@@ -195,7 +223,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, help="keep the log here (made once, reused)")
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--load", choices=("queries", "pages"), default="queries")
+    ap.add_argument("--load", choices=("queries", "pages", "live"), default="queries")
     ap.add_argument("--pages", action="store_true", help="a phase of job page views too")
     ap.add_argument("--clients", type=int, default=8, help="clients submitting at once")
     ap.add_argument(

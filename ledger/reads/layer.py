@@ -654,12 +654,16 @@ def decisions(
     *,
     job_id: int | None = None,
     position: int | None = None,
+    before: int | None = None,
 ) -> list[v.DecisionRow]:
     """Recorded dispatcher cycles, newest first (at most `limit`), with their counts: in
-    [since, until], that placed or preempted `job_id`, or the one at `position`."""
+    [since, until], that placed or preempted `job_id`, or the one at `position`; `before`: those
+    before this position."""
     from projections import history
 
-    rows = history.decisions(store.con, since, until, limit, job_id=job_id, position=position)
+    rows = history.decisions(
+        store.con, since, until, limit, job_id=job_id, position=position, before=before
+    )
     return [
         v.DecisionRow(
             position=p,

@@ -303,7 +303,12 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, pooled
                 data, at = await pooled.answer(worker, pool, name, spec, args, caller.actor, writes)
                 return Response(data, media_type="application/json", status_code=200,
                                 headers={POSITION_HEADER: str(at)})  # fmt: skip
-            data = await worker.call(lambda: handles.answer(name, spec, args, caller.actor))
+            if name in ON_WORKER:  # the store's own figures: on the worker, admitted (T5)
+                data = await pool.worker_read(
+                    caller.actor, lambda: handles.answer(name, spec, args, caller.actor)
+                )
+            else:  # the live state's (previews with `policy=` or `at=` too): on a copy (T5)
+                data = await handles.copied(worker, pool, name, spec, args, caller.actor)
             return Response(data, media_type="application/json", status_code=200)
 
         params = [
@@ -342,7 +347,8 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, pooled
     routes += agent_routes(worker, who, clock)
     metrics = m.Metrics(status_of_any)
     worker.service.on_cycle.append(metrics.observe_cycle)
-    routes += [m.route(metrics, worker, handles, person)]
+    metrics.registry.register(m.PoolCounts(pool))
+    routes += [m.route(metrics, worker, handles, person, pool)]
     worker.idle.append(lambda: metrics.warm(handles))
     routes += pages.routes(worker, handles, person, pool)
     app = Litestar(
@@ -374,6 +380,10 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, pooled
     )
     return app, writes
 
+
+ON_WORKER = frozenset({"projection"})
+"""The reads that are not the projection's alone (`pooled`) and not the live state's (read on
+a copy, `ledger.server.copied`): the projection's status, read from its store on the worker."""
 
 PAGE_SHELLS = frozenset({"/", "/ui/{page:str}"})
 """Routes whose query string is the browser script's (the dashboard's page shells)."""
@@ -464,6 +474,32 @@ class ServiceHandles:
             lambda: msgspec.json.encode(spec.run(handles, args)),
             viewer if spec.personal else "",
         )
+
+    async def copied(
+        self, worker: Worker, pool: ReadPool, name: str, spec: Any, args: Any, viewer: str
+    ) -> bytes:
+        """The encoded answer of a read of the live state for `viewer`, from the cache when
+        kept (`answer`'s rule), else computed in `pool` on a copy of the live state
+        (`ledger.server.copied`), admitted as one of `viewer`'s reads, and kept."""
+        from ledger.server import copied
+
+        key = viewer if spec.personal else ""
+        with pool.admitted(viewer, read=True):  # a kept answer is a read too (T5)
+            got = self.cache.get(name, args, self.ledger.position, self.now(), key)
+        if got is not None:
+            return got
+        self.asked["live-preview"] = time.monotonic()  # the worker computes it ahead when idle
+
+        def run(h: copied.CopiedHandles) -> tuple[int, float, bytes, bool]:
+            data = msgspec.json.encode(spec.run(h, args))
+            return h.ledger.position, h.now(), data, h.current()
+
+        position, now, data, current = await copied.read(
+            worker, pool, viewer, f"the {name} read", run, cache=self.cache
+        )
+        if current:
+            self.cache.put(name, args, position, now, data, key)
+        return data
 
     @property
     def ledger(self) -> Any:

@@ -4,7 +4,8 @@ One registry per application. Two kinds of figures:
 
 - observed as they happen: the dispatcher cycle's latency (a histogram fed by the service loop's
   `on_cycle` hooks) and the API's latency by route, method and status (an ASGI middleware);
-- read at scrape time, on the worker thread, from the read layer (`ledger.reads.layer`): queue depth
+- read at scrape time from the read layer (`ledger.reads.layer`), in the read pool on a copy
+  of the live state the worker thread takes (`ledger.server.copied`): queue depth
   by wait code and by team, placements and preemptions over the whole log, per-team usage, owed,
   delivered and LevelFS, projection lag (events and seconds), relay lag, and the age of each
   node's last heartbeat (the node agents' executor's `last_seen` under `serve --executor
@@ -360,15 +361,17 @@ class Tallies:
         self.teams, self.placements, self.preemptions = {}, {}, {}
 
     def read(
-        self, store: Any
+        self, store: Any, key: Any = None
     ) -> tuple[list[tuple[str, str, str, int]], dict[str, int], dict[str, int]]:
         """`reads.team_counts`, `placement_counts` and `preemption_counts` of `store` (caught
-        up) as they stand: the team rows in their order, the others by name."""
+        up) as they stand: the team rows in their order, the others by name. `key`: what
+        names the projection when `store` is a new object each time (a read pool's cursor)."""
         from ledger.reads import layer as reads
 
         at = store.position()
-        if store is not self.store or at < self.position:
-            self._reset(store)
+        ident = store if key is None else key
+        if ident is not self.store or at < self.position:
+            self._reset(ident)
         if at != self.position:
             after = self.position
             for kind, team, reason, n in reads.team_counts(store, TEAM_DEPTH, after):
@@ -385,25 +388,53 @@ class Tallies:
         return teams, dict(sorted(self.placements.items())), dict(sorted(self.preemptions.items()))
 
 
-def read_figures(
-    handles: Any, service: Any, ha: Any = None, tallies: Tallies | None = None
-) -> Figures:
-    """The ledger's figures now (on the worker thread), all from the read layer; with `ha` (the
-    server's `Leadership` on a shared store), its role, the epoch and every server's lag;
-    `tallies`: the server's whole-log counts kept between scrapes (None: counted afresh)."""
-    from ledger.reads import preview as previews
-
-    ledger = handles.ledger
-    store = handles.store()
-    clock = handles.now()
+def service_figures(service: Any, ha: Any = None) -> dict[str, Any]:
+    """On the worker thread: what a scrape reads of the service beside the live state (the
+    projection's lag, the relay's, the cycles, the engine, the nodes heard from, the roles)."""
+    ledger = service.ledger
     head = ledger.position
-    projected = store.position()
-    window = ledger_figures(handles)
+    clock = service.clock.now()
+    projected = service.store.position()
     lag_s = 0.0
     if projected < head:
         first = ledger.read(projected, 1)
         if first:
             lag_s = max(0.0, clock - first[0][1].at)
+    relay = service.relay_position()
+    return {
+        "projection_lag_s": lag_s,
+        "cycles": service.stats.cycles,
+        "relay_lag": None if relay is None else max(0, head - relay),
+        "heartbeat_ages": {
+            node: max(0.0, clock - at) for node, at in service.executor.heard_from().items()
+        },
+        "unobserved": _unobserved(service),
+        "engine_open": service.stats.engine_away is None,
+        **_roles(ha, head),
+    }
+
+
+def read_figures(
+    handles: Any,
+    service: Any,
+    ha: Any = None,
+    tallies: Tallies | None = None,
+    taken: dict[str, Any] | None = None,
+) -> Figures:
+    """The ledger's figures now, all from the read layer; with `ha` (the server's `Leadership`
+    on a shared store), its role, the epoch and every server's lag; `tallies`: the server's
+    whole-log counts kept between scrapes (None: counted afresh). `taken`: `service_figures`
+    taken on the worker thread (the rest is then read in the read pool, on a copy of the live
+    state: `ledger.server.copied`); None: taken here, on the worker."""
+    from ledger.reads import preview as previews
+
+    if taken is None:
+        taken = service_figures(service, ha)
+    ledger = handles.ledger
+    store = handles.store()
+    head = ledger.position
+    projected = store.position()
+    window = ledger_figures(handles)
     # the dispatcher's preview shared with the pages, kept per log position
     snapshot, decision = handles.live_preview().live
     by_code: dict[str, int] = {}
@@ -412,29 +443,20 @@ def read_figures(
     for account, code in queue:
         by_code[code] = by_code.get(code, 0) + 1
         by_team[team_of(account)] = by_team.get(team_of(account), 0) + 1
-    relay = service.relay_position()
     # whole-log counts: those of the last scrape plus the placements and preemptions since
     # (exact: what a group-by over every interval and preemption gives at this position)
-    counts, placements, preemptions = (tallies or Tallies()).read(store)
+    counts, placements, preemptions = (tallies or Tallies()).read(store, "projection")
     return Figures(
         now=window.now,
         head=head,
-        cycles=service.stats.cycles,
         projection_position=projected,
-        projection_lag_s=lag_s,
-        relay_lag=None if relay is None else max(0, head - relay),
         queue_by_code=by_code,
         queue_by_team=by_team,
         placements=placements,
         preemptions=preemptions,
         teams=window.teams,
-        heartbeat_ages={
-            node: max(0.0, clock - at) for node, at in service.executor.heard_from().items()
-        },
-        unobserved=_unobserved(service),
-        engine_open=service.stats.engine_away is None,
         kueue=kueue_figures(ledger.state, queue, counts),
-        **_roles(ha, head),
+        **taken,
     )
 
 
@@ -553,18 +575,54 @@ class Metrics:
         child.observe(seconds)
 
 
+class PoolCounts(Collector):
+    """The read pool's counts: reads refused 429 and the worker thread's time spent on reads
+    (`ReadPool.worker_read`: at most a quarter of it, whoever loops them)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    def collect(self) -> Iterator[Metric]:
+        p = self.pool
+        yield CounterMetricFamily(
+            "gpuledger_reads_refused", "Reads and queries refused 429 (a caller past its share).",
+            value=p.refused,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "gpuledger_worker_reads", "Reads run on the worker thread.", value=p.worker_reads
+        )
+        yield CounterMetricFamily(
+            "gpuledger_worker_read_seconds", "Time the worker thread spent on reads.",
+            value=p.worker_read_s,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "gpuledger_read_catch_up_seconds",
+            "Time the worker thread spent catching the projection up for reads of the live "
+            "state (at most every 0.5 s).",
+            value=p.catch_up_s,
+        )
+
+
 def route(
-    metrics: Metrics, worker: Any, handles: Any, person: Callable[[Any], Any]
+    metrics: Metrics, worker: Any, handles: Any, person: Callable[[Any], Any], pool: Any
 ) -> HTTPRouteHandler:
-    """`GET /metrics` for the callers the reads accept."""
+    """`GET /metrics` for the callers the reads accept, admitted as one of the caller's reads
+    (a scrape every few seconds is far below a person's 1,200 a minute): the service's own
+    figures taken on the worker thread with a copy of the live state, the rest read from that
+    copy in the read pool (`ledger.server.copied`). The costly figures are kept between
+    scrapes (`ReadCache`, `Tallies`): a scrape is the shared preview, a window figure
+    computed at most every 2 s, and the placements and preemptions since the last scrape."""
+    from ledger.server import copied
 
     @get("/metrics", include_in_schema=False)
     async def scrape(request: Request[Any, Any, Any]) -> Response[bytes]:
-        person(request)
+        caller = person(request)
         metrics.scraped_at = time.monotonic()
-        figures = await worker.call(
-            lambda: read_figures(handles, worker.service, worker.ha, metrics.tallies)
-        )
+        figures = await copied.read(
+            worker, pool, caller.actor, "the metrics scrape",
+            lambda h: read_figures(h, None, None, metrics.tallies, h.copy.extra),
+            cache=handles.cache, extra=lambda: service_figures(worker.service, worker.ha),
+        )  # fmt: skip
         # Litestar adds the charset of a text/* type itself: the exposition format's type bare
         bare = metrics.content_type.replace("; charset=utf-8", "")
         return Response(metrics.render(figures), media_type=bare)

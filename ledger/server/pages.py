@@ -16,8 +16,10 @@ Every figure comes from the read layer (`ledger.reads.layer`), as the CLI's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from importlib import resources
@@ -30,7 +32,7 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
-from ledger.server import pooled
+from ledger.server import copied
 from ledger.server.whatifs import REVIEW_S
 from projections import history
 from schemas import views as v
@@ -44,6 +46,13 @@ log = logging.getLogger("gpuledger.server")
 PAGES = ("login", "teams", "queue", "job", "nodes", "decisions", "preemptions", "budget")
 WEEK_S = 7 * 86400.0
 REPLAY_LAST = 8
+PAGE_MAX = 1000
+"""The most rows one page of a dashboard table answers (the queue, the decisions, the
+preemptions): past it, one 400 line from the query gate (`ledger.server.query`); a client
+wanting more pages (`offset`, or `before` for the decisions)."""
+Offset = Annotated[int, QueryParameter(ge=0, le=10**9)]
+Size = Annotated[int, QueryParameter(ge=1, le=PAGE_MAX)]
+Position = Annotated[int, msgspec.Meta(ge=1, le=2**62)]
 """The job page replays at most this many of the job's latest decisions."""
 
 
@@ -78,7 +87,22 @@ class PreemptionsView(msgspec.Struct, frozen=True, kw_only=True):
     managed: list[str]
     """The accounts the caller manages (the page's default: the first one's subtree)."""
     report: v.PreemptionReportView
-    """What `report preemptions -A ACCOUNT --since START --at END` gives."""
+    """What `report preemptions -A ACCOUNT --since START --at END` gives, its counts and sums
+    over every row, its `rows` this page's (`offset`, at most `limit`)."""
+    total: int = 0
+    """The rows of the whole report, not only this page's."""
+    offset: int = 0
+    limit: int = 0
+
+
+class DecisionsPageView(msgspec.Struct, frozen=True, kw_only=True):
+    total: int
+    """The recorded cycles in the window (`since`, `until`), not only this page's."""
+    limit: int
+    before: int | None
+    """The page holds the cycles before this position (None: the newest)."""
+    rows: list[v.DecisionRow]
+    """Newest first: the next page is `before` the last one's position."""
 
 
 class BudgetChild(msgspec.Struct, frozen=True, kw_only=True):
@@ -192,21 +216,37 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         name="ui-static",
     )
 
-    async def on_worker(fn: Callable[[], Any]) -> Response[bytes]:
-        return _json(await worker.call(fn))
+    async def on_worker(caller: Any, fn: Callable[[], Any]) -> Response[bytes]:
+        """`fn` on the worker thread, admitted as one of the caller's reads (T5)."""
+        return _json(await pool.worker_read(caller.actor, fn))
 
-    async def kept(name: str, key: Any, fn: Callable[[], Any]) -> Response[bytes]:
-        """`fn`'s answer encoded, kept per log position like the /v1 reads (`ReadCache`;
-        `name` is the read whose freshness rule it follows)."""
+    async def kept(
+        caller: Any,
+        name: str,
+        key: Any,
+        fn: Callable[[Any], Any],
+        extra: Callable[[], Any] | None = None,
+    ) -> Response[bytes]:
+        """`fn(handles)`'s answer encoded, kept per log position like the /v1 reads
+        (`ReadCache`; `name` is the read whose freshness rule it follows), admitted as one of
+        `caller`'s reads, computed in the read pool on a copy of the live state (`extra()`
+        taken with it on the worker: `ledger.server.copied`; T5)."""
+        cache = handles.cache
+        with pool.admitted(caller.actor, read=True):  # a kept answer is a read too
+            got = cache.get(name, key, handles.ledger.position, handles.now())
+        if got is not None:
+            return Response(got, media_type="application/json")
+        handles.asked["live-preview"] = time.monotonic()  # computed ahead when idle
 
-        def answer() -> bytes:
-            position = handles.ledger.position
-            now = handles.now()
-            return bytes(
-                handles.cache.answer(name, key, position, now, lambda: msgspec.json.encode(fn()))
-            )
+        def run(h: copied.CopiedHandles) -> tuple[int, float, bytes, bool]:
+            return h.ledger.position, h.now(), msgspec.json.encode(fn(h)), h.current()
 
-        return Response(await worker.call(answer), media_type="application/json")
+        position, now, data, current = await copied.read(
+            worker, pool, caller.actor, f"the {name} page", run, cache=cache, extra=extra
+        )
+        if current:
+            cache.put(name, key, position, now, data)
+        return Response(data, media_type="application/json")
 
     past = hours.PastHours()  # the whole period's ended hours, read once
 
@@ -231,30 +271,41 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         start = whole_period(at)
         if not began:
             began.append(time.monotonic())
-        # the projection only when some ended hour is not read yet
-        more = past.behind(start, at, 2) and past.advance(handles.store(), start, at, 2, 2 * WEEK_S)
+        if not reading.acquire(blocking=False):  # a teams page reads them now: later
+            return True
+        try:  # the projection only when some ended hour is not read yet
+            more = past.behind(start, at, 2) and past.advance(
+                handles.store(), start, at, 2, 2 * WEEK_S
+            )
+        finally:
+            reading.release()
         if not more and len(began) == 1:
             began.append(time.monotonic())
             log.info("read the whole period's team hours ahead in %.1f s", began[1] - began[0])
         return more
 
+    reading = threading.Lock()
+    """Held while `past` is read or advanced: by a teams page in the read pool, or by the worker
+    ahead of time (which never waits for it: it tries again at the next idle moment)."""
     worker.idle.append(warm_past)
 
     @get("/ui/api/teams", include_in_schema=False)
     async def teams(
         request: Request[Any, Any, Any], window: FromQuery[Literal["7d", "all"]] = "7d"
     ) -> Response[bytes]:
-        person(request)
+        caller = person(request)
 
-        def read() -> TeamsView:
+        def read(h: Any) -> TeamsView:  # in the read pool, `past` shared with the worker
             from projections.fairshare import UsagePolicy
 
-            store = handles.store()
-            at = float(math.floor(handles.now()))  # whole seconds: `--at` of the CLI says it
-            start = whole_period(at) if window == "all" else at - WEEK_S
-            delivered, series = hours.delivered_series(
-                store, start, at, 2, bucket_for(at - start), past if window == "all" else None
-            )
+            store = h.store()
+            at = float(math.floor(h.now()))  # whole seconds: `--at` of the CLI says it
+            first = h.copy.extra  # the whole period's first hour, read on the worker
+            start = at - WEEK_S if window == "7d" or first is None else min(first, at - WEEK_S)
+            with reading if window == "all" else contextlib.nullcontext():
+                delivered, series = hours.delivered_series(
+                    store, start, at, 2, bucket_for(at - start), past if window == "all" else None
+                )
             return TeamsView(
                 window=window,
                 at=at,
@@ -263,7 +314,11 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
                 series=series,
             )
 
-        return await kept("shares", ("ui.teams", window), read)
+        def first() -> float | None:  # on the worker
+            whole_period(0.0)
+            return first_hour[0] if first_hour else None
+
+        return await kept(caller, "shares", ("ui.teams", window), read, extra=first)
 
     @get("/ui/api/queue", include_in_schema=False)
     async def queue(
@@ -276,21 +331,21 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         reason: FromQuery[str | None] = None,
         sort: FromQuery[str] = "order",
         descending: FromQuery[bool] = False,
-        offset: Annotated[int, QueryParameter(ge=0, le=10**9)] = 0,
-        limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
+        offset: Offset = 0,
+        limit: Size = 100,
     ) -> Response[bytes]:
         """One page of the queue (server-side paging, sorting and filtering) and its true
         total: the rows `queue` gives, in the same order when sorted by `order`."""
-        person(request)
+        caller = person(request)
         filt = v.QueueFilter(user=user or None, account=account or None, state=job_state,
                              limit=limit)  # fmt: skip
         code = reason or None
 
-        def read() -> QueuePageView:
-            got = live_preview(handles)
-            policy = registry.build(handles.ledger.state.policy)
+        def read(h: Any) -> QueuePageView:
+            got = live_preview(h)
+            policy = registry.build(h.ledger.state.policy)
             page = previews.queue_page(
-                handles.ledger, handles.store(), policy, got.now, filt, code=code, sort=sort,
+                h.ledger, h.store(), policy, got.now, filt, code=code, sort=sort,
                 descending=descending, offset=offset, preview=got.live,
             )  # fmt: skip
             return QueuePageView(
@@ -306,7 +361,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             )
 
         key = ("ui.queue", filt, code, sort, descending, offset)
-        return await kept("queue", key, read)
+        return await kept(caller, "queue", key, read)
 
     @get("/ui/api/job/{job_id:int}", include_in_schema=False)
     async def job(request: Request[Any, Any, Any], job_id: FromPath[int]) -> Response[bytes]:
@@ -316,53 +371,40 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         limit, the per-person admission), kept per position like the /v1 reads."""
         caller = person(request)
         key = ("ui.job", job_id, caller.actor)
+        with pool.admitted(caller.actor, read=True):  # a kept answer is a read too
+            got = handles.cache.get("explain", key, handles.ledger.position, handles.now())
+        if got is not None:
+            return Response(got, media_type="application/json")
 
-        def live() -> tuple[bytes | None, Any]:  # on the worker
-            ledger = handles.ledger
-            position, now = ledger.position, handles.now()
-            kept = handles.cache.get("explain", key, position, now)
-            if kept is not None:
-                return kept, None
-            seen, _at = pooled.prepared(worker, caller.actor)
+        def read(h: copied.CopiedHandles) -> tuple[int, float, bytes, bool]:  # in the pool
+            ledger, store = h.ledger, h.store()
             known = ledger.state.jobs.get(job_id)
             # only a pending job's explanation looks at the queue: the shared preview then
             preview = None
             if known is not None and known.status == "pending" and not known.held:
-                preview = live_preview(handles)
-            now = now if preview is None else preview.now
+                preview = live_preview(h)
+            now = h.now() if preview is None else preview.now
             current = None
             if known is not None:
                 policy = registry.build(ledger.state.policy)
                 current = previews.explain_now(
-                    ledger, handles.store(), known, policy, now,
-                    None if preview is None else preview.live,
+                    ledger, store, known, policy, now, None if preview is None else preview.live
                 )  # fmt: skip
-            return None, (position, now, seen, known, current)
-
-        kept, parts = await worker.call(live)
-        if kept is not None:
-            return Response(kept, media_type="application/json")
-        position, now, seen, known, current = parts
-
-        def read(con: Any, _limits: Any) -> bytes:  # in the read pool
-            store = pooled.cursor_store(con)
-            viewer = reads.Viewer(caller.actor, seen)
+            viewer = reads.Viewer(caller.actor, ledger.state)
             row = reads.job(store, job_id, now, viewer)
             private = not row.redacted
             labels = dict(known.spec.labels) if known is not None and private else {}
             explain = previews.explain_told(store, job_id, known, current, now, viewer)
-            return msgspec.json.encode(
-                JobView(
-                    job=row,
-                    private=private,
-                    labels=labels,
-                    explain=explain,
-                    decisions=reads.decisions(store, limit=200, job_id=job_id),
-                )
-            )
+            view = JobView(job=row, private=private, labels=labels, explain=explain,
+                           decisions=reads.decisions(store, limit=200, job_id=job_id))  # fmt: skip
+            return ledger.position, now, msgspec.json.encode(view), h.current()
 
-        data = await pool.run(caller.actor, pooled.stopped("job page", read), read=True)
-        handles.cache.put("explain", key, position, now, data)
+        handles.asked["live-preview"] = time.monotonic()  # computed ahead when idle
+        position, now, data, current = await copied.read(
+            worker, pool, caller.actor, "the job page", read, cache=handles.cache
+        )
+        if current:
+            handles.cache.put("explain", key, position, now, data)
         return Response(data, media_type="application/json")
 
     replaying = asyncio.Semaphore(1)
@@ -378,7 +420,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         interpreter lock), one replay at a time."""
         caller = person(request)
         home = handles.ledger.home
-        await worker.call(handles.store)  # the projection caught up
+        await pool.worker_read(caller.actor, handles.store)  # the projection caught up
         found = await pool.run(
             caller.actor, lambda con, _limits: history.job_decisions(con, job_id, REPLAY_LAST)
         )
@@ -401,31 +443,44 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
 
     @get("/ui/api/nodes", include_in_schema=False)
     async def nodes(request: Request[Any, Any, Any]) -> Response[bytes]:
-        person(request)
+        caller = person(request)
 
-        def read() -> NodesView:
-            ledger = handles.ledger
-            store = handles.store()
+        def read(h: Any) -> NodesView:
+            ledger = h.ledger
+            store = h.store()
             threshold, idle_s = squat_settings(registry.build(ledger.state.policy))
             return NodesView(
                 nodes=reads.node_list(ledger.state),
                 gpus=reads.gpu_map(ledger, store),
-                squatters=reads.squatters(ledger, store, handles.now(), threshold, idle_s),
+                squatters=reads.squatters(ledger, store, h.now(), threshold, idle_s),
                 squat_util_pct=threshold,
                 squat_after_s=idle_s,
             )
 
-        return await kept("squatters", ("ui.nodes",), read)
+        return await kept(caller, "squatters", ("ui.nodes",), read)
 
     @get("/ui/api/decisions", include_in_schema=False)
     async def decisions(
         request: Request[Any, Any, Any],
-        since: FromQuery[float | None] = None,
-        until: FromQuery[float | None] = None,
-        limit: Annotated[int, QueryParameter(ge=1, le=100_000)] = 500,
+        since: Annotated[v.Epoch | None, QueryParameter()] = None,
+        until: Annotated[v.Epoch | None, QueryParameter()] = None,
+        limit: Size = 500,
+        before: Annotated[Position | None, QueryParameter()] = None,
     ) -> Response[bytes]:
-        person(request)
-        return await on_worker(lambda: reads.decisions(handles.store(), since, until, limit))
+        """One page of the recorded cycles, newest first (at most `PAGE_MAX`, 500 by default;
+        `before`: the page after the one ending at that position) and their true total, read
+        from the projection in the read pool (admitted, time-limited: T5)."""
+        caller = person(request)
+
+        def read(h: copied.CopiedHandles) -> bytes:  # in the read pool
+            rows = reads.decisions(h.store(), since, until, limit, before=before)
+            total = history.decision_count(h.cursor, since, until)
+            return msgspec.json.encode(
+                DecisionsPageView(total=total, limit=limit, before=before, rows=rows)
+            )
+
+        data = await copied.read(worker, pool, caller.actor, "the decisions page", read)
+        return Response(data, media_type="application/json")
 
     @get("/ui/api/decision/{position:int}", include_in_schema=False)
     async def decision(request: Request[Any, Any, Any], position: FromPath[int]) -> Response[bytes]:
@@ -441,7 +496,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
                 raise Unavailable("the projection has not reached this decision yet")
             return DecisionView(row=rows[0], record=record)
 
-        return await on_worker(read)
+        return await on_worker(caller, read)
 
     @get("/ui/api/preemptions", include_in_schema=False)
     async def preemptions(
@@ -449,26 +504,31 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         account: FromQuery[str | None] = None,
         side: FromQuery[Literal["of", "by", "both"]] = "both",
         window: FromQuery[Literal["7d", "30d", "90d", "all"]] = "30d",
+        offset: Offset = 0,
+        limit: Size = PAGE_MAX,
     ) -> Response[bytes]:
         """The preemptions an account's subtree suffered and caused over a window (no account:
-        the first the caller manages, else all; `account=all`: all)."""
+        the first the caller manages, else all; `account=all`: all): the report's counts and
+        sums over all of it, one page of its rows (at most `PAGE_MAX`) and their true
+        total, read from the projection in the read pool (admitted, time-limited: T5)."""
         caller = person(request)
 
-        def read() -> PreemptionsView:
-            ledger = handles.ledger
-            managed = sorted(ledger.state.managers.get(caller.actor, ()))
+        def read(h: copied.CopiedHandles) -> bytes:  # in the read pool
+            managed = sorted(h.ledger.state.managers.get(caller.actor, ()))
             chosen = (managed[0] if managed else None) if account is None else account
             if chosen in ("", "all"):
                 chosen = None
-            end = float(math.floor(handles.now()))  # whole seconds: `--at` of the CLI says it
-            start = (
-                None if window == "all" else end - {"7d": 7, "30d": 30, "90d": 90}[window] * 86400.0
-            )
-            con = handles.store().con
-            report = reads.preemption_report(con, chosen, side, start, end)
-            return PreemptionsView(managed=managed, report=report)
+            end = float(math.floor(h.now()))  # whole seconds: `--at` of the CLI says it
+            days = {"7d": 7, "30d": 30, "90d": 90}
+            start = None if window == "all" else end - days[window] * 86400.0
+            report = reads.preemption_report(h.cursor, chosen, side, start, end)
+            shown = msgspec.structs.replace(report, rows=report.rows[offset : offset + limit])
+            view = PreemptionsView(managed=managed, report=shown, total=len(report.rows),
+                                   offset=offset, limit=limit)  # fmt: skip
+            return msgspec.json.encode(view)
 
-        return await kept("shares", ("ui.preemptions", caller.actor, account, side, window), read)
+        data = await copied.read(worker, pool, caller.actor, "the preemptions page", read)
+        return Response(data, media_type="application/json")
 
     @get("/ui/api/budget", include_in_schema=False)
     async def budget(
@@ -478,14 +538,14 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         else the programs) with its shares, usage, owed and delivered over the last 4 weeks."""
         caller = person(request)
 
-        def read() -> BudgetView:
+        def read(h: Any) -> BudgetView:
             from projections.fairshare import UsagePolicy
 
-            ledger = handles.ledger
-            store = handles.store()
+            ledger = h.ledger
+            store = h.store()
             managed = sorted(ledger.state.managers.get(caller.actor, ()))
             chosen = (managed[0] if managed else "") if account is None else account.strip("/")
-            at = float(math.floor(handles.now()))  # whole seconds: `--at` of the CLI says it
+            at = float(math.floor(h.now()))  # whole seconds: `--at` of the CLI says it
             start = at - REVIEW_S
             rows = reads.shares(store, at, UsagePolicy(window_s=WEEK_S))
             kids = [r for r in rows if (r.parent or "") == chosen]
@@ -516,7 +576,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
                 ],
             )  # fmt: skip
 
-        return await kept("shares", ("ui.budget", caller.actor, account), read)
+        return await kept(caller, "shares", ("ui.budget", caller.actor, account), read)
 
     running = asyncio.Lock()
     """One what-if at a time (another caller meanwhile gets 429)."""
@@ -530,7 +590,9 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         caller = person(request)
         ask = whatifs.parse_ask(await request.body())
         limit_s = whatifs.timeout_s()
-        was, budgets, end = await worker.call(lambda: whatifs.may_ask(handles, caller, ask))
+        was, budgets, end = await pool.worker_read(
+            caller.actor, lambda: whatifs.may_ask(handles, caller, ask)
+        )
         if running.locked():
             raise TooBusy("a what-if is under way", hint="retry when it ends", retry_after=10)
         async with running:

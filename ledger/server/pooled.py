@@ -157,11 +157,24 @@ async def answer(
 
     `jobs` and `log` are built `paged`: in parts of `PART` rows, each part giving way to the
     writes under way (`busy`)."""
+    check_page(name, args)
+    with pool.admitted(viewer, read=True):  # before the worker is asked anything (T5)
+        return await _answer(worker, pool, name, spec, args, viewer, busy)
+
+
+async def _answer(
+    worker: Worker,
+    pool: ReadPool,
+    name: str,
+    spec: ReadSpec,
+    args: Any,
+    viewer: str,
+    busy: Callable[[], bool] | Writes,
+) -> tuple[bytes, int]:
     import asyncio
 
-    check_page(name, args)
     service = worker.service
-    on_worker = asyncio.ensure_future(worker.call(lambda: prepared(worker, viewer)))
+    on_worker = asyncio.ensure_future(pool.worker_call(lambda: prepared(worker, viewer)))
     on_worker.add_done_callback(lambda f: f.cancelled() or f.exception())
     try:
         seen, _position = await asyncio.wait_for(asyncio.shield(on_worker), WORKER_WAIT_S)
@@ -188,7 +201,7 @@ async def answer(
 
     big = is_big(name, args)
     try:
-        at, data = await pool.run(viewer, stopped(f"the {name} read", run), read=True, big=big)
+        at, data = await pool.compute(stopped(f"the {name} read", run), read=True, big=big)
     except _Behind:
         try:
             seen, _position = await on_worker
@@ -198,7 +211,7 @@ async def answer(
             # by now, the projection as it stands answers, saying its position; else the 503
             if not store_away(worker):
                 raise
-        at, data = await pool.run(viewer, stopped(f"the {name} read", run), read=True, big=big)
+        at, data = await pool.compute(stopped(f"the {name} read", run), read=True, big=big)
     return data, at
 
 

@@ -20,6 +20,14 @@ decision history run here (docs/security.md, rows T5 and T6).
   a minute, and `max_waiting` of everyone's under way; past any, the answer is 429 with
   Retry-After (`TooBusy`). A caller waits for a free thread behind others' queries, never
   beside the worker.
+- **One admission for every read a person can make** (`admitted`), before the worker is
+  asked anything: the audit queries, the API's reads of the projection (`pooled`), the reads
+  of the live state on a copy (`copied`: the previews, /metrics, the dashboard), and the few
+  reads left on the worker thread (`worker_read`: the projection's status, a decision's
+  record). These last run one at a time for everyone, each after a rest `rest` times as long
+  as the previous one took on the worker: whoever loops them, they take at most a quarter of
+  its time. Every call on the worker for a read is timed (`worker_call`: `worker_read_s`)
+  (docs/security.md, row T5).
 
 An edge: threads, a database connection.
 """
@@ -35,7 +43,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -99,6 +107,7 @@ class ReadPool:
     _pool: ThreadPoolExecutor | None = None
     _pages: ThreadPoolExecutor | None = None
     _big: ThreadPoolExecutor | None = None
+    _live: ThreadPoolExecutor | None = None
     """The API's reads' threads (`_pages` for small reads, `_big` for pages of more than a part:
     a person looping 10,000-row pages never holds another's 5-row read behind a page or its
     rest), at the service's priority: their work is Python holding the interpreter lock, and a
@@ -107,8 +116,10 @@ class ReadPool:
     is DuckDB's, without the lock, at nice 10. Each lane is one thread, busy at most a quarter
     of the time (`_rested` rests `rest` times as long as each of its reads took): the worker
     and the event loop always get at least half of the interpreter."""
-    _rest_until: dict[bool, float] = field(default_factory=dict)
-    """When each lane of the API's reads (big or not) may take its next read (`_rested`)."""
+    _rest_until: dict[str, float] = field(default_factory=dict)
+    """When each lane of the API's reads ("pages", "big", "live": the reads of the live state
+    on a copy, `copied`, so a person looping previews never holds another's 5-row read behind
+    them) may take its next read (`_rested`)."""
     _base: duckdb.DuckDBPyConnection | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _running: dict[str, int] = field(default_factory=dict)
@@ -116,6 +127,27 @@ class ReadPool:
     queries: int = 0
     """Queries run so far, and of them stopped by the time limit:"""
     timed_out: int = 0
+    refused: int = 0
+    """Reads and queries refused 429 (`admit`) so far."""
+    worker_reads: int = 0
+    """Reads run on the worker thread (`worker_read`) so far, and their time there:"""
+    worker_read_s: float = 0.0
+    projected: int = 0
+    """The projection's position when a read of the live state last caught it up
+    (`copied.caught_up`), when, whether one is under way, and the worker's time spent so
+    (apart from `worker_read_s`):"""
+    caught_up_at: float = 0.0
+    catching: asyncio.Future[None] | None = None
+    catch_up_s: float = 0.0
+    catch_up_rest: float = 0.0
+    stalled: bool = False
+    """The last catch-up brought the projection no further (the store is away)."""
+    """How long after the last catch-up ended the next may begin."""
+    catch_ups: int = 0
+    """Catch-ups begun so far, and the last one ended (`copied.caught_up`)."""
+    caught_up_by: int = 0
+    _worker_lane: asyncio.Lock | None = None
+    _worker_rest_until: float = 0.0
 
     def start(self) -> ReadPool:
         self._pool = ThreadPoolExecutor(
@@ -123,6 +155,7 @@ class ReadPool:
         )
         self._pages = ThreadPoolExecutor(1, thread_name_prefix="pages")
         self._big = ThreadPoolExecutor(1, thread_name_prefix="big-pages")
+        self._live = ThreadPoolExecutor(1, thread_name_prefix="live-reads")
         # A read's Python holds the interpreter lock for up to the switch interval each time the
         # worker or the event loop wants it back (after every DuckDB call, every socket read):
         # 5 ms by default, which a submit pays dozens of times. 0.5 ms keeps them near idle.
@@ -142,7 +175,7 @@ class ReadPool:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
 
     def stop(self) -> None:
-        for pool in (self._pool, self._pages, self._big):
+        for pool in (self._pool, self._pages, self._big, self._live):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
         if self._base is not None:
@@ -153,6 +186,26 @@ class ReadPool:
         the last minute, or `max_waiting` queries of everyone's are under way (on the event
         loop: no lock needed). `per_minute` given: the reads' own rate (`reads_per_minute`,
         counted apart from the audit queries')."""
+        try:
+            self._admit(caller, now, per_minute)
+        except TooBusy:
+            self.refused += 1
+            raise
+
+    @contextlib.contextmanager
+    def admitted(self, caller: str, *, read: bool = False) -> Iterator[None]:
+        """Admit `caller` (`admit`; `read`: one of the API's reads, at `reads_per_minute`) and
+        count the read under way until the block ends."""
+        self.admit(caller, time.monotonic(), self.reads_per_minute if read else None)
+        self._running[caller] = self._running.get(caller, 0) + 1
+        try:
+            yield
+        finally:
+            self._running[caller] -= 1
+            if not self._running[caller]:
+                del self._running[caller]
+
+    def _admit(self, caller: str, now: float, per_minute: int | None) -> None:
         if sum(self._running.values()) >= self.max_waiting:
             raise TooBusy(
                 f"the server has {self.max_waiting} queries under way",
@@ -190,25 +243,70 @@ class ReadPool:
         the time limit. `caller` is who asked (limited per caller); `read`: one of the API's
         reads (`/v1/jobs`, `/v1/log`, ...: `reads_per_minute`), not an audit query; `big`: a
         read of more than a part (`pooled.PART` rows), run in a lane of its own."""
+        with self.admitted(caller, read=read):
+            return await self.compute(fn, read=read, big=big)
+
+    async def compute(
+        self,
+        fn: Callable[[duckdb.DuckDBPyConnection, Limits], T],
+        *,
+        read: bool = False,
+        big: bool = False,
+        live: bool = False,
+    ) -> T:
+        """`run` for a caller already `admitted` (a read that also asks the worker first);
+        `live`: a read of the live state on a copy (`copied`), in a lane of its own."""
         assert self._pool is not None, "ReadPool.start() first"
-        self.admit(caller, time.monotonic(), self.reads_per_minute if read else None)
-        self._running[caller] = self._running.get(caller, 0) + 1
-        try:
+        if self._base is None:
+            base = await self.on_worker(self.connect)
             if self._base is None:
-                base = await self.on_worker(self.connect)
-                if self._base is None:
-                    self._base = base
-                else:
-                    base.close()
-            loop = asyncio.get_running_loop()
-            if read:
-                lane = self._big if big else self._pages
-                return await loop.run_in_executor(lane, self._rested, fn, big)
-            return await loop.run_in_executor(self._pool, self._one, fn)
+                self._base = base
+            else:
+                base.close()
+        loop = asyncio.get_running_loop()
+        if read:
+            name = "live" if live else "big" if big else "pages"
+            lane = {"live": self._live, "big": self._big, "pages": self._pages}[name]
+            return await loop.run_in_executor(lane, self._rested, fn, name)
+        return await loop.run_in_executor(self._pool, self._one, fn)
+
+    async def worker_read(self, caller: str, fn: Callable[[], T]) -> T:
+        """`fn` on the worker thread (a read of the live state, which only that thread may
+        touch), admitted as one of `caller`'s reads; one such read at a time for everyone, each
+        after the rest the previous one earned (`rest` times its time on the worker, at most
+        the time limit): they take at most a quarter of the worker's time (module docstring)."""
+        with self.admitted(caller, read=True):
+            if self._worker_lane is None:
+                self._worker_lane = asyncio.Lock()
+            async with self._worker_lane:
+                wait = self._worker_rest_until - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                took = [0.0]
+                try:
+                    return await self.worker_call(fn, took)
+                finally:
+                    rest = min(self.rest * took[0], self.limits.timeout_s)
+                    self._worker_rest_until = time.monotonic() + rest
+
+    async def worker_call(self, fn: Callable[[], T], took: list[float] | None = None) -> T:
+        """`fn` on the worker thread for a read (admitted by the caller), its time there (not
+        its wait in the queue) counted in `worker_reads` and `worker_read_s` (so every moment
+        the worker spends on reads is: `gpuledger_worker_read_seconds`) and set in `took[0]`."""
+        took = [0.0] if took is None else took
+
+        def timed() -> T:
+            began = time.perf_counter()
+            try:
+                return fn()
+            finally:
+                took[0] = time.perf_counter() - began
+
+        try:
+            return await self.on_worker(timed)  # type: ignore[no-any-return]
         finally:
-            self._running[caller] -= 1
-            if not self._running[caller]:
-                del self._running[caller]
+            self.worker_reads += 1
+            self.worker_read_s += took[0]
 
     def _one(self, fn: Callable[[duckdb.DuckDBPyConnection, Limits], T]) -> T:
         with self._lock:
@@ -224,11 +322,11 @@ class ReadPool:
             timer.cancel()
             cur.close()
 
-    def _rested(self, fn: Callable[[duckdb.DuckDBPyConnection, Limits], T], big: bool) -> T:
+    def _rested(self, fn: Callable[[duckdb.DuckDBPyConnection, Limits], T], lane: str) -> T:
         """`_one` after the rest the previous read of its lane earned: `rest` times as long as
         it took (holding no lock meanwhile). The rest is taken before the next read, not after
         this one: an answer is not held back by its own rest."""
-        wait = self._rest_until.get(big, 0.0) - time.monotonic()
+        wait = self._rest_until.get(lane, 0.0) - time.monotonic()
         if wait > 0:
             time.sleep(wait)
         began = time.monotonic()
@@ -236,7 +334,7 @@ class ReadPool:
             return self._one(fn)
         finally:
             took = self.rest * (time.monotonic() - began)
-            self._rest_until[big] = time.monotonic() + min(took, self.limits.timeout_s)
+            self._rest_until[lane] = time.monotonic() + min(took, self.limits.timeout_s)
 
     def _interrupt(self, cur: duckdb.DuckDBPyConnection) -> None:
         self.timed_out += 1

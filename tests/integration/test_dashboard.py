@@ -122,8 +122,8 @@ def test_every_page_loads_without_a_console_error(served: Served, browser: Brows
     page, errors = watched(ctx)
     base = s.server.url
     status, latest = s.server.request("GET", "/ui/api/decisions?limit=1", token=s.tokens["root"])
-    assert status == 200 and latest, latest
-    position = latest[0]["position"]
+    assert status == 200 and latest["rows"], latest
+    position = latest["rows"][0]["position"]
     visits = [
         ("teams", "/ui/teams", READY["teams"]),
         ("teams-whole-period", "/ui/teams", "#window-all"),

@@ -259,14 +259,14 @@ function reasonChoices(codes) {
     ...known.map((c) => el("option", { value: c, selected: c === queueState.reason }, `${c} (${codes[c] || 0})`)));
 }
 
-function pager(total, offset, limit) {
+function pager(total, offset, limit, state = queueState, what = "jobs") {
   const last = Math.max(0, Math.floor((total - 1) / limit) * limit);
-  const go = (to) => () => { queueState.offset = Math.min(last, Math.max(0, to)); refresh(); };
+  const go = (to) => () => { state.offset = Math.min(last, Math.max(0, to)); refresh(); };
   const b = (id, text, to, off) => el("button", { type: "button", id, disabled: off, on: { click: go(to) } }, text);
   const shown = total ? `${(offset + 1).toLocaleString()}–${Math.min(total, offset + limit).toLocaleString()}` : "0";
   return el("div", { class: "filters pager" },
     b("page-first", "« first", 0, offset === 0), b("page-prev", "‹ previous", offset - limit, offset === 0),
-    el("span", { id: "queue-range", "data-total": total, "data-offset": offset }, `${shown} of ${total.toLocaleString()} jobs`),
+    el("span", { id: "queue-range", "data-total": total, "data-offset": offset }, `${shown} of ${total.toLocaleString()} ${what}`),
     b("page-next", "next ›", offset + limit, offset + limit >= total), b("page-last", "last »", last, offset + limit >= total));
 }
 
@@ -467,8 +467,20 @@ function cyclesChart(rows) {
       svg("line", { x1: x(r.decided_at) + 2, x2: x(r.decided_at) + 2, y1: H - B, y2: y(r.preempted.length), stroke: "var(--bad)", "stroke-width": 2 }))));
 }
 
+const decisionsState = { before: null };  // the page: the cycles before this position (null: the newest)
+
 async function decisionsPage() {
-  const rows = await api("/ui/api/decisions?limit=500");
+  const q = new URLSearchParams({ limit: 500 });
+  if (decisionsState.before !== null) q.set("before", decisionsState.before);
+  const page = await api(`/ui/api/decisions?${q}`);
+  const rows = page.rows;
+  const older = () => { decisionsState.before = rows[rows.length - 1].position; refresh(); };
+  const nav = el("div", { class: "filters pager" },
+    el("button", { type: "button", id: "decisions-newest", disabled: decisionsState.before === null,
+      on: { click: () => { decisionsState.before = null; refresh(); } } }, "« newest"),
+    el("span", { id: "decisions-range", "data-total": page.total }, `${rows.length} of ${page.total.toLocaleString()} cycles`),
+    el("button", { type: "button", id: "decisions-older", disabled: rows.length < page.limit,
+      on: { click: older } }, "older ›"));
   const chosen = new URLSearchParams(location.search).get("position");
   const list = table(["cycle", "decided", "placed", "preempted", "considered", "fragmented GPUs", "policy"],
     rows.map((r) => el("tr", { "data-position": r.position },
@@ -497,20 +509,22 @@ async function decisionsPage() {
   main(el("h1", {}, "Decisions"), el("p", { class: "legend" },
     el("span", {}, el("i", { class: "sw", style: "background:var(--delivered)" }), "placed"),
     el("span", {}, el("i", { class: "sw", style: "background:var(--bad)" }), "preempted"),
-    `${rows.length} latest cycles`), cyclesChart(rows), detail, el("h2", {}, "Cycles"), list);
+    `${rows.length} ${decisionsState.before === null ? "latest " : ""}cycles`), cyclesChart(rows), detail, el("h2", {}, "Cycles"), nav, list);
 }
 
 // --- preemptions ----------------------------------------------------------------------------
 
-const preemptState = { account: null, side: "both", window: "30d" };
+const preemptState = { account: null, side: "both", window: "30d", offset: 0 };
+const PREEMPT_PAGE = 200;
 
 async function preemptionsPage(first) {
-  const q = new URLSearchParams({ side: preemptState.side, window: preemptState.window });
+  const q = new URLSearchParams({ side: preemptState.side, window: preemptState.window,
+    offset: preemptState.offset, limit: PREEMPT_PAGE });
   if (preemptState.account !== null) q.set("account", preemptState.account || "all");
   const data = await api(`/ui/api/preemptions?${q}`);
   const rep = data.report;
   if (first || preemptState.account === null) preemptState.account = rep.account || "";
-  const choose = (key) => (ev) => { preemptState[key] = ev.target.value.trim(); refresh(); };
+  const choose = (key) => (ev) => { preemptState[key] = ev.target.value.trim(); preemptState.offset = 0; refresh(); };
   const accounts = el("datalist", { id: "managed" }, data.managed.map((a) => el("option", { value: a })));
   const filters = el("div", { class: "filters" },
     el("input", { id: "p-account", list: "managed", placeholder: "account (and below); empty: all",
@@ -534,7 +548,8 @@ async function preemptionsPage(first) {
       `${who}, `, timeEl(rep.start), " – ", timeEl(rep.end), `: suffered ${rep.suffered}, caused ${rep.caused}; `,
       `GPU-hours lost ${num(rep.lost_gpu_hours, 1)} (by the jobs it preempted ${num(rep.caused_lost_gpu_hours, 1)})`),
     table(["at", "side", "job", "account", "user", "GPUs", "reason", "victim rule", "for job", "for account", "lost GPU-h"],
-      rows, { id: "preemptions" }));
+      rows, { id: "preemptions" }),
+    data.total > data.limit ? pager(data.total, data.offset, data.limit, preemptState, "preemptions") : null);
 }
 
 // --- budget review ------------------------------------------------------------------------
@@ -646,6 +661,8 @@ async function refresh() {
     status(`updated ${new Date().toLocaleTimeString(undefined, { hourCycle: "h23" })}`);
   } catch (err) {
     status(`could not update: ${err.message}`, true);
+    // nothing shown yet (a bad page address, say): the one line says why, not a blank page
+    if (!started) main(el("p", { class: "err", id: "page-error" }, err.message));
   }
   timer = setTimeout(refresh, POLL_MS[PAGE]);
 }

@@ -66,9 +66,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             assert time.monotonic() < deadline, rows
             time.sleep(0.1)
         status, decisions = server.request("GET", "/ui/api/decisions", token=tokens["root"])
-        assert status == 200 and decisions, decisions
+        assert status == 200 and decisions["rows"], decisions
         assert job["logs"], json.dumps(job)  # it ran: its output files are planted too
-        yield World(home, server, tokens, int(decisions[-1]["position"]), list(job["logs"]))
+        yield World(home, server, tokens, int(decisions["rows"][-1]["position"]), list(job["logs"]))
     finally:
         assert server.stop() == 0
 

@@ -1,0 +1,252 @@
+"""Reads of the live state beside the worker thread, on a copy of it (docs/security.md, row T5).
+
+The queue, priority and explain previews (now, or with `policy=` or `at=`), the squatters, the
+nodes, the accounts, the dashboard's teams, queue, nodes, budget, job, decisions and
+preemptions pages and `/metrics` need the live state, which only the worker thread may touch.
+The worker only copies it (`take`: `State.copy`, its dicts and sets copied, their values
+immutable: milliseconds at 10k live jobs) with the moment and what the engine was last seen
+holding; the read itself, the dispatcher's preview decision included, runs in the read pool
+(a lane of its own: one thread busy at most a quarter of the time, at the service's priority,
+so another person's small reads of the projection never wait behind these), admitted as one
+of the caller's reads (`ReadPool.admitted`). A submit or a cycle never waits behind it.
+
+A read sees every write made before it was asked: the projection holds at least the log's
+position of that moment. These reads catch it up on the worker for everyone (`caught_up`: a
+read that finds it behind waits for the next catch-up, shared by all the reads waiting), at
+most every `CATCH_UP_S`, and after a catch-up that took t not before `REST` times t has
+passed (the read lanes' rule: their catch-ups take at most a quarter of the worker's time),
+`CHUNK` events at a time (a submit waits behind one chunk at most; a read whose writes are
+further on waits for more chunks).
+Folding a few events at a time costs the worker tens to hundreds of milliseconds each on a
+busy machine: a person looping reads would otherwise make it fold the log a few events at a
+time, every commit waiting behind. Their time is counted apart (`ReadPool.catch_up_s`: it is
+the appends' work, which the next cycle would do). What these reads show of the live state
+(the queue, the jobs' states, the nodes) is the copy's, exact; an answer is kept
+(`ReadCache`) only when the projection held the copy's position (`CopiedHandles.current`).
+
+The shared preview "now" (`live_preview`) is still computed once per log position and kept
+for `ReadCache.fresh_s` (the worker computes it ahead when idle).
+
+An edge: the worker thread, a database cursor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ledger.server import pooled
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from ledger.core.state import State
+    from ledger.server.cache import ReadCache
+    from ledger.server.readpool import ReadPool
+    from ledger.server.worker import Worker
+
+T = TypeVar("T")
+
+CATCH_UP_S = 0.5
+"""The reads of the live state catch the projection up at most this often (see above), and
+rest `REST` times as long as the last catch-up took before the next."""
+REST = 3.0
+CHUNK = 200
+"""The most events one catch-up for reads folds (`fold`)."""
+REST_MAX_S = 2.0
+"""The longest rest (a catch-up that waited on a slow store is not held against the reads)."""
+
+
+@dataclass(frozen=True)
+class Frozen:
+    """A copy of the live state at a log position: what the read layer asks of a ledger
+    (`LiveState`: `state`, `catch_up`)."""
+
+    state: State
+    position: int
+
+    def catch_up(self) -> int:
+        return self.position
+
+
+@dataclass(frozen=True)
+class CursorStore:
+    """A read pool's cursor as the read layer's projection `Store` (`con`, `position`)."""
+
+    con: duckdb.DuckDBPyConnection
+
+    def position(self) -> int:
+        return pooled.tracked(self.con)
+
+
+@dataclass(frozen=True)
+class Copy:
+    """What the worker thread hands a read: the live state copied, the moment, the GPUs
+    foreign work holds (as the service last observed its engine), and `extra` (what a read
+    asks of the service beside the state, taken on the worker too)."""
+
+    ledger: Frozen
+    moment: float
+    foreign: Mapping[str, frozenset[int]]
+    extra: Any = None
+
+
+@dataclass
+class CopiedHandles:
+    """The `Handles` a read runs with in the read pool: a `Copy` and the pool's cursor."""
+
+    copy: Copy
+    cursor: duckdb.DuckDBPyConnection
+    cache: ReadCache | None = None
+    """The server's cache, where the shared preview is kept (None: computed for this read)."""
+    viewer: str = ""
+    _preview: list[Any] = field(default_factory=list)
+
+    @property
+    def ledger(self) -> Frozen:
+        return self.copy.ledger
+
+    def store(self) -> Any:
+        """The projection through the pool's cursor (what the read layer uses of a `Store`)."""
+        return CursorStore(self.cursor)
+
+    def now(self) -> float:
+        return self.copy.moment
+
+    def foreign(self) -> Mapping[str, frozenset[int]]:
+        return self.copy.foreign
+
+    def current(self) -> bool:
+        """Whether the projection (as this read sees it) holds the copy's position: an answer
+        read from it may be kept for that position."""
+        return pooled.tracked(self.cursor) >= self.ledger.position
+
+    def live_preview(self, *, ahead: bool = False) -> Any:
+        """The shared preview at the copy's position (`ServiceHandles.live_preview`)."""
+        from ledger.dispatch import registry
+        from ledger.reads import preview as previews
+        from ledger.server.pages import LivePreview
+
+        def compute() -> LivePreview:
+            policy = registry.build(self.ledger.state.policy)
+            live = previews.live(self.ledger, self.store(), policy, self.now(), self.foreign())
+            return LivePreview(policy.version, live, self.now())
+
+        if not self._preview:
+            got = (
+                compute()
+                if self.cache is None or not self.current()  # kept only once it is the log's
+                else self.cache.shared("live-preview", self.ledger.position, self.now(), compute)
+            )
+            self._preview.append(got)
+        return self._preview[0]
+
+
+async def caught_up(worker: Worker, pool: ReadPool, target: int) -> None:
+    """Return once the projection holds `target` (the log's position when the read was asked):
+    at once when the last catch-up reached it, else after the next catch-up, which starts
+    `CATCH_UP_S` after the last one at the earliest and is shared by every read waiting (or
+    once a catch-up begun after it was asked has ended: as far as the store lets it go)."""
+    if pooled.store_away(worker):  # the projection as it stands, not a wait on the store
+        return
+    asked = pool.catch_ups
+    while pool.projected < target and not (pool.caught_up_by > asked and pool.stalled):
+        if pool.catching is None:
+            wait = pool.caught_up_at + pool.catch_up_rest - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            pool.catching = asyncio.ensure_future(_catch_up(worker, pool))
+        catching = pool.catching
+        try:
+            await asyncio.shield(catching)
+        finally:
+            if pool.catching is catching and catching.done():
+                pool.catching = None
+
+
+async def _catch_up(worker: Worker, pool: ReadPool) -> None:
+    pool.caught_up_at = time.monotonic()
+    pool.catch_ups += 1
+    seq = pool.catch_ups
+    began = [0.0]
+
+    def run() -> int:
+        began[0] = time.perf_counter()
+        return fold(worker)
+
+    before = pool.projected
+    try:
+        pool.projected = max(pool.projected, await worker.call(run))
+        pool.stalled = pool.projected <= before
+    finally:
+        took = time.perf_counter() - began[0] if began[0] else 0.0
+        pool.caught_up_at = time.monotonic()
+        pool.catch_up_rest = min(max(CATCH_UP_S, REST * took), REST_MAX_S)
+        pool.caught_up_by = max(pool.caught_up_by, seq)
+        pool.catch_up_s += took
+
+
+def fold(worker: Worker) -> int:
+    """On the worker thread: at most `CHUNK` more events of the log into the projection (a
+    submit waits behind one chunk at most); the position it then holds. A PostgreSQL store
+    that does not answer leaves it where it is."""
+    from projections.errors import SourceUnavailable
+
+    service = worker.service
+    assert service.projector is not None and service.store is not None
+    at, head = int(service.store.position()), int(service.ledger.position)
+    if at < head:
+        try:
+            service.projector.catch_up(until=min(head, at + CHUNK))
+        except SourceUnavailable:
+            if service.ledger.dsn is None:
+                raise
+    return int(service.store.position())
+
+
+def take(worker: Worker, extra: Callable[[], Any] | None = None) -> Copy:
+    """On the worker thread: a copy of the live state, the moment, the foreign GPUs and
+    `extra()`."""
+    service = worker.service
+    dispatcher = getattr(service, "dispatcher", None)
+    foreign = dict(getattr(dispatcher, "foreign", {}))
+    ledger = service.ledger
+    return Copy(
+        ledger=Frozen(ledger.state.copy(), int(ledger.position)),
+        moment=float(service.clock.now()),
+        foreign=foreign,
+        extra=None if extra is None else extra(),
+    )
+
+
+async def read(
+    worker: Worker,
+    pool: ReadPool,
+    caller: str,
+    what: str,
+    fn: Callable[[CopiedHandles], T],
+    *,
+    cache: ReadCache | None = None,
+    extra: Callable[[], Any] | None = None,
+) -> T:
+    """`fn(handles)` in the read pool on a copy of the live state taken on the worker, admitted
+    as one of `caller`'s reads (429 past their share, before the worker is asked anything);
+    `what` names the read in the line of a read stopped at the time limit."""
+    with pool.admitted(caller, read=True):
+        await caught_up(worker, pool, int(worker.service.ledger.position))
+        copy = await pool.worker_call(lambda: take(worker, extra))
+
+        def run(cursor: duckdb.DuckDBPyConnection, _limits: Any) -> T:
+            cursor.execute("BEGIN TRANSACTION")  # one snapshot of the projection for the read
+            try:
+                return fn(CopiedHandles(copy, cursor, cache, caller))
+            finally:
+                with contextlib.suppress(Exception):  # an interrupted read's is gone already
+                    cursor.execute("ROLLBACK")
+
+        return await pool.compute(pooled.stopped(what, run), read=True, live=True)
