@@ -239,7 +239,7 @@ def test_no_table_is_wider_than_the_window_at_1440_px(deep: Deep, browser: Brows
         "teams": "#shares tbody tr",
         "queue": "#queue tbody tr",
         "nodes": "#nodes .card",
-        f"decisions?position={latest[0]['position']}": "#decision",
+        f"decisions?position={latest['rows'][0]['position']}": "#decision",
         "preemptions": "#preempt-summary",
         "budget": "#budget tbody tr",
     }
