@@ -160,6 +160,14 @@ def compare(
                 replayed=f"placement events for {[p.job_id for p in outcome.placements]}",
             )
         )
+    if tuple(p.job_id for p in outcome.preemptions) != recorded.preempted:
+        out.append(
+            Difference(
+                what="record",
+                recorded=f"preempted {list(recorded.preempted)}",
+                replayed=f"preemption events for {[p.job_id for p in outcome.preemptions]}",
+            )
+        )
     # 1. placements (in order only when the record agrees with its events)
     out += _by_job(
         "placement",

@@ -37,6 +37,7 @@ import msgspec
 
 from ledger.core.budget import BudgetAccount, BudgetFile
 from ledger.sim.rng import Rng
+from schemas.bounds import TEN_YEARS_S
 from schemas.errors import InvalidCommand
 from schemas.units import parse_duration
 
@@ -163,8 +164,8 @@ def _priority(text: str, where: str) -> int:
 def _int(text: str, where: str, column: str) -> int:
     try:
         return int(float(text))
-    except ValueError as e:
-        raise InvalidCommand(f"{where}: {column} must be a number, got {text!r}") from e
+    except (ValueError, OverflowError) as e:  # OverflowError: inf, 1e400
+        raise InvalidCommand(f"{where}: {column} must be a finite number, got {text!r}") from e
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,9 @@ def parse_trace(data: bytes, name: str = "trace") -> Trace:
             user=(row["user"] or "").strip(),
             group=(row["group"] or "").strip(),
             submit_time_s=_int(row["submit_time_s"], where, "submit_time_s"),
-            duration_s=_int(row["duration_s"], where, "duration_s"),
+            # a job still running when the trace was cut may say it ran for decades: it runs
+            # to the end of any simulation at ten years (the longest a job may say it runs)
+            duration_s=min(_int(row["duration_s"], where, "duration_s"), TEN_YEARS_S),
             gpus=_int(row["gpus"], where, "gpus"),
             status=(row["status"] or "unknown").strip() or "unknown",
             min_runtime_s=_int(opt["min_runtime_s"], where, "min_runtime_s")

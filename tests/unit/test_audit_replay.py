@@ -300,3 +300,13 @@ def test_the_outcome_comes_from_the_events_of_the_cycle_in_record_order() -> Non
         "record",
         "placement",
     ]
+
+
+def test_a_record_naming_a_preemption_without_its_event_is_a_difference() -> None:
+    """atk33-26 F1: a record edited to name a preemption that never happened (job 5, no
+    `JobPreempted` in its cycle) replayed "identical": only `placed` was checked against the
+    events. Now the record's `preempted` is too."""
+    forged = msgspec.structs.replace(RECORDED, preempted=(*RECORDED.preempted, 5))
+    assert [d.text() for d in compare(forged, OUTCOME, replayed(), RANKS)] == [
+        "record: recorded preempted [7, 5], replayed preemption events for [7]"
+    ]

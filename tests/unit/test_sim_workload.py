@@ -26,6 +26,7 @@ from ledger.sim.workload import (
     synthetic,
     team_fractions,
 )
+from schemas.bounds import TEN_YEARS_S
 from schemas.errors import InvalidCommand
 
 HEADER = "job_id,user,group,submit_time_s,duration_s,gpus,status"
@@ -54,6 +55,13 @@ def test_trace_without_optional_columns() -> None:
             status="completed",
         ),
     )  # fmt: skip
+
+
+def test_a_duration_of_decades_runs_ten_years() -> None:
+    """atk33-26: a job the trace says ran 1e9 s (one still running when the trace was cut)
+    refused the whole simulation; it now runs ten years, past the end of any simulation."""
+    trace = parse_trace(f"{HEADER}\n7,,,0,1000000000,4,unknown\n".encode())
+    assert trace.jobs[0].duration_s == TEN_YEARS_S
 
 
 def test_trace_gzip_and_optional_columns_as_given() -> None:
@@ -86,7 +94,12 @@ def test_trace_gzip_and_optional_columns_as_given() -> None:
         (
             "not a number",
             f"{HEADER}\n1,,,x,1,1,unknown\n",
-            "line 2: submit_time_s must be a number",
+            "line 2: submit_time_s must be a finite number",
+        ),
+        (  # atk33-26: an internal OverflowError before
+            "infinite duration",
+            f"{HEADER}\n1,,,0,1e400,1,unknown\n",
+            "line 2: duration_s must be a finite number, got '1e400'",
         ),
         ("zero gpus", f"{HEADER}\n1,,,0,1,0,unknown\n", "line 2: gpus >= 1"),
         ("bad resumable", f"{HEADER},resumable\n1,,,0,1,1,unknown,maybe\n", "resumable must be"),
