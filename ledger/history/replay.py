@@ -351,11 +351,12 @@ class Replayer:
     def _threads(self, n: int) -> None:
         self.store.con.execute("RESET threads" if n == 0 else f"SET threads = {n}")
 
-    def snapshot(self, recorded: e.CycleDecided) -> tuple[Snapshot, Policy, str]:
+    def snapshot(self, recorded: e.CycleDecided) -> tuple[Snapshot, Policy, str | None]:
         """The snapshot and policy the recorded decision had (advances to its `based_on`), and
-        the digest of the ranks it was given. Ranks are read where the record says they were
-        (`ranks.position`, which trails `based_on` when the projection lagged), counting usage
-        as it says."""
+        the digest of the ranks it was given (None for a policy that reads no ranks: what a
+        server recorded of them then is not an input of the decision, and is not compared).
+        Ranks are read where the record says they were (`ranks.position`, which trails
+        `based_on` when the projection lagged), counting usage as it says."""
         config = recorded_policy(recorded)
         policy, usage = registry.build(config), recorded_usage(recorded, config)
         inputs = recorded.ranks
@@ -383,7 +384,8 @@ class Replayer:
             low_util_since=tracker.low_since,
             position=recorded.based_on,
         )
-        return snapshot, policy, rank_digest(ranks, level_fs)
+        ranked = registry.ranked(config)
+        return snapshot, policy, rank_digest(ranks, level_fs) if ranked else None
 
     def replay(self, position: int, recorded: e.CycleDecided) -> CycleReplay:
         """4-5. Re-run the recorded decision and compare. A decision that cannot be replayed
