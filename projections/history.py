@@ -268,9 +268,13 @@ def position_at(con: Con, at: float) -> int | None:
 
 
 def changed_after(con: Con, job_ids: Sequence[int], position: int) -> list[int]:
-    """Those of `job_ids` whose row an event after `position` changed."""
+    """Those of `job_ids` whose row an event after `position` changed: one of its own, or the
+    report of a stopped run's real end (`JobRunEnded`, which moves the row's end, read from
+    its interval)."""
     got = con.execute(
-        "SELECT job_id FROM jobs WHERE job_id IN (SELECT unnest($ids)) AND last_position > $p",
+        "SELECT job_id FROM jobs WHERE job_id IN (SELECT unnest($ids)) AND last_position > $p "
+        "UNION SELECT job_id FROM job_intervals WHERE job_id IN (SELECT unnest($ids)) "
+        "AND run_end_position > $p",
         {"ids": list(job_ids), "p": position},
     ).fetchall()
     return sorted(int(job_id) for (job_id,) in got)

@@ -10,8 +10,10 @@ executor's twins are in test_slurm_records.py."""
 from __future__ import annotations
 
 import json
+import math
 import signal
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tests.integration import test_node_agents as agents
@@ -147,6 +149,13 @@ def test_a_cancelled_run_is_recorded_and_charged_to_its_real_end_after_its_grace
     assert abs(charged - 2 * (real_end - row["started_at"])) <= 2.0, (charged, row, real_end)
     explain = c.cli("explain", str(job)).stdout
     assert "its run 1 really ended" in explain and "charged, until then" in explain, explain
+    # atk33-23 F3: as it was between the cancel and the real end, the job shows no end after
+    # that moment (the later report of the real end is not yet in the log then)
+    at = math.ceil(cancelled + 0.5)  # whole seconds, before `real_end`
+    iso = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    then = json.loads(c.cli("jobs", "-j", str(job), "--json", "--at", iso).stdout)
+    assert then and (then[0]["finished_at"] or 0) <= at, (then, at, real_end)
+    assert (then[0]["elapsed_s"] or 0) <= at - row["started_at"] + 0.001, (then, at)
 
 
 def limit_passed_while_down(c: Cluster, down_s: float) -> None:
