@@ -625,25 +625,28 @@ class Ledger(Application[UUID]):
 
     def _reload(self) -> None:
         """The state as the log holds it: from the newest snapshot (a live ledger) or the start,
-        then every event after it (after folds that were not stored)."""
-        restored_from = self.restored_from
-        kept = (self.state, self.version, self.position, self.snapshot_position, self.last_hash)
+        then every event after it (after folds that were not stored).
+
+        Built aside (on a shallow copy of this ledger, sharing its store) and put in place
+        whole: while the store is away the reload waits on it, and other threads (the server's
+        reads, its token checks, the node leases it keeps for its agents) go on seeing the
+        state that was folded, never an empty one (atk33-28 F1/F2: an empty state while a
+        reload waited answered valid tokens 401 and let running jobs' node leases lapse)."""
         self.stale = True  # until the log is read back whole (a store that is down: later)
-        self._recent.clear()
-        self.state = State(live_only=self.state.live_only)
-        self.version = self.position = self.snapshot_position = 0
-        self.last_hash = ""
-        try:
-            if self.state.live_only:
-                self._restore()
-            self.restored_from = restored_from
-            self.catch_up()
-        except BaseException:
-            # the store is away: keep answering from what was folded (tokens too: a reader is
-            # never told its token is unknown because the store is down), still stale
-            self.state, self.version, self.position, self.snapshot_position, self.last_hash = kept
-            self.restored_from = restored_from
-            raise
+        fresh = _Aside.__new__(_Aside)
+        fresh.__dict__.update(self.__dict__)
+        fresh._recent = []
+        fresh.state = State(live_only=self.state.live_only)
+        fresh.version = fresh.position = fresh.snapshot_position = 0
+        fresh.last_hash = ""
+        if fresh.state.live_only:
+            fresh._restore()
+        fresh.restored_from = self.restored_from
+        fresh.catch_up()
+        self.state, self.version, self.position = fresh.state, fresh.version, fresh.position
+        self.snapshot_position, self.last_hash = fresh.snapshot_position, fresh.last_hash
+        self.refused_snapshot = fresh.refused_snapshot
+        self._recent = fresh._recent
         self.stale = False
 
     def refresh(self) -> int:
@@ -741,3 +744,12 @@ def _private(path: Path) -> None:
     -wal and -shm files the database file's mode. An existing file keeps its mode."""
     with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
+class _Aside(Ledger):
+    """A ledger's shallow copy that a reload builds the state in (`Ledger._reload`): it shares
+    the ledger's store, which it never closes (an `Application` closes its store when it is
+    collected)."""
+
+    def __del__(self) -> None:
+        pass
