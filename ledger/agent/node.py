@@ -562,10 +562,21 @@ class NodeAgent:
             time.sleep(self.s.check_every_s)
             self._watch(_now())
         self._watch(_now())
-        if not self.outbox.empty() and not self._send(self.client):
-            log.warning("exits not reported: %s", self.status.last_error)
+        # the drained exits are what makes the server requeue resumable jobs (not a failure, not
+        # a lost node): sent until the server takes them, for up to `REPORT_DRAIN_S`
+        until = time.monotonic() + REPORT_DRAIN_S
+        while not self.outbox.empty() and not self._send(self.client):
+            if time.monotonic() >= until:
+                log.warning("exits not reported: %s", self.status.last_error)
+                break
+            time.sleep(1.0)
         self._write_status()
         return len(running)
+
+
+REPORT_DRAIN_S = 60.0
+"""How long `agent --drain` keeps sending its drained jobs' exits when the server does not take
+them (a server restarting, a standby taking over)."""
 
 
 def read_status(state_dir: Path) -> dict[str, Any] | None:

@@ -274,8 +274,12 @@ class _Server:
             except (ConnectionError, http.client.HTTPException, OSError) as err:
                 conn.close()
                 self._conn = None
-                if attempt == 0 and isinstance(err, http.client.RemoteDisconnected):
-                    continue  # a kept-alive connection the server closed: once more
+                if attempt == 0 and isinstance(
+                    err, http.client.RemoteDisconnected | BrokenPipeError
+                ):
+                    # a kept-alive connection the server closed (found on reading the answer,
+                    # or, idle longer, on sending: then nothing was sent): once more
+                    continue
                 refused = isinstance(err, ConnectionRefusedError | FileNotFoundError)
                 raise (_Refused if refused else Unavailable)(
                     f"cannot reach the server at {self.url}: {err}",

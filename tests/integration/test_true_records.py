@@ -62,6 +62,31 @@ def test_agent_drain_inside_a_contract_is_maintenance_the_audit_allows(cluster: 
     assert "DRAINED_IN_CONTRACT" in checked, checked
 
 
+def test_agent_drain_reports_a_slow_resumable_jobs_exit_and_the_job_is_requeued(
+    cluster: Cluster,
+) -> None:
+    """atk33-23 F5: the job traps TERM and needs 7 s to save, longer than the server keeps an
+    idle connection (5 s): the drain's one report of its exit met a closed connection ("exits
+    not reported: ... Broken pipe"), and the resumable job ended failed or node_lost instead of
+    being requeued. The report now goes on a fresh connection, and is sent again until taken."""
+    c = cluster
+    job = c.submit(1, "trap 'sleep 7; exit 143' TERM; echo $$; while true; do sleep 0.2; done",
+                   "--resumable", "--grace", "15s")  # fmt: skip
+    j = c.wait_status(job, "running")
+    node = j["logs"][0].split(":", 1)[0]
+    ag = c.agents[node]
+    ag.kill(signal.SIGTERM)  # stopping the agent leaves the job running
+    drain = agents.cli(ag.state, "agent", "--node", node, "--url", c.server.url, "--gpus",
+                       str(agents.GPUS), "--state-dir", str(ag.state), "--grace", "15s",
+                       "--drain", GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
+    assert f"drained node {node}: stopped 1 job(s)" in drain.stdout
+    assert "not reported" not in drain.stderr, drain.stderr
+    wait_for("the job's requeue", lambda: [ev for ev in c.events("job.requeued.v1")
+                                          if ev["job_id"] == job], 30, c.why)  # fmt: skip
+    row = c.job(job)
+    assert row["status"] != "finished", row
+
+
 def test_afternotok_on_an_array_waits_for_every_task_through_the_server(tmp_path: Path) -> None:
     """F2: task 0 completes while task 1 still runs and will fail: `afternotok:ARRAY` is
     accepted (it was refused "can never be satisfied"), waits, and runs once task 1 has failed;
