@@ -278,5 +278,7 @@ def test_dependents_estimates_wait_for_their_gpus_through_the_server(tmp_path: P
         assert got == [b_at + 600, b_at + 660], queued
         told = json.loads(served.cli("root", "explain", str(deps[1]), "--json").stdout)
         assert told["estimated_start_at"] == got[1], told
+        served.cli("root", "cancel", str(a))  # its sleep outlives the server otherwise
+        served.wait("A to end", a, "finished")
     finally:
         served.server.stop()
