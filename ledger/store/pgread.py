@@ -38,14 +38,14 @@ def is_postgres(store: str | None) -> bool:
     if not store:
         return False
     s = store.strip()
-    return s.startswith(SCHEMES) or any(
+    return s.lower().startswith(SCHEMES) or any(
         s.startswith(k + "=") for k in ("host", "dbname", "service")
     )
 
 
 def redacted(dsn: str) -> str:
-    """`dsn` without its password, for logs, status and errors."""
-    if dsn.startswith(SCHEMES):
+    """`dsn` without its password, for logs, status and errors (whatever the scheme's case)."""
+    if "://" in dsn:
         try:
             parts = urlsplit(dsn)
         except ValueError:
@@ -72,8 +72,12 @@ def connect_params(dsn: str) -> dict[str, Any]:
     except Exception as err:
         from schemas.errors import InvalidCommand
 
+        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        for secret in re.findall(r"://[^:/@\s]*:([^@\s]+)@|password=([^\s&]+)", dsn):
+            for word in (w for w in secret if w):  # libpq's words may quote the whole DSN
+                why = why.replace(word, "***")
         raise InvalidCommand(
-            f"invalid PostgreSQL DSN {redacted(dsn)!r}: {err}",
+            f"invalid PostgreSQL DSN {redacted(dsn)!r}: {why}",
             hint="use postgresql://USER[:PASSWORD]@HOST[:PORT][,HOST2[:PORT2]]/DBNAME",
         ) from err
     return {**connect_defaults(), **params}
