@@ -21,7 +21,11 @@ def test_an_uppercase_scheme_is_a_dsn_not_a_directory_and_says_no_password() -> 
 
 @pytest.mark.parametrize(
     "dsn",
-    ["postgresql://u:Secr3t@h/db?bad=1", "host=h password=Secr3t bogus", "postgres://u:Secr3t@/x?y"],
+    [
+        "postgresql://u:Secr3t@h/db?bad=1",
+        "host=h password=Secr3t bogus",
+        "postgres://u:Secr3t@/x?y",
+    ],
 )
 def test_libpqs_own_words_about_a_bad_dsn_lose_its_password(dsn: str) -> None:
     with pytest.raises(InvalidCommand) as err:
