@@ -303,7 +303,16 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     if not ledger.state.initialised:
         raise InvalidCommand(f"no ledger in {home}", hint="run `gpuledger init --admin USER` first")
     # several servers may share a PostgreSQL store: then the lease says who leads (docs/ha.md)
-    ha = _leadership(ledger, config) if dsn is not None else None
+    policy = registry.build(
+        config.policy,
+        {
+            "margin": config.margin,
+            "debug_lane": config.debug_lane,
+            "squat_after_s": config.squat_after.seconds,
+        },
+        known_only=True,
+    )
+    ha = _leadership(ledger, config, policy) if dsn is not None else None
     # 2 the executor before any line is logged: a partition Slurm would overrule is one error
     # (a standby makes it when it takes the lead)
     executor = make_executor(ledger, config, actor) if ha is None else NoExecutor()
@@ -328,15 +337,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     service = ServiceLoop(
         ledger,
         executor,
-        registry.build(
-            config.policy,
-            {
-                "margin": config.margin,
-                "debug_lane": config.debug_lane,
-                "squat_after_s": config.squat_after.seconds,
-            },
-            known_only=True,
-        ),
+        policy,
         kafka=config.kafka or None,
         log=logging.getLogger("gpuledger.service"),
         reports_starts=config.executor in ("local", "agents", "slurm"),
@@ -457,11 +458,13 @@ def run_as_words(config: ServeConfig) -> str:
     return f"their owners' OS accounts (uid {config.min_uid}-{config.max_uid}{root})"
 
 
-def _leadership(ledger: Ledger, config: ServeConfig) -> Leadership:
-    """This server's side of the lease on the ledger's PostgreSQL store."""
+def _leadership(ledger: Ledger, config: ServeConfig, policy: Any) -> Leadership:
+    """This server's side of the lease on the ledger's PostgreSQL store (refused in one line
+    when the leader runs with another lease, executor or policy)."""
     assert ledger.dsn is not None
     lease.setup(ledger.dsn)
     lease.agree(ledger.dsn, config.lease.seconds)
+    _agree_settings(ledger, config, policy)
     address = config.advertise
     if not address:
         scheme = "https" if config.tls_cert else "http"
@@ -470,6 +473,34 @@ def _leadership(ledger: Ledger, config: ServeConfig) -> Leadership:
     log.info("store %s: leading once the lease is free (lease %gs)", redacted(ledger.dsn),
              config.lease.seconds)  # fmt: skip
     return Leadership(lease.Lease(ledger.dsn, holder, address, config.lease.seconds))
+
+
+def _agree_settings(ledger: Ledger, config: ServeConfig, policy: Any) -> None:
+    """Refuse (one line) to stand by a leader that runs with another executor or policy: a
+    standby takes the leader's work over as it is started, so a takeover would change both at
+    once (a server with `--executor none` took over a cluster's agents and their jobs were
+    killed: atk33-28 F5). Settings change once nobody leads, with the next server that does."""
+    assert ledger.dsn is not None
+    recorded = ledger.state.service
+    if recorded is None:
+        return
+    leader = lease.leading_now(ledger.dsn)
+    mine = (config.executor, registry.config_of(policy))
+    if leader is None or (recorded.executor, recorded.policy) == mine:
+        return
+    theirs, ours = _policy_words(recorded.policy), _policy_words(mine[1])
+    if theirs == ours:
+        theirs, ours = f"{theirs} {recorded.policy}", f"{ours} {mine[1]}"
+    raise InvalidCommand(
+        f"the leader {leader} runs --executor {recorded.executor} with policy {theirs}; this "
+        f"server was started with --executor {config.executor} and policy {ours}",
+        hint="start every server on a store with the same executor and policy settings; to "
+        "change them, stop them all (docs/ha.md)",
+    )
+
+
+def _policy_words(config: Any) -> str:
+    return str(getattr(config, "version", type(config).__name__))
 
 
 def _roles(

@@ -130,6 +130,15 @@ def agree(dsn: str, lease_s: float) -> None:
         )
 
 
+def leading_now(dsn: str) -> str | None:
+    """The address of the server that holds the lease now (None: nobody leads)."""
+    with connect(dsn) as con:
+        row = con.execute(
+            f"SELECT address, expires_at > now() FROM {LEADER_TABLE} WHERE id = 1 AND holder <> ''"
+        ).fetchone()
+    return (row[0] or "?") if row is not None and row[1] else None
+
+
 class Lease:
     """One server's side of the lease, on a connection of its own (never the store's pool: a
     busy pool must not delay a renewal)."""

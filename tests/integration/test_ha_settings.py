@@ -41,6 +41,13 @@ def test_a_lease_out_of_bounds_or_unlike_the_leaders_is_refused_in_one_line(
         g.leader()
         err = one_line(serve(tmp_path / "other", pg_store, "--lease", "3s"))
         assert "use a lease of 5s" in err and "--lease 5s" in err, err
+        # atk33-28 F5: a standby with another executor or policy would change both when it
+        # took over (a server with --executor none took a cluster's agents: jobs killed)
+        err = one_line(serve(tmp_path / "fifo", pg_store, "--lease", "5s", "--policy", "fifo"))
+        assert "runs --executor none with policy fairshare-7" in err, err
+        assert "started with --executor none and policy fifo-1" in err, err
+        err = one_line(serve(tmp_path / "rec", pg_store, "--lease", "5s", "--executor", "record"))
+        assert "this server was started with --executor record" in err, err
     finally:
         g.stop()
 
