@@ -182,6 +182,12 @@ def agent(
     cctx.meta["agent_config"] = config
     if cctx.invoked_subcommand is not None:
         return
+    if cctx.get_parameter_source("token") == click.core.ParameterSource.COMMANDLINE:
+        click.echo(  # atk33-28 F12, as serve says of a password in --store (security.md T22)
+            "warning: the node token in --token is readable by every local user (ps, "
+            "/proc/PID/cmdline): give it as GPULEDGER_NODE_TOKEN or the config's `token`",
+            err=True,
+        )
     sys.exit(_run(config, drain))
 
 
