@@ -27,6 +27,7 @@ from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from ledger.store.embedded import EmbeddedSource
+from ledger.store.snapshots import state_key
 from projections.projector import Projector
 from projections.store import PROJECTIONS_DIR, Store
 from schemas import commands as c
@@ -64,7 +65,7 @@ def main() -> None:
         # the decision just made (the synthetic history's own records name another version)
         decisions = [d for d in replay.find_decisions(tmp) if d[1].policy_version == policy.version]
         position, rec = decisions[-1]
-        checkpoints = ck.Checkpoints(tmp / ck.CHECKPOINTS_DB)
+        checkpoints = ck.Checkpoints(tmp / ck.CHECKPOINTS_DB, state_key(tmp))
         t0 = time.perf_counter()
         with EmbeddedSource(tmp) as source, replay.Replayer(source, checkpoints=checkpoints) as rp:
             rp.advance(rec.based_on - 1)

@@ -68,7 +68,7 @@ from ledger.history.compare import (
 )
 from ledger.store import EVENTS_DB, has_log
 from ledger.store.locate import open_source
-from ledger.store.snapshots import folded, unfolded
+from ledger.store.snapshots import folded, state_key, unfolded
 from projections import queries
 from projections.as_of import AS_OF_SQL, AsOf, DiskAsOf
 from projections.chain import link, names
@@ -533,7 +533,7 @@ def replay_found(
 ) -> Iterator[CycleReplay]:
     """Replay `decisions` found in the embedded log of `home` (see `replay_home`)."""
     few = len(decisions) <= FEW
-    checkpoints = Checkpoints(home / CHECKPOINTS_DB)
+    checkpoints = Checkpoints(home / CHECKPOINTS_DB, state_key(home))  # trusted when signed
     projection = projection_path(home)
     try:
         with open_source(home) as source:

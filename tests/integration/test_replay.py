@@ -34,6 +34,7 @@ from ledger.sim.whatif import simulate
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from ledger.store.embedded import EmbeddedSource
+from ledger.store.snapshots import state_key
 from projections.projector import Projector
 from projections.store import Store, projection_path
 from schemas import commands as c
@@ -334,7 +335,7 @@ def test_one_decision_replays_from_the_nearest_checkpoint_and_the_anchored_proje
     monkeypatch.setattr(replay, "CHECKPOINT_EVERY", 20)
     # a walk over every decision stores checkpoints (and uses a projection of its own)
     assert [r.headline() for r in replay_home(home) if not r.identical] == []
-    checkpoints = ck.Checkpoints(home / ck.CHECKPOINTS_DB)
+    checkpoints = ck.Checkpoints(home / ck.CHECKPOINTS_DB, state_key(home))
     stored = checkpoints.positions()
     assert len(stored) >= 3
     decisions = find_decisions(home)
@@ -361,6 +362,19 @@ def test_one_decision_replays_from_the_nearest_checkpoint_and_the_anchored_proje
             assert rp.replay(position, last).identical
             assert rp._checkpointed < start
     assert f"replay checkpoint at {start} skipped: the chain hash differs" in caplog.text
+    # atk33-26 F2: a checkpoint written by someone without the service's key (a forged state
+    # at a real position, its chain hash right) is never trusted: replay folds from before it
+    checkpoints.put(cp)
+    forged = msgspec.structs.replace(cp, state=msgspec.structs.replace(cp.state, jobs=[]), mac="")
+    checkpoints.con.execute("UPDATE checkpoints SET data = ? WHERE position = ?",
+                            (msgspec.msgpack.encode(forged), start))  # fmt: skip
+    with (
+        EmbeddedSource(home) as source,
+        replay.Replayer(source, checkpoints=checkpoints, projection=projection_path(home)) as rp,
+    ):
+        assert rp.replay(position, last).identical
+        assert rp._checkpointed < start
+    assert f"replay checkpoint at {start} skipped: not signed with the service's" in caplog.text
     checkpoints.close()
 
 
