@@ -380,11 +380,12 @@ def decision_count(con: Con, since: float | None = None, until: float | None = N
 
 
 def job_decisions(con: Con, job_id: int, limit: int) -> list[tuple[int, e.CycleDecided]]:
-    """The last `limit` recorded decisions that placed or preempted `job_id` or listed it among
-    their first waiting jobs, in log order, decoded: read newest first from the job's span of
-    the log (its submission to its last event, or on to the head while it is not finished),
-    `limit` found at a time; never a walk of the whole log. (The job page's replay: the same
-    decisions `ledger.history.replay.Selection(job=...)` picks.)"""
+    """The last `limit` recorded decisions of `job_id`'s span of the log (its submission to its
+    last event, or on to the head while it is not finished: every decision then considered the
+    job, waiting, placed or running, whether or not the record lists it among its first waiting
+    jobs), in log order, decoded: read newest first, `limit` found at a time; never a walk of
+    the whole log. (The job page's replay: the decisions `ledger.history.replay.Selection(job=...)`
+    picks.)"""
     span = con.execute(
         "SELECT submitted_position, CASE WHEN status = 'finished' THEN last_position END "
         "FROM jobs WHERE job_id = $job",
@@ -404,11 +405,7 @@ def job_decisions(con: Con, job_id: int, limit: int) -> list[tuple[int, e.CycleD
         ).fetchall()
         for position, raw in rows:
             d = decode(raw)
-            if isinstance(d, e.CycleDecided) and (
-                job_id in d.placed
-                or job_id in d.preempted
-                or any(w.job_id == job_id for w in d.waiting.first)
-            ):
+            if isinstance(d, e.CycleDecided) and int(position) > first:
                 found.append((int(position), d))
                 if len(found) == limit:
                     break

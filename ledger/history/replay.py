@@ -35,7 +35,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ledger.core.evolve import evolve
@@ -67,7 +67,7 @@ from ledger.history.compare import (
     usage_of,
 )
 from ledger.store import EVENTS_DB, has_log
-from ledger.store.locate import open_source
+from ledger.store.locate import LogSource, open_source
 from ledger.store.snapshots import folded, state_key, unfolded
 from projections import queries
 from projections.as_of import AS_OF_SQL, AsOf, DiskAsOf
@@ -419,8 +419,12 @@ class Selection:
     job: int | None = None
     start: float | None = None
     end: float | None = None
+    span: tuple[int, int | None] | None = None
+    """With `job`: the job's span of the log (its submission to its end, None: not ended),
+    found by `find_decisions`; every decision in it considered the job (waiting, running or
+    placed), whether or not the record lists it among its first waiting jobs."""
 
-    def wants(self, d: e.CycleDecided) -> bool:
+    def wants(self, d: e.CycleDecided, position: int = 0) -> bool:
         if self.cycle is not None and d.cycle_id not in (self.cycle, f"cycle-{self.cycle}"):
             return False
         at = decided_at(d)
@@ -430,7 +434,12 @@ class Selection:
             return False
         if self.job is not None:
             j = self.job
-            return j in d.placed or j in d.preempted or any(w.job_id == j for w in d.waiting.first)
+            if j in d.placed or j in d.preempted or any(w.job_id == j for w in d.waiting.first):
+                return True
+            if self.span is None:
+                return False
+            first, last = self.span
+            return first < position and (last is None or position <= last)
         return True
 
 
@@ -447,12 +456,32 @@ def find_decisions(
     sel = selection or Selection()
     out = []
     with open_source(home) as source:
+        if sel.job is not None:
+            sel = replace(sel, span=_job_span(source, sel.job))
         for page in follow(source, tags=DECIDED_TAGS):
             for rec in page:
                 ev = codec.decode(rec.data)
-                if isinstance(ev, e.CycleDecided) and sel.wants(ev):
+                if isinstance(ev, e.CycleDecided) and sel.wants(ev, rec.position):
                     out.append((rec.position, ev))
     return out
+
+
+def _job_span(source: LogSource, job_id: int) -> tuple[int, int | None] | None:
+    """The positions of `job_id`'s submission and of its end (None: not ended), from the
+    submissions and ends of the log (a scan of those tags alone); None: no such job."""
+    first: int | None = None
+    last: int | None = None
+    wanted = codec.stored_tags(e.JobSubmitted, e.JobFinished)
+    for page in follow(source, tags=wanted):
+        for rec in page:
+            ev = codec.decode(rec.data)
+            if getattr(ev, "job_id", None) != job_id:
+                continue
+            if isinstance(ev, e.JobSubmitted) and first is None:
+                first = rec.position
+            elif isinstance(ev, e.JobFinished):
+                last = rec.position
+    return None if first is None else (first, last)
 
 
 FEW = 8

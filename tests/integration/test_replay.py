@@ -408,3 +408,33 @@ def test_a_policy_that_reads_no_ranks_replays_identically(tmp_path: Path) -> Non
     assert results and all(r.error is None and not r.differences for r in results), [
         (r.position, [d.text() for d in r.differences]) for r in results if r.differences
     ]
+
+
+def test_replay_of_a_job_finds_the_decisions_that_considered_it_past_the_first_64(
+    tmp_path: Path,
+) -> None:
+    """atk33-26 F4: `replay --job J` found only decisions that placed or preempted J or listed
+    it among their first 64 waiting jobs: job 80 of 80 waiting had none. Every decision of the
+    job's span of the log considered it; the job page's list (`job_decisions`) is the same."""
+    from projections.history import job_decisions
+
+    clock = SimClock(T0)
+    ledger = Ledger(tmp_path, clock, seeded_ids(7))
+    org(ledger)
+    ledger.execute_all([job("alice", "ai2/olmo", 8, min_runtime_s=600, duration_s=9_000)] * 80)
+    with Store(":memory:") as store, EmbeddedSource(tmp_path) as source:
+        dispatcher = Dispatcher(
+            ledger, ProjectionRanks(Projector(store, source)), FairShare(), KernelExecutor()
+        )
+        for t in (0.0, 700.0, 1_400.0):
+            clock.advance_to(T0 + t)
+            ledger.execute(job("dan", "ai2/tulu", 1, min_runtime_s=60, duration_s=60))
+            dispatcher.cycle(T0 + t)
+    ledger.close()
+    every = find_decisions(tmp_path)
+    assert every and all(80 not in [w.job_id for w in d.waiting.first] for _, d in every)
+    found = find_decisions(tmp_path, Selection(job=80))
+    assert [p for p, _ in found] == [p for p, _ in every]
+    project_home(tmp_path)
+    with duckdb.connect(str(projection_path(tmp_path)), read_only=True) as con:
+        assert [p for p, _ in job_decisions(con, 80, 100)] == [p for p, _ in every]
