@@ -285,6 +285,13 @@ class HAFront:
         if leader and leader != self.ha.lease.address and forwardable:
             await self._forward(leader, scope, receive, send, headers)
             return
+        if self.ha.unreachable is not None:  # not "a standby": nobody can lead meanwhile
+            await self._refuse(
+                send,
+                f"the store does not answer ({self.ha.unreachable}): no write is taken until "
+                "it does",
+            )
+            return
         await self._refuse(send, "this server is a standby")
 
     def _stamped(self, send: Send) -> Send:
@@ -353,6 +360,8 @@ class HAFront:
     async def _refuse(self, send: Send, why: str, keep: int = 0) -> None:
         leader = self.ha.leader_address()
         where = f"the leader is {leader}" if leader else "no server leads right now"
+        if self.ha.unreachable is not None:
+            leader, where = "", "no server can lead until it answers (reads still answer)"
         body = msgspec.json.encode(
             api.Problem(
                 title="unavailable",

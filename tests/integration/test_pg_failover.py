@@ -189,6 +189,7 @@ def test_postgresql_down_refuses_writes_with_one_line_keeps_reads_and_resumes_al
                    ok=False, **env)  # fmt: skip
         assert proc.returncode != 0 and proc.stderr.count("\n") == 1, proc.stderr
         assert proc.stderr.startswith("error: ") and "[unavailable]" in proc.stderr, proc.stderr
+        assert "store does not answer" in proc.stderr, proc.stderr  # atk33-28 F6: not "standby"
         if time.monotonic() - down_at > OUTAGE_S:
             break
         time.sleep(5)
