@@ -22,7 +22,7 @@ import pytest
 
 from ledger.store.application import Ledger
 from schemas import commands as c
-from tests.integration.security.test_security_reads import Phase
+from tests.integration.security.test_security_reads import Phase, submit_and_cancel
 from tests.integration.serverkit import Server, make_token, set_up_ledger, start_server
 
 PENDING = 300
@@ -183,22 +183,7 @@ def measure(w: World, seconds: float, hostile: bool) -> tuple[Phase, float, floa
     lock = threading.Lock()
 
     def client() -> None:
-        body = {"actor": "", "account": "ai2/olmo", "gpus": 1}
-        while not stop.is_set():
-            began = time.monotonic()
-            status, answer = w.server.request(
-                "POST", "/v1/commands/submit", body, w.tokens["alice"]
-            )
-            took = time.monotonic() - began
-            if status != 200:
-                failures.append(answer)
-                return
-            with lock:
-                submits.append(took)
-            job = answer["events"][0]["job_id"]
-            w.server.request(
-                "POST", "/v1/commands/cancel", {"actor": "", "job_id": job}, w.tokens["alice"]
-            )
+        submit_and_cancel(w.server, w.tokens["alice"], stop, submits, failures, lock)
 
     def loop(offset: int) -> None:
         paths = itertools.cycle(live_reads(5)[offset:] + live_reads(5)[:offset])

@@ -133,6 +133,30 @@ class Phase:
         return statistics.quantiles(self.gaps, n=20, method="inclusive")[18]
 
 
+def submit_and_cancel(
+    server: Server,
+    token: str,
+    stop: threading.Event,
+    submits: list[float],
+    failures: list[object],
+    lock: threading.Lock,
+) -> None:
+    """One client: submits a 1-GPU job of ai2/olmo and cancels it until `stop`, adding each
+    submit's latency to `submits` (a refused submit ends it, its answer in `failures`)."""
+    body = {"actor": "", "account": "ai2/olmo", "gpus": 1}
+    while not stop.is_set():
+        began = time.monotonic()
+        status, answer = server.request("POST", "/v1/commands/submit", body, token)
+        took = time.monotonic() - began
+        if status != 200:
+            failures.append(answer)
+            return
+        with lock:
+            submits.append(took)
+        job = answer["events"][0]["job_id"]
+        server.request("POST", "/v1/commands/cancel", {"actor": "", "job_id": job}, token)
+
+
 def measure(w: World, seconds: float, heavy: bool, reads: bool = False) -> Phase:
     """8 clients submit (and cancel) for `seconds` while the cycle's times are read from
     /v1/health; with `heavy`, four users run a self-join each throughout; with `reads`, a plain
@@ -144,22 +168,7 @@ def measure(w: World, seconds: float, heavy: bool, reads: bool = False) -> Phase
     lock = threading.Lock()
 
     def client() -> None:
-        body = {"actor": "", "account": "ai2/olmo", "gpus": 1}
-        while not stop.is_set():
-            began = time.monotonic()
-            status, answer = w.server.request(
-                "POST", "/v1/commands/submit", body, w.tokens["alice"]
-            )
-            took = time.monotonic() - began
-            if status != 200:
-                failures.append(answer)
-                return
-            with lock:
-                submits.append(took)
-            job = answer["events"][0]["job_id"]
-            w.server.request(
-                "POST", "/v1/commands/cancel", {"actor": "", "job_id": job}, w.tokens["alice"]
-            )
+        submit_and_cancel(w.server, w.tokens["alice"], stop, submits, failures, lock)
 
     def watch() -> None:
         last = None
