@@ -141,7 +141,8 @@ def test_a_hung_broker_is_stalled_with_the_lag_and_a_dead_one_unavailable(
             lambda: (h := read_health(home)) is not None and h.state == "publishing" and not h.lag,
             120,
         )
-        assert status(home) == (0, status(home)[1])
+        code, out = status(home)  # once: the position may move between two reads
+        assert code == 0 and out.startswith("relay publishing:"), out
     finally:
         health = service.stop()
     assert health.state == "exited"
