@@ -40,6 +40,25 @@ def pytest_configure(config: pytest.Config) -> None:
         del os.environ[name]
 
 
+SLURM_FILES = "test_slurm"
+"""The test files (`tests/integration/test_slurm*.py`) that share the suite's one Slurm cluster
+(the session fixture `cluster` of test_slurm.py): one set of GPUs, with its own foreign jobs."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`scripts/test` runs the suite on two workers (pytest-xdist, `--dist loadgroup`). Each test
+    file is one group, run on one worker in its order, as it runs alone: its module-scoped
+    fixtures (a server, a ledger) are made once, and a test may build on the one before it.
+    Every test of the Slurm files is in one group: they share the suite's one cluster."""
+    for item in items:
+        if item.path.parent.name == "integration" and item.path.name.startswith(SLURM_FILES):
+            group = "slurm"
+        else:
+            group = f"{item.path.parent.name}/{item.path.stem}"
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 T0 = 1_000.0
 """Where every test clock starts (seconds since the epoch)."""
 

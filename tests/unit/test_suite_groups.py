@@ -1,0 +1,49 @@
+"""The suite's own grouping (tests/conftest.py): under `scripts/test`'s two workers, every test of
+the Slurm files runs on one worker (they share one cluster), each other file on one worker in its
+order, and the files spread. Run on a small
+tree of sleeping tests with the project's hook, through pytest-xdist as `scripts/test` runs it;
+it fails when the pinned pytest and pytest-xdist stop grouping (pytest 9 ignores xdist 3.8's
+renaming: the Slurm tests ran on both workers and failed each other)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+TESTS = "".join(f"def test_{i}():\n    time.sleep(0.2)\n\n\n" for i in range(4))
+
+
+def test_the_slurm_files_run_on_one_worker_and_the_rest_spreads(tmp_path: Path) -> None:
+    tree = tmp_path / "tests" / "integration"
+    tree.mkdir(parents=True)
+    (tmp_path / "conftest.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
+    )
+    for name in ("test_slurm_a", "test_slurm_b", "test_other", "test_more"):
+        (tree / f"{name}.py").write_text("import time\n\n\n" + TESTS)
+    (tmp_path / "tests" / "unit").mkdir()
+    (tmp_path / "tests" / "unit" / "test_slurm_pure.py").write_text("import time\n\n\n" + TESTS)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2",
+         "--dist", "loadgroup", "-v", "--rootdir", str(tmp_path), str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    ran = re.findall(r"^\[(gw\d)\] .*PASSED (\S+)", run.stdout, re.M)
+    assert len(ran) == 20, run.stdout
+    slurm = {w for w, test in ran if "/integration/test_slurm_" in test}
+    assert len(slurm) == 1, ran  # one worker for every test of the Slurm files
+    assert all(t.endswith("@slurm") for _, t in ran if "/integration/test_slurm_" in t), ran
+    assert not any(t.endswith("@slurm") for _, t in ran if "/integration/test_slurm_" not in t)
+    for other in ("integration/test_other", "integration/test_more", "unit/test_slurm_pure"):
+        # every other file is a group of its own, on one worker, in its order
+        mine = [(w, t) for w, t in ran if t.startswith(f"tests/{other}.py::")]
+        assert len(mine) == 4 and len({w for w, _ in mine}) == 1, ran
+        assert [t.split("::")[1] for _, t in mine] == [f"test_{i}@{other}" for i in range(4)]
+    assert len({w for w, _ in ran}) == 2, ran  # and the files spread over both
