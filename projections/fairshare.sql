@@ -100,7 +100,7 @@ FROM normed
 -- allocation = product of the norm shares of the team and its ancestors (open siblings, as of the
 -- hour's start); owed = min(allocation * capacity, demand). Spans still going count up to $end.
 WITH grid AS (
-    SELECT k * 3600.0 AS h
+    SELECT k, k * 3600.0 AS h
     FROM range(floor($start::DOUBLE / 3600)::BIGINT, ceil($end::DOUBLE / 3600)::BIGINT) t(k)
 ),
 teams AS (
@@ -118,27 +118,41 @@ changes AS (
     WINDOW w AS (PARTITION BY account ORDER BY position
                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 ),
+moments AS (  -- when the tree changed: its state is the same from one to the next
+    SELECT DISTINCT changed_at AS m FROM changes WHERE nth = 1
+),
 state AS (
-    SELECT g.h, a.account, c.shares, c.open
-    FROM grid g
+    SELECT t.m, a.account, c.shares, c.open
+    FROM moments t
     CROSS JOIN (SELECT DISTINCT account FROM changes) a
     ASOF JOIN (SELECT * FROM changes WHERE nth = 1) c
-        ON c.account = a.account AND g.h >= c.changed_at
+        ON c.account = a.account AND t.m >= c.changed_at
 ),
 normed AS (
-    SELECT h, account,
+    SELECT m, account,
            coalesce(shares, 0) / nullif(sum(coalesce(shares, 0))
-               OVER (PARTITION BY h, array_to_string(str_split(account, '/')[1:-2], '/')), 0)
+               OVER (PARTITION BY m, array_to_string(str_split(account, '/')[1:-2], '/')), 0)
                AS norm_shares
     FROM state WHERE open
 ),
-allocation AS (
-    SELECT n.h, t.team, product(coalesce(n.norm_shares, 0.0)) AS allocation,
-           count(*) AS levels
-    FROM teams t
-    CROSS JOIN unnest(range(1, $team_depth + 1)) AS d(k)
-    JOIN normed n ON n.account = array_to_string(str_split(t.team, '/')[1:k], '/')
-    GROUP BY n.h, t.team
+allocation_at AS (  -- every team at every moment (levels 0: none of its path is open then)
+    SELECT mt.m, mt.team, a.allocation, coalesce(a.levels, 0) AS levels
+    FROM (SELECT m, team FROM moments CROSS JOIN teams) mt
+    LEFT JOIN (
+        SELECT n.m, t.team, product(coalesce(n.norm_shares, 0.0)) AS allocation,
+               count(*) AS levels
+        FROM teams t
+        CROSS JOIN unnest(range(1, $team_depth + 1)) AS d(k)
+        JOIN normed n ON n.account = array_to_string(str_split(t.team, '/')[1:k], '/')
+        GROUP BY n.m, t.team
+    ) a ON a.m = mt.m AND a.team = mt.team
+),
+allocation AS (  -- per hour, as of the hour's start: the tree's last change at or before it
+                 -- (computed once per change, not once per hour: a year is 8,760 hours)
+    SELECT g.h, t.team, a.allocation, a.levels
+    FROM grid g
+    CROSS JOIN teams t
+    ASOF JOIN allocation_at a ON a.team = t.team AND g.h >= a.m
 ),
 spans AS (  -- (kind, key, gpus, lo, hi) clipped to [start, end); only the ones inside it
             -- (hi > lo): the rest are left out as they are read, not after
@@ -164,24 +178,52 @@ spans AS (  -- (kind, key, gpus, lo, hi) clipped to [start, end); only the ones 
         FROM node_history
     ) WHERE state IN ('active', 'draining')
 ),
-spread AS (
-    SELECT kind, key, k * 3600.0 AS h,
-           gpus * (least(hi, k * 3600.0 + 3600.0) - greatest(lo, k * 3600.0)) / 3600.0 AS gpu_h
-    FROM (
-        SELECT *, unnest(range(floor(lo / 3600)::BIGINT, ceil(hi / 3600)::BIGINT)) AS k
-        FROM spans WHERE hi > lo
-    )
-    WHERE least(hi, k * 3600.0 + 3600.0) > greatest(lo, k * 3600.0)
+pieces AS (  -- a span's first and last hours, and the hours between them (b > a + 1)
+    SELECT kind, key, gpus, lo, hi,
+           floor(lo / 3600)::BIGINT AS a, floor(hi / 3600)::BIGINT AS b
+    FROM spans WHERE hi > lo
+),
+edges AS (  -- a span is two partial hours and a rate of `gpus` GPU-hours an hour between them
+            -- (+gpus from a + 1, -gpus from b): its cost does not grow with its length (a node
+            -- active for a year is 4 rows, not 8,760)
+    SELECT kind, key, a AS k, gpus * (least(hi, a * 3600.0 + 3600.0) - lo) / 3600.0 AS part,
+           0 AS rate
+    FROM pieces
+    UNION ALL
+    SELECT kind, key, b, gpus * (hi - b * 3600.0) / 3600.0, 0 FROM pieces WHERE b > a
+    UNION ALL
+    SELECT kind, key, a + 1, 0.0, gpus FROM pieces WHERE b > a + 1
+    UNION ALL
+    SELECT kind, key, b, 0.0, -gpus FROM pieces WHERE b > a + 1
+),
+keyed AS (  -- by the team the key is under ('' for the capacity's nodes)
+    SELECT kind,
+           CASE WHEN kind = 'capacity' THEN ''
+                ELSE array_to_string(str_split(key, '/')[1:$team_depth], '/') END AS team,
+           k, sum(part) AS part, sum(rate)::BIGINT AS rate
+    FROM edges
+    WHERE kind = 'capacity' OR len(str_split(key, '/')) >= $team_depth
+    GROUP BY ALL
+),
+running AS (  -- the rate summed up to each hour a span begins or ends in (a few rows)
+    SELECT kind, team, k, part,
+           sum(rate) OVER (PARTITION BY kind, team ORDER BY k
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS rate_sum
+    FROM keyed
+),
+spread AS (  -- per hour of the grid: its partial hours plus the rate summed up to it (the last
+             -- such hour at or before it)
+    SELECT o.kind, o.team, g.h,
+           CASE WHEN r.k = g.k THEN r.part ELSE 0.0 END + coalesce(r.rate_sum, 0) AS gpu_h
+    FROM (SELECT DISTINCT kind, team FROM keyed) o
+    CROSS JOIN grid g
+    ASOF LEFT JOIN running r ON r.kind = o.kind AND r.team = o.team AND g.k >= r.k
 ),
 capacity AS (
-    SELECT h, sum(gpu_h) AS capacity_gpu_h FROM spread WHERE kind = 'capacity' GROUP BY h
+    SELECT h, gpu_h AS capacity_gpu_h FROM spread WHERE kind = 'capacity'
 ),
 team_spread AS (
-    SELECT kind, array_to_string(str_split(key, '/')[1:$team_depth], '/') AS team, h,
-           sum(gpu_h) AS gpu_h
-    FROM spread
-    WHERE kind <> 'capacity' AND len(str_split(key, '/')) >= $team_depth
-    GROUP BY ALL
+    SELECT kind, team, h, gpu_h FROM spread WHERE kind <> 'capacity'
 )
 SELECT t.team, g.h AS hour,
        coalesce(c.capacity_gpu_h, 0.0) AS capacity_gpu_h,

@@ -230,6 +230,20 @@ class FairShare8Config(FairShare7Config, frozen=True, kw_only=True, tag="fairsha
     in the order respect it too (only backfill goes there); else when the cycle reaches it."""
 
 
+class FairShare9Config(FairShare7Config, frozen=True, kw_only=True, tag="fairshare-9"):
+    """`fairshare-7` under which no job holds the cluster forever (atk33-26 F3): a funded job
+    that has waited `starve_after_s` since it was submitted (and never ran) is no longer
+    refused a plan for the work its victims would lose (a non-resumable victim with no time
+    limit loses more the longer it runs, so no gain ever outweighed it); until then the jobs
+    refused that way wait with the refusal and the time it ends as their reason."""
+
+    starve_after_s: NonNegative = 86_400.0
+    """A funded job that never ran and has waited this long (a day) takes a plan whatever its
+    victims lose (0: never; the victims are still only those `fairshare-7` offers it: past
+    their contracts, of a team it outranks by the margin, a non-resumable one by
+    `spare_ratio`)."""
+
+
 class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
     """Slurm's multifactor priority as configured by default: no preemption unless
     `preempt_unfunded` (PreemptType=preempt/partition_prio with a scavenger partition)."""
@@ -288,7 +302,8 @@ class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
 
 
 AnyPolicyConfig = (
-    FairShare8Config
+    FairShare9Config
+    | FairShare8Config
     | FairShare7Config
     | FairShare6Config
     | FairShare5Config
@@ -306,6 +321,7 @@ AnyPolicyConfig = (
 """Any registered policy version's config (tagged by `version`)."""
 
 POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
+    FairShare9Config,
     FairShare8Config,
     FairShare7Config,
     FairShare6Config,

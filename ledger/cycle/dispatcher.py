@@ -33,10 +33,10 @@ from ledger.dispatch.registry import config_of
 from ledger.dispatch.snapshot import Snapshot
 from projections import queries
 from projections.fairshare import UsagePolicy, ranking_version
-from projections.source import gc_paused
 from projections.store import Store
 from schemas import commands as c
 from schemas import events as e
+from schemas.codec import gc_paused
 from schemas.digest import rank_digest
 from schemas.errors import Conflict, LedgerError, NotAuthorised, UnknownEntity
 from schemas.events import tag_of
@@ -161,9 +161,11 @@ class ProjectionRanks(StoreRanks):
 
     def ranks(self, now: float, position: int) -> tuple[Mapping[str, int], Mapping[str, float]]:
         """Catch up to exactly `position`, the snapshot's, so a replay from the log alone sees
-        the same usage."""
-        self.projector.catch_up(until=position)
-        return super().ranks(now, position)
+        the same usage. The projector's lock is held across both: no other projector of this
+        projection (the server's reads', `Projector.beside`) folds past it in between."""
+        with self.projector.lock:
+            self.projector.catch_up(until=position)
+            return super().ranks(now, position)
 
 
 def preview(
@@ -245,6 +247,8 @@ class Dispatcher:
         about them)."""
         self.foreign: Mapping[str, frozenset[int]] = {}
         """GPUs work outside the ledger held at the last observation (`node list` shows them)."""
+        self.stopping: Mapping[str, frozenset[int]] = {}
+        """GPUs of stopped runs still in their grace at the last observation (`node list`)."""
         self.unobserved_since: float | None = None
         """When the engine last went from seeing everything to not (None while it sees all)."""
 
@@ -401,6 +405,7 @@ class Dispatcher:
         seen, recorded = self.observe(now)
         self._outage(seen.unobserved, now)
         self.foreign = seen.foreign
+        self.stopping = seen.stopping
         finished = recorded.finished
         # 1. snapshot at position P
         position = self.ledger.catch_up()

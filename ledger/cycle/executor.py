@@ -191,6 +191,10 @@ class Observed:
     exits: tuple[Exit, ...] = ()
     foreign: Mapping[str, frozenset[int]] = field(default_factory=dict)
     """GPUs (node -> indices) busy with work outside the ledger: never placed on."""
+    stopping: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    """GPUs (node -> indices) of runs the ledger stopped whose processes are not all gone yet
+    (their grace): the engine starts nothing on them until they are; `node list` shows them
+    held (`stopping`). The dispatcher may place the next job on them meanwhile."""
     running: frozenset[int] = frozenset()
     """Jobs that really have a run in the engine now (launched, not yet reported ended)."""
     stopped: tuple[Exit, ...] = ()

@@ -27,6 +27,26 @@ def _since(placed_at: float, started_at: float | None, now: float, from_start: b
     return started_at if started_at is not None else now
 
 
+def pending_view(job: Job) -> PendingJob:
+    """Pure: the dispatcher's view of a pending job."""
+    spec = job.spec
+    return PendingJob(
+        job_id=spec.job_id,
+        account=spec.account,
+        user=spec.user,
+        gpus=spec.gpus,
+        gpu_type=spec.gpu_type,
+        cluster=spec.cluster,
+        min_runtime_s=spec.min_runtime_s,
+        resumable=spec.resumable,
+        priority=spec.priority,
+        submitted_at=spec.at,
+        debug=spec.debug,
+        time_limit_s=spec.time_limit_s,
+        runs=job.preemptions,
+    )
+
+
 def _too_long(time_limit_s: float | None, longest_s: float | None) -> bool:
     """Pure: the engine would never start a run of this time limit (counted, as Slurm counts
     it, in whole minutes rounded up)."""
@@ -139,24 +159,7 @@ def snapshot_from_state(
             and not _too_long(spec.time_limit_s, longest_s)
         ):
             known = made_pending.get(spec.job_id)
-            if known is not None and known[0] is job:
-                wait = known[1]
-            else:
-                wait = PendingJob(
-                    job_id=spec.job_id,
-                    account=spec.account,
-                    user=spec.user,
-                    gpus=spec.gpus,
-                    gpu_type=spec.gpu_type,
-                    cluster=spec.cluster,
-                    min_runtime_s=spec.min_runtime_s,
-                    resumable=spec.resumable,
-                    priority=spec.priority,
-                    submitted_at=spec.at,
-                    debug=spec.debug,
-                    time_limit_s=spec.time_limit_s,
-                    runs=job.preemptions,
-                )
+            wait = known[1] if known is not None and known[0] is job else pending_view(job)
             kept_pending[spec.job_id] = (job, wait)
             pending.append(wait)
     _RUNNING, _PENDING, _NODES = kept_running, kept_pending, kept_nodes

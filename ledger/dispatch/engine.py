@@ -48,7 +48,7 @@ from typing import Literal
 
 import msgspec
 
-from ledger.dispatch.ordering import SortKey
+from ledger.dispatch.ordering import Ordered, SortKey
 from ledger.dispatch.placement import FreeIndex, Pool, PoolKey, Shape, fragmentation
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.preemption import (
@@ -62,6 +62,7 @@ from ledger.dispatch.preemption import (
     ready_key,
 )
 from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot, complete_ranks
+from schemas.codec import gc_paused
 from schemas.commands import ApplyDecision, DecisionBody
 from schemas.digest import summarise_runs
 from schemas.events import (
@@ -316,12 +317,19 @@ class _Cycle:
         """Running jobs by the pools of the active nodes they hold GPUs on, and whether they
         are past their contract (victim candidates)."""
         free, pool_of = self.index.free, self.index.pool_of
+        in_pool = self.in_pool
         for r in snapshot.running:  # order does not matter: candidates are sorted by key
             self.live[r.job_id] = r
             past = now >= r.placed_at + r.min_runtime_s
-            keys = {pool_of[sl.node] for sl in r.slots if sl.node in free}
+            slots = r.slots
+            if len(slots) == 1:  # most jobs: one node, one pool
+                node = slots[0].node
+                if node in free:
+                    in_pool.setdefault((pool_of[node], past), []).append(r)
+                continue
+            keys = {pool_of[sl.node] for sl in slots if sl.node in free}
             for key in keys if len(keys) < 2 else sorted(keys):
-                self.in_pool.setdefault((key, past), []).append(r)
+                in_pool.setdefault((key, past), []).append(r)
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
         self.order: Sequence[tuple[SortKey, PendingJob]] = ()
@@ -333,9 +341,18 @@ class _Cycle:
         self.budget_spent = False
         self.funded_waiting = 0
         """Funded jobs left waiting."""
-        self.failed: dict[_MemoKey, tuple[int, int, Unplaceable]] = {}
-        """A failed victim search: (GPUs asked, job id, why) per group and shape. While no
-        preemption frees GPUs, a job of the group and shape asking as many fails as well."""
+        self.failed: dict[_MemoKey, tuple[int, int, Unplaceable, bool]] = {}
+        """A failed victim search: (GPUs asked, job id, why, whether the policy refused the
+        plan it found) per group and shape. While no preemption frees GPUs, a job of the group
+        and shape asking as many fails as well."""
+        self.refused_until: Callable[[PendingJob, float], float | None] | None = getattr(
+            policy, "refused_until", None
+        )
+        """When a job refused a plan for its cost may take it anyway (`Policy.weigh`), if the
+        policy says; its jobs then wait with that time (and the cycle wakes then)."""
+        self.shares_refusal = bool(getattr(policy, "shares_refusal", False))
+        """Jobs that fail without searching after a refused plan wait with the refusal too
+        (else with the shortfall of free GPUs)."""
         self.victims: dict[_GroupKey, _Replay] = {}
         """The policy's victims per victim group, constraints and contract mode: one answer
         serves every job of the group this cycle (preempted jobs are skipped as they go)."""
@@ -379,15 +396,19 @@ class _Cycle:
         traits_of: Callable[[PendingJob, Snapshot], Hashable] | None = getattr(
             policy, "job_traits", None
         )
+        shaped = bool(getattr(policy, "traits_shaped", False))  # traits hold the shape too
         facts: dict[Hashable, _Facts] = {}
-        seen: dict[tuple[Hashable, Hashable], tuple[tuple[int, int], Unplaceable]] = {}
-        """Why the last job of a shape and traits waited, and the cycle's stamp then (`epoch`,
-        the index's `moves`): while neither moves, the next such job waits as it did."""
+        seen: dict[Hashable, tuple[int, int, Unplaceable]] = {}
+        """The cycle's stamp (`epoch`, the index's `moves`) when the last job of a shape and
+        traits waited, and why: while neither moves, the next such job waits as it did."""
         early = getattr(policy, "hold_before", None)
         first = early(snapshot) if early is not None else None
         if first is not None:  # a reservation every job but its own respects (`hold_before`)
             self._hold_for(first, index.is_gang(first))
-        for at, (_, job) in enumerate(ordered):
+        wake = self.wake
+        waited: set[tuple[str | None, str | None, int]] = set()  # shapes seen waiting
+        jobs = ordered.jobs if isinstance(ordered, Ordered) else [j for _, j in ordered]
+        for at, job in enumerate(jobs):
             if reserved and (job.min_runtime_s > 0 and not job.debug) != (self.hidden is not None):
                 self._reserve(self.hidden is None)
             hold = self.hold
@@ -401,14 +422,18 @@ class _Cycle:
                 gang = index.is_gang(job)
                 known = shapes[shape] = (gang, index.fitted_at_start(job, gang))
             gang, fitted = known
-            traits = traits_of(job, snapshot) if traits_of is not None else None
-            stamp = (self.epoch, index.moves)
-            same = seen.get((shape, traits)) if traits is not None else None
-            if same is not None and same[0] == stamp:
+            if traits_of is not None:
+                traits = traits_of(job, snapshot)
+                seen_key = traits if shaped else (shape, traits)
+                same = seen.get(seen_key)
+            else:
+                traits = seen_key = same = None
+            epoch, moves = self.epoch, index.moves
+            if same is not None and same[0] == epoch and same[1] == moves:
                 # nothing moved since a job of the same shape and traits waited: so does this one
-                wait = same[1]
+                wait = same[2]
                 if wait.until is not None:
-                    self.wake.append(wait.until)
+                    wake.append(wait.until)
             else:
                 slots = index.place(job, gang)
                 memo: _MemoKey | None = None
@@ -436,13 +461,13 @@ class _Cycle:
                     continue
                 wait = self._why(job, gang, fitted, memo, searches)
                 if wait.until is not None:
-                    self.wake.append(wait.until)
+                    wake.append(wait.until)
                 if self.hold is None and (
                     fact[3] if fact is not None else holds_for(job, snapshot)
                 ):
                     self._hold_for(job, gang)
-                elif traits is not None and stamp == (self.epoch, index.moves):
-                    seen[(shape, traits)] = (stamp, wait)  # it changed nothing on its way
+                elif seen_key is not None and epoch == self.epoch and moves == index.moves:
+                    seen[seen_key] = (epoch, moves, wait)  # it changed nothing on its way
             if run is not None and run[1] == at and (run[2] is wait or run[2] == wait):
                 run[1] = at + 1
             else:
@@ -450,9 +475,11 @@ class _Cycle:
                 runs.append(run)
             if job.min_runtime_s > 0:
                 self.funded_waiting += 1
-            kind = (job.gpu_type, job.cluster, gang)
-            if job.gpus < smallest.get(kind, job.gpus + 1):
-                smallest[kind] = job.gpus
+            if shape not in waited:  # later jobs of a shape ask as many GPUs: no smaller
+                waited.add(shape)
+                kind = (job.gpu_type, job.cluster, gang)
+                if job.gpus < smallest.get(kind, job.gpus + 1):
+                    smallest[kind] = job.gpus
 
     def _by_preemption(
         self, job: PendingJob, gang: bool, memo: _MemoKey
@@ -463,11 +490,13 @@ class _Cycle:
         self._spend(job)
         plan = self._plan(job, gang, ready=False)
         if plan is None:
-            self.failed[memo] = (job.gpus, job.job_id, self._estimate(job, gang))
+            self.failed[memo] = (job.gpus, job.job_id, self._estimate(job, gang), False)
             return None
         refused = self.policy.weigh(job, plan.victims, self.snapshot, self.now)
         if refused is not None:
-            self.failed[memo] = (job.gpus, job.job_id, self._wait("WAIT_RESOURCES", refused))
+            until = self.refused_until(job, self.now) if self.refused_until is not None else None
+            wait = self._wait("WAIT_RESOURCES", refused, until)
+            self.failed[memo] = (job.gpus, job.job_id, wait, True)
             return None
         for v in plan.victims:
             self._preempt(v.job, v.reason, job.job_id, v.note)
@@ -572,7 +601,7 @@ class _Cycle:
         `searches`: it may search for victims (its policy gives it a victim group)."""
         index = self.index
         if memo is not None:
-            size, first, wait = self.failed[memo]
+            size, first, wait, refused = self.failed[memo]
             if first == job.job_id:
                 return wait
             if fitted:
@@ -580,6 +609,9 @@ class _Cycle:
             if wait.code == "WAIT_CONTRACT":
                 reason = f"no room before t={wait.until:g} (as for job {first}, {size} GPUs)"
                 return self._wait("WAIT_CONTRACT", reason, wait.until)
+            if refused and self.shares_refusal:
+                reason = f"as for job {first} ({size} GPUs), {wait.reason}"
+                return self._wait("WAIT_RESOURCES", reason, wait.until)
             return self._wait("WAIT_RESOURCES", index.shortfall(job, gang))
         if fitted:
             return _TAKEN
@@ -738,12 +770,14 @@ def decide(snapshot: Snapshot, policy: Policy, now: float) -> Decision:
     Interior accounts missing from `snapshot.ranks` are ranked as their best leaf first
     (`complete_ranks`), so a reader may hand over the leaf ranks alone.
     """
-    snapshot = msgspec.structs.replace(snapshot, ranks=complete_ranks(snapshot.ranks))
-    # 1. index the free GPUs
-    cycle = _Cycle(snapshot, policy, now)
-    # 2. maintenance drains
-    cycle.drain()
-    # 3. pending jobs in the policy's order: place, preempt for, or explain
-    cycle.consider(tuple(policy.order(snapshot)))
-    # 4. fragmentation and the next wake-up
-    return cycle.decision()
+    with gc_paused():
+        snapshot = msgspec.structs.replace(snapshot, ranks=complete_ranks(snapshot.ranks))
+        # 1. index the free GPUs
+        cycle = _Cycle(snapshot, policy, now)
+        # 2. maintenance drains
+        cycle.drain()
+        # 3. pending jobs in the policy's order: place, preempt for, or explain
+        ordered = policy.order(snapshot)
+        cycle.consider(ordered if isinstance(ordered, Ordered) else tuple(ordered))
+        # 4. fragmentation and the next wake-up
+        return cycle.decision()

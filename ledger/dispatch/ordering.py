@@ -22,10 +22,12 @@ overtake a better-ranked one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
+from typing import overload
 
 from ledger.dispatch.snapshot import UNRANKED, PendingJob
+from schemas.codec import gc_paused
 
 SortKey = tuple[int | float | str, ...]
 KeyFn = Callable[[PendingJob], SortKey]
@@ -86,3 +88,66 @@ def ordered(jobs: Iterable[PendingJob], key: KeyFn) -> list[tuple[SortKey, Pendi
     keyed = [(key(j), j) for j in jobs]
     keyed.sort(key=itemgetter(0))
     return keyed
+
+
+class Ordered(Sequence[tuple[SortKey, PendingJob]]):
+    """Pure: pending jobs in order, in groups that share the head of their sort keys (every
+    part before the submit time and the job id), each group in (submit time, job id) order.
+    As a sequence it holds `(sort key, job)` pairs, `head + (submitted_at, job_id)`, built when
+    first read: a cycle reads only `jobs` (a flat list), and the keys are built for the readers
+    that need them (the decision record's digest, `queue`, `explain`)."""
+
+    __slots__ = ("_groups", "_pairs", "jobs")
+
+    def __init__(self, groups: Sequence[tuple[tuple[int, ...], Sequence[PendingJob]]]) -> None:
+        self._groups = groups
+        self.jobs: list[PendingJob] = []
+        for _, members in groups:
+            self.jobs += members
+        self._pairs: list[tuple[SortKey, PendingJob]] | None = None
+
+    def pairs(self) -> list[tuple[SortKey, PendingJob]]:
+        """Every `(sort key, job)` pair, in order (built once)."""
+        found = self._pairs
+        if found is None:
+            with gc_paused():
+                found = self._pairs = [
+                    (head + (j.submitted_at, j.job_id), j)  # noqa: RUF005 (2x faster)
+                    for head, members in self._groups
+                    for j in members
+                ]
+        return found
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[SortKey, PendingJob]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[SortKey, PendingJob]]: ...
+    def __getitem__(
+        self, i: int | slice
+    ) -> tuple[SortKey, PendingJob] | list[tuple[SortKey, PendingJob]]:
+        return self.pairs()[i]
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def __iter__(self) -> Iterator[tuple[SortKey, PendingJob]]:
+        return iter(self.pairs())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Ordered):
+            return self.pairs() == other.pairs()
+        if isinstance(other, Sequence):
+            return self.pairs() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Ordered({self.pairs()!r})"
+
+
+def enc_hook(obj: object) -> object:
+    """msgspec's `enc_hook` for a value holding an `Ordered` (a `Decision`): its pairs."""
+    if isinstance(obj, Ordered):
+        return obj.pairs()
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")

@@ -44,8 +44,9 @@ class Policy(Protocol):
         """At most this many victim searches per cycle (each costs O(running jobs))."""
         ...
 
-    def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
-        """Every pending job with its sort key, in the order the cycle considers them."""
+    def order(self, snapshot: Snapshot) -> Sequence[tuple[SortKey, PendingJob]]:
+        """Every pending job with its sort key, in the order the cycle considers them (a list,
+        or an `ordering.Ordered` whose keys are built when read)."""
         ...
 
     def may_preempt(self, job: PendingJob) -> bool:

@@ -34,6 +34,7 @@ from ledger.dispatch.baselines import (
 from ledger.dispatch.fairshare2 import FairShare2
 from ledger.dispatch.fairshare7 import FairShare7
 from ledger.dispatch.fairshare8 import FairShare8
+from ledger.dispatch.fairshare9 import FairShare9
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.policy import (
@@ -45,6 +46,7 @@ from schemas.policy import (
     FairShare6Config,
     FairShare7Config,
     FairShare8Config,
+    FairShare9Config,
     FairShareConfig,
     FifoConfig,
     Legacy2Config,
@@ -85,6 +87,7 @@ def _fields(config: AnyPolicyConfig) -> dict[str, Any]:
 VERSIONS: dict[str, Registered] = {
     r.version: r
     for r in (
+        Registered("fairshare", FairShare9Config, FairShare9, ranked=True),
         Registered("fairshare", FairShare8Config, FairShare8, ranked=True),
         Registered("fairshare", FairShare7Config, FairShare7, ranked=True),
         Registered("fairshare", FairShare6Config, FairShare2, ranked=True),

@@ -1,17 +1,19 @@
 """Audit: the invariant checker (the hash chain is `ledger.history.tamper`'s).
 
 Invariants. `check_history(events)` scans a history for what must never happen: a GPU held by two
-jobs, a preemption inside a contract (admin preemptions with a reason are listed apart, as
-`noted`, not as violations), a placement on a node that is not active, a share, member, manager,
-admin, account, node or token change by someone not authorised at that moment (the rules of
+jobs, a preemption inside a contract (admin preemptions with a reason are listed apart, as `noted`,
+not as violations), a placement on a node that is not active, a share, member, manager, admin,
+account, node or token change by someone not authorised at that moment (the rules of
 `ledger.core.authz.authorisation_failure`, the domain's own, replayed against the `State` folded up
-to the event), and, over the engines' reports of each run (its real start and GPUs in
-`JobEngineLinked`, its real end in `JobEngineEnded` or `JobRunEnded`), a GPU held by two live runs
-(`RUN_GPU_HELD_TWICE`) or a job alive in two launches (`JOB_RUN_TWICE`), and usage charged outside
-a run's real start and end (`_Charges`: a charge from before the run's start, for a placement that
-never started, or past the end its engine reported), each charge counted by the usage rule in force
-when it closed (the ranking version of the decision records before it). `check_charges(store)`
-checks the projection charges no usage to an unfunded job.
+to the event; decisions and placements by anyone but the dispatcher included), a decision record
+decided or recorded before the previous one (`DECIDED_BACKWARDS`), and, over
+the engines' reports of each run (its real start and GPUs in `JobEngineLinked`, its real end in
+`JobEngineEnded` or `JobRunEnded`), a GPU held by two live runs (`RUN_GPU_HELD_TWICE`) or a job
+alive in two launches (`JOB_RUN_TWICE`), and usage charged outside a run's real start and end
+(`_Charges`: a charge from before the run's start, for a placement that never started, or past the
+end its engine reported), each charge counted by the usage rule in force when it closed (the ranking
+version of the decision records before it). `check_charges(store)` checks the projection charges no
+usage to an unfunded job.
 
 Pure: `check`, `check_history`, `check_live`. Edges: `check_charges`.
 """
@@ -48,8 +50,13 @@ ViolationCode = Literal[
     "CHARGED_WITHOUT_RUN",
     "CHARGED_AFTER_END",
     "NOT_AUTHORISED",
+    "DECIDED_BACKWARDS",
     "INCONSISTENT",
 ]
+
+CLOCK_STEP_S = 1.0
+"""How far back a decision record's times may step without a violation (`DECIDED_BACKWARDS`):
+a wall clock stepped back, or two servers' clocks apart across a hand-over (docs/ha.md)."""
 
 
 class Violation(msgspec.Struct, frozen=True, kw_only=True):
@@ -298,6 +305,8 @@ class _Checker:
         self.noted: list[Violation] = []
         self.n = 0
         self.initialised = False
+        self.decided_at: tuple[float, float] | None = None
+        """When the last decision record was decided and recorded."""
 
     def flag(
         self, pos: int, ev: e.AnyEvent, code: ViolationCode, msg: str, job: int | None = None
@@ -337,6 +346,7 @@ class _Checker:
             self.charges.released(pos, ev.job_id, end, preempted=False)
         elif isinstance(ev, e.CycleDecided):
             self.charges.decided(ev)
+            self._decided_in_order(pos, ev)
         elif isinstance(ev, e.JobEngineLinked):
             self.runs.linked(pos, ev, self.state.jobs.get(ev.job_id))
         elif isinstance(ev, e.JobEngineEnded):
@@ -357,6 +367,27 @@ class _Checker:
                 f"{e.tag_of(type(ev))} refers to unknown {err}",
                 getattr(ev, "job_id", None),
             )
+
+    def _decided_in_order(self, pos: int, ev: e.CycleDecided) -> None:
+        """Decisions are decided and recorded in log order (beyond `CLOCK_STEP_S`): a record
+        decided, or recorded, an hour before the previous one was edited. (A record's `at` and
+        its `decided_at` are not compared with each other: a harness may decide for a moment
+        its clock has not reached.)"""
+        decided = ev.at if ev.decided_at is None else ev.decided_at
+        last = self.decided_at
+        self.decided_at = (decided, ev.at)
+        if last is None:
+            return
+        for what, mine, theirs in (("decided", decided, last[0]), ("recorded", ev.at, last[1])):
+            if mine < theirs - CLOCK_STEP_S:
+                self.flag(
+                    pos,
+                    ev,
+                    "DECIDED_BACKWARDS",
+                    f"{ev.cycle_id} is {what} at {mine:.3f}, {theirs - mine:g} s before the "
+                    f"previous decision record ({theirs:.3f})",
+                )
+                return
 
     def _placed(self, pos: int, ev: e.JobPlaced) -> None:
         job = ev.job_id

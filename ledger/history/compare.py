@@ -8,12 +8,14 @@ the events after it, `outcome_of`) and compares it with the replay (`compare`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 import msgspec
 
 from ledger.core import utilisation
+from ledger.cycle.loop import MIN_WAIT_S
 from ledger.dispatch import registry
 from ledger.dispatch.engine import Decision
 from projections.fairshare import (
@@ -142,14 +144,23 @@ def compare(
     outcome: Outcome,
     replayed: Decision,
     ranks: str | None = None,
+    skipped: SkippedBound | None = None,
+    configured: AnyPolicyConfig | None = None,
 ) -> list[Difference]:
     """Pure: every difference between a recorded decision (with its `outcome`) and its replay
-    (empty: identical). `ranks`: the digest of the ranks the replay used.
+    (empty: identical). `ranks`: the digest of the ranks the replay used; `skipped`: the most
+    empty cycles the log lets the record claim before it (None: the log sets no bound);
+    `configured`: the policy settings the service recorded running with at the record's
+    position (`service.configured`; None: the log records none, as the simulator's).
 
     Placements and preemptions are compared per job and then in order; the waiting jobs by
     count, per code, the first ones listed and the digest of the whole order (ids, sort keys,
-    reasons); then fragmentation, the wake-up time, the policy version and config, and the rank
-    inputs (a different rank digest says why the rest differs)."""
+    reasons); then fragmentation, the wake-up time, the policy version and config, the rank
+    inputs (a different rank digest says why the rest differs; ranks read anywhere but at the
+    snapshot's position), the empty cycles it says came before it (`skipped_cycles`) and the
+    policy and settings against the service's configured ones (a record claiming settings the
+    service did not run with replays alike whenever the cycle's outcome does not depend on
+    them: atk34-26 F2)."""
     out: list[Difference] = []
     # 0. what both claim to have placed and preempted
     if tuple(p.job_id for p in outcome.placements) != recorded.placed:
@@ -185,7 +196,100 @@ def compare(
     out += _field("wake_at", recorded.wake_at, replayed.wake_at, repr)
     out += _field("policy_version", recorded.policy_version, replayed.policy_version)
     out += _compare_ranks(recorded.ranks, ranks)
+    out += _ranks_position(recorded)
+    if skipped is not None:
+        out += skipped.check(recorded.skipped_cycles)
+    if configured is not None:
+        out += configured_settings(recorded, configured)
     return out
+
+
+def configured_settings(recorded: e.CycleDecided, configured: AnyPolicyConfig) -> list[Difference]:
+    """Pure: how a service's record differs from the settings the service recorded running
+    with (`service.configured`): its policy version, then each setting that differs by name."""
+    if recorded.policy_version != configured.version:
+        return [
+            Difference(
+                what="policy_version",
+                recorded=recorded.policy_version,
+                replayed=f"{configured.version} (the service's configured policy)",
+            )
+        ]
+    if recorded.policy == configured:
+        return []
+    if recorded.policy is None or recorded.policy.version != configured.version:
+        claimed = "none" if recorded.policy is None else recorded.policy.version
+        return [
+            Difference(
+                what="policy settings",
+                recorded=f"settings of {claimed}",
+                replayed=f"the service's configured {configured.version} settings",
+            )
+        ]
+    mine, theirs = msgspec.structs.asdict(recorded.policy), msgspec.structs.asdict(configured)
+    return [
+        Difference(
+            what=f"policy setting {name}",
+            recorded=repr(mine.get(name)),
+            replayed=f"{theirs.get(name)!r} (the service's configured setting)",
+        )
+        for name in sorted(set(mine) | set(theirs))
+        if mine.get(name) != theirs.get(name)
+    ]
+
+
+MIN_CYCLE_GAP_S = MIN_WAIT_S
+"""A service's dispatcher starts a cycle at least this long after the previous one ended
+(`ledger.cycle.loop.wait_time`'s floor; the worker's early cycle for a submission comes
+`quiet_s` = 0.5 s after it)."""
+
+
+class SkippedBound(msgspec.Struct, frozen=True, kw_only=True):
+    """How many empty cycles a service's record can say came before it (`skipped_cycles`): they
+    ran after the previous record (or the log's first event) and before this one, and a
+    service's cycles are at least `MIN_CYCLE_GAP_S` apart. One more is allowed for the cycle a
+    stopping server runs at once. The simulator cycles at the moments of its events (several at
+    one moment while searches run out), so its records have no bound (None)."""
+
+    since: float
+    """When the previous record was decided (or the log began)."""
+    until: float
+    """When this record was decided."""
+
+    @property
+    def most(self) -> int:
+        return max(0, math.floor((self.until - self.since) / MIN_CYCLE_GAP_S)) + 1
+
+    def check(self, claimed: int) -> list[Difference]:
+        most = self.most
+        if claimed <= most:
+            return []
+        return [
+            Difference(
+                what="skipped_cycles",
+                recorded=f"{claimed} empty cycles before it",
+                replayed=(
+                    f"at most {most} in the {self.until - self.since:g} s since the previous "
+                    f"record (cycles are at least {MIN_CYCLE_GAP_S:g} s apart)"
+                ),
+            )
+        ]
+
+
+def _ranks_position(recorded: e.CycleDecided) -> list[Difference]:
+    """Every dispatcher reads its ranks at its snapshot's position (the projection caught up
+    to exactly it, or the usage fold of the log up to it): a record whose ranks say another
+    position is not one a dispatcher wrote."""
+    inputs = recorded.ranks
+    if inputs is None or inputs.position == recorded.based_on:
+        return []
+    return [
+        Difference(
+            what="ranks position",
+            recorded=f"ranks read at position {inputs.position}",
+            replayed=f"ranks read at the snapshot's position {recorded.based_on}",
+        )
+    ]
 
 
 _J = TypeVar("_J", e.Placement, e.Preemption)

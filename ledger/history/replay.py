@@ -42,6 +42,7 @@ from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.core.utilisation import DEFAULT_SQUAT_UTIL_PCT, UtilTracker
 from ledger.cycle.inputs import snapshot_from_state
+from ledger.cycle.loop import SERVICE
 from ledger.dispatch import registry
 from ledger.dispatch.engine import decide
 from ledger.dispatch.policy import Policy
@@ -56,6 +57,7 @@ from ledger.history.checkpoints import (
 from ledger.history.compare import (
     CycleReplay,
     Outcome,
+    SkippedBound,
     compare,
     cycle_replay,
     decided_at,
@@ -74,11 +76,12 @@ from projections.as_of import AS_OF_SQL, AsOf, DiskAsOf
 from projections.chain import link, names
 from projections.fairshare import UsagePolicy
 from projections.projector import Projector
-from projections.source import EventSource, follow, gc_paused
+from projections.source import EventSource, follow
 from projections.store import Store, projection_path
 from projections.usage import FOLD, UsageFold, open_accounts
 from schemas import codec
 from schemas import events as e
+from schemas.codec import gc_paused
 from schemas.digest import rank_digest
 from schemas.errors import InvalidCommand, LedgerError, UnknownEntity
 
@@ -170,6 +173,10 @@ class Replayer:
             except LedgerError as err:  # busy (a running service holds it) or missing
                 log.info("replay builds its own projection: %s", err.line())
         self._checkpointed = 0
+        self.decided: float | None = None
+        """When the last decision record folded was decided (None: none yet)."""
+        self.began: float | None = None
+        """The time of the log's first event (None: not folded from the start)."""
 
     def close(self) -> None:
         if self.as_of is not None:
@@ -200,7 +207,26 @@ class Replayer:
             for threshold, tracker in self.trackers.items():
                 tracker.low_since = dict(have[threshold].low_since)
             self.position = self._checkpointed = cp.position
+            self.decided, self.began = self._looked_back(cp.position)
             return
+
+    def _looked_back(self, position: int) -> tuple[float | None, float | None]:
+        """The decided-at of the last decision record at or before `position`, read back from
+        there page by page (after a jump to a checkpoint), and the time of the log's first
+        event."""
+        first = self.source.read(0, 1)
+        began = codec.decode(first[0].data).at if first else None
+        stop = position
+        while stop > 0:
+            start = max(0, stop - 4096)
+            records = [r for r in self.source.read(start, stop - start) if r.position <= stop]
+            for rec in reversed(records):
+                if rec.tag in DECIDED_TAGS:
+                    ev = codec.decode(rec.data)
+                    if isinstance(ev, e.CycleDecided):
+                        return decided_at(ev), began
+            stop = start
+        return None, began
 
     def _checkpoint(self, tag: str, data: bytes) -> None:
         """Store a checkpoint at our position (`tag`, `data`: the stored event there)."""
@@ -238,10 +264,15 @@ class Replayer:
         folds = list(self.usage_folds.values())
         state = self.state
         decode = codec.decode
+        decided_type = e.CycleDecided
         for records in follow(self.source, self.position, until, page=self.page):
             with gc_paused():
+                if self.began is None and self.position == 0 and records:
+                    self.began = decode(records[0].data).at
                 for rec in records:
                     ev = decode(rec.data)
+                    if type(ev) is decided_type:
+                        self.decided = decided_at(ev)
                     evolve(state, ev)
                     for tracker in trackers:
                         tracker.observe(ev)
@@ -398,7 +429,31 @@ class Replayer:
         decision = decide(snapshot, policy, decided_at(recorded))
         self.timings.decide_s += time.perf_counter() - started
         outcome = self.outcome(position, recorded)
-        return cycle_replay(position, recorded, compare(recorded, outcome, decision, digest))
+        # the settings in force at P, the position before Q, as the service recorded them (an
+        # admin's `service.configure` changes what previews use, not what a running service
+        # decides with: its honest records would all differ)
+        service = self.state.service
+        ran = service is not None and service.actor == SERVICE
+        differences = compare(
+            recorded,
+            outcome,
+            decision,
+            digest,
+            self.skipped_bound(recorded),
+            configured=service.policy if ran and service is not None else None,
+        )
+        return cycle_replay(position, recorded, differences)
+
+    def skipped_bound(self, recorded: e.CycleDecided) -> SkippedBound | None:
+        """How many empty cycles a record of a service can say came before it (None: the log
+        was not written by a service, which records its settings when it starts; or nothing
+        says when its cycles began)."""
+        if self.state.service is None:
+            return None
+        since = self.decided if self.decided is not None else self.began
+        if since is None:
+            return None
+        return SkippedBound(since=since, until=decided_at(recorded))
 
     def outcome(self, position: int, recorded: e.CycleDecided) -> Outcome:
         """The placements and preemptions of the record at `position`, from the events after it."""

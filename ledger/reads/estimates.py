@@ -4,13 +4,18 @@ job held by its dependency or its array's `%N` limit, from what it waits for."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import heapq
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
+
+import msgspec
 
 if TYPE_CHECKING:
     from ledger.core.jobs import Blocked
-    from ledger.core.state import State
+    from ledger.core.state import Job, State
     from ledger.dispatch.engine import Decision
+    from ledger.dispatch.ordering import SortKey
+    from ledger.dispatch.policy import Policy
     from ledger.dispatch.snapshot import Snapshot
     from schemas.events import JobSubmitted
 
@@ -60,6 +65,7 @@ def estimated_starts(
     now: float,
     through: int | None = None,
     room: Room | None = None,
+    blocked: Sequence[tuple[SortKey, int]] = (),
 ) -> dict[int, float | None]:
     """Pure: an estimated start for every pending job, or None when it cannot be known; with
     `through`, only for the jobs up to that one in dispatch order (a job's estimate depends on
@@ -76,6 +82,12 @@ def estimated_starts(
     "start" on the same GPUs at the same moment. A job no known release makes room for is None
     ("unknown"): nothing the ledger knows says when it starts. An estimate, not a promise.
     `room`, when given, is left holding the GPUs the whole queue leaves (`Room`).
+
+    `blocked`: the jobs a dependency or an array's limit holds (`jobs.blocked`) with the sort
+    keys the policy gives them (`blocked_keys`). The dispatcher places each by its own key once
+    what it waits for is met, so each is simulated at its place in the order, from the earliest
+    moment its dependency or its array's limit lets it run (`blocked_starts`' rules), before
+    every job its key precedes (atk33 F4: they were all put behind the whole queue).
     """
     if not placing(state):
         return {}
@@ -91,14 +103,32 @@ def estimated_starts(
         limit = job.spec.time_limit_s if job is not None else None
         begun = job.started_at if job is not None and job.started_at is not None else r.placed_at
         ends = INF if limit is None else max(now, begun + limit)
-        contract = max(now, r.placed_at + r.min_runtime_s)
+        # preempted once its contract (from its real start) ends, its GPUs come free when its
+        # processes have had their grace (atk33 F6)
+        contract = max(now, victim_free_at(job, r.placed_at + r.min_runtime_s))
         for sl in r.slots:
             releases.append((ends, contract, node_type.get(sl.node, ""), len(sl.gpu_indices)))
     out: dict[int, float | None] = {}
     pending = {p.job_id: p for p in snapshot.pending}
     waiting = decision.waiting
-    for _, queued in decision.order:
-        p = pending.get(queued.job_id)
+    held = _Held(state, {j for _, j in blocked}, now)
+    left = Room()
+    deferred: list[int] = []
+    merged = heapq.merge(
+        ((k, q.job_id, False) for k, q in decision.order),
+        ((k, j, True) for k, j in blocked),
+        key=lambda x: x[0],
+    )
+    for _, job_id, is_blocked in merged:
+        if is_blocked:  # it may run once what it waits for is met: when that is known
+            deferred.append(job_id)
+            left.free, left.releases = free, releases
+            deferred = held.ready(deferred, left, out)
+            free, releases = left.free, left.releases
+            if job_id == through:
+                break
+            continue
+        p = pending.get(job_id)
         if p is None:
             continue
         types = [t for t in free if p.gpu_type is None or t == p.gpu_type]
@@ -127,14 +157,50 @@ def estimated_starts(
             # come: only an unfunded one (always preemptible) is counted as free before then
             contract = start if p.min_runtime_s == 0 else INF
             releases.append((ends, contract, types[0] if types else "", p.gpus))
+        held.known[p.job_id] = start
+        left.free, left.releases = free, releases
+        deferred = held.ready(deferred, left, out)  # what waited for this one may go now
+        free, releases = left.free, left.releases
         if p.job_id == through:
             break
+    left.free, left.releases = free, releases
+    held.ready(deferred, left, out, last=True)  # what they wait for has no known start
     if room is not None:
-        room.free, room.releases = free, releases
+        room.free, room.releases = left.free, left.releases
     return out
 
 
+def blocked_keys(
+    state: State, snapshot: Snapshot, policy: Policy, waits: Mapping[int, Blocked]
+) -> list[tuple[SortKey, int]]:
+    """Pure: the jobs `waits` holds with the sort keys `policy` gives them (in order), as the
+    dispatcher will rank them once they may run."""
+    from ledger.cycle.inputs import pending_view
+
+    if not waits:
+        return []
+    views = tuple(pending_view(state.jobs[j]) for j in sorted(waits))
+    keyed = policy.order(msgspec.structs.replace(snapshot, pending=views))
+    return [(k, p.job_id) for k, p in keyed]
+
+
 INF = float("inf")
+DEFAULT_GRACE_S = 30.0
+"""The services' grace for a job that names none (`serve`/`up --grace`'s default)."""
+
+
+def victim_free_at(job: Job | None, contract_ends_at: float) -> float:
+    """Pure: when a running job's GPUs come free if it is preempted as its contract ends: its
+    contract counted from its real start when known (`Job.contract_ends_at`, as the dispatcher
+    on Slurm counts it; never earlier than the snapshot's), plus its grace, SIGTERM to SIGKILL,
+    before which the engine starts nothing on them."""
+    if job is None:
+        return contract_ends_at + DEFAULT_GRACE_S
+    ends = max(contract_ends_at, job.contract_ends_at() or contract_ends_at)
+    grace = job.spec.grace_s
+    return ends + (DEFAULT_GRACE_S if grace is None else grace)
+
+
 _Release = tuple[float, float, str, int]
 """GPUs a running (or simulated) job frees: (at its time limit, INF without one; when its
 contract ends, from which a job waiting for contracts may have them; GPU type; GPUs)."""
@@ -206,33 +272,78 @@ def blocked_starts(
     room: Room | None = None,
 ) -> dict[int, float | None]:
     """Pure: an estimated start for each job in `waits` (`jobs.blocked`: a dependency, an
-    array's `%N` limit), from the time limits, in job order (what a job waits for has a lower
-    id, so its estimate is known by then): a dependent starts when what it depends on reaches
-    its limit (`dependency_ends`, the blocked ones' estimates included); an array task held by
-    its limit starts when the first of the `%N` tasks ahead of it (holding GPUs, going next
-    with the queue's estimate `starts`, or held before it) reaches its limit. None where a
-    limit or a start is unknown, or for a singleton. With `room` (what the queue ahead
-    leaves), each also waits, from then, for its GPUs to be free, and takes them: a dependent
-    never "starts" on GPUs the queue ahead, or another dependent, holds then."""
+    array's `%N` limit), after the queue (`starts`, its estimates), in job order (`_Held.start`
+    says how each is estimated). `estimated_starts` with `blocked` puts each at its place in
+    the queue instead, as the dispatcher will."""
+    held = _Held(state, set(waits), now)
+    held.known.update(starts)
     out: dict[int, float | None] = {}
-    known: dict[int, float | None] = dict(starts)
-    slots: dict[int, list[float | None]] = {}  # array -> when each of its %N slots frees
     for job_id in sorted(waits):
+        out[job_id] = held.start(job_id, room)
+    return out
+
+
+class _Held:
+    """Jobs held by a dependency or an array's `%N` limit, estimated as the queue simulation
+    reaches them: what they wait for must have an estimate first (`ready`)."""
+
+    def __init__(self, state: State, held: set[int], now: float) -> None:
+        self.state, self.held, self.now = state, held, now
+        self.known: dict[int, float | None] = {}
+        """The estimates so far (job id -> start, None: unknown)."""
+        self.slots: dict[int, list[float | None]] = {}
+        """Array -> when each of its `%N` slots frees."""
+
+    def ready(
+        self, waiting: list[int], room: Room, out: dict[int, float | None], last: bool = False
+    ) -> list[int]:
+        """Estimate (into `out`, taking from `room`) each of `waiting` whose dependency has
+        an estimate (all of them when `last`), in order, until none more can go; the rest."""
+        moved = True
+        while moved and waiting:
+            moved = False
+            for job_id in list(waiting):
+                if last or self._can_tell(job_id):
+                    waiting.remove(job_id)
+                    out[job_id] = self.start(job_id, room)
+                    moved = True
+        return waiting
+
+    def _can_tell(self, job_id: int) -> bool:
+        """Whether every job `job_id` depends on holds GPUs or has an estimate already."""
+        from ledger.core.jobs import active_ids
+
+        state = self.state
+        for term in state.jobs[job_id].spec.dependency:
+            for dep in (d for jid in term.job_ids for d in active_ids(state, jid)):
+                holding = state.jobs[dep].status in ("placed", "running")
+                if not holding and dep not in self.known:
+                    return False
+        return True
+
+    def start(self, job_id: int, room: Room | None) -> float | None:
+        """A dependent starts when what it depends on reaches its limit (`dependency_ends`);
+        an array task held by its limit when the first of the `%N` tasks ahead of it (holding
+        GPUs, going next, or held before it) reaches its limit. None where a limit or a start
+        is unknown, or for a singleton. With `room` (what the queue ahead leaves), it also
+        waits, from then, for its GPUs to be free, and takes them: it never "starts" on GPUs
+        the queue ahead, or another held job, holds then."""
+        state, now = self.state, self.now
         s = state.jobs[job_id].spec
         start: float | None = now
         if s.dependency:
             if any(t.kind == "singleton" for t in s.dependency):
                 start = None
             else:
-                start = dependency_ends(state, job_id, known, now)
+                start = dependency_ends(state, job_id, self.known, now)
         limit = s.array_limit
         slot: int | None = None
         if s.array_job_id is not None and limit is not None:
-            free = slots.get(s.array_job_id)
+            free = self.slots.get(s.array_job_id)
             if free is None:
-                free = _array_slots(state, s.array_job_id, waits, known, now)
+                free = _array_slots(state, s.array_job_id, self.held, self.known, now)
                 free += [now] * (limit - len(free))
-                slots[s.array_job_id] = free
+                self.slots[s.array_job_id] = free
             if not free:  # a limit of 0 never frees a slot
                 start = None
             else:
@@ -243,9 +354,9 @@ def blocked_starts(
             start = room.take(s, start)
         if s.array_job_id is not None and slot is not None:
             lim = s.time_limit_s
-            slots[s.array_job_id][slot] = None if start is None or lim is None else start + lim
-        out[job_id] = known[job_id] = start
-    return out
+            self.slots[s.array_job_id][slot] = None if start is None or lim is None else start + lim
+        self.known[job_id] = start
+        return start
 
 
 def _later(at: float | None) -> tuple[bool, float]:
@@ -256,7 +367,7 @@ def _later(at: float | None) -> tuple[bool, float]:
 def _array_slots(
     state: State,
     array: int,
-    held: Mapping[int, Blocked],
+    held: Collection[int],
     starts: Mapping[int, float | None],
     now: float,
 ) -> list[float | None]:

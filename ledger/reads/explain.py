@@ -12,11 +12,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from schemas import events as e
-from schemas.units import key_text, plural, span, when
+from schemas.units import key_text, plural, span, times_in, when
 
 if TYPE_CHECKING:  # annotations only: `explain`'s time words load without the dispatcher
     from ledger.core.state import Job
-    from ledger.dispatch.engine import Decision
+    from ledger.dispatch.engine import Decision, Unplaceable
+    from ledger.dispatch.policy import Policy
     from ledger.dispatch.snapshot import PendingJob, Snapshot
 
 _RAW_TIME = re.compile(r"\bt=\d+(?:\.\d+)?(?:e\+?\d+)?")
@@ -44,8 +45,43 @@ def contract_line(job: Job, now: float) -> str:
     return f"Its contract ended at {when(ends)}: better-ranked work may preempt it now."
 
 
-def explain_pending(job: Job, decision: Decision, snapshot: Snapshot, now: float) -> list[str]:
-    """Why a pending job waits, from a live decision on the current snapshot."""
+def protected_note(
+    policy: Policy | None,
+    snapshot: Snapshot,
+    job: PendingJob | None,
+    wait: Unplaceable | None,
+    now: float,
+) -> str:
+    """Pure, at read time: what a job told only "no node with N free GPUs" is waiting for when
+    preempting running jobs would make room but they are protected (not resumable, the ratio of
+    the teams' shares below `spare_ratio`: `FairShare2.protected`), as "; ..." to add to its
+    reason; "" otherwise. The recorded reason is the dispatcher's, byte for byte (atk34-26 F4)."""
+    from ledger.dispatch.fairshare2 import FairShare2
+
+    if job is None or wait is None or wait.code != "WAIT_RESOURCES":
+        return ""
+    if not isinstance(policy, FairShare2) or not wait.reason.startswith("no node with"):
+        return ""  # a cost refusal or a reservation says its own why
+    shielded = policy.protected(job, snapshot, now)
+    free = sum(len(n.free) for n in snapshot.nodes if n.state == "active")
+    if not shielded or free + sum(r.gpus for r, _ in shielded) < job.gpus:
+        return ""
+    named = "; ".join(f"job {r.job_id} ({r.account}, {plural(r.gpus, 'GPU')}): {why}"
+                      for r, why in shielded[:3])  # fmt: skip
+    more = f" and {plural(len(shielded) - 3, 'more job')}" if len(shielded) > 3 else ""
+    return (
+        f"; preempting would make room, but the victims are protected: {named}{more} (policy "
+        f"{policy.version}: a job that is not resumable is preempted for fairness only when the "
+        f"ratio of the teams' fair shares is at least spare_ratio {policy.spare_ratio:g}; it "
+        "waits until then, or until they end)"
+    )
+
+
+def explain_pending(
+    job: Job, decision: Decision, snapshot: Snapshot, now: float, policy: Policy | None = None
+) -> list[str]:
+    """Why a pending job waits, from a live decision on the current snapshot (by `policy`:
+    what protects the victims a preemption would take, `protected_note`)."""
     spec = job.spec
     order = [j.job_id for _, j in decision.order]
     out = [_headline(job) + " is pending."]
@@ -77,7 +113,9 @@ def explain_pending(job: Job, decision: Decision, snapshot: Snapshot, now: float
         reason = (
             _RAW_TIME.sub(when(wait.until), wait.reason) if wait.until is not None else wait.reason
         )
-        out.append(f"It waits: {wait.code}: {reason}{until}.")
+        pending = _pending_by_id(snapshot, [spec.job_id])
+        note = protected_note(policy, snapshot, pending[0] if pending else None, wait, now)
+        out.append(f"It waits: {wait.code}: {reason}{until}{note}.")
     if not job.funded:
         out.append("Unfunded work goes after all funded work and may be preempted at any time.")
     return out
@@ -238,7 +276,7 @@ def explain_history(
             case e.JobPreempted():
                 # the note describes this job (e.g. "unfunded"): keep it next to the reason, so
                 # it never reads as describing the job it made room for
-                note = f" ({ev.note})" if ev.note else ""
+                note = f" ({times_in(ev.note)})" if ev.note else ""
                 who = f" to make room for job {ev.for_job}" if ev.for_job is not None else ""
                 contract = _contract_at(job, history, ev)
                 out.append(f"{when(ev.at)} preempted for {ev.reason}{note}{who}; {contract}.")

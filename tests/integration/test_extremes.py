@@ -93,7 +93,7 @@ def build(home: Path) -> None:
         d = Dispatcher(
             ledger,
             ProjectionRanks(Projector(store, source)),
-            FairShare(),
+            FairShare(margin=1e9, search_budget=b.INT32_MAX),  # as the service's settings say
             KernelExecutor(engine="e" * 63),
         )
         d.cycle(0.0)  # job 1 takes both whole nodes; 2 and 3 wait

@@ -5,6 +5,7 @@ unknown policy version and the what-if loop are checked end to end."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,11 +17,13 @@ from click.testing import CliRunner
 
 from ledger.cli import cli
 from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
+from ledger.cycle.loop import record_settings
 from ledger.dispatch.policy import FairShare, Policy
 from ledger.dispatch.snapshot import PendingJob
 from ledger.history import checkpoints as ck
 from ledger.history import replay
 from ledger.history.audit import check_history
+from ledger.history.compare import decided_at
 from ledger.history.replay import (
     Replayer,
     Selection,
@@ -66,12 +69,17 @@ def job(user: str, account: str, gpus: int, **kw: object) -> c.SubmitJob:
     return c.SubmitJob(actor=user, account=account, gpus=gpus, **kw)  # type: ignore[arg-type]
 
 
-def build_history(home: Path, policy: Policy | None = None) -> Ledger:
+def build_history(home: Path, policy: Policy | None = None, *, service: bool = False) -> Ledger:
     """A day on two 8-GPU nodes: fair-share preemption and requeue, a squatter, a drain, the
-    debug lane, unfunded work, a cancel, a share change and executor exits."""
+    debug lane, unfunded work, a cancel, a share change and executor exits. `service`: the log
+    records the service's settings first, as `serve` does."""
     clock = SimClock(T0)
     ledger = Ledger(home, clock, seeded_ids(7))
     org(ledger)
+    if service:
+        record_settings(
+            ledger, policy or FairShare(squat_after_s=3_600), 500.0, "local", logging.getLogger()
+        )
     steps: list[tuple[float, list[c.AnyCommand]]] = [
         # alice fills the cluster with two resumable jobs
         (
@@ -222,6 +230,67 @@ def test_policy_code_that_changed_without_a_new_version_shows_as_differences(
     assert out.exit_code == 1
     assert f"{first.cycle_id} (position {first.position}" in out.output
     assert first.differences[0].text() in out.output
+
+
+def test_a_records_skipped_cycles_and_ranks_position_are_checked(tmp_path: Path) -> None:
+    """atk33-26: a record's `skipped_cycles` (0 -> 500) and `ranks.position` (275 -> 200)
+    edited replayed identical. A service's log bounds the first by the time since the previous
+    record (cycles at least 0.05 s apart) and every dispatcher reads ranks at its snapshot's
+    position."""
+    home = tmp_path / "h"
+    build_history(home, service=True).close()
+    assert all(r.identical for r in replay_home(home))
+    decisions = find_decisions(home)
+    (_, d0), (position, d) = decisions[0], decisions[1]
+    assert d.ranks is not None and d.skipped_cycles < 10
+    gap = decided_at(d) - decided_at(d0)
+    most = int(gap / 0.05) + 1
+    claims = msgspec.structs.replace(d, skipped_cycles=most + 1)
+    # one event earlier (a utilisation sample): the same ranks, so only the position tells
+    moved = msgspec.structs.replace(
+        d, ranks=msgspec.structs.replace(d.ranks, position=d.based_on - 1)
+    )
+    with EmbeddedSource(home) as source:
+        (a, b) = list(replay_decisions(source, [(position, claims), (position, d)]))
+    with EmbeddedSource(home) as source:
+        (c_,) = list(replay_decisions(source, [(position, moved)]))
+    assert [x.text() for x in a.differences] == [
+        f"skipped_cycles: recorded {most + 1} empty cycles before it, replayed at most {most} "
+        f"in the {gap:g} s since the previous record (cycles are at least 0.05 s apart)"
+    ]
+    assert b.identical
+    assert [x.what for x in c_.differences] == ["ranks position"]
+
+
+def test_a_record_claiming_other_settings_than_the_services_is_a_difference(
+    tmp_path: Path,
+) -> None:
+    """atk34-26 F2: a served record edited to claim another policy version, or a margin of 0.5,
+    a spare ratio of 1 and no debug lane, replayed identical. The log's `service.configured` in
+    force at the record is what the service ran with; without one (a log `serve` did not write)
+    the record's own settings are replayed, as before."""
+    home, plain = tmp_path / "h", tmp_path / "plain"
+    build_history(home, service=True).close()
+    build_history(plain).close()
+    for where, served in ((home, True), (plain, False)):
+        position, d = find_decisions(where)[1]
+        assert isinstance(d.policy, FairShareConfig) and d.policy.debug_lane
+        tuned = msgspec.structs.replace(d.policy, margin=0.5, debug_lane=False)
+        other = msgspec.structs.replace(d, policy=tuned)
+        with EmbeddedSource(where) as source:
+            (a, b) = list(replay_decisions(source, [(position, other), (position, d)]))
+        assert b.identical
+        settings_named = [x.text() for x in a.differences if x.what.startswith("policy")]
+        assert settings_named == (
+            [
+                "policy setting debug_lane: recorded False, replayed True (the service's "
+                "configured setting)",
+                "policy setting margin: recorded 0.5, replayed 0.1 (the service's configured "
+                "setting)",
+            ]
+            if served
+            else []
+        )
 
 
 def test_an_unknown_policy_version_names_the_version_it_needs(tmp_path: Path) -> None:

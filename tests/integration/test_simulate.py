@@ -261,7 +261,31 @@ def test_jobs_running_when_the_simulation_ends_stop_being_charged(tmp_path: Path
     assert result.metrics is not None
 
 
-@pytest.mark.parametrize("policy", [*sorted(POLICY_NAMES), "fairshare-8"])
+@pytest.mark.parametrize(
+    ("policy", "want_preempted_h"),
+    [("fairshare-7", []), ("fairshare-9", [24.1])],
+)
+def test_a_funded_job_with_no_time_limit_holds_the_cluster_until_a_team_starves(
+    tmp_path: Path, policy: str, want_preempted_h: list[float]
+) -> None:
+    """atk33-26 F3: b's funded non-resumable 8-GPU job with no time limit holds the one node;
+    a's 1-GPU jobs come at 0.1 h. Its loss (its whole run) outweighs any 1-GPU job's gain from
+    its contract's end on, and grows: under fairshare-7 it holds the node for good. Under
+    fairshare-9 a's first job, refused until it has waited a day (`starve_after_s`), takes the
+    plan then (its refusal names that time, and the cycle wakes for it)."""
+    jobs = [job("x", "lab/b", 0, 8, 100, 1, resumable=False)]
+    jobs += [job(f"a{i}", "lab/a", 0.1, 1, 1, 1) for i in range(4)]
+    _, events = run(tmp_path, jobs, policy=policy, cluster=Cluster(nodes=1), days=1.5)
+    x = by_key(events)["x"][0]
+    assert hours_of(events, e.JobPreempted, x) == pytest.approx(want_preempted_h)
+    if want_preempted_h:
+        (p,) = [ev for ev in events if isinstance(ev, e.JobPreempted)]
+        assert p.reason == "fairness" and p.for_job == by_key(events)["a0"][0]
+
+
+@pytest.mark.parametrize(
+    "policy", [*sorted(POLICY_NAMES), "fairshare-7", "fairshare-8", "fairshare-9"]
+)
 def test_every_simulated_decision_of_every_policy_replays_identically(
     tmp_path: Path, policy: str
 ) -> None:

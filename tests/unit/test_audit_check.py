@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -75,6 +76,20 @@ def preempted(
         job_id=job,
         reason=reason,  # type: ignore[arg-type]
         note=note,
+    )
+
+
+def decided(
+    actor: str = "@dispatcher", at: float = T0, decided_at: float | None = None
+) -> e.CycleDecided:
+    return e.CycleDecided(
+        event_id=f"d-{actor}-{at}",
+        at=at,
+        actor=actor,
+        cycle_id="c",
+        based_on=1,
+        policy_version="x",
+        decided_at=decided_at,
     )
 
 
@@ -309,6 +324,53 @@ CASES: dict[str, tuple[list[e.AnyEvent], list[str]]] = {
         [
             e.NodeDrainRequested(event_id="d", at=T0, actor="@slurm", node="n1", reason="x"),
             e.NodeReturned(event_id="r", at=T0, actor="@slurm", node="n1"),
+        ],
+        [],
+    ),
+    # atk34-26 F2: a decision and a placement "by alice" passed; only the dispatcher decides
+    "a placement by a person": (
+        [msgspec.structs.replace(placed(1, (0, 1, 2, 3)), actor="alice")],
+        [
+            "position {1}: NOT_AUTHORISED: 'alice' may not apply dispatcher decisions: only the "
+            "dispatcher may"
+        ],
+    ),
+    "a decision recorded by an admin": (
+        [decided("root")],
+        [
+            "position {1}: NOT_AUTHORISED: 'root' may not apply dispatcher decisions: only the "
+            "dispatcher may"
+        ],
+    ),
+    "a placement by a node's token": (
+        [msgspec.structs.replace(placed(1, (0, 1, 2, 3)), actor="@node:n1")],
+        [
+            "position {1}: NOT_AUTHORISED: '@node:n1' may not apply dispatcher decisions: only "
+            "the dispatcher may"
+        ],
+    ),
+    "decisions by the dispatcher and the simulator": ([decided(), decided("@sim")], []),
+    # atk34-26 F2: a record an hour before its neighbours passed
+    "a decision recorded an hour before the previous one": (
+        [decided(at=T0 + 3_600, decided_at=T0), decided(at=T0, decided_at=T0 + 1)],
+        [
+            "position {2}: DECIDED_BACKWARDS: c is recorded at 1000.000, 3600 s before the "
+            "previous decision record (4600.000)"
+        ],
+    ),
+    "a decision decided an hour before the previous one": (
+        [decided(at=T0 + 3_600), decided(at=T0)],
+        [
+            "position {2}: DECIDED_BACKWARDS: c is decided at 1000.000, 3600 s before the "
+            "previous decision record (4600.000)"
+        ],
+    ),
+    "decisions within a clock step of each other": (
+        [
+            decided(at=T0 + 0.5),
+            decided(at=T0),
+            decided(at=T0 + 0.2, decided_at=T0 + 0.7),
+            decided(at=T0, decided_at=T0 + 3_600),  # a harness deciding ahead of its clock
         ],
         [],
     ),

@@ -17,6 +17,7 @@ from ledger.dispatch.policy import FairShare, Fifo, Policy
 from ledger.dispatch.snapshot import PendingJob
 from ledger.history.compare import (
     Outcome,
+    SkippedBound,
     compare,
     outcome_of,
     recorded_policy,
@@ -28,7 +29,13 @@ from schemas import codec
 from schemas import events as e
 from schemas.digest import order_digest, rank_digest
 from schemas.errors import InvalidCommand, UnknownEntity
-from schemas.policy import FairShareConfig, from_settings, settings
+from schemas.policy import (
+    FairShare7Config,
+    FairShare9Config,
+    FairShareConfig,
+    from_settings,
+    settings,
+)
 
 POLICIES: dict[str, Policy] = {
     "fair share, defaults": FairShare(),
@@ -310,3 +317,87 @@ def test_a_record_naming_a_preemption_without_its_event_is_a_difference() -> Non
     assert [d.text() for d in compare(forged, OUTCOME, replayed(), RANKS)] == [
         "record: recorded preempted [7, 5], replayed preemption events for [7]"
     ]
+
+
+def test_a_record_whose_ranks_name_another_position_is_a_difference() -> None:
+    """atk33-26: `ranks.position` edited (275 -> 200) replayed identical when the ranks there
+    were the same. Every dispatcher reads its ranks at its snapshot's position, so a record
+    that names another is not one a dispatcher wrote."""
+    assert RECORDED.ranks is not None and RECORDED.ranks.position == RECORDED.based_on
+    moved = msgspec.structs.replace(
+        RECORDED, ranks=msgspec.structs.replace(RECORDED.ranks, position=2)
+    )
+    assert [d.text() for d in compare(moved, OUTCOME, replayed(), RANKS)] == [
+        "ranks position: recorded ranks read at position 2, replayed ranks read at the "
+        "snapshot's position 9"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("claimed", "want"),
+    [
+        (0, []),
+        (21, []),  # 1 s at 0.05 s apart: 20, and the stopping cycle
+        (
+            500,
+            [
+                "skipped_cycles: recorded 500 empty cycles before it, replayed at most 21 in the "
+                "1 s since the previous record (cycles are at least 0.05 s apart)"
+            ],
+        ),
+    ],
+)
+def test_a_record_claiming_more_empty_cycles_than_its_time_allows_is_a_difference(
+    claimed: int, want: list[str]
+) -> None:
+    """atk33-26: `skipped_cycles` edited (0 -> 500) replayed identical; it is the record's
+    answer to "why did nothing start between t1 and t2". A service's cycles are at least
+    `MIN_CYCLE_GAP_S` apart, so the time since the previous record bounds it."""
+    claims = msgspec.structs.replace(RECORDED, skipped_cycles=claimed)
+    bound = SkippedBound(since=RECORDED.decided_at - 1.0, until=RECORDED.decided_at)  # type: ignore[operator]
+    assert [d.text() for d in compare(claims, OUTCOME, replayed(), RANKS, bound)] == want
+
+
+SERVED = msgspec.structs.replace(RECORDED, policy_version="fairshare-9", policy=FairShare9Config())
+"""A service's record of fairshare-9 with its default settings (as `service.configured` says)."""
+
+
+@pytest.mark.parametrize(
+    ("claims", "want"),
+    [
+        ({}, []),
+        (
+            {"policy_version": "fairshare-7", "policy": FairShare7Config()},
+            ["policy_version: recorded fairshare-7, replayed fairshare-9 (the service's "
+             "configured policy)"],
+        ),
+        (
+            {"policy": FairShare9Config(margin=0.5, spare_ratio=1.0, debug_lane=False)},
+            [
+                "policy setting debug_lane: recorded False, replayed True (the service's "
+                "configured setting)",
+                "policy setting margin: recorded 0.5, replayed 0.1 (the service's configured "
+                "setting)",
+                "policy setting spare_ratio: recorded 1.0, replayed 5.0 (the service's "
+                "configured setting)",
+            ],
+        ),
+        (
+            {"policy": FairShare7Config()},
+            ["policy settings: recorded settings of fairshare-7, replayed the service's "
+             "configured fairshare-9 settings"],
+        ),
+    ],
+)  # fmt: skip
+def test_a_record_claiming_settings_the_service_did_not_run_with_is_a_difference(
+    claims: dict[str, Any], want: list[str]
+) -> None:
+    """atk34-26 F2: a service's record edited to claim fairshare-7, or margin 0.5, spare_ratio 1
+    and no debug lane, replayed identical (the cycle's outcome did not depend on them). The log's
+    `service.configured` says what the service ran with at the record's position."""
+    record = msgspec.structs.replace(SERVED, **claims)
+    decision = replayed(policy_version=record.policy_version)
+    found = compare(record, OUTCOME, decision, RANKS, configured=FairShare9Config())
+    assert [d.text() for d in found] == want
+    # a log that records no settings (the simulator's) is compared as before
+    assert compare(record, OUTCOME, decision, RANKS) == []

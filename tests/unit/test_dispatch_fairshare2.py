@@ -9,6 +9,7 @@ import msgspec
 
 from ledger.dispatch import FairShare, NodeView, PendingJob, RunningJob, Snapshot, decide
 from ledger.dispatch.fairshare2 import FairShare2, fs_ratio, team_fs, team_of
+from ledger.dispatch.ordering import Ordered, SortKey
 from ledger.dispatch.placement import FreeIndex
 from ledger.dispatch.preemption import Ask, plan_gang, plan_gang_least
 from ledger.dispatch.registry import default_config, policy_from_config
@@ -290,3 +291,98 @@ def test_a_team_under_its_share_is_no_fairness_victim_whatever_its_program() -> 
     # with q/small alone in the way, the job waits
     alone = msgspec.structs.replace(snap, running=(running[0],), nodes=snap.nodes[:1])
     assert decide(alone, policy, NOW).preemptions == ()
+
+
+def test_the_order_is_one_sort_of_every_key_and_decide_pauses_the_collector() -> None:
+    """The order sorts jobs in groups of equal key heads (a speed-up): the same order as one
+    sort of all the keys. `decide()` pauses the cyclic collector while it runs (its tuples are
+    freed by reference counting) and leaves it as it found it."""
+    import gc
+    import random
+
+    rng = random.Random(11)
+    pending = tuple(
+        PendingJob(
+            job_id=i,
+            account=rng.choice(("a/x", "a/y", "b/z")),
+            user=rng.choice(("u1", "u2")),
+            gpus=rng.choice((1, 2, 8)),
+            min_runtime_s=rng.choice((0, 600)),
+            submitted_at=float(rng.randrange(50)),
+            priority=rng.randrange(3),
+            debug=rng.random() < 0.2,
+            runs=rng.randrange(2),
+        )
+        for i in range(1, 400)
+    )
+    snap = Snapshot(
+        position=1,
+        taken_at=100.0,
+        nodes=(
+            NodeView(
+                name="n1",
+                cluster="c",
+                gpu_type="h100",
+                gpus=8,
+                state="active",
+                free=tuple(range(8)),
+            ),
+        ),
+        running=(),
+        pending=pending,
+        ranks={"a": 0, "b": 1, "a/x": 0, "a/y": 1, "b/z": 2},
+        level_fs={},
+    )
+    seen: list[bool] = []
+
+    class Watched(FairShare2, frozen=True, kw_only=True):
+        def order(self, snapshot: Snapshot) -> list[tuple[SortKey, PendingJob]]:
+            seen.append(gc.isenabled())
+            return super().order(snapshot)
+
+    for version in ("fairshare-3", "fairshare-6"):
+        keyed = FairShare2(version=version).order(snap)
+        assert keyed == sorted(keyed, key=lambda kj: kj[0])
+        assert [j.job_id for _, j in keyed] != sorted(j.job_id for j in pending)
+    assert gc.isenabled()
+    d = decide(snap, Watched(version="fairshare-6"), 100.0)
+    assert seen == [False] and gc.isenabled()
+    # the cycle reads the jobs alone: the (key, job) pairs are built when a reader asks
+    order = d.order
+    assert isinstance(order, Ordered) and order._pairs is None
+    d.summary()
+    assert order._pairs is not None and list(order) == FairShare2(version="fairshare-6").order(snap)
+
+
+def test_a_job_blocked_by_a_protected_victim_is_told_so_at_read_time() -> None:
+    """atk34-26 F4: a job whose only way in is a non-resumable victim below the wide margin was
+    told "no node with 8 free GPUs" alone. Reads (`explain`, `queue`) name the victim and the
+    rule; the decision, and so the record, keeps the dispatcher's reason byte for byte."""
+    from ledger.core.state import Job
+    from ledger.reads.explain import explain_pending, protected_note
+    from schemas.events import JobSubmitted
+
+    running = [run(10, {"n1": range(8)}, resumable=False, placed_ago_s=1.5 * H)]
+    snap = world([node("n1")], running, [pend(1, 8)])
+    policy = policy_from_config(default_config("fairshare-7"))
+    d = decide(snap, policy, NOW)
+    wait = d.waiting.get(1)
+    assert d.preemptions == () and wait is not None
+    assert wait.reason == "no node with 8 free GPUs; at most 0 free on one node"
+    note = protected_note(policy, snap, snap.pending[0], wait, NOW)
+    assert note == (
+        "; preempting would make room, but the victims are protected: job 10 (lab/b, 8 GPUs): "
+        "not resumable: ratio 4 < 5 (policy fairshare-7: a job that is not resumable is "
+        "preempted for fairness only when the ratio of the teams' fair shares is at least "
+        "spare_ratio 5; it waits until then, or until they end)"
+    )
+    spec = JobSubmitted(event_id="s", at=1.0, actor="u", job_id=1, account="lab/a", user="u",
+                        gpus=8, min_runtime_s=3600)  # fmt: skip
+    lines = explain_pending(Job(spec=spec), d, snap, NOW, policy)
+    assert lines[-1] == f"It waits: WAIT_RESOURCES: {wait.reason}{note}."
+    # past the wide margin the victim is not protected (the cost model judges it); fifo has no
+    # such rule
+    wide = msgspec.structs.replace(policy, spare_ratio=3.0)
+    assert protected_note(wide, snap, snap.pending[0], wait, NOW) == ""
+    assert protected_note(policy_from_config(default_config("fifo-1")), snap,
+                          snap.pending[0], wait, NOW) == ""  # fmt: skip

@@ -10,6 +10,7 @@ from ledger.dispatch import registry
 from ledger.dispatch.baselines import LegacyCaps, LegacyCaps2, SlurmMultifactor, SlurmMultifactor2
 from ledger.dispatch.fairshare2 import FairShare2
 from ledger.dispatch.fairshare7 import FairShare7
+from ledger.dispatch.fairshare9 import FairShare9
 from ledger.dispatch.policy import FairShare, Fifo
 from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.policy import (
@@ -74,6 +75,9 @@ def test_a_config_survives_the_wire_and_builds_its_policy_and_back(
 
 
 def test_the_built_policies_are_the_ones_the_names_stood_for() -> None:
+    assert registry.policy_from_config(registry.default_config("fairshare-9")) == FairShare9(
+        gain_horizon_s=1800.0
+    )
     assert registry.policy_from_config(registry.default_config()) == FairShare7(
         gain_horizon_s=1800.0
     )
