@@ -225,6 +225,22 @@ def when(at: float | None) -> str:
     return format_time(at).replace("T", " ")
 
 
+_RAW_TIME = re.compile(r"\bt=(\d+(?:\.\d+)?(?:e\+?\d+)?)")
+
+
+def times_in(text: str) -> str:
+    """A recorded note or reason with its raw `t=<epoch seconds>` times as `when` times: the
+    notes of older policy versions (`low utilisation since t=1.76722e+09`) are kept byte for
+    byte in the log (replay compares them) and shown as the CLI shows times. A time written
+    with six digits (`%g`) is up to an hour off, and says `about`."""
+
+    def one(m: re.Match[str]) -> str:
+        raw = m.group(1)
+        return ("about " if "e" in raw else "") + when(float(raw))
+
+    return _RAW_TIME.sub(one, text)
+
+
 def key_text(key: Sequence[float | int | str]) -> str:
     """A dispatcher's sort key with its times as `when` times and no scientific notation
     (`queue`, `explain`; the pages show those times in the viewer's zone)."""

@@ -253,6 +253,9 @@ class _LocalHandles:
     def foreign(self) -> dict[str, frozenset[int]]:
         return {}  # no service observes an engine in an embedded read
 
+    def stopping(self) -> dict[str, frozenset[int]]:
+        return {}
+
     @property
     def viewer(self) -> str:
         return self.ctx.viewer(self.ledger.state)

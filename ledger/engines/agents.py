@@ -217,6 +217,7 @@ class AgentExecutor:
             exits=tuple(self._exits),
             running=frozenset(self._runs) | frozenset(self._held),
             stopped=tuple(self._stopped),
+            stopping=self.fence.holding(now),
         )
         self._returns, self._starts, self._exits = [], [], []
         self._checkpoints, self._samples, self._stopped = [], [], []
@@ -479,7 +480,10 @@ class AgentExecutor:
         # a part that reported its own end is gone already
         alive = [n for n in dict.fromkeys(r.nodes) if n not in r.exits]
         versions = {n: self.board.number(n) for n in alive}
-        self.fence.stopped(job_id, r.run, alive, versions, r.grace_s, now)
+        gpus: dict[str, tuple[int, ...]] = {}
+        for sl in r.slots:
+            gpus[sl.node] = (*gpus.get(sl.node, ()), *sl.gpu_indices)
+        self.fence.stopped(job_id, r.run, alive, versions, r.grace_s, now, gpus)
 
     def _add(self, job: Launch, token: str, *, started: bool = False, publish: bool = True) -> None:
         nodes = tuple(sl.node for sl in job.slots)

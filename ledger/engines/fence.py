@@ -37,6 +37,8 @@ class Blocker:
     grace_s: float
     release_at: float | None = None
     """Set once the node is lost: when its fence has passed."""
+    gpus: tuple[int, ...] = ()
+    """The GPUs the stopped run held there (none known for `ANY_RUN`)."""
 
 
 def version_number(version: str, epoch: str) -> int | None:
@@ -57,11 +59,12 @@ class Fence:
 
     def stopped(
         self, job_id: int, run: int, nodes: Iterable[str], versions: Mapping[str, int],
-        grace_s: float, now: float,
+        grace_s: float, now: float, gpus: Mapping[str, tuple[int, ...]] | None = None,
     ) -> None:  # fmt: skip
-        """Run `run` of `job_id` was taken off `nodes` (their lists are now `versions`)."""
+        """Run `run` of `job_id` was taken off `nodes` (their lists are now `versions`; the
+        GPUs it held on each: `gpus`)."""
         for node in nodes:
-            b = Blocker(run, versions.get(node, 0), grace_s)
+            b = Blocker(run, versions.get(node, 0), grace_s, gpus=(gpus or {}).get(node, ()))
             if node in self.lost_at:
                 b.release_at = max(now, self.lost_at[node] + self.fence_s + grace_s)
             self.blockers.setdefault(job_id, {})[node] = b
@@ -122,6 +125,16 @@ class Fence:
             b = by_node.get(node)
             if b is not None:
                 b.release_at = None
+
+    def holding(self, now: float) -> dict[str, frozenset[int]]:
+        """The GPUs (node -> indices) of stopped runs that may still live there at `now` (their
+        grace: the agent starts nothing on them until they are gone), as `node list` shows."""
+        out: dict[str, set[int]] = {}
+        for by_node in self.blockers.values():
+            for node, b in by_node.items():
+                if b.gpus and (b.release_at is None or now < b.release_at):
+                    out.setdefault(node, set()).update(b.gpus)
+        return {n: frozenset(i) for n, i in out.items()}
 
     def blocking(self, job_id: int, now: float) -> list[str]:
         """The nodes that may still run an earlier launch of `job_id` at `now` (those whose

@@ -10,6 +10,7 @@ file still holds.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
@@ -77,6 +78,17 @@ class Handle(msgspec.Struct, kw_only=True):
     @property
     def done(self) -> bool:
         return all(p.exit_code is not None for p in self.parts)
+
+
+def stopping_gpus(handles: Iterable[Handle]) -> dict[str, frozenset[int]]:
+    """Pure: the GPUs (node -> indices) of the runs the ledger stopped whose parts have not all
+    ended (their grace): nothing starts on them before (`Observed.stopping`)."""
+    out: dict[str, set[int]] = {}
+    for h in handles:
+        for p in h.parts if h.stop_reason == "ledger" else ():
+            if p.exit_code is None:
+                out.setdefault(p.node, set()).update(p.gpu_indices)
+    return {n: frozenset(i) for n, i in out.items()}
 
 
 class AgentState(msgspec.Struct, kw_only=True):

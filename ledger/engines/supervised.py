@@ -60,6 +60,7 @@ from ledger.engines.runs import (
     read_identity,
     read_started,
     run_name,
+    stopping_gpus,
 )
 from ledger.engines.supervise import CANNOT_START, Forked, read_record, record_says_started
 from ledger.engines.tree import Containment, Tree
@@ -214,9 +215,9 @@ class SupervisedExecutor:
     # --- the executor protocol -----------------------------------------------------------------
 
     def observe(self, now: float, nodes: Mapping[str, Node]) -> Observed:
-        """Runs that started, checkpoints and samples, runs that ended (a run that ended before
-        it was seen running started first) and the jobs with a run here. (Starts are not saved
-        at once: a restart before the next save reports a start again, which the ledger drops.)"""
+        """Runs that started, checkpoints and samples, runs that ended (one that ended before it
+        was seen running started first), the jobs with a run here, the GPUs of stopped runs in
+        their grace. (A restart before the next save reports a start again: the ledger drops it.)"""
         starts = self._take_starts()
         checkpoints, samples = self._progress(now)
         exits = self._poll(now)
@@ -229,6 +230,7 @@ class SupervisedExecutor:
             exits=tuple(exits),
             running=frozenset(self.running()),
             stopped=tuple(stopped),
+            stopping=stopping_gpus(self.jobs.values()),
         )
 
     def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:
@@ -376,24 +378,22 @@ class SupervisedExecutor:
     def _launch_all(self, jobs: tuple[Launch, ...], now: float) -> None:
         for job in jobs:
             here = self.jobs.get(job.job_id)
+            if here is not None and here.launch <= job.run and here.stop_reason != "ledger":
+                self._stop(job.job_id, now)  # requeued and placed again before a cycle said stop
             if (here is None or here.launch != job.run + 1) and job.job_id not in self._pending:
                 self._pending[job.job_id] = job  # after an older run here is gone, if one is
         self._start_pending(now)
 
     def _stop(self, job_id: int, now: float) -> None:
-        """The ledger no longer runs `job_id`: SIGTERM now, SIGKILL after its grace; its exit
-        goes unreported."""
+        """The ledger no longer runs `job_id`: SIGTERM, SIGKILL after its grace, exit unreported."""
         self._pending.pop(job_id, None)
         h = self.jobs.get(job_id)
         if h is not None and h.stop_reason != "ledger":
             self._terminate(h, now, "ledger")
             self._save()
 
-    def _busy_gpus(self) -> set[tuple[str, int]]:
-        return {g for h in self.jobs.values() for g in h.gpus}
-
     def _start_pending(self, now: float) -> None:
-        busy = self._busy_gpus()
+        busy = {g for h in self.jobs.values() for g in h.gpus}
         ready: list[Handle] = []
         for job_id, job in list(self._pending.items()):
             if job_id in self.jobs:

@@ -545,14 +545,15 @@ RUNNER = "glrunner"
 def os_user(name: str) -> pwd.struct_passwd:
     """The OS account `name`, made with useradd when it does not exist (the test runs as root:
     it fails, never skips, when the account cannot be made)."""
-    with contextlib.suppress(KeyError):
-        return pwd.getpwnam(name)
-    made = subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    with userkit.accounts_locked():
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(name)
+        made = subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+            capture_output=True, text=True,
+        )  # fmt: skip
     try:
-        return pwd.getpwnam(name)  # another run may have made it meanwhile
+        return pwd.getpwnam(name)
     except KeyError:
         raise AssertionError(
             f"cannot make the OS user {name!r} this test launches jobs as "
@@ -634,3 +635,25 @@ def test_an_exit_while_the_server_is_down_is_charged_to_its_real_end(cluster: Cl
     assert row["finish_reason"] == "completed", row
     assert abs(row["finished_at"] - really) <= 1.0, (row["finished_at"], really)
     assert row["finished_at"] < restarted - 4
+
+
+def test_a_cancelled_jobs_gpus_show_stopping_until_its_node_says_it_is_gone(
+    cluster: Cluster,
+) -> None:
+    """`node list` showed a cancelled job's GPUs free during its grace, though the agent starts
+    nothing on them until its processes are gone: they are `stopping` (not free) until its
+    node's report no longer lists the run."""
+    job = cluster.submit(1, "trap '' TERM; while :; do sleep 0.2; done", "--grace", "5s")
+    (slot,) = cluster.wait_status(job, "running")["slots"]
+
+    def node() -> dict[str, Any]:
+        rows = json.loads(cluster.cli("node", "list", "--json").stdout)
+        return next(n for n in rows if n["node"] == slot["node"])
+
+    cluster.cli("cancel", str(job))
+    shown = lambda: node()["stopping_gpus"] == slot["gpu_indices"]  # noqa: E731
+    wait_for("its GPU shown stopping", shown, 30, cluster.why)
+    assert node()["free_gpus"] == GPUS - 1
+    wait_for("its GPU free", lambda: node()["free_gpus"] == GPUS, 30, cluster.why)
+    assert node()["stopping_gpus"] == []
+    assert cluster.events("job.run_ended.v1")  # its end was reported: the fence let it go

@@ -48,15 +48,16 @@ def os_user(name: str = USER, group: str = TEAM) -> pwd.struct_passwd:
     """The OS account `name` with a home directory and the supplementary group `group`,
     made when missing (kept between runs: the same name each time)."""
     assert os.geteuid() == 0, "the run-as tests create OS accounts: run them as root"
-    try:
-        grp.getgrnam(group)
-    except KeyError:
-        subprocess.run(["groupadd", group], check=True)
-    try:
-        pw = pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "-m", "-s", "/bin/sh", "-G", group, name], check=True)
-        pw = pwd.getpwnam(name)
+    with userkit.accounts_locked():
+        try:
+            grp.getgrnam(group)
+        except KeyError:
+            subprocess.run(["groupadd", group], check=True)
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "-m", "-s", "/bin/sh", "-G", group, name], check=True)
+            pw = pwd.getpwnam(name)
     assert pw.pw_uid >= 1000, pw
     return pw
 
@@ -607,3 +608,28 @@ def test_a_dry_run_refuses_what_the_apply_would(served: Served, tmp_path: Path) 
             proc.stderr
         ), proc.stderr
     assert served.server.head() == head
+
+
+def test_a_cancelled_jobs_gpus_show_stopping_not_free_until_its_processes_end(
+    served: Served,
+) -> None:
+    """`node list` showed a cancelled job's GPUs free during its grace, though nothing starts
+    on them until its processes are gone (`serve --executor local`; the node agents and Slurm
+    alike): they are `stopping`, then free once it has ended."""
+    stubborn = "trap '' TERM; while :; do sleep 0.2; done"
+    job = served.submit("--grace", "4s", "--", "sh", "-c", stubborn)
+    row = served.wait("the job runs", job, "running")
+    (slot,) = row["slots"]
+
+    def node() -> dict[str, Any]:
+        rows = json.loads(served.cli("root", "node", "list", "--json").stdout)
+        return next(n for n in rows if n["node"] == slot["node"])
+
+    before = node()["free_gpus"]
+    served.cli(USER, "cancel", str(job))
+    shown = lambda: node()["stopping_gpus"] == slot["gpu_indices"]  # noqa: E731
+    wait_for("its GPU shown stopping", shown, 30, served.why)
+    assert node()["free_gpus"] == before
+    assert "stopping" in served.cli("root", "node", "list").stdout
+    wait_for("its GPU free", lambda: node()["free_gpus"] == before + 1, 30, served.why)
+    assert node()["stopping_gpus"] == []

@@ -286,7 +286,8 @@ def test_jobs_run_on_the_gpus_the_ledger_chose_and_their_endings_are_recorded(
     ledger.submit("alice", 2, SHOW + "sleep 3; exit 3")
     # a Unix user: submitted with --uid
     ledger.submit("nobody", 1, SHOW + "sleep 5; exit 0")
-    ledger.submit("bob", 1, SHOW + "sleep 600", "-t", "1m")  # Slurm ends it at its limit
+    # the executor stops it at its limit (SIGTERM, its grace; Slurm's --time is a backstop)
+    ledger.submit("bob", 1, SHOW + "sleep 600", "-t", "1m")
     ledger.submit("alice", 1, SHOW + "sleep 600")  # cancelled in Slurm, outside the ledger
     ledger.wait("the fourth job to run", lambda: status(ledger, 4) == "running", timeout=120)
     (run4,) = ledger.of("job.engine_linked.v1", 4)
@@ -306,7 +307,7 @@ def test_jobs_run_on_the_gpus_the_ledger_chose_and_their_endings_are_recorded(
     assert {j: (ev["exit_code"], ev["reason"], ev["engine_state"]) for j, ev in ended.items()} == {
         1: (3, "exited", "FAILED"),
         2: (0, "exited", "COMPLETED"),
-        3: (ended[3]["exit_code"], "time_limit", "TIMEOUT"),
+        3: (143, "time_limit", "FAILED"),  # it died of the SIGTERM (Slurm: FAILED, 0:15)
         4: (ended[4]["exit_code"], "cancelled", "CANCELLED"),
     }
     jobs = ledger.jobs()

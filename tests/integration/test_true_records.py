@@ -282,3 +282,30 @@ def test_dependents_estimates_wait_for_their_gpus_through_the_server(tmp_path: P
         served.wait("A to end", a, "finished")
     finally:
         served.server.stop()
+
+
+def test_a_requeued_job_placed_again_at_once_stops_its_run_and_starts_a_new_one(
+    tmp_path: Path,
+) -> None:
+    """atk34-29 F5: `requeue` of a running job on a free cluster: the next cycle placed it
+    again at once, so no cycle saw it waiting and ordered its run stopped; the old process ran
+    on, uncounted, and the new run never started (`placed` until the server restarted). The
+    old run now stops (its processes gone, checked from /proc) and the job runs again."""
+    served = Served(ledger_home(tmp_path), "--grace", "2s")
+    pids = Path(os_user().pw_dir) / f"pids-{tmp_path.name}"
+    pids.unlink(missing_ok=True)
+    try:
+        job = served.submit("--min-runtime", "0", "--", "sh", "-c",
+                            f"echo $$ >> {pids}; exec sleep 300")  # fmt: skip
+        served.wait("the first run", job, "running")
+        first = int(wait_for("the first pid", lambda: pids.read_text().split())[0])
+        assert alive(first)
+        served.cli("root", "requeue", str(job))
+        second = wait_for("a second run", lambda: pids.read_text().split()[1:], 30, served.why)
+        assert not alive(first), "the first run lives on beside the second"
+        row = served.wait("the second run", job, "running")
+        assert row["preemptions"] == 1, row
+        assert alive(int(second[0]))
+    finally:
+        served.server.stop()
+        pids.unlink(missing_ok=True)

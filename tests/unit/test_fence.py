@@ -37,6 +37,22 @@ def test_a_stopped_run_blocks_its_job_until_a_newer_report_no_longer_lists_it() 
     assert f.blocking(7, T0) == []
 
 
+def test_a_stopped_runs_gpus_are_held_until_its_node_says_it_is_gone() -> None:
+    """`node list` showed a stopped run's GPUs free during its grace, while the agent waits
+    for its processes before it starts the next job there: they are held (`stopping`) until
+    the node's report no longer lists the run, or its fence passes once the node is lost."""
+    f = Fence("ep", fence_s=60)
+    f.stopped(7, 0, ["n1", "n2"], {"n1": 3, "n2": 5}, 10, T0, {"n1": (0, 1), "n2": (2,)})
+    assert f.holding(T0) == {"n1": frozenset({0, 1}), "n2": frozenset({2})}
+    f.reported("n1", "ep.3", [], {7: 1})
+    assert f.holding(T0) == {"n2": frozenset({2})}
+    f.lost("n2", T0)
+    assert f.holding(T0 + 69) == {"n2": frozenset({2})}
+    assert f.holding(T0 + 70) == {}  # its fence and the grace have passed
+    f.adopted(8, ["n1"], {}, 10)  # after a restart: which GPUs is not known
+    assert f.holding(T0 + 70) == {}
+
+
 def test_a_lost_node_blocks_until_its_fence_and_the_grace_pass_and_again_once_back() -> None:
     f = Fence("ep", fence_s=60)
     f.stopped(7, 0, ["n1"], {"n1": 1}, grace_s=10, now=T0)
@@ -242,3 +258,19 @@ def test_a_part_the_watchdog_stopped_first_says_fenced_though_it_exits_0(
             os.killpg(job.pid, 9)
         dog.join(timeout=0.1)  # it sleeps FENCE_CHECK_S before it sees the tree empty
     assert code == 0 and fenced
+
+
+def test_a_local_run_the_ledger_stopped_holds_its_gpus_until_its_parts_end() -> None:
+    """`up`/`--executor local`: the GPUs of a stopped run's parts not ended yet are `stopping`
+    (`Observed.stopping`); a run stopped at its limit or by itself is still the ledger's."""
+    from ledger.engines.runs import Handle, Part, stopping_gpus
+
+    def part(node: str, gpus: tuple[int, ...], code: int | None) -> Part:
+        return Part(rank=0, node=node, gpu_indices=gpus, rundir="/r", log="/l", exit_code=code)
+
+    parts = [part("a", (0, 1), None), part("b", (2,), 143)]
+    stopped = Handle(job_id=1, launch=1, launched_at=T0, time_limit_s=None, grace_s=30,
+                     parts=parts, stop_reason="ledger")  # fmt: skip
+    limited = Handle(job_id=2, launch=1, launched_at=T0, time_limit_s=60, grace_s=30,
+                     parts=[part("a", (3,), None)], stop_reason="time_limit")  # fmt: skip
+    assert stopping_gpus([stopped, limited]) == {"a": frozenset({0, 1})}

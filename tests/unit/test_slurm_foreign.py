@@ -79,7 +79,7 @@ def test_a_run_that_completed_on_a_node_slurm_gives_up_is_recorded_before_the_lo
     node_failure: a completed job is never requeued and run again), and the node's loss and
     the runs that really ended with it (NODE_FAIL) come one read later."""
     from ledger.core.state import Node
-    from ledger.engines.slurm.executor import _Run
+    from ledger.engines.slurm.tracked import Run as _Run
 
     ex = FakeSlurm("gpuledger", LID, tmp_path)
     ex._runs = {
@@ -113,7 +113,7 @@ def our_run(state: str, reason: str = "None", code: str = "0:0", end: str = "21:
 
 
 def watched(tmp_path: Path) -> FakeSlurm:
-    from ledger.engines.slurm.executor import _Run
+    from ledger.engines.slurm.tracked import Run as _Run
 
     ex = FakeSlurm("gpuledger", LID, tmp_path)
     ex._runs = {1: _Run(1, 0, None, slurm_id="7")}

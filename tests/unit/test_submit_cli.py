@@ -178,7 +178,9 @@ def test_jobs_waiting_for_one_contract_do_not_start_on_the_same_gpus_at_once() -
     """atk33 F7: team p/a's job 1 holds the 8-GPU node inside its 1 h contract (no limit);
     team p/b's jobs 2-4 (8 GPUs, 2 h limits) wait for that contract (WAIT_CONTRACT). All three
     were estimated to start when it ends, on the same 8 GPUs; the first gets them then, the
-    next when the first reaches its limit, and so on."""
+    next when the first reaches its limit, and so on. atk33-23 F6: job 1's contract counts from
+    its real start (1 s after its placement) and its GPUs come free after its grace (the
+    default 30 s), SIGTERM to SIGKILL: 3631, not 3600."""
     ids = (lambda n: lambda: f"x{next(n)}")(itertools.count())
     state = State()
 
@@ -209,7 +211,7 @@ def test_jobs_waiting_for_one_contract_do_not_start_on_the_same_gpus_at_once() -
     assert {j: (w.code, w.until) for j, w in decision.waiting.items()} == {
         j: ("WAIT_CONTRACT", 3600.0) for j in (2, 3, 4)
     }
-    assert estimated_starts(state, snap, decision, now) == {2: 3600.0, 3: 10800.0, 4: 18000.0}
+    assert estimated_starts(state, snap, decision, now) == {2: 3631.0, 3: 10831.0, 4: 18031.0}
 
 
 def test_array_tasks_held_by_their_limit_and_their_dependents_get_estimates() -> None:

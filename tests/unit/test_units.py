@@ -171,3 +171,17 @@ def test_a_bad_config_duration_names_its_key(toml: bytes, want: str) -> None:
     with pytest.raises(msgspec.ValidationError) as err:
         msgspec.toml.decode(toml, type=_Config, dec_hook=units.dec_hook)
     assert str(err.value) == want
+
+
+def test_raw_times_in_recorded_notes_read_as_the_cli_writes_times() -> None:
+    """A squatter's preemption note of fairshare-8 and older (`t=%g`, kept byte for byte in the
+    log) printed raw epoch seconds in `explain` and `report preemptions`."""
+    from schemas.units import times_in, when
+
+    assert times_in("low utilisation since t=1.76723e+09") == (
+        f"low utilisation since about {when(1.76723e9)}"
+    )
+    assert times_in("room at t=1767225600 when the contracts end") == (
+        "room at 2026-01-01 00:00:00Z when the contracts end"
+    )
+    assert times_in("unfunded") == "unfunded"

@@ -14,7 +14,6 @@ import os
 import subprocess
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from ledger.core.state import Node
@@ -28,7 +27,18 @@ from ledger.engines.slurm.launching import (
     never_ran,
 )
 from ledger.engines.slurm.outputs import claim_outputs
-from ledger.engines.slurm.stops import Stopping, Tag, no_grace, run_gpus, stopped_end
+from ledger.engines.slurm.stops import (
+    Stopping,
+    Tag,
+    completing,
+    grace_of,
+    no_grace,
+    not_stopped,
+    run_gpus,
+    stopped_end,
+    stopping_gpus,
+)
+from ledger.engines.slurm.tracked import Run, forget_stop, note_stop, noted_stop
 from ledger.engines.slurm.words import (
     ENDED,
     HOLDING,
@@ -48,6 +58,7 @@ from ledger.engines.slurm.words import (
     parse_jobs,
     parse_nodes,
     partition_max_time,
+    processes_end,
     real_end,
     sbatch_args,
     slurm_time,
@@ -63,33 +74,6 @@ ENGINE = "slurm"
 
 def _always() -> bool:
     return True
-
-
-@dataclass
-class _Run:
-    job_id: int
-    run: int
-    launch: Launch | None
-    slurm_id: str | None = None
-    """None while the launch waits for its GPUs to be free in Slurm (a victim still stopping)."""
-    started: bool = False
-    missing_since: float | None = None
-    """When a read of Slurm first lacked this run (None while Slurm lists it)."""
-    submitted_at: float | None = None
-    """When it was handed to Slurm (its start is awaited from then on)."""
-    started_at: float | None = None
-    """Slurm's StartTime of the run (its exact limit counts from it)."""
-    limited: bool = False
-    """The executor stopped it at its limit (Slurm's is rounded up to minutes)."""
-    logs: tuple[str, ...] = ()
-    """Its output (and error) file."""
-    checkpoint_mtime: float = 0.0
-    """When the job last touched its checkpoint file (`GPULEDGER_CHECKPOINT_FILE`)."""
-    running_seen: float | None = None
-    """When a read first showed Slurm running it (its start waits for its script: `_launched`)."""
-    seen_running_at: float | None = None
-    """The last read that showed it running while Slurm's view was current (not in an outage's
-    settle period): its end cannot be earlier."""
 
 
 class _Refused(Exception):
@@ -132,20 +116,23 @@ class SlurmExecutor:
         self.run_as: RunAs = run_as
         """Who jobs run as (`ledger.engines.accounts`): as on every engine, never as root on
         someone else's behalf."""
-        self._runs: dict[int, _Run] = {}
+        self._runs: dict[int, Run] = {}
         self._stopping: dict[str, Stopping] = {}
         self._view: dict[str, SlurmJob] = {}
         self._parsed: dict[str, SlurmJob] = {}  # the last read's lines (`parse_jobs`)
         self._starts: list[Start] = []
         self._exits: list[Exit] = []
+        self._completing: dict[str, float] = {}
+        """Our Slurm job -> the last read showing it COMPLETING (`processes_end`)."""
         self._stopped: list[Exit] = []
         """Ends of runs the ledger stopped (cancel, requeue, preemption): `JobRunEnded`."""
         self.job_grace: Callable[[int], float | None] = no_grace
-        """A job's own grace by job id (`open_executor` reads the ledger's), for runs adopted
-        after a restart; None: the service's `grace_s`."""
+        """A job's own grace by id (the ledger's) where its run's comment says none."""
         self.job_limit: Callable[[int], float | None] = no_grace
         """A job's time limit by job id (`open_executor` reads the ledger's), for runs adopted
         after a restart, whose exact limit Slurm does not keep (it rounds up to minutes)."""
+        self.job_stopped: Callable[[int], float | None] = not_stopped
+        """When the ledger ended a job (a cancel): a run alive after a restart gets the rest."""
         self._foreign: dict[str, frozenset[int]] = {}
         self._foreign_seen: set[str] = set()
         self._accounting: bool | None = None
@@ -306,7 +293,7 @@ class SlurmExecutor:
                 os.chown(run_dir, who.uid, who.gid if who.gid is not None else -1)
         return run_dir / "checkpoint"
 
-    def _launched(self, r: _Run, now: float) -> bool:
+    def _launched(self, r: Run, now: float) -> bool:
         """Whether a run Slurm shows RUNNING has really started: its batch script marked its
         launch (`<checkpoint dir>/launched`), or it has run `launch_confirm_s` unmarked. Its
         recorded start is Slurm's StartTime either way; only when it is recorded waits."""
@@ -317,7 +304,7 @@ class SlurmExecutor:
             return True  # the marks are the job user's: running this long, it runs (atk23d F6)
         return now - r.running_seen >= self.launch_confirm_s
 
-    def _never_ran(self, r: _Run, j: SlurmJob) -> str:
+    def _never_ran(self, r: Run, j: SlurmJob) -> str:
         """Why an ended run's command never ran ("" if it did, or may have: `never_ran`)."""
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
         return never_ran(j, r.launch, r.logs, run_dir, r.started, self.launch_confirm_s)
@@ -348,7 +335,7 @@ class SlurmExecutor:
         env.update({k: self.env[k] for k in SBATCH_ENV if k in self.env})
         return env
 
-    def _submit(self, r: _Run) -> None:
+    def _submit(self, r: Run) -> None:
         assert r.launch is not None
         job = r.launch
         who = self._who(job)
@@ -361,7 +348,8 @@ class SlurmExecutor:
         if planted:
             raise _Refused(planted)
         args = ["sbatch", *sbatch_args(job, self.partition, out, who, self.ledger_id,
-                                       self._pinned, err)]  # fmt: skip
+                                       self._pinned, err, self._grace_of(r),
+                                       self.max_time_s)]  # fmt: skip
         checkpoint = self._checkpoint_file(job.job_id, job.run, who)
         marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START)
         launched, no_dir, no_cmd = (str(checkpoint.with_name(m)) for m in marks)
@@ -461,6 +449,7 @@ class SlurmExecutor:
             checkpoints=tuple(checkpoints),
             exits=tuple(exits),
             foreign=self._foreign,
+            stopping=stopping_gpus(self._stopping, self._view, self._pinned),
             running=frozenset(self._runs),
             unobserved=unseen,
             longest_s=self.max_time_s,
@@ -531,6 +520,7 @@ class SlurmExecutor:
         """What an outage observes: nothing new, every node unobserved, the runs as last known."""
         return Observed(
             foreign=self._foreign,
+            stopping=stopping_gpus(self._stopping, self._view, self._pinned),
             running=frozenset(self._runs),
             unobserved=_every(nodes),
             longest_s=self.max_time_s,
@@ -552,35 +542,46 @@ class SlurmExecutor:
             if old is not None and old.slurm_id is not None and old.run != job.run:
                 # requeued and placed again in one cycle: its old run stops as any stop does
                 self._signal(old.slurm_id, now, self._grace_of(old), (old.job_id, old.run))
-            self._runs[job.job_id] = _Run(job.job_id, job.run, job)
+            self._runs[job.job_id] = Run(job.job_id, job.run, job)
         if orders.launches:
             self._try_submit(now)
         return ()
 
-    def _grace_of(self, r: _Run) -> float:
-        """The run's job's own grace (`submit --grace`), else the service's."""
-        grace = r.launch.grace_s if r.launch is not None else self.job_grace(r.job_id)
-        return self.grace_s if grace is None else grace
+    def _grace_of(self, r: Run) -> float:
+        """The run's job's own grace (`submit --grace`), else the service's (`grace_of`)."""
+        job, seen = r.job_id, self._view.get(r.slurm_id or "")
+        return grace_of(r.launch, seen, lambda: self.job_grace(job), self.grace_s)
 
     def _signal(self, slurm_id: str, now: float, grace_s: float | None = None,
-                run: Tag | None = None) -> None:  # fmt: skip
+                run: Tag | None = None, since: float | None = None) -> None:  # fmt: skip
         """`scancel --signal=TERM --full` (a run that never ran: `scancel`); `scancel` once
-        `grace_s` has passed (`_read_runs`). The end of a stopped `run` is recorded."""
+        `grace_s` has passed since the stop (`since`: the ledger's recorded stop or the limit,
+        else now; `_read_runs`), at once when it has already. The end of a stopped `run` is
+        recorded."""
         if not self.may_act():
             return
         job = self._view.get(slurm_id)
         grace = self.grace_s if grace_s is None else grace_s
-        stopping = self._stopping.setdefault(slurm_id, Stopping(now, grace_s=grace, run=run))
+        begun = now if since is None else min(since, now)
+        if slurm_id not in self._stopping and run is not None and since is None:
+            note_stop(self.log_dir, slurm_id, now)  # a restart gives it only what is left
+        stopping = self._stopping.setdefault(slurm_id, Stopping(begun, grace_s=grace, run=run))
         try:
             if job is not None and job.state in WAITING:
                 self._run(["scancel", slurm_id])  # never ran: nothing to save
                 stopping.cancelled = True
+            elif now - stopping.since >= stopping.grace_s:  # its grace ran out meanwhile
+                self._run(["scancel", slurm_id])
+                stopping.cancelled = stopping.killed = True
             else:
                 self._run(["scancel", "--signal=TERM", "--full", slurm_id])
         except EngineError as err:
             log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
 
     def _read_runs(self, now: float) -> None:
+        # 0. our runs Slurm has ended whose processes may still live (COMPLETING)
+        mine = {r.slurm_id for r in self._runs.values() if r.slurm_id} | set(self._stopping)
+        self._completing = completing(self._view, mine, self._completing, now)
         # 1. our runs: starts, exits, vanished
         for job_id, r in list(self._runs.items()):
             if r.slurm_id is None:
@@ -635,14 +636,17 @@ class SlurmExecutor:
                 limit = self._limit_of(r)
                 log.info("job %s (Slurm job %s) reached its limit of %s s: stopping it",
                          job_id, r.slurm_id, limit)  # fmt: skip
-                self._signal(r.slurm_id, now, self._grace_of(r))
+                at = r.started_at + limit if r.started_at and limit is not None else now
+                self._signal(r.slurm_id, now, self._grace_of(r), since=at)  # grace from the limit
         # 2. runs being stopped: the grace, then scancel
         for slurm_id, st in list(self._stopping.items()):
             j = self._view.get(slurm_id)
             if j is None or j.ended:
                 del self._stopping[slurm_id]
-                if j is not None and st.run is not None and j.started:  # Slurm's EndTime
-                    self._stopped.append(stopped_end(st, j, now))
+                forget_stop(self.log_dir, slurm_id)
+                seen = self._completing.pop(slurm_id, None)
+                if j is not None and st.run is not None and j.started:  # its processes' end
+                    self._stopped.append(stopped_end(st, j, now, seen))
             elif not st.cancelled and now - st.since >= st.grace_s:
                 try:
                     self._run(["scancel", slurm_id])
@@ -664,8 +668,10 @@ class SlurmExecutor:
                 ):
                     log.warning("slurm job %s is a run the ledger no longer runs: stopping it", j)
                     tag = j.tag(self.ledger_id)
-                    grace = self.job_grace(tag[0]) if tag is not None else None
-                    self._signal(j.slurm_id, now, grace, tag)
+                    assert tag is not None  # when its stop began: what is left of its grace
+                    since = self.job_stopped(tag[0]) or noted_stop(self.log_dir, j.slurm_id)
+                    grace = self.job_grace(tag[0]) if j.grace_s is None else j.grace_s
+                    self._signal(j.slurm_id, now, grace, tag, since)
                 continue
             holds = held_gpus(j, self._pinned)  # running, configuring, completing, ...
             for node, idx in holds.items():
@@ -676,29 +682,36 @@ class SlurmExecutor:
                          dict(holds))  # fmt: skip
         self._foreign = {n: frozenset(i) for n, i in foreign.items()}
 
-    def _end_of(self, r: _Run, j: SlurmJob, now: float) -> float:
+    def _end_of(self, r: Run, j: SlurmJob, now: float) -> float:
         """When a run ended (`real_end`: Slurm's EndTime, unless it ended while slurmctld was
         away, when Slurm's is the moment the controller heard of it)."""
-        at = real_end(j.end_time, now, r.seen_running_at, self._away, self.settle_s)
+        assert r.slurm_id is not None
+        seen = self._completing.get(r.slurm_id)
+        if r.slurm_id not in self._stopping:
+            self._completing.pop(r.slurm_id, None)
+        end = processes_end(j.end_time, j.state, now, seen)  # a limit: its processes' end
+        at = real_end(end, now, r.seen_running_at, self._away, self.settle_s)
         if j.end_time is not None and at < min(now, j.end_time):
             log.info("job %s (Slurm job %s) ended while slurmctld was away: recorded ended at %s, "
                      "when last seen running (Slurm says %s, when it heard)", r.job_id,
                      r.slurm_id, when(at), when(j.end_time))  # fmt: skip
         return at
 
-    def _past_limit(self, r: _Run, now: float) -> bool:
-        """Whether a run has reached a limit Slurm cannot keep exactly (one that is no whole
-        number of minutes: Slurm's `--time` rounds it up) and is not being stopped yet."""
+    def _past_limit(self, r: Run, now: float) -> bool:
+        """Whether a run has reached its limit and is not being stopped yet. The executor keeps
+        every limit itself, to the second and with the job's grace (Slurm's own TIMEOUT would
+        give it KillWait, from a periodic check up to ~30 s late: atk33 F7); Slurm's `--time`
+        is a backstop past both (`backstop_minutes`)."""
         if r.limited or r.started_at is None:
             return False
         limit = self._limit_of(r)
-        return limit is not None and limit % 60 != 0 and now >= r.started_at + limit
+        return limit is not None and now >= r.started_at + limit
 
-    def _limit_of(self, r: _Run) -> float | None:
+    def _limit_of(self, r: Run) -> float | None:
         """The run's time limit: its launch's, or (adopted after a restart) its job's."""
         return r.launch.time_limit_s if r.launch is not None else self.job_limit(r.job_id)
 
-    def _never_starts(self, r: _Run, j: SlurmJob, now: float) -> str:
+    def _never_starts(self, r: Run, j: SlurmJob, now: float) -> str:
         """Why Slurm will not start this run (its reason says it never will, or it has waited
         past `start_within_s`); "" while it may still start."""
         if j.reason in NEVER_STARTS:
@@ -713,7 +726,7 @@ class SlurmExecutor:
             )
         return ""
 
-    def _take_back(self, r: _Run, why: str, now: float) -> None:
+    def _take_back(self, r: Run, why: str, now: float) -> None:
         """Cancel a run Slurm will not start; its job ends `launch_failed` with why."""
         assert r.slurm_id is not None
         log.warning("job %s run %s (Slurm job %s): %s; taking it back", r.job_id, r.run,
@@ -722,7 +735,7 @@ class SlurmExecutor:
         del self._runs[r.job_id]
         self._exits.append(Exit(r.job_id, -1, now, "launch_failed", r.slurm_id, "PENDING", why))
 
-    def _vanished(self, r: _Run, now: float) -> None:
+    def _vanished(self, r: Run, now: float) -> None:
         """A run Slurm no longer lists (past MinJobAge, or the controller lost its state)."""
         assert r.slurm_id is not None
         state, code, at = "", -1, now
@@ -745,7 +758,7 @@ class SlurmExecutor:
             reason = "time_limit"
         self._exits.append(Exit(r.job_id, code, at, reason, r.slurm_id, state or "UNKNOWN"))
 
-    def _check_gpus(self, r: _Run, j: SlurmJob) -> None:
+    def _check_gpus(self, r: Run, j: SlurmJob) -> None:
         if r.launch is None:
             return
         want = {sl.node: tuple(sl.gpu_indices) for sl in r.launch.slots}
@@ -771,7 +784,7 @@ class SlurmExecutor:
                 continue
             job_id, run = tag
             if runs.get(job_id) == run:
-                self._runs[job_id] = _Run(job_id, run, None, j.slurm_id, logs=j.logs)
+                self._runs[job_id] = Run(job_id, run, None, j.slurm_id, logs=j.logs)
                 log.info("adopted Slurm job %s as job %s run %s", j.slurm_id, job_id, run)
         adopted = set(self._runs)
         self._read_runs(now)  # runs that ended while we were away: exits at the next `observe`

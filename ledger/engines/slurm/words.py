@@ -4,6 +4,7 @@ node states, `scontrol show config`; `sbatch` arguments and the batch script.
 Pure: text in, values out (the executor in `ledger.engines.slurm.executor` runs the commands).
 
 How a run is named: job name `gpuledger-<job id>`, comment `gpuledger:<ledger>:job=<job id>:run=<n>`
+(and `:grace=<s>`, the job's own grace)
 (`ledger` = the first 12 hex digits of the ledger's first event id, so two ledgers never take each
 other's runs; n = the job's placement number, its preemptions so far). After any restart the
 executor finds its runs by that name in Slurm, never from memory.
@@ -28,7 +29,9 @@ from schemas.events import AnyEvent, EndReason
 if TYPE_CHECKING:
     from ledger.core.state import Node
 
-_TAG = re.compile(r"^gpuledger:(\w+):job=(\d+):run=(\d+)$")
+_TAG = re.compile(r"^gpuledger:(\w+):job=(\d+):run=(\d+)(?::grace=(\d+))?$")
+"""A run's comment; `grace=` (whole seconds) when its job has a grace of its own, so a service
+that restarts while the run stops keeps it (the live state holds no finished job)."""
 HOLDING = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING"})
 """Job states in which a Slurm job holds its GPUs."""
 WAITING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
@@ -222,6 +225,12 @@ class SlurmJob:
         if m is None or m.group(1) != ledger_id or self.name != f"gpuledger-{m.group(2)}":
             return None
         return int(m.group(2)), int(m.group(3))
+
+    @property
+    def grace_s(self) -> float | None:
+        """Its job's own grace as its comment says (`submit --grace`); None: none said."""
+        m = _TAG.match(self.comment)
+        return None if m is None or m.group(4) is None else float(m.group(4))
 
     @property
     def ended(self) -> bool:
@@ -510,6 +519,8 @@ def sbatch_args(
     ledger_id: str,
     pinned: Mapping[str, tuple[str, ...]] | None = None,
     error_path: str = "",
+    grace_s: float = 0.0,
+    max_time_s: float | None = None,
 ) -> list[str]:
     """Pure: `sbatch` arguments that carry out exactly this placement: its nodes, its GPUs per
     node, its time limit, who it runs as (`--uid` and `--gid`, so the job has its user's primary
@@ -518,12 +529,13 @@ def sbatch_args(
     pinned (`pinned`: node -> the GRES type of each index) it asks for exactly the ledger's GPU
     indices (`--gres=gpu:h100_2:1,gpu:h100_5:1`); elsewhere for their count. Nodes that need
     different GRES make a heterogeneous job, one component per node. The script comes on stdin.
-    A limit that is no whole number of minutes is asked of Slurm rounded up (its unit); the
-    executor stops the run at the exact second itself."""
+    The executor stops the run at its limit itself, to the second, with the job's grace
+    (`grace_s`): Slurm's `--time` is only a backstop past both (`backstop_minutes`)."""
     pinned = pinned or {}
     common = [
         f"--job-name=gpuledger-{job.job_id}",
-        f"--comment=gpuledger:{ledger_id}:job={job.job_id}:run={job.run}",
+        f"--comment=gpuledger:{ledger_id}:job={job.job_id}:run={job.run}"
+        + ("" if job.grace_s is None else f":grace={math.ceil(job.grace_s)}"),
         f"--output={slurm_path(str(log_path))}",
         "--open-mode=append",
         "--no-requeue",
@@ -536,7 +548,7 @@ def sbatch_args(
     elif who.home:
         common.append(f"--chdir={slurm_path(who.home)}")
     if job.time_limit_s is not None:
-        common.append(f"--time={max(1, math.ceil(job.time_limit_s / 60))}")
+        common.append(f"--time={backstop_minutes(job.time_limit_s, grace_s, max_time_s)}")
     if who.uid is not None:
         common.append(f"--uid={who.uid}")
     if who.gid is not None:
@@ -670,6 +682,42 @@ def batch_script(
         lines.append(f"{{ : > {shlex.quote(launched_file)}; }} 2>/dev/null")
     lines.append("exec " + (shlex.join(job.command) if job.command else "true"))
     return "\n".join(lines) + "\n"
+
+
+SLURM_ENDS_FIRST = frozenset({"CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "DEADLINE"})
+"""States whose EndTime is Slurm's decision (the scancel, the limit, the node's loss), not the
+end of the job's processes: they get SIGTERM then, and SIGKILL only `KillWait` later; the job
+shows COMPLETING (its GPUs held) until they are gone."""
+
+
+def processes_end(
+    end_time: float | None, state: str, now: float, completing_seen: float | None
+) -> float | None:
+    """Pure: when a run Slurm reports ended really ended, its processes gone (docs/slurm.md,
+    "Real times"). Slurm's EndTime (None when it gives none), except where Slurm decided the
+    end (`SLURM_ENDS_FIRST`: a cancel, a limit) and a read saw the job still COMPLETING after
+    that EndTime (`completing_seen`, the last such read): its processes outlived it, up to
+    KillWait, holding its GPUs. Then the end is this read (`now`, the first that saw it gone),
+    cut to Slurm's whole seconds: never later than the next run on those GPUs starts (Slurm's
+    StartTime, whole seconds, comes after this read), at most a read and a second late."""
+    if end_time is None or state not in SLURM_ENDS_FIRST or completing_seen is None:
+        return end_time
+    if completing_seen <= end_time:
+        return end_time
+    return max(end_time, float(math.floor(now)))
+
+
+def backstop_minutes(time_limit_s: float, grace_s: float, max_time_s: float | None) -> int:
+    """Pure: the `--time` (whole minutes) asked of Slurm for a run the executor stops at its
+    limit itself (SIGTERM, the job's grace, then scancel): past the limit and the grace by at
+    least a minute (Slurm checks limits every ~30 s), so Slurm's own TIMEOUT, which would give
+    the job only KillWait, never comes first; it stops the run only when the service is down.
+    Never above the partition's MaxTime (Slurm would not start it): there the grace is what
+    MaxTime leaves."""
+    minutes = max(1, math.ceil((time_limit_s + max(0.0, grace_s)) / 60)) + 1
+    if max_time_s is not None:
+        minutes = min(minutes, max(1, int(max_time_s // 60)))
+    return minutes
 
 
 def real_end(

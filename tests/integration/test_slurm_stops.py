@@ -1,0 +1,148 @@
+"""How the Slurm executor stops a run, as an outsider found it wrong (atk33-23): a run that
+ignores SIGTERM lives on `KillWait` after Slurm's EndTime (the scancel), holding its GPU, and is
+recorded and charged to its processes' real end (F1); a whole-minute `-t` gets the job's own
+grace, not Slurm's TIMEOUT and KillWait (F7); a cancel's grace counts from the cancel across a
+restart of the service (F2); meanwhile `node list` shows its GPUs `stopping`, not free.
+Real Slurm (KillWait=10), `gpuledger up --executor slurm`."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.integration import test_slurm as base
+from tests.integration.test_slurm import Ledger, status
+
+cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
+
+
+def _stubborn(work: Path) -> str:
+    """A job that notes each SIGTERM and ignores it, and says it is alive every 0.2 s."""
+    return (f"trap 'date +%s.%N >> {work}/term' TERM; "
+            f"while true; do date +%s.%N >> {work}/alive; sleep 0.2; done")  # fmt: skip
+
+
+def _times(path: Path) -> list[float]:
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(float(line))
+        except ValueError:
+            continue  # a line cut by SIGKILL
+    return out
+
+
+def _until_quiet(path: Path, timeout: float = 90) -> float:
+    """The job's last 'alive' once it has written none for 3 s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = _times(path)
+        if alive and time.time() - alive[-1] > 3.0:
+            return alive[-1]
+        time.sleep(0.3)
+    raise AssertionError(f"the job still writes to {path}")
+
+
+def _node(led: Ledger) -> dict[str, Any]:
+    (node,) = json.loads(led.cli("node", "list", "--json"))
+    return dict(node)
+
+
+def _charged(led: Ledger, user: str) -> float:
+    rows = json.loads(led.cli("usage", "--by", "user", "--json"))
+    return sum(r["usage_gpu_hours"] for r in rows if r["name"] == user) * 3600.0
+
+
+def test_a_cancelled_run_that_ignores_term_ends_and_is_charged_when_its_processes_die(
+    ledger: Ledger,
+) -> None:
+    """F1: cancel, the job's 3 s grace, scancel (Slurm's EndTime), then KillWait (10 s) of
+    ignored SIGTERM before SIGKILL. The run's recorded end, the job's end and its charge are the
+    processes' end (within 2 s), not the scancel's EndTime (10 s earlier)."""
+    work = ledger.work
+    ledger.up()
+    ledger.submit("alice", 1, _stubborn(work), "--grace", "3s")
+    running = lambda: (work / "alive").exists() and status(ledger, 1) == "running"  # noqa: E731
+    ledger.wait("the job to run", running)
+    (gpu,) = ledger.jobs()[1]["slots"][0]["gpu_indices"]
+    ledger.cli("cancel", "1", actor="alice")
+    # its GPU is held while its processes live (its grace, then KillWait): `stopping`, not free
+    ledger.wait("its GPU shown stopping", lambda: _node(ledger)["stopping_gpus"] == [gpu])
+    assert _node(ledger)["free_gpus"] == 3
+    last = _until_quiet(work / "alive")
+    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v1", 1)))
+    (end,) = ledger.of("job.run_ended.v1", 1)
+    assert end["killed"] is True, end
+    ledger.wait("its GPU free", lambda: _node(ledger)["free_gpus"] == 4)
+    assert _node(ledger)["stopping_gpus"] == []
+    assert abs(end["ended_at"] - last) <= 2.0, (end, last)
+    row = ledger.jobs()[1]
+    assert row["finish_reason"] == "cancelled" and row["finished_at"] == end["ended_at"], row
+    charged = _charged(ledger, "alice")
+    assert abs(charged - (end["ended_at"] - row["started_at"])) <= 0.01, (charged, row, end)
+
+
+def test_a_whole_minute_limit_gets_the_jobs_grace_and_is_charged_to_its_end(
+    ledger: Ledger,
+) -> None:
+    """F7: `-t 1 --grace 15s`: SIGTERM at 60 s (not Slurm's periodic check, up to 30 s late),
+    then the job's 15 s (more than KillWait's 10 s), then scancel; it ends `time_limit` at its
+    processes' end (F1)."""
+    work = ledger.work
+    ledger.up()
+    ledger.submit("alice", 1, _stubborn(work), "-t", "1", "--grace", "15s")
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    started = ledger.jobs()[1]["started_at"]
+    last = _until_quiet(work / "alive", 150)
+    terms = _times(work / "term")
+    assert terms and abs(terms[0] - (started + 60)) <= 2.5, (terms, started)
+    assert last - terms[0] >= 14.0, (terms, last)  # its grace (then Slurm's KillWait)
+    ledger.wait("the job's end", lambda: status(ledger, 1) == "finished")
+    row = ledger.jobs()[1]
+    assert row["finish_reason"] == "time_limit", row
+    assert abs(row["finished_at"] - last) <= 2.0, (row, last)
+
+
+def test_a_cancels_grace_counts_from_the_cancel_across_a_restart(ledger: Ledger) -> None:
+    """F2: the job (`--grace 20s`) is cancelled, the service is killed with -9 at once and
+    started again 22 s later: its grace is over, so Slurm cancels it at once (then KillWait);
+    it was given a new 20 s grace."""
+    work = ledger.work
+    ledger.up()
+    ledger.submit("alice", 1, _stubborn(work), "--grace", "20s")
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    ledger.cli("cancel", "1", actor="alice")
+    ledger.wait("its SIGTERM", lambda: bool(_times(work / "term")))
+    ledger.kill9()
+    time.sleep(22)
+    ledger.up()
+    serving = time.time()  # it has adopted what Slurm runs by now
+    last = _until_quiet(work / "alive")
+    assert last - serving <= 15.0, (last, serving)  # KillWait (10 s), not 20 s more first
+    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v1", 1)))
+
+
+def test_a_requeued_runs_grace_counts_from_its_preemption_across_a_restart(
+    ledger: Ledger,
+) -> None:
+    """F2 for a run whose job lives on: a resumable job (`--grace 20s`) is preempted (requeued:
+    its next run waits for this one to end), the service is killed with -9 at once and started
+    again 22 s later: the old run is cancelled at once, from the time its stop began."""
+    work = ledger.work
+    ledger.up()
+    alive = f"{work}/alive.$GPULEDGER_RUN"
+    ledger.submit("alice", 1, f"trap 'date +%s.%N >> {work}/term' TERM; "
+                  f"while true; do date +%s.%N >> {alive}; sleep 0.2; done",
+                  "--grace", "20s", "--resumable")  # fmt: skip
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    ledger.cli("preempt", "1", "--reason", "the test makes room")
+    ledger.wait("its SIGTERM", lambda: bool(_times(work / "term")))
+    ledger.kill9()
+    time.sleep(22)
+    ledger.up()
+    serving = time.time()
+    last = _until_quiet(work / "alive.0")
+    assert last - serving <= 15.0, (last, serving)  # KillWait (10 s), not 20 s more first
+    ledger.wait("its next run", lambda: (work / "alive.1").exists(), 90)

@@ -1,0 +1,181 @@
+"""When a run the Slurm executor stops really ends, and how long Slurm's own limit waits (atk33
+F1, F2, F7), and which GPUs stopped runs hold meanwhile. Pure but for the noted stops."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ledger.core.evolve import fold
+from ledger.cycle.executor import Launch
+from ledger.engines.slurm import SbatchUser, parse_jobs, sbatch_args
+from ledger.engines.slurm.stops import (
+    Stopping,
+    completing,
+    stopped_end,
+    stopped_in,
+    stopping_gpus,
+)
+from ledger.engines.slurm.tracked import forget_stop, note_stop, noted_stop
+from ledger.engines.slurm.words import backstop_minutes, processes_end
+from schemas import events as e
+from schemas.events import GpuSlot
+
+END = 1_796_211_614.0  # Slurm's EndTime of the scancel (whole seconds)
+
+
+@pytest.mark.parametrize(
+    ("case", "state", "completing_seen", "now", "want"),
+    [
+        # atk33 F1: scancel at END, the processes ignore SIGTERM and die at KillWait (10 s):
+        # the job was COMPLETING until then; the first read that saw it gone is the end
+        ("cancelled, seen completing later", "CANCELLED", END + 9.6, END + 10.2, END + 10.0),
+        ("time limit, seen completing later", "TIMEOUT", END + 5.0, END + 5.5, END + 5.0),
+        ("node failure, seen completing", "NODE_FAIL", END + 3.0, END + 8.9, END + 8.0),
+        # never seen COMPLETING after the EndTime: Slurm's EndTime is all the ledger knows
+        ("cancelled, never seen completing", "CANCELLED", None, END + 3.0, END),
+        ("cancelled, completing only before its EndTime", "CANCELLED", END - 0.5, END + 3.0, END),
+        # the job's own end (exit, crash): EndTime is when its batch script ended; a
+        # COMPLETING after it is Slurm's epilog, no process of the job
+        ("completed, completing for its epilog", "COMPLETED", END + 2.0, END + 3.0, END),
+        ("failed, completing for its epilog", "FAILED", END + 2.0, END + 3.0, END),
+    ],
+)
+def test_a_run_slurm_ended_ends_when_its_processes_were_gone(
+    case: str, state: str, completing_seen: float | None, now: float, want: float
+) -> None:
+    assert processes_end(END, state, now, completing_seen) == want, case
+
+
+def test_a_run_without_an_end_time_has_none() -> None:
+    assert processes_end(None, "CANCELLED", END, END - 1) is None
+
+
+@pytest.mark.parametrize(
+    ("case", "limit_s", "grace_s", "max_time_s", "want"),
+    [
+        ("a whole minute and a 30 s grace", 60, 30.0, None, 3),
+        ("90 s, no grace", 90, 0.0, None, 3),
+        ("two hours, the default grace", 7200, 30.0, None, 122),
+        ("capped at the partition's MaxTime", 3600, 30.0, 3600.0, 60),
+        ("a MaxTime below a minute still asks one", 30, 0.0, 30.0, 1),
+    ],
+)
+def test_slurms_limit_is_a_backstop_past_the_limit_and_the_grace(
+    case: str, limit_s: int, grace_s: float, max_time_s: float | None, want: int
+) -> None:
+    assert backstop_minutes(limit_s, grace_s, max_time_s) == want, case
+
+
+def test_sbatch_asks_slurm_for_the_backstop_with_the_jobs_grace() -> None:
+    """F7: `-t 1 --grace 30s` asked Slurm for `--time=1`: Slurm's TIMEOUT came first, with
+    KillWait instead of the job's grace."""
+    job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), ("true",), None, "alice",
+                 "ai2/olmo", 0, 60, grace_s=30.0)  # fmt: skip
+    args = sbatch_args(job, "gpu", "/l", SbatchUser(), "0123abcd4567", None, "", 30.0, None)
+    assert "--time=3" in args
+
+
+KILLED = (
+    "JobId=41 JobName=gpuledger-7 JobState=CANCELLED Reason=None ExitCode=0:9"
+    " StartTime=2026-12-02T01:11:47 EndTime=2026-12-02T01:12:10 Partition=gpuledger NodeList=vm"
+    " Comment=x"
+)
+
+
+def test_a_stopped_run_killed_after_its_grace_ends_when_its_processes_did() -> None:
+    """F1: its EndTime is the scancel; it was COMPLETING (alive) 9.5 s after it."""
+    (j,) = parse_jobs(KILLED)
+    assert j.end_time is not None
+    st = Stopping(since=j.end_time - 2, grace_s=2.0, run=(7, 0), cancelled=True, killed=True)
+    end = stopped_end(st, j, j.end_time + 10.3, completing_seen=j.end_time + 9.5)
+    assert (end.at, end.engine_state) == (j.end_time + 10.0, "KILLED")
+    assert stopped_end(st, j, j.end_time + 10.3).at == j.end_time  # not seen: Slurm's
+
+
+def _submitted(job_id: int) -> e.JobSubmitted:
+    return e.JobSubmitted(event_id=f"s{job_id}", at=10.0, actor="alice", job_id=job_id,
+                          user="alice", account="ai2/olmo", gpus=1, min_runtime_s=0,
+                          command=("true",))  # fmt: skip
+
+
+def test_a_stop_is_dated_by_the_ledgers_record_across_a_restart(tmp_path: Path) -> None:
+    """F2: a run found alive after a restart gets the rest of its grace from when its stop
+    began: a cancel's recorded end; for a preempted or requeued run (its job lives on), the
+    time the executor noted when it began the stop."""
+    state = fold([
+        _submitted(1), _submitted(2),
+        e.JobFinished(event_id="f1", at=100.0, actor="alice", job_id=1, exit_code=None,
+                      outcome="cancelled", reason="cancelled"),
+        e.JobPreempted(event_id="p2", at=200.0, actor="@dispatcher", job_id=2,
+                       reason="admin"),
+    ])  # fmt: skip
+    assert stopped_in(state, 1) == 100.0
+    assert stopped_in(state, 2) is None  # its job lives on: the executor's note says
+    assert stopped_in(state, 3) is None  # unknown
+    assert noted_stop(tmp_path, "77") is None
+    note_stop(tmp_path, "77", 200.25)
+    assert noted_stop(tmp_path, "77") == 200.25
+    assert (tmp_path / "stops" / "77").stat().st_mode & 0o777 == 0o600
+    forget_stop(tmp_path, "77")
+    assert noted_stop(tmp_path, "77") is None
+
+
+def test_completing_keeps_the_last_read_that_saw_each_of_our_jobs_completing() -> None:
+    view = {j.slurm_id: j for j in parse_jobs(KILLED.replace("CANCELLED", "COMPLETING"))}
+    seen = {"41": 5.0, "40": 4.0, "39": 3.0}
+    assert completing(view, {"41", "40"}, seen, 9.0) == {"41": 9.0, "40": 4.0}
+
+
+GRACE = (
+    "JobId=42 JobName=gpuledger-8 JobState=RUNNING Reason=None ExitCode=0:0"
+    " StartTime=2026-12-02T01:11:47 EndTime=2026-12-02T01:21:47 Partition=gpuledger NodeList=vm"
+    " Nodes=vm CPU_IDs=0 Mem=0 GRES=gpu:fake_2:1(IDX:2)"
+)
+COMPLETING = KILLED.replace("JobId=41", "JobId=43").replace("CANCELLED", "COMPLETING") + (
+    " JOB_GRES=gpu:fake_0:0,gpu:fake_1:1,gpu:fake_2:0,gpu:fake_3:0 NodeList=vm"
+)
+
+
+def test_the_gpus_of_stopped_runs_slurm_has_not_ended_are_held() -> None:
+    """A cancelled run in its grace (RUNNING) or ignoring SIGTERM (COMPLETING until KillWait)
+    holds its GPUs in Slurm: `node list` shows them `stopping`, not free. A run stopped at its
+    limit is still the ledger's (no `run`), and an ended one holds nothing."""
+    view = {j.slurm_id: j for j in parse_jobs("\n".join((GRACE, COMPLETING, KILLED)))}
+    pinned = {"vm": ("fake_0", "fake_1", "fake_2", "fake_3")}
+    stopping = {
+        "42": Stopping(since=0.0, run=(8, 0)),
+        "43": Stopping(since=0.0, run=(9, 0), cancelled=True),
+        "41": Stopping(since=0.0, run=(7, 0), cancelled=True),
+    }
+    assert stopping_gpus(stopping, view, pinned) == {"vm": frozenset({1, 2})}
+    stopping["42"] = Stopping(since=0.0)  # its limit: the ledger still runs it
+    assert stopping_gpus(stopping, view, pinned) == {"vm": frozenset({1})}
+
+
+def test_a_runs_comment_keeps_its_jobs_grace_for_a_service_that_restarts() -> None:
+    """atk34-23 F2: a job with `--grace 60s` cancelled across a restart of the service got the
+    service's 30 s (and one with 5 s the service's 90 s): the live state holds no finished job,
+    so the restarted service could not say the job's grace. Its run's Slurm comment says it."""
+    from ledger.engines.slurm.stops import grace_of
+
+    job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), ("true",), None, "alice",
+                 "ai2/olmo", 0, 60, grace_s=60.0)  # fmt: skip
+    args = sbatch_args(job, "gpu", "/l", SbatchUser(), "0123abcd4567", None, "", 60.0, None)
+    comment = next(a for a in args if a.startswith("--comment="))
+    assert comment == "--comment=gpuledger:0123abcd4567:job=5:run=0:grace=60"
+    line = (
+        "JobId=41 JobName=gpuledger-5 JobState=RUNNING Reason=None ExitCode=0:0"
+        " StartTime=2026-12-02T01:11:47 EndTime=2026-12-02T02:12:10 Partition=gpuledger"
+        f" NodeList=vm Comment={comment.split('=', 1)[1]}"
+    )
+    (adopted,) = parse_jobs(line)
+    assert adopted.tag("0123abcd4567") == (5, 0) and adopted.grace_s == 60.0
+    (older,) = parse_jobs(line.replace(":grace=60", ""))  # a run submitted before: as it was
+    assert older.tag("0123abcd4567") == (5, 0) and older.grace_s is None
+    never = lambda: None  # noqa: E731 (the ledger's word: a finished job is not in its state)
+    assert grace_of(None, adopted, never, 90.0) == 60.0
+    assert grace_of(None, older, never, 90.0) == 90.0
+    assert grace_of(None, older, lambda: 45.0, 90.0) == 45.0
+    assert grace_of(job, None, never, 90.0) == 60.0
