@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from ledger.store.lease import MARGIN, Holder, Lease, Member
+from ledger.store.lease import MARGIN, Holder, Lease, Member, NotCommitting
 from schemas import api
 
 log = logging.getLogger("gpuledger.ha")
@@ -87,6 +87,18 @@ class Leadership:
     """Set when the role may have changed: the worker looks at its next turn, at once."""
     notify: Callable[[], None] = lambda: None
     """Wakes the worker (its next turn looks at the role)."""
+    turned_at: float = 0.0
+    """monotonic time the worker last looked at the role (`Worker._take_role`)."""
+    failed_at: float = 0.0
+    """monotonic time the worker last failed to take up the leader's work (the store failed
+    it): the lease is handed over rather than renewed for nobody."""
+    _took_at: float = 0.0
+    """monotonic time this server last took the lease (0: it does not hold one it took)."""
+    _held_back_at: float = 0.0
+    """This server handed a lease back because its worker did not look at the role: it takes
+    none again before the worker has (0: it takes one whenever it is free)."""
+    _uncommitted: str | None = None
+    """Why the store commits none of this server's writes (`NotCommitting`), until one does."""
     _leader_read_at: float = 0.0
     _held_ok_at: float = 0.0
     """monotonic time of this server's last renewal of the store's lease (0: the store said
@@ -128,6 +140,8 @@ class Leadership:
     def leader_address(self) -> str:
         if self.acting():
             return self.lease.address
+        if self.unreachable is not None:  # nobody can lead meanwhile: a lease row that looks
+            return ""  # held may be a takeover the store never committed (atk33-28 F10)
         h = self.leader
         left = 0.0 if h is None else h.expires_in_s - (time.monotonic() - self._leader_read_at)
         return h.address if h is not None and left > 0 else ""  # never a lease seen expire
@@ -156,8 +170,9 @@ class Leadership:
         if self._thread is not None:
             self._thread.join(timeout=10)
         try:
-            self.lease.release()
-            self.lease.forget()
+            if self.unreachable is None:  # else it would wait for a connection: it expires
+                self.lease.release()
+                self.lease.forget()
         except Exception as err:  # the store is away: the lease expires by itself
             log.warning("could not release the lease: %s", err)
         self.lease.close()
@@ -166,35 +181,81 @@ class Leadership:
         last_report = 0.0
         while not self._stop.is_set():
             began = time.monotonic()
-            self._tick()
-            if began - last_report >= 1.0:
+            report = began - last_report >= 1.0
+            if report:
                 last_report = began
-                self._report()
+            self._tick(report)
             step = self.lease.lease_s / 3 if self.lease.may_act() else self.poll_s
             self._stop.wait(max(0.05, step - (time.monotonic() - began)))
 
-    def _tick(self) -> None:
+    @property
+    def ready_s(self) -> float:
+        """How long the worker has to look at the role once this server took the lease, before
+        the lease is handed over (about one renewal)."""
+        return max(1.0, self.lease.lease_s / 3)
+
+    def _unready(self) -> bool:
+        """This server holds the lease it took, but its worker has not looked at the role since
+        (`ready_s`): it is busy, e.g. waiting on the store, and cannot lead."""
+        if self.leading or not self._took_at:
+            return False
+        if self.failed_at > self._took_at:
+            return True
+        return self.turned_at < self._took_at and time.monotonic() - self._took_at > self.ready_s
+
+    def _tick(self, report: bool = False) -> None:
+        """One turn of the lease: take, renew or hand it over, read who holds it, and (with
+        `report`) say where this server is. A store that takes statements but commits none (its
+        synchronous standby is away: `NotCommitting`) is said as one that does not answer, until
+        a write of this server commits again."""
         held = self.lease.may_act()
+        if self._held_back_at and self.turned_at > self._held_back_at:
+            self._held_back_at = 0.0
         try:
-            if held:
+            if held and self._unready():
+                # renewing a lease nobody here acts on locks every server out (after an outage
+                # one held it ~30 s so, while its worker still waited on the store: atk33-28 F7)
+                failed = self.failed_at > self._took_at
+                why = (
+                    "could not take up the leader's work"
+                    if failed
+                    else "has not taken up "
+                    f"the leader's work within {self.ready_s:.1f} s (waiting on the store?)"
+                )
+                log.error("took the lease (epoch %d) but the worker %s: handing it over",
+                          self.lease.epoch, why)  # fmt: skip
+                self._took_at, self._held_back_at = 0.0, time.monotonic()
+                self._held_ok_at, held = 0.0, False
+                self.lease.release()
+                self._changed()
+            elif held:
                 if not self.lease.renew():
                     self._held_ok_at = 0.0
                     log.error("lost the lease (epoch %d): another server leads", self.lease.epoch)
                     self._changed()
                 else:
                     self._held_ok_at = self._renewed_at()
-            elif self.lease.acquire():
+                    self._uncommitted = None
+            elif not self._held_back_at and self.lease.acquire():
+                self._took_at = time.monotonic()
                 self._held_ok_at = self._renewed_at()
+                self._uncommitted = None
                 log.info("took the lease: leading at epoch %d", self.lease.epoch)
                 self._changed()
             else:
                 self._held_ok_at = 0.0  # the store answered: another server holds the lease
             self.leader, self._leader_read_at = self.lease.leader(), time.monotonic()
-            if self.unreachable is not None:
+            if report:
+                self.lease.report(self.role, self.position())
+                self._uncommitted = None
+                self.members = self.lease.members()
+            if self.unreachable is not None and self._uncommitted is None:
                 log.warning("the store answers the lease again")
-            self.unreachable = None
+            self.unreachable = self._uncommitted
         except Exception as err:
             why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            if isinstance(err, NotCommitting):
+                self._uncommitted = why
             if self.unreachable is None:
                 log.error("the store does not answer the lease: %s", why)
             self.unreachable = why
@@ -212,25 +273,34 @@ class Leadership:
         self.changed.set()
         self.notify()
 
-    def _report(self) -> None:
-        try:
-            self.lease.report(self.role, self.position())
-            self.members = self.lease.members()
-        except Exception:  # said by _tick already
-            pass
-
     def servers(self, head: int) -> list[api.ServerState]:
-        """Every server on the store that reported lately, with its lag behind `head`."""
+        """Every server on the store that reported lately, with its lag behind `head`. Only the
+        server that holds the lease now is called leader: one that said so last but holds it no
+        more (dead, paused, cut off, deposed) is an `ex-leader` (atk33-28 F11: two "leader" rows,
+        or one under "leader none")."""
+        leader = self.leader_address()
         return [
             api.ServerState(
                 address=m.address,
-                role=m.role,
+                role=_role_now(m.role, m.address, leader),
                 position=m.position,
                 lag=max(0, head - m.position),
                 seen_s_ago=round(m.seen_s_ago, 3),
             )
             for m in self.members
         ]
+
+
+def store_words(why: str) -> str:
+    """Why the store takes no write, in words: `why` is the lease's last error."""
+    return why if "does not commit" in why else f"the store does not answer ({why})"
+
+
+def _role_now(said: str, address: str, leader: str) -> str:
+    """A server's role as the lease has it now: `said` is what it last reported."""
+    if leader and address == leader:
+        return "leader"
+    return "ex-leader" if said == "leader" else said
 
 
 class HAFront:
@@ -288,8 +358,7 @@ class HAFront:
         if self.ha.unreachable is not None:  # not "a standby": nobody can lead meanwhile
             await self._refuse(
                 send,
-                f"the store does not answer ({self.ha.unreachable}): no write is taken until "
-                "it does",
+                f"{store_words(self.ha.unreachable)}: no write is taken until it does",
             )
             return
         await self._refuse(send, "this server is a standby")
@@ -361,7 +430,7 @@ class HAFront:
         leader = self.ha.leader_address()
         where = f"the leader is {leader}" if leader else "no server leads right now"
         if self.ha.unreachable is not None:
-            leader, where = "", "no server can lead until it answers (reads still answer)"
+            leader, where = "", "no server can lead meanwhile (reads still answer)"
         body = msgspec.json.encode(
             api.Problem(
                 title="unavailable",

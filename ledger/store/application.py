@@ -215,6 +215,8 @@ class Ledger(Application[UUID]):
             }
         super().__init__(env)
         self.home = home
+        self.ending = False
+        """Set by a server that stops: a batch the store did not take is not read back then."""
         self.stale = False
         """The state may hold folds of a batch the store did not take and could not be read back
         (the store went away): `refresh()` reads it back before anything decides on it."""
@@ -251,6 +253,15 @@ class Ledger(Application[UUID]):
         """Fence every append by the lease's `epoch` (None: no fence; a PostgreSQL store only)."""
         if self.dsn is not None:
             self.recorder.fence_epoch = epoch  # type: ignore[attr-defined]
+
+    def give_up_when(self, stop: Callable[[], bool]) -> None:
+        """A PostgreSQL store's statements are tried again after a connection error only while
+        `stop()` is false (a server stopping, a leader whose lease ran out; bounded anyway:
+        `ledger.store.postgres.RETRY_FOR_S`)."""
+        if self.dsn is not None:
+            self.recorder.give_up = stop  # type: ignore[attr-defined]
+            if self.snapshots is not None:
+                self.snapshots.recorder.give_up = stop  # type: ignore[attr-defined]
 
     def source(self) -> locate.LogSource:
         """This ledger's log, read-only, on a connection of its own (the projector's source)."""
@@ -512,6 +523,9 @@ class Ledger(Application[UUID]):
             try:
                 done = self._fold_each(cmds, keys or [None] * len(cmds))
             except BaseException:
+                if self.ending:  # a server stopping folds nothing more: no wait on a store
+                    self.stale = True  # that went away (atk33-28 F4)
+                    raise
                 self._reload()  # a bug in a fold: the state may hold part of a batch
                 raise
             if done is not None:

@@ -25,6 +25,7 @@ is how a leader reports each standby's lag.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -92,8 +93,21 @@ class Member:
     seen_s_ago: float
 
 
+SYNC_WAIT = "canceling wait for synchronous replication"
+"""PostgreSQL's warning when a commit that waited for its synchronous standby is cancelled (the
+transaction committed locally, and the standby never confirmed it)."""
+NOT_COMMITTING = (
+    "PostgreSQL does not commit: its synchronous standby does not confirm (a commit waited "
+    "{:g} s; synchronous_standby_names names a standby that is down or cut off)"
+)
+
+
 class NotLeader(Exception):
     """An append of a server whose epoch was taken over (the fence refused it)."""
+
+
+class NotCommitting(Exception):
+    """The store takes statements but does not commit them (its synchronous standby is away)."""
 
 
 def setup(dsn: str) -> None:
@@ -152,20 +166,44 @@ class Lease:
         self.deadline = 0.0
         """monotonic time until which this server may act as leader (0: it is not leader)."""
         self._con: Any = None
+        self._notices: list[str] = []
+
+    @property
+    def answer_s(self) -> float:
+        """How long a statement of the lease may take (a third of the lease, at least 0.2 s)."""
+        return max(0.2, self.lease_s / 3)
 
     def _connection(self) -> Any:
         if self._con is None or self._con.closed:
-            timeout_ms = max(200, int(self.lease_s * 1000 / 3))
+            timeout_ms = int(self.answer_s * 1000)
             self._con = connect(
                 self.dsn,
                 connect_timeout=max(1, int(self.lease_s / 3)),
                 options=f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}",
             )
+            self._con.add_notice_handler(self._noticed)
         return self._con
 
+    def _noticed(self, diag: Any) -> None:
+        self._notices.append(str(diag.message_primary or ""))
+
     def _run(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """`sql` on the lease's connection, answered within `answer_s` or cancelled: a commit
+        that waits for a synchronous standby that is down waits forever, whatever the statement
+        timeout (the leader stood down and nobody led, while health blamed nobody: atk33-28
+        F10); cancelled, it committed only here, unconfirmed, and counts as failed."""
+        self._notices = []
         try:
-            rows: list[tuple[Any, ...]] = self._connection().execute(sql, params).fetchall()
+            con = self._connection()
+            watchdog = threading.Timer(self.answer_s + 0.1, con.cancel_safe, kwargs={"timeout": 2})
+            watchdog.daemon = True
+            watchdog.start()
+            try:
+                rows: list[tuple[Any, ...]] = con.execute(sql, params).fetchall()
+            finally:
+                watchdog.cancel()
+            if any(SYNC_WAIT in n for n in self._notices):
+                raise NotCommitting(NOT_COMMITTING.format(round(self.answer_s + 0.1, 1)))
             return rows
         except Exception:
             if self._con is not None:

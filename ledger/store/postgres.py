@@ -17,9 +17,11 @@ The reader that needs neither eventsourcing nor the application is `ledger.store
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from eventsourcing.persistence import (
@@ -29,19 +31,60 @@ from eventsourcing.persistence import (
     StoredEvent,
 )
 from eventsourcing.postgres import (
+    PostgresAggregateRecorder,
     PostgresApplicationRecorder,
     PostgresDatastore,
     PostgresFactory,
 )
-from eventsourcing.utils import retry
 from psycopg.rows import dict_row
 from psycopg.sql import SQL, Identifier
 from psycopg_pool import ConnectionPool
+from psycopg_pool.base import AttemptWithBackoff
 
+from ledger.store.lease import NOT_COMMITTING, SYNC_WAIT
 from ledger.store.pgread import EVENTS_TABLE, connect, connect_params
+from schemas.errors import Unavailable
+
+RETRY_FOR_S = 4.0
+"""How long a read or an append is tried again after a connection error (eventsourcing's own
+rule, ten tries each waiting up to the pool's 3 s, held a worker ~32 s per statement while the
+store was down: a stop took ~1.5 min, and a server that took the lease back after an outage led
+~30 s later; atk33-28 F4, F7). A broken connection is retried on a new one at once; a store that
+does not answer fails the statement within this, and the ledger reads its state back later."""
+RETRY_WAIT_S = 0.2
+WATCH_S = 0.25
+"""How often an append in flight is looked at, to cancel it once `give_up()` says so."""
 
 
-class LedgerPostgresRecorder(PostgresApplicationRecorder):
+class _Bounded:
+    """eventsourcing's recorder statements, tried again after a connection error for at most
+    `RETRY_FOR_S` (ten tries), and not at all once `give_up()` says so (a server stopping, a
+    leader whose lease ran out: its appends would be refused by the fence anyway)."""
+
+    give_up: Callable[[], bool] = staticmethod(lambda: False)
+
+    def _bounded(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        began, tries = time.monotonic(), 0
+        while True:
+            try:
+                return fn(self, *args, **kwargs)
+            except (InterfaceError, OperationalError):
+                tries += 1
+                spent = time.monotonic() - began
+                if tries >= 10 or spent + RETRY_WAIT_S > RETRY_FOR_S or self.give_up():
+                    raise
+                time.sleep(RETRY_WAIT_S)
+
+    def select_events(self, *args: Any, **kwargs: Any) -> Any:
+        fn = PostgresAggregateRecorder.select_events.__wrapped__
+        return self._bounded(fn, *args, **kwargs)
+
+
+class LedgerAggregateRecorder(_Bounded, PostgresAggregateRecorder):
+    """eventsourcing's aggregate recorder (the snapshots), with bounded retries (`_Bounded`)."""
+
+
+class LedgerPostgresRecorder(_Bounded, PostgresApplicationRecorder):
     """eventsourcing's application recorder, writing each event's position as its stream version
     (the log is one stream: no gaps, the same positions as the SQLite store); with `fence_epoch`
     set (a leader of several servers, `ledger.store.lease`), every append first checks in its own
@@ -77,12 +120,23 @@ class LedgerPostgresRecorder(PostgresApplicationRecorder):
             + SQL(", fence RETURNING notification_id")
         ).as_bytes()
 
-    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> list[int]:
         """Append `stored_events` in one statement; their positions, in order. A retry after a
         lost answer meets its own rows (an IntegrityError the ledger tells by the bytes)."""
+        return self._bounded(type(self)._insert_once, stored_events)  # type: ignore[no-any-return]
+
+    def select_notifications(self, *args: Any, **kwargs: Any) -> Any:
+        fn = PostgresApplicationRecorder.select_notifications.__wrapped__
+        return self._bounded(fn, *args, **kwargs)
+
+    def max_notification_id(self) -> Any:
+        fn = PostgresApplicationRecorder.max_notification_id.__wrapped__
+        return self._bounded(fn)
+
+    def _insert_once(self, stored_events: Sequence[StoredEvent]) -> list[int]:
         if not stored_events:
             return []
+        notices: list[Any] = []
         params: list[Any] = [
             [se.originator_id for se in stored_events],
             [se.originator_version for se in stored_events],
@@ -94,8 +148,49 @@ class LedgerPostgresRecorder(PostgresApplicationRecorder):
             query, params = self.fenced_append_sql, [self.fence_epoch, *params]
         with self.datastore.get_connection() as conn:
             assert conn.autocommit
-            rows = conn.execute(query, params, prepare=True).fetchall()
+            conn.add_notice_handler(notices.append)
+            self._watch(conn)
+            try:
+                rows = conn.execute(query, params, prepare=True).fetchall()
+            finally:
+                self._watched = None
+                conn.remove_notice_handler(notices.append)
+        if any(SYNC_WAIT in str(n.message_primary or "") for n in notices):
+            # cancelled while its commit waited for the synchronous standby: committed here
+            # only, unconfirmed: not acknowledged (the ledger reads its state back)
+            waited = round(time.monotonic() - self._watched_at, 1)
+            raise Unavailable(
+                NOT_COMMITTING.format(waited),
+                hint="retry once the synchronous standby is back; reads answer",
+            )
         return sorted(int(row["notification_id"]) for row in rows)
+
+    _watched: Any = None
+    _watched_at: float = 0.0
+    _watcher: threading.Thread | None = None
+
+    def _watch(self, conn: Any) -> None:
+        """Cancel the append on `conn` once `give_up()` says so (a commit waiting for a
+        synchronous standby that is down waits forever, whatever the timeouts: a leader whose
+        lease ran out, or a server stopping, would wait with it: atk33-28 F4, F10). One thread
+        per recorder looks every `WATCH_S`; an append costs two assignments."""
+        self._watched, self._watched_at = conn, time.monotonic()
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watching, name="append-watch",
+                                             daemon=True)  # fmt: skip
+            self._watcher.start()
+
+    def _watching(self) -> None:
+        while True:
+            time.sleep(WATCH_S)
+            conn = self._watched
+            if (
+                conn is not None
+                and time.monotonic() - self._watched_at > WATCH_S
+                and (self.give_up())
+            ):
+                with contextlib.suppress(Exception):
+                    conn.cancel_safe(timeout=2)
 
 
 PING_AFTER_S = 1.0
@@ -106,6 +201,32 @@ round trip per append); if it broke meanwhile, the append fails on it, the pool 
 `insert_events` retries on a new connection."""
 
 _returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+RECONNECT_MAX_S = 0.5
+"""The longest pause between the pool's attempts to connect again. psycopg_pool doubles it from
+1 s without bound: after a minute's outage its next attempt came up to ~32 s after PostgreSQL was
+back, and every statement meanwhile waited its 3 s for a connection and failed (a server that
+took the lease back led ~30 s late: atk33-28 F7). A refused connection costs next to nothing."""
+
+
+class _Attempt(AttemptWithBackoff):
+    def update_delay(self, now: float) -> None:
+        super().update_delay(now)
+        self.delay = min(self.delay, RECONNECT_MAX_S)
+
+
+def _capped_backoff(pool: Any) -> None:
+    """Make `pool` (eventsourcing's psycopg pool, not yet open) try to connect again at least
+    every `RECONNECT_MAX_S`."""
+    base = type(pool)
+
+    class Pool(base):  # type: ignore[misc, valid-type]
+        def _add_connection(self, attempt: Any, growing: bool = False) -> None:
+            if attempt is None:
+                attempt = _Attempt(timeout=self.reconnect_timeout)
+            super()._add_connection(attempt, growing=growing)
+
+    pool.__class__ = Pool
 
 
 def _note_returned(conn: Any) -> None:
@@ -123,6 +244,7 @@ class LedgerPostgresFactory(PostgresFactory):
     idle before lending it (`PING_AFTER_S`)."""
 
     application_recorder_class = LedgerPostgresRecorder
+    aggregate_recorder_class = LedgerAggregateRecorder
 
     def __init__(self, env: Any) -> None:
         BaseInfrastructureFactory.__init__(self, env)  # not the POSTGRES_* settings: one DSN
@@ -153,6 +275,7 @@ class LedgerPostgresFactory(PostgresFactory):
         pool = self.datastore.pool
         pool.kwargs = {**params, "row_factory": dict_row}
         pool._check, pool._reset = _check_if_idle, _note_returned  # (not yet open)
+        _capped_backoff(pool)
 
 
 def prune_snapshots(recorder: Any, stream: str, keep: int) -> None:

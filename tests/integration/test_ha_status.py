@@ -55,3 +55,39 @@ def test_status_shows_the_leaders_lease_and_says_when_the_leader_does_not_answer
         leader.proc.send_signal(signal.SIGCONT)
     assert f"leader {leader.url} (does not answer: cannot reach the server at {leader.url}" in out
     assert "  lease         20 s, renewed " in out, out
+
+
+def test_status_calls_only_the_server_that_holds_the_lease_leader(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """A leader paused past its lease last reported "leader": its row says ex-leader beside the
+    one that leads now (atk33-28 F11: two "leader" rows)."""
+    home = tmp_path / "server-0"
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
+    g.lease = "2s"
+    try:
+        for m in g.members:
+            g.start(m)
+        old = g.leader()
+        new = next(m for m in g.members if m is not old)
+        assert old.proc is not None
+        old.proc.send_signal(signal.SIGSTOP)
+        try:
+            waits.wait_for("the other server to lead", lambda: (new.health() or {}).get(
+                "role") == "leader", 30, g.why)  # fmt: skip
+            waits.wait_for("its table to list both", lambda: len((new.health() or {}).get(
+                "servers") or []) == 2, 30, g.why)  # fmt: skip
+            out = cli(new.home, "status", GPULEDGER_URL=new.url).stdout
+            health = new.health() or {}
+        finally:
+            old.proc.send_signal(signal.SIGCONT)
+        assert {s["address"]: s["role"] for s in health["servers"]} == {
+            new.url: "leader",
+            old.url: "ex-leader",
+        }, health
+        assert f"  server        {new.url} leader, " in out, out
+        assert f"  server        {old.url} ex-leader, " in out, out
+        assert out.count(" leader, lag ") == 1, out
+    finally:
+        g.stop()

@@ -524,6 +524,7 @@ def test_sigterm_publishes_every_committed_event_before_exit(
 OUTAGE_S = 60.0
 
 
+@pytest.mark.alone
 def test_a_60_s_broker_outage_under_load_keeps_the_cycle_cadence_and_the_topic_catches_up(
     own_broker: Any,
     tmp_path: Path,
