@@ -7,11 +7,12 @@ here as an actor; these rules are its only judge. `decide` (`ledger.core.decide`
 asked for and again when history is checked.
 
 Most rules are rules about an event (`_EVENT_RULES`): who may open an account, set shares, add
-members, grant managers or admins, register, drain, return, lose or remove nodes, and issue tokens
-for others or for nodes. A command is judged by the rule of the event it causes (`_CAUSES`), read
+members, grant managers or admins, register, drain, return, lose or remove nodes, issue tokens
+for others or for nodes, and decide and place (the dispatcher alone: its `ApplyDecision` is judged
+by the same rule). A command is judged by the rule of the event it causes (`_CAUSES`), read
 off the command itself, whose fields are named as the event's: so a caller who may not make a
 change is refused before anything about the state is checked (a denied caller learns nothing,
-whatever the state). The other events (a job placed, started, finished, ...) do not say on their
+whatever the state). The other events (a job started, finished, preempted, ...) do not say on their
 own who may cause them (a requeue and a hand preemption both record a `JobPreempted`); their
 commands carry the rule (`_command_rule`).
 
@@ -21,7 +22,7 @@ commands carry the rule (`_command_rule`).
 2. narrow actors (`@node:NAME`, `@job:ID`) report only for the jobs of their node or job;
 3. the rule of the event the command causes, if it has one;
 4. the command's own rule: a job's owner (cancel, hold, release, requeue), submissions on behalf
-   of others and membership, the dispatcher and executors (decisions, starts, finishes,
+   of others and membership, the dispatcher (decisions) and executors (starts, finishes,
    samples), hand preemptions (admins), checkpoints, job tokens, revoking tokens and the
    service's settings.
 """
@@ -146,6 +147,17 @@ def _lose_node(state: State, actor: str, _: Any) -> None:
     _require_system(state, actor, "mark nodes lost")
 
 
+def _decides(state: State, actor: str, _: Any) -> None:
+    """Only the dispatcher (or the simulator's) decides and places: a system actor, not a node's
+    or a job's. No person does, admins included: a decision is data `replay` re-derives, and
+    a person's is not one (`audit check` flags one in a history, atk34-26 F2)."""
+    if not is_system(actor) or actor.startswith((NODE_ACTOR, JOB_ACTOR)):
+        raise NotAuthorised(
+            f"{actor!r} may not apply dispatcher decisions: only the dispatcher may",
+            actor=actor,
+        )
+
+
 def _issue_token(state: State, actor: str, x: Any) -> None:
     if x.scope == "user" and x.user != actor:
         _require_admin(state, actor, f"create tokens for {x.user!r}")
@@ -169,6 +181,8 @@ _EVENT_RULES: dict[type[e.Event], Rule] = {
     e.NodeLost: _lose_node,
     e.NodeRemoved: _admin("remove nodes"),
     e.TokenIssued: _issue_token,
+    e.CycleDecided: _decides,
+    e.JobPlaced: _decides,
 }
 """Who may cause each event that says on its own who may (events not here follow from others,
 or their command carries the rule)."""
@@ -225,7 +239,7 @@ def _command_rule(state: State, cmd: c.AnyCommand, actor: str) -> None:
             else:
                 _require_owner(state, state.job(cmd.job_id), actor, verb)
         case c.ApplyDecision():
-            _require_system(state, actor, "apply dispatcher decisions")
+            _decides(state, actor, cmd)
         case c.PreemptJob():
             _require_admin(state, actor, "preempt jobs by hand")
         case c.StartJob():

@@ -6,28 +6,29 @@ preemptions pages and `/metrics` need the live state, which only the worker thre
 The worker only copies it (`take`: `State.copy`, its dicts and sets copied, their values
 immutable: milliseconds at 10k live jobs) with the moment and what the engine was last seen
 holding; the read itself, the dispatcher's preview decision included, runs in the read pool
-(a lane of its own: one thread busy at most a quarter of the time, at the service's priority,
-so another person's small reads of the projection never wait behind these), admitted as one
-of the caller's reads (`ReadPool.admitted`). A submit or a cycle never waits behind it.
+(a lane of its own, `ledger.server.fairlane`: one thread at the service's priority serving
+the people reading in turn, each resting after their own reads, so another person's small
+reads of the projection never wait behind these, and one person's looped previews delay
+another's dashboard by one read at most), admitted as one of the caller's reads
+(`ReadPool.admitted`). A submit or a cycle never waits behind it.
 
 A read sees every write made before it was asked: the projection holds at least the log's
-position of that moment. These reads catch it up on the worker for everyone (`caught_up`: a
-read that finds it behind waits for the next catch-up, shared by all the reads waiting), at
-most every `CATCH_UP_S`, and after a catch-up that took t not before `REST` times t has
-passed (the read lanes' rule: their catch-ups take at most a quarter of the worker's time),
-`CHUNK` events at a time (a submit waits behind one chunk at most; a read whose writes are
-further on waits for more chunks).
-Folding a few events at a time costs the worker tens to hundreds of milliseconds each on a
-busy machine: a person looping reads would otherwise make it fold the log a few events at a
-time, every commit waiting behind. Their time is counted apart (`ReadPool.catch_up_s`: it is
-the appends' work, which the next cycle would do). What these reads show of the live state
-(the queue, the jobs' states, the nodes) is the copy's, exact; an answer is kept
+position of that moment. The reads catch it up for everyone (`caught_up`: a read that finds it
+behind waits for the next catch-up, shared by all the reads waiting, or for a cycle's), never
+on the worker thread: on the read pool's projector thread, with a projector of its own on a
+connection of its own (`Projector.beside`, sharing the service projector's lock, so a cycle
+reads its ranks at exactly its position), at most every `CATCH_UP_S`, and after a catch-up that
+took t not before `REST` times t has passed (its Python holds the interpreter lock a quarter of
+the time at most), `CHUNK` events at a time (a cycle waits for one chunk at most). Before,
+these catch-ups ran on the worker, 150-700 ms each on a busy machine, a submit waiting behind
+them. Their time is counted apart (`ReadPool.catch_up_s`). What these reads show of the live
+state (the queue, the jobs' states, the nodes) is the copy's, exact; an answer is kept
 (`ReadCache`) only when the projection held the copy's position (`CopiedHandles.current`).
 
 The shared preview "now" (`live_preview`) is still computed once per log position and kept
 for `ReadCache.fresh_s` (the worker computes it ahead when idle).
 
-An edge: the worker thread, a database cursor.
+An edge: the worker thread, the projector thread, a database cursor.
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ CATCH_UP_S = 0.5
 """The reads of the live state catch the projection up at most this often (see above), and
 rest `REST` times as long as the last catch-up took before the next."""
 REST = 3.0
-CHUNK = 200
-"""The most events one catch-up for reads folds (`fold`)."""
+CHUNK = 500
+"""The most events one catch-up for reads folds (`fold`): a cycle that wants the projector's
+lock meanwhile waits for one chunk at most."""
 REST_MAX_S = 2.0
 """The longest rest (a catch-up that waited on a slow store is not held against the reads)."""
 
@@ -93,6 +95,8 @@ class Copy:
     moment: float
     foreign: Mapping[str, frozenset[int]]
     extra: Any = None
+    stopping: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    """GPUs of stopped runs still in their grace (`Observed.stopping`)."""
 
 
 @dataclass
@@ -119,6 +123,9 @@ class CopiedHandles:
 
     def foreign(self) -> Mapping[str, frozenset[int]]:
         return self.copy.foreign
+
+    def stopping(self) -> Mapping[str, frozenset[int]]:
+        return self.copy.stopping
 
     def current(self) -> bool:
         """Whether the projection (as this read sees it) holds the copy's position: an answer
@@ -148,25 +155,63 @@ class CopiedHandles:
 
 async def caught_up(worker: Worker, pool: ReadPool, target: int) -> None:
     """Return once the projection holds `target` (the log's position when the read was asked):
-    at once when the last catch-up reached it, else after the next catch-up, which starts
-    `CATCH_UP_S` after the last one at the earliest and is shared by every read waiting (or
-    once a catch-up begun after it was asked has ended: as far as the store lets it go)."""
+    at once when it does already (the last catch-up for reads, or the last cycle's, reached it),
+    else after the next catch-up, which starts `CATCH_UP_S` after the last one at the earliest
+    and is shared by every read waiting (or once a catch-up begun after it was asked has
+    ended: as far as the store lets it go). The catch-up runs on the read pool's projector
+    thread (`ReadPool.projecting`), never the worker's. A read waits `WAIT_MAX_S` at most, and
+    no longer once the store is known to be away: it then answers from the projection as it
+    stands, saying its position."""
     if pooled.store_away(worker):  # the projection as it stands, not a wait on the store
         return
     asked = pool.catch_ups
-    while pool.projected < target and not (pool.caught_up_by > asked and pool.stalled):
+    until = time.monotonic() + WAIT_MAX_S
+    while projected(worker, pool) < target and not (pool.caught_up_by > asked and pool.stalled):
         if pool.catching is None:
-            wait = pool.caught_up_at + pool.catch_up_rest - time.monotonic()
+            now = time.monotonic()
+            wait = max(pool.caught_up_at + pool.catch_up_rest - now, _cycle_soon(worker, now))
             if wait > 0:
-                await asyncio.sleep(wait)
+                await asyncio.sleep(min(wait, POLL_S))  # a cycle may get there first
                 continue
             pool.catching = asyncio.ensure_future(_catch_up(worker, pool))
         catching = pool.catching
         try:
-            await asyncio.shield(catching)
+            await asyncio.wait_for(asyncio.shield(catching), WAIT_STEP_S)
+        except TimeoutError:
+            if pooled.store_away(worker) or time.monotonic() > until:
+                return
         finally:
             if pool.catching is catching and catching.done():
                 pool.catching = None
+
+
+POLL_S = 0.02
+"""How often a read waiting for the projection looks whether a cycle got it there."""
+CYCLE_S = 1.0
+"""How long a read waits for a cycle due within `CATCH_UP_S` to catch the projection up (its
+fold and ranks, then its decision) before it catches it up itself (`_cycle_soon`)."""
+
+
+def _cycle_soon(worker: Worker, now: float) -> float:
+    """How long to wait for the next cycle (or a standby's follow) to catch the projection up:
+    until it is due plus `CYCLE_S` when it is due within `CATCH_UP_S`, else 0 (catching it up
+    for the reads, then, folds no log the cycle would fold anyway; and a server with a long
+    interval answers a read without waiting for it)."""
+    due = getattr(worker, "next_cycle_at", lambda: 0.0)()
+    if now + CATCH_UP_S < due or due + CYCLE_S <= now:
+        return 0.0
+    return due + CYCLE_S - now
+
+
+WAIT_STEP_S = 1.0
+"""How often a read waiting for a catch-up asks whether the store is known to be away."""
+WAIT_MAX_S = 8.0
+"""The longest a read waits for the projection (a store that hangs): `worker.READ_WAIT_S`."""
+
+
+def projected(worker: Worker, pool: ReadPool) -> int:
+    """The projection's position as last seen by a catch-up for reads or a cycle (no query)."""
+    return max(pool.projected, int(getattr(worker.service.stats, "projection_position", 0)))
 
 
 async def _catch_up(worker: Worker, pool: ReadPool) -> None:
@@ -177,12 +222,13 @@ async def _catch_up(worker: Worker, pool: ReadPool) -> None:
 
     def run() -> int:
         began[0] = time.perf_counter()
-        return fold(worker)
+        return fold(worker, pool.projector)
 
     before = pool.projected
     try:
-        pool.projected = max(pool.projected, await worker.call(run))
-        pool.stalled = pool.projected <= before
+        at = await (pool.projecting(run) if pool.projector is not None else worker.call(run))
+        pool.projected = max(pool.projected, at)
+        pool.stalled = pool.projected <= before and at < int(worker.service.ledger.position)
     finally:
         took = time.perf_counter() - began[0] if began[0] else 0.0
         pool.caught_up_at = time.monotonic()
@@ -191,22 +237,23 @@ async def _catch_up(worker: Worker, pool: ReadPool) -> None:
         pool.catch_up_s += took
 
 
-def fold(worker: Worker) -> int:
-    """On the worker thread: at most `CHUNK` more events of the log into the projection (a
-    submit waits behind one chunk at most); the position it then holds. A PostgreSQL store
-    that does not answer leaves it where it is."""
+def fold(worker: Worker, projector: Any = None) -> int:
+    """At most `CHUNK` more events of the log into the projection, with `projector` (the read
+    pool's, on its own thread; None: the service's, on the worker thread); the position it then
+    holds. A PostgreSQL store that does not answer leaves it where it is."""
     from projections.errors import SourceUnavailable
 
     service = worker.service
-    assert service.projector is not None and service.store is not None
-    at, head = int(service.store.position()), int(service.ledger.position)
+    projector = projector or service.projector
+    assert projector is not None
+    at, head = int(projector.store.position()), int(service.ledger.position)
     if at < head:
         try:
-            service.projector.catch_up(until=min(head, at + CHUNK))
+            projector.catch_up(until=min(head, at + CHUNK))
         except SourceUnavailable:
             if service.ledger.dsn is None:
                 raise
-    return int(service.store.position())
+    return int(projector.store.position())
 
 
 def take(worker: Worker, extra: Callable[[], Any] | None = None) -> Copy:
@@ -221,6 +268,7 @@ def take(worker: Worker, extra: Callable[[], Any] | None = None) -> Copy:
         moment=float(service.clock.now()),
         foreign=foreign,
         extra=None if extra is None else extra(),
+        stopping=dict(getattr(dispatcher, "stopping", {})),
     )
 
 
@@ -249,4 +297,4 @@ async def read(
                 with contextlib.suppress(Exception):  # an interrupted read's is gone already
                     cursor.execute("ROLLBACK")
 
-        return await pool.compute(pooled.stopped(what, run), read=True, live=True)
+        return await pool.compute(pooled.stopped(what, run), read=True, live=True, person=caller)

@@ -597,8 +597,8 @@ class PoolCounts(Collector):
         )  # fmt: skip
         yield CounterMetricFamily(
             "gpuledger_read_catch_up_seconds",
-            "Time the worker thread spent catching the projection up for reads of the live "
-            "state (at most every 0.5 s).",
+            "Time the read pool's projector thread (never the worker) spent catching the "
+            "projection up for reads (at most every 0.5 s).",
             value=p.catch_up_s,
         )
 

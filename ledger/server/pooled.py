@@ -4,8 +4,9 @@
 
 One mechanism for every heavy read: the audit tables' pool (`ledger.server.readpool`), so the
 same cursor of its own, lower-priority threads, time limit with interruption and per-caller
-admission bound them. The worker only catches the projection up and copies who may see what
-(a few microseconds); the read itself, its JSON included, is built beside it. A page is at most
+admission bound them. The worker only copies who may see what (a few microseconds); the
+projection is caught up for the reads beside it (`copied.caught_up`), and the read itself, its
+JSON included, is built beside it. A page is at most
 `PAGE_MAX` rows (`limit`, `tail`): a client wanting more pages with `after`.
 """
 
@@ -21,7 +22,7 @@ import msgspec
 
 from ledger.reads import layer as reads
 from schemas import views as v
-from schemas.errors import InvalidCommand, Unavailable
+from schemas.errors import InvalidCommand
 
 if TYPE_CHECKING:
     import duckdb
@@ -73,6 +74,9 @@ class PooledHandles:
         """None known here: no pooled read shows nodes (`node list` is answered on the worker)."""
         return {}
 
+    def stopping(self) -> Mapping[str, frozenset[int]]:
+        return {}
+
 
 def check_page(name: str, args: Any) -> None:
     """One line for a page larger than `PAGE_MAX`."""
@@ -88,34 +92,14 @@ def check_page(name: str, args: Any) -> None:
             )
 
 
-def prepared(worker: Worker, viewer: str) -> tuple[Any, int]:
-    """On the worker: the projection caught up with what the service has folded, and a copy of
-    who `viewer` may see now; the position the projection then answers at. The store is asked
-    only when the projection is behind the service's log (a read of a quiet ledger asks it
-    nothing); a PostgreSQL store that does not answer leaves the projection where it is (the
-    answer says its position: `X-Gpuledger-Position`), never a read that waits for it."""
-    from projections.errors import SourceUnavailable
-
-    service = worker.service
-    assert service.projector is not None and service.store is not None
-    if service.store.position() < service.ledger.position:
-        try:
-            service.projector.catch_up()
-        except SourceUnavailable:
-            if service.ledger.dsn is None:
-                raise
-    seen = reads.Viewer(viewer, service.ledger.state).detached().state
-    return seen, int(service.store.position())
+def seen_by(worker: Worker, viewer: str) -> Any:
+    """On the worker: a copy of who `viewer` may see now (a few microseconds)."""
+    return reads.Viewer(viewer, worker.service.ledger.state).detached().state
 
 
 WORKER_WAIT_S = 1.0
-"""How long a read waits for the worker thread to catch the projection up before it reads the
-projection as it stands, when that is as far as the worker could take it (see `answer`)."""
-
-
-class _Behind(Exception):
-    """The projection is behind the service's log and the store answers: the worker's catch-up
-    is worth waiting for."""
+"""How long a read waits for the worker thread to copy who may see what before it copies it
+itself (a PostgreSQL store that went away leaves the worker waiting on the store)."""
 
 
 def store_away(worker: Worker) -> bool:
@@ -147,13 +131,13 @@ async def answer(
     """The encoded answer of a pooled read for `viewer`, computed in `pool`, and the log
     position it answers at (read in the same transaction as the answer).
 
-    The worker thread first catches the projection up (`prepared`). A worker that does not get
-    to it within `WORKER_WAIT_S` (a PostgreSQL store that went away leaves it waiting on the
-    store in a cycle or a follow) is not waited for when the projection already holds the
-    service's log, or the store is known to be away: the read then answers from the projection
-    as it stands, with a copy of who may see what taken here, and says its position. Otherwise
-    (the projection is behind and the store answers) the read waits for the worker as before:
-    a client reads its own writes.
+    The worker thread only copies who may see what (`seen_by`; within `WORKER_WAIT_S`, else it
+    is copied here). The projection is caught up to the log's position when the read was asked
+    off the worker (`copied.caught_up`: one catch-up shared by every read waiting, at most
+    every `copied.CATCH_UP_S`, on the read pool's projector thread): a client reads its own
+    writes. A store known to be away (or a catch-up that does not end within
+    `copied.WAIT_MAX_S`) is not waited for: the read answers from the projection as it stands
+    and says its position.
 
     `jobs` and `log` are built `paged`: in parts of `PART` rows, each part giving way to the
     writes under way (`busy`)."""
@@ -173,23 +157,23 @@ async def _answer(
 ) -> tuple[bytes, int]:
     import asyncio
 
+    from ledger.server import copied
+
     service = worker.service
-    on_worker = asyncio.ensure_future(pool.worker_call(lambda: prepared(worker, viewer)))
+    target = int(service.ledger.position)
+    on_worker = asyncio.ensure_future(pool.worker_call(lambda: seen_by(worker, viewer)))
     on_worker.add_done_callback(lambda f: f.cancelled() or f.exception())
     try:
-        seen, _position = await asyncio.wait_for(asyncio.shield(on_worker), WORKER_WAIT_S)
-        ready = True
+        seen = await asyncio.wait_for(asyncio.shield(on_worker), WORKER_WAIT_S)
     except TimeoutError:
         seen = reads.Viewer(viewer, service.ledger.state).detached().state
-        ready = False
+    await copied.caught_up(worker, pool, target)
     clock = service.clock.now
 
     def run(cursor: duckdb.DuckDBPyConnection, _limits: Limits) -> tuple[int, bytes]:
         cursor.execute("BEGIN TRANSACTION")  # the position and the answer: one snapshot
         try:
             at = tracked(cursor)
-            if not ready and at < service.ledger.position and not store_away(worker):
-                raise _Behind
             now = clock()  # one moment for the whole page
             handles = PooledHandles(cursor, viewer, seen, lambda: now)
             if name in PAGED:
@@ -200,18 +184,8 @@ async def _answer(
                 cursor.execute("ROLLBACK")
 
     big = is_big(name, args)
-    try:
-        at, data = await pool.compute(stopped(f"the {name} read", run), read=True, big=big)
-    except _Behind:
-        try:
-            seen, _position = await on_worker
-            ready = True
-        except Unavailable:
-            # the worker stayed on the store (`READ_WAIT_S`): if the store is known to be away
-            # by now, the projection as it stands answers, saying its position; else the 503
-            if not store_away(worker):
-                raise
-        at, data = await pool.compute(stopped(f"the {name} read", run), read=True, big=big)
+    what = f"the {name} read"
+    at, data = await pool.compute(stopped(what, run), read=True, big=big, person=viewer)
     return data, at
 
 
@@ -313,8 +287,11 @@ class Writes:
         return self.under_way > 0
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD"):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if scope.get("method") in ("GET", "HEAD"):
+            await self.app(scope, receive, _held(send))
             return
         self.under_way += 1
         self.idle.clear()
@@ -324,6 +301,25 @@ class Writes:
             self.under_way -= 1
             if not self.under_way:
                 self.idle.set()
+
+
+REFUSED_HOLD_S = 0.25
+"""How long a read refused 429 waits before its answer is sent: a client that loops its
+refusals without heeding Retry-After (one person's third read at once: ~1,000 a second
+before) makes a few a second per connection, and the event loop, where the submits are
+committed, spends nothing on them meanwhile (docs/security.md, row T5)."""
+
+
+def _held(send: Any) -> Any:
+    """`send` with a 429's answer held `REFUSED_HOLD_S` first."""
+    import asyncio
+
+    async def held(message: Any) -> None:
+        if message["type"] == "http.response.start" and message.get("status") == 429:
+            await asyncio.sleep(REFUSED_HOLD_S)
+        await send(message)
+
+    return held
 
 
 def cursor_store(cursor: duckdb.DuckDBPyConnection) -> Any:

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ledger.history.tables import Limits
+from ledger.server.fairlane import FairLane, Turns
 from schemas.errors import InvalidCommand, TooBusy
 
 if TYPE_CHECKING:
@@ -105,21 +106,18 @@ class ReadPool:
     """The API's reads a caller may make a minute (a client polling `jobs` is not an audit
     query; the time limit and the pages bound each one)."""
     _pool: ThreadPoolExecutor | None = None
-    _pages: ThreadPoolExecutor | None = None
-    _big: ThreadPoolExecutor | None = None
-    _live: ThreadPoolExecutor | None = None
-    """The API's reads' threads (`_pages` for small reads, `_big` for pages of more than a part:
-    a person looping 10,000-row pages never holds another's 5-row read behind a page or its
-    rest), at the service's priority: their work is Python holding the interpreter lock, and a
-    thread the kernel leaves waiting (nice 10 on a busy machine) while it holds the lock would
-    stall the worker and the event loop behind it (priority inversion); the audit queries' work
-    is DuckDB's, without the lock, at nice 10. Each lane is one thread, busy at most a quarter
-    of the time (`_rested` rests `rest` times as long as each of its reads took): the worker
-    and the event loop always get at least half of the interpreter."""
-    _rest_until: dict[str, float] = field(default_factory=dict)
-    """When each lane of the API's reads ("pages", "big", "live": the reads of the live state
-    on a copy, `copied`, so a person looping previews never holds another's 5-row read behind
-    them) may take its next read (`_rested`)."""
+    _lanes: dict[str, FairLane] = field(default_factory=dict)
+    """The API's reads' lanes: "pages" (small reads), "big" (pages of more than a part: a
+    person looping 10,000-row pages never holds another's 5-row read behind a page) and "live"
+    (the reads of the live state on a copy, `copied`). Each is one thread at the service's
+    priority: their work is Python holding the interpreter lock, and a thread the kernel leaves
+    waiting (nice 10 on a busy machine) while it holds the lock would stall the worker and the
+    event loop behind it (priority inversion); the audit queries' work is DuckDB's, without the
+    lock, at nice 10. Each lane serves the people reading in turn, and the rest after a read is
+    its reader's own, `rest` times as long as it took times the people reading
+    (`ledger.server.fairlane`): a lane is busy about a quarter of the time at most, and one
+    person looping reads delays another's by the one read under way at most, never by their
+    queue or their rests."""
     _base: duckdb.DuckDBPyConnection | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _running: dict[str, int] = field(default_factory=dict)
@@ -133,19 +131,23 @@ class ReadPool:
     """Reads run on the worker thread (`worker_read`) so far, and their time there:"""
     worker_read_s: float = 0.0
     projected: int = 0
-    """The projection's position when a read of the live state last caught it up
-    (`copied.caught_up`), when, whether one is under way, and the worker's time spent so
-    (apart from `worker_read_s`):"""
+    """The projection's position when a read last caught it up (`copied.caught_up`), when,
+    whether one is under way, and the projector thread's time spent so (never the worker's):"""
     caught_up_at: float = 0.0
     catching: asyncio.Future[None] | None = None
     catch_up_s: float = 0.0
     catch_up_rest: float = 0.0
+    """How long after the last catch-up ended the next may begin."""
     stalled: bool = False
     """The last catch-up brought the projection no further (the store is away)."""
-    """How long after the last catch-up ended the next may begin."""
     catch_ups: int = 0
     """Catch-ups begun so far, and the last one ended (`copied.caught_up`)."""
     caught_up_by: int = 0
+    projector: Any = None
+    """The projector the reads catch the projection up with (`Projector.beside` the service's:
+    a connection and a source of its own, the service's lock), on `_projecting`'s thread, never
+    the worker's (`copied.caught_up`); None: they ask the worker."""
+    _projecting: ThreadPoolExecutor | None = None
     _worker_lane: asyncio.Lock | None = None
     _worker_rest_until: float = 0.0
 
@@ -153,9 +155,10 @@ class ReadPool:
         self._pool = ThreadPoolExecutor(
             self.threads, thread_name_prefix="reads", initializer=self._lower_priority
         )
-        self._pages = ThreadPoolExecutor(1, thread_name_prefix="pages")
-        self._big = ThreadPoolExecutor(1, thread_name_prefix="big-pages")
-        self._live = ThreadPoolExecutor(1, thread_name_prefix="live-reads")
+        self._projecting = ThreadPoolExecutor(1, thread_name_prefix="projector")
+        for name in ("pages", "big", "live"):
+            turns = Turns(rest=self.rest, cap_s=self.limits.timeout_s)
+            self._lanes[name] = FairLane(turns, name=f"{name}-reads")
         # A read's Python holds the interpreter lock for up to the switch interval each time the
         # worker or the event loop wants it back (after every DuckDB call, every socket read):
         # 5 ms by default, which a submit pays dozens of times. 0.5 ms keeps them near idle.
@@ -170,14 +173,22 @@ class ReadPool:
             self._base = self.connect()
         return self
 
+    async def projecting(self, fn: Callable[[], T]) -> T:
+        """`fn()` on the thread that catches the projection up for the reads (at the service's
+        priority: the projector's Python holds the interpreter lock, see `_live`)."""
+        assert self._projecting is not None, "ReadPool.start() first"
+        return await asyncio.get_running_loop().run_in_executor(self._projecting, fn)
+
     def _lower_priority(self) -> None:
         with contextlib.suppress(OSError):  # Linux: a thread's nice value is its own
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
 
     def stop(self) -> None:
-        for pool in (self._pool, self._pages, self._big, self._live):
+        for pool in (self._pool, self._projecting):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
+        for lane in self._lanes.values():
+            lane.stop()
         if self._base is not None:
             self._base.close()
 
@@ -244,7 +255,7 @@ class ReadPool:
         reads (`/v1/jobs`, `/v1/log`, ...: `reads_per_minute`), not an audit query; `big`: a
         read of more than a part (`pooled.PART` rows), run in a lane of its own."""
         with self.admitted(caller, read=read):
-            return await self.compute(fn, read=read, big=big)
+            return await self.compute(fn, read=read, big=big, person=caller)
 
     async def compute(
         self,
@@ -253,9 +264,11 @@ class ReadPool:
         read: bool = False,
         big: bool = False,
         live: bool = False,
+        person: str = "",
     ) -> T:
-        """`run` for a caller already `admitted` (a read that also asks the worker first);
-        `live`: a read of the live state on a copy (`copied`), in a lane of its own."""
+        """`run` for a caller already `admitted` (a read that also asks the worker first), by
+        `person`; `live`: a read of the live state on a copy (`copied`), in a lane of its
+        own."""
         assert self._pool is not None, "ReadPool.start() first"
         if self._base is None:
             base = await self.on_worker(self.connect)
@@ -263,19 +276,26 @@ class ReadPool:
                 self._base = base
             else:
                 base.close()
-        loop = asyncio.get_running_loop()
         if read:
-            name = "live" if live else "big" if big else "pages"
-            lane = {"live": self._live, "big": self._big, "pages": self._pages}[name]
-            return await loop.run_in_executor(lane, self._rested, fn, name)
-        return await loop.run_in_executor(self._pool, self._one, fn)
+            lane = self._lanes["live" if live else "big" if big else "pages"]
+            return await asyncio.wrap_future(lane.submit(person, lambda: self._one(fn)))
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._one, fn)
 
-    async def worker_read(self, caller: str, fn: Callable[[], T]) -> T:
+    async def worker_read(
+        self,
+        caller: str,
+        fn: Callable[[], T],
+        ready: Callable[[], Awaitable[None]] | None = None,
+    ) -> T:
         """`fn` on the worker thread (a read of the live state, which only that thread may
         touch), admitted as one of `caller`'s reads; one such read at a time for everyone, each
         after the rest the previous one earned (`rest` times its time on the worker, at most
-        the time limit): they take at most a quarter of the worker's time (module docstring)."""
+        the time limit): they take at most a quarter of the worker's time (module docstring).
+        `ready`: awaited once admitted, before the worker is asked (the projection caught up
+        beside it: `copied.caught_up`)."""
         with self.admitted(caller, read=True):
+            if ready is not None:
+                await ready()
             if self._worker_lane is None:
                 self._worker_lane = asyncio.Lock()
             async with self._worker_lane:
@@ -321,20 +341,6 @@ class ReadPool:
         finally:
             timer.cancel()
             cur.close()
-
-    def _rested(self, fn: Callable[[duckdb.DuckDBPyConnection, Limits], T], lane: str) -> T:
-        """`_one` after the rest the previous read of its lane earned: `rest` times as long as
-        it took (holding no lock meanwhile). The rest is taken before the next read, not after
-        this one: an answer is not held back by its own rest."""
-        wait = self._rest_until.get(lane, 0.0) - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)
-        began = time.monotonic()
-        try:
-            return self._one(fn)
-        finally:
-            took = self.rest * (time.monotonic() - began)
-            self._rest_until[lane] = time.monotonic() + min(took, self.limits.timeout_s)
 
     def _interrupt(self, cur: duckdb.DuckDBPyConnection) -> None:
         self.timed_out += 1

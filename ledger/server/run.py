@@ -131,6 +131,12 @@ class _Once(logging.Filter):
         return first
 
 
+SEND_WAIT_S = 10.0
+"""A stop waits this long for answers still being sent, then closes their connections: a client
+that never reads its answer held a stopping server (and its data directory) for as long as it
+liked (atk34-25 F1b)."""
+
+
 class _Server(uvicorn.Server):
     """Signals are ours (one handler stops both listeners and the worker, in order)."""
 
@@ -359,6 +365,10 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         ha.position = lambda: ledger.position
         ha.notify = worker.nudge
         app = HAFront(app, ha, lambda: ledger.position, _keep_node(ledger))
+    # a statement is tried again after a connection error only while the server goes on (and a
+    # leader's lease runs: a fenced append past it is refused anyway)
+    ledger.give_up_when(lambda: not worker.accepting or (
+        ha is not None and ha.leading and not ha.lease.may_act()))  # fmt: skip
     worker.start()
     if ha is not None:
         ha.start()
@@ -370,8 +380,9 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     try:
         # 5 serve
         common: dict[str, Any] = dict(
-            app=app, http=PeerCredProtocol, lifespan="off", log_config=None, access_log=False
-        )
+            app=app, http=PeerCredProtocol, lifespan="off", log_config=None, access_log=False,
+            timeout_graceful_shutdown=SEND_WAIT_S,
+        )  # fmt: skip
         unix_server = _Server(uvicorn.Config(**common, uds=str(unix_path)))
         servers.append((unix_server, unix_sock))
         urls = [f"unix:{unix_path}"]
@@ -393,7 +404,8 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         if close_up is not None:
             close_up()
         worker.stop()  # finishes its queue and the current cycle
-        service.close()
+        away = ha is not None and (ha.unreachable is not None or worker.follow_error is not None)
+        service.close(store_away=away)
         if ha is not None:
             ha.stop()  # hands the lease over at once
         with contextlib.suppress(OSError):
@@ -641,6 +653,7 @@ async def _serve_all(
     def stop() -> None:
         log.info("stopping: no more writes; finishing requests in flight and the current cycle")
         worker.accepting = False
+        worker.service.ledger.ending = True
         for server, _ in servers:
             server.should_exit = True
 

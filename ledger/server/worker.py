@@ -1,5 +1,6 @@
 """Who touches the ledger, the projection and the executor in `serve`: one at a time, under one
-lock.
+lock (the projection's catch-ups for reads run beside it, under the projector's own lock:
+`ledger.server.copied`).
 
 Commands are group-committed: the commands the event loop receives until a turn of it brings no
 more (a few turns at most; `_gather`) are decided and appended in one store transaction
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ledger.cycle.loop import ServiceLoop, wait_time
-from ledger.server.ha import Leadership
+from ledger.server.ha import Leadership, store_words
 from ledger.store.application import Appended
 from schemas.commands import AnyCommand, SubmitJob
 from schemas.errors import LedgerError, Unavailable
@@ -111,6 +112,11 @@ class Worker:
         """The leader epoch this server acts under (0: the only server of its store)."""
         return 0 if self.ha is None else self.ha.lease.epoch
 
+    def next_cycle_at(self) -> float:
+        """When (`time.monotonic`) the next cycle (or a standby's follow) is due: it catches the
+        projection up too (the reads may wait for it rather than fold the log themselves)."""
+        return self._next_cycle
+
     def nudge(self) -> None:
         """Look at the role (and follow the log) at once, from any thread."""
         self._next_cycle = 0.0
@@ -190,8 +196,7 @@ class Worker:
     def _check_leading(self) -> None:
         if self.ha is not None and self.ha.unreachable is not None:
             raise Unavailable(
-                f"the store does not answer ({self.ha.unreachable}): no write is taken until "
-                "it does",
+                f"{store_words(self.ha.unreachable)}: no write is taken until it does",
                 hint="retry later; reads still answer",
             )
         if self.ha is not None and not self.ha.acting():
@@ -285,6 +290,7 @@ class Worker:
         ha = self.ha
         assert ha is not None
         ha.changed.clear()
+        ha.turned_at = time.monotonic()
         acting = ha.may_act()
         if acting and ha.leading and ha.lease.epoch != self._epoch:
             # the lease ran out and was taken again (a new epoch) before this turn saw it go:
@@ -297,8 +303,9 @@ class Worker:
                 self.service.ledger.refresh()
                 self.promote()
             except Exception:
-                log.exception("could not take up the leader's work; retrying")
-                self.demote()
+                log.exception("could not take up the leader's work")
+                ha.failed_at = time.monotonic()  # the lease is handed over, not held for nobody
+                self._step_down()
                 return
             ha.leading = True
             self._next_cycle = 0.0
@@ -378,7 +385,11 @@ class Worker:
 
     def _cycle(self) -> None:
         if not self.leading():
-            self._follow()
+            if self.accepting:  # a standby that stops has nothing to follow the log for
+                self._follow()
+            return
+        if not self.acting():  # the lease ran out: nothing acts; the next turn steps down
+            self._next_cycle = time.monotonic() + self.follow_s
             return
         self._moved_at = time.monotonic()
         clock = self.service.clock

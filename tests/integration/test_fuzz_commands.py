@@ -153,6 +153,14 @@ def _cli_ok(home: Path, *args: str) -> None:
     assert out.exit_code == 0, (args, out.output)
 
 
+def _one_cycle(home: Path, ledger: Ledger, clock: SimClock) -> None:
+    """One cycle of the real dispatcher (fair share's defaults) on the ledger, now."""
+    with Store(":memory:") as store, EmbeddedSource(home) as source:
+        Dispatcher(
+            ledger, ProjectionRanks(Projector(store, source)), FairShare(), KernelExecutor()
+        ).cycle(clock.now())
+
+
 _runs = itertools.count()
 
 
@@ -179,10 +187,7 @@ def test_generated_command_sequences_never_break_the_ledger(
             except LedgerError as err:
                 assert err.line(), "an error says what was wrong"
                 assert ledger.head() == head, "a refused command appends nothing"
-        with Store(":memory:") as store, EmbeddedSource(home) as source:
-            Dispatcher(
-                ledger, ProjectionRanks(Projector(store, source)), FairShare(), KernelExecutor()
-            ).cycle(clock.now())
+        _one_cycle(home, ledger, clock)
     finally:
         ledger.close()
     for args in (
@@ -206,6 +211,29 @@ def test_every_command_schema_carries_its_bounds(op: type[c.Command]) -> None:
                 assert "maxLength" in alt, (name, alt)
             if alt.get("type") == "array":
                 assert "maxItems" in alt, (name, alt)
+
+
+def test_an_admins_service_settings_do_not_make_the_services_decisions_differ(
+    tmp_path: Path,
+) -> None:
+    """The final run's example: an admin records `service.configure` with other settings than
+    the running dispatcher's; replay compared the dispatcher's honest records with them (a
+    difference each). Only the settings the service recorded are what it decides with."""
+    from schemas.policy import FairShare7Config
+
+    home = tmp_path / "h"
+    clock = SimClock(T0)
+    ledger = _org(home, clock)
+    try:
+        clock.advance_to(T0 + 60)
+        other = FairShare7Config(margin=0.5)
+        ledger.execute(c.ConfigureService(actor="root", policy=other, interval_s=1.0,
+                                          executor="none"))  # fmt: skip
+        ledger.execute(c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1))
+        _one_cycle(home, ledger, clock)
+    finally:
+        ledger.close()
+    _cli_ok(home, "replay", "--all")
 
 
 def test_replay_all_of_a_history_without_decisions_succeeds(tmp_path: Path) -> None:

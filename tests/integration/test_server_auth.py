@@ -168,7 +168,8 @@ CASES: dict[str, Case] = {
         "POST",
         "/v1/commands/decision.apply",
         cmd(decision={"cycle_id": "by-hand", "based_on": 0, "policy_version": "manual"}),
-        ADMIN,
+        frozenset(),  # only the service decides, an admin neither (atk34-26 F2: audit check's rule)
+        succeeds=False,
     ),
     "job.sample": Case(
         "POST",
@@ -275,6 +276,7 @@ CASES: dict[str, Case] = {
     ),
     "audit verify": Case("GET", "/v1/audit/verify", lambda w: None, READERS),
     "audit check": Case("GET", "/v1/audit/check", lambda w: None, READERS),
+    "audit progress": Case("GET", "/v1/audit/progress", lambda w: None, READERS),
 }
 
 

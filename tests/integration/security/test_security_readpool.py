@@ -117,3 +117,51 @@ def test_a_persons_small_reads_never_wait_behind_anothers_big_pages() -> None:
     took, pages = asyncio.run(go())
     assert pages >= 1, pages
     assert max(took) < big_s, took  # never one of her pages (nor its rest) in front of his read
+
+
+def test_a_persons_looped_live_reads_never_delay_anothers_dashboard() -> None:
+    """Alice loops reads of the live state two at a time (each holds a thread of the live lane
+    `live_s`); bob's dashboard reads meanwhile wait for none of hers: she has one read under
+    way at a time, the lane's other thread takes his, and the rests are the readers' own
+    (`ledger.server.fairlane`; before, bob waited for her read, its rest of three times as
+    long and her next: 1.2-2.4 s here)."""
+    live_s = 0.3
+
+    def heavy(con: Any, lim: Any) -> int:
+        time.sleep(live_s)
+        return 1
+
+    def small(con: Any, lim: Any) -> int:
+        return int(con.execute("SELECT count(*) FROM t WHERE i < 5").fetchone()[0])
+
+    async def go() -> tuple[list[float], int]:
+        p = pool(per_caller=2, rest=3.0).start()
+        try:
+            stop = asyncio.Event()
+            reads = 0
+
+            async def alice() -> None:
+                nonlocal reads
+                while not stop.is_set():
+                    with p.admitted("alice", read=True):
+                        await p.compute(heavy, read=True, live=True, person="alice")
+                    reads += 1
+
+            loops = [asyncio.ensure_future(alice()) for _ in range(2)]
+            await asyncio.sleep(0.1)  # her reads are under way and queued
+            took = []
+            for _ in range(6):
+                began = time.monotonic()
+                with p.admitted("bob", read=True):
+                    assert await p.compute(small, read=True, live=True, person="bob") == 5
+                took.append(time.monotonic() - began)
+                await asyncio.sleep(0.2)
+            stop.set()
+            await asyncio.gather(*loops)
+            return took, reads
+        finally:
+            p.stop()
+
+    took, reads = asyncio.run(go())
+    assert reads >= 2, reads
+    assert max(took) < live_s / 2, took  # none of her reads (nor their rests): a thread free

@@ -1,0 +1,166 @@
+"""A lane of the read pool shared fairly by the people reading (docs/security.md, row T5).
+
+The API's reads run on three lanes (small reads, big pages, the reads of the live state on a
+copy: `ledger.server.readpool`) of two threads each. Served in arrival order, with the lane
+resting after each read, one person looping heavy reads put their reads and their rests in
+front of everyone else's: another person's dashboard waited for them. Here each person has a
+queue of their own and **one read under way at a time**, the threads serve the person served
+longest ago first, and **the rest is the person's**, not the lane's (`Turns`: each person
+spends credit that fills at an equal share of the lane's quarter of the time, so the lane is
+busy about a quarter of the time at most whoever reads). One person looping reads, however
+long each, holds one thread and rests after their own reads; another person's read takes the
+other thread at once: it waits for no read of theirs. With k people looping, another's read
+waits at most for the shortest of the reads under way.
+
+An edge: threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass
+class _Read:
+    fn: Callable[[], Any]
+    done: Future[Any] = field(default_factory=Future)
+
+
+@dataclass
+class Turns:
+    """Whose read runs next: the people with reads waiting, served round-robin, each while they
+    have credit. Pure: `now` is a parameter.
+
+    Each person's credit is lane time: it fills at an equal share of the lane's duty (1 /
+    (1 + `rest`) of the time, shared by the people reading now) up to `burst_s`, and each read
+    spends its time. A person with no credit left waits until it is back to zero: one person
+    alone looping reads that take t each waits `rest` x t between them; a person who reads now
+    and then (a dashboard loading its parts) has credit and never waits for a rest at all."""
+
+    rest: float = 3.0
+    burst_s: float = 1.0
+    """The most lane time a person may spend at once after a pause."""
+    cap_s: float = 10.0
+    """The longest a person waits for their credit (a read stopped at the time limit is not
+    held against its reader longer than the limit)."""
+    waiting: dict[str, deque[Any]] = field(default_factory=dict)
+    """Each person's reads, oldest first."""
+    running: set[str] = field(default_factory=set)
+    """The people with a read under way (one each at a time: `next` skips them)."""
+    served: dict[str, int] = field(default_factory=dict)
+    """The turn each person was last served at (`next`)."""
+    turn: int = 0
+    credit: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Each person's credit in seconds and when it was last counted (a person absent is full:
+    `burst_s`)."""
+
+    def add(self, person: str, read: Any) -> None:
+        self.waiting.setdefault(person, deque()).append(read)
+
+    def _share(self) -> float:
+        """Lane time per second each person reading earns: the lane's duty shared equally by
+        the people waiting or spending credit they have not earned back."""
+        reading = set(self.waiting) | set(self.credit)
+        return 1.0 / (1.0 + self.rest) / max(1, len(reading))
+
+    def balance(self, person: str, now: float) -> float:
+        """`person`'s credit at `now`."""
+        got, at = self.credit.get(person, (self.burst_s, now))
+        return min(self.burst_s, got + (now - at) * self._share())
+
+    def next(self, now: float) -> tuple[str, Any] | float | None:
+        """The next (person, read) to run: of the people waiting with credit, the one served
+        longest ago (never: first, in the order they came); or, when everyone waiting is out of
+        credit, the moment the first has some again; None when no read waits."""
+        soonest: float | None = None
+        chosen: str | None = None
+        for person in self.waiting:
+            if person in self.running:  # one read of a person's at a time
+                continue
+            left = self.balance(person, now)
+            if left < 0:
+                ready = now + min(-left / self._share(), self.cap_s)
+                soonest = ready if soonest is None else min(soonest, ready)
+            elif chosen is None or self.served.get(person, -1) < self.served.get(chosen, -1):
+                chosen = person
+        if chosen is None:
+            return soonest
+        reads = self.waiting[chosen]
+        read = reads.popleft()
+        if not reads:
+            del self.waiting[chosen]
+        self.turn += 1
+        self.served[chosen] = self.turn
+        self.running.add(chosen)
+        return chosen, read
+
+    def ran(self, person: str, took: float, now: float) -> None:
+        """`person`'s read took `took` (ending `now`): spent from their credit, at most
+        `cap_s` worth of waiting below zero."""
+        self.running.discard(person)
+        for who in list(self.credit):
+            if who not in self.waiting and self.balance(who, now) >= self.burst_s:
+                del self.credit[who]  # full again, nothing waiting: forgotten
+                self.served.pop(who, None)
+        left = self.balance(person, now) - took
+        self.credit[person] = (max(left, -self.cap_s * self._share()), now)
+
+
+@dataclass
+class FairLane:
+    """`threads` threads running `Turns`' choice of read (see the module docstring)."""
+
+    turns: Turns = field(default_factory=Turns)
+    name: str = "live-reads"
+    threads: int = 2
+    """Threads serving the lane; a person has one read under way at most (`Turns.running`), so
+    one person looping long reads holds one thread and another person's read takes the other."""
+    clock: Callable[[], float] = time.monotonic
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _started: list[threading.Thread] = field(default_factory=list)
+    _stopped: bool = False
+
+    def submit(self, person: str, fn: Callable[[], T]) -> Future[T]:
+        """`fn()` in `person`'s turn on the lane's thread; its outcome in the future."""
+        read = _Read(fn)
+        with self._cond:
+            while len(self._started) < self.threads:
+                thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
+                thread.start()
+                self._started.append(thread)
+            self.turns.add(person, read)
+            self._cond.notify_all()
+        return read.done
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                if self._stopped:
+                    return
+                got = self.turns.next(self.clock())
+                if not isinstance(got, tuple):
+                    self._cond.wait(None if got is None else max(0.0, got - self.clock()))
+                    continue
+            person, read = got
+            began = self.clock()
+            if read.done.set_running_or_notify_cancel():
+                try:
+                    read.done.set_result(read.fn())
+                except BaseException as err:  # handed to the reader, who raises it
+                    read.done.set_exception(err)
+            with self._cond:
+                self.turns.ran(person, self.clock() - began, self.clock())
+                self._cond.notify_all()  # their next read, or a rest's end, may be due

@@ -1,0 +1,85 @@
+"""Whose read runs next in a lane of the read pool (`ledger.server.fairlane.Turns`,
+docs/security.md row T5): people in turn, each spending credit of their own that fills at an
+equal share of the lane's quarter of the time, so one person's rests never hold another."""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger.server.fairlane import Turns
+
+
+def test_people_are_served_in_turn_whoever_queued_more() -> None:
+    turns = Turns()
+    for n in range(3):
+        turns.add("alice", f"a{n}")
+    turns.add("bob", "b0")
+    turns.add("carol", "c0")
+    order = []
+    while (got := turns.next(0.0)) is not None:
+        assert isinstance(got, tuple)
+        order.append(got[1])
+        turns.ran(got[0], 0.0, 0.0)
+    assert order == ["a0", "b0", "c0", "a1", "a2"]
+
+
+def test_a_person_has_one_read_under_way_at_a_time() -> None:
+    turns = Turns()
+    turns.add("alice", "a0")
+    turns.add("alice", "a1")
+    assert turns.next(0.0) == ("alice", "a0")
+    assert turns.next(0.0) is None  # her second waits for her first, not for a thread
+    turns.add("bob", "b0")
+    assert turns.next(0.0) == ("bob", "b0")  # the other thread takes his at once
+    turns.ran("alice", 0.1, 0.1)
+    assert turns.next(0.1) == ("alice", "a1")
+
+
+def test_one_person_alone_looping_rests_three_times_each_read_once_their_burst_is_spent() -> None:
+    turns = Turns(rest=3.0, burst_s=1.0)
+    now, n = 0.0, 0
+    while True:  # reads of 0.25 s back to back while the burst lasts
+        turns.add("alice", n)
+        got = turns.next(now)
+        if not isinstance(got, tuple):
+            break
+        now += 0.25
+        turns.ran("alice", 0.25, now)
+        n += 1
+    assert n == 6  # 1 s of burst, plus what a quarter of the time earned meanwhile
+    assert isinstance(got, float)
+    for _ in range(3):  # from then on: three times as long as each read, between reads
+        assert turns.next(got) == ("alice", n)
+        now = got + 0.25
+        turns.ran("alice", 0.25, now)
+        n += 1
+        turns.add("alice", n)
+        got = turns.next(now)
+        assert isinstance(got, float) and got - now == pytest.approx(3 * 0.25)
+
+
+def test_another_persons_read_never_waits_for_a_looping_persons_rest() -> None:
+    turns = Turns(rest=3.0, burst_s=1.0)
+    turns.add("alice", "a0")
+    assert turns.next(0.0) == ("alice", "a0")
+    turns.ran("alice", took=5.0, now=5.0)  # deep in debt
+    turns.add("alice", "a1")
+    turns.add("bob", "b0")
+    turns.add("bob", "b1")
+    assert turns.next(5.0) == ("bob", "b0")  # her debt does not hold him
+    turns.ran("bob", took=0.2, now=5.2)
+    assert turns.next(5.2) == ("bob", "b1")  # he has credit left: no rest of his own either
+    turns.ran("bob", took=0.2, now=5.4)
+    ready = turns.next(5.4)
+    assert isinstance(ready, float) and ready <= 5.4 + 10.0 + 1e-9  # capped at the time limit
+
+
+def test_a_person_full_again_and_waiting_for_nothing_is_forgotten() -> None:
+    turns = Turns(rest=3.0, burst_s=1.0)
+    turns.add("alice", "a0")
+    assert turns.next(0.0) == ("alice", "a0")
+    turns.ran("alice", took=0.5, now=0.5)
+    turns.add("bob", "b0")
+    assert turns.next(100.0) == ("bob", "b0")
+    turns.ran("bob", took=0.1, now=100.1)
+    assert set(turns.credit) == {"bob"}
