@@ -25,9 +25,10 @@ import pyarrow.compute as pc
 
 from projections.chain import link
 from projections.errors import CorruptEvent
-from projections.source import LogRecord, Row, gc_paused
+from projections.source import LogRecord, Row
 from schemas import codec
 from schemas import events as e
+from schemas.codec import gc_paused
 from schemas.errors import EventDecodeError
 from schemas.events import TAGS
 

@@ -153,7 +153,7 @@ _JOB_STATUS = {
 
 _JOB_FILTERS = (
     ("user", "j.user_name = $user"),
-    ("account", "(j.account = $account OR j.account LIKE $account || '/%')"),
+    ("account", "(j.account = $account OR starts_with(j.account, $account || '/'))"),
     ("since", "(j.finished_at IS NULL OR j.finished_at >= $since)"),
     ("until", "j.submitted_at <= $until"),
     ("job_id", "j.job_id = $job_id"),
@@ -164,11 +164,18 @@ _JOB_FILTERS = (
     ),
     ("before", "j.submitted_position <= $before"),
     ("below", "j.job_id < $below"),
+    # the word `finish_reason` says (a v1 end's engine word read as the rows read it)
+    (
+        "reason",
+        "(CASE WHEN j.finish_reason = 'failed' AND j.engine_reason = 'time_limit' THEN "
+        "'time_limit' WHEN j.finish_reason = 'failed' AND j.engine_reason = 'node_failure' "
+        "THEN 'node_lost' ELSE j.finish_reason END) = $reason",
+    ),
 )
 
 _JOBS = """WITH page AS (  -- the page first: newest first, over the given filters' columns only
     SELECT j.job_id FROM jobs j{where}
-    ORDER BY j.job_id DESC LIMIT $limit
+    ORDER BY j.job_id DESC LIMIT $limit OFFSET $offset
 ), top AS (  -- then only the page's rows
     SELECT j.* FROM jobs j
     WHERE j.job_id >= (SELECT min(job_id) FROM page) AND j.job_id IN (SELECT job_id FROM page)
@@ -213,6 +220,8 @@ def jobs_page(
     job_id: int | None = None,
     before: int | None = None,
     below: int | None = None,
+    reason: str | None = None,
+    offset: int = 0,
 ) -> list[tuple[Any, ...]]:
     """The jobs `f` selects (only `job_id` when given; only those submitted at or before log
     position `before` when given), newest first, at most `f.limit`, each as the tuple (job_id,
@@ -220,7 +229,8 @@ def jobs_page(
     min_runtime_s, resumable, priority, debug, time_limit_s, submitted_at, placed_at,
     started_at, finished_at, placements, preemptions, slots, command, logs, finish_reason,
     finish_note, engine_job_id, job_name, workdir, array_job_id, array_task_id), with ids
-    below `below` when given (the next page): `state` is
+    below `below` when given (the next page), past the first `offset` of them, ended for
+    `reason` when given (a `finish_reason` word): `state` is
     `held` for a held pending job; `started_at` the start of its running or last run (None when
     no process started); `finished_at` its end, or its last run's real end when the ledger
     stopped it and its processes outlived the stop (their grace); `slots` the GPUs it holds or
@@ -240,16 +250,39 @@ def jobs_page(
         "job_ids": list(f.job_ids) if f.job_ids is not None else None,
         "before": before,
         "below": below,
+        "reason": reason,
     }
-    where = [sql for name, sql in _JOB_FILTERS if given[name] is not None]
+    where, params = _job_where(f, given)
+    sql = _JOBS.format(where=f"\n    WHERE {' AND '.join(where)}" if where else "")
+    return fetch_in_parts(con.execute(sql, {**params, "limit": f.limit, "offset": offset}))
+
+
+def _job_where(f: v.JobFilter, given: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The conditions and parameters of the filters given (`_JOB_FILTERS`) and `f.status`."""
+    where = [sql for name, sql in _JOB_FILTERS if given.get(name) is not None]
     params: dict[str, Any] = {k: x for k, x in given.items() if x is not None}
     if f.status in _JOB_STATUS:
         where.append(_JOB_STATUS[f.status])
     elif f.status is not None:
         where.append("j.status = $status")
         params["status"] = f.status
-    sql = _JOBS.format(where=f"\n    WHERE {' AND '.join(where)}" if where else "")
-    return fetch_in_parts(con.execute(sql, {**params, "limit": f.limit}))
+    return where, params
+
+
+def jobs_count(con: Con, f: v.JobFilter, reason: str | None = None) -> int:
+    """How many jobs `f` (its user, account, status, `since`/`until`) and `reason` select:
+    the true total of the pages `jobs_page` cuts."""
+    given = {
+        "user": f.user,
+        "account": f.account.rstrip("/") if f.account else None,
+        "since": f.since,
+        "until": f.until,
+        "reason": reason,
+    }
+    where, params = _job_where(f, given)
+    sql = "SELECT count(*) FROM jobs j" + (f" WHERE {' AND '.join(where)}" if where else "")
+    (n,) = con.execute(sql, params).fetchone() or (0,)
+    return int(n)
 
 
 def last_at(con: Con) -> float | None:
@@ -505,7 +538,7 @@ SELECT p.position, p.preempted_at, p.job_id, p.account, p.user_name, p.gpus, p.r
        p.preempted_at - p.placed_at AS held_s, j.min_runtime_s,
        coalesce(p.preempted_at < p.placed_at + j.min_runtime_s, false) AS inside_contract
 FROM preemptions p LEFT JOIN jobs j USING (job_id)
-WHERE ($account IS NULL OR p.account = $account OR p.account LIKE $account || '/%'
+WHERE ($account IS NULL OR p.account = $account OR starts_with(p.account, $account || '/')
        OR p.leaf = $account)
   AND ($since IS NULL OR p.preempted_at >= $since)
 ORDER BY p.position

@@ -90,11 +90,16 @@ class Projector:
         *,
         batch_size: int = DEFAULT_BATCH,
         quarantine: bool = False,
+        lock: threading.RLock | None = None,
     ) -> None:
         """`quarantine`: record poison records in `dead_letters` and go on, instead of stopping
-        at the first one (see `projections.quarantine`)."""
+        at the first one (see `projections.quarantine`). `lock`: held by every catch-up (shared
+        by the projectors of one projection, `beside`: one writes at a time)."""
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
+        self.lock = lock or threading.RLock()
+        """Held by each catch-up; a reader that must see the projection at exactly the position
+        it caught up to (the dispatcher's ranks) holds it across both."""
         self.store = store
         self.source = source
         self.batch_size = batch_size
@@ -190,7 +195,26 @@ class Projector:
         finally:  # drop the batch's memory now; empty inputs keep the views bound
             self._register({name: _empty()[name] for name in filled})
 
+    def beside(self, source: EventSource) -> Projector:
+        """A projector of the same projection on a connection of its own (`Store.beside`),
+        reading `source` (a source of its own: a source is one thread's at a time), sharing
+        this one's lock: another thread catches the projection up with it while this one's
+        thread does other work (the server's reads, `ledger.server.copied`)."""
+        return Projector(
+            self.store.beside(),
+            source,
+            batch_size=self.batch_size,
+            quarantine=self.quarantine,
+            lock=self.lock,
+        )
+
     def catch_up(self, *, until: int | None = None, progress: Progress | None = None) -> CatchUp:
+        """Apply every record after the tracked position (up to `until`), batch by batch, under
+        `lock` (`_catch_up`)."""
+        with self.lock:
+            return self._catch_up(until=until, progress=progress)
+
+    def _catch_up(self, *, until: int | None, progress: Progress | None) -> CatchUp:
         """Apply every record after the tracked position (up to `until`), batch by batch.
 
         Reading and decoding (Python) overlaps with DuckDB applying (DuckDB releases the GIL): a

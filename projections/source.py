@@ -12,9 +12,7 @@ This module never imports `ledger`.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from typing import NamedTuple, Protocol, TypeVar
 
 
@@ -126,15 +124,3 @@ class ListSource:
 
     def close(self) -> None:
         pass
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector (reference counting still frees everything)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()

@@ -219,6 +219,14 @@ class Store:
             unknown_tags={str(t): int(n) for t, n in tags},
         )
 
+    def beside(self) -> Store:
+        """The same projection on a connection of its own (a DuckDB cursor of this one's
+        database): another thread may read or write through it while this one is in use
+        (snapshot isolation between the two)."""
+        other = object.__new__(Store)
+        other.path, other.read_only, other.con = self.path, self.read_only, self.con.cursor()
+        return other
+
     def close(self) -> None:
         self.con.close()
 

@@ -47,7 +47,8 @@ class ServerState(msgspec.Struct, frozen=True, kw_only=True):
 
     address: str
     role: str
-    """"leader" or "standby"."""
+    """"leader" (the lease's holder now), "standby", or "ex-leader" (it said it led when it
+    last reported, and holds the lease no more: dead, paused, cut off or deposed)."""
     position: int
     """The log position it has folded."""
     lag: int
@@ -182,3 +183,18 @@ class AuditTable(msgspec.Struct, frozen=True, kw_only=True):
 
     rows: int
     arrow: bytes
+
+
+class AuditStep(msgspec.Struct, frozen=True, kw_only=True):
+    """How far one whole-log audit under way is: events read of the store's head."""
+
+    done: int
+    total: int
+
+
+class AuditProgress(msgspec.Struct, frozen=True, kw_only=True):
+    """The whole-log audits under way in the caller's lane (admins', or everyone else's): null
+    when none runs (`GET /v1/audit/progress`, what `audit verify` and `audit check` show)."""
+
+    verify: AuditStep | None = None
+    check: AuditStep | None = None

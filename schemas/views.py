@@ -108,6 +108,10 @@ class NodeRow(_View, frozen=True, kw_only=True):
     foreign_gpus: list[int] = []
     """GPUs that work outside the ledger holds (Slurm jobs it did not submit, on any partition),
     as the service last observed them: not free (empty where no service observes an engine)."""
+    stopping_gpus: list[int] = []
+    """GPUs of runs the ledger stopped (cancel, preemption, requeue) whose processes are not all
+    gone yet (their grace), as the service last observed them: not free; the next job starts on
+    them once they are."""
 
 
 # --- jobs (history, from the projection) ------------------------------------------------------
@@ -230,6 +234,15 @@ class QueueRow(_View, frozen=True, kw_only=True):
     job that holds GPUs, when it started); null when it cannot be known."""
     nodes: list[str] = []
     """The nodes a placed or running job holds."""
+    started_at: float | None = None
+    """When a running job's current run started (its engine's start); null otherwise."""
+    time_limit_s: int | None = None
+    """The job's time limit (null: none)."""
+    elapsed_s: float | None = None
+    """A running job's run time at the moment read (from `started_at`, as `jobs` says it);
+    null otherwise. `waiting_s` of a job that holds GPUs is the wait it had, not this."""
+    remaining_s: float | None = None
+    """A running job's time limit less `elapsed_s` (0 once passed); null without a limit."""
 
 
 class PriorityRow(_View, frozen=True, kw_only=True):

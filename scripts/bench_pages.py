@@ -93,6 +93,8 @@ def pages(job: int, position: int, last: int) -> dict[str, list[str]]:
         "queue (one reason)": ["/v1/whoami", "/ui/api/queue?reason=WAIT_RESOURCES"],
         "preemptions (30 days)": ["/v1/whoami", "/ui/api/preemptions?account=all"],
         "preemptions (whole period)": ["/v1/whoami", "/ui/api/preemptions?account=all&window=all"],
+        "finished": ["/v1/whoami", "/ui/api/finished"],
+        "finished (page 501)": ["/v1/whoami", "/ui/api/finished?offset=50000"],
         "job": ["/v1/whoami", f"/ui/api/job/{job}"],
         "nodes": ["/v1/whoami", "/ui/api/nodes"],
         "decisions": ["/v1/whoami", "/ui/api/decisions?limit=500", f"/ui/api/decision/{position}"],

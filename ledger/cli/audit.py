@@ -3,6 +3,7 @@ budget-changes|verify|check`. An edge: parses, reads the log and the projection,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -10,7 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import duckdb
@@ -32,8 +33,10 @@ from projections.kafka_wire import TOPIC, TOPIC_ENV
 from projections.store import projection_path
 from schemas import api
 from schemas import views as v
-from schemas.errors import InvalidCommand
+from schemas.errors import InvalidCommand, LedgerError
 from schemas.units import format_time, parse_duration, parse_time, span
+
+T = TypeVar("T")
 
 
 def _time(text: str | None) -> float | None:
@@ -468,7 +471,9 @@ def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> 
     """Recompute the hash chain over the store (and the Kafka topic): report the first broken
     link and what broke it (an edited, deleted or moved event). Exits 1 on any problem."""
     if ctx.remote is not None and not bootstrap:  # the server reads its own store
-        report: tm.ChainReport = ctx.remote.get("audit/verify", type=tm.ChainReport)
+        report: tm.ChainReport = _asked_with_progress(
+            ctx.remote, "verify", "events verified", tm.ChainReport
+        )
     else:
         ctx.local_only()
         with progress("events verified", tm.store_head(ctx.home)) as update:
@@ -484,6 +489,41 @@ def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> 
             _print_copy(topic, copy)
     if not report.ok or (copy is not None and not copy.ok):
         sys.exit(1)
+
+
+def _asked_with_progress(remote: Any, kind: str, what: str, returns: type[T]) -> T:
+    """`GET /v1/audit/{kind}` of the server, and meanwhile (on a terminal) the progress bar of
+    embedded mode, fed by `GET /v1/audit/progress` every quarter second through a client of
+    its own (the asking one is busy)."""
+    if not sys.stderr.isatty():  # quiet, as `progress` is: no polling either
+        answer: T = remote.get(f"audit/{kind}", type=returns)
+        return answer
+    import threading
+
+    from ledger.wire.client import Client
+
+    got: list[T] = []
+    failed: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            got.append(remote.get(f"audit/{kind}", type=returns))
+        except BaseException as err:  # raised again below, on the command's thread
+            failed.append(err)
+
+    poller = Client(",".join(remote.urls), remote.token)
+    asking = threading.Thread(target=ask, name=f"audit-{kind}", daemon=True)
+    asking.start()
+    with progress(what) as update:
+        while asking.is_alive():
+            asking.join(0.25)
+            with contextlib.suppress(LedgerError):  # a progress not shown is no failure
+                step = getattr(poller.get("audit/progress", type=api.AuditProgress), kind)
+                if step is not None and asking.is_alive():
+                    update(step.done, step.total)
+    if failed:
+        raise failed[0]
+    return got[0]
 
 
 def _print_chain(what: str, report: tm.ChainReport) -> None:
@@ -534,7 +574,7 @@ def audit_check(ctx: Ctx, agent_states: tuple[Path, ...], as_json: bool) -> None
     and now, a GPU held by two jobs counting the job processes really alive on this host.
     One line per violation; exits 1 on any."""
     if ctx.remote is not None and not agent_states:  # the server checks its own host
-        view: v.CheckView = ctx.remote.get("audit/check", type=v.CheckView)
+        view: v.CheckView = _asked_with_progress(ctx.remote, "check", "events checked", v.CheckView)
     else:
         from ledger.engines.supervised import live_processes
 

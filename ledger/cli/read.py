@@ -42,6 +42,8 @@ def node_list(rows: list[NodeRow]) -> None:
         jobs = ",".join(map(str, r.jobs)) or "-"
         if r.foreign_gpus:
             jobs += f" (GPUs {','.join(map(str, r.foreign_gpus))} held outside the ledger)"
+        if r.stopping_gpus:
+            jobs += f" (GPUs {','.join(map(str, r.stopping_gpus))} stopping)"
         table.append((r.node, r.cluster, r.gpu_type, str(r.gpus), str(r.free_gpus), state, jobs))
     print_table(("node", "cluster", "type", "gpus", "free", "state", "jobs"), table)
 

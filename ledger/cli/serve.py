@@ -375,7 +375,9 @@ def status(ctx: Ctx, as_json: bool) -> None:
     if h.last_error:
         click.echo(f"  last error    {h.last_error}")
     if h.store_error:
-        click.echo(f"  store         {h.store} does not answer: {h.store_error}")
+        said = h.store_error if "does not commit" in h.store_error else (
+            f"{h.store} does not answer: {h.store_error}")  # fmt: skip
+        click.echo(f"  store         {said}")
     if h.role != "single":  # one of several servers on a PostgreSQL store (docs/ha.md)
         silent = {s.address: s.seen_s_ago for s in h.servers if s.seen_s_ago > SILENT_S}
         leader = h.leader or "none"
@@ -395,7 +397,10 @@ def status(ctx: Ctx, as_json: bool) -> None:
             click.echo(f"  lease         {lease}")
         for s in h.servers:
             quiet = f", not heard from for {s.seen_s_ago:.0f} s" if s.address in silent else ""
-            role = "leader" if s.address == h.leader else s.role
+            # only the lease's holder leads (a server of before this said "leader" for any
+            # server whose last report did)
+            role = s.role if s.role != "leader" else "ex-leader"
+            role = "leader" if s.address == h.leader else role
             click.echo(f"  server        {s.address} {role}, lag {s.lag} events{quiet}")
 
 
@@ -412,6 +417,8 @@ def _lease_line(h: Health) -> str:
     if left is None or not h.lease_s:
         return ""
     renewed = "" if ago is None else f", renewed {ago:.1f} s ago"
+    if h.store_error:  # nobody can lead meanwhile (atk33-28 F6, F10)
+        return f"{h.lease_s:g} s{renewed}: nobody leads until the store answers and commits"
     if left < 0:
         return (f"{h.lease_s:g} s{renewed}, expired {-left:.1f} s ago: the leader does not "
                 "renew it (down, paused or cut off from the store); a standby takes it at its "

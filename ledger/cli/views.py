@@ -13,7 +13,15 @@ from schemas import commands as c
 from schemas import events as e
 from schemas.bounds import Percent, TeamDepth
 from schemas.errors import InvalidCommand
-from schemas.units import key_text, parse_duration, parse_time, parse_window, span, when
+from schemas.units import (
+    key_text,
+    parse_duration,
+    parse_time,
+    parse_window,
+    span,
+    times_in,
+    when,
+)
 
 if TYPE_CHECKING:  # the projection is imported only where it is opened (client mode never)
     from collections.abc import Callable
@@ -191,7 +199,7 @@ def report_preemptions(
     )  # fmt: skip
     print_table(header, [
         (when(r.preempted_at), r.side, str(r.job_id), r.account or "-", r.user_name or "-",
-         "-" if r.gpus is None else str(r.gpus), r.reason, r.rule or "-",
+         "-" if r.gpus is None else str(r.gpus), r.reason, times_in(r.rule or "-"),
          "-" if r.for_job is None else str(r.for_job), r.for_account or "-",
          f"{r.lost_gpu_hours:,.1f}")
         for r in rep.rows

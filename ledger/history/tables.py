@@ -290,16 +290,25 @@ class _LiveProcess(Protocol):
     def gpu_indices(self) -> Sequence[int]: ...
 
 
-def scan_history(home: Path) -> au.CheckReport:
-    """The invariants over the whole log, read from the store (its own connection)."""
+def scan_history(home: Path, progress: Callable[[int], None] | None = None) -> au.CheckReport:
+    """The invariants over the whole log, read from the store (its own connection);
+    `progress` is told how many records were read, every 10,000 and at the end."""
     with open_source(home) as source:
-        return au.check(_positioned(source))
+        return au.check(_positioned(source, progress=progress))
 
 
-def _positioned(source: LogSource, page: int = 50_000) -> Iterator[tuple[int, Any]]:
+def _positioned(
+    source: LogSource, page: int = 50_000, progress: Callable[[int], None] | None = None
+) -> Iterator[tuple[int, Any]]:
+    read = 0
     for records in follow(source, page=page):
         for rec in records:
             yield rec.position, codec.decode(rec.data)
+            read += 1
+            if progress is not None and read % 10_000 == 0:
+                progress(read)
+    if progress is not None:
+        progress(read)
 
 
 def check_view(report: au.CheckReport, store: Store, live: list[au.Violation]) -> v.CheckView:

@@ -84,6 +84,15 @@ class PastHours:
             self.until = to
         return self.until < cut
 
+    def unread_s(self, start: float, end: float, team_depth: int) -> float:
+        """How much of the ended hours of [start, end) `read` would read now (0: none)."""
+        cut = math.floor(end / 3600) * 3600
+        if start % 3600 or cut <= start:
+            return 0.0
+        if self.key != (start, team_depth) or self.until > cut:
+            return cut - start
+        return cut - self.until
+
     def behind(self, start: float, end: float, team_depth: int) -> bool:
         """Whether some ended hour of [start, end) is not read yet (without reading)."""
         cut = math.floor(end / 3600) * 3600
@@ -105,6 +114,37 @@ class PastHours:
             self.until = cut
         tail = queries.team_hours(store, cut, end, team_depth=team_depth) if end > cut else []
         return self.hours + tail
+
+
+def bucketed_series(
+    store: Store, start: float, end: float, team_depth: int, bucket_s: float
+) -> tuple[v.DeliveredView, v.DeliveredSeriesView]:
+    """`delivered_series` summed by the engine (`queries.team_buckets`): one row per team and
+    bucket, however many hours the window holds (the teams page's whole period before its
+    ended hours are kept). The same figures but for the order of the sums (the last bits)."""
+    if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
+        raise InvalidCommand("the series needs a positive, finite window", start=start, end=end)
+    if bucket_s < 3600 or bucket_s % 3600:
+        raise InvalidCommand("the bucket is a whole number of hours", bucket_s=bucket_s)
+    from projections import queries
+    from projections.fairshare import summarise
+
+    team_depth = check(team_depth, TeamDepth, "team depth")
+    rows = queries.team_buckets(store, start, end, bucket_s, team_depth=team_depth)
+    acc: dict[str, list[float]] = {}
+    teams: dict[str, list[v.TeamPoint]] = {}
+    for team, at, owed, delivered, met in rows:  # by team, then bucket
+        a = acc.setdefault(team, [0.0, 0.0, 0.0])
+        a[0], a[1], a[2] = a[0] + owed, a[1] + delivered, a[2] + met
+        point = v.TeamPoint(at=at, owed_gpu_hours=owed, delivered_gpu_hours=delivered)
+        teams.setdefault(team, []).append(point)
+    series = v.DeliveredSeriesView(
+        start_at=start,
+        end_at=end,
+        bucket_s=bucket_s,
+        teams=[v.TeamSeries(team=t, points=p) for t, p in sorted(teams.items())],
+    )
+    return delivered_view(summarise((), start, end, acc), team_depth), series
 
 
 def delivered_series(

@@ -92,18 +92,29 @@ def account_tree(state: State) -> list[v.AccountNode]:
     return rows
 
 
-def node_list(state: State, foreign: Mapping[str, frozenset[int]] | None = None) -> list[v.NodeRow]:
+def node_list(
+    state: State,
+    foreign: Mapping[str, frozenset[int]] | None = None,
+    stopping: Mapping[str, frozenset[int]] | None = None,
+) -> list[v.NodeRow]:
     """Nodes in service (not removed), by name, with free GPUs and the jobs they hold; GPUs
-    that `foreign` work holds (the service's last observation of its engine) are not free."""
+    that `foreign` work holds, and those of stopped runs still in their grace (`stopping`), as
+    the service last observed its engine, are not free."""
     held = foreign or {}
+    ending = stopping or {}
+
+    def busy(node: str) -> frozenset[int]:
+        return held.get(node, frozenset()) | ending.get(node, frozenset())
+
     return [
         v.NodeRow(
             node=n.name,
             cluster=n.cluster,
             gpu_type=n.gpu_type,
             gpus=n.gpus,
-            free_gpus=len(set(state.free_indices(n.name)) - held.get(n.name, frozenset())),
+            free_gpus=len(set(state.free_indices(n.name)) - busy(n.name)),
             foreign_gpus=sorted(held.get(n.name, ())),
+            stopping_gpus=sorted(ending.get(n.name, ())),
             state=n.state,
             jobs=sorted(state.node_jobs.get(n.name, ())),
             drain_reason=n.drain_reason,
@@ -208,6 +219,21 @@ def jobs(
             assert below is None, "the jobs as they were are not paged by `below`"
             return _seen(_job_rows(jobs_as_of(store, f, position), f.at), viewer)
     return _seen(_job_rows(jobs_page(store.con, f, below=below), now), viewer)
+
+
+def finished_jobs(
+    store: Store, f: v.JobFilter, viewer: Viewer | None, *, reason: str | None, offset: int
+) -> tuple[int, list[v.JobRow]]:
+    """The finished jobs `f` selects (its user, account and below, `since`/`until`), ended for
+    `reason` when given: their true total and the page of at most `f.limit` after the first
+    `offset`, newest first, like `sacct -s CD,F,CA,TO,PR`. A job whose command `viewer` may
+    not see comes `redact`ed, as in `jobs`."""
+    from projections.history import jobs_count, jobs_page
+
+    done = msgspec.structs.replace(f, status="finished", at=None)
+    total = jobs_count(store.con, done, reason)
+    rows = jobs_page(store.con, done, reason=reason, offset=offset) if offset < total else []
+    return total, _seen(_job_rows(rows, 0.0), viewer)
 
 
 def jobs_as_of(store: Store, f: v.JobFilter, position: int) -> list[tuple[Any, ...]]:

@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ledger.reads.estimates import (
     NOTHING_PLACED,
-    Room,
-    blocked_starts,
+    blocked_keys,
     estimated_starts,
     placing,
 )
-from ledger.reads.explain import explain_history, explain_pending
+from ledger.reads.explain import explain_history, explain_pending, protected_note
 from ledger.reads.layer import Viewer, redact_event, utilisation
 from schemas import events as e
 from schemas import views as v
@@ -29,7 +28,7 @@ from schemas.units import when
 if TYPE_CHECKING:  # a read loads what it uses: the dispatcher only when it previews
     from ledger.core.state import Job, State
     from ledger.cycle.dispatcher import LiveState
-    from ledger.dispatch.engine import Decision
+    from ledger.dispatch.engine import Decision, Unplaceable
     from ledger.dispatch.ordering import SortKey
     from ledger.dispatch.policy import Policy
     from ledger.dispatch.snapshot import PendingJob, Snapshot
@@ -62,6 +61,14 @@ def readable(text: str, until: float | None = None) -> str:
     Recorded decisions keep the dispatcher's text byte for byte (replay compares it); reads show
     times people can read."""
     return _RAW_TIME.sub(lambda m: when(until if until is not None else float(m.group(1))), text)
+
+
+def _reason(
+    wait: Unplaceable, policy: Policy, snapshot: Snapshot, job: PendingJob | None, now: float
+) -> str:
+    """A waiting job's reason as reads show it: readable times, and what protects the victims
+    a preemption would take (`protected_note`; the recorded reason is the dispatcher's)."""
+    return readable(wait.reason, wait.until) + protected_note(policy, snapshot, job, wait, now)
 
 
 def _under(account: str, root: str | None) -> bool:
@@ -105,7 +112,7 @@ def queue(
                 continue
             shown.append((i, key, p))
         through = shown[-1][2].job_id if shown else None
-        starts = estimated_starts(state, snapshot, decision, now, through) if shown else {}
+        starts = _starts(state, snapshot, decision, policy, now, through) if shown else {}
         waiting = decision.waiting
         for i, key, p in shown:
             wait = waiting.get(p.job_id)
@@ -114,13 +121,13 @@ def queue(
                     order=i + 1, job_id=p.job_id, account=p.account, user=p.user, gpus=p.gpus,
                     funded=p.funded, debug=p.debug, state="pending", sort_key=list(key),
                     code=wait.code if wait else "NEXT_CYCLE",
-                    reason=readable(wait.reason, wait.until) if wait else _next(state),
+                    reason=_reason(wait, policy, snapshot, p, now) if wait else _next(state),
                     submitted_at=p.submitted_at, waiting_s=max(0.0, now - p.submitted_at),
                     estimated_start_at=starts.get(p.job_id),
                 )
             )  # fmt: skip
     if f.state in QUEUED:
-        rows += _blocked_rows(state, f, now, f.limit - len(rows), preview_of)
+        rows += _blocked_rows(state, f, now, f.limit - len(rows), preview_of, policy)
     if f.state in ("held", "queued", "all") and len(rows) < f.limit:
         for job in sorted(state.jobs.values(), key=lambda j: j.job_id):
             if len(rows) >= f.limit:
@@ -204,7 +211,7 @@ def queue_page(
                 snapshot, decision = preview or live(ledger, store, policy, now)
             return snapshot, decision
 
-        others |= {r.job_id: r for r in _blocked_rows(state, f, now, 10**9, preview_of)}
+        others |= {r.job_id: r for r in _blocked_rows(state, f, now, 10**9, preview_of, policy)}
     if f.state in ("held", "queued", "all"):
         held = v.QueueFilter(user=f.user, account=f.account, state="held", limit=100_000)
         others |= {r.job_id: r for r in queue(ledger, store, policy, now, held)}
@@ -229,7 +236,7 @@ def queue_page(
     starts: dict[int, float | None] = {}
     if shown and snapshot is not None and decision is not None:
         last = max(shown, key=lambda x: x[0] or 0)
-        starts = estimated_starts(state, snapshot, decision, now, last[1])
+        starts = _starts(state, snapshot, decision, policy, now, last[1])
     pending_by_id = {p.job_id: p for p in snapshot.pending} if snapshot is not None else {}
     keys = {j.job_id: k for k, j in decision.order} if decision is not None else {}
     waits = decision.waiting if decision is not None else {}
@@ -237,14 +244,15 @@ def queue_page(
         if x[0] is None:
             rows.append(others[x[1]])
             continue
-        assert decision is not None
+        assert decision is not None and snapshot is not None
         p = pending_by_id[x[1]]
         wait = waits.get(p.job_id)
         rows.append(
             v.QueueRow(
                 order=x[0], job_id=p.job_id, account=p.account, user=p.user, gpus=p.gpus,
                 funded=p.funded, debug=p.debug, state="pending", sort_key=list(keys[p.job_id]),
-                code=x[6], reason=readable(wait.reason, wait.until) if wait else _next(state),
+                code=x[6],
+                reason=_reason(wait, policy, snapshot, p, now) if wait else _next(state),
                 submitted_at=p.submitted_at, waiting_s=max(0.0, now - p.submitted_at),
                 estimated_start_at=starts.get(p.job_id),
             )
@@ -264,16 +272,35 @@ NEXT_LINE_NONE = (
 )
 
 
+def _starts(
+    state: State,
+    snapshot: Snapshot,
+    decision: Decision,
+    policy: Policy,
+    now: float,
+    through: int | None = None,
+) -> dict[int, float | None]:
+    """Pure: estimated starts of the queue (up to `through`), the jobs a dependency or an
+    array's limit holds among it at the places the dispatcher will give them
+    (`estimated_starts`)."""
+    from ledger.core.jobs import blocked
+
+    keys = blocked_keys(state, snapshot, policy, blocked(state))
+    return estimated_starts(state, snapshot, decision, now, through, blocked=keys)
+
+
 def _blocked_rows(
     state: State,
     f: v.QueueFilter,
     now: float,
     room: int,
     preview_of: Callable[[], tuple[Snapshot, Decision]],
+    policy: Policy,
 ) -> list[v.QueueRow]:
     """The pending jobs that may not run yet (a dependency, an array's limit), in job order,
     with why; the estimate is the earliest the dependency or the array's limit lets it run
-    (`blocked_starts`: what it waits for reaching its time limits), and its GPUs are free."""
+    (what it waits for reaching its time limits) and its GPUs are free, at its place in the
+    dispatch order (`_starts`)."""
     from ledger.core.jobs import blocked
 
     rows: list[v.QueueRow] = []
@@ -288,9 +315,7 @@ def _blocked_rows(
             continue
         if starts is None:
             snapshot, decision = preview_of()
-            left = Room()  # the GPUs the queue ahead leaves
-            queued = estimated_starts(state, snapshot, decision, now, room=left)
-            starts = blocked_starts(state, waits, queued, now, left)
+            starts = _starts(state, snapshot, decision, policy, now)
         estimate = starts.get(job_id)
         rows.append(
             v.QueueRow(
@@ -316,13 +341,17 @@ def _holding_rows(state: State, f: v.QueueFilter, now: float, limit: int) -> lis
         if (f.user and s.user != f.user) or not _under(s.account, f.account):
             continue
         began = job.started_at if job.started_at is not None else job.placed_at
+        ran = None if job.started_at is None else max(0.0, now - job.started_at)
+        limit_s = s.time_limit_s
+        left = None if ran is None or limit_s is None else max(0.0, limit_s - ran)
         rows.append(
             v.QueueRow(
                 order=None, job_id=s.job_id, account=s.account, user=s.user, gpus=s.gpus,
                 funded=job.funded, debug=s.debug, state=job.status, sort_key=[],
                 code=job.status.upper(), reason="", submitted_at=s.at,
                 waiting_s=max(0.0, (job.placed_at or now) - s.at), estimated_start_at=began,
-                nodes=sorted({sl.node for sl in job.slots}),
+                nodes=sorted({sl.node for sl in job.slots}), started_at=job.started_at,
+                time_limit_s=limit_s, elapsed_s=ran, remaining_s=left,
             )
         )  # fmt: skip
     return rows
@@ -558,22 +587,21 @@ def explain_now(
         blocking = _blocking(state, job) if waits.code == "WAIT_DEPENDENCY" else []
         assert store is not None and policy is not None
         snapshot, decision = preview or live(ledger, store, policy, now)  # as `queue` says
-        room = Room()
-        queued = estimated_starts(state, snapshot, decision, now, room=room)
-        start = blocked_starts(state, blocked(state), queued, now, room).get(job_id)
+        start = _starts(state, snapshot, decision, policy, now, job_id).get(job_id)
         return Now(status, waits.code, waits.reason, blocking=tuple(blocking), start=start,
                    after=(f"It may not run yet ({what}): {waits.reason}.",))  # fmt: skip
     assert store is not None and policy is not None
     snapshot, decision = preview or live(ledger, store, policy, now)
-    lines = [readable(x) for x in explain_pending(job, decision, snapshot, now)]
+    lines = [readable(x) for x in explain_pending(job, decision, snapshot, now, policy)]
     order = [j.job_id for _, j in decision.order]
     if job_id not in order:
         return Now(status, lines=lines, earlier=True)
     i = order.index(job_id)
     wait = decision.waiting.get(job_id)
     code = wait.code if wait else "NEXT_CYCLE"
+    mine = next((p for p in snapshot.pending if p.job_id == job_id), None)
     reason = (
-        readable(wait.reason, wait.until)
+        _reason(wait, policy, snapshot, mine, now)
         if wait
         else "it would be placed in the next cycle"
         if placing(state)
@@ -588,7 +616,7 @@ def explain_now(
         blocked_by = tuple(order[max(0, i - 50) : i]) if wait is not None else ()
     return Now(
         status, code, reason, i + 1, len(order), list(decision.order[i][0]),
-        blocked_by, estimated_starts(state, snapshot, decision, now).get(job_id), lines,
+        blocked_by, _starts(state, snapshot, decision, policy, now, job_id).get(job_id), lines,
         earlier=True,
     )  # fmt: skip
 

@@ -45,6 +45,10 @@ class Handles(Protocol):
         """GPUs work outside the ledger holds, as the service last observed its engine."""
         ...
 
+    def stopping(self) -> Mapping[str, frozenset[int]]:
+        """GPUs of stopped runs still in their grace, as the service last observed its engine."""
+        ...
+
     @property
     def viewer(self) -> str:
         """Who reads: what the reads marked `personal` show depends on it."""
@@ -179,7 +183,7 @@ def _accounts(h: Handles, a: NoArgs) -> list[v.AccountNode]:
 def _nodes(h: Handles, a: NoArgs) -> list[v.NodeRow]:
     from ledger.reads import layer as reads
 
-    return reads.node_list(h.ledger.state, h.foreign())
+    return reads.node_list(h.ledger.state, h.foreign(), h.stopping())
 
 
 def _jobs(h: Handles, a: v.JobFilter) -> list[v.JobRow]:

@@ -13,12 +13,13 @@ domain alone.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import time
 from collections.abc import Callable, Mapping
 from importlib.metadata import version
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
@@ -32,9 +33,9 @@ from litestar.params import JSONBody
 from ledger.reads import layer as reads
 from ledger.reads import preview as previews
 from ledger.reads.table import READS
+from ledger.server import copied, pages, pooled, query, tables
 from ledger.server import identity as ident
 from ledger.server import metrics as m
-from ledger.server import pages, pooled, query, tables
 from ledger.server.agent_api import agent_routes
 from ledger.server.cache import ReadCache
 from ledger.server.commands import CommandPath
@@ -151,18 +152,25 @@ def _internal(request: Request[Any, Any, Any], err: Exception) -> Response[api.P
 
 
 def _store_away(err: BaseException) -> bool:
-    """Whether `err` says the store does not answer (psycopg's connection errors, a projection
-    whose source went away), itself or as the cause of another."""
+    """Whether `err` says the store does not answer (psycopg's connection errors and its pool's
+    timeout, as eventsourcing passes them on; a projection whose source went away), itself or as
+    the cause of another. (atk34-28 F2: the pool's timeout, wrapped by eventsourcing, answered a
+    committed submit "internal error", which the CLI does not retry with its key.)"""
     from projections.errors import SourceUnavailable
 
     while err is not None:
         if isinstance(err, SourceUnavailable) or (
-            type(err).__module__.startswith("psycopg")
-            and type(err).__name__ in ("OperationalError", "InterfaceError")
+            type(err).__module__.split(".")[0] in _STORE_MODULES
+            and type(err).__name__ in ("OperationalError", "InterfaceError", "PoolTimeout")
         ):
             return True
         err = err.__cause__  # type: ignore[assignment]
     return False
+
+
+_STORE_MODULES = ("psycopg", "psycopg_pool", "eventsourcing")
+"""The packages whose connection errors mean the store does not answer (named, not imported:
+the server imports neither)."""
 
 
 def error_response(err: Exception) -> Response[api.Problem]:
@@ -304,8 +312,13 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, pooled
                 return Response(data, media_type="application/json", status_code=200,
                                 headers={POSITION_HEADER: str(at)})  # fmt: skip
             if name in ON_WORKER:  # the store's own figures: on the worker, admitted (T5)
+                at = int(worker.service.ledger.position)
                 data = await pool.worker_read(
-                    caller.actor, lambda: handles.answer(name, spec, args, caller.actor)
+                    caller.actor,
+                    lambda: handles.upto(
+                        at, lambda: handles.answer(name, spec, args, caller.actor)
+                    ),
+                    lambda: copied.caught_up(worker, pool, at),
                 )
             else:  # the live state's (previews with `policy=` or `at=` too): on a copy (T5)
                 data = await handles.copied(worker, pool, name, spec, args, caller.actor)
@@ -340,6 +353,12 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, pooled
     if isinstance(worker, Worker):  # a serving app (not `offline_app`'s, for the document)
         assert not worker.started, "the app is made before the worker thread starts"
         pool.connect_now()
+        service = worker.service
+        if service.projector is not None:  # the reads' catch-ups: beside the worker (T5)
+            from projections.errors import SourceUnavailable
+
+            with contextlib.suppress(SourceUnavailable):  # else on the worker, as before
+                pool.projector = service.projector.beside(service.ledger.source())
     routes: list[Any] = [command_route(cls) for cls in SERVED_COMMANDS]
     routes += [batch, health, whoami, tokens, openapi]
     routes += [read_route(name) for name in READS]
@@ -410,6 +429,9 @@ def _roles(worker: Worker, head: int) -> dict[str, Any]:
     }
 
 
+T = TypeVar("T")
+
+
 class ServiceHandles:
     """The read layer's handles in the server: the service loop's ledger and projection (caught
     up before each read), on the worker thread, and the answers kept per log position.
@@ -427,6 +449,17 @@ class ServiceHandles:
         self.asked: dict[str, float] = {}
         """When each shared value was last asked for by a read (shared by the per-read copies
         `answer` makes)."""
+        self._upto: int | None = None
+
+    def upto(self, position: int, fn: Callable[[], T]) -> T:
+        """`fn()` on the worker thread for a read asked at `position`, whose projection was
+        caught up to it beside the worker (`copied.caught_up`): `store` folds no log for it
+        (the log may have moved since: those events are not the read's)."""
+        self._upto = position
+        try:
+            return fn()
+        finally:
+            self._upto = None
 
     def live_preview(self, *, ahead: bool = False) -> LivePreview:
         """The shared preview at the log's position (on the worker thread); `ahead`: computed
@@ -510,8 +543,10 @@ class ServiceHandles:
         has folded (reads go on; the answer's `X-Gpuledger-Position` says where it stands)."""
         from projections.errors import SourceUnavailable
 
-        try:
-            self.service.projector.catch_up()
+        target = self.service.ledger.position if self._upto is None else self._upto
+        try:  # a read caught it up beside the worker already (`upto`): no fold here
+            if self.service.store.position() < target:
+                self.service.projector.catch_up()
         except SourceUnavailable:
             if self.service.ledger.dsn is None:
                 raise
@@ -524,6 +559,10 @@ class ServiceHandles:
     def foreign(self) -> Mapping[str, frozenset[int]]:
         dispatcher = getattr(self.service, "dispatcher", None)
         return dict(getattr(dispatcher, "foreign", {}))
+
+    def stopping(self) -> Mapping[str, frozenset[int]]:
+        dispatcher = getattr(self.service, "dispatcher", None)
+        return dict(getattr(dispatcher, "stopping", {}))
 
 
 def openapi_document(app: Litestar) -> dict[str, Any]:

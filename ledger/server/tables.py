@@ -28,6 +28,7 @@ from litestar.params import JSONBody
 
 from ledger.history.tamper import ChainReport
 from ledger.reads import layer as reads
+from ledger.server import copied
 from ledger.server import identity as ident
 from ledger.server.readpool import ReadPool
 from ledger.server.worker import Worker
@@ -91,7 +92,8 @@ def routes(
         if data.kind == "sql":
             reads.require_query_all(worker.service.ledger.state, caller.actor)
         with pool.admitted(caller.actor):  # before the worker is asked anything (T5)
-            await pool.worker_call(_catch_up(worker))  # the log so far (cheap: it keeps up)
+            # the log so far, caught up beside the worker (shared with every read waiting)
+            await copied.caught_up(worker, pool, int(worker.service.ledger.position))
             return await pool.compute(lambda con, limits: table(con, data, limits))
 
     @get("/v1/audit/verify", tags=["reads"], security=[{"bearer": []}])
@@ -113,7 +115,11 @@ def routes(
         async with mine.hold("verify"):
             held, rows = await worker.call(anchor)
             try:  # the projection's rows through a cursor of their own (a snapshot of them)
-                report = await mine.run(lambda: tamper.verify_store(service.home, held, rows))
+                report = await mine.run(
+                    lambda: tamper.verify_store(
+                        service.home, held, rows, progress=mine.counting("verify", service.home)
+                    )
+                )
             finally:
                 rows.close()
         if mine.admin:
@@ -133,7 +139,11 @@ def routes(
         mine = lane(person(request))
         service = worker.service
         async with mine.hold("check"):
-            report = await mine.run(lambda: tables.scan_history(service.home))
+            report = await mine.run(
+                lambda: tables.scan_history(
+                    service.home, progress=mine.counting("check", service.home)
+                )
+            )
 
         def rest() -> v.CheckView:
             assert service.projector is not None and service.store is not None
@@ -143,7 +153,15 @@ def routes(
 
         return await worker.call(rest)  # type: ignore[no-any-return]
 
-    return [budget_plan, audit_table, audit_verify, audit_check]
+    @get("/v1/audit/progress", tags=["reads"], security=[{"bearer": []}])
+    async def audit_progress(request: Request[Any, Any, Any]) -> api.AuditProgress:
+        """How far the `audit verify` and `audit check` under way in the caller's lane are
+        (events read of the store's head; null: none runs): what the CLI shows while it waits
+        for one through the server."""
+        mine = lane(person(request))
+        return api.AuditProgress(verify=mine.steps.get("verify"), check=mine.steps.get("check"))
+
+    return [budget_plan, audit_table, audit_verify, audit_check, audit_progress]
 
 
 class _AuditLane:
@@ -154,6 +172,8 @@ class _AuditLane:
     def __init__(self, admin: bool) -> None:
         self.admin = admin
         self.locks = {"verify": asyncio.Lock(), "check": asyncio.Lock()}
+        self.steps: dict[str, api.AuditStep] = {}
+        """How far each audit under way is (`/v1/audit/progress`)."""
         self._threads: ThreadPoolExecutor | None = None
 
     @contextlib.asynccontextmanager
@@ -163,7 +183,24 @@ class _AuditLane:
             raise TooBusy(f"an audit {kind} is under way", hint="retry when it ends",
                           retry_after=10)  # fmt: skip
         async with lock:
-            yield
+            try:
+                yield
+            finally:
+                self.steps.pop(kind, None)
+
+    def counting(self, kind: str, home: Any) -> Callable[[int], None]:
+        """On the audit's thread: a progress callback keeping `steps[kind]` (the store's head
+        its total, read once as it starts)."""
+        from ledger.history.tamper import store_head
+
+        total = store_head(home)
+        self.steps[kind] = api.AuditStep(done=0, total=total)
+
+        def update(done: int) -> None:
+            # a whole Struct replaced at once: a reader on the loop sees one or the other
+            self.steps[kind] = api.AuditStep(done=done, total=max(total, done))
+
+        return update
 
     async def run(self, fn: Callable[[], T]) -> T:
         if self._threads is None:
@@ -193,14 +230,6 @@ def plan(
             api.BudgetChange(symbol=ch.symbol, text=ch.text, command=ch.command) for ch in changes
         ]
     )
-
-
-def _catch_up(worker: Worker) -> Callable[[], None]:
-    def run() -> None:
-        assert worker.service.projector is not None
-        worker.service.projector.catch_up()
-
-    return run
 
 
 def connect(worker: Worker) -> Callable[[], duckdb.DuckDBPyConnection]:

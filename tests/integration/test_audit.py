@@ -431,6 +431,33 @@ def test_audit_check_fails_on_a_forged_share_change(home: Path) -> None:
     ]
 
 
+def test_audit_check_fails_on_a_decision_forged_by_a_person_an_hour_back(home: Path) -> None:
+    """atk34-26 F2: a decision record "by alice", an hour before its neighbours, correctly
+    chained, gave 0 violations. Only the dispatcher decides, and decision records go forward."""
+    ledger = Ledger(home)
+    try:
+        last = [ev for _, ev in ledger.read(0, ledger.position) if isinstance(ev, e.CycleDecided)]
+    finally:
+        ledger.close()
+    at = last[-1].at - 3_600
+    forged = e.CycleDecided(
+        event_id="x", at=at, actor="alice", cycle_id="cycle-x", based_on=head(home),
+        policy_version="fairshare-1", prev_hash=link_at(home, head(home)),
+    )  # fmt: skip
+    append_raw(home, [(e.tag_of(e.CycleDecided), codec.encode(forged))])
+    code, out = run(home, "audit", "verify")
+    assert code == 0, out  # the chain is intact: only the invariants can tell
+    code, out = run(home, "audit", "check")
+    assert code == 1
+    lines = [line for line in out.splitlines() if line.startswith(f"position {head(home)}:")]
+    assert lines == [
+        f"position {head(home)}: NOT_AUTHORISED: 'alice' may not apply dispatcher decisions: "
+        "only the dispatcher may",
+        f"position {head(home)}: DECIDED_BACKWARDS: cycle-x is decided at {at:.3f}, 3600 s "
+        f"before the previous decision record ({last[-1].at:.3f})",
+    ]
+
+
 def test_audit_check_finds_a_charge_from_placement_before_the_run_started(home: Path) -> None:
     """A decision recorded under the placement rule (`fairtree-1`) in the real log: the job it
     placed waited 600 s for its engine, and those GPU-seconds were charged outside its run."""

@@ -128,6 +128,7 @@ def test_every_page_loads_without_a_console_error(served: Served, browser: Brows
         ("teams", "/ui/teams", READY["teams"]),
         ("teams-whole-period", "/ui/teams", "#window-all"),
         ("queue", "/ui/queue", READY["queue"]),
+        ("finished", "/ui/finished", "#finished tbody tr"),
         ("job", f"/ui/job?id={s.dash.job_b}", "#job-decisions"),
         ("nodes", "/ui/nodes", READY["nodes"]),
         ("decisions", f"/ui/decisions?position={position}", "#decision"),

@@ -293,6 +293,43 @@ def test_resumes_from_the_tracked_position(scenario: Ledger, home: Path, tmp_pat
         assert audit.differences(audit.dump(store), want) == []
 
 
+def test_a_projector_beside_folds_on_its_own_connection_one_catch_up_at_a_time(
+    scenario: Ledger, home: Path, tmp_path: Path
+) -> None:
+    """`Projector.beside` (the server's reads' projector, on a thread of its own): it folds the
+    same projection through a connection and a source of its own, the main projector sees its
+    rows, and while the main one holds the shared lock (a cycle's catch-up and ranks query) the
+    one beside folds nothing; the result is the projection folded by one projector."""
+    import threading
+
+    with EmbeddedSource(home) as src, Store.open(home) as store:
+        main = Projector(store, src)
+        main.catch_up(until=10)
+        with EmbeddedSource(home) as src2:
+            beside = main.beside(src2)
+            assert beside.store.con is not store.con and beside.lock is main.lock
+            done = threading.Event()
+
+            def fold() -> None:
+                beside.catch_up(until=30)
+                done.set()
+
+            with main.lock:  # a cycle between its catch-up and its ranks query
+                folding = threading.Thread(target=fold)
+                folding.start()
+                assert not done.wait(0.3)
+                assert store.position() == 10
+            folding.join(10)
+            assert done.is_set() and store.position() == 30
+            main.catch_up()
+            assert beside.store.position() == scenario.position
+            beside.store.close()
+        got = audit.dump(store)
+    with EmbeddedSource(home) as src, Store(tmp_path / "clean.duckdb") as clean:
+        Projector(clean, src).catch_up()
+        assert audit.differences(got, audit.dump(clean)) == []
+
+
 def test_progress_reports_each_batch(scenario: Ledger, home: Path) -> None:
     seen: list[tuple[int, int]] = []
     project(home, batch_size=10, progress=lambda pos, head: seen.append((pos, head)))

@@ -51,6 +51,47 @@ def test_sigterm_stops_cleanly_with_exit_0_and_status_tells_up_from_down(tmp_pat
     assert jobs[0]["status"] == "running"
 
 
+def test_clients_that_never_read_their_answers_do_not_hold_a_stopping_server(
+    tmp_path: Path,
+) -> None:
+    """atk34-25 F1b: five clients ask for a large page and never read it; SIGTERM waited for
+    their answers to be sent (over 60 s, its data directory held, a new server refused). The
+    stop waits `SEND_WAIT_S` (10 s) for them, then closes their connections."""
+    import socket
+
+    from schemas import commands as c
+
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    led = Ledger(home)
+    try:
+        for _ in range(40):
+            led.execute_all([c.SubmitJob(actor="bob", account="ai2/olmo", gpus=8)] * 250)
+    finally:
+        led.close()
+    token = make_token(home, "--user", "bob")
+    server = start_server(home, "--interval", "1s")
+    stuck = []
+    try:
+        for _ in range(5):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+            sock.connect(("127.0.0.1", server.port))
+            sock.sendall(f"GET /v1/jobs?limit=10000 HTTP/1.1\r\nHost: x\r\n"
+                         f"Authorization: Bearer {token}\r\n\r\n".encode())  # fmt: skip
+            stuck.append(sock)
+            time.sleep(1.0)  # admitted one after another (two at once per person)
+        time.sleep(2.0)
+        began = time.monotonic()
+        code = server.stop(signal.SIGTERM, timeout=90)
+        took = time.monotonic() - began
+    finally:
+        for sock in stuck:
+            sock.close()
+        server.stop(signal.SIGKILL)
+    assert code == 0 and took < 25, (code, took, server.log_path.read_text()[-2000:])
+
+
 def test_the_config_file_rejects_unknown_keys_and_flags_override_it(tmp_path: Path) -> None:
     home = tmp_path / "ledger"
     cli(home, "init", "--admin", "root")

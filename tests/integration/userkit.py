@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import grp
 import os
 import pwd
@@ -31,6 +32,22 @@ class User:
         return {self.gid} | {grp.getgrnam(g).gr_gid for g in self.groups}
 
 
+ACCOUNTS_LOCK = Path(tempfile.gettempdir()) / "gpuledger-tests-accounts.lock"
+
+
+@contextlib.contextmanager
+def accounts_locked() -> Iterator[None]:
+    """Held while a test makes or removes OS accounts and groups: the suite's workers run side by
+    side, and `useradd`/`groupadd` refuse ("cannot lock /etc/passwd") rather than wait while
+    another holds the account files; a check-then-make of a named account is one step under it."""
+    with ACCOUNTS_LOCK.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _run(*args: str) -> None:
     got = subprocess.run(args, capture_output=True, text=True, check=False)
     if got.returncode != 0:
@@ -50,24 +67,27 @@ def os_user(prefix: str = "glt", groups: int = 1, uid: int | None = None) -> Ite
     top.chmod(0o755)
     home = top / name
     extra = [f"{name}g{i}" for i in range(groups)]
-    for g in extra:
-        _run("groupadd", g)
+    with accounts_locked():
+        for g in extra:
+            _run("groupadd", g)
     args = ["useradd", "--create-home", "--home-dir", str(home), "--shell", "/bin/sh"]
     if extra:
         args += ["--groups", ",".join(extra)]
     if uid is not None:
         args += ["--non-unique", "--uid", str(uid)]
     try:
-        _run(*args, name)
+        with accounts_locked():
+            _run(*args, name)
         pw = pwd.getpwnam(name)
         yield User(name, pw.pw_uid, pw.pw_gid, home, tuple(extra))
     finally:
-        subprocess.run(["userdel", "--force", name], capture_output=True, check=False)
-        with contextlib.suppress(KeyError):
-            grp.getgrnam(name)
-            subprocess.run(["groupdel", name], capture_output=True, check=False)
-        for g in extra:
-            subprocess.run(["groupdel", g], capture_output=True, check=False)
+        with accounts_locked():
+            subprocess.run(["userdel", "--force", name], capture_output=True, check=False)
+            with contextlib.suppress(KeyError):
+                grp.getgrnam(name)
+                subprocess.run(["groupdel", name], capture_output=True, check=False)
+            for g in extra:
+                subprocess.run(["groupdel", g], capture_output=True, check=False)
         shutil.rmtree(top, ignore_errors=True)
 
 

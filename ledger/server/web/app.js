@@ -4,7 +4,7 @@
 
 const TOKEN_KEY = "gpuledger.token";
 const PAGE = document.body.dataset.page;
-const POLL_MS = { teams: 30000, queue: 5000, job: 5000, nodes: 5000, decisions: 5000, preemptions: 30000, budget: 30000 };
+const POLL_MS = { teams: 30000, queue: 5000, finished: 15000, job: 5000, nodes: 5000, decisions: 5000, preemptions: 30000, budget: 30000 };
 const SVGNS = "http://www.w3.org/2000/svg";
 
 // --- small helpers --------------------------------------------------------------------------
@@ -34,57 +34,7 @@ function svg(tag, attrs, ...kids) {
   return node;
 }
 
-// The one form of a time on every page: 24-hour, in the viewer's zone (named in the footer).
-const SHORT = { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", hourCycle: "h23" };
-const LONG = { year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" };
-
-const SHORT_YEAR = { year: "numeric", ...SHORT };  // a time of another year says its year
-
-function when(at, form) {
-  if (at === null || at === undefined) return "—";
-  const d = new Date(at * 1000);
-  const shown = form === SHORT && d.getFullYear() !== new Date().getFullYear() ? SHORT_YEAR : form || LONG;
-  return d.toLocaleString(undefined, shown);
-}
-
-function utc(at) {
-  return new Date(at * 1000).toISOString().replace(/\.\d+Z$/, "Z").replace("T", " ");
-}
-
-// A time in the viewer's time zone (the page's one zone, named in the footer), UTC on hover.
-function timeEl(at) {
-  if (at === null || at === undefined) return "—";
-  const d = new Date(at * 1000);
-  const short = when(at, SHORT);
-  return el("time", { datetime: d.toISOString(), title: `${when(at)} here; ${utc(at)} (UTC)` }, short);
-}
-
-// A text from the server with its UTC times ("2026-11-29 12:00:00Z") in the viewer's zone.
-const UTC_TEXT = /\b(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)Z/g;
-
-function localised(text) {
-  const out = [];
-  let last = 0;
-  for (const m of String(text).matchAll(UTC_TEXT)) {
-    out.push(text.slice(last, m.index), timeEl(Date.parse(`${m[1]}T${m[2]}Z`) / 1000));
-    last = m.index + m[0].length;
-  }
-  out.push(String(text).slice(last));
-  return out;
-}
-
-// The same as plain text (an SVG title, which holds no elements).
-function localisedText(text) {
-  return String(text).replace(UTC_TEXT, (_, d, t) => when(Date.parse(`${d}T${t}Z`) / 1000, SHORT));
-}
-
-function dur(s) {
-  if (s === null || s === undefined) return "—";
-  if (s < 60) return `${Math.round(s)}s`;
-  if (s < 3600) return `${Math.round(s / 60)}m`;
-  if (s < 86400) return `${(s / 3600).toFixed(1)}h`;
-  return `${(s / 86400).toFixed(1)}d`;
-}
+// Times and durations (when, timeEl, localised, dur, clock, ticking, serverNow): times.js.
 
 function num(x, digits) {
   if (x === null || x === undefined) return "—";
@@ -104,7 +54,7 @@ function colour(key) {
 function table(head, rows, attrs) {
   return el("table", attrs || {},
     el("thead", {}, el("tr", {}, head.map((h) =>
-      el("th", { class: /^[#]|GPU|Shares|Usage|LevelFS|FairShare|owed|delivered|burst|by |count|placed|preempted|considered/i.test(h) ? "num" : null }, h)))),
+      el("th", { class: /^[#]|GPU|Shares|Usage|LevelFS|FairShare|owed|delivered|burst|by |\bcount|placed|preempted|considered/i.test(h) ? "num" : null }, h)))),
     el("tbody", {}, rows));
 }
 
@@ -131,10 +81,12 @@ async function api(path) {
     location.assign(`/ui/login?next=${encodeURIComponent(location.pathname + location.search)}`);
     throw new Error("signed out");
   }
+  heardFrom(resp.headers.get("Date"));
   const body = await resp.json();
   if (!resp.ok) throw new Error(body.detail || `${resp.status}`);
   return body;
 }
+
 
 function main(...kids) {
   const m = document.getElementById("main");
@@ -236,6 +188,37 @@ const QUEUE_COLUMNS = [  // [heading, sort column or null, width]
   ["est. start", null, "8.5em"],
 ];
 
+const RUNNING_COLUMNS = [  // the running view (state=running), like squeue -t R: TIME, TIME_LIMIT, TIME_LEFT
+  ["job", "job", "5em"], ["user", "user", "6.5em"], ["account", "account", "8.5em"], ["GPUs", "gpus", "4.5em"],
+  ["state", "state", "5.5em"], ["nodes", null, "auto"], ["submitted", "submitted", "8.5em"], ["waited", null, "5.5em"],
+  ["started", null, "8.5em"], ["elapsed", null, "7em"], ["time limit", null, "7em"], ["remaining", null, "7em"],
+];
+
+function queueCells(r, parts, running) {
+  if (running) {
+    return [td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.user, { title: r.user }),
+      td(r.account, { title: r.account }), td(r.gpus, { class: "num" }), td(r.state),
+      td(r.nodes.join(", ") || "—", { class: "wrap" }), td(timeEl(r.submitted_at)), td(dur(r.waiting_s)),
+      td(timeEl(r.started_at)), td(ticking("elapsed", r.started_at), { "data-col": "elapsed" }),
+      td(r.time_limit_s === null ? "none" : clock(r.time_limit_s)),
+      td(ticking("remaining", r.started_at, r.time_limit_s), { "data-col": "remaining" })];
+  }
+  // a job holding GPUs in the queued views: where it runs and for how long, in its reason
+  const holding = r.state === "running" || r.state === "placed";
+  const reason = holding
+    ? [`${r.state} on ${r.nodes.join(", ") || "—"}`, r.started_at === null ? "" : " · elapsed ",
+      r.started_at === null ? "" : ticking("elapsed", r.started_at),
+      r.time_limit_s === null || r.started_at === null ? "" : " · left ",
+      r.time_limit_s === null || r.started_at === null ? "" : ticking("remaining", r.started_at, r.time_limit_s)]
+    : localised(r.reason);
+  return [td(r.order === null ? "—" : r.order, { class: "num", "data-col": "order" }),
+    td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.user, { title: r.user }),
+    td(r.account, { title: r.account }), td(r.gpus, { class: "num" }), td(r.state),
+    td(r.code, { "data-col": "code", title: r.code }), td(reason, { class: "wrap", "data-col": "reason" }),
+    td(parts.map(keyPart), { class: "wrap" }),
+    td(timeEl(r.submitted_at)), td(dur(r.waiting_s)), td(timeEl(r.estimated_start_at))];
+}
+
 function queueFilters() {
   const again = () => { queueState.offset = 0; refresh(); };
   const input = (name, ph) => el("input", { id: `f-${name}`, placeholder: ph, value: queueState[name],
@@ -314,7 +297,9 @@ async function queuePage(first) {
   }
   queueToUrl();
   reasonChoices(page.codes);
-  const head = el("tr", {}, QUEUE_COLUMNS.map(([h, col]) => {
+  const running = queueState.state === "running";
+  const columns = running ? RUNNING_COLUMNS : QUEUE_COLUMNS;
+  const head = el("tr", {}, columns.map(([h, col]) => {
     const on = col && queueState.sort === col;
     const arrow = on ? (queueState.descending ? " ▼" : " ▲") : "";
     return el("th", { class: /^(#|GPUs)$/.test(h) ? "num" : null, "data-sort": col,
@@ -324,17 +309,57 @@ async function queuePage(first) {
         queueState.sort = col; queueState.offset = 0; refresh();
       } } : null }, h + arrow);
   }));
-  const body = el("table", { id: "queue", class: "fixed" },
-    el("colgroup", {}, QUEUE_COLUMNS.map(([, , w]) => el("col", { style: w === "auto" ? null : `width:${w}` }))),
+  const body = el("table", { id: "queue", class: "fixed", "data-view": running ? "running" : "queued" },
+    el("colgroup", {}, columns.map(([, , w]) => el("col", { style: w === "auto" ? null : `width:${w}` }))),
     el("thead", {}, head),
-    el("tbody", {}, page.rows.map(({ row: r, parts }) => el("tr", { "data-job": r.job_id },
-      td(r.order === null ? "—" : r.order, { class: "num", "data-col": "order" }),
-      td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.user, { title: r.user }),
-      td(r.account, { title: r.account }), td(r.gpus, { class: "num" }), td(r.state),
-      td(r.code, { "data-col": "code", title: r.code }), td(localised(r.reason), { class: "wrap", "data-col": "reason" }),
-      td(parts.map(keyPart), { class: "wrap" }),
-      td(timeEl(r.submitted_at)), td(dur(r.waiting_s)), td(timeEl(r.estimated_start_at))))));
+    el("tbody", {}, page.rows.map(({ row: r, parts }) => el("tr", { "data-job": r.job_id }, queueCells(r, parts, running)))));
   document.getElementById("queue-body").replaceChildren(pager(page.total, page.offset, page.limit), body);
+}
+
+// --- finished jobs (like sacct) ------------------------------------------------------------
+
+const finishedState = { user: "", account: "", reason: "", mine: false, offset: 0, limit: 100 };
+const FINISH_REASONS = ["completed", "failed", "cancelled", "time_limit", "preempted", "node_lost",
+  "dependency_never_satisfied", "launch_failed"];
+
+function finishedFilters() {
+  const again = () => { finishedState.offset = 0; refresh(); };
+  const input = (name, ph) => el("input", { id: `f-${name}`, placeholder: ph, value: finishedState[name],
+    on: { change: (ev) => { finishedState[name] = ev.target.value.trim(); again(); } } });
+  const reason = el("select", { id: "f-reason", on: { change: (ev) => { finishedState.reason = ev.target.value; again(); } } },
+    el("option", { value: "" }, "any end"),
+    FINISH_REASONS.map((r) => el("option", { value: r, selected: r === finishedState.reason }, r)));
+  const mine = el("input", { type: "checkbox", id: "f-mine", checked: finishedState.mine,
+    on: { change: (ev) => { finishedState.mine = ev.target.checked; again(); } } });
+  return el("div", { class: "filters" }, input("user", "user"), input("account", "account (and below)"), reason,
+    el("label", {}, mine, " my jobs"));
+}
+
+async function finishedPage(first) {
+  if (first) {
+    const q = new URLSearchParams(location.search);
+    for (const k of ["user", "account", "reason"]) if (q.has(k)) finishedState[k] = q.get(k);
+    const n = Number(q.get("limit"));
+    if (q.has("limit") && Number.isInteger(n) && n >= 1 && n <= 1000) finishedState.limit = n;
+    document.getElementById("main").replaceChildren(el("h1", {}, "Finished jobs, newest first"),
+      finishedFilters(), el("div", { id: "finished-body" }));
+  }
+  const q = new URLSearchParams({ offset: finishedState.offset, limit: finishedState.limit });
+  const user = finishedState.mine ? ME.actor : finishedState.user;
+  if (user) q.set("user", user);
+  if (finishedState.account) q.set("account", finishedState.account);
+  if (finishedState.reason) q.set("reason", finishedState.reason);
+  const page = await api(`/ui/api/finished?${q}`);
+  const body = table(["job", "user", "account", "GPUs", "end", "exit", "submitted", "started", "ended", "elapsed", "nodes"],
+    page.rows.map((j) => el("tr", { "data-job": j.job_id },
+      td(el("a", { href: `/ui/job?id=${j.job_id}` }, j.job_id)), td(j.user), td(j.account, { title: j.account }),
+      td(j.gpus, { class: "num" }), td(j.finish_reason || j.outcome || "—", { "data-col": "reason" }),
+      td(j.exit_code === null ? "—" : j.exit_code, { class: "num" }), td(timeEl(j.submitted_at)),
+      td(timeEl(j.started_at)), td(timeEl(j.finished_at)), td(dur(j.elapsed_s), { "data-col": "elapsed" }),
+      td(j.nodes.join(", ") || "—", { class: "wrap" }))),
+    { id: "finished" });
+  document.getElementById("finished-body").replaceChildren(
+    pager(page.total, page.offset, page.limit, finishedState, "finished jobs"), body);
 }
 
 // --- job ------------------------------------------------------------------------------------
@@ -377,6 +402,9 @@ async function jobPage() {
     ["GPUs", `${j.gpus}${j.gpu_type ? " × " + j.gpu_type : ""}`], ["nodes", j.nodes.join(", ") || "—"],
     ["funded", j.funded], ["resumable", j.resumable], ["min runtime", dur(j.min_runtime_s)],
     ["submitted", timeEl(j.submitted_at)], ["started", timeEl(j.started_at)], ["finished", timeEl(j.finished_at)],
+    ["elapsed", j.status === "running" ? ticking("elapsed", j.started_at) : clock(j.elapsed_s)],
+    ["time limit", j.time_limit_s === null ? "none" : clock(j.time_limit_s)],
+    ["remaining", j.status === "running" ? ticking("remaining", j.started_at, j.time_limit_s) : "—"],
     ["placements / preemptions", `${j.placements} / ${j.preemptions}`],
   ].map(([k, v]) => el("tr", {}, td(k), td(v instanceof Node ? v : String(v)))), { id: "job-facts" });
   const priv = data.private
@@ -425,11 +453,15 @@ async function nodesPage() {
   const cards = data.nodes.map((n) => {
     const gpus = byNode.get(n.node) || [];
     const held = gpus.filter((g) => g.job_id !== null).length;
+    const ending = new Set(n.stopping_gpus || []);
+    const idle = (g) => ending.has(g.gpu)
+      ? el("div", { class: "gpu stopping", title: `GPU ${g.gpu}: stopping (a stopped job's processes are ending)` }, g.gpu)
+      : el("div", { class: "gpu free", title: `GPU ${g.gpu}: free` }, g.gpu);
     return el("div", { class: "card", "data-node": n.node },
       el("h3", {}, `${n.node} `, el("span", { class: `state-${n.state}` }, n.state), n.drain_reason ? el("span", { class: "muted" }, ` (${n.drain_reason})`) : null),
       el("div", { class: "muted" }, `${n.gpus} × ${n.gpu_type} · ${n.cluster} · ${held}/${n.gpus} allocated (${pct(held / Math.max(1, n.gpus))})`),
       el("div", { class: "gpus" }, gpus.map((g) => g.job_id === null
-        ? el("div", { class: "gpu free", title: `GPU ${g.gpu}: free` }, g.gpu)
+        ? idle(g)
         : el("a", { class: "gpu", href: `/ui/job?id=${g.job_id}`, "data-gpu": `${g.node}:${g.gpu}`,
           style: `background:${colour(g.job_id)}${squat.has(g.job_id) ? ";outline:3px solid var(--bad)" : ""}`,
           title: `GPU ${g.gpu}: job ${g.job_id} (${g.user}, ${g.account}) utilisation ${g.utilisation_pct === null ? "unknown" : g.utilisation_pct + "%"}` },
@@ -647,7 +679,7 @@ async function budgetPage(first) {
 
 // --- the loop -------------------------------------------------------------------------------
 
-const PAGES = { teams: teamsPage, queue: queuePage, job: jobPage, nodes: nodesPage, decisions: decisionsPage,
+const PAGES = { teams: teamsPage, queue: queuePage, finished: finishedPage, job: jobPage, nodes: nodesPage, decisions: decisionsPage,
   preemptions: preemptionsPage, budget: budgetPage };
 let ME = null;
 let timer = null;

@@ -1,0 +1,109 @@
+"""`audit verify` and `audit check` through a real `gpuledger serve` show how far they are, as
+they do embedded: the server says how many events each audit under way has read of the store's
+head (`GET /v1/audit/progress`), and the CLI on a terminal draws the same bar from it (quiet,
+asking nothing more, when not a terminal)."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from projections.testing.synthetic import Shape, append_to_store, synthetic_events
+from tests.integration.serverkit import GPULEDGER, Server, env_for, make_token, start_server
+
+EVENTS = 60_000
+"""Enough for each whole-log audit to take a few seconds on a loaded 2-core machine."""
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
+    home = tmp_path_factory.mktemp("progress") / "ledger"
+    head = append_to_store(home, synthetic_events(EVENTS, seed=7, shape=Shape(nodes=64)))
+    assert head == EVENTS
+    token = make_token(home)  # root, the history's admin
+    server = start_server(home, "--executor", "none")
+    try:
+        yield server, token
+    finally:
+        assert server.stop() == 0, server.log_path.read_text()
+
+
+@pytest.mark.parametrize("kind", ["verify", "check"])
+def test_the_server_says_how_far_a_whole_log_audit_is(
+    served: tuple[Server, str], kind: str
+) -> None:
+    server, token = served
+    head = server.head()
+    done: list[tuple[int, Any]] = []
+    audit = threading.Thread(
+        target=lambda: done.append(server.request("GET", f"/v1/audit/{kind}", token=token))
+    )
+    audit.start()
+    seen: list[dict[str, int]] = []
+    while audit.is_alive():
+        status, body = server.request("GET", "/v1/audit/progress", token=token)
+        assert status == 200, body
+        if body[kind] is not None:
+            seen.append(body[kind])
+        time.sleep(0.05)
+    audit.join()
+    assert done and done[0][0] in (200, 201), done
+    assert seen, "no progress seen while the audit ran"
+    assert all(s["total"] >= head and 0 <= s["done"] <= s["total"] for s in seen), seen
+    assert [s["done"] for s in seen] == sorted(s["done"] for s in seen)  # only forward
+    assert any(0 < s["done"] < s["total"] for s in seen), seen  # seen part way
+    status, body = server.request("GET", "/v1/audit/progress", token=token)
+    assert status == 200 and body == {"verify": None, "check": None}, body
+
+
+def on_a_terminal(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
+    """Run `args` with stderr on a pseudo-terminal; its exit code and what the terminal got."""
+    main, other = pty.openpty()
+    proc = subprocess.Popen(args, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=other)
+    os.close(other)
+    got = b""
+    while True:
+        ready, _, _ = select.select([main], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the other side closed
+                break
+            if not chunk:
+                break
+            got += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(main)
+    return proc.wait(timeout=60), got.decode(errors="replace")
+
+
+@pytest.mark.parametrize(
+    ("kind", "what"), [("verify", "events verified"), ("check", "events checked")]
+)
+def test_the_cli_through_the_server_shows_the_audits_progress_on_a_terminal(
+    served: tuple[Server, str], tmp_path: Path, kind: str, what: str
+) -> None:
+    server, token = served
+    env = env_for(server.home, GPULEDGER_URL=server.url, GPULEDGER_TOKEN=token, COLUMNS="120")
+    env.pop("GPULEDGER_HOME")  # through the server alone
+    code, shown = on_a_terminal([GPULEDGER, "audit", kind], env, tmp_path)
+    assert code == 0, shown
+    counts = [(int(a.replace(",", "")), int(b.replace(",", "")))
+              for a, b in re.findall(r"(\d[\d,]*)/(\d[\d,]*)", shown)]  # fmt: skip
+    assert what in shown, shown
+    assert any(0 < a < b and b >= EVENTS for a, b in counts), shown
+    # not a terminal: the same answer, no bar
+    quiet = subprocess.run([GPULEDGER, "audit", kind], env=env, cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
