@@ -142,6 +142,7 @@ class Client:
             headers["X-Gpuledger-Min-Position"] = str(self.position)
         may_retry = method == "GET" or key is not None  # safe to send again after a lost answer
         deadline = time.monotonic() + (retry_s() if len(self.urls) > 1 else 0.0)
+        busy_until = time.monotonic() + retry_s()  # a 429 is waited out this long at most
         tried = 0
         while True:
             server = self._server
@@ -163,6 +164,13 @@ class Client:
                 self.on_keep(sent, server.keep)
             if status == 503 and len(self.urls) > 1 and time.monotonic() <= deadline:
                 self._next(tried := tried + 1, leader)
+                continue
+            # a 429: the caller's share is used (its own reads at once, a minute's worth): wait
+            # as the server asks, as a person would, while that stays within `retry_s()`; a
+            # 429 appended nothing, so a keyed write may go again
+            waits = status == 429 and may_retry and server.retry_after > 0
+            if waits and time.monotonic() + server.retry_after <= busy_until:
+                time.sleep(server.retry_after)
                 continue
             self.url = server.url
             if status >= 400:
@@ -230,6 +238,8 @@ class _Server:
         self.timeout = timeout
         self.keep = 0
         """`X-Gpuledger-Keep` of the last answer (0: none)."""
+        self.retry_after = 0
+        """`Retry-After` of the last answer when it was a 429 (seconds; 0: none)."""
         self._conn: http.client.HTTPConnection | None = None
         if url.startswith("unix:"):
             self._unix: str | None = url[len("unix:") :]
@@ -289,6 +299,8 @@ class _Server:
         leader = resp.getheader("X-Gpuledger-Leader") or ""
         keep = resp.getheader("X-Gpuledger-Keep") or ""
         self.keep = int(keep) if keep.isdigit() else 0
+        after = (resp.getheader("Retry-After") or "") if resp.status == 429 else ""
+        self.retry_after = min(int(after), 60) if after.isdigit() else 0
         return resp.status, data, leader, int(position) if position.isdigit() else 0
 
     def close(self) -> None:

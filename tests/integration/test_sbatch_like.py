@@ -617,7 +617,8 @@ def test_a_cancelled_jobs_gpus_show_stopping_not_free_until_its_processes_end(
     on them until its processes are gone (`serve --executor local`; the node agents and Slurm
     alike): they are `stopping`, then free once it has ended."""
     stubborn = "trap '' TERM; while :; do sleep 0.2; done"
-    job = served.submit("--grace", "4s", "--", "sh", "-c", stubborn)
+    # A grace long enough that three `node list` calls of a loaded machine fit in it (4 s did not)
+    job = served.submit("--grace", "12s", "--", "sh", "-c", stubborn)
     row = served.wait("the job runs", job, "running")
     (slot,) = row["slots"]
 

@@ -322,3 +322,40 @@ def test_a_server_that_accepts_and_never_answers_is_left_for_the_next_and_the_ne
     assert time.monotonic() - began < 5 and client.url == lead.url
     frozen.close()
     client.close()
+
+
+def busy(after: str) -> Any:
+    problem = {"title": "busy", "status": 429, "detail": "'root' has 2 queries running already",
+               "code": "busy", "message": "'root' has 2 queries running already"}  # fmt: skip
+    return lambda *_: (429, {"Retry-After": after}, json.dumps(problem).encode())
+
+
+def test_a_busy_answer_is_waited_out_within_retry_s_and_said_past_it(
+    fakes: tuple[Fake, Fake], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read answered 429 (the person's reads at once are used, e.g. by their own dashboard)
+    is asked again after Retry-After, and answered; a write without an idempotency key never
+    (it may not be sent twice); past GPULEDGER_RETRY_S the server's line is raised at once."""
+    from schemas.errors import TooBusy
+
+    x, _ = fakes
+    answers = [busy("1"), lambda *_: (200, {}, b'{"ok": 1}')]
+    x.answer = lambda *a: answers.pop(0)(*a) if len(answers) > 1 else answers[0](*a)
+    client = Client(x.url)
+    t0 = time.monotonic()
+    assert client.get("queue") == {"ok": 1}
+    assert time.monotonic() - t0 >= 1.0 and len(x.seen) == 2
+
+    x.seen.clear()
+    x.answer = busy("1")
+    with pytest.raises(TooBusy, match="2 queries running already"):
+        client.post("batch", {})  # no key: refused at once
+    assert len(x.seen) == 1
+
+    x.seen.clear()
+    monkeypatch.setenv("GPULEDGER_RETRY_S", "2")
+    x.answer = busy("5")  # longer than the client waits: said at once
+    t0 = time.monotonic()
+    with pytest.raises(TooBusy):
+        client.get("queue")
+    assert time.monotonic() - t0 < 1.0 and len(x.seen) == 1
