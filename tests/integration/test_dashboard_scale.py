@@ -96,13 +96,13 @@ def api_pages(d: Deep, query: str = "") -> tuple[int, list[int]]:
 
 def stable(d: Deep, read: Any, *args: str) -> tuple[Any, list[dict[str, Any]]]:
     """`read()` between two equal CLI queues (nothing moved while it read)."""
-    for _ in range(5):
+    for _ in range(15):
         before = cli_queue(d, *args)
         got = read()
         after = cli_queue(d, *args)
         if [q["job_id"] for q in before] == [q["job_id"] for q in after]:
             return got, after
-    raise AssertionError("the queue kept changing under five reads")
+    raise AssertionError("the queue kept changing under fifteen reads")
 
 
 def opened(browser: Browser, token: str) -> Page:
@@ -442,7 +442,7 @@ def test_kueue_named_metrics_count_what_the_cli_lists(deep: Deep) -> None:
     def counted() -> tuple[Any, Any, Any, Any]:
         """A scrape with the jobs, preemptions and nodes read while nothing moved (through the
         API, not a CLI process per read: under load those took longer than a cycle)."""
-        for _ in range(10):
+        for _ in range(30):
             before = deep.server.head()
             got = scrape(deep.server, deep.root)
             jobs = every_job()
@@ -450,7 +450,7 @@ def test_kueue_named_metrics_count_what_the_cli_lists(deep: Deep) -> None:
             nodes = read("/v1/nodes")
             if deep.server.head() == before:
                 return got, jobs, out, nodes
-        raise AssertionError("the log kept moving under ten reads")
+        raise AssertionError("the log kept moving under thirty reads")
 
     got, jobs, preempted, nodes = counted()
     admitted: dict[str, int] = {}
