@@ -33,7 +33,7 @@ from litestar.params import JSONBody
 from ledger.reads import layer as reads
 from ledger.reads import preview as previews
 from ledger.reads.table import READS
-from ledger.server import copied, pages, pooled, query, tables
+from ledger.server import connections, copied, pages, pooled, query, tables
 from ledger.server import identity as ident
 from ledger.server import metrics as m
 from ledger.server.agent_api import agent_routes
@@ -180,9 +180,11 @@ def error_response(err: Exception) -> Response[api.Problem]:
     return _internal(None, err)  # type: ignore[arg-type]
 
 
-def create_asgi(worker: Worker, *, clock: Callable[[], float]) -> pooled.Writes:
+def create_asgi(worker: Worker, *, clock: Callable[[], float]) -> connections.Front:
     """What `serve` serves: the Litestar app behind the command routes' hot path, its writes
-    under way counted (the reads give way to them: `pooled.paged`)."""
+    under way counted (the reads give way to them: `pooled.paged`), behind the connections'
+    limits (`ledger.server.connections`: each caller's connections capped, a read's admission
+    held until its answer is sent)."""
     return _build(worker, clock)[1]
 
 
@@ -191,9 +193,10 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
     return _build(worker, clock)[0]
 
 
-def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, pooled.Writes]:
+def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, connections.Front]:
     ledger = worker.service.ledger
     writes = pooled.Writes()
+    conns = connections.Connections(connections.limits_from_env())
 
     def identify(uid: Any, bearer: str | None) -> ident.Identity:
         if isinstance(uid, int) and not bearer:  # a token sent on the socket is the caller
@@ -367,6 +370,7 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, pooled
     metrics = m.Metrics(status_of_any)
     worker.service.on_cycle.append(metrics.observe_cycle)
     metrics.registry.register(m.PoolCounts(pool))
+    metrics.registry.register(m.ConnectionCounts(conns))
     routes += [m.route(metrics, worker, handles, person, pool)]
     worker.idle.append(lambda: metrics.warm(handles))
     routes += pages.routes(worker, handles, person, pool)
@@ -395,9 +399,9 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, pooled
         logging_config=None,
     )
     writes.app = CommandPath(
-        app, worker, identify, SERVED_COMMANDS, metrics.observe_api, error_response
+        app, worker, identify, SERVED_COMMANDS, metrics.observe_api, error_response, writes
     )
-    return app, writes
+    return app, connections.Front(writes, identify, conns)
 
 
 ON_WORKER = frozenset({"projection"})
@@ -571,7 +575,7 @@ def openapi_document(app: Litestar) -> dict[str, Any]:
     return _problems(doc)
 
 
-WRITES = ("/v1/commands/", "/v1/batch", "/v1/agent/")
+WRITES = pooled.WRITES
 """Routes that change the ledger: they may also answer 409 (a transition or contract refused)."""
 
 
