@@ -122,19 +122,21 @@ def get(w: World, who: str, path: str) -> tuple[int, dict[str, str], bytes]:
         s.close()
 
 
-def counter(w: World, name: str, reason: str) -> float:
+def counter(w: World, name: str, reason: str, before: bool = False) -> float:
+    """A count from /metrics (`before`: 0 when the server has none yet)."""
     status, _headers, body = get(w, "root", "/metrics")
     assert status == 200, body
     for line in body.decode().splitlines():
         if line.startswith(f'{name}{{reason="{reason}"}} '):
             return float(line.split()[-1])
-    raise AssertionError(f"{name} {reason} not in /metrics")
+    assert before, f"{name} {reason} not in /metrics"
+    return 0.0
 
 
 def test_a_send_that_stalls_is_dropped_and_its_answer_counts_until_then(world: World) -> None:
     w = world
     # 1 alice asks for three big pages on each of two connections and reads none of them
-    dropped = counter(w, "gpuledger_connections_dropped_total", "send_stalled")
+    dropped = counter(w, "gpuledger_connections_dropped_total", "send_stalled", before=True)
     stalled = [connect(w) for _ in range(2)]
     for s in stalled:
         ask(w, s, "alice", PAGE, times=3)
@@ -180,7 +182,7 @@ def test_a_persons_17th_connection_is_refused_in_one_line_while_another_is_serve
             s.sendall(head)
             held.append(s)
         time.sleep(0.5)
-        refused = counter(w, "gpuledger_connections_refused_total", "per_person")
+        refused = counter(w, "gpuledger_connections_refused_total", "per_person", before=True)
         # 2 the 17th: 429 in one line, Retry-After, and closed (not a hang)
         extra = socket.create_connection(("127.0.0.1", w.server.port))
         try:
