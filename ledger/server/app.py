@@ -13,6 +13,7 @@ domain alone.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import inspect
@@ -345,10 +346,18 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, connec
             name=f"read-{name}",
         )(handler)
 
+    document: list[bytes] = []
+    rendering = asyncio.Lock()
+
     @get("/v1/openapi.json", include_in_schema=False, media_type="application/json")
     async def openapi(request: Request[Any, Any, Any]) -> Response[bytes]:
-        """This API's OpenAPI document (committed as schemas/openapi.json)."""
-        return Response(render_openapi(request.app), media_type="application/json")
+        """This API's OpenAPI document (committed as schemas/openapi.json), rendered once: it
+        needs no identity, and rendering it held the event loop 0.25 s each time, so anyone
+        looping it delayed every submit (issue 25)."""
+        async with rendering:
+            if not document:
+                document.append(render_openapi(request.app))
+        return Response(document[0], media_type="application/json")
 
     pool = ReadPool(
         tables.connect(worker), lambda fn: worker.call(fn), limits=limits_from_env()
