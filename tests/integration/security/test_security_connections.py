@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -263,3 +264,36 @@ def test_another_persons_submits_all_succeed_while_one_person_floods_connections
     assert len(opened) >= FLOOD  # the flood happened
     # her connections past 16 were refused, the stalled ones dropped
     assert counter(w, "gpuledger_connections_refused_total", "per_person") > 0
+
+
+def test_past_the_servers_cap_a_connection_is_answered_503_and_one_that_asks_nothing_is_dropped(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    token = make_token(home, "--user", "carol")
+    server = start_server(home, env={"GPULEDGER_MAX_CONNECTIONS": "8",
+                                     "GPULEDGER_SEND_STALL_S": "5"})  # fmt: skip
+    w = World(server, {"carol": token})
+    quiet: list[socket.socket] = []
+    try:
+        # 1 eight connections that ask nothing fill the server's cap
+        quiet = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(8)]
+        time.sleep(0.3)
+        # 2 the ninth: 503 in one line at once, and closed (not a hang)
+        extra = socket.create_connection(("127.0.0.1", server.port))
+        try:
+            status, headers, text = answer(extra, timeout=10)
+            assert status == 503 and headers.get("connection") == "close", text
+            assert "8 connections open" in json.loads(text)["detail"]
+            assert read_all(extra, timeout=10)[0] == 0
+        finally:
+            extra.close()
+        # 3 a connection that asks nothing for the stall limit is dropped: room again
+        for s in quiet:
+            assert read_all(s, timeout=30)[1] in ("eof", "reset")
+        assert get(w, "carol", "/v1/whoami")[0] == 200
+    finally:
+        for s in quiet:
+            s.close()
+        assert server.stop() == 0
