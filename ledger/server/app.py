@@ -13,6 +13,7 @@ domain alone.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import inspect
@@ -33,7 +34,7 @@ from litestar.params import JSONBody
 from ledger.reads import layer as reads
 from ledger.reads import preview as previews
 from ledger.reads.table import READS
-from ledger.server import copied, pages, pooled, query, tables
+from ledger.server import connections, copied, pages, pooled, query, tables
 from ledger.server import identity as ident
 from ledger.server import metrics as m
 from ledger.server.agent_api import agent_routes
@@ -180,9 +181,11 @@ def error_response(err: Exception) -> Response[api.Problem]:
     return _internal(None, err)  # type: ignore[arg-type]
 
 
-def create_asgi(worker: Worker, *, clock: Callable[[], float]) -> pooled.Writes:
+def create_asgi(worker: Worker, *, clock: Callable[[], float]) -> connections.Front:
     """What `serve` serves: the Litestar app behind the command routes' hot path, its writes
-    under way counted (the reads give way to them: `pooled.paged`)."""
+    under way counted (the reads give way to them: `pooled.paged`), behind the connections'
+    limits (`ledger.server.connections`: each caller's connections capped, a read's admission
+    held until its answer is sent)."""
     return _build(worker, clock)[1]
 
 
@@ -191,9 +194,10 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
     return _build(worker, clock)[0]
 
 
-def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, pooled.Writes]:
+def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, connections.Front]:
     ledger = worker.service.ledger
     writes = pooled.Writes()
+    conns = connections.Connections(connections.limits_from_env())
 
     def identify(uid: Any, bearer: str | None) -> ident.Identity:
         if isinstance(uid, int) and not bearer:  # a token sent on the socket is the caller
@@ -342,10 +346,18 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, pooled
             name=f"read-{name}",
         )(handler)
 
+    document: list[bytes] = []
+    rendering = asyncio.Lock()
+
     @get("/v1/openapi.json", include_in_schema=False, media_type="application/json")
     async def openapi(request: Request[Any, Any, Any]) -> Response[bytes]:
-        """This API's OpenAPI document (committed as schemas/openapi.json)."""
-        return Response(render_openapi(request.app), media_type="application/json")
+        """This API's OpenAPI document (committed as schemas/openapi.json), rendered once: it
+        needs no identity, and rendering it held the event loop 0.25 s each time, so anyone
+        looping it delayed every submit (issue 25)."""
+        async with rendering:
+            if not document:
+                document.append(render_openapi(request.app))
+        return Response(document[0], media_type="application/json")
 
     pool = ReadPool(
         tables.connect(worker), lambda fn: worker.call(fn), limits=limits_from_env()
@@ -367,6 +379,7 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, pooled
     metrics = m.Metrics(status_of_any)
     worker.service.on_cycle.append(metrics.observe_cycle)
     metrics.registry.register(m.PoolCounts(pool))
+    metrics.registry.register(m.ConnectionCounts(conns))
     routes += [m.route(metrics, worker, handles, person, pool)]
     worker.idle.append(lambda: metrics.warm(handles))
     routes += pages.routes(worker, handles, person, pool)
@@ -395,9 +408,9 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, pooled
         logging_config=None,
     )
     writes.app = CommandPath(
-        app, worker, identify, SERVED_COMMANDS, metrics.observe_api, error_response
+        app, worker, identify, SERVED_COMMANDS, metrics.observe_api, error_response, writes
     )
-    return app, writes
+    return app, connections.Front(writes, identify, conns)
 
 
 ON_WORKER = frozenset({"projection"})
@@ -571,7 +584,7 @@ def openapi_document(app: Litestar) -> dict[str, Any]:
     return _problems(doc)
 
 
-WRITES = ("/v1/commands/", "/v1/batch", "/v1/agent/")
+WRITES = pooled.WRITES
 """Routes that change the ledger: they may also answer 409 (a transition or contract refused)."""
 
 

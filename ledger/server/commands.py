@@ -33,6 +33,7 @@ untouched. The Litestar routes stay what the OpenAPI document describes.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import typing
@@ -78,8 +79,12 @@ class CommandPath:
         served: tuple[type[c.Command], ...],
         observe: Callable[[str, str, int, float], None],
         error_response: Callable[[Exception], Response[Any]],
+        writes: Any = None,
     ) -> None:
         self.app = app
+        self.writes = writes
+        """`pooled.Writes`: a write counted once its body has arrived and its caller is known
+        (the reads give way to it meanwhile); None: not counted."""
         self.worker = worker
         self.who = who
         self.observe = observe
@@ -146,11 +151,19 @@ class CommandPath:
             return await self._error(scope, receive, send, err)
         if problem is not None:
             return await self._error(scope, receive, send, problem)
-        if path not in self.commands:  # checked: the framework's route answers it
-            await self.app(scope, _replay(body, False, receive), send)
-            return 200
-        # 3 decided and appended in the group commit; answered once committed
-        return await self._command(scope, receive, send, ident.act(caller, value))
+        with self._counted(path):  # a write from here on, not before (issue 25)
+            if path not in self.commands:  # checked: the framework's route answers it
+                await self.app(scope, _replay(body, False, receive), send)
+                return 200
+            # 3 decided and appended in the group commit; answered once committed
+            return await self._command(scope, receive, send, ident.act(caller, value))
+
+    def _counted(self, path: str) -> contextlib.AbstractContextManager[None]:
+        from ledger.server.pooled import is_write
+
+        if self.writes is None or not is_write(path):
+            return contextlib.nullcontext()
+        return self.writes.counting()  # type: ignore[no-any-return]
 
     async def _command(self, scope: Scope, receive: Receive, send: Send, cmd: Any) -> int:
         try:

@@ -603,6 +603,37 @@ class PoolCounts(Collector):
         )
 
 
+class ConnectionCounts(Collector):
+    """The connections' limits at work (`ledger.server.connections`, docs/security.md row T23):
+    open now, refused (the server's cap, a caller's cap) and dropped (a stalled send, a request
+    that never came)."""
+
+    def __init__(self, connections: Any) -> None:
+        self.connections = connections
+
+    def collect(self) -> Iterator[Metric]:
+        c = self.connections
+        yield GaugeMetricFamily(
+            "gpuledger_connections_open", "Client connections open now.", value=c.open
+        )
+        refused = CounterMetricFamily(
+            "gpuledger_connections_refused",
+            "Connections refused: the server's cap (503) or the caller's (429).",
+            labels=["reason"],
+        )
+        refused.add_metric(["server_full"], c.counts.refused_full)
+        refused.add_metric(["per_person"], c.counts.refused_person)
+        yield refused
+        dropped = CounterMetricFamily(
+            "gpuledger_connections_dropped",
+            "Connections aborted: a send that stalled, or a request whose headers never came.",
+            labels=["reason"],
+        )
+        dropped.add_metric(["send_stalled"], c.counts.dropped_stalled)
+        dropped.add_metric(["no_request"], c.counts.dropped_no_request)
+        yield dropped
+
+
 def route(
     metrics: Metrics, worker: Any, handles: Any, person: Callable[[Any], Any], pool: Any
 ) -> HTTPRouteHandler:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -272,8 +272,13 @@ def give_way(busy: Callable[[], bool] | Writes) -> None:
 
 @dataclass
 class Writes:
-    """ASGI: `app` with its requests that are not reads (submits, cancels, batches, agents'
-    reports) counted while under way, for the reads to give way to (`paged`)."""
+    """ASGI: `app` (the command path, `ledger.server.commands.CommandPath`), with the writes
+    under way counted (`counting`) for the reads to give way to (`paged`). A write counts from
+    the moment its body has arrived and its caller is known until it is answered, never
+    before: a client sending a body slowly, or none, or a caller who is no one, made every
+    page give way to a write that was not there (issue 25). Only the routes that change the
+    ledger are writes (`WRITES`: the commands, batches, the agents' reports), not the reads
+    asked with a body (`/v1/audit/table`, `/v1/budget/plan`, the what-if)."""
 
     app: Any = None
     under_way: int = 0
@@ -286,21 +291,31 @@ class Writes:
     def busy(self) -> bool:
         return self.under_way > 0
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        if scope.get("method") in ("GET", "HEAD"):
-            await self.app(scope, receive, _held(send))
-            return
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        """A write under way for the block."""
         self.under_way += 1
         self.idle.clear()
         try:
-            await self.app(scope, receive, send)
+            yield
         finally:
             self.under_way -= 1
             if not self.under_way:
                 self.idle.set()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("method") in ("GET", "HEAD"):
+            await self.app(scope, receive, _held(send))
+            return
+        await self.app(scope, receive, send)
+
+
+WRITES = ("/v1/commands/", "/v1/batch", "/v1/agent/")
+"""The routes that change the ledger (their requests are the writes the reads give way to)."""
+
+
+def is_write(path: str) -> bool:
+    return path.startswith(WRITES)
 
 
 REFUSED_HOLD_S = 0.25

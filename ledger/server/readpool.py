@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ledger.history.tables import Limits
+from ledger.server import connections
 from ledger.server.fairlane import FairLane, Turns
 from schemas.errors import InvalidCommand, TooBusy
 
@@ -206,15 +207,31 @@ class ReadPool:
     @contextlib.contextmanager
     def admitted(self, caller: str, *, read: bool = False) -> Iterator[None]:
         """Admit `caller` (`admit`; `read`: one of the API's reads, at `reads_per_minute`) and
-        count the read under way until the block ends."""
+        count the read under way until the block ends and, in a request the server serves,
+        until its answer has been sent (`connections.release_after_sent`: an answer a client
+        does not read still counts against its reader, until the stalled send is dropped).
+        A request the server serves is one read: admitted once, however many parts of it
+        ask (a kept answer looked up, then computed; the projection caught up, then queried),
+        its count held until its answer is sent (issue 25: a read that missed the cache
+        counted twice in its person's minute)."""
+        held = connections.held()
+        if held is not None and caller in held.admitted:
+            yield
+            return
         self.admit(caller, time.monotonic(), self.reads_per_minute if read else None)
         self._running[caller] = self._running.get(caller, 0) + 1
-        try:
-            yield
-        finally:
+        if held is not None:
+            held.admitted.add(caller)
+
+        def release() -> None:
             self._running[caller] -= 1
             if not self._running[caller]:
                 del self._running[caller]
+
+        try:
+            yield
+        finally:
+            connections.release_after_sent(release)
 
     def _admit(self, caller: str, now: float, per_minute: int | None) -> None:
         if sum(self._running.values()) >= self.max_waiting:

@@ -47,6 +47,7 @@ from ledger.engines.none import NoExecutor
 from ledger.engines.supervised import SupervisedExecutor, handled_jobs
 from ledger.server import identity, whatifs
 from ledger.server.app import PEER_UID, create_asgi
+from ledger.server.connections import CONN, Connection, Connections
 from ledger.server.ha import KEEP_WITHOUT_STORE_S, HAFront, Leadership
 from ledger.server.worker import Worker
 from ledger.store import lease, locate
@@ -61,9 +62,14 @@ log = logging.getLogger("gpuledger.server")
 
 
 class PeerCredProtocol(HttpToolsProtocol):
-    """uvicorn's HTTP protocol, plus the caller's uid from the kernel on Unix sockets."""
+    """uvicorn's HTTP protocol, plus the caller's uid from the kernel on Unix sockets, and the
+    connection counted and watched (`ledger.server.connections`: the caps, a send that stalls,
+    a request whose headers do not come). `ours` is set on the subclass `serve` makes
+    (`protocol_for`); uvicorn's own `connections` is its set of protocols."""
 
     peer: int | None = None
+    ours: Connections
+    conn: Connection | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         sock = transport.get_extra_info("socket")
@@ -74,43 +80,36 @@ class PeerCredProtocol(HttpToolsProtocol):
             # a response whose parts are written apart must not wait for the client's delayed
             # ACK (Nagle: ~40 ms per request)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        super().connection_made(_Coalescing(transport))  # type: ignore[arg-type]
+        self.conn = self.ours.made(transport)  # None: over the cap, answered and closed
+        super().connection_made(self.conn or transport)  # type: ignore[arg-type]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.conn is not None:
+            self.conn.lost()
+        super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if self.peer is not None:
             self.scope[PEER_UID] = self.peer  # type: ignore[literal-required]
+        if self.conn is not None:
+            self.scope[CONN] = self.conn  # type: ignore[literal-required]
+
+    def on_headers_complete(self) -> None:
+        if self.conn is not None:
+            self.conn.request_begun()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        idle = self.cycle is None or self.cycle.response_complete  # no request parsed waits
+        if self.conn is not None and idle and not self.transport.is_closing():
+            self.conn.awaiting_request()
 
 
-class _Coalescing:
-    """A transport whose writes made in one turn of the event loop leave in one `send`.
-
-    uvicorn writes a response's status line and headers, then its body: two sends, and the
-    client wakes up twice (on a loaded machine the woken client may take the core from the
-    server in between). Joined, each small answer is one segment and one wake-up."""
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._parts: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        if not self._parts:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._parts.append(bytes(data))
-
-    def _flush(self) -> None:
-        if self._parts:
-            data = b"".join(self._parts)
-            self._parts.clear()
-            if not self._transport.is_closing():
-                self._transport.write(data)
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
+def protocol_for(connections: Connections) -> type[PeerCredProtocol]:
+    """The protocol class of a server whose listeners share `connections`."""
+    return type("Protocol", (PeerCredProtocol,), {"ours": connections})
 
 
 class _Once(logging.Filter):
@@ -358,7 +357,9 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     if not service.placing:
         log.warning("no executor (--executor none): nothing is placed; jobs wait in the queue")
     worker = Worker(service, tick_s=config.interval.seconds, max_batch=config.max_batch)
-    app: Any = create_asgi(worker, clock=ledger.clock.now)
+    front = create_asgi(worker, clock=ledger.clock.now)
+    _enough_descriptors(front.connections.limits.max_connections)
+    app: Any = front
     if ha is not None:
         worker.ha = ha
         worker.promote, worker.demote = _roles(ha, service, config, actor)
@@ -380,8 +381,8 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     try:
         # 5 serve
         common: dict[str, Any] = dict(
-            app=app, http=PeerCredProtocol, lifespan="off", log_config=None, access_log=False,
-            timeout_graceful_shutdown=SEND_WAIT_S,
+            app=app, http=protocol_for(front.connections), lifespan="off", log_config=None,
+            access_log=False, timeout_graceful_shutdown=SEND_WAIT_S,
         )  # fmt: skip
         unix_server = _Server(uvicorn.Config(**common, uds=str(unix_path)))
         servers.append((unix_server, unix_sock))
@@ -413,6 +414,32 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         log.info("stopped cleanly at position %d", ledger.position)
         logging.getLogger("uvicorn.error").removeFilter(once)
     return 0
+
+
+SPARE_FDS = 256
+"""Descriptors beyond the connections' cap the server keeps for itself (its stores, logs, the
+projection, the agents' state files, subprocesses' pipes)."""
+
+
+def _enough_descriptors(max_connections: int) -> None:
+    """Raise this process's soft limit of open files so that `max_connections` connections
+    (`ledger.server.connections`) and the server's own files fit (at most to the hard limit;
+    a warning when they do not: the cap would not keep the process from running out, and a
+    person's connections past it would make everyone's accept fail, issue 25)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max_connections + SPARE_FDS
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+    if soft != resource.RLIM_INFINITY and soft < want:
+        log.warning(
+            "open files limited to %d: fewer than GPULEDGER_MAX_CONNECTIONS (%d) + %d; lower "
+            "it or raise the limit (LimitNOFILE=)", soft, max_connections, SPARE_FDS,
+        )  # fmt: skip
 
 
 RUNS = ("local", "agents", "slurm")

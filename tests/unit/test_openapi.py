@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from ledger.server.app import SERVED_COMMANDS, offline_document
 
@@ -46,3 +49,24 @@ def test_every_operation_lists_its_errors_as_problem_json() -> None:
             for code in errors:
                 content = op["responses"][code]["content"]
                 assert list(content) == ["application/problem+json"], (path, code)
+
+
+def test_the_served_document_is_rendered_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It needs no identity: rendered per request it held the event loop ~0.25 s each time,
+    so anyone looping it delayed every submit (issue 25)."""
+    from litestar.testing import TestClient
+
+    from ledger.server import app as app_module
+
+    rendered: list[int] = []
+    real = app_module.render_openapi
+
+    def counted(app: Any) -> bytes:
+        rendered.append(1)
+        return real(app)
+
+    monkeypatch.setattr(app_module, "render_openapi", counted)
+    with TestClient(app_module.offline_app()) as client:
+        answers = [client.get("/v1/openapi.json") for _ in range(3)]
+    assert [a.status_code for a in answers] == [200] * 3
+    assert len({a.content for a in answers}) == 1 and len(rendered) == 1

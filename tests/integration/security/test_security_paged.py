@@ -143,22 +143,13 @@ class _Store:
 
 
 def test_writes_under_way_are_counted_while_they_run() -> None:
-    import asyncio
-
     seen: list[int] = []
     writes = pooled.Writes()
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
+    with writes.counting():
         seen.append(writes.under_way)
-
-    writes.app = app
-
-    async def go() -> None:
-        await writes({"type": "http", "method": "POST"}, None, None)
-        await writes({"type": "http", "method": "GET"}, None, None)
-
-    asyncio.run(go())
-    assert seen == [1, 0] and not writes.busy()
+        assert writes.busy() and not writes.idle.is_set()
+    seen.append(writes.under_way)
+    assert seen == [1, 0] and not writes.busy() and writes.idle.is_set()
 
 
 def test_a_part_waits_on_the_writes_event_and_goes_on_when_they_end(store: Any) -> None:

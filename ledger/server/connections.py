@@ -1,0 +1,423 @@
+"""The server's connections, bounded (docs/security.md, row T23; docs/server.md, "Connections").
+
+One person opening many connections and asking for big answers (10,000-row pages, audit
+tables) while reading them slowly or never (a slowloris on the response side) tied the server
+up: an answer stopped counting against its person's read admission once computed, sat in the
+server's memory for as long as the client liked, and connections piled up without a bound
+until the process ran out of descriptors, when everyone's submits failed (issue 25). Here:
+
+- **An answer counts until it is sent.** A read's admission (`ReadPool.admitted`) ends when
+  its answer has left the server's buffers for the kernel, not when it is computed (`hold`:
+  the request's task holds the release until `Connection.sent`), so a person's two reads at
+  once are two answers being computed *or sent*, and everyone's 16 bound the memory held.
+- **A send that stalls is dropped.** A connection with bytes waiting to be sent, none of which
+  leave for `send_stall_s` (`GPULEDGER_SEND_STALL_S`, 10 s), is aborted (`Progress`); so is a
+  connection that does not finish a request's headers within that time (a request-side
+  slowloris: uvicorn's keep-alive timer is reset by every byte).
+- **Connections are capped**: `max_connections` (`GPULEDGER_MAX_CONNECTIONS`, 1,024) open at
+  once, the next answered 503 in one line and closed at once; `per_person`
+  (`GPULEDGER_CONNECTIONS_PER_PERSON`, 16) of one identified caller (a person, a node, a job),
+  the next answered 429 with Retry-After and closed, while everyone else is served (`Tally`).
+
+`Tally` and `Progress` are pure (`now` a parameter); `Connection`, `Connections` and `Front`
+are the edge: the event loop's transports and the ASGI front.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import os
+import socket
+import struct
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.errors import InvalidCommand, LedgerError, TooBusy, Unavailable
+
+MAX_CONNECTIONS_ENV = "GPULEDGER_MAX_CONNECTIONS"
+PER_PERSON_ENV = "GPULEDGER_CONNECTIONS_PER_PERSON"
+SEND_STALL_ENV = "GPULEDGER_SEND_STALL_S"
+CONN = "gpuledger.connection"
+"""The scope key of the request's `Connection` (set by the server's protocol)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How many connections, whose, and how long a send may stall."""
+
+    max_connections: int = 1024
+    per_person: int = 16
+    send_stall_s: float = 10.0
+
+    @property
+    def check_s(self) -> float:
+        """How often a connection with bytes waiting is looked at."""
+        return min(1.0, self.send_stall_s / 4)
+
+
+def limits_from_env(env: dict[str, str] | None = None) -> Limits:
+    """The limits, with the environment's settings when set; InvalidCommand (one line) for a
+    value that is not a positive number."""
+    env = dict(os.environ) if env is None else env
+    out: dict[str, Any] = {}
+    for name, key, kind in (
+        (MAX_CONNECTIONS_ENV, "max_connections", int),
+        (PER_PERSON_ENV, "per_person", int),
+        (SEND_STALL_ENV, "send_stall_s", float),
+    ):
+        text = env.get(name, "")
+        if not text:
+            continue
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not value > 0:
+            raise InvalidCommand(f"invalid {name} {text!r}", hint="give a positive number")
+        out[key] = value
+    return Limits(**out)
+
+
+@dataclass
+class Tally:
+    """Which connections are open and whose (the caller of their latest request). Pure."""
+
+    limits: Limits = field(default_factory=Limits)
+    open: set[int] = field(default_factory=set)
+    owner: dict[int, str] = field(default_factory=dict)
+    people: dict[str, set[int]] = field(default_factory=dict)
+
+    def opened(self, conn: int) -> bool:
+        """Count connection `conn`; False (not counted) when `max_connections` are open."""
+        if len(self.open) >= self.limits.max_connections:
+            return False
+        self.open.add(conn)
+        return True
+
+    def claim(self, conn: int, person: str) -> bool:
+        """`conn`'s request is `person`'s: False (left as it was) when `person` holds
+        `per_person` other connections."""
+        if self.owner.get(conn) == person:
+            return True
+        held = self.people.get(person, set())
+        if len(held) >= self.limits.per_person:
+            return False
+        self._release(conn)
+        self.owner[conn] = person
+        self.people.setdefault(person, set()).add(conn)
+        return True
+
+    def closed(self, conn: int) -> None:
+        self.open.discard(conn)
+        self._release(conn)
+
+    def _release(self, conn: int) -> None:
+        person = self.owner.pop(conn, None)
+        if person is not None:
+            held = self.people[person]
+            held.discard(conn)
+            if not held:
+                del self.people[person]
+
+
+@dataclass
+class Progress:
+    """Whether a connection's sending stalls: bytes wait in the server's buffer and none of
+    them left for `stall_s`. Pure: `now`, the bytes written so far and those still buffered
+    are parameters."""
+
+    stall_s: float
+    sent: int = 0
+    """Bytes that had left the buffer when last seen, and when that count last grew (or bytes
+    began to wait), and whether bytes waited then:"""
+    since: float | None = None
+    waiting: bool = False
+
+    def observe(self, written: int, buffered: int, now: float) -> bool:
+        """True when the send has stalled (see the class docstring)."""
+        sent, waited = written - buffered, self.waiting
+        self.waiting = buffered > 0
+        if not self.waiting or not waited or self.since is None or sent > self.sent:
+            self.sent, self.since = sent, now  # nothing waited, or bytes left: progress
+            return False
+        return now - self.since >= self.stall_s
+
+
+@dataclass
+class Counts:
+    """What the connections' limits did, for /metrics."""
+
+    refused_full: int = 0
+    refused_person: int = 0
+    dropped_stalled: int = 0
+    dropped_no_request: int = 0
+
+
+class Connection:
+    """One client connection's transport as the app sees it: its writes of one turn of the
+    event loop leave in one `send` (uvicorn writes a response's head and body apart: joined,
+    a small answer is one segment and one wake-up), counted, and watched while bytes wait
+    (`Progress`: a stalled send is aborted)."""
+
+    def __init__(self, transport: asyncio.Transport, owner: Connections) -> None:
+        self._transport = transport
+        self._owner = owner
+        self._parts: list[bytes] = []
+        self.written = 0
+        self._progress = Progress(owner.limits.send_stall_s)
+        self._watch: asyncio.TimerHandle | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._lost = asyncio.Event()
+
+    # the transport's interface, as uvicorn uses it
+    def write(self, data: bytes) -> None:
+        if not self._parts:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._parts.append(bytes(data))
+
+    def _flush(self) -> None:
+        if self._parts:
+            data = b"".join(self._parts)
+            self._parts.clear()
+            if not self._transport.is_closing():
+                self.written += len(data)
+                self._transport.write(data)
+                self._watch_sending()
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    # the limits
+    def buffered(self) -> int:
+        """Bytes the server still holds for this connection (not yet the kernel's)."""
+        if self._transport.is_closing() and self._lost.is_set():
+            return 0
+        return sum(map(len, self._parts)) + self._transport.get_write_buffer_size()
+
+    async def sent(self) -> None:
+        """Return once every byte written so far has left the server's buffers (or the
+        connection is gone)."""
+        await asyncio.sleep(0)  # this turn's writes are flushed
+        while self.buffered() > 0 and not self._lost.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._lost.wait(), SENT_POLL_S)
+
+    def _watch_sending(self) -> None:
+        if self._watch is None and self._transport.get_write_buffer_size() > 0:
+            self._progress.observe(self.written, self.buffered(), self._now())
+            self._watch = asyncio.get_running_loop().call_later(
+                self._owner.limits.check_s, self._check
+            )
+
+    def _check(self) -> None:
+        self._watch = None
+        if self._lost.is_set():
+            return
+        buffered = self.buffered()
+        if self._progress.observe(self.written, buffered, self._now()):
+            self._owner.counts.dropped_stalled += 1
+            self._abort()
+            return
+        if buffered > 0:
+            self._watch = asyncio.get_running_loop().call_later(
+                self._owner.limits.check_s, self._check
+            )
+
+    def awaiting_request(self) -> None:
+        """No request under way: one must have its headers within `send_stall_s`, else the
+        connection is closed (a request-side slowloris)."""
+        self.request_begun()
+        self._deadline = asyncio.get_running_loop().call_later(
+            self._owner.limits.send_stall_s, self._no_request
+        )
+
+    def request_begun(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _no_request(self) -> None:
+        self._deadline = None
+        if not self._transport.is_closing():
+            self._owner.counts.dropped_no_request += 1
+            self._abort()
+
+    def _abort(self) -> None:
+        """Drop the connection with a reset: what the kernel still holds for it is freed at
+        once (a plain close leaves it queued behind a FIN the client never takes)."""
+        sock = self._transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError, AttributeError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self._transport.abort()
+
+    def lost(self) -> None:
+        self._lost.set()
+        self.request_begun()
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        self._owner.tally.closed(id(self))
+
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
+
+
+SENT_POLL_S = 0.05
+"""How often an answer still in the server's buffers is looked at (`Connection.sent`)."""
+
+
+@dataclass
+class Connections:
+    """Every connection of the server's listeners (one count for the Unix socket and TCP)."""
+
+    limits: Limits = field(default_factory=Limits)
+    tally: Tally = field(init=False)
+    counts: Counts = field(default_factory=Counts)
+
+    def __post_init__(self) -> None:
+        self.tally = Tally(self.limits)
+
+    def made(self, transport: asyncio.Transport) -> Connection | None:
+        """A new connection: its `Connection`, or None (answered 503 and closed) when
+        `max_connections` are open."""
+        conn = Connection(transport, self)
+        if not self.tally.opened(id(conn)):
+            self.counts.refused_full += 1
+            err = Unavailable(
+                f"the server has {self.limits.max_connections} connections open",
+                hint="retry in a few seconds",
+            )
+            transport.write(_answer(503, "Service Unavailable", err, 5))
+            transport.close()
+            return None
+        conn.awaiting_request()
+        return conn
+
+    @property
+    def open(self) -> int:
+        return len(self.tally.open)
+
+
+@dataclass
+class Held:
+    """What the request under way holds until its answer is sent: the releases of its read
+    admissions, and who was admitted (a request is one read: `ReadPool.admitted`)."""
+
+    releases: list[Callable[[], None]] = field(default_factory=list)
+    admitted: set[str] = field(default_factory=set)
+
+
+_HELD: contextvars.ContextVar[Held | None] = contextvars.ContextVar("gpuledger_held", default=None)
+
+
+def held() -> Held | None:
+    """What the request under way holds (None outside a request `Front` serves)."""
+    return _HELD.get()
+
+
+def release_after_sent(release: Callable[[], None]) -> None:
+    """`release()` once the answer of the request under way is sent (at once outside a
+    request that `Front` serves)."""
+    now = _HELD.get()
+    if now is None:
+        release()
+    else:
+        now.releases.append(release)
+
+
+@contextlib.contextmanager
+def _holding() -> Iterator[Held]:
+    now = Held()
+    token = _HELD.set(now)
+    try:
+        yield now
+    finally:
+        _HELD.reset(token)
+
+
+class Front:
+    """ASGI, in front of the app: each request's caller claims its connection (`Tally.claim`:
+    past `per_person`, 429 and closed), and what the request held until sent
+    (`release_after_sent`: its read admission) is released once the answer has left the
+    server's buffers."""
+
+    def __init__(
+        self,
+        app: Any,
+        identify: Callable[[Any, str | None], Any],
+        connections: Connections,
+    ) -> None:
+        self.app = app
+        self.identify = identify
+        self.connections = connections
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        conn: Connection | None = scope.get(CONN) if scope["type"] == "http" else None
+        if conn is None:
+            await self.app(scope, receive, send)
+            return
+        person = self._person(scope)
+        tally = self.connections.tally
+        if person is not None and not tally.claim(id(conn), person):
+            self.connections.counts.refused_person += 1
+            await _too_many(send, person, self.connections.limits.per_person)
+            return
+        with _holding() as holds:
+            try:
+                await self.app(scope, receive, send)
+                if holds.releases:
+                    await conn.sent()
+            finally:
+                for release in holds.releases:
+                    release()
+
+    def _person(self, scope: Any) -> str | None:
+        from ledger.server.identity import PEER_UID
+
+        bearer = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                bearer = bytes(value).decode("latin-1")
+        try:
+            return str(self.identify(scope.get(PEER_UID), bearer).actor)
+        except Exception:  # no identity: the app answers it (401) as before
+            return None
+
+
+async def _too_many(send: Callable[[Any], Awaitable[None]], person: str, cap: int) -> None:
+    err = TooBusy(
+        f"{person!r} has {cap} connections open already",
+        hint="close some, or send your requests on fewer",
+        retry_after=1,
+    )
+    head, _, body = _answer(429, "Too Many Requests", err, 1).partition(b"\r\n\r\n")
+    headers = [tuple(line.split(b": ", 1)) for line in head.split(b"\r\n")[1:]]
+    await send({"type": "http.response.start", "status": 429, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _answer(status: int, phrase: str, err: LedgerError, retry_after: int) -> bytes:
+    """A whole HTTP answer, problem+json (`schemas.api.Problem`, as the app's handlers answer
+    an error), the connection closed after it."""
+    import msgspec
+
+    from schemas import api
+
+    body = msgspec.json.encode(
+        api.Problem(title=err.code, status=status, detail=err.line(), code=err.code,
+                    message=err.message, hint=err.hint)
+    )  # fmt: skip
+    return (
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/problem+json\r\nretry-after: %d\r\n"
+        b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+        % (status, phrase.encode(), retry_after, len(body), body)
+    )

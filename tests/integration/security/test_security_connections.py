@@ -1,0 +1,299 @@
+"""Red team, one signed-in person tying up the server's connections (threat model row T23,
+docs/security.md; issue 25): many connections asking for big answers (10,000-row pages) that
+they read slowly or never (a slowloris on the response side). Against a real `gpuledger
+serve` over raw sockets: a send that stalls is dropped after `GPULEDGER_SEND_STALL_S`, an
+answer counts against its reader's admission until it is sent, a person's 17th connection is
+refused in one line (429, closed) while another person is served, and another person's
+submits all succeed throughout."""
+
+from __future__ import annotations
+
+import json
+import resource
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ledger.store.application import Ledger
+from schemas import commands as c
+from tests.integration.serverkit import Server, make_token, set_up_ledger, start_server
+
+STALL_S = 2.0
+PAGE = "/v1/jobs?limit=10000"
+"""About 2.4 MB: a few pipelined are more than the kernel's buffers hold for a client that
+reads nothing, so the rest waits in the server's."""
+
+
+FILES = 512
+FLOOD = 700
+"""Connections alice opens: more than the server's files at start (`FILES`)."""
+
+
+@dataclass
+class World:
+    server: Server
+    tokens: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    tmp = tmp_path_factory.mktemp("connections")
+    home = tmp / "ledger"
+    set_up_ledger(home, tmp)
+    ledger = Ledger(home)
+    try:
+        submit = c.SubmitJob(actor="bob", account="ai2/olmo", gpus=8, min_runtime_s=3600,
+                             labels={"note": "x" * 400})  # fmt: skip
+        for _ in range(30):
+            ledger.execute_all([submit] * 100)
+    finally:
+        ledger.close()
+    tokens = {who: make_token(home, "--user", who) for who in ("root", "alice", "bob", "carol")}
+    # a server whose soft limit of open files is a common default's (systemd's is 1,024):
+    # before the caps, one person's connections used them all and everyone's accept failed
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(FILES, hard), hard))
+    try:
+        server = start_server(home, env={"GPULEDGER_SEND_STALL_S": str(STALL_S)})
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        yield World(server, tokens)
+    finally:
+        assert server.stop() == 0
+
+
+def connect(w: World) -> socket.socket:
+    """A connection that reads (almost) nothing: its receive buffer as small as the kernel
+    allows."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", w.server.port))
+    return s
+
+
+def ask(w: World, s: socket.socket, who: str, path: str, times: int = 1) -> None:
+    head = f"GET {path} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {w.tokens[who]}\r\n\r\n"
+    s.sendall(head.encode() * times)
+
+
+def answer(s: socket.socket, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+    """One whole answer read from `s` (its status, headers and body)."""
+    s.settimeout(timeout)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        got = s.recv(65536)
+        assert got, f"closed before an answer: {data!r}"
+        data += got
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+    while len(body) < int(headers.get("content-length", 0)):
+        got = s.recv(65536)
+        assert got, "closed inside an answer"
+        body += got
+    return int(lines[0].split()[1]), headers, body
+
+
+def read_all(s: socket.socket, timeout: float = 30) -> tuple[int, str]:
+    """Every byte `s` still delivers, and how it ended ("eof" or "reset")."""
+    s.settimeout(timeout)
+    n = 0
+    try:
+        while True:
+            got = s.recv(1 << 20)
+            if not got:
+                return n, "eof"
+            n += len(got)
+    except ConnectionResetError:
+        return n, "reset"
+
+
+def get(w: World, who: str, path: str) -> tuple[int, dict[str, str], bytes]:
+    s = socket.create_connection(("127.0.0.1", w.server.port))
+    try:
+        ask(w, s, who, path)
+        return answer(s)
+    finally:
+        s.close()
+
+
+def counter(w: World, name: str, reason: str, before: bool = False) -> float:
+    """A count from /metrics (`before`: 0 when the server has none yet)."""
+    status, _headers, body = get(w, "root", "/metrics")
+    assert status == 200, body
+    for line in body.decode().splitlines():
+        if line.startswith(f'{name}{{reason="{reason}"}} '):
+            return float(line.split()[-1])
+    assert before, f"{name} {reason} not in /metrics"
+    return 0.0
+
+
+def test_a_send_that_stalls_is_dropped_and_its_answer_counts_until_then(world: World) -> None:
+    w = world
+    # 1 alice asks for three big pages on each of two connections and reads none of them
+    dropped = counter(w, "gpuledger_connections_dropped_total", "send_stalled", before=True)
+    stalled = [connect(w) for _ in range(2)]
+    for s in stalled:
+        ask(w, s, "alice", PAGE, times=3)
+    time.sleep(1.0)
+    try:
+        # 2 her answers computed and not sent are hers still: two at once, a third read is 429
+        status, headers, body = get(w, "alice", "/v1/jobs?limit=1")
+        assert status == 429, body
+        assert "retry-after" in headers and b"2 queries running already" in body
+        # another person reads meanwhile
+        assert get(w, "bob", "/v1/jobs?limit=1")[0] == 200
+        # 3 no byte leaves for STALL_S: both connections are dropped (a reset), their answers
+        #   unsent, and her admission is hers again
+        for s in stalled:
+            n, how = read_all(s, timeout=STALL_S * 10)
+            assert n < 3 * 2_000_000, (n, how)  # never all three pages
+        deadline = time.monotonic() + STALL_S * 5
+        while get(w, "alice", "/v1/jobs?limit=1")[0] != 200:
+            assert time.monotonic() < deadline, "her reads stayed refused after the drop"
+            time.sleep(0.2)
+        assert counter(w, "gpuledger_connections_dropped_total", "send_stalled") >= dropped + 1
+    finally:
+        for s in stalled:
+            s.close()
+
+
+def test_a_persons_17th_connection_is_refused_in_one_line_while_another_is_served(
+    world: World,
+) -> None:
+    w = world
+    # 1 sixteen connections of alice's, each with a request under way (a submit whose body
+    #   she never sends: her connection is claimed once its headers are in)
+    held = []
+    body = b'{"actor": "", "account": "ai2/olmo", "gpus": 1}'
+    head = (
+        f"POST /v1/commands/submit HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer "
+        f"{w.tokens['alice']}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    try:
+        for _ in range(16):
+            s = socket.create_connection(("127.0.0.1", w.server.port))
+            s.sendall(head)
+            held.append(s)
+        time.sleep(0.5)
+        refused = counter(w, "gpuledger_connections_refused_total", "per_person", before=True)
+        # 2 the 17th: 429 in one line, Retry-After, and closed (not a hang)
+        extra = socket.create_connection(("127.0.0.1", w.server.port))
+        try:
+            ask(w, extra, "alice", "/v1/whoami")
+            status, headers, text = answer(extra, timeout=10)
+            assert status == 429 and headers.get("connection") == "close", text
+            assert headers.get("retry-after") == "1"
+            problem = json.loads(text)
+            assert problem["code"] == "busy" and "16 connections open" in problem["detail"]
+            assert read_all(extra, timeout=10)[0] == 0  # closed after it
+        finally:
+            extra.close()
+        assert counter(w, "gpuledger_connections_refused_total", "per_person") == refused + 1
+        # 3 another person is served meanwhile, reads and a submit
+        assert get(w, "carol", "/v1/whoami")[0] == 200
+        status, _ = w.server.request("POST", "/v1/commands/submit",
+                                     {"actor": "", "account": "ai2/tulu", "gpus": 1},
+                                     w.tokens["carol"])  # fmt: skip
+        assert status == 200
+        # 4 the held submits go through once their bodies come; then alice connects again
+        for s in held:
+            s.sendall(body)
+        for s in held:
+            assert answer(s)[0] == 200
+    finally:
+        for s in held:
+            s.close()
+    deadline = time.monotonic() + 10
+    while get(w, "alice", "/v1/whoami")[0] != 200:
+        assert time.monotonic() < deadline, "alice's connections stayed counted after closing"
+        time.sleep(0.1)
+
+
+def test_another_persons_submits_all_succeed_while_one_person_floods_connections(
+    world: World,
+) -> None:
+    w = world
+    # 1 alice floods: `FLOOD` connections, each asking for three big pages, reading none
+    stop = threading.Event()
+    opened: list[socket.socket] = []
+
+    def flood() -> None:
+        while not stop.is_set() and len(opened) < FLOOD:
+            try:
+                s = connect(w)
+                ask(w, s, "alice", PAGE, times=3)
+            except OSError:
+                time.sleep(0.05)
+                continue
+            opened.append(s)
+
+    attackers = [threading.Thread(target=flood, daemon=True) for _ in range(4)]
+    for t in attackers:
+        t.start()
+    # 2 carol submits, bob reads, throughout: every one succeeds
+    failed: list[object] = []
+    done = 0
+    try:
+        began = time.monotonic()
+        while time.monotonic() - began < STALL_S * 4 or done < 50:
+            status, got = w.server.request("POST", "/v1/commands/submit",
+                                           {"actor": "", "account": "ai2/tulu", "gpus": 1},
+                                           w.tokens["carol"])  # fmt: skip
+            if status != 200:
+                failed.append((status, got))
+            done += 1
+            if done % 10 == 0:
+                status, _h, text = get(w, "bob", "/v1/jobs?limit=5")
+                if status != 200:
+                    failed.append((status, text[:200]))
+    finally:
+        stop.set()
+        for t in attackers:
+            t.join(timeout=30)
+        for s in opened:
+            s.close()
+    assert failed == [], failed[:5]
+    assert len(opened) >= FLOOD  # the flood happened
+    # her connections past 16 were refused, the stalled ones dropped
+    assert counter(w, "gpuledger_connections_refused_total", "per_person") > 0
+
+
+def test_past_the_servers_cap_a_connection_is_answered_503_and_one_that_asks_nothing_is_dropped(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    token = make_token(home, "--user", "carol")
+    server = start_server(home, env={"GPULEDGER_MAX_CONNECTIONS": "8",
+                                     "GPULEDGER_SEND_STALL_S": "5"})  # fmt: skip
+    w = World(server, {"carol": token})
+    quiet: list[socket.socket] = []
+    try:
+        # 1 eight connections that ask nothing fill the server's cap
+        quiet = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(8)]
+        time.sleep(0.3)
+        # 2 the ninth: 503 in one line at once, and closed (not a hang)
+        extra = socket.create_connection(("127.0.0.1", server.port))
+        try:
+            status, headers, text = answer(extra, timeout=10)
+            assert status == 503 and headers.get("connection") == "close", text
+            assert "8 connections open" in json.loads(text)["detail"]
+            assert read_all(extra, timeout=10)[0] == 0
+        finally:
+            extra.close()
+        # 3 a connection that asks nothing for the stall limit is dropped: room again
+        for s in quiet:
+            assert read_all(s, timeout=30)[1] in ("eof", "reset")
+        assert get(w, "carol", "/v1/whoami")[0] == 200
+    finally:
+        for s in quiet:
+            s.close()
+        assert server.stop() == 0
