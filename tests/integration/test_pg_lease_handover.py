@@ -42,3 +42,37 @@ def test_a_server_whose_worker_never_takes_up_the_lease_hands_it_to_one_that_doe
     finally:
         ready.stop()
         busy.stop()
+
+
+def test_the_store_says_until_when_a_server_may_keep_a_node_s_lease(pg_store: str) -> None:
+    """`keep_bound` on a real PostgreSQL (attack F1): a keep a server reported counts from its
+    time; a server silent past `stale_s` may keep until its last report + `keep_s`; a clean
+    stop of a server that kept leaves its keep known (and the server out of the list)."""
+    lease.setup(pg_store)
+    a = lease.Lease(pg_store, "a", "http://a", LEASE_S)
+    b = lease.Lease(pg_store, "b", "http://b", LEASE_S)
+    try:
+        assert a.keep_bound(1.0, 100.0) is None  # nobody reported yet
+        a.report("standby", 7)
+        b.report("standby", 7)
+        assert a.keep_bound(1.0, 100.0) is None  # both fresh, neither kept
+        a.report("standby", 7, kept_ago_s=30.0)
+        bound = a.keep_bound(1.0, 100.0)
+        assert bound is not None and -31.0 < bound < -29.0
+        a.report("standby", 7, kept_ago_s=60.0)  # an older keep never moves it back
+        bound = a.keep_bound(1.0, 100.0)
+        assert bound is not None and -31.0 < bound < -29.0
+        time.sleep(1.2)
+        a.report("standby", 7)
+        bound = b.keep_bound(1.0, 100.0)  # b is silent: it may be keeping
+        assert bound is not None and 97.0 < bound < 99.0
+        b.report("standby", 7)
+        a.forget()  # it kept: its row stays, out of the list
+        assert [m.holder for m in b.members()] == ["b"]
+        bound = b.keep_bound(1.0, 100.0)
+        assert bound is not None and -33.0 < bound < -29.0
+        b.forget()  # it never kept: gone
+        assert b.members() == []
+    finally:
+        a.close()
+        b.close()
