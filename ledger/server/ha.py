@@ -32,6 +32,8 @@ import asyncio
 import http.client
 import logging
 import math
+import os
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -221,6 +223,11 @@ class Leadership:
         return left, (h.lease_s - h.expires_in_s + since) if h.lease_s else None
 
     def start(self) -> None:
+        try:  # a predecessor at this address killed, or stopped while the store was away
+            for holder in self.lease.retire(dead_here):
+                log.info("%s (this server's address) is gone: it keeps no lease", holder)
+        except Exception as err:  # its silent row only makes leaders wait longer
+            log.warning("could not retire this address's dead servers: %s", err)
         self._tick()  # the first health answer already names the leader and its epoch
         self._thread = threading.Thread(target=self._run, name="ledger-lease", daemon=True)
         self._thread.start()
@@ -356,6 +363,22 @@ class Leadership:
             )
             for m in self.members
         ]
+
+
+def dead_here(holder: str) -> bool:
+    """Is the server `holder` (`HOST:PID:ID`) a process of this host that is gone? A pid of
+    another host, or one alive (reused, perhaps), is not known dead."""
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, someone else's
+    return False
 
 
 def may_keep(since_report_s: float, timing: KeepTiming) -> bool:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -305,6 +306,24 @@ class Lease:
             (within_s,),
         )
         return [Member(h, a, r, int(p), float(s)) for h, a, r, p, s in rows]
+
+    def retire(self, dead: Callable[[str], bool]) -> list[str]:
+        """Servers that reported at this server's address and are `dead` (a process gone, e.g.
+        this one's predecessor killed, or stopped while the store was away): they keep nothing
+        more, so only their keeps count, as of now at the latest (`keep_bound`). Returns them."""
+        rows = self._run(
+            f"SELECT holder FROM {SERVERS_TABLE} WHERE address = %s AND holder <> %s "
+            "AND role <> 'stopped'",
+            (self.address, self.holder),
+        )
+        gone = [h for (h,) in rows if dead(h)]
+        for holder in gone:
+            self._run(
+                f"UPDATE {SERVERS_TABLE} SET role = 'stopped', seen_at = 'infinity', "
+                "kept_at = GREATEST(kept_at, now()) WHERE holder = %s RETURNING 1",
+                (holder,),
+            )
+        return gone
 
     def forget(self) -> None:
         """A clean stop: this server leaves the list, unless it kept a node's lease lately
