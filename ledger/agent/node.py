@@ -520,14 +520,13 @@ class NodeAgent:
         return silent
 
     def _kept(self, sent: float, epoch: int) -> None:
-        """A server that cannot reach its store said it keeps this node's lease (it led at the
-        epoch it names, no newer leader has answered us, and nothing can be placed elsewhere
-        while the store is away): renew the lease from when that request was sent."""
-        if epoch < self.seen.epoch:
-            return  # a deposed leader: a newer one answered us, only it may keep the lease
+        """A server that cannot reach its store said it keeps this node's lease (nothing can be
+        placed elsewhere while the store is away, and the leader counts every server's keeps
+        before it counts a node lost: docs/ha.md): renew the lease from when that request was
+        sent. Any server of the list may keep it, leader or standby, of any epoch."""
         if not self._keeping:
-            log.warning("the servers cannot reach their store; the leader of epoch %d keeps "
-                        "this node's lease (jobs run on)", epoch)  # fmt: skip
+            log.warning("the servers cannot reach their store; a server keeps this node's "
+                        "lease (epoch %d; jobs run on)", epoch)  # fmt: skip
         self._keeping = True
         self._renew(_now() - max(0.0, time.monotonic() - sent))  # wall time it was sent
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -146,15 +147,17 @@ class AgentExecutor:
         node_lost_after_s: float,
         node_fence_s: float = 300.0,
         grace_s: float = 30.0,
-        keep_s: float = 0.0,
+        keeping: Callable[[], float | None] = lambda: -math.inf,
     ) -> None:
         self.ledger = ledger
-        self.keep_s = keep_s
+        self.keeping = keeping
+        """Until when, in seconds from now (negative: in the past), a server (this one or
+        another on the store) may keep a node's lease while the store is away from it; None:
+        not known now
+        (`ledger.server.ha.Leadership.keeping`). No node is counted lost before then plus
+        `node_lost_after_s`, nor at all while it is not known: a kept node is never fenced."""
         self.counts_lost_from: float | None = None
-        """No node is counted lost before this time (its first look + `keep_s`) plus
-        `node_lost_after_s`: a new leader waits `keep_s` after its promotion, while a deposed
-        leader cut off from the store may still keep the agents' leases
-        (`ledger.server.ha.KEEP_WITHOUT_STORE_S`)."""
+        """No node is counted lost before this time (the first look) plus `node_lost_after_s`."""
         self.node_lost_after_s = node_lost_after_s
         self.node_fence_s = node_fence_s
         """How long after a node is lost its runs stay in doubt (`NodeLost.fence_s`): its
@@ -440,8 +443,11 @@ class AgentExecutor:
         agent has reached since this server started, from the first look (a node that never
         had an agent must not hold work forever)."""
         if self.counts_lost_from is None:
-            self.counts_lost_from = now + self.keep_s
-        floor = self.counts_lost_from
+            self.counts_lost_from = now
+        keep = self.keeping()
+        if keep is None:
+            return []  # a server may keep a lease we do not know of: count none lost yet
+        floor = max(self.counts_lost_from, now + keep)
         heard = dict(self.last_seen)  # HTTP threads write it: one copy for this look
         for node, known in nodes.items():  # a node no agent has reached yet: silent from now on
             if known.state not in ("lost", "removed", "drained") and node not in heard:

@@ -12,14 +12,18 @@
   leader: a request with a bearer token is forwarded as it came (the leader authenticates it
   again); one that cannot be forwarded (a Unix socket's peer, the agent API, no leader known) is
   answered 503 naming the leader (`X-Gpuledger-Leader`), and the CLI and agents go there.
-- The store away: a server that led when it last heard from the store keeps its agents' node
-  leases (`Leadership.keeps`) for up to `KEEP_WITHOUT_STORE_S` (an agent call is answered 503
-  with `X-Gpuledger-Keep: <epoch>`, and the agent renews its lease by it): while the store is
-  away nothing can be placed elsewhere, so nothing may be fenced. Only that server keeps them (a
-  standby, or a server the store told it leads no more, cannot know who leads), and only for
-  nodes it does not count lost; a new leader marks no node lost before its promotion +
-  `KEEP_WITHOUT_STORE_S` + the node-lost timeout (`AgentExecutor(keep_s=...)`), so a node kept
-  by a deposed leader cut off from the store is never fenced while it keeps it (docs/ha.md).
+- The store away: every server that cannot reach it keeps its agents' node leases
+  (`Leadership.keeps`; an agent call is answered 503 with `X-Gpuledger-Keep: <epoch>`, and the
+  agent renews its lease by it), from `KeepTiming.delay_s` after its last report to the store
+  until `KEEP_WITHOUT_STORE_S` after it, and only for nodes it does not count lost: while no
+  server can reach the store nothing can be placed elsewhere, so nothing may be fenced, and no
+  server is a single point of failure for it (a leader stopped or killed meanwhile leaves the
+  others keeping). Each server reports the time of its last keep (`gpuledger_servers.kept_at`);
+  a leader counts no node lost before the latest keep any server reported, nor before a silent
+  server's last report + `KEEP_WITHOUT_STORE_S` (it may be keeping), plus the node-lost timeout
+  (`Leadership.keeping`, `AgentExecutor(keeping=...)`), so a kept node is never fenced. A server
+  begins keeping only once every leader sees it silent (`delay_s` > `stale_s`): a leader never
+  counts a node lost on a bound that a keep already passed (docs/ha.md).
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ from __future__ import annotations
 import asyncio
 import http.client
 import logging
+import math
+import os
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -36,7 +43,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from ledger.store.lease import MARGIN, Holder, Lease, Member, NotCommitting
+from ledger.store.lease import Holder, Lease, Member, NotCommitting
 from schemas import api
 
 log = logging.getLogger("gpuledger.ha")
@@ -58,9 +65,42 @@ KEEP_HEADER = "x-gpuledger-keep"
 """On a 503 to an agent: the server that led at this epoch cannot reach its store and keeps the
 node's lease (the agent renews it by this answer; `ledger.agent.node`)."""
 KEEP_WITHOUT_STORE_S = 900.0
-"""How long a leader cut off from its store keeps its agents' node leases (counted from its last
-renewal of the store's lease), and how long after a promotion a new leader waits before it may
-count a node lost (the two must be equal: docs/ha.md, the failure table)."""
+"""How long a server cut off from its store keeps its agents' node leases (counted from its last
+report to the store), and so how long after a silent server's last report a leader waits before
+it may count a node lost (docs/ha.md, the failure table)."""
+STORE_HEADER = "x-gpuledger-store"
+"""On a 503 because the store does not answer or commit: `away` (the CLI says it in one line)."""
+
+
+@dataclass(frozen=True)
+class KeepTiming:
+    """When a server cut off from its store may begin to keep node leases, and when a leader
+    calls a server silent (`keep_timing`)."""
+
+    stale_s: float
+    """A server not seen reporting for this long may be keeping leases without saying so."""
+    fresh_s: float
+    """How long a leader's bound (`Lease.keep_bound`) holds after it was read."""
+    delay_s: float
+    """A server keeps leases only this long after its last report, or later."""
+
+
+def keep_timing(lease_s: float) -> KeepTiming:
+    """Pure: the keep timing of servers with lease `lease_s`. A server reports once a second at
+    most one renewal (a third of the lease) late, its statements answering within a third of the
+    lease: silent past `stale_s` it is out of touch (one only slow is counted keeping while it
+    is silent: node losses wait, nothing worse). A keep that a
+    leader's bound (read at most `fresh_s` ago) did not include comes `delay_s` after a report
+    that was at most `stale_s` old when it was read, and the report's commit (the database's
+    time of it) may lag its sending by one statement: so `delay_s` exceeds `stale_s` + one
+    statement + `fresh_s` (+ 1 s of the two clocks' drift)."""
+    third = lease_s / 3
+    statement = max(0.2, third)
+    stale = 1.0 + third + statement + 1.0
+    fresh = 1.0 + third + 1.0
+    return KeepTiming(stale_s=stale, fresh_s=fresh, delay_s=stale + statement + fresh + 1.0)
+
+
 READ_YOUR_WRITES_S = 5.0
 """How long a read that asks for a position waits for the standby to fold it."""
 TAKEOVER_WAIT_S = 3.0
@@ -100,9 +140,15 @@ class Leadership:
     _uncommitted: str | None = None
     """Why the store commits none of this server's writes (`NotCommitting`), until one does."""
     _leader_read_at: float = 0.0
-    _held_ok_at: float = 0.0
-    """monotonic time of this server's last renewal of the store's lease (0: the store said
-    since then that another server holds it, or it never led)."""
+    reported_at: float = 0.0
+    """monotonic time this server sent its last report that the store took (0: none yet)."""
+    kept_at: float = 0.0
+    """monotonic time this server last kept a node's lease (`HAFront`; 0: never)."""
+    _bound: float | None = None
+    """The store's `keep_bound` as last read (None: no server ever kept or went silent)."""
+    _bound_read_at: float = 0.0
+    _reporting: bool = False
+    """A report is under way: no keep is decided meanwhile (it might miss the report)."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -125,17 +171,34 @@ class Leadership:
         have stepped down yet: from this moment nothing here acts as leader)."""
         return self.leading and self.lease.may_act()
 
+    @property
+    def timing(self) -> KeepTiming:
+        return keep_timing(self.lease.lease_s)
+
     def keeps(self) -> int:
-        """The epoch whose agents' node leases this server keeps while its store is away (0:
-        none): it led at its last word from the store, and that was under
-        `KEEP_WITHOUT_STORE_S` ago."""
-        if self.acting():
-            return self.lease.epoch
-        if self.unreachable is None or not self._held_ok_at:
+        """The epoch (as this server last read it) it says with a keep of its agents' node
+        leases while its store is away (0: it keeps none): its last report to the store was
+        from `KeepTiming.delay_s` to `KEEP_WITHOUT_STORE_S` ago. Any server keeps, leader or
+        standby: a leader counts every server's keeps (`keeping`)."""
+        if self.unreachable is None:
             return 0
-        if time.monotonic() - self._held_ok_at >= KEEP_WITHOUT_STORE_S:
+        if self.acting():  # its own executor counts the keep as contact; a new leader counts
+            return self.lease.epoch  # none lost before its promotion + the node-lost timeout
+        if not self.reported_at or self._reporting:
             return 0
-        return self.lease.epoch
+        if not may_keep(time.monotonic() - self.reported_at, self.timing):
+            return 0
+        return max(self.epoch, 1)
+
+    def keeping(self) -> float | None:
+        """Until when, in seconds from now, some server may keep a node's lease (negative: the
+        last keep was that long ago; -inf: no server ever kept one or went silent), by the
+        store's `keep_bound` read at the last report; None: not known (not read lately, e.g.
+        the store was away): no node may be counted lost meanwhile."""
+        age = time.monotonic() - self._bound_read_at
+        if not self._bound_read_at or age > self.timing.fresh_s:
+            return None
+        return -math.inf if self._bound is None else self._bound - age
 
     def leader_address(self) -> str:
         if self.acting():
@@ -160,6 +223,11 @@ class Leadership:
         return left, (h.lease_s - h.expires_in_s + since) if h.lease_s else None
 
     def start(self) -> None:
+        try:  # a predecessor at this address killed, or stopped while the store was away
+            for holder in self.lease.retire(dead_here):
+                log.info("%s (this server's address) is gone: it keeps no lease", holder)
+        except Exception as err:  # its silent row only makes leaders wait longer
+            log.warning("could not retire this address's dead servers: %s", err)
         self._tick()  # the first health answer already names the leader and its epoch
         self._thread = threading.Thread(target=self._run, name="ledger-lease", daemon=True)
         self._thread.start()
@@ -172,6 +240,7 @@ class Leadership:
         try:
             if self.unreachable is None:  # else it would wait for a connection: it expires
                 self.lease.release()
+                self._report()  # its last keep stays known (`forget` then keeps its row)
                 self.lease.forget()
         except Exception as err:  # the store is away: the lease expires by itself
             log.warning("could not release the lease: %s", err)
@@ -225,30 +294,23 @@ class Leadership:
                 log.error("took the lease (epoch %d) but the worker %s: handing it over",
                           self.lease.epoch, why)  # fmt: skip
                 self._took_at, self._held_back_at = 0.0, time.monotonic()
-                self._held_ok_at, held = 0.0, False
+                held = False
                 self.lease.release()
                 self._changed()
             elif held:
                 if not self.lease.renew():
-                    self._held_ok_at = 0.0
                     log.error("lost the lease (epoch %d): another server leads", self.lease.epoch)
                     self._changed()
                 else:
-                    self._held_ok_at = self._renewed_at()
                     self._uncommitted = None
             elif not self._held_back_at and self.lease.acquire():
                 self._took_at = time.monotonic()
-                self._held_ok_at = self._renewed_at()
                 self._uncommitted = None
                 log.info("took the lease: leading at epoch %d", self.lease.epoch)
                 self._changed()
-            else:
-                self._held_ok_at = 0.0  # the store answered: another server holds the lease
             self.leader, self._leader_read_at = self.lease.leader(), time.monotonic()
             if report:
-                self.lease.report(self.role, self.position())
-                self._uncommitted = None
-                self.members = self.lease.members()
+                self._report()
             if self.unreachable is not None and self._uncommitted is None:
                 log.warning("the store answers the lease again")
             self.unreachable = self._uncommitted
@@ -265,9 +327,21 @@ class Leadership:
         elif self.leading and not self.lease.may_act():
             self._changed()  # the worker has not stepped down yet
 
-    def _renewed_at(self) -> float:
-        """When the renewal that just succeeded was sent (its deadline less the lease)."""
-        return self.lease.deadline - self.lease.lease_s * (1 - MARGIN)
+    def _report(self) -> None:
+        """Say where this server is and when it last kept a node's lease, then read until when
+        any server may keep one (`keeping`)."""
+        self._reporting = True
+        try:
+            sent = time.monotonic()
+            kept = sent - self.kept_at if self.kept_at else None
+            self.lease.report(self.role, self.position(), kept)
+            self.reported_at = sent
+        finally:
+            self._reporting = False
+        self._uncommitted = None
+        self.members = self.lease.members()
+        self._bound = self.lease.keep_bound(self.timing.stale_s, KEEP_WITHOUT_STORE_S)
+        self._bound_read_at = time.monotonic()
 
     def _changed(self) -> None:
         self.changed.set()
@@ -289,6 +363,29 @@ class Leadership:
             )
             for m in self.members
         ]
+
+
+def dead_here(holder: str) -> bool:
+    """Is the server `holder` (`HOST:PID:ID`) a process of this host that is gone? A pid of
+    another host, or one alive (reused, perhaps), is not known dead."""
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, someone else's
+    return False
+
+
+def may_keep(since_report_s: float, timing: KeepTiming) -> bool:
+    """Pure: may a server whose store is away keep node leases `since_report_s` after its last
+    report to the store? From `timing.delay_s` (every leader sees it silent by then) until
+    `KEEP_WITHOUT_STORE_S` (a leader waits that long after a silent server's last report)."""
+    return timing.delay_s <= since_report_s < KEEP_WITHOUT_STORE_S
 
 
 def store_words(why: str) -> str:
@@ -423,14 +520,20 @@ class HAFront:
                 node = msgspec.json.decode(body, type=_NodeOnly).node
             except (msgspec.DecodeError, msgspec.ValidationError):
                 return 0
-        epoch = self.ha.keeps()
-        return epoch if epoch and self.keep_node(node, headers.get("authorization", "")) else 0
+        if not self.keep_node(node, headers.get("authorization", "")):
+            return 0
+        # said before it is decided: a report under way either carries it, or makes `keeps`
+        # refuse (`Leadership.keeps`); a leader counts every reported keep (`keeping`)
+        self.ha.kept_at = time.monotonic()
+        return self.ha.keeps()
 
     async def _refuse(self, send: Send, why: str, keep: int = 0) -> None:
         leader = self.ha.leader_address()
         where = f"the leader is {leader}" if leader else "no server leads right now"
-        if self.ha.unreachable is not None:
-            leader, where = "", "no server can lead meanwhile (reads still answer)"
+        hint = "retry: the CLI and agents find the leader from their list of servers"
+        if self.ha.unreachable is not None:  # nobody can lead meanwhile: no leader to name
+            leader, where = "", "reads still answer"
+            hint = "retry once the store answers again; `gpuledger status` says when it does"
         body = msgspec.json.encode(
             api.Problem(
                 title="unavailable",
@@ -438,7 +541,7 @@ class HAFront:
                 detail=f"{why}; {where}",
                 code="unavailable",
                 message=f"{why}; {where}",
-                hint="retry: the CLI and agents find the leader from their list of servers",
+                hint=hint,
             )
         )
         headers = [
@@ -449,6 +552,8 @@ class HAFront:
         ]
         if leader:
             headers.append((LEADER_HEADER.encode(), leader.encode()))
+        if self.ha.unreachable is not None:
+            headers.append((STORE_HEADER.encode(), b"away"))
         if keep:
             headers.append((KEEP_HEADER.encode(), str(keep).encode()))
         await send({"type": "http.response.start", "status": 503, "headers": headers})

@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import functools
 import logging
+import math
 import os
 import re
 import signal
@@ -48,7 +49,7 @@ from ledger.engines.supervised import SupervisedExecutor, handled_jobs
 from ledger.server import identity, whatifs
 from ledger.server.app import PEER_UID, create_asgi
 from ledger.server.connections import CONN, Connection, Connections
-from ledger.server.ha import KEEP_WITHOUT_STORE_S, HAFront, Leadership
+from ledger.server.ha import HAFront, Leadership
 from ledger.server.worker import Worker
 from ledger.store import lease, locate
 from ledger.store.application import Ledger
@@ -189,15 +190,16 @@ def make_executor(
     config: ServeConfig,
     actor: str,
     may_act: Callable[[], bool] | None = None,
-    keep_s: float = 0.0,
+    keeping: Callable[[], float | None] | None = None,
 ) -> Executor:
     """The executor `config` names, the only place one is made for the service. Slurm's is
     checked first (the partition exists and Slurm will neither reorder nor preempt on it; one
     clear error otherwise), and the partition's GPU nodes are registered by `actor`, the admin
     starting the server. `may_act`: the lease of a leader among several servers, which Slurm's
     executor checks before each sbatch and scancel (the agents check the epoch themselves).
-    `keep_s`: a new leader counts no node lost before this long (a deposed leader cut off from
-    the store may keep their leases that long: `ledger.server.ha.KEEP_WITHOUT_STORE_S`)."""
+    `keeping`: how long from now a server on the store may still keep a node's lease (None:
+    not known), before which the agents' executor counts no node lost
+    (`ledger.server.ha.Leadership.keeping`)."""
     home = ledger.home
     if config.executor == "slurm":
         from ledger.engines.slurm import open_executor
@@ -219,7 +221,7 @@ def make_executor(
             node_lost_after_s=config.node_lost_after.seconds,
             node_fence_s=config.node_fence.seconds,
             grace_s=config.grace.seconds,
-            keep_s=keep_s,
+            keeping=keeping if keeping is not None else lambda: -math.inf,
         )
     if config.executor == "local":
         util = _utilisation(home, config)
@@ -365,7 +367,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         worker.promote, worker.demote = _roles(ha, service, config, actor)
         ha.position = lambda: ledger.position
         ha.notify = worker.nudge
-        app = HAFront(app, ha, lambda: ledger.position, _keep_node(ledger))
+        app = HAFront(app, ha, lambda: ledger.position, _keep_node(service))
     # a statement is tried again after a connection error only while the server goes on (and a
     # leader's lease runs: a fenced append past it is refused anyway)
     ledger.give_up_when(lambda: not worker.accepting or (
@@ -556,7 +558,7 @@ def _roles(
                 config,
                 actor,
                 ha.lease.may_act,
-                KEEP_WITHOUT_STORE_S if ha.lease.epoch > 1 else 0.0,
+                ha.keeping,
             ),
             epoch=ha.lease.epoch,
             may_act=ha.lease.may_act,
@@ -572,9 +574,12 @@ def _roles(
     return promote, demote
 
 
-def _keep_node(ledger: Ledger) -> Callable[[str, str], bool]:
+def _keep_node(service: ServiceLoop) -> Callable[[str, str], bool]:
     """Whether a server whose store is away keeps `node`'s lease: asked with that node's own
-    token, for a node it does not count lost (its jobs may be released elsewhere)."""
+    token, for a node it does not count lost (its jobs may be released elsewhere). A leader's
+    own agents' executor counts the keep as the node's contact (it never counts a node lost
+    that it kept)."""
+    ledger = service.ledger
 
     def keep(node: str, authorization: str) -> bool:
         n = ledger.state.nodes.get(node)
@@ -584,7 +589,13 @@ def _keep_node(ledger: Ledger) -> Callable[[str, str], bool]:
             who = identity.from_bearer(ledger.state, authorization, ledger.clock.now())
         except Exception:
             return False
-        return who.actor == f"@node:{node}"
+        if who.actor != f"@node:{node}":
+            return False
+        from ledger.engines.agents import AgentExecutor
+
+        if isinstance(service.executor, AgentExecutor):
+            service.executor.touch(node, ledger.clock.now())
+        return True
 
     return keep
 

@@ -19,7 +19,9 @@ epoch, a holder, the holder's address and an expiry in the database's clock:
   so no executor carries them out.
 
 Each server also says where it is (`gpuledger_servers`: address, role, folded position), which
-is how a leader reports each standby's lag.
+is how a leader reports each standby's lag, and when it last kept a node's lease while the store
+was away from it (`kept_at`), which is how a leader knows when no server may still keep one
+(`keep_bound`, `ledger.server.ha`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +64,7 @@ CREATE TABLE IF NOT EXISTS {SERVERS_TABLE} (
     position bigint NOT NULL,
     seen_at timestamptz NOT NULL
 );
+ALTER TABLE {SERVERS_TABLE} ADD COLUMN IF NOT EXISTS kept_at timestamptz;
 CREATE OR REPLACE FUNCTION gpuledger_fence(want bigint) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM 1 FROM {LEADER_TABLE} WHERE id = 1 AND epoch = want FOR SHARE;
@@ -267,28 +271,74 @@ class Lease:
         left = float(left) if left is not None else -1e9
         return Holder(int(epoch), holder, address, left, float(lease_s or 0.0))
 
-    def report(self, role: str, position: int) -> None:
-        """Say where this server is (its role and the log position it has folded)."""
+    def report(self, role: str, position: int, kept_ago_s: float | None = None) -> None:
+        """Say where this server is (its role and the log position it has folded) and, with
+        `kept_ago_s`, that it kept a node's lease that long ago (kept as the latest such time,
+        in the database's clock: the commit comes after the keep, so it never says too early)."""
         self._run(
-            f"INSERT INTO {SERVERS_TABLE} VALUES (%s, %s, %s, %s, now()) ON CONFLICT (holder) "
+            f"INSERT INTO {SERVERS_TABLE} AS s VALUES (%s, %s, %s, %s, now(), "
+            "now() - make_interval(secs => %s)) ON CONFLICT (holder) "
             "DO UPDATE SET address = excluded.address, role = excluded.role, "
-            "position = excluded.position, seen_at = now() RETURNING 1",
-            (self.holder, self.address, role, position),
+            "position = excluded.position, seen_at = now(), "
+            "kept_at = GREATEST(s.kept_at, excluded.kept_at) RETURNING 1",
+            (self.holder, self.address, role, position, kept_ago_s),
         )
+
+    def keep_bound(self, stale_s: float, keep_s: float) -> float | None:
+        """Seconds from now until which some server may still keep a node's lease (negative:
+        that long ago; None: no server ever may have): the latest keep any server reported,
+        and for a server silent over `stale_s` (cut off from the store, dead, paused: it may
+        keep leases without saying so) its last report + `keep_s` (`ledger.server.ha`)."""
+        rows = self._run(
+            "SELECT extract(epoch FROM max(GREATEST(kept_at, CASE WHEN seen_at < now() - "
+            "make_interval(secs => %s) THEN seen_at + make_interval(secs => %s) END)) - now()) "
+            f"FROM {SERVERS_TABLE}",
+            (stale_s, keep_s),
+        )
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
 
     def members(self, within_s: float = 60.0) -> list[Member]:
         """The servers that reported in the last `within_s` seconds."""
         rows = self._run(
             f"SELECT holder, address, role, position, extract(epoch FROM now() - seen_at) "
             f"FROM {SERVERS_TABLE} WHERE seen_at > now() - make_interval(secs => %s) "
-            "ORDER BY address",
+            "AND role <> 'stopped' ORDER BY address",
             (within_s,),
         )
         return [Member(h, a, r, int(p), float(s)) for h, a, r, p, s in rows]
 
+    def retire(self, dead: Callable[[str], bool]) -> list[str]:
+        """Servers that reported at this server's address and are `dead` (a process gone, e.g.
+        this one's predecessor killed, or stopped while the store was away): they keep nothing
+        more, so only their keeps count, as of now at the latest (`keep_bound`). Returns them."""
+        rows = self._run(
+            f"SELECT holder FROM {SERVERS_TABLE} WHERE address = %s AND holder <> %s "
+            "AND role <> 'stopped'",
+            (self.address, self.holder),
+        )
+        gone = [h for (h,) in rows if dead(h)]
+        for holder in gone:
+            self._run(
+                f"UPDATE {SERVERS_TABLE} SET role = 'stopped', seen_at = 'infinity', "
+                "kept_at = GREATEST(kept_at, now()) WHERE holder = %s RETURNING 1",
+                (holder,),
+            )
+        return gone
+
     def forget(self) -> None:
-        """A clean stop: this server leaves the list."""
-        self._run(f"DELETE FROM {SERVERS_TABLE} WHERE holder = %s RETURNING 1", (self.holder,))
+        """A clean stop: this server leaves the list, unless it kept a node's lease lately
+        (`kept_at` within the last day): then its row stays, as `stopped`, and only its keeps
+        count (`keep_bound`: a stopped server keeps nothing more)."""
+        self._run(
+            f"DELETE FROM {SERVERS_TABLE} WHERE holder = %s AND (kept_at IS NULL OR "
+            "kept_at < now() - interval '1 day') RETURNING 1",
+            (self.holder,),
+        )
+        self._run(
+            f"UPDATE {SERVERS_TABLE} SET role = 'stopped', seen_at = 'infinity' "
+            "WHERE holder = %s RETURNING 1",
+            (self.holder,),
+        )
 
     def close(self) -> None:
         if self._con is not None:

@@ -144,6 +144,11 @@ class Client:
         deadline = time.monotonic() + (retry_s() if len(self.urls) > 1 else 0.0)
         busy_until = time.monotonic() + retry_s()  # a 429 is waited out this long at most
         tried = 0
+        away: LedgerError | None = None
+        """A server's answer that its store does not answer: said rather than a later server's
+        refused connection (the one clear reason), and at once once no server of the list may
+        take the request (each said so, or is down)."""
+        answered: set[str] = set()
         while True:
             server = self._server
             sent = time.monotonic()
@@ -155,13 +160,24 @@ class Client:
                 # a write without a key is sent again only where it never arrived; every server
                 # of the list is tried once, however long the others took
                 retry = may_retry or isinstance(err, _Refused)
-                if not retry or (time.monotonic() > deadline and tried >= len(self.urls)):
+                answered.add(server.url)
+                done = not retry or (time.monotonic() > deadline and tried >= len(self.urls))
+                if away is not None and (done or answered >= set(self.urls)):
+                    raise away from err
+                if done:
                     raise
                 continue
             if position:
                 self.position = max(self.position, position)
             if status == 503 and server.keep and self.on_keep is not None:
                 self.on_keep(sent, server.keep)
+            if status == 503 and server.store_away:
+                away = _error(status, data)
+                answered.add(server.url)
+                if answered >= set(self.urls):
+                    raise away
+            else:
+                answered.discard(server.url)
             if status == 503 and len(self.urls) > 1 and time.monotonic() <= deadline:
                 self._next(tried := tried + 1, leader)
                 continue
@@ -240,6 +256,8 @@ class _Server:
         """`X-Gpuledger-Keep` of the last answer (0: none)."""
         self.retry_after = 0
         """`Retry-After` of the last answer when it was a 429 (seconds; 0: none)."""
+        self.store_away = False
+        """The last answer said the server's store does not answer (`X-Gpuledger-Store`)."""
         self._conn: http.client.HTTPConnection | None = None
         if url.startswith("unix:"):
             self._unix: str | None = url[len("unix:") :]
@@ -301,6 +319,7 @@ class _Server:
         self.keep = int(keep) if keep.isdigit() else 0
         after = (resp.getheader("Retry-After") or "") if resp.status == 429 else ""
         self.retry_after = min(int(after), 60) if after.isdigit() else 0
+        self.store_away = resp.getheader("X-Gpuledger-Store") == "away"
         return resp.status, data, leader, int(position) if position.isdigit() else 0
 
     def close(self) -> None:

@@ -1,10 +1,15 @@
 """The lease on a real PostgreSQL: a server that took it but whose worker does not take up the
 leader's work (busy, e.g. still waiting on a store that just came back) hands it over within
 about one renewal instead of renewing it for nobody (after an outage one held it ~30 s so and
-nobody could write: atk33-28 F7), and takes none again before its worker has looked."""
+nobody could write: atk33-28 F7), and takes none again before its worker has looked; the
+servers' table says until when a server may keep a node's lease while the store is away from
+it (attack F1)."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 import time
 
 from ledger.server.ha import Leadership
@@ -42,3 +47,77 @@ def test_a_server_whose_worker_never_takes_up_the_lease_hands_it_to_one_that_doe
     finally:
         ready.stop()
         busy.stop()
+
+
+def test_the_store_says_until_when_a_server_may_keep_a_node_s_lease(pg_store: str) -> None:
+    """`keep_bound` on a real PostgreSQL (attack F1): a keep a server reported counts from its
+    time; a server silent past `stale_s` may keep until its last report + `keep_s`; a clean
+    stop of a server that kept leaves its keep known (and the server out of the list)."""
+    lease.setup(pg_store)
+    a = lease.Lease(pg_store, "a", "http://a", LEASE_S)
+    b = lease.Lease(pg_store, "b", "http://b", LEASE_S)
+    try:
+        assert a.keep_bound(1.0, 100.0) is None  # nobody reported yet
+        a.report("standby", 7)
+        b.report("standby", 7)
+        assert a.keep_bound(1.0, 100.0) is None  # both fresh, neither kept
+        a.report("standby", 7, kept_ago_s=30.0)
+        bound = a.keep_bound(1.0, 100.0)
+        assert bound is not None and -31.0 < bound < -29.0
+        a.report("standby", 7, kept_ago_s=60.0)  # an older keep never moves it back
+        bound = a.keep_bound(1.0, 100.0)
+        assert bound is not None and -31.0 < bound < -29.0
+        time.sleep(1.2)
+        a.report("standby", 7)
+        bound = b.keep_bound(1.0, 100.0)  # b is silent: it may be keeping
+        assert bound is not None and 97.0 < bound < 99.0
+        b.report("standby", 7)
+        a.forget()  # it kept: its row stays, out of the list
+        assert [m.holder for m in b.members()] == ["b"]
+        bound = b.keep_bound(1.0, 100.0)
+        assert bound is not None and -33.0 < bound < -29.0
+        b.forget()  # it never kept: gone
+        assert b.members() == []
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_server_retires_its_dead_predecessor_at_its_address(pg_store: str) -> None:
+    """A server restarted after a kill -9 (or a stop while the store was away) left a silent
+    row, which would make every leader wait `KEEP_WITHOUT_STORE_S` before counting a node lost:
+    its successor at the same address marks it stopped, its keeps as of now at the latest. A
+    live server at that address, or a dead one elsewhere, is left alone."""
+    from ledger.server.ha import dead_here
+
+    lease.setup(pg_store)
+    host = socket.gethostname()
+    dead_pid = _a_dead_pid()
+    old = lease.Lease(pg_store, f"{host}:{dead_pid}:old", "http://me", LEASE_S)
+    alive = lease.Lease(pg_store, f"{host}:{os.getpid()}:alive", "http://me", LEASE_S)
+    elsewhere = lease.Lease(pg_store, f"{host}:{dead_pid}:else", "http://other", LEASE_S)
+    new = lease.Lease(pg_store, f"{host}:{os.getpid()}:new", "http://me", LEASE_S)
+    try:
+        for x in (old, alive, elsewhere):
+            x.report("standby", 1)
+        time.sleep(1.2)
+        new.report("standby", 1)
+        bound = new.keep_bound(1.0, 100.0)  # the silent ones may keep for 100 s more
+        assert bound is not None and bound > 97.0
+        assert new.retire(dead_here) == [f"{host}:{dead_pid}:old"]
+        elsewhere.report("standby", 1)
+        alive.report("standby", 1)
+        bound = new.keep_bound(1.0, 100.0)
+        assert bound is not None and -1.0 < bound <= 0.5  # the dead one's keeps: until now
+        assert sorted(m.holder for m in new.members()) == sorted(
+            [f"{host}:{os.getpid()}:alive", f"{host}:{dead_pid}:else", f"{host}:{os.getpid()}:new"]
+        )
+    finally:
+        for x in (old, alive, elsewhere, new):
+            x.close()
+
+
+def _a_dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
