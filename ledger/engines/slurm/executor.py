@@ -9,6 +9,7 @@ node (NODE_FAIL) comes with the node's loss, which the ledger records first.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import subprocess
@@ -19,12 +20,17 @@ from pathlib import Path
 from ledger.core.state import Node
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
 from ledger.engines.accounts import RunAs, account_for, own_log, own_umask
+from ledger.engines.slurm.ends import node_fail_ending
 from ledger.engines.slurm.launching import (
     CANNOT_ENTER,
     CANNOT_START,
+    END_RECORD,
     LAUNCHED,
+    SIGNALLED,
     marked,
     never_ran,
+    own_end,
+    signalled_at,
 )
 from ledger.engines.slurm.outputs import claim_outputs
 from ledger.engines.slurm.stops import (
@@ -54,6 +60,7 @@ from ledger.engines.slurm.words import (
     end_reason,
     exit_code,
     held_gpus,
+    kill_wait,
     node_changes,
     parse_jobs,
     parse_nodes,
@@ -165,6 +172,15 @@ class SlurmExecutor:
         self._max_time_at: float | None = None
         self._pinned: dict[str, tuple[str, ...]] = {}
         """Node -> the GRES type of each of its GPUs, for nodes whose GPUs are pinned."""
+        self.kill_wait_s = 30.0
+        """Slurm's KillWait (`check` reads it): how long after SIGTERM Slurm kills a job."""
+        self.fence_s = 300.0
+        """How long the runs of a node Slurm gives up (DOWN) stay in doubt at most (`NodeLost`
+        fence): until then a run Slurm ended NODE_FAIL is recorded as it really ended, or as
+        gone once Slurm's kill surely reached it (`ends.node_fail_ending`); past it the ledger
+        ends it `node_failure` (requeued when resumable)."""
+        self._answering: dict[str, float] = {}
+        """Node -> since when its slurmd answers, continuously (Slurm's kill reaches it)."""
         self.launch_confirm_s = 10.0
         """A run Slurm shows RUNNING is recorded started once its batch script has marked its
         launch (`_launched`), or after this long running without the mark (a compute node
@@ -213,6 +229,7 @@ class SlurmExecutor:
                 hint="see docs/slurm.md, 'Partition settings'",
             )
         self._accounting = "accounting_storage/none" not in text.replace(" ", "")
+        self.kill_wait_s = kill_wait(text, self.kill_wait_s)
 
     def nodes(self) -> list[SlurmNode]:
         """The partition's GPU nodes; remembers which have pinned GPUs (`words.pinned_types`)."""
@@ -220,16 +237,28 @@ class SlurmExecutor:
         self._pinned = {n.name: n.pinned for n in found if n.pinned}
         return found
 
-    def _node_changes(self, nodes: Mapping[str, Node]) -> tuple[list[NodeChange], frozenset[str]]:
-        """The ledger's nodes follow Slurm's (`words.node_changes`), and the nodes whose slurmd
-        Slurm cannot reach now; ([], every node) while Slurm cannot be read."""
+    def _node_changes(
+        self, nodes: Mapping[str, Node], now: float
+    ) -> tuple[list[NodeChange], frozenset[str]]:
+        """The ledger's nodes follow Slurm's (`words.node_changes`; a node lost with a fence,
+        `fence_s`: its runs may outlive Slurm's NODE_FAIL), and the nodes whose slurmd Slurm
+        cannot reach now; ([], every node) while Slurm cannot be read."""
         try:
             found = self.nodes()
         except EngineError as err:
             log.warning("slurm nodes: %s; keeping the nodes as they are", err.line())
             return [], _every(nodes)
+        for n in found:
+            if n.unresponsive:
+                self._answering.pop(n.name, None)
+            else:
+                self._answering.setdefault(n.name, now)
         unseen = frozenset(n.name for n in found if n.unresponsive and not n.down)
-        return node_changes(found, nodes), unseen
+        changes = [
+            dataclasses.replace(ch, fence_s=self.fence_s) if ch.change == "lost" else ch
+            for ch in node_changes(found, nodes)
+        ]
+        return changes, unseen
 
     @property
     def view(self) -> Mapping[str, SlurmJob]:
@@ -351,9 +380,10 @@ class SlurmExecutor:
                                        self._pinned, err, self._grace_of(r),
                                        self.max_time_s)]  # fmt: skip
         checkpoint = self._checkpoint_file(job.job_id, job.run, who)
-        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START)
-        launched, no_dir, no_cmd = (str(checkpoint.with_name(m)) for m in marks)
-        script = batch_script(job, who, str(checkpoint), launched, own_umask(), no_dir, no_cmd)
+        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED)
+        launched, no_dir, no_cmd, ended, signalled = (str(checkpoint.with_name(m)) for m in marks)
+        script = batch_script(job, who, str(checkpoint), launched, own_umask(), no_dir, no_cmd,
+                              ended, signalled)  # fmt: skip
         slurm_id = self._run(args, stdin=script, env=self._sbatch_env()).strip().split(";")[0]
         r.slurm_id = slurm_id
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, slurm_id)
@@ -428,7 +458,7 @@ class SlurmExecutor:
             self._read_runs(now)
             self._answered_at = now
             self._try_submit(now)
-            changes, unseen = self._node_changes(nodes)
+            changes, unseen = self._node_changes(nodes, now)
             self._read_max_time(now)
             if self._settle_until is not None and now < self._settle_until:
                 unseen = _every(nodes)  # what ended meanwhile is recorded; nothing is decided
@@ -626,6 +656,8 @@ class SlurmExecutor:
                 at = now if j.end_time is None else min(now, j.end_time)
                 self._exits.append(Exit(job_id, -1, at, "launch_failed", r.slurm_id, j.state,
                                         never_ran))  # fmt: skip
+            elif j.ended and end_reason(j.state) == "node_failure" and not r.limited:
+                self._node_failed(r, j, now)  # how it really ended, once known
             elif j.ended:
                 del self._runs[job_id]
                 at = self._end_of(r, j, now)
@@ -696,6 +728,33 @@ class SlurmExecutor:
                      "when last seen running (Slurm says %s, when it heard)", r.job_id,
                      r.slurm_id, when(at), when(j.end_time))  # fmt: skip
         return at
+
+    def _node_failed(self, r: Run, j: SlurmJob, now: float) -> None:
+        """A run Slurm ended NODE_FAIL: recorded as it really ended (its own end record), or
+        `node_failure` once it is surely gone; kept (running, for the ledger in doubt on its
+        lost node) until then (`ends.node_fail_ending`)."""
+        assert r.slurm_id is not None
+        nodes = _nodes_of(r, j)
+        since = [self._answering.get(n) for n in nodes]
+        answering = None if not nodes or None in since else max(s for s in since if s)
+        run_dir = self._checkpoint_file(r.job_id, r.run).parent
+        own, seen = own_end(run_dir), marked(run_dir, LAUNCHED)
+        started = r.started_at if r.started_at is not None else j.start_time
+        ending = node_fail_ending(own, signalled_at(run_dir), seen, j.end_time, j.exit_code,
+                                  started, answering, self.kill_wait_s, now)  # fmt: skip
+        if ending is None:
+            if not r.node_failed:
+                r.node_failed = True
+                log.warning("job %s (Slurm job %s) ended NODE_FAIL in Slurm: waiting for its "
+                            "own end or its processes' sure end", r.job_id, r.slurm_id)  # fmt: skip
+            return
+        del self._runs[r.job_id]
+        self._completing.pop(r.slurm_id, None)
+        log.info("job %s (Slurm job %s), NODE_FAIL in Slurm, ended %s, exit %s at %s: %s",
+                 r.job_id, r.slurm_id, ending.reason, ending.exit_code, when(ending.at),
+                 ending.note)  # fmt: skip
+        self._exits.append(Exit(r.job_id, ending.exit_code, ending.at, ending.reason,
+                                r.slurm_id, j.state, ending.note))  # fmt: skip
 
     def _past_limit(self, r: Run, now: float) -> bool:
         """Whether a run has reached its limit and is not being stopped yet. The executor keeps
@@ -793,6 +852,17 @@ class SlurmExecutor:
     def shutdown(self, now: float) -> list[Exit]:
         """Slurm runs on without us; the next start adopts the runs."""
         return []
+
+
+def _nodes_of(r: Run, j: SlurmJob) -> tuple[str, ...]:
+    """Pure: the nodes a run ran on (its launch's, else Slurm's NodeList of one or more plain
+    names; () when it cannot say: then no node is known to answer)."""
+    if r.launch is not None:
+        return tuple(dict.fromkeys(sl.node for sl in r.launch.slots))
+    if j.gpus:
+        return tuple(j.gpus)
+    names = tuple(n for n in j.nodes.split(",") if n)
+    return () if any("[" in n for n in names) else names
 
 
 def _every(nodes: Mapping[str, Node]) -> frozenset[str]:

@@ -358,6 +358,18 @@ def partition_max_time(text: str, partition: str) -> float | None:
     return None
 
 
+def kill_wait(config: str, default: float) -> float:
+    """Pure: Slurm's `KillWait` in seconds from `scontrol show config` output (`KillWait =
+    10 sec`); `default` when it does not say."""
+    for line in config.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "KillWait":
+            first = value.split()[:1]
+            if first and first[0].isdigit():
+                return float(first[0])
+    return default
+
+
 @dataclass(frozen=True)
 class SlurmNode:
     name: str
@@ -640,6 +652,8 @@ def batch_script(
     umask: int = 0o022,
     cannot_enter_file: str = "",
     cannot_start_file: str = "",
+    ended_file: str = "",
+    signalled_file: str = "",
 ) -> str:
     """Pure: the batch script: the job's umask (sbatch runs with SLURM_UMASK 077 so that
     slurmstepd makes the output files the user's alone, 0600; the job itself gets `umask` back,
@@ -652,7 +666,12 @@ def batch_script(
     launched (`launched_file`, made empty: a run
     Slurm shows RUNNING is recorded started only once its script gets there, so one whose
     launch fails, JobLaunchFailure or that directory, never started), then the job's command
-    replaces the shell, so it gets the signals. (The variables sit in the script:
+    replaces the shell, so it gets the signals; or, with `ended_file`, runs as the script's
+    child, which waits for it (surviving the signals Slurm gives every process of the job, so
+    the command gets them itself; each one touches `signalled_file`) and then writes the run's
+    end record, `<code> <epoch> <signalled: 0 or 1>`, and exits with its code: how it really
+    ended when Slurm ends it NODE_FAIL (`ends`). (The
+    variables sit in the script:
     `sbatch --export=ALL,VAR=...` makes Slurm start a job about 1.5 s later; sbatch itself runs
     with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
     env = job_environment(job, who or SbatchUser(), checkpoint_file)
@@ -680,7 +699,26 @@ def batch_script(
         )
     if launched_file:  # where the service's directory is not shared, the executor waits instead
         lines.append(f"{{ : > {shlex.quote(launched_file)}; }} 2>/dev/null")
-    lines.append("exec " + (shlex.join(job.command) if job.command else "true"))
+    command = shlex.join(job.command) if job.command else "true"
+    if not ended_file:
+        lines.append("exec " + command)
+        return "\n".join(lines) + "\n"
+    end, part = shlex.quote(ended_file), shlex.quote(ended_file + ".part")
+    noted = f" {{ : > {shlex.quote(signalled_file)}; }} 2>/dev/null;" * bool(signalled_file)
+    lines += [
+        "gpuledger_signalled=0",
+        # (an asynchronous command of a script ignores INT and QUIT: it gets them back)
+        f"{{ trap - INT QUIT; exec {command}; }} &",
+        "gpuledger_pid=$!",
+        # a signal only interrupts the wait (the command gets it too: Slurm signals the job's
+        # every process); the wait is repeated until the command itself has ended
+        f"trap 'gpuledger_sig=1; gpuledger_signalled=1;{noted}' TERM INT HUP QUIT USR1 USR2 ALRM",
+        'while gpuledger_sig=; wait "$gpuledger_pid"; gpuledger_rc=$?; [ -n "$gpuledger_sig" ];'
+        " do :; done",
+        f'{{ echo "$gpuledger_rc $EPOCHREALTIME $gpuledger_signalled" > {part} &&'
+        f" mv -f -- {part} {end}; }} 2>/dev/null",
+        'exit "$gpuledger_rc"',
+    ]
     return "\n".join(lines) + "\n"
 
 
