@@ -18,7 +18,7 @@ cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suit
 
 def _job(work: Path, seconds: float) -> str:
     """Notes its start, runs `seconds`, notes its end (epoch) and exits 0."""
-    return (f"echo start $GPULEDGER_RUN >> {work}/runs; sleep {seconds}; "
+    return (f"echo start $GPULEDGER_RUN $$ >> {work}/runs; sleep {seconds}; "
             f"echo end $(date +%s.%N) >> {work}/runs")  # fmt: skip
 
 
@@ -26,6 +26,17 @@ def _lines(work: Path, word: str) -> list[str]:
     path = work / "runs"
     text = path.read_text() if path.exists() else ""
     return [ln for ln in text.splitlines() if ln.startswith(word)]
+
+
+def _slurmstepd(pid: int) -> int:
+    """The slurmstepd above a job's process."""
+    while pid > 1:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
+        if comm.startswith("slurmstepd"):
+            return pid
+        pid = int(rest.split()[1])
+    raise AssertionError("no slurmstepd above the job")
 
 
 def _down(led: Ledger) -> None:
@@ -52,6 +63,43 @@ def test_a_job_that_exits_just_before_its_node_goes_down_is_completed_and_never_
     assert (job["outcome"], job["exit_code"]) == ("completed", 0), job
     assert ledger.of("job.preempted.v1", 1) == [] and ledger.of("job.requeued.v1", 1) == []
     ledger.cluster.run("scontrol", "update", f"nodename={ledger.cluster.node}", "state=resume")
+    time.sleep(3)  # a requeued job would be placed and launched again now
+    assert len(_lines(work, "start")) == 1, (work / "runs").read_text()
+    assert len(ledger.of("job.engine_linked.v1", 1)) == 1
+
+
+def test_a_job_whose_completion_is_still_on_its_way_when_its_node_goes_down_is_completed(
+    ledger: Ledger,
+) -> None:
+    """The job exits 0, but its slurmstepd has not told slurmctld yet (held here with SIGSTOP,
+    as a busy or slow node holds it) when the node goes DOWN 0.2 s later: Slurm says NODE_FAIL.
+    The ledger records the job completed (its own end record), never requeues it, never runs it
+    again (it was resumable: the node's loss alone would requeue it)."""
+    work = ledger.work
+    cl = ledger.cluster
+    ledger.up()
+    ledger.submit("alice", 1, _job(work, 3), "--resumable", "--min-runtime", "1h")
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    (linked,) = ledger.of("job.engine_linked.v1", 1)
+    slurm_id = linked["engine_job_id"]
+    ledger.wait("its start line", lambda: bool(_lines(work, "start")))
+    stepd = _slurmstepd(int(_lines(work, "start")[0].split()[2]))
+    os.kill(stepd, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 30
+        while not _lines(work, "end") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        _down(ledger)
+        ledger.wait("Slurm to end it NODE_FAIL",
+                    lambda: cl.jobs()[slurm_id]["state"] == "NODE_FAIL")  # fmt: skip
+    finally:
+        os.kill(stepd, signal.SIGCONT)
+    ledger.wait("the job to finish", lambda: status(ledger, 1) == "finished", timeout=40)
+    job = ledger.jobs()[1]
+    assert (job["outcome"], job["exit_code"]) == ("completed", 0), job
+    assert ledger.of("job.requeued.v1", 1) == []
+    cl.run("scontrol", "update", f"nodename={cl.node}", "state=resume")
     time.sleep(3)  # a requeued job would be placed and launched again now
     assert len(_lines(work, "start")) == 1, (work / "runs").read_text()
     assert len(ledger.of("job.engine_linked.v1", 1)) == 1
