@@ -35,19 +35,19 @@ CASES = {
         answering_since=None,
         now=END + 41.0,
         want=(0, END + 40.0, "exited"),
-    ),  # fmt: skip
+    ),
     "ran on past NODE_FAIL and failed by itself is failed with its code": Case(
         own=OwnEnd(3, END + 40.0),
         answering_since=None,
         now=END + 41.0,
         want=(3, END + 40.0, "exited"),
-    ),  # fmt: skip
+    ),
     "killed by Slurm and exited 0 at SIGTERM is the node's failure": Case(
         own=OwnEnd(0, END + 2.0, signalled=True),
         signalled_at=END,
         now=END + 3.0,
         want=(0, END + 2.0, "node_failure"),
-    ),  # fmt: skip
+    ),
     "signalled before its own end and ended before NODE_FAIL is its own end": Case(
         own=OwnEnd(143, END - 5.0, signalled=True), want=(143, END - 5.0, "exited")
     ),
@@ -79,7 +79,7 @@ CASES = {
         answering_since=END + 100.0,
         now=END + 110.0,
         want=(0, END + 110.0, "node_failure"),
-    ),  # fmt: skip
+    ),
 }
 
 
