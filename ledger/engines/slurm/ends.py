@@ -15,6 +15,7 @@ Pure: times and records in, a decision out; `now` is a parameter.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from schemas.events import EndReason
@@ -22,6 +23,26 @@ from schemas.events import EndReason
 OWN_END_SLACK_S = 1.0
 """Slurm's EndTime is whole seconds (rounded down); an own end within this after it came
 before Slurm's decision."""
+
+
+def answering(
+    unresponsive: Iterable[tuple[str, bool]], since: Mapping[str, float], now: float
+) -> dict[str, float]:
+    """Pure: node -> since when its slurmd answers, continuously, after a read of the nodes
+    ((name, unresponsive) each; `since` as the last read left it)."""
+    return {n: since.get(n, now) for n, away in unresponsive if not away}
+
+
+def kill_wait(config: str, default: float) -> float:
+    """Pure: Slurm's `KillWait` in seconds from `scontrol show config` output (`KillWait =
+    10 sec`); `default` when it does not say."""
+    for line in config.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "KillWait":
+            first = value.split()[:1]
+            if first and first[0].isdigit():
+                return float(first[0])
+    return default
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ node (NODE_FAIL) comes with the node's loss, which the ledger records first.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import subprocess
@@ -19,8 +18,8 @@ from pathlib import Path
 
 from ledger.core.state import Node
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
-from ledger.engines.accounts import RunAs, account_for, own_log, own_umask
-from ledger.engines.slurm.ends import node_fail_ending
+from ledger.engines.accounts import RunAs, own_log, own_umask
+from ledger.engines.slurm.ends import answering, kill_wait
 from ledger.engines.slurm.launching import (
     CANNOT_ENTER,
     CANNOT_START,
@@ -29,14 +28,14 @@ from ledger.engines.slurm.launching import (
     SIGNALLED,
     marked,
     never_ran,
-    own_end,
-    signalled_at,
+    node_fail_end,
 )
-from ledger.engines.slurm.outputs import claim_outputs
+from ledger.engines.slurm.outputs import claim_outputs, sbatch_env, sbatch_user
 from ledger.engines.slurm.stops import (
     Stopping,
     Tag,
     completing,
+    gpus_differ,
     grace_of,
     no_grace,
     not_stopped,
@@ -49,7 +48,6 @@ from ledger.engines.slurm.words import (
     ENDED,
     HOLDING,
     NEVER_STARTS,
-    SBATCH_ENV,
     UNTRACKED_OK,
     WAITING,
     SbatchUser,
@@ -60,7 +58,6 @@ from ledger.engines.slurm.words import (
     end_reason,
     exit_code,
     held_gpus,
-    kill_wait,
     node_changes,
     parse_jobs,
     parse_nodes,
@@ -77,6 +74,7 @@ from schemas.units import when
 log = logging.getLogger("gpuledger.slurm")
 
 ENGINE = "slurm"
+_Changes = tuple[list[NodeChange], frozenset[str]]
 
 
 def _always() -> bool:
@@ -175,12 +173,8 @@ class SlurmExecutor:
         self.kill_wait_s = 30.0
         """Slurm's KillWait (`check` reads it): how long after SIGTERM Slurm kills a job."""
         self.fence_s = 300.0
-        """How long the runs of a node Slurm gives up (DOWN) stay in doubt at most (`NodeLost`
-        fence): until then a run Slurm ended NODE_FAIL is recorded as it really ended, or as
-        gone once Slurm's kill surely reached it (`ends.node_fail_ending`); past it the ledger
-        ends it `node_failure` (requeued when resumable)."""
-        self._answering: dict[str, float] = {}
-        """Node -> since when its slurmd answers, continuously (Slurm's kill reaches it)."""
+        """How long at most the runs of a node Slurm gives up stay in doubt (`ends`)."""
+        self._answering: dict[str, float] = {}  # node -> since when its slurmd answers
         self.launch_confirm_s = 10.0
         """A run Slurm shows RUNNING is recorded started once its batch script has marked its
         launch (`_launched`), or after this long running without the mark (a compute node
@@ -237,28 +231,17 @@ class SlurmExecutor:
         self._pinned = {n.name: n.pinned for n in found if n.pinned}
         return found
 
-    def _node_changes(
-        self, nodes: Mapping[str, Node], now: float
-    ) -> tuple[list[NodeChange], frozenset[str]]:
-        """The ledger's nodes follow Slurm's (`words.node_changes`; a node lost with a fence,
-        `fence_s`: its runs may outlive Slurm's NODE_FAIL), and the nodes whose slurmd Slurm
-        cannot reach now; ([], every node) while Slurm cannot be read."""
+    def _node_changes(self, nodes: Mapping[str, Node], now: float) -> _Changes:
+        """The ledger's nodes follow Slurm's (`words.node_changes`; lost with a fence: `ends`),
+        and the nodes whose slurmd Slurm cannot reach now; ([], every node) while unread."""
         try:
             found = self.nodes()
         except EngineError as err:
             log.warning("slurm nodes: %s; keeping the nodes as they are", err.line())
             return [], _every(nodes)
-        for n in found:
-            if n.unresponsive:
-                self._answering.pop(n.name, None)
-            else:
-                self._answering.setdefault(n.name, now)
+        self._answering = answering(((n.name, n.unresponsive) for n in found), self._answering, now)
         unseen = frozenset(n.name for n in found if n.unresponsive and not n.down)
-        changes = [
-            dataclasses.replace(ch, fence_s=self.fence_s) if ch.change == "lost" else ch
-            for ch in node_changes(found, nodes)
-        ]
-        return changes, unseen
+        return node_changes(found, nodes, self.fence_s), unseen
 
     @property
     def view(self) -> Mapping[str, SlurmJob]:
@@ -286,21 +269,6 @@ class SlurmExecutor:
                 for sl in r.launch.slots:
                     held.setdefault(sl.node, set()).update(sl.gpu_indices)
         return held
-
-    def _who(self, job: Launch) -> SbatchUser | str:
-        """Who `job` runs as (`account_for`, the rule of every engine), as sbatch's `--uid` and
-        `--gid` (none when it is the service's own account), or why it may not run."""
-        account = account_for(job.user, self.run_as, os.geteuid())
-        if isinstance(account, str):
-            return account
-        other = account.uid != os.geteuid()
-        return SbatchUser(
-            uid=account.uid if other else None,
-            gid=account.gid if other else None,
-            name=account.name,
-            home=account.home,
-            shell=account.shell,
-        )
 
     def _default_log(self, job: Launch, who: SbatchUser) -> Path:
         """The service's own output file of a job that names none (no working directory):
@@ -353,21 +321,10 @@ class SlurmExecutor:
                 touched.append(job_id)
         return touched
 
-    def _sbatch_env(self) -> dict[str, str]:
-        """sbatch's own environment: PATH, where the cluster is (`SBATCH_ENV`) and SLURM_UMASK.
-        sbatch hands its environment to the job, so nothing else of the service's goes in (its
-        secrets, its HOME, `SBATCH_*` options)."""
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-        # the umask slurmstepd makes the output files with: the user's alone (the batch script
-        # gives the job its own umask back)
-        env["SLURM_UMASK"] = "0077"
-        env.update({k: self.env[k] for k in SBATCH_ENV if k in self.env})
-        return env
-
     def _submit(self, r: Run) -> None:
         assert r.launch is not None
         job = r.launch
-        who = self._who(job)
+        who = sbatch_user(job.user, self.run_as)
         if isinstance(who, str):
             raise _Refused(who)
         out = job.stdout or str(self._default_log(job, who))
@@ -384,7 +341,7 @@ class SlurmExecutor:
         launched, no_dir, no_cmd, ended, signalled = (str(checkpoint.with_name(m)) for m in marks)
         script = batch_script(job, who, str(checkpoint), launched, own_umask(), no_dir, no_cmd,
                               ended, signalled)  # fmt: skip
-        slurm_id = self._run(args, stdin=script, env=self._sbatch_env()).strip().split(";")[0]
+        slurm_id = self._run(args, stdin=script, env=sbatch_env(self.env)).strip().split(";")[0]
         r.slurm_id = slurm_id
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, slurm_id)
 
@@ -644,7 +601,8 @@ class SlurmExecutor:
                 # charged from Slurm's real start (the ledger keeps it inside the placement)
                 self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
                                           started_at=j.start_time))  # fmt: skip
-                self._check_gpus(r, j)
+                if differ := gpus_differ(r.launch, j):
+                    log.warning("job %s: %s", job_id, differ)
             if (
                 j.holding
                 and not j.ended
@@ -730,31 +688,22 @@ class SlurmExecutor:
         return at
 
     def _node_failed(self, r: Run, j: SlurmJob, now: float) -> None:
-        """A run Slurm ended NODE_FAIL: recorded as it really ended (its own end record), or
-        `node_failure` once it is surely gone; kept (running, for the ledger in doubt on its
-        lost node) until then (`ends.node_fail_ending`)."""
-        assert r.slurm_id is not None
-        nodes = _nodes_of(r, j)
-        since = [self._answering.get(n) for n in nodes]
-        answering = None if not nodes or None in since else max(s for s in since if s)
+        """A run Slurm ended NODE_FAIL: recorded as it really ended, once known; kept until
+        then (running, for the ledger in doubt on its lost node; `ends`)."""
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        own, seen = own_end(run_dir), marked(run_dir, LAUNCHED)
-        started = r.started_at if r.started_at is not None else j.start_time
-        ending = node_fail_ending(own, signalled_at(run_dir), seen, j.end_time, j.exit_code,
-                                  started, answering, self.kill_wait_s, now)  # fmt: skip
+        ending = node_fail_end(run_dir, r.launch, r.started_at, j, self._answering,
+                               self.kill_wait_s, now)  # fmt: skip
         if ending is None:
             if not r.node_failed:
                 r.node_failed = True
-                log.warning("job %s (Slurm job %s) ended NODE_FAIL in Slurm: waiting for its "
-                            "own end or its processes' sure end", r.job_id, r.slurm_id)  # fmt: skip
+                log.warning("job %s is NODE_FAIL in Slurm: waiting to know how it ends", r.job_id)
             return
         del self._runs[r.job_id]
-        self._completing.pop(r.slurm_id, None)
-        log.info("job %s (Slurm job %s), NODE_FAIL in Slurm, ended %s, exit %s at %s: %s",
-                 r.job_id, r.slurm_id, ending.reason, ending.exit_code, when(ending.at),
-                 ending.note)  # fmt: skip
+        self._completing.pop(j.slurm_id, None)
+        log.info("job %s (Slurm job %s, NODE_FAIL) ended %s at %s: %s", r.job_id, j.slurm_id,
+                 ending.reason, when(ending.at), ending.note)  # fmt: skip
         self._exits.append(Exit(r.job_id, ending.exit_code, ending.at, ending.reason,
-                                r.slurm_id, j.state, ending.note))  # fmt: skip
+                                j.slurm_id, j.state, ending.note))  # fmt: skip
 
     def _past_limit(self, r: Run, now: float) -> bool:
         """Whether a run has reached its limit and is not being stopped yet. The executor keeps
@@ -817,14 +766,6 @@ class SlurmExecutor:
             reason = "time_limit"
         self._exits.append(Exit(r.job_id, code, at, reason, r.slurm_id, state or "UNKNOWN"))
 
-    def _check_gpus(self, r: Run, j: SlurmJob) -> None:
-        if r.launch is None:
-            return
-        want = {sl.node: tuple(sl.gpu_indices) for sl in r.launch.slots}
-        got = {n: tuple(i) for n, i in j.gpus.items() if i}
-        if j.holding and got and got != want:
-            log.warning("job %s: Slurm gave GPUs %s, the ledger chose %s", r.job_id, got, want)
-
     def heard_from(self) -> Mapping[str, float]:
         return {}
 
@@ -852,17 +793,6 @@ class SlurmExecutor:
     def shutdown(self, now: float) -> list[Exit]:
         """Slurm runs on without us; the next start adopts the runs."""
         return []
-
-
-def _nodes_of(r: Run, j: SlurmJob) -> tuple[str, ...]:
-    """Pure: the nodes a run ran on (its launch's, else Slurm's NodeList of one or more plain
-    names; () when it cannot say: then no node is known to answer)."""
-    if r.launch is not None:
-        return tuple(dict.fromkeys(sl.node for sl in r.launch.slots))
-    if j.gpus:
-        return tuple(j.gpus)
-    names = tuple(n for n in j.nodes.split(",") if n)
-    return () if any("[" in n for n in names) else names
 
 
 def _every(nodes: Mapping[str, Node]) -> frozenset[str]:

@@ -15,10 +15,11 @@ from __future__ import annotations
 import math
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 
 from ledger.cycle.executor import Launch
-from ledger.engines.slurm.ends import OwnEnd
+from ledger.engines.slurm.ends import Ending, OwnEnd, node_fail_ending
 from ledger.engines.slurm.words import SlurmJob
 
 LAUNCHED = "launched"
@@ -49,7 +50,9 @@ def own_end(run_dir: Path) -> OwnEnd | None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         words = os.read(fd, 100).decode("ascii", errors="replace").split()
-        code, at = (int(words[0]), float(words[1])) if len(words) == 3 else (0, math.nan)
+        code, at = (
+            (int(words[0]), float(words[1].replace(",", "."))) if len(words) == 3 else (0, math.nan)
+        )
         return OwnEnd(code, at, words[2] == "1") if math.isfinite(at) else None
     except (OSError, ValueError):
         return None
@@ -111,3 +114,34 @@ def never_ran(
     if marked(run_dir, CANNOT_START):
         return cannot_start(launch)
     return cannot_enter(launch) if marked(run_dir, CANNOT_ENTER) else ""
+
+
+def run_nodes(launch: Launch | None, j: SlurmJob) -> tuple[str, ...]:
+    """Pure: the nodes a run ran on (its launch's, else Slurm's NodeList of one or more plain
+    names; () when it cannot say: then no node is known to answer)."""
+    if launch is not None:
+        return tuple(dict.fromkeys(sl.node for sl in launch.slots))
+    if j.gpus:
+        return tuple(j.gpus)
+    names = tuple(n for n in j.nodes.split(",") if n)
+    return () if any("[" in n for n in names) else names
+
+
+def node_fail_end(
+    run_dir: Path,
+    launch: Launch | None,
+    started_at: float | None,
+    j: SlurmJob,
+    answering: Mapping[str, float],
+    kill_wait_s: float,
+    now: float,
+) -> Ending | None:
+    """How a run Slurm ended NODE_FAIL really ended, from its marks (`ends.node_fail_ending`;
+    `answering`: node -> since when its slurmd answers); None while it may still run."""
+    nodes = run_nodes(launch, j)
+    since = [answering.get(n) for n in nodes]
+    answered = max(s for s in since if s is not None) if nodes and None not in since else None
+    started = started_at if started_at is not None else j.start_time
+    return node_fail_ending(own_end(run_dir), signalled_at(run_dir), marked(run_dir, LAUNCHED),
+                            j.end_time, j.exit_code, started, answered, kill_wait_s,
+                            now)  # fmt: skip

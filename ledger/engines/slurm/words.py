@@ -358,18 +358,6 @@ def partition_max_time(text: str, partition: str) -> float | None:
     return None
 
 
-def kill_wait(config: str, default: float) -> float:
-    """Pure: Slurm's `KillWait` in seconds from `scontrol show config` output (`KillWait =
-    10 sec`); `default` when it does not say."""
-    for line in config.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "KillWait":
-            first = value.split()[:1]
-            if first and first[0].isdigit():
-                return float(first[0])
-    return default
-
-
 @dataclass(frozen=True)
 class SlurmNode:
     name: str
@@ -418,7 +406,9 @@ def parse_nodes(text: str, partition: str) -> list[SlurmNode]:
     return sorted(out, key=lambda n: n.name)
 
 
-def node_changes(slurm: Iterable[SlurmNode], ledger: Mapping[str, Node]) -> list[NodeChange]:
+def node_changes(
+    slurm: Iterable[SlurmNode], ledger: Mapping[str, Node], fence_s: float = 0.0
+) -> list[NodeChange]:
     """Pure: the node changes that make the ledger's nodes follow Slurm's, with reasons starting
     "slurm:": a node Slurm marks DOWN is lost in the ledger (its jobs end there and then); a node
     that takes no new work otherwise (DRAIN, FAIL, MAINT, ...) is drained; a node Slurm
@@ -436,7 +426,7 @@ def node_changes(slurm: Iterable[SlurmNode], ledger: Mapping[str, Node]) -> list
             DRAIN_PREFIX
         )
         if n.down and have.state != "lost":
-            out.append(NodeChange(n.name, "lost", why))
+            out.append(NodeChange(n.name, "lost", why, fence_s))
         elif n.down:
             continue
         elif n.unavailable and have.state == "active":
@@ -711,10 +701,11 @@ def batch_script(
         f"{{ trap - INT QUIT; exec {command}; }} &",
         "gpuledger_pid=$!",
         # a signal only interrupts the wait (the command gets it too: Slurm signals the job's
-        # every process); the wait is repeated until the command itself has ended
+        # every process); the wait goes on while the command lives (a zombie too: the next
+        # wait reaps it and says its code; one reaped meanwhile died of that signal)
         f"trap 'gpuledger_sig=1; gpuledger_signalled=1;{noted}' TERM INT HUP QUIT USR1 USR2 ALRM",
-        'while gpuledger_sig=; wait "$gpuledger_pid"; gpuledger_rc=$?; [ -n "$gpuledger_sig" ];'
-        " do :; done",
+        'while gpuledger_sig=; wait "$gpuledger_pid"; gpuledger_rc=$?; [ -n "$gpuledger_sig" ] &&'
+        ' kill -0 "$gpuledger_pid" 2>/dev/null; do :; done',
         f'{{ echo "$gpuledger_rc $EPOCHREALTIME $gpuledger_signalled" > {part} &&'
         f" mv -f -- {part} {end}; }} 2>/dev/null",
         'exit "$gpuledger_rc"',
