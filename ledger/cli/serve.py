@@ -240,7 +240,7 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
 @click.option(
     "--node-fence",
     default=None,
-    help="With agents: how long a lost node's runs stay in doubt before they end [5m].",
+    help="With agents or Slurm: how long a lost node's runs stay in doubt before they end [5m].",
 )
 @click.option(
     "--grace",

@@ -173,8 +173,9 @@ class NodeChange:
     reason: str = ""
     fence_s: float = 0.0
     """A node lost with a fence: its runs may still live until the fence passes, so they stay
-    in doubt until its agent says how they ended or the fence passes (`NodeLost`); 0: they end
-    at once (an engine that ends them itself, as Slurm does, or an admin's word)."""
+    in doubt until its engine says how they ended or the fence passes (`NodeLost`: an agent's
+    report, or on Slurm a NODE_FAIL run's own end record or its sure end); 0: they end at once
+    (an admin's word)."""
 
 
 @dataclass(frozen=True)

@@ -212,6 +212,7 @@ def make_executor(
             actor,
             config.run_as,
             may_act,
+            config.node_fence.seconds,
         )
     if config.executor == "agents":
         from ledger.engines.agents import AgentExecutor

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ledger.engines.slurm import SlurmExecutor, parse_jobs
+from ledger.engines.slurm.words import slurm_time
 
 LID = "0123abcd4567"
 
@@ -97,8 +98,15 @@ def test_a_run_that_completed_on_a_node_slurm_gives_up_is_recorded_before_the_lo
     assert [(x.job_id, x.exit_code, x.reason) for x in seen.exits] == [(1, 0, "exited")]
     assert seen.nodes == ()
     seen = ex.observe(102.0, ledger_nodes)
-    assert [(ch.node, ch.change) for ch in seen.nodes] == [("vm", "lost")]
-    assert [(x.job_id, x.reason) for x in seen.exits] == [(2, "node_failure")]
+    assert [(ch.node, ch.change, ch.fence_s) for ch in seen.nodes] == [("vm", "lost", 300.0)]
+    # job 2 may live on under its slurmstepd (its slurmd is away): in doubt, not ended yet
+    assert seen.exits == () and 2 in seen.running
+    end = slurm_time("2026-12-01T21:18:11")  # Slurm's EndTime of its NODE_FAIL
+    ex.nodes_text = node("DOWN")  # its slurmd answers: Slurm's kill reaches job 2 from now
+    assert ex.observe(end + 3.0, ledger_nodes).exits == ()
+    assert ex.observe(end + 4.0, ledger_nodes).exits == ()
+    seen = ex.observe(end + 33.0, ledger_nodes)  # KillWait (30 s) after its node answered
+    assert [(x.job_id, x.reason, x.at) for x in seen.exits] == [(2, "node_failure", end + 33.0)]
 
 
 # --- a run Slurm shows RUNNING is started once its script runs (N3 of the re-test of issue 23) --

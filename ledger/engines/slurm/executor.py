@@ -18,19 +18,24 @@ from pathlib import Path
 
 from ledger.core.state import Node
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
-from ledger.engines.accounts import RunAs, account_for, own_log, own_umask
+from ledger.engines.accounts import RunAs, own_log, own_umask
+from ledger.engines.slurm.ends import answering, kill_wait
 from ledger.engines.slurm.launching import (
     CANNOT_ENTER,
     CANNOT_START,
+    END_RECORD,
     LAUNCHED,
+    SIGNALLED,
     marked,
     never_ran,
+    node_fail_end,
 )
-from ledger.engines.slurm.outputs import claim_outputs
+from ledger.engines.slurm.outputs import claim_outputs, sbatch_env, sbatch_user
 from ledger.engines.slurm.stops import (
     Stopping,
     Tag,
     completing,
+    gpus_differ,
     grace_of,
     no_grace,
     not_stopped,
@@ -43,7 +48,6 @@ from ledger.engines.slurm.words import (
     ENDED,
     HOLDING,
     NEVER_STARTS,
-    SBATCH_ENV,
     UNTRACKED_OK,
     WAITING,
     SbatchUser,
@@ -70,6 +74,7 @@ from schemas.units import when
 log = logging.getLogger("gpuledger.slurm")
 
 ENGINE = "slurm"
+_Changes = tuple[list[NodeChange], frozenset[str]]
 
 
 def _always() -> bool:
@@ -165,6 +170,11 @@ class SlurmExecutor:
         self._max_time_at: float | None = None
         self._pinned: dict[str, tuple[str, ...]] = {}
         """Node -> the GRES type of each of its GPUs, for nodes whose GPUs are pinned."""
+        self.kill_wait_s = 30.0
+        """Slurm's KillWait (`check` reads it): how long after SIGTERM Slurm kills a job."""
+        self.fence_s = 300.0
+        """How long at most the runs of a node Slurm gives up stay in doubt (`ends`)."""
+        self._answering: dict[str, float] = {}  # node -> since when its slurmd answers
         self.launch_confirm_s = 10.0
         """A run Slurm shows RUNNING is recorded started once its batch script has marked its
         launch (`_launched`), or after this long running without the mark (a compute node
@@ -213,6 +223,7 @@ class SlurmExecutor:
                 hint="see docs/slurm.md, 'Partition settings'",
             )
         self._accounting = "accounting_storage/none" not in text.replace(" ", "")
+        self.kill_wait_s = kill_wait(text, self.kill_wait_s)
 
     def nodes(self) -> list[SlurmNode]:
         """The partition's GPU nodes; remembers which have pinned GPUs (`words.pinned_types`)."""
@@ -220,16 +231,17 @@ class SlurmExecutor:
         self._pinned = {n.name: n.pinned for n in found if n.pinned}
         return found
 
-    def _node_changes(self, nodes: Mapping[str, Node]) -> tuple[list[NodeChange], frozenset[str]]:
-        """The ledger's nodes follow Slurm's (`words.node_changes`), and the nodes whose slurmd
-        Slurm cannot reach now; ([], every node) while Slurm cannot be read."""
+    def _node_changes(self, nodes: Mapping[str, Node], now: float) -> _Changes:
+        """The ledger's nodes follow Slurm's (`words.node_changes`; lost with a fence: `ends`),
+        and the nodes whose slurmd Slurm cannot reach now; ([], every node) while unread."""
         try:
             found = self.nodes()
         except EngineError as err:
             log.warning("slurm nodes: %s; keeping the nodes as they are", err.line())
             return [], _every(nodes)
+        self._answering = answering(((n.name, n.unresponsive) for n in found), self._answering, now)
         unseen = frozenset(n.name for n in found if n.unresponsive and not n.down)
-        return node_changes(found, nodes), unseen
+        return node_changes(found, nodes, self.fence_s), unseen
 
     @property
     def view(self) -> Mapping[str, SlurmJob]:
@@ -257,21 +269,6 @@ class SlurmExecutor:
                 for sl in r.launch.slots:
                     held.setdefault(sl.node, set()).update(sl.gpu_indices)
         return held
-
-    def _who(self, job: Launch) -> SbatchUser | str:
-        """Who `job` runs as (`account_for`, the rule of every engine), as sbatch's `--uid` and
-        `--gid` (none when it is the service's own account), or why it may not run."""
-        account = account_for(job.user, self.run_as, os.geteuid())
-        if isinstance(account, str):
-            return account
-        other = account.uid != os.geteuid()
-        return SbatchUser(
-            uid=account.uid if other else None,
-            gid=account.gid if other else None,
-            name=account.name,
-            home=account.home,
-            shell=account.shell,
-        )
 
     def _default_log(self, job: Launch, who: SbatchUser) -> Path:
         """The service's own output file of a job that names none (no working directory):
@@ -324,21 +321,10 @@ class SlurmExecutor:
                 touched.append(job_id)
         return touched
 
-    def _sbatch_env(self) -> dict[str, str]:
-        """sbatch's own environment: PATH, where the cluster is (`SBATCH_ENV`) and SLURM_UMASK.
-        sbatch hands its environment to the job, so nothing else of the service's goes in (its
-        secrets, its HOME, `SBATCH_*` options)."""
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-        # the umask slurmstepd makes the output files with: the user's alone (the batch script
-        # gives the job its own umask back)
-        env["SLURM_UMASK"] = "0077"
-        env.update({k: self.env[k] for k in SBATCH_ENV if k in self.env})
-        return env
-
     def _submit(self, r: Run) -> None:
         assert r.launch is not None
         job = r.launch
-        who = self._who(job)
+        who = sbatch_user(job.user, self.run_as)
         if isinstance(who, str):
             raise _Refused(who)
         out = job.stdout or str(self._default_log(job, who))
@@ -351,10 +337,11 @@ class SlurmExecutor:
                                        self._pinned, err, self._grace_of(r),
                                        self.max_time_s)]  # fmt: skip
         checkpoint = self._checkpoint_file(job.job_id, job.run, who)
-        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START)
-        launched, no_dir, no_cmd = (str(checkpoint.with_name(m)) for m in marks)
-        script = batch_script(job, who, str(checkpoint), launched, own_umask(), no_dir, no_cmd)
-        slurm_id = self._run(args, stdin=script, env=self._sbatch_env()).strip().split(";")[0]
+        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED)
+        launched, no_dir, no_cmd, ended, signalled = (str(checkpoint.with_name(m)) for m in marks)
+        script = batch_script(job, who, str(checkpoint), launched, own_umask(), no_dir, no_cmd,
+                              ended, signalled)  # fmt: skip
+        slurm_id = self._run(args, stdin=script, env=sbatch_env(self.env)).strip().split(";")[0]
         r.slurm_id = slurm_id
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, slurm_id)
 
@@ -428,7 +415,7 @@ class SlurmExecutor:
             self._read_runs(now)
             self._answered_at = now
             self._try_submit(now)
-            changes, unseen = self._node_changes(nodes)
+            changes, unseen = self._node_changes(nodes, now)
             self._read_max_time(now)
             if self._settle_until is not None and now < self._settle_until:
                 unseen = _every(nodes)  # what ended meanwhile is recorded; nothing is decided
@@ -614,7 +601,8 @@ class SlurmExecutor:
                 # charged from Slurm's real start (the ledger keeps it inside the placement)
                 self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
                                           started_at=j.start_time))  # fmt: skip
-                self._check_gpus(r, j)
+                if differ := gpus_differ(r.launch, j):
+                    log.warning("job %s: %s", job_id, differ)
             if (
                 j.holding
                 and not j.ended
@@ -626,6 +614,8 @@ class SlurmExecutor:
                 at = now if j.end_time is None else min(now, j.end_time)
                 self._exits.append(Exit(job_id, -1, at, "launch_failed", r.slurm_id, j.state,
                                         never_ran))  # fmt: skip
+            elif j.ended and end_reason(j.state) == "node_failure" and not r.limited:
+                self._node_failed(r, j, now)  # how it really ended, once known
             elif j.ended:
                 del self._runs[job_id]
                 at = self._end_of(r, j, now)
@@ -697,6 +687,24 @@ class SlurmExecutor:
                      r.slurm_id, when(at), when(j.end_time))  # fmt: skip
         return at
 
+    def _node_failed(self, r: Run, j: SlurmJob, now: float) -> None:
+        """A run Slurm ended NODE_FAIL: recorded as it really ended, once known; kept until
+        then (running, for the ledger in doubt on its lost node; `ends`)."""
+        run_dir = self._checkpoint_file(r.job_id, r.run).parent
+        ending = node_fail_end(run_dir, r.launch, r.started_at, j, self._answering,
+                               self.kill_wait_s, now)  # fmt: skip
+        if ending is None:
+            if not r.node_failed:
+                r.node_failed = True
+                log.warning("job %s is NODE_FAIL in Slurm: waiting to know how it ends", r.job_id)
+            return
+        del self._runs[r.job_id]
+        self._completing.pop(j.slurm_id, None)
+        log.info("job %s (Slurm job %s, NODE_FAIL) ended %s at %s: %s", r.job_id, j.slurm_id,
+                 ending.reason, when(ending.at), ending.note)  # fmt: skip
+        self._exits.append(Exit(r.job_id, ending.exit_code, ending.at, ending.reason,
+                                j.slurm_id, j.state, ending.note))  # fmt: skip
+
     def _past_limit(self, r: Run, now: float) -> bool:
         """Whether a run has reached its limit and is not being stopped yet. The executor keeps
         every limit itself, to the second and with the job's grace (Slurm's own TIMEOUT would
@@ -757,14 +765,6 @@ class SlurmExecutor:
         if r.limited and state in ENDED:
             reason = "time_limit"
         self._exits.append(Exit(r.job_id, code, at, reason, r.slurm_id, state or "UNKNOWN"))
-
-    def _check_gpus(self, r: Run, j: SlurmJob) -> None:
-        if r.launch is None:
-            return
-        want = {sl.node: tuple(sl.gpu_indices) for sl in r.launch.slots}
-        got = {n: tuple(i) for n, i in j.gpus.items() if i}
-        if j.holding and got and got != want:
-            log.warning("job %s: Slurm gave GPUs %s, the ledger chose %s", r.job_id, got, want)
 
     def heard_from(self) -> Mapping[str, float]:
         return {}

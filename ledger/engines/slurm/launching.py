@@ -12,21 +12,60 @@ start (a forged mark hides at most those seconds). An edge (it reads the marks).
 
 from __future__ import annotations
 
+import math
 import os
+import stat
+from collections.abc import Mapping
 from pathlib import Path
 
 from ledger.cycle.executor import Launch
+from ledger.engines.slurm.ends import Ending, OwnEnd, node_fail_ending
 from ledger.engines.slurm.words import SlurmJob
 
 LAUNCHED = "launched"
 CANNOT_ENTER = "cannot-enter"
 CANNOT_START = "cannot-start"
+END_RECORD = "ended"
+"""The run's end record (`<exit code> <epoch seconds> <signalled 0|1>`), written by its batch
+script when the job's command exits (`words.batch_script`)."""
+SIGNALLED = "signalled"
+"""Touched by the batch script at each signal the job gets (its mtime: the last one)."""
 
 
 def marked(run_dir: Path, mark: str) -> bool:
     """Whether the batch script left `mark` in the run's directory (a link counts: it is
     never followed)."""
     return os.path.lexists(run_dir / mark)
+
+
+def own_end(run_dir: Path) -> OwnEnd | None:
+    """The run's own end record (`END_RECORD`), None when there is none (yet) or it does not read.
+    The job's user can write it: it is asked only when Slurm ended the run NODE_FAIL, and its
+    time is kept inside the run (`ends.node_fail_ending`)."""
+    try:  # never follows a link, never waits on a FIFO: the directory is the job user's
+        fd = os.open(run_dir / END_RECORD, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        words = os.read(fd, 100).decode("ascii", errors="replace").split()
+        code, at = (
+            (int(words[0]), float(words[1].replace(",", "."))) if len(words) == 3 else (0, math.nan)
+        )
+        return OwnEnd(code, at, words[2] == "1") if math.isfinite(at) else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def signalled_at(run_dir: Path) -> float | None:
+    """When the job last got a signal (`SIGNALLED`'s mtime), None when it has had none."""
+    try:
+        return os.lstat(run_dir / SIGNALLED).st_mtime
+    except OSError:
+        return None
 
 
 def cannot_enter(launch: Launch | None) -> str:
@@ -75,3 +114,34 @@ def never_ran(
     if marked(run_dir, CANNOT_START):
         return cannot_start(launch)
     return cannot_enter(launch) if marked(run_dir, CANNOT_ENTER) else ""
+
+
+def run_nodes(launch: Launch | None, j: SlurmJob) -> tuple[str, ...]:
+    """Pure: the nodes a run ran on (its launch's, else Slurm's NodeList of one or more plain
+    names; () when it cannot say: then no node is known to answer)."""
+    if launch is not None:
+        return tuple(dict.fromkeys(sl.node for sl in launch.slots))
+    if j.gpus:
+        return tuple(j.gpus)
+    names = tuple(n for n in j.nodes.split(",") if n)
+    return () if any("[" in n for n in names) else names
+
+
+def node_fail_end(
+    run_dir: Path,
+    launch: Launch | None,
+    started_at: float | None,
+    j: SlurmJob,
+    answering: Mapping[str, float],
+    kill_wait_s: float,
+    now: float,
+) -> Ending | None:
+    """How a run Slurm ended NODE_FAIL really ended, from its marks (`ends.node_fail_ending`;
+    `answering`: node -> since when its slurmd answers); None while it may still run."""
+    nodes = run_nodes(launch, j)
+    since = [answering.get(n) for n in nodes]
+    answered = max(s for s in since if s is not None) if nodes and None not in since else None
+    started = started_at if started_at is not None else j.start_time
+    return node_fail_ending(own_end(run_dir), signalled_at(run_dir), marked(run_dir, LAUNCHED),
+                            j.end_time, j.exit_code, started, answered, kill_wait_s,
+                            now)  # fmt: skip

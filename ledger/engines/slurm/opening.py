@@ -60,6 +60,7 @@ def open_executor(
     actor: str,
     run_as: RunAs = "submitter",
     may_act: Callable[[], bool] | None = None,
+    node_fence_s: float = 300.0,
 ) -> SlurmOpening:
     """The executor of `partition`. When slurmctld answers, it is opened now: Slurm must let
     gpu-ledger own the partition, whose GPU nodes are registered in the ledger by `actor` (an
@@ -74,6 +75,7 @@ def open_executor(
     slurm = SlurmExecutor(
         partition, ledger_id(ledger), log_dir, grace_s=grace_s, run_as=run_as, may_act=may_act
     )
+    slurm.fence_s = node_fence_s  # `serve --node-fence`, as for the node agents
     slurm.job_grace = lambda job_id: grace_in(ledger.state, job_id)
     slurm.job_limit = lambda job_id: limit_in(ledger.state, job_id)
     slurm.job_stopped = lambda job_id: stopped_in(ledger.state, job_id)

@@ -14,10 +14,11 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ledger.engines.slurm.words import SbatchUser
+from ledger.engines.accounts import RunAs, account_for
+from ledger.engines.slurm.words import SBATCH_ENV, SbatchUser
 
 log = logging.getLogger("gpuledger.slurm")
 
@@ -66,3 +67,31 @@ def _as(who: SbatchUser) -> dict[str, Any]:
     gid = who.gid if who.gid is not None else who.uid
     groups = os.getgrouplist(who.name, gid) if who.name else []
     return {"user": who.uid, "group": gid, "extra_groups": groups}
+
+
+def sbatch_user(user: str, run_as: RunAs) -> SbatchUser | str:
+    """Who a job of `user` runs as (`account_for`, the rule of every engine), as sbatch's
+    `--uid` and `--gid` (none when it is the service's own account), or why it may not run."""
+    account = account_for(user, run_as, os.geteuid())
+    if isinstance(account, str):
+        return account
+    other = account.uid != os.geteuid()
+    return SbatchUser(
+        uid=account.uid if other else None,
+        gid=account.gid if other else None,
+        name=account.name,
+        home=account.home,
+        shell=account.shell,
+    )
+
+
+def sbatch_env(service_env: Mapping[str, str]) -> dict[str, str]:
+    """Pure: sbatch's own environment: PATH, where the cluster is (`SBATCH_ENV`) and
+    SLURM_UMASK. sbatch hands its environment to the job, so nothing else of the service's goes
+    in (its secrets, its HOME, `SBATCH_*` options)."""
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    # the umask slurmstepd makes the output files with: the user's alone (the batch script
+    # gives the job its own umask back)
+    env["SLURM_UMASK"] = "0077"
+    env.update({k: service_env[k] for k in SBATCH_ENV if k in service_env})
+    return env

@@ -129,3 +129,14 @@ def run_gpus(j: SlurmJob, pinned: Mapping[str, tuple[str, ...]]) -> tuple[GpuSlo
     `decide`'s StartJob)."""
     got = {n: i for n, i in j.gpus.items() if i} or ended_gpus(j, pinned)
     return tuple(GpuSlot(node=n, gpu_indices=i) for n, i in sorted(got.items()))
+
+
+def gpus_differ(launch: Launch | None, j: SlurmJob) -> str:
+    """Pure: how the GPUs Slurm gave a running job differ from the ledger's ("" if not)."""
+    if launch is None:
+        return ""
+    want = {sl.node: tuple(sl.gpu_indices) for sl in launch.slots}
+    got = {n: tuple(i) for n, i in j.gpus.items() if i}
+    if j.holding and got and got != want:
+        return f"Slurm gave GPUs {got}, the ledger chose {want}"
+    return ""

@@ -58,6 +58,8 @@ class Run:
     """When the job last touched its checkpoint file (`GPULEDGER_CHECKPOINT_FILE`)."""
     running_seen: float | None = None
     """When a read first showed Slurm running it (its start waits for its script: `_launched`)."""
+    node_failed: bool = False
+    """Slurm ended it NODE_FAIL and the executor waits to know how it really ended (`ends`)."""
     seen_running_at: float | None = None
     """The last read that showed it running while Slurm's view was current (not in an outage's
     settle period): its end cannot be earlier."""

@@ -406,7 +406,9 @@ def parse_nodes(text: str, partition: str) -> list[SlurmNode]:
     return sorted(out, key=lambda n: n.name)
 
 
-def node_changes(slurm: Iterable[SlurmNode], ledger: Mapping[str, Node]) -> list[NodeChange]:
+def node_changes(
+    slurm: Iterable[SlurmNode], ledger: Mapping[str, Node], fence_s: float = 0.0
+) -> list[NodeChange]:
     """Pure: the node changes that make the ledger's nodes follow Slurm's, with reasons starting
     "slurm:": a node Slurm marks DOWN is lost in the ledger (its jobs end there and then); a node
     that takes no new work otherwise (DRAIN, FAIL, MAINT, ...) is drained; a node Slurm
@@ -424,7 +426,7 @@ def node_changes(slurm: Iterable[SlurmNode], ledger: Mapping[str, Node]) -> list
             DRAIN_PREFIX
         )
         if n.down and have.state != "lost":
-            out.append(NodeChange(n.name, "lost", why))
+            out.append(NodeChange(n.name, "lost", why, fence_s))
         elif n.down:
             continue
         elif n.unavailable and have.state == "active":
@@ -640,6 +642,8 @@ def batch_script(
     umask: int = 0o022,
     cannot_enter_file: str = "",
     cannot_start_file: str = "",
+    ended_file: str = "",
+    signalled_file: str = "",
 ) -> str:
     """Pure: the batch script: the job's umask (sbatch runs with SLURM_UMASK 077 so that
     slurmstepd makes the output files the user's alone, 0600; the job itself gets `umask` back,
@@ -652,7 +656,12 @@ def batch_script(
     launched (`launched_file`, made empty: a run
     Slurm shows RUNNING is recorded started only once its script gets there, so one whose
     launch fails, JobLaunchFailure or that directory, never started), then the job's command
-    replaces the shell, so it gets the signals. (The variables sit in the script:
+    replaces the shell, so it gets the signals; or, with `ended_file`, runs as the script's
+    child, which waits for it (surviving the signals Slurm gives every process of the job, so
+    the command gets them itself; each one touches `signalled_file`) and then writes the run's
+    end record, `<code> <epoch> <signalled: 0 or 1>`, and exits with its code: how it really
+    ended when Slurm ends it NODE_FAIL (`ends`). (The
+    variables sit in the script:
     `sbatch --export=ALL,VAR=...` makes Slurm start a job about 1.5 s later; sbatch itself runs
     with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
     env = job_environment(job, who or SbatchUser(), checkpoint_file)
@@ -680,7 +689,27 @@ def batch_script(
         )
     if launched_file:  # where the service's directory is not shared, the executor waits instead
         lines.append(f"{{ : > {shlex.quote(launched_file)}; }} 2>/dev/null")
-    lines.append("exec " + (shlex.join(job.command) if job.command else "true"))
+    command = shlex.join(job.command) if job.command else "true"
+    if not ended_file:
+        lines.append("exec " + command)
+        return "\n".join(lines) + "\n"
+    end, part = shlex.quote(ended_file), shlex.quote(ended_file + ".part")
+    noted = f" {{ : > {shlex.quote(signalled_file)}; }} 2>/dev/null;" * bool(signalled_file)
+    lines += [
+        "gpuledger_signalled=0",
+        # (an asynchronous command of a script ignores INT and QUIT: it gets them back)
+        f"{{ trap - INT QUIT; exec {command}; }} &",
+        "gpuledger_pid=$!",
+        # a signal only interrupts the wait (the command gets it too: Slurm signals the job's
+        # every process); the wait goes on while the command lives (a zombie too: the next
+        # wait reaps it and says its code; one reaped meanwhile died of that signal)
+        f"trap 'gpuledger_sig=1; gpuledger_signalled=1;{noted}' TERM INT HUP QUIT USR1 USR2 ALRM",
+        'while gpuledger_sig=; wait "$gpuledger_pid"; gpuledger_rc=$?; [ -n "$gpuledger_sig" ] &&'
+        ' kill -0 "$gpuledger_pid" 2>/dev/null; do :; done',
+        f'{{ echo "$gpuledger_rc $EPOCHREALTIME $gpuledger_signalled" > {part} &&'
+        f" mv -f -- {part} {end}; }} 2>/dev/null",
+        'exit "$gpuledger_rc"',
+    ]
     return "\n".join(lines) + "\n"
 
 

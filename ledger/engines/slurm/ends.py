@@ -1,0 +1,111 @@
+"""How a run Slurm ended `NODE_FAIL` really ended (docs/slurm.md, "Nodes").
+
+Slurm ends every job on a node it gives up (DOWN) `NODE_FAIL`, whatever its processes do: a job
+whose completion was still on its way to slurmctld is NODE_FAIL though it exited 0, and a job on a
+node whose slurmd Slurm cannot reach keeps running under its slurmstepd and may finish long after
+Slurm's EndTime. So the executor believes the run's own records over Slurm's word: its batch
+script notes each signal the job gets (`signalled`: Slurm's kill reached it) and writes an end
+record when the job's command exits (code, time, and whether a signal came first). Without an
+end record the run is gone only `KillWait` after Slurm's kill surely reached it (its SIGKILL
+leaves no record). While neither, the run is in doubt: its node is lost with a fence, and the
+ledger ends the run at the fence if nothing comes.
+
+Pure: times and records in, a decision out; `now` is a parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from schemas.events import EndReason
+
+OWN_END_SLACK_S = 1.0
+"""Slurm's EndTime is whole seconds (rounded down); an own end within this after it came
+before Slurm's decision."""
+
+
+def answering(
+    unresponsive: Iterable[tuple[str, bool]], since: Mapping[str, float], now: float
+) -> dict[str, float]:
+    """Pure: node -> since when its slurmd answers, continuously, after a read of the nodes
+    ((name, unresponsive) each; `since` as the last read left it)."""
+    return {n: since.get(n, now) for n, away in unresponsive if not away}
+
+
+def kill_wait(config: str, default: float) -> float:
+    """Pure: Slurm's `KillWait` in seconds from `scontrol show config` output (`KillWait =
+    10 sec`); `default` when it does not say."""
+    for line in config.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "KillWait":
+            first = value.split()[:1]
+            if first and first[0].isdigit():
+                return float(first[0])
+    return default
+
+
+@dataclass(frozen=True)
+class OwnEnd:
+    """The run's own end record: its command's exit code, when it exited (the node's clock),
+    and whether the job got a signal before (a stop, a limit, Slurm's kill)."""
+
+    exit_code: int
+    at: float
+    signalled: bool = False
+
+
+@dataclass(frozen=True)
+class Ending:
+    """What to record for a run Slurm ended NODE_FAIL: its exit code, end, reason and why."""
+
+    exit_code: int
+    at: float
+    reason: EndReason
+    note: str
+
+
+def node_fail_ending(
+    own: OwnEnd | None,
+    signalled_at: float | None,
+    marks_seen: bool,
+    slurm_end: float | None,
+    slurm_code: int,
+    started_at: float | None,
+    answering_since: float | None,
+    kill_wait_s: float,
+    now: float,
+) -> Ending | None:
+    """Pure: how a run Slurm ended NODE_FAIL (at `slurm_end`) ended, or None while it may still
+    run (wait; its node's fence bounds the wait).
+
+    1. Its own end record: signalled and ended after Slurm's EndTime (and `OWN_END_SLACK_S`),
+       Slurm's kill ended it: `node_failure`, whatever its code (a resumable job that
+       checkpoints and exits 0 at SIGTERM is requeued); otherwise it ended by itself, as its
+       exit code says (0: completed, however Slurm ended it). Its end is the record's time,
+       kept inside its run (not before `started_at`, not after `now`).
+    2. No record, but a signal noted after Slurm's EndTime (`signalled_at`): gone `kill_wait_s`
+       after it (Slurm's SIGKILL follows and leaves no record).
+    3. No record and no such signal where the run leaves its marks (`marks_seen`: the service
+       sees its directory): the kill has not reached it; wait.
+    4. Where no marks are seen: gone `kill_wait_s` after Slurm's EndTime once its nodes' slurmd
+       answers (`answering_since`, since when all do; None while one does not).
+    Gone without a record: `node_failure`, ended the last moment its processes could live."""
+    slurm = slurm_end if slurm_end is not None else now
+    if own is not None:
+        low = started_at if started_at is not None else own.at
+        at = max(low, min(own.at, now))
+        said = f"its own end record: exit {own.exit_code}; Slurm said NODE_FAIL"
+        if own.signalled and own.at > slurm + OWN_END_SLACK_S:
+            return Ending(own.exit_code, at, "node_failure", said + " (it was killed)")
+        return Ending(own.exit_code, at, "exited", said)
+    if signalled_at is not None and signalled_at >= slurm - OWN_END_SLACK_S:
+        kill_at: float | None = max(slurm, signalled_at)
+    elif marks_seen:
+        return None
+    else:
+        kill_at = None if answering_since is None else max(slurm, answering_since)
+    if kill_at is None or now < kill_at + kill_wait_s:
+        return None
+    note = "NODE_FAIL: killed, no end record within KillWait"
+    return Ending(slurm_code, kill_at + kill_wait_s, "node_failure", note)

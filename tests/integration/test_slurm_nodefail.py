@@ -1,0 +1,135 @@
+"""Exactly once on a node Slurm gives up (issue 24): a job that completed is never run again,
+and a job Slurm ends NODE_FAIL is recorded as it really ended. Real Slurm, `gpuledger up
+--executor slurm`; each job writes its start and end to a file of its own, so how many times it
+ran is counted outside the ledger."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from tests.integration import test_slurm as base
+from tests.integration.test_slurm import Ledger, status
+
+cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
+
+
+def _job(work: Path, seconds: float) -> str:
+    """Notes its start, runs `seconds`, notes its end (epoch) and exits 0."""
+    return (f"echo start $GPULEDGER_RUN $$ >> {work}/runs; sleep {seconds}; "
+            f"echo end $(date +%s.%N) >> {work}/runs")  # fmt: skip
+
+
+def _lines(work: Path, word: str) -> list[str]:
+    path = work / "runs"
+    text = path.read_text() if path.exists() else ""
+    return [ln for ln in text.splitlines() if ln.startswith(word)]
+
+
+def _slurmstepd(pid: int) -> int:
+    """The slurmstepd above a job's process."""
+    while pid > 1:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
+        if comm.startswith("slurmstepd"):
+            return pid
+        pid = int(rest.split()[1])
+    raise AssertionError("no slurmstepd above the job")
+
+
+def _down(led: Ledger) -> None:
+    c = led.cluster
+    c.run("scontrol", "update", f"nodename={c.node}", "state=down", "reason=nodefail-test")
+
+
+def test_a_job_that_exits_just_before_its_node_goes_down_is_completed_and_never_run_again(
+    ledger: Ledger,
+) -> None:
+    """Exit 0, then 0.2 s later an admin sets the node DOWN: the job is completed (exit 0,
+    Slurm's end), never requeued, never launched again once the node is back."""
+    work = ledger.work
+    ledger.up()
+    ledger.submit("alice", 1, _job(work, 4), "--resumable", "--min-runtime", "1h")
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    deadline = time.monotonic() + 30
+    while not _lines(work, "end") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    _down(ledger)
+    ledger.wait("the job to finish", lambda: status(ledger, 1) == "finished", timeout=40)
+    job = ledger.jobs()[1]
+    assert (job["outcome"], job["exit_code"]) == ("completed", 0), job
+    assert ledger.of("job.preempted.v1", 1) == [] and ledger.of("job.requeued.v1", 1) == []
+    ledger.cluster.run("scontrol", "update", f"nodename={ledger.cluster.node}", "state=resume")
+    time.sleep(3)  # a requeued job would be placed and launched again now
+    assert len(_lines(work, "start")) == 1, (work / "runs").read_text()
+    assert len(ledger.of("job.engine_linked.v1", 1)) == 1
+
+
+def test_a_job_whose_completion_is_still_on_its_way_when_its_node_goes_down_is_completed(
+    ledger: Ledger,
+) -> None:
+    """The job exits 0, but its slurmstepd has not told slurmctld yet (held here with SIGSTOP,
+    as a busy or slow node holds it) when the node goes DOWN 0.2 s later: Slurm says NODE_FAIL.
+    The ledger records the job completed (its own end record), never requeues it, never runs it
+    again (it was resumable: the node's loss alone would requeue it)."""
+    work = ledger.work
+    cl = ledger.cluster
+    ledger.up()
+    ledger.submit("alice", 1, _job(work, 3), "--resumable", "--min-runtime", "1h")
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    (linked,) = ledger.of("job.engine_linked.v1", 1)
+    slurm_id = linked["engine_job_id"]
+    ledger.wait("its start line", lambda: bool(_lines(work, "start")))
+    stepd = _slurmstepd(int(_lines(work, "start")[0].split()[2]))
+    os.kill(stepd, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 30
+        while not _lines(work, "end") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        _down(ledger)
+        ledger.wait("Slurm to end it NODE_FAIL",
+                    lambda: cl.jobs()[slurm_id]["state"] == "NODE_FAIL")  # fmt: skip
+    finally:
+        os.kill(stepd, signal.SIGCONT)
+    ledger.wait("the job to finish", lambda: status(ledger, 1) == "finished", timeout=40)
+    job = ledger.jobs()[1]
+    assert (job["outcome"], job["exit_code"]) == ("completed", 0), job
+    assert ledger.of("job.requeued.v1", 1) == []
+    cl.run("scontrol", "update", f"nodename={cl.node}", "state=resume")
+    time.sleep(3)  # a requeued job would be placed and launched again now
+    assert len(_lines(work, "start")) == 1, (work / "runs").read_text()
+    assert len(ledger.of("job.engine_linked.v1", 1)) == 1
+
+
+def test_a_job_slurm_ends_node_fail_that_runs_on_and_completes_is_recorded_completed(
+    ledger: Ledger,
+) -> None:
+    """slurmd is killed (its slurmstepd keeps the job), the node set DOWN: Slurm ends the job
+    NODE_FAIL at once, its processes run on and exit 0. The ledger loses the node but records
+    the job completed, exit 0, at its processes' own end (not failed, node_lost); it ran once."""
+    work = ledger.work
+    cl = ledger.cluster
+    ledger.up()
+    ledger.submit("bob", 1, _job(work, 8))
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    (linked,) = ledger.of("job.engine_linked.v1", 1)
+    os.kill(cl.daemon_pid("slurmd"), signal.SIGKILL)
+    _down(ledger)
+    ledger.wait("Slurm to end it NODE_FAIL",
+                lambda: cl.jobs()[linked["engine_job_id"]]["state"] == "NODE_FAIL")  # fmt: skip
+    ledger.wait("the node lost", lambda: bool(ledger.of("node.lost.v1")))
+    assert status(ledger, 1) == "running"  # in doubt: its processes may live on
+    ledger.wait("the job to finish", lambda: status(ledger, 1) == "finished", timeout=40)
+    (end,) = _lines(work, "end")
+    job = ledger.jobs()[1]
+    assert (job["outcome"], job["exit_code"]) == ("completed", 0), job
+    (finished,) = ledger.of("job.finished.v2", 1)
+    assert abs(finished["ended_at"] - float(end.split()[1])) <= 1.0, (finished, end)
+    (ended,) = ledger.of("job.engine_ended.v1", 1)
+    assert (ended["reason"], ended["engine_state"]) == ("exited", "NODE_FAIL"), ended
+    assert len(_lines(work, "start")) == 1
+    cl.up()  # slurmd back (the fixture resumes the node)

@@ -1,0 +1,106 @@
+"""How a run Slurm ended NODE_FAIL really ended (`ends.node_fail_ending`, issue 24): a run that
+completed is never requeued or failed, and one is taken for gone only once it surely is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from ledger.engines.slurm.ends import Ending, OwnEnd, node_fail_ending
+
+END = 1000.0  # Slurm's EndTime of the NODE_FAIL
+START = 900.0
+KILL_WAIT = 10.0
+
+
+@dataclass(frozen=True)
+class Case:
+    own: OwnEnd | None = None
+    signalled_at: float | None = None
+    marks_seen: bool = True
+    answering_since: float | None = 0.0
+    now: float = END + 1.0
+    want: tuple[int, float, str] | None = None  # (exit code, end, reason); None: wait
+
+
+CASES = {
+    # the completion was on its way to slurmctld when the node went DOWN (exit 0.2 s before)
+    "completed just before the node went down is completed": Case(
+        own=OwnEnd(0, END - 0.2), want=(0, END - 0.2, "exited")
+    ),
+    # slurmd away: Slurm's kill never reached it; it ran on and finished
+    "ran on past NODE_FAIL unsignalled and exited 0 is completed at its own end": Case(
+        own=OwnEnd(0, END + 40.0),
+        answering_since=None,
+        now=END + 41.0,
+        want=(0, END + 40.0, "exited"),
+    ),
+    "ran on past NODE_FAIL and failed by itself is failed with its code": Case(
+        own=OwnEnd(3, END + 40.0),
+        answering_since=None,
+        now=END + 41.0,
+        want=(3, END + 40.0, "exited"),
+    ),
+    "killed by Slurm and exited 0 at SIGTERM is the node's failure": Case(
+        own=OwnEnd(0, END + 2.0, signalled=True),
+        signalled_at=END,
+        now=END + 3.0,
+        want=(0, END + 2.0, "node_failure"),
+    ),
+    "signalled before its own end and ended before NODE_FAIL is its own end": Case(
+        own=OwnEnd(143, END - 5.0, signalled=True), want=(143, END - 5.0, "exited")
+    ),
+    "an own end record before its start counts from its start": Case(
+        own=OwnEnd(0, START - 50.0), want=(0, START, "exited")
+    ),
+    "an own end record in the future counts from now": Case(
+        own=OwnEnd(0, END + 500.0), now=END + 2.0, want=(0, END + 2.0, "exited")
+    ),
+    "signalled, no record, within KillWait: wait": Case(signalled_at=END + 1.0, now=END + 10.0),
+    "signalled, no record, KillWait passed: gone then": Case(
+        signalled_at=END + 1.0, now=END + 11.5, want=(0, END + 11.0, "node_failure")
+    ),
+    "a signal long before NODE_FAIL is not Slurm's kill: wait": Case(
+        signalled_at=END - 100.0, now=END + 60.0
+    ),
+    "no record, no signal, marks seen: its slurmd never killed it: wait": Case(now=END + 600.0),
+    "marks not shared, node answering, KillWait passed: gone": Case(
+        marks_seen=False, now=END + 10.0, want=(0, END + 10.0, "node_failure")
+    ),
+    "marks not shared, node answering, within KillWait: wait": Case(
+        marks_seen=False, now=END + 9.0
+    ),
+    "marks not shared, node not answering: wait": Case(
+        marks_seen=False, answering_since=None, now=END + 600.0
+    ),
+    "marks not shared, node answers again later: KillWait from then": Case(
+        marks_seen=False,
+        answering_since=END + 100.0,
+        now=END + 110.0,
+        want=(0, END + 110.0, "node_failure"),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_node_fail_ending(name: str) -> None:
+    case = CASES[name]
+    got = node_fail_ending(case.own, case.signalled_at, case.marks_seen, END, 0, START,
+                           case.answering_since, KILL_WAIT, case.now)  # fmt: skip
+    if case.want is None:
+        assert got is None, got
+        return
+    assert isinstance(got, Ending)
+    assert (got.exit_code, got.at, got.reason) == case.want
+
+
+def test_a_completed_run_is_never_taken_for_a_node_failure_whatever_slurm_and_the_clock_say() -> (
+    None
+):
+    """Exit 0 and no signal: completed, at any time, whether its node answers or not."""
+    for at in (START + 1, END - 0.5, END + 0.5, END + 30.0, END + 3000.0):
+        for answering in (None, 0.0, END + 5.0):
+            got = node_fail_ending(OwnEnd(0, at), None, True, END, 0, START, answering,
+                                   KILL_WAIT, END + 4000.0)  # fmt: skip
+            assert got is not None and (got.reason, got.exit_code) == ("exited", 0), (at, got)
