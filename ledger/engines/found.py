@@ -14,6 +14,15 @@ the machine (`find_live`):
    only this way gets its run directory back: the one its leader still holds open (the record,
    descriptor 9, which follows a moved directory), else a new one with the spec read from the
    process (its environment, GPUs and group) and its session leader as the job.
+   **Only what the agent made is believed** (atk36-23 F6, F3): any OS user can start a process
+   with those variables (the scope is in every job's own environment), naming another user's
+   job with a later launch, and this scan then stopped the real run as an older launch. Where
+   cgroups are used, a process counts only inside one of the scope's groups, which only the
+   agent (root) can make or move a process into, and its run is the group's name
+   (`<scope>/<job>.<launch>.<rank>`), never its environment; without cgroups, only a run whose
+   processes hold a record the agent's user owns (descriptor 9, the record the supervisor
+   opened, in a directory of the run's name) is believed, and only that user's or that record
+   holder's uid's processes are its.
 
 The parts found make handles (`Handle`), one per job: its newest launch. An older launch of the
 same job still alive here can only be one the ledger stopped: it is stopped (SIGTERM, SIGKILL
@@ -129,22 +138,35 @@ def _from_processes(
             continue
         pid = int(entry.name)
         env = _environ(pid)
-        group = _group_of(pid, scope) if containment.cgroups else ""
-        if env.get(SCOPE_VAR) != scope and not group:
-            continue
-        try:
-            key = (int(env["GPULEDGER_JOB_ID"]), int(env["GPULEDGER_LAUNCH"]), int(env["RANK"]))
-        except (KeyError, ValueError):
-            if group:
+        if containment.cgroups:
+            # only a process in one of the scope's groups, which only the agent makes, and its
+            # run as the group names it (module doc, 2: the environment is anyone's to forge)
+            group = _group_of(pid, scope)
+            key = _key_of_group(group)
+            if key is None:
+                continue
+            if env.get(SCOPE_VAR) != scope:
                 bare.append((pid, group))  # no environment: placed by its group below
-            continue
+                continue
+        else:
+            group = ""
+            if env.get(SCOPE_VAR) != scope:
+                continue
+            try:
+                key = (int(env["GPULEDGER_JOB_ID"]), int(env["GPULEDGER_LAUNCH"]), int(env["RANK"]))
+            except (KeyError, ValueError):
+                continue
         groups.setdefault(key, []).append(pid)
         envs.setdefault(key, env)
         if group:
             named[group] = key
     for pid, group in bare:
-        if group in named:
-            groups[named[group]].append(pid)
+        key = named.get(group) or _key_of_group(group)
+        if key is not None:
+            groups.setdefault(key, []).append(pid)
+            envs.setdefault(key, {})
+    if not containment.cgroups:  # without groups: only runs whose record the agent made
+        groups = {k: mine for k, pids in groups.items() if (mine := _made_here(k, pids))}
     found: dict[tuple[int, int], list[Part]] = {}
     for (job_id, launch, rank), pids in sorted(groups.items()):
         rundir = _held_rundir(pids)
@@ -158,6 +180,42 @@ def _from_processes(
         if part is not None:
             found.setdefault((job_id, launch), []).append(part)
     return found
+
+
+def _key_of_group(group: str) -> tuple[int, int, int] | None:
+    """(job, launch, rank) of a part's group `<scope>/<job>.<launch>.<rank>` (None: not one)."""
+    bits = group.rpartition("/")[2].split(".") if group else []
+    if len(bits) != 3 or not all(b.isdigit() for b in bits):
+        return None
+    return int(bits[0]), int(bits[1]), int(bits[2])
+
+
+def _uid(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def _made_here(key: tuple[int, int, int], pids: list[int]) -> list[int]:
+    """Of `pids` (marked with run `key` by their environment), the ones of a run the agent
+    made: a process holds the record the supervisor opened (descriptor 9: a file this agent's
+    user owns, `<job>.<launch>/<rank>/record`), and these are its holders' uids' processes.
+    None when no process holds one: a forger cannot make a file of the agent's user."""
+    job_id, launch, rank = key
+    uids = set()
+    for pid in pids:
+        fd = f"/proc/{pid}/fd/{RECORD_FD}"
+        with contextlib.suppress(OSError):
+            target = Path(os.readlink(fd).removesuffix(" (deleted)"))
+            named = (target.name, target.parent.name, target.parent.parent.name)
+            if (
+                named == ("record", str(rank), run_name(job_id, launch))
+                and (os.stat(fd).st_uid == os.geteuid())
+                and (uid := _uid(pid)) is not None
+            ):
+                uids.add(uid)
+    return [p for p in pids if _uid(p) in uids]
 
 
 def _held_rundir(pids: list[int]) -> Path | None:

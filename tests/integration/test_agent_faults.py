@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import time
 from pathlib import Path
 
 from tests.integration.test_node_agents import (
@@ -22,6 +24,7 @@ from tests.integration.test_node_agents import (
     wait_for,
     with_flags,
 )
+from tests.integration.userkit import os_user
 
 __all__ = ["cluster", "template"]  # the fixtures, shared with test_node_agents.py
 
@@ -169,3 +172,54 @@ def test_an_admins_node_lost_stays_until_the_admin_returns_the_node(cluster: Clu
     c.cli("node", "return", node)
     wait_for("the node to be active", lambda: c.nodes()[node] == "active", 30, c.why)
     c.wait_status(job, "running", "finished")
+
+
+@with_flags(serve=("--node-lost-after", "60s"))
+def test_a_process_another_user_marks_as_a_job_never_stops_or_wedges_it_at_a_restart(
+    cluster: Cluster,
+) -> None:
+    """atk36-23 F6, F3: any OS user can start a process carrying a job's markers (the scope is
+    in every job's own environment): one naming another user's running job with a later launch,
+    one naming a job never placed there. The agent, started again, took the first for the job's
+    newest launch and SIGKILLed the real run as an older one (recorded failed, 137, its TERM
+    trap never ran), and retried a report of the second forever, recording nothing behind it.
+    Now neither is believed: the job runs on, its exit is reported, and the forger's processes
+    are left alone."""
+    c = cluster
+    flag, starts = c.home.parent / "go-f6", c.home.parent / "starts-f6"
+    job = c.submit(2, flagged(flag, starts))
+    node, pid = running_pid(c, job)
+    env = dict(
+        item.split("=", 1)
+        for item in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+        if "=" in item
+    )
+    scope, launch = env["GPULEDGER_SCOPE"], int(env["GPULEDGER_LAUNCH"])
+    ag = c.agents[node]
+    with os_user("atk") as forger:
+        marks = [
+            ["setsid", "env", "-i", f"GPULEDGER_SCOPE={scope}", f"GPULEDGER_JOB_ID={jid}",
+             f"GPULEDGER_LAUNCH={n}", "RANK=0", "sleep", "300"]
+            for jid, n in ((job, launch + 1), (job + 1000, 1))
+        ]  # fmt: skip
+        forged = [
+            subprocess.Popen(m, user=forger.uid, group=forger.gid, extra_groups=[]) for m in marks
+        ]
+        try:
+            ag.kill(signal.SIGKILL)
+            ag.start()
+            wait_for("the agent's first report", lambda: "adopted job" in ag.text(), 30, c.why)
+            time.sleep(2)
+            assert alive(pid), ag.text()
+            flag.touch()
+            done = c.wait_status(job, "finished")
+            assert (done["outcome"], done["exit_code"]) == ("failed", 3), done
+            assert starts.read_text().count("start") == 1
+            assert all(f.poll() is None for f in forged)
+            assert not list((ag.state / "runs").glob(f"{job}.{launch + 1}"))
+            assert not list((ag.state / "runs").glob(f"{job + 1000}.*"))
+        finally:
+            for f in forged:
+                f.kill()
+                f.wait()
+    assert held_twice(all_events(c)) == []
