@@ -672,6 +672,10 @@ class SupervisedExecutor:
     def _terminate(self, h: Handle, now: float, why: StopReason) -> None:
         if h.stop_reason is None or why == "ledger":
             h.stop_reason = why
+            if why in STOPS_KEPT:  # kept beside the run: its end is told so after a restart
+                for p in h.parts:
+                    with contextlib.suppress(OSError):
+                        write_atomic(Path(p.rundir) / STOP_FILE, why.encode(), sync=False)
         if h.stop_at is None:
             h.stop_at = now
             self._signal(h, signal.SIGTERM)
@@ -775,6 +779,9 @@ class SupervisedExecutor:
         if not end.launch_failed:
             start = Start(job_id, name, run, started_at=max(known) if known else None)
         reason: RunEnd = "launch_failed" if end.launch_failed else "exited"
+        stops = {_stop_kept(d) for d in sorted(runs.glob("*")) if d.is_dir()}
+        if not end.launch_failed and stops & STOPS_KEPT.keys():
+            reason = STOPS_KEPT["drain" if "drain" in stops else "time_limit"]
         at = end.ended_at if end.ended_at is not None else now
         return start, Exit(job_id, end.code, at, reason, name, note=end.note())
 
@@ -795,6 +802,23 @@ class SupervisedExecutor:
             left=sum(x.left for x in known),
             killed=any(x.killed for x in known),
         )
+
+
+STOP_FILE = "stopped"
+"""In a part's run directory: why the agent itself stopped the run (a drain, its time limit),
+written when it sent SIGTERM. A restarted agent that finds the run's end with no handle tells
+the end with that reason (a drained resumable job is requeued), not as a plain exit (atk36-23
+F5: an agent killed after `--drain` stopped a job, before its report was taken, made the next
+agent report the drained checkpoint-and-exit-0 as `completed`)."""
+
+STOPS_KEPT: dict[str, RunEnd] = {"drain": "drained", "time_limit": "time_limit"}
+
+
+def _stop_kept(rundir: Path) -> str:
+    try:
+        return (rundir / STOP_FILE).read_text().strip()
+    except OSError:
+        return ""
 
 
 __all__ = ["SupervisedExecutor", "handled_jobs", "live_processes", "run_name"]

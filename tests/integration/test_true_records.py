@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,6 +86,41 @@ def test_agent_drain_reports_a_slow_resumable_jobs_exit_and_the_job_is_requeued(
                                           if ev["job_id"] == job], 30, c.why)  # fmt: skip
     row = c.job(job)
     assert row["status"] != "finished", row
+
+
+def test_a_drain_whose_report_never_reached_the_server_is_told_as_a_drain_by_the_next_agent(
+    cluster: Cluster,
+) -> None:
+    """atk36-23 F5: with the server down, `agent --drain` stops a resumable job (it checkpoints
+    and exits 0 on TERM) and is killed before its report is taken; the next agent found the
+    run's end with no handle and told it as a plain exit: the job was recorded `completed`,
+    never requeued. The drain is kept beside the run (`stopped`) and told as such."""
+    c = cluster
+    job = c.submit(1, "trap 'exit 0' TERM; echo $$; while true; do sleep 0.2; done",
+                   "--resumable", "--grace", "15s")  # fmt: skip
+    j = c.wait_status(job, "running")
+    node = j["logs"][0].split(":", 1)[0]
+    ag = c.agents[node]
+    ag.kill(signal.SIGTERM)  # stopping the agent leaves the job running
+    c.server.stop(signal.SIGKILL)
+    drain = subprocess.Popen(
+        [agents.GPULEDGER, "agent", "--node", node, "--url", c.server.url, "--gpus",
+         str(agents.GPUS), "--state-dir", str(ag.state), "--grace", "15s", "--drain"],
+        env=agents.env_for(ag.state, GPULEDGER_NODE_TOKEN=ag.token),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        ends = lambda: list((ag.state / "runs").glob(f"{job}.*/0/exit"))  # noqa: E731
+        wait_for("the drained run's end", ends, 30, c.why)
+        time.sleep(2)  # its handle closed, the state file saved; the report waits for a server
+    finally:
+        drain.kill()
+        drain.wait()
+    c.restart_server()
+    ag.start()
+    wait_for("the job's requeue", lambda: [ev for ev in c.events("job.requeued.v1")
+                                          if ev["job_id"] == job], 30, c.why)  # fmt: skip
+    assert c.job(job)["status"] != "finished"
 
 
 def test_afternotok_on_an_array_waits_for_every_task_through_the_server(tmp_path: Path) -> None:
