@@ -7,14 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from ledger.core.evolve import fold
 from ledger.cycle.executor import Launch
 from ledger.engines.slurm import SbatchUser, parse_jobs, sbatch_args
 from ledger.engines.slurm.stops import (
     Stopping,
     completing,
     stopped_end,
-    stopped_in,
     stopping_gpus,
 )
 from ledger.engines.slurm.tracked import forget_stop, note_stop, noted_stop
@@ -100,20 +98,10 @@ def _submitted(job_id: int) -> e.JobSubmitted:
                           command=("true",))  # fmt: skip
 
 
-def test_a_stop_is_dated_by_the_ledgers_record_across_a_restart(tmp_path: Path) -> None:
-    """F2: a run found alive after a restart gets the rest of its grace from when its stop
-    began: a cancel's recorded end; for a preempted or requeued run (its job lives on), the
-    time the executor noted when it began the stop."""
-    state = fold([
-        _submitted(1), _submitted(2),
-        e.JobFinished(event_id="f1", at=100.0, actor="alice", job_id=1, exit_code=None,
-                      outcome="cancelled", reason="cancelled"),
-        e.JobPreempted(event_id="p2", at=200.0, actor="@dispatcher", job_id=2,
-                       reason="admin"),
-    ])  # fmt: skip
-    assert stopped_in(state, 1) == 100.0
-    assert stopped_in(state, 2) is None  # its job lives on: the executor's note says
-    assert stopped_in(state, 3) is None  # unknown
+def test_a_stop_is_dated_by_the_sigterm_the_executor_noted(tmp_path: Path) -> None:
+    """F2: a run found alive after a restart gets the rest of its grace from when the executor
+    sent its SIGTERM (noted beside the service, private); none noted: none was sent, and the
+    run gets its whole grace from the restart (atk36-23 F2)."""
     assert noted_stop(tmp_path, "77") is None
     note_stop(tmp_path, "77", 200.25)
     assert noted_stop(tmp_path, "77") == 200.25

@@ -207,3 +207,43 @@ def test_a_script_that_cannot_enter_its_directory_is_launch_failed_unless_it_sta
     reads(ex, our_run("COMPLETED", end="21:18:35"), 200.0)
     ((x),) = ex._exits
     assert x.reason != "launch_failed" and len(ex._starts) == 1, x
+
+
+# --- a stop whose SIGTERM was never sent before a restart (atk36-23 F2) -------------------------
+
+
+class SentSlurm(FakeSlurm):
+    """FakeSlurm that also keeps the `scancel` commands it was asked to run."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.sent: list[list[str]] = []
+
+    def _run(self, args: list[str], stdin: str | None = None) -> str:
+        if args[0] == "scancel":
+            self.sent.append(args)
+            return ""
+        return super()._run(args, stdin)
+
+
+def test_a_run_found_after_a_restart_gets_sigterm_and_its_grace_unless_one_was_sent(
+    tmp_path: Path,
+) -> None:
+    """The service stopped between a cancel and carrying it out: Slurm still runs the run the
+    ledger no longer runs. It gets SIGTERM and its whole grace from the restart, as the node
+    agents give it (it was cancelled at once, its grace counted from a cancel it never heard
+    of); a run whose SIGTERM was sent before the restart gets only what is left."""
+    from ledger.engines.slurm.tracked import note_stop
+
+    ex = SentSlurm("gpuledger", LID, tmp_path)
+    ex.job_grace = lambda _job: 30.0
+    ex._view = {j.slurm_id: j for j in parse_jobs(ours(1, 5, "RUNNING"))}
+    ex._read_runs(1_000.0)
+    assert ex.sent == [["scancel", "--signal=TERM", "--full", "5"]]
+
+    again = SentSlurm("gpuledger", LID, tmp_path / "b")
+    again.job_grace = lambda _job: 30.0
+    note_stop(again.log_dir, "5", 900.0)  # its SIGTERM went out 100 s before: grace over
+    again._view = {j.slurm_id: j for j in parse_jobs(ours(1, 5, "RUNNING"))}
+    again._read_runs(1_000.0)
+    assert again.sent == [["scancel", "5"]]

@@ -38,7 +38,6 @@ from ledger.engines.slurm.stops import (
     gpus_differ,
     grace_of,
     no_grace,
-    not_stopped,
     run_gpus,
     stopped_end,
     stopping_gpus,
@@ -136,8 +135,6 @@ class SlurmExecutor:
         self.job_limit: Callable[[int], float | None] = no_grace
         """A job's time limit by job id (`open_executor` reads the ledger's), for runs adopted
         after a restart, whose exact limit Slurm does not keep (it rounds up to minutes)."""
-        self.job_stopped: Callable[[int], float | None] = not_stopped
-        """When the ledger ended a job (a cancel): a run alive after a restart gets the rest."""
         self._foreign: dict[str, frozenset[int]] = {}
         self._foreign_seen: set[str] = set()
         self._accounting: bool | None = None
@@ -659,7 +656,10 @@ class SlurmExecutor:
                     log.warning("slurm job %s is a run the ledger no longer runs: stopping it", j)
                     tag = j.tag(self.ledger_id)
                     assert tag is not None  # when its stop began: what is left of its grace
-                    since = self.job_stopped(tag[0]) or noted_stop(self.log_dir, j.slurm_id)
+                    # from its SIGTERM, when one was sent before the restart; none sent yet
+                    # (the service stopped between the cancel and carrying it out): the whole
+                    # grace from now, as the node agents give it (atk36-23 F2)
+                    since = noted_stop(self.log_dir, j.slurm_id)
                     grace = self.job_grace(tag[0]) if j.grace_s is None else j.grace_s
                     self._signal(j.slurm_id, now, grace, tag, since)
                 continue

@@ -96,21 +96,6 @@ def grace_of(
     return service_s if grace is None else grace
 
 
-def stopped_in(state: State, job_id: int) -> float | None:
-    """Pure: when the ledger ended `job_id` (a cancel), as recorded; None while the job is not
-    finished (a preempted or requeued run: `tracked.noted_stop` says when its stop began) or
-    the state cannot say (an end older than `ENDS_KEPT_S`). A stop's grace counts from then,
-    whenever the executor carries it out."""
-    job = state.jobs.get(job_id)
-    end = state.ends.get(job_id) if job is None or not job.active else None
-    return None if end is None else end[1]
-
-
-def not_stopped(_: int) -> float | None:
-    """No stop's time is known (an executor built without its ledger)."""
-    return None
-
-
 def no_grace(_: int) -> float | None:
     """No job's own grace (nor time limit) is known (an executor built without its ledger)."""
     return None
