@@ -62,7 +62,7 @@ LIVE = [
     "/v1/queue?policy=fifo&limit=1000", "/v1/priority?policy=fifo&limit=1000",
     "/v1/explain?job_id=3&policy=fifo", "/metrics", "/ui/api/queue?limit=1000",
     "/ui/api/nodes", "/ui/api/teams?window=all", "/ui/api/job/3",
-    "/ui/api/decisions?limit=1000", "/ui/api/preemptions?account=all&window=all",
+    "/ui/api/decisions?limit=1000", "/ui/api/preemptions?account=*&window=all",
 ]  # fmt: skip
 """The reads `--load live` loops (see the docstring)."""
 SELF_JOIN = (

@@ -61,6 +61,8 @@ KEPT_BEHIND_S = 2 * 86400.0
 """The teams page's whole period reads the ended hours it has not kept yet when they are at
 most this many (a few hours since the last read); further behind, it sums the period in the
 engine (`hours.bucketed_series`) and the worker keeps reading them ahead when idle."""
+EVERY_ACCOUNT = "*"
+"""The preemptions page's "every team" (no account name has a `*`; `all` is a name one may open)."""
 PAGE_MAX = 1000
 """The most rows one page of a dashboard table answers (the queue, the decisions, the
 preemptions): past it, one 400 line from the query gate (`ledger.server.query`); a client
@@ -578,7 +580,8 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         limit: Size = PAGE_MAX,
     ) -> Response[bytes]:
         """The preemptions an account's subtree suffered and caused over a window (no account:
-        the first the caller manages, else all; `account=all`: all): the report's counts and
+        the first the caller manages, else all; `account=*`, which no account name can be, or
+        empty: all; an account named `all` is that account, atk36-29 F1): the report's counts and
         sums over all of it, one page of its rows (at most `PAGE_MAX`) and their true
         total, read from the projection in the read pool (admitted, time-limited: T5)."""
         caller = person(request)
@@ -586,7 +589,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         def read(h: copied.CopiedHandles) -> bytes:  # in the read pool
             managed = sorted(h.ledger.state.managers.get(caller.actor, ()))
             chosen = (managed[0] if managed else None) if account is None else account
-            if chosen in ("", "all"):
+            if chosen in ("", EVERY_ACCOUNT):
                 chosen = None
             end = float(math.floor(h.now()))  # whole seconds: `--at` of the CLI says it
             days = {"7d": 7, "30d": 30, "90d": 90}

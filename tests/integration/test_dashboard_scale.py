@@ -335,9 +335,16 @@ def test_the_preemptions_page_equals_the_cli_report(deep: Deep, browser: Browser
         # a preemption inside the subtree is both suffered and caused
         assert all(r[1] in ("caused" if side == "by" else "suffered", "both") for r in rows)
     status, body = deep.server.request(
-        "GET", "/ui/api/preemptions?account=all&window=all", token=deep.user
+        "GET", "/ui/api/preemptions?account=*&window=all", token=deep.user
     )
     assert status == 200 and body["managed"] == [] and body["report"]["account"] is None
+    # an account named `all` is that account, not every team (atk36-29 F1)
+    cli(deep.dash.home, "account", "open", "all", "--kind", "program", GPULEDGER_USER="root")
+    status, mine = deep.server.request(
+        "GET", "/ui/api/preemptions?account=all&window=all", token=deep.user
+    )
+    assert status == 200 and mine["report"]["account"] == "all", mine["report"]
+    assert mine["total"] == 0 < body["total"]
     # an account that never existed is one error line, not an empty report (nor a LIKE pattern)
     for bad in ("no/such", "%", "prog_"):
         assert (

@@ -54,7 +54,7 @@ def test_a_page_parameter_out_of_its_bounds_is_one_line(path: str, q: str, said:
     ("path", "q"),
     [
         ("/ui/api/decisions", f"limit={PAGE_MAX}&before={2**62}&since=0&until=1.5"),
-        ("/ui/api/preemptions", f"limit={PAGE_MAX}&offset=0&account=all&window=all"),
+        ("/ui/api/preemptions", f"limit={PAGE_MAX}&offset=0&account=*&window=all"),
         ("/ui/api/queue", f"limit={PAGE_MAX}&offset=1000000000"),
     ],
 )

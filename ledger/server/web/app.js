@@ -552,7 +552,7 @@ const PREEMPT_PAGE = 200;
 async function preemptionsPage(first) {
   const q = new URLSearchParams({ side: preemptState.side, window: preemptState.window,
     offset: preemptState.offset, limit: PREEMPT_PAGE });
-  if (preemptState.account !== null) q.set("account", preemptState.account || "all");
+  if (preemptState.account !== null) q.set("account", preemptState.account || "*");  // "*": every team (no name has one)
   const data = await api(`/ui/api/preemptions?${q}`);
   const rep = data.report;
   if (first || preemptState.account === null) preemptState.account = rep.account || "";

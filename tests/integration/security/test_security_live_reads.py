@@ -113,7 +113,7 @@ def live_reads(job: int) -> list[str]:
         f"/ui/api/job/{job}",
         "/ui/api/budget",
         "/ui/api/decisions?limit=1000",
-        "/ui/api/preemptions?account=all&window=all",
+        "/ui/api/preemptions?account=*&window=all",
         "/v1/jobs?limit=1000",
         "/v1/log?tail=1000",
         "/v1/projection",  # on the worker, the projection caught up beside it first
@@ -328,7 +328,7 @@ def test_the_decisions_and_preemptions_pages_are_paged_with_a_true_total(world: 
     status, _h, body = get(world, "/ui/api/decisions?limit=100000", "root")
     assert status == 400 and "\n" not in body["detail"], body
     assert "Expected `int` <= 1000 - at `limit`" in body["detail"], body
-    status, _h, page = get(world, "/ui/api/preemptions?account=all&window=all&limit=1", "bob")
+    status, _h, page = get(world, "/ui/api/preemptions?account=*&window=all&limit=1", "bob")
     assert status == 200, page
     assert page["total"] == len(page["report"]["rows"]) == page["report"]["suffered"] == 0
     assert (page["offset"], page["limit"]) == (0, 1)
