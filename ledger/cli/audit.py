@@ -512,9 +512,12 @@ def _asked_with_progress(remote: Any, kind: str, what: str, returns: type[T]) ->
             failed.append(err)
 
     poller = Client(",".join(remote.urls), remote.token)
+    head: int | None = None  # the total from the first frame: the store's head (no "0/?")
+    with contextlib.suppress(LedgerError):
+        head = poller.get("health", type=api.Health).head
     asking = threading.Thread(target=ask, name=f"audit-{kind}", daemon=True)
     asking.start()
-    with progress(what) as update:
+    with progress(what, head) as update:
         while asking.is_alive():
             asking.join(0.25)
             with contextlib.suppress(LedgerError):  # a progress not shown is no failure

@@ -674,7 +674,7 @@ def _counted(
     for r in records:
         yield r
         n += 1
-        if n % 10_000 == 0:
+        if n % 1_000 == 0:  # a bar through a server moves on a log of a few thousand too
             progress(n)
     progress(n)
 
