@@ -13,7 +13,9 @@ until the process ran out of descriptors, when everyone's submits failed (issue 
 - **A send that stalls is dropped.** A connection with bytes waiting to be sent, none of which
   leave for `send_stall_s` (`GPULEDGER_SEND_STALL_S`, 10 s), is aborted (`Progress`); so is a
   connection that does not finish a request's headers within that time (a request-side
-  slowloris: uvicorn's keep-alive timer is reset by every byte).
+  slowloris: uvicorn's keep-alive timer is reset by every byte), and one whose request body
+  stops coming for that time or is not whole within six times it (`body_awaited`); a request's
+  line and headers are at most `HEADERS_MAX_BYTES` (64 KiB: 431, closed).
 - **Connections are capped**: `max_connections` (`GPULEDGER_MAX_CONNECTIONS`, 1,024) open at
   once, the next answered 503 in one line and closed at once; `per_person`
   (`GPULEDGER_CONNECTIONS_PER_PERSON`, 16) of one identified caller (a person, a node, a job),
@@ -154,6 +156,7 @@ class Counts:
     refused_person: int = 0
     dropped_stalled: int = 0
     dropped_no_request: int = 0
+    dropped_no_body: int = 0
 
 
 class Connection:
@@ -170,6 +173,7 @@ class Connection:
         self._progress = Progress(owner.limits.send_stall_s)
         self._watch: asyncio.TimerHandle | None = None
         self._deadline: asyncio.TimerHandle | None = None
+        self._body_until: float | None = None
         self._lost = asyncio.Event()
 
     # the transport's interface, as uvicorn uses it
@@ -243,6 +247,39 @@ class Connection:
             self._deadline.cancel()
             self._deadline = None
 
+    def body_awaited(self, now: float | None = None) -> None:
+        """A request's headers are in: its body (none is a body that has arrived) must keep
+        coming, some bytes every `send_stall_s`, and be whole within `BODY_STALLS` times
+        that, else the connection is dropped (a body announced and never sent held a
+        connection, a person's or, before any token was read, no one's, for as long as the
+        client liked: atk36-25 F1)."""
+        self.request_begun()
+        loop = asyncio.get_running_loop()
+        self._body_until = (loop.time() if now is None else now) + (
+            BODY_STALLS * self._owner.limits.send_stall_s
+        )
+        self.body_came()
+
+    def body_came(self) -> None:
+        """Some of the body arrived: the next must within `send_stall_s` (and all by the
+        body's deadline)."""
+        if self._body_until is None:
+            return
+        self.request_begun()
+        loop = asyncio.get_running_loop()
+        wait = min(self._owner.limits.send_stall_s, max(0.0, self._body_until - loop.time()))
+        self._deadline = loop.call_later(wait, self._no_body)
+
+    def body_done(self) -> None:
+        self._body_until = None
+        self.request_begun()
+
+    def _no_body(self) -> None:
+        self._deadline = None
+        if not self._transport.is_closing():
+            self._owner.counts.dropped_no_body += 1
+            self._abort()
+
     def _no_request(self) -> None:
         self._deadline = None
         if not self._transport.is_closing():
@@ -271,6 +308,14 @@ class Connection:
         return asyncio.get_running_loop().time()
 
 
+BODY_STALLS = 6
+"""A request's body is whole within this many `send_stall_s` of its headers (60 s by default:
+the largest body, a budget plan or a batch of submits, takes well under a second)."""
+
+HEADERS_MAX_BYTES = 64 * 1024
+"""A request's line and headers together (`PeerCredProtocol`): past it, one 431 line and the
+connection closed (32 MiB of tiny header lines grew the server by 1.3 GB: atk36-25 F5)."""
+
 SENT_POLL_S = 0.05
 """How often an answer still in the server's buffers is looked at (`Connection.sent`)."""
 
@@ -296,7 +341,7 @@ class Connections:
                 f"the server has {self.limits.max_connections} connections open",
                 hint="retry in a few seconds",
             )
-            transport.write(_answer(503, "Service Unavailable", err, 5))
+            transport.write(answer(503, "Service Unavailable", err, 5))
             transport.close()
             return None
         conn.awaiting_request()
@@ -399,15 +444,15 @@ async def _too_many(send: Callable[[Any], Awaitable[None]], person: str, cap: in
         hint="close some, or send your requests on fewer",
         retry_after=1,
     )
-    head, _, body = _answer(429, "Too Many Requests", err, 1).partition(b"\r\n\r\n")
+    head, _, body = answer(429, "Too Many Requests", err, 1).partition(b"\r\n\r\n")
     headers = [tuple(line.split(b": ", 1)) for line in head.split(b"\r\n")[1:]]
     await send({"type": "http.response.start", "status": 429, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-def _answer(status: int, phrase: str, err: LedgerError, retry_after: int) -> bytes:
+def answer(status: int, phrase: str, err: LedgerError, retry_after: int | None) -> bytes:
     """A whole HTTP answer, problem+json (`schemas.api.Problem`, as the app's handlers answer
-    an error), the connection closed after it."""
+    an error), the connection closed after it (`retry_after` None: no Retry-After)."""
     import msgspec
 
     from schemas import api
@@ -416,8 +461,9 @@ def _answer(status: int, phrase: str, err: LedgerError, retry_after: int) -> byt
         api.Problem(title=err.code, status=status, detail=err.line(), code=err.code,
                     message=err.message, hint=err.hint)
     )  # fmt: skip
+    retry = b"" if retry_after is None else b"retry-after: %d\r\n" % retry_after
     return (
-        b"HTTP/1.1 %d %s\r\ncontent-type: application/problem+json\r\nretry-after: %d\r\n"
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/problem+json\r\n%s"
         b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
-        % (status, phrase.encode(), retry_after, len(body), body)
+        % (status, phrase.encode(), retry, len(body), body)
     )

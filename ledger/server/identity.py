@@ -34,20 +34,24 @@ class Identity:
     """"token:<id>" or "peer:<uid>"."""
 
 
-_DENIED = NotAuthenticated(
-    "not authenticated: a valid bearer token is needed",
-    hint="set GPULEDGER_TOKEN, or create one with `gpuledger token create`",
-)
+def _denied() -> NotAuthenticated:
+    """The one refusal, made anew at each raise: one shared exception object raised again and
+    again kept every raise's frames on its traceback (5-10 KB each, for good: an outsider's
+    40,000 requests without a token grew the server by ~400 MB; atk36-25 F2)."""
+    return NotAuthenticated(
+        "not authenticated: a valid bearer token is needed",
+        hint="set GPULEDGER_TOKEN, or create one with `gpuledger token create`",
+    )
 
 
 def from_bearer(state: State, header: str | None, now: float) -> Identity:
     """The identity a `Authorization: Bearer ...` header proves, or NotAuthenticated (the same
     error for a missing, malformed, unknown, wrong, expired or revoked token)."""
     if not header or not header.startswith("Bearer "):
-        raise _DENIED
+        raise _denied()
     token = tokens.valid(state, header[len("Bearer ") :].strip(), now)
     if token is None:
-        raise _DENIED
+        raise _denied()
     return Identity(actor=token.acts_as, via=f"token:{token.token_id}")
 
 

@@ -626,11 +626,12 @@ class ConnectionCounts(Collector):
         yield refused
         dropped = CounterMetricFamily(
             "gpuledger_connections_dropped",
-            "Connections aborted: a send that stalled, or a request whose headers never came.",
+            "Connections aborted: a send that stalled, a request whose headers or body never came.",
             labels=["reason"],
         )
         dropped.add_metric(["send_stalled"], c.counts.dropped_stalled)
         dropped.add_metric(["no_request"], c.counts.dropped_no_request)
+        dropped.add_metric(["no_body"], c.counts.dropped_no_body)
         yield dropped
 
 

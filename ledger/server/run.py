@@ -48,7 +48,13 @@ from ledger.engines.none import NoExecutor
 from ledger.engines.supervised import SupervisedExecutor, handled_jobs
 from ledger.server import identity, whatifs
 from ledger.server.app import PEER_UID, create_asgi
-from ledger.server.connections import CONN, Connection, Connections
+from ledger.server.connections import (
+    CONN,
+    HEADERS_MAX_BYTES,
+    Connection,
+    Connections,
+    answer,
+)
 from ledger.server.ha import HAFront, Leadership
 from ledger.server.worker import Worker
 from ledger.store import lease, locate
@@ -91,15 +97,49 @@ class PeerCredProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._header_bytes = 0
         if self.peer is not None:
             self.scope[PEER_UID] = self.peer  # type: ignore[literal-required]
         if self.conn is not None:
             self.scope[CONN] = self.conn  # type: ignore[literal-required]
 
+    def on_url(self, url: bytes) -> None:
+        if self._headers_within(len(url)):
+            super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._headers_within(len(name) + len(value) + 4):
+            super().on_header(name, value)
+
+    def _headers_within(self, more: int) -> bool:
+        """Count a request's line and headers: past `HEADERS_MAX_BYTES`, one 431 line and the
+        connection closed, nothing more kept (atk36-25 F5)."""
+        self._header_bytes = getattr(self, "_header_bytes", 0) + more
+        if self._header_bytes <= HEADERS_MAX_BYTES:
+            return True
+        if not self.transport.is_closing():
+            err = InvalidCommand(
+                f"the request's line and headers pass {HEADERS_MAX_BYTES // 1024} KiB",
+                hint="send fewer or shorter headers",
+            )
+            self.transport.write(answer(431, "Request Header Fields Too Large", err, None))
+            self.transport.close()
+        return False
+
     def on_headers_complete(self) -> None:
         if self.conn is not None:
-            self.conn.request_begun()
+            self.conn.body_awaited()
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if self.conn is not None:
+            self.conn.body_came()
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self.conn is not None:
+            self.conn.body_done()
+        super().on_message_complete()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -8,6 +8,7 @@ submits all succeed throughout."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import socket
@@ -297,3 +298,59 @@ def test_past_the_servers_cap_a_connection_is_answered_503_and_one_that_asks_not
         for s in quiet:
             s.close()
         assert server.stop() == 0
+
+
+def test_a_body_announced_and_never_sent_is_dropped_and_huge_headers_are_refused(
+    world: World,
+) -> None:
+    """atk36-25 F1: a request without a token announcing a 4 MB body and sending none held its
+    connection for good (1,100 of them filled the server's cap; everyone, the Unix socket's
+    admin too, heard 503 for as long as the outsider liked); now a body that stops coming is
+    dropped after the stall limit. F5: 32 MiB of tiny header lines grew the server by 1.3 GB;
+    now a request's line and headers are at most 64 KiB: one 431 line, closed."""
+    before = counter(world, "gpuledger_connections_dropped_total", "no_body", before=True)
+    held = [socket.create_connection(("127.0.0.1", world.server.port)) for _ in range(3)]
+    try:
+        announced = (
+            b"POST /v1/commands/submit HTTP/1.1\r\nHost: t\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 4000000\r\n\r\n{"
+        )
+        for s in held:
+            s.sendall(announced)
+        t0 = time.monotonic()
+        for s in held:
+            assert read_all(s, timeout=30)[1] in ("eof", "reset")
+        assert time.monotonic() - t0 < STALL_S + 5.0
+    finally:
+        for s in held:
+            s.close()
+    after = counter(world, "gpuledger_connections_dropped_total", "no_body")
+    assert after >= before + 3, (before, after)
+    # a body that keeps coming, slower than all at once, is whole and answered
+    s = socket.create_connection(("127.0.0.1", world.server.port))
+    try:
+        body = json.dumps({"actor": "", "account": "ai2/olmo", "gpus": 1, "command": ["true"],
+                           "min_runtime_s": 0}).encode()  # fmt: skip
+        s.sendall(b"POST /v1/commands/submit HTTP/1.1\r\nHost: t\r\nContent-Type: "
+                  b"application/json\r\nAuthorization: Bearer " + world.tokens["carol"].encode()
+                  + b"\r\nContent-Length: %d\r\n\r\n" % len(body))  # fmt: skip
+        for i in range(0, len(body), 20):
+            s.sendall(body[i : i + 20])
+            time.sleep(STALL_S / 4)
+        status, _h, text = answer(s)
+        assert status != 408 and status < 500, text
+    finally:
+        s.close()
+    # huge headers: one 431 line and closed, nothing kept
+    s = socket.create_connection(("127.0.0.1", world.server.port))
+    try:
+        s.sendall(b"GET /v1/whoami HTTP/1.1\r\nHost: t\r\n")
+        with contextlib.suppress(OSError):  # the server may close while we still send
+            for _ in range(200):
+                s.sendall(b"X-a: b\r\n" * 1024)
+        status, headers, text = answer(s)
+        assert status == 431 and headers.get("connection") == "close", text
+        assert "64 KiB" in json.loads(text)["detail"]
+    finally:
+        s.close()
+    assert get(world, "carol", "/v1/whoami")[0] == 200
