@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ledger.server.pooled import REFUSED_HOLD_S
 from ledger.store.application import Ledger
 from schemas import commands as c
 from tests.integration.serverkit import Server, make_token, set_up_ledger, start_server
@@ -105,13 +106,17 @@ def test_a_caller_past_its_share_of_queries_gets_429_with_retry_after(world: Wor
     for t in running:
         t.start()
     time.sleep(1.0)  # both admitted (a slow machine: the third may find one not yet running)
+    t0 = time.monotonic()
     conn_status, body = sql(world, "root", "SELECT 1 AS one")
+    held_s = time.monotonic() - t0
     for t in running:
         t.join()
     assert answers == [400, 400]
     assert conn_status == 429, body
     assert isinstance(body, dict) and body["code"] == "busy"
     assert body["message"] == "'root' has 2 queries running already"
+    # held like a GET's refusal: a client looping refused POSTs made ~2,000 a second (F4)
+    assert held_s >= REFUSED_HOLD_S, held_s
 
 
 def test_a_plain_user_cannot_run_the_self_join(world: World) -> None:
