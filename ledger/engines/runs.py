@@ -9,6 +9,7 @@ file still holds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,8 +17,9 @@ from typing import Literal
 
 import msgspec
 
-from ledger.engines.proc import alive
+from ledger.engines.proc import alive, write_atomic
 from ledger.engines.supervise import tree_of
+from schemas.commands import RunEnd
 
 STATE_VERSION = 1
 StopReason = Literal["ledger", "time_limit", "part_failed", "drain"]
@@ -213,3 +215,52 @@ def live_processes(state_dir: Path) -> list[LiveProcess]:
         except (FileNotFoundError, KeyError, ValueError):
             continue
     return out
+
+
+STOP_FILE = "stopped"
+"""In a part's run directory: why the agent itself stopped the run (a drain, its time limit),
+written when it sent SIGTERM. A restarted agent that finds the run's end with no handle tells
+the end with that reason (a drained resumable job is requeued), not as a plain exit (atk36-23
+F5: an agent killed after `--drain` stopped a job, before its report was taken, made the next
+agent report the drained checkpoint-and-exit-0 as `completed`)."""
+
+STOPS_KEPT: dict[str, RunEnd] = {"drain": "drained", "time_limit": "time_limit"}
+
+
+def keep_stop(rundirs: Iterable[Path], why: str) -> None:
+    """Write why the agent stops a run beside each of its parts, when it is one kept."""
+    if why in STOPS_KEPT:
+        for rundir in rundirs:
+            with contextlib.suppress(OSError):
+                write_atomic(rundir / STOP_FILE, why.encode(), sync=False)
+
+
+def kept_stop(rundirs: Iterable[Path]) -> RunEnd | None:
+    """The end reason of a run the agent stopped itself, as `keep_stop` kept it (a drain
+    before a time limit); None when it did not."""
+    kept = set()
+    for rundir in rundirs:
+        with contextlib.suppress(OSError):
+            kept.add((rundir / STOP_FILE).read_text().strip())
+    for why in ("drain", "time_limit"):
+        if why in kept:
+            return STOPS_KEPT[why]
+    return None
+
+
+def recorded_end(runs: Path) -> PartEnd | None:
+    """The end its supervisors wrote for a launch (`runs`: its directory) no handle remembers
+    (the service stopped between reading it and recording it), if every part wrote one: the
+    first non-zero code, the last end time, every note."""
+    ends = [read_exit(d) for d in sorted(runs.glob("*")) if d.is_dir()]
+    known = [x for x in ends if x is not None]
+    if not ends or len(known) < len(ends):
+        return None
+    times = [x.ended_at for x in known if x.ended_at is not None]
+    return PartEnd(
+        code=next((x.code for x in known if x.code), 0),
+        ended_at=max(times) if times else None,
+        launch_failed="; ".join(x.launch_failed for x in known if x.launch_failed),
+        left=sum(x.left for x in known),
+        killed=any(x.killed for x in known),
+    )

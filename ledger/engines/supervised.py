@@ -55,10 +55,13 @@ from ledger.engines.runs import (
     PartEnd,
     StopReason,
     handled_jobs,
+    keep_stop,
+    kept_stop,
     live_processes,
     read_exit,
     read_identity,
     read_started,
+    recorded_end,
     run_name,
     stopping_gpus,
 )
@@ -672,10 +675,7 @@ class SupervisedExecutor:
     def _terminate(self, h: Handle, now: float, why: StopReason) -> None:
         if h.stop_reason is None or why == "ledger":
             h.stop_reason = why
-            if why in STOPS_KEPT:  # kept beside the run: its end is told so after a restart
-                for p in h.parts:
-                    with contextlib.suppress(OSError):
-                        write_atomic(Path(p.rundir) / STOP_FILE, why.encode(), sync=False)
+            keep_stop([Path(p.rundir) for p in h.parts], why)  # told so after a restart
         if h.stop_at is None:
             h.stop_at = now
             self._signal(h, signal.SIGTERM)
@@ -768,7 +768,7 @@ class SupervisedExecutor:
         """The start and end of a run no handle remembers whose supervisors all wrote its end
         (the service stopped between reading it and recording it), as `observe` reports them;
         None while any part has not. No start for a launch that failed."""
-        end = self.recorded_end(job_id, run + 1)
+        end = recorded_end(self.state_dir / "runs" / run_name(job_id, run + 1))
         if end is None:
             return None
         name = run_name(job_id, run + 1)
@@ -779,46 +779,10 @@ class SupervisedExecutor:
         if not end.launch_failed:
             start = Start(job_id, name, run, started_at=max(known) if known else None)
         reason: RunEnd = "launch_failed" if end.launch_failed else "exited"
-        stops = {_stop_kept(d) for d in sorted(runs.glob("*")) if d.is_dir()}
-        if not end.launch_failed and stops & STOPS_KEPT.keys():
-            reason = STOPS_KEPT["drain" if "drain" in stops else "time_limit"]
+        if not end.launch_failed:
+            reason = kept_stop([d for d in sorted(runs.glob("*")) if d.is_dir()]) or reason
         at = end.ended_at if end.ended_at is not None else now
         return start, Exit(job_id, end.code, at, reason, name, note=end.note())
-
-    def recorded_end(self, job_id: int, launch: int) -> PartEnd | None:
-        """The end its supervisors wrote for a launch no handle remembers (the service stopped
-        between reading it and recording it), if every part wrote one: the first non-zero code,
-        the last end time, every note."""
-        runs = self.state_dir / "runs" / run_name(job_id, launch)
-        ends = [read_exit(d) for d in sorted(runs.glob("*")) if d.is_dir()]
-        known = [x for x in ends if x is not None]
-        if not ends or len(known) < len(ends):
-            return None
-        times = [x.ended_at for x in known if x.ended_at is not None]
-        return PartEnd(
-            code=next((x.code for x in known if x.code), 0),
-            ended_at=max(times) if times else None,
-            launch_failed="; ".join(x.launch_failed for x in known if x.launch_failed),
-            left=sum(x.left for x in known),
-            killed=any(x.killed for x in known),
-        )
-
-
-STOP_FILE = "stopped"
-"""In a part's run directory: why the agent itself stopped the run (a drain, its time limit),
-written when it sent SIGTERM. A restarted agent that finds the run's end with no handle tells
-the end with that reason (a drained resumable job is requeued), not as a plain exit (atk36-23
-F5: an agent killed after `--drain` stopped a job, before its report was taken, made the next
-agent report the drained checkpoint-and-exit-0 as `completed`)."""
-
-STOPS_KEPT: dict[str, RunEnd] = {"drain": "drained", "time_limit": "time_limit"}
-
-
-def _stop_kept(rundir: Path) -> str:
-    try:
-        return (rundir / STOP_FILE).read_text().strip()
-    except OSError:
-        return ""
 
 
 __all__ = ["SupervisedExecutor", "handled_jobs", "live_processes", "run_name"]
