@@ -377,5 +377,5 @@ def test_live_processes_counts_a_child_its_leader_left_behind(dirs: tuple[Path, 
     with _killed(child):
         [live] = wait_for("the leader to end", lambda: [
             p for p in live_processes(dirs[0]) if p.job_id == 1 and not alive(started.parts[0].pid)
-        ])  # fmt: skip
+        ], 60)  # fmt: skip
         assert child in live.pids and live.gpu_indices == (0,)
