@@ -47,3 +47,13 @@ def test_the_slurm_files_run_on_one_worker_and_the_rest_spreads(tmp_path: Path) 
         assert len(mine) == 4 and len({w for w, _ in mine}) == 1, ran
         assert [t.split("::")[1] for _, t in mine] == [f"test_{i}@{other}" for i in range(4)]
     assert len({w for w, _ in ran}) == 2, ran  # and the files spread over both
+
+
+def test_no_two_test_files_share_a_name() -> None:
+    """The suite's files are imported by their base name (no packages): two of one name fail the
+    collection of a run that gathers both (the `alone` part did: "import file mismatch")."""
+    from collections import Counter
+    from pathlib import Path
+
+    names = Counter(p.name for p in Path(__file__).parents[1].rglob("test_*.py"))
+    assert [n for n, k in names.items() if k > 1] == []
