@@ -9,8 +9,10 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
+from ledger.store.lease import SERVERS_TABLE
 from tests.integration import waits
 from tests.integration.hakit import Group, make_group
 from tests.integration.serverkit import cli
@@ -72,6 +74,18 @@ def test_status_calls_only_the_server_that_holds_the_lease_leader(
         old = g.leader()
         new = next(m for m in g.members if m is not old)
         assert old.proc is not None
+
+        def reported() -> str:
+            """What `old` last reported of itself, as its row in the store has it."""
+            with psycopg.connect(pg_store, autocommit=True) as con:
+                row = con.execute(
+                    f"SELECT role FROM {SERVERS_TABLE} WHERE address = %s", (old.url,)
+                ).fetchone()
+            return str(row[0]) if row else ""
+
+        # its own row says "leader" before it is paused (it reports once a second: a pause
+        # before its first report as leader left its row "standby")
+        waits.wait_for("the leader's row to say so", lambda: reported() == "leader", 30, g.why)
         old.proc.send_signal(signal.SIGSTOP)
         try:
             waits.wait_for("the other server to lead", lambda: (new.health() or {}).get(
