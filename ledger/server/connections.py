@@ -60,16 +60,14 @@ class Limits:
         return min(1.0, self.send_stall_s / 4)
 
 
-def limits_from_env(env: dict[str, str] | None = None) -> Limits:
-    """The limits, with the environment's settings when set; InvalidCommand (one line) for a
-    value that is not a positive number."""
-    env = dict(os.environ) if env is None else env
+def positive_settings(
+    env: dict[str, str], settings: tuple[tuple[str, str, type], ...]
+) -> dict[str, Any]:
+    """The server's numeric settings from the environment: (variable, field, int or float)
+    each; only those set; InvalidCommand (one line) for a value that is not a positive number
+    (the one reading of the read pool's and the connections' settings)."""
     out: dict[str, Any] = {}
-    for name, key, kind in (
-        (MAX_CONNECTIONS_ENV, "max_connections", int),
-        (PER_PERSON_ENV, "per_person", int),
-        (SEND_STALL_ENV, "send_stall_s", float),
-    ):
+    for name, key, kind in settings:
         text = env.get(name, "")
         if not text:
             continue
@@ -80,7 +78,23 @@ def limits_from_env(env: dict[str, str] | None = None) -> Limits:
         if not value > 0:
             raise InvalidCommand(f"invalid {name} {text!r}", hint="give a positive number")
         out[key] = value
-    return Limits(**out)
+    return out
+
+
+def limits_from_env(env: dict[str, str] | None = None) -> Limits:
+    """The limits, with the environment's settings when set; InvalidCommand (one line) for a
+    value that is not a positive number."""
+    env = dict(os.environ) if env is None else env
+    return Limits(
+        **positive_settings(
+            env,
+            (
+                (MAX_CONNECTIONS_ENV, "max_connections", int),
+                (PER_PERSON_ENV, "per_person", int),
+                (SEND_STALL_ENV, "send_stall_s", float),
+            ),
+        )
+    )
 
 
 @dataclass

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ledger.history.tables import Limits
 from ledger.server import connections
 from ledger.server.fairlane import FairLane, Turns
-from schemas.errors import InvalidCommand, TooBusy
+from schemas.errors import TooBusy
 
 if TYPE_CHECKING:
     import duckdb
@@ -68,20 +68,9 @@ MAX_ROWS_ENV = "GPULEDGER_READ_MAX_ROWS"
 def limits_from_env() -> Limits:
     """The limits, with `GPULEDGER_READ_TIMEOUT` (seconds) and `GPULEDGER_READ_MAX_ROWS` when
     set; InvalidCommand (one line) for a value that is not a positive number."""
-    default = Limits()
-    out: dict[str, Any] = {}
-    for name, key, kind in ((TIMEOUT_ENV, "timeout_s", float), (MAX_ROWS_ENV, "max_rows", int)):
-        text = os.environ.get(name, "")
-        if not text:
-            continue
-        try:
-            value = kind(text)
-        except ValueError:
-            value = 0
-        if not value > 0:
-            raise InvalidCommand(f"invalid {name} {text!r}", hint="give a positive number")
-        out[key] = value
-    return dataclasses.replace(default, **out)
+    settings = ((TIMEOUT_ENV, "timeout_s", float), (MAX_ROWS_ENV, "max_rows", int))
+    out = connections.positive_settings(dict(os.environ), settings)
+    return dataclasses.replace(Limits(), **out)
 
 
 @dataclass
