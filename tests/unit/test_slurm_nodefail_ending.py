@@ -3,11 +3,20 @@ completed is never requeued or failed, and one is taken for gone only once it su
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from ledger.cycle.executor import Launch
 from ledger.engines.slurm.ends import Ending, OwnEnd, node_fail_ending
+from ledger.engines.slurm.words import batch_script
+from schemas.events import GpuSlot
 
 END = 1000.0  # Slurm's EndTime of the NODE_FAIL
 START = 900.0
@@ -104,3 +113,33 @@ def test_a_completed_run_is_never_taken_for_a_node_failure_whatever_slurm_and_th
             got = node_fail_ending(OwnEnd(0, at), None, True, END, 0, START, answering,
                                    KILL_WAIT, END + 4000.0)  # fmt: skip
             assert got is not None and (got.reason, got.exit_code) == ("exited", 0), (at, got)
+
+
+def test_slurms_kill_at_the_launch_mark_is_noted_never_left_in_doubt(tmp_path: Path) -> None:
+    """CI's hang: `scontrol update state=down` while a run's batch script was between its
+    `launched` mark and the trap that notes signals killed the script with neither an end record
+    nor a note, so `node_fail_ending` waited for good (case 3) and, its node back, the job was
+    `running` forever. The real script in bash, held at its launch mark (a FIFO) and SIGTERM'd
+    there as Slurm signals every process of a job: it notes the signal and ends; the command
+    never runs."""
+    marks = {m: tmp_path / m for m in ("launched", "ended", "signalled", "ran")}
+    os.mkfifo(marks["launched"])
+    command = ("sh", "-c", f": > {marks['ran']}; sleep 30")
+    job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), command, None, "alice", "ai2/olmo")
+    script = tmp_path / "batch"
+    script.write_text(batch_script(job, launched_file=str(marks["launched"]),
+                                   ended_file=str(marks["ended"]),
+                                   signalled_file=str(marks["signalled"])))  # fmt: skip
+    bash = subprocess.Popen(["/bin/bash", str(script)], start_new_session=True)
+    try:
+        time.sleep(0.5)  # held at the FIFO: the launch mark
+        assert bash.poll() is None
+        os.killpg(bash.pid, signal.SIGTERM)
+        with contextlib.suppress(OSError):  # the mark's other end, if it is still wanted
+            os.close(os.open(marks["launched"], os.O_RDONLY | os.O_NONBLOCK))
+        assert bash.wait(timeout=10) == 143
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bash.pid, signal.SIGKILL)
+    assert marks["signalled"].exists()
+    assert not marks["ran"].exists()

@@ -660,7 +660,10 @@ def batch_script(
     child, which waits for it (surviving the signals Slurm gives every process of the job, so
     the command gets them itself; each one touches `signalled_file`) and then writes the run's
     end record, `<code> <epoch> <signalled: 0 or 1>`, and exits with its code: how it really
-    ended when Slurm ends it NODE_FAIL (`ends`). (The
+    ended when Slurm ends it NODE_FAIL (`ends`). A signal from before the launch mark until the
+    command's wait begins ends the script at once, noted too: a run with the `launched` mark
+    and neither record nor note was never killed (Slurm's kill in that gap once left a run
+    in doubt for good, its job `running` forever after its node came back). (The
     variables sit in the script:
     `sbatch --export=ALL,VAR=...` makes Slurm start a job about 1.5 s later; sbatch itself runs
     with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
@@ -687,6 +690,9 @@ def batch_script(
         lines.append(
             f'{test} || {{ echo "gpuledger: cannot start "{cmd}": {why}" >&2;{mark} exit 127; }}'
         )
+    noted = f" {{ : > {shlex.quote(signalled_file)}; }} 2>/dev/null;" * bool(signalled_file)
+    if ended_file:  # Slurm's kill from here on is noted, so its run is never in doubt for good
+        lines.append(f"trap '{noted} exit 143' TERM INT HUP QUIT USR1 USR2 ALRM")
     if launched_file:  # where the service's directory is not shared, the executor waits instead
         lines.append(f"{{ : > {shlex.quote(launched_file)}; }} 2>/dev/null")
     command = shlex.join(job.command) if job.command else "true"
@@ -694,7 +700,6 @@ def batch_script(
         lines.append("exec " + command)
         return "\n".join(lines) + "\n"
     end, part = shlex.quote(ended_file), shlex.quote(ended_file + ".part")
-    noted = f" {{ : > {shlex.quote(signalled_file)}; }} 2>/dev/null;" * bool(signalled_file)
     lines += [
         "gpuledger_signalled=0",
         # (an asynchronous command of a script ignores INT and QUIT: it gets them back)
