@@ -270,7 +270,8 @@ def test_an_output_file_another_account_planted_is_refused_not_appended_to(
     every account may write (1777), another account plants the next job's default output file
     (0666) and a link at a name a job asks for: slurmstepd appended to the file (the planter
     read the job's output) and followed the link. Now the launch fails with why, nothing is
-    written; the user's own job there gets its file made for it, 0600, as before."""
+    written; the user's own job there gets its file made for it, with the umask it was
+    submitted under."""
     with os_user("glpl", groups=0) as user, shared_dir("gl23-shared-") as top:
         ledger.cli("member", "add", user.name, "ai2/olmo")
         shared = top / "shared"
@@ -282,7 +283,8 @@ def test_an_output_file_another_account_planted_is_refused_not_appended_to(
         ledger.wait("the first job to end", lambda: status(ledger, first) == "finished")
         assert ledger.jobs()[first]["finish_reason"] == "completed"
         own = shared / f"gpuledger-{first}.out"
-        assert (own.stat().st_uid, own.stat().st_mode & 0o777) == (user.uid, 0o600)
+        mode = 0o666 & ~own_umask()  # the submitter's umask (sbatch's rule)
+        assert (own.stat().st_uid, own.stat().st_mode & 0o777) == (user.uid, mode)
         assert own.read_text() == "mine\n"
         planted = shared / f"gpuledger-{first + 1}.out"
         planted.touch()
