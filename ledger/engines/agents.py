@@ -603,8 +603,9 @@ class AgentExecutor:
             return
         r.start_reported = True
         parts = [(n, r.started[n]) for n in r.nodes]
-        named = self._named_output(r)  # a part whose agent did not say (a start first told
-        logs = tuple(f"{n}:{p.log or named}" for n, p in parts if p.log or named)  # by its exit)
+        # a part whose agent did not say (a start first told by its exit): the submission's
+        named = self._named_output(r)
+        logs = tuple(f"{n}:{p.log or named}" for n, p in parts if p.log or named)
         times = [p.started_at for _, p in parts if p.started_at is not None]
         self._starts.append(
             Start(
