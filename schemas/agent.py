@@ -27,6 +27,7 @@ from schemas.bounds import (
     PositiveSeconds,
     Text,
     Token,
+    Umask,
     Utilisation,
 )
 from schemas.commands import RunEnd
@@ -106,6 +107,8 @@ class Part(PartRun, frozen=True, kw_only=True, forbid_unknown_fields=False):
     job_name: Text = ""
     array_job_id: JobId | None = None
     array_task_id: Count | None = None
+    umask: Umask | None = None
+    """The job's umask as submitted (`JobSubmitted.umask`); None: the agent's old rule."""
 
 
 class Assignment(msgspec.Struct, frozen=True, kw_only=True):

@@ -58,6 +58,8 @@ PositiveSeconds = Annotated[int, msgspec.Meta(ge=1, le=TEN_YEARS_S)]
 MAX_GRACE_S = 3600
 GraceSeconds = Annotated[int, msgspec.Meta(ge=0, le=MAX_GRACE_S)]
 """SIGTERM-to-SIGKILL grace of a job being stopped: whole seconds, at most an hour."""
+Umask = Annotated[int, msgspec.Meta(ge=0, le=0o777)]
+"""A file mode creation mask (`umask`), as a number (0o022 is 18)."""
 PositiveInterval = Annotated[float, msgspec.Meta(ge=0.001, le=float(TEN_YEARS_S))]
 """How often a loop runs (seconds, a fraction allowed)."""
 FloatSeconds = Annotated[float, msgspec.Meta(ge=0.0, le=float(TEN_YEARS_S))]

@@ -44,6 +44,7 @@ from schemas.bounds import (
     Text,
     Token,
     TokenId,
+    Umask,
     Utilisation,
 )
 from schemas.events import (
@@ -214,6 +215,9 @@ class SubmitJob(Command, frozen=True, kw_only=True, tag="submit"):
     """At most this many of the array's tasks hold GPUs at once (`--array=0-15%4`)."""
     dependency: Annotated[tuple[Dependency, ...], LISTED] = ()
     """`--dependency`: every term must hold before the job may be placed."""
+    umask: Umask | None = None
+    """The submitter's umask (the CLI sends its own, as sbatch records it); None: the
+    engine's rule (`JobSubmitted.umask`)."""
 
 
 class CancelJob(JobCommand, frozen=True, kw_only=True, tag="cancel"):

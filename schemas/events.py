@@ -51,6 +51,7 @@ from schemas.bounds import (
     Text,
     Token,
     TokenId,
+    Umask,
     Utilisation,
 )
 from schemas.policy import AnyPolicyConfig
@@ -299,6 +300,11 @@ class JobSubmitted(_Submitted, frozen=True, kw_only=True, tag="job.submitted.v2"
     array_task_id: ArrayIndex | None = None
     array_limit: ArrayLimit | None = None
     dependency: Annotated[tuple[Dependency, ...], LISTED] = ()
+    umask: Umask | None = None
+    """The submitter's umask (sbatch keeps it too): the job runs with it, and the output files
+    it names are made with it. None (a submission recorded before the field, or over HTTP
+    without one): the engine's old rule, the files the user's alone (0600) and the job with
+    the service's umask."""
 
 
 class JobPlaced(JobEvent, frozen=True, kw_only=True, tag="job.placed.v1"):

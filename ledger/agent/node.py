@@ -393,7 +393,7 @@ class NodeAgent:
             time_limit_s=p.time_limit_s, grace_s=p.grace_s, debug=p.debug,
             master_addr=p.master_addr, job_token=p.job_token, workdir=p.workdir, env=p.env,
             stdout=p.stdout, stderr=p.stderr, job_name=p.job_name, array_job_id=p.array_job_id,
-            array_task_id=p.array_task_id,
+            array_task_id=p.array_task_id, umask=p.umask,
         )  # fmt: skip
 
     def _watch(self, now: float) -> None:

@@ -25,6 +25,7 @@ from ledger.cli._common import Ctx, build, pass_ctx
 from ledger.cli.output import echo_json
 from ledger.core.jobs import parse_array, parse_dependency
 from ledger.core.runas import SECRET_NAMES, secret_value
+from ledger.engines.accounts import own_umask
 from schemas import commands as c
 from schemas.bounds import ENV_NAME_PATTERN, MAX_ENV_VALUE
 from schemas.errors import InvalidCommand, LedgerError
@@ -373,6 +374,7 @@ def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
         array=tasks,
         array_limit=limit,
         dependency=parse_dependency(g["dependency"]) if g["dependency"] else (),
+        umask=own_umask(),  # the job's and its output files', as sbatch records it
     )
     return build(c.SubmitJob, **fields)
 

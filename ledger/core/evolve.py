@@ -11,7 +11,16 @@ from collections.abc import Iterable
 
 import msgspec
 
-from ledger.core.state import ENDS_KEPT_S, Account, Job, Node, NodeState, State, Token
+from ledger.core.state import (
+    ENDS_KEPT_S,
+    Account,
+    Job,
+    Node,
+    NodeState,
+    State,
+    StoppedRun,
+    Token,
+)
 from schemas import events as e
 
 
@@ -129,6 +138,8 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             )
         case e.JobPreempted():
             job = state.jobs[event.job_id]
+            if event.reason != "node_failure":  # a lost node's runs: the node-lost rule's
+                _stopped(state, job, event.at)
             _release(state, job)
             state.jobs[event.job_id] = msgspec.structs.replace(
                 job,
@@ -151,6 +162,8 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             )
         case e.JobFinished():
             job = state.jobs[event.job_id]
+            if event.ended_at is None and event.reason in ("cancelled", "preempted"):
+                _stopped(state, job, event.at)  # the ledger's decision, not the run's own end
             _release(state, job)
             state.finished += 1
             state.active.discard(event.job_id)
@@ -193,7 +206,9 @@ def evolve(state: State, event: e.AnyEvent) -> State:
                 state.jobs[event.job_id] = msgspec.structs.replace(
                     linked, engine=event.engine, engine_job_id=event.engine_job_id
                 )
-        case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineEnded() | e.JobRunEnded():
+        case e.JobRunEnded():
+            state.stopped_runs.pop((event.job_id, event.run), None)
+        case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineEnded():
             pass
     return state
 
@@ -224,6 +239,23 @@ def _indexed(state: State, spec: e.JobSubmitted, *, add: bool) -> None:
             arrays[spec.array_job_id].discard(spec.job_id)
             if not arrays[spec.array_job_id]:
                 del arrays[spec.array_job_id]
+
+
+def _stopped(state: State, job: Job, at: float) -> None:
+    """The ledger stops the job's running run: its end is awaited (`State.stopped_runs`), and
+    runs stopped more than `ENDS_KEPT_S` ago are forgotten."""
+    if job.status == "running" and job.engine and job.slots:
+        key = (job.job_id, job.preemptions)
+        state.stopped_runs[key] = StoppedRun(
+            job_id=job.job_id, run=job.preemptions, slots=job.slots, at=at,
+            grace_s=job.spec.grace_s,
+        )  # fmt: skip
+    cut = at - ENDS_KEPT_S
+    while state.stopped_runs:
+        oldest = next(iter(state.stopped_runs))
+        if state.stopped_runs[oldest].at >= cut:
+            break
+        del state.stopped_runs[oldest]
 
 
 def _ended(state: State, event: e.JobFinished, array_job_id: int | None) -> None:

@@ -111,6 +111,7 @@ def _world(cmd: c.SubmitJob) -> dict[str, Any]:
         "stdout": stdout,
         "stderr": cmd.stderr,
         "job_name": name,
+        "umask": cmd.umask,
     }
 
 

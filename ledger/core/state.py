@@ -84,6 +84,20 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
         return max(self.placed_at, self.started_at or 0.0) + self.spec.min_runtime_s
 
 
+class StoppedRun(msgspec.Struct, frozen=True, kw_only=True):
+    """A run the ledger stopped (a cancel, a preemption, a requeue) while it ran, whose real end
+    its engine has not reported yet (`JobRunEnded`): its processes may still hold its GPUs
+    (their grace), which an engine that restarts must go on holding until they are gone."""
+
+    job_id: int
+    run: int
+    slots: tuple[e.GpuSlot, ...]
+    at: float
+    """When the ledger stopped it."""
+    grace_s: int | None = None
+    """The job's own grace (None: the engine's default)."""
+
+
 class Token(msgspec.Struct, frozen=True, kw_only=True):
     """A bearer token as the ledger knows it: never the secret, only its SHA-256."""
 
@@ -141,6 +155,12 @@ class State:
     """How jobs ended (their `FinishReason`, when, their array) for `ENDS_KEPT_S`, oldest first:
     a later submission may depend on them (`ledger.core.jobs`), whether or not the state keeps
     finished jobs."""
+    stopped_runs: dict[tuple[int, int], StoppedRun] = field(default_factory=dict)
+    """(job, run) -> the runs the ledger stopped while they ran whose end is not recorded yet,
+    oldest first (`StoppedRun`; kept at most `ENDS_KEPT_S` after the stop: an engine that never
+    reports such ends leaves nothing behind for ever)."""
+    stopped_runs_kept: bool = field(default=True, compare=False, repr=False)
+    """False for a state unfolded from a snapshot older than `stopped_runs` (they are unknown)."""
     _capacity: dict[tuple[str | None, str | None], tuple[int, int]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -174,6 +194,8 @@ class State:
             finished=self.finished,
             active=set(self.active),
             ends=dict(self.ends),
+            stopped_runs=dict(self.stopped_runs),
+            stopped_runs_kept=self.stopped_runs_kept,
         )
 
     # --- queries -------------------------------------------------------------------------------

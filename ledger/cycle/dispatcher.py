@@ -384,6 +384,7 @@ class Dispatcher:
             job_name=spec.job_name,
             array_job_id=spec.array_job_id,
             array_task_id=spec.array_task_id,
+            umask=spec.umask,
         )
 
     def _record_idle(self, decision: Decision, now: float) -> bool:

@@ -75,6 +75,9 @@ class Launch:
     """A job array's first task id (`GPULEDGER_ARRAY_JOB_ID`, Slurm's `SLURM_ARRAY_JOB_ID`)."""
     array_task_id: int | None = None
     """This task's index (`GPULEDGER_ARRAY_TASK_ID`, `SLURM_ARRAY_TASK_ID`)."""
+    umask: int | None = None
+    """The submitter's umask: the job's, and its named output files' (None: the engine's old
+    rule, those files 0600 and the job with the service's umask)."""
 
 
 def output_files(spec: JobSubmitted, slots: tuple[GpuSlot, ...]) -> tuple[str, str]:

@@ -35,7 +35,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ledger.core import tokens
-from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Sample, Start
+from ledger.cycle.executor import (
+    Exit,
+    Launch,
+    NodeChange,
+    Observed,
+    Orders,
+    Sample,
+    Start,
+    output_files,
+)
 from ledger.engines.fence import Fence
 from ledger.store.clock import new_token_secret
 from schemas import agent as a
@@ -307,11 +316,26 @@ class AgentExecutor:
             )  # fmt: skip
             self._add(launch, "", started=True, publish=False)
             adopted.add(job_id)
+        self._still_stopping(nodes, now)
         for n in nodes:  # a lost node's blockers go once its fence has passed
             if state.nodes[n].state == "lost":
                 self.fence.lost(n, now)
         self.flush()
         return adopted
+
+    def _still_stopping(self, nodes: Iterable[str], now: float) -> None:
+        """After a restart: the runs the ledger stopped whose end is not recorded yet (the log
+        says which: `State.stopped_runs`) may still live in their grace, holding their GPUs, as
+        before the restart: their nodes block them (`node list` shows them `stopping`, a new
+        run of the job waits) until each node reports it no longer has them (atk36-23 F1)."""
+        known = set(nodes)
+        for r in self.ledger.state.stopped_runs.values():
+            gpus: dict[str, tuple[int, ...]] = {}
+            for sl in r.slots:
+                if sl.node in known:
+                    gpus[sl.node] = (*gpus.get(sl.node, ()), *sl.gpu_indices)
+            grace = self.grace_s if r.grace_s is None else r.grace_s
+            self.fence.stopped(r.job_id, r.run, gpus, {}, grace, now, gpus)
 
     def shutdown(self, now: float) -> list[Exit]:
         """The server stops: the agents keep running their jobs."""
@@ -517,6 +541,7 @@ class AgentExecutor:
             job_name=job.job_name,
             array_job_id=job.array_job_id,
             array_task_id=job.array_task_id,
+            umask=job.umask,
         )
         for node in dict.fromkeys(nodes):
             self._parts.setdefault(node, {})[job.job_id] = part
@@ -578,7 +603,9 @@ class AgentExecutor:
             return
         r.start_reported = True
         parts = [(n, r.started[n]) for n in r.nodes]
-        logs = tuple(f"{n}:{p.log}" for n, p in parts if p.log)
+        # a part whose agent did not say (a start first told by its exit): the submission's
+        named = self._named_output(r)
+        logs = tuple(f"{n}:{p.log or named}" for n, p in parts if p.log or named)
         times = [p.started_at for _, p in parts if p.started_at is not None]
         self._starts.append(
             Start(
@@ -594,6 +621,12 @@ class AgentExecutor:
                 ),
             )
         )
+
+    def _named_output(self, r: _Run) -> str:
+        """The output file the job's submission names (its pattern written out, as its launch
+        had it), "" when it names none (the agent's default, which only the agent knows)."""
+        job = self.ledger.state.jobs.get(r.job_id)
+        return "" if job is None else output_files(job.spec, r.slots)[0]
 
     def _maybe_exited(self, r: _Run, now: float) -> None:
         """A part failed (its end is the run's), or every part has exited 0."""

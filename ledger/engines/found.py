@@ -38,7 +38,15 @@ import signal
 from pathlib import Path
 
 from ledger.engines.proc import alive, write_atomic
-from ledger.engines.runs import Handle, Part, read_exit, read_identity, read_started, run_name
+from ledger.engines.runs import (
+    Handle,
+    Part,
+    read_exit,
+    read_identity,
+    read_started,
+    run_name,
+    spec_log,
+)
 from ledger.engines.supervise import RECORD_FD, tree_of
 from ledger.engines.tree import TOP, Containment
 
@@ -97,7 +105,7 @@ def _part_of(rundir: Path, spec: dict[str, object]) -> Part | None:
         node=str(env.get("GPULEDGER_NODE", "")),
         gpu_indices=tuple(int(i) for i in gpus) if isinstance(gpus, list) else (),
         rundir=str(rundir),
-        log=str(spec.get("stdout") or spec.get("log") or ""),
+        log=spec_log(spec),
         pid=sup[0] if sup else None,
         pid_start=sup[1] if sup else None,
         cgroup=str(spec.get("cgroup") or ""),

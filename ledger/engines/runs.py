@@ -131,6 +131,22 @@ def read_identity(path: Path) -> tuple[int, int] | None:
         return None
 
 
+def spec_log(spec: dict[str, object]) -> str:
+    """Pure: where a part's output goes, as its spec says: the file the job named, else the
+    engine's log ("" when neither)."""
+    return str(spec.get("stdout") or spec.get("log") or "")
+
+
+def part_log(rundir: Path) -> str:
+    """Where the part in `rundir` writes its output, from its spec ("" when it cannot be read):
+    what a start first reported after a restart names, as its launch did (atk36-23 F4)."""
+    try:
+        spec = json.loads((rundir / "spec.json").read_bytes())
+    except (OSError, ValueError):
+        return ""
+    return spec_log(spec) if isinstance(spec, dict) else ""
+
+
 def read_started(path: Path) -> float | None:
     """When the leader started (its identity file's third field; older files have none)."""
     try:

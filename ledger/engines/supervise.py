@@ -64,14 +64,15 @@ FENCED_MARK = "fenced"
 tree first, before it signals: the exit then says `fenced` whatever the job's exit code (a job
 that exits 0 on SIGTERM, as the signal contract asks, is never taken for a completion)."""
 SHELL = "/bin/sh"
-WRAPPER = r"""wd=$1 out=$2 err=$3
-shift 3
+WRAPPER = r"""wd=$1 out=$2 err=$3 job_mask=$4
+shift 4
 trap : TERM INT HUP
 fail() { printf 'gpuledger: %s\n' "$1" >&2; printf 'failed %s\n' "$1" >&9; exit 127; }
 if [ -n "$wd" ]; then cd -- "$wd" 2>/dev/null || fail "cannot enter the working directory $wd"; fi
-mask=$(umask)
+if [ -n "$job_mask" ]; then umask "$job_mask"; fi
+mask=$(umask) make=${job_mask:-077}
 own() {
-  umask 077
+  umask "$make"
   if ! { [ ! -L "$1" ] && [ ! -e "$1" ] && (set -C; : >"$1") 2>/dev/null; }; then
     if [ -L "$1" ] || [ -f "$1" ]; then
       [ -n "$(find "$1" -maxdepth 0 -user "$(id -u)" 2>/dev/null)" ] ||
@@ -102,11 +103,14 @@ code=$?
 printf 'exit %s\n' "$code" >&9
 exit "$code"
 """
-"""The leader of every job part (module doc): $1-$3 are the working directory, output file and
-error file as the user gave them ("": the supervisor's), then the command; fd 9 is the record.
-Output and error files are made the job's user's alone (0600; the job's own umask is left as it
-was), and one that exists already must be the user's (a regular file or a symbolic link another
-account planted at the name, in a directory it may write, is refused, never appended to).
+"""The leader of every job part (module doc): $1-$4 are the working directory, output file,
+error file as the user gave them ("": the supervisor's) and the job's umask as submitted (four
+octal digits; "": none recorded), then the command; fd 9 is the record. With a umask, the job
+runs with it and its output and error files are made with it, as sbatch makes them (0644 under
+0022); without, they are made the job's user's alone (0600) and the job keeps the umask it
+inherited. Either way one that exists already must be the user's (a regular file or a
+symbolic link another account planted at the name, in a directory it may write, is refused,
+never appended to).
 The shell's own stderr is closed while the command runs (it would say "Terminated" of a job
 that was stopped, in the job's own output)."""
 RECORD_FD = 9
@@ -245,6 +249,13 @@ def run(rundir: Path) -> int:
     return 0
 
 
+def _umask(spec: dict[str, Any]) -> str:
+    """The job's umask for its leader (`WRAPPER`'s $4): four octal digits, "" when its
+    submission recorded none (the spec is the service's; checked anyway)."""
+    mask = str(spec.get("umask") or "")
+    return mask if len(mask) == 4 and all(ch in "01234567" for ch in mask) else ""
+
+
 def _private(path: Path) -> Any:
     """`path` opened to append, made 0600 (what a job says may name its paths)."""
     return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
@@ -265,7 +276,7 @@ def _start(rundir: Path, spec: dict[str, Any], tree: Tree) -> subprocess.Popen[b
         try:
             return subprocess.Popen(
                 [SHELL, "-c", WRAPPER, "gpuledger-job", spec.get("workdir") or "",
-                 spec.get("stdout") or "", spec.get("stderr") or "",
+                 spec.get("stdout") or "", spec.get("stderr") or "", _umask(spec),
                  *(spec["command"] or ["true"])],
                 env=spec["env"],
                 cwd=spec.get("cwd") or None,

@@ -58,6 +58,7 @@ from ledger.engines.runs import (
     keep_stop,
     kept_stop,
     live_processes,
+    part_log,
     read_exit,
     read_identity,
     read_started,
@@ -517,6 +518,7 @@ class SupervisedExecutor:
             "containment": self.containment.to_json(),
             "lease": str(self.lease) if self.lease is not None else "",
             "time_limit_s": self._limit(job),
+            "umask": None if job.umask is None else f"{job.umask:04o}",
         }
         return spec, out
 
@@ -773,11 +775,16 @@ class SupervisedExecutor:
             return None
         name = run_name(job_id, run + 1)
         runs = self.state_dir / "runs" / name
-        began = [read_started(d / "job") for d in sorted(runs.glob("*")) if d.is_dir()]
+        dirs = sorted(
+            (d for d in runs.glob("*") if d.is_dir()),
+            key=lambda d: int(d.name) if d.name.isdigit() else -1,
+        )
+        began = [read_started(d / "job") for d in dirs]
         known = [b for b in began if b is not None]
         start = None
-        if not end.launch_failed:
-            start = Start(job_id, name, run, started_at=max(known) if known else None)
+        if not end.launch_failed:  # where its output went, as its launch said (its specs)
+            logs = tuple(part_log(d) for d in dirs)
+            start = Start(job_id, name, run, logs=logs, started_at=max(known) if known else None)
         reason: RunEnd = "launch_failed" if end.launch_failed else "exited"
         if not end.launch_failed:
             reason = kept_stop([d for d in sorted(runs.glob("*")) if d.is_dir()]) or reason

@@ -39,7 +39,7 @@ from uuid import NAMESPACE_URL, uuid5
 
 import msgspec
 
-from ledger.core.state import Account, Job, Node, State, Token
+from ledger.core.state import Account, Job, Node, State, StoppedRun, Token
 from projections.chain import names
 from projections.source import LogRecord
 from schemas import events as e
@@ -84,6 +84,9 @@ class Folded(msgspec.Struct, frozen=True, kw_only=True):
     service: e.ServiceConfigured | None = None
     ends: list[tuple[int, str, float, int | None]] = []
     """Recent job ends kept for dependencies (`State.ends`), oldest first."""
+    stopped_runs: list[StoppedRun] | None = None
+    """Stopped runs whose end is awaited (`State.stopped_runs`), oldest first; None in a
+    snapshot made before they were kept (`same` then compares the rest)."""
 
 
 class StateSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -141,14 +144,17 @@ def signed(snap: StateSnapshot, key: bytes | None) -> bool:
 
 
 def same(a: State, b: State) -> bool:
-    """Pure: whether two live states hold the same data (order aside)."""
-    return _canonical(a) == _canonical(b)
+    """Pure: whether two live states hold the same data (order aside). A state unfolded from a
+    snapshot made before `State.stopped_runs` was kept is compared without them."""
+    kept = a.stopped_runs_kept and b.stopped_runs_kept
+    return _canonical(a, kept) == _canonical(b, kept)
 
 
-def _canonical(state: State) -> Folded:
+def _canonical(state: State, stopped_runs: bool = True) -> Folded:
     f = folded(state)
     return msgspec.structs.replace(
         f,
+        stopped_runs=f.stopped_runs if stopped_runs else None,
         accounts=sorted(f.accounts, key=lambda a: a.path),
         nodes=sorted(f.nodes, key=lambda n: n.name),
         jobs=sorted(f.jobs, key=lambda j: j.spec.job_id),
@@ -179,6 +185,7 @@ def folded(state: State) -> Folded:
         tokens=list(state.tokens.values()),
         service=state.service,
         ends=[(job_id, *end) for job_id, end in state.ends.items()],
+        stopped_runs=list(state.stopped_runs.values()),
     )
 
 
@@ -202,6 +209,8 @@ def unfolded(f: Folded) -> State:
         service=f.service,
         active={j.job_id for j in f.jobs},  # a live state holds no finished job
         ends={job_id: (why, at, array) for job_id, why, at, array in f.ends},
+        stopped_runs={(r.job_id, r.run): r for r in f.stopped_runs or ()},
+        stopped_runs_kept=f.stopped_runs is not None,
     )
     state.node_jobs = {n: set() for n in state.nodes}
     for j in f.jobs:

@@ -127,6 +127,34 @@ def test_sigterm_and_kill_9_of_up_leave_jobs_running_and_the_next_up_adopts_them
     assert held_twice([r["event"] for r in log]) == []
 
 
+def _gpus(home: Path) -> tuple[list[int], int]:
+    """(the GPUs `node list --json` shows stopping, the free ones) of node `local`."""
+    [row] = json.loads(cli(home, "node", "list", "--json").stdout)
+    return row["stopping_gpus"], row["free_gpus"]
+
+
+def test_a_cancel_whose_grace_outlives_a_kill_9_of_up_keeps_its_gpu_stopping(home: Path) -> None:
+    """atk36-23 F1 as found: a job that ignores SIGTERM (`--grace 25s`) is cancelled and `up`
+    is killed -9 and started again inside the grace. While its process lives, `node list`
+    shows its GPU `stopping`, not free (before: free for the whole grace after the restart);
+    once it is killed at the end of its grace, free."""
+    submit(home, "bob", 1, "trap '' TERM; while :; do sleep 0.2; done", "--grace", "25s")
+    up = Service(home)
+    wait_for("job 1 running", lambda: jobs(home)[1]["status"] == "running", home=home)
+    [part] = live_processes(state(home))
+    cli(home, "cancel", "1")
+    wait_for("its GPU stopping", lambda: _gpus(home) == ([0], 1), home=home)
+    assert up.signal(signal.SIGKILL) == -signal.SIGKILL
+    up = Service(home)
+    assert _gpus(home) == ([0], 1), up.log.read_text()[-2000:]
+    wait_for("the agent to register", lambda: "registered node local" in up.log.read_text())
+    assert _gpus(home) == ([0], 1), up.log.read_text()[-2000:]
+    assert [p.pid for p in live_processes(state(home))] == [part.pid]  # still in its grace
+    wait_for("its process to end", lambda: not live_processes(state(home)), home=home)
+    wait_for("its GPU free", lambda: _gpus(home) == ([], 2), home=home)
+    assert [e for e in events(home, "job.run_ended.v1") if e["job_id"] == 1]
+
+
 def test_up_refuses_to_start_while_the_other_executor_has_unfinished_runs(
     home: Path, shared: Path
 ) -> None:

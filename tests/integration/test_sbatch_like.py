@@ -543,25 +543,31 @@ def test_a_launch_that_fails_before_its_command_runs_never_started(served: Serve
     assert not marker.exists()
 
 
-def test_output_files_are_the_owners_alone_and_one_another_account_planted_is_refused(
+def test_output_files_take_the_submitters_umask_and_one_another_account_planted_is_refused(
     served: Served,
 ) -> None:
     """atk23c F3/F4: in a directory every account may write (1777), a job's default output file
-    is made the user's alone (0600) while the job keeps its own umask; a file or a symbolic
-    link another account planted at the output's name is never appended to or followed: the
-    launch fails with why, the planted file is left as it was."""
+    is made by the user with the umask it was submitted under (0027 here, the service's
+    differs), which the job runs with too, as sbatch does (before: 0600 and the service's
+    umask); a file or a symbolic link another account planted at the output's name is never
+    appended to or followed: the launch fails with why, the planted file is left as it was."""
     shared = Path(tempfile.mkdtemp(prefix="gl23-shared-", dir="/tmp"))
     try:
         shared.chmod(0o1777)
         nobody = pwd.getpwnam("nobody")
-        first = served.submit("-D", str(shared), "--", "sh", "-c", "echo secret; umask; : >mine")
+        assert own_umask() != 0o027  # the service's (the test's) umask is another one
+        before = os.umask(0o027)  # the submitter's shell
+        try:
+            first = served.submit("-D", str(shared), "--", "sh", "-c", "echo hi; umask; : >mine")
+        finally:
+            os.umask(before)
         row = served.wait("the job ends", first, "finished")
         assert row["finish_reason"] == "completed", row
         out = shared / f"gpuledger-{first}.out"
         st = out.stat()
-        assert (st.st_uid, st.st_mode & 0o777) == (pwd.getpwnam(USER).pw_uid, 0o600)
-        assert out.read_text().split() == ["secret", f"{own_umask():04o}"]
-        assert (shared / "mine").stat().st_mode & 0o777 == 0o666 & ~own_umask()
+        assert (st.st_uid, st.st_mode & 0o777) == (pwd.getpwnam(USER).pw_uid, 0o640)
+        assert out.read_text().split() == ["hi", "0027"]
+        assert (shared / "mine").stat().st_mode & 0o777 == 0o640
         # another account plants the next job's default file, and a link at a chosen name
         planted = shared / f"gpuledger-{first + 1}.out"
         planted.touch(mode=0o666)

@@ -2,7 +2,8 @@
 ignores SIGTERM lives on `KillWait` after Slurm's EndTime (the scancel), holding its GPU, and is
 recorded and charged to its processes' real end (F1); a whole-minute `-t` gets the job's own
 grace, not Slurm's TIMEOUT and KillWait (F7); a cancel's grace counts from the cancel across a
-restart of the service (F2); meanwhile `node list` shows its GPUs `stopping`, not free.
+restart of the service (F2); meanwhile `node list` shows its GPUs `stopping`, not free, after
+a restart too (atk36-23 F1).
 Real Slurm (KillWait=10), `gpuledger up --executor slurm`."""
 
 from __future__ import annotations
@@ -113,12 +114,16 @@ def test_a_cancels_grace_counts_from_the_cancel_across_a_restart(ledger: Ledger)
     ledger.up()
     ledger.submit("alice", 1, _stubborn(work), "--grace", "20s")
     ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    (gpu,) = ledger.jobs()[1]["slots"][0]["gpu_indices"]
     ledger.cli("cancel", "1", actor="alice")
     ledger.wait("its SIGTERM", lambda: bool(_times(work / "term")))
     ledger.kill9()
     time.sleep(22)
     ledger.up()
     serving = time.time()  # it has adopted what Slurm runs by now
+    # atk36-23 F1's twin: after the restart its GPU is `stopping` while its processes live
+    ledger.wait("its GPU shown stopping", lambda: _node(ledger)["stopping_gpus"] == [gpu])
+    assert _node(ledger)["free_gpus"] == 3 and time.time() - _times(work / "alive")[-1] < 2
     last = _until_quiet(work / "alive")
     assert last - serving <= 15.0, (last, serving)  # KillWait (10 s), not 20 s more first
     ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v1", 1)))

@@ -68,7 +68,8 @@ def test_a_script_in_a_users_home_runs_there_as_the_user_with_its_world_not_the_
     ./input.txt and $MY_VAR, submitted from that directory: it runs there, as that uid with its
     primary and supplementary groups, with HOME/USER/LOGNAME/SHELL of the user, none of the
     service's variables (its secrets, HOME, PATH), and writes gpuledger-<id>.out owned by the
-    user; `--export=NONE,FOO=1` and `-o` patterns are honoured; an array task gets SLURM_ARRAY_*;
+    user, made with the umask the job was submitted under (and runs with);
+    `--export=NONE,FOO=1` and `-o` patterns are honoured; an array task gets SLURM_ARRAY_*;
     a job with no working directory writes to the service's directory, which nobody else may
     write."""
     with os_user("glsw", groups=1) as user:
@@ -83,7 +84,11 @@ def test_a_script_in_a_users_home_runs_there_as_the_user_with_its_world_not_the_
         jobs_dir.mkdir(parents=True)
         jobs_dir.chmod(0o1777)
         ledger.up(run_as="submitter", SERVICE_DB_PASSWORD="hunter2", SERVICE_ONLY="svc-only")
-        (plain,) = submit_as(ledger, user, proj, "train.sh", MY_VAR="hello")
+        before = os.umask(0o027)  # the submitter's shell's (the service has another one)
+        try:
+            (plain,) = submit_as(ledger, user, proj, "train.sh", MY_VAR="hello")
+        finally:
+            os.umask(before)
         (named,) = submit_as(ledger, user, proj, "-J", "sj", "-o", "%x-%j-%u.out",
                              "--export=NONE,FOO=1", "train.sh")  # fmt: skip
         array = submit_as(ledger, user, proj, "--array=0-1", "-o", "arr-%A_%a.out", "train.sh")
@@ -95,8 +100,10 @@ def test_a_script_in_a_users_home_runs_there_as_the_user_with_its_world_not_the_
         got = lines(out)
         st = out.stat()
         assert (st.st_uid, st.st_gid) == (user.uid, user.gid)  # created as the user
-        assert st.st_mode & 0o777 == 0o600  # the user's alone (atk23c F3): slurmstepd, umask 077
-        assert got["UMASK"] == f"{own_umask():04o}"  # ... and the job keeps the umask it had
+        # made with the umask it was submitted under, which the job runs with, as sbatch does
+        # (before: 0600 and the service's umask)
+        assert (st.st_mode & 0o777, got["UMASK"]) == (0o640, "0027")
+        assert own_umask() != 0o027
         assert got["pwd"] == str(proj) and got["line:input"] == "from the input"
         assert got["SUBMIT_DIR"] == str(proj)  # N8: not the service's cwd
         assert got["MY_VAR"] == "hello"
@@ -106,7 +113,9 @@ def test_a_script_in_a_users_home_runs_there_as_the_user_with_its_world_not_the_
         assert got["SHELL"] == "/bin/sh"
         assert (got["SVC"], got["TOK"], got["ONLY"]) == ("", "", "")  # nothing of the service's
         # --export=NONE,FOO=1 and the -o pattern
-        got = lines(proj / f"sj-{named}-{user.name}.out")
+        named_out = proj / f"sj-{named}-{user.name}.out"
+        assert named_out.stat().st_mode & 0o777 == 0o666 & ~own_umask()  # its submitter's
+        got = lines(named_out)
         assert (got["MY_VAR"], got["FOO"], got["pwd"]) == ("", "1", str(proj))
         # an array task: its ids as Slurm names them
         for task in range(len(array)):
@@ -261,7 +270,8 @@ def test_an_output_file_another_account_planted_is_refused_not_appended_to(
     every account may write (1777), another account plants the next job's default output file
     (0666) and a link at a name a job asks for: slurmstepd appended to the file (the planter
     read the job's output) and followed the link. Now the launch fails with why, nothing is
-    written; the user's own job there gets its file made for it, 0600, as before."""
+    written; the user's own job there gets its file made for it, with the umask it was
+    submitted under."""
     with os_user("glpl", groups=0) as user, shared_dir("gl23-shared-") as top:
         ledger.cli("member", "add", user.name, "ai2/olmo")
         shared = top / "shared"
@@ -273,7 +283,8 @@ def test_an_output_file_another_account_planted_is_refused_not_appended_to(
         ledger.wait("the first job to end", lambda: status(ledger, first) == "finished")
         assert ledger.jobs()[first]["finish_reason"] == "completed"
         own = shared / f"gpuledger-{first}.out"
-        assert (own.stat().st_uid, own.stat().st_mode & 0o777) == (user.uid, 0o600)
+        mode = 0o666 & ~own_umask()  # the submitter's umask (sbatch's rule)
+        assert (own.stat().st_uid, own.stat().st_mode & 0o777) == (user.uid, mode)
         assert own.read_text() == "mine\n"
         planted = shared / f"gpuledger-{first + 1}.out"
         planted.touch()

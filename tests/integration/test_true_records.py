@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import subprocess
 import time
@@ -345,3 +346,77 @@ def test_a_requeued_job_placed_again_at_once_stops_its_run_and_starts_a_new_one(
     finally:
         served.server.stop()
         pids.unlink(missing_ok=True)
+
+
+def _node_row(c: Cluster, node: str) -> tuple[list[int], int]:
+    """(its GPUs shown stopping, its free GPUs) as `node list --json` says."""
+    rows = json.loads(c.cli("node", "list", "--json").stdout)
+    row = next(r for r in rows if r["node"] == node)
+    return row["stopping_gpus"], row["free_gpus"]
+
+
+@agents.with_flags(serve=("--node-lost-after", "60s"))
+def test_a_stopping_runs_gpus_stay_held_across_a_server_restart_and_it_keeps_its_umask(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """atk36-23 F1: the job (`--grace 20s`) ignores SIGTERM; it is cancelled and the server is
+    killed -9 and started again inside the grace. Its GPU stays `stopping` (not free) while its
+    process lives, then is free once its end is recorded (before: free at once after the
+    restart). The job was submitted under umask 0027: it runs with it and its `-o` file is
+    0640, as sbatch makes it (before: the service's umask, and 0600)."""
+    c = cluster
+    out = tmp_path / "stubborn.out"
+    before = os.umask(0o027)
+    try:
+        script = "umask; echo $$; trap '' TERM; while :; do sleep 0.2; done"
+        job = c.submit(1, script, "--grace", "20s", "-o", str(out))
+    finally:
+        os.umask(before)
+    row = c.wait_status(job, "running")
+    ((node, gpus),) = [(s["node"], s["gpu_indices"]) for s in row["slots"]]
+    mask, pid = wait_for("its output", lambda: len(out.read_text().split()) > 1 and
+                         out.read_text().split())[:2]  # fmt: skip
+    assert (mask, out.stat().st_mode & 0o777) == ("0027", 0o640)
+    c.cli("cancel", str(job))
+    wait_for("its GPU stopping", lambda: _node_row(c, node) == (gpus, 1), 30, c.why)
+    c.server.stop(signal.SIGKILL)
+    c.restart_server()
+    for _ in range(2):  # its process lives on in its grace: its GPU is not free
+        assert alive(int(pid))
+        assert _node_row(c, node) == (gpus, 1), c.why()
+        time.sleep(1.0)
+    wait_for("its process to be killed", lambda: not alive(int(pid)), 30, c.why)
+    wait_for("its GPU free", lambda: _node_row(c, node) == ([], 2), 30, c.why)
+    assert [ev for ev in c.events("job.run_ended.v1") if ev["job_id"] == job]
+
+
+@agents.with_flags(serve=("--node-lost-after", "60s"))
+def test_a_start_first_told_after_an_agent_restart_keeps_the_jobs_output_path(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """atk36-23 F4: the job's leader waits to open its output (a FIFO nobody reads yet), its
+    agent is killed -9 and loses its state file, the job then runs and ends; the restarted
+    agent tells its start and end together. The start names the job's output file (before:
+    no path at all)."""
+    c = cluster
+    gate = tmp_path / "gate.out"
+    os.mkfifo(gate)
+    job = c.submit(1, "echo ran", "-o", str(gate))
+    row = c.wait_status(job, "placed")
+    node = row["slots"][0]["node"]
+    ag = c.agents[node]
+    rundir = ag.state / "runs" / f"{job}.1" / "0"
+    wait_for("its leader", lambda: (rundir / "job").exists(), 30, c.why)
+    assert c.job(job)["status"] == "placed"  # its leader has not opened its output yet
+    ag.kill(signal.SIGKILL)
+    (ag.state / "state.json").unlink()
+    reader = os.open(gate, os.O_RDWR)  # never blocks: the leader's open goes through
+    try:
+        wait_for("the job's end", lambda: (rundir / "exit").exists(), 30, c.why)
+        ag.start()
+        done = c.wait_status(job, "finished")
+        assert os.read(reader, 100) == b"ran\n"
+    finally:
+        os.close(reader)
+    assert (done["finish_reason"], done["started_at"] is not None) == ("completed", True), done
+    assert done["logs"] == [f"{node}:{gate}"], done

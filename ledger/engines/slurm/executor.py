@@ -30,7 +30,7 @@ from ledger.engines.slurm.launching import (
     never_ran,
     node_fail_end,
 )
-from ledger.engines.slurm.outputs import claim_outputs, sbatch_env, sbatch_user
+from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
 from ledger.engines.slurm.stops import (
     Stopping,
     Tag,
@@ -321,14 +321,13 @@ class SlurmExecutor:
     def _submit(self, r: Run) -> None:
         assert r.launch is not None
         job = r.launch
-        who = sbatch_user(job.user, self.run_as)
-        if isinstance(who, str):
+        if isinstance(who := sbatch_user(job.user, self.run_as), str):
             raise _Refused(who)
         out = job.stdout or str(self._default_log(job, who))
         err = job.stderr or ""
         r.logs = tuple(dict.fromkeys(p for p in (out, err) if p))
-        planted = claim_outputs(r.logs, who, self.timeout_s)  # slurmstepd would append to it
-        if planted:
+        mask = files_umask(job.umask, bool(job.stdout))  # slurmstepd would append to a planted
+        if planted := claim_outputs(r.logs, who, self.timeout_s, mask):
             raise _Refused(planted)
         args = ["sbatch", *sbatch_args(job, self.partition, out, who, self.ledger_id,
                                        self._pinned, err, self._grace_of(r),
@@ -336,11 +335,12 @@ class SlurmExecutor:
         checkpoint = self._checkpoint_file(job.job_id, job.run, who)
         marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED)
         launched, no_dir, no_cmd, ended, signalled = (str(checkpoint.with_name(m)) for m in marks)
-        script = batch_script(job, who, str(checkpoint), launched, own_umask(), no_dir, no_cmd,
-                              ended, signalled)  # fmt: skip
-        slurm_id = self._run(args, stdin=script, env=sbatch_env(self.env)).strip().split(";")[0]
-        r.slurm_id = slurm_id
-        log.info("job %s run %s is Slurm job %s", job.job_id, job.run, slurm_id)
+        umask = own_umask() if job.umask is None else job.umask  # the submitter's, as sbatch's
+        script = batch_script(job, who, str(checkpoint), launched, umask, no_dir, no_cmd, ended,
+                              signalled)  # fmt: skip
+        r.slurm_id = self._run(args, stdin=script, env=sbatch_env(self.env, mask)).strip()
+        r.slurm_id = r.slurm_id.split(";")[0]
+        log.info("job %s run %s is Slurm job %s", job.job_id, job.run, r.slurm_id)
 
     def _try_submit(self, now: float) -> None:
         """Submit the launches whose GPUs are free in Slurm, in launch order, so Slurm hands out

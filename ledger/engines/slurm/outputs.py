@@ -22,7 +22,8 @@ from ledger.engines.slurm.words import SBATCH_ENV, SbatchUser
 
 log = logging.getLogger("gpuledger.slurm")
 
-CLAIM = r"""umask 077
+CLAIM = r"""umask "$1"
+shift
 for f in "$@"; do
   if [ -L "$f" ] || [ -e "$f" ]; then
     if [ -L "$f" ] || [ -f "$f" ]; then
@@ -34,19 +35,32 @@ for f in "$@"; do
 done
 exit 0
 """
-"""As the job's user, $@ the files: prints each one another account owns; takes the free ones."""
+"""As the job's user, $1 the umask to make them with, the rest the files: prints each one
+another account owns; takes the free ones."""
+
+PRIVATE = 0o077
+"""The umask of a run's files when its submission recorded none (the user's alone, 0600)."""
 
 
-def claim_outputs(paths: Iterable[str], who: SbatchUser, timeout_s: float) -> str:
-    """Make the run's files the user's where they are free; "" when Slurm may open them all,
-    else why not (one line, in the node agents' words). `who.uid` None: the service's own
-    account runs the job, and the shell runs as it."""
+def files_umask(job_umask: int | None, names_output: bool) -> int:
+    """Pure: the umask a run's output files are made with: the job's as submitted for the files
+    it names (sbatch's rule), `PRIVATE` for the engine's default log in the service's directory
+    and for a submission that recorded none."""
+    return job_umask if job_umask is not None and names_output else PRIVATE
+
+
+def claim_outputs(
+    paths: Iterable[str], who: SbatchUser, timeout_s: float, umask: int = PRIVATE
+) -> str:
+    """Make the run's files the user's where they are free (with `umask`); "" when Slurm may
+    open them all, else why not (one line, in the node agents' words). `who.uid` None: the
+    service's own account runs the job, and the shell runs as it."""
     files = [p for p in dict.fromkeys(paths) if p]
     if not files:
         return ""
     try:
         done = subprocess.run(
-            ["/bin/sh", "-c", CLAIM, "gpuledger-claim", *files],
+            ["/bin/sh", "-c", CLAIM, "gpuledger-claim", f"{umask:04o}", *files],
             capture_output=True, text=True, timeout=timeout_s, check=False, cwd="/",
             env={"PATH": "/usr/bin:/bin"}, **_as(who),
         )  # fmt: skip
@@ -85,13 +99,13 @@ def sbatch_user(user: str, run_as: RunAs) -> SbatchUser | str:
     )
 
 
-def sbatch_env(service_env: Mapping[str, str]) -> dict[str, str]:
+def sbatch_env(service_env: Mapping[str, str], umask: int = PRIVATE) -> dict[str, str]:
     """Pure: sbatch's own environment: PATH, where the cluster is (`SBATCH_ENV`) and
     SLURM_UMASK. sbatch hands its environment to the job, so nothing else of the service's goes
     in (its secrets, its HOME, `SBATCH_*` options)."""
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-    # the umask slurmstepd makes the output files with: the user's alone (the batch script
-    # gives the job its own umask back)
-    env["SLURM_UMASK"] = "0077"
+    # the umask slurmstepd makes the output files with (`files_umask`; the batch script gives
+    # the job its own umask)
+    env["SLURM_UMASK"] = f"{umask:04o}"
     env.update({k: service_env[k] for k in SBATCH_ENV if k in service_env})
     return env

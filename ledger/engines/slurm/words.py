@@ -645,9 +645,9 @@ def batch_script(
     ended_file: str = "",
     signalled_file: str = "",
 ) -> str:
-    """Pure: the batch script: the job's umask (sbatch runs with SLURM_UMASK 077 so that
-    slurmstepd makes the output files the user's alone, 0600; the job itself gets `umask` back,
-    the one it had before), the job's environment (`job_environment`), a check that it starts
+    """Pure: the batch script: the job's umask (the submitter's as recorded, else the one the
+    service has; sbatch runs with SLURM_UMASK, the umask slurmstepd makes the output files
+    with: `outputs.files_umask`), the job's environment (`job_environment`), a check that it starts
     where it was asked to (Slurm would fall back to /tmp): a directory it cannot enter leaves
     `cannot_enter_file` and ends the script, so its run is a failed launch, never a run (as
     on the node agents); a command that cannot be started (not found in the job's PATH, or no
