@@ -3,6 +3,9 @@
 Pure: a policy is a config value (`schemas.policy.FairShare10Config` plus its version); its
 methods are functions of their arguments. Everything not named here is `FairShare9`'s
 (ledger/dispatch/fairshare9.py); `fairshare-9` and older keep their code exactly (replay).
+`fairshare-9`'s starvation rule is off by default (`starve_after_s` 0, so the cost check is
+`fairshare-7`'s): it is not the default policy's (docs/dispatch.md), and with it off
+`fairshare-10` differs from the default, `fairshare-7`, by the charge alone.
 
 Why (an outside attacker's finding): teams are ranked once per cycle from the usage the ranks
 counted, and what the cycle itself places moves no team. When teams tie, at zero usage on a
@@ -58,6 +61,7 @@ class FairShare10(FairShare9, frozen=True, kw_only=True):
 
     version: str = "fairshare-10"
     charge_s: float = 0.0
+    starve_after_s: float = 0.0  # fairshare-9's rule off: the default policy has none
 
     @property
     def reads_usage(self) -> bool:
