@@ -198,9 +198,12 @@ def test_same_seed_gives_a_byte_identical_event_log(tmp_path: Path) -> None:
     assert one == two
 
 
-def test_projection_and_incremental_ranks_give_the_same_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", ["fairshare", "fairshare-10"])
+def test_projection_and_incremental_ranks_give_the_same_run(tmp_path: Path, policy: str) -> None:
+    """The two rank sources give the same ranks (and, to fairshare-10, the same usage and
+    shares behind them: the projection's Fair Tree rows and the fold's tree)."""
     workload = synthetic(SMALL)
-    cfg = SimConfig(cluster=Cluster(nodes=4), days=0.5, seed=5)
+    cfg = SimConfig(policy=policy, cluster=Cluster(nodes=4), days=0.5, seed=5)
     simulate(workload, cfg, tmp_path / "inc")
     simulate(workload, SimConfig(**{**cfg.__dict__, "ranks": "projection"}), tmp_path / "proj")
     inc, proj = stored_states(tmp_path / "inc"), stored_states(tmp_path / "proj")
