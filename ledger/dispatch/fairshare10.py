@@ -161,38 +161,48 @@ class Charged(Ordered):
             found[0] += self._charge(job)
 
     def walk(self) -> Iterator[PendingJob]:
-        """The jobs, best team's next job first; a placement re-ranks its team. What was
-        handed out is kept as stretches of one group (`jobs` and `_heads`), not job by job."""
+        """The jobs, best team's next job first; a placement re-ranks its team, and the walk
+        moves to another team only when that one now ranks first. What was handed out is kept
+        as stretches of one group (`jobs` and `_heads`), not job by job."""
         jobs, heads, rank = self.jobs, self._heads, self._rank
         for _, teams in self._segments:
             heap = [(rank(place), place) for place in teams]
             heapq.heapify(heap)
             cursor = dict.fromkeys(teams, (0, 0))
+            done: set[int] = set()
             while heap:
                 place = heap[0][1]
+                if place in done:  # left the top while its last job was placed
+                    heapq.heappop(heap)
+                    continue
                 self._place = place
                 groups = teams[place]
                 gi, mi = cursor[place]
-                moved = False
-                while gi < len(groups) and not moved:
+                switch = False
+                while gi < len(groups) and not switch:
                     head, members = groups[gi]
-                    begun = mi
-                    for job in members[mi:] if mi else members:
+                    n, begun = len(members), mi
+                    while mi < n:
+                        job = members[mi]
                         mi += 1
                         yield job
                         if self._placed:  # only a placement sets it
-                            self._placed = moved = True
-                            break
+                            self._placed = False
+                            heapq.heapreplace(heap, (rank(place), place))
+                            if heap[0][1] != place:
+                                switch = True
+                                break
                     jobs += members[begun:mi]
                     heads.append((head, mi - begun))
-                    if mi >= len(members):
+                    if mi >= n:
                         gi, mi = gi + 1, 0
-                self._placed = False
                 if gi >= len(groups):
-                    heapq.heappop(heap)
+                    if heap[0][1] == place:
+                        heapq.heappop(heap)
+                    else:
+                        done.add(place)
                 else:
                     cursor[place] = (gi, mi)
-                    heapq.heapreplace(heap, (rank(place), place))
 
     def pairs(self) -> list[tuple[SortKey, PendingJob]]:
         found = self._pairs
