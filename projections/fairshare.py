@@ -244,6 +244,11 @@ class FairTree:
     def level_fs(self) -> dict[str, float]:
         return {r.path: r.level_fs for r in self.rows}
 
+    def usage_shares(self) -> tuple[dict[str, float], dict[str, float]]:
+        """(account -> usage, account -> norm share): what the dispatcher's `Snapshot.usage` and
+        `Snapshot.shares` hold (`TreeShape.usage_shares`, the same numbers)."""
+        return {r.path: r.usage for r in self.rows}, {r.path: r.norm_shares for r in self.rows}
+
     def row(self, path: str) -> FairShareRow:
         for r in self.rows:
             if r.path == path:
@@ -341,6 +346,12 @@ class TreeShape:
         paths = self.paths
         leaf = {paths[i]: r - 1 for i, r in enumerate(ranks) if r is not None}
         return leaf, dict(zip(paths, level, strict=True))
+
+    def usage_shares(self, usage: list[float]) -> tuple[dict[str, float], dict[str, float]]:
+        """Pure: (account -> usage, account -> norm share) for `usage` (by number): what
+        `FairTree.usage_shares` gives for `rank(usage)`, without building its rows."""
+        paths = self.paths
+        return dict(zip(paths, usage, strict=True)), dict(zip(paths, self.norm_shares, strict=True))
 
 
 def fair_tree(accounts: Iterable[AccountUsage]) -> FairTree:

@@ -222,6 +222,14 @@ class UsageFold:
         shape = self.shape(accounts)
         return shape.ranks_levels(shape.usage_of(self.usage(now)))
 
+    def usage_shares(
+        self, now: float, accounts: Accounts
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """(account -> usage, account -> norm share) at `now` over the open `accounts`: the
+        numbers `fs.fair_tree` rows give for this usage (`fs.TreeShape.usage_shares`)."""
+        shape = self.shape(accounts)
+        return shape.usage_shares(shape.usage_of(self.usage(now)))
+
 
 class Account(Protocol):
     """What `open_accounts` reads of an account (the write side's `State.accounts` values)."""

@@ -244,6 +244,23 @@ class FairShare9Config(FairShare7Config, frozen=True, kw_only=True, tag="fairsha
     `spare_ratio`)."""
 
 
+class FairShare10Config(FairShare9Config, frozen=True, kw_only=True, tag="fairshare-10"):
+    """`fairshare-9`'s code whose order moves inside one cycle: every funded job the cycle places
+    charges its team (and so the team's ancestors) with the usage it commits to, its GPUs x
+    `charge_s` (0: its contract, `min_runtime_s`), before the next job is ranked, so teams
+    tied at zero usage share an idle cluster by their shares in the first cycle instead of the
+    first team taking it all (Kueue's and Slurm Fair Tree's behaviour; docs/dispatch.md)."""
+
+    charge_s: NonNegative = 0.0
+    """The seconds of usage a placement charges per GPU inside the cycle; 0: the job's
+    contract (`min_runtime_s`, the usage the placement certainly adds)."""
+    starve_after_s: NonNegative = 0.0
+    """`fairshare-9`'s rule, off by default (0): it is not the default policy's
+    (docs/dispatch.md: a chain of kills where nobody tuned it), so `fairshare-10` against the
+    default (`fairshare-7`) differs by the charge alone; `--set starve_after_s=86400` is
+    `fairshare-9`'s day."""
+
+
 class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
     """Slurm's multifactor priority as configured by default: no preemption unless
     `preempt_unfunded` (PreemptType=preempt/partition_prio with a scavenger partition)."""
@@ -302,7 +319,8 @@ class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
 
 
 AnyPolicyConfig = (
-    FairShare9Config
+    FairShare10Config
+    | FairShare9Config
     | FairShare8Config
     | FairShare7Config
     | FairShare6Config
@@ -321,6 +339,7 @@ AnyPolicyConfig = (
 """Any registered policy version's config (tagged by `version`)."""
 
 POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
+    FairShare10Config,
     FairShare9Config,
     FairShare8Config,
     FairShare7Config,

@@ -64,6 +64,12 @@ def world(pending: int, nodes: int, seed: int = 7, busy: float = 0.9) -> Snapsho
     ranks["lab"] = 0
     for p in projects:
         ranks[p] = min(v for k, v in ranks.items() if k.startswith(p + "/"))
+    # the numbers behind the ranks (`Snapshot.usage`, `shares`; only fairshare-10 reads them):
+    # equal shares, usage a week of 90% of the GPUs split as the level fair shares say
+    week = 7 * 86400 * nodes * 8 * busy
+    weights = {p: 1.0 / f for p, f in zip(projects, fs, strict=True)}
+    usage = {"lab": week, **{p: week * w / sum(weights.values()) for p, w in weights.items()}}
+    shares = {"lab": 1.0, **dict.fromkeys(projects, 1.0 / len(projects))}
 
     views: list[NodeView] = []
     running: list[RunningJob] = []
@@ -166,6 +172,8 @@ def world(pending: int, nodes: int, seed: int = 7, busy: float = 0.9) -> Snapsho
         pending=tuple(jobs),
         ranks=ranks,
         level_fs=level_fs,
+        usage=usage,
+        shares=shares,
     )
 
 

@@ -32,7 +32,7 @@ from ledger.dispatch.policy import Policy
 from ledger.dispatch.registry import config_of
 from ledger.dispatch.snapshot import Snapshot
 from projections import queries
-from projections.fairshare import UsagePolicy, ranking_version
+from projections.fairshare import FairTree, UsagePolicy, ranking_version
 from projections.store import Store
 from schemas import commands as c
 from schemas import events as e
@@ -96,6 +96,24 @@ class RankSource(Protocol):
         ...
 
 
+Standing = tuple[Mapping[str, float], Mapping[str, float]]
+"""(account -> usage, account -> norm share): what `Snapshot.usage` and `Snapshot.shares` hold."""
+
+
+def usage_shares(source: object, policy: object, now: float, position: int) -> Standing:
+    """The usage and shares behind the ranks `source` read last, for a policy that reads them
+    (`reads_usage`: `fairshare-10` charges placements against them inside a cycle); empty for
+    every other policy (they read ranks only) and for a source that has none. A source has them
+    as an optional `usage_shares(now, position)`, asked right after its `ranks`."""
+    if not getattr(policy, "reads_usage", False):
+        return {}, {}
+    read = getattr(source, "usage_shares", None)
+    if read is None:
+        return {}, {}
+    found: Standing = read(now, position)
+    return found
+
+
 def rank_inputs(
     source: RankSource,
     position: int,
@@ -141,6 +159,8 @@ class StoreRanks:
         self.usage = usage or UsagePolicy()
         self.read_position: int | None = None
         """The projection position of the last reading."""
+        self._tree: FairTree | None = None
+        """The Fair Tree of the last reading."""
 
     @property
     def usage_policy(self) -> UsagePolicy:
@@ -148,8 +168,15 @@ class StoreRanks:
 
     def ranks(self, now: float, position: int) -> tuple[Mapping[str, int], Mapping[str, float]]:
         self.read_position = self.store.position()
-        tree = queries.fair_share(self.store, now, self.usage)
+        tree = self._tree = queries.fair_share(self.store, now, self.usage)
         return tree.leaf_ranks(), tree.level_fs()
+
+    def usage_shares(self, now: float, position: int) -> Standing:
+        """The usage and norm shares of the Fair Tree the last `ranks` read (`usage_shares`)."""
+        if self._tree is None:
+            self.ranks(now, position)
+        assert self._tree is not None
+        return self._tree.usage_shares()
 
 
 class ProjectionRanks(StoreRanks):
@@ -181,11 +208,14 @@ def preview(
     `unavailable`: GPUs foreign work holds (node -> indices), never free, as in a cycle."""
     position = ledger.catch_up()
     leaf_ranks, level_fs = ranks.ranks(now, position)
+    usage, shares = usage_shares(ranks, policy, now, position)
     snapshot = snapshot_from_state(
         ledger.state,
         leaf_ranks,
         now,
         level_fs=level_fs,
+        usage=usage,
+        shares=shares,
         low_util_since=low_util_since,
         position=position,
         unavailable=unavailable,
@@ -412,11 +442,14 @@ class Dispatcher:
         position = self.ledger.catch_up()
         self._observe_new_events()
         ranks, level_fs = self.rank_source.ranks(now, position)
+        usage, shares = usage_shares(self.rank_source, self.policy, now, position)
         snapshot = snapshot_from_state(
             self.ledger.state,
             ranks,
             now,
             level_fs=level_fs,
+            usage=usage,
+            shares=shares,
             low_util_since=self.util.low_since,
             position=position,
             unavailable=seen.foreign,

@@ -61,6 +61,8 @@ def snapshot_from_state(
     now: float,
     *,
     level_fs: Mapping[str, float] | None = None,
+    usage: Mapping[str, float] | None = None,
+    shares: Mapping[str, float] | None = None,
     low_util_since: Mapping[int, float] | None = None,
     position: int | None = None,
     unavailable: Mapping[str, frozenset[int]] | None = None,
@@ -72,7 +74,9 @@ def snapshot_from_state(
 
     `position` defaults to the number of events folded into `state`, which is the log position of
     a single-stream ledger. Interior ranks are completed from the leaf ranks (`complete_ranks`).
-    Utilisation is not part of the write-side state: pass `low_util_since` (job id -> time).
+    `usage` and `shares` (account -> usage, norm share) are the numbers behind the ranks, for
+    a policy that reads them (`ledger.cycle.dispatcher.usage_shares`). Utilisation is not
+    part of the write-side state: pass `low_util_since` (job id -> time).
     A held job, and one that may not run yet (`ledger.core.jobs.blocked`: its dependency, its
     array's limit), is not pending in the snapshot: the dispatcher never considers it.
     `unavailable` (node -> GPU indices) are busy with work outside the ledger (an engine's
@@ -171,6 +175,8 @@ def snapshot_from_state(
         pending=tuple(pending),
         ranks=complete_ranks(ranks),
         level_fs=dict(level_fs or {}),
+        usage=dict(usage or {}),
+        shares=dict(shares or {}),
     )
 
 

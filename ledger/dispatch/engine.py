@@ -42,7 +42,7 @@ Why a job waits (`Unplaceable.code`):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import Literal
 
@@ -407,7 +407,15 @@ class _Cycle:
             self._hold_for(first, index.is_gang(first))
         wake = self.wake
         waited: set[tuple[str | None, str | None, int]] = set()  # shapes seen waiting
-        jobs = ordered.jobs if isinstance(ordered, Ordered) else [j for _, j in ordered]
+        # an order that placements move (`fairshare10.Charged`): handed out one job at a time,
+        # told of each placement before the next is chosen
+        walk: Callable[[], Iterator[PendingJob]] | None = getattr(ordered, "walk", None)
+        charge: Callable[[PendingJob], None] | None = getattr(ordered, "placed", None)
+        jobs: Iterable[PendingJob]
+        if walk is not None:
+            jobs = walk()
+        else:
+            jobs = ordered.jobs if isinstance(ordered, Ordered) else [j for _, j in ordered]
         for at, job in enumerate(jobs):
             if reserved and (job.min_runtime_s > 0 and not job.debug) != (self.hidden is not None):
                 self._reserve(self.hidden is None)
@@ -458,6 +466,8 @@ class _Cycle:
                         self.hold = None
                         self.epoch += 1
                     self.placements.append(Placement(job_id=job.job_id, slots=slots))
+                    if charge is not None:
+                        charge(job)
                     continue
                 wait = self._why(job, gang, fitted, memo, searches)
                 if wait.until is not None:

@@ -106,6 +106,11 @@ class Ordered(Sequence[tuple[SortKey, PendingJob]]):
             self.jobs += members
         self._pairs: list[tuple[SortKey, PendingJob]] | None = None
 
+    @property
+    def groups(self) -> Sequence[tuple[tuple[int, ...], Sequence[PendingJob]]]:
+        """The groups it was made of: (head, jobs in order), heads in order."""
+        return self._groups
+
     def pairs(self) -> list[tuple[SortKey, PendingJob]]:
         """Every `(sort key, job)` pair, in order (built once)."""
         found = self._pairs

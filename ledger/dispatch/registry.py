@@ -35,6 +35,7 @@ from ledger.dispatch.fairshare2 import FairShare2
 from ledger.dispatch.fairshare7 import FairShare7
 from ledger.dispatch.fairshare8 import FairShare8
 from ledger.dispatch.fairshare9 import FairShare9
+from ledger.dispatch.fairshare10 import FairShare10
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.policy import (
@@ -47,6 +48,7 @@ from schemas.policy import (
     FairShare7Config,
     FairShare8Config,
     FairShare9Config,
+    FairShare10Config,
     FairShareConfig,
     FifoConfig,
     Legacy2Config,
@@ -87,6 +89,7 @@ def _fields(config: AnyPolicyConfig) -> dict[str, Any]:
 VERSIONS: dict[str, Registered] = {
     r.version: r
     for r in (
+        Registered("fairshare", FairShare10Config, FairShare10, ranked=True),
         Registered("fairshare", FairShare9Config, FairShare9, ranked=True),
         Registered("fairshare", FairShare8Config, FairShare8, ranked=True),
         Registered("fairshare", FairShare7Config, FairShare7, ranked=True),

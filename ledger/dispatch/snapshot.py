@@ -120,6 +120,12 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     pending: tuple[PendingJob, ...] = ()
     ranks: dict[str, int] = msgspec.field(default_factory=dict)
     level_fs: dict[str, float] = msgspec.field(default_factory=dict)
+    usage: dict[str, float] = msgspec.field(default_factory=dict)
+    """Account path -> its usage (GPU-seconds, summed over the leaves below it) as the ranks
+    counted it; empty unless the policy reads it (`usage_shares`): `fairshare-10` charges
+    placements against it inside a cycle."""
+    shares: dict[str, float] = msgspec.field(default_factory=dict)
+    """Account path -> its share of its parent's (norm shares), alongside `usage`."""
 
     def rank_key(self, account: str, user: str) -> str:
         """The account whose rank orders a job: the user leaf if ranked, else the project."""

@@ -34,7 +34,7 @@ import bisect
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -74,7 +74,7 @@ from ledger.store.snapshots import folded, state_key, unfolded
 from projections import queries
 from projections.as_of import AS_OF_SQL, AsOf, DiskAsOf
 from projections.chain import link, names
-from projections.fairshare import UsagePolicy
+from projections.fairshare import FairTree, UsagePolicy
 from projections.projector import Projector
 from projections.source import EventSource, follow
 from projections.store import Store, projection_path
@@ -161,6 +161,8 @@ class Replayer:
         self.usage_folds = {_usage_key(u): UsageFold(u) for u in self.folds}
         self._projected = 0
         self._history: tuple[list[int], list[int], list[float]] | None = None
+        self._tree: FairTree | None = None
+        """The Fair Tree the last ranks were read from (its usage and shares: `fairshare-10`)."""
         self._threads(1)
         self.as_of: AsOf | None = None
         if not self.exact:
@@ -302,7 +304,7 @@ class Replayer:
                     )
                 self._catch_up(position)
             mid = time.perf_counter()
-            tree = queries.fair_share(self.store, at, usage)
+            tree = self._tree = queries.fair_share(self.store, at, usage)
             self.timings.project_s += mid - started
             self.timings.ranks_s += time.perf_counter() - mid
             return tree.leaf_ranks(), tree.level_fs()
@@ -311,7 +313,7 @@ class Replayer:
             if records and self.disk.holds(position, records[0].data):
                 started = time.perf_counter()
                 self.disk.at(position)
-                tree = queries.fair_share(self.disk, at, usage)
+                tree = self._tree = queries.fair_share(self.disk, at, usage)
                 self.timings.ranks_s += time.perf_counter() - started
                 return tree.leaf_ranks(), tree.level_fs()
         assert self.as_of is not None
@@ -344,7 +346,9 @@ class Replayer:
                 )
         mid = time.perf_counter()
         reader.at(position)
-        tree = queries.fair_share(reader, at, usage, history=self._history_at(position))
+        tree = self._tree = queries.fair_share(
+            reader, at, usage, history=self._history_at(position)
+        )
         out = tree.leaf_ranks(), tree.level_fs()
         self.timings.project_s += mid - started
         self.timings.ranks_s += time.perf_counter() - mid
@@ -393,7 +397,8 @@ class Replayer:
         inputs = recorded.ranks
         now = decided_at(recorded)
         self.advance(recorded.based_on)
-        if not registry.ranked(config):  # its order and victims ignore ranks
+        ranked_by = registry.ranked(config)
+        if not ranked_by:  # its order and victims ignore ranks
             ranks: dict[str, int] = {}
             level_fs: dict[str, float] = {}
         elif inputs is not None and inputs.computed_by == FOLD:
@@ -407,11 +412,23 @@ class Replayer:
                 f"no utilisation tracker for a squat threshold of {threshold:g}%",
                 hint="pass every threshold the decisions record to the Replayer",
             )
+        usage_of: Mapping[str, float] = {}
+        shares: Mapping[str, float] = {}
+        if ranked_by and getattr(policy, "reads_usage", False):  # `fairshare-10`: as the cycle
+            if inputs is not None and inputs.computed_by == FOLD:
+                fold = self.usage_folds[_usage_key(usage)]
+                usage_of, shares = fold.usage_shares(
+                    now, open_accounts(self.state.accounts.values())
+                )
+            elif self._tree is not None:
+                usage_of, shares = self._tree.usage_shares()
         snapshot = snapshot_from_state(
             self.state,
             ranks,
             now,
             level_fs=level_fs,
+            usage=usage_of,
+            shares=shares,
             low_util_since=tracker.low_since,
             position=recorded.based_on,
         )

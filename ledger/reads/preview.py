@@ -430,6 +430,12 @@ _KEY_PARTS["fairshare-8"] = (
     ("reservation", "0: the job the cycle reserves for (the oldest large funded job)"),
     *_KEY_PARTS["fairshare-5"][3:],
 )
+_KEY_PARTS["fairshare-9"] = _KEY_PARTS["fairshare-5"]  # the same order (fairshare-7's)
+_KEY_PARTS["fairshare-10"] = (
+    *_KEY_PARTS["fairshare-5"][:3],
+    ("turn", "the job's turn in the cycle's order: teams re-ranked as the cycle placed jobs"),
+    *_KEY_PARTS["fairshare-5"][4:],
+)
 _KEY_PARTS["slurm-lab-1"] = (
     ("qos", "0 debug, 1 normal (funded), 2 scavenger (unfunded)"),
     *_KEY_PARTS["slurm"][1:],

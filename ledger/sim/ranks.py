@@ -97,6 +97,11 @@ class IncrementalRanks:
         self._cache = (now, self._seen, out)
         return out
 
+    def usage_shares(self, now: float, position: int) -> service.Standing:
+        """The usage and norm shares behind `ranks(now, position)` (`service.usage_shares`)."""
+        self._observe()
+        return self.fold.usage_shares(now, open_accounts(self.ledger.state.accounts.values()))
+
 
 class ProjectionRanks:
     """`ledger.cycle.dispatcher.ProjectionRanks` over the projection of `home`, owning its files."""
@@ -120,6 +125,9 @@ class ProjectionRanks:
 
     def ranks(self, now: float, position: int) -> Ranks:
         return self.inner.ranks(now, position)
+
+    def usage_shares(self, now: float, position: int) -> service.Standing:
+        return self.inner.usage_shares(now, position)
 
     def close(self) -> None:
         self.store.close()

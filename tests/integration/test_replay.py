@@ -507,3 +507,39 @@ def test_replay_of_a_job_finds_the_decisions_that_considered_it_past_the_first_6
     project_home(tmp_path)
     with duckdb.connect(str(projection_path(tmp_path)), read_only=True) as con:
         assert [p for p, _ in job_decisions(con, 80, 100)] == [p for p, _ in every]
+
+
+def test_fairshare_10_through_the_service_cycle_splits_the_first_cycle_and_replays(
+    tmp_path: Path,
+) -> None:
+    """The service's dispatcher (ranks from the DuckDB projection: the usage and shares behind
+    them from its Fair Tree) under fairshare-10: two teams of equal shares and no usage each
+    submit 16 one-GPU jobs onto two idle 8-GPU nodes; the first cycle places 8 of each
+    (fairshare-9 would place olmo's 16). Replay, ranking from its own projection, hands the
+    policy the same usage and shares: every decision identical (the day's history too)."""
+    from ledger.dispatch.fairshare10 import FairShare10
+
+    home = tmp_path / "arrays"
+    clock = SimClock(T0)
+    ledger = Ledger(home, clock, seeded_ids(7))
+    org(ledger)
+    ledger.execute_all(
+        [job("alice", "ai2/olmo", 1, min_runtime_s=3_600, duration_s=7_200)] * 16
+        + [job("dan", "ai2/tulu", 1, min_runtime_s=3_600, duration_s=7_200)] * 16
+    )
+    with Store(":memory:") as store, EmbeddedSource(home) as source:
+        dispatcher = Dispatcher(
+            ledger, ProjectionRanks(Projector(store, source)), FairShare10(), KernelExecutor()
+        )
+        decision = dispatcher.cycle(T0).decision
+    account = {j.spec.job_id: j.spec.account for j in ledger.state.jobs.values()}
+    ledger.close()
+    placed = [account[p.job_id] for p in decision.placements]
+    assert sorted(placed) == ["ai2/olmo"] * 8 + ["ai2/tulu"] * 8
+    for where in (home, tmp_path / "day"):
+        if where != home:
+            build_history(where, FairShare10(squat_after_s=3_600)).close()
+        results = list(replay_home(where))
+        assert results and all(r.error is None and not r.differences for r in results), [
+            (r.position, [d.text() for d in r.differences]) for r in results if r.differences
+        ]

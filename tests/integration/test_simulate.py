@@ -198,9 +198,12 @@ def test_same_seed_gives_a_byte_identical_event_log(tmp_path: Path) -> None:
     assert one == two
 
 
-def test_projection_and_incremental_ranks_give_the_same_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", ["fairshare", "fairshare-10"])
+def test_projection_and_incremental_ranks_give_the_same_run(tmp_path: Path, policy: str) -> None:
+    """The two rank sources give the same ranks (and, to fairshare-10, the same usage and
+    shares behind them: the projection's Fair Tree rows and the fold's tree)."""
     workload = synthetic(SMALL)
-    cfg = SimConfig(cluster=Cluster(nodes=4), days=0.5, seed=5)
+    cfg = SimConfig(policy=policy, cluster=Cluster(nodes=4), days=0.5, seed=5)
     simulate(workload, cfg, tmp_path / "inc")
     simulate(workload, SimConfig(**{**cfg.__dict__, "ranks": "projection"}), tmp_path / "proj")
     inc, proj = stored_states(tmp_path / "inc"), stored_states(tmp_path / "proj")
@@ -284,7 +287,30 @@ def test_a_funded_job_with_no_time_limit_holds_the_cluster_until_a_team_starves(
 
 
 @pytest.mark.parametrize(
-    "policy", [*sorted(POLICY_NAMES), "fairshare-7", "fairshare-8", "fairshare-9"]
+    ("policy", "want_first_cycle"),
+    [("fairshare-10", {"lab/a": 16, "lab/b": 16}), ("fairshare-9", {"lab/a": 32})],
+)
+def test_two_job_arrays_at_zero_usage_share_an_idle_cluster_in_the_first_cycle(
+    tmp_path: Path, policy: str, want_first_cycle: dict[str, int]
+) -> None:
+    """Two teams with equal shares and no usage each submit a 64-job array of 1-GPU jobs (1 h
+    contracts) onto an idle 32-GPU cluster at once. fairshare-10 charges each placement to its
+    team before ranking the next job: the first cycle gives each team half. fairshare-9 ranks
+    once per cycle: the first team takes every GPU. The run replays identically."""
+    jobs = [job(f"{t}{i}", f"lab/{t}", 0, 1, 2, 1) for t in "ab" for i in range(64)]
+    _, events = run(tmp_path, jobs, policy=policy, cluster=Cluster(nodes=4), days=0.2)
+    team = {ev.job_id: ev.account for ev in events if isinstance(ev, e.JobSubmitted)}
+    first = next(ev for ev in events if isinstance(ev, e.CycleDecided))
+    placed: dict[str, int] = {}
+    for job_id in first.placed:
+        placed[team[job_id]] = placed.get(team[job_id], 0) + 1
+    assert placed == want_first_cycle
+    replays = list(replay_home(tmp_path / "home"))
+    assert replays and not [r.position for r in replays if r.differences or r.error]
+
+
+@pytest.mark.parametrize(
+    "policy", [*sorted(POLICY_NAMES), "fairshare-7", "fairshare-8", "fairshare-9", "fairshare-10"]
 )
 def test_every_simulated_decision_of_every_policy_replays_identically(
     tmp_path: Path, policy: str

@@ -17,7 +17,7 @@ from projections.batch import decode_records
 from projections.source import ListSource, LogRecord
 from schemas import codec
 from schemas import events as e
-from schemas.policy import AnyPolicyConfig, FairShare6Config
+from schemas.policy import AnyPolicyConfig, FairShare6Config, FairShare9Config
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 V1 = (GOLDEN / "events-v1.jsonl").read_bytes().splitlines()
@@ -257,3 +257,43 @@ def test_recorded_fairshare_7_decisions_replay_identically_and_differ_as_fairsha
     ]
     assert len(as_six) == len(decisions)
     assert not all(r.identical for r in replay_decisions(source, as_six))
+
+
+def test_recorded_fairshare_9_decisions_replay_identically_and_differ_as_fairshare_10() -> None:
+    """fairshare-9 (written by the code before fairshare-10) decides exactly as it recorded;
+    read as fairshare-10 with the same settings (whose order moves as the cycle places jobs,
+    and whose sort keys carry each job's turn), the decisions differ, so the test can fail."""
+    source, decisions = _recorded_decisions("fairshare-9")
+    assert len(decisions) == 42
+    results = list(replay_decisions(source, decisions))
+    assert [r.headline() for r in results if not r.identical] == []
+    source, as_ten = _recorded_decisions("fairshare-9", "fairshare-10")
+    assert not any(r.identical for r in replay_decisions(source, as_ten))
+
+
+def test_recorded_fairshare_10_decisions_replay_identically_and_differ_as_fairshare_9() -> None:
+    """Three teams with equal shares submit a 64-job array of 1-GPU jobs each onto an idle
+    32-GPU cluster (`fairshare-10.arrays.jsonl`): fairshare-10 placed 11/11/10 in the first
+    cycle and replays exactly (replay hands it the usage and shares behind the ranks, as the
+    cycle did); read as fairshare-9, the first cycle gives one team every GPU."""
+    source, decisions = _recorded_decisions("fairshare-10", file="fairshare-10.arrays.jsonl")
+    assert len(decisions) > 1
+    results = list(replay_decisions(source, decisions))
+    assert [r.headline() for r in results if not r.identical] == []
+    shared = FairShare9Config.__struct_fields__
+    as_nine = [
+        (
+            position,
+            msgspec.structs.replace(
+                d,
+                policy_version="fairshare-9",
+                policy=FairShare9Config(
+                    **{k: v for k, v in msgspec.structs.asdict(d.policy).items() if k in shared}
+                ),
+            ),
+        )
+        for position, d in decisions
+        if d.policy is not None
+    ]
+    first = next(iter(replay_decisions(source, as_nine)))
+    assert not first.identical

@@ -375,6 +375,8 @@ def test_ranks_levels_are_the_trees_leaf_ranks_and_level_fair_shares(
     leaf, level = shape.ranks_levels(shape.usage_of(by_leaf))
     assert leaf == tree.leaf_ranks()
     assert level == tree.level_fs()
+    # the usage and norm shares behind them (fairshare-10's `Snapshot.usage`, `shares`)
+    assert shape.usage_shares(shape.usage_of(by_leaf)) == tree.usage_shares()
 
 
 def test_fair_share_of_a_snapshot_ranks_from_intervals() -> None:
