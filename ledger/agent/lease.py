@@ -26,6 +26,29 @@ RENEW_EVERY_S = 1.0
 """The lease file is written at most this often (a renewal less than this later is skipped)."""
 
 
+def too_short(
+    node_lost_after_s: float,
+    node_fence_s: float,
+    keep_delay_s: float,
+    heartbeat_s: float,
+    servers: int,
+    answer_s: float,
+) -> float | None:
+    """Pure: what the node's lease needs, in seconds, when it is shorter than that (None: long
+    enough, or no lease, or no server keeps): the sizing rule of docs/ha.md. The lease was
+    renewed up to a heartbeat before the store went away; the servers keep it from their keep
+    delay on; an agent whose server froze reaches the next within a heartbeat and `answer_s` per
+    other server of its list, may be probing a frozen one again (`answer_s`, every
+    `SILENT_SKIP_S`) when the keeps begin, and asks again a second after each refusal."""
+    if not node_fence_s or not keep_delay_s:
+        return None
+    switch = (servers - 1) * answer_s
+    probe = answer_s if servers > 1 else 0.0
+    need = max(keep_delay_s, heartbeat_s + switch) + heartbeat_s + probe + 1.0
+    have = lease_until(0.0, node_lost_after_s, node_fence_s)
+    return need if have <= need else None
+
+
 class LeaseFile(msgspec.Struct, kw_only=True):
     """What `<state_dir>/lease` holds (older agents wrote `until` alone)."""
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ledger.agent.lease import NodeLease
+from ledger.agent.lease import LEASE_MARGIN_S, NodeLease, too_short
 from ledger.cycle.executor import Exit, Launch, Observed, Orders, Start
 from ledger.engines.gpu_util import UtilSource
 from ledger.engines.proc import write_atomic
@@ -277,12 +277,22 @@ class NodeAgent:
         if got is None:
             return
         self.lease.learn(got.node_lost_after_s, got.node_fence_s)
+        servers = len([u for u in self.s.url.split(",") if u.strip()])
+        need = too_short(got.node_lost_after_s, got.node_fence_s, got.keep_delay_s,
+                         self.s.heartbeat_s, servers, ANSWER_S)  # fmt: skip
+        if need is not None:
+            log.warning("the node's lease (node-lost timeout + fence - %g s) is shorter than "
+                        "%.1f s: a frozen server while the store is away may get this node's "
+                        "jobs fenced (docs/ha.md, the sizing rule)", LEASE_MARGIN_S,
+                        need)  # fmt: skip
         self._kept_lost = got.state == "lost"
         self.lease.renew(self._last_sent)
         self.status.registered = True
+        kept = f"; servers keep its lease {got.keep_delay_s:.1f} s after losing their store"
         log.info(
-            "registered node %s (%d GPUs, %s; node %s%s)", self.s.node, self.s.gpus,
+            "registered node %s (%d GPUs, %s; node %s%s%s)", self.s.node, self.s.gpus,
             self.s.gpu_type, got.state, ", back from lost" if got.returned else "",
+            kept if got.keep_delay_s else "",
         )  # fmt: skip
 
     def _retry(self, what: str, fn: Any) -> Any:

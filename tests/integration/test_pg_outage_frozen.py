@@ -21,11 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from ledger.server.ha import keep_timing
 from ledger.wire.client import Client
 from schemas import commands as c
 from schemas.errors import LedgerError
+from schemas.units import Duration
 from tests.integration import waits
-from tests.integration.hakit import Member, log_events, make_group, wait_cycled_after
+from tests.integration.hakit import LEASE, Member, log_events, make_group, wait_cycled_after
 from tests.integration.serverkit import BUDGET, cli, make_token
 from tests.integration.test_node_agents import Agent
 from tests.integration.test_pg_failover import Pg, pg_pair  # noqa: F401 (the fixture)
@@ -173,4 +175,8 @@ def test_a_frozen_leader_and_an_agent_restarted_without_its_store_kill_no_job(
     bad = ("node.lost", "job.requeued", "job.finished")
     assert not [t for t in tags if t.startswith(bad)], tags
     assert not any("node_failure" in text for text in agent_logs)
+    # the servers told each agent their keep delay, and the 12 s lease meets the sizing rule
+    delay = keep_timing(Duration(LEASE).seconds).delay_s
+    assert all(f"keep its lease {delay:.1f} s after" in text for text in agent_logs), agent_logs
+    assert not any("sizing rule" in text for text in agent_logs)
     assert "keeps this node's lease" in agent_logs[0].split("adopted")[-1]  # the new agent's
