@@ -5,9 +5,12 @@ none signalled, none launched twice, no `node_failure` exit).
 
 1. The store up, the leader frozen past the node's lease: the agents leave it within seconds for
    the server that takes over (they waited 30 s on it, and every job was fenced).
-2. The store down and the new leader frozen at once: the agents leave it for the other server,
-   which keeps their node leases from its keep delay (they waited ~30 s on the frozen one).
-3. Still down: an agent killed (-9) and started again, which no server can register meanwhile:
+2. The store down, the standby frozen a second later: the agents leave it for the leader, which
+   keeps from its keep delay on (its own lease has run out meanwhile; they waited 10 s on the
+   frozen one, twice, in their rejoin).
+3. The store back, then down again with the leader frozen at once: the agents leave it for the
+   other server, which keeps from its keep delay (they waited ~30 s on the frozen one).
+4. Still down: an agent killed (-9) and started again, which no server can register meanwhile:
    the servers' keeps renew its node's lease by the settings its lease file kept (it renewed
    nothing before its first registration, and its jobs were fenced at the old lease's end).
 Once the store is back: nothing lost, failed or requeued, every job running, launched once."""
@@ -34,7 +37,7 @@ from tests.integration.test_pg_failover import Pg, pg_pair  # noqa: F401 (the fi
 from tests.integration.test_pg_outage_agents import FENCE_S, JOB, NODE_LOST_S
 
 NODE_LEASE_S = NODE_LOST_S + FENCE_S - 3
-FROZEN_S = NODE_LEASE_S + 6.0
+FROZEN_S = NODE_LEASE_S + 3.0
 """Each freeze outlasts the node's lease by a few seconds: a job not renewed is fenced by then."""
 RESTARTED_S = NODE_LEASE_S + 4.0
 """How long the restarted agent runs without its store before it comes back."""
@@ -125,14 +128,26 @@ def test_a_frozen_leader_and_an_agent_restarted_without_its_store_kill_no_job(
         g.leader()
         watch(3.0, "leader thawed")  # every server reports to the store again
 
-        # 2. the store down and the (new) leader frozen at once (F2)
+        # 2. the store down, the standby frozen a second later (F2's variant)
+        leader = g.leader()
+        pg_pair.run("down")
+        time.sleep(1.0)
+        freeze(next(m for m in g.members if m is not leader))
+        watch(FROZEN_S, "store down, standby frozen")
+        thaw()
+        pg_pair.run("up", "--standby")
+        wait_cycled_after(g, time.time(), timeout=120)
+        g.leader()
+        watch(3.0, "store back")  # every server reports to the store again
+
+        # 3. the store down again and the leader frozen at once (F2)
         leader = g.leader()
         pg_pair.run("down")
         freeze(leader)
         watch(FROZEN_S, "store down, leader frozen")
         thaw()
 
-        # 3. still down: node-a's agent killed and started again; no server can register it (F4)
+        # 4. still down: node-a's agent killed and started again; no server can register it (F4)
         agents[0].kill(signal.SIGKILL)
         agents[0].start(registered=False)
         watch(RESTARTED_S, "store down, agent restarted")
