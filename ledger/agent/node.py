@@ -16,8 +16,11 @@ Then: a thread long-polls the server for the node's list of parts (a placement a
 polling delay); the main loop launches what is listed and not running, stops what runs and is
 not listed, watches its processes every `check_every`, and reports starts, exits, samples and
 checkpoints (a heartbeat when there is nothing to say). Reports the server did not take are kept
-and sent again. A node the server says is lost (or that lost contact for longer than the
-server's node-lost timeout) goes through steps 2-3 again.
+and sent again. Of a list of servers, one that does not answer within seconds (a frozen process
+accepts and never answers) is left for the next and passed over for a while (`ANSWER_S`), and
+every answer of a server that keeps the node's lease while its store is away renews the lease
+(`ledger.agent.lease`), before the first registration too. A node the server says is lost (or
+that lost contact for longer than the server's node-lost timeout) goes through steps 2-3 again.
 
 Stopping the agent (SIGTERM, SIGINT, kill -9) leaves every job running; the next agent on the
 state directory adopts them. `--drain` is the way to stop them.
@@ -277,14 +280,7 @@ class NodeAgent:
         if got is None:
             return
         self.lease.learn(got.node_lost_after_s, got.node_fence_s)
-        servers = len([u for u in self.s.url.split(",") if u.strip()])
-        need = too_short(got.node_lost_after_s, got.node_fence_s, got.keep_delay_s,
-                         self.s.heartbeat_s, servers, ANSWER_S)  # fmt: skip
-        if need is not None:
-            log.warning("the node's lease (node-lost timeout + fence - %g s) is shorter than "
-                        "%.1f s: a frozen server while the store is away may get this node's "
-                        "jobs fenced (docs/ha.md, the sizing rule)", LEASE_MARGIN_S,
-                        need)  # fmt: skip
+        self._check_sizing(got)
         self._kept_lost = got.state == "lost"
         self.lease.renew(self._last_sent)
         self.status.registered = True
@@ -294,6 +290,20 @@ class NodeAgent:
             self.s.gpu_type, got.state, ", back from lost" if got.returned else "",
             kept if got.keep_delay_s else "",
         )  # fmt: skip
+
+    def _check_sizing(self, got: a.Registered) -> None:
+        """Say when the node's lease is too short to ride out a frozen server while the store
+        is away (docs/ha.md, the sizing rule): the server's settings, not the agent's to fix."""
+        need = too_short(got.node_lost_after_s, got.node_fence_s, got.keep_delay_s,
+                         self.s.heartbeat_s, self._servers(), ANSWER_S)  # fmt: skip
+        if need is not None:
+            log.warning("the node's lease (node-lost timeout + fence - %g s) is shorter than "
+                        "%.1f s: a frozen server while the store is away may get this node's "
+                        "jobs fenced (docs/ha.md, the sizing rule)", LEASE_MARGIN_S,
+                        need)  # fmt: skip
+
+    def _servers(self) -> int:
+        return len([u for u in self.s.url.split(",") if u.strip()])
 
     def _retry(self, what: str, fn: Any) -> Any:
         """Call `fn` until the server answers; errors of the request itself are fatal."""
@@ -343,7 +353,7 @@ class NodeAgent:
     def _client(self, wait_s: float) -> AgentClient:
         """A client of the agent API for one thread: every server of the list gets `wait_s` +
         `ANSWER_S` to answer (a long poll `POLL_MARGIN_S`); every keep renews the lease."""
-        several = "," in self.s.url.strip(",")
+        several = self._servers() > 1
         bound = (POLL_MARGIN_S if wait_s else ANSWER_S) if several else ONE_SERVER_S
         return AgentClient(self.s.url, self.s.token, timeout=wait_s + bound, seen=self.seen,
                            silent=self.silent, on_keep=self._kept)  # fmt: skip
