@@ -69,6 +69,11 @@ class Registered(msgspec.Struct, frozen=True, kw_only=True):
     """How long after that the server waits before it may run the node's jobs elsewhere: the
     node's lease runs out at its agent's last contact + `node_lost_after_s` + `node_fence_s`,
     and its parts stop themselves then."""
+    keep_delay_s: float = 0.0
+    """How long after its last report to the store a server that cannot reach it begins to keep
+    its agents' node leases (`ledger.server.ha.keep_timing`); 0: no server keeps (one server
+    on its own store). The node's lease must outlast it and the time to switch servers (the
+    agent says so at registration when it does not: docs/ha.md)."""
 
 
 class PartRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

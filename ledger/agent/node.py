@@ -16,8 +16,11 @@ Then: a thread long-polls the server for the node's list of parts (a placement a
 polling delay); the main loop launches what is listed and not running, stops what runs and is
 not listed, watches its processes every `check_every`, and reports starts, exits, samples and
 checkpoints (a heartbeat when there is nothing to say). Reports the server did not take are kept
-and sent again. A node the server says is lost (or that lost contact for longer than the
-server's node-lost timeout) goes through steps 2-3 again.
+and sent again. Of a list of servers, one that does not answer within seconds (a frozen process
+accepts and never answers) is left for the next and passed over for a while (`ANSWER_S`), and
+every answer of a server that keeps the node's lease while its store is away renews the lease
+(`ledger.agent.lease`), before the first registration too. A node the server says is lost (or
+that lost contact for longer than the server's node-lost timeout) goes through steps 2-3 again.
 
 Stopping the agent (SIGTERM, SIGINT, kill -9) leaves every job running; the next agent on the
 state directory adopts them. `--drain` is the way to stop them.
@@ -25,7 +28,6 @@ state directory adopts them. `--drain` is the way to stop them.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -34,10 +36,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ledger.agent.lease import LEASE_MARGIN_S, NodeLease, too_short
 from ledger.cycle.executor import Exit, Launch, Observed, Orders, Start
 from ledger.engines.gpu_util import UtilSource
 from ledger.engines.proc import write_atomic
@@ -46,16 +49,27 @@ from ledger.store.clock import SystemClock
 from schemas import agent as a
 from schemas.errors import LedgerError, NotAuthenticated, NotAuthorised, Unavailable
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ledger.wire.client import Silent
+
 log = logging.getLogger("gpuledger.agent")
 
 _now = SystemClock().now
 
 STATUS_FILE = "agent.json"
 LEASE_FILE = "lease"
-LEASE_MARGIN_S = 3.0
-"""A lease runs out this much before the server may call its fence passed: a part looks at its
-lease once a second (`supervise.FENCE_CHECK_S`), so its SIGTERM and its SIGKILL after the grace
-each come up to a second late, and clocks differ."""
+ANSWER_S = 2.5
+"""How long an agent waits for one server of a list to answer a request (a long poll: its own
+wait + `POLL_MARGIN_S`) before it asks the next: a frozen server accepts connections and never
+answers, and the node's lease must outlast the time to leave it (docs/ha.md, the sizing rule).
+Each server passed so is asked again only `ledger.wire.client.SILENT_SKIP_S` later. With one
+server there is none to go to: `ONE_SERVER_S`."""
+POLL_MARGIN_S = 5.0
+"""A long poll not answered this long after its wait is a silent server."""
+ONE_SERVER_S = 30.0
+"""The timeout of a request beyond its wait when the agent has one server only."""
 
 
 class AgentStatus(msgspec.Struct, kw_only=True):
@@ -144,10 +158,19 @@ class AgentClient:
     """The agent API over the project's HTTP client (one per thread). `url` may list several
     servers (docs/ha.md): the client follows the leader; `seen` fences out a deposed one."""
 
-    def __init__(self, url: str, token: str, timeout: float, seen: Seen | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        timeout: float,
+        seen: Seen | None = None,
+        silent: Silent | None = None,
+        on_keep: Callable[[float, int], None] | None = None,
+    ) -> None:
         from ledger.wire.client import Client
 
-        self.client = Client(url, token, timeout=timeout)
+        self.client = Client(url, token, timeout=timeout, silent=silent)
+        self.client.on_keep = on_keep
         self.seen = seen if seen is not None else Seen()
 
     def call(self, method: str, path: str, body: Any, type: Any) -> Any:
@@ -180,7 +203,12 @@ class NodeAgent:
         self.ex = executor
         self.status_path = status_path
         self.seen = Seen()
-        self.client = AgentClient(settings.url, settings.token, timeout=30.0, seen=self.seen)
+        from ledger.wire.client import Silent
+
+        self.silent = Silent()
+        """The servers of the list that let a request time out lately, shared by every client
+        here: one frozen server costs the agent its timeout once, not each client."""
+        self.client = self._client(0.0)
         self.stop_event = threading.Event()
         self._draining = False
         """`drain` has begun: every report says so (`Report.draining`)."""
@@ -192,12 +220,9 @@ class NodeAgent:
         self.outbox = Outbox()
         self.finished: set[tuple[int, int]] = set()
         """(job, run) whose exit this agent saw: never launched again while still listed."""
-        self.lost_after_s = 60.0
-        self.fence_s: float | None = None
-        """The server's fence (`Registered.node_fence_s`), once registered: the lease is the
-        last contact + lost_after_s + fence_s."""
-        self.lease_path = status_path.with_name(LEASE_FILE)
-        self._lease_until = 0.0
+        self.lease = NodeLease(status_path.with_name(LEASE_FILE))
+        """The node's lease, renewed by every contact and keep: by the settings the server
+        last gave (kept in the file, so a keep renews it before a restarted agent registers)."""
         self._keeping = False
         """A server without its store keeps the lease (logged once per outage)."""
         self.applied = ""
@@ -254,15 +279,31 @@ class NodeAgent:
         )
         if got is None:
             return
-        self.lost_after_s = got.node_lost_after_s
-        self.fence_s = got.node_fence_s
+        self.lease.learn(got.node_lost_after_s, got.node_fence_s)
+        self._check_sizing(got)
         self._kept_lost = got.state == "lost"
-        self._renew(self._last_sent)
+        self.lease.renew(self._last_sent)
         self.status.registered = True
+        kept = f"; servers keep its lease {got.keep_delay_s:.1f} s after losing their store"
         log.info(
-            "registered node %s (%d GPUs, %s; node %s%s)", self.s.node, self.s.gpus,
+            "registered node %s (%d GPUs, %s; node %s%s%s)", self.s.node, self.s.gpus,
             self.s.gpu_type, got.state, ", back from lost" if got.returned else "",
+            kept if got.keep_delay_s else "",
         )  # fmt: skip
+
+    def _check_sizing(self, got: a.Registered) -> None:
+        """Say when the node's lease is too short to ride out a frozen server while the store
+        is away (docs/ha.md, the sizing rule): the server's settings, not the agent's to fix."""
+        need = too_short(got.node_lost_after_s, got.node_fence_s, got.keep_delay_s,
+                         self.s.heartbeat_s, self._servers(), ANSWER_S)  # fmt: skip
+        if need is not None:
+            log.warning("the node's lease (node-lost timeout + fence - %g s) is shorter than "
+                        "%.1f s: a frozen server while the store is away may get this node's "
+                        "jobs fenced (docs/ha.md, the sizing rule)", LEASE_MARGIN_S,
+                        need)  # fmt: skip
+
+    def _servers(self) -> int:
+        return len([u for u in self.s.url.split(",") if u.strip()])
 
     def _retry(self, what: str, fn: Any) -> Any:
         """Call `fn` until the server answers; errors of the request itself are fatal."""
@@ -309,20 +350,24 @@ class NodeAgent:
             self.wake.clear()
         self._write_status()
 
+    def _client(self, wait_s: float) -> AgentClient:
+        """A client of the agent API for one thread: every server of the list gets `wait_s` +
+        `ANSWER_S` to answer (a long poll `POLL_MARGIN_S`); every keep renews the lease."""
+        several = self._servers() > 1
+        bound = (POLL_MARGIN_S if wait_s else ANSWER_S) if several else ONE_SERVER_S
+        return AgentClient(self.s.url, self.s.token, timeout=wait_s + bound, seen=self.seen,
+                           silent=self.silent, on_keep=self._kept)  # fmt: skip
+
     def _reporter(self) -> None:
         """Send the outbox as soon as it holds something, a heartbeat otherwise."""
-        client = AgentClient(self.s.url, self.s.token, timeout=30.0, seen=self.seen)
-        client.client.on_keep = self._kept
+        client = self._client(0.0)
         while not self.stop_event.is_set():
             ok = self._send(client)
             self.report_wake.wait(self.s.heartbeat_s if ok else 1.0)
             self.report_wake.clear()
 
     def _poller(self) -> None:
-        client = AgentClient(
-            self.s.url, self.s.token, timeout=self.s.poll_wait_s + 30.0, seen=self.seen
-        )
-        client.client.on_keep = self._kept
+        client = self._client(self.s.poll_wait_s)
         version = ""
         while not self.stop_event.is_set():
             try:
@@ -488,34 +533,18 @@ class NodeAgent:
         handled = self.ex.handled()
         return tuple(a.PartRun(job_id=j, run=handled[j] - 1) for j in sorted(handled))
 
-    def _renew(self, sent: float) -> None:
-        """The node's lease (`<state_dir>/lease`): the parts stop themselves once it runs out,
-        past the last contact + the server's node-lost timeout + its fence (less
-        `LEASE_MARGIN_S`); renewed at most once a second. A server without a fence: no lease."""
-        if self.fence_s is None or sent <= 0:
-            return  # not registered yet: the server's fence is not known
-        if not self.fence_s:
-            with contextlib.suppress(FileNotFoundError):
-                self.lease_path.unlink()  # an older lease would stop the parts for nothing
-            return
-        until = sent + self.lost_after_s + max(self.fence_s - LEASE_MARGIN_S, 0.0)
-        if until < self._lease_until + 1.0:
-            return
-        self._lease_until = until
-        write_atomic(self.lease_path, msgspec.json.encode({"until": until}), sync=False)
-
     def _contact(self, sent: float = 0.0) -> float:
         """Record a successful contact of a request sent at `sent`; returns how long the agent
         had been out of contact."""
         self._last_sent = max(self._last_sent, sent)
         self._keeping = False
-        self._renew(self._last_sent)
+        self.lease.renew(self._last_sent)
         now = _now()
         last = self.status.last_contact_at
         self.status.last_contact_at = now
         self.status.last_error = ""
         silent = 0.0 if last is None else now - last
-        if self.status.registered and silent > self.lost_after_s:
+        if self.status.registered and silent > self.lease.lost_after_s:
             self._rejoin = True  # the server may have marked this node lost meanwhile
         return silent
 
@@ -528,7 +557,7 @@ class NodeAgent:
             log.warning("the servers cannot reach their store; a server keeps this node's "
                         "lease (epoch %d; jobs run on)", epoch)  # fmt: skip
         self._keeping = True
-        self._renew(_now() - max(0.0, time.monotonic() - sent))  # wall time it was sent
+        self.lease.renew(_now() - max(0.0, time.monotonic() - sent))  # wall time it was sent
 
     def _error(self, err: LedgerError) -> None:
         self.status.last_error = err.line()

@@ -157,8 +157,11 @@ class AgentExecutor:
         node_fence_s: float = 300.0,
         grace_s: float = 30.0,
         keeping: Callable[[], float | None] = lambda: -math.inf,
+        keep_delay_s: float = 0.0,
     ) -> None:
         self.ledger = ledger
+        self.keep_delay_s = keep_delay_s
+        """When servers on the store keep node leases without it (`Registered.keep_delay_s`)."""
         self.keeping = keeping
         """Until when, in seconds from now (negative: in the past), a server (this one or
         another on the store) may keep a node's lease while the store is away from it; None:
@@ -396,6 +399,7 @@ class AgentExecutor:
             returned=returning and state != "lost",
             node_lost_after_s=self.node_lost_after_s,
             node_fence_s=self.node_fence_s,
+            keep_delay_s=self.keep_delay_s,
         )
 
     def touch(self, node: str, now: float) -> None:

@@ -231,6 +231,7 @@ def make_executor(
     actor: str,
     may_act: Callable[[], bool] | None = None,
     keeping: Callable[[], float | None] | None = None,
+    keep_delay_s: float = 0.0,
 ) -> Executor:
     """The executor `config` names, the only place one is made for the service. Slurm's is
     checked first (the partition exists and Slurm will neither reorder nor preempt on it; one
@@ -239,7 +240,8 @@ def make_executor(
     executor checks before each sbatch and scancel (the agents check the epoch themselves).
     `keeping`: how long from now a server on the store may still keep a node's lease (None:
     not known), before which the agents' executor counts no node lost
-    (`ledger.server.ha.Leadership.keeping`)."""
+    (`ledger.server.ha.Leadership.keeping`); `keep_delay_s`: when the servers begin to keep
+    (`KeepTiming.delay_s`), told to each agent that registers."""
     home = ledger.home
     if config.executor == "slurm":
         from ledger.engines.slurm import open_executor
@@ -263,6 +265,7 @@ def make_executor(
             node_fence_s=config.node_fence.seconds,
             grace_s=config.grace.seconds,
             keeping=keeping if keeping is not None else lambda: -math.inf,
+            keep_delay_s=keep_delay_s,
         )
     if config.executor == "local":
         util = _utilisation(home, config)
@@ -600,6 +603,7 @@ def _roles(
                 actor,
                 ha.lease.may_act,
                 ha.keeping,
+                ha.timing.delay_s,
             ),
             epoch=ha.lease.epoch,
             may_act=ha.lease.may_act,

@@ -39,6 +39,31 @@ TIMEOUT_S = 60.0
 LIST_TIMEOUT_S = 10.0
 """A request's timeout on one server of a list (unless the caller gives one): a server that
 accepts connections and answers nothing (a frozen process) is left for the next in seconds."""
+SILENT_SKIP_S = 5.0
+"""How long a server of a list that let a request time out is passed over (`Silent`) while
+another server of the list is not: a frozen leader that the others still name costs its
+timeout once, not once per round of the list (each round of an agent's retries went back to
+it: atk36-28 F2)."""
+
+
+class Silent:
+    """The servers of a list that last let a request time out (a frozen process accepts and
+    never answers), by URL: passed over until `SILENT_SKIP_S` later, or until they answer.
+    Shared by the clients of one process (an agent's join, reporter and poller), so one
+    client's timeout spares the others theirs. Thread-safe: one dict item set at a time."""
+
+    def __init__(self, skip_s: float = SILENT_SKIP_S) -> None:
+        self.skip_s = skip_s
+        self._until: dict[str, float] = {}
+
+    def mark(self, url: str, now: float) -> None:
+        self._until[url] = now + self.skip_s
+
+    def clear(self, url: str) -> None:
+        self._until.pop(url, None)
+
+    def skipped(self, url: str, now: float) -> bool:
+        return self._until.get(url, 0.0) > now
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -103,7 +128,13 @@ class Client:
     """Talks to a server: `http(s)://HOST:PORT` or `unix:/PATH`, or to the first that leads of
     a comma-separated list of them."""
 
-    def __init__(self, url: str, token: str | None = None, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float | None = None,
+        silent: Silent | None = None,
+    ) -> None:
         urls = [u.strip() for u in url.split(",") if u.strip()]
         if not urls:
             raise InvalidCommand("no server URL given", hint="use http(s)://HOST:PORT[,...]")
@@ -117,6 +148,8 @@ class Client:
         says it keeps the node's lease while its store is away (`X-Gpuledger-Keep`; agents)."""
         self.token = token
         self.timeout = timeout
+        self.silent = silent if silent is not None else Silent()
+        """The servers of the list passed over for now (a timeout; `Silent`)."""
         self._servers = [_Server(u, timeout) for u in urls]
         self._at = 0
         self.url = urls[0]
@@ -149,6 +182,8 @@ class Client:
         refused connection (the one clear reason), and at once once no server of the list may
         take the request (each said so, or is down)."""
         answered: set[str] = set()
+        if self.silent.skipped(self._server.url, time.monotonic()):
+            answered |= self._next(tried, pause=False)  # begin on one that is not silent
         while True:
             server = self._server
             sent = time.monotonic()
@@ -156,17 +191,21 @@ class Client:
                 status, data, leader, position = server.send(method, path, body, headers)
             except Unavailable as err:
                 tried += 1
-                self._next(tried)  # the next request starts on the next server, whatever happens
+                if isinstance(err, _TimedOut):
+                    self.silent.mark(server.url, time.monotonic())
+                # the next request starts on the next server, whatever happens
+                answered |= self._next(tried)
                 # a write without a key is sent again only where it never arrived; every server
                 # of the list is tried once, however long the others took
                 retry = may_retry or isinstance(err, _Refused)
-                answered.add(server.url)
+                answered.add(server.url)  # passed over: said nothing, as a silent one
                 done = not retry or (time.monotonic() > deadline and tried >= len(self.urls))
                 if away is not None and (done or answered >= set(self.urls)):
                     raise away from err
                 if done:
                     raise
                 continue
+            self.silent.clear(server.url)
             if position:
                 self.position = max(self.position, position)
             if status == 503 and server.keep and self.on_keep is not None:
@@ -179,7 +218,9 @@ class Client:
             else:
                 answered.discard(server.url)
             if status == 503 and len(self.urls) > 1 and time.monotonic() <= deadline:
-                self._next(tried := tried + 1, leader)
+                answered |= self._next(tried := tried + 1, leader)
+                if away is not None and answered >= set(self.urls):
+                    raise away  # the others are passed over as silent: said at once
                 continue
             # a 429: the caller's share is used (its own reads at once, a minute's worth): wait
             # as the server asks, as a person would, while that stays within `retry_s()`; a
@@ -193,16 +234,20 @@ class Client:
                 raise _error(status, data)
             return data
 
-    def _next(self, tried: int, leader: str = "") -> None:
-        """Go to the server `leader` names (when it is in the list), else the next one; after a
-        whole round, wait a little (the servers may be electing)."""
-        if leader in self.urls:
-            self._at = self.urls.index(leader)
-        else:
-            self._at = (self._at + 1) % len(self._servers)
+    def _next(self, tried: int, leader: str = "", *, pause: bool = True) -> set[str]:
+        """Go to the server `leader` names (when it is in the list), else the next one, passing
+        over the silent ones (`Silent`) while one of the list is not; after a whole round, wait
+        a little (the servers may be electing). Returns the URLs passed over."""
+        now = time.monotonic()
         n = len(self._servers)
-        if n > 1 and tried % n == 0:
+        first = self.urls.index(leader) if leader in self.urls else (self._at + 1) % n
+        order = [(first + i) % n for i in range(n)]
+        heard = [i for i in order if not self.silent.skipped(self.urls[i], now)]
+        self._at = heard[0] if heard else first
+        passed = {self.urls[i] for i in order if i not in heard and i != self._at}
+        if pause and n > 1 and tried % n == 0:
             time.sleep(round_pause_s(tried // n))
+        return passed
 
     def execute(self, cmd: AnyCommand) -> Appended:
         from ledger.core.decide import _bounded
@@ -309,7 +354,9 @@ class _Server:
                     # or, idle longer, on sending: then nothing was sent): once more
                     continue
                 refused = isinstance(err, ConnectionRefusedError | FileNotFoundError)
-                raise (_Refused if refused else Unavailable)(
+                timed_out = isinstance(err, TimeoutError)
+                kind = _Refused if refused else _TimedOut if timed_out else Unavailable
+                raise kind(
                     f"cannot reach the server at {self.url}: {err}",
                     hint="is `gpuledger serve` running? check GPULEDGER_URL",
                 ) from err
@@ -331,6 +378,11 @@ class _Server:
 class _Refused(Unavailable):
     """The server refused the connection: the request never arrived (any request may go to the
     next server of the list)."""
+
+
+class _TimedOut(Unavailable):
+    """The server did not answer within the timeout (a frozen process still accepts): passed
+    over for a while (`Silent`)."""
 
 
 def _error(status: int, data: bytes) -> LedgerError:

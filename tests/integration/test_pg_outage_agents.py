@@ -33,7 +33,8 @@ JOB = (
 """A job whose leader forks a child; it writes both pids, and says so if it is signalled."""
 NODE_LOST_S, FENCE_S = 3, 12
 """The node's lease is 3 + 12 - 3 = 12 s (`LEASE_MARGIN_S`): above a server's keep delay with
-the tests' 2 s lease (7.7 s, `ledger.server.ha.keep_timing`)."""
+the tests' 2 s lease (7.7 s, `ledger.server.ha.keep_timing`) and the time to switch servers
+(the sizing rule of docs/ha.md: 11.7 s with two servers and 0.5 s heartbeats)."""
 OUTAGE_S = 40.0
 """More than three node leases."""
 STOP_AT_S = 8.0

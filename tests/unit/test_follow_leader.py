@@ -6,6 +6,7 @@ a dispatcher whose lease ran out carries out nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -359,3 +360,62 @@ def test_a_busy_answer_is_waited_out_within_retry_s_and_said_past_it(
     with pytest.raises(TooBusy):
         client.get("queue")
     assert time.monotonic() - t0 < 1.0 and len(x.seen) == 1
+
+
+def keeping(epoch: int) -> Any:
+    """A server whose store is away and that keeps the caller's node lease."""
+    problem = {"title": "unavailable", "status": 503, "detail": "away", "code": "unavailable",
+               "message": "the store does not answer"}  # fmt: skip
+    headers = {"X-Gpuledger-Keep": str(epoch), "X-Gpuledger-Store": "away"}
+    return lambda *_: (503, headers, json.dumps(problem).encode())
+
+
+def test_a_frozen_server_the_others_name_costs_its_timeout_once_and_keeps_still_arrive(
+    fakes: tuple[Fake, Fake], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """atk36-28 F2: a frozen leader that the standby still names is passed over by the next
+    requests of every client sharing the agent's `Silent` (each went back to it, its timeout
+    each round); the standby's keep reaches `on_keep` and the request ends at once with the
+    store's line (the frozen one said nothing, as if down), without waiting on it again."""
+    import socket
+
+    from ledger.wire.client import Silent
+    from schemas.errors import Unavailable
+
+    stand, _ = fakes
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(8)
+    held: list[socket.socket] = []  # accepted, never read: a frozen process
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(frozen.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    monkeypatch.setenv("GPULEDGER_RETRY_S", "2")
+    frozen_url = f"http://127.0.0.1:{frozen.getsockname()[1]}"
+    stand.answer = standby(frozen_url)
+    silent = Silent(skip_s=60.0)
+    keeps: list[int] = []
+    first = Client(f"{frozen_url},{stand.url}", "tok", timeout=0.5, silent=silent)
+    began = time.monotonic()
+    with pytest.raises(Unavailable):
+        first.get("jobs")  # frozen (0.5 s), then the standby names it: never asked again
+    assert len(held) == 1 and len(stand.seen) >= 4, (len(held), len(stand.seen))
+    assert time.monotonic() - began < 4.0 and silent.skipped(frozen_url, time.monotonic())
+    stand.answer = keeping(7)
+    other = Client(f"{frozen_url},{stand.url}", "tok", timeout=0.5, silent=silent)
+    other.on_keep = lambda sent, epoch: keeps.append(epoch)
+    began = time.monotonic()
+    with pytest.raises(Unavailable, match="store does not answer"):
+        other.get("agent/poll")  # begins on the standby: the frozen one is passed over
+    assert time.monotonic() - began < 0.4 and keeps == [7] and len(held) == 1
+    silent.clear(frozen_url)  # answered (or its pass ran out): asked again
+    assert not silent.skipped(frozen_url, time.monotonic())
+    frozen.close()
+    for conn in held:
+        conn.close()
+    first.close()
+    other.close()

@@ -1,0 +1,103 @@
+"""The node's lease, `<state_dir>/lease`: the node agent's side of the node fence (docs/agent.md).
+
+Every part's supervisor and watchdog read `until` (`ledger.engines.supervise.lease_passed`) and
+stop the part once it has passed. The agent renews it at each contact with a server (and at
+each keep of a server whose store is away) to the time the request was sent + the server's
+node-lost timeout + its fence, less `LEASE_MARGIN_S`. The file also holds those two settings,
+as the server last gave them: an agent restarted while no server can register it (the store
+away) still renews the lease by the servers' keeps, before its first registration (a restarted
+agent that waited for it lost every job of its node at the old lease's end: atk36-28 F4).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import msgspec
+
+from ledger.engines.proc import write_atomic
+
+LEASE_MARGIN_S = 3.0
+"""A lease runs out this much before the server may call its fence passed: a part looks at its
+lease once a second (`supervise.FENCE_CHECK_S`), so its SIGTERM and its SIGKILL after the grace
+each come up to a second late, and clocks differ."""
+RENEW_EVERY_S = 1.0
+"""The lease file is written at most this often (a renewal less than this later is skipped)."""
+
+
+def too_short(
+    node_lost_after_s: float,
+    node_fence_s: float,
+    keep_delay_s: float,
+    heartbeat_s: float,
+    servers: int,
+    answer_s: float,
+) -> float | None:
+    """Pure: what the node's lease needs, in seconds, when it is shorter than that (None: long
+    enough, or no lease, or no server keeps): the sizing rule of docs/ha.md. The lease was
+    renewed up to a heartbeat before the store went away; the servers keep it from their keep
+    delay on; an agent whose server froze reaches the next within a heartbeat and `answer_s` per
+    other server of its list, may be probing a frozen one again (`answer_s`, every
+    `SILENT_SKIP_S`) when the keeps begin, and asks again a second after each refusal."""
+    if not node_fence_s or not keep_delay_s:
+        return None
+    switch = (servers - 1) * answer_s
+    probe = answer_s if servers > 1 else 0.0
+    need = max(keep_delay_s, heartbeat_s + switch) + heartbeat_s + probe + 1.0
+    have = lease_until(0.0, node_lost_after_s, node_fence_s)
+    return need if have <= need else None
+
+
+class LeaseFile(msgspec.Struct, kw_only=True):
+    """What `<state_dir>/lease` holds (older agents wrote `until` alone)."""
+
+    until: float
+    node_lost_after_s: float | None = None
+    node_fence_s: float | None = None
+
+
+def lease_until(sent: float, node_lost_after_s: float, node_fence_s: float) -> float:
+    """Pure: until when a contact sent at `sent` holds the node's lease."""
+    return sent + node_lost_after_s + max(node_fence_s - LEASE_MARGIN_S, 0.0)
+
+
+class NodeLease:
+    """The lease file and the server settings it is renewed by."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lost_after_s = 60.0
+        self.fence_s: float | None = None
+        """The server's fence (`Registered.node_fence_s`): None while not known (no lease is
+        renewed), 0: the server has no fence (no lease)."""
+        self.until = 0.0
+        with contextlib.suppress(OSError, msgspec.DecodeError, msgspec.ValidationError):
+            got = msgspec.json.decode(path.read_bytes(), type=LeaseFile)
+            self.until = got.until
+            if got.node_fence_s is not None and got.node_lost_after_s is not None:
+                self.lost_after_s, self.fence_s = got.node_lost_after_s, got.node_fence_s
+
+    def learn(self, lost_after_s: float, fence_s: float) -> None:
+        """The settings a registration answered with (written with the next renewal)."""
+        if (lost_after_s, fence_s) != (self.lost_after_s, self.fence_s):
+            self.until = 0.0  # written at the next renewal, whatever it says
+        self.lost_after_s, self.fence_s = lost_after_s, fence_s
+
+    def renew(self, sent: float) -> None:
+        """Renew the lease from a contact (or a keep) sent at `sent` (wall time); a server
+        without a fence: no lease file at all (an older one would stop the parts for nothing)."""
+        if self.fence_s is None or sent <= 0:
+            return  # never registered here: the server's fence is not known
+        if not self.fence_s:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            return
+        until = lease_until(sent, self.lost_after_s, self.fence_s)
+        if until < self.until + RENEW_EVERY_S:
+            return
+        self.until = until
+        data = LeaseFile(
+            until=until, node_lost_after_s=self.lost_after_s, node_fence_s=self.fence_s
+        )
+        write_atomic(self.path, msgspec.json.encode(data), sync=False)

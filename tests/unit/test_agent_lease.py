@@ -1,0 +1,83 @@
+"""The node's lease file (`ledger.agent.lease`): renewed by the settings the server last gave,
+which the file keeps, so an agent restarted while no server can register it (the store away)
+renews its lease by the servers' keeps (atk36-28 F4)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ledger.agent.lease import LEASE_MARGIN_S, NodeLease, lease_until, too_short
+
+
+def test_until_is_the_contact_plus_the_node_lost_timeout_plus_the_fence_less_the_margin() -> None:
+    assert lease_until(1000.0, 3.0, 12.0) == 1000.0 + 3.0 + 12.0 - LEASE_MARGIN_S
+    assert lease_until(1000.0, 60.0, 1.0) == 1060.0  # a fence under the margin adds nothing
+
+
+def test_a_restarted_agent_renews_by_the_settings_its_lease_file_kept(tmp_path: Path) -> None:
+    path = tmp_path / "lease"
+    first = NodeLease(path)
+    first.renew(1000.0)
+    assert not path.exists()  # never registered: the server's fence is not known
+    first.learn(3.0, 12.0)
+    first.renew(1000.0)
+    assert json.loads(path.read_bytes()) == {
+        "until": 1012.0, "node_lost_after_s": 3.0, "node_fence_s": 12.0,
+    }  # fmt: skip
+    restarted = NodeLease(path)  # a new agent, before any registration
+    assert (restarted.lost_after_s, restarted.fence_s, restarted.until) == (3.0, 12.0, 1012.0)
+    restarted.renew(1000.5)
+    assert json.loads(path.read_bytes())["until"] == 1012.0  # at most once a second
+    restarted.renew(1020.0)  # a keep sent at 1020
+    assert json.loads(path.read_bytes())["until"] == 1032.0
+
+
+def test_a_file_of_an_older_agent_renews_nothing_until_registered(tmp_path: Path) -> None:
+    path = tmp_path / "lease"
+    path.write_text('{"until": 1012.0}')
+    old = NodeLease(path)
+    old.renew(1020.0)
+    assert json.loads(path.read_bytes()) == {"until": 1012.0}
+    assert NodeLease(tmp_path / "garbage").fence_s is None
+
+
+def test_new_settings_are_written_at_once_and_no_fence_means_no_lease(tmp_path: Path) -> None:
+    path = tmp_path / "lease"
+    lease = NodeLease(path)
+    lease.learn(60.0, 300.0)
+    lease.renew(1000.0)
+    lease.learn(3.0, 12.0)  # a server with a shorter fence: the shorter lease is written
+    lease.renew(1000.0)
+    assert json.loads(path.read_bytes())["until"] == 1012.0
+    lease.learn(3.0, 0.0)
+    lease.renew(1001.0)
+    assert not path.exists()  # an older lease would stop the parts for nothing
+
+
+@pytest.mark.parametrize(
+    ("case", "lost", "fence", "delay", "heartbeat", "servers", "want"),
+    [
+        ("the defaults, two servers, 5 s lease", 60.0, 300.0, 11.7, 5.0, 2, None),
+        ("the outage tests' 12 s lease, two servers", 3.0, 12.0, 7.7, 0.5, 2, None),
+        ("the same with three servers", 3.0, 12.0, 7.7, 0.5, 3, None),
+        ("a heartbeat of 5 s", 3.0, 12.0, 7.7, 5.0, 2, 7.7 + 5.0 + 2.5 + 1.0),
+        ("switching servers outlasts the keep delay", 3.0, 12.0, 2.0, 0.5, 5, 0.5 + 10 + 4.0),
+        ("one server: nothing to switch to", 3.0, 9.0, 7.7, 0.5, 1, 9.2),
+        ("no fence: no lease", 3.0, 0.0, 7.7, 0.5, 2, None),
+        ("no server keeps (one server on its own store)", 3.0, 4.0, 0.0, 0.5, 2, None),
+    ],
+)
+def test_the_sizing_rule_says_what_the_lease_needs_when_it_is_short(
+    case: str,
+    lost: float,
+    fence: float,
+    delay: float,
+    heartbeat: float,
+    servers: int,
+    want: float | None,
+) -> None:
+    got = too_short(lost, fence, delay, heartbeat, servers, answer_s=2.5)
+    assert got == (None if want is None else pytest.approx(want)), case
