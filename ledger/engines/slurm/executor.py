@@ -57,6 +57,7 @@ from ledger.engines.slurm.words import (
     end_reason,
     exit_code,
     held_gpus,
+    leaked_gpus,
     node_changes,
     parse_jobs,
     parse_nodes,
@@ -136,6 +137,9 @@ class SlurmExecutor:
         """A job's time limit by job id (`open_executor` reads the ledger's), for runs adopted
         after a restart, whose exact limit Slurm does not keep (it rounds up to minutes)."""
         self._foreign: dict[str, frozenset[int]] = {}
+        self._gres_used: dict[str, tuple[int, ...]] = {}
+        self._leaked_seen: dict[str, frozenset[int]] = {}
+        self._leaked: dict[str, frozenset[int]] = {}
         self._foreign_seen: set[str] = set()
         self._accounting: bool | None = None
         self.start_within_s = start_within_s
@@ -224,9 +228,32 @@ class SlurmExecutor:
 
     def nodes(self) -> list[SlurmNode]:
         """The partition's GPU nodes; remembers which have pinned GPUs (`words.pinned_types`)."""
-        found = parse_nodes(self._run(["scontrol", "-o", "show", "node"]), self.partition)
+        found = parse_nodes(self._run(["scontrol", "-d", "-o", "show", "node"]), self.partition)
         self._pinned = {n.name: n.pinned for n in found if n.pinned}
+        self._gres_used = {n.name: n.gres_used for n in found if n.gres_used}
         return found
+
+    def _hold_leaked(self) -> None:
+        """GPUs Slurm counts allocated that no job holds (`words.leaked_gpus`), in two reads in
+        a row (a job allocated or freed between the read of the jobs and of the nodes is not
+        one), are held as foreign work's are, said once each time they change."""
+        seen = leaked_gpus(self._gres_used, self._held())
+        lasting = {n: g & self._leaked_seen.get(n, frozenset()) for n, g in seen.items()}
+        lasting = {n: g for n, g in lasting.items() if g}
+        self._leaked_seen = seen
+        if lasting != self._leaked:
+            if lasting:
+                log.warning("Slurm counts GPUs %s allocated but no job holds them (its GRES "
+                            "bookkeeping; `scontrol -d show node` GresUsed): nothing is placed "
+                            "there until Slurm frees them (restarting slurmctld does)",
+                            {n: sorted(g) for n, g in lasting.items()})  # fmt: skip
+            else:
+                log.info("Slurm holds no GPU that no job holds any more")
+            self._leaked = lasting
+        foreign = {n: set(g) for n, g in self._foreign.items()}
+        for n, g in lasting.items():
+            foreign.setdefault(n, set()).update(g)
+        self._foreign = {n: frozenset(g) for n, g in foreign.items()}
 
     def _node_changes(self, nodes: Mapping[str, Node], now: float) -> _Changes:
         """The ledger's nodes follow Slurm's (`words.node_changes`; lost with a fence: `ends`),
@@ -413,6 +440,7 @@ class SlurmExecutor:
             self._answered_at = now
             self._try_submit(now)
             changes, unseen = self._node_changes(nodes, now)
+            self._hold_leaked()
             self._read_max_time(now)
             if self._settle_until is not None and now < self._settle_until:
                 unseen = _every(nodes)  # what ended meanwhile is recorded; nothing is decided

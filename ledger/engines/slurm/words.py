@@ -367,6 +367,8 @@ class SlurmNode:
     reason: str = ""
     pinned: tuple[str, ...] = ()
     """The GRES type of each GPU index when each is its own (`pinned_types`); () otherwise."""
+    gres_used: tuple[int, ...] = ()
+    """The GPU indices Slurm counts allocated on the node (`GresUsed`, `scontrol -d`)."""
 
     @property
     def unavailable(self) -> bool:
@@ -401,9 +403,27 @@ def parse_nodes(text: str, partition: str) -> list[SlurmNode]:
                 state=rec.get("State", ""),
                 reason=(rec.get("Reason") or "").strip(),
                 pinned=pinned_types(rec.get("Gres", "")),
+                gres_used=gres_indices(rec.get("GresUsed", "")),
             )
         )
     return sorted(out, key=lambda n: n.name)
+
+
+def leaked_gpus(
+    used: Mapping[str, Iterable[int]], held: Mapping[str, Iterable[int]]
+) -> dict[str, frozenset[int]]:
+    """Pure: the GPUs Slurm counts allocated on a node (`GresUsed`) that no job it lists holds
+    (`held`: every job's, and the runs submitted but not yet started). Slurm 22.05 can leave a
+    GPU so after slurmctld restarts with a job running that it requeued itself (its `dealloc of
+    node ... bad node_offset`): Slurm then starts nothing that asks for it, and its FIFO
+    scheduler nothing behind that either, until slurmctld restarts. Such GPUs are held as
+    foreign work's are: the ledger places nothing there."""
+    out = {}
+    for node, gpus in used.items():
+        left = frozenset(gpus) - frozenset(held.get(node, ()))
+        if left:
+            out[node] = left
+    return out
 
 
 def node_changes(
