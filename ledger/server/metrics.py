@@ -588,6 +588,11 @@ class PoolCounts(Collector):
             "gpuledger_reads_refused", "Reads and queries refused 429 (a caller past its share).",
             value=p.refused,
         )  # fmt: skip
+        yield GaugeMetricFamily(
+            "gpuledger_reads_under_way",
+            "Reads and queries admitted whose answers are not yet sent, everyone's.",
+            value=p.under_way,
+        )
         yield CounterMetricFamily(
             "gpuledger_worker_reads", "Reads run on the worker thread.", value=p.worker_reads
         )
@@ -618,11 +623,14 @@ class ConnectionCounts(Collector):
         )
         refused = CounterMetricFamily(
             "gpuledger_connections_refused",
-            "Connections refused: the server's cap (503) or the caller's (429).",
+            "Connections and requests refused: the server's cap (503), the caller's, a source's"
+            " connections or requests without a token (429).",
             labels=["reason"],
         )
         refused.add_metric(["server_full"], c.counts.refused_full)
         refused.add_metric(["per_person"], c.counts.refused_person)
+        refused.add_metric(["per_address"], c.counts.refused_address)
+        refused.add_metric(["anonymous_rate"], c.counts.refused_anonymous)
         yield refused
         dropped = CounterMetricFamily(
             "gpuledger_connections_dropped",
