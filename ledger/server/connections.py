@@ -30,9 +30,9 @@ until the process ran out of descriptors, when everyone's submits failed (issue 
 - **Requests of no one are metered**: a request without a valid token (`/v1/health`, the
   OpenAPI document, the dashboard's page shells, a 401, a 404) takes from its source's bucket
   of `anonymous_burst` filling at `anonymous_per_s` (`GPULEDGER_ANONYMOUS_RATE`, 20 a second,
-  twice that at once); past it, 429 with Retry-After, held `REFUSED_HOLD_S` (`Rates`: an
-  outsider looping them slowed everyone's submits ~10x: atk36-25 F6). Identified requests never
-  take from it.
+  twice that at once); past it, it waits for its turn, at most a second, and past that it is
+  answered 429 with Retry-After, held `REFUSED_HOLD_S` (`Rates`: an outsider looping them
+  slowed everyone's submits ~10x: atk36-25 F6). Identified requests never take from it.
 
 `Tally`, `Rates` and `Progress` are pure (`now` a parameter); `Connection`, `Connections` and
 `Front` are the edge: the event loop's transports and the ASGI front.
@@ -229,24 +229,39 @@ class Tally:
 @dataclass
 class Rates:
     """Each source's requests without a valid token: a bucket of `burst` requests filling at
-    `per_s` a second, one taken per request. Pure: `now` is a parameter."""
+    `per_s` a second, one taken per request; a request that finds it empty waits for its turn
+    (its token taken ahead), at most `max_wait_s`, and past that is refused (nginx's
+    `limit_req` with a delay). One client asking one request at a time is slowed to `per_s`,
+    never refused; many at once are refused. Pure: `now` is a parameter."""
 
     per_s: float
     burst: float
+    max_wait_s: float = 1.0
     level: dict[str, tuple[float, float]] = field(default_factory=dict)
-    """Each source's requests left and when that was counted (a source absent is full)."""
+    """Each source's requests left (below zero: turns taken ahead) and when that was counted
+    (a source absent is full)."""
 
-    def take(self, source: str, now: float) -> float:
-        """0 (taken), or the seconds until `source` may make a request again."""
-        left, at = self.level.get(source, (self.burst, now))
-        left = min(self.burst, left + max(0.0, now - at) * self.per_s)
-        if left < 1:
+    def take(self, source: str, now: float) -> float | None:
+        """The seconds `source`'s request waits for its turn (0: none; taken), or None: it
+        would wait longer than `max_wait_s` (refused, nothing taken: `retry_in` says when to
+        ask again)."""
+        left = self._left(source, now)
+        wait = max(0.0, (1 - left) / self.per_s)
+        if wait > self.max_wait_s:
             self.level[source] = (left, now)
-            return (1 - left) / self.per_s
+            return None
         self.level[source] = (left - 1, now)
         if len(self.level) > PRUNE_AT:
             self._forget_full(now)
-        return 0.0
+        return wait
+
+    def retry_in(self, source: str, now: float) -> float:
+        """The seconds until a request of `source`'s would be taken at once."""
+        return max(0.0, (1 - self._left(source, now)) / self.per_s)
+
+    def _left(self, source: str, now: float) -> float:
+        left, at = self.level.get(source, (self.burst, now))
+        return min(self.burst, left + max(0.0, now - at) * self.per_s)
 
     def _forget_full(self, now: float) -> None:
         for who, (left, at) in list(self.level.items()):
@@ -289,7 +304,8 @@ class Counts:
     refused_person: int = 0
     refused_address: int = 0
     refused_anonymous: int = 0
-    """Requests without a valid token refused 429 (`Rates`)."""
+    """Requests without a valid token refused 429 (`Rates`), and those that waited their turn:"""
+    delayed_anonymous: int = 0
     dropped_stalled: int = 0
     dropped_no_request: int = 0
     dropped_no_body: int = 0
@@ -570,12 +586,17 @@ class Front:
             await _too_many(send, person, self.connections.limits.per_person)
             return
         if person is None:  # no one's: metered by its source (atk36-25 F6)
-            wait = self.rates.take(conn.source, asyncio.get_running_loop().time())
-            if wait > 0:
+            now = asyncio.get_running_loop().time()
+            wait = self.rates.take(conn.source, now)
+            if wait is None:
                 self.connections.counts.refused_anonymous += 1
                 await asyncio.sleep(REFUSED_HOLD_S)
-                await _anonymous_too_many(send, conn.source, self.rates.per_s, wait)
+                retry = self.rates.retry_in(conn.source, now)
+                await _anonymous_too_many(send, conn.source, self.rates.per_s, retry)
                 return
+            if wait > 0:
+                self.connections.counts.delayed_anonymous += 1
+                await asyncio.sleep(wait)
         with _holding() as holds:
             try:
                 await self.app(scope, receive, send)

@@ -632,6 +632,11 @@ class ConnectionCounts(Collector):
         refused.add_metric(["per_address"], c.counts.refused_address)
         refused.add_metric(["anonymous_rate"], c.counts.refused_anonymous)
         yield refused
+        yield CounterMetricFamily(
+            "gpuledger_connections_anonymous_delayed",
+            "Requests without a valid token that waited their turn (the source's rate).",
+            value=c.counts.delayed_anonymous,
+        )
         dropped = CounterMetricFamily(
             "gpuledger_connections_dropped",
             "Connections aborted: a send that stalled, a request whose headers or body never came.",

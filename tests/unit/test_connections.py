@@ -80,15 +80,35 @@ def test_a_tcp_source_is_its_address_and_an_ipv6_one_its_64(peer: object, want: 
 
 def test_requests_of_no_one_take_from_their_sources_bucket() -> None:
     """atk36-25 F6: an outsider looping /v1/health or 401s had no admission at all."""
-    r = cn.Rates(per_s=4.0, burst=8.0)
+    r = cn.Rates(per_s=4.0, burst=8.0, max_wait_s=1.0)
     assert all(r.take("10.0.0.1", 100.0) == 0 for _ in range(8))  # a burst of 8
-    assert r.take("10.0.0.1", 100.0) == 0.25  # the 9th: when one is back
+    # then each waits its turn, a quarter second apart, up to a second ahead
+    assert [r.take("10.0.0.1", 100.0) for _ in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert r.take("10.0.0.1", 100.0) is None  # past a second's wait: refused, nothing taken
+    assert r.retry_in("10.0.0.1", 100.0) == 1.25
     assert r.take("10.0.0.2", 100.0) == 0  # another source's bucket is its own
-    assert r.take("10.0.0.1", 100.125) == 0.125  # a refused request takes nothing
-    assert r.take("10.0.0.1", 100.25) == 0
-    assert r.take("10.0.0.1", 100.25) == 0.25
+    assert r.take("10.0.0.1", 100.25) == 1.0  # a turn came back
     assert r.take("10.0.0.1", 110.0) == 0  # refilled, at most the burst
     assert sum(r.take("10.0.0.1", 110.0) == 0 for _ in range(30)) == 7
+
+
+@pytest.mark.parametrize(
+    ("case", "gap_s", "want_refused"),
+    [
+        ("one at a time, as fast as it can: slowed, never refused", 0.0, False),
+        ("one at a time at the rate: never waits past the burst", 0.25, False),
+    ],
+)
+def test_a_client_asking_one_at_a_time_is_slowed_never_refused(
+    case: str, gap_s: float, want_refused: bool
+) -> None:
+    r = cn.Rates(per_s=4.0, burst=8.0, max_wait_s=1.0)
+    now, refused = 0.0, False
+    for _ in range(200):
+        wait = r.take("10.0.0.1", now)
+        refused |= wait is None
+        now += (wait or 0.0) + gap_s  # the next asked once this one is answered
+    assert refused is want_refused, case
 
 
 def test_a_rates_forgets_the_sources_whose_bucket_is_full_again() -> None:
