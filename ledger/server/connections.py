@@ -17,12 +17,25 @@ until the process ran out of descriptors, when everyone's submits failed (issue 
   stops coming for that time or is not whole within six times it (`body_awaited`); a request's
   line and headers are at most `HEADERS_MAX_BYTES` (64 KiB: 431, closed).
 - **Connections are capped**: `max_connections` (`GPULEDGER_MAX_CONNECTIONS`, 1,024) open at
-  once, the next answered 503 in one line and closed at once; `per_person`
+  once over TCP, the next answered 503 in one line and closed at once; the Unix socket has
+  `local_reserve` (`GPULEDGER_LOCAL_CONNECTIONS`, 64) more that TCP never takes (an outsider
+  refilling the cap over TCP kept the host's own admin out: atk36-25), and TCP's room while
+  TCP does not use it; `per_person`
   (`GPULEDGER_CONNECTIONS_PER_PERSON`, 16) of one identified caller (a person, a node, a job),
-  the next answered 429 with Retry-After and closed, while everyone else is served (`Tally`).
+  the next answered 429 with Retry-After and closed, while everyone else is served; and
+  `per_address` (`GPULEDGER_CONNECTIONS_PER_ADDRESS`, 64) of one source that are no one's yet
+  (no request with a valid token: an address over TCP, an IPv6 address's /64; an OS account
+  on the Unix socket, capped at `per_person`), the next answered 429 at once and closed, so one
+  address without a token never holds the whole cap (`Tally`).
+- **Requests of no one are metered**: a request without a valid token (`/v1/health`, the
+  OpenAPI document, the dashboard's page shells, a 401, a 404) takes from its source's bucket
+  of `anonymous_burst` filling at `anonymous_per_s` (`GPULEDGER_ANONYMOUS_RATE`, 20 a second,
+  twice that at once); past it, it waits for its turn, at most a second, and past that it is
+  answered 429 with Retry-After, held `REFUSED_HOLD_S` (`Rates`: an outsider looping them
+  slowed everyone's submits ~10x: atk36-25 F6). Identified requests never take from it.
 
-`Tally` and `Progress` are pure (`now` a parameter); `Connection`, `Connections` and `Front`
-are the edge: the event loop's transports and the ASGI front.
+`Tally`, `Rates` and `Progress` are pure (`now` a parameter); `Connection`, `Connections` and
+`Front` are the edge: the event loop's transports and the ASGI front.
 """
 
 from __future__ import annotations
@@ -30,6 +43,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import ipaddress
+import math
 import os
 import socket
 import struct
@@ -42,6 +57,9 @@ from schemas.errors import InvalidCommand, LedgerError, TooBusy, Unavailable
 MAX_CONNECTIONS_ENV = "GPULEDGER_MAX_CONNECTIONS"
 PER_PERSON_ENV = "GPULEDGER_CONNECTIONS_PER_PERSON"
 SEND_STALL_ENV = "GPULEDGER_SEND_STALL_S"
+LOCAL_ENV = "GPULEDGER_LOCAL_CONNECTIONS"
+PER_ADDRESS_ENV = "GPULEDGER_CONNECTIONS_PER_ADDRESS"
+ANONYMOUS_RATE_ENV = "GPULEDGER_ANONYMOUS_RATE"
 CONN = "gpuledger.connection"
 """The scope key of the request's `Connection` (set by the server's protocol)."""
 
@@ -53,11 +71,21 @@ class Limits:
     max_connections: int = 1024
     per_person: int = 16
     send_stall_s: float = 10.0
+    local_reserve: int = 64
+    """Connections beyond `max_connections` that only the Unix socket may open."""
+    per_address: int = 64
+    """Connections of one TCP source that are no one's yet (no request with a valid token)."""
+    anonymous_per_s: float = 20.0
+    """Requests without a valid token a source may make a second (twice it at once)."""
 
     @property
     def check_s(self) -> float:
         """How often a connection with bytes waiting is looked at."""
         return min(1.0, self.send_stall_s / 4)
+
+    @property
+    def anonymous_burst(self) -> float:
+        return 2 * self.anonymous_per_s
 
 
 def positive_settings(
@@ -92,26 +120,74 @@ def limits_from_env(env: dict[str, str] | None = None) -> Limits:
                 (MAX_CONNECTIONS_ENV, "max_connections", int),
                 (PER_PERSON_ENV, "per_person", int),
                 (SEND_STALL_ENV, "send_stall_s", float),
+                (LOCAL_ENV, "local_reserve", int),
+                (PER_ADDRESS_ENV, "per_address", int),
+                (ANONYMOUS_RATE_ENV, "anonymous_per_s", float),
             ),
         )
     )
 
 
+def source_of(peer: Any) -> str:
+    """Whose connections count together before a request names its caller: a TCP peer's
+    address (an IPv6 address's /64, the prefix one site is given; an IPv4-mapped one as IPv4).
+    Pure."""
+    host = peer[0] if isinstance(peer, tuple) and peer else str(peer or "")
+    try:
+        addr = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return str(addr.ipv4_mapped)
+        return str(ipaddress.IPv6Network((addr, 64), strict=False))
+    return str(addr)
+
+
+def local_source(uid: int | None) -> str:
+    """The source of a Unix-socket connection: its OS account."""
+    return f"uid {uid}"
+
+
 @dataclass
 class Tally:
-    """Which connections are open and whose (the caller of their latest request). Pure."""
+    """Which connections are open, whose (the caller of their latest request with a valid
+    token), and, while they are no one's, where from (their source). Pure.
+
+    A TCP connection is refused when `max_connections` TCP ones are open; a Unix-socket one
+    when `max_connections + local_reserve` are open, both listeners' together: the socket
+    always has its reserve, and TCP's room while TCP does not use it. A connection no one has
+    claimed counts against its source: `per_address` of a TCP source's, `per_person` of an OS
+    account's on the socket."""
 
     limits: Limits = field(default_factory=Limits)
     open: set[int] = field(default_factory=set)
+    local: set[int] = field(default_factory=set)
+    """Of `open`, the Unix socket's."""
     owner: dict[int, str] = field(default_factory=dict)
     people: dict[str, set[int]] = field(default_factory=dict)
+    source: dict[int, str] = field(default_factory=dict)
+    """Each connection no one has claimed yet: its source; and those by source:"""
+    sources: dict[str, set[int]] = field(default_factory=dict)
 
-    def opened(self, conn: int) -> bool:
-        """Count connection `conn`; False (not counted) when `max_connections` are open."""
-        if len(self.open) >= self.limits.max_connections:
-            return False
+    def opened(self, conn: int, source: str = "", *, local: bool = False) -> str | None:
+        """Count connection `conn` from `source` (`local`: the Unix socket's); None, or why it
+        is refused (not counted): "server_full" (503) or "per_address" (429)."""
+        if local:
+            full = len(self.open) >= self.limits.max_connections + self.limits.local_reserve
+        else:
+            full = len(self.open) - len(self.local) >= self.limits.max_connections
+        if full:
+            return "server_full"
+        per_source = self.limits.per_person if local else self.limits.per_address
+        if len(self.sources.get(source, ())) >= per_source:
+            return "per_address"
         self.open.add(conn)
-        return True
+        if local:
+            self.local.add(conn)
+        self.source[conn] = source
+        self.sources.setdefault(source, set()).add(conn)
+        return None
 
     def claim(self, conn: int, person: str) -> bool:
         """`conn`'s request is `person`'s: False (left as it was) when `person` holds
@@ -122,13 +198,16 @@ class Tally:
         if len(held) >= self.limits.per_person:
             return False
         self._release(conn)
+        self._unsourced(conn)
         self.owner[conn] = person
         self.people.setdefault(person, set()).add(conn)
         return True
 
     def closed(self, conn: int) -> None:
         self.open.discard(conn)
+        self.local.discard(conn)
         self._release(conn)
+        self._unsourced(conn)
 
     def _release(self, conn: int) -> None:
         person = self.owner.pop(conn, None)
@@ -137,6 +216,61 @@ class Tally:
             held.discard(conn)
             if not held:
                 del self.people[person]
+
+    def _unsourced(self, conn: int) -> None:
+        source = self.source.pop(conn, None)
+        if source is not None:
+            same = self.sources[source]
+            same.discard(conn)
+            if not same:
+                del self.sources[source]
+
+
+@dataclass
+class Rates:
+    """Each source's requests without a valid token: a bucket of `burst` requests filling at
+    `per_s` a second, one taken per request; a request that finds it empty waits for its turn
+    (its token taken ahead), at most `max_wait_s`, and past that is refused (nginx's
+    `limit_req` with a delay). One client asking one request at a time is slowed to `per_s`,
+    never refused; many at once are refused. Pure: `now` is a parameter."""
+
+    per_s: float
+    burst: float
+    max_wait_s: float = 1.0
+    level: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Each source's requests left (below zero: turns taken ahead) and when that was counted
+    (a source absent is full)."""
+
+    def take(self, source: str, now: float) -> float | None:
+        """The seconds `source`'s request waits for its turn (0: none; taken), or None: it
+        would wait longer than `max_wait_s` (refused, nothing taken: `retry_in` says when to
+        ask again)."""
+        left = self._left(source, now)
+        wait = max(0.0, (1 - left) / self.per_s)
+        if wait > self.max_wait_s:
+            self.level[source] = (left, now)
+            return None
+        self.level[source] = (left - 1, now)
+        if len(self.level) > PRUNE_AT:
+            self._forget_full(now)
+        return wait
+
+    def retry_in(self, source: str, now: float) -> float:
+        """The seconds until a request of `source`'s would be taken at once."""
+        return max(0.0, (1 - self._left(source, now)) / self.per_s)
+
+    def _left(self, source: str, now: float) -> float:
+        left, at = self.level.get(source, (self.burst, now))
+        return min(self.burst, left + max(0.0, now - at) * self.per_s)
+
+    def _forget_full(self, now: float) -> None:
+        for who, (left, at) in list(self.level.items()):
+            if left + (now - at) * self.per_s >= self.burst:
+                del self.level[who]
+
+
+PRUNE_AT = 4096
+"""Sources a `Rates` remembers before forgetting those whose bucket is full again."""
 
 
 @dataclass
@@ -168,6 +302,10 @@ class Counts:
 
     refused_full: int = 0
     refused_person: int = 0
+    refused_address: int = 0
+    refused_anonymous: int = 0
+    """Requests without a valid token refused 429 (`Rates`), and those that waited their turn:"""
+    delayed_anonymous: int = 0
     dropped_stalled: int = 0
     dropped_no_request: int = 0
     dropped_no_body: int = 0
@@ -179,9 +317,10 @@ class Connection:
     a small answer is one segment and one wake-up), counted, and watched while bytes wait
     (`Progress`: a stalled send is aborted)."""
 
-    def __init__(self, transport: asyncio.Transport, owner: Connections) -> None:
+    def __init__(self, transport: asyncio.Transport, owner: Connections, source: str = "") -> None:
         self._transport = transport
         self._owner = owner
+        self.source = source
         self._parts: list[bytes] = []
         self.written = 0
         self._progress = Progress(owner.limits.send_stall_s)
@@ -345,21 +484,35 @@ class Connections:
     def __post_init__(self) -> None:
         self.tally = Tally(self.limits)
 
-    def made(self, transport: asyncio.Transport) -> Connection | None:
-        """A new connection: its `Connection`, or None (answered 503 and closed) when
-        `max_connections` are open."""
-        conn = Connection(transport, self)
-        if not self.tally.opened(id(conn)):
+    def made(
+        self, transport: asyncio.Transport, source: str = "", *, local: bool = False
+    ) -> Connection | None:
+        """A new connection from `source` (`local`: on the Unix socket): its `Connection`, or
+        None (answered in one line and closed) past the server's cap (503) or its source's
+        (429; `Tally.opened`)."""
+        conn = Connection(transport, self, source)
+        refused = self.tally.opened(id(conn), source, local=local)
+        if refused is None:
+            conn.awaiting_request()
+            return conn
+        if refused == "server_full":
             self.counts.refused_full += 1
-            err = Unavailable(
-                f"the server has {self.limits.max_connections} connections open",
-                hint="retry in a few seconds",
+            cap = self.limits.max_connections + (self.limits.local_reserve if local else 0)
+            err: LedgerError = Unavailable(
+                f"the server has {cap} connections open", hint="retry in a few seconds"
             )
             transport.write(answer(503, "Service Unavailable", err, 5))
-            transport.close()
-            return None
-        conn.awaiting_request()
-        return conn
+        else:
+            self.counts.refused_address += 1
+            cap = self.limits.per_person if local else self.limits.per_address
+            err = TooBusy(
+                f"{source} has {cap} connections open that no request with a token has claimed",
+                hint="send your requests with your token, on fewer connections",
+                retry_after=1,
+            )
+            transport.write(answer(429, "Too Many Requests", err, 1))
+        transport.close()
+        return None
 
     @property
     def open(self) -> int:
@@ -418,6 +571,8 @@ class Front:
         self.app = app
         self.identify = identify
         self.connections = connections
+        limits = connections.limits
+        self.rates = Rates(limits.anonymous_per_s, limits.anonymous_burst)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         conn: Connection | None = scope.get(CONN) if scope["type"] == "http" else None
@@ -430,6 +585,18 @@ class Front:
             self.connections.counts.refused_person += 1
             await _too_many(send, person, self.connections.limits.per_person)
             return
+        if person is None:  # no one's: metered by its source (atk36-25 F6)
+            now = asyncio.get_running_loop().time()
+            wait = self.rates.take(conn.source, now)
+            if wait is None:
+                self.connections.counts.refused_anonymous += 1
+                await asyncio.sleep(REFUSED_HOLD_S)
+                retry = self.rates.retry_in(conn.source, now)
+                await _anonymous_too_many(send, conn.source, self.rates.per_s, retry)
+                return
+            if wait > 0:
+                self.connections.counts.delayed_anonymous += 1
+                await asyncio.sleep(wait)
         with _holding() as holds:
             try:
                 await self.app(scope, receive, send)
@@ -452,13 +619,37 @@ class Front:
             return None
 
 
+REFUSED_HOLD_S = 0.25
+"""How long a refused request (429: a read past its admission, `pooled`; a request of no one's
+past its source's rate, `Front`) waits before its answer is sent: a client that loops its
+refusals without heeding Retry-After makes a few a second per connection, and the event loop,
+where the submits are committed, spends nothing on them meanwhile (docs/security.md, row T5)."""
+
+
 async def _too_many(send: Callable[[Any], Awaitable[None]], person: str, cap: int) -> None:
     err = TooBusy(
         f"{person!r} has {cap} connections open already",
         hint="close some, or send your requests on fewer",
         retry_after=1,
     )
-    head, _, body = answer(429, "Too Many Requests", err, 1).partition(b"\r\n\r\n")
+    await _send_answer(send, answer(429, "Too Many Requests", err, 1))
+
+
+async def _anonymous_too_many(
+    send: Callable[[Any], Awaitable[None]], source: str, per_s: float, wait: float
+) -> None:
+    retry = max(1, math.ceil(wait))
+    err = TooBusy(
+        f"{source} sent more than {per_s:g} requests a second without a valid token",
+        hint=f"retry in {retry} s, or send your token",
+        retry_after=retry,
+    )
+    await _send_answer(send, answer(429, "Too Many Requests", err, retry))
+
+
+async def _send_answer(send: Callable[[Any], Awaitable[None]], whole: bytes) -> None:
+    """A whole answer (`answer`) sent through ASGI."""
+    head, _, body = whole.partition(b"\r\n\r\n")
     headers = [tuple(line.split(b": ", 1)) for line in head.split(b"\r\n")[1:]]
     await send({"type": "http.response.start", "status": 429, "headers": headers})
     await send({"type": "http.response.body", "body": body})

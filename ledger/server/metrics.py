@@ -588,6 +588,11 @@ class PoolCounts(Collector):
             "gpuledger_reads_refused", "Reads and queries refused 429 (a caller past its share).",
             value=p.refused,
         )  # fmt: skip
+        yield GaugeMetricFamily(
+            "gpuledger_reads_under_way",
+            "Reads and queries admitted whose answers are not yet sent, everyone's.",
+            value=p.under_way,
+        )
         yield CounterMetricFamily(
             "gpuledger_worker_reads", "Reads run on the worker thread.", value=p.worker_reads
         )
@@ -618,12 +623,20 @@ class ConnectionCounts(Collector):
         )
         refused = CounterMetricFamily(
             "gpuledger_connections_refused",
-            "Connections refused: the server's cap (503) or the caller's (429).",
+            "Connections and requests refused: the server's cap (503), the caller's, a source's"
+            " connections or requests without a token (429).",
             labels=["reason"],
         )
         refused.add_metric(["server_full"], c.counts.refused_full)
         refused.add_metric(["per_person"], c.counts.refused_person)
+        refused.add_metric(["per_address"], c.counts.refused_address)
+        refused.add_metric(["anonymous_rate"], c.counts.refused_anonymous)
         yield refused
+        yield CounterMetricFamily(
+            "gpuledger_connections_anonymous_delayed",
+            "Requests without a valid token that waited their turn (the source's rate).",
+            value=c.counts.delayed_anonymous,
+        )
         dropped = CounterMetricFamily(
             "gpuledger_connections_dropped",
             "Connections aborted: a send that stalled, a request whose headers or body never came.",

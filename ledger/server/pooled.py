@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 
 from ledger.reads import layer as reads
+from ledger.server import connections
 from schemas import views as v
 from schemas.errors import InvalidCommand
 
@@ -320,12 +321,11 @@ def is_write(path: str) -> bool:
     return path.startswith(WRITES)
 
 
-REFUSED_HOLD_S = 0.25
+REFUSED_HOLD_S = connections.REFUSED_HOLD_S
 """How long a read refused 429 (a GET, or a read asked with a body: not one of `WRITES`)
-waits before its answer is sent: a client that loops its
-refusals without heeding Retry-After (one person's third read at once: ~1,000 a second
-before) makes a few a second per connection, and the event loop, where the submits are
-committed, spends nothing on them meanwhile (docs/security.md, row T5)."""
+waits before its answer is sent: a client that loops its refusals without heeding Retry-After
+(one person's third read at once: ~1,000 a second before) makes a few a second per connection
+(docs/security.md, row T5)."""
 
 
 def _held(send: Any) -> Any:

@@ -17,9 +17,10 @@ decision history run here (docs/security.md, rows T5 and T6).
 - **A row and a byte limit** (`max_rows`, `max_bytes`): the result is fetched in record
   batches and the query stops at the first batch past either limit (nothing larger is held).
 - **Per-caller limits**: at most `per_caller` queries of one caller at a time and `per_minute`
-  a minute, and `max_waiting` of everyone's under way; past any, the answer is 429 with
-  Retry-After (`TooBusy`). A caller waits for a free thread behind others' queries, never
-  beside the worker.
+  a minute, and `max_waiting` of everyone's under way, the last `fresh_reserve` of them for
+  people with none under way (a few people leaving their answers unread never hold every
+  slot); past any, the answer is 429 with Retry-After (`TooBusy`). A caller waits for a free
+  thread behind others' queries, never beside the worker.
 - **One admission for every read a person can make** (`admitted`), before the worker is
   asked anything: the audit queries, the API's reads of the projection (`pooled`), the reads
   of the live state on a copy (`copied`: the previews, /metrics, the dashboard), and the few
@@ -88,6 +89,11 @@ class ReadPool:
     max_waiting: int = 16
     """Queries admitted and not finished, everyone's together: past it, 429 (many callers
     cannot queue without bound)."""
+    fresh_reserve: int = 4
+    """Of `max_waiting`, the last this many are for people with none under way: a person with
+    one under way is refused once `max_waiting - fresh_reserve` are (eight people who each left
+    two answers unread held everyone's 16, and another person's reads were refused: atk36-25
+    F3)."""
     nice: int = 10
     rest: float = 3.0
     """After each of the API's reads, its thread rests this many times as long as it took: the
@@ -222,12 +228,25 @@ class ReadPool:
         finally:
             connections.release_after_sent(release)
 
+    @property
+    def under_way(self) -> int:
+        """Reads and queries admitted whose answers are not yet sent, everyone's."""
+        return sum(self._running.values())
+
     def _admit(self, caller: str, now: float, per_minute: int | None) -> None:
-        if sum(self._running.values()) >= self.max_waiting:
+        under_way = self.under_way
+        if under_way >= self.max_waiting:
             raise TooBusy(
                 f"the server has {self.max_waiting} queries under way",
                 hint="retry in a few seconds",
                 retry_after=5,
+            )
+        if self._running.get(caller, 0) and under_way >= self.max_waiting - self.fresh_reserve:
+            raise TooBusy(
+                f"the server has {under_way} queries under way, {caller!r}'s among them; the "
+                f"last {self.fresh_reserve} are for people with none",
+                hint="wait for yours (or run fewer at once)",
+                retry_after=1,
             )
         if self._running.get(caller, 0) >= self.per_caller:
             raise TooBusy(

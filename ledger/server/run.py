@@ -54,6 +54,8 @@ from ledger.server.connections import (
     Connection,
     Connections,
     answer,
+    local_source,
+    source_of,
 )
 from ledger.server.ha import HAFront, Leadership
 from ledger.server.worker import Worker
@@ -81,13 +83,18 @@ class PeerCredProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         sock = transport.get_extra_info("socket")
         self.peer = None
-        if sock is not None and sock.family == socket.AF_UNIX:
+        local = sock is not None and sock.family == socket.AF_UNIX
+        if local:
             self.peer = identity.peer_uid(sock)
-        elif sock is not None:
-            # a response whose parts are written apart must not wait for the client's delayed
-            # ACK (Nagle: ~40 ms per request)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.conn = self.ours.made(transport)  # None: over the cap, answered and closed
+            source = local_source(self.peer)
+        else:
+            source = source_of(transport.get_extra_info("peername"))
+            if sock is not None:
+                # a response whose parts are written apart must not wait for the client's
+                # delayed ACK (Nagle: ~40 ms per request)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # None: over a cap, answered and closed
+        self.conn = self.ours.made(transport, source, local=local)
         super().connection_made(self.conn or transport)  # type: ignore[arg-type]
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -404,7 +411,8 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         log.warning("no executor (--executor none): nothing is placed; jobs wait in the queue")
     worker = Worker(service, tick_s=config.interval.seconds, max_batch=config.max_batch)
     front = create_asgi(worker, clock=ledger.clock.now)
-    _enough_descriptors(front.connections.limits.max_connections)
+    limits = front.connections.limits
+    _enough_descriptors(limits.max_connections + limits.local_reserve)
     app: Any = front
     if ha is not None:
         worker.ha = ha

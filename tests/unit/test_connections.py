@@ -13,10 +13,110 @@ from schemas.errors import InvalidCommand, TooBusy
 
 def test_the_server_cap_counts_every_connection_and_frees_a_closed_one() -> None:
     t = cn.Tally(cn.Limits(max_connections=2))
-    assert t.opened(1) and t.opened(2)
-    assert not t.opened(3)  # answered 503, not counted
+    assert t.opened(1) is None and t.opened(2) is None
+    assert t.opened(3) == "server_full"  # answered 503, not counted
     t.closed(1)
-    assert t.opened(3) and t.open == {2, 3}
+    assert t.opened(3) is None and t.open == {2, 3}
+
+
+def test_the_unix_sockets_reserve_is_never_taken_over_tcp() -> None:
+    """atk36-25: an outsider refilling the cap over TCP kept the host's admin out too."""
+    t = cn.Tally(cn.Limits(max_connections=4, local_reserve=2, per_address=100))
+    for conn in range(4):
+        assert t.opened(conn, f"10.0.0.{conn}") is None
+    assert t.opened(10, "10.0.0.9") == "server_full"  # TCP: full at 4
+    assert t.opened(11, cn.local_source(0), local=True) is None  # the socket: 2 more
+    assert t.opened(12, cn.local_source(1000), local=True) is None
+    assert t.opened(13, cn.local_source(0), local=True) == "server_full"
+    t.closed(11)
+    assert t.opened(14, "10.0.0.9") == "server_full"  # a freed reserve slot is the socket's
+    assert t.opened(15, cn.local_source(0), local=True) is None
+    # the socket's connections never count against TCP's cap, and use its room while free
+    t = cn.Tally(cn.Limits(max_connections=2, local_reserve=1, per_address=100))
+    assert all(t.opened(n, cn.local_source(n), local=True) is None for n in range(3))
+    assert t.opened(3, cn.local_source(9), local=True) == "server_full"
+    assert t.opened(4, "10.0.0.1") is None and t.opened(5, "10.0.0.1") is None
+    assert t.opened(6, "10.0.0.1") == "server_full"
+    assert t.local == {0, 1, 2}
+
+
+@pytest.mark.parametrize(
+    ("case", "local", "want_cap"),
+    [
+        ("a TCP address: per_address", False, 3),
+        ("an OS account on the socket: per_person", True, 2),
+    ],
+)
+def test_a_source_holds_its_cap_of_connections_no_one_has_claimed(
+    case: str, local: bool, want_cap: int
+) -> None:
+    t = cn.Tally(cn.Limits(per_person=2, per_address=3))
+    me = cn.local_source(1000) if local else "10.0.0.1"
+    for conn in range(want_cap):
+        assert t.opened(conn, me, local=local) is None, case
+    assert t.opened(50, me, local=local) == "per_address", case
+    assert t.opened(51, "10.0.0.2") is None, case  # another source is served
+    # a request with a token claims a connection: it is its person's, no longer the source's
+    assert t.claim(0, "carol")
+    assert t.sources[me] == set(range(1, want_cap)) and t.opened(52, me, local=local) is None
+    t.closed(52)
+    t.closed(1)
+    assert t.opened(53, me, local=local) is None and 1 not in t.source
+
+
+@pytest.mark.parametrize(
+    ("peer", "want"),
+    [
+        (("127.0.0.1", 5000), "127.0.0.1"),
+        (("::ffff:10.1.2.3", 5000, 0, 0), "10.1.2.3"),
+        (("2001:db8:1:2:aaaa::1", 5000, 0, 0), "2001:db8:1:2::/64"),
+        (("2001:db8:1:2:bbbb::9", 6000, 0, 0), "2001:db8:1:2::/64"),  # one site's /64: one source
+        (None, ""),
+    ],
+)
+def test_a_tcp_source_is_its_address_and_an_ipv6_one_its_64(peer: object, want: str) -> None:
+    assert cn.source_of(peer) == want
+
+
+def test_requests_of_no_one_take_from_their_sources_bucket() -> None:
+    """atk36-25 F6: an outsider looping /v1/health or 401s had no admission at all."""
+    r = cn.Rates(per_s=4.0, burst=8.0, max_wait_s=1.0)
+    assert all(r.take("10.0.0.1", 100.0) == 0 for _ in range(8))  # a burst of 8
+    # then each waits its turn, a quarter second apart, up to a second ahead
+    assert [r.take("10.0.0.1", 100.0) for _ in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert r.take("10.0.0.1", 100.0) is None  # past a second's wait: refused, nothing taken
+    assert r.retry_in("10.0.0.1", 100.0) == 1.25
+    assert r.take("10.0.0.2", 100.0) == 0  # another source's bucket is its own
+    assert r.take("10.0.0.1", 100.25) == 1.0  # a turn came back
+    assert r.take("10.0.0.1", 110.0) == 0  # refilled, at most the burst
+    assert sum(r.take("10.0.0.1", 110.0) == 0 for _ in range(30)) == 7
+
+
+@pytest.mark.parametrize(
+    ("case", "gap_s", "want_refused"),
+    [
+        ("one at a time, as fast as it can: slowed, never refused", 0.0, False),
+        ("one at a time at the rate: never waits past the burst", 0.25, False),
+    ],
+)
+def test_a_client_asking_one_at_a_time_is_slowed_never_refused(
+    case: str, gap_s: float, want_refused: bool
+) -> None:
+    r = cn.Rates(per_s=4.0, burst=8.0, max_wait_s=1.0)
+    now, refused = 0.0, False
+    for _ in range(200):
+        wait = r.take("10.0.0.1", now)
+        refused |= wait is None
+        now += (wait or 0.0) + gap_s  # the next asked once this one is answered
+    assert refused is want_refused, case
+
+
+def test_a_rates_forgets_the_sources_whose_bucket_is_full_again() -> None:
+    r = cn.Rates(per_s=1.0, burst=2.0)
+    for i in range(cn.PRUNE_AT):
+        r.take(f"10.0.{i // 256}.{i % 256}", 0.0)
+    r.take("late", 10.0)  # the others are full again by now: forgotten
+    assert set(r.level) == {"late"}
 
 
 def test_a_persons_cap_refuses_their_next_connection_and_serves_another_person() -> None:
@@ -72,12 +172,15 @@ def test_a_send_is_stalled_when_no_byte_leaves_for_the_limit(
 
 
 def test_the_settings_come_from_the_environment_and_bad_ones_are_one_line() -> None:
-    assert cn.limits_from_env({}) == cn.Limits(1024, 16, 10.0)
+    assert cn.limits_from_env({}) == cn.Limits(1024, 16, 10.0, 64, 64, 20.0)
     got = cn.limits_from_env({cn.MAX_CONNECTIONS_ENV: "50", cn.PER_PERSON_ENV: "3",
-                              cn.SEND_STALL_ENV: "2.5"})  # fmt: skip
-    assert got == cn.Limits(50, 3, 2.5) and got.check_s == 0.625
+                              cn.SEND_STALL_ENV: "2.5", cn.LOCAL_ENV: "8",
+                              cn.PER_ADDRESS_ENV: "5", cn.ANONYMOUS_RATE_ENV: "2.5"})  # fmt: skip
+    assert got == cn.Limits(50, 3, 2.5, 8, 5, 2.5) and got.check_s == 0.625
+    assert got.anonymous_burst == 5.0
     for name, bad in ((cn.SEND_STALL_ENV, "0"), (cn.PER_PERSON_ENV, "x"),
-                      (cn.MAX_CONNECTIONS_ENV, "-1")):  # fmt: skip
+                      (cn.MAX_CONNECTIONS_ENV, "-1"), (cn.LOCAL_ENV, "0"),
+                      (cn.PER_ADDRESS_ENV, "-3"), (cn.ANONYMOUS_RATE_ENV, "x")):  # fmt: skip
         with pytest.raises(InvalidCommand, match=name):
             cn.limits_from_env({name: bad})
 
@@ -124,3 +227,30 @@ def test_outside_a_served_request_a_read_is_released_when_it_ends() -> None:
     with pool.admitted("alice", read=True):
         assert pool._running == {"alice": 1}
     assert pool._running == {}
+
+
+def test_the_last_reads_are_kept_for_people_with_none_under_way() -> None:
+    """atk36-25 F3: eight people who each left two answers unread held everyone's 16 reads;
+    another person's were refused. Now a person with one under way is refused once
+    `max_waiting - fresh_reserve` are under way; the rest are for people with none."""
+    pool = ReadPool(lambda: None, _no_worker, per_caller=2, max_waiting=16, fresh_reserve=4)  # type: ignore[arg-type,return-value]
+    colluders = [f"u{i}" for i in range(8)]
+    held = []
+    for who in colluders * 2:  # each asks twice, reads nothing
+        try:
+            pool._admit(who, 0.0, 1200)
+        except TooBusy as err:
+            held.append((who, err))
+            continue
+        pool._running[who] = pool._running.get(who, 0) + 1
+    assert sum(pool._running.values()) == 12  # eight first reads and four second ones
+    assert len(held) == 4 and all("for people with none" in str(e) for _w, e in held)
+    for i in range(4):  # four other people are served
+        pool._admit(f"carol{i}", 0.0, 1200)
+        pool._running[f"carol{i}"] = 1
+    with pytest.raises(TooBusy, match="16 queries under way"):
+        pool._admit("dave", 0.0, 1200)  # the whole bound still holds
+
+
+async def _no_worker(fn: object) -> object:
+    raise AssertionError("not used")
