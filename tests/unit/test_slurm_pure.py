@@ -43,8 +43,9 @@ from ledger.engines.slurm import (
     words,
 )
 from ledger.engines.slurm.launching import cannot_start
+from ledger.engines.slurm.leaks import leaked_gpus
 from ledger.engines.slurm.shares import accounts_written
-from ledger.engines.slurm.words import leaked_gpus, partition_max_time, slurm_duration
+from ledger.engines.slurm.words import partition_max_time, slurm_duration
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import InvalidCommand, NotAuthorised

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ledger.engines.slurm.words import exit_code, slurm_time
 from schemas.events import EndReason
 
 OWN_END_SLACK_S = 1.0
@@ -109,3 +110,13 @@ def node_fail_ending(
         return None
     note = "NODE_FAIL: killed, no end record within KillWait"
     return Ending(slurm_code, kill_at + kill_wait_s, "node_failure", note)
+
+
+def sacct_end(rows: str, now: float) -> tuple[str, int, float]:
+    """Pure: (state, exit code, end) of a job from `sacct -n -P -X -o State,ExitCode,End`
+    ("", -1, `now` when it says nothing); its end is Slurm's End when it has one, never after
+    `now`."""
+    first = rows.strip().splitlines()[0].split("|") if rows.strip() else []
+    if len(first) != 3 or not first[0].split():
+        return "", -1, now
+    return first[0].split()[0], exit_code(first[1]), min(now, slurm_time(first[2]) or now)

@@ -3,8 +3,7 @@
 It runs `scontrol`, `sbatch`, `scancel` and `sacct` and reads their answers with
 `ledger.engines.slurm.words` (pure). What the ledger owns and what Slurm owns is in docs/slurm.md.
 Each cycle's `observe` reads every job once, then the partition's nodes: a run that ended with its
-node (NODE_FAIL) comes with the node's loss, which the ledger records first.
-"""
+node (NODE_FAIL) comes with the node's loss, which the ledger records first."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from pathlib import Path
 from ledger.core.state import Node
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
 from ledger.engines.accounts import RunAs, own_log, own_umask
-from ledger.engines.slurm.ends import answering, kill_wait
+from ledger.engines.slurm.ends import answering, kill_wait, sacct_end
 from ledger.engines.slurm.launching import (
     CANNOT_ENTER,
     CANNOT_START,
@@ -28,8 +27,10 @@ from ledger.engines.slurm.launching import (
     SIGNALLED,
     marked,
     never_ran,
+    never_starts,
     node_fail_end,
 )
+from ledger.engines.slurm.leaks import held_with, lasting, leaked_gpus
 from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
 from ledger.engines.slurm.stops import (
     Stopping,
@@ -46,7 +47,6 @@ from ledger.engines.slurm.tracked import Run, forget_stop, note_stop, noted_stop
 from ledger.engines.slurm.words import (
     ENDED,
     HOLDING,
-    NEVER_STARTS,
     UNTRACKED_OK,
     WAITING,
     SbatchUser,
@@ -55,9 +55,7 @@ from ledger.engines.slurm.words import (
     batch_script,
     check_config,
     end_reason,
-    exit_code,
     held_gpus,
-    leaked_gpus,
     node_changes,
     parse_jobs,
     parse_nodes,
@@ -65,7 +63,6 @@ from ledger.engines.slurm.words import (
     processes_end,
     real_end,
     sbatch_args,
-    slurm_time,
 )
 from schemas.errors import EngineError
 from schemas.events import EndReason
@@ -75,6 +72,7 @@ log = logging.getLogger("gpuledger.slurm")
 
 ENGINE = "slurm"
 _Changes = tuple[list[NodeChange], frozenset[str]]
+_NO_GPUS: Mapping[str, frozenset[int]] = {}
 
 
 def _always() -> bool:
@@ -138,8 +136,7 @@ class SlurmExecutor:
         after a restart, whose exact limit Slurm does not keep (it rounds up to minutes)."""
         self._foreign: dict[str, frozenset[int]] = {}
         self._gres_used: dict[str, tuple[int, ...]] = {}
-        self._leaked_seen: dict[str, frozenset[int]] = {}
-        self._leaked: dict[str, frozenset[int]] = {}
+        self._leaked_seen, self._leaked = _NO_GPUS, _NO_GPUS  # `leaks`: read last, held
         self._foreign_seen: set[str] = set()
         self._accounting: bool | None = None
         self.start_within_s = start_within_s
@@ -234,26 +231,14 @@ class SlurmExecutor:
         return found
 
     def _hold_leaked(self) -> None:
-        """GPUs Slurm counts allocated that no job holds (`words.leaked_gpus`), in two reads in
-        a row (a job allocated or freed between the read of the jobs and of the nodes is not
-        one), are held as foreign work's are, said once each time they change."""
+        """Hold GPUs Slurm counts allocated that no job holds, in two reads in a row (`leaks`)."""
         seen = leaked_gpus(self._gres_used, self._held())
-        lasting = {n: g & self._leaked_seen.get(n, frozenset()) for n, g in seen.items()}
-        lasting = {n: g for n, g in lasting.items() if g}
-        self._leaked_seen = seen
-        if lasting != self._leaked:
-            if lasting:
-                log.warning("Slurm counts GPUs %s allocated but no job holds them (its GRES "
-                            "bookkeeping; `scontrol -d show node` GresUsed): nothing is placed "
-                            "there until Slurm frees them (restarting slurmctld does)",
-                            {n: sorted(g) for n, g in lasting.items()})  # fmt: skip
-            else:
-                log.info("Slurm holds no GPU that no job holds any more")
-            self._leaked = lasting
-        foreign = {n: set(g) for n, g in self._foreign.items()}
-        for n, g in lasting.items():
-            foreign.setdefault(n, set()).update(g)
-        self._foreign = {n: frozenset(g) for n, g in foreign.items()}
+        now_leaked, self._leaked_seen = lasting(seen, self._leaked_seen), seen
+        if now_leaked != self._leaked:
+            log.warning("Slurm counts GPUs %s allocated but no job holds them (GresUsed): none "
+                        "is placed there until Slurm frees it", dict(now_leaked))  # fmt: skip
+            self._leaked = now_leaked
+        self._foreign = held_with(self._foreign, now_leaked)
 
     def _node_changes(self, nodes: Mapping[str, Node], now: float) -> _Changes:
         """The ledger's nodes follow Slurm's (`words.node_changes`; lost with a fence: `ends`),
@@ -748,19 +733,9 @@ class SlurmExecutor:
         return r.launch.time_limit_s if r.launch is not None else self.job_limit(r.job_id)
 
     def _never_starts(self, r: Run, j: SlurmJob, now: float) -> str:
-        """Why Slurm will not start this run (its reason says it never will, or it has waited
-        past `start_within_s`); "" while it may still start."""
-        if j.reason in NEVER_STARTS:
-            return f"Slurm will not start it: {j.reason}"
-        since = r.submitted_at
-        if since is None:
-            r.submitted_at = since = now  # adopted: its wait counts from now
-        if now - since >= self.start_within_s:
-            return (
-                f"Slurm did not start it within {self.start_within_s:.0f} s "
-                f"(Slurm's reason: {j.reason or 'none'})"
-            )
-        return ""
+        """Why Slurm will not start this run (`never_starts`; adopted: waiting from now)."""
+        r.submitted_at = now if r.submitted_at is None else r.submitted_at
+        return never_starts(j.reason, now - r.submitted_at, self.start_within_s)
 
     def _take_back(self, r: Run, why: str, now: float) -> None:
         """Cancel a run Slurm will not start; its job ends `launch_failed` with why."""
@@ -780,10 +755,7 @@ class SlurmExecutor:
                 rows = self._run(
                     ["sacct", "-n", "-P", "-X", "-j", r.slurm_id, "-o", "State,ExitCode,End"]
                 )
-                first = rows.strip().splitlines()[0].split("|") if rows.strip() else []
-                if len(first) == 3:
-                    state, code = first[0].split()[0], exit_code(first[1])
-                    at = min(now, slurm_time(first[2]) or now)  # Slurm's End, when it has one
+                state, code, at = sacct_end(rows, now)
             except EngineError as err:
                 log.warning("sacct: %s", err.line())
         if state in WAITING or state in HOLDING:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ledger.cycle.executor import Launch
 from ledger.engines.slurm.ends import Ending, OwnEnd, node_fail_ending
-from ledger.engines.slurm.words import SlurmJob
+from ledger.engines.slurm.words import NEVER_STARTS, SlurmJob
 
 LAUNCHED = "launched"
 CANNOT_ENTER = "cannot-enter"
@@ -145,3 +145,15 @@ def node_fail_end(
     return node_fail_ending(own_end(run_dir), signalled_at(run_dir), marked(run_dir, LAUNCHED),
                             j.end_time, j.exit_code, started, answered, kill_wait_s,
                             now)  # fmt: skip
+
+
+def never_starts(reason: str, waited_s: float, within_s: float) -> str:
+    """Pure: why Slurm will not start a submitted run: its pending reason says it never will
+    (`NEVER_STARTS`), or it has waited `within_s`; "" while it may still start."""
+    if reason in NEVER_STARTS:
+        return f"Slurm will not start it: {reason}"
+    if waited_s >= within_s:
+        return (
+            f"Slurm did not start it within {within_s:.0f} s (Slurm's reason: {reason or 'none'})"
+        )
+    return ""

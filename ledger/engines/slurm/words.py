@@ -409,23 +409,6 @@ def parse_nodes(text: str, partition: str) -> list[SlurmNode]:
     return sorted(out, key=lambda n: n.name)
 
 
-def leaked_gpus(
-    used: Mapping[str, Iterable[int]], held: Mapping[str, Iterable[int]]
-) -> dict[str, frozenset[int]]:
-    """Pure: the GPUs Slurm counts allocated on a node (`GresUsed`) that no job it lists holds
-    (`held`: every job's, and the runs submitted but not yet started). Slurm 22.05 can leave a
-    GPU so after slurmctld restarts with a job running that it requeued itself (its `dealloc of
-    node ... bad node_offset`): Slurm then starts nothing that asks for it, and its FIFO
-    scheduler nothing behind that either, until slurmctld restarts. Such GPUs are held as
-    foreign work's are: the ledger places nothing there."""
-    out = {}
-    for node, gpus in used.items():
-        left = frozenset(gpus) - frozenset(held.get(node, ()))
-        if left:
-            out[node] = left
-    return out
-
-
 def node_changes(
     slurm: Iterable[SlurmNode], ledger: Mapping[str, Node], fence_s: float = 0.0
 ) -> list[NodeChange]:

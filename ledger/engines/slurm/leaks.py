@@ -1,0 +1,41 @@
+"""GPUs Slurm counts allocated that no job holds (docs/slurm.md, "Foreign jobs").
+
+Slurm 22.05 can leave a GPU so: after slurmctld restarts while a job it requeued itself runs, the
+job's end fails to free it (`gres/gpu: job N dealloc of node vm bad node_offset`). Slurm then
+starts nothing that asks for that GPU and, with `sched/builtin`, nothing queued behind such a
+job either, until slurmctld restarts. The executor holds such GPUs as foreign work's, so the
+ledger places nothing there. Pure: the executor reads, these decide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+
+def leaked_gpus(
+    used: Mapping[str, Iterable[int]], held: Mapping[str, Iterable[int]]
+) -> dict[str, frozenset[int]]:
+    """Pure: the GPUs Slurm counts allocated on each node (`GresUsed`) that no job it lists
+    holds (`held`: every job's, and the runs submitted but not yet started)."""
+    out = {}
+    for node, gpus in used.items():
+        left = frozenset(gpus) - frozenset(held.get(node, ()))
+        if left:
+            out[node] = left
+    return out
+
+
+def lasting(
+    seen: Mapping[str, frozenset[int]], before: Mapping[str, frozenset[int]]
+) -> dict[str, frozenset[int]]:
+    """Pure: the leaks of this read that the read before showed too (one read may fall between
+    a job's allocation or end and its listing)."""
+    both = {n: g & before.get(n, frozenset()) for n, g in seen.items()}
+    return {n: g for n, g in both.items() if g}
+
+
+def held_with(
+    foreign: Mapping[str, frozenset[int]], leaks: Mapping[str, frozenset[int]]
+) -> dict[str, frozenset[int]]:
+    """Pure: foreign work's GPUs and the leaked ones, by node."""
+    return {n: foreign.get(n, frozenset()) | leaks.get(n, frozenset()) for n in {*foreign, *leaks}}
