@@ -437,6 +437,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         common: dict[str, Any] = dict(
             app=app, http=protocol_for(front.connections), lifespan="off", log_config=None,
             access_log=False, timeout_graceful_shutdown=SEND_WAIT_S,
+            ws="none",  # an Upgrade is a plain request, counted and freed (atk37-25 F6)
         )  # fmt: skip
         unix_server = _Server(uvicorn.Config(**common, uds=str(unix_path)))
         servers.append((unix_server, unix_sock))

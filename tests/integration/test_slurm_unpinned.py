@@ -30,12 +30,17 @@ def _free_port() -> int:
 def plain() -> Iterator[Cluster]:
     """A private single-node cluster whose 4 fake GPUs are `gpu:4` (stopped afterwards)."""
     data = Path(tempfile.mkdtemp(prefix="gpuledger-slurm-plain-"))
-    ctld = _free_port()
-    slurmd = next(p for p in iter(_free_port, None) if p != ctld)
-    env = {**os.environ, "GPULEDGER_SLURM_DATA": str(data), "GPULEDGER_SLURM_PINNED": "0",
-           "GPULEDGER_SLURMCTLD_PORT": str(ctld), "GPULEDGER_SLURMD_PORT": str(slurmd)}  # fmt: skip
-    done = subprocess.run([str(SLURM_SCRIPT), "up"], env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    for _ in range(3):  # a free port may be taken by another process before Slurm binds it
+        ctld = _free_port()
+        slurmd = next(p for p in iter(_free_port, None) if p != ctld)
+        ports = {"GPULEDGER_SLURMCTLD_PORT": str(ctld), "GPULEDGER_SLURMD_PORT": str(slurmd)}
+        env = {**os.environ, "GPULEDGER_SLURM_DATA": str(data), "GPULEDGER_SLURM_PINNED": "0",
+               **ports}  # fmt: skip
+        done = subprocess.run([str(SLURM_SCRIPT), "up"], env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        if done.returncode == 0 or "Address already in use" not in done.stderr:
+            break
+        subprocess.run([str(SLURM_SCRIPT), "down"], env=env, capture_output=True, timeout=120)
     try:
         assert done.returncode == 0, done.stderr
         conf = done.stdout.strip()

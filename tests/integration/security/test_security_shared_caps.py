@@ -328,3 +328,31 @@ def test_eight_people_leaving_pages_unread_leave_reads_for_another(world: World)
     while reads_under_way(w) > 0:
         assert time.monotonic() < deadline, "the closed connections' reads stayed counted"
         time.sleep(0.2)
+
+
+def test_websocket_upgrades_are_plain_requests_counted_and_freed(world: World) -> None:
+    """atk37-25 F6: uvicorn handed `Upgrade: websocket` to its WebSocket protocol, past the
+    connection count's release (and the token check): each such connection stayed counted for
+    good, and a few thousand locked TCP and the Unix socket out. Now an upgrade is a plain
+    request: more of them, one after another, than an address may hold at once all leave, and
+    the address is then served."""
+    w = world
+    upgrade = (b"GET /v1/health HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade"
+               b"\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13"
+               b"\r\n\r\n")  # fmt: skip
+    for _ in range(PER_ADDRESS + 6):
+        with contextlib.suppress(AssertionError, OSError):
+            once(tcp(w, "127.0.4.1"), upgrade)
+    time.sleep(0.5)
+    status, _h, text = once(tcp(w, "127.0.4.1"), head("/v1/whoami", w.tokens["carol"]))
+    assert status == 200, text
+    status, _h, text = once(unix(w), head("/v1/health"))
+    assert status == 200, text
+    held = []
+    try:  # the address's whole share is free again: 64 held, none refused
+        held = [tcp(w, "127.0.4.1") for _ in range(PER_ADDRESS - 1)]
+        status, _h, text = once(tcp(w, "127.0.4.1"), head("/v1/health"))
+        assert status != 429 or "connections open" not in text.decode(), text
+    finally:
+        for s in held:
+            s.close()
