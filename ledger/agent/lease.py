@@ -12,6 +12,8 @@ agent that waited for it lost every job of its node at the old lease's end: atk3
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 from pathlib import Path
 
 import msgspec
@@ -101,3 +103,24 @@ class NodeLease:
             until=until, node_lost_after_s=self.lost_after_s, node_fence_s=self.fence_s
         )
         write_atomic(self.path, msgspec.json.encode(data), sync=False)
+
+
+def others_may_write(state_dir: Path, uid: int) -> str:
+    """Why the agent's state directory is not its own ("" when it is, or does not exist yet):
+    another account that may write it may rewrite the node's lease (`{"until": 0}` stops every
+    job of the node; an unreadable one turned its fence off) and the runs' records
+    (atk37-28 F4). The directory must belong to the agent's account and be writable by it
+    alone; so must the lease file in it."""
+    for path in (state_dir, state_dir / "lease"):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            return f"{path} is a symbolic link"
+        if st.st_uid != uid or st.st_mode & 0o022:
+            return (
+                f"{path} may be written by other accounts (owner uid {st.st_uid}, mode "
+                f"{stat.S_IMODE(st.st_mode):04o})"
+            )
+    return ""

@@ -56,6 +56,7 @@ def _gpus(config: cfg.AgentConfig) -> tuple[int, str, str]:
 
 
 def _run(config: cfg.AgentConfig, drain: bool) -> int:
+    from ledger.agent.lease import others_may_write
     from ledger.agent.node import LEASE_FILE, STATUS_FILE, NodeAgent, Settings, short_hostname
     from ledger.engines.gpu_util import pick_source
     from ledger.engines.supervised import SupervisedExecutor
@@ -69,6 +70,12 @@ def _run(config: cfg.AgentConfig, drain: bool) -> int:
     node = config.node or short_hostname()
     count, gpu_type, source = _gpus(config)
     state = Path(config.state_dir)
+    foreign = others_may_write(state, os.geteuid())
+    if foreign:
+        raise InvalidCommand(
+            f"the agent's state directory is not its own: {foreign}",
+            hint="use a directory only the agent's account may write (chmod go-w)",
+        )
     util = pick_source(
         Path(config.utilisation_dir) if config.utilisation_dir else state / "utilisation"
     )

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import select
 import signal
@@ -294,12 +295,13 @@ def _start(rundir: Path, spec: dict[str, Any], tree: Tree) -> subprocess.Popen[b
 def lease_passed(lease: str, now: float) -> bool:
     """Whether the node's lease (`{"until": T}`, written by its agent at each contact with the
     server) has run out: past T the server may have called the node lost and its fence passed.
-    No lease file: no fence (the agent never had one)."""
+    No lease file: no fence (the agent never had one). A `until` that is not a finite number
+    (the agent never writes one) has run out: such a file never turns the fence off."""
     try:
         until = float(json.loads(Path(lease).read_bytes())["until"])
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return now > until
+    return not math.isfinite(until) or now > until
 
 
 def wait_leader(

@@ -5,6 +5,7 @@ renews its lease by the servers' keeps (atk36-28 F4)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,29 @@ def test_the_sizing_rule_says_what_the_lease_needs_when_it_is_short(
 ) -> None:
     got = too_short(lost, fence, delay, heartbeat, servers, answer_s=2.5)
     assert got == (None if want is None else pytest.approx(want)), case
+
+
+def test_a_state_directory_others_may_write_is_refused_and_a_garbage_lease_has_run_out(
+    tmp_path: Path,
+) -> None:
+    """atk37-28 F4: an agent ran in a mode-777 directory of another account; that account's
+    `{"until": 0}` killed the node's jobs, and `{"until": NaN}` turned the fence off."""
+    from ledger.agent.lease import others_may_write
+    from ledger.engines.supervise import lease_passed
+
+    own = tmp_path / "own"
+    own.mkdir(mode=0o700)
+    assert others_may_write(own, os.geteuid()) == ""
+    assert others_may_write(tmp_path / "absent", os.geteuid()) == ""
+    own.chmod(0o777)
+    assert "mode 0777" in others_may_write(own, os.geteuid())
+    own.chmod(0o700)
+    assert "owner uid" in others_may_write(own, os.geteuid() + 1)
+    (own / "lease").write_text('{"until": 1}')
+    (own / "lease").chmod(0o666)
+    assert "lease may be written" in others_may_write(own, os.geteuid())
+    for text in ('{"until": NaN}', '{"until": Infinity}', '{"until": -Infinity}'):
+        (own / "lease").write_text(text)
+        assert lease_passed(str(own / "lease"), 100.0), text
+    (own / "lease").write_text('{"until": 200.5}')
+    assert not lease_passed(str(own / "lease"), 100.0)
