@@ -201,3 +201,9 @@ class Ack(msgspec.Struct, frozen=True, kw_only=True):
     server_time: Epoch
     node_state: str = ""
     """The node's state in the ledger ("lost": the agent joins again, stopping its orphans)."""
+    node_lost_after_s: float | None = None
+    node_fence_s: float | None = None
+    """The answering server's node settings (`Registered`'s), at every contact: a server
+    restarted with a shorter fence, or another server leading with its own, shortens the node's
+    lease at once (learnt only at registration, a lease of the old length outlived the new
+    fence and a job ran twice: atk37-28 F1). None from an older server."""

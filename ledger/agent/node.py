@@ -522,6 +522,8 @@ class NodeAgent:
             with self._out_lock:  # kept, in order, before what came since
                 self.outbox = out.then(self.outbox)
             return False
+        if ack.node_fence_s is not None and ack.node_lost_after_s is not None:
+            self.lease.learn(ack.node_lost_after_s, ack.node_fence_s)  # atk37-28 F1
         self._contact(sent)
         if ack.node_state == "lost" and not self._kept_lost:
             self._rejoin = True

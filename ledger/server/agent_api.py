@@ -130,15 +130,26 @@ def agent_routes(
                 worker.service.take_reports(now)
 
         await worker.call(apply, write=True)
-        return a.Ack(server_time=clock(), node_state=_state(worker, data.node))
+        return _ack(worker, ex, data.node, clock())
 
     @post("/v1/agent/heartbeat", status_code=200, tags=["agent"], security=[{"bearer": []}])
     async def heartbeat(request: Request[Any, Any, Any], data: JSONBody[a.Heartbeat]) -> a.Ack:
         """The node's agent is alive."""
-        executor_for(request, data.node).touch(data.node, clock())
-        return a.Ack(server_time=clock(), node_state=_state(worker, data.node))
+        ex = executor_for(request, data.node)
+        ex.touch(data.node, clock())
+        return _ack(worker, ex, data.node, clock())
 
     return [register, poll, report, heartbeat]
+
+
+def _ack(worker: Worker, ex: AgentExecutor, node: str, now: float) -> a.Ack:
+    """The answer to a report or a heartbeat: the node's state and this server's settings."""
+    return a.Ack(
+        server_time=now,
+        node_state=_state(worker, node),
+        node_lost_after_s=ex.node_lost_after_s,
+        node_fence_s=ex.node_fence_s,
+    )
 
 
 def _state(worker: Worker, node: str) -> str:

@@ -660,3 +660,25 @@ def test_a_cancelled_jobs_gpus_show_stopping_until_its_node_says_it_is_gone(
     wait_for("its GPU free", lambda: node()["free_gpus"] == GPUS, 30, cluster.why)
     assert node()["stopping_gpus"] == []
     assert cluster.events("job.run_ended.v1")  # its end was reported: the fence let it go
+
+
+@with_flags(serve=("--node-fence", "5m"))
+def test_a_server_restarted_with_a_shorter_fence_shortens_the_nodes_lease_at_once(
+    cluster: Cluster,
+) -> None:
+    """atk37-28 F1: an agent learnt the node-lost timeout and fence only when it registered; a
+    server restarted with a shorter fence (its agents do not register again) fenced and ran a
+    job elsewhere while the node's lease, of the old length, kept the first launch alive. Every
+    answer to a report now carries the server's settings, and the lease follows them."""
+    c = cluster
+    lease = next(iter(c.agents.values())).state / "lease"
+
+    def lease_left() -> float:
+        return float(json.loads(lease.read_text())["until"]) - time.time()
+
+    wait_for("a 5-minute lease", lambda: lease.exists() and lease_left() > 200, 30, c.why)
+    assert c.server.stop(signal.SIGTERM) == 0
+    c.restart_server("--node-fence", "4s")
+    # node-lost 5 s + fence 4 s - margin 3 s: the lease is a few seconds long again
+    wait_for("the lease to follow the new fence", lambda: lease_left() < 10, 30, c.why)
+    assert json.loads(lease.read_text())["node_fence_s"] == 4.0
