@@ -1068,3 +1068,21 @@ def test_the_executor_holds_a_leaked_gpu_as_foreign_once_two_reads_see_it(tmp_pa
     assert ex.observe(102.0, ledger_nodes).foreign == {"vm": frozenset({1})}
     nodes_text[0] = LEAKY.replace("GresUsed=", "X=")
     assert ex.observe(103.0, ledger_nodes).foreign == {}
+
+
+def test_a_gpu_of_a_run_of_ours_is_never_taken_for_a_leak(tmp_path: Path) -> None:
+    """CI: a slurmctld recovered after a restart may list our running job without its GPUs
+    while GresUsed counts them: the run's own GPU is ours, not a leak held as foreign."""
+    from ledger.engines.slurm.executor import SlurmExecutor as Executor
+    from ledger.engines.slurm.tracked import Run
+
+    def run(args: list[str], stdin: str | None = None, env: object = None) -> str:
+        return LEAKY if args[-2:] == ["show", "node"] else ""
+
+    ex = Executor("gpuledger", LID, tmp_path)
+    ex._run = run  # type: ignore[method-assign]
+    ex._runs[5] = Run(5, 0, launch(GpuSlot(node="vm", gpu_indices=(1,))), slurm_id="41",
+                      started=True)  # fmt: skip
+    ledger_nodes = {"vm": node("vm")}
+    ex.observe(100.0, ledger_nodes)
+    assert ex.observe(101.0, ledger_nodes).foreign == {"vm": frozenset({3})}

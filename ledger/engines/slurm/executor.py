@@ -12,7 +12,7 @@ import logging
 import os
 import subprocess
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from ledger.core.state import Node
@@ -232,7 +232,7 @@ class SlurmExecutor:
 
     def _hold_leaked(self) -> None:
         """Hold GPUs Slurm counts allocated that no job holds, in two reads in a row (`leaks`)."""
-        seen = leaked_gpus(self._gres_used, self._held())
+        seen = leaked_gpus(self._gres_used, self._held(ours=True))
         now_leaked, self._leaked_seen = lasting(seen, self._leaked_seen), seen
         if now_leaked != self._leaked:
             log.warning("Slurm counts GPUs %s allocated but no job holds them (GresUsed): none "
@@ -267,16 +267,16 @@ class SlurmExecutor:
         self._view = {j.slurm_id: j for j in parse_jobs(text, self._parsed)}
         return True
 
-    def _held(self) -> dict[str, set[int]]:
-        """GPUs busy in Slurm now, plus those our submitted-but-not-started runs will take."""
+    def _held(self, ours: bool = False) -> dict[str, set[int]]:
+        """GPUs busy in Slurm now, plus those our submitted-but-not-started runs will take; with
+        `ours`, all our runs' and stops' (a recovered slurmctld may list a job without its GPUs)."""
+        busy: list[Mapping[str, Iterable[int]]] = [held_gpus(j, self._pinned) for j in self._view.values()]  # fmt: skip  # noqa: E501
+        busy += [{sl.node: sl.gpu_indices for sl in r.launch.slots} for r in self._runs.values() if r.slurm_id is not None and (ours or not r.started) and r.launch is not None]  # fmt: skip  # noqa: E501
+        busy += [stopping_gpus(self._stopping, self._view, self._pinned)] if ours else []
         held: dict[str, set[int]] = {}
-        for j in self._view.values():
-            for node, idx in held_gpus(j, self._pinned).items():
+        for gpus in busy:
+            for node, idx in gpus.items():
                 held.setdefault(node, set()).update(idx)
-        for r in self._runs.values():
-            if r.slurm_id is not None and not r.started and r.launch is not None:
-                for sl in r.launch.slots:
-                    held.setdefault(sl.node, set()).update(sl.gpu_indices)
         return held
 
     def _default_log(self, job: Launch, who: SbatchUser) -> Path:
