@@ -78,7 +78,9 @@ def test_a_cancelled_run_that_ignores_term_ends_and_is_charged_when_its_processe
     assert end["killed"] is True, end
     ledger.wait("its GPU free", lambda: _node(ledger)["free_gpus"] == 4)
     assert _node(ledger)["stopping_gpus"] == []
-    assert abs(end["ended_at"] - last) <= 2.0, (end, last)
+    # the end is Slurm's whole-second EndTime, read up to a cycle later; `last` is the last
+    # heartbeat the job wrote, up to a beat before it died (CI under load: 2.03 s)
+    assert abs(end["ended_at"] - last) <= 3.0, (end, last)
     row = ledger.jobs()[1]
     assert row["finish_reason"] == "cancelled" and row["finished_at"] == end["ended_at"], row
     charged = _charged(ledger, "alice")
