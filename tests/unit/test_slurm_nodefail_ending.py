@@ -143,3 +143,56 @@ def test_slurms_kill_at_the_launch_mark_is_noted_never_left_in_doubt(tmp_path: P
             os.killpg(bash.pid, signal.SIGKILL)
     assert marks["signalled"].exists()
     assert not marks["ran"].exists()
+
+
+@pytest.mark.parametrize("after_s", [0.1, 0.3, 0.6, 1.0, 1.5])
+def test_a_command_that_ends_well_on_slurms_term_ends_the_script_well(
+    tmp_path: Path, after_s: float
+) -> None:
+    """CI's red on the preemption test: a resumable job trapping TERM and exiting 0 was FAILED
+    in Slurm (its script exited 143), because bash reaped the command inside the signal's trap
+    and the wait loop took `kill -0` failing for a command that died of the signal. The real
+    script in bash, the job's every process SIGTERM'd as `scancel --signal=TERM --full` does:
+    the script ends with the command's own code, and its end record says so, signal noted."""
+    marks = {m: tmp_path / m for m in ("launched", "ended", "signalled")}
+    command = ("bash", "-c", "trap 'echo TERM; exit 0' TERM; while true; do sleep 0.2; done")
+    job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), command, None, "alice", "ai2/olmo")
+    script = tmp_path / "batch"
+    script.write_text(batch_script(job, launched_file=str(marks["launched"]),
+                                   ended_file=str(marks["ended"]),
+                                   signalled_file=str(marks["signalled"])))  # fmt: skip
+    bash = subprocess.Popen(["/bin/bash", str(script)], start_new_session=True,
+                            stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        time.sleep(after_s)
+        assert bash.poll() is None
+        os.killpg(bash.pid, signal.SIGTERM)
+        out, _ = bash.communicate(timeout=10)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bash.pid, signal.SIGKILL)
+    assert (bash.returncode, out) == (0, b"TERM\n")
+    code, _, noted = marks["ended"].read_text().split()
+    assert (code, noted) == ("0", "1") and marks["signalled"].exists()
+
+
+def test_a_command_the_signal_kills_ends_the_script_with_its_signal_code(tmp_path: Path) -> None:
+    """The other side of the above: a command that does not catch TERM dies of it, and the
+    script ends 143 (128 + SIGTERM) with that code in its end record, the signal noted."""
+    marks = {m: tmp_path / m for m in ("launched", "ended", "signalled")}
+    job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), ("sleep", "30"), None, "alice",
+                 "ai2/olmo")  # fmt: skip
+    script = tmp_path / "batch"
+    script.write_text(batch_script(job, launched_file=str(marks["launched"]),
+                                   ended_file=str(marks["ended"]),
+                                   signalled_file=str(marks["signalled"])))  # fmt: skip
+    bash = subprocess.Popen(["/bin/bash", str(script)], start_new_session=True)
+    try:
+        time.sleep(0.5)
+        os.killpg(bash.pid, signal.SIGTERM)
+        assert bash.wait(timeout=10) == 143
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bash.pid, signal.SIGKILL)
+    code, _, noted = marks["ended"].read_text().split()
+    assert (code, noted) == ("143", "1")

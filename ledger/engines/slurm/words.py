@@ -659,8 +659,9 @@ def batch_script(
     launched (`launched_file`, made empty: a run
     Slurm shows RUNNING is recorded started only once its script gets there, so one whose
     launch fails, JobLaunchFailure or that directory, never started), then the job's command
-    replaces the shell, so it gets the signals; or, with `ended_file`, runs as the script's
-    child, which waits for it (surviving the signals Slurm gives every process of the job, so
+    replaces the shell, so it gets the signals; or, with `ended_file`, runs in the script's
+    child (which writes the command's exit code: bash's `wait` cannot always say it), and the
+    script waits for it (surviving the signals Slurm gives every process of the job, so
     the command gets them itself; each one touches `signalled_file`) and then writes the run's
     end record, `<code> <epoch> <signalled: 0 or 1>`, and exits with its code: how it really
     ended when Slurm ends it NODE_FAIL (`ends`). A signal from before the launch mark until the
@@ -703,17 +704,24 @@ def batch_script(
         lines.append("exec " + command)
         return "\n".join(lines) + "\n"
     end, part = shlex.quote(ended_file), shlex.quote(ended_file + ".part")
+    code = shlex.quote(ended_file + ".code")
+    signals = "TERM INT HUP QUIT USR1 USR2 ALRM"
     lines += [
         "gpuledger_signalled=0",
-        # (an asynchronous command of a script ignores INT and QUIT: it gets them back)
-        f"{{ trap - INT QUIT; exec {command}; }} &",
+        # the command runs in a child that catches the signals (so the command, which gets them
+        # itself as Slurm signals the job's every process, has them as they were) and writes
+        # its code: bash's `wait` cannot say it once bash reaped the child inside a trap (it
+        # gave -1, and `kill -0` took a command that exited 0 for one the signal killed: the
+        # job FAILED in Slurm)
+        f"{{ trap : {signals}; {command}; {{ echo $? > {code}; }} 2>/dev/null; }} &",
         "gpuledger_pid=$!",
-        # a signal only interrupts the wait (the command gets it too: Slurm signals the job's
-        # every process); the wait goes on while the command lives (a zombie too: the next
-        # wait reaps it and says its code; one reaped meanwhile died of that signal)
-        f"trap 'gpuledger_sig=1; gpuledger_signalled=1;{noted}' TERM INT HUP QUIT USR1 USR2 ALRM",
-        'while gpuledger_sig=; wait "$gpuledger_pid"; gpuledger_rc=$?; [ -n "$gpuledger_sig" ] &&'
-        ' kill -0 "$gpuledger_pid" 2>/dev/null; do :; done',
+        # a signal only interrupts the wait, which begins again
+        f"trap 'gpuledger_sig=1; gpuledger_signalled=1;{noted}' {signals}",
+        'while gpuledger_sig=; wait "$gpuledger_pid"; gpuledger_rc=$?; [ -n "$gpuledger_sig" ];'
+        " do :; done",
+        # no code: the child was killed before its command ended (a signal at its start)
+        f"{{ read -r gpuledger_rc < {code}; }} 2>/dev/null || gpuledger_rc=143",
+        'case "$gpuledger_rc" in "" | *[!0-9]*) gpuledger_rc=143 ;; esac',
         f'{{ echo "$gpuledger_rc $EPOCHREALTIME $gpuledger_signalled" > {part} &&'
         f" mv -f -- {part} {end}; }} 2>/dev/null",
         'exit "$gpuledger_rc"',
