@@ -90,7 +90,11 @@ def test_a_cancel_waits_the_jobs_own_grace_and_records_the_runs_end(ledger: Ledg
     script = (f"trap 'date +%s.%N > {work}/term; sleep 5; date +%s.%N > {work}/saved; exit 0' "
               f"TERM; date +%s.%N > {work}/began; while true; do sleep 0.2; done")  # fmt: skip
     ledger.submit("alice", 1, script, "--grace", "20s")
-    ledger.wait("the job to run", lambda: (work / "began").exists())
+    # recorded running (its launch mark read), not only begun: a cancel in between is a
+    # cancel of a run the ledger has not seen start (its own race, not this test's point)
+    ledger.wait(
+        "the job to run", lambda: (work / "began").exists() and status(ledger, 1) == "running"
+    )
     ledger.cli("cancel", "1", actor="alice")
     saved_file = work / "saved"  # written by `date` once made: wait for its line
     _until("the job to save and end", lambda: saved_file.exists() and saved_file.read_text(), 60)
