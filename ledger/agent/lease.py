@@ -24,8 +24,12 @@ LEASE_MARGIN_S = 3.0
 """A lease runs out this much before the server may call its fence passed: a part looks at its
 lease once a second (`supervise.FENCE_CHECK_S`), so its SIGTERM and its SIGKILL after the grace
 each come up to a second late, and clocks differ."""
-RENEW_EVERY_S = 1.0
-"""The lease file is written at most this often (a renewal less than this later is skipped)."""
+RENEW_EVERY_S = 0.25
+"""The lease file is written at most this often (a renewal less than this later is skipped): so
+the file may say a contact up to this much older than the last one (the sizing rule counts it;
+once a second cost up to a second of every node lease)."""
+REFUSED_PAUSE_S = 1.0
+"""How long an agent's reporter and poller wait after a request no server took."""
 
 
 def too_short(
@@ -38,15 +42,17 @@ def too_short(
 ) -> float | None:
     """Pure: what the node's lease needs, in seconds, when it is shorter than that (None: long
     enough, or no lease, or no server keeps): the sizing rule of docs/ha.md. The lease was
-    renewed up to a heartbeat before the store went away; the servers keep it from their keep
-    delay on; an agent whose server froze reaches the next within a heartbeat and `answer_s` per
-    other server of its list, may be probing a frozen one again (`answer_s`, every
-    `SILENT_SKIP_S`) when the keeps begin, and asks again a second after each refusal."""
+    renewed up to a heartbeat (and `RENEW_EVERY_S`) before the store went away; a server keeps
+    it from its keep delay on. A request begun then reaches a keeping server past every silent
+    one of the list, `answer_s` each: each silent server is probed again once its pass
+    (`SILENT_SKIP_S`) runs out, on its own clock, so with k of them silent a request may spend
+    k x `answer_s` before it is kept, and all but one of the list may be silent (the rule
+    counted one: atk37-28 F3); one that ended on a refusal just before is begun again
+    `REFUSED_PAUSE_S` later."""
     if not node_fence_s or not keep_delay_s:
         return None
-    switch = (servers - 1) * answer_s
-    probe = answer_s if servers > 1 else 0.0
-    need = max(keep_delay_s, heartbeat_s + switch) + heartbeat_s + probe + 1.0
+    silent = (servers - 1) * answer_s
+    need = heartbeat_s + RENEW_EVERY_S + keep_delay_s + REFUSED_PAUSE_S + silent
     have = lease_until(0.0, node_lost_after_s, node_fence_s)
     return need if have <= need else None
 

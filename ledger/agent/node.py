@@ -17,7 +17,9 @@ polling delay); the main loop launches what is listed and not running, stops wha
 not listed, watches its processes every `check_every`, and reports starts, exits, samples and
 checkpoints (a heartbeat when there is nothing to say). Reports the server did not take are kept
 and sent again. Of a list of servers, one that does not answer within seconds (a frozen process
-accepts and never answers) is left for the next and passed over for a while (`ANSWER_S`), and
+accepts and never answers) is left for the next and passed over for a while (`ANSWER_S`), unless
+another server names it as the leader (a slow leader is asked again at once: every call here is
+idempotent), and
 every answer of a server that keeps the node's lease while its store is away renews the lease
 (`ledger.agent.lease`), before the first registration too. A node the server says is lost (or
 that lost contact for longer than the server's node-lost timeout) goes through steps 2-3 again.
@@ -40,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ledger.agent.lease import LEASE_MARGIN_S, NodeLease, too_short
+from ledger.agent.lease import LEASE_MARGIN_S, REFUSED_PAUSE_S, NodeLease, too_short
 from ledger.cycle.executor import Exit, Launch, Observed, Orders, Start
 from ledger.engines.gpu_util import UtilSource
 from ledger.engines.proc import write_atomic
@@ -174,8 +176,14 @@ class AgentClient:
         self.seen = seen if seen is not None else Seen()
 
     def call(self, method: str, path: str, body: Any, type: Any) -> Any:
+        """One call of the agent API, sent again to the next server (or the leader one names)
+        when a server let it time out: every call is idempotent (a registration, a heartbeat; a
+        report not taken is sent again with the next anyway), and a slow leader's stall ends in
+        an answer, not in a second's pause and a new request that may meet its next stall
+        (atk37-28 F2)."""
         data = None if body is None else msgspec.json.encode(body)
-        return msgspec.json.decode(self.client.request(method, path, data), type=type)
+        answer = self.client.request(method, path, data, idempotent=True)
+        return msgspec.json.decode(answer, type=type)
 
     def poll(self, node: str, since: str, wait_s: float) -> a.Assignment:
         from urllib.parse import urlencode
@@ -319,7 +327,7 @@ class NodeAgent:
                 if not warned:
                     log.warning("%s: %s (retrying)", what, err.line())
                     warned = True
-            self.stop_event.wait(1.0)
+            self.stop_event.wait(REFUSED_PAUSE_S)
         return None
 
     # --- the loop ------------------------------------------------------------------------------
@@ -363,7 +371,7 @@ class NodeAgent:
         client = self._client(0.0)
         while not self.stop_event.is_set():
             ok = self._send(client)
-            self.report_wake.wait(self.s.heartbeat_s if ok else 1.0)
+            self.report_wake.wait(self.s.heartbeat_s if ok else REFUSED_PAUSE_S)
             self.report_wake.clear()
 
     def _poller(self) -> None:
@@ -375,7 +383,7 @@ class NodeAgent:
                 asg = client.poll(self.s.node, version, self.s.poll_wait_s)
             except LedgerError as err:
                 self._error(err)
-                self.stop_event.wait(1.0)
+                self.stop_event.wait(REFUSED_PAUSE_S)
                 continue
             self._contact(sent)
             version = asg.version

@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import logging
 import math
@@ -527,17 +528,19 @@ class HAFront:
         self.ha.kept_at = time.monotonic()
         return self.ha.keeps()
 
-    async def _refuse(self, send: Send, why: str, keep: int = 0) -> None:
+    async def _refuse(self, send: Send, why: str, keep: int = 0, status: int = 503) -> None:
         leader = self.ha.leader_address()
         where = f"the leader is {leader}" if leader else "no server leads right now"
         hint = "retry: the CLI and agents find the leader from their list of servers"
+        if status == 504:
+            hint = "`gpuledger log` and `gpuledger jobs` say what the ledger holds"
         if self.ha.unreachable is not None:  # nobody can lead meanwhile: no leader to name
             leader, where = "", "reads still answer"
             hint = "retry once the store answers again; `gpuledger status` says when it does"
         body = msgspec.json.encode(
             api.Problem(
                 title="unavailable",
-                status=503,
+                status=status,
                 detail=f"{why}; {where}",
                 code="unavailable",
                 message=f"{why}; {where}",
@@ -556,12 +559,18 @@ class HAFront:
             headers.append((STORE_HEADER.encode(), b"away"))
         if keep:
             headers.append((KEEP_HEADER.encode(), str(keep).encode()))
-        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
     async def _forward(
         self, leader: str, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]
     ) -> None:
+        """Send the write to `leader` and its answer back, for as long as `leader` is the one
+        this server names: a leader frozen past its lease is named no more, and its successor
+        takes the write, this server itself or the one it names (a keyed write is answered
+        there by its key; a write without one is refused in one line, its fate unknown). A
+        cancel through a standby waited 10 s on a frozen leader, then the CLI its own 10 s
+        (atk37-28 F5)."""
         body, more = b"", True
         while more:
             message = await receive()
@@ -572,10 +581,19 @@ class HAFront:
         query = scope["query_string"].decode()
         path = scope["path"] + (f"?{query}" if query else "")
         sent = {k: v for k, v in headers.items() if k in FORWARDED} | {HOP_HEADER: "1"}
+        conn = _connection(leader)
+        call = asyncio.ensure_future(
+            asyncio.to_thread(_exchange, conn, scope["method"], path, body, sent)
+        )
+        while not call.done() and self.ha.leader_address() == leader and not self.ha.acting():
+            await asyncio.wait({call}, timeout=0.05)
+        if not call.done():  # another leads, or nobody: the leader never answered
+            _abandon(conn)
+            call.add_done_callback(lambda c: c.exception())  # its error is expected
+            await self._after_forward(leader, scope, body, send, headers)
+            return
         try:
-            status, reply, kind = await asyncio.to_thread(
-                _send, leader, scope["method"], path, body, sent
-            )
+            status, reply, kind = call.result()
         except OSError as err:
             await self._refuse(send, f"the leader did not answer ({err})")
             return
@@ -592,26 +610,66 @@ class HAFront:
         )
         await send({"type": "http.response.body", "body": reply})
 
+    async def _after_forward(
+        self, gone: str, scope: Scope, body: bytes, send: Send, headers: dict[str, str]
+    ) -> None:
+        """A write forwarded to `gone`, which leads no more before it answered: taken here if
+        this server leads now (or once it has taken up the lease's work), else refused 503
+        naming the leader now (the client goes there; its retry carries the write's key). A
+        write without a key may have been taken by `gone`: refused in one line, never sent
+        again (504)."""
+        if "idempotency-key" not in headers:
+            await self._refuse(
+                send,
+                f"the leader {gone} did not answer before it stopped leading: this write may "
+                "or may not have been taken (it carried no idempotency key); check before you "
+                "send it again",
+                status=504,
+            )
+            return
+        if await self._taking_over():
+            given = False
+
+            async def replay() -> Any:
+                nonlocal given
+                if given:
+                    return {"type": "http.disconnect"}
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            await self.app(scope, replay, self._stamped(send))
+            return
+        await self._refuse(send, f"the leader {gone} did not answer and leads no more")
+
 
 class _NodeOnly(msgspec.Struct):
     node: str = ""
 
 
-def _send(
-    url: str, method: str, path: str, body: bytes, headers: dict[str, str]
-) -> tuple[int, bytes, str]:
-    """One request to the leader at `url` (http or https); (status, body, content type)."""
+FORWARD_TIMEOUT_S = 30.0
+"""The longest a standby waits for the leader's answer to a forwarded write while it still
+names that leader (a leader that slow for so long is stuck, whatever its lease says)."""
+
+
+def _connection(url: str) -> http.client.HTTPConnection:
+    """A connection to the leader at `url` (http or https), not yet opened."""
     parts = urlsplit(url)
-    conn: http.client.HTTPConnection
     if parts.scheme == "https":
         import ssl
 
         ctx = ssl.create_default_context()
-        conn = http.client.HTTPSConnection(
-            parts.hostname or "", parts.port or 443, timeout=30, context=ctx
+        return http.client.HTTPSConnection(
+            parts.hostname or "", parts.port or 443, timeout=FORWARD_TIMEOUT_S, context=ctx
         )
-    else:
-        conn = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=30)
+    return http.client.HTTPConnection(
+        parts.hostname or "", parts.port or 80, timeout=FORWARD_TIMEOUT_S
+    )
+
+
+def _exchange(
+    conn: http.client.HTTPConnection, method: str, path: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, bytes, str]:
+    """One request on `conn`; (status, body, content type). Blocks: run in a thread."""
     try:
         conn.request(method, path, body=body, headers=headers)
         resp = conn.getresponse()
@@ -620,3 +678,12 @@ def _send(
         raise OSError(str(err)) from err
     finally:
         conn.close()
+
+
+def _abandon(conn: http.client.HTTPConnection) -> None:
+    """End a forward's wait at once (its thread's read fails): the thread is not held for the
+    rest of `FORWARD_TIMEOUT_S` by a leader that will never answer."""
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)

@@ -554,10 +554,11 @@ def run_as_words(config: ServeConfig) -> str:
 
 def _leadership(ledger: Ledger, config: ServeConfig, policy: Any) -> Leadership:
     """This server's side of the lease on the ledger's PostgreSQL store (refused in one line
-    when the leader runs with another lease, executor or policy)."""
+    when the leader runs with another lease, node settings, executor or policy)."""
     assert ledger.dsn is not None
     lease.setup(ledger.dsn)
-    lease.agree(ledger.dsn, config.lease.seconds)
+    node = (config.node_lost_after.seconds, config.node_fence.seconds)
+    lease.agree(ledger.dsn, config.lease.seconds, node)
     _agree_settings(ledger, config, policy)
     address = config.advertise
     if not address:
@@ -566,7 +567,7 @@ def _leadership(ledger: Ledger, config: ServeConfig, policy: Any) -> Leadership:
     holder = f"{socket.gethostname()}:{os.getpid()}:{ledger.ids()[:8]}"
     log.info("store %s: leading once the lease is free (lease %gs)", redacted(ledger.dsn),
              config.lease.seconds)  # fmt: skip
-    return Leadership(lease.Lease(ledger.dsn, holder, address, config.lease.seconds))
+    return Leadership(lease.Lease(ledger.dsn, holder, address, config.lease.seconds, node))
 
 
 def _agree_settings(ledger: Ledger, config: ServeConfig, policy: Any) -> None:

@@ -57,6 +57,8 @@ CREATE TABLE IF NOT EXISTS {LEADER_TABLE} (
 );
 INSERT INTO {LEADER_TABLE} VALUES (1, 0, '', '', '-infinity', now()) ON CONFLICT DO NOTHING;
 ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS lease_s double precision NOT NULL DEFAULT 0;
+ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS node_lost_s double precision;
+ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS node_fence_s double precision;
 CREATE TABLE IF NOT EXISTS {SERVERS_TABLE} (
     holder text PRIMARY KEY,
     address text NOT NULL,
@@ -125,10 +127,13 @@ def setup(dsn: str) -> None:
             con.execute("SELECT pg_advisory_unlock(7346010)")
 
 
-def agree(dsn: str, lease_s: float) -> None:
-    """Refuse (one line) a lease outside `LEASE_RANGE_S`, or one other than the lease of a
-    server leading the store now (every server on a store uses the same lease: the row carries
-    its length; it changes once nobody leads, with the next server that takes it)."""
+def agree(dsn: str, lease_s: float, node: tuple[float, float] | None = None) -> None:
+    """Refuse (one line) a lease outside `LEASE_RANGE_S`, or a lease or `node` settings (the
+    node-lost timeout and the fence, in seconds) other than those of a server leading the store
+    now. Every server on a store uses the same: the row carries them, and they change once
+    nobody leads, with the next server that takes it. A standby with another fence than the
+    leader that registered an agent ran that node's jobs elsewhere while the agent's lease,
+    renewed by the old fence, kept the first launch alive (atk37-28 F1)."""
     low, high = LEASE_RANGE_S
     if not low <= lease_s <= high:
         raise InvalidCommand(
@@ -137,14 +142,30 @@ def agree(dsn: str, lease_s: float) -> None:
         )
     with connect(dsn) as con:
         row = con.execute(
-            f"SELECT lease_s, address, expires_at > now() FROM {LEADER_TABLE} WHERE id = 1"
+            f"SELECT lease_s, address, expires_at > now(), node_lost_s, node_fence_s "
+            f"FROM {LEADER_TABLE} WHERE id = 1"
         ).fetchone()
-    if row is not None and row[2] and row[0] and abs(float(row[0]) - lease_s) > 1e-6:
+    if row is None or not row[2]:
+        return
+    who = row[1] or "?"
+    if row[0] and abs(float(row[0]) - lease_s) > 1e-6:
         raise InvalidCommand(
             f"the servers on this store use a lease of {float(row[0]):g}s (the leader "
-            f"{row[1] or '?'} holds one now); this server was given {lease_s:g}s",
+            f"{who} holds one now); this server was given {lease_s:g}s",
             hint=f"start it with --lease {float(row[0]):g}s: every server on a store uses the "
             "same lease; to change it, stop them all",
+        )
+    if node is None or row[3] is None or row[4] is None:
+        return  # a leader that records no node settings (an older server): nothing to match
+    theirs = (float(row[3]), float(row[4]))
+    if any(abs(a - b) > 1e-6 for a, b in zip(theirs, node, strict=True)):
+        flags = "--node-lost-after {:g}s --node-fence {:g}s"
+        raise InvalidCommand(
+            f"the servers on this store run {flags.format(*theirs)} (the leader {who} holds "
+            f"the lease now); this server was given {flags.format(*node)}",
+            hint=f"start it with {flags.format(*theirs)}: every server on a store counts "
+            "nodes lost and fences them alike (agents renew their lease by them); to change "
+            "them, stop them all",
         )
 
 
@@ -161,11 +182,20 @@ class Lease:
     """One server's side of the lease, on a connection of its own (never the store's pool: a
     busy pool must not delay a renewal)."""
 
-    def __init__(self, dsn: str, holder: str, address: str, lease_s: float) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        holder: str,
+        address: str,
+        lease_s: float,
+        node: tuple[float, float] | None = None,
+    ) -> None:
         self.dsn = dsn
         self.holder = holder
         self.address = address
         self.lease_s = lease_s
+        self.node = node
+        """(node-lost timeout, fence) in seconds, recorded in the row with each take (`agree`)."""
         self.epoch = 0
         self.deadline = 0.0
         """monotonic time until which this server may act as leader (0: it is not leader)."""
@@ -224,10 +254,12 @@ class Lease:
         sent = time.monotonic()
         rows = self._run(
             f"UPDATE {LEADER_TABLE} SET epoch = epoch + 1, holder = %s, address = %s, "
-            "expires_at = now() + make_interval(secs => %s), acquired_at = now(), lease_s = %s "
+            "expires_at = now() + make_interval(secs => %s), acquired_at = now(), lease_s = %s, "
+            "node_lost_s = %s, node_fence_s = %s "
             "WHERE id = 1 AND (expires_at < now() OR holder = %s) RETURNING epoch",
-            (self.holder, self.address, self.lease_s, self.lease_s, self.holder),
-        )
+            (self.holder, self.address, self.lease_s, self.lease_s, *(self.node or (None, None)),
+             self.holder),
+        )  # fmt: skip
         if not rows:
             return False
         self.epoch = int(rows[0][0])

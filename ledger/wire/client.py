@@ -41,9 +41,13 @@ LIST_TIMEOUT_S = 10.0
 accepts connections and answers nothing (a frozen process) is left for the next in seconds."""
 SILENT_SKIP_S = 5.0
 """How long a server of a list that let a request time out is passed over (`Silent`) while
-another server of the list is not: a frozen leader that the others still name costs its
-timeout once, not once per round of the list (each round of an agent's retries went back to
-it: atk36-28 F2)."""
+another server of the list is not, unless another server names it as the leader: a frozen
+server costs its timeout once, not once per round of the list (each round of an agent's retries
+went back to it: atk36-28 F2). A leader the others name is asked again whatever its silence: a
+server names a leader only while the store answers it and that leader's lease runs, and that
+leader is the only one that can take the request (a leader that took 2.6-2.8 s to answer was
+passed over for 5 s at a time and its agents' nodes were counted lost: atk37-28 F2); a frozen
+one is named no longer than its lease."""
 
 
 class Silent:
@@ -159,11 +163,19 @@ class Client:
         return self._servers[self._at]
 
     def request(
-        self, method: str, path: str, body: bytes | None = None, *, key: str | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        *,
+        key: str | None = None,
+        idempotent: bool = False,
     ) -> bytes:
         """One request, to the leader: the servers of the list in turn (the one a standby names
         first) until one answers or `retry_s()` has passed. A write is retried only with its
-        idempotency `key` (then a retry after a lost answer is answered, not appended twice)."""
+        idempotency `key` (then a retry after a lost answer is answered, not appended twice),
+        or when it is `idempotent` by itself (the agent API's: a report not answered is sent
+        again anyway)."""
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/json"
@@ -173,7 +185,8 @@ class Client:
             headers["Idempotency-Key"] = key
         if method == "GET" and self.position:
             headers["X-Gpuledger-Min-Position"] = str(self.position)
-        may_retry = method == "GET" or key is not None  # safe to send again after a lost answer
+        # safe to send again after a lost answer
+        may_retry = method == "GET" or key is not None or idempotent
         deadline = time.monotonic() + (retry_s() if len(self.urls) > 1 else 0.0)
         busy_until = time.monotonic() + retry_s()  # a 429 is waited out this long at most
         tried = 0
@@ -235,14 +248,17 @@ class Client:
             return data
 
     def _next(self, tried: int, leader: str = "", *, pause: bool = True) -> set[str]:
-        """Go to the server `leader` names (when it is in the list), else the next one, passing
-        over the silent ones (`Silent`) while one of the list is not; after a whole round, wait
-        a little (the servers may be electing). Returns the URLs passed over."""
+        """Go to the `leader` a server names (when it is in the list, silent or not: see
+        `SILENT_SKIP_S`), else the next one, passing over the silent ones (`Silent`) while one
+        of the list is not; after a whole round, wait a little (the servers may be electing).
+        Returns the URLs passed over."""
         now = time.monotonic()
         n = len(self._servers)
-        first = self.urls.index(leader) if leader in self.urls else (self._at + 1) % n
+        named = leader in self.urls
+        first = self.urls.index(leader) if named else (self._at + 1) % n
         order = [(first + i) % n for i in range(n)]
-        heard = [i for i in order if not self.silent.skipped(self.urls[i], now)]
+        heard = [i for i in order if (named and i == first)
+                 or not self.silent.skipped(self.urls[i], now)]  # fmt: skip
         self._at = heard[0] if heard else first
         passed = {self.urls[i] for i in order if i not in heard and i != self._at}
         if pause and n > 1 and tried % n == 0:
