@@ -66,6 +66,13 @@ class Pg:
 @pytest.fixture
 def pg_pair() -> Iterator[Pg]:
     """A primary and its synchronous standby on free ports, in a directory of their own."""
+    with own_pair() as pg:
+        yield pg
+
+
+@contextlib.contextmanager
+def own_pair() -> Iterator[Pg]:
+    """A primary and its synchronous standby on free ports, in a directory of their own."""
     data = Path(tempfile.mkdtemp(prefix="gpuledger-pgpair-", dir="/tmp"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_PG")}
     env |= {"GPULEDGER_PG_DATA": str(data), "GPULEDGER_PG_PORT": str(free_port()),
