@@ -44,19 +44,39 @@ SLURM_FILES = "test_slurm"
 """The test files (`tests/integration/test_slurm*.py`) that share the suite's one Slurm cluster
 (the session fixture `cluster` of test_slurm.py): one set of GPUs, with its own foreign jobs."""
 
+PG_OUTAGE = "test_pg_outage_"
+"""The test files (`tests/integration/test_pg_outage_*.py`) that share one PostgreSQL primary and
+standby (`pg_outage_pair`, each test on a fresh database of it): one group, on one worker."""
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`scripts/test` runs the suite on two workers (pytest-xdist, `--dist loadgroup`). Each test
     file is one group, run on one worker in its order, as it runs alone: its module-scoped
     fixtures (a server, a ledger) are made once, and a test may build on the one before it.
-    Every test of the Slurm files is in one group: they share the suite's one cluster."""
+    Every test of the Slurm files is in one group: they share the suite's one cluster; so are
+    the PostgreSQL outage files, which share one PostgreSQL pair.
+
+    The Slurm group comes first, the others in file order (the integration files, then the unit
+    ones): `scripts/test` passes `--no-loadscope-reorder`, so a worker takes the groups in this
+    order. The Slurm group is the longest (~18 of the suite's minutes, on one worker): started
+    first, the other worker takes everything else beside it. xdist's own order (the groups with
+    the most tests first) started it halfway and left files of one long test, such as
+    test_pg_outage_*.py, to the end, each one a tail that one worker ran alone."""
+    slurm: list[pytest.Item] = []
+    rest: list[pytest.Item] = []
     for item in items:
         if item.path.parent.name == "integration" and item.path.name.startswith(SLURM_FILES):
             group = "slurm"
+            slurm.append(item)
+        elif item.path.parent.name == "integration" and item.path.name.startswith(PG_OUTAGE):
+            group = "pg_outage"  # one PostgreSQL pair for them all (pgoutkit.py)
+            rest.append(item)
         else:
             group = f"{item.path.parent.name}/{item.path.stem}"
+            rest.append(item)
         item.add_marker(pytest.mark.xdist_group(group))
+    items[:] = slurm + rest
 
 
 T0 = 1_000.0

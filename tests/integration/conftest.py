@@ -234,3 +234,17 @@ def own_broker(tmp_path: Path) -> Iterator[Broker]:
                 "ignore", rf"unclosed <socket\.socket .*raddr=\('[^']*', {port}\)>", ResourceWarning
             )
             gc.collect()
+
+
+# --- PostgreSQL: the outage tests' pair ---------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_outage_pair() -> Iterator[Any]:
+    """One primary with its synchronous standby for every test_pg_outage_*.py test (they are one
+    xdist group: `tests/conftest.py`), each on a fresh database of it (`pgoutkit.pg_pair`):
+    starting a pair took 7-25 s per test."""
+    from tests.integration.test_pg_failover import own_pair
+
+    with own_pair() as pg:
+        yield pg

@@ -31,6 +31,9 @@ from tests.integration.test_node_agents import (  # noqa: F401 (fixtures)
 )
 
 ROUNDS = int(os.environ.get("GPULEDGER_KILL_ROUNDS", "1"))
+LATE_S = 30
+"""The late jobs of 6.: each outlives the stop of its node (node-lost 5 s, then 7 s past it: the
+fence and the grace) by ~15 s, and a requeued one runs again as long (it was 45 s)."""
 
 
 def script(seen: Path, secs: float) -> str:
@@ -110,7 +113,7 @@ def test_the_kill_matrix_double_books_nothing_and_runs_nothing_twice(
     #    fence is requeued: the ledger cannot know it completed; docs/agent.md)
     first = lambda: all(c.job(j)["status"] == "finished" for j in jobs)  # noqa: E731
     wait_for("the first jobs to end", first, 300, c.why)
-    late = [c.submit(1, script(seen, 45), "--resumable") for _ in range(3)]
+    late = [c.submit(1, script(seen, LATE_S), "--resumable") for _ in range(3)]
     jobs += late
     late_running = lambda: [j for j in running() if j in late] or None  # noqa: E731
     node = node_of(wait_for("a late job to run", late_running, 90, c.why)[0])

@@ -11,9 +11,7 @@ usual (the stopped leader's successor at its address says it is gone)."""
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,54 +19,30 @@ from ledger.wire.client import Client
 from schemas import commands as c
 from schemas.errors import LedgerError
 from tests.integration import waits
-from tests.integration.hakit import log_events, make_group, wait_cycled_after
-from tests.integration.serverkit import BUDGET, cli, make_token
-from tests.integration.test_node_agents import Agent
-from tests.integration.test_pg_failover import Pg, pg_pair  # noqa: F401 (the fixture)
-
-JOB = (
-    "trap 'echo term >> \"{dir}/$GPULEDGER_JOB_ID\"' TERM; sleep 100000 & "
-    'echo "start $$ $!" >> "{dir}/$GPULEDGER_JOB_ID"; while true; do sleep 0.5; done'
+from tests.integration.hakit import log_events, wait_cycled_after
+from tests.integration.pgoutkit import (
+    JOB,
+    NODE_LOST_S,
+    agent_world,
+    pg_pair,  # noqa: F401 (the fixture)
 )
-"""A job whose leader forks a child; it writes both pids, and says so if it is signalled."""
-NODE_LOST_S, FENCE_S = 3, 12
-"""The node's lease is 3 + 12 - 3 = 12 s (`LEASE_MARGIN_S`): above a server's keep delay with
-the tests' 2 s lease (7.7 s, `ledger.server.ha.keep_timing`) and the time to switch servers
-(the sizing rule of docs/ha.md: 11.7 s with two servers and 0.5 s heartbeats)."""
+from tests.integration.pgoutkit import alive as _alive
+from tests.integration.serverkit import cli
+from tests.integration.test_pg_failover import Pg
+
 OUTAGE_S = 40.0
 """More than three node leases."""
 STOP_AT_S = 8.0
 """When the leader is stopped: after the acting leader's own keeps, before anyone else's."""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-
-
 def test_postgresql_down_and_the_leader_stopped_meanwhile_kills_no_job(
     tmp_path: Path,
     pg_pair: Pg,  # noqa: F811
 ) -> None:
-    home = tmp_path / "server-0"
-    cli(home, "init", "--admin", "root", "--store", pg_pair.dsn)
-    budget = tmp_path / "budget.toml"
-    budget.write_text(BUDGET)
-    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
     nodes = ("node-a", "node-b")
-    for node in nodes:
-        cli(home, "node", "add", node, "--gpus", "2", "--gpu-type", "sim", GPULEDGER_USER="root")
-    node_tokens = {n: make_token(home, "--node", n, "--name", n) for n in nodes}
-    token = make_token(home, "--user", "alice")
-    marks = Path(tempfile.mkdtemp(prefix="gpuledger-marks-"))
-    marks.chmod(0o1777)  # the jobs run as nobody
-    g = make_group(tmp_path, pg_pair.dsn, 2, "--executor", "agents", "--run-as", "service",
-                   "--interval", "0.5s", "--node-lost-after", f"{NODE_LOST_S}s",
-                   "--node-fence", f"{FENCE_S}s", "--grace", "1s", home=home)  # fmt: skip
-    agents = [Agent(n, tmp_path / n, node_tokens[n], g.urls, tmp_path / f"{n}.log") for n in nodes]
+    w = agent_world(tmp_path, pg_pair.dsn, nodes)
+    home, g, agents, token, marks = w.home, w.group, w.agents, w.token, w.marks
     client = Client(g.urls, token, timeout=30)
     ids: list[int] = []
     running: dict[str, list[int]] = {}

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,11 +29,16 @@ from schemas import commands as c
 from schemas.errors import LedgerError
 from schemas.units import Duration
 from tests.integration import waits
-from tests.integration.hakit import LEASE, Member, log_events, make_group, wait_cycled_after
-from tests.integration.serverkit import BUDGET, cli, make_token
-from tests.integration.test_node_agents import Agent
-from tests.integration.test_pg_failover import Pg, pg_pair  # noqa: F401 (the fixture)
-from tests.integration.test_pg_outage_agents import FENCE_S, JOB, NODE_LOST_S
+from tests.integration.hakit import LEASE, Member, log_events, wait_cycled_after
+from tests.integration.pgoutkit import (
+    FENCE_S,
+    JOB,
+    NODE_LOST_S,
+    agent_world,
+    pg_pair,  # noqa: F401 (the fixture)
+)
+from tests.integration.pgoutkit import alive as _alive
+from tests.integration.test_pg_failover import Pg
 
 NODE_LEASE_S = NODE_LOST_S + FENCE_S - 3
 FROZEN_S = NODE_LEASE_S + 3.0
@@ -43,34 +47,13 @@ RESTARTED_S = NODE_LEASE_S + 4.0
 """How long the restarted agent runs without its store before it comes back."""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-
-
 def test_a_frozen_leader_and_an_agent_restarted_without_its_store_kill_no_job(
     tmp_path: Path,
     pg_pair: Pg,  # noqa: F811
 ) -> None:
-    home = tmp_path / "server-0"
-    cli(home, "init", "--admin", "root", "--store", pg_pair.dsn)
-    budget = tmp_path / "budget.toml"
-    budget.write_text(BUDGET)
-    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
     nodes = ("node-a", "node-b")
-    for node in nodes:
-        cli(home, "node", "add", node, "--gpus", "2", "--gpu-type", "sim", GPULEDGER_USER="root")
-    node_tokens = {n: make_token(home, "--node", n, "--name", n) for n in nodes}
-    token = make_token(home, "--user", "alice")
-    marks = Path(tempfile.mkdtemp(prefix="gpuledger-marks-"))
-    marks.chmod(0o1777)  # the jobs run as nobody
-    g = make_group(tmp_path, pg_pair.dsn, 2, "--executor", "agents", "--run-as", "service",
-                   "--interval", "0.5s", "--node-lost-after", f"{NODE_LOST_S}s",
-                   "--node-fence", f"{FENCE_S}s", "--grace", "1s", home=home)  # fmt: skip
-    agents = [Agent(n, tmp_path / n, node_tokens[n], g.urls, tmp_path / f"{n}.log") for n in nodes]
+    w = agent_world(tmp_path, pg_pair.dsn, nodes)
+    home, g, agents, token, marks = w.home, w.group, w.agents, w.token, w.marks
     client = Client(g.urls, token, timeout=30)
     ids: list[int] = []
     running: dict[str, list[int]] = {}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -17,10 +16,9 @@ from ledger.wire.client import Client
 from schemas import commands as c
 from schemas.errors import LedgerError, Unavailable
 from tests.integration import waits
-from tests.integration.hakit import make_group, wait_cycled_after
-from tests.integration.serverkit import BUDGET, cli, make_token
-from tests.integration.test_node_agents import Agent
-from tests.integration.test_pg_failover import Pg, pg_pair  # noqa: F401 (the fixture)
+from tests.integration.hakit import wait_cycled_after
+from tests.integration.pgoutkit import agent_world, pg_pair  # noqa: F401 (the fixture)
+from tests.integration.test_pg_failover import Pg
 
 JOB = (
     "trap 'echo term >> \"{dir}/$GPULEDGER_JOB_ID\"; exit 0' TERM; "
@@ -30,33 +28,23 @@ JOB = (
 OUTAGE_S = 40.0
 """More than three node leases (3 s + 12 s - 3 s); the fence keeps the lease longer than a
 server's keep delay with the tests' 2 s lease (7.7 s, `ledger.server.ha.keep_timing`)."""
+JOB_S = int(OUTAGE_S) + 20
+"""The jobs outlive the outage, and end ~10 s after the store is back (they ran 40 s more)."""
 
 
 def test_postgresql_down_longer_than_the_node_fence_kills_no_job_and_forgets_no_token(
     tmp_path: Path,
     pg_pair: Pg,  # noqa: F811
 ) -> None:
-    home = tmp_path / "server-0"
-    cli(home, "init", "--admin", "root", "--store", pg_pair.dsn)
-    budget = tmp_path / "budget.toml"
-    budget.write_text(BUDGET)
-    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
-    cli(home, "node", "add", "node-a", "--gpus", "2", "--gpu-type", "sim", GPULEDGER_USER="root")
-    node_token = make_token(home, "--node", "node-a", "--name", "node-a")
-    token = make_token(home, "--user", "alice")
-    marks = Path(tempfile.mkdtemp(prefix="gpuledger-marks-"))
-    marks.chmod(0o1777)  # the jobs run as nobody
-    g = make_group(tmp_path, pg_pair.dsn, 2, "--executor", "agents", "--run-as", "service",
-                   "--interval", "0.5s", "--node-lost-after", "3s", "--node-fence", "12s",
-                   "--grace", "1s", home=home)  # fmt: skip
-    agent = Agent("node-a", tmp_path / "node-a", node_token, g.urls, tmp_path / "node-a.log")
+    w = agent_world(tmp_path, pg_pair.dsn, ("node-a",))
+    g, (agent,), token, marks = w.group, w.agents, w.token, w.marks
     try:
         for m in g.members:
             g.start(m)
         leader = g.leader()
         agent.start()
         client = Client(g.urls, token, timeout=30)
-        command = ("sh", "-c", JOB.format(dir=marks, secs=int(OUTAGE_S) + 40))
+        command = ("sh", "-c", JOB.format(dir=marks, secs=JOB_S))
         ids = set()
         for _ in range(2):
             got = client.execute(c.SubmitJob(actor="", account="ai2/olmo", gpus=1,

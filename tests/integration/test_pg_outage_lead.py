@@ -14,10 +14,11 @@ from ledger.wire.client import Client
 from schemas import commands as c
 from tests.integration import waits
 from tests.integration.hakit import Group, Member, log_events, wait_cycled_after
+from tests.integration.pgoutkit import pg_pair
 from tests.integration.serverkit import cli
-from tests.integration.test_pg_failover import Pg, Submitters, pair_group, pg_pair
+from tests.integration.test_pg_failover import Pg, Submitters, pair_group
 
-__all__ = ["pair_group", "pg_pair"]  # the fixtures, shared with test_pg_failover
+__all__ = ["pair_group", "pg_pair"]  # the fixtures: test_pg_failover's group on a fresh database
 
 OUTAGE_S = 40.0
 """Long enough for psycopg_pool's doubling pause between connection attempts to pass 16 s."""

@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -223,8 +224,13 @@ def test_embedded_and_client_modes_print_byte_identical_output(tmp_path: Path) -
         url["GPULEDGER_URL"] = server.url
         _one_cycle(server)
         head = server.head()
-        over_http = [cli(nowhere, *r, cwd=tmp_path, **url).stdout for r in reads]
-        over_socket = [cli(home, *r, cwd=tmp_path).stdout for r in reads]
+        # four CLI processes at a time (each is mostly its own start): the server answers
+        # reads side by side, and the log may not move under them (checked below)
+        with ThreadPoolExecutor(4) as pool:
+            by_http = [pool.submit(cli, nowhere, *r, cwd=tmp_path, **url) for r in reads]
+            by_sock = [pool.submit(cli, home, *r, cwd=tmp_path) for r in reads]
+            over_http = [f.result().stdout for f in by_http]
+            over_socket = [f.result().stdout for f in by_sock]
         assert server.head() == head, "the log moved under the reads"
     finally:
         assert server.stop() == 0

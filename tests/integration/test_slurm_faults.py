@@ -1,9 +1,10 @@
-"""The kill matrix on Slurm, with real jobs that fork children on the fake GPUs: a 60 s slurmd
-outage (kill -9, restarted after 60 s: past SlurmdTimeout, so Slurm gives the node up), a 60 s
-slurmctld outage (kill -9, restarted after 60 s), and `scontrol update state=down` then
-`state=resume` within 2 s. The same checker as the node agents' matrix (`jobwatch`: the jobs'
-own logs and /proc) finds 0 GPU-seconds double-booked, 0 jobs alive in two launches, 0 completed
-jobs run again, and `audit check` agrees.
+"""The kill matrix on Slurm, with real jobs that fork children on the fake GPUs: a slurmd outage
+(kill -9, restarted once Slurm has given the node up past SlurmdTimeout and the ledger has
+recorded it lost), a 40 s slurmctld outage (kill -9, restarted after 40 s: past SlurmdTimeout and
+SlurmctldTimeout, and past the end of every run it left running), and `scontrol update
+state=down` then `state=resume` within 2 s. The same checker as the node agents' matrix
+(`jobwatch`: the jobs' own logs and /proc) finds 0 GPU-seconds double-booked, 0 jobs alive in
+two launches, 0 completed jobs run again, and `audit check` agrees.
 
 The suite runs one round; `scripts/kill_matrix` runs $GPULEDGER_KILL_ROUNDS (3)."""
 
@@ -28,7 +29,14 @@ from tests.integration.test_slurm import (  # noqa: F401 (fixtures)
 )
 
 ROUNDS = int(os.environ.get("GPULEDGER_KILL_ROUNDS", "1"))
-OUTAGE_S = 60
+SLURMD_TIMEOUT_S = 30
+"""scripts/slurm/slurm's SlurmdTimeout (and SlurmctldTimeout)."""
+OUTAGE_S = SLURMD_TIMEOUT_S + 10
+"""The slurmctld outage: past both timeouts, and past the end of the runs it leaves running (each
+ran 8 s or more of its 20-40 s before the kill), so some end while it is away (F9)."""
+HELD_DOWN_S = 5.0
+"""How long slurmd stays away once the ledger recorded its node lost (the jobs Slurm failed with
+the node are read meanwhile)."""
 
 
 @pytest.mark.parametrize("round_", range(ROUNDS))
@@ -60,21 +68,31 @@ def test_slurm_outages_and_a_down_node_double_book_nothing_and_run_nothing_twice
     def running() -> list[int]:
         return [j for j, x in ledger.jobs().items() if x["status"] == "running"]
 
+    def slurm_says_down() -> bool:
+        out = c.run("sinfo", "-h", "-N", "-p", c.partition, "-o", "%T", check=False)
+        return any(w.rstrip("*~#!%$@^-").lower() == "down" for w in out.split())
+
     def node_state() -> str:
         (n,) = json.loads(ledger.cli("node", "list", "--json"))
         return str(n["state"])
 
-    ledger.up()
     times: dict[str, float] = {}
-    # 1. a 60 s slurmd outage: Slurm gives the node up after SlurmdTimeout (30 s) while the
-    #    jobs' processes live on under slurmstepd; slurmd comes back and the node returns
+    ledger.up()
+    # 1. a slurmd outage: Slurm gives the node up after SlurmdTimeout (30 s) while the jobs'
+    #    processes live on under slurmstepd, and the ledger records it lost; slurmd comes back
+    #    (it used to be a fixed 60 s: Slurm gave up at ~35-45 s) and the node returns
     batch(4)
     ledger.wait("jobs to run", lambda: len(running()) >= 2, timeout=120)
     os.kill(c.daemon_pid("slurmd"), signal.SIGKILL)
-    time.sleep(OUTAGE_S)
+    killed = time.monotonic()
+    ledger.wait("Slurm to give the node up", lambda: slurm_says_down() and
+                node_state() == "lost", timeout=180)  # fmt: skip
+    assert time.monotonic() - killed >= SLURMD_TIMEOUT_S - 1, "down before SlurmdTimeout?"
+    times["slurmd kill to node lost"] = time.monotonic() - killed
+    time.sleep(HELD_DOWN_S)
     c.up()
     ledger.wait("the node to be active", lambda: node_state() == "active", timeout=180)
-    # 2. a 60 s slurmctld outage (it saves its state a few seconds after a change: killed
+    # 2. a 40 s slurmctld outage (it saves its state a few seconds after a change: killed
     #    sooner, it comes back without the newest runs)
     batch(4)
     ledger.wait("jobs to run", lambda: len(running()) >= 2, timeout=180)

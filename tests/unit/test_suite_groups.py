@@ -57,3 +57,41 @@ def test_no_two_test_files_share_a_name() -> None:
 
     names = Counter(p.name for p in Path(__file__).parents[1].rglob("test_*.py"))
     assert [n for n, k in names.items() if k > 1] == []
+
+
+def test_the_slurm_group_is_taken_first_and_the_postgresql_outage_files_are_one_group(
+    tmp_path: Path,
+) -> None:
+    """`scripts/test` passes `--no-loadscope-reorder`: a worker takes the groups in the order the
+    hook gives them, the Slurm files first (the longest group: taken halfway, it was the run's
+    tail), then the other files in their order. xdist's own order (the groups with the most tests
+    first) would take the unit file of 10 tests first and the one-test files last. The
+    PostgreSQL outage files are one group (they share one pair: `pg_outage_pair`)."""
+    assert "--no-loadscope-reorder" in (REPO / "scripts" / "test").read_text()
+    tree = tmp_path / "tests" / "integration"
+    tree.mkdir(parents=True)
+    (tmp_path / "conftest.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
+    )
+    one = "def test_0():\n    pass\n"
+    for name in ("test_aaa", "test_pg_outage_a", "test_pg_outage_b", "test_zzz"):
+        (tree / f"{name}.py").write_text(one)
+    (tree / "test_slurm_a.py").write_text(TESTS.replace("time.sleep(0.2)", "pass"))
+    (tmp_path / "tests" / "unit").mkdir()
+    (tmp_path / "tests" / "unit" / "test_many.py").write_text(
+        "".join(f"def test_{i}():\n    pass\n\n\n" for i in range(10))
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "1",
+         "--dist", "loadgroup", "--no-loadscope-reorder", "-v", "--rootdir", str(tmp_path),
+         str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    ran = re.findall(r"^\[gw0\] .*PASSED (\S+)", run.stdout, re.M)
+    assert len(ran) == 18, run.stdout
+    groups = list(dict.fromkeys(t.split("@", 1)[1] for t in ran))
+    assert groups == ["slurm", "integration/test_aaa", "pg_outage", "integration/test_zzz",
+                      "unit/test_many"], ran  # fmt: skip
