@@ -384,8 +384,9 @@ def open_outputs(spec: dict[str, Any]) -> dict[str, int]:
     try:
         mine.settimeout(OPEN_TIMEOUT_S)
         msg, fds, _, _ = socket.recv_fds(mine, 4096, len(named))
-    except OSError as err:
-        os.kill(pid, signal.SIGKILL)
+    except OSError as err:  # it hangs (a dead network file system): it never gets to answer
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
         raise Refused(f"cannot open the {named[0][0]} {named[0][1]}: {err}") from err
     finally:
         mine.close()
