@@ -39,6 +39,11 @@ Parts = Annotated[tuple[T, ...], MANY]
 """What a poll or a report lists, part by part (bounded)."""
 
 
+AGENT_HEADER = "X-Gpuledger-Agent"
+"""The request header a node agent names itself by on every call (its state directory's scope):
+one agent holds a node (`ledger.engines.agents.AgentExecutor.hold`)."""
+
+
 class Register(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """`POST /v1/agent/register`: the agent says what its node has (idempotent)."""
 

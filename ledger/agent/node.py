@@ -168,11 +168,14 @@ class AgentClient:
         seen: Seen | None = None,
         silent: Silent | None = None,
         on_keep: Callable[[float, int], None] | None = None,
+        agent: str = "",
     ) -> None:
         from ledger.wire.client import Client
 
         self.client = Client(url, token, timeout=timeout, silent=silent)
         self.client.on_keep = on_keep
+        if agent:  # which agent this is: one per node (`AgentExecutor.hold`)
+            self.client.headers[a.AGENT_HEADER] = agent
         self.seen = seen if seen is not None else Seen()
 
     def call(self, method: str, path: str, body: Any, type: Any) -> Any:
@@ -364,7 +367,8 @@ class NodeAgent:
         several = self._servers() > 1
         bound = (POLL_MARGIN_S if wait_s else ANSWER_S) if several else ONE_SERVER_S
         return AgentClient(self.s.url, self.s.token, timeout=wait_s + bound, seen=self.seen,
-                           silent=self.silent, on_keep=self._kept)  # fmt: skip
+                           silent=self.silent, on_keep=self._kept,
+                           agent=self.ex.scope)  # fmt: skip
 
     def _reporter(self) -> None:
         """Send the outbox as soon as it holds something, a heartbeat otherwise."""

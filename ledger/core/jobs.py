@@ -78,6 +78,12 @@ def _world(cmd: c.SubmitJob) -> dict[str, Any]:
             f"the working directory {cmd.workdir!r} is not absolute",
             hint="pass an absolute path to -D/--chdir",
         )
+    if cmd.umask is not None and cmd.umask & 0o700:
+        raise InvalidCommand(
+            f"umask {cmd.umask:04o} takes from the job's user its own rights to the files the "
+            "job makes (its output file first)",
+            hint="submit under a umask that leaves the owner's bits alone (0022, 0027, 0077)",
+        )
     for what, text in (("working directory", cmd.workdir), ("job name", cmd.job_name)):
         if "\x00" in text or "\n" in text:
             raise InvalidCommand(f"the {what} holds a NUL or a newline")

@@ -187,6 +187,10 @@ class AgentExecutor:
         log by `foreign`): what each node's reports may be about (docs/security.md, row T12)."""
         self.addresses: dict[str, str] = {}
         self.last_seen: dict[str, float] = {}
+        self.holders: dict[str, tuple[str, float]] = {}
+        """node -> (the agent that holds it: its state directory's scope, its last request):
+        `hold`. Kept in memory: a restarted server (or a new leader) takes the first agent
+        that speaks for a node."""
         """Node -> when its agent last reached us (written by HTTP threads and the worker)."""
         self._first_look: dict[str, float] = {}
         """Node -> when the worker first saw it up with no agent heard from since this server
@@ -404,6 +408,30 @@ class AgentExecutor:
 
     def touch(self, node: str, now: float) -> None:
         self.last_seen[node] = now
+
+    def hold(self, node: str, agent: str, now: float) -> None:
+        """Every request of a node's agent names it (`schemas.agent.AGENT_HEADER`: its state
+        directory's scope). One agent holds a node: a request from another (a second
+        agent started on another state directory, which knows none of the first's runs
+        and would launch them all again, atk37-23 F4) is refused while the holder's
+        lease may still run (its last request + the node-lost timeout + the fence: till
+        then its parts may be alive). The same agent restarted on its state directory is
+        the same agent. "" (an agent from before the header): not checked."""
+        if not agent:
+            return
+        held = self.holders.get(node)
+        if held is not None and held[0] != agent:
+            holder, last = held
+            until = last + self.node_lost_after_s + self.node_fence_s
+            if now < until:
+                raise InvalidTransition(
+                    f"node {node!r} is held by another agent (state directory {holder}, last "
+                    f"heard {max(0.0, now - last):.0f} s ago): its lease may run "
+                    f"{until - now:.0f} s more",
+                    hint="stop this one, or start it on that agent's --state-dir; a node has "
+                    "one agent",
+                )
+        self.holders[node] = (agent, now)
 
     def receive(self, rep: a.Report, now: float) -> bool:
         """Take in an agent's report; True when it holds anything for the ledger."""

@@ -7,17 +7,18 @@ fork whose parent exits at once, so init adopts it), makes the part's process tr
 empty, writes the part's end to `RUNDIR/exit` (atomically).
 
 The job's leader is a small POSIX shell (`WRAPPER`) running **as the job's user**, in the job's
-session and groups: it enters the working directory the user gave, opens the output and error
-files the user named (so they are created by the user, with the user's rights), checks that the
-command can be started, runs it, and writes the command's exit code to `RUNDIR/record` through
-a descriptor it inherited (the command itself does not): the tree's own record, which survives
-a supervisor killed with -9. Times are never the leader's word (it runs as the job's user, with
-the job's PATH and environment): the end is the supervisor's own clock when the leader exits,
-or, when the supervisor died, the record file's modification time (the kernel's clock at the
-leader's write). A command it cannot start is recorded
-`launch_failed` with the reason, never as a job that ran. The engine's defaults (the run's work
-directory, the log file under the service's job directory) are entered and opened by the
-supervisor before it drops to the user, as they are the service's paths.
+session and groups: it enters the working directory the user gave, checks that the command can
+be started, runs it, and writes the command's exit code to `RUNDIR/record` through a descriptor
+it inherited (the command itself does not): the tree's own record, which survives a supervisor
+killed with -9. Its stdout and stderr are the output and error files the user named, opened
+before by a child of the supervisor running as the user (`open_outputs`: created by the user,
+with the user's rights, each opened once and checked on the descriptor). Times are never the
+leader's word (it runs as the job's user, with the job's PATH and environment): the end is the
+supervisor's own clock when the leader exits, or, when the supervisor died, the record file's
+modification time (the kernel's clock at the leader's write). A command it cannot start is
+recorded `launch_failed` with the reason, never as a job that ran. The engine's defaults (the
+run's work directory, the log file under the service's job directory) are entered and opened by
+the supervisor before it drops to the user, as they are the service's paths.
 
 When the leader ends and processes of the tree are left (children it did not wait for), they get
 SIGTERM at once and SIGKILL after the job's grace; the part ends when the tree is empty, and the
@@ -30,7 +31,8 @@ record says how many were left and whether they had to be killed. Files it write
                         when the leader wrote it)
     RUNDIR/exit         the part's end, JSON: code, ended_at, leader_ended_at, left, killed,
                         launch_failed (an older supervisor wrote the bare exit code)
-    RUNDIR/launch.log   what the leader said before the job's own output file was open
+    RUNDIR/launch.log   what the supervisor said of a launch that failed (or the leader, with
+                        no output file of the user's)
     RUNDIR/watchdog     "PID START" of the part's lease watchdog (`start_watchdog`)
 
 Exit codes are the shell's: the command's status, or 128 + N when signal N killed it (Slurm's
@@ -42,11 +44,14 @@ the supervisor are passed on to the whole tree. It imports only the standard lib
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
 import select
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -65,34 +70,12 @@ FENCED_MARK = "fenced"
 tree first, before it signals: the exit then says `fenced` whatever the job's exit code (a job
 that exits 0 on SIGTERM, as the signal contract asks, is never taken for a completion)."""
 SHELL = "/bin/sh"
-WRAPPER = r"""wd=$1 out=$2 err=$3 job_mask=$4
-shift 4
+WRAPPER = r"""wd=$1 job_mask=$2
+shift 2
 trap : TERM INT HUP
 fail() { printf 'gpuledger: %s\n' "$1" >&2; printf 'failed %s\n' "$1" >&9; exit 127; }
 if [ -n "$wd" ]; then cd -- "$wd" 2>/dev/null || fail "cannot enter the working directory $wd"; fi
 if [ -n "$job_mask" ]; then umask "$job_mask"; fi
-mask=$(umask) make=${job_mask:-077}
-own() {
-  umask "$make"
-  if ! { [ ! -L "$1" ] && [ ! -e "$1" ] && (set -C; : >"$1") 2>/dev/null; }; then
-    if [ -L "$1" ] || [ -f "$1" ]; then
-      [ -n "$(find "$1" -maxdepth 0 -user "$(id -u)" 2>/dev/null)" ] ||
-        fail "the $2 $1 exists and belongs to another user"
-    fi
-    (: >>"$1") 2>/dev/null || fail "cannot open the $2 $1"
-  fi
-  umask "$mask"
-}
-if [ -n "$out" ]; then
-  own "$out" "output file"
-  exec >>"$out"
-fi
-if [ -n "$err" ] && [ "$err" != "$out" ]; then
-  own "$err" "error file"
-  exec 2>>"$err"
-elif [ -n "$out" ]; then
-  exec 2>&1
-fi
 case $1 in
 */*) [ -f "$1" ] && [ -x "$1" ] || fail "cannot start $1: no such executable file" ;;
 *) command -v -- "$1" >/dev/null 2>&1 || fail "cannot start $1: not found in PATH" ;;
@@ -104,14 +87,11 @@ code=$?
 printf 'exit %s\n' "$code" >&9
 exit "$code"
 """
-"""The leader of every job part (module doc): $1-$4 are the working directory, output file,
-error file as the user gave them ("": the supervisor's) and the job's umask as submitted (four
-octal digits; "": none recorded), then the command; fd 9 is the record. With a umask, the job
-runs with it and its output and error files are made with it, as sbatch makes them (0644 under
-0022); without, they are made the job's user's alone (0600) and the job keeps the umask it
-inherited. Either way one that exists already must be the user's (a regular file or a
-symbolic link another account planted at the name, in a directory it may write, is refused,
-never appended to).
+"""The leader of every job part (module doc): $1-$2 are the working directory the user gave
+("": the supervisor's) and the job's umask as submitted (four octal digits; "": none recorded),
+then the command; fd 9 is the record, and its stdout and stderr are already the job's output and
+error files (`open_outputs` opened them as the user, once). With a umask, the job runs with it;
+without, it keeps the umask it inherited.
 The shell's own stderr is closed while the command runs (it would say "Terminated" of a job
 that was stopped, in the job's own output)."""
 RECORD_FD = 9
@@ -213,6 +193,10 @@ def run(rundir: Path) -> int:
     failed = ""
     try:
         job = _start(rundir, spec, tree)
+    except Refused as why:
+        failed = str(why)
+        with _private(rundir / "launch.log") as said:
+            said.write(f"gpuledger: {failed}\n".encode())
     except (OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
         command = (spec.get("command") or ["true"])[0]
         failed = f"cannot start {command!r}: " + (
@@ -262,12 +246,170 @@ def _private(path: Path) -> Any:
     return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
 
 
+class Refused(Exception):
+    """The part may not start, and why in one line (recorded `launch_failed`): its working
+    directory or an output file the user named cannot be used."""
+
+
+OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+"""How a job's output file is opened: never through a link at its name (`open_own` follows only
+the user's own), never blocked by a named pipe (O_NONBLOCK: one with no reader fails ENXIO)."""
+NULL_DEVICE = os.makedev(1, 3)
+"""`/dev/null`, the one file that is not a regular file a job may write to (`-o /dev/null`)."""
+MAX_LINKS = 8
+OPEN_TIMEOUT_S = 60.0
+"""How long the user's opener may take (a hung network file system): then the launch fails."""
+_KINDS = {
+    stat.S_IFIFO: "a named pipe",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+}
+
+
+def open_own(path: str, what: str, links: int = 0) -> int:
+    """As the job's user (its uid is this process's): `path` opened once to append, a
+    descriptor that becomes the job's stdout or stderr (T19 in docs/security.md). A free name
+    is created (O_EXCL, with the umask in force); an existing one must be, on the descriptor
+    opened (fstat, never the name checked and then opened again, which another account could
+    swap in between), a regular file of the user's, or /dev/null. A symbolic link at the name
+    is followed only when it is the user's own (its text read from the link opened, the name
+    it holds opened by this same rule); a named pipe, socket, device or directory is refused,
+    never waited on or written to."""
+    try:
+        return _checked(os.open(path, OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o666), path, what)
+    except FileExistsError:
+        pass
+    except OSError as err:
+        raise _why_not(path, what, err) from err
+    try:
+        return _checked(os.open(path, OPEN_FLAGS), path, what)
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise _why_not(path, what, err) from err
+    if links >= MAX_LINKS:
+        raise Refused(f"cannot open the {what} {path}: too many symbolic links")
+    try:
+        link = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise _why_not(path, what, err) from err
+    try:
+        st = os.fstat(link)
+        if not stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid():
+            raise Refused(f"the {what} {path} exists and belongs to another user")
+        target = os.readlink("", dir_fd=link)
+    finally:
+        os.close(link)
+    return open_own(os.path.join(os.path.dirname(path), target), what, links + 1)
+
+
+def _checked(fd: int, path: str, what: str) -> int:
+    """`fd` when it is a regular file of this user's (or /dev/null), made blocking again;
+    else closed, never written to, and the launch refused."""
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == NULL_DEVICE:
+            pass
+        elif not stat.S_ISREG(st.st_mode):
+            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
+            raise Refused(f"the {what} {path} exists and is {kind}, not a regular file")
+        elif st.st_uid != os.getuid():
+            raise Refused(f"the {what} {path} exists and belongs to another user")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _why_not(path: str, what: str, err: OSError) -> Refused:
+    """Why `path` could not be opened, in one line (the name looked at only for the words)."""
+    with contextlib.suppress(OSError):
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
+            return Refused(f"the {what} {path} exists and is {kind}, not a regular file")
+        if st.st_uid != os.getuid():
+            return Refused(f"the {what} {path} exists and belongs to another user")
+    return Refused(f"cannot open the {what} {path}: {err.strerror or err}")
+
+
+def _outputs(spec: dict[str, Any]) -> list[tuple[str, str]]:
+    """The files the user named that the part's stdout and stderr go to: (what, path)."""
+    out, err = spec.get("stdout") or "", spec.get("stderr") or ""
+    named = [("output file", out)] if out else []
+    return named + ([("error file", err)] if err and err != out else [])
+
+
+def _open_as_user(spec: dict[str, Any], named: list[tuple[str, str]]) -> list[int]:
+    """In a child of the supervisor: become the job's user (its groups too), enter its working
+    directory, take its umask (0077 when none was recorded) and open the files it named."""
+    who = spec.get("account")
+    if who:
+        os.setgroups(who["groups"])
+        os.setgid(who["gid"])
+        os.setuid(who["uid"])
+    wd = spec.get("workdir") or ""
+    try:
+        os.chdir(wd or spec.get("cwd") or "/")
+    except OSError as err:
+        raise Refused(f"cannot enter the working directory {wd}") from err
+    mask = _umask(spec)
+    os.umask(int(mask, 8) if mask else 0o077)
+    return [open_own(path, what) for what, path in named]
+
+
+def open_outputs(spec: dict[str, Any]) -> dict[str, int]:
+    """The job's output and error files the user named, opened as the user (`open_own`) by a
+    child of the supervisor that hands the descriptors back: {"output file": fd, ...}. Raises
+    `Refused` with why when one may not be used."""
+    named = _outputs(spec)
+    if not named:
+        return {}
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:  # the opener: never returns into the caller's code
+        code = 1
+        try:
+            mine.close()
+            try:
+                socket.send_fds(theirs, [b"ok"], _open_as_user(spec, named))
+            except Refused as refused:
+                theirs.sendall(b"no" + str(refused).encode(errors="replace")[:2000])
+            code = 0
+        finally:
+            os._exit(code)
+    theirs.close()
+    try:
+        mine.settimeout(OPEN_TIMEOUT_S)
+        msg, fds, _, _ = socket.recv_fds(mine, 4096, len(named))
+    except OSError as err:  # it hangs (a dead network file system): it never gets to answer
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        raise Refused(f"cannot open the {named[0][0]} {named[0][1]}: {err}") from err
+    finally:
+        mine.close()
+        os.waitpid(pid, 0)
+    if msg != b"ok" or len(fds) != len(named):
+        for fd in fds:
+            os.close(fd)
+        why = msg[2:].decode(errors="replace") if msg.startswith(b"no") else ""
+        raise Refused(why or f"cannot open the {named[0][0]} {named[0][1]}")
+    return {what: fd for (what, _), fd in zip(named, fds, strict=True)}
+
+
 def _start(rundir: Path, spec: dict[str, Any], tree: Tree) -> subprocess.Popen[bytes]:
     """The leader, born in the part's groups: the supervisor joins them for the fork only."""
     tree.create(spec.get("gpus", ()), constrain=bool(spec.get("constrain", True)))
     with contextlib.ExitStack() as files:
-        out = files.enter_context(open(spec["log"], "ab")) if spec.get("log") else None
+        named = open_outputs(spec)  # first: a refusal leaves nothing made
+        for fd in named.values():
+            files.callback(os.close, fd)
+        log = files.enter_context(open(spec["log"], "ab")) if spec.get("log") else None
         said = files.enter_context(_private(rundir / "launch.log"))
+        out = named.get("output file", log or said)
+        err = named.get("error file", out)
         record = os.open(rundir / "record", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         files.callback(os.close, record)
         if record != RECORD_FD:
@@ -277,13 +419,12 @@ def _start(rundir: Path, spec: dict[str, Any], tree: Tree) -> subprocess.Popen[b
         try:
             return subprocess.Popen(
                 [SHELL, "-c", WRAPPER, "gpuledger-job", spec.get("workdir") or "",
-                 spec.get("stdout") or "", spec.get("stderr") or "", _umask(spec),
-                 *(spec["command"] or ["true"])],
+                 _umask(spec), *(spec["command"] or ["true"])],
                 env=spec["env"],
                 cwd=spec.get("cwd") or None,
                 stdin=subprocess.DEVNULL,
-                stdout=out or said,
-                stderr=out or said,
+                stdout=out,
+                stderr=err,
                 pass_fds=(RECORD_FD,),
                 start_new_session=True,
                 **_user(spec),

@@ -191,7 +191,7 @@ class SupervisedExecutor:
         state = msgspec.json.decode(raw, type=AgentState)
         handles = list(state.jobs)
         # what the machine says: runs alive here that the state file lost (`engines.found`)
-        for h in find_live(self.state_dir, self._scope, self.containment, self.grace_s):
+        for h in find_live(self.state_dir, self.scope, self.containment, self.grace_s):
             if h.job_id not in {x.job_id for x in handles}:
                 log.warning(
                     "job %s (launch %s) is alive here and the state file has no handle of it: "
@@ -460,7 +460,7 @@ class SupervisedExecutor:
                 part.launch_failed = True
                 continue
             if self.containment.cgroups:
-                part.cgroup = f"{self._scope}/{run_name(job.job_id, launch)}.{rank}"
+                part.cgroup = f"{self.scope}/{run_name(job.job_id, launch)}.{rank}"
             spec, part.log = self._spec(job, rank, rundir, account, master, h.grace_s)
             spec["cgroup"] = part.cgroup
             # no fsync: the handle saved next is what must survive; a spec lost with the
@@ -471,7 +471,7 @@ class SupervisedExecutor:
         return h
 
     @property
-    def _scope(self) -> str:
+    def scope(self) -> str:
         """This state directory's groups under `gpuledger/` (several agents share a host)."""
         return "s" + hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:12]
 
@@ -501,7 +501,7 @@ class SupervisedExecutor:
             job_token=job.job_token or None,
             account=account,
         )
-        env[SCOPE_VAR] = self._scope  # the machine's mark of this state directory's runs
+        env[SCOPE_VAR] = self.scope  # the machine's mark of this state directory's runs
         spec: dict[str, object] = {
             "command": list(job.command) or ["true"],
             "env": env,

@@ -55,6 +55,7 @@ def agent_routes(
             raise InvalidTransition(
                 "this server runs no node agents", hint="start it with `serve --executor agents`"
             )
+        executor.hold(node, (request.headers.get(a.AGENT_HEADER) or "")[:64], clock())
         return executor
 
     @post("/v1/agent/register", status_code=200, tags=["agent"], security=[{"bearer": []}])

@@ -154,6 +154,8 @@ class Client:
         self.timeout = timeout
         self.silent = silent if silent is not None else Silent()
         """The servers of the list passed over for now (a timeout; `Silent`)."""
+        self.headers: dict[str, str] = {}
+        """Sent with every request (a node agent's name for itself: `AGENT_HEADER`)."""
         self._servers = [_Server(u, timeout) for u in urls]
         self._at = 0
         self.url = urls[0]
@@ -176,7 +178,7 @@ class Client:
         idempotency `key` (then a retry after a lost answer is answered, not appended twice),
         or when it is `idempotent` by itself (the agent API's: a report not answered is sent
         again anyway)."""
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", **self.headers}
         if body is not None:
             headers["Content-Type"] = "application/json"
         if self.token:  # on the Unix socket too: a token given is the caller (a job's own)

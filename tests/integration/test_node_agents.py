@@ -489,8 +489,9 @@ def test_an_agent_that_finds_other_gpus_than_the_ledger_is_one_clear_error(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     ag = cluster.agents["node-c"]
+    ag.kill(signal.SIGKILL)  # its state directory, free: another would be refused (one agent)
     got = cli(tmp_path, "agent", "--node", "node-c", "--url", cluster.server.url, "--gpus", "4",
-              "--state-dir", str(tmp_path / "other"), ok=False,
+              "--state-dir", str(ag.state), ok=False,
               GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
     assert got.returncode == 1
     lines = got.stderr.strip().splitlines()
@@ -682,3 +683,50 @@ def test_a_server_restarted_with_a_shorter_fence_shortens_the_nodes_lease_at_onc
     # node-lost 5 s + fence 4 s - margin 3 s: the lease is a few seconds long again
     wait_for("the lease to follow the new fence", lambda: lease_left() < 10, 30, c.why)
     assert json.loads(lease.read_text())["node_fence_s"] == 4.0
+
+
+@with_flags(serve=("--node-lost-after", "60s"))
+def test_a_second_agent_for_a_node_on_another_state_dir_is_refused_and_launches_nothing(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """atk37-23 F4 (and F6's variant): a second `gpuledger agent` for a node whose agent runs,
+    started on another state directory, knew none of the first's runs: it launched the node's
+    job again at once (the same launch alive twice); one started on another state directory
+    after the first was killed -9 took the node while the first's processes still ran. Now a
+    node has one agent: another is refused with one line (before it launches anything) while
+    the first's lease may still run, and the first, restarted on its own state directory,
+    adopts its job."""
+    c = cluster
+    go = c.home.parent / "go"
+    job = c.submit(1, until(go, 0))
+    node, pid = running_pid(c, job)
+    first = c.agents[node]
+    second = Agent(node, tmp_path / "second-state", first.token, c.server.url,
+                   tmp_path / "second.log")  # fmt: skip
+    try:
+        for when in ("while the first runs", "after the first was killed -9"):
+            second.start(registered=False)
+            assert second.proc is not None
+            try:
+                assert second.proc.wait(timeout=60) == 1, when
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"a second agent {when} ran on: {second.text()[-2000:]}")
+            said = second.text().strip().splitlines()
+            assert said and said[-1].startswith("error: ") and "Traceback" not in second.text()
+            assert f"node '{node}' is held by another agent" in said[-1], said
+            assert "launched" not in second.text() and not live_processes(second.state)
+            if first.proc is not None and first.proc.poll() is None:
+                first.kill(signal.SIGKILL)
+        assert alive(pid) and c.job(job)["status"] == "running"
+        first.start()
+        assert f"adopted 1 running job(s): {job}" in first.text()
+        go.touch()
+        j = c.wait_status(job, "finished")
+        assert (j["outcome"], j["exit_code"]) == ("completed", 0)
+        assert len(c.events("job.placed.v1")) == 1 and len(c.events("job.started.v1")) == 1
+    finally:
+        if second.proc is not None and second.proc.poll() is None:
+            second.kill(signal.SIGKILL)
+        for p in live_processes(second.state):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)

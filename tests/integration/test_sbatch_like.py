@@ -640,3 +640,123 @@ def test_a_cancelled_jobs_gpus_show_stopping_not_free_until_its_processes_end(
     assert "stopping" in served.cli("root", "node", "list").stdout
     wait_for("its GPU free", lambda: node()["free_gpus"] == before + 1, 30, served.why)
     assert node()["stopping_gpus"] == []
+
+
+def test_a_named_pipe_or_directory_planted_at_the_output_is_refused_never_waited_on(
+    served: Served,
+) -> None:
+    """atk37-23 F1: in a directory both may write, another account's named pipe at the next
+    job's default output name (nobody reading it) kept the job `placed` for ever with its GPU
+    held, its leader blocked in open(2); once the planter read the pipe, it got the job's
+    output. A pipe someone reads, and a directory, at a name a job asks for likewise. Now each
+    launch fails at once with one line, and nothing is ever written to the pipe."""
+    shared = Path(tempfile.mkdtemp(prefix="gl23-fifo-", dir="/tmp"))
+    reader = -1
+    try:
+        shared.chmod(0o1777)
+        nobody = pwd.getpwnam("nobody")
+        first = served.submit("-D", str(shared), "--", "true")
+        served.wait("the first job ends", first, "finished")
+        silent = shared / f"gpuledger-{first + 1}.out"  # nobody reads it
+        read = shared / "read.out"  # the planter reads this one
+        for pipe in (silent, read):
+            os.mkfifo(pipe, 0o622)
+            os.chown(pipe, nobody.pw_uid, nobody.pw_gid)
+            pipe.chmod(0o622)
+        reader = os.open(read, os.O_RDONLY | os.O_NONBLOCK)
+        (shared / "dir.out").mkdir()
+        secret = ["sh", "-c", "echo SECRET-of-alice"]
+        second = served.submit("-D", str(shared), "--", *secret)
+        third = served.submit("-D", str(shared), "-o", "read.out", "--", *secret)
+        fourth = served.submit("-D", str(shared), "-o", "dir.out", "--", *secret)
+        assert second == first + 1
+        pipe, folder = "exists and is a named pipe", "exists and is a directory"
+        wants = [(second, f"{silent} {pipe}"), (third, f"{read} {pipe}"),
+                 (fourth, f"{shared / 'dir.out'} {folder}")]  # fmt: skip
+        for job, why in wants:
+            row = served.wait("the launch fails", job, "finished", timeout=30)
+            assert (row["finish_reason"], row["started_at"]) == ("launch_failed", None), row
+            note = row["finish_note"]
+            assert f"the output file {why}" in note and "\n" not in note, row
+        try:  # nothing was written to the pipe someone reads (b"": no writer, none wrote)
+            got = os.read(reader, 4096)
+        except BlockingIOError:  # a writer holds it open and wrote nothing
+            got = b""
+        assert got == b""
+    finally:
+        if reader >= 0:
+            os.close(reader)
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+SWAPPER = r"""import ctypes, os, struct, sys
+top, steal = sys.argv[1], sys.argv[2]
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(0)
+assert fd >= 0 and libc.inotify_add_watch(fd, top.encode(), 0x100) >= 0  # IN_CREATE
+print("ready", flush=True)
+while True:
+    buf, i = os.read(fd, 65536), 0
+    while i < len(buf):
+        _, _, _, size = struct.unpack_from("iIII", buf, i)
+        name = buf[i + 16:i + 16 + size].rstrip(b"\0").decode()
+        i += 16 + size
+        path = os.path.join(top, name)
+        try:
+            if name.startswith("race-") and os.lstat(path).st_uid != os.getuid():
+                os.rename(path, path + ".moved")
+                os.symlink(steal, path)
+        except OSError:
+            pass
+"""
+"""Another account's swapper (atk37-23 F5): each `race-*` file the job's user makes in the
+shared directory is renamed away the moment it appears (inotify) and a link to the swapper's
+own file put in its place."""
+
+
+def test_an_output_swapped_for_a_link_once_made_never_sends_the_job_there(
+    served: Served, tmp_path: Path
+) -> None:
+    """atk37-23 F5: the leader made the output file, checked it, then opened it again by name:
+    in a group-writable directory without the sticky bit another account swapped it for a link
+    in between and read the job's output (3 jobs of 12). Now the file is opened once, as the
+    user, and that descriptor is the job's stdout: a swap moves the name, never the output,
+    which stays in the user's own file (renamed), and the job runs as it would have."""
+    shared = Path(tempfile.mkdtemp(prefix="gl23-race-", dir="/tmp"))
+    nobody = pwd.getpwnam("nobody")
+    theirs = Path(tempfile.mkdtemp(prefix="gl23-theirs-", dir="/tmp"))
+    swapper: subprocess.Popen[str] | None = None
+    try:
+        shared.chmod(0o777)  # writable by all, no sticky bit: a name can be renamed by anyone
+        theirs.chmod(0o755)
+        os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+        steal = theirs / "steal.txt"
+        steal.touch(mode=0o666)
+        os.chown(steal, nobody.pw_uid, nobody.pw_gid)
+        steal.chmod(0o666)
+        script = theirs / "swap.py"
+        script.write_text(SWAPPER)
+        script.chmod(0o644)
+        swapper = subprocess.Popen(  # real-time: it wakes the moment a name is made
+            ["chrt", "-f", "50", "setpriv", f"--reuid={nobody.pw_uid}",
+             f"--regid={nobody.pw_gid}", "--clear-groups", "/usr/bin/python3", str(script),
+             str(shared), str(steal)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert swapper.stdout is not None and swapper.stdout.readline() == "ready\n"
+        say = ["sh", "-c", "echo PRIVATE-$GPULEDGER_JOB_ID"]
+        jobs = [served.submit("-D", str(shared), "-o", "race-%j.out", "--", *say) for _ in range(4)]
+        alice = pwd.getpwnam(USER).pw_uid
+        for job in jobs:
+            row = served.wait("the job ends", job, "finished")
+            assert row["finish_reason"] == "completed", row
+            moved = shared / f"race-{job}.out.moved"  # the swapper got to every one
+            assert (shared / f"race-{job}.out").is_symlink(), row
+            assert moved.stat().st_uid == alice and moved.read_text() == f"PRIVATE-{job}\n"
+        assert steal.read_text() == ""
+    finally:
+        if swapper is not None:
+            swapper.kill()
+            swapper.communicate()
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(theirs, ignore_errors=True)

@@ -314,6 +314,52 @@ def test_an_output_file_another_account_planted_is_refused_not_appended_to(
         ledger.stop()
 
 
+def test_a_named_pipe_or_directory_planted_at_the_output_is_refused_before_sbatch(
+    ledger: Ledger,
+) -> None:
+    """atk37-23 F1 on Slurm: the claim looked only at files and links, so another account's
+    named pipe at the output's name went to sbatch: slurmstepd (as the job's user) blocked
+    opening it, the job RUNNING in Slurm and `placed` in the ledger for ever, its GPUs held
+    (a cancel left the node COMPLETING until the planter read the pipe, and got the output).
+    Now it is refused before sbatch with one line, nothing written to it; /dev/null, which
+    sbatch users name to throw output away, is still taken."""
+    with os_user("glpl", groups=0) as user, shared_dir("gl23-fifo-") as top:
+        ledger.cli("member", "add", user.name, "ai2/olmo")
+        shared = top / "shared"
+        shared.mkdir()
+        shared.chmod(0o1777)
+        nobody = pwd.getpwnam("nobody")
+        ledger.up(run_as="submitter")
+        pipe = shared / "s-1.out"
+        os.mkfifo(pipe, 0o622)
+        os.chown(pipe, nobody.pw_uid, nobody.pw_gid)
+        pipe.chmod(0o622)
+        (shared / "dir.out").mkdir()
+        say = ["sh", "-c", "echo SLURM-SECRET"]
+        (first,) = submit_as(ledger, user, shared, "-o", "s-%j.out", "--", *say)
+        (second,) = submit_as(ledger, user, shared, "-o", "dir.out", "--", *say)
+        (third,) = submit_as(ledger, user, shared, "-o", "/dev/null", "--", *say)
+        assert first == 1
+        ended = (first, second, third)
+        ledger.wait("all three to end", lambda: all(status(ledger, j) == "finished" for j in ended))
+        rows = ledger.jobs()
+        for job, why in [(first, f"the output file {pipe} exists and is a named pipe, not a "
+                                 "regular file"),
+                         (second, f"the output file {shared / 'dir.out'} exists and is a "
+                                  "directory, not a regular file")]:  # fmt: skip
+            row = rows[job]
+            assert (row["finish_reason"], row["started_at"]) == ("launch_failed", None), row
+            assert row["finish_note"] == why, row
+        assert rows[third]["finish_reason"] == "completed", rows[third]
+        reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            assert os.read(reader, 4096) == b""  # nobody ever opened it to write
+        finally:
+            os.close(reader)
+        assert not ledger.cluster.run("squeue", "-h", "-o", "%i").strip()
+        ledger.stop()
+
+
 def slurm_start(led: Ledger, slurm_id: str) -> float:
     """Slurm's StartTime of a job, as `scontrol` shows it (whole seconds, local time)."""
     from ledger.engines.slurm.words import parse_jobs

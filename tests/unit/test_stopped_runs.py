@@ -28,6 +28,7 @@ from ledger.store import snapshots
 from schemas import agent as a
 from schemas import commands as c
 from schemas import events as e
+from schemas.errors import InvalidCommand
 
 T0 = 1_000.0
 
@@ -180,6 +181,17 @@ def test_the_submitters_umask_is_recorded_and_is_the_jobs(w: World) -> None:
     assert old.umask is None  # none sent: the engine's old rule
     launch = Launch(job, (), ("true",), None, "alice", "a", workdir="/w", umask=0o027)
     assert batch_script(launch, SbatchUser(), umask=0o027).splitlines()[1] == "umask 0027"
+
+
+@pytest.mark.parametrize("mask", [0o777, 0o277, 0o200, 0o400, 0o100])
+def test_a_umask_that_takes_the_owners_own_rights_is_refused_at_submit(w: World, mask: int) -> None:
+    """atk37-23 F2: umask 0777 made a 0000 output file the job could not open: recorded
+    started, then failed exit 2 with no word (on Slurm: launch_failed). Refused at submit, in
+    one line, on every engine; a umask that leaves the owner's bits alone is taken."""
+    cmd = c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, workdir="/w", umask=mask)
+    with pytest.raises(InvalidCommand, match=f"umask {mask:04o} takes from the job's user"):
+        w.run(cmd)
+    assert w.run(msgspec.structs.replace(cmd, umask=0o077))
 
 
 @pytest.mark.parametrize(

@@ -2,17 +2,23 @@
 docs/security.md). slurmstepd opens them as the job's user with O_CREAT and no O_EXCL, so a file
 another account planted at the name (in a directory both may write: /tmp, a 1777 project dir) is
 appended to and a link there is followed, and whoever planted it reads the job's output. So the
-executor does first, as the job's user, what the node agents' wrapper does (`supervise.WRAPPER`):
-a name that is free is taken (created empty, 0600, O_EXCL: in a sticky directory nobody else can
-remove or replace it then), one the user owns is left to append to, one another account owns (a
-file or a link) refuses the launch with why. A file that cannot be made here (its directory is
-missing or closed to the user, or only on the compute nodes) is left to Slurm, which fails the
-launch then (JobLaunchFailure) or opens it where it runs. An edge (it runs a shell as the user)."""
+executor does first, as the job's user, what the node agents' supervisor does
+(`supervise.open_own`): a name that is free is taken (created empty, O_EXCL: in a sticky
+directory nobody else can remove or replace it then), one the user owns is left to append to,
+one another account owns (a file or a link) or one that is not a regular file (a named pipe, a
+socket, a directory, a device other than /dev/null) refuses the launch with why. Unlike the
+supervisor, which opens the file once and hands that descriptor to the job, this checks names:
+slurmstepd opens the file again later, so in a directory another account may write without the
+sticky bit it may swap the name in between (T19). A file that cannot be made here (its directory
+is missing or closed to the user, or only on the compute nodes) is left to Slurm, which fails
+the launch then (JobLaunchFailure) or opens it where it runs. An edge (it runs a shell as the
+user)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import stat
 import subprocess
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -24,19 +30,27 @@ log = logging.getLogger("gpuledger.slurm")
 
 CLAIM = r"""umask "$1"
 shift
+mine() { [ -n "$(find "$1" -maxdepth 0 -user "$(id -u)" 2>/dev/null)" ]; }
+usable() { [ -f "$1" ] || [ "$1" -ef /dev/null ]; }
 for f in "$@"; do
-  if [ -L "$f" ] || [ -e "$f" ]; then
-    if [ -L "$f" ] || [ -f "$f" ]; then
-      [ -n "$(find "$f" -maxdepth 0 -user "$(id -u)" 2>/dev/null)" ] || printf '%s\n' "$f"
-    fi
-  else
-    (set -C; : >"$f") 2>/dev/null
+  # a free name is taken: O_CREAT|O_EXCL, which neither follows a link nor opens (or waits on)
+  # anything planted there meanwhile (dash's `set -C; : >f` opens an existing named pipe)
+  dd if=/dev/null of="$f" conv=excl status=none 2>/dev/null && continue
+  if [ -L "$f" ]; then
+    if ! mine "$f"; then printf 'other %s\n' "$f"
+    elif [ -e "$f" ] && ! usable "$f"; then printf 'special %s\n' "$f"; fi
+  elif [ -e "$f" ]; then
+    if ! usable "$f"; then printf 'special %s\n' "$f"
+    elif ! mine "$f" && [ -f "$f" ]; then printf 'other %s\n' "$f"; fi
   fi
 done
 exit 0
 """
-"""As the job's user, $1 the umask to make them with, the rest the files: prints each one
-another account owns; takes the free ones."""
+"""As the job's user, $1 the umask to make them with, the rest the files: takes the free ones
+(made empty, O_EXCL); prints `other NAME` for each one another account owns (a file or a link)
+and `special NAME` for each one that is not a regular file (a named pipe, socket, directory or
+device, /dev/null aside: slurmstepd would wait on a pipe for ever, or write to whoever reads it).
+A name it cannot make or see is left to Slurm."""
 
 PRIVATE = 0o077
 """The umask of a run's files when its submission recorded none (the user's alone, 0600)."""
@@ -67,11 +81,25 @@ def claim_outputs(
     except (OSError, subprocess.SubprocessError) as err:  # as a file it cannot make: Slurm's
         log.warning("cannot check the output files %s: %s", files, err)
         return ""
-    taken = [ln for ln in done.stdout.splitlines() if ln in files]
-    if not taken:
-        return ""
-    kind = "output file" if taken[0] == files[0] else "error file"
-    return f"the {kind} {taken[0]} exists and belongs to another user"
+    for line in done.stdout.splitlines():
+        said, _, name = line.partition(" ")
+        if name in files and said in ("other", "special"):
+            what = "output file" if name == files[0] else "error file"
+            if said == "other":
+                return f"the {what} {name} exists and belongs to another user"
+            return f"the {what} {name} exists and is {_kind(name)}, not a regular file"
+    return ""
+
+
+def _kind(path: str) -> str:
+    """What `path` is, in words (for the refusal only: the check was the user's shell's)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "not a regular file"
+    kinds = {stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory",
+             stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}  # fmt: skip
+    return kinds.get(stat.S_IFMT(mode), "not a regular file")
 
 
 def _as(who: SbatchUser) -> dict[str, Any]:
