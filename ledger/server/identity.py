@@ -32,6 +32,14 @@ class Identity:
     actor: str
     via: str
     """"token:<id>" or "peer:<uid>"."""
+    account: str = ""
+    """Whose connections its calls are (`tokens.account`: a job token's job's owner's), when
+    not `actor`'s."""
+
+    @property
+    def whose(self) -> str:
+        """The account its connections count against (docs/server.md, "Connections")."""
+        return self.account or self.actor
 
 
 def _denied() -> NotAuthenticated:
@@ -52,7 +60,9 @@ def from_bearer(state: State, header: str | None, now: float) -> Identity:
     token = tokens.valid(state, header[len("Bearer ") :].strip(), now)
     if token is None:
         raise _denied()
-    return Identity(actor=token.acts_as, via=f"token:{token.token_id}")
+    return Identity(
+        actor=token.acts_as, via=f"token:{token.token_id}", account=tokens.account(state, token)
+    )
 
 
 def peer_uid(sock: socket.socket) -> int | None:
