@@ -52,6 +52,11 @@ def _denied() -> NotAuthenticated:
     )
 
 
+def denied() -> NotAuthenticated:
+    """The one refusal of a caller without a valid token (a new exception each call)."""
+    return _denied()
+
+
 def from_bearer(state: State, header: str | None, now: float) -> Identity:
     """The identity a `Authorization: Bearer ...` header proves, or NotAuthenticated (the same
     error for a missing, malformed, unknown, wrong, expired or revoked token)."""

@@ -64,7 +64,7 @@ from ledger.store.pgread import redacted
 from ledger.wire import SOCKET_NAME
 from ledger.wire.config import ServeConfig
 from schemas.bounds import MAX_ARRAY_TASKS
-from schemas.errors import InvalidCommand
+from schemas.errors import InvalidCommand, LedgerError
 
 log = logging.getLogger("gpuledger.server")
 
@@ -419,7 +419,10 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         worker.promote, worker.demote = _roles(ha, service, config, actor)
         ha.position = lambda: ledger.position
         ha.notify = worker.nudge
-        app = HAFront(app, ha, lambda: ledger.position, _keep_node(service))
+        # behind the connections' front (each request's caller claims its connection, one
+        # without a valid token is metered), forwarding only writes of tokens it knows
+        front.app = HAFront(front.app, ha, lambda: ledger.position, _keep_node(service),
+                            _valid_token(ledger))  # fmt: skip
     # a statement is tried again after a connection error only while the server goes on (and a
     # leader's lease runs: a fenced append past it is refused anyway)
     ledger.give_up_when(lambda: not worker.accepting or (
@@ -630,6 +633,20 @@ def _roles(
                     ha.lease.epoch)  # fmt: skip
 
     return promote, demote
+
+
+def _valid_token(ledger: Ledger) -> Callable[[str], bool]:
+    """Whether an `Authorization` header holds a token valid in `ledger`'s folded state now
+    (`identity.from_bearer`): what a standby forwards (`HAFront`)."""
+
+    def valid(authorization: str) -> bool:
+        try:
+            identity.from_bearer(ledger.state, authorization, ledger.clock.now())
+        except LedgerError:
+            return False
+        return True
+
+    return valid
 
 
 def _keep_node(service: ServiceLoop) -> Callable[[str, str], bool]:
