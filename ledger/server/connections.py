@@ -202,6 +202,10 @@ class Tally:
     source: dict[int, str] = field(default_factory=dict)
     """Each TCP connection no one has claimed yet: its source; and those by source:"""
     sources: dict[str, set[int]] = field(default_factory=dict)
+    refusing: dict[str, set[int]] = field(default_factory=dict)
+    """Each account's connections refused past its `per_person` whose answer is being held
+    (`hold_refusal`), and their accounts:"""
+    refused_for: dict[int, str] = field(default_factory=dict)
 
     def opened(
         self, conn: int, source: str = "", *, local: bool = False, admin: bool = False
@@ -245,11 +249,32 @@ class Tally:
         self.people.setdefault(person, set()).add(conn)
         return True
 
+    def hold_refusal(self, conn: int, person: str) -> bool:
+        """Whether `conn`, refused past `person`'s `per_person` (`claim`), may have its answer
+        held (`REFUSED_HOLD_S`): True for up to `per_person` of the account's at once, each
+        then out of its TCP source's count (held there, a person looping refusals filled their
+        address's `per_address` for everyone at it); False past them (answered at once)."""
+        held = self.refusing.setdefault(person, set())
+        if len(held) >= self.limits.per_person:
+            if not held:
+                del self.refusing[person]
+            return False
+        self._unsourced(conn)
+        held.add(conn)
+        self.refused_for[conn] = person
+        return True
+
     def closed(self, conn: int) -> None:
         self.open.discard(conn)
         self.local.discard(conn)
         self._release(conn)
         self._unsourced(conn)
+        person = self.refused_for.pop(conn, None)
+        if person is not None:
+            held = self.refusing[person]
+            held.discard(conn)
+            if not held:
+                del self.refusing[person]
 
     def _release(self, conn: int) -> None:
         person = self.owner.pop(conn, None)
@@ -553,6 +578,7 @@ class Connections:
             self._say_full(local)
             lim = self.limits
             cap = lim.max_connections + (lim.local_reserve if local else 0)
+            cap += lim.admin_reserve if local and admin else 0
             err: LedgerError = Unavailable(
                 f"the server has {cap} connections open", hint="retry in a few seconds"
             )
@@ -669,9 +695,8 @@ class Front:
         tally = self.connections.tally
         if person is not None and not tally.claim(id(conn), person):
             self.connections.counts.refused_person += 1
-            # answered at once, not held like the other 429s: held, each refusal kept its
-            # connection counted against its address's 64 meanwhile, and a person looping
-            # them there filled it for everyone at that address (atk37-25 F5, not taken)
+            if tally.hold_refusal(id(conn), person):  # like every 429 (atk37-25 F5)
+                await asyncio.sleep(REFUSED_HOLD_S)
             await _too_many(send, person, self.connections.limits.per_person)
             return
         if person is None:  # no one's: metered by its source (atk36-25 F6)
@@ -711,10 +736,11 @@ class Front:
 
 REFUSED_HOLD_S = 0.25
 """How long a refused request (429: a read past its admission, `pooled`; a request of no one's
-past its source's rate, `Front`) waits before its answer is sent: a client that loops its
-refusals without heeding Retry-After makes a few a second per connection, and the event loop,
-where the submits are committed, spends nothing on them meanwhile (docs/security.md, row
-T5)."""
+past its source's rate, or an account's connection past its `per_person`, up to `per_person`
+of them at once: `Tally.hold_refusal`; `Front`) waits before its answer is sent: a client that
+loops its refusals without heeding Retry-After makes a few a second per connection, and the
+event loop, where the submits are committed, spends nothing on them meanwhile
+(docs/security.md, row T5)."""
 
 
 async def _too_many(send: Callable[[Any], Awaitable[None]], person: str, cap: int) -> None:

@@ -317,3 +317,22 @@ def test_a_job_tokens_connections_are_its_jobs_owners() -> None:
     assert tokens.account(state, Token(token_id="c", user="bob", **mk)) == "bob"
     assert tokens.account(state, Token(token_id="d", user="root", scope="node", scope_node="n1",
                                        **mk)) == "@node:n1"  # fmt: skip
+
+
+def test_a_persons_refusals_are_held_16_at_once_out_of_their_addresss_count() -> None:
+    """atk37-25 F5: a person's 429s were answered at once (~2,600 a second on the event loop);
+    held, each stayed counted against its address's 64 and filled it for everyone there."""
+    t = cn.Tally(cn.Limits(per_person=2, per_address=3))
+    for conn in range(8):
+        assert t.opened(conn, "10.0.0.1") is None or conn >= 3
+    assert t.claim(0, "alice") and t.claim(1, "alice") and not t.claim(2, "alice")
+    assert t.hold_refusal(2, "alice")  # held, and out of 10.0.0.1's count
+    assert t.sources == {} and t.opened(10, "10.0.0.1") is None
+    assert t.opened(11, "10.0.0.1") is None and t.opened(12, "10.0.0.1") is None
+    assert not t.claim(10, "alice") and t.hold_refusal(10, "alice")
+    assert not t.claim(11, "alice") and not t.hold_refusal(11, "alice")  # past 2: at once
+    assert t.sources == {"10.0.0.1": {11, 12}}
+    t.closed(2)
+    t.closed(10)
+    assert t.refusing == {} and t.refused_for == {}
+    assert not t.claim(12, "alice") and t.hold_refusal(12, "alice")
