@@ -85,6 +85,18 @@ def valid(state: State, secret: str, now: float) -> Token | None:
     return token
 
 
+def account(state: State, token: Token) -> str:
+    """Pure: whose connections a token's calls are (docs/server.md, "Connections"): a job
+    token's, its job's owner's (every user may mint one for each job of theirs: counted each
+    as its own, one user with 64 running jobs held 1,024 connections, atk37-25 F1); any other,
+    the actor it acts as (a user, a node)."""
+    if token.scope == "job" and token.scope_job is not None:
+        job = state.jobs.get(token.scope_job)
+        if job is not None:
+            return job.spec.user
+    return token.acts_as
+
+
 def _run_alive(state: State, token: Token) -> bool:
     """Pure: whether a job token's job holds its GPUs now. A job token works only while its
     job runs (docs/security.md, row T13): once the run ends (finished, preempted, requeued) it

@@ -199,6 +199,14 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, connec
     writes = pooled.Writes()
     conns = connections.Connections(connections.limits_from_env())
 
+    def whose_uid(uid: int | None) -> tuple[str, bool]:
+        """A socket peer's account, and whether it is the host's admin: root or a ledger
+        admin's OS account (the socket's admin reserve, `connections.Tally`)."""
+        name, root = connections.os_account(uid)
+        return name, root or ledger.state.is_admin(name)
+
+    conns.whose_uid = whose_uid
+
     def identify(uid: Any, bearer: str | None) -> ident.Identity:
         if isinstance(uid, int) and not bearer:  # a token sent on the socket is the caller
             return ident.from_peer(uid)

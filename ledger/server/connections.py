@@ -20,13 +20,20 @@ until the process ran out of descriptors, when everyone's submits failed (issue 
   once over TCP, the next answered 503 in one line and closed at once; the Unix socket has
   `local_reserve` (`GPULEDGER_LOCAL_CONNECTIONS`, 64) more that TCP never takes (an outsider
   refilling the cap over TCP kept the host's own admin out: atk36-25), and TCP's room while
-  TCP does not use it; `per_person`
-  (`GPULEDGER_CONNECTIONS_PER_PERSON`, 16) of one identified caller (a person, a node, a job),
-  the next answered 429 with Retry-After and closed, while everyone else is served; and
-  `per_address` (`GPULEDGER_CONNECTIONS_PER_ADDRESS`, 64) of one source that are no one's yet
-  (no request with a valid token: an address over TCP, an IPv6 address's /64; an OS account
-  on the Unix socket, capped at `per_person`), the next answered 429 at once and closed, so one
-  address without a token never holds the whole cap (`Tally`).
+  TCP does not use it: every connection counts against one total, `max_connections +
+  local_reserve`, that TCP's admission checks too (TCP admitted its 1,024 beside a full socket:
+  2,112 connections against the 1,344 files `serve` had sized, atk37-25 F4); the host's admins
+  (root, a ledger admin's OS account) have `admin_reserve` (`GPULEDGER_ADMIN_CONNECTIONS`, 16)
+  more on the socket that no one else takes (local accounts together filled the socket's
+  reserve: F2). `per_person` (`GPULEDGER_CONNECTIONS_PER_PERSON`, 16) of one *account*,
+  claimed or not, the next answered 429 with Retry-After and closed, while everyone else is
+  served: a person's tokens and the job tokens of their jobs are one account (a job token
+  was an account of its own: one user with 64 running jobs held 1,024 connections, F1), a
+  node token its node's, and a Unix-socket connection is its OS account's from the moment it
+  opens (its user name, or `uid N` with none); and `per_address`
+  (`GPULEDGER_CONNECTIONS_PER_ADDRESS`, 64) of one TCP source (an address, an IPv6 address's
+  /64) that are no one's yet (no request with a valid token), the next answered 429 at once
+  and closed, so one address without a token never holds the whole cap (`Tally`).
 - **Requests of no one are metered**: a request without a valid token (`/v1/health`, the
   OpenAPI document, the dashboard's page shells, a 401, a 404) takes from its source's bucket
   of `anonymous_burst` filling at `anonymous_per_s` (`GPULEDGER_ANONYMOUS_RATE`, 20 a second,
@@ -44,6 +51,7 @@ import asyncio
 import contextlib
 import contextvars
 import ipaddress
+import logging
 import math
 import os
 import socket
@@ -58,6 +66,7 @@ MAX_CONNECTIONS_ENV = "GPULEDGER_MAX_CONNECTIONS"
 PER_PERSON_ENV = "GPULEDGER_CONNECTIONS_PER_PERSON"
 SEND_STALL_ENV = "GPULEDGER_SEND_STALL_S"
 LOCAL_ENV = "GPULEDGER_LOCAL_CONNECTIONS"
+ADMIN_ENV = "GPULEDGER_ADMIN_CONNECTIONS"
 PER_ADDRESS_ENV = "GPULEDGER_CONNECTIONS_PER_ADDRESS"
 ANONYMOUS_RATE_ENV = "GPULEDGER_ANONYMOUS_RATE"
 CONN = "gpuledger.connection"
@@ -73,10 +82,18 @@ class Limits:
     send_stall_s: float = 10.0
     local_reserve: int = 64
     """Connections beyond `max_connections` that only the Unix socket may open."""
+    admin_reserve: int = 16
+    """Connections beyond those that only the host's admins may open, on the Unix socket."""
     per_address: int = 64
     """Connections of one TCP source that are no one's yet (no request with a valid token)."""
     anonymous_per_s: float = 20.0
     """Requests without a valid token a source may make a second (twice it at once)."""
+
+    @property
+    def most(self) -> int:
+        """Every connection that can be open at once, both listeners' (what `serve` sizes its
+        open files for)."""
+        return self.max_connections + self.local_reserve + self.admin_reserve
 
     @property
     def check_s(self) -> float:
@@ -121,6 +138,7 @@ def limits_from_env(env: dict[str, str] | None = None) -> Limits:
                 (PER_PERSON_ENV, "per_person", int),
                 (SEND_STALL_ENV, "send_stall_s", float),
                 (LOCAL_ENV, "local_reserve", int),
+                (ADMIN_ENV, "admin_reserve", int),
                 (PER_ADDRESS_ENV, "per_address", int),
                 (ANONYMOUS_RATE_ENV, "anonymous_per_s", float),
             ),
@@ -145,20 +163,35 @@ def source_of(peer: Any) -> str:
 
 
 def local_source(uid: int | None) -> str:
-    """The source of a Unix-socket connection: its OS account."""
+    """The account of a Unix-socket connection whose uid has no user name on this host."""
     return f"uid {uid}"
+
+
+def os_account(uid: int | None) -> tuple[str, bool]:
+    """The account a Unix-socket connection of `uid` counts against from the moment it opens
+    (its user name, as the socket's requests act: `identity.from_peer`; `uid N` without one),
+    and whether it is the host's admin (root; `Connections.whose_uid` adds the ledger's
+    admins)."""
+    import pwd
+
+    try:
+        return (pwd.getpwuid(uid).pw_name if uid is not None else local_source(uid)), uid == 0
+    except (KeyError, OSError):
+        return local_source(uid), uid == 0
 
 
 @dataclass
 class Tally:
-    """Which connections are open, whose (the caller of their latest request with a valid
-    token), and, while they are no one's, where from (their source). Pure.
+    """Which connections are open, whose (the account of their latest request with a valid
+    token; a Unix-socket connection's OS account from the start), and, while a TCP one is no
+    one's, where from (its source). Pure.
 
-    A TCP connection is refused when `max_connections` TCP ones are open; a Unix-socket one
-    when `max_connections + local_reserve` are open, both listeners' together: the socket
-    always has its reserve, and TCP's room while TCP does not use it. A connection no one has
-    claimed counts against its source: `per_address` of a TCP source's, `per_person` of an OS
-    account's on the socket."""
+    Every connection counts against one total: a TCP connection is refused when
+    `max_connections` TCP ones are open or `max_connections + local_reserve` of both
+    listeners'; a Unix-socket one when that total is reached, or, for the host's admins,
+    `admin_reserve` more (`Limits.most`, what the open files are sized for). An account holds
+    at most `per_person`, claimed by a token or opened on the socket; a TCP connection no one
+    has claimed counts against its source's `per_address`."""
 
     limits: Limits = field(default_factory=Limits)
     open: set[int] = field(default_factory=set)
@@ -167,24 +200,37 @@ class Tally:
     owner: dict[int, str] = field(default_factory=dict)
     people: dict[str, set[int]] = field(default_factory=dict)
     source: dict[int, str] = field(default_factory=dict)
-    """Each connection no one has claimed yet: its source; and those by source:"""
+    """Each TCP connection no one has claimed yet: its source; and those by source:"""
     sources: dict[str, set[int]] = field(default_factory=dict)
+    refusing: dict[str, set[int]] = field(default_factory=dict)
+    """Each account's connections refused past its `per_person` whose answer is being held
+    (`hold_refusal`), and their accounts:"""
+    refused_for: dict[int, str] = field(default_factory=dict)
 
-    def opened(self, conn: int, source: str = "", *, local: bool = False) -> str | None:
-        """Count connection `conn` from `source` (`local`: the Unix socket's); None, or why it
-        is refused (not counted): "server_full" (503) or "per_address" (429)."""
-        if local:
-            full = len(self.open) >= self.limits.max_connections + self.limits.local_reserve
-        else:
-            full = len(self.open) - len(self.local) >= self.limits.max_connections
-        if full:
+    def opened(
+        self, conn: int, source: str = "", *, local: bool = False, admin: bool = False
+    ) -> str | None:
+        """Count connection `conn` from `source` (`local`: the Unix socket's, `source` its OS
+        account, which holds it from now on; `admin`: the host's admin there); None, or why it
+        is refused (not counted): "server_full" (503), "per_address" or "per_person" (429)."""
+        lim = self.limits
+        room = lim.max_connections + lim.local_reserve
+        if local and admin:
+            room += lim.admin_reserve
+        tcp_full = not local and len(self.open) - len(self.local) >= lim.max_connections
+        if tcp_full or len(self.open) >= room:
             return "server_full"
-        per_source = self.limits.per_person if local else self.limits.per_address
-        if len(self.sources.get(source, ())) >= per_source:
+        if local:
+            if len(self.people.get(source, ())) >= lim.per_person:
+                return "per_person"
+            self.open.add(conn)
+            self.local.add(conn)
+            self.owner[conn] = source
+            self.people.setdefault(source, set()).add(conn)
+            return None
+        if len(self.sources.get(source, ())) >= lim.per_address:
             return "per_address"
         self.open.add(conn)
-        if local:
-            self.local.add(conn)
         self.source[conn] = source
         self.sources.setdefault(source, set()).add(conn)
         return None
@@ -203,11 +249,32 @@ class Tally:
         self.people.setdefault(person, set()).add(conn)
         return True
 
+    def hold_refusal(self, conn: int, person: str) -> bool:
+        """Whether `conn`, refused past `person`'s `per_person` (`claim`), may have its answer
+        held (`REFUSED_HOLD_S`): True for up to `per_person` of the account's at once, each
+        then out of its TCP source's count (held there, a person looping refusals filled their
+        address's `per_address` for everyone at it); False past them (answered at once)."""
+        held = self.refusing.setdefault(person, set())
+        if len(held) >= self.limits.per_person:
+            if not held:
+                del self.refusing[person]
+            return False
+        self._unsourced(conn)
+        held.add(conn)
+        self.refused_for[conn] = person
+        return True
+
     def closed(self, conn: int) -> None:
         self.open.discard(conn)
         self.local.discard(conn)
         self._release(conn)
         self._unsourced(conn)
+        person = self.refused_for.pop(conn, None)
+        if person is not None:
+            held = self.refusing[person]
+            held.discard(conn)
+            if not held:
+                del self.refusing[person]
 
     def _release(self, conn: int) -> None:
         person = self.owner.pop(conn, None)
@@ -480,31 +547,53 @@ class Connections:
     limits: Limits = field(default_factory=Limits)
     tally: Tally = field(init=False)
     counts: Counts = field(default_factory=Counts)
+    whose_uid: Callable[[int | None], tuple[str, bool]] = os_account
+    """A Unix-socket peer's account and whether it is the host's admin (`os_account`; the
+    server adds the ledger's admins)."""
+    said_full_at: float | None = None
+    """When a refusal for the server's cap was last logged (once per `FULL_LOG_S`)."""
 
     def __post_init__(self) -> None:
         self.tally = Tally(self.limits)
 
     def made(
-        self, transport: asyncio.Transport, source: str = "", *, local: bool = False
+        self,
+        transport: asyncio.Transport,
+        source: str = "",
+        *,
+        local: bool = False,
+        admin: bool = False,
     ) -> Connection | None:
-        """A new connection from `source` (`local`: on the Unix socket): its `Connection`, or
-        None (answered in one line and closed) past the server's cap (503) or its source's
-        (429; `Tally.opened`)."""
+        """A new connection from `source` (`local`: on the Unix socket, `source` its account;
+        `admin`: the host's admin there): its `Connection`, or None (answered in one line and
+        closed) past the server's cap (503) or its source's or account's (429;
+        `Tally.opened`)."""
         conn = Connection(transport, self, source)
-        refused = self.tally.opened(id(conn), source, local=local)
+        refused = self.tally.opened(id(conn), source, local=local, admin=admin)
         if refused is None:
             conn.awaiting_request()
             return conn
         if refused == "server_full":
             self.counts.refused_full += 1
-            cap = self.limits.max_connections + (self.limits.local_reserve if local else 0)
+            self._say_full(local)
+            lim = self.limits
+            cap = lim.max_connections + (lim.local_reserve if local else 0)
+            cap += lim.admin_reserve if local and admin else 0
             err: LedgerError = Unavailable(
                 f"the server has {cap} connections open", hint="retry in a few seconds"
             )
             transport.write(answer(503, "Service Unavailable", err, 5))
+        elif refused == "per_person":
+            self.counts.refused_person += 1
+            err = TooBusy(
+                f"{source!r} has {self.limits.per_person} connections open already",
+                hint="close some, or send your requests on fewer",
+                retry_after=1,
+            )
+            transport.write(answer(429, "Too Many Requests", err, 1))
         else:
             self.counts.refused_address += 1
-            cap = self.limits.per_person if local else self.limits.per_address
+            cap = self.limits.per_address
             err = TooBusy(
                 f"{source} has {cap} connections open that no request with a token has claimed",
                 hint="send your requests with your token, on fewer connections",
@@ -517,6 +606,29 @@ class Connections:
     @property
     def open(self) -> int:
         return len(self.tally.open)
+
+    def _say_full(self, local: bool) -> None:
+        """One line in the log, at most every `FULL_LOG_S`, when a connection is refused for
+        the server's cap (an outage of the caps said nothing in the log: atk37-25 F4)."""
+        now = asyncio.get_running_loop().time()
+        if self.said_full_at is not None and now - self.said_full_at < FULL_LOG_S:
+            return
+        self.said_full_at = now
+        lim, tally = self.limits, self.tally
+        log.warning(
+            "refusing %s connections (503): %d open, %d of them on the Unix socket; the caps "
+            "allow %d over TCP and %d in all (%d more for the host's admins on the socket), "
+            "the open files were sized for %d",
+            "Unix-socket" if local else "TCP", len(tally.open), len(tally.local),
+            lim.max_connections, lim.max_connections + lim.local_reserve, lim.admin_reserve,
+            lim.most,
+        )  # fmt: skip
+
+
+FULL_LOG_S = 10.0
+"""How often a refusal for the server's cap is said in the log, at most."""
+
+log = logging.getLogger("gpuledger.server")
 
 
 @dataclass
@@ -583,6 +695,8 @@ class Front:
         tally = self.connections.tally
         if person is not None and not tally.claim(id(conn), person):
             self.connections.counts.refused_person += 1
+            if tally.hold_refusal(id(conn), person):  # like every 429 (atk37-25 F5)
+                await asyncio.sleep(REFUSED_HOLD_S)
             await _too_many(send, person, self.connections.limits.per_person)
             return
         if person is None:  # no one's: metered by its source (atk36-25 F6)
@@ -607,6 +721,7 @@ class Front:
                     release()
 
     def _person(self, scope: Any) -> str | None:
+        """The account the request's caller counts against (`Identity.whose`), or None."""
         from ledger.server.identity import PEER_UID
 
         bearer = None
@@ -614,16 +729,18 @@ class Front:
             if name == b"authorization":
                 bearer = bytes(value).decode("latin-1")
         try:
-            return str(self.identify(scope.get(PEER_UID), bearer).actor)
+            return str(self.identify(scope.get(PEER_UID), bearer).whose)
         except Exception:  # no identity: the app answers it (401) as before
             return None
 
 
 REFUSED_HOLD_S = 0.25
 """How long a refused request (429: a read past its admission, `pooled`; a request of no one's
-past its source's rate, `Front`) waits before its answer is sent: a client that loops its
-refusals without heeding Retry-After makes a few a second per connection, and the event loop,
-where the submits are committed, spends nothing on them meanwhile (docs/security.md, row T5)."""
+past its source's rate, or an account's connection past its `per_person`, up to `per_person`
+of them at once: `Tally.hold_refusal`; `Front`) waits before its answer is sent: a client that
+loops its refusals without heeding Retry-After makes a few a second per connection, and the
+event loop, where the submits are committed, spends nothing on them meanwhile
+(docs/security.md, row T5)."""
 
 
 async def _too_many(send: Callable[[Any], Awaitable[None]], person: str, cap: int) -> None:

@@ -107,6 +107,12 @@ READ_YOUR_WRITES_S = 5.0
 TAKEOVER_WAIT_S = 3.0
 """How long a write waits for a server that holds the lease (or may take it: nobody leads) to
 take up the leader's work, before it is forwarded or refused."""
+TOKEN_FOLD_S = 0.5
+"""How long a standby waits for its folded state to hold a forwarded write's token (one made on
+the leader moments ago) before it answers 401 itself."""
+FORWARD_THREADS = 16
+"""The threads a standby forwards writes on, its own (not the event loop's default executor,
+which every `asyncio.to_thread` of the process shares)."""
 
 
 @dataclass
@@ -411,6 +417,7 @@ class HAFront:
         ha: Leadership,
         position: Callable[[], int],
         keep_node: Callable[[str, str], bool] = lambda node, authorization: False,
+        valid: Callable[[str], bool] = lambda authorization: True,
     ) -> None:
         self.app = app
         self.ha = ha
@@ -418,6 +425,10 @@ class HAFront:
         self.keep_node = keep_node
         """(node, Authorization header) -> whether to keep that node's lease while the store is
         away: a node this server does not count lost, and that node's own token."""
+        self.valid = valid
+        """(Authorization header) -> whether this server's folded state holds it a valid token:
+        a write forwarded only then (`_forwardable`)."""
+        self._pool: Any = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -451,6 +462,9 @@ class HAFront:
             and HOP_HEADER not in headers
         )
         if leader and leader != self.ha.lease.address and forwardable:
+            if not await self._known(headers["authorization"]):
+                await _not_authenticated(send, self.ha.role)
+                return
             await self._forward(leader, scope, receive, send, headers)
             return
         if self.ha.unreachable is not None:  # not "a standby": nobody can lead meanwhile
@@ -488,6 +502,22 @@ class HAFront:
                 return False
             self.ha.notify()
             await asyncio.sleep(0.02)
+        return True
+
+    async def _known(self, authorization: str) -> bool:
+        """Whether the write's token is valid in this standby's folded state, waiting at most
+        `TOKEN_FOLD_S` for the log to bring it (a token made on the leader moments ago). One
+        it never holds is answered 401 here, never forwarded: an outsider's writes with a junk
+        token held the forwarding threads while the leader metered them by the standby's
+        address, and every person's forwarded write waited behind them (atk37-25 F3)."""
+        deadline = time.monotonic() + TOKEN_FOLD_S
+        while not self.valid(authorization):
+            if time.monotonic() > deadline:
+                return False
+            at = self.position()
+            self.ha.notify()  # the worker follows the log at once
+            while self.position() == at and time.monotonic() <= deadline:
+                await asyncio.sleep(0.02)
         return True
 
     async def _reached(self, want: int) -> bool:
@@ -581,9 +611,13 @@ class HAFront:
         query = scope["query_string"].decode()
         path = scope["path"] + (f"?{query}" if query else "")
         sent = {k: v for k, v in headers.items() if k in FORWARDED} | {HOP_HEADER: "1"}
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(FORWARD_THREADS, thread_name_prefix="gpuledger-fwd")
         conn = _connection(leader)
-        call = asyncio.ensure_future(
-            asyncio.to_thread(_exchange, conn, scope["method"], path, body, sent)
+        call = asyncio.get_running_loop().run_in_executor(
+            self._pool, _exchange, conn, scope["method"], path, body, sent
         )
         while not call.done() and self.ha.leader_address() == leader and not self.ha.acting():
             await asyncio.wait({call}, timeout=0.05)
@@ -640,6 +674,26 @@ class HAFront:
             await self.app(scope, replay, self._stamped(send))
             return
         await self._refuse(send, f"the leader {gone} did not answer and leads no more")
+
+
+async def _not_authenticated(send: Send, role: str) -> None:
+    """The 401 the leader would give a write without a valid token (`identity.from_bearer`'s
+    words), answered by a standby itself."""
+    from ledger.server.identity import denied
+
+    err = denied()
+    body = msgspec.json.encode(
+        api.Problem(title=err.code, status=401, detail=err.line(), code=err.code,
+                    message=err.message, hint=err.hint)
+    )  # fmt: skip
+    headers = [
+        (b"content-type", b"application/problem+json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"www-authenticate", b"Bearer"),
+        (ROLE_HEADER.encode(), role.encode()),
+    ]
+    await send({"type": "http.response.start", "status": 401, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class _NodeOnly(msgspec.Struct):

@@ -32,6 +32,14 @@ class Identity:
     actor: str
     via: str
     """"token:<id>" or "peer:<uid>"."""
+    account: str = ""
+    """Whose connections its calls are (`tokens.account`: a job token's job's owner's), when
+    not `actor`'s."""
+
+    @property
+    def whose(self) -> str:
+        """The account its connections count against (docs/server.md, "Connections")."""
+        return self.account or self.actor
 
 
 def _denied() -> NotAuthenticated:
@@ -44,6 +52,11 @@ def _denied() -> NotAuthenticated:
     )
 
 
+def denied() -> NotAuthenticated:
+    """The one refusal of a caller without a valid token (a new exception each call)."""
+    return _denied()
+
+
 def from_bearer(state: State, header: str | None, now: float) -> Identity:
     """The identity a `Authorization: Bearer ...` header proves, or NotAuthenticated (the same
     error for a missing, malformed, unknown, wrong, expired or revoked token)."""
@@ -52,7 +65,9 @@ def from_bearer(state: State, header: str | None, now: float) -> Identity:
     token = tokens.valid(state, header[len("Bearer ") :].strip(), now)
     if token is None:
         raise _denied()
-    return Identity(actor=token.acts_as, via=f"token:{token.token_id}")
+    return Identity(
+        actor=token.acts_as, via=f"token:{token.token_id}", account=tokens.account(state, token)
+    )
 
 
 def peer_uid(sock: socket.socket) -> int | None:

@@ -54,7 +54,6 @@ from ledger.server.connections import (
     Connection,
     Connections,
     answer,
-    local_source,
     source_of,
 )
 from ledger.server.ha import HAFront, Leadership
@@ -65,7 +64,7 @@ from ledger.store.pgread import redacted
 from ledger.wire import SOCKET_NAME
 from ledger.wire.config import ServeConfig
 from schemas.bounds import MAX_ARRAY_TASKS
-from schemas.errors import InvalidCommand
+from schemas.errors import InvalidCommand, LedgerError
 
 log = logging.getLogger("gpuledger.server")
 
@@ -86,15 +85,16 @@ class PeerCredProtocol(HttpToolsProtocol):
         local = sock is not None and sock.family == socket.AF_UNIX
         if local:
             self.peer = identity.peer_uid(sock)
-            source = local_source(self.peer)
+            source, admin = self.ours.whose_uid(self.peer)
         else:
+            admin = False
             source = source_of(transport.get_extra_info("peername"))
             if sock is not None:
                 # a response whose parts are written apart must not wait for the client's
                 # delayed ACK (Nagle: ~40 ms per request)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # None: over a cap, answered and closed
-        self.conn = self.ours.made(transport, source, local=local)
+        self.conn = self.ours.made(transport, source, local=local, admin=admin)
         super().connection_made(self.conn or transport)  # type: ignore[arg-type]
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -412,14 +412,17 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     worker = Worker(service, tick_s=config.interval.seconds, max_batch=config.max_batch)
     front = create_asgi(worker, clock=ledger.clock.now)
     limits = front.connections.limits
-    _enough_descriptors(limits.max_connections + limits.local_reserve)
+    _enough_descriptors(limits.most)
     app: Any = front
     if ha is not None:
         worker.ha = ha
         worker.promote, worker.demote = _roles(ha, service, config, actor)
         ha.position = lambda: ledger.position
         ha.notify = worker.nudge
-        app = HAFront(app, ha, lambda: ledger.position, _keep_node(service))
+        # behind the connections' front (each request's caller claims its connection, one
+        # without a valid token is metered), forwarding only writes of tokens it knows
+        front.app = HAFront(front.app, ha, lambda: ledger.position, _keep_node(service),
+                            _valid_token(ledger))  # fmt: skip
     # a statement is tried again after a connection error only while the server goes on (and a
     # leader's lease runs: a fenced append past it is refused anyway)
     ledger.give_up_when(lambda: not worker.accepting or (
@@ -478,9 +481,11 @@ projection, the agents' state files, subprocesses' pipes)."""
 
 def _enough_descriptors(max_connections: int) -> None:
     """Raise this process's soft limit of open files so that `max_connections` connections
-    (`ledger.server.connections`) and the server's own files fit (at most to the hard limit;
-    a warning when they do not: the cap would not keep the process from running out, and a
-    person's connections past it would make everyone's accept fail, issue 25)."""
+    (`Limits.most`: every connection the caps let be open at once, both listeners' and the
+    admins' reserve; `ledger.server.connections`) and the server's own files fit (at most to
+    the hard limit; a warning when they do not: the cap would not keep the process from
+    running out, and a person's connections past it would make everyone's accept fail, issue
+    25)."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -492,8 +497,10 @@ def _enough_descriptors(max_connections: int) -> None:
             soft = new
     if soft != resource.RLIM_INFINITY and soft < want:
         log.warning(
-            "open files limited to %d: fewer than GPULEDGER_MAX_CONNECTIONS (%d) + %d; lower "
-            "it or raise the limit (LimitNOFILE=)", soft, max_connections, SPARE_FDS,
+            "open files limited to %d: fewer than the connections' caps (%d: "
+            "GPULEDGER_MAX_CONNECTIONS + GPULEDGER_LOCAL_CONNECTIONS + "
+            "GPULEDGER_ADMIN_CONNECTIONS) + %d; lower them or raise the limit (LimitNOFILE=)",
+            soft, max_connections, SPARE_FDS,
         )  # fmt: skip
 
 
@@ -627,6 +634,20 @@ def _roles(
                     ha.lease.epoch)  # fmt: skip
 
     return promote, demote
+
+
+def _valid_token(ledger: Ledger) -> Callable[[str], bool]:
+    """Whether an `Authorization` header holds a token valid in `ledger`'s folded state now
+    (`identity.from_bearer`): what a standby forwards (`HAFront`)."""
+
+    def valid(authorization: str) -> bool:
+        try:
+            identity.from_bearer(ledger.state, authorization, ledger.clock.now())
+        except LedgerError:
+            return False
+        return True
+
+    return valid
 
 
 def _keep_node(service: ServiceLoop) -> Callable[[str, str], bool]:

@@ -25,43 +25,81 @@ def test_the_unix_sockets_reserve_is_never_taken_over_tcp() -> None:
     for conn in range(4):
         assert t.opened(conn, f"10.0.0.{conn}") is None
     assert t.opened(10, "10.0.0.9") == "server_full"  # TCP: full at 4
-    assert t.opened(11, cn.local_source(0), local=True) is None  # the socket: 2 more
-    assert t.opened(12, cn.local_source(1000), local=True) is None
-    assert t.opened(13, cn.local_source(0), local=True) == "server_full"
+    assert t.opened(11, "root", local=True) is None  # the socket: 2 more
+    assert t.opened(12, "alice", local=True) is None
+    assert t.opened(13, "bob", local=True) == "server_full"
     t.closed(11)
     assert t.opened(14, "10.0.0.9") == "server_full"  # a freed reserve slot is the socket's
-    assert t.opened(15, cn.local_source(0), local=True) is None
-    # the socket's connections never count against TCP's cap, and use its room while free
-    t = cn.Tally(cn.Limits(max_connections=2, local_reserve=1, per_address=100))
-    assert all(t.opened(n, cn.local_source(n), local=True) is None for n in range(3))
-    assert t.opened(3, cn.local_source(9), local=True) == "server_full"
-    assert t.opened(4, "10.0.0.1") is None and t.opened(5, "10.0.0.1") is None
-    assert t.opened(6, "10.0.0.1") == "server_full"
-    assert t.local == {0, 1, 2}
+    assert t.opened(15, "bob", local=True) is None
+
+
+def test_every_connection_counts_against_one_total_tcp_too() -> None:
+    """atk37-25 F4: the socket filled first, then TCP admitted its whole cap beside it: more
+    connections than the open files `serve` had sized for."""
+    lim = cn.Limits(max_connections=2, local_reserve=1, admin_reserve=1, per_person=100)
+    t = cn.Tally(lim)
+    assert all(t.opened(n, f"u{n}", local=True) is None for n in range(3))  # TCP's room too
+    assert t.opened(3, "u9", local=True) == "server_full"
+    assert t.opened(4, "10.0.0.1") == "server_full"  # TCP counts the socket's
+    assert t.opened(5, "root", local=True, admin=True) is None  # the admins' reserve
+    assert t.opened(6, "root", local=True, admin=True) == "server_full"
+    assert len(t.open) == lim.most == 4
+    t.closed(0)  # the admin's counts in the total too: still full for TCP
+    assert t.opened(7, "10.0.0.1") == "server_full"
+    t.closed(1)
+    assert t.opened(8, "10.0.0.1") is None and t.opened(9, "10.0.0.1") == "server_full"
 
 
 @pytest.mark.parametrize(
-    ("case", "local", "want_cap"),
+    ("case", "fill"),
     [
-        ("a TCP address: per_address", False, 3),
-        ("an OS account on the socket: per_person", True, 2),
+        ("TCP first", ["tcp"] * 4 + ["local"] * 2),
+        ("the socket first", ["local"] * 6 + ["tcp"] * 4),
+        ("taking turns", ["local", "tcp"] * 5),
     ],
 )
-def test_a_source_holds_its_cap_of_connections_no_one_has_claimed(
-    case: str, local: bool, want_cap: int
-) -> None:
+def test_the_admins_reserve_is_left_whoever_fills_the_rest(case: str, fill: list[str]) -> None:
+    """atk37-25 F2: local accounts together filled the socket's reserve and root heard 503."""
+    lim = cn.Limits(max_connections=4, local_reserve=2, admin_reserve=2, per_person=1,
+                    per_address=100)  # fmt: skip
+    t = cn.Tally(lim)
+    for n, where in enumerate(fill):
+        t.opened(n, f"u{n}", local=True) if where == "local" else t.opened(n, "10.0.0.1")
+    assert len(t.open) == 6, case
+    assert t.opened(100, "u100", local=True) == "server_full", case
+    assert t.opened(101, "root", local=True, admin=True) is None, case
+    assert t.opened(102, "alice", local=True, admin=True) is None, case
+    assert t.opened(103, "mgr", local=True, admin=True) == "server_full", case
+    assert len(t.open) == lim.most, case
+
+
+def test_a_tcp_address_holds_its_cap_of_connections_no_one_has_claimed() -> None:
     t = cn.Tally(cn.Limits(per_person=2, per_address=3))
-    me = cn.local_source(1000) if local else "10.0.0.1"
-    for conn in range(want_cap):
-        assert t.opened(conn, me, local=local) is None, case
-    assert t.opened(50, me, local=local) == "per_address", case
-    assert t.opened(51, "10.0.0.2") is None, case  # another source is served
+    me = "10.0.0.1"
+    for conn in range(3):
+        assert t.opened(conn, me) is None
+    assert t.opened(50, me) == "per_address"
+    assert t.opened(51, "10.0.0.2") is None  # another source is served
     # a request with a token claims a connection: it is its person's, no longer the source's
     assert t.claim(0, "carol")
-    assert t.sources[me] == set(range(1, want_cap)) and t.opened(52, me, local=local) is None
+    assert t.sources[me] == {1, 2} and t.opened(52, me) is None
     t.closed(52)
     t.closed(1)
-    assert t.opened(53, me, local=local) is None and 1 not in t.source
+    assert t.opened(53, me) is None and 1 not in t.source
+
+
+def test_a_socket_connection_is_its_accounts_from_the_start_claimed_or_not() -> None:
+    """atk37-25 F2: an OS account held 16 connections unclaimed and 16 claimed by its name."""
+    t = cn.Tally(cn.Limits(per_person=2))
+    assert t.opened(1, "alice", local=True) is None and t.opened(2, "alice", local=True) is None
+    assert t.opened(3, "alice", local=True) == "per_person"
+    assert t.claim(1, "alice")  # her own request: already hers
+    assert not t.claim(4, "alice") and t.opened(4, "10.0.0.1") is None
+    assert not t.claim(4, "alice")  # over TCP too: one cap for the account
+    assert t.opened(5, cn.local_source(4242), local=True) is None  # a uid with no name: its own
+    assert t.claim(2, "bob")  # a token of another account sent on the socket: theirs
+    assert t.people == {"alice": {1}, "bob": {2}, "uid 4242": {5}}
+    assert t.opened(6, "alice", local=True) is None
 
 
 @pytest.mark.parametrize(
@@ -172,15 +210,18 @@ def test_a_send_is_stalled_when_no_byte_leaves_for_the_limit(
 
 
 def test_the_settings_come_from_the_environment_and_bad_ones_are_one_line() -> None:
-    assert cn.limits_from_env({}) == cn.Limits(1024, 16, 10.0, 64, 64, 20.0)
+    assert cn.limits_from_env({}) == cn.Limits(1024, 16, 10.0, 64, 16, 64, 20.0)
     got = cn.limits_from_env({cn.MAX_CONNECTIONS_ENV: "50", cn.PER_PERSON_ENV: "3",
                               cn.SEND_STALL_ENV: "2.5", cn.LOCAL_ENV: "8",
-                              cn.PER_ADDRESS_ENV: "5", cn.ANONYMOUS_RATE_ENV: "2.5"})  # fmt: skip
-    assert got == cn.Limits(50, 3, 2.5, 8, 5, 2.5) and got.check_s == 0.625
+                              cn.PER_ADDRESS_ENV: "5", cn.ANONYMOUS_RATE_ENV: "2.5",
+                              cn.ADMIN_ENV: "4"})  # fmt: skip
+    assert got == cn.Limits(50, 3, 2.5, 8, 4, 5, 2.5) and got.check_s == 0.625
+    assert got.most == 62
     assert got.anonymous_burst == 5.0
     for name, bad in ((cn.SEND_STALL_ENV, "0"), (cn.PER_PERSON_ENV, "x"),
                       (cn.MAX_CONNECTIONS_ENV, "-1"), (cn.LOCAL_ENV, "0"),
-                      (cn.PER_ADDRESS_ENV, "-3"), (cn.ANONYMOUS_RATE_ENV, "x")):  # fmt: skip
+                      (cn.PER_ADDRESS_ENV, "-3"), (cn.ANONYMOUS_RATE_ENV, "x"),
+                      (cn.ADMIN_ENV, "0")):  # fmt: skip
         with pytest.raises(InvalidCommand, match=name):
             cn.limits_from_env({name: bad})
 
@@ -254,3 +295,44 @@ def test_the_last_reads_are_kept_for_people_with_none_under_way() -> None:
 
 async def _no_worker(fn: object) -> object:
     raise AssertionError("not used")
+
+
+def test_a_job_tokens_connections_are_its_jobs_owners() -> None:
+    """atk37-25 F1: each job token was an account of its own (one user with 64 running jobs
+    held 1,024 connections from one address)."""
+    from ledger.core import tokens
+    from ledger.core.state import Job, State, Token
+    from schemas import events as e
+
+    state = State()
+    spec = e.JobSubmitted(event_id="s", at=1.0, actor="mgr", job_id=7, account="ai2/olmo",
+                          user="alice", gpus=1, min_runtime_s=60)  # fmt: skip
+    state.jobs[7] = Job(spec=spec, status="running")
+    mk = {"name": "", "secret_sha256": "0" * 64, "issued_at": 0.0}
+    assert tokens.account(state, Token(token_id="a", user="alice", scope="job", scope_job=7,
+                                       **mk)) == "alice"  # fmt: skip
+    # minted by a manager for her job: still hers
+    assert tokens.account(state, Token(token_id="b", user="mgr", scope="job", scope_job=7,
+                                       **mk)) == "alice"  # fmt: skip
+    assert tokens.account(state, Token(token_id="c", user="bob", **mk)) == "bob"
+    assert tokens.account(state, Token(token_id="d", user="root", scope="node", scope_node="n1",
+                                       **mk)) == "@node:n1"  # fmt: skip
+
+
+def test_a_persons_refusals_are_held_16_at_once_out_of_their_addresss_count() -> None:
+    """atk37-25 F5: a person's 429s were answered at once (~2,600 a second on the event loop);
+    held, each stayed counted against its address's 64 and filled it for everyone there."""
+    t = cn.Tally(cn.Limits(per_person=2, per_address=3))
+    for conn in range(8):
+        assert t.opened(conn, "10.0.0.1") is None or conn >= 3
+    assert t.claim(0, "alice") and t.claim(1, "alice") and not t.claim(2, "alice")
+    assert t.hold_refusal(2, "alice")  # held, and out of 10.0.0.1's count
+    assert t.sources == {} and t.opened(10, "10.0.0.1") is None
+    assert t.opened(11, "10.0.0.1") is None and t.opened(12, "10.0.0.1") is None
+    assert not t.claim(10, "alice") and t.hold_refusal(10, "alice")
+    assert not t.claim(11, "alice") and not t.hold_refusal(11, "alice")  # past 2: at once
+    assert t.sources == {"10.0.0.1": {11, 12}}
+    t.closed(2)
+    t.closed(10)
+    assert t.refusing == {} and t.refused_for == {}
+    assert not t.claim(12, "alice") and t.hold_refusal(12, "alice")
