@@ -36,7 +36,7 @@ reservation), `fairshare-8`'s when on.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 from ledger.dispatch.fairshare7 import FairShare7
 from ledger.dispatch.fairshare8 import FairShare8
@@ -69,5 +69,20 @@ class FairShare11(FairShare8, frozen=True, kw_only=True):
             return super().order(snapshot)
         return FairShare7.order(self, snapshot)
 
+    def job_traits(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
+        """`fairshare-8`'s traits (with whether the job is the reserved one), the reserved job
+        looked up once per snapshot: a cycle asks for every waiting job."""
+        last = _RESERVED[0]  # one read: another thread may replace it meanwhile
+        if last is not None and last[0] is snapshot and last[1] is self:
+            picked = last[2]
+        else:
+            picked = self.reserved_job(snapshot)
+            _RESERVED[0] = (snapshot, self, picked)
+        return (FairShare7.job_traits(self, job, snapshot), job.job_id == picked)
+
     def squat_note(self, job: RunningJob) -> str:
         return f"low utilisation since {when(job.low_util_since)}"
+
+
+_RESERVED: list[tuple[Snapshot, FairShare11, int | None] | None] = [None]
+"""The snapshot and policy last asked about and the id of the job it reserves for."""
