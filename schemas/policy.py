@@ -261,6 +261,23 @@ class FairShare10Config(FairShare9Config, frozen=True, kw_only=True, tag="fairsh
     `fairshare-9`'s day."""
 
 
+class FairShare11Config(FairShare8Config, frozen=True, kw_only=True, tag="fairshare-11"):
+    """`fairshare-8`'s reservation for the oldest large funded job, binding every job (only jobs
+    that end before it starts, and unfunded ones, use its nodes) but only once its nodes all
+    free within `hold_window_s` (Slurm's `bf_window`), and not lifted ahead of the team order
+    (docs/dispatch.md, docs/simulation.md)."""
+
+    hold_lift: bool = False
+    hold_early: bool = True
+    hold_window_s: NonNegative = 3_600.0
+    """The oldest large job's reservation binds the jobs ahead of it in the order only when its
+    nodes all free within this long from now (0: whenever they free in finite time, as
+    `fairshare-8`'s `hold_early`); else it holds nodes only when the cycle reaches it."""
+    hold_early_after_s: NonNegative = 86_400.0
+    """The binding reservation is made only for a job that has waited this long since it was
+    submitted (a day; 0: at once)."""
+
+
 class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
     """Slurm's multifactor priority as configured by default: no preemption unless
     `preempt_unfunded` (PreemptType=preempt/partition_prio with a scavenger partition)."""
@@ -319,7 +336,8 @@ class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
 
 
 AnyPolicyConfig = (
-    FairShare10Config
+    FairShare11Config
+    | FairShare10Config
     | FairShare9Config
     | FairShare8Config
     | FairShare7Config
@@ -339,6 +357,7 @@ AnyPolicyConfig = (
 """Any registered policy version's config (tagged by `version`)."""
 
 POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
+    FairShare11Config,
     FairShare10Config,
     FairShare9Config,
     FairShare8Config,

@@ -404,7 +404,9 @@ class _Cycle:
         early = getattr(policy, "hold_before", None)
         first = early(snapshot) if early is not None else None
         if first is not None:  # a reservation every job but its own respects (`hold_before`)
-            self._hold_for(first, index.is_gang(first))
+            # made only when it starts within the policy's window (`hold_window_s`; 0: any time)
+            window = float(getattr(policy, "hold_window_s", 0.0)) or math.inf
+            self._hold_for(first, index.is_gang(first), window)
         wake = self.wake
         waited: set[tuple[str | None, str | None, int]] = set()  # shapes seen waiting
         # an order that placements move (`fairshare10.Charged`): handed out one job at a time,
@@ -674,12 +676,13 @@ class _Cycle:
             self.held = None
             self.failed.clear()
 
-    def _hold_for(self, job: PendingJob, gang: bool) -> None:
+    def _hold_for(self, job: PendingJob, gang: bool, window: float = math.inf) -> None:
         """Reserve for `job` the nodes of its pools whose GPUs it can have soonest: a running
         job gives its GPUs back at its contract's end when `job` may preempt it then, else when
         the policy expects it to end (`Policy.expected_end`; inf: never, for a reservation).
         Nodes kept for debug work are left out. No reservation when no set of nodes frees in
-        finite time."""
+        finite time, nor when the soonest one frees later than `window` from now (Slurm's
+        `bf_window`: no reservation is planned beyond it)."""
         now, index = self.now, self.index
         pools = index.pools_for(job.gpu_type, job.cluster)
         keys = {p.key for p in pools}
@@ -732,7 +735,7 @@ class _Cycle:
             chosen.append(name)
             got += index.size[name] if gang else job.gpus
             until = max(until, at)
-        if got < job.gpus:
+        if got < job.gpus or until - now > window:
             return
         self.epoch += 1
         self.hold = Hold(job_id=job.job_id, nodes=frozenset(chosen), until=until)

@@ -36,6 +36,7 @@ from ledger.dispatch.fairshare7 import FairShare7
 from ledger.dispatch.fairshare8 import FairShare8
 from ledger.dispatch.fairshare9 import FairShare9
 from ledger.dispatch.fairshare10 import FairShare10
+from ledger.dispatch.fairshare11 import FairShare11
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.policy import (
@@ -49,6 +50,7 @@ from schemas.policy import (
     FairShare8Config,
     FairShare9Config,
     FairShare10Config,
+    FairShare11Config,
     FairShareConfig,
     FifoConfig,
     Legacy2Config,
@@ -89,6 +91,7 @@ def _fields(config: AnyPolicyConfig) -> dict[str, Any]:
 VERSIONS: dict[str, Registered] = {
     r.version: r
     for r in (
+        Registered("fairshare", FairShare11Config, FairShare11, ranked=True),
         Registered("fairshare", FairShare10Config, FairShare10, ranked=True),
         Registered("fairshare", FairShare9Config, FairShare9, ranked=True),
         Registered("fairshare", FairShare8Config, FairShare8, ranked=True),

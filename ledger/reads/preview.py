@@ -436,6 +436,7 @@ _KEY_PARTS["fairshare-10"] = (
     ("turn", "the job's turn in the cycle's order: teams re-ranked as the cycle placed jobs"),
     *_KEY_PARTS["fairshare-5"][4:],
 )
+_KEY_PARTS["fairshare-11"] = _KEY_PARTS["fairshare-5"]  # fairshare-7's order (no lift)
 _KEY_PARTS["slurm-lab-1"] = (
     ("qos", "0 debug, 1 normal (funded), 2 scavenger (unfunded)"),
     *_KEY_PARTS["slurm"][1:],

@@ -310,7 +310,15 @@ def test_two_job_arrays_at_zero_usage_share_an_idle_cluster_in_the_first_cycle(
 
 
 @pytest.mark.parametrize(
-    "policy", [*sorted(POLICY_NAMES), "fairshare-7", "fairshare-8", "fairshare-9", "fairshare-10"]
+    "policy",
+    [
+        *sorted(POLICY_NAMES),
+        "fairshare-7",
+        "fairshare-8",
+        "fairshare-9",
+        "fairshare-10",
+        "fairshare-11",
+    ],
 )
 def test_every_simulated_decision_of_every_policy_replays_identically(
     tmp_path: Path, policy: str

@@ -115,7 +115,7 @@ class _Plain:
         return getattr(self._inner, name)
 
 
-@pytest.mark.parametrize("version", ["fairshare-6", "fairshare-7", "fairshare-8"])
+@pytest.mark.parametrize("version", ["fairshare-6", "fairshare-7", "fairshare-8", "fairshare-11"])
 def test_answers_asked_once_per_traits_decide_as_asking_every_job(version: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     from bench_dispatch import NOW as BNOW

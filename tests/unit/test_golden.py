@@ -17,7 +17,7 @@ from projections.batch import decode_records
 from projections.source import ListSource, LogRecord
 from schemas import codec
 from schemas import events as e
-from schemas.policy import AnyPolicyConfig, FairShare6Config, FairShare9Config
+from schemas.policy import AnyPolicyConfig, FairShare6Config, FairShare7Config, FairShare9Config
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 V1 = (GOLDEN / "events-v1.jsonl").read_bytes().splitlines()
@@ -297,3 +297,32 @@ def test_recorded_fairshare_10_decisions_replay_identically_and_differ_as_fairsh
     ]
     first = next(iter(replay_decisions(source, as_nine)))
     assert not first.identical
+
+
+def test_recorded_fairshare_11_decisions_replay_identically_and_differ_as_fairshare_7() -> None:
+    """fairshare-11 (the oldest large job's reservation binds every job inside its window)
+    decides exactly as it recorded (`fairshare-11.jsonl`); read as fairshare-7 with the settings
+    the two share (the reservation for the first large job in the order, binding only the jobs
+    after it), some decisions differ, so the test can fail."""
+    source, decisions = _recorded_decisions("fairshare-11")
+    assert len(decisions) == 36
+    assert sum(len(d.preempted) for _, d in decisions) > 0
+    results = list(replay_decisions(source, decisions))
+    assert [r.headline() for r in results if not r.identical] == []
+    shared = FairShare7Config.__struct_fields__
+    as_seven = [
+        (
+            position,
+            msgspec.structs.replace(
+                d,
+                policy_version="fairshare-7",
+                policy=FairShare7Config(
+                    **{k: v for k, v in msgspec.structs.asdict(d.policy).items() if k in shared}
+                ),
+            ),
+        )
+        for position, d in decisions
+        if d.policy is not None
+    ]
+    assert len(as_seven) == len(decisions)
+    assert not all(r.identical for r in replay_decisions(source, as_seven))
