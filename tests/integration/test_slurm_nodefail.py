@@ -217,3 +217,31 @@ def test_a_job_that_makes_its_marks_unwritable_ends_with_its_node_once_the_node_
     assert last - 0.5 <= job["finished_at"] <= last + 12.0, (job, last)
     (ended,) = ledger.of("job.engine_ended.v1", 1)
     assert (ended["reason"], ended["engine_state"]) == ("node_failure", "NODE_FAIL"), ended
+
+
+def test_a_requeued_run_whose_node_goes_down_is_never_alive_with_its_next_launch(
+    ledger: Ledger,
+) -> None:
+    """atk37-23 F7, worse: a resumable job ignoring SIGTERM (grace 60 s) is requeued; its node
+    is set DOWN during the grace, then resumed. Its next launch starts only once the first
+    launch's processes are gone (Slurm SIGKILLs them KillWait after the DOWN): the job is never
+    alive in two launches. It was for ~7 s (the launch fence trusted Slurm's NODE_FAIL)."""
+    work = ledger.work
+    ledger.up()
+    ledger.submit("alice", 4, f"trap 'date +%s.%N >> {work}/term' TERM; "
+                  f"while true; do date +%s.%N >> {work}/alive.$GPULEDGER_RUN; sleep 0.2; done",
+                  "--grace", "60s", "--resumable")  # fmt: skip
+    ledger.wait("the job to run", lambda: (work / "alive.0").exists())
+    ledger.cli("requeue", "1", actor="alice")
+    ledger.wait("its SIGTERM", lambda: (work / "term").exists())
+    time.sleep(1)
+    _down(ledger)
+    time.sleep(1)
+    _resume(ledger)
+    last = _last_beat(work / "alive.0")
+    ledger.wait("its next launch", lambda: bool(_beats(work / "alive.1")), timeout=60)
+    first = _beats(work / "alive.1")[0]
+    assert first > last, f"launch 2 began {last - first:.1f} s before launch 1 was gone"
+    (end,) = ledger.of("job.run_ended.v1", 1)
+    assert end["run"] == 0 and end["killed"] is True and end["ended_at"] >= last - 0.5, end
+    ledger.cli("cancel", "1", actor="alice")
