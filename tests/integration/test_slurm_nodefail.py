@@ -245,3 +245,26 @@ def test_a_requeued_run_whose_node_goes_down_is_never_alive_with_its_next_launch
     (end,) = ledger.of("job.run_ended.v1", 1)
     assert end["run"] == 0 and end["killed"] is True and end["ended_at"] >= last - 0.5, end
     ledger.cli("cancel", "1", actor="alice")
+
+
+def test_a_job_on_a_node_set_down_with_its_slurmd_dead_is_not_taken_for_gone_while_it_runs(
+    ledger: Ledger,
+) -> None:
+    """The other side of F6's rule: slurmd is killed, then an admin sets the node DOWN. Slurm
+    flags the node NOT_RESPONDING only at its next ping (~12 s later), so until SlurmdTimeout
+    (30 s) after the NODE_FAIL the node seen answering proves nothing: the job, unsignalled,
+    runs on 40 s and completes; it is recorded completed at its own end, not ended
+    `node_failure` KillWait after the DOWN."""
+    work = ledger.work
+    cl = ledger.cluster
+    ledger.up()
+    ledger.submit("bob", 1, _job(work, 40))
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    os.kill(cl.daemon_pid("slurmd"), signal.SIGKILL)
+    _down(ledger)
+    ledger.wait("the job to finish", lambda: status(ledger, 1) == "finished", timeout=90)
+    job = ledger.jobs()[1]
+    assert (job["outcome"], job["exit_code"]) == ("completed", 0), job
+    (end,) = _lines(work, "end")
+    assert abs(job["finished_at"] - float(end.split()[1])) <= 1.0, (job, end)
+    cl.up()  # slurmd back (the fixture resumes the node)

@@ -30,6 +30,7 @@ class Case:
     marks_seen: bool = True
     answering_since: float | None = 0.0
     now: float = END + 1.0
+    confirm_s: float = 0.0  # SlurmdTimeout: how long a slurmd seen answering may be dead unseen
     want: tuple[int, float, str] | None = None  # (exit code, end, reason); None: wait
 
 
@@ -90,6 +91,14 @@ CASES = {
     "no record, no signal, marks seen, node answers again later: KillWait from then": Case(
         answering_since=END + 100.0, now=END + 110.0, want=(0, END + 110.0, "node_failure")
     ),
+    # an admin's DOWN while its slurmd is dead: Slurm flagged it NOT_RESPONDING only 12 s
+    # later; until SlurmdTimeout after the EndTime, "answering" proves nothing
+    "no record, no signal, node seen answering, within SlurmdTimeout: wait": Case(
+        now=END + 29.0, confirm_s=30.0
+    ),
+    "no record, no signal, node still answering SlurmdTimeout later: gone KillWait after": Case(
+        now=END + 30.0, confirm_s=30.0, want=(0, END + 11.0, "node_failure")
+    ),
     "marks not shared, node answering, KillWait passed: gone": Case(
         marks_seen=False, now=END + 11.0, want=(0, END + 11.0, "node_failure")
     ),
@@ -112,7 +121,7 @@ CASES = {
 def test_node_fail_ending(name: str) -> None:
     case = CASES[name]
     got = node_fail_ending(case.own, case.signalled_at, case.marks_seen, END, 0, START,
-                           case.answering_since, KILL_WAIT, case.now)  # fmt: skip
+                           case.answering_since, KILL_WAIT, case.now, case.confirm_s)  # fmt: skip
     if case.want is None:
         assert got is None, got
         return

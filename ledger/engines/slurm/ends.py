@@ -36,12 +36,12 @@ def answering(
     return {n: since.get(n, now) for n, away in unresponsive if not away}
 
 
-def kill_wait(config: str, default: float) -> float:
-    """Pure: Slurm's `KillWait` in seconds from `scontrol show config` output (`KillWait =
-    10 sec`); `default` when it does not say."""
+def kill_wait(config: str, default: float, name: str = "KillWait") -> float:
+    """Pure: Slurm's `KillWait` (or another setting in seconds: `name`) from `scontrol show
+    config` output (`KillWait = 10 sec`); `default` when it does not say."""
     for line in config.splitlines():
         key, _, value = line.partition("=")
-        if key.strip() == "KillWait":
+        if key.strip() == name:
             first = value.split()[:1]
             if first and first[0].isdigit():
                 return float(first[0])
@@ -78,6 +78,7 @@ def node_fail_ending(
     answering_since: float | None,
     kill_wait_s: float,
     now: float,
+    confirm_s: float = 0.0,
 ) -> Ending | None:
     """Pure: how a run Slurm ended NODE_FAIL (at `slurm_end`) ended, or None while it may still
     run (wait; its node's fence bounds the wait).
@@ -93,10 +94,14 @@ def node_fail_ending(
        (`answering_since`, since when all do; None while one does not: wait, the node's fence
        bounds the wait while it is lost): gone `kill_wait_s` after Slurm's EndTime or that
        answer, whichever is later. Slurm's EndTime is whole seconds rounded down, so it counts
-       from `OWN_END_SLACK_S` after it. Where the marks are seen (`marks_seen`) an honest run
-       notes Slurm's kill at once (2.); without the note its marks could not be written (the
-       job made them unwritable, or its disk is full: atk37-23 F6), which must not leave it
-       `running` for good once its node is back.
+       from `OWN_END_SLACK_S` after it. A slurmd seen answering may have died unnoticed
+       (Slurm flags it only at its next ping: 12 s after an admin's DOWN here), its job
+       running on unsignalled: it is believed only once it still answers `confirm_s`
+       (SlurmdTimeout: Slurm flags a dead slurmd by then) after the EndTime.
+       Where the marks are seen (`marks_seen`) an honest run notes Slurm's kill at once (2.);
+       without the note its marks could not be written (the job made them unwritable, or its
+       disk is full: atk37-23 F6), which must not leave it `running` for good once its node
+       is back.
     Gone without a record: `node_failure`, ended the last moment its processes could live."""
     slurm = slurm_end if slurm_end is not None else now
     if own is not None:
@@ -111,6 +116,8 @@ def node_fail_ending(
         kill_at: float | None = max(slurm, signalled_at)
     elif answering_since is None:
         kill_at = None
+    elif now < slurm + confirm_s:
+        kill_at = None  # its slurmd not yet known alive since Slurm's kill
     else:
         kill_at = max(slurm + OWN_END_SLACK_S, answering_since)
         if marks_seen:

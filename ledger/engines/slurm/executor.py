@@ -173,6 +173,7 @@ class SlurmExecutor:
         """Node -> the GRES type of each of its GPUs, for nodes whose GPUs are pinned."""
         self.kill_wait_s = 30.0
         """Slurm's KillWait (`check` reads it): how long after SIGTERM Slurm kills a job."""
+        self.slurmd_timeout_s = 300.0  # Slurm's (`check`): a dead slurmd is flagged by then
         self.fence_s = 300.0
         """How long at most the runs of a node Slurm gives up stay in doubt (`ends`)."""
         self._answering: dict[str, float] = {}  # node -> since when its slurmd answers
@@ -225,6 +226,7 @@ class SlurmExecutor:
             )
         self._accounting = "accounting_storage/none" not in text.replace(" ", "")
         self.kill_wait_s = kill_wait(text, self.kill_wait_s)
+        self.slurmd_timeout_s = kill_wait(text, self.slurmd_timeout_s, "SlurmdTimeout")
 
     def nodes(self) -> list[SlurmNode]:
         """The partition's GPU nodes; remembers which have pinned GPUs (`words.pinned_types`)."""
@@ -283,16 +285,14 @@ class SlurmExecutor:
         return held
 
     def _default_log(self, job: Launch, who: SbatchUser) -> Path:
-        """The service's own output file of a job that names none (no working directory):
-        `<log_dir>/job-<id>.log` (`own_log`: a directory only the service may write, the file
-        made for the job's user, readable by them alone)."""
+        """The service's own output file of a job that names none: `<log_dir>/job-<id>.log`
+        (`own_log`: the service's directory, the file the job's user's alone)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         return own_log(self.log_dir, f"job-{job.job_id}.log", who.uid, who.gid)
 
     def _checkpoint_file(self, job_id: int, run: int, who: SbatchUser | None = None) -> Path:
-        """The file a run touches to say it checkpointed (`GPULEDGER_CHECKPOINT_FILE`, as on
-        the node agents): `<log_dir>/checkpoints/<job>.<run>/checkpoint`, its directory the
-        job's user's alone (made with `who`), read by `_read_checkpoints`."""
+        """The file a run touches to say it checkpointed (`GPULEDGER_CHECKPOINT_FILE`):
+        `<log_dir>/checkpoints/<job>.<run>/checkpoint`, its directory the job user's (`who`)."""
         run_dir = self.log_dir / "checkpoints" / f"{job_id}.{run}"
         if who is not None:
             run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -716,7 +716,7 @@ class SlurmExecutor:
         """How a run Slurm ended NODE_FAIL really ended, from its marks (`node_fail_end`)."""
         return None if tag is None or j is None else node_fail_end(
             self._checkpoint_file(*tag).parent, launch, started_at, j, self._answering,
-            self.kill_wait_s, now)  # fmt: skip
+            self.kill_wait_s, now, self.slurmd_timeout_s)  # fmt: skip
 
     def _past_limit(self, r: Run, now: float) -> bool:
         """Whether a run has reached its limit and is not being stopped yet. The executor keeps
