@@ -99,6 +99,12 @@ CASES = {
     "no record, no signal, node still answering SlurmdTimeout later: gone KillWait after": Case(
         now=END + 30.0, confirm_s=30.0, want=(0, END + 11.0, "node_failure")
     ),
+    "no record, no signal, slurmd back after the EndTime: no SlurmdTimeout to wait": Case(
+        answering_since=END + 100.0,
+        now=END + 110.0,
+        confirm_s=30.0,
+        want=(0, END + 110.0, "node_failure"),
+    ),
     "marks not shared, node answering, KillWait passed: gone": Case(
         marks_seen=False, now=END + 11.0, want=(0, END + 11.0, "node_failure")
     ),
