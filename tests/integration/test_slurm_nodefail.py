@@ -264,7 +264,8 @@ def test_a_job_on_a_node_set_down_with_its_slurmd_dead_is_not_taken_for_gone_whi
     _down(ledger)
     ledger.wait("the job to finish", lambda: status(ledger, 1) == "finished", timeout=90)
     job = ledger.jobs()[1]
-    assert (job["outcome"], job["exit_code"]) == ("completed", 0), job
+    said = ledger.service_log()[-4000:]
+    assert (job["outcome"], job["exit_code"]) == ("completed", 0), (job, said)
     (end,) = _lines(work, "end")
     assert abs(job["finished_at"] - float(end.split()[1])) <= 1.0, (job, end)
     cl.up()  # slurmd back (the fixture resumes the node)

@@ -99,7 +99,10 @@ CASES = {
     "no record, no signal, node still answering SlurmdTimeout later: gone KillWait after": Case(
         now=END + 30.0, confirm_s=30.0, want=(0, END + 11.0, "node_failure")
     ),
-    "no record, no signal, slurmd back after the EndTime: no SlurmdTimeout to wait": Case(
+    "no record, no signal, slurmd back after the EndTime, within SlurmdTimeout: wait": Case(
+        answering_since=END + 5.0, now=END + 29.0, confirm_s=30.0
+    ),
+    "no record, no signal, slurmd back after the EndTime: KillWait from its return": Case(
         answering_since=END + 100.0,
         now=END + 110.0,
         confirm_s=30.0,

@@ -94,11 +94,11 @@ def node_fail_ending(
        (`answering_since`, since when all do; None while one does not: wait, the node's fence
        bounds the wait while it is lost): gone `kill_wait_s` after Slurm's EndTime or that
        answer, whichever is later. Slurm's EndTime is whole seconds rounded down, so it counts
-       from `OWN_END_SLACK_S` after it. A slurmd seen answering since before the EndTime may
-       have died unnoticed (Slurm flags it only at its next ping: 12 s after an admin's DOWN
-       here), its job running on unsignalled: it is believed only once it still answers
-       `confirm_s` (SlurmdTimeout: Slurm flags a dead slurmd by then) after the EndTime. One
-       that answers again after the EndTime (its slurmd back) kills the job as it registers.
+       from `OWN_END_SLACK_S` after it. A slurmd seen answering may have died unnoticed
+       (Slurm flags it only at its next ping: 12 s after an admin's DOWN here; a service
+       started meanwhile never saw it away), its job running on unsignalled: it is believed
+       only once it still answers `confirm_s` (SlurmdTimeout: Slurm flags a dead slurmd by
+       then) after the EndTime; the end recorded is still the one above.
        Where the marks are seen (`marks_seen`) an honest run notes Slurm's kill at once (2.);
        without the note its marks could not be written (the job made them unwritable, or its
        disk is full: atk37-23 F6), which must not leave it `running` for good once its node
@@ -117,7 +117,7 @@ def node_fail_ending(
         kill_at: float | None = max(slurm, signalled_at)
     elif answering_since is None:
         kill_at = None
-    elif answering_since <= slurm and now < slurm + confirm_s:
+    elif now < slurm + confirm_s:
         kill_at = None  # its slurmd not yet known alive since Slurm's kill
     else:
         kill_at = max(slurm + OWN_END_SLACK_S, answering_since)
