@@ -208,6 +208,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
                 )
         case e.JobRunEnded():
             state.stopped_runs.pop((event.job_id, event.run), None)
+            _run_ended(state, event)
         case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineEnded():
             pass
     return state
@@ -256,6 +257,19 @@ def _stopped(state: State, job: Job, at: float) -> None:
         if state.stopped_runs[oldest].at >= cut:
             break
         del state.stopped_runs[oldest]
+
+
+def _run_ended(state: State, event: e.JobRunEnded) -> None:
+    """Keep that the run's end is recorded (`State.run_ends`: its engine's report again records
+    nothing), and forget those recorded more than `ENDS_KEPT_S` ago. Folds the same whatever
+    the log holds: a log written before holds duplicates, which fold as they always did."""
+    state.run_ends.setdefault((event.job_id, event.run), event.at)
+    cut = event.at - ENDS_KEPT_S
+    while state.run_ends:
+        oldest = next(iter(state.run_ends))
+        if state.run_ends[oldest] >= cut:
+            break
+        del state.run_ends[oldest]
 
 
 def _ended(state: State, event: e.JobFinished, array_job_id: int | None) -> None:

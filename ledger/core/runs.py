@@ -32,7 +32,9 @@ def between(at: float | None, low: float | None, high: float) -> float | None:
 
 def confirm_run_ended(state: State, cmd: c.ConfirmRunEnded, s: Stamp) -> list[e.AnyEvent]:
     """A stopped run's end, for the record (and the audit): any run of a job the ledger has
-    known, up to its current one, even once the job has finished."""
+    known, up to its current one, even once the job has finished. Once: a run whose end is
+    recorded already (`State.run_ends`; an agent's report sent again) records nothing, and the
+    first report stands (issue 24: one `job.run_ended.v1` per run)."""
     job = state.jobs.get(cmd.job_id)
     if job is None and not 0 < cmd.job_id < state.next_job_id:
         raise UnknownEntity(f"unknown job {cmd.job_id}", job_id=cmd.job_id)
@@ -41,6 +43,8 @@ def confirm_run_ended(state: State, cmd: c.ConfirmRunEnded, s: Stamp) -> list[e.
             f"job {cmd.job_id} has had {job.preemptions + 1} run(s), not {cmd.run + 1}",
             job_id=cmd.job_id,
         )
+    if (cmd.job_id, cmd.run) in state.run_ends:
+        return []
     return [
         e.JobRunEnded(
             **s.kw(),

@@ -161,6 +161,12 @@ class State:
     reports such ends leaves nothing behind for ever)."""
     stopped_runs_kept: bool = field(default=True, compare=False, repr=False)
     """False for a state unfolded from a snapshot older than `stopped_runs` (they are unknown)."""
+    run_ends: dict[tuple[int, int], float] = field(default_factory=dict)
+    """(job, run) -> when the end of that run was recorded (`JobRunEnded`), oldest first, for
+    `ENDS_KEPT_S`: an engine that reports it again (a resent agent report) records nothing
+    (`runs.confirm_run_ended`)."""
+    run_ends_kept: bool = field(default=True, compare=False, repr=False)
+    """False for a state unfolded from a snapshot older than `run_ends` (they are unknown)."""
     _capacity: dict[tuple[str | None, str | None], tuple[int, int]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -196,6 +202,8 @@ class State:
             ends=dict(self.ends),
             stopped_runs=dict(self.stopped_runs),
             stopped_runs_kept=self.stopped_runs_kept,
+            run_ends=dict(self.run_ends),
+            run_ends_kept=self.run_ends_kept,
         )
 
     # --- queries -------------------------------------------------------------------------------

@@ -87,6 +87,9 @@ class Folded(msgspec.Struct, frozen=True, kw_only=True):
     stopped_runs: list[StoppedRun] | None = None
     """Stopped runs whose end is awaited (`State.stopped_runs`), oldest first; None in a
     snapshot made before they were kept (`same` then compares the rest)."""
+    run_ends: list[tuple[int, int, float]] | None = None
+    """Runs whose end is recorded (`State.run_ends`: job, run, when), oldest first; None in a
+    snapshot made before they were kept (`same` then compares the rest)."""
 
 
 class StateSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -145,16 +148,19 @@ def signed(snap: StateSnapshot, key: bytes | None) -> bool:
 
 def same(a: State, b: State) -> bool:
     """Pure: whether two live states hold the same data (order aside). A state unfolded from a
-    snapshot made before `State.stopped_runs` was kept is compared without them."""
+    snapshot made before `State.stopped_runs` (or `State.run_ends`) was kept is compared
+    without them."""
     kept = a.stopped_runs_kept and b.stopped_runs_kept
-    return _canonical(a, kept) == _canonical(b, kept)
+    ends = a.run_ends_kept and b.run_ends_kept
+    return _canonical(a, kept, ends) == _canonical(b, kept, ends)
 
 
-def _canonical(state: State, stopped_runs: bool = True) -> Folded:
+def _canonical(state: State, stopped_runs: bool = True, run_ends: bool = True) -> Folded:
     f = folded(state)
     return msgspec.structs.replace(
         f,
         stopped_runs=f.stopped_runs if stopped_runs else None,
+        run_ends=f.run_ends if run_ends else None,
         accounts=sorted(f.accounts, key=lambda a: a.path),
         nodes=sorted(f.nodes, key=lambda n: n.name),
         jobs=sorted(f.jobs, key=lambda j: j.spec.job_id),
@@ -186,6 +192,7 @@ def folded(state: State) -> Folded:
         service=state.service,
         ends=[(job_id, *end) for job_id, end in state.ends.items()],
         stopped_runs=list(state.stopped_runs.values()),
+        run_ends=[(job, run, at) for (job, run), at in state.run_ends.items()],
     )
 
 
@@ -211,6 +218,8 @@ def unfolded(f: Folded) -> State:
         ends={job_id: (why, at, array) for job_id, why, at, array in f.ends},
         stopped_runs={(r.job_id, r.run): r for r in f.stopped_runs or ()},
         stopped_runs_kept=f.stopped_runs is not None,
+        run_ends={(job, run): at for job, run, at in f.run_ends or ()},
+        run_ends_kept=f.run_ends is not None,
     )
     state.node_jobs = {n: set() for n in state.nodes}
     for j in f.jobs:

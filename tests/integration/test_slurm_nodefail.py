@@ -133,3 +133,139 @@ def test_a_job_slurm_ends_node_fail_that_runs_on_and_completes_is_recorded_compl
     assert (ended["reason"], ended["engine_state"]) == ("exited", "NODE_FAIL"), ended
     assert len(_lines(work, "start")) == 1
     cl.up()  # slurmd back (the fixture resumes the node)
+
+
+def _beats(path: Path) -> list[float]:
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(float(line))
+        except ValueError:
+            continue  # a line cut by SIGKILL
+    return out
+
+
+def _last_beat(path: Path, timeout: float = 90) -> float:
+    """The job's last heartbeat once it has written none for 3 s (its processes are gone)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        beats = _beats(path)
+        if beats and time.time() - beats[-1] > 3.0:
+            return beats[-1]
+        time.sleep(0.3)
+    raise AssertionError(f"the job still writes to {path}")
+
+
+def _resume(led: Ledger) -> None:
+    c = led.cluster
+    c.run("scontrol", "update", f"nodename={c.node}", "state=resume")
+
+
+def test_a_stopped_run_whose_node_goes_down_holds_its_gpus_until_its_processes_are_gone(
+    ledger: Ledger,
+) -> None:
+    """atk37-23 F7: a cancelled run in its grace (60 s, ignoring SIGTERM) on all 4 GPUs; its node
+    is set DOWN, then resumed 1 s later. Slurm ends it NODE_FAIL at once but SIGKILLs it only
+    KillWait (10 s) later; the next job (4 GPUs, waiting) starts only once its processes are
+    gone, and the stopped run's recorded end (killed) is not before its last heartbeat. It was
+    recorded ended at Slurm's EndTime and the next job started on its GPUs ~8 s before its
+    processes died."""
+    work = ledger.work
+    ledger.up()
+    ledger.submit("alice", 4, f"trap 'date +%s.%N >> {work}/term' TERM; "
+                  f"while true; do date +%s.%N >> {work}/alive; sleep 0.2; done",
+                  "--grace", "60s")  # fmt: skip
+    ledger.wait("the job to run", lambda: (work / "alive").exists() and status(ledger, 1) == "running")  # fmt: skip  # noqa: E501
+    ledger.submit("bob", 4, f"date +%s.%N >> {work}/next; sleep 2")
+    ledger.cli("cancel", "1", actor="alice")
+    ledger.wait("its SIGTERM", lambda: (work / "term").exists())
+    time.sleep(1)
+    _down(ledger)
+    time.sleep(1)
+    _resume(ledger)
+    last = _last_beat(work / "alive")
+    ledger.wait("the next job to finish", lambda: status(ledger, 2) == "finished", timeout=60)
+    (started,) = _beats(work / "next")
+    assert started > last, f"job 2 started {last - started:.1f} s before job 1's processes died"
+    (end,) = ledger.of("job.run_ended.v1", 1)
+    assert end["killed"] is True and end["ended_at"] >= last - 0.5, (end, last)
+    assert ledger.jobs()[1]["finish_reason"] == "cancelled"
+
+
+def test_a_job_that_makes_its_marks_unwritable_ends_with_its_node_once_the_node_is_back(
+    ledger: Ledger,
+) -> None:
+    """atk37-23 F6: a job makes its run's end record and signal note unwritable and ignores
+    SIGTERM; its node is set DOWN, then resumed: Slurm's kill ends it (KillWait after the
+    DOWN), without a note or record. It stayed `running` for good, holding its GPUs; now it
+    ends with its node (`node_lost`), at the latest moment its processes could live: not
+    before its last heartbeat, at most KillWait + 2 s after it."""
+    work = ledger.work
+    ledger.up()
+    ledger.submit("alice", 2, 'd=$(dirname "$GPULEDGER_CHECKPOINT_FILE"); '
+                  'mkdir "$d/signalled" "$d/ended"; trap "" TERM; '
+                  f"while true; do date +%s.%N >> {work}/alive; sleep 0.2; done")  # fmt: skip
+    ledger.wait("the job to run", lambda: (work / "alive").exists() and status(ledger, 1) == "running")  # fmt: skip  # noqa: E501
+    time.sleep(1.5)  # its marks made unwritable well before Slurm's NODE_FAIL
+    _down(ledger)
+    time.sleep(1)
+    _resume(ledger)
+    last = _last_beat(work / "alive")
+    ledger.wait("the job to finish", lambda: status(ledger, 1) == "finished", timeout=60)
+    job = ledger.jobs()[1]
+    assert job["finish_reason"] == "node_lost", job
+    assert last - 0.5 <= job["finished_at"] <= last + 12.0, (job, last)
+    (ended,) = ledger.of("job.engine_ended.v1", 1)
+    assert (ended["reason"], ended["engine_state"]) == ("node_failure", "NODE_FAIL"), ended
+
+
+def test_a_requeued_run_whose_node_goes_down_is_never_alive_with_its_next_launch(
+    ledger: Ledger,
+) -> None:
+    """atk37-23 F7, worse: a resumable job ignoring SIGTERM (grace 60 s) is requeued; its node
+    is set DOWN during the grace, then resumed. Its next launch starts only once the first
+    launch's processes are gone (Slurm SIGKILLs them KillWait after the DOWN): the job is never
+    alive in two launches. It was for ~7 s (the launch fence trusted Slurm's NODE_FAIL)."""
+    work = ledger.work
+    ledger.up()
+    ledger.submit("alice", 4, f"trap 'date +%s.%N >> {work}/term' TERM; "
+                  f"while true; do date +%s.%N >> {work}/alive.$GPULEDGER_RUN; sleep 0.2; done",
+                  "--grace", "60s", "--resumable")  # fmt: skip
+    ledger.wait("the job to run", lambda: (work / "alive.0").exists())
+    ledger.cli("requeue", "1", actor="alice")
+    ledger.wait("its SIGTERM", lambda: (work / "term").exists())
+    time.sleep(1)
+    _down(ledger)
+    time.sleep(1)
+    _resume(ledger)
+    last = _last_beat(work / "alive.0")
+    ledger.wait("its next launch", lambda: bool(_beats(work / "alive.1")), timeout=60)
+    first = _beats(work / "alive.1")[0]
+    assert first > last, f"launch 2 began {last - first:.1f} s before launch 1 was gone"
+    (end,) = ledger.of("job.run_ended.v1", 1)
+    assert end["run"] == 0 and end["killed"] is True and end["ended_at"] >= last - 0.5, end
+    ledger.cli("cancel", "1", actor="alice")
+
+
+def test_a_job_on_a_node_set_down_with_its_slurmd_dead_is_not_taken_for_gone_while_it_runs(
+    ledger: Ledger,
+) -> None:
+    """The other side of F6's rule: slurmd is killed, then an admin sets the node DOWN. Slurm
+    flags the node NOT_RESPONDING only at its next ping (~12 s later), so until SlurmdTimeout
+    (30 s) after the NODE_FAIL the node seen answering proves nothing: the job, unsignalled,
+    runs on 40 s and completes; it is recorded completed at its own end, not ended
+    `node_failure` KillWait after the DOWN."""
+    work = ledger.work
+    cl = ledger.cluster
+    ledger.up()
+    ledger.submit("bob", 1, _job(work, 40))
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    os.kill(cl.daemon_pid("slurmd"), signal.SIGKILL)
+    _down(ledger)
+    ledger.wait("the job to finish", lambda: status(ledger, 1) == "finished", timeout=90)
+    job = ledger.jobs()[1]
+    said = ledger.service_log()[-4000:]
+    assert (job["outcome"], job["exit_code"]) == ("completed", 0), (job, said)
+    (end,) = _lines(work, "end")
+    assert abs(job["finished_at"] - float(end.split()[1])) <= 1.0, (job, end)
+    cl.up()  # slurmd back (the fixture resumes the node)

@@ -9,9 +9,12 @@ import pytest
 
 from ledger.cycle.executor import Launch
 from ledger.engines.slurm import SbatchUser, parse_jobs, sbatch_args
+from ledger.engines.slurm.ends import Ending
 from ledger.engines.slurm.stops import (
     Stopping,
     completing,
+    earlier_alive,
+    node_failed,
     stopped_end,
     stopping_gpus,
 )
@@ -167,3 +170,44 @@ def test_a_runs_comment_keeps_its_jobs_grace_for_a_service_that_restarts() -> No
     assert grace_of(None, older, never, 90.0) == 90.0
     assert grace_of(None, older, lambda: 45.0, 90.0) == 45.0
     assert grace_of(job, None, never, 90.0) == 60.0
+
+
+LEDGER = "0123abcd4567"
+NODE_FAILED = (
+    "JobId=44 JobName=gpuledger-10 JobState=NODE_FAIL Reason=NodeDown ExitCode=0:0"
+    " StartTime=2026-12-02T01:11:47 EndTime=2026-12-02T01:12:10 Partition=gpuledger NodeList=vm"
+    f" Comment=gpuledger:{LEDGER}:job=10:run=0"
+    " JOB_GRES=gpu:fake_0:1,gpu:fake_1:1,gpu:fake_2:0,gpu:fake_3:0"
+)
+
+
+def test_a_stopped_run_its_node_failed_is_held_until_known_gone() -> None:
+    """atk37-23 F7: a run the ledger was stopping (its grace) whose node Slurm set DOWN was
+    recorded ended at Slurm's NODE_FAIL EndTime and its GPUs freed at once, ~7-10 s before
+    Slurm's SIGKILL: the next job started on them while it lived. Now while its processes may
+    live the stop goes on: its GPUs `stopping` (and held by the executor: Slurm would start
+    the next job there), the launch fence closed to its job's next run; its end is the one
+    `ends.node_fail_ending` gives (KillWait after Slurm's kill), killed."""
+    (j,) = parse_jobs(NODE_FAILED)
+    assert j.end_time is not None
+    view = {j.slurm_id: j for j in (j,)}
+    pinned = {"vm": ("fake_0", "fake_1", "fake_2", "fake_3")}
+    st = Stopping(since=j.end_time - 3, grace_s=60.0, run=(10, 0), gpus={"vm": (0, 1)})
+    assert node_failed(st, j)
+    assert stopping_gpus({"44": st}, view, pinned) == {}  # not yet known in doubt
+    st.in_doubt = True
+    assert stopping_gpus({"44": st}, view, pinned) == {"vm": frozenset({0, 1})}
+    st.gpus = {}  # never seen holding: its JOB_GRES on a pinned node
+    assert stopping_gpus({"44": st}, view, pinned) == {"vm": frozenset({0, 1})}
+    assert earlier_alive(view, LEDGER, 10, 1, {"44": st}) is j
+    assert earlier_alive(view, LEDGER, 10, 1, {}) is None  # ended and not in doubt
+    assert earlier_alive(view, LEDGER, 10, 0, {"44": st}) is None  # not an earlier run
+    gone = Ending(0, j.end_time + 11.0, "node_failure", "NODE_FAIL: killed")
+    end = stopped_end(st, j, j.end_time + 12.0, None, gone)
+    assert (end.at, end.engine_state, end.run) == (j.end_time + 11.0, "KILLED", 0), end
+    assert stopped_end(st, j, j.end_time + 12.0).at == j.end_time  # as it was: Slurm's word
+    own = Ending(143, j.end_time - 1.0, "exited", "its own end record")  # died of the stop's TERM
+    end = stopped_end(st, j, j.end_time + 12.0, None, own)
+    assert (end.at, end.exit_code, end.engine_state) == (j.end_time - 1.0, 143, "NODE_FAIL")
+    cancelled = parse_jobs(NODE_FAILED.replace("NODE_FAIL", "CANCELLED"))[0]
+    assert not node_failed(st, cancelled) and not node_failed(Stopping(since=0.0), j)

@@ -105,7 +105,10 @@ def test_a_run_that_completed_on_a_node_slurm_gives_up_is_recorded_before_the_lo
     ex.nodes_text = node("DOWN")  # its slurmd answers: Slurm's kill reaches job 2 from now
     assert ex.observe(end + 3.0, ledger_nodes).exits == ()
     assert ex.observe(end + 4.0, ledger_nodes).exits == ()
-    seen = ex.observe(end + 33.0, ledger_nodes)  # KillWait (30 s) after its node answered
+    # KillWait (30 s) after its node answered, decided once SlurmdTimeout has passed (an
+    # answering node may hide a dead slurmd until Slurm's next ping)
+    assert ex.observe(end + 33.0, ledger_nodes).exits == ()
+    seen = ex.observe(end + ex.slurmd_timeout_s, ledger_nodes)
     assert [(x.job_id, x.reason, x.at) for x in seen.exits] == [(2, "node_failure", end + 33.0)]
 
 

@@ -30,6 +30,7 @@ class Case:
     marks_seen: bool = True
     answering_since: float | None = 0.0
     now: float = END + 1.0
+    confirm_s: float = 0.0  # SlurmdTimeout: how long a slurmd seen answering may be dead unseen
     want: tuple[int, float, str] | None = None  # (exit code, end, reason); None: wait
 
 
@@ -70,15 +71,48 @@ CASES = {
     "signalled, no record, KillWait passed: gone then": Case(
         signalled_at=END + 1.0, now=END + 11.5, want=(0, END + 11.0, "node_failure")
     ),
-    "a signal long before NODE_FAIL is not Slurm's kill: wait": Case(
-        signalled_at=END - 100.0, now=END + 60.0
+    "a signal long before NODE_FAIL is not Slurm's kill, node not answering: wait": Case(
+        signalled_at=END - 100.0, answering_since=None, now=END + 60.0
     ),
-    "no record, no signal, marks seen: its slurmd never killed it: wait": Case(now=END + 600.0),
+    # atk37-23 F7: the ledger's own stop noted a SIGTERM before the node went DOWN; Slurm's kill
+    # (its node answers) ends it by KillWait after Slurm's EndTime (whole seconds: + 1 s)
+    "a signal before NODE_FAIL (the ledger's stop), node answering: gone KillWait later": Case(
+        signalled_at=END - 100.0, now=END + 60.0, want=(0, END + 11.0, "node_failure")
+    ),
+    "no record, no signal, marks seen, node not answering: wait": Case(
+        answering_since=None, now=END + 600.0
+    ),
+    # atk37-23 F6: the job made its marks unwritable (no note, no record ever): once its node's
+    # slurmd answers, Slurm's kill reaches it; it is never `running` for good
+    "no record, no signal, marks seen, node answering: gone KillWait after EndTime": Case(
+        now=END + 600.0, want=(0, END + 11.0, "node_failure")
+    ),
+    "no record, no signal, marks seen, node answering, within KillWait: wait": Case(now=END + 10.5),
+    "no record, no signal, marks seen, node answers again later: KillWait from then": Case(
+        answering_since=END + 100.0, now=END + 110.0, want=(0, END + 110.0, "node_failure")
+    ),
+    # an admin's DOWN while its slurmd is dead: Slurm flagged it NOT_RESPONDING only 12 s
+    # later; until SlurmdTimeout after the EndTime, "answering" proves nothing
+    "no record, no signal, node seen answering, within SlurmdTimeout: wait": Case(
+        now=END + 29.0, confirm_s=30.0
+    ),
+    "no record, no signal, node still answering SlurmdTimeout later: gone KillWait after": Case(
+        now=END + 30.0, confirm_s=30.0, want=(0, END + 11.0, "node_failure")
+    ),
+    "no record, no signal, slurmd back after the EndTime, within SlurmdTimeout: wait": Case(
+        answering_since=END + 5.0, now=END + 29.0, confirm_s=30.0
+    ),
+    "no record, no signal, slurmd back after the EndTime: KillWait from its return": Case(
+        answering_since=END + 100.0,
+        now=END + 110.0,
+        confirm_s=30.0,
+        want=(0, END + 110.0, "node_failure"),
+    ),
     "marks not shared, node answering, KillWait passed: gone": Case(
-        marks_seen=False, now=END + 10.0, want=(0, END + 10.0, "node_failure")
+        marks_seen=False, now=END + 11.0, want=(0, END + 11.0, "node_failure")
     ),
     "marks not shared, node answering, within KillWait: wait": Case(
-        marks_seen=False, now=END + 9.0
+        marks_seen=False, now=END + 10.5
     ),
     "marks not shared, node not answering: wait": Case(
         marks_seen=False, answering_since=None, now=END + 600.0
@@ -96,7 +130,7 @@ CASES = {
 def test_node_fail_ending(name: str) -> None:
     case = CASES[name]
     got = node_fail_ending(case.own, case.signalled_at, case.marks_seen, END, 0, START,
-                           case.answering_since, KILL_WAIT, case.now)  # fmt: skip
+                           case.answering_since, KILL_WAIT, case.now, case.confirm_s)  # fmt: skip
     if case.want is None:
         assert got is None, got
         return

@@ -7,8 +7,10 @@ Slurm's EndTime. So the executor believes the run's own records over Slurm's wor
 script notes each signal the job gets (`signalled`: Slurm's kill reached it) and writes an end
 record when the job's command exits (code, time, and whether a signal came first). Without an
 end record the run is gone only `KillWait` after Slurm's kill surely reached it (its SIGKILL
-leaves no record). While neither, the run is in doubt: its node is lost with a fence, and the
-ledger ends the run at the fence if nothing comes.
+leaves no record): the signal it noted, else its node's slurmd answering. While its slurmd does
+not answer, the run is in doubt: its node is lost with a fence, and the ledger ends the run at
+the fence if nothing comes. A run the ledger was stopping (its grace) is held the same way: its
+GPUs stay `stopping` until it is known gone (atk37-23 F7).
 
 Pure: times and records in, a decision out; `now` is a parameter.
 """
@@ -34,12 +36,12 @@ def answering(
     return {n: since.get(n, now) for n, away in unresponsive if not away}
 
 
-def kill_wait(config: str, default: float) -> float:
-    """Pure: Slurm's `KillWait` in seconds from `scontrol show config` output (`KillWait =
-    10 sec`); `default` when it does not say."""
+def kill_wait(config: str, default: float, name: str = "KillWait") -> float:
+    """Pure: Slurm's `KillWait` (or another setting in seconds: `name`) from `scontrol show
+    config` output (`KillWait = 10 sec`); `default` when it does not say."""
     for line in config.splitlines():
         key, _, value = line.partition("=")
-        if key.strip() == "KillWait":
+        if key.strip() == name:
             first = value.split()[:1]
             if first and first[0].isdigit():
                 return float(first[0])
@@ -76,6 +78,7 @@ def node_fail_ending(
     answering_since: float | None,
     kill_wait_s: float,
     now: float,
+    confirm_s: float = 0.0,
 ) -> Ending | None:
     """Pure: how a run Slurm ended NODE_FAIL (at `slurm_end`) ended, or None while it may still
     run (wait; its node's fence bounds the wait).
@@ -87,10 +90,19 @@ def node_fail_ending(
        kept inside its run (not before `started_at`, not after `now`).
     2. No record, but a signal noted after Slurm's EndTime (`signalled_at`): gone `kill_wait_s`
        after it (Slurm's SIGKILL follows and leaves no record).
-    3. No record and no such signal where the run leaves its marks (`marks_seen`: the service
-       sees its directory): the kill has not reached it; wait.
-    4. Where no marks are seen: gone `kill_wait_s` after Slurm's EndTime once its nodes' slurmd
-       answers (`answering_since`, since when all do; None while one does not).
+    3. No record and no such signal: the kill reaches it once its nodes' slurmd answers
+       (`answering_since`, since when all do; None while one does not: wait, the node's fence
+       bounds the wait while it is lost): gone `kill_wait_s` after Slurm's EndTime or that
+       answer, whichever is later. Slurm's EndTime is whole seconds rounded down, so it counts
+       from `OWN_END_SLACK_S` after it. A slurmd seen answering may have died unnoticed
+       (Slurm flags it only at its next ping: 12 s after an admin's DOWN here; a service
+       started meanwhile never saw it away), its job running on unsignalled: it is believed
+       only once it still answers `confirm_s` (SlurmdTimeout: Slurm flags a dead slurmd by
+       then) after the EndTime; the end recorded is still the one above.
+       Where the marks are seen (`marks_seen`) an honest run notes Slurm's kill at once (2.);
+       without the note its marks could not be written (the job made them unwritable, or its
+       disk is full: atk37-23 F6), which must not leave it `running` for good once its node
+       is back.
     Gone without a record: `node_failure`, ended the last moment its processes could live."""
     slurm = slurm_end if slurm_end is not None else now
     if own is not None:
@@ -100,15 +112,21 @@ def node_fail_ending(
         if own.signalled and own.at > slurm + OWN_END_SLACK_S:
             return Ending(own.exit_code, at, "node_failure", said + " (it was killed)")
         return Ending(own.exit_code, at, "exited", said)
+    note = "NODE_FAIL: killed, no end record within KillWait"
     if signalled_at is not None and signalled_at >= slurm - OWN_END_SLACK_S:
         kill_at: float | None = max(slurm, signalled_at)
-    elif marks_seen:
-        return None
+    elif answering_since is None:
+        kill_at = None
+    elif now < slurm + confirm_s:
+        kill_at = None  # its slurmd not yet known alive since Slurm's kill
     else:
-        kill_at = None if answering_since is None else max(slurm, answering_since)
+        kill_at = max(slurm + OWN_END_SLACK_S, answering_since)
+        if marks_seen:
+            note = "NODE_FAIL: no end record nor signal noted (its marks unwritable?); " + (
+                "gone KillWait after its node's slurmd answered"
+            )
     if kill_at is None or now < kill_at + kill_wait_s:
         return None
-    note = "NODE_FAIL: killed, no end record within KillWait"
     return Ending(slurm_code, kill_at + kill_wait_s, "node_failure", note)
 
 

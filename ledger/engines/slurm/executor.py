@@ -18,7 +18,7 @@ from pathlib import Path
 from ledger.core.state import Node
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
 from ledger.engines.accounts import RunAs, own_log, own_umask
-from ledger.engines.slurm.ends import answering, kill_wait, sacct_end
+from ledger.engines.slurm.ends import Ending, answering, kill_wait, sacct_end
 from ledger.engines.slurm.launching import (
     CANNOT_ENTER,
     CANNOT_START,
@@ -36,12 +36,15 @@ from ledger.engines.slurm.stops import (
     Stopping,
     Tag,
     completing,
+    earlier_alive,
     gpus_differ,
     grace_of,
     no_grace,
+    node_failed,
     run_gpus,
     stopped_end,
     stopping_gpus,
+    tagged,
 )
 from ledger.engines.slurm.tracked import Run, forget_stop, note_stop, noted_stop
 from ledger.engines.slurm.words import (
@@ -170,6 +173,7 @@ class SlurmExecutor:
         """Node -> the GRES type of each of its GPUs, for nodes whose GPUs are pinned."""
         self.kill_wait_s = 30.0
         """Slurm's KillWait (`check` reads it): how long after SIGTERM Slurm kills a job."""
+        self.slurmd_timeout_s = 300.0  # Slurm's (`check`): a dead slurmd is flagged by then
         self.fence_s = 300.0
         """How long at most the runs of a node Slurm gives up stay in doubt (`ends`)."""
         self._answering: dict[str, float] = {}  # node -> since when its slurmd answers
@@ -222,6 +226,7 @@ class SlurmExecutor:
             )
         self._accounting = "accounting_storage/none" not in text.replace(" ", "")
         self.kill_wait_s = kill_wait(text, self.kill_wait_s)
+        self.slurmd_timeout_s = kill_wait(text, self.slurmd_timeout_s, "SlurmdTimeout")
 
     def nodes(self) -> list[SlurmNode]:
         """The partition's GPU nodes; remembers which have pinned GPUs (`words.pinned_types`)."""
@@ -272,7 +277,7 @@ class SlurmExecutor:
         `ours`, all our runs' and stops' (a recovered slurmctld may list a job without its GPUs)."""
         busy: list[Mapping[str, Iterable[int]]] = [held_gpus(j, self._pinned) for j in self._view.values()]  # fmt: skip  # noqa: E501
         busy += [{sl.node: sl.gpu_indices for sl in r.launch.slots} for r in self._runs.values() if r.slurm_id is not None and (ours or not r.started) and r.launch is not None]  # fmt: skip  # noqa: E501
-        busy += [stopping_gpus(self._stopping, self._view, self._pinned)] if ours else []
+        busy += [stopping_gpus(self._stopping, self._view, self._pinned)]  # NODE_FAIL in doubt
         held: dict[str, set[int]] = {}
         for gpus in busy:
             for node, idx in gpus.items():
@@ -280,16 +285,14 @@ class SlurmExecutor:
         return held
 
     def _default_log(self, job: Launch, who: SbatchUser) -> Path:
-        """The service's own output file of a job that names none (no working directory):
-        `<log_dir>/job-<id>.log` (`own_log`: a directory only the service may write, the file
-        made for the job's user, readable by them alone)."""
+        """The service's own output file of a job that names none: `<log_dir>/job-<id>.log`
+        (`own_log`: the service's directory, the file the job's user's alone)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         return own_log(self.log_dir, f"job-{job.job_id}.log", who.uid, who.gid)
 
     def _checkpoint_file(self, job_id: int, run: int, who: SbatchUser | None = None) -> Path:
-        """The file a run touches to say it checkpointed (`GPULEDGER_CHECKPOINT_FILE`, as on
-        the node agents): `<log_dir>/checkpoints/<job>.<run>/checkpoint`, its directory the
-        job's user's alone (made with `who`), read by `_read_checkpoints`."""
+        """The file a run touches to say it checkpointed (`GPULEDGER_CHECKPOINT_FILE`):
+        `<log_dir>/checkpoints/<job>.<run>/checkpoint`, its directory the job user's (`who`)."""
         run_dir = self.log_dir / "checkpoints" / f"{job_id}.{run}"
         if who is not None:
             run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -363,13 +366,13 @@ class SlurmExecutor:
         for r in list(self._runs.values()):
             if r.slurm_id is not None or r.launch is None:
                 continue
-            adopted = self._find(r.job_id, r.run)  # an sbatch that timed out may have landed
+            adopted = tagged(self._view, self.ledger_id, r.job_id, r.run)  # a timed-out sbatch
             if adopted is not None:
                 r.slurm_id = adopted.slurm_id
                 continue
             if any(held.get(sl.node, set()) & set(sl.gpu_indices) for sl in r.launch.slots):
                 continue
-            earlier = self._earlier_alive(r.job_id, r.run)
+            earlier = earlier_alive(self._view, self.ledger_id, r.job_id, r.run, self._stopping)
             if earlier is not None:  # never two launches of a job: the old one stops first
                 log.info("job %s run %s waits until Slurm job %s has ended", r.job_id, r.run,
                          earlier.slurm_id)  # fmt: skip
@@ -387,20 +390,6 @@ class SlurmExecutor:
                 continue
             for sl in r.launch.slots:
                 held.setdefault(sl.node, set()).update(sl.gpu_indices)
-
-    def _earlier_alive(self, job_id: int, run: int) -> SlurmJob | None:
-        """A Slurm job of an earlier run of `job_id` that has not ended (the launch fence)."""
-        for j in self._view.values():
-            tag = j.tag(self.ledger_id)
-            if tag is not None and tag[0] == job_id and tag[1] < run and not j.ended:
-                return j
-        return None
-
-    def _find(self, job_id: int, run: int) -> SlurmJob | None:
-        for j in self._view.values():
-            if j.tag(self.ledger_id) == (job_id, run):
-                return j
-        return None
 
     # --- the executor protocol ---
 
@@ -641,12 +630,18 @@ class SlurmExecutor:
         # 2. runs being stopped: the grace, then scancel
         for slurm_id, st in list(self._stopping.items()):
             j = self._view.get(slurm_id)
-            if j is None or j.ended:
+            st.gpus = (held_gpus(j, self._pinned) if j is not None else {}) or st.gpus
+            failed = self._how_failed(st.run, None, None, j, now) if node_failed(st, j) else None
+            if node_failed(st, j) and failed is None:  # its processes may live: held (F7)
+                if not st.in_doubt:
+                    log.warning("stopped Slurm job %s is NODE_FAIL: held until gone", slurm_id)
+                st.in_doubt = True
+            elif j is None or j.ended:
                 del self._stopping[slurm_id]
                 forget_stop(self.log_dir, slurm_id)
                 seen = self._completing.pop(slurm_id, None)
                 if j is not None and st.run is not None and j.started:  # its processes' end
-                    self._stopped.append(stopped_end(st, j, now, seen))
+                    self._stopped.append(stopped_end(st, j, now, seen, failed))
             elif not st.cancelled and now - st.since >= st.grace_s:
                 try:
                     self._run(["scancel", slurm_id])
@@ -703,9 +698,7 @@ class SlurmExecutor:
     def _node_failed(self, r: Run, j: SlurmJob, now: float) -> None:
         """A run Slurm ended NODE_FAIL: recorded as it really ended, once known; kept until
         then (running, for the ledger in doubt on its lost node; `ends`)."""
-        run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        ending = node_fail_end(run_dir, r.launch, r.started_at, j, self._answering,
-                               self.kill_wait_s, now)  # fmt: skip
+        ending = self._how_failed((r.job_id, r.run), r.launch, r.started_at, j, now)
         if ending is None:
             if not r.node_failed:
                 r.node_failed = True
@@ -717,6 +710,13 @@ class SlurmExecutor:
                  ending.reason, when(ending.at), ending.note)  # fmt: skip
         self._exits.append(Exit(r.job_id, ending.exit_code, ending.at, ending.reason,
                                 j.slurm_id, j.state, ending.note))  # fmt: skip
+
+    def _how_failed(self, tag: Tag | None, launch: Launch | None, started_at: float | None,
+                    j: SlurmJob | None, now: float) -> Ending | None:  # fmt: skip
+        """How a run Slurm ended NODE_FAIL really ended, from its marks (`node_fail_end`)."""
+        return None if tag is None or j is None else node_fail_end(
+            self._checkpoint_file(*tag).parent, launch, started_at, j, self._answering,
+            self.kill_wait_s, now, self.slurmd_timeout_s)  # fmt: skip
 
     def _past_limit(self, r: Run, now: float) -> bool:
         """Whether a run has reached its limit and is not being stopped yet. The executor keeps

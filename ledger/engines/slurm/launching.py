@@ -135,6 +135,7 @@ def node_fail_end(
     answering: Mapping[str, float],
     kill_wait_s: float,
     now: float,
+    confirm_s: float = 0.0,
 ) -> Ending | None:
     """How a run Slurm ended NODE_FAIL really ended, from its marks (`ends.node_fail_ending`;
     `answering`: node -> since when its slurmd answers); None while it may still run."""
@@ -144,7 +145,7 @@ def node_fail_end(
     started = started_at if started_at is not None else j.start_time
     return node_fail_ending(own_end(run_dir), signalled_at(run_dir), marked(run_dir, LAUNCHED),
                             j.end_time, j.exit_code, started, answered, kill_wait_s,
-                            now)  # fmt: skip
+                            now, confirm_s)  # fmt: skip
 
 
 def never_starts(reason: str, waited_s: float, within_s: float) -> str:

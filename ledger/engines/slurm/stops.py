@@ -6,11 +6,18 @@ none), then `scancel`; and the run's real end as Slurm kept it (EndTime), record
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ledger.core.state import State
 from ledger.cycle.executor import Exit, Launch
-from ledger.engines.slurm.words import SlurmJob, ended_gpus, held_gpus, processes_end
+from ledger.engines.slurm.ends import Ending
+from ledger.engines.slurm.words import (
+    SlurmJob,
+    end_reason,
+    ended_gpus,
+    held_gpus,
+    processes_end,
+)
 from schemas.events import GpuSlot
 
 Tag = tuple[int, int]
@@ -29,20 +36,68 @@ class Stopping:
     """(job, run) of a run the ledger stopped, whose end is recorded (`JobRunEnded`)."""
     killed: bool = False
     """It outlived its grace: `scancel` (Slurm's kill) was sent after the TERM."""
+    gpus: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """The GPUs Slurm last showed it holding (node -> indices): held while it is in doubt."""
+    in_doubt: bool = False
+    """Slurm ended it NODE_FAIL and its processes may still live (`node_failed`)."""
+
+
+def node_failed(st: Stopping, j: SlurmJob | None) -> bool:
+    """Pure: whether Slurm ended a stopped run `NODE_FAIL` (its node given up): its end is
+    Slurm's decision, not its processes' (`ends.node_fail_ending` says when they are gone;
+    until then the stop goes on, its GPUs `stopping`: atk37-23 F7)."""
+    return (
+        st.run is not None and j is not None and j.ended and j.started
+        and end_reason(j.state) == "node_failure"
+    )  # fmt: skip
 
 
 def stopped_end(
-    st: Stopping, j: SlurmJob, now: float, completing_seen: float | None = None
+    st: Stopping,
+    j: SlurmJob,
+    now: float,
+    completing_seen: float | None = None,
+    failed: Ending | None = None,
 ) -> Exit:
     """Pure: a stopped run's real end as Slurm kept it (its EndTime, exit code and state), or,
     when its processes outlived the EndTime of a scancel (seen COMPLETING after it:
-    `completing_seen`), the read that found them gone (`processes_end`)."""
+    `completing_seen`), the read that found them gone (`processes_end`). A run Slurm ended
+    NODE_FAIL (`node_failed`) ended as `failed` says (`ends.node_fail_ending`: its own end
+    record, else KillWait after Slurm's kill reached it, then killed), never at Slurm's
+    EndTime, which its processes outlive by up to KillWait."""
     assert st.run is not None
     end = processes_end(j.end_time, j.state, now, completing_seen)
     at = now if end is None else min(now, end)
     note = f"Slurm: {j.state}" + (", killed after its grace" if st.killed else "")
     state = "KILLED" if st.killed else j.state
-    return Exit(st.run[0], j.exit_code, at, "exited", j.slurm_id, state, note, run=st.run[1])
+    code = j.exit_code
+    if failed is not None:
+        at, code, note = min(now, failed.at), failed.exit_code, f"{note}; {failed.note}"
+        state = "KILLED" if st.killed or failed.reason == "node_failure" else j.state
+    return Exit(st.run[0], code, at, "exited", j.slurm_id, state, note, run=st.run[1])
+
+
+def tagged(view: Mapping[str, SlurmJob], ledger_id: str, job_id: int, run: int) -> SlurmJob | None:
+    """Pure: the Slurm job of run `run` of `job_id` (its tag), None when Slurm lists none."""
+    return next((j for j in view.values() if j.tag(ledger_id) == (job_id, run)), None)
+
+
+def earlier_alive(
+    view: Mapping[str, SlurmJob],
+    ledger_id: str,
+    job_id: int,
+    run: int,
+    stopping: Mapping[str, Stopping],
+) -> SlurmJob | None:
+    """Pure: a Slurm job of an earlier run of `job_id` that may be alive (the launch fence): not
+    ended, or ended NODE_FAIL while its processes may live on (`Stopping.in_doubt`)."""
+    for j in view.values():
+        tag = j.tag(ledger_id)
+        if tag is None or tag[0] != job_id or tag[1] >= run:
+            continue
+        if not j.ended or ((st := stopping.get(j.slurm_id)) is not None and st.in_doubt):
+            return j
+    return None
 
 
 def grace_in(state: State, job_id: int) -> float | None:
@@ -68,13 +123,16 @@ def stopping_gpus(
 ) -> dict[str, frozenset[int]]:
     """Pure: the GPUs (node -> indices) of the runs the ledger stopped that Slurm has not ended
     yet: running through their grace, or COMPLETING (SIGTERM ignored until KillWait). Slurm
-    starts nothing on them meanwhile, so `node list` shows them held (`Observed.stopping`)."""
+    starts nothing on them meanwhile, so `node list` shows them held (`Observed.stopping`).
+    Also those of a stop Slurm ended NODE_FAIL whose processes may still live (`in_doubt`):
+    Slurm would start the next job there, so the executor holds them itself (`_held`)."""
     out: dict[str, set[int]] = {}
     for slurm_id, st in stopping.items():
         j = view.get(slurm_id)
-        if st.run is None or j is None or j.ended:
+        if st.run is None or j is None or (j.ended and not st.in_doubt):
             continue
-        for node, idx in held_gpus(j, pinned).items():
+        held = (st.gpus or ended_gpus(j, pinned)) if j.ended else held_gpus(j, pinned)
+        for node, idx in held.items():
             out.setdefault(node, set()).update(idx)
     return {n: frozenset(i) for n, i in out.items()}
 
