@@ -153,6 +153,18 @@ def start_server(
     raise AssertionError(f"serve did not start:\n{log_path.read_text()}")
 
 
+def init_on_store(
+    home: Path, tmp: Path, store: str, node: str = "n1", gpus: int = 8, gpu_type: str = "h100"
+) -> None:
+    """A ledger on `store` (PostgreSQL's DSN): root admin, the budgets of `BUDGET`, one node."""
+    cli(home, "init", "--admin", "root", "--store", store)
+    budget = tmp / "budget.toml"
+    budget.write_text(BUDGET)
+    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
+    cli(home, "node", "add", node, "--gpus", str(gpus), "--gpu-type", gpu_type,
+        GPULEDGER_USER="root")  # fmt: skip
+
+
 def set_up_ledger(home: Path, tmp: Path) -> None:
     """root admin; ai2/olmo (alice, bob; manager mgr), ai2/tulu (carol; manager othermgr);
     node n1 with 8 GPUs; job 1 by alice, resumable."""

@@ -25,7 +25,7 @@ from schemas import commands as c
 from schemas.errors import LedgerError
 from tests.integration import waits
 from tests.integration.hakit import Group, log_events, make_group, wait_cycled_after
-from tests.integration.serverkit import BUDGET, cli, make_token
+from tests.integration.serverkit import cli, init_on_store, make_token
 from tests.integration.test_node_agents import Agent, held_twice
 
 
@@ -33,11 +33,7 @@ from tests.integration.test_node_agents import Agent, held_twice
 def ha_home(tmp_path: Path, pg_store: str) -> tuple[Path, str, str]:
     """A ledger on `pg_store` (budgets, node n1 with 8 GPUs); (home, DSN, alice's token)."""
     home = tmp_path / "server-0"
-    cli(home, "init", "--admin", "root", "--store", pg_store)
-    budget = tmp_path / "budget.toml"
-    budget.write_text(BUDGET)
-    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
-    cli(home, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100", GPULEDGER_USER="root")
+    init_on_store(home, tmp_path, pg_store)
     return home, pg_store, make_token(home, "--user", "alice")
 
 

@@ -28,7 +28,7 @@ from schemas import commands as c
 from schemas.errors import LedgerError
 from tests.integration import waits
 from tests.integration.hakit import log_events, make_group
-from tests.integration.serverkit import BUDGET, cli, make_token
+from tests.integration.serverkit import cli, init_on_store, make_token
 from tests.integration.test_ha_settings import one_line, serve
 from tests.integration.test_node_agents import Agent
 from tests.integration.test_pg_outage_agents import JOB
@@ -55,11 +55,7 @@ def test_a_slow_leader_the_standby_names_is_asked_again_and_no_node_is_lost(
     tmp_path: Path, pg_store: str
 ) -> None:
     home = tmp_path / "server-0"
-    cli(home, "init", "--admin", "root", "--store", pg_store)
-    budget = tmp_path / "budget.toml"
-    budget.write_text(BUDGET)
-    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
-    cli(home, "node", "add", "node-a", "--gpus", "2", "--gpu-type", "sim", GPULEDGER_USER="root")
+    init_on_store(home, tmp_path, pg_store, "node-a", 2, "sim")
     node_token = make_token(home, "--node", "node-a", "--name", "node-a")
     token = make_token(home, "--user", "alice")
     marks = Path(tempfile.mkdtemp(prefix="gpuledger-marks-"))
@@ -133,11 +129,7 @@ def test_a_write_sent_to_a_standby_while_the_leader_is_frozen_is_answered_by_its
     tmp_path: Path, pg_store: str
 ) -> None:
     home = tmp_path / "server-0"
-    cli(home, "init", "--admin", "root", "--store", pg_store)
-    budget = tmp_path / "budget.toml"
-    budget.write_text(BUDGET)
-    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
-    cli(home, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100", GPULEDGER_USER="root")
+    init_on_store(home, tmp_path, pg_store)
     token = make_token(home, "--user", "alice")
     g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
     frozen = None

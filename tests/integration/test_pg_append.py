@@ -29,7 +29,7 @@ from schemas import commands as c
 from schemas.errors import Conflict, Unavailable
 from tests.integration import waits
 from tests.integration.hakit import log_events, make_group
-from tests.integration.serverkit import BUDGET, cli, make_token
+from tests.integration.serverkit import cli, init_on_store, make_token
 
 
 def base(home: Path, dsn: str) -> Ledger:
@@ -158,11 +158,7 @@ def test_many_clients_lose_and_double_no_submit_when_the_server_is_killed_mid_ba
     commits are in flight and started again. Every submit is in the log exactly once, as the job
     its answer named."""
     home = tmp_path / "server-0"
-    cli(home, "init", "--admin", "root", "--store", pg_store)
-    budget = tmp_path / "budget.toml"
-    budget.write_text(BUDGET)
-    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
-    cli(home, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100", GPULEDGER_USER="root")
+    init_on_store(home, tmp_path, pg_store)
     token = make_token(home, "--user", "alice")
     group = make_group(tmp_path, pg_store, 1, "--interval", "1h", home=home)
     server = group.members[0]
@@ -248,11 +244,7 @@ def test_a_write_the_moment_a_lone_server_listens_is_answered_not_refused(
     """A server listens before its first turn takes the lease; a write in between waits for it
     to lead (it used to be refused, 503 "this server is a standby; the leader is" itself)."""
     home = tmp_path / "server-0"
-    cli(home, "init", "--admin", "root", "--store", pg_store)
-    budget = tmp_path / "budget.toml"
-    budget.write_text(BUDGET)
-    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
-    cli(home, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100", GPULEDGER_USER="root")
+    init_on_store(home, tmp_path, pg_store)
     token = make_token(home, "--user", "alice")
     group = make_group(tmp_path, pg_store, 1, "--interval", "1h", home=home)
     server = group.members[0]

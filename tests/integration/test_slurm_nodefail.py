@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tests.integration import test_slurm as base
 from tests.integration.test_slurm import Ledger, status
+from tests.integration.test_slurm_stops import _times, _until_quiet
 
 cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
 
@@ -135,27 +136,6 @@ def test_a_job_slurm_ends_node_fail_that_runs_on_and_completes_is_recorded_compl
     cl.up()  # slurmd back (the fixture resumes the node)
 
 
-def _beats(path: Path) -> list[float]:
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            out.append(float(line))
-        except ValueError:
-            continue  # a line cut by SIGKILL
-    return out
-
-
-def _last_beat(path: Path, timeout: float = 90) -> float:
-    """The job's last heartbeat once it has written none for 3 s (its processes are gone)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        beats = _beats(path)
-        if beats and time.time() - beats[-1] > 3.0:
-            return beats[-1]
-        time.sleep(0.3)
-    raise AssertionError(f"the job still writes to {path}")
-
-
 def _resume(led: Ledger) -> None:
     c = led.cluster
     c.run("scontrol", "update", f"nodename={c.node}", "state=resume")
@@ -183,9 +163,9 @@ def test_a_stopped_run_whose_node_goes_down_holds_its_gpus_until_its_processes_a
     _down(ledger)
     time.sleep(1)
     _resume(ledger)
-    last = _last_beat(work / "alive")
+    last = _until_quiet(work / "alive")
     ledger.wait("the next job to finish", lambda: status(ledger, 2) == "finished", timeout=60)
-    (started,) = _beats(work / "next")
+    (started,) = _times(work / "next")
     assert started > last, f"job 2 started {last - started:.1f} s before job 1's processes died"
     (end,) = ledger.of("job.run_ended.v1", 1)
     assert end["killed"] is True and end["ended_at"] >= last - 0.5, (end, last)
@@ -210,7 +190,7 @@ def test_a_job_that_makes_its_marks_unwritable_ends_with_its_node_once_the_node_
     _down(ledger)
     time.sleep(1)
     _resume(ledger)
-    last = _last_beat(work / "alive")
+    last = _until_quiet(work / "alive")
     ledger.wait("the job to finish", lambda: status(ledger, 1) == "finished", timeout=60)
     job = ledger.jobs()[1]
     assert job["finish_reason"] == "node_lost", job
@@ -238,9 +218,9 @@ def test_a_requeued_run_whose_node_goes_down_is_never_alive_with_its_next_launch
     _down(ledger)
     time.sleep(1)
     _resume(ledger)
-    last = _last_beat(work / "alive.0")
-    ledger.wait("its next launch", lambda: bool(_beats(work / "alive.1")), timeout=60)
-    first = _beats(work / "alive.1")[0]
+    last = _until_quiet(work / "alive.0")
+    ledger.wait("its next launch", lambda: bool(_times(work / "alive.1")), timeout=60)
+    first = _times(work / "alive.1")[0]
     assert first > last, f"launch 2 began {last - first:.1f} s before launch 1 was gone"
     (end,) = ledger.of("job.run_ended.v1", 1)
     assert end["run"] == 0 and end["killed"] is True and end["ended_at"] >= last - 0.5, end

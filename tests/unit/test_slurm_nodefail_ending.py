@@ -149,6 +149,19 @@ def test_a_completed_run_is_never_taken_for_a_node_failure_whatever_slurm_and_th
             assert got is not None and (got.reason, got.exit_code) == ("exited", 0), (at, got)
 
 
+def _batch_script(tmp_path: Path, command: tuple[str, ...], fifo: bool = False) -> Path:
+    """The real batch script of a run of `command`, its marks in `tmp_path` (its `launched`
+    mark a FIFO with `fifo`: the script is held there)."""
+    if fifo:
+        os.mkfifo(tmp_path / "launched")
+    job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), command, None, "alice", "ai2/olmo")
+    script = tmp_path / "batch"
+    script.write_text(batch_script(job, launched_file=str(tmp_path / "launched"),
+                                   ended_file=str(tmp_path / "ended"),
+                                   signalled_file=str(tmp_path / "signalled")))  # fmt: skip
+    return script
+
+
 def test_slurms_kill_at_the_launch_mark_is_noted_never_left_in_doubt(tmp_path: Path) -> None:
     """CI's hang: `scontrol update state=down` while a run's batch script was between its
     `launched` mark and the trap that notes signals killed the script with neither an end record
@@ -157,13 +170,7 @@ def test_slurms_kill_at_the_launch_mark_is_noted_never_left_in_doubt(tmp_path: P
     there as Slurm signals every process of a job: it notes the signal and ends; the command
     never runs."""
     marks = {m: tmp_path / m for m in ("launched", "ended", "signalled", "ran")}
-    os.mkfifo(marks["launched"])
-    command = ("sh", "-c", f": > {marks['ran']}; sleep 30")
-    job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), command, None, "alice", "ai2/olmo")
-    script = tmp_path / "batch"
-    script.write_text(batch_script(job, launched_file=str(marks["launched"]),
-                                   ended_file=str(marks["ended"]),
-                                   signalled_file=str(marks["signalled"])))  # fmt: skip
+    script = _batch_script(tmp_path, ("sh", "-c", f": > {marks['ran']}; sleep 30"), fifo=True)
     bash = subprocess.Popen(["/bin/bash", str(script)], start_new_session=True)
     try:
         time.sleep(0.5)  # held at the FIFO: the launch mark
@@ -190,11 +197,7 @@ def test_a_command_that_ends_well_on_slurms_term_ends_the_script_well(
     the script ends with the command's own code, and its end record says so, signal noted."""
     marks = {m: tmp_path / m for m in ("launched", "ended", "signalled")}
     command = ("bash", "-c", "trap 'echo TERM; exit 0' TERM; while true; do sleep 0.2; done")
-    job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), command, None, "alice", "ai2/olmo")
-    script = tmp_path / "batch"
-    script.write_text(batch_script(job, launched_file=str(marks["launched"]),
-                                   ended_file=str(marks["ended"]),
-                                   signalled_file=str(marks["signalled"])))  # fmt: skip
+    script = _batch_script(tmp_path, command)
     bash = subprocess.Popen(["/bin/bash", str(script)], start_new_session=True,
                             stdout=subprocess.PIPE)  # fmt: skip
     try:
@@ -214,12 +217,7 @@ def test_a_command_the_signal_kills_ends_the_script_with_its_signal_code(tmp_pat
     """The other side of the above: a command that does not catch TERM dies of it, and the
     script ends 143 (128 + SIGTERM) with that code in its end record, the signal noted."""
     marks = {m: tmp_path / m for m in ("launched", "ended", "signalled")}
-    job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), ("sleep", "30"), None, "alice",
-                 "ai2/olmo")  # fmt: skip
-    script = tmp_path / "batch"
-    script.write_text(batch_script(job, launched_file=str(marks["launched"]),
-                                   ended_file=str(marks["ended"]),
-                                   signalled_file=str(marks["signalled"])))  # fmt: skip
+    script = _batch_script(tmp_path, ("sleep", "30"))
     bash = subprocess.Popen(["/bin/bash", str(script)], start_new_session=True)
     try:
         time.sleep(0.5)

@@ -24,7 +24,7 @@ import pytest
 from ledger.wire import SOCKET_NAME
 from tests.integration.hakit import Group, Member, make_group
 from tests.integration.security.test_security_connections import answer
-from tests.integration.serverkit import BUDGET, cli, make_token
+from tests.integration.serverkit import cli, init_on_store, make_token
 
 JUNK = "glt_0123456789abcdef_" + "A" * 43
 """A token of the right form that no ledger issued."""
@@ -34,11 +34,7 @@ SUBMIT = json.dumps({"actor": "", "account": "ai2/olmo", "gpus": 1, "min_runtime
 @pytest.fixture
 def pair(tmp_path: Path, pg_store: str) -> Iterator[tuple[Group, dict[str, str]]]:
     home = tmp_path / "server-0"
-    cli(home, "init", "--admin", "root", "--store", pg_store)
-    budget = tmp_path / "budget.toml"
-    budget.write_text(BUDGET)
-    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
-    cli(home, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100", GPULEDGER_USER="root")
+    init_on_store(home, tmp_path, pg_store)
     tokens = {who: make_token(home, "--user", who) for who in ("alice", "root")}
     g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
     try:
