@@ -72,6 +72,13 @@ def claim_outputs(
     files = [p for p in dict.fromkeys(paths) if p]
     if not files:
         return ""
+    for name in files:  # Slurm reads `\` in -o/-e itself: the name it opens is not this one
+        if "\\" in name:
+            what = "output file" if name == files[0] else "error file"
+            return (
+                f"the {what} {name} has a backslash, which Slurm reads as an escape (it "
+                "would open another name than the one checked): name it without one"
+            )
     try:
         done = subprocess.run(
             ["/bin/sh", "-c", CLAIM, "gpuledger-claim", f"{umask:04o}", *files],
