@@ -172,6 +172,37 @@ def test_a_stopped_run_whose_node_goes_down_holds_its_gpus_until_its_processes_a
     assert ledger.jobs()[1]["finish_reason"] == "cancelled"
 
 
+def test_a_stopped_run_that_forges_its_end_record_keeps_its_gpus_until_slurms_kill(
+    ledger: Ledger,
+) -> None:
+    """atk38-24 F1: as above, but the job writes its own end record (`0 <now> 0`, in its run
+    directory, which is its user's) every 0.2 s while it lives. The record said it had ended,
+    so its GPUs were given to the next job at once, which ran beside it for ~7 s until Slurm's
+    SIGKILL (KillWait after the DOWN). The record still says how it ended; its GPUs wait for
+    Slurm's kill all the same."""
+    work = ledger.work
+    ledger.up()
+    forge = (
+        'd=$(dirname "$GPULEDGER_CHECKPOINT_FILE"); '
+        'echo "0 $(date +%s.%N) 0" > "$d/ended.part" && mv -f "$d/ended.part" "$d/ended"'
+    )
+    ledger.submit("alice", 4, f"trap 'date +%s.%N >> {work}/term' TERM; "
+                  f"while true; do date +%s.%N >> {work}/alive; {forge}; sleep 0.2; done",
+                  "--grace", "60s")  # fmt: skip
+    ledger.wait("the job to run", lambda: (work / "alive").exists() and status(ledger, 1) == "running")  # fmt: skip  # noqa: E501
+    ledger.submit("bob", 4, f"date +%s.%N >> {work}/next; sleep 2")
+    ledger.cli("cancel", "1", actor="alice")
+    ledger.wait("its SIGTERM", lambda: (work / "term").exists())
+    time.sleep(1)
+    _down(ledger)
+    time.sleep(1)
+    _resume(ledger)
+    last = _until_quiet(work / "alive")
+    ledger.wait("the next job to finish", lambda: status(ledger, 2) == "finished", timeout=60)
+    (started,) = _times(work / "next")
+    assert started > last, f"job 2 started {last - started:.1f} s before job 1's processes died"
+
+
 def test_a_job_that_makes_its_marks_unwritable_ends_with_its_node_once_the_node_is_back(
     ledger: Ledger,
 ) -> None:

@@ -211,3 +211,52 @@ def test_a_stopped_run_its_node_failed_is_held_until_known_gone() -> None:
     assert (end.at, end.exit_code, end.engine_state) == (j.end_time - 1.0, 143, "NODE_FAIL")
     cancelled = parse_jobs(NODE_FAILED.replace("NODE_FAIL", "CANCELLED"))[0]
     assert not node_failed(st, cancelled) and not node_failed(Stopping(since=0.0), j)
+
+
+def test_a_node_failed_runs_own_end_record_keeps_its_gpus_until_slurms_kill_has_landed() -> None:
+    """atk38-24 F1: a job's own end record is its user's word (the user may write it while the
+    run lives). A NODE_FAIL run ended by its record is recorded as the record says, but its GPUs
+    stay held until its nodes' slurmd answers and KillWait has passed since Slurm's kill could
+    reach it (its EndTime, rounded down, or that answer, whichever is later)."""
+    from ledger.engines.slurm.ends import OwnEnd, node_fail_ending, surely_gone
+    from ledger.engines.slurm.stops import Quarantine
+
+    (j,) = parse_jobs(NODE_FAILED)
+    assert j.end_time is not None
+    end, kw = j.end_time, 10.0
+    forged = node_fail_ending(OwnEnd(0, end + 2.0), None, True, end, 0, end - 60, end, kw,
+                              end + 2.0)  # fmt: skip
+    assert forged is not None and forged.own_record and forged.reason == "exited"
+    assert node_fail_ending(None, end + 0.5, True, end, 0, end - 60, end, kw, end + 20.0)
+    assert not node_fail_ending(None, end + 0.5, True, end, 0, end - 60, end, kw,
+                                end + 20.0).own_record  # fmt: skip
+    assert not surely_gone(end, None, kw, end + 1000.0)  # its slurmd has not answered
+    assert not surely_gone(end, end, kw, end + 10.5)  # EndTime is whole seconds: +1 s
+    assert surely_gone(end, end, kw, end + 11.0)
+    assert not surely_gone(end, end + 30.0, kw, end + 39.0)  # answered later: from then
+    q = Quarantine()
+    q.hold(forged, j, {"vm": (0, 1)})
+    assert q.held == {"vm": (0, 1)}  # at once: a launch may be tried before the next refresh
+    q.hold(Ending(0, end, "exited", "Slurm's word"), j, {"vm": (2,)})  # not a record: not held
+    q.refresh({}, kw, end + 100.0)  # vm's slurmd not answering
+    assert q.held == {"vm": (0, 1)}
+    q.refresh({"vm": end + 5.0}, kw, end + 14.0)
+    assert q.held == {"vm": (0, 1)}
+    q.refresh({"vm": end + 5.0}, kw, end + 15.0)
+    assert q.held == {} and q.runs == {}
+
+
+def test_the_executor_holds_what_the_quarantine_holds(tmp_path: Path) -> None:
+    """The wiring: GPUs the quarantine holds are among those the executor will not submit
+    onto (`_held`), and leave it once Slurm's kill has surely landed."""
+    from ledger.engines.slurm.executor import SlurmExecutor
+
+    (j,) = parse_jobs(NODE_FAILED)
+    assert j.end_time is not None
+    ex = SlurmExecutor("gpuledger", LEDGER, tmp_path)
+    ex._quarantine.hold(Ending(0, j.end_time, "exited", "its own end record", True), j,
+                        {"vm": (0, 1)})  # fmt: skip
+    ex._quarantine.refresh({"vm": j.end_time}, 10.0, j.end_time + 1.0)
+    assert ex._held().get("vm") == {0, 1}
+    ex._quarantine.refresh({"vm": j.end_time}, 10.0, j.end_time + 12.0)
+    assert not ex._held().get("vm")

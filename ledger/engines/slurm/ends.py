@@ -66,6 +66,9 @@ class Ending:
     at: float
     reason: EndReason
     note: str
+    own_record: bool = False
+    """From the run's own end record: the job's user may write it while the run still lives,
+    so its GPUs wait for Slurm's kill all the same (`surely_gone`: atk38-24 F1)."""
 
 
 def node_fail_ending(
@@ -110,8 +113,8 @@ def node_fail_ending(
         at = max(low, min(own.at, now))
         said = f"its own end record: exit {own.exit_code}; Slurm said NODE_FAIL"
         if own.signalled and own.at > slurm + OWN_END_SLACK_S:
-            return Ending(own.exit_code, at, "node_failure", said + " (it was killed)")
-        return Ending(own.exit_code, at, "exited", said)
+            return Ending(own.exit_code, at, "node_failure", said + " (it was killed)", True)
+        return Ending(own.exit_code, at, "exited", said, True)
     note = "NODE_FAIL: killed, no end record within KillWait"
     if signalled_at is not None and signalled_at >= slurm - OWN_END_SLACK_S:
         kill_at: float | None = max(slurm, signalled_at)
@@ -138,3 +141,18 @@ def sacct_end(rows: str, now: float) -> tuple[str, int, float]:
     if len(first) != 3 or not first[0].split():
         return "", -1, now
     return first[0].split()[0], exit_code(first[1]), min(now, slurm_time(first[2]) or now)
+
+
+def surely_gone(
+    slurm_end: float | None, answering_since: float | None, kill_wait_s: float, now: float
+) -> bool:
+    """Pure: whether a run Slurm ended NODE_FAIL (at `slurm_end`) is gone whatever its own end
+    record says: its nodes' slurmd answers (since `answering_since`; None while one does not)
+    and KillWait has passed since Slurm's kill could reach it (its EndTime, whole seconds, or
+    that answer, whichever is later), as in `node_fail_ending`'s case 3. A record is the job
+    user's word: a job that wrote one while it ran had its GPUs given to the next job while
+    Slurm's SIGKILL was still KillWait away (atk38-24 F1)."""
+    if answering_since is None:
+        return False
+    slurm = slurm_end if slurm_end is not None else now
+    return now >= max(slurm + OWN_END_SLACK_S, answering_since) + kill_wait_s

@@ -33,6 +33,7 @@ from ledger.engines.slurm.launching import (
 from ledger.engines.slurm.leaks import held_with, lasting, leaked_gpus
 from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
 from ledger.engines.slurm.stops import (
+    Quarantine,
     Stopping,
     Tag,
     completing,
@@ -41,6 +42,7 @@ from ledger.engines.slurm.stops import (
     grace_of,
     no_grace,
     node_failed,
+    placed_gpus,
     run_gpus,
     stopped_end,
     stopping_gpus,
@@ -119,9 +121,7 @@ class SlurmExecutor:
         """How long a submitted run may be missing from every read before it counts as gone: a
         controller that has just restarted may answer before it lists every job."""
         self.env = dict(env if env is not None else os.environ)
-        self.run_as: RunAs = run_as
-        """Who jobs run as (`ledger.engines.accounts`): as on every engine, never as root on
-        someone else's behalf."""
+        self.run_as: RunAs = run_as  # who jobs run as: never root on another's behalf
         self._runs: dict[int, Run] = {}
         self._stopping: dict[str, Stopping] = {}
         self._view: dict[str, SlurmJob] = {}
@@ -143,8 +143,7 @@ class SlurmExecutor:
         self._foreign_seen: set[str] = set()
         self._accounting: bool | None = None
         self.start_within_s = start_within_s
-        """A run Slurm has not started this long after its submission is taken back
-        (`launch_failed`, with Slurm's reason)."""
+        """A run Slurm has not started this long after its submission is taken back."""
         self.settle_s = 30.0
         """After an outage, how long nothing is decided while Slurm's view catches up (a
         restarted slurmctld lists a run that ended meanwhile as running until its slurmd says
@@ -152,8 +151,7 @@ class SlurmExecutor:
         self._settle_until: float | None = None
         self._loss_held_since: float | None = None
         """When a node's loss began to wait for its runs' own ends (`_own_ends_first`)."""
-        self.probe_every_s = 5.0
-        """In an outage (slurmctld does not answer), how often the executor asks again."""
+        self.probe_every_s = 5.0  # in an outage (slurmctld does not answer): how often to ask
         self._probe_at: float | None = None
         self._probing: threading.Thread | None = None
         """The probe asking Slurm during an outage, off the service's thread: a controller that
@@ -161,8 +159,7 @@ class SlurmExecutor:
         submits would otherwise wait for."""
         self._probe_answered = False
         """When to ask Slurm again during an outage (None: not in one)."""
-        self._answered_at: float | None = None
-        """The last read Slurm answered."""
+        self._answered_at: float | None = None  # the last read Slurm answered
         self._away: tuple[float, float] | None = None
         """The last outage: (the last read answered before it, the first answered after it)."""
         self.max_time_s: float | None = None
@@ -177,11 +174,11 @@ class SlurmExecutor:
         self.fence_s = 300.0
         """How long at most the runs of a node Slurm gives up stay in doubt (`ends`)."""
         self._answering: dict[str, float] = {}  # node -> since when its slurmd answers
+        self._quarantine = Quarantine()  # GPUs of runs ended by their own record on NODE_FAIL
         self.launch_confirm_s = 10.0
-        """A run Slurm shows RUNNING is recorded started once its batch script has marked its
-        launch (`_launched`), or after this long running without the mark (a compute node
-        that does not share the service's directory): Slurm fails a launch it cannot make
-        (JobLaunchFailure: an output file the user cannot open) within a second or two."""
+        """A run Slurm shows RUNNING is recorded started once its batch script marked its launch
+        (`_launched`), or after this long running unmarked (a node that does not share the
+        service's directory): Slurm fails a launch it cannot make within a second or two."""
 
     # --- talking to Slurm ---
 
@@ -254,6 +251,7 @@ class SlurmExecutor:
             log.warning("slurm nodes: %s; keeping the nodes as they are", err.line())
             return [], _every(nodes)
         self._answering = answering(((n.name, n.unresponsive) for n in found), self._answering, now)
+        self._quarantine.refresh(self._answering, self.kill_wait_s, now)
         unseen = frozenset(n.name for n in found if n.unresponsive and not n.down)
         return node_changes(found, nodes, self.fence_s), unseen
 
@@ -277,7 +275,7 @@ class SlurmExecutor:
         `ours`, all our runs' and stops' (a recovered slurmctld may list a job without its GPUs)."""
         busy: list[Mapping[str, Iterable[int]]] = [held_gpus(j, self._pinned) for j in self._view.values()]  # fmt: skip  # noqa: E501
         busy += [{sl.node: sl.gpu_indices for sl in r.launch.slots} for r in self._runs.values() if r.slurm_id is not None and (ours or not r.started) and r.launch is not None]  # fmt: skip  # noqa: E501
-        busy += [stopping_gpus(self._stopping, self._view, self._pinned)]  # NODE_FAIL in doubt
+        busy += [stopping_gpus(self._stopping, self._view, self._pinned), self._quarantine.held]  # fmt: skip  # noqa: E501
         held: dict[str, set[int]] = {}
         for gpus in busy:
             for node, idx in gpus.items():
@@ -542,8 +540,7 @@ class SlurmExecutor:
                 run: Tag | None = None, since: float | None = None) -> None:  # fmt: skip
         """`scancel --signal=TERM --full` (a run that never ran: `scancel`); `scancel` once
         `grace_s` has passed since the stop (`since`: the ledger's recorded stop or the limit,
-        else now; `_read_runs`), at once when it has already. The end of a stopped `run` is
-        recorded."""
+        else now), at once when it has already. The end of a stopped `run` is recorded."""
         if not self.may_act():
             return
         job = self._view.get(slurm_id)
@@ -637,6 +634,7 @@ class SlurmExecutor:
                     log.warning("stopped Slurm job %s is NODE_FAIL: held until gone", slurm_id)
                 st.in_doubt = True
             elif j is None or j.ended:
+                self._quarantine.hold(failed, j, st.gpus)
                 del self._stopping[slurm_id]
                 forget_stop(self.log_dir, slurm_id)
                 seen = self._completing.pop(slurm_id, None)
@@ -706,6 +704,7 @@ class SlurmExecutor:
             return
         del self._runs[r.job_id]
         self._completing.pop(j.slurm_id, None)
+        self._quarantine.hold(ending, j, placed_gpus(r.launch, j, self._pinned))
         log.info("job %s (Slurm job %s, NODE_FAIL) ended %s at %s: %s", r.job_id, j.slurm_id,
                  ending.reason, when(ending.at), ending.note)  # fmt: skip
         self._exits.append(Exit(r.job_id, ending.exit_code, ending.at, ending.reason,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ledger.core.state import State
 from ledger.cycle.executor import Exit, Launch
-from ledger.engines.slurm.ends import Ending
+from ledger.engines.slurm.ends import Ending, surely_gone
 from ledger.engines.slurm.words import (
     SlurmJob,
     end_reason,
@@ -174,6 +174,15 @@ def run_gpus(j: SlurmJob, pinned: Mapping[str, tuple[str, ...]]) -> tuple[GpuSlo
     return tuple(GpuSlot(node=n, gpu_indices=i) for n, i in sorted(got.items()))
 
 
+def placed_gpus(
+    launch: Launch | None, j: SlurmJob, pinned: Mapping[str, tuple[str, ...]]
+) -> dict[str, tuple[int, ...]]:
+    """Pure: a run's GPUs by node: its launch's, else (adopted) what Slurm's record says."""
+    if launch is not None:
+        return {sl.node: tuple(sl.gpu_indices) for sl in launch.slots}
+    return ended_gpus(j, pinned)
+
+
 def gpus_differ(launch: Launch | None, j: SlurmJob) -> str:
     """Pure: how the GPUs Slurm gave a running job differ from the ledger's ("" if not)."""
     if launch is None:
@@ -183,3 +192,39 @@ def gpus_differ(launch: Launch | None, j: SlurmJob) -> str:
     if j.holding and got and got != want:
         return f"Slurm gave GPUs {got}, the ledger chose {want}"
     return ""
+
+
+@dataclass
+class Quarantine:
+    """GPUs of runs Slurm ended NODE_FAIL whose end came from their own record (`Ending.
+    own_record`): held, though the run is recorded ended, until `ends.surely_gone` says Slurm's
+    kill has landed. Slurm id -> (node -> indices, Slurm's EndTime)."""
+
+    runs: dict[str, tuple[Mapping[str, tuple[int, ...]], float | None]] = field(
+        default_factory=dict
+    )
+
+    def hold(self, ending: Ending | None, j: SlurmJob | None,
+             gpus: Mapping[str, tuple[int, ...]]) -> None:  # fmt: skip
+        """Hold a NODE_FAIL run's GPUs when its `ending` came from its own record."""
+        if ending is not None and ending.own_record and j is not None and gpus:
+            self.runs[j.slurm_id] = (gpus, j.end_time)
+            for node, idx in gpus.items():  # held at once, not from the next `refresh` on
+                self.held[node] = tuple(sorted({*self.held.get(node, ()), *idx}))
+
+    held: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """The GPUs still held (node -> indices), as of the last `refresh`."""
+
+    def refresh(self, answering: Mapping[str, float], kill_wait_s: float, now: float) -> None:
+        """Forget the runs surely gone (`answering`: node -> since when its slurmd answers);
+        `held` is what the others hold."""
+        out: dict[str, tuple[int, ...]] = {}
+        for slurm_id, (gpus, end) in list(self.runs.items()):
+            since = [answering.get(n) for n in gpus]
+            first = None if None in since else max(s for s in since if s is not None)
+            if surely_gone(end, first, kill_wait_s, now):
+                del self.runs[slurm_id]
+                continue
+            for node, idx in gpus.items():
+                out[node] = tuple(sorted({*out.get(node, ()), *idx}))
+        self.held = out
