@@ -354,7 +354,9 @@ def _open_as_user(spec: dict[str, Any], named: list[tuple[str, str]]) -> list[in
     try:
         os.chdir(wd or spec.get("cwd") or "/")
     except OSError as err:
-        raise Refused(f"cannot enter the working directory {wd}") from err
+        if wd:
+            raise Refused(f"cannot enter the working directory {wd}") from err
+        os.chdir("/")  # no working directory of its own: the names it gave are absolute
     mask = _umask(spec)
     os.umask(int(mask, 8) if mask else 0o077)
     return [open_own(path, what) for what, path in named]

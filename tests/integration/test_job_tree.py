@@ -306,7 +306,7 @@ def test_what_the_user_cannot_use_fails_the_launch_with_the_reason(
         exits = {x.job_id: x for x in until(ex, lambda x: len(x) == 2)}
     assert exits[1].reason == exits[2].reason == "launch_failed", exits
     assert exits[1].note == f"cannot enter the working directory {closed}"
-    assert exits[2].note == f"cannot open the output file {closed / 'out'}"
+    assert exits[2].note == f"cannot open the output file {closed / 'out'}: Permission denied"
 
 
 def test_root_is_never_used_for_someone_elses_job(dirs: tuple[Path, Path]) -> None:
