@@ -147,3 +147,41 @@ def test_junk_token_writes_at_a_standby_never_reach_the_leader_nor_hold_up_a_per
     assert all(h.get("x-gpuledger-leader") == leader.url for _s, h in mine)
     assert junk and set(junk) <= {401, 429}, sorted(set(junk))
     assert refused_there(leader) == before, "the leader saw the junk"
+
+
+def test_a_standby_answers_a_write_over_the_body_limit_413_itself(
+    pair: tuple[Group, dict[str, str]],
+) -> None:
+    """atk38-25 F1: a standby collected a forwarded write's body with `body +=` and no bound
+    (one user's 1 GB body grew it by ~1 GB). Now a body past `commands.MAX_BODY` (4 MiB) is
+    answered 413 `too_large` in one line by the standby itself, as the leader answers it, never
+    forwarded; alice's next write through it is forwarded as before."""
+    g, tokens = pair
+    token = tokens["alice"]
+    leader = g.leader()
+    standby = next(m for m in g.members if m is not leader)
+    size = 5 * 1024 * 1024
+    with socket.create_connection(("127.0.0.1", standby.port), timeout=30) as s:
+        s.sendall(
+            b"POST /v1/commands/submit HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n" % (token.encode(), size)
+        )
+
+        def send_body() -> None:
+            chunk = b" " * 65536
+            try:
+                for _ in range(size // len(chunk)):
+                    s.sendall(chunk)
+            except OSError:
+                pass  # answered and closed before the rest was read
+
+        sender = threading.Thread(target=send_body, daemon=True)
+        sender.start()
+        status, headers, body = answer(s, timeout=30)
+        sender.join(timeout=30)
+    assert status == 413, (status, headers, body)
+    problem = json.loads(body)
+    assert problem["code"] == "too_large" and "over 4 MiB" in problem["detail"], problem
+    assert headers.get("x-gpuledger-role") == "standby" and "x-gpuledger-leader" not in headers
+    status, headers = post(standby, token)
+    assert status == 200 and headers.get("x-gpuledger-leader") == leader.url, headers
