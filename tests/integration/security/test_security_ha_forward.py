@@ -185,3 +185,48 @@ def test_a_standby_answers_a_write_over_the_body_limit_413_itself(
     assert headers.get("x-gpuledger-role") == "standby" and "x-gpuledger-leader" not in headers
     status, headers = post(standby, token)
     assert status == 200 and headers.get("x-gpuledger-leader") == leader.url, headers
+
+
+def test_tokenless_squatters_at_the_standbys_address_never_stop_its_forwards(
+    pair: tuple[Group, dict[str, str]],
+) -> None:
+    """atk38-25 F4: 64 tokenless connections to the leader from the standby's address, each
+    asking `/v1/health` every ~3.5 s, took that address's 64 unclaimed connections; the
+    standby's forwards (a fresh connection each) were refused 429 at accept, before their
+    token was read, and every person's write through the standby failed. Now a connection past
+    its address's cap is admitted when its first request has a valid token: alice's writes
+    through the standby, from another address, are all forwarded and answered 200."""
+    g, tokens = pair
+    leader = g.leader()
+    standby = next(m for m in g.members if m is not leader)
+    squat = [socket.create_connection(("127.0.0.1", leader.port), timeout=30) for _ in range(64)]
+    stop = threading.Event()
+    kept: list[int] = []
+
+    def hold() -> None:  # one /v1/health on each every ~3.5 s: under the 20 a second
+        while not stop.is_set():
+            for s in squat:
+                try:
+                    s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: t\r\n\r\n")
+                    kept.append(answer(s, timeout=10)[0])
+                except (OSError, AssertionError):
+                    kept.append(-1)
+                if stop.wait(0.055):
+                    return
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(kept) < 64:
+            assert time.monotonic() < deadline, kept
+            time.sleep(0.1)
+        mine = [post(standby, tokens["alice"], "127.0.0.2") for _ in range(10)]
+        assert [s for s, _h in mine] == [200] * 10, mine
+        assert all(h.get("x-gpuledger-leader") == leader.url for _s, h in mine)
+        assert set(kept) == {200}, sorted(set(kept))  # the squatters held on throughout
+    finally:
+        stop.set()
+        holder.join(timeout=30)
+        for s in squat:
+            s.close()
