@@ -49,7 +49,13 @@ from ledger.engines.proc import write_atomic
 from ledger.engines.supervised import SupervisedExecutor
 from ledger.store.clock import SystemClock
 from schemas import agent as a
-from schemas.errors import LedgerError, NotAuthenticated, NotAuthorised, Unavailable
+from schemas.errors import (
+    LedgerError,
+    NotAuthenticated,
+    NotAuthorised,
+    TooBusy,
+    Unavailable,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -317,7 +323,9 @@ class NodeAgent:
         return len([u for u in self.s.url.split(",") if u.strip()])
 
     def _retry(self, what: str, fn: Any) -> Any:
-        """Call `fn` until the server answers; errors of the request itself are fatal."""
+        """Call `fn` until the server answers; errors of the request itself are fatal. A 429
+        (a cap the server says to retry past) is retried like a 503, said once: one 429 at
+        registration took the agent down, and with it the node's jobs (atk38-25 F5)."""
         warned = False
         while not self.stop_event.is_set():
             try:
@@ -325,7 +333,7 @@ class NodeAgent:
                 result = fn()
                 self._contact(sent)
                 return result
-            except Unavailable as err:
+            except (Unavailable, TooBusy) as err:
                 self._error(err)
                 if not warned:
                     log.warning("%s: %s (retrying)", what, err.line())

@@ -32,8 +32,8 @@ until the process ran out of descriptors, when everyone's submits failed (issue 
   node token its node's, and a Unix-socket connection is its OS account's from the moment it
   opens (its user name, or `uid N` with none); and `per_address`
   (`GPULEDGER_CONNECTIONS_PER_ADDRESS`, 64) of one TCP source (an address, an IPv6 address's
-  /64) that are no one's yet (no request with a valid token), the next answered 429 at once
-  and closed, so one address without a token never holds the whole cap (`Tally`).
+  /64) that are no one's yet (no request with a valid token); the next waits 2 s for a first
+  request with a valid token, else 429 and closed: no address without a token holds it all.
 - **Requests of no one are metered**: a request without a valid token (`/v1/health`, the
   OpenAPI document, the dashboard's page shells, a 401, a 404) takes from its source's bucket
   of `anonymous_burst` filling at `anonymous_per_s` (`GPULEDGER_ANONYMOUS_RATE`, 20 a second,
@@ -41,7 +41,7 @@ until the process ran out of descriptors, when everyone's submits failed (issue 
   answered 429 with Retry-After, held `REFUSED_HOLD_S` (`Rates`: an outsider looping them
   slowed everyone's submits ~10x: atk36-25 F6). Identified requests never take from it.
 
-`Tally`, `Rates` and `Progress` are pure (`now` a parameter); `Connection`, `Connections` and
+`Tally` is pure, as `meters.Rates` and `meters.Progress` are; `Connection`, `Connections` and
 `Front` are the edge: the event loop's transports and the ASGI front.
 """
 
@@ -60,6 +60,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ledger.server.meters import Progress, Rates
 from schemas.errors import InvalidCommand, LedgerError, TooBusy, Unavailable
 
 MAX_CONNECTIONS_ENV = "GPULEDGER_MAX_CONNECTIONS"
@@ -88,6 +89,9 @@ class Limits:
     """Connections of one TCP source that are no one's yet (no request with a valid token)."""
     anonymous_per_s: float = 20.0
     """Requests without a valid token a source may make a second (twice it at once)."""
+    token_wait_s: float = 2.0
+    """How long a connection past its source's `per_address` has to send its first request's
+    headers (`Tally.opened`: "waiting"): admitted only if that request has a valid token."""
 
     @property
     def most(self) -> int:
@@ -206,13 +210,20 @@ class Tally:
     """Each account's connections refused past its `per_person` whose answer is being held
     (`hold_refusal`), and their accounts:"""
     refused_for: dict[int, str] = field(default_factory=dict)
+    waiting: dict[int, str] = field(default_factory=dict)
+    """Each TCP connection opened past its source's `per_address`: its source (counted in the
+    total, not its source's); and by source, oldest first, those with no headers yet:"""
+    unheard: dict[str, dict[int, None]] = field(default_factory=dict)
 
     def opened(
         self, conn: int, source: str = "", *, local: bool = False, admin: bool = False
     ) -> str | None:
         """Count connection `conn` from `source` (`local`: the Unix socket's, `source` its OS
-        account, which holds it from now on; `admin`: the host's admin there); None, or why it
-        is refused (not counted): "server_full" (503), "per_address" or "per_person" (429)."""
+        account, which holds it from now on; `admin`: the host's admin there); None, "waiting"
+        (counted, past its source's `per_address`: its first request decides, and it has
+        `token_wait_s` to send it), or why it is refused (not counted): "server_full" (503) or
+        "per_person" (429). (Refused at once past `per_address`, a node agent's and a standby's
+        forwards were refused before their token was read: atk38-25 F4, F5.)"""
         lim = self.limits
         room = lim.max_connections + lim.local_reserve
         if local and admin:
@@ -228,12 +239,36 @@ class Tally:
             self.owner[conn] = source
             self.people.setdefault(source, set()).add(conn)
             return None
-        if len(self.sources.get(source, ())) >= lim.per_address:
-            return "per_address"
         self.open.add(conn)
+        if len(self.sources.get(source, ())) >= lim.per_address:
+            self.waiting[conn] = source
+            self.unheard.setdefault(source, {})[conn] = None
+            return "waiting"
         self.source[conn] = source
         self.sources.setdefault(source, set()).add(conn)
         return None
+
+    def crowded(self, source: str) -> int | None:
+        """The connection to refuse when `source` has more than `per_address` waiting with no
+        headers (its oldest: an agent's sends its headers at once), or None: else one address
+        would hold TCP's whole cap, opening connections every `token_wait_s`."""
+        unheard = self.unheard.get(source, {})
+        if len(unheard) <= self.limits.per_address:
+            return None
+        return next(iter(unheard))
+
+    def headers_in(self, conn: int) -> None:
+        """`conn`'s request's headers are in (or it is refused): a waiting one is no longer
+        `crowded`'s to drop (its request decides)."""
+        source = self.waiting.get(conn)
+        if source is not None:
+            self._unheard(conn, source)
+
+    def first_request(self, conn: int, person: str | None) -> bool:
+        """Whether the request of `person` (None: no valid token) may go on on `conn`: not a
+        waiting connection's without a valid token (then refused 429, as past `per_address`).
+        A waiting connection's with one goes on to `claim`, which makes it that account's."""
+        return person is not None or conn not in self.waiting
 
     def claim(self, conn: int, person: str) -> bool:
         """`conn`'s request is `person`'s: False (left as it was) when `person` holds
@@ -284,83 +319,23 @@ class Tally:
             if not held:
                 del self.people[person]
 
+    def _unheard(self, conn: int, source: str) -> None:
+        unheard = self.unheard.get(source)
+        if unheard is not None:
+            unheard.pop(conn, None)
+            if not unheard:
+                del self.unheard[source]
+
     def _unsourced(self, conn: int) -> None:
+        waited = self.waiting.pop(conn, None)
+        if waited is not None:
+            self._unheard(conn, waited)
         source = self.source.pop(conn, None)
         if source is not None:
             same = self.sources[source]
             same.discard(conn)
             if not same:
                 del self.sources[source]
-
-
-@dataclass
-class Rates:
-    """Each source's requests without a valid token: a bucket of `burst` requests filling at
-    `per_s` a second, one taken per request; a request that finds it empty waits for its turn
-    (its token taken ahead), at most `max_wait_s`, and past that is refused (nginx's
-    `limit_req` with a delay). One client asking one request at a time is slowed to `per_s`,
-    never refused; many at once are refused. Pure: `now` is a parameter."""
-
-    per_s: float
-    burst: float
-    max_wait_s: float = 1.0
-    level: dict[str, tuple[float, float]] = field(default_factory=dict)
-    """Each source's requests left (below zero: turns taken ahead) and when that was counted
-    (a source absent is full)."""
-
-    def take(self, source: str, now: float) -> float | None:
-        """The seconds `source`'s request waits for its turn (0: none; taken), or None: it
-        would wait longer than `max_wait_s` (refused, nothing taken: `retry_in` says when to
-        ask again)."""
-        left = self._left(source, now)
-        wait = max(0.0, (1 - left) / self.per_s)
-        if wait > self.max_wait_s:
-            self.level[source] = (left, now)
-            return None
-        self.level[source] = (left - 1, now)
-        if len(self.level) > PRUNE_AT:
-            self._forget_full(now)
-        return wait
-
-    def retry_in(self, source: str, now: float) -> float:
-        """The seconds until a request of `source`'s would be taken at once."""
-        return max(0.0, (1 - self._left(source, now)) / self.per_s)
-
-    def _left(self, source: str, now: float) -> float:
-        left, at = self.level.get(source, (self.burst, now))
-        return min(self.burst, left + max(0.0, now - at) * self.per_s)
-
-    def _forget_full(self, now: float) -> None:
-        for who, (left, at) in list(self.level.items()):
-            if left + (now - at) * self.per_s >= self.burst:
-                del self.level[who]
-
-
-PRUNE_AT = 4096
-"""Sources a `Rates` remembers before forgetting those whose bucket is full again."""
-
-
-@dataclass
-class Progress:
-    """Whether a connection's sending stalls: bytes wait in the server's buffer and none of
-    them left for `stall_s`. Pure: `now`, the bytes written so far and those still buffered
-    are parameters."""
-
-    stall_s: float
-    sent: int = 0
-    """Bytes that had left the buffer when last seen, and when that count last grew (or bytes
-    began to wait), and whether bytes waited then:"""
-    since: float | None = None
-    waiting: bool = False
-
-    def observe(self, written: int, buffered: int, now: float) -> bool:
-        """True when the send has stalled (see the class docstring)."""
-        sent, waited = written - buffered, self.waiting
-        self.waiting = buffered > 0
-        if not self.waiting or not waited or self.since is None or sent > self.sent:
-            self.sent, self.since = sent, now  # nothing waited, or bytes left: progress
-            return False
-        return now - self.since >= self.stall_s
 
 
 @dataclass
@@ -462,6 +437,22 @@ class Connection:
             self._owner.limits.send_stall_s, self._no_request
         )
 
+    def awaiting_token(self) -> None:
+        """Opened past its source's `per_address` ("waiting"): its first request's headers in
+        within `token_wait_s` (with a valid token: `Front`), else refused 429."""
+        self.request_begun()
+        wait = min(self._owner.limits.token_wait_s, self._owner.limits.send_stall_s)
+        self._deadline = asyncio.get_running_loop().call_later(wait, self.refuse_unclaimed)
+
+    def refuse_unclaimed(self) -> None:
+        """Answer 429 (its source's unclaimed connections are at their cap) and close."""
+        self._deadline = None
+        self._owner.tally.headers_in(id(self))  # decided: never `crowded`'s again
+        if not self._transport.is_closing():
+            self._owner.counts.refused_address += 1
+            self._transport.write(self._owner.address_busy(self.source))
+            self._transport.close()
+
     def request_begun(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
@@ -474,6 +465,7 @@ class Connection:
         connection, a person's or, before any token was read, no one's, for as long as the
         client liked: atk36-25 F1)."""
         self.request_begun()
+        self._owner.tally.headers_in(id(self))
         loop = asyncio.get_running_loop()
         self._body_until = (loop.time() if now is None else now) + (
             BODY_STALLS * self._owner.limits.send_stall_s
@@ -517,6 +509,7 @@ class Connection:
 
     def lost(self) -> None:
         self._lost.set()
+        self._owner.waiting.pop(id(self), None)
         self.request_begun()
         if self._watch is not None:
             self._watch.cancel()
@@ -552,6 +545,8 @@ class Connections:
     server adds the ledger's admins)."""
     said_full_at: float | None = None
     """When a refusal for the server's cap was last logged (once per `FULL_LOG_S`)."""
+    waiting: dict[int, Connection] = field(default_factory=dict)
+    """The connections opened past their source's `per_address` (`Tally.waiting`)."""
 
     def __post_init__(self) -> None:
         self.tally = Tally(self.limits)
@@ -573,6 +568,13 @@ class Connections:
         if refused is None:
             conn.awaiting_request()
             return conn
+        if refused == "waiting":  # its first request's token decides (atk38-25 F4, F5)
+            self.waiting[id(conn)] = conn
+            conn.awaiting_token()
+            crowded = self.tally.crowded(source)
+            if crowded is not None:
+                self.waiting[crowded].refuse_unclaimed()
+            return conn
         if refused == "server_full":
             self.counts.refused_full += 1
             self._say_full(local)
@@ -591,17 +593,19 @@ class Connections:
                 retry_after=1,
             )
             transport.write(answer(429, "Too Many Requests", err, 1))
-        else:
-            self.counts.refused_address += 1
-            cap = self.limits.per_address
-            err = TooBusy(
-                f"{source} has {cap} connections open that no request with a token has claimed",
-                hint="send your requests with your token, on fewer connections",
-                retry_after=1,
-            )
-            transport.write(answer(429, "Too Many Requests", err, 1))
         transport.close()
         return None
+
+    def address_busy(self, source: str) -> bytes:
+        """The 429 answer of a connection of `source` past its `per_address` whose first
+        request had no valid token (or did not come within `token_wait_s`)."""
+        cap = self.limits.per_address
+        err = TooBusy(
+            f"{source} has {cap} connections open that no request with a token has claimed",
+            hint="send your requests with your token, on fewer connections",
+            retry_after=1,
+        )
+        return answer(429, "Too Many Requests", err, 1)
 
     @property
     def open(self) -> int:
@@ -693,6 +697,10 @@ class Front:
             return
         person = self._person(scope)
         tally = self.connections.tally
+        if not tally.first_request(id(conn), person):  # past its address's cap, no token
+            self.connections.counts.refused_address += 1
+            await _send_answer(send, self.connections.address_busy(conn.source))
+            return
         if person is not None and not tally.claim(id(conn), person):
             self.connections.counts.refused_person += 1
             if tally.hold_refusal(id(conn), person):  # like every 429 (atk37-25 F5)

@@ -46,6 +46,7 @@ import msgspec
 
 from ledger.store.lease import Holder, Lease, Member, NotCommitting
 from schemas import api
+from schemas.errors import TooLarge
 
 log = logging.getLogger("gpuledger.ha")
 
@@ -601,13 +602,9 @@ class HAFront:
         there by its key; a write without one is refused in one line, its fate unknown). A
         cancel through a standby waited 10 s on a frozen leader, then the CLI its own 10 s
         (atk37-28 F5)."""
-        body, more = b"", True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
+        body = await _body_within(receive, scope["path"], send, self.ha.role)
+        if body is None:
+            return
         query = scope["query_string"].decode()
         path = scope["path"] + (f"?{query}" if query else "")
         sent = {k: v for k, v in headers.items() if k in FORWARDED} | {HOP_HEADER: "1"}
@@ -674,6 +671,42 @@ class HAFront:
             await self.app(scope, replay, self._stamped(send))
             return
         await self._refuse(send, f"the leader {gone} did not answer and leads no more")
+
+
+async def _body_within(receive: Receive, path: str, send: Send, role: str) -> bytes | None:
+    """A forwarded write's body, at most `commands.MAX_BODY` bytes (collected in one buffer),
+    or None: the client went away, or it was over the limit and answered 413 in one line, as
+    the leader answers it (the rest is not read). Collected by `body +=` with no bound, one
+    user's 1 GB body grew a standby by ~1 GB and slowed everyone's writes through it ~40x
+    (atk38-25 F1)."""
+    from ledger.server.commands import MAX_BODY
+
+    body, more = bytearray(), True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+        if len(body) > MAX_BODY:
+            err = TooLarge(
+                f"the body of POST {path} is over {MAX_BODY // (1024 * 1024)} MiB",
+                hint="send less at once (docs/server.md, request bodies)",
+            )
+            problem = msgspec.json.encode(
+                api.Problem(title=err.code, status=413, detail=err.line(), code=err.code,
+                            message=err.message, hint=err.hint)
+            )  # fmt: skip
+            headers = [
+                (b"content-type", b"application/problem+json"),
+                (b"content-length", str(len(problem)).encode()),
+                (ROLE_HEADER.encode(), role.encode()),
+                (b"connection", b"close"),
+            ]
+            await send({"type": "http.response.start", "status": 413, "headers": headers})
+            await send({"type": "http.response.body", "body": problem})
+            return None
+    return bytes(body)
 
 
 async def _not_authenticated(send: Send, role: str) -> None:

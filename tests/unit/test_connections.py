@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ledger.server import connections as cn
+from ledger.server import meters
 from ledger.server.readpool import ReadPool
 from schemas.errors import InvalidCommand, TooBusy
 
@@ -78,7 +79,9 @@ def test_a_tcp_address_holds_its_cap_of_connections_no_one_has_claimed() -> None
     me = "10.0.0.1"
     for conn in range(3):
         assert t.opened(conn, me) is None
-    assert t.opened(50, me) == "per_address"
+    assert t.opened(50, me) == "waiting"  # its first request decides (below)
+    assert not t.first_request(50, None)  # no token: refused 429
+    t.closed(50)
     assert t.opened(51, "10.0.0.2") is None  # another source is served
     # a request with a token claims a connection: it is its person's, no longer the source's
     assert t.claim(0, "carol")
@@ -151,7 +154,7 @@ def test_a_client_asking_one_at_a_time_is_slowed_never_refused(
 
 def test_a_rates_forgets_the_sources_whose_bucket_is_full_again() -> None:
     r = cn.Rates(per_s=1.0, burst=2.0)
-    for i in range(cn.PRUNE_AT):
+    for i in range(meters.PRUNE_AT):
         r.take(f"10.0.{i // 256}.{i % 256}", 0.0)
     r.take("late", 10.0)  # the others are full again by now: forgotten
     assert set(r.level) == {"late"}
@@ -336,3 +339,55 @@ def test_a_persons_refusals_are_held_16_at_once_out_of_their_addresss_count() ->
     t.closed(10)
     assert t.refusing == {} and t.refused_for == {}
     assert not t.claim(12, "alice") and t.hold_refusal(12, "alice")
+
+
+def test_past_its_addresss_cap_a_connection_with_a_token_is_its_accounts() -> None:
+    """atk38-25 F4, F5: 64 tokenless connections at a node's (or a standby's) address had its
+    agent's (its forwards') connections refused at accept, before their token was read. Now
+    one past the address's cap waits for its first request: with a valid token it is that
+    account's (not the address's), without one it is refused; it counts in the total
+    meanwhile."""
+    lim = cn.Limits(max_connections=10, local_reserve=0, admin_reserve=0, per_person=2,
+                    per_address=3)  # fmt: skip
+    t = cn.Tally(lim)
+    node = "10.0.0.1"
+    for conn in range(3):  # a stranger's, tokenless
+        assert t.opened(conn, node) is None
+    assert t.opened(10, node) == "waiting"  # the agent's: counted in the total
+    assert 10 in t.open and t.sources[node] == {0, 1, 2}
+    t.headers_in(10)
+    assert t.first_request(10, "@node:n1") and t.claim(10, "@node:n1")
+    assert t.people["@node:n1"] == {10} and 10 not in t.waiting
+    assert t.first_request(10, None)  # claimed: a later tokenless request is served on it
+    # a stranger's over the cap: its tokenless first request is refused
+    assert t.opened(11, node) == "waiting" and not t.first_request(11, None)
+    t.closed(11)
+    assert 11 not in t.open and not t.waiting and not t.unheard
+    # the account's own cap holds: its third is refused by it (429), not admitted
+    assert t.opened(12, node) == "waiting" and t.opened(13, node) == "waiting"
+    assert t.claim(12, "@node:n1") and not t.claim(13, "@node:n1")
+    assert t.people["@node:n1"] == {10, 12} and t.sources[node] == {0, 1, 2}
+
+
+def test_waiting_connections_count_in_the_total_and_one_address_holds_a_cap_of_them() -> None:
+    """The fd sizing stays true (a waiting connection is one of the total), and one address
+    never holds more than `per_address` waiting with no headers: past that its oldest silent
+    one is refused (an agent's sends its headers at once and is never the oldest)."""
+    lim = cn.Limits(max_connections=9, local_reserve=0, admin_reserve=0, per_address=2)
+    t = cn.Tally(lim)
+    me = "10.0.0.1"
+    assert t.opened(0, me) is None and t.opened(1, me) is None
+    assert t.opened(2, me) == "waiting" and t.opened(3, me) == "waiting"
+    assert t.crowded(me) is None
+    assert t.opened(4, me) == "waiting" and t.crowded(me) == 2  # the oldest silent one
+    t.headers_in(2)  # refused (or its headers came): never crowded's again
+    assert t.crowded(me) is None
+    t.headers_in(3)
+    assert t.opened(5, me) == "waiting" and t.opened(6, me) == "waiting"
+    assert t.crowded(me) == 4
+    for conn in (7, 8):
+        assert t.opened(conn, f"10.0.1.{conn}") is None
+    assert len(t.open) == 9 and t.opened(9, "10.0.2.1") == "server_full"
+    for conn in range(9):
+        t.closed(conn)
+    assert not (t.open or t.waiting or t.unheard or t.sources or t.source)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import resource
+import signal
 import socket
 import threading
 import time
@@ -20,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from ledger.engines.supervised import live_processes
 from ledger.store.application import Ledger
 from schemas import commands as c
-from tests.integration.serverkit import Server, make_token, set_up_ledger, start_server
+from tests.integration.serverkit import Server, cli, make_token, set_up_ledger, start_server
 
 STALL_S = 2.0
 PAGE = "/v1/jobs?limit=10000"
@@ -354,3 +357,78 @@ def test_a_body_announced_and_never_sent_is_dropped_and_huge_headers_are_refused
     finally:
         s.close()
     assert get(world, "carol", "/v1/whoami")[0] == 200
+
+
+def test_tokenless_squatters_at_a_nodes_address_never_cut_its_agent_off(
+    tmp_path: Path,
+) -> None:
+    """atk38-25 F5: 64 tokenless connections from a GPU node's address (another tenant's job
+    on it, any local account), each asking `/v1/health` every 3.5 s, filled that address's 64
+    unclaimed connections; the agent's every poll and report was refused 429 at accept, before
+    its node token was read, its lease ran out and it killed its jobs, and one 429 at
+    registration made it exit. Now a connection past its address's cap waits for its first
+    request and is admitted when that carries a valid token: the agent keeps its job and its
+    node, and a restarted agent registers while the squatters hold on; a 65th tokenless
+    connection of theirs is still refused 429."""
+    from tests.integration.test_node_agents import SERVE, Agent, Cluster, wait_for
+
+    home = tmp_path / "home"
+    cli(home, "init", "--admin", "root")
+    budget = tmp_path / "budget.toml"
+    budget.write_text('[accounts."ai2"]\nkind = "program"\n\n[accounts."ai2/olmo"]\n'
+                      'kind = "project"\nmembers = ["root"]\n')  # fmt: skip
+    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
+    cli(home, "node", "add", "n1", "--gpus", "2", "--gpu-type", "sim", GPULEDGER_USER="root")
+    token = make_token(home, "--node", "n1", "--name", "n1")
+    c = Cluster(home, start_server(home, *SERVE))
+    agent = Agent("n1", tmp_path / "n1", token, c.server.url, tmp_path / "n1.log")
+    c.agents["n1"] = agent
+    stop = threading.Event()
+    squat: list[socket.socket] = []
+    try:
+        agent.start()
+        job = c.submit(1, "sleep 600")
+        c.wait_status(job, "running")
+        squat = [socket.create_connection(("127.0.0.1", c.server.port), timeout=30)
+                 for _ in range(64)]  # fmt: skip
+        kept: list[int] = []
+
+        def hold() -> None:  # one /v1/health on each every ~3.5 s: under the 20 a second
+            while not stop.is_set():
+                for s in squat:
+                    with contextlib.suppress(OSError, AssertionError):
+                        s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: t\r\n\r\n")
+                        kept.append(answer(s, timeout=10)[0])
+                    if stop.wait(0.055):
+                        return
+
+        holder = threading.Thread(target=hold, daemon=True)
+        holder.start()
+        wait_for("the squatters' first answers", lambda: len(kept) >= 64)
+        # the address's unclaimed connections are full: a 65th without a token is refused
+        with socket.create_connection(("127.0.0.1", c.server.port), timeout=30) as s:
+            s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: t\r\n\r\n")
+            status, _h, body = answer(s, timeout=10)
+        assert status == 429 and b"no request with a token has claimed" in body, body
+        # three times the node-lost limit: the agent keeps in touch, its job runs on
+        before = len(agent.text())
+        time.sleep(15)
+        assert c.nodes()["n1"] == "active", c.why()
+        assert c.job(job)["status"] == "running", c.why()
+        assert agent.proc is not None and agent.proc.poll() is None, c.why()
+        assert "joining again" not in agent.text()[before:], c.why()
+        # a restarted agent registers meanwhile (one 429 there took it down)
+        agent.kill(signal.SIGTERM)
+        agent.start()
+        assert c.job(job)["status"] == "running", c.why()
+        assert set(kept) == {200}, sorted(set(kept))  # the squatters held on throughout
+    finally:
+        stop.set()
+        for s in squat:
+            s.close()
+        if agent.proc is not None and agent.proc.poll() is None:
+            agent.kill(signal.SIGKILL)
+        c.server.stop(signal.SIGKILL)
+        for p in live_processes(agent.state):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)

@@ -147,3 +147,86 @@ def test_junk_token_writes_at_a_standby_never_reach_the_leader_nor_hold_up_a_per
     assert all(h.get("x-gpuledger-leader") == leader.url for _s, h in mine)
     assert junk and set(junk) <= {401, 429}, sorted(set(junk))
     assert refused_there(leader) == before, "the leader saw the junk"
+
+
+def test_a_standby_answers_a_write_over_the_body_limit_413_itself(
+    pair: tuple[Group, dict[str, str]],
+) -> None:
+    """atk38-25 F1: a standby collected a forwarded write's body with `body +=` and no bound
+    (one user's 1 GB body grew it by ~1 GB). Now a body past `commands.MAX_BODY` (4 MiB) is
+    answered 413 `too_large` in one line by the standby itself, as the leader answers it, never
+    forwarded; alice's next write through it is forwarded as before."""
+    g, tokens = pair
+    token = tokens["alice"]
+    leader = g.leader()
+    standby = next(m for m in g.members if m is not leader)
+    size = 5 * 1024 * 1024
+    with socket.create_connection(("127.0.0.1", standby.port), timeout=30) as s:
+        s.sendall(
+            b"POST /v1/commands/submit HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n" % (token.encode(), size)
+        )
+
+        def send_body() -> None:
+            chunk = b" " * 65536
+            try:
+                for _ in range(size // len(chunk)):
+                    s.sendall(chunk)
+            except OSError:
+                pass  # answered and closed before the rest was read
+
+        sender = threading.Thread(target=send_body, daemon=True)
+        sender.start()
+        status, headers, body = answer(s, timeout=30)
+        sender.join(timeout=30)
+    assert status == 413, (status, headers, body)
+    problem = json.loads(body)
+    assert problem["code"] == "too_large" and "over 4 MiB" in problem["detail"], problem
+    assert headers.get("x-gpuledger-role") == "standby" and "x-gpuledger-leader" not in headers
+    status, headers = post(standby, token)
+    assert status == 200 and headers.get("x-gpuledger-leader") == leader.url, headers
+
+
+def test_tokenless_squatters_at_the_standbys_address_never_stop_its_forwards(
+    pair: tuple[Group, dict[str, str]],
+) -> None:
+    """atk38-25 F4: 64 tokenless connections to the leader from the standby's address, each
+    asking `/v1/health` every ~3.5 s, took that address's 64 unclaimed connections; the
+    standby's forwards (a fresh connection each) were refused 429 at accept, before their
+    token was read, and every person's write through the standby failed. Now a connection past
+    its address's cap is admitted when its first request has a valid token: alice's writes
+    through the standby, from another address, are all forwarded and answered 200."""
+    g, tokens = pair
+    leader = g.leader()
+    standby = next(m for m in g.members if m is not leader)
+    squat = [socket.create_connection(("127.0.0.1", leader.port), timeout=30) for _ in range(64)]
+    stop = threading.Event()
+    kept: list[int] = []
+
+    def hold() -> None:  # one /v1/health on each every ~3.5 s: under the 20 a second
+        while not stop.is_set():
+            for s in squat:
+                try:
+                    s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: t\r\n\r\n")
+                    kept.append(answer(s, timeout=10)[0])
+                except (OSError, AssertionError):
+                    kept.append(-1)
+                if stop.wait(0.055):
+                    return
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(kept) < 64:
+            assert time.monotonic() < deadline, kept
+            time.sleep(0.1)
+        mine = [post(standby, tokens["alice"], "127.0.0.2") for _ in range(10)]
+        assert [s for s, _h in mine] == [200] * 10, mine
+        assert all(h.get("x-gpuledger-leader") == leader.url for _s, h in mine)
+        assert set(kept) == {200}, sorted(set(kept))  # the squatters held on throughout
+    finally:
+        stop.set()
+        holder.join(timeout=30)
+        for s in squat:
+            s.close()
