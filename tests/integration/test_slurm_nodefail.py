@@ -141,19 +141,15 @@ def _resume(led: Ledger) -> None:
     c.run("scontrol", "update", f"nodename={c.node}", "state=resume")
 
 
-def test_a_stopped_run_whose_node_goes_down_holds_its_gpus_until_its_processes_are_gone(
-    ledger: Ledger,
-) -> None:
-    """atk37-23 F7: a cancelled run in its grace (60 s, ignoring SIGTERM) on all 4 GPUs; its node
-    is set DOWN, then resumed 1 s later. Slurm ends it NODE_FAIL at once but SIGKILLs it only
-    KillWait (10 s) later; the next job (4 GPUs, waiting) starts only once its processes are
-    gone, and the stopped run's recorded end (killed) is not before its last heartbeat. It was
-    recorded ended at Slurm's EndTime and the next job started on its GPUs ~8 s before its
-    processes died."""
+def _stopped_then_down(ledger: Ledger, each_beat: str) -> float:
+    """Job 1 (alice, 4 GPUs, grace 60 s) ignores SIGTERM and beats every 0.2 s (running
+    `each_beat` too); job 2 (bob, 4 GPUs) waits; job 1 is cancelled, its node set DOWN 1 s into
+    its grace and resumed 1 s later. Job 2 must start only once job 1's processes are gone;
+    returns job 1's last heartbeat."""
     work = ledger.work
     ledger.up()
     ledger.submit("alice", 4, f"trap 'date +%s.%N >> {work}/term' TERM; "
-                  f"while true; do date +%s.%N >> {work}/alive; sleep 0.2; done",
+                  f"while true; do date +%s.%N >> {work}/alive; {each_beat}sleep 0.2; done",
                   "--grace", "60s")  # fmt: skip
     ledger.wait("the job to run", lambda: (work / "alive").exists() and status(ledger, 1) == "running")  # fmt: skip  # noqa: E501
     ledger.submit("bob", 4, f"date +%s.%N >> {work}/next; sleep 2")
@@ -167,6 +163,19 @@ def test_a_stopped_run_whose_node_goes_down_holds_its_gpus_until_its_processes_a
     ledger.wait("the next job to finish", lambda: status(ledger, 2) == "finished", timeout=60)
     (started,) = _times(work / "next")
     assert started > last, f"job 2 started {last - started:.1f} s before job 1's processes died"
+    return last
+
+
+def test_a_stopped_run_whose_node_goes_down_holds_its_gpus_until_its_processes_are_gone(
+    ledger: Ledger,
+) -> None:
+    """atk37-23 F7: a cancelled run in its grace (60 s, ignoring SIGTERM) on all 4 GPUs; its node
+    is set DOWN, then resumed 1 s later. Slurm ends it NODE_FAIL at once but SIGKILLs it only
+    KillWait (10 s) later; the next job (4 GPUs, waiting) starts only once its processes are
+    gone, and the stopped run's recorded end (killed) is not before its last heartbeat. It was
+    recorded ended at Slurm's EndTime and the next job started on its GPUs ~8 s before its
+    processes died."""
+    last = _stopped_then_down(ledger, "")
     (end,) = ledger.of("job.run_ended.v1", 1)
     assert end["killed"] is True and end["ended_at"] >= last - 0.5, (end, last)
     assert ledger.jobs()[1]["finish_reason"] == "cancelled"
@@ -180,27 +189,11 @@ def test_a_stopped_run_that_forges_its_end_record_keeps_its_gpus_until_slurms_ki
     so its GPUs were given to the next job at once, which ran beside it for ~7 s until Slurm's
     SIGKILL (KillWait after the DOWN). The record still says how it ended; its GPUs wait for
     Slurm's kill all the same."""
-    work = ledger.work
-    ledger.up()
     forge = (
         'd=$(dirname "$GPULEDGER_CHECKPOINT_FILE"); '
-        'echo "0 $(date +%s.%N) 0" > "$d/ended.part" && mv -f "$d/ended.part" "$d/ended"'
+        'echo "0 $(date +%s.%N) 0" > "$d/ended.part" && mv -f "$d/ended.part" "$d/ended"; '
     )
-    ledger.submit("alice", 4, f"trap 'date +%s.%N >> {work}/term' TERM; "
-                  f"while true; do date +%s.%N >> {work}/alive; {forge}; sleep 0.2; done",
-                  "--grace", "60s")  # fmt: skip
-    ledger.wait("the job to run", lambda: (work / "alive").exists() and status(ledger, 1) == "running")  # fmt: skip  # noqa: E501
-    ledger.submit("bob", 4, f"date +%s.%N >> {work}/next; sleep 2")
-    ledger.cli("cancel", "1", actor="alice")
-    ledger.wait("its SIGTERM", lambda: (work / "term").exists())
-    time.sleep(1)
-    _down(ledger)
-    time.sleep(1)
-    _resume(ledger)
-    last = _until_quiet(work / "alive")
-    ledger.wait("the next job to finish", lambda: status(ledger, 2) == "finished", timeout=60)
-    (started,) = _times(work / "next")
-    assert started > last, f"job 2 started {last - started:.1f} s before job 1's processes died"
+    _stopped_then_down(ledger, forge)
 
 
 def test_a_job_that_makes_its_marks_unwritable_ends_with_its_node_once_the_node_is_back(
