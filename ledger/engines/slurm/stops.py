@@ -124,13 +124,13 @@ def stopping_gpus(
     """Pure: the GPUs (node -> indices) of the runs the ledger stopped that Slurm has not ended
     yet: running through their grace, or COMPLETING (SIGTERM ignored until KillWait). Slurm
     starts nothing on them meanwhile, so `node list` shows them held (`Observed.stopping`).
-    Also those of a stop Slurm ended NODE_FAIL whose processes may still live (`in_doubt`):
+    Also those of a stop Slurm ended NODE_FAIL (`node_failed`), from the stop on, while it is here:
     Slurm would start the next job there, so the executor holds them itself (`_held`)."""
     out: dict[str, set[int]] = {}
     for slurm_id, st in stopping.items():
         j = view.get(slurm_id)
-        if st.run is None or j is None or (j.ended and not st.in_doubt):
-            continue
+        if st.run is None or j is None or (j.ended and not st.in_doubt and not node_failed(st, j)):
+            continue  # (one Slurm ended NODE_FAIL is held from the stop on: atk38-24 F7)
         held = (st.gpus or ended_gpus(j, pinned)) if j.ended else held_gpus(j, pinned)
         for node, idx in held.items():
             out.setdefault(node, set()).update(idx)
