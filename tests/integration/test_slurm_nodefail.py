@@ -196,6 +196,33 @@ def test_a_stopped_run_that_forges_its_end_record_keeps_its_gpus_until_slurms_ki
     _stopped_then_down(ledger, forge)
 
 
+def test_a_run_stopped_at_its_limit_whose_node_goes_down_holds_its_gpus_until_it_is_gone(
+    ledger: Ledger,
+) -> None:
+    """atk38-24 F4: the stop of a run at its time limit (`-t`, its grace 60 s, SIGTERM ignored)
+    was kept out of the NODE_FAIL rules: its node set DOWN in the grace, it was recorded ended
+    at Slurm's EndTime and the next job ran beside it for ~7 s until Slurm's SIGKILL. Now it
+    ends as any NODE_FAIL run does (`time_limit`), not before its processes are gone."""
+    work = ledger.work
+    ledger.up()
+    ledger.submit("alice", 4, f"trap 'date +%s.%N >> {work}/term' TERM; "
+                  f"while true; do date +%s.%N >> {work}/alive; sleep 0.2; done",
+                  "-t", "8s", "--grace", "60s")  # fmt: skip
+    ledger.wait("the job to run", lambda: (work / "alive").exists() and status(ledger, 1) == "running")  # fmt: skip  # noqa: E501
+    ledger.submit("bob", 4, f"date +%s.%N >> {work}/next; sleep 2")
+    ledger.wait("its limit's SIGTERM", lambda: (work / "term").exists(), timeout=60)
+    time.sleep(1)
+    _down(ledger)
+    time.sleep(1)
+    _resume(ledger)
+    last = _until_quiet(work / "alive")
+    ledger.wait("the next job to finish", lambda: status(ledger, 2) == "finished", timeout=60)
+    (started,) = _times(work / "next")
+    assert started > last, f"job 2 started {last - started:.1f} s before job 1's processes died"
+    job = ledger.jobs()[1]
+    assert job["finish_reason"] == "time_limit" and job["finished_at"] >= last - 0.5, (job, last)
+
+
 def test_a_job_that_makes_its_marks_unwritable_ends_with_its_node_once_the_node_is_back(
     ledger: Ledger,
 ) -> None:

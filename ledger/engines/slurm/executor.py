@@ -610,7 +610,7 @@ class SlurmExecutor:
                 at = now if j.end_time is None else min(now, j.end_time)
                 self._exits.append(Exit(job_id, -1, at, "launch_failed", r.slurm_id, j.state,
                                         never_ran))  # fmt: skip
-            elif j.ended and end_reason(j.state) == "node_failure" and not r.limited:
+            elif j.ended and end_reason(j.state) == "node_failure":  # a limit's stop too
                 self._node_failed(r, j, now)  # how it really ended, once known
             elif j.ended:
                 del self._runs[job_id]
@@ -707,8 +707,8 @@ class SlurmExecutor:
         self._quarantine.hold(ending, j, placed_gpus(r.launch, j, self._pinned))
         log.info("job %s (Slurm job %s, NODE_FAIL) ended %s at %s: %s", r.job_id, j.slurm_id,
                  ending.reason, when(ending.at), ending.note)  # fmt: skip
-        self._exits.append(Exit(r.job_id, ending.exit_code, ending.at, ending.reason,
-                                j.slurm_id, j.state, ending.note))  # fmt: skip
+        self._exits.append(Exit(r.job_id, ending.exit_code, ending.at, "time_limit" if r.limited
+                                else ending.reason, j.slurm_id, j.state, ending.note))  # fmt: skip
 
     def _how_failed(self, tag: Tag | None, launch: Launch | None, started_at: float | None,
                     j: SlurmJob | None, now: float) -> Ending | None:  # fmt: skip
