@@ -141,20 +141,22 @@ def _resume(led: Ledger) -> None:
     c.run("scontrol", "update", f"nodename={c.node}", "state=resume")
 
 
-def _stopped_then_down(ledger: Ledger, each_beat: str) -> float:
+def _stopped_then_down(ledger: Ledger, each_beat: str, *limit: str) -> float:
     """Job 1 (alice, 4 GPUs, grace 60 s) ignores SIGTERM and beats every 0.2 s (running
     `each_beat` too); job 2 (bob, 4 GPUs) waits; job 1 is cancelled, its node set DOWN 1 s into
-    its grace and resumed 1 s later. Job 2 must start only once job 1's processes are gone;
-    returns job 1's last heartbeat."""
+    its grace and resumed 1 s later (with `limit`, `-t ...`: stopped by its limit, not a
+    cancel). Job 2 must start only once job 1's processes are gone; returns job 1's last
+    heartbeat."""
     work = ledger.work
     ledger.up()
     ledger.submit("alice", 4, f"trap 'date +%s.%N >> {work}/term' TERM; "
                   f"while true; do date +%s.%N >> {work}/alive; {each_beat}sleep 0.2; done",
-                  "--grace", "60s")  # fmt: skip
+                  "--grace", "60s", *limit)  # fmt: skip
     ledger.wait("the job to run", lambda: (work / "alive").exists() and status(ledger, 1) == "running")  # fmt: skip  # noqa: E501
     ledger.submit("bob", 4, f"date +%s.%N >> {work}/next; sleep 2")
-    ledger.cli("cancel", "1", actor="alice")
-    ledger.wait("its SIGTERM", lambda: (work / "term").exists())
+    if not limit:
+        ledger.cli("cancel", "1", actor="alice")
+    ledger.wait("its SIGTERM", lambda: (work / "term").exists(), timeout=60)
     time.sleep(1)
     _down(ledger)
     time.sleep(1)
@@ -203,22 +205,7 @@ def test_a_run_stopped_at_its_limit_whose_node_goes_down_holds_its_gpus_until_it
     was kept out of the NODE_FAIL rules: its node set DOWN in the grace, it was recorded ended
     at Slurm's EndTime and the next job ran beside it for ~7 s until Slurm's SIGKILL. Now it
     ends as any NODE_FAIL run does (`time_limit`), not before its processes are gone."""
-    work = ledger.work
-    ledger.up()
-    ledger.submit("alice", 4, f"trap 'date +%s.%N >> {work}/term' TERM; "
-                  f"while true; do date +%s.%N >> {work}/alive; sleep 0.2; done",
-                  "-t", "8s", "--grace", "60s")  # fmt: skip
-    ledger.wait("the job to run", lambda: (work / "alive").exists() and status(ledger, 1) == "running")  # fmt: skip  # noqa: E501
-    ledger.submit("bob", 4, f"date +%s.%N >> {work}/next; sleep 2")
-    ledger.wait("its limit's SIGTERM", lambda: (work / "term").exists(), timeout=60)
-    time.sleep(1)
-    _down(ledger)
-    time.sleep(1)
-    _resume(ledger)
-    last = _until_quiet(work / "alive")
-    ledger.wait("the next job to finish", lambda: status(ledger, 2) == "finished", timeout=60)
-    (started,) = _times(work / "next")
-    assert started > last, f"job 2 started {last - started:.1f} s before job 1's processes died"
+    last = _stopped_then_down(ledger, "", "-t", "8s")
     job = ledger.jobs()[1]
     assert job["finish_reason"] == "time_limit" and job["finished_at"] >= last - 0.5, (job, last)
 
