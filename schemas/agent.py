@@ -40,8 +40,9 @@ Parts = Annotated[tuple[T, ...], MANY]
 
 
 AGENT_HEADER = "X-Gpuledger-Agent"
-"""The request header a node agent names itself by on every call (its state directory's scope):
-one agent holds a node (`ledger.engines.agents.AgentExecutor.hold`)."""
+"""The request header a node agent names itself by on every call (the random id it keeps in its
+state directory, `ledger.agent.node.agent_id`): one agent holds a node
+(`ledger.engines.agents.AgentExecutor.take`)."""
 
 
 class Register(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -30,10 +30,13 @@ state directory adopts them. `--drain` is the way to stop them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import secrets
 import socket
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,6 +53,7 @@ from ledger.engines.supervised import SupervisedExecutor
 from ledger.store.clock import SystemClock
 from schemas import agent as a
 from schemas.errors import (
+    InvalidCommand,
     LedgerError,
     NotAuthenticated,
     NotAuthorised,
@@ -68,6 +72,8 @@ _now = SystemClock().now
 
 STATUS_FILE = "agent.json"
 LEASE_FILE = "lease"
+ID_FILE = "agent-id"
+"""This agent's id (`agent_id`), kept in its state directory."""
 ANSWER_S = 2.5
 """How long an agent waits for one server of a list to answer a request (a long poll: its own
 wait + `POLL_MARGIN_S`) before it asks the next: a frozen server accepts connections and never
@@ -225,6 +231,8 @@ class NodeAgent:
         self.silent = Silent()
         """The servers of the list that let a request time out lately, shared by every client
         here: one frozen server costs the agent its timeout once, not each client."""
+        self.agent_id = agent_id(status_path.parent)
+        """Which agent this is (`schemas.agent.AGENT_HEADER`): one agent holds a node."""
         self.client = self._client(0.0)
         self.stop_event = threading.Event()
         self._draining = False
@@ -376,7 +384,7 @@ class NodeAgent:
         bound = (POLL_MARGIN_S if wait_s else ANSWER_S) if several else ONE_SERVER_S
         return AgentClient(self.s.url, self.s.token, timeout=wait_s + bound, seen=self.seen,
                            silent=self.silent, on_keep=self._kept,
-                           agent=self.ex.scope)  # fmt: skip
+                           agent=self.agent_id)  # fmt: skip
 
     def _reporter(self) -> None:
         """Send the outbox as soon as it holds something, a heartbeat otherwise."""
@@ -627,6 +635,42 @@ class NodeAgent:
 REPORT_DRAIN_S = 60.0
 """How long `agent --drain` keeps sending its drained jobs' exits when the server does not take
 them (a server restarting, a standby taking over)."""
+
+
+def agent_id(state_dir: Path) -> str:
+    """This agent's name for itself (`schemas.agent.AGENT_HEADER`): a random id made once and
+    kept in `<state_dir>/agent-id` (created exclusively, 0600: written aside, then linked to its
+    name, so two agents starting at once, or a crash, never leave two ids or an empty one).
+    The same agent restarted on its state directory is the same agent; a second machine with
+    the same `--node` and the same state directory *path* is another (atk38-23 F9: the id was
+    a hash of the path)."""
+    path = state_dir / ID_FILE
+    if not path.exists():
+        tmp = state_dir / f".{ID_FILE}.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(16) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            tmp.unlink()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as err:
+        raise InvalidCommand(f"cannot read the agent's id {path}: {err.strerror}") from err
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        value = f.read(100).strip()
+    mine = stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+    if not mine or st.st_mode & 0o077 or len(value) != 32 or not value.isalnum():
+        raise InvalidCommand(
+            f"{path} is not this agent's id (a 0600 file of its own holding 32 hex digits)",
+            hint="remove it only when no other agent ever ran on this state directory",
+        )
+    return value
 
 
 def read_status(state_dir: Path) -> dict[str, Any] | None:
