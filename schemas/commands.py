@@ -179,6 +179,13 @@ class MarkNodeLost(NodeCommand, frozen=True, kw_only=True, tag="node.lost"):
     fence_s: Seconds = 0
 
 
+class RecordNodeAgent(NodeCommand, frozen=True, kw_only=True, tag="node.agent"):
+    """Record which node agent holds the node now (the agents' executor, when another agent
+    takes it: `NodeAgentChanged`)."""
+
+    agent: Text
+
+
 class SubmitJob(Command, frozen=True, kw_only=True, tag="submit"):
     account: AccountPath
     gpus: JobGpus
@@ -374,6 +381,7 @@ AnyCommand = (
     | ReturnNode
     | RemoveNode
     | MarkNodeLost
+    | RecordNodeAgent
     | SubmitJob
     | CancelJob
     | HoldJob

@@ -210,6 +210,15 @@ class NodeRemoved(NodeEvent, frozen=True, kw_only=True, tag="node.removed.v1"):
     reason: Text = ""
 
 
+class NodeAgentChanged(NodeEvent, frozen=True, kw_only=True, tag="node.agent_changed.v1"):
+    """Another node agent holds the node from now on (`ledger.engines.agents.AgentExecutor.take`):
+    `agent` is a digest of the id the agent keeps in its state directory (never the id itself).
+    Recorded only when the holder changes, so a restarted server (or a new leader) still knows
+    which agent holds each node and refuses another while the old one's runs may be alive."""
+
+    agent: Text
+
+
 class NodeLost(NodeEvent, frozen=True, kw_only=True, tag="node.lost.v1"):
     """The node stopped answering (an engine marks it down, or its heartbeats stopped): it takes
     no work until returned. With `fence_s` 0 it is recorded with the endings of the jobs it held
@@ -666,6 +675,7 @@ AnyEvent = (
     | NodeReturned
     | NodeRemoved
     | NodeLost
+    | NodeAgentChanged
     | JobSubmitted
     | JobPlaced
     | JobStarted

@@ -147,6 +147,10 @@ def _lose_node(state: State, actor: str, _: Any) -> None:
     _require_system(state, actor, "mark nodes lost")
 
 
+def _record_agent(state: State, actor: str, _: Any) -> None:
+    _require_system(state, actor, "record a node's agent")
+
+
 def _decides(state: State, actor: str, _: Any) -> None:
     """Only the dispatcher (or the simulator's) decides and places: a system actor, not a node's
     or a job's. No person does, admins included: a decision is data `replay` re-derives, and
@@ -179,6 +183,7 @@ _EVENT_RULES: dict[type[e.Event], Rule] = {
     e.NodeDrainRequested: _admin_or_engine("drain nodes"),
     e.NodeReturned: _admin_or_engine("return nodes"),
     e.NodeLost: _lose_node,
+    e.NodeAgentChanged: _record_agent,
     e.NodeRemoved: _admin("remove nodes"),
     e.TokenIssued: _issue_token,
     e.CycleDecided: _decides,
@@ -201,6 +206,7 @@ _CAUSES: dict[type[c.Command], type[e.Event]] = {
     c.DrainNode: e.NodeDrainRequested,
     c.ReturnNode: e.NodeReturned,
     c.MarkNodeLost: e.NodeLost,
+    c.RecordNodeAgent: e.NodeAgentChanged,
     c.RemoveNode: e.NodeRemoved,
     c.IssueToken: e.TokenIssued,
 }

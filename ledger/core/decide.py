@@ -289,6 +289,11 @@ def _return_node(state: State, cmd: c.ReturnNode, s: _Stamp) -> list[e.AnyEvent]
     return [e.NodeReturned(**s.kw(), node=cmd.node)]
 
 
+def _record_node_agent(state: State, cmd: c.RecordNodeAgent, s: _Stamp) -> list[e.AnyEvent]:
+    same = state.node(cmd.node).agent == cmd.agent
+    return [] if same else [e.NodeAgentChanged(**s.kw(), node=cmd.node, agent=cmd.agent)]
+
+
 def _mark_node_lost(state: State, cmd: c.MarkNodeLost, s: _Stamp) -> list[e.AnyEvent]:
     """The node is gone, and so are the runs on it: every job it holds ends in the same command
     (resumable ones requeued, same id; the others failed, with the engine's `node_failure`
@@ -776,6 +781,7 @@ _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]]
     c.ReturnNode: _return_node,  # type: ignore[dict-item]
     c.RemoveNode: _remove_node,  # type: ignore[dict-item]
     c.MarkNodeLost: _mark_node_lost,  # type: ignore[dict-item]
+    c.RecordNodeAgent: _record_node_agent,  # type: ignore[dict-item]
     c.SubmitJob: _submit,  # type: ignore[dict-item]
     c.CancelJob: _cancel,  # type: ignore[dict-item]
     c.HoldJob: _hold,  # type: ignore[dict-item]

@@ -114,6 +114,10 @@ def evolve(state: State, event: e.AnyEvent) -> State:
                 _in_doubt(state, event)
         case e.NodeRemoved():
             _node_becomes(state, event.node, "removed")
+        case e.NodeAgentChanged():
+            state.nodes[event.node] = msgspec.structs.replace(
+                state.nodes[event.node], agent=event.agent
+            )
         case e.JobSubmitted():
             state.jobs[event.job_id] = Job(spec=event)
             state.active.add(event.job_id)

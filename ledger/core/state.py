@@ -41,6 +41,9 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     state: NodeState = "active"
     drain_reason: str = ""
     lost_reason: str = ""
+    agent: str = ""
+    """The node agent that holds it (`NodeAgentChanged`: a digest of its id), "" while none is
+    recorded."""
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True):

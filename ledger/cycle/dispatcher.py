@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING, Protocol
 from ledger.core.runas import Lookup, RunAs
 from ledger.core.utilisation import UtilTracker, squat_threshold
 from ledger.cycle.accounts import os_account
-from ledger.cycle.executor import Executor, Exit, Launch, Observed, Orders, output_files
+from ledger.cycle.executor import (
+    Executor,
+    Exit,
+    HandsOutAgain,
+    Launch,
+    Observed,
+    Orders,
+    launch_of,
+)
 from ledger.cycle.inputs import snapshot_from_state
 from ledger.cycle.record import EXECUTOR, Recorded, record
 from ledger.dispatch.engine import Decision, decide
@@ -258,6 +266,8 @@ class Dispatcher:
         self.rank_source = ranks
         self.policy = policy
         self.executor = executor
+        if isinstance(executor, HandsOutAgain):
+            executor.world = self._launch
         # the squat threshold is the policy's, and utilisation is read from the whole log (not
         # only from when this process started), so replay sees what the cycle saw
         threshold = squat_threshold(policy)
@@ -387,35 +397,14 @@ class Dispatcher:
         return tuple(out)
 
     def _launch(self, job_id: int) -> Launch:
-        """A placed job as the engine runs it: its contract, its world (directory, environment,
-        output files with their patterns written out, name, array)."""
+        """A placed job as the engine runs it (`launch_of`), as its owner's OS account."""
         job = self.ledger.state.jobs[job_id]
         spec = job.spec
-        stdout, stderr = output_files(spec, job.slots)
         user = spec.user
         if self.run_as is not None:  # its owner's OS account, or NotAuthorised
             admin = self.ledger.state.is_admin(spec.actor)
             user = self.run_as.account(spec.user, self.lookup, by=spec.actor, admin=admin).name
-        return Launch(
-            job_id,
-            job.slots,
-            spec.command,
-            spec.duration_s,
-            user,
-            spec.account,
-            run=job.preemptions,
-            time_limit_s=spec.time_limit_s,
-            grace_s=spec.grace_s,
-            debug=spec.debug,
-            workdir=spec.workdir,
-            env=tuple(spec.env.items()),
-            stdout=stdout,
-            stderr=stderr,
-            job_name=spec.job_name,
-            array_job_id=spec.array_job_id,
-            array_task_id=spec.array_task_id,
-            umask=spec.umask,
-        )
+        return launch_of(job_id, job, user)
 
     def _record_idle(self, decision: Decision, now: float) -> bool:
         """Whether to record a cycle that decided nothing: jobs wait and the last record is at

@@ -28,16 +28,16 @@ engine: the service reconciles from facts, never guesses), `shutdown` and, for a
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from ledger.core.jobs import expand_output
 from schemas.commands import RunEnd
 from schemas.events import GpuSlot, JobSubmitted, RunPart
 
 if TYPE_CHECKING:
-    from ledger.core.state import Node
+    from ledger.core.state import Job, Node
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,35 @@ class Launch:
     umask: int | None = None
     """The submitter's umask: the job's, and its named output files' (None: the engine's old
     rule, those files 0600 and the job with the service's umask)."""
+
+
+def launch_of(job_id: int, job: Job, user: str) -> Launch:
+    """Pure: a placed or running job as the engine runs it, run as `user`: its contract and its
+    whole world as the submission recorded it (directory, environment, output files with their
+    patterns written out, umask, name, array). The one builder: the dispatcher's launches and
+    the runs an executor hands out again after a restart (atk38-23 F8) are the same."""
+    spec = job.spec
+    stdout, stderr = output_files(spec, job.slots)
+    return Launch(
+        job_id,
+        job.slots,
+        spec.command,
+        spec.duration_s,
+        user,
+        spec.account,
+        run=job.preemptions,
+        time_limit_s=spec.time_limit_s,
+        grace_s=spec.grace_s,
+        debug=spec.debug,
+        workdir=spec.workdir,
+        env=tuple(spec.env.items()),
+        stdout=stdout,
+        stderr=stderr,
+        job_name=spec.job_name,
+        array_job_id=spec.array_job_id,
+        array_task_id=spec.array_task_id,
+        umask=spec.umask,
+    )
 
 
 def output_files(spec: JobSubmitted, slots: tuple[GpuSlot, ...]) -> tuple[str, str]:
@@ -249,3 +278,13 @@ class Executor(Protocol):
     def next_event_at(self) -> float | None:
         """When something will happen without outside input (a simulated job ending), if known."""
         ...
+
+
+@runtime_checkable
+class HandsOutAgain(Protocol):
+    """An executor that hands a running job's run out again after a restart (the agents': a
+    node whose agent no longer has it launches it) takes each run's launch from `world`, which
+    the dispatcher sets: its own launch of the job (`launch_of`, as its owner's OS account),
+    never a part stripped of its world (atk38-23 F8)."""
+
+    world: Callable[[int], Launch] | None

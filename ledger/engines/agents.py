@@ -43,17 +43,18 @@ from ledger.cycle.executor import (
     Orders,
     Sample,
     Start,
+    launch_of,
     output_files,
 )
 from ledger.engines.fence import Fence
 from ledger.store.clock import new_token_secret
 from schemas import agent as a
 from schemas import commands as c
-from schemas.errors import InvalidCommand, InvalidTransition
+from schemas.errors import InvalidCommand, InvalidTransition, LedgerError
 from schemas.events import GpuSlot, RunPart
 
 if TYPE_CHECKING:
-    from ledger.core.state import Node
+    from ledger.core.state import Job, Node
 
 AGENT_DRAIN = "agent: drained by `gpuledger agent --drain`"
 """The drain reason of a node its agent drained; the node returns when an agent registers."""
@@ -188,9 +189,13 @@ class AgentExecutor:
         self.addresses: dict[str, str] = {}
         self.last_seen: dict[str, float] = {}
         self.holders: dict[str, tuple[str, float]] = {}
-        """node -> (the agent that holds it: its state directory's scope, its last request):
-        `hold`. Kept in memory: a restarted server (or a new leader) takes the first agent
-        that speaks for a node."""
+        """node -> (the agent that holds it, its last request): `holds`, `take`. The holder is
+        also recorded (`Node.agent`): a restarted server counts its last request from `adopt`."""
+        self.world: Callable[[int], Launch] | None = None
+        """The dispatcher's launch of a job (`ledger.cycle.executor.HandsOutAgain`)."""
+        self._started_at: float | None = None
+        """When `adopt` ran (this server's start): the recorded holders' last request, at
+        the latest."""
         """Node -> when its agent last reached us (written by HTTP threads and the worker)."""
         self._first_look: dict[str, float] = {}
         """Node -> when the worker first saw it up with no agent heard from since this server
@@ -299,12 +304,20 @@ class AgentExecutor:
 
     def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
         """After a restart: every running job is on its nodes' lists again (the agents kept
-        them running). Placed ones are left to the dispatcher to launch again with their whole
-        world and a fresh job token (`carry_out`); one that had earlier runs waits until every
-        node has reported once (any of them may still have an earlier run)."""
+        them running), with its whole world (`world`: the dispatcher's launch, from the
+        submission in the log) and a fresh job token, so a node that must launch it again (its
+        agent lost it) launches what the first launch was, never a part stripped of its
+        directory, environment, output files, umask and token (atk38-23 F4, F8). Placed ones
+        are left to the dispatcher to launch again (`carry_out`); one that had earlier runs
+        waits until every node has reported once (any of them may still have an earlier run).
+        The recorded holder of each node (`Node.agent`) holds it as if heard from now."""
         state = self.ledger.state
         jobs = state.jobs
         nodes = [n for n, x in state.nodes.items() if x.state != "removed"]
+        self._started_at = now
+        for n in nodes:
+            if state.nodes[n].agent:
+                self.holders.setdefault(n, (state.nodes[n].agent, now))
         adopted: set[int] = set()
         for job_id in sorted(runs):
             job = jobs[job_id]
@@ -316,12 +329,8 @@ class AgentExecutor:
                     grace = self.grace_s if spec.grace_s is None else spec.grace_s
                     self.fence.adopted(job_id, nodes, {}, grace)
                 continue
-            launch = Launch(
-                job_id, job.slots, spec.command, spec.duration_s, spec.user, spec.account,
-                run=job.preemptions, time_limit_s=spec.time_limit_s, grace_s=spec.grace_s,
-                debug=spec.debug,
-            )  # fmt: skip
-            self._add(launch, "", started=True, publish=False)
+            launch = self._world(job_id, job)
+            self._add(launch, self._mint(job_id, launch.user), started=True, publish=False)
             adopted.add(job_id)
         self._still_stopping(nodes, now)
         for n in nodes:  # a lost node's blockers go once its fence has passed
@@ -329,6 +338,14 @@ class AgentExecutor:
                 self.fence.lost(n, now)
         self.flush()
         return adopted
+
+    def _world(self, job_id: int, job: Job) -> Launch:
+        """A running job's launch as the dispatcher makes it (`world`); as its ledger user when
+        the dispatcher's rule no longer admits its owner (it runs already)."""
+        if self.world is not None:
+            with contextlib.suppress(LedgerError):
+                return self.world(job_id)
+        return launch_of(job_id, job, job.spec.user)
 
     def _still_stopping(self, nodes: Iterable[str], now: float) -> None:
         """After a restart: the runs the ledger stopped whose end is not recorded yet (the log
@@ -409,29 +426,75 @@ class AgentExecutor:
     def touch(self, node: str, now: float) -> None:
         self.last_seen[node] = now
 
-    def hold(self, node: str, agent: str, now: float) -> None:
-        """Every request of a node's agent names it (`schemas.agent.AGENT_HEADER`: its state
-        directory's scope). One agent holds a node: a request from another (a second
-        agent started on another state directory, which knows none of the first's runs
-        and would launch them all again, atk37-23 F4) is refused while the holder's
-        lease may still run (its last request + the node-lost timeout + the fence: till
-        then its parts may be alive). The same agent restarted on its state directory is
-        the same agent. "" (an agent from before the header): not checked."""
+    def holds(self, node: str, agent: str, now: float) -> bool:
+        """Every request of a node's agent names it (`schemas.agent.AGENT_HEADER`, a digest of
+        the random id it keeps in its state directory). True when `agent` is the node's holder
+        (its request counts), or names none (an agent from before the header: not checked);
+        otherwise `take` judges it, on the worker thread. Called on the HTTP threads."""
         if not agent:
-            return
+            return True
         held = self.holders.get(node)
-        if held is not None and held[0] != agent:
-            holder, last = held
-            until = last + self.node_lost_after_s + self.node_fence_s
-            if now < until:
+        if held is not None and held[0] == agent:
+            self.holders[node] = (agent, now)
+            return True
+        return False
+
+    def take(self, node: str, agent: str, now: float) -> None:
+        """Another agent than the holder asks for `node` (worker thread). One agent holds a
+        node: a second agent (another state directory, or another machine with the same
+        `--node` and state directory path) knows none of the first's runs and would launch
+        them all again (atk37-23 F4, atk38-23 F4, F9). It is refused (409, one line) while a
+        run the holder launched may still be alive:
+
+        - until the holder's last request + the node-lost timeout + the fence + the largest
+          grace of the node's runs (the holder's lease ends at most that long after its last
+          request, and its parts get their grace after SIGTERM: atk38-23 F5); and
+        - while the ledger still has runs on the node (placed, running, in doubt on a lost
+          node, or stopping): they end only by the node-lost rules (the node lost, its fence
+          passed: `node_failure`, resumable jobs requeued), and only then may another agent
+          run anything there.
+
+        The holder is recorded (`NodeAgentChanged`) whenever it changes, so a restarted server
+        (or a new leader) knows it, and counts its last request from its own start."""
+        state = self.ledger.state
+        known = state.nodes.get(node)
+        if known is None:
+            return  # registration says what is wrong with it
+        held = self.holders.get(node)
+        if held is None and known.agent:
+            held = (known.agent, self._started_at if self._started_at is not None else now)
+        if held is not None and held[0] not in ("", agent):
+            last = held[1]
+            stopping = self.fence.stopping_on(node, now)
+            grace = max([self._grace_on(node), *stopping.values()])
+            until = last + self.node_lost_after_s + self.node_fence_s + grace
+            runs = sorted({*state.node_jobs.get(node, ()), *stopping})
+            if now < until or runs:
+                jobs = ", ".join(map(str, runs))
+                why = (f"its runs (job(s) {jobs}) may be alive until they end by the node-lost "
+                       "rules" if runs else "")  # fmt: skip
                 raise InvalidTransition(
-                    f"node {node!r} is held by another agent (state directory {holder}, last "
-                    f"heard {max(0.0, now - last):.0f} s ago): its lease may run "
-                    f"{until - now:.0f} s more",
+                    f"node {node!r} is held by another agent (last heard "
+                    f"{max(0.0, now - last):.0f} s ago): "
+                    + (why or f"its lease may run {until - now:.0f} s more"),
                     hint="stop this one, or start it on that agent's --state-dir; a node has "
                     "one agent",
                 )
+            log.info("node %s: another agent takes it (the holder's runs are gone)", node)
         self.holders[node] = (agent, now)
+        if known.agent != agent:
+            self.ledger.execute(c.RecordNodeAgent(actor=SYSTEM, node=node, agent=agent))
+
+    def _grace_on(self, node: str) -> float:
+        """The largest SIGTERM-to-SIGKILL grace of the runs the ledger has on `node` (ours for
+        a job without its own)."""
+        state = self.ledger.state
+        graces = [self.grace_s]
+        for job_id in state.node_jobs.get(node, ()):
+            job = state.jobs.get(job_id)
+            if job is not None and job.spec.grace_s is not None:
+                graces.append(job.spec.grace_s)
+        return max(graces)
 
     def receive(self, rep: a.Report, now: float) -> bool:
         """Take in an agent's report; True when it holds anything for the ledger."""

@@ -136,6 +136,15 @@ class Fence:
                     out.setdefault(node, set()).update(b.gpus)
         return {n: frozenset(i) for n, i in out.items()}
 
+    def stopping_on(self, node: str, now: float) -> dict[int, float]:
+        """The jobs whose stopped run may still live on `node` at `now`, with their grace."""
+        out = {}
+        for job_id, by_node in self.blockers.items():
+            b = by_node.get(node)
+            if b is not None and (b.release_at is None or now < b.release_at):
+                out[job_id] = b.grace_s
+        return out
+
     def blocking(self, job_id: int, now: float) -> list[str]:
         """The nodes that may still run an earlier launch of `job_id` at `now` (those whose
         fence has passed are let go)."""

@@ -14,6 +14,7 @@ Every call counts as contact for the node-lost timeout (`ledger.engines.agents`)
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -43,7 +44,7 @@ def agent_routes(
 ) -> list[HTTPRouteHandler]:
     """The routes, for `create_app`."""
 
-    def executor_for(request: Request[Any, Any, Any], node: str) -> AgentExecutor:
+    async def executor_for(request: Request[Any, Any, Any], node: str) -> AgentExecutor:
         caller = who(request)
         if caller.actor != f"{NODE_ACTOR}{node}":
             raise NotAuthorised(
@@ -55,13 +56,15 @@ def agent_routes(
             raise InvalidTransition(
                 "this server runs no node agents", hint="start it with `serve --executor agents`"
             )
-        executor.hold(node, (request.headers.get(a.AGENT_HEADER) or "")[:64], clock())
+        agent = _digest(request.headers.get(a.AGENT_HEADER) or "")
+        if not executor.holds(node, agent, clock()):  # another agent: judged with the ledger
+            await worker.call(lambda: executor.take(node, agent, clock()), write=True)
         return executor
 
     @post("/v1/agent/register", status_code=200, tags=["agent"], security=[{"bearer": []}])
     async def register(request: Request[Any, Any, Any], data: JSONBody[a.Register]) -> a.Registered:
         """A node agent says what its node has (idempotent; a lost node returns)."""
-        ex = executor_for(request, data.node)
+        ex = await executor_for(request, data.node)
         peer = request.client.host if request.client is not None else ""
 
         def apply() -> a.Registered:
@@ -82,7 +85,7 @@ def agent_routes(
         wait: Annotated[float, QueryParameter(name="wait", ge=0, le=MAX_WAIT_S)] = 0.0,
     ) -> a.Assignment:
         """Every part the ledger runs on `node`; waits up to `wait` s while it equals `since`."""
-        ex = executor_for(request, node)
+        ex = await executor_for(request, node)
         ex.touch(node, clock())
         deadline = time.monotonic() + max(0.0, min(wait, MAX_WAIT_S))
         version, parts = ex.board.current(node)
@@ -103,7 +106,7 @@ def agent_routes(
         """Parts started and exited, utilisation samples and checkpoints: recorded at once. A
         report about a job never placed on the node is refused whole (403), recorded nowhere,
         and logged with the node's identity (docs/security.md, row T12)."""
-        ex = executor_for(request, data.node)
+        ex = await executor_for(request, data.node)
         via = who(request).via
 
         def ever(job_id: int, node: str) -> bool:
@@ -136,11 +139,20 @@ def agent_routes(
     @post("/v1/agent/heartbeat", status_code=200, tags=["agent"], security=[{"bearer": []}])
     async def heartbeat(request: Request[Any, Any, Any], data: JSONBody[a.Heartbeat]) -> a.Ack:
         """The node's agent is alive."""
-        ex = executor_for(request, data.node)
+        ex = await executor_for(request, data.node)
         ex.touch(data.node, clock())
         return _ack(worker, ex, data.node, clock())
 
     return [register, poll, report, heartbeat]
+
+
+def _digest(agent: str) -> str:
+    """What the server keeps of an agent's id (`NodeAgentChanged.agent`): a digest, so neither
+    the log nor `gpuledger log` ever shows the id itself; "" (an agent from before the header)
+    stays "" (not checked)."""
+    if not agent:
+        return ""
+    return hashlib.sha256(agent[:64].encode()).hexdigest()[:16]
 
 
 def _ack(worker: Worker, ex: AgentExecutor, node: str, now: float) -> a.Ack:

@@ -1,0 +1,127 @@
+"""One agent per node (`AgentExecutor.holds`/`take`): another agent is refused while a run the
+holder launched may be alive (its lease plus the largest grace of the node's runs, and while
+the ledger still has runs there), and the holder is recorded, so a restarted server refuses
+the other agent too (atk38-23 F4, F5)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from ledger.core.evolve import evolve
+from ledger.core.state import Job, Node, State
+from ledger.engines.agents import AgentExecutor
+from schemas import commands as c
+from schemas import events as e
+from schemas.errors import InvalidTransition
+
+LOST, FENCE, GRACE = 10.0, 20.0, 1.0
+
+
+class FakeLedger:
+    """The executor's view of the ledger: its state, and the commands it records (folded)."""
+
+    def __init__(self) -> None:
+        self.state = State()
+        self.state.nodes["n1"] = Node(name="n1", cluster="c", gpu_type="t", gpus=2)
+        self.recorded: list[Any] = []
+
+    def execute(self, cmd: Any) -> None:
+        assert isinstance(cmd, c.RecordNodeAgent)
+        self.recorded.append(cmd)
+        evolve(self.state, e.NodeAgentChanged(event_id="x", at=0.0, actor=cmd.actor,
+                                              node=cmd.node, agent=cmd.agent))  # fmt: skip
+
+
+def executor(ledger: FakeLedger) -> AgentExecutor:
+    return AgentExecutor(ledger, node_lost_after_s=LOST, node_fence_s=FENCE, grace_s=GRACE)
+
+
+def ask(ex: AgentExecutor, agent: str, now: float) -> None:
+    """A request of `agent` for n1, as the API makes it."""
+    if not ex.holds("n1", agent, now):
+        ex.take("n1", agent, now)
+
+
+def test_the_first_agent_takes_the_node_and_is_recorded_once() -> None:
+    led = FakeLedger()
+    ex = executor(led)
+    ask(ex, "a", 100.0)
+    ask(ex, "a", 105.0)
+    assert [r.agent for r in led.recorded] == ["a"]
+    assert led.state.nodes["n1"].agent == "a"
+
+
+def test_another_agent_is_refused_until_the_holders_lease_and_grace_have_passed() -> None:
+    led = FakeLedger()
+    ex = executor(led)
+    ask(ex, "a", 100.0)
+    with pytest.raises(InvalidTransition, match="held by another agent"):
+        ask(ex, "b", 100.0 + LOST + FENCE + GRACE - 0.1)
+    ask(ex, "b", 100.0 + LOST + FENCE + GRACE)
+    assert led.state.nodes["n1"].agent == "b"
+
+
+def test_the_hold_lasts_the_largest_grace_of_the_nodes_runs_and_while_the_ledger_has_runs() -> None:
+    led = FakeLedger()
+    ex = executor(led)
+    ask(ex, "a", 100.0)
+    spec = msgspec.json.decode(
+        b'{"type":"job.submitted.v2","event_id":"s","at":0,"actor":"u","job_id":7,'
+        b'"account":"p","user":"u","gpus":2,"grace_s":30,"min_runtime_s":3600}',
+        type=e.AnyEvent,
+    )
+    assert isinstance(spec, e.JobSubmitted)
+    led.state.jobs[7] = Job(spec=spec, status="running")
+    led.state.node_jobs["n1"] = {7}
+    with pytest.raises(InvalidTransition, match=r"its runs \(job\(s\) 7\) may be alive"):
+        ask(ex, "b", 100.0 + LOST + FENCE + 29.0)  # within the job's own grace
+    with pytest.raises(InvalidTransition, match=r"job\(s\) 7"):
+        ask(ex, "b", 10_000.0)  # the run is not ended by the node-lost rules yet
+    led.state.node_jobs["n1"] = set()  # the node lost, its fence passed: the run ended
+    ask(ex, "b", 10_000.0)
+
+
+def test_a_restarted_server_knows_the_holder_and_counts_it_heard_from_its_start() -> None:
+    led = FakeLedger()
+    ask(executor(led), "a", 100.0)
+    ex = executor(led)  # the server restarted: nothing in memory
+    ex.adopt({}, 500.0)
+    with pytest.raises(InvalidTransition, match="held by another agent"):
+        ask(ex, "b", 500.0 + LOST + FENCE)
+    ask(ex, "a", 510.0)  # the holder itself: no new record
+    ask(ex, "b", 510.0 + LOST + FENCE + GRACE)
+    assert [r.agent for r in led.recorded] == ["a", "b"]
+
+
+def test_an_agent_from_before_the_header_is_not_checked() -> None:
+    led = FakeLedger()
+    ex = executor(led)
+    ask(ex, "a", 100.0)
+    assert ex.holds("n1", "", 101.0)
+    assert [r.agent for r in led.recorded] == ["a"]
+
+
+def test_a_running_job_put_back_on_its_nodes_list_after_a_restart_has_its_whole_world() -> None:
+    """atk38-23 F8: `adopt` put a running job back with its command only: a node that had to
+    launch it again ran it without its directory, environment, output file, umask or token."""
+    led = FakeLedger()
+    tokens: list[Any] = []
+    led.execute_all = tokens.extend  # type: ignore[attr-defined]
+    spec = msgspec.json.decode(
+        b'{"type":"job.submitted.v2","event_id":"s","at":0,"actor":"u","job_id":7,'
+        b'"account":"p","user":"u","gpus":2,"min_runtime_s":3600,"command":["python","t.py"],'
+        b'"workdir":"/home/u/proj","env":{"MY_VAR":"x"},"stdout":"out-%j.log","umask":18}',
+        type=e.AnyEvent,
+    )
+    assert isinstance(spec, e.JobSubmitted)
+    slot = e.GpuSlot(node="n1", gpu_indices=(0, 1))
+    led.state.jobs[7] = Job(spec=spec, status="running", slots=(slot,))
+    ex = executor(led)
+    assert ex.adopt({7: 0}, 100.0) == {7}
+    [part] = ex.board.current("n1")[1]
+    assert (part.workdir, dict(part.env), part.umask) == ("/home/u/proj", {"MY_VAR": "x"}, 18)
+    assert part.stdout == "/home/u/proj/out-7.log" and part.command == ("python", "t.py")
+    assert part.job_token and [t.scope_job for t in tokens] == [7]
