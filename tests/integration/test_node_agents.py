@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from ledger.engines.proc import start_time
+from ledger.engines.runs import read_identity
 from ledger.engines.supervised import live_processes
 from tests.integration import userkit
 from tests.integration.serverkit import GPULEDGER, Server, cli, env_for, make_token, start_server
@@ -59,6 +60,8 @@ class Agent:
     args: tuple[str, ...] = ()
     """The test's own agent flags, kept across restarts."""
     proc: subprocess.Popen[bytes] | None = None
+    prefix: tuple[str, ...] = ()
+    """What the agent runs under (e.g. `unshare`: another machine's view of the same path)."""
 
     def start(self, *extra: str, registered: bool = True) -> Agent:
         """Start it; wait until it registers (not when `registered` is False: no server may
@@ -66,8 +69,9 @@ class Agent:
         before = len(self.text())
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [GPULEDGER, "agent", "--node", self.node, "--url", self.url, "--gpus", str(GPUS),
-                 "--gpu-type", "sim", "--state-dir", str(self.state), "--grace", "1s",
+                [*self.prefix, GPULEDGER, "agent", "--node", self.node, "--url", self.url,
+                 "--gpus", str(GPUS), "--gpu-type", "sim", "--state-dir", str(self.state),
+                 "--grace", "1s",
                  "--heartbeat", "0.5s", "--run-as", "service", "--sample-every", "0.5s",
                  "--check-every", "0.1s", *self.args, *extra],
                 env=env_for(self.state, GPULEDGER_NODE_TOKEN=self.token),
@@ -730,3 +734,222 @@ def test_a_second_agent_for_a_node_on_another_state_dir_is_refused_and_launches_
         for p in live_processes(second.state):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
+
+
+def refused(ag: Agent, node: str, timeout: float = 30) -> str:
+    """Start `ag` and expect it refused for the node's holder: one error line, exit 1, nothing
+    launched. Returns its last line."""
+    ag.start(registered=False)
+    assert ag.proc is not None
+    try:
+        code = ag.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the other agent ran on: {ag.text()[-2000:]}")
+    said = ag.text().strip().splitlines()
+    assert code == 1 and said and said[-1].startswith("error: "), ag.text()[-2000:]
+    assert f"node '{node}' is held by another agent" in said[-1], said[-1]
+    assert "launched" not in ag.text() and "Traceback" not in ag.text()
+    return said[-1]
+
+
+def kill_rest(ag: Agent) -> None:
+    if ag.proc is not None and ag.proc.poll() is None:
+        ag.kill(signal.SIGKILL)
+    for p in live_processes(ag.state):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+@with_flags(serve=("--node-lost-after", "60s"))
+def test_another_machine_with_the_same_node_and_state_dir_path_is_another_agent_and_refused(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """atk38-23 F9: agents were told apart by a hash of their state directory's *path*: a
+    second machine started with the same `--node` and the same (default) state directory path
+    was the same agent to the server, taken while the first ran, and could launch the node's
+    running job again. Each agent now keeps a random id, made once in its state directory
+    (0600): the second machine (here: a mount namespace where another directory is mounted at
+    the same path) is another agent, refused while the first holds the node."""
+    c = cluster
+    go = c.home.parent / "go"
+    job = c.submit(1, until(go, 0))
+    node, pid = running_pid(c, job)
+    first = c.agents[node]
+    elsewhere = tmp_path / "other-machine-disk"
+    elsewhere.mkdir(mode=0o700)
+    mount = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    other = Agent(node, first.state, first.token, c.server.url, tmp_path / "other.log",
+                  prefix=("unshare", "-m", "sh", "-c", mount, "sh", str(elsewhere),
+                          str(first.state)))  # fmt: skip
+    try:
+        refused(other, node)
+        ident = first.state / "agent-id"
+        assert ident.stat().st_mode & 0o777 == 0o600 and len(ident.read_text().strip()) == 32
+        # the same path, another disk: another id
+        assert (elsewhere / "agent-id").read_text() != ident.read_text()
+        assert alive(pid) and c.job(job)["status"] == "running"
+        go.touch()
+        j = c.wait_status(job, "finished")
+        assert (j["outcome"], j["exit_code"]) == ("completed", 0)
+        assert len(c.events("job.started.v1")) == 1
+    finally:
+        kill_rest(other)
+
+
+@with_flags(serve=("--node-lost-after", "60s"))
+def test_after_a_server_restart_another_agent_is_still_refused_while_the_holder_may_run(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """atk38-23 F4: the node's holder was kept in the server's memory only: after a restart,
+    a second agent (another state directory) that spoke first was taken for the node and
+    launched its running job again, a copy without its world, beside the first launch. The
+    holder is recorded (`node.agent_changed.v1`): the restarted server refuses the other agent,
+    and the holder, back, keeps its job."""
+    c = cluster
+    go = c.home.parent / "go"
+    job = c.submit(1, until(go, 0))
+    node, pid = running_pid(c, job)
+    first = c.agents[node]
+    first.kill(signal.SIGSTOP)
+    second = Agent(node, tmp_path / "second-state", first.token, c.server.url,
+                   tmp_path / "second.log")  # fmt: skip
+    try:
+        assert c.server.stop(signal.SIGKILL) == -signal.SIGKILL
+        c.restart_server()
+        refused(second, node)
+        assert not live_processes(second.state)
+        held = [e for e in c.events("node.agent_changed.v1") if e["node"] == node]
+        ident = (first.state / "agent-id").read_text().strip()
+        assert len(held) == 1 and held[0]["agent"] != ident  # a digest, never the id
+        assert first.proc is not None
+        first.proc.send_signal(signal.SIGCONT)
+        assert alive(pid) and c.job(job)["status"] == "running"
+        go.touch()
+        j = c.wait_status(job, "finished")
+        assert (j["outcome"], j["exit_code"]) == ("completed", 0)
+        assert len(c.events("job.started.v1")) == 1
+        assert len([e for e in c.events("node.agent_changed.v1") if e["node"] == node]) == 1
+    finally:
+        kill_rest(second)
+
+
+def launches(marks: Path) -> list[list[str]]:
+    """The lines each launch of a job wrote at its start (`world_script`)."""
+    return [ln.split("|") for ln in marks.read_text().splitlines()] if marks.exists() else []
+
+
+def world_script(marks: Path) -> str:
+    """A job that writes, at each launch: launch, pid, working directory, $MY_VAR, umask,
+    whether it has a job token; then ignores SIGTERM (it lives out its grace) and loops."""
+    return (
+        f'echo "$GPULEDGER_LAUNCH|$$|$(pwd)|$MY_VAR|$(umask)|${{GPULEDGER_JOB_TOKEN:+token}}" '
+        f'| tee -a {marks}; trap "" TERM; while :; do sleep 0.2; done'
+    )
+
+
+def take_node_when_free(ag: Agent, watch: Callable[[], None], timeout: float = 90) -> int:
+    """Start `ag` again and again (each refused one exits) until it registers, calling `watch`
+    meanwhile; returns how many times it was refused."""
+    deadline, tries = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline:
+        before = len(ag.text())
+        ag.start(registered=False)
+        assert ag.proc is not None
+        while ag.proc.poll() is None and "registered node" not in ag.text()[before:]:
+            watch()
+            time.sleep(0.1)
+        if "registered node" in ag.text()[before:]:
+            return tries
+        assert "is held by another agent" in ag.text()[before:], ag.text()[-2000:]
+        tries += 1
+        watch()
+        time.sleep(0.5)
+    raise AssertionError(f"the agent never took the node: {ag.text()[-2000:]}")
+
+
+@with_flags(serve=("--node-fence", "4s"))
+def test_a_new_agent_waits_until_the_old_launch_is_gone_past_its_grace_then_the_job_runs_again(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """atk38-23 F5: after kill -9 of a node's agent, the server held the node for the old
+    agent's last request + the node-lost timeout + the fence only, but the node's fence SIGTERMs
+    a job at its lease's end and SIGKILLs it only after its grace: a new agent (another state
+    directory) took the node and launched the job again while its first launch lived on in its
+    grace (~26 s twice on the same GPUs). Now the new agent is refused while a run of the node
+    may be alive: until its node is lost and its fence (with the job's grace) has passed, so
+    the job ends `node_failure` by the node-lost rules (resumable: requeued), and only then
+    does the node take work again. Launch 1 ran once; launch 2 started after it was gone."""
+    c = cluster
+    marks = tmp_path / "marks"
+    job = c.submit(2, world_script(marks), "--resumable", "--grace", "8s")
+    node = c.wait_status(job, "running")["logs"][0].split(":", 1)[0]
+    wait_for("the job's start", lambda: launches(marks), 30, c.why)
+    first_pid = int(launches(marks)[0][1])
+    c.agents[node].kill(signal.SIGKILL)
+    twice: list[str] = []
+
+    def watch() -> None:
+        if len(launches(marks)) > 1 and alive(first_pid):
+            twice.append(str(launches(marks)))
+
+    other = Agent(node, tmp_path / "other-state", c.agents[node].token, c.server.url,
+                  tmp_path / "other.log")  # fmt: skip
+    try:
+        assert take_node_when_free(other, watch) >= 1
+        wait_for("the job's second launch", lambda: (watch(), len(launches(marks)) > 1)[1],
+                 60, c.why)  # fmt: skip
+        assert twice == [], twice
+        assert [ln[0] for ln in launches(marks)] == ["1", "2"]  # launch 1 never again
+        [pre] = c.events("job.preempted.v1")
+        assert (pre["job_id"], pre["reason"]) == (job, "node_failure")
+        assert held_twice(all_events(c)) == []
+    finally:
+        kill_rest(other)
+
+
+@with_flags(serve=("--node-fence", "4s"))
+def test_a_job_its_rebooted_node_runs_again_after_a_server_restart_keeps_its_whole_world(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """atk38-23 F8: after a server restart, a running job was republished with its command only;
+    its node, rebooted (processes and state directory gone), launched it again in the agent's
+    state directory, output to the agent's log directory, no environment of the submission, no
+    job token, while the ledger named the user's output file. Now the agent of the rebooted
+    node (a new id: its state directory is new) waits until the job's first launch is surely
+    gone (the node lost, its fence passed), and the job's next launch, wherever it runs, has
+    its whole world from the log: working directory, environment, output file, umask, token."""
+    c = cluster
+    marks = tmp_path / "marks"
+    wd = tmp_path / "proj"
+    wd.mkdir()
+    wd.chmod(0o755)
+    out = cli(c.home, "submit", "-A", "ai2/olmo", "-G", "2", "--min-runtime", "1h",
+              "--resumable", "-o", "out-%j.log", "--", "sh", "-c", world_script(marks), cwd=wd,
+              GPULEDGER_USER="root", MY_VAR="world-8")  # fmt: skip
+    job = int(out.stdout.split()[2].rstrip(":"))
+    node = c.wait_status(job, "running")["logs"][0].split(":", 1)[0]
+    wait_for("the job's start", lambda: launches(marks), 30, c.why)
+    ag = c.agents[node]
+    ag.kill(signal.SIGKILL)  # the node reboots: every process and the state directory go
+    for rundir in (ag.state / "runs").glob("*/*"):
+        for name in ("supervisor", "watchdog", "job"):
+            ident = read_identity(rundir / name)
+            if ident is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(ident[0], signal.SIGKILL)
+    for p in live_processes(ag.state):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+    shutil.rmtree(ag.state)
+    assert c.server.stop(signal.SIGKILL) == -signal.SIGKILL
+    c.restart_server()
+    take_node_when_free(ag, lambda: None)
+    wait_for("the job's next launch", lambda: len(launches(marks)) > 1, 60, c.why)
+    [submitted] = [e for e in all_events(c) if e["type"].startswith("job.submitted")]
+    umask = f"{submitted['umask']:04o}"
+    for launch in launches(marks):
+        assert launch[2:] == [str(wd), "world-8", umask, "token"], launches(marks)
+    assert [ln[0] for ln in launches(marks)] == ["1", "2"]
+    assert (wd / f"out-{job}.log").read_text().count("world-8") == 2
+    j = c.job(job)
+    assert j["logs"] and all(part_log(x) == wd / f"out-{job}.log" for x in j["logs"])
