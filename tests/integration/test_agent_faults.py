@@ -7,6 +7,7 @@ directory lost while its jobs run, an admin's `node lost` of a node whose agent 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -134,18 +135,28 @@ def test_an_agent_that_lost_its_state_file_finds_its_live_run_and_reports_its_re
 def test_an_agent_whose_state_directory_is_gone_never_starts_its_live_run_twice(
     cluster: Cluster,
 ) -> None:
-    """F4: the agent is killed and its whole state directory moved away; started again on a
-    new, empty one, it finds the run from the processes marked with it (and the record its
-    leader holds open), so it neither launches it a second time nor reports it lost."""
+    """F4: the agent is killed and its whole state directory moved away. Started again on a
+    new, empty one, it is another agent (its id was in the old directory: atk38-23 F9), so it
+    is refused while the node's run may be alive and launches nothing (it finds the run from
+    the processes marked with it, and leaves it alone). Given its directory back, it is the
+    same agent again and adopts the run: started once, its real exit reported."""
     c = cluster
     flag, starts = c.home.parent / "go", c.home.parent / "starts"
     job = c.submit(2, flagged(flag, starts))
     node, _ = running_pid(c, job)
     ag = c.agents[node]
     ag.kill(signal.SIGKILL)
-    ag.state.rename(ag.state.with_name(ag.state.name + ".old"))
+    old = ag.state.with_name(ag.state.name + ".old")
+    ag.state.rename(old)
+    before = len(ag.text())
+    ag.start(registered=False)
+    assert ag.proc is not None and ag.proc.wait(timeout=60) == 1, ag.text()[before:]
+    said = ag.text()[before:]
+    assert f"node '{node}' is held by another agent" in said and "launched" not in said, said
+    shutil.rmtree(ag.state)
+    old.rename(ag.state)
     ag.start()
-    assert "adopting it from its processes" in ag.text()
+    assert f"adopted 1 running job(s): {job}" in ag.text()[before:]
     c.submit(2, "sleep 1")
     flag.touch()
     done = c.wait_status(job, "finished")
