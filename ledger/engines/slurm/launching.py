@@ -136,14 +136,21 @@ def node_fail_end(
     kill_wait_s: float,
     now: float,
     confirm_s: float = 0.0,
+    notes: dict[str, float] | None = None,
 ) -> Ending | None:
     """How a run Slurm ended NODE_FAIL really ended, from its marks (`ends.node_fail_ending`;
-    `answering`: node -> since when its slurmd answers); None while it may still run."""
+    `answering`: node -> since when its slurmd answers); None while it may still run. Its
+    signal note's time is the job user's to set (its mtime): it counts no later than the first
+    read that saw the note (`notes`: Slurm id -> that read, kept by the caller), so a note
+    dated in the future does not keep the run in doubt for good (atk38-24 F6)."""
     nodes = run_nodes(launch, j)
     since = [answering.get(n) for n in nodes]
     answered = max(s for s in since if s is not None) if nodes and None not in since else None
     started = started_at if started_at is not None else j.start_time
-    return node_fail_ending(own_end(run_dir), signalled_at(run_dir), marked(run_dir, LAUNCHED),
+    noted = signalled_at(run_dir)
+    if noted is not None and notes is not None:
+        noted = min(noted, notes.setdefault(j.slurm_id, now))
+    return node_fail_ending(own_end(run_dir), noted, marked(run_dir, LAUNCHED),
                             j.end_time, j.exit_code, started, answered, kill_wait_s,
                             now, confirm_s)  # fmt: skip
 
