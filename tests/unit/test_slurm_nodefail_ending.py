@@ -15,7 +15,7 @@ import pytest
 
 from ledger.cycle.executor import Launch
 from ledger.engines.slurm.ends import Ending, OwnEnd, node_fail_ending
-from ledger.engines.slurm.words import batch_script
+from ledger.engines.slurm.script import batch_script
 from schemas.events import GpuSlot
 
 END = 1000.0  # Slurm's EndTime of the NODE_FAIL

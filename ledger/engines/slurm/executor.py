@@ -25,6 +25,8 @@ from ledger.engines.slurm.launching import (
     END_RECORD,
     LAUNCHED,
     SIGNALLED,
+    STOPPING,
+    mark_stopping,
     marked,
     never_ran,
     never_starts,
@@ -34,6 +36,7 @@ from ledger.engines.slurm.launching import (
 from ledger.engines.slurm.leaks import held_with, lasting, leaked_gpus
 from ledger.engines.slurm.outage import Probe
 from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
+from ledger.engines.slurm.script import batch_script
 from ledger.engines.slurm.stops import (
     GONE_ALREADY,
     Quarantine,
@@ -61,7 +64,6 @@ from ledger.engines.slurm.words import (
     SbatchUser,
     SlurmJob,
     SlurmNode,
-    batch_script,
     check_config,
     end_reason,
     held_gpus,
@@ -358,11 +360,13 @@ class SlurmExecutor:
                                        self._pinned, err, self._grace_of(r),
                                        self.max_time_s)]  # fmt: skip
         checkpoint = self._checkpoint_file(job.job_id, job.run, who)
-        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED)
-        launched, no_dir, no_cmd, ended, signalled = (str(checkpoint.with_name(m)) for m in marks)
+        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED, STOPPING)
+        launched, no_dir, no_cmd, ended, signalled, stop = (
+            str(checkpoint.with_name(m)) for m in marks
+        )
         umask = own_umask() if job.umask is None else job.umask  # the submitter's, as sbatch's
         script = batch_script(job, who, str(checkpoint), launched, umask, no_dir, no_cmd, ended,
-                              signalled)  # fmt: skip
+                              signalled, stop)  # fmt: skip
         r.slurm_id = self._run(args, stdin=script, env=sbatch_env(self.env, mask)).strip()
         r.slurm_id = r.slurm_id.split(";")[0]
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, r.slurm_id)
@@ -547,7 +551,9 @@ class SlurmExecutor:
             elif now - stopping.since >= stopping.grace_s:  # its grace ran out meanwhile
                 self._run(["scancel", slurm_id])
                 stopping.cancelled = stopping.killed = True
-            else:
+            else:  # every process gets it: the script passes on none (F2)
+                if tag := (job.tag(self.ledger_id) if job is not None else None) or run:
+                    mark_stopping(self._checkpoint_file(*tag).parent)
                 self._run(["scancel", "--signal=TERM", "--full", slurm_id])
         except EngineError as err:
             stopping.term_refused |= any(w in err.line() for w in GONE_ALREADY)

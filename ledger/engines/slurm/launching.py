@@ -12,6 +12,7 @@ start (a forged mark hides at most those seconds). An edge (it reads the marks).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import stat
@@ -27,9 +28,22 @@ CANNOT_ENTER = "cannot-enter"
 CANNOT_START = "cannot-start"
 END_RECORD = "ended"
 """The run's end record (`<exit code> <epoch seconds> <signalled 0|1>`), written by its batch
-script when the job's command exits (`words.batch_script`)."""
+script when the job's command exits (`script.batch_script`)."""
 SIGNALLED = "signalled"
 """Touched by the batch script at each signal the job gets (its mtime: the last one)."""
+STOPPING = "stopping"
+"""Made by the executor before its own stop's `scancel --signal=TERM --full` (which signals
+every process of the job): the batch script then passes no SIGTERM on to the command, which
+got its own (`script.batch_script`)."""
+
+
+def mark_stopping(run_dir: Path) -> None:
+    """Make the run's `STOPPING` mark (the service's, in the job user's directory: never
+    through a link, never over what is there). Best effort: without it the command gets the
+    stop's SIGTERM twice."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    with contextlib.suppress(OSError):
+        os.close(os.open(run_dir / STOPPING, flags, 0o644))
 
 
 def marked(run_dir: Path, mark: str) -> bool:
