@@ -330,6 +330,11 @@ class ConfirmRunEnded(JobCommand, frozen=True, kw_only=True, tag="job.run_ended"
     exit_code: ExitCode | None = None
     killed: bool = False
     note: Text = ""
+    by_itself: bool = False
+    """The engine knows the command ended by itself, before any signal of the stop reached it
+    (its own end record, unsignalled; an agent's exit of a run it was not stopping): with
+    exit code 0 the job completed, never to be run again (`runs.confirm_run_ended`). False:
+    not known (and every report made before the field)."""
 
 
 class SampleUtilisation(JobCommand, frozen=True, kw_only=True, tag="job.sample"):

@@ -436,6 +436,10 @@ class JobRunEnded(JobEvent, frozen=True, kw_only=True, tag="job.run_ended.v1"):
     killed: bool = False
     """It outlived its grace and was killed."""
     note: Text = ""
+    by_itself: bool = False
+    """Its command ended by itself before the stop's signal reached it (the engine's word;
+    False in every record made before the field): exit 0 then completes the job, if it has
+    not run again since (`job.finished.v2` `completed` follows)."""
 
 
 class UtilisationSampled(JobEvent, frozen=True, kw_only=True, tag="job.utilisation_sampled.v1"):

@@ -10,7 +10,7 @@ it against the state and returns the events it causes. The fold is `ledger.core.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypedDict, cast
 
@@ -20,6 +20,7 @@ from ledger.core import jobs
 from ledger.core.authz import authorise
 from ledger.core.conflicts import command_keys, event_keys
 from ledger.core.runs import between, confirm_run_ended
+from ledger.core.runs import drained_after as _drained_after
 from ledger.core.state import DRAINED_NOTE, Account, Job, State
 from schemas import commands as c
 from schemas import events as e
@@ -392,18 +393,6 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
         grace_s=cmd.grace_s,
     )
     return jobs.submissions(state, cmd, contract, s.kw)
-
-
-def _drained_after(
-    state: State, freed_nodes: Iterable[str], leaving: set[int], s: _Stamp
-) -> list[e.AnyEvent]:
-    """NodeDrained for each draining node that the leaving jobs leave empty."""
-    out: list[e.AnyEvent] = []
-    for name in sorted(set(freed_nodes)):
-        node = state.nodes[name]
-        if node.state == "draining" and not (state.node_jobs.get(name, set()) - leaving):
-            out.append(e.NodeDrained(**s.kw(), node=name))
-    return out
 
 
 def _cancel(state: State, cmd: c.CancelJob, s: _Stamp) -> list[e.AnyEvent]:

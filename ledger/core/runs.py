@@ -6,6 +6,7 @@ Pure: state and commands in, events out; `now` is a parameter.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from ledger.core.state import Job, State
@@ -17,7 +18,8 @@ from schemas.errors import InvalidTransition, UnknownEntity
 class Stamp(Protocol):
     """The envelope of the events a command makes (`decide._Stamp`)."""
 
-    now: float
+    @property
+    def now(self) -> float: ...
 
     def kw(self) -> Any: ...
 
@@ -45,7 +47,7 @@ def confirm_run_ended(state: State, cmd: c.ConfirmRunEnded, s: Stamp) -> list[e.
         )
     if (cmd.job_id, cmd.run) in state.run_ends:
         return []
-    return [
+    ended: list[e.AnyEvent] = [
         e.JobRunEnded(
             **s.kw(),
             job_id=cmd.job_id,
@@ -56,8 +58,47 @@ def confirm_run_ended(state: State, cmd: c.ConfirmRunEnded, s: Stamp) -> list[e.
             exit_code=cmd.exit_code,
             killed=cmd.killed,
             note=cmd.note,
+            by_itself=cmd.by_itself,
         )
     ]
+    if job is not None and completed_meanwhile(job, cmd):
+        at = None if cmd.ended_at is None else min(cmd.ended_at, s.now)
+        done = e.JobFinished(**s.kw(), job_id=job.job_id, outcome="completed", exit_code=0,
+                             reason="completed", note=COMPLETED_MEANWHILE, ended_at=at)  # fmt: skip
+        ended.append(done)
+        ended += drained_after(state, (sl.node for sl in job.slots), {job.job_id}, s)
+    return ended
+
+
+COMPLETED_MEANWHILE = "its run completed by itself (exit 0) before the stop reached it"
+
+
+def completed_meanwhile(job: Job, cmd: c.ConfirmRunEnded) -> bool:
+    """Pure: a stopped run's end completes its job (atk38-24 F3): its command ended by itself,
+    exit 0, before the stop's signal reached it (`by_itself`, the engine's word), and it is
+    the run the ledger requeued last, no later run having started since (the job waits, or
+    is placed again). Every engine reports so; without `by_itself` (older reports, logs
+    written before) the run's end is only recorded, as it always was. A job the preemption
+    finished (not resumable) or a cancel ended stays as recorded: it is not run again."""
+    return (
+        cmd.by_itself
+        and cmd.exit_code == 0
+        and job.active
+        and job.status != "running"
+        and cmd.run == job.preemptions - 1
+    )
+
+
+def drained_after(
+    state: State, freed_nodes: Iterable[str], leaving: set[int], s: Stamp
+) -> list[e.AnyEvent]:
+    """Pure: NodeDrained for each draining node that the leaving jobs leave empty."""
+    out: list[e.AnyEvent] = []
+    for name in sorted(set(freed_nodes)):
+        node = state.nodes[name]
+        if node.state == "draining" and not (state.node_jobs.get(name, set()) - leaving):
+            out.append(e.NodeDrained(**s.kw(), node=name))
+    return out
 
 
 def in_doubt(job: Job) -> bool:

@@ -163,6 +163,9 @@ class Exit:
     """What else the engine says (why a launch failed, processes left that were killed)."""
     run: int | None = None
     """Which run of the job it was, when the engine's run id does not say (Slurm's)."""
+    by_itself: bool = False
+    """A stopped run (`Observed.stopped`) whose command ended by itself before the stop's
+    signal reached it, as the engine knows (`ConfirmRunEnded.by_itself`)."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ledger.core.runs import settle_commands
@@ -155,9 +155,26 @@ def stopped_commands(stopped: Sequence[Exit], engine: str) -> list[c.AnyCommand]
             exit_code=x.exit_code,
             killed=x.engine_state == "KILLED",
             note=x.note[:1000],
+            by_itself=x.by_itself,
         )
         for x in stopped
     ]
+
+
+def overtaken_command(ex: Exit, state: State, engine: str) -> c.ConfirmRunEnded | None:
+    """Pure: the end of a run the ledger stopped (requeued, preempted) after the engine saw it
+    end but before it was told to stop it: an exit of a job the ledger has moved past, recorded
+    as the stopped run's end (`stopped_commands`), ended by itself when it exited (no stop
+    reached it: `ConfirmRunEnded.by_itself`, so exit 0 completes the job: atk38-24 F3). None
+    when it is no run the ledger awaits the end of."""
+    if not engine:
+        return None
+    run = _run_of(ex.engine_job_id) if ex.run is None else ex.run
+    if (ex.job_id, run) not in state.stopped_runs:
+        return None
+    itself = ex.reason == "exited"
+    (cmd,) = stopped_commands([replace(ex, run=run, by_itself=itself)], engine)
+    return cmd if isinstance(cmd, c.ConfirmRunEnded) else None
 
 
 def _run_of(engine_job_id: str) -> int:
@@ -178,7 +195,8 @@ def record(ledger: Recorder, seen: Observed, engine: str, now: float | None = No
     finished = 0
     for ex in seen.exits:
         cmd = exit_command(ex, ledger.state.jobs, engine)
-        if cmd is None:
+        if cmd is None:  # the ledger moved past it: a run it stopped meanwhile, maybe
+            _record_batch(ledger, [x] if (x := overtaken_command(ex, ledger.state, engine)) else [])
             continue
         try:
             ledger.execute(cmd)

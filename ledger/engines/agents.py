@@ -183,6 +183,10 @@ class AgentExecutor:
         """Launches waiting until no earlier run of their job may be alive (`Fence`)."""
         self._stopped: list[Exit] = []
         """Ends of stopped runs the agents reported, for the record (`JobRunEnded`)."""
+        self._completed: set[int] = set()
+        """Jobs a stopped run of which exited 0 by itself (`Exit.by_itself`): their held next
+        launch is not released in the `observe` that hands that end over: the ledger records
+        it first, and may complete the job, which then runs no more (atk38-24 F3)."""
         self._ran_on: dict[int, set[str]] = {}
         """Job -> the nodes its runs were put on (since this server started, or found in the
         log by `foreign`): what each node's reports may be about (docs/security.md, row T12)."""
@@ -245,6 +249,7 @@ class AgentExecutor:
         )
         self._returns, self._starts, self._exits = [], [], []
         self._checkpoints, self._samples, self._stopped = [], [], []
+        self._completed = set()
         return out
 
     def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:
@@ -278,7 +283,8 @@ class AgentExecutor:
 
     def _release(self, now: float) -> None:
         """Hand over the held launches no earlier run blocks any more."""
-        freed = [j for j, (job, _) in self._held.items() if not self.fence.blocking(j, now)]
+        freed = [j for j, (job, _) in self._held.items()
+                 if not self.fence.blocking(j, now) and j not in self._completed]  # fmt: skip
         for job_id in sorted(freed):
             job, _ = self._held.pop(job_id)
             log.info("job %s run %s: its earlier run is gone; launching it", job_id, job.run)
@@ -517,7 +523,11 @@ class AgentExecutor:
                 state = "FENCED" if x.reason == "node_failure" else "EXITED"
                 at = now if x.ended_at is None else x.ended_at
                 name = f"{x.job_id}.{x.run + 1}"
-                self._stopped.append(Exit(x.job_id, x.exit_code, at, x.reason, name, state))
+                itself = x.reason == "exited"  # its agent had no stop for it: by itself
+                self._stopped.append(Exit(x.job_id, x.exit_code, at, x.reason, name, state,
+                                          by_itself=itself))  # fmt: skip
+                if itself and x.exit_code == 0:  # it may complete the job: the ledger says
+                    self._completed.add(x.job_id)  # first (no next launch meanwhile)
             if r is not None:
                 if x.reason != "launch_failed":
                     r.started.setdefault(rep.node, a.PartStarted(job_id=x.job_id, run=x.run))

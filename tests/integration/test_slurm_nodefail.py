@@ -287,3 +287,37 @@ def test_a_job_on_a_node_set_down_with_its_slurmd_dead_is_not_taken_for_gone_whi
     (end,) = _lines(work, "end")
     assert abs(job["finished_at"] - float(end.split()[1])) <= 1.0, (job, end)
     cl.up()  # slurmd back (the fixture resumes the node)
+
+
+def test_a_job_that_completes_as_the_ledger_requeues_it_is_completed_and_never_run_again(
+    ledger: Ledger,
+) -> None:
+    """atk38-24 F3: the job's command exits 0 and its script writes its end record, but Slurm
+    still shows it running (its slurmstepd held with SIGSTOP, as a busy node holds the
+    completion) when an admin requeues it: the stop's SIGTERM comes after the command's end.
+    Its run's end says so (`by_itself`), and the job ends `completed`, never launched again
+    (it was requeued, preempted and run a second time)."""
+    work = ledger.work
+    ledger.up()
+    ledger.submit("alice", 1, _job(work, 2), "--resumable", "--min-runtime", "1h")
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    ledger.wait("its start line", lambda: bool(_lines(work, "start")))
+    stepd = _slurmstepd(int(_lines(work, "start")[0].split()[2]))
+    record = ledger.home / "jobs" / "checkpoints" / "1.0" / "ended"
+    os.kill(stepd, signal.SIGSTOP)
+    try:
+        ledger.wait("its own end record", record.exists)
+        assert record.read_text().split()[::2] == ["0", "0"]  # exit 0, no signal first
+        ledger.cli("requeue", "1")
+        ledger.wait("the requeue", lambda: bool(ledger.of("job.requeued.v1", 1)))
+        time.sleep(2)  # the stop is carried out meanwhile: its SIGTERM finds no command
+    finally:
+        os.kill(stepd, signal.SIGCONT)
+    ledger.wait("the job to finish", lambda: status(ledger, 1) == "finished", timeout=40)
+    job = ledger.jobs()[1]
+    assert (job["outcome"], job["exit_code"]) == ("completed", 0), job
+    (end,) = ledger.of("job.run_ended.v1", 1)
+    assert end["by_itself"] is True and end["exit_code"] == 0, end
+    time.sleep(3)  # a requeued job would be launched again now
+    assert len(_lines(work, "start")) == 1, (work / "runs").read_text()
+    assert len(ledger.of("job.engine_linked.v1", 1)) == 1

@@ -15,7 +15,7 @@ import pytest
 
 from ledger.cycle.executor import Launch
 from ledger.engines.slurm.ends import Ending, OwnEnd, node_fail_ending
-from ledger.engines.slurm.words import batch_script
+from ledger.engines.slurm.script import batch_script
 from schemas.events import GpuSlot
 
 END = 1000.0  # Slurm's EndTime of the NODE_FAIL
@@ -70,6 +70,26 @@ CASES = {
     "signalled, no record, within KillWait: wait": Case(signalled_at=END + 1.0, now=END + 10.0),
     "signalled, no record, KillWait passed: gone then": Case(
         signalled_at=END + 1.0, now=END + 11.5, want=(0, END + 11.0, "node_failure")
+    ),
+    # atk38-24 F5: slurmd killed right after an admin's DOWN: its TERM was noted, its SIGKILL
+    # KillWait later never came; the processes ran on until the restarted slurmd killed them
+    "signalled, no record, KillWait passed, its slurmd not answering: wait": Case(
+        signalled_at=END + 1.0, answering_since=None, now=END + 100.0
+    ),
+    "signalled, no record, its slurmd back later: KillWait from its return": Case(
+        signalled_at=END + 1.0,
+        answering_since=END + 40.0,
+        now=END + 50.5,
+        want=(0, END + 50.0, "node_failure"),
+    ),
+    "signalled, no record, node seen answering, within SlurmdTimeout: wait": Case(
+        signalled_at=END + 1.0, now=END + 29.0, confirm_s=30.0
+    ),
+    "signalled, no record, node still answering SlurmdTimeout later: gone KillWait after": Case(
+        signalled_at=END + 1.0,
+        now=END + 30.0,
+        confirm_s=30.0,
+        want=(0, END + 11.0, "node_failure"),
     ),
     "a signal long before NODE_FAIL is not Slurm's kill, node not answering: wait": Case(
         signalled_at=END - 100.0, answering_since=None, now=END + 60.0

@@ -737,8 +737,8 @@ def test_while_slurmctld_does_not_answer_every_node_is_unobserved_and_it_is_aske
     back = 100.0 + ex.probe_every_s
     # the probe asks on a thread of its own: the service's thread never waits on Slurm
     assert ex.observe(back, ledger_nodes).unobserved == frozenset({"vm", "g2"})
-    assert ex._probing is not None
-    ex._probing.join(timeout=10)
+    assert ex._probe.thread is not None
+    ex._probe.thread.join(timeout=10)
     assert calls[1][:3] == ["scontrol", "-o", "show"]
     del calls[1]
     seen = ex.observe(back, ledger_nodes)

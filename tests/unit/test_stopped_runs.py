@@ -23,7 +23,8 @@ from ledger.core.state import State
 from ledger.cycle.executor import Launch
 from ledger.engines.agents import AgentExecutor
 from ledger.engines.slurm.outputs import PRIVATE, files_umask, sbatch_env
-from ledger.engines.slurm.words import SbatchUser, batch_script
+from ledger.engines.slurm.script import batch_script
+from ledger.engines.slurm.words import SbatchUser
 from ledger.store import snapshots
 from schemas import agent as a
 from schemas import commands as c

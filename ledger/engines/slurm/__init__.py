@@ -8,13 +8,13 @@ a budget file. What the ledger owns and what Slurm owns is in docs/slurm.md.
 
 from ledger.engines.slurm.executor import ENGINE, SlurmExecutor
 from ledger.engines.slurm.opening import ledger_id, open_executor
+from ledger.engines.slurm.script import batch_script
 from ledger.engines.slurm.shares import SACCTMGR_ARGS, parse_sacctmgr_shares, shares_toml
 from ledger.engines.slurm.words import (
     DRAIN_PREFIX,
     SbatchUser,
     SlurmJob,
     SlurmNode,
-    batch_script,
     check_config,
     end_reason,
     exit_code,

@@ -91,8 +91,12 @@ def node_fail_ending(
        checkpoints and exits 0 at SIGTERM is requeued); otherwise it ended by itself, as its
        exit code says (0: completed, however Slurm ended it). Its end is the record's time,
        kept inside its run (not before `started_at`, not after `now`).
-    2. No record, but a signal noted after Slurm's EndTime (`signalled_at`): gone `kill_wait_s`
-       after it (Slurm's SIGKILL follows and leaves no record).
+    2. No record, but a signal noted after Slurm's EndTime (`signalled_at`, never later than
+       the first read that saw it: the job's user sets its mark's time, atk38-24 F6): gone
+       `kill_wait_s` after it or after its nodes' slurmd answered again, whichever is later
+       (Slurm's SIGKILL follows and leaves no record; it is slurmd's, and a slurmd that died
+       after the TERM never sends it: atk38-24 F5), decided as in 3. (the note proves the
+       TERM landed, not the KILL).
     3. No record and no such signal: the kill reaches it once its nodes' slurmd answers
        (`answering_since`, since when all do; None while one does not: wait, the node's fence
        bounds the wait while it is lost): gone `kill_wait_s` after Slurm's EndTime or that
@@ -116,12 +120,12 @@ def node_fail_ending(
             return Ending(own.exit_code, at, "node_failure", said + " (it was killed)", True)
         return Ending(own.exit_code, at, "exited", said, True)
     note = "NODE_FAIL: killed, no end record within KillWait"
-    if signalled_at is not None and signalled_at >= slurm - OWN_END_SLACK_S:
-        kill_at: float | None = max(slurm, signalled_at)
-    elif answering_since is None:
-        kill_at = None
-    elif now < slurm + confirm_s:
-        kill_at = None  # its slurmd not yet known alive since Slurm's kill
+    if answering_since is None or now < slurm + confirm_s:
+        kill_at: float | None = None  # its slurmd not (yet) known alive since Slurm's kill
+    elif signalled_at is not None and signalled_at >= slurm - OWN_END_SLACK_S:
+        # the note proves slurmd's TERM landed, not its SIGKILL KillWait later: a slurmd that
+        # died in between never sent it (atk38-24 F5), a returning one kills from its return
+        kill_at = max(slurm, signalled_at, answering_since)
     else:
         kill_at = max(slurm + OWN_END_SLACK_S, answering_since)
         if marks_seen:

@@ -11,7 +11,6 @@ import contextlib
 import logging
 import os
 import subprocess
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -19,25 +18,33 @@ from ledger.core.state import Node
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
 from ledger.engines.accounts import RunAs, own_log, own_umask
 from ledger.engines.slurm.ends import Ending, answering, kill_wait, sacct_end
+from ledger.engines.slurm.foreign import others
 from ledger.engines.slurm.launching import (
     CANNOT_ENTER,
     CANNOT_START,
     END_RECORD,
     LAUNCHED,
     SIGNALLED,
+    STOPPING,
+    mark_stopping,
     marked,
     never_ran,
     never_starts,
     node_fail_end,
+    own_end,
 )
 from ledger.engines.slurm.leaks import held_with, lasting, leaked_gpus
+from ledger.engines.slurm.outage import Probe
 from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
+from ledger.engines.slurm.script import batch_script
 from ledger.engines.slurm.stops import (
+    GONE_ALREADY,
     Quarantine,
     Stopping,
     Tag,
     completing,
     earlier_alive,
+    ended_by_itself,
     gpus_differ,
     grace_of,
     no_grace,
@@ -57,7 +64,6 @@ from ledger.engines.slurm.words import (
     SbatchUser,
     SlurmJob,
     SlurmNode,
-    batch_script,
     check_config,
     end_reason,
     held_gpus,
@@ -132,6 +138,10 @@ class SlurmExecutor:
         """Our Slurm job -> the last read showing it COMPLETING (`processes_end`)."""
         self._stopped: list[Exit] = []
         """Ends of runs the ledger stopped (cancel, requeue, preemption): `JobRunEnded`."""
+        self._completed: set[int] = set()
+        """Jobs a stopped run of which ended by itself, exit 0 (`ended_by_itself`): the ledger
+        may record them completed (atk38-24 F3), so their next run is not submitted in the
+        `observe` that reports it (the `carry_out` after it stops the run if so)."""
         self.job_grace: Callable[[int], float | None] = no_grace
         """A job's own grace by id (the ledger's) where its run's comment says none."""
         self.job_limit: Callable[[int], float | None] = no_grace
@@ -151,14 +161,8 @@ class SlurmExecutor:
         self._settle_until: float | None = None
         self._loss_held_since: float | None = None
         """When a node's loss began to wait for its runs' own ends (`_own_ends_first`)."""
-        self.probe_every_s = 5.0  # in an outage (slurmctld does not answer): how often to ask
-        self._probe_at: float | None = None
-        self._probing: threading.Thread | None = None
-        """The probe asking Slurm during an outage, off the service's thread: a controller that
-        does not answer costs each call about 9 s (the client's retries), which reads and
-        submits would otherwise wait for."""
-        self._probe_answered = False
-        """When to ask Slurm again during an outage (None: not in one)."""
+        self._probe = Probe(lambda: self._run(["scontrol", "-o", "show", "partition", partition]))
+        """Asks Slurm during an outage, off the service's thread (`outage`)."""
         self._answered_at: float | None = None  # the last read Slurm answered
         self._away: tuple[float, float] | None = None
         """The last outage: (the last read answered before it, the first answered after it)."""
@@ -175,10 +179,20 @@ class SlurmExecutor:
         """How long at most the runs of a node Slurm gives up stay in doubt (`ends`)."""
         self._answering: dict[str, float] = {}  # node -> since when its slurmd answers
         self._quarantine = Quarantine()  # GPUs of runs ended by their own record on NODE_FAIL
+        self._notes: dict[str, float] = {}  # Slurm id -> the first read that saw its signal note
         self.launch_confirm_s = 10.0
         """A run Slurm shows RUNNING is recorded started once its batch script marked its launch
         (`_launched`), or after this long running unmarked (a node that does not share the
         service's directory): Slurm fails a launch it cannot make within a second or two."""
+
+    @property
+    def probe_every_s(self) -> float:
+        """In an outage (slurmctld does not answer): how often to ask."""
+        return self._probe.every_s
+
+    @probe_every_s.setter
+    def probe_every_s(self, seconds: float) -> None:
+        self._probe.every_s = seconds
 
     # --- talking to Slurm ---
 
@@ -346,11 +360,13 @@ class SlurmExecutor:
                                        self._pinned, err, self._grace_of(r),
                                        self.max_time_s)]  # fmt: skip
         checkpoint = self._checkpoint_file(job.job_id, job.run, who)
-        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED)
-        launched, no_dir, no_cmd, ended, signalled = (str(checkpoint.with_name(m)) for m in marks)
+        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED, STOPPING)
+        launched, no_dir, no_cmd, ended, signalled, stop = (
+            str(checkpoint.with_name(m)) for m in marks
+        )
         umask = own_umask() if job.umask is None else job.umask  # the submitter's, as sbatch's
         script = batch_script(job, who, str(checkpoint), launched, umask, no_dir, no_cmd, ended,
-                              signalled)  # fmt: skip
+                              signalled, stop)  # fmt: skip
         r.slurm_id = self._run(args, stdin=script, env=sbatch_env(self.env, mask)).strip()
         r.slurm_id = r.slurm_id.split(";")[0]
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, r.slurm_id)
@@ -362,7 +378,7 @@ class SlurmExecutor:
             return  # a deposed leader launches nothing; the new leader launches what is placed
         held = self._held()
         for r in list(self._runs.values()):
-            if r.slurm_id is not None or r.launch is None:
+            if r.slurm_id is not None or r.launch is None or r.job_id in self._completed:
                 continue
             adopted = tagged(self._view, self.ledger_id, r.job_id, r.run)  # a timed-out sbatch
             if adopted is not None:
@@ -396,18 +412,19 @@ class SlurmExecutor:
         submit the launches whose GPUs are now free, then read the nodes: a node that went down
         with a run is seen down by then, so its loss is recorded before the run's exit."""
         changes: list[NodeChange] = []
-        if self._probe_at is not None and not self._outage_over(now):
+        if self._probe.away and not self._probe.over(now):
             # an outage: a probe asks again every `probe_every_s` on a thread of its own, so a
             # controller that does not answer never holds the service's thread (reads and
             # submits wait on it)
             return self._blind(nodes)
         if self.refresh():
-            if self._probe_at is not None:  # back: its view may lag (slurmd re-registers)
+            if self._probe.away:  # back: its view may lag (slurmd re-registers)
                 self._away = (self._answered_at or now, now)
                 self._settle_until = now + self.settle_s
                 log.warning("slurm answers again; deciding nothing for %.0f s while it settles",
                             self.settle_s)  # fmt: skip
-            self._probe_at = None
+            self._probe.end()
+            self._completed.clear()  # recorded since: a job still placed runs (F3)
             self._read_runs(now)
             self._answered_at = now
             self._try_submit(now)
@@ -419,7 +436,7 @@ class SlurmExecutor:
             else:
                 self._settle_until = None
         else:  # slurmctld does not answer: nothing is decided about what it runs (outage)
-            self._probe_at = now + self.probe_every_s
+            self._probe.begin(now)
             return self._blind(nodes)
         starts, self._starts = self._starts, []
         checkpoints = self._read_checkpoints()
@@ -478,28 +495,6 @@ class SlurmExecutor:
             return
         self.max_time_s = partition_max_time(text, self.partition)
 
-    def _outage_over(self, now: float) -> bool:
-        """In an outage: True once a probe got Slurm's answer; else starts one when due."""
-        if self._probing is not None and self._probing.is_alive():
-            return False
-        self._probing = None
-        if self._probe_answered:
-            self._probe_answered = False
-            return True
-        if self._probe_at is not None and now < self._probe_at:
-            return False
-        self._probe_at = now + self.probe_every_s
-        self._probing = threading.Thread(target=self._probe, name="slurm-probe", daemon=True)
-        self._probing.start()
-        return False
-
-    def _probe(self) -> None:
-        try:
-            self._run(["scontrol", "-o", "show", "partition", self.partition])
-        except EngineError:
-            return
-        self._probe_answered = True
-
     def _blind(self, nodes: Mapping[str, Node]) -> Observed:
         """What an outage observes: nothing new, every node unobserved, the runs as last known."""
         return Observed(
@@ -556,9 +551,12 @@ class SlurmExecutor:
             elif now - stopping.since >= stopping.grace_s:  # its grace ran out meanwhile
                 self._run(["scancel", slurm_id])
                 stopping.cancelled = stopping.killed = True
-            else:
+            else:  # every process gets it: the script passes on none (F2)
+                if tag := (job.tag(self.ledger_id) if job is not None else None) or run:
+                    mark_stopping(self._checkpoint_file(*tag).parent)
                 self._run(["scancel", "--signal=TERM", "--full", slurm_id])
         except EngineError as err:
+            stopping.term_refused |= any(w in err.line() for w in GONE_ALREADY)
             log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
 
     def _read_runs(self, now: float) -> None:
@@ -616,7 +614,8 @@ class SlurmExecutor:
                 del self._runs[job_id]
                 at = self._end_of(r, j, now)
                 reason = "time_limit" if r.limited else end_reason(j.state)
-                self._exits.append(Exit(job_id, j.exit_code, at, reason, r.slurm_id, j.state))
+                self._exits.append(Exit(job_id, j.exit_code, at, reason, r.slurm_id, j.state,
+                                        run=r.run))  # fmt: skip
             elif j.holding and self._past_limit(r, now):
                 r.limited = True
                 limit = self._limit_of(r)
@@ -636,10 +635,16 @@ class SlurmExecutor:
             elif j is None or j.ended:
                 self._quarantine.hold(failed, j, st.gpus)
                 del self._stopping[slurm_id]
+                self._notes.pop(slurm_id, None)
                 forget_stop(self.log_dir, slurm_id)
                 seen = self._completing.pop(slurm_id, None)
                 if j is not None and st.run is not None and j.started:  # its processes' end
-                    self._stopped.append(stopped_end(st, j, now, seen, failed))
+                    itself = failed is None and ended_by_itself(
+                        own_end(self._checkpoint_file(*st.run).parent), j, st.term_refused
+                    )
+                    self._stopped.append(stopped_end(st, j, now, seen, failed, itself))
+                    if itself and j.exit_code == 0:  # it may complete its job (F3)
+                        self._completed.add(st.run[0])
             elif not st.cancelled and now - st.since >= st.grace_s:
                 try:
                     self._run(["scancel", slurm_id])
@@ -647,36 +652,25 @@ class SlurmExecutor:
                 except EngineError as err:
                     log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
         # 3. foreign jobs on any partition: their GPUs on the ledger's nodes are busy, they are
-        #    never touched
-        foreign: dict[str, set[int]] = {}
-        ours = {r.slurm_id for r in self._runs.values()} | set(self._stopping)
-        for j in self._view.values():
-            if j.slurm_id in ours:
-                continue
-            if j.tag(self.ledger_id) is not None:
-                if (
-                    j.partition == self.partition
-                    and not j.ended
-                    and j.slurm_id not in self._stopping
-                ):
-                    log.warning("slurm job %s is a run the ledger no longer runs: stopping it", j)
-                    tag = j.tag(self.ledger_id)
-                    assert tag is not None  # when its stop began: what is left of its grace
-                    # from its SIGTERM, when one was sent before the restart; none sent yet
-                    # (the service stopped between the cancel and carrying it out): the whole
-                    # grace from now, as the node agents give it (atk36-23 F2)
-                    since = noted_stop(self.log_dir, j.slurm_id)
-                    grace = self.job_grace(tag[0]) if j.grace_s is None else j.grace_s
-                    self._signal(j.slurm_id, now, grace, tag, since)
-                continue
-            holds = held_gpus(j, self._pinned)  # running, configuring, completing, ...
-            for node, idx in holds.items():
-                foreign.setdefault(node, set()).update(idx)
-            if holds and j.slurm_id not in self._foreign_seen:
+        #    never touched; runs of ours the ledger no longer runs are stopped
+        ours = {r.slurm_id for r in self._runs.values() if r.slurm_id} | set(self._stopping)
+        other = others(self._view.values(), ours, self.ledger_id, self.partition, self._pinned)
+        for j in other.strays:
+            log.warning("slurm job %s is a run the ledger no longer runs: stopping it", j)
+            tag = j.tag(self.ledger_id)
+            assert tag is not None  # when its stop began: what is left of its grace from its
+            # SIGTERM, when one was sent before the restart; none sent yet (the service
+            # stopped between the cancel and carrying it out): the whole grace from now, as the
+            # node agents give it (atk36-23 F2)
+            since = noted_stop(self.log_dir, j.slurm_id)
+            grace = self.job_grace(tag[0]) if j.grace_s is None else j.grace_s
+            self._signal(j.slurm_id, now, grace, tag, since)
+        for j, holds in other.holders:
+            if j.slurm_id not in self._foreign_seen:
                 self._foreign_seen.add(j.slurm_id)
                 log.info("foreign Slurm job %s (%s) holds GPUs %s", j.slurm_id, j.state,
                          dict(holds))  # fmt: skip
-        self._foreign = {n: frozenset(i) for n, i in foreign.items()}
+        self._foreign = dict(other.foreign)
 
     def _end_of(self, r: Run, j: SlurmJob, now: float) -> float:
         """When a run ended (`real_end`: Slurm's EndTime, unless it ended while slurmctld was
@@ -704,6 +698,7 @@ class SlurmExecutor:
             return
         del self._runs[r.job_id]
         self._completing.pop(j.slurm_id, None)
+        self._notes.pop(j.slurm_id, None)
         self._quarantine.hold(ending, j, placed_gpus(r.launch, j, self._pinned))
         log.info("job %s (Slurm job %s, NODE_FAIL) ended %s at %s: %s", r.job_id, j.slurm_id,
                  ending.reason, when(ending.at), ending.note)  # fmt: skip
@@ -715,7 +710,7 @@ class SlurmExecutor:
         """How a run Slurm ended NODE_FAIL really ended, from its marks (`node_fail_end`)."""
         return None if tag is None or j is None else node_fail_end(
             self._checkpoint_file(*tag).parent, launch, started_at, j, self._answering,
-            self.kill_wait_s, now, self.slurmd_timeout_s)  # fmt: skip
+            self.kill_wait_s, now, self.slurmd_timeout_s, self._notes)  # fmt: skip
 
     def _past_limit(self, r: Run, now: float) -> bool:
         """Whether a run has reached its limit and is not being stopped yet. The executor keeps

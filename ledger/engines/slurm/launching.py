@@ -12,6 +12,7 @@ start (a forged mark hides at most those seconds). An edge (it reads the marks).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import stat
@@ -27,9 +28,22 @@ CANNOT_ENTER = "cannot-enter"
 CANNOT_START = "cannot-start"
 END_RECORD = "ended"
 """The run's end record (`<exit code> <epoch seconds> <signalled 0|1>`), written by its batch
-script when the job's command exits (`words.batch_script`)."""
+script when the job's command exits (`script.batch_script`)."""
 SIGNALLED = "signalled"
 """Touched by the batch script at each signal the job gets (its mtime: the last one)."""
+STOPPING = "stopping"
+"""Made by the executor before its own stop's `scancel --signal=TERM --full` (which signals
+every process of the job): the batch script then passes no SIGTERM on to the command, which
+got its own (`script.batch_script`)."""
+
+
+def mark_stopping(run_dir: Path) -> None:
+    """Make the run's `STOPPING` mark (the service's, in the job user's directory: never
+    through a link, never over what is there). Best effort: without it the command gets the
+    stop's SIGTERM twice."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    with contextlib.suppress(OSError):
+        os.close(os.open(run_dir / STOPPING, flags, 0o644))
 
 
 def marked(run_dir: Path, mark: str) -> bool:
@@ -136,14 +150,21 @@ def node_fail_end(
     kill_wait_s: float,
     now: float,
     confirm_s: float = 0.0,
+    notes: dict[str, float] | None = None,
 ) -> Ending | None:
     """How a run Slurm ended NODE_FAIL really ended, from its marks (`ends.node_fail_ending`;
-    `answering`: node -> since when its slurmd answers); None while it may still run."""
+    `answering`: node -> since when its slurmd answers); None while it may still run. Its
+    signal note's time is the job user's to set (its mtime): it counts no later than the first
+    read that saw the note (`notes`: Slurm id -> that read, kept by the caller), so a note
+    dated in the future does not keep the run in doubt for good (atk38-24 F6)."""
     nodes = run_nodes(launch, j)
     since = [answering.get(n) for n in nodes]
     answered = max(s for s in since if s is not None) if nodes and None not in since else None
     started = started_at if started_at is not None else j.start_time
-    return node_fail_ending(own_end(run_dir), signalled_at(run_dir), marked(run_dir, LAUNCHED),
+    noted = signalled_at(run_dir)
+    if noted is not None and notes is not None:
+        noted = min(noted, notes.setdefault(j.slurm_id, now))
+    return node_fail_ending(own_end(run_dir), noted, marked(run_dir, LAUNCHED),
                             j.end_time, j.exit_code, started, answered, kill_wait_s,
                             now, confirm_s)  # fmt: skip
 

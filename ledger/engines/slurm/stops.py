@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ledger.core.state import State
 from ledger.cycle.executor import Exit, Launch
-from ledger.engines.slurm.ends import Ending, surely_gone
+from ledger.engines.slurm.ends import Ending, OwnEnd, surely_gone
 from ledger.engines.slurm.words import (
     SlurmJob,
     end_reason,
@@ -40,6 +40,26 @@ class Stopping:
     """The GPUs Slurm last showed it holding (node -> indices): held while it is in doubt."""
     in_doubt: bool = False
     """Slurm ended it NODE_FAIL and its processes may still live (`node_failed`)."""
+    term_refused: bool = False
+    """The stop's SIGTERM found it ended already (Slurm: an invalid or completed job)."""
+
+
+GONE_ALREADY = ("Invalid job id", "already complet")
+"""What `scancel` says of a job that has ended (Slurm 22.05: `Invalid job id specified`,
+`Job/step already completing or completed`)."""
+
+
+def ended_by_itself(own: OwnEnd | None, j: SlurmJob, term_refused: bool) -> bool:
+    """Pure: whether a stopped run's command ended by itself, before the stop's signal reached
+    it (atk38-24 F3: a job that completed just as the ledger preempted it was requeued and run
+    again): its own end record says so (no signal came first); without one (a compute node
+    that does not share the service's directory), Slurm ended it COMPLETED, exit 0, and the
+    stop's SIGTERM found it ended already. A job that catches SIGTERM, saves and exits 0 also
+    ends COMPLETED 0:0, signalled: it is requeued. The record is the job user's word: a forged
+    one can only end that user's own job `completed` rather than requeued."""
+    if own is not None:
+        return not own.signalled
+    return term_refused and j.state == "COMPLETED" and j.exit_code == 0
 
 
 def node_failed(st: Stopping, j: SlurmJob | None) -> bool:
@@ -58,13 +78,15 @@ def stopped_end(
     now: float,
     completing_seen: float | None = None,
     failed: Ending | None = None,
+    by_itself: bool = False,
 ) -> Exit:
     """Pure: a stopped run's real end as Slurm kept it (its EndTime, exit code and state), or,
     when its processes outlived the EndTime of a scancel (seen COMPLETING after it:
     `completing_seen`), the read that found them gone (`processes_end`). A run Slurm ended
     NODE_FAIL (`node_failed`) ended as `failed` says (`ends.node_fail_ending`: its own end
     record, else KillWait after Slurm's kill reached it, then killed), never at Slurm's
-    EndTime, which its processes outlive by up to KillWait."""
+    EndTime, which its processes outlive by up to KillWait. `by_itself`: its command ended
+    before the stop's signal reached it (`ended_by_itself`)."""
     assert st.run is not None
     end = processes_end(j.end_time, j.state, now, completing_seen)
     at = now if end is None else min(now, end)
@@ -74,7 +96,10 @@ def stopped_end(
     if failed is not None:
         at, code, note = min(now, failed.at), failed.exit_code, f"{note}; {failed.note}"
         state = "KILLED" if st.killed or failed.reason == "node_failure" else j.state
-    return Exit(st.run[0], code, at, "exited", j.slurm_id, state, note, run=st.run[1])
+    if by_itself and failed is None:
+        note += ", ended by itself before the stop reached it"
+    return Exit(st.run[0], code, at, "exited", j.slurm_id, state, note, run=st.run[1],
+                by_itself=by_itself and failed is None)  # fmt: skip
 
 
 def tagged(view: Mapping[str, SlurmJob], ledger_id: str, job_id: int, run: int) -> SlurmJob | None:

@@ -1,0 +1,222 @@
+"""A job that completes by itself just as the ledger stops it is recorded completed, never run
+again (atk38-24 F3: a Slurm job exiting 0 between the dispatcher's read and its `scancel` was
+recorded preempted, requeued and ran its whole command a second time). One core rule
+(`runs.completed_meanwhile`) for every engine: the stopped run's end says its command ended by
+itself (`ConfirmRunEnded.by_itself`: Slurm's own end record unsignalled, an agent's exit of a
+run it was not stopping), exit 0, and no later run has started. Logs written before (no
+`by_itself`) fold and decide as they did."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from ledger.core.decide import decide
+from ledger.core.evolve import evolve
+from ledger.core.state import State
+from ledger.cycle.executor import Exit
+from ledger.cycle.record import overtaken_command, stopped_commands
+from ledger.engines.slurm import SlurmExecutor
+from ledger.engines.slurm.ends import OwnEnd
+from ledger.engines.slurm.stops import Stopping, ended_by_itself, stopped_end
+from ledger.engines.slurm.tracked import Run
+from ledger.engines.slurm.words import parse_jobs
+from schemas import commands as c
+from schemas import events as e
+
+LID = "0123abcd4567"
+SLOT = e.GpuSlot(node="n1", gpu_indices=(0,))
+
+
+class _Domain:
+    def __init__(self, state: State) -> None:
+        self.s = state
+        self.clock = itertools.count(2000)
+        self.ids = (lambda n: lambda: f"x{next(n)}")(itertools.count(1))
+
+    def __call__(self, cmd: c.AnyCommand) -> list[e.AnyEvent]:
+        events = decide(self.s, cmd, float(next(self.clock)), self.ids)
+        for ev in events:
+            evolve(self.s, ev)
+        return events
+
+    def place(self, job: int, run: int = 0) -> None:
+        self(c.ApplyDecision(actor="@dispatcher", decision=c.DecisionBody(
+            cycle_id=f"c{job}.{run}", based_on=0, policy_version="test",
+            placements=(c.Placement(job_id=job, slots=(SLOT,)),))))  # fmt: skip
+
+    def start(self, job: int, run: int = 0) -> None:
+        self(c.StartJob(actor="@executor", job_id=job, engine="slurm",
+                        engine_job_id=f"7{run}", run=run))  # fmt: skip
+
+
+def _requeued(org_state: State) -> tuple[_Domain, int]:
+    """A resumable 1-GPU job, run 0 started on Slurm, then requeued by an admin."""
+    do = _Domain(org_state)
+    (sub,) = [ev for ev in do(c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1,
+                                          min_runtime_s=0, resumable=True))
+              if isinstance(ev, e.JobSubmitted)]  # fmt: skip
+    do.place(sub.job_id)
+    do.start(sub.job_id)
+    do(c.RequeueJob(actor="root", job_id=sub.job_id))
+    assert (sub.job_id, 0) in org_state.stopped_runs
+    return do, sub.job_id
+
+
+def _end(job: int, *, by_itself: bool, code: int = 0, run: int = 0) -> c.ConfirmRunEnded:
+    return c.ConfirmRunEnded(actor="@executor", job_id=job, engine="slurm", engine_job_id="70",
+                             run=run, ended_at=2001.5, exit_code=code,
+                             by_itself=by_itself)  # fmt: skip
+
+
+@pytest.mark.parametrize("placed_again", [False, True])
+def test_a_stopped_run_that_completed_by_itself_completes_its_job(
+    org_state: State, placed_again: bool
+) -> None:
+    do, job = _requeued(org_state)
+    if placed_again:  # its next run placed, not started (the executor holds it: F3)
+        do.place(job, 1)
+    events = do(_end(job, by_itself=True))
+    assert [type(ev) for ev in events] == [e.JobRunEnded, e.JobFinished]
+    run_end, fin = events
+    assert isinstance(run_end, e.JobRunEnded) and run_end.by_itself
+    assert isinstance(fin, e.JobFinished)
+    assert (fin.outcome, fin.reason, fin.exit_code, fin.ended_at) == (
+        "completed", "completed", 0, 2001.5)  # fmt: skip
+    assert job not in org_state.active and org_state.holders == {}
+
+
+@pytest.mark.parametrize(
+    ("case", "by_itself", "code"),
+    [("its end unknown (older engines, logs before)", False, 0),
+     ("it ended by itself but failed", True, 1)],
+)  # fmt: skip
+def test_otherwise_a_stopped_runs_end_is_only_recorded(
+    org_state: State, case: str, by_itself: bool, code: int
+) -> None:
+    do, job = _requeued(org_state)
+    events = do(_end(job, by_itself=by_itself, code=code))
+    assert [type(ev) for ev in events] == [e.JobRunEnded], case
+    assert org_state.jobs[job].status == "pending"
+
+
+def test_a_job_whose_next_run_started_is_not_completed_by_an_old_runs_end(
+    org_state: State,
+) -> None:
+    do, job = _requeued(org_state)
+    do.place(job, 1)
+    do.start(job, 1)
+    assert [type(ev) for ev in do(_end(job, by_itself=True))] == [e.JobRunEnded]
+    assert org_state.jobs[job].status == "running"
+
+
+def test_an_old_run_ended_record_decodes_without_by_itself() -> None:
+    old = (b'{"type":"job.run_ended.v1","event_id":"a","at":1.0,"actor":"@executor",'
+           b'"job_id":1,"engine":"slurm","engine_job_id":"7","run":0,"ended_at":1.0,'
+           b'"exit_code":0,"killed":false,"note":""}')  # fmt: skip
+    ev = msgspec.json.decode(old, type=e.AnyEvent)
+    assert isinstance(ev, e.JobRunEnded) and ev.by_itself is False
+
+
+# --- the engines' word -----------------------------------------------------------------------
+
+
+def _job(state: str, code: str = "0:0") -> str:
+    return (
+        f"JobId=70 JobName=gpuledger-1 UserId=bob(1001) JobState={state} Reason=None"
+        f" ExitCode={code} StartTime=2026-12-01T21:17:50 EndTime=2026-12-01T21:17:58"
+        f" Partition=gpuledger NodeList=vm Comment=gpuledger:{LID}:job=1:run=0 StdOut=/tmp/y"
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "own", "refused", "state", "want"),
+    [("its record: exit 0, no signal first", OwnEnd(0, 9.0, False), False, "COMPLETED", True),
+     ("its record: it caught the stop's TERM and saved", OwnEnd(0, 9.0, True), False,
+      "COMPLETED", False),
+     ("no record; the TERM found it ended, COMPLETED", None, True, "COMPLETED", True),
+     ("no record; the TERM reached it", None, False, "COMPLETED", False),
+     ("no record; the TERM found it ended, FAILED", None, True, "FAILED", False)],
+)  # fmt: skip
+def test_whether_a_stopped_run_ended_by_itself(
+    case: str, own: OwnEnd | None, refused: bool, state: str, want: bool
+) -> None:
+    (j,) = parse_jobs(_job(state, "0:0" if state == "COMPLETED" else "1:0"))
+    assert ended_by_itself(own, j, refused) is want, case
+    x = stopped_end(Stopping(1.0, run=(1, 0)), j, 2e9, by_itself=want)
+    assert x.by_itself is want and (stopped_commands([x], "slurm")[0].by_itself is want)
+
+
+class _Slurm(SlurmExecutor):
+    """The executor reading canned `scontrol` output; every scancel is refused as a job that
+    has ended (it completed between the read and the stop)."""
+
+    jobs = ""
+    sent: list[list[str]]
+
+    def _run(self, args: list[str], stdin: str | None = None, env: object = None) -> str:
+        self.sent.append(args)
+        if args[0] == "scancel":
+            from schemas.errors import EngineError
+
+            raise EngineError("scancel: error: Kill job error on job id 70: Invalid job id "
+                              "specified")  # fmt: skip
+        if args[0] == "sbatch":
+            return "71\n"
+        return "" if "node" in args else self.jobs
+
+
+def test_the_slurm_executor_says_a_stopped_run_completed_and_holds_its_next_run(
+    tmp_path: Path,
+) -> None:
+    """The run completes (its record: exit 0, unsignalled) just as the ledger requeues it and
+    places it again: the stop's SIGTERM finds it gone; the next read reports its end by itself
+    and submits nothing for the job in that read (the ledger records it completed first)."""
+    from ledger.cycle.executor import Launch, Orders
+
+    ex = _Slurm("gpuledger", LID, tmp_path)
+    ex.sent = []
+    ex._runs = {1: Run(1, 0, None, slurm_id="70", started=True)}
+    ex.jobs = _job("RUNNING")
+    ex.observe(100.0, {})
+    nxt = Launch(job_id=1, slots=(e.GpuSlot(node="vm", gpu_indices=(0,)),), command=("true",),
+                 duration_s=None, user="", account="ai2/olmo", run=1)  # fmt: skip
+    ex.carry_out(Orders(launches=(nxt,)), 100.5)  # requeued and placed again: run 0 stops
+    assert ex._stopping["70"].term_refused
+    record = ex._checkpoint_file(1, 0).with_name("ended")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text("0 1796305930.17 0\n")
+    ex.jobs = _job("COMPLETED")
+    seen = ex.observe(101.0, {})
+    (x,) = seen.stopped
+    assert (x.job_id, x.run, x.exit_code, x.by_itself) == (1, 0, 0, True)
+    assert not [a for a in ex.sent if a[0] == "sbatch"]  # held for the ledger's word
+    assert 1 in seen.running
+
+
+def test_an_exit_the_ledger_moved_past_is_the_stopped_runs_end(org_state: State) -> None:
+    """The run exited 0 before the executor was told to stop it (an admin's requeue between
+    two reads): the exit, which the ledger has moved past, is its stopped run's end, by
+    itself; the job completes."""
+    do, job = _requeued(org_state)
+    x = Exit(job, 0, 2001.5, "exited", "70", "COMPLETED", run=0)
+    cmd = overtaken_command(x, org_state, "slurm")
+    assert cmd is not None and cmd.by_itself and cmd.run == 0
+    assert [type(ev) for ev in do(cmd)] == [e.JobRunEnded, e.JobFinished]
+    assert overtaken_command(x, org_state, "slurm") is None  # recorded: awaited no more
+
+
+def test_an_agents_exit_of_a_run_it_was_not_stopping_is_by_itself(org_ledger: object) -> None:
+    from ledger.engines.agents import AgentExecutor
+    from ledger.store.application import Ledger
+    from schemas import agent as a
+
+    assert isinstance(org_ledger, Ledger)
+    ex = AgentExecutor(org_ledger, node_lost_after_s=60.0, grace_s=30.0)
+    gone = a.PartExited(job_id=5, run=0, exit_code=0, ended_at=10.0)
+    ex.receive(a.Report(node="n1", exited=(gone,)), 11.0)
+    (x,) = ex.observe(11.0, dict(org_ledger.state.nodes)).stopped
+    assert x.by_itself and x.exit_code == 0

@@ -1,0 +1,66 @@
+"""Slurm's own terminations reach the job's command (atk38-24 F2): at a node's DOWN, Slurm's
+TIMEOUT or a plain `scancel`, slurmd signals the batch shell alone; the ledger's batch script
+ate that SIGTERM (it notes it and waits for its command), so the command got nothing until the
+SIGKILL KillWait later, with no chance to checkpoint. The script now passes a SIGTERM on to the
+command, once; not when the executor's own stop (`scancel --signal=TERM --full`, its `stopping`
+mark made first) has signalled every process itself. The real script, in bash."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from ledger.cycle.executor import Launch
+from ledger.engines.slurm.script import batch_script
+from schemas.events import GpuSlot
+
+
+def _run(tmp_path: Path, *, stopping: bool, whole_job: bool) -> tuple[int, list[str], str]:
+    """The script of a command that logs each SIGTERM and ends 0 after ~2 s; SIGTERM'd once
+    0.5 s in, to the batch shell alone or to the job's every process (`whole_job`). Its exit,
+    the command's log lines and the end record."""
+    log = tmp_path / "terms"
+    command = ("bash", "-c", f"trap 'echo TERM >> {log}' TERM; for i in $(seq 20); do sleep 0.1;"
+               " done; exit 0")  # fmt: skip
+    job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), command, None, "alice", "ai2/olmo")
+    marks = {m: str(tmp_path / m) for m in ("launched", "ended", "signalled", "stopping")}
+    script = tmp_path / "batch"
+    script.write_text(batch_script(job, launched_file=marks["launched"],
+                                   ended_file=marks["ended"], signalled_file=marks["signalled"],
+                                   stopping_file=marks["stopping"]))  # fmt: skip
+    if stopping:
+        Path(marks["stopping"]).touch()
+    bash = subprocess.Popen(["/bin/bash", str(script)], start_new_session=True)
+    try:
+        time.sleep(0.5)
+        assert bash.poll() is None
+        if whole_job:
+            os.killpg(bash.pid, signal.SIGTERM)
+        else:
+            os.kill(bash.pid, signal.SIGTERM)
+        code = bash.wait(timeout=20)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bash.pid, signal.SIGKILL)
+    lines = log.read_text().split() if log.exists() else []
+    return code, lines, Path(marks["ended"]).read_text()
+
+
+def test_slurms_term_to_the_batch_shell_reaches_the_command_once(tmp_path: Path) -> None:
+    code, terms, record = _run(tmp_path, stopping=False, whole_job=False)
+    assert terms == ["TERM"]
+    assert code == 0 and record.split()[::2] == ["0", "1"]  # its own code; the signal noted
+
+
+@pytest.mark.parametrize("whole_job", [True, False])
+def test_the_executors_own_stop_is_not_passed_on_again(tmp_path: Path, whole_job: bool) -> None:
+    """Its `stopping` mark: the command got the stop's SIGTERM from Slurm (every process), so
+    the script passes none on; Slurm's plain `scancel` after the grace neither."""
+    code, terms, _ = _run(tmp_path, stopping=True, whole_job=whole_job)
+    assert terms == (["TERM"] if whole_job else []) and code == 0
