@@ -85,11 +85,6 @@ class Front:
         self.anonymous = _anonymous_levels(connections)
         self.accounts = Rates(limits.account_per_s, 2 * limits.account_per_s, ACCOUNT_WAIT_S)
 
-    @property
-    def rates(self) -> Rates:
-        """The per-source bucket of requests without a token."""
-        return self.anonymous.rates[0]
-
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         conn: Connection | None = scope.get(CONN) if scope["type"] == "http" else None
         if conn is None:
