@@ -191,7 +191,9 @@ def serve(home: Path) -> tuple[subprocess.Popen[bytes], int, Path]:
     with open(log, "wb") as f:
         proc = subprocess.Popen(
             [GPULEDGER, "serve", "--listen", "127.0.0.1:0", "--interval", "1h"],
-            env=dict(os.environ, GPULEDGER_HOME=str(home)),
+            # the submit path itself, not one account's request meter (50 a second by default,
+            # docs/server.md "Connections"): set GPULEDGER_REQUEST_RATE to measure with it
+            env={"GPULEDGER_REQUEST_RATE": "1000000", **os.environ, "GPULEDGER_HOME": str(home)},
             stdout=f,
             stderr=f,
         )

@@ -85,11 +85,13 @@ def valid(state: State, secret: str, now: float) -> Token | None:
     return token
 
 
-def account(state: State, token: Token) -> str:
-    """Pure: whose connections a token's calls are (docs/server.md, "Connections"): a job
-    token's, its job's owner's (every user may mint one for each job of theirs: counted each
-    as its own, one user with 64 running jobs held 1,024 connections, atk37-25 F1); any other,
-    the actor it acts as (a user, a node)."""
+def owner(state: State, token: Token) -> str:
+    """Pure: whose jobs a token's connections also count against (docs/server.md,
+    "Connections"): a job token's, its job's owner's jobs' (every user may mint one for each
+    job of theirs: counted each as its own account, one user with 64 running jobs held 1,024
+    connections, atk37-25 F1; counted as the owner's own, a manager's job tokens for a
+    member's job locked the member out of the API, atk38-25 F6); any other, the actor it acts
+    as (a user, a node)."""
     if token.scope == "job" and token.scope_job is not None:
         job = state.jobs.get(token.scope_job)
         if job is not None:

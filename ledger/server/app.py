@@ -40,6 +40,7 @@ from ledger.server import metrics as m
 from ledger.server.agent_api import agent_routes
 from ledger.server.cache import ReadCache
 from ledger.server.commands import CommandPath
+from ledger.server.front import Front
 from ledger.server.ha import POSITION_HEADER
 from ledger.server.pages import LivePreview
 from ledger.server.readpool import ReadPool, limits_from_env
@@ -181,12 +182,14 @@ def error_response(err: Exception) -> Response[api.Problem]:
     return _internal(None, err)  # type: ignore[arg-type]
 
 
-def create_asgi(worker: Worker, *, clock: Callable[[], float]) -> connections.Front:
+def create_asgi(
+    worker: Worker, *, clock: Callable[[], float], limits: connections.Limits | None = None
+) -> Front:
     """What `serve` serves: the Litestar app behind the command routes' hot path, its writes
     under way counted (the reads give way to them: `pooled.paged`), behind the connections'
     limits (`ledger.server.connections`: each caller's connections capped, a read's admission
-    held until its answer is sent)."""
-    return _build(worker, clock)[1]
+    held until its answer is sent; `limits`: the environment's when None)."""
+    return _build(worker, clock, limits)[1]
 
 
 def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
@@ -194,10 +197,12 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
     return _build(worker, clock)[0]
 
 
-def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, connections.Front]:
+def _build(
+    worker: Worker, clock: Callable[[], float], limits: connections.Limits | None = None
+) -> tuple[Litestar, Front]:
     ledger = worker.service.ledger
     writes = pooled.Writes()
-    conns = connections.Connections(connections.limits_from_env())
+    conns = connections.Connections(limits or connections.limits_from_env())
 
     def whose_uid(uid: int | None) -> tuple[str, bool]:
         """A socket peer's account, and whether it is the host's admin: root or a ledger
@@ -418,7 +423,12 @@ def _build(worker: Worker, clock: Callable[[], float]) -> tuple[Litestar, connec
     writes.app = CommandPath(
         app, worker, identify, SERVED_COMMANDS, metrics.observe_api, error_response, writes
     )
-    return app, connections.Front(writes, identify, conns)
+
+    def unmetered(caller: ident.Identity) -> bool:
+        """The ledger's admins and the nodes' agents are never metered (`front.Front`)."""
+        return caller.actor.startswith("@node:") or ledger.state.is_admin(caller.actor)
+
+    return app, Front(writes, identify, conns, unmetered)
 
 
 ON_WORKER = frozenset({"projection"})

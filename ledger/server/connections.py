@@ -27,22 +27,20 @@ until the process ran out of descriptors, when everyone's submits failed (issue 
   more on the socket that no one else takes (local accounts together filled the socket's
   reserve: F2). `per_person` (`GPULEDGER_CONNECTIONS_PER_PERSON`, 16) of one *account*,
   claimed or not, the next answered 429 with Retry-After and closed, while everyone else is
-  served: a person's tokens and the job tokens of their jobs are one account (a job token
-  was an account of its own: one user with 64 running jobs held 1,024 connections, F1), a
-  node token its node's, and a Unix-socket connection is its OS account's from the moment it
-  opens (its user name, or `uid N` with none); and `per_address`
+  served: a person's tokens are one account, a job's tokens its job's with `per_job`
+  (`GPULEDGER_CONNECTIONS_PER_JOB`, 4: counted as their owner's, a manager's job tokens for a
+  member's job locked her out, atk38-25 F6; each its own at 16, one user with 64 running jobs
+  held 1,024, atk37-25 F1), a node token its node's, and a Unix-socket connection is its OS
+  account's from the moment it opens (its user name, or `uid N` with none); and `per_address`
   (`GPULEDGER_CONNECTIONS_PER_ADDRESS`, 64) of one TCP source (an address, an IPv6 address's
   /64) that are no one's yet (no request with a valid token); the next waits 2 s for a first
   request with a valid token, else 429 and closed: no address without a token holds it all.
-- **Requests of no one are metered**: a request without a valid token (`/v1/health`, the
-  OpenAPI document, the dashboard's page shells, a 401, a 404) takes from its source's bucket
-  of `anonymous_burst` filling at `anonymous_per_s` (`GPULEDGER_ANONYMOUS_RATE`, 20 a second,
-  twice that at once); past it, it waits for its turn, at most a second, and past that it is
-  answered 429 with Retry-After, held `REFUSED_HOLD_S` (`Rates`: an outsider looping them
-  slowed everyone's submits ~10x: atk36-25 F6). Identified requests never take from it.
+  `serve` fits the caps to its open files (`fit_files`).
+- **Requests are metered** (`ledger.server.front`): one without a valid token by its
+  source's, its prefix's and everyone's buckets; one with a token by its account's.
 
-`Tally` is pure, as `meters.Rates` and `meters.Progress` are; `Connection`, `Connections` and
-`Front` are the edge: the event loop's transports and the ASGI front.
+`Tally` is pure, as `meters.Rates` and `meters.Progress` are; `Connection` and `Connections`
+are the edge: the event loop's transports.
 """
 
 from __future__ import annotations
@@ -50,17 +48,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import ipaddress
 import logging
-import math
 import os
 import socket
 import struct
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.server.meters import Progress, Rates
+from ledger.server.meters import Progress
 from schemas.errors import InvalidCommand, LedgerError, TooBusy, Unavailable
 
 MAX_CONNECTIONS_ENV = "GPULEDGER_MAX_CONNECTIONS"
@@ -70,6 +68,10 @@ LOCAL_ENV = "GPULEDGER_LOCAL_CONNECTIONS"
 ADMIN_ENV = "GPULEDGER_ADMIN_CONNECTIONS"
 PER_ADDRESS_ENV = "GPULEDGER_CONNECTIONS_PER_ADDRESS"
 ANONYMOUS_RATE_ENV = "GPULEDGER_ANONYMOUS_RATE"
+ANONYMOUS_PREFIX_ENV = "GPULEDGER_ANONYMOUS_PREFIX_RATE"
+ANONYMOUS_TOTAL_ENV = "GPULEDGER_ANONYMOUS_TOTAL_RATE"
+REQUEST_RATE_ENV = "GPULEDGER_REQUEST_RATE"
+PER_JOB_ENV = "GPULEDGER_CONNECTIONS_PER_JOB"
 CONN = "gpuledger.connection"
 """The scope key of the request's `Connection` (set by the server's protocol)."""
 
@@ -89,6 +91,16 @@ class Limits:
     """Connections of one TCP source that are no one's yet (no request with a valid token)."""
     anonymous_per_s: float = 20.0
     """Requests without a valid token a source may make a second (twice it at once)."""
+    anonymous_prefix_per_s: float = 40.0
+    """Those of one address prefix (`prefix_of`: an IPv4 /24, an IPv6 /48) together."""
+    anonymous_total_per_s: float = 100.0
+    """Those of everyone together (atk38-25 F2: 64 addresses made 1,475 a second)."""
+    account_per_s: float = 50.0
+    """Requests of one account a second (twice it at once), whatever their route: past a
+    quarter second's wait, 429 (admins and nodes are not metered: `Front`)."""
+    per_job: int = 4
+    """Connections of one job's tokens (`@job:N`): its own allowance, not its owner's
+    `per_person` (a manager's job tokens for a member's job locked her out: atk38-25 F6)."""
     token_wait_s: float = 2.0
     """How long a connection past its source's `per_address` has to send its first request's
     headers (`Tally.opened`: "waiting"): admitted only if that request has a valid token."""
@@ -107,6 +119,34 @@ class Limits:
     @property
     def anonymous_burst(self) -> float:
         return 2 * self.anonymous_per_s
+
+    def cap(self, account: str) -> int:
+        """The connections `account` may hold: a job's `per_job`, anyone else's `per_person`."""
+        return self.per_job if account.startswith("@job:") else self.per_person
+
+
+def fit_files(limits: Limits, files: int, spare: int) -> Limits:
+    """`limits` with every cap inside `files` open descriptors, `spare` of them kept for the
+    server's own: as they are when `Limits.most` fits; else the admins' reserve, then the
+    socket's, then TCP's cap shrunk to what is left (at most an eighth each for the two
+    reserves), so the caps, not the descriptors, run out first and the admins' reserve is real
+    (caps of 1,104 under a hard limit of 1,024: 17 tokenless addresses took every descriptor
+    and root's `status` on the socket was reset, atk38-25 F7). InvalidCommand when fewer than
+    16 TCP connections would fit. Pure."""
+    room = files - spare
+    if room >= limits.most:
+        return limits
+    admin = min(limits.admin_reserve, max(1, room // 8))
+    local = min(limits.local_reserve, max(1, room // 8))
+    tcp = room - admin - local
+    if tcp < 16:
+        raise InvalidCommand(
+            f"open files limited to {files}: too few for the server's connections",
+            hint=f"raise the limit (LimitNOFILE=) to at least {spare + admin + local + 16}",
+        )
+    return dataclasses.replace(
+        limits, max_connections=tcp, local_reserve=local, admin_reserve=admin
+    )
 
 
 def positive_settings(
@@ -145,6 +185,10 @@ def limits_from_env(env: dict[str, str] | None = None) -> Limits:
                 (ADMIN_ENV, "admin_reserve", int),
                 (PER_ADDRESS_ENV, "per_address", int),
                 (ANONYMOUS_RATE_ENV, "anonymous_per_s", float),
+                (ANONYMOUS_PREFIX_ENV, "anonymous_prefix_per_s", float),
+                (ANONYMOUS_TOTAL_ENV, "anonymous_total_per_s", float),
+                (REQUEST_RATE_ENV, "account_per_s", float),
+                (PER_JOB_ENV, "per_job", int),
             ),
         )
     )
@@ -164,6 +208,17 @@ def source_of(peer: Any) -> str:
             return str(addr.ipv4_mapped)
         return str(ipaddress.IPv6Network((addr, 64), strict=False))
     return str(addr)
+
+
+def prefix_of(source: str) -> str:
+    """The address prefix a source's requests without a token are also counted by: an IPv4
+    address's /24, an IPv6 source's /48 (one site); anything else (`uid N`) itself. Pure."""
+    try:
+        net = ipaddress.ip_network(source, strict=False)
+    except ValueError:
+        return source
+    bits = 24 if net.version == 4 else 48
+    return str(net.supernet(new_prefix=bits)) if net.prefixlen > bits else str(net)
 
 
 def local_source(uid: int | None) -> str:
@@ -203,6 +258,9 @@ class Tally:
     """Of `open`, the Unix socket's."""
     owner: dict[int, str] = field(default_factory=dict)
     people: dict[str, set[int]] = field(default_factory=dict)
+    pool_of: dict[int, str] = field(default_factory=dict)
+    """Each connection of a job token: its job's owner's jobs' pool (`claim`), and by pool:"""
+    pools: dict[str, set[int]] = field(default_factory=dict)
     source: dict[int, str] = field(default_factory=dict)
     """Each TCP connection no one has claimed yet: its source; and those by source:"""
     sources: dict[str, set[int]] = field(default_factory=dict)
@@ -232,7 +290,7 @@ class Tally:
         if tcp_full or len(self.open) >= room:
             return "server_full"
         if local:
-            if len(self.people.get(source, ())) >= lim.per_person:
+            if len(self.people.get(source, ())) >= lim.cap(source):
                 return "per_person"
             self.open.add(conn)
             self.local.add(conn)
@@ -270,18 +328,26 @@ class Tally:
         A waiting connection's with one goes on to `claim`, which makes it that account's."""
         return person is not None or conn not in self.waiting
 
-    def claim(self, conn: int, person: str) -> bool:
-        """`conn`'s request is `person`'s: False (left as it was) when `person` holds
-        `per_person` other connections."""
+    def claim(self, conn: int, person: str, pool: str | None = None) -> bool:
+        """`conn`'s request is `person`'s (`pool`: a job token's, its owner's jobs' pool,
+        `Identity.pool`): False (left as it was) when `person` holds its cap
+        (`Limits.cap`) of other connections, or `pool` `per_person` (a job's tokens have
+        `per_job`, an owner's jobs together `per_person`, never their owner's own: atk38-25
+        F6; each job its own 16, one user's 64 jobs held 1,024, atk37-25 F1)."""
         if self.owner.get(conn) == person:
             return True
         held = self.people.get(person, set())
-        if len(held) >= self.limits.per_person:
+        if len(held) >= self.limits.cap(person):
+            return False
+        if pool is not None and len(self.pools.get(pool, ())) >= self.limits.per_person:
             return False
         self._release(conn)
         self._unsourced(conn)
         self.owner[conn] = person
         self.people.setdefault(person, set()).add(conn)
+        if pool is not None:
+            self.pool_of[conn] = pool
+            self.pools.setdefault(pool, set()).add(conn)
         return True
 
     def hold_refusal(self, conn: int, person: str) -> bool:
@@ -290,7 +356,7 @@ class Tally:
         then out of its TCP source's count (held there, a person looping refusals filled their
         address's `per_address` for everyone at it); False past them (answered at once)."""
         held = self.refusing.setdefault(person, set())
-        if len(held) >= self.limits.per_person:
+        if len(held) >= self.limits.cap(person):
             if not held:
                 del self.refusing[person]
             return False
@@ -312,12 +378,13 @@ class Tally:
                 del self.refusing[person]
 
     def _release(self, conn: int) -> None:
-        person = self.owner.pop(conn, None)
-        if person is not None:
-            held = self.people[person]
-            held.discard(conn)
-            if not held:
-                del self.people[person]
+        for key, by in ((self.owner.pop(conn, None), self.people),
+                        (self.pool_of.pop(conn, None), self.pools)):  # fmt: skip
+            if key is not None:
+                held = by[key]
+                held.discard(conn)
+                if not held:
+                    del by[key]
 
     def _unheard(self, conn: int, source: str) -> None:
         unheard = self.unheard.get(source)
@@ -346,8 +413,14 @@ class Counts:
     refused_person: int = 0
     refused_address: int = 0
     refused_anonymous: int = 0
-    """Requests without a valid token refused 429 (`Rates`), and those that waited their turn:"""
+    """Requests without a valid token refused 429 (`front.Front`), by the bucket that refused
+    them (their source's, prefix's, everyone's), and those that waited their turn:"""
+    refused_anonymous_by: list[int] = field(default_factory=lambda: [0, 0, 0])
     delayed_anonymous: int = 0
+    refused_account: int = 0
+    """Requests with a valid token refused 429 for their account's rate, and those that waited
+    their turn:"""
+    delayed_account: int = 0
     dropped_stalled: int = 0
     dropped_no_request: int = 0
     dropped_no_body: int = 0
@@ -672,76 +745,6 @@ def _holding() -> Iterator[Held]:
         _HELD.reset(token)
 
 
-class Front:
-    """ASGI, in front of the app: each request's caller claims its connection (`Tally.claim`:
-    past `per_person`, 429 and closed), and what the request held until sent
-    (`release_after_sent`: its read admission) is released once the answer has left the
-    server's buffers."""
-
-    def __init__(
-        self,
-        app: Any,
-        identify: Callable[[Any, str | None], Any],
-        connections: Connections,
-    ) -> None:
-        self.app = app
-        self.identify = identify
-        self.connections = connections
-        limits = connections.limits
-        self.rates = Rates(limits.anonymous_per_s, limits.anonymous_burst)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        conn: Connection | None = scope.get(CONN) if scope["type"] == "http" else None
-        if conn is None:
-            await self.app(scope, receive, send)
-            return
-        person = self._person(scope)
-        tally = self.connections.tally
-        if not tally.first_request(id(conn), person):  # past its address's cap, no token
-            self.connections.counts.refused_address += 1
-            await _send_answer(send, self.connections.address_busy(conn.source))
-            return
-        if person is not None and not tally.claim(id(conn), person):
-            self.connections.counts.refused_person += 1
-            if tally.hold_refusal(id(conn), person):  # like every 429 (atk37-25 F5)
-                await asyncio.sleep(REFUSED_HOLD_S)
-            await _too_many(send, person, self.connections.limits.per_person)
-            return
-        if person is None:  # no one's: metered by its source (atk36-25 F6)
-            now = asyncio.get_running_loop().time()
-            wait = self.rates.take(conn.source, now)
-            if wait is None:
-                self.connections.counts.refused_anonymous += 1
-                await asyncio.sleep(REFUSED_HOLD_S)
-                retry = self.rates.retry_in(conn.source, now)
-                await _anonymous_too_many(send, conn.source, self.rates.per_s, retry)
-                return
-            if wait > 0:
-                self.connections.counts.delayed_anonymous += 1
-                await asyncio.sleep(wait)
-        with _holding() as holds:
-            try:
-                await self.app(scope, receive, send)
-                if holds.releases:
-                    await conn.sent()
-            finally:
-                for release in holds.releases:
-                    release()
-
-    def _person(self, scope: Any) -> str | None:
-        """The account the request's caller counts against (`Identity.whose`), or None."""
-        from ledger.server.identity import PEER_UID
-
-        bearer = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                bearer = bytes(value).decode("latin-1")
-        try:
-            return str(self.identify(scope.get(PEER_UID), bearer).whose)
-        except Exception:  # no identity: the app answers it (401) as before
-            return None
-
-
 REFUSED_HOLD_S = 0.25
 """How long a refused request (429: a read past its admission, `pooled`; a request of no one's
 past its source's rate, or an account's connection past its `per_person`, up to `per_person`
@@ -749,35 +752,6 @@ of them at once: `Tally.hold_refusal`; `Front`) waits before its answer is sent:
 loops its refusals without heeding Retry-After makes a few a second per connection, and the
 event loop, where the submits are committed, spends nothing on them meanwhile
 (docs/security.md, row T5)."""
-
-
-async def _too_many(send: Callable[[Any], Awaitable[None]], person: str, cap: int) -> None:
-    err = TooBusy(
-        f"{person!r} has {cap} connections open already",
-        hint="close some, or send your requests on fewer",
-        retry_after=1,
-    )
-    await _send_answer(send, answer(429, "Too Many Requests", err, 1))
-
-
-async def _anonymous_too_many(
-    send: Callable[[Any], Awaitable[None]], source: str, per_s: float, wait: float
-) -> None:
-    retry = max(1, math.ceil(wait))
-    err = TooBusy(
-        f"{source} sent more than {per_s:g} requests a second without a valid token",
-        hint=f"retry in {retry} s, or send your token",
-        retry_after=retry,
-    )
-    await _send_answer(send, answer(429, "Too Many Requests", err, retry))
-
-
-async def _send_answer(send: Callable[[Any], Awaitable[None]], whole: bytes) -> None:
-    """A whole answer (`answer`) sent through ASGI."""
-    head, _, body = whole.partition(b"\r\n\r\n")
-    headers = [tuple(line.split(b": ", 1)) for line in head.split(b"\r\n")[1:]]
-    await send({"type": "http.response.start", "status": 429, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 def answer(status: int, phrase: str, err: LedgerError, retry_after: int | None) -> bytes:

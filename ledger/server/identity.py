@@ -32,14 +32,24 @@ class Identity:
     actor: str
     via: str
     """"token:<id>" or "peer:<uid>"."""
-    account: str = ""
-    """Whose connections its calls are (`tokens.account`: a job token's job's owner's), when
-    not `actor`'s."""
+    jobs_of: str = ""
+    """A job token's: the job's owner, whose jobs' tokens share one allowance (`whose`)."""
 
     @property
     def whose(self) -> str:
-        """The account its connections count against (docs/server.md, "Connections")."""
-        return self.account or self.actor
+        """The account its connections and requests count against (docs/server.md,
+        "Connections"): its actor, a user, a node (`@node:N`) or a job (`@job:N`: a job's
+        tokens have an allowance of their own, `GPULEDGER_CONNECTIONS_PER_JOB`, and all the
+        jobs of one owner together `pool`'s; counted as the job's owner's own, a manager's job
+        tokens for a member's job locked her out of the API, atk38-25 F6; each token its own,
+        one user's 64 jobs held 1,024, atk37-25 F1)."""
+        return self.actor
+
+    @property
+    def pool(self) -> str | None:
+        """The allowance its connections count against beside `whose`'s: a job token's, its
+        job's owner's jobs' together (`Tally.claim`); None for any other."""
+        return f"jobs of {self.jobs_of}" if self.jobs_of else None
 
 
 def _denied() -> NotAuthenticated:
@@ -65,9 +75,8 @@ def from_bearer(state: State, header: str | None, now: float) -> Identity:
     token = tokens.valid(state, header[len("Bearer ") :].strip(), now)
     if token is None:
         raise _denied()
-    return Identity(
-        actor=token.acts_as, via=f"token:{token.token_id}", account=tokens.account(state, token)
-    )
+    jobs_of = tokens.owner(state, token) if token.scope == "job" else ""
+    return Identity(actor=token.acts_as, via=f"token:{token.token_id}", jobs_of=jobs_of)
 
 
 def peer_uid(sock: socket.socket) -> int | None:

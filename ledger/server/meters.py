@@ -1,6 +1,8 @@
 """The pure meters of the server's connections (`ledger.server.connections`, docs/server.md
-"Connections"): `Rates`, each source's bucket of requests without a valid token, and
-`Progress`, whether a connection's send has stalled. Pure: `now` is a parameter."""
+"Connections"): `Rates`, a bucket of requests per key (a source's without a valid token, an
+account's), `Levels`, several buckets a request takes from at once (its address's, its
+prefix's, everyone's without a token), and `Progress`, whether a connection's send has
+stalled. Pure: `now` is a parameter."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ class Rates:
         would wait longer than `max_wait_s` (refused, nothing taken: `retry_in` says when to
         ask again)."""
         left = self._left(source, now)
-        wait = max(0.0, (1 - left) / self.per_s)
+        wait = self.retry_in(source, now)
         if wait > self.max_wait_s:
             self.level[source] = (left, now)
             return None
@@ -48,6 +50,36 @@ class Rates:
         for who, (left, at) in list(self.level.items()):
             if left + (now - at) * self.per_s >= self.burst:
                 del self.level[who]
+
+
+@dataclass
+class Levels:
+    """Buckets a request takes from together, one key each (its address's, its address
+    prefix's, everyone's: `Front`'s requests without a valid token): it waits for its turn in
+    the slowest, and is refused, taking from none, when any would make it wait past its
+    `max_wait_s` (many addresses each under their own rate took, together, the worker's whole
+    time from everyone with a token: atk38-25 F2). Pure: `now` is a parameter."""
+
+    rates: tuple[Rates, ...]
+
+    def take(self, keys: tuple[str, ...], now: float) -> float | None:
+        """The seconds the request of `keys` (one per bucket) waits (taken from each), or None
+        (refused, nothing taken: `refusing` says which bucket)."""
+        if self.refusing(keys, now) is not None:
+            return None
+        waits = [rates.take(key, now) for rates, key in zip(self.rates, keys, strict=True)]
+        return max((w for w in waits if w is not None), default=0.0)
+
+    def refusing(self, keys: tuple[str, ...], now: float) -> int | None:
+        """The first bucket that would refuse the request of `keys` (its index), or None."""
+        for i, (rates, key) in enumerate(zip(self.rates, keys, strict=True)):
+            if rates.retry_in(key, now) > rates.max_wait_s:
+                return i
+        return None
+
+    def retry_in(self, keys: tuple[str, ...], now: float) -> float:
+        """The seconds until a request of `keys` would be taken at once by every bucket."""
+        return max(r.retry_in(k, now) for r, k in zip(self.rates, keys, strict=True))
 
 
 PRUNE_AT = 4096

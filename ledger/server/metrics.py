@@ -631,11 +631,26 @@ class ConnectionCounts(Collector):
         refused.add_metric(["per_person"], c.counts.refused_person)
         refused.add_metric(["per_address"], c.counts.refused_address)
         refused.add_metric(["anonymous_rate"], c.counts.refused_anonymous)
+        refused.add_metric(["account_rate"], c.counts.refused_account)
         yield refused
+        by = CounterMetricFamily(
+            "gpuledger_connections_anonymous_refused",
+            "Requests without a valid token refused (429), by the bucket that refused them.",
+            labels=["bucket"],
+        )
+        buckets = ("address", "prefix", "everyone")
+        for bucket, n in zip(buckets, c.counts.refused_anonymous_by, strict=True):
+            by.add_metric([bucket], n)
+        yield by
         yield CounterMetricFamily(
             "gpuledger_connections_anonymous_delayed",
             "Requests without a valid token that waited their turn (the source's rate).",
             value=c.counts.delayed_anonymous,
+        )
+        yield CounterMetricFamily(
+            "gpuledger_connections_account_delayed",
+            "Requests with a valid token that waited their account's turn.",
+            value=c.counts.delayed_account,
         )
         dropped = CounterMetricFamily(
             "gpuledger_connections_dropped",

@@ -53,7 +53,10 @@ from ledger.server.connections import (
     HEADERS_MAX_BYTES,
     Connection,
     Connections,
+    Limits,
     answer,
+    fit_files,
+    limits_from_env,
     source_of,
 )
 from ledger.server.ha import HAFront, Leadership
@@ -410,9 +413,8 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     if not service.placing:
         log.warning("no executor (--executor none): nothing is placed; jobs wait in the queue")
     worker = Worker(service, tick_s=config.interval.seconds, max_batch=config.max_batch)
-    front = create_asgi(worker, clock=ledger.clock.now)
-    limits = front.connections.limits
-    _enough_descriptors(limits.most)
+    limits = _fit_descriptors(limits_from_env())
+    front = create_asgi(worker, clock=ledger.clock.now, limits=limits)
     app: Any = front
     if ha is not None:
         worker.ha = ha
@@ -479,29 +481,38 @@ SPARE_FDS = 256
 projection, the agents' state files, subprocesses' pipes)."""
 
 
-def _enough_descriptors(max_connections: int) -> None:
-    """Raise this process's soft limit of open files so that `max_connections` connections
-    (`Limits.most`: every connection the caps let be open at once, both listeners' and the
-    admins' reserve; `ledger.server.connections`) and the server's own files fit (at most to
-    the hard limit; a warning when they do not: the cap would not keep the process from
-    running out, and a person's connections past it would make everyone's accept fail, issue
-    25)."""
+def _fit_descriptors(limits: Limits) -> Limits:
+    """The connections' caps fitted to this process's open files: its soft limit raised to
+    the hard one first (or, with no hard limit, to what the caps want), then every cap sized
+    from what it got (`connections.fit_files`: `SPARE_FDS` kept for the server's own, the
+    admins' reserve kept), and what it chose said in the log. (Kept at 1,104 under a hard
+    limit of 1,024 with only a warning, the caps never applied: 17 tokenless addresses took
+    every descriptor and root's `status` on the socket was reset, atk38-25 F7.)"""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = max_connections + SPARE_FDS
-    if soft != resource.RLIM_INFINITY and soft < want:
-        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    want = limits.most + SPARE_FDS
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        for new in (hard, max(soft, want)):
+            if new == resource.RLIM_INFINITY:
+                continue
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            except (ValueError, OSError):
+                continue
             soft = new
-    if soft != resource.RLIM_INFINITY and soft < want:
-        log.warning(
-            "open files limited to %d: fewer than the connections' caps (%d: "
-            "GPULEDGER_MAX_CONNECTIONS + GPULEDGER_LOCAL_CONNECTIONS + "
-            "GPULEDGER_ADMIN_CONNECTIONS) + %d; lower them or raise the limit (LimitNOFILE=)",
-            soft, max_connections, SPARE_FDS,
-        )  # fmt: skip
+            break
+    files = want if soft == resource.RLIM_INFINITY else soft
+    fitted = fit_files(limits, files, SPARE_FDS)
+    log.info(
+        "open files: %d; connections: %d over TCP, %d more on the Unix socket, %d more for the "
+        "host's admins there%s",
+        files, fitted.max_connections, fitted.local_reserve, fitted.admin_reserve,
+        "" if fitted == limits else (
+            f" (lowered from {limits.max_connections}, {limits.local_reserve} and "
+            f"{limits.admin_reserve} to fit the open files; raise LimitNOFILE= for more)"),
+    )  # fmt: skip
+    return fitted
 
 
 RUNS = ("local", "agents", "slurm")

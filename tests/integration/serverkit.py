@@ -4,6 +4,7 @@ ledger set up with people in every role and a token for each."""
 from __future__ import annotations
 
 import atexit
+import functools
 import http.client
 import json
 import os
@@ -123,11 +124,16 @@ class Server:
 
 
 def start_server(
-    home: Path, *args: str, log_name: str = "serve.log", env: dict[str, str] | None = None
+    home: Path,
+    *args: str,
+    log_name: str = "serve.log",
+    env: dict[str, str] | None = None,
+    files: int | None = None,
 ) -> Server:
     """`gpuledger serve` on `home`: with `--executor record` (placements recorded, nothing runs)
     unless `args` name an executor; the tests' users are ledger names, so with an executor that
-    runs processes the jobs run as the service's account unless `args` say `--run-as`."""
+    runs processes the jobs run as the service's account unless `args` say `--run-as`.
+    `files`: the server's soft and hard limits of open files (as systemd's `LimitNOFILE=`)."""
     if "--executor" not in args:
         args = ("--executor", "record", *args)
     elif "--run-as" not in args and not {"none", "record"} & set(args):
@@ -139,6 +145,7 @@ def start_server(
             env=env_for(home, **(env or {})),
             stdout=out,
             stderr=out,
+            preexec_fn=None if files is None else functools.partial(_limit_files, files),
         )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -151,6 +158,12 @@ def start_server(
         time.sleep(0.05)
     proc.kill()
     raise AssertionError(f"serve did not start:\n{log_path.read_text()}")
+
+
+def _limit_files(files: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
 
 
 def init_on_store(

@@ -121,7 +121,7 @@ def test_a_tcp_source_is_its_address_and_an_ipv6_one_its_64(peer: object, want: 
 
 def test_requests_of_no_one_take_from_their_sources_bucket() -> None:
     """atk36-25 F6: an outsider looping /v1/health or 401s had no admission at all."""
-    r = cn.Rates(per_s=4.0, burst=8.0, max_wait_s=1.0)
+    r = meters.Rates(per_s=4.0, burst=8.0, max_wait_s=1.0)
     assert all(r.take("10.0.0.1", 100.0) == 0 for _ in range(8))  # a burst of 8
     # then each waits its turn, a quarter second apart, up to a second ahead
     assert [r.take("10.0.0.1", 100.0) for _ in range(4)] == [0.25, 0.5, 0.75, 1.0]
@@ -143,7 +143,7 @@ def test_requests_of_no_one_take_from_their_sources_bucket() -> None:
 def test_a_client_asking_one_at_a_time_is_slowed_never_refused(
     case: str, gap_s: float, want_refused: bool
 ) -> None:
-    r = cn.Rates(per_s=4.0, burst=8.0, max_wait_s=1.0)
+    r = meters.Rates(per_s=4.0, burst=8.0, max_wait_s=1.0)
     now, refused = 0.0, False
     for _ in range(200):
         wait = r.take("10.0.0.1", now)
@@ -153,7 +153,7 @@ def test_a_client_asking_one_at_a_time_is_slowed_never_refused(
 
 
 def test_a_rates_forgets_the_sources_whose_bucket_is_full_again() -> None:
-    r = cn.Rates(per_s=1.0, burst=2.0)
+    r = meters.Rates(per_s=1.0, burst=2.0)
     for i in range(meters.PRUNE_AT):
         r.take(f"10.0.{i // 256}.{i % 256}", 0.0)
     r.take("late", 10.0)  # the others are full again by now: forgotten
@@ -300,11 +300,29 @@ async def _no_worker(fn: object) -> object:
     raise AssertionError("not used")
 
 
-def test_a_job_tokens_connections_are_its_jobs_owners() -> None:
-    """atk37-25 F1: each job token was an account of its own (one user with 64 running jobs
-    held 1,024 connections from one address)."""
+def test_a_job_tokens_connections_are_its_jobs_own_allowance_not_a_persons() -> None:
+    """atk38-25 F6: counted as the job's owner's, a manager's 16 job tokens for a member's
+    job locked the member out of the API; each token its own account at 16, one user's 64
+    running jobs held 1,024 connections (atk37-25 F1). A job's tokens have `per_job`, all the
+    jobs of one owner together `per_person`, and the owner's own 16 are untouched."""
+    t = cn.Tally(cn.Limits(per_person=6, per_job=4, per_address=100))
+    for conn in range(20):
+        t.opened(conn, "10.0.0.1")
+    pool = "jobs of bob"
+    assert [t.claim(conn, "@job:7", pool) for conn in range(5)] == [True] * 4 + [False]
+    assert [t.claim(conn, "@job:8", pool) for conn in (5, 6, 7)] == [True, True, False]
+    assert t.claim(7, "@job:9", "jobs of carol")  # another owner's jobs are their own
+    assert all(t.claim(conn, "bob") for conn in range(8, 14))  # bob's own: all six
+    assert not t.claim(14, "bob")
+    t.closed(0)
+    assert t.claim(15, "@job:8", pool)  # a closed one frees the job's and the pool's room
+    assert cn.Limits().cap("@job:7") == 4 and cn.Limits().cap("bob") == 16
+
+
+def test_a_job_tokens_identity_is_its_job_and_its_owners_jobs_pool() -> None:
     from ledger.core import tokens
     from ledger.core.state import Job, State, Token
+    from ledger.server.identity import Identity
     from schemas import events as e
 
     state = State()
@@ -312,14 +330,64 @@ def test_a_job_tokens_connections_are_its_jobs_owners() -> None:
                           user="alice", gpus=1, min_runtime_s=60)  # fmt: skip
     state.jobs[7] = Job(spec=spec, status="running")
     mk = {"name": "", "secret_sha256": "0" * 64, "issued_at": 0.0}
-    assert tokens.account(state, Token(token_id="a", user="alice", scope="job", scope_job=7,
-                                       **mk)) == "alice"  # fmt: skip
-    # minted by a manager for her job: still hers
-    assert tokens.account(state, Token(token_id="b", user="mgr", scope="job", scope_job=7,
-                                       **mk)) == "alice"  # fmt: skip
-    assert tokens.account(state, Token(token_id="c", user="bob", **mk)) == "bob"
-    assert tokens.account(state, Token(token_id="d", user="root", scope="node", scope_node="n1",
-                                       **mk)) == "@node:n1"  # fmt: skip
+    minted = Token(token_id="b", user="mgr", scope="job", scope_job=7, **mk)  # by a manager
+    assert tokens.owner(state, minted) == "alice"
+    who = Identity(actor=minted.acts_as, via="token:b", jobs_of="alice")
+    assert (who.whose, who.pool) == ("@job:7", "jobs of alice")
+    assert Identity(actor="bob", via="token:c").pool is None
+
+
+def test_anonymous_requests_take_from_their_address_prefix_and_everyones_buckets() -> None:
+    """atk38-25 F2: 64 addresses each under its own 20 a second made 1,475 requests a second
+    without a token. A request takes from all three buckets or none."""
+    levels = meters.Levels((meters.Rates(2.0, 4.0), meters.Rates(3.0, 6.0),
+                            meters.Rates(5.0, 10.0)))  # fmt: skip
+
+    def keys(addr: str) -> tuple[str, str, str]:
+        return (addr, cn.prefix_of(addr), "")
+
+    taken = sum(levels.take(keys("10.0.0.1"), 0.0) is not None for _ in range(20))
+    assert taken == 6  # its address's 4 at once and 2 ahead (a second's wait)
+    taken = sum(levels.take(keys("10.0.0.2"), 0.0) is not None for _ in range(20))
+    assert taken == 3  # the /24's 6 at once and 3 ahead, 6 of them the first address's
+    assert levels.refusing(keys("10.0.0.2"), 0.0) == 1  # its prefix refuses
+    taken = sum(levels.take(keys(f"10.0.{i}.1"), 0.0) is not None for i in range(1, 20))
+    assert taken == 6  # everyone's 10 and 5 ahead, 9 taken already
+    assert levels.refusing(keys("10.9.0.1"), 0.0) == 2
+    assert levels.retry_in(keys("10.9.0.1"), 0.0) == pytest.approx(1.2)
+    assert levels.take(keys("10.9.0.1"), 0.5) is not None  # a turn came back
+
+
+@pytest.mark.parametrize(
+    ("source", "want"),
+    [
+        ("10.1.2.3", "10.1.2.0/24"),
+        ("2001:db8:1:2::/64", "2001:db8:1::/48"),
+        ("uid 1005", "uid 1005"),
+    ],
+)
+def test_an_addresss_prefix_is_its_24_or_its_48(source: str, want: str) -> None:
+    assert cn.prefix_of(source) == want
+
+
+@pytest.mark.parametrize(
+    ("case", "files", "want"),
+    [
+        ("enough files: as set", 2000, (1024, 64, 16)),
+        ("a hard limit of 1,024: TCP shrinks", 1024, (688, 64, 16)),
+        ("very few: the socket's reserve shrinks too", 400, (110, 18, 16)),
+    ],
+)
+def test_the_caps_fit_the_open_files_and_keep_the_admins_reserve(
+    case: str, files: int, want: tuple[int, int, int]
+) -> None:
+    """atk38-25 F7: caps of 1,104 under a hard limit of 1,024 were only warned about; the
+    descriptors ran out first and root's `status` on the socket was reset."""
+    got = cn.fit_files(cn.Limits(), files, 256)
+    assert (got.max_connections, got.local_reserve, got.admin_reserve) == want, case
+    assert got.most + 256 <= files
+    with pytest.raises(InvalidCommand, match="open files limited to 270"):
+        cn.fit_files(cn.Limits(), 270, 256)
 
 
 def test_a_persons_refusals_are_held_16_at_once_out_of_their_addresss_count() -> None:
