@@ -14,7 +14,7 @@ against one batch, and against `team_hours` read whole).
 Read by `buckets`: the hours before the first event (a window reaching back before the log),
 the kept hours summed per team and bucket in the engine, and the hours since the latest event:
 the hour it falls in, then quiet hours (no event in them, so each is the same as the first: a
-quiet stretch of months is one hour read and multiplied), then the partial hour of `end`.
+quiet stretch of months is one hour read and multiplied), the partial hour of `end` included.
 """
 
 from __future__ import annotations
@@ -127,8 +127,9 @@ def buckets(store: Any, start: float, end: float, bucket_s: float) -> list[Row]:
 
 def _since(store: Any, k1: float, end: float, origin: float, bucket_s: float, add: Any) -> None:
     """The hours of [k1, end) after the kept ones: the latest event's hour, then the quiet hours
-    (no event: each the same as the first of them) counted per bucket, then `end`'s partial
-    hour."""
+    (no event: each the same as the first of them) counted per bucket, and `end`'s partial
+    hour (quiet: the first quiet hour's figures times its part of an hour, every span in it
+    counting up to `end`). One reading of `team_hours`, of two hours."""
     from projections import queries
 
     def bucket_of(hour: float) -> float:
@@ -156,5 +157,6 @@ def _since(store: Any, k1: float, end: float, origin: float, bucket_s: float, ad
             continue
         for b, count in counts.items():
             add([(h.team, b, h.owed_gpu_h, h.delivered_gpu_h, met)], float(count))
-    if end > whole:
-        add(queries.team_buckets(store, whole, end, bucket_s, team_depth=DEPTH, origin=origin))
+        if end > whole:  # quiet too: the same spans, each counted up to `end`
+            part = (end - whole) / HOUR
+            add([(h.team, bucket_of(whole), h.owed_gpu_h, h.delivered_gpu_h, met)], part)
