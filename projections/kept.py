@@ -45,10 +45,10 @@ def advance(con: Any, first: int, last: int) -> None:
         "(SELECT until_at FROM team_hours_span WHERE depth = $depth) "
         "FROM events WHERE position BETWEEN $first AND $last",
         {"first": first, "last": last, "depth": DEPTH},
-    ).fetchone()
-    if row is None or row[0] is None or row[1] is None:
+    ).fetchall()  # whole: a result left open stops the batch's next `register`
+    if not row or row[0][0] is None or row[0][1] is None:
         return
-    lo, hi, from_at, until = row
+    lo, hi, from_at, until = row[0]
     back = math.floor(lo / HOUR) * HOUR
     was = (from_at, until)
     # the kept span ends at the latest event's hour (until_at, between batches)
@@ -61,19 +61,19 @@ def advance(con: Any, first: int, last: int) -> None:
         con.execute("DELETE FROM team_hours_kept")
         from_at = until = back
     elif back < until:  # a run's real start or end in a kept hour: again from it
-        con.execute("DELETE FROM team_hours_kept WHERE hour >= ?", [back])
+        con.execute("DELETE FROM team_hours_kept WHERE hour >= ?", [back]).fetchall()
         until = back
     if cut > until:
         con.execute(
             "INSERT INTO team_hours_kept SELECT team, hour, owed_gpu_h, delivered_gpu_h "
             f"FROM (\n{_sql('team_hours')}\n) WHERE owed_gpu_h <> 0 OR delivered_gpu_h <> 0",
             {"start": float(until), "end": float(cut), "team_depth": DEPTH},
-        )
+        ).fetchall()
         until = cut
     if (from_at, until) != was:
         con.execute(
             "INSERT OR REPLACE INTO team_hours_span VALUES (?, ?, ?)", [DEPTH, from_at, until]
-        )
+        ).fetchall()
 
 
 def buckets(store: Any, start: float, end: float, bucket_s: float) -> list[Row]:
@@ -82,9 +82,10 @@ def buckets(store: Any, start: float, end: float, bucket_s: float) -> list[Row]:
     but for the order of the sums (the last bits)."""
     from projections import queries
 
-    span = store.con.execute(
+    got = store.con.execute(
         "SELECT from_at, until_at FROM team_hours_span WHERE depth = ?", [DEPTH]
-    ).fetchone()
+    ).fetchall()
+    span = got[0] if got else None
     k0 = max(span[0], math.ceil(start / HOUR) * HOUR) if span else end
     k1 = min(span[1], math.floor(end / HOUR) * HOUR) if span else end
     if k1 <= k0:  # nothing kept inside the window
@@ -135,9 +136,9 @@ def _since(store: Any, k1: float, end: float, origin: float, bucket_s: float, ad
     def bucket_of(hour: float) -> float:
         return origin + max(0.0, (hour - origin) // bucket_s) * bucket_s
 
-    (until,) = store.con.execute(
+    [(until,)] = store.con.execute(
         "SELECT until_at FROM team_hours_span WHERE depth = ?", [DEPTH]
-    ).fetchone()
+    ).fetchall()
     quiet = until + HOUR  # the first hour with no event in it (until: the latest event's)
     whole = math.floor(end / HOUR) * HOUR
     if quiet < k1 or whole - quiet < 3 * HOUR:  # a few hours: read them as they are

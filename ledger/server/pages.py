@@ -304,8 +304,8 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             if window == "all":  # from the log's first hour (the hours the projection keeps)
                 first = store.con.execute(
                     "SELECT from_at FROM team_hours_span WHERE depth = 2"
-                ).fetchone()
-                start = min(first[0], start) if first else start
+                ).fetchall()
+                start = min(first[0][0], start) if first else start
             bucket = bucket_for(at - start)
             # the whole period: the ended hours the projection keeps summed, and the hours
             # since the latest event (`projections.kept`), whatever the history's length
