@@ -196,11 +196,15 @@ edges AS (  -- a span is two partial hours and a rate of `gpus` GPU-hours an hou
     UNION ALL
     SELECT kind, key, b, 0.0, -gpus FROM pieces WHERE b > a + 1
 ),
-keyed AS (  -- by the team the key is under ('' for the capacity's nodes)
+keyed AS (  -- by the team the key is under ('' for the capacity's nodes); the parts summed
+            -- exactly (each rounded once to 1e-18 GPU-hours): an hour's figure is the same
+            -- whatever window it is read in and in whatever order the engine's threads add
+            -- them, so the projection's kept hours are the same byte for byte however the log
+            -- was batched (`team_hours_kept`)
     SELECT kind,
            CASE WHEN kind = 'capacity' THEN ''
                 ELSE array_to_string(str_split(key, '/')[1:$team_depth], '/') END AS team,
-           k, sum(part) AS part, sum(rate)::BIGINT AS rate
+           k, sum(part::DECIMAL(38, 18)) AS part, sum(rate)::BIGINT AS rate
     FROM edges
     WHERE kind = 'capacity' OR len(str_split(key, '/')) >= $team_depth
     GROUP BY ALL
@@ -214,7 +218,9 @@ running AS (  -- the rate summed up to each hour a span begins or ends in (a few
 spread AS (  -- per hour of the grid: its partial hours plus the rate summed up to it (the last
              -- such hour at or before it)
     SELECT o.kind, o.team, g.h,
-           CASE WHEN r.k = g.k THEN r.part ELSE 0.0 END + coalesce(r.rate_sum, 0) AS gpu_h
+           (CASE WHEN r.k = g.k THEN r.part ELSE 0 END
+            + coalesce(r.rate_sum, 0)::DECIMAL(38, 18))::DOUBLE
+               AS gpu_h
     FROM (SELECT DISTINCT kind, team FROM keyed) o
     CROSS JOIN grid g
     ASOF LEFT JOIN running r ON r.kind = o.kind AND r.team = o.team AND g.k >= r.k

@@ -174,7 +174,7 @@ class Projector:
     def _apply_open(self, batch: Batch, *, rows_in: bool) -> None:
         """Apply a decoded batch and move the tracking position inside the open transaction;
         `rows_in`: its `events` rows are inserted already (`_insert_rows`)."""
-        from projections import quarantine
+        from projections import kept, quarantine
 
         con = self.store.con
         filled = {name: t for name, t in batch.tables.items() if t.num_rows}
@@ -186,6 +186,8 @@ class Projector:
                     continue
                 if needs == "always" or batch.counts.get(needs):
                     con.execute(statement, _params(statement, batch))
+            if batch.events:
+                kept.advance(con, batch.first, batch.last)  # the teams' ended hours
             quarantine.record(con, batch)  # a no-op unless the batch met poison records
             if batch.chain is not None:
                 con.execute(

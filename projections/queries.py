@@ -241,13 +241,20 @@ def team_hours(store: Store, start: float, end: float, *, team_depth: int = 2) -
 
 
 def team_buckets(
-    store: Store, start: float, end: float, bucket_s: float, *, team_depth: int = 2
+    store: Store,
+    start: float,
+    end: float,
+    bucket_s: float,
+    *,
+    team_depth: int = 2,
+    origin: float | None = None,
 ) -> list[tuple[str, float, float, float, float]]:
     """`team_hours` of [start, end) summed in DuckDB per team and bucket of `bucket_s` (the hour
     the window starts in joins the first bucket): (team, bucket start, owed, delivered, met)
     GPU-hours, met being the sum of min(delivered, owed) hour by hour, by team and bucket. A
     whole period's thousands of hours come back as about `(end - start) / bucket_s` rows a
-    team, summed by the engine rather than one Python object an hour."""
+    team, summed by the engine rather than one Python object an hour. The buckets start at
+    `origin` (default `start`: a part of a longer window gives its window's start)."""
     if end <= start:
         raise ValueError("the report needs end > start")
     if team_depth < 1:
@@ -256,13 +263,14 @@ def team_buckets(
         raise ValueError("the bucket must be positive")
     hours = _sql("team_hours")
     sql = (
-        "SELECT team, $start::DOUBLE + greatest(0.0, floor((hour - $start::DOUBLE) / "
+        "SELECT team, $origin::DOUBLE + greatest(0.0, floor((hour - $origin::DOUBLE) / "
         "$bucket::DOUBLE)) * $bucket::DOUBLE AS bucket_at, sum(owed_gpu_h), sum(delivered_gpu_h), "
         "sum(least(delivered_gpu_h, owed_gpu_h)) "
         f"FROM (\n{hours}\n) GROUP BY ALL ORDER BY team, bucket_at"
     )
     params = {"start": float(start), "end": float(end), "team_depth": team_depth}
-    rows = _run(store, sql, {**params, "bucket": float(bucket_s)})
+    at = float(start if origin is None else origin)
+    rows = _run(store, sql, {**params, "bucket": float(bucket_s), "origin": at})
     return [(r[0], float(r[1]), float(r[2]), float(r[3]), float(r[4])) for r in rows]
 
 

@@ -212,6 +212,30 @@ CREATE VIEW nodes AS
            coalesce(h.held_indices, []) AS held_indices
     FROM nodes_at('infinity'::DOUBLE) n LEFT JOIN held h USING (node);
 
+-- Owed and delivered GPU-hours per team (accounts at depth 2, the teams page's) and clock hour,
+-- for every hour that has ended in the log: from the first event's hour to the hour of the
+-- latest event (`team_hours_span`), as `fairshare.sql`'s `team_hours` gives them; only hours where
+-- a team was owed or delivered something (the rest are 0). Kept as events are projected
+-- (`projections/kept.py`): a batch reads its new ended hours, and one that reaches back (a run's
+-- real start or end in an hour already kept) reads again from that hour; so the rows are a
+-- function of the log, whatever its batches. A whole-period read sums these rows (one per team
+-- and hour of history, no spans joined) and reads only the hours since the latest event.
+CREATE TABLE team_hours_kept (
+    team            VARCHAR NOT NULL,
+    hour            DOUBLE  NOT NULL,   -- the hour's start
+    owed_gpu_h      DOUBLE  NOT NULL,
+    delivered_gpu_h DOUBLE  NOT NULL
+);
+
+-- The span `team_hours_kept` covers: [from_at, until_at), from the first event's hour to the
+-- hour the latest event is in (no event after it: the hours since are all alike). No row
+-- before the first event with a time.
+CREATE TABLE team_hours_span (
+    depth    INTEGER PRIMARY KEY,   -- the team depth of the kept hours (2)
+    from_at  DOUBLE NOT NULL,
+    until_at DOUBLE NOT NULL
+);
+
 -- Poison records set aside by a projector in quarantine mode (`gpuledger project follow
 -- --quarantine`, see projections/quarantine.py): written in the same transaction as the batch
 -- they were met in, each record once. Empty unless quarantine mode met poison.

@@ -153,6 +153,60 @@ class CopiedHandles:
         return self._preview[0]
 
 
+@dataclass(frozen=True)
+class At:
+    """The log position a read of the projection alone was asked at (`ProjectedHandles.ledger`)."""
+
+    position: int
+
+
+@dataclass
+class ProjectedHandles:
+    """The `Handles` of a read of the projection alone (`projected_read`): no copy of the live
+    state, the moment it was asked and the pool's cursor."""
+
+    ledger: At
+    moment: float
+    cursor: duckdb.DuckDBPyConnection
+
+    def store(self) -> Any:
+        return CursorStore(self.cursor)
+
+    def now(self) -> float:
+        return self.moment
+
+    def current(self) -> bool:
+        return pooled.tracked(self.cursor) >= self.ledger.position
+
+
+async def projected_read(
+    worker: Worker,
+    pool: ReadPool,
+    caller: str,
+    what: str,
+    fn: Callable[[ProjectedHandles], T],
+    *,
+    moment: float,
+) -> T:
+    """`fn(handles)` in the read pool on the projection alone, as it stands once it holds the
+    log's position now (`caught_up`, beside the worker): the worker thread is asked nothing, so
+    such a read never waits behind a dispatcher cycle or a write (the teams page: shares and
+    owed against delivered are the projection's). Admitted as one of `caller`'s reads."""
+    with pool.admitted(caller, read=True):
+        target = int(worker.service.ledger.position)
+        await caught_up(worker, pool, target)
+
+        def run(cursor: duckdb.DuckDBPyConnection, _limits: Any) -> T:
+            cursor.execute("BEGIN TRANSACTION")  # one snapshot of the projection for the read
+            try:
+                return fn(ProjectedHandles(At(target), moment, cursor))
+            finally:
+                with contextlib.suppress(Exception):
+                    cursor.execute("ROLLBACK")
+
+        return await pool.compute(pooled.stopped(what, run), read=True, live=True, person=caller)
+
+
 async def caught_up(worker: Worker, pool: ReadPool, target: int) -> None:
     """Return once the projection holds `target` (the log's position when the read was asked):
     at once when it does already (the last catch-up for reads, or the last cycle's, reached it),

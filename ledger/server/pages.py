@@ -16,10 +16,8 @@ Every figure comes from the read layer (`ledger.reads.layer`), as the CLI's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -57,10 +55,6 @@ PAGES = (
 )
 WEEK_S = 7 * 86400.0
 REPLAY_LAST = 8
-KEPT_BEHIND_S = 2 * 86400.0
-"""The teams page's whole period reads the ended hours it has not kept yet when they are at
-most this many (a few hours since the last read); further behind, it sums the period in the
-engine (`hours.bucketed_series`) and the worker keeps reading them ahead when idle."""
 EVERY_ACCOUNT = "*"
 """The preemptions page's "every team" (no account name has a `*`; `all` is a name one may open)."""
 PAGE_MAX = 1000
@@ -265,68 +259,35 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         key: Any,
         fn: Callable[[Any], Any],
         extra: Callable[[], Any] | None = None,
+        *,
+        live: bool = True,
     ) -> Response[bytes]:
         """`fn(handles)`'s answer encoded, kept per log position like the /v1 reads
         (`ReadCache`; `name` is the read whose freshness rule it follows), admitted as one of
         `caller`'s reads, computed in the read pool on a copy of the live state (`extra()`
-        taken with it on the worker: `ledger.server.copied`; T5)."""
+        taken with it on the worker: `ledger.server.copied`; T5); `live=False`: on the
+        projection alone, the worker asked nothing (`copied.projected_read`)."""
         cache = handles.cache
         with pool.admitted(caller.actor, read=True):  # a kept answer is a read too
             got = cache.get(name, key, handles.ledger.position, handles.now())
         if got is not None:
             return Response(got, media_type="application/json")
-        handles.asked["live-preview"] = time.monotonic()  # computed ahead when idle
 
-        def run(h: copied.CopiedHandles) -> tuple[int, float, bytes, bool]:
+        def run(h: Any) -> tuple[int, float, bytes, bool]:
             return h.ledger.position, h.now(), msgspec.json.encode(fn(h)), h.current()
 
-        position, now, data, current = await copied.read(
-            worker, pool, caller.actor, f"the {name} page", run, cache=cache, extra=extra
-        )
+        what = f"the {name} page"
+        if live:
+            handles.asked["live-preview"] = time.monotonic()  # computed ahead when idle
+            got_live = copied.read(worker, pool, caller.actor, what, run, cache=cache, extra=extra)
+        else:
+            got_live = copied.projected_read(
+                worker, pool, caller.actor, what, run, moment=handles.now()
+            )
+        position, now, data, current = await got_live
         if current:
             cache.put(name, key, position, now, data)
         return Response(data, media_type="application/json")
-
-    past = hours.PastHours()  # the whole period's ended hours, read once
-
-    first_hour: list[float] = []  # the hour of the log's first event (it never changes)
-
-    def whole_period(at: float) -> float:
-        """Where the whole period starts: the hour of the first event (at least 7 days)."""
-        if not first_hour:
-            first = handles.ledger.read(0, 1)
-            if first:
-                first_hour.append(math.floor(first[0][1].at / 3600) * 3600)
-        return min(first_hour[0], at - WEEK_S) if first_hour else at - WEEK_S
-
-    began: list[float] = []
-
-    def warm_past() -> bool:
-        """Read the whole period's ended hours ahead, two weeks per idle moment (over a long
-        history at 1M events, reading them all at once takes seconds)."""
-        if handles.ledger is None or not handles.ledger.state.initialised:
-            return False
-        at = float(math.floor(handles.now()))
-        start = whole_period(at)
-        if not began:
-            began.append(time.monotonic())
-        if not reading.acquire(blocking=False):  # a teams page reads them now: later
-            return True
-        try:  # the projection only when some ended hour is not read yet
-            more = past.behind(start, at, 2) and past.advance(
-                handles.store(), start, at, 2, 2 * WEEK_S
-            )
-        finally:
-            reading.release()
-        if not more and len(began) == 1:
-            began.append(time.monotonic())
-            log.info("read the whole period's team hours ahead in %.1f s", began[1] - began[0])
-        return more
-
-    reading = threading.Lock()
-    """Held while `past` is read or advanced: by a teams page in the read pool, or by the worker
-    ahead of time (which never waits for it: it tries again at the next idle moment)."""
-    worker.idle.append(warm_past)
 
     @get("/ui/api/teams", include_in_schema=False)
     async def teams(
@@ -334,24 +295,23 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
     ) -> Response[bytes]:
         caller = person(request)
 
-        def read(h: Any) -> TeamsView:  # in the read pool, `past` shared with the worker
+        def read(h: Any) -> TeamsView:  # in the read pool, on the projection alone
             from projections.fairshare import UsagePolicy
 
             store = h.store()
             at = float(math.floor(h.now()))  # whole seconds: `--at` of the CLI says it
-            first = h.copy.extra  # the whole period's first hour, read on the worker
-            start = at - WEEK_S if window == "7d" or first is None else min(first, at - WEEK_S)
+            start = at - WEEK_S
+            if window == "all":  # from the log's first hour (the hours the projection keeps)
+                first = store.con.execute(
+                    "SELECT from_at FROM team_hours_span WHERE depth = 2"
+                ).fetchall()
+                start = min(first[0][0], start) if first else start
             bucket = bucket_for(at - start)
-            if window == "all" and past.unread_s(start, at, 2) > KEPT_BEHIND_S:
-                # the kept hours are far behind (a first read after a start, a worker never
-                # idle to read them ahead): summed by the engine, one row per team and
-                # bucket, not thousands of hours read into the server (was 18-20 s)
-                delivered, series = hours.bucketed_series(store, start, at, 2, bucket)
-            else:
-                with reading if window == "all" else contextlib.nullcontext():
-                    delivered, series = hours.delivered_series(
-                        store, start, at, 2, bucket, past if window == "all" else None
-                    )
+            # the whole period: the ended hours the projection keeps summed, and the hours
+            # since the latest event (`projections.kept`), whatever the history's length
+            delivered, series = hours.bucketed_series(
+                store, start, at, 2, bucket, kept=window == "all"
+            )
             return TeamsView(
                 window=window,
                 at=at,
@@ -360,11 +320,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
                 series=series,
             )
 
-        def first() -> float | None:  # on the worker
-            whole_period(0.0)
-            return first_hour[0] if first_hour else None
-
-        return await kept(caller, "shares", ("ui.teams", window), read, extra=first)
+        return await kept(caller, "shares", ("ui.teams", window), read, live=False)
 
     @get("/ui/api/queue", include_in_schema=False)
     async def queue(

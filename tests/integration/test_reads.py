@@ -283,42 +283,6 @@ def test_a_short_page_of_the_queue_is_the_head_of_the_whole_queue(
         assert head == {k: starts[k] for k in head}
 
 
-def test_past_hours_read_ahead_in_steps_equal_one_reading(handles: Any) -> None:
-    _, store = handles
-    start, end = T0 - 3 * 3600, T0 + 5 * 3600 + 1234
-    whole = hours.PastHours().read(store, start, end, 2)
-    past = hours.PastHours()
-    steps = 0
-    while past.advance(store, start, end, 2, 2 * 3600):
-        steps += 1
-    assert steps == 3  # 8 ended hours, 2 a step: 3 steps leave more, the 4th reads the last
-    assert past.until == T0 + 5 * 3600
-
-    assert busy(past.read(store, start, end, 2)) == busy(whole) != []
-    assert not past.advance(store, start, end, 2, 3600)  # nothing left: no more reading
-
-
-def test_the_whole_periods_series_folds_its_kept_hours_once_with_the_same_sums(
-    handles: Any,
-) -> None:
-    """The teams page's whole period sums the kept hours once (`PastHours.fold`) and then only
-    the hours since: the same series and report, to the last bit, as summing every hour."""
-    _, store = handles
-    start, past = T0 - 3 * 3600, hours.PastHours()
-    for end in (T0 + 2 * 3600 + 5, T0 + 2 * 3600 + 900, T0 + 5 * 3600 + 1234):
-        want = hours.delivered_series(store, start, end, 2, 3600.0)
-        assert hours.delivered_series(store, start, end, 2, 3600.0, past) == want
-        kept = len(past.hours)
-        assert [past._folds[k][0] for k in (("series", start, 3600.0), ("tally", start))] == [
-            kept,
-            kept,
-        ]
-        assert hours.delivered_series(store, start, end, 2, 3600.0, past) == want  # kept folds
-        assert hours.delivered_series(store, start, end, 2, 7200.0, past) == (
-            hours.delivered_series(store, start, end, 2, 7200.0)
-        )
-
-
 def test_the_series_summed_by_the_engine_equals_the_hour_by_hour_one(handles: Any) -> None:
     """The teams page's whole period before its hours are kept (`bucketed_series`: summed in
     DuckDB, a row per team and bucket) gives the figures of the hour-by-hour series, over a

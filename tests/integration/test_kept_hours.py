@@ -1,0 +1,128 @@
+"""The teams' ended hours the projection keeps (`projections.kept`, issue 29): the same rows
+however the log is batched, the same as reading `team_hours` over the whole span, and a
+whole-period read from them equal to the engine's sum over every span; on a real log (the
+synthetic mix written into the store, some runs' real ends reaching back into kept hours)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from ledger.reads import hours
+from ledger.store.embedded import EmbeddedSource
+from projections import kept, queries
+from projections.projector import Projector
+from projections.store import Store
+from projections.testing.compare import dump
+from projections.testing.synthetic import Shape, append_to_store, synthetic_events
+from schemas import events as e
+
+KEPT = ("team_hours_kept", "team_hours_span")
+
+
+def backdated_log(n: int, seed: int) -> list[e.AnyEvent]:
+    """`n` events of the synthetic mix, every third finish of a run that started over two hours
+    before it ending 90 minutes before it is recorded (`ended_at`: an exit recorded late), so
+    a later batch reaches back into hours already kept."""
+    shape = Shape(nodes=16, programs=2, projects_per_program=3, users_per_project=2)
+    out: list[e.AnyEvent] = []
+    started: dict[int, float] = {}
+    finishes = 0
+    for ev in synthetic_events(n, seed=seed, shape=shape):
+        if isinstance(ev, e.JobStarted):
+            started[ev.job_id] = ev.at
+        elif isinstance(ev, e.JobFinished) and ev.job_id in started:
+            began = started.pop(ev.job_id)
+            finishes += 1
+            if finishes % 3 == 0 and ev.at - began > 2 * 3600:
+                ev = msgspec.structs.replace(ev, ended_at=ev.at - 5400.0)
+        out.append(ev)
+    return out
+
+
+@pytest.fixture(scope="module")
+def log_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("kept-log")
+    events = backdated_log(2_500, seed=11)
+    assert sum(isinstance(x, e.JobFinished) and x.ended_at is not None for x in events) >= 3
+    append_to_store(home, iter(events))
+    return home
+
+
+def projected(log_home: Path, into: Path, batch_size: int) -> Path:
+    """A projection of `log_home`'s log made in batches of `batch_size`, in `into`."""
+    into.mkdir()
+    (into / "events.sqlite").symlink_to(log_home / "events.sqlite")
+    with Store.open(into) as store:
+        source = EmbeddedSource(into)
+        try:
+            Projector(store, source, batch_size=batch_size).catch_up()
+        finally:
+            source.close()
+    return into
+
+
+def test_kept_hours_are_the_same_however_the_log_is_batched_and_equal_a_whole_reading(
+    log_home: Path, tmp_path: Path
+) -> None:
+    """Batches of 29 events (a live service appends a few at a time: hours kept one by one, runs
+    ending late reading kept hours again) keep the very rows one batch keeps, and both equal
+    `team_hours` read once over the whole span (its hours with something owed or delivered)."""
+    small = projected(log_home, tmp_path / "small", 29)
+    whole = projected(log_home, tmp_path / "whole", 1_000_000)
+    with Store.open(small, read_only=True) as a, Store.open(whole, read_only=True) as b:
+        got = dump(a, KEPT)
+        assert got == dump(b, KEPT)  # byte for byte: every float compared exactly
+        (span,) = got["team_hours_span"]
+        (first, last) = b.con.execute(
+            "SELECT min(occurred_at), max(occurred_at) FROM events"
+        ).fetchone()
+        assert span["from_at"] == math.floor(first / 3600) * 3600
+        assert span["until_at"] == math.floor(last / 3600) * 3600 > span["from_at"] + 3 * 3600
+        want = [
+            {"team": h.team, "hour": h.hour, "owed_gpu_h": h.owed_gpu_h,
+             "delivered_gpu_h": h.delivered_gpu_h}
+            for h in queries.team_hours(b, span["from_at"], span["until_at"])
+            if h.owed_gpu_h or h.delivered_gpu_h
+        ]  # fmt: skip
+        assert got["team_hours_kept"] == sorted(want, key=lambda r: (r["team"], r["hour"]))
+        assert len({r["team"] for r in want}) >= 4
+
+
+def test_a_whole_period_read_from_the_kept_hours_equals_the_engines_sum(
+    log_home: Path, tmp_path: Path
+) -> None:
+    """`bucketed_series(kept=True)` (the teams page's whole period) gives the figures of the
+    engine's sum over every span, for windows starting before the log, inside it, and ending
+    in it or months after its last event (the quiet hours read once and counted)."""
+    home = projected(log_home, tmp_path / "p", 997)
+    with Store.open(home, read_only=True) as store:
+        first, last = store.con.execute(
+            "SELECT min(occurred_at), max(occurred_at) FROM events"
+        ).fetchone()
+        windows = [
+            (first - 3 * 86400 - 17.0, last + 90 * 86400 + 1234.0, 48 * 3600.0),
+            (math.floor(first / 3600) * 3600, last + 30 * 3600 + 5.0, 3600.0),
+            (first + 4000.0, last - 2000.0, 2 * 3600.0),
+            (first - 100.0, last + 2 * 3600.0, 3 * 3600.0),
+        ]
+        for start, end, bucket in windows:
+            want = list(msgspec.to_builtins(hours.bucketed_series(store, start, end, 2, bucket)))
+            got = list(
+                msgspec.to_builtins(hours.bucketed_series(store, start, end, 2, bucket, kept=True))
+            )
+            assert got == approx_tree(want), (start, end, bucket)
+            assert any(p["delivered_gpu_hours"] > 0 for t in got[1]["teams"] for p in t["points"])
+        assert kept.buckets(store, first, last + 86400, 3600.0)  # every team, every bucket
+
+
+def approx_tree(x: object) -> object:
+    """`x` with its floats compared to 1e-9 (the sums run in another order)."""
+    if isinstance(x, dict):
+        return {k: approx_tree(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [approx_tree(v) for v in x]
+    return pytest.approx(x, rel=1e-9, abs=1e-9) if isinstance(x, float) else x
