@@ -21,6 +21,7 @@ from ledger.engines.accounts import RunAs, own_log, own_umask
 from ledger.engines.slurm.ends import Ending, answering, kill_wait, sacct_end
 from ledger.engines.slurm.launching import (
     CANNOT_ENTER,
+    CANNOT_OPEN,
     CANNOT_START,
     END_RECORD,
     LAUNCHED,
@@ -283,8 +284,7 @@ class SlurmExecutor:
         return held
 
     def _default_log(self, job: Launch, who: SbatchUser) -> Path:
-        """The service's own output file of a job that names none: `<log_dir>/job-<id>.log`
-        (`own_log`: the service's directory, the file the job's user's alone)."""
+        """A job's log when it names none: `<log_dir>/job-<id>.log`, the user's (`own_log`)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         return own_log(self.log_dir, f"job-{job.job_id}.log", who.uid, who.gid)
 
@@ -337,22 +337,24 @@ class SlurmExecutor:
         if isinstance(who := sbatch_user(job.user, self.run_as), str):
             raise _Refused(who)
         out = job.stdout or str(self._default_log(job, who))
-        err = job.stderr or ""
-        r.logs = tuple(dict.fromkeys(p for p in (out, err) if p))
-        mask = files_umask(job.umask, bool(job.stdout))  # slurmstepd would append to a planted
-        if planted := claim_outputs(r.logs, who, self.timeout_s, mask):
-            raise _Refused(planted)
-        args = ["sbatch", *sbatch_args(job, self.partition, out, who, self.ledger_id,
-                                       self._pinned, err, self._grace_of(r),
+        r.logs = tuple(dict.fromkeys(p for p in (out, job.stderr) if p))
+        mask = files_umask(job.umask, bool(job.stdout))  # slurmstepd opens /dev/null alone:
+        claimed = claim_outputs(r.logs, who, self.timeout_s, mask, job.workdir)  # the script,
+        if isinstance(claimed, str):  # the files claimed (`outputs`)
+            raise _Refused(claimed)
+        args = ["sbatch", *sbatch_args(job, self.partition, os.devnull, who, self.ledger_id,
+                                       self._pinned, "", self._grace_of(r),
                                        self.max_time_s)]  # fmt: skip
         checkpoint = self._checkpoint_file(job.job_id, job.run, who)
-        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED)
-        launched, no_dir, no_cmd, ended, signalled = (str(checkpoint.with_name(m)) for m in marks)
+        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED, CANNOT_OPEN)
+        launched, no_dir, no_cmd, ended, signalled, no_file = (str(checkpoint.with_name(m))
+                                                               for m in marks)  # fmt: skip
         umask = own_umask() if job.umask is None else job.umask  # the submitter's, as sbatch's
         script = batch_script(job, who, str(checkpoint), launched, umask, no_dir, no_cmd, ended,
-                              signalled)  # fmt: skip
-        r.slurm_id = self._run(args, stdin=script, env=sbatch_env(self.env, mask)).strip()
-        r.slurm_id = r.slurm_id.split(";")[0]
+                              signalled, claimed.files(r.logs), mask, no_file,
+                              claimed.workdir)  # fmt: skip
+        said = self._run(args, stdin=script, env=sbatch_env(self.env, mask))
+        r.slurm_id = said.strip().split(";")[0]
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, r.slurm_id)
 
     def _try_submit(self, now: float) -> None:
@@ -646,8 +648,7 @@ class SlurmExecutor:
                     st.cancelled = st.killed = True
                 except EngineError as err:
                     log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
-        # 3. foreign jobs on any partition: their GPUs on the ledger's nodes are busy, they are
-        #    never touched
+        # 3. foreign jobs on any partition: their GPUs on the ledger's nodes busy, never touched
         foreign: dict[str, set[int]] = {}
         ours = {r.slurm_id for r in self._runs.values()} | set(self._stopping)
         for j in self._view.values():

@@ -16,12 +16,13 @@ import math
 import re
 import shlex
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ledger.cycle.executor import Launch, NodeChange
+from ledger.engines.slurm.script_files import output_lines, touch, workdir_check
 from schemas import commands as c
 from schemas.errors import InvalidCommand
 from schemas.events import AnyEvent, EndReason
@@ -647,42 +648,46 @@ def batch_script(
     cannot_start_file: str = "",
     ended_file: str = "",
     signalled_file: str = "",
+    outputs: Sequence[tuple[str, int | None]] = (),
+    files_umask: int = 0o077,
+    cannot_open_file: str = "",
+    real_workdir: str = "",
 ) -> str:
-    """Pure: the batch script: the job's umask (the submitter's as recorded, else the one the
-    service has; sbatch runs with SLURM_UMASK, the umask slurmstepd makes the output files
-    with: `outputs.files_umask`), the job's environment (`job_environment`), a check that it starts
-    where it was asked to (Slurm would fall back to /tmp): a directory it cannot enter leaves
-    `cannot_enter_file` and ends the script, so its run is a failed launch, never a run (as
-    on the node agents); a command that cannot be started (not found in the job's PATH, or no
-    executable file) leaves `cannot_start_file` and ends the script there too, so it is a
-    failed launch as on the node agents, not a job that failed with 127; then the mark that it
-    launched (`launched_file`, made empty: a run
-    Slurm shows RUNNING is recorded started only once its script gets there, so one whose
-    launch fails, JobLaunchFailure or that directory, never started), then the job's command
-    replaces the shell, so it gets the signals; or, with `ended_file`, runs in the script's
-    child (which writes the command's exit code: bash's `wait` cannot always say it), and the
-    script waits for it (surviving the signals Slurm gives every process of the job, so
-    the command gets them itself; each one touches `signalled_file`) and then writes the run's
-    end record, `<code> <epoch> <signalled: 0 or 1>`, and exits with its code: how it really
-    ended when Slurm ends it NODE_FAIL (`ends`). A signal from before the launch mark until the
-    command's wait begins ends the script at once, noted too: a run with the `launched` mark
-    and neither record nor note was never killed (Slurm's kill in that gap once left a run
-    in doubt for good, its job `running` forever after its node came back). (The
-    variables sit in the script:
-    `sbatch --export=ALL,VAR=...` makes Slurm start a job about 1.5 s later; sbatch itself runs
-    with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
+    """Pure: the batch script: with `outputs` (`script_files`), its output files opened first, as
+    the user, with `files_umask`, and its working directory checked; the job's umask (the
+    submitter's as recorded, else the one the service has; sbatch runs with SLURM_UMASK), the
+    job's environment (`job_environment`), a check that it starts where it was asked to (Slurm
+    would fall back to /tmp): a directory it cannot enter leaves `cannot_enter_file` and ends
+    the script, so its run is a failed launch, never a run; a command that cannot be started
+    (not found in the job's PATH, or no executable file) leaves `cannot_start_file` and ends the
+    script there too (a failed launch, not a job that failed with 127); then the mark that it
+    launched (`launched_file`, made empty: a run Slurm shows RUNNING is recorded started only
+    once its script gets there, so one whose launch fails, JobLaunchFailure or that directory,
+    never started), then the job's command replaces the shell, so it gets the signals; or, with
+    `ended_file`, runs in the script's child (which writes the command's exit code: bash's
+    `wait` cannot always say it), and the script waits for it (surviving the signals Slurm gives
+    every process of the job, so the command gets them itself; each one touches
+    `signalled_file`) and then writes the run's end record, `<code> <epoch> <signalled: 0 or
+    1>`, and exits with its code: how it really ended when Slurm ends it NODE_FAIL (`ends`). A
+    signal from before the launch mark until the command's wait begins ends the script at once,
+    noted too: a run with the `launched` mark and neither record nor note was never killed
+    (Slurm's kill in that gap once left a run in doubt for good). (The variables sit in the
+    script: `sbatch --export=ALL,VAR=...` makes Slurm start a job about 1.5 s later; sbatch
+    itself runs with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
     env = job_environment(job, who or SbatchUser(), checkpoint_file)
-    lines = ["#!/bin/bash", f"umask {umask:04o}"]
+    lines = ["#!/bin/bash"]
+    if outputs:
+        lines += [f"umask {files_umask:04o}", *output_lines(outputs, cannot_open_file)]
+    lines.append(f"umask {umask:04o}")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     if job.workdir:
         wd = shlex.quote(job.workdir)
-        mark = f" {{ : > {shlex.quote(cannot_enter_file)}; }} 2>/dev/null;" * bool(
-            cannot_enter_file
-        )
+        mark = touch(cannot_enter_file)
         lines.append(
             f'cd -- {wd} || {{ echo "gpuledger: cannot enter the working directory "{wd} >&2;'
             f"{mark} exit 127; }}"
         )
+        lines += workdir_check(job.workdir, real_workdir, mark) if outputs else []
     if cannot_start_file and job.command:
         cmd = shlex.quote(job.command[0])
         mark = f"{{ : > {shlex.quote(cannot_start_file)}; }} 2>/dev/null;"
