@@ -288,3 +288,13 @@ def test_slurm_working_directory_swapped_after_the_claim_ends_the_script(
         assert not os.path.lexists(marks[LAUNCHED]) and os.path.lexists(marks[CANNOT_ENTER])
     assert "bob's code ran" not in out.read_text()
     assert "is not the one checked at launch" in out.read_text()
+
+
+def test_the_working_directory_is_recorded_at_submit_as_its_real_path(tmp_path: Path) -> None:
+    """F10: `-D` through a link is resolved when the user submits (as sbatch takes its cwd), so
+    at launch only the real path is walked by the path rule."""
+    from ledger.cli.submit import workdir
+
+    (tmp_path / "real" / "exp1").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert workdir(str(tmp_path / "link" / "exp1")) == str(tmp_path / "real" / "exp1")

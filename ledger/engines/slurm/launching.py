@@ -89,8 +89,9 @@ def cannot_open(logs: tuple[str, ...]) -> str:
     """Why a run whose script left `cannot-open` never ran."""
     files = " or ".join(logs) or "its output file"
     return (
-        f"the output file {files} was not the file claimed for it when the job started (another "
-        "account may have replaced it) or is not a regular file of the user's with one link"
+        f"cannot open the output file {files} as the job's user, or it was not the file claimed "
+        "for it at launch (another account may have replaced it) or no regular file of the "
+        "user's with one link"
     )
 
 
