@@ -242,9 +242,11 @@ def _sendable(name: str, value: str) -> bool:
 
 
 def workdir(chdir: str | None) -> str:
-    """The directory the job starts in: `-D` (relative to here), else here, as sbatch does."""
+    """The directory the job starts in: `-D` (relative to here), else here, as sbatch does; its
+    real path, the links in it resolved now, by the submitter (at launch a link in the path is
+    followed only by the path rule: another account may have put it there meanwhile, T19)."""
     where = Path(chdir) if chdir else Path.cwd()
-    return os.path.abspath(where)
+    return os.path.realpath(where)
 
 
 # --- the commands ---------------------------------------------------------------------------------

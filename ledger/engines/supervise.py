@@ -7,18 +7,19 @@ fork whose parent exits at once, so init adopts it), makes the part's process tr
 empty, writes the part's end to `RUNDIR/exit` (atomically).
 
 The job's leader is a small POSIX shell (`WRAPPER`) running **as the job's user**, in the job's
-session and groups: it enters the working directory the user gave, checks that the command can
-be started, runs it, and writes the command's exit code to `RUNDIR/record` through a descriptor
-it inherited (the command itself does not): the tree's own record, which survives a supervisor
-killed with -9. Its stdout and stderr are the output and error files the user named, opened
-before by a child of the supervisor running as the user (`open_outputs`: created by the user,
-with the user's rights, each opened once and checked on the descriptor). Times are never the
-leader's word (it runs as the job's user, with the job's PATH and environment): the end is the
-supervisor's own clock when the leader exits, or, when the supervisor died, the record file's
-modification time (the kernel's clock at the leader's write). A command it cannot start is
-recorded `launch_failed` with the reason, never as a job that ran. The engine's defaults (the
-run's work directory, the log file under the service's job directory) are entered and opened by
-the supervisor before it drops to the user, as they are the service's paths.
+session and groups, started in the working directory the user's opener opened (`open_workdir`:
+never its name resolved again), it checks that the command can be started, runs it, and writes
+the command's exit code to `RUNDIR/record` through a descriptor it inherited (the command itself
+does not): the tree's own record, which survives a supervisor killed with -9. Its stdout and
+stderr are the output and error files the user named, opened before by a child of the supervisor
+running as the user (`open_outputs`: created by the user, with the user's rights, each opened
+once and checked on the descriptor). Times are never the leader's word (it runs as the job's
+user, with the job's PATH and environment): the end is the supervisor's own clock when the
+leader exits, or, when the supervisor died, the record file's modification time (the kernel's
+clock at the leader's write). A command it cannot start is recorded `launch_failed` with the
+reason, never as a job that ran. The engine's defaults (the run's work directory, the log file
+under the service's job directory) are entered and opened by the supervisor before it drops to
+the user, as they are the service's paths.
 
 When the leader ends and processes of the tree are left (children it did not wait for), they get
 SIGTERM at once and SIGKILL after the job's grace; the part ends when the tree is empty, and the
@@ -74,7 +75,7 @@ WRAPPER = r"""wd=$1 job_mask=$2
 shift 2
 trap : TERM INT HUP
 fail() { printf 'gpuledger: %s\n' "$1" >&2; printf 'failed %s\n' "$1" >&9; exit 127; }
-if [ -n "$wd" ]; then cd -- "$wd" 2>/dev/null || fail "cannot enter the working directory $wd"; fi
+if [ -n "$wd" ] && [ "$wd" -ef . ]; then PWD=$wd; export PWD; fi
 if [ -n "$job_mask" ]; then umask "$job_mask"; fi
 case $1 in
 */*) [ -f "$1" ] && [ -x "$1" ] || fail "cannot start $1: no such executable file" ;;
@@ -248,7 +249,13 @@ def _private(path: Path) -> Any:
 
 class Refused(Exception):
     """The part may not start, and why in one line (recorded `launch_failed`): its working
-    directory or an output file the user named cannot be used."""
+    directory or an output file the user named cannot be used. `unreachable`: the path could
+    not be followed at all (a name missing or closed to the user), not refused by a rule (the
+    Slurm executor leaves such a file to the job's node, which may have it)."""
+
+    def __init__(self, why: str, unreachable: bool = False) -> None:
+        super().__init__(why)
+        self.unreachable = unreachable
 
 
 OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -256,7 +263,8 @@ OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NO
 the user's own), never blocked by a named pipe (O_NONBLOCK: one with no reader fails ENXIO)."""
 NULL_DEVICE = os.makedev(1, 3)
 """`/dev/null`, the one file that is not a regular file a job may write to (`-o /dev/null`)."""
-MAX_LINKS = 8
+MAX_LINKS = 40
+"""Symbolic links followed in one path at most (the kernel's own limit)."""
 OPEN_TIMEOUT_S = 60.0
 """How long the user's opener may take (a hung network file system): then the launch fails."""
 _KINDS = {
@@ -266,47 +274,164 @@ _KINDS = {
     stat.S_IFCHR: "a device",
     stat.S_IFBLK: "a device",
 }
+_DIR = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+_NAME = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_UNREACHABLE = (errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.EPERM)
 
 
-def open_own(path: str, what: str, links: int = 0) -> int:
-    """As the job's user (its uid is this process's): `path` opened once to append, a
-    descriptor that becomes the job's stdout or stderr (T19 in docs/security.md). A free name
-    is created (O_EXCL, with the umask in force); an existing one must be, on the descriptor
-    opened (fstat, never the name checked and then opened again, which another account could
-    swap in between), a regular file of the user's, or /dev/null. A symbolic link at the name
-    is followed only when it is the user's own (its text read from the link opened, the name
-    it holds opened by this same rule); a named pipe, socket, device or directory is refused,
-    never waited on or written to."""
+def others_may_write(mode: int) -> bool:
+    """Pure: whether accounts other than a directory's owner may add, rename or remove what it
+    holds (group or world write, no sticky bit): a link or file there may be another's doing."""
+    return bool(mode & 0o022) and not mode & stat.S_ISVTX
+
+
+def link_refused(link_uid: int, dir_mode: int, uid: int, last: bool) -> str:
+    """Pure: the path rule for a symbolic link met while resolving a job's working directory or
+    output file as user `uid` ("" when it is followed, else why not): a link is followed only
+    when it is the user's own (or, on the way to the last name, root's: `/var/run`) and sits in
+    a directory no other account may write without the sticky bit (there another account may
+    have renamed someone's link into place: atk38-23 F1, F2, F10). The kernel's
+    `protected_symlinks` asks this only in sticky world-writable directories."""
+    if link_uid != uid and (last or link_uid != 0):
+        return "belongs to another user"
+    if others_may_write(dir_mode):
+        return "is in a directory other accounts may write (one of them may have put it there)"
+    return ""
+
+
+def _walk(path: str, what: str, shown: str, links: list[int], base: int | None) -> tuple[int, str]:
+    """As this process's user: the directory holding `path`'s last name (an O_PATH descriptor,
+    each name opened with O_NOFOLLOW from `/`, or from `base` for a relative path) and that name.
+    A link on the way is followed only by `link_refused`'s rule, else `Refused`; OSError when a
+    name is missing, closed to the user or not a directory."""
+    names = [n for n in path.split("/") if n]
+    cur = os.open("/" if path.startswith("/") else ".", _DIR, dir_fd=base)
+    where = "/" if path.startswith("/") else ""
     try:
-        return _checked(os.open(path, OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o666), path, what)
+        while len(names) > 1:
+            name = names.pop(0)
+            node = os.open(name, _NAME, dir_fd=cur)
+            try:
+                st = os.fstat(node)
+                if stat.S_ISLNK(st.st_mode):
+                    link = os.path.join(where, name)
+                    links[0] += 1
+                    if links[0] > MAX_LINKS:
+                        raise Refused(f"cannot open the {what} {shown}: too many symbolic links")
+                    why = link_refused(st.st_uid, os.fstat(cur).st_mode, os.getuid(), last=False)
+                    if why:
+                        raise Refused(f"the {what} {shown} goes through the symbolic link {link}, "
+                                      f"which {why}: not followed")  # fmt: skip
+                    text = os.readlink("", dir_fd=node)
+                    names = [n for n in text.split("/") if n] + names
+                    if text.startswith("/"):
+                        os.close(cur)
+                        cur, where = os.open("/", _DIR), "/"
+                    continue
+                if not stat.S_ISDIR(st.st_mode):
+                    raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+            except BaseException:
+                os.close(node)
+                raise
+            os.close(cur)
+            cur, where = node, os.path.join(where, name)
+    except BaseException:
+        os.close(cur)
+        raise
+    return cur, (names[0] if names else ".")
+
+
+def open_workdir(path: str) -> int:
+    """As the job's user: its working directory, an O_PATH descriptor the job is started in
+    (never the name again, which another account could swap meanwhile), resolved one name at a
+    time by `link_refused`'s rule; the directory itself must be the user's or root's (a
+    directory of another account's in its place decides what the job runs: atk38-23 F10)."""
+    links = [0]
+    try:
+        fd, _ = _walk(path.rstrip("/") + "/.", "working directory", path, links, None)
+    except OSError as err:
+        raise Refused(f"cannot enter the working directory {path}", unreachable=True) from err
+    try:
+        owner = os.fstat(fd).st_uid
+        if owner not in (os.getuid(), 0):
+            raise Refused(f"the working directory {path} belongs to another user")
+        os.fchdir(fd)  # search permission, as the user
+    except OSError as err:
+        os.close(fd)
+        raise Refused(f"cannot enter the working directory {path}", unreachable=True) from err
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_own(
+    path: str, what: str, base: int | None = None, shown: str = "", links: list[int] | None = None
+) -> int:
+    """As the job's user (its uid is this process's): `path` opened once to append, a
+    descriptor that becomes the job's stdout or stderr (T19 in docs/security.md). Its
+    directories are resolved one name at a time (`_walk`: a symbolic link on the way is followed
+    only by `link_refused`'s rule). A free name is created (O_EXCL, with the umask in force); an
+    existing one must be, on the descriptor opened (fstat, never the name checked and then opened
+    again, which another account could swap in between), a regular file of the user's with no
+    other hard link (`_checked`), or /dev/null. A symbolic link at the name is followed only by
+    the same rule (the user's own, in a directory others may not write), the name it holds opened
+    by this same rule; a named pipe, socket, device or directory is refused, never waited on or
+    written to."""
+    shown = shown or path
+    links = [0] if links is None else links
+    try:
+        holder, name = _walk(path, what, shown, links, base)
+    except OSError as err:
+        raise _why_not(shown, what, err) from err
+    try:
+        return _open_last(holder, name, what, shown, links)
+    finally:
+        os.close(holder)
+
+
+def _open_last(holder: int, name: str, what: str, shown: str, links: list[int]) -> int:
+    """`open_own` of the last name, in the directory `holder`."""
+    try:
+        fd = os.open(name, OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o666, dir_fd=holder)
+        return _checked(fd, shown, what)
     except FileExistsError:
         pass
     except OSError as err:
-        raise _why_not(path, what, err) from err
+        raise _why_not(shown, what, err) from err
     try:
-        return _checked(os.open(path, OPEN_FLAGS), path, what)
+        return _checked(os.open(name, OPEN_FLAGS, dir_fd=holder), shown, what)
     except OSError as err:
         if err.errno != errno.ELOOP:
-            raise _why_not(path, what, err) from err
-    if links >= MAX_LINKS:
-        raise Refused(f"cannot open the {what} {path}: too many symbolic links")
+            raise _why_not(shown, what, err) from err
+    links[0] += 1
+    if links[0] > MAX_LINKS:
+        raise Refused(f"cannot open the {what} {shown}: too many symbolic links")
     try:
-        link = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        link = os.open(name, _NAME, dir_fd=holder)
     except OSError as err:
-        raise _why_not(path, what, err) from err
+        raise _why_not(shown, what, err) from err
     try:
         st = os.fstat(link)
-        if not stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid():
-            raise Refused(f"the {what} {path} exists and belongs to another user")
+        if not stat.S_ISLNK(st.st_mode):
+            raise Refused(f"cannot open the {what} {shown}: it changed while it was opened")
+        why = link_refused(st.st_uid, os.fstat(holder).st_mode, os.getuid(), last=True)
+        if why == "belongs to another user":
+            raise Refused(f"the {what} {shown} exists and belongs to another user")
+        if why:
+            raise Refused(f"the {what} {shown} is a symbolic link, which {why}: not followed")
         target = os.readlink("", dir_fd=link)
     finally:
         os.close(link)
-    return open_own(os.path.join(os.path.dirname(path), target), what, links + 1)
+    return open_own(target, what, holder, os.path.join(os.path.dirname(shown), target), links)
 
 
 def _checked(fd: int, path: str, what: str) -> int:
-    """`fd` when it is a regular file of this user's (or /dev/null), made blocking again;
-    else closed, never written to, and the launch refused."""
+    """`fd` when it is a regular file of this user's with no other hard link (or /dev/null),
+    made blocking again; else closed, never written to, and the launch refused. A second link is
+    a name the user may not have made: another account may link a group-writable file of the
+    user's to the output's name (`protected_hardlinks` allows it), and read there what the job
+    writes under its umask (atk38-23 F1)."""
     try:
         st = os.fstat(fd)
         if stat.S_ISCHR(st.st_mode) and st.st_rdev == NULL_DEVICE:
@@ -316,6 +441,11 @@ def _checked(fd: int, path: str, what: str) -> int:
             raise Refused(f"the {what} {path} exists and is {kind}, not a regular file")
         elif st.st_uid != os.getuid():
             raise Refused(f"the {what} {path} exists and belongs to another user")
+        elif st.st_nlink > 1:
+            raise Refused(
+                f"the {what} {path} exists and has {st.st_nlink} hard links (another name for "
+                "it may not be the user's): refused, remove the other names or the file"
+            )
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -332,7 +462,10 @@ def _why_not(path: str, what: str, err: OSError) -> Refused:
             return Refused(f"the {what} {path} exists and is {kind}, not a regular file")
         if st.st_uid != os.getuid():
             return Refused(f"the {what} {path} exists and belongs to another user")
-    return Refused(f"cannot open the {what} {path}: {err.strerror or err}")
+    return Refused(
+        f"cannot open the {what} {path}: {err.strerror or err}",
+        unreachable=err.errno in _UNREACHABLE,
+    )
 
 
 def _outputs(spec: dict[str, Any]) -> list[tuple[str, str]]:
@@ -342,31 +475,40 @@ def _outputs(spec: dict[str, Any]) -> list[tuple[str, str]]:
     return named + ([("error file", err)] if err and err != out else [])
 
 
+WORKDIR = "working directory"
+"""`open_outputs`'s key of the working directory's descriptor."""
+
+
 def _open_as_user(spec: dict[str, Any], named: list[tuple[str, str]]) -> list[int]:
-    """In a child of the supervisor: become the job's user (its groups too), enter its working
-    directory, take its umask (0077 when none was recorded) and open the files it named."""
+    """In a child of the supervisor: become the job's user (its groups too), open its working
+    directory (`open_workdir`, first when it has one) and enter it, take its umask (0077 when
+    none was recorded) and open the files it named."""
     who = spec.get("account")
     if who:
         os.setgroups(who["groups"])
         os.setgid(who["gid"])
         os.setuid(who["uid"])
     wd = spec.get("workdir") or ""
-    try:
-        os.chdir(wd or spec.get("cwd") or "/")
-    except OSError as err:
-        if wd:
-            raise Refused(f"cannot enter the working directory {wd}") from err
-        os.chdir("/")  # no working directory of its own: the names it gave are absolute
+    fds = []
+    if wd:
+        fds.append(open_workdir(wd))
+    else:
+        try:
+            os.chdir(spec.get("cwd") or "/")
+        except OSError:
+            os.chdir("/")  # no working directory of its own: the names it gave are absolute
     mask = _umask(spec)
     os.umask(int(mask, 8) if mask else 0o077)
-    return [open_own(path, what) for what, path in named]
+    return fds + [open_own(path, what) for what, path in named]
 
 
-def open_outputs(spec: dict[str, Any]) -> dict[str, int]:
-    """The job's output and error files the user named, opened as the user (`open_own`) by a
-    child of the supervisor that hands the descriptors back: {"output file": fd, ...}. Raises
-    `Refused` with why when one may not be used."""
-    named = _outputs(spec)
+def open_outputs(spec: dict[str, Any], timeout_s: float = OPEN_TIMEOUT_S) -> dict[str, int]:
+    """The job's working directory and the output and error files the user named, opened as the
+    user (`open_workdir`, `open_own`) by a child that hands the descriptors back:
+    {"working directory": fd, "output file": fd, ...}. Raises `Refused` with why when one may
+    not be used."""
+    files = _outputs(spec)
+    named = ([(WORKDIR, spec["workdir"])] if spec.get("workdir") else []) + files
     if not named:
         return {}
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -376,15 +518,16 @@ def open_outputs(spec: dict[str, Any]) -> dict[str, int]:
         try:
             mine.close()
             try:
-                socket.send_fds(theirs, [b"ok"], _open_as_user(spec, named))
+                socket.send_fds(theirs, [b"ok"], _open_as_user(spec, files))
             except Refused as refused:
-                theirs.sendall(b"no" + str(refused).encode(errors="replace")[:2000])
+                flag = b"u" if refused.unreachable else b"r"
+                theirs.sendall(b"no" + flag + str(refused).encode(errors="replace")[:2000])
             code = 0
         finally:
             os._exit(code)
     theirs.close()
     try:
-        mine.settimeout(OPEN_TIMEOUT_S)
+        mine.settimeout(timeout_s)
         msg, fds, _, _ = socket.recv_fds(mine, 4096, len(named))
     except OSError as err:  # it hangs (a dead network file system): it never gets to answer
         with contextlib.suppress(ProcessLookupError):
@@ -396,18 +539,21 @@ def open_outputs(spec: dict[str, Any]) -> dict[str, int]:
     if msg != b"ok" or len(fds) != len(named):
         for fd in fds:
             os.close(fd)
-        why = msg[2:].decode(errors="replace") if msg.startswith(b"no") else ""
-        raise Refused(why or f"cannot open the {named[0][0]} {named[0][1]}")
+        why = msg[3:].decode(errors="replace") if msg.startswith(b"no") else ""
+        raise Refused(why or f"cannot open the {named[0][0]} {named[0][1]}", msg[2:3] == b"u")
     return {what: fd for (what, _), fd in zip(named, fds, strict=True)}
 
 
 def _start(rundir: Path, spec: dict[str, Any], tree: Tree) -> subprocess.Popen[bytes]:
-    """The leader, born in the part's groups: the supervisor joins them for the fork only."""
+    """The leader, born in the part's groups: the supervisor joins them for the fork only. It
+    starts in the working directory the user's opener opened (`/proc/self/fd/N`: that
+    directory, never its name resolved again)."""
     tree.create(spec.get("gpus", ()), constrain=bool(spec.get("constrain", True)))
     with contextlib.ExitStack() as files:
         named = open_outputs(spec)  # first: a refusal leaves nothing made
         for fd in named.values():
             files.callback(os.close, fd)
+        wd = named.pop(WORKDIR, None)
         log = files.enter_context(open(spec["log"], "ab")) if spec.get("log") else None
         said = files.enter_context(_private(rundir / "launch.log"))
         out = named.get("output file", log or said)
@@ -423,7 +569,7 @@ def _start(rundir: Path, spec: dict[str, Any], tree: Tree) -> subprocess.Popen[b
                 [SHELL, "-c", WRAPPER, "gpuledger-job", spec.get("workdir") or "",
                  _umask(spec), *(spec["command"] or ["true"])],
                 env=spec["env"],
-                cwd=spec.get("cwd") or None,
+                cwd=f"/proc/self/fd/{wd}" if wd is not None else spec.get("cwd") or None,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,

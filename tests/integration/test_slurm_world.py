@@ -183,9 +183,10 @@ def test_a_limit_in_seconds_is_kept_after_the_service_restarts(ledger: Ledger) -
 
 def test_a_run_slurm_cannot_launch_is_launch_failed_and_never_started(ledger: Ledger) -> None:
     """N3 of the re-test of issue 23 (the node agents' twin is in test_sbatch_like.py): an
-    output file the job's user cannot write makes Slurm fail the launch (JobLaunchFailure,
+    output file the job's user cannot write made Slurm fail the launch (JobLaunchFailure,
     exit 0:53); the job was recorded `failed` with exit 181. It ends `launch_failed` with why
-    and no exit code."""
+    and no exit code. (slurmstepd now opens /dev/null and the batch script the file, as the
+    user: it cannot, leaves `cannot-open` and ends, atk38-23 F3.)"""
     with os_user("glsn", groups=0) as user:
         ledger.cli("member", "add", user.name, "ai2/olmo")
         closed = ledger.work / "closed-n3"  # root's, 0700
@@ -195,7 +196,7 @@ def test_a_run_slurm_cannot_launch_is_launch_failed_and_never_started(ledger: Le
         ledger.wait("the launch to fail", lambda: status(ledger, job) == "finished")
         row = ledger.jobs()[job]
         assert (row["finish_reason"], row["exit_code"]) == ("launch_failed", None), row
-        assert "JobLaunchFailure" in row["finish_note"], row
+        assert row["finish_note"].startswith(f"cannot open the output file {closed}/o-{job}.out")
         # N3's rest: a read that saw Slurm's RUNNING before the failure no longer records a
         # start (the start waits for the batch script's mark, which a failed launch never makes)
         assert row["started_at"] is None, row

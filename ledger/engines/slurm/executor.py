@@ -21,6 +21,7 @@ from ledger.engines.slurm.ends import Ending, answering, kill_wait, sacct_end
 from ledger.engines.slurm.foreign import others
 from ledger.engines.slurm.launching import (
     CANNOT_ENTER,
+    CANNOT_OPEN,
     CANNOT_START,
     END_RECORD,
     LAUNCHED,
@@ -297,8 +298,7 @@ class SlurmExecutor:
         return held
 
     def _default_log(self, job: Launch, who: SbatchUser) -> Path:
-        """The service's own output file of a job that names none: `<log_dir>/job-<id>.log`
-        (`own_log`: the service's directory, the file the job's user's alone)."""
+        """A job's log when it names none: `<log_dir>/job-<id>.log`, the user's (`own_log`)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         return own_log(self.log_dir, f"job-{job.job_id}.log", who.uid, who.gid)
 
@@ -351,24 +351,25 @@ class SlurmExecutor:
         if isinstance(who := sbatch_user(job.user, self.run_as), str):
             raise _Refused(who)
         out = job.stdout or str(self._default_log(job, who))
-        err = job.stderr or ""
-        r.logs = tuple(dict.fromkeys(p for p in (out, err) if p))
-        mask = files_umask(job.umask, bool(job.stdout))  # slurmstepd would append to a planted
-        if planted := claim_outputs(r.logs, who, self.timeout_s, mask):
-            raise _Refused(planted)
-        args = ["sbatch", *sbatch_args(job, self.partition, out, who, self.ledger_id,
-                                       self._pinned, err, self._grace_of(r),
+        r.logs = tuple(dict.fromkeys(p for p in (out, job.stderr) if p))
+        mask = files_umask(job.umask, bool(job.stdout))  # slurmstepd opens /dev/null alone:
+        claimed = claim_outputs(r.logs, who, self.timeout_s, mask, job.workdir)  # the script,
+        if isinstance(claimed, str):  # the files claimed (`outputs`)
+            raise _Refused(claimed)
+        args = ["sbatch", *sbatch_args(job, self.partition, os.devnull, who, self.ledger_id,
+                                       self._pinned, "", self._grace_of(r),
                                        self.max_time_s)]  # fmt: skip
         checkpoint = self._checkpoint_file(job.job_id, job.run, who)
-        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED, STOPPING)
-        launched, no_dir, no_cmd, ended, signalled, stop = (
+        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED, STOPPING, CANNOT_OPEN)
+        launched, no_dir, no_cmd, ended, signalled, stop, no_file = (
             str(checkpoint.with_name(m)) for m in marks
         )
         umask = own_umask() if job.umask is None else job.umask  # the submitter's, as sbatch's
         script = batch_script(job, who, str(checkpoint), launched, umask, no_dir, no_cmd, ended,
-                              signalled, stop)  # fmt: skip
-        r.slurm_id = self._run(args, stdin=script, env=sbatch_env(self.env, mask)).strip()
-        r.slurm_id = r.slurm_id.split(";")[0]
+                              signalled, stop, claimed.files(r.logs), mask, no_file,
+                              claimed.workdir)  # fmt: skip
+        said = self._run(args, stdin=script, env=sbatch_env(self.env, mask))
+        r.slurm_id = said.strip().split(";")[0]
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, r.slurm_id)
 
     def _try_submit(self, now: float) -> None:

@@ -26,6 +26,9 @@ from ledger.engines.slurm.words import NEVER_STARTS, SlurmJob
 LAUNCHED = "launched"
 CANNOT_ENTER = "cannot-enter"
 CANNOT_START = "cannot-start"
+CANNOT_OPEN = "cannot-open"
+"""Left by the batch script when an output file is not the one the executor claimed (or not a
+regular file of the user's with one link): the script ends there (`words.output_lines`)."""
 END_RECORD = "ended"
 """The run's end record (`<exit code> <epoch seconds> <signalled 0|1>`), written by its batch
 script when the job's command exits (`script.batch_script`)."""
@@ -96,6 +99,16 @@ def cannot_start(launch: Launch | None) -> str:
     return f"cannot start {cmd}: {why}"
 
 
+def cannot_open(logs: tuple[str, ...]) -> str:
+    """Why a run whose script left `cannot-open` never ran."""
+    files = " or ".join(logs) or "its output file"
+    return (
+        f"cannot open the output file {files} as the job's user, or it was not the file claimed "
+        "for it at launch (another account may have replaced it) or no regular file of the "
+        "user's with one link"
+    )
+
+
 def launch_failure(launch: Launch | None, logs: tuple[str, ...]) -> str:
     """Why Slurm could not launch a run (JobLaunchFailure), in the job's words: slurmd says
     no more, so the likely cause is named from what the job asked for."""
@@ -125,6 +138,8 @@ def never_ran(
     ran = (j.end_time or 0.0) - (j.start_time or 0.0)  # a failing `cd` or check ends at once
     if started or ran >= confirm_s or marked(run_dir, LAUNCHED):
         return ""
+    if marked(run_dir, CANNOT_OPEN):
+        return cannot_open(logs)
     if marked(run_dir, CANNOT_START):
         return cannot_start(launch)
     return cannot_enter(launch) if marked(run_dir, CANNOT_ENTER) else ""

@@ -1,56 +1,43 @@
-"""A Slurm run's output and error files, made the job's user's before `sbatch` (T19 in
-docs/security.md). slurmstepd opens them as the job's user with O_CREAT and no O_EXCL, so a file
-another account planted at the name (in a directory both may write: /tmp, a 1777 project dir) is
-appended to and a link there is followed, and whoever planted it reads the job's output. So the
-executor does first, as the job's user, what the node agents' supervisor does
-(`supervise.open_own`): a name that is free is taken (created empty, O_EXCL: in a sticky
-directory nobody else can remove or replace it then), one the user owns is left to append to,
-one another account owns (a file or a link) or one that is not a regular file (a named pipe, a
-socket, a directory, a device other than /dev/null) refuses the launch with why. Unlike the
-supervisor, which opens the file once and hands that descriptor to the job, this checks names:
-slurmstepd opens the file again later, so in a directory another account may write without the
-sticky bit it may swap the name in between (T19). A file that cannot be made here (its directory
-is missing or closed to the user, or only on the compute nodes) is left to Slurm, which fails
-the launch then (JobLaunchFailure) or opens it where it runs. An edge (it runs a shell as the
-user)."""
+"""A Slurm run's working directory and output files, checked and made the job's user's before
+`sbatch`, then opened by the job's own batch script (T19 in docs/security.md). slurmstepd opens an
+output file by name as the job's user with O_CREAT and no O_EXCL, after the executor's check: in
+a directory another account may write without the sticky bit (a group project directory) it may
+swap the name in between for a named pipe (slurmstepd then blocks, its node held, until the
+planter reads the job's output) or a link (atk38-23 F3). So slurmstepd opens only /dev/null
+(`sbatch --output=/dev/null`), and the output is opened by the batch script as the user:
+
+1. `claim_outputs`, just before `sbatch`, as the job's user, by the very code the node agents'
+   supervisor opens outputs with (`supervise.open_outputs`: one rule for both engines): the
+   working directory resolved name by name (a link on the way only by the path rule, the
+   directory the user's or root's) and each output file opened once (a free name made, with the
+   files' umask; an existing one a regular file of the user's with no other hard link, or
+   /dev/null; a link only the user's own). A refusal fails the launch with why. It keeps what it
+   found: each file's inode and the working directory's real path (`Claimed`).
+2. The batch script (`words.batch_script`) opens each output itself (`<>`: never blocks on a
+   named pipe), checks the descriptor it opened (`stat -L /proc/self/fd/N`: a regular file of the
+   user's, one link, *the inode claimed*), and only then makes it its stdout or stderr, opened
+   again through that descriptor (`/proc/self/fd/N`, the same file) to append. Whatever was
+   swapped in after the claim is refused there (mark `cannot-open`, exit 127: a failed launch),
+   never written to or waited on. It enters the working directory and checks it is the real path
+   claimed (`pwd -P`), the user's or root's.
+
+A file or directory the service host cannot reach (missing there, closed to the user, or only on
+the compute nodes) is left to the batch script's own checks, without an inode to compare. An
+edge (it forks the opener as the user)."""
 
 from __future__ import annotations
 
 import logging
 import os
-import stat
-import subprocess
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ledger.engines.accounts import RunAs, account_for
 from ledger.engines.slurm.words import SBATCH_ENV, SbatchUser
+from ledger.engines.supervise import WORKDIR, Refused, open_outputs
 
 log = logging.getLogger("gpuledger.slurm")
-
-CLAIM = r"""umask "$1"
-shift
-mine() { [ -n "$(find "$1" -maxdepth 0 -user "$(id -u)" 2>/dev/null)" ]; }
-usable() { [ -f "$1" ] || [ "$1" -ef /dev/null ]; }
-for f in "$@"; do
-  # a free name is taken: O_CREAT|O_EXCL, which neither follows a link nor opens (or waits on)
-  # anything planted there meanwhile (dash's `set -C; : >f` opens an existing named pipe)
-  dd if=/dev/null of="$f" conv=excl status=none 2>/dev/null && continue
-  if [ -L "$f" ]; then
-    if ! mine "$f"; then printf 'other %s\n' "$f"
-    elif [ -e "$f" ] && ! usable "$f"; then printf 'special %s\n' "$f"; fi
-  elif [ -e "$f" ]; then
-    if ! usable "$f"; then printf 'special %s\n' "$f"
-    elif ! mine "$f" && [ -f "$f" ]; then printf 'other %s\n' "$f"; fi
-  fi
-done
-exit 0
-"""
-"""As the job's user, $1 the umask to make them with, the rest the files: takes the free ones
-(made empty, O_EXCL); prints `other NAME` for each one another account owns (a file or a link)
-and `special NAME` for each one that is not a regular file (a named pipe, socket, directory or
-device, /dev/null aside: slurmstepd would wait on a pipe for ever, or write to whoever reads it).
-A name it cannot make or see is left to Slurm."""
 
 PRIVATE = 0o077
 """The umask of a run's files when its submission recorded none (the user's alone, 0600)."""
@@ -63,15 +50,30 @@ def files_umask(job_umask: int | None, names_output: bool) -> int:
     return job_umask if job_umask is not None and names_output else PRIVATE
 
 
+@dataclass(frozen=True)
+class Claimed:
+    """What the claim found: each output file's inode (absent: left to the job's node) and the
+    working directory's real path ("": none, or left to the node)."""
+
+    inodes: dict[str, int] = field(default_factory=dict)
+    workdir: str = ""
+
+    def files(self, paths: Iterable[str]) -> list[tuple[str, int | None]]:
+        """Pure: the batch script's files to open (`words.batch_script`'s `outputs`)."""
+        return [(p, self.inodes.get(p)) for p in paths]
+
+
 def claim_outputs(
-    paths: Iterable[str], who: SbatchUser, timeout_s: float, umask: int = PRIVATE
-) -> str:
-    """Make the run's files the user's where they are free (with `umask`); "" when Slurm may
-    open them all, else why not (one line, in the node agents' words). `who.uid` None: the
-    service's own account runs the job, and the shell runs as it."""
+    paths: Iterable[str],
+    who: SbatchUser,
+    timeout_s: float,
+    umask: int = PRIVATE,
+    workdir: str = "",
+) -> Claimed | str:
+    """Check the run's working directory and make its files the user's where they are free
+    (with `umask`), as the user (module doc); what it found, else why not (one line, in the
+    node agents' words). `who.uid` None: the service's own account runs the job."""
     files = [p for p in dict.fromkeys(paths) if p]
-    if not files:
-        return ""
     for name in files:  # Slurm reads `\` in -o/-e itself: the name it opens is not this one
         if "\\" in name:
             what = "output file" if name == files[0] else "error file"
@@ -79,43 +81,49 @@ def claim_outputs(
                 f"the {what} {name} has a backslash, which Slurm reads as an escape (it "
                 "would open another name than the one checked): name it without one"
             )
-    try:
-        done = subprocess.run(
-            ["/bin/sh", "-c", CLAIM, "gpuledger-claim", f"{umask:04o}", *files],
-            capture_output=True, text=True, timeout=timeout_s, check=False, cwd="/",
-            env={"PATH": "/usr/bin:/bin"}, **_as(who),
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError) as err:  # as a file it cannot make: Slurm's
-        log.warning("cannot check the output files %s: %s", files, err)
-        return ""
-    for line in done.stdout.splitlines():
-        said, _, name = line.partition(" ")
-        if name in files and said in ("other", "special"):
-            what = "output file" if name == files[0] else "error file"
-            if said == "other":
-                return f"the {what} {name} exists and belongs to another user"
-            return f"the {what} {name} exists and is {_kind(name)}, not a regular file"
-    return ""
+    account = _account(who)
+    real = ""
+    if workdir:
+        got = _open(account, {"workdir": workdir}, timeout_s)
+        if isinstance(got, str):
+            return got
+        if WORKDIR in got:
+            real = os.readlink(f"/proc/self/fd/{got[WORKDIR]}")
+            os.close(got[WORKDIR])
+    inodes: dict[str, int] = {}
+    for i, name in enumerate(files):
+        got = _open(account, {"umask": f"{umask:04o}", ("stderr" if i else "stdout"): name},
+                    timeout_s)  # fmt: skip
+        if isinstance(got, str):
+            return got
+        for fd in got.values():
+            inodes[name] = os.fstat(fd).st_ino
+            os.close(fd)
+    return Claimed(inodes, real)
 
 
-def _kind(path: str) -> str:
-    """What `path` is, in words (for the refusal only: the check was the user's shell's)."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return "not a regular file"
-    kinds = {stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory",
-             stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}  # fmt: skip
-    return kinds.get(stat.S_IFMT(mode), "not a regular file")
-
-
-def _as(who: SbatchUser) -> dict[str, Any]:
-    """`subprocess` arguments that run as the job's user with its groups (initgroups)."""
+def _account(who: SbatchUser) -> dict[str, Any] | None:
+    """The opener's account (`supervise.open_outputs`): the job's user with its groups
+    (initgroups), None for the service's own account."""
     if who.uid is None:
-        return {}
+        return None
     gid = who.gid if who.gid is not None else who.uid
     groups = os.getgrouplist(who.name, gid) if who.name else []
-    return {"user": who.uid, "group": gid, "extra_groups": groups}
+    return {"uid": who.uid, "gid": gid, "groups": groups}
+
+
+def _open(
+    account: dict[str, Any] | None, spec: dict[str, Any], timeout_s: float
+) -> dict[str, int] | str:
+    """`open_outputs` as `account`: its descriptors ({} when what it names cannot be reached
+    from here: left to the job's node), or why it is refused."""
+    try:
+        return open_outputs({**spec, "account": account}, timeout_s)
+    except Refused as refused:
+        if refused.unreachable:
+            log.info("left to the job's node: %s", refused)
+            return {}
+        return str(refused)
 
 
 def sbatch_user(user: str, run_as: RunAs) -> SbatchUser | str:

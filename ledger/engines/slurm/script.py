@@ -6,8 +6,10 @@ SIGTERM Slurm gives the batch shell alone is passed on to the command. Pure: wor
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 
 from ledger.cycle.executor import Launch
+from ledger.engines.slurm.script_files import output_lines, touch, workdir_check
 from ledger.engines.slurm.words import SbatchUser, job_environment
 
 
@@ -22,10 +24,15 @@ def batch_script(
     ended_file: str = "",
     signalled_file: str = "",
     stopping_file: str = "",
+    outputs: Sequence[tuple[str, int | None]] = (),
+    files_umask: int = 0o077,
+    cannot_open_file: str = "",
+    real_workdir: str = "",
 ) -> str:
-    """Pure: the batch script: the job's umask (the submitter's as recorded, else the one the
-    service has; sbatch runs with SLURM_UMASK, the umask slurmstepd makes the output files
-    with: `outputs.files_umask`), the job's environment (`job_environment`), a check that it starts
+    """Pure: the batch script: with `outputs` (`script_files`), its output files opened first, as
+    the user, with `files_umask`, and its working directory checked (slurmstepd opens /dev/null
+    alone); the job's umask (the submitter's as recorded, else the one the service has; sbatch
+    runs with SLURM_UMASK), the job's environment (`job_environment`), a check that it starts
     where it was asked to (Slurm would fall back to /tmp): a directory it cannot enter leaves
     `cannot_enter_file` and ends the script, so its run is a failed launch, never a run (as
     on the node agents); a command that cannot be started (not found in the job's PATH, or no
@@ -52,17 +59,19 @@ def batch_script(
     `sbatch --export=ALL,VAR=...` makes Slurm start a job about 1.5 s later; sbatch itself runs
     with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
     env = job_environment(job, who or SbatchUser(), checkpoint_file)
-    lines = ["#!/bin/bash", f"umask {umask:04o}"]
+    lines = ["#!/bin/bash"]
+    if outputs:
+        lines += [f"umask {files_umask:04o}", *output_lines(outputs, cannot_open_file)]
+    lines.append(f"umask {umask:04o}")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     if job.workdir:
         wd = shlex.quote(job.workdir)
-        mark = f" {{ : > {shlex.quote(cannot_enter_file)}; }} 2>/dev/null;" * bool(
-            cannot_enter_file
-        )
+        mark = touch(cannot_enter_file)
         lines.append(
             f'cd -- {wd} || {{ echo "gpuledger: cannot enter the working directory "{wd} >&2;'
             f"{mark} exit 127; }}"
         )
+        lines += workdir_check(job.workdir, real_workdir, mark) if outputs else []
     if cannot_start_file and job.command:
         cmd = shlex.quote(job.command[0])
         mark = f"{{ : > {shlex.quote(cannot_start_file)}; }} 2>/dev/null;"

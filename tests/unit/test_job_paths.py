@@ -1,0 +1,301 @@
+"""The path rule of a job's working directory and output files, on every engine (atk38-23 F1, F2,
+F3, F6, F10; T19 in docs/security.md): what another OS account put in a directory it may write
+(a hard link, a symbolic link, a directory of its own, a named pipe swapped in after the claim)
+never steers the job's files or where it runs. Real files, real OS accounts (`userkit`: the suite
+runs as root), opened as the job's user by the code the engines run: the node agents' opener
+(`supervise.open_outputs`), the Slurm executor's claim (`outputs.claim_outputs`) and the Slurm
+batch script (`words.batch_script`, run by bash as the user)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ledger.cycle.executor import GpuSlot, Launch
+from ledger.engines.slurm.launching import CANNOT_ENTER, CANNOT_OPEN, LAUNCHED
+from ledger.engines.slurm.outputs import Claimed, claim_outputs
+from ledger.engines.slurm.script import batch_script
+from ledger.engines.slurm.words import SbatchUser
+from ledger.engines.supervise import Refused, open_outputs
+from tests.integration.userkit import User, os_user, shared_dir
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[User, User]]:
+    """alice (the job's owner) and bob (another account)."""
+    with os_user("glpa") as alice, os_user("glpb") as bob:
+        yield alice, bob
+
+
+@pytest.fixture
+def team() -> Iterator[Path]:
+    """A project directory every account may write, without the sticky bit (as a setgid group
+    directory is for its members)."""
+    with shared_dir("gpuledger-team-") as top:
+        d = top / "team"
+        d.mkdir()
+        d.chmod(0o777)
+        yield d
+
+
+def _own(path: Path, who: User) -> None:
+    os.lchown(path, who.uid, who.gid)
+
+
+def _account(who: User) -> dict[str, object]:
+    return {"uid": who.uid, "gid": who.gid, "groups": [who.gid]}
+
+
+def _opened(who: User, **spec: str) -> dict[str, int]:
+    """The node agents' opener as `who` (what their supervisor runs): the descriptors, closed."""
+    fds = open_outputs({"account": _account(who), "umask": "0022", **spec})
+    for fd in fds.values():
+        os.close(fd)
+    return fds
+
+
+def _sbatch_user(who: User) -> SbatchUser:
+    return SbatchUser(uid=who.uid, gid=who.gid, name=who.name, home=str(who.home), shell="/bin/sh")
+
+
+def test_a_hard_link_planted_at_the_output_is_refused_on_both_engines(
+    pair: tuple[User, User], team: Path
+) -> None:
+    """F1: bob links alice's group-writable notes to the output's name; the job's output (under
+    umask 077) would land in her notes, which bob reads."""
+    alice, _ = pair
+    notes = team / "notes.txt"
+    notes.write_text("alice-notes\n")
+    notes.chmod(0o664)
+    _own(notes, alice)
+    out = team / "gpuledger-6.out"
+    os.link(notes, out)
+    with pytest.raises(Refused, match=f"the output file {out} exists and has 2 hard links"):
+        _opened(alice, stdout=str(out))
+    why = claim_outputs([str(out)], _sbatch_user(alice), 10.0, 0o077)
+    assert isinstance(why, str) and why.startswith(f"the output file {out} exists and has 2 hard")
+    assert notes.read_text() == "alice-notes\n"
+
+
+def test_the_users_own_link_renamed_into_place_in_a_writable_directory_is_not_followed(
+    pair: tuple[User, User], team: Path
+) -> None:
+    """F1's variant: alice keeps a link in the team directory to her private file; bob renames it
+    to the output's name (a rename needs only the directory's write bit). In a sticky directory
+    nobody but alice may move her link: there it is followed."""
+    alice, _ = pair
+    private = alice.home / "data.csv"
+    private.write_text("precious,data\n")
+    _own(private, alice)
+    out = team / "gpuledger-23.out"
+    out.symlink_to(private)
+    _own(out, alice)
+    with pytest.raises(Refused, match=f"the output file {out} is a symbolic link, which is in a"):
+        _opened(alice, stdout=str(out))
+    assert private.read_text() == "precious,data\n"
+    team.chmod(0o1777)
+    assert "output file" in _opened(alice, stdout=str(out))  # her link, where only she moves it
+
+
+def test_a_directory_link_of_another_account_in_the_path_is_not_followed(
+    pair: tuple[User, User], team: Path
+) -> None:
+    """F2: alice's 0700 `logs` renamed by bob and replaced with his link to his 1777 directory:
+    her output was made there, for him to read. A link of her own where only she may write is
+    still followed."""
+    alice, bob = pair
+    with shared_dir("gpuledger-bob-") as bobs:
+        bobs.chmod(0o1777)
+        (team / "logs").symlink_to(bobs)
+        _own(team / "logs", bob)
+        for spec in ({"stdout": str(team / "logs" / "9.out")},
+                     {"workdir": str(team), "stdout": "logs/9.out"}):  # fmt: skip
+            with pytest.raises(Refused, match=r"goes through the symbolic link (/.*/team/)?logs, "
+                               r"which belongs to another user"):  # fmt: skip
+                _opened(alice, **spec)
+        why = claim_outputs([str(team / "logs" / "9.out")], _sbatch_user(alice), 10.0)
+        assert isinstance(why, str) and "goes through the symbolic link" in why
+        assert list(bobs.iterdir()) == []
+    mine = alice.home / "mylogs"
+    mine.mkdir()
+    _own(mine, alice)
+    (alice.home / "logs").symlink_to(mine)
+    _own(alice.home / "logs", alice)
+    assert _opened(alice, stdout=str(alice.home / "logs" / "1.out"))
+    assert (mine / "1.out").stat().st_uid == alice.uid
+
+
+def test_the_users_own_link_to_another_accounts_file_is_refused_by_the_slurm_claim_too(
+    pair: tuple[User, User], team: Path
+) -> None:
+    """F6: alice's own link `~/train.log` into the team directory, where bob made `team.log`
+    0666: the node agents refused it and the Slurm claim followed it (bob read her output)."""
+    alice, bob = pair
+    theirs = team / "team.log"
+    theirs.write_text("")
+    theirs.chmod(0o666)
+    _own(theirs, bob)
+    link = alice.home / "train.log"
+    link.symlink_to(theirs)
+    _own(link, alice)
+    want = f"the output file {theirs} exists and belongs to another user"
+    with pytest.raises(Refused, match=want):
+        _opened(alice, stdout=str(link))
+    assert claim_outputs([str(link)], _sbatch_user(alice), 10.0) == want
+    assert theirs.read_text() == ""
+
+
+@pytest.mark.parametrize("swap", ["a link to another account's directory", "his own directory"])
+def test_a_working_directory_swapped_by_another_account_is_refused(
+    pair: tuple[User, User], team: Path, swap: str
+) -> None:
+    """F10: bob renames alice's 0700 `exp1` and puts his own code in its place (a link to his
+    directory, or a directory of his): her job ran his `train.sh` as her."""
+    alice, bob = pair
+    with shared_dir("gpuledger-bob-") as bobs:
+        (bobs / "exp").mkdir()
+        (bobs / "exp" / "train.sh").write_text("echo bob's code\n")
+        exp1 = team / "exp1"
+        if swap == "his own directory":
+            (bobs / "exp").rename(exp1)
+            want = f"the working directory {exp1} belongs to another user"
+        else:
+            exp1.symlink_to(bobs / "exp")
+            want = f"the working directory {exp1} goes through the symbolic link {exp1}, which"
+        _own(exp1, bob)
+        with pytest.raises(Refused, match=want):
+            _opened(alice, workdir=str(exp1))
+        why = claim_outputs([str(exp1 / "o.out")], _sbatch_user(alice), 10.0, workdir=str(exp1))
+        assert isinstance(why, str) and why.startswith(want)
+    mine = team / "exp2"
+    mine.mkdir(mode=0o700)
+    _own(mine, alice)
+    got = claim_outputs([str(mine / "o.out")], _sbatch_user(alice), 10.0, 0o077, str(mine))
+    assert isinstance(got, Claimed) and got.workdir == str(mine)
+
+
+def _launch(workdir: str, command: tuple[str, ...]) -> Launch:
+    return Launch(
+        7,
+        (GpuSlot(node="n1", gpu_indices=(0,)),),
+        command,
+        60.0,
+        "alice",
+        "ai2/olmo",
+        workdir=workdir,
+    )
+
+
+def _script_as(who: User, script: str, run_dir: Path) -> subprocess.CompletedProcess[str]:
+    path = run_dir / "batch.sh"
+    path.write_text(script)
+    return subprocess.run(
+        ["/bin/bash", str(path)], user=who.uid, group=who.gid, extra_groups=[],
+        capture_output=True, text=True, timeout=20, cwd="/", check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "swap", ["none", "a named pipe bob reads", "a link to another account's file"]
+)
+def test_slurm_output_swapped_after_the_claim_is_never_waited_on_or_written(
+    pair: tuple[User, User], team: Path, swap: str
+) -> None:
+    """F3: between the executor's claim and slurmstepd's open, bob (who may write the team
+    directory) renames the claimed file and puts a 0666 named pipe there (slurmstepd blocked in
+    its open, the node held, until bob read the job's output) or a link to his file. slurmstepd
+    now opens /dev/null; the batch script opens the name itself, as the user, and takes only the
+    inode claimed: a swapped name ends it at once (`cannot-open`, 127), nothing waited on or
+    written. Unswapped, the job's output is appended to the claimed file."""
+    alice, bob = pair
+    out = team / "race-11.out"
+    claimed = claim_outputs([str(out)], _sbatch_user(alice), 10.0, 0o077, str(team))
+    assert isinstance(claimed, Claimed) and out.stat().st_uid == alice.uid
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600 and claimed.workdir == str(team)
+    reader = -1
+    if swap != "none":
+        out.rename(team / "race-11.out.moved")
+        if swap == "a named pipe bob reads":
+            os.mkfifo(out, 0o666)
+        else:
+            (team / "steal.txt").write_text("")
+            (team / "steal.txt").chmod(0o666)
+            _own(team / "steal.txt", bob)
+            out.symlink_to(team / "steal.txt")
+        _own(out, bob)
+    with shared_dir("gpuledger-run-") as run_dir:
+        _own(run_dir, alice)
+        marks = {m: str(run_dir / m) for m in (LAUNCHED, CANNOT_OPEN, CANNOT_ENTER)}
+        script = batch_script(
+            _launch(str(team), ("sh", "-c", "echo SECRET-$GPULEDGER_JOB_ID; id -u")),
+            _sbatch_user(alice), launched_file=marks[LAUNCHED], umask=0o077,
+            cannot_enter_file=marks[CANNOT_ENTER], outputs=claimed.files([str(out)]),
+            files_umask=0o077, cannot_open_file=marks[CANNOT_OPEN], real_workdir=claimed.workdir,
+        )  # fmt: skip
+        if swap == "a named pipe bob reads":  # bob's reader, to see what it would get
+            reader = os.open(out, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            done = _script_as(alice, script, run_dir)
+            said = {m: os.path.lexists(p) for m, p in marks.items()}
+            if swap == "none":
+                assert done.returncode == 0 and said == {LAUNCHED: True, CANNOT_OPEN: False,
+                                                         CANNOT_ENTER: False}  # fmt: skip
+                assert out.read_text() == f"SECRET-7\n{alice.uid}\n"
+                return
+            assert done.returncode == 127 and done.stdout == ""
+            assert said == {LAUNCHED: False, CANNOT_OPEN: True, CANNOT_ENTER: False}
+            assert (team / "race-11.out.moved").read_text() == ""
+            if reader >= 0:
+                assert os.read(reader, 100) == b""
+            else:
+                assert (team / "steal.txt").read_text() == ""
+        finally:
+            if reader >= 0:
+                os.close(reader)
+
+
+def test_slurm_working_directory_swapped_after_the_claim_ends_the_script(
+    pair: tuple[User, User], team: Path
+) -> None:
+    """F10 on Slurm: the script enters the working directory by name (as slurmstepd does), then
+    checks it is the real path the claim checked and the user's or root's, else it ends
+    (`cannot-enter`, 127) before the command runs."""
+    alice, bob = pair
+    exp1 = team / "exp1"
+    exp1.mkdir(mode=0o700)
+    _own(exp1, alice)
+    out = alice.home / "exp1.out"
+    claimed = claim_outputs([str(out)], _sbatch_user(alice), 10.0, 0o077, str(exp1))
+    assert isinstance(claimed, Claimed) and claimed.workdir == str(exp1)
+    exp1.rename(team / ".exp1-moved")
+    exp1.mkdir(mode=0o755)
+    _own(exp1, bob)
+    (exp1 / "train.sh").write_text("echo bob's code ran\n")
+    with shared_dir("gpuledger-run-") as run_dir:
+        _own(run_dir, alice)
+        marks = {m: str(run_dir / m) for m in (LAUNCHED, CANNOT_ENTER)}
+        script = batch_script(
+            _launch(str(exp1), ("sh", "train.sh")), _sbatch_user(alice),
+            launched_file=marks[LAUNCHED], cannot_enter_file=marks[CANNOT_ENTER],
+            outputs=claimed.files([str(out)]), real_workdir=claimed.workdir,
+        )  # fmt: skip
+        done = _script_as(alice, script, run_dir)
+        assert done.returncode == 127
+        assert not os.path.lexists(marks[LAUNCHED]) and os.path.lexists(marks[CANNOT_ENTER])
+    assert "bob's code ran" not in out.read_text()
+    assert "is not the one checked at launch" in out.read_text()
+
+
+def test_the_working_directory_is_recorded_at_submit_as_its_real_path(tmp_path: Path) -> None:
+    """F10: `-D` through a link is resolved when the user submits (as sbatch takes its cwd), so
+    at launch only the real path is walked by the path rule."""
+    from ledger.cli.submit import workdir
+
+    (tmp_path / "real" / "exp1").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert workdir(str(tmp_path / "link" / "exp1")) == str(tmp_path / "real" / "exp1")
