@@ -453,9 +453,13 @@ class Lease:
     def refusal(self, holder: Holder | None) -> str | None:
         """Why this server may not take the lease from the row `holder` read (its settings
         are not the recorded ones, and it may not replace them), in one line; None: it may."""
-        if holder is None or holder.changeable:
+        if holder is None:
             return None
         live = holder.expires_in_s > 0 and holder.holder != self.holder
+        if live and holder.recorded is not None and self.settings.differs(holder.recorded):
+            self.since = None  # another leads by the recorded ones: this server changes none
+        if holder.changeable and self.since is not None:
+            return None
         return refusal(self.settings, holder.recorded, holder.address or "?", live)
 
     def report(self, role: str, position: int, kept_ago_s: float | None = None) -> None:

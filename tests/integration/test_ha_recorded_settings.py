@@ -61,6 +61,14 @@ def test_a_lease_with_other_settings_than_the_recorded_ones_is_never_taken(pg_st
         short.release()
         assert not late.acquire() and not long.acquire()  # recorded after `late` started
         late.close()
+        # one started to change them gives up once another leads by the recorded ones
+        since = lease.agree(pg_store, long.settings, change=True)
+        changer = lease.Lease(pg_store, "changer", "http://changer", 2.0, (3.0, 60.0), None, since)
+        assert short.acquire()  # the recorded settings' server leads
+        assert changer.refusal(changer.leader()) is not None and changer.since is None
+        short.release()
+        assert not changer.acquire()
+        changer.close()
         assert "--node-fence 4s" in str(long.refusal(long.leader()))
     finally:
         for one in (long, short, none):
