@@ -103,6 +103,9 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     """"sqlite" or "postgresql"."""
     store_error: str | None = None
     """Why the store does not answer, when it does not (writes are refused meanwhile)."""
+    settings_error: str | None = None
+    """Why this server takes no lease: its settings (lease, node-lost timeout, fence, executor,
+    policy) are not the ones its store records (docs/ha.md); None: they are, or one server."""
     servers: list[ServerState] = []
     """Every server on the store that reported in the last minute, with its lag."""
     unobserved: tuple[str, ...] = ()

@@ -257,6 +257,14 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
 )
 @click.option("--advertise", default=None, help="The URL others reach this server at.")
 @click.option("--lease", default=None, help="The leader's lease on a PostgreSQL store [5s].")
+@click.option(
+    "--new-settings",
+    is_flag=True,
+    default=None,
+    help="With --store: record this server's settings (lease, node-lost timeout, fence, "
+    "executor, policy) in place of the store's when it takes the lease; once nobody leads "
+    "(docs/ha.md).",
+)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
 @click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default=None)
 @pass_ctx
@@ -282,6 +290,7 @@ def serve(
     store: str | None,
     advertise: str | None,
     lease: str | None,
+    new_settings: bool | None,
     log_format: str | None,
     log_level: str | None,
 ) -> None:
@@ -311,6 +320,7 @@ def serve(
         store=store,
         advertise=advertise,
         lease=lease,
+        new_settings=new_settings or None,
         log_format=log_format,
         log_level=log_level,
     )
@@ -392,6 +402,8 @@ def status(ctx: Ctx, as_json: bool) -> None:
         elif h.leader and h.leader not in {s.address for s in h.servers}:
             leader += " (not heard from in the last minute)"
         click.echo(f"  role          {h.role}, epoch {h.epoch}, leader {leader}")
+        if h.settings_error:
+            click.echo(f"  settings      this server will not lead: {h.settings_error}")
         lease = _lease_line(h)
         if lease:
             click.echo(f"  lease         {lease}")

@@ -456,6 +456,7 @@ def _roles(worker: Worker, head: int) -> dict[str, Any]:
         "lease_renewed_s_ago": None if renewed_ago is None else round(renewed_ago, 3),
         "store": store,
         "store_error": ha.unreachable or worker.follow_error,
+        "settings_error": ha.refused,
         "servers": ha.servers(head),
     }
 

@@ -131,6 +131,9 @@ class Leadership:
     """The log position this server has folded (reported for its lag)."""
     unreachable: str | None = None
     """Why the store does not answer the lease, when it does not (health, status)."""
+    refused: str | None = None
+    """Why this server takes no lease (its settings are not the ones the store records:
+    `Lease.refusal`), when it does not (log, health, status)."""
     changed: threading.Event = field(default_factory=threading.Event)
     """Set when the role may have changed: the worker looks at its next turn, at once."""
     notify: Callable[[], None] = lambda: None
@@ -206,7 +209,15 @@ class Leadership:
         age = time.monotonic() - self._bound_read_at
         if not self._bound_read_at or age > self.timing.fresh_s:
             return None
-        return -math.inf if self._bound is None else self._bound - age
+        return max(-math.inf if self._bound is None else self._bound - age, self._held())
+
+    def _held(self) -> float:
+        """Seconds from now until which no node is counted lost: an agent may hold a lease of
+        older, longer settings till `Holder.held_in_s` (a job ran twice: atk38-28 F3)."""
+        h, node = self.leader, self.lease.node
+        if h is None or h.held_in_s is None or node is None:
+            return -math.inf
+        return h.held_in_s - (time.monotonic() - self._leader_read_at) - sum(node)
 
     def leader_address(self) -> str:
         if self.acting():
@@ -317,6 +328,7 @@ class Leadership:
                 log.info("took the lease: leading at epoch %d", self.lease.epoch)
                 self._changed()
             self.leader, self._leader_read_at = self.lease.leader(), time.monotonic()
+            self._refusal(held)
             if report:
                 self._report()
             if self.unreachable is not None and self._uncommitted is None:
@@ -334,6 +346,17 @@ class Leadership:
             self._changed()
         elif self.leading and not self.lease.may_act():
             self._changed()  # the worker has not stepped down yet
+
+    def _refusal(self, held: bool) -> None:
+        """Say once (log, health) why this server takes no lease: its settings are not the
+        store's (checked at every take, not only at start: atk38-28 F1, F1b)."""
+        why = None if held else self.lease.refusal(self.leader)
+        if why != self.refused:
+            if why is not None:
+                log.error("this server will not lead: %s", why)
+            else:
+                log.warning("this server's settings are the store's: it may lead")
+        self.refused = why
 
     def _report(self) -> None:
         """Say where this server is and when it last kept a node's lease, then read until when

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import msgspec
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -572,12 +573,11 @@ def run_as_words(config: ServeConfig) -> str:
 
 def _leadership(ledger: Ledger, config: ServeConfig, policy: Any) -> Leadership:
     """This server's side of the lease on the ledger's PostgreSQL store (refused in one line
-    when the leader runs with another lease, node settings, executor or policy)."""
+    when the store records another lease, node settings, executor or policy: `lease.agree`)."""
     assert ledger.dsn is not None
     lease.setup(ledger.dsn)
-    node = (config.node_lost_after.seconds, config.node_fence.seconds)
-    lease.agree(ledger.dsn, config.lease.seconds, node)
-    _agree_settings(ledger, config, policy)
+    mine = settings_of(config, policy)
+    since = lease.agree(ledger.dsn, mine, config.new_settings)
     address = config.advertise
     if not address:
         scheme = "https" if config.tls_cert else "http"
@@ -585,30 +585,25 @@ def _leadership(ledger: Ledger, config: ServeConfig, policy: Any) -> Leadership:
     holder = f"{socket.gethostname()}:{os.getpid()}:{ledger.ids()[:8]}"
     log.info("store %s: leading once the lease is free (lease %gs)", redacted(ledger.dsn),
              config.lease.seconds)  # fmt: skip
-    return Leadership(lease.Lease(ledger.dsn, holder, address, config.lease.seconds, node))
+    since = since if config.new_settings else None
+    mine_lease = lease.Lease(ledger.dsn, holder, address, mine.lease_s, mine.node, mine.work, since)
+    return Leadership(mine_lease)
 
 
-def _agree_settings(ledger: Ledger, config: ServeConfig, policy: Any) -> None:
-    """Refuse (one line) to stand by a leader that runs with another executor or policy: a
-    standby takes the leader's work over as it is started, so a takeover would change both at
-    once (a server with `--executor none` took over a cluster's agents and their jobs were
-    killed: atk33-28 F5). Settings change once nobody leads, with the next server that does."""
-    assert ledger.dsn is not None
-    recorded = ledger.state.service
-    if recorded is None:
-        return
-    leader = lease.leading_now(ledger.dsn)
-    mine = (config.executor, registry.config_of(policy))
-    if leader is None or (recorded.executor, recorded.policy) == mine:
-        return
-    theirs, ours = _policy_words(recorded.policy), _policy_words(mine[1])
-    if theirs == ours:
-        theirs, ours = f"{theirs} {recorded.policy}", f"{ours} {mine[1]}"
-    raise InvalidCommand(
-        f"the leader {leader} runs --executor {recorded.executor} with policy {theirs}; this "
-        f"server was started with --executor {config.executor} and policy {ours}",
-        hint="start every server on a store with the same executor and policy settings; to "
-        "change them, stop them all (docs/ha.md)",
+def settings_of(config: ServeConfig, policy: Any) -> lease.Settings:
+    """What every server on a store runs alike (`lease.Settings`): the lease, the node-lost
+    timeout and fence, the executor and the policy. A standby takes the leader's work over as
+    it was started, so a takeover with others changes them under running jobs (a server with
+    `--executor none` took over a cluster's agents and their jobs were killed: atk33-28 F5)."""
+    work = {
+        "executor": config.executor,
+        "words": _policy_words(registry.config_of(policy)),
+        "policy": registry.config_of(policy),
+    }
+    return lease.Settings(
+        config.lease.seconds,
+        (config.node_lost_after.seconds, config.node_fence.seconds),
+        msgspec.json.encode(work).decode(),
     )
 
 

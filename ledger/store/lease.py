@@ -59,6 +59,9 @@ INSERT INTO {LEADER_TABLE} VALUES (1, 0, '', '', '-infinity', now()) ON CONFLICT
 ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS lease_s double precision NOT NULL DEFAULT 0;
 ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS node_lost_s double precision;
 ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS node_fence_s double precision;
+ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS work text;
+ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS settings_at timestamptz;
+ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS held_until timestamptz;
 CREATE TABLE IF NOT EXISTS {SERVERS_TABLE} (
     holder text PRIMARY KEY,
     address text NOT NULL,
@@ -79,6 +82,96 @@ END $$;
 
 
 @dataclass(frozen=True)
+class Settings:
+    """What every server of a store runs alike, recorded in the lease row by each take and kept
+    there while nobody leads: a standby takes the leader's work over as it is, so a takeover by
+    a server started otherwise changed them under running jobs (a shorter fence ran a job twice;
+    `--executor none` left the agents' jobs to die: atk37-28 F1, atk33-28 F5, atk38-28 F1)."""
+
+    lease_s: float
+    node: tuple[float, float] | None = None
+    """(node-lost timeout, fence) in seconds (None: no word, e.g. a tool's lease)."""
+    work: str | None = None
+    """The executor and the policy, as JSON (`{"executor", "policy", "words"}`; None: no
+    word)."""
+
+    def differs(self, recorded: Settings) -> bool:
+        """Whether these settings are not the `recorded` ones (a part either has no word on
+        is not compared)."""
+        if recorded.lease_s and abs(recorded.lease_s - self.lease_s) > 1e-6:
+            return True
+        theirs, mine = recorded.node or (0.0, 0.0), self.node or (0.0, 0.0)
+        if (
+            recorded.node
+            and self.node
+            and any(abs(a - b) > 1e-6 for a, b in zip(theirs, mine, strict=False))
+        ):
+            return True
+        return self.work is not None and recorded.work is not None and self.work != recorded.work
+
+
+def refusal(mine: Settings, recorded: Settings | None, who: str, live: bool) -> str | None:
+    """Pure: why a server with settings `mine` may not stand by or take the lease of a store
+    that records `recorded` (the last taker `who`, leading now when `live`), in one line with
+    what to do (None: they agree)."""
+    if recorded is None or not mine.differs(recorded):
+        return None
+    err = _disagreement(mine, recorded, who, live)
+    return f"{err.message} ({err.hint})"
+
+
+def _disagreement(mine: Settings, recorded: Settings, who: str, live: bool) -> InvalidCommand:
+    change = (
+        "to change them, stop every server, then start one with --new-settings (docs/ha.md)"
+        if not live
+        else "they change once nobody leads: stop every server, then start one with "
+        "--new-settings (docs/ha.md)"
+    )
+    held = (
+        f"the leader {who} holds the lease now" if live else f"recorded by the last leader, {who}"
+    )
+    if recorded.lease_s and abs(recorded.lease_s - mine.lease_s) > 1e-6:
+        return InvalidCommand(
+            f"the servers on this store use a lease of {recorded.lease_s:g}s ({held}); this "
+            f"server was given {mine.lease_s:g}s",
+            hint=f"start it with --lease {recorded.lease_s:g}s: every server on a store uses "
+            f"the same lease; {change}",
+        )
+    if mine.node is not None and recorded.node is not None and mine.node != recorded.node:
+        flags = "--node-lost-after {:g}s --node-fence {:g}s"
+        return InvalidCommand(
+            f"the servers on this store run {flags.format(*recorded.node)} ({held}); this "
+            f"server was given {flags.format(*mine.node)}",
+            hint=f"start it with {flags.format(*recorded.node)}: every server on a store "
+            f"counts nodes lost and fences them alike (agents renew their lease by them); {change}",
+        )
+    theirs, ours = _work_words(recorded.work), _work_words(mine.work)
+    if theirs == ours:  # the same executor and policy version: name the policy's settings
+        theirs, ours = _work_words(recorded.work, True), _work_words(mine.work, True)
+    ran = f"--executor {theirs[0]} with policy {theirs[1]}"
+    said = (
+        f"the leader {who} runs {ran}"
+        if live
+        else f"the last leader, {who}, ran {ran} (the store records it)"
+    )
+    return InvalidCommand(
+        f"{said}; this server was started with --executor {ours[0]} and policy {ours[1]}",
+        hint=f"start every server on a store with the same executor and policy settings; {change}",
+    )
+
+
+def _work_words(work: str | None, whole: bool = False) -> tuple[str, str]:
+    """(executor, policy) in words, from `Settings.work` (`whole`: the policy's settings too)."""
+    import json
+
+    got = json.loads(work or "{}")
+    words = str(got.get("words", "?"))
+    if whole:
+        words += " " + json.dumps(got.get("policy"), sort_keys=True)
+    return str(got.get("executor", "?")), words
+
+
+@dataclass(frozen=True)
 class Holder:
     epoch: int
     holder: str
@@ -88,6 +181,14 @@ class Holder:
     lease_s: float = 0.0
     """The lease's length: the holder's last renewal was `lease_s - expires_in_s` seconds ago
     (a renewal sets the expiry to the commit's time plus the lease)."""
+    recorded: Settings | None = None
+    """The settings the row records (None: none yet, a new store)."""
+    changeable: bool = False
+    """They were recorded before this server started with `--new-settings` (it may replace
+    them when it takes the lease)."""
+    held_in_s: float | None = None
+    """Seconds from now until which an agent may hold a node lease granted by settings the
+    store recorded before (a longer node-lost timeout + fence); None: none."""
 
 
 @dataclass(frozen=True)
@@ -127,46 +228,71 @@ def setup(dsn: str) -> None:
             con.execute("SELECT pg_advisory_unlock(7346010)")
 
 
-def agree(dsn: str, lease_s: float, node: tuple[float, float] | None = None) -> None:
-    """Refuse (one line) a lease outside `LEASE_RANGE_S`, or a lease or `node` settings (the
-    node-lost timeout and the fence, in seconds) other than those of a server leading the store
-    now. Every server on a store uses the same: the row carries them, and they change once
-    nobody leads, with the next server that takes it. A standby with another fence than the
-    leader that registered an agent ran that node's jobs elsewhere while the agent's lease,
-    renewed by the old fence, kept the first launch alive (atk37-28 F1)."""
+def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
+    """Refuse (one line) a lease outside `LEASE_RANGE_S`, or settings (`Settings`: the lease,
+    the node-lost timeout and fence, the executor and policy) other than those the store
+    records: the last taker's, kept in the row while nobody leads too. Every server on a store
+    runs the same: a server given others takes no lease (`Lease.acquire`) and says why
+    (`Lease.refusal`). With `change` (`serve --new-settings`) a server starts with others once
+    nobody leads, and records them when it takes the lease. Returns the database's time now:
+    settings recorded later are never replaced by this server (two servers started together
+    with different settings never take turns: atk38-28 F1)."""
     low, high = LEASE_RANGE_S
-    if not low <= lease_s <= high:
+    if not low <= mine.lease_s <= high:
         raise InvalidCommand(
-            f"--lease {lease_s:g}s is outside {low:g}s-{high:g}s",
+            f"--lease {mine.lease_s:g}s is outside {low:g}s-{high:g}s",
             hint="the default 5s suits most clusters: docs/ha.md",
         )
     with connect(dsn) as con:
         row = con.execute(
-            f"SELECT lease_s, address, expires_at > now(), node_lost_s, node_fence_s "
-            f"FROM {LEADER_TABLE} WHERE id = 1"
+            f"SELECT lease_s, address, expires_at > now(), node_lost_s, node_fence_s, work, "
+            f"now() FROM {LEADER_TABLE} WHERE id = 1"
         ).fetchone()
-    if row is None or not row[2]:
-        return
-    who = row[1] or "?"
-    if row[0] and abs(float(row[0]) - lease_s) > 1e-6:
-        raise InvalidCommand(
-            f"the servers on this store use a lease of {float(row[0]):g}s (the leader "
-            f"{who} holds one now); this server was given {lease_s:g}s",
-            hint=f"start it with --lease {float(row[0]):g}s: every server on a store uses the "
-            "same lease; to change it, stop them all",
-        )
-    if node is None or row[3] is None or row[4] is None:
-        return  # a leader that records no node settings (an older server): nothing to match
-    theirs = (float(row[3]), float(row[4]))
-    if any(abs(a - b) > 1e-6 for a, b in zip(theirs, node, strict=True)):
-        flags = "--node-lost-after {:g}s --node-fence {:g}s"
-        raise InvalidCommand(
-            f"the servers on this store run {flags.format(*theirs)} (the leader {who} holds "
-            f"the lease now); this server was given {flags.format(*node)}",
-            hint=f"start it with {flags.format(*theirs)}: every server on a store counts "
-            "nodes lost and fences them alike (agents renew their lease by them); to change "
-            "them, stop them all",
-        )
+    assert row is not None  # `setup` made it
+    recorded = _recorded(row[0], row[3], row[4], row[5])
+    live = bool(row[2])
+    if recorded is not None and mine.differs(recorded) and (live or not change):
+        raise _disagreement(mine, recorded, row[1] or "?", live)
+    return row[6]
+
+
+def _recorded(lease_s: Any, lost: Any, fence: Any, work: Any) -> Settings | None:
+    if not lease_s:
+        return None  # a new store: nobody recorded any
+    node = None if lost is None or fence is None else (float(lost), float(fence))
+    return Settings(float(lease_s), node, work)
+
+
+_SAME = (
+    "(lease_s = %(lease)s AND node_lost_s IS NOT DISTINCT FROM COALESCE(%(lost)s::float8, "
+    "node_lost_s) AND node_fence_s IS NOT DISTINCT FROM COALESCE(%(fence)s::float8, "
+    "node_fence_s) AND work IS NOT DISTINCT FROM COALESCE(%(work)s::text, work))"
+)
+"""The row records exactly these settings (a part given as NULL is not compared)."""
+_AGREES = (
+    "((lease_s = 0 OR lease_s = %(lease)s) "
+    "AND (node_lost_s IS NULL OR %(lost)s::float8 IS NULL OR node_lost_s = %(lost)s::float8) "
+    "AND (node_fence_s IS NULL OR %(fence)s::float8 IS NULL OR node_fence_s = %(fence)s::float8) "
+    "AND (work IS NULL OR %(work)s::text IS NULL OR work = %(work)s::text))"
+)
+"""The row records no other settings (`Settings.differs`)."""
+_TAKE = (
+    f"UPDATE {LEADER_TABLE} SET epoch = epoch + 1, holder = %(holder)s, address = %(address)s, "
+    "expires_at = now() + make_interval(secs => %(lease)s), acquired_at = now(), "
+    f"settings_at = CASE WHEN {_SAME} THEN settings_at ELSE now() END, "
+    "held_until = CASE WHEN node_lost_s + node_fence_s > %(lost)s::float8 + %(fence)s::float8 "
+    "THEN GREATEST(held_until, now() + make_interval(secs => node_lost_s + node_fence_s)) "
+    "ELSE held_until END, "
+    "lease_s = %(lease)s, node_lost_s = COALESCE(%(lost)s::float8, node_lost_s), "
+    "node_fence_s = COALESCE(%(fence)s::float8, node_fence_s), "
+    "work = COALESCE(%(work)s::text, work) "
+    "WHERE id = 1 AND (expires_at < now() OR holder = %(holder)s) "
+    f"AND ({_AGREES} OR settings_at IS NULL AND %(since)s::timestamptz IS NOT NULL "
+    "OR settings_at < %(since)s::timestamptz) RETURNING epoch"
+)
+"""Take the lease (`Lease.acquire`). A node lease granted by the old settings runs at most
+their node-lost timeout + fence after the last renewal, which came before this take: until
+`held_until` (the latest of every such change)."""
 
 
 def leading_now(dsn: str) -> str | None:
@@ -189,6 +315,8 @@ class Lease:
         address: str,
         lease_s: float,
         node: tuple[float, float] | None = None,
+        work: str | None = None,
+        since: Any = None,
     ) -> None:
         self.dsn = dsn
         self.holder = holder
@@ -196,6 +324,12 @@ class Lease:
         self.lease_s = lease_s
         self.node = node
         """(node-lost timeout, fence) in seconds, recorded in the row with each take (`agree`)."""
+        self.work = work
+        """The executor and policy (`Settings.work`), recorded with each take."""
+        self.since = since
+        """With `serve --new-settings`: the database's time this server started (`agree`);
+        settings the row recorded before then are replaced by this server's when it takes the
+        lease. None: it takes the lease only while the row records its own settings."""
         self.epoch = 0
         self.deadline = 0.0
         """monotonic time until which this server may act as leader (0: it is not leader)."""
@@ -221,7 +355,7 @@ class Lease:
     def _noticed(self, diag: Any) -> None:
         self._notices.append(str(diag.message_primary or ""))
 
-    def _run(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    def _run(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
         """`sql` on the lease's connection, answered within `answer_s` or cancelled: a commit
         that waits for a synchronous standby that is down waits forever, whatever the statement
         timeout (the leader stood down and nobody led, while health blamed nobody: atk33-28
@@ -249,17 +383,23 @@ class Lease:
         """Is this server the leader now, by its own clock (a fifth of the lease to spare)?"""
         return self.epoch > 0 and time.monotonic() < self.deadline
 
+    @property
+    def settings(self) -> Settings:
+        return Settings(self.lease_s, self.node, self.work)
+
     def acquire(self) -> bool:
-        """Take the lease if it has expired (or is ours); True when this server now leads."""
+        """Take the lease if it has expired (or is ours) and the row records this server's
+        settings (or none yet, or, with `since`, ones recorded before this server started);
+        True when this server now leads. A change of settings is recorded with its time
+        (`settings_at`), and a shorter node lease than the recorded one leaves, in
+        `held_until`, until when an agent may still hold one granted by the old settings
+        (a new leader counts no node lost before then: `Leadership.keeping`, atk38-28 F3)."""
         sent = time.monotonic()
-        rows = self._run(
-            f"UPDATE {LEADER_TABLE} SET epoch = epoch + 1, holder = %s, address = %s, "
-            "expires_at = now() + make_interval(secs => %s), acquired_at = now(), lease_s = %s, "
-            "node_lost_s = %s, node_fence_s = %s "
-            "WHERE id = 1 AND (expires_at < now() OR holder = %s) RETURNING epoch",
-            (self.holder, self.address, self.lease_s, self.lease_s, *(self.node or (None, None)),
-             self.holder),
-        )  # fmt: skip
+        lost, fence = self.node or (None, None)
+        rows = self._run(_TAKE, {
+            "holder": self.holder, "address": self.address, "lease": self.lease_s,
+            "lost": lost, "fence": fence, "work": self.work, "since": self.since,
+        })  # fmt: skip
         if not rows:
             return False
         self.epoch = int(rows[0][0])
@@ -294,14 +434,33 @@ class Lease:
     def leader(self) -> Holder | None:
         """Who holds the lease (None: nobody ever did)."""
         rows = self._run(
-            f"SELECT epoch, holder, address, extract(epoch FROM expires_at - now()), lease_s "
-            f"FROM {LEADER_TABLE} WHERE id = 1"
+            "SELECT epoch, holder, address, CASE WHEN isfinite(expires_at) THEN "
+            "extract(epoch FROM expires_at - now()) END, lease_s, "
+            "node_lost_s, node_fence_s, work, settings_at IS NULL OR settings_at < "
+            "%s::timestamptz, extract(epoch FROM held_until - now()) "
+            f"FROM {LEADER_TABLE} WHERE id = 1",
+            (self.since,),
         )
         if not rows or not rows[0][1]:
             return None
-        epoch, holder, address, left, lease_s = rows[0]
+        epoch, holder, address, left, lease_s, lost, fence, work, changeable, held = rows[0]
         left = float(left) if left is not None else -1e9
-        return Holder(int(epoch), holder, address, left, float(lease_s or 0.0))
+        recorded = _recorded(lease_s, lost, fence, work)
+        return Holder(int(epoch), holder, address, left, float(lease_s or 0.0), recorded,
+                      bool(changeable) and self.since is not None,
+                      None if held is None else float(held))  # fmt: skip
+
+    def refusal(self, holder: Holder | None) -> str | None:
+        """Why this server may not take the lease from the row `holder` read (its settings
+        are not the recorded ones, and it may not replace them), in one line; None: it may."""
+        if holder is None:
+            return None
+        live = holder.expires_in_s > 0 and holder.holder != self.holder
+        if live and holder.recorded is not None and self.settings.differs(holder.recorded):
+            self.since = None  # another leads by the recorded ones: this server changes none
+        if holder.changeable and self.since is not None:
+            return None
+        return refusal(self.settings, holder.recorded, holder.address or "?", live)
 
     def report(self, role: str, position: int, kept_ago_s: float | None = None) -> None:
         """Say where this server is (its role and the log position it has folded) and, with

@@ -189,7 +189,8 @@ class Client:
             headers["X-Gpuledger-Min-Position"] = str(self.position)
         # safe to send again after a lost answer
         may_retry = method == "GET" or key is not None or idempotent
-        deadline = time.monotonic() + (retry_s() if len(self.urls) > 1 else 0.0)
+        began = time.monotonic()
+        deadline = began + (retry_s() if len(self.urls) > 1 else 0.0)
         busy_until = time.monotonic() + retry_s()  # a 429 is waited out this long at most
         tried = 0
         away: LedgerError | None = None
@@ -232,6 +233,8 @@ class Client:
                     raise away
             else:
                 answered.discard(server.url)
+            if status == 503 and self._follow(server.url, leader):
+                deadline = max(deadline, began + retry_s())  # a list of two now
             if status == 503 and len(self.urls) > 1 and time.monotonic() <= deadline:
                 answered |= self._next(tried := tried + 1, leader)
                 if away is not None and answered >= set(self.urls):
@@ -249,8 +252,30 @@ class Client:
                 raise _error(status, data)
             return data
 
+    def _follow(self, named_by: str, leader: str) -> bool:
+        """Add the `leader` a server of the list names to the list when it is not in it (a
+        server added since this client's list was written; a standby that did not win a
+        takeover names its successor): asked as the listed ones are, with the same token and
+        the same checks of its certificate, from then on. Only an http(s) URL of the scheme of
+        the server that named it (never a Unix socket, never https to http). True when added.
+        Without it, a standby's 503 naming a leader outside the list was the end: a write
+        through it failed, an agent's node was counted lost (atk38-28 F2, F2b)."""
+        if not leader or leader in self.urls:
+            return False
+        parts, by = urlsplit(leader), urlsplit(named_by)
+        if parts.scheme not in ("http", "https") or parts.scheme != by.scheme:
+            return False
+        try:
+            server = _Server(leader, self._servers[0].timeout)
+        except InvalidCommand:
+            return False
+        self.urls.append(leader)
+        self._servers.append(server)
+        return True
+
     def _next(self, tried: int, leader: str = "", *, pause: bool = True) -> set[str]:
-        """Go to the `leader` a server names (when it is in the list, silent or not: see
+        """Go to the `leader` a server names (in the list, or added to it by `_follow`; silent
+        or not: see
         `SILENT_SKIP_S`), else the next one, passing over the silent ones (`Silent`) while one
         of the list is not; after a whole round, wait a little (the servers may be electing).
         Returns the URLs passed over."""

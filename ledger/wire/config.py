@@ -113,6 +113,11 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """With a PostgreSQL store: the leader's lease. A leader that cannot renew it within this
     long stops acting; a standby takes over once it has expired (failover within about twice
     this)."""
+    new_settings: bool = False
+    """With a PostgreSQL store: start with other settings (lease, node-lost timeout, fence,
+    executor, policy) than the ones the store records, and record them when this server takes
+    the lease (only once nobody leads; settings recorded after this server started are never
+    replaced). Give it to one server, once (docs/ha.md, "Changing the settings")."""
     max_jobs_per_user: int = 20_000
     """Unfinished jobs (pending, placed, running; each array task one) one user may own; a
     submission past it is refused with one line (Slurm's MaxSubmitJobs). 0: no limit."""

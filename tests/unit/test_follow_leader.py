@@ -104,6 +104,36 @@ def test_a_standby_sends_the_client_to_the_leader_and_reads_ask_for_the_last_wri
     client.close()
 
 
+def test_a_leader_named_by_a_server_of_the_list_is_followed_though_the_list_lacks_it(
+    fakes: tuple[Fake, Fake],
+) -> None:
+    # atk38-28 F2: a standby that did not win a takeover names its successor; a CLI whose list
+    # lacks it failed in 5 s (or waited out the frozen leader). F2b: an agent told "the leader
+    # is X" by the standbys of its --url never went to X, and its node was counted lost.
+    stand, lead = fakes
+    stand.answer = standby(lead.url)
+    result = json.dumps({"position": 7, "events": []}).encode()
+    lead.answer = lambda *_: (200, {"X-Gpuledger-Position": "7"}, result)
+    client = Client(stand.url, "tok")  # a list of one: the standby
+    client.execute(c.SubmitJob(actor="", account="a/b", gpus=1, min_runtime_s=60))
+    [(_, _, first)] = stand.seen
+    (_, _, second), = lead.seen  # fmt: skip
+    assert second["idempotency-key"] == first["idempotency-key"]  # the same write
+    assert second["authorization"] == "Bearer tok"  # authenticated as the listed ones
+    assert client.url == lead.url and client.urls == [stand.url, lead.url]
+    client.close()
+    asg = a.Assignment(node="n", version="v", parts=(), server_time=0.0, epoch=4)
+    lead.answer = lambda *_: (200, {}, msgspec.json.encode(asg))
+    agent = AgentClient(stand.url, "node-tok", 10)
+    assert agent.poll("n", "", 0).epoch == 4
+    assert lead.seen[-1][2]["authorization"] == "Bearer node-tok"
+    agent.client.close()
+    # never to a Unix socket, nor from https to http, whoever names it
+    stand.answer = standby("unix:/tmp/elsewhere")
+    with pytest.raises(Unavailable, match="standby"):
+        Client(stand.url, "tok").get("jobs")
+
+
 def test_a_refused_connection_goes_to_the_next_server_even_for_a_write_without_a_key(
     fakes: tuple[Fake, Fake],
 ) -> None:

@@ -16,6 +16,7 @@ import pytest
 from ledger.core.state import Node
 from ledger.engines.agents import AgentExecutor
 from ledger.server.ha import KEEP_WITHOUT_STORE_S, Leadership, keep_timing, may_keep
+from ledger.store.lease import Holder
 from ledger.wire.client import Client
 from schemas.errors import Unavailable
 from tests.unit.test_follow_leader import Fake, fakes, refused_url  # noqa: F401 (the fixture)
@@ -69,6 +70,7 @@ class FakeLease:
     lease_s: float = 2.0
     address: str = "http://me"
     acting: bool = False
+    node: tuple[float, float] | None = None
 
     def may_act(self) -> bool:
         return self.acting
@@ -116,6 +118,21 @@ def test_the_bound_a_leader_counts_by_is_unknown_once_it_is_not_fresh() -> None:
     assert -6.1 < (ha.keeping() or 0) <= -6.0
     ha._bound_read_at = time.monotonic() - ha.timing.fresh_s - 0.1
     assert ha.keeping() is None
+
+
+def test_no_node_is_counted_lost_before_a_lease_of_older_longer_settings_has_run_out() -> None:
+    # atk38-28 F3: the store's `held_until` is 30 s from the read (an agent may hold a node
+    # lease of the old 3 + 60 s until then); this leader counts lost after 3 s and releases
+    # after its fence of 4 s, so it counts none lost before 30 - 3 - 4 = 23 s from the read
+    ha = leadership(node=(3.0, 4.0))
+    ha._bound, ha._bound_read_at = None, time.monotonic()
+    ha.leader = Holder(5, "h", "http://h", 2.0, 2.0, held_in_s=30.0)
+    ha._leader_read_at = time.monotonic() - 1.0
+    assert 21.9 < (ha.keeping() or 0) <= 22.0
+    ha.leader = Holder(5, "h", "http://h", 2.0, 2.0, held_in_s=5.0)  # past: nothing held now
+    assert -3.1 < (ha.keeping() or 0) <= -3.0
+    ha._bound_read_at = time.monotonic() - ha.timing.fresh_s - 0.1
+    assert ha.keeping() is None  # the bound not known: none counted lost, whatever is held
 
 
 def node(name: str, state: str = "active") -> Node:
