@@ -46,20 +46,21 @@ SLURM_FILES = "test_slurm"
 with its own foreign jobs, so a group's files run one after the other on one worker."""
 
 SLURM_SECONDS: dict[str, float] = {
-    "test_slurm": 820,
-    "test_slurm_faults": 150,
-    "test_slurm_foreign_work": 60,
-    "test_slurm_nodefail": 450,
-    "test_slurm_opening": 100,
-    "test_slurm_records": 120,
-    "test_slurm_stops": 250,
-    "test_slurm_trees": 171,
-    "test_slurm_unpinned": 60,
-    "test_slurm_world": 350,
+    "test_slurm": 905,
+    "test_slurm_faults": 311,
+    "test_slurm_foreign_work": 81,
+    "test_slurm_nodefail": 561,
+    "test_slurm_opening": 202,
+    "test_slurm_records": 162,
+    "test_slurm_stops": 417,
+    "test_slurm_trees": 230,
+    "test_slurm_unpinned": 84,
+    "test_slurm_world": 662,
 }
-"""Each Slurm file's seconds, measured alone on one cluster (`pytest --durations=0`, set-up and
-tear-down included; docs/benchmarks.md, "The Slurm groups"): the split below balances on them. A
-Slurm file missing here fails the collection: measure it and add it."""
+"""Each Slurm file's seconds, its tests' own times with set-up and tear-down (`--junitxml`), run as
+scripts/test runs them (2026-12-03, load 16-32; docs/benchmarks.md, "The test suite's Slurm
+groups"): the split below balances on them. A Slurm file missing here fails the collection:
+measure it and add it."""
 
 SLURM_CONF_OF = {"slurm-a": "SLURM_CONF", "slurm-b": "GPULEDGER_SLURM_CONF_B"}
 """Each Slurm group's cluster: the variable holding its slurm.conf (scripts/test starts two
@@ -137,7 +138,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     The two Slurm groups come first, the others in file order (the integration files, then the
     unit ones): `scripts/test` passes `--no-loadscope-reorder`, so a worker takes the groups in
     this order, and xdist hands each worker one group to start with: each worker starts with one
-    Slurm group (~9 minutes each; the single group they were took ~18-21 of the suite's minutes
+    Slurm group (each ~0.55 of the one group they were, which took ~18-21 of the suite's minutes
     on one worker) and takes the other files as it ends. xdist's own order (the groups with the
     most tests first) started the Slurm tests halfway and left files of one long test, such as
     test_pg_outage_*.py, to the end, each one a tail that one worker ran alone."""

@@ -40,7 +40,7 @@ def test_each_slurm_group_runs_on_one_worker_of_its_own_and_the_rest_spreads(
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2",
          "--dist", "loadgroup", "-v", "--rootdir", str(tmp_path), str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     ran = re.findall(r"^\[(gw\d)\] .*PASSED (\S+)", run.stdout, re.M)
@@ -99,7 +99,7 @@ def test_the_slurm_groups_are_taken_first_and_the_postgresql_outage_files_are_on
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "1",
          "--dist", "loadgroup", "--no-loadscope-reorder", "-v", "--rootdir", str(tmp_path),
          str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     ran = re.findall(r"^\[gw0\] .*PASSED (\S+)", run.stdout, re.M)
@@ -177,7 +177,7 @@ def test_a_slurm_file_in_no_group_fails_the_collection(tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
          str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode != 0 and "passed" not in run.stdout, run.stdout
     assert "test_slurm_unmeasured.py is a Slurm test file in no Slurm group" in (
