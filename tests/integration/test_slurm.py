@@ -120,7 +120,8 @@ class Cluster:
     def strays(self, top: Path) -> list[str]:
         """The jobs of the other Slurm group's cluster whose working directory is under `top` (a
         test's own directory): a test of this group that reached the other cluster (none while
-        both groups run on one cluster, as without xdist)."""
+        both groups run on one cluster, as without xdist). A controller that does not answer is
+        not asked: a test of the other group stops its own (test_slurm_faults: 40 s)."""
         found = []
         for group in SLURM_CONF_OF.keys() - {self.group}:
             try:
@@ -133,7 +134,8 @@ class Cluster:
                 ["squeue", "-h", "-t", "all", "-o", "%i|%Z"],
                 env={**os.environ, "SLURM_CONF": conf}, capture_output=True, text=True, timeout=60,
             )  # fmt: skip
-            assert done.returncode == 0, done.stderr
+            if done.returncode != 0:
+                continue
             found += [f"{group}: {line}" for line in done.stdout.splitlines()
                       if line.split("|", 1)[-1].startswith(str(top))]  # fmt: skip
         return found
