@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -41,8 +41,85 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 SLURM_FILES = "test_slurm"
-"""The test files (`tests/integration/test_slurm*.py`) that share the suite's one Slurm cluster
-(the session fixture `cluster` of test_slurm.py): one set of GPUs, with its own foreign jobs."""
+"""The test files (`tests/integration/test_slurm*.py`) that run on the suite's Slurm clusters
+(the fixture `cluster` of test_slurm.py): each file on the cluster of its group, one set of GPUs
+with its own foreign jobs, so a group's files run one after the other on one worker."""
+
+SLURM_SECONDS: dict[str, float] = {
+    "test_slurm": 905,
+    "test_slurm_faults": 311,
+    "test_slurm_foreign_work": 81,
+    "test_slurm_nodefail": 561,
+    "test_slurm_opening": 202,
+    "test_slurm_records": 162,
+    "test_slurm_stops": 417,
+    "test_slurm_trees": 230,
+    "test_slurm_unpinned": 84,
+    "test_slurm_world": 662,
+}
+"""Each Slurm file's seconds, its tests' own times with set-up and tear-down (`--junitxml`), run as
+scripts/test runs them (2026-12-03, load 16-32; docs/benchmarks.md, "The test suite's Slurm
+groups"): the split below balances on them. A Slurm file missing here fails the collection:
+measure it and add it."""
+
+SLURM_CONF_OF = {"slurm-a": "SLURM_CONF", "slurm-b": "GPULEDGER_SLURM_CONF_B"}
+"""Each Slurm group's cluster: the variable holding its slurm.conf (scripts/test starts two
+clusters, each with its own data dir, ports, munge and node name, and exports both)."""
+
+
+def split_slurm_files(seconds: dict[str, float]) -> dict[str, list[str]]:
+    """Pure: the Slurm files in two groups of near-equal seconds: the longest file first, each to
+    the group with fewer seconds so far (ties: the first group; files of equal seconds by name).
+    The groups differ by at most the longest file's seconds."""
+    groups: dict[str, list[str]] = {g: [] for g in SLURM_CONF_OF}
+    total = dict.fromkeys(SLURM_CONF_OF, 0.0)
+    for name in sorted(seconds, key=lambda n: (-seconds[n], n)):
+        group = min(total, key=lambda g: total[g])
+        groups[group].append(name)
+        total[group] += seconds[name]
+    return {g: sorted(names) for g, names in groups.items()}
+
+
+SLURM_GROUPS = split_slurm_files(SLURM_SECONDS)
+"""The Slurm group of every Slurm file: "slurm-a" on one cluster, "slurm-b" on the other."""
+
+
+def slurm_group(path: Path) -> str | None:
+    """The Slurm group of a test file, None for a file that is not one of the Slurm files; a
+    Slurm file in no group (not in `SLURM_SECONDS`) is an error."""
+    if path.parent.name != "integration" or not path.name.startswith(SLURM_FILES):
+        return None
+    for group, names in SLURM_GROUPS.items():
+        if path.stem in names:
+            return group
+    raise pytest.UsageError(
+        f"{path.name} is a Slurm test file in no Slurm group: measure it alone "
+        "(`pytest --durations=0`) and add its seconds to SLURM_SECONDS in tests/conftest.py"
+    )
+
+
+def slurm_conf(group: str, environ: Mapping[str, str]) -> str:
+    """The slurm.conf of a Slurm group's cluster, from `environ`; raises `LookupError` with what
+    to do when it is not set. Run by one process (no xdist workers), the second group may use the
+    first group's cluster: its files then run after the first group's, never beside them."""
+    name = SLURM_CONF_OF[group]
+    conf = environ.get(name, "")
+    if not conf and group != "slurm-a" and "PYTEST_XDIST_WORKER" not in environ:
+        conf = environ.get(SLURM_CONF_OF["slurm-a"], "")
+    if not conf:
+        raise LookupError(
+            f"{name} is not set to a slurm.conf (the cluster of the {group} tests); run the suite "
+            "with scripts/test, which starts both clusters, or "
+            f"`export {name}=$(GPULEDGER_SLURM_DATA=DIR scripts/slurm/slurm up)`"
+        )
+    others = {environ.get(v, "") for g, v in SLURM_CONF_OF.items() if g != group}
+    if "PYTEST_XDIST_WORKER" in environ and conf in others:
+        raise LookupError(
+            f"{name} is the other Slurm group's cluster too ({conf}): under xdist the two "
+            "groups run side by side and need a cluster each (scripts/test starts two)"
+        )
+    return conf
+
 
 PG_OUTAGE = "test_pg_outage_"
 """The test files (`tests/integration/test_pg_outage_*.py`) that share one PostgreSQL primary and
@@ -54,21 +131,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """`scripts/test` runs the suite on two workers (pytest-xdist, `--dist loadgroup`). Each test
     file is one group, run on one worker in its order, as it runs alone: its module-scoped
     fixtures (a server, a ledger) are made once, and a test may build on the one before it.
-    Every test of the Slurm files is in one group: they share the suite's one cluster; so are
-    the PostgreSQL outage files, which share one PostgreSQL pair.
+    The Slurm files are two groups, "slurm-a" and "slurm-b" (`SLURM_GROUPS`), each on its own
+    cluster: a group's files share one cluster, so they run on one worker; the PostgreSQL outage
+    files are one group too, they share one PostgreSQL pair.
 
-    The Slurm group comes first, the others in file order (the integration files, then the unit
-    ones): `scripts/test` passes `--no-loadscope-reorder`, so a worker takes the groups in this
-    order. The Slurm group is the longest (~18 of the suite's minutes, on one worker): started
-    first, the other worker takes everything else beside it. xdist's own order (the groups with
-    the most tests first) started it halfway and left files of one long test, such as
+    The two Slurm groups come first, the others in file order (the integration files, then the
+    unit ones): `scripts/test` passes `--no-loadscope-reorder`, so a worker takes the groups in
+    this order, and xdist hands each worker one group to start with: each worker starts with one
+    Slurm group (each ~0.55 of the one group they were, which took ~18-21 of the suite's minutes
+    on one worker) and takes the other files as it ends. xdist's own order (the groups with the
+    most tests first) started the Slurm tests halfway and left files of one long test, such as
     test_pg_outage_*.py, to the end, each one a tail that one worker ran alone."""
-    slurm: list[pytest.Item] = []
+    slurm: dict[str, list[pytest.Item]] = {g: [] for g in SLURM_GROUPS}
     rest: list[pytest.Item] = []
     for item in items:
-        if item.path.parent.name == "integration" and item.path.name.startswith(SLURM_FILES):
-            group = "slurm"
-            slurm.append(item)
+        in_slurm = slurm_group(item.path)
+        if in_slurm is not None:
+            group = in_slurm
+            slurm[group].append(item)
         elif item.path.parent.name == "integration" and item.path.name.startswith(PG_OUTAGE):
             group = "pg_outage"  # one PostgreSQL pair for them all (pgoutkit.py)
             rest.append(item)
@@ -76,7 +156,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             group = f"{item.path.parent.name}/{item.path.stem}"
             rest.append(item)
         item.add_marker(pytest.mark.xdist_group(group))
-    items[:] = slurm + rest
+    items[:] = [i for group in slurm.values() for i in group] + rest
 
 
 T0 = 1_000.0

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import SLURM_CONF_OF, slurm_conf, slurm_group
 from tests.integration.serverkit import Server, make_token, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +41,7 @@ class Cluster:
     conf: str
     partition: str
     node: str
+    group: str = "slurm-a"
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": self.conf}
@@ -57,9 +59,10 @@ class Cluster:
     def up(self) -> None:
         """(Re)start whichever Slurm daemon is not running (a node a test left DOWN or drained
         is resumed by `slurm up`)."""
-        # the data dir's own config says its ports and GPUs (the suite's cluster's are in the
+        # the data dir's own config says its ports, GPUs and node (the suite's cluster's are in the
         # environment, and another cluster, e.g. an unpinned one, must not take them)
-        own = ("GPULEDGER_SLURMCTLD_PORT", "GPULEDGER_SLURMD_PORT", "GPULEDGER_SLURM_PINNED")
+        own = ("GPULEDGER_SLURMCTLD_PORT", "GPULEDGER_SLURMD_PORT", "GPULEDGER_SLURM_PINNED",
+               "GPULEDGER_SLURM_NODE")  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k not in own}
         env["GPULEDGER_SLURM_DATA"] = str(Path(self.conf).parent)
         done = subprocess.run(
@@ -114,21 +117,47 @@ class Cluster:
             time.sleep(1)
         raise AssertionError(f"Slurm counts GPUs with no job holding them: {self.gres_used()}")
 
+    def strays(self, top: Path) -> list[str]:
+        """The jobs of the other Slurm group's cluster whose working directory is under `top` (a
+        test's own directory): a test of this group that reached the other cluster (none while
+        both groups run on one cluster, as without xdist). A controller that does not answer is
+        not asked: a test of the other group stops its own (test_slurm_faults: 40 s)."""
+        found = []
+        for group in SLURM_CONF_OF.keys() - {self.group}:
+            try:
+                conf = slurm_conf(group, os.environ)
+            except LookupError:
+                continue
+            if conf == self.conf:
+                continue
+            done = subprocess.run(
+                ["squeue", "-h", "-t", "all", "-o", "%i|%Z"],
+                env={**os.environ, "SLURM_CONF": conf}, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            if done.returncode != 0:
+                continue
+            found += [f"{group}: {line}" for line in done.stdout.splitlines()
+                      if line.split("|", 1)[-1].startswith(str(top))]  # fmt: skip
+        return found
+
     def gres_used(self) -> str:
         text = self.run("scontrol", "-d", "-o", "show", "node", self.node, check=False)
         return next((w for w in text.split() if w.startswith("GresUsed=")), "")
 
 
-@pytest.fixture(scope="session")
-def cluster() -> Cluster:
-    """The Slurm cluster scripts/test started ($SLURM_CONF); the test fails if there is none."""
-    conf = os.environ.get("SLURM_CONF", "")
-    if not conf or not Path(conf).is_file():
-        pytest.fail(
-            "SLURM_CONF is not set to a slurm.conf; run the suite with scripts/test, or "
-            "`export SLURM_CONF=$(scripts/slurm/slurm up)`",
-            pytrace=False,
-        )
+@pytest.fixture(scope="module")
+def cluster(request: pytest.FixtureRequest) -> Cluster:
+    """The Slurm cluster of this file's group (tests/conftest.py: `slurm_group`, `slurm_conf`),
+    one of the two scripts/test started; the test fails if there is none."""
+    group = slurm_group(request.path)
+    if group is None:
+        pytest.fail(f"{request.path.name} is not a Slurm test file (test_slurm*.py)", pytrace=False)
+    try:
+        conf = slurm_conf(group, os.environ)
+    except LookupError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    if not Path(conf).is_file():
+        pytest.fail(f"{conf} (the {group} tests' slurm.conf) is not a file", pytrace=False)
     partition = os.environ.get("GPULEDGER_SLURM_PARTITION", "gpuledger")
     env = {**os.environ, "SLURM_CONF": conf}
     done = subprocess.run(
@@ -140,7 +169,7 @@ def cluster() -> Cluster:
     )
     if done.returncode != 0 or not done.stdout.strip():
         pytest.fail(f"Slurm at {conf} does not answer: {done.stderr.strip()}", pytrace=False)
-    return Cluster(conf, partition, done.stdout.split()[0])
+    return Cluster(conf, partition, done.stdout.split()[0], group)
 
 
 @pytest.fixture
@@ -270,7 +299,8 @@ class Ledger:
 @pytest.fixture
 def ledger(slurm: Cluster) -> Iterator[Ledger]:
     # job users (--uid) open their logs themselves: the home must be reachable by them
-    tmp_path = Path(tempfile.mkdtemp(prefix="gpuledger-slurm-"))
+    # named for the group, so a job of one group on the other's cluster is told (`Cluster.strays`)
+    tmp_path = Path(tempfile.mkdtemp(prefix=f"gpuledger-{slurm.group}-"))
     tmp_path.chmod(0o755)
     led = Ledger(tmp_path / "home", slurm)
     led.cli("init", "--admin", "root")
@@ -280,7 +310,9 @@ def ledger(slurm: Cluster) -> Iterator[Ledger]:
         yield led
     finally:
         led.stop()
+        strays = slurm.strays(tmp_path)
         shutil.rmtree(tmp_path, ignore_errors=True)
+    assert strays == [], f"this test's jobs ran on the other group's cluster: {strays}"
 
 
 def held_twice(events: list[dict[str, Any]]) -> list[tuple[str, int]]:

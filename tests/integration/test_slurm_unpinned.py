@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import slurm_group
 from tests.integration.test_slurm import BUDGET, SLURM_SCRIPT, Cluster, Ledger, status
 from tests.integration.test_slurm_records import _partition, _until
 
@@ -34,7 +35,10 @@ def plain() -> Iterator[Cluster]:
         ctld = _free_port()
         slurmd = next(p for p in iter(_free_port, None) if p != ctld)
         ports = {"GPULEDGER_SLURMCTLD_PORT": str(ctld), "GPULEDGER_SLURMD_PORT": str(slurmd)}
+        # a node name of its own: its jobs' cgroups apart from the suite's clusters' (which may
+        # run beside it, scripts/test's two groups)
         env = {**os.environ, "GPULEDGER_SLURM_DATA": str(data), "GPULEDGER_SLURM_PINNED": "0",
+               "GPULEDGER_SLURM_NODE": f"{socket.gethostname().split('.')[0]}-plain",
                **ports}  # fmt: skip
         done = subprocess.run([str(SLURM_SCRIPT), "up"], env=env, capture_output=True,
                               text=True, timeout=300)  # fmt: skip
@@ -48,7 +52,7 @@ def plain() -> Iterator[Cluster]:
             ["sinfo", "-h", "-N", "-o", "%N"], env={**os.environ, "SLURM_CONF": conf},
             capture_output=True, text=True, timeout=30, check=True,
         )  # fmt: skip
-        yield Cluster(conf, "gpuledger", node.stdout.split()[0])
+        yield Cluster(conf, "gpuledger", node.stdout.split()[0], str(slurm_group(Path(__file__))))
     finally:
         subprocess.run([str(SLURM_SCRIPT), "down"], env=env, capture_output=True, timeout=120)
         shutil.rmtree(data, ignore_errors=True)

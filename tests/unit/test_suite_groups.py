@@ -1,5 +1,5 @@
-"""The suite's own grouping (tests/conftest.py): under `scripts/test`'s two workers, every test of
-the Slurm files runs on one worker (they share one cluster), each other file on one worker in its
+"""The suite's own grouping (tests/conftest.py): under `scripts/test`'s two workers, the Slurm files
+are two groups, each on one worker and its own cluster, each other file on one worker in its
 order, and the files spread. Run on a small
 tree of sleeping tests with the project's hook, through pytest-xdist as `scripts/test` runs it;
 it fails when the pinned pytest and pytest-xdist stop grouping (pytest 9 ignores xdist 3.8's
@@ -12,12 +12,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.conftest import SLURM_CONF_OF, SLURM_GROUPS, SLURM_SECONDS, slurm_conf, split_slurm_files
+
 REPO = Path(__file__).resolve().parents[2]
+A, B = SLURM_GROUPS["slurm-a"][0], SLURM_GROUPS["slurm-b"][0]
+"""A Slurm file of each group."""
 
 TESTS = "".join(f"def test_{i}():\n    time.sleep(0.2)\n\n\n" for i in range(4))
 
 
-def test_the_slurm_files_run_on_one_worker_and_the_rest_spreads(tmp_path: Path) -> None:
+def test_each_slurm_group_runs_on_one_worker_of_its_own_and_the_rest_spreads(
+    tmp_path: Path,
+) -> None:
     tree = tmp_path / "tests" / "integration"
     tree.mkdir(parents=True)
     (tmp_path / "conftest.py").write_text(
@@ -25,22 +33,24 @@ def test_the_slurm_files_run_on_one_worker_and_the_rest_spreads(tmp_path: Path) 
         f"sys.path.insert(0, {str(REPO)!r})\n"
         "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
     )
-    for name in ("test_slurm_a", "test_slurm_b", "test_other", "test_more"):
+    for name in (A, B, "test_other", "test_more"):
         (tree / f"{name}.py").write_text("import time\n\n\n" + TESTS)
     (tmp_path / "tests" / "unit").mkdir()
     (tmp_path / "tests" / "unit" / "test_slurm_pure.py").write_text("import time\n\n\n" + TESTS)
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2",
          "--dist", "loadgroup", "-v", "--rootdir", str(tmp_path), str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     ran = re.findall(r"^\[(gw\d)\] .*PASSED (\S+)", run.stdout, re.M)
     assert len(ran) == 20, run.stdout
-    slurm = {w for w, test in ran if "/integration/test_slurm_" in test}
-    assert len(slurm) == 1, ran  # one worker for every test of the Slurm files
-    assert all(t.endswith("@slurm") for _, t in ran if "/integration/test_slurm_" in t), ran
-    assert not any(t.endswith("@slurm") for _, t in ran if "/integration/test_slurm_" not in t)
+    for name, group in ((A, "slurm-a"), (B, "slurm-b")):
+        mine = [(w, t) for w, t in ran if t.startswith(f"tests/integration/{name}.py::")]
+        assert len(mine) == 4 and all(t.endswith(f"@{group}") for _, t in mine), ran
+    on = {g: {w for w, t in ran if t.endswith(f"@{g}")} for g in ("slurm-a", "slurm-b")}
+    # each group on one worker, the two on different workers (each starts with one)
+    assert len(on["slurm-a"]) == len(on["slurm-b"]) == 1 and on["slurm-a"] != on["slurm-b"], ran
     for other in ("integration/test_other", "integration/test_more", "unit/test_slurm_pure"):
         # every other file is a group of its own, on one worker, in its order
         mine = [(w, t) for w, t in ran if t.startswith(f"tests/{other}.py::")]
@@ -59,14 +69,15 @@ def test_no_two_test_files_share_a_name() -> None:
     assert [n for n, k in names.items() if k > 1] == []
 
 
-def test_the_slurm_group_is_taken_first_and_the_postgresql_outage_files_are_one_group(
+def test_the_slurm_groups_are_taken_first_and_the_postgresql_outage_files_are_one_group(
     tmp_path: Path,
 ) -> None:
     """`scripts/test` passes `--no-loadscope-reorder`: a worker takes the groups in the order the
-    hook gives them, the Slurm files first (the longest group: taken halfway, it was the run's
-    tail), then the other files in their order. xdist's own order (the groups with the most tests
-    first) would take the unit file of 10 tests first and the one-test files last. The
-    PostgreSQL outage files are one group (they share one pair: `pg_outage_pair`)."""
+    hook gives them, the two Slurm groups first (the longest groups: taken halfway, the one
+    Slurm group was the run's tail), then the other files in their order. xdist's own order
+    (the groups with the most tests first) would take the unit file of 10 tests first and the
+    one-test files last. The PostgreSQL outage files are one group (they share one pair:
+    `pg_outage_pair`)."""
     assert "--no-loadscope-reorder" in (REPO / "scripts" / "test").read_text()
     tree = tmp_path / "tests" / "integration"
     tree.mkdir(parents=True)
@@ -78,7 +89,8 @@ def test_the_slurm_group_is_taken_first_and_the_postgresql_outage_files_are_one_
     one = "def test_0():\n    pass\n"
     for name in ("test_aaa", "test_pg_outage_a", "test_pg_outage_b", "test_zzz"):
         (tree / f"{name}.py").write_text(one)
-    (tree / "test_slurm_a.py").write_text(TESTS.replace("time.sleep(0.2)", "pass"))
+    for name in (B, A):
+        (tree / f"{name}.py").write_text(TESTS.replace("time.sleep(0.2)", "pass"))
     (tmp_path / "tests" / "unit").mkdir()
     (tmp_path / "tests" / "unit" / "test_many.py").write_text(
         "".join(f"def test_{i}():\n    pass\n\n\n" for i in range(10))
@@ -87,11 +99,87 @@ def test_the_slurm_group_is_taken_first_and_the_postgresql_outage_files_are_one_
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "1",
          "--dist", "loadgroup", "--no-loadscope-reorder", "-v", "--rootdir", str(tmp_path),
          str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     ran = re.findall(r"^\[gw0\] .*PASSED (\S+)", run.stdout, re.M)
-    assert len(ran) == 18, run.stdout
+    assert len(ran) == 22, run.stdout
     groups = list(dict.fromkeys(t.split("@", 1)[1] for t in ran))
-    assert groups == ["slurm", "integration/test_aaa", "pg_outage", "integration/test_zzz",
-                      "unit/test_many"], ran  # fmt: skip
+    assert groups == ["slurm-a", "slurm-b", "integration/test_aaa", "pg_outage",
+                      "integration/test_zzz", "unit/test_many"], ran  # fmt: skip
+
+
+def test_every_slurm_file_is_in_exactly_one_group_and_the_groups_balance() -> None:
+    """Every `tests/integration/test_slurm*.py` has measured seconds and so one group; the two
+    groups differ by at most the longest file; each group has its own cluster's variable, and
+    scripts/test starts both clusters and fails when either does not start."""
+    files = {p.stem for p in (REPO / "tests" / "integration").glob("test_slurm*.py")}
+    assert set(SLURM_SECONDS) == files
+    assert all(s > 0 for s in SLURM_SECONDS.values()), SLURM_SECONDS
+    grouped = [f for names in SLURM_GROUPS.values() for f in names]
+    assert sorted(grouped) == sorted(files)  # each file once
+    assert set(SLURM_GROUPS) == set(SLURM_CONF_OF) == {"slurm-a", "slurm-b"}
+    a, b = (sum(SLURM_SECONDS[f] for f in SLURM_GROUPS[g]) for g in ("slurm-a", "slurm-b"))
+    assert abs(a - b) <= max(SLURM_SECONDS.values()), (a, b)
+    assert len(set(SLURM_CONF_OF.values())) == 2
+    script = (REPO / "scripts" / "test").read_text()
+    for var in SLURM_CONF_OF.values():
+        assert f"export {var}" in script
+    assert "the second Slurm cluster did not start" in script and "slurm_b down" in script
+
+
+@pytest.mark.parametrize(
+    ("seconds", "want_a", "want_b"),
+    [
+        ({"x": 5, "y": 4, "z": 3, "w": 2}, ["w", "x"], ["y", "z"]),
+        ({"one": 10, "two": 1, "three": 1}, ["one"], ["three", "two"]),
+        ({"p": 2, "q": 2}, ["p"], ["q"]),  # equal seconds: by name
+    ],
+)
+def test_the_split_puts_each_file_with_the_lighter_group_longest_first(
+    seconds: dict[str, float], want_a: list[str], want_b: list[str]
+) -> None:
+    assert split_slurm_files(seconds) == {"slurm-a": want_a, "slurm-b": want_b}
+
+
+@pytest.mark.parametrize(
+    ("case", "environ", "group", "want"),
+    [
+        ("each group its own", {"SLURM_CONF": "a", "GPULEDGER_SLURM_CONF_B": "b",
+                                "PYTEST_XDIST_WORKER": "gw0"}, "slurm-b", "b"),
+        ("one process: b may use a's", {"SLURM_CONF": "a"}, "slurm-b", "a"),
+        ("workers: b missing", {"SLURM_CONF": "a", "PYTEST_XDIST_WORKER": "gw1"}, "slurm-b",
+         LookupError),
+        ("workers: one cluster for both", {"SLURM_CONF": "a", "GPULEDGER_SLURM_CONF_B": "a",
+                                           "PYTEST_XDIST_WORKER": "gw1"}, "slurm-a", LookupError),
+        ("a missing", {"GPULEDGER_SLURM_CONF_B": "b"}, "slurm-a", LookupError),
+    ],
+)  # fmt: skip
+def test_each_slurm_group_has_its_own_cluster_under_workers(
+    case: str, environ: dict[str, str], group: str, want: str | type[Exception]
+) -> None:
+    if isinstance(want, str):
+        assert slurm_conf(group, environ) == want, case
+    else:
+        with pytest.raises(want):
+            slurm_conf(group, environ)
+
+
+def test_a_slurm_file_in_no_group_fails_the_collection(tmp_path: Path) -> None:
+    tree = tmp_path / "tests" / "integration"
+    tree.mkdir(parents=True)
+    (tmp_path / "conftest.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
+    )
+    (tree / "test_slurm_unmeasured.py").write_text("def test_0():\n    pass\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+         str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode != 0 and "passed" not in run.stdout, run.stdout
+    assert "test_slurm_unmeasured.py is a Slurm test file in no Slurm group" in (
+        run.stdout + run.stderr
+    )
