@@ -278,6 +278,36 @@ class FairShare11Config(FairShare8Config, frozen=True, kw_only=True, tag="fairsh
     submitted (a day; 0: at once)."""
 
 
+class FairShare12Config(FairShare11Config, frozen=True, kw_only=True, tag="fairshare-12"):
+    """A reservation for a large funded job of a team under its share, made at once and binding
+    every job (only unfunded jobs and jobs whose declared limit ends before it starts use its
+    nodes), on the nodes that free soonest when unfunded and resumable jobs of any team end
+    their contracts; when every job left there is past its contract, the reserved job preempts
+    them and starts (docs/dispatch.md, docs/simulation.md)."""
+
+    hold_window_s: NonNegative = 0.0
+    hold_early_after_s: NonNegative = 0.0
+    hold_team_fs: NonNegative = 0.0
+    """Only a job of a team whose share of the whole tree (share over usage, `team_fs`) is at
+    least this gets the early reservation (1: a team using no more than its share; 0: any
+    team); with none, `fairshare-7`'s reservation (the first large job in the order)."""
+    hold_by: Literal["oldest", "share"] = "oldest"
+    """Which of those jobs: the oldest (submitted first, then the lowest id) or the one of the
+    team with the highest share of the whole tree (then the oldest)."""
+    hold_start: bool = True
+    """When every job on the reserved nodes is past its contract, the reserved job preempts
+    them and starts there (no cost-model refusal); off: it waits for them to end or for a
+    fairness plan, as `fairshare-11`."""
+    hold_binds: bool = True
+    """The reservation binds every other job (only unfunded jobs and jobs whose declared limit
+    ends before it starts use its nodes); off: it binds none and only names the nodes the job
+    starts on once every job there is past its contract (`hold_start`)."""
+    hold_victim_fs: NonNegative = 1.0
+    """Only funded jobs of a team whose share of the whole tree is below this are counted free
+    for the reservation at their contracts' ends (and preempted to start it): 1 spares every
+    team using no more than its share; 0: any team."""
+
+
 class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
     """Slurm's multifactor priority as configured by default: no preemption unless
     `preempt_unfunded` (PreemptType=preempt/partition_prio with a scavenger partition)."""
@@ -336,7 +366,8 @@ class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
 
 
 AnyPolicyConfig = (
-    FairShare11Config
+    FairShare12Config
+    | FairShare11Config
     | FairShare10Config
     | FairShare9Config
     | FairShare8Config
@@ -357,6 +388,7 @@ AnyPolicyConfig = (
 """Any registered policy version's config (tagged by `version`)."""
 
 POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
+    FairShare12Config,
     FairShare11Config,
     FairShare10Config,
     FairShare9Config,

@@ -61,6 +61,7 @@ from ledger.dispatch.preemption import (
     plan_single_least,
     ready_key,
 )
+from ledger.dispatch.reservation import Hold, soonest, start_plan
 from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot, complete_ranks
 from schemas.codec import gc_paused
 from schemas.commands import ApplyDecision, DecisionBody
@@ -236,16 +237,6 @@ class Idle(msgspec.Struct, frozen=True, kw_only=True):
     funded_waiting: int = 0
 
 
-class Hold(msgspec.Struct, frozen=True, kw_only=True):
-    """A reservation: the nodes whose GPUs job `job_id` can have soonest, held for it until
-    `until` (when the last of them is free or holds only jobs it may preempt then); only jobs
-    the policy lets backfill are placed there meanwhile."""
-
-    job_id: int
-    nodes: frozenset[str]
-    until: float
-
-
 _MemoKey = tuple[Hashable, str | None, str | None, bool]
 _GroupKey = tuple[Hashable, str | None, str | None, bool]
 
@@ -401,12 +392,20 @@ class _Cycle:
         seen: dict[Hashable, tuple[int, int, Unplaceable]] = {}
         """The cycle's stamp (`epoch`, the index's `moves`) when the last job of a shape and
         traits waited, and why: while neither moves, the next such job waits as it did."""
+        starts: Callable[[PendingJob, Snapshot], bool] | None = getattr(policy, "hold_starts", None)
+        """Whether the reserved job may preempt the jobs left on its nodes once all are past
+        their contracts (`_start_held`); older policies: never."""
         early = getattr(policy, "hold_before", None)
         first = early(snapshot) if early is not None else None
         if first is not None:  # a reservation every job but its own respects (`hold_before`)
             # made only when it starts within the policy's window (`hold_window_s`; 0: any time)
             window = float(getattr(policy, "hold_window_s", 0.0)) or math.inf
             self._hold_for(first, index.is_gang(first), window)
+        # an early reservation that binds no job (`hold_binds` false): it only says which nodes
+        # the job starts on once all their jobs are past their contracts (`_start_held`)
+        loose = (
+            first.job_id if first is not None and not getattr(policy, "hold_binds", True) else None
+        )
         wake = self.wake
         waited: set[tuple[str | None, str | None, int]] = set()  # shapes seen waiting
         # an order that placements move (`fairshare10.Charged`): handed out one job at a time,
@@ -422,9 +421,12 @@ class _Cycle:
             if reserved and (job.min_runtime_s > 0 and not job.debug) != (self.hidden is not None):
                 self._reserve(self.hidden is None)
             hold = self.hold
-            if hold is not None and (
-                job.job_id == hold.job_id or may_backfill(job, hold.until, self.now)
-            ) == (self.held is not None):
+            if (
+                hold is not None
+                and hold.job_id != loose
+                and (job.job_id == hold.job_id or may_backfill(job, hold.until, self.now))
+                == (self.held is not None)
+            ):
                 self._holding(self.held is None)
             shape = (job.gpu_type, job.cluster, job.gpus)
             known = shapes.get(shape)
@@ -462,6 +464,15 @@ class _Cycle:
                     if searches and spent.get(name, 0) < budget:  # a search left (`_left`)
                         memo = (group, job.gpu_type, job.cluster, gang)
                         slots = self._by_preemption(job, gang, memo)
+                if (
+                    slots is None
+                    and hold is not None
+                    and job.job_id == hold.job_id
+                    and hold.until <= self.now
+                    and starts is not None
+                    and starts(job, snapshot)
+                ):  # its reservation's time has come: preempt what is left on its nodes
+                    slots = self._start_held(job, gang, hold)
                 if slots is not None:
                     if hold is not None and job.job_id == hold.job_id:  # its reservation is spent
                         self._holding(False)
@@ -695,52 +706,44 @@ class _Cycle:
             eligible = {
                 v.job.job_id for v in self.policy.victims(job, candidates, self.snapshot, now)
             }
+        # the policy may say itself which jobs free their GPUs for this reservation at their
+        # contracts' ends (None: those it may preempt, as above; older policies: never asked)
+        takes: Callable[[PendingJob, RunningJob, Snapshot], bool | None] | None = getattr(
+            self.policy, "hold_takes", None
+        )
         on: dict[str, list[tuple[float, int]]] = {}
         for r in self.live.values():
-            if r.job_id in eligible:
+            said = takes(job, r, self.snapshot) if takes is not None else None
+            if r.job_id in eligible if said is None else said:
                 at = max(now, r.placed_at + r.min_runtime_s)
             else:
                 at = max(now, self.policy.expected_end(r, now))
             for sl in r.slots:
                 if sl.node in index.free and index.pool_of[sl.node] in keys:
                     on.setdefault(sl.node, []).append((at, len(sl.gpu_indices)))
-        skip = set(self.reserved)
-        times: list[tuple[float, str]] = []
-        for p in pools:
-            for name in p.nodes:
-                if name in skip:
-                    continue
-                frees = sorted(on.get(name, ()))
-                if gang:
-                    times.append((max((t for t, _ in frees), default=now), name))
-                    continue
-                room = len(index.free[name])
-                at = now if room >= job.gpus else math.inf
-                for t, g in frees:
-                    if room >= job.gpus:
-                        break
-                    room += g
-                    at = t
-                if room >= job.gpus:
-                    times.append((at, name))
-        times.sort()
-        chosen: list[str] = []
-        got = 0
-        until = now
-        for at, name in times:
-            if got >= job.gpus or math.isinf(at):
-                break
-            if not gang and chosen:
-                break
-            chosen.append(name)
-            got += index.size[name] if gang else job.gpus
-            until = max(until, at)
-        if got < job.gpus or until - now > window:
+        hold = soonest(job, gang, index, pools, on, set(self.reserved), now, window)
+        if hold is None:
             return
         self.epoch += 1
-        self.hold = Hold(job_id=job.job_id, nodes=frozenset(chosen), until=until)
-        if until > now:
-            self.wake.append(until)
+        self.hold = hold
+        if hold.until > now:
+            self.wake.append(hold.until)
+
+    def _start_held(self, job: PendingJob, gang: bool, hold: Hold) -> tuple[GpuSlot, ...] | None:
+        """Start `job` on its reservation's nodes by preempting every job left there, when all
+        are past their contracts and the nodes then fit it (`Policy.hold_starts`); else None
+        and nothing changes."""
+        now, index = self.now, self.index
+        plan = start_plan(job, gang, index, self.live.values(), hold, now)
+        if plan is None:
+            return None
+        nodes, victims = plan
+        for r, note in victims:
+            self._preempt(r, "fairness", job.job_id, note)
+        self.epoch += 1
+        if gang:
+            return index.take_whole(nodes, job.gpus)
+        return (index.take(nodes[0], job.gpus),)
 
     # --- 4. record ------------------------------------------------------------------------------
 

@@ -318,6 +318,7 @@ def test_two_job_arrays_at_zero_usage_share_an_idle_cluster_in_the_first_cycle(
         "fairshare-9",
         "fairshare-10",
         "fairshare-11",
+        "fairshare-12",
     ],
 )
 def test_every_simulated_decision_of_every_policy_replays_identically(

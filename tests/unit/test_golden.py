@@ -17,7 +17,13 @@ from projections.batch import decode_records
 from projections.source import ListSource, LogRecord
 from schemas import codec
 from schemas import events as e
-from schemas.policy import AnyPolicyConfig, FairShare6Config, FairShare7Config, FairShare9Config
+from schemas.policy import (
+    AnyPolicyConfig,
+    FairShare6Config,
+    FairShare7Config,
+    FairShare9Config,
+    FairShare11Config,
+)
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 V1 = (GOLDEN / "events-v1.jsonl").read_bytes().splitlines()
@@ -326,3 +332,35 @@ def test_recorded_fairshare_11_decisions_replay_identically_and_differ_as_fairsh
     ]
     assert len(as_seven) == len(decisions)
     assert not all(r.identical for r in replay_decisions(source, as_seven))
+
+
+def test_recorded_fairshare_12_decisions_replay_identically_and_differ_as_fairshare_11() -> None:
+    """fairshare-12 (an owed team's large job reserved at once, its nodes counted free as
+    resumable work of any team ends its contract, the job started by preempting what is past
+    its contract there) decides exactly as it recorded (`fairshare-12.jsonl`); read as
+    fairshare-11 with the settings the two share, some decisions differ, so the test can
+    fail; and the recorded decisions include a reservation's start by preemption."""
+    source, decisions = _recorded_decisions("fairshare-12")
+    assert len(decisions) > 1
+    events = [codec.decode(r.data) for r in source.records]
+    notes = [ev.note for ev in events if isinstance(ev, e.JobPreempted)]
+    assert any(n.startswith("reservation: nodes ") for n in notes)
+    results = list(replay_decisions(source, decisions))
+    assert [r.headline() for r in results if not r.identical] == []
+    shared = FairShare11Config.__struct_fields__
+    as_eleven = [
+        (
+            position,
+            msgspec.structs.replace(
+                d,
+                policy_version="fairshare-11",
+                policy=FairShare11Config(
+                    **{k: v for k, v in msgspec.structs.asdict(d.policy).items() if k in shared}
+                ),
+            ),
+        )
+        for position, d in decisions
+        if d.policy is not None
+    ]
+    assert len(as_eleven) == len(decisions)
+    assert not all(r.identical for r in replay_decisions(source, as_eleven))

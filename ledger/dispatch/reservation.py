@@ -1,0 +1,117 @@
+"""A reservation (`Hold`): the nodes a waiting job can have soonest, and how it starts there.
+
+Pure: functions of their arguments (the cycle's free-GPU index, running jobs, `now`); no I/O,
+no clock. `engine._Cycle` makes the reservation (`_hold_for`: which running jobs free their
+GPUs when, by the policy) and starts it (`_start_held`: the preemptions); this module holds
+the arithmetic of both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+import msgspec
+
+from ledger.dispatch.placement import FreeIndex, Pool
+from ledger.dispatch.snapshot import PendingJob, RunningJob
+
+
+class Hold(msgspec.Struct, frozen=True, kw_only=True):
+    """A reservation: the nodes whose GPUs job `job_id` can have soonest, held for it until
+    `until` (when the last of them is free or holds only jobs it may preempt then); only jobs
+    the policy lets backfill are placed there meanwhile."""
+
+    job_id: int
+    nodes: frozenset[str]
+    until: float
+
+
+def soonest(
+    job: PendingJob,
+    gang: bool,
+    index: FreeIndex,
+    pools: Sequence[Pool],
+    on: Mapping[str, list[tuple[float, int]]],
+    skip: set[str],
+    now: float,
+    window: float,
+) -> Hold | None:
+    """The nodes of `pools` (but `skip`) whose GPUs `job` can have soonest, given when each
+    running job's GPUs free on each node (`on`: node -> (time, GPUs)); None when no set frees
+    in finite time, or the soonest frees later than `window` from now."""
+    times: list[tuple[float, str]] = []
+    for p in pools:
+        for name in p.nodes:
+            if name in skip:
+                continue
+            frees = sorted(on.get(name, ()))
+            if gang:
+                times.append((max((t for t, _ in frees), default=now), name))
+                continue
+            room = len(index.free[name])
+            at = now if room >= job.gpus else math.inf
+            for t, g in frees:
+                if room >= job.gpus:
+                    break
+                room += g
+                at = t
+            if room >= job.gpus:
+                times.append((at, name))
+    times.sort()
+    chosen: list[str] = []
+    got = 0
+    until = now
+    for at, name in times:
+        if got >= job.gpus or math.isinf(at):
+            break
+        if not gang and chosen:
+            break
+        chosen.append(name)
+        got += index.size[name] if gang else job.gpus
+        until = max(until, at)
+    if got < job.gpus or until - now > window:
+        return None
+    return Hold(job_id=job.job_id, nodes=frozenset(chosen), until=until)
+
+
+def start_plan(
+    job: PendingJob,
+    gang: bool,
+    index: FreeIndex,
+    live: Iterable[RunningJob],
+    hold: Hold,
+    now: float,
+) -> tuple[list[str], list[tuple[RunningJob, str]]] | None:
+    """The nodes (in name order) and the jobs to preempt, each with its note, that start `job`
+    on its reservation's nodes: every job there, when all are past their contracts and the
+    nodes then fit it; else None."""
+    nodes = sorted(hold.nodes)
+    on = hold.nodes
+    victims = sorted(
+        (r for r in live if any(sl.node in on for sl in r.slots)),
+        key=lambda r: r.job_id,
+    )
+    if any(r.in_contract(now) for r in victims):
+        return None
+    freed: dict[str, int] = {n: len(index.free.get(n, ())) for n in nodes}
+    for r in victims:
+        for sl in r.slots:
+            if sl.node in freed:
+                freed[sl.node] += len(sl.gpu_indices)
+    if gang:
+        if any(freed[n] < index.size[n] for n in nodes) or sum(freed.values()) < job.gpus:
+            return None
+    elif len(nodes) != 1 or freed[nodes[0]] < job.gpus:
+        return None
+    out: list[tuple[RunningJob, str]] = []
+    for r in victims:
+        kind = "unfunded" if r.min_runtime_s <= 0 else (
+            "resumable" if r.resumable else "not resumable")  # fmt: skip
+        lost = r.gpus * r.work_lost_s(now)
+        note = (
+            f"reservation: nodes {', '.join(nodes)} held for job {job.job_id} "
+            f"({job.gpus} GPUs) are past their contracts; {kind}, loses {lost / 3600:.2f} GPU-h"
+        )
+        out.append((r, note))
+    return nodes, out
