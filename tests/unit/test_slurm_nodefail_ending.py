@@ -58,6 +58,23 @@ CASES = {
         now=END + 3.0,
         want=(0, END + 2.0, "node_failure"),
     ),
+    # the script passes Slurm's SIGTERM on to the command (atk38-24 F2), which may end within
+    # the EndTime's second: its signal's note, at or after the EndTime, says Slurm's kill ended it
+    "Slurm's TERM passed on, killed within the second, is the node's failure": Case(
+        own=OwnEnd(143, END + 0.4, signalled=True),
+        signalled_at=END + 0.3,
+        want=(143, END + 0.4, "node_failure"),
+    ),
+    "Slurm's TERM passed on, checkpointed and exited 0 within the second: node's failure": Case(
+        own=OwnEnd(0, END + 0.6, signalled=True),
+        signalled_at=END + 0.2,
+        want=(0, END + 0.6, "node_failure"),
+    ),
+    "signalled before NODE_FAIL and ended within its second is its own end": Case(
+        own=OwnEnd(143, END + 0.4, signalled=True),
+        signalled_at=END - 3.0,
+        want=(143, END + 0.4, "exited"),
+    ),
     "signalled before its own end and ended before NODE_FAIL is its own end": Case(
         own=OwnEnd(143, END - 5.0, signalled=True), want=(143, END - 5.0, "exited")
     ),

@@ -87,7 +87,8 @@ def node_fail_ending(
     run (wait; its node's fence bounds the wait).
 
     1. Its own end record: signalled and ended after Slurm's EndTime (and `OWN_END_SLACK_S`),
-       Slurm's kill ended it: `node_failure`, whatever its code (a resumable job that
+       or its last signal noted at or after that EndTime (the script passes Slurm's SIGTERM on
+       to the command, which may end within the same second), Slurm's kill ended it: `node_failure`, whatever its code (a resumable job that
        checkpoints and exits 0 at SIGTERM is requeued); otherwise it ended by itself, as its
        exit code says (0: completed, however Slurm ended it). Its end is the record's time,
        kept inside its run (not before `started_at`, not after `now`).
@@ -116,7 +117,9 @@ def node_fail_ending(
         low = started_at if started_at is not None else own.at
         at = max(low, min(own.at, now))
         said = f"its own end record: exit {own.exit_code}; Slurm said NODE_FAIL"
-        if own.signalled and own.at > slurm + OWN_END_SLACK_S:
+        killed_then = signalled_at is not None and signalled_at >= slurm  # Slurm's TERM, passed
+        # on to the command, may end it within the EndTime's second (a checkpoint and exit 0)
+        if own.signalled and (own.at > slurm + OWN_END_SLACK_S or killed_then):
             return Ending(own.exit_code, at, "node_failure", said + " (it was killed)", True)
         return Ending(own.exit_code, at, "exited", said, True)
     note = "NODE_FAIL: killed, no end record within KillWait"
