@@ -88,8 +88,9 @@ def node_fail_ending(
 
     1. Its own end record: signalled and ended after Slurm's EndTime (and `OWN_END_SLACK_S`),
        or its last signal noted at or after that EndTime (the script passes Slurm's SIGTERM on
-       to the command, which may end within the same second), Slurm's kill ended it: `node_failure`, whatever its code (a resumable job that
-       checkpoints and exits 0 at SIGTERM is requeued); otherwise it ended by itself, as its
+       to the command, which may end within the same second), Slurm's kill ended it:
+       `node_failure`, whatever its code (a resumable job that checkpoints and exits 0 at
+       SIGTERM is requeued); otherwise it ended by itself, as its
        exit code says (0: completed, however Slurm ended it). Its end is the record's time,
        kept inside its run (not before `started_at`, not after `now`).
     2. No record, but a signal noted after Slurm's EndTime (`signalled_at`, never later than
