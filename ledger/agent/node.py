@@ -179,7 +179,7 @@ class AgentClient:
         timeout: float,
         seen: Seen | None = None,
         silent: Silent | None = None,
-        on_keep: Callable[[float, int], None] | None = None,
+        on_keep: Callable[[float, int, tuple[float, float] | None], None] | None = None,
         agent: str = "",
     ) -> None:
         from ledger.wire.client import Client
@@ -189,6 +189,11 @@ class AgentClient:
         if agent:  # which agent this is: one per node (`AgentExecutor.hold`)
             self.client.headers[a.AGENT_HEADER] = agent
         self.seen = seen if seen is not None else Seen()
+
+    @property
+    def node_lease(self) -> tuple[float, float] | None:
+        """The settings the last answer renews the node's lease under (`Client.node_lease`)."""
+        return self.client.node_lease
 
     def call(self, method: str, path: str, body: Any, type: Any) -> Any:
         """One call of the agent API, sent again to the next server (or the leader one names)
@@ -339,7 +344,7 @@ class NodeAgent:
             try:
                 sent = _now()
                 result = fn()
-                self._contact(sent)
+                self._contact(sent, self.client.node_lease)
                 return result
             except (Unavailable, TooBusy) as err:
                 self._error(err)
@@ -405,7 +410,7 @@ class NodeAgent:
                 self._error(err)
                 self.stop_event.wait(REFUSED_PAUSE_S)
                 continue
-            self._contact(sent)
+            self._contact(sent, client.node_lease)
             version = asg.version
             log.debug("poll: version %s, %d part(s)", version, len(asg.parts))
             with self._lock:
@@ -552,7 +557,7 @@ class NodeAgent:
             return False
         if ack.node_fence_s is not None and ack.node_lost_after_s is not None:
             self.lease.learn(ack.node_lost_after_s, ack.node_fence_s)  # atk37-28 F1
-        self._contact(sent)
+        self._contact(sent, client.node_lease)
         if ack.node_state == "lost" and not self._kept_lost:
             self._rejoin = True
         self._kept_lost = self._kept_lost and ack.node_state == "lost"
@@ -563,9 +568,13 @@ class NodeAgent:
         handled = self.ex.handled()
         return tuple(a.PartRun(job_id=j, run=handled[j] - 1) for j in sorted(handled))
 
-    def _contact(self, sent: float = 0.0) -> float:
-        """Record a successful contact of a request sent at `sent`; returns how long the agent
+    def _contact(self, sent: float = 0.0, granted: tuple[float, float] | None = None) -> float:
+        """Record a successful contact of a request sent at `sent`, whose answer said it renews
+        the lease under the settings `granted` (`X-Gpuledger-Node-Lease`; None: it said none,
+        a server without a store of several: the last ones given); returns how long the agent
         had been out of contact."""
+        if granted is not None:  # by these alone (atk39-28 F1)
+            self.lease.learn(*granted)
         self._last_sent = max(self._last_sent, sent)
         self._keeping = False
         self.lease.renew(self._last_sent)
@@ -578,7 +587,7 @@ class NodeAgent:
             self._rejoin = True  # the server may have marked this node lost meanwhile
         return silent
 
-    def _kept(self, sent: float, epoch: int) -> None:
+    def _kept(self, sent: float, epoch: int, granted: tuple[float, float] | None = None) -> None:
         """A server that cannot reach its store said it keeps this node's lease (nothing can be
         placed elsewhere while the store is away, and the leader counts every server's keeps
         before it counts a node lost: docs/ha.md): renew the lease from when that request was
@@ -587,6 +596,8 @@ class NodeAgent:
             log.warning("the servers cannot reach their store; a server keeps this node's "
                         "lease (epoch %d; jobs run on)", epoch)  # fmt: skip
         self._keeping = True
+        if granted is not None:  # the settings the keep grants under, not the file's: after a
+            self.lease.learn(*granted)  # shortening --new-settings (atk39-28 F1)
         self.lease.renew(_now() - max(0.0, time.monotonic() - sent))  # wall time it was sent
 
     def _error(self, err: LedgerError) -> None:

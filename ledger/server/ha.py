@@ -33,7 +33,6 @@ import contextlib
 import http.client
 import logging
 import math
-import os
 import socket
 import threading
 import time
@@ -44,7 +43,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from ledger.store.lease import Holder, Lease, Member, NotCommitting
+from ledger.store.lease import Holder, Lease, Member, NotCommitting, dead_here
 from schemas import api
 from schemas.errors import TooLarge
 
@@ -70,6 +69,9 @@ KEEP_WITHOUT_STORE_S = 900.0
 """How long a server cut off from its store keeps its agents' node leases (counted from its last
 report to the store), and so how long after a silent server's last report a leader waits before
 it may count a node lost (docs/ha.md, the failure table)."""
+NODE_LEASE_HEADER = "x-gpuledger-node-lease"
+"""On every answer to an agent: `<node-lost timeout>,<fence>` (s) it renews the node's lease
+under; the agent renews by these alone (a keep said none: a job ran twice, atk39-28 F1)."""
 STORE_HEADER = "x-gpuledger-store"
 """On a 503 because the store does not answer or commit: `away` (the CLI says it in one line)."""
 
@@ -191,8 +193,8 @@ class Leadership:
         leases while its store is away (0: it keeps none): its last report to the store was
         from `KeepTiming.delay_s` to `KEEP_WITHOUT_STORE_S` ago. Any server keeps, leader or
         standby: a leader counts every server's keeps (`keeping`)."""
-        if self.unreachable is None:
-            return 0
+        if self.unreachable is None or self.refused is not None:
+            return 0  # a server whose settings are not the store's grants no lease by them
         if self.acting():  # its own executor counts the keep as contact; a new leader counts
             return self.lease.epoch  # none lost before its promotion + the node-lost timeout
         if not self.reported_at or self._reporting:
@@ -396,22 +398,6 @@ class Leadership:
         ]
 
 
-def dead_here(holder: str) -> bool:
-    """Is the server `holder` (`HOST:PID:ID`) a process of this host that is gone? A pid of
-    another host, or one alive (reused, perhaps), is not known dead."""
-    host, _, rest = holder.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False  # alive, someone else's
-    return False
-
-
 def may_keep(since_report_s: float, timing: KeepTiming) -> bool:
     """Pure: may a server whose store is away keep node leases `since_report_s` after its last
     report to the store? From `timing.delay_s` (every leader sees it silent by then) until
@@ -459,25 +445,26 @@ class HAFront:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        read = scope["method"] in ("GET", "HEAD") and not scope["path"].startswith("/v1/agent/")
-        if scope["path"].startswith("/v1/agent/") and self.ha.unreachable and self.ha.keeps():
+        agent = scope["path"].startswith("/v1/agent/")
+        read = scope["method"] in ("GET", "HEAD") and not agent
+        if agent and self.ha.unreachable and self.ha.keeps():
             keep = await self._keep(scope, receive, headers)
             await self._refuse(send, "the store does not answer; "
                                + ("this server keeps the node's lease" if keep else "retry"),
                                keep=keep)  # fmt: skip
             return
         if self.ha.acting() or (read and scope["path"] in ("/v1/health", "/metrics")):
-            await self.app(scope, receive, self._stamped(send))
+            await self.app(scope, receive, self._stamped(send, agent))
             return
         if read:
             want = headers.get(MIN_POSITION_HEADER, "")
             if want.isdigit() and not await self._reached(int(want)):
                 await self._refuse(send, f"this standby has not folded position {want} yet")
                 return
-            await self.app(scope, receive, self._stamped(send))
+            await self.app(scope, receive, self._stamped(send, agent))
             return
         if await self._taking_over():
-            await self.app(scope, receive, self._stamped(send))
+            await self.app(scope, receive, self._stamped(send, agent))
             return
         leader = self.ha.leader_address()
         forwardable = (
@@ -499,7 +486,7 @@ class HAFront:
             return
         await self._refuse(send, "this server is a standby")
 
-    def _stamped(self, send: Send) -> Send:
+    def _stamped(self, send: Send, agent: bool = False) -> Send:
         async def stamped(message: Any) -> None:
             if message["type"] == "http.response.start":
                 message = dict(message)
@@ -507,10 +494,15 @@ class HAFront:
                 if not any(k.lower() == POSITION_HEADER.encode() for k, _ in headers):
                     # a read of the projection says its own position (ledger.server.pooled)
                     headers.append((POSITION_HEADER.encode(), str(self.position()).encode()))
-                message["headers"] = [*headers, (ROLE_HEADER.encode(), self.ha.role.encode())]
+                message["headers"] = [*headers, (ROLE_HEADER.encode(), self.ha.role.encode()),
+                                      *(self._node_lease() if agent else [])]  # fmt: skip
             await send(message)
 
         return stamped
+
+    def _node_lease(self) -> list[tuple[bytes, bytes]]:
+        node = self.ha.lease.node  # `NODE_LEASE_HEADER` (none: no node settings)
+        return [(NODE_LEASE_HEADER.encode(), f"{node[0]:g},{node[1]:g}".encode())] if node else []
 
     async def _taking_over(self) -> bool:
         """Wait, at most `TAKEOVER_WAIT_S`, while this server holds the lease and its worker is
@@ -613,6 +605,7 @@ class HAFront:
             headers.append((STORE_HEADER.encode(), b"away"))
         if keep:
             headers.append((KEEP_HEADER.encode(), str(keep).encode()))
+            headers.extend(self._node_lease())
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

@@ -586,6 +586,9 @@ def _leadership(ledger: Ledger, config: ServeConfig, policy: Any) -> Leadership:
     log.info("store %s: leading once the lease is free (lease %gs)", redacted(ledger.dsn),
              config.lease.seconds)  # fmt: skip
     since = since if config.new_settings else None
+    if config.new_settings and since is None:
+        log.warning("--new-settings: the store records this server's settings already; the "
+                    "flag changes nothing (start it without the flag)")  # fmt: skip
     mine_lease = lease.Lease(ledger.dsn, holder, address, mine.lease_s, mine.node, mine.work, since)
     return Leadership(mine_lease)
 

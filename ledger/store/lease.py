@@ -27,6 +27,8 @@ was away from it (`kept_at`), which is how a leader knows when no server may sti
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +46,8 @@ LEASE_RANGE_S = (1.0, 60.0)
 """The lease a server may be given: long enough to renew under load, short enough that a kill -9
 of the leader never leaves the cluster leaderless for long."""
 MARGIN = 0.2
+SCHEMA_LOCK = 7346010
+"""The advisory lock the store's schema is made under (the lease's tables, the recorders')."""
 """The part of the lease a holder gives up to be sure it stops first (a fifth)."""
 
 _SCHEMA = f"""
@@ -221,11 +225,11 @@ def setup(dsn: str) -> None:
     """Create the lease tables and the fence function (idempotent; concurrent starts wait for
     each other on an advisory lock)."""
     with connect(dsn) as con:
-        con.execute("SELECT pg_advisory_lock(7346010)")
+        con.execute(f"SELECT pg_advisory_lock({SCHEMA_LOCK})")
         try:
             con.execute(_SCHEMA)
         finally:
-            con.execute("SELECT pg_advisory_unlock(7346010)")
+            con.execute(f"SELECT pg_advisory_unlock({SCHEMA_LOCK})")
 
 
 def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
@@ -236,7 +240,8 @@ def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
     (`Lease.refusal`). With `change` (`serve --new-settings`) a server starts with others once
     nobody leads, and records them when it takes the lease. Returns the database's time now:
     settings recorded later are never replaced by this server (two servers started together
-    with different settings never take turns: atk38-28 F1)."""
+    with different settings never take turns: atk38-28 F1); None with `change` when the store
+    records these settings already (the flag has nothing to change, and changes nothing)."""
     low, high = LEASE_RANGE_S
     if not low <= mine.lease_s <= high:
         raise InvalidCommand(
@@ -253,6 +258,8 @@ def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
     live = bool(row[2])
     if recorded is not None and mine.differs(recorded) and (live or not change):
         raise _disagreement(mine, recorded, row[1] or "?", live)
+    if change and recorded is not None and not mine.differs(recorded):
+        return None  # nothing to change: the flag does nothing (it acts once: atk39-28 F3)
     return row[6]
 
 
@@ -538,3 +545,19 @@ class Lease:
 
     def __repr__(self) -> str:
         return f"Lease({redacted(self.dsn)}, {self.address}, epoch {self.epoch})"
+
+
+def dead_here(holder: str) -> bool:
+    """Is the server `holder` (`HOST:PID:ID`) a process of this host that is gone? A pid of
+    another host, or one alive (reused, perhaps), is not known dead."""
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, someone else's
+    return False

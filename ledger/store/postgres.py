@@ -41,7 +41,7 @@ from psycopg.sql import SQL, Identifier
 from psycopg_pool import ConnectionPool
 from psycopg_pool.base import AttemptWithBackoff
 
-from ledger.store.lease import NOT_COMMITTING, SYNC_WAIT
+from ledger.store.lease import NOT_COMMITTING, SCHEMA_LOCK, SYNC_WAIT
 from ledger.store.pgread import EVENTS_TABLE, connect, connect_params
 from schemas.errors import Unavailable
 
@@ -74,6 +74,17 @@ class _Bounded:
                 if tries >= 10 or spent + RETRY_WAIT_S > RETRY_FOR_S or self.give_up():
                     raise
                 time.sleep(RETRY_WAIT_S)
+
+    def create_table(self) -> None:
+        """eventsourcing's tables, types and functions, made under the ledger's advisory lock:
+        servers started together replaced its function at once and one died at start ("tuple
+        concurrently updated"; its CREATE TYPE: a duplicate key) (atk39-28 F4)."""
+        import psycopg
+
+        pool = self.datastore.pool  # type: ignore[attr-defined]
+        with psycopg.connect(**pool.kwargs, autocommit=True) as con:
+            con.execute(f"SELECT pg_advisory_lock({SCHEMA_LOCK})")  # let go with the connection
+            super().create_table()  # type: ignore[misc]
 
     def select_events(self, *args: Any, **kwargs: Any) -> Any:
         fn = PostgresAggregateRecorder.select_events.__wrapped__

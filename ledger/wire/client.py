@@ -147,13 +147,17 @@ class Client:
         self.urls = urls
         self.position = 0
         """The newest log position this client wrote or read (reads ask for at least it)."""
-        self.on_keep: Callable[[float, int], None] | None = None
-        """Called (monotonic time the request was sent, epoch) at once for every 503 whose server
+        self.on_keep: Callable[[float, int, tuple[float, float] | None], None] | None = None
+        """Called (monotonic time the request was sent, epoch, the node-lease settings it
+        grants: `node_lease`) at once for every 503 whose server
         says it keeps the node's lease while its store is away (`X-Gpuledger-Keep`; agents)."""
         self.token = token
         self.timeout = timeout
         self.silent = silent if silent is not None else Silent()
         """The servers of the list passed over for now (a timeout; `Silent`)."""
+        self.node_lease: tuple[float, float] | None = None
+        """(node-lost timeout, fence) the last answer said it renews the node's lease under
+        (`X-Gpuledger-Node-Lease`; None: it said none). Agents renew by it alone."""
         self.headers: dict[str, str] = {}
         """Sent with every request (a node agent's name for itself: `AGENT_HEADER`)."""
         self._servers = [_Server(u, timeout) for u in urls]
@@ -225,7 +229,8 @@ class Client:
             if position:
                 self.position = max(self.position, position)
             if status == 503 and server.keep and self.on_keep is not None:
-                self.on_keep(sent, server.keep)
+                self.on_keep(sent, server.keep, server.node_lease)
+            self.node_lease = server.node_lease
             if status == 503 and server.store_away:
                 away = _error(status, data)
                 answered.add(server.url)
@@ -334,6 +339,16 @@ class Client:
             server.close()
 
 
+def _node_lease(text: str) -> tuple[float, float] | None:
+    """Pure: `X-Gpuledger-Node-Lease` (`<node-lost timeout>,<fence>`, seconds) read, or None."""
+    lost, _, fence = text.partition(",")
+    try:
+        got = (float(lost), float(fence))
+    except ValueError:
+        return None
+    return got if all(0 <= x < 1e9 for x in got) else None
+
+
 class _Server:
     """One server of the list: its connection, kept alive between requests."""
 
@@ -342,6 +357,8 @@ class _Server:
         self.timeout = timeout
         self.keep = 0
         """`X-Gpuledger-Keep` of the last answer (0: none)."""
+        self.node_lease: tuple[float, float] | None = None
+        """`X-Gpuledger-Node-Lease` of the last answer (None: none)."""
         self.retry_after = 0
         """`Retry-After` of the last answer when it was a 429 (seconds; 0: none)."""
         self.store_away = False
@@ -407,6 +424,7 @@ class _Server:
         leader = resp.getheader("X-Gpuledger-Leader") or ""
         keep = resp.getheader("X-Gpuledger-Keep") or ""
         self.keep = int(keep) if keep.isdigit() else 0
+        self.node_lease = _node_lease(resp.getheader("X-Gpuledger-Node-Lease") or "")
         after = (resp.getheader("Retry-After") or "") if resp.status == 429 else ""
         self.retry_after = min(int(after), 60) if after.isdigit() else 0
         self.store_away = resp.getheader("X-Gpuledger-Store") == "away"

@@ -117,7 +117,8 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """With a PostgreSQL store: start with other settings (lease, node-lost timeout, fence,
     executor, policy) than the ones the store records, and record them when this server takes
     the lease (only once nobody leads; settings recorded after this server started are never
-    replaced). Give it to one server, once (docs/ha.md, "Changing the settings")."""
+    replaced). Give it to one server, once, as `serve --new-settings`: `true` in a config file
+    is refused (docs/ha.md, "Changing the settings")."""
     max_jobs_per_user: int = 20_000
     """Unfinished jobs (pending, placed, running; each array task one) one user may own; a
     submission past it is refused with one line (Slurm's MaxSubmitJobs). 0: no limit."""
@@ -126,8 +127,18 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 
 def load(path: Path | None) -> ServeConfig:
-    """The config file as a ServeConfig (defaults when `path` is None); one clear error line."""
-    return load_as(ServeConfig, path, "examples/serve.toml")
+    """The config file as a ServeConfig (defaults when `path` is None); one clear error line.
+    `new_settings = true` is refused: a one-time change is a command-line flag, never a key left
+    in a file (a stale file reverted the store's settings at every start while nobody led, and
+    then only its server might lead: atk39-28 F3)."""
+    config = load_as(ServeConfig, path, "examples/serve.toml")
+    if config.new_settings:
+        raise InvalidCommand(
+            f"config {path}: new_settings is a one-time change, given on the command line only",
+            hint="remove it from the file; start one server once with `serve --new-settings` "
+            "(docs/ha.md, changing the settings)",
+        )
+    return config
 
 
 def load_as(cls: type[C], path: Path | None, example: str) -> C:

@@ -206,3 +206,26 @@ def test_a_shorter_fence_waits_out_the_node_leases_granted_by_the_old_one(
             if agent.proc is not None and agent.proc.poll() is None:
                 agent.kill(signal.SIGKILL)
         g.stop()
+
+
+def test_new_settings_is_a_flag_that_acts_once(tmp_path: Path, pg_store: str) -> None:
+    """`new_settings = true` left in a config file reverted the store's settings at every start
+    while nobody led, and then only that server might lead (atk39-28 F3): it is refused in one
+    line, and the flag changes nothing when the store records the server's settings already."""
+    home = tmp_path / "server-0"
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    stale = tmp_path / "stale.toml"
+    stale.write_text('new_settings = true\nnode_fence = "60s"\n')
+    err = one_line(serve(tmp_path / "stale", pg_store, "--config", str(stale)))
+    assert "new_settings" in err and "command line only" in err, err
+    lease.setup(pg_store)
+    mine = lease.Settings(2.0, (3.0, 4.0), '{"executor":"agents"}')
+    taker = lease.Lease(pg_store, "a", "http://a", 2.0, (3.0, 4.0), '{"executor":"agents"}')
+    try:
+        assert taker.acquire()
+        taker.release()
+        assert lease.agree(pg_store, mine, change=True) is None  # recorded already: nothing
+        other = lease.Settings(2.0, (3.0, 60.0), '{"executor":"agents"}')
+        assert lease.agree(pg_store, other, change=True) is not None
+    finally:
+        taker.close()

@@ -16,8 +16,9 @@ from schemas.errors import InvalidCommand, LedgerError, TooBusy, Unavailable
 
 
 def agent() -> Any:
-    return SimpleNamespace(stop_event=threading.Event(), _contact=lambda sent: None,
-                           _error=lambda err: None)  # fmt: skip
+    return SimpleNamespace(stop_event=threading.Event(), _contact=lambda sent, granted: None,
+                           _error=lambda err: None,
+                           client=SimpleNamespace(node_lease=None))  # fmt: skip
 
 
 @pytest.mark.parametrize("refusal", [TooBusy("127.0.0.1 has 64 connections open", retry_after=1),

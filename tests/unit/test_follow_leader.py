@@ -440,7 +440,7 @@ def test_a_frozen_server_costs_its_timeout_once_and_keeps_still_arrive(
     assert time.monotonic() - began < 4.0 and silent.skipped(frozen_url, time.monotonic())
     stand.answer = keeping(7)
     other = Client(f"{frozen_url},{stand.url}", "tok", timeout=0.5, silent=silent)
-    other.on_keep = lambda sent, epoch: keeps.append(epoch)
+    other.on_keep = lambda sent, epoch, granted: keeps.append(epoch)
     began = time.monotonic()
     with pytest.raises(Unavailable, match="store does not answer"):
         other.get("agent/poll")  # begins on the standby: the frozen one is passed over
