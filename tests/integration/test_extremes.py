@@ -147,6 +147,7 @@ def build(home: Path) -> None:
                 )
         ledger.execute(c.MarkNodeLost(actor=ADMIN, node=NAME, reason=TEXT))
         ledger.execute(c.ReturnNode(actor=ADMIN, node=NAME))  # a lost node comes back
+        ledger.execute(c.RecordNodeAgent(actor="@executor", node=NAME, agent=TEXT))
         ledger.execute(
             c.SubmitJob(actor=USER, account=PROJECT, gpus=64, min_runtime_s=1, time_limit_s=1)
         )
