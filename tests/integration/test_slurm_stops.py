@@ -153,3 +153,29 @@ def test_a_requeued_runs_grace_counts_from_its_preemption_across_a_restart(
     last = _until_quiet(work / "alive.0")
     assert last - serving <= 15.0, (last, serving)  # KillWait (10 s), not 20 s more first
     ledger.wait("its next run", lambda: (work / "alive.1").exists(), 90)
+
+
+def test_a_requeued_run_that_completes_while_the_service_is_down_completes_its_job_once(
+    ledger: Ledger,
+) -> None:
+    """atk39-24 F1: a resumable job is requeued while the service is down (killed with -9: the
+    stop's SIGTERM is never sent), then its command exits 0 by itself. After the restart the
+    run's end is recorded (`job.run_ended.v1`, ended by itself) and the job is completed: its
+    command never runs a second time."""
+    work = ledger.work
+    ledger.up()
+    ledger.submit("alice", 1, f"echo $GPULEDGER_RUN >> {work}/runs; "
+                  f"while [ ! -e {work}/go ]; do sleep 0.2; done; exit 0",
+                  "--resumable", "--min-runtime", "0s")  # fmt: skip
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    ledger.kill9()
+    ledger.cli("requeue", "1")  # appended; no service carries it out
+    (work / "go").touch()
+    time.sleep(4)  # the command has ended by itself, exit 0 (Slurm: COMPLETED)
+    ledger.up()
+    ledger.wait("the job's end", lambda: status(ledger, 1) == "finished", 60)
+    time.sleep(5)  # a second run would be submitted by now
+    assert (work / "runs").read_text().split() == ["0"]
+    assert ledger.jobs()[1]["finish_reason"] == "completed", ledger.jobs()[1]
+    (ended,) = ledger.of("job.run_ended.v1", 1)
+    assert ended["run"] == 0 and ended["by_itself"] and ended["exit_code"] == 0, ended

@@ -11,12 +11,13 @@ import contextlib
 import logging
 import os
 import subprocess
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 from pathlib import Path
 
-from ledger.core.state import Node
+from ledger.core.state import Node, StoppedRun
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
 from ledger.engines.accounts import RunAs, own_log, own_umask
+from ledger.engines.slurm import tracked
 from ledger.engines.slurm.ends import Ending, answering, kill_wait, sacct_end
 from ledger.engines.slurm.foreign import others
 from ledger.engines.slurm.launching import (
@@ -51,10 +52,12 @@ from ledger.engines.slurm.stops import (
     no_grace,
     node_failed,
     placed_gpus,
+    resumed_stops,
     run_gpus,
     stopped_end,
     stopping_gpus,
     tagged,
+    unplaceable,
 )
 from ledger.engines.slurm.tracked import Run, forget_stop, note_stop, noted_stop
 from ledger.engines.slurm.words import (
@@ -146,6 +149,13 @@ class SlurmExecutor:
         self.job_grace: Callable[[int], float | None] = no_grace
         """A job's own grace by id (the ledger's) where its run's comment says none."""
         self.job_limit: Callable[[int], float | None] = no_grace
+        self.stopped_runs: Callable[[], Mapping[Tag, StoppedRun]] = dict
+        """The runs the ledger stopped whose end is not recorded yet (`State.stopped_runs`):
+        each read carries them to their end, after a restart too (`resumed_stops`)."""
+        self.lost_nodes: Callable[[], Set[str]] = frozenset
+        """The nodes the ledger counts lost: nothing is submitted onto them (`unplaceable`)."""
+        self._down: frozenset[str] = frozenset()  # nodes Slurm showed DOWN in the last read
+        self._reported: set[str] = set()  # stopped runs whose end was reported, not yet recorded
         """A job's time limit by job id (`open_executor` reads the ledger's), for runs adopted
         after a restart, whose exact limit Slurm does not keep (it rounds up to minutes)."""
         self._foreign: dict[str, frozenset[int]] = {}
@@ -244,6 +254,7 @@ class SlurmExecutor:
         """The partition's GPU nodes; remembers which have pinned GPUs (`words.pinned_types`)."""
         found = parse_nodes(self._run(["scontrol", "-d", "-o", "show", "node"]), self.partition)
         self._pinned = {n.name: n.pinned for n in found if n.pinned}
+        self._down = frozenset(n.name for n in found if n.down)
         self._gres_used = {n.name: n.gres_used for n in found if n.gres_used}
         return found
 
@@ -303,16 +314,7 @@ class SlurmExecutor:
         return own_log(self.log_dir, f"job-{job.job_id}.log", who.uid, who.gid)
 
     def _checkpoint_file(self, job_id: int, run: int, who: SbatchUser | None = None) -> Path:
-        """The file a run touches to say it checkpointed (`GPULEDGER_CHECKPOINT_FILE`):
-        `<log_dir>/checkpoints/<job>.<run>/checkpoint`, its directory the job user's (`who`)."""
-        run_dir = self.log_dir / "checkpoints" / f"{job_id}.{run}"
-        if who is not None:
-            run_dir.parent.mkdir(parents=True, exist_ok=True)
-            run_dir.parent.chmod(0o755)
-            run_dir.mkdir(mode=0o700, exist_ok=True)
-            if who.uid is not None:
-                os.chown(run_dir, who.uid, who.gid if who.gid is not None else -1)
-        return run_dir / "checkpoint"
+        return tracked.checkpoint_file(self.log_dir, job_id, run, who)
 
     def _launched(self, r: Run, now: float) -> bool:
         """Whether a run Slurm shows RUNNING has really started: its batch script marked its
@@ -332,18 +334,7 @@ class SlurmExecutor:
 
     def _read_checkpoints(self) -> list[int]:
         """The running jobs that touched their checkpoint file since the last read."""
-        touched = []
-        for job_id, r in self._runs.items():
-            if not r.started:
-                continue
-            try:
-                mtime = os.lstat(self._checkpoint_file(job_id, r.run)).st_mtime
-            except OSError:
-                continue
-            if mtime > r.checkpoint_mtime:
-                r.checkpoint_mtime = mtime
-                touched.append(job_id)
-        return touched
+        return tracked.touched(self._runs.values(), self._checkpoint_file)
 
     def _submit(self, r: Run) -> None:
         assert r.launch is not None
@@ -378,8 +369,12 @@ class SlurmExecutor:
         if not self.may_act():
             return  # a deposed leader launches nothing; the new leader launches what is placed
         held = self._held()
+        unusable = self._down | self.lost_nodes()
         for r in list(self._runs.values()):
             if r.slurm_id is not None or r.launch is None or r.job_id in self._completed:
+                continue
+            if bad := unplaceable(r.launch, unusable):  # never onto a lost node (atk39-24 F3)
+                log.info("job %s run %s waits: node %s is down", r.job_id, r.run, bad)
                 continue
             adopted = tagged(self._view, self.ledger_id, r.job_id, r.run)  # a timed-out sbatch
             if adopted is not None:
@@ -560,7 +555,26 @@ class SlurmExecutor:
             stopping.term_refused |= any(w in err.line() for w in GONE_ALREADY)
             log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
 
+    def _resume_stops(self, now: float) -> None:
+        """The runs of ours to stop that this executor does not carry (a restart: stops live in
+        its memory alone), taken up as an uninterrupted stop would go on (`resumed_stops`): one
+        never signalled gets its SIGTERM and its whole grace now, as the node agents give it
+        (atk36-23 F2); one that was gets what is left of its grace from its noted SIGTERM, and
+        no second one (atk39-24 F1, F2)."""
+        self._reported &= set(self._view)
+        skip = {r.slurm_id for r in self._runs.values() if r.slurm_id} | set(self._stopping)
+        for j, st, grace in resumed_stops(
+            self._view, self.stopped_runs(), skip | self._reported, self.ledger_id,
+            self.partition, lambda i: noted_stop(self.log_dir, i), self.job_grace, self.grace_s,
+        ):  # fmt: skip
+            log.warning("slurm job %s is a run the ledger no longer runs: stopping it", j.slurm_id)
+            if st is None:
+                self._signal(j.slurm_id, now, grace, j.tag(self.ledger_id))
+            else:
+                self._stopping[j.slurm_id] = st
+
     def _read_runs(self, now: float) -> None:
+        self._resume_stops(now)
         # 0. our runs Slurm has ended whose processes may still live (COMPLETING)
         mine = {r.slurm_id for r in self._runs.values() if r.slurm_id} | set(self._stopping)
         self._completing = completing(self._view, mine, self._completing, now)
@@ -636,6 +650,7 @@ class SlurmExecutor:
             elif j is None or j.ended:
                 self._quarantine.hold(failed, j, st.gpus)
                 del self._stopping[slurm_id]
+                self._reported.add(slurm_id)
                 self._notes.pop(slurm_id, None)
                 forget_stop(self.log_dir, slurm_id)
                 seen = self._completing.pop(slurm_id, None)
@@ -653,19 +668,9 @@ class SlurmExecutor:
                 except EngineError as err:
                     log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
         # 3. foreign jobs on any partition: their GPUs on the ledger's nodes are busy, they are
-        #    never touched; runs of ours the ledger no longer runs are stopped
+        #    never touched (runs of ours the ledger no longer runs: `_resume_stops`)
         ours = {r.slurm_id for r in self._runs.values() if r.slurm_id} | set(self._stopping)
         other = others(self._view.values(), ours, self.ledger_id, self.partition, self._pinned)
-        for j in other.strays:
-            log.warning("slurm job %s is a run the ledger no longer runs: stopping it", j)
-            tag = j.tag(self.ledger_id)
-            assert tag is not None  # when its stop began: what is left of its grace from its
-            # SIGTERM, when one was sent before the restart; none sent yet (the service
-            # stopped between the cancel and carrying it out): the whole grace from now, as the
-            # node agents give it (atk36-23 F2)
-            since = noted_stop(self.log_dir, j.slurm_id)
-            grace = self.job_grace(tag[0]) if j.grace_s is None else j.grace_s
-            self._signal(j.slurm_id, now, grace, tag, since)
         for j, holds in other.holders:
             if j.slurm_id not in self._foreign_seen:
                 self._foreign_seen.add(j.slurm_id)

@@ -13,7 +13,7 @@ from ledger.core.state import Node
 from ledger.cycle.executor import Exit, Observed, Orders, Start
 from ledger.engines.accounts import RunAs
 from ledger.engines.slurm.executor import ENGINE, SlurmExecutor
-from ledger.engines.slurm.stops import grace_in, limit_in
+from ledger.engines.slurm.stops import grace_in, limit_in, lost_in
 from ledger.engines.slurm.words import name_of, register_commands
 from ledger.store.application import Ledger
 from schemas.errors import EngineAway, EngineError, InvalidCommand
@@ -78,6 +78,8 @@ def open_executor(
     slurm.fence_s = node_fence_s  # `serve --node-fence`, as for the node agents
     slurm.job_grace = lambda job_id: grace_in(ledger.state, job_id)
     slurm.job_limit = lambda job_id: limit_in(ledger.state, job_id)
+    slurm.stopped_runs = lambda: ledger.state.stopped_runs  # its stops, after a restart too
+    slurm.lost_nodes = lambda: lost_in(ledger.state)
     opening = SlurmOpening(slurm, lambda: _open(ledger, slurm, log_dir, actor))
     away = controller_answers(slurm)
     if away:

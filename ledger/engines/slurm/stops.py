@@ -5,13 +5,14 @@ none), then `scancel`; and the run's real end as Slurm kept it (EndTime), record
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping, Set
 from dataclasses import dataclass, field
 
-from ledger.core.state import State
+from ledger.core.state import State, StoppedRun
 from ledger.cycle.executor import Exit, Launch
 from ledger.engines.slurm.ends import Ending, OwnEnd, surely_gone
 from ledger.engines.slurm.words import (
+    WAITING,
     SlurmJob,
     end_reason,
     ended_gpus,
@@ -100,6 +101,69 @@ def stopped_end(
         note += ", ended by itself before the stop reached it"
     return Exit(st.run[0], code, at, "exited", j.slurm_id, state, note, run=st.run[1],
                 by_itself=by_itself and failed is None)  # fmt: skip
+
+
+def resumed(j: SlurmJob, tag: Tag, since: float | None, grace_s: float,
+            gpus: Mapping[str, tuple[int, ...]] | None = None) -> Stopping | None:  # fmt: skip
+    """Pure: a stop of `j` (run `tag`) taken up after a restart, as it would have gone on: one
+    Slurm has ended is carried to its recorded end (`since`: its noted stop, else the ledger's);
+    one whose SIGTERM was sent (`since`, noted) gets the rest of its grace and no second SIGTERM
+    (atk39-24 F2); None for one never signalled (or never started), which is stopped as any stop
+    from now (its whole grace). `gpus`: the run's, as the ledger placed it (held while in doubt)."""
+    if not j.ended and (since is None or j.state in WAITING):
+        return None
+    return Stopping(0.0 if since is None else since, cancelled=j.ended, grace_s=grace_s, run=tag,
+                    gpus=dict(gpus or {}))  # fmt: skip
+
+
+def resumed_stops(
+    view: Mapping[str, SlurmJob],
+    stopped: Mapping[Tag, StoppedRun],
+    skip: Container[str],
+    ledger_id: str,
+    partition: str,
+    noted: Callable[[str], float | None],
+    job_grace: Callable[[int], float | None],
+    service_s: float,
+) -> list[tuple[SlurmJob, Stopping | None, float]]:
+    """Pure but for `noted` (the stop's note): the runs of this ledger on its partition that
+    Slurm lists and the executor does not carry (`skip`: its stops, runs and ends reported) that
+    it must stop or see end: those the ledger stopped whose end is not recorded (`stopped`:
+    `State.stopped_runs`), and any other it still runs (a stray: cancelled while the service was
+    down), each with its stop taken up (`resumed`; None: never signalled) and its grace. A stop
+    lives in the service's memory; a restart rebuilds it from the ledger and Slurm, so a run that
+    completed while the service was down is recorded ended and its job never run again
+    (atk39-24 F1)."""
+    out: list[tuple[SlurmJob, Stopping | None, float]] = []
+    for j in sorted(view.values(), key=lambda j: j.slurm_id):
+        tag = j.tag(ledger_id)
+        if tag is None or j.partition != partition or j.slurm_id in skip:
+            continue
+        sr = stopped.get(tag)
+        if sr is None and j.ended:
+            continue
+        grace = j.grace_s if j.grace_s is not None or sr is None else sr.grace_s
+        grace = job_grace(tag[0]) if grace is None else grace
+        grace = service_s if grace is None else grace
+        since = noted(j.slurm_id)
+        gpus: dict[str, tuple[int, ...]] = {}
+        for sl in sr.slots if sr is not None else ():
+            gpus[sl.node] = (*gpus.get(sl.node, ()), *sl.gpu_indices)
+        at = since if since is not None or not j.ended or sr is None else sr.at
+        out.append((j, resumed(j, tag, at, grace, gpus), grace))
+    return out
+
+
+def unplaceable(launch: Launch, unusable: Set[str]) -> str:
+    """Pure: the node of `launch` it may not be submitted onto now ("" if none): one the ledger
+    counts lost or Slurm shows DOWN (atk39-24 F3: a restart submitted a placement onto a lost
+    node, beside runs in doubt there; Slurm starts it as soon as the node returns)."""
+    return next((sl.node for sl in launch.slots if sl.node in unusable), "")
+
+
+def lost_in(state: State) -> frozenset[str]:
+    """Pure: the nodes the ledger counts lost (`NodeLost`, not returned yet)."""
+    return frozenset(n for n, x in state.nodes.items() if x.state == "lost")
 
 
 def tagged(view: Mapping[str, SlurmJob], ledger_id: str, job_id: int, run: int) -> SlurmJob | None:

@@ -5,11 +5,14 @@ only what is left of its grace."""
 from __future__ import annotations
 
 import contextlib
+import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ledger.cycle.executor import Launch
 from ledger.engines.proc import write_atomic
+from ledger.engines.slurm.words import SbatchUser
 
 
 def note_stop(log_dir: Path, slurm_id: str, since: float) -> None:
@@ -63,3 +66,34 @@ class Run:
     seen_running_at: float | None = None
     """The last read that showed it running while Slurm's view was current (not in an outage's
     settle period): its end cannot be earlier."""
+
+
+def checkpoint_file(log_dir: Path, job_id: int, run: int, who: SbatchUser | None = None) -> Path:
+    """The file a run touches to say it checkpointed (`GPULEDGER_CHECKPOINT_FILE`):
+    `<log_dir>/checkpoints/<job>.<run>/checkpoint`, its directory the job user's (`who`), made
+    when `who` is given; the run's marks live beside it (`launching`)."""
+    run_dir = log_dir / "checkpoints" / f"{job_id}.{run}"
+    if who is not None:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        run_dir.parent.chmod(0o755)
+        run_dir.mkdir(mode=0o700, exist_ok=True)
+        if who.uid is not None:
+            os.chown(run_dir, who.uid, who.gid if who.gid is not None else -1)
+    return run_dir / "checkpoint"
+
+
+def touched(runs: Iterable[Run], file_of: Callable[[int, int], Path]) -> list[int]:
+    """The started runs' jobs whose checkpoint file (`file_of`) was touched since the last
+    call (each run keeps the time it last saw: `Run.checkpoint_mtime`)."""
+    out = []
+    for r in runs:
+        if not r.started:
+            continue
+        try:
+            mtime = os.lstat(file_of(r.job_id, r.run)).st_mtime
+        except OSError:
+            continue
+        if mtime > r.checkpoint_mtime:
+            r.checkpoint_mtime = mtime
+            out.append(r.job_id)
+    return out
