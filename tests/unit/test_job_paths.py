@@ -263,6 +263,70 @@ def test_slurm_output_swapped_after_the_claim_is_never_waited_on_or_written(
                 os.close(reader)
 
 
+LEASER = """import fcntl, signal, sys, time
+signal.signal(signal.SIGIO, signal.SIG_IGN)
+fd = open(sys.argv[1], "rb")
+fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("swap", ["a dangling link", "a link to a file bob holds a lease on"])
+def test_slurm_output_swapped_after_the_claim_is_never_created_through_or_blocked_on(
+    pair: tuple[User, User], team: Path, swap: str
+) -> None:
+    """atk39-23 F3, F9: after the claim bob swaps the output's name (its last name, in a
+    directory he may write) for a dangling link into alice's home (the script's `exec 3<>`
+    created the target, as alice: a file of his naming in her home) or a link to his file he
+    holds a read lease on (the blocking `<>` open waited the kernel's lease-break-time, 45 s,
+    the node held). Now nothing is created there and the script ends at once: 127,
+    `cannot-open`, its command never run (`_script_as` gives it 20 s)."""
+    alice, bob = pair
+    out = team / "race-12.out"
+    claimed = claim_outputs([str(out)], _sbatch_user(alice), 10.0, 0o077, str(team))
+    assert isinstance(claimed, Claimed)
+    out.rename(team / "race-12.out.moved")
+    target = alice.home / "BOB-MADE"
+    leaser = None
+    if swap == "a dangling link":
+        out.symlink_to(target)
+    else:
+        target = team / "bob-leased"
+        target.write_text("")
+        target.chmod(0o666)
+        _own(target, bob)
+        out.symlink_to(target)
+        leaser = subprocess.Popen(
+            ["/usr/bin/python3", "-c", LEASER, str(target)], user=bob.uid, group=bob.gid,
+            extra_groups=[], stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert leaser.stdout is not None and leaser.stdout.readline() == "ready\n"
+    _own(out, bob)
+    try:
+        with shared_dir("gpuledger-run-") as run_dir:
+            _own(run_dir, alice)
+            marks = {m: str(run_dir / m) for m in (LAUNCHED, CANNOT_OPEN)}
+            script = batch_script(
+                _launch(str(team), ("sh", "-c", "echo SECRET")), _sbatch_user(alice),
+                launched_file=marks[LAUNCHED], umask=0o077, outputs=claimed.files([str(out)]),
+                files_umask=0o077, cannot_open_file=marks[CANNOT_OPEN],
+                real_workdir=claimed.workdir,
+            )  # fmt: skip
+            done = _script_as(alice, script, run_dir)
+            assert done.returncode == 127 and done.stdout == ""
+            assert {m: os.path.lexists(p) for m, p in marks.items()} == {
+                LAUNCHED: False, CANNOT_OPEN: True}  # fmt: skip
+        if swap == "a dangling link":
+            assert not os.path.lexists(target)
+        else:
+            assert target.read_text() == ""
+    finally:
+        if leaser is not None:
+            leaser.kill()
+            leaser.communicate()
+
+
 def test_slurm_working_directory_swapped_after_the_claim_ends_the_script(
     pair: tuple[User, User], team: Path
 ) -> None:
