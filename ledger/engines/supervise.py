@@ -388,6 +388,21 @@ def open_workdir(path: str) -> int:
     return fd
 
 
+def path_refusal(directory: str, what: str, shown: str) -> str:
+    """As this process's user (the submitter, at submit: `cli.submit`): why the path rule would
+    refuse the way to `directory` (the working directory, or an output file's directory, for
+    `what` `shown`), or "" when it would not or cannot say from here (a name missing or closed:
+    the launch checks again, on the job's node). Nothing is opened but O_PATH descriptors."""
+    try:
+        fd, _ = _walk(directory.rstrip("/") + "/.", what, shown, [0], None)
+    except Refused as refused:
+        return "" if refused.unreachable else str(refused)
+    except OSError:
+        return ""
+    os.close(fd)
+    return ""
+
+
 def open_own(
     path: str, what: str, base: int | None = None, shown: str = "", links: list[int] | None = None
 ) -> int:

@@ -471,3 +471,28 @@ def test_another_file_of_the_users_renamed_to_the_output_is_refused_under_a_stri
     team.chmod(0o1777)
     got = open_outputs({"account": _account(alice), "umask": "0077", "stdout": str(notes)})
     os.close(got["output file"])
+
+
+def test_a_path_the_rule_refuses_is_refused_at_submit_with_one_line(
+    pair: tuple[User, User],
+) -> None:
+    """What the launch would refuse and the submitter's host can see is refused at submit
+    (`cli.submit.check_paths`, one line, nothing recorded): a working directory or an output's
+    directory reached through a directory others may write without the sticky bit."""
+    from ledger.cli.submit import check_paths
+    from schemas.errors import InvalidCommand
+
+    with shared_dir("gpuledger-submit-") as top:
+        team = top / "team"
+        (team / "exp1").mkdir(parents=True)
+        team.chmod(0o2777)
+        with pytest.raises(
+            InvalidCommand, match=f"working directory {team / 'exp1'} {_unsafe(team)}"
+        ):
+            check_paths(str(team / "exp1"), ("", ""))
+        with pytest.raises(InvalidCommand, match=f"output file logs/%j.out {_unsafe(team)}"):
+            check_paths(str(team), ("logs/%j.out", ""))
+        check_paths(str(team), ("%x-%j.out", ""))  # the team dir itself, an output in it
+        check_paths(str(top / "absent" / "x"), ("", ""))  # not here: the launch checks
+        team.chmod(0o3777)
+        check_paths(str(team / "exp1"), ("logs/%j.out", ""))
