@@ -26,6 +26,7 @@ from ledger.cli.output import echo_json
 from ledger.core.jobs import parse_array, parse_dependency
 from ledger.core.runas import SECRET_NAMES, secret_value
 from ledger.engines.accounts import own_umask
+from ledger.engines.supervise import path_refusal
 from schemas import commands as c
 from schemas.bounds import ENV_NAME_PATTERN, MAX_ENV_VALUE
 from schemas.errors import InvalidCommand, LedgerError
@@ -241,6 +242,22 @@ def _sendable(name: str, value: str) -> bool:
     return bool(ENV_NAME.fullmatch(name)) and len(value) <= MAX_ENV_VALUE and "\x00" not in value
 
 
+def check_paths(wd: str, outputs: tuple[str, ...]) -> None:
+    """Refuse at submit, with one line and nothing recorded, what the path rule would refuse at
+    launch (T19 in docs/security.md) and can be seen from here: a directory on the way to the
+    working directory or to an output file's directory (one with no `%` pattern) that others
+    may write without the sticky bit, or a link there that is not the submitter's."""
+    ways = [(wd, "working directory", wd)] if wd else []
+    for name in outputs:
+        where = os.path.dirname(name)
+        if name and "%" not in where and (where.startswith("/") or wd):
+            ways.append((os.path.join(wd, where) if wd else where, "output file", name))
+    for directory, what, shown in ways:
+        why = path_refusal(directory or "/", what, shown)
+        if why:
+            raise InvalidCommand(why)
+
+
 def workdir(chdir: str | None) -> str:
     """The directory the job starts in: `-D` (relative to here), else here, as sbatch does; its
     real path, the links in it resolved now, by the submitter (at launch a link in the path is
@@ -378,6 +395,8 @@ def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
         dependency=parse_dependency(g["dependency"]) if g["dependency"] else (),
         umask=own_umask(),  # the job's and its output files', as sbatch records it
     )
+    if not g["user"]:  # on another's behalf their links are not the submitter's: launch checks
+        check_paths(fields["workdir"], (fields["stdout"], fields["stderr"]))
     return build(c.SubmitJob, **fields)
 
 

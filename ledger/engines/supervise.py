@@ -299,17 +299,40 @@ def link_refused(link_uid: int, dir_mode: int, uid: int, last: bool) -> str:
     return ""
 
 
+def dir_refused(where: str, mode: int, what: str, shown: str) -> str:
+    """Pure: the path rule for a directory that holds a name on the way to a job's working
+    directory or output file (not the last name of an output: `_open_last`): refused ("" when
+    not) when accounts other than its owner may write it without the sticky bit, as they may then
+    rename anything in it, a directory or link of theirs (or of the user's own) into the place
+    of the name the job goes through (POSIX; atk39-23 F1, F2). `where` is its path ("": the
+    working directory, for a relative output)."""
+    if not others_may_write(mode):
+        return ""
+    place = where or "the working directory"
+    fix = where or "."
+    return (
+        f"the {what} {shown} is reached through {place}, which other accounts may write "
+        f"(mode {stat.S_IMODE(mode):04o}, no sticky bit: one of them could put a directory or "
+        f"link of their own in place of a name in it): refused; make it safe with "
+        f"`chmod +t {fix}` or `chmod go-w {fix}`"
+    )
+
+
 def _walk(path: str, what: str, shown: str, links: list[int], base: int | None) -> tuple[int, str]:
     """As this process's user: the directory holding `path`'s last name (an O_PATH descriptor,
     each name opened with O_NOFOLLOW from `/`, or from `base` for a relative path) and that name.
-    A link on the way is followed only by `link_refused`'s rule, else `Refused`; OSError when a
-    name is missing, closed to the user or not a directory."""
+    Every directory that holds a name on the way (not the last name) must pass `dir_refused`,
+    and a link on the way is followed only by `link_refused`'s rule, else `Refused`; OSError when
+    a name is missing, closed to the user or not a directory."""
     names = [n for n in path.split("/") if n]
     cur = os.open("/" if path.startswith("/") else ".", _DIR, dir_fd=base)
     where = "/" if path.startswith("/") else ""
     try:
         while len(names) > 1:
             name = names.pop(0)
+            unsafe = dir_refused(where, os.fstat(cur).st_mode, what, shown)
+            if unsafe:
+                raise Refused(unsafe)
             node = os.open(name, _NAME, dir_fd=cur)
             try:
                 st = os.fstat(node)
@@ -365,6 +388,21 @@ def open_workdir(path: str) -> int:
     return fd
 
 
+def path_refusal(directory: str, what: str, shown: str) -> str:
+    """As this process's user (the submitter, at submit: `cli.submit`): why the path rule would
+    refuse the way to `directory` (the working directory, or an output file's directory, for
+    `what` `shown`), or "" when it would not or cannot say from here (a name missing or closed:
+    the launch checks again, on the job's node). Nothing is opened but O_PATH descriptors."""
+    try:
+        fd, _ = _walk(directory.rstrip("/") + "/.", what, shown, [0], None)
+    except Refused as refused:
+        return "" if refused.unreachable else str(refused)
+    except OSError:
+        return ""
+    os.close(fd)
+    return ""
+
+
 def open_own(
     path: str, what: str, base: int | None = None, shown: str = "", links: list[int] | None = None
 ) -> int:
@@ -400,10 +438,12 @@ def _open_last(holder: int, name: str, what: str, shown: str, links: list[int]) 
     except OSError as err:
         raise _why_not(shown, what, err) from err
     try:
-        return _checked(os.open(name, OPEN_FLAGS, dir_fd=holder), shown, what)
+        fd = _checked(os.open(name, OPEN_FLAGS, dir_fd=holder), shown, what)
     except OSError as err:
         if err.errno != errno.ELOOP:
             raise _why_not(shown, what, err) from err
+    else:
+        return _kept_private(fd, os.fstat(holder).st_mode, shown, what)
     links[0] += 1
     if links[0] > MAX_LINKS:
         raise Refused(f"cannot open the {what} {shown}: too many symbolic links")
@@ -424,6 +464,36 @@ def _open_last(holder: int, name: str, what: str, shown: str, links: list[int]) 
     finally:
         os.close(link)
     return open_own(target, what, holder, os.path.join(os.path.dirname(shown), target), links)
+
+
+def more_than_umask(file_mode: int, dir_mode: int, umask: int) -> str:
+    """Pure: why an existing output file found in a directory other accounts may write without
+    the sticky bit is refused ("" when it is not): its mode grants more than the job's umask
+    allows. Any of them may have renamed another file of the user's (her notes, 0644) to the
+    output's name, and would read there what a job submitted under umask 077 writes (atk39-23
+    F6); a file the job's umask made (a run before, a relaunch) passes."""
+    extra = stat.S_IMODE(file_mode) & 0o777 & umask
+    if not extra or not others_may_write(dir_mode):
+        return ""
+    return (
+        f"exists with mode {stat.S_IMODE(file_mode):04o}, more than the job's umask {umask:04o} "
+        "allows, in a directory other accounts may write without the sticky bit (one of them "
+        "may have renamed another file of yours there): refused; remove it, or `chmod "
+        f"go-rwx` it, or submit under a umask that allows its mode"
+    )
+
+
+def _kept_private(fd: int, dir_mode: int, path: str, what: str) -> int:
+    """`fd` (an existing output, `_checked`) unless `more_than_umask` refuses it (then closed)."""
+    st = os.fstat(fd)
+    if stat.S_ISREG(st.st_mode):
+        mask = os.umask(0)
+        os.umask(mask)
+        why = more_than_umask(st.st_mode, dir_mode, mask)
+        if why:
+            os.close(fd)
+            raise Refused(f"the {what} {path} {why}")
+    return fd
 
 
 def _checked(fd: int, path: str, what: str) -> int:

@@ -109,6 +109,7 @@ def test_a_directory_link_of_another_account_in_the_path_is_not_followed(
     her output was made there, for him to read. A link of her own where only she may write is
     still followed."""
     alice, bob = pair
+    team.chmod(0o1777)  # bob's own link, made where he may (a 0777 one: `test_a_directory_...`)
     with shared_dir("gpuledger-bob-") as bobs:
         bobs.chmod(0o1777)
         (team / "logs").symlink_to(bobs)
@@ -155,8 +156,11 @@ def test_a_working_directory_swapped_by_another_account_is_refused(
     pair: tuple[User, User], team: Path, swap: str
 ) -> None:
     """F10: bob renames alice's 0700 `exp1` and puts his own code in its place (a link to his
-    directory, or a directory of his): her job ran his `train.sh` as her."""
+    directory, or a directory of his): her job ran his `train.sh` as her. (In a sticky team
+    directory he can only have made `exp1` himself; without the sticky bit any directory there
+    is refused: `test_a_working_directory_in_a_directory_others_may_write_is_refused`.)"""
     alice, bob = pair
+    team.chmod(0o1777)
     with shared_dir("gpuledger-bob-") as bobs:
         (bobs / "exp").mkdir()
         (bobs / "exp" / "train.sh").write_text("echo bob's code\n")
@@ -259,13 +263,79 @@ def test_slurm_output_swapped_after_the_claim_is_never_waited_on_or_written(
                 os.close(reader)
 
 
+LEASER = """import fcntl, signal, sys, time
+signal.signal(signal.SIGIO, signal.SIG_IGN)
+fd = open(sys.argv[1], "rb")
+fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("swap", ["a dangling link", "a link to a file bob holds a lease on"])
+def test_slurm_output_swapped_after_the_claim_is_never_created_through_or_blocked_on(
+    pair: tuple[User, User], team: Path, swap: str
+) -> None:
+    """atk39-23 F3, F9: after the claim bob swaps the output's name (its last name, in a
+    directory he may write) for a dangling link into alice's home (the script's `exec 3<>`
+    created the target, as alice: a file of his naming in her home) or a link to his file he
+    holds a read lease on (the blocking `<>` open waited the kernel's lease-break-time, 45 s,
+    the node held). Now nothing is created there and the script ends at once: 127,
+    `cannot-open`, its command never run (`_script_as` gives it 20 s)."""
+    alice, bob = pair
+    out = team / "race-12.out"
+    claimed = claim_outputs([str(out)], _sbatch_user(alice), 10.0, 0o077, str(team))
+    assert isinstance(claimed, Claimed)
+    out.rename(team / "race-12.out.moved")
+    target = alice.home / "BOB-MADE"
+    leaser = None
+    if swap == "a dangling link":
+        out.symlink_to(target)
+    else:
+        target = team / "bob-leased"
+        target.write_text("")
+        target.chmod(0o666)
+        _own(target, bob)
+        out.symlink_to(target)
+        leaser = subprocess.Popen(
+            ["/usr/bin/python3", "-c", LEASER, str(target)], user=bob.uid, group=bob.gid,
+            extra_groups=[], stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert leaser.stdout is not None and leaser.stdout.readline() == "ready\n"
+    _own(out, bob)
+    try:
+        with shared_dir("gpuledger-run-") as run_dir:
+            _own(run_dir, alice)
+            marks = {m: str(run_dir / m) for m in (LAUNCHED, CANNOT_OPEN)}
+            script = batch_script(
+                _launch(str(team), ("sh", "-c", "echo SECRET")), _sbatch_user(alice),
+                launched_file=marks[LAUNCHED], umask=0o077, outputs=claimed.files([str(out)]),
+                files_umask=0o077, cannot_open_file=marks[CANNOT_OPEN],
+                real_workdir=claimed.workdir,
+            )  # fmt: skip
+            done = _script_as(alice, script, run_dir)
+            assert done.returncode == 127 and done.stdout == ""
+            assert {m: os.path.lexists(p) for m, p in marks.items()} == {
+                LAUNCHED: False, CANNOT_OPEN: True}  # fmt: skip
+        if swap == "a dangling link":
+            assert not os.path.lexists(target)
+        else:
+            assert target.read_text() == ""
+    finally:
+        if leaser is not None:
+            leaser.kill()
+            leaser.communicate()
+
+
 def test_slurm_working_directory_swapped_after_the_claim_ends_the_script(
     pair: tuple[User, User], team: Path
 ) -> None:
     """F10 on Slurm: the script enters the working directory by name (as slurmstepd does), then
     checks it is the real path the claim checked and the user's or root's, else it ends
-    (`cannot-enter`, 127) before the command runs."""
+    (`cannot-enter`, 127) before the command runs. (A team directory without the sticky bit is
+    refused by the claim itself now: the swap here stands for any the claim could not see.)"""
     alice, bob = pair
+    team.chmod(0o1777)
     exp1 = team / "exp1"
     exp1.mkdir(mode=0o700)
     _own(exp1, alice)
@@ -299,3 +369,130 @@ def test_the_working_directory_is_recorded_at_submit_as_its_real_path(tmp_path: 
     (tmp_path / "real" / "exp1").mkdir(parents=True)
     (tmp_path / "link").symlink_to(tmp_path / "real")
     assert workdir(str(tmp_path / "link" / "exp1")) == str(tmp_path / "real" / "exp1")
+
+
+def _unsafe(where: Path) -> str:
+    return f"is reached through {where}, which other accounts may write"
+
+
+@pytest.mark.parametrize("swapped", ["a root-owned team directory", "alice's own g+w directory"])
+def test_a_working_directory_in_a_directory_others_may_write_is_refused(
+    pair: tuple[User, User], team: Path, swapped: str
+) -> None:
+    """atk39-23 F2: in the team directory (writable by the group, no sticky bit) bob renames
+    alice's 0700 `exp1` away and renames a directory that passes the owner check (an admin's
+    root-owned scratch, or a group-writable one of alice's own) into its place, his `train.sh`
+    in it: her job ran his code as her. A name in a directory others may write is refused on
+    both engines, whatever is there; the team directory itself as the working directory (its
+    own parent safe) is fine."""
+    alice, _ = pair
+    scratch = team / "scratch"
+    scratch.mkdir()
+    scratch.chmod(0o2777 if swapped.startswith("a root") else 0o775)
+    if not swapped.startswith("a root"):
+        _own(scratch, alice)
+    (scratch / "train.sh").write_text("echo bob-code-ran-as $(id -un)\n")
+    exp1 = team / "exp1"
+    scratch.rename(exp1)
+    with pytest.raises(Refused, match=_unsafe(team)):
+        _opened(alice, workdir=str(exp1))
+    why = claim_outputs([str(exp1 / "o.out")], _sbatch_user(alice), 10.0, workdir=str(exp1))
+    assert isinstance(why, str) and why.startswith(f"the working directory {exp1} {_unsafe(team)}")
+    assert f"`chmod +t {team}` or `chmod go-w {team}`" in why
+    assert list(exp1.iterdir()) == [exp1 / "train.sh"]  # nothing made
+    assert "working directory" in _opened(alice, workdir=str(team))  # the team dir itself
+    team.chmod(0o1777)  # sticky: only alice may rename her names there
+    assert "working directory" in _opened(alice, workdir=str(exp1))
+
+
+def test_an_output_directory_swapped_in_a_directory_others_may_write_is_refused(
+    pair: tuple[User, User], team: Path
+) -> None:
+    """atk39-23 F1: bob renames alice's 0700 `logs` in the team directory away and makes his own
+    0777 `logs` there: her output was made in it for him to read. Refused on both engines, by an
+    absolute and a relative name; the output itself in the team directory is still made."""
+    alice, bob = pair
+    logs = team / "logs"
+    logs.mkdir(mode=0o777)
+    logs.chmod(0o777)
+    _own(logs, bob)
+    for spec in ({"stdout": str(logs / "2.out")}, {"workdir": str(team), "stdout": "logs/2.out"}):
+        with pytest.raises(Refused, match=r"is reached through (/.*/team|the working directory)"):
+            _opened(alice, **spec)
+    why = claim_outputs([str(logs / "2.out")], _sbatch_user(alice), 10.0, 0o077)
+    want = f"the output file {logs / '2.out'} {_unsafe(team)}"
+    assert isinstance(why, str) and why.startswith(want)
+    assert list(logs.iterdir()) == []
+    assert "output file" in _opened(alice, workdir=str(team), stdout="2.out")
+    assert (team / "2.out").stat().st_uid == alice.uid
+
+
+def test_a_users_own_group_writable_directory_on_the_path_is_refused_with_the_fix(
+    pair: tuple[User, User],
+) -> None:
+    """A directory of alice's made under umask 002 (g+w, no sticky) holds her `exp`: her group
+    may rename it. Refused, naming the directory and the fix; after `chmod +t` it is used."""
+    alice, _ = pair
+    proj = alice.home / "proj"
+    (proj / "exp").mkdir(parents=True)
+    for d in (proj, proj / "exp"):
+        _own(d, alice)
+    proj.chmod(0o775)
+    with pytest.raises(Refused, match=f"{_unsafe(proj)} .*`chmod \\+t {proj}` or `chmod go-w"):
+        _opened(alice, workdir=str(proj / "exp"))
+    proj.chmod(0o1775)
+    assert "working directory" in _opened(alice, workdir=str(proj / "exp"))
+
+
+def test_another_file_of_the_users_renamed_to_the_output_is_refused_under_a_stricter_umask(
+    pair: tuple[User, User], team: Path
+) -> None:
+    """atk39-23 F6: bob renames alice's 0644 notes to the output's name in the team directory;
+    her job, submitted under umask 077, appended its output to them, 0644, for bob to read. An
+    existing output there whose mode grants more than the umask is refused (both engines); one
+    the job's umask made (a relaunch) is used, as is any in a sticky directory."""
+    alice, _ = pair
+    notes = team / "gpuledger-7.out"
+    notes.write_text("alice-notes\n")
+    notes.chmod(0o644)
+    _own(notes, alice)
+    want = f"the output file {notes} exists with mode 0644, more than the job's umask 0077"
+    with pytest.raises(Refused, match=want):
+        open_outputs({"account": _account(alice), "umask": "0077", "stdout": str(notes)})
+    why = claim_outputs([str(notes)], _sbatch_user(alice), 10.0, 0o077)
+    assert isinstance(why, str) and why.startswith(want)
+    assert notes.read_text() == "alice-notes\n"
+    assert "output file" in _opened(alice, stdout=str(notes))  # umask 022 allows 0644
+    fresh = team / "gpuledger-8.out"
+    for _ in range(2):  # made under 077, then found again (a relaunch)
+        got = open_outputs({"account": _account(alice), "umask": "0077", "stdout": str(fresh)})
+        os.close(got["output file"])
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o600
+    team.chmod(0o1777)
+    got = open_outputs({"account": _account(alice), "umask": "0077", "stdout": str(notes)})
+    os.close(got["output file"])
+
+
+def test_a_path_the_rule_refuses_is_refused_at_submit_with_one_line(
+    pair: tuple[User, User],
+) -> None:
+    """What the launch would refuse and the submitter's host can see is refused at submit
+    (`cli.submit.check_paths`, one line, nothing recorded): a working directory or an output's
+    directory reached through a directory others may write without the sticky bit."""
+    from ledger.cli.submit import check_paths
+    from schemas.errors import InvalidCommand
+
+    with shared_dir("gpuledger-submit-") as top:
+        team = top / "team"
+        (team / "exp1").mkdir(parents=True)
+        team.chmod(0o2777)
+        with pytest.raises(
+            InvalidCommand, match=f"working directory {team / 'exp1'} {_unsafe(team)}"
+        ):
+            check_paths(str(team / "exp1"), ("", ""))
+        with pytest.raises(InvalidCommand, match=f"output file logs/%j.out {_unsafe(team)}"):
+            check_paths(str(team), ("logs/%j.out", ""))
+        check_paths(str(team), ("%x-%j.out", ""))  # the team dir itself, an output in it
+        check_paths(str(top / "absent" / "x"), ("", ""))  # not here: the launch checks
+        team.chmod(0o3777)
+        check_paths(str(team / "exp1"), ("logs/%j.out", ""))

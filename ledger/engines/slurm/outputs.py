@@ -8,18 +8,20 @@ planter reads the job's output) or a link (atk38-23 F3). So slurmstepd opens onl
 
 1. `claim_outputs`, just before `sbatch`, as the job's user, by the very code the node agents'
    supervisor opens outputs with (`supervise.open_outputs`: one rule for both engines): the
-   working directory resolved name by name (a link on the way only by the path rule, the
-   directory the user's or root's) and each output file opened once (a free name made, with the
+   working directory resolved name by name (no directory holding a name on the way writable by
+   others without the sticky bit, a link only by the path rule, the directory the user's or
+   root's) and each output file opened once (a free name made, with the
    files' umask; an existing one a regular file of the user's with no other hard link, or
    /dev/null; a link only the user's own). A refusal fails the launch with why. It keeps what it
    found: each file's inode and the working directory's real path (`Claimed`).
-2. The batch script (`words.batch_script`) opens each output itself (`<>`: never blocks on a
-   named pipe), checks the descriptor it opened (`stat -L /proc/self/fd/N`: a regular file of the
-   user's, one link, *the inode claimed*), and only then makes it its stdout or stderr, opened
-   again through that descriptor (`/proc/self/fd/N`, the same file) to append. Whatever was
-   swapped in after the claim is refused there (mark `cannot-open`, exit 127: a failed launch),
-   never written to or waited on. It enters the working directory and checks it is the real path
-   claimed (`pwd -P`), the user's or root's.
+2. The batch script (`words.batch_script`) opens each output itself (`script_files`: never
+   creating through a link, never waiting), checks the descriptor it opened (`stat -L
+   /proc/self/fd/N`: a regular file of the user's, one link, *the inode claimed*), and only
+   then makes it its stdout or stderr, opened again through that descriptor
+   (`/proc/self/fd/N`, the same file) to append. Whatever was swapped in after the claim is
+   refused there (mark `cannot-open`, exit 127: a failed launch), never written to or waited
+   on. It enters the working directory and checks it is the real path claimed (`pwd -P`), the
+   user's or root's.
 
 A file or directory the service host cannot reach (missing there, closed to the user, or only on
 the compute nodes) is left to the batch script's own checks, without an inode to compare. An

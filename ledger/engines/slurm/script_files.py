@@ -24,23 +24,40 @@ def touch(path: str) -> str:
     return f" {{ : > {shlex.quote(path)}; }} 2>/dev/null;" * bool(path)
 
 
+OPEN_WAIT_S = 5
+"""How long the script's open of an output may take before the script gives up (a name
+swapped after the claim for a named pipe nobody writes, or a link to a file another account
+holds a lease on): it leaves the `cannot-open` mark and ends, well inside the executor's
+`launch_confirm_s`, so the run is recorded `launch_failed`, never a job that ran."""
+
+
 def output_lines(
     outputs: Sequence[tuple[str, int | None]], cannot_open_file: str = ""
 ) -> list[str]:
     """Pure: the batch script's lines that open the job's output (then error) file as its
-    user: `<>` (O_RDWR: it never blocks on a named pipe, nor writes to anything), the descriptor
-    checked (`OPEN_CHECK`: the inode the claim made or found), then made stdout (stderr) to
-    append, opened again through the descriptor (`/proc/self/fd/N`: the same file); the error
-    file is the output when it names none. A check that fails leaves `cannot_open_file` and
-    ends the script (exit 127, a failed launch)."""
+    user, never creating through a link and never waiting (atk39-23 F3, F9): a name that is not
+    there (a file the claim could not reach) is made with noclobber (`set -C`: O_EXCL, which
+    fails on any link); then only a regular file (or a device: `/dev/null`, which only root
+    makes) that is no link is opened, read-only (`<`: no O_CREAT, and a read open breaks no
+    other account's read lease), under a watchdog that ends the script after `OPEN_WAIT_S` (a
+    swap between the test and the open: a named pipe, a link to a leased file); the
+    descriptor is checked (`OPEN_CHECK`: the inode the claim made or found) and only then made
+    stdout (stderr) to append, opened again through it (`/proc/self/fd/N`: the same file); the
+    error file is the output when it names none. A failure leaves `cannot_open_file` and ends
+    the script (exit 127, a failed launch)."""
     mark = touch(cannot_open_file)
     lines = [OPEN_CHECK]
     for fd, (path, inode) in zip((3, 4), outputs[:2], strict=False):
         std = 1 if fd == 3 else 2
+        name = shlex.quote(path)
         lines.append(
-            f"{{ exec {fd}<>{shlex.quote(path)}; }} 2>/dev/null && gpuledger_opened {fd} "
-            f"{'' if inode is None else inode} && exec {std}>>/proc/self/fd/{fd} {fd}>&- ||"
-            f" {{{mark} exit 127; }}"
+            f"{{ [ -e {name} ] || [ -L {name} ] || {{ set -C; : > {name}; set +C; }}; }} "
+            f"2>/dev/null; ( sleep {OPEN_WAIT_S};{mark} kill -KILL $$ ) >/dev/null 2>&1 & "
+            f"gpuledger_w=$!; {{ {{ [ -f {name} ] || [ -c {name} ]; }} && [ ! -L {name} ] && "
+            f"exec {fd}<{name}; }} "
+            f"2>/dev/null; gpuledger_r=$?; set +C; kill $gpuledger_w 2>/dev/null; "
+            f"[ $gpuledger_r = 0 ] && gpuledger_opened {fd} {'' if inode is None else inode} "
+            f"&& exec {std}>>/proc/self/fd/{fd} {fd}>&- || {{{mark} exit 127; }}"
         )
     if len(outputs) < 2:
         lines.append("exec 2>&1")
