@@ -953,3 +953,32 @@ def test_a_job_its_rebooted_node_runs_again_after_a_server_restart_keeps_its_who
     assert (wd / f"out-{job}.log").read_text().count("world-8") == 2
     j = c.job(job)
     assert j["logs"] and all(part_log(x) == wd / f"out-{job}.log" for x in j["logs"])
+
+
+def test_an_agent_request_that_names_no_agent_is_refused_while_the_holder_runs(
+    cluster: Cluster,
+) -> None:
+    """atk39-23 F8: a request of the agent API without `X-Gpuledger-Agent` was not checked
+    (taken for an agent from before the header): with the node token alone, `curl` got the
+    node's whole list, job tokens included, while another agent held the node, and kept the
+    node alive. Every agent call must now name its agent: one that does not is refused (400,
+    one line) and says nothing of the node's runs."""
+    c = cluster
+    go = c.home.parent / "go"
+    job = c.submit(1, until(go, 0))
+    node, pid = running_pid(c, job)
+    token = c.agents[node].token
+    calls = {
+        "poll": ("GET", f"/v1/agent/poll?node={node}", None),
+        "heartbeat": ("POST", "/v1/agent/heartbeat", {"node": node}),
+        "report": ("POST", "/v1/agent/report", {"node": node}),
+        "register": ("POST", "/v1/agent/register", {"node": node, "gpus": GPUS, "gpu_type": "sim"}),
+    }
+    for name, (method, path, body) in calls.items():
+        status, reply = c.server.request(method, path, body, token=token)
+        assert status == 400, (name, status, reply)
+        assert "X-Gpuledger-Agent" in str(reply) and "parts" not in str(reply), (name, reply)
+        assert "\n" not in str(reply.get("error", "")), reply
+    assert alive(pid) and c.job(job)["status"] == "running"
+    go.touch()
+    assert c.wait_status(job, "finished")["outcome"] == "completed"
