@@ -994,9 +994,9 @@ OTHER_MACHINE = (
     "mount -t tmpfs -o mode=0755 none /run/gpuledger && "
     'shift 3 && exec "$@"'
 )
-"""Run as `unshare -m -p -f --mount-proc sh -c OTHER_MACHINE sh DISK PATH BOOT_ID AGENT...`:
-another machine's view of this one, with DISK (a copy of a state directory) at PATH, its own
-processes, cgroups, boot id and /run."""
+"""Run as `unshare -m -p -f --kill-child --mount-proc sh -c OTHER_MACHINE sh DISK PATH BOOT_ID
+AGENT...`: another machine's view of this one, with DISK (a copy of a state directory) at
+PATH, its own processes, cgroups, boot id and /run."""
 
 
 @with_flags(serve=("--node-lost-after", "60s"))
@@ -1019,9 +1019,10 @@ def test_a_clone_of_the_nodes_disk_booted_elsewhere_is_another_agent_and_refused
     (disk / "lock").unlink()
     boot = tmp_path / "other-boot-id"
     boot.write_text("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0\n")
+    machine = ("unshare", "-m", "-p", "-f", "--kill-child", "--mount-proc", "sh", "-c")
     clone = Agent(node, first.state, first.token, c.server.url, tmp_path / "clone.log",
-                  prefix=("unshare", "-m", "-p", "-f", "--mount-proc", "sh", "-c", OTHER_MACHINE,
-                          "sh", str(disk), str(first.state), str(boot)))  # fmt: skip
+                  prefix=(*machine, OTHER_MACHINE, "sh", str(disk), str(first.state), str(boot))
+                  )  # fmt: skip
     try:
         refused(clone, node)
         assert (disk / "agent-id").read_text() == (first.state / "agent-id").read_text()
