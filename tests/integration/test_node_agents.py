@@ -501,6 +501,7 @@ def test_an_agent_that_finds_other_gpus_than_the_ledger_is_one_clear_error(
     lines = got.stderr.strip().splitlines()
     assert "Traceback" not in got.stderr and lines[-1].startswith("error: ")
     assert "has 2 GPUs in the ledger; its agent found 4 (flags)" in lines[-1]
+    cluster.agents["node-b"].kill(signal.SIGKILL)  # else its host lock refuses first (F5)
     wrong = cli(tmp_path, "agent", "--node", "node-b", "--url", cluster.server.url, "--gpus", "2",
                 "--state-dir", str(tmp_path / "other"), ok=False,
                 GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
