@@ -1,12 +1,13 @@
 """The node's lease, `<state_dir>/lease`: the node agent's side of the node fence (docs/agent.md).
 
-Every part's supervisor and watchdog read `until` (`ledger.engines.supervise.lease_passed`) and
-stop the part once it has passed. The agent renews it at each contact with a server (and at
-each keep of a server whose store is away) to the time the request was sent + the server's
-node-lost timeout + its fence, less `LEASE_MARGIN_S`. The file also holds those two settings,
-as the server last gave them: an agent restarted while no server can register it (the store
-away) still renews the lease by the servers' keeps, before its first registration (a restarted
-agent that waited for it lost every job of its node at the old lease's end: atk36-28 F4).
+Every part's supervisor and watchdog read `until` (`ledger.engines.supervise.NodeLease`) and
+stop the part once it has passed (a missing file too, at the last `until` they read). The
+agent renews it at each contact with a server (and at each keep of a server whose store is
+away) to the time the request was sent + the server's node-lost timeout + its fence, less
+`LEASE_MARGIN_S`. The file also holds those two settings, as the server last gave them: an
+agent restarted while no server can register it (the store away) still renews the lease by
+the servers' keeps, before its first registration (a restarted agent that waited for it lost
+every job of its node at the old lease's end: atk36-28 F4).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ RENEW_EVERY_S = 0.25
 """The lease file is written at most this often (a renewal less than this later is skipped): so
 the file may say a contact up to this much older than the last one (the sizing rule counts it;
 once a second cost up to a second of every node lease)."""
+NO_FENCE_UNTIL = 1e12
+"""The lease an agent whose server has no fence writes (the year 33658): the file stays, as a
+part counts a missing lease as run out (atk39-23 F7)."""
 REFUSED_PAUSE_S = 1.0
 """How long an agent's reporter and poller wait after a request no server took."""
 
@@ -94,14 +98,14 @@ class NodeLease:
 
     def renew(self, sent: float) -> None:
         """Renew the lease from a contact (or a keep) sent at `sent` (wall time); a server
-        without a fence: no lease file at all (an older one would stop the parts for nothing)."""
+        without a fence: a lease that never runs out (`NO_FENCE_UNTIL`; an older one would
+        stop the parts for nothing, and a missing one runs out)."""
         if self.fence_s is None or sent <= 0:
             return  # never registered here: the server's fence is not known
-        if not self.fence_s:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-            return
-        until = lease_until(sent, self.lost_after_s, self.fence_s)
+        if self.fence_s:
+            until = lease_until(sent, self.lost_after_s, self.fence_s)
+        else:
+            until = NO_FENCE_UNTIL
         if until < self.until + RENEW_EVERY_S:
             return
         self.until = until

@@ -31,6 +31,8 @@ state directory adopts them. `--drain` is the way to stop them.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -54,6 +56,7 @@ from ledger.store.clock import SystemClock
 from schemas import agent as a
 from schemas.errors import (
     InvalidCommand,
+    InvalidTransition,
     LedgerError,
     NotAuthenticated,
     NotAuthorised,
@@ -236,8 +239,9 @@ class NodeAgent:
         self.silent = Silent()
         """The servers of the list that let a request time out lately, shared by every client
         here: one frozen server costs the agent its timeout once, not each client."""
-        self.agent_id = agent_id(status_path.parent)
-        """Which agent this is (`schemas.agent.AGENT_HEADER`): one agent holds a node."""
+        self.agent_id = instance_id(status_path.parent)
+        """Which agent this is (`schemas.agent.AGENT_HEADER`): one agent holds a node; its id
+        bound to this host's boot (`instance_id`)."""
         self.client = self._client(0.0)
         self.stop_event = threading.Event()
         self._draining = False
@@ -682,6 +686,62 @@ def agent_id(state_dir: Path) -> str:
             hint="remove it only when no other agent ever ran on this state directory",
         )
     return value
+
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+"""This host's boot: a copy of the state directory on another machine (a cloned disk or VM),
+or the same directory after a reboot, is another agent (`instance_id`)."""
+HOST_LOCK_DIR = Path("/run/gpuledger")
+"""Where an agent running as root takes its node's host-wide lock (`hold_node`)."""
+
+
+def instance_id(state_dir: Path) -> str:
+    """What the agent sends as its name (`schemas.agent.AGENT_HEADER`): its id (`agent_id`) bound
+    to this host's boot (`BOOT_ID`), so a copy of the state directory or of its `agent-id` file
+    on another machine (a cloned disk, a VM from a template) is another agent: it reported the
+    node's live job lost and launched the next job beside the real node's (atk39-23 F4). After
+    a reboot too, which the one-agent rule then makes wait until the old runs are surely gone
+    (they are: the machine rebooted, but the server cannot know it)."""
+    ident = agent_id(state_dir)
+    try:
+        boot = BOOT_ID.read_text().strip()
+    except OSError:
+        return ident  # no boot id on this system: the id alone
+    return hashlib.sha256(f"{ident}:{boot}".encode()).hexdigest()[:32]
+
+
+def hold_node(node: str, url: str, state_dir: Path) -> int:
+    """One agent per node on this host: an exclusive lock (flock, held until the process ends)
+    on `HOST_LOCK_DIR/agent-<digest of the servers' URL and the node>.lock` (an agent not run as
+    root: in its state directory's parent). A second agent for the node, on another state
+    directory given the first's `agent-id` (a moved or restored directory), was the same agent
+    to the server and launched the node's running job again beside it (atk39-23 F5). Returns
+    the lock's descriptor (close-on-exec: no supervisor inherits it)."""
+    base = HOST_LOCK_DIR if os.geteuid() == 0 else state_dir.absolute().parent
+    base.mkdir(mode=0o755, parents=True, exist_ok=True)
+    st = os.lstat(base)
+    mine = stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+    if base == HOST_LOCK_DIR and not mine:  # whoever may write it may take every node's lock
+        raise InvalidCommand(
+            f"{base} is not a directory of this account that only it may write",
+            hint="remove it: the agent makes it (0755)",
+        )
+    key = hashlib.sha256(f"{url}\n{node}".encode()).hexdigest()[:16]
+    path = base / f"agent-{key}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        other = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise InvalidTransition(
+            f"node {node!r} is held by another agent on this host ({other or path}): two "
+            "agents for one node would run its jobs twice",
+            hint="stop it, or start this one on its --state-dir; a node has one agent",
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}, state directory {state_dir}\n".encode(), 0)
+    return fd
 
 
 def read_status(state_dir: Path) -> dict[str, Any] | None:

@@ -57,7 +57,14 @@ def _gpus(config: cfg.AgentConfig) -> tuple[int, str, str]:
 
 def _run(config: cfg.AgentConfig, drain: bool) -> int:
     from ledger.agent.lease import others_may_write
-    from ledger.agent.node import LEASE_FILE, STATUS_FILE, NodeAgent, Settings, short_hostname
+    from ledger.agent.node import (
+        LEASE_FILE,
+        STATUS_FILE,
+        NodeAgent,
+        Settings,
+        hold_node,
+        short_hostname,
+    )
     from ledger.engines.gpu_util import pick_source
     from ledger.engines.supervised import SupervisedExecutor
 
@@ -76,6 +83,7 @@ def _run(config: cfg.AgentConfig, drain: bool) -> int:
             f"the agent's state directory is not its own: {foreign}",
             hint="use a directory only the agent's account may write (chmod go-w)",
         )
+    hold_node(node, config.url, state)  # before anything is adopted or launched; held to the end
     util = pick_source(
         Path(config.utilisation_dir) if config.utilisation_dir else state / "utilisation"
     )

@@ -435,10 +435,8 @@ class AgentExecutor:
     def holds(self, node: str, agent: str, now: float) -> bool:
         """Every request of a node's agent names it (`schemas.agent.AGENT_HEADER`, a digest of
         the random id it keeps in its state directory). True when `agent` is the node's holder
-        (its request counts), or names none (an agent from before the header: not checked);
-        otherwise `take` judges it, on the worker thread. Called on the HTTP threads."""
-        if not agent:
-            return True
+        (its request counts); otherwise `take` judges it, on the worker thread. Called on the
+        HTTP threads (a request naming no agent is refused before: atk39-23 F8)."""
         held = self.holders.get(node)
         if held is not None and held[0] == agent:
             self.holders[node] = (agent, now)

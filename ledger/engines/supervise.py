@@ -651,16 +651,45 @@ def _start(rundir: Path, spec: dict[str, Any], tree: Tree) -> subprocess.Popen[b
             tree.leave(before)
 
 
-def lease_passed(lease: str, now: float) -> bool:
-    """Whether the node's lease (`{"until": T}`, written by its agent at each contact with the
-    server) has run out: past T the server may have called the node lost and its fence passed.
-    No lease file: no fence (the agent never had one). A `until` that is not a finite number
-    (the agent never writes one) has run out: such a file never turns the fence off."""
-    try:
-        until = float(json.loads(Path(lease).read_bytes())["until"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return not math.isfinite(until) or now > until
+UNSEEN_LEASE_S = 357.0
+"""A part that never read its node's lease and finds none counts it run out this long after it
+found it missing: the server's default node-lost timeout (60 s) + fence (5 min), less the
+agent's margin (`ledger.agent.lease.LEASE_MARGIN_S`)."""
+
+
+class NodeLease:
+    """The node's lease (`{"until": T}`, written by its agent at each contact with the server) as
+    one part's supervisor or watchdog sees it: `passed` says whether it has run out (past T the
+    server may have called the node lost and its fence passed).
+
+    A missing or unreadable file is not "no fence": a part runs out at the last `until` it read,
+    or, having read none, `UNSEEN_LEASE_S` after it first found the file missing. A state
+    directory removed while its jobs ran took the lease with it, and the parts then never
+    fenced themselves while the server called their node lost, its fence passed, and another
+    agent launched the next job on their GPUs (atk39-23 F7). A `until` that is not a finite
+    number (the agent never writes one) has run out: no file turns the fence off; an agent whose
+    server has no fence writes a lease far in the future (`ledger.agent.lease.NO_FENCE_UNTIL`)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.known: float | None = None
+        """The last `until` read."""
+        self.missing_since: float | None = None
+        """When the file was first found missing while no `until` was known."""
+
+    def passed(self, now: float) -> bool:
+        try:
+            until = float(json.loads(Path(self.path).read_bytes())["until"])
+        except (OSError, ValueError, KeyError, TypeError):
+            if self.known is not None:
+                return now > self.known
+            if self.missing_since is None:
+                self.missing_since = now
+            return now > self.missing_since + UNSEEN_LEASE_S
+        if not math.isfinite(until):
+            return True
+        self.known = until
+        return now > until
 
 
 def wait_leader(
@@ -675,13 +704,14 @@ def wait_leader(
         return job.wait(), False
     fd = os.pidfd_open(job.pid)
     fenced_at: float | None = None
+    node_lease = NodeLease(lease)
     try:
         while True:
             ready, _, _ = select.select([fd], [], [], FENCE_CHECK_S)
             if ready:  # the watchdog may have signalled first: its mark says so
                 return job.wait(), fenced_at is not None or (mark is not None and mark.exists())
             now = time.time()
-            if fenced_at is None and lease_passed(lease, now):
+            if fenced_at is None and node_lease.passed(now):
                 fenced_at = now
                 _mark_fenced(mark)
                 tree.signal(signal.SIGTERM)
@@ -726,9 +756,10 @@ def watch_lease(tree: Tree, lease: str, grace_s: float, mark: Path | None = None
     """Until the tree is empty: once the lease has run out, SIGTERM to the tree, SIGKILL after
     the grace (the watchdog's loop); `mark` is left before the SIGTERM (`FENCED_MARK`)."""
     fenced_at: float | None = None
+    node_lease = NodeLease(lease)
     while not tree.empty():
         now = time.time()
-        if fenced_at is None and lease_passed(lease, now):
+        if fenced_at is None and node_lease.passed(now):
             fenced_at = now
             _mark_fenced(mark)
             tree.signal(signal.SIGTERM)

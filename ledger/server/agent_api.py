@@ -9,7 +9,9 @@
   checkpoints; recorded at once, on the worker thread.
 - `POST /v1/agent/heartbeat`: the agent is alive.
 
-Every call counts as contact for the node-lost timeout (`ledger.engines.agents`).
+Every call counts as contact for the node-lost timeout (`ledger.engines.agents`), and names
+its agent (`X-Gpuledger-Agent`): one without the header is refused (400), so every request is
+judged by the one-agent-per-node rule (`AgentExecutor.holds`, `take`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ledger.server.identity import Identity
 from ledger.server.worker import Worker
 from projections import queries
 from schemas import agent as a
-from schemas.errors import InvalidTransition, NotAuthorised, Unavailable
+from schemas.errors import InvalidCommand, InvalidTransition, NotAuthorised, Unavailable
 
 log = logging.getLogger("gpuledger.server")
 
@@ -56,7 +58,13 @@ def agent_routes(
             raise InvalidTransition(
                 "this server runs no node agents", hint="start it with `serve --executor agents`"
             )
-        agent = _digest(request.headers.get(a.AGENT_HEADER) or "")
+        named = request.headers.get(a.AGENT_HEADER) or ""
+        if not named:  # unnamed, it could not be refused for the holder (atk39-23 F8)
+            raise InvalidCommand(
+                f"a node agent's request must name its agent ({a.AGENT_HEADER})",
+                hint="run a `gpuledger agent` of this version on the node",
+            )
+        agent = _digest(named)
         if not executor.holds(node, agent, clock()):  # another agent: judged with the ledger
             await worker.call(lambda: executor.take(node, agent, clock()), write=True)
         return executor
@@ -148,10 +156,7 @@ def agent_routes(
 
 def _digest(agent: str) -> str:
     """What the server keeps of an agent's id (`NodeAgentChanged.agent`): a digest, so neither
-    the log nor `gpuledger log` ever shows the id itself; "" (an agent from before the header)
-    stays "" (not checked)."""
-    if not agent:
-        return ""
+    the log nor `gpuledger log` ever shows the id itself."""
     return hashlib.sha256(agent[:64].encode()).hexdigest()[:16]
 
 

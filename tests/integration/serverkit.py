@@ -94,10 +94,15 @@ class Server:
         return int(self.url.rsplit(":", 1)[1])
 
     def request(
-        self, method: str, path: str, body: Any = None, token: str | None = None
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        token: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **(headers or {})}
         if token is not None:
             headers["Authorization"] = token if token.startswith("Bearer") else f"Bearer {token}"
         data = None if body is None else json.dumps(body).encode()

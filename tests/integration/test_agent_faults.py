@@ -6,6 +6,7 @@ directory lost while its jobs run, an admin's `node lost` of a node whose agent 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ from tests.integration.test_node_agents import (
     cluster,
     held_twice,
     running_pid,
+    take_node_when_free,
     template,
     wait_for,
     with_flags,
@@ -163,6 +165,34 @@ def test_an_agent_whose_state_directory_is_gone_never_starts_its_live_run_twice(
     assert (done["outcome"], done["exit_code"]) == ("failed", 3), done
     assert starts.read_text().count("start") == 1, starts.read_text()
     assert held_twice(all_events(c)) == []
+
+
+@with_flags(serve=("--node-fence", "4s"))
+def test_a_job_whose_state_directory_was_removed_stops_at_its_fence_before_another_agent_runs(
+    cluster: Cluster,
+) -> None:
+    """atk39-23 F7: the agent killed -9 and its state directory removed (the lease with it),
+    another agent started on a new directory: the job never fenced itself ("no lease file: no
+    fence"), while the server called its node lost and its fence passed and let the new agent
+    take the node and launch the next job on the same GPUs. A part now counts a missing lease
+    as run out at the last `until` it read: the whole tree (a child that ignores SIGTERM too)
+    is gone by the time the new agent takes the node."""
+    c = cluster
+    job = c.submit(2, FORKS)
+    node, pid = running_pid(c, job)
+    tree = [pid, *wait_for("the job's children", lambda: len(children(pid)) == 2 and children(pid))]
+    ag = c.agents[node]
+    ag.kill(signal.SIGKILL)
+    shutil.rmtree(ag.state)
+    ag.state = ag.state.with_name(ag.state.name + ".new")
+    try:
+        take_node_when_free(ag, lambda: None)
+        assert [p for p in tree if alive(p)] == [], c.why()  # fenced by its own part
+        assert c.job(job)["status"] != "running"
+    finally:
+        for p in tree:  # never outlives the test, whatever it found
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
 
 
 def test_an_admins_node_lost_stays_until_the_admin_returns_the_node(cluster: Cluster) -> None:

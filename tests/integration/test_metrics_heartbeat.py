@@ -10,6 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.serverkit import Server, cli, make_token, start_server
 
+AGENT = {"X-Gpuledger-Agent": "0123456789abcdef0123456789abcdef"}
+
 
 def ages(server: Server, token: str) -> dict[str, float]:
     status, text = server.request("GET", "/metrics", token=token)
@@ -33,12 +35,16 @@ def test_heartbeat_age_follows_the_agents_reports(tmp_path: Path) -> None:
     try:
         assert ages(server, root) == {}  # no agent has reported yet
         body = {"node": "gpu-a", "gpus": 8, "gpu_type": "h100"}
-        status, reply = server.request("POST", "/v1/agent/register", body, token=node)
+        status, reply = server.request(
+            "POST", "/v1/agent/register", body, token=node, headers=AGENT
+        )
         assert status == 200, reply
         time.sleep(1.5)
         first = ages(server, root)
         assert set(first) == {"gpu-a"} and 1.0 <= first["gpu-a"] < 60
-        status, reply = server.request("POST", "/v1/agent/heartbeat", {"node": "gpu-a"}, token=node)
+        status, reply = server.request(
+            "POST", "/v1/agent/heartbeat", {"node": "gpu-a"}, token=node, headers=AGENT
+        )
         assert status == 200, reply
         assert ages(server, root)["gpu-a"] < first["gpu-a"]  # the heartbeat made it fresh
     finally:

@@ -501,6 +501,7 @@ def test_an_agent_that_finds_other_gpus_than_the_ledger_is_one_clear_error(
     lines = got.stderr.strip().splitlines()
     assert "Traceback" not in got.stderr and lines[-1].startswith("error: ")
     assert "has 2 GPUs in the ledger; its agent found 4 (flags)" in lines[-1]
+    cluster.agents["node-b"].kill(signal.SIGKILL)  # else its host lock refuses first (F5)
     wrong = cli(tmp_path, "agent", "--node", "node-b", "--url", cluster.server.url, "--gpus", "2",
                 "--state-dir", str(tmp_path / "other"), ok=False,
                 GPULEDGER_NODE_TOKEN=ag.token)  # fmt: skip
@@ -777,7 +778,11 @@ def test_another_machine_with_the_same_node_and_state_dir_path_is_another_agent_
     first = c.agents[node]
     elsewhere = tmp_path / "other-machine-disk"
     elsewhere.mkdir(mode=0o700)
-    mount = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    # another machine's /run too: its host-wide lock is its own (`agent.node.hold_node`)
+    mount = (
+        'mount --bind "$1" "$2" && mount -t tmpfs -o mode=0755 none /run/gpuledger && '
+        'shift 2 && exec "$@"'
+    )
     other = Agent(node, first.state, first.token, c.server.url, tmp_path / "other.log",
                   prefix=("unshare", "-m", "sh", "-c", mount, "sh", str(elsewhere),
                           str(first.state)))  # fmt: skip
@@ -953,3 +958,111 @@ def test_a_job_its_rebooted_node_runs_again_after_a_server_restart_keeps_its_who
     assert (wd / f"out-{job}.log").read_text().count("world-8") == 2
     j = c.job(job)
     assert j["logs"] and all(part_log(x) == wd / f"out-{job}.log" for x in j["logs"])
+
+
+def test_an_agent_request_that_names_no_agent_is_refused_while_the_holder_runs(
+    cluster: Cluster,
+) -> None:
+    """atk39-23 F8: a request of the agent API without `X-Gpuledger-Agent` was not checked
+    (taken for an agent from before the header): with the node token alone, `curl` got the
+    node's whole list, job tokens included, while another agent held the node, and kept the
+    node alive. Every agent call must now name its agent: one that does not is refused (400,
+    one line) and says nothing of the node's runs."""
+    c = cluster
+    go = c.home.parent / "go"
+    job = c.submit(1, until(go, 0))
+    node, pid = running_pid(c, job)
+    token = c.agents[node].token
+    calls = {
+        "poll": ("GET", f"/v1/agent/poll?node={node}", None),
+        "heartbeat": ("POST", "/v1/agent/heartbeat", {"node": node}),
+        "report": ("POST", "/v1/agent/report", {"node": node}),
+        "register": ("POST", "/v1/agent/register", {"node": node, "gpus": GPUS, "gpu_type": "sim"}),
+    }
+    for name, (method, path, body) in calls.items():
+        status, reply = c.server.request(method, path, body, token=token)
+        assert status == 400, (name, status, reply)
+        assert "X-Gpuledger-Agent" in str(reply) and "parts" not in str(reply), (name, reply)
+        assert "\n" not in str(reply.get("error", "")), reply
+    assert alive(pid) and c.job(job)["status"] == "running"
+    go.touch()
+    assert c.wait_status(job, "finished")["outcome"] == "completed"
+
+
+OTHER_MACHINE = (
+    'mount -t tmpfs none /sys/fs/cgroup && mount --bind "$1" "$2" && '
+    'mount --bind "$3" /proc/sys/kernel/random/boot_id && '
+    "mount -t tmpfs -o mode=0755 none /run/gpuledger && "
+    'shift 3 && exec "$@"'
+)
+"""Run as `unshare -m -p -f --kill-child --mount-proc sh -c OTHER_MACHINE sh DISK PATH BOOT_ID
+AGENT...`: another machine's view of this one, with DISK (a copy of a state directory) at
+PATH, its own processes, cgroups, boot id and /run."""
+
+
+@with_flags(serve=("--node-lost-after", "60s"))
+def test_a_clone_of_the_nodes_disk_booted_elsewhere_is_another_agent_and_refused(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """atk39-23 F4: a copy of a node's state directory (a cloned disk or VM) carried its
+    `agent-id`, so a second machine booted from it with the same `--node` was the holder to the
+    server: it reported the node's live job lost (its machine has no such process), the ledger
+    failed it, the real node's agent SIGTERMed the live job, and both machines launched the
+    next job. The id the agent sends is now bound to its host's boot id: the clone is another
+    agent, refused while the real node's run may be alive, and the job runs on, once."""
+    c = cluster
+    go = c.home.parent / "go"
+    job = c.submit(1, until(go, 0))
+    node, pid = running_pid(c, job)
+    first = c.agents[node]
+    disk = tmp_path / "cloned-disk"
+    subprocess.run(["cp", "-a", str(first.state), str(disk)], check=True)
+    (disk / "lock").unlink()
+    boot = tmp_path / "other-boot-id"
+    boot.write_text("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0\n")
+    machine = ("unshare", "-m", "-p", "-f", "--kill-child", "--mount-proc", "sh", "-c")
+    clone = Agent(node, first.state, first.token, c.server.url, tmp_path / "clone.log",
+                  prefix=(*machine, OTHER_MACHINE, "sh", str(disk), str(first.state), str(boot))
+                  )  # fmt: skip
+    try:
+        refused(clone, node)
+        assert (disk / "agent-id").read_text() == (first.state / "agent-id").read_text()
+        assert alive(pid) and c.job(job)["status"] == "running"
+        assert not c.events("job.engine_ended.v1")  # never reported lost
+        go.touch()
+        j = c.wait_status(job, "finished")
+        assert (j["outcome"], j["exit_code"]) == ("completed", 0)
+        assert len(c.events("job.started.v1")) == 1
+    finally:
+        kill_rest(clone)
+
+
+@with_flags(serve=("--node-lost-after", "60s"))
+def test_a_second_agent_given_the_holders_agent_id_on_the_same_host_is_refused(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """atk39-23 F5: a second agent for a node on this host, on another state directory given
+    the holder's `agent-id` (a moved directory, a restored backup), was the same agent to the
+    server: accepted while the holder ran, it launched the node's running job again on the
+    same GPU. One agent per node on a host now holds a host-wide lock (`agent.node.hold_node`):
+    the second is refused in one line before it adopts, asks or launches anything."""
+    c = cluster
+    go = c.home.parent / "go"
+    job = c.submit(1, until(go, 0))
+    node, pid = running_pid(c, job)
+    first = c.agents[node]
+    copied = tmp_path / "copied-state"
+    copied.mkdir(mode=0o700)
+    shutil.copy2(first.state / "agent-id", copied / "agent-id")
+    second = Agent(node, copied, first.token, c.server.url, tmp_path / "copied.log")
+    try:
+        line = refused(second, node)
+        assert "on this host" in line and str(first.state) in line, line
+        assert not live_processes(copied)
+        assert alive(pid) and c.job(job)["status"] == "running"
+        go.touch()
+        j = c.wait_status(job, "finished")
+        assert (j["outcome"], j["exit_code"]) == ("completed", 0)
+        assert len(c.events("job.started.v1")) == 1
+    finally:
+        kill_rest(second)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.agent.lease import LEASE_MARGIN_S, NodeLease, lease_until, too_short
+from ledger.agent.lease import LEASE_MARGIN_S, NO_FENCE_UNTIL, NodeLease, lease_until, too_short
 
 
 def test_until_is_the_contact_plus_the_node_lost_timeout_plus_the_fence_less_the_margin() -> None:
@@ -47,7 +47,9 @@ def test_a_file_of_an_older_agent_renews_nothing_until_registered(tmp_path: Path
     assert NodeLease(tmp_path / "garbage").fence_s is None
 
 
-def test_new_settings_are_written_at_once_and_no_fence_means_no_lease(tmp_path: Path) -> None:
+def test_new_settings_are_written_at_once_and_no_fence_means_a_lease_that_never_runs_out(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "lease"
     lease = NodeLease(path)
     lease.learn(60.0, 300.0)
@@ -56,8 +58,11 @@ def test_new_settings_are_written_at_once_and_no_fence_means_no_lease(tmp_path: 
     lease.renew(1000.0)
     assert json.loads(path.read_bytes())["until"] == 1012.0
     lease.learn(3.0, 0.0)
-    lease.renew(1001.0)
-    assert not path.exists()  # an older lease would stop the parts for nothing
+    lease.renew(1001.0)  # an older lease would stop the parts for nothing, a missing one too
+    assert json.loads(path.read_bytes())["until"] == NO_FENCE_UNTIL
+    lease.learn(3.0, 12.0)  # the fence is back: the lease is short again at once
+    lease.renew(1002.0)
+    assert json.loads(path.read_bytes())["until"] == 1014.0
 
 
 @pytest.mark.parametrize(
@@ -103,7 +108,7 @@ def test_a_state_directory_others_may_write_is_refused_and_a_garbage_lease_has_r
     """atk37-28 F4: an agent ran in a mode-777 directory of another account; that account's
     `{"until": 0}` killed the node's jobs, and `{"until": NaN}` turned the fence off."""
     from ledger.agent.lease import others_may_write
-    from ledger.engines.supervise import lease_passed
+    from ledger.engines.supervise import NodeLease
 
     own = tmp_path / "own"
     own.mkdir(mode=0o700)
@@ -118,6 +123,6 @@ def test_a_state_directory_others_may_write_is_refused_and_a_garbage_lease_has_r
     assert "lease may be written" in others_may_write(own, os.geteuid())
     for text in ('{"until": NaN}', '{"until": Infinity}', '{"until": -Infinity}'):
         (own / "lease").write_text(text)
-        assert lease_passed(str(own / "lease"), 100.0), text
+        assert NodeLease(str(own / "lease")).passed(100.0), text
     (own / "lease").write_text('{"until": 200.5}')
-    assert not lease_passed(str(own / "lease"), 100.0)
+    assert not NodeLease(str(own / "lease")).passed(100.0)

@@ -96,11 +96,13 @@ def test_a_restarted_server_knows_the_holder_and_counts_it_heard_from_its_start(
     assert [r.agent for r in led.recorded] == ["a", "b"]
 
 
-def test_an_agent_from_before_the_header_is_not_checked() -> None:
+def test_a_request_naming_no_agent_is_never_the_holders() -> None:
+    """atk39-23 F8: "" (no header) was taken for the holder; the API now refuses such a
+    request (400) before asking, and "" is not the holder either."""
     led = FakeLedger()
     ex = executor(led)
     ask(ex, "a", 100.0)
-    assert ex.holds("n1", "", 101.0)
+    assert not ex.holds("n1", "", 101.0)
     assert [r.agent for r in led.recorded] == ["a"]
 
 

@@ -1,7 +1,7 @@
 """Fenced launches, pure: which nodes may still run an earlier launch of a job
 (`ledger.engines.fence`), the runs of a node lost with a fence kept in doubt until its agent
 says how they ended or the fence passes (`ledger.core.runs`), and a part's lease
-(`supervise.lease_passed`)."""
+(`supervise.NodeLease`)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ledger.core.decide import decide
 from ledger.core.evolve import evolve
 from ledger.core.runs import settle_commands
 from ledger.core.state import State
 from ledger.engines.fence import ANY_RUN, Fence, version_number
-from ledger.engines.supervise import lease_passed
+from ledger.engines.supervise import UNSEEN_LEASE_S, NodeLease
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import InvalidTransition
@@ -217,12 +219,39 @@ def test_the_end_of_a_stopped_run_is_recorded_for_any_run_the_job_had(
 
 def test_a_part_stops_itself_only_once_its_lease_has_run_out(tmp_path: Path) -> None:
     lease = tmp_path / "lease"
-    assert not lease_passed(str(lease), T0)  # no lease: no fence
+    seen = NodeLease(str(lease))
     lease.write_bytes(json.dumps({"until": T0 + 10}).encode())
-    assert not lease_passed(str(lease), T0 + 10)
-    assert lease_passed(str(lease), T0 + 10.5)
-    lease.write_bytes(b"{not json")
-    assert not lease_passed(str(lease), T0 + 99)  # a torn file never stops a job
+    assert not seen.passed(T0 + 10)
+    assert seen.passed(T0 + 10.5)
+    lease.write_bytes(json.dumps({"until": "inf"}).encode())
+    assert seen.passed(T0)  # no file turns the fence off
+
+
+@pytest.mark.parametrize("gone", ["removed", "unreadable"])
+def test_a_lease_that_vanishes_runs_out_at_the_last_until_the_part_read(
+    tmp_path: Path, gone: str
+) -> None:
+    """atk39-23 F7: a state directory removed while its jobs ran took the lease with it, and
+    "no lease file: no fence" let them run for ever beside the next job on their GPUs."""
+    lease = tmp_path / "lease"
+    seen = NodeLease(str(lease))
+    lease.write_bytes(json.dumps({"until": T0 + 10}).encode())
+    assert not seen.passed(T0)
+    if gone == "removed":
+        lease.unlink()
+    else:
+        lease.write_bytes(b"{not json")
+    assert not seen.passed(T0 + 10)
+    assert seen.passed(T0 + 10.5)
+
+
+def test_a_lease_never_read_runs_out_a_whole_default_lease_after_it_was_found_missing(
+    tmp_path: Path,
+) -> None:
+    seen = NodeLease(str(tmp_path / "lease"))
+    assert not seen.passed(T0)
+    assert not seen.passed(T0 + UNSEEN_LEASE_S)
+    assert seen.passed(T0 + UNSEEN_LEASE_S + 0.5)
 
 
 def test_a_part_the_watchdog_stopped_first_says_fenced_though_it_exits_0(
