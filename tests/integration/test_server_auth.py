@@ -155,6 +155,7 @@ CASES: dict[str, Case] = {
     "node.drain": Case("POST", "/v1/commands/node.drain", cmd(node="n2", reason="fw"), ADMIN),
     "node.return": Case("POST", "/v1/commands/node.return", cmd(node="n2"), ADMIN),
     "node.drain again": Case("POST", "/v1/commands/node.drain", cmd(node="n2", reason="fw"), ADMIN),
+    "node.agent": Case("POST", "/v1/commands/node.agent", cmd(node="n2", agent="a" * 64), ADMIN),
     "node.lost": Case("POST", "/v1/commands/node.lost", cmd(node="n2", reason="psu"), ADMIN),
     "node.remove": Case("POST", "/v1/commands/node.remove", cmd(node="n2"), ADMIN),
     "hold": Case(

@@ -127,3 +127,16 @@ def test_a_running_job_put_back_on_its_nodes_list_after_a_restart_has_its_whole_
     assert (part.workdir, dict(part.env), part.umask) == ("/home/u/proj", {"MY_VAR": "x"}, 18)
     assert part.stdout == "/home/u/proj/out-7.log" and part.command == ("python", "t.py")
     assert part.job_token and [t.scope_job for t in tokens] == [7]
+
+
+@pytest.mark.parametrize("actor", ["alice", "@node:n1", "@job:1"])
+def test_only_the_executor_or_an_admin_records_a_nodes_agent(actor: str) -> None:
+    """The holder decides which agent is refused: a user, a node's own token or a job's may not
+    record it through the API (`node.agent`, the route the API matrix now lists too)."""
+    from ledger.core.authz import authorise
+    from schemas.errors import NotAuthorised
+
+    state = FakeLedger().state
+    with pytest.raises(NotAuthorised):
+        authorise(state, c.RecordNodeAgent(actor=actor, node="n1", agent="a" * 64))
+    authorise(state, c.RecordNodeAgent(actor="@executor", node="n1", agent="a" * 64))
