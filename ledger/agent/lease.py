@@ -1,6 +1,6 @@
 """The node's lease, `<state_dir>/lease`: the node agent's side of the node fence (docs/agent.md).
 
-Every part's supervisor and watchdog read `until` (`ledger.engines.supervise.NodeLease`) and
+Every part's supervisor and watchdog read `until` (`ledger.engines.lease_file.NodeLease`) and
 stop the part once it has passed (a missing file too, at the last `until` they read). The
 agent renews it at each contact with a server (and at each keep of a server whose store is
 away) to the time the request was sent + the server's node-lost timeout + its fence, less

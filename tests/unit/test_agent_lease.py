@@ -108,7 +108,7 @@ def test_a_state_directory_others_may_write_is_refused_and_a_garbage_lease_has_r
     """atk37-28 F4: an agent ran in a mode-777 directory of another account; that account's
     `{"until": 0}` killed the node's jobs, and `{"until": NaN}` turned the fence off."""
     from ledger.agent.lease import others_may_write
-    from ledger.engines.supervise import NodeLease
+    from ledger.engines.lease_file import NodeLease
 
     own = tmp_path / "own"
     own.mkdir(mode=0o700)

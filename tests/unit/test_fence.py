@@ -1,7 +1,7 @@
 """Fenced launches, pure: which nodes may still run an earlier launch of a job
 (`ledger.engines.fence`), the runs of a node lost with a fence kept in doubt until its agent
 says how they ended or the fence passes (`ledger.core.runs`), and a part's lease
-(`supervise.NodeLease`)."""
+(`lease_file.NodeLease`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ledger.core.evolve import evolve
 from ledger.core.runs import settle_commands
 from ledger.core.state import State
 from ledger.engines.fence import ANY_RUN, Fence, version_number
-from ledger.engines.supervise import UNSEEN_LEASE_S, NodeLease
+from ledger.engines.lease_file import UNSEEN_LEASE_S, NodeLease
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import InvalidTransition
