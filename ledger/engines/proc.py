@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from pathlib import Path
 
 
@@ -35,7 +36,9 @@ def write_atomic(path: Path, data: bytes, *, sync: bool = True, mode: int = 0o66
     """Write `data` so readers see the old content or the new, never a part (rename is atomic);
     `sync`: on disk before the rename (fsync), so a crash of the machine keeps it too; `mode`:
     the file's mode (less the umask) from its creation on, never wider for an instant."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # one temporary name per thread: an agent's threads renew its lease at once (a name per
+    # process made one thread's rename fail on another's unlinked file: the agent died, atk39-25 F5)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()  # a leftover of a crash keeps its mode: made anew
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as f:
