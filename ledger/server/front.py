@@ -38,7 +38,7 @@ from ledger.server.connections import (
     prefix_of,
 )
 from ledger.server.meters import Levels, Rates
-from schemas.errors import TooBusy
+from schemas.errors import InvalidCommand, TooBusy
 
 EVERYONE = ""
 """The key of everyone's bucket of requests without a token."""
@@ -89,6 +89,12 @@ class Front:
         conn: Connection | None = scope.get(CONN) if scope["type"] == "http" else None
         if conn is None:
             await self.app(scope, receive, send)
+            return
+        if sum(name == b"authorization" for name, _ in scope["headers"]) > 1:
+            # the meter and the app would each read another one (atk39-25 F2: a person's real
+            # token for the app, a junk one for the meter: 40 connections against a cap of 16)
+            err = InvalidCommand("more than one Authorization header", hint="send one token")
+            await _send_answer(send, answer(400, "Bad Request", err, None), 400)
             return
         person, pool, metered = self._person(scope)
         tally = self.connections.tally
@@ -194,9 +200,11 @@ async def _refuse(
     await _send_answer(send, answer(429, "Too Many Requests", err, retry))
 
 
-async def _send_answer(send: Callable[[Any], Awaitable[None]], whole: bytes) -> None:
+async def _send_answer(
+    send: Callable[[Any], Awaitable[None]], whole: bytes, status: int = 429
+) -> None:
     """A whole answer (`connections.answer`) sent through ASGI."""
     head, _, body = whole.partition(b"\r\n\r\n")
     headers = [tuple(line.split(b": ", 1)) for line in head.split(b"\r\n")[1:]]
-    await send({"type": "http.response.start", "status": 429, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -352,3 +352,19 @@ def test_under_a_hard_limit_of_open_files_the_caps_fit_and_root_is_answered(
         for s in held:
             s.close()
         assert server.stop() == 0
+
+
+def test_a_request_with_two_authorization_headers_is_refused_in_one_line(world: World) -> None:
+    """atk39-25 F2: the meter read the last Authorization header and the app the first: a
+    person's real token first and a junk one second held 40 connections against her cap of 16,
+    metered as no one's. Now a request with two is refused 400, neither read."""
+    w = world
+    for first, second in ((w.tokens["alice"], "junk"), ("junk", w.tokens["alice"])):
+        with tcp(w, "127.0.9.1") as s:
+            two = f"Authorization: Bearer {first}\r\nAuthorization: Bearer {second}\r\n"
+            s.sendall(b"GET /v1/whoami HTTP/1.1\r\nHost: t\r\n" + two.encode() + b"\r\n")
+            status, _h, body = answer(s, timeout=30)
+        assert status == 400, body
+        assert b"more than one Authorization header" in body, body
+    status, _h, _b = once(w, "127.0.9.1", "/v1/whoami", w.tokens["alice"])
+    assert status == 200
