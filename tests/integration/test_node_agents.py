@@ -20,9 +20,11 @@ from typing import Any
 
 import pytest
 
+from ledger.agent.node import instance_id
 from ledger.engines.proc import start_time
 from ledger.engines.runs import read_identity
 from ledger.engines.supervised import live_processes
+from schemas.agent import AGENT_HEADER
 from tests.integration import userkit
 from tests.integration.serverkit import GPULEDGER, Server, cli, env_for, make_token, start_server
 
@@ -84,6 +86,11 @@ class Agent:
 
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def named(self) -> dict[str, str]:
+        """The header this agent names itself with (`schemas.agent.AGENT_HEADER`): a request
+        made with it is this agent's own."""
+        return {AGENT_HEADER: instance_id(self.state)}
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.proc is not None

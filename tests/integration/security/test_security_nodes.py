@@ -51,7 +51,7 @@ def test_a_node_reports_only_about_runs_placed_on_it(cluster: Cluster) -> None:
     running = c.wait_status(job, "running")
     mine = running["logs"][0].split(":", 1)[0]
     other = next(n for n in c.agents if n != mine)
-    token = c.agents[other].token
+    token, named = c.agents[other].token, c.agents[other].named()
     _no_secret_in_ps_or_logs(c, job, mine)
     lies: dict[str, dict[str, Any]] = {
         "exited": {"exited": [{"job_id": job, "run": 0, "exit_code": 0}]},
@@ -64,7 +64,7 @@ def test_a_node_reports_only_about_runs_placed_on_it(cluster: Cluster) -> None:
     before = _about(c, job)
     for what, items in lies.items():
         status, problem = c.server.request(
-            "POST", "/v1/agent/report", {"node": other, **items}, token=token
+            "POST", "/v1/agent/report", {"node": other, **items}, token=token, headers=named
         )
         assert status == 403, (what, problem)
         assert problem["code"] == "forbidden"
@@ -73,7 +73,7 @@ def test_a_node_reports_only_about_runs_placed_on_it(cluster: Cluster) -> None:
         ), problem
     # and with the other node's name in the body: its token is not that node's
     status, problem = c.server.request(
-        "POST", "/v1/agent/report", {"node": mine, **lies["exited"]}, token=token
+        "POST", "/v1/agent/report", {"node": mine, **lies["exited"]}, token=token, headers=named
     )
     assert status == 403 and f"'@node:{other}' may not act for node" in problem["detail"]
     assert c.job(job)["status"] == "running"
@@ -85,7 +85,11 @@ def test_a_node_reports_only_about_runs_placed_on_it(cluster: Cluster) -> None:
     c.cli("cancel", str(job))
     c.wait_status(job, "finished")
     status, ack = c.server.request(
-        "POST", "/v1/agent/report", {"node": mine, **lies["exited"]}, token=c.agents[mine].token
+        "POST",
+        "/v1/agent/report",
+        {"node": mine, **lies["exited"]},
+        token=c.agents[mine].token,
+        headers=c.agents[mine].named(),
     )
     assert status == 200, ack
     # the refused agent was never stopped: its node runs work as before
