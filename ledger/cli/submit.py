@@ -26,7 +26,7 @@ from ledger.cli.output import echo_json
 from ledger.core.jobs import parse_array, parse_dependency
 from ledger.core.runas import SECRET_NAMES, secret_value
 from ledger.engines.accounts import own_umask
-from ledger.engines.supervise import path_refusal
+from ledger.engines.job_paths import path_refusal
 from schemas import commands as c
 from schemas.bounds import ENV_NAME_PATTERN, MAX_ENV_VALUE
 from schemas.errors import InvalidCommand, LedgerError

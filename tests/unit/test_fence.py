@@ -269,10 +269,14 @@ def test_a_part_the_watchdog_stopped_first_says_fenced_though_it_exits_0(
 
     lease = tmp_path / "lease"
     lease.write_bytes(json.dumps({"until": time.time() - 1}).encode())
+    ready = tmp_path / "trapped"
     job = subprocess.Popen(
-        ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 0.05; done"],
+        ["/bin/sh", "-c", f"trap 'exit 0' TERM; : > {ready}; while :; do sleep 0.05; done"],
         start_new_session=True,
     )
+    deadline = time.monotonic() + 30  # its trap set before the SIGTERM (a loaded host: 143)
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     tree = Tree("", Containment(why_not="unit test"), sid=job.pid)
     monkeypatch.setattr(supervise, "FENCE_CHECK_S", 30.0)  # the supervisor looks too late
     mark = tmp_path / supervise.FENCED_MARK

@@ -3,7 +3,7 @@ F3, F6, F10; T19 in docs/security.md): what another OS account put in a director
 (a hard link, a symbolic link, a directory of its own, a named pipe swapped in after the claim)
 never steers the job's files or where it runs. Real files, real OS accounts (`userkit`: the suite
 runs as root), opened as the job's user by the code the engines run: the node agents' opener
-(`supervise.open_outputs`), the Slurm executor's claim (`outputs.claim_outputs`) and the Slurm
+(`job_paths.open_outputs`), the Slurm executor's claim (`outputs.claim_outputs`) and the Slurm
 batch script (`words.batch_script`, run by bash as the user)."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from ledger.cycle.executor import GpuSlot, Launch
+from ledger.engines.job_paths import Refused, open_outputs, path_refusal
 from ledger.engines.slurm.launching import CANNOT_ENTER, CANNOT_OPEN, LAUNCHED
 from ledger.engines.slurm.outputs import Claimed, claim_outputs
 from ledger.engines.slurm.script import batch_script
 from ledger.engines.slurm.words import SbatchUser
-from ledger.engines.supervise import Refused, open_outputs
 from tests.integration.userkit import User, os_user, shared_dir
 
 
@@ -430,18 +430,33 @@ def test_an_output_directory_swapped_in_a_directory_others_may_write_is_refused(
 def test_a_users_own_group_writable_directory_on_the_path_is_refused_with_the_fix(
     pair: tuple[User, User],
 ) -> None:
-    """A directory of alice's made under umask 002 (g+w, no sticky) holds her `exp`: her group
-    may rename it. Refused, naming the directory and the fix; after `chmod +t` it is used."""
-    alice, _ = pair
+    """A directory of alice's, g+w without the sticky bit, in a group bob is in, holds her
+    `exp`: bob may rename it. Refused, naming the directory and the fix; after `chmod +t` it is
+    used. The same directory in alice's own private group (Debian's user-private groups, umask
+    002: no one else is in it) is hers alone and used as it is; so is an output made there."""
+    alice, bob = pair
     proj = alice.home / "proj"
     (proj / "exp").mkdir(parents=True)
     for d in (proj, proj / "exp"):
         _own(d, alice)
+    os.chown(proj, alice.uid, bob.gid)  # bob's group: bob may write it
     proj.chmod(0o775)
     with pytest.raises(Refused, match=f"{_unsafe(proj)} .*`chmod \\+t {proj}` or `chmod go-w"):
         _opened(alice, workdir=str(proj / "exp"))
     proj.chmod(0o1775)
     assert "working directory" in _opened(alice, workdir=str(proj / "exp"))
+    os.chown(proj, alice.uid, alice.gid)  # her private group: no other member
+    proj.chmod(0o775)
+    assert "working directory" in _opened(alice, workdir=str(proj / "exp"))
+    notes = proj / "notes.txt"
+    notes.write_text("alice-notes\n")
+    notes.chmod(0o644)
+    _own(notes, alice)
+    got = open_outputs({"account": _account(alice), "umask": "0077", "stdout": str(notes)})
+    os.close(got["output file"])  # bob cannot have renamed it there
+    assert path_refusal(str(proj / "exp"), "working directory", "exp") == ""
+    os.chmod(proj, 0o777)  # others may write: refused whatever the group
+    assert _unsafe(proj) in path_refusal(str(proj / "exp"), "working directory", "exp")
 
 
 def test_another_file_of_the_users_renamed_to_the_output_is_refused_under_a_stricter_umask(

@@ -1,4 +1,4 @@
-"""`supervise.open_own`: a job's output file is opened once, and only a regular file of the
+"""`job_paths.open_own`: a job's output file is opened once, and only a regular file of the
 user's (or /dev/null) is taken; anything else at the name is refused at once, never written to
 or waited on (atk37-23 F1, F5). Real files in a temporary directory; links and files of
 another account need root (the suite's user)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.engines.supervise import Refused, open_own
+from ledger.engines.job_paths import Refused, open_own
 
 
 def _other(path: Path) -> None:

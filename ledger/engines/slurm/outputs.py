@@ -7,7 +7,7 @@ planter reads the job's output) or a link (atk38-23 F3). So slurmstepd opens onl
 (`sbatch --output=/dev/null`), and the output is opened by the batch script as the user:
 
 1. `claim_outputs`, just before `sbatch`, as the job's user, by the very code the node agents'
-   supervisor opens outputs with (`supervise.open_outputs`: one rule for both engines): the
+   supervisor opens outputs with (`job_paths.open_outputs`: one rule for both engines): the
    working directory resolved name by name (no directory holding a name on the way writable by
    others without the sticky bit, a link only by the path rule, the directory the user's or
    root's) and each output file opened once (a free name made, with the
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ledger.engines.accounts import RunAs, account_for
+from ledger.engines.job_paths import WORKDIR, Refused, open_outputs
 from ledger.engines.slurm.words import SBATCH_ENV, SbatchUser
-from ledger.engines.supervise import WORKDIR, Refused, open_outputs
 
 log = logging.getLogger("gpuledger.slurm")
 
@@ -105,7 +105,7 @@ def claim_outputs(
 
 
 def _account(who: SbatchUser) -> dict[str, Any] | None:
-    """The opener's account (`supervise.open_outputs`): the job's user with its groups
+    """The opener's account (`job_paths.open_outputs`): the job's user with its groups
     (initgroups), None for the service's own account."""
     if who.uid is None:
         return None
