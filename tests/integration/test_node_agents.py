@@ -760,6 +760,16 @@ def refused(ag: Agent, node: str, timeout: float = 30) -> str:
     return said[-1]
 
 
+def ran_once(c: Cluster, job: int, pid: int, go: Path) -> None:
+    """The holder's job lived through the other agent's try: still running, it completes when
+    let go, started once."""
+    assert alive(pid) and c.job(job)["status"] == "running"
+    go.touch()
+    j = c.wait_status(job, "finished")
+    assert (j["outcome"], j["exit_code"]) == ("completed", 0)
+    assert len(c.events("job.started.v1")) == 1
+
+
 def kill_rest(ag: Agent) -> None:
     if ag.proc is not None and ag.proc.poll() is None:
         ag.kill(signal.SIGKILL)
@@ -799,11 +809,7 @@ def test_another_machine_with_the_same_node_and_state_dir_path_is_another_agent_
         assert ident.stat().st_mode & 0o777 == 0o600 and len(ident.read_text().strip()) == 32
         # the same path, another disk: another id
         assert (elsewhere / "agent-id").read_text() != ident.read_text()
-        assert alive(pid) and c.job(job)["status"] == "running"
-        go.touch()
-        j = c.wait_status(job, "finished")
-        assert (j["outcome"], j["exit_code"]) == ("completed", 0)
-        assert len(c.events("job.started.v1")) == 1
+        ran_once(c, job, pid, go)
     finally:
         kill_rest(other)
 
@@ -835,11 +841,7 @@ def test_after_a_server_restart_another_agent_is_still_refused_while_the_holder_
         assert len(held) == 1 and held[0]["agent"] != ident  # a digest, never the id
         assert first.proc is not None
         first.proc.send_signal(signal.SIGCONT)
-        assert alive(pid) and c.job(job)["status"] == "running"
-        go.touch()
-        j = c.wait_status(job, "finished")
-        assert (j["outcome"], j["exit_code"]) == ("completed", 0)
-        assert len(c.events("job.started.v1")) == 1
+        ran_once(c, job, pid, go)
         assert len([e for e in c.events("node.agent_changed.v1") if e["node"] == node]) == 1
     finally:
         kill_rest(second)
@@ -1034,12 +1036,8 @@ def test_a_clone_of_the_nodes_disk_booted_elsewhere_is_another_agent_and_refused
     try:
         refused(clone, node)
         assert (disk / "agent-id").read_text() == (first.state / "agent-id").read_text()
-        assert alive(pid) and c.job(job)["status"] == "running"
         assert not c.events("job.engine_ended.v1")  # never reported lost
-        go.touch()
-        j = c.wait_status(job, "finished")
-        assert (j["outcome"], j["exit_code"]) == ("completed", 0)
-        assert len(c.events("job.started.v1")) == 1
+        ran_once(c, job, pid, go)
     finally:
         kill_rest(clone)
 
@@ -1066,10 +1064,6 @@ def test_a_second_agent_given_the_holders_agent_id_on_the_same_host_is_refused(
         line = refused(second, node)
         assert "on this host" in line and str(first.state) in line, line
         assert not live_processes(copied)
-        assert alive(pid) and c.job(job)["status"] == "running"
-        go.touch()
-        j = c.wait_status(job, "finished")
-        assert (j["outcome"], j["exit_code"]) == ("completed", 0)
-        assert len(c.events("job.started.v1")) == 1
+        ran_once(c, job, pid, go)
     finally:
         kill_rest(second)
