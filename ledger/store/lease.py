@@ -75,6 +75,7 @@ CREATE TABLE IF NOT EXISTS {SERVERS_TABLE} (
     seen_at timestamptz NOT NULL
 );
 ALTER TABLE {SERVERS_TABLE} ADD COLUMN IF NOT EXISTS kept_at timestamptz;
+ALTER TABLE {SERVERS_TABLE} ADD COLUMN IF NOT EXISTS node_lease_s double precision;
 CREATE OR REPLACE FUNCTION gpuledger_fence(want bigint) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM 1 FROM {LEADER_TABLE} WHERE id = 1 AND epoch = want FOR SHARE;
@@ -523,29 +524,44 @@ class Lease:
             return None
         return refusal(self.settings, holder.recorded, holder.address or "?", live)
 
+    @property
+    def node_lease_s(self) -> float | None:
+        """The node lease this server's keeps grant: its node-lost timeout + fence (None: no
+        node settings)."""
+        return None if self.node is None else sum(self.node)
+
     def report(self, role: str, position: int, kept_ago_s: float | None = None) -> None:
         """Say where this server is (its role and the log position it has folded) and, with
         `kept_ago_s`, that it kept a node's lease that long ago (kept as the latest such time,
-        in the database's clock: the commit comes after the keep, so it never says too early)."""
+        in the database's clock: the commit comes after the keep, so it never says too early),
+        and how long a node lease its keeps grant (`node_lease_s`)."""
         self._run(
-            f"INSERT INTO {SERVERS_TABLE} AS s VALUES (%s, %s, %s, %s, now(), "
-            "now() - make_interval(secs => %s)) ON CONFLICT (holder) "
+            f"INSERT INTO {SERVERS_TABLE} AS s (holder, address, role, position, seen_at, "
+            "kept_at, node_lease_s) VALUES (%s, %s, %s, %s, now(), "
+            "now() - make_interval(secs => %s), %s) ON CONFLICT (holder) "
             "DO UPDATE SET address = excluded.address, role = excluded.role, "
             "position = excluded.position, seen_at = now(), "
-            "kept_at = GREATEST(s.kept_at, excluded.kept_at) RETURNING 1",
-            (self.holder, self.address, role, position, kept_ago_s),
+            "kept_at = GREATEST(s.kept_at, excluded.kept_at), "
+            "node_lease_s = excluded.node_lease_s RETURNING 1",
+            (self.holder, self.address, role, position, kept_ago_s, self.node_lease_s),
         )
 
     def keep_bound(self, stale_s: float, keep_s: float) -> float | None:
         """Seconds from now until which some server may still keep a node's lease (negative:
         that long ago; None: no server ever may have): the latest keep any server reported,
         and for a server silent over `stale_s` (cut off from the store, dead, paused: it may
-        keep leases without saying so) its last report + `keep_s` (`ledger.server.ha`)."""
+        keep leases without saying so) its last report + `keep_s` (`ledger.server.ha`). A
+        server whose keeps grant a longer node lease than this one's (`node_lease_s`: one still
+        running by the settings a `--new-settings` take replaced, which it had not read when
+        the store went away) counts later by the difference: this server counts a node lost
+        by its own settings from the bound, and the agent holds the lease the keep granted
+        (atk39-28 F1: a job ran twice when keeps granted the old, longer lease)."""
         rows = self._run(
             "SELECT extract(epoch FROM max(GREATEST(kept_at, CASE WHEN seen_at < now() - "
-            "make_interval(secs => %s) THEN seen_at + make_interval(secs => %s) END)) - now()) "
-            f"FROM {SERVERS_TABLE}",
-            (stale_s, keep_s),
+            "make_interval(secs => %(stale)s) THEN seen_at + make_interval(secs => %(keep)s) "
+            "END) + make_interval(secs => GREATEST(0, COALESCE(node_lease_s - %(own)s::float8, "
+            f"0)))) - now()) FROM {SERVERS_TABLE}",
+            {"stale": stale_s, "keep": keep_s, "own": self.node_lease_s},
         )
         return None if not rows or rows[0][0] is None else float(rows[0][0])
 
