@@ -13,8 +13,10 @@ every job of its node at the old lease's end: atk36-28 F4).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import stat
+import threading
 from pathlib import Path
 
 import msgspec
@@ -84,22 +86,41 @@ class NodeLease:
         """The server's fence (`Registered.node_fence_s`): None while not known (no lease is
         renewed), 0: the server has no fence (no lease)."""
         self.until = 0.0
+        self._learned_at = -math.inf
+        """When the request was sent whose answer gave the settings held now (wall time)."""
+        self._lock = threading.Lock()
+        """The agent's threads learn and renew at once (a renewal never reads half of a
+        change)."""
         with contextlib.suppress(OSError, msgspec.DecodeError, msgspec.ValidationError):
             got = msgspec.json.decode(path.read_bytes(), type=LeaseFile)
             self.until = got.until
             if got.node_fence_s is not None and got.node_lost_after_s is not None:
                 self.lost_after_s, self.fence_s = got.node_lost_after_s, got.node_fence_s
 
-    def learn(self, lost_after_s: float, fence_s: float) -> None:
-        """The settings a registration answered with (written with the next renewal)."""
-        if (lost_after_s, fence_s) != (self.lost_after_s, self.fence_s):
-            self.until = 0.0  # written at the next renewal, whatever it says
-        self.lost_after_s, self.fence_s = lost_after_s, fence_s
+    def learn(self, lost_after_s: float, fence_s: float, sent: float | None = None) -> None:
+        """The settings an answer gave (written with the next renewal), to a request sent at
+        `sent` (wall time; None: not known, taken whatever came before). An answer to a request
+        sent before the one whose settings are held now changes nothing: across a failover that
+        changed them, the old leader's answer, handled by one thread after the new leader's by
+        another, put the old, longer lease back (and the next renewal, from the new leader's
+        contact, ran by it: atk39-28 F1)."""
+        with self._lock:
+            if sent is not None:
+                if sent < self._learned_at:
+                    return
+                self._learned_at = sent
+            if (lost_after_s, fence_s) != (self.lost_after_s, self.fence_s):
+                self.until = 0.0  # written at the next renewal, whatever it says
+            self.lost_after_s, self.fence_s = lost_after_s, fence_s
 
     def renew(self, sent: float) -> None:
         """Renew the lease from a contact (or a keep) sent at `sent` (wall time); a server
         without a fence: a lease that never runs out (`NO_FENCE_UNTIL`; an older one would
         stop the parts for nothing, and a missing one runs out)."""
+        with self._lock:
+            self._renew(sent)
+
+    def _renew(self, sent: float) -> None:
         if self.fence_s is None or sent <= 0:
             return  # never registered here: the server's fence is not known
         if self.fence_s:

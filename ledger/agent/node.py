@@ -307,13 +307,14 @@ class NodeAgent:
             version=self.applied,
             running=self._running(),
         )
+        sent = _now()  # at the latest: a retry is sent later
         got = self._retry(
             "register",
             lambda: self.client.call("POST", "/v1/agent/register", req, a.Registered),
         )
         if got is None:
             return
-        self.lease.learn(got.node_lost_after_s, got.node_fence_s)
+        self.lease.learn(got.node_lost_after_s, got.node_fence_s, sent)
         self._check_sizing(got)
         self._kept_lost = got.state == "lost"
         self.lease.renew(self._last_sent)
@@ -560,7 +561,7 @@ class NodeAgent:
                 self.outbox = out.then(self.outbox)
             return False
         if ack.node_fence_s is not None and ack.node_lost_after_s is not None:
-            self.lease.learn(ack.node_lost_after_s, ack.node_fence_s)  # atk37-28 F1
+            self.lease.learn(ack.node_lost_after_s, ack.node_fence_s, sent)  # atk37-28 F1
         self._contact(sent, client.node_lease)
         if ack.node_state == "lost" and not self._kept_lost:
             self._rejoin = True
@@ -577,8 +578,8 @@ class NodeAgent:
         the lease under the settings `granted` (`X-Gpuledger-Node-Lease`; None: it said none,
         a server without a store of several: the last ones given); returns how long the agent
         had been out of contact."""
-        if granted is not None:  # by these alone (atk39-28 F1)
-            self.lease.learn(*granted)
+        if granted is not None:  # by these alone, unless a later request's answer said
+            self.lease.learn(*granted, sent)  # others (atk39-28 F1): before `_last_sent`
         self._last_sent = max(self._last_sent, sent)
         self._keeping = False
         self.lease.renew(self._last_sent)
@@ -600,9 +601,10 @@ class NodeAgent:
             log.warning("the servers cannot reach their store; a server keeps this node's "
                         "lease (epoch %d; jobs run on)", epoch)  # fmt: skip
         self._keeping = True
+        wall = _now() - max(0.0, time.monotonic() - sent)  # the wall time it was sent
         if granted is not None:  # the settings the keep grants under, not the file's: after a
-            self.lease.learn(*granted)  # shortening --new-settings (atk39-28 F1)
-        self.lease.renew(_now() - max(0.0, time.monotonic() - sent))  # wall time it was sent
+            self.lease.learn(*granted, wall)  # shortening --new-settings (atk39-28 F1)
+        self.lease.renew(wall)
 
     def _error(self, err: LedgerError) -> None:
         self.status.last_error = err.line()

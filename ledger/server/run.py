@@ -66,7 +66,7 @@ from ledger.store import lease, locate
 from ledger.store.application import Ledger
 from ledger.store.pgread import redacted
 from ledger.wire import SOCKET_NAME
-from ledger.wire.config import ServeConfig
+from ledger.wire.config import ServeConfig, admission_of
 from schemas.bounds import MAX_ARRAY_TASKS
 from schemas.errors import InvalidCommand, LedgerError
 
@@ -573,7 +573,8 @@ def run_as_words(config: ServeConfig) -> str:
 
 def _leadership(ledger: Ledger, config: ServeConfig, policy: Any) -> Leadership:
     """This server's side of the lease on the ledger's PostgreSQL store (refused in one line
-    when the store records another lease, node settings, executor or policy: `lease.agree`)."""
+    when the store records another lease, node settings, executor, policy or admission and
+    security settings: `lease.agree`)."""
     assert ledger.dsn is not None
     lease.setup(ledger.dsn)
     mine = settings_of(config, policy)
@@ -589,15 +590,17 @@ def _leadership(ledger: Ledger, config: ServeConfig, policy: Any) -> Leadership:
     if config.new_settings and since is None:
         log.warning("--new-settings: the store records this server's settings already; the "
                     "flag changes nothing (start it without the flag)")  # fmt: skip
-    mine_lease = lease.Lease(ledger.dsn, holder, address, mine.lease_s, mine.node, mine.work, since)
+    mine_lease = lease.Lease(ledger.dsn, holder, address, mine.lease_s, mine.node, mine.work, since,
+                             admission=mine.admission)  # fmt: skip
     return Leadership(mine_lease)
 
 
 def settings_of(config: ServeConfig, policy: Any) -> lease.Settings:
     """What every server on a store runs alike (`lease.Settings`): the lease, the node-lost
-    timeout and fence, the executor and the policy. A standby takes the leader's work over as
-    it was started, so a takeover with others changes them under running jobs (a server with
-    `--executor none` took over a cluster's agents and their jobs were killed: atk33-28 F5)."""
+    timeout and fence, the executor and the policy, and what it admits and how it runs it
+    (`admission_of`). A standby takes the leader's work over as it was started, so a takeover
+    with others changes them under running jobs (a server with `--executor none` took over a
+    cluster's agents and their jobs were killed: atk33-28 F5)."""
     work = {
         "executor": config.executor,
         "words": _policy_words(registry.config_of(policy)),
@@ -607,6 +610,7 @@ def settings_of(config: ServeConfig, policy: Any) -> lease.Settings:
         config.lease.seconds,
         (config.node_lost_after.seconds, config.node_fence.seconds),
         msgspec.json.encode(work).decode(),
+        admission_of(config),
     )
 
 

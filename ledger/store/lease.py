@@ -66,6 +66,7 @@ ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS node_fence_s double precisio
 ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS work text;
 ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS settings_at timestamptz;
 ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS held_until timestamptz;
+ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS admission text;
 CREATE TABLE IF NOT EXISTS {SERVERS_TABLE} (
     holder text PRIMARY KEY,
     address text NOT NULL,
@@ -74,6 +75,7 @@ CREATE TABLE IF NOT EXISTS {SERVERS_TABLE} (
     seen_at timestamptz NOT NULL
 );
 ALTER TABLE {SERVERS_TABLE} ADD COLUMN IF NOT EXISTS kept_at timestamptz;
+ALTER TABLE {SERVERS_TABLE} ADD COLUMN IF NOT EXISTS node_lease_s double precision;
 CREATE OR REPLACE FUNCTION gpuledger_fence(want bigint) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM 1 FROM {LEADER_TABLE} WHERE id = 1 AND epoch = want FOR SHARE;
@@ -98,6 +100,13 @@ class Settings:
     work: str | None = None
     """The executor and the policy, as JSON (`{"executor", "policy", "words"}`; None: no
     word)."""
+    admission: str | None = None
+    """What the leader admits and how it runs what it admits (who a job runs as, the uid
+    range, root's jobs, the OS accounts and privileged groups, the secret names, the per-user
+    caps, the preemption grace, the Slurm partition, the cycle interval), as canonical JSON
+    (sorted keys, one object of config key -> value; None: no word, e.g. a row recorded by a
+    server from before it was compared: the next take records it). A standby started with
+    others admitted what the leader refused after a failover (atk39-28 F2)."""
 
     def differs(self, recorded: Settings) -> bool:
         """Whether these settings are not the `recorded` ones (a part either has no word on
@@ -111,7 +120,30 @@ class Settings:
             and any(abs(a - b) > 1e-6 for a, b in zip(theirs, mine, strict=False))
         ):
             return True
-        return self.work is not None and recorded.work is not None and self.work != recorded.work
+        if self.work is not None and recorded.work is not None and self.work != recorded.work:
+            return True
+        return bool(admission_differences(recorded.admission, self.admission))
+
+
+def admission_differences(recorded: str | None, mine: str | None) -> list[str]:
+    """Pure: the admission and security settings (`Settings.admission`) that differ, in words
+    (`key: recorded here`), sorted by key; none when either has no word."""
+    import json
+
+    if recorded is None or mine is None or recorded == mine:
+        return []
+    theirs, ours = json.loads(recorded), json.loads(mine)
+    return [
+        f"{key} {_shown(theirs.get(key))} (recorded) against {_shown(ours.get(key))} here"
+        for key in sorted(set(theirs) | set(ours))
+        if theirs.get(key) != ours.get(key)
+    ] or ["the recorded settings' text differs"]
+
+
+def _shown(value: Any) -> str:
+    import json
+
+    return "unset" if value is None else json.dumps(value, sort_keys=True)
 
 
 def refusal(mine: Settings, recorded: Settings | None, who: str, live: bool) -> str | None:
@@ -149,6 +181,8 @@ def _disagreement(mine: Settings, recorded: Settings, who: str, live: bool) -> I
             hint=f"start it with {flags.format(*recorded.node)}: every server on a store "
             f"counts nodes lost and fences them alike (agents renew their lease by them); {change}",
         )
+    if mine.work is None or recorded.work is None or mine.work == recorded.work:
+        return _admission_disagreement(mine, recorded, held, change)
     theirs, ours = _work_words(recorded.work), _work_words(mine.work)
     if theirs == ours:  # the same executor and policy version: name the policy's settings
         theirs, ours = _work_words(recorded.work, True), _work_words(mine.work, True)
@@ -161,6 +195,17 @@ def _disagreement(mine: Settings, recorded: Settings, who: str, live: bool) -> I
     return InvalidCommand(
         f"{said}; this server was started with --executor {ours[0]} and policy {ours[1]}",
         hint=f"start every server on a store with the same executor and policy settings; {change}",
+    )
+
+
+def _admission_disagreement(
+    mine: Settings, recorded: Settings, held: str, change: str
+) -> InvalidCommand:
+    named = "; ".join(admission_differences(recorded.admission, mine.admission))
+    return InvalidCommand(
+        f"the servers on this store admit and run jobs by other settings ({held}): {named}",
+        hint="give every server on a store the same admission and security settings (its "
+        f"config file's keys, or the flags); {change}",
     )
 
 
@@ -251,10 +296,10 @@ def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
     with connect(dsn) as con:
         row = con.execute(
             f"SELECT lease_s, address, expires_at > now(), node_lost_s, node_fence_s, work, "
-            f"now() FROM {LEADER_TABLE} WHERE id = 1"
+            f"now(), admission FROM {LEADER_TABLE} WHERE id = 1"
         ).fetchone()
     assert row is not None  # `setup` made it
-    recorded = _recorded(row[0], row[3], row[4], row[5])
+    recorded = _recorded(row[0], row[3], row[4], row[5], row[7])
     live = bool(row[2])
     if recorded is not None and mine.differs(recorded) and (live or not change):
         raise _disagreement(mine, recorded, row[1] or "?", live)
@@ -263,24 +308,28 @@ def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
     return row[6]
 
 
-def _recorded(lease_s: Any, lost: Any, fence: Any, work: Any) -> Settings | None:
+def _recorded(
+    lease_s: Any, lost: Any, fence: Any, work: Any, admission: Any = None
+) -> Settings | None:
     if not lease_s:
         return None  # a new store: nobody recorded any
     node = None if lost is None or fence is None else (float(lost), float(fence))
-    return Settings(float(lease_s), node, work)
+    return Settings(float(lease_s), node, work, admission)
 
 
 _SAME = (
     "(lease_s = %(lease)s AND node_lost_s IS NOT DISTINCT FROM COALESCE(%(lost)s::float8, "
     "node_lost_s) AND node_fence_s IS NOT DISTINCT FROM COALESCE(%(fence)s::float8, "
-    "node_fence_s) AND work IS NOT DISTINCT FROM COALESCE(%(work)s::text, work))"
+    "node_fence_s) AND work IS NOT DISTINCT FROM COALESCE(%(work)s::text, work) "
+    "AND admission IS NOT DISTINCT FROM COALESCE(%(admission)s::text, admission))"
 )
 """The row records exactly these settings (a part given as NULL is not compared)."""
 _AGREES = (
     "((lease_s = 0 OR lease_s = %(lease)s) "
     "AND (node_lost_s IS NULL OR %(lost)s::float8 IS NULL OR node_lost_s = %(lost)s::float8) "
     "AND (node_fence_s IS NULL OR %(fence)s::float8 IS NULL OR node_fence_s = %(fence)s::float8) "
-    "AND (work IS NULL OR %(work)s::text IS NULL OR work = %(work)s::text))"
+    "AND (work IS NULL OR %(work)s::text IS NULL OR work = %(work)s::text) "
+    "AND (admission IS NULL OR %(admission)s::text IS NULL OR admission = %(admission)s::text))"
 )
 """The row records no other settings (`Settings.differs`)."""
 _TAKE = (
@@ -292,7 +341,7 @@ _TAKE = (
     "ELSE held_until END, "
     "lease_s = %(lease)s, node_lost_s = COALESCE(%(lost)s::float8, node_lost_s), "
     "node_fence_s = COALESCE(%(fence)s::float8, node_fence_s), "
-    "work = COALESCE(%(work)s::text, work) "
+    "work = COALESCE(%(work)s::text, work), admission = COALESCE(%(admission)s::text, admission) "
     "WHERE id = 1 AND (expires_at < now() OR holder = %(holder)s) "
     f"AND ({_AGREES} OR settings_at IS NULL AND %(since)s::timestamptz IS NOT NULL "
     "OR settings_at < %(since)s::timestamptz) RETURNING epoch"
@@ -324,6 +373,8 @@ class Lease:
         node: tuple[float, float] | None = None,
         work: str | None = None,
         since: Any = None,
+        *,
+        admission: str | None = None,
     ) -> None:
         self.dsn = dsn
         self.holder = holder
@@ -333,6 +384,9 @@ class Lease:
         """(node-lost timeout, fence) in seconds, recorded in the row with each take (`agree`)."""
         self.work = work
         """The executor and policy (`Settings.work`), recorded with each take."""
+        self.admission = admission
+        """The admission and security settings (`Settings.admission`), recorded with each
+        take (a row without them, from before they were, gets them from the first take)."""
         self.since = since
         """With `serve --new-settings`: the database's time this server started (`agree`);
         settings the row recorded before then are replaced by this server's when it takes the
@@ -392,7 +446,7 @@ class Lease:
 
     @property
     def settings(self) -> Settings:
-        return Settings(self.lease_s, self.node, self.work)
+        return Settings(self.lease_s, self.node, self.work, self.admission)
 
     def acquire(self) -> bool:
         """Take the lease if it has expired (or is ours) and the row records this server's
@@ -406,6 +460,7 @@ class Lease:
         rows = self._run(_TAKE, {
             "holder": self.holder, "address": self.address, "lease": self.lease_s,
             "lost": lost, "fence": fence, "work": self.work, "since": self.since,
+            "admission": self.admission,
         })  # fmt: skip
         if not rows:
             return False
@@ -444,15 +499,15 @@ class Lease:
             "SELECT epoch, holder, address, CASE WHEN isfinite(expires_at) THEN "
             "extract(epoch FROM expires_at - now()) END, lease_s, "
             "node_lost_s, node_fence_s, work, settings_at IS NULL OR settings_at < "
-            "%s::timestamptz, extract(epoch FROM held_until - now()) "
+            "%s::timestamptz, extract(epoch FROM held_until - now()), admission "
             f"FROM {LEADER_TABLE} WHERE id = 1",
             (self.since,),
         )
         if not rows or not rows[0][1]:
             return None
-        epoch, holder, address, left, lease_s, lost, fence, work, changeable, held = rows[0]
+        epoch, holder, address, left, lease_s, lost, fence, work, changeable, held, admits = rows[0]
         left = float(left) if left is not None else -1e9
-        recorded = _recorded(lease_s, lost, fence, work)
+        recorded = _recorded(lease_s, lost, fence, work, admits)
         return Holder(int(epoch), holder, address, left, float(lease_s or 0.0), recorded,
                       bool(changeable) and self.since is not None,
                       None if held is None else float(held))  # fmt: skip
@@ -469,29 +524,44 @@ class Lease:
             return None
         return refusal(self.settings, holder.recorded, holder.address or "?", live)
 
+    @property
+    def node_lease_s(self) -> float | None:
+        """The node lease this server's keeps grant: its node-lost timeout + fence (None: no
+        node settings)."""
+        return None if self.node is None else sum(self.node)
+
     def report(self, role: str, position: int, kept_ago_s: float | None = None) -> None:
         """Say where this server is (its role and the log position it has folded) and, with
         `kept_ago_s`, that it kept a node's lease that long ago (kept as the latest such time,
-        in the database's clock: the commit comes after the keep, so it never says too early)."""
+        in the database's clock: the commit comes after the keep, so it never says too early),
+        and how long a node lease its keeps grant (`node_lease_s`)."""
         self._run(
-            f"INSERT INTO {SERVERS_TABLE} AS s VALUES (%s, %s, %s, %s, now(), "
-            "now() - make_interval(secs => %s)) ON CONFLICT (holder) "
+            f"INSERT INTO {SERVERS_TABLE} AS s (holder, address, role, position, seen_at, "
+            "kept_at, node_lease_s) VALUES (%s, %s, %s, %s, now(), "
+            "now() - make_interval(secs => %s), %s) ON CONFLICT (holder) "
             "DO UPDATE SET address = excluded.address, role = excluded.role, "
             "position = excluded.position, seen_at = now(), "
-            "kept_at = GREATEST(s.kept_at, excluded.kept_at) RETURNING 1",
-            (self.holder, self.address, role, position, kept_ago_s),
+            "kept_at = GREATEST(s.kept_at, excluded.kept_at), "
+            "node_lease_s = excluded.node_lease_s RETURNING 1",
+            (self.holder, self.address, role, position, kept_ago_s, self.node_lease_s),
         )
 
     def keep_bound(self, stale_s: float, keep_s: float) -> float | None:
         """Seconds from now until which some server may still keep a node's lease (negative:
         that long ago; None: no server ever may have): the latest keep any server reported,
         and for a server silent over `stale_s` (cut off from the store, dead, paused: it may
-        keep leases without saying so) its last report + `keep_s` (`ledger.server.ha`)."""
+        keep leases without saying so) its last report + `keep_s` (`ledger.server.ha`). A
+        server whose keeps grant a longer node lease than this one's (`node_lease_s`: one still
+        running by the settings a `--new-settings` take replaced, which it had not read when
+        the store went away) counts later by the difference: this server counts a node lost
+        by its own settings from the bound, and the agent holds the lease the keep granted
+        (atk39-28 F1: a job ran twice when keeps granted the old, longer lease)."""
         rows = self._run(
             "SELECT extract(epoch FROM max(GREATEST(kept_at, CASE WHEN seen_at < now() - "
-            "make_interval(secs => %s) THEN seen_at + make_interval(secs => %s) END)) - now()) "
-            f"FROM {SERVERS_TABLE}",
-            (stale_s, keep_s),
+            "make_interval(secs => %(stale)s) THEN seen_at + make_interval(secs => %(keep)s) "
+            "END) + make_interval(secs => GREATEST(0, COALESCE(node_lease_s - %(own)s::float8, "
+            f"0)))) - now()) FROM {SERVERS_TABLE}",
+            {"stale": stale_s, "keep": keep_s, "own": self.node_lease_s},
         )
         return None if not rows or rows[0][0] is None else float(rows[0][0])
 

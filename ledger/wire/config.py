@@ -115,15 +115,44 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     this)."""
     new_settings: bool = False
     """With a PostgreSQL store: start with other settings (lease, node-lost timeout, fence,
-    executor, policy) than the ones the store records, and record them when this server takes
-    the lease (only once nobody leads; settings recorded after this server started are never
-    replaced). Give it to one server, once, as `serve --new-settings`: `true` in a config file
-    is refused (docs/ha.md, "Changing the settings")."""
+    executor, policy, the admission and security settings: `admission_of`) than the ones the
+    store records, and record them when this server takes the lease (only once nobody leads;
+    settings recorded after this server started are never replaced). Give it to one server,
+    once, as `serve --new-settings`: `true` in a config file is refused (docs/ha.md, "Changing
+    the settings")."""
     max_jobs_per_user: int = 20_000
     """Unfinished jobs (pending, placed, running; each array task one) one user may own; a
     submission past it is refused with one line (Slurm's MaxSubmitJobs). 0: no limit."""
     max_array_size: int = 10_000
     """Tasks one job array may have (Slurm's MaxArraySize; at most 10,000). 0: 10,000."""
+
+
+def admission_of(config: ServeConfig) -> str:
+    """Pure: the settings that change what a leader admits or how it runs what it admits, as
+    canonical JSON (config key -> value, sorted; `lease.Settings.admission`): who jobs run as
+    and the uid range (`ledger.core.runas.admit`: a manager may add a system account only where
+    `min_uid` allows it), root's own jobs, the OS accounts and privileged groups, the secret
+    names stripped from a job's environment, the per-user caps, the preemption grace, the Slurm
+    partition, the local debug limit and the cycle interval. A standby started with others
+    admitted, after a failover, what the leader refused (atk39-28 F2). What stays per server:
+    where it listens and how it is reached, its logs, Kafka, the group commit's batch and the
+    utilisation sampling."""
+    admission = {
+        "run_as": config.run_as,
+        "min_uid": config.min_uid,
+        "max_uid": config.max_uid,
+        "root_jobs": config.root_jobs,
+        "os_accounts": config.os_accounts,
+        "privileged_groups": sorted(set(config.privileged_groups)),
+        "secret_env": config.secret_env,
+        "max_jobs_per_user": config.max_jobs_per_user,
+        "max_array_size": config.max_array_size,
+        "grace_s": float(config.grace.seconds),
+        "partition": config.partition,
+        "debug_limit_s": float(config.debug_limit.seconds),
+        "interval_s": float(config.interval.seconds),
+    }
+    return msgspec.json.encode(admission, order="sorted").decode()
 
 
 def load(path: Path | None) -> ServeConfig:

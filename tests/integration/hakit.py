@@ -10,15 +10,33 @@ import os
 import signal
 import socket
 import subprocess
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ledger.wire.client import Client
+from schemas import commands as c
+from schemas.errors import LedgerError
 from tests.integration import waits
-from tests.integration.serverkit import GPULEDGER, Server, cli, env_for
+from tests.integration.serverkit import GPULEDGER, Server, cli, env_for, init_on_store, make_token
+from tests.integration.test_node_agents import Agent
 
 LEASE = os.environ.get("GPULEDGER_HA_LEASE", "2s")
 """The servers' lease (docs/ha.md measures failover with the default, 5s, too)."""
+JOB = (
+    "trap 'echo term >> \"{dir}/$GPULEDGER_JOB_ID\"' TERM; sleep 100000 & "
+    'echo "start $$ $!" >> "{dir}/$GPULEDGER_JOB_ID"; while true; do sleep 0.5; done'
+)
+"""A job whose leader forks a child; it writes both pids, and says so if it is signalled."""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def free_port() -> int:
@@ -148,4 +166,88 @@ def wait_cycled_after(g: Group, wall: float, timeout: float = 60) -> tuple[Membe
     return waits.wait_for("a new leader's first cycle", cycled, timeout, g.why)
 
 
-__all__ = ["LEASE", "Group", "Member", "env_for", "free_port", "log_events", "make_group"]
+@dataclass
+class JobOnAgents:
+    """Two servers (`g`; the first leads), real agents on node-a and node-b, and a job of 2
+    GPUs (`JOB`: a leader and its child, their pids written to `marks`) running on one of them,
+    whose agent is `cut` (a test stops it to put the node out of contact)."""
+
+    g: Group
+    agents: dict[str, Agent]
+    client: Client
+    marks: Path
+    job_id: int = 0
+    pids: list[int] = field(default_factory=list)
+    """The first launch's leader and child."""
+    cut: Agent | None = None
+
+    def starts(self) -> list[list[int]]:
+        """Each launch's [leader, child] pids, in the order they started."""
+        mark = self.marks / str(self.job_id)
+        lines = mark.read_text().splitlines() if mark.exists() else []
+        return [[int(w) for w in ln.split()[1:3]] for ln in lines if ln.startswith("start")]
+
+    def why(self) -> str:
+        return self.g.why() + "".join(
+            f"\n--- {n}\n{a.text()[-3000:]}" for n, a in self.agents.items()
+        )
+
+    def close(self) -> None:
+        """Thaw the cut agent, cancel the job, kill every launch's processes, the agents and
+        the servers."""
+        if self.cut is not None and self.cut.proc is not None:
+            self.cut.proc.send_signal(signal.SIGCONT)
+        if self.job_id:
+            with contextlib.suppress(LedgerError):
+                self.client.execute(c.CancelJob(actor="", job_id=self.job_id))
+        for pid in [p for launch in self.starts() for p in launch] or self.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.client.close()
+        for agent in self.agents.values():
+            if agent.proc is not None and agent.proc.poll() is None:
+                agent.kill(signal.SIGKILL)
+        self.g.stop()
+
+
+def job_on_agents(root: Path, dsn: str, *args: str) -> JobOnAgents:
+    """`JobOnAgents` on the store `dsn`, the servers started with `args`: the first server
+    leads, the job runs (its pids read), its node's agent found; the caller `close`s it (also
+    when this fails part way: it is handed over as soon as the servers are made)."""
+    home = root / "server-0"
+    init_on_store(home, root, dsn, "node-a", 2, "sim")
+    cli(home, "node", "add", "node-b", "--gpus", "2", "--gpu-type", "sim", GPULEDGER_USER="root")
+    token = make_token(home, "--user", "alice")
+    marks = Path(tempfile.mkdtemp(prefix="gpuledger-marks-"))
+    marks.chmod(0o1777)  # the job runs as nobody
+    g = make_group(root, dsn, 2, *args, home=home)
+    agents = {}
+    for node in ("node-a", "node-b"):
+        node_token = make_token(home, "--node", node, "--name", node)
+        agents[node] = Agent(node, root / node, node_token, g.urls, root / f"{node}.log")
+    return JobOnAgents(g, agents, Client(g.urls, token, timeout=30), marks)
+
+
+def run_the_job(w: JobOnAgents) -> JobOnAgents:
+    """Start the first server (it leads) and the agents, submit the job, wait for its first
+    launch, and find the agent it runs under (`w.cut`)."""
+    w.g.start(w.g.members[0])
+    w.g.leader()
+    for agent in w.agents.values():
+        agent.start()
+    got = w.client.execute(c.SubmitJob(actor="", account="ai2/olmo", gpus=2, min_runtime_s=60,
+                                       resumable=True,
+                                       command=("sh", "-c", JOB.format(dir=w.marks))))  # fmt: skip
+    w.job_id = got.events[0].job_id  # type: ignore[union-attr]
+    w.pids = waits.wait_for("the job to start", lambda: w.starts() or None, 120, w.why)[0]
+    row = next(j for j in w.client.get("jobs", {"limit": 100}) if j["job_id"] == w.job_id)
+    nodes = row["nodes"] if isinstance(row["nodes"], list) else str(row["nodes"]).split(",")
+    w.cut = w.agents.get(str(nodes[0]).strip())
+    assert w.cut is not None and w.cut.proc is not None, (row, w.why())
+    return w
+
+
+__all__ = [
+    "JOB", "LEASE", "Group", "JobOnAgents", "Member", "alive", "env_for", "free_port",
+    "job_on_agents", "log_events", "make_group", "run_the_job",
+]  # fmt: skip

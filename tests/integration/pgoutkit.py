@@ -9,7 +9,6 @@ other test wrote to."""
 
 from __future__ import annotations
 
-import os
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -23,23 +22,10 @@ from tests.integration.serverkit import BUDGET, cli, make_token
 from tests.integration.test_node_agents import Agent
 from tests.integration.test_pg_failover import Pg
 
-JOB = (
-    "trap 'echo term >> \"{dir}/$GPULEDGER_JOB_ID\"' TERM; sleep 100000 & "
-    'echo "start $$ $!" >> "{dir}/$GPULEDGER_JOB_ID"; while true; do sleep 0.5; done'
-)
-"""A job whose leader forks a child; it writes both pids, and says so if it is signalled."""
 NODE_LOST_S, FENCE_S = 3, 12
 """The node's lease is 3 + 12 - 3 = 12 s (`LEASE_MARGIN_S`): above a server's keep delay with
 the tests' 2 s lease (7.7 s, `ledger.server.ha.keep_timing`) and the time to switch servers
 (the sizing rule of docs/ha.md: 11.7 s with two servers and 0.5 s heartbeats)."""
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def fresh_pg(pair: Pg) -> Pg:

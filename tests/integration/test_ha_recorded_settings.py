@@ -1,6 +1,7 @@
 """The settings every server of a store runs alike (lease, node-lost timeout, fence, executor,
-policy) are recorded in the store and checked at every take of the lease, not only at a
-server's start against a live lease (attack atk38-28 F1, F1b, F3): real PostgreSQL, real
+policy, and what it admits: the uid range, run-as, the caps, the grace, ...) are recorded in
+the store and checked at every take of the lease, not only at a server's start against a live
+lease (attack atk38-28 F1, F1b, F3): real PostgreSQL, real
 servers, a real agent and a real job (with a child), checked from the job's side.
 
 - Two servers with other settings never lead by turns: one started while the leader was frozen
@@ -10,30 +11,28 @@ servers, a real agent and a real job (with a child), checked from the job's side
   `--executor none` left the agents' jobs to die).
 - A new, shorter fence waits out the node leases the old one granted: a node out of contact
   while the servers were restarted with the new fence has its job released only once its
-  lease (by the old fence) has ended (the job ran in two launches for 21-42 s)."""
+  lease (by the old fence) has ended (the job ran in two launches for 21-42 s).
+- A server that admits otherwise (`min_uid` 1 against the leader's 1000) never leads and says
+  why, so a failover never admits what the leader refused (a manager made a system account a
+  member: atk39-28 F2); a store recorded before these settings were records them at its first
+  take by a server that has them."""
 
 from __future__ import annotations
 
-import contextlib
-import os
+import json
 import signal
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from ledger.store import lease
-from ledger.wire.client import Client
-from schemas import commands as c
+from ledger.store.pgread import connect
 from schemas.errors import LedgerError
-from tests.integration import waits
-from tests.integration.hakit import make_group
-from tests.integration.pgoutkit import JOB
-from tests.integration.pgoutkit import alive as _alive
+from tests.integration import userkit, waits
+from tests.integration.hakit import alive, job_on_agents, make_group, run_the_job
 from tests.integration.serverkit import cli, init_on_store, make_token
 from tests.integration.test_ha_settings import one_line, serve
-from tests.integration.test_node_agents import Agent
 
 
 def test_a_lease_with_other_settings_than_the_recorded_ones_is_never_taken(pg_store: str) -> None:
@@ -86,8 +85,9 @@ def _frozen_past_its_lease(m: object, lease_s: float) -> None:
         (("--node-lost-after", "3s", "--node-fence", "20s"),
          ("--node-lost-after", "3s", "--node-fence", "4s"), "--node-fence 4s"),
         (("--executor", "record"), ("--executor", "none"), "ran --executor none"),
+        (("--grace", "30s"), ("--grace", "5s"), "grace_s 5.0 (recorded) against 30.0 here"),
     ],
-    ids=["fence", "executor"],
+    ids=["fence", "executor", "admission"],
 )  # fmt: skip
 def test_servers_with_other_settings_never_lead_by_turns(
     tmp_path: Path, pg_store: str, old: tuple[str, ...], new: tuple[str, ...], said: str
@@ -141,71 +141,25 @@ node's job 4 s + 1 s of grace after the node is counted lost, 3 s after its last
 def test_a_shorter_fence_waits_out_the_node_leases_granted_by_the_old_one(
     tmp_path: Path, pg_store: str
 ) -> None:
-    home = tmp_path / "server-0"
-    init_on_store(home, tmp_path, pg_store, "node-a", 2, "sim")
-    cli(home, "node", "add", "node-b", "--gpus", "2", "--gpu-type", "sim", GPULEDGER_USER="root")
-    token = make_token(home, "--user", "alice")
-    marks = Path(tempfile.mkdtemp(prefix="gpuledger-marks-"))
-    marks.chmod(0o1777)  # the job runs as nobody
     common = ("--executor", "agents", "--run-as", "service", "--interval", "0.5s", "--grace", "1s")
-    g = make_group(tmp_path, pg_store, 2, *common, "--node-lost-after", f"{OLD_LOST_S}s",
-                   "--node-fence", f"{OLD_FENCE_S}s", home=home)  # fmt: skip
-    agents = {}
-    for node in ("node-a", "node-b"):
-        node_token = make_token(home, "--node", node, "--name", node)
-        agents[node] = Agent(node, tmp_path / node, node_token, g.urls, tmp_path / f"{node}.log")
-    client = Client(g.urls, token, timeout=30)
-    job_id = 0
-    pids: list[int] = []
-    cut = None
-
-    def why() -> str:
-        return g.why() + "".join(f"\n--- {n}\n{a.text()[-3000:]}" for n, a in agents.items())
-
+    w = job_on_agents(tmp_path, pg_store, *common, "--node-lost-after", f"{OLD_LOST_S}s",
+                      "--node-fence", f"{OLD_FENCE_S}s")  # fmt: skip
     try:
-        s0, s1 = g.members
-        g.start(s0)
-        g.leader()
-        for agent in agents.values():
-            agent.start()
-        got = client.execute(c.SubmitJob(actor="", account="ai2/olmo", gpus=2, min_runtime_s=60,
-                                         resumable=True,
-                                         command=("sh", "-c", JOB.format(dir=marks))))  # fmt: skip
-        job_id = got.events[0].job_id  # type: ignore[union-attr]
-        mark = marks / str(job_id)
-
-        def starts() -> list[list[int]]:
-            lines = mark.read_text().splitlines() if mark.exists() else []
-            return [[int(w) for w in ln.split()[1:3]] for ln in lines if ln.startswith("start")]
-
-        pids = waits.wait_for("the job to start", lambda: starts() or None, 120, why)[0]
-        row = next(j for j in client.get("jobs", {"limit": 100}) if j["job_id"] == job_id)
-        nodes = row["nodes"] if isinstance(row["nodes"], list) else str(row["nodes"]).split(",")
-        cut = agents.get(str(nodes[0]).strip())
-        assert cut is not None and cut.proc is not None, (row, why())
-        cut.proc.send_signal(signal.SIGSTOP)  # its node is out of contact from now on
+        run_the_job(w)
+        assert w.cut is not None and w.cut.proc is not None
+        s0, s1 = w.g.members
+        w.cut.proc.send_signal(signal.SIGSTOP)  # its node is out of contact from now on
         # the documented way to change the fence: stop them all, start with the new one
         s0.kill(signal.SIGTERM)
-        g.args = (*common, "--node-lost-after", f"{OLD_LOST_S}s",
-                  "--node-fence", f"{NEW_FENCE_S}s", "--new-settings")  # fmt: skip
-        g.start(s1)
-        again = waits.wait_for("the job to start again", lambda: starts()[1:] or None, 120, why)
+        w.g.args = (*common, "--node-lost-after", f"{OLD_LOST_S}s",
+                    "--node-fence", f"{NEW_FENCE_S}s", "--new-settings")  # fmt: skip
+        w.g.start(s1)
+        again = waits.wait_for("the job to start again", lambda: w.starts()[1:] or None, 120,
+                               w.why)  # fmt: skip
         # the first launch's processes had stopped by then (their node lease ran out)
-        assert not any(_alive(p) for p in pids), (pids, again, why())
+        assert not any(alive(p) for p in w.pids), (w.pids, again, w.why())
     finally:
-        if cut is not None and cut.proc is not None:
-            cut.proc.send_signal(signal.SIGCONT)
-        if job_id:
-            with contextlib.suppress(LedgerError):
-                client.execute(c.CancelJob(actor="", job_id=job_id))
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        client.close()
-        for agent in agents.values():
-            if agent.proc is not None and agent.proc.poll() is None:
-                agent.kill(signal.SIGKILL)
-        g.stop()
+        w.close()
 
 
 def test_new_settings_is_a_flag_that_acts_once(tmp_path: Path, pg_store: str) -> None:
@@ -229,3 +183,95 @@ def test_new_settings_is_a_flag_that_acts_once(tmp_path: Path, pg_store: str) ->
         assert lease.agree(pg_store, other, change=True) is not None
     finally:
         taker.close()
+
+
+def _add_member(m: object, token: str, user: str) -> tuple[int, str]:
+    """A manager's AddMember of `user` to ai2/olmo, sent to server `m`: (status, body)."""
+    code, body = m.server().request(  # type: ignore[attr-defined]
+        "POST", "/v1/commands/member.add", {"actor": "", "user": user, "project": "ai2/olmo"},
+        token,
+    )  # fmt: skip
+    return code, json.dumps(body)
+
+
+def test_a_server_that_admits_otherwise_never_leads_until_new_settings(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """atk39-28 F2: s0 refused a manager's system account (uid 994 < min_uid 1000); killed, a
+    standby started with min_uid 1 led and admitted it. Now that server never leads, and says
+    why (in one line at its start, or, running, in its log, health and `status`), until it is
+    started with `--new-settings`."""
+    home = tmp_path / "server-0"
+    init_on_store(home, tmp_path, pg_store)
+    mgr = make_token(home, "--user", "mgr")
+    strict, loose = tmp_path / "strict.toml", tmp_path / "loose.toml"
+    strict.write_text("min_uid = 1000\n")
+    loose.write_text("min_uid = 1\n")
+    record = ("--executor", "record")
+    g = make_group(tmp_path, pg_store, 2, *record, home=home)
+    s0, s1 = g.members
+    try:
+        with userkit.os_user("gls", uid=994) as system:
+            g.args = (*record, "--config", str(strict))
+            g.start(s0)
+            assert g.leader() is s0
+            code, body = _add_member(s0, mgr, system.name)
+            assert code == 403 and "uid 994 < min_uid 1000" in body, (code, body)
+            # a server that would admit it is refused at its start while s0 leads, and once
+            # s0 is gone (killed: nobody leads, the store records s0's settings)
+            said = "min_uid 1000 (recorded) against 1 here"
+            loose_args = ("--lease", g.lease, *record, "--config", str(loose))
+            err = one_line(serve(tmp_path / "loose-a", pg_store, *loose_args))
+            assert said in err and "holds the lease now" in err, err
+            s0.kill()
+            waits.wait_for("s0's lease to run out", lambda: lease.leading_now(pg_store) is None,
+                           30, g.why)  # fmt: skip
+            err = one_line(serve(tmp_path / "loose-b", pg_store, *loose_args))
+            assert said in err and "recorded by the last leader" in err, err
+            # the failover goes to a server with the recorded settings: it refuses the same
+            g.start(s1)
+            assert g.leader() is s1
+            code, body = _add_member(s1, mgr, system.name)
+            assert code == 403 and "uid 994 < min_uid 1000" in body, (code, body)
+            s1.kill(signal.SIGTERM)
+            # the way to change them: --new-settings, once nobody leads
+            g.args = (*record, "--config", str(loose), "--new-settings")
+            g.start(s1)
+            assert g.leader() is s1
+            code, body = _add_member(s1, mgr, system.name)
+            assert code == 200, (code, body)
+            err = one_line(serve(tmp_path / "strict", pg_store, "--lease", g.lease, *record,
+                                 "--config", str(strict)))  # fmt: skip
+            assert "min_uid 1 (recorded) against 1000 here" in err, err
+    finally:
+        g.stop()
+
+
+def test_a_store_recorded_before_the_admission_settings_records_them_at_the_next_take(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """A lease row of a store from before the admission settings were recorded (no column):
+    a server of this version adds the column (under the schema's advisory lock), leads, and
+    records its own; from then on a server that admits otherwise is refused."""
+    home = tmp_path / "server-0"
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    g = make_group(tmp_path, pg_store, 2, "--executor", "record", "--grace", "5s", home=home)
+    s0, s1 = g.members
+    try:
+        g.start(s0)
+        assert g.leader() is s0
+        s0.kill(signal.SIGTERM)
+        with connect(pg_store) as con:  # the row as a server of the last version left it
+            con.execute("ALTER TABLE gpuledger_leader DROP COLUMN IF EXISTS admission")
+        # another grace than s0 ran: nothing recorded says otherwise, so it leads, and records
+        g.args = ("--executor", "record", "--grace", "7s")
+        g.start(s1)
+        assert g.leader() is s1
+        with connect(pg_store) as con:
+            row = con.execute("SELECT admission FROM gpuledger_leader").fetchone()
+        assert row is not None and json.loads(row[0])["grace_s"] == 7.0, row
+        err = one_line(serve(tmp_path / "other", pg_store, "--lease", g.lease,
+                             "--executor", "record", "--grace", "5s"))  # fmt: skip
+        assert "grace_s 7.0 (recorded) against 5.0 here" in err, err
+    finally:
+        g.stop()

@@ -83,6 +83,31 @@ def test_the_store_says_until_when_a_server_may_keep_a_node_s_lease(pg_store: st
         b.close()
 
 
+def test_a_keep_granting_a_longer_node_lease_is_counted_by_its_length(pg_store: str) -> None:
+    """A server still running by the node lease a `--new-settings` take replaced (3 s + 60 s),
+    which had not read the take when the store went away, keeps its agents by that lease; the
+    leader (3 s + 4 s) counted a node lost from the keep by its own, and the agent's lease ran
+    56 s past the release (atk39-28 F1, the window that remained). The bound now adds the
+    difference; a server of an earlier version (no length reported) adds nothing."""
+    lease.setup(pg_store)
+    old = lease.Lease(pg_store, "old", "http://old", LEASE_S, (3.0, 60.0))
+    new = lease.Lease(pg_store, "new", "http://new", LEASE_S, (3.0, 4.0))
+    try:
+        old.report("standby", 1, kept_ago_s=10.0)
+        new.report("leader", 1)
+        bound = new.keep_bound(5.0, 100.0)  # kept 10 s ago, + 63 s - 7 s
+        assert bound is not None and 45.0 < bound < 46.5, bound
+        bound = old.keep_bound(5.0, 100.0)  # by its own length: nothing added
+        assert bound is not None and -10.5 < bound < -9.0, bound
+        with lease.connect(pg_store) as con:
+            con.execute("UPDATE gpuledger_servers SET node_lease_s = NULL WHERE holder = 'old'")
+        bound = new.keep_bound(5.0, 100.0)
+        assert bound is not None and -10.5 < bound < -9.0, bound
+    finally:
+        old.close()
+        new.close()
+
+
 def test_a_server_retires_its_dead_predecessor_at_its_address(pg_store: str) -> None:
     """A server restarted after a kill -9 (or a stop while the store was away) left a silent
     row, which would make every leader wait `KEEP_WITHOUT_STORE_S` before counting a node lost:

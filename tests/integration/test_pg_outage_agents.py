@@ -19,14 +19,13 @@ from ledger.wire.client import Client
 from schemas import commands as c
 from schemas.errors import LedgerError
 from tests.integration import waits
-from tests.integration.hakit import log_events, wait_cycled_after
+from tests.integration.hakit import JOB, log_events, wait_cycled_after
+from tests.integration.hakit import alive as _alive
 from tests.integration.pgoutkit import (
-    JOB,
     NODE_LOST_S,
     agent_world,
     pg_pair,  # noqa: F401 (the fixture)
 )
-from tests.integration.pgoutkit import alive as _alive
 from tests.integration.serverkit import cli
 from tests.integration.test_pg_failover import Pg
 

@@ -29,15 +29,14 @@ from schemas import commands as c
 from schemas.errors import LedgerError
 from schemas.units import Duration
 from tests.integration import waits
-from tests.integration.hakit import LEASE, Member, log_events, wait_cycled_after
+from tests.integration.hakit import JOB, LEASE, Member, log_events, wait_cycled_after
+from tests.integration.hakit import alive as _alive
 from tests.integration.pgoutkit import (
     FENCE_S,
-    JOB,
     NODE_LOST_S,
     agent_world,
     pg_pair,  # noqa: F401 (the fixture)
 )
-from tests.integration.pgoutkit import alive as _alive
 from tests.integration.test_pg_failover import Pg
 
 NODE_LEASE_S = NODE_LOST_S + FENCE_S - 3

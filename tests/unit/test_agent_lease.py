@@ -126,3 +126,25 @@ def test_a_state_directory_others_may_write_is_refused_and_a_garbage_lease_has_r
         assert NodeLease(str(own / "lease")).passed(100.0), text
     (own / "lease").write_text('{"until": 200.5}')
     assert not NodeLease(str(own / "lease")).passed(100.0)
+
+
+def test_an_older_answer_never_puts_back_the_settings_a_later_one_replaced(
+    tmp_path: Path,
+) -> None:
+    """Across a failover that shortened the fence (`--new-settings`), the old leader's answer
+    (to a request sent before the take, fence 40 s), handled by one thread after the new
+    leader's (sent after it, fence 4 s) by another, put the old settings back, and the next
+    renewal ran by them from the new leader's contact: a lease the new leader did not count
+    (atk39-28 F1, the window that remained)."""
+    path = tmp_path / "lease"
+    lease = NodeLease(path)
+    lease.learn(3.0, 4.0, 1010.0)  # the new leader's answer
+    lease.renew(1010.0)
+    lease.learn(3.0, 40.0, 1000.0)  # the old leader's, handled later
+    lease.renew(1010.5)
+    assert json.loads(path.read_bytes()) == {
+        "until": 1014.5, "node_lost_after_s": 3.0, "node_fence_s": 4.0,
+    }  # fmt: skip
+    lease.learn(3.0, 12.0, 1011.0)  # a later answer's settings are taken
+    lease.renew(1011.0)
+    assert json.loads(path.read_bytes())["until"] == 1023.0

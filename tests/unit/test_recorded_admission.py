@@ -1,0 +1,81 @@
+"""The admission and security settings are among the settings every server of a store runs
+alike (`ledger.wire.config.admission_of`, `ledger.store.lease.Settings.admission`): a server
+that admits otherwise is refused, and the refusal names what differs (atk39-28 F2)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import msgspec
+import pytest
+
+from ledger.store import lease
+from ledger.wire.config import ServeConfig, admission_of
+from schemas.units import Duration, Interval
+
+OTHERS = {
+    "run_as": "service",
+    "min_uid": 1,
+    "max_uid": 65000,
+    "root_jobs": True,
+    "os_accounts": {"alice": "al"},
+    "privileged_groups": ["wheel2"],
+    "secret_env": "^SECRET$",
+    "max_jobs_per_user": 5,
+    "max_array_size": 10,
+    "grace": Duration("5s"),
+    "partition": "gpu",
+    "debug_limit": Duration("5m"),
+    "interval": Interval("0.5s"),
+}
+"""A value other than the default for each key that changes what a leader admits or runs."""
+
+
+@pytest.mark.parametrize("key", sorted(OTHERS))
+def test_every_admission_setting_changes_what_is_recorded(key: str) -> None:
+    other = msgspec.structs.replace(ServeConfig(), **{key: OTHERS[key]})
+    assert admission_of(other) != admission_of(ServeConfig())
+
+
+def test_what_stays_per_server_is_not_recorded_and_the_text_is_canonical() -> None:
+    here = ServeConfig(
+        listen="0.0.0.0:1", advertise="http://a:1", kafka="k:9092", max_batch=8,
+        log_format="json", sample_every=Interval("5s"),
+        privileged_groups=["b", "a", "b"], os_accounts={"z": "1", "a": "2"},
+    )  # fmt: skip
+    there = ServeConfig(privileged_groups=["a", "b"], os_accounts={"a": "2", "z": "1"})
+    assert admission_of(here) == admission_of(there)
+    assert list(json.loads(admission_of(here))) == sorted(json.loads(admission_of(here)))
+
+
+def _settings(config: ServeConfig) -> lease.Settings:
+    return lease.Settings(2.0, (3.0, 4.0), '{"executor":"agents"}', admission_of(config))
+
+
+def test_a_server_that_admits_otherwise_is_refused_naming_each_difference() -> None:
+    recorded = _settings(ServeConfig(min_uid=1000))
+    mine = _settings(ServeConfig(min_uid=1, root_jobs=True))
+    assert mine.differs(recorded)
+    why = lease.refusal(mine, recorded, "http://s0:8470", live=False)
+    assert why is not None
+    assert "min_uid 1000 (recorded) against 1 here" in why, why
+    assert "root_jobs false (recorded) against true here" in why, why
+    assert "recorded by the last leader, http://s0:8470" in why and "--new-settings" in why, why
+    live = lease.refusal(mine, recorded, "http://s0:8470", live=True)
+    assert live is not None and "the leader http://s0:8470 holds the lease now" in live, live
+    assert lease.refusal(recorded, recorded, "http://s0:8470", live=True) is None
+
+
+def test_a_row_from_before_the_admission_settings_refuses_nobody_for_them() -> None:
+    """The first take of a server of this version records them (`lease._TAKE`)."""
+    old_row = lease.Settings(2.0, (3.0, 4.0), '{"executor":"agents"}')
+    assert not _settings(ServeConfig(min_uid=1)).differs(old_row)
+    assert lease.refusal(_settings(ServeConfig(min_uid=1)), old_row, "s0", live=True) is None
+
+
+def test_the_executor_is_said_before_the_admission_settings() -> None:
+    recorded = _settings(ServeConfig(min_uid=1000))
+    mine = dataclasses.replace(_settings(ServeConfig(min_uid=1)), work='{"executor":"none"}')
+    why = lease.refusal(mine, recorded, "s0", live=False)
+    assert why is not None and "--executor none" in why, why
