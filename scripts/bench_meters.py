@@ -6,7 +6,10 @@ A real `gpuledger serve` (at `--nice`, 10 by default, like a service beside jobs
 one job at a time, 0.05 s apart, from 127.0.0.2, for `--seconds` in each of three rounds:
 idle; while 64 loopback addresses (127.0.1.1-127.0.4.16) loop `GET /v1/whoami` without a
 token on two kept-alive connections each (F2); while alice loops `GET /v1/nope` with her
-token, 8 pipelined on each of 16 connections (F3). The floods run in processes of their own
+token, 8 pipelined on each of 16 connections (F3); while alice sends submits with 200 KB
+bodies of 1-byte chunks on 16 connections (`chunked`, atk39-25 F4); while 16 tokenless
+connections of one /24 each send 20,000 pipelined `GET /v1/health` at once (`pipe20k`, F6).
+`--rounds` picks them. The floods run in processes of their own
 (at the same nice as the server). Prints, per round: bob's submits (all 200?) and their
 p50/p99, and the flood's answers by status.
 
@@ -16,6 +19,7 @@ p50/p99, and the flood's answers by status.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import multiprocessing
@@ -115,12 +119,74 @@ def pipelined(port: int, token: str, until: float, out: multiprocessing.Queue) -
     out.put(dict(seen))
 
 
+def chunky(port: int, token: str, until: float, out: multiprocessing.Queue) -> None:
+    """Alice's submits with 200 KB bodies of 1-byte chunks, one after another (atk39-25 F4)."""
+    seen: Counter[int] = Counter()
+    body = b'{"actor": "", "account": "ai2/olmo", "gpus": 1}' + b" " * 200_000
+    wire = (
+        (
+            f"POST /v1/commands/submit HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        ).encode()
+        + b"".join(b"1\r\n%c\r\n" % b for b in body)
+        + b"0\r\n\r\n"
+    )
+    while time.time() < until:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+                with contextlib.suppress(OSError):
+                    s.sendall(wire)  # refused at the head: the server closes while we send
+                seen[int(s.makefile("rb").readline().split()[1])] += 1
+        except (OSError, ValueError, IndexError):
+            seen[0] += 1
+            time.sleep(0.05)
+    out.put(dict(seen))
+
+
+def pipe20k(port: int, source: str, until: float, out: multiprocessing.Queue) -> None:
+    """20,000 tokenless `GET /v1/health` in one send, answers read until the round ends
+    (atk39-25 F6)."""
+    seen: Counter[int] = Counter()
+    wire = head("/v1/health", None) * 20_000
+    while time.time() < until:
+        try:
+            with socket.socket() as s:
+                s.bind((source, 0))
+                s.settimeout(max(0.1, until - time.time()))
+                s.connect(("127.0.0.1", port))
+                import threading
+
+                threading.Thread(target=_quiet_send, args=(s, wire), daemon=True).start()
+                f = s.makefile("rb")
+                while time.time() < until:
+                    status = int(f.readline().split()[1])
+                    length = 0
+                    while (line := f.readline()) not in (b"\r\n", b""):
+                        name, _, value = line.decode().partition(":")
+                        if name.lower() == "content-length":
+                            length = int(value)
+                    f.read(length)
+                    seen[status] += 1
+        except (OSError, ValueError, IndexError):
+            time.sleep(0.01)
+    out.put(dict(seen))
+
+
+def _quiet_send(s: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        s.sendall(data)
+
+
 def flood_procs(kind: str, port: int, token: str, until: float, out: multiprocessing.Queue):
-    if kind == "tokenless":
+    if kind == "chunked":
+        args, target = [(port, token, until, out) for _ in range(16)], chunky
+    elif kind == "pipe20k":
+        args, target = [(port, f"127.0.5.{a}", until, out) for a in range(1, 17)], pipe20k
+    elif kind == "tokenless":
         sources = [f"127.0.{p}.{a}" for p in range(1, 5) for a in range(1, 17)]
         args = [(port, s, until, out) for s in sources for _ in range(2)]
         target = tokenless
-    else:
+    else:  # account
         args = [(port, token, until, out) for _ in range(16)]
         target = pipelined
     # one process per 16 loops: the loops share a process's interpreter, not the probe's
@@ -173,6 +239,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--nice", type=int, default=10)
+    ap.add_argument("--rounds", default="idle,tokenless,account,chunked,pipe20k")
     a = ap.parse_args()
     print(f"# {machine()}; server and floods at nice {a.nice}, bob's probe at nice 0")
     with tempfile.TemporaryDirectory() as tmp:
@@ -184,7 +251,7 @@ def main() -> None:
         tokens = {who: cli(home, "token", "create", "--user", who) for who in ("alice", "bob")}
         proc, port = serve(home, a.nice, Path(tmp) / "serve.log")
         try:
-            for kind in ("idle", "tokenless", "account"):
+            for kind in a.rounds.split(","):
                 out: multiprocessing.Queue = multiprocessing.Queue()
                 until = time.time() + a.seconds + 1
                 procs = [] if kind == "idle" else flood_procs(kind, port, tokens["alice"],

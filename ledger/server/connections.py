@@ -15,7 +15,10 @@ until the process ran out of descriptors, when everyone's submits failed (issue 
   connection that does not finish a request's headers within that time (a request-side
   slowloris: uvicorn's keep-alive timer is reset by every byte), and one whose request body
   stops coming for that time or is not whole within six times it (`body_awaited`); a request's
-  line and headers are at most `HEADERS_MAX_BYTES` (64 KiB: 431, closed).
+  line and headers are at most `HEADERS_MAX_BYTES` (64 KiB) and `HEADER_LINES_MAX` (100)
+  lines (431, closed), its body needs a Content-Length (`protocol.body_length`: a
+  Transfer-Encoding is 411), checked on the raw bytes before the parser (`protocol`, which
+  also gives the parser one pipelined request at a time).
 - **Connections are capped**: `max_connections` (`GPULEDGER_MAX_CONNECTIONS`, 1,024) open at
   once over TCP, the next answered 503 in one line and closed at once; the Unix socket has
   `local_reserve` (`GPULEDGER_LOCAL_CONNECTIONS`, 64) more that TCP never takes (an outsider
@@ -424,6 +427,9 @@ class Counts:
     dropped_stalled: int = 0
     dropped_no_request: int = 0
     dropped_no_body: int = 0
+    refused_head: dict[str, int] = field(default_factory=lambda: {"headers": 0, "length": 0})
+    """Requests refused before they were parsed (`protocol.body_length`): "headers" (431: past
+    64 KiB or 100 lines), "length" (411 for a Transfer-Encoding, 400 for a bad Content-Length)."""
 
 
 class Connection:

@@ -624,7 +624,8 @@ class ConnectionCounts(Collector):
         refused = CounterMetricFamily(
             "gpuledger_connections_refused",
             "Connections and requests refused: the server's cap (503), the caller's, a source's"
-            " connections or requests without a token (429).",
+            " connections or requests without a token (429), a request's head before it is"
+            " parsed (headers: 431; length: 411, 400).",
             labels=["reason"],
         )
         refused.add_metric(["server_full"], c.counts.refused_full)
@@ -632,6 +633,8 @@ class ConnectionCounts(Collector):
         refused.add_metric(["per_address"], c.counts.refused_address)
         refused.add_metric(["anonymous_rate"], c.counts.refused_anonymous)
         refused.add_metric(["account_rate"], c.counts.refused_account)
+        for reason, n in c.counts.refused_head.items():  # before the parser: 431, 411, 400
+            refused.add_metric([reason], n)
         yield refused
         by = CounterMetricFamily(
             "gpuledger_connections_anonymous_refused",

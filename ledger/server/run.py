@@ -36,7 +36,6 @@ from typing import IO, Any
 
 import msgspec
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ledger.agent import local
 from ledger.core import runas
@@ -48,19 +47,10 @@ from ledger.engines.gpu_util import UtilSource, pick_source
 from ledger.engines.none import NoExecutor
 from ledger.engines.supervised import SupervisedExecutor, handled_jobs
 from ledger.server import identity, whatifs
-from ledger.server.app import PEER_UID, create_asgi
-from ledger.server.connections import (
-    CONN,
-    HEADERS_MAX_BYTES,
-    Connection,
-    Connections,
-    Limits,
-    answer,
-    fit_files,
-    limits_from_env,
-    source_of,
-)
+from ledger.server.app import create_asgi
+from ledger.server.connections import Limits, fit_files, limits_from_env
 from ledger.server.ha import HAFront, Leadership
+from ledger.server.protocol import protocol_for
 from ledger.server.worker import Worker
 from ledger.store import lease, locate
 from ledger.store.application import Ledger
@@ -71,97 +61,6 @@ from schemas.bounds import MAX_ARRAY_TASKS
 from schemas.errors import InvalidCommand, LedgerError
 
 log = logging.getLogger("gpuledger.server")
-
-
-class PeerCredProtocol(HttpToolsProtocol):
-    """uvicorn's HTTP protocol, plus the caller's uid from the kernel on Unix sockets, and the
-    connection counted and watched (`ledger.server.connections`: the caps, a send that stalls,
-    a request whose headers do not come). `ours` is set on the subclass `serve` makes
-    (`protocol_for`); uvicorn's own `connections` is its set of protocols."""
-
-    peer: int | None = None
-    ours: Connections
-    conn: Connection | None = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        sock = transport.get_extra_info("socket")
-        self.peer = None
-        local = sock is not None and sock.family == socket.AF_UNIX
-        if local:
-            self.peer = identity.peer_uid(sock)
-            source, admin = self.ours.whose_uid(self.peer)
-        else:
-            admin = False
-            source = source_of(transport.get_extra_info("peername"))
-            if sock is not None:
-                # a response whose parts are written apart must not wait for the client's
-                # delayed ACK (Nagle: ~40 ms per request)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        # None: over a cap, answered and closed
-        self.conn = self.ours.made(transport, source, local=local, admin=admin)
-        super().connection_made(self.conn or transport)  # type: ignore[arg-type]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.conn is not None:
-            self.conn.lost()
-        super().connection_lost(exc)
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._header_bytes = 0
-        if self.peer is not None:
-            self.scope[PEER_UID] = self.peer  # type: ignore[literal-required]
-        if self.conn is not None:
-            self.scope[CONN] = self.conn  # type: ignore[literal-required]
-
-    def on_url(self, url: bytes) -> None:
-        if self._headers_within(len(url)):
-            super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self._headers_within(len(name) + len(value) + 4):
-            super().on_header(name, value)
-
-    def _headers_within(self, more: int) -> bool:
-        """Count a request's line and headers: past `HEADERS_MAX_BYTES`, one 431 line and the
-        connection closed, nothing more kept (atk36-25 F5)."""
-        self._header_bytes = getattr(self, "_header_bytes", 0) + more
-        if self._header_bytes <= HEADERS_MAX_BYTES:
-            return True
-        if not self.transport.is_closing():
-            err = InvalidCommand(
-                f"the request's line and headers pass {HEADERS_MAX_BYTES // 1024} KiB",
-                hint="send fewer or shorter headers",
-            )
-            self.transport.write(answer(431, "Request Header Fields Too Large", err, None))
-            self.transport.close()
-        return False
-
-    def on_headers_complete(self) -> None:
-        if self.conn is not None:
-            self.conn.body_awaited()
-        super().on_headers_complete()
-
-    def on_body(self, body: bytes) -> None:
-        if self.conn is not None:
-            self.conn.body_came()
-        super().on_body(body)
-
-    def on_message_complete(self) -> None:
-        if self.conn is not None:
-            self.conn.body_done()
-        super().on_message_complete()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        idle = self.cycle is None or self.cycle.response_complete  # no request parsed waits
-        if self.conn is not None and idle and not self.transport.is_closing():
-            self.conn.awaiting_request()
-
-
-def protocol_for(connections: Connections) -> type[PeerCredProtocol]:
-    """The protocol class of a server whose listeners share `connections`."""
-    return type("Protocol", (PeerCredProtocol,), {"ours": connections})
 
 
 class _Once(logging.Filter):

@@ -459,3 +459,28 @@ def test_waiting_connections_count_in_the_total_and_one_address_holds_a_cap_of_t
     for conn in range(9):
         t.closed(conn)
     assert not (t.open or t.waiting or t.unheard or t.sources or t.source)
+
+
+@pytest.mark.parametrize(
+    ("head", "want"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: t\r\n\r\n", 0),
+        (b"POST / HTTP/1.1\r\nHost: t\r\ncontent-length: 12\r\n\r\n", 12),
+        (b"POST / HTTP/1.1\r\nContent-Length:  7 \r\n\r\n", 7),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 411),
+        (b"POST / HTTP/1.1\r\ntransfer-encoding : identity\r\n\r\n", 411),
+        (b"POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", 411),
+        (b"POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n", 400),
+        (b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400),
+        (b"POST / HTTP/1.1\r\nContent-Length: 0x10\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\n" + b"a:b\r\n" * 100 + b"\r\n", 0),
+        (b"GET / HTTP/1.1\r\n" + b"a:b\r\n" * 101 + b"\r\n", 431),
+    ],
+)
+def test_a_requests_head_gives_its_body_length_or_its_refusal(head: bytes, want: int) -> None:
+    """atk39-25 F1, F4: the head is judged on its raw bytes, before the parser's Python calls
+    per header line and per body chunk."""
+    from ledger.server.protocol import Refusal, body_length
+
+    got = body_length(head)
+    assert (got.status if isinstance(got, Refusal) else got) == want

@@ -74,8 +74,18 @@ function token() {
   return localStorage.getItem(TOKEN_KEY);
 }
 
-async function api(path) {
+// A read refused 429 is asked again after the Retry-After the server gives (at most 5 s, with
+// jitter), twice: a person's reads are 2 at once (docs/security.md, row T5), and her own tabs
+// refreshing together were refused each other's turn ("could not update", atk39-25 F3).
+const RETRIES_429 = 2;
+
+async function api(path, retries = RETRIES_429) {
   const resp = await fetch(path, { headers: { Authorization: `Bearer ${token()}` } });
+  if (resp.status === 429 && retries > 0) {
+    const wait = Math.min(5, Number(resp.headers.get("Retry-After")) || 1);
+    await new Promise((done) => setTimeout(done, wait * 1000 * (0.5 + Math.random())));
+    return api(path, retries - 1);
+  }
   if (resp.status === 401) {
     localStorage.removeItem(TOKEN_KEY);
     location.assign(`/ui/login?next=${encodeURIComponent(location.pathname + location.search)}`);

@@ -1,0 +1,118 @@
+"""Red team, a person's own dashboard tabs (threat model row T5, docs/security.md; issue 25,
+atk39-25 F3): a person's reads are 2 at once, and her own tabs refreshing together were refused
+each other's turn: "could not update: 'X' has 2 queries running already" until the next poll.
+Against a real `gpuledger serve` in Debian's chromium (Playwright): while two of alice's reads
+are held (two 10,000-row pages she does not read), her queue tab is refused, then served once
+they end, and never says "could not update"; the bound itself stays (a third raw read 429)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import sync_playwright
+
+from ledger.store.application import Ledger
+from schemas import commands as c
+from tests.integration.security.test_security_connections import answer
+from tests.integration.serverkit import Server, make_token, set_up_ledger, start_server
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+PAGE = "/v1/jobs?limit=10000"
+"""About 2.4 MB: more than the kernel's buffers hold for a client that reads nothing."""
+
+
+@dataclass
+class World:
+    server: Server
+    tokens: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    tmp = tmp_path_factory.mktemp("tabs")
+    home = tmp / "ledger"
+    set_up_ledger(home, tmp)
+    ledger = Ledger(home)
+    try:
+        submit = c.SubmitJob(actor="bob", account="ai2/olmo", gpus=8, min_runtime_s=3600,
+                             labels={"note": "x" * 400})  # fmt: skip
+        for _ in range(30):
+            ledger.execute_all([submit] * 100)
+    finally:
+        ledger.close()
+    tokens = {who: make_token(home, "--user", who) for who in ("alice",)}
+    server = start_server(home, "--interval", "0.5s", env={"GPULEDGER_SEND_STALL_S": "30"})
+    try:
+        yield World(server, tokens)
+    finally:
+        assert server.stop() == 0
+
+
+def unread_page(w: World) -> socket.socket:
+    """A connection of alice's asking four 10,000-row pages and reading none of them (more
+    than the kernel's buffers hold): one of her reads admitted is held until it is closed."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", w.server.port))
+    s.sendall(f"GET {PAGE} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer "
+              f"{w.tokens['alice']}\r\n\r\n".encode() * 4)  # fmt: skip
+    return s
+
+
+def third_read(w: World) -> int:
+    with socket.create_connection(("127.0.0.1", w.server.port)) as s:
+        s.sendall(f"GET /v1/jobs?limit=1 HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer "
+                  f"{w.tokens['alice']}\r\n\r\n".encode())  # fmt: skip
+        return answer(s)[0]
+
+
+def test_a_persons_tab_refused_by_her_own_reads_is_served_once_they_end(world: World) -> None:
+    w = world
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"chromium is not installed ({CHROMIUM})", pytrace=False)
+    held = [unread_page(w), unread_page(w)]
+    try:
+        deadline = time.monotonic() + 30
+        while third_read(w) != 429:  # both held: the bound is real
+            assert time.monotonic() < deadline, "alice's two reads were never held"
+            time.sleep(0.2)
+        args = ["--no-sandbox"] if os.geteuid() == 0 else []
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=args)
+            try:
+                ctx = browser.new_context()
+                ctx.add_init_script(
+                    f"localStorage.setItem('gpuledger.token', {json.dumps(w.tokens['alice'])});"
+                    # every line the status shows, kept
+                    "window.__said = []; new MutationObserver(() => { const s = "
+                    "document.getElementById('status'); if (s) window.__said.push(s.textContent)"
+                    "}).observe(document, {subtree: true, childList: true, characterData: true});"
+                )
+                page = ctx.new_page()
+                refused: list[str] = []
+                page.on("response", lambda r: refused.append(r.url) if r.status == 429 else None)
+                page.goto(w.server.url + "/ui/queue")
+                deadline = time.monotonic() + 20
+                while not refused:  # the tab's first read refused: alice's two are held
+                    assert time.monotonic() < deadline, "the tab's reads were never refused"
+                    page.wait_for_timeout(50)
+                for s in held:
+                    s.close()
+                held.clear()
+                page.wait_for_selector("#queue tbody tr", timeout=20_000)
+                said = page.evaluate("window.__said")
+            finally:
+                browser.close()
+    finally:
+        for s in held:
+            s.close()
+    assert not [x for x in said if "could not update" in x], said
+    assert any(x.startswith("updated") for x in said), said
