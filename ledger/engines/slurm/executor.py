@@ -21,6 +21,7 @@ from ledger.engines.slurm import tracked
 from ledger.engines.slurm.ends import Ending, answering, kill_wait, sacct_end
 from ledger.engines.slurm.foreign import others
 from ledger.engines.slurm.launching import (
+    ALIVE,
     CANNOT_ENTER,
     CANNOT_OPEN,
     CANNOT_START,
@@ -28,6 +29,7 @@ from ledger.engines.slurm.launching import (
     LAUNCHED,
     SIGNALLED,
     STOPPING,
+    MarksSeen,
     mark_stopping,
     marked,
     never_ran,
@@ -49,6 +51,7 @@ from ledger.engines.slurm.stops import (
     ended_by_itself,
     gpus_differ,
     grace_of,
+    in_service,
     no_grace,
     node_failed,
     placed_gpus,
@@ -190,7 +193,7 @@ class SlurmExecutor:
         """How long at most the runs of a node Slurm gives up stay in doubt (`ends`)."""
         self._answering: dict[str, float] = {}  # node -> since when its slurmd answers
         self._quarantine = Quarantine()  # GPUs of runs ended by their own record on NODE_FAIL
-        self._notes: dict[str, float] = {}  # Slurm id -> the first read that saw its signal note
+        self._seen = MarksSeen()  # NODE_FAIL runs' signal notes and heartbeats, as first read
         self.launch_confirm_s = 10.0
         """A run Slurm shows RUNNING is recorded started once its batch script marked its launch
         (`_launched`), or after this long running unmarked (a node that does not share the
@@ -275,7 +278,7 @@ class SlurmExecutor:
             found = self.nodes()
         except EngineError as err:
             log.warning("slurm nodes: %s; keeping the nodes as they are", err.line())
-            return [], _every(nodes)
+            return [], in_service(nodes)
         self._answering = answering(((n.name, n.unresponsive) for n in found), self._answering, now)
         self._quarantine.refresh(self._answering, self.kill_wait_s, now)
         unseen = frozenset(n.name for n in found if n.unresponsive and not n.down)
@@ -351,14 +354,15 @@ class SlurmExecutor:
                                        self._pinned, "", self._grace_of(r),
                                        self.max_time_s)]  # fmt: skip
         checkpoint = self._checkpoint_file(job.job_id, job.run, who)
-        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED, STOPPING, CANNOT_OPEN)
-        launched, no_dir, no_cmd, ended, signalled, stop, no_file = (
+        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED, STOPPING, CANNOT_OPEN,
+                 ALIVE)  # fmt: skip
+        launched, no_dir, no_cmd, ended, signalled, stop, no_file, alive = (
             str(checkpoint.with_name(m)) for m in marks
         )
         umask = own_umask() if job.umask is None else job.umask  # the submitter's, as sbatch's
         script = batch_script(job, who, str(checkpoint), launched, umask, no_dir, no_cmd, ended,
                               signalled, stop, claimed.files(r.logs), mask, no_file,
-                              claimed.workdir)  # fmt: skip
+                              claimed.workdir, alive)  # fmt: skip
         said = self._run(args, stdin=script, env=sbatch_env(self.env, mask))
         r.slurm_id = said.strip().split(";")[0]
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, r.slurm_id)
@@ -428,7 +432,7 @@ class SlurmExecutor:
             self._hold_leaked()
             self._read_max_time(now)
             if self._settle_until is not None and now < self._settle_until:
-                unseen = _every(nodes)  # what ended meanwhile is recorded; nothing is decided
+                unseen = in_service(nodes)  # what ended meanwhile is recorded; nothing is decided
             else:
                 self._settle_until = None
         else:  # slurmctld does not answer: nothing is decided about what it runs (outage)
@@ -497,7 +501,7 @@ class SlurmExecutor:
             foreign=self._foreign,
             stopping=stopping_gpus(self._stopping, self._view, self._pinned),
             running=frozenset(self._runs),
-            unobserved=_every(nodes),
+            unobserved=in_service(nodes),
             longest_s=self.max_time_s,
         )
 
@@ -651,7 +655,7 @@ class SlurmExecutor:
                 self._quarantine.hold(failed, j, st.gpus)
                 del self._stopping[slurm_id]
                 self._reported.add(slurm_id)
-                self._notes.pop(slurm_id, None)
+                self._seen.forget(slurm_id)
                 forget_stop(self.log_dir, slurm_id)
                 seen = self._completing.pop(slurm_id, None)
                 if j is not None and st.run is not None and j.started:  # its processes' end
@@ -704,7 +708,7 @@ class SlurmExecutor:
             return
         del self._runs[r.job_id]
         self._completing.pop(j.slurm_id, None)
-        self._notes.pop(j.slurm_id, None)
+        self._seen.forget(j.slurm_id)
         self._quarantine.hold(ending, j, placed_gpus(r.launch, j, self._pinned))
         log.info("job %s (Slurm job %s, NODE_FAIL) ended %s at %s: %s", r.job_id, j.slurm_id,
                  ending.reason, when(ending.at), ending.note)  # fmt: skip
@@ -716,7 +720,7 @@ class SlurmExecutor:
         """How a run Slurm ended NODE_FAIL really ended, from its marks (`node_fail_end`)."""
         return None if tag is None or j is None else node_fail_end(
             self._checkpoint_file(*tag).parent, launch, started_at, j, self._answering,
-            self.kill_wait_s, now, self.slurmd_timeout_s, self._notes)  # fmt: skip
+            self.kill_wait_s, now, self.slurmd_timeout_s, self._seen)  # fmt: skip
 
     def _past_limit(self, r: Run, now: float) -> bool:
         """Whether a run has reached its limit and is not being stopped yet. The executor keeps
@@ -793,8 +797,3 @@ class SlurmExecutor:
     def shutdown(self, now: float) -> list[Exit]:
         """Slurm runs on without us; the next start adopts the runs."""
         return []
-
-
-def _every(nodes: Mapping[str, Node]) -> frozenset[str]:
-    """Pure: the ledger's nodes in service (all of them are the partition's)."""
-    return frozenset(n for n, x in nodes.items() if x.state != "removed")

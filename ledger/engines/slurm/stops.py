@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Mapping, Set
 from dataclasses import dataclass, field
 
-from ledger.core.state import State, StoppedRun
+from ledger.core.state import Node, State, StoppedRun
 from ledger.cycle.executor import Exit, Launch
 from ledger.engines.slurm.ends import Ending, OwnEnd, surely_gone
 from ledger.engines.slurm.words import (
@@ -159,6 +159,11 @@ def unplaceable(launch: Launch, unusable: Set[str]) -> str:
     counts lost or Slurm shows DOWN (atk39-24 F3: a restart submitted a placement onto a lost
     node, beside runs in doubt there; Slurm starts it as soon as the node returns)."""
     return next((sl.node for sl in launch.slots if sl.node in unusable), "")
+
+
+def in_service(nodes: Mapping[str, Node]) -> frozenset[str]:
+    """Pure: the ledger's nodes in service (all of them are the partition's)."""
+    return frozenset(n for n, x in nodes.items() if x.state != "removed")
 
 
 def lost_in(state: State) -> frozenset[str]:
