@@ -18,7 +18,7 @@ from ledger.core.state import Node, StoppedRun
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
 from ledger.engines.accounts import RunAs, own_log, own_umask
 from ledger.engines.slurm import tracked
-from ledger.engines.slurm.ends import Ending, answering, kill_wait, sacct_end
+from ledger.engines.slurm.ends import Ending, answering, kill_wait
 from ledger.engines.slurm.foreign import others
 from ledger.engines.slurm.launching import (
     ALIVE,
@@ -61,11 +61,10 @@ from ledger.engines.slurm.stops import (
     stopping_gpus,
     tagged,
     unplaceable,
+    vanished_end,
 )
 from ledger.engines.slurm.tracked import Run, forget_stop, note_stop, noted_stop
 from ledger.engines.slurm.words import (
-    ENDED,
-    HOLDING,
     UNTRACKED_OK,
     WAITING,
     SbatchUser,
@@ -83,7 +82,6 @@ from ledger.engines.slurm.words import (
     sbatch_args,
 )
 from schemas.errors import EngineError
-from schemas.events import EndReason
 from schemas.units import when
 
 log = logging.getLogger("gpuledger.slurm")
@@ -513,9 +511,10 @@ class SlurmExecutor:
             log.warning("not carrying out orders of epoch %d: the lease ran out", orders.epoch)
             return ()
         for job_id in orders.stops:
-            r = self._runs.pop(job_id, None)
+            r = self._runs.get(job_id)
             if r is not None and r.slurm_id is not None:
                 self._signal(r.slurm_id, now, self._grace_of(r), (r.job_id, r.run))
+            self._runs.pop(job_id, None)
         for job in orders.launches:
             old = self._runs.get(job.job_id)
             if old is not None and old.slurm_id is not None and old.run != job.run:
@@ -543,7 +542,10 @@ class SlurmExecutor:
         begun = now if since is None else min(since, now)
         if slurm_id not in self._stopping and run is not None and since is None:
             note_stop(self.log_dir, slurm_id, now)  # a restart gives it only what is left
-        stopping = self._stopping.setdefault(slurm_id, Stopping(begun, grace_s=grace, run=run))
+        seen = next((r.seen_running_at for r in self._runs.values() if r.slurm_id == slurm_id),
+                    None)  # fmt: skip
+        stopping = self._stopping.setdefault(slurm_id, Stopping(begun, grace_s=grace, run=run,
+                                                                seen_running_at=seen))  # fmt: skip
         try:
             if job is not None and job.state in WAITING:
                 self._run(["scancel", slurm_id])  # never ran: nothing to save
@@ -646,6 +648,8 @@ class SlurmExecutor:
         for slurm_id, st in list(self._stopping.items()):
             j = self._view.get(slurm_id)
             st.gpus = (held_gpus(j, self._pinned) if j is not None else {}) or st.gpus
+            if j is not None and j.holding and not j.ended and now >= (self._settle_until or 0):
+                st.seen_running_at = now  # (`real_end`: a stopped run's end in an outage, F6)
             failed = self._how_failed(st.run, None, None, j, now) if node_failed(st, j) else None
             if node_failed(st, j) and failed is None:  # its processes may live: held (F7)
                 if not st.in_doubt:
@@ -662,7 +666,8 @@ class SlurmExecutor:
                     itself = failed is None and ended_by_itself(
                         own_end(self._checkpoint_file(*st.run).parent), j, st.term_refused
                     )
-                    self._stopped.append(stopped_end(st, j, now, seen, failed, itself))
+                    self._stopped.append(stopped_end(st, j, now, seen, failed, itself,
+                                                     (self._away, self.settle_s)))  # fmt: skip
                     if itself and j.exit_code == 0:  # it may complete its job (F3)
                         self._completed.add(st.run[0])
             elif not st.cancelled and now - st.since >= st.grace_s:
@@ -753,22 +758,17 @@ class SlurmExecutor:
     def _vanished(self, r: Run, now: float) -> None:
         """A run Slurm no longer lists (past MinJobAge, or the controller lost its state)."""
         assert r.slurm_id is not None
-        state, code, at = "", -1, now
+        rows = ""
         if self._accounting:
             try:
                 rows = self._run(
                     ["sacct", "-n", "-P", "-X", "-j", r.slurm_id, "-o", "State,ExitCode,End"]
                 )
-                state, code, at = sacct_end(rows, now)
             except EngineError as err:
                 log.warning("sacct: %s", err.line())
-        if state in WAITING or state in HOLDING:
-            return
-        del self._runs[r.job_id]
-        reason: EndReason = end_reason(state) if state in ENDED else "lost"
-        if r.limited and state in ENDED:
-            reason = "time_limit"
-        self._exits.append(Exit(r.job_id, code, at, reason, r.slurm_id, state or "UNKNOWN"))
+        if (gone := vanished_end(r, r.slurm_id, rows, now)) is not None:
+            del self._runs[r.job_id]
+            self._exits.append(gone)
 
     def heard_from(self) -> Mapping[str, float]:
         return {}
