@@ -50,7 +50,7 @@ SLURM_SECONDS: dict[str, float] = {
     "test_slurm_faults": 311,
     "test_slurm_foreign_work": 81,
     "test_slurm_nodefail": 561,
-    "test_slurm_nodefail_kill": 240,
+    "test_slurm_nodefail_kill": 330,
     "test_slurm_opening": 202,
     "test_slurm_records": 162,
     "test_slurm_stops": 460,

@@ -246,6 +246,13 @@ def test_a_node_failed_runs_own_end_record_keeps_its_gpus_until_slurms_kill_has_
     assert q.held == {"vm": (0, 1)}
     q.refresh({"vm": end + 5.0}, kw, end + 15.0)
     assert q.held == {} and q.runs == {}
+    # atk39-24 F5: Slurm's kill never came and the run, its record forged, still beats
+    q.hold(forged, j, {"vm": (0, 1)})
+    beats = {j.slurm_id: end + 50.0}
+    q.refresh({"vm": end + 5.0}, kw, end + 60.0, lambda sid, now: beats.get(sid))
+    assert q.held == {"vm": (0, 1)}  # beat 10 s ago
+    q.refresh({"vm": end + 5.0}, kw, end + 65.0, lambda sid, now: beats.get(sid))
+    assert q.held == {} and q.runs == {}  # its heartbeat stopped 15 s ago
 
 
 def test_the_executor_holds_what_the_quarantine_holds(tmp_path: Path) -> None:

@@ -278,7 +278,7 @@ class SlurmExecutor:
             log.warning("slurm nodes: %s; keeping the nodes as they are", err.line())
             return [], in_service(nodes)
         self._answering = answering(((n.name, n.unresponsive) for n in found), self._answering, now)
-        self._quarantine.refresh(self._answering, self.kill_wait_s, now)
+        self._quarantine.refresh(self._answering, self.kill_wait_s, now, self._beat)
         unseen = frozenset(n.name for n in found if n.unresponsive and not n.down)
         return node_changes(found, nodes, self.fence_s), unseen
 
@@ -333,9 +333,10 @@ class SlurmExecutor:
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
         return never_ran(j, r.launch, r.logs, run_dir, r.started, self.launch_confirm_s)
 
-    def _read_checkpoints(self) -> list[int]:
-        """The running jobs that touched their checkpoint file since the last read."""
-        return tracked.touched(self._runs.values(), self._checkpoint_file)
+    def _beat(self, slurm_id: str, now: float) -> float | None:
+        """A run's last heartbeat (`MarksSeen.beat`; None without one, or unknown to Slurm)."""
+        tag = j.tag(self.ledger_id) if (j := self._view.get(slurm_id)) is not None else None
+        return None if tag is None else self._seen.beat(self._checkpoint_file(*tag).parent, slurm_id, now)  # fmt: skip  # noqa: E501
 
     def _submit(self, r: Run) -> None:
         assert r.launch is not None
@@ -437,7 +438,7 @@ class SlurmExecutor:
             self._probe.begin(now)
             return self._blind(nodes)
         starts, self._starts = self._starts, []
-        checkpoints = self._read_checkpoints()
+        checkpoints = tracked.touched(self._runs.values(), self._checkpoint_file)  # since last read
         exits, self._exits = self._exits, []
         stopped, self._stopped = self._stopped, []
         changes, exits, unseen = self._own_ends_first(changes, exits, unseen, now)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ledger.core.state import Node, State, StoppedRun
 from ledger.cycle.executor import Exit, Launch
-from ledger.engines.slurm.ends import Ending, OwnEnd, sacct_end, surely_gone
+from ledger.engines.slurm.ends import BEAT_STALE_S, Ending, OwnEnd, sacct_end, surely_gone
 from ledger.engines.slurm.tracked import Run
 from ledger.engines.slurm.words import (
     ENDED,
@@ -308,7 +308,8 @@ def gpus_differ(launch: Launch | None, j: SlurmJob) -> str:
 class Quarantine:
     """GPUs of runs Slurm ended NODE_FAIL whose end came from their own record (`Ending.
     own_record`): held, though the run is recorded ended, until `ends.surely_gone` says Slurm's
-    kill has landed. Slurm id -> (node -> indices, Slurm's EndTime)."""
+    kill has landed and its heartbeat, if it has one, has stopped (`refresh`). Slurm id ->
+    (node -> indices, Slurm's EndTime)."""
 
     runs: dict[str, tuple[Mapping[str, tuple[int, ...]], float | None]] = field(
         default_factory=dict
@@ -325,14 +326,23 @@ class Quarantine:
     held: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """The GPUs still held (node -> indices), as of the last `refresh`."""
 
-    def refresh(self, answering: Mapping[str, float], kill_wait_s: float, now: float) -> None:
-        """Forget the runs surely gone (`answering`: node -> since when its slurmd answers);
-        `held` is what the others hold."""
+    def refresh(
+        self,
+        answering: Mapping[str, float],
+        kill_wait_s: float,
+        now: float,
+        beat: Callable[[str, float], float | None] = lambda _, __: None,
+    ) -> None:
+        """Forget the runs surely gone (`answering`: node -> since when its slurmd answers) whose
+        heartbeat, if they have one (`beat`: Slurm id, now -> its last beat), is `BEAT_STALE_S`
+        old: a record written while the run lives, on a node whose kill never comes, must not
+        free its GPUs (atk39-24 F5); `held` is what the others hold."""
         out: dict[str, tuple[int, ...]] = {}
         for slurm_id, (gpus, end) in list(self.runs.items()):
             since = [answering.get(n) for n in gpus]
             first = None if None in since else max(s for s in since if s is not None)
-            if surely_gone(end, first, kill_wait_s, now):
+            last = beat(slurm_id, now) if surely_gone(end, first, kill_wait_s, now) else now
+            if last is None or now >= last + BEAT_STALE_S:
                 del self.runs[slurm_id]
                 continue
             for node, idx in gpus.items():
