@@ -9,6 +9,8 @@ Real Slurm (KillWait=10), `gpuledger up --executor slurm`."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -181,3 +183,37 @@ def test_a_requeued_run_that_completes_while_the_service_is_down_completes_its_j
     assert ledger.jobs()[1]["finish_reason"] == "completed", ledger.jobs()[1]
     (ended,) = ledger.of("job.run_ended.v1", 1)
     assert ended["run"] == 0 and ended["by_itself"] and ended["exit_code"] == 0, ended
+
+
+def test_a_stopped_run_that_ends_by_itself_in_an_outage_is_recorded_ended_when_last_seen(
+    ledger: Ledger,
+) -> None:
+    """atk39-24 F6: slurmctld is killed, a resumable job is requeued meanwhile (its SIGTERM
+    cannot be sent), and its command ends by itself, exit 0; the controller comes back 8 s
+    later. The job is completed, run once, and its run's end is not the late EndTime at which
+    the controller heard of it (it was): it is when the ledger last saw it running, before
+    its real end."""
+    work = ledger.work
+    cl = ledger.cluster
+    ledger.up()
+    ledger.submit("alice", 1, f"echo $GPULEDGER_RUN >> {work}/runs; "
+                  f"while [ ! -e {work}/go ]; do sleep 0.2; done; date +%s.%N >> {work}/end",
+                  "--resumable", "--min-runtime", "0s")  # fmt: skip
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    time.sleep(8)  # slurmctld saves its state a few seconds after a change
+    os.kill(cl.daemon_pid("slurmctld"), signal.SIGKILL)
+    ledger.wait("the outage to be seen", lambda: "outage" in ledger.cli("status"), timeout=90)
+    ledger.cli("requeue", "1")
+    time.sleep(1)
+    (work / "go").touch()
+    ledger.wait("its own end", lambda: bool(_times(work / "end")))
+    (real,) = _times(work / "end")
+    time.sleep(8)
+    cl.up()
+    ledger.wait("the job's end", lambda: status(ledger, 1) == "finished", timeout=180)
+    (ended,) = ledger.of("job.run_ended.v1", 1)
+    assert ended["by_itself"] and ended["exit_code"] == 0, ended
+    assert ended["ended_at"] <= real + 1.0, (ended, real)
+    assert ledger.jobs()[1]["outcome"] == "completed", ledger.jobs()[1]
+    time.sleep(3)  # a second run would be submitted by now
+    assert (work / "runs").read_text().split() == ["0"]

@@ -246,6 +246,13 @@ def test_a_node_failed_runs_own_end_record_keeps_its_gpus_until_slurms_kill_has_
     assert q.held == {"vm": (0, 1)}
     q.refresh({"vm": end + 5.0}, kw, end + 15.0)
     assert q.held == {} and q.runs == {}
+    # atk39-24 F5: Slurm's kill never came and the run, its record forged, still beats
+    q.hold(forged, j, {"vm": (0, 1)})
+    beats = {j.slurm_id: end + 50.0}
+    q.refresh({"vm": end + 5.0}, kw, end + 60.0, lambda sid, now: beats.get(sid))
+    assert q.held == {"vm": (0, 1)}  # beat 10 s ago
+    q.refresh({"vm": end + 5.0}, kw, end + 65.0, lambda sid, now: beats.get(sid))
+    assert q.held == {} and q.runs == {}  # its heartbeat stopped 15 s ago
 
 
 def test_the_executor_holds_what_the_quarantine_holds(tmp_path: Path) -> None:
@@ -262,3 +269,27 @@ def test_the_executor_holds_what_the_quarantine_holds(tmp_path: Path) -> None:
     assert ex._held().get("vm") == {0, 1}
     ex._quarantine.refresh({"vm": j.end_time}, 10.0, j.end_time + 12.0)
     assert not ex._held().get("vm")
+
+
+def test_a_stopped_run_that_ends_by_itself_in_an_outage_ends_when_last_seen_running() -> None:
+    """atk39-24 F6: a run requeued while slurmctld was away ended by itself then; the returning
+    controller gave it the EndTime at which it heard (here 7 s after its real end, inside the
+    settle time). It is recorded ended when last seen running, as any run so ending is
+    (`real_end`); not one the executor's `scancel` killed, nor one a stop begun after the
+    outage ended, nor an end after the settle time."""
+    (j,) = parse_jobs(KILLED.replace("CANCELLED", "COMPLETED").replace("0:9", "0:0"))
+    assert j.end_time is not None
+    seen, away = j.end_time - 20.0, (j.end_time - 19.0, j.end_time - 1.0)
+    st = Stopping(since=j.end_time - 15.0, grace_s=60.0, run=(7, 0), seen_running_at=seen)
+    now = j.end_time + 3.0
+    assert stopped_end(st, j, now, by_itself=True, outage=(away, 30.0)).at == seen
+    assert stopped_end(st, j, now, by_itself=True).at == j.end_time  # no outage: Slurm's
+    late = Stopping(since=away[1] + 0.5, grace_s=60.0, run=(7, 0), seen_running_at=seen)
+    assert stopped_end(late, j, now, outage=(away, 30.0)).at == j.end_time
+    assert stopped_end(late, j, now, by_itself=True, outage=(away, 30.0)).at == seen
+    killed = Stopping(since=st.since, grace_s=2.0, run=(7, 0), seen_running_at=seen,
+                      cancelled=True, killed=True)  # fmt: skip
+    assert stopped_end(killed, j, now, outage=(away, 30.0)).at == j.end_time
+    long_ago = (j.end_time - 100.0, j.end_time - 60.0)  # the EndTime after its settle time
+    old = Stopping(since=j.end_time - 90.0, grace_s=60.0, run=(7, 0), seen_running_at=seen - 90)
+    assert stopped_end(old, j, now, outage=(long_ago, 30.0)).at == j.end_time

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from ledger.cycle.executor import Launch
-from ledger.engines.slurm.ends import Ending, OwnEnd, node_fail_ending
+from ledger.engines.slurm.ends import BEAT_EVERY_S, Ending, OwnEnd, node_fail_ending
+from ledger.engines.slurm.launching import MarksSeen
 from ledger.engines.slurm.script import batch_script
 from schemas.events import GpuSlot
 
@@ -31,6 +32,7 @@ class Case:
     answering_since: float | None = 0.0
     now: float = END + 1.0
     confirm_s: float = 0.0  # SlurmdTimeout: how long a slurmd seen answering may be dead unseen
+    beat_at: float | None = None  # its heartbeat's last beat (None: it has none)
     want: tuple[int, float, str] | None = None  # (exit code, end, reason); None: wait
 
 
@@ -160,6 +162,45 @@ CASES = {
         now=END + 110.0,
         want=(0, END + 110.0, "node_failure"),
     ),
+    # atk39-24 F5: an admin's DOWN, slurmd killed 0.3 s later (its TERM noted, its SIGKILL never
+    # sent) and restarted within seconds: the node returns, Slurm never kills the job, which
+    # runs on beating; it was taken for gone KillWait after the note once SlurmdTimeout passed
+    "signalled, no record, node answering, SlurmdTimeout passed, beating: wait": Case(
+        signalled_at=END + 0.3, now=END + 300.0, confirm_s=30.0, beat_at=END + 299.0
+    ),
+    "signalled, no record, beat within the bound: wait": Case(
+        signalled_at=END + 0.3, now=END + 300.0, confirm_s=30.0, beat_at=END + 285.5
+    ),
+    "signalled, no record, its heartbeat stopped long after the kill: gone at its next beat": Case(
+        signalled_at=END + 0.3,
+        now=END + 300.0,
+        confirm_s=30.0,
+        beat_at=END + 280.0,
+        want=(0, END + 282.0, "node_failure"),
+    ),
+    "signalled, no record, its heartbeat stopped with Slurm's SIGKILL: gone KillWait after": Case(
+        signalled_at=END + 1.0,
+        now=END + 30.0,
+        confirm_s=30.0,
+        beat_at=END + 10.0,
+        want=(0, END + 11.0, "node_failure"),
+    ),
+    "no record, no signal, node answering, beating: wait": Case(
+        now=END + 600.0, beat_at=END + 598.0
+    ),
+    "no record, no signal, node answering, heartbeat stopped: gone at its next beat": Case(
+        now=END + 600.0, beat_at=END + 500.0, want=(0, END + 502.0, "node_failure")
+    ),
+    "no record, heartbeat stopped, node not answering: wait (the fence bounds it)": Case(
+        answering_since=None, now=END + 600.0, beat_at=END + 5.0
+    ),
+    # a record is the run's own end: its heartbeat ended before it was written
+    "its own end record while its heartbeat is fresh: its own end": Case(
+        own=OwnEnd(0, END + 40.0),
+        now=END + 41.0,
+        beat_at=END + 39.0,
+        want=(0, END + 40.0, "exited"),
+    ),
 }
 
 
@@ -167,7 +208,8 @@ CASES = {
 def test_node_fail_ending(name: str) -> None:
     case = CASES[name]
     got = node_fail_ending(case.own, case.signalled_at, case.marks_seen, END, 0, START,
-                           case.answering_since, KILL_WAIT, case.now, case.confirm_s)  # fmt: skip
+                           case.answering_since, KILL_WAIT, case.now, case.confirm_s,
+                           case.beat_at, 15.0)  # fmt: skip
     if case.want is None:
         assert got is None, got
         return
@@ -186,16 +228,20 @@ def test_a_completed_run_is_never_taken_for_a_node_failure_whatever_slurm_and_th
             assert got is not None and (got.reason, got.exit_code) == ("exited", 0), (at, got)
 
 
-def _batch_script(tmp_path: Path, command: tuple[str, ...], fifo: bool = False) -> Path:
+def _batch_script(
+    tmp_path: Path, command: tuple[str, ...], fifo: bool = False, alive: bool = False
+) -> Path:
     """The real batch script of a run of `command`, its marks in `tmp_path` (its `launched`
     mark a FIFO with `fifo`: the script is held there)."""
     if fifo:
         os.mkfifo(tmp_path / "launched")
     job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), command, None, "alice", "ai2/olmo")
     script = tmp_path / "batch"
+    beat = str(tmp_path / "alive") if alive else ""
     script.write_text(batch_script(job, launched_file=str(tmp_path / "launched"),
                                    ended_file=str(tmp_path / "ended"),
-                                   signalled_file=str(tmp_path / "signalled")))  # fmt: skip
+                                   signalled_file=str(tmp_path / "signalled"),
+                                   alive_file=beat))  # fmt: skip
     return script
 
 
@@ -265,3 +311,52 @@ def test_a_command_the_signal_kills_ends_the_script_with_its_signal_code(tmp_pat
             os.killpg(bash.pid, signal.SIGKILL)
     code, _, noted = marks["ended"].read_text().split()
     assert (code, noted) == ("143", "1")
+
+
+def test_the_heartbeat_beats_while_the_command_lives_through_signals_and_stops_with_it(
+    tmp_path: Path,
+) -> None:
+    """atk39-24 F5's outside word: the real script in bash rewrites its `alive` mark every
+    `BEAT_EVERY_S` while the command lives, through Slurm's SIGTERM to every process of the job
+    (the command here ignores it), and stops beating once the command has ended (its end record
+    written)."""
+    marks = {m: tmp_path / m for m in ("launched", "ended", "signalled", "alive", "stop")}
+    command = ("bash", "-c", f"trap '' TERM; while [ ! -e {marks['stop']} ]; do sleep 0.1; done")
+    script = _batch_script(tmp_path, command, alive=True)
+    bash = subprocess.Popen(["/bin/bash", str(script)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not marks["alive"].exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        first = marks["alive"].stat().st_mtime
+        os.killpg(bash.pid, signal.SIGTERM)  # Slurm's TERM; its SIGKILL never comes
+        time.sleep(BEAT_EVERY_S * 2 + 0.5)
+        assert bash.poll() is None
+        assert marks["alive"].stat().st_mtime > first + BEAT_EVERY_S - 0.5
+        marks["stop"].touch()
+        assert bash.wait(timeout=10) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bash.pid, signal.SIGKILL)
+    code, _, noted = marks["ended"].read_text().split()
+    assert (code, noted) == ("0", "1")
+    last = marks["alive"].stat().st_mtime
+    time.sleep(BEAT_EVERY_S + 1.0)
+    assert marks["alive"].stat().st_mtime == last  # no beat once the command has ended
+
+
+def test_a_heartbeat_dated_ahead_counts_from_the_read_that_saw_it(tmp_path: Path) -> None:
+    """The `alive` mark is the job user's: a beat dated a year ahead counts no later than the
+    first read that saw it, so it grows stale once it stops changing; a changed mark is a new
+    beat (`MarksSeen.beat`)."""
+    seen = MarksSeen()
+    assert seen.beat(tmp_path, "7", 100.0) is None  # no heartbeat: the old rules alone
+    alive = tmp_path / "alive"
+    alive.touch()
+    os.utime(alive, (1e10, 1e10))
+    assert seen.beat(tmp_path, "7", 100.0) == 100.0
+    assert seen.beat(tmp_path, "7", 200.0) == 100.0
+    os.utime(alive, (150.0, 150.0))
+    assert seen.beat(tmp_path, "7", 210.0) == 150.0
+    seen.forget("7")
+    assert seen.beats == {} and seen.notes == {}

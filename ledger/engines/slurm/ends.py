@@ -10,7 +10,11 @@ end record the run is gone only `KillWait` after Slurm's kill surely reached it 
 leaves no record): the signal it noted, else its node's slurmd answering. While its slurmd does
 not answer, the run is in doubt: its node is lost with a fence, and the ledger ends the run at
 the fence if nothing comes. A run the ledger was stopping (its grace) is held the same way: its
-GPUs stay `stopping` until it is known gone (atk37-23 F7).
+GPUs stay `stopping` until it is known gone (atk37-23 F7). Slurm's kill is Slurm's word, not
+the processes' end: a slurmd killed just after its TERM and restarted within seconds never sends
+the SIGKILL (the node returns, nothing is flagged), so a run without an end record is gone only
+once its heartbeat (the batch script's, while its command lives) has stopped, where it has one
+(atk39-24 F5).
 
 Pure: times and records in, a decision out; `now` is a parameter.
 """
@@ -22,6 +26,14 @@ from dataclasses import dataclass
 
 from ledger.engines.slurm.words import exit_code, slurm_time
 from schemas.events import EndReason
+
+BEAT_EVERY_S = 2
+"""How often the batch script rewrites a live run's `alive` mark (`script.batch_script`)."""
+
+BEAT_STALE_S = 15.0
+"""A run whose heartbeat (`BEAT_EVERY_S`) is older than this is no longer beating:
+its processes are gone (Slurm's SIGKILL ends the heartbeat with them, as does a node that died).
+Room for a loaded node's late beats."""
 
 OWN_END_SLACK_S = 1.0
 """Slurm's EndTime is whole seconds (rounded down); an own end within this after it came
@@ -82,6 +94,8 @@ def node_fail_ending(
     kill_wait_s: float,
     now: float,
     confirm_s: float = 0.0,
+    beat_at: float | None = None,
+    beat_stale_s: float = BEAT_STALE_S,
 ) -> Ending | None:
     """Pure: how a run Slurm ended NODE_FAIL (at `slurm_end`) ended, or None while it may still
     run (wait; its node's fence bounds the wait).
@@ -112,6 +126,13 @@ def node_fail_ending(
        without the note its marks could not be written (the job made them unwritable, or its
        disk is full: atk37-23 F6), which must not leave it `running` for good once its node
        is back.
+    4. In 2. and 3., a run with a heartbeat (`beat_at`: its last beat, no later than the read
+       that first saw it) is gone only once it is `beat_stale_s` old: Slurm's kill may never
+       come (a slurmd killed after its TERM and restarted within seconds: the node returns
+       and its NODE_FAIL jobs' processes run on, atk39-24 F5); one that beat after Slurm's
+       kill ends when its next beat was due (it died after its last). A run without one
+       (the service does not see its directory, a run from before the heartbeat) is decided
+       by 2. and 3. alone.
     Gone without a record: `node_failure`, ended the last moment its processes could live."""
     slurm = slurm_end if slurm_end is not None else now
     if own is not None:
@@ -124,6 +145,8 @@ def node_fail_ending(
             return Ending(own.exit_code, at, "node_failure", said + " (it was killed)", True)
         return Ending(own.exit_code, at, "exited", said, True)
     note = "NODE_FAIL: killed, no end record within KillWait"
+    if beat_at is not None and now < beat_at + beat_stale_s:
+        return None  # its processes live, whatever Slurm's kill did (atk39-24 F5)
     if answering_since is None or now < slurm + confirm_s:
         kill_at: float | None = None  # its slurmd not (yet) known alive since Slurm's kill
     elif signalled_at is not None and signalled_at >= slurm - OWN_END_SLACK_S:
@@ -138,6 +161,9 @@ def node_fail_ending(
             )
     if kill_at is None or now < kill_at + kill_wait_s:
         return None
+    if beat_at is not None and beat_at > kill_at + kill_wait_s:  # it outlived Slurm's kill
+        note += f"; its heartbeat stopped {beat_at - kill_at:.0f} s after Slurm's kill"
+        return Ending(slurm_code, min(now, beat_at + BEAT_EVERY_S), "node_failure", note)
     return Ending(slurm_code, kill_at + kill_wait_s, "node_failure", note)
 
 

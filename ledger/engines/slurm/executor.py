@@ -18,9 +18,10 @@ from ledger.core.state import Node, StoppedRun
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
 from ledger.engines.accounts import RunAs, own_log, own_umask
 from ledger.engines.slurm import tracked
-from ledger.engines.slurm.ends import Ending, answering, kill_wait, sacct_end
+from ledger.engines.slurm.ends import Ending, answering, kill_wait
 from ledger.engines.slurm.foreign import others
 from ledger.engines.slurm.launching import (
+    ALIVE,
     CANNOT_ENTER,
     CANNOT_OPEN,
     CANNOT_START,
@@ -28,6 +29,7 @@ from ledger.engines.slurm.launching import (
     LAUNCHED,
     SIGNALLED,
     STOPPING,
+    MarksSeen,
     mark_stopping,
     marked,
     never_ran,
@@ -49,6 +51,7 @@ from ledger.engines.slurm.stops import (
     ended_by_itself,
     gpus_differ,
     grace_of,
+    in_service,
     no_grace,
     node_failed,
     placed_gpus,
@@ -58,11 +61,10 @@ from ledger.engines.slurm.stops import (
     stopping_gpus,
     tagged,
     unplaceable,
+    vanished_end,
 )
 from ledger.engines.slurm.tracked import Run, forget_stop, note_stop, noted_stop
 from ledger.engines.slurm.words import (
-    ENDED,
-    HOLDING,
     UNTRACKED_OK,
     WAITING,
     SbatchUser,
@@ -80,7 +82,6 @@ from ledger.engines.slurm.words import (
     sbatch_args,
 )
 from schemas.errors import EngineError
-from schemas.events import EndReason
 from schemas.units import when
 
 log = logging.getLogger("gpuledger.slurm")
@@ -190,7 +191,7 @@ class SlurmExecutor:
         """How long at most the runs of a node Slurm gives up stay in doubt (`ends`)."""
         self._answering: dict[str, float] = {}  # node -> since when its slurmd answers
         self._quarantine = Quarantine()  # GPUs of runs ended by their own record on NODE_FAIL
-        self._notes: dict[str, float] = {}  # Slurm id -> the first read that saw its signal note
+        self._seen = MarksSeen()  # NODE_FAIL runs' signal notes and heartbeats, as first read
         self.launch_confirm_s = 10.0
         """A run Slurm shows RUNNING is recorded started once its batch script marked its launch
         (`_launched`), or after this long running unmarked (a node that does not share the
@@ -275,9 +276,9 @@ class SlurmExecutor:
             found = self.nodes()
         except EngineError as err:
             log.warning("slurm nodes: %s; keeping the nodes as they are", err.line())
-            return [], _every(nodes)
+            return [], in_service(nodes)
         self._answering = answering(((n.name, n.unresponsive) for n in found), self._answering, now)
-        self._quarantine.refresh(self._answering, self.kill_wait_s, now)
+        self._quarantine.refresh(self._answering, self.kill_wait_s, now, self._beat)
         unseen = frozenset(n.name for n in found if n.unresponsive and not n.down)
         return node_changes(found, nodes, self.fence_s), unseen
 
@@ -332,9 +333,10 @@ class SlurmExecutor:
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
         return never_ran(j, r.launch, r.logs, run_dir, r.started, self.launch_confirm_s)
 
-    def _read_checkpoints(self) -> list[int]:
-        """The running jobs that touched their checkpoint file since the last read."""
-        return tracked.touched(self._runs.values(), self._checkpoint_file)
+    def _beat(self, slurm_id: str, now: float) -> float | None:
+        """A run's last heartbeat (`MarksSeen.beat`; None without one, or unknown to Slurm)."""
+        tag = j.tag(self.ledger_id) if (j := self._view.get(slurm_id)) is not None else None
+        return None if tag is None else self._seen.beat(self._checkpoint_file(*tag).parent, slurm_id, now)  # fmt: skip  # noqa: E501
 
     def _submit(self, r: Run) -> None:
         assert r.launch is not None
@@ -351,14 +353,15 @@ class SlurmExecutor:
                                        self._pinned, "", self._grace_of(r),
                                        self.max_time_s)]  # fmt: skip
         checkpoint = self._checkpoint_file(job.job_id, job.run, who)
-        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED, STOPPING, CANNOT_OPEN)
-        launched, no_dir, no_cmd, ended, signalled, stop, no_file = (
+        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED, STOPPING, CANNOT_OPEN,
+                 ALIVE)  # fmt: skip
+        launched, no_dir, no_cmd, ended, signalled, stop, no_file, alive = (
             str(checkpoint.with_name(m)) for m in marks
         )
         umask = own_umask() if job.umask is None else job.umask  # the submitter's, as sbatch's
         script = batch_script(job, who, str(checkpoint), launched, umask, no_dir, no_cmd, ended,
                               signalled, stop, claimed.files(r.logs), mask, no_file,
-                              claimed.workdir)  # fmt: skip
+                              claimed.workdir, alive)  # fmt: skip
         said = self._run(args, stdin=script, env=sbatch_env(self.env, mask))
         r.slurm_id = said.strip().split(";")[0]
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, r.slurm_id)
@@ -428,14 +431,14 @@ class SlurmExecutor:
             self._hold_leaked()
             self._read_max_time(now)
             if self._settle_until is not None and now < self._settle_until:
-                unseen = _every(nodes)  # what ended meanwhile is recorded; nothing is decided
+                unseen = in_service(nodes)  # what ended meanwhile is recorded; nothing is decided
             else:
                 self._settle_until = None
         else:  # slurmctld does not answer: nothing is decided about what it runs (outage)
             self._probe.begin(now)
             return self._blind(nodes)
         starts, self._starts = self._starts, []
-        checkpoints = self._read_checkpoints()
+        checkpoints = tracked.touched(self._runs.values(), self._checkpoint_file)  # since last read
         exits, self._exits = self._exits, []
         stopped, self._stopped = self._stopped, []
         changes, exits, unseen = self._own_ends_first(changes, exits, unseen, now)
@@ -497,7 +500,7 @@ class SlurmExecutor:
             foreign=self._foreign,
             stopping=stopping_gpus(self._stopping, self._view, self._pinned),
             running=frozenset(self._runs),
-            unobserved=_every(nodes),
+            unobserved=in_service(nodes),
             longest_s=self.max_time_s,
         )
 
@@ -509,9 +512,10 @@ class SlurmExecutor:
             log.warning("not carrying out orders of epoch %d: the lease ran out", orders.epoch)
             return ()
         for job_id in orders.stops:
-            r = self._runs.pop(job_id, None)
+            r = self._runs.get(job_id)
             if r is not None and r.slurm_id is not None:
                 self._signal(r.slurm_id, now, self._grace_of(r), (r.job_id, r.run))
+            self._runs.pop(job_id, None)
         for job in orders.launches:
             old = self._runs.get(job.job_id)
             if old is not None and old.slurm_id is not None and old.run != job.run:
@@ -539,7 +543,10 @@ class SlurmExecutor:
         begun = now if since is None else min(since, now)
         if slurm_id not in self._stopping and run is not None and since is None:
             note_stop(self.log_dir, slurm_id, now)  # a restart gives it only what is left
-        stopping = self._stopping.setdefault(slurm_id, Stopping(begun, grace_s=grace, run=run))
+        seen = next((r.seen_running_at for r in self._runs.values() if r.slurm_id == slurm_id),
+                    None)  # fmt: skip
+        stopping = self._stopping.setdefault(slurm_id, Stopping(begun, grace_s=grace, run=run,
+                                                                seen_running_at=seen))  # fmt: skip
         try:
             if job is not None and job.state in WAITING:
                 self._run(["scancel", slurm_id])  # never ran: nothing to save
@@ -642,6 +649,8 @@ class SlurmExecutor:
         for slurm_id, st in list(self._stopping.items()):
             j = self._view.get(slurm_id)
             st.gpus = (held_gpus(j, self._pinned) if j is not None else {}) or st.gpus
+            if j is not None and j.holding and not j.ended and now >= (self._settle_until or 0):
+                st.seen_running_at = now  # (`real_end`: a stopped run's end in an outage, F6)
             failed = self._how_failed(st.run, None, None, j, now) if node_failed(st, j) else None
             if node_failed(st, j) and failed is None:  # its processes may live: held (F7)
                 if not st.in_doubt:
@@ -651,14 +660,15 @@ class SlurmExecutor:
                 self._quarantine.hold(failed, j, st.gpus)
                 del self._stopping[slurm_id]
                 self._reported.add(slurm_id)
-                self._notes.pop(slurm_id, None)
+                self._seen.forget(slurm_id)
                 forget_stop(self.log_dir, slurm_id)
                 seen = self._completing.pop(slurm_id, None)
                 if j is not None and st.run is not None and j.started:  # its processes' end
                     itself = failed is None and ended_by_itself(
                         own_end(self._checkpoint_file(*st.run).parent), j, st.term_refused
                     )
-                    self._stopped.append(stopped_end(st, j, now, seen, failed, itself))
+                    self._stopped.append(stopped_end(st, j, now, seen, failed, itself,
+                                                     (self._away, self.settle_s)))  # fmt: skip
                     if itself and j.exit_code == 0:  # it may complete its job (F3)
                         self._completed.add(st.run[0])
             elif not st.cancelled and now - st.since >= st.grace_s:
@@ -704,7 +714,7 @@ class SlurmExecutor:
             return
         del self._runs[r.job_id]
         self._completing.pop(j.slurm_id, None)
-        self._notes.pop(j.slurm_id, None)
+        self._seen.forget(j.slurm_id)
         self._quarantine.hold(ending, j, placed_gpus(r.launch, j, self._pinned))
         log.info("job %s (Slurm job %s, NODE_FAIL) ended %s at %s: %s", r.job_id, j.slurm_id,
                  ending.reason, when(ending.at), ending.note)  # fmt: skip
@@ -716,7 +726,7 @@ class SlurmExecutor:
         """How a run Slurm ended NODE_FAIL really ended, from its marks (`node_fail_end`)."""
         return None if tag is None or j is None else node_fail_end(
             self._checkpoint_file(*tag).parent, launch, started_at, j, self._answering,
-            self.kill_wait_s, now, self.slurmd_timeout_s, self._notes)  # fmt: skip
+            self.kill_wait_s, now, self.slurmd_timeout_s, self._seen)  # fmt: skip
 
     def _past_limit(self, r: Run, now: float) -> bool:
         """Whether a run has reached its limit and is not being stopped yet. The executor keeps
@@ -749,22 +759,17 @@ class SlurmExecutor:
     def _vanished(self, r: Run, now: float) -> None:
         """A run Slurm no longer lists (past MinJobAge, or the controller lost its state)."""
         assert r.slurm_id is not None
-        state, code, at = "", -1, now
+        rows = ""
         if self._accounting:
             try:
                 rows = self._run(
                     ["sacct", "-n", "-P", "-X", "-j", r.slurm_id, "-o", "State,ExitCode,End"]
                 )
-                state, code, at = sacct_end(rows, now)
             except EngineError as err:
                 log.warning("sacct: %s", err.line())
-        if state in WAITING or state in HOLDING:
-            return
-        del self._runs[r.job_id]
-        reason: EndReason = end_reason(state) if state in ENDED else "lost"
-        if r.limited and state in ENDED:
-            reason = "time_limit"
-        self._exits.append(Exit(r.job_id, code, at, reason, r.slurm_id, state or "UNKNOWN"))
+        if (gone := vanished_end(r, r.slurm_id, rows, now)) is not None:
+            del self._runs[r.job_id]
+            self._exits.append(gone)
 
     def heard_from(self) -> Mapping[str, float]:
         return {}
@@ -793,8 +798,3 @@ class SlurmExecutor:
     def shutdown(self, now: float) -> list[Exit]:
         """Slurm runs on without us; the next start adopts the runs."""
         return []
-
-
-def _every(nodes: Mapping[str, Node]) -> frozenset[str]:
-    """Pure: the ledger's nodes in service (all of them are the partition's)."""
-    return frozenset(n for n, x in nodes.items() if x.state != "removed")

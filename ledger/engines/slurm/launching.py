@@ -17,6 +17,7 @@ import math
 import os
 import stat
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ledger.cycle.executor import Launch
@@ -34,6 +35,9 @@ END_RECORD = "ended"
 script when the job's command exits (`script.batch_script`)."""
 SIGNALLED = "signalled"
 """Touched by the batch script at each signal the job gets (its mtime: the last one)."""
+ALIVE = "alive"
+"""Rewritten by the batch script's heartbeat every `script.BEAT_EVERY_S` while the run's command
+lives (its mtime: the last beat; `ends.node_fail_ending`)."""
 STOPPING = "stopping"
 """Made by the executor before its own stop's `scancel --signal=TERM --full` (which signals
 every process of the job): the batch script then passes no SIGTERM on to the command, which
@@ -83,6 +87,34 @@ def signalled_at(run_dir: Path) -> float | None:
         return os.lstat(run_dir / SIGNALLED).st_mtime
     except OSError:
         return None
+
+
+@dataclass
+class MarksSeen:
+    """What the executor's reads saw of its NODE_FAIL runs' marks, by Slurm id: the first read
+    that saw its signal note (`notes`); its heartbeat's mtime and the first read that saw that
+    mtime (`beats`). A mark's time is the job user's to set: it counts no later than the read
+    that first saw it (`node_fail_end`)."""
+
+    notes: dict[str, float] = field(default_factory=dict)
+    beats: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def forget(self, slurm_id: str) -> None:
+        self.notes.pop(slurm_id, None)
+        self.beats.pop(slurm_id, None)
+
+    def beat(self, run_dir: Path, slurm_id: str, now: float) -> float | None:
+        """The run's last heartbeat (`ALIVE`'s mtime, no later than the first read that saw
+        that mtime), None when it has none (a run from before the heartbeat, a directory the
+        service does not share, or a job that made the mark unwritable)."""
+        try:
+            mtime = os.lstat(run_dir / ALIVE).st_mtime
+        except OSError:
+            return None
+        seen = self.beats.get(slurm_id)
+        if seen is None or seen[0] != mtime:
+            seen = self.beats[slurm_id] = (mtime, now)
+        return min(mtime, seen[1])
 
 
 def cannot_enter(launch: Launch | None) -> str:
@@ -165,23 +197,24 @@ def node_fail_end(
     kill_wait_s: float,
     now: float,
     confirm_s: float = 0.0,
-    notes: dict[str, float] | None = None,
+    seen: MarksSeen | None = None,
 ) -> Ending | None:
     """How a run Slurm ended NODE_FAIL really ended, from its marks (`ends.node_fail_ending`;
     `answering`: node -> since when its slurmd answers); None while it may still run. Its
     signal note's time is the job user's to set (its mtime): it counts no later than the first
-    read that saw the note (`notes`: Slurm id -> that read, kept by the caller), so a note
-    dated in the future does not keep the run in doubt for good (atk38-24 F6)."""
+    read that saw the note (`seen`, kept by the caller), so a note dated in the future does not
+    keep the run in doubt for good (atk38-24 F6); its heartbeat's likewise (`MarksSeen.beat`)."""
     nodes = run_nodes(launch, j)
     since = [answering.get(n) for n in nodes]
     answered = max(s for s in since if s is not None) if nodes and None not in since else None
     started = started_at if started_at is not None else j.start_time
     noted = signalled_at(run_dir)
-    if noted is not None and notes is not None:
-        noted = min(noted, notes.setdefault(j.slurm_id, now))
+    if noted is not None and seen is not None:
+        noted = min(noted, seen.notes.setdefault(j.slurm_id, now))
+    beat = seen.beat(run_dir, j.slurm_id, now) if seen is not None else None
     return node_fail_ending(own_end(run_dir), noted, marked(run_dir, LAUNCHED),
                             j.end_time, j.exit_code, started, answered, kill_wait_s,
-                            now, confirm_s)  # fmt: skip
+                            now, confirm_s, beat)  # fmt: skip
 
 
 def never_starts(reason: str, waited_s: float, within_s: float) -> str:

@@ -9,6 +9,7 @@ import shlex
 from collections.abc import Sequence
 
 from ledger.cycle.executor import Launch
+from ledger.engines.slurm.ends import BEAT_EVERY_S
 from ledger.engines.slurm.script_files import output_lines, touch, workdir_check
 from ledger.engines.slurm.words import SbatchUser, job_environment
 
@@ -28,6 +29,7 @@ def batch_script(
     files_umask: int = 0o077,
     cannot_open_file: str = "",
     real_workdir: str = "",
+    alive_file: str = "",
 ) -> str:
     """Pure: the batch script: with `outputs` (`script_files`), its output files opened first, as
     the user, with `files_umask`, and its working directory checked (slurmstepd opens /dev/null
@@ -54,7 +56,12 @@ def batch_script(
     executor's own stop, `scancel --signal=TERM --full`, signals every process of the job
     itself): Slurm's own terminations (a node DOWN, its TIMEOUT, a plain `scancel`) signal the
     batch shell alone, and the command, the script's child, got nothing until SIGKILL, with no
-    chance to checkpoint (atk38-24 F2). (The
+    chance to checkpoint (atk38-24 F2). With `alive_file`, a heartbeat: while the command's
+    child lives, a process of the script (deaf to the signals, as the command's child is)
+    rewrites that mark every `BEAT_EVERY_S`; the script ends it before its end record. Slurm's
+    SIGKILL ends it with the job, so a stale heartbeat is the outside's word that the run is
+    gone (`ends.node_fail_ending`; atk39-24 F5: a run Slurm ended NODE_FAIL whose kill never
+    came was taken for gone while it ran on). (The
     variables sit in the script:
     `sbatch --export=ALL,VAR=...` makes Slurm start a job about 1.5 s later; sbatch itself runs
     with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
@@ -116,8 +123,10 @@ def batch_script(
         # a signal only interrupts the wait, which begins again
         f"trap 'gpuledger_sig=1; gpuledger_signalled=1;{noted}' {signals}",
         f"trap 'gpuledger_sig=1; gpuledger_signalled=1;{noted} gpuledger_fwd' TERM" * bool(forward),
+        *([_heartbeat(alive_file, signals)] if alive_file else []),  # once the traps are set
         'while gpuledger_sig=; wait "$gpuledger_pid"; gpuledger_rc=$?; [ -n "$gpuledger_sig" ];'
         " do :; done",
+        *(["kill -KILL $gpuledger_beat 2>/dev/null"] if alive_file else []),
         # no code: the child was killed before its command ended (a signal at its start)
         f"{{ read -r gpuledger_rc < {code}; }} 2>/dev/null || gpuledger_rc=143",
         'case "$gpuledger_rc" in "" | *[!0-9]*) gpuledger_rc=143 ;; esac',
@@ -126,3 +135,16 @@ def batch_script(
         'exit "$gpuledger_rc"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def _heartbeat(alive_file: str, signals: str) -> str:
+    """Pure: the script's heartbeat (`batch_script`): its own process, deaf to the job's
+    signals and to its output, rewriting `alive_file` while the command's child lives (`sleep`
+    from the standard PATH: the job's own may have none, and the loop must never spin)."""
+    alive = shlex.quote(alive_file)
+    return (
+        f"( trap '' {signals}; while kill -0 \"$gpuledger_pid\" 2>/dev/null; do"
+        f" {{ : > {alive}; }} 2>/dev/null; command -p sleep {BEAT_EVERY_S} || break; done )"
+        " </dev/null >/dev/null 2>&1 &"
+        " gpuledger_beat=$!"
+    )

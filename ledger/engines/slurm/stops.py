@@ -8,18 +8,22 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Mapping, Set
 from dataclasses import dataclass, field
 
-from ledger.core.state import State, StoppedRun
+from ledger.core.state import Node, State, StoppedRun
 from ledger.cycle.executor import Exit, Launch
-from ledger.engines.slurm.ends import Ending, OwnEnd, surely_gone
+from ledger.engines.slurm.ends import BEAT_STALE_S, Ending, OwnEnd, sacct_end, surely_gone
+from ledger.engines.slurm.tracked import Run
 from ledger.engines.slurm.words import (
+    ENDED,
+    HOLDING,
     WAITING,
     SlurmJob,
     end_reason,
     ended_gpus,
     held_gpus,
     processes_end,
+    real_end,
 )
-from schemas.events import GpuSlot
+from schemas.events import EndReason, GpuSlot
 
 Tag = tuple[int, int]
 """(job, run) of a run of this ledger."""
@@ -43,6 +47,9 @@ class Stopping:
     """Slurm ended it NODE_FAIL and its processes may still live (`node_failed`)."""
     term_refused: bool = False
     """The stop's SIGTERM found it ended already (Slurm: an invalid or completed job)."""
+    seen_running_at: float | None = None
+    """The last read that saw it running (not while Slurm settled after an outage; before the
+    stop, its run's): where an end in an outage really was (`words.real_end`, atk39-24 F6)."""
 
 
 GONE_ALREADY = ("Invalid job id", "already complet")
@@ -80,6 +87,7 @@ def stopped_end(
     completing_seen: float | None = None,
     failed: Ending | None = None,
     by_itself: bool = False,
+    outage: tuple[tuple[float, float] | None, float] = (None, 0.0),
 ) -> Exit:
     """Pure: a stopped run's real end as Slurm kept it (its EndTime, exit code and state), or,
     when its processes outlived the EndTime of a scancel (seen COMPLETING after it:
@@ -87,10 +95,18 @@ def stopped_end(
     NODE_FAIL (`node_failed`) ended as `failed` says (`ends.node_fail_ending`: its own end
     record, else KillWait after Slurm's kill reached it, then killed), never at Slurm's
     EndTime, which its processes outlive by up to KillWait. `by_itself`: its command ended
-    before the stop's signal reached it (`ended_by_itself`)."""
+    before the stop's signal reached it (`ended_by_itself`). A stopped run that ended in an
+    outage of slurmctld (`outage`: the executor's last one and its settle time) by itself, or
+    after a stop begun before the controller answered again, and was not killed by the
+    executor's `scancel`, ended when it was last seen running, as any run does (`real_end`;
+    atk39-24 F6: such a run was recorded ended at the late EndTime the returning controller
+    gave it)."""
     assert st.run is not None
     end = processes_end(j.end_time, j.state, now, completing_seen)
     at = now if end is None else min(now, end)
+    away, settle_s = outage
+    if failed is None and not st.killed and away is not None and (by_itself or st.since <= away[1]):
+        at = real_end(at, now, st.seen_running_at, away, settle_s)
     note = f"Slurm: {j.state}" + (", killed after its grace" if st.killed else "")
     state = "KILLED" if st.killed else j.state
     code = j.exit_code
@@ -159,6 +175,11 @@ def unplaceable(launch: Launch, unusable: Set[str]) -> str:
     counts lost or Slurm shows DOWN (atk39-24 F3: a restart submitted a placement onto a lost
     node, beside runs in doubt there; Slurm starts it as soon as the node returns)."""
     return next((sl.node for sl in launch.slots if sl.node in unusable), "")
+
+
+def in_service(nodes: Mapping[str, Node]) -> frozenset[str]:
+    """Pure: the ledger's nodes in service (all of them are the partition's)."""
+    return frozenset(n for n, x in nodes.items() if x.state != "removed")
 
 
 def lost_in(state: State) -> frozenset[str]:
@@ -287,7 +308,8 @@ def gpus_differ(launch: Launch | None, j: SlurmJob) -> str:
 class Quarantine:
     """GPUs of runs Slurm ended NODE_FAIL whose end came from their own record (`Ending.
     own_record`): held, though the run is recorded ended, until `ends.surely_gone` says Slurm's
-    kill has landed. Slurm id -> (node -> indices, Slurm's EndTime)."""
+    kill has landed and its heartbeat, if it has one, has stopped (`refresh`). Slurm id ->
+    (node -> indices, Slurm's EndTime)."""
 
     runs: dict[str, tuple[Mapping[str, tuple[int, ...]], float | None]] = field(
         default_factory=dict
@@ -304,16 +326,38 @@ class Quarantine:
     held: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """The GPUs still held (node -> indices), as of the last `refresh`."""
 
-    def refresh(self, answering: Mapping[str, float], kill_wait_s: float, now: float) -> None:
-        """Forget the runs surely gone (`answering`: node -> since when its slurmd answers);
-        `held` is what the others hold."""
+    def refresh(
+        self,
+        answering: Mapping[str, float],
+        kill_wait_s: float,
+        now: float,
+        beat: Callable[[str, float], float | None] = lambda _, __: None,
+    ) -> None:
+        """Forget the runs surely gone (`answering`: node -> since when its slurmd answers) whose
+        heartbeat, if they have one (`beat`: Slurm id, now -> its last beat), is `BEAT_STALE_S`
+        old: a record written while the run lives, on a node whose kill never comes, must not
+        free its GPUs (atk39-24 F5); `held` is what the others hold."""
         out: dict[str, tuple[int, ...]] = {}
         for slurm_id, (gpus, end) in list(self.runs.items()):
             since = [answering.get(n) for n in gpus]
             first = None if None in since else max(s for s in since if s is not None)
-            if surely_gone(end, first, kill_wait_s, now):
+            last = beat(slurm_id, now) if surely_gone(end, first, kill_wait_s, now) else now
+            if last is None or now >= last + BEAT_STALE_S:
                 del self.runs[slurm_id]
                 continue
             for node, idx in gpus.items():
                 out[node] = tuple(sorted({*out.get(node, ()), *idx}))
         self.held = out
+
+
+def vanished_end(r: Run, slurm_id: str, sacct: str, now: float) -> Exit | None:
+    """Pure: the end of a run Slurm no longer lists (past MinJobAge, or the controller lost its
+    state), from `sacct`'s rows ("" without accounting: `lost`, now); None while sacct says it
+    waits or runs."""
+    state, code, at = sacct_end(sacct, now) if sacct else ("", -1, now)
+    if state in WAITING or state in HOLDING:
+        return None
+    reason: EndReason = end_reason(state) if state in ENDED else "lost"
+    if r.limited and state in ENDED:
+        reason = "time_limit"
+    return Exit(r.job_id, code, at, reason, slurm_id, state or "UNKNOWN")

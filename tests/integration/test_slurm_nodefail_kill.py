@@ -1,0 +1,131 @@
+"""A run Slurm ends NODE_FAIL is gone only once it surely is (issue 24, atk39-24): Slurm's kill
+is Slurm's word, not the processes' end. Real Slurm (KillWait=10, SlurmdTimeout=30),
+`gpuledger up --executor slurm`; each job writes a line every 0.2 s while it lives, so which
+runs lived at once is read from outside the ledger."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from tests.integration import test_slurm as base
+from tests.integration.test_slurm import Ledger, status
+from tests.integration.test_slurm_nodefail import _down
+from tests.integration.test_slurm_stops import _times, _until_quiet
+
+cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
+
+
+def _beating(work: str, name: str, each_beat: str = "") -> str:
+    """A job that notes each SIGTERM and ignores it, and writes the time to `name` every 0.2 s
+    (running `each_beat` too) until `<work>/stop.<name>` exists, then exits 0."""
+    return (f"trap 'date +%s.%N >> {work}/term.{name}' TERM; while [ ! -e {work}/stop.{name} ];"
+            f" do date +%s.%N >> {work}/{name}; {each_beat}sleep 0.2; done")  # fmt: skip
+
+
+def test_a_node_fail_run_whose_kill_never_comes_keeps_its_gpus_while_it_lives(
+    ledger: Ledger,
+) -> None:
+    """atk39-24 F5: an admin sets the node DOWN, slurmd is killed 0.3 s later (its TERM has
+    landed, its SIGKILL never will) and restarted 3 s after: the node returns and Slurm never
+    kills the NODE_FAIL job, which ignores SIGTERM and runs on. The ledger took it for gone
+    KillWait after the TERM once SlurmdTimeout had passed and started the waiting job on its
+    GPUs beside it 30 s after the DOWN. Now its GPUs stay held while its heartbeat beats: the
+    next job starts only after the job's last line (Slurm's own cleanup kills it 45-60 s after
+    the DOWN here; else it ends by itself at 75 s)."""
+    _kill_never_comes(ledger, "")
+
+
+def test_a_node_fail_run_that_forges_its_end_record_keeps_its_gpus_while_it_lives(
+    ledger: Ledger,
+) -> None:
+    """F5 with atk38-24 F1: as above, but the job writes its own end record (`0 <now> 0`) every
+    0.2 s while it lives. The record sets how it is recorded (its user's word), but its GPUs
+    stay held while its heartbeat beats, not only until Slurm's kill would have landed."""
+    forge = (
+        'd=$(dirname "$GPULEDGER_CHECKPOINT_FILE"); '
+        'echo "0 $(date +%s.%N) 0" > "$d/ended.part" && mv -f "$d/ended.part" "$d/ended"; '
+    )
+    _kill_never_comes(ledger, forge)
+
+
+def _kill_never_comes(ledger: Ledger, each_beat: str) -> None:
+    """Job 1 (4 GPUs, SIGTERM ignored, running `each_beat` every 0.2 s too) runs, job 2 waits;
+    the DOWN, slurmd killed 0.3 s later and restarted 3 s after. Job 2 starts only after job
+    1's last line, and job 1's recorded end is not before it."""
+    work = ledger.work
+    cl = ledger.cluster
+    ledger.up()
+    ledger.submit("alice", 4, _beating(str(work), "one", each_beat))
+    ledger.wait("the job to run", lambda: bool(_times(work / "one")) and status(ledger, 1) == "running")  # fmt: skip  # noqa: E501
+    ledger.submit("bob", 4, f"date +%s.%N >> {work}/next; sleep 2")
+    time.sleep(2)
+    down = time.time()
+    _down(ledger)
+    time.sleep(0.3)
+    os.kill(cl.daemon_pid("slurmd"), signal.SIGKILL)
+    time.sleep(3)
+    cl.up()  # slurmd back within seconds (and the node resumed, as ReturnToService=1 does)
+    try:  # Slurm's own cleanup kills it at last, here 45-60 s after the DOWN (74-142 s seen)
+        while time.time() < down + 75 and time.time() - _times(work / "one")[-1] < 3.0:
+            time.sleep(0.5)
+    finally:
+        (work / "stop.one").touch()  # else its command ends by itself
+    last = _until_quiet(work / "one")
+    ledger.wait("the next job to finish", lambda: status(ledger, 2) == "finished", timeout=120)
+    (started,) = _times(work / "next")
+    assert started > last, (
+        f"job 2 started {last - started:.1f} s before job 1 ended ({started - down:.0f} s "
+        f"after the DOWN)\n{ledger.service_log()[-3000:]}"
+    )
+    job = ledger.jobs()[1]
+    assert each_beat or job["finished_at"] >= last - 0.5, (job, last)
+
+
+def test_a_restart_with_a_stop_in_doubt_submits_nothing_onto_the_lost_node_or_its_gpus(
+    ledger: Ledger,
+) -> None:
+    """atk39-24 F3: job 1 (4 GPUs, SIGTERM ignored, grace 60 s) is cancelled and job 2 placed on
+    its GPUs (waiting for them); slurmd is killed, the node set DOWN (Slurm: NODE_FAIL; job 1's
+    processes run on, its kill never sent), the service killed with -9 and started again, then
+    slurmd restarted. The restart submitted job 2 onto the lost node at once ("placed but never
+    reached the engine"), and Slurm started it there beside job 1 as soon as the node returned;
+    job 1's end was recorded before the DOWN. Now job 2 starts only after job 1's last line,
+    and job 1's recorded end is not before it."""
+    work = ledger.work
+    cl = ledger.cluster
+    before = set(cl.jobs())  # earlier tests' jobs
+    ledger.up()
+    ledger.submit("alice", 4, _beating(str(work), "one"), "--grace", "60s")
+    ledger.wait("the job to run", lambda: bool(_times(work / "one")) and status(ledger, 1) == "running")  # fmt: skip  # noqa: E501
+    ledger.submit("bob", 4, f"date +%s.%N >> {work}/next; sleep 2")
+    ledger.cli("cancel", "1", actor="alice")
+    ledger.wait("job 2 placed", lambda: bool(ledger.of("job.placed.v1", 2)))
+    ledger.wait("job 1's SIGTERM", lambda: (work / "term.one").exists())
+    time.sleep(1)
+    try:
+        os.kill(cl.daemon_pid("slurmd"), signal.SIGKILL)
+        _down(ledger)
+        time.sleep(3)
+        ledger.kill9()
+        time.sleep(1)
+        ledger.up()
+        time.sleep(4)
+        submitted = [
+            j for i, j in cl.jobs().items() if i not in before and j["name"] == "gpuledger-2"
+        ]
+        assert submitted == [], "job 2 was submitted onto the DOWN node"
+        cl.up()  # slurmd back (and the node resumed)
+        time.sleep(20)  # job 2 would be running beside job 1 by now
+    finally:
+        (work / "stop.one").touch()
+    last = _until_quiet(work / "one")
+    ledger.wait("job 2 to finish", lambda: status(ledger, 2) == "finished", timeout=120)
+    (started,) = _times(work / "next")
+    assert started > last, (
+        f"job 2 started {last - started:.1f} s before job 1 ended; Slurm's jobs at the "
+        f"restart: {submitted}\n{ledger.service_log()[-3000:]}"
+    )
+    (end,) = ledger.of("job.run_ended.v1", 1)
+    assert end["ended_at"] >= last - 0.5, (end, last)
