@@ -227,6 +227,29 @@ async def view(worker: Worker, pool: ReadPool) -> Copy:
     return dataclasses.replace(got, moment=float(worker.service.clock.now()))
 
 
+def ahead(
+    worker: Worker, pool: ReadPool, cache: ReadCache, fn: Callable[[CopiedHandles], Any]
+) -> bool:
+    """On the worker thread, when idle: hand `fn(handles)` (what the next reads will ask first,
+    kept in `cache`) to the read pool's lane of live reads, on the published view, and return
+    at once: the worker computes nothing. Not when no view is published or the projection is
+    behind it (the read that needs it computes it once caught up); True when handed on."""
+    got = worker.view
+    if got is None or projected(worker, pool) < got.ledger.position:
+        return False
+    copy = dataclasses.replace(got, moment=float(worker.service.clock.now()))
+
+    def run(cursor: duckdb.DuckDBPyConnection, _limits: Any) -> None:
+        cursor.execute("BEGIN TRANSACTION")
+        try:
+            fn(CopiedHandles(copy, cursor, cache))
+        finally:
+            with contextlib.suppress(Exception):
+                cursor.execute("ROLLBACK")
+
+    return pool.beside(run)
+
+
 async def caught_up(worker: Worker, pool: ReadPool, target: int) -> None:
     """Return once the projection holds `target` (the log's position when the read was asked):
     at once when it does already (the last catch-up for reads, or the last cycle's, reached it),

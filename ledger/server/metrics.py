@@ -515,13 +515,18 @@ class Metrics:
         """When the last scrape came: only while something scrapes are the window figures
         computed ahead."""
 
-    def warm(self, handles: Any) -> None:
-        """Compute the window figures ahead of the next scrape (the worker calls it when idle),
+    def warm(self, handles: Any, worker: Any, pool: Any) -> None:
+        """Have the window figures computed ahead of the next scrape, in the read pool on the
+        published view (the worker calls it when idle and only hands it on: `copied.ahead`),
         while something scrapes (one in the last 10 minutes)."""
+        from ledger.server import copied
+
         if self.scraped_at is None or time.monotonic() - self.scraped_at > 600:
             return
-        if not handles.cache.holds("metrics-ledger", handles.ledger.position):  # the log moved
-            ledger_figures(handles)
+        view = worker.view
+        if view is None or handles.cache.holds("metrics-ledger", view.ledger.position):
+            return
+        copied.ahead(worker, pool, handles.cache, ledger_figures)
 
     def observe_cycle(self, seconds: float) -> None:
         self.cycle.observe(seconds)

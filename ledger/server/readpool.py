@@ -306,6 +306,17 @@ class ReadPool:
             return await asyncio.wrap_future(lane.submit(person, lambda: self._one(fn)))
         return await asyncio.get_running_loop().run_in_executor(self._pool, self._one, fn)
 
+    def beside(self, fn: Callable[[duckdb.DuckDBPyConnection, Limits], Any]) -> bool:
+        """From any thread: `fn(cursor, limits)` in the lane of live reads, in the turn of
+        nobody's reads (work done ahead: `copied.ahead`), not awaited; False when the pool has
+        no connection yet."""
+        lane = self._lanes.get("live")
+        if lane is None or self._base is None:
+            return False
+        done = lane.submit("", lambda: self._one(fn))
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return True
+
     async def worker_read(
         self,
         caller: str,
