@@ -30,6 +30,8 @@ CLOCKED = frozenset(
 work holds, as the service last observed its engine, which moves without an append)."""
 FRESH_S = 2.0
 MAX_ENTRIES = 256
+FLIGHT_WAIT_S = 10.0
+"""The longest a read waits for a shared value another thread is computing (`shared`)."""
 
 
 @dataclass
@@ -42,6 +44,8 @@ class ReadCache:
     misses: int = 0
     _entries: dict[tuple[str, Any, str], tuple[int, float, bytes]] = field(default_factory=dict)
     _shared: dict[str, tuple[int, float, Any]] = field(default_factory=dict)
+    _flights: dict[str, tuple[int, threading.Event]] = field(default_factory=dict)
+    """The shared values being computed now (`shared`), by name: the position and its end."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     """The answers' entries: kept from the read pool's threads too (`put`)."""
 
@@ -121,12 +125,34 @@ class ReadCache:
     def shared(self, name: str, position: int, now: float, compute: Callable[[], T]) -> T:
         """A value several reads build on (the queue preview the queue, job, nodes pages and
         /metrics share), kept like a read "now": one per name, reused at the same position
-        for at most `fresh_s`."""
+        for at most `fresh_s`. Computed once at a time per name and position: a read that
+        finds it under way on another thread (another read's, or the one computed ahead) waits
+        for that one, at most `FLIGHT_WAIT_S`, rather than compute it again beside it."""
         if self.holds(name, position, now):
             self.hits += 1
             value: T = self._shared[name][2]
             return value
+        with self._lock:
+            flight = self._flights.get(name)
+            waiting = flight is not None and flight[0] == position
+            if flight is None or not waiting:
+                flight = self._flights[name] = (position, threading.Event())
+        if waiting:
+            flight[1].wait(FLIGHT_WAIT_S)
+            got = self._shared.get(name)
+            if got is not None and got[0] == position:
+                self.hits += 1
+                value = got[2]
+                return value
+            self.misses += 1
+            return compute()  # the one under way failed or is late: this read's own
         self.misses += 1
-        value = compute()
-        self._shared[name] = (position, self._ready(now), value)
-        return value
+        try:
+            value = compute()
+            self._shared[name] = (position, self._ready(now), value)
+            return value
+        finally:
+            with self._lock:
+                if self._flights.get(name) is flight:
+                    del self._flights[name]
+            flight[1].set()
