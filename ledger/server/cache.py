@@ -100,16 +100,13 @@ class ReadCache:
     def recent(self, name: str, position: int, now: float, compute: Callable[[], T]) -> T:
         """A value of the moment rather than of the log (sums over a window, as /metrics
         shows them), computed at `position`: reused for `fresh_s` wherever the log moved
-        meanwhile."""
+        meanwhile (and one under way on another thread is waited for: `shared`)."""
         got = self._shared.get(name)
         if got is not None and 0 <= now - got[1] <= self.fresh_s:
             self.hits += 1
             value: T = got[2]
             return value
-        self.misses += 1
-        value = compute()
-        self._shared[name] = (position, self._ready(now), value)
-        return value
+        return self._once(name, position, now, compute, any_position=True)
 
     def _ready(self, asked: float) -> float:
         return asked if self.clock is None else max(asked, self.clock())
@@ -132,17 +129,30 @@ class ReadCache:
             self.hits += 1
             value: T = self._shared[name][2]
             return value
+        return self._once(name, position, now, compute)
+
+    def _once(
+        self,
+        name: str,
+        position: int,
+        now: float,
+        compute: Callable[[], T],
+        *,
+        any_position: bool = False,
+    ) -> T:
+        """`compute()` kept as `name` at `position`, unless it is under way on another thread
+        (at that position; `any_position`: at any): then that one, waited for."""
         with self._lock:
             flight = self._flights.get(name)
-            waiting = flight is not None and flight[0] == position
+            waiting = flight is not None and (any_position or flight[0] == position)
             if flight is None or not waiting:
                 flight = self._flights[name] = (position, threading.Event())
         if waiting:
             flight[1].wait(FLIGHT_WAIT_S)
             got = self._shared.get(name)
-            if got is not None and got[0] == position:
+            if got is not None and (any_position or got[0] == position):
                 self.hits += 1
-                value = got[2]
+                value: T = got[2]
                 return value
             self.misses += 1
             return compute()  # the one under way failed or is late: this read's own
