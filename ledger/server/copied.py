@@ -30,7 +30,8 @@ state (the queue, the jobs' states, the nodes) is the view's, exact; an answer i
 (`ReadCache`) only when the projection held the view's position (`CopiedHandles.current`).
 
 The shared preview "now" (`live_preview`) is still computed once per log position and kept
-for `ReadCache.fresh_s`.
+for `ReadCache.fresh_s` (ahead, once the log is still, on the read pool's thread for it:
+`ahead`).
 
 An edge: the worker thread, the projector thread, a database cursor.
 """
@@ -231,9 +232,10 @@ def ahead(
     worker: Worker, pool: ReadPool, cache: ReadCache, fn: Callable[[CopiedHandles], Any]
 ) -> bool:
     """On the worker thread, when idle: hand `fn(handles)` (what the next reads will ask first,
-    kept in `cache`) to the read pool's lane of live reads, on the published view, and return
-    at once: the worker computes nothing. Not when no view is published or the projection is
-    behind it (the read that needs it computes it once caught up); True when handed on."""
+    kept in `cache`) to the read pool's thread of work done ahead (`ReadPool.beside`), on the
+    published view, and return at once: the worker computes nothing. Not when no view is
+    published or the projection is behind it (the read that needs it computes it once caught
+    up); True when handed on."""
     got = worker.view
     if got is None or projected(worker, pool) < got.ledger.position:
         return False
