@@ -222,7 +222,9 @@ async def view(worker: Worker, pool: ReadPool) -> Copy:
     """The published view of the live state at the moment now (the worker thread is asked to
     publish one only when none is: the first read after nobody read for a while)."""
     got: Copy | None = worker.viewed()
-    if got is None:
+    if got is None or (not worker.leading() and got.ledger.position < _position(worker)):
+        # none yet; or a standby whose follow folded more than its view shows (no write of
+        # this server's waits on it, but a read asked at a position it has now folded does)
         got = await pool.worker_call(worker.publish_view)
     assert got is not None
     return dataclasses.replace(got, moment=float(worker.service.clock.now()))
@@ -389,6 +391,10 @@ def same(view: Copy, worker: Worker) -> bool:
         and view.foreign == getattr(dispatcher, "foreign", {})
         and view.stopping == getattr(dispatcher, "stopping", {})
     )
+
+
+def _position(worker: Worker) -> int:
+    return int(worker.service.ledger.position)
 
 
 def _projected(service: Any) -> int:
