@@ -15,6 +15,9 @@ its first cycle and times every page --repeat times, two ways:
 
 A page's time is the sum of its endpoints' times in one load; medians and maxima over --repeat.
 
+At the end it prints how many reads ran on the server's worker thread (the thread that runs the
+dispatcher cycle: each delays it) and their time there, from `/metrics`.
+
 The job page's replay of the job's decisions (`/ui/api/job/{id}/replay`, loaded after the page,
 off the worker thread) is timed once per size and shown apart: it walks the log in memory.
 
@@ -162,6 +165,7 @@ def measure(home: Path, pending: int, repeat: int) -> dict[str, Any]:
             }
         status, body, replay_ms = server.call("GET", f"/ui/api/job/{job}/replay", token=token)
         replay = {"status": status, "ms": replay_ms, "decisions": len(json.loads(body or b"[]"))}
+        on_worker = worker_reads(server.call("GET", "/metrics", token=token)[1])
     finally:
         server.stop()
     return {
@@ -171,7 +175,19 @@ def measure(home: Path, pending: int, repeat: int) -> dict[str, Any]:
         "replay": replay,
         "load": os.getloadavg()[0],
         "first_all": (first_all_ms, first_all_cpu),
+        "on_worker": on_worker,
     }
+
+
+def worker_reads(scrape: bytes) -> tuple[float, float]:
+    """The server's reads on its worker thread so far and their seconds there (the thread that
+    runs the dispatcher: a read there delays the cycle), from a /metrics scrape."""
+    got = {"gpuledger_worker_reads_total": 0.0, "gpuledger_worker_read_seconds_total": 0.0}
+    for line in scrape.decode().splitlines():
+        name, _, value = line.partition(" ")
+        if name in got:
+            got[name] = float(value)
+    return got["gpuledger_worker_reads_total"], got["gpuledger_worker_read_seconds_total"]
 
 
 def main() -> None:
@@ -207,6 +223,8 @@ def main() -> None:
         )
         rep = r["replay"]
         print(f"  job replay (apart): {rep['ms']:.0f} ms for {rep['decisions']} decisions")
+        n, secs = r["on_worker"]
+        print(f"  reads on the worker thread (the dispatcher's), all loads: {n:.0f}, {secs:.3f} s")
     names = list(results[0]["pages"])
     for kind in ("cold", "warm"):
         print(f"\n{kind:<26}" + "".join(f"{r['events']:>14,}" for r in results))

@@ -313,7 +313,6 @@ def _build(
         return reads.tokens(ledger.state, person(request).actor)
 
     handles = ServiceHandles(worker.service)
-    worker.idle.append(handles.warm)
 
     def read_route(name: str) -> HTTPRouteHandler:
         spec = READS[name]
@@ -394,7 +393,9 @@ def _build(
     metrics.registry.register(m.PoolCounts(pool))
     metrics.registry.register(m.ConnectionCounts(conns))
     routes += [m.route(metrics, worker, handles, person, pool)]
-    worker.idle.append(lambda: metrics.warm(handles))
+    # what the next reads ask first, computed ahead in the read pool (the worker only hands it)
+    worker.idle.append(lambda: handles.warm(worker, pool))
+    worker.idle.append(lambda: metrics.warm(handles, worker, pool))
     routes += pages.routes(worker, handles, person, pool)
     app = Litestar(
         route_handlers=routes,
@@ -469,9 +470,10 @@ class ServiceHandles:
     up before each read), on the worker thread, and the answers kept per log position.
 
     The dispatcher's preview "now" (what `queue`, `priority`, `explain`, the pages and /metrics
-    build on) is computed once per log position and kept for `ReadCache.fresh_s`; `warm` computes
-    it ahead, when the worker is idle, so the first read after an append finds it ready (while
-    someone asked for one in the last `WARM_FOR_S`: a ledger nobody reads costs nothing)."""
+    build on) is computed once per log position and kept for `ReadCache.fresh_s`; `warm` has it
+    computed ahead in the read pool, when the worker is idle, so the first read after an append
+    finds it ready (while someone asked for one in the last `WARM_FOR_S`: a ledger nobody reads
+    costs nothing)."""
 
     WARM_FOR_S = 600.0
 
@@ -512,15 +514,19 @@ class ServiceHandles:
         preview: LivePreview = self.cache.shared("live-preview", ledger.position, now, compute)
         return preview
 
-    def warm(self) -> None:
-        """Compute ahead what the next reads will ask first (the worker calls it when idle)."""
-        if self.ledger is None or not self.ledger.state.initialised:
-            return
+    def warm(self, worker: Worker, pool: ReadPool) -> None:
+        """Have the shared preview computed ahead, in the read pool on the published view (the
+        worker calls it when idle and only hands it on: `copied.ahead`), while someone asked
+        for one in the last `WARM_FOR_S`."""
+        from ledger.server import copied
+
         asked = self.asked.get("live-preview")
         if asked is None or time.monotonic() - asked > self.WARM_FOR_S:
             return
-        if not self.cache.holds("live-preview", self.ledger.position):  # the log moved
-            self.live_preview(ahead=True)
+        view = worker.view
+        if view is None or self.cache.holds("live-preview", view.ledger.position):
+            return
+        copied.ahead(worker, pool, self.cache, lambda h: h.live_preview())
 
     viewer = ""
     """Who reads (set on the copy `answer` reads through for a `personal` read)."""

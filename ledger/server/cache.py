@@ -30,6 +30,8 @@ CLOCKED = frozenset(
 work holds, as the service last observed its engine, which moves without an append)."""
 FRESH_S = 2.0
 MAX_ENTRIES = 256
+FLIGHT_WAIT_S = 10.0
+"""The longest a read waits for a shared value another thread is computing (`shared`)."""
 
 
 @dataclass
@@ -42,6 +44,8 @@ class ReadCache:
     misses: int = 0
     _entries: dict[tuple[str, Any, str], tuple[int, float, bytes]] = field(default_factory=dict)
     _shared: dict[str, tuple[int, float, Any]] = field(default_factory=dict)
+    _flights: dict[str, tuple[int, threading.Event]] = field(default_factory=dict)
+    """The shared values being computed now (`shared`), by name: the position and its end."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     """The answers' entries: kept from the read pool's threads too (`put`)."""
 
@@ -96,16 +100,13 @@ class ReadCache:
     def recent(self, name: str, position: int, now: float, compute: Callable[[], T]) -> T:
         """A value of the moment rather than of the log (sums over a window, as /metrics
         shows them), computed at `position`: reused for `fresh_s` wherever the log moved
-        meanwhile."""
+        meanwhile (and one under way on another thread is waited for: `shared`)."""
         got = self._shared.get(name)
         if got is not None and 0 <= now - got[1] <= self.fresh_s:
             self.hits += 1
             value: T = got[2]
             return value
-        self.misses += 1
-        value = compute()
-        self._shared[name] = (position, self._ready(now), value)
-        return value
+        return self._once(name, position, now, compute, any_position=True)
 
     def _ready(self, asked: float) -> float:
         return asked if self.clock is None else max(asked, self.clock())
@@ -121,12 +122,47 @@ class ReadCache:
     def shared(self, name: str, position: int, now: float, compute: Callable[[], T]) -> T:
         """A value several reads build on (the queue preview the queue, job, nodes pages and
         /metrics share), kept like a read "now": one per name, reused at the same position
-        for at most `fresh_s`."""
+        for at most `fresh_s`. Computed once at a time per name and position: a read that
+        finds it under way on another thread (another read's, or the one computed ahead) waits
+        for that one, at most `FLIGHT_WAIT_S`, rather than compute it again beside it."""
         if self.holds(name, position, now):
             self.hits += 1
             value: T = self._shared[name][2]
             return value
+        return self._once(name, position, now, compute)
+
+    def _once(
+        self,
+        name: str,
+        position: int,
+        now: float,
+        compute: Callable[[], T],
+        *,
+        any_position: bool = False,
+    ) -> T:
+        """`compute()` kept as `name` at `position`, unless it is under way on another thread
+        (at that position; `any_position`: at any): then that one, waited for."""
+        with self._lock:
+            flight = self._flights.get(name)
+            waiting = flight is not None and (any_position or flight[0] == position)
+            if flight is None or not waiting:
+                flight = self._flights[name] = (position, threading.Event())
+        if waiting:
+            flight[1].wait(FLIGHT_WAIT_S)
+            got = self._shared.get(name)
+            if got is not None and (any_position or got[0] == position):
+                self.hits += 1
+                value: T = got[2]
+                return value
+            self.misses += 1
+            return compute()  # the one under way failed or is late: this read's own
         self.misses += 1
-        value = compute()
-        self._shared[name] = (position, self._ready(now), value)
-        return value
+        try:
+            value = compute()
+            self._shared[name] = (position, self._ready(now), value)
+            return value
+        finally:
+            with self._lock:
+                if self._flights.get(name) is flight:
+                    del self._flights[name]
+            flight[1].set()

@@ -3,30 +3,35 @@
 The queue, priority and explain previews (now, or with `policy=` or `at=`), the squatters, the
 nodes, the accounts, the dashboard's teams, queue, nodes, budget, job, decisions and
 preemptions pages and `/metrics` need the live state, which only the worker thread may touch.
-The worker only copies it (`take`: `State.copy`, its dicts and sets copied, their values
-immutable: milliseconds at 10k live jobs) with the moment and what the engine was last seen
-holding; the read itself, the dispatcher's preview decision included, runs in the read pool
-(a lane of its own, `ledger.server.fairlane`: one thread at the service's priority serving
-the people reading in turn, each resting after their own reads, so another person's small
-reads of the projection never wait behind these, and one person's looped previews delay
-another's dashboard by one read at most), admitted as one of the caller's reads
-(`ReadPool.admitted`). A submit or a cycle never waits behind it.
+They read a view of it the worker publishes (`Worker.view`, `take`: `State.copy`, its dicts and
+sets copied, their values immutable, about 1 ms at 10k live jobs, with what the engine was last
+seen holding) whenever the state moved (a group commit, a call that writes, a cycle, a
+standby's follow), before those moves are answered, while someone reads it: a read asked after
+a write was acknowledged sees it, and asks the worker nothing, so it never waits behind a
+dispatcher cycle, and no cycle waits behind it. Only the first read after nobody read for
+`Worker.view_for_s` asks the worker thread to publish one. The read itself, the dispatcher's
+preview decision included, runs in the read pool (a lane of its own,
+`ledger.server.fairlane`: one thread at the service's priority serving the people reading in
+turn, each resting after their own reads, so another person's small reads of the projection
+never wait behind these, and one person's looped previews delay another's dashboard by one
+read at most), admitted as one of the caller's reads (`ReadPool.admitted`), at the moment it
+was asked. Nothing the dispatcher decides reads a view.
 
-A read sees every write made before it was asked: the projection holds at least the log's
-position of that moment. The reads catch it up for everyone (`caught_up`: a read that finds it
-behind waits for the next catch-up, shared by all the reads waiting, or for a cycle's), never
-on the worker thread: on the read pool's projector thread, with a projector of its own on a
-connection of its own (`Projector.beside`, sharing the service projector's lock, so a cycle
-reads its ranks at exactly its position), at most every `CATCH_UP_S`, and after a catch-up that
-took t not before `REST` times t has passed (its Python holds the interpreter lock a quarter of
-the time at most), `CHUNK` events at a time (a cycle waits for one chunk at most). Before,
-these catch-ups ran on the worker, 150-700 ms each on a busy machine, a submit waiting behind
-them. Their time is counted apart (`ReadPool.catch_up_s`). What these reads show of the live
-state (the queue, the jobs' states, the nodes) is the copy's, exact; an answer is kept
-(`ReadCache`) only when the projection held the copy's position (`CopiedHandles.current`).
+A read sees every write made before it was asked: the view holds it, and the projection holds
+at least the view's position. The reads catch it up for everyone (`caught_up`: a read that
+finds it behind waits for the next catch-up, shared by all the reads waiting, or for a
+cycle's), never on the worker thread: on the read pool's projector thread, with a projector of
+its own on a connection of its own (`Projector.beside`, sharing the service projector's lock,
+so a cycle reads its ranks at exactly its position), at most every `CATCH_UP_S`, and after a
+catch-up that took t not before `REST` times t has passed (its Python holds the interpreter
+lock a quarter of the time at most), `CHUNK` events at a time (a cycle waits for one chunk at
+most). Their time is counted apart (`ReadPool.catch_up_s`). What these reads show of the live
+state (the queue, the jobs' states, the nodes) is the view's, exact; an answer is kept
+(`ReadCache`) only when the projection held the view's position (`CopiedHandles.current`).
 
 The shared preview "now" (`live_preview`) is still computed once per log position and kept
-for `ReadCache.fresh_s` (the worker computes it ahead when idle).
+for `ReadCache.fresh_s` (ahead, once the log is still, on the read pool's thread for it:
+`ahead`).
 
 An edge: the worker thread, the projector thread, a database cursor.
 """
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -87,9 +93,10 @@ class CursorStore:
 
 @dataclass(frozen=True)
 class Copy:
-    """What the worker thread hands a read: the live state copied, the moment, the GPUs
-    foreign work holds (as the service last observed its engine), and `extra` (what a read
-    asks of the service beside the state, taken on the worker too)."""
+    """The view the worker thread publishes (`take`) as a read gets it: the live state copied,
+    the moment (the read's), the GPUs foreign work holds (as the service last observed its
+    engine), and `extra` (what a read asks of the service beside the state, on the event
+    loop)."""
 
     ledger: Frozen
     moment: float
@@ -97,6 +104,10 @@ class Copy:
     extra: Any = None
     stopping: Mapping[str, frozenset[int]] = field(default_factory=dict)
     """GPUs of stopped runs still in their grace (`Observed.stopping`)."""
+    projected: int = 0
+    """The service's own projection's position when published (its last cycle's), and the
+    first event past it as (position, `at`) (None: none): how long the projection lags."""
+    unprojected: tuple[int, float] | None = None
 
 
 @dataclass
@@ -207,6 +218,42 @@ async def projected_read(
         return await pool.compute(pooled.stopped(what, run), read=True, live=True, person=caller)
 
 
+async def view(worker: Worker, pool: ReadPool) -> Copy:
+    """The published view of the live state at the moment now (the worker thread is asked to
+    publish one only when none is: the first read after nobody read for a while)."""
+    got: Copy | None = worker.viewed()
+    if got is None or (not worker.leading() and got.ledger.position < _position(worker)):
+        # none yet; or a standby whose follow folded more than its view shows (no write of
+        # this server's waits on it, but a read asked at a position it has now folded does)
+        got = await pool.worker_call(worker.publish_view)
+    assert got is not None
+    return dataclasses.replace(got, moment=float(worker.service.clock.now()))
+
+
+def ahead(
+    worker: Worker, pool: ReadPool, cache: ReadCache, fn: Callable[[CopiedHandles], Any]
+) -> bool:
+    """On the worker thread, when idle: hand `fn(handles)` (what the next reads will ask first,
+    kept in `cache`) to the read pool's thread of work done ahead (`ReadPool.beside`), on the
+    published view, and return at once: the worker computes nothing. Not when no view is
+    published or the projection is behind it (the read that needs it computes it once caught
+    up); True when handed on."""
+    got = worker.view
+    if got is None or projected(worker, pool) < got.ledger.position:
+        return False
+    copy = dataclasses.replace(got, moment=float(worker.service.clock.now()))
+
+    def run(cursor: duckdb.DuckDBPyConnection, _limits: Any) -> None:
+        cursor.execute("BEGIN TRANSACTION")
+        try:
+            fn(CopiedHandles(copy, cursor, cache))
+        finally:
+            with contextlib.suppress(Exception):
+                cursor.execute("ROLLBACK")
+
+    return pool.beside(run)
+
+
 async def caught_up(worker: Worker, pool: ReadPool, target: int) -> None:
     """Return once the projection holds `target` (the log's position when the read was asked):
     at once when it does already (the last catch-up for reads, or the last cycle's, reached it),
@@ -310,20 +357,48 @@ def fold(worker: Worker, projector: Any = None) -> int:
     return int(projector.store.position())
 
 
-def take(worker: Worker, extra: Callable[[], Any] | None = None) -> Copy:
-    """On the worker thread: a copy of the live state, the moment, the foreign GPUs and
-    `extra()`."""
+def take(worker: Worker) -> Copy:
+    """On the worker thread (the lock held): the view to publish, a copy of the live state, the
+    moment, the foreign GPUs and how far the service's projection got."""
     service = worker.service
     dispatcher = getattr(service, "dispatcher", None)
-    foreign = dict(getattr(dispatcher, "foreign", {}))
     ledger = service.ledger
+    position = int(ledger.position)
+    projected = _projected(service)
+    unprojected = None
+    if projected < position and not pooled.store_away(worker):
+        with contextlib.suppress(Exception):  # the store went away: the lag is not known
+            first = ledger.read(projected, 1)
+            unprojected = (first[0][0], float(first[0][1].at)) if first else None
     return Copy(
-        ledger=Frozen(ledger.state.copy(), int(ledger.position)),
+        ledger=Frozen(ledger.state.copy(), position),
         moment=float(service.clock.now()),
-        foreign=foreign,
-        extra=None if extra is None else extra(),
+        foreign=dict(getattr(dispatcher, "foreign", {})),
         stopping=dict(getattr(dispatcher, "stopping", {})),
+        projected=projected,
+        unprojected=unprojected,
     )
+
+
+def same(view: Copy, worker: Worker) -> bool:
+    """Whether `view` still shows the live state (nothing `take` copies has moved): a few
+    comparisons, no copy."""
+    service = worker.service
+    dispatcher = getattr(service, "dispatcher", None)
+    return (
+        view.ledger.position == int(service.ledger.position)
+        and view.projected == _projected(service)
+        and view.foreign == getattr(dispatcher, "foreign", {})
+        and view.stopping == getattr(dispatcher, "stopping", {})
+    )
+
+
+def _position(worker: Worker) -> int:
+    return int(worker.service.ledger.position)
+
+
+def _projected(service: Any) -> int:
+    return int(getattr(getattr(service, "stats", None), "projection_position", 0))
 
 
 async def read(
@@ -334,14 +409,17 @@ async def read(
     fn: Callable[[CopiedHandles], T],
     *,
     cache: ReadCache | None = None,
-    extra: Callable[[], Any] | None = None,
+    extra: Callable[[Copy], Any] | None = None,
 ) -> T:
-    """`fn(handles)` in the read pool on a copy of the live state taken on the worker, admitted
-    as one of `caller`'s reads (429 past their share, before the worker is asked anything);
-    `what` names the read in the line of a read stopped at the time limit."""
+    """`fn(handles)` in the read pool on the view of the live state the worker published
+    (`view`), admitted as one of `caller`'s reads (429 past their share, before anything else);
+    `what` names the read in the line of a read stopped at the time limit; `extra(view)`: what
+    the read asks of the service beside the state, on the event loop."""
     with pool.admitted(caller, read=True):
-        await caught_up(worker, pool, int(worker.service.ledger.position))
-        copy = await pool.worker_call(lambda: take(worker, extra))
+        copy = await view(worker, pool)
+        await caught_up(worker, pool, copy.ledger.position)
+        if extra is not None:
+            copy = dataclasses.replace(copy, extra=extra(copy))
 
         def run(cursor: duckdb.DuckDBPyConnection, _limits: Any) -> T:
             cursor.execute("BEGIN TRANSACTION")  # one snapshot of the projection for the read

@@ -4,8 +4,9 @@ One registry per application. Two kinds of figures:
 
 - observed as they happen: the dispatcher cycle's latency (a histogram fed by the service loop's
   `on_cycle` hooks) and the API's latency by route, method and status (an ASGI middleware);
-- read at scrape time from the read layer (`ledger.reads.layer`), in the read pool on a copy
-  of the live state the worker thread takes (`ledger.server.copied`): queue depth
+- read at scrape time from the read layer (`ledger.reads.layer`), in the read pool on the view
+  of the live state the worker thread publishes (`ledger.server.copied`; a scrape asks the
+  worker thread nothing): queue depth
   by wait code and by team, placements and preemptions over the whole log, per-team usage, owed,
   delivered and LevelFS, projection lag (events and seconds), relay lag, and the age of each
   node's last heartbeat (the node agents' executor's `last_seen` under `serve --executor
@@ -388,21 +389,15 @@ class Tallies:
         return teams, dict(sorted(self.placements.items())), dict(sorted(self.preemptions.items()))
 
 
-def service_figures(service: Any, ha: Any = None) -> dict[str, Any]:
-    """On the worker thread: what a scrape reads of the service beside the live state (the
-    projection's lag, the relay's, the cycles, the engine, the nodes heard from, the roles)."""
-    ledger = service.ledger
-    head = ledger.position
-    clock = service.clock.now()
-    projected = service.store.position()
-    lag_s = 0.0
-    if projected < head:
-        first = ledger.read(projected, 1)
-        if first:
-            lag_s = max(0.0, clock - first[0][1].at)
+def service_figures(service: Any, ha: Any, view: Any) -> dict[str, Any]:
+    """On the event loop, never the worker thread (as health reads them): what a scrape reads
+    of the service beside the view of the live state (`copied.Copy`) it reads (the relay's lag,
+    the cycles, the engine, the nodes heard from, the roles), at the view's moment; the
+    projection's lag is the read's (`read_figures`)."""
+    head = view.ledger.position
+    clock = view.moment
     relay = service.relay_position()
     return {
-        "projection_lag_s": lag_s,
         "cycles": service.stats.cycles,
         "relay_lag": None if relay is None else max(0, head - relay),
         "heartbeat_ages": {
@@ -414,22 +409,24 @@ def service_figures(service: Any, ha: Any = None) -> dict[str, Any]:
     }
 
 
-def read_figures(
-    handles: Any,
-    service: Any,
-    ha: Any = None,
-    tallies: Tallies | None = None,
-    taken: dict[str, Any] | None = None,
-) -> Figures:
-    """The ledger's figures now, all from the read layer; with `ha` (the server's `Leadership`
-    on a shared store), its role, the epoch and every server's lag; `tallies`: the server's
+def projection_lag_s(view: Any, projected: int) -> float:
+    """How long ago the oldest event the projection (at `projected`, as the read sees it)
+    lacks of the view's was appended: 0 once it holds the view's position; else since the
+    first event the service's own projection lacked when the view was published (the
+    oldest the read may lack)."""
+    if projected >= view.ledger.position or view.unprojected is None:
+        return 0.0
+    return max(0.0, float(view.moment) - float(view.unprojected[1]))
+
+
+def read_figures(handles: Any, tallies: Tallies | None, taken: dict[str, Any]) -> Figures:
+    """The ledger's figures now, all from the read layer, read in the read pool on the view of
+    the live state (`handles.copy`: `ledger.server.copied`); `tallies`: the server's
     whole-log counts kept between scrapes (None: counted afresh). `taken`: `service_figures`
-    taken on the worker thread (the rest is then read in the read pool, on a copy of the live
-    state: `ledger.server.copied`); None: taken here, on the worker."""
+    (the server's `Leadership` on a shared store adds its role, the epoch and every server's
+    lag)."""
     from ledger.reads import preview as previews
 
-    if taken is None:
-        taken = service_figures(service, ha)
     ledger = handles.ledger
     store = handles.store()
     head = ledger.position
@@ -450,6 +447,7 @@ def read_figures(
         now=window.now,
         head=head,
         projection_position=projected,
+        projection_lag_s=projection_lag_s(handles.copy, projected),
         queue_by_code=by_code,
         queue_by_team=by_team,
         placements=placements,
@@ -517,13 +515,18 @@ class Metrics:
         """When the last scrape came: only while something scrapes are the window figures
         computed ahead."""
 
-    def warm(self, handles: Any) -> None:
-        """Compute the window figures ahead of the next scrape (the worker calls it when idle),
+    def warm(self, handles: Any, worker: Any, pool: Any) -> None:
+        """Have the window figures computed ahead of the next scrape, in the read pool on the
+        published view (the worker calls it when idle and only hands it on: `copied.ahead`),
         while something scrapes (one in the last 10 minutes)."""
+        from ledger.server import copied
+
         if self.scraped_at is None or time.monotonic() - self.scraped_at > 600:
             return
-        if not handles.cache.holds("metrics-ledger", handles.ledger.position):  # the log moved
-            ledger_figures(handles)
+        view = worker.view
+        if view is None or handles.cache.holds("metrics-ledger", view.ledger.position):
+            return
+        copied.ahead(worker, pool, handles.cache, ledger_figures)
 
     def observe_cycle(self, seconds: float) -> None:
         self.cycle.observe(seconds)
@@ -671,8 +674,8 @@ def route(
 ) -> HTTPRouteHandler:
     """`GET /metrics` for the callers the reads accept, admitted as one of the caller's reads
     (a scrape every few seconds is far below a person's 1,200 a minute): the service's own
-    figures taken on the worker thread with a copy of the live state, the rest read from that
-    copy in the read pool (`ledger.server.copied`). The costly figures are kept between
+    figures read on the event loop, the rest from the view of the live state the worker
+    published, in the read pool (`ledger.server.copied`). The costly figures are kept between
     scrapes (`ReadCache`, `Tallies`): a scrape is the shared preview, a window figure
     computed at most every 2 s, and the placements and preemptions since the last scrape."""
     from ledger.server import copied
@@ -683,8 +686,9 @@ def route(
         metrics.scraped_at = time.monotonic()
         figures = await copied.read(
             worker, pool, caller.actor, "the metrics scrape",
-            lambda h: read_figures(h, None, None, metrics.tallies, h.copy.extra),
-            cache=handles.cache, extra=lambda: service_figures(worker.service, worker.ha),
+            lambda h: read_figures(h, metrics.tallies, h.copy.extra),
+            cache=handles.cache,
+            extra=lambda view: service_figures(worker.service, worker.ha, view),
         )  # fmt: skip
         # Litestar adds the charset of a text/* type itself: the exposition format's type bare
         bare = metrics.content_type.replace("; charset=utf-8", "")

@@ -258,14 +258,13 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         name: str,
         key: Any,
         fn: Callable[[Any], Any],
-        extra: Callable[[], Any] | None = None,
         *,
         live: bool = True,
     ) -> Response[bytes]:
         """`fn(handles)`'s answer encoded, kept per log position like the /v1 reads
         (`ReadCache`; `name` is the read whose freshness rule it follows), admitted as one of
-        `caller`'s reads, computed in the read pool on a copy of the live state (`extra()`
-        taken with it on the worker: `ledger.server.copied`; T5); `live=False`: on the
+        `caller`'s reads, computed in the read pool on the view of the live state the worker
+        published (`ledger.server.copied`: the worker asked nothing; T5); `live=False`: on the
         projection alone, the worker asked nothing (`copied.projected_read`)."""
         cache = handles.cache
         with pool.admitted(caller.actor, read=True):  # a kept answer is a read too
@@ -279,7 +278,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         what = f"the {name} page"
         if live:
             handles.asked["live-preview"] = time.monotonic()  # computed ahead when idle
-            got_live = copied.read(worker, pool, caller.actor, what, run, cache=cache, extra=extra)
+            got_live = copied.read(worker, pool, caller.actor, what, run, cache=cache)
         else:
             got_live = copied.projected_read(
                 worker, pool, caller.actor, what, run, moment=handles.now()

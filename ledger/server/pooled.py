@@ -162,12 +162,16 @@ async def _answer(
 
     service = worker.service
     target = int(service.ledger.position)
-    on_worker = asyncio.ensure_future(pool.worker_call(lambda: seen_by(worker, viewer)))
-    on_worker.add_done_callback(lambda f: f.cancelled() or f.exception())
-    try:
-        seen = await asyncio.wait_for(asyncio.shield(on_worker), WORKER_WAIT_S)
-    except TimeoutError:
-        seen = reads.Viewer(viewer, service.ledger.state).detached().state
+    view = worker.viewed()  # who may see what as of the view the worker published, if one is
+    if view is not None:
+        seen = reads.Viewer(viewer, view.ledger.state).detached().state
+    else:
+        on_worker = asyncio.ensure_future(pool.worker_call(lambda: seen_by(worker, viewer)))
+        on_worker.add_done_callback(lambda f: f.cancelled() or f.exception())
+        try:
+            seen = await asyncio.wait_for(asyncio.shield(on_worker), WORKER_WAIT_S)
+        except TimeoutError:
+            seen = reads.Viewer(viewer, service.ledger.state).detached().state
     await copied.caught_up(worker, pool, target)
     clock = service.clock.now
 

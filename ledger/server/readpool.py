@@ -144,6 +144,8 @@ class ReadPool:
     a connection and a source of its own, the service's lock), on `_projecting`'s thread, never
     the worker's (`copied.caught_up`); None: they ask the worker."""
     _projecting: ThreadPoolExecutor | None = None
+    _ahead: ThreadPoolExecutor | None = None
+    _ahead_busy: bool = False
     _worker_lane: asyncio.Lock | None = None
     _worker_rest_until: float = 0.0
 
@@ -152,6 +154,7 @@ class ReadPool:
             self.threads, thread_name_prefix="reads", initializer=self._lower_priority
         )
         self._projecting = ThreadPoolExecutor(1, thread_name_prefix="projector")
+        self._ahead = ThreadPoolExecutor(1, thread_name_prefix="ahead")
         for name in ("pages", "big", "live"):
             turns = Turns(rest=self.rest, cap_s=self.limits.timeout_s)
             self._lanes[name] = FairLane(turns, name=f"{name}-reads")
@@ -180,7 +183,7 @@ class ReadPool:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
 
     def stop(self) -> None:
-        for pool in (self._pool, self._projecting):
+        for pool in (self._pool, self._projecting, self._ahead):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
         for lane in self._lanes.values():
@@ -305,6 +308,26 @@ class ReadPool:
             lane = self._lanes["live" if live else "big" if big else "pages"]
             return await asyncio.wrap_future(lane.submit(person, lambda: self._one(fn)))
         return await asyncio.get_running_loop().run_in_executor(self._pool, self._one, fn)
+
+    def beside(self, fn: Callable[[duckdb.DuckDBPyConnection, Limits], Any]) -> bool:
+        """From any thread: `fn(cursor, limits)` on the thread of work done ahead
+        (`copied.ahead`: one thread at the service's priority, as the worker that did it
+        before; not in a lane, whose time is the people's: it counted against the person
+        reading and slowed their next reads by seconds), not awaited; False when the pool has
+        no connection yet or that thread is busy (nothing queues behind it)."""
+        if self._ahead is None or self._base is None or self._ahead_busy:
+            return False
+        self._ahead_busy = True
+
+        def run() -> None:
+            try:
+                self._one(fn)
+            finally:
+                self._ahead_busy = False
+
+        done = self._ahead.submit(run)
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return True
 
     async def worker_read(
         self,

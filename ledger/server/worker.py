@@ -13,6 +13,12 @@ of the loop from outside; the loop is the one that waited anyway.)
 The worker thread runs reads and calls in order, a dispatcher cycle whenever one is due, and the
 ahead-of-time work of the read cache once the log has stayed still.
 
+Whoever moves the live state (a group commit, a call, a cycle, a standby's follow) publishes it,
+before anyone is answered, while someone reads it (`view`: `ledger.server.copied.take`, an
+immutable copy): the pages, `/metrics` and the previews read that view in the read pool and
+never ask this thread anything (docs/server.md, "Reads beside the worker"). Nothing the
+dispatcher decides reads the view.
+
 One of several servers on a PostgreSQL store (`ha`, docs/ha.md) cycles only while it leads: at
 each turn the worker turns the lease into a role (`promote` once it holds it, `demote` once it
 does not), and a standby follows the log instead of cycling, every `follow_s`.
@@ -100,6 +106,16 @@ class Worker:
     """The lease epoch this server last took up the leader's work at."""
     _early_at: float = float("-inf")
     """When a submission last brought a cycle forward (`_cycle_soon`)."""
+    view: Any = None
+    """The live state as of the last change that was answered (`copied.Copy`: the state copied
+    at a log position, with what the engine was last seen holding), published under the lock
+    by whoever moved it, before the moves are acknowledged; None while nobody reads it (then
+    no commit pays for a copy) or once it may be stale."""
+    view_for_s: float = 600.0
+    """How long after the last read of `view` it is still published."""
+    _viewed_at: float = float("-inf")
+    views: int = 0
+    """Views published so far."""
 
     def leading(self) -> bool:
         return self.ha is None or self.ha.leading
@@ -116,6 +132,30 @@ class Worker:
         """When (`time.monotonic`) the next cycle (or a standby's follow) is due: it catches the
         projection up too (the reads may wait for it rather than fold the log themselves)."""
         return self._next_cycle
+
+    def viewed(self) -> Any:
+        """On the event loop: the published view (None: none is current; `publish_view` on this
+        thread takes one), and it is published from now on for `view_for_s`."""
+        self._viewed_at = time.monotonic()
+        return self.view
+
+    def publish_view(self) -> Any:
+        """On the worker thread (the lock held): publish the view now and return it."""
+        self._viewed_at = time.monotonic()
+        self._publish()
+        return self.view
+
+    def _publish(self) -> None:
+        """With the lock, after whatever may have moved the live state and before it is
+        answered: a new view when it moved (the log's position, the engine's observation),
+        while someone read one in the last `view_for_s`; else none (a stale one is dropped)."""
+        from ledger.server import copied
+
+        if time.monotonic() - self._viewed_at > self.view_for_s:
+            self.view = None
+        elif self.view is None or not copied.same(self.view, self):
+            self.view = copied.take(self)
+            self.views += 1
 
     def nudge(self) -> None:
         """Look at the role (and follow the log) at once, from any thread."""
@@ -163,6 +203,7 @@ class Worker:
             wake = self._moved_at is None
             for at in range(0, len(tasks), self.max_batch):
                 done = self._execute_each(tasks[at : at + self.max_batch])
+                self._publish()  # before anyone is answered: a read after it sees it
                 for task, result in done:
                     _settle_one(task, result)
             self._moved_at = time.monotonic()
@@ -277,12 +318,14 @@ class Worker:
                 tasks.append(more)
         if self.ha is not None:
             self._take_role()
+            self._publish()
         self._handle(tasks)
         now = time.monotonic()
         if not tasks and self._moved_at is not None and now >= self._moved_at + self.quiet_s:
             self._when_idle()
         if time.monotonic() >= self._next_cycle or stopping:
             self._cycle()
+        self._publish()
         return stopping
 
     def _take_role(self) -> None:
@@ -338,7 +381,9 @@ class Worker:
         if tasks:  # writes, and calls that may write (batches, agents' reports)
             self._moved_at = time.monotonic()
         if writes:
-            _resolve_all(self._execute_each(writes))
+            done = self._execute_each(writes)
+            self._publish()
+            _resolve_all(done)
         for t in tasks:
             if t.call is not None:
                 try:
@@ -347,6 +392,7 @@ class Worker:
                     if not isinstance(err, LedgerError):
                         log.exception("read failed")
                     result = err
+                self._publish()  # a call may write (a batch, an agent's report)
                 _resolve_all([(t, result)])
 
     def _execute_each(self, writes: list[_Task]) -> list[tuple[_Task, Any]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 import msgspec
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ledger.core.decide import decide
@@ -169,3 +170,22 @@ def test_chart_buckets_are_whole_hours() -> None:
     assert bucket_for(7 * 86400) == 4 * 3600
     assert bucket_for(3600) == 3600
     assert bucket_for(365 * 86400) % 3600 == 0
+
+
+@pytest.mark.parametrize(
+    ("case", "projected", "unprojected", "want_lag_s"),
+    [
+        ("the read's projection holds the view: no lag", 10, (8, 90.0), 0.0),
+        ("behind the view: since the first event lacked", 7, (8, 90.0), 10.0),
+        ("behind, nothing known of the events lacked", 7, None, 0.0),
+    ],
+)
+def test_the_projection_lag_of_a_scrape_is_the_views(
+    case: str, projected: int, unprojected: tuple[int, float] | None, want_lag_s: float
+) -> None:
+    from ledger.core.state import State
+    from ledger.server.copied import Copy, Frozen
+    from ledger.server.metrics import projection_lag_s
+
+    view = Copy(Frozen(State(), 10), 100.0, {}, unprojected=unprojected)
+    assert projection_lag_s(view, projected) == want_lag_s, case

@@ -59,3 +59,38 @@ def test_the_cache_stays_bounded() -> None:
     for i in range(10):
         cache.answer("queue", READS["queue"].parse({"limit": i + 1}), 1, 0.0, compute)
     assert len(cache._entries) <= 4
+
+
+def test_a_shared_value_under_way_is_waited_for_not_computed_again_beside_it() -> None:
+    """Two threads asking the shared preview at one position compute it once (the one computed
+    ahead in the read pool and a page's read: both computed it, each slower for the other)."""
+    import threading
+
+    cache = ReadCache(clock=lambda: 100.0)
+    started, release = threading.Event(), threading.Event()
+    computed: list[str] = []
+
+    def slow() -> str:
+        computed.append("slow")
+        started.set()
+        release.wait(5)
+        return "preview at 7"
+
+    got: list[str] = []
+    first = threading.Thread(target=lambda: got.append(cache.shared("p", 7, 100.0, slow)))
+    first.start()
+    assert started.wait(5)
+    second = threading.Thread(
+        target=lambda: got.append(
+            cache.shared("p", 7, 99.0, lambda: computed.append("again") or "")
+        )
+    )
+    second.start()
+    second.join(0.2)
+    assert second.is_alive()  # waiting for the one under way
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert got == ["preview at 7", "preview at 7"] and computed == ["slow"]
+    # another position is computed, not waited for
+    assert cache.shared("p", 8, 100.0, lambda: "preview at 8") == "preview at 8"

@@ -1,0 +1,186 @@
+"""The queue, job and nodes pages, `/metrics` and `queue --json` answer while the worker thread
+is held in a dispatcher cycle: they read the view of the live state the worker published
+(`ledger.server.copied`), never the worker. A real `gpuledger serve` whose dispatcher cycle
+waits while a gate file exists (the cycle is held, not replaced: it then runs as always)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.serverkit import Server, cli, env_for, make_token, set_up_ledger
+
+SECRET = "s3cret-run-name"
+
+HELD = """
+import sys, time
+from pathlib import Path
+from ledger.cycle.loop import ServiceLoop
+
+gate, held = Path(sys.argv[1]), Path(sys.argv[2])
+step = ServiceLoop.step
+
+def held_step(self, now):
+    while gate.exists():  # the worker thread is held here, the ledger's lock with it
+        held.touch()
+        time.sleep(0.02)
+    held.unlink(missing_ok=True)
+    return step(self, now)
+
+ServiceLoop.step = held_step
+from ledger.cli import main
+
+sys.argv = ["gpuledger", "serve", "--listen", "127.0.0.1:0", "--executor", "record",
+            "--interval", "1s"]
+main()
+"""
+
+
+class Held:
+    def __init__(self, server: Server, gate: Path, held: Path, tokens: dict[str, str]) -> None:
+        self.server, self.gate, self.held, self.tokens = server, gate, held, tokens
+
+    def get(self, path: str, who: str, timeout: float = 10.0) -> tuple[int, Any]:
+        """GET `path` as `who`, failing if it takes longer than `timeout` (a read that waited
+        for the held worker)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=timeout)
+        try:
+            conn.request("GET", path, headers={"Authorization": f"Bearer {self.tokens[who]}"})
+            resp = conn.getresponse()
+            raw = resp.read()
+        finally:
+            conn.close()
+        try:
+            return resp.status, json.loads(raw)
+        except ValueError:
+            return resp.status, raw
+
+    def hold(self) -> None:
+        self.gate.touch()
+        deadline = time.monotonic() + 30
+        while not self.held.exists():  # the next cycle is under way, and waits
+            assert time.monotonic() < deadline, "no cycle came to the gate"
+            time.sleep(0.02)
+
+    def release(self) -> None:
+        self.gate.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def held(tmp_path: Path) -> Iterator[Held]:
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    for who in ("bob", "bob", "carol"):  # 8 GPUs each: none fits beside job 1, they wait
+        account = "ai2/tulu" if who == "carol" else "ai2/olmo"
+        cli(home, "submit", "-A", account, "-G", "8", "--", "python", "train.py", SECRET,
+            GPULEDGER_USER=who)  # fmt: skip
+    tokens = {who: make_token(home, "--user", who) for who in ("root", "alice", "carol")}
+    gate, mark = tmp_path / "gate", tmp_path / "held"
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HELD, str(gate), str(mark)],
+            env=env_for(home), stdout=out, stderr=out, cwd=tmp_path,
+        )  # fmt: skip
+    server = None
+    try:
+        deadline = time.monotonic() + 60
+        while server is None:
+            found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", log_path.read_text())
+            if found:
+                server = Server(home, proc, found.group(1), log_path)
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+        while server.request("GET", "/v1/health")[1]["cycles"] < 1:
+            assert time.monotonic() < deadline, "no cycle"
+            time.sleep(0.05)
+        yield Held(server, gate, mark, tokens)
+    finally:
+        gate.unlink(missing_ok=True)
+        if server is not None:
+            assert server.stop() == 0
+        else:
+            proc.kill()
+
+
+def queue_page(h: Held, who: str = "alice") -> dict[str, Any]:
+    status, body = h.get("/ui/api/queue?state=queued&limit=1000", who)
+    assert status == 200, body
+    return dict(body)
+
+
+def test_pages_answer_while_the_worker_is_held_and_equal_the_cli(held: Held) -> None:
+    h = held
+    before = queue_page(h)  # someone reads: the worker publishes its view from now on
+    h.hold()
+    head = h.server.head()
+    # the worker is held in a cycle: every page still answers, from the published view
+    page = queue_page(h)
+    carol_job = next(r["row"]["job_id"] for r in page["rows"] if r["row"]["user"] == "carol")
+    nodes = h.get("/ui/api/nodes", "alice")
+    job_other = h.get(f"/ui/api/job/{carol_job}", "alice")
+    job_own = h.get(f"/ui/api/job/{carol_job}", "carol")
+    scrape = h.get("/metrics", "root")
+    listed = json.loads(cli(h.server.home, "queue", "--json", "--limit", "1000").stdout)
+    assert h.held.exists() and h.server.head() == head  # still held: nothing moved
+    h.release()
+    # the same jobs in the same order with the same reasons as the CLI, at the same position
+    assert page["total"] == len(listed) == before["total"] == 3
+    assert [(r["row"]["job_id"], r["row"]["code"]) for r in page["rows"]] == [
+        (q["job_id"], q["code"]) for q in listed
+    ]
+    assert nodes[0] == 200 and [n["node"] for n in nodes[1]["nodes"]] == ["n1"]
+    assert nodes[1]["nodes"][0]["free_gpus"] == 7  # job 1 holds one GPU
+    # who sees whose command: as before (docs/security.md): the owner, not another team
+    assert job_other[0] == 200 and job_own[0] == 200
+    assert (job_other[1]["private"], SECRET in json.dumps(job_other[1])) == (False, False)
+    assert (job_own[1]["private"], SECRET in json.dumps(job_own[1])) == (True, True)
+    assert scrape[0] == 200 and b"gpuledger_queue_jobs" in scrape[1]
+
+
+def test_a_read_after_an_acknowledged_write_sees_it_without_a_cycle(held: Held) -> None:
+    h = held
+    queue_page(h)
+    h.hold()
+    got: list[Any] = []
+
+    def submit() -> None:  # waits for the held worker, then is committed and acknowledged
+        out = cli(h.server.home, "submit", "-A", "ai2/olmo", "-G", "8", "--", "true",
+                  GPULEDGER_USER="alice")  # fmt: skip
+        got.append(out.stdout)
+
+    writer = threading.Thread(target=submit)
+    writer.start()
+    time.sleep(0.5)
+    assert queue_page(h)["total"] == 3 and not got  # held: not committed, not shown
+    h.release()
+    writer.join(60)
+    assert got, "the submission was not acknowledged"
+    job_id = int(re.findall(r"submitted job (\d+)", got[0])[0])
+    h.hold()  # the next cycle held: only the commit's own view can show the job
+    page = queue_page(h)
+    h.release()
+    assert page["total"] == 4
+    assert job_id in [r["row"]["job_id"] for r in page["rows"]]
+
+
+def test_no_view_is_published_while_nobody_reads(held: Held) -> None:
+    """A ledger nobody reads costs no copy per commit: the first read after none asks the
+    worker for a view (and waits for a cycle under way, as before)."""
+    h = held
+    h.hold()
+    with pytest.raises(TimeoutError):  # no view yet: this read needs the worker
+        h.get("/ui/api/queue?state=queued", "alice", timeout=1.0)
+    h.release()
+    assert queue_page(h)["total"] == 3
