@@ -173,7 +173,26 @@ def _user(spec: dict[str, Any]) -> dict[str, Any]:
     return {"user": who["uid"], "group": who["gid"], "extra_groups": who["groups"]}
 
 
+JOB_NOFILE_VAR = "GPULEDGER_JOB_NOFILE"
+"""The soft open-files limit its jobs get back, set by a `serve` that raised its own to fit its
+connections (`server.run._fit_descriptors`): a job never inherits the server's (atk39-25)."""
+
+
+def lower_files_limit(value: str | None) -> None:
+    """The soft RLIMIT_NOFILE lowered to `value` (decimal) when it is below the current one."""
+    import resource
+
+    if not value or not value.isdigit():
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = int(value)
+    if soft == resource.RLIM_INFINITY or want < soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
 def run(rundir: Path) -> int:
+    lower_files_limit(os.environ.get(JOB_NOFILE_VAR))
     spec = json.loads((rundir / "spec.json").read_bytes())
     tree = tree_of(spec)
     grace_s = float(spec.get("grace_s") or 30.0)

@@ -45,6 +45,7 @@ from ledger.cycle.loop import ServiceLoop
 from ledger.dispatch import registry
 from ledger.engines.gpu_util import UtilSource, pick_source
 from ledger.engines.none import NoExecutor
+from ledger.engines.supervise import JOB_NOFILE_VAR
 from ledger.engines.supervised import SupervisedExecutor, handled_jobs
 from ledger.server import identity, whatifs
 from ledger.server.app import create_asgi
@@ -391,6 +392,8 @@ def _fit_descriptors(limits: Limits) -> Limits:
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY:  # what the jobs it starts get back (`supervise.run`)
+        os.environ.setdefault(JOB_NOFILE_VAR, str(soft))
     want = limits.most + SPARE_FDS
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
         for new in (hard, max(soft, want)):

@@ -133,12 +133,13 @@ def start_server(
     *args: str,
     log_name: str = "serve.log",
     env: dict[str, str] | None = None,
-    files: int | None = None,
+    files: int | tuple[int, int] | None = None,
 ) -> Server:
     """`gpuledger serve` on `home`: with `--executor record` (placements recorded, nothing runs)
     unless `args` name an executor; the tests' users are ledger names, so with an executor that
     runs processes the jobs run as the service's account unless `args` say `--run-as`.
-    `files`: the server's soft and hard limits of open files (as systemd's `LimitNOFILE=`)."""
+    `files`: the server's soft and hard limits of open files (as systemd's `LimitNOFILE=`; a
+    pair: soft, hard)."""
     if "--executor" not in args:
         args = ("--executor", "record", *args)
     elif "--run-as" not in args and not {"none", "record"} & set(args):
@@ -165,10 +166,12 @@ def start_server(
     raise AssertionError(f"serve did not start:\n{log_path.read_text()}")
 
 
-def _limit_files(files: int) -> None:
+def _limit_files(files: int | tuple[int, int]) -> None:
     import resource
 
-    resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+    resource.setrlimit(
+        resource.RLIMIT_NOFILE, files if isinstance(files, tuple) else (files, files)
+    )
 
 
 def init_on_store(
