@@ -186,6 +186,23 @@ def init_on_store(
         GPULEDGER_USER="root")  # fmt: skip
 
 
+def set_up_long_queue(home: Path, tmp: Path) -> None:
+    """`set_up_ledger`, then 3,000 pending 8-GPU jobs of bob's with 400-byte labels: pages of
+    the queue large enough that one left unread fills a connection's buffers."""
+    from ledger.store.application import Ledger
+    from schemas import commands as c
+
+    set_up_ledger(home, tmp)
+    ledger = Ledger(home)
+    try:
+        submit = c.SubmitJob(actor="bob", account="ai2/olmo", gpus=8, min_runtime_s=3600,
+                             labels={"note": "x" * 400})  # fmt: skip
+        for _ in range(30):
+            ledger.execute_all([submit] * 100)
+    finally:
+        ledger.close()
+
+
 def set_up_ledger(home: Path, tmp: Path) -> None:
     """root admin; ai2/olmo (alice, bob; manager mgr), ai2/tulu (carol; manager othermgr);
     node n1 with 8 GPUs; job 1 by alice, resumable."""

@@ -23,9 +23,14 @@ from pathlib import Path
 import pytest
 
 from ledger.engines.supervised import live_processes
-from ledger.store.application import Ledger
-from schemas import commands as c
-from tests.integration.serverkit import Server, cli, make_token, set_up_ledger, start_server
+from tests.integration.serverkit import (
+    Server,
+    cli,
+    make_token,
+    set_up_ledger,
+    set_up_long_queue,
+    start_server,
+)
 
 STALL_S = 2.0
 PAGE = "/v1/jobs?limit=10000"
@@ -48,15 +53,7 @@ class World:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     tmp = tmp_path_factory.mktemp("connections")
     home = tmp / "ledger"
-    set_up_ledger(home, tmp)
-    ledger = Ledger(home)
-    try:
-        submit = c.SubmitJob(actor="bob", account="ai2/olmo", gpus=8, min_runtime_s=3600,
-                             labels={"note": "x" * 400})  # fmt: skip
-        for _ in range(30):
-            ledger.execute_all([submit] * 100)
-    finally:
-        ledger.close()
+    set_up_long_queue(home, tmp)
     tokens = {who: make_token(home, "--user", who) for who in ("root", "alice", "bob", "carol")}
     # a server whose soft limit of open files is a common default's (systemd's is 1,024):
     # before the caps, one person's connections used them all and everyone's accept failed

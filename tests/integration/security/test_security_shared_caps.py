@@ -28,11 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from ledger.store.application import Ledger
 from ledger.wire import SOCKET_NAME
-from schemas import commands as c
 from tests.integration.security.test_security_connections import answer
-from tests.integration.serverkit import Server, make_token, set_up_ledger, start_server
+from tests.integration.serverkit import Server, make_token, set_up_long_queue, start_server
 
 STALL_S = 20.0
 """Long enough that the connections a test holds are not dropped while it looks."""
@@ -63,15 +61,7 @@ class World:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     tmp = tmp_path_factory.mktemp("shared-caps")
     home = tmp / "ledger"
-    set_up_ledger(home, tmp)
-    ledger = Ledger(home)
-    try:
-        submit = c.SubmitJob(actor="bob", account="ai2/olmo", gpus=8, min_runtime_s=3600,
-                             labels={"note": "x" * 400})  # fmt: skip
-        for _ in range(30):
-            ledger.execute_all([submit] * 100)
-    finally:
-        ledger.close()
+    set_up_long_queue(home, tmp)
     people = ("root", "carol", *COLLUDERS)
     tokens = {who: make_token(home, "--user", who) for who in people}
     # the test holds ~1,100 sockets at once

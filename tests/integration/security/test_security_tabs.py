@@ -19,10 +19,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import sync_playwright
 
-from ledger.store.application import Ledger
-from schemas import commands as c
 from tests.integration.security.test_security_connections import answer
-from tests.integration.serverkit import Server, make_token, set_up_ledger, start_server
+from tests.integration.serverkit import Server, make_token, set_up_long_queue, start_server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 PAGE = "/v1/jobs?limit=10000"
@@ -39,15 +37,7 @@ class World:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     tmp = tmp_path_factory.mktemp("tabs")
     home = tmp / "ledger"
-    set_up_ledger(home, tmp)
-    ledger = Ledger(home)
-    try:
-        submit = c.SubmitJob(actor="bob", account="ai2/olmo", gpus=8, min_runtime_s=3600,
-                             labels={"note": "x" * 400})  # fmt: skip
-        for _ in range(30):
-            ledger.execute_all([submit] * 100)
-    finally:
-        ledger.close()
+    set_up_long_queue(home, tmp)
     tokens = {who: make_token(home, "--user", who) for who in ("alice",)}
     server = start_server(home, "--interval", "0.5s", env={"GPULEDGER_SEND_STALL_S": "30"})
     try:
