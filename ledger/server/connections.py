@@ -427,9 +427,13 @@ class Counts:
     dropped_stalled: int = 0
     dropped_no_request: int = 0
     dropped_no_body: int = 0
-    refused_head: dict[str, int] = field(default_factory=lambda: {"headers": 0, "length": 0})
+    refused_head: dict[str, int] = field(
+        default_factory=lambda: {"headers": 0, "length": 0, "malformed": 0}
+    )
     """Requests refused before they were parsed (`protocol.body_length`): "headers" (431: past
-    64 KiB or 100 lines), "length" (411 for a Transfer-Encoding, 400 for a bad Content-Length)."""
+    64 KiB or 100 lines), "length" (411 for a Transfer-Encoding, 400 for a bad Content-Length),
+    "malformed" (400: empty lines where a request line belongs, a request or header line the
+    parser would refuse)."""
 
 
 class Connection:
