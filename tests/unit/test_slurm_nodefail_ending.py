@@ -360,3 +360,29 @@ def test_a_heartbeat_dated_ahead_counts_from_the_read_that_saw_it(tmp_path: Path
     assert seen.beat(tmp_path, "7", 210.0) == 150.0
     seen.forget("7")
     assert seen.beats == {} and seen.notes == {}
+
+
+def test_the_heartbeat_beats_on_when_the_job_kills_its_sleep(tmp_path: Path) -> None:
+    """atk40-24 F1: the heartbeat's loop ended when its `sleep` failed (`|| break`, so it never
+    spins without one), and a job's own `pkill -9 sleep` (an honest clean-up) stopped it for good
+    while the command lived: the run was then judged by the older rules and its GPUs given to
+    another job beside it. A `sleep` a signal ended is slept again."""
+    marks = {m: tmp_path / m for m in ("launched", "ended", "signalled", "alive", "stop")}
+    command = ("bash", "-c", f"while [ ! -e {marks['stop']} ]; do sleep 0.1; done")
+    script = _batch_script(tmp_path, command, alive=True)
+    bash = subprocess.Popen(["/bin/bash", str(script)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not marks["alive"].exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for _ in range(3):  # the job kills every `sleep` of its session, the heartbeat's too
+            subprocess.run(["pkill", "-9", "-s", str(bash.pid), "-x", "sleep"], check=False)
+            time.sleep(0.3)
+        killed = time.time()
+        time.sleep(BEAT_EVERY_S * 2 + 0.5)
+        assert marks["alive"].stat().st_mtime > killed, "the heartbeat stopped"
+        marks["stop"].touch()
+        assert bash.wait(timeout=10) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bash.pid, signal.SIGKILL)

@@ -140,11 +140,13 @@ def batch_script(
 def _heartbeat(alive_file: str, signals: str) -> str:
     """Pure: the script's heartbeat (`batch_script`): its own process, deaf to the job's
     signals and to its output, rewriting `alive_file` while the command's child lives (`sleep`
-    from the standard PATH: the job's own may have none, and the loop must never spin)."""
+    from the standard PATH: the job's own may have none, and the loop must never spin; a
+    `sleep` a signal ended, a job's `pkill sleep`, does not end it: atk40-24 F1)."""
     alive = shlex.quote(alive_file)
     return (
         f"( trap '' {signals}; while kill -0 \"$gpuledger_pid\" 2>/dev/null; do"
-        f" {{ : > {alive}; }} 2>/dev/null; command -p sleep {BEAT_EVERY_S} || break; done )"
+        f" {{ : > {alive}; }} 2>/dev/null; command -p sleep {BEAT_EVERY_S} ||"
+        " { gpuledger_s=$?; [ \"$gpuledger_s\" -gt 128 ] || break; }; done )"
         " </dev/null >/dev/null 2>&1 &"
         " gpuledger_beat=$!"
     )
