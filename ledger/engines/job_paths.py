@@ -86,9 +86,23 @@ def group_alone(gid: int, uid: int) -> bool:
     return all(p.pw_uid == uid for p in pwd.getpwall() if p.pw_gid == gid)
 
 
-def _alone(st: os.stat_result) -> bool:
-    """`group_alone` for a directory's stat (asked only when its group may write)."""
-    return bool(st.st_mode & 0o020) and group_alone(st.st_gid, st.st_uid)
+def has_acl(fd: int) -> bool:
+    """Whether the directory open as `fd` (an O_PATH descriptor) has an access ACL beyond its
+    mode: its group bits are then the ACL's mask, and a named user or group entry may write
+    without being in its group (`setfacl -m u:bob:rwx`). Unreadable: counted as having one."""
+    try:
+        os.getxattr(f"/proc/self/fd/{fd}", "system.posix_acl_access")
+    except OSError as err:
+        return err.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP)
+    return True
+
+
+def _alone(st: os.stat_result, fd: int) -> bool:
+    """`group_alone` for a directory's stat and descriptor (asked only when its group may
+    write): never when an ACL may grant write to another account."""
+    if not st.st_mode & 0o020:
+        return False
+    return group_alone(st.st_gid, st.st_uid) and not has_acl(fd)
 
 
 def link_refused(link_uid: int, dir_mode: int, uid: int, last: bool, alone: bool = False) -> str:
@@ -137,7 +151,7 @@ def _walk(path: str, what: str, shown: str, links: list[int], base: int | None) 
         while len(names) > 1:
             name = names.pop(0)
             here = os.fstat(cur)
-            unsafe = dir_refused(where, here.st_mode, what, shown, _alone(here))
+            unsafe = dir_refused(where, here.st_mode, what, shown, _alone(here, cur))
             if unsafe:
                 raise Refused(unsafe)
             node = os.open(name, _NAME, dir_fd=cur)
@@ -148,7 +162,8 @@ def _walk(path: str, what: str, shown: str, links: list[int], base: int | None) 
                     links[0] += 1
                     if links[0] > MAX_LINKS:
                         raise Refused(f"cannot open the {what} {shown}: too many symbolic links")
-                    why = link_refused(st.st_uid, here.st_mode, os.getuid(), False, _alone(here))
+                    alone = _alone(here, cur)
+                    why = link_refused(st.st_uid, here.st_mode, os.getuid(), False, alone)
                     if why:
                         raise Refused(f"the {what} {shown} goes through the symbolic link {link}, "
                                       f"which {why}: not followed")  # fmt: skip
@@ -250,7 +265,7 @@ def _open_last(holder: int, name: str, what: str, shown: str, links: list[int]) 
         if err.errno != errno.ELOOP:
             raise _why_not(shown, what, err) from err
     else:
-        return _kept_private(fd, os.fstat(holder), shown, what)
+        return _kept_private(fd, holder, shown, what)
     links[0] += 1
     if links[0] > MAX_LINKS:
         raise Refused(f"cannot open the {what} {shown}: too many symbolic links")
@@ -263,7 +278,7 @@ def _open_last(holder: int, name: str, what: str, shown: str, links: list[int]) 
         if not stat.S_ISLNK(st.st_mode):
             raise Refused(f"cannot open the {what} {shown}: it changed while it was opened")
         where = os.fstat(holder)
-        why = link_refused(st.st_uid, where.st_mode, os.getuid(), True, _alone(where))
+        why = link_refused(st.st_uid, where.st_mode, os.getuid(), True, _alone(where, holder))
         if why == "belongs to another user":
             raise Refused(f"the {what} {shown} exists and belongs to another user")
         if why:
@@ -291,13 +306,14 @@ def more_than_umask(file_mode: int, dir_mode: int, umask: int, alone: bool = Fal
     )
 
 
-def _kept_private(fd: int, holder: os.stat_result, path: str, what: str) -> int:
+def _kept_private(fd: int, holder: int, path: str, what: str) -> int:
     """`fd` (an existing output, `_checked`) unless `more_than_umask` refuses it (then closed)."""
     st = os.fstat(fd)
     if stat.S_ISREG(st.st_mode):
         mask = os.umask(0)
         os.umask(mask)
-        why = more_than_umask(st.st_mode, holder.st_mode, mask, _alone(holder))
+        where = os.fstat(holder)
+        why = more_than_umask(st.st_mode, where.st_mode, mask, _alone(where, holder))
         if why:
             os.close(fd)
             raise Refused(f"the {what} {path} {why}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,9 @@ from ledger.engines.slurm.outputs import Claimed, claim_outputs
 from ledger.engines.slurm.script import batch_script
 from ledger.engines.slurm.words import SbatchUser
 from tests.integration.userkit import User, os_user, shared_dir
+
+NO_ID = 0xFFFFFFFF
+"""An ACL entry's id when it names no one (the owner, its group, the mask, others)."""
 
 
 @pytest.fixture(scope="module")
@@ -455,6 +459,13 @@ def test_a_users_own_group_writable_directory_on_the_path_is_refused_with_the_fi
     got = open_outputs({"account": _account(alice), "umask": "0077", "stdout": str(notes)})
     os.close(got["output file"])  # bob cannot have renamed it there
     assert path_refusal(str(proj / "exp"), "working directory", "exp") == ""
+    # an ACL naming bob (`setfacl -m u:bob:rwx`): the group bits are its mask, bob may write
+    entries = [(1, 7, NO_ID), (2, 7, bob.uid), (4, 5, NO_ID), (0x10, 7, NO_ID), (0x20, 5, NO_ID)]
+    acl = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+    os.setxattr(proj, "system.posix_acl_access", acl)
+    assert stat.S_IMODE(proj.stat().st_mode) == 0o775
+    assert _unsafe(proj) in path_refusal(str(proj / "exp"), "working directory", "exp")
+    os.removexattr(proj, "system.posix_acl_access")
     os.chmod(proj, 0o777)  # others may write: refused whatever the group
     assert _unsafe(proj) in path_refusal(str(proj / "exp"), "working directory", "exp")
 

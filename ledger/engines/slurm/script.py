@@ -146,7 +146,7 @@ def _heartbeat(alive_file: str, signals: str) -> str:
     return (
         f"( trap '' {signals}; while kill -0 \"$gpuledger_pid\" 2>/dev/null; do"
         f" {{ : > {alive}; }} 2>/dev/null; command -p sleep {BEAT_EVERY_S} ||"
-        " { gpuledger_s=$?; [ \"$gpuledger_s\" -gt 128 ] || break; }; done )"
+        ' { gpuledger_s=$?; [ "$gpuledger_s" -gt 128 ] || break; }; done )'
         " </dev/null >/dev/null 2>&1 &"
         " gpuledger_beat=$!"
     )
