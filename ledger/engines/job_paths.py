@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
-import grp
 import os
-import pwd
 import signal
 import socket
 import stat
@@ -61,51 +58,13 @@ _NAME = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _UNREACHABLE = (errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.EPERM)
 
 
-def others_may_write(mode: int, group_alone: bool = False) -> bool:
+def others_may_write(mode: int) -> bool:
     """Pure: whether accounts other than a directory's owner may add, rename or remove what it
-    holds (group or world write, no sticky bit): a link or file there may be another's doing.
-    Group write counts only when the directory's group has another member (`group_alone` False):
-    on a user-private-group system a directory made under umask 002 is its owner's alone."""
-    if mode & stat.S_ISVTX:
-        return False
-    return bool(mode & 0o002) or (bool(mode & 0o020) and not group_alone)
+    holds (group or world write, no sticky bit): a link or file there may be another's doing."""
+    return bool(mode & 0o022) and not mode & stat.S_ISVTX
 
 
-@functools.lru_cache(maxsize=64)
-def group_alone(gid: int, uid: int) -> bool:
-    """Whether no account but `uid` is in group `gid`: none lists it as a supplementary group
-    and none has it as its primary group (a user-private group, Debian's default). Unknown to
-    the account database: not alone."""
-    try:
-        members = grp.getgrgid(gid).gr_mem
-        owner = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return False
-    if any(m != owner for m in members):
-        return False
-    return all(p.pw_uid == uid for p in pwd.getpwall() if p.pw_gid == gid)
-
-
-def has_acl(fd: int) -> bool:
-    """Whether the directory open as `fd` (an O_PATH descriptor) has an access ACL beyond its
-    mode: its group bits are then the ACL's mask, and a named user or group entry may write
-    without being in its group (`setfacl -m u:bob:rwx`). Unreadable: counted as having one."""
-    try:
-        os.getxattr(f"/proc/self/fd/{fd}", "system.posix_acl_access")
-    except OSError as err:
-        return err.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP)
-    return True
-
-
-def _alone(st: os.stat_result, fd: int) -> bool:
-    """`group_alone` for a directory's stat and descriptor (asked only when its group may
-    write): never when an ACL may grant write to another account."""
-    if not st.st_mode & 0o020:
-        return False
-    return group_alone(st.st_gid, st.st_uid) and not has_acl(fd)
-
-
-def link_refused(link_uid: int, dir_mode: int, uid: int, last: bool, alone: bool = False) -> str:
+def link_refused(link_uid: int, dir_mode: int, uid: int, last: bool) -> str:
     """Pure: the path rule for a symbolic link met while resolving a job's working directory or
     output file as user `uid` ("" when it is followed, else why not): a link is followed only
     when it is the user's own (or, on the way to the last name, root's: `/var/run`) and sits in
@@ -114,19 +73,19 @@ def link_refused(link_uid: int, dir_mode: int, uid: int, last: bool, alone: bool
     `protected_symlinks` asks this only in sticky world-writable directories."""
     if link_uid != uid and (last or link_uid != 0):
         return "belongs to another user"
-    if others_may_write(dir_mode, alone):
+    if others_may_write(dir_mode):
         return "is in a directory other accounts may write (one of them may have put it there)"
     return ""
 
 
-def dir_refused(where: str, mode: int, what: str, shown: str, alone: bool = False) -> str:
+def dir_refused(where: str, mode: int, what: str, shown: str) -> str:
     """Pure: the path rule for a directory that holds a name on the way to a job's working
     directory or output file (not the last name of an output: `_open_last`): refused ("" when
     not) when accounts other than its owner may write it without the sticky bit, as they may then
     rename anything in it, a directory or link of theirs (or of the user's own) into the place
     of the name the job goes through (POSIX; atk39-23 F1, F2). `where` is its path ("": the
-    working directory, for a relative output); `alone`: its group has no other member."""
-    if not others_may_write(mode, alone):
+    working directory, for a relative output)."""
+    if not others_may_write(mode):
         return ""
     place = where or "the working directory"
     fix = where or "."
@@ -151,7 +110,7 @@ def _walk(path: str, what: str, shown: str, links: list[int], base: int | None) 
         while len(names) > 1:
             name = names.pop(0)
             here = os.fstat(cur)
-            unsafe = dir_refused(where, here.st_mode, what, shown, _alone(here, cur))
+            unsafe = dir_refused(where, here.st_mode, what, shown)
             if unsafe:
                 raise Refused(unsafe)
             node = os.open(name, _NAME, dir_fd=cur)
@@ -162,8 +121,7 @@ def _walk(path: str, what: str, shown: str, links: list[int], base: int | None) 
                     links[0] += 1
                     if links[0] > MAX_LINKS:
                         raise Refused(f"cannot open the {what} {shown}: too many symbolic links")
-                    alone = _alone(here, cur)
-                    why = link_refused(st.st_uid, here.st_mode, os.getuid(), False, alone)
+                    why = link_refused(st.st_uid, here.st_mode, os.getuid(), last=False)
                     if why:
                         raise Refused(f"the {what} {shown} goes through the symbolic link {link}, "
                                       f"which {why}: not followed")  # fmt: skip
@@ -278,7 +236,7 @@ def _open_last(holder: int, name: str, what: str, shown: str, links: list[int]) 
         if not stat.S_ISLNK(st.st_mode):
             raise Refused(f"cannot open the {what} {shown}: it changed while it was opened")
         where = os.fstat(holder)
-        why = link_refused(st.st_uid, where.st_mode, os.getuid(), True, _alone(where, holder))
+        why = link_refused(st.st_uid, where.st_mode, os.getuid(), last=True)
         if why == "belongs to another user":
             raise Refused(f"the {what} {shown} exists and belongs to another user")
         if why:
@@ -289,14 +247,14 @@ def _open_last(holder: int, name: str, what: str, shown: str, links: list[int]) 
     return open_own(target, what, holder, os.path.join(os.path.dirname(shown), target), links)
 
 
-def more_than_umask(file_mode: int, dir_mode: int, umask: int, alone: bool = False) -> str:
+def more_than_umask(file_mode: int, dir_mode: int, umask: int) -> str:
     """Pure: why an existing output file found in a directory other accounts may write without
     the sticky bit is refused ("" when it is not): its mode grants more than the job's umask
     allows. Any of them may have renamed another file of the user's (her notes, 0644) to the
     output's name, and would read there what a job submitted under umask 077 writes (atk39-23
     F6); a file the job's umask made (a run before, a relaunch) passes."""
     extra = stat.S_IMODE(file_mode) & 0o777 & umask
-    if not extra or not others_may_write(dir_mode, alone):
+    if not extra or not others_may_write(dir_mode):
         return ""
     return (
         f"exists with mode {stat.S_IMODE(file_mode):04o}, more than the job's umask {umask:04o} "
@@ -312,8 +270,7 @@ def _kept_private(fd: int, holder: int, path: str, what: str) -> int:
     if stat.S_ISREG(st.st_mode):
         mask = os.umask(0)
         os.umask(mask)
-        where = os.fstat(holder)
-        why = more_than_umask(st.st_mode, where.st_mode, mask, _alone(where, holder))
+        why = more_than_umask(st.st_mode, os.fstat(holder).st_mode, mask)
         if why:
             os.close(fd)
             raise Refused(f"the {what} {path} {why}")
