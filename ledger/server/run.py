@@ -512,7 +512,7 @@ def settings_of(config: ServeConfig, policy: Any) -> lease.Settings:
         config.lease.seconds,
         (config.node_lost_after.seconds, config.node_fence.seconds),
         msgspec.json.encode(work).decode(),
-        admission_of(config),
+        admission_of(config, os.geteuid() == 0),
     )
 
 

@@ -127,7 +127,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Tasks one job array may have (Slurm's MaxArraySize; at most 10,000). 0: 10,000."""
 
 
-def admission_of(config: ServeConfig) -> str:
+def admission_of(config: ServeConfig, service_root: bool) -> str:
     """Pure: the settings that change what a leader admits or how it runs what it admits, as
     canonical JSON (config key -> value, sorted; `lease.Settings.admission`): who jobs run as
     and the uid range (`ledger.core.runas.admit`: a manager may add a system account only where
@@ -136,8 +136,13 @@ def admission_of(config: ServeConfig) -> str:
     partition, the local debug limit and the cycle interval. A standby started with others
     admitted, after a failover, what the leader refused (atk39-28 F2). What stays per server:
     where it listens and how it is reached, its logs, Kafka, the group commit's batch and the
-    utilisation sampling."""
+    utilisation sampling. `service_root`: whether the server runs as root, which decides with
+    `run_as` whose account a job runs as (`runas.account_for`: not root, every job runs as the
+    server's own account): a root leader and a standby of a service account with one config
+    file recorded the same settings, and a failover ran everyone's jobs as one account
+    (atk40-28 F1)."""
     admission = {
+        "service_runs_as_root": service_root,
         "run_as": config.run_as,
         "min_uid": config.min_uid,
         "max_uid": config.max_uid,

@@ -35,7 +35,17 @@ OTHERS = {
 @pytest.mark.parametrize("key", sorted(OTHERS))
 def test_every_admission_setting_changes_what_is_recorded(key: str) -> None:
     other = msgspec.structs.replace(ServeConfig(), **{key: OTHERS[key]})
-    assert admission_of(other) != admission_of(ServeConfig())
+    assert admission_of(other, True) != admission_of(ServeConfig(), True)
+
+
+def test_whether_the_server_runs_as_root_is_recorded() -> None:
+    """atk40-28 F1: the server's own account decides with `run_as` whose account a job runs as
+    (not root: every job runs as the server's); a root leader and a standby of a service
+    account with one config file recorded the same settings, and either might lead."""
+    root, service = admission_of(ServeConfig(), True), admission_of(ServeConfig(), False)
+    assert root != service
+    named = lease.admission_differences(root, service)
+    assert named == ["service_runs_as_root true (recorded) against false here"], named
 
 
 def test_what_stays_per_server_is_not_recorded_and_the_text_is_canonical() -> None:
@@ -45,12 +55,14 @@ def test_what_stays_per_server_is_not_recorded_and_the_text_is_canonical() -> No
         privileged_groups=["b", "a", "b"], os_accounts={"z": "1", "a": "2"},
     )  # fmt: skip
     there = ServeConfig(privileged_groups=["a", "b"], os_accounts={"a": "2", "z": "1"})
-    assert admission_of(here) == admission_of(there)
-    assert list(json.loads(admission_of(here))) == sorted(json.loads(admission_of(here)))
+    assert admission_of(here, True) == admission_of(there, True)
+    assert list(json.loads(admission_of(here, True))) == sorted(
+        json.loads(admission_of(here, True))
+    )
 
 
 def _settings(config: ServeConfig) -> lease.Settings:
-    return lease.Settings(2.0, (3.0, 4.0), '{"executor":"agents"}', admission_of(config))
+    return lease.Settings(2.0, (3.0, 4.0), '{"executor":"agents"}', admission_of(config, True))
 
 
 def test_a_server_that_admits_otherwise_is_refused_naming_each_difference() -> None:
