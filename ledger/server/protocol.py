@@ -192,7 +192,8 @@ class PeerCredProtocol(HttpToolsProtocol):
     def _head(self) -> bool:
         """A request's head whole in `_unread`, passed and given to the parser; False: not
         whole yet, or refused (answered and closed)."""
-        if self._scanned == 0:  # empty lines before a request line: a few, then refused
+        if self._scanned == 0 and self._unread[:1] in (bytearray(b"\r"), bytearray(b"\n")):
+            # empty lines first: a few taken, then refused (lstrip copies: only when some)
             lead = len(self._unread) - len(self._unread.lstrip(b"\r\n"))
             self._blank += lead
             del self._unread[:lead]

@@ -186,6 +186,14 @@ def init_on_store(
         GPULEDGER_USER="root")  # fmt: skip
 
 
+@dataclass
+class ServerWorld:
+    """A test module's server and the tokens of the people it signs in as."""
+
+    server: Server
+    tokens: dict[str, str]
+
+
 def set_up_long_queue(home: Path, tmp: Path) -> None:
     """`set_up_ledger`, then 3,000 pending 8-GPU jobs of bob's with 400-byte labels: pages of
     the queue large enough that one left unread fills a connection's buffers."""

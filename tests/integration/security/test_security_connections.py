@@ -17,14 +17,13 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from ledger.engines.supervised import live_processes
+from tests.integration.serverkit import ServerWorld as World
 from tests.integration.serverkit import (
-    Server,
     cli,
     make_token,
     set_up_ledger,
@@ -41,12 +40,6 @@ reads nothing, so the rest waits in the server's."""
 FILES = 512
 FLOOD = 700
 """Connections alice opens: more than the server's files at start (`FILES`)."""
-
-
-@dataclass
-class World:
-    server: Server
-    tokens: dict[str, str]
 
 
 @pytest.fixture(scope="module")

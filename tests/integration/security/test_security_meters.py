@@ -34,7 +34,8 @@ import pytest
 
 from ledger.wire import SOCKET_NAME
 from tests.integration.security.test_security_connections import answer
-from tests.integration.serverkit import Server, make_token, set_up_ledger, start_server
+from tests.integration.serverkit import ServerWorld as World
+from tests.integration.serverkit import make_token, set_up_ledger, start_server
 
 ADDRESS_RATE = 20
 PREFIX_RATE = 30
@@ -42,12 +43,6 @@ TOTAL_RATE = 60
 ACCOUNT_RATE = 50
 """The default per account (`GPULEDGER_REQUEST_RATE`), left as it is."""
 FLOOD_S = 4.0
-
-
-@dataclass
-class World:
-    server: Server
-    tokens: dict[str, str]
 
 
 @pytest.fixture(scope="module")

@@ -13,24 +13,18 @@ import shutil
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import sync_playwright
 
 from tests.integration.security.test_security_connections import answer
-from tests.integration.serverkit import Server, make_token, set_up_long_queue, start_server
+from tests.integration.serverkit import ServerWorld as World
+from tests.integration.serverkit import make_token, set_up_long_queue, start_server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 PAGE = "/v1/jobs?limit=10000"
 """About 2.4 MB: more than the kernel's buffers hold for a client that reads nothing."""
-
-
-@dataclass
-class World:
-    server: Server
-    tokens: dict[str, str]
 
 
 @pytest.fixture(scope="module")
