@@ -92,16 +92,21 @@ SELECT path, parent, kind, shares, usage, norm_shares, norm_usage,
             ELSE norm_shares / norm_usage END AS level_fs
 FROM normed
 
--- name: team_hours
+-- name: team_segments
 -- needs: query
--- Owed and delivered GPU-hours per team (accounts at depth $team_depth) and clock hour of
--- [$start, $end): delivered = funded interval GPU-hours of the team's leaves; demand = GPUs of its
--- funded jobs while pending or running; capacity = GPUs of nodes while active or draining;
--- allocation = product of the norm shares of the team and its ancestors (open siblings, as of the
--- hour's start); owed = min(allocation * capacity, demand). Spans still going count up to $end.
-WITH grid AS (
-    SELECT k, k * 3600.0 AS h
-    FROM range(floor($start::DOUBLE / 3600)::BIGINT, ceil($end::DOUBLE / 3600)::BIGINT) t(k)
+-- The body `team_hours` and `team_runs` share: owed and delivered GPU-hours per team (accounts
+-- at depth $team_depth) and clock hour of [$start, $end), read at the hours where a figure may
+-- change (`points`) only, each row standing for the hours [k, next_k) (k: the hour's number,
+-- its start / 3600). delivered = funded interval GPU-hours of the team's leaves; demand = GPUs
+-- of its funded jobs while pending or running; capacity = GPUs of nodes while active or
+-- draining; allocation = product of the norm shares of the team and its ancestors (open
+-- siblings, as of the hour's start); owed = min(allocation * capacity, demand). Spans still
+-- going count up to $end. Between two points nothing changes: every span begins and ends in
+-- a point's hour (its partial hour is a point, the one after it too) and every change of the
+-- tree is in force from a point; so each hour of a row has the figures of its first, and a
+-- history of quiet centuries is a few rows, not one an hour.
+WITH bounds AS (
+    SELECT floor($start::DOUBLE / 3600)::BIGINT AS k0, ceil($end::DOUBLE / 3600)::BIGINT AS k1
 ),
 teams AS (
     SELECT DISTINCT account AS team FROM account_history
@@ -139,20 +144,13 @@ allocation_at AS (  -- every team at every moment (levels 0: none of its path is
     SELECT mt.m, mt.team, a.allocation, coalesce(a.levels, 0) AS levels
     FROM (SELECT m, team FROM moments CROSS JOIN teams) mt
     LEFT JOIN (
-        SELECT n.m, t.team, product(coalesce(n.norm_shares, 0.0)) AS allocation,
+        SELECT n.m, t.team, product(coalesce(n.norm_shares, 0.0) ORDER BY d.k) AS allocation,
                count(*) AS levels
         FROM teams t
         CROSS JOIN unnest(range(1, $team_depth + 1)) AS d(k)
         JOIN normed n ON n.account = array_to_string(str_split(t.team, '/')[1:k], '/')
         GROUP BY n.m, t.team
     ) a ON a.m = mt.m AND a.team = mt.team
-),
-allocation AS (  -- per hour, as of the hour's start: the tree's last change at or before it
-                 -- (computed once per change, not once per hour: a year is 8,760 hours)
-    SELECT g.h, t.team, a.allocation, a.levels
-    FROM grid g
-    CROSS JOIN teams t
-    ASOF JOIN allocation_at a ON a.team = t.team AND g.h >= a.m
 ),
 spans AS (  -- (kind, key, gpus, lo, hi) clipped to [start, end); only the ones inside it
             -- (hi > lo): the rest are left out as they are read, not after
@@ -215,14 +213,38 @@ running AS (  -- the rate summed up to each hour a span begins or ends in (a few
                            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS rate_sum
     FROM keyed
 ),
-spread AS (  -- per hour of the grid: its partial hours plus the rate summed up to it (the last
-             -- such hour at or before it)
+points AS (  -- the hours where a figure may change, each with the next one (k1: none): the
+             -- window's first; every hour a span begins or ends in and the hour after it; and
+             -- the first hour a change of the tree is in force at (its hour's start at or
+             -- after the change: floor(m / 3600) and the next, whatever the division rounds)
+    SELECT k, k * 3600.0 AS h,
+           coalesce(lead(k) OVER (ORDER BY k), (SELECT k1 FROM bounds)) AS next_k
+    FROM (
+        SELECT DISTINCT k FROM (
+            SELECT k0 AS k FROM bounds
+            UNION ALL SELECT k FROM keyed
+            UNION ALL SELECT k + 1 FROM keyed
+            UNION ALL SELECT floor(m / 3600)::BIGINT FROM moments
+            UNION ALL SELECT floor(m / 3600)::BIGINT + 1 FROM moments
+        )
+        WHERE k >= (SELECT k0 FROM bounds) AND k < (SELECT k1 FROM bounds)
+    )
+),
+allocation AS (  -- per point, as of its hour's start: the tree's last change at or before it
+                 -- (computed once per change, not once per hour: a year is 8,760 hours)
+    SELECT g.h, t.team, a.allocation, a.levels
+    FROM points g
+    CROSS JOIN teams t
+    ASOF JOIN allocation_at a ON a.team = t.team AND g.h >= a.m
+),
+spread AS (  -- per point: its partial hours plus the rate summed up to it (the last hour a
+             -- span begins or ends in at or before it)
     SELECT o.kind, o.team, g.h,
            (CASE WHEN r.k = g.k THEN r.part ELSE 0 END
             + coalesce(r.rate_sum, 0)::DECIMAL(38, 18))::DOUBLE
                AS gpu_h
     FROM (SELECT DISTINCT kind, team FROM keyed) o
-    CROSS JOIN grid g
+    CROSS JOIN points g
     ASOF LEFT JOIN running r ON r.kind = o.kind AND r.team = o.team AND g.k >= r.k
 ),
 capacity AS (
@@ -231,7 +253,7 @@ capacity AS (
 team_spread AS (
     SELECT kind, team, h, gpu_h FROM spread WHERE kind <> 'capacity'
 )
-SELECT t.team, g.h AS hour,
+SELECT t.team, g.k, g.next_k,
        coalesce(c.capacity_gpu_h, 0.0) AS capacity_gpu_h,
        CASE WHEN a.levels = $team_depth THEN coalesce(a.allocation, 0.0) ELSE 0.0 END AS allocation,
        coalesce(dm.gpu_h, 0.0) AS demand_gpu_h,
@@ -239,9 +261,41 @@ SELECT t.team, g.h AS hour,
              * coalesce(c.capacity_gpu_h, 0.0), coalesce(dm.gpu_h, 0.0)) AS owed_gpu_h,
        coalesce(dl.gpu_h, 0.0) AS delivered_gpu_h
 FROM teams t
-CROSS JOIN grid g
+CROSS JOIN points g
 LEFT JOIN capacity c ON c.h = g.h
 LEFT JOIN allocation a ON a.team = t.team AND a.h = g.h
 LEFT JOIN team_spread dm ON dm.kind = 'demand' AND dm.team = t.team AND dm.h = g.h
 LEFT JOIN team_spread dl ON dl.kind = 'delivered' AND dl.team = t.team AND dl.h = g.h
-ORDER BY t.team, g.h
+
+-- name: team_hours
+-- needs: query
+-- Owed and delivered GPU-hours per team and clock hour of [$start, $end) (`team_segments`,
+-- each of its rows one row an hour), by team and hour.
+SELECT team, hk * 3600.0 AS hour, capacity_gpu_h, allocation, demand_gpu_h, owed_gpu_h,
+       delivered_gpu_h
+FROM (SELECT *, unnest(range(k, next_k)) AS hk FROM ({team_segments}))
+ORDER BY team, hour
+
+-- name: team_runs
+-- needs: query
+-- The hours of `team_segments` as maximal runs: per team, each stretch of consecutive hours
+-- with the same owed and delivered GPU-hours is one row [from_at, until_at) with those figures
+-- (its first hour's), by team and start. What the projection keeps (`team_hours_kept`).
+WITH segments AS ({team_segments}),
+marked AS (
+    SELECT team, k, next_k, owed_gpu_h, delivered_gpu_h,
+           CASE WHEN lag(owed_gpu_h) OVER w = owed_gpu_h
+                 AND lag(delivered_gpu_h) OVER w = delivered_gpu_h THEN 0 ELSE 1 END AS new_run
+    FROM segments
+    WINDOW w AS (PARTITION BY team ORDER BY k)
+),
+numbered AS (
+    SELECT *, sum(new_run) OVER (PARTITION BY team ORDER BY k
+                                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS run
+    FROM marked
+)
+SELECT team, min(k) * 3600.0 AS from_at, max(next_k) * 3600.0 AS until_at,
+       arg_min(owed_gpu_h, k) AS owed_gpu_h, arg_min(delivered_gpu_h, k) AS delivered_gpu_h
+FROM numbered
+GROUP BY team, run
+ORDER BY team, from_at

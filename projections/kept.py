@@ -1,18 +1,28 @@
 """The teams' ended hours kept in the projection (`team_hours_kept`, `team_hours_span` in
-schema.sql), so that a whole-period read of owed against delivered sums one row per team and
-hour of history instead of reading every span of it (issue 29: the teams page's whole period,
-seconds at 1M events on a first read).
+schema.sql), so that a whole-period read of owed against delivered sums a few rows per team
+instead of reading every span of history (issue 29: the teams page's whole period, seconds at
+1M events on a first read).
+
+Kept as maximal runs: one row per team and stretch of consecutive hours with the same owed and
+delivered GPU-hours (and something owed or delivered), [from_at, until_at). A busy history is
+about a row per team and hour; a quiet one, or a job holding its GPUs for centuries, a few rows
+(one per team and hour made a history reaching the schema's year-3000 bound 8.8M rows a team,
+ten minutes to project: `tests/integration/test_extremes.py`).
 
 Written by the projector inside each batch's transaction (`advance`): the hours from the kept
-span's end to the hour of the latest event are read with `fairshare.sql`'s `team_hours` and
-kept; a batch whose earliest time (an event's `at`, a run's real start or end) falls in a hour
-already kept reads again from that hour. `team_hours` gives an hour the same figures whatever
-window it is read in (its parts are summed exactly), so the kept rows are a function of the log,
-whatever its batches: a rebuild keeps the same rows byte for byte (a test checks batch size 1
-against one batch, and against `team_hours` read whole).
+span's end to the hour of the latest event are read with `fairshare.sql`'s `team_runs` (the
+body `team_hours` reads too, read only where a figure may change) and kept; a batch whose
+earliest time (an event's `at`, a run's real start or end) falls in a hour already kept reads
+again from that hour (a run across it is cut there). Where a reading begins, a team's run
+ending there and its run starting there are made one when their figures are the same
+(`_join`). `team_runs` gives an hour the same figures whatever window it is read in (its parts
+are summed exactly), and maximal runs of those figures are one set of rows: the kept rows are a
+function of the log, whatever its batches; a rebuild keeps the same rows byte for byte (a test
+checks batches of 29 against one batch, and both against `team_hours` read whole).
 
 Read by `buckets`: the hours before the first event (a window reaching back before the log),
-the kept hours summed per team and bucket in the engine, and the hours since the latest event:
+the kept runs' hours counted per team and bucket in the engine (an hour in the bucket
+`queries.team_buckets` puts it in), and the hours since the latest event:
 the hour it falls in, then quiet hours (no event in them, so each is the same as the first: a
 quiet stretch of months is one hour read and multiplied), the partial hour of `end` included.
 """
@@ -61,14 +71,19 @@ def advance(con: Any, first: int, last: int) -> None:
         con.execute("DELETE FROM team_hours_kept")
         from_at = until = back
     elif back < until:  # a run's real start or end in a kept hour: again from it
-        con.execute("DELETE FROM team_hours_kept WHERE hour >= ?", [back]).fetchall()
+        con.execute("DELETE FROM team_hours_kept WHERE from_at >= ?", [back]).fetchall()
+        con.execute(  # a run across it keeps its hours before it
+            "UPDATE team_hours_kept SET until_at = ? WHERE until_at > ?", [back, back]
+        ).fetchall()
         until = back
     if cut > until:
         con.execute(
-            "INSERT INTO team_hours_kept SELECT team, hour, owed_gpu_h, delivered_gpu_h "
-            f"FROM (\n{_sql('team_hours')}\n) WHERE owed_gpu_h <> 0 OR delivered_gpu_h <> 0",
+            "INSERT INTO team_hours_kept SELECT team, from_at, until_at, owed_gpu_h, "
+            f"delivered_gpu_h FROM (\n{_sql('team_runs')}\n) "
+            "WHERE owed_gpu_h <> 0 OR delivered_gpu_h <> 0",
             {"start": float(until), "end": float(cut), "team_depth": DEPTH},
         ).fetchall()
+        _join(con, until)
         until = cut
     if (from_at, until) != was:
         con.execute(
@@ -76,9 +91,27 @@ def advance(con: Any, first: int, last: int) -> None:
         ).fetchall()
 
 
+def _join(con: Any, at: float) -> None:
+    """Make one run of a team's run ending at `at` and its run starting there when their
+    figures are the same: the runs stay maximal (the rows a function of the log) wherever a
+    batch's reading began."""
+    con.execute(
+        "UPDATE team_hours_kept AS a SET until_at = b.until_at FROM team_hours_kept AS b "
+        "WHERE a.until_at = $at AND b.from_at = $at AND a.team = b.team "
+        "AND a.owed_gpu_h = b.owed_gpu_h AND a.delivered_gpu_h = b.delivered_gpu_h",
+        {"at": at},
+    ).fetchall()
+    con.execute(
+        "DELETE FROM team_hours_kept AS b WHERE from_at = $at AND EXISTS (SELECT 1 FROM "
+        "team_hours_kept AS a WHERE a.team = b.team AND a.from_at < $at "
+        "AND a.until_at = b.until_at)",
+        {"at": at},
+    ).fetchall()
+
+
 def buckets(store: Any, start: float, end: float, bucket_s: float) -> list[Row]:
     """`queries.team_buckets(store, start, end, bucket_s, team_depth=2)` read from the kept
-    hours: every team (opened before `end`) and bucket, by team then bucket; the same figures
+    runs: every team (opened before `end`) and bucket, by team then bucket; the same figures
     but for the order of the sums (the last bits)."""
     from projections import queries
 
@@ -101,13 +134,18 @@ def buckets(store: Any, start: float, end: float, bucket_s: float) -> list[Row]:
 
     if start < k0:  # the hours before the first event's
         add(queries.team_buckets(store, start, k0, bucket_s, team_depth=DEPTH, origin=start))
+    ats, los, his = _bucket_hours(k0, k1, start, bucket_s)
     add(
         (r[0], float(r[1]), float(r[2]), float(r[3]), float(r[4]))
         for r in store.con.execute(
-            "SELECT team, $origin + greatest(0.0, floor((hour - $origin) / $bucket)) * $bucket, "
-            "sum(owed_gpu_h), sum(delivered_gpu_h), sum(least(owed_gpu_h, delivered_gpu_h)) "
-            "FROM team_hours_kept WHERE hour >= $k0 AND hour < $k1 GROUP BY ALL",
-            {"origin": float(start), "bucket": float(bucket_s), "k0": k0, "k1": k1},
+            "SELECT team, bucket_at, sum(owed_gpu_h * n), sum(delivered_gpu_h * n), "
+            "sum(least(owed_gpu_h, delivered_gpu_h) * n) FROM ("
+            "SELECT r.team, r.owed_gpu_h, r.delivered_gpu_h, b.bucket_at, "
+            "(least(r.until_at, b.hi) - greatest(r.from_at, b.lo)) / 3600 AS n "
+            "FROM team_hours_kept r JOIN (SELECT unnest($ats::DOUBLE[]) AS bucket_at, "
+            "unnest($los::DOUBLE[]) AS lo, unnest($his::DOUBLE[]) AS hi) b "
+            "ON r.from_at < b.hi AND r.until_at > b.lo) GROUP BY ALL",
+            {"ats": ats, "los": los, "his": his},
         ).fetchall()
     )
     if k1 < end:
@@ -124,6 +162,29 @@ def buckets(store: Any, start: float, end: float, bucket_s: float) -> list[Row]:
     n = int(max(0.0, (last_hour - start) // bucket_s)) + 1
     grid = [start + i * bucket_s for i in range(n)]
     return [(t, at, *cells.get((t, at), (0.0, 0.0, 0.0))) for t in teams for at in grid]
+
+
+def _bucket_hours(
+    k0: float, k1: float, origin: float, bucket_s: float
+) -> tuple[list[float], list[float], list[float]]:
+    """The buckets the hours of [k0, k1) fall in (each hour in the bucket
+    `queries.team_buckets` gives it: its start's, the hour the window starts in joining the
+    first): each bucket's start and its hours [lo, hi), hours of a bucket being consecutive."""
+
+    def index(hour: float) -> int:
+        return max(0, math.floor((hour - origin) / bucket_s))
+
+    ats, los = [], []
+    for i in range(index(k0), index(k1 - HOUR) + 1):
+        lo = max(k0, math.ceil((origin + i * bucket_s) / HOUR) * HOUR)
+        while index(lo) < i:  # the division's rounding, either way
+            lo += HOUR
+        while lo - HOUR >= k0 and index(lo - HOUR) >= i:
+            lo -= HOUR
+        if lo < k1 and index(lo) == i:  # (a bucket shorter than an hour may have none)
+            ats.append(origin + i * bucket_s)
+            los.append(float(lo))
+    return ats, los, [*los[1:], float(k1)]
 
 
 def _since(store: Any, k1: float, end: float, origin: float, bucket_s: float, add: Any) -> None:

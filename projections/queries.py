@@ -71,7 +71,8 @@ def _sql(name: str, half_life: bool = False, weights: int = 0, charge: str = fs.
         "user_usage": raw["user_usage"].replace("{interval_usage}", iu),
         "account_usage": au,
         "fair_share": raw["fair_share"].replace("{account_usage}", au),
-        "team_hours": raw["team_hours"],
+        "team_hours": raw["team_hours"].replace("{team_segments}", raw["team_segments"]),
+        "team_runs": raw["team_runs"].replace("{team_segments}", raw["team_segments"]),
     }[name]
 
 

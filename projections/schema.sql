@@ -214,16 +214,21 @@ CREATE VIEW nodes AS
 
 -- Owed and delivered GPU-hours per team (accounts at depth 2, the teams page's) and clock hour,
 -- for every hour that has ended in the log: from the first event's hour to the hour of the
--- latest event (`team_hours_span`), as `fairshare.sql`'s `team_hours` gives them; only hours where
--- a team was owed or delivered something (the rest are 0). Kept as events are projected
--- (`projections/kept.py`): a batch reads its new ended hours, and one that reaches back (a run's
--- real start or end in an hour already kept) reads again from that hour; so the rows are a
--- function of the log, whatever its batches. A whole-period read sums these rows (one per team
--- and hour of history, no spans joined) and reads only the hours since the latest event.
+-- latest event (`team_hours_span`), as `fairshare.sql`'s `team_runs` gives them: maximal runs,
+-- one row per team and stretch of consecutive hours with the same owed and delivered figures
+-- (each of its hours has them), only where a team was owed or delivered something (the rest
+-- are 0). Kept as events are projected (`projections/kept.py`): a batch reads its new ended
+-- hours and joins a team's run ending where it began to its first run when the figures are
+-- the same; one that reaches back (a run's real start or end in an hour already kept) reads
+-- again from that hour; so the rows are a function of the log, whatever its batches. A
+-- whole-period read counts these rows' hours per bucket (no spans joined) and reads only the
+-- hours since the latest event. A history spanning centuries with one job running is a few
+-- rows, not one per hour.
 CREATE TABLE team_hours_kept (
     team            VARCHAR NOT NULL,
-    hour            DOUBLE  NOT NULL,   -- the hour's start
-    owed_gpu_h      DOUBLE  NOT NULL,
+    from_at         DOUBLE  NOT NULL,   -- the run's first hour's start
+    until_at        DOUBLE  NOT NULL,   -- its last hour's end (> from_at)
+    owed_gpu_h      DOUBLE  NOT NULL,   -- in each of its hours
     delivered_gpu_h DOUBLE  NOT NULL
 );
 

@@ -23,7 +23,7 @@ from projections.errors import ProjectionBusy, ProjectionError, ProjectionOutdat
 
 PROJECTION = "ledger"
 log = logging.getLogger("gpuledger.projection")
-SCHEMA_VERSION = "6"
+SCHEMA_VERSION = "7"
 PROJECTIONS_DIR = "projections"
 
 
@@ -89,7 +89,7 @@ READ_MODELS: dict[str, str] = {
     "job_intervals": "start_position",
     "preemptions": "position",
     "decisions": "position",
-    "team_hours_kept": "team, hour",
+    "team_hours_kept": "team, from_at",
     "team_hours_span": "depth",
 }
 """The read-model tables, each with the columns that order it (a key): what a projection holds

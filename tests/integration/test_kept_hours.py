@@ -1,10 +1,13 @@
-"""The teams' ended hours the projection keeps (`projections.kept`, issue 29): the same rows
-however the log is batched, the same as reading `team_hours` over the whole span, and a
-whole-period read from them equal to the engine's sum over every span; on a real log (the
-synthetic mix written into the store, some runs' real ends reaching back into kept hours)."""
+"""The teams' ended hours the projection keeps (`projections.kept`, issue 29), as maximal runs
+of equal hours: the same rows however the log is batched and across a rebuild, their hours the
+same as reading `team_hours` over the whole span, byte for byte, and a whole-period read from
+them equal to the engine's sum over every span; on a real log (the synthetic mix written into
+the store, some runs' real ends reaching back into kept hours), and on one with a long idle
+stretch (years with jobs holding their GPUs: a few rows, not one a team and hour)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -14,13 +17,34 @@ import pytest
 from ledger.reads import hours
 from ledger.store.embedded import EmbeddedSource
 from projections import kept, queries
-from projections.projector import Projector
+from projections.projector import Projector, rebuild
 from projections.store import Store
 from projections.testing.compare import dump
 from projections.testing.synthetic import Shape, append_to_store, synthetic_events
 from schemas import events as e
 
 KEPT = ("team_hours_kept", "team_hours_span")
+IDLE_S = 3 * 365 * 86400.0
+"""The idle stretch of `idle_home`'s log: three years, 26,280 hours."""
+
+
+def moved(ev: e.AnyEvent, by: float) -> e.AnyEvent:
+    """`ev` with its time and every other time it carries (`*_at`) `by` seconds later."""
+    times = {
+        f: getattr(ev, f) + by
+        for f in ev.__struct_fields__
+        if (f == "at" or f.endswith("_at")) and isinstance(getattr(ev, f), float)
+    }
+    return msgspec.structs.replace(ev, **times)
+
+
+def idle_log(n: int, seed: int) -> list[e.AnyEvent]:
+    """`backdated_log(n, seed)` with `IDLE_S` of silence after its middle event: the later
+    events (and every time they carry) moved that much later, so the runs, jobs and nodes alive
+    at the middle last through the silence."""
+    events = backdated_log(n, seed)
+    half = len(events) // 2
+    return events[:half] + [moved(x, IDLE_S) for x in events[half:]]
 
 
 def backdated_log(n: int, seed: int) -> list[e.AnyEvent]:
@@ -50,6 +74,43 @@ def log_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert sum(isinstance(x, e.JobFinished) and x.ended_at is not None for x in events) >= 3
     append_to_store(home, iter(events))
     return home
+
+
+@pytest.fixture(scope="module")
+def idle_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("kept-idle")
+    append_to_store(home, iter(idle_log(2_000, seed=5)))
+    return home
+
+
+def hours_of(runs: list[dict[str, object]]) -> list[dict[str, object]]:
+    """The kept runs as one row per team and hour (each hour with its run's figures)."""
+    return [
+        {"team": r["team"], "hour": float(k * 3600), "owed_gpu_h": r["owed_gpu_h"],
+         "delivered_gpu_h": r["delivered_gpu_h"]}
+        for r in runs
+        for k in range(int(r["from_at"]) // 3600, int(r["until_at"]) // 3600)  # type: ignore[call-overload]
+    ]  # fmt: skip
+
+
+def whole_reading(store: Store, start: float, end: float) -> list[dict[str, object]]:
+    """`team_hours` read once over [start, end): its hours with something owed or delivered."""
+    return [
+        {"team": h.team, "hour": h.hour, "owed_gpu_h": h.owed_gpu_h,
+         "delivered_gpu_h": h.delivered_gpu_h}
+        for h in queries.team_hours(store, start, end)
+        if h.owed_gpu_h or h.delivered_gpu_h
+    ]  # fmt: skip
+
+
+def assert_maximal(runs: list[dict[str, object]]) -> None:
+    """Runs of a team neither overlap nor touch with the same figures (or one run would do)."""
+    for a, b in itertools.pairwise(runs):
+        if a["team"] != b["team"]:
+            continue
+        assert a["until_at"] <= b["from_at"], (a, b)  # type: ignore[operator]
+        same = (a["owed_gpu_h"], a["delivered_gpu_h"]) == (b["owed_gpu_h"], b["delivered_gpu_h"])
+        assert not (same and a["until_at"] == b["from_at"]), (a, b)
 
 
 def projected(log_home: Path, into: Path, batch_size: int) -> Path:
@@ -82,14 +143,56 @@ def test_kept_hours_are_the_same_however_the_log_is_batched_and_equal_a_whole_re
         ).fetchone()
         assert span["from_at"] == math.floor(first / 3600) * 3600
         assert span["until_at"] == math.floor(last / 3600) * 3600 > span["from_at"] + 3 * 3600
-        want = [
-            {"team": h.team, "hour": h.hour, "owed_gpu_h": h.owed_gpu_h,
-             "delivered_gpu_h": h.delivered_gpu_h}
-            for h in queries.team_hours(b, span["from_at"], span["until_at"])
-            if h.owed_gpu_h or h.delivered_gpu_h
-        ]  # fmt: skip
-        assert got["team_hours_kept"] == sorted(want, key=lambda r: (r["team"], r["hour"]))
+        want = whole_reading(b, span["from_at"], span["until_at"])
+        assert hours_of(got["team_hours_kept"]) == sorted(
+            want, key=lambda r: (r["team"], r["hour"])
+        )
+        assert_maximal(got["team_hours_kept"])
         assert len({r["team"] for r in want}) >= 4
+
+
+def test_a_long_idle_stretch_is_a_few_kept_runs_with_every_hour_as_a_whole_reading(
+    idle_home: Path, tmp_path: Path
+) -> None:
+    """Three years without an event, jobs holding their GPUs and waiting through them: a few
+    runs a team (not 26,280 rows), the same however the log is batched and after `projection
+    rebuild` (one pass in its own batches, into a new file swapped in), each of their hours the
+    figures `team_hours` gives it read whole, byte for byte; a whole-period read from them
+    equals the engine's sum over every span."""
+    small = projected(idle_home, tmp_path / "small", 37)
+    with Store.open(small, read_only=True) as a:
+        got = dump(a, KEPT)
+    source = EmbeddedSource(small)
+    try:
+        rebuild(small, source, batch_size=500)
+    finally:
+        source.close()
+    whole = projected(idle_home, tmp_path / "whole", 1_000_000)
+    with Store.open(small, read_only=True) as a, Store.open(whole, read_only=True) as b:
+        assert dump(a, KEPT) == got  # rebuilt
+        assert got == dump(b, KEPT)
+        (span,) = got["team_hours_span"]
+        runs = got["team_hours_kept"]
+        assert_maximal(runs)
+        through = {r["team"] for r in runs if r["until_at"] - r["from_at"] > IDLE_S - 86400}
+        assert len(through) >= 2, runs  # owed or delivered all along the silence
+        assert span["until_at"] - span["from_at"] > IDLE_S
+        assert len(runs) < 3_000  # one a team and hour: over 26,280 a team
+        want = whole_reading(b, span["from_at"], span["until_at"])
+        assert hours_of(runs) == sorted(want, key=lambda r: (r["team"], r["hour"]))
+        first, last = b.con.execute(
+            "SELECT min(occurred_at), max(occurred_at) FROM events"
+        ).fetchone()
+        for start, end, bucket in [
+            (first - 86400.0, last + 10 * 86400.0 + 7.0, 7 * 86400.0),
+            (first + IDLE_S / 3, last - 5000.0, 30 * 86400.0),
+            (first + 3 * 3600.0, last + 3600.0, 3600.0 * 24),
+        ]:
+            want_s = list(msgspec.to_builtins(hours.bucketed_series(b, start, end, 2, bucket)))
+            got_s = list(
+                msgspec.to_builtins(hours.bucketed_series(a, start, end, 2, bucket, kept=True))
+            )
+            assert got_s == approx_tree(want_s), (start, end, bucket)
 
 
 def test_a_whole_period_read_from_the_kept_hours_equals_the_engines_sum(
