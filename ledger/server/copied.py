@@ -19,10 +19,10 @@ was asked. Nothing the dispatcher decides reads a view.
 
 A read sees every write made before it was asked: the view holds it, and the projection holds
 at least the view's position. The reads catch it up for everyone (`caught_up`: a read that
-finds it behind waits for the next catch-up, shared by all the reads waiting, or for a
-cycle's), never on the worker thread: on the read pool's projector thread, with a projector of
-its own on a connection of its own (`Projector.beside`, sharing the service projector's lock,
-so a cycle reads its ranks at exactly its position), at most every `CATCH_UP_S`, and after a
+finds it behind starts a catch-up at once, or joins the one under way, shared by all the reads
+waiting; it waits for no cycle), never on the worker thread: on the read pool's projector
+thread, with a projector of its own on a connection of its own (`Projector.beside`, sharing
+the service projector's lock, so a cycle reads its ranks at exactly its position), and after a
 catch-up that took t not before `REST` times t has passed (its Python holds the interpreter
 lock a quarter of the time at most), `CHUNK` events at a time (a cycle waits for one chunk at
 most). Their time is counted apart (`ReadPool.catch_up_s`). What these reads show of the live
@@ -58,10 +58,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-CATCH_UP_S = 0.5
-"""The reads of the live state catch the projection up at most this often (see above), and
-rest `REST` times as long as the last catch-up took before the next."""
 REST = 3.0
+"""After a catch-up for reads that took t, the next begins `REST` times t later at the earliest
+(see above); a read that finds the projection behind otherwise starts one at once."""
 CHUNK = 500
 """The most events one catch-up for reads folds (`fold`): a cycle that wants the projector's
 lock meanwhile waits for one chunk at most."""
@@ -257,20 +256,20 @@ def ahead(
 async def caught_up(worker: Worker, pool: ReadPool, target: int) -> None:
     """Return once the projection holds `target` (the log's position when the read was asked):
     at once when it does already (the last catch-up for reads, or the last cycle's, reached it),
-    else after the next catch-up, which starts `CATCH_UP_S` after the last one at the earliest
-    and is shared by every read waiting (or once a catch-up begun after it was asked has
-    ended: as far as the store lets it go). The catch-up runs on the read pool's projector
-    thread (`ReadPool.projecting`), never the worker's. A read waits `WAIT_MAX_S` at most, and
-    no longer once the store is known to be away: it then answers from the projection as it
-    stands, saying its position."""
+    else after a catch-up begun after it was asked, which starts at once unless one is under way
+    (then it is joined) or the last one's rest is not over (`REST` times its time), shared by
+    every read waiting (or once one has ended that brought the projection no further: as far as
+    the store lets it go). No read waits for a cycle. The catch-up runs on the read pool's
+    projector thread (`ReadPool.projecting`), never the worker's. A read waits `WAIT_MAX_S` at
+    most, and no longer once the store is known to be away: it then answers from the
+    projection as it stands, saying its position."""
     if pooled.store_away(worker):  # the projection as it stands, not a wait on the store
         return
     asked = pool.catch_ups
     until = time.monotonic() + WAIT_MAX_S
     while projected(worker, pool) < target and not (pool.caught_up_by > asked and pool.stalled):
         if pool.catching is None:
-            now = time.monotonic()
-            wait = max(pool.caught_up_at + pool.catch_up_rest - now, _cycle_soon(worker, now))
+            wait = pool.caught_up_at + pool.catch_up_rest - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(min(wait, POLL_S))  # a cycle may get there first
                 continue
@@ -287,23 +286,8 @@ async def caught_up(worker: Worker, pool: ReadPool, target: int) -> None:
 
 
 POLL_S = 0.02
-"""How often a read waiting for the projection looks whether a cycle got it there."""
-CYCLE_S = 1.0
-"""How long a read waits for a cycle due within `CATCH_UP_S` to catch the projection up (its
-fold and ranks, then its decision) before it catches it up itself (`_cycle_soon`)."""
-
-
-def _cycle_soon(worker: Worker, now: float) -> float:
-    """How long to wait for the next cycle (or a standby's follow) to catch the projection up:
-    until it is due plus `CYCLE_S` when it is due within `CATCH_UP_S`, else 0 (catching it up
-    for the reads, then, folds no log the cycle would fold anyway; and a server with a long
-    interval answers a read without waiting for it)."""
-    due = getattr(worker, "next_cycle_at", lambda: 0.0)()
-    if now + CATCH_UP_S < due or due + CYCLE_S <= now:
-        return 0.0
-    return due + CYCLE_S - now
-
-
+"""How often a read waiting out a catch-up's rest looks whether a cycle got the projection
+there meanwhile."""
 WAIT_STEP_S = 1.0
 """How often a read waiting for a catch-up asks whether the store is known to be away."""
 WAIT_MAX_S = 8.0
@@ -333,7 +317,7 @@ async def _catch_up(worker: Worker, pool: ReadPool) -> None:
     finally:
         took = time.perf_counter() - began[0] if began[0] else 0.0
         pool.caught_up_at = time.monotonic()
-        pool.catch_up_rest = min(max(CATCH_UP_S, REST * took), REST_MAX_S)
+        pool.catch_up_rest = min(REST * took, REST_MAX_S)
         pool.caught_up_by = max(pool.caught_up_by, seq)
         pool.catch_up_s += took
 

@@ -134,9 +134,9 @@ async def answer(
 
     The worker thread only copies who may see what (`seen_by`; within `WORKER_WAIT_S`, else it
     is copied here). The projection is caught up to the log's position when the read was asked
-    off the worker (`copied.caught_up`: one catch-up shared by every read waiting, at most
-    every `copied.CATCH_UP_S`, on the read pool's projector thread): a client reads its own
-    writes. A store known to be away (or a catch-up that does not end within
+    off the worker (`copied.caught_up`: one catch-up shared by every read waiting, begun at
+    once unless the last one's rest is not over, on the read pool's projector thread): a client
+    reads its own writes. A store known to be away (or a catch-up that does not end within
     `copied.WAIT_MAX_S`) is not waited for: the read answers from the projection as it stands
     and says its position.
 

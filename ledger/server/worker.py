@@ -128,11 +128,6 @@ class Worker:
         """The leader epoch this server acts under (0: the only server of its store)."""
         return 0 if self.ha is None else self.ha.lease.epoch
 
-    def next_cycle_at(self) -> float:
-        """When (`time.monotonic`) the next cycle (or a standby's follow) is due: it catches the
-        projection up too (the reads may wait for it rather than fold the log themselves)."""
-        return self._next_cycle
-
     def viewed(self) -> Any:
         """On the event loop: the published view (None: none is current; `publish_view` on this
         thread takes one), and it is published from now on for `view_for_s`."""
