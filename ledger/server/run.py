@@ -479,7 +479,12 @@ def _leadership(ledger: Ledger, config: ServeConfig, policy: Any) -> Leadership:
     security settings: `lease.agree`)."""
     assert ledger.dsn is not None
     lease.setup(ledger.dsn)
-    mine = settings_of(config, policy)
+    slurm = None
+    if config.executor == "slurm":  # which cluster: compared with the other servers' (F2)
+        from ledger.engines.slurm.cluster import read_identity
+
+        slurm = read_identity(os.environ)
+    mine = settings_of(config, policy, slurm)
     since = lease.agree(ledger.dsn, mine, config.new_settings)
     address = config.advertise
     if not address:
@@ -497,12 +502,15 @@ def _leadership(ledger: Ledger, config: ServeConfig, policy: Any) -> Leadership:
     return Leadership(mine_lease)
 
 
-def settings_of(config: ServeConfig, policy: Any) -> lease.Settings:
+def settings_of(
+    config: ServeConfig, policy: Any, slurm: dict[str, object] | None = None
+) -> lease.Settings:
     """What every server on a store runs alike (`lease.Settings`): the lease, the node-lost
     timeout and fence, the executor and the policy, and what it admits and how it runs it
-    (`admission_of`). A standby takes the leader's work over as it was started, so a takeover
-    with others changes them under running jobs (a server with `--executor none` took over a
-    cluster's agents and their jobs were killed: atk33-28 F5)."""
+    (`admission_of`; `slurm`: which Slurm cluster it talks to). A standby takes the leader's
+    work over as it was started, so a takeover with others changes them under running jobs (a
+    server with `--executor none` took over a cluster's agents and their jobs were killed:
+    atk33-28 F5)."""
     work = {
         "executor": config.executor,
         "words": _policy_words(registry.config_of(policy)),
@@ -512,7 +520,7 @@ def settings_of(config: ServeConfig, policy: Any) -> lease.Settings:
         config.lease.seconds,
         (config.node_lost_after.seconds, config.node_fence.seconds),
         msgspec.json.encode(work).decode(),
-        admission_of(config, os.geteuid() == 0),
+        admission_of(config, os.geteuid() == 0, slurm),
     )
 
 

@@ -46,9 +46,9 @@ LEASE_RANGE_S = (1.0, 60.0)
 """The lease a server may be given: long enough to renew under load, short enough that a kill -9
 of the leader never leaves the cluster leaderless for long."""
 MARGIN = 0.2
+"""The part of the lease a holder gives up to be sure it stops first (a fifth)."""
 SCHEMA_LOCK = 7346010
 """The advisory lock the store's schema is made under (the lease's tables, the recorders')."""
-"""The part of the lease a holder gives up to be sure it stops first (a fifth)."""
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {LEADER_TABLE} (

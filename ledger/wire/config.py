@@ -13,8 +13,9 @@ from typing import Literal, TypeVar
 
 import msgspec
 
-from ledger.core.runas import SECRET_NAMES
+from ledger.core.runas import PRIVILEGED_GROUPS, SECRET_NAMES
 from schemas import units
+from schemas.bounds import MAX_ARRAY_TASKS
 from schemas.errors import InvalidCommand
 from schemas.units import Duration, Interval
 
@@ -127,7 +128,9 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Tasks one job array may have (Slurm's MaxArraySize; at most 10,000). 0: 10,000."""
 
 
-def admission_of(config: ServeConfig, service_root: bool) -> str:
+def admission_of(
+    config: ServeConfig, service_root: bool, slurm: dict[str, object] | None = None
+) -> str:
     """Pure: the settings that change what a leader admits or how it runs what it admits, as
     canonical JSON (config key -> value, sorted; `lease.Settings.admission`): who jobs run as
     and the uid range (`ledger.core.runas.admit`: a manager may add a system account only where
@@ -140,8 +143,11 @@ def admission_of(config: ServeConfig, service_root: bool) -> str:
     `run_as` whose account a job runs as (`runas.account_for`: not root, every job runs as the
     server's own account): a root leader and a standby of a service account with one config
     file recorded the same settings, and a failover ran everyone's jobs as one account
-    (atk40-28 F1)."""
-    admission = {
+    (atk40-28 F1). `slurm`: with the Slurm executor, which cluster this server talks to and
+    whether it accepts untracked processes (`ledger.engines.slurm.cluster.identity`): a standby
+    with another `SLURM_CONF` took over another cluster's partition (atk40-28 F2). The text is
+    of `admission_meaning`: settings written otherwise that mean the same are recorded alike."""
+    admission: dict[str, object] = {
         "service_runs_as_root": service_root,
         "run_as": config.run_as,
         "min_uid": config.min_uid,
@@ -157,7 +163,29 @@ def admission_of(config: ServeConfig, service_root: bool) -> str:
         "debug_limit_s": float(config.debug_limit.seconds),
         "interval_s": float(config.interval.seconds),
     }
-    return msgspec.json.encode(admission, order="sorted").decode()
+    if slurm is not None:
+        admission.update(slurm)
+    return msgspec.json.encode(admission_meaning(admission), order="sorted").decode()
+
+
+def admission_meaning(admission: dict[str, object]) -> dict[str, object]:
+    """Pure: the admission settings (`admission_of`'s keys) as what they mean, so that settings
+    written otherwise that mean the same are recorded alike (a standby so written could not
+    start: atk40-28 F3): `max_array_size` 0 is the most an array may have (10,000); the
+    privileged groups are the built-in ones (`runas.PRIVILEGED_GROUPS`, which every server
+    adds) and the site's, sorted, so listing `sudo` or not is the same; an `os_accounts` entry
+    that maps a user to its own name (the server's own account, say `root = "root"`) is the
+    same as none."""
+    out = dict(admission)
+    if out.get("max_array_size") == 0:
+        out["max_array_size"] = MAX_ARRAY_TASKS
+    groups = out.get("privileged_groups")
+    if isinstance(groups, list | tuple | set | frozenset):
+        out["privileged_groups"] = sorted(PRIVILEGED_GROUPS | {str(g) for g in groups})
+    accounts = out.get("os_accounts")
+    if isinstance(accounts, dict):
+        out["os_accounts"] = {k: v for k, v in sorted(accounts.items()) if k != v}
+    return out
 
 
 def load(path: Path | None) -> ServeConfig:

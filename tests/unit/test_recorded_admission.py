@@ -10,8 +10,9 @@ import json
 import msgspec
 import pytest
 
+from ledger.engines.slurm.cluster import identity
 from ledger.store import lease
-from ledger.wire.config import ServeConfig, admission_of
+from ledger.wire.config import ServeConfig, admission_meaning, admission_of
 from schemas.units import Duration, Interval
 
 OTHERS = {
@@ -91,3 +92,71 @@ def test_the_executor_is_said_before_the_admission_settings() -> None:
     mine = dataclasses.replace(_settings(ServeConfig(min_uid=1)), work='{"executor":"none"}')
     why = lease.refusal(mine, recorded, "s0", live=False)
     assert why is not None and "--executor none" in why, why
+
+
+@pytest.mark.parametrize(
+    ("here", "there"),
+    [
+        ({"max_array_size": 0}, {"max_array_size": 10_000}),
+        ({"privileged_groups": ["sudo"]}, {}),
+        ({"privileged_groups": ["wheel2", "adm", "docker"]}, {"privileged_groups": ["wheel2"]}),
+        ({"os_accounts": {"root": "root", "alice": "al"}}, {"os_accounts": {"alice": "al"}}),
+        ({"os_accounts": {"svc": "svc"}}, {}),
+    ],
+    ids=["array 0 is 10000", "sudo built in", "built-ins listed", "own name", "only own name"],
+)
+def test_settings_written_otherwise_that_mean_the_same_are_recorded_alike(
+    here: dict[str, object], there: dict[str, object]
+) -> None:
+    """atk40-28 F3: `max_array_size = 0` (10,000), the built-in `sudo` listed, an account mapped
+    to its own name were recorded as other settings, and a standby so written could not start."""
+    mine = admission_of(msgspec.structs.replace(ServeConfig(), **here), True)
+    theirs = admission_of(msgspec.structs.replace(ServeConfig(), **there), True)
+    assert mine == theirs
+    assert not lease.admission_differences(theirs, mine)
+
+
+def test_settings_that_mean_otherwise_still_differ() -> None:
+    base = admission_of(ServeConfig(), True)
+    assert admission_of(ServeConfig(max_array_size=9_999), True) != base
+    assert admission_of(ServeConfig(privileged_groups=["wheel2"]), True) != base
+    assert admission_of(ServeConfig(os_accounts={"alice": "al"}), True) != base
+
+
+def test_admission_meaning_is_pure_and_keeps_what_it_does_not_know() -> None:
+    given = {"max_array_size": 0, "privileged_groups": [], "os_accounts": {"a": "a"}, "x": 1}
+    meant = admission_meaning(given)
+    assert given["max_array_size"] == 0 and given["os_accounts"] == {"a": "a"}  # not changed
+    assert meant["max_array_size"] == 10_000 and meant["os_accounts"] == {} and meant["x"] == 1
+    assert "sudo" in meant["privileged_groups"]  # type: ignore[operator]
+    assert admission_meaning(meant) == meant
+
+
+SHOW_CONFIG = """Configuration data as of 2026-12-04T07:00:00
+AccountingStorageType   = (null)
+ClusterName             = gpuledger
+SlurmctldHost[0]        = head(127.0.0.1)
+SlurmctldHost[1]        = head2
+SlurmctldPort           = {port}
+SlurmdPort              = 6818
+"""
+
+
+def test_which_slurm_cluster_is_recorded_and_a_difference_named() -> None:
+    """atk40-28 F2: which cluster a server talks to (its `SLURM_CONF`) and whether it accepts
+    untracked processes were per server: a standby started with another cluster's
+    configuration took its partition over after a failover."""
+    a = identity(SHOW_CONFIG.format(port=6817), untracked_ok=False)
+    assert a == {"slurm_cluster": "gpuledger at head(127.0.0.1),head2 port 6817",
+                 "slurm_untracked_ok": False}  # fmt: skip
+    b = identity(SHOW_CONFIG.format(port=6917), untracked_ok=False)
+    loose = identity(SHOW_CONFIG.format(port=6817), untracked_ok=True)
+    here = admission_of(ServeConfig(executor="slurm"), True, a)
+    assert here == admission_of(ServeConfig(executor="slurm"), True, dict(a))
+    named = lease.admission_differences(here, admission_of(ServeConfig(), True, b))
+    assert named == [
+        'slurm_cluster "gpuledger at head(127.0.0.1),head2 port 6817" (recorded) against '
+        '"gpuledger at head(127.0.0.1),head2 port 6917" here'
+    ], named
+    named = lease.admission_differences(here, admission_of(ServeConfig(), True, loose))
+    assert named == ["slurm_untracked_ok false (recorded) against true here"], named

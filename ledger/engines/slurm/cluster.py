@@ -1,0 +1,69 @@
+"""Which Slurm cluster a server talks to, as the lease row records it (docs/ha.md): the
+cluster's name, its controller hosts and port (`scontrol show config`), and whether the server
+accepts processes Slurm cannot follow (`GPULEDGER_SLURM_UNTRACKED_OK`). Every server of a store
+runs the same cluster's partition: a standby started with another `SLURM_CONF` took over
+another cluster after a failover (atk40-28 F2), so a server on a PostgreSQL store starts only
+while slurmctld answers (it needs this identity to be compared) and one that talks to another
+cluster never leads (`ledger.wire.config.admission_of`)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Mapping
+
+from ledger.engines.slurm.words import UNTRACKED_OK
+from schemas.errors import InvalidCommand
+
+_HOST = re.compile(r"^SlurmctldHost\[(\d+)\]$")
+
+
+def identity(config: str, untracked_ok: bool) -> dict[str, object]:
+    """Pure: the cluster's identity from `scontrol show config` output (`ClusterName`, every
+    `SlurmctldHost[i]` in order, `SlurmctldPort`), and `untracked_ok`, as the recorded settings'
+    keys `slurm_cluster` and `slurm_untracked_ok`."""
+    values: dict[str, str] = {}
+    hosts: dict[int, str] = {}
+    for line in config.splitlines():
+        key, eq, value = line.partition("=")
+        if not eq:
+            continue
+        key, value = key.strip(), value.strip()
+        if found := _HOST.match(key):
+            hosts[int(found.group(1))] = value
+        else:
+            values.setdefault(key, value)
+    if not hosts and values.get("ControlMachine"):  # older Slurm's name for the first host
+        hosts[0] = values["ControlMachine"]
+    named = ",".join(hosts[i] for i in sorted(hosts)) or "?"
+    cluster = f"{values.get('ClusterName', '?')} at {named} port {values.get('SlurmctldPort', '?')}"
+    return {"slurm_cluster": cluster, "slurm_untracked_ok": untracked_ok}
+
+
+def read_identity(env: Mapping[str, str], timeout_s: float = 30.0) -> dict[str, object]:
+    """The identity (`identity`) of the cluster `env`'s `SLURM_CONF` names, asked of its
+    slurmctld; one clear line when it does not answer (a server on a PostgreSQL store waits
+    for it: its settings are compared with the recorded ones before it may stand by)."""
+    where = env.get("SLURM_CONF") or "the default slurm.conf"
+    try:
+        done = subprocess.run(
+            ["scontrol", "show", "config"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=dict(env),
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        done = None
+        said = str(err)
+    if done is not None and done.returncode == 0 and "ClusterName" in done.stdout:
+        return identity(done.stdout, env.get(UNTRACKED_OK, "") == "1")
+    if done is not None:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        said = lines[-1] if lines else f"exit {done.returncode}"
+    raise InvalidCommand(
+        f"slurmctld does not answer (scontrol show config, {where}): {said}",
+        hint="a Slurm server on a PostgreSQL store starts once its cluster's controller answers: "
+        "which cluster it talks to is compared with the other servers' (docs/ha.md)",
+    )
