@@ -242,20 +242,20 @@ def _sendable(name: str, value: str) -> bool:
     return bool(ENV_NAME.fullmatch(name)) and len(value) <= MAX_ENV_VALUE and "\x00" not in value
 
 
-def check_paths(wd: str, outputs: tuple[str, ...]) -> None:
-    """Refuse at submit, with one line and nothing recorded, what the path rule would refuse at
-    launch (T19 in docs/security.md) and can be seen from here: a directory on the way to the
-    working directory or to an output file's directory (one with no `%` pattern) that others
-    may write without the sticky bit, or a link there that is not the submitter's."""
+def path_warnings(wd: str, outputs: tuple[str, ...]) -> list[str]:
+    """What the path rule (T19 in docs/security.md) would refuse at launch, as far as the
+    submitting host sees it, one line each: a directory on the way to the working directory or
+    to an output file's directory (one with no `%` pattern) that others may write without the
+    sticky bit, that belongs to another account than the submitter or root, or a link there
+    that is not the submitter's. Only warned of: the job's node may see another filesystem
+    (a path mounted there alone, or otherwise); its launch checks again and refuses it there."""
     ways = [(wd, "working directory", wd)] if wd else []
     for name in outputs:
         where = os.path.dirname(name)
         if name and "%" not in where and (where.startswith("/") or wd):
             ways.append((os.path.join(wd, where) if wd else where, "output file", name))
-    for directory, what, shown in ways:
-        why = path_refusal(directory or "/", what, shown)
-        if why:
-            raise InvalidCommand(why)
+    said = (path_refusal(directory or "/", what, shown) for directory, what, shown in ways)
+    return list(dict.fromkeys(why for why in said if why))
 
 
 def workdir(chdir: str | None) -> str:
@@ -396,7 +396,12 @@ def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
         umask=own_umask(),  # the job's and its output files', as sbatch records it
     )
     if not g["user"]:  # on another's behalf their links are not the submitter's: launch checks
-        check_paths(fields["workdir"], (fields["stdout"], fields["stderr"]))
+        for why in path_warnings(fields["workdir"], (fields["stdout"], fields["stderr"])):
+            click.echo(
+                f"warning: {why} (as this host sees it: the launch on the job's node checks "
+                "again and fails the job if it is so there)",
+                err=True,
+            )
     return build(c.SubmitJob, **fields)
 
 

@@ -5,8 +5,9 @@ agents (`open_outputs`, a child that hands descriptors back), by the Slurm execu
 see). Each name is resolved from `/` one at a time (openat, O_NOFOLLOW): no directory that holds
 a name on the way may be writable by accounts other than its owner without the sticky bit, a
 symbolic link is followed only when it is the user's own in a directory no other account may
-write, the working directory must be the user's or root's, an existing output must be a
-regular file of the user's with one link. It imports only the standard library."""
+write, every directory on the way (and an output's own directory) must be the user's or root's
+(`owner_refused`), the working directory must be the user's or root's, an existing output must
+be a regular file of the user's with one link. It imports only the standard library."""
 
 from __future__ import annotations
 
@@ -97,12 +98,32 @@ def dir_refused(where: str, mode: int, what: str, shown: str) -> str:
     )
 
 
-def _walk(path: str, what: str, shown: str, links: list[int], base: int | None) -> tuple[int, str]:
+def owner_refused(where: str, owner: int, uid: int, what: str, shown: str) -> str:
+    """Pure: the path rule for the owner of a directory on the way to a job's working directory
+    or output file (and of an output's own directory): refused ("" when not) unless it is the
+    user's (`uid`) or root's. Its owner may rename anything in it, whatever its mode says (a
+    0755 directory of another account's: it may put a directory or link of its own in place of
+    the name the job goes through, atk40-23 F5). `where` as in `dir_refused`."""
+    if owner in (uid, 0):
+        return ""
+    place = where or "the working directory"
+    return (
+        f"the {what} {shown} is reached through {place}, which belongs to another account (uid "
+        f"{owner}: it may rename anything in it, a directory or link of its own into the place "
+        "of a name the job goes through): refused; use a path whose directories are yours or "
+        "root's"
+    )
+
+
+def _walk(
+    path: str, what: str, shown: str, links: list[int], base: int | None, holder: bool = False
+) -> tuple[int, str]:
     """As this process's user: the directory holding `path`'s last name (an O_PATH descriptor,
     each name opened with O_NOFOLLOW from `/`, or from `base` for a relative path) and that name.
-    Every directory that holds a name on the way (not the last name) must pass `dir_refused`,
-    and a link on the way is followed only by `link_refused`'s rule, else `Refused`; OSError when
-    a name is missing, closed to the user or not a directory."""
+    Every directory that holds a name on the way (not the last name) must pass `dir_refused` and
+    `owner_refused` (with `holder`, the one holding the last name `owner_refused` too), and a
+    link on the way is followed only by `link_refused`'s rule, else `Refused`; OSError when a
+    name is missing, closed to the user or not a directory."""
     names = [n for n in path.split("/") if n]
     cur = os.open("/" if path.startswith("/") else ".", _DIR, dir_fd=base)
     where = "/" if path.startswith("/") else ""
@@ -110,7 +131,9 @@ def _walk(path: str, what: str, shown: str, links: list[int], base: int | None) 
         while len(names) > 1:
             name = names.pop(0)
             here = os.fstat(cur)
-            unsafe = dir_refused(where, here.st_mode, what, shown)
+            unsafe = dir_refused(where, here.st_mode, what, shown) or owner_refused(
+                where, here.st_uid, os.getuid(), what, shown
+            )
             if unsafe:
                 raise Refused(unsafe)
             node = os.open(name, _NAME, dir_fd=cur)
@@ -138,6 +161,9 @@ def _walk(path: str, what: str, shown: str, links: list[int], base: int | None) 
                 raise
             os.close(cur)
             cur, where = node, os.path.join(where, name)
+        if holder and (unsafe := owner_refused(where, os.fstat(cur).st_uid, os.getuid(), what,
+                                               shown)):  # fmt: skip
+            raise Refused(unsafe)
     except BaseException:
         os.close(cur)
         raise
@@ -169,17 +195,23 @@ def open_workdir(path: str) -> int:
 
 
 def path_refusal(directory: str, what: str, shown: str) -> str:
-    """As this process's user (the submitter, at submit: `cli.submit`): why the path rule would
-    refuse the way to `directory` (the working directory, or an output file's directory, for
-    `what` `shown`), or "" when it would not or cannot say from here (a name missing or closed:
-    the launch checks again, on the job's node). Nothing is opened but O_PATH descriptors."""
+    """As this process's user (the submitter, at submit: `cli.submit.path_warnings`): why the
+    path rule would refuse the way to `directory` (the working directory, or an output file's
+    directory, for `what` `shown`; the directory itself the user's or root's), or "" when it
+    would not or cannot say from here (a name missing or closed: the launch checks again, on
+    the job's node). Nothing is opened but O_PATH descriptors."""
     try:
         fd, _ = _walk(directory.rstrip("/") + "/.", what, shown, [0], None)
+        owner = os.fstat(fd).st_uid
+        os.close(fd)
+        if owner not in (os.getuid(), 0):
+            if what == WORKDIR:
+                return f"the {what} {shown} belongs to another user"
+            return owner_refused(directory, owner, os.getuid(), what, shown)
     except Refused as refused:
         return "" if refused.unreachable else str(refused)
     except OSError:
         return ""
-    os.close(fd)
     return ""
 
 
@@ -199,7 +231,7 @@ def open_own(
     shown = shown or path
     links = [0] if links is None else links
     try:
-        holder, name = _walk(path, what, shown, links, base)
+        holder, name = _walk(path, what, shown, links, base, holder=True)
     except OSError as err:
         raise _why_not(shown, what, err) from err
     try:

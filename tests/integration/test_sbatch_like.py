@@ -760,3 +760,42 @@ def test_an_output_swapped_for_a_link_once_made_never_sends_the_job_there(
             swapper.communicate()
         shutil.rmtree(shared, ignore_errors=True)
         shutil.rmtree(theirs, ignore_errors=True)
+
+
+def test_a_directory_of_another_account_on_the_path_is_warned_of_then_refused_at_launch(
+    served: Served,
+) -> None:
+    """atk40-23 F5: a 0755 directory of another account's on the job's path (its owner may
+    rename in it: her `exp` swapped for a directory of its own) was accepted. `submit` warns of
+    it in one line and records the job (the job's node may see another filesystem); the
+    launch refuses it with one line, `launch_failed`, never started. The same tree, root's,
+    runs with no warning."""
+    nobody = pwd.getpwnam("nobody")
+    top = Path(tempfile.mkdtemp(prefix="gl23-owner-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        theirs = top / "theirs"
+        (theirs / "exp").mkdir(parents=True)
+        (theirs / "exp").chmod(0o777)  # root's (the test's CLI runs as root), hers to write
+        os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+        ran = theirs / "exp" / "ran"
+        args = ("submit", "-A", "ai2/olmo", "-G", "1", "--json", "-D", str(theirs / "exp"),
+                "--", "touch", "ran")  # fmt: skip
+        said = served.cli(USER, *args)
+        warned = [ln for ln in said.stderr.splitlines() if ln.startswith("warning: ")]
+        why = f"is reached through {theirs}, which belongs to another account (uid {nobody.pw_uid}"
+        assert len(warned) == 1 and why in warned[0], said.stderr
+        job = int(json.loads(said.stdout)["job_id"])
+        row = served.wait("the launch fails", job, "finished")
+        assert (row["finish_reason"], row["started_at"], row["exit_code"]) == (
+            "launch_failed", None, None,
+        ), row  # fmt: skip
+        assert why in row["finish_note"] and "\n" not in row["finish_note"], row
+        assert not ran.exists()
+        os.chown(theirs, 0, 0)
+        said = served.cli(USER, *args)
+        assert "warning" not in said.stderr, said.stderr
+        row = served.wait("the job runs", int(json.loads(said.stdout)["job_id"]), "finished")
+        assert row["finish_reason"] == "completed" and ran.exists(), row
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

@@ -9,15 +9,16 @@ batch script (`words.batch_script`, run by bash as the user)."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from ledger.cycle.executor import GpuSlot, Launch
-from ledger.engines.job_paths import Refused, open_outputs, path_refusal
+from ledger.engines.job_paths import Refused, open_outputs, owner_refused, path_refusal
 from ledger.engines.slurm.launching import CANNOT_ENTER, CANNOT_OPEN, LAUNCHED
 from ledger.engines.slurm.outputs import Claimed, claim_outputs
 from ledger.engines.slurm.script import batch_script
@@ -57,6 +58,28 @@ def _opened(who: User, **spec: str) -> dict[str, int]:
     for fd in fds.values():
         os.close(fd)
     return fds
+
+
+def _as(who: User, read: Callable[[], object]) -> str:
+    """`read()` in a child that became `who` (as the submitter runs `submit`): what it said."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # never returns into pytest
+        code = 1
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(who.gid)
+            os.setuid(who.uid)
+            os.write(w, repr(read()).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = f.read().decode()
+    assert os.waitpid(pid, 0)[1] == 0, said
+    return said
 
 
 def _sbatch_user(who: User) -> SbatchUser:
@@ -447,9 +470,76 @@ def test_a_users_own_group_writable_directory_on_the_path_is_refused_with_the_fi
         proj.chmod(0o775)
         with pytest.raises(Refused, match=f"{_unsafe(proj)} .*`chmod \\+t {proj}` or `chmod go-w"):
             _opened(alice, workdir=str(proj / "exp"))
-        assert _unsafe(proj) in path_refusal(str(proj / "exp"), "working directory", "exp")
+        said = _as(alice, lambda: path_refusal(str(proj / "exp"), "working directory", "exp"))
+        assert _unsafe(proj) in said
         proj.chmod(0o1775)
         assert "working directory" in _opened(alice, workdir=str(proj / "exp"))
+
+
+@pytest.mark.parametrize(
+    ("case", "want_refused"),
+    [("another account's", True), ("root's", False), ("the user's own", False)],
+)
+def test_owner_refused_keeps_only_the_users_and_roots_directories(
+    case: str, want_refused: bool
+) -> None:
+    """atk40-23 F5, the pure rule: a directory's owner may rename anything in it, whatever its
+    mode, so only the user's and root's are on a job's path."""
+    owner = {"another account's": 1234, "root's": 0, "the user's own": 1001}[case]
+    said = owner_refused("/data/x", owner, 1001, "output file", "o.out")
+    if not want_refused:
+        assert said == ""
+    else:
+        assert said.startswith(
+            "the output file o.out is reached through /data/x, which belongs to another account "
+            "(uid 1234: it may rename"
+        )
+    assert "the working directory, which" in owner_refused("", 7, 1001, "output file", "o/x")
+
+
+def test_a_directory_of_another_account_on_the_path_is_refused_on_both_engines(
+    pair: tuple[User, User],
+) -> None:
+    """atk40-23 F5: a 0755 directory of bob's on alice's path passed (nobody else may write it),
+    but as its owner bob may rename in it: her `exp` swapped for a directory of his own, her
+    `logs` for his. A directory on the way that is neither hers nor root's is refused, for her
+    working directory and her outputs, by the node agents' opener and the Slurm claim, and so
+    is an output's own directory of his (sticky or not: he may rename her file there); the
+    same tree, root's, is used."""
+    alice, bob = pair
+    with shared_dir("gpuledger-owner-") as top:
+        bobs = top / "bob"
+        (bobs / "exp").mkdir(parents=True)
+        scratch = top / "scratch"
+        scratch.mkdir(mode=0o1777)
+        scratch.chmod(0o1777)
+        _own(bobs / "exp", alice)
+        want = f"is reached through {bobs}, which belongs to another account (uid {bob.uid}"
+        for owner in (bob, None):
+            if owner is not None:
+                _own(bobs, owner)
+                _own(scratch, owner)
+            else:
+                os.lchown(bobs, 0, 0)
+                os.lchown(scratch, 0, 0)
+            ways = [
+                {"workdir": str(bobs / "exp")},
+                {"stdout": str(bobs / "exp" / "o.out")},
+                {"stdout": str(scratch / "o.out")},
+            ]
+            for spec in ways:
+                if owner is None:
+                    assert _opened(alice, **spec)
+                    continue
+                mine = want if "scratch" not in str(spec) else f"reached through {scratch}, which"
+                with pytest.raises(Refused, match=re.escape(mine)):
+                    _opened(alice, **spec)
+                wd = spec.get("workdir", "")
+                why = claim_outputs([spec.get("stdout") or f"{wd}/c.out"], _sbatch_user(alice),
+                                    10.0, workdir=wd)  # fmt: skip
+                assert isinstance(why, str) and mine in why, why
+            if owner is not None:
+                assert sorted(p.name for p in top.rglob("*.out")) == []
 
 
 def test_another_file_of_the_users_renamed_to_the_output_is_refused_under_a_stricter_umask(
@@ -481,26 +571,33 @@ def test_another_file_of_the_users_renamed_to_the_output_is_refused_under_a_stri
     os.close(got["output file"])
 
 
-def test_a_path_the_rule_refuses_is_refused_at_submit_with_one_line(
+def test_a_path_the_rule_refuses_is_warned_of_at_submit_with_one_line(
     pair: tuple[User, User],
 ) -> None:
-    """What the launch would refuse and the submitter's host can see is refused at submit
-    (`cli.submit.check_paths`, one line, nothing recorded): a working directory or an output's
-    directory reached through a directory others may write without the sticky bit."""
-    from ledger.cli.submit import check_paths
-    from schemas.errors import InvalidCommand
+    """What the launch would refuse and the submitter's host can see is warned of at submit
+    (`cli.submit.path_warnings`, one line each; the submission goes on: the job's node may see
+    another filesystem, and its launch checks again): a working directory or an output's
+    directory reached through a directory others may write without the sticky bit, or through
+    one of another account's (atk40-23 F5)."""
+    from ledger.cli.submit import path_warnings
 
+    alice, bob = pair
     with shared_dir("gpuledger-submit-") as top:
         team = top / "team"
         (team / "exp1").mkdir(parents=True)
         team.chmod(0o2777)
-        with pytest.raises(
-            InvalidCommand, match=f"working directory {team / 'exp1'} {_unsafe(team)}"
-        ):
-            check_paths(str(team / "exp1"), ("", ""))
-        with pytest.raises(InvalidCommand, match=f"output file logs/%j.out {_unsafe(team)}"):
-            check_paths(str(team), ("logs/%j.out", ""))
-        check_paths(str(team), ("%x-%j.out", ""))  # the team dir itself, an output in it
-        check_paths(str(top / "absent" / "x"), ("", ""))  # not here: the launch checks
+        [why] = path_warnings(str(team / "exp1"), ("", ""))
+        assert why.startswith(f"the working directory {team / 'exp1'} {_unsafe(team)}"), why
+        [why] = path_warnings(str(team), ("logs/%j.out", ""))
+        assert why.startswith(f"the output file logs/%j.out {_unsafe(team)}"), why
+        assert path_warnings(str(team), ("%x-%j.out", "")) == []  # the team dir, an output in it
+        assert path_warnings(str(top / "absent" / "x"), ("", "")) == []  # the launch checks
         team.chmod(0o3777)
-        check_paths(str(team / "exp1"), ("logs/%j.out", ""))
+        assert path_warnings(str(team / "exp1"), ("logs/%j.out", "")) == []
+        bobs = top / "bob"  # a 0755 directory of bob's on alice's path
+        (bobs / "exp").mkdir(parents=True)
+        _own(bobs, bob)
+        _own(bobs / "exp", alice)
+        said = _as(alice, lambda: path_warnings(str(bobs / "exp"), ("out.txt", "")))
+        assert f"is reached through {bobs}, which belongs to another account (uid {bob.uid}" in said
+        assert _as(alice, lambda: path_warnings(str(alice.home), ("o/%j.out", ""))) == "[]"
