@@ -6,6 +6,7 @@ unknown policy version and the what-if loop are checked end to end."""
 from __future__ import annotations
 
 import logging
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,10 +148,32 @@ def build_history(home: Path, policy: Policy | None = None, *, service: bool = F
 
 
 @pytest.fixture(scope="module")
-def history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    home = tmp_path_factory.mktemp("history")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`build_history` of the default policy, built once and never handed out: tests take a
+    copy (`history`, or `copy_of` for one of their own)."""
+    home = tmp_path_factory.mktemp("pristine") / "h"
     build_history(home).close()
-    yield home
+    return home
+
+
+@pytest.fixture(scope="module")
+def pristine_served(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`build_history(service=True)`, built once, never handed out (see `pristine`)."""
+    home = tmp_path_factory.mktemp("pristine-served") / "h"
+    build_history(home, service=True).close()
+    return home
+
+
+def copy_of(home: Path, to: Path) -> Path:
+    """A copy of a closed data directory: the same log, key and files, as building it again
+    would make them (the build is deterministic: a simulated clock and seeded ids)."""
+    shutil.copytree(home, to)
+    return to
+
+
+@pytest.fixture(scope="module")
+def history(pristine: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield copy_of(pristine, tmp_path_factory.mktemp("history") / "h")
 
 
 def events_of(home: Path) -> list[e.AnyEvent]:
@@ -232,13 +255,14 @@ def test_policy_code_that_changed_without_a_new_version_shows_as_differences(
     assert first.differences[0].text() in out.output
 
 
-def test_a_records_skipped_cycles_and_ranks_position_are_checked(tmp_path: Path) -> None:
+def test_a_records_skipped_cycles_and_ranks_position_are_checked(
+    pristine_served: Path, tmp_path: Path
+) -> None:
     """atk33-26: a record's `skipped_cycles` (0 -> 500) and `ranks.position` (275 -> 200)
     edited replayed identical. A service's log bounds the first by the time since the previous
     record (cycles at least 0.05 s apart) and every dispatcher reads ranks at its snapshot's
     position."""
-    home = tmp_path / "h"
-    build_history(home, service=True).close()
+    home = copy_of(pristine_served, tmp_path / "h")
     assert all(r.identical for r in replay_home(home))
     decisions = find_decisions(home)
     (_, d0), (position, d) = decisions[0], decisions[1]
@@ -263,15 +287,14 @@ def test_a_records_skipped_cycles_and_ranks_position_are_checked(tmp_path: Path)
 
 
 def test_a_record_claiming_other_settings_than_the_services_is_a_difference(
-    tmp_path: Path,
+    pristine: Path, pristine_served: Path, tmp_path: Path
 ) -> None:
     """atk34-26 F2: a served record edited to claim another policy version, or a margin of 0.5,
     a spare ratio of 1 and no debug lane, replayed identical. The log's `service.configured` in
     force at the record is what the service ran with; without one (a log `serve` did not write)
     the record's own settings are replayed, as before."""
-    home, plain = tmp_path / "h", tmp_path / "plain"
-    build_history(home, service=True).close()
-    build_history(plain).close()
+    home = copy_of(pristine_served, tmp_path / "h")
+    plain = copy_of(pristine, tmp_path / "plain")
     for where, served in ((home, True), (plain, False)):
         position, d = find_decisions(where)[1]
         assert isinstance(d.policy, FairShareConfig) and d.policy.debug_lane
@@ -314,9 +337,10 @@ def test_cli_replay_all_prints_a_summary_and_exits_zero(history: Path) -> None:
     assert f"{n} identical, 0 differ, 0 cannot be replayed" in out.output
 
 
-def test_an_edited_decision_is_reported_with_its_exact_difference(tmp_path: Path) -> None:
-    home = tmp_path / "h"
-    build_history(home).close()
+def test_an_edited_decision_is_reported_with_its_exact_difference(
+    pristine: Path, tmp_path: Path
+) -> None:
+    home = copy_of(pristine, tmp_path / "h")
     decisions = find_decisions(home)
     position, d = next((p, d) for p, d in decisions if len(d.placed) > 1)
     # the record lists its placements in another order than its JobPlaced events
@@ -396,10 +420,12 @@ def project_home(home: Path) -> None:
 
 
 def test_one_decision_replays_from_the_nearest_checkpoint_and_the_anchored_projection(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    pristine: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    home = tmp_path / "h"
-    build_history(home).close()
+    home = copy_of(pristine, tmp_path / "h")
     project_home(home)
     monkeypatch.setattr(replay, "CHECKPOINT_EVERY", 20)
     # a walk over every decision stores checkpoints (and uses a projection of its own)
@@ -447,9 +473,10 @@ def test_one_decision_replays_from_the_nearest_checkpoint_and_the_anchored_proje
     checkpoints.close()
 
 
-def test_a_projection_that_does_not_hold_the_logs_bytes_is_not_read(tmp_path: Path) -> None:
-    home = tmp_path / "h"
-    build_history(home).close()
+def test_a_projection_that_does_not_hold_the_logs_bytes_is_not_read(
+    pristine: Path, tmp_path: Path
+) -> None:
+    home = copy_of(pristine, tmp_path / "h")
     project_home(home)
     position, last = find_decisions(home)[-1]
     con = duckdb.connect(str(projection_path(home)))
