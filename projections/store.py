@@ -204,22 +204,7 @@ class Store:
         return None if found is None else str(found)
 
     def status(self) -> Status:
-        rows = self.con.execute(
-            "SELECT position, events, unknown_events FROM tracking WHERE projection = ?",
-            [PROJECTION],
-        ).fetchall()
-        row = rows[0]
-        tags = []
-        if row[2]:  # only a projection that kept unknown events scans for their tags
-            tags = self.con.execute(
-                "SELECT tag, count(*) FROM events WHERE NOT known GROUP BY tag ORDER BY tag"
-            ).fetchall()
-        return Status(
-            position=int(row[0]),
-            events=int(row[1]),
-            unknown_events=int(row[2]),
-            unknown_tags={str(t): int(n) for t, n in tags},
-        )
+        return status_of(self.con)
 
     def beside(self) -> Store:
         """The same projection on a connection of its own (a DuckDB cursor of this one's
@@ -237,3 +222,24 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def status_of(con: duckdb.DuckDBPyConnection) -> Status:
+    """Where the projection on `con` (a Store's connection, or a cursor of its database)
+    stands: position, events applied, unknown events (with their tags)."""
+    rows = con.execute(
+        "SELECT position, events, unknown_events FROM tracking WHERE projection = ?",
+        [PROJECTION],
+    ).fetchall()
+    row = rows[0]
+    tags = []
+    if row[2]:  # only a projection that kept unknown events scans for their tags
+        tags = con.execute(
+            "SELECT tag, count(*) FROM events WHERE NOT known GROUP BY tag ORDER BY tag"
+        ).fetchall()
+    return Status(
+        position=int(row[0]),
+        events=int(row[1]),
+        unknown_events=int(row[2]),
+        unknown_tags={str(t): int(n) for t, n in tags},
+    )

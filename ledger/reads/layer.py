@@ -29,7 +29,6 @@ if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load t
 
     from ledger.core.state import State
     from ledger.cycle.dispatcher import LiveState
-    from ledger.store.application import Ledger
     from projections.fairshare import DeliveredReport, UsagePolicy
     from projections.store import Store
 
@@ -497,7 +496,10 @@ def delivered_view(rep: DeliveredReport, team_depth: int) -> v.DeliveredView:
 
 
 def projection_status(store: Store) -> v.ProjectionStatusView:
-    s = store.status()
+    """Where the projection stands (of `store.con`: a read pool's cursor too)."""
+    from projections.store import status_of
+
+    s = status_of(store.con)
     return v.ProjectionStatusView(
         position=s.position,
         events=s.events,
@@ -706,10 +708,14 @@ def decisions(
     ]
 
 
-def decision_at(ledger: Ledger, position: int) -> e.CycleDecided:
-    """The recorded decision at `position` of the log (its inputs by reference and outcome)."""
-    got = ledger.read(position - 1, 1) if position >= 1 else []
-    if not got or got[0][0] != position or not isinstance(got[0][1], e.CycleDecided):
+def decision_at(store: Store, position: int) -> e.CycleDecided:
+    """The recorded decision at `position` of the log (its inputs by reference and outcome),
+    from the projection's copy of the log (`events`: the event as stored, its `prev_hash`
+    too): UnknownEntity when the projection holds no decision there."""
+    from projections import history
+
+    got = history.events_of(store.con, [e.CycleDecided], first=position, last=position)
+    if not got or not isinstance(got[0][1], e.CycleDecided):
         raise UnknownEntity(f"no recorded decision at position {position}", position=position)
     return got[0][1]
 

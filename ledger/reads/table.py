@@ -407,9 +407,7 @@ READS: dict[str, ReadSpec] = {
     "priority": _spec("priority", QueueArgs, _priority, list[v.PriorityRow], pooled=False),
     "explain": _spec("explain", ExplainArgs, _explain, v.ExplainView, personal=True, pooled=False),
     "squatters": _spec("squatters", SquattersArgs, _squatters, list[v.SquatterRow], pooled=False),
-    "projection": _spec(
-        "projection", NoArgs, _projection_status, v.ProjectionStatusView, pooled=False
-    ),
+    "projection": _spec("projection", NoArgs, _projection_status, v.ProjectionStatusView),
     "audit_preemptions": _spec(
         "audit/preemptions", AuditArgs, _audit_preemptions, list[v.PreemptionRow]
     ),

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import inspect
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from importlib.metadata import version
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
@@ -32,7 +31,6 @@ from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import JSONBody
 
 from ledger.reads import layer as reads
-from ledger.reads import preview as previews
 from ledger.reads.table import READS
 from ledger.server import connections, copied, pages, pooled, query, tables
 from ledger.server import identity as ident
@@ -42,7 +40,6 @@ from ledger.server.cache import ReadCache
 from ledger.server.commands import CommandPath
 from ledger.server.front import Front
 from ledger.server.ha import POSITION_HEADER
-from ledger.server.pages import LivePreview
 from ledger.server.readpool import ReadPool, limits_from_env
 from ledger.server.worker import Worker
 from ledger.store.requests import valid_key
@@ -327,17 +324,8 @@ def _build(
                 data, at = await pooled.answer(worker, pool, name, spec, args, caller.actor, writes)
                 return Response(data, media_type="application/json", status_code=200,
                                 headers={POSITION_HEADER: str(at)})  # fmt: skip
-            if name in ON_WORKER:  # the store's own figures: on the worker, admitted (T5)
-                at = int(worker.service.ledger.position)
-                data = await pool.worker_read(
-                    caller.actor,
-                    lambda: handles.upto(
-                        at, lambda: handles.answer(name, spec, args, caller.actor)
-                    ),
-                    lambda: copied.caught_up(worker, pool, at),
-                )
-            else:  # the live state's (previews with `policy=` or `at=` too): on a copy (T5)
-                data = await handles.copied(worker, pool, name, spec, args, caller.actor)
+            # the live state's (previews with `policy=` or `at=` too): on a copy (T5)
+            data = await handles.copied(worker, pool, name, spec, args, caller.actor)
             return Response(data, media_type="application/json", status_code=200)
 
         params = [
@@ -432,10 +420,6 @@ def _build(
     return app, Front(writes, identify, conns, unmetered)
 
 
-ON_WORKER = frozenset({"projection"})
-"""The reads that are not the projection's alone (`pooled`) and not the live state's (read on
-a copy, `ledger.server.copied`): the projection's status, read from its store on the worker."""
-
 PAGE_SHELLS = frozenset({"/", "/ui/{page:str}"})
 """Routes whose query string is the browser script's (the dashboard's page shells)."""
 
@@ -462,12 +446,11 @@ def _roles(worker: Worker, head: int) -> dict[str, Any]:
     }
 
 
-T = TypeVar("T")
-
-
 class ServiceHandles:
-    """The read layer's handles in the server: the service loop's ledger and projection (caught
-    up before each read), on the worker thread, and the answers kept per log position.
+    """What the server's reads share: the service loop (its ledger's position and clock, read
+    on the event loop), the answers kept per log position (`cache`), and when each shared value
+    was last asked for. Every read runs in the read pool, on the published view of the live
+    state or the projection alone (`ledger.server.copied`), never on the worker thread.
 
     The dispatcher's preview "now" (what `queue`, `priority`, `explain`, the pages and /metrics
     build on) is computed once per log position and kept for `ReadCache.fresh_s`; `warm` has it
@@ -481,38 +464,7 @@ class ServiceHandles:
         self.service = service
         self.cache = ReadCache(clock=self.now)
         self.asked: dict[str, float] = {}
-        """When each shared value was last asked for by a read (shared by the per-read copies
-        `answer` makes)."""
-        self._upto: int | None = None
-
-    def upto(self, position: int, fn: Callable[[], T]) -> T:
-        """`fn()` on the worker thread for a read asked at `position`, whose projection was
-        caught up to it beside the worker (`copied.caught_up`): `store` folds no log for it
-        (the log may have moved since: those events are not the read's)."""
-        self._upto = position
-        try:
-            return fn()
-        finally:
-            self._upto = None
-
-    def live_preview(self, *, ahead: bool = False) -> LivePreview:
-        """The shared preview at the log's position (on the worker thread); `ahead`: computed
-        before anyone asks."""
-        from ledger.dispatch import registry
-
-        if not ahead:
-            self.asked["live-preview"] = time.monotonic()
-        ledger = self.ledger
-        store = self.store()  # caught up
-        now = self.now()
-
-        def compute() -> LivePreview:
-            policy = registry.build(ledger.state.policy)
-            live = previews.live(ledger, store, policy, now, self.foreign())
-            return LivePreview(policy.version, live, now)
-
-        preview: LivePreview = self.cache.shared("live-preview", ledger.position, now, compute)
-        return preview
+        """When each shared value was last asked for by a read."""
 
     def warm(self, worker: Worker, pool: ReadPool) -> None:
         """Have the shared preview computed ahead, in the read pool on the published view (the
@@ -528,30 +480,13 @@ class ServiceHandles:
             return
         copied.ahead(worker, pool, self.cache, lambda h: h.live_preview())
 
-    viewer = ""
-    """Who reads (set on the copy `answer` reads through for a `personal` read)."""
-
-    def answer(self, name: str, spec: Any, args: Any, viewer: str) -> bytes:
-        """The encoded answer of a read for `viewer`, computed once per log position
-        (`ReadCache`; per viewer too for the reads whose answer depends on who asks)."""
-        position: int = self.service.ledger.position
-        handles = copy.copy(self)
-        handles.viewer = viewer
-        return self.cache.answer(
-            name,
-            args,
-            position,
-            self.now(),
-            lambda: msgspec.json.encode(spec.run(handles, args)),
-            viewer if spec.personal else "",
-        )
-
     async def copied(
         self, worker: Worker, pool: ReadPool, name: str, spec: Any, args: Any, viewer: str
     ) -> bytes:
         """The encoded answer of a read of the live state for `viewer`, from the cache when
-        kept (`answer`'s rule), else computed in `pool` on a copy of the live state
-        (`ledger.server.copied`), admitted as one of `viewer`'s reads, and kept."""
+        kept (once per log position, per viewer too for the reads whose answer depends on who
+        asks), else computed in `pool` on a copy of the live state (`ledger.server.copied`),
+        admitted as one of `viewer`'s reads, and kept."""
         from ledger.server import copied
 
         key = viewer if spec.personal else ""
@@ -576,31 +511,9 @@ class ServiceHandles:
     def ledger(self) -> Any:
         return self.service.ledger
 
-    def store(self) -> Any:
-        """The projection, caught up; while a PostgreSQL store does not answer, as far as it
-        has folded (reads go on; the answer's `X-Gpuledger-Position` says where it stands)."""
-        from projections.errors import SourceUnavailable
-
-        target = self.service.ledger.position if self._upto is None else self._upto
-        try:  # a read caught it up beside the worker already (`upto`): no fold here
-            if self.service.store.position() < target:
-                self.service.projector.catch_up()
-        except SourceUnavailable:
-            if self.service.ledger.dsn is None:
-                raise
-        return self.service.store
-
     def now(self) -> float:
         now: float = self.service.clock.now()
         return now
-
-    def foreign(self) -> Mapping[str, frozenset[int]]:
-        dispatcher = getattr(self.service, "dispatcher", None)
-        return dict(getattr(dispatcher, "foreign", {}))
-
-    def stopping(self) -> Mapping[str, frozenset[int]]:
-        dispatcher = getattr(self.service, "dispatcher", None)
-        return dict(getattr(dispatcher, "stopping", {}))
 
 
 def openapi_document(app: Litestar) -> dict[str, Any]:

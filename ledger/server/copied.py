@@ -6,10 +6,11 @@ preemptions pages and `/metrics` need the live state, which only the worker thre
 They read a view of it the worker publishes (`Worker.view`, `take`: `State.copy`, its dicts and
 sets copied, their values immutable, about 1 ms at 10k live jobs, with what the engine was last
 seen holding) whenever the state moved (a group commit, a call that writes, a cycle, a
-standby's follow), before those moves are answered, while someone reads it: a read asked after
-a write was acknowledged sees it, and asks the worker nothing, so it never waits behind a
-dispatcher cycle, and no cycle waits behind it. Only the first read after nobody read for
-`Worker.view_for_s` asks the worker thread to publish one. The read itself, the dispatcher's
+standby's follow), before those moves are answered, whether or not anyone reads it: a read
+asked after a write was acknowledged sees it, and asks the worker nothing, so it never waits
+behind a dispatcher cycle (the first read after a quiet spell neither), and no cycle waits
+behind it. Only a read before the worker's first turn asks the worker thread to publish one
+(and a standby's read while its view is behind its follow). The read itself, the dispatcher's
 preview decision included, runs in the read pool (a lane of its own,
 `ledger.server.fairlane`: one thread at the service's priority serving the people reading in
 turn, each resting after their own reads, so another person's small reads of the projection
@@ -219,7 +220,7 @@ async def projected_read(
 
 async def view(worker: Worker, pool: ReadPool) -> Copy:
     """The published view of the live state at the moment now (the worker thread is asked to
-    publish one only when none is: the first read after nobody read for a while)."""
+    publish one only when none is yet: a read before its first turn)."""
     got: Copy | None = worker.viewed()
     if got is None or (not worker.leading() and got.ledger.position < _position(worker)):
         # none yet; or a standby whose follow folded more than its view shows (no write of

@@ -194,7 +194,7 @@ class LivePreview(NamedTuple):
 
 
 def live_preview(handles: Any) -> LivePreview:
-    """The shared preview "now" (on the worker thread)."""
+    """The shared preview "now" (of the published view: `copied.CopiedHandles`)."""
     preview: LivePreview = handles.live_preview()
     return preview
 
@@ -240,18 +240,6 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
     def caught_up() -> Awaitable[None]:
         """The projection caught up to the log's position now, beside the worker (T5)."""
         return copied.caught_up(worker, pool, int(worker.service.ledger.position))
-
-    async def on_worker(caller: Any, fn: Callable[[], Any]) -> Response[bytes]:
-        """`fn` on the worker thread, admitted as one of the caller's reads, the projection
-        caught up to the log's position now beside it first, not on it (T5)."""
-        at = int(worker.service.ledger.position)
-        return _json(
-            await pool.worker_read(
-                caller.actor,
-                lambda: handles.upto(at, fn),
-                lambda: copied.caught_up(worker, pool, at),
-            )
-        )
 
     async def kept(
         caller: Any,
@@ -511,19 +499,23 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
 
     @get("/ui/api/decision/{position:int}", include_in_schema=False)
     async def decision(request: Request[Any, Any, Any], position: FromPath[int]) -> Response[bytes]:
+        """One recorded decision, its row and its record both from the projection (its copy
+        of the log), read in the read pool on the published view (who is an admin): the
+        worker is asked nothing (T5)."""
         caller = person(request)
 
-        def read() -> DecisionView:
-            store = handles.store()
-            record = reads.decision_at(handles.ledger, position)  # UnknownEntity if none
-            if not handles.ledger.state.is_admin(caller.actor):  # the link hashes the previous
-                record = msgspec.structs.replace(record, prev_hash="")  # event whole (T1)
-            rows = reads.decisions(store, limit=1, position=position)
-            if not rows:
+        def read(h: copied.CopiedHandles) -> bytes:
+            store = h.store()
+            if store.position() < position <= h.ledger.position:  # the store is away (T5)
                 raise Unavailable("the projection has not reached this decision yet")
-            return DecisionView(row=rows[0], record=record)
+            record = reads.decision_at(store, position)  # UnknownEntity if none
+            if not h.ledger.state.is_admin(caller.actor):  # the link hashes the previous
+                record = msgspec.structs.replace(record, prev_hash="")  # event whole (T1)
+            row = reads.decisions(store, limit=1, position=position)[0]  # one transaction
+            return msgspec.json.encode(DecisionView(row=row, record=record))
 
-        return await on_worker(caller, read)
+        data = await copied.read(worker, pool, caller.actor, "the decision page", read)
+        return Response(data, media_type="application/json")
 
     @get("/ui/api/preemptions", include_in_schema=False)
     async def preemptions(
@@ -618,9 +610,10 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         caller = person(request)
         ask = whatifs.parse_ask(await request.body())
         limit_s = whatifs.timeout_s()
-        was, budgets, end = await pool.worker_read(
-            caller.actor, lambda: whatifs.may_ask(handles, caller, ask)
-        )
+        was, budgets, end = await copied.read(  # on the published view, never the worker
+            worker, pool, caller.actor, "the what-if's check",
+            lambda h: whatifs.may_ask(h.ledger.state, h.now(), caller, ask),
+        )  # fmt: skip
         if running.locked():
             raise TooBusy("a what-if is under way", hint="retry when it ends", retry_after=10)
         async with running:

@@ -21,13 +21,13 @@ decision history run here (docs/security.md, rows T5 and T6).
   people with none under way (a few people leaving their answers unread never hold every
   slot); past any, the answer is 429 with Retry-After (`TooBusy`). A caller waits for a free
   thread behind others' queries, never beside the worker.
-- **One admission for every read a person can make** (`admitted`), before the worker is
-  asked anything: the audit queries, the API's reads of the projection (`pooled`), the reads
-  of the live state on a copy (`copied`: the previews, /metrics, the dashboard), and the few
-  reads left on the worker thread (`worker_read`: the projection's status, a decision's
-  record). These last run one at a time for everyone, each after a rest `rest` times as long
-  as the previous one took on the worker: whoever loops them, they take at most a quarter of
-  its time. Every call on the worker for a read is timed (`worker_call`: `worker_read_s`)
+- **One admission for every read a person can make** (`admitted`), before anything else:
+  the audit queries, the API's reads of the projection (`pooled`: the projection's status
+  too) and the reads of the live state on the view the worker publishes (`copied`: the
+  previews, /metrics, the dashboard, a decision's record, the what-if's check). No read runs
+  on the worker thread; the calls on it a read may still make (the first view, before the
+  worker's first turn published one; a standby's view behind its follow; who may see what
+  for a pooled read while no view is) are timed (`worker_call`: `worker_read_s`)
   (docs/security.md, row T5).
 
 An edge: threads, a database connection.
@@ -124,7 +124,7 @@ class ReadPool:
     refused: int = 0
     """Reads and queries refused 429 (`admit`) so far."""
     worker_reads: int = 0
-    """Reads run on the worker thread (`worker_read`) so far, and their time there:"""
+    """Reads' calls on the worker thread (`worker_call`) so far, and their time there:"""
     worker_read_s: float = 0.0
     projected: int = 0
     """The projection's position when a read last caught it up (`copied.caught_up`), when,
@@ -146,8 +146,6 @@ class ReadPool:
     _projecting: ThreadPoolExecutor | None = None
     _ahead: ThreadPoolExecutor | None = None
     _ahead_busy: bool = False
-    _worker_lane: asyncio.Lock | None = None
-    _worker_rest_until: float = 0.0
 
     def start(self) -> ReadPool:
         self._pool = ThreadPoolExecutor(
@@ -328,34 +326,6 @@ class ReadPool:
         done = self._ahead.submit(run)
         done.add_done_callback(lambda f: f.cancelled() or f.exception())
         return True
-
-    async def worker_read(
-        self,
-        caller: str,
-        fn: Callable[[], T],
-        ready: Callable[[], Awaitable[None]] | None = None,
-    ) -> T:
-        """`fn` on the worker thread (a read of the live state, which only that thread may
-        touch), admitted as one of `caller`'s reads; one such read at a time for everyone, each
-        after the rest the previous one earned (`rest` times its time on the worker, at most
-        the time limit): they take at most a quarter of the worker's time (module docstring).
-        `ready`: awaited once admitted, before the worker is asked (the projection caught up
-        beside it: `copied.caught_up`)."""
-        with self.admitted(caller, read=True):
-            if ready is not None:
-                await ready()
-            if self._worker_lane is None:
-                self._worker_lane = asyncio.Lock()
-            async with self._worker_lane:
-                wait = self._worker_rest_until - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                took = [0.0]
-                try:
-                    return await self.worker_call(fn, took)
-                finally:
-                    rest = min(self.rest * took[0], self.limits.timeout_s)
-                    self._worker_rest_until = time.monotonic() + rest
 
     async def worker_call(self, fn: Callable[[], T], took: list[float] | None = None) -> T:
         """`fn` on the worker thread for a read (admitted by the caller), its time there (not

@@ -106,18 +106,19 @@ def parse_ask(body: bytes) -> WhatIfAsk:
     return ask
 
 
-def may_ask(handles: Any, caller: Any, ask: WhatIfAsk) -> tuple[int, b.BudgetFile, float]:
-    """On the worker: the account's shares now, the budget file of the change, and the end of
-    the period (now, in whole seconds); NotAuthorised unless the caller may set those shares
-    (the change tried on a copy of the state through `decide`: nothing is appended)."""
+def may_ask(state: Any, now: float, caller: Any, ask: WhatIfAsk) -> tuple[int, b.BudgetFile, float]:
+    """In the read pool, on the published view of the live state (`state` at `now`): the
+    account's shares, the budget file of the change, and the end of the period (`now`, in
+    whole seconds); NotAuthorised unless the caller may set those shares (the change tried on
+    a copy of the state through `decide`: nothing is appended, no id kept)."""
     from ledger.server import identity as ident
+    from ledger.store.clock import random_ids
 
-    ledger = handles.ledger
     change = c.SetShares(actor="", account=ask.account, shares=ask.shares, reason="what-if")
     # who may first (a caller refused learns nothing of the account), then an open account
-    b.check(ledger.state, [ident.act(caller, change)], handles.now(), ledger.ids)
-    acct = ledger.state.accounts[ask.account]
-    end = float(math.floor(handles.now()))
+    b.check(state, [ident.act(caller, change)], now, random_ids())
+    acct = state.accounts[ask.account]
+    end = float(math.floor(now))
     budgets = b.BudgetFile(
         accounts={ask.account: b.BudgetAccount(kind=acct.kind, shares=ask.shares)}
     )

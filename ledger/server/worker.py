@@ -14,10 +14,11 @@ The worker thread runs reads and calls in order, a dispatcher cycle whenever one
 ahead-of-time work of the read cache once the log has stayed still.
 
 Whoever moves the live state (a group commit, a call, a cycle, a standby's follow) publishes it,
-before anyone is answered, while someone reads it (`view`: `ledger.server.copied.take`, an
-immutable copy): the pages, `/metrics` and the previews read that view in the read pool and
-never ask this thread anything (docs/server.md, "Reads beside the worker"). Nothing the
-dispatcher decides reads the view.
+before anyone is answered, whether or not anyone reads it (`view`: `ledger.server.copied.take`,
+an immutable copy, taken only when the state moved): the pages, `/metrics` and the previews
+read that view in the read pool and never ask this thread anything, the first read after a
+quiet spell too (docs/server.md, "Reads beside the worker"). Nothing the dispatcher decides
+reads the view.
 
 One of several servers on a PostgreSQL store (`ha`, docs/ha.md) cycles only while it leads: at
 each turn the worker turns the lease into a role (`promote` once it holds it, `demote` once it
@@ -109,11 +110,8 @@ class Worker:
     view: Any = None
     """The live state as of the last change that was answered (`copied.Copy`: the state copied
     at a log position, with what the engine was last seen holding), published under the lock
-    by whoever moved it, before the moves are acknowledged; None while nobody reads it (then
-    no commit pays for a copy) or once it may be stale."""
-    view_for_s: float = 600.0
-    """How long after the last read of `view` it is still published."""
-    _viewed_at: float = float("-inf")
+    by whoever moved it, before the moves are acknowledged, whether or not anyone reads it (a
+    read after a quiet spell waits for nothing); None only until the worker's first turn."""
     views: int = 0
     """Views published so far."""
 
@@ -129,26 +127,22 @@ class Worker:
         return 0 if self.ha is None else self.ha.lease.epoch
 
     def viewed(self) -> Any:
-        """On the event loop: the published view (None: none is current; `publish_view` on this
-        thread takes one), and it is published from now on for `view_for_s`."""
-        self._viewed_at = time.monotonic()
+        """On the event loop: the published view (None: none yet; `publish_view` on this
+        thread takes one)."""
         return self.view
 
     def publish_view(self) -> Any:
         """On the worker thread (the lock held): publish the view now and return it."""
-        self._viewed_at = time.monotonic()
         self._publish()
         return self.view
 
     def _publish(self) -> None:
         """With the lock, after whatever may have moved the live state and before it is
-        answered: a new view when it moved (the log's position, the engine's observation),
-        while someone read one in the last `view_for_s`; else none (a stale one is dropped)."""
+        answered: a new view when it moved (the log's position, the engine's observation;
+        a few comparisons when it did not: `copied.same`)."""
         from ledger.server import copied
 
-        if time.monotonic() - self._viewed_at > self.view_for_s:
-            self.view = None
-        elif self.view is None or not copied.same(self.view, self):
+        if self.view is None or not copied.same(self.view, self):
             self.view = copied.take(self)
             self.views += 1
 

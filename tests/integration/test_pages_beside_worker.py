@@ -1,7 +1,8 @@
-"""The queue, job and nodes pages, `/metrics` and `queue --json` answer while the worker thread
-is held in a dispatcher cycle: they read the view of the live state the worker published
-(`ledger.server.copied`), never the worker. A real `gpuledger serve` whose dispatcher cycle
-waits while a gate file exists (the cycle is held, not replaced: it then runs as always)."""
+"""The queue, job, nodes and decision pages, `/metrics`, `/v1/projection`, the what-if and
+`queue --json` answer while the worker thread is held in a dispatcher cycle: they read the view
+of the live state the worker published (`ledger.server.copied`) and the projection, never the
+worker. A real `gpuledger serve` whose dispatcher cycle waits while a gate file exists (the
+cycle is held, not replaced: it then runs as always)."""
 
 from __future__ import annotations
 
@@ -53,9 +54,21 @@ class Held:
     def get(self, path: str, who: str, timeout: float = 10.0) -> tuple[int, Any]:
         """GET `path` as `who`, failing if it takes longer than `timeout` (a read that waited
         for the held worker)."""
+        return self.ask("GET", path, who, None, timeout)
+
+    def post(self, path: str, who: str, body: Any, timeout: float = 10.0) -> tuple[int, Any]:
+        """POST `body` (JSON) to `path` as `who`, failing past `timeout` as `get`."""
+        return self.ask("POST", path, who, json.dumps(body).encode(), timeout)
+
+    def ask(
+        self, method: str, path: str, who: str, body: bytes | None, timeout: float
+    ) -> tuple[int, Any]:
         conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=timeout)
+        headers = {"Authorization": f"Bearer {self.tokens[who]}"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
         try:
-            conn.request("GET", path, headers={"Authorization": f"Bearer {self.tokens[who]}"})
+            conn.request(method, path, body=body, headers=headers)
             resp = conn.getresponse()
             raw = resp.read()
         finally:
@@ -149,6 +162,37 @@ def test_pages_answer_while_the_worker_is_held_and_equal_the_cli(held: Held) -> 
     assert scrape[0] == 200 and b"gpuledger_queue_jobs" in scrape[1]
 
 
+def test_a_decision_the_projection_status_and_a_what_if_answer_while_the_worker_is_held(
+    held: Held,
+) -> None:
+    """The reads that ran on the worker thread before (a decision's record, `/v1/projection`,
+    the what-if's check of who may ask) read the projection and the published view instead."""
+    h = held
+    queue_page(h)  # someone reads: the worker publishes its view
+    status, listed = h.get("/ui/api/decisions?limit=1", "root")
+    assert status == 200 and listed["rows"], listed
+    row = listed["rows"][0]
+    h.hold()
+    head = h.server.head()
+    theirs = h.get(f"/ui/api/decision/{row['position']}", "alice")
+    admins = h.get(f"/ui/api/decision/{row['position']}", "root")
+    missing = h.get("/ui/api/decision/1", "root")  # the log's first event: not a decision
+    projection = h.get("/v1/projection", "alice")
+    refused = h.post("/ui/api/budget/whatif", "carol", {"account": "ai2/olmo", "shares": 5})
+    whatif = h.post("/ui/api/budget/whatif", "root", {"account": "ai2/olmo", "shares": 5}, 120)
+    assert h.held.exists() and h.server.head() == head  # still held: nothing moved
+    h.release()
+    assert theirs[0] == 200 and admins[0] == 200, (theirs, admins)
+    assert theirs[1]["row"] == admins[1]["row"] == row
+    record = admins[1]["record"]
+    assert record["cycle_id"] == row["cycle_id"] and record["prev_hash"], record
+    assert theirs[1]["record"] == {**record, "prev_hash": ""}  # the link is an admin's (T1)
+    assert missing[0] == 404, missing
+    assert projection[0] == 200 and projection[1]["position"] >= row["position"], projection
+    assert refused[0] == 403, refused
+    assert whatif[0] == 200 and (whatif[1]["account"], whatif[1]["shares"]) == ("ai2/olmo", 5)
+
+
 def test_a_read_after_an_acknowledged_write_sees_it_without_a_cycle(held: Held) -> None:
     h = held
     queue_page(h)
@@ -175,12 +219,16 @@ def test_a_read_after_an_acknowledged_write_sees_it_without_a_cycle(held: Held) 
     assert job_id in [r["row"]["job_id"] for r in page["rows"]]
 
 
-def test_no_view_is_published_while_nobody_reads(held: Held) -> None:
-    """A ledger nobody reads costs no copy per commit: the first read after none asks the
-    worker for a view (and waits for a cycle under way, as before)."""
+def test_the_first_read_after_nobody_read_waits_for_no_cycle(held: Held) -> None:
+    """The worker publishes its view at every commit and cycle whether or not anyone reads: the
+    first read of a ledger nobody read yet answers while a cycle is held, and shows a write
+    acknowledged while nobody read."""
     h = held
+    out = cli(h.server.home, "submit", "-A", "ai2/tulu", "-G", "8", "--", "true",
+              GPULEDGER_USER="carol")  # fmt: skip
+    job_id = int(re.findall(r"submitted job (\d+)", out.stdout)[0])
     h.hold()
-    with pytest.raises(TimeoutError):  # no view yet: this read needs the worker
-        h.get("/ui/api/queue?state=queued", "alice", timeout=1.0)
+    page = queue_page(h)  # the first read of the server: no view asked for before
     h.release()
-    assert queue_page(h)["total"] == 3
+    assert page["total"] == 4
+    assert job_id in [r["row"]["job_id"] for r in page["rows"]]
