@@ -42,6 +42,9 @@ log = logging.getLogger("gpuledger.lease")
 
 LEADER_TABLE = "gpuledger_leader"
 SERVERS_TABLE = "gpuledger_servers"
+REFUSED_TABLE = "gpuledger_refused"
+"""Servers of an earlier version whose takes and keeps of the lease the database refused
+(`gpuledger_leader_guard`), with how many."""
 LEASE_RANGE_S = (1.0, 60.0)
 """The lease a server may be given: long enough to renew under load, short enough that a kill -9
 of the leader never leaves the cluster leaderless for long."""
@@ -67,6 +70,34 @@ ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS work text;
 ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS settings_at timestamptz;
 ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS held_until timestamptz;
 ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS admission text;
+ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS stamp bigint NOT NULL DEFAULT 0;
+CREATE TABLE IF NOT EXISTS {REFUSED_TABLE} (
+    holder text PRIMARY KEY,
+    address text NOT NULL,
+    refused bigint NOT NULL,
+    last_at timestamptz NOT NULL
+);
+CREATE OR REPLACE FUNCTION gpuledger_leader_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.stamp IS NOT DISTINCT FROM OLD.stamp
+            AND (NEW.epoch <> OLD.epoch OR NEW.expires_at > OLD.expires_at) THEN
+        INSERT INTO {REFUSED_TABLE} AS r VALUES (NEW.holder, NEW.address, 1, now())
+            ON CONFLICT (holder) DO UPDATE SET refused = r.refused + 1,
+                address = excluded.address, last_at = now();
+        RAISE WARNING 'gpuledger: the lease is not taken nor kept by % (%): a server of an '
+            'earlier version, which neither records nor checks the settings (docs/ha.md, '
+            'Upgrading)', NEW.address, NEW.holder;
+        RETURN NULL;
+    END IF;
+    RETURN NEW;
+END $$;
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'gpuledger_leader_guard'
+                   AND tgrelid = '{LEADER_TABLE}'::regclass) THEN
+        CREATE TRIGGER gpuledger_leader_guard BEFORE UPDATE ON {LEADER_TABLE}
+            FOR EACH ROW EXECUTE FUNCTION gpuledger_leader_guard();
+    END IF;
+END $$;
 CREATE TABLE IF NOT EXISTS {SERVERS_TABLE} (
     holder text PRIMARY KEY,
     address text NOT NULL,
@@ -296,7 +327,7 @@ def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
     with connect(dsn) as con:
         row = con.execute(
             f"SELECT lease_s, address, expires_at > now(), node_lost_s, node_fence_s, work, "
-            f"now(), admission FROM {LEADER_TABLE} WHERE id = 1"
+            f"now(), CASE WHEN stamp > 0 THEN admission END FROM {LEADER_TABLE} WHERE id = 1"
         ).fetchone()
     assert row is not None  # `setup` made it
     recorded = _recorded(row[0], row[3], row[4], row[5], row[7])
@@ -329,11 +360,14 @@ _AGREES = (
     "AND (node_lost_s IS NULL OR %(lost)s::float8 IS NULL OR node_lost_s = %(lost)s::float8) "
     "AND (node_fence_s IS NULL OR %(fence)s::float8 IS NULL OR node_fence_s = %(fence)s::float8) "
     "AND (work IS NULL OR %(work)s::text IS NULL OR work = %(work)s::text) "
-    "AND (admission IS NULL OR %(admission)s::text IS NULL OR admission = %(admission)s::text))"
+    "AND (admission IS NULL OR stamp = 0 OR %(admission)s::text IS NULL "
+    "OR admission = %(admission)s::text))"
 )
-"""The row records no other settings (`Settings.differs`)."""
+"""The row records no other settings (`Settings.differs`; admission settings recorded by an
+earlier version, `stamp` 0, are not compared: their text means otherwise, `admission_meaning`)."""
 _TAKE = (
-    f"UPDATE {LEADER_TABLE} SET epoch = epoch + 1, holder = %(holder)s, address = %(address)s, "
+    f"UPDATE {LEADER_TABLE} SET epoch = epoch + 1, stamp = stamp + 1, holder = %(holder)s, "
+    "address = %(address)s, "
     "expires_at = now() + make_interval(secs => %(lease)s), acquired_at = now(), "
     f"settings_at = CASE WHEN {_SAME} THEN settings_at ELSE now() END, "
     "held_until = CASE WHEN node_lost_s + node_fence_s > %(lost)s::float8 + %(fence)s::float8 "
@@ -473,7 +507,8 @@ class Lease:
         that does not answer raises: the lease still runs until `deadline`."""
         sent = time.monotonic()
         rows = self._run(
-            f"UPDATE {LEADER_TABLE} SET expires_at = now() + make_interval(secs => %s) "
+            f"UPDATE {LEADER_TABLE} SET expires_at = now() + make_interval(secs => %s), "
+            "stamp = stamp + 1 "
             "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING epoch",
             (self.lease_s, self.holder, self.epoch),
         )
@@ -499,7 +534,8 @@ class Lease:
             "SELECT epoch, holder, address, CASE WHEN isfinite(expires_at) THEN "
             "extract(epoch FROM expires_at - now()) END, lease_s, "
             "node_lost_s, node_fence_s, work, settings_at IS NULL OR settings_at < "
-            "%s::timestamptz, extract(epoch FROM held_until - now()), admission "
+            "%s::timestamptz, extract(epoch FROM held_until - now()), "
+            "CASE WHEN stamp > 0 THEN admission END "
             f"FROM {LEADER_TABLE} WHERE id = 1",
             (self.since,),
         )
@@ -564,6 +600,17 @@ class Lease:
             {"stale": stale_s, "keep": keep_s, "own": self.node_lease_s},
         )
         return None if not rows or rows[0][0] is None else float(rows[0][0])
+
+    def refused_older(self, within_s: float = 3600.0) -> list[tuple[str, int]]:
+        """The servers of an earlier version whose takes or keeps of the lease the database
+        refused in the last `within_s` seconds (`gpuledger_leader_guard`): (address, how many
+        in all), by address."""
+        rows = self._run(
+            f"SELECT address, refused FROM {REFUSED_TABLE} "
+            "WHERE last_at > now() - make_interval(secs => %s) ORDER BY address, holder",
+            (within_s,),
+        )
+        return [(str(a), int(n)) for a, n in rows]
 
     def members(self, within_s: float = 60.0) -> list[Member]:
         """The servers that reported in the last `within_s` seconds."""

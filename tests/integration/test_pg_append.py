@@ -124,7 +124,10 @@ def test_a_deposed_leader_s_append_stores_nothing(tmp_path: Path, pg_store: str)
     led.execute(submit())
     head = led.position
     with psycopg.connect(pg_store, autocommit=True) as con:  # another server took it over
-        con.execute(f"UPDATE {lease.LEADER_TABLE} SET epoch = epoch + 1, holder = 'server-b'")
+        con.execute(
+            f"UPDATE {lease.LEADER_TABLE} SET epoch = epoch + 1, stamp = stamp + 1, "
+            "holder = 'server-b'"
+        )
     with pytest.raises(Unavailable, match="not the leader"):
         led.execute(submit())
     with pytest.raises(Unavailable, match="not the leader"):

@@ -1,0 +1,173 @@
+"""Mixed versions during an upgrade (docs/ha.md, "Upgrading"): a server of an earlier version
+neither records nor checks the settings every server of a store runs alike (the admission
+settings, which Slurm cluster), so the database itself refuses its takes and keeps of the lease
+(`gpuledger_leader_guard`: a take or keep must bump `stamp`, which an earlier version's SQL does
+not know) and records how many (`gpuledger_refused`). Real PostgreSQL; the earlier version's
+statements are its own text, copied from `ledger/store/lease.py` at commit 3418081. Before,
+such a server took the lease whatever the recorded settings said."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+
+from ledger.store import lease
+from ledger.store.pgread import connect
+
+OLD_SCHEMA = """
+CREATE TABLE IF NOT EXISTS gpuledger_leader (
+    id int PRIMARY KEY CHECK (id = 1),
+    epoch bigint NOT NULL,
+    holder text NOT NULL,
+    address text NOT NULL,
+    expires_at timestamptz NOT NULL,
+    acquired_at timestamptz NOT NULL
+);
+INSERT INTO gpuledger_leader VALUES (1, 0, '', '', '-infinity', now()) ON CONFLICT DO NOTHING;
+ALTER TABLE gpuledger_leader ADD COLUMN IF NOT EXISTS lease_s double precision NOT NULL DEFAULT 0;
+ALTER TABLE gpuledger_leader ADD COLUMN IF NOT EXISTS node_lost_s double precision;
+ALTER TABLE gpuledger_leader ADD COLUMN IF NOT EXISTS node_fence_s double precision;
+ALTER TABLE gpuledger_leader ADD COLUMN IF NOT EXISTS work text;
+ALTER TABLE gpuledger_leader ADD COLUMN IF NOT EXISTS settings_at timestamptz;
+ALTER TABLE gpuledger_leader ADD COLUMN IF NOT EXISTS held_until timestamptz;
+ALTER TABLE gpuledger_leader ADD COLUMN IF NOT EXISTS admission text;
+CREATE TABLE IF NOT EXISTS gpuledger_servers (
+    holder text PRIMARY KEY,
+    address text NOT NULL,
+    role text NOT NULL,
+    position bigint NOT NULL,
+    seen_at timestamptz NOT NULL
+);
+ALTER TABLE gpuledger_servers ADD COLUMN IF NOT EXISTS kept_at timestamptz;
+ALTER TABLE gpuledger_servers ADD COLUMN IF NOT EXISTS node_lease_s double precision;
+CREATE OR REPLACE FUNCTION gpuledger_fence(want bigint) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM gpuledger_leader WHERE id = 1 AND epoch = want FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'gpuledger: not the leader (epoch % was taken over)', want
+            USING ERRCODE = 'raise_exception';
+    END IF;
+END $$;
+"""
+"""The earlier version's schema (`setup`), at 3418081."""
+_OLD_SAME = (
+    "(lease_s = %(lease)s AND node_lost_s IS NOT DISTINCT FROM COALESCE(%(lost)s::float8, "
+    "node_lost_s) AND node_fence_s IS NOT DISTINCT FROM COALESCE(%(fence)s::float8, "
+    "node_fence_s) AND work IS NOT DISTINCT FROM COALESCE(%(work)s::text, work) "
+    "AND admission IS NOT DISTINCT FROM COALESCE(%(admission)s::text, admission))"
+)
+_OLD_AGREES = (
+    "((lease_s = 0 OR lease_s = %(lease)s) "
+    "AND (node_lost_s IS NULL OR %(lost)s::float8 IS NULL OR node_lost_s = %(lost)s::float8) "
+    "AND (node_fence_s IS NULL OR %(fence)s::float8 IS NULL OR node_fence_s = %(fence)s::float8) "
+    "AND (work IS NULL OR %(work)s::text IS NULL OR work = %(work)s::text) "
+    "AND (admission IS NULL OR %(admission)s::text IS NULL OR admission = %(admission)s::text))"
+)
+OLD_TAKE = (
+    "UPDATE gpuledger_leader SET epoch = epoch + 1, holder = %(holder)s, address = %(address)s, "
+    "expires_at = now() + make_interval(secs => %(lease)s), acquired_at = now(), "
+    f"settings_at = CASE WHEN {_OLD_SAME} THEN settings_at ELSE now() END, "
+    "held_until = CASE WHEN node_lost_s + node_fence_s > %(lost)s::float8 + %(fence)s::float8 "
+    "THEN GREATEST(held_until, now() + make_interval(secs => node_lost_s + node_fence_s)) "
+    "ELSE held_until END, "
+    "lease_s = %(lease)s, node_lost_s = COALESCE(%(lost)s::float8, node_lost_s), "
+    "node_fence_s = COALESCE(%(fence)s::float8, node_fence_s), "
+    "work = COALESCE(%(work)s::text, work), admission = COALESCE(%(admission)s::text, admission) "
+    "WHERE id = 1 AND (expires_at < now() OR holder = %(holder)s) "
+    f"AND ({_OLD_AGREES} OR settings_at IS NULL AND %(since)s::timestamptz IS NOT NULL "
+    "OR settings_at < %(since)s::timestamptz) RETURNING epoch"
+)
+"""The earlier version's take (`_TAKE`), at 3418081."""
+OLD_RENEW = (
+    "UPDATE gpuledger_leader SET expires_at = now() + make_interval(secs => %s) "
+    "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING epoch"
+)
+"""The earlier version's keep (`Lease.renew`), at 3418081."""
+OLD_RELEASE = (
+    "UPDATE gpuledger_leader SET expires_at = '-infinity' "
+    "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING 1"
+)
+"""The earlier version's clean stop (`Lease.release`), at 3418081."""
+
+LEASE_S = 2.0
+ADMISSION = '{"min_uid":1}'
+"""What the earlier server admits: other than what the new servers record."""
+
+
+def _old_take(con: psycopg.Connection, holder: str, admission: str = ADMISSION) -> list[tuple[int]]:
+    params = {"holder": holder, "address": f"http://{holder}", "lease": LEASE_S, "lost": 60.0,
+              "fence": 300.0, "work": '{"executor":"agents"}', "since": None,
+              "admission": admission}  # fmt: skip
+    return con.execute(OLD_TAKE, params).fetchall()
+
+
+def _refused(con: psycopg.Connection) -> dict[str, int]:
+    rows = con.execute(f"SELECT holder, refused FROM {lease.REFUSED_TABLE}").fetchall()
+    return {h: int(n) for h, n in rows}
+
+
+def test_an_earlier_version_s_takes_and_keeps_are_refused_by_the_database(pg_store: str) -> None:
+    with psycopg.connect(pg_store, autocommit=True) as con:
+        # before the upgrade: a server of the earlier version leads, by its own SQL
+        con.execute(OLD_SCHEMA)
+        assert _old_take(con, "old-1") == [(1,)]
+        assert con.execute(OLD_RENEW, (LEASE_S, "old-1", 1)).fetchall() == [(1,)]
+        # a server of this version starts: the schema gets the guard
+        lease.setup(pg_store)
+        new = lease.Lease(pg_store, "new", "http://new", LEASE_S, (60.0, 300.0),
+                          '{"executor":"agents"}', admission='{"min_uid":1000}')  # fmt: skip
+        try:
+            # the earlier leader's next keep is refused: it stands down (its renew finds no row)
+            assert con.execute(OLD_RENEW, (LEASE_S, "old-1", 1)).fetchall() == []
+            assert _refused(con) == {"old-1": 1}
+            # its lease runs out; this version's server takes over (its settings recorded)
+            time.sleep(LEASE_S + 0.2)
+            assert new.acquire() and new.epoch == 2
+            assert new.renew()
+            row = con.execute("SELECT holder, admission, stamp FROM gpuledger_leader").fetchone()
+            assert row is not None and row[:2] == ("new", '{"min_uid":1000}') and row[2] >= 2, row
+            # the lease free, the earlier version takes nothing, even where its own check of
+            # the recorded text passes (it knows nothing of what this version records and
+            # checks, e.g. which Slurm cluster), and its refusals are counted
+            new.release()
+            recorded = '{"min_uid":1000}'
+            assert _old_take(con, "old-2", recorded) == []
+            assert _old_take(con, "old-1", recorded) == []
+            assert _old_take(con, "old-2", recorded) == []
+            assert _refused(con) == {"old-1": 2, "old-2": 2}
+            assert new.refused_older() == [("http://old-1", 2), ("http://old-2", 2)]
+            row = con.execute("SELECT epoch, holder, admission FROM gpuledger_leader").fetchone()
+            assert row == (2, "new", '{"min_uid":1000}'), row
+            # a clean stop of the earlier version still frees the lease (it only shortens it)
+            assert new.acquire()
+            assert con.execute(OLD_RELEASE, ("new", new.epoch)).fetchall() == [(1,)]
+            with connect(pg_store) as c2:
+                left = c2.execute("SELECT expires_at < now() FROM gpuledger_leader").fetchone()
+            assert left == (True,)
+        finally:
+            new.close()
+
+
+def test_admission_settings_an_earlier_version_recorded_refuse_nobody(pg_store: str) -> None:
+    """Their text meant otherwise (`admission_meaning`): the first take of this version records
+    its own, as for a row that recorded none."""
+    with psycopg.connect(pg_store, autocommit=True) as con:
+        con.execute(OLD_SCHEMA)
+        assert _old_take(con, "old-1") == [(1,)]
+        assert con.execute(OLD_RELEASE, ("old-1", 1)).fetchall() == [(1,)]
+        lease.setup(pg_store)
+        mine = lease.Settings(LEASE_S, (60.0, 300.0), '{"executor":"agents"}', '{"min_uid":1000}')
+        lease.agree(pg_store, mine)  # not refused
+        new = lease.Lease(pg_store, "new", "http://new", LEASE_S, mine.node, mine.work,
+                          admission=mine.admission)  # fmt: skip
+        try:
+            assert new.refusal(new.leader()) is None
+            assert new.acquire()
+            other = lease.Lease(pg_store, "other", "http://other", LEASE_S, mine.node, mine.work,
+                                admission=ADMISSION)  # fmt: skip
+            why = other.refusal(other.leader())
+            other.close()
+            assert why is not None and "min_uid 1000 (recorded) against 1 here" in why, why
+        finally:
+            new.close()
