@@ -106,6 +106,10 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     settings_error: str | None = None
     """Why this server takes no lease: its settings (lease, node-lost timeout, fence, executor,
     policy) are not the ones its store records (docs/ha.md); None: they are, or one server."""
+    older_servers: str | None = None
+    """Servers of an earlier version whose takes or keeps of the lease the database refused in
+    the last hour (they neither record nor check every setting this version does), each with
+    how many, e.g. "http://s2:8470 (12)"; None: none (docs/ha.md, "Upgrading")."""
     servers: list[ServerState] = []
     """Every server on the store that reported in the last minute, with its lag."""
     unobserved: tuple[str, ...] = ()

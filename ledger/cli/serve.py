@@ -404,6 +404,9 @@ def status(ctx: Ctx, as_json: bool) -> None:
         click.echo(f"  role          {h.role}, epoch {h.epoch}, leader {leader}")
         if h.settings_error:
             click.echo(f"  settings      this server will not lead: {h.settings_error}")
+        if h.older_servers:
+            click.echo(f"  older         refused the lease (an earlier version): {h.older_servers};"
+                       " upgrade them (docs/ha.md)")  # fmt: skip
         lease = _lease_line(h)
         if lease:
             click.echo(f"  lease         {lease}")

@@ -136,6 +136,8 @@ class Leadership:
     refused: str | None = None
     """Why this server takes no lease (its settings are not the ones the store records:
     `Lease.refusal`), when it does not (log, health, status)."""
+    older: str | None = None
+    """Servers of an earlier version refused the lease lately (`Lease.refused_older`)."""
     changed: threading.Event = field(default_factory=threading.Event)
     """Set when the role may have changed: the worker looks at its next turn, at once."""
     notify: Callable[[], None] = lambda: None
@@ -373,6 +375,11 @@ class Leadership:
             self._reporting = False
         self._uncommitted = None
         self.members = self.lease.members()
+        older = ", ".join(f"{a} ({n})" for a, n in self.lease.refused_older()) or None
+        if older != self.older and older is not None:
+            log.warning("the store refuses the lease to servers of an earlier version: %s "
+                        "(docs/ha.md, Upgrading)", older)  # fmt: skip
+        self.older = older
         self._bound = self.lease.keep_bound(self.timing.stale_s, KEEP_WITHOUT_STORE_S)
         self._bound_read_at = time.monotonic()
 

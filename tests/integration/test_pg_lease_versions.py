@@ -8,12 +8,17 @@ such a server took the lease whatever the recorded settings said."""
 
 from __future__ import annotations
 
+import threading
 import time
+from pathlib import Path
 
 import psycopg
 
 from ledger.store import lease
 from ledger.store.pgread import connect
+from tests.integration import waits
+from tests.integration.hakit import make_group
+from tests.integration.serverkit import cli
 
 OLD_SCHEMA = """
 CREATE TABLE IF NOT EXISTS gpuledger_leader (
@@ -171,3 +176,46 @@ def test_admission_settings_an_earlier_version_recorded_refuse_nobody(pg_store: 
             assert why is not None and "min_uid 1000 (recorded) against 1 here" in why, why
         finally:
             new.close()
+
+
+def _an_old_leader(dsn: str, kept: threading.Event) -> None:
+    """A leader of the earlier version: it keeps its lease (epoch 1) every 0.3 s, by its own
+    SQL, until a keep is refused (it then stands down, as `Lease.renew` returns False)."""
+    with psycopg.connect(dsn, autocommit=True) as con:
+        while con.execute(OLD_RENEW, (LEASE_S, "old-1", 1)).fetchall():
+            kept.set()
+            time.sleep(0.3)
+
+
+def test_health_and_status_name_the_servers_of_an_earlier_version(
+    tmp_path: Path, pg_store: str
+) -> None:
+    home = tmp_path / "server-0"
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    with psycopg.connect(pg_store, autocommit=True) as con:
+        con.execute(OLD_SCHEMA)
+        params = {"holder": "old-1", "address": "http://old-1", "lease": LEASE_S, "lost": 60.0,
+                  "fence": 300.0, "work": None, "since": None, "admission": None}  # fmt: skip
+        assert con.execute(OLD_TAKE, params).fetchall() == [(1,)]
+    kept = threading.Event()
+    old = threading.Thread(target=_an_old_leader, args=(pg_store, kept), daemon=True)
+    old.start()
+    assert kept.wait(10)
+    g = make_group(tmp_path, pg_store, 1, home=home)
+    g.lease = f"{LEASE_S:g}s"
+    try:
+        g.start(g.members[0])  # this version: the guard is made, the old leader stands down
+        old.join(30)
+        assert not old.is_alive(), "the earlier version's keeps were not refused"
+        s0 = g.leader()
+
+        def named() -> str | None:
+            return (s0.health() or {}).get("older_servers")
+
+        said = waits.wait_for("health to name the earlier server", named, 30, g.why)
+        assert said.startswith("http://old-1 ("), said
+        out = cli(home, "status", GPULEDGER_URL=s0.url).stdout
+        assert "refused the lease (an earlier version): http://old-1 (" in out, out
+        assert "the store refuses the lease to servers of an earlier version" in s0.text()
+    finally:
+        g.stop()
