@@ -41,8 +41,12 @@ Parts = Annotated[tuple[T, ...], MANY]
 
 AGENT_HEADER = "X-Gpuledger-Agent"
 """The request header a node agent names itself by on every call (the random id it keeps in its
-state directory, `ledger.agent.node.agent_id`): one agent holds a node
+state directory, `ledger.agent.identity.agent_id`): one agent holds a node
 (`ledger.engines.agents.AgentExecutor.take`)."""
+REBOOTED_HEADER = "X-Gpuledger-Rebooted"
+"""Sent by a node agent whose host rebooted since its state directory last registered:
+`<its name on the boot before> <seconds since this boot>` (`ledger.agent.identity.Boot`). The
+server ends the node's runs at once when it believes it (`ledger.engines.fence.reboot_honoured`)."""
 
 
 class Register(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

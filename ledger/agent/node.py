@@ -30,13 +30,11 @@ state directory adopts them. `--drain` is the way to stop them.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import json
 import logging
 import os
-import secrets
 import socket
 import stat
 import threading
@@ -47,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ledger.agent.identity import remember_boot, this_boot
 from ledger.agent.lease import LEASE_MARGIN_S, REFUSED_PAUSE_S, NodeLease, too_short
 from ledger.cycle.executor import Exit, Launch, Observed, Orders, Start
 from ledger.engines.gpu_util import UtilSource
@@ -75,8 +74,6 @@ _now = SystemClock().now
 
 STATUS_FILE = "agent.json"
 LEASE_FILE = "lease"
-ID_FILE = "agent-id"
-"""This agent's id (`agent_id`), kept in its state directory."""
 ANSWER_S = 2.5
 """How long an agent waits for one server of a list to answer a request (a long poll: its own
 wait + `POLL_MARGIN_S`) before it asks the next: a frozen server accepts connections and never
@@ -184,6 +181,7 @@ class AgentClient:
         silent: Silent | None = None,
         on_keep: Callable[[float, int, tuple[float, float] | None], None] | None = None,
         agent: str = "",
+        rebooted: str = "",
     ) -> None:
         from ledger.wire.client import Client
 
@@ -191,6 +189,8 @@ class AgentClient:
         self.client.on_keep = on_keep
         if agent:  # which agent this is: one per node (`AgentExecutor.hold`)
             self.client.headers[a.AGENT_HEADER] = agent
+        if rebooted:  # its host rebooted since it last registered (`identity.Boot`)
+            self.client.headers[a.REBOOTED_HEADER] = rebooted
         self.seen = seen if seen is not None else Seen()
 
     @property
@@ -239,9 +239,12 @@ class NodeAgent:
         self.silent = Silent()
         """The servers of the list that let a request time out lately, shared by every client
         here: one frozen server costs the agent its timeout once, not each client."""
-        self.agent_id = instance_id(status_path.parent)
+        self.boot = this_boot(status_path.parent)
+        """This agent on this host's boot, and what it was on the boot before when the host
+        rebooted since it last registered (`ledger.agent.identity`): it says so at once."""
+        self.agent_id = self.boot.instance
         """Which agent this is (`schemas.agent.AGENT_HEADER`): one agent holds a node; its id
-        bound to this host's boot (`instance_id`)."""
+        bound to this host's boot (`identity.instance_id`)."""
         self.client = self._client(0.0)
         self.stop_event = threading.Event()
         self._draining = False
@@ -319,6 +322,7 @@ class NodeAgent:
         self._kept_lost = got.state == "lost"
         self.lease.renew(self._last_sent)
         self.status.registered = True
+        remember_boot(self.status_path.parent, self.boot.boot)  # a next boot says it rebooted
         kept = f"; servers keep its lease {got.keep_delay_s:.1f} s after losing their store"
         log.info(
             "registered node %s (%d GPUs, %s; node %s%s%s)", self.s.node, self.s.gpus,
@@ -393,8 +397,8 @@ class NodeAgent:
         several = self._servers() > 1
         bound = (POLL_MARGIN_S if wait_s else ANSWER_S) if several else ONE_SERVER_S
         return AgentClient(self.s.url, self.s.token, timeout=wait_s + bound, seen=self.seen,
-                           silent=self.silent, on_keep=self._kept,
-                           agent=self.agent_id)  # fmt: skip
+                           silent=self.silent, on_keep=self._kept, agent=self.agent_id,
+                           rebooted=self.boot.rebooted_header())  # fmt: skip
 
     def _reporter(self) -> None:
         """Send the outbox as soon as it holds something, a heartbeat otherwise."""
@@ -654,62 +658,8 @@ REPORT_DRAIN_S = 60.0
 them (a server restarting, a standby taking over)."""
 
 
-def agent_id(state_dir: Path) -> str:
-    """This agent's name for itself (`schemas.agent.AGENT_HEADER`): a random id made once and
-    kept in `<state_dir>/agent-id` (created exclusively, 0600: written aside, then linked to its
-    name, so two agents starting at once, or a crash, never leave two ids or an empty one).
-    The same agent restarted on its state directory is the same agent; a second machine with
-    the same `--node` and the same state directory *path* is another (atk38-23 F9: the id was
-    a hash of the path)."""
-    path = state_dir / ID_FILE
-    if not path.exists():
-        tmp = state_dir / f".{ID_FILE}.{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(16) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, path)
-        finally:
-            tmp.unlink()
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as err:
-        raise InvalidCommand(f"cannot read the agent's id {path}: {err.strerror}") from err
-    with os.fdopen(fd) as f:
-        st = os.fstat(f.fileno())
-        value = f.read(100).strip()
-    mine = stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
-    if not mine or st.st_mode & 0o077 or len(value) != 32 or not value.isalnum():
-        raise InvalidCommand(
-            f"{path} is not this agent's id (a 0600 file of its own holding 32 hex digits)",
-            hint="remove it only when no other agent ever ran on this state directory",
-        )
-    return value
-
-
-BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-"""This host's boot: a copy of the state directory on another machine (a cloned disk or VM),
-or the same directory after a reboot, is another agent (`instance_id`)."""
 HOST_LOCK_DIR = Path("/run/gpuledger")
 """Where an agent running as root takes its node's host-wide lock (`hold_node`)."""
-
-
-def instance_id(state_dir: Path) -> str:
-    """What the agent sends as its name (`schemas.agent.AGENT_HEADER`): its id (`agent_id`) bound
-    to this host's boot (`BOOT_ID`), so a copy of the state directory or of its `agent-id` file
-    on another machine (a cloned disk, a VM from a template) is another agent: it reported the
-    node's live job lost and launched the next job beside the real node's (atk39-23 F4). After
-    a reboot too, which the one-agent rule then makes wait until the old runs are surely gone
-    (they are: the machine rebooted, but the server cannot know it)."""
-    ident = agent_id(state_dir)
-    try:
-        boot = BOOT_ID.read_text().strip()
-    except OSError:
-        return ident  # no boot id on this system: the id alone
-    return hashlib.sha256(f"{ident}:{boot}".encode()).hexdigest()[:32]
 
 
 def hold_node(node: str, url: str, state_dir: Path) -> int:

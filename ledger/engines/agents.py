@@ -46,7 +46,7 @@ from ledger.cycle.executor import (
     launch_of,
     output_files,
 )
-from ledger.engines.fence import Fence
+from ledger.engines.fence import Fence, reboot_honoured
 from ledger.store.clock import new_token_secret
 from schemas import agent as a
 from schemas import commands as c
@@ -60,6 +60,8 @@ AGENT_DRAIN = "agent: drained by `gpuledger agent --drain`"
 """The drain reason of a node its agent drained; the node returns when an agent registers."""
 SILENT = "no word from its agent for"
 """How a node lost to silence is explained: only such a loss is undone by its agent's return."""
+REBOOTED = "its host rebooted"
+"""The note of a run ended by its node's reboot (`AgentExecutor.take`)."""
 
 log = logging.getLogger("gpuledger.agents")
 
@@ -443,7 +445,9 @@ class AgentExecutor:
             return True
         return False
 
-    def take(self, node: str, agent: str, now: float) -> None:
+    def take(
+        self, node: str, agent: str, now: float, rebooted: tuple[str, float] | None = None
+    ) -> bool:
         """Another agent than the holder asks for `node` (worker thread). One agent holds a
         node: a second agent (another state directory, or another machine with the same
         `--node` and state directory path) knows none of the first's runs and would launch
@@ -458,16 +462,30 @@ class AgentExecutor:
           passed: `node_failure`, resumable jobs requeued), and only then may another agent
           run anything there.
 
+        An agent that says its host rebooted (`rebooted`: the digest of what it was on the boot
+        before, its seconds since this boot) and is believed (`fence.reboot_honoured`: it was the
+        holder, silent since before this boot) takes the node at once: the runs the holder had
+        started there are gone with the boot and end now (`_rebooted`), not after the node-lost
+        timeout and the fence. Returns whether it ended any (the caller records them).
+
         The holder is recorded (`NodeAgentChanged`) whenever it changes, so a restarted server
         (or a new leader) knows it, and counts its last request from its own start."""
         state = self.ledger.state
         known = state.nodes.get(node)
         if known is None:
-            return  # registration says what is wrong with it
+            return False  # registration says what is wrong with it
         held = self.holders.get(node)
         if held is None and known.agent:
             held = (known.agent, self._started_at if self._started_at is not None else now)
-        if held is not None and held[0] not in ("", agent):
+        ended = False
+        margin = self.node_lost_after_s / 2
+        if (
+            held is not None
+            and rebooted is not None
+            and reboot_honoured(rebooted[0], held[0], now - held[1], rebooted[1], margin)
+        ):
+            ended = self._rebooted(node, max(held[1], now - rebooted[1]), now)
+        elif held is not None and held[0] not in ("", agent):
             last = held[1]
             stopping = self.fence.stopping_on(node, now)
             grace = max([self._grace_on(node), *stopping.values()])
@@ -488,6 +506,28 @@ class AgentExecutor:
         self.holders[node] = (agent, now)
         if known.agent != agent:
             self.ledger.execute(c.RecordNodeAgent(actor=SYSTEM, node=node, agent=agent))
+        return ended
+
+    def _rebooted(self, node: str, gone_at: float, now: float) -> bool:
+        """`node`'s host rebooted (`take`): every run started there ends, `node_failure` at
+        `gone_at` (the holder's last word, or this boot if later: gone by then), as the fence
+        would end it; nothing of it blocks a next launch. A run placed and not yet started
+        stays on the node's list for its new agent. True when a run ended."""
+        log.warning("node %s: its agent says its host rebooted (believed): its runs end now", node)
+        self.fence.rebooted(node)
+        ended = False
+        for r in list(self._runs.values()):
+            if node not in r.nodes or node in r.exits or not r.start_reported:
+                continue
+            r.exits[node] = a.PartExited(job_id=r.job_id, run=r.run, exit_code=-1,
+                                         reason="node_failure", ended_at=gone_at,
+                                         note=f"node {node}: {REBOOTED}")  # fmt: skip
+            self._parts.get(node, {}).pop(r.job_id, None)
+            self._maybe_exited(r, now)
+            ended = True
+        self._publish(node)
+        self._release(now)
+        return ended
 
     def _grace_on(self, node: str) -> float:
         """The largest SIGTERM-to-SIGKILL grace of the runs the ledger has on `node` (ours for

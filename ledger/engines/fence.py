@@ -20,6 +20,7 @@ runs until it reports once.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -46,6 +47,27 @@ def version_number(version: str, epoch: str) -> int | None:
     another process's (a report written before a restart proves nothing now)."""
     head, _, n = version.rpartition(".")
     return int(n) if head == epoch and n.isdigit() else None
+
+
+def reboot_honoured(
+    claimed: str, holder: str, silent_s: float, uptime_s: float, margin_s: float
+) -> bool:
+    """Pure: whether a node agent's word that its host rebooted (`schemas.agent.REBOOTED_HEADER`)
+    lets the server end the node's runs at once, gone with the boot, instead of waiting the
+    node-lost timeout and the fence (~6.5 min by default). Believed only when
+
+    - it names the node's holder as what it was on the boot before (`claimed`, the digest of
+      its state directory's id bound to the boot id recorded there, equals `holder`); and
+    - the holder has been silent since at least `margin_s` before this boot (`silent_s >=
+      uptime_s + margin_s`, the uptime on the node's own clock): a holder alive on another
+      machine (a copy of the state directory booted elsewhere, atk39-23 F4) reaches the server
+      every heartbeat, so it is never that silent (the server's margin is half its node-lost
+      timeout, which heartbeats stay well inside).
+
+    Otherwise the agent is another agent as before, refused until the runs are surely gone."""
+    if not claimed or claimed != holder or not math.isfinite(uptime_s) or uptime_s < 0:
+        return False
+    return silent_s >= uptime_s + margin_s
 
 
 class Fence:
@@ -117,6 +139,13 @@ class Fence:
             b = by_node.get(node)
             if b is not None:
                 b.release_at = at + self.fence_s + b.grace_s
+
+    def rebooted(self, node: str) -> None:
+        """`node`'s host rebooted (`reboot_honoured`): nothing of its runs lives there now."""
+        for job_id, by_node in list(self.blockers.items()):
+            by_node.pop(node, None)
+            if not by_node:
+                del self.blockers[job_id]
 
     def returned(self, node: str) -> None:
         """`node` is back: its blockers wait for its reports again."""

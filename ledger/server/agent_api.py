@@ -11,13 +11,15 @@
 
 Every call counts as contact for the node-lost timeout (`ledger.engines.agents`), and names
 its agent (`X-Gpuledger-Agent`): one without the header is refused (400), so every request is
-judged by the one-agent-per-node rule (`AgentExecutor.holds`, `take`).
+judged by the one-agent-per-node rule (`AgentExecutor.holds`, `take`). An agent whose host
+rebooted says so (`X-Gpuledger-Rebooted`): believed, the node's runs end at once.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -66,7 +68,13 @@ def agent_routes(
             )
         agent = _digest(named)
         if not executor.holds(node, agent, clock()):  # another agent: judged with the ledger
-            await worker.call(lambda: executor.take(node, agent, clock()), write=True)
+            rebooted = _reboot_claim(request.headers.get(a.REBOOTED_HEADER) or "")
+
+            def take() -> None:
+                if executor.take(node, agent, clock(), rebooted):  # its runs ended: recorded
+                    worker.service.take_reports(clock())
+
+            await worker.call(take, write=True)
         return executor
 
     @post("/v1/agent/register", status_code=200, tags=["agent"], security=[{"bearer": []}])
@@ -158,6 +166,19 @@ def _digest(agent: str) -> str:
     """What the server keeps of an agent's id (`NodeAgentChanged.agent`): a digest, so neither
     the log nor `gpuledger log` ever shows the id itself."""
     return hashlib.sha256(agent[:64].encode()).hexdigest()[:16]
+
+
+def _reboot_claim(said: str) -> tuple[str, float] | None:
+    """`REBOOTED_HEADER`'s `<name before> <seconds since boot>` as (its digest, seconds), None
+    when absent or not in that form (then the agent is judged as any other)."""
+    before, _, up = said.strip().partition(" ")
+    try:
+        seconds = float(up)
+    except ValueError:
+        return None
+    if not before or len(before) > 64 or not math.isfinite(seconds) or seconds < 0:
+        return None
+    return _digest(before), seconds
 
 
 def _ack(worker: Worker, ex: AgentExecutor, node: str, now: float) -> a.Ack:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from ledger.agent.node import instance_id
+from ledger.agent.identity import instance_id
 from ledger.engines.proc import start_time
 from ledger.engines.runs import read_identity
 from ledger.engines.supervised import live_processes

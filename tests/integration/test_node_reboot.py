@@ -1,0 +1,94 @@
+"""A rebooted node's agent says so at once (docs/agent.md, "One agent per node"): real server,
+real agents (the fixtures of test_node_agents.py, kept apart: that file is long). The host's
+reboot is its processes killed and another boot id and uptime where the agent reads them
+(`GPULEDGER_AGENT_PROC`, a directory standing for /proc); its state directory survives, as a
+disk does."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+from ledger.agent.identity import BOOT_FILE, PROC_ENV
+from ledger.engines.runs import read_identity
+from ledger.engines.supervised import live_processes
+from tests.integration import test_node_agents as base
+from tests.integration.test_node_agents import (
+    Cluster,
+    alive,
+    launches,
+    until,
+    wait_for,
+    with_flags,
+)
+
+template, cluster = base.template, base.cluster  # the node agents' suite's fixtures
+
+LOST_AFTER_S = 20
+"""The server's node-lost timeout here: it believes a reboot from a holder silent since half
+of it before the boot (`fence.reboot_honoured`); its fence stays the default 300 s."""
+
+
+def reboot(c: Cluster, node: str, proc: Path, boot: str, uptime_s: float) -> None:
+    """`node`'s host goes down: its agent and every process of its jobs killed; it comes back
+    with boot id `boot`, `uptime_s` seconds since that boot, when its agent next starts."""
+    ag = c.agents[node]
+    ag.kill(signal.SIGKILL)
+    for rundir in (ag.state / "runs").glob("*/*"):
+        for name in ("supervisor", "watchdog", "job"):
+            ident = read_identity(rundir / name)
+            if ident is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(ident[0], signal.SIGKILL)
+
+    def gone() -> bool:
+        for p in live_processes(ag.state):
+            for pid in p.pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        return not live_processes(ag.state)
+
+    wait_for("the host's processes to go", gone, 30)
+    (proc / "sys" / "kernel" / "random").mkdir(parents=True, exist_ok=True)
+    (proc / "sys" / "kernel" / "random" / "boot_id").write_text(f"{boot}\n")
+    (proc / "uptime").write_text(f"{uptime_s:.2f} 0.00\n")
+    ag.prefix = ("env", f"{PROC_ENV}={proc}")
+
+
+@with_flags(serve=("--node-lost-after", f"{LOST_AFTER_S}s"))
+def test_a_rebooted_nodes_agent_ends_its_runs_at_once_not_after_node_lost_and_the_fence(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The issue's open point: a rebooted node's agent was a new agent, refused until its
+    runs ended by the node-lost rules (the node-lost timeout + the fence, ~6.5 min by default).
+    Now it says it rebooted (its state directory's boot id is not this boot's) and the server,
+    which last heard the holder before that boot, ends the node's runs at once (the resumable
+    job requeued, `node_failure`, the engine's note naming the reboot) and takes the agent: it
+    registers at its first try, the job runs again, once, and completes."""
+    c = cluster
+    go, marks = tmp_path / "go", tmp_path / "marks"
+    job = c.submit(1, f"echo x >> {marks}; " + until(go, 0), "--resumable")
+    node = c.wait_status(job, "running")["logs"][0].split(":", 1)[0]
+    wait_for("the job's start", lambda: marks.exists(), 30, c.why)
+    pids = [p.pid for p in live_processes(c.agents[node].state)]
+    reboot(c, node, tmp_path / "proc", "7e1f0c2a-5b3d-4e6f-8a9b-0c1d2e3f4a5b", 1.0)
+    wait_for("the job's processes to go", lambda: not any(alive(p) for p in pids), 30, c.why)
+    time.sleep(LOST_AFTER_S / 2 + 1.0 + 1.5)  # the holder silent since well before the boot
+    before = len(c.agents[node].text())
+    c.agents[node].start()  # registers at once: not refused for the holder it was
+    said = c.agents[node].text()[before:]
+    assert "held by another agent" not in said, said
+    [pre] = wait_for("the run's end", lambda: c.events("job.preempted.v1"), 30, c.why)
+    assert (pre["job_id"], pre["reason"]) == (job, "node_failure"), pre
+    [ended] = [e for e in c.events("job.engine_ended.v1") if e["job_id"] == job]
+    assert f"node {node}: its host rebooted" in ended["note"], ended
+    wait_for("the job's next launch", lambda: len(launches(marks)) == 2, 60, c.why)
+    go.touch()
+    done = c.wait_status(job, "finished")
+    assert (done["outcome"], done["exit_code"]) == ("completed", 0), done
+    assert len(c.events("job.started.v1")) == 2
+    state = c.agents[node].state
+    assert (state / BOOT_FILE).read_text().strip() == "7e1f0c2a-5b3d-4e6f-8a9b-0c1d2e3f4a5b"
