@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 from tests.integration import test_slurm as base
@@ -129,3 +130,91 @@ def test_a_restart_with_a_stop_in_doubt_submits_nothing_onto_the_lost_node_or_it
     )
     (end,) = ledger.of("job.run_ended.v1", 1)
     assert end["ended_at"] >= last - 0.5, (end, last)
+
+
+def test_a_run_that_makes_its_mark_unwritable_is_ended_by_its_own_script(ledger: Ledger) -> None:
+    """atk40-24 F1b: job 1 (4 GPUs, SIGTERM ignored) removes its `alive` mark and makes its
+    directory unwritable; 9 s later the node is set DOWN, slurmd killed 0.3 s after and
+    restarted 3 s later (its SIGKILL never comes). The old heartbeat was a process of the
+    script's that stopped beating, so the run was judged by the older rules and taken for gone
+    KillWait after SlurmdTimeout while it lived on (until Slurm's own cleanup, 45-60 s here),
+    beside the next job on its GPUs. Now the script is the heartbeat: unable to write its mark
+    for 6 s it SIGTERMs the command itself (before the DOWN) and ends it its grace + KillWait +
+    1 s later; the executor waits that long after the last beat. Job 2 starts after job 1's
+    last line."""
+    work = ledger.work
+    cl = ledger.cluster
+    ledger.up()
+    unwrite = (
+        f'[ -e {work}/unwrite ] && d=$(dirname "$GPULEDGER_CHECKPOINT_FILE") && '
+        '[ -w "$d" ] && { rm -f "$d/alive"; chmod 500 "$d"; }; '
+    )
+    ledger.submit("alice", 4, _beating(str(work), "one", unwrite))
+    ledger.wait("the job to run", lambda: bool(_times(work / "one")) and status(ledger, 1) == "running")  # fmt: skip  # noqa: E501
+    ledger.submit("bob", 4, f"date +%s.%N >> {work}/next; sleep 2")
+    time.sleep(2)
+    (work / "unwrite").touch()
+    unwritten = time.time()
+    time.sleep(9)
+    termed = _times(work / "term.one")
+    down = time.time()
+    _down(ledger)
+    time.sleep(0.3)
+    os.kill(cl.daemon_pid("slurmd"), signal.SIGKILL)
+    time.sleep(3)
+    cl.up()  # slurmd back within seconds (and the node resumed)
+    try:
+        while time.time() < down + 75 and time.time() - _times(work / "one")[-1] < 3.0:
+            time.sleep(0.5)
+    finally:
+        (work / "stop.one").touch()
+    last = _until_quiet(work / "one")
+    assert termed and termed[0] - unwritten < 6 + 2 * 2 + 1.5, (termed, unwritten)  # its own
+    assert last - down < 20, f"job 1 lived {last - down:.0f} s after the DOWN"
+    ledger.wait("the next job to finish", lambda: status(ledger, 2) == "finished", timeout=120)
+    (started,) = _times(work / "next")
+    assert started > last, (
+        f"job 2 started {last - started:.1f} s before job 1 ended ({started - down:.0f} s "
+        f"after the DOWN)\n{ledger.service_log()[-3000:]}"
+    )
+
+
+def test_a_dead_runs_mark_kept_fresh_from_outside_does_not_hold_its_gpus(ledger: Ledger) -> None:
+    """atk40-24 F3: job 1's node is set DOWN (its slurmd answering: Slurm's TERM, then its
+    SIGKILL KillWait later, kill it) while a process of its user outside Slurm touches its
+    `alive` mark every second. Its heartbeat looked fresh for good: its GPUs stayed held and
+    job 2 never started. Its script ends it its grace + KillWait + 1 s after the TERM it noted,
+    so a beat after that is not its script's (`ends.beat_bound`): job 2 starts after job 1's
+    last line, within a minute of the DOWN."""
+    work = ledger.work
+    cl = ledger.cluster
+    ledger.up()
+    ledger.submit("alice", 4, _beating(str(work), "one"))
+    ledger.wait("the job to run", lambda: bool(_times(work / "one")) and status(ledger, 1) == "running")  # fmt: skip  # noqa: E501
+    ledger.submit("bob", 4, f"date +%s.%N >> {work}/next; sleep 2")
+    alive = ledger.home / "jobs" / "checkpoints" / "1.0" / "alive"
+    assert alive.exists()
+    done = threading.Event()
+
+    def keep_fresh() -> None:  # the job's user's process, outside Slurm
+        while not done.wait(1.0):
+            os.utime(alive)
+
+    toucher = threading.Thread(target=keep_fresh, daemon=True)
+    toucher.start()
+    try:
+        time.sleep(2)
+        down = time.time()
+        _down(ledger)
+        time.sleep(3)
+        cl.run("scontrol", "update", f"nodename={cl.node}", "state=resume")
+        last = _until_quiet(work / "one")
+        assert last - down < 15, f"Slurm's kill did not end job 1 ({last - down:.0f} s)"
+        ledger.wait("the next job to start", lambda: bool(_times(work / "next")), timeout=90)
+    finally:
+        done.set()
+        toucher.join()
+        (work / "stop.one").touch()
+    (started,) = _times(work / "next")
+    assert started > last, f"job 2 started {last - started:.1f} s before job 1 ended"
+    assert started - down < 60 + 5, started - down

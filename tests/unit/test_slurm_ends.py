@@ -9,7 +9,17 @@ import pytest
 
 from ledger.cycle.executor import Launch
 from ledger.engines.slurm import SbatchUser, parse_jobs, sbatch_args
-from ledger.engines.slurm.ends import Ending
+from ledger.engines.slurm.ends import (
+    BEAT_EVERY_S,
+    BEAT_STALE_S,
+    UNBEATEN_S,
+    Ending,
+    OwnEnd,
+    beat_bound,
+    beat_window,
+    ends_after_term_s,
+    node_fail_ending,
+)
 from ledger.engines.slurm.stops import (
     Stopping,
     completing,
@@ -220,7 +230,7 @@ def test_a_node_failed_runs_own_end_record_keeps_its_gpus_until_slurms_kill_has_
     run lives). A NODE_FAIL run ended by its record is recorded as the record says, but its GPUs
     stay held until its nodes' slurmd answers and KillWait has passed since Slurm's kill could
     reach it (its EndTime, rounded down, or that answer, whichever is later)."""
-    from ledger.engines.slurm.ends import OwnEnd, node_fail_ending, surely_gone
+    from ledger.engines.slurm.ends import surely_gone
     from ledger.engines.slurm.stops import Quarantine
 
     (j,) = parse_jobs(NODE_FAILED)
@@ -253,6 +263,44 @@ def test_a_node_failed_runs_own_end_record_keeps_its_gpus_until_slurms_kill_has_
     assert q.held == {"vm": (0, 1)}  # beat 10 s ago
     q.refresh({"vm": end + 5.0}, kw, end + 65.0, lambda sid, now: beats.get(sid))
     assert q.held == {} and q.runs == {}  # its heartbeat stopped 15 s ago
+    # atk40-24 F1b: a script whose mark cannot be written lives up to its window after it
+    windowed = node_fail_ending(OwnEnd(0, end + 2.0), None, True, end, 0, end - 60, end, kw,
+                                end + 2.0, beat_stale_s=beat_window(2.0, kw))  # fmt: skip
+    assert windowed is not None and windowed.beat_window_s == 21.0
+    q.hold(windowed, j, {"vm": (0, 1)})
+    q.refresh({"vm": end + 5.0}, kw, end + 70.0, lambda sid, now: beats.get(sid))
+    assert q.held == {"vm": (0, 1)}  # its last beat 20 s ago: within its window
+    q.refresh({"vm": end + 5.0}, kw, end + 71.0, lambda sid, now: beats.get(sid))
+    assert q.held == {} and q.runs == {} and q.windows == {}
+
+
+@pytest.mark.parametrize(
+    ("beat", "term", "after", "want"),
+    [
+        (None, 10.0, 13.0, None),  # no heartbeat
+        (50.0, None, 13.0, 50.0),  # no TERM proven: every beat counts
+        (50.0, 10.0, None, 50.0),  # a script from before the bound
+        (20.0, 10.0, 13.0, 20.0),  # within its script's end
+        (50.0, 10.0, 13.0, 25.0),  # past it (and a beat late): kept fresh from outside
+    ],
+)
+def test_a_beat_past_the_end_its_script_keeps_after_slurms_term_is_not_believed(
+    beat: float | None, term: float | None, after: float | None, want: float | None
+) -> None:
+    """atk40-24 F3: any process of the job's user can keep a dead run's `alive` mark fresh
+    from outside Slurm; the run's script ends it `ends_after_term_s` after Slurm's TERM (its
+    note), so a beat after that (one beat late) is not its script's (`ends.beat_bound`)."""
+    assert beat_bound(beat, term, after) == want
+
+
+def test_a_scripts_own_bounds_come_from_the_jobs_grace_and_slurms_killwait() -> None:
+    """Its end after a SIGTERM is past the executor's stop (grace, then Slurm's KillWait) and
+    Slurm's own; its window past its own end for a mark it cannot write (`UNBEATEN_S` and a
+    beat late), never less than `BEAT_STALE_S`."""
+    assert ends_after_term_s(2.0, 10.0) == 13
+    assert ends_after_term_s(0.5, 10.0) == 12
+    assert beat_window(2.0, 10.0) == UNBEATEN_S + BEAT_EVERY_S + 13
+    assert beat_window(0.0, 0.0) == BEAT_STALE_S
 
 
 def test_the_executor_holds_what_the_quarantine_holds(tmp_path: Path) -> None:

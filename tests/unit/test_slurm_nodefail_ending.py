@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -14,7 +15,14 @@ from pathlib import Path
 import pytest
 
 from ledger.cycle.executor import Launch
-from ledger.engines.slurm.ends import BEAT_EVERY_S, Ending, OwnEnd, node_fail_ending
+from ledger.engines.slurm.ends import (
+    BEAT_EVERY_S,
+    UNBEATEN_S,
+    Ending,
+    OwnEnd,
+    beat_window,
+    node_fail_ending,
+)
 from ledger.engines.slurm.launching import MarksSeen
 from ledger.engines.slurm.script import batch_script
 from schemas.events import GpuSlot
@@ -33,6 +41,8 @@ class Case:
     now: float = END + 1.0
     confirm_s: float = 0.0  # SlurmdTimeout: how long a slurmd seen answering may be dead unseen
     beat_at: float | None = None  # its heartbeat's last beat (None: it has none)
+    window: float = 15.0  # how long after its last beat it may live (`beat_window`)
+    after_term_s: float | None = None  # its script ends it this long after Slurm's TERM
     want: tuple[int, float, str] | None = None  # (exit code, end, reason); None: wait
 
 
@@ -194,6 +204,32 @@ CASES = {
     "no record, heartbeat stopped, node not answering: wait (the fence bounds it)": Case(
         answering_since=None, now=END + 600.0, beat_at=END + 5.0
     ),
+    # atk40-24 F1b: a script whose mark cannot be written ends its command itself, at most its
+    # window after its last beat (`beat_window`: 6 s unwritten, a beat late, grace 2 + KillWait
+    # 10 + 1): a stale beat within it is no proof that the run is gone
+    "no signal, heartbeat 15 s stale within its script's window: wait": Case(
+        now=END + 515.0, beat_at=END + 500.0, window=21.0
+    ),
+    "no signal, heartbeat stale past its script's window: gone at its next beat": Case(
+        now=END + 521.0, beat_at=END + 500.0, window=21.0, want=(0, END + 502.0, "node_failure")
+    ),
+    # atk40-24 F3: Slurm's TERM noted, the run's script ends it 13 s later; a process of the
+    # job's user keeps its mark fresh from outside: the beats past that end are not believed
+    "signalled, its mark kept fresh past its script's end: gone at that end": Case(
+        signalled_at=END + 0.3,
+        now=END + 60.0,
+        confirm_s=30.0,
+        beat_at=END + 59.0,
+        window=21.0,
+        after_term_s=13.0,
+        want=(0, END + 15.3, "node_failure"),
+    ),
+    "signalled, its mark fresh, its script's end not passed: wait": Case(
+        signalled_at=END + 0.3, now=END + 15.0, beat_at=END + 14.0, window=21.0, after_term_s=13.0
+    ),
+    "signalled, a script from before the bound: its fresh beats count": Case(
+        signalled_at=END + 0.3, now=END + 60.0, confirm_s=30.0, beat_at=END + 59.0, window=21.0
+    ),
     # a record is the run's own end: its heartbeat ended before it was written
     "its own end record while its heartbeat is fresh: its own end": Case(
         own=OwnEnd(0, END + 40.0),
@@ -209,7 +245,7 @@ def test_node_fail_ending(name: str) -> None:
     case = CASES[name]
     got = node_fail_ending(case.own, case.signalled_at, case.marks_seen, END, 0, START,
                            case.answering_since, KILL_WAIT, case.now, case.confirm_s,
-                           case.beat_at, 15.0)  # fmt: skip
+                           case.beat_at, case.window, case.after_term_s)  # fmt: skip
     if case.want is None:
         assert got is None, got
         return
@@ -229,7 +265,12 @@ def test_a_completed_run_is_never_taken_for_a_node_failure_whatever_slurm_and_th
 
 
 def _batch_script(
-    tmp_path: Path, command: tuple[str, ...], fifo: bool = False, alive: bool = False
+    tmp_path: Path,
+    command: tuple[str, ...],
+    fifo: bool = False,
+    alive: bool = False,
+    after_term_s: int = 61,
+    alive_file: Path | None = None,
 ) -> Path:
     """The real batch script of a run of `command`, its marks in `tmp_path` (its `launched`
     mark a FIFO with `fifo`: the script is held there)."""
@@ -237,11 +278,11 @@ def _batch_script(
         os.mkfifo(tmp_path / "launched")
     job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), command, None, "alice", "ai2/olmo")
     script = tmp_path / "batch"
-    beat = str(tmp_path / "alive") if alive else ""
+    beat = str(alive_file or tmp_path / "alive") if alive else ""
     script.write_text(batch_script(job, launched_file=str(tmp_path / "launched"),
                                    ended_file=str(tmp_path / "ended"),
                                    signalled_file=str(tmp_path / "signalled"),
-                                   alive_file=beat))  # fmt: skip
+                                   alive_file=beat, after_term_s=after_term_s))  # fmt: skip
     return script
 
 
@@ -345,19 +386,27 @@ def test_the_heartbeat_beats_while_the_command_lives_through_signals_and_stops_w
     assert marks["alive"].stat().st_mtime == last  # no beat once the command has ended
 
 
-def test_a_heartbeat_dated_ahead_counts_from_the_read_that_saw_it(tmp_path: Path) -> None:
-    """The `alive` mark is the job user's: a beat dated a year ahead counts no later than the
-    first read that saw it, so it grows stale once it stops changing; a changed mark is a new
-    beat (`MarksSeen.beat`)."""
+def test_a_heartbeat_is_its_marks_ctime_no_later_than_the_read_that_saw_it(
+    tmp_path: Path,
+) -> None:
+    """The `alive` mark is the job user's: its mtime is theirs to set to any time, its ctime
+    only to now. A beat counts at its ctime, no later than the first read that saw it (a node's
+    clock ahead), so it grows stale once it stops changing; a changed mark is a new beat, and a
+    mark dated a year ahead or back is a beat now (`MarksSeen.beat`)."""
     seen = MarksSeen()
     assert seen.beat(tmp_path, "7", 100.0) is None  # no heartbeat: the old rules alone
     alive = tmp_path / "alive"
     alive.touch()
     os.utime(alive, (1e10, 1e10))
-    assert seen.beat(tmp_path, "7", 100.0) == 100.0
+    assert seen.beat(tmp_path, "7", 100.0) == 100.0  # a read "before" its ctime
     assert seen.beat(tmp_path, "7", 200.0) == 100.0
-    os.utime(alive, (150.0, 150.0))
-    assert seen.beat(tmp_path, "7", 210.0) == 150.0
+    os.utime(alive, (150.0, 150.0))  # dated back: its ctime is now, a new beat at this read
+    assert seen.beat(tmp_path, "7", 210.0) == 210.0
+    now = time.time()
+    assert seen.beat(tmp_path, "7", now + 5.0) == 210.0  # unchanged: still that beat
+    seen.forget("7")
+    assert seen.beat(tmp_path, "7", now + 5.0) == pytest.approx(alive.stat().st_ctime)
+    assert alive.stat().st_mtime == 150.0 and alive.stat().st_ctime > now - 60
     seen.forget("7")
     assert seen.beats == {} and seen.notes == {}
 
@@ -386,3 +435,109 @@ def test_the_heartbeat_beats_on_when_the_job_kills_its_sleep(tmp_path: Path) -> 
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(bash.pid, signal.SIGKILL)
+
+
+def _run_script(script: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["/bin/bash", str(script)], start_new_session=True)
+
+
+def _wait_for(path: Path, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no {path.name}"
+        time.sleep(0.05)
+
+
+def _ignoring_term(marks: dict[str, Path]) -> tuple[str, ...]:
+    """A command that notes each SIGTERM and ignores it, living until killed."""
+    return ("bash", "-c", f"trap 'date +%s.%N >> {marks['term']}' TERM;"
+            f" echo $$ > {marks['pid']}; while :; do sleep 0.1; done")  # fmt: skip
+
+
+def _gone(pid: int) -> bool:
+    """Whether `pid` has ended (reaped, or a zombie its new parent has yet to reap)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_mark_the_script_cannot_write_makes_it_end_its_command_itself(tmp_path: Path) -> None:
+    """atk40-24 F1b: a job that made its `alive` mark unwritable (or killed the heartbeat's
+    process) was judged by the older rules and seen alive beside the next job. The script is
+    its own heartbeat now: a mark it cannot write for `UNBEATEN_S` makes it SIGTERM the command,
+    and end it `after_term_s` later whatever the command does, so a run never lives more than
+    `beat_window` after its last beat. The real script in bash; the mark's directory replaced by
+    a file (what no account, root included, can write through)."""
+    marks = {m: tmp_path / m for m in ("launched", "ended", "signalled", "term", "pid")}
+    run = tmp_path / "run"
+    run.mkdir()
+    script = _batch_script(tmp_path, _ignoring_term(marks), alive=True, after_term_s=3,
+                           alive_file=run / "alive")  # fmt: skip
+    bash = _run_script(script)
+    try:
+        _wait_for(marks["pid"])
+        _wait_for(run / "alive")
+        shutil.rmtree(run)
+        run.write_text("not a directory\n")  # the mark cannot be written any more
+        unwritable = time.time()
+        assert bash.wait(timeout=UNBEATEN_S + 2 * BEAT_EVERY_S + 3 + 5) is not None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bash.pid, signal.SIGKILL)
+    ended = time.time()
+    termed = float(marks["term"].read_text().split()[0])  # the command got the script's TERM
+    assert UNBEATEN_S - 1 <= termed - unwritable <= UNBEATEN_S + 2 * BEAT_EVERY_S + 1
+    assert ended - termed >= 3 - 1  # its grace and KillWait, then its end
+    assert _gone(int(marks["pid"].read_text()))
+    assert ended - unwritable <= beat_window(0.0, 2.0)
+
+
+def test_the_script_ends_its_run_after_its_first_sigterm_whatever_the_command_does(
+    tmp_path: Path,
+) -> None:
+    """Slurm's TERM (a node DOWN) signals the batch shell alone; a slurmd killed before its
+    SIGKILL never sends that (atk39-24 F5). The script now ends its run itself `after_term_s`
+    after its first SIGTERM, the command killed, so the executor can bound the run from outside
+    by the note the script made (`ends.beat_bound`). The real script in bash."""
+    marks = {m: tmp_path / m for m in ("launched", "ended", "signalled", "term", "pid")}
+    script = _batch_script(tmp_path, _ignoring_term(marks), alive=True, after_term_s=3)
+    bash = _run_script(script)
+    try:
+        _wait_for(marks["pid"])
+        bash.send_signal(signal.SIGTERM)  # the batch shell alone, as Slurm's own kill
+        termed = time.time()
+        code = bash.wait(timeout=3 + BEAT_EVERY_S + 5)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bash.pid, signal.SIGKILL)
+    assert 3 - 1 <= time.time() - termed <= 3 + BEAT_EVERY_S + 1
+    assert code == 137  # the command ignored it (it is passed on with a `stopping` path)
+    assert _gone(int(marks["pid"].read_text()))
+    assert marks["ended"].read_text().split()[::2] == ["137", "1"]
+
+
+def test_a_signal_note_the_script_did_not_make_starts_its_end(tmp_path: Path) -> None:
+    """The executor believes a run's signal note as Slurm's TERM and no beat past the end the
+    script then keeps (`ends.beat_bound`: atk40-24 F3, a dead run's mark kept fresh from
+    outside): a note another process of the job's user made starts the script's end as its own
+    SIGTERM would, so a forged note ends only the forger's run."""
+    marks = {m: tmp_path / m for m in ("launched", "ended", "signalled", "term", "pid")}
+    script = _batch_script(tmp_path, _ignoring_term(marks), alive=True, after_term_s=3)
+    bash = _run_script(script)
+    try:
+        _wait_for(marks["pid"])
+        marks["signalled"].touch()
+        noted = time.time()
+        bash.wait(timeout=3 + 2 * BEAT_EVERY_S + 5)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bash.pid, signal.SIGKILL)
+    assert time.time() - noted <= 3 + 2 * BEAT_EVERY_S + 1
+    assert _gone(int(marks["pid"].read_text()))

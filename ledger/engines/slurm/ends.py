@@ -21,6 +21,7 @@ Pure: times and records in, a decision out; `now` is a parameter.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -34,6 +35,43 @@ BEAT_STALE_S = 15.0
 """A run whose heartbeat (`BEAT_EVERY_S`) is older than this is no longer beating:
 its processes are gone (Slurm's SIGKILL ends the heartbeat with them, as does a node that died).
 Room for a loaded node's late beats."""
+
+UNBEATEN_S = 6
+"""How long the batch script, its own heartbeat, goes on when its `alive` mark cannot be
+written: then it ends its command itself (SIGTERM, and the end `ends_after_term_s` later), so a
+run is never alive unseen (atk40-24 F1b: a job that made its mark unwritable was judged by the
+older rules and seen alive beside the next job)."""
+
+
+def ends_after_term_s(grace_s: float, kill_wait_s: float) -> int:
+    """Pure: how long after the first SIGTERM it gets (Slurm's, the executor's, or its own for a
+    mark it cannot write) the batch script ends its run itself, whatever the command does: the
+    job's grace, Slurm's `KillWait` and a second, in whole seconds (past every kill of the
+    executor's and Slurm's own, so it never cuts one short)."""
+    return math.ceil(grace_s + kill_wait_s + 1)
+
+
+def beat_window(grace_s: float, kill_wait_s: float) -> float:
+    """Pure: how long after its last beat a run may still live: a dead script's heartbeat is
+    `BEAT_STALE_S` old, and one whose mark cannot be written ends its command at most
+    `UNBEATEN_S` and a beat late, and the run `ends_after_term_s` after that. Only the beat's
+    ctime counts (`launching.MarksSeen`), which the job's user cannot set back."""
+    late = UNBEATEN_S + BEAT_EVERY_S + ends_after_term_s(grace_s, kill_wait_s)
+    return max(BEAT_STALE_S, float(late))
+
+
+def beat_bound(
+    beat_at: float | None, term_at: float | None, after_term_s: float | None
+) -> float | None:
+    """Pure: the last beat believed of a run whose SIGTERM from Slurm is proven by its signal
+    note (`term_at`): its batch script ends it `after_term_s` later (one beat late at most), so a
+    beat after that is no beat of its script's but a process of the job's user keeping the mark
+    fresh from outside Slurm (atk40-24 F3: it held a dead run's GPUs for good). None: no
+    heartbeat; without a proven TERM (or a script from before the bound) every beat counts."""
+    if beat_at is None or term_at is None or after_term_s is None:
+        return beat_at
+    return min(beat_at, term_at + after_term_s + BEAT_EVERY_S)
+
 
 OWN_END_SLACK_S = 1.0
 """Slurm's EndTime is whole seconds (rounded down); an own end within this after it came
@@ -81,6 +119,8 @@ class Ending:
     own_record: bool = False
     """From the run's own end record: the job's user may write it while the run still lives,
     so its GPUs wait for Slurm's kill all the same (`surely_gone`: atk38-24 F1)."""
+    beat_window_s: float = BEAT_STALE_S
+    """How long after its last beat the run may live (`beat_window`): its GPUs wait that too."""
 
 
 def node_fail_ending(
@@ -96,6 +136,7 @@ def node_fail_ending(
     confirm_s: float = 0.0,
     beat_at: float | None = None,
     beat_stale_s: float = BEAT_STALE_S,
+    after_term_s: float | None = None,
 ) -> Ending | None:
     """Pure: how a run Slurm ended NODE_FAIL (at `slurm_end`) ended, or None while it may still
     run (wait; its node's fence bounds the wait).
@@ -132,7 +173,12 @@ def node_fail_ending(
        and its NODE_FAIL jobs' processes run on, atk39-24 F5); one that beat after Slurm's
        kill ends when its next beat was due (it died after its last). A run without one
        (the service does not see its directory, a run from before the heartbeat) is decided
-       by 2. and 3. alone.
+       by 2. and 3. alone. `beat_stale_s` is `beat_window`: a script whose mark cannot be
+       written ends its run itself that long after its last beat at most (atk40-24 F1b).
+    5. A script that got Slurm's TERM (its note, as in 2.) ends its run `after_term_s` later
+       (`ends_after_term_s`; None: a script from before that bound): a beat after that is a
+       process of the job's user keeping the mark fresh from outside (`beat_bound`, atk40-24
+       F3), and the run is gone then, however fresh its mark.
     Gone without a record: `node_failure`, ended the last moment its processes could live."""
     slurm = slurm_end if slurm_end is not None else now
     if own is not None:
@@ -142,17 +188,21 @@ def node_fail_ending(
         killed_then = signalled_at is not None and signalled_at >= slurm  # Slurm's TERM, passed
         # on to the command, may end it within the EndTime's second (a checkpoint and exit 0)
         if own.signalled and (own.at > slurm + OWN_END_SLACK_S or killed_then):
-            return Ending(own.exit_code, at, "node_failure", said + " (it was killed)", True)
-        return Ending(own.exit_code, at, "exited", said, True)
+            return Ending(own.exit_code, at, "node_failure", said + " (it was killed)", True,
+                          beat_stale_s)  # fmt: skip
+        return Ending(own.exit_code, at, "exited", said, True, beat_stale_s)
     note = "NODE_FAIL: killed, no end record within KillWait"
-    if beat_at is not None and now < beat_at + beat_stale_s:
+    term_at = signalled_at if signalled_at is not None and signalled_at >= slurm - OWN_END_SLACK_S else None  # fmt: skip  # noqa: E501
+    beat = beat_bound(beat_at, term_at, after_term_s)
+    ends_by = None if term_at is None or after_term_s is None else term_at + after_term_s + BEAT_EVERY_S  # fmt: skip  # noqa: E501
+    if beat is not None and now < beat + beat_stale_s and (ends_by is None or now < ends_by):
         return None  # its processes live, whatever Slurm's kill did (atk39-24 F5)
     if answering_since is None or now < slurm + confirm_s:
         kill_at: float | None = None  # its slurmd not (yet) known alive since Slurm's kill
-    elif signalled_at is not None and signalled_at >= slurm - OWN_END_SLACK_S:
+    elif term_at is not None:
         # the note proves slurmd's TERM landed, not its SIGKILL KillWait later: a slurmd that
         # died in between never sent it (atk38-24 F5), a returning one kills from its return
-        kill_at = max(slurm, signalled_at, answering_since)
+        kill_at = max(slurm, term_at, answering_since)
     else:
         kill_at = max(slurm + OWN_END_SLACK_S, answering_since)
         if marks_seen:
@@ -161,9 +211,12 @@ def node_fail_ending(
             )
     if kill_at is None or now < kill_at + kill_wait_s:
         return None
-    if beat_at is not None and beat_at > kill_at + kill_wait_s:  # it outlived Slurm's kill
-        note += f"; its heartbeat stopped {beat_at - kill_at:.0f} s after Slurm's kill"
-        return Ending(slurm_code, min(now, beat_at + BEAT_EVERY_S), "node_failure", note)
+    if beat is not None and beat > kill_at + kill_wait_s:  # it outlived Slurm's kill
+        note += f"; its heartbeat stopped {beat - kill_at:.0f} s after Slurm's kill"
+        if beat_at is not None and beat < beat_at:
+            note += " (later beats, past its script's own end, were not its script's)"
+        at = min(now, beat + BEAT_EVERY_S, ends_by if ends_by is not None else now)
+        return Ending(slurm_code, at, "node_failure", note)
     return Ending(slurm_code, kill_at + kill_wait_s, "node_failure", note)
 
 

@@ -18,29 +18,23 @@ from ledger.core.state import Node, StoppedRun
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
 from ledger.engines.accounts import RunAs, own_log, own_umask
 from ledger.engines.slurm import tracked
-from ledger.engines.slurm.ends import Ending, answering, kill_wait
+from ledger.engines.slurm.ends import Ending, answering, ends_after_term_s, kill_wait
 from ledger.engines.slurm.foreign import others
 from ledger.engines.slurm.launching import (
-    ALIVE,
-    CANNOT_ENTER,
-    CANNOT_OPEN,
-    CANNOT_START,
-    END_RECORD,
     LAUNCHED,
-    SIGNALLED,
-    STOPPING,
     MarksSeen,
     mark_stopping,
     marked,
     never_ran,
+    never_ran_reason,
     never_starts,
     node_fail_end,
     own_end,
+    run_script,
 )
 from ledger.engines.slurm.leaks import held_with, lasting, leaked_gpus
 from ledger.engines.slurm.outage import Probe
 from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
-from ledger.engines.slurm.script import batch_script
 from ledger.engines.slurm.stops import (
     GONE_ALREADY,
     Quarantine,
@@ -353,15 +347,10 @@ class SlurmExecutor:
                                        self._pinned, "", self._grace_of(r),
                                        self.max_time_s)]  # fmt: skip
         checkpoint = self._checkpoint_file(job.job_id, job.run, who)
-        marks = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED, STOPPING, CANNOT_OPEN,
-                 ALIVE)  # fmt: skip
-        launched, no_dir, no_cmd, ended, signalled, stop, no_file, alive = (
-            str(checkpoint.with_name(m)) for m in marks
-        )
         umask = own_umask() if job.umask is None else job.umask  # the submitter's, as sbatch's
-        script = batch_script(job, who, str(checkpoint), launched, umask, no_dir, no_cmd, ended,
-                              signalled, stop, claimed.files(r.logs), mask, no_file,
-                              claimed.workdir, alive)  # fmt: skip
+        script = run_script(job, who, checkpoint, umask, claimed.files(r.logs), mask,
+                            claimed.workdir, ends_after_term_s(self._grace_of(r), self.kill_wait_s),
+                            self._pinned)  # fmt: skip
         said = self._run(args, stdin=script, env=sbatch_env(self.env, mask))
         r.slurm_id = said.strip().split(";")[0]
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, r.slurm_id)
@@ -628,8 +617,8 @@ class SlurmExecutor:
             if never_ran:  # its command never ran
                 del self._runs[job_id]
                 at = now if j.end_time is None else min(now, j.end_time)
-                self._exits.append(Exit(job_id, -1, at, "launch_failed", r.slurm_id, j.state,
-                                        never_ran))  # fmt: skip
+                self._exits.append(Exit(job_id, -1, at, never_ran_reason(never_ran), r.slurm_id,
+                                        j.state, never_ran))  # fmt: skip
             elif j.ended and end_reason(j.state) == "node_failure":  # a limit's stop too
                 self._node_failed(r, j, now)  # how it really ended, once known
             elif j.ended:
@@ -651,7 +640,7 @@ class SlurmExecutor:
             st.gpus = (held_gpus(j, self._pinned) if j is not None else {}) or st.gpus
             if j is not None and j.holding and not j.ended and now >= (self._settle_until or 0):
                 st.seen_running_at = now  # (`real_end`: a stopped run's end in an outage, F6)
-            failed = self._how_failed(st.run, None, None, j, now) if node_failed(st, j) else None
+            failed = self._how_failed(st.run, None, None, j, now, st.grace_s) if node_failed(st, j) else None  # fmt: skip  # noqa: E501
             if node_failed(st, j) and failed is None:  # its processes may live: held (F7)
                 if not st.in_doubt:
                     log.warning("stopped Slurm job %s is NODE_FAIL: held until gone", slurm_id)
@@ -706,7 +695,7 @@ class SlurmExecutor:
     def _node_failed(self, r: Run, j: SlurmJob, now: float) -> None:
         """A run Slurm ended NODE_FAIL: recorded as it really ended, once known; kept until
         then (running, for the ledger in doubt on its lost node; `ends`)."""
-        ending = self._how_failed((r.job_id, r.run), r.launch, r.started_at, j, now)
+        ending = self._how_failed((r.job_id, r.run), r.launch, r.started_at, j, now, self._grace_of(r))  # fmt: skip  # noqa: E501
         if ending is None:
             if not r.node_failed:
                 r.node_failed = True
@@ -722,11 +711,11 @@ class SlurmExecutor:
                                 else ending.reason, j.slurm_id, j.state, ending.note))  # fmt: skip
 
     def _how_failed(self, tag: Tag | None, launch: Launch | None, started_at: float | None,
-                    j: SlurmJob | None, now: float) -> Ending | None:  # fmt: skip
-        """How a run Slurm ended NODE_FAIL really ended, from its marks (`node_fail_end`)."""
+                    j: SlurmJob | None, now: float, grace_s: float) -> Ending | None:  # fmt: skip
+        """How a run Slurm ended NODE_FAIL ended, from its marks (`node_fail_end`; `grace_s`)."""
         return None if tag is None or j is None else node_fail_end(
             self._checkpoint_file(*tag).parent, launch, started_at, j, self._answering,
-            self.kill_wait_s, now, self.slurmd_timeout_s, self._seen)  # fmt: skip
+            self.kill_wait_s, now, self.slurmd_timeout_s, self._seen, grace_s)  # fmt: skip
 
     def _past_limit(self, r: Run, now: float) -> bool:
         """Whether a run has reached its limit and is not being stopped yet. The executor keeps

@@ -16,13 +16,23 @@ import contextlib
 import math
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ledger.cycle.executor import Launch
-from ledger.engines.slurm.ends import Ending, OwnEnd, node_fail_ending
-from ledger.engines.slurm.words import NEVER_STARTS, SlurmJob
+from ledger.engines.slurm.ends import (
+    BEAT_STALE_S,
+    Ending,
+    OwnEnd,
+    beat_window,
+    ends_after_term_s,
+    node_fail_ending,
+)
+from ledger.engines.slurm.script import batch_script
+from ledger.engines.slurm.words import NEVER_STARTS, SbatchUser, SlurmJob
+from ledger.engines.supervise import JOB_NOFILE_VAR
+from schemas.commands import RunEnd
 
 LAUNCHED = "launched"
 CANNOT_ENTER = "cannot-enter"
@@ -30,18 +40,49 @@ CANNOT_START = "cannot-start"
 CANNOT_OPEN = "cannot-open"
 """Left by the batch script when an output file is not the one the executor claimed (or not a
 regular file of the user's with one link): the script ends there (`words.output_lines`)."""
+WRONG_GPUS = "wrong-gpus"
+"""Left by the batch script when Slurm started the run without the GPUs the ledger placed it
+on (`script_gpus`): the script ends there (exit 127), its command never run; the run ends
+`node_failure` (`never_ran_reason`), so a resumable job is placed again."""
+WRONG_GPUS_WHY = "Slurm started it without the GPUs the ledger placed it on"
 END_RECORD = "ended"
 """The run's end record (`<exit code> <epoch seconds> <signalled 0|1>`), written by its batch
 script when the job's command exits (`script.batch_script`)."""
 SIGNALLED = "signalled"
-"""Touched by the batch script at each signal the job gets (its mtime: the last one)."""
+"""Touched by the batch script at each signal the job gets (its ctime: the last one)."""
 ALIVE = "alive"
-"""Rewritten by the batch script's heartbeat every `script.BEAT_EVERY_S` while the run's command
-lives (its mtime: the last beat; `ends.node_fail_ending`)."""
+"""Touched by the batch script, its heartbeat, every `script.BEAT_EVERY_S` while the run's
+command lives (its ctime: the last beat, which the job's user cannot set back as they can its
+mtime; `ends.node_fail_ending`)."""
 STOPPING = "stopping"
 """Made by the executor before its own stop's `scancel --signal=TERM --full` (which signals
 every process of the job): the batch script then passes no SIGTERM on to the command, which
 got its own (`script.batch_script`)."""
+MARKS = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED, STOPPING, CANNOT_OPEN, ALIVE,
+         WRONG_GPUS)  # fmt: skip
+
+
+def run_script(
+    job: Launch,
+    who: SbatchUser,
+    checkpoint: Path,
+    umask: int,
+    outputs: Sequence[tuple[str, int | None]],
+    files_umask: int,
+    real_workdir: str,
+    after_term_s: int,
+    pinned_nodes: Collection[str],
+) -> str:
+    """A run's batch script (`script.batch_script`), its marks beside its checkpoint file, the
+    soft open-files limit the service started with (`supervise.JOB_NOFILE_VAR`, set by a
+    `serve` that raised its own: atk40-25's open finding) given back to the job."""
+    at = {m: str(checkpoint.with_name(m)) for m in MARKS}
+    files = os.environ.get(JOB_NOFILE_VAR, "")
+    return batch_script(job, who, str(checkpoint), at[LAUNCHED], umask, at[CANNOT_ENTER],
+                        at[CANNOT_START], at[END_RECORD], at[SIGNALLED], at[STOPPING], outputs,
+                        files_umask, at[CANNOT_OPEN], real_workdir, at[ALIVE], after_term_s,
+                        at[WRONG_GPUS], pinned_nodes,
+                        int(files) if files.isdigit() else None)  # fmt: skip
 
 
 def mark_stopping(run_dir: Path) -> None:
@@ -82,9 +123,10 @@ def own_end(run_dir: Path) -> OwnEnd | None:
 
 
 def signalled_at(run_dir: Path) -> float | None:
-    """When the job last got a signal (`SIGNALLED`'s mtime), None when it has had none."""
+    """When the job last got a signal (`SIGNALLED`'s ctime: never before the note was made,
+    whatever time the job's user gives it), None when it has had none."""
     try:
-        return os.lstat(run_dir / SIGNALLED).st_mtime
+        return os.lstat(run_dir / SIGNALLED).st_ctime
     except OSError:
         return None
 
@@ -92,8 +134,8 @@ def signalled_at(run_dir: Path) -> float | None:
 @dataclass
 class MarksSeen:
     """What the executor's reads saw of its NODE_FAIL runs' marks, by Slurm id: the first read
-    that saw its signal note (`notes`); its heartbeat's mtime and the first read that saw that
-    mtime (`beats`). A mark's time is the job user's to set: it counts no later than the read
+    that saw its signal note (`notes`); its heartbeat's ctime and the first read that saw that
+    ctime (`beats`). A mark's time is the job user's to set: it counts no later than the read
     that first saw it (`node_fail_end`)."""
 
     notes: dict[str, float] = field(default_factory=dict)
@@ -104,17 +146,19 @@ class MarksSeen:
         self.beats.pop(slurm_id, None)
 
     def beat(self, run_dir: Path, slurm_id: str, now: float) -> float | None:
-        """The run's last heartbeat (`ALIVE`'s mtime, no later than the first read that saw
-        that mtime), None when it has none (a run from before the heartbeat, a directory the
-        service does not share, or a job that made the mark unwritable)."""
+        """The run's last heartbeat (`ALIVE`'s ctime, no later than the first read that saw
+        that ctime: a node's clock ahead), None when it has none (a run from before the
+        heartbeat, a directory the service does not share, or a job that removed the mark:
+        its script then ends it, `ends.beat_window`). The ctime, not the mtime: the job's user
+        sets the mtime to any time (`touch -d`), the ctime only to now."""
         try:
-            mtime = os.lstat(run_dir / ALIVE).st_mtime
+            ctime = os.lstat(run_dir / ALIVE).st_ctime
         except OSError:
             return None
         seen = self.beats.get(slurm_id)
-        if seen is None or seen[0] != mtime:
-            seen = self.beats[slurm_id] = (mtime, now)
-        return min(mtime, seen[1])
+        if seen is None or seen[0] != ctime:
+            seen = self.beats[slurm_id] = (ctime, now)
+        return min(ctime, seen[1])
 
 
 def cannot_enter(launch: Launch | None) -> str:
@@ -170,11 +214,20 @@ def never_ran(
     ran = (j.end_time or 0.0) - (j.start_time or 0.0)  # a failing `cd` or check ends at once
     if started or ran >= confirm_s or marked(run_dir, LAUNCHED):
         return ""
+    if marked(run_dir, WRONG_GPUS):
+        return f"{WRONG_GPUS_WHY} (Slurm 22.05 restarts a launch it requeued with none): never ran"
     if marked(run_dir, CANNOT_OPEN):
         return cannot_open(logs)
     if marked(run_dir, CANNOT_START):
         return cannot_start(launch)
     return cannot_enter(launch) if marked(run_dir, CANNOT_ENTER) else ""
+
+
+def never_ran_reason(why: str) -> RunEnd:
+    """Pure: how a run whose command never ran (`never_ran`'s why) ends: `node_failure` when
+    Slurm started it without its GPUs (the node's doing: a resumable job is placed again),
+    else `launch_failed`."""
+    return "node_failure" if why.startswith(WRONG_GPUS_WHY) else "launch_failed"
 
 
 def run_nodes(launch: Launch | None, j: SlurmJob) -> tuple[str, ...]:
@@ -198,12 +251,14 @@ def node_fail_end(
     now: float,
     confirm_s: float = 0.0,
     seen: MarksSeen | None = None,
+    grace_s: float | None = None,
 ) -> Ending | None:
     """How a run Slurm ended NODE_FAIL really ended, from its marks (`ends.node_fail_ending`;
     `answering`: node -> since when its slurmd answers); None while it may still run. Its
-    signal note's time is the job user's to set (its mtime): it counts no later than the first
-    read that saw the note (`seen`, kept by the caller), so a note dated in the future does not
-    keep the run in doubt for good (atk38-24 F6); its heartbeat's likewise (`MarksSeen.beat`)."""
+    signal note's time counts no later than the first read that saw the note (`seen`, kept by
+    the caller: a node's clock ahead; atk38-24 F6); its heartbeat's likewise (`MarksSeen.beat`).
+    With the job's grace (`grace_s`), its batch script's own bounds apply (`ends.beat_window`,
+    `ends.ends_after_term_s`)."""
     nodes = run_nodes(launch, j)
     since = [answering.get(n) for n in nodes]
     answered = max(s for s in since if s is not None) if nodes and None not in since else None
@@ -212,9 +267,11 @@ def node_fail_end(
     if noted is not None and seen is not None:
         noted = min(noted, seen.notes.setdefault(j.slurm_id, now))
     beat = seen.beat(run_dir, j.slurm_id, now) if seen is not None else None
+    window = BEAT_STALE_S if grace_s is None else beat_window(grace_s, kill_wait_s)
+    after = None if grace_s is None else ends_after_term_s(grace_s, kill_wait_s)
     return node_fail_ending(own_end(run_dir), noted, marked(run_dir, LAUNCHED),
                             j.end_time, j.exit_code, started, answered, kill_wait_s,
-                            now, confirm_s, beat)  # fmt: skip
+                            now, confirm_s, beat, window, after)  # fmt: skip
 
 
 def never_starts(reason: str, waited_s: float, within_s: float) -> str:

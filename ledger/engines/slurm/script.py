@@ -6,12 +6,20 @@ SIGTERM Slurm gives the batch shell alone is passed on to the command. Pure: wor
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from ledger.cycle.executor import Launch
-from ledger.engines.slurm.ends import BEAT_EVERY_S
+from ledger.engines.slurm.ends import BEAT_EVERY_S, UNBEATEN_S, ends_after_term_s
 from ledger.engines.slurm.script_files import output_lines, touch, workdir_check
+from ledger.engines.slurm.script_gpus import gpus_check
 from ledger.engines.slurm.words import SbatchUser, job_environment
+
+WAIT = (
+    'while gpuledger_sig=; wait "$gpuledger_pid"; gpuledger_rc=$?; [ -n "$gpuledger_sig" ];'
+    " do :; done"
+)
+"""The script's wait for its command's child without a heartbeat (a signal only interrupts
+the wait, which begins again)."""
 
 
 def batch_script(
@@ -30,6 +38,10 @@ def batch_script(
     cannot_open_file: str = "",
     real_workdir: str = "",
     alive_file: str = "",
+    after_term_s: int = ends_after_term_s(30.0, 30.0),
+    wrong_gpus_file: str = "",
+    pinned_nodes: Collection[str] = (),
+    files_limit: int | None = None,
 ) -> str:
     """Pure: the batch script: with `outputs` (`script_files`), its output files opened first, as
     the user, with `files_umask`, and its working directory checked (slurmstepd opens /dev/null
@@ -56,17 +68,25 @@ def batch_script(
     executor's own stop, `scancel --signal=TERM --full`, signals every process of the job
     itself): Slurm's own terminations (a node DOWN, its TIMEOUT, a plain `scancel`) signal the
     batch shell alone, and the command, the script's child, got nothing until SIGKILL, with no
-    chance to checkpoint (atk38-24 F2). With `alive_file`, a heartbeat: while the command's
-    child lives, a process of the script (deaf to the signals, as the command's child is)
-    rewrites that mark every `BEAT_EVERY_S`; the script ends it before its end record. Slurm's
-    SIGKILL ends it with the job, so a stale heartbeat is the outside's word that the run is
-    gone (`ends.node_fail_ending`; atk39-24 F5: a run Slurm ended NODE_FAIL whose kill never
-    came was taken for gone while it ran on). (The
+    chance to checkpoint (atk38-24 F2). With `alive_file`, the script itself is the run's
+    heartbeat (`_beating`): it touches that mark before it starts the command and every
+    `BEAT_EVERY_S` while the command lives, so nothing kills the heartbeat but what ends the
+    job (a separate heartbeat process was the job's to kill: atk40-24 F1b); a stale heartbeat
+    is the outside's word that the run is gone (`ends.node_fail_ending`; atk39-24 F5: a run
+    Slurm ended NODE_FAIL whose kill never came was taken for gone while it ran on). A mark it
+    cannot write for `UNBEATEN_S` makes it SIGTERM the command itself, and from its first
+    SIGTERM on (that one, Slurm's, the executor's, or a signal note it did not make) it ends the
+    run `after_term_s` later whatever the command does (`ends.ends_after_term_s`), so a run is
+    never alive beyond what the executor can bound from outside. With `wrong_gpus_file`, a run
+    Slurm started without the GPUs the ledger placed it on (`pinned_nodes`: exactly) leaves it
+    and ends before anything of the job's runs (`script_gpus`). With `files_limit`, the soft
+    open-files limit the service started with, which the job gets back (sbatch hands its own to
+    the job, raised by `serve` for its connections), as on the local executor. (The
     variables sit in the script:
     `sbatch --export=ALL,VAR=...` makes Slurm start a job about 1.5 s later; sbatch itself runs
     with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
     env = job_environment(job, who or SbatchUser(), checkpoint_file)
-    lines = ["#!/bin/bash"]
+    lines = ["#!/bin/bash", *_files_limit(files_limit)]
     if outputs:
         lines += [f"umask {files_umask:04o}", *output_lines(outputs, cannot_open_file)]
     lines.append(f"umask {umask:04o}")
@@ -90,6 +110,8 @@ def batch_script(
         lines.append(
             f'{test} || {{ echo "gpuledger: cannot start "{cmd}": {why}" >&2;{mark} exit 127; }}'
         )
+    if wrong_gpus_file:  # Slurm may start it without its GPUs (`script_gpus`)
+        lines += gpus_check(job.slots, pinned_nodes, wrong_gpus_file)
     noted = f" {{ : > {shlex.quote(signalled_file)}; }} 2>/dev/null;" * bool(signalled_file)
     if ended_file:  # Slurm's kill from here on is noted, so its run is never in doubt for good
         lines.append(f"trap '{noted} exit 143' TERM INT HUP QUIT USR1 USR2 ALRM")
@@ -118,17 +140,15 @@ def batch_script(
         # its code: bash's `wait` cannot say it once bash reaped the child inside a trap (it
         # gave -1, and `kill -0` took a command that exited 0 for one the signal killed: the
         # job FAILED in Slurm)
+        *(_first_beat(alive_file) if alive_file else []),  # the run beats before it starts
         f"{{ trap : {signals}; {command}; {{ echo $? > {code}; }} 2>/dev/null; }} &",
         "gpuledger_pid=$!",
         # a signal only interrupts the wait, which begins again
         f"trap 'gpuledger_sig=1; gpuledger_signalled=1;{noted}' {signals}",
         f"trap 'gpuledger_sig=1; gpuledger_signalled=1;{noted} gpuledger_fwd' TERM" * bool(forward),
-        *([_heartbeat(alive_file, signals)] if alive_file else []),  # once the traps are set
-        'while gpuledger_sig=; wait "$gpuledger_pid"; gpuledger_rc=$?; [ -n "$gpuledger_sig" ];'
-        " do :; done",
-        *(["kill -KILL $gpuledger_beat 2>/dev/null"] if alive_file else []),
+        *(_beating(signalled_file, after_term_s, forward) if alive_file else [WAIT]),
         # no code: the child was killed before its command ended (a signal at its start)
-        f"{{ read -r gpuledger_rc < {code}; }} 2>/dev/null || gpuledger_rc=143",
+        f"{{ read -r gpuledger_rc < {code}; }} 2>/dev/null || gpuledger_rc=${{gpuledger_end:-143}}",
         'case "$gpuledger_rc" in "" | *[!0-9]*) gpuledger_rc=143 ;; esac',
         f'{{ echo "$gpuledger_rc $EPOCHREALTIME $gpuledger_signalled" > {part} &&'
         f" mv -f -- {part} {end}; }} 2>/dev/null",
@@ -137,16 +157,58 @@ def batch_script(
     return "\n".join(lines) + "\n"
 
 
-def _heartbeat(alive_file: str, signals: str) -> str:
-    """Pure: the script's heartbeat (`batch_script`): its own process, deaf to the job's
-    signals and to its output, rewriting `alive_file` while the command's child lives (`sleep`
-    from the standard PATH: the job's own may have none, and the loop must never spin; a
-    `sleep` a signal ended, a job's `pkill sleep`, does not end it: atk40-24 F1)."""
+def _files_limit(soft: int | None) -> list[str]:
+    """Pure: the line that lowers the soft open-files limit to `soft` when it is above it
+    (`supervise.lower_files_limit`'s rule: never raised); [] without one."""
+    if soft is None:
+        return []
+    return [
+        f'gpuledger_f=$(ulimit -Sn); {{ [ "$gpuledger_f" = unlimited ] || [ "$gpuledger_f" -gt'
+        f" {soft} ]; }} && ulimit -Sn {soft} 2>/dev/null"
+    ]
+
+
+def _first_beat(alive_file: str) -> list[str]:
+    """Pure: the heartbeat's beat (`_beating`), defined and given once before the command
+    starts: `touch -h` (never through a link, never an open: a named pipe at the name cannot
+    hold it), the mark made again when it is gone; `gpuledger_ok`: the last beat written."""
     alive = shlex.quote(alive_file)
-    return (
-        f"( trap '' {signals}; while kill -0 \"$gpuledger_pid\" 2>/dev/null; do"
-        f" {{ : > {alive}; }} 2>/dev/null; command -p sleep {BEAT_EVERY_S} ||"
-        ' { gpuledger_s=$?; [ "$gpuledger_s" -gt 128 ] || break; }; done )'
-        " </dev/null >/dev/null 2>&1 &"
-        " gpuledger_beat=$!"
-    )
+    return [
+        f"gpuledger_beat() {{ {{ command -p touch -h -- {alive} || command -p touch -- {alive};"
+        " } >/dev/null 2>&1 && gpuledger_ok=$EPOCHSECONDS; }",
+        "gpuledger_ok=$EPOCHSECONDS; gpuledger_beat",
+    ]
+
+
+def _beating(signalled_file: str, after_term_s: int, forward: str) -> list[str]:
+    """Pure: the script's wait for its command as its heartbeat (`batch_script`): its TERM
+    trap re-set so its first SIGTERM starts its end (`after_term_s` later); a beat after each
+    wait of at most `BEAT_EVERY_S` (`wait -n` on the command's child and a `sleep` from the
+    standard PATH: the job's own may have none; a `sleep` a signal or the job's `pkill sleep`
+    ended is slept again, atk40-24 F1). A mark it cannot write for `UNBEATEN_S` is its own
+    SIGTERM to the command; a signal note it did not make starts its end as a SIGTERM would
+    (the executor believes the note: `ends.beat_bound`). At its end it SIGKILLs the command and
+    its child and goes on to the end record (Slurm ends what is left of the job:
+    proctrack/cgroup)."""
+    note = shlex.quote(signalled_file) if signalled_file else ""
+    mark = f" {{ : > {note}; }} 2>/dev/null;" if note else ""
+    fwd = " gpuledger_fwd;" * bool(forward)
+    forged = f' [ "$gpuledger_signalled" = 0 ] && [ -e {note} ] && gpuledger_term;' if note else ""
+    return [
+        'gpuledger_term() { [ -n "$gpuledger_ends" ] ||'
+        f" gpuledger_ends=$((EPOCHSECONDS + {after_term_s})); }}",
+        # SIGNAL to the command: the children of the command's child
+        "gpuledger_kill() { local f l s=$1; for f in /proc/[0-9]*/stat; do"
+        ' { read -r l < "$f"; } 2>/dev/null || continue; l=${l##*) }; set -- $l;'
+        ' [ "$2" = "$gpuledger_pid" ] && kill "-$s" "${f:6:-5}" 2>/dev/null; done; }',
+        f"trap 'gpuledger_sig=1; gpuledger_signalled=1;{mark} gpuledger_term;{fwd}' TERM",
+        f"while :; do command -p sleep {BEAT_EVERY_S} & gpuledger_z=$!; gpuledger_done=;"
+        ' wait -n -p gpuledger_done "$gpuledger_pid" "$gpuledger_z";'
+        ' kill "$gpuledger_z" 2>/dev/null; [ "$gpuledger_done" = "$gpuledger_pid" ] && break;'
+        f' kill -0 "$gpuledger_pid" 2>/dev/null || break;{forged}'
+        f" gpuledger_beat || [ $((EPOCHSECONDS - gpuledger_ok)) -lt {UNBEATEN_S} ] ||"
+        ' { [ -n "$gpuledger_ends" ] || gpuledger_kill TERM; gpuledger_term; };'
+        ' [ -z "$gpuledger_ends" ] || [ "$EPOCHSECONDS" -lt "$gpuledger_ends" ] ||'
+        ' { exec 2>/dev/null; gpuledger_kill KILL; kill -KILL "$gpuledger_pid"; gpuledger_end=137;'
+        " break; }; done",
+    ]

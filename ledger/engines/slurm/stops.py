@@ -320,11 +320,14 @@ class Quarantine:
         """Hold a NODE_FAIL run's GPUs when its `ending` came from its own record."""
         if ending is not None and ending.own_record and j is not None and gpus:
             self.runs[j.slurm_id] = (gpus, j.end_time)
+            self.windows[j.slurm_id] = ending.beat_window_s
             for node, idx in gpus.items():  # held at once, not from the next `refresh` on
                 self.held[node] = tuple(sorted({*self.held.get(node, ()), *idx}))
 
     held: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """The GPUs still held (node -> indices), as of the last `refresh`."""
+    windows: dict[str, float] = field(default_factory=dict)
+    """Slurm id -> how long after its last beat the run may live (`ends.beat_window`)."""
 
     def refresh(
         self,
@@ -334,16 +337,18 @@ class Quarantine:
         beat: Callable[[str, float], float | None] = lambda _, __: None,
     ) -> None:
         """Forget the runs surely gone (`answering`: node -> since when its slurmd answers) whose
-        heartbeat, if they have one (`beat`: Slurm id, now -> its last beat), is `BEAT_STALE_S`
-        old: a record written while the run lives, on a node whose kill never comes, must not
-        free its GPUs (atk39-24 F5); `held` is what the others hold."""
+        heartbeat, if they have one (`beat`: Slurm id, now -> its last beat), is its window old
+        (`ends.beat_window`; `BEAT_STALE_S` at least): a record written while the run lives, on
+        a node whose kill never comes, must not free its GPUs (atk39-24 F5); `held` is what the
+        others hold."""
         out: dict[str, tuple[int, ...]] = {}
         for slurm_id, (gpus, end) in list(self.runs.items()):
             since = [answering.get(n) for n in gpus]
             first = None if None in since else max(s for s in since if s is not None)
             last = beat(slurm_id, now) if surely_gone(end, first, kill_wait_s, now) else now
-            if last is None or now >= last + BEAT_STALE_S:
+            if last is None or now >= last + self.windows.get(slurm_id, BEAT_STALE_S):
                 del self.runs[slurm_id]
+                self.windows.pop(slurm_id, None)
                 continue
             for node, idx in gpus.items():
                 out[node] = tuple(sorted({*out.get(node, ()), *idx}))
