@@ -7,10 +7,12 @@ and after itself.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pwd
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -215,9 +217,11 @@ class Ledger:
         self.cli("submit", "-A", "ai2/olmo", "-G", str(gpus), *opts, "--", "bash", "-c", script,
                  actor=actor)  # fmt: skip
 
-    def up(self, run_as: str = "service", nodes: bool = True, **env: str) -> None:
-        """`gpuledger up --executor slurm`, with `env` added to its own environment; waits
-        until the partition's nodes are registered (`nodes`), else until it answers."""
+    def up(self, run_as: str = "service", nodes: bool = True,
+           files: tuple[int, int] | None = None, **env: str) -> None:  # fmt: skip
+        """`gpuledger up --executor slurm`, with `env` added to its own environment (and
+        `files`: its soft and hard open-files limits); waits until the partition's nodes are
+        registered (`nodes`), else until it answers."""
         self.starts += 1
         log = open(self.home.parent / f"up-{self.starts}.log", "wb")  # noqa: SIM115
         self._logs.append(log)
@@ -225,6 +229,8 @@ class Ledger:
             [GPULEDGER, "up", "--executor", "slurm", "--partition", self.cluster.partition,
              "--interval", "0.2s", "--grace", "2s", "--log-level", "INFO", "--run-as", run_as],
             env=self.env("root") | env, stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=None if files is None else functools.partial(
+                resource.setrlimit, resource.RLIMIT_NOFILE, files),
         )  # fmt: skip
         if not nodes:
             self.wait("the service", lambda: (self.home / "gpuledger.sock").exists())

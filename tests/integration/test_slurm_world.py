@@ -127,6 +127,21 @@ def test_a_script_in_a_users_home_runs_there_as_the_user_with_its_world_not_the_
         ledger.stop()
 
 
+def test_a_job_runs_with_the_services_own_soft_files_limit_not_the_raised_one(
+    ledger: Ledger,
+) -> None:
+    """atk40-25's open finding: `serve` and `up` raise their soft open-files limit to the hard
+    one for their connections, and sbatch hands its own limits to the job: a job under a service
+    started with 1,024 ran with 4,096. It gets the soft limit the service started with back, as
+    on the local executor (`tests/integration/test_job_files_limit.py`)."""
+    seen = ledger.work / "nofile"
+    ledger.up(files=(1024, 4096))
+    assert "open files: 4096" in ledger.service_log()  # the service raised its own
+    ledger.submit("alice", 1, f"echo $(ulimit -Sn) $(ulimit -Hn) > {seen}")
+    ledger.wait("the job's limits", lambda: seen.exists() and bool(seen.read_text().strip()))
+    assert seen.read_text().split()[0] == "1024", seen.read_text()
+
+
 def test_an_exit_while_the_service_is_down_is_charged_to_slurms_end(ledger: Ledger) -> None:
     """F6 and the issue's test on Slurm: the job ends while `up` is killed with -9; the next
     `up` records the end Slurm kept (EndTime), within 1 s of the job's own clock, not the

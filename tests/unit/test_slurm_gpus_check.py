@@ -89,7 +89,14 @@ def test_a_run_that_left_the_mark_never_ran_and_ends_with_its_node(tmp_path: Pat
         "node_failure"
     )
     assert never_ran_reason("cannot enter the working directory /x") == "launch_failed"
-    assert never_ran(ended, job, (), tmp_path, True, 10.0) == ""  # recorded started: it ran
+    # Slurm's first start of the launch may have been recorded (RUNNING 10 s unmarked), and
+    # its StartTime may stay that first one
+    assert never_ran(ended, job, (), tmp_path, True, 10.0) == why
+    late = SlurmJob("7", "gpuledger-5", "FAILED", "p", exit_code=127, start_time=100.0,
+                    end_time=130.0)  # fmt: skip
+    assert never_ran(late, job, (), tmp_path, True, 10.0) == why
+    (tmp_path / "launched").touch()
+    assert never_ran(late, job, (), tmp_path, True, 10.0) == ""  # it ran: the mark is the user's
 
 
 def test_the_executors_script_checks_its_gpus(tmp_path: Path) -> None:

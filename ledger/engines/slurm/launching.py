@@ -212,10 +212,12 @@ def never_ran(
     if j.launch_failed:
         return launch_failure(launch, logs)
     ran = (j.end_time or 0.0) - (j.start_time or 0.0)  # a failing `cd` or check ends at once
+    if j.exit_code == 127 and marked(run_dir, WRONG_GPUS) and not marked(run_dir, LAUNCHED):
+        # a launch Slurm restarted: its first start may have been taken for a run (`_launched`),
+        # and Slurm's StartTime may stay that first one
+        return f"{WRONG_GPUS_WHY} (Slurm 22.05 restarts a launch it requeued with none): never ran"
     if started or ran >= confirm_s or marked(run_dir, LAUNCHED):
         return ""
-    if marked(run_dir, WRONG_GPUS):
-        return f"{WRONG_GPUS_WHY} (Slurm 22.05 restarts a launch it requeued with none): never ran"
     if marked(run_dir, CANNOT_OPEN):
         return cannot_open(logs)
     if marked(run_dir, CANNOT_START):
