@@ -73,6 +73,7 @@ def test_a_server_talking_to_another_slurm_cluster_never_leads(
     cli(home, "init", "--admin", "root", "--store", pg_store)
     args = ("--executor", "slurm", "--partition", PARTITION)
     g = make_group(tmp_path, pg_store, 2, *args, home=home)
+    g.lease = "5s"  # a Slurm leader's cycle on a loaded machine let a 2 s lease run out
     s0, s1 = g.members
     try:
         g.start(s0)  # on cluster A (the suite's SLURM_CONF)
