@@ -370,6 +370,9 @@ def test_the_heartbeat_beats_while_the_command_lives_through_signals_and_stops_w
         while not marks["alive"].exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         first = marks["alive"].stat().st_mtime
+        while marks["alive"].stat().st_mtime == first and time.monotonic() < deadline:
+            time.sleep(0.1)  # a beat of its wait (the first is before the command starts)
+        first = marks["alive"].stat().st_mtime
         os.killpg(bash.pid, signal.SIGTERM)  # Slurm's TERM; its SIGKILL never comes
         time.sleep(BEAT_EVERY_S * 2 + 0.5)
         assert bash.poll() is None
@@ -442,10 +445,13 @@ def _run_script(script: Path) -> subprocess.Popen[bytes]:
 
 
 def _wait_for(path: Path, timeout: float = 10.0) -> None:
+    """Until `path` exists, and half a second more: the script sets its traps for its wait
+    just after it starts the command (a signal before ends it at once, 143)."""
     deadline = time.monotonic() + timeout
     while not path.exists():
         assert time.monotonic() < deadline, f"no {path.name}"
         time.sleep(0.05)
+    time.sleep(0.5)
 
 
 def _ignoring_term(marks: dict[str, Path]) -> tuple[str, ...]:
