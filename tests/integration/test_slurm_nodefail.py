@@ -321,3 +321,45 @@ def test_a_job_that_completes_as_the_ledger_requeues_it_is_completed_and_never_r
     time.sleep(3)  # a requeued job would be launched again now
     assert len(_lines(work, "start")) == 1, (work / "runs").read_text()
     assert len(ledger.of("job.engine_linked.v1", 1)) == 1
+
+
+def test_a_launch_slurm_restarts_without_its_gpus_never_runs_its_command(ledger: Ledger) -> None:
+    """atk40-24 F2: a run placed on a node whose slurmd has just died fails to launch; Slurm
+    22.05 requeues it (`--no-requeue` or not), and once slurmd is back starts it again with no
+    GRES at all (`JOB_GRES=(null)`, no `SLURM_JOB_GPUS`, no `CUDA_VISIBLE_DEVICES`): the command
+    ran on GPUs it did not hold. Now the batch script checks Slurm's GPUs against the ledger's
+    placement first: the restart leaves `wrong-gpus` and ends 127 without running the command,
+    the run ends `node_failure`, and the resumable job is placed again (its next launch may
+    wait for the GPU Slurm's accounting leaked until slurmctld restarts: not checked here)."""
+    work = ledger.work
+    cl = ledger.cluster
+    ledger.up()
+    os.kill(cl.daemon_pid("slurmd"), signal.SIGKILL)
+    time.sleep(0.5)
+    ledger.submit("bob", 1, f"echo start $GPULEDGER_RUN gpus=${{SLURM_JOB_GPUS:-none}} >> "
+                  f"{work}/runs; sleep 2", "--resumable", "--min-runtime", "1h")  # fmt: skip
+    deadline = time.monotonic() + 60
+    restarted = ""
+    while time.monotonic() < deadline and not (
+        "Restarts=1" in restarted and "JobState=PENDING" in restarted
+    ):  # requeued and released: restarted now, it gets no GRES (restarted COMPLETING, it may)
+        out = cl.run("scontrol", "-o", "show", "job", check=False)
+        restarted = next((ln for ln in out.splitlines() if "gpuledger-1 " in ln), "")
+        time.sleep(0.5)
+    assert "JobState=PENDING" in restarted, f"Slurm did not requeue the failed launch: {restarted}"
+    cl.up()  # slurmd back: Slurm starts the requeued launch again, without its GRES
+    ended = lambda: ledger.of("job.engine_ended.v1", 1)  # noqa: E731
+    try:  # Slurm holds a requeued launch 120 s (its BeginTime) before it starts it again
+        ledger.wait("the restarted launch to end", lambda: bool(ended()), timeout=240)
+    except AssertionError as err:
+        raise AssertionError(f"{err}\nSlurm: {cl.run('scontrol', '-d', '-o', 'show', 'job')}"
+                             f"\nruns: {_lines(work, '')}") from None  # fmt: skip
+    first = ended()[0]
+    assert first["reason"] == "node_failure", first
+    assert first["note"].startswith("Slurm started it without the GPUs the ledger placed it on")
+    ledger.wait("the job placed again", lambda: len(ledger.of("job.placed.v1", 1)) == 2)
+    time.sleep(3)
+    # its command never ran without its GPUs (Slurm's GRES accounting, which leaks the GPU of
+    # the launch it restarted without them, may hold the next launch until slurmctld restarts)
+    starts = _lines(work, "start")
+    assert all("gpus=none" not in ln for ln in starts), starts

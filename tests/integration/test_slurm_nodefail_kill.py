@@ -139,9 +139,8 @@ def test_a_run_that_makes_its_mark_unwritable_is_ended_by_its_own_script(ledger:
     script's that stopped beating, so the run was judged by the older rules and taken for gone
     KillWait after SlurmdTimeout while it lived on (until Slurm's own cleanup, 45-60 s here),
     beside the next job on its GPUs. Now the script is the heartbeat: unable to write its mark
-    for 6 s it SIGTERMs the command itself (before the DOWN) and ends it its grace + KillWait +
-    1 s later; the executor waits that long after the last beat. Job 2 starts after job 1's
-    last line."""
+    for 6 s it SIGTERMs the command itself (before the DOWN) and ends it KillWait + 1 s later;
+    the executor waits that long after the last beat. Job 2 starts after job 1's last line."""
     work = ledger.work
     cl = ledger.cluster
     ledger.up()

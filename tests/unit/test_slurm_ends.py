@@ -265,12 +265,12 @@ def test_a_node_failed_runs_own_end_record_keeps_its_gpus_until_slurms_kill_has_
     assert q.held == {} and q.runs == {}  # its heartbeat stopped 15 s ago
     # atk40-24 F1b: a script whose mark cannot be written lives up to its window after it
     windowed = node_fail_ending(OwnEnd(0, end + 2.0), None, True, end, 0, end - 60, end, kw,
-                                end + 2.0, beat_stale_s=beat_window(2.0, kw))  # fmt: skip
-    assert windowed is not None and windowed.beat_window_s == 21.0
+                                end + 2.0, beat_stale_s=beat_window(kw))  # fmt: skip
+    assert windowed is not None and windowed.beat_window_s == 19.0
     q.hold(windowed, j, {"vm": (0, 1)})
-    q.refresh({"vm": end + 5.0}, kw, end + 70.0, lambda sid, now: beats.get(sid))
-    assert q.held == {"vm": (0, 1)}  # its last beat 20 s ago: within its window
-    q.refresh({"vm": end + 5.0}, kw, end + 71.0, lambda sid, now: beats.get(sid))
+    q.refresh({"vm": end + 5.0}, kw, end + 68.0, lambda sid, now: beats.get(sid))
+    assert q.held == {"vm": (0, 1)}  # its last beat 18 s ago: within its window
+    q.refresh({"vm": end + 5.0}, kw, end + 69.0, lambda sid, now: beats.get(sid))
     assert q.held == {} and q.runs == {} and q.windows == {}
 
 
@@ -299,8 +299,8 @@ def test_a_scripts_own_bounds_come_from_the_jobs_grace_and_slurms_killwait() -> 
     beat late), never less than `BEAT_STALE_S`."""
     assert ends_after_term_s(2.0, 10.0) == 13
     assert ends_after_term_s(0.5, 10.0) == 12
-    assert beat_window(2.0, 10.0) == UNBEATEN_S + BEAT_EVERY_S + 13
-    assert beat_window(0.0, 0.0) == BEAT_STALE_S
+    assert beat_window(10.0) == UNBEATEN_S + BEAT_EVERY_S + 11
+    assert beat_window(0.0) == BEAT_STALE_S
 
 
 def test_the_executor_holds_what_the_quarantine_holds(tmp_path: Path) -> None:

@@ -103,5 +103,5 @@ def test_the_executors_script_checks_its_gpus(tmp_path: Path) -> None:
     """The wiring: the script the executor submits has the check, its mark beside the run's."""
     job = Launch(5, ONE, ("true",), None, "alice", "ai2/olmo")
     text = run_script(job, SbatchUser(), tmp_path / "checkpoint", 0o022, (), 0o077, "", 13,
-                      {"n1"})  # fmt: skip
+                      {"n1"}, 11)  # fmt: skip
     assert f"{tmp_path / WRONG_GPUS}" in text and '"${SLURM_JOB_GPUS-}" = 0,2' in text

@@ -38,25 +38,32 @@ Room for a loaded node's late beats."""
 
 UNBEATEN_S = 6
 """How long the batch script, its own heartbeat, goes on when its `alive` mark cannot be
-written: then it ends its command itself (SIGTERM, and the end `ends_after_term_s` later), so a
-run is never alive unseen (atk40-24 F1b: a job that made its mark unwritable was judged by the
-older rules and seen alive beside the next job)."""
+written: then it ends its command itself (SIGTERM, and its end `KillWait` + 1 s later:
+`own_end_after_s`), so a run is never alive unseen (atk40-24 F1b: a job that made its mark
+unwritable was judged by the older rules and seen alive beside the next job)."""
 
 
 def ends_after_term_s(grace_s: float, kill_wait_s: float) -> int:
-    """Pure: how long after the first SIGTERM it gets (Slurm's, the executor's, or its own for a
-    mark it cannot write) the batch script ends its run itself, whatever the command does: the
+    """Pure: how long after the first SIGTERM it gets (Slurm's, the executor's, or a signal note
+    it did not make) the batch script ends its run itself, whatever the command does: the
     job's grace, Slurm's `KillWait` and a second, in whole seconds (past every kill of the
     executor's and Slurm's own, so it never cuts one short)."""
     return math.ceil(grace_s + kill_wait_s + 1)
 
 
-def beat_window(grace_s: float, kill_wait_s: float) -> float:
+def own_end_after_s(kill_wait_s: float) -> int:
+    """Pure: how long after its own SIGTERM for a mark it cannot write the batch script ends
+    its run: `KillWait` and a second (not the job's grace: the window after the last beat,
+    `beat_window`, is what the executor must wait for every run whose beats stop)."""
+    return math.ceil(kill_wait_s + 1)
+
+
+def beat_window(kill_wait_s: float) -> float:
     """Pure: how long after its last beat a run may still live: a dead script's heartbeat is
     `BEAT_STALE_S` old, and one whose mark cannot be written ends its command at most
-    `UNBEATEN_S` and a beat late, and the run `ends_after_term_s` after that. Only the beat's
+    `UNBEATEN_S` and a beat late, and the run `own_end_after_s` after that. Only the beat's
     ctime counts (`launching.MarksSeen`), which the job's user cannot set back."""
-    late = UNBEATEN_S + BEAT_EVERY_S + ends_after_term_s(grace_s, kill_wait_s)
+    late = UNBEATEN_S + BEAT_EVERY_S + own_end_after_s(kill_wait_s)
     return max(BEAT_STALE_S, float(late))
 
 

@@ -18,7 +18,13 @@ from ledger.core.state import Node, StoppedRun
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
 from ledger.engines.accounts import RunAs, own_log, own_umask
 from ledger.engines.slurm import tracked
-from ledger.engines.slurm.ends import Ending, answering, ends_after_term_s, kill_wait
+from ledger.engines.slurm.ends import (
+    Ending,
+    answering,
+    ends_after_term_s,
+    kill_wait,
+    own_end_after_s,
+)
 from ledger.engines.slurm.foreign import others
 from ledger.engines.slurm.launching import (
     LAUNCHED,
@@ -350,7 +356,7 @@ class SlurmExecutor:
         umask = own_umask() if job.umask is None else job.umask  # the submitter's, as sbatch's
         script = run_script(job, who, checkpoint, umask, claimed.files(r.logs), mask,
                             claimed.workdir, ends_after_term_s(self._grace_of(r), self.kill_wait_s),
-                            self._pinned)  # fmt: skip
+                            self._pinned, own_end_after_s(self.kill_wait_s))  # fmt: skip
         said = self._run(args, stdin=script, env=sbatch_env(self.env, mask))
         r.slurm_id = said.strip().split(";")[0]
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, r.slurm_id)

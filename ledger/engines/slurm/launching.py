@@ -72,6 +72,7 @@ def run_script(
     real_workdir: str,
     after_term_s: int,
     pinned_nodes: Collection[str],
+    own_end_s: int,
 ) -> str:
     """A run's batch script (`script.batch_script`), its marks beside its checkpoint file, the
     soft open-files limit the service started with (`supervise.JOB_NOFILE_VAR`, set by a
@@ -80,9 +81,10 @@ def run_script(
     files = os.environ.get(JOB_NOFILE_VAR, "")
     return batch_script(job, who, str(checkpoint), at[LAUNCHED], umask, at[CANNOT_ENTER],
                         at[CANNOT_START], at[END_RECORD], at[SIGNALLED], at[STOPPING], outputs,
-                        files_umask, at[CANNOT_OPEN], real_workdir, at[ALIVE], after_term_s,
-                        at[WRONG_GPUS], pinned_nodes,
-                        int(files) if files.isdigit() else None)  # fmt: skip
+                        files_umask, at[CANNOT_OPEN], real_workdir, at[ALIVE],
+                        after_term_s=after_term_s, own_end_s=own_end_s,
+                        wrong_gpus_file=at[WRONG_GPUS], pinned_nodes=pinned_nodes,
+                        files_limit=int(files) if files.isdigit() else None)  # fmt: skip
 
 
 def mark_stopping(run_dir: Path) -> None:
@@ -269,8 +271,13 @@ def node_fail_end(
     if noted is not None and seen is not None:
         noted = min(noted, seen.notes.setdefault(j.slurm_id, now))
     beat = seen.beat(run_dir, j.slurm_id, now) if seen is not None else None
-    window = BEAT_STALE_S if grace_s is None else beat_window(grace_s, kill_wait_s)
-    after = None if grace_s is None else ends_after_term_s(grace_s, kill_wait_s)
+    window = BEAT_STALE_S if grace_s is None else beat_window(kill_wait_s)
+    try:  # its script takes a regular file it did not make for a TERM (`script._beating`),
+        # not the directory a job made to keep its notes unwritable (atk37-23 F6)
+        note_file = noted is not None and stat.S_ISREG(os.lstat(run_dir / SIGNALLED).st_mode)
+    except OSError:
+        note_file = False
+    after = None if grace_s is None or not note_file else ends_after_term_s(grace_s, kill_wait_s)
     return node_fail_ending(own_end(run_dir), noted, marked(run_dir, LAUNCHED),
                             j.end_time, j.exit_code, started, answered, kill_wait_s,
                             now, confirm_s, beat, window, after)  # fmt: skip

@@ -9,7 +9,12 @@ import shlex
 from collections.abc import Collection, Sequence
 
 from ledger.cycle.executor import Launch
-from ledger.engines.slurm.ends import BEAT_EVERY_S, UNBEATEN_S, ends_after_term_s
+from ledger.engines.slurm.ends import (
+    BEAT_EVERY_S,
+    UNBEATEN_S,
+    ends_after_term_s,
+    own_end_after_s,
+)
 from ledger.engines.slurm.script_files import output_lines, touch, workdir_check
 from ledger.engines.slurm.script_gpus import gpus_check
 from ledger.engines.slurm.words import SbatchUser, job_environment
@@ -39,6 +44,7 @@ def batch_script(
     real_workdir: str = "",
     alive_file: str = "",
     after_term_s: int = ends_after_term_s(30.0, 30.0),
+    own_end_s: int = own_end_after_s(30.0),
     wrong_gpus_file: str = "",
     pinned_nodes: Collection[str] = (),
     files_limit: int | None = None,
@@ -146,7 +152,7 @@ def batch_script(
         # a signal only interrupts the wait, which begins again
         f"trap 'gpuledger_sig=1; gpuledger_signalled=1;{noted}' {signals}",
         f"trap 'gpuledger_sig=1; gpuledger_signalled=1;{noted} gpuledger_fwd' TERM" * bool(forward),
-        *(_beating(signalled_file, after_term_s, forward) if alive_file else [WAIT]),
+        *(_beating(signalled_file, after_term_s, forward, own_end_s) if alive_file else [WAIT]),
         # no code: the child was killed before its command ended (a signal at its start)
         f"{{ read -r gpuledger_rc < {code}; }} 2>/dev/null || gpuledger_rc=${{gpuledger_end:-143}}",
         'case "$gpuledger_rc" in "" | *[!0-9]*) gpuledger_rc=143 ;; esac',
@@ -180,20 +186,25 @@ def _first_beat(alive_file: str) -> list[str]:
     ]
 
 
-def _beating(signalled_file: str, after_term_s: int, forward: str) -> list[str]:
+def _beating(signalled_file: str, after_term_s: int, forward: str, own_end_s: int) -> list[str]:
     """Pure: the script's wait for its command as its heartbeat (`batch_script`): its TERM
     trap re-set so its first SIGTERM starts its end (`after_term_s` later); a beat after each
     wait of at most `BEAT_EVERY_S` (`wait -n` on the command's child and a `sleep` from the
     standard PATH: the job's own may have none; a `sleep` a signal or the job's `pkill sleep`
     ended is slept again, atk40-24 F1). A mark it cannot write for `UNBEATEN_S` is its own
-    SIGTERM to the command; a signal note it did not make starts its end as a SIGTERM would
-    (the executor believes the note: `ends.beat_bound`). At its end it SIGKILLs the command and
+    SIGTERM to the command, and its end `own_end_s` later at the latest; a signal note it did
+    not make starts its end as a SIGTERM would (the executor believes the note:
+    `ends.beat_bound`). At its end it SIGKILLs the command and
     its child and goes on to the end record (Slurm ends what is left of the job:
     proctrack/cgroup)."""
     note = shlex.quote(signalled_file) if signalled_file else ""
     mark = f" {{ : > {note}; }} 2>/dev/null;" if note else ""
     fwd = " gpuledger_fwd;" * bool(forward)
-    forged = f' [ "$gpuledger_signalled" = 0 ] && [ -e {note} ] && gpuledger_term;' if note else ""
+    forged = (  # a regular file: not the directory a job makes to keep its notes unwritable
+        f' [ "$gpuledger_signalled" = 0 ] && [ -f {note} ] && [ ! -L {note} ] && gpuledger_term;'
+        if note
+        else ""
+    )
     return [
         'gpuledger_term() { [ -n "$gpuledger_ends" ] ||'
         f" gpuledger_ends=$((EPOCHSECONDS + {after_term_s})); }}",
@@ -207,7 +218,10 @@ def _beating(signalled_file: str, after_term_s: int, forward: str) -> list[str]:
         ' kill "$gpuledger_z" 2>/dev/null; [ "$gpuledger_done" = "$gpuledger_pid" ] && break;'
         f' kill -0 "$gpuledger_pid" 2>/dev/null || break;{forged}'
         f" gpuledger_beat || [ $((EPOCHSECONDS - gpuledger_ok)) -lt {UNBEATEN_S} ] ||"
-        ' { [ -n "$gpuledger_ends" ] || gpuledger_kill TERM; gpuledger_term; };'
+        ' { [ -n "$gpuledger_ends" ] || gpuledger_kill TERM;'
+        f" gpuledger_e=$((EPOCHSECONDS + {own_end_s}));"
+        ' [ -n "$gpuledger_ends" ] && [ "$gpuledger_ends" -le "$gpuledger_e" ] ||'
+        " gpuledger_ends=$gpuledger_e; };"
         ' [ -z "$gpuledger_ends" ] || [ "$EPOCHSECONDS" -lt "$gpuledger_ends" ] ||'
         ' { exec 2>/dev/null; gpuledger_kill KILL; kill -KILL "$gpuledger_pid"; gpuledger_end=137;'
         " break; }; done",
