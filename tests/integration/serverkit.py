@@ -117,6 +117,17 @@ class Server:
         except ValueError:
             return resp.status, raw
 
+    def read(self, path: str, token: str | None, patience_s: float = 90) -> Any:
+        """A GET as the CLI makes it: a 429 (the caller's reads at once, or a minute's worth) is
+        waited out for up to `patience_s`, then the answer must be a 200."""
+        give_up = time.monotonic() + patience_s
+        status, body = self.request("GET", path, token=token)
+        while status == 429 and time.monotonic() < give_up:
+            time.sleep(1)
+            status, body = self.request("GET", path, token=token)
+        assert status == 200, (path, status, body)
+        return body
+
     def head(self) -> int:
         status, body = self.request("GET", "/v1/health")
         assert status == 200, body
