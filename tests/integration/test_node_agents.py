@@ -98,6 +98,28 @@ class Agent:
         if sig in (signal.SIGKILL, signal.SIGTERM):
             self.proc.wait(timeout=30)
 
+    def power_off(self) -> None:
+        """The node's host goes down: the agent and every process of its runs (supervisor,
+        watchdog, the job's whole process group) killed at once, and gone."""
+        self.kill(signal.SIGKILL)
+
+        def gone() -> bool:
+            for rundir in (self.state / "runs").glob("*/*"):
+                for name in ("supervisor", "watchdog", "job"):
+                    ident = read_identity(rundir / name)
+                    if ident is not None:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(ident[0], signal.SIGKILL)
+            for p in live_processes(self.state):
+                for pid in (p.pid, *p.pids):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+            return not live_processes(self.state)
+
+        wait_for("the host's processes to go", gone, 30)
+
 
 @dataclass
 class Cluster:
@@ -944,16 +966,7 @@ def test_a_job_its_rebooted_node_runs_again_after_a_server_restart_keeps_its_who
     node = c.wait_status(job, "running")["logs"][0].split(":", 1)[0]
     wait_for("the job's start", lambda: launches(marks), 30, c.why)
     ag = c.agents[node]
-    ag.kill(signal.SIGKILL)  # the node reboots: every process and the state directory go
-    for rundir in (ag.state / "runs").glob("*/*"):
-        for name in ("supervisor", "watchdog", "job"):
-            ident = read_identity(rundir / name)
-            if ident is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(ident[0], signal.SIGKILL)
-    for p in live_processes(ag.state):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGKILL)
+    ag.power_off()  # the node reboots: every process and the state directory go
     shutil.rmtree(ag.state)
     assert c.server.stop(signal.SIGKILL) == -signal.SIGKILL
     c.restart_server()

@@ -6,14 +6,10 @@ disk does."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import time
 from pathlib import Path
 
 from ledger.agent.identity import BOOT_FILE, PROC_ENV
-from ledger.engines.runs import read_identity
 from ledger.engines.supervised import live_processes
 from tests.integration import test_node_agents as base
 from tests.integration.test_node_agents import (
@@ -36,22 +32,7 @@ def reboot(c: Cluster, node: str, proc: Path, boot: str, uptime_s: float) -> Non
     """`node`'s host goes down: its agent and every process of its jobs killed; it comes back
     with boot id `boot`, `uptime_s` seconds since that boot, when its agent next starts."""
     ag = c.agents[node]
-    ag.kill(signal.SIGKILL)
-    for rundir in (ag.state / "runs").glob("*/*"):
-        for name in ("supervisor", "watchdog", "job"):
-            ident = read_identity(rundir / name)
-            if ident is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(ident[0], signal.SIGKILL)
-
-    def gone() -> bool:
-        for p in live_processes(ag.state):
-            for pid in p.pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        return not live_processes(ag.state)
-
-    wait_for("the host's processes to go", gone, 30)
+    ag.power_off()
     (proc / "sys" / "kernel" / "random").mkdir(parents=True, exist_ok=True)
     (proc / "sys" / "kernel" / "random" / "boot_id").write_text(f"{boot}\n")
     (proc / "uptime").write_text(f"{uptime_s:.2f} 0.00\n")
