@@ -8,7 +8,7 @@ Steps (`run_whatif`):
    their durations, the cancellations, and the organisation's and nodes' changes of the period;
 2. a fresh ledger in a temporary data directory, on a `SimClock` starting at T1: that
    organisation, then the new budgets (budgets as code: `ledger.core.budget.plan`), the nodes;
-   an account the budgets name that the period opens gets them at its opening;
+   an account the budgets name that the period opens (or a member it adds) gets them then;
 3. the loop: at each moment something can happen (a submission, a simulated exit, a
    cancellation, a recorded change, the decision's `wake_at`, a periodic tick) append what is
    due and run the real `Dispatcher` cycle (policy as recorded unless changed, fair-share ranks
@@ -86,6 +86,15 @@ class WhatIfRun:
     """How its ranks counted usage (recorded in its decisions' rank inputs)."""
 
 
+def _made(cmd: c.AnyCommand) -> str | None:
+    """The account a recorded change opens or adds (a member's leaf), if any."""
+    if isinstance(cmd, c.OpenAccount):
+        return cmd.path
+    if isinstance(cmd, c.AddMember):
+        return f"{cmd.project}/{cmd.user}"
+    return None
+
+
 class _Sim:
     def __init__(
         self,
@@ -141,10 +150,9 @@ class _Sim:
         )
         self.ledger.execute_all(setup_commands(st))
         if budgets is not None:
-            # an account the period opens gets the budgets at its opening (`_replay`)
-            later = {
-                ch.command.path for ch in self.scen.changes if isinstance(ch.command, c.OpenAccount)
-            }
+            # an account the period opens, or a member it adds, gets the budgets at its opening
+            # or addition (`_replay`): its project may not exist yet
+            later = {_made(ch.command) for ch in self.scen.changes} - {None}
             now = {k: v for k, v in budgets.accounts.items() if k not in later or self._open(k)}
             changes = b.plan(self.ledger.state, b.BudgetFile(accounts=now), ADMIN)
             if changes:

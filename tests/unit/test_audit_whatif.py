@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from pathlib import Path
 
 import msgspec
 
+from ledger.core import budget as b
 from ledger.core.decide import decide
 from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.cycle.executor import Launch, Orders, Start
 from ledger.sim.kernel import KernelExecutor
 from ledger.sim.scenario import scenario, setup_commands, team_fractions
+from ledger.sim.whatif import simulate
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
 from schemas import commands as c
 from schemas import events as e
 
@@ -206,3 +211,20 @@ def test_a_job_of_unknown_length_runs_until_stopped() -> None:
     x = KernelExecutor({1: None})
     start(x, launch(1), 0.0)
     assert x.next_event_at() is None and x.observe(0.0, {}).running == {1}
+
+
+def test_budgets_for_a_member_the_period_adds_hold_from_its_addition(tmp_path: Path) -> None:
+    """A budget review's what-if of a member's shares (a project manager's only kind) where the
+    period opens the project and adds the member: the member gets the budgets' shares when it
+    is added, not at the period's start, when its project does not exist yet (atk43 F3: every
+    such what-if failed "unknown account 'ai2/olmo'")."""
+    h = History()
+    org(h)  # at T0, inside the period
+    scen = scenario(h.events, T0 - 100, T0 + 1_000)
+    budgets = b.BudgetFile(accounts={"ai2/olmo/alice": b.BudgetAccount(kind="user", shares=5)})
+    run = simulate(scen, tmp_path / "ledger", budgets=budgets, tick_s=100.0)
+    again = Ledger(run.home, SimClock(T0 + 1_000), seeded_ids(1))
+    try:
+        assert again.state.accounts["ai2/olmo/alice"].shares == 5
+    finally:
+        again.close()
