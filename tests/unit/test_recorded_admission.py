@@ -172,18 +172,22 @@ SlurmctldHost[0]        = head(127.0.0.1)
 SlurmctldHost[1]        = head2
 SlurmctldPort           = {port}
 SlurmdPort              = 6818
+StateSaveLocation       = {state}
 """
+
+
+STATE = "/var/spool/slurmctld"
 
 
 def test_which_slurm_cluster_is_recorded_and_a_difference_named() -> None:
     """atk40-28 F2: which cluster a server talks to (its `SLURM_CONF`) and whether it accepts
     untracked processes were per server: a standby started with another cluster's
     configuration took its partition over after a failover."""
-    a = identity(SHOW_CONFIG.format(port=6817), untracked_ok=False)
+    a = identity(SHOW_CONFIG.format(port=6817, state=STATE), untracked_ok=False)
     assert a == {"slurm_cluster": "gpuledger at head(127.0.0.1),head2 port 6817",
-                 "slurm_untracked_ok": False}  # fmt: skip
-    b = identity(SHOW_CONFIG.format(port=6917), untracked_ok=False)
-    loose = identity(SHOW_CONFIG.format(port=6817), untracked_ok=True)
+                 "slurm_state": STATE, "slurm_untracked_ok": False}  # fmt: skip
+    b = identity(SHOW_CONFIG.format(port=6917, state=STATE), untracked_ok=False)
+    loose = identity(SHOW_CONFIG.format(port=6817, state=STATE), untracked_ok=True)
     here = admission_of(ServeConfig(executor="slurm"), ROOT, a)
     assert here == admission_of(ServeConfig(executor="slurm"), ROOT, dict(a))
     named = lease.admission_differences(here, admission_of(ServeConfig(), ROOT, b))
@@ -193,3 +197,19 @@ def test_which_slurm_cluster_is_recorded_and_a_difference_named() -> None:
     ], named
     named = lease.admission_differences(here, admission_of(ServeConfig(), ROOT, loose))
     assert named == ["slurm_untracked_ok false (recorded) against true here"], named
+
+
+def test_two_clusters_of_one_name_controller_and_port_are_told_apart_by_their_state() -> None:
+    """2026-12-04 HA F3: the name, controller host text and port were the whole identity; two
+    clusters alike in those (one started in the other's place, or a controller name each
+    network resolves otherwise) were one. A row recorded without `slurm_state` (by the last
+    version) is compared by the keys it has, and the next take records it."""
+    b = identity(SHOW_CONFIG.format(port=6817, state=STATE), untracked_ok=False)
+    c = identity(SHOW_CONFIG.format(port=6817, state="/srv/c/state"), untracked_ok=False)
+    here, there = (admission_of(ServeConfig(executor="slurm"), ROOT, x) for x in (b, c))
+    named = lease.admission_differences(here, there)
+    assert named == [f'slurm_state "{STATE}" (recorded) against "/srv/c/state" here'], named
+    earlier = json.loads(here)
+    del earlier["slurm_state"]
+    assert lease.admission_differences(json.dumps(earlier), there) == []
+    assert identity("ClusterName=x\n", untracked_ok=False)["slurm_state"] == "?"
