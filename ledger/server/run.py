@@ -478,7 +478,6 @@ def _leadership(ledger: Ledger, config: ServeConfig, policy: Any) -> Leadership:
     when the store records another lease, node settings, executor, policy or admission and
     security settings: `lease.agree`)."""
     assert ledger.dsn is not None
-    lease.setup(ledger.dsn)
     slurm = None
     if config.executor == "slurm":  # which cluster: compared with the other servers' (F2)
         from ledger.engines.slurm.cluster import read_identity
@@ -520,8 +519,19 @@ def settings_of(
         config.lease.seconds,
         (config.node_lost_after.seconds, config.node_fence.seconds),
         msgspec.json.encode(work).decode(),
-        admission_of(config, os.geteuid() == 0, slurm),
+        admission_of(config, service_account(), slurm),
     )
+
+
+def service_account() -> tuple[int, str]:
+    """The account this server runs as: (uid, name; "?" when the host names none)."""
+    import pwd
+
+    uid = os.geteuid()
+    try:
+        return uid, pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return uid, "?"
 
 
 def _policy_words(config: Any) -> str:

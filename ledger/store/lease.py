@@ -71,6 +71,13 @@ ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS settings_at timestamptz;
 ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS held_until timestamptz;
 ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS admission text;
 ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS stamp bigint NOT NULL DEFAULT 0;
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{LEADER_TABLE}'::regclass
+                   AND attname = 'admission_epoch' AND NOT attisdropped) THEN
+        ALTER TABLE {LEADER_TABLE} ADD COLUMN admission_epoch bigint;
+        UPDATE {LEADER_TABLE} SET admission_epoch = epoch WHERE stamp > 0;
+    END IF;
+END $$;
 CREATE TABLE IF NOT EXISTS {REFUSED_TABLE} (
     holder text PRIMARY KEY,
     address text NOT NULL,
@@ -158,17 +165,19 @@ class Settings:
 
 def admission_differences(recorded: str | None, mine: str | None) -> list[str]:
     """Pure: the admission and security settings (`Settings.admission`) that differ, in words
-    (`key: recorded here`), sorted by key; none when either has no word."""
+    (`key: recorded here`), sorted by key; none when either has no word. A key `recorded`
+    lacks is none (recorded by an earlier version, which had no such key, e.g. the service
+    account or the Slurm cluster's state: the next take records it, as `_AGREES` does)."""
     import json
 
     if recorded is None or mine is None or recorded == mine:
         return []
     theirs, ours = json.loads(recorded), json.loads(mine)
-    return [
+    return [  # a key the record lacks is not compared: an earlier version recorded none
         f"{key} {_shown(theirs.get(key))} (recorded) against {_shown(ours.get(key))} here"
-        for key in sorted(set(theirs) | set(ours))
+        for key in sorted(theirs)
         if theirs.get(key) != ours.get(key)
-    ] or ["the recorded settings' text differs"]
+    ]
 
 
 def _shown(value: Any) -> str:
@@ -314,7 +323,12 @@ def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
     records: the last taker's, kept in the row while nobody leads too. Every server on a store
     runs the same: a server given others takes no lease (`Lease.acquire`) and says why
     (`Lease.refusal`). With `change` (`serve --new-settings`) a server starts with others once
-    nobody leads, and records them when it takes the lease. Returns the database's time now:
+    nobody leads, and records them when it takes the lease. The lease's schema (`setup`: the
+    guard of "Upgrading" and its `stamp`) is made in the check's transaction, and a refusal
+    rolls it back: a server that is refused changes nothing in the store (it made the guard
+    before its check, and the earlier version's leader was locked out while this one never
+    led: 2026-12-04 HA F2). Returns
+    the database's time now:
     settings recorded later are never replaced by this server (two servers started together
     with different settings never take turns: atk38-28 F1); None with `change` when the store
     records these settings already (the flag has nothing to change, and changes nothing)."""
@@ -324,16 +338,18 @@ def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
             f"--lease {mine.lease_s:g}s is outside {low:g}s-{high:g}s",
             hint="the default 5s suits most clusters: docs/ha.md",
         )
-    with connect(dsn) as con:
+    with connect(dsn) as con, con.transaction():  # a refusal (raised) rolls it all back
+        con.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
+        con.execute(_SCHEMA)
         row = con.execute(
             f"SELECT lease_s, address, expires_at > now(), node_lost_s, node_fence_s, work, "
-            f"now(), CASE WHEN stamp > 0 THEN admission END FROM {LEADER_TABLE} WHERE id = 1"
+            f"now(), {_RECORDED_ADMISSION} FROM {LEADER_TABLE} WHERE id = 1"
         ).fetchone()
-    assert row is not None  # `setup` made it
-    recorded = _recorded(row[0], row[3], row[4], row[5], row[7])
-    live = bool(row[2])
-    if recorded is not None and mine.differs(recorded) and (live or not change):
-        raise _disagreement(mine, recorded, row[1] or "?", live)
+        assert row is not None  # `_SCHEMA` made it
+        recorded = _recorded(row[0], row[3], row[4], row[5], row[7])
+        live = bool(row[2])
+        if recorded is not None and mine.differs(recorded) and (live or not change):
+            raise _disagreement(mine, recorded, row[1] or "?", live)
     if change and recorded is not None and not mine.differs(recorded):
         return None  # nothing to change: the flag does nothing (it acts once: atk39-28 F3)
     return row[6]
@@ -360,11 +376,18 @@ _AGREES = (
     "AND (node_lost_s IS NULL OR %(lost)s::float8 IS NULL OR node_lost_s = %(lost)s::float8) "
     "AND (node_fence_s IS NULL OR %(fence)s::float8 IS NULL OR node_fence_s = %(fence)s::float8) "
     "AND (work IS NULL OR %(work)s::text IS NULL OR work = %(work)s::text) "
-    "AND (admission IS NULL OR stamp = 0 OR %(admission)s::text IS NULL "
-    "OR admission = %(admission)s::text))"
+    "AND (admission IS NULL OR admission_epoch IS DISTINCT FROM epoch "
+    "OR %(admission)s::text IS NULL OR NOT EXISTS (SELECT 1 FROM jsonb_each(admission::jsonb) "
+    "AS r WHERE r.value IS DISTINCT FROM %(admission)s::jsonb -> r.key)))"
 )
-"""The row records no other settings (`Settings.differs`; admission settings recorded by an
-earlier version, `stamp` 0, are not compared: their text means otherwise, `admission_meaning`)."""
+"""The row records no other settings (`Settings.differs`): admission settings recorded by an
+earlier version are not compared (their text means otherwise, `admission_meaning`; the take
+that recorded them left `admission_epoch` behind the epoch), nor is a key they lack (one an
+earlier version did not record: the next take records it, `admission_differences`)."""
+_RECORDED_ADMISSION = "CASE WHEN admission_epoch = epoch THEN admission END"
+"""The recorded admission settings, when this version's take recorded them (None otherwise): an
+earlier version's take, e.g. after a rollback (docs/ha.md, "Upgrading"), moves the epoch and
+not `admission_epoch`, so what it wrote refuses nobody."""
 _TAKE = (
     f"UPDATE {LEADER_TABLE} SET epoch = epoch + 1, stamp = stamp + 1, holder = %(holder)s, "
     "address = %(address)s, "
@@ -375,7 +398,9 @@ _TAKE = (
     "ELSE held_until END, "
     "lease_s = %(lease)s, node_lost_s = COALESCE(%(lost)s::float8, node_lost_s), "
     "node_fence_s = COALESCE(%(fence)s::float8, node_fence_s), "
-    "work = COALESCE(%(work)s::text, work), admission = COALESCE(%(admission)s::text, admission) "
+    "work = COALESCE(%(work)s::text, work), admission = COALESCE(%(admission)s::text, admission), "
+    "admission_epoch = CASE WHEN %(admission)s::text IS NOT NULL OR admission_epoch = epoch "
+    "THEN epoch + 1 ELSE admission_epoch END "
     "WHERE id = 1 AND (expires_at < now() OR holder = %(holder)s) "
     f"AND ({_AGREES} OR settings_at IS NULL AND %(since)s::timestamptz IS NOT NULL "
     "OR settings_at < %(since)s::timestamptz) RETURNING epoch"
@@ -535,8 +560,7 @@ class Lease:
             "extract(epoch FROM expires_at - now()) END, lease_s, "
             "node_lost_s, node_fence_s, work, settings_at IS NULL OR settings_at < "
             "%s::timestamptz, extract(epoch FROM held_until - now()), "
-            "CASE WHEN stamp > 0 THEN admission END "
-            f"FROM {LEADER_TABLE} WHERE id = 1",
+            f"{_RECORDED_ADMISSION} FROM {LEADER_TABLE} WHERE id = 1",
             (self.since,),
         )
         if not rows or not rows[0][1]:

@@ -129,7 +129,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 
 def admission_of(
-    config: ServeConfig, service_root: bool, slurm: dict[str, object] | None = None
+    config: ServeConfig, service: tuple[int, str], slurm: dict[str, object] | None = None
 ) -> str:
     """Pure: the settings that change what a leader admits or how it runs what it admits, as
     canonical JSON (config key -> value, sorted; `lease.Settings.admission`): who jobs run as
@@ -139,16 +139,20 @@ def admission_of(
     partition, the local debug limit and the cycle interval. A standby started with others
     admitted, after a failover, what the leader refused (atk39-28 F2). What stays per server:
     where it listens and how it is reached, its logs, Kafka, the group commit's batch and the
-    utilisation sampling. `service_root`: whether the server runs as root, which decides with
-    `run_as` whose account a job runs as (`runas.account_for`: not root, every job runs as the
-    server's own account): a root leader and a standby of a service account with one config
-    file recorded the same settings, and a failover ran everyone's jobs as one account
-    (atk40-28 F1). `slurm`: with the Slurm executor, which cluster this server talks to and
+    utilisation sampling. `service`: the account the server runs as (uid, name), which decides
+    with `run_as` whose account a job runs as (`accounts.account_for`: not root, every job runs
+    as the server's own account) and who may signal its jobs (`scancel` of a job another
+    account submitted is refused): a root leader and a standby of a service account with one
+    config file recorded the same settings, and a failover ran everyone's jobs as one account
+    (atk40-28 F1); two standbys of two service accounts recorded only "not root", and after a
+    failover the new leader could not cancel the jobs the old one ran (2026-12-04 HA F1).
+    `slurm`: with the Slurm executor, which cluster this server talks to and
     whether it accepts untracked processes (`ledger.engines.slurm.cluster.identity`): a standby
     with another `SLURM_CONF` took over another cluster's partition (atk40-28 F2). The text is
     of `admission_meaning`: settings written otherwise that mean the same are recorded alike."""
     admission: dict[str, object] = {
-        "service_runs_as_root": service_root,
+        "service_runs_as_root": service[0] == 0,
+        "service_account": f"{service[1]} (uid {service[0]})",
         "run_as": config.run_as,
         "min_uid": config.min_uid,
         "max_uid": config.max_uid,

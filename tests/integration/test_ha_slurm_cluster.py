@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from ledger.store import lease
 from tests.integration import waits
 from tests.integration.hakit import free_port, make_group
-from tests.integration.serverkit import cli
+from tests.integration.serverkit import GPULEDGER, cli, env_for
 from tests.integration.test_ha_settings import one_line
 
 PARTITION = os.environ.get("GPULEDGER_SLURM_PARTITION", "gpuledger")
@@ -104,3 +105,61 @@ def test_a_server_talking_to_another_slurm_cluster_never_leads(
         assert "recorded by the last leader" in err and "slurm_cluster" in err, err
     finally:
         g.stop()
+
+
+def _slurm(data: str, ctld: str, slurmd: str, node: str, *args: str) -> str:
+    """scripts/slurm/slurm ARGS for the cluster of data dir `data` (its ports, its node)."""
+    env = {**os.environ, "GPULEDGER_SLURM_DATA": data, "GPULEDGER_SLURMCTLD_PORT": ctld,
+           "GPULEDGER_SLURMD_PORT": slurmd, "GPULEDGER_SLURM_NODE": node}  # fmt: skip
+    script = Path(__file__).resolve().parents[2] / "scripts" / "slurm" / "slurm"
+    done = subprocess.run([str(script), *args], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, f"slurm {' '.join(args)}: {done.stderr}"
+    return done.stdout.strip()
+
+
+def test_another_cluster_in_the_place_of_the_recorded_one_is_told_apart(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """2026-12-04 HA F3: a cluster of the same name, controller host text and port as the
+    recorded one (cluster B stopped, a new cluster C started on B's ports) was one cluster to
+    the servers: a standby of C would have taken B's work over. Where each controller saves
+    its cluster's state (`StateSaveLocation`, as the answering slurmctld says) tells them
+    apart."""
+    _, conf_b = _confs()
+    data_b = os.environ.get("GPULEDGER_SLURM_DATA_B", "")
+    ports = (os.environ.get("GPULEDGER_SLURMCTLD_PORT_B", ""),
+             os.environ.get("GPULEDGER_SLURMD_PORT_B", ""))  # fmt: skip
+    if not (data_b and all(ports)):
+        pytest.fail("scripts/test names the second cluster's data dir and ports", pytrace=False)
+    host = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True)
+    node_b, node_c = f"{host.stdout.strip()}-b", f"{host.stdout.strip()}-c"
+    _answering(conf_b)
+    home = tmp_path / "server-0"
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    args = ("--lease", "5s", "--executor", "slurm", "--partition", PARTITION)
+    log = tmp_path / "leader.log"
+    with log.open("ab") as out:  # the leader, on cluster B: B's identity is recorded
+        proc = subprocess.Popen(
+            [GPULEDGER, "serve", "--store", pg_store, "--listen", f"127.0.0.1:{free_port()}",
+             *args], env=env_for(home, SLURM_CONF=conf_b), stdout=out, stderr=out,
+        )  # fmt: skip
+    data_c = tmp_path / "cluster-c"
+    try:
+        listens = lambda: "listening on" in log.read_text(errors="replace")  # noqa: E731
+        waits.wait_for("the server on cluster B to listen", listens, 90, log.read_text)
+        leads = lambda: lease.leading_now(pg_store) is not None  # noqa: E731
+        waits.wait_for("the server on cluster B to lead", leads, 30, log.read_text)
+        _slurm(data_b, *ports, node_b, "down")
+        conf_c = _slurm(str(data_c), *ports, node_c, "up")
+        _answering(conf_c)
+        err = one_line(serve(tmp_path / "c", pg_store, *args, SLURM_CONF=conf_c))
+        assert "slurm_state" in err and "(recorded) against" in err, err
+        assert str(data_c) in err and "slurm_cluster" not in err, err
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        if data_c.exists():
+            _slurm(str(data_c), *ports, node_c, "down")
+        _slurm(data_b, *ports, node_b, "up")
+        _answering(conf_b)

@@ -16,9 +16,11 @@ import psycopg
 
 from ledger.store import lease
 from ledger.store.pgread import connect
+from schemas.errors import InvalidCommand
 from tests.integration import waits
 from tests.integration.hakit import make_group
 from tests.integration.serverkit import cli
+from tests.integration.test_ha_settings import one_line
 
 OLD_SCHEMA = """
 CREATE TABLE IF NOT EXISTS gpuledger_leader (
@@ -219,3 +221,93 @@ def test_health_and_status_name_the_servers_of_an_earlier_version(
         assert "the store refuses the lease to servers of an earlier version" in s0.text()
     finally:
         g.stop()
+
+
+def _guarded(con: psycopg.Connection) -> bool:
+    return con.execute("SELECT count(*) FROM pg_trigger WHERE tgname = 'gpuledger_leader_guard'"
+                       ).fetchone() == (1,)  # fmt: skip
+
+
+def test_a_server_that_is_refused_at_its_start_changes_nothing_in_the_store(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """2026-12-04 HA F2: a server of this version started with other settings than the
+    earlier version's leader records made the guard (and `stamp`) before it was refused: the
+    earlier leader's next keep was refused, and nobody led. Now the check comes first, in the
+    schema's transaction: a refused server leaves the store as it found it."""
+    home = tmp_path / "server-0"
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    with psycopg.connect(pg_store, autocommit=True) as con:
+        con.execute(OLD_SCHEMA)
+        assert _old_take(con, "old-1") == [(1,)]
+        columns = con.execute("SELECT attname FROM pg_attribute WHERE attrelid = "
+                              "'gpuledger_leader'::regclass AND attnum > 0").fetchall()  # fmt: skip
+        # another lease than the earlier leader's (2 s): refused in one line at its start
+        args = ("--listen", "127.0.0.1:0", "--lease", "3s", "--executor", "agents")
+        err = one_line(cli(home, "serve", "--store", pg_store, *args, ok=False, timeout=120))
+        assert "lease of 2s" in err and "given 3s" in err, err
+        assert not _guarded(con)
+        assert (
+            con.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = "
+                "'gpuledger_leader'::regclass AND attnum > 0"
+            ).fetchall()
+            == columns
+        )
+        # the earlier version's leader keeps its lease: it was never locked out
+        assert con.execute(OLD_RENEW, (LEASE_S, "old-1", 1)).fetchall() == [(1,)]
+        assert not _refused_table(con)
+        # --new-settings recovers as before (once nobody leads): it is not refused, and the
+        # guard is made with its start
+        con.execute(OLD_RELEASE, ("old-1", 1))
+        mine = lease.Settings(3.0, (60.0, 300.0), '{"executor":"agents"}', '{"min_uid":1000}')
+        assert lease.agree(pg_store, mine, change=True) is not None
+        assert _guarded(con)
+
+
+def _refused_table(con: psycopg.Connection) -> bool:
+    return con.execute(f"SELECT to_regclass('{lease.REFUSED_TABLE}')").fetchone() != (None,)
+
+
+ROLLBACK = """BEGIN;
+DROP TRIGGER gpuledger_leader_guard ON gpuledger_leader;
+UPDATE gpuledger_leader SET admission = NULL;
+COMMIT;"""
+"""docs/ha.md, "Upgrading": going back to an earlier version, with every server stopped."""
+
+
+def test_the_documented_rollback_and_a_new_upgrade_work(pg_store: str) -> None:
+    """2026-12-04 HA F2: after the rollback, the earlier version's take wrote its own admission
+    text; a server of this version started again was refused by it (its `stamp` still > 0),
+    though the docs say an earlier version's settings refuse nobody."""
+    with psycopg.connect(pg_store, autocommit=True) as con:
+        con.execute(OLD_SCHEMA)
+        lease.setup(pg_store)
+        mine = lease.Settings(LEASE_S, (60.0, 300.0), '{"executor":"agents"}', '{"min_uid":1000}')
+        assert lease.agree(pg_store, mine) is not None
+        new = lease.Lease(pg_store, "new", "http://new", LEASE_S, mine.node, mine.work,
+                          admission=mine.admission)  # fmt: skip
+        try:
+            assert new.acquire()
+            new.release()
+            # the rollback: every server stopped, the documented SQL, the earlier version leads
+            con.execute(ROLLBACK)
+            assert _old_take(con, "old-1") == [(2,)]  # its own text (min_uid 1)
+            assert con.execute(OLD_RELEASE, ("old-1", 2)).fetchall() == [(1,)]
+            # upgraded again: this version's server is not refused by the earlier text, and
+            # its take records its own settings
+            assert lease.agree(pg_store, mine) is not None
+            assert new.refusal(new.leader()) is None
+            assert new.acquire() and new.epoch == 3
+            row = con.execute("SELECT admission FROM gpuledger_leader").fetchone()
+            assert row == ('{"min_uid":1000}',), row
+            # from then on the recorded settings are compared again
+            other = lease.Settings(LEASE_S, mine.node, mine.work, ADMISSION)
+            new.release()
+            try:
+                lease.agree(pg_store, other)
+                raise AssertionError("a server that admits otherwise was not refused")
+            except InvalidCommand as err:
+                assert "min_uid 1000 (recorded) against 1 here" in err.message, err.message
+        finally:
+            new.close()

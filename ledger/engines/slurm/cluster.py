@@ -1,5 +1,6 @@
 """Which Slurm cluster a server talks to, as the lease row records it (docs/ha.md): the
-cluster's name, its controller hosts and port (`scontrol show config`), and whether the server
+cluster's name, its controller hosts and port (`scontrol show config`), where its controller
+saves the cluster's state (`StateSaveLocation`), and whether the server
 accepts processes Slurm cannot follow (`GPULEDGER_SLURM_UNTRACKED_OK`). Every server of a store
 runs the same cluster's partition: a standby started with another `SLURM_CONF` took over
 another cluster after a failover (atk40-28 F2), so a server on a PostgreSQL store starts only
@@ -20,8 +21,16 @@ _HOST = re.compile(r"^SlurmctldHost\[(\d+)\]$")
 
 def identity(config: str, untracked_ok: bool) -> dict[str, object]:
     """Pure: the cluster's identity from `scontrol show config` output (`ClusterName`, every
-    `SlurmctldHost[i]` in order, `SlurmctldPort`), and `untracked_ok`, as the recorded settings'
-    keys `slurm_cluster` and `slurm_untracked_ok`."""
+    `SlurmctldHost[i]` in order, `SlurmctldPort`; `StateSaveLocation`), and `untracked_ok`, as
+    the recorded settings' keys `slurm_cluster`, `slurm_state` and `slurm_untracked_ok`.
+
+    `slurm_state` is where the controller keeps the cluster's state (its jobs, their ids):
+    two clusters of one name, controller text and port (one stopped and the other started in
+    its place, or `SlurmctldHost` a name each network resolves otherwise) were one cluster to
+    the servers (2026-12-04 HA F3). Slurm 22.05 has no cluster id to ask for: its
+    `clustername` state file holds the name only, and the `cluster_id` it knows is the
+    federation's, given by slurmdbd. A row recorded without `slurm_state` is compared by the
+    keys it has (`lease.admission_differences`); the next take records it."""
     values: dict[str, str] = {}
     hosts: dict[int, str] = {}
     for line in config.splitlines():
@@ -37,7 +46,8 @@ def identity(config: str, untracked_ok: bool) -> dict[str, object]:
         hosts[0] = values["ControlMachine"]
     named = ",".join(hosts[i] for i in sorted(hosts)) or "?"
     cluster = f"{values.get('ClusterName', '?')} at {named} port {values.get('SlurmctldPort', '?')}"
-    return {"slurm_cluster": cluster, "slurm_untracked_ok": untracked_ok}
+    state = values.get("StateSaveLocation", "?")
+    return {"slurm_cluster": cluster, "slurm_state": state, "slurm_untracked_ok": untracked_ok}
 
 
 def read_identity(env: Mapping[str, str], timeout_s: float = 30.0) -> dict[str, object]:
