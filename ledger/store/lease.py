@@ -327,7 +327,7 @@ def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
     guard of "Upgrading" and its `stamp`) is made in the check's transaction, and a refusal
     rolls it back: a server that is refused changes nothing in the store (it made the guard
     before its check, and the earlier version's leader was locked out while this one never
-    led: 2026-12-04 HA F2). Returns
+    led: atk42-28 F2). Returns
     the database's time now:
     settings recorded later are never replaced by this server (two servers started together
     with different settings never take turns: atk38-28 F1); None with `change` when the store

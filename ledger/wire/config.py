@@ -145,7 +145,7 @@ def admission_of(
     account submitted is refused): a root leader and a standby of a service account with one
     config file recorded the same settings, and a failover ran everyone's jobs as one account
     (atk40-28 F1); two standbys of two service accounts recorded only "not root", and after a
-    failover the new leader could not cancel the jobs the old one ran (2026-12-04 HA F1).
+    failover the new leader could not cancel the jobs the old one ran (atk42-28 F1).
     `slurm`: with the Slurm executor, which cluster this server talks to and
     whether it accepts untracked processes (`ledger.engines.slurm.cluster.identity`): a standby
     with another `SLURM_CONF` took over another cluster's partition (atk40-28 F2). The text is

@@ -3,7 +3,7 @@
 OS accounts (made with useradd; neither root). Before, only whether the server ran as root was
 recorded, so servers of two service accounts counted as alike: after a failover the new
 leader ran jobs as another uid, and its `scancel` of the old leader's Slurm jobs was refused
-(the GPU stayed "stopping", the next job stayed placed) (2026-12-04 HA F1).
+(the GPU stayed "stopping", the next job stayed placed) (atk42-28 F1).
 
 The project's venv is root's (other accounts cannot read its interpreter), so a server of
 another account runs Debian's /usr/bin/python3 (the same 3.11) with the venv's site-packages

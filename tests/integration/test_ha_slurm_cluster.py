@@ -121,7 +121,7 @@ def _slurm(data: str, ctld: str, slurmd: str, node: str, *args: str) -> str:
 def test_another_cluster_in_the_place_of_the_recorded_one_is_told_apart(
     tmp_path: Path, pg_store: str
 ) -> None:
-    """2026-12-04 HA F3: a cluster of the same name, controller host text and port as the
+    """atk42-28 F3: a cluster of the same name, controller host text and port as the
     recorded one (cluster B stopped, a new cluster C started on B's ports) was one cluster to
     the servers: a standby of C would have taken B's work over. Where each controller saves
     its cluster's state (`StateSaveLocation`, as the answering slurmctld says) tells them

@@ -231,7 +231,7 @@ def _guarded(con: psycopg.Connection) -> bool:
 def test_a_server_that_is_refused_at_its_start_changes_nothing_in_the_store(
     tmp_path: Path, pg_store: str
 ) -> None:
-    """2026-12-04 HA F2: a server of this version started with other settings than the
+    """atk42-28 F2: a server of this version started with other settings than the
     earlier version's leader records made the guard (and `stamp`) before it was refused: the
     earlier leader's next keep was refused, and nobody led. Now the check comes first, in the
     schema's transaction: a refused server leaves the store as it found it."""
@@ -277,7 +277,7 @@ COMMIT;"""
 
 
 def test_the_documented_rollback_and_a_new_upgrade_work(pg_store: str) -> None:
-    """2026-12-04 HA F2: after the rollback, the earlier version's take wrote its own admission
+    """atk42-28 F2: after the rollback, the earlier version's take wrote its own admission
     text; a server of this version started again was refused by it (its `stamp` still > 0),
     though the docs say an earlier version's settings refuse nobody."""
     with psycopg.connect(pg_store, autocommit=True) as con:

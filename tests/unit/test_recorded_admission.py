@@ -58,7 +58,7 @@ def test_whether_the_server_runs_as_root_is_recorded() -> None:
 def test_which_service_account_the_server_runs_as_is_recorded() -> None:
     """Two servers of two service accounts (neither root) were recorded alike (only
     `service_runs_as_root`): after a failover the new leader ran jobs as another uid and could
-    not cancel the ones the old leader had submitted to Slurm (2026-12-04 HA F1)."""
+    not cancel the ones the old leader had submitted to Slurm (atk42-28 F1)."""
     one = admission_of(ServeConfig(), SERVICE)
     other = admission_of(ServeConfig(), (996, "gpuledger-b"))
     named = lease.admission_differences(one, other)
@@ -200,7 +200,7 @@ def test_which_slurm_cluster_is_recorded_and_a_difference_named() -> None:
 
 
 def test_two_clusters_of_one_name_controller_and_port_are_told_apart_by_their_state() -> None:
-    """2026-12-04 HA F3: the name, controller host text and port were the whole identity; two
+    """atk42-28 F3: the name, controller host text and port were the whole identity; two
     clusters alike in those (one started in the other's place, or a controller name each
     network resolves otherwise) were one. A row recorded without `slurm_state` (by the last
     version) is compared by the keys it has, and the next take records it."""

@@ -27,7 +27,7 @@ def identity(config: str, untracked_ok: bool) -> dict[str, object]:
     `slurm_state` is where the controller keeps the cluster's state (its jobs, their ids):
     two clusters of one name, controller text and port (one stopped and the other started in
     its place, or `SlurmctldHost` a name each network resolves otherwise) were one cluster to
-    the servers (2026-12-04 HA F3). Slurm 22.05 has no cluster id to ask for: its
+    the servers (atk42-28 F3). Slurm 22.05 has no cluster id to ask for: its
     `clustername` state file holds the name only, and the `cluster_id` it knows is the
     federation's, given by slurmdbd. A row recorded without `slurm_state` is compared by the
     keys it has (`lease.admission_differences`); the next take records it."""
