@@ -136,6 +136,25 @@ class NodeLease:
         write_atomic(self.path, msgspec.json.encode(data), sync=False)
 
 
+def jobs_may_not_enter(state_dir: Path) -> str:
+    """Why the jobs' own accounts could not reach their run directories under `state_dir`
+    ("" when they can): each job's checkpoint file (`GPULEDGER_CHECKPOINT_FILE`) is
+    `STATE/runs/<run>/<rank>/work/checkpoint`, so the state directory and every directory
+    above it must let other accounts pass (`o+x`); a 0700 state directory left every job's
+    checkpoint out of its reach, so resumable jobs were preempted as if they never
+    checkpointed, and nothing said so (atk43 F10). Directories not made yet are the agent's
+    to make (0755)."""
+    path = state_dir.absolute()
+    for d in (path, *path.parents):
+        try:
+            st = os.stat(d)
+        except FileNotFoundError:
+            continue
+        if not st.st_mode & stat.S_IXOTH:
+            return f"{d} does not let other accounts pass (mode {stat.S_IMODE(st.st_mode):04o})"
+    return ""
+
+
 def others_may_write(state_dir: Path, uid: int) -> str:
     """Why the agent's state directory is not its own ("" when it is, or does not exist yet):
     another account that may write it may rewrite the node's lease (`{"until": 0}` stops every

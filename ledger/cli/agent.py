@@ -56,7 +56,7 @@ def _gpus(config: cfg.AgentConfig) -> tuple[int, str, str]:
 
 
 def _run(config: cfg.AgentConfig, drain: bool) -> int:
-    from ledger.agent.lease import others_may_write
+    from ledger.agent.lease import jobs_may_not_enter, others_may_write
     from ledger.agent.node import (
         LEASE_FILE,
         STATUS_FILE,
@@ -82,6 +82,15 @@ def _run(config: cfg.AgentConfig, drain: bool) -> int:
         raise InvalidCommand(
             f"the agent's state directory is not its own: {foreign}",
             hint="use a directory only the agent's account may write (chmod go-w)",
+        )
+    as_others = config.run_as == "submitter" and os.geteuid() == 0 and not drain
+    closed = jobs_may_not_enter(state) if as_others else ""
+    if closed:  # said, not refused: a job that never checkpoints still runs
+        click.echo(
+            f"warning: jobs run as their submitters cannot reach their checkpoint files in the "
+            f"agent's state directory: {closed}; let other accounts pass through it (chmod o+x: "
+            f"its runs stay private, 0711)",
+            err=True,
         )
     hold_node(node, config.url, state)  # before anything is adopted or launched; held to the end
     util = pick_source(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
@@ -280,3 +281,16 @@ def recorded_end(runs: Path) -> PartEnd | None:
         left=sum(x.left for x in known),
         killed=any(x.killed for x in known),
     )
+
+
+def checkpoint_mtime(rundirs: Iterable[Path]) -> float:
+    """The latest change of the parts' checkpoint files (`GPULEDGER_CHECKPOINT_FILE`), 0: none.
+    The name itself, never what a link there points to: the job's user may put a link in its
+    `work/`, and the service (root) following it would tell the job when a file it may not
+    even stat changed, and record those changes as its checkpoints (atk43 F9), as the Slurm
+    executor reads it (`tracked.touched`)."""
+    best = 0.0
+    for rundir in rundirs:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            best = max(best, os.lstat(rundir / "work" / "checkpoint").st_mtime)
+    return best

@@ -54,6 +54,7 @@ from ledger.engines.runs import (
     Part,
     PartEnd,
     StopReason,
+    checkpoint_mtime,
     handled_jobs,
     keep_stop,
     kept_stop,
@@ -736,11 +737,7 @@ class SupervisedExecutor:
         return False
 
     def _checkpoint_mtime(self, h: Handle) -> float:
-        best = 0.0
-        for p in h.parts:
-            with contextlib.suppress(FileNotFoundError):
-                best = max(best, (Path(p.rundir) / "work" / "checkpoint").stat().st_mtime)
-        return best
+        return checkpoint_mtime(Path(p.rundir) for p in h.parts)
 
     def _samples(self) -> list[Sample]:
         assert self.util is not None
