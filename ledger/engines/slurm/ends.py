@@ -198,12 +198,13 @@ def node_fail_ending(
         low = started_at if started_at is not None else own.at
         at = max(low, min(own.at, now))
         said = f"its own end record: exit {own.exit_code}; Slurm said NODE_FAIL"
+        written = None if own.written is None else min(own.written, now)  # as first read
         killed_then = signalled_at is not None and signalled_at >= slurm  # Slurm's TERM, passed
         # on to the command, may end it within the EndTime's second (a checkpoint and exit 0)
         if own.signalled and (own.at > slurm + OWN_END_SLACK_S or killed_then):
             return Ending(own.exit_code, at, "node_failure", said + " (it was killed)", True,
-                          beat_stale_s, own.written)  # fmt: skip
-        return Ending(own.exit_code, at, "exited", said, True, beat_stale_s, own.written)
+                          beat_stale_s, written)  # fmt: skip
+        return Ending(own.exit_code, at, "exited", said, True, beat_stale_s, written)
     note = "NODE_FAIL: killed, no end record within KillWait"
     term_at = signalled_at if signalled_at is not None and signalled_at >= slurm - OWN_END_SLACK_S else None  # fmt: skip  # noqa: E501
     beat = beat_bound(beat_at, term_at, after_term_s)
