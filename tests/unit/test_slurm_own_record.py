@@ -77,6 +77,15 @@ def test_a_run_that_ended_while_its_slurmd_was_dead_is_recorded_at_its_own_end(
     assert ends_of(tmp_path, our_run("COMPLETED", end=41.2), 45.0) == [(0, 30.3, "exited")]
 
 
+def test_a_run_that_ended_on_a_node_slurm_gave_up_is_recorded_at_its_own_end(
+    tmp_path: Path,
+) -> None:
+    """The other outage shape: its node given up (NODE_FAIL at 41 s), the run had exited 0 at
+    30.3 s; read long after (its node returned), it ended at its own end."""
+    record(tmp_path, 0, 30.3)
+    assert ends_of(tmp_path, our_run("NODE_FAIL", end=41.0), 100.0) == [(0, 30.3, "exited")]
+
+
 def test_without_its_own_record_slurms_end_stands(tmp_path: Path) -> None:
     assert ends_of(tmp_path, our_run("COMPLETED", end=41.2), 45.0) == [(0, 41.0, "exited")]
 
