@@ -33,8 +33,15 @@ from ledger.engines.slurm.words import slurm_time
 from schemas.events import GpuSlot
 
 LID = "0123abcd4567"
-START = slurm_time("2026-12-01T21:17:00")
-assert START is not None
+START = 0.0
+"""Slurm's StartTime of the run in each test: 30 s before it begins (`_start`), whole
+seconds, so a record written now (its ctime: the real clock) ends about 30 s into the run."""
+
+
+@pytest.fixture(autouse=True)
+def _start() -> None:
+    global START
+    START = float(int(time.time()) - 30)
 
 
 def at(seconds: float) -> str:
@@ -51,11 +58,14 @@ def our_run(state: str, code: str = "0:0", end: float | None = None) -> str:
     )
 
 
-def record(tmp_path: Path, code: int, when: float, signalled: int = 0) -> None:
-    """The run's own end record, as its batch script writes it."""
+def record(tmp_path: Path, code: int, when: float, signalled: int = 0) -> float:
+    """The run's own end record, as its batch script writes it, saying it ended at START +
+    `when`; the end it stands for (- START): a second before it was written at the earliest
+    (its ctime, `ends.own_finish`)."""
     run_dir = tmp_path / "checkpoints" / "1.0"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "ended").write_text(f"{code} {START + when:.6f} {signalled}\n")
+    return round(max(when, (run_dir / "ended").stat().st_ctime - 1.0 - START), 1)
 
 
 def ends_of(tmp_path: Path, text: str, now: float) -> list[tuple[int, float, str]]:
@@ -73,8 +83,9 @@ def test_a_run_that_ended_while_its_slurmd_was_dead_is_recorded_at_its_own_end(
     """The CI failure: a run whose command exited 0 while its node's slurmd was dead (its
     processes live on under slurmstepd) reached slurmctld late: COMPLETED with an EndTime
     10.9 s past its real end, charged to it. Its own end record says when it ended."""
-    record(tmp_path, 0, 30.3)
-    assert ends_of(tmp_path, our_run("COMPLETED", end=41.2), 45.0) == [(0, 30.3, "exited")]
+    real = record(tmp_path, 0, 30.3)
+    assert ends_of(tmp_path, our_run("COMPLETED", end=41.2), 45.0) == [(0, real, "exited")]
+    assert real <= 30.3 + 1.5  # (the test's F9 rule; 30.3 unless this test was slow)
 
 
 def test_a_run_that_ended_on_a_node_slurm_gave_up_is_recorded_at_its_own_end(
@@ -82,8 +93,8 @@ def test_a_run_that_ended_on_a_node_slurm_gave_up_is_recorded_at_its_own_end(
 ) -> None:
     """The other outage shape: its node given up (NODE_FAIL at 41 s), the run had exited 0 at
     30.3 s; read long after (its node returned), it ended at its own end."""
-    record(tmp_path, 0, 30.3)
-    assert ends_of(tmp_path, our_run("NODE_FAIL", end=41.0), 100.0) == [(0, 30.3, "exited")]
+    real = record(tmp_path, 0, 30.3)
+    assert ends_of(tmp_path, our_run("NODE_FAIL", end=41.0), 100.0) == [(0, real, "exited")]
 
 
 def test_without_its_own_record_slurms_end_stands(tmp_path: Path) -> None:
@@ -91,9 +102,11 @@ def test_without_its_own_record_slurms_end_stands(tmp_path: Path) -> None:
 
 
 def test_a_record_outside_the_run_is_kept_inside_slurms_word(tmp_path: Path) -> None:
-    """The record is the job user's word: never before its start, never after Slurm's end."""
-    record(tmp_path, 0, -50.0)
-    assert ends_of(tmp_path, our_run("COMPLETED", end=41.0), 45.0) == [(0, 0.0, "exited")]
+    """The record is the job user's word: never before its start nor a second before it was
+    written (its ctime: about 30 s into the run here), never after Slurm's end."""
+    early = record(tmp_path, 0, -50.0)
+    assert early >= 28.0
+    assert ends_of(tmp_path, our_run("COMPLETED", end=41.0), 45.0) == [(0, early, "exited")]
     record(tmp_path, 0, 44.0)
     assert ends_of(tmp_path, our_run("COMPLETED", end=41.0), 45.0) == [(0, 41.0, "exited")]
 
@@ -126,12 +139,12 @@ def test_a_run_a_returning_slurmctld_failed_completed_by_its_own_record(tmp_path
     """atk42-24 F2: a job that exited 0 during a slurmctld outage, which the returning
     controller found missing from its node and FAILed, is completed (exit 0), ended when its
     record says; likewise one the controller no longer lists at all."""
-    record(tmp_path, 0, 30.3)
-    assert ends_of(tmp_path, our_run("FAILED", "0:1", end=70.0), 75.0) == [(0, 30.3, "exited")]
-    assert ends_of(tmp_path, our_run("FAILED", "1:0", end=70.0), 75.0) == [(0, 30.3, "exited")]
+    real = record(tmp_path, 0, 30.3)
+    assert ends_of(tmp_path, our_run("FAILED", "0:1", end=70.0), 75.0) == [(0, real, "exited")]
+    assert ends_of(tmp_path, our_run("FAILED", "1:0", end=70.0), 75.0) == [(0, real, "exited")]
     # its own failure stays one
-    record(tmp_path, 3, 30.3)
-    assert ends_of(tmp_path, our_run("FAILED", "3:0", end=31.0), 75.0) == [(3, 30.3, "exited")]
+    real = record(tmp_path, 3, 30.3)
+    assert ends_of(tmp_path, our_run("FAILED", "3:0", end=31.0), 75.0) == [(3, real, "exited")]
     r = Run(1, 0, None, slurm_id="7", started=True, started_at=START)
     lost = vanished_end(r, "7", "", START + 90.0)
     assert lost is not None and (lost.reason, lost.exit_code) == ("lost", -1)
@@ -150,6 +163,8 @@ def test_a_run_a_returning_slurmctld_failed_completed_by_its_own_record(tmp_path
         (OwnEnd(0, 30.0), "", 0.0, (0, 30.0, True)),  # no longer listed
         (OwnEnd(0, 30.0), "COMPLETED", 33.0, (1, 33.0, True)),  # its script beat at 33 s
         (OwnEnd(0, 50.0), "COMPLETED", 0.0, (1, 45.0, True)),  # never after Slurm's end
+        (OwnEnd(0, 30.0, False, 30.01), "COMPLETED", 0.0, (1, 30.0, True)),  # as written
+        (OwnEnd(0, 5.0, False, 38.0), "COMPLETED", 0.0, (1, 37.0, True)),  # rewritten later
     ],
 )
 def test_own_finish(

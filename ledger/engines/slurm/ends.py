@@ -196,6 +196,8 @@ def node_fail_ending(
     slurm = slurm_end if slurm_end is not None else now
     if own is not None:
         low = started_at if started_at is not None else own.at
+        if own.written is not None:  # a record written later says no earlier end (`own_finish`)
+            low = max(low, min(own.written, now) - OWN_END_SLACK_S)
         at = max(low, min(own.at, now))
         said = f"its own end record: exit {own.exit_code}; Slurm said NODE_FAIL"
         written = None if own.written is None else min(own.written, now)  # as first read
@@ -283,13 +285,15 @@ def own_finish(
     in an outage is no longer taken for its last sighting before it (`words.real_end`) when
     its record says later (atk42-24 F3). The record is the job user's word: its time is kept
     between `low` (its start, its script's last beat, which comes before the record) and
-    `high` (Slurm's end, or now), so a forged one moves its charge by a beat at most. Its exit
+    `high` (Slurm's end, or now), and no earlier than a second before it was written (its
+    ctime, which its script makes within a moment of the time it writes and the job's user
+    cannot set back): a forged one moves its charge by a beat or a second at most. Its exit
     code counts where Slurm did not see the command's exit (`SLURM_SAW_NO_EXIT`, or no longer
     listed)."""
     if own is None:
         return code, at, False
     t = own.at if low is None else max(low, own.at)
-    t = min(high, t)
+    t = min(high, t if own.written is None else max(t, own.written - OWN_END_SLACK_S))
     word = state.split()[0].rstrip("+") if state.split() else ""
     if not word or word in SLURM_SAW_NO_EXIT:
         code = own.exit_code
