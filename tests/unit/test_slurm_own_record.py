@@ -29,7 +29,6 @@ from ledger.engines.slurm.ends import (
 from ledger.engines.slurm.script import batch_script
 from ledger.engines.slurm.stops import Quarantine, Stopping, stopped_end, vanished_end
 from ledger.engines.slurm.tracked import Run
-from ledger.engines.slurm.words import slurm_time
 from schemas.events import GpuSlot
 
 LID = "0123abcd4567"
