@@ -247,3 +247,25 @@ def test_the_script_ends_a_run_whose_end_record_it_did_not_write(tmp_path: Path)
     words = Path(marks["ended"]).read_text().split()
     assert words[0] == "137" and float(words[1]) > 1.0
     assert not (tmp_path / "out").exists()
+
+
+def test_a_directory_at_its_end_record_does_not_end_the_run(tmp_path: Path) -> None:
+    """A job that makes its end record a directory, to keep its records unwritable (atk37-23
+    F6), is judged by the older rules (its node's), not ended by its script."""
+    cmd = ("bash", "-c", "sleep 30")
+    job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), cmd, None, "alice", "ai2/olmo")
+    marks = {m: str(tmp_path / m) for m in ("launched", "ended", "signalled", "stopping", "alive")}
+    script = tmp_path / "batch"
+    script.write_text(batch_script(job, launched_file=marks["launched"],
+                                   ended_file=marks["ended"], signalled_file=marks["signalled"],
+                                   stopping_file=marks["stopping"], alive_file=marks["alive"],
+                                   after_term_s=60, own_end_s=10))  # fmt: skip
+    Path(marks["ended"]).mkdir()
+    bash = subprocess.Popen(["/bin/bash", str(script)], start_new_session=True)
+    try:
+        time.sleep(BEAT_EVERY_S * 2 + 1.0)
+        assert bash.poll() is None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bash.pid, signal.SIGKILL)
+        bash.wait(timeout=10)

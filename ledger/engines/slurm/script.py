@@ -200,8 +200,10 @@ def _beating(
     ended is slept again, atk40-24 F1). A mark it cannot write for `UNBEATEN_S` is its own
     SIGTERM to the command, and its end `own_end_s` later at the latest; a signal note it did
     not make starts its end as a SIGTERM would (the executor believes the note:
-    `ends.beat_bound`). An end record it did not write (`ended_file`, there before its own:
-    the job's user declared the run ended) ends the run at its next beat, at once, so the
+    `ends.beat_bound`). An end record it did not write (`ended_file`, a regular file there
+    before its own, as the executor reads one: the job's user declared the run ended; not the
+    directory a job makes to keep its records unwritable, atk37-23 F6) ends the run at its
+    next beat, at once, so the
     executor believes no beat a beat after the record (`ends.record_beat`: a touch of the mark
     from outside Slurm held an ended run's GPUs, atk42-24 F1); its own record replaces it. At
     its end it SIGKILLs the command and its child and goes on to the end record (Slurm ends
@@ -211,7 +213,7 @@ def _beating(
     fwd = " gpuledger_fwd;" * bool(forward)
     kill = ' { exec 2>/dev/null; gpuledger_kill KILL; kill -KILL "$gpuledger_pid"; gpuledger_end=137; break; };'  # noqa: E501
     end = shlex.quote(ended_file) if ended_file else ""
-    recorded = f" {{ [ -e {end} ] || [ -L {end} ]; }} &&{kill}" if end else ""
+    recorded = f" [ -f {end} ] && [ ! -L {end} ] &&{kill}" if end else ""  # as `own_end` reads
     forged = (  # a regular file: not the directory a job makes to keep its notes unwritable
         f' [ "$gpuledger_signalled" = 0 ] && [ -f {note} ] && [ ! -L {note} ] && gpuledger_term;'
         if note
