@@ -151,6 +151,13 @@ def test_a_run_a_returning_slurmctld_failed_completed_by_its_own_record(tmp_path
     assert gone is not None and (gone.reason, gone.exit_code, gone.at) == (
         "exited", 0, START + 30.3,
     )  # fmt: skip
+    # sacct says NODE_FAIL (the returning controller gave its node up): unsignalled, it ended
+    # by itself, as `node_fail_ending` rules
+    rows = f"NODE_FAIL|0:0|{at(70.0)}\n"
+    failed = vanished_end(r, "7", rows, START + 90.0, OwnEnd(0, START + 30.3), START)
+    assert failed is not None and (failed.reason, failed.exit_code) == ("exited", 0)
+    killed = vanished_end(r, "7", rows, START + 90.0, OwnEnd(0, START + 30.3, True), START)
+    assert killed is not None and killed.reason == "node_failure"
 
 
 @pytest.mark.parametrize(

@@ -390,9 +390,11 @@ def vanished_end(
     if state in WAITING or state in HOLDING:
         return None
     reason: EndReason = end_reason(state) if state in ENDED else "lost"
-    if state not in SLURM_ENDS_FIRST:
+    # unsignalled on a node Slurm gave up: it ended by itself, as `ends.node_fail_ending` rules
+    itself = state == "NODE_FAIL" and own is not None and not own.signalled
+    if state not in SLURM_ENDS_FIRST or itself:
         code, at, mine = own_finish(own, state if state in ENDED else "", code, at, low, at)
-        reason = "exited" if mine and reason == "lost" else reason
+        reason = "exited" if mine and reason in ("lost", "node_failure") else reason
     if r.limited and state in ENDED:
         reason = "time_limit"
     return Exit(r.job_id, code, at, reason, slurm_id, state or "UNKNOWN")
