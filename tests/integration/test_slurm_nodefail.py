@@ -159,6 +159,7 @@ def _stopped_then_down(ledger: Ledger, each_beat: str, *limit: str) -> float:
     ledger.wait("its SIGTERM", lambda: (work / "term").exists(), timeout=60)
     time.sleep(1)
     _down(ledger)
+    (work / "downed").touch()
     time.sleep(1)
     _resume(ledger)
     last = _until_quiet(work / "alive")
@@ -187,13 +188,14 @@ def test_a_stopped_run_that_forges_its_end_record_keeps_its_gpus_until_slurms_ki
     ledger: Ledger,
 ) -> None:
     """atk38-24 F1: as above, but the job writes its own end record (`0 <now> 0`, in its run
-    directory, which is its user's) every 0.2 s while it lives. The record said it had ended,
-    so its GPUs were given to the next job at once, which ran beside it for ~7 s until Slurm's
-    SIGKILL (KillWait after the DOWN). The record still says how it ended; its GPUs wait for
-    Slurm's kill all the same."""
+    directory, which is its user's) every 0.2 s while it lives, from its node's DOWN on. The
+    record said it had ended, so its GPUs were given to the next job at once, which ran beside
+    it for ~7 s until Slurm's SIGKILL (KillWait after the DOWN). The record still says how it
+    ended; its GPUs wait for Slurm's kill all the same (and its script, which did not write
+    the record, ends it at its next beat: atk42-24 F1)."""
     forge = (
-        'd=$(dirname "$GPULEDGER_CHECKPOINT_FILE"); '
-        'echo "0 $(date +%s.%N) 0" > "$d/ended.part" && mv -f "$d/ended.part" "$d/ended"; '
+        f'[ -e {ledger.work}/downed ] && {{ d=$(dirname "$GPULEDGER_CHECKPOINT_FILE"); '
+        'echo "0 $(date +%s.%N) 0" > "$d/ended.part" && mv -f "$d/ended.part" "$d/ended"; }; '
     )
     _stopped_then_down(ledger, forge)
 

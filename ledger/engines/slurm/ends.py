@@ -113,6 +113,9 @@ class OwnEnd:
     exit_code: int
     at: float
     signalled: bool = False
+    written: float | None = None
+    """When the record was written (its ctime, which the job's user can set only to now;
+    None: unknown): the batch script's beats stop before it (`record_beat`)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,9 @@ class Ending:
     so its GPUs wait for Slurm's kill all the same (`surely_gone`: atk38-24 F1)."""
     beat_window_s: float = BEAT_STALE_S
     """How long after its last beat the run may live (`beat_window`): its GPUs wait that too."""
+    written: float | None = None
+    """When its own end record was written (`OwnEnd.written`): later beats are not its
+    script's (`record_beat`)."""
 
 
 def node_fail_ending(
@@ -190,14 +196,17 @@ def node_fail_ending(
     slurm = slurm_end if slurm_end is not None else now
     if own is not None:
         low = started_at if started_at is not None else own.at
+        if own.written is not None:  # a record written later says no earlier end (`own_finish`)
+            low = max(low, min(own.written, now) - OWN_END_SLACK_S)
         at = max(low, min(own.at, now))
         said = f"its own end record: exit {own.exit_code}; Slurm said NODE_FAIL"
+        written = None if own.written is None else min(own.written, now)  # as first read
         killed_then = signalled_at is not None and signalled_at >= slurm  # Slurm's TERM, passed
         # on to the command, may end it within the EndTime's second (a checkpoint and exit 0)
         if own.signalled and (own.at > slurm + OWN_END_SLACK_S or killed_then):
             return Ending(own.exit_code, at, "node_failure", said + " (it was killed)", True,
-                          beat_stale_s)  # fmt: skip
-        return Ending(own.exit_code, at, "exited", said, True, beat_stale_s)
+                          beat_stale_s, written)  # fmt: skip
+        return Ending(own.exit_code, at, "exited", said, True, beat_stale_s, written)
     note = "NODE_FAIL: killed, no end record within KillWait"
     term_at = signalled_at if signalled_at is not None and signalled_at >= slurm - OWN_END_SLACK_S else None  # fmt: skip  # noqa: E501
     beat = beat_bound(beat_at, term_at, after_term_s)
@@ -250,3 +259,55 @@ def surely_gone(
         return False
     slurm = slurm_end if slurm_end is not None else now
     return now >= max(slurm + OWN_END_SLACK_S, answering_since) + kill_wait_s
+
+
+SLURM_SAW_NO_EXIT = frozenset({"FAILED", "NODE_FAIL", "BOOT_FAIL"})
+"""Slurm states a run may end in without its command's exit reaching Slurm (a batch job a
+restarted slurmctld finds missing from its node is FAILED; its node's loss NODE_FAIL): its own
+end record's exit code is how it ended (atk42-24 F2). COMPLETED agrees with it by
+construction (the batch script exits with its command's code)."""
+
+
+def own_finish(
+    own: OwnEnd | None,
+    state: str,
+    code: int,
+    at: float,
+    low: float | None,
+    high: float,
+) -> tuple[int, float, bool]:
+    """Pure: (exit code, end, whether from its own record) of a run Slurm reports ended by
+    itself (COMPLETED, FAILED: not a cancel, a limit or a node's loss, `words.SLURM_ENDS_FIRST`)
+    or no longer lists (`state` ""), recorded so far as ending `at` with `code`. Its own end
+    record, where it exists, says when its command really ended, in every outage shape: Slurm's
+    EndTime is when slurmctld heard of the end, which a dead slurmd (slurmstepd's completion
+    retried through it) or a dead slurmctld (retried until it returns) makes late; and an end
+    in an outage is no longer taken for its last sighting before it (`words.real_end`) when
+    its record says later (atk42-24 F3). The record is the job user's word: its time is kept
+    between `low` (its start, its script's last beat, which comes before the record) and
+    `high` (Slurm's end, or now), and no earlier than a second before it was written (its
+    ctime, which its script makes within a moment of the time it writes and the job's user
+    cannot set back): a forged one moves its charge by a beat or a second at most. Its exit
+    code counts where Slurm did not see the command's exit (`SLURM_SAW_NO_EXIT`, or no longer
+    listed)."""
+    if own is None:
+        return code, at, False
+    t = own.at if low is None else max(low, own.at)
+    t = min(high, t if own.written is None else max(t, own.written - OWN_END_SLACK_S))
+    word = state.split()[0].rstrip("+") if state.split() else ""
+    if not word or word in SLURM_SAW_NO_EXIT:
+        code = own.exit_code
+    return code, t, True
+
+
+def record_beat(beat_at: float | None, written: float | None) -> float | None:
+    """Pure: the last beat believed (`beat_at`: its last beat as seen; None: none) of a run
+    whose own end record was written at `written` (its ctime; None: none, or unknown). Its
+    batch script beats only while its command lives and writes the record after, and ends
+    its command at once when a record it did not write appears
+    (`script._beating`, within a beat): a beat more than `BEAT_EVERY_S` after the record was
+    written is a process of the job's user touching the mark from outside Slurm, which must not
+    keep an ended run's GPUs held (atk42-24 F1)."""
+    if beat_at is None or written is None:
+        return beat_at
+    return min(beat_at, written + BEAT_EVERY_S)

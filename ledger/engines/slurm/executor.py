@@ -29,6 +29,7 @@ from ledger.engines.slurm.foreign import others
 from ledger.engines.slurm.launching import (
     LAUNCHED,
     MarksSeen,
+    last_beat,
     mark_stopping,
     marked,
     never_ran,
@@ -36,6 +37,7 @@ from ledger.engines.slurm.launching import (
     never_starts,
     node_fail_end,
     own_end,
+    run_end,
     run_script,
 )
 from ledger.engines.slurm.leaks import held_with, lasting, leaked_gpus
@@ -77,8 +79,6 @@ from ledger.engines.slurm.words import (
     parse_jobs,
     parse_nodes,
     partition_max_time,
-    processes_end,
-    real_end,
     sbatch_args,
 )
 from schemas.errors import EngineError
@@ -629,10 +629,9 @@ class SlurmExecutor:
                 self._node_failed(r, j, now)  # how it really ended, once known
             elif j.ended:
                 del self._runs[job_id]
-                at = self._end_of(r, j, now)
+                code, at = self._end_of(r, j, now)
                 reason = "time_limit" if r.limited else end_reason(j.state)
-                self._exits.append(Exit(job_id, j.exit_code, at, reason, r.slurm_id, j.state,
-                                        run=r.run))  # fmt: skip
+                self._exits.append(Exit(job_id, code, at, reason, r.slurm_id, j.state, run=r.run))
             elif j.holding and self._past_limit(r, now):
                 r.limited = True
                 limit = self._limit_of(r)
@@ -659,11 +658,10 @@ class SlurmExecutor:
                 forget_stop(self.log_dir, slurm_id)
                 seen = self._completing.pop(slurm_id, None)
                 if j is not None and st.run is not None and j.started:  # its processes' end
-                    itself = failed is None and ended_by_itself(
-                        own_end(self._checkpoint_file(*st.run).parent), j, st.term_refused
-                    )
-                    self._stopped.append(stopped_end(st, j, now, seen, failed, itself,
-                                                     (self._away, self.settle_s)))  # fmt: skip
+                    run_dir = self._checkpoint_file(*st.run).parent
+                    own = own_end(run_dir)
+                    itself = failed is None and ended_by_itself(own, j, st.term_refused)
+                    self._stopped.append(stopped_end(st, j, now, seen, failed, itself, (self._away, self.settle_s), (own, last_beat(run_dir, now))))  # fmt: skip  # noqa: E501
                     if itself and j.exit_code == 0:  # it may complete its job (F3)
                         self._completed.add(st.run[0])
             elif not st.cancelled and now - st.since >= st.grace_s:
@@ -683,20 +681,22 @@ class SlurmExecutor:
                          dict(holds))  # fmt: skip
         self._foreign = dict(other.foreign)
 
-    def _end_of(self, r: Run, j: SlurmJob, now: float) -> float:
-        """When a run ended (`real_end`: Slurm's EndTime, unless it ended while slurmctld was
-        away, when Slurm's is the moment the controller heard of it)."""
+    def _end_of(self, r: Run, j: SlurmJob, now: float) -> tuple[int, float]:
+        """How (exit code) and when a run ended (`run_end`: Slurm's word, or, where Slurm did
+        not decide its end, its own end record's: a completion slurmctld heard late, from a
+        dead slurmd or after its own outage, is not charged)."""
         assert r.slurm_id is not None
         seen = self._completing.get(r.slurm_id)
         if r.slurm_id not in self._stopping:
             self._completing.pop(r.slurm_id, None)
-        end = processes_end(j.end_time, j.state, now, seen)  # a limit: its processes' end
-        at = real_end(end, now, r.seen_running_at, self._away, self.settle_s)
-        if j.end_time is not None and at < min(now, j.end_time):
-            log.info("job %s (Slurm job %s) ended while slurmctld was away: recorded ended at %s, "
-                     "when last seen running (Slurm says %s, when it heard)", r.job_id,
-                     r.slurm_id, when(at), when(j.end_time))  # fmt: skip
-        return at
+        run_dir = self._checkpoint_file(r.job_id, r.run).parent
+        code, at, own = run_end(run_dir, j, r.started_at, now, seen, r.seen_running_at,
+                                (self._away, self.settle_s))  # fmt: skip
+        if j.end_time is not None and at < min(now, j.end_time) - 1:
+            log.info("job %s (Slurm job %s) ended at %s (%s; Slurm says %s, when it heard)",
+                     r.job_id, r.slurm_id, when(at), "its own end record" if own else
+                     "last seen running, slurmctld away", when(j.end_time))  # fmt: skip
+        return code, at
 
     def _node_failed(self, r: Run, j: SlurmJob, now: float) -> None:
         """A run Slurm ended NODE_FAIL: recorded as it really ended, once known; kept until
@@ -762,7 +762,9 @@ class SlurmExecutor:
                 )
             except EngineError as err:
                 log.warning("sacct: %s", err.line())
-        if (gone := vanished_end(r, r.slurm_id, rows, now)) is not None:
+        run_dir = self._checkpoint_file(r.job_id, r.run).parent
+        low = max((t for t in (r.started_at, last_beat(run_dir, now)) if t is not None), default=None)  # fmt: skip  # noqa: E501
+        if (gone := vanished_end(r, r.slurm_id, rows, now, own_end(run_dir), low)) is not None:
             del self._runs[r.job_id]
             self._exits.append(gone)
 

@@ -28,9 +28,17 @@ from ledger.engines.slurm.ends import (
     beat_window,
     ends_after_term_s,
     node_fail_ending,
+    own_finish,
 )
 from ledger.engines.slurm.script import batch_script
-from ledger.engines.slurm.words import NEVER_STARTS, SbatchUser, SlurmJob
+from ledger.engines.slurm.words import (
+    NEVER_STARTS,
+    SLURM_ENDS_FIRST,
+    SbatchUser,
+    SlurmJob,
+    processes_end,
+    real_end,
+)
 from ledger.engines.supervise import JOB_NOFILE_VAR
 from schemas.commands import RunEnd
 
@@ -117,7 +125,8 @@ def own_end(run_dir: Path) -> OwnEnd | None:
         code, at = (
             (int(words[0]), float(words[1].replace(",", "."))) if len(words) == 3 else (0, math.nan)
         )
-        return OwnEnd(code, at, words[2] == "1") if math.isfinite(at) else None
+        written = os.fstat(fd).st_ctime
+        return OwnEnd(code, at, words[2] == "1", written) if math.isfinite(at) else None
     except (OSError, ValueError):
         return None
     finally:
@@ -131,6 +140,50 @@ def signalled_at(run_dir: Path) -> float | None:
         return os.lstat(run_dir / SIGNALLED).st_ctime
     except OSError:
         return None
+
+
+def last_beat(run_dir: Path, now: float) -> float | None:
+    """The run's last heartbeat (`ALIVE`'s ctime, never after `now`), None without one."""
+    try:
+        return min(now, os.lstat(run_dir / ALIVE).st_ctime)
+    except OSError:
+        return None
+
+
+def finish_by_record(
+    run_dir: Path, state: str, code: int, at: float, started_at: float | None, high: float,
+    now: float,
+) -> tuple[int, float, bool]:  # fmt: skip
+    """(exit code, end, whether from its own record) of a run Slurm reports ended by itself or
+    no longer lists, from its own end record where there is one (`ends.own_finish`): kept
+    after its start and its script's last beat, and not after `high` (Slurm's end, or now)."""
+    lows = [t for t in (started_at, last_beat(run_dir, now)) if t is not None]
+    low = min(now, max(lows)) if lows else None
+    return own_finish(own_end(run_dir), state, code, at, low, high)
+
+
+def run_end(
+    run_dir: Path,
+    j: SlurmJob,
+    started_at: float | None,
+    now: float,
+    completing_seen: float | None,
+    seen_running_at: float | None,
+    outage: tuple[tuple[float, float] | None, float],
+) -> tuple[int, float, bool]:
+    """(exit code, end, whether from its own record) of a run Slurm reports ended: Slurm's
+    word (`words.processes_end`; `words.real_end` for an end in an outage, `outage`: the last
+    one and the settle time after it), or, where Slurm did not decide its end (not
+    `SLURM_ENDS_FIRST`), its own end record's (`finish_by_record`): Slurm's EndTime is when
+    slurmctld heard of the end, which a dead slurmd or slurmctld makes late (CI: a run that
+    ended while its slurmd was dead was charged 10.9 s past its end)."""
+    end = processes_end(j.end_time, j.state, now, completing_seen)
+    at = real_end(end, now, seen_running_at, *outage)
+    if j.state in SLURM_ENDS_FIRST:
+        return j.exit_code, at, False
+    high = now if end is None else min(now, end)
+    start = started_at if started_at is not None else j.start_time
+    return finish_by_record(run_dir, j.state, j.exit_code, at, start, high, now)
 
 
 @dataclass

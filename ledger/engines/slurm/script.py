@@ -152,7 +152,11 @@ def batch_script(
         # a signal only interrupts the wait, which begins again
         f"trap 'gpuledger_sig=1; gpuledger_signalled=1;{noted}' {signals}",
         f"trap 'gpuledger_sig=1; gpuledger_signalled=1;{noted} gpuledger_fwd' TERM" * bool(forward),
-        *(_beating(signalled_file, after_term_s, forward, own_end_s) if alive_file else [WAIT]),
+        *(
+            _beating(signalled_file, after_term_s, forward, own_end_s, ended_file)
+            if alive_file
+            else [WAIT]
+        ),
         # no code: the child was killed before its command ended (a signal at its start)
         f"{{ read -r gpuledger_rc < {code}; }} 2>/dev/null || gpuledger_rc=${{gpuledger_end:-143}}",
         'case "$gpuledger_rc" in "" | *[!0-9]*) gpuledger_rc=143 ;; esac',
@@ -186,7 +190,9 @@ def _first_beat(alive_file: str) -> list[str]:
     ]
 
 
-def _beating(signalled_file: str, after_term_s: int, forward: str, own_end_s: int) -> list[str]:
+def _beating(
+    signalled_file: str, after_term_s: int, forward: str, own_end_s: int, ended_file: str = ""
+) -> list[str]:
     """Pure: the script's wait for its command as its heartbeat (`batch_script`): its TERM
     trap re-set so its first SIGTERM starts its end (`after_term_s` later); a beat after each
     wait of at most `BEAT_EVERY_S` (`wait -n` on the command's child and a `sleep` from the
@@ -194,12 +200,20 @@ def _beating(signalled_file: str, after_term_s: int, forward: str, own_end_s: in
     ended is slept again, atk40-24 F1). A mark it cannot write for `UNBEATEN_S` is its own
     SIGTERM to the command, and its end `own_end_s` later at the latest; a signal note it did
     not make starts its end as a SIGTERM would (the executor believes the note:
-    `ends.beat_bound`). At its end it SIGKILLs the command and
-    its child and goes on to the end record (Slurm ends what is left of the job:
-    proctrack/cgroup)."""
+    `ends.beat_bound`). An end record it did not write (`ended_file`, a regular file there
+    before its own, as the executor reads one: the job's user declared the run ended; not the
+    directory a job makes to keep its records unwritable, atk37-23 F6) ends the run at its
+    next beat, at once, so the
+    executor believes no beat a beat after the record (`ends.record_beat`: a touch of the mark
+    from outside Slurm held an ended run's GPUs, atk42-24 F1); its own record replaces it. At
+    its end it SIGKILLs the command and its child and goes on to the end record (Slurm ends
+    what is left of the job: proctrack/cgroup)."""
     note = shlex.quote(signalled_file) if signalled_file else ""
     mark = f" {{ : > {note}; }} 2>/dev/null;" if note else ""
     fwd = " gpuledger_fwd;" * bool(forward)
+    kill = ' { exec 2>/dev/null; gpuledger_kill KILL; kill -KILL "$gpuledger_pid"; gpuledger_end=137; break; };'  # noqa: E501
+    end = shlex.quote(ended_file) if ended_file else ""
+    recorded = f" [ -f {end} ] && [ ! -L {end} ] &&{kill}" if end else ""  # as `own_end` reads
     forged = (  # a regular file: not the directory a job makes to keep its notes unwritable
         f' [ "$gpuledger_signalled" = 0 ] && [ -f {note} ] && [ ! -L {note} ] && gpuledger_term;'
         if note
@@ -216,13 +230,12 @@ def _beating(signalled_file: str, after_term_s: int, forward: str, own_end_s: in
         f"while :; do command -p sleep {BEAT_EVERY_S} & gpuledger_z=$!; gpuledger_done=;"
         ' wait -n -p gpuledger_done "$gpuledger_pid" "$gpuledger_z";'
         ' kill "$gpuledger_z" 2>/dev/null; [ "$gpuledger_done" = "$gpuledger_pid" ] && break;'
-        f' kill -0 "$gpuledger_pid" 2>/dev/null || break;{forged}'
+        f' kill -0 "$gpuledger_pid" 2>/dev/null || break;{recorded}{forged}'
         f" gpuledger_beat || [ $((EPOCHSECONDS - gpuledger_ok)) -lt {UNBEATEN_S} ] ||"
         ' { [ -n "$gpuledger_ends" ] || gpuledger_kill TERM;'
         f" gpuledger_e=$((EPOCHSECONDS + {own_end_s}));"
         ' [ -n "$gpuledger_ends" ] && [ "$gpuledger_ends" -le "$gpuledger_e" ] ||'
         " gpuledger_ends=$gpuledger_e; };"
         ' [ -z "$gpuledger_ends" ] || [ "$EPOCHSECONDS" -lt "$gpuledger_ends" ] ||'
-        ' { exec 2>/dev/null; gpuledger_kill KILL; kill -KILL "$gpuledger_pid"; gpuledger_end=137;'
-        " break; }; done",
+        f"{kill} done",
     ]

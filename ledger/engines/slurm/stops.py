@@ -10,11 +10,20 @@ from dataclasses import dataclass, field
 
 from ledger.core.state import Node, State, StoppedRun
 from ledger.cycle.executor import Exit, Launch
-from ledger.engines.slurm.ends import BEAT_STALE_S, Ending, OwnEnd, sacct_end, surely_gone
+from ledger.engines.slurm.ends import (
+    BEAT_STALE_S,
+    Ending,
+    OwnEnd,
+    own_finish,
+    record_beat,
+    sacct_end,
+    surely_gone,
+)
 from ledger.engines.slurm.tracked import Run
 from ledger.engines.slurm.words import (
     ENDED,
     HOLDING,
+    SLURM_ENDS_FIRST,
     WAITING,
     SlurmJob,
     end_reason,
@@ -88,6 +97,7 @@ def stopped_end(
     failed: Ending | None = None,
     by_itself: bool = False,
     outage: tuple[tuple[float, float] | None, float] = (None, 0.0),
+    record: tuple[OwnEnd | None, float | None] = (None, None),
 ) -> Exit:
     """Pure: a stopped run's real end as Slurm kept it (its EndTime, exit code and state), or,
     when its processes outlived the EndTime of a scancel (seen COMPLETING after it:
@@ -100,16 +110,21 @@ def stopped_end(
     after a stop begun before the controller answered again, and was not killed by the
     executor's `scancel`, ended when it was last seen running, as any run does (`real_end`;
     atk39-24 F6: such a run was recorded ended at the late EndTime the returning controller
-    gave it)."""
+    gave it). One that ended by itself ended as its own end record says (`record`: it, and its
+    script's last beat; `ends.own_finish`), not at Slurm's late word nor at its last sighting
+    (atk42-24 F3)."""
     assert st.run is not None
     end = processes_end(j.end_time, j.state, now, completing_seen)
-    at = now if end is None else min(now, end)
+    at = high = now if end is None else min(now, end)
     away, settle_s = outage
     if failed is None and not st.killed and away is not None and (by_itself or st.since <= away[1]):
         at = real_end(at, now, st.seen_running_at, away, settle_s)
     note = f"Slurm: {j.state}" + (", killed after its grace" if st.killed else "")
     state = "KILLED" if st.killed else j.state
     code = j.exit_code
+    if by_itself and failed is None:
+        low = max((t for t in (j.start_time, record[1]) if t is not None), default=None)
+        code, at, _ = own_finish(record[0], j.state, code, at, low, high)
     if failed is not None:
         at, code, note = min(now, failed.at), failed.exit_code, f"{note}; {failed.note}"
         state = "KILLED" if st.killed or failed.reason == "node_failure" else j.state
@@ -321,6 +336,7 @@ class Quarantine:
         if ending is not None and ending.own_record and j is not None and gpus:
             self.runs[j.slurm_id] = (gpus, j.end_time)
             self.windows[j.slurm_id] = ending.beat_window_s
+            self.written[j.slurm_id] = ending.written
             for node, idx in gpus.items():  # held at once, not from the next `refresh` on
                 self.held[node] = tuple(sorted({*self.held.get(node, ()), *idx}))
 
@@ -328,6 +344,10 @@ class Quarantine:
     """The GPUs still held (node -> indices), as of the last `refresh`."""
     windows: dict[str, float] = field(default_factory=dict)
     """Slurm id -> how long after its last beat the run may live (`ends.beat_window`)."""
+    written: dict[str, float | None] = field(default_factory=dict)
+    """Slurm id -> when its own end record was written: no later beat counts
+    (`ends.record_beat`: a touch of its mark from outside Slurm held an ended run's GPUs,
+    atk42-24 F1)."""
 
     def refresh(
         self,
@@ -345,24 +365,36 @@ class Quarantine:
         for slurm_id, (gpus, end) in list(self.runs.items()):
             since = [answering.get(n) for n in gpus]
             first = None if None in since else max(s for s in since if s is not None)
-            last = beat(slurm_id, now) if surely_gone(end, first, kill_wait_s, now) else now
+            last = record_beat(beat(slurm_id, now), self.written.get(slurm_id))
+            last = last if surely_gone(end, first, kill_wait_s, now) else now
             if last is None or now >= last + self.windows.get(slurm_id, BEAT_STALE_S):
                 del self.runs[slurm_id]
                 self.windows.pop(slurm_id, None)
+                self.written.pop(slurm_id, None)
                 continue
             for node, idx in gpus.items():
                 out[node] = tuple(sorted({*out.get(node, ()), *idx}))
         self.held = out
 
 
-def vanished_end(r: Run, slurm_id: str, sacct: str, now: float) -> Exit | None:
+def vanished_end(
+    r: Run, slurm_id: str, sacct: str, now: float, own: OwnEnd | None = None,
+    low: float | None = None,
+) -> Exit | None:  # fmt: skip
     """Pure: the end of a run Slurm no longer lists (past MinJobAge, or the controller lost its
     state), from `sacct`'s rows ("" without accounting: `lost`, now); None while sacct says it
-    waits or runs."""
+    waits or runs. Its own end record (`own`), where Slurm did not decide its end, says how and
+    when it ended (`ends.own_finish`, kept after `low`): a run that exited 0 while slurmctld
+    was away and that the returning controller no longer lists completed (atk42-24 F2)."""
     state, code, at = sacct_end(sacct, now) if sacct else ("", -1, now)
     if state in WAITING or state in HOLDING:
         return None
     reason: EndReason = end_reason(state) if state in ENDED else "lost"
+    # unsignalled on a node Slurm gave up: it ended by itself, as `ends.node_fail_ending` rules
+    itself = state == "NODE_FAIL" and own is not None and not own.signalled
+    if state not in SLURM_ENDS_FIRST or itself:
+        code, at, mine = own_finish(own, state if state in ENDED else "", code, at, low, at)
+        reason = "exited" if mine and reason in ("lost", "node_failure") else reason
     if r.limited and state in ENDED:
         reason = "time_limit"
     return Exit(r.job_id, code, at, reason, slurm_id, state or "UNKNOWN")
