@@ -350,7 +350,7 @@ class SlurmExecutor:
         if isinstance(claimed, str):  # the files claimed (`outputs`)
             raise _Refused(claimed)
         args = ["sbatch", *sbatch_args(job, self.partition, os.devnull, who, self.ledger_id,
-                                       self._pinned, "", self._grace_of(r),
+                                       self._pinned, claimed.error_file, self._grace_of(r),
                                        self.max_time_s)]  # fmt: skip
         checkpoint = self._checkpoint_file(job.job_id, job.run, who)
         umask = own_umask() if job.umask is None else job.umask  # the submitter's, as sbatch's
