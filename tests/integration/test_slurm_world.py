@@ -478,3 +478,41 @@ def test_import_shares_round_trips_and_a_parent_share_is_no_weight_of_its_own(
     led.cli("slurm", "import-shares", "--from", str(saved), "-o", str(again))
     assert again.read_text() == budget.read_text()
     assert "no changes" in led.cli("budget", "apply", str(again))
+
+
+def test_a_run_adopted_after_a_kill_9_keeps_its_output_and_error_files(ledger: Ledger) -> None:
+    """atk42-24 F4: a run adopted after `kill -9` of the service whose start it had not yet
+    recorded was recorded started with `logs: []` (Slurm's record has /dev/null: slurmstepd
+    does not open the job's output). Its launch is held CONFIGURING by the cluster's prolog
+    (`hold-launches`) while the service is killed, so its start is recorded only after the
+    restart: `jobs --json` shows its files as it would have."""
+    hold = Path(ledger.cluster.conf).parent / "hold-launches"
+    hold.touch()
+    try:
+        ledger.up()
+        ledger.submit("alice", 1, "echo out-line; echo err-line >&2; sleep 300",
+                      "-e", str(ledger.work / "e-%j.err"))  # fmt: skip
+
+        def configuring() -> bool:
+            return any("job=1:" in j["comment"] and j["state"] == "CONFIGURING"
+                       for j in ledger.cluster.jobs().values())  # fmt: skip
+
+        ledger.wait("Slurm to hold the launch", configuring)
+        assert status(ledger, 1) == "placed"  # its start is not recorded (10 s unmarked)
+        ledger.kill9()
+    finally:
+        hold.unlink(missing_ok=True)
+    out, err = ledger.work / "gpuledger-1.out", ledger.work / "e-1.err"
+    deadline = time.monotonic() + 60  # (`ledger.wait` asks the service, which is down)
+    while not (out.exists() and "out-line" in out.read_text()):
+        assert time.monotonic() < deadline, "the job did not run once released"
+        time.sleep(0.3)
+    ledger.up()
+    ledger.wait("its start", lambda: status(ledger, 1) == "running")
+    assert ledger.jobs()[1]["logs"] == [str(out), str(err)], ledger.jobs()[1]
+    (started,) = ledger.of("job.started.v1", 1)
+    assert started["logs"] == [str(out), str(err)], started
+    assert "err-line" in err.read_text()
+    ledger.cli("cancel", "1")
+    ledger.wait("the cancel", lambda: status(ledger, 1) == "finished")
+    ledger.stop()
