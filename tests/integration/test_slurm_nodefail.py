@@ -323,3 +323,61 @@ def test_a_job_that_completes_as_the_ledger_requeues_it_is_completed_and_never_r
     time.sleep(3)  # a requeued job would be launched again now
     assert len(_lines(work, "start")) == 1, (work / "runs").read_text()
     assert len(ledger.of("job.engine_linked.v1", 1)) == 1
+
+
+def test_a_launch_slurm_restarts_without_its_gpus_never_runs_its_command(ledger: Ledger) -> None:
+    """atk40-24 F2: a run placed on a node whose slurmd has just died fails to launch; Slurm
+    22.05 requeues it (`--no-requeue` or not), and once slurmd is back starts it again with no
+    GRES at all (`JOB_GRES=(null)`, no `SLURM_JOB_GPUS`, no `CUDA_VISIBLE_DEVICES`): the command
+    ran on GPUs it did not hold. Now the batch script checks Slurm's GPUs against the ledger's
+    placement first: the restart leaves `wrong-gpus` and ends 127 without running the command,
+    the run ends `node_failure`, and the resumable job is placed again (its next launch may
+    wait for the GPU Slurm's accounting leaked until slurmctld restarts: not checked here).
+    The set-up is deterministic: the cluster's prolog holds the launch allocated, not started
+    (`hold-launches`), until slurmd is dead, so Slurm's launch always meets a dead slurmd (with
+    slurmd killed just before the submission, the wait for Slurm's requeue read the first
+    `gpuledger-1` Slurm listed: in a whole-file run, an earlier test's, completed)."""
+    work = ledger.work
+    cl = ledger.cluster
+    hold = Path(cl.conf).parent / "hold-launches"
+    hold.touch()
+    before = set(cl.jobs())  # earlier tests' `gpuledger-1`s: Slurm keeps them (MinJobAge)
+    try:
+        ledger.up()
+        ledger.submit("bob", 1, f"echo start $GPULEDGER_RUN gpus=${{SLURM_JOB_GPUS:-none}} >> "
+                      f"{work}/runs; sleep 2", "--resumable", "--min-runtime", "1h")  # fmt: skip
+        held = lambda: [i for i, j in cl.jobs().items() if i not in before  # noqa: E731
+                        and "job=1:" in j["comment"] and j["state"] == "CONFIGURING"]  # fmt: skip
+        ledger.wait("Slurm to hold the launch", lambda: bool(held()))
+        (slurm_id,) = held()
+        slurmd = cl.daemon_pid("slurmd")
+        os.kill(slurmd, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{slurmd}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # gone (a zombie reaped by its parent, init) before the launch
+    finally:
+        hold.unlink(missing_ok=True)
+    deadline = time.monotonic() + 60
+    restarted = ""
+    while time.monotonic() < deadline and not (
+        "Restarts=1" in restarted and "JobState=PENDING" in restarted
+    ):  # requeued and released: restarted now, it gets no GRES (restarted COMPLETING, it may)
+        restarted = cl.run("scontrol", "-o", "show", "job", slurm_id, check=False)
+        time.sleep(0.5)
+    assert "JobState=PENDING" in restarted, f"Slurm did not requeue the failed launch: {restarted}"
+    cl.up()  # slurmd back: Slurm starts the requeued launch again, without its GRES
+    ended = lambda: ledger.of("job.engine_ended.v1", 1)  # noqa: E731
+    try:  # Slurm holds a requeued launch 120 s (its BeginTime) before it starts it again
+        ledger.wait("the restarted launch to end", lambda: bool(ended()), timeout=240)
+    except AssertionError as err:
+        raise AssertionError(f"{err}\nSlurm: {cl.run('scontrol', '-d', '-o', 'show', 'job')}"
+                             f"\nruns: {_lines(work, '')}") from None  # fmt: skip
+    first = ended()[0]
+    assert first["reason"] == "node_failure", first
+    assert first["note"].startswith("Slurm started it without the GPUs the ledger placed it on")
+    ledger.wait("the job placed again", lambda: len(ledger.of("job.placed.v1", 1)) == 2)
+    time.sleep(3)
+    # its command never ran without its GPUs (Slurm's GRES accounting, which leaks the GPU of
+    # the launch it restarted without them, may hold the next launch until slurmctld restarts)
+    starts = _lines(work, "start")
+    assert all("gpus=none" not in ln for ln in starts), starts

@@ -196,6 +196,27 @@ def test_a_limit_in_seconds_is_kept_after_the_service_restarts(ledger: Ledger) -
     assert 18 <= row["finished_at"] - row["started_at"] < 45, row  # Slurm's own: 60 s
 
 
+def test_slurms_own_note_reaches_the_error_file_of_a_job_stopped_at_its_limit(
+    ledger: Ledger,
+) -> None:
+    """s43 task 1: slurmstepd opened /dev/null alone, so Slurm's own notes (its "*** JOB ...
+    CANCELLED AT ..." when it kills the job, "DUE TO TIME LIMIT" for its own limit) reached no
+    file. Its error file's directories are root's and no other account may replace a name in
+    them (the sticky bit): `sbatch --error` names it, and a job that ignores SIGTERM, stopped at
+    its limit, has Slurm's note there, after its own lines."""
+    ledger.up()
+    err = ledger.work / "e-1.err"
+    ledger.submit("alice", 1, "trap '' TERM; echo began >&2; sleep 300", "-t", "5s",
+                  "-e", str(ledger.work / "e-%j.err"))  # fmt: skip
+    ledger.wait("the limit", lambda: status(ledger, 1) == "finished", timeout=90)
+    assert ledger.jobs()[1]["finish_reason"] == "time_limit", ledger.jobs()[1]
+    ledger.wait("Slurm's note", lambda: "CANCELLED AT" in err.read_text(), timeout=30)
+    text = err.read_text()
+    assert text.startswith("began\n"), text
+    slurm_id = ledger.jobs()[1]["engine_job_id"]
+    assert f"*** JOB {slurm_id} ON {ledger.cluster.node} CANCELLED AT" in text, text
+
+
 def test_a_run_slurm_cannot_launch_is_launch_failed_and_never_started(ledger: Ledger) -> None:
     """N3 of the re-test of issue 23 (the node agents' twin is in test_sbatch_like.py): an
     output file the job's user cannot write made Slurm fail the launch (JobLaunchFailure,
@@ -229,9 +250,10 @@ def test_a_working_directory_it_cannot_enter_is_launch_failed_with_why(ledger: L
         ledger.cli("member", "add", user.name, "ai2/olmo")
         closed = ledger.work / "closed-cd"  # root's, 0700: the user may not enter it
         closed.mkdir(mode=0o700)
-        gone, go = user.home / "gone", user.home / "go"
-        gone.mkdir()
-        os.chown(gone, user.uid, user.gid)
+        gone, go, gone_too = user.home / "gone", user.home / "go", user.home / "gone too"
+        for d in (gone, gone_too):
+            d.mkdir()
+            os.chown(d, user.uid, user.gid)
         ledger.up(run_as="submitter")
         out = ["-o", f"{user.home}/o-%j.out"]  # an output file the user can open
         (first,) = submit_as(ledger, user, user.home, "--", "sh", "-c",
@@ -239,17 +261,25 @@ def test_a_working_directory_it_cannot_enter_is_launch_failed_with_why(ledger: L
         (no_entry,) = submit_as(ledger, user, user.home, "-D", str(closed), *out, "--", "true")
         (removed,) = submit_as(ledger, user, gone, *out, f"--dependency=afterany:{first}",
                                "--", "true")  # fmt: skip
+        # its output in the working directory too (the default, gpuledger-%j.out): the batch
+        # script said only that it could not open it (s43: the directory is checked first)
+        (removed_too,) = submit_as(ledger, user, gone_too, f"--dependency=afterany:{first}",
+                                   "--", "true")  # fmt: skip
         gone.rmdir()  # after the submission, before its launch
+        gone_too.rmdir()
         go.touch()
-        ended = (no_entry, removed)
-        ledger.wait("both to end", lambda: all(status(ledger, j) == "finished" for j in ended))
+        ended = (no_entry, removed, removed_too)
+        ledger.wait("all to end", lambda: all(status(ledger, j) == "finished" for j in ended))
         rows = ledger.jobs()
-        for job, where in [(no_entry, closed), (removed, gone)]:
+        node = ledger.cluster.node
+        for job, where, how in [(no_entry, closed, "its user may not enter it"),
+                                (removed, gone, "no such directory"),
+                                (removed_too, gone_too, "no such directory")]:  # fmt: skip
             row = rows[job]
             assert (row["finish_reason"], row["exit_code"], row["started_at"]) == (
                 "launch_failed", None, None,
             ), row  # fmt: skip
-            why = f"cannot enter the working directory {where}"
+            why = f"cannot enter the working directory {where}: {how} on node {node}"
             assert row["finish_note"] == why, row
             assert ledger.of("job.started.v1", job) == []
             said = [ln for ln in ledger.cli("explain", str(job)).splitlines() if why in ln]
@@ -448,3 +478,41 @@ def test_import_shares_round_trips_and_a_parent_share_is_no_weight_of_its_own(
     led.cli("slurm", "import-shares", "--from", str(saved), "-o", str(again))
     assert again.read_text() == budget.read_text()
     assert "no changes" in led.cli("budget", "apply", str(again))
+
+
+def test_a_run_adopted_after_a_kill_9_keeps_its_output_and_error_files(ledger: Ledger) -> None:
+    """atk42-24 F4: a run adopted after `kill -9` of the service whose start it had not yet
+    recorded was recorded started with `logs: []` (Slurm's record has /dev/null: slurmstepd
+    does not open the job's output). Its launch is held CONFIGURING by the cluster's prolog
+    (`hold-launches`) while the service is killed, so its start is recorded only after the
+    restart: `jobs --json` shows its files as it would have."""
+    hold = Path(ledger.cluster.conf).parent / "hold-launches"
+    hold.touch()
+    try:
+        ledger.up()
+        ledger.submit("alice", 1, "echo out-line; echo err-line >&2; sleep 300",
+                      "-e", str(ledger.work / "e-%j.err"))  # fmt: skip
+
+        def configuring() -> bool:
+            return any("job=1:" in j["comment"] and j["state"] == "CONFIGURING"
+                       for j in ledger.cluster.jobs().values())  # fmt: skip
+
+        ledger.wait("Slurm to hold the launch", configuring)
+        assert status(ledger, 1) == "placed"  # its start is not recorded (10 s unmarked)
+        ledger.kill9()
+    finally:
+        hold.unlink(missing_ok=True)
+    out, err = ledger.work / "gpuledger-1.out", ledger.work / "e-1.err"
+    deadline = time.monotonic() + 60  # (`ledger.wait` asks the service, which is down)
+    while not (out.exists() and "out-line" in out.read_text()):
+        assert time.monotonic() < deadline, "the job did not run once released"
+        time.sleep(0.3)
+    ledger.up()
+    ledger.wait("its start", lambda: status(ledger, 1) == "running")
+    assert ledger.jobs()[1]["logs"] == [str(out), str(err)], ledger.jobs()[1]
+    (started,) = ledger.of("job.started.v1", 1)
+    assert started["logs"] == [str(out), str(err)], started
+    assert "err-line" in err.read_text()
+    ledger.cli("cancel", "1")
+    ledger.wait("the cancel", lambda: status(ledger, 1) == "finished")
+    ledger.stop()

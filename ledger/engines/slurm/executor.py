@@ -345,12 +345,13 @@ class SlurmExecutor:
             raise _Refused(who)
         out = job.stdout or str(self._default_log(job, who))
         r.logs = tuple(dict.fromkeys(p for p in (out, job.stderr) if p))
+        tracked.note_logs(self.log_dir, job.job_id, job.run, r.logs)  # for a restart's adopt
         mask = files_umask(job.umask, bool(job.stdout))  # slurmstepd opens /dev/null alone:
         claimed = claim_outputs(r.logs, who, self.timeout_s, mask, job.workdir)  # the script,
         if isinstance(claimed, str):  # the files claimed (`outputs`)
             raise _Refused(claimed)
         args = ["sbatch", *sbatch_args(job, self.partition, os.devnull, who, self.ledger_id,
-                                       self._pinned, "", self._grace_of(r),
+                                       self._pinned, claimed.error_file, self._grace_of(r),
                                        self.max_time_s)]  # fmt: skip
         checkpoint = self._checkpoint_file(job.job_id, job.run, who)
         umask = own_umask() if job.umask is None else job.umask  # the submitter's, as sbatch's
@@ -786,9 +787,11 @@ class SlurmExecutor:
                 continue
             job_id, run = tag
             if runs.get(job_id) == run:
-                self._runs[job_id] = Run(job_id, run, None, j.slurm_id, logs=j.logs)
+                logs = tracked.noted_logs(self.log_dir, job_id, run) or j.logs
+                self._runs[job_id] = Run(job_id, run, None, j.slurm_id, logs=logs)
                 log.info("adopted Slurm job %s as job %s run %s", j.slurm_id, job_id, run)
         adopted = set(self._runs)
+        tracked.forget_logs(self.log_dir, ((r.job_id, r.run) for r in self._runs.values()))
         self._read_runs(now)  # runs that ended while we were away: exits at the next `observe`
         return adopted
 

@@ -2,13 +2,15 @@
 directory (`<log_dir>/checkpoints/<job>.<run>/`, the job's user's alone): `launched` once its
 command is about to run, `cannot-enter` when its working directory could not be entered,
 `cannot-start` when its command is not found in its PATH or is no executable file (the script
-ends there, exit 127). Slurm itself cannot say: slurmstepd falls back to /tmp for a
-directory it cannot enter, and a script that ends 127 is FAILED like any job's own failure.
-Where the compute node does not share the service's directory, neither mark is seen: such a
-run is recorded as Slurm ends it (docs/slurm.md). The job's user can write the marks, so they
-are believed only where a failing `cd` could have left them: a run Slurm shows running, or ran,
-for `launch_confirm_s` (10 s) or more really ran, marks or not, and is charged from Slurm's
-start (a forged mark hides at most those seconds). An edge (it reads the marks)."""
+ends there, exit 127); `cannot-enter` and `cannot-open` may hold the script's own line of why
+(`said`: a directory missing on the node, closed to the user). Slurm itself cannot say:
+slurmstepd falls back to /tmp for a directory it cannot enter, and a script that ends 127 is
+FAILED like any job's own failure. Where the compute node does not share the service's
+directory, neither mark is seen: such a run is recorded as Slurm ends it (docs/slurm.md). The
+job's user can write the marks, so they are believed only where a failing `cd` could have left
+them: a run Slurm shows running, or ran, for `launch_confirm_s` (10 s) or more really ran, marks
+or not, and is charged from Slurm's start (a forged mark hides at most those seconds). An edge
+(it reads the marks)."""
 
 from __future__ import annotations
 
@@ -216,6 +218,26 @@ class MarksSeen:
         return min(ctime, seen[1])
 
 
+def said(run_dir: Path, mark: str, opening: str) -> str:
+    """The reason the batch script wrote into `mark` (`script_files.usable_lines`: one line,
+    naming the node), "" when it wrote none or it does not begin with `opening` (the mark is
+    the job user's to write: it may only say why its own launch failed, never pass for another
+    reason, `never_ran_reason`). Never follows a link, never waits on a FIFO."""
+    try:
+        fd = os.open(run_dir / mark, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    try:
+        text = os.read(fd, 600).decode("utf-8", errors="replace") if stat.S_ISREG(
+            os.fstat(fd).st_mode) else ""  # fmt: skip
+    except OSError:
+        text = ""
+    finally:
+        os.close(fd)
+    line = "".join(ch for ch in text.split("\n", 1)[0] if ch.isprintable())[:500]
+    return line if line.startswith(opening) else ""
+
+
 def cannot_enter(launch: Launch | None) -> str:
     """Why a run whose script left `cannot-enter` never ran, in the words of the node agents."""
     where = launch.workdir if launch is not None and launch.workdir else ""
@@ -274,10 +296,13 @@ def never_ran(
     if started or ran >= confirm_s or marked(run_dir, LAUNCHED):
         return ""
     if marked(run_dir, CANNOT_OPEN):
-        return cannot_open(logs)
+        return said(run_dir, CANNOT_OPEN, "cannot open the output file ") or cannot_open(logs)
     if marked(run_dir, CANNOT_START):
         return cannot_start(launch)
-    return cannot_enter(launch) if marked(run_dir, CANNOT_ENTER) else ""
+    if not marked(run_dir, CANNOT_ENTER):
+        return ""
+    entering = said(run_dir, CANNOT_ENTER, "cannot enter the working directory ")
+    return entering or cannot_enter(launch)
 
 
 def never_ran_reason(why: str) -> RunEnd:

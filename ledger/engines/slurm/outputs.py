@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ledger.engines.accounts import RunAs, account_for
-from ledger.engines.job_paths import WORKDIR, Refused, open_outputs
+from ledger.engines.job_paths import WORKDIR, Refused, open_outputs, others_may_write
 from ledger.engines.slurm.words import SBATCH_ENV, SbatchUser
 
 log = logging.getLogger("gpuledger.slurm")
@@ -54,11 +55,13 @@ def files_umask(job_umask: int | None, names_output: bool) -> int:
 
 @dataclass(frozen=True)
 class Claimed:
-    """What the claim found: each output file's inode (absent: left to the job's node) and the
-    working directory's real path ("": none, or left to the node)."""
+    """What the claim found: each output file's inode (absent: left to the job's node), the
+    working directory's real path ("": none, or left to the node) and the error file Slurm may
+    open itself (`steady`; "": none, slurmstepd opens /dev/null alone)."""
 
     inodes: dict[str, int] = field(default_factory=dict)
     workdir: str = ""
+    error_file: str = ""
 
     def files(self, paths: Iterable[str]) -> list[tuple[str, int | None]]:
         """Pure: the batch script's files to open (`words.batch_script`'s `outputs`)."""
@@ -101,7 +104,38 @@ def claim_outputs(
         for fd in got.values():
             inodes[name] = os.fstat(fd).st_ino
             os.close(fd)
-    return Claimed(inodes, real)
+    error = files[1] if len(files) > 1 else files[0] if files else ""
+    uid = who.uid if who.uid is not None else os.geteuid()
+    return Claimed(inodes, real, error if error in inodes and steady(error, uid) else "")
+
+
+def steady(path: str, uid: int) -> bool:
+    """Whether slurmstepd may open the run's error file `path` by its name itself (`sbatch
+    --error`, so Slurm's own notes reach it as under sbatch: "CANCELLED ... DUE TO TIME
+    LIMIT", its "error:" lines), as the claim left it: an absolute name, every directory from
+    `/` to the file's own a directory (no link on the way) of user `uid`'s or root's that no
+    other account may write (`job_paths.others_may_write`: with the sticky bit they may not
+    rename or remove what is not theirs), the file itself a regular file of the user's, no
+    link. Then no other account can put anything in its place between the claim and Slurm's
+    open (atk38-23 F3); anywhere else slurmstepd opens /dev/null alone. Ownership and modes
+    only their owners (the user, root) can change, so checking them here holds."""
+    names = path.split("/")
+    if not path.startswith("/") or any(n in (".", "..") for n in names):
+        return False
+    here = "/"
+    try:
+        for name in [*(n for n in names[:-1] if n), None]:
+            st = os.lstat(here)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (uid, 0):
+                return False
+            if others_may_write(st.st_mode):
+                return False
+            if name is not None:
+                here = os.path.join(here, name)
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == uid
 
 
 def _account(who: SbatchUser) -> dict[str, Any] | None:

@@ -15,7 +15,7 @@ from ledger.engines.slurm.ends import (
     ends_after_term_s,
     own_end_after_s,
 )
-from ledger.engines.slurm.script_files import output_lines, touch, workdir_check
+from ledger.engines.slurm.script_files import output_lines, touch, usable_lines, workdir_check
 from ledger.engines.slurm.script_gpus import gpus_check
 from ledger.engines.slurm.words import SbatchUser, job_environment
 
@@ -93,7 +93,9 @@ def batch_script(
     with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
     env = job_environment(job, who or SbatchUser(), checkpoint_file)
     lines = ["#!/bin/bash", *_files_limit(files_limit)]
-    if outputs:
+    if outputs:  # what the job needs is there and its user's, else why, before anything
+        paths = [p for p, _ in outputs[:2]]
+        lines += usable_lines(job.workdir, paths, cannot_enter_file, cannot_open_file)
         lines += [f"umask {files_umask:04o}", *output_lines(outputs, cannot_open_file)]
     lines.append(f"umask {umask:04o}")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]

@@ -4,6 +4,7 @@ the name after the claim is ever waited on or written to: atk38-23 F3). Pure."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Sequence
 
@@ -75,3 +76,47 @@ def workdir_check(workdir: str, real: str, mark: str) -> list[str]:
         f'{same} || {{ echo "gpuledger: the working directory "{wd}" is not the one checked at '
         f'launch: another account may have replaced it" >&2;{mark} exit 127; }}'
     ]
+
+
+NODE = "${SLURMD_NODENAME:-$(hostname 2>/dev/null)}"
+"""The node the batch script runs on, as its reasons name it."""
+
+
+def usable_lines(
+    workdir: str, outputs: Sequence[str], enter_mark: str = "", open_mark: str = ""
+) -> list[str]:
+    """Pure: the batch script's first lines, before it opens anything (docs/slurm.md, "The job's
+    world"): the working directory exists on the node and its user may enter it,
+    and each output file's directory exists and may be entered, and the file written (or made
+    there) by the job's user (`[ -x ]`, `[ -w ]`: the script's real uid, the job's). A failure
+    says why on stderr and writes the same line into the mark (`enter_mark` for the working
+    directory, `open_mark` for an output file: the executor records it as the run's
+    `launch_failed` reason, `launching.said`) and ends the script, exit 127, before the
+    command ever runs. Slurm itself would start the job in /tmp or fail it without a word."""
+    lines = [
+        'gpuledger_no() { echo "gpuledger: $2" >&2; { printf \'%s\\n\' "$2" > "$1"; }'
+        " 2>/dev/null; exit 127; }",
+        f"gpuledger_at={NODE}",
+    ]
+    at = " on node $gpuledger_at"
+    if workdir:
+        wd, mark = shlex.quote(workdir), shlex.quote(enter_mark or "/dev/null")
+        why = f'"cannot enter the working directory "{wd}": '
+        lines += [
+            f'[ -d {wd} ] || gpuledger_no {mark} {why}no such directory{at}"',
+            f'[ -x {wd} ] || gpuledger_no {mark} {why}its user may not enter it{at}"',
+        ]
+    mark = shlex.quote(open_mark or "/dev/null")
+    for path in dict.fromkeys(outputs):
+        name, where = shlex.quote(path), shlex.quote(os.path.dirname(path) or ".")
+        why = f'"cannot open the output file "{name}": '
+        lines += [
+            f'[ -d {where} ] || gpuledger_no {mark} {why}its directory "{where}" does not exist'
+            f'{at}"',
+            f"[ -x {where} ] || gpuledger_no {mark} {why}the job's user may not enter its "
+            f'directory "{where}"{at}"',
+            f"if [ -e {name} ] || [ -L {name} ]; then [ -w {name} ] || gpuledger_no {mark} "
+            f"{why}the job's user may not write it{at}\"; else [ -w {where} ] || gpuledger_no "
+            f'{mark} {why}the job\'s user may not create it in "{where}"{at}"; fi',
+        ]
+    return lines

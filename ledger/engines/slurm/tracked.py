@@ -1,10 +1,11 @@
 """What the Slurm executor keeps of each run it carries out (one per job: its current run), and
 when it began to stop a run, on disk (`note_stop`), so a restart of the service gives that run
-only what is left of its grace."""
+only what is left of its grace, and its logs (`note_logs`), so an adopted run keeps them."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -37,6 +38,36 @@ def forget_stop(log_dir: Path, slurm_id: str) -> None:
     """The stop of `slurm_id` is over (its run has ended)."""
     with contextlib.suppress(OSError):
         (log_dir / "stops" / slurm_id).unlink()
+
+
+def note_logs(log_dir: Path, job_id: int, run: int, logs: tuple[str, ...]) -> None:
+    """Keep a submitted run's output (and error) file (`<log_dir>/runs/<job>.<run>`, the
+    service's alone: the job's user may not name what the service shows, or reads, as its
+    logs): a restart that adopts the run reads them back (`noted_logs`; Slurm's record has
+    /dev/null, atk42-24 F4). Best effort."""
+    runs = log_dir / "runs"
+    with contextlib.suppress(OSError):
+        runs.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_atomic(runs / f"{job_id}.{run}", json.dumps(logs).encode(), sync=False, mode=0o600)
+
+
+def noted_logs(log_dir: Path, job_id: int, run: int) -> tuple[str, ...]:
+    """A run's logs as `note_logs` kept them (() when not noted)."""
+    try:
+        got = json.loads((log_dir / "runs" / f"{job_id}.{run}").read_text())
+    except (OSError, ValueError):
+        return ()
+    return tuple(p for p in got if isinstance(p, str)) if isinstance(got, list) else ()
+
+
+def forget_logs(log_dir: Path, keep: Iterable[tuple[int, int]]) -> None:
+    """Forget the noted logs of every run but `keep`'s (job, run): after a restart's adoption,
+    the runs that ended are gone for good."""
+    kept = {f"{job}.{run}" for job, run in keep}
+    with contextlib.suppress(OSError):
+        for note in (log_dir / "runs").iterdir():
+            if note.name not in kept:
+                note.unlink(missing_ok=True)
 
 
 @dataclass
