@@ -73,14 +73,14 @@ def test_without_the_v1_devices_controller_a_job_opens_only_its_own_gpu(
     c = cluster
     dev = fake_gpus(tmp_path)
     restart_agents(c, *NO_V1_DEVICES)
-    for node, ag in c.agents.items():
-        assert OPEN not in ag.text()
-        assert "GPU devices constrained (cgroup v2 BPF device program)" in status(c, node)
     for _ in range(2):  # two jobs, so both GPU indices are tried as "the other one"
         cvd, said, group = opened(c, dev)
         assert group.startswith("0::/gpuledger/")  # the job is in its v2 group
         want = {i: ALLOWED if i == cvd else DENIED for i in range(base.GPUS)}
         assert said == want, c.why()
+    for node, ag in c.agents.items():
+        assert OPEN not in ag.text()
+        assert "GPU devices constrained (cgroup v2 BPF device program)" in status(c, node)
 
 
 @with_flags(serve=("--node-lost-after", "60s"))
