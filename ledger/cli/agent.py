@@ -133,6 +133,8 @@ def _run(config: cfg.AgentConfig, drain: bool) -> int:
             "agent for node %s: %d GPU(s) %s (%s), server %s, state %s, utilisation: %s",
             node, count, gpu_type, source, config.url, state, util.name,
         )  # fmt: skip
+        if executor.containment.gpus_open:  # once, at start; `agent status` says it too
+            log.warning("%s; docs/agent.md, GPU device files", executor.containment.gpus_open)
         if executor.adopted:
             log.info("adopted %d running job(s): %s", len(executor.adopted),
                      ", ".join(str(h.job_id) for h in executor.adopted))  # fmt: skip

@@ -9,6 +9,10 @@ it. `Containment.probe` says what the host offers; `Tree` uses the best of it:
 - **cgroup v1** `freezer` (kill a frozen tree: nothing forks meanwhile), `pids` (tracking) and
   `devices` (like Slurm's `ConstrainDevices`: the part may open only its own GPUs' device files,
   major 195 = NVIDIA; the other GPUs' minors are denied);
+- without the v1 `devices` controller (every cgroup-v2-only host), the same rule as a BPF device
+  program on the part's v2 group (`ledger.engines.gpu_bpf`), when the kernel lets us attach one
+  (the probe tries); when it does not, GPU device files are open to every job and `describe`
+  and `gpus_open` say so, with the kernel's reason;
 - neither (not root, or no writable hierarchy): the part's **session**: the job starts in a new
   session and its processes are those of that session id (a child that calls `setsid` escapes;
   the fallback says so).
@@ -17,7 +21,8 @@ Groups live under `<mount>/gpuledger/<scope>/<run>` (one scope per executor stat
 A process is put in the groups by its parent *before* it forks the job (the supervisor joins
 them for the length of one `fork`, then leaves), so no child is ever born outside.
 
-It imports only the standard library: the per-part supervisor uses it.
+It imports only the standard library (and `gpu_bpf`, which does too): the per-part supervisor
+uses it.
 """
 
 from __future__ import annotations
@@ -31,10 +36,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-NVIDIA_MAJOR = 195
-NVIDIA_MINORS = 254
-"""Minors 0..253 are GPUs (`/dev/nvidiaN`); 254 is nvidia-modeset and 255 nvidiactl, which every
-CUDA process needs."""
+from ledger.engines import gpu_bpf
+from ledger.engines.gpu_bpf import GPU_MINORS, NVIDIA_MAJOR
+
+OPEN = "GPU devices open: a job may use GPUs it was not given"
 V1_CONTROLLERS = ("freezer", "pids", "devices")
 TOP = "gpuledger"
 
@@ -49,6 +54,11 @@ class Containment:
     """(controller, mount point) of the writable v1 controllers among freezer, pids, devices."""
     why_not: str = ""
     """Why no cgroup is used, when none is."""
+    bpf: bool = False
+    """The v2 group confines GPU device files with a BPF program (no v1 `devices` here, and
+    the probe attached one)."""
+    bpf_why_not: str = ""
+    """Why no BPF device program is used on the v2 group, when it is not (the kernel's answer)."""
 
     @property
     def cgroups(self) -> bool:
@@ -57,27 +67,53 @@ class Containment:
     def mount(self, controller: str) -> str:
         return next((m for c, m in self.v1 if c == controller), "")
 
+    @property
+    def gpus_open(self) -> str:
+        """Empty when a part can open only its own GPUs' device files; else the warning, with the
+        reason (the agent logs it at start)."""
+        if self.mount("devices") or (self.v2 and self.bpf):
+            return ""
+        if not self.cgroups:
+            why = f"no cgroup: {self.why_not}"
+        elif self.v2:
+            why = f"no cgroup v1 devices controller, {self.bpf_why_not or 'no BPF device program'}"
+        else:
+            why = "no cgroup v1 devices controller and no cgroup v2"
+        return f"{OPEN} ({why})"
+
     def describe(self) -> str:
         """One line for `agent status` and the logs."""
         if not self.cgroups:
-            return f"session and process group (no cgroup: {self.why_not})"
+            return f"session and process group (no cgroup: {self.why_not}); {OPEN}"
         parts = []
         if self.v2:
             parts.append("cgroup v2 (tracking, cgroup.kill)")
         if self.v1:
             parts.append("cgroup v1 " + ", ".join(c for c, _ in self.v1))
-        devices = "GPU devices constrained" if self.mount("devices") else "GPU devices open"
+        if self.mount("devices"):
+            devices = "GPU devices constrained (cgroup v1 devices)"
+        elif not self.gpus_open:
+            devices = "GPU devices constrained (cgroup v2 BPF device program)"
+        else:
+            devices = self.gpus_open
         return " + ".join(parts) + f"; {devices}"
 
     def to_json(self) -> dict[str, object]:
-        return {"v2": self.v2, "v1": [list(x) for x in self.v1], "why_not": self.why_not}
+        return {"v2": self.v2, "v1": [list(x) for x in self.v1], "why_not": self.why_not,
+                "bpf": self.bpf, "bpf_why_not": self.bpf_why_not}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: object) -> Containment:
         if not isinstance(data, dict):
             return cls(why_not="not recorded")
         v1 = tuple((str(c), str(m)) for c, m in data.get("v1", ()))
-        return cls(v2=str(data.get("v2", "")), v1=v1, why_not=str(data.get("why_not", "")))
+        return cls(
+            v2=str(data.get("v2", "")),
+            v1=v1,
+            why_not=str(data.get("why_not", "")),
+            bpf=data.get("bpf") is True,
+            bpf_why_not=str(data.get("bpf_why_not", "")),
+        )
 
     @classmethod
     def probe(cls, mountinfo: str = "/proc/self/mountinfo", *, use: bool = True) -> Containment:
@@ -107,7 +143,25 @@ class Containment:
                         v1.append((ctl, mount))
         v1.sort(key=lambda x: V1_CONTROLLERS.index(x[0]))
         why = "" if v2 or v1 else "no writable cgroup hierarchy"
-        return cls(v2=v2, v1=tuple(v1), why_not=why)
+        bpf_why = "" if not v2 or "devices" in dict(v1) else _bpf_refused(v2)
+        bpf = bool(v2) and "devices" not in dict(v1) and not bpf_why
+        return cls(v2=v2, v1=tuple(v1), why_not=why, bpf=bpf, bpf_why_not=bpf_why)
+
+
+def _bpf_refused(mount: str) -> str:
+    """Why a BPF device program cannot be attached under `mount`/gpuledger ("" when it can):
+    tried on a scratch group, removed at once."""
+    probe = Path(mount) / TOP / f".probe-bpf-{os.getpid()}"
+    try:
+        probe.mkdir(exist_ok=True)
+    except OSError as err:
+        return f"cannot make {probe}: {err.strerror}"
+    try:
+        said = gpu_bpf.check(probe)
+    finally:
+        with contextlib.suppress(OSError):
+            probe.rmdir()
+    return f"the kernel refused a BPF device program: {said}" if said else ""
 
 
 def _writable(mount: str) -> bool:
@@ -163,18 +217,21 @@ class Tree:
     # --- making ----------------------------------------------------------------------------------
 
     def create(self, own_gpus: Iterable[int] = (), constrain: bool = True) -> None:
-        """Make the groups (idempotent) and, with the devices controller, deny every NVIDIA GPU
-        minor but `own_gpus`."""
+        """Make the groups (idempotent) and deny every NVIDIA GPU minor but `own_gpus`: with the
+        v1 devices controller, else with a BPF device program on the v2 group (attached here,
+        once per part: the supervisor calls this once, before the leader is born)."""
         if not self.grouped:
             return
         for d in self.dirs:
             d.mkdir(parents=True, exist_ok=True)
         devices = self.containment.mount("devices")
-        if devices and constrain:
+        if not devices and constrain and self.containment.v2 and self.containment.bpf:
+            gpu_bpf.attach(self.dirs[0], own_gpus)
+        elif devices and constrain:
             own = set(own_gpus)
             deny = Path(devices) / TOP / self.name / "devices.deny"
             with open(deny, "w") as f:  # one write per rule, as the controller reads them
-                for minor in range(NVIDIA_MINORS):
+                for minor in range(GPU_MINORS):
                     if minor not in own:
                         f.write(f"c {NVIDIA_MAJOR}:{minor} rwm")
                         f.flush()

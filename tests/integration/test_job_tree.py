@@ -81,9 +81,13 @@ def test_the_host_offers_cgroups_and_says_so() -> None:
     assert CGROUPS.v2 and dict(CGROUPS.v1).keys() == {"freezer", "pids", "devices"}
     said = CGROUPS.describe()
     assert said.startswith("cgroup v2 (tracking, cgroup.kill) + cgroup v1 freezer, pids, devices")
-    assert said.endswith("GPU devices constrained")
+    assert said.endswith("GPU devices constrained (cgroup v1 devices)")
+    assert CGROUPS.gpus_open == ""
     off = Containment.probe(use=False)
-    assert off.describe() == "session and process group (no cgroup: turned off)"
+    assert off.describe() == (
+        "session and process group (no cgroup: turned off); "
+        "GPU devices open: a job may use GPUs it was not given"
+    )
 
 
 ESCAPER = "sleep 600 & echo child $!; setsid sh -c 'echo escaped $$; exec sleep 600' & wait"
