@@ -136,7 +136,8 @@ def test_a_job_runs_with_the_services_own_soft_files_limit_not_the_raised_one(
     on the local executor (`tests/integration/test_job_files_limit.py`)."""
     seen = ledger.work / "nofile"
     ledger.up(files=(1024, 4096))
-    assert "open files: 4096" in ledger.service_log()  # the service raised its own
+    # the service raised its own (said in its log, which `up` may not have flushed yet)
+    ledger.wait("the service's raised limit", lambda: "open files: 4096" in ledger.service_log())
     ledger.submit("alice", 1, f"echo $(ulimit -Sn) $(ulimit -Hn) > {seen}")
     ledger.wait("the job's limits", lambda: seen.exists() and bool(seen.read_text().strip()))
     assert seen.read_text().split()[0] == "1024", seen.read_text()
