@@ -257,7 +257,8 @@ def path_warnings(wd: str, outputs: tuple[str, ...], command: Sequence[str] = ()
         if name and "%" not in where and (where.startswith("/") or wd):
             ways.append((os.path.join(wd, where) if wd else where, "output file", name))
     said = [path_refusal(directory or "/", what, shown) for directory, what, shown in ways]
-    return list(dict.fromkeys(why for why in said + program_refusal(wd, command) if why))
+    said += program_refusal(wd, command, relative=not (wd and said[0]))  # said once
+    return list(dict.fromkeys(why for why in said if why))
 
 
 def workdir(chdir: str | None) -> str:

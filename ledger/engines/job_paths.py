@@ -220,7 +220,7 @@ PROGRAM, SCRIPT = "program", "script"
 """What the path rule calls the names a job's command runs by (`check_command`)."""
 
 
-def check_command(command: Sequence[str], wd: str = "") -> None:
+def check_command(command: Sequence[str], wd: str = "", relative: bool = True) -> None:
     """As the job's user, in its working directory (or, at submit, relative to `wd`): the path
     rule for the names in its command that decide what it runs, opened by name when it starts
     (atk43 F1): its program when named by a path (`./train.sh`, `/srv/x/run`; a bare name is
@@ -228,15 +228,18 @@ def check_command(command: Sequence[str], wd: str = "") -> None:
     (`check_program`): the script its interpreter runs (`/bin/sh /srv/x/q.sh`, what `submit
     q.sh` records; `python train.py`). A word is passed over only when it names nothing by a
     way the rule allows, so another account cannot make the script's name vanish at the check
-    and come back after it. Raises `Refused` with why."""
+    and come back after it (a word holding a NUL names nothing: it cannot start). Without
+    `relative`, only absolute words are looked at (at submit, when the working directory's way
+    is refused already: the same warning once). Raises `Refused` with why."""
 
     def at(word: str) -> str:
         return os.path.join(wd, word) if wd else word
 
-    if command and "/" in command[0]:
+    if command and "/" in command[0] and "\0" not in command[0]:
         check_program(at(command[0]), PROGRAM, command[0])
     for word in command[1:]:
-        if word and check_program(at(word), SCRIPT, word):
+        looked = word and "\0" not in word and (relative or word.startswith("/"))
+        if looked and check_program(at(word), SCRIPT, word):
             return
 
 
@@ -276,12 +279,12 @@ def check_program(path: str, what: str, shown: str = "", links: list[int] | None
         os.close(holder)
 
 
-def program_refusal(wd: str, command: Sequence[str]) -> list[str]:
+def program_refusal(wd: str, command: Sequence[str], relative: bool = True) -> list[str]:
     """As this process's user (the submitter, at submit: `cli.submit.path_warnings`): why the
     path rule would refuse the command's own names (`check_command`) at launch, as far as this
     host sees them ([] when it would not)."""
     try:
-        check_command(command, wd)
+        check_command(command, wd, relative)
     except Refused as refused:
         return [] if refused.unreachable else [str(refused)]
     return []
