@@ -114,6 +114,8 @@ class Boot:
     boot: str = ""
     """This host's boot id (`remember_boot` records it)."""
     uptime_s: float | None = None
+    recorded: str = ""
+    """The boot id its state directory last registered under, when another than `boot`."""
 
     def rebooted_header(self) -> str:
         """Pure: the `REBOOTED_HEADER` value (`<previous name> <seconds since boot>`), "" when
@@ -121,6 +123,16 @@ class Boot:
         if not self.previous or self.uptime_s is None:
             return ""
         return f"{self.previous} {self.uptime_s:.1f}"
+
+    def not_rebooted(self) -> Boot:
+        """Pure: this agent as it was on the boot its state directory recorded, when the boot
+        id read now is not to be believed: a part of a run it adopted is alive (its supervisor
+        or leader, pid and /proc start time as recorded), which no reboot leaves (atk43 F2: a
+        sandbox or a restore that changes the boot id, or a wrong `GPULEDGER_AGENT_PROC`). It
+        claims no reboot, goes on under the name the server knows, and records no new boot."""
+        if not self.previous:
+            return self
+        return Boot(self.previous, "", self.recorded)
 
 
 def this_boot(state_dir: Path) -> Boot:
@@ -130,7 +142,8 @@ def this_boot(state_dir: Path) -> Boot:
     recorded = _recorded_boot(state_dir)
     rebooted = bool(recorded and boot and recorded != boot)
     previous = bound(ident, recorded) if rebooted else ""
-    return Boot(bound(ident, boot), previous, boot, uptime_s() if rebooted else None)
+    return Boot(bound(ident, boot), previous, boot, uptime_s() if rebooted else None,
+                recorded if rebooted else "")  # fmt: skip
 
 
 def _recorded_boot(state_dir: Path) -> str:

@@ -45,11 +45,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ledger.agent.identity import remember_boot, this_boot
+from ledger.agent.identity import Boot, remember_boot, this_boot
 from ledger.agent.lease import LEASE_MARGIN_S, REFUSED_PAUSE_S, NodeLease, too_short
 from ledger.cycle.executor import Exit, Launch, Observed, Orders, Start
 from ledger.engines.gpu_util import UtilSource
 from ledger.engines.proc import write_atomic
+from ledger.engines.runs import part_alive
 from ledger.engines.supervised import SupervisedExecutor
 from ledger.store.clock import SystemClock
 from schemas import agent as a
@@ -239,9 +240,10 @@ class NodeAgent:
         self.silent = Silent()
         """The servers of the list that let a request time out lately, shared by every client
         here: one frozen server costs the agent its timeout once, not each client."""
-        self.boot = this_boot(status_path.parent)
+        self.boot = _this_boot(status_path.parent, executor)
         """This agent on this host's boot, and what it was on the boot before when the host
-        rebooted since it last registered (`ledger.agent.identity`): it says so at once."""
+        rebooted since it last registered (`ledger.agent.identity`): it says so at once, with
+        the ends its run directories recorded before the reboot (`_report_ends`)."""
         self.agent_id = self.boot.instance
         """Which agent this is (`schemas.agent.AGENT_HEADER`): one agent holds a node; its id
         bound to this host's boot (`identity.instance_id`)."""
@@ -288,6 +290,8 @@ class NodeAgent:
 
     def join(self) -> None:
         """Steps 2 and 3 of the module doc: stop the orphans, then register."""
+        if self.boot.rebooted_header() and not self._report_ends():
+            return
         asg = self._retry("ask what runs here", lambda: self.client.poll(self.s.node, "", 0))
         if asg is None:
             return
@@ -329,6 +333,29 @@ class NodeAgent:
             self.s.gpu_type, got.state, ", back from lost" if got.returned else "",
             kept if got.keep_delay_s else "",
         )  # fmt: skip
+
+    def _report_ends(self) -> bool:
+        """After a reboot, the first request: the ends the run directories recorded before it
+        (a supervisor's exit file, written as its part ended), with the reboot said, so the
+        server records them as they were (a job that completed is completed, never run again)
+        before it ends the rest of the node's runs with the boot (atk43 F4). False when the
+        agent stops meanwhile."""
+        self._watch(_now())
+        with self._out_lock:
+            out, self.outbox = self.outbox, Outbox()
+            # a part gone with no end recorded (`lost`) is the reboot's to end (node_failure,
+            # requeued when resumable): said after, as before
+            self.outbox.exited = [x for x in out.exited if x.reason == "lost"]
+            out.exited = [x for x in out.exited if x.reason != "lost"]
+        report = out.report(self.s.node, "", ())
+        got = self._retry(
+            "report the ends recorded before the reboot",
+            lambda: self.client.call("POST", "/v1/agent/report", report, a.Ack),
+        )
+        if got is None:
+            with self._out_lock:
+                self.outbox = out.then(self.outbox)
+        return got is not None
 
     def _check_sizing(self, got: a.Registered) -> None:
         """Say when the node's lease is too short to ride out a frozen server while the store
@@ -651,6 +678,20 @@ class NodeAgent:
             time.sleep(1.0)
         self._write_status()
         return len(running)
+
+
+def _this_boot(state_dir: Path, ex: SupervisedExecutor) -> Boot:
+    """`this_boot`, unless a part the executor adopted is alive (`runs.part_alive`): then the
+    host did not reboot, whatever its boot id says now (`Boot.not_rebooted`), and the server
+    must not end runs that still run here (atk43 F2)."""
+    boot = this_boot(state_dir)
+    live = sorted({h.job_id for h in ex.adopted for p in h.parts if part_alive(p)})
+    if boot.previous and live:
+        log.warning("the boot id is not the one this state directory registered under, but "
+                    "job(s) %s run here as adopted (same processes, same start times): the "
+                    "host did not reboot; none claimed", ", ".join(map(str, live)))  # fmt: skip
+        return boot.not_rebooted()
+    return boot
 
 
 REPORT_DRAIN_S = 60.0

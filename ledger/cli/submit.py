@@ -15,7 +15,7 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from ledger.cli.output import echo_json
 from ledger.core.jobs import parse_array, parse_dependency
 from ledger.core.runas import SECRET_NAMES, secret_value
 from ledger.engines.accounts import own_umask
-from ledger.engines.job_paths import path_refusal
+from ledger.engines.job_paths import path_refusal, program_refusal
 from schemas import commands as c
 from schemas.bounds import ENV_NAME_PATTERN, MAX_ENV_VALUE
 from schemas.errors import InvalidCommand, LedgerError
@@ -242,19 +242,22 @@ def _sendable(name: str, value: str) -> bool:
     return bool(ENV_NAME.fullmatch(name)) and len(value) <= MAX_ENV_VALUE and "\x00" not in value
 
 
-def path_warnings(wd: str, outputs: tuple[str, ...]) -> list[str]:
+def path_warnings(wd: str, outputs: tuple[str, ...], command: Sequence[str] = ()) -> list[str]:
     """What the path rule (T19 in docs/security.md) would refuse at launch, as far as the
     submitting host sees it, one line each: a directory on the way to the working directory or
     to an output file's directory (one with no `%` pattern) that others may write without the
     sticky bit, that belongs to another account than the submitter or root, or a link there
-    that is not the submitter's. Only warned of: the job's node may see another filesystem
-    (a path mounted there alone, or otherwise); its launch checks again and refuses it there."""
+    that is not the submitter's; the same of the command's program and script, opened by name
+    when the job starts (`job_paths.check_command`, atk43 F1). Only warned of: the job's node
+    may see another filesystem (a path mounted there alone, or otherwise); its launch checks
+    again and refuses it there."""
     ways = [(wd, "working directory", wd)] if wd else []
     for name in outputs:
         where = os.path.dirname(name)
         if name and "%" not in where and (where.startswith("/") or wd):
             ways.append((os.path.join(wd, where) if wd else where, "output file", name))
-    said = (path_refusal(directory or "/", what, shown) for directory, what, shown in ways)
+    said = [path_refusal(directory or "/", what, shown) for directory, what, shown in ways]
+    said += program_refusal(wd, command, relative=not (wd and said[0]))  # said once
     return list(dict.fromkeys(why for why in said if why))
 
 
@@ -396,7 +399,8 @@ def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
         umask=own_umask(),  # the job's and its output files', as sbatch records it
     )
     if not g["user"]:  # on another's behalf their links are not the submitter's: launch checks
-        for why in path_warnings(fields["workdir"], (fields["stdout"], fields["stderr"])):
+        outputs = (fields["stdout"], fields["stderr"])
+        for why in path_warnings(fields["workdir"], outputs, fields["command"]):
             click.echo(
                 f"warning: {why} (as this host sees it: the launch on the job's node checks "
                 "again and fails the job if it is so there)",

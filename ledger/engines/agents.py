@@ -24,12 +24,9 @@ running their jobs), and counts each node with work as heard from at that moment
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
-import secrets
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -46,6 +43,7 @@ from ledger.cycle.executor import (
     launch_of,
     output_files,
 )
+from ledger.engines.board import Board
 from ledger.engines.fence import Fence, reboot_honoured
 from ledger.store.clock import new_token_secret
 from schemas import agent as a
@@ -67,62 +65,6 @@ log = logging.getLogger("gpuledger.agents")
 
 ENGINE = "agent"
 SYSTEM = "@executor"
-
-
-class Board:
-    """What each node's agent should run, published by the worker thread and read by the HTTP
-    threads: a version per node that changes with the list, and long-polls woken on change."""
-
-    def __init__(self) -> None:
-        self.epoch = secrets.token_hex(4)
-        """Versions of another server process never match ours."""
-        self._lock = threading.Lock()
-        self._lists: dict[str, tuple[int, tuple[a.Part, ...]]] = {}
-        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
-
-    def version(self, node: str) -> str:
-        with self._lock:
-            return f"{self.epoch}.{self._lists.get(node, (0, ()))[0]}"
-
-    def number(self, node: str) -> int:
-        """The node's list version number (the part after the epoch)."""
-        with self._lock:
-            return self._lists.get(node, (0, ()))[0]
-
-    def publish(self, node: str, parts: tuple[a.Part, ...]) -> None:
-        with self._lock:
-            n = self._lists.get(node, (0, ()))[0] + 1
-            self._lists[node] = (n, parts)
-            waiters = self._waiters.pop(node, [])
-        for loop, fut in waiters:
-            loop.call_soon_threadsafe(_settle, fut)
-
-    def current(self, node: str) -> tuple[str, tuple[a.Part, ...]]:
-        with self._lock:
-            n, parts = self._lists.get(node, (0, ()))
-            return f"{self.epoch}.{n}", parts
-
-    async def wait(self, node: str, since: str, timeout_s: float) -> tuple[str, tuple[a.Part, ...]]:
-        """The node's list once its version differs from `since`, or after `timeout_s`."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        with self._lock:
-            n, parts = self._lists.get(node, (0, ()))
-            if f"{self.epoch}.{n}" != since or timeout_s <= 0:
-                return f"{self.epoch}.{n}", parts
-            self._waiters.setdefault(node, []).append((loop, fut))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(fut, timeout_s)
-        with self._lock:
-            waiting = self._waiters.get(node, [])
-            if (loop, fut) in waiting:
-                waiting.remove((loop, fut))
-        return self.current(node)
-
-
-def _settle(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 @dataclass
@@ -446,8 +388,9 @@ class AgentExecutor:
         return False
 
     def take(
-        self, node: str, agent: str, now: float, rebooted: tuple[str, float] | None = None
-    ) -> bool:
+        self, node: str, agent: str, now: float, rebooted: tuple[str, float] | None = None,
+        first: a.Report | None = None,
+    ) -> bool:  # fmt: skip
         """Another agent than the holder asks for `node` (worker thread). One agent holds a
         node: a second agent (another state directory, or another machine with the same
         `--node` and state directory path) knows none of the first's runs and would launch
@@ -466,7 +409,10 @@ class AgentExecutor:
         before, its seconds since this boot) and is believed (`fence.reboot_honoured`: it was the
         holder, silent since before this boot) takes the node at once: the runs the holder had
         started there are gone with the boot and end now (`_rebooted`), not after the node-lost
-        timeout and the fence. Returns whether it ended any (the caller records them).
+        timeout and the fence; `first`, the report its request carries (taken here, whatever
+        the judgement, once the agent holds the node), comes first: the ends its run directories
+        recorded before the reboot are the runs' own (atk43 F4). Returns whether anything is to
+        record (the caller records it).
 
         The holder is recorded (`NodeAgentChanged`) whenever it changes, so a restarted server
         (or a new leader) knows it, and counts its last request from its own start."""
@@ -484,7 +430,9 @@ class AgentExecutor:
             and rebooted is not None
             and reboot_honoured(rebooted[0], held[0], now - held[1], rebooted[1], margin)
         ):
-            ended = self._rebooted(node, max(held[1], now - rebooted[1]), now)
+            ended = first is not None and self.receive(first, now)
+            ended |= self._rebooted(node, max(held[1], now - rebooted[1]), now)
+            first = None
         elif held is not None and held[0] not in ("", agent):
             last = held[1]
             stopping = self.fence.stopping_on(node, now)
@@ -506,16 +454,17 @@ class AgentExecutor:
         self.holders[node] = (agent, now)
         if known.agent != agent:
             self.ledger.execute(c.RecordNodeAgent(actor=SYSTEM, node=node, agent=agent))
-        return ended
+        return (first is not None and self.receive(first, now)) or ended
 
     def _rebooted(self, node: str, gone_at: float, now: float) -> bool:
-        """`node`'s host rebooted (`take`): every run started there ends, `node_failure` at
-        `gone_at` (the holder's last word, or this boot if later: gone by then), as the fence
-        would end it; nothing of it blocks a next launch. A run placed and not yet started
-        stays on the node's list for its new agent. True when a run ended."""
+        """`node`'s host rebooted (`take`): every run started there whose end its agent did not
+        report ends, `node_failure` at `gone_at` (the holder's last word, or this boot if later:
+        gone by then), as the fence would end it. Its job runs again only once the agent reports,
+        as of the list without it, that it has none of it (`Fence.stopped`: its own word, at its
+        next report), never while the agent still reports it alive (atk43 F2). A run placed and
+        not yet started stays on the node's list for its new agent. True when a run ended."""
         log.warning("node %s: its agent says its host rebooted (believed): its runs end now", node)
-        self.fence.rebooted(node)
-        ended = False
+        ended: list[_Run] = []
         for r in list(self._runs.values()):
             if node not in r.nodes or node in r.exits or not r.start_reported:
                 continue
@@ -523,11 +472,15 @@ class AgentExecutor:
                                          reason="node_failure", ended_at=gone_at,
                                          note=f"node {node}: {REBOOTED}")  # fmt: skip
             self._parts.get(node, {}).pop(r.job_id, None)
-            self._maybe_exited(r, now)
-            ended = True
+            ended.append(r)
         self._publish(node)
+        version = {node: self.board.number(node)}
+        for r in ended:
+            gpus = tuple(i for sl in r.slots if sl.node == node for i in sl.gpu_indices)
+            self.fence.stopped(r.job_id, r.run, [node], version, r.grace_s, now, {node: gpus})
+            self._maybe_exited(r, now)
         self._release(now)
-        return ended
+        return bool(ended)
 
     def _grace_on(self, node: str) -> float:
         """The largest SIGTERM-to-SIGKILL grace of the runs the ledger has on `node` (ours for

@@ -140,13 +140,6 @@ class Fence:
             if b is not None:
                 b.release_at = at + self.fence_s + b.grace_s
 
-    def rebooted(self, node: str) -> None:
-        """`node`'s host rebooted (`reboot_honoured`): nothing of its runs lives there now."""
-        for job_id, by_node in list(self.blockers.items()):
-            by_node.pop(node, None)
-            if not by_node:
-                del self.blockers[job_id]
-
     def returned(self, node: str) -> None:
         """`node` is back: its blockers wait for its reports again."""
         self.lost_at.pop(node, None)

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import stat
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -215,6 +216,80 @@ def path_refusal(directory: str, what: str, shown: str) -> str:
     return ""
 
 
+PROGRAM, SCRIPT = "program", "script"
+"""What the path rule calls the names a job's command runs by (`check_command`)."""
+
+
+def check_command(command: Sequence[str], wd: str = "", relative: bool = True) -> None:
+    """As the job's user, in its working directory (or, at submit, relative to `wd`): the path
+    rule for the names in its command that decide what it runs, opened by name when it starts
+    (atk43 F1): its program when named by a path (`./train.sh`, `/srv/x/run`; a bare name is
+    looked up in PATH), then each later word in turn up to the first that names something
+    (`check_program`): the script its interpreter runs (`/bin/sh /srv/x/q.sh`, what `submit
+    q.sh` records; `python train.py`). A word is passed over only when it names nothing by a
+    way the rule allows, so another account cannot make the script's name vanish at the check
+    and come back after it (a word holding a NUL names nothing: it cannot start). Without
+    `relative`, only absolute words are looked at (at submit, when the working directory's way
+    is refused already: the same warning once). Raises `Refused` with why."""
+
+    def at(word: str) -> str:
+        return os.path.join(wd, word) if wd else word
+
+    if command and "/" in command[0] and "\0" not in command[0]:
+        check_program(at(command[0]), PROGRAM, command[0])
+    for word in command[1:]:
+        looked = word and "\0" not in word and (relative or word.startswith("/"))
+        if looked and check_program(at(word), SCRIPT, word):
+            return
+
+
+def check_program(path: str, what: str, shown: str = "", links: list[int] | None = None,
+                  base: int | None = None) -> bool:  # fmt: skip
+    """As this process's user: `Refused` when the path rule refuses the way to `path` (`_walk`:
+    every directory on the way, and the one holding it, the user's or root's and not writable by
+    other accounts without the sticky bit, checked before the name in it is looked up; a link
+    followed only by `link_refused`'s rule, at its last name too). True when it names something,
+    False when a name on the way is missing or closed to the user."""
+    shown = shown or path
+    links = [0] if links is None else links
+    try:
+        holder, name = _walk(path, what, shown, links, base, holder=True)
+    except OSError:
+        return False
+    try:
+        try:
+            node = os.open(name, _NAME, dir_fd=holder)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(node)
+            if not stat.S_ISLNK(st.st_mode):
+                return True
+            links[0] += 1
+            if links[0] > MAX_LINKS:
+                raise Refused(f"cannot follow the {what} {shown}: too many symbolic links")
+            why = link_refused(st.st_uid, os.fstat(holder).st_mode, os.getuid(), last=False)
+            if why:
+                raise Refused(f"the {what} {shown} is a symbolic link, which {why}: not followed")
+            target = os.readlink("", dir_fd=node)
+        finally:
+            os.close(node)
+        return check_program(target, what, shown, links, holder)
+    finally:
+        os.close(holder)
+
+
+def program_refusal(wd: str, command: Sequence[str], relative: bool = True) -> list[str]:
+    """As this process's user (the submitter, at submit: `cli.submit.path_warnings`): why the
+    path rule would refuse the command's own names (`check_command`) at launch, as far as this
+    host sees them ([] when it would not)."""
+    try:
+        check_command(command, wd, relative)
+    except Refused as refused:
+        return [] if refused.unreachable else [str(refused)]
+    return []
+
+
 def open_own(
     path: str, what: str, base: int | None = None, shown: str = "", links: list[int] | None = None
 ) -> int:
@@ -380,6 +455,7 @@ def _open_as_user(spec: dict[str, Any], named: list[tuple[str, str]]) -> list[in
             os.chdir(spec.get("cwd") or "/")
         except OSError:
             os.chdir("/")  # no working directory of its own: the names it gave are absolute
+    check_command(spec.get("command") or ())
     mask = umask_of(spec)
     os.umask(int(mask, 8) if mask else 0o077)
     return fds + [open_own(path, what) for what, path in named]
@@ -392,8 +468,9 @@ def open_outputs(spec: dict[str, Any], timeout_s: float = OPEN_TIMEOUT_S) -> dic
     not be used."""
     files = _outputs(spec)
     named = ([(WORKDIR, spec["workdir"])] if spec.get("workdir") else []) + files
-    if not named:
-        return {}
+    command = spec.get("command") or ()
+    if not named and not (command and ("/" in command[0] or len(command) > 1)):
+        return {}  # nothing to open, no name of the command's to check (`check_command`)
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = os.fork()
     if pid == 0:  # the opener: never returns into the caller's code

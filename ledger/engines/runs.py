@@ -132,6 +132,16 @@ def read_identity(path: Path) -> tuple[int, int] | None:
         return None
 
 
+def part_alive(p: Part) -> bool:
+    """A part not known to have ended whose supervisor, or its job's leader, runs as the same
+    process it recorded (pid and /proc start time): proof that the host did not reboot since
+    (`ledger.agent.identity.Boot.not_rebooted`)."""
+    if p.exit_code is not None:
+        return False
+    job = read_identity(Path(p.rundir) / "job")
+    return alive(p.pid, p.pid_start) or (job is not None and alive(*job))
+
+
 def spec_log(spec: dict[str, object]) -> str:
     """Pure: where a part's output goes, as its spec says: the file the job named, else the
     engine's log ("" when neither)."""

@@ -48,7 +48,12 @@ def agent_routes(
 ) -> list[HTTPRouteHandler]:
     """The routes, for `create_app`."""
 
-    async def executor_for(request: Request[Any, Any, Any], node: str) -> AgentExecutor:
+    async def executor_for(
+        request: Request[Any, Any, Any], node: str, first: Callable[[], a.Report] | None = None
+    ) -> tuple[AgentExecutor, bool]:
+        """The executor, once the caller is judged the node's agent; True when `first` (the
+        report the request carries: checked by calling it) was taken with the judgement
+        (`AgentExecutor.take`: a rebooted host's recorded ends before the reboot's)."""
         caller = who(request)
         if caller.actor != f"{NODE_ACTOR}{node}":
             raise NotAuthorised(
@@ -71,16 +76,18 @@ def agent_routes(
             rebooted = _reboot_claim(request.headers.get(a.REBOOTED_HEADER) or "")
 
             def take() -> None:
-                if executor.take(node, agent, clock(), rebooted):  # its runs ended: recorded
+                report = None if first is None else first()
+                if executor.take(node, agent, clock(), rebooted, report):  # ends: recorded
                     worker.service.take_reports(clock())
 
             await worker.call(take, write=True)
-        return executor
+            return executor, first is not None
+        return executor, False
 
     @post("/v1/agent/register", status_code=200, tags=["agent"], security=[{"bearer": []}])
     async def register(request: Request[Any, Any, Any], data: JSONBody[a.Register]) -> a.Registered:
         """A node agent says what its node has (idempotent; a lost node returns)."""
-        ex = await executor_for(request, data.node)
+        ex, _ = await executor_for(request, data.node)
         peer = request.client.host if request.client is not None else ""
 
         def apply() -> a.Registered:
@@ -101,7 +108,7 @@ def agent_routes(
         wait: Annotated[float, QueryParameter(name="wait", ge=0, le=MAX_WAIT_S)] = 0.0,
     ) -> a.Assignment:
         """Every part the ledger runs on `node`; waits up to `wait` s while it equals `since`."""
-        ex = await executor_for(request, node)
+        ex, _ = await executor_for(request, node)
         ex.touch(node, clock())
         deadline = time.monotonic() + max(0.0, min(wait, MAX_WAIT_S))
         version, parts = ex.board.current(node)
@@ -122,7 +129,6 @@ def agent_routes(
         """Parts started and exited, utilisation samples and checkpoints: recorded at once. A
         report about a job never placed on the node is refused whole (403), recorded nowhere,
         and logged with the node's identity (docs/security.md, row T12)."""
-        ex = await executor_for(request, data.node)
         via = who(request).via
 
         def ever(job_id: int, node: str) -> bool:
@@ -132,8 +138,9 @@ def agent_routes(
             svc.projector.catch_up()
             return queries.ever_placed_on(svc.store, job_id, node)
 
-        def apply() -> None:
-            now = clock()
+        def checked() -> a.Report:
+            ex = worker.service.executor
+            assert isinstance(ex, AgentExecutor)  # `executor_for` said so
             refused = ex.foreign(data, ever)
             if refused:
                 jobs = ", ".join(map(str, refused))
@@ -146,16 +153,23 @@ def agent_routes(
                     f"job(s) {jobs} never were",
                     actor=f"{NODE_ACTOR}{data.node}",
                 )
-            if ex.receive(data, now):
+            return data
+
+        ex, taken = await executor_for(request, data.node, checked)
+
+        def apply() -> None:
+            now = clock()
+            if ex.receive(checked(), now):
                 worker.service.take_reports(now)
 
-        await worker.call(apply, write=True)
+        if not taken:
+            await worker.call(apply, write=True)
         return _ack(worker, ex, data.node, clock())
 
     @post("/v1/agent/heartbeat", status_code=200, tags=["agent"], security=[{"bearer": []}])
     async def heartbeat(request: Request[Any, Any, Any], data: JSONBody[a.Heartbeat]) -> a.Ack:
         """The node's agent is alive."""
-        ex = await executor_for(request, data.node)
+        ex, _ = await executor_for(request, data.node)
         ex.touch(data.node, clock())
         return _ack(worker, ex, data.node, clock())
 

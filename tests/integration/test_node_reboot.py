@@ -6,6 +6,7 @@ disk does."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tests.integration.test_node_agents import (
     Cluster,
     alive,
     launches,
+    running_pid,
     until,
     wait_for,
     with_flags,
@@ -73,3 +75,74 @@ def test_a_rebooted_nodes_agent_ends_its_runs_at_once_not_after_node_lost_and_th
     assert len(c.events("job.started.v1")) == 2
     state = c.agents[node].state
     assert (state / BOOT_FILE).read_text().strip() == "7e1f0c2a-5b3d-4e6f-8a9b-0c1d2e3f4a5b"
+
+
+@with_flags(serve=("--node-lost-after", f"{LOST_AFTER_S}s"))
+def test_a_job_that_completed_before_its_nodes_reboot_stays_completed_and_never_runs_again(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """atk43 F4: the agent down while its job completes (its supervisor wrote exit 0 in the
+    run directory, which survives), then the host reboots. The server ended the node's runs as
+    `node_failure` at the agent's first request, before its report of that exit: the resumable
+    job was requeued and ran a second time. Now the agent's first request after the reboot
+    carries the ends recorded before it: completed, exit 0, at its own end, one launch."""
+    c = cluster
+    go, marks = tmp_path / "go", tmp_path / "marks"
+    job = c.submit(2, f"echo x >> {marks}; " + until(go, 0), "--resumable")
+    node = c.wait_status(job, "running")["logs"][0].split(":", 1)[0]
+    wait_for("the job's start", lambda: marks.exists(), 30, c.why)
+    [part] = live_processes(c.agents[node].state)
+    c.agents[node].kill()  # the agent is down (a crash, an upgrade); the job runs on
+    down = time.monotonic()
+    go.touch()
+    runs = c.agents[node].state / "runs"
+    [exit_file] = wait_for(
+        "the exit its supervisor records", lambda: list(runs.glob(f"{job}.1/*/exit")), 30
+    )
+    assert not any(alive(p) for p in (part.pid, *part.pids))
+    assert json.loads(exit_file.read_text())["code"] == 0
+    ended_at = time.time()
+    reboot(c, node, tmp_path / "proc", "3c1f0c2a-5b3d-4e6f-8a9b-0c1d2e3f4a5b", 1.0)
+    time.sleep(max(0.0, down + LOST_AFTER_S / 2 + 2.5 - time.monotonic()))
+    c.agents[node].start()
+    done = c.wait_status(job, "finished")
+    assert (done["outcome"], done["exit_code"]) == ("completed", 0), done
+    assert done["finished_at"] <= ended_at, (done, ended_at)  # its own end, not the reboot's
+    assert c.events("job.preempted.v1") == []
+    time.sleep(2.0)  # a next cycle or two: nothing places it again
+    assert len(c.events("job.placed.v1")) == 1 and len(launches(marks)) == 1
+
+
+@with_flags(serve=("--node-lost-after", f"{LOST_AFTER_S}s"))
+def test_an_agent_restart_that_adopts_live_parts_claims_no_reboot_whatever_the_boot_id_says(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """atk43 F2: an agent restarted (kill -9) where the boot id reads another (a sandbox, a
+    restore, a wrong GPULEDGER_AGENT_PROC) said its host rebooted although it had just adopted
+    the job's live processes (same pids, same start times): the server ended the run and placed
+    the resumable job on another node while the first launch still ran (JOB_RUN_TWICE). Now it
+    claims no reboot: the run goes on, adopted, one launch, and the recorded boot is kept."""
+    c = cluster
+    go, marks = tmp_path / "go", tmp_path / "marks"
+    job = c.submit(1, f"echo x >> {marks}; " + until(go, 0), "--resumable")
+    node, pid = running_pid(c, job)
+    boot = (c.agents[node].state / BOOT_FILE).read_text()
+    c.agents[node].kill()
+    proc = tmp_path / "proc"
+    (proc / "sys" / "kernel" / "random").mkdir(parents=True)
+    (proc / "sys" / "kernel" / "random" / "boot_id").write_text("9a9a9a9a-5b3d-4e6f-8a9b-0c1d\n")
+    (proc / "uptime").write_text("1.00 0.00\n")
+    c.agents[node].prefix = ("env", f"{PROC_ENV}={proc}")
+    time.sleep(LOST_AFTER_S / 2 + 2.5)  # as a reboot would be believed
+    before = len(c.agents[node].text())
+    c.agents[node].start()
+    time.sleep(2.0)  # cycles: nothing ends it, nothing places it elsewhere
+    assert c.job(job)["status"] == "running" and alive(pid)
+    assert c.events("job.preempted.v1") == [] and len(c.events("job.placed.v1")) == 1
+    said = c.agents[node].text()[before:]
+    assert "the host did not reboot" in said, said
+    assert (c.agents[node].state / BOOT_FILE).read_text() == boot
+    go.touch()
+    done = c.wait_status(job, "finished")
+    assert (done["outcome"], done["exit_code"]) == ("completed", 0), done
+    assert len(launches(marks)) == 1

@@ -13,6 +13,7 @@ import pytest
 from ledger.core.evolve import evolve
 from ledger.core.state import Job, Node, State
 from ledger.engines.agents import AgentExecutor
+from schemas import agent as a
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import InvalidTransition
@@ -140,3 +141,53 @@ def test_only_the_executor_or_an_admin_records_a_nodes_agent(actor: str) -> None
     with pytest.raises(NotAuthorised):
         authorise(state, c.RecordNodeAgent(actor=actor, node="n1", agent="a" * 64))
     authorise(state, c.RecordNodeAgent(actor="@executor", node="n1", agent="a" * 64))
+
+
+def _rebooting() -> tuple[AgentExecutor, FakeLedger]:
+    """n1 runs job 7 (run 0, adopted after a restart), held by agent "a"."""
+    led = FakeLedger()
+    led.execute_all = lambda cmds: None  # type: ignore[attr-defined]
+    spec = msgspec.json.decode(
+        b'{"type":"job.submitted.v2","event_id":"s","at":0,"actor":"u","job_id":7,'
+        b'"account":"p","user":"u","gpus":2,"min_runtime_s":3600,"resumable":true}',
+        type=e.AnyEvent,
+    )
+    assert isinstance(spec, e.JobSubmitted)
+    led.state.jobs[7] = Job(spec=spec, status="running",
+                            slots=(e.GpuSlot(node="n1", gpu_indices=(0, 1)),))  # fmt: skip
+    ex = executor(led)
+    ask(ex, "a", 100.0)
+    assert ex.adopt({7: 0}, 100.0) == {7}
+    return ex, led
+
+
+def test_a_believed_reboot_takes_the_ends_its_agent_recorded_before_it_first() -> None:
+    """atk43 F4: the reboot ended every run at once as `node_failure`, before the agent's
+    report of the exit its supervisor had recorded (0, before the reboot): a completed job was
+    recorded failed, a resumable one requeued and run again. The report its first request
+    carries is now taken first: the run ends as it did."""
+    ex, _ = _rebooting()
+    first = a.Report(node="n1", exited=(a.PartExited(job_id=7, run=0, exit_code=0,
+                                                     ended_at=150.0),))  # fmt: skip
+    assert ex.take("n1", "b", 200.0, rebooted=("a", 10.0), first=first)
+    [end] = ex.observe(200.0, {}).exits
+    assert (end.job_id, end.exit_code, end.reason, end.at) == (7, 0, "exited", 150.0)
+    assert ex.fence.blocking(7, 200.0) == []  # its own end: nothing of it left there
+
+
+def test_a_run_a_believed_reboot_ends_runs_elsewhere_only_once_its_agent_says_it_is_gone() -> None:
+    """atk43 F2: the reboot dropped every stopped run of the node from the fence: the job was
+    placed elsewhere while its agent still had it alive (run twice, 30 s). Now the run ended by
+    the reboot blocks its job (and holds its GPUs) until the agent reports, as of the list
+    without it, that it has none of it."""
+    ex, _ = _rebooting()
+    assert ex.take("n1", "b", 200.0, rebooted=("a", 10.0))
+    [end] = ex.observe(200.0, {}).exits
+    assert (end.job_id, end.exit_code, end.reason) == (7, -1, "node_failure")
+    assert ex.fence.blocking(7, 200.0) == ["n1"] and ex.fence.holding(200.0) == {"n1": {0, 1}}
+    version = ex.board.version("n1")
+    alive = a.Report(node="n1", version=version, running=(a.PartRun(job_id=7, run=0),))
+    ex.receive(alive, 201.0)
+    assert ex.fence.blocking(7, 201.0) == ["n1"]  # still alive there: not elsewhere yet
+    ex.receive(a.Report(node="n1", version=version, running=()), 202.0)
+    assert ex.fence.blocking(7, 202.0) == []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ledger.agent import identity
-from ledger.engines.fence import Fence, reboot_honoured
+from ledger.engines.fence import reboot_honoured
 
 
 @pytest.mark.parametrize(
@@ -31,15 +31,6 @@ def test_a_reboot_is_believed_only_from_the_holder_silent_since_before_the_boot(
     case: str, claimed: str, silent_s: float, uptime_s: float, want: bool
 ) -> None:
     assert reboot_honoured(claimed, "h", silent_s, uptime_s, margin_s=30.0) is want, case
-
-
-def test_a_rebooted_node_holds_no_stopped_run_any_more() -> None:
-    f = Fence("ep", fence_s=300)
-    f.stopped(7, 0, ["n1", "n2"], {"n1": 3, "n2": 5}, grace_s=10, now=0.0, gpus={"n1": (0,)})
-    f.stopped(8, 2, ["n1"], {"n1": 3}, grace_s=10, now=0.0)
-    f.rebooted("n1")
-    assert f.blocking(7, 1.0) == ["n2"] and f.blocking(8, 1.0) == []
-    assert f.holding(1.0) == {} and f.stopping_on("n1", 1.0) == {}
 
 
 def _host(tmp_path: Path, boot: str, uptime: str = "12.50 3.00") -> None:
@@ -69,6 +60,10 @@ def test_the_agent_says_it_rebooted_once_its_host_has_another_boot(
     assert again.instance == identity.bound(ident, "boot-b") != first.instance
     assert again.previous == first.instance
     assert again.rebooted_header() == f"{first.instance} 12.5"
+    same = again.not_rebooted()  # a part it adopted is alive: no reboot, whatever the id says
+    assert (same.instance, same.rebooted_header(), same.boot) == (first.instance, "", "boot-a")
+    identity.remember_boot(state, same.boot)
+    assert identity.this_boot(state).rebooted_header() == again.rebooted_header()
     identity.remember_boot(state, again.boot)
     assert identity.this_boot(state).rebooted_header() == ""
     assert (state / identity.BOOT_FILE).stat().st_mode & 0o777 == 0o600

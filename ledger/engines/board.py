@@ -1,0 +1,68 @@
+"""What each node's agent should run (`Board`), as the node agents' executor
+(`ledger.engines.agents`) publishes it and the agent API (`ledger.server.agent_api`) serves it to
+long-polls. An edge (threads and the event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import threading
+
+from schemas import agent as a
+
+
+class Board:
+    """What each node's agent should run, published by the worker thread and read by the HTTP
+    threads: a version per node that changes with the list, and long-polls woken on change."""
+
+    def __init__(self) -> None:
+        self.epoch = secrets.token_hex(4)
+        """Versions of another server process never match ours."""
+        self._lock = threading.Lock()
+        self._lists: dict[str, tuple[int, tuple[a.Part, ...]]] = {}
+        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
+
+    def version(self, node: str) -> str:
+        with self._lock:
+            return f"{self.epoch}.{self._lists.get(node, (0, ()))[0]}"
+
+    def number(self, node: str) -> int:
+        """The node's list version number (the part after the epoch)."""
+        with self._lock:
+            return self._lists.get(node, (0, ()))[0]
+
+    def publish(self, node: str, parts: tuple[a.Part, ...]) -> None:
+        with self._lock:
+            n = self._lists.get(node, (0, ()))[0] + 1
+            self._lists[node] = (n, parts)
+            waiters = self._waiters.pop(node, [])
+        for loop, fut in waiters:
+            loop.call_soon_threadsafe(_settle, fut)
+
+    def current(self, node: str) -> tuple[str, tuple[a.Part, ...]]:
+        with self._lock:
+            n, parts = self._lists.get(node, (0, ()))
+            return f"{self.epoch}.{n}", parts
+
+    async def wait(self, node: str, since: str, timeout_s: float) -> tuple[str, tuple[a.Part, ...]]:
+        """The node's list once its version differs from `since`, or after `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            n, parts = self._lists.get(node, (0, ()))
+            if f"{self.epoch}.{n}" != since or timeout_s <= 0:
+                return f"{self.epoch}.{n}", parts
+            self._waiters.setdefault(node, []).append((loop, fut))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(fut, timeout_s)
+        with self._lock:
+            waiting = self._waiters.get(node, [])
+            if (loop, fut) in waiting:
+                waiting.remove((loop, fut))
+        return self.current(node)
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -1,0 +1,93 @@
+"""The path rule holds for the names a job's command runs by (atk43 F1; T19 in
+docs/security.md): a batch script (`submit /srv/x/q.sh` records `/bin/sh /srv/x/q.sh`) or a
+program named by a path is opened by its name when the job starts, so a directory on the way
+that another account may write (a group project directory) or owns lets that account put its
+own code in its place, run as the submitter. The launch refuses it (`launch_failed`, why in one
+line), and `submit` warns of it. Real files, real OS accounts (`userkit`), opened as the job's
+user by the node agents' opener (`job_paths.open_outputs`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ledger.engines.job_paths import Refused, open_outputs
+from tests.integration.userkit import User, os_user, shared_dir
+from tests.unit.test_job_paths import _account, _as, _own, _unsafe
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[User, User]]:
+    """alice (the job's owner) and bob (another account)."""
+    with os_user("glqa") as alice, os_user("glqb") as bob:
+        yield alice, bob
+
+
+def _launch(who: User, *command: str) -> None:
+    """The opener of a part run as `who` from its home, with `command`: Refused or nothing."""
+    fds = open_outputs({"account": _account(who), "workdir": str(who.home), "command": command})
+    for fd in fds.values():
+        os.close(fd)
+
+
+def _script(path: Path, who: User) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\nid\n")
+    path.chmod(0o755)
+    _own(path.parent, who)
+    _own(path, who)
+    return path
+
+
+def test_a_script_reached_through_a_group_directory_is_refused_at_launch_and_warned_of(
+    pair: tuple[User, User],
+) -> None:
+    """atk43 F1, as reported: alice's script in a directory of hers inside bob's group project
+    directory (2775 here 2777: its group may write it), named by its absolute path from her
+    home. Bob could rename her directory away and put his own script in its place before the
+    launch: refused, and `submit` says so; by a link of hers from her home too. Her own
+    directory is fine."""
+    from ledger.cli.submit import path_warnings
+
+    alice, bob = pair
+    with shared_dir("gpuledger-proj-") as top:
+        proj = top / "proj"
+        proj.mkdir()
+        _own(proj, bob)
+        proj.chmod(0o2777)
+        q = _script(proj / "al" / "q.sh", alice)
+        with pytest.raises(Refused, match=f"the script {q} {_unsafe(proj)}"):
+            _launch(alice, "/bin/sh", str(q))
+        with pytest.raises(Refused, match=f"the program {q} {_unsafe(proj)}"):
+            _launch(alice, str(q))
+        link = alice.home / "q-link.sh"
+        link.symlink_to(q)
+        _own(link, alice)
+        with pytest.raises(Refused, match=f"the script q-link.sh {_unsafe(proj)}"):
+            _launch(alice, "/bin/sh", "q-link.sh")
+        said = _as(alice, lambda: path_warnings(str(alice.home), ("", ""), ("/bin/sh", str(q))))
+        assert f"the script {q} {_unsafe(proj)}" in said, said
+        gone = proj / "al2"  # bob made it vanish: it may be back once checked, so refused
+        with pytest.raises(Refused, match=f"the script {gone / 'q.sh'} {_unsafe(proj)}"):
+            _launch(alice, "/bin/sh", str(gone / "q.sh"))
+        mine = _script(alice.home / "bin" / "q.sh", alice)
+        _launch(alice, "/bin/sh", str(mine))
+        _launch(alice, "./bin/q.sh")
+        _launch(alice, "python3", "-m", "x", "-c", "print(1)")  # names nothing
+        _launch(alice, "/bin/sh", "bin/q.sh", str(q))  # the script is hers: the rest is data
+        assert _as(alice, lambda: path_warnings(str(alice.home), ("", ""), ("./bin/q.sh",))) == "[]"
+
+
+def test_a_script_in_another_accounts_own_directory_is_refused(pair: tuple[User, User]) -> None:
+    """A 0755 directory of bob's on the way: he may rename anything in it (atk40-23 F5's rule,
+    now for the script too)."""
+    alice, bob = pair
+    with shared_dir("gpuledger-bobs-") as top:
+        bobs = top / "bob"
+        q = _script(bobs / "al" / "q.sh", alice)
+        _own(bobs, bob)
+        with pytest.raises(Refused, match=f"reached through {bobs}, which belongs to another"):
+            _launch(alice, "/bin/sh", str(q))
