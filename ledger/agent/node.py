@@ -292,8 +292,7 @@ class NodeAgent:
     # --- start ---------------------------------------------------------------------------------
 
     def join(self) -> None:
-        """Steps 2 and 3 of the module doc: stop the orphans, then register, without waiting
-        for them to be gone (the main loop watches them and reports their ends)."""
+        """Steps 2 and 3 of the module doc: stop the orphans, then register."""
         asg = self._retry("ask what runs here", lambda: self.client.poll(self.s.node, "", 0))
         if asg is None:
             return
