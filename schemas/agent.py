@@ -63,7 +63,8 @@ class Register(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     version: Text = ""
     """The version of the node's list the agent has carried out (`Assignment.version`)."""
     running: Parts[PartRun] = ()
-    """Every run the agent still has on the node (orphans stopped) as of `version`."""
+    """Every run the agent still has on the node as of `version`, the orphans it is stopping
+    too (their GPUs stay held until a report no longer lists them)."""
 
 
 class Registered(msgspec.Struct, frozen=True, kw_only=True):

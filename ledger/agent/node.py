@@ -7,10 +7,15 @@ adoption after restarts) and talks to the server's agent API only (`/v1/agent/*`
 Start, as numbered steps (Nomad's client restores its handles before anything else):
   1. adopt: load the state file and re-attach to the parts still alive (pid + start time); the
      ones that ended meanwhile are reported with the exit codes their supervisors wrote;
-  2. ask the server what the ledger runs here, and stop every part it no longer runs here (the
-     orphans of a node that was marked lost: their jobs were requeued elsewhere), waiting until
-     they are gone;
-  3. register the node (idempotent; a lost node returns), then take work.
+  2. ask the server what the ledger runs here, and begin to stop every part it no longer runs
+     here (the orphans: a cancel while the agent was away, or a node marked lost whose jobs
+     were requeued elsewhere);
+  3. register the node at once (idempotent; a lost node returns), saying every run it still
+     has, the orphans stopping too, then take work. It never waits for the orphans: waiting,
+     it sent nothing, the node was counted lost and its lease ran out, and the fence killed
+     the healthy jobs it had just adopted (atk43 F6). Their GPUs stay busy meanwhile: no
+     launch here starts on a GPU a stopping run still holds (`SupervisedExecutor`), and a run
+     the server stopped stays `stopping` there until a report no longer lists it.
 
 Then: a thread long-polls the server for the node's list of parts (a placement arrives without
 polling delay); the main loop launches what is listed and not running, stops what runs and is
@@ -298,13 +303,10 @@ class NodeAgent:
         self._take(asg)
         orphans = self._apply(_now())
         self.applied = asg.version
-        deadline = time.monotonic() + self.ex.grace_s + 10.0
-        while orphans & self.ex.running() and time.monotonic() < deadline:
-            if self.stop_event.wait(self.s.check_every_s):
-                return
-            self._watch(_now())
         if orphans:
-            log.info("stopped %d part(s) the ledger no longer runs here", len(orphans))
+            log.info("stopping %d part(s) the ledger no longer runs here (job(s) %s): their "
+                     "GPUs stay busy until they are gone", len(orphans),
+                     ", ".join(map(str, sorted(orphans))))  # fmt: skip
         req = a.Register(
             node=self.s.node,
             gpus=self.s.gpus,
