@@ -10,7 +10,7 @@ import click
 
 from ledger.cli._common import Ctx, pass_ctx
 from schemas import commands as c
-from schemas.errors import InvalidCommand
+from schemas.errors import InvalidCommand, InvalidTransition
 from schemas.units import parse_duration
 
 
@@ -237,7 +237,14 @@ def checkpoint(ctx: Ctx, job_id: int) -> None:
         _touch_checkpoint(job_id, mark)  # inside a Slurm job: no token, the file is the way
         return
     actor = "" if as_job else ctx.actor
-    _done(ctx, f"checkpoint of job {job_id}", c.ReportCheckpoint(actor=actor, job_id=job_id))
+    try:
+        _done(ctx, f"checkpoint of job {job_id}", c.ReportCheckpoint(actor=actor, job_id=job_id))
+    except InvalidTransition:
+        # inside the job, whose start the server has not recorded yet (it is `placed` until
+        # its node's next report): the file says it, recorded once the job is running
+        if not (as_job and mark and os.environ.get("GPULEDGER_JOB_ID") == str(job_id)):
+            raise
+        _touch_checkpoint(job_id, mark)
 
 
 def _touch_checkpoint(job_id: int, path: str) -> None:
