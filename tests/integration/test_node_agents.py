@@ -261,7 +261,9 @@ def test_placements_run_on_their_nodes_and_report_exit_codes_and_the_job_token_i
     # a resumable job reports a checkpoint of its own with its token, then tries another job's
     other = c.submit(1, "exec sleep 30", "--resumable")
     c.wait_status(other, "running")
+    go = tmp_path / "go"  # once its start is recorded: a report before is said by its file
     probe = (
+        f"while [ ! -e {go} ]; do sleep 0.1; done; "
         f"{GPULEDGER} checkpoint && echo own=ok; "
         f"{GPULEDGER} checkpoint {other}; echo other=$?; "
         f'curl -s -o /dev/null -w "%{{http_code}}" -X POST '
@@ -270,6 +272,8 @@ def test_placements_run_on_their_nodes_and_report_exit_codes_and_the_job_token_i
         f'"$GPULEDGER_URL/v1/commands/job.checkpoint" > {tmp_path}/status'
     )
     mine = c.submit(1, probe, "--resumable")
+    c.wait_status(mine, "running")
+    go.touch()
     for j in (ok, bad, mine, limited):
         c.wait_status(j, "finished")
     got = c.jobs()
