@@ -92,6 +92,8 @@ class Run:
     """When the job last touched its checkpoint file (`GPULEDGER_CHECKPOINT_FILE`)."""
     running_seen: float | None = None
     """When a read first showed Slurm running it (its start waits for its script: `_launched`)."""
+    launch_seen: bool = False
+    """A read saw its `launched` mark (the job's user may remove it: `launching.never_ran`)."""
     node_failed: bool = False
     """Slurm ended it NODE_FAIL and the executor waits to know how it really ended (`ends`)."""
     seen_running_at: float | None = None
