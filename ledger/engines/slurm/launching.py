@@ -9,7 +9,9 @@ FAILED like any job's own failure. Where the compute node does not share the ser
 directory, neither mark is seen: such a run is recorded as Slurm ends it (docs/slurm.md). The
 job's user can write the marks, so they are believed only where a failing `cd` could have left
 them: a run Slurm shows running, or ran, for `launch_confirm_s` (10 s) or more really ran, marks
-or not, and is charged from Slurm's start (a forged mark hides at most those seconds). An edge
+or not, and is charged from Slurm's start (a forged mark hides at most those seconds, once: the
+run ends `launch_failed`); a run that claims `wrong-gpus`, which requeues it, is charged for
+all Slurm ran it, and its job placed no more after `WRONG_GPUS_RUNS` in a row. An edge
 (it reads the marks)."""
 
 from __future__ import annotations
