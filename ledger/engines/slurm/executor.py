@@ -32,7 +32,7 @@ from ledger.engines.slurm.launching import (
     WrongGpus,
     last_beat,
     mark_stopping,
-    marked,
+    mark_time,
     never_ran,
     never_ran_reason,
     never_starts,
@@ -321,14 +321,14 @@ class SlurmExecutor:
         return tracked.checkpoint_file(self.log_dir, job_id, run, who)
 
     def _launched(self, r: Run, now: float) -> bool:
-        """Whether a run Slurm shows RUNNING has really started: its batch script marked its
-        launch (`<checkpoint dir>/launched`), or it has run `launch_confirm_s` unmarked. Its
-        recorded start is Slurm's StartTime either way; only when it is recorded waits."""
+        """Whether a run Slurm shows RUNNING (not CONFIGURING) has really started: its batch
+        script marked its launch (`<checkpoint dir>/launched`), or it has run `launch_confirm_s`
+        unmarked. Its recorded start is `real_start` either way; only when it is recorded waits."""
         if r.running_seen is None:
             r.running_seen = now
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        if marked(run_dir, LAUNCHED):
-            r.launch_seen = True  # kept: the job's user may remove the mark (atk43s F2)
+        if (seen := mark_time(run_dir, LAUNCHED, now)) is not None:
+            r.launch_seen = seen if r.launch_seen is None else r.launch_seen  # kept (atk43s F2)
             return True  # the marks are the job user's: running this long, it runs (atk23d F6)
         return now - r.running_seen >= self.launch_confirm_s
 
@@ -336,7 +336,7 @@ class SlurmExecutor:
         """Why an ended run's command never ran ("" if it did, or may have: `never_ran`)."""
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
         return never_ran(j, r.launch, r.logs, run_dir, r.started, self.launch_confirm_s,
-                         r.launch_seen)  # fmt: skip
+                         r.launch_seen is not None)  # fmt: skip
 
     def _beat(self, slurm_id: str, now: float) -> float | None:
         """A run's last heartbeat (`MarksSeen.beat`; None without one, or unknown to Slurm)."""
@@ -590,27 +590,29 @@ class SlurmExecutor:
                 continue
             r.missing_since = None
             if j.state in WAITING and not r.started:
-                why = self._never_starts(r, j, now)
+                r.submitted_at = now if r.submitted_at is None else r.submitted_at  # adopted
+                why = never_starts(j.reason, now - r.submitted_at, self.start_within_s)
                 if why:
                     self._take_back(r, why, now)
                     continue
             never_ran = self._never_ran(r, j) if j.ended and not r.limited else ""
             # a run Slurm ran without its GPUs is charged, whatever its marks say (atk43s F2)
             ran = not never_ran or never_ran_reason(never_ran) == "node_failure"
-            if j.started and not r.started and (j.holding or j.ended) and ran:
-                r.started_at = j.start_time  # its limit counts from Slurm's start
+            held = j.state == "CONFIGURING"  # its command not started yet (atk43s F1)
+            r.configuring_seen = now if held else r.configuring_seen
+            if j.started and not r.started and (j.holding or j.ended) and ran and not held:
+                r.started_at = r.real_start(j.start_time)  # its limit counts from it
             if (
                 j.started
                 and not r.started
-                and (j.ended or (j.holding and self._launched(r, now)))
+                and (j.ended or (j.holding and not held and self._launched(r, now)))
                 and ran
             ):  # RUNNING alone is not yet a start: Slurm may still fail the launch (N3)
-                r.started = True
-                r.started_at = j.start_time
+                r.started, r.started_at = True, r.real_start(j.start_time)  # (its mark, just seen)
                 gpus = run_gpus(j, self._pinned)  # also once ended: Slurm's record
-                # charged from Slurm's real start (the ledger keeps it inside the placement)
+                # charged from its real start (the ledger keeps it inside the placement)
                 self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
-                                          started_at=j.start_time))  # fmt: skip
+                                          started_at=r.started_at))  # fmt: skip
                 if differ := gpus_differ(r.launch, j):
                     log.warning("job %s: %s", job_id, differ)
             if (
@@ -736,11 +738,6 @@ class SlurmExecutor:
     def _limit_of(self, r: Run) -> float | None:
         """The run's time limit: its launch's, or (adopted after a restart) its job's."""
         return r.launch.time_limit_s if r.launch is not None else self.job_limit(r.job_id)
-
-    def _never_starts(self, r: Run, j: SlurmJob, now: float) -> str:
-        """Why Slurm will not start this run (`never_starts`; adopted: waiting from now)."""
-        r.submitted_at = now if r.submitted_at is None else r.submitted_at
-        return never_starts(j.reason, now - r.submitted_at, self.start_within_s)
 
     def _take_back(self, r: Run, why: str, now: float) -> None:
         """Cancel a run Slurm will not start; its job ends `launch_failed` with why."""

@@ -311,6 +311,15 @@ def never_ran(
     return entering or cannot_enter(launch)
 
 
+def mark_time(run_dir: Path, mark: str, now: float) -> float | None:
+    """When the batch script made `mark` (its ctime, never after `now`: the job's user can
+    set it later, never earlier), None without it."""
+    try:
+        return min(now, os.lstat(run_dir / mark).st_ctime)
+    except OSError:
+        return None
+
+
 def never_ran_reason(why: str) -> RunEnd:
     """Pure: how a run whose command never ran (`never_ran`'s why) ends: `node_failure` when
     Slurm started it without its GPUs (the node's doing: a resumable job is placed again),
