@@ -49,6 +49,7 @@ SLURM_SECONDS: dict[str, float] = {
     "test_slurm": 905,
     "test_slurm_faults": 311,
     "test_slurm_foreign_work": 81,
+    "test_slurm_marks": 40,
     "test_slurm_nodefail": 561,
     "test_slurm_nodefail_kill": 330,
     "test_slurm_opening": 202,

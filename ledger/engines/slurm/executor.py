@@ -29,9 +29,10 @@ from ledger.engines.slurm.foreign import others
 from ledger.engines.slurm.launching import (
     LAUNCHED,
     MarksSeen,
+    WrongGpus,
     last_beat,
     mark_stopping,
-    marked,
+    mark_time,
     never_ran,
     never_ran_reason,
     never_starts,
@@ -56,6 +57,7 @@ from ledger.engines.slurm.stops import (
     in_service,
     no_grace,
     node_failed,
+    own_ends_first,
     placed_gpus,
     resumed_stops,
     run_gpus,
@@ -192,6 +194,7 @@ class SlurmExecutor:
         self._answering: dict[str, float] = {}  # node -> since when its slurmd answers
         self._quarantine = Quarantine()  # GPUs of runs ended by their own record on NODE_FAIL
         self._seen = MarksSeen()  # NODE_FAIL runs' signal notes and heartbeats, as first read
+        self._wrong_gpus = WrongGpus()  # jobs' runs ended `wrong-gpus` in a row
         self.launch_confirm_s = 10.0
         """A run Slurm shows RUNNING is recorded started once its batch script marked its launch
         (`_launched`), or after this long running unmarked (a node that does not share the
@@ -318,20 +321,22 @@ class SlurmExecutor:
         return tracked.checkpoint_file(self.log_dir, job_id, run, who)
 
     def _launched(self, r: Run, now: float) -> bool:
-        """Whether a run Slurm shows RUNNING has really started: its batch script marked its
-        launch (`<checkpoint dir>/launched`), or it has run `launch_confirm_s` unmarked. Its
-        recorded start is Slurm's StartTime either way; only when it is recorded waits."""
+        """Whether a run Slurm shows RUNNING (not CONFIGURING) has really started: its batch
+        script marked its launch (`<checkpoint dir>/launched`), or it has run `launch_confirm_s`
+        unmarked. Its recorded start is `real_start` either way; only when it is recorded waits."""
         if r.running_seen is None:
             r.running_seen = now
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        if marked(run_dir, LAUNCHED):
+        if (seen := mark_time(run_dir, LAUNCHED, now)) is not None:
+            r.launch_seen = seen if r.launch_seen is None else r.launch_seen  # kept (atk43s F2)
             return True  # the marks are the job user's: running this long, it runs (atk23d F6)
         return now - r.running_seen >= self.launch_confirm_s
 
     def _never_ran(self, r: Run, j: SlurmJob) -> str:
         """Why an ended run's command never ran ("" if it did, or may have: `never_ran`)."""
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        return never_ran(j, r.launch, r.logs, run_dir, r.started, self.launch_confirm_s)
+        return never_ran(j, r.launch, r.logs, run_dir, r.started, self.launch_confirm_s,
+                         r.launch_seen is not None)  # fmt: skip
 
     def _beat(self, slurm_id: str, now: float) -> float | None:
         """A run's last heartbeat (`MarksSeen.beat`; None without one, or unknown to Slurm)."""
@@ -454,29 +459,20 @@ class SlurmExecutor:
     def _own_ends_first(
         self, changes: list[NodeChange], exits: list[Exit], unseen: frozenset[str], now: float
     ) -> tuple[list[NodeChange], list[Exit], frozenset[str]]:
-        """A run that ended by itself on a node Slurm has just given up (a slurmd away leaves
-        it COMPLETING, its exit known, until Slurm marks the node DOWN) is recorded as it
-        ended, before the node's loss, which would requeue or fail it: a completed job is never
-        run again. While one of our runs is COMPLETING or has just ended, the loss and the runs
-        that ended with the node (NODE_FAIL) wait for the next read, the node unobserved
-        meanwhile; at most `settle_s`."""
-        lost = frozenset(ch.node for ch in changes if ch.change == "lost")
-        own = [x for x in exits if x.reason != "node_failure"]
+        """A run that ended by itself on a node Slurm has just given up is recorded before the
+        node's loss (`stops.own_ends_first`); the exits held back come with the next read."""
         completing = any(
             (j := self._view.get(r.slurm_id)) is not None and j.state == "COMPLETING"
             for r in self._runs.values()
             if r.slurm_id is not None
         )
-        if not lost or not (own or completing):
-            self._loss_held_since = None
-            return changes, exits, unseen
-        if self._loss_held_since is None:
-            self._loss_held_since = now
+        was = self._loss_held_since
+        held = own_ends_first(changes, exits, completing, was, now, self.settle_s)
+        changes, exits, later, lost, self._loss_held_since = held
+        if lost and was is None:
             log.info("node %s is down in Slurm: its runs' own ends first", ", ".join(sorted(lost)))
-        if now - self._loss_held_since > self.settle_s:
-            return changes, exits, unseen
-        self._exits = [x for x in exits if x.reason == "node_failure"] + self._exits
-        return [ch for ch in changes if ch.change != "lost"], own, unseen | lost
+        self._exits = later + self._exits
+        return changes, exits, unseen | lost
 
     def _read_max_time(self, now: float) -> None:
         """The partition's MaxTime, read again every `probe_every_s` (an admin may change it)."""
@@ -594,25 +590,29 @@ class SlurmExecutor:
                 continue
             r.missing_since = None
             if j.state in WAITING and not r.started:
-                why = self._never_starts(r, j, now)
+                r.submitted_at = now if r.submitted_at is None else r.submitted_at  # adopted
+                why = never_starts(j.reason, now - r.submitted_at, self.start_within_s)
                 if why:
                     self._take_back(r, why, now)
                     continue
             never_ran = self._never_ran(r, j) if j.ended and not r.limited else ""
-            if j.started and not r.started and (j.holding or j.ended) and not never_ran:
-                r.started_at = j.start_time  # its limit counts from Slurm's start
+            # a run Slurm ran without its GPUs is charged, whatever its marks say (atk43s F2)
+            ran = not never_ran or never_ran_reason(never_ran) == "node_failure"
+            held = j.state == "CONFIGURING"  # its command not started yet (atk43s F1)
+            r.configuring_seen = now if held else r.configuring_seen
+            if j.started and not r.started and (j.holding or j.ended) and ran and not held:
+                r.started_at = r.real_start(j.start_time)  # its limit counts from it
             if (
                 j.started
                 and not r.started
-                and (j.ended or (j.holding and self._launched(r, now)))
-                and not never_ran
+                and (j.ended or (j.holding and not held and self._launched(r, now)))
+                and ran
             ):  # RUNNING alone is not yet a start: Slurm may still fail the launch (N3)
-                r.started = True
-                r.started_at = j.start_time
+                r.started, r.started_at = True, r.real_start(j.start_time)  # (its mark, just seen)
                 gpus = run_gpus(j, self._pinned)  # also once ended: Slurm's record
-                # charged from Slurm's real start (the ledger keeps it inside the placement)
+                # charged from its real start (the ledger keeps it inside the placement)
                 self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
-                                          started_at=j.start_time))  # fmt: skip
+                                          started_at=r.started_at))  # fmt: skip
                 if differ := gpus_differ(r.launch, j):
                     log.warning("job %s: %s", job_id, differ)
             if (
@@ -624,12 +624,13 @@ class SlurmExecutor:
             if never_ran:  # its command never ran
                 del self._runs[job_id]
                 at = now if j.end_time is None else min(now, j.end_time)
-                self._exits.append(Exit(job_id, -1, at, never_ran_reason(never_ran), r.slurm_id,
-                                        j.state, never_ran))  # fmt: skip
+                reason, note = self._wrong_gpus.ending(job_id, never_ran)  # bounded (F2)
+                self._exits.append(Exit(job_id, -1, at, reason, r.slurm_id, j.state, note))
             elif j.ended and end_reason(j.state) == "node_failure":  # a limit's stop too
                 self._node_failed(r, j, now)  # how it really ended, once known
             elif j.ended:
                 del self._runs[job_id]
+                self._wrong_gpus.ran(job_id)
                 code, at = self._end_of(r, j, now)
                 reason = "time_limit" if r.limited else end_reason(j.state)
                 self._exits.append(Exit(job_id, code, at, reason, r.slurm_id, j.state, run=r.run))
@@ -737,11 +738,6 @@ class SlurmExecutor:
     def _limit_of(self, r: Run) -> float | None:
         """The run's time limit: its launch's, or (adopted after a restart) its job's."""
         return r.launch.time_limit_s if r.launch is not None else self.job_limit(r.job_id)
-
-    def _never_starts(self, r: Run, j: SlurmJob, now: float) -> str:
-        """Why Slurm will not start this run (`never_starts`; adopted: waiting from now)."""
-        r.submitted_at = now if r.submitted_at is None else r.submitted_at
-        return never_starts(j.reason, now - r.submitted_at, self.start_within_s)
 
     def _take_back(self, r: Run, why: str, now: float) -> None:
         """Cancel a run Slurm will not start; its job ends `launch_failed` with why."""

@@ -9,7 +9,9 @@ FAILED like any job's own failure. Where the compute node does not share the ser
 directory, neither mark is seen: such a run is recorded as Slurm ends it (docs/slurm.md). The
 job's user can write the marks, so they are believed only where a failing `cd` could have left
 them: a run Slurm shows running, or ran, for `launch_confirm_s` (10 s) or more really ran, marks
-or not, and is charged from Slurm's start (a forged mark hides at most those seconds). An edge
+or not, and is charged from Slurm's start (a forged mark hides at most those seconds, once: the
+run ends `launch_failed`); a run that claims `wrong-gpus`, which requeues it, is charged for
+all Slurm ran it, and its job placed no more after `WRONG_GPUS_RUNS` in a row. An edge
 (it reads the marks)."""
 
 from __future__ import annotations
@@ -281,19 +283,23 @@ def never_ran(
     run_dir: Path,
     started: bool,
     confirm_s: float,
+    launch_seen: bool = False,
 ) -> str:
     """Why an ended run's command never ran ("" if it did, or may have): Slurm could not
     launch it (JobLaunchFailure), or its script could not enter its working directory or
     start its command (the marks, left before the launch mark, of a run not recorded
-    `started` that ran less than `confirm_s`)."""
+    `started` that ran less than `confirm_s`), or Slurm started it without its GPUs (its
+    `wrong-gpus` mark, of a run whose `launched` mark no read saw: `launch_seen`; the job's
+    user may remove the mark, not what the executor saw, atk43s F2)."""
     if j.launch_failed:
         return launch_failure(launch, logs)
     ran = (j.end_time or 0.0) - (j.start_time or 0.0)  # a failing `cd` or check ends at once
-    if j.exit_code == 127 and marked(run_dir, WRONG_GPUS) and not marked(run_dir, LAUNCHED):
+    launch_marked = launch_seen or marked(run_dir, LAUNCHED)
+    if j.exit_code == 127 and marked(run_dir, WRONG_GPUS) and not launch_marked:
         # a launch Slurm restarted: its first start may have been taken for a run (`_launched`),
         # and Slurm's StartTime may stay that first one
         return f"{WRONG_GPUS_WHY} (Slurm 22.05 restarts a launch it requeued with none): never ran"
-    if started or ran >= confirm_s or marked(run_dir, LAUNCHED):
+    if started or ran >= confirm_s or launch_marked:
         return ""
     if marked(run_dir, CANNOT_OPEN):
         return said(run_dir, CANNOT_OPEN, "cannot open the output file ") or cannot_open(logs)
@@ -305,11 +311,51 @@ def never_ran(
     return entering or cannot_enter(launch)
 
 
+def mark_time(run_dir: Path, mark: str, now: float) -> float | None:
+    """When the batch script made `mark` (its ctime, never after `now`: the job's user can
+    set it later, never earlier), None without it."""
+    try:
+        return min(now, os.lstat(run_dir / mark).st_ctime)
+    except OSError:
+        return None
+
+
 def never_ran_reason(why: str) -> RunEnd:
     """Pure: how a run whose command never ran (`never_ran`'s why) ends: `node_failure` when
     Slurm started it without its GPUs (the node's doing: a resumable job is placed again),
     else `launch_failed`."""
     return "node_failure" if why.startswith(WRONG_GPUS_WHY) else "launch_failed"
+
+
+WRONG_GPUS_RUNS = 3
+"""A job whose runs end `wrong-gpus` this many times in a row is placed no more (Slurm's own
+requeue limits do the same): the mark is its user's to write, and each such end requeued it
+without bound (atk43s F2: a job that removed its `launched` mark and left `wrong-gpus` ran 7 s
+of every 8 on 2 GPUs, requeued forever)."""
+
+
+@dataclass
+class WrongGpus:
+    """How many runs of each job in a row ended `wrong-gpus` (`never_ran_ending`)."""
+
+    in_a_row: dict[int, int] = field(default_factory=dict)
+
+    def ending(self, job_id: int, why: str) -> tuple[RunEnd, str]:
+        """How a run of `job_id` whose command never ran (`never_ran`'s why) ends, and its note:
+        `never_ran_reason`, but `launch_failed` for the `WRONG_GPUS_RUNS`th `wrong-gpus` end in
+        a row, its note saying so."""
+        if never_ran_reason(why) != "node_failure":
+            self.in_a_row.pop(job_id, None)
+            return never_ran_reason(why), why
+        n = self.in_a_row[job_id] = self.in_a_row.get(job_id, 0) + 1
+        if n < WRONG_GPUS_RUNS:
+            return "node_failure", why
+        del self.in_a_row[job_id]
+        return "launch_failed", f"{why}; {n} runs in a row: not placed again"
+
+    def ran(self, job_id: int) -> None:
+        """A run of `job_id` ended otherwise: the count starts again."""
+        self.in_a_row.pop(job_id, None)
 
 
 def run_nodes(launch: Launch | None, j: SlurmJob) -> tuple[str, ...]:

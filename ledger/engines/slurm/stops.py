@@ -9,7 +9,7 @@ from collections.abc import Callable, Container, Mapping, Set
 from dataclasses import dataclass, field
 
 from ledger.core.state import Node, State, StoppedRun
-from ledger.cycle.executor import Exit, Launch
+from ledger.cycle.executor import Exit, Launch, NodeChange
 from ledger.engines.slurm.ends import (
     BEAT_STALE_S,
     Ending,
@@ -398,3 +398,26 @@ def vanished_end(
     if r.limited and state in ENDED:
         reason = "time_limit"
     return Exit(r.job_id, code, at, reason, slurm_id, state or "UNKNOWN")
+
+
+def own_ends_first(
+    changes: list[NodeChange], exits: list[Exit], completing: bool, held_since: float | None,
+    now: float, settle_s: float,
+) -> tuple[list[NodeChange], list[Exit], list[Exit], frozenset[str], float | None]:  # fmt: skip
+    """Pure: (node changes, exits) to record now, the exits held back for the next read, the
+    nodes unobserved meanwhile, and since when a loss waits. A run that ended by itself on a
+    node Slurm has just given up (a slurmd away leaves it COMPLETING, its exit known, until
+    Slurm marks the node DOWN) is recorded as it ended, before the node's loss, which would
+    requeue or fail it: a completed job is never run again. While one of our runs is
+    COMPLETING (`completing`) or has just ended, the loss and the runs that ended with the
+    node (NODE_FAIL) wait for the next read, the node unobserved meanwhile; at most `settle_s`
+    from `held_since`."""
+    lost = frozenset(ch.node for ch in changes if ch.change == "lost")
+    own = [x for x in exits if x.reason != "node_failure"]
+    if not lost or not (own or completing):
+        return changes, exits, [], frozenset(), None
+    since = now if held_since is None else held_since
+    if now - since > settle_s:
+        return changes, exits, [], frozenset(), since
+    later = [x for x in exits if x.reason == "node_failure"]
+    return [ch for ch in changes if ch.change != "lost"], own, later, lost, since

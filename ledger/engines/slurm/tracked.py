@@ -92,11 +92,39 @@ class Run:
     """When the job last touched its checkpoint file (`GPULEDGER_CHECKPOINT_FILE`)."""
     running_seen: float | None = None
     """When a read first showed Slurm running it (its start waits for its script: `_launched`)."""
+    launch_seen: float | None = None
+    """When a read first saw its `launched` mark, the mark's time (`launching.mark_time`; the
+    job's user may remove it: `launching.never_ran`)."""
+    configuring_seen: float | None = None
+    """The last read that showed Slurm holding it CONFIGURING (`real_start`)."""
     node_failed: bool = False
     """Slurm ended it NODE_FAIL and the executor waits to know how it really ended (`ends`)."""
     seen_running_at: float | None = None
     """The last read that showed it running while Slurm's view was current (not in an outage's
     settle period): its end cannot be earlier."""
+
+    def real_start(self, slurm_start: float | None) -> float | None:
+        """When its command started, from Slurm's StartTime and what the reads saw
+        (`real_start`)."""
+        return real_start(slurm_start, self.configuring_seen, self.launch_seen, self.running_seen)
+
+
+def real_start(
+    slurm_start: float | None, configuring: float | None, launched: float | None,
+    running: float | None,
+) -> float | None:  # fmt: skip
+    """Pure: when a run's command started. Slurm's StartTime, but for a launch Slurm held
+    CONFIGURING (a slow PrologSlurmctld: Slurm 22.05 keeps StartTime at the allocation) never
+    before the last read that showed it so (`configuring`), and from its `launched` mark's time
+    (`launched`, as first read: `launching.mark_time`) where a read saw it, no later than the
+    first read that showed it RUNNING (`running`: the mark is the job user's to make late).
+    atk43s F1: a launch held 20 s was charged those 20 s, its limit running during the hold."""
+    if configuring is None or slurm_start is None:  # (None: Slurm's unreadable, as before)
+        return slurm_start
+    start = max(slurm_start, configuring)
+    if launched is not None:
+        start = max(start, launched if running is None else min(launched, running))
+    return start
 
 
 def checkpoint_file(log_dir: Path, job_id: int, run: int, who: SbatchUser | None = None) -> Path:
