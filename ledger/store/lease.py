@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ledger.core.runas import admission_meaning
 from ledger.store.pgread import connect, redacted
 from schemas.errors import InvalidCommand
 
@@ -178,6 +179,33 @@ def admission_differences(recorded: str | None, mine: str | None) -> list[str]:
         for key in sorted(theirs)
         if theirs.get(key) != ours.get(key)
     ]
+
+
+MEANT_OTHERWISE: frozenset[str] = frozenset()
+"""Admission keys whose value an earlier version recorded with another meaning than this
+version gives it, one `admission_meaning` cannot bring to this version's: not compared with an
+earlier version's text (`earlier_admission`). None so far: every change was of how a value
+is written (`max_array_size` 0, the built-in privileged groups, an account mapped to its own
+name), which `admission_meaning` undoes, or a key added (the service account, which Slurm
+cluster)."""
+
+
+def earlier_admission(recorded: str, mine: str | None) -> tuple[str, list[str]]:
+    """Pure: the admission settings an earlier version recorded (`recorded`: a take of that
+    version, e.g. during an upgrade or after the documented rollback, `admission_epoch`) as
+    this version compares them: by what they mean (`admission_meaning`: that version wrote some
+    as given), and by the keys that mean here what they meant there. Returns that text and
+    the keys not compared, sorted: the ones this server's settings (`mine`) have and the
+    earlier version did not record (it had no such key), and `MEANT_OTHERWISE`. Before, an
+    earlier version's text was not compared at all: across an upgrade a standby with `min_uid`
+    1 and another service account took over from the earlier leader's 1000 (atk43ha F1)."""
+    import json
+
+    theirs = admission_meaning(json.loads(recorded))
+    ours = json.loads(mine) if mine is not None else {}
+    kept = {k: v for k, v in theirs.items() if k not in MEANT_OTHERWISE}
+    skipped = sorted((set(ours) - set(theirs)) | (set(theirs) & MEANT_OTHERWISE))
+    return json.dumps(kept, sort_keys=True, separators=(",", ":")), skipped
 
 
 def _shown(value: Any) -> str:
@@ -346,13 +374,30 @@ def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
             f"now(), {_RECORDED_ADMISSION} FROM {LEADER_TABLE} WHERE id = 1"
         ).fetchone()
         assert row is not None  # `_SCHEMA` made it
-        recorded = _recorded(row[0], row[3], row[4], row[5], row[7])
+        admission, _ = compared_admission(row[7], row[8], mine.admission)
+        recorded = _recorded(row[0], row[3], row[4], row[5], admission)
         live = bool(row[2])
         if recorded is not None and mine.differs(recorded) and (live or not change):
             raise _disagreement(mine, recorded, row[1] or "?", live)
     if change and recorded is not None and not mine.differs(recorded):
         return None  # nothing to change: the flag does nothing (it acts once: atk39-28 F3)
     return row[6]
+
+
+def compared_admission(
+    recorded: str | None, current: bool, mine: str | None
+) -> tuple[str | None, list[str]]:
+    """Pure: the admission settings the row records (`recorded`; `current`: by a take of this
+    version, `admission_epoch`) as this server (`mine`) compares them, and the keys it does not
+    compare (`earlier_admission`; of a row of this version, the keys it lacks, which
+    `admission_differences` leaves out)."""
+    if recorded is None or mine is None:
+        return recorded, []
+    if not current:
+        return earlier_admission(recorded, mine)
+    import json
+
+    return recorded, sorted(set(json.loads(mine)) - set(json.loads(recorded)))
 
 
 def _recorded(
@@ -376,18 +421,22 @@ _AGREES = (
     "AND (node_lost_s IS NULL OR %(lost)s::float8 IS NULL OR node_lost_s = %(lost)s::float8) "
     "AND (node_fence_s IS NULL OR %(fence)s::float8 IS NULL OR node_fence_s = %(fence)s::float8) "
     "AND (work IS NULL OR %(work)s::text IS NULL OR work = %(work)s::text) "
-    "AND (admission IS NULL OR admission_epoch IS DISTINCT FROM epoch "
-    "OR %(admission)s::text IS NULL OR NOT EXISTS (SELECT 1 FROM jsonb_each(admission::jsonb) "
-    "AS r WHERE r.value IS DISTINCT FROM %(admission)s::jsonb -> r.key)))"
+    "AND (admission IS NULL OR %(admission)s::text IS NULL "
+    "OR admission_epoch = epoch AND NOT EXISTS (SELECT 1 FROM jsonb_each(admission::jsonb) "
+    "AS r WHERE r.value IS DISTINCT FROM %(admission)s::jsonb -> r.key) "
+    "OR admission_epoch IS DISTINCT FROM epoch AND admission = %(earlier)s::text))"
 )
-"""The row records no other settings (`Settings.differs`): admission settings recorded by an
-earlier version are not compared (their text means otherwise, `admission_meaning`; the take
-that recorded them left `admission_epoch` behind the epoch), nor is a key they lack (one an
-earlier version did not record: the next take records it, `admission_differences`)."""
-_RECORDED_ADMISSION = "CASE WHEN admission_epoch = epoch THEN admission END"
-"""The recorded admission settings, when this version's take recorded them (None otherwise): an
-earlier version's take, e.g. after a rollback (docs/ha.md, "Upgrading"), moves the epoch and
-not `admission_epoch`, so what it wrote refuses nobody."""
+"""The row records no other settings (`Settings.differs`): a key the admission settings lack
+is not compared (one an earlier version did not record: the next take records it,
+`admission_differences`). Admission settings recorded by an earlier version (the take that
+recorded them left `admission_epoch` behind the epoch) are compared by what they mean
+(`earlier_admission`), which only this server's Python knows: the take passes, as `earlier`,
+the text it read last and found to agree (`Lease.leader`), and takes the lease only while the
+row still records exactly that text."""
+_RECORDED_ADMISSION = "admission, admission_epoch IS NOT DISTINCT FROM epoch"
+"""The recorded admission settings, and whether this version's take recorded them (an earlier
+version's take, e.g. during an upgrade or after a rollback, docs/ha.md "Upgrading", moves the
+epoch and not `admission_epoch`: `compared_admission`)."""
 _TAKE = (
     f"UPDATE {LEADER_TABLE} SET epoch = epoch + 1, stamp = stamp + 1, holder = %(holder)s, "
     "address = %(address)s, "
@@ -455,6 +504,13 @@ class Lease:
         """monotonic time until which this server may act as leader (0: it is not leader)."""
         self._con: Any = None
         self._notices: list[str] = []
+        self._earlier: str | None = None
+        """The admission text an earlier version recorded that this server read last and found
+        to agree with its own by meaning (`earlier_admission`): the take passes it (`_AGREES`)."""
+        self._said: str | None = None
+        """The recorded admission text whose uncompared keys this server said last."""
+        self._read = False
+        """This server has read the row (`leader`) since it started."""
 
     @property
     def answer_s(self) -> float:
@@ -509,17 +565,21 @@ class Lease:
 
     def acquire(self) -> bool:
         """Take the lease if it has expired (or is ours) and the row records this server's
-        settings (or none yet, or, with `since`, ones recorded before this server started);
-        True when this server now leads. A change of settings is recorded with its time
+        settings (or none yet, or, with `since`, ones recorded before this server started; of
+        admission settings an earlier version recorded, the text the last read found to mean
+        these, `_earlier`: the first take reads the row first); True when this server now
+        leads. A change of settings is recorded with its time
         (`settings_at`), and a shorter node lease than the recorded one leaves, in
         `held_until`, until when an agent may still hold one granted by the old settings
         (a new leader counts no node lost before then: `Leadership.keeping`, atk38-28 F3)."""
+        if not self._read:
+            self.leader()  # what the row records, as this server compares it (`_earlier`)
         sent = time.monotonic()
         lost, fence = self.node or (None, None)
         rows = self._run(_TAKE, {
             "holder": self.holder, "address": self.address, "lease": self.lease_s,
             "lost": lost, "fence": fence, "work": self.work, "since": self.since,
-            "admission": self.admission,
+            "admission": self.admission, "earlier": self._earlier,
         })  # fmt: skip
         if not rows:
             return False
@@ -563,14 +623,34 @@ class Lease:
             f"{_RECORDED_ADMISSION} FROM {LEADER_TABLE} WHERE id = 1",
             (self.since,),
         )
+        self._read = True
         if not rows or not rows[0][1]:
             return None
-        epoch, holder, address, left, lease_s, lost, fence, work, changeable, held, admits = rows[0]
+        epoch, holder, address, left, lease_s, lost, fence, work, changeable, held = rows[0][:10]
+        text, current = rows[0][10:]
         left = float(left) if left is not None else -1e9
+        admits = self._compared(text, bool(current), int(epoch), address)
         recorded = _recorded(lease_s, lost, fence, work, admits)
         return Holder(int(epoch), holder, address, left, float(lease_s or 0.0), recorded,
                       bool(changeable) and self.since is not None,
                       None if held is None else float(held))  # fmt: skip
+
+    def _compared(self, text: str | None, current: bool, epoch: int, address: str) -> str | None:
+        """The recorded admission text `text` as this server compares it (`compared_admission`);
+        says once in the log which keys it does not compare, and keeps an earlier version's
+        text that agrees with this server's for the take (`_earlier`)."""
+        admits, skipped = compared_admission(text, current, self.admission)
+        agrees = admits is not None and not admission_differences(admits, self.admission)
+        self._earlier = text if not current and agrees else None
+        if skipped and text != self._said:
+            log.warning(
+                "the store's admission settings were recorded by an earlier version (the lease "
+                "last taken by %s, epoch %d)%s; not compared: %s (that version recorded none; "
+                "this server's take records them)", address or "?", epoch,
+                "" if current else ", compared by what they mean", ", ".join(skipped),
+            )  # fmt: skip
+        self._said = text if skipped else None
+        return admits
 
     def refusal(self, holder: Holder | None) -> str | None:
         """Why this server may not take the lease from the row `holder` read (its settings
