@@ -36,94 +36,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger.core.runas import admission_meaning
+from ledger.store.leaseschema import LEADER_TABLE, REFUSED_TABLE, SERVERS_TABLE, make_schema
+from ledger.store.leaseschema import SCHEMA_LOCK as SCHEMA_LOCK
 from ledger.store.pgread import connect, redacted
 from schemas.errors import InvalidCommand
 
 log = logging.getLogger("gpuledger.lease")
 
-LEADER_TABLE = "gpuledger_leader"
-SERVERS_TABLE = "gpuledger_servers"
-REFUSED_TABLE = "gpuledger_refused"
-"""Servers of an earlier version whose takes and keeps of the lease the database refused
-(`gpuledger_leader_guard`), with how many."""
 LEASE_RANGE_S = (1.0, 60.0)
 """The lease a server may be given: long enough to renew under load, short enough that a kill -9
 of the leader never leaves the cluster leaderless for long."""
 MARGIN = 0.2
 """The part of the lease a holder gives up to be sure it stops first (a fifth)."""
-SCHEMA_LOCK = 7346010
-"""The advisory lock the store's schema is made under (the lease's tables, the recorders')."""
-
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS {LEADER_TABLE} (
-    id int PRIMARY KEY CHECK (id = 1),
-    epoch bigint NOT NULL,
-    holder text NOT NULL,
-    address text NOT NULL,
-    expires_at timestamptz NOT NULL,
-    acquired_at timestamptz NOT NULL
-);
-INSERT INTO {LEADER_TABLE} VALUES (1, 0, '', '', '-infinity', now()) ON CONFLICT DO NOTHING;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS lease_s double precision NOT NULL DEFAULT 0;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS node_lost_s double precision;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS node_fence_s double precision;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS work text;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS settings_at timestamptz;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS held_until timestamptz;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS admission text;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS stamp bigint NOT NULL DEFAULT 0;
-DO $$ BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{LEADER_TABLE}'::regclass
-                   AND attname = 'admission_epoch' AND NOT attisdropped) THEN
-        ALTER TABLE {LEADER_TABLE} ADD COLUMN admission_epoch bigint;
-        UPDATE {LEADER_TABLE} SET admission_epoch = epoch WHERE stamp > 0;
-    END IF;
-END $$;
-CREATE TABLE IF NOT EXISTS {REFUSED_TABLE} (
-    holder text PRIMARY KEY,
-    address text NOT NULL,
-    refused bigint NOT NULL,
-    last_at timestamptz NOT NULL
-);
-CREATE OR REPLACE FUNCTION gpuledger_leader_guard() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF NEW.stamp IS NOT DISTINCT FROM OLD.stamp
-            AND (NEW.epoch <> OLD.epoch OR NEW.expires_at > OLD.expires_at) THEN
-        INSERT INTO {REFUSED_TABLE} AS r VALUES (NEW.holder, NEW.address, 1, now())
-            ON CONFLICT (holder) DO UPDATE SET refused = r.refused + 1,
-                address = excluded.address, last_at = now();
-        RAISE WARNING 'gpuledger: the lease is not taken nor kept by % (%): a server of an '
-            'earlier version, which neither records nor checks the settings (docs/ha.md, '
-            'Upgrading)', NEW.address, NEW.holder;
-        RETURN NULL;
-    END IF;
-    RETURN NEW;
-END $$;
-DO $$ BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'gpuledger_leader_guard'
-                   AND tgrelid = '{LEADER_TABLE}'::regclass) THEN
-        CREATE TRIGGER gpuledger_leader_guard BEFORE UPDATE ON {LEADER_TABLE}
-            FOR EACH ROW EXECUTE FUNCTION gpuledger_leader_guard();
-    END IF;
-END $$;
-CREATE TABLE IF NOT EXISTS {SERVERS_TABLE} (
-    holder text PRIMARY KEY,
-    address text NOT NULL,
-    role text NOT NULL,
-    position bigint NOT NULL,
-    seen_at timestamptz NOT NULL
-);
-ALTER TABLE {SERVERS_TABLE} ADD COLUMN IF NOT EXISTS kept_at timestamptz;
-ALTER TABLE {SERVERS_TABLE} ADD COLUMN IF NOT EXISTS node_lease_s double precision;
-CREATE OR REPLACE FUNCTION gpuledger_fence(want bigint) RETURNS void LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM 1 FROM {LEADER_TABLE} WHERE id = 1 AND epoch = want FOR SHARE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'gpuledger: not the leader (epoch % was taken over)', want
-            USING ERRCODE = 'raise_exception';
-    END IF;
-END $$;
-"""
 
 
 @dataclass(frozen=True)
@@ -335,14 +259,10 @@ class NotCommitting(Exception):
 
 
 def setup(dsn: str) -> None:
-    """Create the lease tables and the fence function (idempotent; concurrent starts wait for
-    each other on an advisory lock)."""
+    """Make the lease tables and the fence function unless the store has them as this version
+    makes them (`leaseschema.make_schema`: concurrent starts wait for each other)."""
     with connect(dsn) as con:
-        con.execute(f"SELECT pg_advisory_lock({SCHEMA_LOCK})")
-        try:
-            con.execute(_SCHEMA)
-        finally:
-            con.execute(f"SELECT pg_advisory_unlock({SCHEMA_LOCK})")
+        make_schema(con)
 
 
 def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
@@ -351,37 +271,53 @@ def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
     records: the last taker's, kept in the row while nobody leads too. Every server on a store
     runs the same: a server given others takes no lease (`Lease.acquire`) and says why
     (`Lease.refusal`). With `change` (`serve --new-settings`) a server starts with others once
-    nobody leads, and records them when it takes the lease. The lease's schema (`setup`: the
-    guard of "Upgrading" and its `stamp`) is made in the check's transaction, and a refusal
-    rolls it back: a server that is refused changes nothing in the store (it made the guard
-    before its check, and the earlier version's leader was locked out while this one never
-    led: atk42-28 F2). Returns
-    the database's time now:
-    settings recorded later are never replaced by this server (two servers started together
-    with different settings never take turns: atk38-28 F1); None with `change` when the store
-    records these settings already (the flag has nothing to change, and changes nothing)."""
+    nobody leads, and records them when it takes the lease. The check reads the row first,
+    whatever columns an earlier version left (a read takes no lock a keep waits for), and only
+    a server it accepts makes the lease's schema (`setup`: the guard of "Upgrading" and its
+    `stamp`; once per version): a server that is refused changes nothing in the store (it made
+    the guard before its check, and the earlier version's leader was locked out while this one
+    never led: atk42-28 F2) and holds no lock on it (it made the schema in its check's
+    transaction, and held the table's ACCESS EXCLUSIVE lock while it was slow or frozen: the
+    leader could not keep the lease, and nobody led: atk43ha F3). Returns the database's time
+    now: settings recorded later are never replaced by this server (two servers started
+    together with different settings never take turns: atk38-28 F1); None with `change` when
+    the store records these settings already (the flag has nothing to change, and changes
+    nothing)."""
     low, high = LEASE_RANGE_S
     if not low <= mine.lease_s <= high:
         raise InvalidCommand(
             f"--lease {mine.lease_s:g}s is outside {low:g}s-{high:g}s",
             hint="the default 5s suits most clusters: docs/ha.md",
         )
-    with connect(dsn) as con, con.transaction():  # a refusal (raised) rolls it all back
-        con.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
-        con.execute(_SCHEMA)
-        row = con.execute(
-            f"SELECT lease_s, address, expires_at > now(), node_lost_s, node_fence_s, work, "
-            f"now(), {_RECORDED_ADMISSION} FROM {LEADER_TABLE} WHERE id = 1"
-        ).fetchone()
-        assert row is not None  # `_SCHEMA` made it
-        admission, _ = compared_admission(row[7], row[8], mine.admission)
-        recorded = _recorded(row[0], row[3], row[4], row[5], admission)
-        live = bool(row[2])
+    with connect(dsn) as con:
+        exists = f"SELECT to_regclass('{LEADER_TABLE}') IS NOT NULL, now()"
+        made, now = con.execute(exists).fetchone()
+        row = None
+        if made:  # a read: the lock a keep waits for is never taken by a server refused here
+            row = con.execute(
+                f"SELECT to_jsonb(l) || jsonb_build_object('live', l.expires_at > now()) "
+                f"FROM {LEADER_TABLE} l WHERE id = 1"
+            ).fetchone()
+        recorded, live, who = _read_row(row[0] if row else {}, mine)
         if recorded is not None and mine.differs(recorded) and (live or not change):
-            raise _disagreement(mine, recorded, row[1] or "?", live)
+            raise _disagreement(mine, recorded, who, live)
+        make_schema(con)
     if change and recorded is not None and not mine.differs(recorded):
         return None  # nothing to change: the flag does nothing (it acts once: atk39-28 F3)
-    return row[6]
+    return now
+
+
+def _read_row(row: dict[str, Any], mine: Settings) -> tuple[Settings | None, bool, str]:
+    """The settings the lease row `row` (its columns, as an earlier version may have left
+    them) records as this server compares them, whether a leader holds it now, and who."""
+    if "admission_epoch" in row:
+        current = row["admission_epoch"] is not None and row["admission_epoch"] == row["epoch"]
+    else:  # the column's first making records the text as this version's when stamped
+        current = int(row.get("stamp") or 0) > 0
+    admission, _ = compared_admission(row.get("admission"), current, mine.admission)
+    recorded = _recorded(row.get("lease_s"), row.get("node_lost_s"), row.get("node_fence_s"),
+                         row.get("work"), admission)  # fmt: skip
+    return recorded, bool(row.get("live")), str(row.get("address") or "?")
 
 
 def compared_admission(
