@@ -24,6 +24,7 @@ import msgspec
 
 from ledger.core.state import State
 from schemas import commands as c
+from schemas.bounds import MAX_ARRAY_TASKS
 from schemas.errors import NotAuthorised
 
 DEFAULT_MIN_UID = 1000
@@ -264,3 +265,24 @@ def admit(
         env = {k: v for k, v in cmd.env.items() if not (pattern.search(k) or secret_value(v))}
         return msgspec.structs.replace(cmd, env=env)
     return cmd
+
+
+def admission_meaning(admission: dict[str, object]) -> dict[str, object]:
+    """Pure: the admission settings (`ledger.wire.config.admission_of`'s keys) as what they mean,
+    so that settings written otherwise that mean the same are recorded alike (a standby so
+    written could not start: atk40-28 F3), and what an earlier version recorded, which wrote
+    them as given, is compared by what it meant (`ledger.store.lease.earlier_admission`):
+    `max_array_size` 0 is the most an array may have (10,000); the privileged groups are the
+    built-in ones (`runas.PRIVILEGED_GROUPS`, which every server adds) and the site's, sorted,
+    so listing `sudo` or not is the same; an `os_accounts` entry that maps a user to its own
+    name (the server's own account, say `root = "root"`) is the same as none."""
+    out = dict(admission)
+    if out.get("max_array_size") == 0:
+        out["max_array_size"] = MAX_ARRAY_TASKS
+    groups = out.get("privileged_groups")
+    if isinstance(groups, list | tuple | set | frozenset):
+        out["privileged_groups"] = sorted(PRIVILEGED_GROUPS | {str(g) for g in groups})
+    accounts = out.get("os_accounts")
+    if isinstance(accounts, dict):
+        out["os_accounts"] = {k: v for k, v in sorted(accounts.items()) if k != v}
+    return out

@@ -35,94 +35,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ledger.core.runas import admission_meaning
+from ledger.store.leaseschema import LEADER_TABLE, REFUSED_TABLE, SERVERS_TABLE, make_schema
+from ledger.store.leaseschema import SCHEMA_LOCK as SCHEMA_LOCK
 from ledger.store.pgread import connect, redacted
 from schemas.errors import InvalidCommand
 
 log = logging.getLogger("gpuledger.lease")
 
-LEADER_TABLE = "gpuledger_leader"
-SERVERS_TABLE = "gpuledger_servers"
-REFUSED_TABLE = "gpuledger_refused"
-"""Servers of an earlier version whose takes and keeps of the lease the database refused
-(`gpuledger_leader_guard`), with how many."""
 LEASE_RANGE_S = (1.0, 60.0)
 """The lease a server may be given: long enough to renew under load, short enough that a kill -9
 of the leader never leaves the cluster leaderless for long."""
 MARGIN = 0.2
 """The part of the lease a holder gives up to be sure it stops first (a fifth)."""
-SCHEMA_LOCK = 7346010
-"""The advisory lock the store's schema is made under (the lease's tables, the recorders')."""
-
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS {LEADER_TABLE} (
-    id int PRIMARY KEY CHECK (id = 1),
-    epoch bigint NOT NULL,
-    holder text NOT NULL,
-    address text NOT NULL,
-    expires_at timestamptz NOT NULL,
-    acquired_at timestamptz NOT NULL
-);
-INSERT INTO {LEADER_TABLE} VALUES (1, 0, '', '', '-infinity', now()) ON CONFLICT DO NOTHING;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS lease_s double precision NOT NULL DEFAULT 0;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS node_lost_s double precision;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS node_fence_s double precision;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS work text;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS settings_at timestamptz;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS held_until timestamptz;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS admission text;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS stamp bigint NOT NULL DEFAULT 0;
-DO $$ BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{LEADER_TABLE}'::regclass
-                   AND attname = 'admission_epoch' AND NOT attisdropped) THEN
-        ALTER TABLE {LEADER_TABLE} ADD COLUMN admission_epoch bigint;
-        UPDATE {LEADER_TABLE} SET admission_epoch = epoch WHERE stamp > 0;
-    END IF;
-END $$;
-CREATE TABLE IF NOT EXISTS {REFUSED_TABLE} (
-    holder text PRIMARY KEY,
-    address text NOT NULL,
-    refused bigint NOT NULL,
-    last_at timestamptz NOT NULL
-);
-CREATE OR REPLACE FUNCTION gpuledger_leader_guard() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF NEW.stamp IS NOT DISTINCT FROM OLD.stamp
-            AND (NEW.epoch <> OLD.epoch OR NEW.expires_at > OLD.expires_at) THEN
-        INSERT INTO {REFUSED_TABLE} AS r VALUES (NEW.holder, NEW.address, 1, now())
-            ON CONFLICT (holder) DO UPDATE SET refused = r.refused + 1,
-                address = excluded.address, last_at = now();
-        RAISE WARNING 'gpuledger: the lease is not taken nor kept by % (%): a server of an '
-            'earlier version, which neither records nor checks the settings (docs/ha.md, '
-            'Upgrading)', NEW.address, NEW.holder;
-        RETURN NULL;
-    END IF;
-    RETURN NEW;
-END $$;
-DO $$ BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'gpuledger_leader_guard'
-                   AND tgrelid = '{LEADER_TABLE}'::regclass) THEN
-        CREATE TRIGGER gpuledger_leader_guard BEFORE UPDATE ON {LEADER_TABLE}
-            FOR EACH ROW EXECUTE FUNCTION gpuledger_leader_guard();
-    END IF;
-END $$;
-CREATE TABLE IF NOT EXISTS {SERVERS_TABLE} (
-    holder text PRIMARY KEY,
-    address text NOT NULL,
-    role text NOT NULL,
-    position bigint NOT NULL,
-    seen_at timestamptz NOT NULL
-);
-ALTER TABLE {SERVERS_TABLE} ADD COLUMN IF NOT EXISTS kept_at timestamptz;
-ALTER TABLE {SERVERS_TABLE} ADD COLUMN IF NOT EXISTS node_lease_s double precision;
-CREATE OR REPLACE FUNCTION gpuledger_fence(want bigint) RETURNS void LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM 1 FROM {LEADER_TABLE} WHERE id = 1 AND epoch = want FOR SHARE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'gpuledger: not the leader (epoch % was taken over)', want
-            USING ERRCODE = 'raise_exception';
-    END IF;
-END $$;
-"""
 
 
 @dataclass(frozen=True)
@@ -178,6 +103,33 @@ def admission_differences(recorded: str | None, mine: str | None) -> list[str]:
         for key in sorted(theirs)
         if theirs.get(key) != ours.get(key)
     ]
+
+
+MEANT_OTHERWISE: frozenset[str] = frozenset()
+"""Admission keys whose value an earlier version recorded with another meaning than this
+version gives it, one `admission_meaning` cannot bring to this version's: not compared with an
+earlier version's text (`earlier_admission`). None so far: every change was of how a value
+is written (`max_array_size` 0, the built-in privileged groups, an account mapped to its own
+name), which `admission_meaning` undoes, or a key added (the service account, which Slurm
+cluster)."""
+
+
+def earlier_admission(recorded: str, mine: str | None) -> tuple[str, list[str]]:
+    """Pure: the admission settings an earlier version recorded (`recorded`: a take of that
+    version, e.g. during an upgrade or after the documented rollback, `admission_epoch`) as
+    this version compares them: by what they mean (`admission_meaning`: that version wrote some
+    as given), and by the keys that mean here what they meant there. Returns that text and
+    the keys not compared, sorted: the ones this server's settings (`mine`) have and the
+    earlier version did not record (it had no such key), and `MEANT_OTHERWISE`. Before, an
+    earlier version's text was not compared at all: across an upgrade a standby with `min_uid`
+    1 and another service account took over from the earlier leader's 1000 (atk43ha F1)."""
+    import json
+
+    theirs = admission_meaning(json.loads(recorded))
+    ours = json.loads(mine) if mine is not None else {}
+    kept = {k: v for k, v in theirs.items() if k not in MEANT_OTHERWISE}
+    skipped = sorted((set(ours) - set(theirs)) | (set(theirs) & MEANT_OTHERWISE))
+    return json.dumps(kept, sort_keys=True, separators=(",", ":")), skipped
 
 
 def _shown(value: Any) -> str:
@@ -307,14 +259,10 @@ class NotCommitting(Exception):
 
 
 def setup(dsn: str) -> None:
-    """Create the lease tables and the fence function (idempotent; concurrent starts wait for
-    each other on an advisory lock)."""
+    """Make the lease tables and the fence function unless the store has them as this version
+    makes them (`leaseschema.make_schema`: concurrent starts wait for each other)."""
     with connect(dsn) as con:
-        con.execute(f"SELECT pg_advisory_lock({SCHEMA_LOCK})")
-        try:
-            con.execute(_SCHEMA)
-        finally:
-            con.execute(f"SELECT pg_advisory_unlock({SCHEMA_LOCK})")
+        make_schema(con)
 
 
 def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
@@ -323,36 +271,69 @@ def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
     records: the last taker's, kept in the row while nobody leads too. Every server on a store
     runs the same: a server given others takes no lease (`Lease.acquire`) and says why
     (`Lease.refusal`). With `change` (`serve --new-settings`) a server starts with others once
-    nobody leads, and records them when it takes the lease. The lease's schema (`setup`: the
-    guard of "Upgrading" and its `stamp`) is made in the check's transaction, and a refusal
-    rolls it back: a server that is refused changes nothing in the store (it made the guard
-    before its check, and the earlier version's leader was locked out while this one never
-    led: atk42-28 F2). Returns
-    the database's time now:
-    settings recorded later are never replaced by this server (two servers started together
-    with different settings never take turns: atk38-28 F1); None with `change` when the store
-    records these settings already (the flag has nothing to change, and changes nothing)."""
+    nobody leads, and records them when it takes the lease. The check reads the row first,
+    whatever columns an earlier version left (a read takes no lock a keep waits for), and only
+    a server it accepts makes the lease's schema (`setup`: the guard of "Upgrading" and its
+    `stamp`; once per version): a server that is refused changes nothing in the store (it made
+    the guard before its check, and the earlier version's leader was locked out while this one
+    never led: atk42-28 F2) and holds no lock on it (it made the schema in its check's
+    transaction, and held the table's ACCESS EXCLUSIVE lock while it was slow or frozen: the
+    leader could not keep the lease, and nobody led: atk43ha F3). Returns the database's time
+    now: settings recorded later are never replaced by this server (two servers started
+    together with different settings never take turns: atk38-28 F1); None with `change` when
+    the store records these settings already (the flag has nothing to change, and changes
+    nothing)."""
     low, high = LEASE_RANGE_S
     if not low <= mine.lease_s <= high:
         raise InvalidCommand(
             f"--lease {mine.lease_s:g}s is outside {low:g}s-{high:g}s",
             hint="the default 5s suits most clusters: docs/ha.md",
         )
-    with connect(dsn) as con, con.transaction():  # a refusal (raised) rolls it all back
-        con.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
-        con.execute(_SCHEMA)
-        row = con.execute(
-            f"SELECT lease_s, address, expires_at > now(), node_lost_s, node_fence_s, work, "
-            f"now(), {_RECORDED_ADMISSION} FROM {LEADER_TABLE} WHERE id = 1"
-        ).fetchone()
-        assert row is not None  # `_SCHEMA` made it
-        recorded = _recorded(row[0], row[3], row[4], row[5], row[7])
-        live = bool(row[2])
+    with connect(dsn) as con:
+        exists = f"SELECT to_regclass('{LEADER_TABLE}') IS NOT NULL, now()"
+        made, now = con.execute(exists).fetchone()
+        row = None
+        if made:  # a read: the lock a keep waits for is never taken by a server refused here
+            row = con.execute(
+                f"SELECT to_jsonb(l) || jsonb_build_object('live', l.expires_at > now()) "
+                f"FROM {LEADER_TABLE} l WHERE id = 1"
+            ).fetchone()
+        recorded, live, who = _read_row(row[0] if row else {}, mine)
         if recorded is not None and mine.differs(recorded) and (live or not change):
-            raise _disagreement(mine, recorded, row[1] or "?", live)
+            raise _disagreement(mine, recorded, who, live)
+        make_schema(con)
     if change and recorded is not None and not mine.differs(recorded):
         return None  # nothing to change: the flag does nothing (it acts once: atk39-28 F3)
-    return row[6]
+    return now
+
+
+def _read_row(row: dict[str, Any], mine: Settings) -> tuple[Settings | None, bool, str]:
+    """The settings the lease row `row` (its columns, as an earlier version may have left
+    them) records as this server compares them, whether a leader holds it now, and who."""
+    if "admission_epoch" in row:
+        current = row["admission_epoch"] is not None and row["admission_epoch"] == row["epoch"]
+    else:  # the column's first making records the text as this version's when stamped
+        current = int(row.get("stamp") or 0) > 0
+    admission, _ = compared_admission(row.get("admission"), current, mine.admission)
+    recorded = _recorded(row.get("lease_s"), row.get("node_lost_s"), row.get("node_fence_s"),
+                         row.get("work"), admission)  # fmt: skip
+    return recorded, bool(row.get("live")), str(row.get("address") or "?")
+
+
+def compared_admission(
+    recorded: str | None, current: bool, mine: str | None
+) -> tuple[str | None, list[str]]:
+    """Pure: the admission settings the row records (`recorded`; `current`: by a take of this
+    version, `admission_epoch`) as this server (`mine`) compares them, and the keys it does not
+    compare (`earlier_admission`; of a row of this version, the keys it lacks, which
+    `admission_differences` leaves out)."""
+    if recorded is None or mine is None:
+        return recorded, []
+    if not current:
+        return earlier_admission(recorded, mine)
+    import json
+
+    return recorded, sorted(set(json.loads(mine)) - set(json.loads(recorded)))
 
 
 def _recorded(
@@ -376,18 +357,22 @@ _AGREES = (
     "AND (node_lost_s IS NULL OR %(lost)s::float8 IS NULL OR node_lost_s = %(lost)s::float8) "
     "AND (node_fence_s IS NULL OR %(fence)s::float8 IS NULL OR node_fence_s = %(fence)s::float8) "
     "AND (work IS NULL OR %(work)s::text IS NULL OR work = %(work)s::text) "
-    "AND (admission IS NULL OR admission_epoch IS DISTINCT FROM epoch "
-    "OR %(admission)s::text IS NULL OR NOT EXISTS (SELECT 1 FROM jsonb_each(admission::jsonb) "
-    "AS r WHERE r.value IS DISTINCT FROM %(admission)s::jsonb -> r.key)))"
+    "AND (admission IS NULL OR %(admission)s::text IS NULL "
+    "OR admission_epoch = epoch AND NOT EXISTS (SELECT 1 FROM jsonb_each(admission::jsonb) "
+    "AS r WHERE r.value IS DISTINCT FROM %(admission)s::jsonb -> r.key) "
+    "OR admission_epoch IS DISTINCT FROM epoch AND admission = %(earlier)s::text))"
 )
-"""The row records no other settings (`Settings.differs`): admission settings recorded by an
-earlier version are not compared (their text means otherwise, `admission_meaning`; the take
-that recorded them left `admission_epoch` behind the epoch), nor is a key they lack (one an
-earlier version did not record: the next take records it, `admission_differences`)."""
-_RECORDED_ADMISSION = "CASE WHEN admission_epoch = epoch THEN admission END"
-"""The recorded admission settings, when this version's take recorded them (None otherwise): an
-earlier version's take, e.g. after a rollback (docs/ha.md, "Upgrading"), moves the epoch and
-not `admission_epoch`, so what it wrote refuses nobody."""
+"""The row records no other settings (`Settings.differs`): a key the admission settings lack
+is not compared (one an earlier version did not record: the next take records it,
+`admission_differences`). Admission settings recorded by an earlier version (the take that
+recorded them left `admission_epoch` behind the epoch) are compared by what they mean
+(`earlier_admission`), which only this server's Python knows: the take passes, as `earlier`,
+the text it read last and found to agree (`Lease.leader`), and takes the lease only while the
+row still records exactly that text."""
+_RECORDED_ADMISSION = "admission, admission_epoch IS NOT DISTINCT FROM epoch"
+"""The recorded admission settings, and whether this version's take recorded them (an earlier
+version's take, e.g. during an upgrade or after a rollback, docs/ha.md "Upgrading", moves the
+epoch and not `admission_epoch`: `compared_admission`)."""
 _TAKE = (
     f"UPDATE {LEADER_TABLE} SET epoch = epoch + 1, stamp = stamp + 1, holder = %(holder)s, "
     "address = %(address)s, "
@@ -455,6 +440,13 @@ class Lease:
         """monotonic time until which this server may act as leader (0: it is not leader)."""
         self._con: Any = None
         self._notices: list[str] = []
+        self._earlier: str | None = None
+        """The admission text an earlier version recorded that this server read last and found
+        to agree with its own by meaning (`earlier_admission`): the take passes it (`_AGREES`)."""
+        self._said: str | None = None
+        """The recorded admission text whose uncompared keys this server said last."""
+        self._read = False
+        """This server has read the row (`leader`) since it started."""
 
     @property
     def answer_s(self) -> float:
@@ -509,17 +501,21 @@ class Lease:
 
     def acquire(self) -> bool:
         """Take the lease if it has expired (or is ours) and the row records this server's
-        settings (or none yet, or, with `since`, ones recorded before this server started);
-        True when this server now leads. A change of settings is recorded with its time
+        settings (or none yet, or, with `since`, ones recorded before this server started; of
+        admission settings an earlier version recorded, the text the last read found to mean
+        these, `_earlier`: the first take reads the row first); True when this server now
+        leads. A change of settings is recorded with its time
         (`settings_at`), and a shorter node lease than the recorded one leaves, in
         `held_until`, until when an agent may still hold one granted by the old settings
         (a new leader counts no node lost before then: `Leadership.keeping`, atk38-28 F3)."""
+        if not self._read:
+            self.leader()  # what the row records, as this server compares it (`_earlier`)
         sent = time.monotonic()
         lost, fence = self.node or (None, None)
         rows = self._run(_TAKE, {
             "holder": self.holder, "address": self.address, "lease": self.lease_s,
             "lost": lost, "fence": fence, "work": self.work, "since": self.since,
-            "admission": self.admission,
+            "admission": self.admission, "earlier": self._earlier,
         })  # fmt: skip
         if not rows:
             return False
@@ -563,14 +559,34 @@ class Lease:
             f"{_RECORDED_ADMISSION} FROM {LEADER_TABLE} WHERE id = 1",
             (self.since,),
         )
+        self._read = True
         if not rows or not rows[0][1]:
             return None
-        epoch, holder, address, left, lease_s, lost, fence, work, changeable, held, admits = rows[0]
+        epoch, holder, address, left, lease_s, lost, fence, work, changeable, held = rows[0][:10]
+        text, current = rows[0][10:]
         left = float(left) if left is not None else -1e9
+        admits = self._compared(text, bool(current), int(epoch), address)
         recorded = _recorded(lease_s, lost, fence, work, admits)
         return Holder(int(epoch), holder, address, left, float(lease_s or 0.0), recorded,
                       bool(changeable) and self.since is not None,
                       None if held is None else float(held))  # fmt: skip
+
+    def _compared(self, text: str | None, current: bool, epoch: int, address: str) -> str | None:
+        """The recorded admission text `text` as this server compares it (`compared_admission`);
+        says once in the log which keys it does not compare, and keeps an earlier version's
+        text that agrees with this server's for the take (`_earlier`)."""
+        admits, skipped = compared_admission(text, current, self.admission)
+        agrees = admits is not None and not admission_differences(admits, self.admission)
+        self._earlier = text if not current and agrees else None
+        if skipped and text != self._said:
+            log.warning(
+                "the store's admission settings were recorded by an earlier version (the lease "
+                "last taken by %s, epoch %d)%s; not compared: %s (that version recorded none; "
+                "this server's take records them)", address or "?", epoch,
+                "" if current else ", compared by what they mean", ", ".join(skipped),
+            )  # fmt: skip
+        self._said = text if skipped else None
+        return admits
 
     def refusal(self, holder: Holder | None) -> str | None:
         """Why this server may not take the lease from the row `holder` read (its settings

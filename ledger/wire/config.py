@@ -13,9 +13,8 @@ from typing import Literal, TypeVar
 
 import msgspec
 
-from ledger.core.runas import PRIVILEGED_GROUPS, SECRET_NAMES
+from ledger.core.runas import SECRET_NAMES, admission_meaning
 from schemas import units
-from schemas.bounds import MAX_ARRAY_TASKS
 from schemas.errors import InvalidCommand
 from schemas.units import Duration, Interval
 
@@ -170,26 +169,6 @@ def admission_of(
     if slurm is not None:
         admission.update(slurm)
     return msgspec.json.encode(admission_meaning(admission), order="sorted").decode()
-
-
-def admission_meaning(admission: dict[str, object]) -> dict[str, object]:
-    """Pure: the admission settings (`admission_of`'s keys) as what they mean, so that settings
-    written otherwise that mean the same are recorded alike (a standby so written could not
-    start: atk40-28 F3): `max_array_size` 0 is the most an array may have (10,000); the
-    privileged groups are the built-in ones (`runas.PRIVILEGED_GROUPS`, which every server
-    adds) and the site's, sorted, so listing `sudo` or not is the same; an `os_accounts` entry
-    that maps a user to its own name (the server's own account, say `root = "root"`) is the
-    same as none."""
-    out = dict(admission)
-    if out.get("max_array_size") == 0:
-        out["max_array_size"] = MAX_ARRAY_TASKS
-    groups = out.get("privileged_groups")
-    if isinstance(groups, list | tuple | set | frozenset):
-        out["privileged_groups"] = sorted(PRIVILEGED_GROUPS | {str(g) for g in groups})
-    accounts = out.get("os_accounts")
-    if isinstance(accounts, dict):
-        out["os_accounts"] = {k: v for k, v in sorted(accounts.items()) if k != v}
-    return out
 
 
 def load(path: Path | None) -> ServeConfig:

@@ -263,6 +263,7 @@ def test_a_store_recorded_before_the_admission_settings_records_them_at_the_next
         s0.kill(signal.SIGTERM)
         with connect(pg_store) as con:  # the row as a server of the last version left it
             con.execute("ALTER TABLE gpuledger_leader DROP COLUMN IF EXISTS admission")
+            con.execute("COMMENT ON TABLE gpuledger_leader IS NULL")  # nor this version's mark
         # another grace than s0 ran: nothing recorded says otherwise, so it leads, and records
         g.args = ("--executor", "record", "--grace", "7s")
         g.start(s1)

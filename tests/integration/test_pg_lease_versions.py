@@ -8,14 +8,18 @@ such a server took the lease whatever the recorded settings said."""
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 import time
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from ledger.store import lease
 from ledger.store.pgread import connect
+from ledger.wire.config import ServeConfig, admission_of
 from schemas.errors import InvalidCommand
 from tests.integration import waits
 from tests.integration.hakit import make_group
@@ -118,12 +122,11 @@ def test_an_earlier_version_s_takes_and_keeps_are_refused_by_the_database(pg_sto
     with psycopg.connect(pg_store, autocommit=True) as con:
         # before the upgrade: a server of the earlier version leads, by its own SQL
         con.execute(OLD_SCHEMA)
-        assert _old_take(con, "old-1") == [(1,)]
+        assert _old_take(con, "old-1", _admission(earlier=True)) == [(1,)]
         assert con.execute(OLD_RENEW, (LEASE_S, "old-1", 1)).fetchall() == [(1,)]
         # a server of this version starts: the schema gets the guard
         lease.setup(pg_store)
-        new = lease.Lease(pg_store, "new", "http://new", LEASE_S, (60.0, 300.0),
-                          '{"executor":"agents"}', admission='{"min_uid":1000}')  # fmt: skip
+        new = _lease(pg_store, "new", _admission())  # the same settings
         try:
             # the earlier leader's next keep is refused: it stands down (its renew finds no row)
             assert con.execute(OLD_RENEW, (LEASE_S, "old-1", 1)).fetchall() == []
@@ -133,19 +136,19 @@ def test_an_earlier_version_s_takes_and_keeps_are_refused_by_the_database(pg_sto
             assert new.acquire() and new.epoch == 2
             assert new.renew()
             row = con.execute("SELECT holder, admission, stamp FROM gpuledger_leader").fetchone()
-            assert row is not None and row[:2] == ("new", '{"min_uid":1000}') and row[2] >= 2, row
+            assert row is not None and row[:2] == ("new", _admission()) and row[2] >= 2, row
             # the lease free, the earlier version takes nothing, even where its own check of
             # the recorded text passes (it knows nothing of what this version records and
             # checks, e.g. which Slurm cluster), and its refusals are counted
             new.release()
-            recorded = '{"min_uid":1000}'
+            recorded = _admission()
             assert _old_take(con, "old-2", recorded) == []
             assert _old_take(con, "old-1", recorded) == []
             assert _old_take(con, "old-2", recorded) == []
             assert _refused(con) == {"old-1": 2, "old-2": 2}
             assert new.refused_older() == [("http://old-1", 2), ("http://old-2", 2)]
             row = con.execute("SELECT epoch, holder, admission FROM gpuledger_leader").fetchone()
-            assert row == (2, "new", '{"min_uid":1000}'), row
+            assert row == (2, "new", recorded), row
             # a clean stop of the earlier version still frees the lease (it only shortens it)
             assert new.acquire()
             assert con.execute(OLD_RELEASE, ("new", new.epoch)).fetchall() == [(1,)]
@@ -156,26 +159,87 @@ def test_an_earlier_version_s_takes_and_keeps_are_refused_by_the_database(pg_sto
             new.close()
 
 
-def test_admission_settings_an_earlier_version_recorded_refuse_nobody(pg_store: str) -> None:
-    """Their text meant otherwise (`admission_meaning`): the first take of this version records
-    its own, as for a row that recorded none."""
+def _admission(min_uid: int = 1000, earlier: bool = False) -> str:
+    """What a server of this version records (`admission_of`: `max_array_size` 0 as 10,000,
+    the built-in groups, the service account), or, `earlier`, what an earlier version recorded
+    for the same settings: written as given and without the service account, which it had
+    not (before 9fdc1ec and b4925e2)."""
+    config = ServeConfig(max_array_size=0, min_uid=min_uid)
+    mine = admission_of(config, (995, "svc"))
+    if not earlier:
+        return mine
+    text = json.loads(mine)
+    del text["service_account"]
+    text.update(max_array_size=0, privileged_groups=[])
+    return json.dumps(text, sort_keys=True, separators=(",", ":"))
+
+
+def _lease(dsn: str, name: str, admission: str) -> lease.Lease:
+    return lease.Lease(dsn, name, f"http://{name}", LEASE_S, (60.0, 300.0),
+                       '{"executor":"agents"}', admission=admission)  # fmt: skip
+
+
+def test_admission_settings_an_earlier_version_recorded_are_compared_by_what_they_mean(
+    pg_store: str,
+) -> None:
+    """atk43ha F1: an earlier version's text was not compared at all (`admission_epoch` behind
+    the epoch), so across an upgrade a standby with `min_uid` 1 took over from the earlier
+    leader's 1000. Now it is compared by what it means (`admission_meaning`) for the keys it
+    has: a server that admits otherwise is refused, at its start and at its take, and one with
+    the same settings, written as this version writes them, is not (the service account, which
+    the earlier version did not record, is not compared)."""
     with psycopg.connect(pg_store, autocommit=True) as con:
         con.execute(OLD_SCHEMA)
-        assert _old_take(con, "old-1") == [(1,)]
+        assert _old_take(con, "old-1", _admission(earlier=True)) == [(1,)]
         assert con.execute(OLD_RELEASE, ("old-1", 1)).fetchall() == [(1,)]
         lease.setup(pg_store)
-        mine = lease.Settings(LEASE_S, (60.0, 300.0), '{"executor":"agents"}', '{"min_uid":1000}')
-        lease.agree(pg_store, mine)  # not refused
-        new = lease.Lease(pg_store, "new", "http://new", LEASE_S, mine.node, mine.work,
-                          admission=mine.admission)  # fmt: skip
+        loose, new = _lease(pg_store, "loose", _admission(1)), _lease(pg_store, "new", _admission())
+        said = "min_uid 1000 (recorded) against 1 here"
         try:
+            # refused at its start, and by the take itself (after reading the row, as a
+            # running standby does every turn)
+            with pytest.raises(InvalidCommand, match=re.escape(said)):
+                lease.agree(pg_store, loose.settings)
+            why = loose.refusal(loose.leader())
+            assert why is not None and said in why, why
+            assert not loose.acquire()
+            # the same settings: not refused, and its take records them as this version does
+            assert lease.agree(pg_store, new.settings) is not None
             assert new.refusal(new.leader()) is None
-            assert new.acquire()
-            other = lease.Lease(pg_store, "other", "http://other", LEASE_S, mine.node, mine.work,
-                                admission=ADMISSION)  # fmt: skip
-            why = other.refusal(other.leader())
-            other.close()
-            assert why is not None and "min_uid 1000 (recorded) against 1 here" in why, why
+            assert new.acquire() and new.epoch == 2
+            row = con.execute("SELECT admission FROM gpuledger_leader").fetchone()
+            assert row == (_admission(),), row
+            new.release()
+            # from then on this version's text is compared, as before
+            why = loose.refusal(loose.leader())
+            assert why is not None and said in why, why
+            assert not loose.acquire()
+        finally:
+            new.close()
+            loose.close()
+
+
+def test_a_take_after_an_earlier_version_s_text_changed_is_refused(pg_store: str) -> None:
+    """The take compares an earlier version's text only as the exact text this server last
+    read and found to agree (what it means is Python's): a row that records another one by the
+    time of the take is not taken, and the next read says why."""
+    with psycopg.connect(pg_store, autocommit=True) as con:
+        con.execute(OLD_SCHEMA)
+        assert _old_take(con, "old-1", _admission(earlier=True)) == [(1,)]
+        assert con.execute(OLD_RELEASE, ("old-1", 1)).fetchall() == [(1,)]
+        lease.setup(pg_store)
+        new = _lease(pg_store, "new", _admission())
+        try:
+            assert new.refusal(new.leader()) is None  # it agrees with what it read
+            # an earlier version's take (it bumps the stamp, not `admission_epoch`: c0b674b)
+            # records min_uid 1, and its server stops
+            con.execute("UPDATE gpuledger_leader SET epoch = epoch + 1, stamp = stamp + 1, "
+                        "admission = %s, expires_at = '-infinity'",
+                        (_admission(1, earlier=True),))  # fmt: skip
+            assert not new.acquire()
+            why = new.refusal(new.leader())
+            assert why is not None and "min_uid 1 (recorded) against 1000 here" in why, why
+            assert not new.acquire()
         finally:
             new.close()
 
@@ -278,21 +342,21 @@ COMMIT;"""
 
 def test_the_documented_rollback_and_a_new_upgrade_work(pg_store: str) -> None:
     """atk42-28 F2: after the rollback, the earlier version's take wrote its own admission
-    text; a server of this version started again was refused by it (its `stamp` still > 0),
-    though the docs say an earlier version's settings refuse nobody."""
+    text (of the same settings); a server of this version started again was refused by it (its
+    `stamp` still > 0). Now that text is compared by what it means (atk43ha F1), and the
+    same settings agree."""
     with psycopg.connect(pg_store, autocommit=True) as con:
         con.execute(OLD_SCHEMA)
         lease.setup(pg_store)
-        mine = lease.Settings(LEASE_S, (60.0, 300.0), '{"executor":"agents"}', '{"min_uid":1000}')
+        new = _lease(pg_store, "new", _admission())
+        mine = new.settings
         assert lease.agree(pg_store, mine) is not None
-        new = lease.Lease(pg_store, "new", "http://new", LEASE_S, mine.node, mine.work,
-                          admission=mine.admission)  # fmt: skip
         try:
             assert new.acquire()
             new.release()
             # the rollback: every server stopped, the documented SQL, the earlier version leads
             con.execute(ROLLBACK)
-            assert _old_take(con, "old-1") == [(2,)]  # its own text (min_uid 1)
+            assert _old_take(con, "old-1", _admission(earlier=True)) == [(2,)]  # its own text
             assert con.execute(OLD_RELEASE, ("old-1", 2)).fetchall() == [(1,)]
             # upgraded again: this version's server is not refused by the earlier text, and
             # its take records its own settings
@@ -300,14 +364,11 @@ def test_the_documented_rollback_and_a_new_upgrade_work(pg_store: str) -> None:
             assert new.refusal(new.leader()) is None
             assert new.acquire() and new.epoch == 3
             row = con.execute("SELECT admission FROM gpuledger_leader").fetchone()
-            assert row == ('{"min_uid":1000}',), row
+            assert row == (_admission(),), row
             # from then on the recorded settings are compared again
-            other = lease.Settings(LEASE_S, mine.node, mine.work, ADMISSION)
+            other = lease.Settings(LEASE_S, mine.node, mine.work, _admission(1))
             new.release()
-            try:
+            with pytest.raises(InvalidCommand, match=r"min_uid 1000 \(recorded\) against 1 here"):
                 lease.agree(pg_store, other)
-                raise AssertionError("a server that admits otherwise was not refused")
-            except InvalidCommand as err:
-                assert "min_uid 1000 (recorded) against 1 here" in err.message, err.message
         finally:
             new.close()

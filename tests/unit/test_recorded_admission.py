@@ -213,3 +213,41 @@ def test_two_clusters_of_one_name_controller_and_port_are_told_apart_by_their_st
     del earlier["slurm_state"]
     assert lease.admission_differences(json.dumps(earlier), there) == []
     assert identity("ClusterName=x\n", untracked_ok=False)["slurm_state"] == "?"
+
+
+def _as_an_earlier_version(config: ServeConfig, *dropped: str) -> str:
+    """What an earlier version (before b4925e2) recorded for `config`: the values as given, not
+    as they mean, and without the keys it had not (`dropped`)."""
+    text = json.loads(admission_of(config, SERVICE))
+    for key in dropped:
+        del text[key]
+    text.update(
+        max_array_size=config.max_array_size,
+        privileged_groups=sorted(set(config.privileged_groups)),
+        os_accounts=config.os_accounts,
+    )
+    return json.dumps(text, sort_keys=True)
+
+
+def test_an_earlier_version_s_text_is_compared_by_what_it_means() -> None:
+    """atk43ha F1: an earlier version's text was not compared at all, so across an upgrade a
+    standby with `min_uid` 1 took over from the earlier leader's 1000. It is compared by what
+    it means, for the keys it has; the keys it lacks are named as not compared."""
+    same = ServeConfig(max_array_size=0, privileged_groups=["sudo"], os_accounts={"a": "a"})
+    mine = admission_of(same, SERVICE)
+    old = _as_an_earlier_version(same, "service_account", "service_runs_as_root")
+    assert old != mine and lease.admission_differences(old, mine), "written otherwise"
+    compared, skipped = lease.compared_admission(old, False, mine)
+    assert lease.admission_differences(compared, mine) == []
+    assert skipped == ["service_account", "service_runs_as_root"], skipped
+    loose = admission_of(msgspec.structs.replace(same, min_uid=1), SERVICE)
+    compared, _ = lease.compared_admission(old, False, loose)
+    named = lease.admission_differences(compared, loose)
+    assert named == ["min_uid 1000 (recorded) against 1 here"], named
+    # a row of this version: as recorded, naming the keys it lacks (none here)
+    assert lease.compared_admission(mine, True, mine) == (mine, [])
+    lacking = json.loads(mine)
+    del lacking["service_account"]
+    text = json.dumps(lacking)
+    assert lease.compared_admission(text, True, mine) == (text, ["service_account"])
+    assert lease.compared_admission(None, False, mine) == (None, [])

@@ -1,0 +1,145 @@
+"""The lease's tables in the PostgreSQL store (`ledger.store.lease`): the lease row, the servers,
+the refused servers of an earlier version, the guard and the fence, made once per version.
+
+Making them is DDL: an `ALTER TABLE` takes an ACCESS EXCLUSIVE lock on the lease row's table,
+which the leader's keep and every read of the row wait behind. Before, every server's start
+ran it in the transaction of its settings' check and held the lock until its answer came back:
+a starting server that was slow or frozen there deposed the leader, and nobody led for as long
+as it lasted (10 minutes in the reproduction, atk43ha F3). Now a start that finds the schema as
+this version makes it (`SCHEMA_MARK`, the table's comment) takes no lock at all, and the first
+start of a version makes it in one statement string: one transaction that the database commits
+itself, whatever the client's link, under a short lock timeout (retried) so it never queues the
+leader's keep behind it for long."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+LEADER_TABLE = "gpuledger_leader"
+SERVERS_TABLE = "gpuledger_servers"
+REFUSED_TABLE = "gpuledger_refused"
+"""Servers of an earlier version whose takes and keeps of the lease the database refused
+(`gpuledger_leader_guard`), with how many."""
+SCHEMA_LOCK = 7346010
+"""The advisory lock the store's schema is made under (the lease's tables, the recorders')."""
+
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {LEADER_TABLE} (
+    id int PRIMARY KEY CHECK (id = 1),
+    epoch bigint NOT NULL,
+    holder text NOT NULL,
+    address text NOT NULL,
+    expires_at timestamptz NOT NULL,
+    acquired_at timestamptz NOT NULL
+);
+INSERT INTO {LEADER_TABLE} VALUES (1, 0, '', '', '-infinity', now()) ON CONFLICT DO NOTHING;
+ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS lease_s double precision NOT NULL DEFAULT 0;
+ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS node_lost_s double precision;
+ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS node_fence_s double precision;
+ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS work text;
+ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS settings_at timestamptz;
+ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS held_until timestamptz;
+ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS admission text;
+ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS stamp bigint NOT NULL DEFAULT 0;
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{LEADER_TABLE}'::regclass
+                   AND attname = 'admission_epoch' AND NOT attisdropped) THEN
+        ALTER TABLE {LEADER_TABLE} ADD COLUMN admission_epoch bigint;
+        UPDATE {LEADER_TABLE} SET admission_epoch = epoch WHERE stamp > 0;
+    END IF;
+END $$;
+CREATE TABLE IF NOT EXISTS {REFUSED_TABLE} (
+    holder text PRIMARY KEY,
+    address text NOT NULL,
+    refused bigint NOT NULL,
+    last_at timestamptz NOT NULL
+);
+CREATE OR REPLACE FUNCTION gpuledger_leader_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.stamp IS NOT DISTINCT FROM OLD.stamp
+            AND (NEW.epoch <> OLD.epoch OR NEW.expires_at > OLD.expires_at) THEN
+        INSERT INTO {REFUSED_TABLE} AS r VALUES (NEW.holder, NEW.address, 1, now())
+            ON CONFLICT (holder) DO UPDATE SET refused = r.refused + 1,
+                address = excluded.address, last_at = now();
+        RAISE WARNING 'gpuledger: the lease is not taken nor kept by % (%): a server of an '
+            'earlier version, which neither records nor checks the settings (docs/ha.md, '
+            'Upgrading)', NEW.address, NEW.holder;
+        RETURN NULL;
+    END IF;
+    RETURN NEW;
+END $$;
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'gpuledger_leader_guard'
+                   AND tgrelid = '{LEADER_TABLE}'::regclass) THEN
+        CREATE TRIGGER gpuledger_leader_guard BEFORE UPDATE ON {LEADER_TABLE}
+            FOR EACH ROW EXECUTE FUNCTION gpuledger_leader_guard();
+    END IF;
+END $$;
+CREATE TABLE IF NOT EXISTS {SERVERS_TABLE} (
+    holder text PRIMARY KEY,
+    address text NOT NULL,
+    role text NOT NULL,
+    position bigint NOT NULL,
+    seen_at timestamptz NOT NULL
+);
+ALTER TABLE {SERVERS_TABLE} ADD COLUMN IF NOT EXISTS kept_at timestamptz;
+ALTER TABLE {SERVERS_TABLE} ADD COLUMN IF NOT EXISTS node_lease_s double precision;
+CREATE OR REPLACE FUNCTION gpuledger_fence(want bigint) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM {LEADER_TABLE} WHERE id = 1 AND epoch = want FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'gpuledger: not the leader (epoch % was taken over)', want
+            USING ERRCODE = 'raise_exception';
+    END IF;
+END $$;
+"""
+
+SCHEMA_MARK = "gpuledger lease schema " + hashlib.sha256(SCHEMA.encode()).hexdigest()[:16]
+"""The lease row's table's comment once this version's `SCHEMA` is made (another version's
+schema, or none, has another)."""
+LOCK_TIMEOUT_MS = 100
+"""How long the schema's DDL waits for its lock before it gives up and tries again (the
+leader's keep queues behind a waiting ACCESS EXCLUSIVE lock: `Lease.answer_s` is a third of a
+lease of 1 s at least)."""
+
+
+def made(con: Any) -> bool:
+    """Does the store have the lease's schema as this version makes it (a read: no lock but
+    ACCESS SHARE on the catalog)?"""
+    row = con.execute(
+        f"SELECT obj_description(to_regclass('{LEADER_TABLE}'), 'pg_class') = %s",
+        (SCHEMA_MARK,),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def make_schema(con: Any, within_s: float = 60.0) -> None:
+    """Make the lease's schema on the autocommit connection `con` unless it is made
+    (`made`): one statement string, committed by the database itself, under the schema's
+    advisory lock (concurrent starts wait for each other) and `LOCK_TIMEOUT_MS` (tried again
+    until `within_s`)."""
+    import psycopg
+
+    if made(con):
+        return
+    script = (
+        f"BEGIN; SET LOCAL lock_timeout = '{LOCK_TIMEOUT_MS}ms'; "
+        "SET LOCAL statement_timeout = '30s'; "
+        f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {SCHEMA}; "
+        f"COMMENT ON TABLE {LEADER_TABLE} IS '{SCHEMA_MARK}'; COMMIT;"
+    )
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            con.execute(script)
+            return
+        except psycopg.errors.LockNotAvailable:
+            con.execute("ROLLBACK")
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+        except psycopg.Error:
+            con.execute("ROLLBACK")
+            raise
