@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from ledger.core import tokens
 from ledger.cycle.executor import (
     Exit,
@@ -501,29 +503,7 @@ class AgentExecutor:
         if draining and rep.node not in self._drains:
             log.info("node %s: its agent is draining it", rep.node)
             self._drains.append(rep.node)
-        for s in rep.started:
-            r = self._run_of(s.job_id, s.run, rep.node)
-            if r is not None:
-                r.started[rep.node] = s
-                self._maybe_started(r)
-        for x in rep.exited:
-            r = self._run_of(x.job_id, x.run, rep.node)
-            if r is None and not any(s.job_id == x.job_id for s in self._stopped):
-                # a run the ledger no longer has (its node's fence stopped it, or it ended on
-                # its own before the stop reached it): its real end, for the record
-                state = "FENCED" if x.reason == "node_failure" else "EXITED"
-                at = now if x.ended_at is None else x.ended_at
-                name = f"{x.job_id}.{x.run + 1}"
-                itself = x.reason == "exited"  # its agent had no stop for it: by itself
-                self._stopped.append(Exit(x.job_id, x.exit_code, at, x.reason, name, state,
-                                          by_itself=itself))  # fmt: skip
-                if itself and x.exit_code == 0:  # it may complete the job: the ledger says
-                    self._completed.add(x.job_id)  # first (no next launch meanwhile)
-            if r is not None:
-                if x.reason != "launch_failed":
-                    r.started.setdefault(rep.node, a.PartStarted(job_id=x.job_id, run=x.run))
-                r.exits[rep.node] = x
-                self._maybe_exited(r, now)
+        self._ends(rep.node, rep.started, rep.exited, now)
         for u in rep.samples:
             r = self._run_of(u.job_id, u.run, rep.node)
             if r is not None and r.start_reported and not r.exit_reported:
@@ -546,6 +526,61 @@ class AgentExecutor:
         return bool(
             rep.started or rep.exited or rep.samples or rep.checkpoints or rep.stopped or draining
         )
+
+    def recorded_ends(self, rep: a.Report, now: float) -> tuple[bool, a.Report]:
+        """The ends a node's run directories recorded (a supervisor's `exit` file: every end
+        but `lost`, which is a guess) of the runs the ledger has there, from an agent that does
+        not hold the node: taken before it is judged (`take`), so neither a refusal nor a
+        reboot or loss that ends the node's runs later loses them. Its agent knew the job had
+        completed and was refused while the reboot was not believed (a server restarted around
+        it, a host back within the margin): the run ended `node_failure` and the job ran again
+        (atk43n F4). Nothing else of the report counts yet (no contact: a refused agent keeps
+        no node alive). Returns whether any was taken, and the report without them."""
+        taken = tuple(
+            x for x in rep.exited if x.reason != "lost" and self._run_of(x.job_id, x.run, rep.node)
+        )
+        if not taken:
+            return False, rep
+        runs = {(x.job_id, x.run) for x in taken}
+        started = tuple(s for s in rep.started if (s.job_id, s.run) in runs)
+        log.info("node %s: ends recorded there before its agent holds it: job(s) %s", rep.node,
+                 ", ".join(str(x.job_id) for x in taken))  # fmt: skip
+        self._ends(rep.node, started, taken, now)
+        rest = msgspec.structs.replace(
+            rep,
+            started=tuple(s for s in rep.started if (s.job_id, s.run) not in runs),
+            exited=tuple(x for x in rep.exited if x not in taken),
+        )
+        return True, rest
+
+    def _ends(
+        self, node: str, started: Iterable[a.PartStarted], exited: Iterable[a.PartExited],
+        now: float,
+    ) -> None:  # fmt: skip
+        """Parts started and exited on `node`, as its agent reported them."""
+        for s in started:
+            r = self._run_of(s.job_id, s.run, node)
+            if r is not None:
+                r.started[node] = s
+                self._maybe_started(r)
+        for x in exited:
+            r = self._run_of(x.job_id, x.run, node)
+            if r is None and not any(s.job_id == x.job_id for s in self._stopped):
+                # a run the ledger no longer has (its node's fence stopped it, or it ended on
+                # its own before the stop reached it): its real end, for the record
+                state = "FENCED" if x.reason == "node_failure" else "EXITED"
+                at = now if x.ended_at is None else x.ended_at
+                name = f"{x.job_id}.{x.run + 1}"
+                itself = x.reason == "exited"  # its agent had no stop for it: by itself
+                self._stopped.append(Exit(x.job_id, x.exit_code, at, x.reason, name, state,
+                                          by_itself=itself))  # fmt: skip
+                if itself and x.exit_code == 0:  # it may complete the job: the ledger says
+                    self._completed.add(x.job_id)  # first (no next launch meanwhile)
+            if r is not None:
+                if x.reason != "launch_failed":
+                    r.started.setdefault(node, a.PartStarted(job_id=x.job_id, run=x.run))
+                r.exits[node] = x
+                self._maybe_exited(r, now)
 
     def _heard_running(
         self, node: str, version: str, running: tuple[a.PartRun, ...], now: float

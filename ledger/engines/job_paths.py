@@ -118,9 +118,10 @@ def owner_refused(where: str, owner: int, uid: int, what: str, shown: str) -> st
 
 def _walk(
     path: str, what: str, shown: str, links: list[int], base: int | None, holder: bool = False
-) -> tuple[int, str]:
+) -> tuple[int, str, str]:
     """As this process's user: the directory holding `path`'s last name (an O_PATH descriptor,
-    each name opened with O_NOFOLLOW from `/`, or from `base` for a relative path) and that name.
+    each name opened with O_NOFOLLOW from `/`, or from `base` for a relative path), that name
+    and the directory's path as followed ("": the working directory, or `base`).
     Every directory that holds a name on the way (not the last name) must pass `dir_refused` and
     `owner_refused` (with `holder`, the one holding the last name `owner_refused` too), and a
     link on the way is followed only by `link_refused`'s rule, else `Refused`; OSError when a
@@ -168,7 +169,7 @@ def _walk(
     except BaseException:
         os.close(cur)
         raise
-    return cur, (names[0] if names else ".")
+    return cur, (names[0] if names else "."), where
 
 
 def open_workdir(path: str) -> int:
@@ -178,7 +179,7 @@ def open_workdir(path: str) -> int:
     directory of another account's in its place decides what the job runs: atk38-23 F10)."""
     links = [0]
     try:
-        fd, _ = _walk(path.rstrip("/") + "/.", "working directory", path, links, None)
+        fd, _, _ = _walk(path.rstrip("/") + "/.", "working directory", path, links, None)
     except OSError as err:
         raise Refused(f"cannot enter the working directory {path}", unreachable=True) from err
     try:
@@ -202,7 +203,7 @@ def path_refusal(directory: str, what: str, shown: str) -> str:
     would not or cannot say from here (a name missing or closed: the launch checks again, on
     the job's node). Nothing is opened but O_PATH descriptors."""
     try:
-        fd, _ = _walk(directory.rstrip("/") + "/.", what, shown, [0], None)
+        fd, _, _ = _walk(directory.rstrip("/") + "/.", what, shown, [0], None)
         owner = os.fstat(fd).st_uid
         os.close(fd)
         if owner not in (os.getuid(), 0):
@@ -239,24 +240,30 @@ def check_command(command: Sequence[str], wd: str = "", relative: bool = True) -
         check_program(at(command[0]), PROGRAM, command[0])
     for word in command[1:]:
         looked = word and "\0" not in word and (relative or word.startswith("/"))
-        if looked and check_program(at(word), SCRIPT, word):
+        if looked and check_program(at(word), SCRIPT, word, in_workdir="/" not in word):
             return
 
 
 def check_program(path: str, what: str, shown: str = "", links: list[int] | None = None,
-                  base: int | None = None) -> bool:  # fmt: skip
+                  base: int | None = None, in_workdir: bool = False) -> bool:  # fmt: skip
     """As this process's user: `Refused` when the path rule refuses the way to `path` (`_walk`:
     every directory on the way, and the one holding it, the user's or root's and not writable by
     other accounts without the sticky bit, checked before the name in it is looked up; a link
-    followed only by `link_refused`'s rule, at its last name too). True when it names something,
-    False when a name on the way is missing or closed to the user."""
+    followed only by `link_refused`'s rule, at its last name too). The holder's mode is let be
+    only for a bare name in the working directory (`in_workdir`: the documented exception, as
+    for outputs); a script directly in a group project directory named by its path was run
+    after a teammate renamed their own file over it (atk43n F5). True when it names
+    something, False when a name on the way is missing or closed to the user."""
     shown = shown or path
     links = [0] if links is None else links
     try:
-        holder, name = _walk(path, what, shown, links, base, holder=True)
+        holder, name, where = _walk(path, what, shown, links, base, holder=True)
     except OSError:
         return False
     try:
+        mode = os.fstat(holder).st_mode
+        if not in_workdir and (unsafe := dir_refused(where, mode, what, shown)):
+            raise Refused(unsafe)  # another account may rename its own file to the name
         try:
             node = os.open(name, _NAME, dir_fd=holder)
         except OSError:
@@ -268,7 +275,7 @@ def check_program(path: str, what: str, shown: str = "", links: list[int] | None
             links[0] += 1
             if links[0] > MAX_LINKS:
                 raise Refused(f"cannot follow the {what} {shown}: too many symbolic links")
-            why = link_refused(st.st_uid, os.fstat(holder).st_mode, os.getuid(), last=False)
+            why = link_refused(st.st_uid, mode, os.getuid(), last=False)
             if why:
                 raise Refused(f"the {what} {shown} is a symbolic link, which {why}: not followed")
             target = os.readlink("", dir_fd=node)
@@ -306,7 +313,7 @@ def open_own(
     shown = shown or path
     links = [0] if links is None else links
     try:
-        holder, name = _walk(path, what, shown, links, base, holder=True)
+        holder, name, _ = _walk(path, what, shown, links, base, holder=True)
     except OSError as err:
         raise _why_not(shown, what, err) from err
     try:

@@ -52,8 +52,9 @@ def agent_routes(
         request: Request[Any, Any, Any], node: str, first: Callable[[], a.Report] | None = None
     ) -> tuple[AgentExecutor, bool]:
         """The executor, once the caller is judged the node's agent; True when `first` (the
-        report the request carries: checked by calling it) was taken with the judgement
-        (`AgentExecutor.take`: a rebooted host's recorded ends before the reboot's)."""
+        report the request carries: checked by calling it) was taken with the judgement: the
+        ends its run directories recorded first, even when the agent is refused
+        (`AgentExecutor.recorded_ends`, atk43n F4), then the rest (`AgentExecutor.take`)."""
         caller = who(request)
         if caller.actor != f"{NODE_ACTOR}{node}":
             raise NotAuthorised(
@@ -77,6 +78,10 @@ def agent_routes(
 
             def take() -> None:
                 report = None if first is None else first()
+                if report is not None:  # its recorded ends first, whatever the judgement
+                    ended, report = executor.recorded_ends(report, clock())
+                    if ended:
+                        worker.service.take_reports(clock())
                 if executor.take(node, agent, clock(), rebooted, report):  # ends: recorded
                     worker.service.take_reports(clock())
 

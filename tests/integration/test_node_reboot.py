@@ -7,8 +7,11 @@ disk does."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
+
+import pytest
 
 from ledger.agent.identity import BOOT_FILE, PROC_ENV
 from ledger.engines.supervised import live_processes
@@ -18,6 +21,7 @@ from tests.integration.test_node_agents import (
     alive,
     launches,
     running_pid,
+    take_node_when_free,
     until,
     wait_for,
     with_flags,
@@ -110,6 +114,46 @@ def test_a_job_that_completed_before_its_nodes_reboot_stays_completed_and_never_
     assert done["finished_at"] <= ended_at, (done, ended_at)  # its own end, not the reboot's
     assert c.events("job.preempted.v1") == []
     time.sleep(2.0)  # a next cycle or two: nothing places it again
+    assert len(c.events("job.placed.v1")) == 1 and len(launches(marks)) == 1
+
+
+@pytest.mark.parametrize("server_restarts", [True, False], ids=["server-restarted", "quick"])
+@with_flags(serve=("--node-lost-after", "30s"))
+def test_a_job_that_completed_before_a_reboot_not_yet_believed_is_completed_at_the_first_refusal(
+    cluster: Cluster, tmp_path: Path, server_restarts: bool
+) -> None:
+    """atk43n F4: as above, but the server does not believe the reboot at once: it restarted
+    around it (it counts the holder's silence from its own start), or the host is back within
+    the margin (half the node-lost timeout). The agent's first request (the ends its run
+    directories recorded, exit 0) was refused (409), the exit never recorded, and once the
+    reboot was believed the run ended `node_failure` and the resumable job ran again. Now the
+    refused agent's recorded ends are taken before it is judged: completed at its own end, at
+    its first try; then the node is its, one launch."""
+    c = cluster
+    go, marks = tmp_path / "go", tmp_path / "marks"
+    job = c.submit(2, f"echo x >> {marks}; " + until(go, 0), "--resumable")
+    node = c.wait_status(job, "running")["logs"][0].split(":", 1)[0]
+    wait_for("the job's start", lambda: marks.exists(), 30, c.why)
+    c.agents[node].kill()
+    go.touch()
+    runs = c.agents[node].state / "runs"
+    wait_for("the exit its supervisor records", lambda: list(runs.glob(f"{job}.1/*/exit")), 30)
+    ended_at = time.time()
+    reboot(c, node, tmp_path / "proc", "5d1f0c2a-5b3d-4e6f-8a9b-0c1d2e3f4a5b", 1.0)
+    if server_restarts:  # the power event takes it too
+        assert c.server.stop(signal.SIGKILL) == -signal.SIGKILL
+        c.restart_server()
+    ag, before = c.agents[node], len(c.agents[node].text())
+    ag.start(registered=False)  # silent too short a time: not believed yet
+    assert ag.proc is not None and ag.proc.wait(timeout=30) == 1, ag.text()[-2000:]
+    said = ag.text()[before:]
+    assert f"node '{node}' is held by another agent" in said and "launched" not in said, said
+    done = c.wait_status(job, "finished", timeout=10)
+    assert (done["outcome"], done["exit_code"]) == ("completed", 0), done
+    assert done["finished_at"] <= ended_at, (done, ended_at)
+    take_node_when_free(c.agents[node], lambda: None)  # once the reboot is believed
+    time.sleep(2.0)  # a next cycle or two: nothing places it again
+    assert c.events("job.preempted.v1") == [], c.why()
     assert len(c.events("job.placed.v1")) == 1 and len(launches(marks)) == 1
 
 

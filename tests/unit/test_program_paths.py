@@ -91,3 +91,36 @@ def test_a_script_in_another_accounts_own_directory_is_refused(pair: tuple[User,
         _own(bobs, bob)
         with pytest.raises(Refused, match=f"reached through {bobs}, which belongs to another"):
             _launch(alice, "/bin/sh", str(q))
+
+
+def test_a_script_directly_in_a_group_directory_named_by_its_path_is_refused(
+    pair: tuple[User, User],
+) -> None:
+    """atk43n F5: alice's script directly in the group project directory (root's, 2775 here
+    2777: its group may write it, no sticky bit), named by its absolute path from her home,
+    was checked only for the directory's owner (root passes): bob renamed his own file over it
+    (`mv -f`) and it ran as her. The directory holding the script passes the rule of every
+    directory on the way: refused, and `submit` says so. Still allowed: a bare name in the
+    working directory (the documented exception, as for outputs), and with the sticky bit."""
+    from ledger.cli.submit import path_warnings
+
+    alice, _ = pair
+    with shared_dir("gpuledger-group-") as top:
+        team = top / "team"
+        team.mkdir()
+        team.chmod(0o2777)
+        q = team / "train2.sh"
+        q.write_text("#!/bin/sh\nid\n")
+        q.chmod(0o755)
+        _own(q, alice)
+        with pytest.raises(Refused, match=f"the script {q} {_unsafe(team)}"):
+            _launch(alice, "/bin/sh", str(q))
+        with pytest.raises(Refused, match=f"the program {q} {_unsafe(team)}"):
+            _launch(alice, str(q))
+        said = _as(alice, lambda: path_warnings(str(alice.home), ("", ""), ("/bin/sh", str(q))))
+        assert f"the script {q} {_unsafe(team)}" in said, said
+        in_team = {"account": _account(alice), "workdir": str(team), "command": ("sh", q.name)}
+        for fd in open_outputs(in_team).values():  # its working directory's own script
+            os.close(fd)
+        team.chmod(0o3777)  # the sticky bit: only alice (or root) may rename her file
+        _launch(alice, "/bin/sh", str(q))
