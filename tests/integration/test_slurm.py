@@ -79,11 +79,15 @@ class Cluster:
         return {r[0]: {"name": r[1], "state": r[2], "comment": r[3]} for r in rows}
 
     def clean(self) -> None:
+        # a launch a test held CONFIGURING (the prolog's `hold-launches` flag) keeps its GPUs
+        # until its prolog ends, cancelled or not: no flag outlives its test
+        (Path(self.conf).parent / "hold-launches").unlink(missing_ok=True)
         self.run("scancel", "-p", self.partition, check=False)
         self.run("scontrol", "update", f"nodename={self.node}", "state=resume", check=False)
         deadline = time.monotonic() + 60
+        busy = ("RUNNING", "COMPLETING", "CONFIGURING")
         while time.monotonic() < deadline:
-            live = [j for j in self.jobs().values() if j["state"] in ("RUNNING", "COMPLETING")]
+            live = [j for j in self.jobs().values() if j["state"] in busy]
             if not live and "idle" in self.run("sinfo", "-h", "-N", "-o", "%T", check=False):
                 self.heal_gres()
                 return
