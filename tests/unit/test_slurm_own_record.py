@@ -228,17 +228,24 @@ def test_without_its_records_time_a_beating_mark_holds_the_gpus() -> None:
     assert q.held == {"vm": (0,)}
 
 
-def test_the_script_ends_a_run_whose_end_record_it_did_not_write(tmp_path: Path) -> None:
-    """The real script, in bash: an end record written from outside while the command lives
-    ends the command at the script's next beat; the script's own record replaces it."""
-    cmd = ("bash", "-c", f"sleep 30; echo survived > {tmp_path / 'out'}")
-    job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), cmd, None, "alice", "ai2/olmo")
+def _batch(tmp_path: Path, shell: str) -> tuple[Path, dict[str, str]]:
+    """The real batch script of a job running `bash -c SHELL`, written to `tmp_path/batch`,
+    and its marks' paths."""
+    job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), ("bash", "-c", shell), None,
+                 "alice", "ai2/olmo")  # fmt: skip
     marks = {m: str(tmp_path / m) for m in ("launched", "ended", "signalled", "stopping", "alive")}
     script = tmp_path / "batch"
     script.write_text(batch_script(job, launched_file=marks["launched"],
                                    ended_file=marks["ended"], signalled_file=marks["signalled"],
                                    stopping_file=marks["stopping"], alive_file=marks["alive"],
                                    after_term_s=60, own_end_s=10))  # fmt: skip
+    return script, marks
+
+
+def test_the_script_ends_a_run_whose_end_record_it_did_not_write(tmp_path: Path) -> None:
+    """The real script, in bash: an end record written from outside while the command lives
+    ends the command at the script's next beat; the script's own record replaces it."""
+    script, marks = _batch(tmp_path, f"sleep 30; echo survived > {tmp_path / 'out'}")
     bash = subprocess.Popen(["/bin/bash", str(script)], start_new_session=True)
     try:
         time.sleep(1.0)
@@ -259,14 +266,7 @@ def test_the_script_ends_a_run_whose_end_record_it_did_not_write(tmp_path: Path)
 def test_a_directory_at_its_end_record_does_not_end_the_run(tmp_path: Path) -> None:
     """A job that makes its end record a directory, to keep its records unwritable (atk37-23
     F6), is judged by the older rules (its node's), not ended by its script."""
-    cmd = ("bash", "-c", "sleep 30")
-    job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), cmd, None, "alice", "ai2/olmo")
-    marks = {m: str(tmp_path / m) for m in ("launched", "ended", "signalled", "stopping", "alive")}
-    script = tmp_path / "batch"
-    script.write_text(batch_script(job, launched_file=marks["launched"],
-                                   ended_file=marks["ended"], signalled_file=marks["signalled"],
-                                   stopping_file=marks["stopping"], alive_file=marks["alive"],
-                                   after_term_s=60, own_end_s=10))  # fmt: skip
+    script, marks = _batch(tmp_path, "sleep 30")
     Path(marks["ended"]).mkdir()
     bash = subprocess.Popen(["/bin/bash", str(script)], start_new_session=True)
     try:
