@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from ledger.cli._common import Ctx, build, pass_ctx
+from ledger.cli._common import Ctx, build, os_user, pass_ctx
 from ledger.cli.output import echo_json
 from ledger.core.jobs import parse_array, parse_dependency
 from ledger.core.runas import SECRET_NAMES, secret_value
@@ -261,6 +261,15 @@ def path_warnings(wd: str, outputs: tuple[str, ...], command: Sequence[str] = ()
     return list(dict.fromkeys(why for why in said if why))
 
 
+def checks_here(actor: str, user: str | None, me: str) -> bool:
+    """Whether this host's path checks speak for the job's user: only when the job is the
+    caller's own ("" is the identity a server fills in, the caller's token). On another's behalf
+    (`--user`, or `--as`/$GPULEDGER_USER naming someone else) the rule's "another account" and
+    "the user's own link" are the job user's, not the caller's: the launch, run as that user,
+    checks (a root submitting for a user was warned of every directory of the user's, atk43n F3)."""
+    return not user and actor in ("", me)
+
+
 def workdir(chdir: str | None) -> str:
     """The directory the job starts in: `-D` (relative to here), else here, as sbatch does; its
     real path, the links in it resolved now, by the submitter (at launch a link in the path is
@@ -398,7 +407,7 @@ def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
         dependency=parse_dependency(g["dependency"]) if g["dependency"] else (),
         umask=own_umask(),  # the job's and its output files', as sbatch records it
     )
-    if not g["user"]:  # on another's behalf their links are not the submitter's: launch checks
+    if checks_here(ctx.actor, g["user"], os_user()):
         outputs = (fields["stdout"], fields["stderr"])
         for why in path_warnings(fields["workdir"], outputs, fields["command"]):
             click.echo(

@@ -124,3 +124,23 @@ def test_a_script_directly_in_a_group_directory_named_by_its_path_is_refused(
             os.close(fd)
         team.chmod(0o3777)  # the sticky bit: only alice (or root) may rename her file
         _launch(alice, "/bin/sh", str(q))
+
+
+@pytest.mark.parametrize(
+    ("actor", "user", "me", "checks"),
+    [
+        ("", None, "alice", True),  # at a server: the caller's own token
+        ("alice", None, "alice", True),  # embedded, or --as herself
+        ("a43al", None, "root", False),  # root with GPULEDGER_USER=a43al (atk43n F3)
+        ("root", "a43al", "root", False),  # --user a43al
+    ],
+)
+def test_the_submit_side_path_check_speaks_only_for_the_callers_own_job(
+    actor: str, user: str | None, me: str, checks: bool
+) -> None:
+    """The submitting host checks the path rule as the caller; for a job of another user
+    (`--user`, or `--as`/$GPULEDGER_USER naming someone else) the launch, as that user, checks:
+    a root submitting for a user was warned of every directory of the user's (atk43n F3)."""
+    from ledger.cli.submit import checks_here
+
+    assert checks_here(actor, user, me) is checks
