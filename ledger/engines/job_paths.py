@@ -236,12 +236,26 @@ def check_command(command: Sequence[str], wd: str = "", relative: bool = True) -
     def at(word: str) -> str:
         return os.path.join(wd, word) if wd else word
 
+    def check(word: str, what: str) -> bool:
+        bare = in_workdir(word)
+        return check_program(at(bare or word), what, word, in_workdir=bool(bare))
+
     if command and "/" in command[0] and "\0" not in command[0]:
-        check_program(at(command[0]), PROGRAM, command[0])
+        check(command[0], PROGRAM)
     for word in command[1:]:
         looked = word and "\0" not in word and (relative or word.startswith("/"))
-        if looked and check_program(at(word), SCRIPT, word, in_workdir="/" not in word):
+        if looked and check(word, SCRIPT):
             return
+
+
+def in_workdir(word: str) -> str:
+    """The name in the working directory a relative word names directly, "" for any other:
+    `run.sh`, and `./run.sh` spelled with leading `./` (one file, one answer: `sh ./run.sh`
+    was refused in a group project directory where `sh run.sh` and `./run.sh` ran, atk43n
+    F6). Not `a/../run.sh`: `a` may be a link elsewhere."""
+    while word.startswith("./"):
+        word = word[2:].lstrip("/")
+    return word if word and "/" not in word and word not in (".", "..") else ""
 
 
 def check_program(path: str, what: str, shown: str = "", links: list[int] | None = None,

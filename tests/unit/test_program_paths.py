@@ -119,11 +119,23 @@ def test_a_script_directly_in_a_group_directory_named_by_its_path_is_refused(
             _launch(alice, str(q))
         said = _as(alice, lambda: path_warnings(str(alice.home), ("", ""), ("/bin/sh", str(q))))
         assert f"the script {q} {_unsafe(team)}" in said, said
-        in_team = {"account": _account(alice), "workdir": str(team), "command": ("sh", q.name)}
-        for fd in open_outputs(in_team).values():  # its working directory's own script
-            os.close(fd)
+        for command in (("sh", q.name), ("sh", f"./{q.name}"), (f"./{q.name}",)):
+            in_team = {"account": _account(alice), "workdir": str(team), "command": command}
+            for fd in open_outputs(in_team).values():  # its working directory's own script,
+                os.close(fd)  # however spelled (`sh ./train2.sh` was refused: atk43n F6)
         team.chmod(0o3777)  # the sticky bit: only alice (or root) may rename her file
         _launch(alice, "/bin/sh", str(q))
+
+
+@pytest.mark.parametrize(
+    ("word", "bare"),
+    [("run.sh", "run.sh"), ("./run.sh", "run.sh"), (".//./run.sh", "run.sh"), ("./", ""),
+     ("./..", ""), ("a/../run.sh", ""), ("/srv/run.sh", ""), ("bin/run.sh", ""), ("../run.sh", "")],
+)  # fmt: skip
+def test_a_name_directly_in_the_working_directory_however_spelled(word: str, bare: str) -> None:
+    from ledger.engines.job_paths import in_workdir
+
+    assert in_workdir(word) == bare
 
 
 @pytest.mark.parametrize(
