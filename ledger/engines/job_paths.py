@@ -20,6 +20,8 @@ import stat
 from collections.abc import Sequence
 from typing import Any
 
+from ledger.engines.command_names import simple_commands
+
 
 def umask_of(spec: dict[str, Any]) -> str:
     """The job's umask for its leader (`WRAPPER`'s $4): four octal digits, "" when its
@@ -233,19 +235,41 @@ def check_command(command: Sequence[str], wd: str = "", relative: bool = True) -
     `relative`, only absolute words are looked at (at submit, when the working directory's way
     is refused already: the same warning once). Raises `Refused` with why."""
 
+    for words, where in simple_commands(command, wd):
+        _check_simple(words, where, relative, own_wd=where == wd)
+
+
+def _check_simple(command: Sequence[str], wd: str, relative: bool, own_wd: bool) -> None:
+    """`check_command` for one simple command (`command_names.simple_commands`): its program,
+    then its later words up to the first that names something and is no long option's value
+    (a word after `--name` is checked and the walk goes on: `launch --config_file cfg.yaml
+    /srv/x/t.py` ran a teammate's t.py, the walk having stopped at cfg.yaml, atk43n F1; the
+    value of `--name=VALUE` is checked too; a short option's is not told from the script:
+    `python -u t.py`), nor is a program root installed (`_installed`: `nohup /bin/sh q.sh`).
+    The bare-name exception holds in the job's own working directory only (`own_wd`), not in
+    one a wrapper moves to."""
+
     def at(word: str) -> str:
         return os.path.join(wd, word) if wd else word
 
     def check(word: str, what: str) -> bool:
-        bare = in_workdir(word)
+        bare = in_workdir(word) if own_wd else ""
         return check_program(at(bare or word), what, word, in_workdir=bool(bare))
+
+    def looked(word: str) -> bool:
+        return bool(word) and "\0" not in word and (relative or word.startswith("/"))
 
     if command and "/" in command[0] and "\0" not in command[0]:
         check(command[0], PROGRAM)
+    after_option = False
     for word in command[1:]:
-        looked = word and "\0" not in word and (relative or word.startswith("/"))
-        if looked and check(word, SCRIPT):
+        if word.startswith("-") and "=" in word:
+            value = word.split("=", 1)[1]
+            if looked(value):
+                check(value, SCRIPT)
+        elif looked(word) and check(word, SCRIPT) and not (after_option or _installed(at(word))):
             return
+        after_option = word.startswith("--") and word != "--" and "=" not in word
 
 
 def in_workdir(word: str) -> str:
@@ -298,6 +322,18 @@ def check_program(path: str, what: str, shown: str = "", links: list[int] | None
         return check_program(target, what, shown, links, holder)
     finally:
         os.close(holder)
+
+
+def _installed(path: str) -> bool:
+    """Whether a word the walk found names a program root installed (a regular file of root's
+    that may be run: `/bin/sh`, `/usr/bin/python3`): a wrapper's program (`nohup /bin/sh
+    q.sh`, `taskset 3 /usr/bin/python3 t.py`), not the script, so the walk goes on. Its way
+    passed the rule already, so no other account can change this answer."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == 0 and bool(st.st_mode & 0o111)
 
 
 def program_refusal(wd: str, command: Sequence[str], relative: bool = True) -> list[str]:

@@ -156,3 +156,48 @@ def test_the_submit_side_path_check_speaks_only_for_the_callers_own_job(
     from ledger.cli.submit import checks_here
 
     assert checks_here(actor, user, me) is checks
+
+
+def test_the_common_wrappers_and_a_launchers_options_do_not_hide_the_script(
+    pair: tuple[User, User],
+) -> None:
+    """atk43n F1: each of these ran a teammate's swapped script as the submitter, the rule
+    having looked at the wrapper's own words only (`sh -c`, `env -C`, `env -S`) or stopped at
+    an option's value naming an existing file (`--config_file cfg.yaml`). They are refused now,
+    at launch and in `submit`'s warning; her own script through the same wrappers runs."""
+    from ledger.cli.submit import path_warnings
+
+    alice, bob = pair
+    with shared_dir("gpuledger-wrap-") as top:
+        proj = top / "proj"
+        proj.mkdir()
+        _own(proj, bob)
+        proj.chmod(0o2777)
+        q = _script(proj / "al" / "q.sh", alice)
+        cfg = alice.home / "cfg.yaml"
+        cfg.write_text("x: 1\n")
+        _own(cfg, alice)
+        mine = _script(alice.home / "bin" / "m.sh", alice)
+        refused = (
+            ("sh", "-c", f"/bin/sh {q}"),
+            ("bash", "-lc", f"cd /tmp && /bin/sh {q} --fast"),
+            ("/usr/bin/env", "-C", "/tmp", "/bin/sh", str(q)),
+            ("env", "-S", f"/bin/sh {q}"),
+            ("launch", "--config_file", "cfg.yaml", str(q)),
+            ("launch", f"--config_file={q}", str(mine)),
+            ("nohup", "/bin/sh", str(q)),
+            ("taskset", "3", "/usr/bin/env", "/bin/sh", str(q)),
+        )
+        for command in refused:
+            with pytest.raises(Refused, match=f"the script {q} {_unsafe(proj)}"):
+                _launch(alice, *command)
+            said = _as(alice, lambda c=command: path_warnings(str(alice.home), ("", ""), c))
+            assert f"the script {q} {_unsafe(proj)}" in said, (command, said)
+        for command in (
+            ("sh", "-c", f"/bin/sh {mine}"),
+            ("env", "-C", str(alice.home), "/bin/sh", "bin/m.sh"),
+            ("launch", "--config_file", "cfg.yaml", str(mine)),
+            ("sh", "-c", "echo $HOME"),
+            ("/bin/sh", str(mine), str(q)),  # after her own script: its data, not checked
+        ):
+            _launch(alice, *command)

@@ -1,0 +1,51 @@
+"""The simple commands a job's command runs, as the path rule reads them
+(`ledger.engines.command_names`, pure): wrappers followed, a shell's `-c` line split."""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger.engines.command_names import simple_commands
+
+
+@pytest.mark.parametrize(
+    ("command", "want"),
+    [
+        (["python3", "t.py"], [(["python3", "t.py"], "/w")]),
+        (["sh", "-c", "python3 /srv/t.py"], [(["sh"], "/w"), (["python3", "/srv/t.py"], "/w")]),
+        (["bash", "-lc", "cd x && python3 t.py; ./run.sh a | tee log"],
+         [(["bash"], "/w"), (["cd", "x"], "/w"), (["python3", "t.py"], "/w"),
+          (["./run.sh", "a"], "/w"), (["tee", "log"], "/w")]),
+        (["bash", "-o", "pipefail", "-c", "X=1 exec python3 t.py"],
+         [(["bash"], "/w"), (["python3", "t.py"], "/w")]),
+        (["sh", "script.sh", "-c"], [(["sh", "script.sh", "-c"], "/w")]),  # a script, no -c line
+        (["sh", "-c", "python3 $HOME/t.py *.txt"], [(["sh"], "/w"), (["python3", "", ""], "/w")]),
+        (["/usr/bin/env", "-C", "/tmp", "python3", "t.py"],
+         [(["/usr/bin/env"], "/w"), (["python3", "t.py"], "/tmp")]),
+        (["env", "-Csub", "python3", "t.py"], [(["env"], "/w"), (["python3", "t.py"], "/w/sub")]),
+        (["env", "-S", "python3 /srv/t.py", "x"],
+         [(["env"], "/w"), (["python3", "/srv/t.py", "x"], "/w")]),
+        (["env", "-i", "A=1", "-u", "B", "python3", "t.py"],
+         [(["env"], "/w"), (["python3", "t.py"], "/w")]),
+        (["env", "--weird", "python3", "t.py"], [(["env", "--weird", "python3", "t.py"], "/w")]),
+        (["env", "sh", "-c", "env python3 t.py"],
+         [(["env"], "/w"), (["sh"], "/w"), (["env"], "/w"), (["python3", "t.py"], "/w")]),
+        ([], [([], "/w")]),
+    ],
+)  # fmt: skip
+def test_wrappers_are_followed_to_what_they_run(
+    command: list[str], want: list[tuple[list[str], str]]
+) -> None:
+    assert simple_commands(command, "/w") == want
+
+
+def test_wrappers_inside_wrappers_stop_at_a_depth() -> None:
+    deep = ["env"] * 10 + ["python3", "t.py"]
+    found = simple_commands(deep, "/w")
+    assert len(found) == 5 and found[-1][0] == ["env"] * 6 + ["python3", "t.py"]
+
+
+def test_an_unbalanced_quote_is_split_on_spaces_not_an_error() -> None:
+    assert simple_commands(["sh", "-c", "python3 't.py"], "/w")[1:] == [
+        (["python3", "'t.py"], "/w")
+    ]
