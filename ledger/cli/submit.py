@@ -11,9 +11,14 @@ files (`-o`, `-e`) and name (`-J`).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import pwd
 import re
+import select
 import shlex
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -261,13 +266,53 @@ def path_warnings(wd: str, outputs: tuple[str, ...], command: Sequence[str] = ()
     return list(dict.fromkeys(why for why in said if why))
 
 
-def checks_here(actor: str, user: str | None, me: str) -> bool:
-    """Whether this host's path checks speak for the job's user: only when the job is the
-    caller's own ("" is the identity a server fills in, the caller's token). On another's behalf
-    (`--user`, or `--as`/$GPULEDGER_USER naming someone else) the rule's "another account" and
-    "the user's own link" are the job user's, not the caller's: the launch, run as that user,
-    checks (a root submitting for a user was warned of every directory of the user's, atk43n F3)."""
-    return not user and actor in ("", me)
+def warnings_as(
+    job_user: str, wd: str, outputs: tuple[str, ...], command: Sequence[str]
+) -> list[str]:
+    """`path_warnings` as the job's user sees them: the caller's own job here ("" is the
+    identity a server fills in, the caller's token); another's (`--user`, `--as` or
+    $GPULEDGER_USER) in a child process that takes that user's OS account, when the caller is
+    root and the account exists, else none (the launch, as the user, checks). The rule's
+    "another account" and "the user's own link" are the job user's: root submitting for a user
+    was warned of every directory of the user's (atk43n F3)."""
+    if job_user in ("", os_user()):
+        return path_warnings(wd, outputs, command)
+    if os.geteuid() != 0:
+        return []
+    try:
+        pw = pwd.getpwnam(job_user)
+    except KeyError:
+        return []
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            os.close(read_end)
+            os.initgroups(pw.pw_name, pw.pw_gid)
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+            with os.fdopen(write_end, "w") as out:
+                json.dump(path_warnings(wd, outputs, command), out)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        ready, _, _ = select.select([read_end], [], [], WARN_TIMEOUT_S)
+        text = os.read(read_end, 1 << 20).decode() if ready else ""
+        said = json.loads(text) if text else []
+    except (OSError, ValueError):
+        said = []
+    finally:
+        os.close(read_end)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    return [str(why) for why in said] if isinstance(said, list) else []
+
+
+WARN_TIMEOUT_S = 10.0
+"""How long `submit` waits for its path checks as another user (a dead network file system
+hangs them): then it says nothing, and the launch checks."""
 
 
 def workdir(chdir: str | None) -> str:
@@ -407,14 +452,14 @@ def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
         dependency=parse_dependency(g["dependency"]) if g["dependency"] else (),
         umask=own_umask(),  # the job's and its output files', as sbatch records it
     )
-    if checks_here(ctx.actor, g["user"], os_user()):
-        outputs = (fields["stdout"], fields["stderr"])
-        for why in path_warnings(fields["workdir"], outputs, fields["command"]):
-            click.echo(
-                f"warning: {why} (as this host sees it: the launch on the job's node checks "
-                "again and fails the job if it is so there)",
-                err=True,
-            )
+    outputs = (fields["stdout"], fields["stderr"])
+    job_user = g["user"] or ctx.actor
+    for why in warnings_as(job_user, fields["workdir"], outputs, fields["command"]):
+        click.echo(
+            f"warning: {why} (as this host sees it: the launch on the job's node checks "
+            "again and fails the job if it is so there)",
+            err=True,
+        )
     return build(c.SubmitJob, **fields)
 
 

@@ -138,24 +138,24 @@ def test_a_name_directly_in_the_working_directory_however_spelled(word: str, bar
     assert in_workdir(word) == bare
 
 
-@pytest.mark.parametrize(
-    ("actor", "user", "me", "checks"),
-    [
-        ("", None, "alice", True),  # at a server: the caller's own token
-        ("alice", None, "alice", True),  # embedded, or --as herself
-        ("a43al", None, "root", False),  # root with GPULEDGER_USER=a43al (atk43n F3)
-        ("root", "a43al", "root", False),  # --user a43al
-    ],
-)
-def test_the_submit_side_path_check_speaks_only_for_the_callers_own_job(
-    actor: str, user: str | None, me: str, checks: bool
-) -> None:
-    """The submitting host checks the path rule as the caller; for a job of another user
-    (`--user`, or `--as`/$GPULEDGER_USER naming someone else) the launch, as that user, checks:
-    a root submitting for a user was warned of every directory of the user's (atk43n F3)."""
-    from ledger.cli.submit import checks_here
+def test_submit_on_another_users_behalf_warns_as_that_user(pair: tuple[User, User]) -> None:
+    """Root submitting for alice (`--user`, `--as`, $GPULEDGER_USER) was warned as root: every
+    directory of hers "belongs to another account" (atk43n F3). The check runs as her now (a
+    child that takes her account): nothing for her own home, and what her launch would refuse
+    is still said; for a name with no OS account, nothing (her launch checks)."""
+    from ledger.cli.submit import warnings_as
 
-    assert checks_here(actor, user, me) is checks
+    alice, _ = pair
+    proj = alice.home / "p"
+    proj.mkdir(exist_ok=True)
+    _own(proj, alice)
+    assert os.geteuid() == 0
+    assert warnings_as(alice.name, str(proj), ("", ""), ("/bin/true",)) == []
+    assert any("belongs to another" in w for w in warnings_as("root", str(proj), ("", ""), ()))
+    proj.chmod(0o777)
+    [why] = warnings_as(alice.name, str(proj / "x"), ("", ""), ())
+    assert why.startswith(f"the working directory {proj / 'x'} {_unsafe(proj)}"), why
+    assert warnings_as("no-such-account-here", str(proj / "x"), ("", ""), ()) == []
 
 
 def test_the_common_wrappers_and_a_launchers_options_do_not_hide_the_script(
