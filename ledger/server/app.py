@@ -442,6 +442,7 @@ def _roles(worker: Worker, head: int) -> dict[str, Any]:
         "store": store,
         "store_error": ha.unreachable or worker.follow_error,
         "settings_error": ha.refused,
+        "no_taker": ha.no_taker(),
         "older_servers": ha.older,
         "servers": ha.servers(head),
     }
