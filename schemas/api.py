@@ -126,6 +126,9 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     not respond): nothing is placed on them or preempted from them until it can (outage)."""
     unobserved_since: float | None = None
     """Since when the engine has not observed every node (None: it observes them all)."""
+    unobserved_why: str = ""
+    """Why it observes none, when it says: "slurmctld does not answer", or another Slurm
+    cluster answers in its place ("" otherwise)."""
     engine_away: str | None = None
     """Why the executor is not open, when it is not (the service started while slurmctld did
     not answer, or Slurm refuses the partition): nothing is placed until it opens."""

@@ -379,8 +379,9 @@ def status(ctx: Ctx, as_json: bool) -> None:
         )
     if h.unobserved:
         since = "" if h.unobserved_since is None else f" since {format_time(h.unobserved_since)}"
+        said = f" ({h.unobserved_why})" if h.unobserved_why else ""
         click.echo(
-            f"  outage        the engine cannot observe {', '.join(h.unobserved)}{since}: "
+            f"  outage        the engine cannot observe {', '.join(h.unobserved)}{since}{said}: "
             "nothing is placed on or preempted from them"
         )
     if h.last_error:

@@ -29,7 +29,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -143,6 +143,7 @@ def make_executor(
     may_act: Callable[[], bool] | None = None,
     keeping: Callable[[], float | None] | None = None,
     keep_delay_s: float = 0.0,
+    cluster: Mapping[str, object] | None = None,
 ) -> Executor:
     """The executor `config` names, the only place one is made for the service. Slurm's is
     checked first (the partition exists and Slurm will neither reorder nor preempt on it; one
@@ -152,7 +153,9 @@ def make_executor(
     `keeping`: how long from now a server on the store may still keep a node's lease (None:
     not known), before which the agents' executor counts no node lost
     (`ledger.server.ha.Leadership.keeping`); `keep_delay_s`: when the servers begin to keep
-    (`KeepTiming.delay_s`), told to each agent that registers."""
+    (`KeepTiming.delay_s`), told to each agent that registers; `cluster`: the Slurm cluster the
+    store records (`cluster.identity`; None: the first one Slurm's executor reads), which it
+    checks whenever slurmctld answers after being away."""
     home = ledger.home
     if config.executor == "slurm":
         from ledger.engines.slurm import open_executor
@@ -166,6 +169,7 @@ def make_executor(
             config.run_as,
             may_act,
             config.node_fence.seconds,
+            cluster,
         )
     if config.executor == "agents":
         from ledger.engines.agents import AgentExecutor
@@ -274,7 +278,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         },
         known_only=True,
     )
-    ha = _leadership(ledger, config, policy) if dsn is not None else None
+    ha, cluster = _leadership(ledger, config, policy) if dsn is not None else (None, None)
     # 2 the executor before any line is logged: a partition Slurm would overrule is one error
     # (a standby makes it when it takes the lead)
     executor = make_executor(ledger, config, actor) if ha is None else NoExecutor()
@@ -319,7 +323,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     app: Any = front
     if ha is not None:
         worker.ha = ha
-        worker.promote, worker.demote = _roles(ha, service, config, actor)
+        worker.promote, worker.demote = _roles(ha, service, config, actor, cluster)
         ha.position = lambda: ledger.position
         ha.notify = worker.nudge
         # behind the connections' front (each request's caller claims its connection, one
@@ -473,10 +477,13 @@ def run_as_words(config: ServeConfig) -> str:
     return f"their owners' OS accounts (uid {config.min_uid}-{config.max_uid}{root})"
 
 
-def _leadership(ledger: Ledger, config: ServeConfig, policy: Any) -> Leadership:
+def _leadership(
+    ledger: Ledger, config: ServeConfig, policy: Any
+) -> tuple[Leadership, dict[str, object] | None]:
     """This server's side of the lease on the ledger's PostgreSQL store (refused in one line
     when the store records another lease, node settings, executor, policy or admission and
-    security settings: `lease.agree`)."""
+    security settings: `lease.agree`), and the Slurm cluster it runs (None: not Slurm), which
+    its executor checks again whenever slurmctld answers after being away (atk43ha F5)."""
     assert ledger.dsn is not None
     slurm = None
     if config.executor == "slurm":  # which cluster: compared with the other servers' (F2)
@@ -498,7 +505,7 @@ def _leadership(ledger: Ledger, config: ServeConfig, policy: Any) -> Leadership:
                     "flag changes nothing (start it without the flag)")  # fmt: skip
     mine_lease = lease.Lease(ledger.dsn, holder, address, mine.lease_s, mine.node, mine.work, since,
                              admission=mine.admission)  # fmt: skip
-    return Leadership(mine_lease)
+    return Leadership(mine_lease), slurm
 
 
 def settings_of(
@@ -539,7 +546,11 @@ def _policy_words(config: Any) -> str:
 
 
 def _roles(
-    ha: Leadership, service: ServiceLoop, config: ServeConfig, actor: str
+    ha: Leadership,
+    service: ServiceLoop,
+    config: ServeConfig,
+    actor: str,
+    cluster: Mapping[str, object] | None = None,
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """What the worker runs when this server takes the lead, and when it gives it up."""
     ledger = service.ledger
@@ -554,6 +565,7 @@ def _roles(
                 ha.lease.may_act,
                 ha.keeping,
                 ha.timing.delay_s,
+                cluster,
             ),
             epoch=ha.lease.epoch,
             may_act=ha.lease.may_act,

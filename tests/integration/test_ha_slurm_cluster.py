@@ -8,10 +8,14 @@ with no word on its cluster to compare."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +23,7 @@ import pytest
 from ledger.store import lease
 from tests.integration import waits
 from tests.integration.hakit import free_port, make_group
-from tests.integration.serverkit import GPULEDGER, cli, env_for
+from tests.integration.serverkit import BUDGET, GPULEDGER, cli, env_for
 from tests.integration.test_ha_settings import one_line
 
 PARTITION = os.environ.get("GPULEDGER_SLURM_PARTITION", "gpuledger")
@@ -163,3 +167,105 @@ def test_another_cluster_in_the_place_of_the_recorded_one_is_told_apart(
             _slurm(str(data_c), *ports, node_c, "down")
         _slurm(data_b, *ports, node_b, "up")
         _answering(conf_b)
+
+
+def _reachable_home() -> Path:
+    """A ledger home its jobs' users reach (pytest's own directories are root's alone): the
+    Slurm job, run as `nobody`, marks its launch under it."""
+    top = Path(tempfile.mkdtemp(prefix="gpuledger-ha-slurm-"))
+    top.chmod(0o755)
+    return top / "server-0"
+
+
+def _jobs(home: Path) -> dict[int, str]:
+    rows = json.loads(cli(home, "jobs", "--json", GPULEDGER_USER="root").stdout)
+    return {int(r["job_id"]): str(r["status"]) for r in rows}
+
+
+def _controller_in_place(data_b: str, state: Path) -> subprocess.Popen[bytes]:
+    """Kill cluster B's slurmctld and start one in its place from a copy of B's config whose
+    only change is `StateSaveLocation` (`state`): the same name, host, port and munge, as in
+    atk43ha F5. Returns it (the caller kills it and starts B's again)."""
+    conf = Path(data_b) / "slurm.conf"
+    pid = int((Path(data_b) / "slurmctld.pid").read_text().split()[0])
+    os.kill(pid, signal.SIGKILL)
+    waits.wait_for("B's slurmctld to die", lambda: not Path(f"/proc/{pid}").exists(), 30)
+    state.mkdir(parents=True)
+    copy = state.parent / "slurm.conf"
+    text = re.sub(r"(?m)^StateSaveLocation=.*$", f"StateSaveLocation={state}", conf.read_text())
+    copy.write_text(text)
+    for other in Path(data_b).glob("*.conf"):  # gres.conf, cgroup.conf: read beside it
+        if other.name != "slurm.conf":
+            (state.parent / other.name).write_text(other.read_text())
+    with (state.parent / "slurmctld.out").open("ab") as log:  # the child keeps its own copy
+        env = {**os.environ, "SLURM_CONF": str(copy)}
+        return subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(copy)], stdout=log,
+                                stderr=log, env=env)  # fmt: skip
+
+
+def test_a_controller_back_as_another_cluster_is_neither_read_nor_placed_on(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """atk43ha F5: the leader's slurmctld goes away and another cluster's (the same name, host
+    text and port; another `StateSaveLocation`) answers in its place. The leader said nothing,
+    recorded the running job lost (exit -1) once it was missing from the other cluster's list,
+    and would have placed there: the identity was checked at a server's start only. Now it
+    says so in one line, `status` says why no node is observed, the job stays running in the
+    ledger and nothing is placed until its own cluster answers again."""
+    _, conf_b = _confs()
+    data_b = os.environ.get("GPULEDGER_SLURM_DATA_B", "")
+    ports = (os.environ.get("GPULEDGER_SLURMCTLD_PORT_B", ""),
+             os.environ.get("GPULEDGER_SLURMD_PORT_B", ""))  # fmt: skip
+    if not (data_b and all(ports)):
+        pytest.fail("scripts/test names the second cluster's data dir and ports", pytrace=False)
+    host = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True)
+    node_b = f"{host.stdout.strip()}-b"
+    _answering(conf_b)
+    home = _reachable_home()
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    (tmp_path / "budget.toml").write_text(BUDGET)
+    cli(home, "budget", "apply", str(tmp_path / "budget.toml"), GPULEDGER_USER="root")
+    log = tmp_path / "leader.log"
+    with log.open("ab") as out:  # the leader, on cluster B: B's identity is recorded
+        proc = subprocess.Popen(
+            [GPULEDGER, "serve", "--store", pg_store, "--listen", f"127.0.0.1:{free_port()}",
+             "--lease", "5s", "--executor", "slurm", "--partition", PARTITION, "--run-as",
+             "service", "--interval", "0.5s"], env=env_for(home, SLURM_CONF=conf_b),
+            stdout=out, stderr=out,
+        )  # fmt: skip
+    state_c = Path(tempfile.mkdtemp(prefix="gpuledger-ha-slurm-c-")) / "state"
+    ctld_c: subprocess.Popen[bytes] | None = None
+    text = lambda: log.read_text(errors="replace")  # noqa: E731
+    try:
+        waits.wait_for("the server on cluster B to listen", lambda: "listening on" in text(),
+                       90, text)  # fmt: skip
+        waits.wait_for("the server on cluster B to lead", lambda: lease.leading_now(pg_store)
+                       is not None, 30, text)  # fmt: skip
+        waits.wait_for("B's node", lambda: node_b in cli(home, "node", "list").stdout, 60, text)
+        submit = ("submit", "-A", "ai2/olmo", "-G", "1", "--", "sleep", "1000")
+        cli(home, *submit, GPULEDGER_USER="alice")
+        waits.wait_for("job 1 to run", lambda: _jobs(home).get(1) == "running", 120, text)
+        ctld_c = _controller_in_place(data_b, state_c)  # C answers in B's controller's place
+        _answering(conf_b)
+        said = "the slurmctld that answers is another cluster than this server's: slurm_state"
+        waits.wait_for("the leader to say C is another cluster", lambda: said in text(), 60, text)
+        cli(home, *submit, GPULEDGER_USER="alice")
+        time.sleep(45)  # past the 30 s after which a run missing from Slurm's list is gone
+        assert _jobs(home) == {1: "running", 2: "pending"}, text()
+        status = cli(home, "status").stdout
+        assert "outage        the engine cannot observe" in status, status
+        assert said in status and str(state_c) in status, status
+        assert text().count(said) == 1, text()  # one line, not one per cycle
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        if ctld_c is not None:
+            ctld_c.kill()
+            ctld_c.wait(timeout=30)
+        _slurm(data_b, *ports, node_b, "up")
+        _answering(conf_b)
+        b = {**os.environ, "SLURM_CONF": conf_b}
+        subprocess.run(["scancel", "--partition", PARTITION], env=b, capture_output=True,
+                       timeout=60, check=False)  # fmt: skip
+        shutil.rmtree(home.parent, ignore_errors=True)
+        shutil.rmtree(state_c.parent, ignore_errors=True)
