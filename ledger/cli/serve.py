@@ -266,6 +266,14 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
     "executor, policy) in place of the store's when it takes the lease; once nobody leads "
     "(docs/ha.md).",
 )
+@click.option(
+    "--abandon-runs",
+    is_flag=True,
+    default=None,
+    help="With --new-settings onto another Slurm cluster: record lost the runs the ledger "
+    "holds that the new cluster does not list (they run on, unaccounted, on the recorded "
+    "one); without it such a change is refused (docs/ha.md).",
+)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
 @click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default=None)
 @pass_ctx
@@ -292,6 +300,7 @@ def serve(
     advertise: str | None,
     lease: str | None,
     new_settings: bool | None,
+    abandon_runs: bool | None,
     log_format: str | None,
     log_level: str | None,
 ) -> None:
@@ -322,6 +331,7 @@ def serve(
         advertise=advertise,
         lease=lease,
         new_settings=new_settings or None,
+        abandon_runs=abandon_runs or None,
         log_format=log_format,
         log_level=log_level,
     )

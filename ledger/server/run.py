@@ -491,7 +491,8 @@ def _leadership(
 
         slurm = read_identity(os.environ)
     mine = settings_of(config, policy, slurm)
-    since = lease.agree(ledger.dsn, mine, config.new_settings)
+    vet = None if slurm is None else functools.partial(_runs_left, ledger, config, slurm)
+    since = lease.agree(ledger.dsn, mine, config.new_settings, vet)
     address = config.advertise
     if not address:
         scheme = "https" if config.tls_cert else "http"
@@ -506,6 +507,51 @@ def _leadership(
     mine_lease = lease.Lease(ledger.dsn, holder, address, mine.lease_s, mine.node, mine.work, since,
                              admission=mine.admission)  # fmt: skip
     return Leadership(mine_lease), slurm
+
+
+def _runs_left(
+    ledger: Ledger, config: ServeConfig, slurm: dict[str, object], recorded: lease.Settings
+) -> None:
+    """Refuse (one line) `--new-settings` onto another Slurm cluster than the `recorded` one
+    while the ledger holds runs the new cluster (`slurm`, `SLURM_CONF`'s) does not list: they
+    run on the recorded cluster, and the take would record them lost (exit -1) while they run
+    on there, unaccounted and out of the ledger's reach; going back stopped them (atk43ha F2).
+    A move of the same cluster (its controller's host or port, its state copied to another
+    `StateSaveLocation`) lists them, and passes; so does `--abandon-runs`, which says so."""
+    import json
+
+    from ledger.engines.slurm.cluster import changed, runs_not_on
+    from ledger.engines.slurm.opening import ledger_id
+
+    how = changed(json.loads(recorded.admission or "{}"), slurm)
+    held = {j.job_id: j.preemptions for j in ledger.state.jobs.values()
+            if j.status in ("placed", "running")}  # fmt: skip
+    if not how or not held:
+        return
+    try:
+        left = runs_not_on(os.environ, config.partition, ledger_id(ledger), held)
+    except LedgerError as err:
+        raise InvalidCommand(
+            f"--new-settings onto another Slurm cluster ({how}): its jobs "
+            f"cannot be read to check the ledger's runs: {err.line()}"
+        ) from err
+    if not left:
+        log.warning("--new-settings: another Slurm cluster (%s); it lists every run the ledger "
+                    "holds (a move): they are adopted there", how)  # fmt: skip
+        return
+    jobs = ", ".join(map(str, left[:10])) + (", ..." if len(left) > 10 else "")
+    if config.abandon_runs:
+        log.warning("--new-settings --abandon-runs onto another Slurm cluster (%s): %d runs "
+                    "the ledger holds are not on it (jobs %s): recorded lost; they run on, "
+                    "unaccounted, where they are", how, len(left), jobs)  # fmt: skip
+        return
+    raise InvalidCommand(
+        f"--new-settings onto another Slurm cluster ({how}) would record lost {len(left)} runs "
+        f"the ledger holds that it does not list (jobs {jobs}): they run on the recorded one",
+        hint="let them end or cancel them first (start the servers with the recorded cluster's "
+        "SLURM_CONF), or move that cluster's state with it; or give --abandon-runs with "
+        "--new-settings to record them lost (docs/ha.md)",
+    )
 
 
 def settings_of(

@@ -18,11 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from ledger.store import lease
 from tests.integration import waits
-from tests.integration.hakit import free_port, make_group
+from tests.integration.hakit import free_port, log_events, make_group
 from tests.integration.serverkit import BUDGET, GPULEDGER, cli, env_for
 from tests.integration.test_ha_settings import one_line
 
@@ -269,3 +270,70 @@ def test_a_controller_back_as_another_cluster_is_neither_read_nor_placed_on(
                        timeout=60, check=False)  # fmt: skip
         shutil.rmtree(home.parent, ignore_errors=True)
         shutil.rmtree(state_c.parent, ignore_errors=True)
+
+
+def _row(dsn: str) -> object:
+    with psycopg.connect(dsn, autocommit=True) as con:
+        row = con.execute(f"SELECT to_jsonb(l) FROM {lease.LEADER_TABLE} l").fetchone()
+    return row[0] if row else None
+
+
+def test_new_settings_onto_another_cluster_leaves_no_run_of_the_recorded_one_behind(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """atk43ha F2: every server stopped, one started with `--new-settings` and another
+    cluster's `SLURM_CONF` (a change, not a move: the new cluster lists none of the ledger's
+    runs) recorded the job running on the recorded cluster lost (exit -1) while it ran on
+    there, out of the ledger's reach. Now that start is refused in one line naming the runs,
+    the store left as it was, unless the operator gives `--abandon-runs`."""
+    conf_a, conf_b = _confs()
+    _answering(conf_a)
+    _answering(conf_b)
+    home = _reachable_home()
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    (tmp_path / "budget.toml").write_text(BUDGET)
+    cli(home, "budget", "apply", str(tmp_path / "budget.toml"), GPULEDGER_USER="root")
+    args = ("--lease", "5s", "--executor", "slurm", "--partition", PARTITION, "--run-as",
+            "service", "--interval", "0.5s")  # fmt: skip
+    g = make_group(tmp_path, pg_store, 1, *args[2:], home=home)
+    g.lease = "5s"
+    (s0,) = g.members
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        g.start(s0)  # on cluster A (the suite's SLURM_CONF)
+        assert g.leader() is s0
+        waits.wait_for("A's node", lambda: cli(home, "node", "list", "--json").stdout.strip()
+                       not in ("", "[]"), 60, g.why)  # fmt: skip
+        cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "--", "sleep", "1000",
+            GPULEDGER_USER="alice")  # fmt: skip
+        waits.wait_for("job 1 to run", lambda: _jobs(home).get(1) == "running", 120, g.why)
+        s0.kill(signal.SIGTERM)  # "stop every server"
+        before, events = _row(pg_store), len(log_events(home))
+        err = one_line(serve(tmp_path / "b", pg_store, *args, "--new-settings",
+                             SLURM_CONF=conf_b))  # fmt: skip
+        assert "--new-settings onto another Slurm cluster (slurm_cluster" in err, err
+        assert "would record lost 1 runs the ledger holds that it does not list (jobs 1)" in err
+        assert "--abandon-runs" in err, err
+        assert _row(pg_store) == before  # nothing written: the lease row as it was
+        assert len(log_events(home)) == events and _jobs(home) == {1: "running"}
+        # the operator's word: the runs are abandoned (recorded lost; they run on, on A)
+        log = tmp_path / "abandon.log"
+        with log.open("ab") as out:
+            procs.append(subprocess.Popen(
+                [GPULEDGER, "serve", "--store", pg_store, "--listen", f"127.0.0.1:{free_port()}",
+                 *args, "--new-settings", "--abandon-runs"],
+                env=env_for(tmp_path / "b", SLURM_CONF=conf_b), stdout=out, stderr=out,
+            ))  # fmt: skip
+        text = lambda: log.read_text(errors="replace")  # noqa: E731
+        lost = "job 1 has no run in the engine after a restart: recording it lost"
+        waits.wait_for("the abandoned run recorded lost", lambda: lost in text(), 120, text)
+        assert "--abandon-runs onto another Slurm cluster" in text(), text()
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        g.stop()
+        a = {**os.environ, "SLURM_CONF": conf_a}
+        subprocess.run(["scancel", "--partition", PARTITION], env=a, capture_output=True,
+                       timeout=60, check=False)  # fmt: skip
+        shutil.rmtree(home.parent, ignore_errors=True)

@@ -120,3 +120,16 @@ def test_a_take_while_another_cluster_answers_is_refused_by_the_check(tmp_path: 
                                          "slurm_state": "/x/state"})  # fmt: skip
     with pytest.raises(OtherCluster, match="slurm_state /z/state"):
         ex.check()
+
+
+def test_a_change_of_cluster_is_named_and_an_earlier_record_is_none() -> None:
+    from ledger.engines.slurm.cluster import changed
+
+    x = {"slurm_cluster": "gpuledger at 127.0.0.1 port 27500", "slurm_state": "/x/state"}
+    y = {"slurm_cluster": "gpuledger at 127.0.0.1 port 27502", "slurm_state": "/y/state"}
+    assert changed(x, x) == "" and changed({}, y) == ""  # the same; recorded by none
+    assert changed(x, y) == (
+        "slurm_cluster gpuledger at 127.0.0.1 port 27500 (recorded) against gpuledger at "
+        "127.0.0.1 port 27502 here; slurm_state /x/state (recorded) against /y/state here"
+    )
+    assert changed({"slurm_cluster": x["slurm_cluster"]}, y).startswith("slurm_cluster")

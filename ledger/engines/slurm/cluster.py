@@ -142,3 +142,35 @@ class Watch:
             log.warning("this server's Slurm cluster answers again")
         self.away = why
         return not why
+
+
+def changed(recorded: Mapping[str, object], mine: Mapping[str, object]) -> str:
+    """Pure: how the Slurm cluster of `mine` (this server's identity) differs from the one the
+    store records (`recorded`: its admission settings), in words ("" when it is the same, or
+    the record names none: an earlier version's, or not a Slurm store)."""
+    return "; ".join(
+        f"{k} {recorded[k]} (recorded) against {mine.get(k)} here"
+        for k in COMPARED
+        if k in recorded and recorded[k] != mine.get(k)
+    )
+
+
+def runs_not_on(
+    env: Mapping[str, str], partition: str, ledger_id: str, held: Mapping[int, int]
+) -> list[int]:
+    """The jobs of `held` (job id -> its run) whose run the cluster `env`'s `SLURM_CONF` names
+    does not list on `partition` (`scontrol show job`: running, pending or ended there), in
+    order: runs that live on another cluster, if anywhere. `EngineError` when it does not
+    answer."""
+    from ledger.engines.slurm.words import parse_jobs
+
+    try:
+        done = subprocess.run(["scontrol", "-d", "-o", "show", "job"], capture_output=True,
+                              text=True, timeout=60, env=dict(env), check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise EngineError(f"scontrol show job failed: {err}") from err
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        raise EngineError(f"scontrol show job: {said[-1] if said else done.returncode}")
+    listed = {j.tag(ledger_id) for j in parse_jobs(done.stdout) if j.partition == partition}
+    return sorted(job for job, run in held.items() if (job, run) not in listed)
