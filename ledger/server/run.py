@@ -251,6 +251,9 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     """Run until SIGINT/SIGTERM (or, for `up`, until idle or out of time); returns the exit code
     (0 on a clean stop). `actor`: the admin starting it (Slurm's nodes and `up`'s node tokens are
     recorded by them)."""
+    if config.abandon_runs and not config.new_settings:
+        raise InvalidCommand("--abandon-runs goes with --new-settings (onto another Slurm "
+                             "cluster): alone it changes nothing", hint="docs/ha.md")  # fmt: skip
     early = threading.Event()  # a signal before the listeners run still stops us cleanly
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: early.set())

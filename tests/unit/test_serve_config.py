@@ -65,3 +65,11 @@ def test_abandon_runs_is_a_command_line_choice_only(tmp_path: Path) -> None:
     path.write_text("abandon_runs = true\n")
     with pytest.raises(InvalidCommand, match="abandon_runs is a one-time choice"):
         config.load(path)
+
+
+def test_abandon_runs_without_new_settings_is_refused_before_anything(tmp_path: Path) -> None:
+    from ledger.server.run import serve
+
+    with pytest.raises(InvalidCommand, match="--abandon-runs goes with --new-settings"):
+        serve(tmp_path / "home", config.ServeConfig(abandon_runs=True))
+    assert not (tmp_path / "home").exists()  # refused before the data directory is touched
