@@ -292,6 +292,7 @@ def _build(
             **_roles(worker, head),
             unobserved=tuple(sorted(svc.dispatcher.unobserved)) if svc.dispatcher else (),
             unobserved_since=svc.dispatcher.unobserved_since if svc.dispatcher else None,
+            unobserved_why=svc.dispatcher.unobserved_why if svc.dispatcher else "",
             engine_away=st.engine_away,
             engine_away_since=st.engine_away_since,
         )
@@ -442,6 +443,7 @@ def _roles(worker: Worker, head: int) -> dict[str, Any]:
         "store": store,
         "store_error": ha.unreachable or worker.follow_error,
         "settings_error": ha.refused,
+        "no_taker": ha.no_taker(),
         "older_servers": ha.older,
         "servers": ha.servers(head),
     }

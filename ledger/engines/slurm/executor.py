@@ -17,7 +17,9 @@ from pathlib import Path
 from ledger.core.state import Node, StoppedRun
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
 from ledger.engines.accounts import RunAs, own_log, own_umask
+from ledger.engines.job_paths import Refused
 from ledger.engines.slurm import tracked
+from ledger.engines.slurm.cluster import OtherCluster, Watch
 from ledger.engines.slurm.ends import (
     Ending,
     answering,
@@ -93,14 +95,6 @@ _Changes = tuple[list[NodeChange], frozenset[str]]
 _NO_GPUS: Mapping[str, frozenset[int]] = {}
 
 
-def _always() -> bool:
-    return True
-
-
-class _Refused(Exception):
-    """A job that may not run as the account it would run as (`account_for`'s reason)."""
-
-
 class SlurmExecutor:
     """Carries out the ledger's placements as Slurm jobs on one partition, and reports what Slurm
     says happened. Slurm keeps runs across our restarts, so `adopt` takes them over."""
@@ -122,7 +116,7 @@ class SlurmExecutor:
         may_act: Callable[[], bool] | None = None,
     ) -> None:
         self.partition = partition
-        self.may_act = may_act if may_act is not None else _always
+        self.may_act = may_act if may_act is not None else lambda: True
         """The leader's lease by this server's own clock (servers sharing a PostgreSQL store,
         docs/ha.md): checked before every sbatch and scancel, so a deposed leader's executor
         never launches or stops a run, even one it decided on while it still led."""
@@ -177,6 +171,7 @@ class SlurmExecutor:
         """When a node's loss began to wait for its runs' own ends (`_own_ends_first`)."""
         self._probe = Probe(lambda: self._run(["scontrol", "-o", "show", "partition", partition]))
         """Asks Slurm during an outage, off the service's thread (`outage`)."""
+        self.cluster = Watch(lambda: self._run(["scontrol", "show", "config"]))  # which answers
         self._answered_at: float | None = None  # the last read Slurm answered
         self._away: tuple[float, float] | None = None
         """The last outage: (the last read answered before it, the first answered after it)."""
@@ -239,6 +234,8 @@ class SlurmExecutor:
     def check(self) -> None:
         """Refuse to run on a partition where Slurm would reorder or preempt on its own."""
         text = self._run(["scontrol", "show", "config"])
+        if why := self.cluster.learn(text):  # another cluster in this one's place (F5)
+            raise OtherCluster(why, hint="start this server's cluster's slurmctld (docs/ha.md)")
         with contextlib.suppress(EngineError):  # a missing partition is reported below
             text += "\n" + self._run(["scontrol", "-o", "show", "partition", self.partition])
         self.max_time_s = partition_max_time(text, self.partition)
@@ -347,14 +344,14 @@ class SlurmExecutor:
         assert r.launch is not None
         job = r.launch
         if isinstance(who := sbatch_user(job.user, self.run_as), str):
-            raise _Refused(who)
+            raise Refused(who)
         out = job.stdout or str(self._default_log(job, who))
         r.logs = tuple(dict.fromkeys(p for p in (out, job.stderr) if p))
         tracked.note_logs(self.log_dir, job.job_id, job.run, r.logs)  # for a restart's adopt
         mask = files_umask(job.umask, bool(job.stdout))  # slurmstepd opens /dev/null alone:
         claimed = claim_outputs(r.logs, who, self.timeout_s, mask, job.workdir)  # the script,
         if isinstance(claimed, str):  # the files claimed (`outputs`)
-            raise _Refused(claimed)
+            raise Refused(claimed)
         args = ["sbatch", *sbatch_args(job, self.partition, os.devnull, who, self.ledger_id,
                                        self._pinned, claimed.error_file, self._grace_of(r),
                                        self.max_time_s)]  # fmt: skip
@@ -394,7 +391,7 @@ class SlurmExecutor:
             try:
                 self._submit(r)
                 r.submitted_at = now
-            except _Refused as why:  # never run as an account the rule refuses
+            except Refused as why:  # never run as an account the rule refuses
                 log.warning("job %s is not started: %s", r.job_id, why)
                 del self._runs[r.job_id]
                 self._exits.append(Exit(r.job_id, -1, now, "launch_failed", "", "", str(why)))
@@ -414,10 +411,14 @@ class SlurmExecutor:
         changes: list[NodeChange] = []
         if self._probe.away and not self._probe.over(now):
             # an outage: a probe asks again every `probe_every_s` on a thread of its own, so a
-            # controller that does not answer never holds the service's thread (reads and
-            # submits wait on it)
+            # controller that does not answer never holds the service's thread (reads, submits)
             return self._blind(nodes)
-        if self.refresh():
+        view, answered = self._view, self.refresh()
+        if answered and not self.cluster.same(now, self._probe.away):
+            self._view = view  # another cluster answers: nothing of it is read (F5)
+            self._probe.begin(now)
+            return self._blind(nodes)
+        if answered:
             if self._probe.away:  # back: its view may lag (slurmd re-registers)
                 self._away = (self._answered_at or now, now)
                 self._settle_until = now + self.settle_s
@@ -493,6 +494,7 @@ class SlurmExecutor:
             stopping=stopping_gpus(self._stopping, self._view, self._pinned),
             running=frozenset(self._runs),
             unobserved=in_service(nodes),
+            unobserved_why=self.cluster.away or "slurmctld does not answer",
             longest_s=self.max_time_s,
         )
 
@@ -502,6 +504,8 @@ class SlurmExecutor:
         Starts come from Slurm's word, in a later `observe`."""
         if not self.may_act():
             log.warning("not carrying out orders of epoch %d: the lease ran out", orders.epoch)
+            return ()
+        if self.cluster.away:  # nothing stopped or launched on another cluster (asked again)
             return ()
         for job_id in orders.stops:
             r = self._runs.get(job_id)
@@ -773,10 +777,8 @@ class SlurmExecutor:
 
     def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
         if not self.refresh():
-            raise EngineError(
-                "Slurm cannot be read, so the ledger cannot be reconciled with it",
-                hint="start slurmctld (scripts/slurm/slurm up) and retry",
-            )
+            raise EngineError("Slurm cannot be read, so the ledger cannot be reconciled with it",
+                              hint="start slurmctld (scripts/slurm/slurm up), retry")  # fmt: skip
         for j in sorted(self._view.values(), key=lambda j: int(j.slurm_id.split("_")[0])):
             tag = j.tag(self.ledger_id)
             if tag is None or j.partition != self.partition:
