@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Set
+from dataclasses import replace
 from pathlib import Path
 
 from ledger.core.state import Node, StoppedRun
@@ -40,8 +41,9 @@ from ledger.engines.slurm.launching import (
     own_end,
     run_end,
     run_script,
+    stop_marks,
 )
-from ledger.engines.slurm.leaks import held_with, lasting, leaked_gpus
+from ledger.engines.slurm.leaks import Leaks, held_with
 from ledger.engines.slurm.outage import Probe
 from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
 from ledger.engines.slurm.stops import (
@@ -90,7 +92,6 @@ log = logging.getLogger("gpuledger.slurm")
 
 ENGINE = "slurm"
 _Changes = tuple[list[NodeChange], frozenset[str]]
-_NO_GPUS: Mapping[str, frozenset[int]] = {}
 
 
 def _always() -> bool:
@@ -163,7 +164,7 @@ class SlurmExecutor:
         after a restart, whose exact limit Slurm does not keep (it rounds up to minutes)."""
         self._foreign: dict[str, frozenset[int]] = {}
         self._gres_used: dict[str, tuple[int, ...]] = {}
-        self._leaked_seen, self._leaked = _NO_GPUS, _NO_GPUS  # `leaks`: read last, held
+        self._leaks = Leaks()
         self._foreign_seen: set[str] = set()
         self._accounting: bool | None = None
         self.start_within_s = start_within_s
@@ -264,13 +265,10 @@ class SlurmExecutor:
 
     def _hold_leaked(self) -> None:
         """Hold GPUs Slurm counts allocated that no job holds, in two reads in a row (`leaks`)."""
-        seen = leaked_gpus(self._gres_used, self._held(ours=True))
-        now_leaked, self._leaked_seen = lasting(seen, self._leaked_seen), seen
-        if now_leaked != self._leaked:
+        if self._leaks.read(self._gres_used, self._held(ours=True)):
             log.warning("Slurm counts GPUs %s allocated but no job holds them (GresUsed): none "
-                        "is placed there until Slurm frees it", dict(now_leaked))  # fmt: skip
-            self._leaked = now_leaked
-        self._foreign = held_with(self._foreign, now_leaked)
+                        "is placed there until Slurm frees it", dict(self._leaks.held))  # fmt: skip
+        self._foreign = held_with(self._foreign, self._leaks.held)
 
     def _node_changes(self, nodes: Mapping[str, Node], now: float) -> _Changes:
         """The ledger's nodes follow Slurm's (`words.node_changes`; lost with a fence: `ends`),
@@ -443,17 +441,14 @@ class SlurmExecutor:
         exits, self._exits = self._exits, []
         stopped, self._stopped = self._stopped, []
         changes, exits, unseen = self._own_ends_first(changes, exits, unseen, now)
-        return Observed(
+        return replace(  # the runs as last known (`_blind`), and what this read saw
+            self._blind(nodes),
             stopped=tuple(stopped),
             nodes=tuple(changes),
             starts=tuple(starts),
             checkpoints=tuple(checkpoints),
             exits=tuple(exits),
-            foreign=self._foreign,
-            stopping=stopping_gpus(self._stopping, self._view, self._pinned),
-            running=frozenset(self._runs),
             unobserved=unseen,
-            longest_s=self.max_time_s,
         )
 
     def _own_ends_first(
@@ -461,11 +456,8 @@ class SlurmExecutor:
     ) -> tuple[list[NodeChange], list[Exit], frozenset[str]]:
         """A run that ended by itself on a node Slurm has just given up is recorded before the
         node's loss (`stops.own_ends_first`); the exits held back come with the next read."""
-        completing = any(
-            (j := self._view.get(r.slurm_id)) is not None and j.state == "COMPLETING"
-            for r in self._runs.values()
-            if r.slurm_id is not None
-        )
+        completing = any(j.state == "COMPLETING" for r in self._runs.values()
+                         if (j := self._view.get(r.slurm_id or "")) is not None)  # fmt: skip
         was = self._loss_held_since
         held = own_ends_first(changes, exits, completing, was, now, self.settle_s)
         changes, exits, later, lost, self._loss_held_since = held
@@ -661,9 +653,9 @@ class SlurmExecutor:
                 seen = self._completing.pop(slurm_id, None)
                 if j is not None and st.run is not None and j.started:  # its processes' end
                     run_dir = self._checkpoint_file(*st.run).parent
-                    own = own_end(run_dir)
+                    own, beat, first = stop_marks(run_dir, now)  # (`first`: never ran, F10)
                     itself = failed is None and ended_by_itself(own, j, st.term_refused)
-                    self._stopped.append(stopped_end(st, j, now, seen, failed, itself, (self._away, self.settle_s), (own, last_beat(run_dir, now))))  # fmt: skip  # noqa: E501
+                    self._stopped.append(stopped_end(st, j, now, seen, failed, itself, (self._away, self.settle_s), (own, beat), first))  # fmt: skip  # noqa: E501
                     if itself and j.exit_code == 0:  # it may complete its job (F3)
                         self._completed.add(st.run[0])
             elif not st.cancelled and now - st.since >= st.grace_s:
@@ -674,8 +666,7 @@ class SlurmExecutor:
                     log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
         # 3. foreign jobs on any partition: their GPUs on the ledger's nodes are busy, they are
         #    never touched (runs of ours the ledger no longer runs: `_resume_stops`)
-        ours = {r.slurm_id for r in self._runs.values() if r.slurm_id} | set(self._stopping)
-        other = others(self._view.values(), ours, self.ledger_id, self.partition, self._pinned)
+        other = others(self._view.values(), mine, self.ledger_id, self.partition, self._pinned)
         for j, holds in other.holders:
             if j.slurm_id not in self._foreign_seen:
                 self._foreign_seen.add(j.slurm_id)

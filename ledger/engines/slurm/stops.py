@@ -98,6 +98,7 @@ def stopped_end(
     by_itself: bool = False,
     outage: tuple[tuple[float, float] | None, float] = (None, 0.0),
     record: tuple[OwnEnd | None, float | None] = (None, None),
+    never_ran: bool = False,
 ) -> Exit:
     """Pure: a stopped run's real end as Slurm kept it (its EndTime, exit code and state), or,
     when its processes outlived the EndTime of a scancel (seen COMPLETING after it:
@@ -112,7 +113,8 @@ def stopped_end(
     atk39-24 F6: such a run was recorded ended at the late EndTime the returning controller
     gave it). One that ended by itself ended as its own end record says (`record`: it, and its
     script's last beat; `ends.own_finish`), not at Slurm's late word nor at its last sighting
-    (atk42-24 F3)."""
+    (atk42-24 F3). `never_ran`: its script ended it before its command started, the stop
+    having come first (`launching.stop_marks`, atk43s F10): its note says so."""
     assert st.run is not None
     end = processes_end(j.end_time, j.state, now, completing_seen)
     at = high = now if end is None else min(now, end)
@@ -130,6 +132,8 @@ def stopped_end(
         state = "KILLED" if st.killed or failed.reason == "node_failure" else j.state
     if by_itself and failed is None:
         note += ", ended by itself before the stop reached it"
+    if never_ran:
+        note += "; stopped before its command started: the command never ran"
     return Exit(st.run[0], code, at, "exited", j.slurm_id, state, note, run=st.run[1],
                 by_itself=by_itself and failed is None)  # fmt: skip
 
