@@ -58,7 +58,8 @@ from ledger.engines.slurm.stops import (
     grace_of,
     in_service,
     no_grace,
-    node_failed,
+    note_unanswered,
+    outage_of,
     own_ends_first,
     placed_gpus,
     resumed_stops,
@@ -67,6 +68,7 @@ from ledger.engines.slurm.stops import (
     stopping_gpus,
     tagged,
     unplaceable,
+    unseen_end,
     vanished_end,
 )
 from ledger.engines.slurm.tracked import Run, forget_stop, note_stop, noted_stop
@@ -193,6 +195,7 @@ class SlurmExecutor:
         self.fence_s = 300.0
         """How long at most the runs of a node Slurm gives up stay in doubt (`ends`)."""
         self._answering: dict[str, float] = {}  # node -> since when its slurmd answers
+        self._nodes_read = False  # `_answering` says something (`note_unanswered`)
         self._quarantine = Quarantine()  # GPUs of runs ended by their own record on NODE_FAIL
         self._seen = MarksSeen()  # NODE_FAIL runs' signal notes and heartbeats, as first read
         self._wrong_gpus = WrongGpus()  # jobs' runs ended `wrong-gpus` in a row
@@ -278,6 +281,7 @@ class SlurmExecutor:
         except EngineError as err:
             log.warning("slurm nodes: %s; keeping the nodes as they are", err.line())
             return [], in_service(nodes)
+        self._nodes_read = True
         self._answering = answering(((n.name, n.unresponsive) for n in found), self._answering, now)
         self._quarantine.refresh(self._answering, self.kill_wait_s, now, self._beat)
         unseen = frozenset(n.name for n in found if n.unresponsive and not n.down)
@@ -566,6 +570,8 @@ class SlurmExecutor:
 
     def _read_runs(self, now: float) -> None:
         self._resume_stops(now)
+        answered = self._answering if self._nodes_read else None  # Slurm's end alone (F8)
+        note_unanswered(self._stopping, self._view, answered, self._down)
         # 0. our runs Slurm has ended whose processes may still live (COMPLETING)
         mine = {r.slurm_id for r in self._runs.values() if r.slurm_id} | set(self._stopping)
         self._completing = completing(self._view, mine, self._completing, now)
@@ -618,8 +624,9 @@ class SlurmExecutor:
                 at = now if j.end_time is None else min(now, j.end_time)
                 reason, note = self._wrong_gpus.ending(job_id, never_ran)  # bounded (F2)
                 self._exits.append(Exit(job_id, -1, at, reason, r.slurm_id, j.state, note))
-            elif j.ended and end_reason(j.state) == "node_failure":  # a limit's stop too
-                self._node_failed(r, j, now)  # how it really ended, once known
+            elif j.ended and (end_reason(j.state) == "node_failure" or r.node_failed
+                              or unseen_end(self._stopping.get(r.slurm_id), j)):  # fmt: skip
+                self._node_failed(r, j, now)  # how it really ended, once known (a limit's stop)
             elif j.ended:
                 del self._runs[job_id]
                 self._wrong_gpus.ran(job_id)
@@ -627,7 +634,7 @@ class SlurmExecutor:
                 reason = "time_limit" if r.limited else end_reason(j.state)
                 self._exits.append(Exit(job_id, code, at, reason, r.slurm_id, j.state, run=r.run))
             elif j.holding and self._past_limit(r, now):
-                r.limited = True
+                r.limited, r.stop_sent_at = True, now
                 limit = self._limit_of(r)
                 log.info("job %s (Slurm job %s) reached its limit of %s s: stopping it",
                          job_id, r.slurm_id, limit)  # fmt: skip
@@ -639,10 +646,12 @@ class SlurmExecutor:
             st.gpus = (held_gpus(j, self._pinned) if j is not None else {}) or st.gpus
             if j is not None and j.holding and not j.ended and now >= (self._settle_until or 0):
                 st.seen_running_at = now  # (`real_end`: a stopped run's end in an outage, F6)
-            failed = self._how_failed(st.run, None, None, j, now, st.grace_s) if node_failed(st, j) else None  # fmt: skip  # noqa: E501
-            if node_failed(st, j) and failed is None:  # its processes may live: held (F7)
-                if not st.in_doubt:
-                    log.warning("stopped Slurm job %s is NODE_FAIL: held until gone", slurm_id)
+            doubt = st.run is not None and unseen_end(st, j)  # NODE_FAIL, or its cancel unseen
+            failed = self._how_failed(st.run, None, None, j, now, st.grace_s) if doubt else None
+            if doubt and failed is None:  # its processes may live: held (F7, atk43s F8)
+                if not st.in_doubt and j is not None:
+                    log.warning("stopped Slurm job %s is %s, its processes' end unseen: held "
+                                "until gone", slurm_id, j.state)  # fmt: skip
                 st.in_doubt = True
             elif j is None or j.ended:
                 self._quarantine.hold(failed, j, st.gpus)
@@ -683,8 +692,8 @@ class SlurmExecutor:
         if r.slurm_id not in self._stopping:
             self._completing.pop(r.slurm_id, None)
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        code, at, own = run_end(run_dir, j, r.started_at, now, seen, r.seen_running_at,
-                                (self._away, self.settle_s))  # fmt: skip
+        outage = outage_of(self._away, self.settle_s, r.stop_sent_at)  # stopped after it? (F9)
+        code, at, own = run_end(run_dir, j, r.started_at, now, seen, r.seen_running_at, outage)
         if j.end_time is not None and at < min(now, j.end_time) - 1:
             log.info("job %s (Slurm job %s) ended at %s (%s; Slurm says %s, when it heard)",
                      r.job_id, r.slurm_id, when(at), "its own end record" if own else
@@ -692,19 +701,20 @@ class SlurmExecutor:
         return code, at
 
     def _node_failed(self, r: Run, j: SlurmJob, now: float) -> None:
-        """A run Slurm ended NODE_FAIL: recorded as it really ended, once known; kept until
+        """A run Slurm ended NODE_FAIL (or, stopped at its limit, by its cancel on a node that
+        did not answer: `unseen_end`): recorded as it really ended, once known; kept until
         then (running, for the ledger in doubt on its lost node; `ends`)."""
         ending = self._how_failed((r.job_id, r.run), r.launch, r.started_at, j, now, self._grace_of(r))  # fmt: skip  # noqa: E501
         if ending is None:
             if not r.node_failed:
                 r.node_failed = True
-                log.warning("job %s is NODE_FAIL in Slurm: waiting to know how it ends", r.job_id)
+                log.warning("job %s is %s in Slurm: waiting to know how it ends", r.job_id, j.state)
             return
         del self._runs[r.job_id]
         self._completing.pop(j.slurm_id, None)
         self._seen.forget(j.slurm_id)
         self._quarantine.hold(ending, j, placed_gpus(r.launch, j, self._pinned))
-        log.info("job %s (Slurm job %s, NODE_FAIL) ended %s at %s: %s", r.job_id, j.slurm_id,
+        log.info("job %s (Slurm job %s, %s) ended %s at %s: %s", r.job_id, j.slurm_id, j.state,
                  ending.reason, when(ending.at), ending.note)  # fmt: skip
         self._exits.append(Exit(r.job_id, ending.exit_code, ending.at, "time_limit" if r.limited
                                 else ending.reason, j.slurm_id, j.state, ending.note))  # fmt: skip
@@ -779,6 +789,7 @@ class SlurmExecutor:
                 log.info("adopted Slurm job %s as job %s run %s", j.slurm_id, job_id, run)
         adopted = set(self._runs)
         tracked.forget_logs(self.log_dir, ((r.job_id, r.run) for r in self._runs.values()))
+        self._node_changes({}, now)  # which nodes answer: a stop Slurm ended there (F8)
         self._read_runs(now)  # runs that ended while we were away: exits at the next `observe`
         return adopted
 

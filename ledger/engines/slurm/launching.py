@@ -418,7 +418,7 @@ def node_fail_end(
     after = None if grace_s is None or not note_file else ends_after_term_s(grace_s, kill_wait_s)
     return node_fail_ending(own_end(run_dir), noted, marked(run_dir, LAUNCHED),
                             j.end_time, j.exit_code, started, answered, kill_wait_s,
-                            now, confirm_s, beat, window, after)  # fmt: skip
+                            now, confirm_s, beat, window, after, j.state)  # fmt: skip
 
 
 def never_starts(reason: str, waited_s: float, within_s: float) -> str:
