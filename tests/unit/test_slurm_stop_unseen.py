@@ -88,18 +88,18 @@ def test_a_cancelled_run_slurm_ends_on_a_node_whose_slurmd_is_dead_holds_its_gpu
         parse_jobs(job("CANCELLED", 40, "0:15"))[0],
     )
     st = Stopping(since=START + 10, grace_s=2.0, run=(1, 0), cancelled=True, killed=True)
-    note_unanswered({"7": st}, {"7": running}, None, frozenset())  # the nodes not read yet
-    assert not st.unanswered
-    note_unanswered({"7": st}, {"7": running}, {"vm": START}, frozenset())
+    note_unanswered({"7": st}, {"7": running}, frozenset())  # the nodes answer (or unread)
     assert not st.unanswered and not unseen_end(st, cancelled)  # its slurmd said it ended
-    note_unanswered({"7": st}, {"7": running}, {}, frozenset())  # vm does not answer
+    note_unanswered({"7": st}, {"7": running}, frozenset({"other"}))
+    assert not st.unanswered
+    note_unanswered({"7": st}, {"7": running}, frozenset({"vm"}))  # vm's slurmd unheard, or DOWN
     assert st.unanswered and unseen_end(st, cancelled)
-    assert st.unanswered  # for good: it answers again later, Slurm's end stays its word
-    note_unanswered({"7": st}, {"7": running}, {"vm": START + 60}, frozenset())
-    assert st.unanswered
-    down = Stopping(since=START + 10, grace_s=2.0, run=(1, 0))
-    note_unanswered({"7": down}, {"7": running}, {"vm": START}, frozenset({"vm"}))
-    assert down.unanswered  # an admin's DOWN with its slurmd answering
+    note_unanswered({"7": st}, {"7": running}, frozenset())  # it answers again later:
+    assert st.unanswered  # Slurm's end stays its word alone, for good
+    pending = parse_jobs(job("PENDING").replace("NodeList=vm", "NodeList=(null)"))[0]
+    waiting = Stopping(since=START + 10, grace_s=2.0, run=(1, 0))
+    note_unanswered({"7": waiting}, {"7": pending}, frozenset({"vm"}))
+    assert not waiting.unanswered  # never started: nothing of it on vm
     st.gpus = {"vm": (0, 1, 2, 3)}
     view = {"7": cancelled}
     assert stopping_gpus({"7": st}, view, {}) == {"vm": frozenset({0, 1, 2, 3})}

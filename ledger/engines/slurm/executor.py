@@ -161,6 +161,7 @@ class SlurmExecutor:
         self.lost_nodes: Callable[[], Set[str]] = frozenset
         """The nodes the ledger counts lost: nothing is submitted onto them (`unplaceable`)."""
         self._down: frozenset[str] = frozenset()  # nodes Slurm showed DOWN in the last read
+        self._unheard: frozenset[str] = frozenset()  # ... DOWN or not responding (F8)
         self._reported: set[str] = set()  # stopped runs whose end was reported, not yet recorded
         """A job's time limit by job id (`open_executor` reads the ledger's), for runs adopted
         after a restart, whose exact limit Slurm does not keep (it rounds up to minutes)."""
@@ -195,7 +196,6 @@ class SlurmExecutor:
         self.fence_s = 300.0
         """How long at most the runs of a node Slurm gives up stay in doubt (`ends`)."""
         self._answering: dict[str, float] = {}  # node -> since when its slurmd answers
-        self._nodes_read = False  # `_answering` says something (`note_unanswered`)
         self._quarantine = Quarantine()  # GPUs of runs ended by their own record on NODE_FAIL
         self._seen = MarksSeen()  # NODE_FAIL runs' signal notes and heartbeats, as first read
         self._wrong_gpus = WrongGpus()  # jobs' runs ended `wrong-gpus` in a row
@@ -263,6 +263,7 @@ class SlurmExecutor:
         found = parse_nodes(self._run(["scontrol", "-d", "-o", "show", "node"]), self.partition)
         self._pinned = {n.name: n.pinned for n in found if n.pinned}
         self._down = frozenset(n.name for n in found if n.down)
+        self._unheard = self._down | {n.name for n in found if n.unresponsive}
         self._gres_used = {n.name: n.gres_used for n in found if n.gres_used}
         return found
 
@@ -281,7 +282,6 @@ class SlurmExecutor:
         except EngineError as err:
             log.warning("slurm nodes: %s; keeping the nodes as they are", err.line())
             return [], in_service(nodes)
-        self._nodes_read = True
         self._answering = answering(((n.name, n.unresponsive) for n in found), self._answering, now)
         self._quarantine.refresh(self._answering, self.kill_wait_s, now, self._beat)
         unseen = frozenset(n.name for n in found if n.unresponsive and not n.down)
@@ -570,8 +570,7 @@ class SlurmExecutor:
 
     def _read_runs(self, now: float) -> None:
         self._resume_stops(now)
-        answered = self._answering if self._nodes_read else None  # Slurm's end alone (F8)
-        note_unanswered(self._stopping, self._view, answered, self._down)
+        note_unanswered(self._stopping, self._view, self._unheard)  # Slurm's end alone (F8)
         # 0. our runs Slurm has ended whose processes may still live (COMPLETING)
         mine = {r.slurm_id for r in self._runs.values() if r.slurm_id} | set(self._stopping)
         self._completing = completing(self._view, mine, self._completing, now)

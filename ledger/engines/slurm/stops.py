@@ -28,6 +28,7 @@ from ledger.engines.slurm.words import (
     SlurmJob,
     end_reason,
     ended_gpus,
+    expand_hostlist,
     held_gpus,
     processes_end,
     real_end,
@@ -94,24 +95,16 @@ def node_failed(st: Stopping, j: SlurmJob | None) -> bool:
 
 
 def note_unanswered(
-    stopping: Mapping[str, Stopping],
-    view: Mapping[str, SlurmJob],
-    answering: Mapping[str, float] | None,
-    down: Set[str],
+    stopping: Mapping[str, Stopping], view: Mapping[str, SlurmJob], away: Set[str]
 ) -> None:
-    """Pure (it marks the stops): each stop of a started run one of whose nodes did not answer
-    in the last read of the nodes (`answering`: node -> since when its slurmd answers; None: the
-    nodes not read yet) or that Slurm shows DOWN (`down`) is `unanswered`, for good: Slurm
-    takes a job whose slurmd it cannot reach for ended only by its own word (`unseen_end`)."""
-    if answering is None:
-        return
+    """Pure (it marks the stops): each stop of a started run one of whose nodes the last read of
+    the nodes showed not responding or DOWN (`away`) is `unanswered`, for good: Slurm takes a
+    job whose slurmd it cannot reach for ended on its own word alone (`unseen_end`)."""
     for slurm_id, st in stopping.items():
         j = view.get(slurm_id)
         if j is None or not j.started or st.unanswered:
             continue
-        names = {n for n in j.nodes.split(",") if n and "[" not in n}
-        nodes = {*st.gpus, *j.gpus, *names}
-        st.unanswered = any(n not in answering or n in down for n in nodes)
+        st.unanswered = bool(away & {*st.gpus, *j.gpus, *expand_hostlist(j.nodes)})
 
 
 def unseen_end(st: Stopping | None, j: SlurmJob | None) -> bool:
