@@ -207,3 +207,22 @@ def test_a_run_stopped_at_its_limit_after_a_slurmctld_outage_ends_at_its_real_en
     ex._view = {j.slurm_id: j for j in parse_jobs(job(state, 61, "0:15"))}
     ex._read_runs(START + 63.0)
     assert [(x.reason, x.at - START) for x in ex._exits] == [("time_limit", 61.0)]
+
+
+def test_a_restart_takes_up_a_stop_slurm_ended_on_an_unheard_node_in_doubt(tmp_path: Path) -> None:
+    """F8 across a restart of the service: the stop lives in its memory, so the restarted
+    executor finds the run CANCELLED in Slurm (`State.stopped_runs` says the ledger stopped it)
+    and its node given up. `adopt` reads the nodes first: the stop is in doubt, its GPUs held,
+    not ended at once as the service's first read would have had it."""
+    from ledger.core.state import StoppedRun
+    from schemas.events import GpuSlot
+
+    slurm = Slurm()
+    slurm.jobs = job("CANCELLED", 13, "0:15")
+    slurm.node = node_line("DOWN*")
+    ex = executor(tmp_path, slurm)
+    slots = (GpuSlot(node="vm", gpu_indices=(0, 1, 2, 3)),)
+    ex.stopped_runs = lambda: {(1, 0): StoppedRun(job_id=1, run=0, slots=slots, at=START + 10)}
+    assert ex.adopt({}, START + 50.0) == set()
+    seen = ex.observe(START + 51.0, NODES)
+    assert seen.stopped == () and seen.stopping == {"vm": frozenset({0, 1, 2, 3})}, seen
