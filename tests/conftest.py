@@ -55,6 +55,7 @@ SLURM_SECONDS: dict[str, float] = {
     "test_slurm_opening": 202,
     "test_slurm_records": 162,
     "test_slurm_stops": 460,
+    "test_slurm_stopend": 330,
     "test_slurm_trees": 230,
     "test_slurm_unpinned": 84,
     "test_slurm_world": 662,

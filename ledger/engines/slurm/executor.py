@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Set
+from dataclasses import replace
 from pathlib import Path
 
 from ledger.core.state import Node, StoppedRun
@@ -42,8 +43,9 @@ from ledger.engines.slurm.launching import (
     own_end,
     run_end,
     run_script,
+    stop_marks,
 )
-from ledger.engines.slurm.leaks import held_with, lasting, leaked_gpus
+from ledger.engines.slurm.leaks import Leaks, held_with
 from ledger.engines.slurm.outage import Probe
 from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
 from ledger.engines.slurm.stops import (
@@ -58,7 +60,8 @@ from ledger.engines.slurm.stops import (
     grace_of,
     in_service,
     no_grace,
-    node_failed,
+    note_unanswered,
+    outage_of,
     own_ends_first,
     placed_gpus,
     resumed_stops,
@@ -67,6 +70,7 @@ from ledger.engines.slurm.stops import (
     stopping_gpus,
     tagged,
     unplaceable,
+    unseen_end,
     vanished_end,
 )
 from ledger.engines.slurm.tracked import Run, forget_stop, note_stop, noted_stop
@@ -92,7 +96,6 @@ log = logging.getLogger("gpuledger.slurm")
 
 ENGINE = "slurm"
 _Changes = tuple[list[NodeChange], frozenset[str]]
-_NO_GPUS: Mapping[str, frozenset[int]] = {}
 
 
 class SlurmExecutor:
@@ -152,12 +155,13 @@ class SlurmExecutor:
         self.lost_nodes: Callable[[], Set[str]] = frozenset
         """The nodes the ledger counts lost: nothing is submitted onto them (`unplaceable`)."""
         self._down: frozenset[str] = frozenset()  # nodes Slurm showed DOWN in the last read
+        self._unheard: frozenset[str] = frozenset()  # ... DOWN or not responding (F8)
         self._reported: set[str] = set()  # stopped runs whose end was reported, not yet recorded
         """A job's time limit by job id (`open_executor` reads the ledger's), for runs adopted
         after a restart, whose exact limit Slurm does not keep (it rounds up to minutes)."""
         self._foreign: dict[str, frozenset[int]] = {}
         self._gres_used: dict[str, tuple[int, ...]] = {}
-        self._leaked_seen, self._leaked = _NO_GPUS, _NO_GPUS  # `leaks`: read last, held
+        self._leaks = Leaks()
         self._foreign_seen: set[str] = set()
         self._accounting: bool | None = None
         self.start_within_s = start_within_s
@@ -256,18 +260,16 @@ class SlurmExecutor:
         found = parse_nodes(self._run(["scontrol", "-d", "-o", "show", "node"]), self.partition)
         self._pinned = {n.name: n.pinned for n in found if n.pinned}
         self._down = frozenset(n.name for n in found if n.down)
+        self._unheard = self._down | {n.name for n in found if n.unresponsive}
         self._gres_used = {n.name: n.gres_used for n in found if n.gres_used}
         return found
 
     def _hold_leaked(self) -> None:
         """Hold GPUs Slurm counts allocated that no job holds, in two reads in a row (`leaks`)."""
-        seen = leaked_gpus(self._gres_used, self._held(ours=True))
-        now_leaked, self._leaked_seen = lasting(seen, self._leaked_seen), seen
-        if now_leaked != self._leaked:
+        if self._leaks.read(self._gres_used, self._held(ours=True)):
             log.warning("Slurm counts GPUs %s allocated but no job holds them (GresUsed): none "
-                        "is placed there until Slurm frees it", dict(now_leaked))  # fmt: skip
-            self._leaked = now_leaked
-        self._foreign = held_with(self._foreign, now_leaked)
+                        "is placed there until Slurm frees it", dict(self._leaks.held))  # fmt: skip
+        self._foreign = held_with(self._foreign, self._leaks.held)
 
     def _node_changes(self, nodes: Mapping[str, Node], now: float) -> _Changes:
         """The ledger's nodes follow Slurm's (`words.node_changes`; lost with a fence: `ends`),
@@ -444,17 +446,14 @@ class SlurmExecutor:
         exits, self._exits = self._exits, []
         stopped, self._stopped = self._stopped, []
         changes, exits, unseen = self._own_ends_first(changes, exits, unseen, now)
-        return Observed(
+        return replace(  # the runs as last known (`_blind`), and what this read saw
+            self._blind(nodes),
             stopped=tuple(stopped),
             nodes=tuple(changes),
             starts=tuple(starts),
             checkpoints=tuple(checkpoints),
             exits=tuple(exits),
-            foreign=self._foreign,
-            stopping=stopping_gpus(self._stopping, self._view, self._pinned),
-            running=frozenset(self._runs),
             unobserved=unseen,
-            longest_s=self.max_time_s,
         )
 
     def _own_ends_first(
@@ -462,11 +461,8 @@ class SlurmExecutor:
     ) -> tuple[list[NodeChange], list[Exit], frozenset[str]]:
         """A run that ended by itself on a node Slurm has just given up is recorded before the
         node's loss (`stops.own_ends_first`); the exits held back come with the next read."""
-        completing = any(
-            (j := self._view.get(r.slurm_id)) is not None and j.state == "COMPLETING"
-            for r in self._runs.values()
-            if r.slurm_id is not None
-        )
+        completing = any(j.state == "COMPLETING" for r in self._runs.values()
+                         if (j := self._view.get(r.slurm_id or "")) is not None)  # fmt: skip
         was = self._loss_held_since
         held = own_ends_first(changes, exits, completing, was, now, self.settle_s)
         changes, exits, later, lost, self._loss_held_since = held
@@ -578,6 +574,7 @@ class SlurmExecutor:
 
     def _read_runs(self, now: float) -> None:
         self._resume_stops(now)
+        note_unanswered(self._stopping, self._view, self._unheard)  # Slurm's end alone (F8)
         # 0. our runs Slurm has ended whose processes may still live (COMPLETING)
         mine = {r.slurm_id for r in self._runs.values() if r.slurm_id} | set(self._stopping)
         self._completing = completing(self._view, mine, self._completing, now)
@@ -630,8 +627,9 @@ class SlurmExecutor:
                 at = now if j.end_time is None else min(now, j.end_time)
                 reason, note = self._wrong_gpus.ending(job_id, never_ran)  # bounded (F2)
                 self._exits.append(Exit(job_id, -1, at, reason, r.slurm_id, j.state, note))
-            elif j.ended and end_reason(j.state) == "node_failure":  # a limit's stop too
-                self._node_failed(r, j, now)  # how it really ended, once known
+            elif j.ended and (end_reason(j.state) == "node_failure" or r.node_failed
+                              or unseen_end(self._stopping.get(r.slurm_id), j)):  # fmt: skip
+                self._node_failed(r, j, now)  # how it really ended, once known (a limit's stop)
             elif j.ended:
                 del self._runs[job_id]
                 self._wrong_gpus.ran(job_id)
@@ -639,7 +637,7 @@ class SlurmExecutor:
                 reason = "time_limit" if r.limited else end_reason(j.state)
                 self._exits.append(Exit(job_id, code, at, reason, r.slurm_id, j.state, run=r.run))
             elif j.holding and self._past_limit(r, now):
-                r.limited = True
+                r.limited, r.stop_sent_at = True, now
                 limit = self._limit_of(r)
                 log.info("job %s (Slurm job %s) reached its limit of %s s: stopping it",
                          job_id, r.slurm_id, limit)  # fmt: skip
@@ -651,10 +649,12 @@ class SlurmExecutor:
             st.gpus = (held_gpus(j, self._pinned) if j is not None else {}) or st.gpus
             if j is not None and j.holding and not j.ended and now >= (self._settle_until or 0):
                 st.seen_running_at = now  # (`real_end`: a stopped run's end in an outage, F6)
-            failed = self._how_failed(st.run, None, None, j, now, st.grace_s) if node_failed(st, j) else None  # fmt: skip  # noqa: E501
-            if node_failed(st, j) and failed is None:  # its processes may live: held (F7)
-                if not st.in_doubt:
-                    log.warning("stopped Slurm job %s is NODE_FAIL: held until gone", slurm_id)
+            doubt = st.run is not None and unseen_end(st, j)  # NODE_FAIL, or its cancel unseen
+            failed = self._how_failed(st.run, None, None, j, now, st.grace_s) if doubt else None
+            if doubt and failed is None:  # its processes may live: held (F7, atk43s F8)
+                if not st.in_doubt and j is not None:
+                    log.warning("stopped Slurm job %s is %s, its processes' end unseen: held "
+                                "until gone", slurm_id, j.state)  # fmt: skip
                 st.in_doubt = True
             elif j is None or j.ended:
                 self._quarantine.hold(failed, j, st.gpus)
@@ -665,9 +665,9 @@ class SlurmExecutor:
                 seen = self._completing.pop(slurm_id, None)
                 if j is not None and st.run is not None and j.started:  # its processes' end
                     run_dir = self._checkpoint_file(*st.run).parent
-                    own = own_end(run_dir)
+                    own, beat, first = stop_marks(run_dir, now)  # (`first`: never ran, F10)
                     itself = failed is None and ended_by_itself(own, j, st.term_refused)
-                    self._stopped.append(stopped_end(st, j, now, seen, failed, itself, (self._away, self.settle_s), (own, last_beat(run_dir, now))))  # fmt: skip  # noqa: E501
+                    self._stopped.append(stopped_end(st, j, now, seen, failed, itself, (self._away, self.settle_s), (own, beat), first))  # fmt: skip  # noqa: E501
                     if itself and j.exit_code == 0:  # it may complete its job (F3)
                         self._completed.add(st.run[0])
             elif not st.cancelled and now - st.since >= st.grace_s:
@@ -678,8 +678,7 @@ class SlurmExecutor:
                     log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
         # 3. foreign jobs on any partition: their GPUs on the ledger's nodes are busy, they are
         #    never touched (runs of ours the ledger no longer runs: `_resume_stops`)
-        ours = {r.slurm_id for r in self._runs.values() if r.slurm_id} | set(self._stopping)
-        other = others(self._view.values(), ours, self.ledger_id, self.partition, self._pinned)
+        other = others(self._view.values(), mine, self.ledger_id, self.partition, self._pinned)
         for j, holds in other.holders:
             if j.slurm_id not in self._foreign_seen:
                 self._foreign_seen.add(j.slurm_id)
@@ -696,8 +695,8 @@ class SlurmExecutor:
         if r.slurm_id not in self._stopping:
             self._completing.pop(r.slurm_id, None)
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        code, at, own = run_end(run_dir, j, r.started_at, now, seen, r.seen_running_at,
-                                (self._away, self.settle_s))  # fmt: skip
+        outage = outage_of(self._away, self.settle_s, r.stop_sent_at)  # stopped after it? (F9)
+        code, at, own = run_end(run_dir, j, r.started_at, now, seen, r.seen_running_at, outage)
         if j.end_time is not None and at < min(now, j.end_time) - 1:
             log.info("job %s (Slurm job %s) ended at %s (%s; Slurm says %s, when it heard)",
                      r.job_id, r.slurm_id, when(at), "its own end record" if own else
@@ -705,19 +704,20 @@ class SlurmExecutor:
         return code, at
 
     def _node_failed(self, r: Run, j: SlurmJob, now: float) -> None:
-        """A run Slurm ended NODE_FAIL: recorded as it really ended, once known; kept until
+        """A run Slurm ended NODE_FAIL (or, stopped at its limit, by its cancel on a node that
+        did not answer: `unseen_end`): recorded as it really ended, once known; kept until
         then (running, for the ledger in doubt on its lost node; `ends`)."""
         ending = self._how_failed((r.job_id, r.run), r.launch, r.started_at, j, now, self._grace_of(r))  # fmt: skip  # noqa: E501
         if ending is None:
             if not r.node_failed:
                 r.node_failed = True
-                log.warning("job %s is NODE_FAIL in Slurm: waiting to know how it ends", r.job_id)
+                log.warning("job %s is %s in Slurm: waiting to know how it ends", r.job_id, j.state)
             return
         del self._runs[r.job_id]
         self._completing.pop(j.slurm_id, None)
         self._seen.forget(j.slurm_id)
         self._quarantine.hold(ending, j, placed_gpus(r.launch, j, self._pinned))
-        log.info("job %s (Slurm job %s, NODE_FAIL) ended %s at %s: %s", r.job_id, j.slurm_id,
+        log.info("job %s (Slurm job %s, %s) ended %s at %s: %s", r.job_id, j.slurm_id, j.state,
                  ending.reason, when(ending.at), ending.note)  # fmt: skip
         self._exits.append(Exit(r.job_id, ending.exit_code, ending.at, "time_limit" if r.limited
                                 else ending.reason, j.slurm_id, j.state, ending.note))  # fmt: skip
@@ -790,6 +790,7 @@ class SlurmExecutor:
                 log.info("adopted Slurm job %s as job %s run %s", j.slurm_id, job_id, run)
         adopted = set(self._runs)
         tracked.forget_logs(self.log_dir, ((r.job_id, r.run) for r in self._runs.values()))
+        self._node_changes({}, now)  # which nodes answer: a stop Slurm ended there (F8)
         self._read_runs(now)  # runs that ended while we were away: exits at the next `observe`
         return adopted
 

@@ -154,6 +154,20 @@ def last_beat(run_dir: Path, now: float) -> float | None:
         return None
 
 
+def stop_marks(run_dir: Path, now: float) -> tuple[OwnEnd | None, float | None, bool]:
+    """What a stopped run's marks say of its end: its own end record (`own_end`), its last beat
+    (`last_beat`), and whether its script ended it before its command started because the stop
+    came first (`script._stopped_first`: its record, signalled, exit 143, and neither its launch
+    mark nor a beat; atk43s F10). The marks are the job user's: a forged one changes only the
+    note of that user's own run."""
+    own = own_end(run_dir)
+    first = (
+        own is not None and own.signalled and own.exit_code == 143
+        and not marked(run_dir, LAUNCHED) and not marked(run_dir, ALIVE)
+    )  # fmt: skip
+    return own, last_beat(run_dir, now), first
+
+
 def finish_by_record(
     run_dir: Path, state: str, code: int, at: float, started_at: float | None, high: float,
     now: float,
@@ -404,7 +418,7 @@ def node_fail_end(
     after = None if grace_s is None or not note_file else ends_after_term_s(grace_s, kill_wait_s)
     return node_fail_ending(own_end(run_dir), noted, marked(run_dir, LAUNCHED),
                             j.end_time, j.exit_code, started, answered, kill_wait_s,
-                            now, confirm_s, beat, window, after)  # fmt: skip
+                            now, confirm_s, beat, window, after, j.state)  # fmt: skip
 
 
 def never_starts(reason: str, waited_s: float, within_s: float) -> str:

@@ -86,6 +86,8 @@ class Run:
     """Slurm's StartTime of the run (its exact limit counts from it)."""
     limited: bool = False
     """The executor stopped it at its limit (it keeps every limit: Slurm's is a backstop)."""
+    stop_sent_at: float | None = None
+    """When the executor stopped it at its limit (`stops.outage_of`)."""
     logs: tuple[str, ...] = ()
     """Its output (and error) file."""
     checkpoint_mtime: float = 0.0
