@@ -138,7 +138,8 @@ def test_another_cluster_in_the_place_of_the_recorded_one_is_told_apart(
     if not (data_b and all(ports)):
         pytest.fail("scripts/test names the second cluster's data dir and ports", pytrace=False)
     host = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True)
-    node_b, node_c = f"{host.stdout.strip()}-b", f"{host.stdout.strip()}-c"
+    # cluster C's node: no cluster of the suite's (scripts/test: <host>, <host>-b, -c, -d)
+    node_b, node_c = f"{host.stdout.strip()}-b", f"{host.stdout.strip()}-other"
     _answering(conf_b)
     home = tmp_path / "server-0"
     cli(home, "init", "--admin", "root", "--store", pg_store)
