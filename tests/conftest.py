@@ -139,7 +139,7 @@ standby (`pg_outage_pair`, each test on a fresh database of it): one group, on o
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`scripts/test` runs the suite on several workers (pytest-xdist, `--dist loadgroup`). Each test
+    """`scripts/test` runs the suite on workers (pytest-xdist, `--dist loadgroup`). Each test
     file is one group, run on one worker in its order, as it runs alone: its module-scoped
     fixtures (a server, a ledger) are made once, and a test may build on the one before it.
     The Slurm files are groups "slurm-a", "slurm-b", ... (`SLURM_GROUPS`), each on its own

@@ -1,13 +1,14 @@
 """Which Slurm cluster a server talks to is among the settings every server of a store runs
-alike (docs/ha.md; atk40-28 F2): two real Slurm clusters (scripts/test starts two, `SLURM_CONF`
-and `GPULEDGER_SLURM_CONF_B`, each with its own controller port), real PostgreSQL, real
-servers. Before, a standby started with the other cluster's `SLURM_CONF`, or with
+alike (docs/ha.md; atk40-28 F2): two real Slurm clusters of this file's own
+(`private_clusters`, each with its own controller port), real PostgreSQL, real servers.
+Before, a standby started with the other cluster's `SLURM_CONF`, or with
 `GPULEDGER_SLURM_UNTRACKED_OK=1`, stood by and took the first cluster's work over to the other
 one after a failover; a Slurm server on PostgreSQL started while slurmctld did not answer,
 with no word on its cluster to compare."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,6 +17,8 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -30,12 +33,45 @@ from tests.integration.test_ha_settings import one_line
 PARTITION = os.environ.get("GPULEDGER_SLURM_PARTITION", "gpuledger")
 
 
+@dataclass
+class Private:
+    """A Slurm cluster of this file's own: its data dir, ports, node and slurm.conf."""
+
+    data: str
+    ctld: str
+    slurmd: str
+    node: str
+    conf: str = ""
+
+
+CLUSTERS: dict[str, Private] = {}
+"""This file's two clusters, "a" and "b" (`private_clusters`)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Two real Slurm clusters of this file's own (scripts/slurm/slurm, each its own data dir,
+    ports and node name): its tests stop a controller and start another cluster in its place,
+    which the suite's Slurm test groups, running beside this file on their clusters, must
+    never see (they did on the suite's second cluster)."""
+    host = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True)
+    try:
+        for key in ("a", "b"):
+            data = tmp_path_factory.mktemp(f"ha-slurm-{key}")
+            node = f"{host.stdout.strip()}-ha{key}"
+            c = Private(str(data), str(free_port()), str(free_port()), node)
+            CLUSTERS[key] = c
+            c.conf = _slurm(c.data, c.ctld, c.slurmd, c.node, "up")
+        yield
+    finally:
+        for c in CLUSTERS.values():
+            with contextlib.suppress(AssertionError):
+                _slurm(c.data, c.ctld, c.slurmd, c.node, "down")
+        CLUSTERS.clear()
+
+
 def _confs() -> tuple[str, str]:
-    a, b = os.environ.get("SLURM_CONF", ""), os.environ.get("GPULEDGER_SLURM_CONF_B", "")
-    if not (a and b and a != b and Path(a).is_file() and Path(b).is_file()):
-        pytest.fail("SLURM_CONF and GPULEDGER_SLURM_CONF_B must name two clusters' slurm.conf "
-                    "(scripts/test starts both)", pytrace=False)  # fmt: skip
-    return a, b
+    return CLUSTERS["a"].conf, CLUSTERS["b"].conf
 
 
 def serve(home: Path, dsn: str, *args: str, **env: str) -> object:
@@ -132,14 +168,8 @@ def test_another_cluster_in_the_place_of_the_recorded_one_is_told_apart(
     its cluster's state (`StateSaveLocation`, as the answering slurmctld says) tells them
     apart."""
     _, conf_b = _confs()
-    data_b = os.environ.get("GPULEDGER_SLURM_DATA_B", "")
-    ports = (os.environ.get("GPULEDGER_SLURMCTLD_PORT_B", ""),
-             os.environ.get("GPULEDGER_SLURMD_PORT_B", ""))  # fmt: skip
-    if not (data_b and all(ports)):
-        pytest.fail("scripts/test names the second cluster's data dir and ports", pytrace=False)
-    host = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True)
-    # cluster C's node: no cluster of the suite's (scripts/test: <host>, <host>-b, -c, -d)
-    node_b, node_c = f"{host.stdout.strip()}-b", f"{host.stdout.strip()}-other"
+    data_b, ports = CLUSTERS["b"].data, (CLUSTERS["b"].ctld, CLUSTERS["b"].slurmd)
+    node_b, node_c = CLUSTERS["b"].node, CLUSTERS["b"].node + "-other"
     _answering(conf_b)
     home = tmp_path / "server-0"
     cli(home, "init", "--admin", "root", "--store", pg_store)
@@ -215,13 +245,8 @@ def test_a_controller_back_as_another_cluster_is_neither_read_nor_placed_on(
     says so in one line, `status` says why no node is observed, the job stays running in the
     ledger and nothing is placed until its own cluster answers again."""
     _, conf_b = _confs()
-    data_b = os.environ.get("GPULEDGER_SLURM_DATA_B", "")
-    ports = (os.environ.get("GPULEDGER_SLURMCTLD_PORT_B", ""),
-             os.environ.get("GPULEDGER_SLURMD_PORT_B", ""))  # fmt: skip
-    if not (data_b and all(ports)):
-        pytest.fail("scripts/test names the second cluster's data dir and ports", pytrace=False)
-    host = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True)
-    node_b = f"{host.stdout.strip()}-b"
+    data_b, ports = CLUSTERS["b"].data, (CLUSTERS["b"].ctld, CLUSTERS["b"].slurmd)
+    node_b = CLUSTERS["b"].node
     _answering(conf_b)
     home = _reachable_home()
     cli(home, "init", "--admin", "root", "--store", pg_store)
