@@ -349,6 +349,8 @@ class _Cycle:
         serves every job of the group this cycle (preempted jobs are skipped as they go)."""
         self.ordered: dict[tuple[tuple[PoolKey, ...], bool], list[RunningJob]] = {}
         self.shared: dict[tuple[str, str, float | None], Unplaceable] = {}
+        self._ends: dict[int, tuple[RunningJob, float, float, list[tuple[str, PoolKey, int]]]] = {}
+        """Per running job, what every reservation of the cycle reads of it (`_ends_of`)."""
         self.epoch = 0
         """Counts every change of the cycle's state other than the index's GPUs (those count in
         `FreeIndex.moves`): a search spent, the reserve or the held nodes hidden or shown, a
@@ -698,29 +700,30 @@ class _Cycle:
         pools = index.pools_for(job.gpu_type, job.cluster)
         keys = {p.key for p in pools}
         eligible: set[int] = set()
-        if (
-            self.policy.may_preempt(job)
-            and self.policy.victim_group(job, self.snapshot) is not None
-        ):
-            candidates = self._candidates(pools, ready=True)
-            eligible = {
-                v.job.job_id for v in self.policy.victims(job, candidates, self.snapshot, now)
-            }
+        group = self.policy.victim_group(job, self.snapshot)
+        if self.policy.may_preempt(job) and group is not None:
+            # the group's victims, as its searches read them (`_plan`, ready): one answer per
+            # group and constraint set in a cycle (`Policy.victim_group`)
+            memo = (group, job.gpu_type, job.cluster, True)
+            found = self.victims.get(memo)
+            if found is None:
+                candidates = self._candidates(pools, ready=True)
+                found = self.victims[memo] = _Replay(
+                    self.policy.victims(job, candidates, self.snapshot, now)
+                )
+            eligible = {v.job.job_id for v in found.live(self.live)}
         # the policy may say itself which jobs free their GPUs for this reservation at their
         # contracts' ends (None: those it may preempt, as above; older policies: never asked)
         takes: Callable[[PendingJob, RunningJob, Snapshot], bool | None] | None = getattr(
             self.policy, "hold_takes", None
         )
         on: dict[str, list[tuple[float, int]]] = {}
-        for r in self.live.values():
+        for r, ready, expected, slots in self._ends_of():
             said = takes(job, r, self.snapshot) if takes is not None else None
-            if r.job_id in eligible if said is None else said:
-                at = max(now, r.placed_at + r.min_runtime_s)
-            else:
-                at = max(now, self.policy.expected_end(r, now))
-            for sl in r.slots:
-                if sl.node in index.free and index.pool_of[sl.node] in keys:
-                    on.setdefault(sl.node, []).append((at, len(sl.gpu_indices)))
+            at = ready if (r.job_id in eligible if said is None else said) else expected
+            for node, pool, gpus in slots:
+                if pool in keys:
+                    on.setdefault(node, []).append((at, gpus))
         hold = soonest(job, gang, index, pools, on, set(self.reserved), now, window)
         if hold is None:
             return
@@ -728,6 +731,26 @@ class _Cycle:
         self.hold = hold
         if hold.until > now:
             self.wake.append(hold.until)
+
+    def _ends_of(self) -> Iterator[tuple[RunningJob, float, float, list[tuple[str, PoolKey, int]]]]:
+        """The live jobs (in `live`'s order) with when each frees its GPUs at its contract's end
+        and when the policy expects it to end (both at least `now`), and its slots on active
+        nodes as (node, pool, GPUs): the same for every reservation the cycle weighs, so
+        worked out once per job per cycle."""
+        known = self._ends
+        now, free, pool_of = self.now, self.index.free, self.index.pool_of
+        expected_end = self.policy.expected_end
+        for r in self.live.values():
+            found = known.get(r.job_id)
+            if found is None:
+                found = known[r.job_id] = (
+                    r,
+                    max(now, r.placed_at + r.min_runtime_s),
+                    max(now, expected_end(r, now)),
+                    [(sl.node, pool_of[sl.node], len(sl.gpu_indices))
+                     for sl in r.slots if sl.node in free],
+                )  # fmt: skip
+            yield found
 
     def _start_held(self, job: PendingJob, gang: bool, hold: Hold) -> tuple[GpuSlot, ...] | None:
         """Start `job` on its reservation's nodes by preempting every job left there, when all
