@@ -61,7 +61,7 @@ from ledger.dispatch.preemption import (
     plan_single_least,
     ready_key,
 )
-from ledger.dispatch.reservation import Hold, soonest, start_plan
+from ledger.dispatch.reservation import Frees, Hold, soonest, start_plan
 from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot, complete_ranks
 from schemas.codec import gc_paused
 from schemas.commands import ApplyDecision, DecisionBody
@@ -349,8 +349,8 @@ class _Cycle:
         serves every job of the group this cycle (preempted jobs are skipped as they go)."""
         self.ordered: dict[tuple[tuple[PoolKey, ...], bool], list[RunningJob]] = {}
         self.shared: dict[tuple[str, str, float | None], Unplaceable] = {}
-        self._ends: dict[int, tuple[RunningJob, float, float, list[tuple[str, PoolKey, int]]]] = {}
-        """Per running job, what every reservation of the cycle reads of it (`_ends_of`)."""
+        self.frees = Frees(now, self.index, policy.expected_end)
+        """When the running jobs free their GPUs, for the cycle's reservations (`_hold_for`)."""
         self.epoch = 0
         """Counts every change of the cycle's state other than the index's GPUs (those count in
         `FreeIndex.moves`): a search spent, the reserve or the held nodes hidden or shown, a
@@ -717,13 +717,8 @@ class _Cycle:
         takes: Callable[[PendingJob, RunningJob, Snapshot], bool | None] | None = getattr(
             self.policy, "hold_takes", None
         )
-        on: dict[str, list[tuple[float, int]]] = {}
-        for r, ready, expected, slots in self._ends_of():
-            said = takes(job, r, self.snapshot) if takes is not None else None
-            at = ready if (r.job_id in eligible if said is None else said) else expected
-            for node, pool, gpus in slots:
-                if pool in keys:
-                    on.setdefault(node, []).append((at, gpus))
+        said = None if takes is None else (lambda r: takes(job, r, self.snapshot))
+        on = self.frees.on(self.live.values(), eligible, said, keys, gang)
         hold = soonest(job, gang, index, pools, on, set(self.reserved), now, window)
         if hold is None:
             return
@@ -731,26 +726,6 @@ class _Cycle:
         self.hold = hold
         if hold.until > now:
             self.wake.append(hold.until)
-
-    def _ends_of(self) -> Iterator[tuple[RunningJob, float, float, list[tuple[str, PoolKey, int]]]]:
-        """The live jobs (in `live`'s order) with when each frees its GPUs at its contract's end
-        and when the policy expects it to end (both at least `now`), and its slots on active
-        nodes as (node, pool, GPUs): the same for every reservation the cycle weighs, so
-        worked out once per job per cycle."""
-        known = self._ends
-        now, free, pool_of = self.now, self.index.free, self.index.pool_of
-        expected_end = self.policy.expected_end
-        for r in self.live.values():
-            found = known.get(r.job_id)
-            if found is None:
-                found = known[r.job_id] = (
-                    r,
-                    max(now, r.placed_at + r.min_runtime_s),
-                    max(now, expected_end(r, now)),
-                    [(sl.node, pool_of[sl.node], len(sl.gpu_indices))
-                     for sl in r.slots if sl.node in free],
-                )  # fmt: skip
-            yield found
 
     def _start_held(self, job: PendingJob, gang: bool, hold: Hold) -> tuple[GpuSlot, ...] | None:
         """Start `job` on its reservation's nodes by preempting every job left there, when all
