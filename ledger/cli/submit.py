@@ -149,6 +149,17 @@ def _script(command: tuple[str, ...]) -> tuple[Path, str] | None:
     return (path, text) if text.startswith("#!") else None
 
 
+def script_name(path: Path, chdir: str | None) -> str:
+    """How the recorded command names a batch script: by its absolute path, or by its bare name
+    when it lies directly in the job's working directory, as `sh run.sh` names it there (the
+    path rule then gives one answer for the one file: `submit run.sh` in a group project
+    directory was refused where `submit -- sh run.sh` ran, atk44n F13)."""
+    full = os.path.abspath(path)
+    if os.path.realpath(os.path.dirname(full)) == workdir(chdir):
+        return os.path.basename(full)
+    return full
+
+
 def interpreter(text: str, name: str) -> tuple[str, ...]:
     """Pure: the program a script's `#!` line names and its one optional argument, as the
     kernel reads it (`#!/usr/bin/env python3` is `/usr/bin/env`, `python3`)."""
@@ -383,7 +394,7 @@ def submit(ctx: Ctx, /, **given: Any) -> None:
         path, text = script
         given = _merged(here, directives(text, path.name), path.name)
         # run as sbatch runs it: through its #! line's interpreter (no execute bit needed)
-        given["command"] = (*interpreter(text, path.name), os.path.abspath(path),
+        given["command"] = (*interpreter(text, path.name), script_name(path, given["chdir"]),
                             *given["command"][1:])  # fmt: skip
         given["job_name"] = given["job_name"] or path.name  # sbatch's default name
     if not given["account_path"] or given["gpus"] is None:

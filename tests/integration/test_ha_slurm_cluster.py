@@ -49,7 +49,7 @@ CLUSTERS: dict[str, Private] = {}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def private_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def private_clusters() -> Iterator[None]:
     """Two real Slurm clusters of this file's own (scripts/slurm/slurm, each its own data dir,
     ports and node name): its tests stop a controller and start another cluster in its place,
     which the suite's Slurm test groups, running beside this file on their clusters, must
@@ -57,9 +57,11 @@ def private_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
     host = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True)
     try:
         for key in ("a", "b"):
-            data = tmp_path_factory.mktemp(f"ha-slurm-{key}")
+            # as scripts/test makes its clusters' dirs: pytest's own tmp dirs are 0700, and a
+            # job's user must reach the spool under it
+            data = tempfile.mkdtemp(prefix=f"gpuledger-ha-slurm-{key}.")
             node = f"{host.stdout.strip()}-ha{key}"
-            c = Private(str(data), str(free_port()), str(free_port()), node)
+            c = Private(data, str(free_port()), str(free_port()), node)
             CLUSTERS[key] = c
             c.conf = _slurm(c.data, c.ctld, c.slurmd, c.node, "up")
         yield
@@ -67,6 +69,7 @@ def private_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
         for c in CLUSTERS.values():
             with contextlib.suppress(AssertionError):
                 _slurm(c.data, c.ctld, c.slurmd, c.node, "down")
+            shutil.rmtree(c.data, ignore_errors=True)
         CLUSTERS.clear()
 
 
