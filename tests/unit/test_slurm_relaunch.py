@@ -18,7 +18,7 @@ from ledger.engines.slurm import SlurmExecutor, parse_jobs
 from ledger.engines.slurm.ends import BEAT_EVERY_S, OwnEnd
 from ledger.engines.slurm.launch_notes import Notes
 from ledger.engines.slurm.relaunch import RELAUNCH_EXIT, first_launch_end, restarted
-from ledger.engines.slurm.restarts import REUSED_WHY
+from ledger.engines.slurm.restarts import NEVER_REACHED_WHY, REUSED_WHY
 from ledger.engines.slurm.script import batch_script
 from ledger.engines.slurm.tracked import Run
 from schemas.events import GpuSlot
@@ -262,3 +262,34 @@ def test_a_run_whose_id_names_another_job_now_is_not_ended_by_that_job(tmp_path:
     ex._runs = {17: Run(17, 0, None, slurm_id="25", started=True, started_at=START)}
     read(ex, slurm("CANCELLED", start=1.0, end=28.0, sid="25", job=20), 30.0)
     assert ex._exits == [] and ex._runs[17].missing_since == START + 30.0
+
+
+def test_a_launch_slurmd_refused_on_a_node_whose_marks_are_seen_never_started(
+    tmp_path: Path,
+) -> None:
+    """atk43s F5 with an id of any job Slurm forgot (another ledger's, a foreign one): slurmd
+    refused the launch ("Duplicate jobid"), Slurm showed it RUNNING 27 s, then CANCELLED. On a
+    node where the service saw a run's launch mark before, a run whose script never marked
+    anything (no launch mark, no heartbeat) is not started by running unmarked and ends
+    `launch_failed`, nothing charged: not `cancelled` and started."""
+    ex, _ = executor(tmp_path)
+    placed = Launch(20, (GpuSlot(node="vm", gpu_indices=(0,)),), ("true",), None, "bob", "a/b")
+    earlier = Run(19, 0, placed)
+    ex._restarts.marks_seen(earlier)  # a launch mark seen on node vm before
+    run_dir(tmp_path, 20)
+    ex._runs = {20: Run(20, 0, placed, slurm_id="9", submitted_at=START)}
+    read(ex, slurm("RUNNING", start=1.0, sid="9", job=20), 2.0)
+    read(ex, slurm("RUNNING", start=1.0, sid="9", job=20), 25.0)
+    assert ex._starts == []
+    read(ex, slurm("CANCELLED", start=1.0, end=28.0, sid="9", job=20), 30.0)
+    assert ex._starts == []
+    (x,) = ex._exits
+    assert (x.reason, x.note) == ("launch_failed", NEVER_REACHED_WHY), x
+    # where its script beat, it ran (a job may remove its launch mark: atk43s F2)
+    ex2, _ = executor(tmp_path)
+    ex2._restarts.marks_seen(earlier)
+    (run_dir(tmp_path, 20) / "alive").touch()
+    ex2._runs = {20: Run(20, 0, placed, slurm_id="9", submitted_at=START)}
+    read(ex2, slurm("RUNNING", start=1.0, sid="9", job=20), 2.0)
+    read(ex2, slurm("RUNNING", start=1.0, sid="9", job=20), 25.0)
+    assert [s.job_id for s in ex2._starts] == [20]

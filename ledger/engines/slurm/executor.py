@@ -332,15 +332,16 @@ class SlurmExecutor:
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
         if (seen := mark_time(run_dir, LAUNCHED, now)) is not None:
             r.launch_seen = seen if r.launch_seen is None else r.launch_seen  # kept (atk43s F2)
+            self._restarts.marks_seen(r)
             return True  # the marks are the job user's: running this long, it runs (atk23d F6)
-        return now - r.running_seen >= self._restarts.confirm_s(r.slurm_id, self.launch_confirm_s)
+        return now - r.running_seen >= self._restarts.confirm_s(r, run_dir, self.launch_confirm_s)
 
     def _never_ran(self, r: Run, j: SlurmJob) -> str:
         """Why an ended run's command never ran ("" if it did, or may have: `never_ran`)."""
         run_dir, seen = self._checkpoint_file(r.job_id, r.run).parent, r.launch_seen is not None
-        confirm_s = self._restarts.confirm_s(r.slurm_id, self.launch_confirm_s)
+        confirm_s = self._restarts.confirm_s(r, run_dir, self.launch_confirm_s, j)
         why = never_ran(j, r.launch, r.logs, run_dir, r.started, confirm_s, seen)
-        return self._restarts.never_ran(r.slurm_id, run_dir, why, seen)  # a reused id (F5)
+        return self._restarts.never_ran(r, j, run_dir, why, seen)  # slurmd refused it (F5)
 
     def _beat(self, slurm_id: str, now: float) -> float | None:
         """A run's last heartbeat (`MarksSeen.beat`; None without one, or unknown to Slurm)."""

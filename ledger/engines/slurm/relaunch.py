@@ -51,17 +51,18 @@ def restarted(
     first_start: float | None,
     relaunched_at: float | None,
     launched_at: float | None,
+    ran: bool = False,
 ) -> str:
     """Pure: why Slurm has started (or will start) the run `j` again ("" if it has not).
 
     1. Seen waiting (PENDING) after the executor saw it start (`first_start`: Slurm's StartTime
-       when its start was recorded, kept across restarts of the service): slurmctld recovered
-       it from a state saved before its start.
+       when its start was recorded, kept across restarts of the service; or `ran`: a read saw
+       it running): slurmctld recovered it from a state saved before its start.
     2. Its StartTime moved from `first_start`: Slurm started it again.
     3. Its batch script refused a second launch (`relaunched_at`, the mark's time) and Slurm's
        StartTime came after its first launch's mark (`launched_at`, its ctime, which the job's
        user cannot set back): the marks are the user's, so Slurm's word must agree."""
-    if first_start is not None and j.state in WAITING:
+    if (ran or first_start is not None) and j.state in WAITING:
         return "Slurm shows it pending again after it started (slurmctld lost its state)"
     moved = j.started and j.start_time is not None and first_start is not None
     if moved and abs(j.start_time - first_start) > MOVED_S:  # type: ignore[operator]

@@ -14,12 +14,15 @@ from ledger.cycle.executor import Exit, Start
 from ledger.engines.slurm.ends import beat_window
 from ledger.engines.slurm.launch_notes import Notes
 from ledger.engines.slurm.launching import (
+    ALIVE,
+    END_RECORD,
     LAUNCHED,
     MarksSeen,
     last_beat,
     mark_time,
     marked,
     own_end,
+    run_nodes,
 )
 from ledger.engines.slurm.relaunch import RELAUNCHED, first_launch_end, restarted
 from ledger.engines.slurm.stops import placed_gpus, run_gpus, vanished_end
@@ -28,7 +31,13 @@ from ledger.engines.slurm.words import SlurmJob
 from schemas.errors import EngineError
 
 log = logging.getLogger("gpuledger.slurm")
+_NO_JOB = SlurmJob("", "", "", "")
 
+NEVER_REACHED_WHY = (
+    "Slurm showed it running but its batch script never started (no launch mark nor heartbeat "
+    "on a node whose marks the service sees; slurmd may have refused the launch): its command "
+    "never ran"
+)
 REUSED_WHY = (
     "Slurm gave it the id of an earlier run (slurmctld lost its state) and could not launch "
     "it: its command never ran"
@@ -48,6 +57,8 @@ class Restarts:
     cancelled: set[str] = field(default_factory=set)
     held: dict[tuple[int, int], Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
     """The GPUs of each such run's first launch, held until it is known gone."""
+    sharing: set[str] = field(default_factory=set)
+    """Nodes where a run's launch mark was seen: the service sees their run directories."""
     reused: set[str] = field(default_factory=set)
     """Our Slurm ids Slurm had given an earlier run of ours (`Notes.reused`)."""
     seen: MarksSeen = field(default_factory=MarksSeen)
@@ -70,15 +81,35 @@ class Restarts:
         self.reused.add(slurm_id)
         return True
 
-    def confirm_s(self, slurm_id: str | None, confirm_s: float) -> float:
-        """How long a run must run unmarked to count as started (never, for a reused id)."""
-        return math.inf if slurm_id in self.reused else confirm_s
+    def _shares(self, r: Run, j: SlurmJob | None) -> bool:
+        """Whether every node of the run showed the service a launch mark before (it sees
+        the run directories there: the batch script's marks are what tells a run that ran)."""
+        nodes = run_nodes(r.launch, j) if j is not None else run_nodes(r.launch, _NO_JOB)
+        return bool(nodes) and all(n in self.sharing for n in nodes)
 
-    def never_ran(self, slurm_id: str | None, run_dir: Path, why: str, seen: bool) -> str:
-        """Why a run whose Slurm id was reused never ran: no launch mark was ever made."""
-        if why or slurm_id not in self.reused or seen or marked(run_dir, LAUNCHED):
+    def marks_seen(self, r: Run) -> None:
+        """The run's launch mark was seen: its nodes share the service's directory."""
+        self.sharing.update(run_nodes(r.launch, _NO_JOB))
+
+    def confirm_s(
+        self, r: Run, run_dir: Path, confirm_s: float, j: SlurmJob | None = None
+    ) -> float:
+        """How long a run Slurm shows running must run unmarked to count as started: never
+        for a reused id, nor where its nodes share the service's directory and its script
+        has not beaten (a launch slurmd refused, "Duplicate jobid", shows RUNNING: atk43s F5;
+        a script that cannot write its marks ends its command within `ends.UNBEATEN_S`)."""
+        if r.slurm_id in self.reused:
+            return math.inf
+        return math.inf if self._shares(r, j) and not marked(run_dir, ALIVE) else confirm_s
+
+    def never_ran(self, r: Run, j: SlurmJob, run_dir: Path, why: str, seen: bool) -> str:
+        """Why a run whose script never marked anything never ran, where the service would
+        have seen its marks (`confirm_s`): a reused id, or a node sharing its directory."""
+        if why or seen or any(marked(run_dir, m) for m in (LAUNCHED, ALIVE, END_RECORD)):
             return why
-        return REUSED_WHY
+        if r.slurm_id in self.reused:
+            return REUSED_WHY
+        return NEVER_REACHED_WHY if self._shares(r, j) and not r.started else why
 
     def last(self, job_id: int, run: int) -> SlurmJob | None:
         """The Slurm job of a run Slurm launched again as last read, ended if it was not (the
@@ -112,8 +143,9 @@ class Restarts:
         assert r.slurm_id is not None
         tag, first = (r.job_id, r.run), self.first_start(r)
         if tag not in self.why:
+            ran = r.started or r.running_seen is not None  # a read saw it running
             why = restarted(j, first, mark_time(run_dir, RELAUNCHED, now),
-                            mark_time(run_dir, LAUNCHED, now))  # fmt: skip
+                            mark_time(run_dir, LAUNCHED, now), ran)  # fmt: skip
             if not why:
                 return None
             self.why[tag] = why
@@ -138,7 +170,7 @@ class Restarts:
         self.forget(tag, r.slurm_id)
         log.info("job %s run %s (Slurm job %s): its first launch ended %s at %s", r.job_id, r.run,
                  r.slurm_id, ending.reason, ending.at)  # fmt: skip
-        if first is None and not r.started and ending.reason != "exited":
+        if first is None and not r.started and r.running_seen is None and ending.reason != "exited":
             # no start of its the executor saw: the marks alone are the job user's word
             note = f"{self.why.get(tag, '')}; no start of it was seen: its command never ran"
             return None, Exit(r.job_id, -1, ending.at, "launch_failed", r.slurm_id, j.state, note)
