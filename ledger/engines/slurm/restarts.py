@@ -24,7 +24,7 @@ from ledger.engines.slurm.launching import (
     own_end,
     run_nodes,
 )
-from ledger.engines.slurm.relaunch import RELAUNCHED, first_launch_end, restarted
+from ledger.engines.slurm.relaunch import RELAUNCH_EXIT, RELAUNCHED, first_launch_end, restarted
 from ledger.engines.slurm.stops import placed_gpus, run_gpus, vanished_end
 from ledger.engines.slurm.tracked import Run, noted_logs
 from ledger.engines.slurm.words import SlurmJob
@@ -144,8 +144,9 @@ class Restarts:
         tag, first = (r.job_id, r.run), self.first_start(r)
         if tag not in self.why:
             ran = r.started or r.running_seen is not None  # a read saw it running
-            why = restarted(j, first, mark_time(run_dir, RELAUNCHED, now),
-                            mark_time(run_dir, LAUNCHED, now), ran)  # fmt: skip
+            refused = j.ended and j.exit_code == RELAUNCH_EXIT  # its script's refusal: marks
+            marks = (mark_time(run_dir, RELAUNCHED, now), mark_time(run_dir, LAUNCHED, now)) if refused else (None, None)  # fmt: skip  # noqa: E501
+            why = restarted(j, first, *marks, ran)
             if not why:
                 return None
             self.why[tag] = why
@@ -174,8 +175,8 @@ class Restarts:
             # no start of its the executor saw: the marks alone are the job user's word
             note = f"{self.why.get(tag, '')}; no start of it was seen: its command never ran"
             return None, Exit(r.job_id, -1, ending.at, "launch_failed", r.slurm_id, j.state, note)
-        start = None
-        if not r.started:
+        start = None  # recorded started only where its command was (Slurm's GPU-less relaunch)
+        if not r.started and (first is not None or r.launch_seen or marked(run_dir, LAUNCHED)):
             at = first if first is not None else mark_time(run_dir, LAUNCHED, now)
             gpus = run_gpus(j, pinned)
             start = Start(r.job_id, r.slurm_id, r.run, gpus, logs=r.logs, started_at=at)
