@@ -11,10 +11,13 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from tests.integration import test_slurm as base
-from tests.integration.test_slurm import Ledger, status
+from tests.integration.test_slurm import Cluster, Ledger, status
 
 cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
 
@@ -36,13 +39,21 @@ def _kill_ctld(led: Ledger) -> None:
     os.kill(led.cluster.daemon_pid("slurmctld"), signal.SIGKILL)
 
 
-def _settle_ids(led: Ledger) -> None:
-    """After an earlier state loss slurmctld hands out ids it forgot while slurmd may still
-    hold them (its launch refused, "Duplicate jobid", the node drained: atk43s F5, which the
-    executor records `launch_failed`): plain jobs take those ids first, so the test's own job
-    gets a fresh one."""
-    cl = led.cluster
-    for _ in range(6):
+@pytest.fixture(autouse=True)
+def _fresh_ids(slurm: Cluster) -> Iterator[None]:
+    """After each test (set up before `ledger`: its service is stopped by then): the next
+    test's jobs get fresh ids (`_settle_ids`)."""
+    yield
+    _settle_ids(slurm)
+
+
+def _settle_ids(cl: Cluster) -> None:
+    """After a state loss slurmctld hands out again the ids it forgot, which slurmd may still
+    hold (the launch refused, "Duplicate jobid", the node drained: atk43s F5, which the
+    executor records `launch_failed`): plain jobs take those ids first, so a test's own job
+    gets a fresh one: two plain jobs in a row complete."""
+    done = 0
+    for _ in range(8):
         sid = cl.run(
             "sbatch", "--parsable", "-p", cl.partition, "-o", "/dev/null", "--wrap", "true"
         )
@@ -53,7 +64,8 @@ def _settle_ids(led: Ledger) -> None:
             assert time.monotonic() < deadline, f"Slurm job {sid} is {state}"
             time.sleep(0.2)
         cl.clean()  # resumes a node Slurm drained
-        if state == "COMPLETED":
+        done = done + 1 if state == "COMPLETED" else 0
+        if done == 2:
             return
 
 
@@ -71,7 +83,7 @@ def test_a_run_slurm_rewinds_to_pending_runs_once_and_is_never_recorded_cancelle
     its end, else killed by Slurm (`node_failure`: the resumable job is requeued and its next
     run starts after the first one's last line). Never `cancelled`, never run 0 twice."""
     log = ledger.work / "t"
-    _settle_ids(ledger)
+    _settle_ids(ledger.cluster)
     ledger.up()
     ledger.submit("alice", 1, f"echo start $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
                   f"for i in $(seq 100); do echo a $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
@@ -112,7 +124,7 @@ def test_a_run_that_exits_0_while_slurmctld_and_the_service_are_down_completes_o
     controller is still away, the controller returns without the job or with it PENDING. The
     job is completed, at its real end, and its command never runs again."""
     log = ledger.work / "t"
-    _settle_ids(ledger)
+    _settle_ids(ledger.cluster)
     ledger.up()
     ledger.submit("alice", 1, f"echo start 0 $(date +%s.%N) >> {log}; sleep 6; "
                   f"echo end 0 $(date +%s.%N) >> {log}")  # fmt: skip
