@@ -293,3 +293,17 @@ def test_a_launch_slurmd_refused_on_a_node_whose_marks_are_seen_never_started(
     read(ex2, slurm("RUNNING", start=1.0, sid="9", job=20), 2.0)
     read(ex2, slurm("RUNNING", start=1.0, sid="9", job=20), 25.0)
     assert [s.job_id for s in ex2._starts] == [20]
+
+
+def test_a_stop_whose_slurm_id_names_another_run_now_never_cancels_that_run(
+    tmp_path: Path,
+) -> None:
+    """atk43s F5: the ledger was stopping job 17's run (Slurm job 25) when slurmctld forgot
+    it and gave 25 to job 20's run. The stop is over (its Slurm job is gone); job 20's run is
+    never cancelled by it, however long its grace."""
+    from ledger.engines.slurm.stops import Stopping
+
+    ex, calls = executor(tmp_path)
+    ex._stopping = {"25": Stopping(START, grace_s=2.0, run=(17, 0))}
+    read(ex, slurm("RUNNING", start=1.0, sid="25", job=20), 30.0)
+    assert ["scancel", "25"] not in calls.calls and ex._stopping == {}

@@ -374,7 +374,6 @@ class SlurmExecutor:
         if self._restarts.submitted(job.job_id, job.run, r.slurm_id):  # what it named is gone
             self._completing.pop(r.slurm_id, None)
             self._seen.forget(r.slurm_id)
-            self._reported.discard(r.slurm_id)
 
     def _try_submit(self, now: float) -> None:
         """Submit the launches whose GPUs are free in Slurm, in launch order, so Slurm hands out
@@ -663,6 +662,7 @@ class SlurmExecutor:
         # 2. runs being stopped: the grace, then scancel
         for slurm_id, st in list(self._stopping.items()):
             j = self._view.get(slurm_id)
+            j = None if j is not None and st.run and j.tag(self.ledger_id) != st.run else j  # F5
             st.gpus = (held_gpus(j, self._pinned) if j is not None else {}) or st.gpus
             if j is not None and j.holding and not j.ended and now >= (self._settle_until or 0):
                 st.seen_running_at = now  # (`real_end`: a stopped run's end in an outage, F6)
