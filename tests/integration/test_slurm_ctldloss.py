@@ -152,3 +152,50 @@ def test_a_run_that_exits_0_while_slurmctld_and_the_service_are_down_completes_o
     assert real - 1.0 <= ended["ended_at"] <= real + 1.5, (ended, real)
     live = ("RUNNING", "PENDING", "CONFIGURING")
     assert not [j for j in ledger.cluster.jobs().values() if j["state"] in live], "left in Slurm"
+
+
+def test_a_second_launch_slurm_makes_while_the_service_is_down_never_runs_the_command(
+    ledger: Ledger,
+) -> None:
+    """atk43s F4: slurmctld and then the service are killed right after the run is recorded
+    running; the controller comes back (the job PENDING) and launches it again while the
+    service is still down: slurmd SIGKILLs the first launch and starts the batch script a
+    second time, which finds the run's marks and refuses (`relaunched`, exit 125), or slurmd
+    refuses it (the node drained: "Duplicate jobid"). The service comes back: run 0's command
+    ran once, its end is Slurm's kill (`node_failure`: the resumable job requeued, its next run
+    after the first launch's last line) or its own end, never `cancelled`."""
+    log = ledger.work / "t"
+    ledger.up()
+    ledger.submit("alice", 1, f"echo start $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
+                  f"for i in $(seq 100); do echo a $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
+                  f"sleep 0.2; done; echo end $GPULEDGER_RUN $(date +%s.%N) >> {log}",
+                  "--resumable", "--min-runtime", "0s")  # fmt: skip
+    ledger.wait("the run to be recorded running", lambda: status(ledger, 1) == "running", 30)
+    _kill_ctld(ledger)
+    time.sleep(0.5)
+    ledger.kill9()
+    time.sleep(8)
+    ledger.cluster.up()
+    time.sleep(15)  # Slurm launches the job again meanwhile
+    ledger.up()
+    ledger.wait("run 0's end", lambda: bool(ledger.of("job.engine_ended.v1", 1)), timeout=120)
+    # slurmd still ran the first launch when Slurm's second came ("Duplicate jobid"): Slurm
+    # drained the node, as its admin would see; the admin resumes it
+    cl = ledger.cluster
+    cl.run("scontrol", "update", f"nodename={cl.node}", "state=resume", check=False)
+    ledger.wait("the job's end", lambda: status(ledger, 1) == "finished", timeout=240)
+    lines = _lines(log)
+    starts = [run for word, run, _ in lines if word == "start"]
+    assert starts.count(0) == 1, f"run 0's command ran {starts.count(0)} times: {starts}"
+    marks = ledger.home / "jobs" / "checkpoints" / "1.0"
+    relaunched = (marks / "relaunched").exists()
+    assert relaunched or "Duplicate jobid" in _ctld_log(ledger), "Slurm's second launch ran?"
+    ends = ledger.of("job.engine_ended.v1", 1)
+    assert all(e["reason"] != "cancelled" for e in ends), ends
+    first_end = min(ends, key=lambda e: e["ended_at"])
+    last0 = max(t for _, run, t in lines if run == 0)
+    if ("end", 0) not in {(w, r) for w, r, _ in lines}:  # killed by Slurm: requeued
+        assert first_end["reason"] == "node_failure", ends
+        assert 1 in starts and min(t for w, r, t in lines if r == 1) > last0, lines
+    assert last0 - 1.0 <= first_end["ended_at"] <= last0 + 5.0, (first_end, last0)
+    assert ledger.jobs()[1]["outcome"] == "completed", ledger.jobs()[1]
