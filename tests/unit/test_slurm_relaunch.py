@@ -307,3 +307,34 @@ def test_a_stop_whose_slurm_id_names_another_run_now_never_cancels_that_run(
     ex._stopping = {"25": Stopping(START, grace_s=2.0, run=(17, 0))}
     read(ex, slurm("RUNNING", start=1.0, sid="25", job=20), 30.0)
     assert ["scancel", "25"] not in calls.calls and ex._stopping == {}
+
+
+def test_a_launch_slurm_requeued_before_its_script_began_is_left_to_slurms_restart(
+    tmp_path: Path,
+) -> None:
+    """A launch that met a dead slurmd (Slurm showed it RUNNING 10 s: recorded started, its
+    start noted) and that Slurm requeued before its script began (no launch mark) is Slurm's
+    to start again, its script checking its GPUs (`script_gpus`): not cancelled as a restart."""
+    ex, calls = executor(tmp_path)
+    ex._runs = {1: Run(1, 0, None, slurm_id="7", started=True, started_at=START, running_seen=START)}  # fmt: skip  # noqa: E501
+    ex._restarts.notes.note(1, 0, "7", START)
+    run_dir(tmp_path)  # no mark: its script never began
+    read(ex, slurm("PENDING", start=None), 14.0)
+    read(ex, slurm("RUNNING", start=130.0), 131.0)
+    assert ["scancel", "7"] not in calls.calls and ex._restarts.why == {}
+
+
+def test_a_run_slurm_forgot_while_it_ran_is_gone_when_its_heartbeat_stops(tmp_path: Path) -> None:
+    """atk43s F3 with the service up: slurmctld lost the job while its first launch ran; Slurm
+    no longer lists it and no end record says how it ended. It is not `lost` while its
+    heartbeat is fresh; once that is a window old it ends `node_failure` (Slurm's kill: a
+    resumable job is requeued) a beat after its last."""
+    from ledger.engines.slurm.restarts import vanished
+
+    r = Run(1, 0, None, slurm_id="7", started=True, started_at=START)
+    d = run_dir(tmp_path)
+    (d / "alive").touch()  # its last beat: now (START + 60)
+    assert vanished(r, d, None, START + 65.0, kill_wait_s=10.0) is None
+    gone = vanished(r, d, None, START + 60.0 + 30.0, kill_wait_s=10.0)
+    assert gone is not None and gone.reason == "node_failure", gone
+    assert START + 59.0 <= gone.at <= START + 60.0 + BEAT_EVERY_S + 1.0

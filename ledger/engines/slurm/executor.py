@@ -598,7 +598,7 @@ class SlurmExecutor:
                     r.missing_since = now
                 sacct = self._run if self._accounting else None  # past MinJobAge, or forgotten
                 run_dir = self._checkpoint_file(job_id, r.run).parent
-                if now - r.missing_since >= self.vanish_after_s and (gone := vanished(r, run_dir, sacct, now)):  # fmt: skip  # noqa: E501
+                if now - r.missing_since >= self.vanish_after_s and (gone := vanished(r, run_dir, sacct, now, self.kill_wait_s)):  # fmt: skip  # noqa: E501
                     del self._runs[job_id]
                     self._exits.append(gone)
                 continue

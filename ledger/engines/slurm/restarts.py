@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ledger.cycle.executor import Exit, Start
-from ledger.engines.slurm.ends import beat_window
+from ledger.engines.slurm.ends import BEAT_EVERY_S, beat_window
 from ledger.engines.slurm.launch_notes import Notes
 from ledger.engines.slurm.launching import (
     ALIVE,
@@ -24,10 +24,16 @@ from ledger.engines.slurm.launching import (
     own_end,
     run_nodes,
 )
-from ledger.engines.slurm.relaunch import RELAUNCH_EXIT, RELAUNCHED, first_launch_end, restarted
+from ledger.engines.slurm.relaunch import (
+    MOVED_S,
+    RELAUNCH_EXIT,
+    RELAUNCHED,
+    first_launch_end,
+    restarted,
+)
 from ledger.engines.slurm.stops import placed_gpus, run_gpus, vanished_end
 from ledger.engines.slurm.tracked import Run, noted_logs
-from ledger.engines.slurm.words import SlurmJob
+from ledger.engines.slurm.words import WAITING, SlurmJob
 from schemas.errors import EngineError
 
 log = logging.getLogger("gpuledger.slurm")
@@ -143,10 +149,17 @@ class Restarts:
         assert r.slurm_id is not None
         tag, first = (r.job_id, r.run), self.first_start(r)
         if tag not in self.why:
-            ran = r.started or r.running_seen is not None  # a read saw it running
             refused = j.ended and j.exit_code == RELAUNCH_EXIT  # its script's refusal: marks
+            moved = j.start_time is not None and first is not None and abs(j.start_time - first) > MOVED_S  # fmt: skip  # noqa: E501
+            if not (refused or moved or j.state in WAITING):
+                return None
+            # its first launch reached its script (its launch mark), not only Slurm's RUNNING:
+            # a launch Slurm requeued before its script began is Slurm's to start again, the
+            # script checking its GPUs (`script_gpus`)
+            launched = r.launch_seen is not None or marked(run_dir, LAUNCHED)
+            ran = launched and (r.started or first is not None or r.running_seen is not None)
             marks = (mark_time(run_dir, RELAUNCHED, now), mark_time(run_dir, LAUNCHED, now)) if refused else (None, None)  # fmt: skip  # noqa: E501
-            why = restarted(j, first, *marks, ran)
+            why = restarted(j, first if launched else None, *marks, ran)
             if not why:
                 return None
             self.why[tag] = why
@@ -212,10 +225,12 @@ class Restarts:
 
 
 def vanished(r: Run, run_dir: Path, sacct: Callable[[list[str]], str] | None,
-             now: float) -> Exit | None:  # fmt: skip
+             now: float, kill_wait_s: float = 30.0) -> Exit | None:  # fmt: skip
     """The end of a run Slurm no longer lists (past MinJobAge, or a controller that lost its
     state: atk43s F3), from `sacct` where there is accounting, and its own end record
-    (`stops.vanished_end`); None while it may still run."""
+    (`stops.vanished_end`); None while it may still run. Without either, a run whose script
+    beat is gone only once its heartbeat is `ends.beat_window` old, and ends a beat after its last:
+    Slurm's kill, an engine failure (`node_failure`), not `lost` while it still ran."""
     assert r.slurm_id is not None
     rows = ""
     if sacct is not None:
@@ -223,5 +238,12 @@ def vanished(r: Run, run_dir: Path, sacct: Callable[[list[str]], str] | None,
             rows = sacct(["sacct", "-n", "-P", "-X", "-j", r.slurm_id, "-o", "State,ExitCode,End"])
         except EngineError as err:
             log.warning("sacct: %s", err.line())
-    low = max((t for t in (r.started_at, last_beat(run_dir, now)) if t is not None), default=None)
-    return vanished_end(r, r.slurm_id, rows, now, own_end(run_dir), low)
+    beat, own = last_beat(run_dir, now), own_end(run_dir)
+    if not rows and own is None and beat is not None:
+        if now < beat + beat_window(kill_wait_s):
+            return None  # its processes live on, whatever Slurm forgot
+        note = "Slurm no longer lists it (slurmctld lost its state?): its processes were killed"
+        return Exit(r.job_id, -1, min(now, beat + BEAT_EVERY_S), "node_failure", r.slurm_id,
+                    "UNKNOWN", note, run=r.run)  # fmt: skip
+    low = max((t for t in (r.started_at, beat) if t is not None), default=None)
+    return vanished_end(r, r.slurm_id, rows, now, own, low)
