@@ -21,7 +21,8 @@ from ledger.engines.command_names import runs_script, simple_commands
          [(["bash"], "/w"), (["python3", "t.py"], "/w")]),
         (["bash", "-euo", "pipefail", "-c", "python3 t.py"],  # atk44n F2
          [(["bash"], "/w"), (["python3", "t.py"], "/w")]),
-        (["bash", "--rcfile", "rc", "-c", "python3 t.py"], [(["bash"], "/w"), (["python3", "t.py"], "/w")]),
+        (["bash", "--rcfile", "rc", "-c", "python3 t.py"],
+         [(["bash"], "/w"), (["python3", "t.py"], "/w")]),
         (["bash", "-c", "python3 \\\n  /srv/t.py --x"],  # atk44n F11: a continuation line
          [(["bash"], "/w"), (["python3", "/srv/t.py", "--x"], "/w")]),
         (["sh", "script.sh", "-c"], [(["sh", "script.sh", "-c"], "/w")]),  # a script, no -c line
@@ -29,9 +30,12 @@ from ledger.engines.command_names import runs_script, simple_commands
         (["/usr/bin/env", "-C", "/tmp", "python3", "t.py"],
          [(["/usr/bin/env"], "/w"), (["python3", "t.py"], "/tmp")]),
         (["env", "-Csub", "python3", "t.py"], [(["env"], "/w"), (["python3", "t.py"], "/w/sub")]),
-        (["env", "-iC", "/d", "python3", "t.py"], [(["env"], "/w"), (["python3", "t.py"], "/d")]),  # F3
-        (["env", "-C", "/d", "--", "python3", "t.py"], [(["env"], "/w"), (["python3", "t.py"], "/d")]),
-        (["env", "--default-signal", "python3", "t.py"], [(["env"], "/w"), (["python3", "t.py"], "/w")]),
+        (["env", "-iC", "/d", "python3", "t.py"],  # atk44n F3
+         [(["env"], "/w"), (["python3", "t.py"], "/d")]),
+        (["env", "-C", "/d", "--", "python3", "t.py"],
+         [(["env"], "/w"), (["python3", "t.py"], "/d")]),
+        (["env", "--default-signal", "python3", "t.py"],
+         [(["env"], "/w"), (["python3", "t.py"], "/w")]),
         (["env", "-S", "python3 /srv/t.py", "x"],
          [(["env"], "/w"), (["python3", "/srv/t.py", "x"], "/w")]),
         (["env", "-i", "A=1", "-u", "B", "python3", "t.py"],

@@ -33,14 +33,12 @@ from ledger.engines.slurm.launching import (
     LAUNCHED,
     MarksSeen,
     WrongGpus,
-    last_beat,
     mark_stopping,
     mark_time,
     never_ran,
     never_ran_reason,
     never_starts,
     node_fail_end,
-    own_end,
     run_end,
     run_script,
     stop_marks,
@@ -48,6 +46,7 @@ from ledger.engines.slurm.launching import (
 from ledger.engines.slurm.leaks import Leaks, held_with
 from ledger.engines.slurm.outage import Probe
 from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
+from ledger.engines.slurm.restarts import Restarts, vanished
 from ledger.engines.slurm.stops import (
     GONE_ALREADY,
     Quarantine,
@@ -71,9 +70,8 @@ from ledger.engines.slurm.stops import (
     tagged,
     unplaceable,
     unseen_end,
-    vanished_end,
 )
-from ledger.engines.slurm.tracked import Run, forget_stop, note_stop, noted_stop
+from ledger.engines.slurm.tracked import Run, forget_stop, note_stop, noted_stop, past_limit
 from ledger.engines.slurm.words import (
     UNTRACKED_OK,
     WAITING,
@@ -194,6 +192,8 @@ class SlurmExecutor:
         self._quarantine = Quarantine()  # GPUs of runs ended by their own record on NODE_FAIL
         self._seen = MarksSeen()  # NODE_FAIL runs' signal notes and heartbeats, as first read
         self._wrong_gpus = WrongGpus()  # jobs' runs ended `wrong-gpus` in a row
+        self._restarts = Restarts(log_dir, lambda i: self._run(["scancel", i]), lambda: self.may_act())  # fmt: skip  # noqa: E501
+        """Runs Slurm launched again, ids it gave twice (slurmctld lost its state: atk43s)."""
         self.launch_confirm_s = 10.0
         """A run Slurm shows RUNNING is recorded started once its batch script marked its launch
         (`_launched`), or after this long running unmarked (a node that does not share the
@@ -305,6 +305,7 @@ class SlurmExecutor:
         busy: list[Mapping[str, Iterable[int]]] = [held_gpus(j, self._pinned) for j in self._view.values()]  # fmt: skip  # noqa: E501
         busy += [{sl.node: sl.gpu_indices for sl in r.launch.slots} for r in self._runs.values() if r.slurm_id is not None and (ours or not r.started) and r.launch is not None]  # fmt: skip  # noqa: E501
         busy += [stopping_gpus(self._stopping, self._view, self._pinned), self._quarantine.held]  # fmt: skip  # noqa: E501
+        busy += list(self._restarts.held.values())  # a first launch Slurm launched again (F11)
         held: dict[str, set[int]] = {}
         for gpus in busy:
             for node, idx in gpus.items():
@@ -328,14 +329,16 @@ class SlurmExecutor:
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
         if (seen := mark_time(run_dir, LAUNCHED, now)) is not None:
             r.launch_seen = seen if r.launch_seen is None else r.launch_seen  # kept (atk43s F2)
+            self._restarts.marks_seen(r)
             return True  # the marks are the job user's: running this long, it runs (atk23d F6)
-        return now - r.running_seen >= self.launch_confirm_s
+        return now - r.running_seen >= self._restarts.confirm_s(r, run_dir, self.launch_confirm_s)
 
     def _never_ran(self, r: Run, j: SlurmJob) -> str:
         """Why an ended run's command never ran ("" if it did, or may have: `never_ran`)."""
-        run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        return never_ran(j, r.launch, r.logs, run_dir, r.started, self.launch_confirm_s,
-                         r.launch_seen is not None)  # fmt: skip
+        run_dir, seen = self._checkpoint_file(r.job_id, r.run).parent, r.launch_seen is not None
+        confirm_s = self._restarts.confirm_s(r, run_dir, self.launch_confirm_s, j)
+        why = never_ran(j, r.launch, r.logs, run_dir, r.started, confirm_s, seen)
+        return self._restarts.never_ran(r, j, run_dir, why, seen)  # slurmd refused it (F5)
 
     def _beat(self, slurm_id: str, now: float) -> float | None:
         """A run's last heartbeat (`MarksSeen.beat`; None without one, or unknown to Slurm)."""
@@ -365,6 +368,9 @@ class SlurmExecutor:
         said = self._run(args, stdin=script, env=sbatch_env(self.env, mask))
         r.slurm_id = said.strip().split(";")[0]
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, r.slurm_id)
+        if self._restarts.submitted(job.job_id, job.run, r.slurm_id):  # what it named is gone
+            self._completing.pop(r.slurm_id, None)
+            self._seen.forget(r.slurm_id)
 
     def _try_submit(self, now: float) -> None:
         """Submit the launches whose GPUs are free in Slurm, in launch order, so Slurm hands out
@@ -454,6 +460,7 @@ class SlurmExecutor:
             checkpoints=tuple(checkpoints),
             exits=tuple(exits),
             unobserved=unseen,
+            unobserved_why="",  # it answers (settling, at most): no outage to name
         )
 
     def _own_ends_first(
@@ -583,13 +590,22 @@ class SlurmExecutor:
             if r.slurm_id is None:
                 continue
             j = self._view.get(r.slurm_id)
+            if j is not None and j.tag(self.ledger_id) != (job_id, r.run):
+                j = None  # its id names another job now: Slurm gave it again (atk43s F5)
+            j = j or self._restarts.last(job_id, r.run)
             if j is None:
                 if r.missing_since is None:
                     r.missing_since = now
-                if now - r.missing_since >= self.vanish_after_s:
-                    self._vanished(r, now)
+                sacct = self._run if self._accounting else None  # past MinJobAge, or forgotten
+                run_dir = self._checkpoint_file(job_id, r.run).parent
+                if now - r.missing_since >= self.vanish_after_s and (gone := vanished(r, run_dir, sacct, now, self.kill_wait_s)):  # fmt: skip  # noqa: E501
+                    del self._runs[job_id]
+                    self._exits.append(gone)
                 continue
             r.missing_since = None
+            if self._restarts.check(r, j, now, self.kill_wait_s, self._pinned, self._runs,
+                                    (self._starts, self._exits)):  # fmt: skip
+                continue  # Slurm launched it again: never the ledger's (atk43s F4, F6, F11)
             if j.state in WAITING and not r.started:
                 r.submitted_at = now if r.submitted_at is None else r.submitted_at  # adopted
                 why = never_starts(j.reason, now - r.submitted_at, self.start_within_s)
@@ -614,6 +630,7 @@ class SlurmExecutor:
                 # charged from its real start (the ledger keeps it inside the placement)
                 self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
                                           started_at=r.started_at))  # fmt: skip
+                self._restarts.notes.note(job_id, r.run, r.slurm_id, j.start_time)  # its first
                 if differ := gpus_differ(r.launch, j):
                     log.warning("job %s: %s", job_id, differ)
             if (
@@ -646,6 +663,7 @@ class SlurmExecutor:
         # 2. runs being stopped: the grace, then scancel
         for slurm_id, st in list(self._stopping.items()):
             j = self._view.get(slurm_id)
+            j = None if j is not None and st.run and j.tag(self.ledger_id) != st.run else j  # F5
             st.gpus = (held_gpus(j, self._pinned) if j is not None else {}) or st.gpus
             if j is not None and j.holding and not j.ended and now >= (self._settle_until or 0):
                 st.seen_running_at = now  # (`real_end`: a stopped run's end in an outage, F6)
@@ -730,14 +748,7 @@ class SlurmExecutor:
             self.kill_wait_s, now, self.slurmd_timeout_s, self._seen, grace_s)  # fmt: skip
 
     def _past_limit(self, r: Run, now: float) -> bool:
-        """Whether a run has reached its limit and is not being stopped yet. The executor keeps
-        every limit itself, to the second and with the job's grace (Slurm's own TIMEOUT would
-        give it KillWait, from a periodic check up to ~30 s late: atk33 F7); Slurm's `--time`
-        is a backstop past both (`backstop_minutes`)."""
-        if r.limited or r.started_at is None:
-            return False
-        limit = self._limit_of(r)
-        return limit is not None and now >= r.started_at + limit
+        return past_limit(r, self._limit_of(r), now)
 
     def _limit_of(self, r: Run) -> float | None:
         """The run's time limit: its launch's, or (adopted after a restart) its job's."""
@@ -751,23 +762,6 @@ class SlurmExecutor:
         self._signal(r.slurm_id, now)  # it never ran: scancel at once
         del self._runs[r.job_id]
         self._exits.append(Exit(r.job_id, -1, now, "launch_failed", r.slurm_id, "PENDING", why))
-
-    def _vanished(self, r: Run, now: float) -> None:
-        """A run Slurm no longer lists (past MinJobAge, or the controller lost its state)."""
-        assert r.slurm_id is not None
-        rows = ""
-        if self._accounting:
-            try:
-                rows = self._run(
-                    ["sacct", "-n", "-P", "-X", "-j", r.slurm_id, "-o", "State,ExitCode,End"]
-                )
-            except EngineError as err:
-                log.warning("sacct: %s", err.line())
-        run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        low = max((t for t in (r.started_at, last_beat(run_dir, now)) if t is not None), default=None)  # fmt: skip  # noqa: E501
-        if (gone := vanished_end(r, r.slurm_id, rows, now, own_end(run_dir), low)) is not None:
-            del self._runs[r.job_id]
-            self._exits.append(gone)
 
     def heard_from(self) -> Mapping[str, float]:
         return {}
@@ -788,6 +782,8 @@ class SlurmExecutor:
                 logs = tracked.noted_logs(self.log_dir, job_id, run) or j.logs
                 self._runs[job_id] = Run(job_id, run, None, j.slurm_id, logs=logs)
                 log.info("adopted Slurm job %s as job %s run %s", j.slurm_id, job_id, run)
+        for r in self._restarts.unlisted(runs, set(self._runs), self._checkpoint_file, now):
+            self._runs[r.job_id] = r  # Slurm forgot it: its own end record says (atk43s F3)
         adopted = set(self._runs)
         tracked.forget_logs(self.log_dir, ((r.job_id, r.run) for r in self._runs.values()))
         self._node_changes({}, now)  # which nodes answer: a stop Slurm ended there (F8)

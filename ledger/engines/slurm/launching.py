@@ -34,6 +34,7 @@ from ledger.engines.slurm.ends import (
     node_fail_ending,
     own_finish,
 )
+from ledger.engines.slurm.relaunch import RELAUNCHED
 from ledger.engines.slurm.script import batch_script
 from ledger.engines.slurm.words import (
     NEVER_STARTS,
@@ -71,7 +72,7 @@ STOPPING = "stopping"
 every process of the job): the batch script then passes no SIGTERM on to the command, which
 got its own (`script.batch_script`)."""
 MARKS = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED, STOPPING, CANNOT_OPEN, ALIVE,
-         WRONG_GPUS)  # fmt: skip
+         WRONG_GPUS, RELAUNCHED)  # fmt: skip
 
 
 def run_script(
@@ -96,7 +97,8 @@ def run_script(
                         files_umask, at[CANNOT_OPEN], real_workdir, at[ALIVE],
                         after_term_s=after_term_s, own_end_s=own_end_s,
                         wrong_gpus_file=at[WRONG_GPUS], pinned_nodes=pinned_nodes,
-                        files_limit=int(files) if files.isdigit() else None)  # fmt: skip
+                        files_limit=int(files) if files.isdigit() else None,
+                        relaunched_file=at[RELAUNCHED])  # fmt: skip
 
 
 def mark_stopping(run_dir: Path) -> None:

@@ -15,6 +15,7 @@ from ledger.engines.slurm.ends import (
     ends_after_term_s,
     own_end_after_s,
 )
+from ledger.engines.slurm.relaunch import guard_lines
 from ledger.engines.slurm.script_files import output_lines, touch, usable_lines, workdir_check
 from ledger.engines.slurm.script_gpus import gpus_check
 from ledger.engines.slurm.words import SbatchUser, job_environment
@@ -48,6 +49,7 @@ def batch_script(
     wrong_gpus_file: str = "",
     pinned_nodes: Collection[str] = (),
     files_limit: int | None = None,
+    relaunched_file: str = "",
 ) -> str:
     """Pure: the batch script: with `outputs` (`script_files`), its output files opened first, as
     the user, with `files_umask`, and its working directory checked (slurmstepd opens /dev/null
@@ -89,12 +91,15 @@ def batch_script(
     Slurm started without the GPUs the ledger placed it on (`pinned_nodes`: exactly) leaves it
     and ends before anything of the job's runs (`script_gpus`). With `files_limit`, the soft
     open-files limit the service started with, which the job gets back (sbatch hands its own to
-    the job, raised by `serve` for its connections), as on the local executor. (The
+    the job, raised by `serve` for its connections), as on the local executor. With
+    `relaunched_file`, a run launched before (Slurm's restart of it) ends first
+    (`relaunch.guard_lines`). (The
     variables sit in the script:
     `sbatch --export=ALL,VAR=...` makes Slurm start a job about 1.5 s later; sbatch itself runs
     with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
     env = job_environment(job, who or SbatchUser(), checkpoint_file)
-    lines = ["#!/bin/bash", *_files_limit(files_limit)]
+    lines = ["#!/bin/bash", *guard_lines(launched_file, ended_file, relaunched_file)]
+    lines += _files_limit(files_limit)
     if outputs:  # what the job needs is there and its user's, else why, before anything
         paths = [p for p, _ in outputs[:2]]
         lines += usable_lines(job.workdir, paths, cannot_enter_file, cannot_open_file)

@@ -158,3 +158,13 @@ def touched(runs: Iterable[Run], file_of: Callable[[int, int], Path]) -> list[in
             r.checkpoint_mtime = mtime
             out.append(r.job_id)
     return out
+
+
+def past_limit(r: Run, limit: float | None, now: float) -> bool:
+    """Whether a run has reached its limit (`limit`, None for none) and is not being stopped
+    yet. The executor keeps every limit itself, to the second and with the job's grace (Slurm's
+    own TIMEOUT would give it KillWait, from a periodic check up to ~30 s late: atk33 F7);
+    Slurm's `--time` is a backstop past both (`backstop_minutes`)."""
+    if r.limited or r.started_at is None:
+        return False
+    return limit is not None and now >= r.started_at + limit
