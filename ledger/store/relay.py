@@ -53,6 +53,8 @@ from projections.chain import START, Tip
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,
     PARTITION,
+    RECORD_MAX_BYTES,
+    RECORD_OVERHEAD,
     REQUIRED_CONFIG,
     TOPIC,
     TOPIC_CONFIG,
@@ -93,6 +95,13 @@ class RelayHeld(RelayUnavailable):
     the relay never guesses its last position (it would publish events twice)."""
 
     code = "held"
+
+
+class RecordTooLarge(RelayUnavailable):
+    """The next event is larger than the topic takes (an older topic's `max.message.bytes`):
+    retried, the topic's limit read again, until an operator raises it."""
+
+    code = "record_too_large"
 
 
 class RelayFenced(RelayError):
@@ -205,8 +214,9 @@ def ensure_topic(
     topic: str = TOPIC,
     config: Mapping[str, Any] | None = None,
     connect_timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> None:
-    """Create the topic explicitly: one partition, unlimited retention. Idempotent.
+) -> int:
+    """Create the topic explicitly: one partition, unlimited retention. Idempotent. Returns the
+    largest record the topic takes (its `max.message.bytes`).
 
     An existing topic must have one partition and the settings in REQUIRED_CONFIG; otherwise
     this raises RelayError rather than publish into a topic that reorders or forgets events.
@@ -235,15 +245,15 @@ def ensure_topic(
                 },
                 wait_for_metadata=True,
             )
-            return
+            return RECORD_MAX_BYTES
         except TopicAlreadyExistsError:
             pass
-        _check_topic(admin, topic)
+        return _check_topic(admin, topic)
     finally:
         admin.close()
 
 
-def _check_topic(admin: Any, topic: str) -> None:
+def _check_topic(admin: Any, topic: str) -> int:
     (described,) = admin.describe_topics([topic])
     partitions = len(described["partitions"])
     if partitions != 1:
@@ -251,7 +261,8 @@ def _check_topic(admin: Any, topic: str) -> None:
             f"topic {topic} has {partitions} partitions; the relay needs exactly 1 to keep order",
             hint="delete the topic (or pick another name) and let the relay create it",
         )
-    resource = ConfigResource(ConfigResourceType.TOPIC, topic, list(REQUIRED_CONFIG))
+    keys = [*REQUIRED_CONFIG, "max.message.bytes"]
+    resource = ConfigResource(ConfigResourceType.TOPIC, topic, keys)
     found = admin.describe_configs([resource], config_filter="all")["topic"][topic]
     wrong = {k: found[k]["value"] for k in REQUIRED_CONFIG if found[k]["value"] != TOPIC_CONFIG[k]}
     if wrong:
@@ -260,6 +271,7 @@ def _check_topic(admin: Any, topic: str) -> None:
             f"topic {topic} has {shown}: it would not keep every event",
             hint=f"set {', '.join(f'{k}={TOPIC_CONFIG[k]}' for k in sorted(wrong))} on the topic",
         )
+    return int(found["max.message.bytes"]["value"])
 
 
 @dataclass(frozen=True)
@@ -440,13 +452,17 @@ class Relay:
         """Offsets of foreign records found after our last record when we last connected."""
         self._stale = False
         self._fenced_by: RelayFenced | None = None
-        try:
-            ensure_topic(bootstrap, topic, self.config, connect_timeout_s)
-        except KafkaError as e:
-            raise _unavailable(bootstrap, e) from e
+        self.record_limit = self._topic_limit()
+        """The largest record the topic takes: a larger event is never sent (RecordTooLarge)."""
         self.producer = self._connect()
 
     # --- connecting -----------------------------------------------------------------------------
+
+    def _topic_limit(self) -> int:
+        try:
+            return ensure_topic(self.bootstrap, self.topic, self.config, self.connect_timeout_s)
+        except KafkaError as e:
+            raise _unavailable(self.bootstrap, e) from e
 
     def _connect(self) -> Any:
         """A fresh transactional producer, and our position read back from the topic.
@@ -623,14 +639,33 @@ class Relay:
         pages = follow(RawSource(self.recorder), self.position, page=self.batch)
         records = next(pages, [])
         while records:
+            fits = self._fitting(records)
             with self._transaction():
-                self._send(records)
+                self._send(fits)
                 # Read the next batch while the producer's thread ships this one.
-                following = next(pages, [])
-            self.position = records[-1].position
-            total += len(records)
+                following = records[len(fits) :] or next(pages, [])
+            self.position = fits[-1].position
+            total += len(fits)
             records = following
         return total
+
+    def _fitting(self, records: list[RawRecord]) -> list[RawRecord]:
+        """The records before the first the topic would refuse for its size (the broker fails
+        the whole transaction, and the relay retried it for good: atk44-25 F8); RecordTooLarge
+        when that is the first, naming it (retried: its topic's limit read again first)."""
+        limit = self.record_limit - RECORD_OVERHEAD
+        big = next((i for i, r in enumerate(records) if len(r.data) > limit), None)
+        if big is None or big > 0:
+            return records if big is None else records[:big]
+        r, self._stale = records[0], True
+        raise RecordTooLarge(
+            f"relay waits after position {self.position}: the event at position {r.position} "
+            f"({r.tag}) is {len(r.data):,} bytes, more than topic {self.topic} takes "
+            f"(max.message.bytes={self.record_limit:,})",
+            hint=f"raise the topic's max.message.bytes to {RECORD_MAX_BYTES} (kafka-configs.sh "
+            f"--alter --entity-type topics --entity-name {self.topic} --add-config "
+            f"max.message.bytes={RECORD_MAX_BYTES}); the relay goes on by itself",
+        )
 
     def _send(self, records: list[RawRecord]) -> None:
         send, topic = self.producer.send, self.topic
@@ -672,6 +707,7 @@ class Relay:
     def _reopen(self) -> None:
         """Replace a producer that failed (raises RelayUnavailable while Kafka is away)."""
         _discard(self.producer)
+        self.record_limit = self._topic_limit()
         self.producer = self._connect()
         self._stale = False
 
