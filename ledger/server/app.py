@@ -417,6 +417,7 @@ def _build(
         """The ledger's admins and the nodes' agents are never metered (`front.Front`)."""
         return caller.actor.startswith("@node:") or ledger.state.is_admin(caller.actor)
 
+    writes.app.unmetered = unmetered  # nor are their writes' bytes
     return app, Front(writes, identify, conns, unmetered)
 
 
