@@ -7,6 +7,10 @@ default limit gets everything before it and a status naming the event, and goes 
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,7 @@ from schemas import commands as c
 
 pytestmark = pytest.mark.kafka
 
+GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
 BIG = ("/bin/true", *["x" * 4000] * 300)  # the attack's 1.2 MB command line
 
 
@@ -75,6 +80,14 @@ def test_the_topic_the_relay_creates_takes_an_older_logs_large_event(
     records = read_topic(kafka_topic)
     assert positions(records) == list(range(1, head + 1))
     assert len(records[big - 1].value) > 1_200_000
+    follower = subprocess.run(  # a reader of the topic takes it too, to the head
+        [GPULEDGER, "--home", str(tmp_path / "reader"), "project", "follow", "--kafka",
+         kafka_bootstrap, "--topic", kafka_topic, "--until", str(head)],
+        env={k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert follower.returncode == 0, follower.stderr
+    assert follower.stdout == f"position {head:,}, {head:,} events, 0 quarantined\n"
 
 
 def test_a_topic_with_kafkas_default_limit_gets_all_before_it_and_a_status_that_names_it(
