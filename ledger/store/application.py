@@ -193,11 +193,15 @@ class Ledger(Application[UUID]):
         snapshot_every: int = snapshots.SNAPSHOT_EVERY,
         store: str | None = None,
         memory: bool = False,
+        bounded: bool = True,
     ) -> None:
         """`store`: a PostgreSQL DSN (default: the one `home` records, else the SQLite file in
         `home`; `ledger.store.locate`). `memory`: the same SQLite store held in memory until
-        `write_out()` writes it to `home` (a simulation's: nothing else reads it meanwhile)."""
+        `write_out()` writes it to `home` (a simulation's: nothing else reads it meanwhile).
+        `bounded`: what a request writes is bounded (`bounds.check_written`); a simulation's
+        or a what-if's log, which nothing relays and which replays a state, is not."""
         home.mkdir(parents=True, exist_ok=True)
+        self.bounded = bounded
         if memory and (home / EVENTS_DB).exists():
             raise InvalidCommand(f"{home} already holds a ledger", hint="pass a new home")
         self.dsn = None if memory else locate.store_of(home, store)
@@ -482,7 +486,7 @@ class Ledger(Application[UUID]):
                 continue  # another writer moved the log: decide again
             if not events:
                 return Appended(events=[], position=self.position)
-            stored, events, back = self._stored(events, bounded=_bounded(cmds))
+            stored, events, back = self._stored(events, bounded=self.bounded and _bounded(cmds))
             ids = self._insert(stored)
             if ids is None:
                 self.catch_up()  # another writer appended first: catch up and decide again
@@ -555,7 +559,7 @@ class Ledger(Application[UUID]):
                     decided[0] = msgspec.structs.replace(decided[0], event_id=eid)
                     batch[eid[:KEY_PART]] = len(outcomes)
                 mine, chained, _ = self._stored(
-                    decided, version=version, prev=prev, bounded=_bounded([cmd])
+                    decided, version=version, prev=prev, bounded=self.bounded and _bounded([cmd])
                 )
             except LedgerError as err:
                 outcomes.append(err)
@@ -757,7 +761,7 @@ class Ledger(Application[UUID]):
 def _bounded(cmds: Sequence[AnyCommand]) -> bool:
     """Whether the bounds of what a request writes apply: to everything but the dispatcher's
     decision records (a cycle is never refused for its size)."""
-    return not any(isinstance(cmd, ApplyDecision) for cmd in cmds)
+    return not any(isinstance(cmd, ApplyDecision) for cmd in cmds)  # and `Ledger.bounded`
 
 
 def _request_bytes(cmd: AnyCommand) -> bytes:

@@ -96,3 +96,18 @@ def test_check_written(size: int, total: int, want: str | None) -> None:
     else:
         with pytest.raises(TooLarge, match=want):
             bounds.check_written("job.submitted", size, total)
+
+
+def test_a_simulations_or_what_ifs_log_is_not_bounded(tmp_path: Path) -> None:
+    """It replays a state (an older log's large events included) and is never relayed."""
+    sim = Ledger(tmp_path, SimClock(1_000.0), seeded_ids(1), bounded=False)
+    sim.execute(c.InitLedger(actor="root", admin="root"))
+    sim.execute_all(
+        [
+            c.OpenAccount(actor="root", path="lab", kind="program"),
+            c.OpenAccount(actor="root", path="lab/a", kind="project", shares=1),
+            c.AddMember(actor="root", user="u", project="lab/a"),
+            c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=8),
+        ]
+    )
+    assert sim.execute(submit("u", BIG)).events
