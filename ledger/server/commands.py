@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import re
 import time
 import typing
@@ -44,8 +45,8 @@ from typing import Any
 import msgspec
 from litestar import Litestar, Request, Response
 
+from ledger.server import connections, meters
 from ledger.server import identity as ident
-from ledger.server import meters
 from ledger.server.pooled import is_write
 from ledger.server.worker import Worker
 from ledger.store.requests import valid_key
@@ -90,7 +91,9 @@ class CommandPath:
         (the reads give way to it meanwhile); None: not counted."""
         self.worker = worker
         self.who = who
-        self.written = meters.Written()
+        self.written = meters.Written(**connections.positive_settings(dict(os.environ), (
+            (meters.WRITE_RATE_ENV, "per_s", float), (meters.WRITE_BURST_ENV, "burst", float),
+        )))  # fmt: skip
         """Each person's bytes written to the log (429 past them: `_turn`)."""
         self.unmetered: Callable[[ident.Identity], bool] = lambda _who: False
         """Whose writes are never metered (the ledger's admins and nodes: set by the app)."""
@@ -160,7 +163,7 @@ class CommandPath:
             return await self._error(scope, receive, send, problem)
         metered = is_write(path) and not self.unmetered(caller)
         if metered and (wait := self.written.retry_in(caller.whose, time.monotonic())) > 0:
-            return await self._error(scope, receive, send, _written_past(wait))
+            return await self._error(scope, receive, send, _written_past(self.written, wait))
         with self._counted(path):  # a write from here on, not before (issue 25)
             if path not in self.commands:  # checked: the framework's route answers it
                 await self.app(scope, _replay(body, False, receive), send)
@@ -197,10 +200,10 @@ class CommandPath:
         return response.status_code or 500
 
 
-def _written_past(wait: float) -> TooBusy:
+def _written_past(meter: meters.Written, wait: float) -> TooBusy:
     return TooBusy(
-        f"you wrote more than {meters.WRITE_BYTES_BURST >> 20} MiB to the log lately (at most "
-        f"{meters.WRITE_BYTES_PER_S * 60 >> 20:g} MiB a minute once past it)",
+        f"you wrote more than {meter.burst / 2**20:g} MiB to the log lately (at most "
+        f"{meter.per_s * 60 / 2**20:g} MiB a minute once past it)",
         hint=f"retry in {math.ceil(wait)} s; send smaller commands or fewer array tasks",
         retry_after=math.ceil(wait),
     )

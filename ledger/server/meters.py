@@ -109,6 +109,10 @@ class Progress:
         return now - self.since >= self.stall_s
 
 
+WRITE_RATE_ENV = "GPULEDGER_WRITE_RATE"
+"""Overrides `WRITE_BYTES_PER_S` (bytes a second)."""
+WRITE_BURST_ENV = "GPULEDGER_WRITE_BURST"
+"""Overrides `WRITE_BYTES_BURST` (bytes)."""
 WRITE_BYTES_PER_S = 128 * 1024
 """How fast a person's allowance of bytes written to the log fills (7.5 MiB a minute)."""
 WRITE_BYTES_BURST = 32 << 20
