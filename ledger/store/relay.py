@@ -24,10 +24,8 @@ An edge (network, files). Guarantees, with the reasons (docs/kafka.md has the lo
   every committed event (bounded).
 
 The topic, the record headers and the client settings are `projections.kafka_wire`'s, which every
-reader shares.
-
-Record timestamps are the wall clock at publish time (Kafka 4 rejects timestamps more than an
-hour in the future, and simulations run far ahead); the event time stays in the payload.
+reader shares. Record timestamps are the wall clock at publish time (Kafka 4 rejects timestamps
+more than an hour in the future; simulations run far ahead); the event time is in the payload.
 """
 
 from __future__ import annotations
@@ -49,6 +47,7 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError, TopicAlreadyExistsError
 
 from ledger.store import EVENTS_DB, recorded
+from ledger.store.relay_topic import raise_record_limit
 from projections.chain import START, Tip
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -90,16 +89,14 @@ class RelayUnavailable(RelayError):
 
 
 class RelayHeld(RelayUnavailable):
-    """Another producer holds a transaction open on the topic: read_committed readers (the
-    relay's own bookmark among them) see nothing past its first record until it ends. Retried:
-    the relay never guesses its last position (it would publish events twice)."""
+    """Another producer holds a transaction open on the topic: read_committed readers (the relay's
+    bookmark too) see nothing past it until it ends. Retried: the relay never guesses."""
 
     code = "held"
 
 
 class RecordTooLarge(RelayUnavailable):
-    """The next event is larger than the topic takes (an older topic's `max.message.bytes`):
-    retried, the topic's limit read again, until an operator raises it."""
+    """The next event is larger than the topic takes and the relay may not raise its limit."""
 
     code = "record_too_large"
 
@@ -649,22 +646,25 @@ class Relay:
             records = following
         return total
 
-    def _fitting(self, records: list[RawRecord]) -> list[RawRecord]:
+    def _fitting(self, records: list[RawRecord], tried: bool = False) -> list[RawRecord]:
         """The records before the first the topic would refuse for its size (the broker fails
-        the whole transaction, and the relay retried it for good: atk44-25 F8); RecordTooLarge
-        when that is the first, naming it (retried: its topic's limit read again first)."""
+        the whole transaction, and the relay retried it for good: atk44-25 F8). When that is the
+        first, an older topic's limit is raised (`relay_topic`), else RecordTooLarge names it."""
         limit = self.record_limit - RECORD_OVERHEAD
         big = next((i for i, r in enumerate(records) if len(r.data) > limit), None)
         if big is None or big > 0:
             return records if big is None else records[:big]
-        r, self._stale = records[0], True
+        r = records[0]
+        if not tried and len(r.data) <= RECORD_MAX_BYTES - RECORD_OVERHEAD:  # an older topic
+            raise_record_limit(self.bootstrap, self.topic, self.config, self.timeout_s)
+            self.record_limit = self._topic_limit()  # read back, whoever raised it (or not)
+            return self._fitting(records, tried=True)
         raise RecordTooLarge(
             f"relay waits after position {self.position}: the event at position {r.position} "
             f"({r.tag}) is {len(r.data):,} bytes, more than topic {self.topic} takes "
             f"(max.message.bytes={self.record_limit:,})",
-            hint=f"raise the topic's max.message.bytes to {RECORD_MAX_BYTES} (kafka-configs.sh "
-            f"--alter --entity-type topics --entity-name {self.topic} --add-config "
-            f"max.message.bytes={RECORD_MAX_BYTES}); the relay goes on by itself",
+            hint=f"kafka-configs.sh --alter --entity-type topics --entity-name {self.topic} "
+            f"--add-config max.message.bytes={RECORD_MAX_BYTES}; the relay goes on by itself",
         )
 
     def _send(self, records: list[RawRecord]) -> None:
@@ -707,7 +707,6 @@ class Relay:
     def _reopen(self) -> None:
         """Replace a producer that failed (raises RelayUnavailable while Kafka is away)."""
         _discard(self.producer)
-        self.record_limit = self._topic_limit()
         self.producer = self._connect()
         self._stale = False
 

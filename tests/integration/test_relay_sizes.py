@@ -19,6 +19,7 @@ import pytest
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 
+from ledger.store import relay as relay_module
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from ledger.store.relay import RecordTooLarge, Relay, open_store
@@ -90,7 +91,7 @@ def test_the_topic_the_relay_creates_takes_an_older_logs_large_event(
     assert follower.stdout == f"position {head:,}, {head:,} events, 0 quarantined\n"
 
 
-def test_a_topic_with_kafkas_default_limit_gets_all_before_it_and_a_status_that_names_it(
+def test_an_older_topic_with_kafkas_default_limit_is_raised_by_the_relay(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     kafka_bootstrap: str,
@@ -104,11 +105,49 @@ def test_a_topic_with_kafkas_default_limit_gets_all_before_it_and_a_status_that_
     try:
         admin.create_topics([NewTopic(kafka_topic, 1, 1, topic_configs=older)])
         relay = Relay(
-            open_store(tmp_path),
-            kafka_bootstrap,
-            topic=kafka_topic,
+            open_store(tmp_path), kafka_bootstrap, topic=kafka_topic,
             transactional_id=transactional_id,
-        )
+        )  # fmt: skip
+        try:
+            assert relay.record_limit == 1_048_588
+            assert relay.publish_pending() == big + 2  # was: MessageSizeTooLarge, for ever
+            assert relay.record_limit == RECORD_MAX_BYTES
+        finally:
+            relay.close()
+        keys = ["max.message.bytes", "retention.ms", "cleanup.policy"]
+        resource = ConfigResource(ConfigResourceType.TOPIC, kafka_topic, keys)
+        found = admin.describe_configs([resource], config_filter="all")["topic"][kafka_topic]
+    finally:
+        admin.close()
+    assert {k: found[k]["value"] for k in keys} == {
+        "max.message.bytes": str(RECORD_MAX_BYTES),
+        "retention.ms": "-1",  # nothing else touched
+        "cleanup.policy": "delete",
+    }
+    assert positions(read_topic(kafka_topic)) == list(range(1, big + 3))
+
+
+def test_a_topic_whose_limit_the_relay_may_not_raise_gets_all_before_it_and_a_status_naming_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    transactional_id: str,
+    read_topic: Callable[..., list[Any]],
+) -> None:
+    """The broker refusing the relay AlterConfigs on the topic (an ACL the development broker
+    has no authorizer for) is stood in for by the one function that asks it; the broker is real."""
+    big = older_log(tmp_path, monkeypatch)
+    older = {**TOPIC_CONFIG, "max.message.bytes": "1048588"}
+    refused = "TopicAuthorizationFailedError: no AlterConfigs on the topic"
+    monkeypatch.setattr(relay_module, "raise_record_limit", lambda *_a: refused)
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="test-relay-sizes")
+    try:
+        admin.create_topics([NewTopic(kafka_topic, 1, 1, topic_configs=older)])
+        relay = Relay(
+            open_store(tmp_path), kafka_bootstrap, topic=kafka_topic,
+            transactional_id=transactional_id,
+        )  # fmt: skip
         try:
             with pytest.raises(RecordTooLarge) as got:
                 relay.publish_pending()
@@ -118,7 +157,7 @@ def test_a_topic_with_kafkas_default_limit_gets_all_before_it_and_a_status_that_
                 f"(job.submitted.v2) is {len(read_big(tmp_path, big)):,} bytes, more than topic "
                 f"{kafka_topic} takes (max.message.bytes=1,048,588)"
             )
-            assert f"max.message.bytes={RECORD_MAX_BYTES}" in (got.value.hint or "")
+            assert f"--add-config max.message.bytes={RECORD_MAX_BYTES}" in (got.value.hint or "")
             assert positions(read_topic(kafka_topic)) == list(range(1, big))
             raised = {**TOPIC_CONFIG, "max.message.bytes": str(RECORD_MAX_BYTES)}
             admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, kafka_topic, raised)])
