@@ -40,7 +40,8 @@ from ledger.store.requests import KEY_PART, Requests, keyed_id
 from projections.chain import link
 from projections.source import LogRecord, follow
 from schemas import codec
-from schemas.commands import AnyCommand
+from schemas.bounds import check_written
+from schemas.commands import AnyCommand, ApplyDecision
 from schemas.errors import Conflict, EventDecodeError, InvalidCommand, LedgerError, Unavailable
 from schemas.events import AnyEvent, tag_of
 
@@ -192,11 +193,15 @@ class Ledger(Application[UUID]):
         snapshot_every: int = snapshots.SNAPSHOT_EVERY,
         store: str | None = None,
         memory: bool = False,
+        bounded: bool = True,
     ) -> None:
         """`store`: a PostgreSQL DSN (default: the one `home` records, else the SQLite file in
         `home`; `ledger.store.locate`). `memory`: the same SQLite store held in memory until
-        `write_out()` writes it to `home` (a simulation's: nothing else reads it meanwhile)."""
+        `write_out()` writes it to `home` (a simulation's: nothing else reads it meanwhile).
+        `bounded`: what a request writes is bounded (`bounds.check_written`); a simulation's
+        or a what-if's log, which nothing relays and which replays a state, is not."""
         home.mkdir(parents=True, exist_ok=True)
+        self.bounded = bounded
         if memory and (home / EVENTS_DB).exists():
             raise InvalidCommand(f"{home} already holds a ledger", hint="pass a new home")
         self.dsn = None if memory else locate.store_of(home, store)
@@ -481,7 +486,7 @@ class Ledger(Application[UUID]):
                 continue  # another writer moved the log: decide again
             if not events:
                 return Appended(events=[], position=self.position)
-            stored, events, back = self._stored(events)
+            stored, events, back = self._stored(events, bounded=self.bounded and _bounded(cmds))
             ids = self._insert(stored)
             if ids is None:
                 self.catch_up()  # another writer appended first: catch up and decide again
@@ -553,7 +558,9 @@ class Ledger(Application[UUID]):
                 if eid is not None and decided:
                     decided[0] = msgspec.structs.replace(decided[0], event_id=eid)
                     batch[eid[:KEY_PART]] = len(outcomes)
-                mine, chained, _ = self._stored(decided, version=version, prev=prev)
+                mine, chained, _ = self._stored(
+                    decided, version=version, prev=prev, bounded=self.bounded and _bounded([cmd])
+                )
             except LedgerError as err:
                 outcomes.append(err)
                 continue
@@ -691,12 +698,19 @@ class Ledger(Application[UUID]):
         return decide(state, cmd, now, self.ids)
 
     def _stored(
-        self, decided: list[AnyEvent], *, version: int | None = None, prev: str | None = None
+        self,
+        decided: list[AnyEvent],
+        *,
+        version: int | None = None,
+        prev: str | None = None,
+        bounded: bool = True,
     ) -> tuple[list[StoredEvent], list[AnyEvent], list[AnyEvent]]:
         """Chain, encode through the mapper once, and prove every event reads back as itself:
-        what the store cannot hold faithfully (inf, NaN, lone surrogates) is rejected. Returns
-        the stored events, the chained events and the chained events as read back."""
-        out, events, back = [], [], []
+        what the store cannot hold faithfully (inf, NaN, lone surrogates) is rejected, and,
+        `bounded`, what a reader could not take (`bounds.check_written`: an event past the relay's
+        record size, a request writing more than its bound). Returns the stored events, the
+        chained events and the chained events as read back."""
+        out, events, back, written = [], [], [], 0
         prev = self.last_hash if prev is None else prev
         version = self.version if version is None else version
         for i, unchained in enumerate(decided):
@@ -716,6 +730,9 @@ class Ledger(Application[UUID]):
                     f"{tag_of(type(ev))} would not read back as written",
                     hint="use finite numbers (no inf or NaN)",
                 )
+            if bounded:
+                check_written(tag_of(type(ev)), len(se.state), written)
+                written += len(se.state)
             out.append(se)
             back.append(read)
             prev = _link_of(se)
@@ -739,6 +756,12 @@ class Ledger(Application[UUID]):
                         position=pos,
                         expected=expected,
                     )
+
+
+def _bounded(cmds: Sequence[AnyCommand]) -> bool:
+    """Whether the bounds of what a request writes apply: to everything but the dispatcher's
+    decision records (a cycle is never refused for its size)."""
+    return not any(isinstance(cmd, ApplyDecision) for cmd in cmds)  # and `Ledger.bounded`
 
 
 def _request_bytes(cmd: AnyCommand) -> bytes:

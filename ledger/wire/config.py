@@ -14,7 +14,7 @@ from typing import Literal, TypeVar
 import msgspec
 
 from ledger.core.runas import SECRET_NAMES, admission_meaning
-from schemas import units
+from schemas import toml_bounds, units
 from schemas.errors import InvalidCommand
 from schemas.units import Duration, Interval
 
@@ -206,6 +206,10 @@ def load_as(cls: type[C], path: Path | None, example: str) -> C:
         data = path.read_bytes()
     except OSError as err:
         raise InvalidCommand(f"cannot read config {path}: {err.strerror}") from err
+    try:  # bounded before msgspec's TOML (tomllib) sees it, like a budget file
+        toml_bounds.check(data.decode("utf-8"), f"config {path}")
+    except UnicodeDecodeError as err:
+        raise InvalidCommand(f"config {path} is not valid TOML: {err}") from err
     try:
         return msgspec.toml.decode(data, type=cls, dec_hook=units.dec_hook)
     except msgspec.ValidationError as err:
