@@ -8,14 +8,17 @@ Slurm's own log and view. Real Slurm (KillWait=10), `gpuledger up --executor slu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from ledger.store import EVENTS_DB
 from tests.integration import test_slurm as base
 from tests.integration.test_slurm import Cluster, Ledger, status
 
@@ -37,6 +40,23 @@ def _lines(path: Path) -> list[tuple[str, int, float]]:
 
 def _kill_ctld(led: Ledger) -> None:
     os.kill(led.cluster.daemon_pid("slurmctld"), signal.SIGKILL)
+
+
+def _recorded_running(led: Ledger, timeout: float = 30) -> None:
+    """Wait until the ledger has recorded its run started, read from its store every 20 ms:
+    slurmctld must be killed within its state-save lag (about a second), and one CLI call
+    (`status`) took longer than that on a loaded machine (the run was saved: no state loss)."""
+    store = f"file:{led.home / EVENTS_DB}?mode=ro"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.closing(sqlite3.connect(store, uri=True, timeout=1)) as db:
+            row = db.execute(
+                "SELECT 1 FROM stored_events WHERE topic = 'job.started.v1' LIMIT 1"
+            ).fetchone()
+        if row is not None:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"the run was not recorded running in {timeout:g} s")
 
 
 @pytest.fixture(autouse=True)
@@ -90,7 +110,7 @@ def test_a_run_slurm_rewinds_to_pending_runs_once_and_is_never_recorded_cancelle
                   f"for i in $(seq 100); do echo a $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
                   f"sleep 0.2; done; echo end $GPULEDGER_RUN $(date +%s.%N) >> {log}",
                   "--resumable", "--min-runtime", "0s")  # fmt: skip
-    ledger.wait("the run to be recorded running", lambda: status(ledger, 1) == "running", 30)
+    _recorded_running(ledger)
     _kill_ctld(ledger)
     time.sleep(8)
     ledger.cluster.up()
@@ -129,7 +149,7 @@ def test_a_run_that_exits_0_while_slurmctld_and_the_service_are_down_completes_o
     ledger.up()
     ledger.submit("alice", 1, f"echo start 0 $(date +%s.%N) >> {log}; sleep 6; "
                   f"echo end 0 $(date +%s.%N) >> {log}")  # fmt: skip
-    ledger.wait("the run to be recorded running", lambda: status(ledger, 1) == "running", 30)
+    _recorded_running(ledger)
     _kill_ctld(ledger)
     time.sleep(1)
     ledger.kill9()
@@ -171,7 +191,7 @@ def test_a_second_launch_slurm_makes_while_the_service_is_down_never_runs_the_co
                   f"for i in $(seq 100); do echo a $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
                   f"sleep 0.2; done; echo end $GPULEDGER_RUN $(date +%s.%N) >> {log}",
                   "--resumable", "--min-runtime", "0s")  # fmt: skip
-    ledger.wait("the run to be recorded running", lambda: status(ledger, 1) == "running", 30)
+    _recorded_running(ledger)
     _kill_ctld(ledger)
     time.sleep(0.5)
     ledger.kill9()
