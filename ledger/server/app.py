@@ -378,7 +378,7 @@ def _build(
     routes += agent_routes(worker, who, clock)
     metrics = m.Metrics(status_of_any)
     worker.service.on_cycle.append(metrics.observe_cycle)
-    metrics.registry.register(m.PoolCounts(pool))
+    metrics.registry.register(m.PoolCounts(pool, worker))
     metrics.registry.register(m.ConnectionCounts(conns))
     routes += [m.route(metrics, worker, handles, person, pool)]
     # what the next reads ask first, computed ahead in the read pool (the worker only hands it)
