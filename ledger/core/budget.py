@@ -82,6 +82,7 @@ def parse(data: bytes, name: str = "budget file") -> BudgetFile:
         raise InvalidCommand(
             f"{name}: {describe(e, raw)}", hint="see `gpuledger budget apply --help`"
         ) from e
+    _require_size(budget, name)
     for path, spec in budget.accounts.items():
         strangers = sorted(set(spec.member_shares) - set(spec.members or ()))
         if spec.members is not None and strangers:
@@ -96,6 +97,26 @@ def parse(data: bytes, name: str = "budget file") -> BudgetFile:
                 hint="list the members the shares are for",
             )
     return budget
+
+
+MAX_NAMES = 2_000
+"""The most accounts, members and managers one budget file lists, all together: its plan and
+its batch stay small (`schemas.api.MAX_BATCH` commands: a 70,000-member file took 35 s to plan
+and check, atk44-25 F6). A larger tree is several files (an account a file leaves out is left
+alone, without `--prune`)."""
+
+
+def _require_size(budget: BudgetFile, name: str) -> None:
+    """One line for a file listing more than `MAX_NAMES` accounts, members and managers."""
+    listed = sum(
+        1 + len(spec.members or ()) + len(spec.managers or ()) for spec in budget.accounts.values()
+    )
+    if listed > MAX_NAMES:
+        raise InvalidCommand(
+            f"{name}: lists {listed:,} accounts, members and managers; a budget file lists "
+            f"at most {MAX_NAMES:,}",
+            hint="split it into several files (an account a file leaves out is left alone)",
+        )
 
 
 def _depth(path: str) -> int:
