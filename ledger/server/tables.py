@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -119,7 +121,9 @@ def routes(
             service.projector.catch_up()
             return tamper.projection_anchor(service.store), service.store.con.cursor()
 
-        async with mine.hold("verify"):
+        async with mine.hold("verify", caller.actor), admitted(caller):
+            # caught up beside the worker first: the worker's part is the last few events
+            await copied.caught_up(worker, pool, int(service.ledger.position))
             held, rows = await worker.call(anchor)
             try:  # the projection's rows through a cursor of their own (a snapshot of them)
                 report = await mine.run(
@@ -143,14 +147,16 @@ def routes(
         from ledger.engines.supervised import live_processes
         from ledger.history import tables
 
-        mine = lane(person(request))
+        caller = person(request)
+        mine = lane(caller)
         service = worker.service
-        async with mine.hold("check"):
+        async with mine.hold("check", caller.actor), admitted(caller):
             report = await mine.run(
                 lambda: tables.scan_history(
                     service.home, progress=mine.counting("check", service.home)
                 )
             )
+            await copied.caught_up(worker, pool, int(service.ledger.position))  # beside it
 
         def rest() -> v.CheckView:
             assert service.projector is not None and service.store is not None
@@ -159,6 +165,12 @@ def routes(
             return tables.check_view(report, service.store, live)
 
         return await worker.call(rest)  # type: ignore[no-any-return]
+
+    @contextlib.asynccontextmanager
+    async def admitted(caller: ident.Identity) -> AsyncIterator[None]:
+        """A whole-log audit admitted as one of the caller's reads (2 at once, 429 past it)."""
+        with pool.admitted(caller.actor, read=True):
+            yield
 
     @get("/v1/audit/progress", tags=["reads"], security=[{"bearer": []}])
     async def audit_progress(request: Request[Any, Any, Any]) -> api.AuditProgress:
@@ -172,28 +184,51 @@ def routes(
 
 
 class _AuditLane:
-    """One whole-log audit of each kind at a time, on one thread at nice 10 (see `routes`)."""
+    """One whole-log audit of each kind at a time, on one thread at nice 10 (see `routes`); after
+    a person's audit that took t (`FREE_S` or more), none of theirs starts before `REST` x t
+    later: one person looping them keeps the walks busy a quarter of the time at most (their
+    threads share the interpreter with the worker and the event loop: looped, they slowed
+    another's submits 2-2.5x, atk44-25 F5)."""
 
     NICE = 10
+    REST = 3.0
+    FREE_S = 0.5
+    """An audit shorter than this (a small ledger's) leaves no rest."""
 
-    def __init__(self, admin: bool) -> None:
+    def __init__(self, admin: bool, clock: Callable[[], float] = time.monotonic) -> None:
         self.admin = admin
+        self.clock = clock
         self.locks = {"verify": asyncio.Lock(), "check": asyncio.Lock()}
         self.steps: dict[str, api.AuditStep] = {}
         """How far each audit under way is (`/v1/audit/progress`)."""
+        self.rested: dict[str, float] = {}
+        """When each person's rest after their last audit ends."""
         self._threads: ThreadPoolExecutor | None = None
 
     @contextlib.asynccontextmanager
-    async def hold(self, kind: str) -> AsyncIterator[None]:
+    async def hold(self, kind: str, person: str = "") -> AsyncIterator[None]:
+        now = self.clock()
+        self.rested = {p: t for p, t in self.rested.items() if t > now}
+        if person in self.rested:
+            wait = math.ceil(self.rested[person] - now)
+            raise TooBusy(f"{person!r} ran an audit a moment ago: the next starts "
+                          f"{self.REST:g} times its time later", hint=f"retry in {wait} s",
+                          retry_after=wait)  # fmt: skip
         lock = self.locks[kind]
         if lock.locked():
             raise TooBusy(f"an audit {kind} is under way", hint="retry when it ends",
                           retry_after=10)  # fmt: skip
         async with lock:
+            began = self.clock()
             try:
                 yield
             finally:
                 self.steps.pop(kind, None)
+                ended = self.clock()
+                if person and ended - began >= self.FREE_S:  # (unnamed: no rest)
+                    self.rested[person] = max(
+                        self.rested.get(person, 0.0), ended + self.REST * (ended - began)
+                    )
 
     def counting(self, kind: str, home: Any) -> Callable[[int], None]:
         """On the audit's thread: a progress callback keeping `steps[kind]` (the store's head
