@@ -268,13 +268,20 @@ def check(
     now: float,
     new_id: NewId,
     admit: Callable[[State, c.AnyCommand], c.AnyCommand] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> None:
     """Pure: apply `commands` one after another to a copy of `state` (the dry run), raising the
     first rejection; `state` is left as it was. `admit` is the edge's look at each command
     before it is decided (the ledger's `admit`: system accounts as members...), as the real
-    apply has it, so the dry run refuses what the apply would."""
+    apply has it, so the dry run refuses what the apply would. `stop()` true (asked every
+    100 commands): InvalidCommand, the dry run stopped."""
     scratch = state.copy()
-    for cmd in commands:
+    for i, cmd in enumerate(commands):
+        if stop is not None and i % 100 == 99 and stop():  # the edge's time limit
+            raise InvalidCommand(
+                f"the dry run was stopped at its time limit after {i + 1:,} of "
+                f"{len(commands):,} changes", hint="apply a smaller file",
+            )  # fmt: skip
         if admit is not None:
             cmd = admit(scratch, cmd)
         for ev in decide(scratch, cmd, now, new_id):

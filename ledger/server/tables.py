@@ -273,12 +273,22 @@ def plan(
     changes = b.plan(state, parsed, actor, prune=req.prune)
     if req.check:
         cmds = [ident.act(caller, ch.command) for ch in changes]
-        b.check(state, cmds, now, random_ids(), worker.service.ledger.admit)
+        b.check(state, cmds, now, random_ids(), worker.service.ledger.admit, until(LIMIT_S))
     return api.BudgetPlan(
         changes=[
             api.BudgetChange(symbol=ch.symbol, text=ch.text, command=ch.command) for ch in changes
         ]
     )
+
+
+LIMIT_S = 10.0
+"""The longest a dry run (a budget plan's check, a batch's) runs in the read pool."""
+
+
+def until(limit_s: float) -> Callable[[], bool]:
+    """True once `limit_s` seconds from now have passed."""
+    deadline = time.monotonic() + limit_s
+    return lambda: time.monotonic() > deadline
 
 
 def dry_run(worker: Worker, state: State, now: float, cmds: list[Any]) -> None:
@@ -288,7 +298,7 @@ def dry_run(worker: Worker, state: State, now: float, cmds: list[Any]) -> None:
     from ledger.core import budget as b
     from ledger.store.clock import random_ids
 
-    b.check(state, cmds, now, random_ids(), worker.service.ledger.admit)
+    b.check(state, cmds, now, random_ids(), worker.service.ledger.admit, until(LIMIT_S))
 
 
 def connect(worker: Worker) -> Callable[[], duckdb.DuckDBPyConnection]:

@@ -40,3 +40,30 @@ def test_a_batch_holds_at_most_2000_commands() -> None:
     assert len(decode(msgspec.json.encode({"commands": [one] * api.MAX_BATCH})).commands) == 2_000
     with pytest.raises(msgspec.ValidationError, match=r"length <= 2000 - at `\$.commands`"):
         decode(msgspec.json.encode({"commands": [one] * 2_001}))
+
+
+def test_a_dry_run_past_its_time_limit_is_stopped_in_one_line() -> None:
+    """The server's dry runs (a plan's check, a batch's) run beside the worker with a time limit
+    (`stop`, asked every 100 commands): stopped, one line, the state untouched."""
+    from ledger.core.decide import decide
+    from ledger.core.evolve import evolve
+    from ledger.core.state import State
+    from ledger.store.clock import seeded_ids
+    from schemas import commands as c
+
+    state = State()
+    for cmd in (c.InitLedger(actor="root", admin="root"),
+                c.OpenAccount(actor="root", path="p", kind="program", shares=1),
+                c.OpenAccount(actor="root", path="p/q", kind="project", shares=1)):  # fmt: skip
+        for ev in decide(state, cmd, 0.0, seeded_ids(1)):
+            evolve(state, ev)
+    cmds: list[c.AnyCommand] = [
+        c.AddMember(actor="root", user=f"u{i}", project="p/q") for i in range(150)
+    ]
+    asked: list[int] = []
+    b.check(state, cmds, 0.0, seeded_ids(2), stop=lambda: bool(asked.append(1)))
+    assert len(asked) == 1  # asked every 100 commands
+    with pytest.raises(InvalidCommand) as got:
+        b.check(state, cmds, 0.0, seeded_ids(2), stop=lambda: True)
+    assert "stopped at its time limit after 100 of 150 changes" in got.value.line()
+    assert "p/q" not in state.members  # a copy was tried, never the state
