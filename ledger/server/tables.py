@@ -185,8 +185,9 @@ def routes(
 
 class _AuditLane:
     """One whole-log audit of each kind at a time, on one thread at nice 10 (see `routes`); after
-    a person's audit that took t (`FREE_S` or more), none of theirs starts before `REST` x t
-    later: one person looping them keeps the walks busy a quarter of the time at most (their
+    a person's audit of a kind that took t (`FREE_S` or more), none of theirs of that kind
+    starts before `REST` x t later: one person looping them keeps each walk busy a quarter of
+    the time at most (their
     threads share the interpreter with the worker and the event loop: looped, they slowed
     another's submits 2-2.5x, atk44-25 F5)."""
 
@@ -202,16 +203,16 @@ class _AuditLane:
         self.steps: dict[str, api.AuditStep] = {}
         """How far each audit under way is (`/v1/audit/progress`)."""
         self.rested: dict[str, float] = {}
-        """When each person's rest after their last audit ends."""
+        """When each person's rest after their last audit of a kind ends ("kind\0person")."""
         self._threads: ThreadPoolExecutor | None = None
 
     @contextlib.asynccontextmanager
     async def hold(self, kind: str, person: str = "") -> AsyncIterator[None]:
-        now = self.clock()
+        now, whose = self.clock(), f"{kind}\0{person}"
         self.rested = {p: t for p, t in self.rested.items() if t > now}
-        if person in self.rested:
-            wait = math.ceil(self.rested[person] - now)
-            raise TooBusy(f"{person!r} ran an audit a moment ago: the next starts "
+        if whose in self.rested:
+            wait = math.ceil(self.rested[whose] - now)
+            raise TooBusy(f"{person!r} ran an audit {kind} a moment ago: the next starts "
                           f"{self.REST:g} times its time later", hint=f"retry in {wait} s",
                           retry_after=wait)  # fmt: skip
         lock = self.locks[kind]
@@ -226,8 +227,8 @@ class _AuditLane:
                 self.steps.pop(kind, None)
                 ended = self.clock()
                 if person and ended - began >= self.FREE_S:  # (unnamed: no rest)
-                    self.rested[person] = max(
-                        self.rested.get(person, 0.0), ended + self.REST * (ended - began)
+                    self.rested[whose] = max(
+                        self.rested.get(whose, 0.0), ended + self.REST * (ended - began)
                     )
 
     def counting(self, kind: str, home: Any) -> Callable[[int], None]:
