@@ -59,11 +59,20 @@ def topic() -> str:
 
 PARTITION = 0
 """The topic has exactly one partition: that is what keeps the log's order."""
+RECORD_MAX_BYTES = 8 << 20
+"""The largest record the relay's topic takes (`max.message.bytes`, set when the relay creates
+the topic; Kafka's default is 1,048,588): more than any event a store holds, an older one's
+included (requests were at most 4 MiB before events were bounded to
+`schemas.bounds.MAX_EVENT_BYTES`, 900 KiB), so no stored event stops the relay (atk44-25 F8).
+The relay's producer sends requests of up to 16 MiB (`max_request_size`)."""
+RECORD_OVERHEAD = 4096
+"""What a record adds to its event's bytes, at most: key, headers, batch framing."""
 TOPIC_CONFIG = {
     "retention.ms": "-1",  # the broker default deletes events after 7 days
     "retention.bytes": "-1",
     "cleanup.policy": "delete",  # never compact: every record has the same key (the stream id)
     "message.timestamp.type": "CreateTime",
+    "max.message.bytes": str(RECORD_MAX_BYTES),
     # Replication factor and min.insync.replicas come from the broker's defaults, so acks=all
     # means what the cluster's operators set (1 on the development broker).
 }

@@ -49,12 +49,17 @@ class Problem(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     hint: str = ""
 
 
+SILENT_S = 5.0
+"""A server that has not reported for this long is silent (each reports every second)."""
+
+
 class ServerState(msgspec.Struct, frozen=True, kw_only=True):
     """One of several servers on a PostgreSQL store, as it last reported (docs/ha.md)."""
 
     address: str
     role: str
-    """"leader" (the lease's holder now), "standby", or "ex-leader" (it said it led when it
+    """"leader" (the lease's holder now), "standby", "refused" (a standby that takes no lease:
+    its settings are not the ones the store records), or "ex-leader" (it said it led when it
     last reported, and holds the lease no more: dead, paused, cut off or deposed)."""
     position: int
     """The log position it has folded."""
@@ -113,6 +118,10 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     settings_error: str | None = None
     """Why this server takes no lease: its settings (lease, node-lost timeout, fence, executor,
     policy) are not the ones its store records (docs/ha.md); None: they are, or one server."""
+    no_taker: str | None = None
+    """Why no running server would take the lease once the leader's runs out (every standby
+    is refused by its settings, or none runs), in words; None: a standby would, or one
+    server. The operator must act then: start a server with the recorded settings."""
     older_servers: str | None = None
     """Servers of an earlier version whose takes or keeps of the lease the database refused in
     the last hour (they neither record nor check every setting this version does), each with
@@ -124,6 +133,9 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     not respond): nothing is placed on them or preempted from them until it can (outage)."""
     unobserved_since: float | None = None
     """Since when the engine has not observed every node (None: it observes them all)."""
+    unobserved_why: str = ""
+    """Why it observes none, when it says: "slurmctld does not answer", or another Slurm
+    cluster answers in its place ("" otherwise)."""
     engine_away: str | None = None
     """Why the executor is not open, when it is not (the service started while slurmctld did
     not answer, or Slurm refuses the partition): nothing is placed until it opens."""

@@ -18,7 +18,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from schemas.errors import InvalidCommand
+from schemas.errors import InvalidCommand, TooLarge
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 """A user, node or account-path part: letters, digits, '_', '.', '-', at most 63 characters."""
@@ -105,6 +105,35 @@ KeyValue = (
     | Annotated[str, msgspec.Meta(max_length=255)]
 )
 SortKey = Annotated[tuple[KeyValue, ...], msgspec.Meta(max_length=32)]
+
+MAX_EVENT_BYTES = 900 * 1024
+"""The most one event may take stored (its JSON), so every reader takes it: the relay publishes
+each event as one Kafka record, and a broker refuses a record past its `message.max.bytes`
+(1,048,588 by default; the relay sets it on the topic it creates), key and headers included
+(under 1 KiB). A command whose event would be larger is refused, nothing written (a 1.2 MB
+command line stopped the relay for good: atk44-25 F8). The dispatcher's decision records are
+not refused here (a cycle must go on); the relay says which record it cannot publish."""
+MAX_REQUEST_WRITTEN = 16 << 20
+"""The most one request (a command, an array's every task, a batch) may write to the log, all
+its events together (a 105 KB array request of 1,000 tasks wrote 186 MiB: atk44-25 F12)."""
+
+
+def check_written(tag: str, size: int, total: int) -> None:
+    """Pure: None if an event of `size` bytes, `total` with the request's events before it,
+    stays within MAX_EVENT_BYTES and MAX_REQUEST_WRITTEN, else `TooLarge` in one line."""
+    if size > MAX_EVENT_BYTES:
+        raise TooLarge(
+            f"{tag} would be {size:,} bytes stored, more than the {MAX_EVENT_BYTES:,} an event "
+            "may be (what every reader of the log, Kafka's included, accepts); nothing written",
+            hint="shorten the command line, environment or labels (put long arguments in a file)",
+        )
+    if total + size > MAX_REQUEST_WRITTEN:
+        raise TooLarge(
+            f"this request would write more than {MAX_REQUEST_WRITTEN:,} bytes to the log "
+            f"(at its {tag}); nothing written",
+            hint="submit fewer array tasks or a shorter command, or split the batch",
+        )
+
 
 S = TypeVar("S", bound=msgspec.Struct)
 

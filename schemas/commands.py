@@ -2,7 +2,7 @@
 
 `expected_position`, when set, is the log position the caller based the command on; the ledger
 rejects the command if a change since then touches the same jobs, nodes or accounts, or if it
-is more than 1,000 events behind the log's head (`ledger.store.application.LOOKBACK`: read
+is more than 1,000 events behind the log's head (`ledger.core.conflicts.LOOKBACK`: read
 again and retry).
 
 Every field is bounded (`schemas.bounds`): build commands from outside data with

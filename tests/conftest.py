@@ -47,6 +47,7 @@ with its own foreign jobs, so a group's files run one after the other on one wor
 
 SLURM_SECONDS: dict[str, float] = {
     "test_slurm": 905,
+    "test_slurm_ctldloss": 200,
     "test_slurm_faults": 311,
     "test_slurm_foreign_work": 81,
     "test_slurm_marks": 40,
@@ -55,6 +56,7 @@ SLURM_SECONDS: dict[str, float] = {
     "test_slurm_opening": 202,
     "test_slurm_records": 162,
     "test_slurm_stops": 460,
+    "test_slurm_stopend": 330,
     "test_slurm_trees": 230,
     "test_slurm_unpinned": 84,
     "test_slurm_world": 662,
@@ -64,26 +66,34 @@ scripts/test runs them (2026-12-03, load 16-32; docs/benchmarks.md, "The test su
 groups"): the split below balances on them. A Slurm file missing here fails the collection:
 measure it and add it."""
 
-SLURM_CONF_OF = {"slurm-a": "SLURM_CONF", "slurm-b": "GPULEDGER_SLURM_CONF_B"}
-"""Each Slurm group's cluster: the variable holding its slurm.conf (scripts/test starts two
-clusters, each with its own data dir, ports, munge and node name, and exports both)."""
+SLURM_CONF_OF = {
+    "slurm-a": "SLURM_CONF",
+    "slurm-b": "GPULEDGER_SLURM_CONF_B",
+    "slurm-c": "GPULEDGER_SLURM_CONF_C",
+    "slurm-d": "GPULEDGER_SLURM_CONF_D",
+}
+"""Each Slurm group's cluster: the variable holding its slurm.conf (scripts/test starts one
+cluster per group, each with its own data dir, ports, munge and node name, and exports each)."""
 
 
-def split_slurm_files(seconds: dict[str, float]) -> dict[str, list[str]]:
-    """Pure: the Slurm files in two groups of near-equal seconds: the longest file first, each to
-    the group with fewer seconds so far (ties: the first group; files of equal seconds by name).
-    The groups differ by at most the longest file's seconds."""
-    groups: dict[str, list[str]] = {g: [] for g in SLURM_CONF_OF}
-    total = dict.fromkeys(SLURM_CONF_OF, 0.0)
+def split_slurm_files(
+    seconds: dict[str, float], names: tuple[str, ...] = tuple(SLURM_CONF_OF)
+) -> dict[str, list[str]]:
+    """Pure: the Slurm files in one group per name (a cluster each: `SLURM_CONF_OF`), of near-equal
+    seconds: the longest file first, each to the group with fewer seconds so far (ties: the first
+    group; files of equal seconds by name). The groups differ by at most the longest file's
+    seconds."""
+    groups: dict[str, list[str]] = {g: [] for g in names}
+    total = dict.fromkeys(names, 0.0)
     for name in sorted(seconds, key=lambda n: (-seconds[n], n)):
         group = min(total, key=lambda g: total[g])
         groups[group].append(name)
         total[group] += seconds[name]
-    return {g: sorted(names) for g, names in groups.items()}
+    return {g: sorted(files) for g, files in groups.items()}
 
 
 SLURM_GROUPS = split_slurm_files(SLURM_SECONDS)
-"""The Slurm group of every Slurm file: "slurm-a" on one cluster, "slurm-b" on the other."""
+"""The Slurm group of every Slurm file: "slurm-a" on one cluster, "slurm-b" on another, ..."""
 
 
 def slurm_group(path: Path) -> str | None:
@@ -102,8 +112,8 @@ def slurm_group(path: Path) -> str | None:
 
 def slurm_conf(group: str, environ: Mapping[str, str]) -> str:
     """The slurm.conf of a Slurm group's cluster, from `environ`; raises `LookupError` with what
-    to do when it is not set. Run by one process (no xdist workers), the second group may use the
-    first group's cluster: its files then run after the first group's, never beside them."""
+    to do when it is not set. Run by one process (no xdist workers), every group may use the
+    first group's cluster: their files then run one after the other, never side by side."""
     name = SLURM_CONF_OF[group]
     conf = environ.get(name, "")
     if not conf and group != "slurm-a" and "PYTEST_XDIST_WORKER" not in environ:
@@ -111,14 +121,14 @@ def slurm_conf(group: str, environ: Mapping[str, str]) -> str:
     if not conf:
         raise LookupError(
             f"{name} is not set to a slurm.conf (the cluster of the {group} tests); run the suite "
-            "with scripts/test, which starts both clusters, or "
+            "with scripts/test, which starts one cluster per group, or "
             f"`export {name}=$(GPULEDGER_SLURM_DATA=DIR scripts/slurm/slurm up)`"
         )
     others = {environ.get(v, "") for g, v in SLURM_CONF_OF.items() if g != group}
     if "PYTEST_XDIST_WORKER" in environ and conf in others:
         raise LookupError(
-            f"{name} is the other Slurm group's cluster too ({conf}): under xdist the two "
-            "groups run side by side and need a cluster each (scripts/test starts two)"
+            f"{name} is another Slurm group's cluster too ({conf}): under xdist the "
+            "groups run side by side and need a cluster each (scripts/test starts one per group)"
         )
     return conf
 
@@ -130,18 +140,19 @@ standby (`pg_outage_pair`, each test on a fresh database of it): one group, on o
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`scripts/test` runs the suite on two workers (pytest-xdist, `--dist loadgroup`). Each test
+    """`scripts/test` runs the suite on workers (pytest-xdist, `--dist loadgroup`). Each test
     file is one group, run on one worker in its order, as it runs alone: its module-scoped
     fixtures (a server, a ledger) are made once, and a test may build on the one before it.
-    The Slurm files are two groups, "slurm-a" and "slurm-b" (`SLURM_GROUPS`), each on its own
+    The Slurm files are groups "slurm-a", "slurm-b", ... (`SLURM_GROUPS`), each on its own
     cluster: a group's files share one cluster, so they run on one worker; the PostgreSQL outage
     files are one group too, they share one PostgreSQL pair.
 
-    The two Slurm groups come first, the others in file order (the integration files, then the
+    The Slurm groups come first, the others in file order (the integration files, then the
     unit ones): `scripts/test` passes `--no-loadscope-reorder`, so a worker takes the groups in
     this order, and xdist hands each worker one group to start with: each worker starts with one
-    Slurm group (each ~0.55 of the one group they were, which took ~18-21 of the suite's minutes
-    on one worker) and takes the other files as it ends. xdist's own order (the groups with the
+    Slurm group (the Slurm files wait on Slurm's clocks, KillWait and SlurmdTimeout, far more
+    than they use the CPU: one group took ~18-21 of the suite's minutes on one worker) and takes
+    the other files as it ends. xdist's own order (the groups with the
     most tests first) started the Slurm tests halfway and left files of one long test, such as
     test_pg_outage_*.py, to the end, each one a tail that one worker ran alone."""
     slurm: dict[str, list[pytest.Item]] = {g: [] for g in SLURM_GROUPS}

@@ -24,6 +24,7 @@ from ledger.cli.output import LOG_LEVELS, echo_json, log_level_option, setup_log
 from ledger.dispatch import registry
 from ledger.engines.supervised import DEBUG_LIMIT_S
 from schemas import commands as c
+from schemas.api import SILENT_S
 from schemas.errors import InvalidCommand, LedgerError
 from schemas.units import format_time, parse_duration
 
@@ -265,6 +266,14 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
     "executor, policy) in place of the store's when it takes the lease; once nobody leads "
     "(docs/ha.md).",
 )
+@click.option(
+    "--abandon-runs",
+    is_flag=True,
+    default=None,
+    help="With --new-settings onto another Slurm cluster: record lost the runs the ledger "
+    "holds that the new cluster does not list (they run on, unaccounted, on the recorded "
+    "one); without it such a change is refused (docs/ha.md).",
+)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
 @click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default=None)
 @pass_ctx
@@ -291,6 +300,7 @@ def serve(
     advertise: str | None,
     lease: str | None,
     new_settings: bool | None,
+    abandon_runs: bool | None,
     log_format: str | None,
     log_level: str | None,
 ) -> None:
@@ -321,6 +331,7 @@ def serve(
         advertise=advertise,
         lease=lease,
         new_settings=new_settings or None,
+        abandon_runs=abandon_runs or None,
         log_format=log_format,
         log_level=log_level,
     )
@@ -378,8 +389,9 @@ def status(ctx: Ctx, as_json: bool) -> None:
         )
     if h.unobserved:
         since = "" if h.unobserved_since is None else f" since {format_time(h.unobserved_since)}"
+        said = f" ({h.unobserved_why})" if h.unobserved_why else ""
         click.echo(
-            f"  outage        the engine cannot observe {', '.join(h.unobserved)}{since}: "
+            f"  outage        the engine cannot observe {', '.join(h.unobserved)}{since}{said}: "
             "nothing is placed on or preempted from them"
         )
     if h.last_error:
@@ -392,8 +404,9 @@ def status(ctx: Ctx, as_json: bool) -> None:
         silent = {s.address: s.seen_s_ago for s in h.servers if s.seen_s_ago > SILENT_S}
         leader = h.leader or "none"
         ago = silent.get(h.leader) if h.leader else None
-        why = [] if ago is None else [f"not heard from for {ago:.0f} s; a standby takes over "
-                                      "once its lease expires"]  # fmt: skip
+        then = (f"nobody takes over once its lease expires: {h.no_taker}" if h.no_taker
+                else "a standby takes over once its lease expires")  # fmt: skip
+        why = [] if ago is None else [f"not heard from for {ago:.0f} s; {then}"]
         away = _leader_away(h, ctx.remote.url)
         if away:
             why.append(away)
@@ -419,8 +432,6 @@ def status(ctx: Ctx, as_json: bool) -> None:
             click.echo(f"  server        {s.address} {role}, lag {s.lag} events{quiet}")
 
 
-SILENT_S = 5.0
-"""A server that has not reported for this long is said to be silent (each reports every 1 s)."""
 PROBE_S = 2.0
 """How long `status`, answered by a standby, waits for the leader's own health answer."""
 
@@ -435,9 +446,11 @@ def _lease_line(h: Health) -> str:
     if h.store_error:  # nobody can lead meanwhile (atk33-28 F6, F10)
         return f"{h.lease_s:g} s{renewed}: nobody leads until the store answers and commits"
     if left < 0:
+        then = ("a standby takes it at its next try" if not h.no_taker else
+                f"no server takes it: {h.no_taker}; start one with the recorded settings "
+                "(docs/ha.md)")  # fmt: skip
         return (f"{h.lease_s:g} s{renewed}, expired {-left:.1f} s ago: the leader does not "
-                "renew it (down, paused or cut off from the store); a standby takes it at its "
-                "next try")  # fmt: skip
+                f"renew it (down, paused or cut off from the store); {then}")  # fmt: skip
     every = h.lease_s / 3
     late = (f" (late: the leader renews every {every:.1f} s)"
             if ago is not None and ago > every + 1.0 else "")  # fmt: skip

@@ -11,9 +11,14 @@ files (`-o`, `-e`) and name (`-J`).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import pwd
 import re
+import select
 import shlex
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -144,6 +149,17 @@ def _script(command: tuple[str, ...]) -> tuple[Path, str] | None:
     return (path, text) if text.startswith("#!") else None
 
 
+def script_name(path: Path, chdir: str | None) -> str:
+    """How the recorded command names a batch script: by its absolute path, or by its bare name
+    when it lies directly in the job's working directory, as `sh run.sh` names it there (the
+    path rule then gives one answer for the one file: `submit run.sh` in a group project
+    directory was refused where `submit -- sh run.sh` ran, atk44n F13)."""
+    full = os.path.abspath(path)
+    if os.path.realpath(os.path.dirname(full)) == workdir(chdir):
+        return os.path.basename(full)
+    return full
+
+
 def interpreter(text: str, name: str) -> tuple[str, ...]:
     """Pure: the program a script's `#!` line names and its one optional argument, as the
     kernel reads it (`#!/usr/bin/env python3` is `/usr/bin/env`, `python3`)."""
@@ -261,13 +277,53 @@ def path_warnings(wd: str, outputs: tuple[str, ...], command: Sequence[str] = ()
     return list(dict.fromkeys(why for why in said if why))
 
 
-def checks_here(actor: str, user: str | None, me: str) -> bool:
-    """Whether this host's path checks speak for the job's user: only when the job is the
-    caller's own ("" is the identity a server fills in, the caller's token). On another's behalf
-    (`--user`, or `--as`/$GPULEDGER_USER naming someone else) the rule's "another account" and
-    "the user's own link" are the job user's, not the caller's: the launch, run as that user,
-    checks (a root submitting for a user was warned of every directory of the user's, atk43n F3)."""
-    return not user and actor in ("", me)
+def warnings_as(
+    job_user: str, wd: str, outputs: tuple[str, ...], command: Sequence[str]
+) -> list[str]:
+    """`path_warnings` as the job's user sees them: the caller's own job here ("" is the
+    identity a server fills in, the caller's token); another's (`--user`, `--as` or
+    $GPULEDGER_USER) in a child process that takes that user's OS account, when the caller is
+    root and the account exists, else none (the launch, as the user, checks). The rule's
+    "another account" and "the user's own link" are the job user's: root submitting for a user
+    was warned of every directory of the user's (atk43n F3)."""
+    if job_user in ("", os_user()):
+        return path_warnings(wd, outputs, command)
+    if os.geteuid() != 0:
+        return []
+    try:
+        pw = pwd.getpwnam(job_user)
+    except KeyError:
+        return []
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            os.close(read_end)
+            os.initgroups(pw.pw_name, pw.pw_gid)
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+            with os.fdopen(write_end, "w") as out:
+                json.dump(path_warnings(wd, outputs, command), out)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        ready, _, _ = select.select([read_end], [], [], WARN_TIMEOUT_S)
+        text = os.read(read_end, 1 << 20).decode() if ready else ""
+        said = json.loads(text) if text else []
+    except (OSError, ValueError):
+        said = []
+    finally:
+        os.close(read_end)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    return [str(why) for why in said] if isinstance(said, list) else []
+
+
+WARN_TIMEOUT_S = 10.0
+"""How long `submit` waits for its path checks as another user (a dead network file system
+hangs them): then it says nothing, and the launch checks."""
 
 
 def workdir(chdir: str | None) -> str:
@@ -338,7 +394,7 @@ def submit(ctx: Ctx, /, **given: Any) -> None:
         path, text = script
         given = _merged(here, directives(text, path.name), path.name)
         # run as sbatch runs it: through its #! line's interpreter (no execute bit needed)
-        given["command"] = (*interpreter(text, path.name), os.path.abspath(path),
+        given["command"] = (*interpreter(text, path.name), script_name(path, given["chdir"]),
                             *given["command"][1:])  # fmt: skip
         given["job_name"] = given["job_name"] or path.name  # sbatch's default name
     if not given["account_path"] or given["gpus"] is None:
@@ -407,14 +463,14 @@ def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
         dependency=parse_dependency(g["dependency"]) if g["dependency"] else (),
         umask=own_umask(),  # the job's and its output files', as sbatch records it
     )
-    if checks_here(ctx.actor, g["user"], os_user()):
-        outputs = (fields["stdout"], fields["stderr"])
-        for why in path_warnings(fields["workdir"], outputs, fields["command"]):
-            click.echo(
-                f"warning: {why} (as this host sees it: the launch on the job's node checks "
-                "again and fails the job if it is so there)",
-                err=True,
-            )
+    outputs = (fields["stdout"], fields["stderr"])
+    job_user = g["user"] or ctx.actor
+    for why in warnings_as(job_user, fields["workdir"], outputs, fields["command"]):
+        click.echo(
+            f"warning: {why} (as this host sees it: the launch on the job's node checks "
+            "again and fails the job if it is so there)",
+            err=True,
+        )
     return build(c.SubmitJob, **fields)
 
 

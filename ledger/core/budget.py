@@ -30,6 +30,7 @@ from ledger.core.decide import NewId, decide
 from ledger.core.evolve import evolve
 from ledger.core.state import State
 from schemas import commands as c
+from schemas import toml_bounds
 from schemas.bounds import AccountPath, Name, Shares, Text, describe
 from schemas.errors import InvalidCommand, NotAuthorised
 from schemas.events import AccountKind
@@ -60,7 +61,9 @@ class Change:
 def parse(data: bytes, name: str = "budget file") -> BudgetFile:
     """Parse and validate a budget TOML document; errors name the file and the problem."""
     try:
-        raw = tomllib.loads(data.decode("utf-8"))
+        text = data.decode("utf-8")
+        toml_bounds.check(text, name)  # before tomllib: dotted keys cost it quadratic memory
+        raw = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise InvalidCommand(f"{name}: malformed TOML: {e}", hint="fix the file and retry") from e
     except RecursionError as e:  # arrays or tables nested thousands deep

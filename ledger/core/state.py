@@ -308,8 +308,8 @@ class State:
         return self._arrays.get(array_job_id, set())
 
     def free_indices(self, node: str) -> list[int]:
-        n = self.nodes[node]
-        return [i for i in range(n.gpus) if (node, i) not in self.holders]
+        holders = self.holders
+        return [i for i in range(self.nodes[node].gpus) if (node, i) not in holders]
 
 
 DRAINED_NOTE = "its node's agent drained"

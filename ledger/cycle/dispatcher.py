@@ -291,8 +291,10 @@ class Dispatcher:
         """GPUs of stopped runs still in their grace at the last observation (`node list`)."""
         self.unobserved_since: float | None = None
         """When the engine last went from seeing everything to not (None while it sees all)."""
+        self.unobserved_why = ""
+        """Why, when the engine says (`Observed.unobserved_why`)."""
 
-    def _outage(self, unobserved: frozenset[str], now: float) -> None:
+    def _outage(self, unobserved: frozenset[str], now: float, why: str = "") -> None:
         """Keep what the engine cannot see, and say when that starts and ends."""
         if unobserved and not self.unobserved:
             self.unobserved_since = now
@@ -303,6 +305,7 @@ class Dispatcher:
                         now - (self.unobserved_since or now))  # fmt: skip
             self.unobserved_since = None
         self.unobserved = unobserved
+        self.unobserved_why = why if unobserved else ""
 
     def _observe_new_events(self) -> None:
         """Feed the utilisation tracker the events it looks at (the store filters by tag, so a
@@ -423,7 +426,7 @@ class Dispatcher:
     def _cycle(self, now: float) -> CycleResult:
         # 0. observe once and record it: node changes, starts, checkpoints and samples, exits
         seen, recorded = self.observe(now)
-        self._outage(seen.unobserved, now)
+        self._outage(seen.unobserved, now, seen.unobserved_why)
         self.foreign = seen.foreign
         self.stopping = seen.stopping
         finished = recorded.finished

@@ -239,6 +239,9 @@ class Observed:
     """Nodes the engine cannot observe now (slurmctld does not answer, a node's slurmd does
     not respond): the dispatcher decides nothing that depends on them (no placement on them, no
     preemption of their runs) until it can (outage mode)."""
+    unobserved_why: str = ""
+    """Why the engine observes no node at all, when that is why (slurmctld does not answer, or
+    another cluster answers in its place); "" otherwise (a node's own: its slurmd)."""
     longest_s: float | None = None
     """The longest time limit the engine starts (Slurm: the partition's MaxTime; None: no
     limit): a pending job asking for more is neither placed nor made room for."""

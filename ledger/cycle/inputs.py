@@ -135,7 +135,9 @@ def snapshot_from_state(
         if job.status in ("placed", "running") and not seen:
             continue  # its engine cannot see it now: it is no victim
         if job.status in ("placed", "running") and job.placed_at is not None:
-            inputs = (_since(job.placed_at, job.started_at, now, from_start), low.get(spec.job_id))
+            placed_at = job.placed_at
+            since = _since(placed_at, job.started_at, now, True) if from_start else placed_at
+            inputs = (since, low.get(spec.job_id))
             hit = made_running.get(spec.job_id)
             if hit is not None and hit[0] is job and hit[1] == inputs:
                 run = hit[2]
@@ -160,7 +162,7 @@ def snapshot_from_state(
             job.status == "pending"
             and not job.held
             and spec.job_id not in waiting
-            and not _too_long(spec.time_limit_s, longest_s)
+            and (longest_s is None or not _too_long(spec.time_limit_s, longest_s))
         ):
             known = made_pending.get(spec.job_id)
             wait = known[1] if known is not None and known[0] is job else pending_view(job)

@@ -61,7 +61,7 @@ from ledger.dispatch.preemption import (
     plan_single_least,
     ready_key,
 )
-from ledger.dispatch.reservation import Hold, soonest, start_plan
+from ledger.dispatch.reservation import Frees, Hold, soonest, start_plan
 from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot, complete_ranks
 from schemas.codec import gc_paused
 from schemas.commands import ApplyDecision, DecisionBody
@@ -349,6 +349,8 @@ class _Cycle:
         serves every job of the group this cycle (preempted jobs are skipped as they go)."""
         self.ordered: dict[tuple[tuple[PoolKey, ...], bool], list[RunningJob]] = {}
         self.shared: dict[tuple[str, str, float | None], Unplaceable] = {}
+        self.frees = Frees(now, self.index, policy.expected_end)
+        """When the running jobs free their GPUs, for the cycle's reservations (`_hold_for`)."""
         self.epoch = 0
         """Counts every change of the cycle's state other than the index's GPUs (those count in
         `FreeIndex.moves`): a search spent, the reserve or the held nodes hidden or shown, a
@@ -698,29 +700,25 @@ class _Cycle:
         pools = index.pools_for(job.gpu_type, job.cluster)
         keys = {p.key for p in pools}
         eligible: set[int] = set()
-        if (
-            self.policy.may_preempt(job)
-            and self.policy.victim_group(job, self.snapshot) is not None
-        ):
-            candidates = self._candidates(pools, ready=True)
-            eligible = {
-                v.job.job_id for v in self.policy.victims(job, candidates, self.snapshot, now)
-            }
+        group = self.policy.victim_group(job, self.snapshot)
+        if self.policy.may_preempt(job) and group is not None:
+            # the group's victims, as its searches read them (`_plan`, ready): one answer per
+            # group and constraint set in a cycle (`Policy.victim_group`)
+            memo = (group, job.gpu_type, job.cluster, True)
+            found = self.victims.get(memo)
+            if found is None:
+                candidates = self._candidates(pools, ready=True)
+                found = self.victims[memo] = _Replay(
+                    self.policy.victims(job, candidates, self.snapshot, now)
+                )
+            eligible = {v.job.job_id for v in found.live(self.live)}
         # the policy may say itself which jobs free their GPUs for this reservation at their
         # contracts' ends (None: those it may preempt, as above; older policies: never asked)
         takes: Callable[[PendingJob, RunningJob, Snapshot], bool | None] | None = getattr(
             self.policy, "hold_takes", None
         )
-        on: dict[str, list[tuple[float, int]]] = {}
-        for r in self.live.values():
-            said = takes(job, r, self.snapshot) if takes is not None else None
-            if r.job_id in eligible if said is None else said:
-                at = max(now, r.placed_at + r.min_runtime_s)
-            else:
-                at = max(now, self.policy.expected_end(r, now))
-            for sl in r.slots:
-                if sl.node in index.free and index.pool_of[sl.node] in keys:
-                    on.setdefault(sl.node, []).append((at, len(sl.gpu_indices)))
+        said = None if takes is None else (lambda r: takes(job, r, self.snapshot))
+        on = self.frees.on(self.live.values(), eligible, said, keys, gang)
         hold = soonest(job, gang, index, pools, on, set(self.reserved), now, window)
         if hold is None:
             return

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from operator import attrgetter
 
 import msgspec
@@ -310,11 +310,16 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
         waiting = team_of(job.account, self.team_depth)
         verdicts: dict[str, tuple[bool, str, float | None]] = {}
         reason: PreemptReason
+        # the class first and the cost only for a job offered: most candidates are of the
+        # waiting team or of a team fairness may not take from (the same victims, in order)
+        key = self.victim_key
+        klass_of: Callable[[RunningJob, float], float] = self._class
+        if type(self).victim_key is not FairShare2.victim_key:
+            klass_of = lambda r, now: key(r, now)[0]  # noqa: E731
         for r in candidates:
             if reserved and any(sl.node in reserved for sl in r.slots):
                 continue
-            cost = self.victim_key(r, now)
-            klass = cost[0]
+            klass = klass_of(r, now)
             if klass == CLASS_UNFUNDED:
                 low = r.low_util_since
                 squat = low is not None and now - low >= self.squat_after_s
@@ -335,8 +340,11 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
                     if ratio is None or ratio < self.spare_ratio:
                         continue
                     why += f"; not resumable: ratio {ratio:.3g} >= {self.spare_ratio:g}"
+                cost = key(r, now)
                 reason, note = "fairness", f"{why}; loses {_gpu_h(cost[1])}"
-            yield Victim(r, reason, cost, note)
+                yield Victim(r, reason, cost, note)
+                continue
+            yield Victim(r, reason, key(r, now), note)
 
     def protected(
         self, job: PendingJob, snapshot: Snapshot, now: float

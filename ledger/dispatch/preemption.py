@@ -222,8 +222,12 @@ def _trim(on: list[Victim], node: str, have: int, gpus: int) -> list[Victim]:
     """The victims of `on` still needed for `gpus` GPUs on `node` (`have` free with all of them
     taken), putting back the most expensive unneeded ones first."""
     keep = list(on)
-    for v in sorted(on, key=lambda x: x.cost, reverse=True):
-        held = sum(len(sl.gpu_indices) for sl in v.job.slots if sl.node == node)
+    for v in sorted(on, key=lambda x: x.cost, reverse=True) if len(on) > 1 else on:
+        slots = v.job.slots
+        if len(slots) == 1:  # most jobs: one node
+            held = len(slots[0].gpu_indices) if slots[0].node == node else 0
+        else:
+            held = sum(len(sl.gpu_indices) for sl in slots if sl.node == node)
         if have - held >= gpus:
             have -= held
             keep.remove(v)

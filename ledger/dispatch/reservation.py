@@ -9,7 +9,7 @@ the arithmetic of both.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 
 import msgspec
 
@@ -25,6 +25,68 @@ class Hold(msgspec.Struct, frozen=True, kw_only=True):
     job_id: int
     nodes: frozenset[str]
     until: float
+
+
+_Row = tuple[int, float, float, list[tuple[str, tuple[str, str], int]]]
+
+
+class Frees:
+    """When each running job of a cycle frees its GPUs, for the reservations it weighs: at its
+    contract's end, or when the policy expects it to end (`expected_end`; both at least `now`),
+    on which active nodes and pools. Worked out once per job per cycle (the index's active
+    nodes and `now` do not change inside one)."""
+
+    def __init__(
+        self, now: float, index: FreeIndex, expected_end: Callable[[RunningJob, float], float]
+    ) -> None:
+        self.now = now
+        self.index = index
+        self.expected_end = expected_end
+        self.rows: dict[int, _Row] = {}
+
+    def _row(self, r: RunningJob) -> _Row:
+        now, free, pool_of = self.now, self.index.free, self.index.pool_of
+        row = self.rows[r.job_id] = (
+            r.job_id,
+            max(now, r.placed_at + r.min_runtime_s),
+            max(now, self.expected_end(r, now)),
+            [(sl.node, pool_of[sl.node], len(sl.gpu_indices)) for sl in r.slots if sl.node in free],
+        )
+        return row
+
+    def on(
+        self,
+        live: Iterable[RunningJob],
+        eligible: Set[int],
+        takes: Callable[[RunningJob], bool | None] | None,
+        keys: Set[tuple[str, str]],
+        gang: bool,
+    ) -> dict[str, list[tuple[float, int]]]:
+        """Node -> (when, GPUs) per job of `live` on the nodes of the pools `keys`: a job frees
+        its GPUs at its contract's end when it is `eligible` (or `takes` says so), else when it
+        is expected to end. For a gang job (`gang`), which reads only the latest time per node
+        (`soonest`), that time alone."""
+        rows = self.rows
+        out: dict[str, list[tuple[float, int]]] = {}
+        for r in live:
+            row = rows.get(r.job_id)
+            if row is None:
+                row = self._row(r)
+            job_id, ready, expected, slots = row
+            said = takes(r) if takes is not None else None
+            at = ready if (job_id in eligible if said is None else said) else expected
+            for node, pool, gpus in slots:
+                if pool not in keys:
+                    continue
+                if not gang:
+                    out.setdefault(node, []).append((at, gpus))
+                    continue
+                was = out.get(node)
+                if was is None:
+                    out[node] = [(at, gpus)]
+                elif at > was[0][0]:
+                    was[0] = (at, gpus)
+        return out
 
 
 def soonest(

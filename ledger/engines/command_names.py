@@ -1,86 +1,124 @@
 """Pure: the simple commands a job's command runs, for the path rule (T19 in docs/security.md,
-`job_paths.check_command`): the command itself, and what the common wrappers run in turn, each
-with the directory its relative names are read from. No file is looked at here.
+`job_paths.check_command`), each with the directory its relative names are read from, and
+which of them run a script by name. No file is looked at here.
 
-- `env [-i] [-u NAME] [-C DIR] [-S STRING] [NAME=VALUE]... COMMAND...` runs COMMAND (in DIR;
-  STRING split into words before it).
-- `sh -c STRING` (bash, dash, zsh, ksh, mksh; options before `-c`, `-o NAME` too) runs the
-  simple commands of STRING, split at `;`, `&&`, `||`, `|`, `&` and newlines.
+The rule checks what a command runs by name: its program when named by a path, and the script
+an interpreter or launcher runs (`python3 t.py`, `bash run.sh`, `torchrun --nproc 8 t.py`:
+`INTERPRETER`). Other programs' words are their data (`cat`, `tar`, `tee`, `mkdir`: never
+checked). Wrappers are followed to what they run:
 
-An outside attack found each of these running a teammate's swapped script as the submitter,
-the rule having looked only at `env`'s or the shell's own words (atk43n F1). What is not
-followed: a `cd` inside a string (its later names are read from the job's directory), words
-with `$`, backquotes or globs (the shell expands them at the start), functions and aliases,
-and what a program opens by itself (a module on PYTHONPATH, a launcher's config)."""
+- `env [-iv0] [-u NAME] [-C DIR] [-S STRING] [--] [NAME=VALUE]... COMMAND...` runs COMMAND (in
+  DIR; STRING split into words before it);
+- a shell with `-c STRING` (options before it, `-o NAME`, `--rcfile FILE` too) runs the simple
+  commands of STRING, split at `;`, `&&`, `||`, `|`, `&` and newlines (a backslash-newline
+  joins two lines);
+- any other program (`nohup`, `timeout 1h`, `taskset -c 0`, `setsid`, `flock LOCK`, `nice -n
+  5`...) runs the command from its first later word that names an interpreter, a shell or env.
+
+Outside attacks found each of these running a teammate's swapped script as the submitter
+(atk43n F1, atk44n F1-F3, F5, F11), and the walk refusing a script's data (atk44n F7, F8, F12).
+What is not followed: a `cd` inside a string (later names are read from the job's directory),
+words the shell expands (`$HOME/t.py`, globs), functions and aliases, a program found through
+PATH, a module found by `python -m`, a script's own `#!` line, and what a program opens by
+itself (docs/agent.md)."""
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from collections.abc import Sequence
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh"})
-"""Programs whose `-c STRING` is a command line."""
+"""Programs whose `-c STRING` is a command line (without it, their first word is a script)."""
 
-OPERATORS = frozenset({";", "&&", "||", "|", "&", "\n", ";;", "|&", "(", ")"})
-"""What separates the simple commands of a `-c` string (shlex's punctuation)."""
+INTERPRETER = re.compile(
+    r"(python[0-9.]*|pypy[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node|nodejs|Rscript|julia|lua[0-9.]*"
+    r"|php[0-9.]*|torchrun|accelerate|deepspeed|mpirun|mpiexec|horovodrun|sh|bash|dash|zsh|ksh"
+    r"|mksh)"
+)
+"""Programs (by base name) whose first word naming a file is the script they run."""
+
+SEPARATORS = frozenset(";&|()\n")
+"""What separates the simple commands of a `-c` line (shlex's punctuation)."""
+
+KEYWORDS = frozenset({"then", "do", "else", "elif", "!", "{", "}", "exec", "time", "command",
+                      "if", "while", "until"})  # fmt: skip
+"""Words before a simple command that are not its program."""
+
+SHELL_VALUE_OPTIONS = frozenset({"--rcfile", "--init-file", "-o", "+o", "-O", "+O"})
+"""A shell's options that take the next word as their value."""
 
 MAX_DEPTH = 4
 """Wrappers inside wrappers followed this deep (`env sh -c 'env ...'`); deeper is left whole."""
 
 
+def runs_script(program: str) -> bool:
+    """Whether `program` (a word of a command) runs a script it is given by name."""
+    return INTERPRETER.fullmatch(os.path.basename(program)) is not None
+
+
 def simple_commands(command: Sequence[str], wd: str, depth: int = 0) -> list[tuple[list[str], str]]:
     """The simple commands `command` runs, each with the directory its relative names are read
-    from: the command itself when it is no wrapper this module knows."""
+    from: wrappers as a command of their own program alone, then what they run."""
     words = list(command)
     if not words or depth >= MAX_DEPTH:
         return [(words, wd)]
     name = os.path.basename(words[0])
     if name == "env":
-        inner = _after_env(words[1:], wd)
-        if inner is not None:
-            rest, where = inner
-            return [(words[:1], wd), *simple_commands(rest, where, depth + 1)]
-    elif name in SHELLS:
+        rest, where = _after_env(words[1:], wd)
+        return [(words[:1], wd), *simple_commands(rest, where, depth + 1)]
+    if name in SHELLS:
         line = _shell_string(words[1:])
-        if line is not None:
-            found = [(words[:1], wd)]
-            for part in _split_line(line):
-                found += simple_commands(part, wd, depth + 1)
-            return found
+        if line is None:
+            return [(words, wd)]  # a script, or the shell reading its input
+        found = [(words[:1], wd)]
+        for part in _split_line(line):
+            found += simple_commands(part, wd, depth + 1)
+        return found
+    if runs_script(words[0]):
+        return [(words, wd)]
+    for i, word in enumerate(words[1:], 1):
+        base = os.path.basename(word)
+        if base == "env" or runs_script(word):
+            return [(words[:i], wd), *simple_commands(words[i:], wd, depth + 1)]
     return [(words, wd)]
 
 
-def _after_env(args: list[str], wd: str) -> tuple[list[str], str] | None:
-    """`env`'s command and its directory, or None for an option this does not know (the words
-    are then checked as any command's)."""
+def _after_env(args: list[str], wd: str) -> tuple[list[str], str]:
+    """`env`'s command and its directory (options it does not know are passed over)."""
     i = 0
     while i < len(args):
         word = args[i]
-        if word in ("-i", "-0", "-v", "-", "--ignore-environment", "--null", "--debug"):
-            i += 1
-        elif word in ("-u", "--unset", "-C", "--chdir", "-S", "--split-string"):
-            if i + 1 >= len(args):
-                return None
-            value = args[i + 1]
-            if word in ("-C", "--chdir"):
-                wd = os.path.join(wd, value)
-            elif word in ("-S", "--split-string"):
-                return _split_words(value) + args[i + 2 :], wd
-            i += 2
-        elif word.startswith(("--unset=", "--chdir=", "--split-string=")):
-            key, value = word.split("=", 1)
+        if word == "--":
+            return args[i + 1 :], wd
+        if word.startswith("--"):
+            key, eq, value = word.partition("=")
+            if key in ("--chdir", "--unset", "--split-string") and not eq:
+                if i + 1 >= len(args):
+                    return [], wd
+                value, i = args[i + 1], i + 1
             if key == "--chdir":
                 wd = os.path.join(wd, value)
             elif key == "--split-string":
                 return _split_words(value) + args[i + 1 :], wd
             i += 1
-        elif word.startswith(("-u", "-C", "-S")) and len(word) > 2:
-            return _after_env([word[:2], word[2:], *args[i + 1 :]], wd)
-        elif word.startswith("-"):
-            return None
-        elif "=" in word:
-            i += 1  # NAME=VALUE
+        elif word.startswith("-") and len(word) > 1:
+            for j, letter in enumerate(word[1:], 2):
+                if letter in "uCS":
+                    value = word[j:]
+                    if not value:
+                        if i + 1 >= len(args):
+                            return [], wd
+                        value, i = args[i + 1], i + 1
+                    if letter == "C":
+                        wd = os.path.join(wd, value)
+                    elif letter == "S":
+                        return _split_words(value) + args[i + 1 :], wd
+                    break
+            i += 1
+        elif "=" in word or word == "-":
+            i += 1  # NAME=VALUE, or `-` (as -i)
         else:
             return args[i:], wd
     return [], wd
@@ -92,10 +130,12 @@ def _shell_string(args: list[str]) -> str | None:
     i = 0
     while i < len(args) and args[i][:1] in ("-", "+") and args[i] not in ("-", "--"):
         word = args[i]
-        if word in ("-o", "+o", "-O", "+O"):
-            i += 1  # its option name
-        elif not word.startswith("--") and "c" in word[1:]:
-            has_c = True
+        if word in SHELL_VALUE_OPTIONS:
+            i += 1  # its value
+        elif not word.startswith("--"):
+            has_c = has_c or "c" in word[1:]
+            if "o" in word[1:] or "O" in word[1:]:
+                i += 1  # `-euo pipefail`: the cluster's -o takes the next word
         i += 1
     if i < len(args) and args[i] == "--":
         i += 1
@@ -110,9 +150,11 @@ def _split_words(text: str) -> list[str]:
 
 
 def _split_line(line: str) -> list[list[str]]:
-    """The simple commands of a shell command line: its words split at the operators, words
-    with `$`, a backquote or a glob left out (the shell expands them; they name nothing
-    here), `NAME=VALUE` words before a command skipped, keywords (`then`, `do`...) dropped."""
+    """The simple commands of a shell command line: its words split at the separators
+    (a backslash-newline joins two lines), words with `$`, a backquote or a glob made empty
+    (the shell expands them; they name nothing here), `NAME=VALUE` words and keywords before a
+    command passed over."""
+    line = line.replace("\\\n", " ")
     try:
         lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()\n")
         lexer.whitespace = " \t\r"
@@ -122,7 +164,7 @@ def _split_line(line: str) -> list[list[str]]:
         tokens = line.split()
     parts: list[list[str]] = [[]]
     for token in tokens:
-        if token in OPERATORS or set(token) <= set(";&|()\n"):
+        if set(token) <= SEPARATORS:
             parts.append([])
         elif not parts[-1] and (token in KEYWORDS or _assignment(token)):
             continue
@@ -131,11 +173,6 @@ def _split_line(line: str) -> list[list[str]]:
         else:
             parts[-1].append(token)
     return [p for p in parts if p]
-
-
-KEYWORDS = frozenset({"then", "do", "else", "elif", "!", "{", "}", "exec", "time", "command",
-                      "nohup", "if", "while", "until"})  # fmt: skip
-"""Words before a simple command that are not its program."""
 
 
 def _assignment(token: str) -> bool:

@@ -20,7 +20,7 @@ import stat
 from collections.abc import Sequence
 from typing import Any
 
-from ledger.engines.command_names import simple_commands
+from ledger.engines.command_names import runs_script, simple_commands
 
 
 def umask_of(spec: dict[str, Any]) -> str:
@@ -240,12 +240,15 @@ def check_command(command: Sequence[str], wd: str = "", relative: bool = True) -
 
 
 def _check_simple(command: Sequence[str], wd: str, relative: bool, own_wd: bool) -> None:
-    """`check_command` for one simple command (`command_names.simple_commands`): its program,
-    then its later words up to the first that names something and is no long option's value
-    (a word after `--name` is checked and the walk goes on: `launch --config_file cfg.yaml
-    /srv/x/t.py` ran a teammate's t.py, the walk having stopped at cfg.yaml, atk43n F1; the
-    value of `--name=VALUE` is checked too; a short option's is not told from the script:
-    `python -u t.py`), nor is a program root installed (`_installed`: `nohup /bin/sh q.sh`).
+    """`check_command` for one simple command (`command_names.simple_commands`): its program
+    when named by a path; for an interpreter or launcher (`command_names.runs_script`), the
+    script it runs: its later words up to the first that names something, except a long
+    option's value that looks like no script (a directory, a file with neither an execute bit
+    nor a script's suffix: `--config_file cfg.yaml`, `--log-dir DIR`), which is checked and the
+    walk goes on (`accelerate launch --config_file cfg.yaml /srv/x/t.py` ran a teammate's t.py,
+    atk43n F1; after `--standalone train.py` the walk refused the script's data, atk44n F7); the
+    value of `--name=VALUE` is checked too; `-c CODE`, `-m MODULE`, `-e CODE` end the walk (no
+    script follows). Other programs' words are their data (`cat`, `tar`, `tee`: atk44n F8, F12).
     The bare-name exception holds in the job's own working directory only (`own_wd`), not in
     one a wrapper moves to."""
 
@@ -261,15 +264,34 @@ def _check_simple(command: Sequence[str], wd: str, relative: bool, own_wd: bool)
 
     if command and "/" in command[0] and "\0" not in command[0]:
         check(command[0], PROGRAM)
+    if not command or not runs_script(command[0]):
+        return
     after_option = False
     for word in command[1:]:
-        if word.startswith("-") and "=" in word:
+        if word in ("-c", "-m", "-e", "--eval", "--command"):
+            return  # code or a module from the command line: no script file follows
+        if word.startswith("--") and "=" in word:
             value = word.split("=", 1)[1]
             if looked(value):
                 check(value, SCRIPT)
-        elif looked(word) and check(word, SCRIPT) and not (after_option or _installed(at(word))):
+        elif looked(word) and check(word, SCRIPT) and not (after_option and not _script(at(word))):
             return
         after_option = word.startswith("--") and word != "--" and "=" not in word
+
+
+SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".pl", ".rb", ".js", ".mjs", ".R", ".r", ".jl",
+                   ".lua", ".php")  # fmt: skip
+"""What a script's name ends with (a long option's value that does not is taken for data)."""
+
+
+def _script(path: str) -> bool:
+    """Whether a name the walk found (its way passed the rule) looks like a script: a regular
+    file with an execute bit or a script's suffix."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and (bool(st.st_mode & 0o111) or path.endswith(SCRIPT_SUFFIXES))
 
 
 def in_workdir(word: str) -> str:
@@ -322,18 +344,6 @@ def check_program(path: str, what: str, shown: str = "", links: list[int] | None
         return check_program(target, what, shown, links, holder)
     finally:
         os.close(holder)
-
-
-def _installed(path: str) -> bool:
-    """Whether a word the walk found names a program root installed (a regular file of root's
-    that may be run: `/bin/sh`, `/usr/bin/python3`): a wrapper's program (`nohup /bin/sh
-    q.sh`, `taskset 3 /usr/bin/python3 t.py`), not the script, so the walk goes on. Its way
-    passed the rule already, so no other account can change this answer."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_uid == 0 and bool(st.st_mode & 0o111)
 
 
 def program_refusal(wd: str, command: Sequence[str], relative: bool = True) -> list[str]:

@@ -307,6 +307,7 @@ def _build(
             **_roles(worker, head),
             unobserved=tuple(sorted(svc.dispatcher.unobserved)) if svc.dispatcher else (),
             unobserved_since=svc.dispatcher.unobserved_since if svc.dispatcher else None,
+            unobserved_why=svc.dispatcher.unobserved_why if svc.dispatcher else "",
             engine_away=st.engine_away,
             engine_away_since=st.engine_away_since,
         )
@@ -336,9 +337,15 @@ def _build(
             # the projection's reads: in the read pool, beside the worker (on either store; on
             # PostgreSQL from what is folded while the store is away, saying where that is)
             if spec.pooled:
-                data, at = await pooled.answer(worker, pool, name, spec, args, caller.actor, writes)
-                return Response(data, media_type="application/json", status_code=200,
-                                headers={POSITION_HEADER: str(at)})  # fmt: skip
+                data, at, cut = await pooled.answer(
+                    worker, pool, name, spec, args, caller.actor, writes
+                )
+                headers = {POSITION_HEADER: str(at)}
+                if cut is not None:  # a page cut at its bytes: says how many rows it holds
+                    headers[pooled.TRUNCATED_HEADER] = str(cut)
+                return Response(
+                    data, media_type="application/json", status_code=200, headers=headers
+                )
             # the live state's (previews with `policy=` or `at=` too): on a copy (T5)
             data = await handles.copied(worker, pool, name, spec, args, caller.actor)
             return Response(data, media_type="application/json", status_code=200)
@@ -432,6 +439,7 @@ def _build(
         """The ledger's admins and the nodes' agents are never metered (`front.Front`)."""
         return caller.actor.startswith("@node:") or ledger.state.is_admin(caller.actor)
 
+    writes.app.unmetered = unmetered  # nor are their writes' bytes
     return app, Front(writes, identify, conns, unmetered)
 
 
@@ -457,6 +465,7 @@ def _roles(worker: Worker, head: int) -> dict[str, Any]:
         "store": store,
         "store_error": ha.unreachable or worker.follow_error,
         "settings_error": ha.refused,
+        "no_taker": ha.no_taker(),
         "older_servers": ha.older,
         "servers": ha.servers(head),
     }

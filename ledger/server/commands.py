@@ -34,6 +34,8 @@ untouched. The Litestar routes stay what the OpenAPI document describes.
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import re
 import time
 import typing
@@ -43,12 +45,14 @@ from typing import Any
 import msgspec
 from litestar import Litestar, Request, Response
 
+from ledger.server import connections, meters
 from ledger.server import identity as ident
+from ledger.server.pooled import is_write
 from ledger.server.worker import Worker
 from ledger.store.requests import valid_key
 from schemas import api
 from schemas import commands as c
-from schemas.errors import InvalidCommand, LedgerError, TooLarge
+from schemas.errors import InvalidCommand, LedgerError, TooBusy, TooLarge
 
 Scope = Any
 Receive = Callable[[], Awaitable[Any]]
@@ -87,6 +91,12 @@ class CommandPath:
         (the reads give way to it meanwhile); None: not counted."""
         self.worker = worker
         self.who = who
+        self.written = meters.Written(**connections.positive_settings(dict(os.environ), (
+            (meters.WRITE_RATE_ENV, "per_s", float), (meters.WRITE_BURST_ENV, "burst", float),
+        )))  # fmt: skip
+        """Each person's bytes written to the log (429 past them: `_turn`)."""
+        self.unmetered: Callable[[ident.Identity], bool] = lambda _who: False
+        """Whose writes are never metered (the ledger's admins and nodes: set by the app)."""
         self.observe = observe
         self.error_response = error_response
         self.commands = {f"/v1/commands/{cls.__struct_config__.tag}" for cls in served}
@@ -151,31 +161,36 @@ class CommandPath:
             return await self._error(scope, receive, send, err)
         if problem is not None:
             return await self._error(scope, receive, send, problem)
+        metered = is_write(path) and not self.unmetered(caller)
+        if metered and (wait := self.written.retry_in(caller.whose, time.monotonic())) > 0:
+            return await self._error(scope, receive, send, _written_past(self.written, wait))
         with self._counted(path):  # a write from here on, not before (issue 25)
             if path not in self.commands:  # checked: the framework's route answers it
                 await self.app(scope, _replay(body, False, receive), send)
-                return 200
-            # 3 decided and appended in the group commit; answered once committed
-            return await self._command(scope, receive, send, ident.act(caller, value))
+                size = len(body)
+            else:  # 3 decided and appended in the group commit; answered once committed
+                size = await self._command(scope, receive, send, ident.act(caller, value))
+            if metered and size > 0:  # about what it wrote: its answer (a batch: its body)
+                self.written.charge(caller.whose, size, time.monotonic())
+            return 200 if size >= 0 else -size
 
     def _counted(self, path: str) -> contextlib.AbstractContextManager[None]:
-        from ledger.server.pooled import is_write
-
         if self.writes is None or not is_write(path):
             return contextlib.nullcontext()
         return self.writes.counting()  # type: ignore[no-any-return]
 
     async def _command(self, scope: Scope, receive: Receive, send: Send, cmd: Any) -> int:
+        """The bytes of the answer once sent (200), or minus the error's status."""
         try:
             appended = await self.worker.execute(cmd, _key(scope))
             data = _encoder.encode(
                 api.CommandResult(position=appended.position, events=appended.events)
             )
         except Exception as err:
-            return await self._error(scope, receive, send, err)
+            return -await self._error(scope, receive, send, err)
         await send({"type": "http.response.start", "status": 200, "headers": _sized(data)})
         await send({"type": "http.response.body", "body": data})
-        return 200
+        return len(data)
 
     async def _error(self, scope: Scope, receive: Receive, send: Send, err: Exception) -> int:
         """4 the error as the app's exception handlers answer it (problem+json)."""
@@ -183,6 +198,15 @@ class CommandPath:
         response = self.error_response(err)
         await response.to_asgi_response(self.app, request)(scope, receive, send)
         return response.status_code or 500
+
+
+def _written_past(meter: meters.Written, wait: float) -> TooBusy:
+    return TooBusy(
+        f"you wrote more than {meter.burst / 2**20:g} MiB to the log lately (at most "
+        f"{meter.per_s * 60 / 2**20:g} MiB a minute once past it)",
+        hint=f"retry in {math.ceil(wait)} s; send smaller commands or fewer array tasks",
+        retry_after=math.ceil(wait),
+    )
 
 
 def body_types(app: Litestar) -> list[tuple[str, type[Any]]]:

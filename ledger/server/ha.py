@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from ledger.server.peers import REFUSED_ROLE, no_taker, older_words, server_states
 from ledger.store.lease import Holder, Lease, Member, NotCommitting, dead_here
 from schemas import api
 from schemas.errors import TooLarge
@@ -138,6 +139,8 @@ class Leadership:
     `Lease.refusal`), when it does not (log, health, status)."""
     older: str | None = None
     """Servers of an earlier version refused the lease lately (`Lease.refused_older`)."""
+    _older_at: frozenset[str] = frozenset()
+    """Their addresses."""
     changed: threading.Event = field(default_factory=threading.Event)
     """Set when the role may have changed: the worker looks at its next turn, at once."""
     notify: Callable[[], None] = lambda: None
@@ -369,13 +372,14 @@ class Leadership:
         try:
             sent = time.monotonic()
             kept = sent - self.kept_at if self.kept_at else None
-            self.lease.report(self.role, self.position(), kept)
+            role = self.role if self.refused is None or self.acting() else REFUSED_ROLE
+            self.lease.report(role, self.position(), kept)
             self.reported_at = sent
         finally:
             self._reporting = False
         self._uncommitted = None
         self.members = self.lease.members()
-        older = ", ".join(f"{a} ({n})" for a, n in self.lease.refused_older()) or None
+        self._older_at, older = older_words(self.lease.refused_older())
         if older != self.older and older is not None:
             log.warning("the store refuses the lease to servers of an earlier version: %s "
                         "(docs/ha.md, Upgrading)", older)  # fmt: skip
@@ -387,22 +391,17 @@ class Leadership:
         self.changed.set()
         self.notify()
 
+    def no_taker(self) -> str | None:
+        """Why no running server takes the lease once the leader's runs out (None: a standby
+        may): `no_taker` of the servers as last read, but the lease's holder (its lease may
+        have run out: dead, its last report may say standby)."""
+        holder = self.leader.address if self.leader is not None else ""
+        return no_taker(self.members, holder, self._older_at, api.SILENT_S)
+
     def servers(self, head: int) -> list[api.ServerState]:
-        """Every server on the store that reported lately, with its lag behind `head`. Only the
-        server that holds the lease now is called leader: one that said so last but holds it no
-        more (dead, paused, cut off, deposed) is an `ex-leader` (atk33-28 F11: two "leader" rows,
-        or one under "leader none")."""
-        leader = self.leader_address()
-        return [
-            api.ServerState(
-                address=m.address,
-                role=_role_now(m.role, m.address, leader),
-                position=m.position,
-                lag=max(0, head - m.position),
-                seen_s_ago=round(m.seen_s_ago, 3),
-            )
-            for m in self.members
-        ]
+        """Every server on the store that reported lately, with its lag behind `head`
+        (`peers.server_states`)."""
+        return server_states(self.members, self.leader_address(), head)
 
 
 def may_keep(since_report_s: float, timing: KeepTiming) -> bool:
@@ -415,13 +414,6 @@ def may_keep(since_report_s: float, timing: KeepTiming) -> bool:
 def store_words(why: str) -> str:
     """Why the store takes no write, in words: `why` is the lease's last error."""
     return why if "does not commit" in why else f"the store does not answer ({why})"
-
-
-def _role_now(said: str, address: str, leader: str) -> str:
-    """A server's role as the lease has it now: `said` is what it last reported."""
-    if leader and address == leader:
-        return "leader"
-    return "ex-leader" if said == "leader" else said
 
 
 class HAFront:

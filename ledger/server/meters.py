@@ -107,3 +107,42 @@ class Progress:
             self.sent, self.since = sent, now  # nothing waited, or bytes left: progress
             return False
         return now - self.since >= self.stall_s
+
+
+WRITE_RATE_ENV = "GPULEDGER_WRITE_RATE"
+"""Overrides `WRITE_BYTES_PER_S` (bytes a second)."""
+WRITE_BURST_ENV = "GPULEDGER_WRITE_BURST"
+"""Overrides `WRITE_BYTES_BURST` (bytes)."""
+WRITE_BYTES_PER_S = 128 * 1024
+"""How fast a person's allowance of bytes written to the log fills (7.5 MiB a minute)."""
+WRITE_BYTES_BURST = 32 << 20
+"""A person's allowance when full: a 10,000-task array of an ordinary command fits in it."""
+
+
+@dataclass
+class Written:
+    """Each person's bytes written to the log (atk44-25 F9: one user looping 4 MB submits and
+    cancels grew the log ~15 MiB/s, for good, and slowed another's submits ~190x): a bucket of
+    `burst` bytes filling at `per_s`. A write is charged what it wrote once it is written (its
+    size is known only then: an array's tasks); a person whose bucket is below zero is refused
+    until it is full enough again (`retry_in`). One request writes at most
+    `schemas.bounds.MAX_REQUEST_WRITTEN`, so the debt is bounded. Pure: `now` is a parameter."""
+
+    per_s: float = WRITE_BYTES_PER_S
+    burst: float = WRITE_BYTES_BURST
+    level: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def retry_in(self, who: str, now: float) -> float:
+        """0 when `who` may write now, else the seconds until their bucket is above zero."""
+        return max(0.0, -self._left(who, now) / self.per_s)
+
+    def charge(self, who: str, size: int, now: float) -> None:
+        self.level[who] = (self._left(who, now) - size, now)
+        if len(self.level) > PRUNE_AT:
+            for key, (left, at) in list(self.level.items()):
+                if left + (now - at) * self.per_s >= self.burst:
+                    del self.level[key]
+
+    def _left(self, who: str, now: float) -> float:
+        left, at = self.level.get(who, (self.burst, now))
+        return min(self.burst, left + max(0.0, now - at) * self.per_s)

@@ -29,7 +29,7 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
-from ledger.server import copied
+from ledger.server import copied, pooled
 from ledger.server.fairlane import FairSlot
 from ledger.server.whatifs import REVIEW_S
 from projections import history
@@ -371,7 +371,10 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         def read(h: copied.CopiedHandles) -> bytes:  # in the read pool
             viewer = reads.Viewer(caller.actor, h.ledger.state)
             total, rows = reads.finished_jobs(h.store(), f, viewer, reason=reason, offset=offset)
-            page = FinishedPageView(total=total, offset=offset, limit=limit, rows=rows)
+            kept, cut = pooled.bounded_rows([msgspec.json.encode(r) for r in rows])
+            rows = rows[: len(kept)]  # at most MAX_PAGE_BYTES: `limit` then says how many
+            page = FinishedPageView(total=total, offset=offset, limit=len(rows) if cut else limit,
+                                    rows=rows)  # fmt: skip
             return msgspec.json.encode(page)
 
         data = await copied.read(worker, pool, caller.actor, "the finished jobs page", read)

@@ -128,9 +128,10 @@ async def answer(
     args: Any,
     viewer: str,
     busy: Callable[[], bool] | Writes = lambda: False,
-) -> tuple[bytes, int]:
-    """The encoded answer of a pooled read for `viewer`, computed in `pool`, and the log
-    position it answers at (read in the same transaction as the answer).
+) -> tuple[bytes, int, int | None]:
+    """The encoded answer of a pooled read for `viewer`, computed in `pool`, the log position
+    it answers at (read in the same transaction as the answer), and, when a page was cut at
+    `MAX_PAGE_BYTES` before its `limit`, how many rows it holds (else None).
 
     The worker thread only copies who may see what (`seen_by`; within `WORKER_WAIT_S`, else it
     is copied here). The projection is caught up to the log's position when the read was asked
@@ -155,7 +156,7 @@ async def _answer(
     args: Any,
     viewer: str,
     busy: Callable[[], bool] | Writes,
-) -> tuple[bytes, int]:
+) -> tuple[bytes, int, int | None]:
     import asyncio
 
     from ledger.server import copied
@@ -175,23 +176,24 @@ async def _answer(
     await copied.caught_up(worker, pool, target)
     clock = service.clock.now
 
-    def run(cursor: duckdb.DuckDBPyConnection, _limits: Limits) -> tuple[int, bytes]:
+    def run(cursor: duckdb.DuckDBPyConnection, _limits: Limits) -> tuple[int, bytes, int | None]:
         cursor.execute("BEGIN TRANSACTION")  # the position and the answer: one snapshot
         try:
             at = tracked(cursor)
             now = clock()  # one moment for the whole page
             handles = PooledHandles(cursor, viewer, seen, lambda: now)
             if name in PAGED:
-                return at, b"[" + b",".join(paged(name, spec, handles, args, busy)) + b"]"
-            return at, _encode(spec.run(handles, args))
+                rows, cut = paged(name, spec, handles, args, busy)
+                return at, b"[" + b",".join(rows) + b"]", len(rows) if cut else None
+            return at, _encode(spec.run(handles, args)), None
         finally:
             with contextlib.suppress(Exception):
                 cursor.execute("ROLLBACK")
 
     big = is_big(name, args)
     what = f"the {name} read"
-    at, data = await pool.compute(stopped(what, run), read=True, big=big, person=viewer)
-    return data, at
+    at, data, cut = await pool.compute(stopped(what, run), read=True, big=big, person=viewer)
+    return data, at, cut
 
 
 def is_big(name: str, args: Any) -> bool:
@@ -207,6 +209,16 @@ def is_big(name: str, args: Any) -> bool:
 PAGED = frozenset({"jobs", "log"})
 PART = 500
 """Rows built at a time (a few milliseconds of the interpreter's time)."""
+TRUNCATED_HEADER = "x-gpuledger-truncated"
+"""The header of a page cut at `MAX_PAGE_BYTES`: the rows it holds."""
+FIRST_PART = 50
+"""Rows of a page's first part: the next parts are sized by the rows' bytes so far, so a part
+of large rows never holds much more than the page may (`MAX_PAGE_BYTES`)."""
+MAX_PAGE_BYTES = 32 << 20
+"""The most a `jobs` or `log` page holds, its rows encoded: the page ends before the row that
+would pass it (one row at least), and the answer says so (`X-Gpuledger-Truncated`: its rows;
+ask the next page after the last). 52 jobs of 4 MB commands made each page 214 MB and the
+server grew from 0.9 to 3.3 GB (atk44-25 F10)."""
 GIVE_WAY_S = 0.05
 """The longest a part waits for the writes under way to end (then it goes on regardless: under
 a constant stream of writes, a page still ends)."""
@@ -218,8 +230,10 @@ def paged(
     handles: PooledHandles,
     args: Any,
     busy: Callable[[], bool] | Writes,
-) -> list[bytes]:
-    """The encoded rows of a `jobs` or `log` page, built `PART` rows at a time; before each part
+) -> tuple[list[bytes], bool]:
+    """The encoded rows of a `jobs` or `log` page, and whether it was cut at `MAX_PAGE_BYTES`
+    before its limit; built `PART` rows at a time (`FIRST_PART`, then as many as the rows'
+    bytes so far say fit, at most `PART`); before each part
     after the first, while `busy()` (a write is under way) and for at most `GIVE_WAY_S`, the
     thread sleeps: it gives the interpreter to the event loop and the worker thread. A read
     holds the interpreter lock in turn with them (every 0.5 ms: `readpool.SWITCH_S`), so a
@@ -230,7 +244,7 @@ def paged(
     encode = msgspec.json.Encoder().encode
     out: list[bytes] = []
     if name == "jobs" and args.at is not None:  # the jobs as they were: rebuilt, not paged
-        return [encode(x) for x in spec.run(handles, args)]
+        return bounded_rows([encode(x) for x in spec.run(handles, args)])
     left = args.tail if name == "log" and args.tail is not None else args.limit
     after = args.after if name == "log" else 0
     if name == "log" and args.tail is not None:  # the last `tail`: from where they begin
@@ -242,10 +256,12 @@ def paged(
         after = args.after if row is None else int(row[0]) - 1
     below: int | None = None
     viewer = reads.Viewer(handles.viewer, handles.seen)
+    size = 0
     while left > 0:
         if out:
             give_way(busy)
-        n = min(PART, left)
+        room = (MAX_PAGE_BYTES - size) * len(out) // size if size else FIRST_PART
+        n = min(PART, left, max(1, room))
         part: list[Any]
         if name == "log":
             part = reads.log(handles.store(), v.LogFilter(after=after, limit=n), viewer)
@@ -255,10 +271,25 @@ def paged(
             part = reads.jobs(handles.store(), f, handles.now(), viewer, below=below)
             below = part[-1].job_id if part else below
         out += [encode(x) for x in part]
+        size += sum(len(row) for row in out[-len(part) :]) if part else 0
         left -= len(part)
         if len(part) < n:
             break
-    return out
+        if size >= MAX_PAGE_BYTES:
+            rows, cut = bounded_rows(out)
+            return rows, cut or left > 0
+    return bounded_rows(out)
+
+
+def bounded_rows(rows: list[bytes]) -> tuple[list[bytes], bool]:
+    """`rows` up to the one that would pass `MAX_PAGE_BYTES` (one at least), and whether any
+    was left out."""
+    size = 0
+    for i, row in enumerate(rows):
+        size += len(row) + 1
+        if size > MAX_PAGE_BYTES and i > 0:
+            return rows[:i], True
+    return rows, False
 
 
 def give_way(busy: Callable[[], bool] | Writes) -> None:

@@ -29,7 +29,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -143,6 +143,7 @@ def make_executor(
     may_act: Callable[[], bool] | None = None,
     keeping: Callable[[], float | None] | None = None,
     keep_delay_s: float = 0.0,
+    cluster: Mapping[str, object] | None = None,
 ) -> Executor:
     """The executor `config` names, the only place one is made for the service. Slurm's is
     checked first (the partition exists and Slurm will neither reorder nor preempt on it; one
@@ -152,7 +153,9 @@ def make_executor(
     `keeping`: how long from now a server on the store may still keep a node's lease (None:
     not known), before which the agents' executor counts no node lost
     (`ledger.server.ha.Leadership.keeping`); `keep_delay_s`: when the servers begin to keep
-    (`KeepTiming.delay_s`), told to each agent that registers."""
+    (`KeepTiming.delay_s`), told to each agent that registers; `cluster`: the Slurm cluster the
+    store records (`cluster.identity`; None: the first one Slurm's executor reads), which it
+    checks whenever slurmctld answers after being away."""
     home = ledger.home
     if config.executor == "slurm":
         from ledger.engines.slurm import open_executor
@@ -166,6 +169,7 @@ def make_executor(
             config.run_as,
             may_act,
             config.node_fence.seconds,
+            cluster,
         )
     if config.executor == "agents":
         from ledger.engines.agents import AgentExecutor
@@ -247,6 +251,9 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     """Run until SIGINT/SIGTERM (or, for `up`, until idle or out of time); returns the exit code
     (0 on a clean stop). `actor`: the admin starting it (Slurm's nodes and `up`'s node tokens are
     recorded by them)."""
+    if config.abandon_runs and not config.new_settings:
+        raise InvalidCommand("--abandon-runs goes with --new-settings (onto another Slurm "
+                             "cluster): alone it changes nothing", hint="docs/ha.md")  # fmt: skip
     early = threading.Event()  # a signal before the listeners run still stops us cleanly
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: early.set())
@@ -274,7 +281,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         },
         known_only=True,
     )
-    ha = _leadership(ledger, config, policy) if dsn is not None else None
+    ha, cluster = _leadership(ledger, config, policy) if dsn is not None else (None, None)
     # 2 the executor before any line is logged: a partition Slurm would overrule is one error
     # (a standby makes it when it takes the lead)
     executor = make_executor(ledger, config, actor) if ha is None else NoExecutor()
@@ -319,7 +326,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     app: Any = front
     if ha is not None:
         worker.ha = ha
-        worker.promote, worker.demote = _roles(ha, service, config, actor)
+        worker.promote, worker.demote = _roles(ha, service, config, actor, cluster)
         ha.position = lambda: ledger.position
         ha.notify = worker.nudge
         # behind the connections' front (each request's caller claims its connection, one
@@ -473,10 +480,13 @@ def run_as_words(config: ServeConfig) -> str:
     return f"their owners' OS accounts (uid {config.min_uid}-{config.max_uid}{root})"
 
 
-def _leadership(ledger: Ledger, config: ServeConfig, policy: Any) -> Leadership:
+def _leadership(
+    ledger: Ledger, config: ServeConfig, policy: Any
+) -> tuple[Leadership, dict[str, object] | None]:
     """This server's side of the lease on the ledger's PostgreSQL store (refused in one line
     when the store records another lease, node settings, executor, policy or admission and
-    security settings: `lease.agree`)."""
+    security settings: `lease.agree`), and the Slurm cluster it runs (None: not Slurm), which
+    its executor checks again whenever slurmctld answers after being away (atk43ha F5)."""
     assert ledger.dsn is not None
     slurm = None
     if config.executor == "slurm":  # which cluster: compared with the other servers' (F2)
@@ -484,7 +494,8 @@ def _leadership(ledger: Ledger, config: ServeConfig, policy: Any) -> Leadership:
 
         slurm = read_identity(os.environ)
     mine = settings_of(config, policy, slurm)
-    since = lease.agree(ledger.dsn, mine, config.new_settings)
+    vet = None if slurm is None else functools.partial(_runs_left, ledger, config, slurm)
+    since = lease.agree(ledger.dsn, mine, config.new_settings, vet)
     address = config.advertise
     if not address:
         scheme = "https" if config.tls_cert else "http"
@@ -498,7 +509,52 @@ def _leadership(ledger: Ledger, config: ServeConfig, policy: Any) -> Leadership:
                     "flag changes nothing (start it without the flag)")  # fmt: skip
     mine_lease = lease.Lease(ledger.dsn, holder, address, mine.lease_s, mine.node, mine.work, since,
                              admission=mine.admission)  # fmt: skip
-    return Leadership(mine_lease)
+    return Leadership(mine_lease), slurm
+
+
+def _runs_left(
+    ledger: Ledger, config: ServeConfig, slurm: dict[str, object], recorded: lease.Settings
+) -> None:
+    """Refuse (one line) `--new-settings` onto another Slurm cluster than the `recorded` one
+    while the ledger holds runs the new cluster (`slurm`, `SLURM_CONF`'s) does not list: they
+    run on the recorded cluster, and the take would record them lost (exit -1) while they run
+    on there, unaccounted and out of the ledger's reach; going back stopped them (atk43ha F2).
+    A move of the same cluster (its controller's host or port, its state copied to another
+    `StateSaveLocation`) lists them, and passes; so does `--abandon-runs`, which says so."""
+    import json
+
+    from ledger.engines.slurm.cluster import changed, runs_not_on
+    from ledger.engines.slurm.opening import ledger_id
+
+    how = changed(json.loads(recorded.admission or "{}"), slurm)
+    held = {j.job_id: j.preemptions for j in ledger.state.jobs.values()
+            if j.status in ("placed", "running")}  # fmt: skip
+    if not how or not held:
+        return
+    try:
+        left = runs_not_on(os.environ, config.partition, ledger_id(ledger), held)
+    except LedgerError as err:
+        raise InvalidCommand(
+            f"--new-settings onto another Slurm cluster ({how}): its jobs "
+            f"cannot be read to check the ledger's runs: {err.line()}"
+        ) from err
+    if not left:
+        log.warning("--new-settings: another Slurm cluster (%s); it lists every run the ledger "
+                    "holds (a move): they are adopted there", how)  # fmt: skip
+        return
+    jobs = ", ".join(map(str, left[:10])) + (", ..." if len(left) > 10 else "")
+    if config.abandon_runs:
+        log.warning("--new-settings --abandon-runs onto another Slurm cluster (%s): %d runs "
+                    "the ledger holds are not on it (jobs %s): recorded lost; they run on, "
+                    "unaccounted, where they are", how, len(left), jobs)  # fmt: skip
+        return
+    raise InvalidCommand(
+        f"--new-settings onto another Slurm cluster ({how}) would record lost {len(left)} runs "
+        f"the ledger holds that it does not list (jobs {jobs}): they run on the recorded one",
+        hint="let them end or cancel them first (start the servers with the recorded cluster's "
+        "SLURM_CONF), or move that cluster's state with it; or give --abandon-runs with "
+        "--new-settings to record them lost (docs/ha.md)",
+    )
 
 
 def settings_of(
@@ -539,7 +595,11 @@ def _policy_words(config: Any) -> str:
 
 
 def _roles(
-    ha: Leadership, service: ServiceLoop, config: ServeConfig, actor: str
+    ha: Leadership,
+    service: ServiceLoop,
+    config: ServeConfig,
+    actor: str,
+    cluster: Mapping[str, object] | None = None,
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """What the worker runs when this server takes the lead, and when it gives it up."""
     ledger = service.ledger
@@ -554,6 +614,7 @@ def _roles(
                 ha.lease.may_act,
                 ha.keeping,
                 ha.timing.delay_s,
+                cluster,
             ),
             epoch=ha.lease.epoch,
             may_act=ha.lease.may_act,

@@ -165,7 +165,11 @@ class Simulation:
         # the log in memory while the run appends and reads it, written to `home` whole at the
         # end (`write_out`); the projection's ranks read the file as they go, so they keep it there
         self.ledger = Ledger(
-            home, self.clock, seeded_ids(config.seed), memory=config.ranks != "projection"
+            home,
+            self.clock,
+            seeded_ids(config.seed),
+            memory=config.ranks != "projection",
+            bounded=False,  # a simulated log: many submissions at one moment, never relayed
         )
         self.on_sigterm: set[int] = set()
         """Resumable jobs (ledger ids) that checkpoint on SIGTERM."""

@@ -111,7 +111,7 @@ class _Sim:
         # the organisation is set up at the start of the period's first clock hour: owed hours
         # take each hour's allocation as of the hour's start, as the recorded side's do
         self.clock = SimClock(math.floor(scen.start / 3600.0) * 3600.0)
-        self.ledger = Ledger(home, self.clock, seeded_ids(seed))
+        self.ledger = Ledger(home, self.clock, seeded_ids(seed), bounded=False)  # a replay
         self.home = home
         self.tick_s = tick_s
         self.checkpoint_every_s = checkpoint_every_s

@@ -30,7 +30,8 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteFactory
 
-from ledger.core.decide import command_keys, decide, event_keys
+from ledger.core import conflicts
+from ledger.core.decide import decide
 from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.store import EVENTS_DB, locate, requests, snapshots
@@ -40,7 +41,8 @@ from ledger.store.requests import KEY_PART, Requests, keyed_id
 from projections.chain import link
 from projections.source import LogRecord, follow
 from schemas import codec
-from schemas.commands import AnyCommand
+from schemas.bounds import check_written
+from schemas.commands import AnyCommand, ApplyDecision
 from schemas.errors import Conflict, EventDecodeError, InvalidCommand, LedgerError, Unavailable
 from schemas.events import AnyEvent, tag_of
 
@@ -192,11 +194,15 @@ class Ledger(Application[UUID]):
         snapshot_every: int = snapshots.SNAPSHOT_EVERY,
         store: str | None = None,
         memory: bool = False,
+        bounded: bool = True,
     ) -> None:
         """`store`: a PostgreSQL DSN (default: the one `home` records, else the SQLite file in
         `home`; `ledger.store.locate`). `memory`: the same SQLite store held in memory until
-        `write_out()` writes it to `home` (a simulation's: nothing else reads it meanwhile)."""
+        `write_out()` writes it to `home` (a simulation's: nothing else reads it meanwhile).
+        `bounded`: what a request writes is bounded (`bounds.check_written`); a simulation's
+        or a what-if's log, which nothing relays and which replays a state, is not."""
         home.mkdir(parents=True, exist_ok=True)
+        self.bounded = bounded
         if memory and (home / EVENTS_DB).exists():
             raise InvalidCommand(f"{home} already holds a ledger", hint="pass a new home")
         self.dsn = None if memory else locate.store_of(home, store)
@@ -481,7 +487,7 @@ class Ledger(Application[UUID]):
                 continue  # another writer moved the log: decide again
             if not events:
                 return Appended(events=[], position=self.position)
-            stored, events, back = self._stored(events)
+            stored, events, back = self._stored(events, bounded=self.bounded and _bounded(cmds))
             ids = self._insert(stored)
             if ids is None:
                 self.catch_up()  # another writer appended first: catch up and decide again
@@ -553,7 +559,9 @@ class Ledger(Application[UUID]):
                 if eid is not None and decided:
                     decided[0] = msgspec.structs.replace(decided[0], event_id=eid)
                     batch[eid[:KEY_PART]] = len(outcomes)
-                mine, chained, _ = self._stored(decided, version=version, prev=prev)
+                mine, chained, _ = self._stored(
+                    decided, version=version, prev=prev, bounded=self.bounded and _bounded([cmd])
+                )
             except LedgerError as err:
                 outcomes.append(err)
                 continue
@@ -691,12 +699,19 @@ class Ledger(Application[UUID]):
         return decide(state, cmd, now, self.ids)
 
     def _stored(
-        self, decided: list[AnyEvent], *, version: int | None = None, prev: str | None = None
+        self,
+        decided: list[AnyEvent],
+        *,
+        version: int | None = None,
+        prev: str | None = None,
+        bounded: bool = True,
     ) -> tuple[list[StoredEvent], list[AnyEvent], list[AnyEvent]]:
         """Chain, encode through the mapper once, and prove every event reads back as itself:
-        what the store cannot hold faithfully (inf, NaN, lone surrogates) is rejected. Returns
-        the stored events, the chained events and the chained events as read back."""
-        out, events, back = [], [], []
+        what the store cannot hold faithfully (inf, NaN, lone surrogates) is rejected, and,
+        `bounded`, what a reader could not take (`bounds.check_written`: an event past the relay's
+        record size, a request writing more than its bound). Returns the stored events, the
+        chained events and the chained events as read back."""
+        out, events, back, written = [], [], [], 0
         prev = self.last_hash if prev is None else prev
         version = self.version if version is None else version
         for i, unchained in enumerate(decided):
@@ -716,45 +731,26 @@ class Ledger(Application[UUID]):
                     f"{tag_of(type(ev))} would not read back as written",
                     hint="use finite numbers (no inf or NaN)",
                 )
+            if bounded:
+                check_written(tag_of(type(ev)), len(se.state), written)
+                written += len(se.state)
             out.append(se)
             back.append(read)
             prev = _link_of(se)
         return out, events, back
 
     def _check_conflicts(self, cmds: Sequence[AnyCommand]) -> None:
-        """Conflict for a command whose keys an event after its `expected_position` changed. The
-        log after the oldest is read once for all of them, and at most `LOOKBACK` events back:
-        read per command, a batch of 2,000 cancels expecting position 0 read the whole log 2,000
-        times on the worker thread (and one submit so, on the event loop, once)."""
-        behind = [c for c in cmds if c.expected_position is not None and c.expected_position < 0]
-        if behind:
-            got = behind[0].expected_position
-            raise InvalidCommand(f"expected_position must be >= 0, got {got}")
-        stale = [c for c in cmds if c.expected_position is not None
-                 and c.expected_position < self.position]  # fmt: skip
-        if not stale:
-            return
-        oldest = min(int(c.expected_position or 0) for c in stale)
-        if oldest < self.position - LOOKBACK:
-            raise Conflict(f"stale command: expected position {oldest} is more than {LOOKBACK:,} "
-                           f"events behind the log's head {self.position}",
-                           hint="read again and retry", expected=oldest)  # fmt: skip
-        after = list(self.follow(oldest))  # the events folded last, kept decoded: no store read
-        for cmd in stale:
-            expected, wanted = int(cmd.expected_position or 0), command_keys(self.state, cmd)
-            for pos, ev in after:
-                clash = wanted & event_keys(ev) if pos > expected else None
-                if clash:
-                    raise Conflict(
-                        f"stale command: position {pos} changed {', '.join(sorted(clash))} "
-                        f"after the expected position {expected}",
-                        hint="read again and retry", position=pos, expected=expected,
-                    )  # fmt: skip
+        """Conflict for a command whose keys an event after its `expected_position` changed: the
+        log after the oldest read once, from the events kept decoded (`conflicts.oldest`)."""
+        oldest = conflicts.oldest(cmds, self.position)
+        if oldest is not None:
+            conflicts.check(self.state, cmds, list(self.follow(oldest)))
 
 
-LOOKBACK = 1_000
-"""How far behind the log's head a command's `expected_position` may be (`_check_conflicts`; the
-dispatcher's is its own cycle's snapshot, at the head)."""
+def _bounded(cmds: Sequence[AnyCommand]) -> bool:
+    """Whether the bounds of what a request writes apply: to everything but the dispatcher's
+    decision records (a cycle is never refused for its size)."""
+    return not any(isinstance(cmd, ApplyDecision) for cmd in cmds)  # and `Ledger.bounded`
 
 
 def _request_bytes(cmd: AnyCommand) -> bytes:

@@ -265,7 +265,9 @@ def setup(dsn: str) -> None:
         make_schema(con)
 
 
-def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
+def agree(
+    dsn: str, mine: Settings, change: bool = False, vet: Callable[[Settings], None] | None = None
+) -> Any:
     """Refuse (one line) a lease outside `LEASE_RANGE_S`, or settings (`Settings`: the lease,
     the node-lost timeout and fence, the executor and policy) other than those the store
     records: the last taker's, kept in the row while nobody leads too. Every server on a store
@@ -282,7 +284,9 @@ def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
     now: settings recorded later are never replaced by this server (two servers started
     together with different settings never take turns: atk38-28 F1); None with `change` when
     the store records these settings already (the flag has nothing to change, and changes
-    nothing)."""
+    nothing). `vet`, with `change`: asked about the recorded settings this server would replace
+    before anything is made, and refuses (raises) a change it may not make (runs left on
+    another Slurm cluster: atk43ha F2)."""
     low, high = LEASE_RANGE_S
     if not low <= mine.lease_s <= high:
         raise InvalidCommand(
@@ -301,6 +305,8 @@ def agree(dsn: str, mine: Settings, change: bool = False) -> Any:
         recorded, live, who = _read_row(row[0] if row else {}, mine)
         if recorded is not None and mine.differs(recorded) and (live or not change):
             raise _disagreement(mine, recorded, who, live)
+        if change and vet is not None and recorded is not None and mine.differs(recorded):
+            vet(recorded)
         make_schema(con)
     if change and recorded is not None and not mine.differs(recorded):
         return None  # nothing to change: the flag does nothing (it acts once: atk39-28 F3)

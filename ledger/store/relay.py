@@ -24,10 +24,8 @@ An edge (network, files). Guarantees, with the reasons (docs/kafka.md has the lo
   every committed event (bounded).
 
 The topic, the record headers and the client settings are `projections.kafka_wire`'s, which every
-reader shares.
-
-Record timestamps are the wall clock at publish time (Kafka 4 rejects timestamps more than an
-hour in the future, and simulations run far ahead); the event time stays in the payload.
+reader shares. Record timestamps are the wall clock at publish time (Kafka 4 rejects timestamps
+more than an hour in the future; simulations run far ahead); the event time is in the payload.
 """
 
 from __future__ import annotations
@@ -49,10 +47,13 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError, TopicAlreadyExistsError
 
 from ledger.store import EVENTS_DB, recorded
+from ledger.store.relay_topic import raise_record_limit
 from projections.chain import START, Tip
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,
     PARTITION,
+    RECORD_MAX_BYTES,
+    RECORD_OVERHEAD,
     REQUIRED_CONFIG,
     TOPIC,
     TOPIC_CONFIG,
@@ -88,11 +89,16 @@ class RelayUnavailable(RelayError):
 
 
 class RelayHeld(RelayUnavailable):
-    """Another producer holds a transaction open on the topic: read_committed readers (the
-    relay's own bookmark among them) see nothing past its first record until it ends. Retried:
-    the relay never guesses its last position (it would publish events twice)."""
+    """Another producer holds a transaction open on the topic: read_committed readers (the relay's
+    bookmark too) see nothing past it until it ends. Retried: the relay never guesses."""
 
     code = "held"
+
+
+class RecordTooLarge(RelayUnavailable):
+    """The next event is larger than the topic takes and the relay may not raise its limit."""
+
+    code = "record_too_large"
 
 
 class RelayFenced(RelayError):
@@ -205,8 +211,9 @@ def ensure_topic(
     topic: str = TOPIC,
     config: Mapping[str, Any] | None = None,
     connect_timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> None:
-    """Create the topic explicitly: one partition, unlimited retention. Idempotent.
+) -> int:
+    """Create the topic explicitly: one partition, unlimited retention. Idempotent. Returns the
+    largest record the topic takes (its `max.message.bytes`).
 
     An existing topic must have one partition and the settings in REQUIRED_CONFIG; otherwise
     this raises RelayError rather than publish into a topic that reorders or forgets events.
@@ -235,15 +242,15 @@ def ensure_topic(
                 },
                 wait_for_metadata=True,
             )
-            return
+            return RECORD_MAX_BYTES
         except TopicAlreadyExistsError:
             pass
-        _check_topic(admin, topic)
+        return _check_topic(admin, topic)
     finally:
         admin.close()
 
 
-def _check_topic(admin: Any, topic: str) -> None:
+def _check_topic(admin: Any, topic: str) -> int:
     (described,) = admin.describe_topics([topic])
     partitions = len(described["partitions"])
     if partitions != 1:
@@ -251,7 +258,8 @@ def _check_topic(admin: Any, topic: str) -> None:
             f"topic {topic} has {partitions} partitions; the relay needs exactly 1 to keep order",
             hint="delete the topic (or pick another name) and let the relay create it",
         )
-    resource = ConfigResource(ConfigResourceType.TOPIC, topic, list(REQUIRED_CONFIG))
+    keys = [*REQUIRED_CONFIG, "max.message.bytes"]
+    resource = ConfigResource(ConfigResourceType.TOPIC, topic, keys)
     found = admin.describe_configs([resource], config_filter="all")["topic"][topic]
     wrong = {k: found[k]["value"] for k in REQUIRED_CONFIG if found[k]["value"] != TOPIC_CONFIG[k]}
     if wrong:
@@ -260,6 +268,7 @@ def _check_topic(admin: Any, topic: str) -> None:
             f"topic {topic} has {shown}: it would not keep every event",
             hint=f"set {', '.join(f'{k}={TOPIC_CONFIG[k]}' for k in sorted(wrong))} on the topic",
         )
+    return int(found["max.message.bytes"]["value"])
 
 
 @dataclass(frozen=True)
@@ -440,13 +449,17 @@ class Relay:
         """Offsets of foreign records found after our last record when we last connected."""
         self._stale = False
         self._fenced_by: RelayFenced | None = None
-        try:
-            ensure_topic(bootstrap, topic, self.config, connect_timeout_s)
-        except KafkaError as e:
-            raise _unavailable(bootstrap, e) from e
+        self.record_limit = self._topic_limit()
+        """The largest record the topic takes: a larger event is never sent (RecordTooLarge)."""
         self.producer = self._connect()
 
     # --- connecting -----------------------------------------------------------------------------
+
+    def _topic_limit(self) -> int:
+        try:
+            return ensure_topic(self.bootstrap, self.topic, self.config, self.connect_timeout_s)
+        except KafkaError as e:
+            raise _unavailable(self.bootstrap, e) from e
 
     def _connect(self) -> Any:
         """A fresh transactional producer, and our position read back from the topic.
@@ -623,14 +636,36 @@ class Relay:
         pages = follow(RawSource(self.recorder), self.position, page=self.batch)
         records = next(pages, [])
         while records:
+            fits = self._fitting(records)
             with self._transaction():
-                self._send(records)
+                self._send(fits)
                 # Read the next batch while the producer's thread ships this one.
-                following = next(pages, [])
-            self.position = records[-1].position
-            total += len(records)
+                following = records[len(fits) :] or next(pages, [])
+            self.position = fits[-1].position
+            total += len(fits)
             records = following
         return total
+
+    def _fitting(self, records: list[RawRecord], tried: bool = False) -> list[RawRecord]:
+        """The records before the first the topic would refuse for its size (the broker fails
+        the whole transaction, and the relay retried it for good: atk44-25 F8). When that is the
+        first, an older topic's limit is raised (`relay_topic`), else RecordTooLarge names it."""
+        limit = self.record_limit - RECORD_OVERHEAD
+        big = next((i for i, r in enumerate(records) if len(r.data) > limit), None)
+        if big is None or big > 0:
+            return records if big is None else records[:big]
+        r = records[0]
+        if not tried and len(r.data) <= RECORD_MAX_BYTES - RECORD_OVERHEAD:  # an older topic
+            raise_record_limit(self.bootstrap, self.topic, self.config, self.timeout_s)
+            self.record_limit = self._topic_limit()  # read back, whoever raised it (or not)
+            return self._fitting(records, tried=True)
+        raise RecordTooLarge(
+            f"relay waits after position {self.position}: the event at position {r.position} "
+            f"({r.tag}) is {len(r.data):,} bytes, more than topic {self.topic} takes "
+            f"(max.message.bytes={self.record_limit:,})",
+            hint=f"kafka-configs.sh --alter --entity-type topics --entity-name {self.topic} "
+            f"--add-config max.message.bytes={RECORD_MAX_BYTES}; the relay goes on by itself",
+        )
 
     def _send(self, records: list[RawRecord]) -> None:
         send, topic = self.producer.send, self.topic

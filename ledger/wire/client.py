@@ -19,6 +19,7 @@ import os
 import secrets
 import socket
 import stat
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -429,6 +430,12 @@ class _Server:
         after = (resp.getheader("Retry-After") or "") if resp.status == 429 else ""
         self.retry_after = min(int(after), 60) if after.isdigit() else 0
         self.store_away = resp.getheader("X-Gpuledger-Store") == "away"
+        cut = resp.getheader("X-Gpuledger-Truncated") or ""
+        if cut:  # a page cut at its bytes (pooled.MAX_PAGE_BYTES): said, never silently short
+            sys.stderr.write(
+                f"note: the server cut this page at {cut} rows (at most 32 MiB of rows in one "
+                "page); ask for the rest after its last row\n"
+            )
         return resp.status, data, leader, int(position) if position.isdigit() else 0
 
     def close(self) -> None:

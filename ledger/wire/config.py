@@ -14,7 +14,7 @@ from typing import Literal, TypeVar
 import msgspec
 
 from ledger.core.runas import SECRET_NAMES, admission_meaning
-from schemas import units
+from schemas import toml_bounds, units
 from schemas.errors import InvalidCommand
 from schemas.units import Duration, Interval
 
@@ -120,6 +120,11 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     settings recorded after this server started are never replaced). Give it to one server,
     once, as `serve --new-settings`: `true` in a config file is refused (docs/ha.md, "Changing
     the settings")."""
+    abandon_runs: bool = False
+    """With `--new-settings` onto another Slurm cluster: the runs the ledger holds that the
+    new cluster does not list (they run on the recorded one) are recorded lost, and run on
+    there unaccounted; without it such a change is refused in one line (docs/ha.md). The
+    command line's `serve --abandon-runs` only: `true` in a config file is refused."""
     max_jobs_per_user: int = 20_000
     """Unfinished jobs (pending, placed, running; each array task one) one user may own; a
     submission past it is refused with one line (Slurm's MaxSubmitJobs). 0: no limit."""
@@ -177,6 +182,12 @@ def load(path: Path | None) -> ServeConfig:
     in a file (a stale file reverted the store's settings at every start while nobody led, and
     then only its server might lead: atk39-28 F3)."""
     config = load_as(ServeConfig, path, "examples/serve.toml")
+    if config.abandon_runs:
+        raise InvalidCommand(
+            f"config {path}: abandon_runs is a one-time choice, given on the command line only",
+            hint="remove it from the file; give `serve --new-settings --abandon-runs` once "
+            "(docs/ha.md, changing the settings)",
+        )
     if config.new_settings:
         raise InvalidCommand(
             f"config {path}: new_settings is a one-time change, given on the command line only",
@@ -195,6 +206,10 @@ def load_as(cls: type[C], path: Path | None, example: str) -> C:
         data = path.read_bytes()
     except OSError as err:
         raise InvalidCommand(f"cannot read config {path}: {err.strerror}") from err
+    try:  # bounded before msgspec's TOML (tomllib) sees it, like a budget file
+        toml_bounds.check(data.decode("utf-8"), f"config {path}")
+    except UnicodeDecodeError as err:
+        raise InvalidCommand(f"config {path} is not valid TOML: {err}") from err
     try:
         return msgspec.toml.decode(data, type=cls, dec_hook=units.dec_hook)
     except msgspec.ValidationError as err:

@@ -11,9 +11,11 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from ledger.wire.client import Client
 from schemas import commands as c
@@ -247,7 +249,73 @@ def run_the_job(w: JobOnAgents) -> JobOnAgents:
     return w
 
 
+class PgProxy:
+    """A TCP proxy to the PostgreSQL of `dsn`, on a port of its own (`via`: the DSN through it),
+    for tests that cut or slow a server's link to the store. Every connection is pumped both
+    ways through `passing` (the bytes to send on, or None to swallow them), which a test's
+    proxy overrides; `admit` says whether a new connection is answered at all (one that is not
+    is held open, never answered: a silent network, not a refused one)."""
+
+    def __init__(self, dsn: str) -> None:
+        parts = urlsplit(dsn)
+        self.upstream = (parts.hostname or "", parts.port or 5432)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.via = urlunsplit(parts._replace(netloc=parts.netloc.replace(
+            f"{parts.hostname}:{parts.port}", f"127.0.0.1:{self.port}")))  # fmt: skip
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def admit(self) -> bool:
+        return True
+
+    def passing(self, data: bytes, upward: bool, link: threading.Event) -> bytes | None:
+        """What of `data` (read from the client when `upward`, else from PostgreSQL) goes on;
+        `link` is the connection's own flag, for a proxy that changes once it saw something."""
+        return data
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+            if not self.admit():
+                continue  # accepted, never answered
+            up = socket.create_connection(self.upstream)
+            self.held.append(up)
+            link = threading.Event()
+            for a, b, upward in ((conn, up, True), (up, conn, False)):
+                threading.Thread(target=self._pump, args=(a, b, upward, link), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, upward: bool,
+              link: threading.Event) -> None:  # fmt: skip
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            sent = self.passing(data, upward, link)
+            if sent is None:
+                continue  # swallowed: the other side hears nothing
+            try:
+                dst.sendall(sent)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.sock.close()
+        for s in self.held:
+            with contextlib.suppress(OSError):
+                s.close()
+
+
 __all__ = [
-    "JOB", "LEASE", "Group", "JobOnAgents", "Member", "alive", "env_for", "free_port",
+    "JOB", "LEASE", "Group", "JobOnAgents", "Member", "PgProxy", "alive", "env_for", "free_port",
     "job_on_agents", "log_events", "make_group", "run_the_job",
 ]  # fmt: skip

@@ -412,7 +412,7 @@ def test_an_expected_position_more_than_1000_events_behind_is_one_line(busy: Led
     """atk44-25 F7: each command's expected position was checked by reading the log after it,
     per command: a batch of 2,000 commands expecting position 0 read the whole log 2,000 times
     on the worker thread. Now the log is read once per batch, `LOOKBACK` events back at most."""
-    from ledger.store.application import LOOKBACK
+    from ledger.core.conflicts import LOOKBACK
 
     first = busy.position
     busy.execute_all([submit("bob", gpus=1)] * 1_001)

@@ -5,18 +5,15 @@ in the log exactly once."""
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import os
 import signal
-import socket
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -24,7 +21,7 @@ from ledger.wire.client import Client
 from schemas import commands as c
 from schemas.errors import LedgerError
 from tests.integration import waits
-from tests.integration.hakit import Group, log_events, make_group, wait_cycled_after
+from tests.integration.hakit import Group, PgProxy, log_events, make_group, wait_cycled_after
 from tests.integration.serverkit import cli, init_on_store, make_token
 from tests.integration.test_node_agents import Agent, held_twice
 
@@ -319,69 +316,31 @@ def test_kill_9_of_the_leader_while_jobs_run_on_3_agents_kills_no_job_runs_none_
     print(f"with agents: leader kill -9 to the new leader's first cycle: {took}")
 
 
-class Proxy:
-    """A TCP proxy to PostgreSQL that a test can cut like a network partition: once cut, it
+class Proxy(PgProxy):
+    """A proxy to PostgreSQL that a test can cut like a network partition: once cut, it
     forwards nothing either way and answers no new connection, but closes nothing (a silent
     network, not a refused one)."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.upstream = (host, port)
+    def __init__(self, dsn: str) -> None:
         self.cut = threading.Event()
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(dsn)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.held.append(conn)
-            if self.cut.is_set():
-                continue  # accepted, never answered
-            up = socket.create_connection(self.upstream)
-            self.held.append(up)
-            for a, b in ((conn, up), (up, conn)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+    def admit(self) -> bool:
+        return not self.cut.is_set()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        while True:
-            try:
-                data = src.recv(65536)
-            except OSError:
-                return
-            if not data:
-                return
-            if self.cut.is_set():
-                continue  # swallowed: the other side hears nothing
-            try:
-                dst.sendall(data)
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self.sock.close()
-        for s in self.held:
-            with contextlib.suppress(OSError):
-                s.close()
+    def passing(self, data: bytes, upward: bool, link: threading.Event) -> bytes | None:
+        return None if self.cut.is_set() else data
 
 
 def test_a_leader_cut_off_from_postgresql_stops_acting_before_another_server_leads(
     tmp_path: Path, ha_home: tuple[Path, str, str]
 ) -> None:
     home, dsn, token = ha_home
-    parts = urlsplit(dsn)
-    proxy = Proxy(parts.hostname or "", parts.port or 5432)
-    via = urlunsplit(parts._replace(netloc=parts.netloc.replace(
-        f"{parts.hostname}:{parts.port}", f"127.0.0.1:{proxy.port}")))  # fmt: skip
+    proxy = Proxy(dsn)
     g = make_group(tmp_path, dsn, 2, "--interval", "0.5s", home=home)
     g.lease = "5s"
     first, second = g.members
-    first.dsn = via
+    first.dsn = proxy.via
     try:
         g.start(first)
         assert g.leader() is first

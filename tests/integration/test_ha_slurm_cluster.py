@@ -1,36 +1,80 @@
 """Which Slurm cluster a server talks to is among the settings every server of a store runs
-alike (docs/ha.md; atk40-28 F2): two real Slurm clusters (scripts/test starts two, `SLURM_CONF`
-and `GPULEDGER_SLURM_CONF_B`, each with its own controller port), real PostgreSQL, real
-servers. Before, a standby started with the other cluster's `SLURM_CONF`, or with
+alike (docs/ha.md; atk40-28 F2): two real Slurm clusters of this file's own
+(`private_clusters`, each with its own controller port), real PostgreSQL, real servers.
+Before, a standby started with the other cluster's `SLURM_CONF`, or with
 `GPULEDGER_SLURM_UNTRACKED_OK=1`, stood by and took the first cluster's work over to the other
 one after a failover; a Slurm server on PostgreSQL started while slurmctld did not answer,
 with no word on its cluster to compare."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from ledger.store import lease
 from tests.integration import waits
-from tests.integration.hakit import free_port, make_group
-from tests.integration.serverkit import GPULEDGER, cli, env_for
+from tests.integration.hakit import free_port, log_events, make_group
+from tests.integration.serverkit import BUDGET, GPULEDGER, cli, env_for
 from tests.integration.test_ha_settings import one_line
 
 PARTITION = os.environ.get("GPULEDGER_SLURM_PARTITION", "gpuledger")
 
 
+@dataclass
+class Private:
+    """A Slurm cluster of this file's own: its data dir, ports, node and slurm.conf."""
+
+    data: str
+    ctld: str
+    slurmd: str
+    node: str
+    conf: str = ""
+
+
+CLUSTERS: dict[str, Private] = {}
+"""This file's two clusters, "a" and "b" (`private_clusters`)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_clusters() -> Iterator[None]:
+    """Two real Slurm clusters of this file's own (scripts/slurm/slurm, each its own data dir,
+    ports and node name): its tests stop a controller and start another cluster in its place,
+    which the suite's Slurm test groups, running beside this file on their clusters, must
+    never see (they did on the suite's second cluster)."""
+    host = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True)
+    try:
+        for key in ("a", "b"):
+            # as scripts/test makes its clusters' dirs: pytest's own tmp dirs are 0700, and a
+            # job's user must reach the spool under it
+            data = tempfile.mkdtemp(prefix=f"gpuledger-ha-slurm-{key}.")
+            node = f"{host.stdout.strip()}-ha{key}"
+            c = Private(data, str(free_port()), str(free_port()), node)
+            CLUSTERS[key] = c
+            c.conf = _slurm(c.data, c.ctld, c.slurmd, c.node, "up")
+        yield
+    finally:
+        for c in CLUSTERS.values():
+            with contextlib.suppress(AssertionError):
+                _slurm(c.data, c.ctld, c.slurmd, c.node, "down")
+            shutil.rmtree(c.data, ignore_errors=True)
+        CLUSTERS.clear()
+
+
 def _confs() -> tuple[str, str]:
-    a, b = os.environ.get("SLURM_CONF", ""), os.environ.get("GPULEDGER_SLURM_CONF_B", "")
-    if not (a and b and a != b and Path(a).is_file() and Path(b).is_file()):
-        pytest.fail("SLURM_CONF and GPULEDGER_SLURM_CONF_B must name two clusters' slurm.conf "
-                    "(scripts/test starts both)", pytrace=False)  # fmt: skip
-    return a, b
+    return CLUSTERS["a"].conf, CLUSTERS["b"].conf
 
 
 def serve(home: Path, dsn: str, *args: str, **env: str) -> object:
@@ -127,13 +171,8 @@ def test_another_cluster_in_the_place_of_the_recorded_one_is_told_apart(
     its cluster's state (`StateSaveLocation`, as the answering slurmctld says) tells them
     apart."""
     _, conf_b = _confs()
-    data_b = os.environ.get("GPULEDGER_SLURM_DATA_B", "")
-    ports = (os.environ.get("GPULEDGER_SLURMCTLD_PORT_B", ""),
-             os.environ.get("GPULEDGER_SLURMD_PORT_B", ""))  # fmt: skip
-    if not (data_b and all(ports)):
-        pytest.fail("scripts/test names the second cluster's data dir and ports", pytrace=False)
-    host = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True)
-    node_b, node_c = f"{host.stdout.strip()}-b", f"{host.stdout.strip()}-c"
+    data_b, ports = CLUSTERS["b"].data, (CLUSTERS["b"].ctld, CLUSTERS["b"].slurmd)
+    node_b, node_c = CLUSTERS["b"].node, CLUSTERS["b"].node + "-other"
     _answering(conf_b)
     home = tmp_path / "server-0"
     cli(home, "init", "--admin", "root", "--store", pg_store)
@@ -163,3 +202,167 @@ def test_another_cluster_in_the_place_of_the_recorded_one_is_told_apart(
             _slurm(str(data_c), *ports, node_c, "down")
         _slurm(data_b, *ports, node_b, "up")
         _answering(conf_b)
+
+
+def _reachable_home() -> Path:
+    """A ledger home its jobs' users reach (pytest's own directories are root's alone): the
+    Slurm job, run as `nobody`, marks its launch under it."""
+    top = Path(tempfile.mkdtemp(prefix="gpuledger-ha-slurm-"))
+    top.chmod(0o755)
+    return top / "server-0"
+
+
+def _jobs(home: Path) -> dict[int, str]:
+    rows = json.loads(cli(home, "jobs", "--json", GPULEDGER_USER="root").stdout)
+    return {int(r["job_id"]): str(r["status"]) for r in rows}
+
+
+def _controller_in_place(data_b: str, state: Path) -> subprocess.Popen[bytes]:
+    """Kill cluster B's slurmctld and start one in its place from a copy of B's config whose
+    only change is `StateSaveLocation` (`state`): the same name, host, port and munge, as in
+    atk43ha F5. Returns it (the caller kills it and starts B's again)."""
+    conf = Path(data_b) / "slurm.conf"
+    pid = int((Path(data_b) / "slurmctld.pid").read_text().split()[0])
+    os.kill(pid, signal.SIGKILL)
+    waits.wait_for("B's slurmctld to die", lambda: not Path(f"/proc/{pid}").exists(), 30)
+    state.mkdir(parents=True)
+    copy = state.parent / "slurm.conf"
+    text = re.sub(r"(?m)^StateSaveLocation=.*$", f"StateSaveLocation={state}", conf.read_text())
+    copy.write_text(text)
+    for other in Path(data_b).glob("*.conf"):  # gres.conf, cgroup.conf: read beside it
+        if other.name != "slurm.conf":
+            (state.parent / other.name).write_text(other.read_text())
+    with (state.parent / "slurmctld.out").open("ab") as log:  # the child keeps its own copy
+        env = {**os.environ, "SLURM_CONF": str(copy)}
+        return subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(copy)], stdout=log,
+                                stderr=log, env=env)  # fmt: skip
+
+
+def test_a_controller_back_as_another_cluster_is_neither_read_nor_placed_on(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """atk43ha F5: the leader's slurmctld goes away and another cluster's (the same name, host
+    text and port; another `StateSaveLocation`) answers in its place. The leader said nothing,
+    recorded the running job lost (exit -1) once it was missing from the other cluster's list,
+    and would have placed there: the identity was checked at a server's start only. Now it
+    says so in one line, `status` says why no node is observed, the job stays running in the
+    ledger and nothing is placed until its own cluster answers again."""
+    _, conf_b = _confs()
+    data_b, ports = CLUSTERS["b"].data, (CLUSTERS["b"].ctld, CLUSTERS["b"].slurmd)
+    node_b = CLUSTERS["b"].node
+    _answering(conf_b)
+    home = _reachable_home()
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    (tmp_path / "budget.toml").write_text(BUDGET)
+    cli(home, "budget", "apply", str(tmp_path / "budget.toml"), GPULEDGER_USER="root")
+    log = tmp_path / "leader.log"
+    with log.open("ab") as out:  # the leader, on cluster B: B's identity is recorded
+        proc = subprocess.Popen(
+            [GPULEDGER, "serve", "--store", pg_store, "--listen", f"127.0.0.1:{free_port()}",
+             "--lease", "5s", "--executor", "slurm", "--partition", PARTITION, "--run-as",
+             "service", "--interval", "0.5s"], env=env_for(home, SLURM_CONF=conf_b),
+            stdout=out, stderr=out,
+        )  # fmt: skip
+    state_c = Path(tempfile.mkdtemp(prefix="gpuledger-ha-slurm-c-")) / "state"
+    ctld_c: subprocess.Popen[bytes] | None = None
+    text = lambda: log.read_text(errors="replace")  # noqa: E731
+    try:
+        waits.wait_for("the server on cluster B to listen", lambda: "listening on" in text(),
+                       90, text)  # fmt: skip
+        waits.wait_for("the server on cluster B to lead", lambda: lease.leading_now(pg_store)
+                       is not None, 30, text)  # fmt: skip
+        waits.wait_for("B's node", lambda: node_b in cli(home, "node", "list").stdout, 60, text)
+        submit = ("submit", "-A", "ai2/olmo", "-G", "1", "--", "sleep", "1000")
+        cli(home, *submit, GPULEDGER_USER="alice")
+        waits.wait_for("job 1 to run", lambda: _jobs(home).get(1) == "running", 120, text)
+        ctld_c = _controller_in_place(data_b, state_c)  # C answers in B's controller's place
+        _answering(conf_b)
+        said = "the slurmctld that answers is another cluster than this server's: slurm_state"
+        waits.wait_for("the leader to say C is another cluster", lambda: said in text(), 60, text)
+        cli(home, *submit, GPULEDGER_USER="alice")
+        time.sleep(45)  # past the 30 s after which a run missing from Slurm's list is gone
+        assert _jobs(home) == {1: "running", 2: "pending"}, text()
+        status = cli(home, "status").stdout
+        assert "outage        the engine cannot observe" in status, status
+        assert said in status and str(state_c) in status, status
+        assert text().count(said) == 1, text()  # one line, not one per cycle
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        if ctld_c is not None:
+            ctld_c.kill()
+            ctld_c.wait(timeout=30)
+        _slurm(data_b, *ports, node_b, "up")
+        _answering(conf_b)
+        b = {**os.environ, "SLURM_CONF": conf_b}
+        subprocess.run(["scancel", "--partition", PARTITION], env=b, capture_output=True,
+                       timeout=60, check=False)  # fmt: skip
+        shutil.rmtree(home.parent, ignore_errors=True)
+        shutil.rmtree(state_c.parent, ignore_errors=True)
+
+
+def _row(dsn: str) -> object:
+    with psycopg.connect(dsn, autocommit=True) as con:
+        row = con.execute(f"SELECT to_jsonb(l) FROM {lease.LEADER_TABLE} l").fetchone()
+    return row[0] if row else None
+
+
+def test_new_settings_onto_another_cluster_leaves_no_run_of_the_recorded_one_behind(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """atk43ha F2: every server stopped, one started with `--new-settings` and another
+    cluster's `SLURM_CONF` (a change, not a move: the new cluster lists none of the ledger's
+    runs) recorded the job running on the recorded cluster lost (exit -1) while it ran on
+    there, out of the ledger's reach. Now that start is refused in one line naming the runs,
+    the store left as it was, unless the operator gives `--abandon-runs`."""
+    conf_a, conf_b = _confs()
+    _answering(conf_a)
+    _answering(conf_b)
+    home = _reachable_home()
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    (tmp_path / "budget.toml").write_text(BUDGET)
+    cli(home, "budget", "apply", str(tmp_path / "budget.toml"), GPULEDGER_USER="root")
+    args = ("--lease", "5s", "--executor", "slurm", "--partition", PARTITION, "--run-as",
+            "service", "--interval", "0.5s")  # fmt: skip
+    g = make_group(tmp_path, pg_store, 1, *args[2:], home=home)
+    g.lease = "5s"
+    (s0,) = g.members
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        g.start(s0)  # on cluster A (the suite's SLURM_CONF)
+        assert g.leader() is s0
+        waits.wait_for("A's node", lambda: cli(home, "node", "list", "--json").stdout.strip()
+                       not in ("", "[]"), 60, g.why)  # fmt: skip
+        cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "--", "sleep", "1000",
+            GPULEDGER_USER="alice")  # fmt: skip
+        waits.wait_for("job 1 to run", lambda: _jobs(home).get(1) == "running", 120, g.why)
+        s0.kill(signal.SIGTERM)  # "stop every server"
+        before, events = _row(pg_store), len(log_events(home))
+        err = one_line(serve(tmp_path / "b", pg_store, *args, "--new-settings",
+                             SLURM_CONF=conf_b))  # fmt: skip
+        assert "--new-settings onto another Slurm cluster (slurm_cluster" in err, err
+        assert "would record lost 1 runs the ledger holds that it does not list (jobs 1)" in err
+        assert "--abandon-runs" in err, err
+        assert _row(pg_store) == before  # nothing written: the lease row as it was
+        assert len(log_events(home)) == events and _jobs(home) == {1: "running"}
+        # the operator's word: the runs are abandoned (recorded lost; they run on, on A)
+        log = tmp_path / "abandon.log"
+        with log.open("ab") as out:
+            procs.append(subprocess.Popen(
+                [GPULEDGER, "serve", "--store", pg_store, "--listen", f"127.0.0.1:{free_port()}",
+                 *args, "--new-settings", "--abandon-runs"],
+                env=env_for(tmp_path / "b", SLURM_CONF=conf_b), stdout=out, stderr=out,
+            ))  # fmt: skip
+        text = lambda: log.read_text(errors="replace")  # noqa: E731
+        lost = "job 1 has no run in the engine after a restart: recording it lost"
+        waits.wait_for("the abandoned run recorded lost", lambda: lost in text(), 120, text)
+        assert "--abandon-runs onto another Slurm cluster" in text(), text()
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        g.stop()
+        a = {**os.environ, "SLURM_CONF": conf_a}
+        subprocess.run(["scancel", "--partition", PARTITION], env=a, capture_output=True,
+                       timeout=60, check=False)  # fmt: skip
+        shutil.rmtree(home.parent, ignore_errors=True)

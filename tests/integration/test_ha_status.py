@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -109,5 +110,51 @@ def test_status_calls_only_the_server_that_holds_the_lease_leader(
         assert f"  server        {new.url} leader, " in out, out
         assert f"  server        {old.url} ex-leader, " in out, out
         assert out.count(" leader, lag ") == 1, out
+    finally:
+        g.stop()
+
+
+def test_status_says_nobody_takes_the_lease_when_every_standby_is_refused(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """atk43ha F4: the leader killed, its only standby refused by its settings (it runs with
+    the ones the leader replaced by `--new-settings`): nobody takes the lease, and `status`
+    says so and why, where it said "a standby takes it at its next try"."""
+    home = tmp_path / "server-0"
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    g = make_group(tmp_path, pg_store, 2, "--grace", "30s", home=home)
+    s0, s1 = g.members
+    try:
+        g.start(s0)
+        assert g.leader() is s0
+        assert s0.proc is not None
+        s0.proc.send_signal(signal.SIGSTOP)  # frozen past its lease: nobody leads
+        try:
+            time.sleep(2.0 + 1.5)
+            g.args = ("--grace", "5s", "--new-settings")
+            g.start(s1)  # records its settings: s0's are the replaced ones
+        finally:
+            s0.proc.send_signal(signal.SIGCONT)
+        assert g.leader() is s1
+        waits.wait_for("s0 to say it will not lead", lambda: (s0.health() or {}).get(
+            "settings_error") is not None, 30, g.why)  # fmt: skip
+        s1.kill(signal.SIGKILL)
+        said: list[str] = []
+
+        def expired() -> bool:
+            said[:] = [cli(home, "status", GPULEDGER_URL=s0.url).stdout]
+            return " s ago: the leader does not renew it" in said[0]
+
+        waits.wait_for("status to see the lease expired", expired, 60, lambda: "".join(said))
+        # it says so from then on (s1's last report may have said standby: it is the holder)
+        waits.wait_for("status to say nobody takes it", lambda: expired() and "no server takes "
+                       "it: every running standby is refused" in said[0], 20,
+                       lambda: "".join(said))  # fmt: skip
+        out = said[0]
+        assert "a standby takes it" not in out, out
+        assert s0.url in out.split("  lease ")[1], out
+        assert f"  server        {s0.url} refused, " in out, out
+        assert "this server will not lead" in out, out
+        assert (s0.health() or {}).get("role") == "standby"  # and it takes none
     finally:
         g.stop()

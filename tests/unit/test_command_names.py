@@ -5,31 +5,49 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.engines.command_names import simple_commands
+from ledger.engines.command_names import runs_script, simple_commands
 
 
 @pytest.mark.parametrize(
     ("command", "want"),
     [
         (["python3", "t.py"], [(["python3", "t.py"], "/w")]),
+        (["cat", "/srv/data/x"], [(["cat", "/srv/data/x"], "/w")]),
         (["sh", "-c", "python3 /srv/t.py"], [(["sh"], "/w"), (["python3", "/srv/t.py"], "/w")]),
         (["bash", "-lc", "cd x && python3 t.py; ./run.sh a | tee log"],
          [(["bash"], "/w"), (["cd", "x"], "/w"), (["python3", "t.py"], "/w"),
           (["./run.sh", "a"], "/w"), (["tee", "log"], "/w")]),
         (["bash", "-o", "pipefail", "-c", "X=1 exec python3 t.py"],
          [(["bash"], "/w"), (["python3", "t.py"], "/w")]),
+        (["bash", "-euo", "pipefail", "-c", "python3 t.py"],  # atk44n F2
+         [(["bash"], "/w"), (["python3", "t.py"], "/w")]),
+        (["bash", "--rcfile", "rc", "-c", "python3 t.py"],
+         [(["bash"], "/w"), (["python3", "t.py"], "/w")]),
+        (["bash", "-c", "python3 \\\n  /srv/t.py --x"],  # atk44n F11: a continuation line
+         [(["bash"], "/w"), (["python3", "/srv/t.py", "--x"], "/w")]),
         (["sh", "script.sh", "-c"], [(["sh", "script.sh", "-c"], "/w")]),  # a script, no -c line
         (["sh", "-c", "python3 $HOME/t.py *.txt"], [(["sh"], "/w"), (["python3", "", ""], "/w")]),
         (["/usr/bin/env", "-C", "/tmp", "python3", "t.py"],
          [(["/usr/bin/env"], "/w"), (["python3", "t.py"], "/tmp")]),
         (["env", "-Csub", "python3", "t.py"], [(["env"], "/w"), (["python3", "t.py"], "/w/sub")]),
+        (["env", "-iC", "/d", "python3", "t.py"],  # atk44n F3
+         [(["env"], "/w"), (["python3", "t.py"], "/d")]),
+        (["env", "-C", "/d", "--", "python3", "t.py"],
+         [(["env"], "/w"), (["python3", "t.py"], "/d")]),
+        (["env", "--default-signal", "python3", "t.py"],
+         [(["env"], "/w"), (["python3", "t.py"], "/w")]),
         (["env", "-S", "python3 /srv/t.py", "x"],
          [(["env"], "/w"), (["python3", "/srv/t.py", "x"], "/w")]),
         (["env", "-i", "A=1", "-u", "B", "python3", "t.py"],
          [(["env"], "/w"), (["python3", "t.py"], "/w")]),
-        (["env", "--weird", "python3", "t.py"], [(["env", "--weird", "python3", "t.py"], "/w")]),
         (["env", "sh", "-c", "env python3 t.py"],
          [(["env"], "/w"), (["sh"], "/w"), (["env"], "/w"), (["python3", "t.py"], "/w")]),
+        (["nohup", "sh", "-c", "python3 t.py"],  # atk44n F1: a -c line after another program
+         [(["nohup"], "/w"), (["sh"], "/w"), (["python3", "t.py"], "/w")]),
+        (["timeout", "1h", "/usr/bin/python3", "t.py"],
+         [(["timeout", "1h"], "/w"), (["/usr/bin/python3", "t.py"], "/w")]),
+        (["flock", "/tmp/lock", "python3", "/srv/t.py"],  # atk44n F5
+         [(["flock", "/tmp/lock"], "/w"), (["python3", "/srv/t.py"], "/w")]),
         ([], [([], "/w")]),
     ],
 )  # fmt: skip
@@ -37,6 +55,15 @@ def test_wrappers_are_followed_to_what_they_run(
     command: list[str], want: list[tuple[list[str], str]]
 ) -> None:
     assert simple_commands(command, "/w") == want
+
+
+@pytest.mark.parametrize(
+    ("program", "runs"),
+    [("python3", True), ("/usr/bin/python3.11", True), ("bash", True), ("torchrun", True),
+     ("Rscript", True), ("cat", False), ("tee", False), ("./train.sh", False), ("pythonx", False)],
+)  # fmt: skip
+def test_which_programs_run_a_script_they_are_given(program: str, runs: bool) -> None:
+    assert runs_script(program) is runs
 
 
 def test_wrappers_inside_wrappers_stop_at_a_depth() -> None:

@@ -103,3 +103,30 @@ def test_a_reservation_expects_jobs_it_may_not_preempt_to_end_only_when_told() -
     assert d.hold is not None
     # the jobs placed 2 h ago are expected 6 h after their 1 h contract: in 5 h
     assert (sorted(d.hold.nodes), d.hold.until) == (["n3", "n4"], NOW + 5 * H)
+
+
+_ASKED: list[int] = []
+
+
+class _Counting(FairShare7, frozen=True, kw_only=True):
+    """FairShare7 that notes every job it is asked victims for."""
+
+    def victims(self, job, candidates, snapshot, now):  # type: ignore[no-untyped-def]
+        _ASKED.append(job.job_id)
+        return super().victims(job, candidates, snapshot, now)
+
+
+def test_a_reservation_reads_the_victims_its_group_already_has_this_cycle() -> None:
+    """The gang job's search (contracts counted out), its estimate (contracts counted) and its
+    reservation ask for victims; the reservation reads the estimate's answer, one per victim
+    group, constraints and contract mode in a cycle (the code before asked a third time), and
+    decides as it did."""
+    nodes = [node(f"n{i}") for i in range(1, 9)]
+    inside = run(10, {"n1": range(8)}, "lab/b", placed_ago_s=0.0, lost_s=0.0, min_runtime_s=3600)
+    own = [run(20 + i, {f"n{i}": range(8)}, "lab/a") for i in range(3, 9)]
+    snap = world(nodes, [inside, *own], [pend(1, 16, "lab/a")])
+    _ASKED.clear()
+    d = decide(snap, _Counting(), NOW)
+    assert _ASKED == [1, 1]
+    assert d == decide(snap, FairShare7(), NOW)
+    assert d.hold is not None and (sorted(d.hold.nodes), d.hold.until) == (["n1", "n2"], NOW + H)

@@ -64,3 +64,14 @@ def test_a_page_within_its_bounds_passes(path: str, q: str) -> None:
 
 def test_the_largest_page_is_a_thousand_rows() -> None:
     assert PAGE_MAX == 1000
+
+
+def test_a_page_of_rows_ends_before_the_row_that_would_pass_its_bytes() -> None:
+    """atk44-25 F10: pages were bounded in rows only (52 rows made a 214 MB answer)."""
+    from ledger.server.pooled import MAX_PAGE_BYTES, bounded_rows
+
+    row = b"x" * (MAX_PAGE_BYTES // 4)
+    assert bounded_rows([row] * 3) == ([row] * 3, False)
+    assert bounded_rows([row] * 5) == ([row] * 3, True)  # the fourth and its comma would pass
+    huge = b"y" * (MAX_PAGE_BYTES * 2)
+    assert bounded_rows([huge, row]) == ([huge], True)  # one row at least

@@ -138,33 +138,36 @@ def test_a_name_directly_in_the_working_directory_however_spelled(word: str, bar
     assert in_workdir(word) == bare
 
 
-@pytest.mark.parametrize(
-    ("actor", "user", "me", "checks"),
-    [
-        ("", None, "alice", True),  # at a server: the caller's own token
-        ("alice", None, "alice", True),  # embedded, or --as herself
-        ("a43al", None, "root", False),  # root with GPULEDGER_USER=a43al (atk43n F3)
-        ("root", "a43al", "root", False),  # --user a43al
-    ],
-)
-def test_the_submit_side_path_check_speaks_only_for_the_callers_own_job(
-    actor: str, user: str | None, me: str, checks: bool
-) -> None:
-    """The submitting host checks the path rule as the caller; for a job of another user
-    (`--user`, or `--as`/$GPULEDGER_USER naming someone else) the launch, as that user, checks:
-    a root submitting for a user was warned of every directory of the user's (atk43n F3)."""
-    from ledger.cli.submit import checks_here
+def test_submit_on_another_users_behalf_warns_as_that_user(pair: tuple[User, User]) -> None:
+    """Root submitting for alice (`--user`, `--as`, $GPULEDGER_USER) was warned as root: every
+    directory of hers "belongs to another account" (atk43n F3). The check runs as her now (a
+    child that takes her account): nothing for her own home, and what her launch would refuse
+    is still said; for a name with no OS account, nothing (her launch checks)."""
+    from ledger.cli.submit import warnings_as
 
-    assert checks_here(actor, user, me) is checks
+    alice, _ = pair
+    proj = alice.home / "p"
+    proj.mkdir(exist_ok=True)
+    _own(proj, alice)
+    assert os.geteuid() == 0
+    assert warnings_as(alice.name, str(proj), ("", ""), ("/bin/true",)) == []
+    assert any("belongs to another" in w for w in warnings_as("root", str(proj), ("", ""), ()))
+    proj.chmod(0o777)
+    [why] = warnings_as(alice.name, str(proj / "x"), ("", ""), ())
+    assert why.startswith(f"the working directory {proj / 'x'} {_unsafe(proj)}"), why
+    assert warnings_as("no-such-account-here", str(proj / "x"), ("", ""), ()) == []
 
 
 def test_the_common_wrappers_and_a_launchers_options_do_not_hide_the_script(
     pair: tuple[User, User],
 ) -> None:
-    """atk43n F1: each of these ran a teammate's swapped script as the submitter, the rule
-    having looked at the wrapper's own words only (`sh -c`, `env -C`, `env -S`) or stopped at
-    an option's value naming an existing file (`--config_file cfg.yaml`). They are refused now,
-    at launch and in `submit`'s warning; her own script through the same wrappers runs."""
+    """atk43n F1, atk44n F1-F3, F5, F11: each of these ran a teammate's swapped script as the
+    submitter, the rule having looked at the wrapper's own words only (`sh -c` after `nohup`,
+    `bash -euo pipefail -c`, `env -iC`, `flock LOCK`, a continuation line) or stopped at an
+    option's value naming an existing file (`--config_file cfg.yaml`). They are refused now, at
+    launch and in `submit`'s warning; her own script through the same wrappers runs, and so do
+    commands whose other words are data (atk44n F7, F8, F12: `--standalone train.py --data
+    DIR`, `cat`, `| tee LOG`, `mkdir -p DIR`, `python3 -c CODE DATA`)."""
     from ledger.cli.submit import path_warnings
 
     alice, bob = pair
@@ -174,17 +177,25 @@ def test_the_common_wrappers_and_a_launchers_options_do_not_hide_the_script(
         _own(proj, bob)
         proj.chmod(0o2777)
         q = _script(proj / "al" / "q.sh", alice)
+        data = proj / "data.txt"
+        data.write_text("x\n")
         cfg = alice.home / "cfg.yaml"
         cfg.write_text("x: 1\n")
         _own(cfg, alice)
-        mine = _script(alice.home / "bin" / "m.sh", alice)
+        mine = _script(alice.home / "bin" / "m.py", alice)
         refused = (
             ("sh", "-c", f"/bin/sh {q}"),
             ("bash", "-lc", f"cd /tmp && /bin/sh {q} --fast"),
+            ("bash", "-euo", "pipefail", "-c", f"python3 {q}"),
+            ("bash", "-c", f"python3 \\\n  {q} --x"),
+            ("nohup", "sh", "-c", f"/bin/sh {q}"),
+            ("timeout", "1h", "bash", "-lc", f"python3 {q}"),
             ("/usr/bin/env", "-C", "/tmp", "/bin/sh", str(q)),
+            ("env", "-iC", "/tmp", "python3", str(q)),
             ("env", "-S", f"/bin/sh {q}"),
-            ("launch", "--config_file", "cfg.yaml", str(q)),
-            ("launch", f"--config_file={q}", str(mine)),
+            ("flock", "/tmp", "python3", str(q)),
+            ("accelerate", "launch", "--config_file", "cfg.yaml", str(q)),
+            ("torchrun", f"--config_file={q}", str(mine)),
             ("nohup", "/bin/sh", str(q)),
             ("taskset", "3", "/usr/bin/env", "/bin/sh", str(q)),
         )
@@ -194,10 +205,34 @@ def test_the_common_wrappers_and_a_launchers_options_do_not_hide_the_script(
             said = _as(alice, lambda c=command: path_warnings(str(alice.home), ("", ""), c))
             assert f"the script {q} {_unsafe(proj)}" in said, (command, said)
         for command in (
-            ("sh", "-c", f"/bin/sh {mine}"),
-            ("env", "-C", str(alice.home), "/bin/sh", "bin/m.sh"),
-            ("launch", "--config_file", "cfg.yaml", str(mine)),
+            ("sh", "-c", f"python3 {mine}"),
+            ("env", "-C", str(alice.home), "python3", "bin/m.py"),
+            ("accelerate", "launch", "--config_file", "cfg.yaml", str(mine)),
+            ("torchrun", "--standalone", str(mine), "--data", str(data)),
+            ("bash", "-c", f"python3 {mine} --data {data} | tee {proj / 'run.log'}"),
+            ("sh", "-c", f"mkdir -p {proj / 'runs'} && python3 {mine}"),
+            ("cat", str(data)),
+            ("python3", "-c", "print(1)", str(data)),
             ("sh", "-c", "echo $HOME"),
-            ("/bin/sh", str(mine), str(q)),  # after her own script: its data, not checked
+            ("python3", str(mine), str(q)),  # after her own script: its data, not checked
         ):
             _launch(alice, *command)
+            said = _as(alice, lambda c=command: path_warnings(str(alice.home), ("", ""), c))
+            assert said == "[]", (command, said)
+
+
+def test_a_batch_script_directly_in_the_working_directory_is_recorded_by_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`submit run.sh` in a directory records `/bin/sh run.sh` as `-- sh run.sh` does, so the
+    path rule gives the one file one answer (atk44n F13: refused as `/bin/sh /abs/run.sh` where
+    `sh run.sh` ran); a script elsewhere keeps its absolute path."""
+    from ledger.cli.submit import script_name
+
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert script_name(Path("run.sh"), None) == "run.sh"
+    assert script_name(Path("./run.sh"), None) == "run.sh"
+    assert script_name(Path("sub/run.sh"), None) == str(tmp_path / "sub" / "run.sh")
+    assert script_name(Path("sub/run.sh"), "sub") == "run.sh"
+    assert script_name(Path("run.sh"), "sub") == str(tmp_path / "run.sh")

@@ -56,3 +56,20 @@ def test_durations_are_parsed_once_and_a_bad_flag_is_named() -> None:
     with pytest.raises(InvalidCommand) as err:
         config.merge(config.ServeConfig(), interval="often")
     assert err.value.line() == "invalid --interval 'often' (use e.g. 0.5s, 10s, 1m)"
+
+
+def test_abandon_runs_is_a_command_line_choice_only(tmp_path: Path) -> None:
+    """`serve --abandon-runs` (with `--new-settings` onto another Slurm cluster, atk43ha F2)
+    acts once: a file left with it is refused, as `new_settings` is."""
+    path = tmp_path / "serve.toml"
+    path.write_text("abandon_runs = true\n")
+    with pytest.raises(InvalidCommand, match="abandon_runs is a one-time choice"):
+        config.load(path)
+
+
+def test_abandon_runs_without_new_settings_is_refused_before_anything(tmp_path: Path) -> None:
+    from ledger.server.run import serve
+
+    with pytest.raises(InvalidCommand, match="--abandon-runs goes with --new-settings"):
+        serve(tmp_path / "home", config.ServeConfig(abandon_runs=True))
+    assert not (tmp_path / "home").exists()  # refused before the data directory is touched

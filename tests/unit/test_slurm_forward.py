@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 
 from ledger.cycle.executor import Launch
-from ledger.engines.slurm.script import batch_script
+from ledger.engines.slurm.launching import stop_marks
+from ledger.engines.slurm.script import STOPPED_FIRST, batch_script
+from ledger.engines.slurm.stops import Stopping, stopped_end
+from ledger.engines.slurm.words import parse_jobs
 from schemas.events import GpuSlot
 
 
@@ -34,11 +37,12 @@ def _run(tmp_path: Path, *, stopping: bool, whole_job: bool) -> tuple[int, list[
     script.write_text(batch_script(job, launched_file=marks["launched"],
                                    ended_file=marks["ended"], signalled_file=marks["signalled"],
                                    stopping_file=marks["stopping"]))  # fmt: skip
-    if stopping:
-        Path(marks["stopping"]).touch()
     bash = subprocess.Popen(["/bin/bash", str(script)], start_new_session=True)
     try:
-        time.sleep(0.5)
+        time.sleep(0.3)
+        if stopping:  # the executor's stop of a running command: its mark, then its SIGTERM
+            Path(marks["stopping"]).touch()
+        time.sleep(0.2)
         assert bash.poll() is None
         if whole_job:
             os.killpg(bash.pid, signal.SIGTERM)
@@ -64,3 +68,37 @@ def test_the_executors_own_stop_is_not_passed_on_again(tmp_path: Path, whole_job
     the script passes none on; Slurm's plain `scancel` after the grace neither."""
     code, terms, _ = _run(tmp_path, stopping=True, whole_job=whole_job)
     assert terms == (["TERM"] if whole_job else []) and code == 0
+
+
+def test_a_stop_that_came_before_its_command_started_ends_the_run_without_it(
+    tmp_path: Path,
+) -> None:
+    """atk43s F10: a stop of a launch Slurm held CONFIGURING (its `PrologSlurmctld`) signals no
+    process; its command started 3 s after the stop, got no SIGTERM at all (the `stopping` mark
+    makes the script pass none on) and ran the whole grace. The script that finds the mark
+    before its command starts ends there: the command never runs, no launch mark, no beat;
+    its end record says 143, the stop first, and the executor's note says it never ran."""
+    ran = tmp_path / "ran"
+    job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), ("sh", "-c", f": > {ran}; sleep 30"),
+                 None, "alice", "ai2/olmo")  # fmt: skip
+    marks = {m: str(tmp_path / m) for m in ("launched", "ended", "signalled", "stopping", "alive")}
+    script = tmp_path / "batch"
+    files = {f"{m}_file": marks[m] for m in ("launched", "ended", "signalled", "stopping", "alive")}
+    script.write_text(batch_script(job, **files))  # type: ignore[arg-type]
+    Path(marks["stopping"]).touch()  # the executor's mark, before Slurm started the script
+    done = subprocess.run(["/bin/bash", str(script)], capture_output=True, text=True, timeout=20)
+    assert done.returncode == 143 and STOPPED_FIRST in done.stderr, done
+    assert not ran.exists()
+    assert not Path(marks["launched"]).exists() and not Path(marks["alive"]).exists()
+    code, _, first = Path(marks["ended"]).read_text().split()
+    assert (code, first) == ("143", "1")
+    own, beat, never_ran = stop_marks(tmp_path, time.time())
+    assert own is not None and beat is None and never_ran
+    Path(marks["launched"]).touch()  # a run that got to its command is no such run
+    assert not stop_marks(tmp_path, time.time())[2]
+    (j,) = parse_jobs(
+        "JobId=7 JobName=gpuledger-5 JobState=FAILED Reason=None ExitCode=143:0"
+        " StartTime=2026-12-04T10:00:00 EndTime=2026-12-04T10:00:03 Partition=gpuledger"
+    )
+    end = stopped_end(Stopping(since=0.0, run=(5, 0)), j, 2e9, never_ran=True)
+    assert "the command never ran" in end.note and not end.by_itself, end

@@ -1,5 +1,5 @@
-"""The suite's own grouping (tests/conftest.py): under `scripts/test`'s two workers, the Slurm files
-are two groups, each on one worker and its own cluster, each other file on one worker in its
+"""The suite's own grouping (tests/conftest.py): under `scripts/test`'s workers, the Slurm files
+are groups, each on one worker and its own cluster, each other file on one worker in its
 order, and the files spread. Run on a small
 tree of sleeping tests with the project's hook, through pytest-xdist as `scripts/test` runs it;
 it fails when the pinned pytest and pytest-xdist stop grouping (pytest 9 ignores xdist 3.8's
@@ -118,14 +118,18 @@ def test_every_slurm_file_is_in_exactly_one_group_and_the_groups_balance() -> No
     assert all(s > 0 for s in SLURM_SECONDS.values()), SLURM_SECONDS
     grouped = [f for names in SLURM_GROUPS.values() for f in names]
     assert sorted(grouped) == sorted(files)  # each file once
-    assert set(SLURM_GROUPS) == set(SLURM_CONF_OF) == {"slurm-a", "slurm-b"}
-    a, b = (sum(SLURM_SECONDS[f] for f in SLURM_GROUPS[g]) for g in ("slurm-a", "slurm-b"))
-    assert abs(a - b) <= max(SLURM_SECONDS.values()), (a, b)
-    assert len(set(SLURM_CONF_OF.values())) == 2
+    assert set(SLURM_GROUPS) == set(SLURM_CONF_OF) == {"slurm-a", "slurm-b", "slurm-c", "slurm-d"}
+    sums = [sum(SLURM_SECONDS[f] for f in SLURM_GROUPS[g]) for g in SLURM_GROUPS]
+    assert max(sums) - min(sums) <= max(SLURM_SECONDS.values()), sums
+    assert len(set(SLURM_CONF_OF.values())) == len(SLURM_CONF_OF)
     script = (REPO / "scripts" / "test").read_text()
-    for var in SLURM_CONF_OF.values():
-        assert f"export {var}" in script
-    assert "the second Slurm cluster did not start" in script and "slurm_b down" in script
+    # one cluster per group, each exported under its group's variable, a start that fails fails
+    [letters] = re.findall(r"^CLUSTERS=\((.*)\)$", script, re.M)
+    assert [f"slurm-{x}" for x in letters.split()] == list(SLURM_CONF_OF)
+    assert all(v == "SLURM_CONF" or v == f"GPULEDGER_SLURM_CONF_{g[-1].upper()}"
+               for g, v in SLURM_CONF_OF.items())  # fmt: skip
+    assert 'conf="GPULEDGER_SLURM_CONF$(suffix "$letter")"' in script
+    assert "did not start; the Slurm executor tests need it" in script and "exit 1" in script
 
 
 @pytest.mark.parametrize(
@@ -139,7 +143,14 @@ def test_every_slurm_file_is_in_exactly_one_group_and_the_groups_balance() -> No
 def test_the_split_puts_each_file_with_the_lighter_group_longest_first(
     seconds: dict[str, float], want_a: list[str], want_b: list[str]
 ) -> None:
-    assert split_slurm_files(seconds) == {"slurm-a": want_a, "slurm-b": want_b}
+    got = split_slurm_files(seconds, ("slurm-a", "slurm-b"))
+    assert got == {"slurm-a": want_a, "slurm-b": want_b}
+
+
+def test_the_split_spreads_over_every_cluster() -> None:
+    seconds = {"x": 9, "y": 5, "z": 4, "w": 3, "v": 1}
+    got = split_slurm_files(seconds, ("a", "b", "c"))
+    assert got == {"a": ["x"], "b": ["v", "y"], "c": ["w", "z"]}
 
 
 @pytest.mark.parametrize(
@@ -153,6 +164,11 @@ def test_the_split_puts_each_file_with_the_lighter_group_longest_first(
         ("workers: one cluster for both", {"SLURM_CONF": "a", "GPULEDGER_SLURM_CONF_B": "a",
                                            "PYTEST_XDIST_WORKER": "gw1"}, "slurm-a", LookupError),
         ("a missing", {"GPULEDGER_SLURM_CONF_B": "b"}, "slurm-a", LookupError),
+        ("one process: d may use a's", {"SLURM_CONF": "a"}, "slurm-d", "a"),
+        ("workers: d its own", {"SLURM_CONF": "a", "GPULEDGER_SLURM_CONF_D": "d",
+                                "PYTEST_XDIST_WORKER": "gw3"}, "slurm-d", "d"),
+        ("workers: c shares b's", {"GPULEDGER_SLURM_CONF_B": "b", "GPULEDGER_SLURM_CONF_C": "b",
+                                   "PYTEST_XDIST_WORKER": "gw2"}, "slurm-c", LookupError),
     ],
 )  # fmt: skip
 def test_each_slurm_group_has_its_own_cluster_under_workers(

@@ -9,12 +9,15 @@ cluster never leads (`ledger.wire.config.admission_of`)."""
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ledger.engines.slurm.words import UNTRACKED_OK
-from schemas.errors import InvalidCommand
+from schemas.errors import EngineError, InvalidCommand
+
+log = logging.getLogger("gpuledger.slurm")
 
 _HOST = re.compile(r"^SlurmctldHost\[(\d+)\]$")
 
@@ -77,3 +80,97 @@ def read_identity(env: Mapping[str, str], timeout_s: float = 30.0) -> dict[str, 
         hint="a Slurm server on a PostgreSQL store starts once its cluster's controller answers: "
         "which cluster it talks to is compared with the other servers' (docs/ha.md)",
     )
+
+
+class OtherCluster(EngineError):
+    """The slurmctld that answers is not the cluster this server runs (`Watch`)."""
+
+
+COMPARED = ("slurm_cluster", "slurm_state")
+"""The parts of the identity that tell two clusters apart (`identity`)."""
+
+
+class Watch:
+    """Which cluster the controller that answers is, asked again whenever it answers after
+    being away (and every `every_s` while it answers): a controller back from an outage as
+    another cluster (another `StateSaveLocation`, the same name and port) was used as the
+    recorded one, and the ledger recorded its runs lost and would have placed there (atk43ha
+    F5). `expected` is the identity this server runs (the one its store records; None: the
+    first one read, a server on SQLite). While another answers (`away`), the executor reads,
+    places and stops nothing there: every node unobserved, said in `status`."""
+
+    def __init__(self, read: Callable[[], str], expected: Mapping[str, object] | None = None,
+                 every_s: float = 5.0) -> None:  # fmt: skip
+        self.read = read
+        """Asks the controller (`scontrol show config`; `EngineError` when it does not answer)."""
+        self.expected = None if expected is None else {k: expected.get(k) for k in COMPARED}
+        self.every_s = every_s
+        self.away = ""
+        """Why the controller that answers is not this server's cluster ("" while it is)."""
+        self._at: float | None = None  # when to ask again
+
+    def learn(self, config: str) -> str:
+        """Pure but for the state it keeps: why `config` (`scontrol show config`) is not the
+        expected cluster ("" when it is; the first one read is expected when none was)."""
+        if "ClusterName" not in config:
+            return ""  # not an answer about a cluster: nothing to compare
+        seen = identity(config, False)
+        mine = {k: seen[k] for k in COMPARED}
+        if self.expected is None:
+            self.expected = mine
+        differ = [f"{k} {mine[k]} (answering) against {self.expected[k]} (this server's)"
+                  for k in COMPARED if mine[k] != self.expected[k]]  # fmt: skip
+        return ("the slurmctld that answers is another cluster than this server's: "
+                + "; ".join(differ)) if differ else ""  # fmt: skip
+
+    def same(self, now: float, back: bool) -> bool:
+        """Whether the controller that answers is this server's cluster, asked (`read`) when it
+        is `back` from an outage, and every `every_s` anyway; True when it cannot be read (an
+        outage: the executor's own read says so). Says each change once in the log."""
+        if not back and (self._at is not None and now < self._at):
+            return not self.away
+        self._at = now + self.every_s
+        try:
+            text = self.read()
+        except EngineError:
+            return True
+        why = self.learn(text)
+        if why and why != self.away:
+            log.error("%s: reading, placing and stopping nothing there until this server's "
+                      "cluster answers (docs/ha.md)", why)  # fmt: skip
+        elif self.away and not why:
+            log.warning("this server's Slurm cluster answers again")
+        self.away = why
+        return not why
+
+
+def changed(recorded: Mapping[str, object], mine: Mapping[str, object]) -> str:
+    """Pure: how the Slurm cluster of `mine` (this server's identity) differs from the one the
+    store records (`recorded`: its admission settings), in words ("" when it is the same, or
+    the record names none: an earlier version's, or not a Slurm store)."""
+    return "; ".join(
+        f"{k} {recorded[k]} (recorded) against {mine.get(k)} here"
+        for k in COMPARED
+        if k in recorded and recorded[k] != mine.get(k)
+    )
+
+
+def runs_not_on(
+    env: Mapping[str, str], partition: str, ledger_id: str, held: Mapping[int, int]
+) -> list[int]:
+    """The jobs of `held` (job id -> its run) whose run the cluster `env`'s `SLURM_CONF` names
+    does not list on `partition` (`scontrol show job`: running, pending or ended there), in
+    order: runs that live on another cluster, if anywhere. `EngineError` when it does not
+    answer."""
+    from ledger.engines.slurm.words import parse_jobs
+
+    try:
+        done = subprocess.run(["scontrol", "-d", "-o", "show", "job"], capture_output=True,
+                              text=True, timeout=60, env=dict(env), check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise EngineError(f"scontrol show job failed: {err}") from err
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        raise EngineError(f"scontrol show job: {said[-1] if said else done.returncode}")
+    listed = {j.tag(ledger_id) for j in parse_jobs(done.stdout) if j.partition == partition}
+    return sorted(job for job, run in held.items() if (job, run) not in listed)

@@ -150,9 +150,11 @@ def node_fail_ending(
     beat_at: float | None = None,
     beat_stale_s: float = BEAT_STALE_S,
     after_term_s: float | None = None,
+    state: str = "NODE_FAIL",
 ) -> Ending | None:
     """Pure: how a run Slurm ended NODE_FAIL (at `slurm_end`) ended, or None while it may still
-    run (wait; its node's fence bounds the wait).
+    run (wait; its node's fence bounds the wait). The same for a stopped run Slurm ended by its
+    cancel on a node whose slurmd did not answer (`state`, what Slurm said: `stops.unseen_end`).
 
     1. Its own end record: signalled and ended after Slurm's EndTime (and `OWN_END_SLACK_S`),
        or its last signal noted at or after that EndTime (the script passes Slurm's SIGTERM on
@@ -199,7 +201,7 @@ def node_fail_ending(
         if own.written is not None:  # a record written later says no earlier end (`own_finish`)
             low = max(low, min(own.written, now) - OWN_END_SLACK_S)
         at = max(low, min(own.at, now))
-        said = f"its own end record: exit {own.exit_code}; Slurm said NODE_FAIL"
+        said = f"its own end record: exit {own.exit_code}; Slurm said {state}"
         written = None if own.written is None else min(own.written, now)  # as first read
         killed_then = signalled_at is not None and signalled_at >= slurm  # Slurm's TERM, passed
         # on to the command, may end it within the EndTime's second (a checkpoint and exit 0)
@@ -207,7 +209,7 @@ def node_fail_ending(
             return Ending(own.exit_code, at, "node_failure", said + " (it was killed)", True,
                           beat_stale_s, written)  # fmt: skip
         return Ending(own.exit_code, at, "exited", said, True, beat_stale_s, written)
-    note = "NODE_FAIL: killed, no end record within KillWait"
+    note = f"{state}: killed, no end record within KillWait"
     term_at = signalled_at if signalled_at is not None and signalled_at >= slurm - OWN_END_SLACK_S else None  # fmt: skip  # noqa: E501
     beat = beat_bound(beat_at, term_at, after_term_s)
     ends_by = None if term_at is None or after_term_s is None else term_at + after_term_s + BEAT_EVERY_S  # fmt: skip  # noqa: E501
@@ -222,7 +224,7 @@ def node_fail_ending(
     else:
         kill_at = max(slurm + OWN_END_SLACK_S, answering_since)
         if marks_seen:
-            note = "NODE_FAIL: no end record nor signal noted (its marks unwritable?); " + (
+            note = f"{state}: no end record nor signal noted (its marks unwritable?); " + (
                 "gone KillWait after its node's slurmd answered"
             )
     if kill_at is None or now < kill_at + kill_wait_s:

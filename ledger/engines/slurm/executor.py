@@ -12,12 +12,15 @@ import logging
 import os
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Set
+from dataclasses import replace
 from pathlib import Path
 
 from ledger.core.state import Node, StoppedRun
 from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
 from ledger.engines.accounts import RunAs, own_log, own_umask
+from ledger.engines.job_paths import Refused
 from ledger.engines.slurm import tracked
+from ledger.engines.slurm.cluster import OtherCluster, Watch
 from ledger.engines.slurm.ends import (
     Ending,
     answering,
@@ -30,20 +33,20 @@ from ledger.engines.slurm.launching import (
     LAUNCHED,
     MarksSeen,
     WrongGpus,
-    last_beat,
     mark_stopping,
     mark_time,
     never_ran,
     never_ran_reason,
     never_starts,
     node_fail_end,
-    own_end,
     run_end,
     run_script,
+    stop_marks,
 )
-from ledger.engines.slurm.leaks import held_with, lasting, leaked_gpus
+from ledger.engines.slurm.leaks import Leaks, held_with
 from ledger.engines.slurm.outage import Probe
 from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
+from ledger.engines.slurm.restarts import Restarts, vanished
 from ledger.engines.slurm.stops import (
     GONE_ALREADY,
     Quarantine,
@@ -56,7 +59,8 @@ from ledger.engines.slurm.stops import (
     grace_of,
     in_service,
     no_grace,
-    node_failed,
+    note_unanswered,
+    outage_of,
     own_ends_first,
     placed_gpus,
     resumed_stops,
@@ -65,9 +69,9 @@ from ledger.engines.slurm.stops import (
     stopping_gpus,
     tagged,
     unplaceable,
-    vanished_end,
+    unseen_end,
 )
-from ledger.engines.slurm.tracked import Run, forget_stop, note_stop, noted_stop
+from ledger.engines.slurm.tracked import Run, forget_stop, note_stop, noted_stop, past_limit
 from ledger.engines.slurm.words import (
     UNTRACKED_OK,
     WAITING,
@@ -90,15 +94,6 @@ log = logging.getLogger("gpuledger.slurm")
 
 ENGINE = "slurm"
 _Changes = tuple[list[NodeChange], frozenset[str]]
-_NO_GPUS: Mapping[str, frozenset[int]] = {}
-
-
-def _always() -> bool:
-    return True
-
-
-class _Refused(Exception):
-    """A job that may not run as the account it would run as (`account_for`'s reason)."""
 
 
 class SlurmExecutor:
@@ -122,7 +117,7 @@ class SlurmExecutor:
         may_act: Callable[[], bool] | None = None,
     ) -> None:
         self.partition = partition
-        self.may_act = may_act if may_act is not None else _always
+        self.may_act = may_act if may_act is not None else lambda: True
         """The leader's lease by this server's own clock (servers sharing a PostgreSQL store,
         docs/ha.md): checked before every sbatch and scancel, so a deposed leader's executor
         never launches or stops a run, even one it decided on while it still led."""
@@ -158,12 +153,13 @@ class SlurmExecutor:
         self.lost_nodes: Callable[[], Set[str]] = frozenset
         """The nodes the ledger counts lost: nothing is submitted onto them (`unplaceable`)."""
         self._down: frozenset[str] = frozenset()  # nodes Slurm showed DOWN in the last read
+        self._unheard: frozenset[str] = frozenset()  # ... DOWN or not responding (F8)
         self._reported: set[str] = set()  # stopped runs whose end was reported, not yet recorded
         """A job's time limit by job id (`open_executor` reads the ledger's), for runs adopted
         after a restart, whose exact limit Slurm does not keep (it rounds up to minutes)."""
         self._foreign: dict[str, frozenset[int]] = {}
         self._gres_used: dict[str, tuple[int, ...]] = {}
-        self._leaked_seen, self._leaked = _NO_GPUS, _NO_GPUS  # `leaks`: read last, held
+        self._leaks = Leaks()
         self._foreign_seen: set[str] = set()
         self._accounting: bool | None = None
         self.start_within_s = start_within_s
@@ -177,6 +173,7 @@ class SlurmExecutor:
         """When a node's loss began to wait for its runs' own ends (`_own_ends_first`)."""
         self._probe = Probe(lambda: self._run(["scontrol", "-o", "show", "partition", partition]))
         """Asks Slurm during an outage, off the service's thread (`outage`)."""
+        self.cluster = Watch(lambda: self._run(["scontrol", "show", "config"]))  # which answers
         self._answered_at: float | None = None  # the last read Slurm answered
         self._away: tuple[float, float] | None = None
         """The last outage: (the last read answered before it, the first answered after it)."""
@@ -195,6 +192,8 @@ class SlurmExecutor:
         self._quarantine = Quarantine()  # GPUs of runs ended by their own record on NODE_FAIL
         self._seen = MarksSeen()  # NODE_FAIL runs' signal notes and heartbeats, as first read
         self._wrong_gpus = WrongGpus()  # jobs' runs ended `wrong-gpus` in a row
+        self._restarts = Restarts(log_dir, lambda i: self._run(["scancel", i]), lambda: self.may_act())  # fmt: skip  # noqa: E501
+        """Runs Slurm launched again, ids it gave twice (slurmctld lost its state: atk43s)."""
         self.launch_confirm_s = 10.0
         """A run Slurm shows RUNNING is recorded started once its batch script marked its launch
         (`_launched`), or after this long running unmarked (a node that does not share the
@@ -239,6 +238,8 @@ class SlurmExecutor:
     def check(self) -> None:
         """Refuse to run on a partition where Slurm would reorder or preempt on its own."""
         text = self._run(["scontrol", "show", "config"])
+        if why := self.cluster.learn(text):  # another cluster in this one's place (F5)
+            raise OtherCluster(why, hint="start this server's cluster's slurmctld (docs/ha.md)")
         with contextlib.suppress(EngineError):  # a missing partition is reported below
             text += "\n" + self._run(["scontrol", "-o", "show", "partition", self.partition])
         self.max_time_s = partition_max_time(text, self.partition)
@@ -259,18 +260,16 @@ class SlurmExecutor:
         found = parse_nodes(self._run(["scontrol", "-d", "-o", "show", "node"]), self.partition)
         self._pinned = {n.name: n.pinned for n in found if n.pinned}
         self._down = frozenset(n.name for n in found if n.down)
+        self._unheard = self._down | {n.name for n in found if n.unresponsive}
         self._gres_used = {n.name: n.gres_used for n in found if n.gres_used}
         return found
 
     def _hold_leaked(self) -> None:
         """Hold GPUs Slurm counts allocated that no job holds, in two reads in a row (`leaks`)."""
-        seen = leaked_gpus(self._gres_used, self._held(ours=True))
-        now_leaked, self._leaked_seen = lasting(seen, self._leaked_seen), seen
-        if now_leaked != self._leaked:
+        if self._leaks.read(self._gres_used, self._held(ours=True)):
             log.warning("Slurm counts GPUs %s allocated but no job holds them (GresUsed): none "
-                        "is placed there until Slurm frees it", dict(now_leaked))  # fmt: skip
-            self._leaked = now_leaked
-        self._foreign = held_with(self._foreign, now_leaked)
+                        "is placed there until Slurm frees it", dict(self._leaks.held))  # fmt: skip
+        self._foreign = held_with(self._foreign, self._leaks.held)
 
     def _node_changes(self, nodes: Mapping[str, Node], now: float) -> _Changes:
         """The ledger's nodes follow Slurm's (`words.node_changes`; lost with a fence: `ends`),
@@ -306,6 +305,7 @@ class SlurmExecutor:
         busy: list[Mapping[str, Iterable[int]]] = [held_gpus(j, self._pinned) for j in self._view.values()]  # fmt: skip  # noqa: E501
         busy += [{sl.node: sl.gpu_indices for sl in r.launch.slots} for r in self._runs.values() if r.slurm_id is not None and (ours or not r.started) and r.launch is not None]  # fmt: skip  # noqa: E501
         busy += [stopping_gpus(self._stopping, self._view, self._pinned), self._quarantine.held]  # fmt: skip  # noqa: E501
+        busy += list(self._restarts.held.values())  # a first launch Slurm launched again (F11)
         held: dict[str, set[int]] = {}
         for gpus in busy:
             for node, idx in gpus.items():
@@ -329,14 +329,16 @@ class SlurmExecutor:
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
         if (seen := mark_time(run_dir, LAUNCHED, now)) is not None:
             r.launch_seen = seen if r.launch_seen is None else r.launch_seen  # kept (atk43s F2)
+            self._restarts.marks_seen(r)
             return True  # the marks are the job user's: running this long, it runs (atk23d F6)
-        return now - r.running_seen >= self.launch_confirm_s
+        return now - r.running_seen >= self._restarts.confirm_s(r, run_dir, self.launch_confirm_s)
 
     def _never_ran(self, r: Run, j: SlurmJob) -> str:
         """Why an ended run's command never ran ("" if it did, or may have: `never_ran`)."""
-        run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        return never_ran(j, r.launch, r.logs, run_dir, r.started, self.launch_confirm_s,
-                         r.launch_seen is not None)  # fmt: skip
+        run_dir, seen = self._checkpoint_file(r.job_id, r.run).parent, r.launch_seen is not None
+        confirm_s = self._restarts.confirm_s(r, run_dir, self.launch_confirm_s, j)
+        why = never_ran(j, r.launch, r.logs, run_dir, r.started, confirm_s, seen)
+        return self._restarts.never_ran(r, j, run_dir, why, seen)  # slurmd refused it (F5)
 
     def _beat(self, slurm_id: str, now: float) -> float | None:
         """A run's last heartbeat (`MarksSeen.beat`; None without one, or unknown to Slurm)."""
@@ -347,14 +349,14 @@ class SlurmExecutor:
         assert r.launch is not None
         job = r.launch
         if isinstance(who := sbatch_user(job.user, self.run_as), str):
-            raise _Refused(who)
+            raise Refused(who)
         out = job.stdout or str(self._default_log(job, who))
         r.logs = tuple(dict.fromkeys(p for p in (out, job.stderr) if p))
         tracked.note_logs(self.log_dir, job.job_id, job.run, r.logs)  # for a restart's adopt
         mask = files_umask(job.umask, bool(job.stdout))  # slurmstepd opens /dev/null alone:
         claimed = claim_outputs(r.logs, who, self.timeout_s, mask, job.workdir)  # the script,
         if isinstance(claimed, str):  # the files claimed (`outputs`)
-            raise _Refused(claimed)
+            raise Refused(claimed)
         args = ["sbatch", *sbatch_args(job, self.partition, os.devnull, who, self.ledger_id,
                                        self._pinned, claimed.error_file, self._grace_of(r),
                                        self.max_time_s)]  # fmt: skip
@@ -366,6 +368,9 @@ class SlurmExecutor:
         said = self._run(args, stdin=script, env=sbatch_env(self.env, mask))
         r.slurm_id = said.strip().split(";")[0]
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, r.slurm_id)
+        if self._restarts.submitted(job.job_id, job.run, r.slurm_id):  # what it named is gone
+            self._completing.pop(r.slurm_id, None)
+            self._seen.forget(r.slurm_id)
 
     def _try_submit(self, now: float) -> None:
         """Submit the launches whose GPUs are free in Slurm, in launch order, so Slurm hands out
@@ -394,7 +399,7 @@ class SlurmExecutor:
             try:
                 self._submit(r)
                 r.submitted_at = now
-            except _Refused as why:  # never run as an account the rule refuses
+            except Refused as why:  # never run as an account the rule refuses
                 log.warning("job %s is not started: %s", r.job_id, why)
                 del self._runs[r.job_id]
                 self._exits.append(Exit(r.job_id, -1, now, "launch_failed", "", "", str(why)))
@@ -414,10 +419,14 @@ class SlurmExecutor:
         changes: list[NodeChange] = []
         if self._probe.away and not self._probe.over(now):
             # an outage: a probe asks again every `probe_every_s` on a thread of its own, so a
-            # controller that does not answer never holds the service's thread (reads and
-            # submits wait on it)
+            # controller that does not answer never holds the service's thread (reads, submits)
             return self._blind(nodes)
-        if self.refresh():
+        view, answered = self._view, self.refresh()
+        if answered and not self.cluster.same(now, self._probe.away):
+            self._view = view  # another cluster answers: nothing of it is read (F5)
+            self._probe.begin(now)
+            return self._blind(nodes)
+        if answered:
             if self._probe.away:  # back: its view may lag (slurmd re-registers)
                 self._away = (self._answered_at or now, now)
                 self._settle_until = now + self.settle_s
@@ -443,17 +452,15 @@ class SlurmExecutor:
         exits, self._exits = self._exits, []
         stopped, self._stopped = self._stopped, []
         changes, exits, unseen = self._own_ends_first(changes, exits, unseen, now)
-        return Observed(
+        return replace(  # the runs as last known (`_blind`), and what this read saw
+            self._blind(nodes),
             stopped=tuple(stopped),
             nodes=tuple(changes),
             starts=tuple(starts),
             checkpoints=tuple(checkpoints),
             exits=tuple(exits),
-            foreign=self._foreign,
-            stopping=stopping_gpus(self._stopping, self._view, self._pinned),
-            running=frozenset(self._runs),
             unobserved=unseen,
-            longest_s=self.max_time_s,
+            unobserved_why="",  # it answers (settling, at most): no outage to name
         )
 
     def _own_ends_first(
@@ -461,11 +468,8 @@ class SlurmExecutor:
     ) -> tuple[list[NodeChange], list[Exit], frozenset[str]]:
         """A run that ended by itself on a node Slurm has just given up is recorded before the
         node's loss (`stops.own_ends_first`); the exits held back come with the next read."""
-        completing = any(
-            (j := self._view.get(r.slurm_id)) is not None and j.state == "COMPLETING"
-            for r in self._runs.values()
-            if r.slurm_id is not None
-        )
+        completing = any(j.state == "COMPLETING" for r in self._runs.values()
+                         if (j := self._view.get(r.slurm_id or "")) is not None)  # fmt: skip
         was = self._loss_held_since
         held = own_ends_first(changes, exits, completing, was, now, self.settle_s)
         changes, exits, later, lost, self._loss_held_since = held
@@ -493,6 +497,7 @@ class SlurmExecutor:
             stopping=stopping_gpus(self._stopping, self._view, self._pinned),
             running=frozenset(self._runs),
             unobserved=in_service(nodes),
+            unobserved_why=self.cluster.away or "slurmctld does not answer",
             longest_s=self.max_time_s,
         )
 
@@ -502,6 +507,8 @@ class SlurmExecutor:
         Starts come from Slurm's word, in a later `observe`."""
         if not self.may_act():
             log.warning("not carrying out orders of epoch %d: the lease ran out", orders.epoch)
+            return ()
+        if self.cluster.away:  # nothing stopped or launched on another cluster (asked again)
             return ()
         for job_id in orders.stops:
             r = self._runs.get(job_id)
@@ -574,6 +581,7 @@ class SlurmExecutor:
 
     def _read_runs(self, now: float) -> None:
         self._resume_stops(now)
+        note_unanswered(self._stopping, self._view, self._unheard)  # Slurm's end alone (F8)
         # 0. our runs Slurm has ended whose processes may still live (COMPLETING)
         mine = {r.slurm_id for r in self._runs.values() if r.slurm_id} | set(self._stopping)
         self._completing = completing(self._view, mine, self._completing, now)
@@ -582,13 +590,22 @@ class SlurmExecutor:
             if r.slurm_id is None:
                 continue
             j = self._view.get(r.slurm_id)
+            if j is not None and j.tag(self.ledger_id) != (job_id, r.run):
+                j = None  # its id names another job now: Slurm gave it again (atk43s F5)
+            j = j or self._restarts.last(job_id, r.run)
             if j is None:
                 if r.missing_since is None:
                     r.missing_since = now
-                if now - r.missing_since >= self.vanish_after_s:
-                    self._vanished(r, now)
+                sacct = self._run if self._accounting else None  # past MinJobAge, or forgotten
+                run_dir = self._checkpoint_file(job_id, r.run).parent
+                if now - r.missing_since >= self.vanish_after_s and (gone := vanished(r, run_dir, sacct, now, self.kill_wait_s)):  # fmt: skip  # noqa: E501
+                    del self._runs[job_id]
+                    self._exits.append(gone)
                 continue
             r.missing_since = None
+            if self._restarts.check(r, j, now, self.kill_wait_s, self._pinned, self._runs,
+                                    (self._starts, self._exits)):  # fmt: skip
+                continue  # Slurm launched it again: never the ledger's (atk43s F4, F6, F11)
             if j.state in WAITING and not r.started:
                 r.submitted_at = now if r.submitted_at is None else r.submitted_at  # adopted
                 why = never_starts(j.reason, now - r.submitted_at, self.start_within_s)
@@ -613,6 +630,7 @@ class SlurmExecutor:
                 # charged from its real start (the ledger keeps it inside the placement)
                 self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
                                           started_at=r.started_at))  # fmt: skip
+                self._restarts.notes.note(job_id, r.run, r.slurm_id, j.start_time)  # its first
                 if differ := gpus_differ(r.launch, j):
                     log.warning("job %s: %s", job_id, differ)
             if (
@@ -626,8 +644,9 @@ class SlurmExecutor:
                 at = now if j.end_time is None else min(now, j.end_time)
                 reason, note = self._wrong_gpus.ending(job_id, never_ran)  # bounded (F2)
                 self._exits.append(Exit(job_id, -1, at, reason, r.slurm_id, j.state, note))
-            elif j.ended and end_reason(j.state) == "node_failure":  # a limit's stop too
-                self._node_failed(r, j, now)  # how it really ended, once known
+            elif j.ended and (end_reason(j.state) == "node_failure" or r.node_failed
+                              or unseen_end(self._stopping.get(r.slurm_id), j)):  # fmt: skip
+                self._node_failed(r, j, now)  # how it really ended, once known (a limit's stop)
             elif j.ended:
                 del self._runs[job_id]
                 self._wrong_gpus.ran(job_id)
@@ -635,7 +654,7 @@ class SlurmExecutor:
                 reason = "time_limit" if r.limited else end_reason(j.state)
                 self._exits.append(Exit(job_id, code, at, reason, r.slurm_id, j.state, run=r.run))
             elif j.holding and self._past_limit(r, now):
-                r.limited = True
+                r.limited, r.stop_sent_at = True, now
                 limit = self._limit_of(r)
                 log.info("job %s (Slurm job %s) reached its limit of %s s: stopping it",
                          job_id, r.slurm_id, limit)  # fmt: skip
@@ -644,13 +663,16 @@ class SlurmExecutor:
         # 2. runs being stopped: the grace, then scancel
         for slurm_id, st in list(self._stopping.items()):
             j = self._view.get(slurm_id)
+            j = None if j is not None and st.run and j.tag(self.ledger_id) != st.run else j  # F5
             st.gpus = (held_gpus(j, self._pinned) if j is not None else {}) or st.gpus
             if j is not None and j.holding and not j.ended and now >= (self._settle_until or 0):
                 st.seen_running_at = now  # (`real_end`: a stopped run's end in an outage, F6)
-            failed = self._how_failed(st.run, None, None, j, now, st.grace_s) if node_failed(st, j) else None  # fmt: skip  # noqa: E501
-            if node_failed(st, j) and failed is None:  # its processes may live: held (F7)
-                if not st.in_doubt:
-                    log.warning("stopped Slurm job %s is NODE_FAIL: held until gone", slurm_id)
+            doubt = st.run is not None and unseen_end(st, j)  # NODE_FAIL, or its cancel unseen
+            failed = self._how_failed(st.run, None, None, j, now, st.grace_s) if doubt else None
+            if doubt and failed is None:  # its processes may live: held (F7, atk43s F8)
+                if not st.in_doubt and j is not None:
+                    log.warning("stopped Slurm job %s is %s, its processes' end unseen: held "
+                                "until gone", slurm_id, j.state)  # fmt: skip
                 st.in_doubt = True
             elif j is None or j.ended:
                 self._quarantine.hold(failed, j, st.gpus)
@@ -661,9 +683,9 @@ class SlurmExecutor:
                 seen = self._completing.pop(slurm_id, None)
                 if j is not None and st.run is not None and j.started:  # its processes' end
                     run_dir = self._checkpoint_file(*st.run).parent
-                    own = own_end(run_dir)
+                    own, beat, first = stop_marks(run_dir, now)  # (`first`: never ran, F10)
                     itself = failed is None and ended_by_itself(own, j, st.term_refused)
-                    self._stopped.append(stopped_end(st, j, now, seen, failed, itself, (self._away, self.settle_s), (own, last_beat(run_dir, now))))  # fmt: skip  # noqa: E501
+                    self._stopped.append(stopped_end(st, j, now, seen, failed, itself, (self._away, self.settle_s), (own, beat), first))  # fmt: skip  # noqa: E501
                     if itself and j.exit_code == 0:  # it may complete its job (F3)
                         self._completed.add(st.run[0])
             elif not st.cancelled and now - st.since >= st.grace_s:
@@ -674,8 +696,7 @@ class SlurmExecutor:
                     log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
         # 3. foreign jobs on any partition: their GPUs on the ledger's nodes are busy, they are
         #    never touched (runs of ours the ledger no longer runs: `_resume_stops`)
-        ours = {r.slurm_id for r in self._runs.values() if r.slurm_id} | set(self._stopping)
-        other = others(self._view.values(), ours, self.ledger_id, self.partition, self._pinned)
+        other = others(self._view.values(), mine, self.ledger_id, self.partition, self._pinned)
         for j, holds in other.holders:
             if j.slurm_id not in self._foreign_seen:
                 self._foreign_seen.add(j.slurm_id)
@@ -692,8 +713,8 @@ class SlurmExecutor:
         if r.slurm_id not in self._stopping:
             self._completing.pop(r.slurm_id, None)
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        code, at, own = run_end(run_dir, j, r.started_at, now, seen, r.seen_running_at,
-                                (self._away, self.settle_s))  # fmt: skip
+        outage = outage_of(self._away, self.settle_s, r.stop_sent_at)  # stopped after it? (F9)
+        code, at, own = run_end(run_dir, j, r.started_at, now, seen, r.seen_running_at, outage)
         if j.end_time is not None and at < min(now, j.end_time) - 1:
             log.info("job %s (Slurm job %s) ended at %s (%s; Slurm says %s, when it heard)",
                      r.job_id, r.slurm_id, when(at), "its own end record" if own else
@@ -701,19 +722,20 @@ class SlurmExecutor:
         return code, at
 
     def _node_failed(self, r: Run, j: SlurmJob, now: float) -> None:
-        """A run Slurm ended NODE_FAIL: recorded as it really ended, once known; kept until
+        """A run Slurm ended NODE_FAIL (or, stopped at its limit, by its cancel on a node that
+        did not answer: `unseen_end`): recorded as it really ended, once known; kept until
         then (running, for the ledger in doubt on its lost node; `ends`)."""
         ending = self._how_failed((r.job_id, r.run), r.launch, r.started_at, j, now, self._grace_of(r))  # fmt: skip  # noqa: E501
         if ending is None:
             if not r.node_failed:
                 r.node_failed = True
-                log.warning("job %s is NODE_FAIL in Slurm: waiting to know how it ends", r.job_id)
+                log.warning("job %s is %s in Slurm: waiting to know how it ends", r.job_id, j.state)
             return
         del self._runs[r.job_id]
         self._completing.pop(j.slurm_id, None)
         self._seen.forget(j.slurm_id)
         self._quarantine.hold(ending, j, placed_gpus(r.launch, j, self._pinned))
-        log.info("job %s (Slurm job %s, NODE_FAIL) ended %s at %s: %s", r.job_id, j.slurm_id,
+        log.info("job %s (Slurm job %s, %s) ended %s at %s: %s", r.job_id, j.slurm_id, j.state,
                  ending.reason, when(ending.at), ending.note)  # fmt: skip
         self._exits.append(Exit(r.job_id, ending.exit_code, ending.at, "time_limit" if r.limited
                                 else ending.reason, j.slurm_id, j.state, ending.note))  # fmt: skip
@@ -726,14 +748,7 @@ class SlurmExecutor:
             self.kill_wait_s, now, self.slurmd_timeout_s, self._seen, grace_s)  # fmt: skip
 
     def _past_limit(self, r: Run, now: float) -> bool:
-        """Whether a run has reached its limit and is not being stopped yet. The executor keeps
-        every limit itself, to the second and with the job's grace (Slurm's own TIMEOUT would
-        give it KillWait, from a periodic check up to ~30 s late: atk33 F7); Slurm's `--time`
-        is a backstop past both (`backstop_minutes`)."""
-        if r.limited or r.started_at is None:
-            return False
-        limit = self._limit_of(r)
-        return limit is not None and now >= r.started_at + limit
+        return past_limit(r, self._limit_of(r), now)
 
     def _limit_of(self, r: Run) -> float | None:
         """The run's time limit: its launch's, or (adopted after a restart) its job's."""
@@ -748,23 +763,6 @@ class SlurmExecutor:
         del self._runs[r.job_id]
         self._exits.append(Exit(r.job_id, -1, now, "launch_failed", r.slurm_id, "PENDING", why))
 
-    def _vanished(self, r: Run, now: float) -> None:
-        """A run Slurm no longer lists (past MinJobAge, or the controller lost its state)."""
-        assert r.slurm_id is not None
-        rows = ""
-        if self._accounting:
-            try:
-                rows = self._run(
-                    ["sacct", "-n", "-P", "-X", "-j", r.slurm_id, "-o", "State,ExitCode,End"]
-                )
-            except EngineError as err:
-                log.warning("sacct: %s", err.line())
-        run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        low = max((t for t in (r.started_at, last_beat(run_dir, now)) if t is not None), default=None)  # fmt: skip  # noqa: E501
-        if (gone := vanished_end(r, r.slurm_id, rows, now, own_end(run_dir), low)) is not None:
-            del self._runs[r.job_id]
-            self._exits.append(gone)
-
     def heard_from(self) -> Mapping[str, float]:
         return {}
 
@@ -773,10 +771,8 @@ class SlurmExecutor:
 
     def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
         if not self.refresh():
-            raise EngineError(
-                "Slurm cannot be read, so the ledger cannot be reconciled with it",
-                hint="start slurmctld (scripts/slurm/slurm up) and retry",
-            )
+            raise EngineError("Slurm cannot be read, so the ledger cannot be reconciled with it",
+                              hint="start slurmctld (scripts/slurm/slurm up), retry")  # fmt: skip
         for j in sorted(self._view.values(), key=lambda j: int(j.slurm_id.split("_")[0])):
             tag = j.tag(self.ledger_id)
             if tag is None or j.partition != self.partition:
@@ -786,8 +782,11 @@ class SlurmExecutor:
                 logs = tracked.noted_logs(self.log_dir, job_id, run) or j.logs
                 self._runs[job_id] = Run(job_id, run, None, j.slurm_id, logs=logs)
                 log.info("adopted Slurm job %s as job %s run %s", j.slurm_id, job_id, run)
+        for r in self._restarts.unlisted(runs, set(self._runs), self._checkpoint_file, now):
+            self._runs[r.job_id] = r  # Slurm forgot it: its own end record says (atk43s F3)
         adopted = set(self._runs)
         tracked.forget_logs(self.log_dir, ((r.job_id, r.run) for r in self._runs.values()))
+        self._node_changes({}, now)  # which nodes answer: a stop Slurm ended there (F8)
         self._read_runs(now)  # runs that ended while we were away: exits at the next `observe`
         return adopted
 

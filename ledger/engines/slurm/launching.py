@@ -34,6 +34,7 @@ from ledger.engines.slurm.ends import (
     node_fail_ending,
     own_finish,
 )
+from ledger.engines.slurm.relaunch import RELAUNCHED
 from ledger.engines.slurm.script import batch_script
 from ledger.engines.slurm.words import (
     NEVER_STARTS,
@@ -71,7 +72,7 @@ STOPPING = "stopping"
 every process of the job): the batch script then passes no SIGTERM on to the command, which
 got its own (`script.batch_script`)."""
 MARKS = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED, STOPPING, CANNOT_OPEN, ALIVE,
-         WRONG_GPUS)  # fmt: skip
+         WRONG_GPUS, RELAUNCHED)  # fmt: skip
 
 
 def run_script(
@@ -96,7 +97,8 @@ def run_script(
                         files_umask, at[CANNOT_OPEN], real_workdir, at[ALIVE],
                         after_term_s=after_term_s, own_end_s=own_end_s,
                         wrong_gpus_file=at[WRONG_GPUS], pinned_nodes=pinned_nodes,
-                        files_limit=int(files) if files.isdigit() else None)  # fmt: skip
+                        files_limit=int(files) if files.isdigit() else None,
+                        relaunched_file=at[RELAUNCHED])  # fmt: skip
 
 
 def mark_stopping(run_dir: Path) -> None:
@@ -152,6 +154,20 @@ def last_beat(run_dir: Path, now: float) -> float | None:
         return min(now, os.lstat(run_dir / ALIVE).st_ctime)
     except OSError:
         return None
+
+
+def stop_marks(run_dir: Path, now: float) -> tuple[OwnEnd | None, float | None, bool]:
+    """What a stopped run's marks say of its end: its own end record (`own_end`), its last beat
+    (`last_beat`), and whether its script ended it before its command started because the stop
+    came first (`script._stopped_first`: its record, signalled, exit 143, and neither its launch
+    mark nor a beat; atk43s F10). The marks are the job user's: a forged one changes only the
+    note of that user's own run."""
+    own = own_end(run_dir)
+    first = (
+        own is not None and own.signalled and own.exit_code == 143
+        and not marked(run_dir, LAUNCHED) and not marked(run_dir, ALIVE)
+    )  # fmt: skip
+    return own, last_beat(run_dir, now), first
 
 
 def finish_by_record(
@@ -404,7 +420,7 @@ def node_fail_end(
     after = None if grace_s is None or not note_file else ends_after_term_s(grace_s, kill_wait_s)
     return node_fail_ending(own_end(run_dir), noted, marked(run_dir, LAUNCHED),
                             j.end_time, j.exit_code, started, answered, kill_wait_s,
-                            now, confirm_s, beat, window, after)  # fmt: skip
+                            now, confirm_s, beat, window, after, j.state)  # fmt: skip
 
 
 def never_starts(reason: str, waited_s: float, within_s: float) -> str:

@@ -10,6 +10,7 @@ ledger places nothing there. Pure: the executor reads, these decide.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 
 def leaked_gpus(
@@ -39,3 +40,18 @@ def held_with(
 ) -> dict[str, frozenset[int]]:
     """Pure: foreign work's GPUs and the leaked ones, by node."""
     return {n: foreign.get(n, frozenset()) | leaks.get(n, frozenset()) for n in {*foreign, *leaks}}
+
+
+@dataclass
+class Leaks:
+    """The leaks the executor holds: those two reads in a row showed (`lasting`)."""
+
+    seen: Mapping[str, frozenset[int]] = field(default_factory=dict)  # the last read's
+    held: Mapping[str, frozenset[int]] = field(default_factory=dict)
+
+    def read(self, used: Mapping[str, Iterable[int]], holding: Mapping[str, Iterable[int]]) -> bool:
+        """Take a read's leaks (`leaked_gpus` of `used`, `holding`); whether `held` changed."""
+        seen = leaked_gpus(used, holding)
+        held, self.seen = lasting(seen, self.seen), seen
+        changed, self.held = held != self.held, held
+        return changed

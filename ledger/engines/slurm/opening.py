@@ -12,6 +12,7 @@ from pathlib import Path
 from ledger.core.state import Node
 from ledger.cycle.executor import Exit, Observed, Orders, Start
 from ledger.engines.accounts import RunAs
+from ledger.engines.slurm.cluster import OtherCluster, Watch
 from ledger.engines.slurm.executor import ENGINE, SlurmExecutor
 from ledger.engines.slurm.stops import grace_in, limit_in, lost_in
 from ledger.engines.slurm.words import name_of, register_commands
@@ -61,12 +62,15 @@ def open_executor(
     run_as: RunAs = "submitter",
     may_act: Callable[[], bool] | None = None,
     node_fence_s: float = 300.0,
+    cluster: Mapping[str, object] | None = None,
 ) -> SlurmOpening:
     """The executor of `partition`. When slurmctld answers, it is opened now: Slurm must let
     gpu-ledger own the partition, whose GPU nodes are registered in the ledger by `actor` (an
     admin); one clear error when the partition is missing, cannot be owned or has no GPU node,
     nothing appended then. When slurmctld does not answer, the service starts all the same and
-    the executor opens once it does (`SlurmOpening`)."""
+    the executor opens once it does (`SlurmOpening`); nor while another cluster than
+    `cluster` (the one the store records; None: the first one read) answers in its place
+    (`cluster.Watch`, asked again whenever slurmctld answers after being away)."""
     if not partition:
         raise InvalidCommand(
             "the Slurm executor needs the partition gpu-ledger owns",
@@ -76,6 +80,7 @@ def open_executor(
         partition, ledger_id(ledger), log_dir, grace_s=grace_s, run_as=run_as, may_act=may_act
     )
     slurm.fence_s = node_fence_s  # `serve --node-fence`, as for the node agents
+    slurm.cluster = Watch(slurm.cluster.read, cluster)
     slurm.job_grace = lambda job_id: grace_in(ledger.state, job_id)
     slurm.job_limit = lambda job_id: limit_in(ledger.state, job_id)
     slurm.stopped_runs = lambda: ledger.state.stopped_runs  # its stops, after a restart too
@@ -87,7 +92,11 @@ def open_executor(
                     "executor opens once it answers", away)  # fmt: skip
         opening.away = away
     else:
-        opening.open_now()  # a refusal is a startup error
+        try:
+            opening.open_now()  # a refusal is a startup error
+        except OtherCluster as err:  # a take: opened once this server's cluster answers (F5)
+            opening.away = err.line()
+            log.error("%s; placing nothing until it does", opening.away)
     return opening
 
 
@@ -164,7 +173,8 @@ class SlurmOpening:
             try:
                 self.open_now()
             except EngineError as err:
-                self.away = f"Slurm refuses: {err.line()}"
+                said = "" if isinstance(err, OtherCluster) else "Slurm refuses: "
+                self.away = f"{said}{err.line()}"
                 log.warning("%s", self.away)
                 raise EngineAway(self.away) from err
             log.warning("slurmctld answers: the executor is open")
@@ -172,7 +182,8 @@ class SlurmOpening:
     def observe(self, now: float, nodes: Mapping[str, Node]) -> Observed:
         if not self.adopted:  # nothing is known: every node unobserved, nothing decided
             return Observed(unobserved=frozenset(n for n, x in nodes.items()
-                                                 if x.state != "removed"))  # fmt: skip
+                                                 if x.state != "removed"),
+                            unobserved_why=self.away)  # fmt: skip
         return self.slurm.observe(now, nodes)
 
     def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:

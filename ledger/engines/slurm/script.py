@@ -15,6 +15,7 @@ from ledger.engines.slurm.ends import (
     ends_after_term_s,
     own_end_after_s,
 )
+from ledger.engines.slurm.relaunch import guard_lines
 from ledger.engines.slurm.script_files import output_lines, touch, usable_lines, workdir_check
 from ledger.engines.slurm.script_gpus import gpus_check
 from ledger.engines.slurm.words import SbatchUser, job_environment
@@ -48,6 +49,7 @@ def batch_script(
     wrong_gpus_file: str = "",
     pinned_nodes: Collection[str] = (),
     files_limit: int | None = None,
+    relaunched_file: str = "",
 ) -> str:
     """Pure: the batch script: with `outputs` (`script_files`), its output files opened first, as
     the user, with `files_umask`, and its working directory checked (slurmstepd opens /dev/null
@@ -74,9 +76,11 @@ def batch_script(
     executor's own stop, `scancel --signal=TERM --full`, signals every process of the job
     itself): Slurm's own terminations (a node DOWN, its TIMEOUT, a plain `scancel`) signal the
     batch shell alone, and the command, the script's child, got nothing until SIGKILL, with no
-    chance to checkpoint (atk38-24 F2). With `alive_file`, the script itself is the run's
-    heartbeat (`_beating`): it touches that mark before it starts the command and every
-    `BEAT_EVERY_S` while the command lives, so nothing kills the heartbeat but what ends the
+    chance to checkpoint (atk38-24 F2); one there before the command starts ends the script
+    without starting it (`_stopped_first`: a stop that came first, atk43s F10). With
+    `alive_file`, the script itself is the run's heartbeat (`_beating`): it touches that mark
+    before it starts the command and every `BEAT_EVERY_S` while the command lives, so nothing
+    kills the heartbeat but what ends the
     job (a separate heartbeat process was the job's to kill: atk40-24 F1b); a stale heartbeat
     is the outside's word that the run is gone (`ends.node_fail_ending`; atk39-24 F5: a run
     Slurm ended NODE_FAIL whose kill never came was taken for gone while it ran on). A mark it
@@ -87,12 +91,15 @@ def batch_script(
     Slurm started without the GPUs the ledger placed it on (`pinned_nodes`: exactly) leaves it
     and ends before anything of the job's runs (`script_gpus`). With `files_limit`, the soft
     open-files limit the service started with, which the job gets back (sbatch hands its own to
-    the job, raised by `serve` for its connections), as on the local executor. (The
+    the job, raised by `serve` for its connections), as on the local executor. With
+    `relaunched_file`, a run launched before (Slurm's restart of it) ends first
+    (`relaunch.guard_lines`). (The
     variables sit in the script:
     `sbatch --export=ALL,VAR=...` makes Slurm start a job about 1.5 s later; sbatch itself runs
     with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
     env = job_environment(job, who or SbatchUser(), checkpoint_file)
-    lines = ["#!/bin/bash", *_files_limit(files_limit)]
+    lines = ["#!/bin/bash", *guard_lines(launched_file, ended_file, relaunched_file)]
+    lines += _files_limit(files_limit)
     if outputs:  # what the job needs is there and its user's, else why, before anything
         paths = [p for p, _ in outputs[:2]]
         lines += usable_lines(job.workdir, paths, cannot_enter_file, cannot_open_file)
@@ -123,13 +130,15 @@ def batch_script(
     noted = f" {{ : > {shlex.quote(signalled_file)}; }} 2>/dev/null;" * bool(signalled_file)
     if ended_file:  # Slurm's kill from here on is noted, so its run is never in doubt for good
         lines.append(f"trap '{noted} exit 143' TERM INT HUP QUIT USR1 USR2 ALRM")
+    end, part = shlex.quote(ended_file), shlex.quote(ended_file + ".part")
+    if ended_file and stopping_file:  # a stop that came first: its command never starts (F10)
+        lines.append(_stopped_first(stopping_file, end, part))
     if launched_file:  # where the service's directory is not shared, the executor waits instead
         lines.append(f"{{ : > {shlex.quote(launched_file)}; }} 2>/dev/null")
     command = shlex.join(job.command) if job.command else "true"
     if not ended_file:
         lines.append("exec " + command)
         return "\n".join(lines) + "\n"
-    end, part = shlex.quote(ended_file), shlex.quote(ended_file + ".part")
     code = shlex.quote(ended_file + ".code")
     signals = "TERM INT HUP QUIT USR1 USR2 ALRM"
     forward = ""
@@ -167,6 +176,28 @@ def batch_script(
         'exit "$gpuledger_rc"',
     ]
     return "\n".join(lines) + "\n"
+
+
+STOPPED_FIRST = "gpuledger: stopped before its command started: it was not run"
+"""What the batch script says (on stderr) when the run's `stopping` mark is there before its
+command starts (`_stopped_first`)."""
+
+
+def _stopped_first(stopping_file: str, end: str, part: str) -> str:
+    """Pure: the batch script's line, after its trap that notes a signal and before its launch
+    mark, that ends the run without starting its command when the executor has already stopped
+    it (its `stopping` mark, which the executor makes before its own SIGTERM): a stop of a launch
+    Slurm held CONFIGURING signals no process, and the command, started after it, got no SIGTERM
+    at all (the mark makes the script pass none on) and ran the whole grace (atk43s F10). It
+    writes its end record, exit 143 and the stop first (`1`: never taken for an end by itself),
+    and no launch mark, so the run has no start (`launching.stopped_first`). A stop that comes
+    after this line signals the script, whose trap ends it, or the command itself."""
+    stop = shlex.quote(stopping_file)
+    return (
+        f"{{ [ -e {stop} ] || [ -L {stop} ]; }} && {{ echo {shlex.quote(STOPPED_FIRST)} >&2;"
+        f' {{ echo "143 $EPOCHREALTIME 1" > {part} && mv -f -- {part} {end}; }} 2>/dev/null;'
+        " exit 143; }"
+    )
 
 
 def _files_limit(soft: int | None) -> list[str]:

@@ -28,6 +28,7 @@ from ledger.engines.slurm.words import (
     SlurmJob,
     end_reason,
     ended_gpus,
+    expand_hostlist,
     held_gpus,
     processes_end,
     real_end,
@@ -53,12 +54,16 @@ class Stopping:
     gpus: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     """The GPUs Slurm last showed it holding (node -> indices): held while it is in doubt."""
     in_doubt: bool = False
-    """Slurm ended it NODE_FAIL and its processes may still live (`node_failed`)."""
+    """Slurm ended it and its processes may still live (`unseen_end`: NODE_FAIL, or its cancel
+    on a node that did not answer)."""
     term_refused: bool = False
     """The stop's SIGTERM found it ended already (Slurm: an invalid or completed job)."""
     seen_running_at: float | None = None
     """The last read that saw it running (not while Slurm settled after an outage; before the
     stop, its run's): where an end in an outage really was (`words.real_end`, atk39-24 F6)."""
+    unanswered: bool = False
+    """A read of the nodes during the stop found one of its nodes not answering or DOWN
+    (`note_unanswered`): Slurm's end of it is then its decision alone (`unseen_end`)."""
 
 
 GONE_ALREADY = ("Invalid job id", "already complet")
@@ -89,6 +94,48 @@ def node_failed(st: Stopping, j: SlurmJob | None) -> bool:
     )  # fmt: skip
 
 
+def note_unanswered(
+    stopping: Mapping[str, Stopping], view: Mapping[str, SlurmJob], away: Set[str]
+) -> None:
+    """Pure (it marks the stops): each stop of a started run one of whose nodes the last read of
+    the nodes showed not responding or DOWN (`away`) is `unanswered`, for good: Slurm takes a
+    job whose slurmd it cannot reach for ended on its own word alone (`unseen_end`)."""
+    for slurm_id, st in stopping.items():
+        j = view.get(slurm_id)
+        if j is None or not j.started or st.unanswered:
+            continue
+        st.unanswered = bool(away & {*st.gpus, *j.gpus, *expand_hostlist(j.nodes)})
+
+
+def unseen_end(st: Stopping | None, j: SlurmJob | None) -> bool:
+    """Pure: whether Slurm ended a run being stopped (`st`) without its processes' end: it ended
+    it NODE_FAIL, or by its own cancel or limit (`SLURM_ENDS_FIRST`: the executor's `scancel`,
+    Slurm's TIMEOUT) while one of its nodes did not answer (`Stopping.unanswered`). A job
+    COMPLETING after a `scancel` ends when its slurmd says its processes are gone; on a node
+    whose slurmd is dead Slurm ends it CANCELLED, not NODE_FAIL, when it gives the node up, and
+    its processes live on under slurmstepd (atk43s F8: such a run was recorded ended then, and
+    the next job ran on its GPUs beside it once the node returned). Its end is then decided as
+    a NODE_FAIL run's (`ends.node_fail_ending`), its GPUs held until then."""
+    if st is None or j is None or not (j.ended and j.started):
+        return False
+    return end_reason(j.state) == "node_failure" or (st.unanswered and j.state in SLURM_ENDS_FIRST)
+
+
+def outage_of(
+    away: tuple[float, float] | None, settle_s: float, stopped_at: float | None
+) -> tuple[tuple[float, float] | None, float]:
+    """Pure: the outage whose rule (`words.real_end`) applies to the end of a run the executor
+    stopped at its limit (`stopped_at`: when it sent the stop; None: not stopped): none when
+    it sent it once slurmctld answered again (at or after the outage's end, `away[1]`), for the
+    run lived until then, and the end of that stop is slurmctld's own word, made while it
+    answered (atk43s F9: a run whose limit passed in an outage and which the executor stopped
+    at its return was recorded ended at its last sighting before the outage, 31.7 s of its
+    38 s uncharged)."""
+    if away is not None and stopped_at is not None and stopped_at >= away[1]:
+        return None, settle_s
+    return away, settle_s
+
+
 def stopped_end(
     st: Stopping,
     j: SlurmJob,
@@ -98,6 +145,7 @@ def stopped_end(
     by_itself: bool = False,
     outage: tuple[tuple[float, float] | None, float] = (None, 0.0),
     record: tuple[OwnEnd | None, float | None] = (None, None),
+    never_ran: bool = False,
 ) -> Exit:
     """Pure: a stopped run's real end as Slurm kept it (its EndTime, exit code and state), or,
     when its processes outlived the EndTime of a scancel (seen COMPLETING after it:
@@ -112,7 +160,8 @@ def stopped_end(
     atk39-24 F6: such a run was recorded ended at the late EndTime the returning controller
     gave it). One that ended by itself ended as its own end record says (`record`: it, and its
     script's last beat; `ends.own_finish`), not at Slurm's late word nor at its last sighting
-    (atk42-24 F3)."""
+    (atk42-24 F3). `never_ran`: its script ended it before its command started, the stop
+    having come first (`launching.stop_marks`, atk43s F10): its note says so."""
     assert st.run is not None
     end = processes_end(j.end_time, j.state, now, completing_seen)
     at = high = now if end is None else min(now, end)
@@ -130,6 +179,8 @@ def stopped_end(
         state = "KILLED" if st.killed or failed.reason == "node_failure" else j.state
     if by_itself and failed is None:
         note += ", ended by itself before the stop reached it"
+    if never_ran:
+        note += "; stopped before its command started: the command never ran"
     return Exit(st.run[0], code, at, "exited", j.slurm_id, state, note, run=st.run[1],
                 by_itself=by_itself and failed is None)  # fmt: skip
 
@@ -215,7 +266,7 @@ def earlier_alive(
     stopping: Mapping[str, Stopping],
 ) -> SlurmJob | None:
     """Pure: a Slurm job of an earlier run of `job_id` that may be alive (the launch fence): not
-    ended, or ended NODE_FAIL while its processes may live on (`Stopping.in_doubt`)."""
+    ended, or ended by Slurm while its processes may live on (`Stopping.in_doubt`: `unseen_end`)."""
     for j in view.values():
         tag = j.tag(ledger_id)
         if tag is None or tag[0] != job_id or tag[1] >= run:
@@ -249,12 +300,13 @@ def stopping_gpus(
     """Pure: the GPUs (node -> indices) of the runs the ledger stopped that Slurm has not ended
     yet: running through their grace, or COMPLETING (SIGTERM ignored until KillWait). Slurm
     starts nothing on them meanwhile, so `node list` shows them held (`Observed.stopping`).
-    Also those of a stop Slurm ended NODE_FAIL (`node_failed`), from the stop on, while it is here:
-    Slurm would start the next job there, so the executor holds them itself (`_held`)."""
+    Also those of a stop Slurm ended without its processes' end (`unseen_end`: NODE_FAIL, or
+    its cancel on a node that did not answer), from the stop on, while it is here: Slurm would
+    start the next job there, so the executor holds them itself (`_held`)."""
     out: dict[str, set[int]] = {}
     for slurm_id, st in stopping.items():
         j = view.get(slurm_id)
-        if st.run is None or j is None or (j.ended and not st.in_doubt and not node_failed(st, j)):
+        if st.run is None or j is None or (j.ended and not st.in_doubt and not unseen_end(st, j)):
             continue  # (one Slurm ended NODE_FAIL is held from the stop on: atk38-24 F7)
         held = (st.gpus or ended_gpus(j, pinned)) if j.ended else held_gpus(j, pinned)
         for node, idx in held.items():

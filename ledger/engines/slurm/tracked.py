@@ -86,6 +86,8 @@ class Run:
     """Slurm's StartTime of the run (its exact limit counts from it)."""
     limited: bool = False
     """The executor stopped it at its limit (it keeps every limit: Slurm's is a backstop)."""
+    stop_sent_at: float | None = None
+    """When the executor stopped it at its limit (`stops.outage_of`)."""
     logs: tuple[str, ...] = ()
     """Its output (and error) file."""
     checkpoint_mtime: float = 0.0
@@ -156,3 +158,13 @@ def touched(runs: Iterable[Run], file_of: Callable[[int, int], Path]) -> list[in
             r.checkpoint_mtime = mtime
             out.append(r.job_id)
     return out
+
+
+def past_limit(r: Run, limit: float | None, now: float) -> bool:
+    """Whether a run has reached its limit (`limit`, None for none) and is not being stopped
+    yet. The executor keeps every limit itself, to the second and with the job's grace (Slurm's
+    own TIMEOUT would give it KillWait, from a periodic check up to ~30 s late: atk33 F7);
+    Slurm's `--time` is a backstop past both (`backstop_minutes`)."""
+    if r.limited or r.started_at is None:
+        return False
+    return limit is not None and now >= r.started_at + limit

@@ -66,7 +66,7 @@ def whole_and_parts(
     old = pooled.PART
     pooled.PART = part
     try:
-        parts = b"[" + b",".join(pooled.paged(name, spec, handles, args, lambda: False)) + b"]"
+        parts = b"[" + b",".join(pooled.paged(name, spec, handles, args, lambda: False)[0]) + b"]"
     finally:
         pooled.PART = old
     return whole, parts
@@ -119,7 +119,7 @@ def test_a_part_gives_way_to_writes_for_a_bounded_time(store: Any) -> None:
     pooled.PART = 100
     try:
         began = time.monotonic()
-        rows = pooled.paged("log", READS["log"], handles, v.LogFilter(limit=900), busy)
+        rows, _ = pooled.paged("log", READS["log"], handles, v.LogFilter(limit=900), busy)
         took = time.monotonic() - began
     finally:
         pooled.PART = old
@@ -161,12 +161,12 @@ def test_a_part_waits_on_the_writes_event_and_goes_on_when_they_end(store: Any) 
     pooled.PART = 300
     try:
         began = time.monotonic()
-        rows = pooled.paged("log", READS["log"], handles, v.LogFilter(limit=900), writes)
+        rows, _ = pooled.paged("log", READS["log"], handles, v.LogFilter(limit=900), writes)
         waited = time.monotonic() - began
         writes.under_way = 0
         writes.idle.set()  # no write: no wait
         began = time.monotonic()
-        again = pooled.paged("log", READS["log"], handles, v.LogFilter(limit=900), writes)
+        again, _ = pooled.paged("log", READS["log"], handles, v.LogFilter(limit=900), writes)
         quiet = time.monotonic() - began
     finally:
         pooled.PART = old
@@ -203,7 +203,9 @@ def test_the_link_after_a_withheld_event_does_not_confirm_a_guess_of_it(
         old = pooled.PART
         pooled.PART = part
         try:
-            raw = b"[" + b",".join(pooled.paged("log", READS["log"], handles, args, lambda: False))
+            raw = b"[" + b",".join(
+                pooled.paged("log", READS["log"], handles, args, lambda: False)[0]
+            )
         finally:
             pooled.PART = old
         return msgspec.json.decode(raw + b"]", type=list[v.LogEntry])

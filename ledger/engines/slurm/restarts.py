@@ -1,0 +1,249 @@
+"""The Slurm executor's watch over runs Slurm launched again or whose id it handed out twice,
+after slurmctld lost its state (`relaunch`, `launch_notes`; docs/slurm.md, "A launch Slurm
+restarts"). An edge: it reads the run's marks and keeps the executor's notes."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Set
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ledger.cycle.executor import Exit, Start
+from ledger.engines.slurm.ends import BEAT_EVERY_S, beat_window
+from ledger.engines.slurm.launch_notes import Notes
+from ledger.engines.slurm.launching import (
+    ALIVE,
+    END_RECORD,
+    LAUNCHED,
+    MarksSeen,
+    last_beat,
+    mark_time,
+    marked,
+    own_end,
+    run_nodes,
+)
+from ledger.engines.slurm.relaunch import (
+    MOVED_S,
+    RELAUNCH_EXIT,
+    RELAUNCHED,
+    first_launch_end,
+    restarted,
+)
+from ledger.engines.slurm.stops import placed_gpus, run_gpus, vanished_end
+from ledger.engines.slurm.tracked import Run, noted_logs
+from ledger.engines.slurm.words import WAITING, SlurmJob
+from schemas.errors import EngineError
+
+log = logging.getLogger("gpuledger.slurm")
+_NO_JOB = SlurmJob("", "", "", "")
+
+NEVER_REACHED_WHY = (
+    "Slurm showed it running but its batch script never started (no launch mark nor heartbeat "
+    "on a node whose marks the service sees; slurmd may have refused the launch): its command "
+    "never ran"
+)
+REUSED_WHY = (
+    "Slurm gave it the id of an earlier run (slurmctld lost its state) and could not launch "
+    "it: its command never ran"
+)
+
+
+@dataclass
+class Restarts:
+    log_dir: Path
+    cancel: Callable[[str], object]
+    """`scancel` a Slurm job (raises `EngineError` when Slurm refuses)."""
+    may_act: Callable[[], bool]
+    """The leader's lease (a deposed leader cancels nothing)."""
+    notes: Notes = field(init=False)
+    why: dict[tuple[int, int], str] = field(default_factory=dict)
+    """Runs Slurm launched again, and why the executor knows (`relaunch.restarted`)."""
+    cancelled: set[str] = field(default_factory=set)
+    held: dict[tuple[int, int], Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
+    """The GPUs of each such run's first launch, held until it is known gone."""
+    sharing: set[str] = field(default_factory=set)
+    """Nodes where a run's launch mark was seen: the service sees their run directories."""
+    reused: set[str] = field(default_factory=set)
+    """Our Slurm ids Slurm had given an earlier run of ours (`Notes.reused`)."""
+    seen: MarksSeen = field(default_factory=MarksSeen)
+    jobs: dict[tuple[int, int], SlurmJob] = field(default_factory=dict)
+    """Each such run's Slurm job as last read (Slurm may stop listing it: `last`)."""
+
+    def __post_init__(self) -> None:
+        self.notes = Notes(self.log_dir)
+
+    def submitted(self, job_id: int, run: int, slurm_id: str) -> bool:
+        """Note a submission's Slurm id; True when Slurm gave it an earlier run of ours."""
+        earlier = self.notes.reused(slurm_id, job_id, run)
+        self.notes.note(job_id, run, slurm_id)
+        if earlier is None:
+            self.reused.discard(slurm_id)
+            return False
+        log.warning("job %s run %s got Slurm job id %s, which Slurm gave job %s run %s before "
+                    "(slurmctld lost its state): it is started only by its own launch mark",
+                    job_id, run, slurm_id, *earlier)  # fmt: skip
+        self.reused.add(slurm_id)
+        return True
+
+    def _shares(self, r: Run, j: SlurmJob | None) -> bool:
+        """Whether every node of the run showed the service a launch mark before (it sees
+        the run directories there: the batch script's marks are what tells a run that ran)."""
+        nodes = run_nodes(r.launch, j) if j is not None else run_nodes(r.launch, _NO_JOB)
+        return bool(nodes) and all(n in self.sharing for n in nodes)
+
+    def marks_seen(self, r: Run) -> None:
+        """The run's launch mark was seen: its nodes share the service's directory."""
+        self.sharing.update(run_nodes(r.launch, _NO_JOB))
+
+    def confirm_s(
+        self, r: Run, run_dir: Path, confirm_s: float, j: SlurmJob | None = None
+    ) -> float:
+        """How long a run Slurm shows running must run unmarked to count as started: never
+        for a reused id, nor where its nodes share the service's directory and its script
+        has not beaten (a launch slurmd refused, "Duplicate jobid", shows RUNNING: atk43s F5;
+        a script that cannot write its marks ends its command within `ends.UNBEATEN_S`)."""
+        if r.slurm_id in self.reused:
+            return math.inf
+        return math.inf if self._shares(r, j) and not marked(run_dir, ALIVE) else confirm_s
+
+    def never_ran(self, r: Run, j: SlurmJob, run_dir: Path, why: str, seen: bool) -> str:
+        """Why a run whose script never marked anything never ran, where the service would
+        have seen its marks (`confirm_s`): a reused id, or a node sharing its directory."""
+        if why or seen or any(marked(run_dir, m) for m in (LAUNCHED, ALIVE, END_RECORD)):
+            return why
+        if r.slurm_id in self.reused:
+            return REUSED_WHY
+        return NEVER_REACHED_WHY if self._shares(r, j) and not r.started else why
+
+    def last(self, job_id: int, run: int) -> SlurmJob | None:
+        """The Slurm job of a run Slurm launched again as last read, ended if it was not (the
+        executor cancelled it); None for any other run."""
+        j = self.jobs.get((job_id, run))
+        return j if j is None or j.ended else replace(j, state="CANCELLED")
+
+    def first_start(self, r: Run) -> float | None:
+        noted = self.notes.get(r.job_id, r.run)
+        return None if noted is None else noted.started
+
+    def check(self, r: Run, j: SlurmJob, now: float, kill_wait_s: float,
+              pinned: Mapping[str, tuple[str, ...]], runs: dict[int, Run],
+              out: tuple[list[Start], list[Exit]]) -> bool:  # fmt: skip
+        """Whether Slurm launched the run `r` (of `runs`) again: then its first launch's start
+        (where the ledger may not have it) and its end, once known, go to `out`, and the run
+        leaves `runs`; until then it may still run, its GPUs held. False: the usual rules."""
+        run_dir = self.log_dir / "checkpoints" / f"{r.job_id}.{r.run}"  # `tracked.checkpoint_file`
+        got = self._first_launch(r, j, run_dir, now, kill_wait_s, pinned)
+        if got is None:
+            return False
+        start, ended = got
+        if ended is not None:
+            del runs[r.job_id]
+            out[0].extend([start] if start is not None else [])
+            out[1].append(ended)
+        return True
+
+    def _first_launch(self, r: Run, j: SlurmJob, run_dir: Path, now: float, kill_wait_s: float,
+                      pinned: Mapping[str, tuple[str, ...]]) -> tuple[Start | None, Exit | None] | None:  # fmt: skip  # noqa: E501
+        assert r.slurm_id is not None
+        tag, first = (r.job_id, r.run), self.first_start(r)
+        if tag not in self.why:
+            refused = j.ended and j.exit_code == RELAUNCH_EXIT  # its script's refusal: marks
+            moved = j.start_time is not None and first is not None and abs(j.start_time - first) > MOVED_S  # fmt: skip  # noqa: E501
+            if not (refused or moved or j.state in WAITING):
+                return None
+            # its first launch reached its script (its launch mark), not only Slurm's RUNNING:
+            # a launch Slurm requeued before its script began is Slurm's to start again, the
+            # script checking its GPUs (`script_gpus`)
+            launched = r.launch_seen is not None or marked(run_dir, LAUNCHED)
+            ran = launched and (r.started or first is not None or r.running_seen is not None)
+            marks = (mark_time(run_dir, RELAUNCHED, now), mark_time(run_dir, LAUNCHED, now)) if refused else (None, None)  # fmt: skip  # noqa: E501
+            why = restarted(j, first if launched else None, *marks, ran)
+            if not why:
+                return None
+            self.why[tag] = why
+            self.jobs[tag] = j
+            self.held[tag] = placed_gpus(r.launch, j, pinned)
+            log.warning("job %s run %s (Slurm job %s): %s: cancelling Slurm's new launch; the "
+                        "first one's end is recorded as it was", r.job_id, r.run, r.slurm_id, why)  # fmt: skip  # noqa: E501
+        self.jobs[tag] = j
+        if not j.ended and r.slurm_id not in self.cancelled and self.may_act():
+            try:
+                self.cancel(r.slurm_id)
+                self.cancelled.add(r.slurm_id)
+            except EngineError as err:
+                log.warning("slurm job %s: %s (retrying)", r.slurm_id, err.line())
+        beat = self.seen.beat(run_dir, r.slurm_id, now)
+        began = first if first is not None else r.started_at
+        window = beat_window(kill_wait_s)
+        ending = first_launch_end(own_end(run_dir), beat, began, now, window, r.seen_running_at,
+                                  j.ended)  # fmt: skip
+        if ending is None:
+            return None, None
+        self.forget(tag, r.slurm_id)
+        log.info("job %s run %s (Slurm job %s): its first launch ended %s at %s", r.job_id, r.run,
+                 r.slurm_id, ending.reason, ending.at)  # fmt: skip
+        if first is None and not r.started and r.running_seen is None and ending.reason != "exited":
+            # no start of its the executor saw: the marks alone are the job user's word
+            note = f"{self.why.get(tag, '')}; no start of it was seen: its command never ran"
+            return None, Exit(r.job_id, -1, ending.at, "launch_failed", r.slurm_id, j.state, note)
+        start = None  # recorded started only where its command was (Slurm's GPU-less relaunch)
+        if not r.started and (first is not None or r.launch_seen or marked(run_dir, LAUNCHED)):
+            at = first if first is not None else mark_time(run_dir, LAUNCHED, now)
+            gpus = run_gpus(j, pinned)
+            start = Start(r.job_id, r.slurm_id, r.run, gpus, logs=r.logs, started_at=at)
+        reason = "time_limit" if r.limited else ending.reason
+        return start, Exit(r.job_id, ending.exit_code, ending.at, reason, r.slurm_id, j.state,
+                           ending.note, run=r.run)  # fmt: skip
+
+    def unlisted(self, runs: Mapping[int, int], have: Set[int],
+                 file_of: Callable[[int, int], Path], now: float) -> list[Run]:  # fmt: skip
+        """The runs (job -> run) Slurm no longer lists that launched (their start noted, or
+        their launch mark made): a slurmctld that lost its state forgot them, and they end by
+        their own record (`vanished`), never `lost` at once (atk43s F3); one
+        that never launched is launched again."""
+        self.notes.forget_older(now)
+        out = []
+        for job_id, run in runs.items():
+            noted = self.notes.get(job_id, run)
+            if job_id in have or noted is None:
+                continue
+            if noted.started is None and not marked(file_of(job_id, run).parent, LAUNCHED):
+                continue
+            log.warning("job %s run %s: Slurm no longer lists its job %s (slurmctld lost it?): "
+                        "its own end record will say how it ended", job_id, run, noted.slurm_id)  # fmt: skip  # noqa: E501
+            out.append(Run(job_id, run, None, noted.slurm_id, started=noted.started is not None,
+                           started_at=noted.started, logs=noted_logs(self.log_dir, job_id, run)))  # fmt: skip  # noqa: E501
+        return out
+
+    def forget(self, tag: tuple[int, int], slurm_id: str) -> None:
+        self.why.pop(tag, None)
+        self.held.pop(tag, None)
+        self.jobs.pop(tag, None)
+        self.seen.forget(slurm_id)
+
+
+def vanished(r: Run, run_dir: Path, sacct: Callable[[list[str]], str] | None,
+             now: float, kill_wait_s: float = 30.0) -> Exit | None:  # fmt: skip
+    """The end of a run Slurm no longer lists (past MinJobAge, or a controller that lost its
+    state: atk43s F3), from `sacct` where there is accounting, and its own end record
+    (`stops.vanished_end`); None while it may still run. Without either, a run whose script
+    beat is gone only once its heartbeat is `ends.beat_window` old, and ends a beat after its last:
+    Slurm's kill, an engine failure (`node_failure`), not `lost` while it still ran."""
+    assert r.slurm_id is not None
+    rows = ""
+    if sacct is not None:
+        try:
+            rows = sacct(["sacct", "-n", "-P", "-X", "-j", r.slurm_id, "-o", "State,ExitCode,End"])
+        except EngineError as err:
+            log.warning("sacct: %s", err.line())
+    beat, own = last_beat(run_dir, now), own_end(run_dir)
+    if not rows and own is None and beat is not None:
+        if now < beat + beat_window(kill_wait_s):
+            return None  # its processes live on, whatever Slurm forgot
+        note = "Slurm no longer lists it (slurmctld lost its state?): its processes were killed"
+        return Exit(r.job_id, -1, min(now, beat + BEAT_EVERY_S), "node_failure", r.slurm_id,
+                    "UNKNOWN", note, run=r.run)  # fmt: skip
+    low = max((t for t in (r.started_at, beat) if t is not None), default=None)
+    return vanished_end(r, r.slurm_id, rows, now, own, low)

@@ -1,0 +1,202 @@
+"""slurmctld killed -9 within its state-save lag after a run started (atk43s F3, F4, F6, F11):
+the controller comes back with the job PENDING (or without it) while its first launch runs on
+under slurmstepd, and Slurm kills it, launches it again, or cancels it. The ledger decides: the
+command never runs twice under one run, a kill nobody in the ledger asked for is an engine
+failure (a resumable job requeued), never the user's cancel, and a run that exited 0 in the
+outage is completed at its real end. Checked from outside: the job's own file, the run's marks,
+Slurm's own log and view. Real Slurm (KillWait=10), `gpuledger up --executor slurm`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration import test_slurm as base
+from tests.integration.test_slurm import Cluster, Ledger, status
+
+cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
+
+
+def _lines(path: Path) -> list[tuple[str, int, float]]:
+    """(word, run, time) of each whole line the job wrote."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        words = line.split()
+        if len(words) == 3:
+            try:
+                out.append((words[0], int(words[1]), float(words[2])))
+            except ValueError:
+                continue  # a line cut by SIGKILL
+    return out
+
+
+def _kill_ctld(led: Ledger) -> None:
+    os.kill(led.cluster.daemon_pid("slurmctld"), signal.SIGKILL)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_ids(slurm: Cluster) -> Iterator[None]:
+    """After each test (set up before `ledger`: its service is stopped by then): the next
+    test's jobs get fresh ids (`_settle_ids`)."""
+    yield
+    _settle_ids(slurm)
+
+
+def _settle_ids(cl: Cluster) -> None:
+    """After a state loss slurmctld hands out again the ids it forgot, which slurmd may still
+    hold (the launch refused, "Duplicate jobid", the node drained: atk43s F5, which the
+    executor records `launch_failed`): plain jobs take those ids first, so a test's own job
+    gets a fresh one: two plain jobs in a row complete."""
+    done = 0
+    for _ in range(8):
+        sid = cl.run(
+            "sbatch", "--parsable", "-p", cl.partition, "-o", "/dev/null", "--wrap", "true"
+        )
+        sid = sid.strip().split(";")[0]
+        deadline = time.monotonic() + 10
+        ended = ("COMPLETED", "CANCELLED", "FAILED", "NODE_FAIL")
+        while (state := cl.jobs().get(sid, {}).get("state", "")) not in ended:
+            if time.monotonic() > deadline:  # the node drained: cancelled and resumed below
+                break
+            time.sleep(0.2)
+        cl.clean()  # resumes a node Slurm drained
+        done = done + 1 if state == "COMPLETED" else 0
+        if done == 2:
+            return
+
+
+def _ctld_log(led: Ledger) -> str:
+    return (Path(led.cluster.conf).parent / "log" / "slurmctld.log").read_text()
+
+
+def test_a_run_slurm_rewinds_to_pending_runs_once_and_is_never_recorded_cancelled(
+    ledger: Ledger,
+) -> None:
+    """atk43s F4/F11: the service up throughout; slurmctld is killed as soon as the run is
+    recorded running (before its state save), and comes back 8 s later with the job PENDING.
+    Slurm's new launch never runs the command (the executor cancels it, the batch script
+    refuses it); the first launch ends as it really did: by itself (completed) if it lived to
+    its end, else killed by Slurm (`node_failure`: the resumable job is requeued and its next
+    run starts after the first one's last line). Never `cancelled`, never run 0 twice."""
+    log = ledger.work / "t"
+    _settle_ids(ledger.cluster)
+    ledger.up()
+    ledger.submit("alice", 1, f"echo start $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
+                  f"for i in $(seq 100); do echo a $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
+                  f"sleep 0.2; done; echo end $GPULEDGER_RUN $(date +%s.%N) >> {log}",
+                  "--resumable", "--min-runtime", "0s")  # fmt: skip
+    ledger.wait("the run to be recorded running", lambda: status(ledger, 1) == "running", 30)
+    _kill_ctld(ledger)
+    time.sleep(8)
+    ledger.cluster.up()
+    ledger.wait("the job's end", lambda: status(ledger, 1) == "finished", timeout=240)
+    lines = _lines(log)
+    assert "Registered PENDING" in _ctld_log(ledger) or "Purged" in _ctld_log(ledger), (
+        "slurmctld saved the run before the kill: no state loss to test"
+    )
+    starts = [run for word, run, _ in lines if word == "start"]
+    assert starts.count(0) == 1, f"run 0's command ran {starts.count(0)} times: {starts}"
+    job = ledger.jobs()[1]
+    assert job["finish_reason"] != "cancelled" and job["outcome"] == "completed", job
+    ends = ledger.of("job.engine_ended.v1", 1)
+    assert all(e["reason"] != "cancelled" for e in ends), ends
+    last0 = max(t for _, run, t in lines if run == 0)
+    first_end = min(ends, key=lambda e: e["ended_at"])
+    if ("end", 0) in {(w, r) for w, r, _ in lines}:  # it lived to its end: one run, completed
+        assert starts == [0] and first_end["reason"] == "exited", (starts, ends)
+    else:  # killed by Slurm: an engine failure, requeued, run 1 after run 0's last line
+        assert first_end["reason"] == "node_failure", ends
+        assert 1 in starts and min(t for w, r, t in lines if r == 1) > last0, lines
+    # charged to its real end: its recorded end is no earlier than its last line
+    assert first_end["ended_at"] >= last0 - 1.0, (first_end, last0)
+    assert first_end["ended_at"] <= last0 + 5.0, (first_end, last0)
+
+
+def test_a_run_that_exits_0_while_slurmctld_and_the_service_are_down_completes_once(
+    ledger: Ledger,
+) -> None:
+    """atk43s F3/F6: slurmctld is killed as soon as the run is recorded running, then the
+    service; the command exits 0 meanwhile (its end record). The service restarts while the
+    controller is still away, the controller returns without the job or with it PENDING. The
+    job is completed, at its real end, and its command never runs again."""
+    log = ledger.work / "t"
+    _settle_ids(ledger.cluster)
+    ledger.up()
+    ledger.submit("alice", 1, f"echo start 0 $(date +%s.%N) >> {log}; sleep 6; "
+                  f"echo end 0 $(date +%s.%N) >> {log}")  # fmt: skip
+    ledger.wait("the run to be recorded running", lambda: status(ledger, 1) == "running", 30)
+    _kill_ctld(ledger)
+    time.sleep(1)
+    ledger.kill9()
+    deadline = time.monotonic() + 30  # (the service is down: not `ledger.wait`)
+    while not any(w == "end" for w, _, _ in _lines(log)) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    (real,) = [t for w, _, t in _lines(log) if w == "end"]
+    time.sleep(2)
+    ledger.up()  # the executor is not open: slurmctld is away
+    time.sleep(5)
+    ledger.cluster.up()
+    ledger.wait("the job's end", lambda: status(ledger, 1) == "finished", timeout=180)
+    time.sleep(15)  # Slurm's new launch of the job would have run by now
+    lines = _lines(log)
+    assert [w for w, _, _ in lines] == ["start", "end"], lines
+    job = ledger.jobs()[1]
+    assert (job["outcome"], job["exit_code"]) == ("completed", 0), job
+    ends = ledger.of("job.engine_ended.v1", 1)
+    assert len(ends) == 1, (ends, ledger.service_log()[-4000:])
+    (ended,) = ends
+    assert real - 1.0 <= ended["ended_at"] <= real + 1.5, (ended, real)
+    live = ("RUNNING", "PENDING", "CONFIGURING")
+    assert not [j for j in ledger.cluster.jobs().values() if j["state"] in live], "left in Slurm"
+
+
+def test_a_second_launch_slurm_makes_while_the_service_is_down_never_runs_the_command(
+    ledger: Ledger,
+) -> None:
+    """atk43s F4: slurmctld and then the service are killed right after the run is recorded
+    running; the controller comes back (the job PENDING) and launches it again while the
+    service is still down: slurmd SIGKILLs the first launch and starts the batch script a
+    second time, which finds the run's marks and refuses (`relaunched`, exit 125), or slurmd
+    refuses it (the node drained: "Duplicate jobid"). The service comes back: run 0's command
+    ran once, its end is Slurm's kill (`node_failure`: the resumable job requeued, its next run
+    after the first launch's last line) or its own end, never `cancelled`."""
+    log = ledger.work / "t"
+    ledger.up()
+    ledger.submit("alice", 1, f"echo start $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
+                  f"for i in $(seq 100); do echo a $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
+                  f"sleep 0.2; done; echo end $GPULEDGER_RUN $(date +%s.%N) >> {log}",
+                  "--resumable", "--min-runtime", "0s")  # fmt: skip
+    ledger.wait("the run to be recorded running", lambda: status(ledger, 1) == "running", 30)
+    _kill_ctld(ledger)
+    time.sleep(0.5)
+    ledger.kill9()
+    time.sleep(8)
+    ledger.cluster.up()
+    time.sleep(15)  # Slurm launches the job again meanwhile
+    ledger.up()
+    ledger.wait("run 0's end", lambda: bool(ledger.of("job.engine_ended.v1", 1)), timeout=120)
+    # slurmd still ran the first launch when Slurm's second came ("Duplicate jobid"): Slurm
+    # drained the node, as its admin would see; the admin resumes it
+    cl = ledger.cluster
+    cl.run("scontrol", "update", f"nodename={cl.node}", "state=resume", check=False)
+    ledger.wait("the job's end", lambda: status(ledger, 1) == "finished", timeout=240)
+    lines = _lines(log)
+    starts = [run for word, run, _ in lines if word == "start"]
+    assert starts.count(0) == 1, f"run 0's command ran {starts.count(0)} times: {starts}"
+    marks = ledger.home / "jobs" / "checkpoints" / "1.0"
+    relaunched = (marks / "relaunched").exists()
+    assert relaunched or "Duplicate jobid" in _ctld_log(ledger), "Slurm's second launch ran?"
+    ends = ledger.of("job.engine_ended.v1", 1)
+    assert all(e["reason"] != "cancelled" for e in ends), ends
+    first_end = min(ends, key=lambda e: e["ended_at"])
+    last0 = max(t for _, run, t in lines if run == 0)
+    if ("end", 0) not in {(w, r) for w, r, _ in lines}:  # killed by Slurm: requeued
+        assert first_end["reason"] == "node_failure", ends
+        assert 1 in starts and min(t for w, r, t in lines if r == 1) > last0, lines
+    assert last0 - 1.0 <= first_end["ended_at"] <= last0 + 5.0, (first_end, last0)
+    assert ledger.jobs()[1]["outcome"] == "completed", ledger.jobs()[1]
