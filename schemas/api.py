@@ -23,10 +23,17 @@ class CommandResult(msgspec.Struct, frozen=True, kw_only=True):
     events: list[AnyEvent]
 
 
-class Batch(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Commands applied atomically: all are appended, or none (budgets as code)."""
+MAX_BATCH = 2_000
+"""The most commands one batch holds (a budget file lists at most as many names,
+`ledger.core.budget.MAX_NAMES`): a batch is decided whole on the worker thread, and a
+40,000-command one held the cycle and everyone's submits ~21 s (atk44-25 F7)."""
 
-    commands: list[AnyCommand]
+
+class Batch(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Commands applied atomically: all are appended, or none (budgets as code); at most
+    `MAX_BATCH` (2,000) of them."""
+
+    commands: Annotated[list[AnyCommand], msgspec.Meta(max_length=MAX_BATCH)]
 
 
 class Problem(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

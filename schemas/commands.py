@@ -1,7 +1,9 @@
 """Commands: imperative requests to the ledger. Each names its actor; the ledger decides.
 
 `expected_position`, when set, is the log position the caller based the command on; the ledger
-rejects the command if a change since then touches the same jobs, nodes or accounts.
+rejects the command if a change since then touches the same jobs, nodes or accounts, or if it
+is more than 1,000 events behind the log's head (`ledger.core.conflicts.LOOKBACK`: read
+again and retry).
 
 Every field is bounded (`schemas.bounds`): build commands from outside data with
 `msgspec.convert` (the CLI, the TOML loader) or decode them (the HTTP API); the domain re-checks

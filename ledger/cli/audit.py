@@ -384,7 +384,7 @@ def _table(ctx: Ctx, query: api.AuditQuery) -> pa.Table:
     """The audit table: from the server beside a running one (`POST /v1/audit/table`, the exact
     Arrow table), else from the projection opened read-only."""
     if ctx.remote is not None:
-        got: api.AuditTable = ctx.remote.post("audit/table", query, type=api.AuditTable)
+        got: api.AuditTable = ctx.remote.post("audit/table", query, type=api.AuditTable, read=True)
         return pa.ipc.open_stream(got.arrow).read_all()
     with readonly(ctx) as con:
         return tables.audit_table(con, query)

@@ -78,7 +78,7 @@ def _request(ctx: Ctx, data: bytes, name: str, prune: bool, check: bool) -> api.
         b.parse(data, name)  # the same malformed-TOML line as embedded mode
         raise
     body = api.BudgetPlanRequest(name=name, toml=text, prune=prune, check=check, actor=ctx.actor)
-    plan: api.BudgetPlan = ctx.remote.post("budget/plan", body, type=api.BudgetPlan)
+    plan: api.BudgetPlan = ctx.remote.post("budget/plan", body, type=api.BudgetPlan, read=True)
     return plan
 
 

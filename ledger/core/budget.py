@@ -85,6 +85,7 @@ def parse(data: bytes, name: str = "budget file") -> BudgetFile:
         raise InvalidCommand(
             f"{name}: {describe(e, raw)}", hint="see `gpuledger budget apply --help`"
         ) from e
+    _require_size(budget, name)
     for path, spec in budget.accounts.items():
         strangers = sorted(set(spec.member_shares) - set(spec.members or ()))
         if spec.members is not None and strangers:
@@ -99,6 +100,26 @@ def parse(data: bytes, name: str = "budget file") -> BudgetFile:
                 hint="list the members the shares are for",
             )
     return budget
+
+
+MAX_NAMES = 2_000
+"""The most accounts, members and managers one budget file lists, all together: its plan and
+its batch stay small (`schemas.api.MAX_BATCH` commands: a 70,000-member file took 35 s to plan
+and check, atk44-25 F6). A larger tree is several files (an account a file leaves out is left
+alone, without `--prune`)."""
+
+
+def _require_size(budget: BudgetFile, name: str) -> None:
+    """One line for a file listing more than `MAX_NAMES` accounts, members and managers."""
+    listed = sum(
+        1 + len(spec.members or ()) + len(spec.managers or ()) for spec in budget.accounts.values()
+    )
+    if listed > MAX_NAMES:
+        raise InvalidCommand(
+            f"{name}: lists {listed:,} accounts, members and managers; a budget file lists "
+            f"at most {MAX_NAMES:,}",
+            hint="split it into several files (an account a file leaves out is left alone)",
+        )
 
 
 def _depth(path: str) -> int:
@@ -250,13 +271,20 @@ def check(
     now: float,
     new_id: NewId,
     admit: Callable[[State, c.AnyCommand], c.AnyCommand] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> None:
     """Pure: apply `commands` one after another to a copy of `state` (the dry run), raising the
     first rejection; `state` is left as it was. `admit` is the edge's look at each command
     before it is decided (the ledger's `admit`: system accounts as members...), as the real
-    apply has it, so the dry run refuses what the apply would."""
+    apply has it, so the dry run refuses what the apply would. `stop()` true (asked every
+    100 commands): InvalidCommand, the dry run stopped."""
     scratch = state.copy()
-    for cmd in commands:
+    for i, cmd in enumerate(commands):
+        if stop is not None and i % 100 == 99 and stop():  # the edge's time limit
+            raise InvalidCommand(
+                f"the dry run was stopped at its time limit after {i + 1:,} of "
+                f"{len(commands):,} changes", hint="apply a smaller file",
+            )  # fmt: skip
         if admit is not None:
             cmd = admit(scratch, cmd)
         for ev in decide(scratch, cmd, now, new_id):

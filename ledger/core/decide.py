@@ -207,11 +207,20 @@ def _project(state: State, path: str) -> Account:
     return acct
 
 
+MAX_MEMBERS = 2_000  # a manager's most in a project; each costs every cycle (atk44-25 F13)
+
+
 def _add_member(state: State, cmd: c.AddMember, s: _Stamp) -> list[e.AnyEvent]:
     _project(state, cmd.project)
     _name(cmd.user, "user name")
-    if cmd.user in state.members.get(cmd.project, ()):
+    members = state.members.get(cmd.project, ())
+    if cmd.user in members:
         raise InvalidTransition(f"{cmd.user!r} is already a member of {cmd.project!r}")
+    if len(members) >= MAX_MEMBERS and not state.is_admin(cmd.actor):
+        raise NotAuthorised(
+            f"{cmd.project!r} has {len(members):,} members, the most a manager may give one "
+            f"project ({MAX_MEMBERS:,})", hint="split it, or ask an admin", actor=cmd.actor,
+        )  # fmt: skip
     out: list[e.AnyEvent] = [e.MemberAdded(**s.kw(), user=cmd.user, project=cmd.project)]
     leaf = f"{cmd.project}/{cmd.user}"
     existing = state.accounts.get(leaf)

@@ -415,3 +415,17 @@ async def read(
                     cursor.execute("ROLLBACK")
 
         return await pool.compute(pooled.stopped(what, run), read=True, live=True, person=caller)
+
+
+async def on_view(
+    worker: Worker, pool: ReadPool, person: str, what: str, fn: Callable[[Copy], T]
+) -> T:
+    """`fn(view)` in the read pool's lane for the live state, in `person`'s turn, on the view of
+    the live state the worker published (`view`): the worker thread runs none of it, so the
+    dispatcher cycle and the group commit never wait for it (a budget plan and its dry run, a
+    batch's dry run: docs/security.md, row T5). No admission here (the caller's) and no
+    catch-up of the projection (`fn` reads the state alone)."""
+    copy = await view(worker, pool)
+    return await pool.compute(
+        pooled.stopped(what, lambda _cursor, _limits: fn(copy)), read=True, live=True, person=person
+    )

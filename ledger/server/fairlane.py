@@ -17,13 +17,17 @@ An edge: threads.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from schemas.errors import TooBusy
 
 T = TypeVar("T")
 
@@ -164,3 +168,80 @@ class FairLane:
             with self._cond:
                 self.turns.ran(person, self.clock() - began, self.clock())
                 self._cond.notify_all()  # their next read, or a rest's end, may be due
+
+
+@dataclass
+class FairSlot:
+    """One piece of heavy work at a time server-wide (a what-if, a job page's replay), the
+    people waiting served in turn on the event loop: when one ends, the next to start is the
+    waiting person served longest ago (never: first), not whoever asks first. One person looping
+    them delays another's by the one under way at most (a manager re-asking as soon as hers
+    ended kept every other manager's what-if 429 for good, atk44-25 F2; one person's looped
+    replays queued in front of another's, F3). `per_person`: the most of one person's under
+    way or waiting (past it, 429); `max_waiting`: everyone's waiting (past it, 429)."""
+
+    what: str
+    per_person: int = 1
+    max_waiting: int = 16
+    busy: bool = False
+    waiting: dict[str, deque[asyncio.Future[None]]] = field(default_factory=dict)
+    held: dict[str, int] = field(default_factory=dict)
+    """Each person's under way or waiting."""
+    served: dict[str, int] = field(default_factory=dict)
+    """The turn each person last started at."""
+    turn: int = 0
+
+    @contextlib.asynccontextmanager
+    async def hold(self, person: str) -> AsyncIterator[None]:
+        """The slot for the block, in `person`'s turn (TooBusy past `per_person` or
+        `max_waiting`)."""
+        if self.held.get(person, 0) >= self.per_person:
+            raise TooBusy(f"{self.what} of yours is under way", hint="retry when it ends",
+                          retry_after=10)  # fmt: skip
+        if self.busy and sum(len(q) for q in self.waiting.values()) >= self.max_waiting:
+            raise TooBusy(f"{self.max_waiting} people wait for {self.what}",
+                          hint="retry in a while", retry_after=10)  # fmt: skip
+        self.held[person] = self.held.get(person, 0) + 1
+        try:
+            if self.busy:
+                await self._wait(person)
+            self.busy = True
+            self.turn += 1
+            self.served[person] = self.turn
+            try:
+                yield
+            finally:
+                self._next()
+        finally:
+            self.held[person] -= 1
+            if not self.held[person]:
+                del self.held[person]
+
+    async def _wait(self, person: str) -> None:
+        got: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(person, deque()).append(got)
+        try:
+            await got
+        except asyncio.CancelledError:
+            if got.done() and not got.cancelled():
+                self._next()  # handed the slot as it left: hand it on
+            else:
+                queue = self.waiting.get(person)
+                if queue is not None and got in queue:
+                    queue.remove(got)
+                    if not queue:
+                        del self.waiting[person]
+            raise
+
+    def _next(self) -> None:
+        """Hand the slot to the waiting person served longest ago, or free it."""
+        while self.waiting:
+            person = min(self.waiting, key=lambda p: self.served.get(p, -1))
+            queue = self.waiting[person]
+            got = queue.popleft()
+            if not queue:
+                del self.waiting[person]
+            if not got.done():
+                got.set_result(None)
+                return
+        self.busy = False

@@ -583,11 +583,13 @@ class Metrics:
 
 class PoolCounts(Collector):
     """The read pool's counts: reads refused 429, the calls a read still makes on the worker
-    thread (`ReadPool.worker_call`: none once a view is published) and their time, and the
-    projector thread's time catching the projection up for reads."""
+    thread (`ReadPool.worker_call`: none once a view is published) and their time, the
+    projector thread's time catching the projection up for reads, and every call the worker
+    thread ran (`Worker.calls`: batches, agents' reports, reads) and its time."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, worker: Any = None) -> None:
         self.pool = pool
+        self.worker = worker
 
     def collect(self) -> Iterator[Metric]:
         p = self.pool
@@ -613,6 +615,16 @@ class PoolCounts(Collector):
             "projection up for reads (each followed by a rest 3x its time).",
             value=p.catch_up_s,
         )
+        w = self.worker
+        yield CounterMetricFamily(
+            "gpuledger_worker_calls",
+            "Calls run on the worker thread (batches, agents' reports, reads' calls).",
+            value=getattr(w, "calls", 0),
+        )
+        yield CounterMetricFamily(
+            "gpuledger_worker_call_seconds", "Time the worker thread spent on those calls.",
+            value=getattr(w, "call_s", 0.0),
+        )  # fmt: skip
 
 
 class ConnectionCounts(Collector):

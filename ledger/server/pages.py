@@ -15,7 +15,6 @@ Every figure comes from the read layer (`ledger.reads.layer`), as the CLI's.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
@@ -31,10 +30,11 @@ from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
 from ledger.server import copied, pooled
+from ledger.server.fairlane import FairSlot
 from ledger.server.whatifs import REVIEW_S
 from projections import history
 from schemas import views as v
-from schemas.errors import TooBusy, Unavailable, UnknownEntity
+from schemas.errors import Unavailable, UnknownEntity
 from schemas.events import FinishReason
 
 if TYPE_CHECKING:
@@ -424,7 +424,9 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             handles.cache.put("explain", key, position, now, data)
         return Response(data, media_type="application/json")
 
-    replaying = asyncio.Semaphore(1)
+    replaying = FairSlot("a replay", per_person=16, max_waiting=64)
+    """One replay at a time, the people waiting in turn (one person's looped replays queued in
+    front of another's: atk44-25 F3)."""
     replays: dict[int, Any] = {}
     """Decision position -> its replay: a recorded decision's replay never changes."""
 
@@ -443,7 +445,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             caller.actor, lambda con, _limits: history.job_decisions(con, job_id, REPLAY_LAST)
         )
 
-        async with replaying:
+        async with replaying.hold(caller.actor):
             todo = [(p, d) for p, d in found if p not in replays]
             if todo:
                 from ledger.server import replays as child
@@ -601,8 +603,10 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
 
         return await kept(caller, "shares", ("ui.budget", caller.actor, account), read)
 
-    running = asyncio.Lock()
-    """One what-if at a time (another caller meanwhile gets 429)."""
+    running = FairSlot("a what-if", per_person=1, max_waiting=16)
+    """One what-if at a time, the managers waiting in turn (one of a person's at a time: her
+    next meanwhile gets 429); a manager re-asking as soon as hers ended kept every other
+    manager's refused (atk44-25 F2)."""
 
     @post("/ui/api/budget/whatif", include_in_schema=False, status_code=200)
     async def budget_whatif(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -617,9 +621,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             worker, pool, caller.actor, "the what-if's check",
             lambda h: whatifs.may_ask(h.ledger.state, h.now(), caller, ask),
         )  # fmt: skip
-        if running.locked():
-            raise TooBusy("a what-if is under way", hint="retry when it ends", retry_after=10)
-        async with running:
+        async with running.hold(caller.actor):
             await caught_up()  # the projection caught up, beside the worker
             start = whatifs.period_start(end)
             sim = await whatifs.simulate(handles.ledger.home, start, end, budgets, limit_s)

@@ -114,6 +114,11 @@ class Worker:
     read after a quiet spell waits for nothing); None only until the worker's first turn."""
     views: int = 0
     """Views published so far."""
+    calls: int = 0
+    """Calls run on the worker thread so far (atomic batches, agents' reports, the calls reads
+    still make), and their time there (`gpuledger_worker_call_seconds`): every moment the
+    dispatcher cycle and the group commit may have waited for one."""
+    call_s: float = 0.0
 
     def leading(self) -> bool:
         return self.ha is None or self.ha.leading
@@ -373,14 +378,24 @@ class Worker:
             done = self._execute_each(writes)
             self._publish()
             _resolve_all(done)
+        called = False
         for t in tasks:
             if t.call is not None:
+                if called and time.monotonic() >= self._next_cycle:
+                    # the cycle first once it is due, between calls (batches of 2,000 commands
+                    # from several people at once held it for all of them: atk44-25 F7)
+                    self._cycle()
+                    self._publish()
+                called = True
+                began = time.perf_counter()
                 try:
                     result = t.call()
                 except Exception as err:
                     if not isinstance(err, LedgerError):
                         log.exception("read failed")
                     result = err
+                self.calls += 1
+                self.call_s += time.perf_counter() - began
                 self._publish()  # a call may write (a batch, an agent's report)
                 _resolve_all([(t, result)])
 

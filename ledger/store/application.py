@@ -30,7 +30,8 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteFactory
 
-from ledger.core.decide import command_keys, decide, event_keys
+from ledger.core import conflicts
+from ledger.core.decide import decide
 from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.store import EVENTS_DB, locate, requests, snapshots
@@ -739,23 +740,11 @@ class Ledger(Application[UUID]):
         return out, events, back
 
     def _check_conflicts(self, cmds: Sequence[AnyCommand]) -> None:
-        for cmd in cmds:
-            expected = cmd.expected_position
-            if expected is not None and expected < 0:
-                raise InvalidCommand(f"expected_position must be >= 0, got {expected}")
-            if expected is None or expected >= self.position:
-                continue
-            wanted = command_keys(self.state, cmd)
-            for pos, ev in self.read(expected, self.position - expected):
-                clash = wanted & event_keys(ev)
-                if clash:
-                    raise Conflict(
-                        f"stale command: position {pos} changed {', '.join(sorted(clash))} "
-                        f"after the expected position {expected}",
-                        hint="read again and retry",
-                        position=pos,
-                        expected=expected,
-                    )
+        """Conflict for a command whose keys an event after its `expected_position` changed: the
+        log after the oldest read once, from the events kept decoded (`conflicts.oldest`)."""
+        oldest = conflicts.oldest(cmds, self.position)
+        if oldest is not None:
+            conflicts.check(self.state, cmds, list(self.follow(oldest)))
 
 
 def _bounded(cmds: Sequence[AnyCommand]) -> bool:

@@ -330,9 +330,10 @@ class Client:
         data = self.request("GET", f"/v1/{path}" + (f"?{urlencode(q, doseq=True)}" if q else ""))
         return msgspec.json.decode(data, type=type)
 
-    def post(self, path: str, body: Any, type: Any = Any) -> Any:
-        """POST a request Struct to /v1/`path` and decode the answer as `type`."""
-        data = self.request("POST", f"/v1/{path}", msgspec.json.encode(body))
+    def post(self, path: str, body: Any, type: Any = Any, *, read: bool = False) -> Any:
+        """POST a request Struct to /v1/`path` and decode the answer as `type`; `read`: a read
+        asked with a body (nothing appended: a 429 is waited out, as a GET's)."""
+        data = self.request("POST", f"/v1/{path}", msgspec.json.encode(body), idempotent=read)
         return msgspec.json.decode(data, type=type)
 
     def close(self) -> None:

@@ -408,6 +408,26 @@ def test_an_expected_position_at_the_head_never_conflicts(busy: Ledger) -> None:
     assert isinstance(done.events[-1], e.JobPlaced)
 
 
+def test_an_expected_position_more_than_1000_events_behind_is_one_line(busy: Ledger) -> None:
+    """atk44-25 F7: each command's expected position was checked by reading the log after it,
+    per command: a batch of 2,000 commands expecting position 0 read the whole log 2,000 times
+    on the worker thread. Now the log is read once per batch, `LOOKBACK` events back at most."""
+    from ledger.core.conflicts import LOOKBACK
+
+    first = busy.position
+    busy.execute_all([submit("bob", gpus=1)] * 1_001)
+    with pytest.raises(Conflict, match=f"expected position {first} is more than 1,000 events "
+                       f"behind the log's head {busy.position}"):  # fmt: skip
+        busy.execute_all([c.CancelJob(actor="bob", job_id=9, expected_position=first)] * 2)
+    fine = busy.position - LOOKBACK  # within it: checked as before, against the events after
+    last = busy.state.next_job_id - 1  # submitted after `fine`: a conflict
+    with pytest.raises(Conflict, match=f"changed job:{last} after the expected position {fine}"):
+        busy.execute_all([c.CancelJob(actor="bob", job_id=n, expected_position=fine)
+                          for n in (2, last)])  # fmt: skip
+    done = busy.execute_all([c.CancelJob(actor="bob", job_id=2, expected_position=fine)])
+    assert isinstance(done.events[-1], e.JobFinished) and done.events[-1].job_id == 2
+
+
 # --- corrupt stored events ----------------------------------------------------------------------
 
 

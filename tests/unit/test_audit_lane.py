@@ -40,3 +40,33 @@ def test_a_lanes_work_runs_on_its_own_thread_at_nice_10_or_lower() -> None:
 
     tid, nice = asyncio.run(_AuditLane(False).run(where))
     assert tid != threading.get_native_id() and nice >= max(here, _AuditLane.NICE)
+
+
+def test_after_a_persons_audit_hers_rest_three_times_its_time_anothers_do_not() -> None:
+    """atk44-25 F5: one person looping `audit verify` and `audit check` (whole-log walks on
+    threads sharing the interpreter with the worker) slowed another's submits 2-2.5x; now after
+    her audit of a kind that took t, hers of that kind wait 3t (429 with Retry-After), so each
+    runs a quarter of the time at most; her other kind and another person's start at once."""
+    now = [100.0]
+
+    async def go() -> None:
+        lane = _AuditLane(False, clock=lambda: now[0])
+        async with lane.hold("verify", "ann"):
+            now[0] += 4.0  # her verify took 4 s
+        with pytest.raises(TooBusy, match="'ann' ran an audit verify a moment ago") as got:
+            async with lane.hold("verify", "ann"):
+                pass
+        assert got.value.fields["retry_after"] == 12, got.value.fields
+        async with lane.hold("verify", "bob"):  # another person: at once
+            pass
+        async with lane.hold("check", "ann"):  # her other kind: at once (verify, then check)
+            pass
+        now[0] += 11.0
+        with pytest.raises(TooBusy):
+            async with lane.hold("verify", "ann"):
+                pass
+        now[0] += 1.0  # 12 s after hers ended
+        async with lane.hold("verify", "ann"):
+            pass
+
+    asyncio.run(go())

@@ -383,6 +383,12 @@ def test_a_busy_answer_is_waited_out_within_retry_s_and_said_past_it(
         client.post("batch", {})  # no key: refused at once
     assert len(x.seen) == 1
 
+    x.seen.clear()  # a read asked with a body (a budget plan, admitted as a read: atk44-25 F6)
+    answers[:] = [busy("1"), lambda *_: (200, {}, b'{"ok": 2}')]
+    x.answer = lambda *a: answers.pop(0)(*a) if len(answers) > 1 else answers[0](*a)
+    assert client.post("budget/plan", {}, read=True) == {"ok": 2}
+    assert len(x.seen) == 2
+
     x.seen.clear()
     monkeypatch.setenv("GPULEDGER_RETRY_S", "2")
     x.answer = busy("5")  # longer than the client waits: said at once

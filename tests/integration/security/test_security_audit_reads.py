@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tests.integration.serverkit import cli, make_token, set_up_ledger, start_server
 
-BIG = "".join(f'[accounts."ai2/p{i}"]\nkind = "project"\n' for i in range(4000))
+BIG = "".join(f'[accounts."ai2/p{i}"]\nkind = "project"\n' for i in range(1500))
 
 
 def test_hashes_of_events_a_viewer_may_not_see_are_an_admins_alone(tmp_path: Path) -> None:

@@ -1,0 +1,94 @@
+"""One heavy piece of work at a time (a what-if, a job page's replay), the people waiting served
+in turn (`fairlane.FairSlot`): a manager re-asking her what-if as soon as hers ended kept every
+other manager's refused 429 for good (atk44-25 F2), and one person's looped replays queued in
+front of another's (F3). Here the other person's waits for the one under way at most."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ledger.server.fairlane import FairSlot
+from schemas.errors import TooBusy
+
+
+def test_a_person_looping_never_goes_before_another_waiting() -> None:
+    order: list[str] = []
+
+    async def work(slot: FairSlot, person: str, gate: asyncio.Event | None = None) -> None:
+        async with slot.hold(person):
+            order.append(person)
+            if gate is not None:
+                await gate.wait()
+            await asyncio.sleep(0)
+
+    async def go() -> None:
+        slot = FairSlot("a what-if", per_person=1)
+        gate = asyncio.Event()
+        first = asyncio.create_task(work(slot, "ann", gate))
+        await asyncio.sleep(0)
+        with pytest.raises(TooBusy, match="a what-if of yours is under way"):
+            async with slot.hold("ann"):  # her second at once: 429, as before
+                pass
+        bob = asyncio.create_task(work(slot, "bob"))  # waits its turn (was 429)
+        await asyncio.sleep(0)
+        gate.set()
+        await first
+        again = asyncio.create_task(work(slot, "ann"))  # she re-asks at once: after bob
+        await asyncio.gather(bob, again)
+        assert not slot.busy and not slot.waiting and not slot.held
+
+    asyncio.run(go())
+    assert order == ["ann", "bob", "ann"], order
+
+
+def test_replays_many_of_one_person_wait_behind_anothers_one() -> None:
+    order: list[str] = []
+
+    async def go() -> None:
+        slot = FairSlot("a replay", per_person=16)
+        gate = asyncio.Event()
+
+        async def work(person: str, wait: bool = False) -> None:
+            async with slot.hold(person):
+                order.append(person)
+                if wait:
+                    await gate.wait()
+
+        tasks = [asyncio.create_task(work("ann", wait=True))]
+        await asyncio.sleep(0)
+        tasks += [asyncio.create_task(work("ann")) for _ in range(5)]
+        await asyncio.sleep(0)
+        tasks.append(asyncio.create_task(work("bob")))
+        await asyncio.sleep(0)
+        gate.set()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(go())
+    assert order[:2] == ["ann", "bob"], order  # was FIFO: bob after ann's five
+
+
+def test_a_waiter_that_leaves_hands_the_slot_on() -> None:
+    async def go() -> None:
+        slot = FairSlot("a replay", per_person=4)
+        gate = asyncio.Event()
+
+        async def hold(person: str) -> None:
+            async with slot.hold(person):
+                await gate.wait()
+
+        first = asyncio.create_task(hold("ann"))
+        await asyncio.sleep(0)
+        gone = asyncio.create_task(hold("bob"))
+        await asyncio.sleep(0)
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        gate.set()
+        await first
+        assert not slot.busy and not slot.waiting and not slot.held
+        async with slot.hold("carl"):
+            assert slot.busy
+
+    asyncio.run(go())
