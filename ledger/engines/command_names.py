@@ -85,6 +85,10 @@ def simple_commands(command: Sequence[str], wd: str, depth: int = 0) -> list[tup
     return [(words, wd)]
 
 
+ENV_VALUE_OPTIONS = {"--chdir": "C", "--unset": "u", "--split-string": "S"}
+"""`env`'s long options that take a value, as their short letters (`-C`, `-u`, `-S`)."""
+
+
 def _after_env(args: list[str], wd: str) -> tuple[list[str], str]:
     """`env`'s command and its directory (options it does not know are passed over)."""
     i = 0
@@ -93,34 +97,27 @@ def _after_env(args: list[str], wd: str) -> tuple[list[str], str]:
         if word == "--":
             return args[i + 1 :], wd
         if word.startswith("--"):
-            key, eq, value = word.partition("=")
-            if key in ("--chdir", "--unset", "--split-string") and not eq:
+            key, _, inline = word.partition("=")
+            letter = ENV_VALUE_OPTIONS.get(key, "")
+        elif word.startswith("-") and len(word) > 1:  # a cluster: `-iC DIR`, `-Csub`
+            at = next((j for j, ch in enumerate(word[1:], 1) if ch in "uCS"), 0)
+            letter, inline = (word[at], word[at + 1 :]) if at else ("", "")
+        elif "=" in word or word == "-":
+            i += 1  # NAME=VALUE, or `-` (as -i)
+            continue
+        else:
+            return args[i:], wd
+        if letter:
+            value = inline
+            if not value:
                 if i + 1 >= len(args):
                     return [], wd
                 value, i = args[i + 1], i + 1
-            if key == "--chdir":
+            if letter == "C":
                 wd = os.path.join(wd, value)
-            elif key == "--split-string":
+            elif letter == "S":
                 return _split_words(value) + args[i + 1 :], wd
-            i += 1
-        elif word.startswith("-") and len(word) > 1:
-            for j, letter in enumerate(word[1:], 2):
-                if letter in "uCS":
-                    value = word[j:]
-                    if not value:
-                        if i + 1 >= len(args):
-                            return [], wd
-                        value, i = args[i + 1], i + 1
-                    if letter == "C":
-                        wd = os.path.join(wd, value)
-                    elif letter == "S":
-                        return _split_words(value) + args[i + 1 :], wd
-                    break
-            i += 1
-        elif "=" in word or word == "-":
-            i += 1  # NAME=VALUE, or `-` (as -i)
-        else:
-            return args[i:], wd
+        i += 1
     return [], wd
 
 
