@@ -33,6 +33,7 @@ from ledger.engines.slurm.launching import (
     LAUNCHED,
     MarksSeen,
     WrongGpus,
+    forgotten_stop,
     mark_stopping,
     mark_time,
     never_ran,
@@ -200,8 +201,7 @@ class SlurmExecutor:
         service's directory): Slurm fails a launch it cannot make within a second or two."""
 
     @property
-    def probe_every_s(self) -> float:
-        """In an outage (slurmctld does not answer): how often to ask."""
+    def probe_every_s(self) -> float:  # in an outage (slurmctld does not answer): how often
         return self._probe.every_s
 
     @probe_every_s.setter
@@ -285,8 +285,7 @@ class SlurmExecutor:
         return node_changes(found, nodes, self.fence_s), unseen
 
     @property
-    def view(self) -> Mapping[str, SlurmJob]:
-        """Every Slurm job as last read (`refresh`)."""
+    def view(self) -> Mapping[str, SlurmJob]:  # every Slurm job as last read (`refresh`)
         return self._view
 
     def refresh(self) -> bool:
@@ -674,6 +673,8 @@ class SlurmExecutor:
                     log.warning("stopped Slurm job %s is %s, its processes' end unseen: held "
                                 "until gone", slurm_id, j.state)  # fmt: skip
                 st.in_doubt = True
+            elif j is None and st.run is not None and not self._forgotten(slurm_id, st, now):
+                continue  # Slurm forgot it and its beat is fresh: its processes may live
             elif j is None or j.ended:
                 self._quarantine.hold(failed, j, st.gpus)
                 del self._stopping[slurm_id]
@@ -694,8 +695,7 @@ class SlurmExecutor:
                     st.cancelled = st.killed = True
                 except EngineError as err:
                     log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
-        # 3. foreign jobs on any partition: their GPUs on the ledger's nodes are busy, they are
-        #    never touched (runs of ours the ledger no longer runs: `_resume_stops`)
+        # 3. foreign jobs on any partition: their GPUs are busy, never touched (`_resume_stops`)
         other = others(self._view.values(), mine, self.ledger_id, self.partition, self._pinned)
         for j, holds in other.holders:
             if j.slurm_id not in self._foreign_seen:
@@ -705,9 +705,8 @@ class SlurmExecutor:
         self._foreign = dict(other.foreign)
 
     def _end_of(self, r: Run, j: SlurmJob, now: float) -> tuple[int, float]:
-        """How (exit code) and when a run ended (`run_end`: Slurm's word, or, where Slurm did
-        not decide its end, its own end record's: a completion slurmctld heard late, from a
-        dead slurmd or after its own outage, is not charged)."""
+        """How (exit code) and when a run ended (`run_end`: Slurm's word, or, where Slurm did not
+        decide it, its own end record's: a completion slurmctld heard late is not charged)."""
         assert r.slurm_id is not None
         seen = self._completing.get(r.slurm_id)
         if r.slurm_id not in self._stopping:
@@ -747,11 +746,17 @@ class SlurmExecutor:
             self._checkpoint_file(*tag).parent, launch, started_at, j, self._answering,
             self.kill_wait_s, now, self.slurmd_timeout_s, self._seen, grace_s)  # fmt: skip
 
+    def _forgotten(self, slurm_id: str, st: Stopping, now: float) -> bool:
+        """A stopped run Slurm no longer lists: its end from its marks, reported, else False."""
+        run_dir = self._checkpoint_file(*st.run).parent  # type: ignore[misc]
+        end = forgotten_stop(st, slurm_id, run_dir, now, self.kill_wait_s)
+        self._stopped += [end] if end is not None else []
+        return end is not None
+
     def _past_limit(self, r: Run, now: float) -> bool:
         return past_limit(r, self._limit_of(r), now)
 
-    def _limit_of(self, r: Run) -> float | None:
-        """The run's time limit: its launch's, or (adopted after a restart) its job's."""
+    def _limit_of(self, r: Run) -> float | None:  # its launch's, or (adopted) its job's
         return r.launch.time_limit_s if r.launch is not None else self.job_limit(r.job_id)
 
     def _take_back(self, r: Run, why: str, now: float) -> None:

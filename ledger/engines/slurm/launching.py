@@ -24,7 +24,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ledger.cycle.executor import Launch
+from ledger.cycle.executor import Exit, Launch
 from ledger.engines.slurm.ends import (
     BEAT_STALE_S,
     Ending,
@@ -36,6 +36,7 @@ from ledger.engines.slurm.ends import (
 )
 from ledger.engines.slurm.relaunch import RELAUNCHED
 from ledger.engines.slurm.script import batch_script
+from ledger.engines.slurm.stops import Stopping, forgotten_end
 from ledger.engines.slurm.words import (
     NEVER_STARTS,
     SLURM_ENDS_FIRST,
@@ -433,3 +434,11 @@ def never_starts(reason: str, waited_s: float, within_s: float) -> str:
             f"Slurm did not start it within {within_s:.0f} s (Slurm's reason: {reason or 'none'})"
         )
     return ""
+
+
+def forgotten_stop(
+    st: Stopping, slurm_id: str, run_dir: Path, now: float, kill_wait_s: float
+) -> Exit | None:
+    """A stopped run Slurm no longer lists: its end from its marks (`stops.forgotten_end`)."""
+    own, beat, _ = stop_marks(run_dir, now)
+    return forgotten_end(st, slurm_id, own, beat, now, beat_window(kill_wait_s))

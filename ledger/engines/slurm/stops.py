@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from ledger.core.state import Node, State, StoppedRun
 from ledger.cycle.executor import Exit, Launch, NodeChange
 from ledger.engines.slurm.ends import (
+    BEAT_EVERY_S,
     BEAT_STALE_S,
     Ending,
     OwnEnd,
@@ -183,6 +184,29 @@ def stopped_end(
         note += "; stopped before its command started: the command never ran"
     return Exit(st.run[0], code, at, "exited", j.slurm_id, state, note, run=st.run[1],
                 by_itself=by_itself and failed is None)  # fmt: skip
+
+
+def forgotten_end(
+    st: Stopping, slurm_id: str, own: OwnEnd | None, beat: float | None, now: float,
+    window_s: float,
+) -> Exit | None:  # fmt: skip
+    """Pure: the end of a stopped run Slurm no longer knows (`scancel`: "Invalid job id"; a
+    state loss made slurmctld forget it, or it was purged), from its marks alone: its own end
+    record; else, once its last beat is `window_s` (`ends.beat_window`) old, a beat after it
+    (killed: Slurm's kill or the node's loss, not its own end); None while the beat is fresh
+    (its processes may live: its GPUs stay held). Before, such a stop was dropped with no end
+    reported: the run's end was never recorded and its job waited for good (a drain's
+    preemption after a state loss, found by test_slurm_ctldloss)."""
+    assert st.run is not None
+    if own is not None:
+        note = "Slurm no longer lists it: its own end record"
+        return Exit(st.run[0], own.exit_code, min(now, own.at), "exited", slurm_id,
+                    "CANCELLED", note, run=st.run[1])  # fmt: skip
+    if beat is not None and now - beat < window_s:
+        return None
+    at = min(now, (beat + BEAT_EVERY_S) if beat is not None else st.since)
+    note = "Slurm no longer lists it and it wrote no end record: killed"
+    return Exit(st.run[0], 137, at, "exited", slurm_id, "KILLED", note, run=st.run[1])
 
 
 def resumed(j: SlurmJob, tag: Tag, since: float | None, grace_s: float,
