@@ -108,6 +108,8 @@ class Watch:
         self.away = ""
         """Why the controller that answers is not this server's cluster ("" while it is)."""
         self._at: float | None = None  # when to ask again
+        self._confirmed: float | None = None  # when this server's cluster last answered as it
+        self._asked: float | None = None  # when `confirm` last asked
 
     def learn(self, config: str) -> str:
         """Pure but for the state it keeps: why `config` (`scontrol show config`) is not the
@@ -134,14 +136,48 @@ class Watch:
             text = self.read()
         except EngineError:
             return True
-        why = self.learn(text)
+        self._say(self.learn(text), now)
+        return not self.away
+
+    def confirm(self, now: float, within_s: float = 1.0) -> bool:
+        """Before an sbatch or scancel: whether the controller that answers is this server's
+        cluster, asked again unless it answered as it within `within_s`. A controller replaced
+        within `scontrol`'s own retries (about 9 s) is never an outage to the reads, and `same`
+        asks only every `every_s`: runs were placed and stopped on another cluster in between
+        (atk44ha F1). False, and not asked again for `within_s`, when it does not answer."""
+        if not self.away and self._confirmed is not None and 0 <= now - self._confirmed <= within_s:
+            return True
+        if self._asked is not None and 0 <= now - self._asked < within_s:
+            return False
+        self._asked = now
+        try:
+            text = self.read()
+        except EngineError:
+            return False
+        self._say(self.learn(text), now)
+        return not self.away
+
+    def _say(self, why: str, now: float) -> None:
+        """Keep what the last answer said (`away`), saying each change once in the log."""
         if why and why != self.away:
             log.error("%s: reading, placing and stopping nothing there until this server's "
                       "cluster answers (docs/ha.md)", why)  # fmt: skip
         elif self.away and not why:
             log.warning("this server's Slurm cluster answers again")
         self.away = why
-        return not why
+        self._confirmed = None if why else now
+
+
+def max_time(read: Callable[[], str], partition: str, was: float | None) -> float | None:
+    """The partition's MaxTime (`words.partition_max_time`) as `read` (`scontrol -o show
+    partition`) says; `was` when slurmctld does not answer."""
+    from ledger.engines.slurm.words import partition_max_time
+
+    try:
+        return partition_max_time(read(), partition)
+    except EngineError as err:
+        log.warning("slurm partition: %s; keeping its MaxTime as it was", err.line())
+        return was
 
 
 def changed(recorded: Mapping[str, object], mine: Mapping[str, object]) -> str:
