@@ -235,3 +235,22 @@ def test_sacct_rows_of_another_job_under_a_runs_id_do_not_end_the_run(tmp_path: 
     assert gone is not None and (gone.exit_code, gone.reason) == (-1, "lost"), gone
     done = vanished(r, tmp_path, sacct("COMPLETED", "0:0", "gpuledger-15"), 1e10)
     assert done is not None and (done.exit_code, done.engine_state) == (0, "COMPLETED"), done
+
+
+def test_new_settings_counts_the_runs_still_stopping_on_the_recorded_cluster(
+    tmp_path: Path,
+) -> None:
+    """atk44ha F3: `--new-settings` onto another cluster counted placed and running runs only:
+    job 10, cancelled while the controller was away (its stop never reached it, still
+    stopping in the ledger), was not named and ran on there, out of the ledger's reach."""
+    from ledger.engines.slurm.cluster import runs_held, runs_not_on
+
+    held = runs_held([(9, "running", 0), (10, "cancelled", 1), (11, "completed", 0)], {(10, 1)})
+    assert held == [(9, 0), (10, 1)]
+    scontrol = tmp_path / "scontrol"  # the new cluster: it lists job 9's run, not job 10's
+    listed = RUNNING.replace("JobId=3", "JobId=40").replace("job=3:run=1", "job=9:run=0")
+    (tmp_path / "jobs").write_text(listed.replace("gpuledger-3", "gpuledger-9") + "\n")
+    scontrol.write_text(f"#!/bin/sh\ncat {tmp_path / 'jobs'}\n")
+    scontrol.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    assert runs_not_on(env, "gpuledger", LID, held) == [10]

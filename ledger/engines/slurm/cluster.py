@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from ledger.engines.slurm.words import UNTRACKED_OK
 from schemas.errors import EngineError, InvalidCommand
@@ -191,13 +191,24 @@ def changed(recorded: Mapping[str, object], mine: Mapping[str, object]) -> str:
     )
 
 
+def runs_held(
+    jobs: Iterable[tuple[int, str, int]], stopping: Iterable[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """Pure: the runs (job id, run) the ledger holds on its cluster: those of its jobs (`jobs`:
+    job id, status, run) placed or running, and those it stopped whose end is not recorded
+    yet (`stopping`: `State.stopped_runs`): a cancel recorded while the controller was away
+    never reached its run, which runs on (atk44ha F3)."""
+    held = {(job, run) for job, status, run in jobs if status in ("placed", "running")}
+    return sorted(held | set(stopping))
+
+
 def runs_not_on(
-    env: Mapping[str, str], partition: str, ledger_id: str, held: Mapping[int, int]
+    env: Mapping[str, str], partition: str, ledger_id: str, held: Iterable[tuple[int, int]]
 ) -> list[int]:
-    """The jobs of `held` (job id -> its run) whose run the cluster `env`'s `SLURM_CONF` names
-    does not list on `partition` (`scontrol show job`: running, pending or ended there), in
-    order: runs that live on another cluster, if anywhere. `EngineError` when it does not
-    answer."""
+    """The jobs of `held` (job id, run: `runs_held`) whose run the cluster `env`'s
+    `SLURM_CONF` names does not list on `partition` (`scontrol show job`: running, pending or
+    ended there), in order: runs that live on another cluster, if anywhere. `EngineError`
+    when it does not answer."""
     from ledger.engines.slurm.words import parse_jobs
 
     try:
@@ -209,4 +220,4 @@ def runs_not_on(
         said = (done.stderr or done.stdout).strip().splitlines()
         raise EngineError(f"scontrol show job: {said[-1] if said else done.returncode}")
     listed = {j.tag(ledger_id) for j in parse_jobs(done.stdout) if j.partition == partition}
-    return sorted(job for job, run in held.items() if (job, run) not in listed)
+    return sorted({job for job, run in held if (job, run) not in listed})
