@@ -519,16 +519,19 @@ def _runs_left(
     while the ledger holds runs the new cluster (`slurm`, `SLURM_CONF`'s) does not list: they
     run on the recorded cluster, and the take would record them lost (exit -1) while they run
     on there, unaccounted and out of the ledger's reach; going back stopped them (atk43ha F2).
-    A move of the same cluster (its controller's host or port, its state copied to another
-    `StateSaveLocation`) lists them, and passes; so does `--abandon-runs`, which says so."""
+    Runs it stopped whose end is not recorded count too (`runs_held`: a cancel recorded while
+    the controller was away never reached its run, atk44ha F3). A move of the same cluster
+    (its controller's host or port, its state copied to another `StateSaveLocation`) lists
+    them, and passes; so does `--abandon-runs`, which says so."""
     import json
 
-    from ledger.engines.slurm.cluster import changed, runs_not_on
+    from ledger.engines.slurm.cluster import changed, runs_held, runs_not_on
     from ledger.engines.slurm.opening import ledger_id
 
     how = changed(json.loads(recorded.admission or "{}"), slurm)
-    held = {j.job_id: j.preemptions for j in ledger.state.jobs.values()
-            if j.status in ("placed", "running")}  # fmt: skip
+    state = ledger.state  # its runs still stopping too: a cancel may never have reached one
+    held = runs_held(((j.job_id, j.status, j.preemptions) for j in state.jobs.values()),
+                     state.stopped_runs)  # fmt: skip
     if not how or not held:
         return
     try:
@@ -550,7 +553,8 @@ def _runs_left(
         return
     raise InvalidCommand(
         f"--new-settings onto another Slurm cluster ({how}) would record lost {len(left)} runs "
-        f"the ledger holds that it does not list (jobs {jobs}): they run on the recorded one",
+        f"the ledger holds that it does not list (jobs {jobs}): they run (or are being stopped) "
+        "on the recorded one",
         hint="let them end or cancel them first (start the servers with the recorded cluster's "
         "SLURM_CONF), or move that cluster's state with it; or give --abandon-runs with "
         "--new-settings to record them lost (docs/ha.md)",

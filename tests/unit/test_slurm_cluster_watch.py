@@ -6,6 +6,7 @@ unobserved and says why, until this server's cluster answers again."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,123 @@ def test_a_change_of_cluster_is_named_and_an_earlier_record_is_none() -> None:
         "127.0.0.1 port 27502 here; slurm_state /x/state (recorded) against /y/state here"
     )
     assert changed({"slurm_cluster": x["slurm_cluster"]}, y).startswith("slurm_cluster")
+
+
+# Another cluster's job under run 3's Slurm id (not of this ledger: no comment), FAILED exit 3.
+OTHERS = (
+    "JobId=3 JobName=wrap UserId=root(0) JobState=FAILED Reason=NonZeroExitCode ExitCode=3:0"
+    " StartTime=2026-11-30T18:30:00 EndTime=2026-11-30T18:30:01 Partition=gpuledger"
+    " NodeList=vm NumNodes=1 Nodes=vm CPU_IDs=0 Mem=0 Comment=(null)"
+)
+
+
+class SwappedSlurm(FakeSlurm):
+    """The other cluster (`/z/state`) lists its own job 3 (`OTHERS`) under run 3's id."""
+
+    def run(self, args: list[str], stdin: str | None = None, env: object = None) -> str:
+        if self.state == "/z/state" and args[:5] == ["scontrol", "-d", "-o", "show", "job"]:
+            self.calls.append(args)
+            return OTHERS
+        if args[0] == "sbatch":
+            self.calls.append(args)
+            return "9;gpuledger\n"
+        return super().run(args, stdin, env)
+
+
+def test_a_controller_swapped_within_scontrols_retries_is_never_acted_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """atk44ha F1: a controller killed and replaced by another cluster's within scontrol's own
+    retries is never an outage, and the identity was asked only every 5 s: meanwhile the
+    other's job under the run's Slurm id ended the run (`failed`, exit 3), and sbatch and
+    scancel went there. Now a job whose comment is not the run's is not the run (missing), and
+    the identity is confirmed before any sbatch or scancel (said once)."""
+    from ledger.cycle.executor import Launch
+    from schemas.events import GpuSlot
+
+    slurm = SwappedSlurm()
+    ex = SlurmExecutor("gpuledger", LID, tmp_path, run_as="service")
+    ex._run = slurm.run  # type: ignore[method-assign]
+    ex.cluster = Watch(ex.cluster.read, {"slurm_cluster": "gpuledger at 127.0.0.1 port 27500",
+                                         "slurm_state": "/x/state"})  # fmt: skip
+    nodes = {"vm": Node(name="vm", cluster="c", gpus=4, gpu_type="fake")}
+    assert ex.adopt({3: 1}, 100.0) == {3}
+    ex.observe(100.0, nodes)  # the identity asked: this server's cluster
+    slurm.state = "/z/state"  # swapped at once: no read ever fails
+    seen = ex.observe(101.0, nodes)
+    assert seen.exits == () and 3 in seen.running  # not ended by another cluster's job
+    before = len(slurm.calls)
+    launch = Launch(4, (GpuSlot(node="vm", gpu_indices=(2,)),), ("true",), None, "alice", "p")
+    ex.carry_out(Orders(stops=(3,), launches=(launch,)), 102.0)
+    acted = [a for a in slurm.calls[before:] if a[0] in ("scancel", "sbatch")]
+    assert acted == [], acted
+    said = [r for r in caplog.records if "another cluster" in r.getMessage()]
+    assert len(said) == 1, said
+    for step in range(3, 40):  # what this read sees is not the run's: it stays running
+        seen = ex.observe(100.0 + step, nodes)
+        if ex._probe.thread is not None:
+            ex._probe.thread.join(timeout=10)
+        assert seen.exits == () and 3 in seen.running, step
+    assert not [a for a in slurm.calls[before:] if a[0] in ("scancel", "sbatch")]
+    assert sum("another cluster" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_job_under_a_runs_id_whose_comment_is_another_is_never_stopped(tmp_path: Path) -> None:
+    """atk44ha F1 (a): on this server's own cluster, a job under the run's Slurm id whose
+    comment is not the run's (Slurm gave the id again) is not the run: a stop of the run sends
+    it no signal, and its GPUs count as foreign work's."""
+    slurm = FakeSlurm()
+    ex = SlurmExecutor("gpuledger", LID, tmp_path)
+    ex._run = slurm.run  # type: ignore[method-assign]
+    nodes = {"vm": Node(name="vm", cluster="c", gpus=4, gpu_type="fake")}
+    assert ex.adopt({3: 1}, 100.0) == {3}
+    ex.observe(100.0, nodes)
+    other = RUNNING.replace("job=3:run=1", "job=3:run=0").replace("gpuledger-3", "x")
+
+    def swapped(args: list[str], stdin: str | None = None, env: object = None) -> str:
+        return other if args[:5] == ["scontrol", "-d", "-o", "show", "job"] else slurm.run(args)
+
+    ex._run = swapped  # type: ignore[method-assign]
+    seen = ex.observe(100.5, nodes)
+    assert seen.exits == () and 3 in seen.running
+    assert seen.foreign == {"vm": frozenset({0, 1})}  # another's: its GPUs are busy
+    before = len(slurm.calls)
+    ex.carry_out(Orders(stops=(3,)), 101.0)
+    assert not [a for a in slurm.calls[before:] if a[0] == "scancel"]
+
+
+def test_sacct_rows_of_another_job_under_a_runs_id_do_not_end_the_run(tmp_path: Path) -> None:
+    """atk44ha F1: a run sbatched onto another cluster kept that cluster's Slurm id, and its
+    end was read from the job of that id on its own cluster (job 9's `failed 143` ended job
+    15). Only rows of the run's own job name count."""
+    from ledger.engines.slurm.restarts import vanished
+    from ledger.engines.slurm.tracked import Run
+
+    def sacct(state: str, code: str, name: str) -> Callable[[list[str]], str]:
+        row = {"State": state, "ExitCode": code, "End": "2026-12-04T18:21:00", "JobName": name}
+        return lambda args: "|".join(row[k] for k in args[args.index("-o") + 1].split(",")) + "\n"
+
+    r = Run(15, 0, None, slurm_id="40082000")
+    gone = vanished(r, tmp_path, sacct("FAILED", "143:0", "gpuledger-9"), 1000.0)
+    assert gone is not None and (gone.exit_code, gone.reason) == (-1, "lost"), gone
+    done = vanished(r, tmp_path, sacct("COMPLETED", "0:0", "gpuledger-15"), 1e10)
+    assert done is not None and (done.exit_code, done.engine_state) == (0, "COMPLETED"), done
+
+
+def test_new_settings_counts_the_runs_still_stopping_on_the_recorded_cluster(
+    tmp_path: Path,
+) -> None:
+    """atk44ha F3: `--new-settings` onto another cluster counted placed and running runs only:
+    job 10, cancelled while the controller was away (its stop never reached it, still
+    stopping in the ledger), was not named and ran on there, out of the ledger's reach."""
+    from ledger.engines.slurm.cluster import runs_held, runs_not_on
+
+    held = runs_held([(9, "running", 0), (10, "cancelled", 1), (11, "completed", 0)], {(10, 1)})
+    assert held == [(9, 0), (10, 1)]
+    scontrol = tmp_path / "scontrol"  # the new cluster: it lists job 9's run, not job 10's
+    listed = RUNNING.replace("JobId=3", "JobId=40").replace("job=3:run=1", "job=9:run=0")
+    (tmp_path / "jobs").write_text(listed.replace("gpuledger-3", "gpuledger-9") + "\n")
+    scontrol.write_text(f"#!/bin/sh\ncat {tmp_path / 'jobs'}\n")
+    scontrol.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    assert runs_not_on(env, "gpuledger", LID, held) == [10]

@@ -1103,3 +1103,22 @@ def test_an_output_name_with_a_backslash_is_refused_before_anything_is_made(tmp_
     assert claim_outputs([err], SbatchUser(), 5.0).startswith("the output file")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     assert isinstance(claim_outputs([out], SbatchUser(), 5.0), Claimed) and Path(out).exists()
+
+
+def test_a_node_slurm_does_not_list_is_drained_and_returns_when_listed() -> None:
+    """atk44ha F2: after `--new-settings` onto another cluster the old cluster's node stayed
+    active: jobs were placed there and sbatch failed for good ('Invalid node name'). A node
+    Slurm's partition does not list takes no new work (drained, said in `node list`) until
+    Slurm lists it again (back on that cluster)."""
+    from ledger.engines.slurm.words import UNLISTED
+
+    ledger = {"vm-atka": node("vm-atka"), "vm-atkb": node("vm-atkb")}
+    assert follow({"vm-atkb": "IDLE"}, ledger) == [
+        c.DrainNode(actor="@x", node="vm-atka", reason=UNLISTED)
+    ]
+    back = {"vm-atka": node("vm-atka", "drained", UNLISTED), "vm-atkb": node("vm-atkb")}
+    assert follow({"vm-atka": "IDLE"}, back) == [
+        c.DrainNode(actor="@x", node="vm-atkb", reason=UNLISTED),
+        c.ReturnNode(actor="@x", node="vm-atka"),
+    ]
+    assert follow({}, ledger) == []  # a partition listed with no node: nothing drained

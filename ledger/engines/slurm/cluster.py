@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from ledger.engines.slurm.words import UNTRACKED_OK
 from schemas.errors import EngineError, InvalidCommand
@@ -108,6 +108,8 @@ class Watch:
         self.away = ""
         """Why the controller that answers is not this server's cluster ("" while it is)."""
         self._at: float | None = None  # when to ask again
+        self._confirmed: float | None = None  # when this server's cluster last answered as it
+        self._asked: float | None = None  # when `confirm` last asked
 
     def learn(self, config: str) -> str:
         """Pure but for the state it keeps: why `config` (`scontrol show config`) is not the
@@ -134,14 +136,48 @@ class Watch:
             text = self.read()
         except EngineError:
             return True
-        why = self.learn(text)
+        self._say(self.learn(text), now)
+        return not self.away
+
+    def confirm(self, now: float, within_s: float = 1.0) -> bool:
+        """Before an sbatch or scancel: whether the controller that answers is this server's
+        cluster, asked again unless it answered as it within `within_s`. A controller replaced
+        within `scontrol`'s own retries (about 9 s) is never an outage to the reads, and `same`
+        asks only every `every_s`: runs were placed and stopped on another cluster in between
+        (atk44ha F1). False, and not asked again for `within_s`, when it does not answer."""
+        if not self.away and self._confirmed is not None and 0 <= now - self._confirmed <= within_s:
+            return True
+        if self._asked is not None and 0 <= now - self._asked < within_s:
+            return False
+        self._asked = now
+        try:
+            text = self.read()
+        except EngineError:
+            return False
+        self._say(self.learn(text), now)
+        return not self.away
+
+    def _say(self, why: str, now: float) -> None:
+        """Keep what the last answer said (`away`), saying each change once in the log."""
         if why and why != self.away:
             log.error("%s: reading, placing and stopping nothing there until this server's "
                       "cluster answers (docs/ha.md)", why)  # fmt: skip
         elif self.away and not why:
             log.warning("this server's Slurm cluster answers again")
         self.away = why
-        return not why
+        self._confirmed = None if why else now
+
+
+def max_time(read: Callable[[], str], partition: str, was: float | None) -> float | None:
+    """The partition's MaxTime (`words.partition_max_time`) as `read` (`scontrol -o show
+    partition`) says; `was` when slurmctld does not answer."""
+    from ledger.engines.slurm.words import partition_max_time
+
+    try:
+        return partition_max_time(read(), partition)
+    except EngineError as err:
+        log.warning("slurm partition: %s; keeping its MaxTime as it was", err.line())
+        return was
 
 
 def changed(recorded: Mapping[str, object], mine: Mapping[str, object]) -> str:
@@ -155,13 +191,24 @@ def changed(recorded: Mapping[str, object], mine: Mapping[str, object]) -> str:
     )
 
 
+def runs_held(
+    jobs: Iterable[tuple[int, str, int]], stopping: Iterable[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """Pure: the runs (job id, run) the ledger holds on its cluster: those of its jobs (`jobs`:
+    job id, status, run) placed or running, and those it stopped whose end is not recorded
+    yet (`stopping`: `State.stopped_runs`): a cancel recorded while the controller was away
+    never reached its run, which runs on (atk44ha F3)."""
+    held = {(job, run) for job, status, run in jobs if status in ("placed", "running")}
+    return sorted(held | set(stopping))
+
+
 def runs_not_on(
-    env: Mapping[str, str], partition: str, ledger_id: str, held: Mapping[int, int]
+    env: Mapping[str, str], partition: str, ledger_id: str, held: Iterable[tuple[int, int]]
 ) -> list[int]:
-    """The jobs of `held` (job id -> its run) whose run the cluster `env`'s `SLURM_CONF` names
-    does not list on `partition` (`scontrol show job`: running, pending or ended there), in
-    order: runs that live on another cluster, if anywhere. `EngineError` when it does not
-    answer."""
+    """The jobs of `held` (job id, run: `runs_held`) whose run the cluster `env`'s
+    `SLURM_CONF` names does not list on `partition` (`scontrol show job`: running, pending or
+    ended there), in order: runs that live on another cluster, if anywhere. `EngineError`
+    when it does not answer."""
     from ledger.engines.slurm.words import parse_jobs
 
     try:
@@ -173,4 +220,4 @@ def runs_not_on(
         said = (done.stderr or done.stdout).strip().splitlines()
         raise EngineError(f"scontrol show job: {said[-1] if said else done.returncode}")
     listed = {j.tag(ledger_id) for j in parse_jobs(done.stdout) if j.partition == partition}
-    return sorted(job for job, run in held.items() if (job, run) not in listed)
+    return sorted({job for job, run in held if (job, run) not in listed})

@@ -20,7 +20,7 @@ from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, St
 from ledger.engines.accounts import RunAs, own_log, own_umask
 from ledger.engines.job_paths import Refused
 from ledger.engines.slurm import tracked
-from ledger.engines.slurm.cluster import OtherCluster, Watch
+from ledger.engines.slurm.cluster import OtherCluster, Watch, max_time
 from ledger.engines.slurm.ends import (
     Ending,
     answering,
@@ -311,11 +311,6 @@ class SlurmExecutor:
                 held.setdefault(node, set()).update(idx)
         return held
 
-    def _default_log(self, job: Launch, who: SbatchUser) -> Path:
-        """A job's log when it names none: `<log_dir>/job-<id>.log`, the user's (`own_log`)."""
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        return own_log(self.log_dir, f"job-{job.job_id}.log", who.uid, who.gid)
-
     def _checkpoint_file(self, job_id: int, run: int, who: SbatchUser | None = None) -> Path:
         return tracked.checkpoint_file(self.log_dir, job_id, run, who)
 
@@ -349,7 +344,9 @@ class SlurmExecutor:
         job = r.launch
         if isinstance(who := sbatch_user(job.user, self.run_as), str):
             raise Refused(who)
-        out = job.stdout or str(self._default_log(job, who))
+        if not (out := job.stdout):  # `<log_dir>/job-<id>.log`, the user's (`own_log`)
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = str(own_log(self.log_dir, f"job-{job.job_id}.log", who.uid, who.gid))
         r.logs = tuple(dict.fromkeys(p for p in (out, job.stderr) if p))
         tracked.note_logs(self.log_dir, job.job_id, job.run, r.logs)  # for a restart's adopt
         mask = files_umask(job.umask, bool(job.stdout))  # slurmstepd opens /dev/null alone:
@@ -395,6 +392,8 @@ class SlurmExecutor:
                 log.info("job %s run %s waits until Slurm job %s has ended", r.job_id, r.run,
                          earlier.slurm_id)  # fmt: skip
                 continue
+            if not self.cluster.confirm(now):  # never onto another cluster (atk44ha F1)
+                return
             try:
                 self._submit(r)
                 r.submitted_at = now
@@ -479,15 +478,10 @@ class SlurmExecutor:
 
     def _read_max_time(self, now: float) -> None:
         """The partition's MaxTime, read again every `probe_every_s` (an admin may change it)."""
-        if self._max_time_at is not None and now < self._max_time_at:
-            return
-        self._max_time_at = now + self.probe_every_s
-        try:
-            text = self._run(["scontrol", "-o", "show", "partition", self.partition])
-        except EngineError as err:
-            log.warning("slurm partition: %s; keeping its MaxTime as it was", err.line())
-            return
-        self.max_time_s = partition_max_time(text, self.partition)
+        if self._max_time_at is None or now >= self._max_time_at:
+            self._max_time_at = now + self.probe_every_s
+            read = lambda: self._run(["scontrol", "-o", "show", "partition", self.partition])  # noqa: E731
+            self.max_time_s = max_time(read, self.partition, self.max_time_s)
 
     def _blind(self, nodes: Mapping[str, Node]) -> Observed:
         """What an outage observes: nothing new, every node unobserved, the runs as last known."""
@@ -507,8 +501,9 @@ class SlurmExecutor:
         if not self.may_act():
             log.warning("not carrying out orders of epoch %d: the lease ran out", orders.epoch)
             return ()
-        if self.cluster.away:  # nothing stopped or launched on another cluster (asked again)
-            return ()
+        acts = bool(orders.stops or orders.launches)  # the cluster confirmed first (atk44ha F1)
+        if self.cluster.away or (acts and not self.cluster.confirm(now) and self.cluster.away):
+            return ()  # nothing stopped or launched on another cluster (asked again)
         for job_id in orders.stops:
             r = self._runs.get(job_id)
             if r is not None and r.slurm_id is not None:
@@ -537,6 +532,8 @@ class SlurmExecutor:
         if not self.may_act():
             return
         job = self._view.get(slurm_id)
+        if other := job is not None and run is not None and job.tag(self.ledger_id) != run:
+            log.warning("slurm job %s is not job %s run %s (its comment): not stopped", slurm_id, *run)  # fmt: skip  # noqa: E501
         grace = self.grace_s if grace_s is None else grace_s
         begun = now if since is None else min(since, now)
         if slurm_id not in self._stopping and run is not None and since is None:
@@ -545,6 +542,8 @@ class SlurmExecutor:
                     None)  # fmt: skip
         stopping = self._stopping.setdefault(slurm_id, Stopping(begun, grace_s=grace, run=run,
                                                                 seen_running_at=seen))  # fmt: skip
+        if other or not self.cluster.confirm(now):
+            return  # not signalled: missing, or not confirmed (after the grace: `_read_runs`)
         try:
             if job is not None and job.state in WAITING:
                 self._run(["scancel", slurm_id])  # never ran: nothing to save
@@ -583,6 +582,7 @@ class SlurmExecutor:
         note_unanswered(self._stopping, self._view, self._unheard)  # Slurm's end alone (F8)
         # 0. our runs Slurm has ended whose processes may still live (COMPLETING)
         mine = {r.slurm_id for r in self._runs.values() if r.slurm_id} | set(self._stopping)
+        mine = {i for i in mine if (j := self._view.get(i)) is None or j.tag(self.ledger_id)}
         self._completing = completing(self._view, mine, self._completing, now)
         # 1. our runs: starts, exits, vanished
         for job_id, r in list(self._runs.items()):
@@ -662,7 +662,8 @@ class SlurmExecutor:
         # 2. runs being stopped: the grace, then scancel
         for slurm_id, st in list(self._stopping.items()):
             j = self._view.get(slurm_id)
-            j = None if j is not None and st.run and j.tag(self.ledger_id) != st.run else j  # F5
+            theirs = j is not None and st.run is not None and j.tag(self.ledger_id) != st.run
+            j = None if theirs else j  # its id names another job (atk43s F5, atk44ha F1)
             st.gpus = (held_gpus(j, self._pinned) if j is not None else {}) or st.gpus
             if j is not None and j.holding and not j.ended and now >= (self._settle_until or 0):
                 st.seen_running_at = now  # (`real_end`: a stopped run's end in an outage, F6)
@@ -678,6 +679,8 @@ class SlurmExecutor:
             elif j is None or j.ended:
                 self._quarantine.hold(failed, j, st.gpus)
                 del self._stopping[slurm_id]
+                if theirs:  # not its end: taken up again where it is listed (`_resume_stops`)
+                    continue
                 self._reported.add(slurm_id)
                 self._seen.forget(slurm_id)
                 forget_stop(self.log_dir, slurm_id)
@@ -689,7 +692,7 @@ class SlurmExecutor:
                     self._stopped.append(stopped_end(st, j, now, seen, failed, itself, (self._away, self.settle_s), (own, beat), first))  # fmt: skip  # noqa: E501
                     if itself and j.exit_code == 0:  # it may complete its job (F3)
                         self._completed.add(st.run[0])
-            elif not st.cancelled and now - st.since >= st.grace_s:
+            elif not st.cancelled and now - st.since >= st.grace_s and self.cluster.confirm(now):
                 try:
                     self._run(["scancel", slurm_id])
                     st.cancelled = st.killed = True

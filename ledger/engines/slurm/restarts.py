@@ -235,9 +235,14 @@ def vanished(r: Run, run_dir: Path, sacct: Callable[[list[str]], str] | None,
     rows = ""
     if sacct is not None:
         try:
-            rows = sacct(["sacct", "-n", "-P", "-X", "-j", r.slurm_id, "-o", "State,ExitCode,End"])
+            rows = sacct(["sacct", "-n", "-P", "-X", "-j", r.slurm_id, "-o",
+                          "State,ExitCode,End,JobName"])  # fmt: skip
         except EngineError as err:
             log.warning("sacct: %s", err.line())
+    # only this job's rows: the id may have named another cluster's job (atk44ha F1)
+    name = [f"gpuledger-{r.job_id}"]
+    rows = "".join(f"{p[0]}|{p[1]}|{p[2]}\n" for row in rows.splitlines()
+                   if (p := row.split("|"))[3:] == name)  # fmt: skip
     beat, own = last_beat(run_dir, now), own_end(run_dir)
     if not rows and own is None and beat is not None:
         if now < beat + beat_window(kill_wait_s):

@@ -408,6 +408,10 @@ def parse_nodes(text: str, partition: str) -> list[SlurmNode]:
     return sorted(out, key=lambda n: n.name)
 
 
+UNLISTED = f"{DRAIN_PREFIX} not in the partition (another cluster's node, or taken out of it)"
+"""Why a node of the ledger that Slurm does not list is drained (`node_changes`)."""
+
+
 def node_changes(
     slurm: Iterable[SlurmNode], ledger: Mapping[str, Node], fence_s: float = 0.0
 ) -> list[NodeChange]:
@@ -417,8 +421,16 @@ def node_changes(
     takes back is returned if the ledger took it out of service for Slurm (a drain an admin made
     in the ledger is not Slurm's to undo). A node the ledger lost for Slurm that Slurm now drains
     is returned first and drained on the next look. Nodes the ledger does not know are left to
-    `register_commands`."""
-    out: list[NodeChange] = []
+    `register_commands`. A node of the ledger Slurm does not list in the partition (while it
+    lists some) is drained: nothing is placed where sbatch cannot go (after `--new-settings`
+    onto another cluster, the old one's nodes took jobs that waited there for good: atk44ha
+    F2); Slurm listing it again returns it."""
+    slurm = list(slurm)
+    out: list[NodeChange] = [
+        NodeChange(name, "drain", UNLISTED)
+        for name, have in sorted(ledger.items())
+        if slurm and have.state == "active" and name not in {n.name for n in slurm}
+    ]
     for n in slurm:
         have = ledger.get(n.name)
         if have is None or have.state == "removed":
