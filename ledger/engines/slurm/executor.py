@@ -327,15 +327,13 @@ class SlurmExecutor:
             return True  # the marks are the job user's: running this long, it runs (atk23d F6)
         return now - r.running_seen >= self._restarts.confirm_s(r, run_dir, self.launch_confirm_s)
 
-    def _never_ran(self, r: Run, j: SlurmJob) -> str:
-        """Why an ended run's command never ran ("" if it did, or may have: `never_ran`)."""
+    def _never_ran(self, r: Run, j: SlurmJob) -> str:  # why its command never ran, or ""
         run_dir, seen = self._checkpoint_file(r.job_id, r.run).parent, r.launch_seen is not None
         confirm_s = self._restarts.confirm_s(r, run_dir, self.launch_confirm_s, j)
         why = never_ran(j, r.launch, r.logs, run_dir, r.started, confirm_s, seen)
         return self._restarts.never_ran(r, j, run_dir, why, seen)  # slurmd refused it (F5)
 
-    def _beat(self, slurm_id: str, now: float) -> float | None:
-        """A run's last heartbeat (`MarksSeen.beat`; None without one, or unknown to Slurm)."""
+    def _beat(self, slurm_id: str, now: float) -> float | None:  # its last (`MarksSeen.beat`)
         tag = j.tag(self.ledger_id) if (j := self._view.get(slurm_id)) is not None else None
         return None if tag is None else self._seen.beat(self._checkpoint_file(*tag).parent, slurm_id, now)  # fmt: skip  # noqa: E501
 
@@ -659,8 +657,7 @@ class SlurmExecutor:
                          job_id, r.slurm_id, limit)  # fmt: skip
                 at = r.started_at + limit if r.started_at and limit is not None else now
                 self._signal(r.slurm_id, now, self._grace_of(r), since=at)  # grace from the limit
-        # 2. runs being stopped: the grace, then scancel
-        for slurm_id, st in list(self._stopping.items()):
+        for slurm_id, st in list(self._stopping.items()):  # 2. stops: the grace, then scancel
             j = self._view.get(slurm_id)
             theirs = j is not None and st.run is not None and j.tag(self.ledger_id) != st.run
             j = None if theirs else j  # its id names another job (atk43s F5, atk44ha F1)
@@ -674,7 +671,7 @@ class SlurmExecutor:
                     log.warning("stopped Slurm job %s is %s, its processes' end unseen: held "
                                 "until gone", slurm_id, j.state)  # fmt: skip
                 st.in_doubt = True
-            elif j is None and st.run is not None and not self._forgotten(slurm_id, st, now):
+            elif j is None and not theirs and not self._forgotten(slurm_id, st, now):
                 continue  # Slurm forgot it and its beat is fresh: its processes may live
             elif j is None or j.ended:
                 self._quarantine.hold(failed, j, st.gpus)
@@ -750,11 +747,11 @@ class SlurmExecutor:
             self.kill_wait_s, now, self.slurmd_timeout_s, self._seen, grace_s)  # fmt: skip
 
     def _forgotten(self, slurm_id: str, st: Stopping, now: float) -> bool:
-        """A stopped run Slurm no longer lists: its end from its marks, reported, else False."""
-        run_dir = self._checkpoint_file(*st.run).parent  # type: ignore[misc]
-        end = forgotten_stop(st, slurm_id, run_dir, now, self.kill_wait_s)
+        """A stop of a run Slurm no longer lists: its end from its marks, reported, else False."""
+        run_dir = self._checkpoint_file(*st.run).parent if st.run else None
+        end = forgotten_stop(st, slurm_id, run_dir, now, self.kill_wait_s) if run_dir else None
         self._stopped += [end] if end is not None else []
-        return end is not None
+        return end is not None or run_dir is None
 
     def _past_limit(self, r: Run, now: float) -> bool:
         return past_limit(r, self._limit_of(r), now)
