@@ -52,3 +52,28 @@ def test_what_a_request_and_a_person_write_is_bounded(tmp_path: Path) -> None:
         assert job_id(bob) == at + 1  # nothing of hers appended
     finally:
         assert server.stop() == 0
+
+
+def test_a_batch_is_charged_what_it_wrote_not_its_body(tmp_path: Path) -> None:
+    """atk44z F1: a batch was charged the size of its body: a ~60 KB batch of one array of
+    thousands of tasks wrote ~16 MiB each time and a plain user looped them past the meter
+    (268 MiB in 45 s, not one 429). Charged its answer (the events it appended): the second
+    such batch is refused."""
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    alice = make_token(home, "--user", "alice")
+    server = start_server(home)
+    try:
+        task = {"actor": "", "account": "ai2/olmo", "gpus": 1, "array": list(range(1_000)),
+                "command": ["/bin/true", *["z" * 4_000] * 3], "op": "submit"}  # fmt: skip
+        statuses = []
+        for _ in range(6):  # each ~1,000 x 12 KB = ~12 MiB written from a ~20 KB body
+            status, body = server.request("POST", "/v1/batch", {"commands": [task]}, alice)
+            statuses.append(status)
+            assert status in (200, 429), body
+            if status != 200:
+                break
+        assert statuses[-1] == 429 and len(statuses) <= 4, statuses  # 32 MiB, then refused
+        assert body["message"].startswith("you wrote more than 32 MiB to the log lately")
+    finally:
+        assert server.stop() == 0
