@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import sqlite3
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +43,29 @@ def _kill_ctld(led: Ledger) -> None:
     os.kill(led.cluster.daemon_pid("slurmctld"), signal.SIGKILL)
 
 
+def _state_dir(led: Ledger) -> Path:
+    return Path(led.cluster.conf).parent / "state"
+
+
+def _freeze_when_listed(led: Ledger, before: set[str]) -> None:
+    """Once Slurm lists the run's job (a job id not in `before`), slurmctld's state directory is
+    made immutable (`chattr +i`: root's own writes refused), so nothing it learns after the
+    submission is saved: a kill -9 then loses the run's launch, as one within its state-save lag
+    does (about a second, which a test on a loaded machine could not hit reliably: the run was
+    saved first and there was no state loss to test). `_thaw` undoes it before slurmctld starts
+    again, and after every test."""
+    deadline = time.monotonic() + 60
+    while not (set(led.cluster.jobs()) - before):
+        if time.monotonic() > deadline:
+            raise AssertionError("the run's job never reached Slurm")
+        time.sleep(0.02)
+    subprocess.run(["chattr", "+i", str(_state_dir(led))], check=True, timeout=30)
+
+
+def _thaw(cl: Cluster) -> None:
+    subprocess.run(["chattr", "-i", str(Path(cl.conf).parent / "state")], check=True, timeout=30)
+
+
 def _recorded_running(led: Ledger, timeout: float = 30) -> None:
     """Wait until the ledger has recorded its run started, read from its store every 20 ms:
     slurmctld must be killed within its state-save lag (about a second), and one CLI call
@@ -64,6 +88,7 @@ def _fresh_ids(slurm: Cluster) -> Iterator[None]:
     """After each test (set up before `ledger`: its service is stopped by then): the next
     test's jobs get fresh ids (`_settle_ids`)."""
     yield
+    _thaw(slurm)
     _settle_ids(slurm)
 
 
@@ -106,13 +131,16 @@ def test_a_run_slurm_rewinds_to_pending_runs_once_and_is_never_recorded_cancelle
     log = ledger.work / "t"
     _settle_ids(ledger.cluster)
     ledger.up()
+    before = set(ledger.cluster.jobs())
     ledger.submit("alice", 1, f"echo start $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
                   f"for i in $(seq 100); do echo a $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
                   f"sleep 0.2; done; echo end $GPULEDGER_RUN $(date +%s.%N) >> {log}",
                   "--resumable", "--min-runtime", "0s")  # fmt: skip
+    _freeze_when_listed(ledger, before)
     _recorded_running(ledger)
     _kill_ctld(ledger)
     time.sleep(8)
+    _thaw(ledger.cluster)
     ledger.cluster.up()
     ledger.wait("the job's end", lambda: status(ledger, 1) == "finished", timeout=240)
     lines = _lines(log)
@@ -187,15 +215,18 @@ def test_a_second_launch_slurm_makes_while_the_service_is_down_never_runs_the_co
     after the first launch's last line) or its own end, never `cancelled`."""
     log = ledger.work / "t"
     ledger.up()
+    before = set(ledger.cluster.jobs())
     ledger.submit("alice", 1, f"echo start $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
                   f"for i in $(seq 100); do echo a $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
                   f"sleep 0.2; done; echo end $GPULEDGER_RUN $(date +%s.%N) >> {log}",
                   "--resumable", "--min-runtime", "0s")  # fmt: skip
+    _freeze_when_listed(ledger, before)
     _recorded_running(ledger)
     _kill_ctld(ledger)
     time.sleep(0.5)
     ledger.kill9()
     time.sleep(8)
+    _thaw(ledger.cluster)
     ledger.cluster.up()
     time.sleep(15)  # Slurm launches the job again meanwhile
     ledger.up()
