@@ -180,6 +180,8 @@ class CommandPath:
                 size = await self._command(scope, receive, send, ident.act(caller, value))
             if metered and size > 0:  # about what it wrote: its answer
                 self.written.charge(caller.whose, size, time.monotonic())
+            elif metered and size == -413:  # refused for its size, read and decoded all the
+                self.written.charge(caller.whose, len(body), time.monotonic())  # same (atk44w F5)
             return 200 if size >= 0 else -size
 
     def _counted(self, path: str) -> contextlib.AbstractContextManager[None]:

@@ -77,3 +77,26 @@ def test_a_batch_is_charged_what_it_wrote_not_its_body(tmp_path: Path) -> None:
         assert body["message"].startswith("you wrote more than 32 MiB to the log lately")
     finally:
         assert server.stop() == 0
+
+
+def test_requests_refused_for_their_size_are_metered_too(tmp_path: Path) -> None:
+    """atk44w F5, atk44z F9: a 1.2 MB submit refused 413 (its event over the bound) was never
+    charged: one user looped 1,033 of them with no 429 while another's submits went 22x
+    slower. Each is charged its body now: past 32 MiB of them, 429."""
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    alice = make_token(home, "--user", "alice")
+    server = start_server(home)
+    try:
+        body = {"actor": "", "account": "ai2/olmo", "gpus": 1,
+                "command": ["/bin/true", *["x" * 4000] * 300]}  # fmt: skip
+        statuses = []
+        for _ in range(40):  # ~1.2 MB each: 32 MiB is ~28 of them
+            status, answer = server.request("POST", "/v1/commands/submit", body, alice)
+            statuses.append(status)
+            if status != 413:
+                break
+        assert statuses[-1] == 429 and 20 <= len(statuses) <= 32, statuses
+        assert answer["message"].startswith("you wrote more than 32 MiB to the log lately")
+    finally:
+        assert server.stop() == 0
