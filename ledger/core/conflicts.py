@@ -6,6 +6,7 @@ Pure: no I/O, no clock. `ledger.store.application` asks these of every append.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 from ledger.core.state import State
@@ -36,20 +37,32 @@ def oldest(cmds: Sequence[c.AnyCommand], head: int) -> int | None:
 
 def check(state: State, cmds: Sequence[c.AnyCommand], after: list[tuple[int, e.AnyEvent]]) -> None:
     """Conflict for the first command of `cmds` whose keys an event of `after` (the log after
-    the oldest expected position, as (position, event)) past its own expected position changed."""
+    the oldest expected position, as (position, event)) past its own expected position changed.
+    Each event's keys are read once (`touched`): compared pair by pair, 2,000 commands against
+    900 events held the worker 1.3-5 s before a 409 (atk44w F1)."""
+    touched: dict[str, list[int]] = {}
+    for pos, ev in after:  # ascending positions
+        for key in event_keys(ev):
+            touched.setdefault(key, []).append(pos)
     for cmd in cmds:
         expected = cmd.expected_position
         if expected is None or not after or expected >= after[-1][0]:
             continue
         wanted = command_keys(state, cmd)
-        for pos, ev in after:
-            clash = wanted & event_keys(ev) if pos > expected else None
-            if clash:
-                raise Conflict(
-                    f"stale command: position {pos} changed {', '.join(sorted(clash))} "
-                    f"after the expected position {expected}",
-                    hint="read again and retry", position=pos, expected=expected,
-                )  # fmt: skip
+        firsts = {}
+        for key in wanted & touched.keys():
+            at = touched[key]
+            i = bisect.bisect_right(at, expected)
+            if i < len(at):
+                firsts[key] = at[i]
+        if firsts:
+            pos = min(firsts.values())
+            clash = {k for k in wanted if pos in touched.get(k, ())}
+            raise Conflict(
+                f"stale command: position {pos} changed {', '.join(sorted(clash))} "
+                f"after the expected position {expected}",
+                hint="read again and retry", position=pos, expected=expected,
+            )  # fmt: skip
 
 
 def event_keys(event: e.AnyEvent) -> set[str]:
