@@ -66,6 +66,19 @@ def _thaw(cl: Cluster) -> None:
     subprocess.run(["chattr", "-i", str(Path(cl.conf).parent / "state")], check=True, timeout=30)
 
 
+def _long_run_then_ctld_killed(led: Ledger, log: Path) -> None:
+    """A resumable 20 s run that writes its lines to `log`, submitted; slurmctld's state frozen
+    once Slurm lists it, and slurmctld killed -9 once the ledger recorded it started."""
+    before = set(led.cluster.jobs())
+    led.submit("alice", 1, f"echo start $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
+               f"for i in $(seq 100); do echo a $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
+               f"sleep 0.2; done; echo end $GPULEDGER_RUN $(date +%s.%N) >> {log}",
+               "--resumable", "--min-runtime", "0s")  # fmt: skip
+    _freeze_when_listed(led, before)
+    _recorded_running(led)
+    _kill_ctld(led)
+
+
 def _recorded_running(led: Ledger, timeout: float = 30) -> None:
     """Wait until the ledger has recorded its run started, read from its store every 20 ms:
     slurmctld must be killed within its state-save lag (about a second), and one CLI call
@@ -131,14 +144,7 @@ def test_a_run_slurm_rewinds_to_pending_runs_once_and_is_never_recorded_cancelle
     log = ledger.work / "t"
     _settle_ids(ledger.cluster)
     ledger.up()
-    before = set(ledger.cluster.jobs())
-    ledger.submit("alice", 1, f"echo start $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
-                  f"for i in $(seq 100); do echo a $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
-                  f"sleep 0.2; done; echo end $GPULEDGER_RUN $(date +%s.%N) >> {log}",
-                  "--resumable", "--min-runtime", "0s")  # fmt: skip
-    _freeze_when_listed(ledger, before)
-    _recorded_running(ledger)
-    _kill_ctld(ledger)
+    _long_run_then_ctld_killed(ledger, log)
     time.sleep(8)
     _thaw(ledger.cluster)
     ledger.cluster.up()
@@ -215,14 +221,7 @@ def test_a_second_launch_slurm_makes_while_the_service_is_down_never_runs_the_co
     after the first launch's last line) or its own end, never `cancelled`."""
     log = ledger.work / "t"
     ledger.up()
-    before = set(ledger.cluster.jobs())
-    ledger.submit("alice", 1, f"echo start $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
-                  f"for i in $(seq 100); do echo a $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
-                  f"sleep 0.2; done; echo end $GPULEDGER_RUN $(date +%s.%N) >> {log}",
-                  "--resumable", "--min-runtime", "0s")  # fmt: skip
-    _freeze_when_listed(ledger, before)
-    _recorded_running(ledger)
-    _kill_ctld(ledger)
+    _long_run_then_ctld_killed(ledger, log)
     time.sleep(0.5)
     ledger.kill9()
     time.sleep(8)
