@@ -379,7 +379,7 @@ class Leadership:
             self._reporting = False
         self._uncommitted = None
         self.members = self.lease.members()
-        self._older_at, older = older_words(self.lease.refused_older())
+        self._older_at, older = older_words(self.lease.refused_older(), self.members, api.SILENT_S)
         if older != self.older and older is not None:
             log.warning("the store refuses the lease to servers of an earlier version: %s "
                         "(docs/ha.md, Upgrading)", older)  # fmt: skip

@@ -4,6 +4,8 @@ refuses. Pure: built from what the servers last reported (`ledger.store.lease.Me
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ledger.store.lease import Member
 from schemas import api
 
@@ -18,16 +20,18 @@ def no_taker(
     """Pure: why none of the servers `members` (as they last reported) would take the lease
     once the leader's (at `leader`) runs out, in words; None when a standby that reported
     within `silent_s` would. A standby refused by its settings (`REFUSED_ROLE`) takes none,
-    nor does one of an earlier version (`older`: the database refuses it). Before, `status`
+    nor does one of an earlier version (`older`: the holders the database refused; by holder,
+    not address: this version's server started where an earlier one was refused, as an
+    in-place upgrade does, was counted as it for an hour, atk44ha F4). Before, `status`
     said "a standby takes it" with every standby refused, and nobody led (atk43ha F4)."""
     fresh = [m for m in members if m.seen_s_ago <= silent_s and m.address != leader]
-    if any(m.role == "standby" and m.address not in older for m in fresh):
+    if any(m.role == "standby" and m.holder not in older for m in fresh):
         return None
     refused = sorted({m.address for m in fresh if m.role == REFUSED_ROLE})
     if refused:
         return (f"every running standby is refused, its settings are not the ones the store "
                 f"records ({', '.join(refused)}: see its `settings` line)")  # fmt: skip
-    if any(m.address in older for m in fresh):
+    if any(m.holder in older for m in fresh):
         return "the only running standbys are of an earlier version, which the store refuses"
     return "no standby runs"
 
@@ -39,15 +43,26 @@ def role_now(said: str, address: str, leader: str) -> str:
     return "ex-leader" if said == "leader" else said
 
 
-def older_words(refused: list[tuple[str, int]]) -> tuple[frozenset[str], str | None]:
-    """Pure: the addresses of the earlier-version servers the store refused (`refused`: one
-    (address, count) per holder, a holder per start of one), and them in words, one entry per
-    address with its count, e.g. "http://s2:8470 (12)" (None: none). Before, an address was
-    listed once per start of it (atk43ha F4)."""
+def older_words(
+    refused: list[tuple[str, str, int]],
+    members: Sequence[Member] = (),
+    silent_s: float = 5.0,
+) -> tuple[frozenset[str], str | None]:
+    """Pure: the holders of the earlier-version servers the store refused (`refused`: one
+    (address, holder, count) per holder, a holder per start of one), and their addresses in
+    words, one entry per address with its count, e.g. "http://s2:8470 (12)" (None: none).
+    An address where a server the store did not refuse reported within `silent_s`
+    (`members`) runs this version now (an in-place upgrade): the refusals there are past, not
+    named (they were, for an hour: atk44ha F4). Before, an address was listed once per start
+    of it (atk43ha F4)."""
+    holders = {h for _, h, _ in refused}
+    upgraded = {m.address for m in members if m.seen_s_ago <= silent_s and m.holder not in holders}
     counts: dict[str, int] = {}
-    for address, n in refused:
-        counts[address] = counts.get(address, 0) + n
-    return frozenset(counts), ", ".join(f"{a} ({n})" for a, n in counts.items()) or None
+    for address, _, n in refused:
+        if address not in upgraded:
+            counts[address] = counts.get(address, 0) + n
+    older = frozenset(h for a, h, _ in refused if a not in upgraded)
+    return older, ", ".join(f"{a} ({n})" for a, n in counts.items()) or None
 
 
 def server_states(members: list[Member], leader: str, head: int) -> list[api.ServerState]:

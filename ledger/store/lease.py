@@ -647,16 +647,16 @@ class Lease:
         )
         return None if not rows or rows[0][0] is None else float(rows[0][0])
 
-    def refused_older(self, within_s: float = 3600.0) -> list[tuple[str, int]]:
+    def refused_older(self, within_s: float = 3600.0) -> list[tuple[str, str, int]]:
         """The servers of an earlier version whose takes or keeps of the lease the database
-        refused in the last `within_s` seconds (`gpuledger_leader_guard`): (address, how many
-        in all), by address."""
+        refused in the last `within_s` seconds (`gpuledger_leader_guard`): (address, holder,
+        how many in all), by address."""
         rows = self._run(
-            f"SELECT address, refused FROM {REFUSED_TABLE} "
+            f"SELECT address, holder, refused FROM {REFUSED_TABLE} "
             "WHERE last_at > now() - make_interval(secs => %s) ORDER BY address, holder",
             (within_s,),
         )
-        return [(str(a), int(n)) for a, n in rows]
+        return [(str(a), str(h), int(n)) for a, h, n in rows]
 
     def members(self, within_s: float = 60.0) -> list[Member]:
         """The servers that reported in the last `within_s` seconds."""

@@ -146,7 +146,10 @@ def test_an_earlier_version_s_takes_and_keeps_are_refused_by_the_database(pg_sto
             assert _old_take(con, "old-1", recorded) == []
             assert _old_take(con, "old-2", recorded) == []
             assert _refused(con) == {"old-1": 2, "old-2": 2}
-            assert new.refused_older() == [("http://old-1", 2), ("http://old-2", 2)]
+            assert new.refused_older() == [
+                ("http://old-1", "old-1", 2),
+                ("http://old-2", "old-2", 2),
+            ]
             row = con.execute("SELECT epoch, holder, admission FROM gpuledger_leader").fetchone()
             assert row == (2, "new", recorded), row
             # a clean stop of the earlier version still frees the lease (it only shortens it)

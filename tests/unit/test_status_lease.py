@@ -78,7 +78,7 @@ def _m(address: str, role: str, seen_s_ago: float = 0.5) -> Member:
         ("the only standby silent", [_m("a", "leader"), _m("b", "standby", 9.0)], (),
          "no standby runs"),
         ("the leader alone", [_m("a", "leader")], (), "no standby runs"),
-        ("a standby of an earlier version", [_m("a", "leader"), _m("b", "standby")], ("b",),
+        ("a standby of an earlier version", [_m("a", "leader"), _m("b", "standby")], ("h:b",),
          "the only running standbys are of an earlier version, which the store refuses"),
     ],
 )  # fmt: skip
@@ -89,7 +89,31 @@ def test_no_taker(
 
 
 def test_an_earlier_version_s_server_is_listed_once_per_address() -> None:
-    at, words = older_words([("http://a:1", 4), ("http://a:1", 4), ("http://b:1", 1)])
-    assert at == frozenset({"http://a:1", "http://b:1"})
+    refused = [("http://a:1", "old:1", 4), ("http://a:1", "old:2", 4), ("http://b:1", "old:3", 1)]
+    at, words = older_words(refused)
+    assert at == frozenset({"old:1", "old:2", "old:3"})
     assert words == "http://a:1 (8), http://b:1 (1)"
     assert older_words([]) == (frozenset(), None)
+
+
+def test_this_version_s_standby_where_an_earlier_one_was_refused_takes_the_lease() -> None:
+    """atk44ha F4: after an in-place upgrade (this version's server started at the address
+    where the store refused an earlier one), health `no_taker` and `status` said for an hour
+    that only an earlier version stands by, while the standby took the lease on the leader's
+    death. Refusals are by holder; an address where an unrefused server reports runs this
+    version now."""
+    refused = [("b", "oldhost:4242:deadbeef", 1), ("c", "oldhost:4343:beef", 2)]
+    members = [
+        _m("a", "leader"),
+        _m("b", "standby"),
+        Member("oldhost:4343:beef", "c", "standby", 1, 0.5),
+    ]  # noqa: E501
+    older, words = older_words(refused, members, 5.0)
+    assert words == "c (2)"  # b is this version's now: its refusal is past
+    assert older == frozenset({"oldhost:4343:beef"})
+    assert no_taker(members, "a", older, 5.0) is None  # b takes it
+    assert no_taker(members[:1] + members[2:], "a", older, 5.0) == (
+        "the only running standbys are of an earlier version, which the store refuses"
+    )
+    silent = [_m("a", "leader"), _m("b", "standby", 9.0)]  # b gone silent: its refusal stands
+    assert older_words(refused, silent, 5.0)[1] == "b (1), c (2)"
