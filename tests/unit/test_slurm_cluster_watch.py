@@ -254,3 +254,118 @@ def test_new_settings_counts_the_runs_still_stopping_on_the_recorded_cluster(
     scontrol.chmod(0o755)
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
     assert runs_not_on(env, "gpuledger", LID, held) == [10]
+
+
+@pytest.mark.parametrize(
+    ("case", "answering", "there", "want"),
+    [
+        ("this server's cluster answers after it", "", None, "here"),
+        ("another answers and lists the run under the id", "another cluster", (4, 0), "there"),
+        ("another answers, the id is another job there", "another cluster", (7, 0), "here"),
+        ("another answers and lists nothing under the id", "another cluster", None, "here"),
+        ("nobody answers after it", None, None, "unknown"),
+    ],
+)
+def test_where_an_sbatch_landed(
+    case: str, answering: str | None, there: tuple[int, int] | None, want: str
+) -> None:
+    from ledger.engines.slurm.cluster import landing
+
+    assert landing(answering, there, (4, 0)) == want, case
+
+
+# The other cluster's record of the run sbatched onto it (job 4 run 0, Slurm id 9).
+LANDED = (
+    "JobId=9 JobName=gpuledger-4 UserId=root(0) JobState=RUNNING Reason=None ExitCode=0:0"
+    " StartTime=2026-12-04T21:00:00 EndTime=Unknown Partition=gpuledger NodeList=vm"
+    f" NumNodes=1 Nodes=vm CPU_IDs=0 Mem=0 Comment=gpuledger:{LID}:job=4:run=0"
+)
+
+
+class SwappedDuringSbatch(FakeSlurm):
+    """The controller is replaced by another cluster's while sbatch retries (`swap`): the job
+    lands there (`LANDED`); sbatch answers Slurm id 9 wherever it lands."""
+
+    def __init__(self, swap: str | None) -> None:
+        super().__init__()
+        self.swap = swap
+
+    def run(self, args: list[str], stdin: str | None = None, env: object = None) -> str:
+        if args[0] == "sbatch":
+            self.calls.append(args)
+            self.state, self.swap = self.swap or self.state, None
+            return "9;gpuledger\n"
+        if self.state == "/z/state" and args[:5] == ["scontrol", "-d", "-o", "show", "job"]:
+            self.calls.append(args)
+            return LANDED
+        return super().run(args, stdin, env)
+
+
+def test_an_sbatch_that_landed_on_another_cluster_is_cancelled_there_and_submitted_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 28, left open by atk44ha F1's fix: a swap in the second before an sbatch, or
+    during sbatch's own ~9 s retries, put the run on the other cluster, and the run kept that
+    cluster's Slurm id: missing once its own cluster answered, then ended as a vanished run,
+    while it ran there. Now the identity is asked again after each sbatch: a run the answering
+    cluster lists under the id (its comment) landed there, is cancelled there by its id and
+    name, and is submitted again once this server's cluster answers."""
+    from ledger.cycle.executor import Launch
+    from schemas.events import GpuSlot
+
+    slurm = SwappedDuringSbatch("/z/state")
+    ex = SlurmExecutor("gpuledger", LID, tmp_path, run_as="service")
+    ex._run = slurm.run  # type: ignore[method-assign]
+    ex.cluster = Watch(ex.cluster.read, {"slurm_cluster": "gpuledger at 127.0.0.1 port 27500",
+                                         "slurm_state": "/x/state"})  # fmt: skip
+    nodes = {"vm": Node(name="vm", cluster="c", gpus=4, gpu_type="fake")}
+    assert ex.adopt({3: 1}, 100.0) == {3}
+    ex.observe(100.0, nodes)
+    launch = Launch(4, (GpuSlot(node="vm", gpu_indices=(2,)),), ("true",), None, "alice", "p")
+    ex.carry_out(Orders(launches=(launch,)), 100.2)  # confirmed 0.2 s before: no new ask
+    acted = [a for a in slurm.calls if a[0] in ("scancel", "sbatch")]
+    assert [a[0] for a in acted] == ["sbatch", "scancel"], acted
+    assert acted[1] == ["scancel", "--name=gpuledger-4", "9"]  # there, by its id and name
+    assert ex._runs[4].slurm_id is None  # never launched here
+    assert "was submitted to another cluster" in caplog.text
+    for step in range(1, 40):  # the other cluster answers: nothing more is sent there
+        seen = ex.observe(101.0 + step, nodes)
+        if ex._probe.thread is not None:
+            ex._probe.thread.join(timeout=10)
+        assert seen.exits == () and seen.starts == (), step
+    assert len([a for a in slurm.calls if a[0] in ("scancel", "sbatch")]) == 2
+    slurm.state = "/x/state"  # this server's cluster answers again: submitted there
+    for step in range(0, 20, 5):
+        ex.observe(150.0 + step, nodes)
+        if ex._probe.thread is not None:
+            ex._probe.thread.join(timeout=10)
+    assert [a[0] for a in slurm.calls if a[0] in ("scancel", "sbatch")] == [
+        "sbatch",
+        "scancel",
+        "sbatch",
+    ]  # noqa: E501
+    assert ex._runs[4].slurm_id == "9"
+
+
+def test_an_sbatch_that_landed_here_before_a_swap_is_kept(tmp_path: Path) -> None:
+    """The swap came after the sbatch reached this server's cluster: the other lists nothing
+    of the run under its id, so the run keeps it (its cluster lists it when it answers)."""
+    from ledger.cycle.executor import Launch
+    from schemas.events import GpuSlot
+
+    class LandedHere(SwappedDuringSbatch):
+        def run(self, args: list[str], stdin: str | None = None, env: object = None) -> str:
+            if self.state == "/z/state" and args[:5] == ["scontrol", "-d", "-o", "show", "job"]:
+                return ""
+            return super().run(args, stdin, env)
+
+    slurm = LandedHere("/z/state")
+    ex = SlurmExecutor("gpuledger", LID, tmp_path, run_as="service")
+    ex._run = slurm.run  # type: ignore[method-assign]
+    nodes = {"vm": Node(name="vm", cluster="c", gpus=4, gpu_type="fake")}
+    assert ex.adopt({3: 1}, 100.0) == {3}
+    ex.observe(100.0, nodes)  # the first cluster read is this server's (`/x/state`)
+    launch = Launch(4, (GpuSlot(node="vm", gpu_indices=(2,)),), ("true",), None, "alice", "p")
+    ex.carry_out(Orders(launches=(launch,)), 100.2)
+    assert ex._runs[4].slurm_id == "9"
+    assert [a[0] for a in slurm.calls if a[0] in ("scancel", "sbatch")] == ["sbatch"]

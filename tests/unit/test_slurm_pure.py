@@ -792,7 +792,7 @@ def test_a_run_slurm_will_not_start_is_taken_back_and_explained(
     [ex_] = seen.exits
     assert (ex_.job_id, ex_.reason, ex_.engine_job_id) == (5, "launch_failed", "41")
     assert reason in ex_.note and 5 not in seen.running
-    assert ["scancel", "41"] in calls
+    assert ["scancel", "--name=gpuledger-5", "41"] in calls
 
 
 def test_a_deposed_leader_s_executor_neither_submits_nor_cancels(tmp_path: Path) -> None:

@@ -126,7 +126,7 @@ def test_a_cancel_slurm_ends_while_the_slurmd_is_dead_is_held_until_the_run_is_g
     ex._stopping["7"] = Stopping(since=START + 10.0, grace_s=2.0, run=(1, 0))
     ex.observe(START + 11.0, NODES)
     ex.observe(START + 13.0, NODES)  # past the grace: `scancel`
-    assert ["scancel", "7"] in slurm.said
+    assert ["scancel", "--name=gpuledger-1", "7"] in slurm.said
     slurm.jobs = job("CANCELLED", 13, "0:15")
     slurm.node = node_line("DOWN*")  # given up: Slurm ends its COMPLETING job CANCELLED
     seen = ex.observe(START + 50.0, NODES)

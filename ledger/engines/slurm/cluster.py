@@ -9,6 +9,7 @@ cluster never leads (`ledger.wire.config.admission_of`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import subprocess
@@ -157,6 +158,47 @@ class Watch:
         self._say(self.learn(text), now)
         return not self.away
 
+    def landed(self, slurm_id: str, run: tuple[int, int], ledger_id: str,
+               ask: Callable[[list[str]], str], now: float) -> str | None:  # fmt: skip
+        """After an sbatch of `run` answered `slurm_id`: the id to keep, None when it landed on
+        another cluster (`landing`: the identity asked again, and the other's record of the
+        id; `ask` runs scontrol and scancel). A run landed there is cancelled there (its
+        comment and name prove it this ledger's) and counts as never launched: it is submitted
+        again once this server's cluster answers. Before, it kept the other cluster's id,
+        counted as missing on its own and ended as a vanished run (atk44ha F1)."""
+        from ledger.engines.slurm.words import parse_jobs
+
+        try:
+            self._say(self.learn(self.read()), now)
+            answering: str | None = self.away
+        except EngineError:
+            answering = None
+        there = None
+        if answering:
+            with contextlib.suppress(EngineError):
+                listed = parse_jobs(ask(["scontrol", "-d", "-o", "show", "job", slurm_id]))
+                there = next((j.tag(ledger_id) for j in listed if j.slurm_id == slurm_id), None)
+        where = landing(answering, there, run)
+        if where == "here":
+            return slurm_id
+        if where == "unknown":
+            log.warning(
+                "job %s run %s (Slurm job %s): no slurmctld answers after its sbatch to say "
+                "which cluster took it; kept as this cluster's",
+                *run,
+                slurm_id,
+            )
+            return slurm_id
+        try:
+            ask(scancel_args(slurm_id, run))
+            gone = "cancelled there"
+        except EngineError as err:
+            gone = f"NOT cancelled there ({err.line()}): it may run there, out of reach"
+        log.error("job %s run %s (Slurm job %s) was submitted to another cluster (its slurmctld "
+                  "answered during the sbatch): %s; submitted again once this server's cluster "
+                  "answers", *run, slurm_id, gone)  # fmt: skip
+        return None
+
     def _say(self, why: str, now: float) -> None:
         """Keep what the last answer said (`away`), saying each change once in the log."""
         if why and why != self.away:
@@ -166,6 +208,31 @@ class Watch:
             log.warning("this server's Slurm cluster answers again")
         self.away = why
         self._confirmed = None if why else now
+
+
+def landing(answering: str | None, there: tuple[int, int] | None, run: tuple[int, int]) -> str:
+    """Pure: where an `sbatch` of `run` (job id, run) landed, judged right after it returned
+    its Slurm id: `answering` is why the controller that answers then is not this server's
+    cluster ("" it is; None: none answers), `there` the run (job, run) the job of that id is
+    for by the answering controller's record (its comment and name; None: none, or not this
+    ledger's). "here": on this server's cluster (kept); "there": on the other cluster, which
+    answered within sbatch's own retries or in the second before it (the run never launched
+    here); "unknown": nobody answers to tell (kept: a run its cluster never lists counts as
+    missing, then vanished). A swap there and back within one sbatch is not seen."""
+    if answering == "":
+        return "here"
+    if answering is None:
+        return "unknown"
+    return "there" if there == run else "here"
+
+
+def scancel_args(slurm_id: str, run: tuple[int, int] | None, *how: str) -> list[str]:
+    """`scancel [how] SLURM_ID`, restricted to the name of `run`'s job (`gpuledger-<job>`)
+    when it is known: a controller swapped within scancel's own retries (about 9 s) has
+    another job under the id, which Slurm then leaves alone (atk44ha F1; Slurm 22.05: a name
+    filter with a job id cancels only a job of both, silently none otherwise)."""
+    named = [f"--name=gpuledger-{run[0]}"] if run is not None else []
+    return ["scancel", *how, *named, slurm_id]
 
 
 def max_time(read: Callable[[], str], partition: str, was: float | None) -> float | None:

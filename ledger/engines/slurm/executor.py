@@ -20,7 +20,7 @@ from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, St
 from ledger.engines.accounts import RunAs, own_log, own_umask
 from ledger.engines.job_paths import Refused
 from ledger.engines.slurm import tracked
-from ledger.engines.slurm.cluster import OtherCluster, Watch, max_time
+from ledger.engines.slurm.cluster import OtherCluster, Watch, max_time, scancel_args
 from ledger.engines.slurm.ends import (
     Ending,
     answering,
@@ -393,8 +393,8 @@ class SlurmExecutor:
             if not self.cluster.confirm(now):  # never onto another cluster (atk44ha F1)
                 return
             try:
-                self._submit(r)
-                r.submitted_at = now
+                self._submit(r)  # and where it landed (atk44ha F1): None, on another cluster
+                r.submitted_at, r.slurm_id = now, self.cluster.landed(r.slurm_id or "", (r.job_id, r.run), self.ledger_id, self._run, now)  # fmt: skip  # noqa: E501
             except Refused as why:  # never run as an account the rule refuses
                 log.warning("job %s is not started: %s", r.job_id, why)
                 del self._runs[r.job_id]
@@ -536,23 +536,23 @@ class SlurmExecutor:
         begun = now if since is None else min(since, now)
         if slurm_id not in self._stopping and run is not None and since is None:
             note_stop(self.log_dir, slurm_id, now)  # a restart gives it only what is left
-        seen = next((r.seen_running_at for r in self._runs.values() if r.slurm_id == slurm_id),
-                    None)  # fmt: skip
+        seen = next((r.seen_running_at for r in self._runs.values() if r.slurm_id == slurm_id), None)  # fmt: skip  # noqa: E501
         stopping = self._stopping.setdefault(slurm_id, Stopping(begun, grace_s=grace, run=run,
                                                                 seen_running_at=seen))  # fmt: skip
         if other or not self.cluster.confirm(now):
             return  # not signalled: missing, or not confirmed (after the grace: `_read_runs`)
+        tag = (job.tag(self.ledger_id) if job is not None else None) or run  # its name (F1)
         try:
             if job is not None and job.state in WAITING:
-                self._run(["scancel", slurm_id])  # never ran: nothing to save
+                self._run(scancel_args(slurm_id, tag))  # never ran: nothing to save
                 stopping.cancelled = True
             elif now - stopping.since >= stopping.grace_s:  # its grace ran out meanwhile
-                self._run(["scancel", slurm_id])
+                self._run(scancel_args(slurm_id, tag))
                 stopping.cancelled = stopping.killed = True
             else:  # every process gets it: the script passes on none (F2)
-                if tag := (job.tag(self.ledger_id) if job is not None else None) or run:
+                if tag:
                     mark_stopping(self._checkpoint_file(*tag).parent)
-                self._run(["scancel", "--signal=TERM", "--full", slurm_id])
+                self._run(scancel_args(slurm_id, tag, "--signal=TERM", "--full"))
         except EngineError as err:
             stopping.term_refused |= any(w in err.line() for w in GONE_ALREADY)
             log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
@@ -691,7 +691,7 @@ class SlurmExecutor:
                         self._completed.add(st.run[0])
             elif not st.cancelled and now - st.since >= st.grace_s and self.cluster.confirm(now):
                 try:
-                    self._run(["scancel", slurm_id])
+                    self._run(scancel_args(slurm_id, st.run))
                     st.cancelled = st.killed = True
                 except EngineError as err:
                     log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
