@@ -193,15 +193,17 @@ class Sample:
     gpu_utilisation: tuple[float, ...]
 
 
-NodeChangeKind = Literal["lost", "drain", "return"]
+NodeChangeKind = Literal["lost", "drain", "return", "unplace"]
 
 
 @dataclass(frozen=True)
 class NodeChange:
     """The engine says a node's state in the ledger should change: `lost` (gone with its jobs:
     Slurm marked it DOWN, or its agent has been silent past the node-lost timeout), `drain` (it
-    takes no new work in the engine) or `return` (back in service). The engine decides when; the
-    ledger records it (`ledger.cycle.record`)."""
+    takes no new work in the engine), `return` (back in service) or `unplace` (the engine
+    cannot start a run there at all: the jobs placed there and not started go back to the
+    queue, a Slurm node the partition does not list). The engine decides when; the ledger
+    records it (`ledger.cycle.record`)."""
 
     node: str
     change: NodeChangeKind

@@ -55,13 +55,26 @@ class Recorded:
 
 
 def node_command(change: NodeChange, actor: str = EXECUTOR) -> c.AnyCommand:
-    """Pure: the ledger command of a node change."""
+    """Pure: the ledger command of a node change (but `unplace`: `unplace_commands`)."""
+    assert change.change != "unplace", "unplace_commands"
     if change.change == "lost":
         fence = round(change.fence_s)
         return c.MarkNodeLost(actor=actor, node=change.node, reason=change.reason, fence_s=fence)
     if change.change == "drain":
         return c.DrainNode(actor=actor, node=change.node, reason=change.reason)
     return c.ReturnNode(actor=actor, node=change.node)
+
+
+def unplace_commands(change: NodeChange, state: State, actor: str = EXECUTOR) -> list[c.RequeueJob]:
+    """Pure: the jobs placed on `change.node` and not started, back to the queue (`RequeueJob`:
+    a preemption recorded with why, then the job pending again, same id), as an `unplace`
+    says: the engine cannot start them there (a node another cluster's partition does not
+    list: they waited there for good after `--new-settings`, issue 28). None when none is."""
+    placed = sorted(
+        j for j in state.node_jobs.get(change.node, ()) if state.jobs[j].status == "placed"
+    )
+    why = f"node {change.node} cannot run it: {change.reason}"[:1000]
+    return [c.RequeueJob(actor=actor, job_id=j, reason=why) for j in placed]
 
 
 def start_commands(
@@ -187,7 +200,15 @@ def record(ledger: Recorder, seen: Observed, engine: str, now: float | None = No
     """Record an observation (module doc); how many starts and exits the ledger took. With
     `now`, runs in doubt whose fence has passed end there too (`runs.settle_commands`)."""
     for change in seen.nodes:
-        _record_node(ledger, change)
+        if change.change == "unplace":  # none, nearly always: no command, no word
+            for requeue in unplace_commands(change, ledger.state):
+                try:
+                    ledger.execute(requeue)
+                    log.warning("job %s is back in the queue: %s", requeue.job_id, requeue.reason)
+                except LedgerError as err:
+                    log.info("job %s not requeued: %s", requeue.job_id, err.line())
+        else:
+            _record_node(ledger, change)
     starts = start_commands(seen.starts, ledger.state.jobs, engine)
     if starts:
         ledger.execute_all(starts)

@@ -225,7 +225,8 @@ def follow(slurm_states: dict[str, str], ledger: dict[str, Node]) -> list[c.AnyC
         f"NodeName={n} Gres=gpu:h100:8 State={st} Partitions=p Reason=psu"
         for n, st in slurm_states.items()
     )
-    return [node_command(ch, "@x") for ch in node_changes(parse_nodes(text, "p"), ledger)]
+    changes = node_changes(parse_nodes(text, "p"), ledger)
+    return [node_command(ch, "@x") for ch in changes if ch.change != "unplace"]
 
 
 @pytest.mark.parametrize(
@@ -1122,3 +1123,43 @@ def test_a_node_slurm_does_not_list_is_drained_and_returns_when_listed() -> None
         c.ReturnNode(actor="@x", node="vm-atka"),
     ]
     assert follow({}, ledger) == []  # a partition listed with no node: nothing drained
+
+
+def test_the_jobs_placed_on_a_node_slurm_does_not_list_go_back_to_the_queue(
+    org_state: State, counter_ids: Callable[[], str]
+) -> None:
+    """Issue 28, left open by atk44ha F2's fix: the jobs already placed on the old cluster's
+    node when `--new-settings` moved the ledger onto another cluster stayed placed there, and
+    sbatch failed for them at every cycle, for good. At every read, the jobs placed on a node
+    the partition does not list and not started are requeued (a decision recorded, same id),
+    so they are placed where the new cluster runs them; a running job there is not touched."""
+    from ledger.cycle.executor import Observed
+    from ledger.cycle.record import record, unplace_commands
+    from ledger.engines.slurm.words import UNLISTED
+    from tests.unit.test_cycle_record import FakeLedger, place
+
+    led = FakeLedger(org_state, counter_ids)
+    led.execute_all([
+        c.SubmitJob(actor="carol", account="ai2/tulu", gpus=2, min_runtime_s=0),
+        c.SubmitJob(actor="alice", account="ai2/olmo", gpus=4, min_runtime_s=3600),
+    ])  # fmt: skip
+    place(led, 1, "n1", 2)  # job 1 runs on n1's GPUs 0-1
+    led.execute(c.StartJob(actor="@executor", job_id=1))
+    place(led, 2, "a1", 4)  # job 2 placed on a1, not started
+    only_n2 = parse_nodes("NodeName=n2 Gres=gpu:h100:8 State=IDLE Partitions=p", "p")
+    changes = node_changes(only_n2, led.state.nodes)
+    unplace = {ch.node: ch for ch in changes if ch.change == "unplace"}
+    assert sorted(unplace) == ["a1", "n1"] and unplace["a1"].reason == UNLISTED
+    assert [cmd.job_id for cmd in unplace_commands(unplace["a1"], led.state)] == [2]
+    assert unplace_commands(unplace["n1"], led.state) == []  # running: not touched
+    record(led, Observed(nodes=tuple(changes)), "slurm")
+    assert led.state.jobs[2].status == "pending" and led.state.jobs[2].slots == ()
+    assert led.state.jobs[1].status == "running"
+    assert (led.state.nodes["n1"].state, led.state.nodes["a1"].state) == ("draining", "drained")
+    said = [ev for ev in led.events if isinstance(ev, e.JobPreempted)]
+    assert [(ev.job_id, ev.note) for ev in said] == [
+        (2, f"requeued by @executor: node a1 cannot run it: {UNLISTED}")
+    ]
+    before = len(led.events)
+    record(led, Observed(nodes=tuple(node_changes(only_n2, led.state.nodes))), "slurm")
+    assert len(led.events) == before  # the next read: nothing more to say

@@ -424,13 +424,17 @@ def node_changes(
     `register_commands`. A node of the ledger Slurm does not list in the partition (while it
     lists some) is drained: nothing is placed where sbatch cannot go (after `--new-settings`
     onto another cluster, the old one's nodes took jobs that waited there for good: atk44ha
-    F2); Slurm listing it again returns it."""
+    F2); Slurm listing it again returns it. The jobs placed on such a node and not started go
+    back to the queue (`unplace`, at every read: one placed there before the drain waited
+    there for good; issue 28)."""
     slurm = list(slurm)
-    out: list[NodeChange] = [
-        NodeChange(name, "drain", UNLISTED)
-        for name, have in sorted(ledger.items())
-        if slurm and have.state == "active" and name not in {n.name for n in slurm}
-    ]
+    listed = {n.name for n in slurm}
+    gone = ("removed", "lost")
+    unlisted = [(name, have) for name, have in sorted(ledger.items())
+                if slurm and name not in listed and have.state not in gone]  # fmt: skip
+    out: list[NodeChange] = [NodeChange(name, "drain", UNLISTED) for name, have in unlisted
+                             if have.state == "active"]  # fmt: skip
+    out += [NodeChange(name, "unplace", UNLISTED) for name, _ in unlisted]
     for n in slurm:
         have = ledger.get(n.name)
         if have is None or have.state == "removed":
