@@ -272,7 +272,8 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
     default=None,
     help="With --new-settings onto another Slurm cluster: record lost the runs the ledger "
     "holds that the new cluster does not list (they run on, unaccounted, on the recorded "
-    "one); without it such a change is refused (docs/ha.md).",
+    "one until a server talks to it again, which stops them; placed ones are submitted "
+    "again); without it such a change is refused (docs/ha.md).",
 )
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
 @click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default=None)

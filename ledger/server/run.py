@@ -525,7 +525,7 @@ def _runs_left(
     them, and passes; so does `--abandon-runs`, which says so."""
     import json
 
-    from ledger.engines.slurm.cluster import changed, runs_held, runs_not_on
+    from ledger.engines.slurm.cluster import changed, left_behind, runs_held, runs_not_on
     from ledger.engines.slurm.opening import ledger_id
 
     how = changed(json.loads(recorded.admission or "{}"), slurm)
@@ -545,16 +545,13 @@ def _runs_left(
         log.warning("--new-settings: another Slurm cluster (%s); it lists every run the ledger "
                     "holds (a move): they are adopted there", how)  # fmt: skip
         return
-    jobs = ", ".join(map(str, left[:10])) + (", ..." if len(left) > 10 else "")
+    status = {j: state.jobs[j].status for j in left}
     if config.abandon_runs:
-        log.warning("--new-settings --abandon-runs onto another Slurm cluster (%s): %d runs "
-                    "the ledger holds are not on it (jobs %s): recorded lost; they run on, "
-                    "unaccounted, where they are", how, len(left), jobs)  # fmt: skip
+        log.warning("--new-settings --abandon-runs onto another Slurm cluster (%s): %s", how,
+                    left_behind(left, status, True))  # fmt: skip
         return
     raise InvalidCommand(
-        f"--new-settings onto another Slurm cluster ({how}) would record lost {len(left)} runs "
-        f"the ledger holds that it does not list (jobs {jobs}): they run (or are being stopped) "
-        "on the recorded one",
+        f"--new-settings onto another Slurm cluster ({how}) {left_behind(left, status, False)}",
         hint="let them end or cancel them first (start the servers with the recorded cluster's "
         "SLURM_CONF), or move that cluster's state with it; or give --abandon-runs with "
         "--new-settings to record them lost (docs/ha.md)",

@@ -123,7 +123,8 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     abandon_runs: bool = False
     """With `--new-settings` onto another Slurm cluster: the runs the ledger holds that the
     new cluster does not list (they run on the recorded one) are recorded lost, and run on
-    there unaccounted; without it such a change is refused in one line (docs/ha.md). The
+    there unaccounted until a server talks to that cluster again, which stops them (placed
+    ones are submitted again); without it such a change is refused in one line (docs/ha.md). The
     command line's `serve --abandon-runs` only: `true` in a config file is refused."""
     max_jobs_per_user: int = 20_000
     """Unfinished jobs (pending, placed, running; each array task one) one user may own; a

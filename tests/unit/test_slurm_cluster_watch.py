@@ -343,7 +343,7 @@ def test_an_sbatch_that_landed_on_another_cluster_is_cancelled_there_and_submitt
         "sbatch",
         "scancel",
         "sbatch",
-    ]  # noqa: E501
+    ]
     assert ex._runs[4].slurm_id == "9"
 
 
@@ -369,3 +369,24 @@ def test_an_sbatch_that_landed_here_before_a_swap_is_kept(tmp_path: Path) -> Non
     ex.carry_out(Orders(launches=(launch,)), 100.2)
     assert ex._runs[4].slurm_id == "9"
     assert [a[0] for a in slurm.calls if a[0] in ("scancel", "sbatch")] == ["sbatch"]
+
+
+def test_new_settings_says_what_becomes_of_the_runs_left_on_the_recorded_cluster() -> None:
+    """atk44ha L1: `--abandon-runs` said the abandoned runs "run on, unaccounted, where they
+    are", but a server that talks to that cluster again stops them; and the refusal named a
+    job placed and never submitted as one that runs on the recorded cluster (it is submitted
+    again on the new one)."""
+    from ledger.engines.slurm.cluster import left_behind
+
+    status = {9: "running", 10: "cancelled", 12: "placed"}
+    assert left_behind([9, 10, 12], status, False) == (
+        "would record lost 2 runs the ledger holds that it does not list (jobs 9, 10): they run "
+        "(or are being stopped) on the recorded one; would submit again here 1 placed runs it "
+        "does not list (jobs 12): one submitted on the recorded one before may start there too"
+    )
+    assert left_behind([9], status, True) == (
+        "recorded lost 1 runs the ledger holds that it does not list (jobs 9): they run (or are "
+        "being stopped) on the recorded one, out of the ledger's reach until a server talks to "
+        "it again, which stops them"
+    )
+    assert left_behind([12], status, True).startswith("submits again here 1 placed runs")

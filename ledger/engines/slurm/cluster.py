@@ -269,6 +269,37 @@ def runs_held(
     return sorted(held | set(stopping))
 
 
+def left_behind(left: Iterable[int], status: Mapping[int, str], abandoned: bool) -> str:
+    """Pure: what `--new-settings` onto another cluster does to the ledger's jobs `left` (their
+    runs the new cluster does not list; `status`: each job's in the ledger), in words: a
+    running run, or one being stopped, is recorded lost and runs on there, out of the ledger's
+    reach, until a server talks to that cluster again, which stops it as a run the ledger no
+    longer runs; a placed one is submitted again on the new cluster (before, both were said to
+    run on the recorded cluster, unaccounted: atk44ha L1). `abandoned`: `--abandon-runs` given
+    (what is done), else what would be."""
+
+    def named(jobs: list[int]) -> str:
+        return ", ".join(map(str, jobs[:10])) + (", ..." if len(jobs) > 10 else "")
+
+    placed = [j for j in left if status.get(j) == "placed"]
+    held = [j for j in left if status.get(j) != "placed"]
+    said = []
+    reach = ", out of the ledger's reach until a server talks to it again, which stops them"
+    if held:
+        said.append(
+            f"{'recorded' if abandoned else 'would record'} lost {len(held)} runs the ledger "
+            f"holds that it does not list (jobs {named(held)}): they run (or are being stopped) "
+            f"on the recorded one{reach if abandoned else ''}"
+        )
+    if placed:
+        said.append(
+            f"{'submits' if abandoned else 'would submit'} again here {len(placed)} placed runs "
+            f"it does not list (jobs {named(placed)}): one submitted on the recorded one before "
+            "may start there too"
+        )
+    return "; ".join(said)
+
+
 def runs_not_on(
     env: Mapping[str, str], partition: str, ledger_id: str, held: Iterable[tuple[int, int]]
 ) -> list[int]:

@@ -174,8 +174,9 @@ class SlurmOpening:
                 self.open_now()
             except EngineError as err:
                 said = "" if isinstance(err, OtherCluster) else "Slurm refuses: "
-                self.away = f"{said}{err.line()}"
-                log.warning("%s", self.away)
+                why, self.away = self.away, f"{said}{err.line()}"
+                if why != self.away:  # once per change, not at every probe (atk44ha)
+                    log.warning("%s", self.away)
                 raise EngineAway(self.away) from err
             log.warning("slurmctld answers: the executor is open")
 
