@@ -24,7 +24,7 @@ def test_the_reason_the_executor_stays_closed_is_said_once_per_change(
     scontrol.chmod(0o755)
     slurm = SlurmExecutor(
         "gpuledger", "0123abcd4567", tmp_path, env={"PATH": f"{tmp_path}:/usr/bin:/bin"}
-    )  # noqa: E501
+    )
     why: list[EngineError] = [OtherCluster("the slurmctld that answers is another cluster")]
 
     def open_now() -> None:

@@ -107,7 +107,7 @@ def test_this_version_s_standby_where_an_earlier_one_was_refused_takes_the_lease
         _m("a", "leader"),
         _m("b", "standby"),
         Member("oldhost:4343:beef", "c", "standby", 1, 0.5),
-    ]  # noqa: E501
+    ]
     older, words = older_words(refused, members, 5.0)
     assert words == "c (2)"  # b is this version's now: its refusal is past
     assert older == frozenset({"oldhost:4343:beef"})
