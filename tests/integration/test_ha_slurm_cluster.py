@@ -366,3 +366,75 @@ def test_new_settings_onto_another_cluster_leaves_no_run_of_the_recorded_one_beh
         subprocess.run(["scancel", "--partition", PARTITION], env=a, capture_output=True,
                        timeout=60, check=False)  # fmt: skip
         shutil.rmtree(home.parent, ignore_errors=True)
+
+
+def test_an_sbatch_that_lands_on_another_cluster_is_cancelled_there_and_submitted_again(
+    tmp_path: Path,
+) -> None:
+    """Issue 28, left open after atk44ha F1: a controller swapped in the second before an
+    sbatch (after the identity was confirmed), or during sbatch's own ~9 s retries, took the
+    run, which kept that cluster's Slurm id: missing on its own cluster, then ended as a
+    vanished run while it ran there. Real Slurm: B's slurmctld is killed and C (B's config,
+    another `StateSaveLocation`) started in its place just before the executor's sbatch runs;
+    sbatch retries and lands on C. The executor asks the identity again after it, finds the
+    run in C's list (its comment), cancels it there, and submits it again on B once B answers."""
+    from ledger.core.state import Node
+    from ledger.cycle.executor import Launch, Orders
+    from ledger.engines.slurm.executor import SlurmExecutor
+    from schemas.events import GpuSlot
+
+    _, conf_b = _confs()
+    b = CLUSTERS["b"]
+    _answering(conf_b)
+    env_b = {**os.environ, "SLURM_CONF": conf_b}
+    ex = SlurmExecutor(PARTITION, "0123abcd4567", tmp_path / "logs", run_as="service", env=env_b)
+    ex.check()
+    nodes = {b.node: Node(name=b.node, cluster="c", gpus=4, gpu_type="fake")}
+    assert ex.adopt({}, time.time()) == set()
+    ex.observe(time.time(), nodes)
+    state_c = Path(tempfile.mkdtemp(prefix="gpuledger-ha-slurm-c-")) / "state"
+    ctld_c: list[subprocess.Popen[bytes]] = []
+    real = ex._run
+
+    def swap_then(args: list[str], stdin: str | None = None, env: object = None) -> str:
+        if args[0] == "sbatch" and not ctld_c:  # B gone, C in its place: sbatch retries to it
+            ctld_c.append(_controller_in_place(b.data, state_c))
+        return real(args, stdin, env)  # type: ignore[arg-type]
+
+    ex._run = swap_then  # type: ignore[method-assign]
+    env_c = {**os.environ, "SLURM_CONF": str(state_c.parent / "slurm.conf")}
+    try:
+        launch = Launch(4, (GpuSlot(node=b.node, gpu_indices=(0,)),), ("sleep", "300"), None,
+                        "alice", "ai2/olmo")  # fmt: skip
+        ex.carry_out(Orders(launches=(launch,)), time.time())
+        assert ctld_c, "no sbatch"
+        assert ex._runs[4].slurm_id is None  # landed on C: never launched on B
+        on_c = subprocess.run(["scontrol", "-o", "show", "job"], env=env_c, capture_output=True,
+                              text=True, timeout=60, check=False).stdout  # fmt: skip
+        mine = [line for line in on_c.splitlines() if "JobName=gpuledger-4 " in line]
+        assert len(mine) == 1 and "JobState=CANCELLED" in mine[0], on_c
+        ctld_c[0].kill()
+        ctld_c[0].wait(timeout=30)
+        _slurm(b.data, b.ctld, b.slurmd, b.node, "up")  # B answers again
+        _answering(conf_b)
+
+        def submitted_on_b() -> bool:
+            ex.observe(time.time(), nodes)
+            if ex._probe.thread is not None:
+                ex._probe.thread.join(timeout=30)
+            return ex._runs[4].slurm_id is not None
+
+        waits.wait_for("the run submitted again on B", submitted_on_b, 120)
+        on_b = subprocess.run(["scontrol", "-o", "show", "job", ex._runs[4].slurm_id or ""],
+                              env=env_b, capture_output=True, text=True, timeout=60,
+                              check=False).stdout  # fmt: skip
+        assert "JobName=gpuledger-4 " in on_b and "job=4:run=0" in on_b, on_b
+    finally:
+        for proc in ctld_c:
+            proc.kill()
+            proc.wait(timeout=30)
+        _slurm(b.data, b.ctld, b.slurmd, b.node, "up")
+        _answering(conf_b)
+        subprocess.run(["scancel", "--partition", PARTITION], env=env_b, capture_output=True,
+                       timeout=60, check=False)  # fmt: skip
+        shutil.rmtree(state_c.parent, ignore_errors=True)
