@@ -272,6 +272,8 @@ def test_where_an_sbatch_landed(
     from ledger.engines.slurm.cluster import landing
 
     assert landing(answering, there, (4, 0)) == want, case
+    if answering:  # the other's record unread: nobody can tell
+        assert landing(answering, there, (4, 0), read=False) == "unknown", case
 
 
 # The other cluster's record of the run sbatched onto it (job 4 run 0, Slurm id 9).

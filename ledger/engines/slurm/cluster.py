@@ -9,7 +9,6 @@ cluster never leads (`ledger.wire.config.admission_of`)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import subprocess
@@ -173,18 +172,20 @@ class Watch:
             answering: str | None = self.away
         except EngineError:
             answering = None
-        there = None
+        there, read = None, True
         if answering:
-            with contextlib.suppress(EngineError):
+            try:
                 listed = parse_jobs(ask(["scontrol", "-d", "-o", "show", "job", slurm_id]))
                 there = next((j.tag(ledger_id) for j in listed if j.slurm_id == slurm_id), None)
-        where = landing(answering, there, run)
+            except EngineError:
+                read = False
+        where = landing(answering, there, run, read)
         if where == "here":
             return slurm_id
         if where == "unknown":
             log.warning(
-                "job %s run %s (Slurm job %s): no slurmctld answers after its sbatch to say "
-                "which cluster took it; kept as this cluster's",
+                "job %s run %s (Slurm job %s): no slurmctld tells after its sbatch which "
+                "cluster took it; kept as this cluster's",
                 *run,
                 slurm_id,
             )
@@ -210,18 +211,21 @@ class Watch:
         self._confirmed = None if why else now
 
 
-def landing(answering: str | None, there: tuple[int, int] | None, run: tuple[int, int]) -> str:
+def landing(
+    answering: str | None, there: tuple[int, int] | None, run: tuple[int, int], read: bool = True
+) -> str:
     """Pure: where an `sbatch` of `run` (job id, run) landed, judged right after it returned
     its Slurm id: `answering` is why the controller that answers then is not this server's
     cluster ("" it is; None: none answers), `there` the run (job, run) the job of that id is
     for by the answering controller's record (its comment and name; None: none, or not this
-    ledger's). "here": on this server's cluster (kept); "there": on the other cluster, which
+    ledger's; `read`: False when the other's record could not be read). "here": on this
+    server's cluster (kept); "there": on the other cluster, which
     answered within sbatch's own retries or in the second before it (the run never launched
     here); "unknown": nobody answers to tell (kept: a run its cluster never lists counts as
     missing, then vanished). A swap there and back within one sbatch is not seen."""
     if answering == "":
         return "here"
-    if answering is None:
+    if answering is None or not read:
         return "unknown"
     return "there" if there == run else "here"
 
