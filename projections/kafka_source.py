@@ -61,8 +61,8 @@ from projections.errors import (
     PoisonRecord,
     ProjectionMismatch,
     QuarantineStopped,
-    SigningKeyMismatch,
     SourceUnavailable,
+    wrong_keys,
 )
 from projections.kafka_wire import (
     PARTITION,
@@ -156,9 +156,7 @@ class KafkaSource:
         self._run: list[str] = []  # why each record set aside since the last accepted one was
         self._aside: Tip | None = None
         """The last record set aside for its signature alone (see `_refused`)."""
-        self._holding = False
-        """Whether records chained under a key id the reader lacks were set aside since the
-        last accepted record (said once: `_refused`)."""
+        self._holding = False  # records chained under a key id it lacks set aside (`_refused`)
         self._recent: dict[int, Tip] = {}
         """The last accepted records by position (`_RECENT` of them) and their offsets:"""
         self._offsets_of: dict[int, int] = {}
@@ -458,15 +456,13 @@ class KafkaSource:
                 and aside.problem(rec.value) is None
             ):
                 if tip.position == 0:
-                    return SigningKeyMismatch(
-                        f"topic {self.topic}: the records at positions {aside.position} and "
-                        f"{position} continue the log one after the other but fail the "
-                        f"signature check ({signed}): these signing keys are not the relay's",
-                        hint="give the reader the relay's GPULEDGER_KAFKA_SIGNING_KEYS (or none, "
-                        "when the relay does not sign); nothing after position "
-                        f"{self._after or 0} is applied",
-                        topic=self.topic,
-                        position=position,
+                    what = f"the records at positions {aside.position} and {position} continue"
+                    return wrong_keys(
+                        self.topic,
+                        f"{what} the log one after the other but fail the signature check "
+                        f"({signed})",
+                        position,
+                        self._after or 0,
                     )
                 if signed.startswith("signed with unknown") and not self._holding:
                     self._holding = True  # a forger's key id, or a rotation it was not told of
@@ -574,14 +570,12 @@ class KafkaSource:
             return
         problem = self.keys.problem(rec.headers, rec.value, position, tag)
         if problem and is_signature_problem(problem) and "unknown key id" not in problem:
-            raise SigningKeyMismatch(  # an unknown id: its key dropped after a rotation
-                f"topic {self.topic}: the record at position {position} (offset {rec.offset}), "
-                f"the last one this projection applied, fails the signature check ({problem}): "
-                "these signing keys are not the relay's",
-                hint="give the reader the relay's GPULEDGER_KAFKA_SIGNING_KEYS (or none, when "
-                f"the relay does not sign); nothing after position {position} is applied",
-                topic=self.topic,
-                position=position,
+            raise wrong_keys(  # not for an unknown id: its key dropped after a rotation
+                self.topic,
+                f"the record at position {position} (offset {rec.offset}), the last one this "
+                f"projection applied, fails the signature check ({problem})",
+                position,
+                position,
             )
 
     def _verified_from_start(self, begin: int, end: int, after: int) -> tuple[int, Tip] | None:
