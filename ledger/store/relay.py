@@ -53,6 +53,7 @@ from ledger.store.relay_topic import (
     RelayFenced,
     RelayHeld,
     RelayUnavailable,
+    batch_bytes,
     ensure_topic,
     producer_sizes,
     raise_record_limit,
@@ -571,8 +572,8 @@ class Relay:
         """The records before the first the topic would refuse for its size (the broker fails
         the whole transaction, and the relay retried it for good: atk44-25 F8). When that is the
         first, an older topic's limit is raised (`relay_topic`), else RecordTooLarge names it."""
-        limit = self.record_limit - RECORD_OVERHEAD
-        big = next((i for i, r in enumerate(records) if len(r.data) > limit), None)
+        limit = self.record_limit
+        big = next((i for i, r in enumerate(records) if self._too_large(r, limit)), None)
         if big is None or big > 0:
             return records if big is None else records[:big]
         r = records[0]
@@ -586,6 +587,15 @@ class Relay:
             f"(max.message.bytes={self.record_limit:,})",
             hint=f"kafka-configs.sh --alter --entity-type topics --entity-name {self.topic} "
             f"--add-config max.message.bytes={RECORD_MAX_BYTES}; the relay goes on by itself",
+        )
+
+    def _too_large(self, r: RawRecord, limit: int) -> bool:
+        """Whether the record of `r` alone passes the topic's `limit` (its exact size is asked
+        only of events near it: its headers are signed)."""
+        if len(r.data) <= limit - RECORD_OVERHEAD:
+            return False
+        return (
+            batch_bytes(r.key, r.data, record_headers(r.position, r.tag, r.data, self.keys)) > limit
         )
 
     def _send(self, records: list[RawRecord]) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from projections.kafka_wire import (
     RECORD_MAX_BYTES,
@@ -135,12 +136,19 @@ def _check_topic(admin: Any, topic: str) -> int:
     return int(found["max.message.bytes"]["value"])
 
 
+def batch_bytes(key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> int:
+    """The most a batch of this one record takes on the wire, as the broker checks it against
+    `max.message.bytes` and the producer against its `max_request_size` (kafka-python's own
+    estimate, so the two never disagree)."""
+    return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers))
+
+
 def producer_sizes(record_limit: int) -> dict[str, int]:
     """The producer's `batch_size` and `max_request_size` on a topic whose `max.message.bytes`
     is `record_limit`: the broker checks a whole batch against it (its header included, which
     kafka-python counts in `batch_size`), and a record larger than a batch goes alone. So a batch
-    of several records never passes the limit, and any record the relay sends (at most the limit
-    less `RECORD_OVERHEAD`: `Relay._fitting`) is taken."""
+    of several records never passes the limit, and any record the relay sends (one whose batch
+    alone fits it: `batch_bytes`, `Relay._fitting`) is taken."""
     return {
         "batch_size": max(1, min(BATCH_BYTES, record_limit)),
         "max_request_size": max(1, record_limit),

@@ -24,8 +24,9 @@ from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from ledger.store import relay as relay_module
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
-from ledger.store.relay import RecordTooLarge, Relay, RelayUnavailable, open_store
-from projections.kafka_wire import POSITION_HEADER, RECORD_MAX_BYTES, TOPIC_CONFIG
+from ledger.store.relay import RecordTooLarge, Relay, RelayUnavailable, open_store, read_raw
+from ledger.store.relay_topic import batch_bytes
+from projections.kafka_wire import POSITION_HEADER, RECORD_MAX_BYTES, TOPIC_CONFIG, record_headers
 from schemas import bounds
 from schemas import commands as c
 
@@ -172,8 +173,6 @@ def test_a_topic_whose_limit_the_relay_may_not_raise_gets_all_before_it_and_a_st
 
 
 def read_big(home: Path, position: int) -> bytes:
-    from ledger.store.relay import read_raw
-
     (record,) = read_raw(open_store(home), position - 1, 1)
     return record.data
 
@@ -277,4 +276,38 @@ def test_a_limit_lowered_under_a_running_relay_is_read_again_at_its_next_connect
             relay.close()
     finally:
         admin.close()
+    assert positions(read_topic(kafka_topic)) == list(range(1, head + 1))
+
+
+def test_an_event_whose_record_fits_the_limit_exactly_is_published_where_it_may_not_be_raised(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    transactional_id: str,
+    read_topic: Callable[..., list[Any]],
+) -> None:
+    """The relay judged a record by its event's bytes and 4 KiB to spare: an event whose
+    record fits the topic's limit within those 4 KiB waited for good (`RecordTooLarge`) where
+    the limit may not be raised. Its record's exact size is what counts: the limit here is that
+    size, to the byte, and the refusal to raise it is stood in for (as above)."""
+    head = small_events_log(tmp_path, tasks=2)
+    record = next(r for r in read_raw(open_store(tmp_path), 0, head) if len(r.data) > 100_000)
+    limit = batch_bytes(record.key, record.data, record_headers(record.position, record.tag,
+                                                                record.data))  # fmt: skip
+    monkeypatch.setattr(relay_module, "raise_record_limit", lambda *_a: "no AlterConfigs")
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="test-relay-sizes")
+    try:
+        older = {**TOPIC_CONFIG, "max.message.bytes": str(limit)}
+        admin.create_topics([NewTopic(kafka_topic, 1, 1, topic_configs=older)])
+    finally:
+        admin.close()
+    relay = Relay(
+        open_store(tmp_path), kafka_bootstrap, topic=kafka_topic,
+        transactional_id=transactional_id, timeout_s=10,
+    )  # fmt: skip
+    try:
+        assert relay.publish_pending() == head  # was: RecordTooLarge, for good
+    finally:
+        relay.close()
     assert positions(read_topic(kafka_topic)) == list(range(1, head + 1))
