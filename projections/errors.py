@@ -102,6 +102,18 @@ class SigningKeyMismatch(ProjectionError):
     code = "key"
 
 
+def wrong_keys(topic: str, what: str, position: int, after: int) -> SigningKeyMismatch:
+    """`what` (records of `topic`, the last at `position`) fails the signature check although
+    it is the relay's: the reader's keys are wrong; nothing after `after` is applied."""
+    return SigningKeyMismatch(
+        f"topic {topic}: {what}: these signing keys are not the relay's",
+        hint="give the reader the relay's GPULEDGER_KAFKA_SIGNING_KEYS (or none, when the relay "
+        f"does not sign); nothing after position {after} is applied",
+        topic=topic,
+        position=position,
+    )
+
+
 class QuarantineStopped(ProjectionError):
     """A quarantining reader set aside this many records in a row: it stops rather than set
     aside a run of real records and report success."""

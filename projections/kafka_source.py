@@ -61,8 +61,8 @@ from projections.errors import (
     PoisonRecord,
     ProjectionMismatch,
     QuarantineStopped,
-    SigningKeyMismatch,
     SourceUnavailable,
+    wrong_keys,
 )
 from projections.kafka_wire import (
     PARTITION,
@@ -156,8 +156,7 @@ class KafkaSource:
         self._run: list[str] = []  # why each record set aside since the last accepted one was
         self._aside: Tip | None = None
         """The last record set aside for its signature alone (see `_refused`)."""
-        self._suspect: SigningKeyMismatch | None = None
-        """Wrong keys, raised if the topic ends with nothing verified after them (`_refused`)."""
+        self._holding = False  # records chained under a key id it lacks set aside (`_refused`)
         self._recent: dict[int, Tip] = {}
         """The last accepted records by position (`_RECENT` of them) and their offsets:"""
         self._offsets_of: dict[int, int] = {}
@@ -183,8 +182,6 @@ class KafkaSource:
                 if end is None:
                     end = self._end()
                 if self._consumer.position(self.tp) >= end:
-                    if not out and self._suspect is not None:
-                        raise self._suspect
                     break  # caught up with everything committed when this read started
                 if self._fill(min(1.0, deadline - time.monotonic())):
                     deadline = time.monotonic() + self.timeout_s  # progress: no time-out
@@ -211,7 +208,7 @@ class KafkaSource:
         self._offsets = offsets
         if out:
             self._after, self._tip = previous, tip
-            self._run, self._aside, self._suspect = [], None, None
+            self._run, self._aside, self._holding = [], None, False
         return out
 
     def head(self) -> int:
@@ -373,7 +370,7 @@ class KafkaSource:
         """Put the reading consumer right after the record at position `after`."""
         if after == self._after:
             return
-        self._recent, self._offsets_of, self._suspect = {}, {}, None
+        self._recent, self._offsets_of, self._holding = {}, {}, False
         offset, self._tip = self._offset_after(after)
         self._consumer.seek(self.tp, offset)
         self._buffer.clear()
@@ -434,8 +431,9 @@ class KafkaSource:
         links to the record before a position already applied), wrong keys, or poison. Wrong
         keys need evidence (docs/kafka.md): a reader that verified nothing stops at two chained
         records from the topic's start; past a verified record, a bad signature is a forgery,
-        and two chained records under a key id it lacks stop it only when no verified record
-        follows them on the topic."""
+        and records chained under a key id it lacks are set aside while it holds, saying so
+        once, until a verified record follows (they stopped it at the tail: a topic writer could
+        stop every reader while the ledger was quiet, atk44-25 F4)."""
         signed = (
             None if self.keys is None else self.keys.problem(rec.headers, rec.value, position, tag)
         )
@@ -456,21 +454,25 @@ class KafkaSource:
                 and is_signature_problem(signed)
                 and position == aside.position + 1
                 and aside.problem(rec.value) is None
-                and (tip.position == 0 or signed.startswith("signed with unknown"))
             ):
-                mismatch = SigningKeyMismatch(
-                    f"topic {self.topic}: the records at positions {aside.position} and "
-                    f"{position} continue the log one after the other but fail the signature "
-                    f"check ({signed}): these signing keys are not the relay's",
-                    hint="give the reader the relay's GPULEDGER_KAFKA_SIGNING_KEYS (or none, "
-                    "when the relay does not sign); nothing after position "
-                    f"{self._after or 0} is applied",
-                    topic=self.topic,
-                    position=position,
-                )
                 if tip.position == 0:
-                    return mismatch
-                self._suspect = mismatch  # raised if nothing verified follows on the topic
+                    what = f"the records at positions {aside.position} and {position} continue"
+                    return wrong_keys(
+                        self.topic,
+                        f"{what} the log one after the other but fail the signature check "
+                        f"({signed})",
+                        position,
+                        self._after or 0,
+                    )
+                if signed.startswith("signed with unknown") and not self._holding:
+                    self._holding = True  # a forger's key id, or a rotation it was not told of
+                    log.warning(
+                        "topic %s: the records at positions %d and %d continue the log %s: set "
+                        "aside; holding at position %d until a verified record follows (if the "
+                        "relay signs with that key now, give it to this reader: "
+                        "GPULEDGER_KAFKA_SIGNING_KEYS)",
+                        self.topic, aside.position, position, signed, self._after or 0,
+                    )  # fmt: skip
         return self._poison(rec, position, tag, problem)
 
     def _fork(self, rec: Any, position: int) -> LogForked:
@@ -568,14 +570,12 @@ class KafkaSource:
             return
         problem = self.keys.problem(rec.headers, rec.value, position, tag)
         if problem and is_signature_problem(problem) and "unknown key id" not in problem:
-            raise SigningKeyMismatch(  # an unknown id: its key dropped after a rotation
-                f"topic {self.topic}: the record at position {position} (offset {rec.offset}), "
-                f"the last one this projection applied, fails the signature check ({problem}): "
-                "these signing keys are not the relay's",
-                hint="give the reader the relay's GPULEDGER_KAFKA_SIGNING_KEYS (or none, when "
-                f"the relay does not sign); nothing after position {position} is applied",
-                topic=self.topic,
-                position=position,
+            raise wrong_keys(  # not for an unknown id: its key dropped after a rotation
+                self.topic,
+                f"the record at position {position} (offset {rec.offset}), the last one this "
+                f"projection applied, fails the signature check ({problem})",
+                position,
+                position,
             )
 
     def _verified_from_start(self, begin: int, end: int, after: int) -> tuple[int, Tip] | None:

@@ -57,6 +57,9 @@ class JobFilter(_View, frozen=True, kw_only=True):
         | None
     ) = None
     """Only these jobs, and every task of an array whose id is among them (sacct's -j)."""
+    before_id: Annotated[int, msgspec.Meta(ge=1, le=2**53)] | None = None
+    """Only jobs with a smaller id: the page after one whose last row is this job (a page is
+    newest first by job id, which no two jobs share; a page cut at its bytes says so)."""
 
 
 class QueueFilter(_View, frozen=True, kw_only=True):

@@ -71,6 +71,12 @@ def node_list(rows: list[NodeRow]) -> None:
 @click.option(
     "--at", default=None, help="The jobs as they were at this moment (default now; ISO 8601)."
 )
+@click.option(
+    "--before-id",
+    type=click.IntRange(1, 2**53),
+    default=None,
+    help="Only jobs with a smaller id: the page after one that ended at this job.",
+)
 @json_option
 @pass_ctx
 def jobs(
@@ -83,6 +89,7 @@ def jobs(
     limit: int,
     job_ids: str | None,
     at: str | None,
+    before_id: int | None,
     as_json: bool,
 ) -> None:
     """List jobs newest first, like sacct: start, end, elapsed, exit code, why it ended."""
@@ -97,6 +104,7 @@ def jobs(
         limit=limit,
         at=None if at is None else parse_time(at),
         job_ids=None if job_ids is None else _ids(job_ids),
+        before_id=before_id,
     )
     if as_json:
         echo_json(selected)

@@ -206,17 +206,18 @@ def jobs(
     """Jobs newest first, like sacct: start, end, elapsed, exit code. `since`/`until` select the
     jobs alive at some moment of [since, until] (not ended before `since`, submitted by
     `until`). A job whose command `viewer` may not see comes `redact`ed (None: nothing is).
-    `below`: only jobs with smaller ids (the page after one that ended at `below`).
+    `below` (else `f.before_id`): only jobs with smaller ids (the page after one that ended at
+    `below`).
 
     With `f.at` before the log's last event, the jobs as they were then (`jobs_as_of`): those
     submitted later do not exist, the others are as their events up to then made them."""
     from projections.history import jobs_page, position_at
 
+    below = f.before_id if below is None else below
     if f.at is not None:
         position = position_at(store.con, f.at)
         if position is not None:
-            assert below is None, "the jobs as they were are not paged by `below`"
-            return _seen(_job_rows(jobs_as_of(store, f, position), f.at), viewer)
+            return _seen(_job_rows(jobs_as_of(store, f, position, below), f.at), viewer)
     return _seen(_job_rows(jobs_page(store.con, f, below=below), now), viewer)
 
 
@@ -235,16 +236,18 @@ def finished_jobs(
     return total, _seen(_job_rows(rows, 0.0), viewer)
 
 
-def jobs_as_of(store: Store, f: v.JobFilter, position: int) -> list[tuple[Any, ...]]:
+def jobs_as_of(
+    store: Store, f: v.JobFilter, position: int, below: int | None = None
+) -> list[tuple[Any, ...]]:
     """The rows `f` selects as the projection held them at log `position`: page by page of the
-    jobs submitted by then (newest first), the rows an event after `position` changed rebuilt
-    from their own events up to it (a projection of those jobs alone), and the filters that
-    depend on a job's state (`status`, `since`) applied to the rows as they were."""
+    jobs submitted by then (newest first; ids below `below` when given), the rows an event
+    after `position` changed rebuilt from their own events up to it (a projection of those jobs
+    alone), and the filters that depend on a job's state (`status`, `since`) applied to the
+    rows as they were."""
     from projections.history import changed_after, job_records, jobs_page
 
     fixed = msgspec.structs.replace(f, status=None, since=None, at=None, limit=max(f.limit, 500))
     out: list[tuple[Any, ...]] = []
-    below: int | None = None
     while len(out) < f.limit:
         page = jobs_page(store.con, fixed, before=position, below=below)
         if not page:

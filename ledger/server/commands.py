@@ -50,7 +50,7 @@ from ledger.server import identity as ident
 from ledger.server.pooled import is_write
 from ledger.server.worker import Worker
 from ledger.store.requests import valid_key
-from schemas import api
+from schemas import api, bounds
 from schemas import commands as c
 from schemas.errors import InvalidCommand, LedgerError, TooBusy, TooLarge
 
@@ -162,8 +162,32 @@ class CommandPath:
         if problem is not None:
             return await self._error(scope, receive, send, problem)
         metered = is_write(path) and not self.unmetered(caller)
-        if metered and (wait := self.written.retry_in(caller.whose, time.monotonic())) > 0:
+        # what it may write, taken before it is written (atk44z F2); a write that only frees
+        # what earlier writes made (a cancel) is never refused, only charged (atk44z F5)
+        reserved = reserve(value, body) if metered and not frees(value) else 0
+        if reserved and (wait := self.written.reserve(caller.whose, reserved, _now())) > 0:
             return await self._error(scope, receive, send, _written_past(self.written, wait))
+        status, written = 500, reserved  # kept whole when the write ends in an exception
+        try:
+            status, written = await self._write(scope, receive, send, path, body, caller, value)
+        finally:
+            if metered:
+                self.written.settle(caller.whose, reserved, written, _now())
+        return status
+
+    async def _write(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        path: str,
+        body: bytes,
+        caller: ident.Identity,
+        value: Any,
+    ) -> tuple[int, int]:
+        """Answer the write: its status and the bytes it is charged (about what it wrote: its
+        answer; a command refused 413 for its size its body, read and decoded all the same,
+        atk44w F5; another refusal nothing)."""
         with self._counted(path):  # a write from here on, not before (issue 25)
             if path not in self.commands:  # checked: the framework's route answers it
                 sent = [0]  # a batch answers with the events it appended: charged those
@@ -175,14 +199,12 @@ class CommandPath:
                     await send(message)
 
                 await self.app(scope, _replay(body, False, receive), counting)
-                size = max(len(body), sent[0])  # a 60 KB batch wrote 16 MiB (atk44z F1)
-            else:  # 3 decided and appended in the group commit; answered once committed
-                size = await self._command(scope, receive, send, ident.act(caller, value))
-            if metered and size > 0:  # about what it wrote: its answer
-                self.written.charge(caller.whose, size, time.monotonic())
-            elif metered and size == -413:  # refused for its size, read and decoded all the
-                self.written.charge(caller.whose, len(body), time.monotonic())  # same (atk44w F5)
-            return 200 if size >= 0 else -size
+                return 200, max(len(body), sent[0])  # a 60 KB batch wrote 16 MiB (atk44z F1)
+            # 3 decided and appended in the group commit; answered once committed
+            size = await self._command(scope, receive, send, ident.act(caller, value))
+            if size >= 0:
+                return 200, size
+            return -size, len(body) if size == -413 else 0
 
     def _counted(self, path: str) -> contextlib.AbstractContextManager[None]:
         if self.writes is None or not is_write(path):
@@ -208,6 +230,45 @@ class CommandPath:
         response = self.error_response(err)
         await response.to_asgi_response(self.app, request)(scope, receive, send)
         return response.status_code or 500
+
+
+FREEING = (c.CancelJob, c.HoldJob, c.RevokeToken)
+"""Writes that only end or stop what an earlier, metered write made (a job, a token): never
+refused by the write meter, only charged what they wrote. A person past it could not cancel
+the array she had just submitted by mistake while it was placed and charged (atk44z F5); each
+applies once per thing made (a hold again after a release, which is metered), so they cannot
+grow the log by themselves."""
+EVENT_EXTRA = 1024
+"""What an event adds to its command's bytes, at most (its ids, times, hash link: ~450)."""
+
+
+def frees(value: Any) -> bool:
+    """Whether the write `value` (a command, a batch) is made only of `FREEING` commands."""
+    commands = value.commands if isinstance(value, api.Batch) else (value,)
+    return bool(commands) and all(isinstance(cmd, FREEING) for cmd in commands)
+
+
+def reserve(value: Any, body: bytes) -> int:
+    """What a write may add to the log, known before it is decided (`meters.Written.reserve`;
+    settled at what it wrote): each command's bytes and `EVENT_EXTRA` for each event it makes,
+    an array's per task (the command without its list of tasks), at most the most a request
+    may write (`bounds.MAX_REQUEST_WRITTEN`) with its answer's framing."""
+    if isinstance(value, api.Batch):
+        size = sum(_reserve(cmd, len(_encoder.encode(cmd))) for cmd in value.commands)
+    else:
+        size = _reserve(value, len(body))
+    return min(size, bounds.MAX_REQUEST_WRITTEN + EVENT_EXTRA)
+
+
+def _reserve(cmd: Any, size: int) -> int:
+    tasks = getattr(cmd, "array", ())
+    if not tasks:
+        return size + EVENT_EXTRA
+    return len(tasks) * (max(0, size - len(_encoder.encode(tasks))) + EVENT_EXTRA)
+
+
+def _now() -> float:
+    return time.monotonic()
 
 
 def _written_past(meter: meters.Written, wait: float) -> TooBusy:

@@ -254,7 +254,7 @@ def paged(
             [args.after, args.tail - 1],
         ).fetchone()
         after = args.after if row is None else int(row[0]) - 1
-    below: int | None = None
+    below: int | None = args.before_id if name == "jobs" else None  # the page after it
     viewer = reads.Viewer(handles.viewer, handles.seen)
     size = 0
     while left > 0:

@@ -42,21 +42,29 @@ from typing import Any, NamedTuple
 
 from eventsourcing.persistence import ApplicationRecorder, InfrastructureFactory
 from eventsourcing.sqlite import SQLiteApplicationRecorder
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import ConfigResource, ConfigResourceType
-from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError, TopicAlreadyExistsError
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
 
 from ledger.store import EVENTS_DB, recorded
-from ledger.store.relay_topic import raise_record_limit
+from ledger.store.relay_topic import (
+    DEFAULT_TIMEOUT_S,
+    RecordTooLarge,
+    RelayError,
+    RelayFenced,
+    RelayHeld,
+    RelayUnavailable,
+    batch_bytes,
+    ensure_topic,
+    producer_sizes,
+    raise_record_limit,
+)
 from projections.chain import START, Tip
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,
     PARTITION,
     RECORD_MAX_BYTES,
     RECORD_OVERHEAD,
-    REQUIRED_CONFIG,
     TOPIC,
-    TOPIC_CONFIG,
     SigningKeys,
     client_config,
     envelope,
@@ -64,47 +72,27 @@ from projections.kafka_wire import (
     reader_config,
     record_headers,
     signing_keys,
-    unreachable,
 )
 from projections.source import follow
-from schemas.errors import LedgerError
+
+__all__ = [  # the relay's errors and its topic's creation live in relay_topic; named here too
+    "DEFAULT_TIMEOUT_S",
+    "RecordTooLarge",
+    "Relay",
+    "RelayError",
+    "RelayFenced",
+    "RelayHeld",
+    "RelayUnavailable",
+    "ensure_topic",
+    "last_published",
+    "open_store",
+    "read_raw",
+]
 
 DEFAULT_TRANSACTIONAL_ID = "gpuledger-relay"
 DEFAULT_BATCH = 5_000
-DEFAULT_TIMEOUT_S = 30.0
 
 log = logging.getLogger("gpuledger.relay")
-
-
-class RelayError(LedgerError):
-    """The relay cannot go on: a wrong topic, a topic that disagrees with the store, ..."""
-
-    code = "relay"
-
-
-class RelayUnavailable(RelayError):
-    """Kafka did not answer in time or failed a request: retry with a fresh producer."""
-
-    code = "unavailable"
-
-
-class RelayHeld(RelayUnavailable):
-    """Another producer holds a transaction open on the topic: read_committed readers (the relay's
-    bookmark too) see nothing past it until it ends. Retried: the relay never guesses."""
-
-    code = "held"
-
-
-class RecordTooLarge(RelayUnavailable):
-    """The next event is larger than the topic takes and the relay may not raise its limit."""
-
-    code = "record_too_large"
-
-
-class RelayFenced(RelayError):
-    """Another relay with the same transactional id took over: this one must stop."""
-
-    code = "fenced"
 
 
 class RawRecord(NamedTuple):
@@ -204,71 +192,6 @@ def _commit(producer: Any, timeout_s: float) -> None:
     sender.wakeup()
     if not result.wait(timeout_ms=int(timeout_s * 1000)):
         raise KafkaTimeoutError(f"the broker did not answer the commit in {timeout_s:g} s")
-
-
-def ensure_topic(
-    bootstrap: str,
-    topic: str = TOPIC,
-    config: Mapping[str, Any] | None = None,
-    connect_timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> int:
-    """Create the topic explicitly: one partition, unlimited retention. Idempotent. Returns the
-    largest record the topic takes (its `max.message.bytes`).
-
-    An existing topic must have one partition and the settings in REQUIRED_CONFIG; otherwise
-    this raises RelayError rather than publish into a topic that reorders or forgets events.
-    """
-    why = unreachable(bootstrap, connect_timeout_s)
-    if why is not None:
-        raise RelayUnavailable(
-            f"Kafka at {bootstrap} is unreachable ({why})",
-            hint="is the broker up? (`scripts/kafka/kafka status`)",
-        )
-    admin = KafkaAdminClient(
-        bootstrap_servers=bootstrap,
-        client_id="gpuledger-admin",
-        **patience(connect_timeout_s),
-        **client_config(config),
-    )
-    try:
-        try:
-            admin.create_topics(
-                {
-                    topic: {
-                        "num_partitions": 1,
-                        "replication_factor": -1,  # the broker's default.replication.factor
-                        "configs": TOPIC_CONFIG,
-                    }
-                },
-                wait_for_metadata=True,
-            )
-            return RECORD_MAX_BYTES
-        except TopicAlreadyExistsError:
-            pass
-        return _check_topic(admin, topic)
-    finally:
-        admin.close()
-
-
-def _check_topic(admin: Any, topic: str) -> int:
-    (described,) = admin.describe_topics([topic])
-    partitions = len(described["partitions"])
-    if partitions != 1:
-        raise RelayError(
-            f"topic {topic} has {partitions} partitions; the relay needs exactly 1 to keep order",
-            hint="delete the topic (or pick another name) and let the relay create it",
-        )
-    keys = [*REQUIRED_CONFIG, "max.message.bytes"]
-    resource = ConfigResource(ConfigResourceType.TOPIC, topic, keys)
-    found = admin.describe_configs([resource], config_filter="all")["topic"][topic]
-    wrong = {k: found[k]["value"] for k in REQUIRED_CONFIG if found[k]["value"] != TOPIC_CONFIG[k]}
-    if wrong:
-        shown = ", ".join(f"{k}={v}" for k, v in sorted(wrong.items()))
-        raise RelayError(
-            f"topic {topic} has {shown}: it would not keep every event",
-            hint=f"set {', '.join(f'{k}={TOPIC_CONFIG[k]}' for k in sorted(wrong))} on the topic",
-        )
-    return int(found["max.message.bytes"]["value"])
 
 
 @dataclass(frozen=True)
@@ -475,8 +398,7 @@ class Relay:
                 enable_idempotence=True,
                 acks="all",
                 linger_ms=5,
-                batch_size=1 << 20,
-                max_request_size=16 << 20,
+                **producer_sizes(self.record_limit),  # the broker checks batches against it
                 max_block_ms=ms,
                 request_timeout_ms=min(ms, 30_000),
                 delivery_timeout_ms=max(ms, 30_000) + 5_000,  # > linger + request timeout
@@ -650,14 +572,14 @@ class Relay:
         """The records before the first the topic would refuse for its size (the broker fails
         the whole transaction, and the relay retried it for good: atk44-25 F8). When that is the
         first, an older topic's limit is raised (`relay_topic`), else RecordTooLarge names it."""
-        limit = self.record_limit - RECORD_OVERHEAD
-        big = next((i for i, r in enumerate(records) if len(r.data) > limit), None)
+        limit = self.record_limit
+        big = next((i for i, r in enumerate(records) if self._too_large(r, limit)), None)
         if big is None or big > 0:
             return records if big is None else records[:big]
         r = records[0]
         if not tried and len(r.data) <= RECORD_MAX_BYTES - RECORD_OVERHEAD:  # an older topic
             raise_record_limit(self.bootstrap, self.topic, self.config, self.timeout_s)
-            self.record_limit = self._topic_limit()  # read back, whoever raised it (or not)
+            self._reopen()  # the limit read back (whoever raised it, or not), batches sized to it
             return self._fitting(records, tried=True)
         raise RecordTooLarge(
             f"relay waits after position {self.position}: the event at position {r.position} "
@@ -665,6 +587,15 @@ class Relay:
             f"(max.message.bytes={self.record_limit:,})",
             hint=f"kafka-configs.sh --alter --entity-type topics --entity-name {self.topic} "
             f"--add-config max.message.bytes={RECORD_MAX_BYTES}; the relay goes on by itself",
+        )
+
+    def _too_large(self, r: RawRecord, limit: int) -> bool:
+        """Whether the record of `r` alone passes the topic's `limit` (its exact size is asked
+        only of events near it: its headers are signed)."""
+        if len(r.data) <= limit - RECORD_OVERHEAD:
+            return False
+        return (
+            batch_bytes(r.key, r.data, record_headers(r.position, r.tag, r.data, self.keys)) > limit
         )
 
     def _send(self, records: list[RawRecord]) -> None:
@@ -705,8 +636,11 @@ class Relay:
             ) from e
 
     def _reopen(self) -> None:
-        """Replace a producer that failed (raises RelayUnavailable while Kafka is away)."""
+        """Replace a producer that failed (raises RelayUnavailable while Kafka is away), sized to
+        the topic's limit read again: an operator may have lowered it since (atk44z F4)."""
+        self._stale = True  # until the new one is connected, whatever fails on the way
         _discard(self.producer)
+        self.record_limit = self._topic_limit()
         self.producer = self._connect()
         self._stale = False
 
@@ -789,8 +723,10 @@ def _discard(producer: Any) -> None:
     by the next producer's init_transactions (or by the broker's transaction timeout)."""
     try:
         producer.close(timeout=1)
-    except KafkaTimeoutError:
-        # close() flushes first and gives up with the sender thread still running; stop it.
+    except KafkaError:
+        # close() flushes first and gives up with the sender thread still running (a timeout,
+        # or a batch the broker refused: "Future not done", which failed every reconnect and
+        # `close()`, atk44z F4); stop it.
         sender = getattr(producer, "_sender", None)
         if sender is not None:
             with contextlib.suppress(Exception):

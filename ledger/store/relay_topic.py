@@ -1,7 +1,13 @@
-"""The relay raising its topic's record limit (`max.message.bytes`) when an older topic would
-refuse a stored event: the relay's own topic, created before the relay set the limit at its
-creation (atk44-25 F8: a 1.2 MB event, taken before events were bounded, stopped the relay for
-good on a topic with Kafka's default 1,048,588 bytes). Incremental: no other setting changes."""
+"""The relay's topic and what it says of it: the relay's errors; the topic created with its
+settings or checked (`ensure_topic`), its record limit (`max.message.bytes`) read from the broker,
+the producer's batches sized to it (`producer_sizes`), and the limit raised where an older topic
+would refuse a stored event (`raise_record_limit`).
+
+Kafka applies `max.message.bytes` to a producer's record *batch*, not to each record: ten records
+of 100 KB sent as one 1 MB batch to a topic of 200,000 bytes were refused together, and the relay
+stood still for good although each fits (atk44z F4). An older topic's low limit raised to 8 MiB:
+a 1.2 MB event, taken before events were bounded, stopped the relay for good on a topic with
+Kafka's default 1,048,588 bytes (atk44-25 F8). Incremental: no other setting changes."""
 
 from __future__ import annotations
 
@@ -11,11 +17,142 @@ from typing import Any
 
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from projections.kafka_wire import RECORD_MAX_BYTES, client_config, patience
+from projections.kafka_wire import (
+    RECORD_MAX_BYTES,
+    REQUIRED_CONFIG,
+    TOPIC,
+    TOPIC_CONFIG,
+    client_config,
+    patience,
+    unreachable,
+)
+from schemas.errors import LedgerError
 
 log = logging.getLogger("gpuledger.relay")
+
+DEFAULT_TIMEOUT_S = 30.0
+"""How long the relay's broker requests may take by default (`Relay(timeout_s=...)`)."""
+BATCH_BYTES = 1 << 20
+"""The producer's batch on a topic that takes more: a flush and commit per 5,000 events cost a
+few milliseconds, so larger batches would gain nothing."""
+
+
+class RelayError(LedgerError):
+    """The relay cannot go on: a wrong topic, a topic that disagrees with the store, ..."""
+
+    code = "relay"
+
+
+class RelayUnavailable(RelayError):
+    """Kafka did not answer in time or failed a request: retry with a fresh producer."""
+
+    code = "unavailable"
+
+
+class RelayHeld(RelayUnavailable):
+    """Another producer holds a transaction open on the topic: read_committed readers (the relay's
+    bookmark too) see nothing past it until it ends. Retried: the relay never guesses."""
+
+    code = "held"
+
+
+class RecordTooLarge(RelayUnavailable):
+    """The next event is larger than the topic takes and the relay may not raise its limit."""
+
+    code = "record_too_large"
+
+
+class RelayFenced(RelayError):
+    """Another relay with the same transactional id took over: this one must stop."""
+
+    code = "fenced"
+
+
+def ensure_topic(
+    bootstrap: str,
+    topic: str = TOPIC,
+    config: Mapping[str, Any] | None = None,
+    connect_timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> int:
+    """Create the topic explicitly: one partition, unlimited retention. Idempotent. Returns the
+    largest record the topic takes (its `max.message.bytes`).
+
+    An existing topic must have one partition and the settings in REQUIRED_CONFIG; otherwise
+    this raises RelayError rather than publish into a topic that reorders or forgets events.
+    """
+    why = unreachable(bootstrap, connect_timeout_s)
+    if why is not None:
+        raise RelayUnavailable(
+            f"Kafka at {bootstrap} is unreachable ({why})",
+            hint="is the broker up? (`scripts/kafka/kafka status`)",
+        )
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        client_id="gpuledger-admin",
+        **patience(connect_timeout_s),
+        **client_config(config),
+    )
+    try:
+        try:
+            admin.create_topics(
+                {
+                    topic: {
+                        "num_partitions": 1,
+                        "replication_factor": -1,  # the broker's default.replication.factor
+                        "configs": TOPIC_CONFIG,
+                    }
+                },
+                wait_for_metadata=True,
+            )
+            return RECORD_MAX_BYTES
+        except TopicAlreadyExistsError:
+            pass
+        return _check_topic(admin, topic)
+    finally:
+        admin.close()
+
+
+def _check_topic(admin: Any, topic: str) -> int:
+    (described,) = admin.describe_topics([topic])
+    partitions = len(described["partitions"])
+    if partitions != 1:
+        raise RelayError(
+            f"topic {topic} has {partitions} partitions; the relay needs exactly 1 to keep order",
+            hint="delete the topic (or pick another name) and let the relay create it",
+        )
+    keys = [*REQUIRED_CONFIG, "max.message.bytes"]
+    resource = ConfigResource(ConfigResourceType.TOPIC, topic, keys)
+    found = admin.describe_configs([resource], config_filter="all")["topic"][topic]
+    wrong = {k: found[k]["value"] for k in REQUIRED_CONFIG if found[k]["value"] != TOPIC_CONFIG[k]}
+    if wrong:
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(wrong.items()))
+        raise RelayError(
+            f"topic {topic} has {shown}: it would not keep every event",
+            hint=f"set {', '.join(f'{k}={TOPIC_CONFIG[k]}' for k in sorted(wrong))} on the topic",
+        )
+    return int(found["max.message.bytes"]["value"])
+
+
+def batch_bytes(key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> int:
+    """The most a batch of this one record takes on the wire, as the broker checks it against
+    `max.message.bytes` and the producer against its `max_request_size` (kafka-python's own
+    estimate, so the two never disagree)."""
+    return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers))
+
+
+def producer_sizes(record_limit: int) -> dict[str, int]:
+    """The producer's `batch_size` and `max_request_size` on a topic whose `max.message.bytes`
+    is `record_limit`: the broker checks a whole batch against it (its header included, which
+    kafka-python counts in `batch_size`), and a record larger than a batch goes alone. So a batch
+    of several records never passes the limit, and any record the relay sends (one whose batch
+    alone fits it: `batch_bytes`, `Relay._fitting`) is taken."""
+    return {
+        "batch_size": max(1, min(BATCH_BYTES, record_limit)),
+        "max_request_size": max(1, record_limit),
+    }
 
 
 def raise_record_limit(

@@ -434,7 +434,8 @@ class _Server:
         if cut:  # a page cut at its bytes (pooled.MAX_PAGE_BYTES): said, never silently short
             sys.stderr.write(
                 f"note: the server cut this page at {cut} rows (at most 32 MiB of rows in one "
-                "page); ask for the rest after its last row\n"
+                "page); ask for the rest after its last row (`jobs --before-id` its job, `log "
+                "--after` its position)\n"
             )
         return resp.status, data, leader, int(position) if position.isdigit() else 0
 

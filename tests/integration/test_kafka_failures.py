@@ -43,7 +43,7 @@ from ledger.store.relay import (
     open_store,
 )
 from ledger.store.relay_service import RelayService, read_health
-from projections.errors import PoisonRecord, SigningKeyMismatch
+from projections.errors import PoisonRecord
 from projections.kafka_source import KafkaSource
 from projections.kafka_wire import (
     KEY_HEADER,
@@ -267,6 +267,7 @@ def test_signed_records_a_reader_rejects_what_the_relay_did_not_sign_and_keys_ro
     kafka_topic: str,
     transactional_id: str,
     tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     ledger = org_ledger
     submit(ledger, 10)
@@ -331,15 +332,25 @@ def test_signed_records_a_reader_rejects_what_the_relay_did_not_sign_and_keys_ro
         from projections.testing import compare as audit
 
         assert audit.dump(store) == audit.dump(reference)
-    # a reader with only the old key stops at the second record in a row signed with the new
-    # one: it never sets aside the real records that follow
+    # a reader with only the old key holds at the records signed with the new one (a forger
+    # can choose a key id nobody holds: atk44-25 F4): it sets them aside, applies nothing after
+    # position n and says so once; given the new key, it applies every one of them
     with (
         Store(tmp_path / "o.duckdb") as store,
         KafkaSource(kafka_bootstrap, kafka_topic, keys=old) as src,
     ):
-        with pytest.raises(SigningKeyMismatch, match="signed with unknown key id 'k2'"):
-            Projector(store, src, quarantine=True).catch_up()
-        assert store.position() == n
+        with caplog.at_level(logging.WARNING, logger="gpuledger.kafka_source"):
+            result = Projector(store, src, quarantine=True).catch_up()
+        assert (result.position, store.position()) == (n, n)
+        holding = [r.getMessage() for r in caplog.records if "holding at" in r.getMessage()]
+        assert len(holding) == 1 and "signed with unknown key id 'k2'" in holding[0], holding
+        assert f"holding at position {n} until a verified record follows" in holding[0]
+    with (
+        Store(tmp_path / "o.duckdb") as store,
+        KafkaSource(kafka_bootstrap, kafka_topic, keys=new) as src,
+    ):
+        result = Projector(store, src, quarantine=True).catch_up()
+        assert result.position == ledger.position
 
 
 # --- unreachable brokers ---------------------------------------------------------------------

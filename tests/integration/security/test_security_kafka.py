@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from projections.kafka_wire import (
     record_headers,
 )
 from projections.projector import Projector
-from projections.store import Store
+from projections.store import Store, projection_path
 from projections.testing import compare
 from schemas import commands as c
 from tests.integration.waits import wait_for
@@ -382,18 +383,18 @@ def test_unverified_records_after_the_tail_never_stop_a_signed_reader(
     read_topic: Any, tmp_path: Path, kind: str,
 ) -> None:  # fmt: skip
     """With signing on, records that fail the signature are never the relay's: a reader (old,
-    restarted, fresh) sets them aside and applies the relay's record for the position."""
+    restarted, fresh) sets them aside and applies the relay's record for the position. Two
+    chained under a key id it lacks stopped it at the tail, "these signing keys are not the
+    relay's", until restarted after the relay's next record (atk44-25 F4): it holds now."""
     t = Topic(kafka_bootstrap, kafka_topic, transactional_id, KEYS)
     org_ledger.execute_all([JOB] * 19)
     t.relay(org_ledger.home)
     old = tmp_path / "old.duckdb"
     assert t.catch_up(old) == org_ledger.position
     foreign = produce(t.bootstrap, t.name, junk_after_the_tail(kind, org_ledger.home))
-    if kind == "unknown key id":  # a rotation it was not told of, until a verified record
-        with pytest.raises(SigningKeyMismatch, match="unknown key id 'k9'"):
-            t.catch_up(old)
-    else:  # nothing real after them yet: no stop
-        assert t.catch_up(old) == org_ledger.position
+    for path in (old, old, tmp_path / "early.duckdb"):  # nothing real after them yet: no stop
+        assert t.catch_up(path) == org_ledger.position
+        assert dead_offsets(path) == foreign
     org_ledger.execute_all([JOB] * 2)
     t.relay(org_ledger.home)
     settled(read_topic, t.name, org_ledger.position + len(foreign))
@@ -401,6 +402,59 @@ def test_unverified_records_after_the_tail_never_stop_a_signed_reader(
         assert t.catch_up(path) == org_ledger.position
         assert dead_offsets(path) == foreign
         same_as_the_store(path, org_ledger.home)
+
+
+def test_a_following_reader_holds_at_chained_records_under_an_unknown_key_id(
+    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """atk44-25 F4: a running `project follow --quarantine` and a fresh `--once` exited 1 at two
+    records chained under an invented key id at the tail, until restarted after the relay's next
+    record. Both hold now, saying so once; the running one applies the relay's records."""
+    t = Topic(kafka_bootstrap, kafka_topic, transactional_id, KEYS)
+    org_ledger.execute_all([JOB] * 19)
+    t.relay(org_ledger.home)
+    n = org_ledger.position
+    env = {"GPULEDGER_KAFKA_SIGNING_KEYS": "k1:relay-secret", "PATH": "/usr/bin:/bin"}
+
+    def follow(home: Path, *args: str) -> list[str]:
+        return [GPULEDGER, "--home", str(home), "project", "follow", "--kafka", kafka_bootstrap,
+                "--topic", kafka_topic, "--quarantine", *args]  # fmt: skip
+
+    running = subprocess.Popen(
+        follow(tmp_path / "running", "--until", str(n + 2)), env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        foreign = produce(
+            t.bootstrap, t.name, junk_after_the_tail("unknown key id", org_ledger.home)
+        )
+        fresh = subprocess.run(
+            follow(tmp_path / "fresh", "--once"), env=env, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+        assert fresh.returncode == 0, fresh.stderr  # was 1: "these signing keys are not ..."
+        assert fresh.stdout == f"position {n:,}, {n:,} events, 2 quarantined\n"
+        holding = [line for line in fresh.stderr.splitlines() if "holding at" in line]
+        assert len(holding) == 1, fresh.stderr
+        assert (
+            f"positions {n + 1} and {n + 2} continue the log signed with unknown key id "
+            in (holding[0])
+        )
+        assert f"holding at position {n} until a verified record follows" in holding[0]
+        time.sleep(3)  # the running reader met them long since (the fresh one read them all)
+        assert running.poll() is None  # it holds: was exit 1
+        org_ledger.execute_all([JOB] * 2)
+        t.relay(org_ledger.home)
+        out, err = running.communicate(timeout=120)
+    finally:
+        if running.poll() is None:
+            running.kill()
+            running.wait()
+    assert running.returncode == 0, err
+    assert out == f"position {n + 2:,}, {n + 2:,} events, 2 quarantined\n"
+    assert "these signing keys" not in err
+    assert dead_offsets(projection_path(tmp_path / "running")) == foreign
 
 
 @pytest.mark.parametrize("kind", ["bogus signatures", "unsigned"])

@@ -58,3 +58,40 @@ def test_a_page_of_large_rows_ends_at_its_bytes_and_says_so(tmp_path: Path) -> N
         assert "x-gpuledger-truncated" not in headers
     finally:
         assert server.stop() == 0
+
+
+def test_a_page_cut_at_its_bytes_is_continued_after_its_last_job(tmp_path: Path) -> None:
+    """atk44z F6: a page cut at 32 MiB could not be continued: /v1/jobs had nothing that means
+    "after this row", and paging by `until` (the last row's time, inclusive) repeated a page
+    once a group commit's rows shared their `submitted_at`: some jobs were never listed.
+    `before_id` (the last row's job id, which no two jobs share) pages through them all."""
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    root, alice = make_token(home, "--user", "root"), make_token(home, "--user", "alice")
+    server = start_server(home)
+    try:
+        big = ["/bin/true", *["z" * 4000] * 200]  # 800 KB each
+        submit = {"op": "submit", "actor": "", "account": "ai2/olmo", "user": "alice",
+                  "gpus": 1, "command": big}  # fmt: skip
+        for _ in range(12):  # 4 jobs a batch (a body is at most 4 MiB), one commit each:
+            body = {"commands": [submit] * 4}  # one submitted_at for the four
+            status, answer = server.request("POST", "/v1/batch", body, root)
+            assert status == 200, answer
+        seen: list[int] = []
+        cuts = 0
+        path = "/v1/jobs?user=alice&limit=10000"
+        for _ in range(10):
+            status, headers, raw = get(server.port, path, alice)
+            assert status == 200, raw  # was 400: `before_id` unknown
+            rows = json.loads(raw)
+            if not rows:
+                break
+            seen += [row["job_id"] for row in rows]
+            cuts += "x-gpuledger-truncated" in headers
+            path = f"/v1/jobs?user=alice&limit=10000&before_id={rows[-1]['job_id']}"
+        assert cuts >= 1
+        assert sorted(seen, reverse=True) == seen and len(set(seen)) == len(seen) == 49
+        status, _headers, raw = get(server.port, f"/v1/jobs?user=alice&before_id={seen[10]}", alice)
+        assert [row["job_id"] for row in json.loads(raw)] == seen[11:]  # a page within its bytes
+    finally:
+        assert server.stop() == 0

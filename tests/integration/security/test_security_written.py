@@ -6,6 +6,8 @@ appended, and another person's submits are answered. Each refusal here was a 200
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -98,5 +100,73 @@ def test_requests_refused_for_their_size_are_metered_too(tmp_path: Path) -> None
                 break
         assert statuses[-1] == 429 and 20 <= len(statuses) <= 32, statuses
         assert answer["message"].startswith("you wrote more than 32 MiB to the log lately")
+    finally:
+        assert server.stop() == 0
+
+
+def test_concurrent_writes_pass_the_burst_by_one_request_at_most(tmp_path: Path) -> None:
+    """atk44z F2: the meter was checked before a write and charged after it, so every request
+    admitted while the earlier ones were still being committed wrote: 16 concurrent submits of
+    ~15 MiB each wrote 136 MiB against a 32 MiB burst. Each reserves what it may write first:
+    together they pass the burst by one request at most (burst 8 MiB here, ~4 MiB requests),
+    and a person's concurrent small submits are all answered."""
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    bob = make_token(home, "--user", "bob")
+    burst = 8 << 20
+    server = start_server(home, env={"GPULEDGER_WRITE_BURST": str(burst)})
+    try:
+        statuses: list[int] = []
+
+        def at_once(body: dict[str, Any], n: int = 16) -> list[int]:
+            barrier = threading.Barrier(n)
+
+            def one() -> int:
+                barrier.wait()
+                return server.request("POST", "/v1/commands/submit", body, bob)[0]
+
+            with ThreadPoolExecutor(n) as pool:
+                return list(pool.map(lambda _i: one(), range(n)))
+
+        small = {"actor": "", "account": "ai2/olmo", "gpus": 1, "command": ["/bin/true"]}
+        assert at_once(small) == [200] * 16  # a reservation is what the write may be
+        wide = ["/bin/true", *["q" * 4000] * 64]  # 256 KB
+        big = {**small, "command": wide, "array": list(range(16))}  # ~4 MiB written
+        statuses = at_once(big)
+        assert set(statuses) <= {200, 429}, statuses
+        accepted = statuses.count(200)
+        assert 1 <= accepted <= burst // (4 << 20) + 1, statuses  # was up to 16
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_person_past_the_meter_may_still_cancel_and_hold_her_jobs(tmp_path: Path) -> None:
+    """atk44z F5: past the write meter a person's cancel of the array she had just submitted
+    by mistake was refused for the whole debt (106 s there) while those jobs could be placed
+    and charged. Cancels, holds and token revocations only end what a metered write made:
+    never refused by the meter (still charged); her next submit is."""
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    bob = make_token(home, "--user", "bob")
+    server = start_server(home, env={"GPULEDGER_WRITE_BURST": str(2 << 20)})
+    try:
+        wide = ["/bin/true", *["k" * 4000] * 64]  # 256 KB
+        body = {"actor": "", "account": "ai2/olmo", "gpus": 8, "command": wide,
+                "array": list(range(12))}  # fmt: skip  # ~3 MiB: past the 2 MiB burst
+        status, answer = server.request("POST", "/v1/commands/submit", body, bob)
+        assert status == 200, answer
+        first = int(answer["events"][0]["job_id"])
+        status, answer = server.request("POST", "/v1/commands/submit", body, bob)
+        assert status == 429, answer  # past the meter
+        hold = {"actor": "", "job_id": first + 1}
+        status, answer = server.request("POST", "/v1/commands/hold", hold, bob)
+        assert status == 200, answer  # was 429
+        cancel = {"actor": "", "job_id": first, "whole_array": True}
+        status, answer = server.request("POST", "/v1/commands/cancel", cancel, bob)
+        assert status == 200, answer  # was 429 "you wrote more than 2 MiB to the log lately"
+        assert len(answer["events"]) == 12, answer
+        small = {"actor": "", "account": "ai2/olmo", "gpus": 1, "command": ["/bin/true"]}
+        status, answer = server.request("POST", "/v1/commands/submit", small, bob)
+        assert status == 429, answer  # the meter still holds her writes
     finally:
         assert server.stop() == 0
