@@ -290,7 +290,7 @@ class _Cycle:
         self.snapshot = snapshot
         self.policy = policy
         self.now = now
-        self.index = FreeIndex(snapshot.nodes)
+        self.index = FreeIndex.of(snapshot.nodes)
         self.spent: dict[str, int] = {}
         """Victim searches spent per budget (`Policy.budget_of`)."""
         self.reserved = sorted(n for n in policy.reserved(snapshot) if n in self.index.free)
