@@ -104,13 +104,20 @@ def soonest(
     in finite time, or the soonest frees later than `window` from now."""
     times: list[tuple[float, str]] = []
     for p in pools:
+        if gang:  # a node is whole once its last job's GPUs are free (`Frees.on`: one time)
+            for name in p.nodes:
+                if name in skip:
+                    continue
+                got = on.get(name)
+                if not got:
+                    times.append((now, name))
+                else:
+                    times.append((got[0][0] if len(got) == 1 else max(t for t, _ in got), name))
+            continue
         for name in p.nodes:
             if name in skip:
                 continue
             frees = sorted(on.get(name, ()))
-            if gang:
-                times.append((max((t for t, _ in frees), default=now), name))
-                continue
             room = len(index.free[name])
             at = now if room >= job.gpus else math.inf
             for t, g in frees:
