@@ -108,11 +108,11 @@ def soonest(
             for name in p.nodes:
                 if name in skip:
                     continue
-                got = on.get(name)
-                if not got:
+                last = on.get(name)
+                if not last:
                     times.append((now, name))
                 else:
-                    times.append((got[0][0] if len(got) == 1 else max(t for t, _ in got), name))
+                    times.append((last[0][0] if len(last) == 1 else max(t for t, _ in last), name))
             continue
         for name in p.nodes:
             if name in skip:
