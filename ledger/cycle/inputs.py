@@ -93,15 +93,21 @@ def snapshot_from_state(
     global _NODES
     made_nodes, kept_nodes = _NODES, {}
     views: list[NodeView] = []
-    for n in sorted(state.nodes.values(), key=lambda n: n.name):
+    global _NODE_ORDER
+    names = tuple(state.nodes)
+    order = _NODE_ORDER  # one read: another thread may take another state's snapshot
+    if order[0] != names:
+        order = _NODE_ORDER = (names, sorted(names))
+    all_nodes = state.nodes
+    for n in [all_nodes[name] for name in order[1]]:  # by name (a node is keyed by its name)
         if n.state == "removed":
             continue
         if n.name in unobserved:
             free: tuple[int, ...] = ()
         elif n.name in busy:
-            free = tuple(i for i in state.free_indices(n.name) if i not in busy[n.name])
+            free = tuple(i for i in state.free_gpus(n.name) if i not in busy[n.name])
         else:
-            free = tuple(state.free_indices(n.name))
+            free = state.free_gpus(n.name)
         seen_node = made_nodes.get(n.name)
         if seen_node is not None and seen_node[0] is n and seen_node[1].free == free:
             view = seen_node[1]
@@ -182,6 +188,8 @@ def snapshot_from_state(
     )
 
 
+_NODE_ORDER: tuple[tuple[str, ...], list[str]] = ((), [])
+"""The node names of the last snapshot's state, as the state keys them and sorted."""
 _NODES: dict[str, tuple[Node, NodeView]] = {}
 _RUNNING: dict[int, tuple[Job, tuple[float, float | None], RunningJob]] = {}
 _PENDING: dict[int, tuple[Job, PendingJob]] = {}
