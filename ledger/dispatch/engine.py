@@ -49,7 +49,7 @@ from typing import Literal
 import msgspec
 
 from ledger.dispatch.ordering import Ordered, SortKey
-from ledger.dispatch.placement import FreeIndex, Pool, PoolKey, Shape, fragmentation
+from ledger.dispatch.placement import FreeIndex, Pool, PoolKey, Shape, fragmentation_split
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.preemption import (
     Ask,
@@ -745,24 +745,26 @@ class _Cycle:
 
     # --- 4. record ------------------------------------------------------------------------------
 
-    def idle(self) -> Idle:
-        """What the cycle leaves free, and where (see `Idle`)."""
+    def idle(self) -> tuple[Idle, int]:
+        """What the cycle leaves free, and where (`Idle`); and `Decision.fragmentation_gpus`."""
         free = self.index.free
         reserve = set(self.reserved)
         held = set(self.hold.nodes) if self.hold is not None else set()
+        every, kept = fragmentation_split(self.index, self.smallest, skip=reserve | held)
         return Idle(
-            free=sum(len(g) for g in free.values()),
+            free=sum(map(len, free.values())),
             reserve=sum(len(free[n]) for n in reserve),
             held=sum(len(free[n]) for n in held),
-            fragmented=fragmentation(self.index, self.smallest, skip=reserve | held),
+            fragmented=kept,
             funded_waiting=self.funded_waiting,
-        )
+        ), every
 
     def decision(self) -> Decision:
         self._reserve(False)
         self._holding(False)
         later = [t for t in self.wake if t > self.now]
         runs = tuple(WaitRun(a, b, w) for a, b, w in self.runs)
+        idle, fragmented = self.idle()
         return Decision(
             based_on=self.snapshot.position,
             policy_version=self.policy.version,
@@ -770,10 +772,10 @@ class _Cycle:
             preemptions=tuple(self.preemptions),
             order=self.order,
             runs=runs,
-            fragmentation_gpus=fragmentation(self.index, self.smallest),
+            fragmentation_gpus=fragmented,
             wake_at=min(later) if later else None,
             budget_spent=self.budget_spent,
-            idle=self.idle(),
+            idle=idle,
             hold=self.hold,
         )
 

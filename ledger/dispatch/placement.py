@@ -394,6 +394,13 @@ def fragmentation(
     while the node is partly held. Idle GPUs with no waiting job for their pool are idle, not
     fragmented, and count 0. Nodes in `skip` are left out.
     """
+    return fragmentation_split(index, smallest, skip)[1]
+
+
+def fragmentation_split(
+    index: FreeIndex, smallest: Mapping[Shape, int], skip: Set[str] = frozenset()
+) -> tuple[int, int]:
+    """Pure: `fragmentation` of every node and of the nodes not in `skip`, in one pass."""
     fewest: dict[PoolKey, int] = {}
     gang: set[PoolKey] = set()
     wanted: set[PoolKey] = set()
@@ -404,14 +411,20 @@ def fragmentation(
                 gang.add(p.key)
             elif gpus < fewest.get(p.key, gpus + 1):
                 fewest[p.key] = gpus
-    total = 0
+    total = kept = 0
+    if not wanted:
+        return 0, 0
+    pool_of, size = index.pool_of, index.size
     for name, free in index.free.items():
-        key = index.pool_of[name]
         k = len(free)
-        if not k or key not in wanted or name in skip:
+        if not k:
             continue
-        whole = k == index.size[name]
-        usable = (key in fewest and k >= fewest[key]) or (whole and key in gang)
-        if not usable:
-            total += k
-    return total
+        key = pool_of[name]
+        if key not in wanted:
+            continue
+        if (key in fewest and k >= fewest[key]) or (k == size[name] and key in gang):
+            continue  # usable
+        total += k
+        if name not in skip:
+            kept += k
+    return total, kept

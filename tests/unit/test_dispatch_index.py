@@ -9,7 +9,7 @@ import random
 import msgspec
 import pytest
 
-from ledger.dispatch.placement import FreeIndex
+from ledger.dispatch.placement import FreeIndex, fragmentation_split
 from ledger.dispatch.snapshot import NodeView, PendingJob
 
 SHAPES = [(g, t) for g in (1, 2, 3, 4, 8, 12, 16, 24, 40) for t in (None, "h100", "a100")]
@@ -89,3 +89,52 @@ def test_the_index_handed_out_is_scratch_the_kept_one_does_not_change() -> None:
     first.place(_job(2, 3, None), False)
     again = FreeIndex.of(nodes)
     assert answers(again, 1) == answers(FreeIndex(nodes), 1)
+
+
+def _fragmentation_one_pass_per_skip(index: FreeIndex, smallest: dict, skip: set[str]) -> int:
+    """The definition, node by node (the code before `fragmentation_split`)."""
+    fewest: dict = {}
+    gang: set = set()
+    wanted: set = set()
+    for (gpu_type, cluster, is_gang), gpus in smallest.items():
+        for p in index.pools_for(gpu_type, cluster):
+            wanted.add(p.key)
+            if is_gang:
+                gang.add(p.key)
+            elif gpus < fewest.get(p.key, gpus + 1):
+                fewest[p.key] = gpus
+    total = 0
+    for name, free in index.free.items():
+        key, k = index.pool_of[name], len(free)
+        if not k or key not in wanted or name in skip:
+            continue
+        whole = k == index.size[name]
+        if not ((key in fewest and k >= fewest[key]) or (whole and key in gang)):
+            total += k
+    return total
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_fragmentation_of_every_node_and_of_the_rest_in_one_pass(seed: int) -> None:
+    rng = random.Random(seed)
+    nodes = [
+        NodeView(
+            name=f"n{i:02d}",
+            cluster="c",
+            gpu_type=rng.choice(["h100", "a100"]),
+            gpus=8,
+            free=tuple(sorted(rng.sample(range(8), rng.randint(0, 8)))),
+        )
+        for i in range(16)
+    ]
+    index = FreeIndex(nodes)
+    for _ in range(40):
+        smallest = {
+            (rng.choice([None, "h100", "a100"]), None, rng.random() < 0.3): rng.randint(1, 16)
+            for _ in range(rng.randint(0, 3))
+        }
+        skip = {n.name for n in nodes if rng.random() < 0.3}
+        assert fragmentation_split(index, smallest, skip) == (
+            _fragmentation_one_pass_per_skip(index, smallest, set()),
+            _fragmentation_one_pass_per_skip(index, smallest, skip),
+        )
