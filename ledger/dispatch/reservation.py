@@ -67,6 +67,18 @@ class Frees:
         is expected to end. For a gang job (`gang`), which reads only the latest time per node
         (`soonest`), that time alone."""
         rows = self.rows
+        if gang and takes is None:  # most reservations: one time per node, eligibility by id
+            latest: dict[str, tuple[float, int]] = {}
+            seen = latest.get
+            for r in live:
+                hit = rows.get(r.job_id) or self._row(r)
+                when = hit[1] if hit[0] in eligible else hit[2]
+                for node, pool, gpus in hit[3]:
+                    if pool in keys:
+                        prior = seen(node)
+                        if prior is None or when > prior[0]:
+                            latest[node] = (when, gpus)
+            return {node: [last] for node, last in latest.items()}
         out: dict[str, list[tuple[float, int]]] = {}
         for r in live:
             row = rows.get(r.job_id)
