@@ -141,12 +141,15 @@ class _Taken:
     """Per node, as victims are taken one by one: the victims taken there and the GPUs free
     once they are gone (`room`)."""
 
-    __slots__ = ("free", "on", "room")
+    __slots__ = ("free", "held", "on", "room")
 
     def __init__(self, free: Mapping[str, Sequence[int]]) -> None:
         self.free = free
         self.on: dict[str, list[Victim]] = {}
         self.room: dict[str, int] = {}
+        self.held: dict[tuple[int, str], int] = {}
+        """(victim job id, node) -> the GPUs it holds there, counted once per search
+        (`held_on`: a gang victim holds GPUs on many nodes, and `_trim` asks often)."""
 
     def take(self, v: Victim, node: str, gpus: int) -> int:
         """Take victim `v`, which holds `gpus` GPUs on `node`: the node's room after."""
@@ -158,6 +161,22 @@ class _Taken:
         have += gpus
         self.room[node] = have
         return have
+
+    def held_on(self, v: Victim, node: str) -> int:
+        """The GPUs victim `v` holds on `node`."""
+        slots = v.job.slots
+        if len(slots) == 1:  # most jobs: one node
+            return len(slots[0].gpu_indices) if slots[0].node == node else 0
+        job_id = v.job.job_id
+        found = self.held.get((job_id, node))
+        if found is None:  # every node of the victim at once, each counted as its slots there
+            held = self.held
+            if (job_id, slots[0].node) not in held:
+                for sl in slots:
+                    key = (job_id, sl.node)
+                    held[key] = held.get(key, 0) + len(sl.gpu_indices)
+            found = held.get((job_id, node), 0)
+        return found
 
 
 def plan_single(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
@@ -208,8 +227,11 @@ def plan_single_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
             if have < gpus:
                 continue
             done.add(node)
-            on = _trim(taken.on[node], node, have, gpus)
-            cost = (max(x.cost[0] for x in on), sum(x.cost[1] for x in on))
+            on = _trim(taken.on[node], node, have, gpus, taken)
+            if len(on) == 1:
+                cost = (on[0].cost[0], on[0].cost[1])
+            else:
+                cost = (max(x.cost[0] for x in on), sum(x.cost[1] for x in on))
             if best is None or cost < best:
                 best, best_plan = cost, (node, on)
     if best_plan is None:
@@ -218,16 +240,12 @@ def plan_single_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
     return Plan(victims=tuple(on), nodes=(node,), until=_until(on, now))
 
 
-def _trim(on: list[Victim], node: str, have: int, gpus: int) -> list[Victim]:
+def _trim(on: list[Victim], node: str, have: int, gpus: int, taken: _Taken) -> list[Victim]:
     """The victims of `on` still needed for `gpus` GPUs on `node` (`have` free with all of them
     taken), putting back the most expensive unneeded ones first."""
     keep = list(on)
     for v in sorted(on, key=lambda x: x.cost, reverse=True) if len(on) > 1 else on:
-        slots = v.job.slots
-        if len(slots) == 1:  # most jobs: one node
-            held = len(slots[0].gpu_indices) if slots[0].node == node else 0
-        else:
-            held = sum(len(sl.gpu_indices) for sl in slots if sl.node == node)
+        held = taken.held_on(v, node)
         if have - held >= gpus:
             have -= held
             keep.remove(v)
