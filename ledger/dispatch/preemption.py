@@ -360,7 +360,7 @@ def plan_gang_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
                 continue  # cannot improve the best plan
             cleared[key].add(cost, node, size[node])
             have_gpus[key] += size[node]
-            if have_gpus[key] >= gpus:
+            if have_gpus[key] >= gpus and key not in changed:
                 changed.append(key)
         for key in changed:
             found = _cheapest_nodes(whole[key], cleared[key], gpus, size)
