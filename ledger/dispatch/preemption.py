@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -445,3 +445,32 @@ def _cheapest_nodes(
         nodes.append(n)
         total += size[n]
     return (*nodes, *taken), (top_class, most)
+
+
+class Replay:
+    """An iterator read lazily once and replayed from memory after: a group's victims are
+    computed only as far as some search of the cycle needed them."""
+
+    def __init__(self, source: Iterator[Victim]) -> None:
+        self.source = source
+        self.seen: list[Victim] = []
+
+    def __iter__(self) -> Iterator[Victim]:
+        return self.live(None)
+
+    def live(self, live: Mapping[int, object] | None) -> Iterator[Victim]:
+        """The victims whose job is in `live` (all when None), in order."""
+        seen = self.seen
+        if live is None:  # every victim: no check per victim
+            yield from seen
+            for v in self.source:
+                seen.append(v)
+                yield v
+            return
+        for v in seen:
+            if v.job.job_id in live:
+                yield v
+        for v in self.source:
+            seen.append(v)
+            if v.job.job_id in live:
+                yield v
