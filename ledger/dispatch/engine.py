@@ -691,7 +691,7 @@ class _Cycle:
                 found = self.victims[memo] = Replay(
                     self.policy.victims(job, candidates, self.snapshot, now)
                 )
-            eligible = {v.job.job_id for v in found.live(self.live)}
+            eligible = {v.job.job_id for v in found.live(self.live if self.preempted else None)}
         # the policy may say itself which jobs free their GPUs for this reservation at their
         # contracts' ends (None: those it may preempt, as above; older policies: never asked)
         takes: Callable[[PendingJob, RunningJob, Snapshot], bool | None] | None = getattr(

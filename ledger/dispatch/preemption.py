@@ -319,7 +319,7 @@ def plan_gang_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
     keys = {p.key: p for p in pools}
     free, pool_of, size = index.free, index.pool_of, index.size
     taken = _Taken(free)
-    on = taken.on
+    on, room = taken.on, taken.room
     cost_of: dict[str, tuple[float, float]] = {}
     """Per node: (the highest class, the GPU-seconds) of its victims read so far."""
     cleared: dict[PoolKey, _Cleared] = {p.key: _Cleared() for p in pools}
@@ -348,7 +348,14 @@ def plan_gang_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
             key = pool_of[node]
             if key not in keys:
                 continue
-            have = taken.take(v, node, len(sl.gpu_indices))
+            have = room.get(node)  # `taken.take`, inline: the hot loop of a gang search
+            if have is None:
+                have = len(free[node])
+                on[node] = [v]
+            else:
+                on[node].append(v)
+            have += len(sl.gpu_indices)
+            room[node] = have
             was = cost_of.get(node)
             if was is None:
                 cost = cost_of[node] = (klass, lost)
