@@ -29,6 +29,7 @@ def _release(state: State, job: Job) -> None:
         for i in sl.gpu_indices:
             state.holders.pop((sl.node, i), None)
         state.node_jobs.get(sl.node, set()).discard(job.job_id)
+        state._free.pop(sl.node, None)
 
 
 def _node_becomes(state: State, name: str, to: NodeState, **reasons: str) -> None:
@@ -68,6 +69,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
     state.events += 1
     if isinstance(event, _NODE_EVENTS):
         state._capacity.clear()
+        state._free.clear()
     match event:
         case e.LedgerInitialised():
             state.initialised = True
@@ -129,6 +131,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
                 for i in sl.gpu_indices:
                     state.holders[(sl.node, i)] = event.job_id
                 state.node_jobs.setdefault(sl.node, set()).add(event.job_id)
+                state._free.pop(sl.node, None)
             state.jobs[event.job_id] = msgspec.structs.replace(
                 job, status="placed", slots=event.slots, placed_at=event.at, checkpoint_at=event.at
             )

@@ -307,15 +307,17 @@ class Blocked:
     reason: str
 
 
-def blocked(state: State) -> dict[int, Blocked]:
+def blocked(state: State, live: list[Job] | None = None) -> dict[int, Blocked]:
     """Pure: the pending (not held) jobs that may not be placed yet, by job id: a dependency
     not met (`WAIT_DEPENDENCY`, Slurm's `Dependency`), an earlier job of the same user and name
     for a singleton, or an array with as many tasks holding GPUs as its limit allows
     (`WAIT_ARRAY_LIMIT`, Slurm's `JobArrayTaskLimit`); the rest of an array's pending tasks in
-    task order until the limit is reached may run."""
+    task order until the limit is reached may run. `live`: the state's unfinished jobs in id
+    order, when the caller has them."""
     out: dict[int, Blocked] = {}
-    jobs = state.jobs
-    live = [jobs[i] for i in sorted(state.active)]
+    if live is None:
+        jobs = state.jobs
+        live = [jobs[i] for i in sorted(state.active)]
     asking = [j for j in live if j.spec.dependency or j.spec.array_limit is not None]
     if not asking:  # the common case: one look at each live job
         return out

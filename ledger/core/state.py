@@ -176,6 +176,10 @@ class State:
     _dependents: dict[int, set[int]] | None = field(default=None, compare=False, repr=False)
     _arrays: dict[int, set[int]] | None = field(default=None, compare=False, repr=False)
     _by_user: dict[str, int] | None = field(default=None, compare=False, repr=False)
+    _free: dict[str, tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)
+    """Node -> its free GPU indices (`free_gpus`), kept between reads: `evolve` forgets a
+    node's entry whenever one of its GPUs is taken or given back, and every entry on a node
+    event."""
 
     @property
     def policy(self) -> AnyPolicyConfig | None:
@@ -310,6 +314,14 @@ class State:
     def free_indices(self, node: str) -> list[int]:
         holders = self.holders
         return [i for i in range(self.nodes[node].gpus) if (node, i) not in holders]
+
+    def free_gpus(self, node: str) -> tuple[int, ...]:
+        """`free_indices` as a tuple, kept until a GPU of the node is taken or given back (the
+        dispatcher's snapshot reads every node each cycle; few change between two)."""
+        hit = self._free.get(node)
+        if hit is None:
+            hit = self._free[node] = tuple(self.free_indices(node))
+        return hit
 
 
 DRAINED_NOTE = "its node's agent drained"

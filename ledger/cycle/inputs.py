@@ -93,15 +93,21 @@ def snapshot_from_state(
     global _NODES
     made_nodes, kept_nodes = _NODES, {}
     views: list[NodeView] = []
-    for n in sorted(state.nodes.values(), key=lambda n: n.name):
+    global _NODE_ORDER
+    names = tuple(state.nodes)
+    order = _NODE_ORDER  # one read: another thread may take another state's snapshot
+    if order[0] != names:
+        order = _NODE_ORDER = (names, sorted(names))
+    all_nodes = state.nodes
+    for n in [all_nodes[name] for name in order[1]]:  # by name (a node is keyed by its name)
         if n.state == "removed":
             continue
         if n.name in unobserved:
             free: tuple[int, ...] = ()
         elif n.name in busy:
-            free = tuple(i for i in state.free_indices(n.name) if i not in busy[n.name])
+            free = tuple(i for i in state.free_gpus(n.name) if i not in busy[n.name])
         else:
-            free = tuple(state.free_indices(n.name))
+            free = state.free_gpus(n.name)
         seen_node = made_nodes.get(n.name)
         if seen_node is not None and seen_node[0] is n and seen_node[1].free == free:
             view = seen_node[1]
@@ -119,55 +125,64 @@ def snapshot_from_state(
     nodes = tuple(views)
     running: list[RunningJob] = []
     pending: list[PendingJob] = []
-    waiting = blocked(state)  # a dependency not met, an array at its limit: not placed yet
     # only the live jobs (`state.active`), in id order: the cost follows live work, not the
     # finished jobs a full state keeps
     jobs = state.jobs
+    live = [jobs[i] for i in sorted(state.active)]
+    waiting = blocked(state, live)  # a dependency not met, an array at its limit: not placed yet
     global _RUNNING, _PENDING
     made_running, made_pending = _RUNNING, _PENDING
     kept_running: dict[int, tuple[Job, tuple[float, float | None], RunningJob]] = {}
     kept_pending: dict[int, tuple[Job, PendingJob]] = {}
-    for job in [jobs[i] for i in sorted(state.active)]:
-        spec = job.spec
-        if job.status in ("placed", "running") and job.doubt_until is not None:
-            continue  # its node is lost and its run may live: its GPUs stay held, it is no victim
-        seen = not unobserved or all(sl.node not in unobserved for sl in job.slots)
-        if job.status in ("placed", "running") and not seen:
-            continue  # its engine cannot see it now: it is no victim
-        if job.status in ("placed", "running") and job.placed_at is not None:
-            placed_at = job.placed_at
-            since = _since(placed_at, job.started_at, now, True) if from_start else placed_at
-            inputs = (since, low.get(spec.job_id))
-            hit = made_running.get(spec.job_id)
-            if hit is not None and hit[0] is job and hit[1] == inputs:
-                run = hit[2]
-            else:
-                run = RunningJob(
-                    job_id=spec.job_id,
-                    account=spec.account,
-                    user=spec.user,
-                    gpus=spec.gpus,
-                    slots=job.slots,
-                    placed_at=inputs[0],
-                    min_runtime_s=spec.min_runtime_s,
-                    resumable=spec.resumable,
-                    checkpoint_at=job.checkpoint_at,
-                    debug=spec.debug,
-                    low_util_since=inputs[1],
-                    time_limit_s=spec.time_limit_s,
-                )
-            kept_running[spec.job_id] = (job, inputs, run)
-            running.append(run)
-        elif (
-            job.status == "pending"
-            and not job.held
-            and spec.job_id not in waiting
-            and (longest_s is None or not _too_long(spec.time_limit_s, longest_s))
-        ):
-            known = made_pending.get(spec.job_id)
+    for job in live:
+        status = job.status
+        if status == "pending":
+            if job.held:
+                continue
+            spec = job.spec
+            job_id = spec.job_id
+            if job_id in waiting or (
+                longest_s is not None and _too_long(spec.time_limit_s, longest_s)
+            ):
+                continue
+            known = made_pending.get(job_id)
             wait = known[1] if known is not None and known[0] is job else pending_view(job)
-            kept_pending[spec.job_id] = (job, wait)
+            kept_pending[job_id] = (job, wait)
             pending.append(wait)
+            continue
+        if status not in ("placed", "running"):
+            continue
+        if job.doubt_until is not None:
+            continue  # its node is lost and its run may live: its GPUs stay held, it is no victim
+        if unobserved and any(sl.node in unobserved for sl in job.slots):
+            continue  # its engine cannot see it now: it is no victim
+        placed_at = job.placed_at
+        if placed_at is None:
+            continue
+        spec = job.spec
+        job_id = spec.job_id
+        since = _since(placed_at, job.started_at, now, True) if from_start else placed_at
+        inputs = (since, low.get(job_id))
+        hit = made_running.get(job_id)
+        if hit is not None and hit[0] is job and hit[1] == inputs:
+            run = hit[2]
+        else:
+            run = RunningJob(
+                job_id=job_id,
+                account=spec.account,
+                user=spec.user,
+                gpus=spec.gpus,
+                slots=job.slots,
+                placed_at=inputs[0],
+                min_runtime_s=spec.min_runtime_s,
+                resumable=spec.resumable,
+                checkpoint_at=job.checkpoint_at,
+                debug=spec.debug,
+                low_util_since=inputs[1],
+                time_limit_s=spec.time_limit_s,
+            )
+        kept_running[job_id] = (job, inputs, run)
+        running.append(run)
     _RUNNING, _PENDING, _NODES = kept_running, kept_pending, kept_nodes
     return Snapshot(
         position=state.events if position is None else position,
@@ -182,6 +197,8 @@ def snapshot_from_state(
     )
 
 
+_NODE_ORDER: tuple[tuple[str, ...], list[str]] = ((), [])
+"""The node names of the last snapshot's state, as the state keys them and sorted."""
 _NODES: dict[str, tuple[Node, NodeView]] = {}
 _RUNNING: dict[int, tuple[Job, tuple[float, float | None], RunningJob]] = {}
 _PENDING: dict[int, tuple[Job, PendingJob]] = {}

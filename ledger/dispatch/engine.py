@@ -49,12 +49,12 @@ from typing import Literal
 import msgspec
 
 from ledger.dispatch.ordering import Ordered, SortKey
-from ledger.dispatch.placement import FreeIndex, Pool, PoolKey, Shape, fragmentation
+from ledger.dispatch.placement import FreeIndex, Pool, PoolKey, Shape, fragmentation_split
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.preemption import (
     Ask,
     Plan,
-    Victim,
+    Replay,
     plan_gang,
     plan_gang_least,
     plan_single,
@@ -249,29 +249,6 @@ _TAKEN = Unplaceable(
 )
 
 
-class _Replay:
-    """An iterator read lazily once and replayed from memory after: a group's victims are
-    computed only as far as some search of the cycle needed them."""
-
-    def __init__(self, source: Iterator[Victim]) -> None:
-        self.source = source
-        self.seen: list[Victim] = []
-
-    def __iter__(self) -> Iterator[Victim]:
-        return self.live(None)
-
-    def live(self, live: Mapping[int, object] | None) -> Iterator[Victim]:
-        """The victims whose job is in `live` (all when None), in order."""
-        seen = self.seen
-        for v in seen:
-            if live is None or v.job.job_id in live:
-                yield v
-        for v in self.source:
-            seen.append(v)
-            if live is None or v.job.job_id in live:
-                yield v
-
-
 _Facts = tuple[bool, Hashable, tuple[str, int], bool]
 """What a policy says of a pending job by its traits alone (`job_traits`): may it preempt, its
 victim group, its search budget, does it get a reservation when left waiting."""
@@ -290,7 +267,7 @@ class _Cycle:
         self.snapshot = snapshot
         self.policy = policy
         self.now = now
-        self.index = FreeIndex(snapshot.nodes)
+        self.index = FreeIndex.of(snapshot.nodes)
         self.spent: dict[str, int] = {}
         """Victim searches spent per budget (`Policy.budget_of`)."""
         self.reserved = sorted(n for n in policy.reserved(snapshot) if n in self.index.free)
@@ -304,6 +281,8 @@ class _Cycle:
         """The held nodes' free GPUs, taken out of the index while jobs that may not backfill
         are considered."""
         self.live: dict[int, RunningJob] = {}
+        self.preempted = False
+        """Whether a job left `live` this cycle (until then every victim read is live)."""
         self.in_pool: dict[tuple[PoolKey, bool], list[RunningJob]] = {}
         """Running jobs by the pools of the active nodes they hold GPUs on, and whether they
         are past their contract (victim candidates)."""
@@ -344,7 +323,7 @@ class _Cycle:
         self.shares_refusal = bool(getattr(policy, "shares_refusal", False))
         """Jobs that fail without searching after a refused plan wait with the refusal too
         (else with the shortfall of free GPUs)."""
-        self.victims: dict[_GroupKey, _Replay] = {}
+        self.victims: dict[_GroupKey, Replay] = {}
         """The policy's victims per victim group, constraints and contract mode: one answer
         serves every job of the group this cycle (preempted jobs are skipped as they go)."""
         self.ordered: dict[tuple[tuple[PoolKey, ...], bool], list[RunningJob]] = {}
@@ -538,11 +517,11 @@ class _Cycle:
         found = self.victims.get(group)
         if found is None:
             candidates = self._candidates(pools, ready)
-            found = self.victims[group] = _Replay(
+            found = self.victims[group] = Replay(
                 self.policy.victims(job, candidates, self.snapshot, now)
             )
-        live = self.live
-        victims = found.live(live)
+        # no job left `live` yet this cycle: every victim read is still there
+        victims = found.live(self.live if self.preempted else None)
         if self.held is not None:  # the job may not backfill: leave the held nodes alone
             held = self.hold.nodes if self.hold is not None else frozenset()
             victims = (v for v in victims if not any(sl.node in held for sl in v.job.slots))
@@ -585,6 +564,7 @@ class _Cycle:
     ) -> None:
         assert not r.in_contract(self.now), f"job {r.job_id} is inside its contract"
         del self.live[r.job_id]
+        self.preempted = True
         self.index.release(r.slots)
         self.failed.clear()  # freed GPUs beyond the preemptor's need may now fit others
         self.preemptions.append(
@@ -708,10 +688,10 @@ class _Cycle:
             found = self.victims.get(memo)
             if found is None:
                 candidates = self._candidates(pools, ready=True)
-                found = self.victims[memo] = _Replay(
+                found = self.victims[memo] = Replay(
                     self.policy.victims(job, candidates, self.snapshot, now)
                 )
-            eligible = {v.job.job_id for v in found.live(self.live)}
+            eligible = {v.job.job_id for v in found.live(self.live if self.preempted else None)}
         # the policy may say itself which jobs free their GPUs for this reservation at their
         # contracts' ends (None: those it may preempt, as above; older policies: never asked)
         takes: Callable[[PendingJob, RunningJob, Snapshot], bool | None] | None = getattr(
@@ -745,24 +725,26 @@ class _Cycle:
 
     # --- 4. record ------------------------------------------------------------------------------
 
-    def idle(self) -> Idle:
-        """What the cycle leaves free, and where (see `Idle`)."""
+    def idle(self) -> tuple[Idle, int]:
+        """What the cycle leaves free, and where (`Idle`); and `Decision.fragmentation_gpus`."""
         free = self.index.free
         reserve = set(self.reserved)
         held = set(self.hold.nodes) if self.hold is not None else set()
+        every, kept = fragmentation_split(self.index, self.smallest, skip=reserve | held)
         return Idle(
-            free=sum(len(g) for g in free.values()),
+            free=sum(map(len, free.values())),
             reserve=sum(len(free[n]) for n in reserve),
             held=sum(len(free[n]) for n in held),
-            fragmented=fragmentation(self.index, self.smallest, skip=reserve | held),
+            fragmented=kept,
             funded_waiting=self.funded_waiting,
-        )
+        ), every
 
     def decision(self) -> Decision:
         self._reserve(False)
         self._holding(False)
         later = [t for t in self.wake if t > self.now]
         runs = tuple(WaitRun(a, b, w) for a, b, w in self.runs)
+        idle, fragmented = self.idle()
         return Decision(
             based_on=self.snapshot.position,
             policy_version=self.policy.version,
@@ -770,10 +752,10 @@ class _Cycle:
             preemptions=tuple(self.preemptions),
             order=self.order,
             runs=runs,
-            fragmentation_gpus=fragmentation(self.index, self.smallest),
+            fragmentation_gpus=fragmented,
             wake_at=min(later) if later else None,
             budget_spent=self.budget_spent,
-            idle=self.idle(),
+            idle=idle,
             hold=self.hold,
         )
 

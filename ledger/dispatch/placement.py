@@ -70,13 +70,7 @@ class FreeIndex:
         self.free: dict[str, list[int]] = {}
         """Free GPU indices (ascending) of the active nodes; other nodes are absent."""
         self.pools: dict[PoolKey, Pool] = {}
-        self._pools_for: dict[tuple[str | None, str | None], list[Pool]] = {}
-        self._largest: dict[tuple[str | None, str | None], int] = {}
-        self._shortfall: dict[tuple[str | None, str | None, int], str] = {}
-        self._fitted: dict[tuple[str | None, str | None, int], bool] = {}
-        self._failed: dict[tuple[str | None, str | None, bool], int] = {}
-        self.moves = 0
-        """How many times GPUs were taken or given back (a cycle's memo of answers checks it)."""
+        self._scratch()
         active = []
         for n in nodes:
             key = (n.cluster, n.gpu_type)
@@ -89,24 +83,104 @@ class FreeIndex:
         for pool in self.pools.values():
             pool.buckets = [[] for _ in range(pool.largest + 1)]
             pool.count = [0] * (pool.largest + 1)
+        # by name: each bucket is appended to in name order, so it is sorted, hence a heap
         for n in sorted(active, key=lambda n: n.name):
             self.free[n.name] = sorted(n.free)
             self.pools[self.pool_of[n.name]].nodes.append(n.name)
-            self._enter(n.name)
+            self._enter(n.name, push=False)
+        for pool in self.pools.values():
+            heapq.heapify(pool.whole_heap)
         self.start = {k: self.capacity([p]) for k, p in self.pools.items()}
+
+    def _scratch(self) -> None:
+        """The memos and counters of one cycle's use, empty."""
+        self._pools_for: dict[tuple[str | None, str | None], list[Pool]] = {}
+        self._largest: dict[tuple[str | None, str | None], int] = {}
+        self._shortfall: dict[tuple[str | None, str | None, int], str] = {}
+        self._fitted: dict[tuple[str | None, str | None, int], bool] = {}
+        self._failed: dict[tuple[str | None, str | None, bool], int] = {}
+        self.moves = 0
+        """How many times GPUs were taken or given back (a cycle's memo of answers checks it)."""
+
+    @classmethod
+    def of(cls, nodes: Sequence[NodeView]) -> FreeIndex:
+        """The index of `nodes`, equal in every answer to `FreeIndex(nodes)`, made from the
+        last one this function made when the same nodes (by name, in the same order, of the
+        same pools, sizes and states) changed only their free GPUs: a cycle re-enters the
+        nodes whose views changed (`snapshot_from_state` hands back the same view for a node
+        that did not) instead of indexing every node again. The index handed out is a copy:
+        the one kept is never changed, so a caller may use its copy as scratch."""
+        global _LAST_INDEX
+        last = _LAST_INDEX  # one read: another thread may index other nodes meanwhile
+        base: FreeIndex | None = None
+        if last is not None and len(last[0]) == len(nodes):
+            views, kept = last
+            changed = [(i, n) for i, n in enumerate(nodes) if views[i] is not n]
+            if all(_same_node(views[i], n) for i, n in changed):
+                base = kept._copy()
+                for i, n in changed:
+                    if n.state == "active" and n.free != views[i].free:
+                        base._leave(n.name)
+                        base.free[n.name] = sorted(n.free)
+                        base._enter(n.name)
+                if base._stale() > 2 * len(base.free) + 64:
+                    base = None  # too many stale heap entries: index afresh
+                else:
+                    base.start = {k: base.capacity([p]) for k, p in base.pools.items()}
+        if base is None:
+            base = cls(nodes)
+        _LAST_INDEX = (tuple(nodes), base)
+        return base._copy()
+
+    def _copy(self) -> FreeIndex:
+        """An independent copy (sizes and pools of nodes, never changed after indexing, are
+        shared; the memos start empty)."""
+        new = FreeIndex.__new__(FreeIndex)
+        new.size, new.pool_of = self.size, self.pool_of
+        new.free = dict(self.free)  # lists are replaced, never changed in place
+        new.pools = {
+            k: Pool(
+                key=k,
+                largest=p.largest,
+                buckets=[b[:] for b in p.buckets],
+                count=p.count[:],
+                whole=set(p.whole),
+                whole_heap=p.whole_heap[:],
+                whole_gpus=p.whole_gpus,
+                nodes=p.nodes,
+            )
+            for k, p in self.pools.items()
+        }
+        new._scratch()
+        new.start = self.start
+        return new
+
+    def _stale(self) -> int:
+        """Heap entries in all (valid or not)."""
+        return sum(len(b) for p in self.pools.values() for b in p.buckets) + sum(
+            len(p.whole_heap) for p in self.pools.values()
+        )
 
     # --- bookkeeping ----------------------------------------------------------------------------
 
-    def _enter(self, name: str) -> None:
+    def _enter(self, name: str, push: bool = True) -> None:
+        """Count node `name` under its free GPUs (`push` False: append to the heaps, which
+        the caller keeps heaps)."""
         pool = self.pools[self.pool_of[name]]
         k = len(self.free[name])
         pool.count[k] += 1
         if k:
-            heapq.heappush(pool.buckets[k], name)
+            if push:
+                heapq.heappush(pool.buckets[k], name)
+            else:
+                pool.buckets[k].append(name)
         if k == self.size[name]:
             pool.whole.add(name)
             pool.whole_gpus += k
-            heapq.heappush(pool.whole_heap, (-k, name))
+            if push:
+                heapq.heappush(pool.whole_heap, (-k, name))
+            else:
+                pool.whole_heap.append((-k, name))
 
     def _leave(self, name: str) -> None:
         pool = self.pools[self.pool_of[name]]
@@ -284,6 +358,16 @@ class FreeIndex:
         )
 
 
+def _same_node(a: NodeView, b: NodeView) -> bool:
+    """Whether two views of a node differ at most in their free GPUs."""
+    return (a.name, a.cluster, a.gpu_type, a.gpus, a.state) == (
+        b.name, b.cluster, b.gpu_type, b.gpus, b.state)  # fmt: skip
+
+
+_LAST_INDEX: tuple[tuple[NodeView, ...], FreeIndex] | None = None
+"""The nodes `FreeIndex.of` indexed last and their index (never changed after)."""
+
+
 Shape = tuple[str | None, str | None, bool]
 """(GPU type constraint, cluster constraint, gang?) of a job."""
 
@@ -310,6 +394,13 @@ def fragmentation(
     while the node is partly held. Idle GPUs with no waiting job for their pool are idle, not
     fragmented, and count 0. Nodes in `skip` are left out.
     """
+    return fragmentation_split(index, smallest, skip)[1]
+
+
+def fragmentation_split(
+    index: FreeIndex, smallest: Mapping[Shape, int], skip: Set[str] = frozenset()
+) -> tuple[int, int]:
+    """Pure: `fragmentation` of every node and of the nodes not in `skip`, in one pass."""
     fewest: dict[PoolKey, int] = {}
     gang: set[PoolKey] = set()
     wanted: set[PoolKey] = set()
@@ -320,14 +411,20 @@ def fragmentation(
                 gang.add(p.key)
             elif gpus < fewest.get(p.key, gpus + 1):
                 fewest[p.key] = gpus
-    total = 0
+    total = kept = 0
+    if not wanted:
+        return 0, 0
+    pool_of, size = index.pool_of, index.size
     for name, free in index.free.items():
-        key = index.pool_of[name]
         k = len(free)
-        if not k or key not in wanted or name in skip:
+        if not k:
             continue
-        whole = k == index.size[name]
-        usable = (key in fewest and k >= fewest[key]) or (whole and key in gang)
-        if not usable:
-            total += k
-    return total
+        key = pool_of[name]
+        if key not in wanted:
+            continue
+        if (key in fewest and k >= fewest[key]) or (k == size[name] and key in gang):
+            continue  # usable
+        total += k
+        if name not in skip:
+            kept += k
+    return total, kept

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -141,12 +141,15 @@ class _Taken:
     """Per node, as victims are taken one by one: the victims taken there and the GPUs free
     once they are gone (`room`)."""
 
-    __slots__ = ("free", "on", "room")
+    __slots__ = ("free", "held", "on", "room")
 
     def __init__(self, free: Mapping[str, Sequence[int]]) -> None:
         self.free = free
         self.on: dict[str, list[Victim]] = {}
         self.room: dict[str, int] = {}
+        self.held: dict[tuple[int, str], int] = {}
+        """(victim job id, node) -> the GPUs it holds there, counted once per search
+        (`held_on`: a gang victim holds GPUs on many nodes, and `_trim` asks often)."""
 
     def take(self, v: Victim, node: str, gpus: int) -> int:
         """Take victim `v`, which holds `gpus` GPUs on `node`: the node's room after."""
@@ -158,6 +161,22 @@ class _Taken:
         have += gpus
         self.room[node] = have
         return have
+
+    def held_on(self, v: Victim, node: str) -> int:
+        """The GPUs victim `v` holds on `node`."""
+        slots = v.job.slots
+        if len(slots) == 1:  # most jobs: one node
+            return len(slots[0].gpu_indices) if slots[0].node == node else 0
+        job_id = v.job.job_id
+        found = self.held.get((job_id, node))
+        if found is None:  # every node of the victim at once, each counted as its slots there
+            held = self.held
+            if (job_id, slots[0].node) not in held:
+                for sl in slots:
+                    key = (job_id, sl.node)
+                    held[key] = held.get(key, 0) + len(sl.gpu_indices)
+            found = held.get((job_id, node), 0)
+        return found
 
 
 def plan_single(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
@@ -208,8 +227,11 @@ def plan_single_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
             if have < gpus:
                 continue
             done.add(node)
-            on = _trim(taken.on[node], node, have, gpus)
-            cost = (max(x.cost[0] for x in on), sum(x.cost[1] for x in on))
+            on = _trim(taken.on[node], node, have, gpus, taken)
+            if len(on) == 1:
+                cost = (on[0].cost[0], on[0].cost[1])
+            else:
+                cost = (max(x.cost[0] for x in on), sum(x.cost[1] for x in on))
             if best is None or cost < best:
                 best, best_plan = cost, (node, on)
     if best_plan is None:
@@ -218,16 +240,12 @@ def plan_single_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
     return Plan(victims=tuple(on), nodes=(node,), until=_until(on, now))
 
 
-def _trim(on: list[Victim], node: str, have: int, gpus: int) -> list[Victim]:
+def _trim(on: list[Victim], node: str, have: int, gpus: int, taken: _Taken) -> list[Victim]:
     """The victims of `on` still needed for `gpus` GPUs on `node` (`have` free with all of them
     taken), putting back the most expensive unneeded ones first."""
     keep = list(on)
     for v in sorted(on, key=lambda x: x.cost, reverse=True) if len(on) > 1 else on:
-        slots = v.job.slots
-        if len(slots) == 1:  # most jobs: one node
-            held = len(slots[0].gpu_indices) if slots[0].node == node else 0
-        else:
-            held = sum(len(sl.gpu_indices) for sl in slots if sl.node == node)
+        held = taken.held_on(v, node)
         if have - held >= gpus:
             have -= held
             keep.remove(v)
@@ -301,7 +319,7 @@ def plan_gang_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
     keys = {p.key: p for p in pools}
     free, pool_of, size = index.free, index.pool_of, index.size
     taken = _Taken(free)
-    on = taken.on
+    on, room = taken.on, taken.room
     cost_of: dict[str, tuple[float, float]] = {}
     """Per node: (the highest class, the GPU-seconds) of its victims read so far."""
     cleared: dict[PoolKey, _Cleared] = {p.key: _Cleared() for p in pools}
@@ -330,7 +348,14 @@ def plan_gang_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
             key = pool_of[node]
             if key not in keys:
                 continue
-            have = taken.take(v, node, len(sl.gpu_indices))
+            have = room.get(node)  # `taken.take`, inline: the hot loop of a gang search
+            if have is None:
+                have = len(free[node])
+                on[node] = [v]
+            else:
+                on[node].append(v)
+            have += len(sl.gpu_indices)
+            room[node] = have
             was = cost_of.get(node)
             if was is None:
                 cost = cost_of[node] = (klass, lost)
@@ -342,7 +367,7 @@ def plan_gang_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
                 continue  # cannot improve the best plan
             cleared[key].add(cost, node, size[node])
             have_gpus[key] += size[node]
-            if have_gpus[key] >= gpus:
+            if have_gpus[key] >= gpus and key not in changed:
                 changed.append(key)
         for key in changed:
             found = _cheapest_nodes(whole[key], cleared[key], gpus, size)
@@ -427,3 +452,32 @@ def _cheapest_nodes(
         nodes.append(n)
         total += size[n]
     return (*nodes, *taken), (top_class, most)
+
+
+class Replay:
+    """An iterator read lazily once and replayed from memory after: a group's victims are
+    computed only as far as some search of the cycle needed them."""
+
+    def __init__(self, source: Iterator[Victim]) -> None:
+        self.source = source
+        self.seen: list[Victim] = []
+
+    def __iter__(self) -> Iterator[Victim]:
+        return self.live(None)
+
+    def live(self, live: Mapping[int, object] | None) -> Iterator[Victim]:
+        """The victims whose job is in `live` (all when None), in order."""
+        seen = self.seen
+        if live is None:  # every victim: no check per victim
+            yield from seen
+            for v in self.source:
+                seen.append(v)
+                yield v
+            return
+        for v in seen:
+            if v.job.job_id in live:
+                yield v
+        for v in self.source:
+            seen.append(v)
+            if v.job.job_id in live:
+                yield v

@@ -67,6 +67,18 @@ class Frees:
         is expected to end. For a gang job (`gang`), which reads only the latest time per node
         (`soonest`), that time alone."""
         rows = self.rows
+        if gang and takes is None:  # most reservations: one time per node, eligibility by id
+            latest: dict[str, tuple[float, int]] = {}
+            seen = latest.get
+            for r in live:
+                hit = rows.get(r.job_id) or self._row(r)
+                when = hit[1] if hit[0] in eligible else hit[2]
+                for node, pool, gpus in hit[3]:
+                    if pool in keys:
+                        prior = seen(node)
+                        if prior is None or when > prior[0]:
+                            latest[node] = (when, gpus)
+            return {node: [last] for node, last in latest.items()}
         out: dict[str, list[tuple[float, int]]] = {}
         for r in live:
             row = rows.get(r.job_id)
@@ -104,13 +116,20 @@ def soonest(
     in finite time, or the soonest frees later than `window` from now."""
     times: list[tuple[float, str]] = []
     for p in pools:
+        if gang:  # a node is whole once its last job's GPUs are free (`Frees.on`: one time)
+            for name in p.nodes:
+                if name in skip:
+                    continue
+                last = on.get(name)
+                if not last:
+                    times.append((now, name))
+                else:
+                    times.append((last[0][0] if len(last) == 1 else max(t for t, _ in last), name))
+            continue
         for name in p.nodes:
             if name in skip:
                 continue
             frees = sorted(on.get(name, ()))
-            if gang:
-                times.append((max((t for t, _ in frees), default=now), name))
-                continue
             room = len(index.free[name])
             at = now if room >= job.gpus else math.inf
             for t, g in frees:
