@@ -10,16 +10,17 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ledger.engines.slurm.launching import forgotten_stop, stop_marks
+from ledger.engines.slurm.launching import forgotten_stop, last_beat, signalled_at, stop_marks
 from ledger.engines.slurm.stops import (
     Stopping,
     ended_by_itself,
+    outlived,
     resumed_stops,
     stopped_end,
     unseen_end,
 )
-from ledger.engines.slurm.tracked import forget_stop, noted_stop
-from ledger.engines.slurm.words import held_gpus
+from ledger.engines.slurm.tracked import forget_stop, note_unheard, noted_stop, noted_unheard
+from ledger.engines.slurm.words import SlurmJob, held_gpus
 from schemas.errors import EngineError
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ def resume_stops(ex: SlurmExecutor, now: float) -> None:
         if st is None:
             ex._signal(j.slurm_id, now, grace, j.tag(ex.ledger_id))
         else:
+            st.unanswered = st.kept = noted_unheard(ex.log_dir, j.slurm_id)  # as judged (F2)
             ex._stopping[j.slurm_id] = st
 
 
@@ -59,6 +61,7 @@ def carry_stops(ex: SlurmExecutor, now: float) -> None:
         st.gpus = (held_gpus(j, ex._pinned) if j is not None else {}) or st.gpus
         if j is not None and j.holding and not j.ended and now >= (ex._settle_until or 0):
             st.seen_running_at = now  # (`real_end`: a stopped run's end in an outage, F6)
+        judge(ex, slurm_id, st, j, now)  # from durable facts too: a restart (atk44s F2)
         doubt = st.run is not None and unseen_end(st, j)  # NODE_FAIL, or its cancel unseen
         failed = ex._how_failed(st.run, None, None, j, now, st.grace_s) if doubt else None
         if doubt and failed is None:  # its processes may live: held (F7, atk43s F8)
@@ -90,6 +93,22 @@ def carry_stops(ex: SlurmExecutor, now: float) -> None:
                 st.cancelled = st.killed = True
             except EngineError as err:
                 log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
+
+
+def judge(ex: SlurmExecutor, slurm_id: str, st: Stopping, j: SlurmJob | None, now: float) -> None:
+    """Whether Slurm's end of a stop is its word alone (`Stopping.unanswered`), from what lasts:
+    a read that saw one of its nodes unheard (`note_unanswered`, kept on disk for a restart:
+    `note_unheard`) or its run's marks (`outlived`: a beat or a signal later than Slurm's kill
+    of it could be), which a restart finds as the reads left them (atk44s F2, F2b)."""
+    if st.run is not None and j is not None and j.ended and not st.unanswered:
+        run_dir = ex._checkpoint_file(*st.run).parent
+        if outlived(j, last_beat(run_dir, now), signalled_at(run_dir), ex.kill_wait_s):
+            st.unanswered = True
+            log.warning("stopped Slurm job %s (%s) outlived Slurm's end of it: its marks say "
+                        "its processes lived on", slurm_id, j.state)  # fmt: skip
+    if st.unanswered and not st.kept and st.run is not None:
+        note_unheard(ex.log_dir, slurm_id)
+        st.kept = True
 
 
 def forgotten(ex: SlurmExecutor, slurm_id: str, st: Stopping, now: float) -> bool:
