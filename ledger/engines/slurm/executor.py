@@ -721,6 +721,7 @@ class SlurmExecutor:
                 logs = tracked.noted_logs(self.log_dir, job_id, run) or j.logs
                 self._runs[job_id] = Run(job_id, run, None, j.slurm_id, logs=logs)
                 log.info("adopted Slurm job %s as job %s run %s", j.slurm_id, job_id, run)
+                self._restarts.submitted(job_id, run, j.slurm_id)  # a reused id? (atk44s F6)
         for r in self._restarts.unlisted(runs, set(self._runs), self._checkpoint_file, now):
             self._runs[r.job_id] = r  # Slurm forgot it: its own end record says (atk43s F3)
         adopted = set(self._runs)

@@ -25,6 +25,7 @@ from ledger.engines.slurm.launching import (
     run_nodes,
 )
 from ledger.engines.slurm.relaunch import (
+    LAUNCHED_BEFORE_S,
     MOVED_S,
     RELAUNCH_EXIT,
     RELAUNCHED,
@@ -151,14 +152,18 @@ class Restarts:
         if tag not in self.why:
             refused = j.ended and j.exit_code == RELAUNCH_EXIT  # its script's refusal: marks
             moved = j.start_time is not None and first is not None and abs(j.start_time - first) > MOVED_S  # fmt: skip  # noqa: E501
-            if not (refused or moved or j.state in WAITING):
+            # the mark's own ctime, not kept before `now`: a test's clock, or a node's behind
+            at = mark_time(run_dir, LAUNCHED, math.inf) if first is None and j.started else None
+            early = at is not None and j.start_time is not None and j.start_time > at + LAUNCHED_BEFORE_S  # fmt: skip  # noqa: E501
+            if not (refused or moved or early or j.state in WAITING):
                 return None
             # its first launch reached its script (its launch mark), not only Slurm's RUNNING:
             # a launch Slurm requeued before its script began is Slurm's to start again, the
             # script checking its GPUs (`script_gpus`)
             launched = r.launch_seen is not None or marked(run_dir, LAUNCHED)
             ran = launched and (r.started or first is not None or r.running_seen is not None)
-            marks = (mark_time(run_dir, RELAUNCHED, now), mark_time(run_dir, LAUNCHED, now)) if refused else (None, None)  # fmt: skip  # noqa: E501
+            relaunched = mark_time(run_dir, RELAUNCHED, now) if refused else None
+            marks = (relaunched, mark_time(run_dir, LAUNCHED, now)) if refused or early else (None, None)  # fmt: skip  # noqa: E501
             why = restarted(j, first if launched else None, *marks, ran)
             if not why:
                 return None
@@ -181,12 +186,15 @@ class Restarts:
                                   j.ended)  # fmt: skip
         if ending is None:
             return None, None
+        why = self.why.get(tag, "Slurm lost the run's state")
         self.forget(tag, r.slurm_id)
         log.info("job %s run %s (Slurm job %s): its first launch ended %s at %s", r.job_id, r.run,
                  r.slurm_id, ending.reason, ending.at)  # fmt: skip
-        if first is None and not r.started and r.running_seen is None and ending.reason != "exited":
-            # no start of its the executor saw: the marks alone are the job user's word
-            note = f"{self.why.get(tag, '')}; no start of it was seen: its command never ran"
+        # no start of its the executor saw, and no launch mark with a beat of its script's
+        # (made before its command: it ran, atk44s F1): its command never ran
+        ran = marked(run_dir, LAUNCHED) and beat is not None
+        if first is None and not r.started and r.running_seen is None and ending.reason != "exited" and not ran:  # fmt: skip  # noqa: E501
+            note = f"{why}; no start of it was seen: its command never ran"
             return None, Exit(r.job_id, -1, ending.at, "launch_failed", r.slurm_id, j.state, note)
         start = None  # recorded started only where its command was (Slurm's GPU-less relaunch)
         if not r.started and (first is not None or r.launch_seen or marked(run_dir, LAUNCHED)):
