@@ -414,3 +414,28 @@ def test_a_reused_slurm_id_adopted_by_a_restarted_service_starts_nothing_unmarke
     assert ex._starts == []
     (x,) = ex._exits
     assert (x.reason, x.note) == ("launch_failed", REUSED_WHY), x
+
+
+def test_a_run_slurm_forgot_before_launching_it_is_submitted_again(tmp_path: Path) -> None:
+    """atk44s F4: slurmctld killed right after the sbatch, before its state save: it forgot the
+    job and gave its id to the next submission (another user's job). The run's script never
+    made a mark on a node whose marks the service sees: it was recorded `failed`, exit -1,
+    `lost` ("its run vanished"), its resumable job never run. Now it is submitted again (the
+    same run: nothing of it ran), with no end recorded."""
+    job = Launch(20, (GpuSlot(node="vm", gpu_indices=(0,)),), ("true",), None, "alice", "ai2/olmo")  # fmt: skip  # noqa: E501
+    ex, _ = executor(tmp_path)
+    ex._restarts.sharing.add("vm")  # an earlier run's launch mark was seen there
+    ex._runs = {20: Run(20, 0, job, slurm_id="25", submitted_at=START)}
+    run_dir(tmp_path, 20)
+    theirs = slurm("RUNNING", start=5.0, sid="25", job=21)  # the id is job 21's now
+    read(ex, theirs, 6.0)
+    read(ex, theirs, 6.0 + ex.vanish_after_s)
+    assert ex._exits == [] and 20 in ex._runs, ex._exits
+    r = ex._runs[20]
+    assert (r.slurm_id, r.submitted_at, r.run) == (None, None, 0), r  # submitted again
+    # one whose script marked its launch ran: it is never submitted again (its record says)
+    ex._runs = {20: Run(20, 0, job, slurm_id="25", submitted_at=START)}
+    (run_dir(tmp_path, 20) / "launched").touch()
+    read(ex, theirs, 100.0)
+    read(ex, theirs, 100.0 + ex.vanish_after_s)
+    assert ex._runs.get(20) is None or ex._runs[20].slurm_id == "25"

@@ -573,6 +573,11 @@ class SlurmExecutor:
                     r.missing_since = now
                 sacct = self._run if self._accounting else None  # past MinJobAge, or forgotten
                 run_dir = self._checkpoint_file(job_id, r.run).parent
+                if now - r.missing_since >= self.vanish_after_s and self._restarts.never_launched(r, run_dir):  # fmt: skip  # noqa: E501
+                    log.warning("job %s run %s: Slurm forgot its job %s before launching it (no "
+                                "mark of its script): submitting it again", job_id, r.run, r.slurm_id)  # fmt: skip  # noqa: E501
+                    r.slurm_id = r.submitted_at = r.missing_since = None  # (atk44s F4)
+                    continue
                 if now - r.missing_since >= self.vanish_after_s and (gone := vanished(r, run_dir, sacct, now, self.kill_wait_s)):  # fmt: skip  # noqa: E501
                     del self._runs[job_id]
                     self._exits.append(gone)

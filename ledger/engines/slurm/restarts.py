@@ -17,6 +17,8 @@ from ledger.engines.slurm.launching import (
     ALIVE,
     END_RECORD,
     LAUNCHED,
+    MARKS,
+    STOPPING,
     MarksSeen,
     last_beat,
     mark_time,
@@ -117,6 +119,16 @@ class Restarts:
         if r.slurm_id in self.reused:
             return REUSED_WHY
         return NEVER_REACHED_WHY if self._shares(r, j) and not r.started else why
+
+    def never_launched(self, r: Run, run_dir: Path) -> bool:
+        """Whether a run Slurm no longer lists (or whose id names another job now) never
+        launched: not started, never seen running, no mark of its script's, on nodes whose
+        marks the service sees (`_shares`). slurmctld lost its state before launching it (atk44s
+        F4: a resumable job whose command never ran was recorded `failed`, exit -1, `lost`):
+        Slurm no longer knows the job, so it cannot launch it; the executor submits it again."""
+        if r.launch is None or r.started or r.running_seen is not None or r.launch_seen:
+            return False
+        return self._shares(r, None) and not any(marked(run_dir, m) for m in MARKS if m != STOPPING)  # fmt: skip  # noqa: E501
 
     def last(self, job_id: int, run: int) -> SlurmJob | None:
         """The Slurm job of a run Slurm launched again as last read, ended if it was not (the
