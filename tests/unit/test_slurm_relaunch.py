@@ -439,3 +439,25 @@ def test_a_run_slurm_forgot_before_launching_it_is_submitted_again(tmp_path: Pat
     read(ex, theirs, 100.0)
     read(ex, theirs, 100.0 + ex.vanish_after_s)
     assert ex._runs.get(20) is None or ex._runs[20].slurm_id == "25"
+
+
+def test_a_run_slurm_forgot_that_ran_is_started_at_its_launch_mark(tmp_path: Path) -> None:
+    """atk44s F5: slurmctld forgot the job while it ran (no read recorded its start); its command
+    completed by its own end record: it was recorded completed at its real end but with no
+    start, its running time never charged. Now it is started at its launch mark."""
+    ex, _ = executor(tmp_path)
+    ex._restarts.notes.note(1, 0, "7")  # submitted, its start never recorded
+    d = run_dir(tmp_path)
+    for mark in ("launched", "alive"):
+        (d / mark).touch()
+    launched = os.lstat(d / "launched").st_ctime
+    (d / "ended").write_text(f"0 {time.time():.6f} 0\n")
+    ex2, _ = executor(tmp_path)
+    ex2._view = {}
+    ex2._runs = {r.job_id: r for r in ex2._restarts.unlisted({1: 0}, set(), ex2._checkpoint_file, START + 60)}  # fmt: skip  # noqa: E501
+    ex2._read_runs(START + 60.0)
+    ex2._read_runs(START + 60.0 + ex2.vanish_after_s)
+    (x,) = ex2._exits
+    assert (x.exit_code, x.reason) == (0, "exited"), x
+    (st,) = ex2._starts
+    assert st.started_at is not None and abs(st.started_at - launched) < 1.0, (st, launched)

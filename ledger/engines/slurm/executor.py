@@ -580,6 +580,8 @@ class SlurmExecutor:
                     continue
                 if now - r.missing_since >= self.vanish_after_s and (gone := vanished(r, run_dir, sacct, now, self.kill_wait_s)):  # fmt: skip  # noqa: E501
                     del self._runs[job_id]
+                    start = self._restarts.unseen_start(r, run_dir, now)  # it ran (atk44s F5)
+                    self._starts += [start] if start is not None and gone.reason != "lost" else []
                     self._exits.append(gone)
                 continue
             r.missing_since = None

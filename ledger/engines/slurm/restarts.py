@@ -130,6 +130,18 @@ class Restarts:
             return False
         return self._shares(r, None) and not any(marked(run_dir, m) for m in MARKS if m != STOPPING)  # fmt: skip  # noqa: E501
 
+    def unseen_start(self, r: Run, run_dir: Path, now: float) -> Start | None:
+        """The start of a run Slurm no longer lists that no read recorded started, where its
+        script marked its launch and beat or wrote its end record (its command ran): at its
+        launch mark (atk44s F5: a run slurmctld forgot, completed by its own record, had no
+        start, its running time never charged). None otherwise."""
+        if r.started or r.slurm_id is None:
+            return None
+        at = mark_time(run_dir, LAUNCHED, now)
+        if at is None or not (marked(run_dir, ALIVE) or marked(run_dir, END_RECORD)):
+            return None
+        return Start(r.job_id, r.slurm_id, r.run, (), logs=r.logs, started_at=at)
+
     def last(self, job_id: int, run: int) -> SlurmJob | None:
         """The Slurm job of a run Slurm launched again as last read, ended if it was not (the
         executor cancelled it); None for any other run."""
