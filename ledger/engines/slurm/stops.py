@@ -132,9 +132,10 @@ def outlived(
 ) -> bool:
     """Pure: whether a stopped run's own marks prove its processes outlived Slurm's end of it
     (its cancel or limit, `SLURM_ENDS_FIRST`): its script beat (`beat`, the `alive` mark's
-    ctime) later than Slurm's SIGKILL, `kill_wait_s` after its EndTime, could have let it (a
-    beat and the EndTime's rounding after), or noted a signal (`signalled`, its ctime) a beat
-    after that EndTime: a TERM only a slurmd that came back could send. Slurm then ended it on
+    ctime) later than Slurm's SIGKILL, `kill_wait_s` after its EndTime, could have let it (two
+    beats and the EndTime's rounding after: a loaded slurmd's RPCs), or noted a signal
+    (`signalled`, its ctime) as long after that EndTime: a TERM only a slurmd that came back
+    could send. Slurm then ended it on
     its word alone (a node whose slurmd did not answer: `unseen_end`), however its nodes
     answer now. These are durable facts: a service restarted after the node came back never saw
     its slurmd away (atk44s F2, F2b: it took Slurm's CANCELLED for the processes' end and
@@ -143,7 +144,7 @@ def outlived(
         return False
     if j.end_time is None:
         return False
-    slack = OWN_END_SLACK_S + BEAT_EVERY_S
+    slack = OWN_END_SLACK_S + 2 * BEAT_EVERY_S  # the EndTime's rounding, Slurm's RPCs
     late_beat = beat is not None and beat > j.end_time + kill_wait_s + slack
     return late_beat or (signalled is not None and signalled > j.end_time + slack)
 
