@@ -157,7 +157,10 @@ def test_a_stop_whose_service_restarts_after_the_node_returned_holds_its_gpus(
     first = _times(work / "alive.1")[0]
     assert first > last, f"launch 2 began {last - first:.1f} s before launch 1 was gone"
     (end,) = ledger.of("job.run_ended.v1", 1)
-    assert end["run"] == 0 and end["ended_at"] >= last - 0.5 and end["killed"], (end, last)
+    marks = ledger.home / "jobs" / "checkpoints" / "1.0"
+    seen = {m.name: m.lstat().st_ctime for m in marks.iterdir()}, _times(work / "term")
+    why = (end, last, seen, ledger.service_log()[-3000:])
+    assert end["run"] == 0 and end["ended_at"] >= last - 0.5 and end["killed"], why
     ledger.cli("cancel", "1", actor="alice")
     ledger.wait("job 2 to finish", lambda: status(ledger, 2) == "finished", timeout=90)
     (started,) = _times(work / "next")

@@ -11,7 +11,7 @@ from pathlib import Path
 from ledger.core.state import StoppedRun
 from ledger.engines.slurm.executor import SlurmExecutor
 from ledger.engines.slurm.launching import ALIVE, SIGNALLED
-from ledger.engines.slurm.stops import Stopping, earlier_alive, outlived
+from ledger.engines.slurm.stops import Stopping, earlier_alive, outlived, slurmd_restarted
 from ledger.engines.slurm.tracked import note_stop, noted_unheard
 from ledger.engines.slurm.words import parse_jobs
 from schemas.events import GpuSlot
@@ -21,6 +21,7 @@ from tests.unit.test_slurm_stop_unseen import (
     NODES,
     START,
     Slurm,
+    at,
     executor,
     job,
     node_line,
@@ -125,3 +126,36 @@ def test_the_unheard_note_is_forgotten_with_the_stop(tmp_path: Path) -> None:
         ex.observe(t, NODES)
     assert "7" not in ex._stopping
     assert not noted_unheard(tmp_path, "7")
+
+
+def test_a_restart_soon_after_the_node_returned_holds_a_stop_its_slurmd_was_away_for(
+    tmp_path: Path,
+) -> None:
+    """atk44s F2, the tight case: the service back within KillWait of Slurm's CANCELLED, its
+    node back too, the run's marks not late enough yet for `outlived`. Slurm's own record
+    says its slurmd started again after the stop began (`SlurmdStartTime`): the stop is in
+    doubt, its GPUs held. A slurmd that started before the stop changes nothing."""
+    end = int(time.time() - START) - 1  # Slurm's CANCELLED 1 s ago
+    slurm, ex = restarted(tmp_path, end, beat=True)
+    slurm.node += f" SlurmdStartTime={at(end + 0.5)}"  # after the stop's SIGTERM (START + 10)
+    now = time.time()
+    ex.adopt({}, now)
+    seen = ex.observe(now + 0.5, NODES)
+    assert seen.stopped == () and seen.stopping == {"vm": frozenset({0, 1, 2, 3})}, seen
+    assert noted_unheard(tmp_path, "7")
+    slurm2, ex2 = restarted(tmp_path / "before", end, beat=True)
+    slurm2.node += f" SlurmdStartTime={at(5)}"  # before the stop
+    ex2.adopt({}, now)
+    (x,) = ex2.observe(now + 0.5, NODES).stopped
+    assert x.engine_state == "CANCELLED", x
+
+
+def test_slurmd_restarted() -> None:
+    (cancelled,) = parse_jobs(job("CANCELLED", 13, "0:15"))
+    st = Stopping(since=START + 10.0, run=(1, 0))
+    assert slurmd_restarted(st, cancelled, {"vm": START + 12.0})
+    assert not slurmd_restarted(st, cancelled, {"vm": START + 9.0})
+    assert not slurmd_restarted(st, cancelled, {"other": START + 12.0})
+    (completed,) = parse_jobs(job("COMPLETED", 13))
+    assert not slurmd_restarted(st, completed, {"vm": START + 12.0})  # its own end
+    assert not slurmd_restarted(Stopping(since=0.0), cancelled, {"vm": START + 12.0})

@@ -151,6 +151,7 @@ class SlurmExecutor:
         """The nodes the ledger counts lost: nothing is submitted onto them (`unplaceable`)."""
         self._down: frozenset[str] = frozenset()  # nodes Slurm showed DOWN in the last read
         self._unheard: frozenset[str] = frozenset()  # ... DOWN or not responding (F8)
+        self._slurmd_started: dict[str, float] = {}  # node -> SlurmdStartTime (atk44s F2)
         self._reported: set[str] = set()  # stopped runs whose end was reported, not yet recorded
         """A job's time limit by job id (`open_executor` reads the ledger's), for runs adopted
         after a restart, whose exact limit Slurm does not keep (it rounds up to minutes)."""
@@ -258,6 +259,7 @@ class SlurmExecutor:
         self._down = frozenset(n.name for n in found if n.down)
         self._unheard = self._down | {n.name for n in found if n.unresponsive}
         self._gres_used = {n.name: n.gres_used for n in found if n.gres_used}
+        self._slurmd_started = {n.name: n.slurmd_start for n in found if n.slurmd_start}
         return found
 
     def _hold_leaked(self) -> None:

@@ -16,6 +16,7 @@ from ledger.engines.slurm.stops import (
     ended_by_itself,
     outlived,
     resumed_stops,
+    slurmd_restarted,
     stopped_end,
     unseen_end,
 )
@@ -98,14 +99,19 @@ def carry_stops(ex: SlurmExecutor, now: float) -> None:
 def judge(ex: SlurmExecutor, slurm_id: str, st: Stopping, j: SlurmJob | None, now: float) -> None:
     """Whether Slurm's end of a stop is its word alone (`Stopping.unanswered`), from what lasts:
     a read that saw one of its nodes unheard (`note_unanswered`, kept on disk for a restart:
-    `note_unheard`) or its run's marks (`outlived`: a beat or a signal later than Slurm's kill
-    of it could be), which a restart finds as the reads left them (atk44s F2, F2b)."""
+    `note_unheard`), its run's marks (`outlived`: a beat or a signal later than Slurm's kill
+    of it could be), or its node's slurmd started again during the stop (`slurmd_restarted`),
+    which a restart finds as the reads left them (atk44s F2, F2b)."""
     if st.run is not None and j is not None and j.ended and not st.unanswered:
         run_dir = ex._checkpoint_file(*st.run).parent
         if outlived(j, last_beat(run_dir, now), signalled_at(run_dir), ex.kill_wait_s):
             st.unanswered = True
             log.warning("stopped Slurm job %s (%s) outlived Slurm's end of it: its marks say "
                         "its processes lived on", slurm_id, j.state)  # fmt: skip
+        elif slurmd_restarted(st, j, ex._slurmd_started):
+            st.unanswered = True
+            log.warning("stopped Slurm job %s (%s): its node's slurmd started again during the "
+                        "stop: Slurm's end of it is its word alone", slurm_id, j.state)  # fmt: skip
     if st.unanswered and not st.kept and st.run is not None:
         note_unheard(ex.log_dir, slurm_id)
         st.kept = True

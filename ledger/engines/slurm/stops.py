@@ -149,6 +149,19 @@ def outlived(
     return late_beat or (signalled is not None and signalled > j.end_time + slack)
 
 
+def slurmd_restarted(st: Stopping, j: SlurmJob | None, started: Mapping[str, float]) -> bool:
+    """Pure: whether a slurmd of a stopped run's nodes started again after the stop began
+    (`started`: node -> its `SlurmdStartTime`), and Slurm ended the run by its cancel or limit:
+    the slurmd that had the kill to deliver was away during the stop, so that end is Slurm's
+    word alone (`unseen_end`), however the node answers now. Slurm's own record: a service
+    restarted only after the node came back, within KillWait of Slurm's end, has no read of the
+    slurmd away and no mark late enough for `outlived` (atk44s F2)."""
+    if j is None or not (j.ended and j.started) or j.state not in SLURM_ENDS_FIRST or st.since <= 0:
+        return False
+    nodes = {*st.gpus, *j.gpus, *expand_hostlist(j.nodes)}
+    return any(started.get(n, 0.0) > st.since for n in nodes)
+
+
 def outage_of(
     away: tuple[float, float] | None, settle_s: float, stopped_at: float | None
 ) -> tuple[tuple[float, float] | None, float]:
